@@ -1,0 +1,77 @@
+// Package gpu defines the small interface the agent samples GPUs through, and
+// the reading it gets back. Backends live in subpackages: nvmlgpu (real
+// hardware via go-nvml), simgpu (deterministic synthetic GPUs) and replay
+// (a CSV trace played in real time).
+package gpu
+
+import "time"
+
+// Device describes one GPU as the backend found it at start.
+type Device struct {
+	Index       int
+	UUID        string
+	Name        string
+	MemTotalMiB uint64
+	PowerLimitW float64
+	// HasEnergyCounter is true when the backend exposes a cumulative energy
+	// counter (NVML field 83 / nvmlDeviceGetTotalEnergyConsumption).
+	HasEnergyCounter bool
+	// HasInstantPower is true when power is an instantaneous reading
+	// (NVML field 186); false when it is the driver's 1 s average.
+	HasInstantPower bool
+}
+
+// Sample is one reading of one GPU at one tick. Each value carries the
+// driver's own timestamp where the backend has one, so that repeated (stale)
+// values can be recognised and not counted as new samples.
+type Sample struct {
+	Index int
+	// ReadAt is when the agent read the sample (injected clock).
+	ReadAt time.Time
+
+	PowerW  float64
+	PowerAt time.Time // driver timestamp of PowerW; zero means "use ReadAt"
+	PowerOK bool
+
+	// EnergyJ is the cumulative counter in joules since the driver loaded,
+	// as the driver reports it (not reset-corrected).
+	EnergyJ  float64
+	EnergyAt time.Time // driver timestamp of EnergyJ; zero means "use ReadAt"
+	EnergyOK bool
+
+	MemUsedMiB  float64
+	MemTotalMiB float64
+	MemOK       bool
+
+	UtilPct float64
+	UtilOK  bool
+
+	// Err is the first error reading this GPU this tick, if any; the fields
+	// whose OK flag is set are still valid.
+	Err error
+}
+
+// Backend is a set of GPUs that can be read once per tick.
+type Backend interface {
+	// Devices lists the GPUs, in index order, as found at start.
+	Devices() []Device
+	// Read fills dst (len(dst) == len(Devices())) with one sample per GPU.
+	// now is the tick time from the agent's clock. A returned error means no
+	// GPU could be read this tick; per-GPU failures go in Sample.Err.
+	Read(now time.Time, dst []Sample) error
+	Close() error
+}
+
+// LoadSetter is implemented by simulated backends whose power follows the
+// load the trainer reports, so the demo behaves like a real run.
+type LoadSetter interface {
+	// SetLoad sets the busy fraction (0..1) of GPU index.
+	SetLoad(index int, load float64)
+}
+
+// ProcessLister is implemented by backends that can list the PIDs running
+// compute work on a GPU (NVML's running compute processes). The agent calls it
+// at most once a second: in NVML it costs milliseconds.
+type ProcessLister interface {
+	ComputePIDs(index int) ([]uint32, error)
+}
