@@ -1,0 +1,139 @@
+// Package gpuopen turns the agent's --gpu flag into a gpu.Backend.
+//
+// Specs:
+//
+//	nvml         real GPUs through NVML (fails if NVML does not initialise)
+//	sim:N        N simulated GPUs (1..64), seed 1; sim:N:SEED picks the seed;
+//	             a bare "sim" means sim:2
+//	replay:FILE  play the CSV trace FILE in real time (docs/replay-format.md)
+//	auto or ""   nvml if it initialises, else an error naming --gpu sim:2
+package gpuopen
+
+import (
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/trainmeter/trainmeter/pkg/gpu"
+	"github.com/trainmeter/trainmeter/pkg/gpu/nvmlgpu"
+	"github.com/trainmeter/trainmeter/pkg/gpu/replay"
+	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
+)
+
+// Kind is the backend a spec names.
+type Kind string
+
+// Kinds of backend.
+const (
+	KindAuto   Kind = "auto"
+	KindNVML   Kind = "nvml"
+	KindSim    Kind = "sim"
+	KindReplay Kind = "replay"
+)
+
+// MaxSimGPUs is the largest N accepted by sim:N.
+const MaxSimGPUs = 64
+
+// DefaultSimSeed is the seed of sim:N when none is given.
+const DefaultSimSeed = 1
+
+// Usage describes the accepted specs, for flag help.
+const Usage = "GPU backend: nvml, sim:N (N simulated GPUs, 1..64), replay:FILE (CSV trace), or auto (nvml if it initialises)"
+
+// Spec is a parsed --gpu value.
+type Spec struct {
+	Kind Kind
+	N    int    // sim: number of GPUs
+	Seed int64  // sim: seed
+	Path string // replay: trace file
+}
+
+// ParseSpec parses a --gpu value without opening anything.
+func ParseSpec(spec string) (Spec, error) {
+	s := strings.TrimSpace(spec)
+	kind, arg, hasArg := strings.Cut(s, ":")
+	switch strings.ToLower(kind) {
+	case "", string(KindAuto):
+		if hasArg {
+			return Spec{}, fmt.Errorf("--gpu %q: auto takes no argument (%s)", spec, Usage)
+		}
+		return Spec{Kind: KindAuto}, nil
+	case string(KindNVML):
+		if hasArg {
+			return Spec{}, fmt.Errorf("--gpu %q: nvml takes no argument (%s)", spec, Usage)
+		}
+		return Spec{Kind: KindNVML}, nil
+	case string(KindSim):
+		if !hasArg {
+			return Spec{Kind: KindSim, N: 2, Seed: DefaultSimSeed}, nil
+		}
+		ns, seeds, hasSeed := strings.Cut(arg, ":")
+		n, err := strconv.Atoi(strings.TrimSpace(ns))
+		if err != nil || n < 1 || n > MaxSimGPUs {
+			return Spec{}, fmt.Errorf("--gpu %q: sim:N needs a number of GPUs N from 1 to %d", spec, MaxSimGPUs)
+		}
+		seed := int64(DefaultSimSeed)
+		if hasSeed {
+			seed, err = strconv.ParseInt(strings.TrimSpace(seeds), 10, 64)
+			if err != nil {
+				return Spec{}, fmt.Errorf("--gpu %q: sim:N:SEED needs an integer seed", spec)
+			}
+		}
+		return Spec{Kind: KindSim, N: n, Seed: seed}, nil
+	case string(KindReplay):
+		if strings.TrimSpace(arg) == "" {
+			return Spec{}, fmt.Errorf("--gpu %q: replay:FILE needs a trace file (see docs/replay-format.md)", spec)
+		}
+		return Spec{Kind: KindReplay, Path: arg}, nil
+	}
+	return Spec{}, fmt.Errorf("--gpu %q: unknown backend %q (%s)", spec, kind, Usage)
+}
+
+// newNVML returns the NVML library handle; tests replace it with a mock.
+var newNVML = func() nvml.Interface { return nvml.New() }
+
+// Open parses spec and opens the backend it names.
+func Open(spec string, logger *slog.Logger) (gpu.Backend, error) {
+	sp, err := ParseSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	switch sp.Kind {
+	case KindSim:
+		logger.Info("gpu backend: simulated GPUs", "n", sp.N, "seed", sp.Seed)
+		return simgpu.New(sp.N, sp.Seed), nil
+	case KindReplay:
+		b, err := replay.Open(sp.Path)
+		if err != nil {
+			return nil, err
+		}
+		logger.Info("gpu backend: replay", "file", sp.Path, "gpus", len(b.Devices()), "duration", b.Duration())
+		return b, nil
+	case KindNVML:
+		return openNVML(logger)
+	default: // auto
+		b, err := openNVML(logger)
+		if err != nil {
+			if !strings.Contains(err.Error(), "--gpu sim:2") {
+				err = fmt.Errorf("%w; to run without a GPU use --gpu sim:2", err)
+			}
+			return nil, fmt.Errorf("--gpu auto: no usable NVIDIA GPU: %w", err)
+		}
+		return b, nil
+	}
+}
+
+func openNVML(logger *slog.Logger) (gpu.Backend, error) {
+	b, err := nvmlgpu.New(newNVML(), logger)
+	if err != nil {
+		return nil, err
+	}
+	logger.Info("gpu backend: nvml", "gpus", len(b.Devices()))
+	return b, nil
+}

@@ -1,0 +1,150 @@
+package gpuopen
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+
+	"github.com/trainmeter/trainmeter/pkg/gpu/nvmlgpu"
+	"github.com/trainmeter/trainmeter/pkg/gpu/replay"
+	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
+)
+
+func TestParseSpec(t *testing.T) {
+	good := []struct {
+		in   string
+		want Spec
+	}{
+		{"", Spec{Kind: KindAuto}},
+		{"auto", Spec{Kind: KindAuto}},
+		{" AUTO ", Spec{Kind: KindAuto}},
+		{"nvml", Spec{Kind: KindNVML}},
+		{"sim", Spec{Kind: KindSim, N: 2, Seed: 1}},
+		{"sim:1", Spec{Kind: KindSim, N: 1, Seed: 1}},
+		{"sim:64", Spec{Kind: KindSim, N: 64, Seed: 1}},
+		{"sim:8:42", Spec{Kind: KindSim, N: 8, Seed: 42}},
+		{"sim:2:-7", Spec{Kind: KindSim, N: 2, Seed: -7}},
+		{"replay:trace.csv", Spec{Kind: KindReplay, Path: "trace.csv"}},
+		{"replay:/a/b:c.csv", Spec{Kind: KindReplay, Path: "/a/b:c.csv"}},
+	}
+	for _, c := range good {
+		got, err := ParseSpec(c.in)
+		if err != nil || got != c.want {
+			t.Errorf("ParseSpec(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
+		}
+	}
+	bad := []struct{ in, want string }{
+		{"sim:0", "from 1 to 64"},
+		{"sim:65", "from 1 to 64"},
+		{"sim:x", "from 1 to 64"},
+		{"sim:", "from 1 to 64"},
+		{"sim:2:x", "integer seed"},
+		{"replay:", "needs a trace file"},
+		{"replay", "needs a trace file"},
+		{"nvml:0", "nvml takes no argument"},
+		{"auto:1", "auto takes no argument"},
+		{"cuda", `unknown backend "cuda"`},
+		{"gpu0", "unknown backend"},
+	}
+	for _, c := range bad {
+		_, err := ParseSpec(c.in)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "--gpu") {
+			t.Errorf("ParseSpec(%q) err = %v, want it to contain %q", c.in, err, c.want)
+		}
+	}
+}
+
+func TestOpenSim(t *testing.T) {
+	b, err := Open("sim:3", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, ok := b.(*simgpu.Backend); !ok || len(b.Devices()) != 3 {
+		t.Fatalf("%T %d", b, len(b.Devices()))
+	}
+	if _, err := Open("sim:99", nil); err == nil {
+		t.Fatal("sim:99: want error")
+	}
+}
+
+func TestOpenReplay(t *testing.T) {
+	b, err := Open("replay:../../../deploy/examples/replay-constant-300w.csv", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, ok := b.(*replay.Backend); !ok || len(b.Devices()) != 2 {
+		t.Fatalf("%T %d", b, len(b.Devices()))
+	}
+	p := filepath.Join(t.TempDir(), "bad.csv")
+	if err := os.WriteFile(p, []byte("time_s,gpu\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open("replay:"+p, nil); err == nil || !strings.Contains(err.Error(), "power_w") {
+		t.Fatalf("bad trace: err = %v", err)
+	}
+	if _, err := Open("replay:"+filepath.Join(t.TempDir(), "missing.csv"), nil); err == nil {
+		t.Fatal("missing trace: want error")
+	}
+}
+
+// withNVML replaces the NVML library with s for the test.
+func withNVML(t *testing.T, s nvml.Interface) {
+	t.Helper()
+	old := newNVML
+	newNVML = func() nvml.Interface { return s }
+	t.Cleanup(func() { newNVML = old })
+}
+
+func TestOpenAutoWithoutNVML(t *testing.T) {
+	s := dgxa100.New()
+	s.InitFunc = func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
+	withNVML(t, s)
+	for _, spec := range []string{"", "auto"} {
+		_, err := Open(spec, nil)
+		if err == nil || !strings.Contains(err.Error(), "--gpu sim:2") || !errors.Is(err, nvmlgpu.ErrNoNVML) {
+			t.Fatalf("Open(%q) err = %v", spec, err)
+		}
+		if strings.Count(err.Error(), "--gpu sim:2") != 1 {
+			t.Fatalf("hint repeated: %v", err)
+		}
+	}
+	_, err := Open("nvml", nil)
+	if err == nil || !strings.Contains(err.Error(), "NVML/driver not found") || !strings.Contains(err.Error(), "--gpu sim") {
+		t.Fatalf("Open(nvml) err = %v", err)
+	}
+
+	// other init failures also point at sim
+	s.InitFunc = func() nvml.Return { return nvml.ERROR_NO_PERMISSION }
+	if _, err := Open("auto", nil); err == nil || !strings.Contains(err.Error(), "--gpu sim:2") {
+		t.Fatalf("Open(auto) err = %v", err)
+	}
+}
+
+func TestOpenAutoWithNVML(t *testing.T) {
+	s := dgxa100.New()
+	s.DeviceGetCountFunc = func() (int, nvml.Return) { return 1, nvml.SUCCESS }
+	d := s.Devices[0].(*dgxa100.Device)
+	d.GetEnforcedPowerLimitFunc = func() (uint32, nvml.Return) { return 400_000, nvml.SUCCESS }
+	d.GetFieldValuesFunc = func(v []nvml.FieldValue) nvml.Return {
+		for k := range v {
+			v[k].NvmlReturn = uint32(nvml.SUCCESS)
+		}
+		return nvml.SUCCESS
+	}
+	withNVML(t, s)
+	b, err := Open("auto", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, ok := b.(*nvmlgpu.Backend); !ok || len(b.Devices()) != 1 {
+		t.Fatalf("%T %d", b, len(b.Devices()))
+	}
+}

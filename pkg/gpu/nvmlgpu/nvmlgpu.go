@@ -1,0 +1,393 @@
+// Package nvmlgpu is the real GPU backend, over NVIDIA's go-nvml bindings.
+//
+// It depends only on nvml.Interface, so tests inject go-nvml's mock (for
+// example mock/dgxa100) and production passes nvml.New().
+//
+// Per GPU per tick it makes exactly one GetFieldValues call carrying the
+// instant power (NVML_FI_DEV_POWER_INSTANT, 186, mW) and the cumulative energy
+// counter (NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 83, mJ), and uses each
+// field's own timestamp (µs since the epoch) as PowerAt/EnergyAt, so repeated
+// stale values can be recognised downstream. Where a field is not supported
+// (found by probing at start), it falls back to GetPowerUsage (the driver's
+// 1 s average on Ampere and newer) and GetTotalEnergyConsumption. Memory comes
+// from GetMemoryInfo and utilisation from GetUtilizationRates.
+package nvmlgpu
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/trainmeter/trainmeter/pkg/gpu"
+)
+
+// NVML field ids this backend reads.
+const (
+	FieldPowerInstant = nvml.FI_DEV_POWER_INSTANT            // 186, mW
+	FieldTotalEnergy  = nvml.FI_DEV_TOTAL_ENERGY_CONSUMPTION // 83, mJ
+)
+
+// ErrNoNVML is wrapped by New's error when the NVML library or the NVIDIA
+// driver cannot be found.
+var ErrNoNVML = errors.New("NVML/driver not found")
+
+const mib = 1 << 20
+
+type powerSource uint8
+
+const (
+	powerNone  powerSource = iota
+	powerField             // field 186 in the GetFieldValues call
+	powerUsage             // GetPowerUsage (1 s average on Ampere+)
+)
+
+type energySource uint8
+
+const (
+	energyNone  energySource = iota
+	energyField              // field 83 in the GetFieldValues call
+	energyCall               // GetTotalEnergyConsumption
+)
+
+type device struct {
+	h      nvml.Device
+	power  powerSource
+	energy energySource
+	// ids are the field ids requested each tick; fv is the reused buffer
+	// (len(fv) == len(ids)); powerIdx/energyIdx index into it, or -1.
+	ids       []uint32
+	fv        []nvml.FieldValue
+	powerIdx  int
+	energyIdx int
+}
+
+// Backend reads real GPUs through NVML. It implements gpu.Backend and
+// gpu.ProcessLister and is safe for concurrent use.
+type Backend struct {
+	lib  nvml.Interface
+	log  *slog.Logger
+	devs []gpu.Device
+
+	mu     sync.Mutex // guards gpus' buffers and closed
+	gpus   []*device
+	closed bool
+}
+
+// New initialises NVML through lib (nvml.New() in production; nil means
+// that), enumerates the GPUs and probes which fields each supports. The
+// returned error wraps ErrNoNVML when the library or driver is missing.
+func New(lib nvml.Interface, logger *slog.Logger) (*Backend, error) {
+	if lib == nil {
+		lib = nvml.New()
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	if err := initLib(lib); err != nil {
+		return nil, err
+	}
+	b := &Backend{lib: lib, log: logger}
+	if err := b.enumerate(); err != nil {
+		lib.Shutdown()
+		return nil, err
+	}
+	return b, nil
+}
+
+func initLib(lib nvml.Interface) (err error) {
+	// go-nvml's real Init loads libnvidia-ml.so.1 with dlopen; guard against
+	// a panic from a broken installation all the same.
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w (nvml init panicked: %v); to run without a GPU use --gpu sim:2", ErrNoNVML, r)
+		}
+	}()
+	switch ret := lib.Init(); ret {
+	case nvml.SUCCESS:
+		return nil
+	case nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED:
+		return fmt.Errorf("%w: cannot initialise NVML (%v): is the NVIDIA driver installed and libnvidia-ml.so.1 on the library path? To run without a GPU use --gpu sim:2 (simulated GPUs) or --gpu replay:FILE",
+			ErrNoNVML, ret)
+	default:
+		return fmt.Errorf("nvml init: %v; to run without a GPU use --gpu sim:2", ret)
+	}
+}
+
+func (b *Backend) enumerate() error {
+	n, ret := b.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("nvml: device count: %v", ret)
+	}
+	if n == 0 {
+		return errors.New("nvml: no GPUs found; to run without a GPU use --gpu sim:2")
+	}
+	for i := range n {
+		h, ret := b.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("nvml: gpu %d: handle: %v", i, ret)
+		}
+		uuid, ret := h.GetUUID()
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("nvml: gpu %d: uuid: %v", i, ret)
+		}
+		name, ret := h.GetName()
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("nvml: gpu %d (%s): name: %v", i, uuid, ret)
+		}
+		d := gpu.Device{Index: i, UUID: uuid, Name: name}
+		if mem, ret := h.GetMemoryInfo(); ret == nvml.SUCCESS {
+			d.MemTotalMiB = mem.Total / mib
+		} else {
+			b.log.Warn("nvml: cannot read memory total", "gpu", i, "uuid", uuid, "err", ret.Error())
+		}
+		if mw, ret := h.GetEnforcedPowerLimit(); ret == nvml.SUCCESS {
+			d.PowerLimitW = float64(mw) / 1000
+		} else {
+			b.log.Warn("nvml: cannot read enforced power limit", "gpu", i, "uuid", uuid, "err", ret.Error())
+		}
+
+		dev := b.probe(i, uuid, h)
+		d.HasInstantPower = dev.power == powerField
+		d.HasEnergyCounter = dev.energy != energyNone
+		b.devs = append(b.devs, d)
+		b.gpus = append(b.gpus, dev)
+	}
+	return nil
+}
+
+// probe finds out which fields GPU i supports and sets up its fallbacks.
+func (b *Backend) probe(i int, uuid string, h nvml.Device) *device {
+	fv := []nvml.FieldValue{{FieldId: FieldPowerInstant}, {FieldId: FieldTotalEnergy}}
+	ret := h.GetFieldValues(fv)
+	powerRet, energyRet := ret, ret
+	if ret == nvml.SUCCESS {
+		powerRet, energyRet = nvml.Return(fv[0].NvmlReturn), nvml.Return(fv[1].NvmlReturn)
+	}
+	dev := &device{h: h, powerIdx: -1, energyIdx: -1}
+
+	if powerRet == nvml.SUCCESS {
+		dev.power = powerField
+	} else if _, r := h.GetPowerUsage(); r == nvml.SUCCESS {
+		dev.power = powerUsage
+		b.log.Warn("nvml: instant power field not supported; falling back to GetPowerUsage (1 s average on Ampere and newer)",
+			"gpu", i, "uuid", uuid, "field", FieldPowerInstant, "err", powerRet.Error())
+	} else {
+		b.log.Warn("nvml: GPU reports no power: instant power field and GetPowerUsage both fail",
+			"gpu", i, "uuid", uuid, "field_err", powerRet.Error(), "err", r.Error())
+	}
+
+	if energyRet == nvml.SUCCESS {
+		dev.energy = energyField
+	} else if _, r := h.GetTotalEnergyConsumption(); r == nvml.SUCCESS {
+		dev.energy = energyCall
+		b.log.Warn("nvml: energy counter field not supported; falling back to GetTotalEnergyConsumption",
+			"gpu", i, "uuid", uuid, "field", FieldTotalEnergy, "err", energyRet.Error())
+	} else {
+		b.log.Warn("nvml: GPU has no energy counter; energy will be integrated from power samples only",
+			"gpu", i, "uuid", uuid, "field_err", energyRet.Error(), "err", r.Error())
+	}
+
+	if dev.power == powerField {
+		dev.powerIdx = len(dev.ids)
+		dev.ids = append(dev.ids, FieldPowerInstant)
+	}
+	if dev.energy == energyField {
+		dev.energyIdx = len(dev.ids)
+		dev.ids = append(dev.ids, FieldTotalEnergy)
+	}
+	dev.fv = make([]nvml.FieldValue, len(dev.ids))
+	return dev
+}
+
+// Devices implements gpu.Backend.
+func (b *Backend) Devices() []gpu.Device {
+	out := make([]gpu.Device, len(b.devs))
+	copy(out, b.devs)
+	return out
+}
+
+// Read implements gpu.Backend. It returns an error only when no value of any
+// GPU could be read; per-GPU and per-field failures go in Sample.Err.
+func (b *Backend) Read(now time.Time, dst []gpu.Sample) error {
+	if len(dst) != len(b.gpus) {
+		return fmt.Errorf("nvmlgpu: Read: len(dst) = %d, want %d", len(dst), len(b.gpus))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return errors.New("nvmlgpu: Read after Close")
+	}
+	anyOK := false
+	var firstErr error
+	for i, d := range b.gpus {
+		s := &dst[i]
+		*s = gpu.Sample{Index: i, ReadAt: now}
+		d.read(i, s)
+		anyOK = anyOK || s.PowerOK || s.EnergyOK || s.MemOK || s.UtilOK
+		if firstErr == nil {
+			firstErr = s.Err
+		}
+	}
+	if !anyOK && firstErr != nil {
+		return fmt.Errorf("nvmlgpu: no GPU could be read: %w", firstErr)
+	}
+	return nil
+}
+
+// read fills s from GPU i. It never panics on NVML errors; the first error
+// goes in s.Err.
+func (d *device) read(i int, s *gpu.Sample) {
+	fail := func(what string, ret nvml.Return) {
+		if s.Err == nil {
+			s.Err = &ReadError{GPU: i, What: what, Ret: ret}
+		}
+	}
+
+	if len(d.fv) > 0 {
+		for k, id := range d.ids {
+			d.fv[k] = nvml.FieldValue{FieldId: id}
+		}
+		ret := d.h.GetFieldValues(d.fv)
+		if ret != nvml.SUCCESS {
+			fail("field values", ret)
+			if ret == nvml.ERROR_GPU_IS_LOST {
+				return // every other call would fail the same way
+			}
+		} else {
+			if d.powerIdx >= 0 {
+				f := &d.fv[d.powerIdx]
+				if r := nvml.Return(f.NvmlReturn); r != nvml.SUCCESS {
+					fail("power field", r)
+				} else if v, ok := fieldValue(f); ok {
+					s.PowerW, s.PowerAt, s.PowerOK = v/1000, fieldTime(f), true
+				} else {
+					fail("power field value type", nvml.ERROR_UNKNOWN)
+				}
+			}
+			if d.energyIdx >= 0 {
+				f := &d.fv[d.energyIdx]
+				if r := nvml.Return(f.NvmlReturn); r != nvml.SUCCESS {
+					fail("energy field", r)
+				} else if v, ok := fieldValue(f); ok {
+					s.EnergyJ, s.EnergyAt, s.EnergyOK = v/1000, fieldTime(f), true
+				} else {
+					fail("energy field value type", nvml.ERROR_UNKNOWN)
+				}
+			}
+		}
+	}
+	if d.power == powerUsage {
+		if mw, ret := d.h.GetPowerUsage(); ret == nvml.SUCCESS {
+			s.PowerW, s.PowerOK = float64(mw)/1000, true
+		} else {
+			fail("power usage", ret)
+		}
+	}
+	if d.energy == energyCall {
+		if mj, ret := d.h.GetTotalEnergyConsumption(); ret == nvml.SUCCESS {
+			s.EnergyJ, s.EnergyOK = float64(mj)/1000, true
+		} else {
+			fail("total energy consumption", ret)
+		}
+	}
+	if mem, ret := d.h.GetMemoryInfo(); ret == nvml.SUCCESS {
+		s.MemUsedMiB, s.MemTotalMiB, s.MemOK = float64(mem.Used)/mib, float64(mem.Total)/mib, true
+	} else {
+		fail("memory info", ret)
+		if ret == nvml.ERROR_GPU_IS_LOST {
+			return
+		}
+	}
+	if u, ret := d.h.GetUtilizationRates(); ret == nvml.SUCCESS {
+		s.UtilPct, s.UtilOK = float64(u.Gpu), true
+	} else {
+		fail("utilization", ret)
+	}
+}
+
+// fieldTime converts a field's timestamp (µs since the epoch) to a time;
+// zero stays zero ("use ReadAt").
+func fieldTime(f *nvml.FieldValue) time.Time {
+	if f.Timestamp <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(f.Timestamp)
+}
+
+// fieldValue decodes a field's value union according to its ValueType.
+// NVML writes it in the host's byte order.
+func fieldValue(f *nvml.FieldValue) (float64, bool) {
+	v := f.Value[:]
+	switch nvml.ValueType(f.ValueType) {
+	case nvml.VALUE_TYPE_DOUBLE:
+		x := math.Float64frombits(binary.NativeEndian.Uint64(v))
+		return x, !math.IsNaN(x) && !math.IsInf(x, 0)
+	case nvml.VALUE_TYPE_UNSIGNED_INT:
+		return float64(binary.NativeEndian.Uint32(v)), true
+	case nvml.VALUE_TYPE_UNSIGNED_LONG, nvml.VALUE_TYPE_UNSIGNED_LONG_LONG:
+		return float64(binary.NativeEndian.Uint64(v)), true
+	case nvml.VALUE_TYPE_SIGNED_LONG_LONG:
+		return float64(int64(binary.NativeEndian.Uint64(v))), true
+	case nvml.VALUE_TYPE_SIGNED_INT:
+		return float64(int32(binary.NativeEndian.Uint32(v))), true
+	case nvml.VALUE_TYPE_UNSIGNED_SHORT:
+		return float64(binary.NativeEndian.Uint16(v)), true
+	}
+	return 0, false
+}
+
+// ReadError is the Sample.Err of a failed NVML call.
+type ReadError struct {
+	GPU  int
+	What string
+	Ret  nvml.Return
+}
+
+func (e *ReadError) Error() string {
+	return fmt.Sprintf("nvml: gpu %d: %s: %v", e.GPU, e.What, e.Ret)
+}
+
+// Unwrap lets errors.Is(err, nvml.ERROR_GPU_IS_LOST) work.
+func (e *ReadError) Unwrap() error { return e.Ret }
+
+// ComputePIDs implements gpu.ProcessLister with GetComputeRunningProcesses.
+// It costs milliseconds in the driver: call it at most once a second.
+func (b *Backend) ComputePIDs(index int) ([]uint32, error) {
+	if index < 0 || index >= len(b.gpus) {
+		return nil, fmt.Errorf("nvmlgpu: no GPU %d", index)
+	}
+	procs, ret := b.gpus[index].h.GetComputeRunningProcesses()
+	if ret != nvml.SUCCESS {
+		return nil, &ReadError{GPU: index, What: "compute running processes", Ret: ret}
+	}
+	pids := make([]uint32, len(procs))
+	for k, p := range procs {
+		pids[k] = p.Pid
+	}
+	return pids, nil
+}
+
+// Close shuts NVML down. Further Reads fail; a second Close does nothing.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	if ret := b.lib.Shutdown(); ret != nvml.SUCCESS {
+		return fmt.Errorf("nvml shutdown: %v", ret)
+	}
+	return nil
+}
+
+var (
+	_ gpu.Backend       = (*Backend)(nil)
+	_ gpu.ProcessLister = (*Backend)(nil)
+)

@@ -1,0 +1,285 @@
+// Package replay plays a recorded or hand-written GPU trace (CSV) back in real
+// time, as a gpu.Backend. The format is documented in docs/replay-format.md.
+//
+// Playback starts at the first Read: its now is t0, and a Read at now returns,
+// per GPU, the latest row with time_s <= now-t0. Each value carries the
+// timestamp t0+time_s of its row, so a row read twice is recognised as stale
+// by its timestamp, exactly as with NVML's per-field timestamps.
+package replay
+
+import (
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/trainmeter/trainmeter/pkg/gpu"
+)
+
+// Column names of the trace header.
+const (
+	ColTime     = "time_s"
+	ColGPU      = "gpu"
+	ColPower    = "power_w"
+	ColEnergy   = "energy_j"
+	ColMemUsed  = "memory_used_mib"
+	ColMemTotal = "memory_total_mib"
+	ColUtil     = "utilization_pct"
+)
+
+// Columns is the required header, in the order the docs and examples use.
+var Columns = []string{ColTime, ColGPU, ColPower, ColEnergy, ColMemUsed, ColMemTotal, ColUtil}
+
+// maxGPUs bounds the gpu column, so a typo cannot allocate millions of GPUs.
+const maxGPUs = 1024
+
+// Backend plays a trace. It implements gpu.Backend and is safe for
+// concurrent use.
+type Backend struct {
+	devs []gpu.Device
+	rows [][]row // per GPU, in time order
+
+	mu      sync.Mutex
+	started bool
+	t0      time.Time
+}
+
+type row struct {
+	at       time.Duration // time_s
+	powerW   float64
+	energyJ  float64
+	energyOK bool
+	memUsed  float64
+	memTotal float64
+	util     float64
+	utilOK   bool
+}
+
+// Open parses the trace file at path.
+func Open(path string) (*Backend, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	defer f.Close()
+	b, err := Parse(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return b, nil
+}
+
+// Parse reads a trace. Errors name the line of the offending row.
+func Parse(r io.Reader) (*Backend, error) {
+	cr := csv.NewReader(r)
+	cr.Comment = '#'
+	cr.TrimLeadingSpace = true
+	cr.FieldsPerRecord = -1
+	cr.ReuseRecord = true
+
+	header, err := cr.Read()
+	if err == io.EOF {
+		return nil, errors.New("replay: empty trace: want a header line " + strings.Join(Columns, ","))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	line, _ := cr.FieldPos(0)
+	col := make(map[string]int, len(header))
+	for i, h := range header {
+		h = strings.ToLower(strings.TrimSpace(strings.TrimPrefix(h, "\ufeff")))
+		if _, dup := col[h]; dup && h != "" {
+			return nil, fmt.Errorf("replay: line %d: column %q appears twice", line, h)
+		}
+		col[h] = i
+	}
+	idx := make([]int, len(Columns))
+	for k, name := range Columns {
+		i, ok := col[name]
+		if !ok {
+			return nil, fmt.Errorf("replay: line %d: header lacks column %q (want %s)", line, name, strings.Join(Columns, ","))
+		}
+		idx[k] = i
+	}
+
+	var rows [][]row
+	firstLine := map[int]int{}
+	for {
+		rec, err := cr.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("replay: %w", err)
+		}
+		line, _ := cr.FieldPos(0)
+		field := func(k int) string {
+			if idx[k] >= len(rec) {
+				return ""
+			}
+			return strings.TrimSpace(rec[idx[k]])
+		}
+		bad := func(format string, a ...any) error {
+			return fmt.Errorf("replay: line %d: "+format, append([]any{line}, a...)...)
+		}
+		num := func(k int, optional bool) (float64, bool, error) {
+			s := field(k)
+			if s == "" {
+				if optional {
+					return 0, false, nil
+				}
+				return 0, false, bad("%s is empty", Columns[k])
+			}
+			v, err := strconv.ParseFloat(s, 64)
+			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+				return 0, false, bad("%s = %q is not a finite number", Columns[k], s)
+			}
+			if v < 0 {
+				return 0, false, bad("%s = %q is negative", Columns[k], s)
+			}
+			return v, true, nil
+		}
+
+		gs := field(1)
+		g, err := strconv.Atoi(gs)
+		if err != nil || g < 0 || g >= maxGPUs {
+			return nil, bad("gpu = %q is not a GPU index (0..%d)", gs, maxGPUs-1)
+		}
+		var rw row
+		ts, _, err := num(0, false)
+		if err != nil {
+			return nil, err
+		}
+		if ts > float64(math.MaxInt64/int64(time.Second)) {
+			return nil, bad("time_s = %v is too large", ts)
+		}
+		rw.at = time.Duration(math.Round(ts * float64(time.Second)))
+		if rw.powerW, _, err = num(2, false); err != nil {
+			return nil, err
+		}
+		if rw.energyJ, rw.energyOK, err = num(3, true); err != nil {
+			return nil, err
+		}
+		if rw.memUsed, _, err = num(4, false); err != nil {
+			return nil, err
+		}
+		if rw.memTotal, _, err = num(5, false); err != nil {
+			return nil, err
+		}
+		if rw.util, rw.utilOK, err = num(6, true); err != nil {
+			return nil, err
+		}
+		if rw.util > 100 {
+			return nil, bad("utilization_pct = %v is over 100", rw.util)
+		}
+
+		for len(rows) <= g {
+			rows = append(rows, nil)
+		}
+		if n := len(rows[g]); n > 0 && rw.at < rows[g][n-1].at {
+			return nil, bad("gpu %d: time_s %v is before the previous row's %v (times must not decrease per GPU)",
+				g, rw.at.Seconds(), rows[g][n-1].at.Seconds())
+		}
+		if len(rows[g]) == 0 {
+			firstLine[g] = line
+		}
+		rows[g] = append(rows[g], rw)
+	}
+	if len(rows) == 0 {
+		return nil, errors.New("replay: trace has a header but no rows")
+	}
+	for g := range rows {
+		if len(rows[g]) == 0 {
+			// name the first row of the GPU after the gap
+			at := 0
+			for h := g + 1; h < len(rows); h++ {
+				if len(rows[h]) > 0 {
+					at = firstLine[h]
+					break
+				}
+			}
+			return nil, fmt.Errorf("replay: line %d: unknown gpu %d: gpu %d has no rows (indices must be contiguous from 0)", at, len(rows)-1, g)
+		}
+	}
+
+	b := &Backend{rows: rows, devs: make([]gpu.Device, len(rows))}
+	for g, rs := range rows {
+		has := false
+		for _, r := range rs {
+			has = has || r.energyOK
+		}
+		b.devs[g] = gpu.Device{
+			Index:            g,
+			UUID:             fmt.Sprintf("GPU-replay-%d", g),
+			Name:             "Replay GPU",
+			MemTotalMiB:      uint64(math.Round(rs[0].memTotal)),
+			HasEnergyCounter: has,
+			HasInstantPower:  true,
+		}
+	}
+	return b, nil
+}
+
+// Devices implements gpu.Backend.
+func (b *Backend) Devices() []gpu.Device {
+	out := make([]gpu.Device, len(b.devs))
+	copy(out, b.devs)
+	return out
+}
+
+// Duration is the time_s of the last row of any GPU: how long playback lasts.
+func (b *Backend) Duration() time.Duration {
+	var d time.Duration
+	for _, rs := range b.rows {
+		d = max(d, rs[len(rs)-1].at)
+	}
+	return d
+}
+
+// Read implements gpu.Backend. The first Read starts playback.
+func (b *Backend) Read(now time.Time, dst []gpu.Sample) error {
+	if len(dst) != len(b.devs) {
+		return fmt.Errorf("replay: Read: len(dst) = %d, want %d", len(dst), len(b.devs))
+	}
+	b.mu.Lock()
+	if !b.started {
+		b.started, b.t0 = true, now
+	}
+	t0 := b.t0
+	b.mu.Unlock()
+
+	el := now.Sub(t0)
+	for g, rs := range b.rows {
+		s := gpu.Sample{Index: g, ReadAt: now}
+		// first row after el, minus one: the latest row with at <= el
+		k := sort.Search(len(rs), func(i int) bool { return rs[i].at > el }) - 1
+		if k < 0 {
+			dst[g] = s // before the GPU's first row: nothing OK, no error
+			continue
+		}
+		r := &rs[k]
+		at := t0.Add(r.at)
+		s.PowerW, s.PowerAt, s.PowerOK = r.powerW, at, true
+		if r.energyOK {
+			s.EnergyJ, s.EnergyAt, s.EnergyOK = r.energyJ, at, true
+		}
+		s.MemUsedMiB, s.MemTotalMiB, s.MemOK = r.memUsed, r.memTotal, true
+		if r.utilOK {
+			s.UtilPct, s.UtilOK = r.util, true
+		}
+		dst[g] = s
+	}
+	return nil
+}
+
+// Close implements gpu.Backend.
+func (b *Backend) Close() error { return nil }
+
+var _ gpu.Backend = (*Backend)(nil)
