@@ -1,0 +1,451 @@
+// Package ledger turns the agent's 50 ms GPU ticks and the trainers' events
+// into numbered 1 s batches for the collector.
+//
+// Energy is never attributed tick by tick. Each GPU has an energy.Meter: a
+// cumulative-energy curve that can be evaluated at any instant. A run's
+// energy over a segment [a, b) is the sum over its GPUs of Meter.At(b) -
+// Meter.At(a), and segments are cut exactly at run start, warmup end, GPU-set
+// changes, run end and the batch boundaries. A window is closed only once the
+// meters have points past its end (a settle delay), so boundaries are
+// interpolated, not extrapolated.
+package ledger
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/trainmeter/trainmeter/pkg/energy"
+	"github.com/trainmeter/trainmeter/pkg/gpu"
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Config sets up a Ledger.
+type Config struct {
+	Devices []gpu.Device
+	// DefaultWarmup is excluded from efficiency figures when run_start names
+	// neither warmup_s nor warmup_steps.
+	DefaultWarmup time.Duration
+	// Window is the batch length (default 1 s); windows are aligned to it.
+	Window time.Duration
+	// Settle is how long after a window's end it is closed, so every meter has
+	// a point past the boundary (default 300 ms: NVML's counter updates about
+	// every 100 ms).
+	Settle time.Duration
+	// MaxGap is passed to the meters: power samples further apart are a gap.
+	MaxGap time.Duration
+	// Load, when set, is told each GPU's busy fraction (the sim backend).
+	Load   gpu.LoadSetter
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Window <= 0 {
+		c.Window = time.Second
+	}
+	if c.Settle <= 0 {
+		c.Settle = 300 * time.Millisecond
+	}
+	if c.MaxGap <= 0 {
+		c.MaxGap = 250 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// idleAfter is how long after its last step a simulated GPU is idle again.
+const idleAfter = 2 * time.Second
+
+// Ledger is safe for concurrent use: the sampling loop calls Tick, socket
+// connections call the event methods.
+type Ledger struct {
+	cfg Config
+
+	mu       sync.Mutex
+	meters   []*energy.Meter
+	last     []gpu.Sample
+	started  bool
+	winStart time.Time
+	winEnd   time.Time
+	// Per-GPU cumulative energy and meter stats at winStart.
+	startCum   []energy.Cumulative
+	startStats []energy.Stats
+	// gpuAcc[0] accumulates the open window; gpuAcc[1] ticks that fall after
+	// its end while it settles.
+	gpuAcc   [2][]gpuAcc
+	host     *pb.HostWindow
+	runs     map[string]*run
+	order    []string // run ids in start order, for deterministic batches
+	pending  []*pb.RunEvent
+	seq      uint64
+	lastStep []time.Time
+}
+
+type gpuAcc struct {
+	reads, errors      uint32
+	powerSum, powerMax float64
+	powerN             int
+	powerLast          float64
+	memMax, memSum     float64
+	memN               int
+	memTotal           float64
+	utilSum            float64
+	utilN              int
+}
+
+// New returns a ledger for the given GPUs.
+func New(cfg Config) *Ledger {
+	cfg.setDefaults()
+	n := len(cfg.Devices)
+	l := &Ledger{
+		cfg:        cfg,
+		meters:     make([]*energy.Meter, n),
+		last:       make([]gpu.Sample, n),
+		startCum:   make([]energy.Cumulative, n),
+		startStats: make([]energy.Stats, n),
+		runs:       map[string]*run{},
+		lastStep:   make([]time.Time, n),
+	}
+	for i := range l.meters {
+		l.meters[i] = energy.NewMeter(energy.Options{MaxGap: cfg.MaxGap})
+	}
+	l.gpuAcc[0] = make([]gpuAcc, n)
+	l.gpuAcc[1] = make([]gpuAcc, n)
+	return l
+}
+
+// SetHost records the latest host reading; it goes out with the next batch.
+func (l *Ledger) SetHost(h *pb.HostWindow) {
+	l.mu.Lock()
+	l.host = h
+	l.mu.Unlock()
+}
+
+// Tick feeds one sampling tick (one sample per GPU, in index order) and
+// returns the batches whose windows it closed, usually none or one.
+func (l *Ledger) Tick(now time.Time, samples []gpu.Sample) []*pb.Batch {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.started {
+		l.started = true
+		l.winStart = now
+		l.winEnd = now.Truncate(l.cfg.Window).Add(l.cfg.Window)
+	}
+	acc := l.gpuAcc[0]
+	if !now.Before(l.winEnd) {
+		acc = l.gpuAcc[1]
+	}
+	for i := range samples {
+		if i >= len(l.meters) {
+			break
+		}
+		s := samples[i]
+		l.meters[i].Observe(s)
+		l.last[i] = s
+		accumulate(&acc[i], &s)
+	}
+	l.updateLoad(now)
+	for _, id := range l.order {
+		r := l.runs[id]
+		if now.Before(r.start) || (r.ended && now.After(r.end)) {
+			continue
+		}
+		r.ticks = append(r.ticks, l.tickStat(now, r.gpusAt(now)))
+	}
+
+	var out []*pb.Batch
+	for !now.Before(l.winEnd.Add(l.cfg.Settle)) {
+		out = append(out, l.closeWindow())
+	}
+	return out
+}
+
+func accumulate(a *gpuAcc, s *gpu.Sample) {
+	a.reads++
+	if s.Err != nil {
+		a.errors++
+	}
+	if s.PowerOK {
+		a.powerSum += s.PowerW
+		a.powerN++
+		a.powerMax = math.Max(a.powerMax, s.PowerW)
+		a.powerLast = s.PowerW
+	}
+	if s.MemOK {
+		a.memMax = math.Max(a.memMax, s.MemUsedMiB)
+		a.memSum += s.MemUsedMiB
+		a.memN++
+		a.memTotal = s.MemTotalMiB
+	}
+	if s.UtilOK {
+		a.utilSum += s.UtilPct
+		a.utilN++
+	}
+}
+
+type tickStat struct {
+	t        time.Time
+	powerSum float64
+	memMax   float64
+	memSum   float64
+	memN     int
+	utilSum  float64
+}
+
+func (l *Ledger) tickStat(now time.Time, gpus []int) tickStat {
+	ts := tickStat{t: now}
+	for _, g := range gpus {
+		s := &l.last[g]
+		if s.PowerOK {
+			ts.powerSum += s.PowerW
+		}
+		if s.MemOK {
+			ts.memMax = math.Max(ts.memMax, s.MemUsedMiB)
+			ts.memSum += s.MemUsedMiB
+			ts.memN++
+		}
+		if s.UtilOK {
+			ts.utilSum += s.UtilPct
+		}
+	}
+	return ts
+}
+
+// updateLoad idles simulated GPUs whose runs stopped stepping.
+func (l *Ledger) updateLoad(now time.Time) {
+	if l.cfg.Load == nil {
+		return
+	}
+	for g, t := range l.lastStep {
+		if !t.IsZero() && now.Sub(t) > idleAfter {
+			l.cfg.Load.SetLoad(g, 0)
+			l.lastStep[g] = time.Time{}
+		}
+	}
+}
+
+// closeWindow emits the batch for [winStart, winEnd) and opens the next.
+func (l *Ledger) closeWindow() *pb.Batch {
+	ws, we := l.winStart, l.winEnd
+	l.seq++
+	b := &pb.Batch{
+		Seq:         l.seq,
+		WindowStart: timestamppb.New(ws),
+		WindowEnd:   timestamppb.New(we),
+		Host:        l.host,
+	}
+	endCum := make([]energy.Cumulative, len(l.meters))
+	endEstimated := make([]bool, len(l.meters))
+	for i, m := range l.meters {
+		c, ok := m.At(we)
+		endCum[i] = c
+		endEstimated[i] = !ok || c.Estimated
+		st := m.Stats()
+		b.GpuWindows = append(b.GpuWindows, l.gpuWindow(i, c, st))
+		l.startStats[i] = st
+	}
+	b.RunEvents = l.pending
+	l.pending = nil
+
+	kept := l.order[:0]
+	for _, id := range l.order {
+		r := l.runs[id]
+		b.RunWindows = append(b.RunWindows, l.runWindows(r, ws, we)...)
+		if r.ended && !r.end.After(we) {
+			b.RunEvents = append(b.RunEvents, r.endEvent())
+			delete(l.runs, id)
+			continue
+		}
+		kept = append(kept, id)
+	}
+	l.order = kept
+
+	copy(l.startCum, endCum)
+	l.gpuAcc[0], l.gpuAcc[1] = l.gpuAcc[1], l.gpuAcc[0]
+	clear(l.gpuAcc[1])
+	l.winStart = we
+	l.winEnd = we.Add(l.cfg.Window)
+	return b
+}
+
+func (l *Ledger) gpuWindow(i int, end energy.Cumulative, st energy.Stats) *pb.GpuWindow {
+	a := &l.gpuAcc[0][i]
+	start := l.startCum[i]
+	prev := l.startStats[i]
+	w := &pb.GpuWindow{
+		Gpu:               uint32(i),
+		Uuid:              l.cfg.Devices[i].UUID,
+		EnergyIntegratedJ: end.IntegratedJ - start.IntegratedJ,
+		CounterOk:         end.CounterOK && (start.CounterOK || prev.CounterPoints == 0),
+		PowerMaxW:         a.powerMax,
+		PowerLastW:        a.powerLast,
+		Samples:           uint32(st.PowerPoints - prev.PowerPoints),
+		StaleSamples:      uint32(st.StalePower - prev.StalePower),
+		ReadErrors:        a.errors,
+		GapS:              end.GapS - start.GapS,
+		CounterResets:     uint32(st.CounterResets - prev.CounterResets),
+		MemoryUsedMaxMib:  a.memMax,
+		MemoryTotalMib:    a.memTotal,
+	}
+	if w.CounterOk {
+		w.EnergyCounterJ = end.CounterJ - start.CounterJ
+	}
+	if a.powerN > 0 {
+		w.PowerAvgW = a.powerSum / float64(a.powerN)
+	}
+	if a.memN > 0 {
+		w.MemoryUsedAvgMib = a.memSum / float64(a.memN)
+	}
+	if a.utilN > 0 {
+		w.UtilizationAvgPct = a.utilSum / float64(a.utilN)
+	}
+	return w
+}
+
+// runWindows cuts the run's part of [ws, we) into segments at warmup end and
+// GPU-set changes, and measures each.
+func (l *Ledger) runWindows(r *run, ws, we time.Time) []*pb.RunWindow {
+	from := ws
+	if r.start.After(from) {
+		from = r.start
+	}
+	to := we
+	if r.ended && r.end.Before(to) {
+		to = r.end
+	}
+	if !from.Before(to) {
+		return nil
+	}
+	cuts := []time.Time{from, to}
+	if !r.warmupEnd.IsZero() && r.warmupEnd.After(from) && r.warmupEnd.Before(to) {
+		cuts = append(cuts, r.warmupEnd)
+	}
+	for _, c := range r.gpuChanges {
+		if c.at.After(from) && c.at.Before(to) {
+			cuts = append(cuts, c.at)
+		}
+	}
+	sort.Slice(cuts, func(i, j int) bool { return cuts[i].Before(cuts[j]) })
+
+	var out []*pb.RunWindow
+	for i := 0; i+1 < len(cuts); i++ {
+		a, b := cuts[i], cuts[i+1]
+		if !a.Before(b) {
+			continue
+		}
+		out = append(out, l.segment(r, a, b))
+	}
+	// Drop what this window consumed; later ticks and steps stay queued.
+	r.ticks = dropBefore(r.ticks, to, func(t tickStat) time.Time { return t.t })
+	r.steps = dropBefore(r.steps, to, func(s stepStat) time.Time { return s.t })
+	if r.ended && !to.Before(r.end) {
+		r.ticks, r.steps = nil, nil
+	}
+	return out
+}
+
+func dropBefore[T any](xs []T, t time.Time, at func(T) time.Time) []T {
+	n := 0
+	for n < len(xs) && at(xs[n]).Before(t) {
+		n++
+	}
+	return append(xs[:0], xs[n:]...)
+}
+
+func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
+	gpus := r.gpusAt(a)
+	w := &pb.RunWindow{
+		RunId:      r.id,
+		Start:      timestamppb.New(a),
+		End:        timestamppb.New(b),
+		Phase:      pb.Phase_PHASE_WARMUP,
+		CounterOk:  len(gpus) > 0,
+		GpuSeconds: float64(len(gpus)) * b.Sub(a).Seconds(),
+	}
+	if !r.warmupEnd.IsZero() && !a.Before(r.warmupEnd) {
+		w.Phase = pb.Phase_PHASE_MEASURED
+	}
+	for _, g := range gpus {
+		w.Gpus = append(w.Gpus, uint32(g))
+		ca, okA := l.meters[g].At(a)
+		cb, okB := l.meters[g].At(b)
+		w.EnergyIntegratedJ += cb.IntegratedJ - ca.IntegratedJ
+		w.GapS += cb.GapS - ca.GapS
+		if ca.CounterOK && cb.CounterOK {
+			w.EnergyCounterJ += cb.CounterJ - ca.CounterJ
+		} else {
+			w.CounterOk = false
+		}
+		if !okA || !okB || ca.Estimated || cb.Estimated {
+			w.EnergyEstimated = true
+		}
+	}
+	if !w.CounterOk {
+		w.EnergyCounterJ = 0
+	}
+	// Segments are half-open, except that the run's last one also takes what
+	// happened at the very instant of run_end (the last step is often
+	// reported in the same breath as run_end).
+	last := r.ended && b.Equal(r.end)
+	in := func(t time.Time) bool { return !t.Before(a) && (t.Before(b) || (last && t.Equal(b))) }
+	for _, t := range r.ticks {
+		if !in(t.t) {
+			continue
+		}
+		w.PeakPowerW = math.Max(w.PeakPowerW, t.powerSum)
+		w.VramPeakMib = math.Max(w.VramPeakMib, t.memMax)
+		w.VramSumMib += t.memSum
+		w.VramSamples += uint64(t.memN)
+		w.UtilizationSumPct += t.utilSum
+	}
+	for _, s := range r.steps {
+		if !in(s.t) {
+			continue
+		}
+		w.Tokens += s.tokens
+		if !r.warmupEnd.IsZero() && s.t.After(r.warmupEnd) {
+			w.TokensMeasured += s.tokens
+		}
+		w.Steps++
+		w.Samples += s.samples
+		w.DataWaitS += s.dataWait
+		w.ComputeS += s.compute
+		if s.hasLoss {
+			w.LastLoss, w.HasLoss = s.loss, true
+		}
+	}
+	return w
+}
+
+// ActiveRuns lists the ids of runs not yet closed, in start order.
+func (l *Ledger) ActiveRuns() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.order...)
+}
+
+// Members returns the connections that joined run id, for advisories.
+func (l *Ledger) Members(id string) []uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.runs[id]
+	if r == nil {
+		return nil
+	}
+	out := make([]uint64, 0, len(r.members))
+	for c := range r.members {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func errorf(event, format string, args ...any) error {
+	return fmt.Errorf(event+": "+format, args...)
+}
