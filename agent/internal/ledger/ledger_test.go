@@ -80,10 +80,10 @@ func (r *rig) windows(run string) []*pb.RunWindow {
 
 type totals struct {
 	counterJ, integratedJ, measuredCounterJ, measuredIntegratedJ, measuredS, warmupS float64
-	tokens, tokensMeasured                                                          uint64
-	peak, vramPeak                                                                  float64
-	allCounterOK, estimated                                                         bool
-	firstMeasured                                                                   time.Time
+	tokens, tokensMeasured                                                           uint64
+	peak, vramPeak                                                                   float64
+	allCounterOK, estimated                                                          bool
+	firstMeasured                                                                    time.Time
 }
 
 func sum(ws []*pb.RunWindow) totals {

@@ -1,0 +1,59 @@
+package trainerproto
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+type errorLine struct {
+	Event string `json:"event"`
+	Error string `json:"error"`
+	Line  int    `json:"line,omitempty"`
+}
+
+type adviceLine struct {
+	Event          string `json:"event"`
+	RunID          string `json:"run_id"`
+	Kind           string `json:"kind"`
+	NumWorkers     int    `json:"num_workers"`
+	PrefetchFactor int    `json:"prefetch_factor"`
+	Reason         string `json:"reason,omitempty"`
+}
+
+type stopLine struct {
+	Event  string `json:"event"`
+	RunID  string `json:"run_id"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// ErrorLine builds {"event":"error","error":msg,"line":line}\n. line is the
+// 1-based line number on the connection; it is omitted when ≤ 0.
+func ErrorLine(msg string, line int) []byte {
+	return encode(errorLine{Event: EventError, Error: msg, Line: line})
+}
+
+// AdviceLine builds a dataloader advice line:
+// {"event":"advice","run_id":…,"kind":"dataloader","num_workers":…,"prefetch_factor":…,"reason":…}\n
+func AdviceLine(runID string, numWorkers, prefetch int, reason string) []byte {
+	return encode(adviceLine{Event: EventAdvice, RunID: runID, Kind: "dataloader",
+		NumWorkers: numWorkers, PrefetchFactor: prefetch, Reason: reason})
+}
+
+// StopLine builds {"event":"stop","run_id":…,"reason":…}\n.
+func StopLine(runID, reason string) []byte {
+	return encode(stopLine{Event: EventStop, RunID: runID, Reason: reason})
+}
+
+// encode marshals v as one compact JSON line ending in '\n', without HTML
+// escaping. Invalid UTF-8 in strings is replaced by U+FFFD, so the result is
+// always one valid line.
+func encode(v any) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		// Cannot happen for the fixed struct types above.
+		return []byte(`{"event":"error","error":"internal: cannot encode line"}` + "\n")
+	}
+	return b.Bytes()
+}

@@ -1,0 +1,598 @@
+// Package trainerproto parses and validates the newline-delimited JSON events
+// that trainer processes send to the agent over its local Unix socket, and
+// builds the lines the agent writes back (error, advice, stop).
+//
+// Parse never panics, never retains the input slice, and returns errors with
+// short, stable messages meant to be sent back to the client verbatim, e.g.
+//
+//	step: tokens must be a non-negative integer
+//
+// Field errors are prefixed with the event name; the envelope errors are
+// "invalid UTF-8", "invalid JSON: …", `missing "event"`, `"event" must be a
+// string`, `unknown event "foo"`, "missing run_id" and the other run_id
+// messages listed on ErrKindRunID.
+package trainerproto
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Event names, as carried in the "event" key.
+const (
+	EventRunStart = "run_start"
+	EventStep     = "step"
+	EventEval     = "eval"
+	EventRunEnd   = "run_end"
+
+	// Outbound only.
+	EventError  = "error"
+	EventAdvice = "advice"
+	EventStop   = "stop"
+)
+
+// Limits applied by Parse.
+const (
+	MaxRunIDBytes    = 256  // run_id
+	MaxMetadataBytes = 1024 // model, dataset, notes, … and run_end status
+	MaxLabels        = 64   // extra scalar keys kept in RunStart.Labels
+	MaxLabelBytes    = 256  // each label key and each label value
+	MaxGPUs          = 64   // entries in run_start "gpus"
+	MaxGPUBytes      = 128  // each "gpus" entry
+)
+
+// Event is one parsed inbound event.
+type Event interface {
+	Kind() string
+	RunID() string
+}
+
+// RunStart is the "run_start" event. Pointer fields are nil when the key is
+// absent (or null).
+type RunStart struct {
+	Run string
+
+	Model, Dataset, Backend, Optimizer, Precision, Notes string
+
+	BatchSize, GradAccum, SeqLen, Seed *int64
+
+	WarmupS     *float64
+	WarmupSteps *uint64
+
+	// GPUs as sent: NVML indices ("0") or UUIDs ("GPU-..."); JSON integers
+	// become decimal strings.
+	GPUs               []string
+	CUDAVisibleDevices string
+
+	NumWorkers, PrefetchFactor *int64
+	PlannedSteps               *uint64
+
+	GPUPricePerHour *float64
+	BudgetScope     string
+
+	Rank, WorldSize, LocalRank *int64
+
+	// Labels holds every other scalar key (string, number, bool),
+	// stringified; numbers keep their JSON text. Nil when there are none.
+	// Unknown keys whose values are objects or arrays are ignored.
+	Labels map[string]string
+}
+
+// Step is the "step" event.
+type Step struct {
+	Run                       string
+	Step                      *uint64
+	Tokens                    uint64
+	Samples                   *uint64
+	DataWaitS, ComputeS, Loss *float64
+}
+
+// Eval is the "eval" event.
+type Eval struct {
+	Run               string
+	Epoch             *int64
+	ValLoss, Accuracy *float64
+}
+
+// RunEnd is the "run_end" event.
+type RunEnd struct {
+	Run    string
+	Status string // optional "status" key; "" when absent
+}
+
+// Kind implements Event.
+func (*RunStart) Kind() string { return EventRunStart }
+
+// RunID implements Event.
+func (e *RunStart) RunID() string { return e.Run }
+
+// Kind implements Event.
+func (*Step) Kind() string { return EventStep }
+
+// RunID implements Event.
+func (e *Step) RunID() string { return e.Run }
+
+// Kind implements Event.
+func (*Eval) Kind() string { return EventEval }
+
+// RunID implements Event.
+func (e *Eval) RunID() string { return e.Run }
+
+// Kind implements Event.
+func (*RunEnd) Kind() string { return EventRunEnd }
+
+// RunID implements Event.
+func (e *RunEnd) RunID() string { return e.Run }
+
+// ErrKind classifies a parse error (for counters).
+type ErrKind string
+
+// Error kinds.
+const (
+	ErrKindUTF8         ErrKind = "invalid_utf8"   // "invalid UTF-8"
+	ErrKindJSON         ErrKind = "invalid_json"   // "invalid JSON: …"
+	ErrKindMissingEvent ErrKind = "missing_event"  // `missing "event"`, `"event" must be a string`
+	ErrKindUnknownEvent ErrKind = "unknown_event"  // `unknown event "foo"`
+	ErrKindRunID        ErrKind = "invalid_run_id" // "missing run_id", "run_id must be a string", "run_id too long: N bytes > 256", "run_id must be printable UTF-8"
+	ErrKindField        ErrKind = "invalid_field"  // "<event>: <field> …"
+)
+
+// Error is the error type Parse returns.
+type Error struct {
+	Kind  ErrKind
+	Event string // event name when known, else ""
+	Field string // offending key when there is one, else ""
+	Msg   string // full message, already prefixed
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+// Parse parses one line (with or without its trailing newline) into a
+// *RunStart, *Step, *Eval or *RunEnd. The line is not retained.
+func Parse(line []byte) (Event, error) {
+	if !utf8.Valid(line) {
+		return nil, &Error{Kind: ErrKindUTF8, Msg: "invalid UTF-8"}
+	}
+	trimmed := bytes.TrimSpace(line)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return nil, &Error{Kind: ErrKindJSON, Msg: "invalid JSON: expected an object"}
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(trimmed, &m); err != nil {
+		return nil, &Error{Kind: ErrKindJSON, Msg: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
+	}
+	if m == nil { // defensive; cannot happen for an object
+		return nil, &Error{Kind: ErrKindJSON, Msg: "invalid JSON: expected an object"}
+	}
+
+	rawEv, ok := m["event"]
+	if !ok || isNull(rawEv) {
+		return nil, &Error{Kind: ErrKindMissingEvent, Msg: `missing "event"`}
+	}
+	var name string
+	if kindOf(rawEv) != '"' || json.Unmarshal(rawEv, &name) != nil {
+		return nil, &Error{Kind: ErrKindMissingEvent, Msg: `"event" must be a string`}
+	}
+	switch name {
+	case EventRunStart, EventStep, EventEval, EventRunEnd:
+	default:
+		return nil, &Error{Kind: ErrKindUnknownEvent, Msg: "unknown event " + strconv.Quote(truncate(name, 64))}
+	}
+
+	d := decoder{event: name, m: m}
+	run, err := d.runID()
+	if err != nil {
+		return nil, err
+	}
+	switch name {
+	case EventRunStart:
+		return d.runStart(run)
+	case EventStep:
+		return d.step(run)
+	case EventEval:
+		return d.eval(run)
+	default:
+		return d.runEnd(run)
+	}
+}
+
+type decoder struct {
+	event string
+	m     map[string]json.RawMessage
+}
+
+func (d *decoder) fieldErr(field, format string, args ...any) error {
+	return &Error{
+		Kind:  ErrKindField,
+		Event: d.event,
+		Field: field,
+		Msg:   d.event + ": " + field + " " + fmt.Sprintf(format, args...),
+	}
+}
+
+func (d *decoder) runID() (string, error) {
+	raw, ok := d.m["run_id"]
+	mk := func(msg string) error {
+		return &Error{Kind: ErrKindRunID, Event: d.event, Field: "run_id", Msg: msg}
+	}
+	if !ok || isNull(raw) {
+		return "", mk("missing run_id")
+	}
+	var s string
+	if kindOf(raw) != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", mk("run_id must be a string")
+	}
+	if s == "" {
+		return "", mk("missing run_id")
+	}
+	if len(s) > MaxRunIDBytes {
+		return "", mk(fmt.Sprintf("run_id too long: %d bytes > %d", len(s), MaxRunIDBytes))
+	}
+	if !printable(s) {
+		return "", mk("run_id must be printable UTF-8")
+	}
+	return s, nil
+}
+
+// str decodes an optional string field bounded to max bytes.
+func (d *decoder) str(key string, max int) (string, error) {
+	raw, ok := d.m[key]
+	if !ok || isNull(raw) {
+		return "", nil
+	}
+	var s string
+	if kindOf(raw) != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", d.fieldErr(key, "must be a string")
+	}
+	if len(s) > max {
+		return "", d.fieldErr(key, "too long: %d bytes > %d", len(s), max)
+	}
+	return s, nil
+}
+
+// uint decodes an optional non-negative integer that fits uint64.
+func (d *decoder) uint(key string) (*uint64, error) {
+	raw, ok := d.m[key]
+	if !ok || isNull(raw) {
+		return nil, nil
+	}
+	v, ok := parseUint(raw)
+	if !ok {
+		return nil, d.fieldErr(key, "must be a non-negative integer")
+	}
+	return &v, nil
+}
+
+// int decodes an optional integer that fits int64; nonNeg rejects negatives.
+func (d *decoder) int(key string, nonNeg bool) (*int64, error) {
+	raw, ok := d.m[key]
+	if !ok || isNull(raw) {
+		return nil, nil
+	}
+	v, ok := parseInt(raw)
+	if nonNeg && (!ok || v < 0) {
+		return nil, d.fieldErr(key, "must be a non-negative integer")
+	}
+	if !ok {
+		return nil, d.fieldErr(key, "must be an integer")
+	}
+	return &v, nil
+}
+
+// float decodes an optional finite number; nonNeg rejects negatives.
+func (d *decoder) float(key string, nonNeg bool) (*float64, error) {
+	raw, ok := d.m[key]
+	if !ok || isNull(raw) {
+		return nil, nil
+	}
+	v, ok := parseFloat(raw)
+	if nonNeg && (!ok || v < 0) {
+		return nil, d.fieldErr(key, "must be a finite non-negative number")
+	}
+	if !ok {
+		return nil, d.fieldErr(key, "must be a finite number")
+	}
+	if v == 0 {
+		v = 0 // normalise -0
+	}
+	return &v, nil
+}
+
+func (d *decoder) gpus() ([]string, error) {
+	raw, ok := d.m["gpus"]
+	if !ok || isNull(raw) {
+		return nil, nil
+	}
+	const msg = "must be an array of GPU indices or UUIDs"
+	if kindOf(raw) != '[' {
+		return nil, d.fieldErr("gpus", msg)
+	}
+	var items []json.RawMessage
+	if json.Unmarshal(raw, &items) != nil {
+		return nil, d.fieldErr("gpus", msg)
+	}
+	if len(items) > MaxGPUs {
+		return nil, d.fieldErr("gpus", "has too many entries: %d > %d", len(items), MaxGPUs)
+	}
+	out := make([]string, 0, len(items))
+	for _, it := range items {
+		switch kindOf(it) {
+		case '"':
+			var s string
+			if json.Unmarshal(it, &s) != nil || s == "" || len(s) > MaxGPUBytes || !printable(s) {
+				return nil, d.fieldErr("gpus", msg)
+			}
+			out = append(out, s)
+		case '0':
+			v, ok := parseUint(it)
+			if !ok {
+				return nil, d.fieldErr("gpus", msg)
+			}
+			out = append(out, strconv.FormatUint(v, 10))
+		default:
+			return nil, d.fieldErr("gpus", msg)
+		}
+	}
+	return out, nil
+}
+
+// runStartKeys are the keys run_start decodes itself; every other scalar key
+// becomes a label.
+var runStartKeys = map[string]bool{
+	"event": true, "run_id": true,
+	"model": true, "dataset": true, "backend": true, "optimizer": true, "precision": true, "notes": true,
+	"batch_size": true, "grad_accum": true, "seq_len": true, "seed": true,
+	"warmup_s": true, "warmup_steps": true, "gpus": true, "cuda_visible_devices": true,
+	"num_workers": true, "prefetch_factor": true, "planned_steps": true,
+	"gpu_price_per_hour": true, "budget_scope": true,
+	"rank": true, "world_size": true, "local_rank": true,
+}
+
+func (d *decoder) runStart(run string) (Event, error) {
+	e := &RunStart{Run: run}
+	var err error
+	for _, f := range []struct {
+		key string
+		dst *string
+	}{
+		{"model", &e.Model}, {"dataset", &e.Dataset}, {"backend", &e.Backend},
+		{"optimizer", &e.Optimizer}, {"precision", &e.Precision}, {"notes", &e.Notes},
+		{"cuda_visible_devices", &e.CUDAVisibleDevices}, {"budget_scope", &e.BudgetScope},
+	} {
+		if *f.dst, err = d.str(f.key, MaxMetadataBytes); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range []struct {
+		key    string
+		dst    **int64
+		nonNeg bool
+	}{
+		{"batch_size", &e.BatchSize, true}, {"grad_accum", &e.GradAccum, true},
+		{"seq_len", &e.SeqLen, true}, {"seed", &e.Seed, false},
+		{"num_workers", &e.NumWorkers, true}, {"prefetch_factor", &e.PrefetchFactor, true},
+		{"rank", &e.Rank, true}, {"world_size", &e.WorldSize, true}, {"local_rank", &e.LocalRank, true},
+	} {
+		if *f.dst, err = d.int(f.key, f.nonNeg); err != nil {
+			return nil, err
+		}
+	}
+	if e.WarmupS, err = d.float("warmup_s", true); err != nil {
+		return nil, err
+	}
+	if e.GPUPricePerHour, err = d.float("gpu_price_per_hour", true); err != nil {
+		return nil, err
+	}
+	if e.WarmupSteps, err = d.uint("warmup_steps"); err != nil {
+		return nil, err
+	}
+	if e.PlannedSteps, err = d.uint("planned_steps"); err != nil {
+		return nil, err
+	}
+	if e.GPUs, err = d.gpus(); err != nil {
+		return nil, err
+	}
+	if e.Labels, err = d.labels(); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func (d *decoder) labels() (map[string]string, error) {
+	// Deterministic order so that errors are stable.
+	var keys []string
+	for k := range d.m {
+		if !runStartKeys[k] {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	sort.Strings(keys)
+	var labels map[string]string
+	for _, k := range keys {
+		raw := d.m[k]
+		var v string
+		switch kindOf(raw) {
+		case '"':
+			if json.Unmarshal(raw, &v) != nil {
+				return nil, d.fieldErr(strconv.Quote(truncate(k, 64)), "must be a string")
+			}
+		case '0', 't', 'f':
+			v = string(bytes.TrimSpace(raw))
+		default: // null, object, array: ignored
+			continue
+		}
+		if k == "" || !printable(k) {
+			return nil, &Error{Kind: ErrKindField, Event: d.event,
+				Msg: d.event + ": label keys must be non-empty printable UTF-8"}
+		}
+		if len(k) > MaxLabelBytes {
+			return nil, &Error{Kind: ErrKindField, Event: d.event,
+				Msg: fmt.Sprintf("%s: label key too long: %d bytes > %d", d.event, len(k), MaxLabelBytes)}
+		}
+		if len(v) > MaxLabelBytes {
+			return nil, &Error{Kind: ErrKindField, Event: d.event, Field: k,
+				Msg: fmt.Sprintf("%s: label %s too long: %d bytes > %d", d.event, strconv.Quote(k), len(v), MaxLabelBytes)}
+		}
+		if labels == nil {
+			labels = make(map[string]string)
+		}
+		if len(labels) == MaxLabels {
+			return nil, &Error{Kind: ErrKindField, Event: d.event,
+				Msg: fmt.Sprintf("%s: too many extra keys: more than %d", d.event, MaxLabels)}
+		}
+		labels[k] = v
+	}
+	return labels, nil
+}
+
+func (d *decoder) step(run string) (Event, error) {
+	e := &Step{Run: run}
+	raw, ok := d.m["tokens"]
+	if !ok {
+		return nil, d.fieldErr("tokens", "is required")
+	}
+	if e.Tokens, ok = parseUint(raw); !ok {
+		return nil, d.fieldErr("tokens", "must be a non-negative integer")
+	}
+	var err error
+	if e.Step, err = d.uint("step"); err != nil {
+		return nil, err
+	}
+	if e.Samples, err = d.uint("samples"); err != nil {
+		return nil, err
+	}
+	if e.DataWaitS, err = d.float("data_wait_s", true); err != nil {
+		return nil, err
+	}
+	if e.ComputeS, err = d.float("compute_s", true); err != nil {
+		return nil, err
+	}
+	if e.Loss, err = d.float("loss", false); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func (d *decoder) eval(run string) (Event, error) {
+	e := &Eval{Run: run}
+	var err error
+	if e.Epoch, err = d.int("epoch", true); err != nil {
+		return nil, err
+	}
+	if e.ValLoss, err = d.float("val_loss", false); err != nil {
+		return nil, err
+	}
+	if e.Accuracy, err = d.float("accuracy", true); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func (d *decoder) runEnd(run string) (Event, error) {
+	e := &RunEnd{Run: run}
+	var err error
+	if e.Status, err = d.str("status", MaxMetadataBytes); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// kindOf classifies a raw JSON value by its first byte: '"', '{', '[', 't',
+// 'f', 'n', or '0' for a number; 0 for anything else.
+func kindOf(raw json.RawMessage) byte {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return 0
+	}
+	switch c := raw[0]; {
+	case c == '"' || c == '{' || c == '[' || c == 't' || c == 'f' || c == 'n':
+		return c
+	case c == '-' || (c >= '0' && c <= '9'):
+		return '0'
+	}
+	return 0
+}
+
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
+
+// intText returns the integer text of a JSON number: plain integer literals,
+// and literals whose fraction is all zeros ("65536.0"). Exponent forms are
+// rejected.
+func intText(raw json.RawMessage) (string, bool) {
+	if kindOf(raw) != '0' {
+		return "", false
+	}
+	s := string(bytes.TrimSpace(raw))
+	if strings.ContainsAny(s, "eE") {
+		return "", false
+	}
+	if i := strings.IndexByte(s, '.'); i >= 0 {
+		if strings.Trim(s[i+1:], "0") != "" {
+			return "", false
+		}
+		s = s[:i]
+	}
+	return s, true
+}
+
+func parseUint(raw json.RawMessage) (uint64, bool) {
+	s, ok := intText(raw)
+	if !ok {
+		return 0, false
+	}
+	if s == "-0" {
+		return 0, true
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	return v, err == nil
+}
+
+func parseInt(raw json.RawMessage) (int64, bool) {
+	s, ok := intText(raw)
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	return v, err == nil
+}
+
+func parseFloat(raw json.RawMessage) (float64, bool) {
+	if kindOf(raw) != '0' {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(string(bytes.TrimSpace(raw)), 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, false
+	}
+	return v, true
+}
+
+func printable(s string) bool {
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// truncate cuts s to at most n bytes on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,636 @@
+// Package trainersock is the agent's local Unix socket server for trainer
+// processes: newline-delimited JSON events in (parsed by trainerproto), error,
+// advice and stop lines out.
+//
+// Each connection has a reader goroutine, which parses lines and calls the
+// Handler in order, and a writer goroutine, which drains a bounded queue of
+// outbound lines with write deadlines. Nothing a client does (garbage, huge
+// lines, never reading its socket, vanishing) blocks the agent or other
+// clients: oversized lines are skipped without being buffered whole, bad lines
+// get an error line back and the connection stays open, and outbound lines
+// that do not fit in a client's queue are dropped and counted.
+package trainersock
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"os/user"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
+)
+
+// Defaults for Config's zero values.
+const (
+	DefaultMode         os.FileMode = 0o660
+	DefaultMaxLineBytes             = 1 << 20
+	DefaultMaxConns                 = 4096
+	DefaultWriteQueue               = 64
+	DefaultWriteTimeout             = 5 * time.Second
+)
+
+const (
+	readBufSize   = 8 << 10  // per-connection bufio size; longer lines are assembled
+	keepLineBuf   = 64 << 10 // larger line buffers are released after use
+	drainTimeout  = time.Second
+	staleDialWait = time.Second
+)
+
+// Peer identifies one connection: a server-assigned id (unique for the
+// Server's lifetime, starting at 1) and the connecting process's credentials
+// from SO_PEERCRED at accept (-1 where they could not be read).
+type Peer struct {
+	ConnID        uint64
+	PID, UID, GID int32
+}
+
+// Handler receives events. Both methods are called from the connection's
+// reader goroutine, so calls for one connection never overlap, but calls for
+// different connections do: the handler does its own locking. A Handler may
+// call Server.Send, but must not call Server.Shutdown.
+type Handler interface {
+	// Handle is called for each valid event, in order per connection; a
+	// non-nil error is written back to that client as an error line (and
+	// nothing else happens).
+	Handle(p Peer, ev trainerproto.Event) error
+	// Disconnected is called once when a connection closes (the agent uses
+	// it to end that rank's runs), after its last Handle call.
+	Disconnected(p Peer)
+}
+
+// Config configures a Server. Zero values take the defaults.
+type Config struct {
+	Path  string      // socket path, required
+	Mode  os.FileMode // permission bits of the socket file; default 0660
+	Group string      // optional group name to chown the socket file to
+	// MaxLineBytes caps one inbound line (without its newline); longer lines
+	// are answered with an error line and skipped. Default 1 MiB.
+	MaxLineBytes int
+	MaxConns     int // concurrent connections; more are refused. Default 4096.
+	WriteQueue   int // outbound lines queued per connection; default 64
+	// WriteTimeout is the deadline of each write to a client; a client that
+	// does not read for this long is counted as stalled (its queue then
+	// fills and further lines are dropped). Default 5 s.
+	WriteTimeout time.Duration
+}
+
+// Stats are the server's counters since Start.
+type Stats struct {
+	ConnsActive   int    // connections open now
+	ConnsAccepted uint64 // connections accepted
+	ConnsRejected uint64 // connections refused because MaxConns were open
+	Lines         uint64 // non-blank inbound lines, valid or not (too long included)
+	Events        uint64 // valid events passed to the Handler
+	// ParseErrors counts invalid lines by trainerproto.ErrKind
+	// ("invalid_json", "invalid_utf8", "missing_event", "unknown_event",
+	// "invalid_run_id", "invalid_field").
+	ParseErrors   map[string]uint64
+	HandlerErrors uint64 // Handle calls that returned an error
+	TooLong       uint64 // lines longer than MaxLineBytes
+	Sent          uint64 // outbound lines written
+	Dropped       uint64 // outbound lines dropped: queue full or client gone
+	WriteStalls   uint64 // writes that hit WriteTimeout
+}
+
+const (
+	stateNew = iota
+	stateStarted
+	stateClosed
+)
+
+// Server serves the trainer protocol on a Unix socket.
+type Server struct {
+	cfg Config
+	h   Handler
+	log *slog.Logger
+
+	mu       sync.RWMutex
+	state    int
+	ln       *net.UnixListener
+	sockInfo os.FileInfo // the socket file we created, to remove only ours
+	conns    map[uint64]*conn
+	quit     chan struct{}
+
+	nextID atomic.Uint64
+	wg     sync.WaitGroup
+
+	accepted, rejected, lines, events, handlerErrs, tooLong,
+	sent, dropped, stalls atomic.Uint64
+	perrMu      sync.Mutex
+	parseErrors map[string]uint64
+}
+
+type conn struct {
+	peer       Peer
+	nc         *net.UnixConn
+	out        chan []byte
+	done       chan struct{} // closed by the reader when it stops reading
+	writerDone chan struct{} // closed by the writer when it exits
+}
+
+// New checks cfg and returns a Server; nothing is opened until Start. A nil
+// logger discards.
+func New(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
+	if cfg.Path == "" {
+		return nil, errors.New("trainersock: Config.Path is required")
+	}
+	if h == nil {
+		return nil, errors.New("trainersock: Handler is required")
+	}
+	if cfg.Mode&^os.ModePerm != 0 {
+		return nil, fmt.Errorf("trainersock: Config.Mode %v has bits other than permissions", cfg.Mode)
+	}
+	if cfg.Mode == 0 {
+		cfg.Mode = DefaultMode
+	}
+	if cfg.MaxLineBytes <= 0 {
+		cfg.MaxLineBytes = DefaultMaxLineBytes
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.WriteQueue <= 0 {
+		cfg.WriteQueue = DefaultWriteQueue
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Server{
+		cfg:         cfg,
+		h:           h,
+		log:         logger.With("component", "trainersock"),
+		conns:       make(map[uint64]*conn),
+		quit:        make(chan struct{}),
+		parseErrors: make(map[string]uint64),
+	}, nil
+}
+
+// Start listens on cfg.Path and serves in background goroutines. A socket
+// file left behind by a dead agent is replaced; if another process accepts
+// connections on it, or the path is not a socket, Start refuses. The socket
+// file gets cfg.Mode and, when set, cfg.Group. Start may be called once.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != stateNew {
+		return errors.New("trainersock: Start called twice or after Shutdown")
+	}
+	path := s.cfg.Path
+	gid := -1
+	if s.cfg.Group != "" {
+		g, err := user.LookupGroup(s.cfg.Group)
+		if err != nil {
+			return fmt.Errorf("trainersock: group %q: %w", s.cfg.Group, err)
+		}
+		if gid, err = strconv.Atoi(g.Gid); err != nil {
+			return fmt.Errorf("trainersock: group %q has non-numeric gid %q", s.cfg.Group, g.Gid)
+		}
+	}
+	if err := s.removeStale(path); err != nil {
+		return err
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("trainersock: listen: %w", err)
+	}
+	ln.SetUnlinkOnClose(false) // Shutdown removes the file, and only if it is still ours
+	fail := func(err error) error {
+		ln.Close()
+		os.Remove(path)
+		return err
+	}
+	if err := os.Chmod(path, s.cfg.Mode); err != nil {
+		return fail(fmt.Errorf("trainersock: chmod: %w", err))
+	}
+	if gid >= 0 {
+		if err := os.Chown(path, -1, gid); err != nil {
+			return fail(fmt.Errorf("trainersock: chgrp %s: %w", s.cfg.Group, err))
+		}
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return fail(fmt.Errorf("trainersock: %w", err))
+	}
+	s.ln, s.sockInfo, s.state = ln, fi, stateStarted
+	s.wg.Add(1)
+	go s.acceptLoop(ln)
+	s.log.Info("listening", "path", path, "mode", s.cfg.Mode, "group", s.cfg.Group)
+	return nil
+}
+
+// removeStale removes a socket file at path that nobody accepts on.
+func (s *Server) removeStale(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("trainersock: %w", err)
+	}
+	if fi.Mode().Type() != fs.ModeSocket {
+		return fmt.Errorf("trainersock: %s exists and is not a socket", path)
+	}
+	c, err := net.DialTimeout("unix", path, staleDialWait)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("trainersock: another agent is listening on %s", path)
+	}
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("trainersock: removing stale socket: %w", err)
+		}
+		s.log.Info("removed stale socket", "path", path)
+		return nil
+	case errors.Is(err, syscall.ENOENT):
+		return nil
+	default:
+		return fmt.Errorf("trainersock: cannot tell whether %s is in use: %w", path, err)
+	}
+}
+
+func (s *Server) acceptLoop(ln *net.UnixListener) {
+	defer s.wg.Done()
+	var delay time.Duration
+	for {
+		nc, err := ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// EMFILE and friends: back off, as net/http does.
+			if delay == 0 {
+				delay = 5 * time.Millisecond
+			} else if delay *= 2; delay > time.Second {
+				delay = time.Second
+			}
+			s.log.Warn("accept failed", "err", err, "retry_in", delay)
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-s.quit:
+				t.Stop()
+				return
+			}
+			continue
+		}
+		delay = 0
+		s.serve(nc)
+	}
+}
+
+func (s *Server) serve(nc *net.UnixConn) {
+	p := Peer{ConnID: s.nextID.Add(1)}
+	var err error
+	if p.PID, p.UID, p.GID, err = peerCred(nc); err != nil {
+		s.log.Warn("SO_PEERCRED failed", "conn", p.ConnID, "err", err)
+	}
+	s.mu.Lock()
+	if s.state != stateStarted {
+		s.mu.Unlock()
+		nc.Close()
+		return
+	}
+	if len(s.conns) >= s.cfg.MaxConns {
+		s.mu.Unlock()
+		s.rejected.Add(1)
+		s.log.Warn("too many connections, refusing", "limit", s.cfg.MaxConns, "pid", p.PID)
+		nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		nc.Write(trainerproto.ErrorLine(fmt.Sprintf("too many connections (limit %d)", s.cfg.MaxConns), 0))
+		nc.Close()
+		return
+	}
+	c := &conn{
+		peer:       p,
+		nc:         nc,
+		out:        make(chan []byte, s.cfg.WriteQueue),
+		done:       make(chan struct{}),
+		writerDone: make(chan struct{}),
+	}
+	s.conns[p.ConnID] = c
+	s.wg.Add(2)
+	s.mu.Unlock()
+	s.accepted.Add(1)
+	s.log.Debug("trainer connected", "conn", p.ConnID, "pid", p.PID, "uid", p.UID, "gid", p.GID)
+	go s.writeLoop(c)
+	go s.readLoop(c)
+}
+
+// readLoop reads lines with a hard cap: a line longer than MaxLineBytes is
+// counted and skipped up to its newline without being kept.
+func (s *Server) readLoop(c *conn) {
+	defer s.wg.Done()
+	limit := s.cfg.MaxLineBytes
+	br := bufio.NewReaderSize(c.nc, readBufSize)
+	var (
+		lineNo  int
+		buf     []byte // assembles lines longer than the bufio buffer
+		n       int    // bytes of the current line so far, newline excluded
+		tooLong bool
+	)
+	finish := func(frag []byte) {
+		lineNo++
+		line := frag
+		if len(buf) > 0 {
+			line = buf
+		}
+		s.handleLine(c, lineNo, line, tooLong, n)
+		n, tooLong = 0, false
+		if cap(buf) > keepLineBuf {
+			buf = nil
+		} else {
+			buf = buf[:0]
+		}
+	}
+	for {
+		frag, err := br.ReadSlice('\n')
+		complete := err == nil
+		if complete {
+			frag = frag[:len(frag)-1]
+		}
+		n += len(frag)
+		if !tooLong {
+			switch {
+			case n > limit:
+				tooLong, buf = true, nil
+			case !complete || len(buf) > 0:
+				buf = appendCapped(buf, frag, limit)
+			}
+		}
+		if complete {
+			finish(frag)
+			continue
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err == io.EOF && n > 0 { // last line without a newline
+			finish(nil)
+		}
+		if err != io.EOF && !errors.Is(err, net.ErrClosed) {
+			s.log.Debug("read failed", "conn", c.peer.ConnID, "err", err)
+		}
+		break
+	}
+	s.teardown(c)
+}
+
+// appendCapped appends frag to buf, growing by doubling but never beyond
+// limit bytes of capacity (the caller guarantees len(buf)+len(frag) ≤ limit),
+// so that assembling a line near the limit costs about twice the limit.
+func appendCapped(buf, frag []byte, limit int) []byte {
+	if need := len(buf) + len(frag); need > cap(buf) {
+		c := max(2*cap(buf), need, readBufSize)
+		c = min(c, max(limit, need))
+		nb := make([]byte, len(buf), c)
+		copy(nb, buf)
+		buf = nb
+	}
+	return append(buf, frag...)
+}
+
+func (s *Server) handleLine(c *conn, lineNo int, line []byte, tooLong bool, n int) {
+	if tooLong {
+		s.lines.Add(1)
+		s.tooLong.Add(1)
+		s.reply(c, trainerproto.ErrorLine(fmt.Sprintf("line too long: %d bytes > %d", n, s.cfg.MaxLineBytes), lineNo))
+		return
+	}
+	if len(bytes.TrimSpace(line)) == 0 {
+		return
+	}
+	s.lines.Add(1)
+	ev, err := trainerproto.Parse(line)
+	if err != nil {
+		kind := "other"
+		var pe *trainerproto.Error
+		if errors.As(err, &pe) {
+			kind = string(pe.Kind)
+		}
+		s.perrMu.Lock()
+		s.parseErrors[kind]++
+		s.perrMu.Unlock()
+		s.reply(c, trainerproto.ErrorLine(err.Error(), lineNo))
+		return
+	}
+	s.events.Add(1)
+	if err := s.h.Handle(c.peer, ev); err != nil {
+		s.handlerErrs.Add(1)
+		s.reply(c, trainerproto.ErrorLine(err.Error(), lineNo))
+	}
+}
+
+// reply queues a line from the reader goroutine; the connection is still
+// registered, so its writer is still draining.
+func (s *Server) reply(c *conn, line []byte) {
+	select {
+	case c.out <- line:
+	default:
+		s.dropped.Add(1)
+	}
+}
+
+// teardown runs once, on the reader goroutine, when reading stops.
+func (s *Server) teardown(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c.peer.ConnID) // no Send can queue after this
+	s.mu.Unlock()
+	close(c.done)
+	// Let the writer flush what is queued (e.g. the error for the last line
+	// of a client that half-closed), but not for long.
+	t := time.NewTimer(drainTimeout)
+	select {
+	case <-c.writerDone:
+	case <-t.C:
+	case <-s.quit:
+	}
+	t.Stop()
+	c.nc.Close()
+	<-c.writerDone
+	s.log.Debug("trainer disconnected", "conn", c.peer.ConnID, "pid", c.peer.PID)
+	s.h.Disconnected(c.peer)
+}
+
+func (s *Server) writeLoop(c *conn) {
+	defer s.wg.Done()
+	defer close(c.writerDone)
+	for {
+		select {
+		case b := <-c.out:
+			if !s.write(c, b) {
+				s.discard(c)
+				return
+			}
+		case <-c.done:
+			for {
+				select {
+				case b := <-c.out:
+					if !s.write(c, b) {
+						s.discard(c)
+						return
+					}
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// discard drops queued lines after a write failed, until the reader stops.
+func (s *Server) discard(c *conn) {
+	s.dropped.Add(1) // the line whose write failed
+	for {
+		select {
+		case <-c.out:
+			s.dropped.Add(1)
+		case <-c.done:
+			for {
+				select {
+				case <-c.out:
+					s.dropped.Add(1)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// write writes one whole line. A write that times out is resumed where it
+// stopped (so the client never sees a torn line) until the reader is done.
+func (s *Server) write(c *conn, b []byte) bool {
+	stalled := false
+	for len(b) > 0 {
+		c.nc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+		n, err := c.nc.Write(b)
+		b = b[n:]
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			s.stalls.Add(1)
+			if !stalled {
+				stalled = true
+				s.log.Debug("trainer is not reading its socket", "conn", c.peer.ConnID, "pid", c.peer.PID)
+			}
+			select {
+			case <-c.done:
+				return false
+			default:
+				continue
+			}
+		}
+		return false
+	}
+	s.sent.Add(1)
+	return true
+}
+
+// Send queues line (one newline-terminated line, e.g. from
+// trainerproto.AdviceLine or StopLine) for the client on connID. It never
+// blocks: it returns false, and counts the line as dropped, when the
+// connection is unknown or closed or its queue is full. line must not be
+// modified afterwards.
+func (s *Server) Send(connID uint64, line []byte) bool {
+	if len(line) == 0 {
+		return false
+	}
+	if line[len(line)-1] != '\n' {
+		line = append(line[:len(line):len(line)], '\n')
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	c := s.conns[connID]
+	if c == nil {
+		s.dropped.Add(1)
+		return false
+	}
+	select {
+	case c.out <- line:
+		return true
+	default:
+		s.dropped.Add(1)
+		return false
+	}
+}
+
+// Shutdown stops accepting, removes the socket file (if it is still the one
+// Start created), closes all connections (each gets its Disconnected call)
+// and waits for every goroutine to finish or ctx to end. It may be called
+// more than once, and before Start.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	first := s.state == stateStarted
+	s.state = stateClosed
+	var conns []*conn
+	if first {
+		close(s.quit)
+		s.ln.Close()
+		if fi, err := os.Lstat(s.cfg.Path); err == nil && os.SameFile(fi, s.sockInfo) {
+			if err := os.Remove(s.cfg.Path); err != nil {
+				s.log.Warn("removing socket file", "err", err)
+			}
+		}
+		for _, c := range s.conns {
+			conns = append(conns, c)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.nc.Close() // the reader sees the error and tears the connection down
+	}
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("trainersock: shutdown: %w", ctx.Err())
+	}
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() Stats {
+	s.mu.RLock()
+	active := len(s.conns)
+	s.mu.RUnlock()
+	s.perrMu.Lock()
+	pe := make(map[string]uint64, len(s.parseErrors))
+	for k, v := range s.parseErrors {
+		pe[k] = v
+	}
+	s.perrMu.Unlock()
+	return Stats{
+		ConnsActive:   active,
+		ConnsAccepted: s.accepted.Load(),
+		ConnsRejected: s.rejected.Load(),
+		Lines:         s.lines.Load(),
+		Events:        s.events.Load(),
+		ParseErrors:   pe,
+		HandlerErrors: s.handlerErrs.Load(),
+		TooLong:       s.tooLong.Load(),
+		Sent:          s.sent.Load(),
+		Dropped:       s.dropped.Load(),
+		WriteStalls:   s.stalls.Load(),
+	}
+}
