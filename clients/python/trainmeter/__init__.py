@@ -1,0 +1,15 @@
+"""trainmeter: report a training run's tokens and timings to the local trainmeter agent.
+
+    import trainmeter
+    run = trainmeter.start(run_id="r1", model="llama-3-8b", batch_size=8, seq_len=2048)
+    run.step(step=i, tokens=65536, samples=32, data_wait_s=0.012, compute_s=0.41, loss=2.31)
+    run.end()
+
+Stdlib only. Never blocks or raises into the training loop; see ``trainmeter.client``.
+"""
+
+from .client import DEFAULT_SOCKET, ENV_RUN_ID, ENV_SOCKET, Run, encode_event, start
+
+__version__ = "0.1.0"
+
+__all__ = ["DEFAULT_SOCKET", "ENV_RUN_ID", "ENV_SOCKET", "Run", "encode_event", "start", "__version__"]

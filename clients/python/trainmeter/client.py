@@ -1,0 +1,680 @@
+"""trainmeter trainer client (stdlib only).
+
+A training loop reports run metadata, per-step token counts and timings, and
+evaluation results to the local trainmeter agent as newline-delimited JSON over
+a Unix stream socket (see "Trainer protocol" in DESIGN.md).
+
+Guarantees:
+
+* Nothing in the public API blocks on I/O or raises into the training loop.
+  ``step()`` / ``eval()`` build a small dict and ``put_nowait`` it on a bounded
+  queue; all socket work happens on one daemon thread.
+* If the agent is absent, restarting, or not reading, events are dropped and
+  counted (``Run.stats()``), never buffered without bound.
+* On every (re)connect the ``run_start`` event is sent first so the agent can
+  (re)join the run.
+* ``end()`` flushes with a bounded wait (default 2 s) and then closes.
+* Non-finite floats (NaN, +-inf) are never sent; such keys are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import errno
+import json
+import logging
+import math
+import os
+import queue
+import select
+import socket
+import threading
+import time
+import uuid
+import weakref
+from typing import Any, Deque, Dict, List, Optional
+
+__all__ = [
+    "DEFAULT_SOCKET",
+    "ENV_SOCKET",
+    "ENV_RUN_ID",
+    "Run",
+    "start",
+]
+
+log = logging.getLogger("trainmeter")
+
+DEFAULT_SOCKET = "/run/trainmeter/agent.sock"
+ENV_SOCKET = "TRAINMETER_SOCKET"
+ENV_RUN_ID = "TRAINMETER_RUN_ID"
+
+# Client options accepted by start(); every other keyword goes into run_start.
+_DEFAULT_QUEUE_SIZE = 10_000
+_DEFAULT_SEND_TIMEOUT_S = 5.0
+_DEFAULT_CONNECT_TIMEOUT_S = 1.0
+_DEFAULT_RECONNECT_MIN_S = 1.0
+_DEFAULT_RECONNECT_MAX_S = 5.0
+_DEFAULT_END_TIMEOUT_S = 2.0
+_DEFAULT_MAX_BUFFER_BYTES = 256 * 1024
+
+_MAX_IN_LINE = 1 << 20  # longest line accepted from the agent
+_KEEP_ERRORS = 10
+_POLL_S = 0.02  # sender loop poll interval when idle
+
+_END = object()  # queue marker: run_end was requested (payload in Run._end_event)
+
+
+def _env_int(name: str) -> Optional[int]:
+    v = os.environ.get(name)
+    if v is None or v.strip() == "":
+        return None
+    try:
+        return int(v.strip())
+    except ValueError:
+        return None
+
+
+def _generate_run_id() -> str:
+    host = socket.gethostname().split(".")[0] or "host"
+    return "%s-%s-%d-%s" % (
+        host,
+        time.strftime("%Y%m%dT%H%M%S", time.gmtime()),
+        os.getpid(),
+        uuid.uuid4().hex[:6],
+    )
+
+
+def _to_jsonable(o: Any) -> Any:
+    """json.dumps default=: numpy scalars, 0-d tensors, sets, anything else as str."""
+    item = getattr(o, "item", None)
+    if callable(item):
+        try:
+            v = item()
+            if isinstance(v, (int, float, str, bool)) or v is None:
+                return v
+        except Exception:
+            pass
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    for conv in (int, float):
+        try:
+            if conv is int and hasattr(o, "__index__"):
+                return o.__index__()
+            if conv is float and hasattr(o, "__float__"):
+                return float(o)
+        except Exception:
+            pass
+    return str(o)
+
+
+class _Sanitizer:
+    """Recursively removes non-finite floats; counts what it removed."""
+
+    def __init__(self) -> None:
+        self.removed = 0
+
+    def _keep(self, x: Any) -> "tuple[bool, Any]":
+        if not isinstance(x, (type(None), bool, int, float, str, dict, list, tuple, set, frozenset)):
+            x = _to_jsonable(x)
+        if isinstance(x, float) and not math.isfinite(x):
+            self.removed += 1
+            return False, None
+        return True, self.clean(x)
+
+    def clean(self, v: Any) -> Any:
+        if isinstance(v, dict):
+            out = {}
+            for k, x in v.items():
+                ok, x = self._keep(x)
+                if ok:
+                    out[str(k)] = x
+            return out
+        if isinstance(v, (list, tuple, set, frozenset)):
+            out_l = []
+            for x in v:
+                ok, x = self._keep(x)
+                if ok:
+                    out_l.append(x)
+            return out_l
+        return v
+
+
+def encode_event(ev: Dict[str, Any]) -> "tuple[bytes, int]":
+    """Serialise one event as a compact JSON line; returns (line, non-finite keys removed)."""
+    try:
+        s = json.dumps(ev, allow_nan=False, separators=(",", ":"), default=_to_jsonable)
+        return (s + "\n").encode("utf-8"), 0
+    except ValueError:
+        pass
+    san = _Sanitizer()
+    cleaned = san.clean(ev)
+    s = json.dumps(cleaned, allow_nan=False, separators=(",", ":"), default=str)
+    return (s + "\n").encode("utf-8"), san.removed
+
+
+class _Conn:
+    """One connection to the agent, owned by the sender thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.out = bytearray()
+        self.pending: Deque[int] = collections.deque()  # byte length of each queued line
+        self.head_sent = 0  # bytes of pending[0] already written
+        self.inbuf = bytearray()
+        self.last_progress = time.monotonic()
+
+
+class Run:
+    """A training run reporting to the local trainmeter agent.
+
+    Create with :func:`trainmeter.start`. All methods are thread-safe, never
+    raise, and never block on I/O (except :meth:`end`, which waits at most its
+    timeout for the queue to flush).
+    """
+
+    def __init__(
+        self,
+        run_id: Optional[str] = None,
+        socket_path: Optional[str] = None,
+        *,
+        queue_size: int = _DEFAULT_QUEUE_SIZE,
+        send_timeout: float = _DEFAULT_SEND_TIMEOUT_S,
+        connect_timeout: float = _DEFAULT_CONNECT_TIMEOUT_S,
+        reconnect_min_s: float = _DEFAULT_RECONNECT_MIN_S,
+        reconnect_max_s: float = _DEFAULT_RECONNECT_MAX_S,
+        end_timeout: float = _DEFAULT_END_TIMEOUT_S,
+        max_buffer_bytes: int = _DEFAULT_MAX_BUFFER_BYTES,
+        **metadata: Any,
+    ) -> None:
+        self.run_id: str = str(run_id or os.environ.get(ENV_RUN_ID) or _generate_run_id())
+        self.socket_path: str = socket_path or os.environ.get(ENV_SOCKET) or DEFAULT_SOCKET
+        self.stop_reason: Optional[str] = None
+
+        self._send_timeout = max(0.01, float(send_timeout))
+        self._connect_timeout = max(0.01, float(connect_timeout))
+        self._reconnect_min = max(0.001, float(reconnect_min_s))
+        self._reconnect_max = max(self._reconnect_min, float(reconnect_max_s))
+        self._end_timeout = float(end_timeout)
+        self._max_buffer = max(4096, int(max_buffer_bytes))
+
+        self._start_event = self._build_run_start(metadata)
+        self._start_line, removed = encode_event(self._start_event)
+        self._end_event: Dict[str, Any] = {"event": "run_end", "run_id": self.run_id}
+
+        self._q: "queue.Queue[Any]" = queue.Queue(maxsize=max(1, int(queue_size)))
+        self._lock = threading.Lock()  # guards counters touched by caller threads
+        self._step_counter = 0
+        self._ended = False
+        self._abort = threading.Event()  # sender must exit now
+        self._connected = False
+
+        # Counters. *_caller are written by caller threads (under _lock);
+        # the rest only by the sender thread.
+        self._dropped_caller = 0
+        self._sent = 0
+        self._dropped = 0
+        self._nonfinite = removed
+        self._connects = 0
+        self._errors_from_agent = 0
+        self._errors: Deque[Dict[str, Any]] = collections.deque(maxlen=_KEEP_ERRORS)
+        self._advice: Optional[Dict[str, Any]] = None
+        self._stop = threading.Event()
+
+        if self._start_event.get("world_size", 1) not in (None, 1) and not (
+            run_id or os.environ.get(ENV_RUN_ID)
+        ):
+            log.warning(
+                "trainmeter: WORLD_SIZE>1 but no run_id given; each rank gets its own "
+                "generated id %s. Set %s (same on all ranks) to report one run.",
+                self.run_id,
+                ENV_RUN_ID,
+            )
+
+        self._thread = threading.Thread(
+            target=self._sender_main, name="trainmeter-sender[%s]" % self.run_id, daemon=True
+        )
+        self._thread.start()
+        _live_runs.add(self)
+
+    # ------------------------------------------------------------------ public API
+
+    def step(
+        self,
+        step: Optional[int] = None,
+        tokens: Optional[int] = None,
+        samples: Optional[int] = None,
+        data_wait_s: Optional[float] = None,
+        compute_s: Optional[float] = None,
+        loss: Optional[float] = None,
+        **extra: Any,
+    ) -> None:
+        """Report one optimizer step. Keys left as None are not sent.
+
+        If ``step`` is None, an internal counter (1, 2, ...) is used.
+        """
+        try:
+            if step is None:
+                self._step_counter += 1
+                step = self._step_counter
+            else:
+                try:
+                    self._step_counter = int(step)
+                except Exception:
+                    pass
+            ev: Dict[str, Any] = {"event": "step", "run_id": self.run_id, "step": step}
+            if tokens is not None:
+                ev["tokens"] = tokens
+            if samples is not None:
+                ev["samples"] = samples
+            if data_wait_s is not None:
+                ev["data_wait_s"] = data_wait_s
+            if compute_s is not None:
+                ev["compute_s"] = compute_s
+            if loss is not None:
+                ev["loss"] = loss
+            for k, v in extra.items():
+                if v is not None and k not in ("event", "run_id"):
+                    ev[k] = v
+            self._enqueue(ev)
+        except Exception:  # never raise into training
+            self._count_caller_drop()
+
+    def eval(self, epoch: Optional[int] = None, **metrics: Any) -> None:
+        """Report an evaluation, e.g. ``run.eval(epoch=1, val_loss=1.93, accuracy=0.71)``."""
+        try:
+            ev: Dict[str, Any] = {"event": "eval", "run_id": self.run_id}
+            if epoch is not None:
+                ev["epoch"] = epoch
+            for k, v in metrics.items():
+                if v is not None and k not in ("event", "run_id"):
+                    ev[k] = v
+            self._enqueue(ev)
+        except Exception:
+            self._count_caller_drop()
+
+    def end(self, timeout: Optional[float] = None, **extra: Any) -> None:
+        """Send run_end, flush for at most ``timeout`` seconds (default 2 s), close.
+
+        Idempotent. Events still unsent after the timeout are dropped and counted.
+        """
+        try:
+            with self._lock:
+                if self._ended:
+                    return
+                self._ended = True
+            for k, v in extra.items():
+                if v is not None and k not in ("event", "run_id"):
+                    self._end_event[k] = v
+            wait = self._end_timeout if timeout is None else float(timeout)
+            deadline = time.monotonic() + max(0.0, wait)
+            # The end marker must get in even if the queue is full.
+            while True:
+                try:
+                    self._q.put_nowait(_END)
+                    break
+                except queue.Full:
+                    if time.monotonic() >= deadline:
+                        self._abort.set()
+                        break
+                    time.sleep(0.005)
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+            if self._thread.is_alive():
+                self._abort.set()
+                self._thread.join(0.2)
+            if not self._thread.is_alive():
+                self._drain_drop()  # e.g. the marker put after the sender exited
+        except Exception:
+            self._abort.set()
+        finally:
+            _live_runs.discard(self)
+
+    close = end
+
+    def should_stop(self) -> bool:
+        """True once the agent has sent a ``stop`` event for this run (e.g. budget exceeded)."""
+        return self._stop.is_set()
+
+    def advice(self) -> Optional[Dict[str, Any]]:
+        """Latest ``advice`` event from the agent for this run (a dict), or None."""
+        a = self._advice
+        return dict(a) if a is not None else None
+
+    def errors(self) -> List[Dict[str, Any]]:
+        """The last few ``error`` events the agent sent back (oldest first)."""
+        return [dict(e) for e in list(self._errors)]
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters: sent, dropped, errors_from_agent, reconnects, connected, ..."""
+        with self._lock:
+            dropped_caller = self._dropped_caller
+        return {
+            "sent": self._sent,
+            "dropped": self._dropped + dropped_caller,
+            "dropped_queue_full": dropped_caller,
+            "errors_from_agent": self._errors_from_agent,
+            "reconnects": max(0, self._connects - 1),
+            "connects": self._connects,
+            "connected": self._connected,
+            "nonfinite_dropped": self._nonfinite,
+            "queued": self._q.qsize(),
+        }
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None and not issubclass(exc_type, (GeneratorExit,)):
+            self.end(status="error", error=exc_type.__name__)
+        else:
+            self.end()
+        return False
+
+    def __repr__(self) -> str:
+        return "<trainmeter.Run %s socket=%s>" % (self.run_id, self.socket_path)
+
+    # ------------------------------------------------------------------ internals
+
+    def _build_run_start(self, metadata: Dict[str, Any]) -> Dict[str, Any]:
+        ev: Dict[str, Any] = {"event": "run_start", "run_id": self.run_id}
+        for k, v in metadata.items():
+            if v is not None and k not in ("event", "run_id"):
+                ev[k] = v
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if cvd is not None and "cuda_visible_devices" not in ev:
+            ev["cuda_visible_devices"] = cvd
+        for env, key in (("RANK", "rank"), ("WORLD_SIZE", "world_size"), ("LOCAL_RANK", "local_rank")):
+            if key not in ev:
+                v = _env_int(env)
+                if v is not None:
+                    ev[key] = v
+        return ev
+
+    def _count_caller_drop(self) -> None:
+        try:
+            with self._lock:
+                self._dropped_caller += 1
+        except Exception:
+            pass
+
+    def _enqueue(self, ev: Dict[str, Any]) -> None:
+        if self._ended:
+            return
+        try:
+            self._q.put_nowait(ev)
+        except queue.Full:
+            self._count_caller_drop()
+
+    # ---- sender thread
+
+    def _sender_main(self) -> None:
+        try:
+            self._sender_loop()
+        except Exception:  # pragma: no cover - defensive
+            log.debug("trainmeter: sender thread crashed", exc_info=True)
+        finally:
+            self._connected = False
+            # Anything left in the queue is lost.
+            self._drain_drop()
+
+    def _drain_drop(self) -> bool:
+        """Drop everything queued; return True if the end marker was seen."""
+        saw_end = False
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                return saw_end
+            if item is _END:
+                saw_end = True
+            self._dropped += 1  # run_end counts as a dropped event too
+
+    def _wait_dropping(self, seconds: float) -> bool:
+        """Sleep up to `seconds` while disconnected, dropping (and counting) what
+        training enqueues meanwhile. Returns True if the end marker arrived."""
+        deadline = time.monotonic() + seconds
+        while not self._abort.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                item = self._q.get(timeout=min(left, 0.25))
+            except queue.Empty:
+                continue
+            self._dropped += 1  # an undeliverable run_end counts as dropped too
+            if item is _END:
+                return True
+        return True
+
+    def _sender_loop(self) -> None:
+        backoff = self._reconnect_min
+        logged_absent = False
+        while not self._abort.is_set():
+            conn = self._connect()
+            if conn is None:
+                if not logged_absent:
+                    log.debug("trainmeter: agent not reachable at %s; dropping events until it is", self.socket_path)
+                    logged_absent = True
+                if self._wait_dropping(backoff):
+                    return  # ending while disconnected: nothing more to do
+                backoff = min(self._reconnect_max, backoff * 2)
+                continue
+
+            logged_absent = False
+            self._connects += 1
+            self._connected = True
+            if self._connects > 1:
+                log.debug("trainmeter: reconnected to agent at %s", self.socket_path)
+            began = time.monotonic()
+            finished = self._serve(conn)
+            self._connected = False
+            self._close_conn(conn)
+            if finished:
+                return
+            # The connection broke. Back off before reconnecting; keep growing the
+            # backoff if connections keep breaking quickly (agent crash-looping).
+            if time.monotonic() - began > 2 * self._reconnect_max:
+                backoff = self._reconnect_min
+            if self._wait_dropping(backoff):
+                return
+            backoff = min(self._reconnect_max, backoff * 2)
+
+    def _connect(self) -> Optional[_Conn]:
+        s = None
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(self._connect_timeout)
+            s.connect(self.socket_path)
+            s.setblocking(False)
+        except (OSError, ValueError):
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+            return None
+        conn = _Conn(s)
+        # run_start always goes first on a new connection so the agent can (re)join.
+        conn.out += self._start_line
+        conn.pending.append(len(self._start_line))
+        return conn
+
+    def _close_conn(self, conn: _Conn) -> None:
+        # Whole lines not yet written are lost; count them (a partially written
+        # head line is lost too).
+        self._dropped += len(conn.pending)
+        conn.pending.clear()
+        conn.out.clear()
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    def _append(self, conn: _Conn, ev: Dict[str, Any], force: bool = False) -> bool:
+        try:
+            line, removed = encode_event(ev)
+        except Exception:
+            log.debug("trainmeter: cannot encode event %r", ev.get("event"), exc_info=True)
+            self._dropped += 1
+            return False
+        self._nonfinite += removed
+        if not force and len(conn.out) + len(line) > self._max_buffer:
+            self._dropped += 1
+            return False
+        conn.out += line
+        conn.pending.append(len(line))
+        return True
+
+    def _serve(self, conn: _Conn) -> bool:
+        """Run one connection. Returns True when the run is finished (end flushed
+        or abort), False when the connection broke and we should reconnect."""
+        ending = False
+        sock = conn.sock
+        while True:
+            if self._abort.is_set():
+                return True
+            # 1. Move queued events into the connection's bounded output buffer.
+            if not ending:
+                n = 0
+                while n < 1000:
+                    try:
+                        item = self._q.get_nowait()
+                    except queue.Empty:
+                        break
+                    n += 1
+                    if item is _END:
+                        ending = True
+                        self._append(conn, self._end_event, force=True)
+                        break
+                    self._append(conn, item)
+            if ending and not conn.out:
+                return True
+            # 2. Wait for readability / writability.
+            idle = not conn.out and self._q.empty()
+            try:
+                r, w, _ = select.select([sock], [sock] if conn.out else [], [], _POLL_S if idle else 0.005)
+            except (OSError, ValueError):
+                return self._broken(conn, "select failed", ending)
+            # 3. Read what the agent wrote back.
+            if r:
+                try:
+                    data = sock.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    data = None
+                except OSError as e:
+                    return self._broken(conn, "recv: %s" % e, ending)
+                if data == b"":
+                    return self._broken(conn, "agent closed the connection", ending)
+                if data:
+                    self._handle_incoming(conn, data)
+            # 4. Write.
+            if w and conn.out:
+                try:
+                    n = sock.send(conn.out)
+                except (BlockingIOError, InterruptedError):
+                    n = 0
+                except OSError as e:
+                    if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                        n = 0
+                    else:
+                        return self._broken(conn, "send: %s" % e, ending)
+                if n > 0:
+                    del conn.out[:n]
+                    conn.last_progress = time.monotonic()
+                    self._account_written(conn, n)
+            if conn.out and time.monotonic() - conn.last_progress > self._send_timeout:
+                return self._broken(conn, "agent not reading for %.1fs" % self._send_timeout, ending)
+            if not conn.out:
+                conn.last_progress = time.monotonic()
+
+    def _account_written(self, conn: _Conn, n: int) -> None:
+        conn.head_sent += n
+        while conn.pending and conn.head_sent >= conn.pending[0]:
+            conn.head_sent -= conn.pending.popleft()
+            self._sent += 1
+
+    def _broken(self, conn: _Conn, why: str, ending: bool) -> bool:
+        log.debug("trainmeter: connection to agent lost (%s)", why)
+        conn.head_sent = 0
+        # When ending, don't reconnect just to send run_end of a dead connection:
+        # the agent sees the disconnect; whatever is left is dropped and counted.
+        return ending
+
+    def _handle_incoming(self, conn: _Conn, data: bytes) -> None:
+        conn.inbuf += data
+        while True:
+            i = conn.inbuf.find(b"\n")
+            if i < 0:
+                if len(conn.inbuf) > _MAX_IN_LINE:
+                    conn.inbuf.clear()
+                return
+            raw = bytes(conn.inbuf[:i])
+            del conn.inbuf[: i + 1]
+            if raw.strip():
+                self._handle_line(raw)
+
+    def _handle_line(self, raw: bytes) -> None:
+        try:
+            msg = json.loads(raw.decode("utf-8", "replace"))
+        except ValueError:
+            log.debug("trainmeter: unparseable line from agent: %r", raw[:200])
+            return
+        if not isinstance(msg, dict):
+            return
+        kind = msg.get("event")
+        rid = msg.get("run_id")
+        if rid is not None and rid != self.run_id:
+            return
+        if kind == "error":
+            self._errors_from_agent += 1
+            self._errors.append(msg)
+            log.debug("trainmeter: agent error: %s (line %s)", msg.get("error"), msg.get("line"))
+        elif kind == "advice":
+            self._advice = msg
+            log.debug("trainmeter: advice from agent: %s", msg)
+        elif kind == "stop":
+            reason = msg.get("reason")
+            self.stop_reason = str(reason) if reason is not None else "stop requested by agent"
+            self._stop.set()
+            log.info("trainmeter: agent asked run %s to stop: %s", self.run_id, self.stop_reason)
+        else:
+            log.debug("trainmeter: ignoring agent event %r", kind)
+
+
+_live_runs: "weakref.WeakSet[Run]" = weakref.WeakSet()
+
+
+@atexit.register
+def _end_live_runs() -> None:  # pragma: no cover - exercised at interpreter exit
+    for r in list(_live_runs):
+        try:
+            r.end(timeout=1.0)
+        except Exception:
+            pass
+
+
+def start(
+    run_id: Optional[str] = None,
+    socket_path: Optional[str] = None,
+    **kwargs: Any,
+) -> Run:
+    """Start reporting a run and return its :class:`Run`.
+
+    ``run_id``: argument, else env ``TRAINMETER_RUN_ID``, else generated.
+    ``socket_path``: argument, else env ``TRAINMETER_SOCKET``, else
+    ``/run/trainmeter/agent.sock``.
+
+    Client options (not sent): ``queue_size`` (10000), ``send_timeout`` (5 s
+    without write progress before the connection is dropped), ``connect_timeout``
+    (1 s), ``reconnect_min_s`` / ``reconnect_max_s`` (1 s / 5 s backoff),
+    ``end_timeout`` (2 s), ``max_buffer_bytes`` (256 KiB per connection).
+
+    Every other keyword (model, dataset, backend, optimizer, batch_size,
+    grad_accum, seq_len, precision, seed, notes, warmup_s, gpus, ...) is sent in
+    ``run_start`` as is; keys whose value is None are left out.
+    """
+    return Run(run_id=run_id, socket_path=socket_path, **kwargs)
