@@ -230,12 +230,12 @@ func TestWarmupStepsAndMeasuredTokens(t *testing.T) {
 	r.advance(time.Second)
 	_ = r.l.StartRun(r.at(0), peer1, &trainerproto.RunStart{Run: "s", WarmupSteps: ptr(uint64(3))})
 	var warmupEnd time.Time
-	for i := uint64(0); i < 10; i++ {
+	for i := uint64(1); i <= 10; i++ {
 		r.advance(200 * time.Millisecond)
 		if err := r.l.Step(r.at(0), peer1, &trainerproto.Step{Run: "s", Step: ptr(i), Tokens: 1000}); err != nil {
 			t.Fatal(err)
 		}
-		if i == 2 {
+		if i == 3 {
 			warmupEnd = r.at(0)
 		}
 	}
@@ -244,10 +244,10 @@ func TestWarmupStepsAndMeasuredTokens(t *testing.T) {
 	r.advance(2 * time.Second)
 	got := sum(r.windows("s"))
 	if got.tokens != 10000 || got.tokensMeasured != 7000 {
-		t.Errorf("tokens %d measured %d, want 10000 and 7000 (steps 0-2 are warmup)", got.tokens, got.tokensMeasured)
+		t.Errorf("tokens %d measured %d, want 10000 and 7000 (steps 1-3 are warmup)", got.tokens, got.tokensMeasured)
 	}
 	if !got.firstMeasured.Equal(warmupEnd) {
-		t.Errorf("measured from %v, want end of step 2 at %v", got.firstMeasured, warmupEnd)
+		t.Errorf("measured from %v, want end of step 3 at %v", got.firstMeasured, warmupEnd)
 	}
 	near(t, "measured J", got.measuredCounterJ, 200*end.Sub(warmupEnd).Seconds(), 1e-6)
 }

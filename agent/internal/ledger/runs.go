@@ -260,13 +260,14 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 	r.steps = append(r.steps, s)
 	r.stepEvents++
 	if r.warmupEnd.IsZero() && r.warmupSteps > 0 {
-		// warmup_steps = N excludes steps 0..N-1: warmup ends when step N-1
-		// ends. Without step numbers, the N-th step event ends it.
-		n := r.stepEvents - 1
+		// "step" is the number of steps completed (1-based, as HF's
+		// global_step), so warmup_steps = N ends when step N is reported.
+		// Without step numbers, the N-th step event ends it.
+		n := r.stepEvents
 		if ev.Step != nil {
 			n = *ev.Step
 		}
-		if n+1 >= r.warmupSteps {
+		if n >= r.warmupSteps {
 			r.warmupEnd = now
 		}
 	}

@@ -1,0 +1,203 @@
+package uplink
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// collector is a minimal ingest server: it records batches, acks them (or
+// rejects seqs in reject), and can cut the stream after cutAfter batches.
+type collector struct {
+	pb.UnimplementedIngestServiceServer
+	mu       sync.Mutex
+	hellos   int
+	got      []uint64
+	reject   map[uint64]bool
+	cutAfter int // cut the stream once after this many batches (0 = never)
+	advise   *pb.Advisory
+}
+
+func (c *collector) Stream(s pb.IngestService_StreamServer) error {
+	first, err := s.Recv()
+	if err != nil || first.GetHello() == nil {
+		return err
+	}
+	c.mu.Lock()
+	c.hellos++
+	adv := c.advise
+	c.mu.Unlock()
+	if adv != nil {
+		_ = s.Send(&pb.StreamResponse{Msg: &pb.StreamResponse_Advisory{Advisory: adv}})
+	}
+	for {
+		m, err := s.Recv()
+		if err != nil {
+			return err
+		}
+		seq := m.GetBatch().Seq
+		c.mu.Lock()
+		c.got = append(c.got, seq)
+		cut := c.cutAfter > 0 && len(c.got) == c.cutAfter
+		rej := c.reject[seq]
+		c.mu.Unlock()
+		if cut {
+			return nil // the batch was received but never acked
+		}
+		resp := &pb.StreamResponse{Msg: &pb.StreamResponse_Ack{Ack: &pb.Ack{Seq: seq}}}
+		if rej {
+			resp = &pb.StreamResponse{Msg: &pb.StreamResponse_Reject{Reject: &pb.Reject{Seq: seq, Reason: "bad"}}}
+		}
+		if err := s.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+func serve(t *testing.T, c *collector) string {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	pb.RegisterIngestServiceServer(srv, c)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String()
+}
+
+func start(t *testing.T, cfg Config) (*Uplink, func()) {
+	cfg.Hello = &pb.Hello{Node: "n1", BootId: "b1"}
+	cfg.MinBackoff, cfg.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
+	u, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = u.Run(ctx); close(done) }()
+	return u, func() { cancel(); <-done }
+}
+
+func flush(t *testing.T, u *Uplink) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := u.Flush(ctx); err != nil {
+		t.Fatalf("flush: %v (stats %+v)", err, u.Stats())
+	}
+}
+
+func TestDeliversAndResendsUnackedAfterStreamCut(t *testing.T) {
+	c := &collector{cutAfter: 3}
+	u, stop := start(t, Config{Address: serve(t, c)})
+	defer stop()
+	for seq := uint64(1); seq <= 10; seq++ {
+		u.Enqueue(&pb.Batch{Seq: seq})
+	}
+	flush(t, u)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen := map[uint64]int{}
+	for _, s := range c.got {
+		seen[s]++
+	}
+	for seq := uint64(1); seq <= 10; seq++ {
+		if seen[seq] == 0 {
+			t.Errorf("batch %d never reached the collector", seq)
+		}
+	}
+	if seen[3] < 2 {
+		t.Errorf("batch 3 was cut before its ack but was not re-sent: %v", c.got)
+	}
+	if c.hellos < 2 {
+		t.Errorf("hellos %d, want a reconnect", c.hellos)
+	}
+	if st := u.Stats(); st.Acked != 10 || st.Pending != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestHoldsBatchesWhileCollectorIsDown(t *testing.T) {
+	// Reserve an address, then only start serving on it later.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	u, stop := start(t, Config{Address: addr})
+	defer stop()
+	for seq := uint64(1); seq <= 5; seq++ {
+		u.Enqueue(&pb.Batch{Seq: seq})
+	}
+	time.Sleep(100 * time.Millisecond) // a few failed connection attempts
+	if st := u.Stats(); st.Pending != 5 || st.Acked != 0 {
+		t.Fatalf("while down: %+v", st)
+	}
+	lis, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("port %s was taken meanwhile: %v", addr, err)
+	}
+	c := &collector{}
+	srv := grpc.NewServer()
+	pb.RegisterIngestServiceServer(srv, c)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	flush(t, u)
+	if st := u.Stats(); st.Acked != 5 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestRejectedBatchIsDroppedAndCounted(t *testing.T) {
+	c := &collector{reject: map[uint64]bool{2: true}}
+	u, stop := start(t, Config{Address: serve(t, c)})
+	defer stop()
+	for seq := uint64(1); seq <= 3; seq++ {
+		u.Enqueue(&pb.Batch{Seq: seq})
+	}
+	flush(t, u)
+	if st := u.Stats(); st.Acked != 2 || st.Rejected != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestBoundedPendingDropsOldestAndCounts(t *testing.T) {
+	u, err := New(Config{Address: "127.0.0.1:1", MaxPending: 3, Hello: &pb.Hello{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.conn.Close()
+	for seq := uint64(1); seq <= 5; seq++ {
+		u.Enqueue(&pb.Batch{Seq: seq})
+	}
+	st := u.Stats()
+	if st.Pending != 3 || st.Dropped != 2 || u.pending[0].Seq != 3 {
+		t.Errorf("stats %+v first %d", st, u.pending[0].Seq)
+	}
+}
+
+func TestAdvisoriesReachTheCallback(t *testing.T) {
+	got := make(chan *pb.Advisory, 1)
+	c := &collector{advise: &pb.Advisory{RunId: "r1", Advice: &pb.Advisory_Stop{Stop: &pb.Stop{Reason: "budget"}}}}
+	_, stop := start(t, Config{Address: serve(t, c), OnAdvisory: func(a *pb.Advisory) { got <- a }})
+	defer stop()
+	select {
+	case a := <-got:
+		if a.RunId != "r1" || a.GetStop().GetReason() != "budget" {
+			t.Errorf("advisory %v", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no advisory")
+	}
+}
