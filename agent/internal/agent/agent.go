@@ -1,0 +1,237 @@
+// Package agent wires the trainmeter agent together: the GPU sampling loop,
+// host sampling, the trainer socket, the run ledger and the collector uplink.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
+	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
+	"github.com/trainmeter/trainmeter/agent/internal/uplink"
+	"github.com/trainmeter/trainmeter/pkg/clock"
+	"github.com/trainmeter/trainmeter/pkg/gpu"
+	"github.com/trainmeter/trainmeter/pkg/host"
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Version is set at build time.
+var Version = "dev"
+
+// Agent is one node's trainmeter agent.
+type Agent struct {
+	cfg     Config
+	backend gpu.Backend
+	clock   clock.Clock
+	host    host.Sampler
+	log     *slog.Logger
+
+	ledger *ledger.Ledger
+	sock   *trainersock.Server
+	up     *uplink.Uplink
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// loopDone is closed when the sampling loop has stopped.
+	loopDone chan struct{}
+	stopLoop chan struct{}
+}
+
+// New builds an agent over a GPU backend; hostSampler may be nil.
+func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Sampler, logger *slog.Logger) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{cfg: cfg, backend: backend, clock: clk, host: hostSampler, log: logger,
+		loopDone: make(chan struct{}), stopLoop: make(chan struct{})}
+	lcfg := ledger.Config{
+		Devices:       backend.Devices(),
+		DefaultWarmup: cfg.Warmup,
+		MaxGap:        max(5*cfg.Interval, 250*time.Millisecond),
+		Logger:        logger,
+	}
+	if ls, ok := backend.(gpu.LoadSetter); ok {
+		lcfg.Load = ls
+	}
+	a.ledger = ledger.New(lcfg)
+
+	sock, err := trainersock.New(trainersock.Config{Path: cfg.Socket, Group: cfg.SocketGroup}, handler{a}, logger)
+	if err != nil {
+		return nil, err
+	}
+	a.sock = sock
+
+	up, err := uplink.New(uplink.Config{
+		Address:    cfg.Collector,
+		Hello:      a.hello(),
+		OnAdvisory: a.advise,
+		Logger:     logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.up = up
+	return a, nil
+}
+
+func (a *Agent) hello() *pb.Hello {
+	var boot [8]byte
+	_, _ = rand.Read(boot[:])
+	h := &pb.Hello{
+		Node:         a.cfg.Node,
+		BootId:       hex.EncodeToString(boot[:]),
+		AgentVersion: Version,
+		GpuBackend:   a.cfg.GPU,
+		StartedAt:    timestamppb.New(a.clock.Now()),
+	}
+	for _, d := range a.backend.Devices() {
+		h.Gpus = append(h.Gpus, &pb.GpuInfo{
+			Index: uint32(d.Index), Uuid: d.UUID, Name: d.Name, MemoryTotalMib: d.MemTotalMiB,
+			PowerLimitW: d.PowerLimitW, HasEnergyCounter: d.HasEnergyCounter, HasInstantPower: d.HasInstantPower,
+		})
+	}
+	return h
+}
+
+// Start opens the trainer socket and starts sampling and the uplink.
+func (a *Agent) Start(ctx context.Context) error {
+	if err := a.sock.Start(); err != nil {
+		return fmt.Errorf("trainer socket: %w", err)
+	}
+	ctx, a.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		_ = a.up.Run(ctx)
+	}()
+	if a.host != nil {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			a.hostLoop(ctx)
+		}()
+	}
+	go a.sampleLoop()
+	a.log.Info("agent started", "node", a.cfg.Node, "gpus", len(a.backend.Devices()), "backend", a.cfg.GPU,
+		"socket", a.cfg.Socket, "collector", a.cfg.Collector, "interval", a.cfg.Interval, "warmup", a.cfg.Warmup)
+	return nil
+}
+
+func (a *Agent) sampleLoop() {
+	defer close(a.loopDone)
+	t := a.clock.NewTicker(a.cfg.Interval)
+	defer t.Stop()
+	samples := make([]gpu.Sample, len(a.backend.Devices()))
+	for {
+		select {
+		case <-a.stopLoop:
+			return
+		case <-t.C():
+		}
+		now := a.clock.Now()
+		if err := a.backend.Read(now, samples); err != nil {
+			a.log.Warn("GPU read failed", "err", err)
+		}
+		for _, b := range a.ledger.Tick(now, samples) {
+			a.up.Enqueue(b)
+		}
+	}
+}
+
+func (a *Agent) hostLoop(ctx context.Context) {
+	t := a.clock.NewTicker(a.cfg.HostInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		r, err := a.host.Read()
+		if err != nil {
+			a.log.Debug("host read failed", "err", err)
+			continue
+		}
+		a.ledger.SetHost(&pb.HostWindow{MemoryUsedMib: r.MemUsedMiB, MemoryTotalMib: r.MemTotalMiB, CpuPct: r.CPUPct, CpuCount: uint32(r.CPUCount)})
+	}
+}
+
+// Shutdown closes the trainer socket (ending the runs it carried), keeps
+// sampling until their last windows are out, flushes the uplink and stops.
+// ctx bounds the whole shutdown.
+func (a *Agent) Shutdown(ctx context.Context) error {
+	var errs []error
+	if err := a.sock.Shutdown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("trainer socket: %w", err))
+	}
+	for len(a.ledger.ActiveRuns()) > 0 && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	close(a.stopLoop)
+	<-a.loopDone
+	if err := a.up.Flush(ctx); err != nil {
+		st := a.up.Stats()
+		errs = append(errs, fmt.Errorf("uplink: %d batches not acked at shutdown: %w", st.Pending, err))
+	}
+	a.cancel()
+	a.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// UplinkStats exposes the uplink's counters (for tests and self-metrics).
+func (a *Agent) UplinkStats() uplink.Stats { return a.up.Stats() }
+
+func (a *Agent) advise(adv *pb.Advisory) {
+	var line []byte
+	switch x := adv.Advice.(type) {
+	case *pb.Advisory_Stop:
+		line = trainerproto.StopLine(adv.RunId, x.Stop.Reason)
+	case *pb.Advisory_Dataloader:
+		line = trainerproto.AdviceLine(adv.RunId, int(x.Dataloader.NumWorkers), int(x.Dataloader.PrefetchFactor), x.Dataloader.Reason)
+	default:
+		return
+	}
+	for _, c := range a.ledger.Members(adv.RunId) {
+		if !a.sock.Send(c, line) {
+			a.log.Warn("advisory dropped: trainer connection gone or not reading", "run_id", adv.RunId, "conn", c)
+		}
+	}
+}
+
+// handler adapts socket events to the ledger, stamping them with the clock.
+type handler struct{ a *Agent }
+
+func (h handler) Handle(p trainersock.Peer, ev trainerproto.Event) error {
+	now := h.a.clock.Now()
+	lp := ledger.Peer{ConnID: p.ConnID, PID: p.PID, UID: p.UID}
+	switch e := ev.(type) {
+	case *trainerproto.RunStart:
+		return h.a.ledger.StartRun(now, lp, e)
+	case *trainerproto.Step:
+		return h.a.ledger.Step(now, lp, e)
+	case *trainerproto.Eval:
+		return h.a.ledger.Eval(now, lp, e)
+	case *trainerproto.RunEnd:
+		return h.a.ledger.EndRun(now, lp, e)
+	}
+	return fmt.Errorf("%s: not handled by this agent", ev.Kind())
+}
+
+func (h handler) Disconnected(p trainersock.Peer) {
+	h.a.ledger.Disconnected(h.a.clock.Now(), ledger.Peer{ConnID: p.ConnID, PID: p.PID, UID: p.UID})
+}
