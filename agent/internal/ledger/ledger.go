@@ -132,11 +132,7 @@ func (l *Ledger) SetHost(h *pb.HostWindow) {
 func (l *Ledger) Tick(now time.Time, samples []gpu.Sample) []*pb.Batch {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !l.started {
-		l.started = true
-		l.winStart = now
-		l.winEnd = now.Truncate(l.cfg.Window).Add(l.cfg.Window)
-	}
+	l.open(now)
 	acc := l.gpuAcc[0]
 	if !now.Before(l.winEnd) {
 		acc = l.gpuAcc[1]
@@ -164,6 +160,17 @@ func (l *Ledger) Tick(now time.Time, samples []gpu.Sample) []*pb.Batch {
 		out = append(out, l.closeWindow())
 	}
 	return out
+}
+
+// open starts the first window at the first tick or trainer event, whichever
+// comes first, so no run can begin before the window that must account it.
+func (l *Ledger) open(now time.Time) {
+	if l.started {
+		return
+	}
+	l.started = true
+	l.winStart = now
+	l.winEnd = now.Truncate(l.cfg.Window).Add(l.cfg.Window)
 }
 
 func accumulate(a *gpuAcc, s *gpu.Sample) {

@@ -347,3 +347,24 @@ func TestSimulatedLoadFollowsSteps(t *testing.T) {
 		t.Errorf("GPU1 still loaded 3 s after the last step: %v", rec.load)
 	}
 }
+
+func TestRunStartedBeforeTheFirstTickKeepsItsSteps(t *testing.T) {
+	l := New(Config{Devices: []gpu.Device{{Index: 0}}})
+	_ = l.StartRun(t0, peer1, &trainerproto.RunStart{Run: "early", WarmupS: ptr(0.0)})
+	_ = l.Step(t0.Add(10*time.Millisecond), peer1, &trainerproto.Step{Run: "early", Tokens: 42})
+	var got uint64
+	for now := t0.Add(50 * time.Millisecond); now.Before(t0.Add(3 * time.Second)); now = now.Add(50 * time.Millisecond) {
+		if now.Equal(t0.Add(time.Second)) {
+			_ = l.Step(now, peer1, &trainerproto.Step{Run: "early", Tokens: 8})
+			_ = l.EndRun(now, peer1, &trainerproto.RunEnd{Run: "early"})
+		}
+		for _, b := range l.Tick(now, []gpu.Sample{{PowerW: 100, PowerOK: true, ReadAt: now}}) {
+			for _, w := range b.RunWindows {
+				got += w.Tokens
+			}
+		}
+	}
+	if got != 50 {
+		t.Errorf("tokens %d, want 50: steps before the first tick were lost", got)
+	}
+}

@@ -73,6 +73,7 @@ func (r *run) endEvent() *pb.RunEvent {
 func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.open(now)
 	gpus, err := l.resolveGPUs(ev)
 	if err != nil {
 		return err
