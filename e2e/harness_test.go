@@ -1,0 +1,259 @@
+// Package e2e runs the real trainmeter and trainmeter-agent binaries
+// against each other: a collector with a BadgerDB in a temp dir, agents on
+// sim or replay GPUs, and trainers speaking the socket protocol.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/csv"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "trainmeter-e2e-bin")
+	if err != nil {
+		panic(err)
+	}
+	cmd := exec.Command("go", "build", "-o", dir+"/", "../agent/cmd/trainmeter-agent", "../collector/cmd/trainmeter")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: building binaries:", err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// daemon starts a binary in the background and stops it (SIGTERM) at cleanup,
+// showing its log if the test failed.
+func daemon(t *testing.T, name string, args ...string) *exec.Cmd {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(binDir, name), args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("--- %s log ---\n%s", name, b)
+		}
+	})
+	return cmd
+}
+
+type cluster struct {
+	t    *testing.T
+	addr string
+	q    pb.QueryServiceClient
+}
+
+func startCollector(t *testing.T, extra ...string) *cluster {
+	t.Helper()
+	addr := freeAddr(t)
+	daemon(t, "trainmeter", append([]string{"serve", "--listen", addr, "--data", filepath.Join(t.TempDir(), "data")}, extra...)...)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c := &cluster{t: t, addr: addr, q: pb.NewQueryServiceClient(conn)}
+	c.eventually("collector answering", func() bool {
+		_, err := c.q.ListRuns(context.Background(), &pb.ListRunsRequest{})
+		return err == nil
+	})
+	return c
+}
+
+// startAgent starts an agent and returns its socket path.
+func (c *cluster) startAgent(node, gpuSpec string, extra ...string) string {
+	c.t.Helper()
+	sock := filepath.Join(c.t.TempDir(), "agent.sock")
+	args := append([]string{"--collector", c.addr, "--socket", sock, "--node", node, "--gpu", gpuSpec}, extra...)
+	daemon(c.t, "trainmeter-agent", args...)
+	c.eventually("agent socket "+sock, func() bool {
+		conn, err := net.Dial("unix", sock)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	})
+	return sock
+}
+
+func (c *cluster) eventually(what string, ok func() bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (c *cluster) waitEnded(run string) *pb.RunReport {
+	c.t.Helper()
+	var r *pb.RunReport
+	c.eventually("run "+run+" ended at the collector", func() bool {
+		resp, err := c.q.GetRun(context.Background(), &pb.GetRunRequest{RunId: run})
+		if err != nil {
+			return false
+		}
+		r = resp.Run
+		return r.Ended
+	})
+	return r
+}
+
+// cli runs the trainmeter CLI against this collector and returns stdout.
+func (c *cluster) cli(args ...string) string {
+	c.t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "trainmeter"), args...)
+	cmd.Env = append(os.Environ(), "TRAINMETER_COLLECTOR="+c.addr)
+	out, err := cmd.Output()
+	if err != nil {
+		stderr := ""
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		c.t.Fatalf("trainmeter %v: %v\n%s", args, err, stderr)
+	}
+	return string(out)
+}
+
+// csvRow exports one run through the CLI and returns its row by column name.
+func (c *cluster) csvRow(run string) map[string]string {
+	c.t.Helper()
+	out := filepath.Join(c.t.TempDir(), "runs.csv")
+	c.cli("export", "csv", "--out", out, "--run", run)
+	f, err := os.Open(out)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if len(rows) != 2 {
+		c.t.Fatalf("export of one run gave %d rows", len(rows))
+	}
+	m := map[string]string{}
+	for i, h := range rows[0] {
+		m[h] = rows[1][i]
+	}
+	return m
+}
+
+func num(t *testing.T, row map[string]string, col string) float64 {
+	t.Helper()
+	v, err := strconv.ParseFloat(row[col], 64)
+	if err != nil {
+		t.Fatalf("column %s = %q: %v", col, row[col], err)
+	}
+	return v
+}
+
+// trainer is a raw protocol client, as any language would write one.
+type trainer struct {
+	t    *testing.T
+	conn net.Conn
+	rd   *bufio.Reader
+}
+
+func dialTrainer(t *testing.T, sock string) *trainer {
+	t.Helper()
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &trainer{t: t, conn: conn, rd: bufio.NewReaderSize(conn, 1<<16)}
+}
+
+func (tr *trainer) send(format string, args ...any) {
+	tr.t.Helper()
+	line := fmt.Sprintf(format, args...)
+	if !strings.HasSuffix(line, "\n") {
+		line += "\n"
+	}
+	if _, err := tr.conn.Write([]byte(line)); err != nil {
+		tr.t.Fatal(err)
+	}
+}
+
+func (tr *trainer) readLine() string {
+	tr.t.Helper()
+	_ = tr.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := tr.rd.ReadString('\n')
+	if err != nil {
+		tr.t.Fatalf("reading from agent: %v", err)
+	}
+	return strings.TrimSpace(line)
+}
+
+// sync returns once the agent has handled every line sent before it.
+func (tr *trainer) sync() {
+	tr.t.Helper()
+	tr.send(`{"event":"sync","run_id":"x"}`)
+	for {
+		line := tr.readLine()
+		if strings.Contains(line, `unknown event \"sync\"`) {
+			return
+		}
+		tr.t.Fatalf("unexpected line from agent: %s", line)
+	}
+}
+
+// runSteps reports n steps of tokens each, spaced by every.
+func (tr *trainer) runSteps(run string, n int, tokens int, every time.Duration) {
+	for i := 1; i <= n; i++ {
+		time.Sleep(every)
+		tr.send(`{"event":"step","run_id":%q,"step":%d,"tokens":%d,"compute_s":0.05,"data_wait_s":0.01}`, run, i, tokens)
+	}
+	tr.sync()
+}
