@@ -1,0 +1,613 @@
+// Package aggregate folds a run's events and windows, from any number of
+// nodes, into the per-run figures of the CSV contract (DESIGN.md, "Metric
+// definitions"). It is pure: no I/O, no clock. The state is a plain Go struct
+// serialised as JSON so the store can keep it next to the raw records.
+//
+// Definitions, as implemented (they are the contract):
+//
+//   - start: the earliest RunStart.time across nodes. The RunStart with the
+//     earliest time wins for metadata (ties: lexicographically smallest node);
+//     later ones join and never overwrite it. With no RunStart (should not
+//     happen) start is the earliest window start.
+//   - end: a node has ended when its latest RunEnd.time is at or after its
+//     latest RunStart.time (so a resumed run re-opens the node). The run has
+//     ended when every node that sent a RunStart has ended; end is then the
+//     latest RunEnd.time. Until then ended=false and end is the latest window
+//     end seen (a live report). wall_s = end − start (never negative).
+//   - warmup_s = earliest start of any PHASE_MEASURED window − start; wall_s if
+//     there is no measured window.
+//   - per window, energy = energy_counter_j if counter_ok else
+//     energy_integrated_j. energy_J = Σ over measured windows; energy_total_J =
+//     Σ over all windows; energy_J_integrated = Σ measured integrated;
+//     energy_method = "counter" | "integrated" | "mixed" over measured windows
+//     ("" without measured windows). energy_disagreement_pct = 100 × (Σ counter
+//     − Σ integrated) / Σ counter over measured windows with counter_ok (0 if
+//     none). energy_estimated = any window estimated; gap_s = Σ gap_s.
+//   - avg_power_W = energy_J / (wall_s − warmup_s); 0 when that is ≤ 0.
+//   - peak_power_W: per node, a window's peak_power_w; across nodes, per
+//     1-second bucket (window start truncated to the second) each node's max
+//     in the bucket is summed, and the result is the max over buckets.
+//     Measured windows only. Summing each node's peak within the same second
+//     is an upper bound of the true simultaneous peak when nodes' ticks are not
+//     aligned. Buckets are kept only while they can still change (see
+//     PeakHorizon); a window for an already folded bucket counts alone.
+//   - tokens_processed = Σ tokens; tokens_measured = Σ tokens_measured; steps,
+//     data_wait_s, compute_s are sums over all windows.
+//   - tok_per_s = tokens_measured / (wall_s − warmup_s); J_per_token =
+//     energy_J / tokens_measured (0 and undefined when tokens_measured = 0).
+//   - vram_peak_MB = max vram_peak_mib over all windows; vram_avg_MB =
+//     Σ vram_sum_mib / Σ vram_samples.
+//   - gpus = distinct (node, gpu index) in the windows' gpus; nodes = distinct
+//     nodes that sent anything for the run; gpu_name from the winning RunStart.
+//   - gpu_hours = Σ gpu_seconds / 3600 (warmup included: you pay for it).
+//   - cost: see Pricing and Report.
+//   - evals sorted by time (arrival order for equal times); last_loss from the
+//     window with the latest end that has has_loss.
+//
+// Folding is order-independent (up to floating-point summation order) as
+// long as each node's own windows arrive in that node's order, which the
+// agent's sequence numbers guarantee; windows of different nodes may be
+// interleaved in any order.
+package aggregate
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// PeakHorizon is how far (in seconds) behind the newest bucket a peak bucket
+// is kept open for other nodes' windows, at least. A bucket is folded into the
+// running peak once it is older than the horizon and every node that has not
+// ended has sent windows past it, or once it is older than PeakMaxLag.
+const (
+	PeakHorizon = 300
+	PeakMaxLag  = 3600
+)
+
+// Pricing is the collector's configuration for costs. Zero means unknown.
+type Pricing struct {
+	// GPUPricePerHour is the default $/GPU-hour when the run_start has none.
+	GPUPricePerHour float64
+	// EnergyPricePerKWh is the flat energy tariff in $/kWh.
+	EnergyPricePerKWh float64
+	// GridGCO2PerKWh is the carbon intensity in gCO2/kWh.
+	GridGCO2PerKWh float64
+}
+
+// Metadata mirrors trainmeterv1.RunMetadata.
+type Metadata struct {
+	Model        string `json:"model,omitempty"`
+	Dataset      string `json:"dataset,omitempty"`
+	Backend      string `json:"backend,omitempty"`
+	Optimizer    string `json:"optimizer,omitempty"`
+	BatchSize    int64  `json:"batch_size,omitempty"`
+	GradAccum    int64  `json:"grad_accum,omitempty"`
+	SeqLen       int64  `json:"seq_len,omitempty"`
+	Precision    string `json:"precision,omitempty"`
+	Seed         int64  `json:"seed,omitempty"`
+	Notes        string `json:"notes,omitempty"`
+	HasBatchSize bool   `json:"has_batch_size,omitempty"`
+	HasGradAccum bool   `json:"has_grad_accum,omitempty"`
+	HasSeqLen    bool   `json:"has_seq_len,omitempty"`
+	HasSeed      bool   `json:"has_seed,omitempty"`
+}
+
+// NodeState is one node's part in the run. Times are Unix nanoseconds.
+type NodeState struct {
+	Started   bool  `json:"started,omitempty"`
+	StartMin  int64 `json:"start_min,omitempty"`
+	StartMax  int64 `json:"start_max,omitempty"`
+	HasEnd    bool  `json:"has_end,omitempty"`
+	EndMax    int64 `json:"end_max,omitempty"`
+	Watermark int64 `json:"watermark,omitempty"` // newest peak bucket (s) seen from this node
+	HasWindow bool  `json:"has_window,omitempty"`
+}
+
+func (n *NodeState) ended() bool { return n.HasEnd && n.EndMax >= n.StartMax }
+
+// EvalRecord is one eval event.
+type EvalRecord struct {
+	Node        string  `json:"node"`
+	Time        int64   `json:"time"`
+	Epoch       int64   `json:"epoch,omitempty"`
+	ValLoss     float64 `json:"val_loss,omitempty"`
+	Accuracy    float64 `json:"accuracy,omitempty"`
+	HasValLoss  bool    `json:"has_val_loss,omitempty"`
+	HasAccuracy bool    `json:"has_accuracy,omitempty"`
+}
+
+// State is a run's aggregate. All fields are exported for serialisation;
+// use the methods to change it.
+type State struct {
+	RunID string `json:"run_id"`
+
+	// The winning RunStart.
+	HasStart        bool     `json:"has_start,omitempty"`
+	StartNode       string   `json:"start_node,omitempty"`
+	Start           int64    `json:"start,omitempty"`
+	Metadata        Metadata `json:"metadata"`
+	GPUName         string   `json:"gpu_name,omitempty"`
+	GPUPricePerHour float64  `json:"gpu_price_per_hour,omitempty"`
+
+	Nodes map[string]*NodeState `json:"nodes"`
+
+	HasWindow        bool    `json:"has_window,omitempty"`
+	WindowStart      int64   `json:"window_start,omitempty"`
+	WindowEnd        int64   `json:"window_end,omitempty"`
+	HasMeasured      bool    `json:"has_measured,omitempty"`
+	FirstMeasured    int64   `json:"first_measured,omitempty"`
+	MeasuredWindows  int64   `json:"measured_windows,omitempty"`
+	CounterWindows   int64   `json:"counter_windows,omitempty"` // measured with counter_ok
+	EnergyMeasured   float64 `json:"energy_measured,omitempty"`
+	EnergyTotal      float64 `json:"energy_total,omitempty"`
+	EnergyIntegrated float64 `json:"energy_integrated,omitempty"` // measured, integrated
+	CounterSumOK     float64 `json:"counter_sum_ok,omitempty"`    // measured, counter_ok: counter
+	IntegratedSumOK  float64 `json:"integrated_sum_ok,omitempty"` // measured, counter_ok: integrated
+	EnergyEstimated  bool    `json:"energy_estimated,omitempty"`
+	GapS             float64 `json:"gap_s,omitempty"`
+
+	Tokens         uint64  `json:"tokens,omitempty"`
+	TokensMeasured uint64  `json:"tokens_measured,omitempty"`
+	Steps          uint64  `json:"steps,omitempty"`
+	Samples        uint64  `json:"samples,omitempty"`
+	DataWaitS      float64 `json:"data_wait_s,omitempty"`
+	ComputeS       float64 `json:"compute_s,omitempty"`
+	GPUSeconds     float64 `json:"gpu_seconds,omitempty"`
+
+	VRAMPeak    float64 `json:"vram_peak,omitempty"`
+	VRAMSum     float64 `json:"vram_sum,omitempty"`
+	VRAMSamples uint64  `json:"vram_samples,omitempty"`
+
+	// GPUs is the set of GPU indices seen per node.
+	GPUs map[string][]uint32 `json:"gpus,omitempty"`
+
+	// Peak: folded max, plus open buckets (unix second -> node -> max W).
+	PeakFolded   float64                      `json:"peak_folded,omitempty"`
+	PeakBuckets  map[int64]map[string]float64 `json:"peak_buckets,omitempty"`
+	MaxBucket    int64                        `json:"max_bucket,omitempty"`
+	HasMaxBucket bool                         `json:"has_max_bucket,omitempty"`
+	FoldedUpTo   int64                        `json:"folded_up_to,omitempty"` // buckets < this are folded
+	HasFolded    bool                         `json:"has_folded,omitempty"`
+
+	Evals []EvalRecord `json:"evals,omitempty"`
+
+	HasLoss    bool    `json:"has_loss,omitempty"`
+	LastLoss   float64 `json:"last_loss,omitempty"`
+	LastLossAt int64   `json:"last_loss_at,omitempty"`
+	LastLossBy string  `json:"last_loss_by,omitempty"`
+}
+
+// New returns an empty aggregate for runID.
+func New(runID string) *State {
+	return &State{RunID: runID, Nodes: map[string]*NodeState{}}
+}
+
+// Unmarshal decodes a State written by Marshal.
+func Unmarshal(b []byte) (*State, error) {
+	s := &State{}
+	if err := json.Unmarshal(b, s); err != nil {
+		return nil, fmt.Errorf("aggregate: decode: %w", err)
+	}
+	if s.Nodes == nil {
+		s.Nodes = map[string]*NodeState{}
+	}
+	return s, nil
+}
+
+// Marshal encodes the state.
+func (s *State) Marshal() ([]byte, error) { return json.Marshal(s) }
+
+func (s *State) node(name string) *NodeState {
+	if s.Nodes == nil {
+		s.Nodes = map[string]*NodeState{}
+	}
+	n := s.Nodes[name]
+	if n == nil {
+		n = &NodeState{}
+		s.Nodes[name] = n
+	}
+	return n
+}
+
+func nanos(ts *timestamppb.Timestamp) int64 {
+	if ts == nil {
+		return 0
+	}
+	return ts.AsTime().UnixNano()
+}
+
+// AddStart folds a RunStart from node.
+func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
+	t := nanos(ev.GetTime())
+	n := s.node(node)
+	if !n.Started || t < n.StartMin {
+		n.StartMin = t
+	}
+	if !n.Started || t > n.StartMax {
+		n.StartMax = t
+	}
+	n.Started = true
+	if s.HasStart && (t > s.Start || (t == s.Start && node >= s.StartNode)) {
+		return // joins; never overwrites the winner's metadata
+	}
+	s.HasStart = true
+	s.Start = t
+	s.StartNode = node
+	m := ev.GetMetadata()
+	s.Metadata = Metadata{
+		Model: m.GetModel(), Dataset: m.GetDataset(), Backend: m.GetBackend(),
+		Optimizer: m.GetOptimizer(), BatchSize: m.GetBatchSize(), GradAccum: m.GetGradAccum(),
+		SeqLen: m.GetSeqLen(), Precision: m.GetPrecision(), Seed: m.GetSeed(), Notes: m.GetNotes(),
+		HasBatchSize: m.GetHasBatchSize(), HasGradAccum: m.GetHasGradAccum(),
+		HasSeqLen: m.GetHasSeqLen(), HasSeed: m.GetHasSeed(),
+	}
+	s.GPUName = ev.GetGpuName()
+	s.GPUPricePerHour = ev.GetGpuPricePerHour()
+}
+
+// AddEnd folds a RunEnd from node.
+func (s *State) AddEnd(node string, ev *trainmeterv1.RunEnd) {
+	t := nanos(ev.GetTime())
+	n := s.node(node)
+	if !n.HasEnd || t > n.EndMax {
+		n.EndMax = t
+	}
+	n.HasEnd = true
+}
+
+// AddEval folds an Eval from node. Evals are kept sorted by time.
+func (s *State) AddEval(node string, ev *trainmeterv1.Eval) {
+	s.node(node)
+	r := EvalRecord{
+		Node: node, Time: nanos(ev.GetTime()), Epoch: ev.GetEpoch(),
+		ValLoss: ev.GetValLoss(), Accuracy: ev.GetAccuracy(),
+		HasValLoss: ev.GetHasValLoss(), HasAccuracy: ev.GetHasAccuracy(),
+	}
+	i := sort.Search(len(s.Evals), func(i int) bool { return s.Evals[i].Time > r.Time })
+	s.Evals = append(s.Evals, EvalRecord{})
+	copy(s.Evals[i+1:], s.Evals[i:])
+	s.Evals[i] = r
+}
+
+// AddWindow folds a RunWindow from node.
+func (s *State) AddWindow(node string, w *trainmeterv1.RunWindow) {
+	n := s.node(node)
+	start, end := nanos(w.GetStart()), nanos(w.GetEnd())
+	if !s.HasWindow || start < s.WindowStart {
+		s.WindowStart = start
+	}
+	if !s.HasWindow || end > s.WindowEnd {
+		s.WindowEnd = end
+	}
+	s.HasWindow = true
+
+	energy := w.GetEnergyIntegratedJ()
+	if w.GetCounterOk() {
+		energy = w.GetEnergyCounterJ()
+	}
+	s.EnergyTotal += energy
+	s.GapS += w.GetGapS()
+	if w.GetEnergyEstimated() {
+		s.EnergyEstimated = true
+	}
+	s.Tokens += w.GetTokens()
+	s.TokensMeasured += w.GetTokensMeasured()
+	s.Steps += w.GetSteps()
+	s.Samples += w.GetSamples()
+	s.DataWaitS += w.GetDataWaitS()
+	s.ComputeS += w.GetComputeS()
+	s.GPUSeconds += w.GetGpuSeconds()
+	if w.GetVramPeakMib() > s.VRAMPeak {
+		s.VRAMPeak = w.GetVramPeakMib()
+	}
+	s.VRAMSum += w.GetVramSumMib()
+	s.VRAMSamples += w.GetVramSamples()
+	for _, g := range w.GetGpus() {
+		s.addGPU(node, g)
+	}
+	if w.GetHasLoss() && (!s.HasLoss || end > s.LastLossAt || (end == s.LastLossAt && node > s.LastLossBy)) {
+		s.HasLoss = true
+		s.LastLoss = w.GetLastLoss()
+		s.LastLossAt = end
+		s.LastLossBy = node
+	}
+
+	bucket := floorDiv(start, int64(time.Second))
+	if !n.HasWindow || bucket > n.Watermark {
+		n.Watermark = bucket
+	}
+	n.HasWindow = true
+
+	if w.GetPhase() != trainmeterv1.Phase_PHASE_MEASURED {
+		s.foldBuckets()
+		return
+	}
+	if !s.HasMeasured || start < s.FirstMeasured {
+		s.FirstMeasured = start
+	}
+	s.HasMeasured = true
+	s.MeasuredWindows++
+	s.EnergyMeasured += energy
+	s.EnergyIntegrated += w.GetEnergyIntegratedJ()
+	if w.GetCounterOk() {
+		s.CounterWindows++
+		s.CounterSumOK += w.GetEnergyCounterJ()
+		s.IntegratedSumOK += w.GetEnergyIntegratedJ()
+	}
+	s.addPeak(node, bucket, w.GetPeakPowerW())
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if (a%b != 0) && ((a < 0) != (b < 0)) {
+		q--
+	}
+	return q
+}
+
+func (s *State) addGPU(node string, g uint32) {
+	if s.GPUs == nil {
+		s.GPUs = map[string][]uint32{}
+	}
+	list := s.GPUs[node]
+	i := sort.Search(len(list), func(i int) bool { return list[i] >= g })
+	if i < len(list) && list[i] == g {
+		return
+	}
+	list = append(list, 0)
+	copy(list[i+1:], list[i:])
+	list[i] = g
+	s.GPUs[node] = list
+}
+
+func (s *State) addPeak(node string, bucket int64, p float64) {
+	if s.HasFolded && bucket < s.FoldedUpTo {
+		// The bucket was already folded: the other nodes' values for that
+		// second are gone, so this window counts alone (a lower bound).
+		if p > s.PeakFolded {
+			s.PeakFolded = p
+		}
+		return
+	}
+	if s.PeakBuckets == nil {
+		s.PeakBuckets = map[int64]map[string]float64{}
+	}
+	b := s.PeakBuckets[bucket]
+	if b == nil {
+		b = map[string]float64{}
+		s.PeakBuckets[bucket] = b
+	}
+	if old, ok := b[node]; !ok || p > old {
+		b[node] = p
+	}
+	if !s.HasMaxBucket || bucket > s.MaxBucket {
+		s.MaxBucket = bucket
+		s.HasMaxBucket = true
+	}
+	s.foldBuckets()
+}
+
+// foldBuckets folds peak buckets that can no longer change into PeakFolded,
+// so the state stays bounded for long runs.
+func (s *State) foldBuckets() {
+	if len(s.PeakBuckets) == 0 {
+		return
+	}
+	// Fold bucket b when b < MaxBucket-PeakHorizon and either every node
+	// that has not ended is past b, or b < MaxBucket-PeakMaxLag.
+	minActive := int64(math.MaxInt64)
+	for _, n := range s.Nodes {
+		if n.ended() {
+			continue
+		}
+		if !n.HasWindow {
+			minActive = math.MinInt64 // a node we have nothing from yet holds everything open
+			break
+		}
+		if n.Watermark < minActive {
+			minActive = n.Watermark
+		}
+	}
+	limit := min(s.MaxBucket-PeakHorizon, max(minActive, s.MaxBucket-PeakMaxLag))
+	if s.HasFolded && limit <= s.FoldedUpTo {
+		return
+	}
+	folded := false
+	for b, nodes := range s.PeakBuckets {
+		if b >= limit {
+			continue
+		}
+		if sum := sumValues(nodes); sum > s.PeakFolded {
+			s.PeakFolded = sum
+		}
+		delete(s.PeakBuckets, b)
+		folded = true
+	}
+	if folded || s.HasFolded {
+		if !s.HasFolded || limit > s.FoldedUpTo {
+			s.FoldedUpTo = limit
+		}
+		s.HasFolded = true
+	}
+}
+
+func sumValues(m map[string]float64) float64 {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // deterministic summation order
+	var sum float64
+	for _, k := range keys {
+		sum += m[k]
+	}
+	return sum
+}
+
+// Peak returns peak_power_W.
+func (s *State) Peak() float64 {
+	p := s.PeakFolded
+	for _, nodes := range s.PeakBuckets {
+		if sum := sumValues(nodes); sum > p {
+			p = sum
+		}
+	}
+	return p
+}
+
+// Ended reports whether every node that sent a RunStart has ended it.
+func (s *State) Ended() bool {
+	started := false
+	for _, n := range s.Nodes {
+		if !n.Started {
+			continue
+		}
+		started = true
+		if !n.ended() {
+			return false
+		}
+	}
+	return started
+}
+
+// StartNanos returns the run start (Unix ns) and whether it is known.
+func (s *State) StartNanos() (int64, bool) {
+	if s.HasStart {
+		return s.Start, true
+	}
+	if s.HasWindow {
+		return s.WindowStart, true
+	}
+	return 0, false
+}
+
+func (s *State) endNanos() int64 {
+	if s.Ended() {
+		var end int64
+		first := true
+		for _, n := range s.Nodes {
+			if n.Started && (first || n.EndMax > end) {
+				end = n.EndMax
+				first = false
+			}
+		}
+		return end
+	}
+	return s.WindowEnd
+}
+
+// Report computes the run's figures with the collector's pricing.
+func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
+	r := &trainmeterv1.RunReport{RunId: s.RunID}
+	m := s.Metadata
+	r.Metadata = &trainmeterv1.RunMetadata{
+		Model: m.Model, Dataset: m.Dataset, Backend: m.Backend, Optimizer: m.Optimizer,
+		BatchSize: m.BatchSize, GradAccum: m.GradAccum, SeqLen: m.SeqLen, Precision: m.Precision,
+		Seed: m.Seed, Notes: m.Notes, HasBatchSize: m.HasBatchSize, HasGradAccum: m.HasGradAccum,
+		HasSeqLen: m.HasSeqLen, HasSeed: m.HasSeed,
+	}
+	start, hasStart := s.StartNanos()
+	end := s.endNanos()
+	r.Ended = s.Ended()
+	if hasStart {
+		r.Start = timestamppb.New(time.Unix(0, start).UTC())
+		if end < start {
+			end = start
+		}
+		r.End = timestamppb.New(time.Unix(0, end).UTC())
+		r.WallS = float64(end-start) / 1e9
+	}
+	if s.HasMeasured {
+		r.WarmupS = max(0, float64(s.FirstMeasured-start)/1e9)
+		if r.WarmupS > r.WallS {
+			r.WarmupS = r.WallS
+		}
+	} else {
+		r.WarmupS = r.WallS
+	}
+	measuredS := r.WallS - r.WarmupS
+
+	r.TokensProcessed = s.Tokens
+	r.TokensMeasured = s.TokensMeasured
+	r.Steps = s.Steps
+	r.DataWaitS = s.DataWaitS
+	r.ComputeS = s.ComputeS
+	r.GapS = s.GapS
+
+	r.EnergyJ = s.EnergyMeasured
+	r.EnergyTotalJ = s.EnergyTotal
+	r.EnergyJIntegrated = s.EnergyIntegrated
+	switch {
+	case s.MeasuredWindows == 0:
+		r.EnergyMethod = ""
+	case s.CounterWindows == s.MeasuredWindows:
+		r.EnergyMethod = "counter"
+	case s.CounterWindows == 0:
+		r.EnergyMethod = "integrated"
+	default:
+		r.EnergyMethod = "mixed"
+	}
+	if s.CounterWindows > 0 && s.CounterSumOK != 0 {
+		r.EnergyDisagreementPct = 100 * (s.CounterSumOK - s.IntegratedSumOK) / s.CounterSumOK
+	}
+	r.EnergyEstimated = s.EnergyEstimated
+	if measuredS > 0 {
+		r.AvgPowerW = r.EnergyJ / measuredS
+		r.TokPerS = float64(s.TokensMeasured) / measuredS
+	}
+	r.PeakPowerW = s.Peak()
+	if s.TokensMeasured > 0 {
+		r.JPerToken = r.EnergyJ / float64(s.TokensMeasured)
+	}
+	r.VramPeakMb = s.VRAMPeak
+	if s.VRAMSamples > 0 {
+		r.VramAvgMb = s.VRAMSum / float64(s.VRAMSamples)
+	}
+	var gpus uint32
+	for _, l := range s.GPUs {
+		gpus += uint32(len(l))
+	}
+	r.Gpus = gpus
+	r.Nodes = uint32(len(s.Nodes))
+	r.GpuName = s.GPUName
+
+	r.GpuHours = s.GPUSeconds / 3600
+	price := s.GPUPricePerHour
+	if price <= 0 {
+		price = p.GPUPricePerHour
+	}
+	if price > 0 {
+		r.GpuPricePerHour = price
+		r.HasCost = true
+		r.CostUsd = r.GpuHours * price
+	}
+	r.EnergyKwh = s.EnergyTotal / 3.6e6
+	if p.EnergyPricePerKWh > 0 {
+		r.HasEnergyCost = true
+		r.EnergyCostUsd = r.EnergyKwh * p.EnergyPricePerKWh
+	}
+	if s.Tokens > 0 && (r.HasCost || r.HasEnergyCost) {
+		r.UsdPerMtok = (r.CostUsd + r.EnergyCostUsd) / float64(s.Tokens) * 1e6
+	}
+	if p.GridGCO2PerKWh > 0 {
+		r.HasCo2 = true
+		r.Co2Kg = r.EnergyKwh * p.GridGCO2PerKWh / 1000
+	}
+
+	for _, e := range s.Evals {
+		r.Evals = append(r.Evals, &trainmeterv1.Eval{
+			RunId: s.RunID, Time: timestamppb.New(time.Unix(0, e.Time).UTC()), Epoch: e.Epoch,
+			ValLoss: e.ValLoss, Accuracy: e.Accuracy, HasValLoss: e.HasValLoss, HasAccuracy: e.HasAccuracy,
+		})
+	}
+	r.HasLoss = s.HasLoss
+	r.LastLoss = s.LastLoss
+	return r
+}

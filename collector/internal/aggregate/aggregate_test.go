@@ -1,0 +1,357 @@
+package aggregate
+
+import (
+	"math/rand"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func ts(sec float64) *timestamppb.Timestamp {
+	return timestamppb.New(t0.Add(time.Duration(sec * float64(time.Second))))
+}
+
+type ev struct {
+	node string
+	w    *trainmeterv1.RunWindow
+	s    *trainmeterv1.RunStart
+	e    *trainmeterv1.RunEnd
+	ev   *trainmeterv1.Eval
+}
+
+func start(node string, at float64, model string, price float64) ev {
+	return ev{node: node, s: &trainmeterv1.RunStart{
+		RunId: "r1", Time: ts(at), GpuName: "H100-" + model, GpuPricePerHour: price,
+		Metadata: &trainmeterv1.RunMetadata{Model: model, BatchSize: 8, HasBatchSize: true},
+	}}
+}
+
+func end(node string, at float64) ev {
+	return ev{node: node, e: &trainmeterv1.RunEnd{RunId: "r1", Time: ts(at)}}
+}
+
+// win builds a 1-GPU-second window: counter energy c (ok if c >= 0),
+// integrated energy i, peak p, tokens tok (all measured when measured).
+func win(node string, from, to float64, measured bool, c, i, p float64, tok uint64, gpus ...uint32) ev {
+	w := &trainmeterv1.RunWindow{
+		RunId: "r1", Start: ts(from), End: ts(to), Phase: trainmeterv1.Phase_PHASE_WARMUP,
+		EnergyIntegratedJ: i, PeakPowerW: p, Tokens: tok, Steps: 1,
+		GpuSeconds: (to - from) * float64(len(gpus)), Gpus: gpus,
+		VramPeakMib: 1000 + p, VramSumMib: 2000, VramSamples: 2,
+	}
+	if c >= 0 {
+		w.EnergyCounterJ, w.CounterOk = c, true
+	}
+	if measured {
+		w.Phase = trainmeterv1.Phase_PHASE_MEASURED
+		w.TokensMeasured = tok
+	}
+	return ev{node: node, w: w}
+}
+
+func fold(evs []ev) *State {
+	s := New("r1")
+	for _, e := range evs {
+		switch {
+		case e.w != nil:
+			s.AddWindow(e.node, e.w)
+		case e.s != nil:
+			s.AddStart(e.node, e.s)
+		case e.e != nil:
+			s.AddEnd(e.node, e.e)
+		case e.ev != nil:
+			s.AddEval(e.node, e.ev)
+		}
+	}
+	return s
+}
+
+func TestReport(t *testing.T) {
+	type want struct {
+		wall, warmup, energy, total, integ, avgP, peak, tokS, jpt, disagree float64
+		method                                                              string
+		tokens, tokensMeasured                                              uint64
+		gpus, nodes                                                         uint32
+		ended, hasCost                                                      bool
+		cost, gpuHours                                                      float64
+		model                                                               string
+	}
+	cases := []struct {
+		name    string
+		evs     []ev
+		pricing Pricing
+		want    want
+	}{
+		{
+			name: "single node warmup split counter",
+			evs: []ev{
+				start("a", 0, "m", 0),
+				win("a", 0, 1, false, 100, 90, 150, 10, 0),
+				win("a", 1, 2, false, 100, 90, 160, 10, 0),
+				win("a", 2, 3, true, 200, 180, 210, 20, 0),
+				win("a", 3, 4, true, 200, 180, 220, 20, 0),
+				end("a", 4),
+			},
+			pricing: Pricing{GPUPricePerHour: 3.6},
+			want: want{
+				wall: 4, warmup: 2, energy: 400, total: 600, integ: 360, avgP: 200, peak: 220,
+				tokS: 20, jpt: 10, disagree: 10, method: "counter", tokens: 60, tokensMeasured: 40,
+				gpus: 1, nodes: 1, ended: true, hasCost: true, gpuHours: 4.0 / 3600, cost: 0.004, model: "m",
+			},
+		},
+		{
+			name: "two nodes sum tokens energy and peak per second",
+			evs: []ev{
+				start("b", 0.5, "late", 0),
+				start("a", 0, "early", 2),
+				win("a", 0, 1, true, 100, 100, 300, 100, 0, 1),
+				win("b", 0.5, 1.5, true, 50, 50, 200, 50, 0),
+				win("a", 1, 2, true, 100, 100, 250, 100, 0, 1),
+				win("b", 1.5, 2.5, true, 50, 50, 210, 50, 0),
+				end("a", 2),
+				end("b", 2.5),
+			},
+			want: want{
+				// peak buckets: second 0: a 300 + b 200 = 500; second 1: a 250 + b 210 = 460.
+				wall: 2.5, warmup: 0, energy: 300, total: 300, integ: 300, avgP: 120, peak: 500,
+				tokS: 120, jpt: 1, method: "counter", tokens: 300, tokensMeasured: 300,
+				gpus: 3, nodes: 2, ended: true, hasCost: true, gpuHours: 6.0 / 3600, cost: 2 * 6.0 / 3600, model: "early",
+			},
+		},
+		{
+			name: "mixed counter and integrated, not ended",
+			evs: []ev{
+				start("a", 0, "m", 0),
+				start("b", 0, "m", 0),
+				win("a", 0, 1, true, 100, 80, 100, 10, 0),
+				win("b", 0, 1, true, -1, 70, 90, 10, 0),
+				end("a", 1),
+			},
+			want: want{
+				wall: 1, energy: 170, total: 170, integ: 150, avgP: 170, peak: 190, tokS: 20, jpt: 8.5,
+				disagree: 20, method: "mixed", tokens: 20, tokensMeasured: 20, gpus: 2, nodes: 2, model: "m",
+				gpuHours: 2.0 / 3600,
+			},
+		},
+		{
+			name: "only warmup: no measured figures",
+			evs: []ev{
+				start("a", 0, "m", 0),
+				win("a", 0, 1, false, -1, 80, 100, 10, 0),
+				end("a", 1),
+			},
+			want: want{wall: 1, warmup: 1, total: 80, tokens: 10, gpus: 1, nodes: 1, ended: true, model: "m", gpuHours: 1.0 / 3600},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := fold(tc.evs).Report(tc.pricing)
+			w := tc.want
+			checkF := func(name string, got, want float64) {
+				t.Helper()
+				if d := got - want; d > 1e-9 || d < -1e-9 {
+					t.Errorf("%s = %v, want %v", name, got, want)
+				}
+			}
+			checkF("wall", r.WallS, w.wall)
+			checkF("warmup", r.WarmupS, w.warmup)
+			checkF("energy", r.EnergyJ, w.energy)
+			checkF("energy_total", r.EnergyTotalJ, w.total)
+			checkF("energy_integrated", r.EnergyJIntegrated, w.integ)
+			checkF("avg_power", r.AvgPowerW, w.avgP)
+			checkF("peak", r.PeakPowerW, w.peak)
+			checkF("tok_per_s", r.TokPerS, w.tokS)
+			checkF("J_per_token", r.JPerToken, w.jpt)
+			checkF("disagreement", r.EnergyDisagreementPct, w.disagree)
+			checkF("gpu_hours", r.GpuHours, w.gpuHours)
+			checkF("cost", r.CostUsd, w.cost)
+			if r.EnergyMethod != w.method {
+				t.Errorf("method = %q, want %q", r.EnergyMethod, w.method)
+			}
+			if r.TokensProcessed != w.tokens || r.TokensMeasured != w.tokensMeasured {
+				t.Errorf("tokens = %d/%d, want %d/%d", r.TokensProcessed, r.TokensMeasured, w.tokens, w.tokensMeasured)
+			}
+			if r.Gpus != w.gpus || r.Nodes != w.nodes {
+				t.Errorf("gpus/nodes = %d/%d, want %d/%d", r.Gpus, r.Nodes, w.gpus, w.nodes)
+			}
+			if r.Ended != w.ended || r.HasCost != w.hasCost {
+				t.Errorf("ended/has_cost = %v/%v, want %v/%v", r.Ended, r.HasCost, w.ended, w.hasCost)
+			}
+			if r.GetMetadata().GetModel() != w.model {
+				t.Errorf("model = %q, want %q", r.GetMetadata().GetModel(), w.model)
+			}
+		})
+	}
+}
+
+func TestCostEnergyCO2(t *testing.T) {
+	s := fold([]ev{
+		start("a", 0, "m", 0),
+		win("a", 0, 3600, true, 3.6e6, 3.6e6, 1000, 1_000_000, 0, 1), // 1 kWh, 2 GPU-hours
+		end("a", 3600),
+	})
+	r := s.Report(Pricing{GPUPricePerHour: 2, EnergyPricePerKWh: 0.25, GridGCO2PerKWh: 400})
+	if !r.HasCost || r.CostUsd != 4 || r.GpuHours != 2 || r.GpuPricePerHour != 2 {
+		t.Errorf("cost = %v %v %v %v", r.HasCost, r.CostUsd, r.GpuHours, r.GpuPricePerHour)
+	}
+	if !r.HasEnergyCost || r.EnergyKwh != 1 || r.EnergyCostUsd != 0.25 {
+		t.Errorf("energy cost = %v %v %v", r.HasEnergyCost, r.EnergyKwh, r.EnergyCostUsd)
+	}
+	if r.UsdPerMtok != 4.25 {
+		t.Errorf("usd_per_mtok = %v, want 4.25", r.UsdPerMtok)
+	}
+	if !r.HasCo2 || r.Co2Kg != 0.4 {
+		t.Errorf("co2 = %v %v", r.HasCo2, r.Co2Kg)
+	}
+	// run_start price wins over the configured default.
+	s.GPUPricePerHour = 3
+	if r := s.Report(Pricing{GPUPricePerHour: 2}); r.CostUsd != 6 || r.HasEnergyCost || r.HasCo2 {
+		t.Errorf("run_start price: cost = %v", r.CostUsd)
+	}
+	// No price anywhere: unknown.
+	s.GPUPricePerHour = 0
+	if r := s.Report(Pricing{}); r.HasCost || r.CostUsd != 0 || r.UsdPerMtok != 0 {
+		t.Errorf("no price: %v %v %v", r.HasCost, r.CostUsd, r.UsdPerMtok)
+	}
+}
+
+func TestOrderIndependentAndSerialisable(t *testing.T) {
+	var evs []ev
+	evs = append(evs, start("a", 0, "m", 1), start("b", 0.2, "m", 1))
+	for i := 0; i < 30; i++ {
+		f := float64(i)
+		evs = append(evs,
+			win("a", f, f+1, i >= 5, 100+f, 99+f, 300+f, 1000, 0),
+			win("b", f+0.2, f+1.2, i >= 5, 50, 51, 200-f, 500, 0, 1))
+	}
+	evs = append(evs, ev{node: "a", ev: &trainmeterv1.Eval{RunId: "r1", Time: ts(10), Epoch: 1}},
+		ev{node: "b", ev: &trainmeterv1.Eval{RunId: "r1", Time: ts(20), Epoch: 2}})
+	evs = append(evs, end("a", 30), end("b", 30.2))
+	want := fold(evs).Report(Pricing{})
+	if want.TokensProcessed != 45000 || want.PeakPowerW != 300+29+200-29 || !want.Ended || len(want.Evals) != 2 {
+		t.Fatalf("baseline: tokens %d peak %v ended %v evals %d", want.TokensProcessed, want.PeakPowerW, want.Ended, len(want.Evals))
+	}
+	rng := rand.New(rand.NewSource(1))
+	for trial := 0; trial < 20; trial++ {
+		// Interleave the two nodes' streams randomly, keeping each node's order,
+		// and round-trip the state through JSON after every event.
+		var a, b []ev
+		for _, e := range evs {
+			if e.node == "a" {
+				a = append(a, e)
+			} else {
+				b = append(b, e)
+			}
+		}
+		s := New("r1")
+		for len(a)+len(b) > 0 {
+			var e ev
+			if len(b) == 0 || (len(a) > 0 && rng.Intn(2) == 0) {
+				e, a = a[0], a[1:]
+			} else {
+				e, b = b[0], b[1:]
+			}
+			s = fold2(s, e)
+			buf, err := s.Marshal()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s, err = Unmarshal(buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := s.Report(Pricing{})
+		got.EnergyJ, want.EnergyJ = round9(got.EnergyJ), round9(want.EnergyJ)
+		got.EnergyTotalJ, want.EnergyTotalJ = round9(got.EnergyTotalJ), round9(want.EnergyTotalJ)
+		got.EnergyJIntegrated, want.EnergyJIntegrated = round9(got.EnergyJIntegrated), round9(want.EnergyJIntegrated)
+		got.AvgPowerW, want.AvgPowerW = round9(got.AvgPowerW), round9(want.AvgPowerW)
+		got.JPerToken, want.JPerToken = round9(got.JPerToken), round9(want.JPerToken)
+		got.EnergyDisagreementPct, want.EnergyDisagreementPct = round9(got.EnergyDisagreementPct), round9(want.EnergyDisagreementPct)
+		if !proto.Equal(got, want) {
+			t.Fatalf("trial %d: report differs:\n got %v\nwant %v", trial, got, want)
+		}
+	}
+}
+
+func round9(v float64) float64 { return float64(int64(v*1e6+0.5)) / 1e6 }
+
+func fold2(s *State, e ev) *State {
+	switch {
+	case e.w != nil:
+		s.AddWindow(e.node, e.w)
+	case e.s != nil:
+		s.AddStart(e.node, e.s)
+	case e.e != nil:
+		s.AddEnd(e.node, e.e)
+	case e.ev != nil:
+		s.AddEval(e.node, e.ev)
+	}
+	return s
+}
+
+func TestLiveReportAndResume(t *testing.T) {
+	s := fold([]ev{start("a", 0, "m", 0), win("a", 0, 5, true, 10, 10, 1, 1, 0)})
+	r := s.Report(Pricing{})
+	if r.Ended || r.WallS != 5 {
+		t.Fatalf("live: ended %v wall %v", r.Ended, r.WallS)
+	}
+	s.AddEnd("a", &trainmeterv1.RunEnd{RunId: "r1", Time: ts(6)})
+	if r := s.Report(Pricing{}); !r.Ended || r.WallS != 6 {
+		t.Fatalf("ended: %v wall %v", r.Ended, r.WallS)
+	}
+	// The run resumes on the same node: open again.
+	s.AddStart("a", &trainmeterv1.RunStart{RunId: "r1", Time: ts(100)})
+	if r := s.Report(Pricing{}); r.Ended || r.WallS != 5 {
+		t.Fatalf("resumed: %v wall %v (start keeps the first RunStart)", r.Ended, r.WallS)
+	}
+}
+
+func TestWindowsBeforeStart(t *testing.T) {
+	s := fold([]ev{win("a", 10, 11, true, 10, 10, 1, 1, 0)})
+	r := s.Report(Pricing{})
+	if r.Start.AsTime() != t0.Add(10*time.Second) || r.WallS != 1 || r.WarmupS != 0 {
+		t.Fatalf("start %v wall %v warmup %v", r.Start.AsTime(), r.WallS, r.WarmupS)
+	}
+}
+
+func TestPeakBucketsStayBounded(t *testing.T) {
+	s := New("r1")
+	s.AddStart("a", &trainmeterv1.RunStart{RunId: "r1", Time: ts(0)})
+	for i := 0; i < 5000; i++ {
+		p := 100.0
+		if i == 42 {
+			p = 999
+		}
+		s.AddWindow("a", win("a", float64(i), float64(i+1), true, 1, 1, p, 1, 0).w)
+	}
+	if n := len(s.PeakBuckets); n > PeakHorizon+2 {
+		t.Fatalf("%d open buckets, want <= %d", n, PeakHorizon+2)
+	}
+	if s.Peak() != 999 {
+		t.Fatalf("peak = %v, want 999", s.Peak())
+	}
+}
+
+func TestLastLossAndVRAM(t *testing.T) {
+	w1 := win("a", 0, 1, true, 1, 1, 1, 1, 0).w
+	w1.HasLoss, w1.LastLoss = true, 2.5
+	w2 := win("a", 1, 2, true, 1, 1, 1, 1, 0).w
+	w2.HasLoss, w2.LastLoss = true, 2.0
+	w2.VramPeakMib, w2.VramSumMib, w2.VramSamples = 5000, 7000, 2
+	s := New("r1")
+	s.AddWindow("a", w2)
+	s.AddWindow("a", w1)
+	r := s.Report(Pricing{})
+	if !r.HasLoss || r.LastLoss != 2.0 {
+		t.Errorf("last loss = %v %v", r.HasLoss, r.LastLoss)
+	}
+	if r.VramPeakMb != 5000 || r.VramAvgMb != 9000.0/4 {
+		t.Errorf("vram = %v %v", r.VramPeakMb, r.VramAvgMb)
+	}
+}

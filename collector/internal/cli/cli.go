@@ -1,0 +1,319 @@
+// Package cli implements the trainmeter command: `serve` runs the collector;
+// `runs`, `report`, `export csv` and `nodes` read from a collector over gRPC
+// (the CLI never opens the database itself).
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/pkg/report"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// EnvCollector names the environment variable with the default collector address.
+const EnvCollector = "TRAINMETER_COLLECTOR"
+
+// Main runs the command with the process's arguments and returns the exit code.
+func Main() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd := NewRootCommand(os.Getenv)
+	cmd.SetArgs(os.Args[1:])
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "trainmeter:", err)
+		return 1
+	}
+	return 0
+}
+
+// NewRootCommand builds the trainmeter command tree. getenv supplies
+// environment variables (os.Getenv in main; a map in tests).
+func NewRootCommand(getenv func(string) string) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "trainmeter",
+		Short:         "Measure what training a model costs: energy, tokens, time and money per run",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newServeCommand())
+	cf := &clientFlags{}
+	defaultAddr := getenv(EnvCollector)
+	if defaultAddr == "" {
+		defaultAddr = server.DefaultListen
+	}
+	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newExportCommand(cf), newNodesCommand(cf)} {
+		// Persistent, so that `export csv` inherits them.
+		c.PersistentFlags().StringVar(&cf.addr, "collector", defaultAddr, "collector address HOST:PORT (default from $"+EnvCollector+")")
+		c.PersistentFlags().DurationVar(&cf.timeout, "timeout", 10*time.Second, "deadline for the request")
+		root.AddCommand(c)
+	}
+	return root
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("log level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+func newServeCommand() *cobra.Command {
+	cfg := server.Config{}
+	var level string
+	var shutdownTimeout time.Duration
+	c := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the collector",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			lvl, err := parseLevel(level)
+			if err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			srv := server.New(cfg, log)
+			if err := srv.Start(cmd.Context()); err != nil {
+				return err
+			}
+			<-cmd.Context().Done()
+			log.Info("shutting down")
+			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+			defer cancel()
+			return srv.Shutdown(ctx)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&cfg.Listen, "listen", server.DefaultListen, "address to listen on HOST:PORT")
+	f.StringVar(&cfg.DataDir, "data", "./trainmeter-data", "data directory (BadgerDB)")
+	f.Float64Var(&cfg.GPUPricePerHour, "gpu-price-per-hour", 0, "default $ per GPU-hour for runs that send none (0 = unknown)")
+	f.Float64Var(&cfg.EnergyPricePerKWh, "energy-price-kwh", 0, "energy price in $ per kWh (0 = unknown)")
+	f.Float64Var(&cfg.GridGCO2PerKWh, "grid-gco2-kwh", 0, "grid carbon intensity in gCO2 per kWh (0 = unknown)")
+	f.DurationVar(&cfg.GCInterval, "gc-interval", 5*time.Minute, "value-log GC interval (0 disables)")
+	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
+	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
+	return c
+}
+
+type clientFlags struct {
+	addr    string
+	timeout time.Duration
+}
+
+// call dials the collector and runs fn with a query client under the timeout.
+func (cf *clientFlags) call(cmd *cobra.Command, fn func(context.Context, trainmeterv1.QueryServiceClient) error) error {
+	conn, err := grpc.NewClient(cf.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("collector address %q: %w", cf.addr, err)
+	}
+	defer conn.Close()
+	ctx := cmd.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if cf.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cf.timeout)
+		defer cancel()
+	}
+	err = fn(ctx, trainmeterv1.NewQueryServiceClient(conn))
+	return cf.explain(err)
+}
+
+func (cf *clientFlags) explain(err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.NotFound:
+		return errors.New(st.Message())
+	case codes.Unavailable:
+		return fmt.Errorf("cannot reach the collector at %s (is `trainmeter serve` running? set --collector or $%s): %s", cf.addr, EnvCollector, st.Message())
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("the collector at %s did not answer within %v", cf.addr, cf.timeout)
+	}
+	return fmt.Errorf("collector at %s: %s: %s", cf.addr, st.Code(), st.Message())
+}
+
+func newRunsCommand(cf *clientFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "runs",
+		Short: "List runs",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
+				resp, err := c.ListRuns(ctx, &trainmeterv1.ListRunsRequest{})
+				if err != nil {
+					return err
+				}
+				if len(resp.GetRuns()) == 0 {
+					fmt.Fprintln(cmd.OutOrStdout(), "no runs yet")
+					return nil
+				}
+				return report.WriteTable(cmd.OutOrStdout(), resp.GetRuns())
+			})
+		},
+	}
+}
+
+func newReportCommand(cf *clientFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "report RUN_ID",
+		Short: "Show one run's report",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
+				resp, err := c.GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: args[0]})
+				if err != nil {
+					return err
+				}
+				return report.WriteReport(cmd.OutOrStdout(), resp.GetRun())
+			})
+		},
+	}
+}
+
+func newExportCommand(cf *clientFlags) *cobra.Command {
+	export := &cobra.Command{
+		Use:   "export",
+		Short: "Export runs",
+	}
+	var out string
+	var runs []string
+	csvCmd := &cobra.Command{
+		Use:   "csv",
+		Short: "Export runs as CSV, one row per run (stdout unless --out)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var reports []*trainmeterv1.RunReport
+			err := cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
+				stream, err := c.ExportRuns(ctx, &trainmeterv1.ExportRunsRequest{RunIds: runs})
+				if err != nil {
+					return err
+				}
+				for {
+					m, err := stream.Recv()
+					if errors.Is(err, io.EOF) {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					reports = append(reports, m.GetRun())
+				}
+			})
+			if err != nil {
+				return err
+			}
+			if out == "" || out == "-" {
+				return report.WriteCSV(cmd.OutOrStdout(), reports)
+			}
+			return writeFileAtomic(out, func(w io.Writer) error { return report.WriteCSV(w, reports) })
+		},
+	}
+	csvCmd.Flags().StringVarP(&out, "out", "o", "", "write to FILE instead of stdout")
+	csvCmd.Flags().StringArrayVar(&runs, "run", nil, "export only this run (repeatable)")
+	export.AddCommand(csvCmd)
+	return export
+}
+
+// writeFileAtomic writes path via a temporary file and rename, so a failed
+// export never leaves half a CSV behind.
+func writeFileAtomic(path string, fn func(io.Writer) error) error {
+	dir, base := ".", path
+	if i := strings.LastIndexByte(path, os.PathSeparator); i >= 0 {
+		dir, base = path[:i+1], path[i+1:]
+	}
+	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	if err := fn(f); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Chmod(tmp, 0o644); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+func newNodesCommand(cf *clientFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "nodes",
+		Short: "List agent nodes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
+				resp, err := c.ListNodes(ctx, &trainmeterv1.ListNodesRequest{})
+				if err != nil {
+					return err
+				}
+				nodes := resp.GetNodes()
+				if len(nodes) == 0 {
+					fmt.Fprintln(cmd.OutOrStdout(), "no nodes yet")
+					return nil
+				}
+				sort.Slice(nodes, func(i, j int) bool { return nodes[i].GetNode() < nodes[j].GetNode() })
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NODE\tSTATUS\tGPUS\tLAST SEEN\tLAST SEQ\tBOOT")
+				for _, n := range nodes {
+					st := "disconnected"
+					if n.GetConnected() {
+						st = "connected"
+					}
+					seen := "-"
+					if n.GetLastSeen() != nil {
+						seen = n.GetLastSeen().AsTime().Local().Format(time.DateTime)
+					}
+					var names []string
+					for _, g := range n.GetGpus() {
+						names = append(names, g.GetName())
+					}
+					gpus := fmt.Sprint(len(n.GetGpus()))
+					if len(names) > 0 && names[0] != "" {
+						gpus += " x " + names[0]
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", n.GetNode(), st, gpus, seen, n.GetLastSeq(), n.GetBootId())
+				}
+				return tw.Flush()
+			})
+		},
+	}
+}

@@ -1,0 +1,276 @@
+// Package ingest implements the IngestService: one bidirectional stream per
+// agent. The agent sends a Hello, then numbered batches; each valid batch is
+// stored atomically and acked only after the store has committed it (it is
+// durable); a malformed batch is rejected for good and nothing of it is
+// stored; a batch seen before (same node, boot, seq) is acked again. A store
+// failure ends the stream with codes.Unavailable and no ack, so the agent keeps
+// the batch in its spool and retries.
+package ingest
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/trainmeter/trainmeter/collector/internal/store"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Store is what the ingest server needs from the store.
+type Store interface {
+	ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error)
+	PutHello(h *trainmeterv1.Hello) error
+}
+
+// advisoryQueue is how many advisories may wait for one stream.
+const advisoryQueue = 64
+
+type session struct {
+	id  uint64
+	adv chan *trainmeterv1.Advisory
+}
+
+type nodeState struct {
+	boot     string
+	gpus     []*trainmeterv1.GpuInfo
+	lastSeen time.Time
+	lastSeq  uint64
+	sessions []*session // oldest first
+}
+
+// Server is the IngestService implementation.
+type Server struct {
+	trainmeterv1.UnimplementedIngestServiceServer
+
+	store Store
+	log   *slog.Logger
+	now   func() time.Time
+
+	mu     sync.Mutex
+	nextID uint64
+	nodes  map[string]*nodeState
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+// New returns an ingest server over st. log may be nil.
+func New(st Store, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{store: st, log: log, now: time.Now, nodes: map[string]*nodeState{}, closed: make(chan struct{})}
+}
+
+// Close ends every open stream with codes.Unavailable (so that a graceful
+// gRPC stop does not wait for agents that never hang up) and refuses new ones.
+func (s *Server) Close() { s.closeOnce.Do(func() { close(s.closed) }) }
+
+// Advise queues an advisory for node's newest stream. It never blocks: it
+// returns false if the node is not connected or its queue is full.
+func (s *Server) Advise(node string, adv *trainmeterv1.Advisory) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.nodes[node]
+	if n == nil || len(n.sessions) == 0 {
+		return false
+	}
+	select {
+	case n.sessions[len(n.sessions)-1].adv <- adv:
+		return true
+	default:
+		return false
+	}
+}
+
+// Connected reports whether node has an open stream.
+func (s *Server) Connected(node string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.nodes[node]
+	return n != nil && len(n.sessions) > 0
+}
+
+// Nodes returns the in-memory status of the nodes seen since start.
+func (s *Server) Nodes() []*trainmeterv1.NodeStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*trainmeterv1.NodeStatus, 0, len(s.nodes))
+	for name, n := range s.nodes {
+		ns := &trainmeterv1.NodeStatus{Node: name, BootId: n.boot, Gpus: n.gpus, LastSeq: n.lastSeq, Connected: len(n.sessions) > 0}
+		if !n.lastSeen.IsZero() {
+			ns.LastSeen = timestamppb.New(n.lastSeen)
+		}
+		out = append(out, ns)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out
+}
+
+func (s *Server) register(h *trainmeterv1.Hello) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.nodes[h.GetNode()]
+	if n == nil {
+		n = &nodeState{}
+		s.nodes[h.GetNode()] = n
+	}
+	if n.boot != h.GetBootId() {
+		n.lastSeq = 0
+	}
+	n.boot = h.GetBootId()
+	n.gpus = h.GetGpus()
+	n.lastSeen = s.now()
+	s.nextID++
+	sess := &session{id: s.nextID, adv: make(chan *trainmeterv1.Advisory, advisoryQueue)}
+	n.sessions = append(n.sessions, sess)
+	return sess
+}
+
+func (s *Server) unregister(node string, sess *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.nodes[node]
+	if n == nil {
+		return
+	}
+	for i, x := range n.sessions {
+		if x == sess {
+			n.sessions = append(n.sessions[:i], n.sessions[i+1:]...)
+			break
+		}
+	}
+}
+
+func (s *Server) seen(node string, seq uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := s.nodes[node]; n != nil {
+		n.lastSeen = s.now()
+		n.lastSeq = seq
+	}
+}
+
+type recvResult struct {
+	msg *trainmeterv1.StreamRequest
+	err error
+}
+
+// Stream implements IngestService.Stream.
+func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamRequest, trainmeterv1.StreamResponse]) error {
+	select {
+	case <-s.closed:
+		return status.Error(codes.Unavailable, "collector is shutting down")
+	default:
+	}
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return status.Error(codes.InvalidArgument, "the first message on the stream must be a Hello")
+	}
+	if err := validateHello(hello); err != nil {
+		return status.Errorf(codes.InvalidArgument, "bad hello: %v", err)
+	}
+	node, boot := hello.GetNode(), hello.GetBootId()
+	log := s.log.With("node", node, "boot", boot)
+	if err := s.store.PutHello(hello); err != nil {
+		log.Error("store hello", "err", err)
+		return status.Errorf(codes.Unavailable, "store: %v", err)
+	}
+	sess := s.register(hello)
+	defer s.unregister(node, sess)
+	log.Info("agent connected", "agent_version", hello.GetAgentVersion(), "gpus", len(hello.GetGpus()))
+	defer log.Info("agent disconnected")
+
+	// One goroutine receives; this one does all the sending.
+	recv := make(chan recvResult)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			select {
+			case recv <- recvResult{m, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+
+	for {
+		select {
+		case <-s.closed:
+			return status.Error(codes.Unavailable, "collector is shutting down")
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case adv := <-sess.adv:
+			if err := stream.Send(&trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Advisory{Advisory: adv}}); err != nil {
+				return err
+			}
+		case r := <-recv:
+			if errors.Is(r.err, io.EOF) {
+				return nil
+			}
+			if r.err != nil {
+				return r.err
+			}
+			resp, err := s.handle(log, node, boot, r.msg)
+			if err != nil {
+				return err
+			}
+			if err := stream.Send(resp); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// handle processes one message after the Hello and returns the response to
+// send, or an error that ends the stream.
+func (s *Server) handle(log *slog.Logger, node, boot string, m *trainmeterv1.StreamRequest) (*trainmeterv1.StreamResponse, error) {
+	if m.GetHello() != nil {
+		return nil, status.Error(codes.InvalidArgument, "hello sent twice on one stream")
+	}
+	b := m.GetBatch()
+	if b == nil {
+		return nil, status.Error(codes.InvalidArgument, "empty stream message")
+	}
+	if err := ValidateBatch(b); err != nil {
+		log.Warn("batch rejected", "seq", b.GetSeq(), "reason", err.Error())
+		return reject(b.GetSeq(), err.Error()), nil
+	}
+	dup, err := s.store.ApplyBatch(node, boot, b)
+	if errors.Is(err, store.ErrBatchTooLarge) {
+		log.Warn("batch rejected", "seq", b.GetSeq(), "reason", err.Error())
+		return reject(b.GetSeq(), err.Error()), nil
+	}
+	if err != nil {
+		log.Error("store batch", "seq", b.GetSeq(), "err", err)
+		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
+	}
+	if dup {
+		log.Debug("duplicate batch acked again", "seq", b.GetSeq())
+	}
+	s.seen(node, b.GetSeq())
+	return &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Ack{Ack: &trainmeterv1.Ack{Seq: b.GetSeq()}}}, nil
+}
+
+func reject(seq uint64, reason string) *trainmeterv1.StreamResponse {
+	return &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Reject{Reject: &trainmeterv1.Reject{Seq: seq, Reason: reason}}}
+}

@@ -1,0 +1,213 @@
+package ingest
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/store"
+	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
+		goleak.IgnoreTopFunction("github.com/dgraph-io/ristretto/v2/z.(*AllocatorPool).freeupAllocators"),
+	)
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// gated wraps the real store: ApplyBatch waits for gate (if set) and fails
+// with fail (if set) before touching the store.
+type gated struct {
+	*store.Store
+	entered chan struct{}
+	gate    chan struct{}
+	fail    error
+}
+
+func (g *gated) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (bool, error) {
+	if g.entered != nil {
+		g.entered <- struct{}{}
+	}
+	if g.gate != nil {
+		<-g.gate
+	}
+	if g.fail != nil {
+		return false, g.fail
+	}
+	return g.Store.ApplyBatch(node, boot, b)
+}
+
+func serve(t *testing.T, st Store) (*Server, *grpc.ClientConn) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ing := New(st, quiet())
+	gs := grpc.NewServer()
+	trainmeterv1.RegisterIngestServiceServer(gs, ing)
+	go gs.Serve(lis)
+	t.Cleanup(func() {
+		ing.Close()
+		gs.GracefulStop()
+	})
+	return ing, tu.Dial(t, lis.Addr().String())
+}
+
+func openStore(t *testing.T) *store.Store {
+	t.Helper()
+	st, err := store.Open(t.TempDir(), store.Options{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+func TestAckOnlyAfterCommit(t *testing.T) {
+	st := openStore(t)
+	g := &gated{Store: st, entered: make(chan struct{}, 1), gate: make(chan struct{})}
+	_, conn := serve(t, g)
+	a := tu.Connect(t, conn, "n1", "boot")
+	b := tu.Batch(1, 0, []*trainmeterv1.RunWindow{tu.Window("r1", 0, 100, 10)}, tu.Start("r1", 0, "m"))
+	if err := a.Stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Batch{Batch: b}}); err != nil {
+		t.Fatal(err)
+	}
+	<-g.entered // the server is now inside ApplyBatch, blocked
+	got := make(chan *trainmeterv1.StreamResponse, 1)
+	go func() {
+		m, _ := a.Stream.Recv()
+		got <- m
+	}()
+	select {
+	case m := <-got:
+		t.Fatalf("response before the store committed: %v", m)
+	case <-time.After(150 * time.Millisecond):
+	}
+	if _, err := st.GetRun("r1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("run visible before commit: %v", err)
+	}
+	close(g.gate)
+	m := <-got
+	if m.GetAck().GetSeq() != 1 {
+		t.Fatalf("want ack 1, got %v", m)
+	}
+	// Acked means committed: the run is there now.
+	s, err := st.GetRun("r1")
+	if err != nil || s.Report(aggregate.Pricing{}).TokensProcessed != 100 {
+		t.Fatalf("after ack: %v %v", s, err)
+	}
+}
+
+func TestStoreErrorIsUnavailableWithoutAck(t *testing.T) {
+	g := &gated{Store: openStore(t), fail: errors.New("disk on fire")}
+	_, conn := serve(t, g)
+	a := tu.Connect(t, conn, "n1", "boot")
+	resp, err := a.Send(tu.Batch(1, 0, []*trainmeterv1.RunWindow{tu.Window("r1", 0, 1, 1)}))
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("want Unavailable, got resp=%v err=%v", resp, err)
+	}
+}
+
+func TestFirstMessageMustBeHello(t *testing.T) {
+	_, conn := serve(t, openStore(t))
+	for name, first := range map[string]*trainmeterv1.StreamRequest{
+		"batch":      {Msg: &trainmeterv1.StreamRequest_Batch{Batch: tu.Batch(1, 0, nil)}},
+		"empty":      {},
+		"empty node": {Msg: &trainmeterv1.StreamRequest_Hello{Hello: &trainmeterv1.Hello{BootId: "b"}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, err := trainmeterv1.NewIngestServiceClient(conn).Stream(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Send(first); err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.Recv()
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("want InvalidArgument, got %v", err)
+			}
+		})
+	}
+}
+
+func TestRejectsStoreNothingAndStreamContinues(t *testing.T) {
+	st := openStore(t)
+	_, conn := serve(t, st)
+	a := tu.Connect(t, conn, "n1", "boot")
+	seq := uint64(1)
+	for name, b := range tu.Invalid(seq) {
+		reason := a.MustReject(b)
+		t.Logf("%s: %s", name, reason)
+	}
+	runs, err := st.ListRuns(nil)
+	if err != nil || len(runs) != 0 {
+		t.Fatalf("rejected batches stored runs: %d %v", len(runs), err)
+	}
+	// The same seq, now valid, is applied: the rejects left no dedup mark.
+	a.MustAck(tu.Batch(seq, 0, []*trainmeterv1.RunWindow{tu.Window("r", 0, 7, 1)}))
+	s, err := st.GetRun("r")
+	if err != nil || s.Report(aggregate.Pricing{}).TokensProcessed != 7 {
+		t.Fatalf("valid batch after rejects: %v", err)
+	}
+}
+
+func TestAdviseAndConnected(t *testing.T) {
+	ing, conn := serve(t, openStore(t))
+	if ing.Advise("n1", &trainmeterv1.Advisory{RunId: "r"}) {
+		t.Fatal("advised a node that is not connected")
+	}
+	a := tu.Connect(t, conn, "n1", "boot")
+	a.MustAck(tu.Batch(1, 0, nil)) // the hello has been processed
+	if !ing.Connected("n1") {
+		t.Fatal("n1 not connected")
+	}
+	adv := &trainmeterv1.Advisory{RunId: "r", Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: "budget"}}}
+	if !ing.Advise("n1", adv) {
+		t.Fatal("Advise returned false")
+	}
+	m, err := a.Stream.Recv()
+	if err != nil || m.GetAdvisory().GetStop().GetReason() != "budget" {
+		t.Fatalf("advisory: %v %v", m, err)
+	}
+	// A full queue never blocks.
+	for i := 0; i < advisoryQueue*3; i++ {
+		ing.Advise("n1", adv)
+	}
+	nodes := ing.Nodes()
+	if len(nodes) != 1 || !nodes[0].GetConnected() || nodes[0].GetLastSeq() != 1 {
+		t.Fatalf("nodes: %v", nodes)
+	}
+	a.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for ing.Connected("n1") {
+		if time.Now().After(deadline) {
+			t.Fatal("still connected after the stream closed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestCloseEndsStreams(t *testing.T) {
+	ing, conn := serve(t, openStore(t))
+	a := tu.Connect(t, conn, "n1", "boot")
+	a.MustAck(tu.Batch(1, 0, nil))
+	ing.Close()
+	if _, err := a.Stream.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("want Unavailable after Close, got %v", err)
+	}
+}

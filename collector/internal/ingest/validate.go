@@ -1,0 +1,246 @@
+package ingest
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Limits on one batch.
+const (
+	MaxIDBytes       = 256
+	MaxRunWindows    = 10000
+	MaxRunEvents     = 10000
+	MaxGPUWindows    = 10000
+	MaxLabels        = 256
+	MaxMetadataBytes = 4096
+)
+
+// validID checks a node, boot or run id: non-empty, at most MaxIDBytes,
+// valid UTF-8, no NUL (the store uses NUL as its key separator).
+func validID(what, s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("%s is empty", what)
+	case len(s) > MaxIDBytes:
+		return fmt.Errorf("%s is %d bytes, more than %d", what, len(s), MaxIDBytes)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%s is not valid UTF-8", what)
+	case strings.ContainsRune(s, 0):
+		return fmt.Errorf("%s contains a NUL byte", what)
+	}
+	return nil
+}
+
+func validText(what, s string) error {
+	if len(s) > MaxMetadataBytes {
+		return fmt.Errorf("%s is %d bytes, more than %d", what, len(s), MaxMetadataBytes)
+	}
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%s is not valid UTF-8", what)
+	}
+	return nil
+}
+
+func validTime(what string, t *timestamppb.Timestamp) error {
+	if t == nil {
+		return fmt.Errorf("%s is missing", what)
+	}
+	if err := t.CheckValid(); err != nil {
+		return fmt.Errorf("%s: %v", what, err)
+	}
+	return nil
+}
+
+// phys checks physical quantities: finite and >= 0.
+func phys(pairs ...any) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		name, v := pairs[i].(string), pairs[i+1].(float64)
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("%s is not finite (%v)", name, v)
+		}
+		if v < 0 {
+			return fmt.Errorf("%s is negative (%v)", name, v)
+		}
+	}
+	return nil
+}
+
+func finite(name string, v float64) error {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return fmt.Errorf("%s is not finite (%v)", name, v)
+	}
+	return nil
+}
+
+func validateHello(h *trainmeterv1.Hello) error {
+	if err := validID("hello.node", h.GetNode()); err != nil {
+		return err
+	}
+	return validID("hello.boot_id", h.GetBootId())
+}
+
+// ValidateBatch checks a batch before anything of it is stored. The error
+// text is what the agent gets in the Reject.
+func ValidateBatch(b *trainmeterv1.Batch) error {
+	if b.GetSeq() == 0 {
+		return fmt.Errorf("seq must be > 0")
+	}
+	if err := validTime("window_start", b.GetWindowStart()); err != nil {
+		return err
+	}
+	if err := validTime("window_end", b.GetWindowEnd()); err != nil {
+		return err
+	}
+	if b.GetWindowEnd().AsTime().Before(b.GetWindowStart().AsTime()) {
+		return fmt.Errorf("window_end is before window_start")
+	}
+	if n := len(b.GetRunWindows()); n > MaxRunWindows {
+		return fmt.Errorf("%d run windows, more than %d", n, MaxRunWindows)
+	}
+	if n := len(b.GetRunEvents()); n > MaxRunEvents {
+		return fmt.Errorf("%d run events, more than %d", n, MaxRunEvents)
+	}
+	if n := len(b.GetGpuWindows()); n > MaxGPUWindows {
+		return fmt.Errorf("%d gpu windows, more than %d", n, MaxGPUWindows)
+	}
+	for i, g := range b.GetGpuWindows() {
+		if err := validateGPUWindow(g); err != nil {
+			return fmt.Errorf("gpu_windows[%d]: %w", i, err)
+		}
+	}
+	for i, w := range b.GetRunWindows() {
+		if err := validateRunWindow(w); err != nil {
+			return fmt.Errorf("run_windows[%d]: %w", i, err)
+		}
+	}
+	for i, e := range b.GetRunEvents() {
+		if err := validateEvent(e); err != nil {
+			return fmt.Errorf("run_events[%d]: %w", i, err)
+		}
+	}
+	if h := b.GetHost(); h != nil {
+		if err := phys("host.memory_used_mib", h.GetMemoryUsedMib(), "host.memory_total_mib", h.GetMemoryTotalMib(),
+			"host.cpu_pct", h.GetCpuPct()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validateGPUWindow(g *trainmeterv1.GpuWindow) error {
+	if g == nil {
+		return fmt.Errorf("is null")
+	}
+	if err := validText("uuid", g.GetUuid()); err != nil {
+		return err
+	}
+	return phys("energy_counter_j", g.GetEnergyCounterJ(), "energy_integrated_j", g.GetEnergyIntegratedJ(),
+		"power_avg_w", g.GetPowerAvgW(), "power_max_w", g.GetPowerMaxW(), "power_last_w", g.GetPowerLastW(),
+		"gap_s", g.GetGapS(), "memory_used_max_mib", g.GetMemoryUsedMaxMib(),
+		"memory_used_avg_mib", g.GetMemoryUsedAvgMib(), "memory_total_mib", g.GetMemoryTotalMib(),
+		"utilization_avg_pct", g.GetUtilizationAvgPct())
+}
+
+func validateRunWindow(w *trainmeterv1.RunWindow) error {
+	if w == nil {
+		return fmt.Errorf("is null")
+	}
+	if err := validID("run_id", w.GetRunId()); err != nil {
+		return err
+	}
+	if err := validTime("start", w.GetStart()); err != nil {
+		return err
+	}
+	if err := validTime("end", w.GetEnd()); err != nil {
+		return err
+	}
+	if w.GetEnd().AsTime().Before(w.GetStart().AsTime()) {
+		return fmt.Errorf("end is before start")
+	}
+	switch w.GetPhase() {
+	case trainmeterv1.Phase_PHASE_WARMUP, trainmeterv1.Phase_PHASE_MEASURED:
+	default:
+		return fmt.Errorf("phase must be PHASE_WARMUP or PHASE_MEASURED, got %v", w.GetPhase())
+	}
+	if w.GetTokensMeasured() > w.GetTokens() {
+		return fmt.Errorf("tokens_measured (%d) > tokens (%d)", w.GetTokensMeasured(), w.GetTokens())
+	}
+	if err := phys("energy_counter_j", w.GetEnergyCounterJ(), "energy_integrated_j", w.GetEnergyIntegratedJ(),
+		"gap_s", w.GetGapS(), "peak_power_w", w.GetPeakPowerW(), "vram_peak_mib", w.GetVramPeakMib(),
+		"vram_sum_mib", w.GetVramSumMib(), "gpu_seconds", w.GetGpuSeconds(), "data_wait_s", w.GetDataWaitS(),
+		"compute_s", w.GetComputeS(), "utilization_sum_pct", w.GetUtilizationSumPct()); err != nil {
+		return err
+	}
+	return finite("last_loss", w.GetLastLoss())
+}
+
+func validateEvent(e *trainmeterv1.RunEvent) error {
+	switch ev := e.GetEvent().(type) {
+	case *trainmeterv1.RunEvent_RunStart:
+		s := ev.RunStart
+		if err := validID("run_start.run_id", s.GetRunId()); err != nil {
+			return err
+		}
+		if err := validTime("run_start.time", s.GetTime()); err != nil {
+			return err
+		}
+		if err := phys("run_start.warmup_s", s.GetWarmupS(), "run_start.gpu_price_per_hour", s.GetGpuPricePerHour()); err != nil {
+			return err
+		}
+		m := s.GetMetadata()
+		texts := []string{
+			"model", m.GetModel(), "dataset", m.GetDataset(), "backend", m.GetBackend(),
+			"optimizer", m.GetOptimizer(), "precision", m.GetPrecision(), "notes", m.GetNotes(),
+			"gpu_name", s.GetGpuName(), "budget_scope", s.GetBudgetScope(),
+		}
+		for i := 0; i < len(texts); i += 2 {
+			if err := validText("run_start."+texts[i], texts[i+1]); err != nil {
+				return err
+			}
+		}
+		if len(s.GetLabels()) > MaxLabels {
+			return fmt.Errorf("run_start.labels: %d labels, more than %d", len(s.GetLabels()), MaxLabels)
+		}
+		for k, v := range s.GetLabels() {
+			if err := validText("run_start.labels key", k); err != nil {
+				return err
+			}
+			if err := validText("run_start.labels["+k+"]", v); err != nil {
+				return err
+			}
+		}
+	case *trainmeterv1.RunEvent_RunEnd:
+		if err := validID("run_end.run_id", ev.RunEnd.GetRunId()); err != nil {
+			return err
+		}
+		if err := validTime("run_end.time", ev.RunEnd.GetTime()); err != nil {
+			return err
+		}
+		if w := ev.RunEnd.GetWarmupEnd(); w != nil {
+			if err := validTime("run_end.warmup_end", w); err != nil {
+				return err
+			}
+		}
+		return validText("run_end.reason", ev.RunEnd.GetReason())
+	case *trainmeterv1.RunEvent_Eval:
+		if err := validID("eval.run_id", ev.Eval.GetRunId()); err != nil {
+			return err
+		}
+		if err := validTime("eval.time", ev.Eval.GetTime()); err != nil {
+			return err
+		}
+		if err := finite("eval.val_loss", ev.Eval.GetValLoss()); err != nil {
+			return err
+		}
+		return finite("eval.accuracy", ev.Eval.GetAccuracy())
+	default:
+		return fmt.Errorf("empty event")
+	}
+	return nil
+}

@@ -1,0 +1,156 @@
+// Package query implements the QueryService the trainmeter CLI reads through.
+package query
+
+import (
+	"context"
+	"errors"
+	"sort"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/store"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Store is what the query service reads.
+type Store interface {
+	GetRun(id string) (*aggregate.State, error)
+	ListRuns(ids []string) ([]*aggregate.State, error)
+	Nodes() ([]*trainmeterv1.NodeStatus, error)
+}
+
+// Live tells which nodes have an open ingest stream (the ingest server).
+type Live interface {
+	Nodes() []*trainmeterv1.NodeStatus
+}
+
+// Server is the QueryService implementation.
+type Server struct {
+	trainmeterv1.UnimplementedQueryServiceServer
+	store   Store
+	live    Live
+	pricing aggregate.Pricing
+}
+
+// New returns a query server. live may be nil (no node is then connected).
+func New(st Store, live Live, p aggregate.Pricing) *Server {
+	return &Server{store: st, live: live, pricing: p}
+}
+
+func (s *Server) storeErr(err error) error {
+	var nf *store.NotFoundError
+	switch {
+	case errors.As(err, &nf):
+		return status.Errorf(codes.NotFound, "unknown run(s): %q", nf.IDs)
+	case errors.Is(err, store.ErrNotFound):
+		return status.Error(codes.NotFound, "run not found")
+	}
+	return status.Errorf(codes.Internal, "store: %v", err)
+}
+
+// reports turns aggregates into reports. Without explicit ids runs are
+// ordered by start time, then run id.
+func (s *Server) reports(ids []string) ([]*trainmeterv1.RunReport, error) {
+	for _, id := range ids {
+		if id == "" {
+			return nil, status.Error(codes.InvalidArgument, "empty run id")
+		}
+	}
+	sts, err := s.store.ListRuns(ids)
+	if err != nil {
+		return nil, s.storeErr(err)
+	}
+	out := make([]*trainmeterv1.RunReport, 0, len(sts))
+	for _, st := range sts {
+		out = append(out, st.Report(s.pricing))
+	}
+	if len(ids) == 0 {
+		sort.SliceStable(out, func(i, j int) bool {
+			a, b := out[i].GetStart().AsTime(), out[j].GetStart().AsTime()
+			if !a.Equal(b) {
+				return a.Before(b)
+			}
+			return out[i].GetRunId() < out[j].GetRunId()
+		})
+	}
+	return out, nil
+}
+
+// ListRuns implements QueryService.ListRuns.
+func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) (*trainmeterv1.ListRunsResponse, error) {
+	runs, err := s.reports(req.GetRunIds())
+	if err != nil {
+		return nil, err
+	}
+	return &trainmeterv1.ListRunsResponse{Runs: runs}, nil
+}
+
+// GetRun implements QueryService.GetRun.
+func (s *Server) GetRun(_ context.Context, req *trainmeterv1.GetRunRequest) (*trainmeterv1.GetRunResponse, error) {
+	if req.GetRunId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
+	}
+	st, err := s.store.GetRun(req.GetRunId())
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
+	}
+	if err != nil {
+		return nil, s.storeErr(err)
+	}
+	return &trainmeterv1.GetRunResponse{Run: st.Report(s.pricing)}, nil
+}
+
+// ExportRuns implements QueryService.ExportRuns.
+func (s *Server) ExportRuns(req *trainmeterv1.ExportRunsRequest, stream grpc.ServerStreamingServer[trainmeterv1.ExportRunsResponse]) error {
+	runs, err := s.reports(req.GetRunIds())
+	if err != nil {
+		return err
+	}
+	for _, r := range runs {
+		if err := stream.Send(&trainmeterv1.ExportRunsResponse{Run: r}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ListNodes implements QueryService.ListNodes: the stored status of every
+// node, with connected (and fresher last_seen/last_seq) from the ingest server.
+func (s *Server) ListNodes(context.Context, *trainmeterv1.ListNodesRequest) (*trainmeterv1.ListNodesResponse, error) {
+	stored, err := s.store.Nodes()
+	if err != nil {
+		return nil, s.storeErr(err)
+	}
+	byName := map[string]*trainmeterv1.NodeStatus{}
+	for _, n := range stored {
+		byName[n.GetNode()] = n
+	}
+	if s.live != nil {
+		for _, l := range s.live.Nodes() {
+			n := byName[l.GetNode()]
+			if n == nil {
+				byName[l.GetNode()] = l
+				continue
+			}
+			n.Connected = l.GetConnected()
+			if l.GetLastSeen() != nil && (n.GetLastSeen() == nil || l.GetLastSeen().AsTime().After(n.GetLastSeen().AsTime())) {
+				n.LastSeen = l.GetLastSeen()
+			}
+			if l.GetBootId() != "" {
+				n.BootId = l.GetBootId()
+				if len(l.GetGpus()) > 0 {
+					n.Gpus = l.GetGpus()
+				}
+			}
+		}
+	}
+	out := make([]*trainmeterv1.NodeStatus, 0, len(byName))
+	for _, n := range byName {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GetNode() < out[j].GetNode() })
+	return &trainmeterv1.ListNodesResponse{Nodes: out}, nil
+}

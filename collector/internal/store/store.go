@@ -1,0 +1,563 @@
+// Package store keeps the collector's data in BadgerDB.
+//
+// Keys are ordered by series and time. Identifiers (node, boot, run_id) are
+// separated by a NUL byte, which ingest validation forbids inside them, so one
+// id can never be a prefix of another's series; times and sequence numbers are
+// fixed-width big-endian so keys sort chronologically:
+//
+//	b/<node>\0<boot>\0<seq:8>                      dedup mark of an applied batch
+//	a/<run_id>                                     run aggregate (JSON, see aggregate.State)
+//	w/<run_id>\0<node>\0<start:8><seq:8><i:4>      raw RunWindow (proto)
+//	v/<run_id>\0<node>\0<time:8><seq:8><i:4>       raw RunEvent (proto)
+//	g/<node>\0<gpu:4><start:8><seq:8>              raw GpuWindow (proto)
+//	h/<node>\0<start:8><seq:8>                     raw HostWindow (proto)
+//	n/<node>                                       NodeStatus (proto; connected is not stored)
+//
+// Writes use SyncWrites, so a batch is durable when ApplyBatch returns nil.
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// ErrNotFound is returned for an unknown run.
+var ErrNotFound = errors.New("not found")
+
+// ErrBatchTooLarge is returned when a batch does not fit in one transaction;
+// retrying it cannot succeed.
+var ErrBatchTooLarge = errors.New("batch too large for one transaction")
+
+const (
+	maxConflictRetries = 20
+	lockStripes        = 256
+)
+
+// Store is the collector's database. It is safe for concurrent use.
+type Store struct {
+	db     *badger.DB
+	log    *slog.Logger
+	now    func() time.Time
+	stripe [lockStripes]sync.Mutex
+
+	gcMu   sync.Mutex
+	gcStop chan struct{}
+	gcDone chan struct{}
+}
+
+// Options configures Open.
+type Options struct {
+	// Logger receives badger's warnings and errors and the store's own logs.
+	Logger *slog.Logger
+	// Now is the clock for node last-seen times; time.Now if nil.
+	Now func() time.Time
+}
+
+type badgerLogger struct{ l *slog.Logger }
+
+func (b badgerLogger) Errorf(f string, a ...any)   { b.l.Error("badger: " + trim(fmt.Sprintf(f, a...))) }
+func (b badgerLogger) Warningf(f string, a ...any) { b.l.Warn("badger: " + trim(fmt.Sprintf(f, a...))) }
+func (badgerLogger) Infof(string, ...any)          {}
+func (badgerLogger) Debugf(string, ...any)         {}
+
+func trim(s string) string { return string(bytes.TrimRight([]byte(s), "\n")) }
+
+// Open opens (or creates) the store in dir. A directory that is not a valid
+// badger database, or is locked by another process, gives an error.
+func Open(dir string, o Options) (s *Store, err error) {
+	if dir == "" {
+		return nil, errors.New("store: empty data directory")
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	now := o.Now
+	if now == nil {
+		now = time.Now
+	}
+	opts := badger.DefaultOptions(dir).
+		WithSyncWrites(true).
+		WithLogger(badgerLogger{log}).
+		WithLoggingLevel(badger.WARNING)
+	defer func() {
+		if p := recover(); p != nil {
+			s, err = nil, fmt.Errorf("store: open %s: badger panicked (corrupt data directory?): %v", dir, p)
+		}
+	}()
+	db, err := badger.Open(opts)
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
+	}
+	return &Store{db: db, log: log, now: now}, nil
+}
+
+// Close stops value-log GC and closes the database.
+func (s *Store) Close() error {
+	s.StopGC()
+	return s.db.Close()
+}
+
+// StartGC runs badger's value-log GC every interval until StopGC or Close.
+// A non-positive interval does nothing.
+func (s *Store) StartGC(interval time.Duration) {
+	if interval <= 0 {
+		return
+	}
+	s.gcMu.Lock()
+	defer s.gcMu.Unlock()
+	if s.gcStop != nil {
+		return
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	s.gcStop, s.gcDone = stop, done
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				s.RunGC()
+			}
+		}
+	}()
+}
+
+// StopGC stops the GC ticker started by StartGC and waits for it.
+func (s *Store) StopGC() {
+	s.gcMu.Lock()
+	stop, done := s.gcStop, s.gcDone
+	s.gcStop, s.gcDone = nil, nil
+	s.gcMu.Unlock()
+	if stop != nil {
+		close(stop)
+		<-done
+	}
+}
+
+// RunGC runs value-log GC until there is nothing left to rewrite.
+func (s *Store) RunGC() {
+	for i := 0; i < 100; i++ {
+		err := s.db.RunValueLogGC(0.5)
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) {
+			s.log.Warn("value log GC", "err", err)
+		}
+		return
+	}
+}
+
+// key helpers
+
+func key(prefix string, parts ...string) []byte {
+	b := []byte(prefix)
+	for i, p := range parts {
+		if i > 0 {
+			b = append(b, 0)
+		}
+		b = append(b, p...)
+	}
+	return b
+}
+
+func be64(b []byte, v uint64) []byte { return binary.BigEndian.AppendUint64(b, v) }
+func be32(b []byte, v uint32) []byte { return binary.BigEndian.AppendUint32(b, v) }
+
+// tkey encodes a time so that keys sort chronologically (also before 1970).
+func tkey(b []byte, ts *timestamppb.Timestamp) []byte {
+	var n int64
+	if ts != nil {
+		n = ts.AsTime().UnixNano()
+	}
+	return be64(b, uint64(n)^(1<<63))
+}
+
+func dedupKey(node, boot string, seq uint64) []byte {
+	return be64(append(key("b/", node, boot), 0), seq)
+}
+
+func aggKey(run string) []byte   { return key("a/", run) }
+func nodeKey(node string) []byte { return key("n/", node) }
+
+func (s *Store) lockRuns(node string, runs []string) func() {
+	idx := map[int]bool{}
+	h := func(v string) int {
+		f := fnv.New32a()
+		f.Write([]byte(v))
+		return int(f.Sum32() % lockStripes)
+	}
+	idx[h("node\x00"+node)] = true
+	for _, r := range runs {
+		idx[h("run\x00"+r)] = true
+	}
+	order := make([]int, 0, len(idx))
+	for i := range idx {
+		order = append(order, i)
+	}
+	sort.Ints(order)
+	for _, i := range order {
+		s.stripe[i].Lock()
+	}
+	return func() {
+		for j := len(order) - 1; j >= 0; j-- {
+			s.stripe[order[j]].Unlock()
+		}
+	}
+}
+
+// batchRuns lists the run ids a batch touches, sorted.
+func batchRuns(b *trainmeterv1.Batch) []string {
+	set := map[string]bool{}
+	for _, w := range b.GetRunWindows() {
+		set[w.GetRunId()] = true
+	}
+	for _, e := range b.GetRunEvents() {
+		set[eventRun(e)] = true
+	}
+	out := make([]string, 0, len(set))
+	for r := range set {
+		out = append(out, r)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func eventRun(e *trainmeterv1.RunEvent) string {
+	switch ev := e.GetEvent().(type) {
+	case *trainmeterv1.RunEvent_RunStart:
+		return ev.RunStart.GetRunId()
+	case *trainmeterv1.RunEvent_RunEnd:
+		return ev.RunEnd.GetRunId()
+	case *trainmeterv1.RunEvent_Eval:
+		return ev.Eval.GetRunId()
+	}
+	return ""
+}
+
+func eventTime(e *trainmeterv1.RunEvent) *timestamppb.Timestamp {
+	switch ev := e.GetEvent().(type) {
+	case *trainmeterv1.RunEvent_RunStart:
+		return ev.RunStart.GetTime()
+	case *trainmeterv1.RunEvent_RunEnd:
+		return ev.RunEnd.GetTime()
+	case *trainmeterv1.RunEvent_Eval:
+		return ev.Eval.GetTime()
+	}
+	return nil
+}
+
+// ApplyBatch stores a (validated) batch from node/boot and folds it into the
+// run aggregates, all in one transaction. If the batch was applied before
+// (same node, boot and seq) it returns duplicate=true and changes nothing.
+// When it returns nil error the batch is durable.
+func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error) {
+	runs := batchRuns(b)
+	unlock := s.lockRuns(node, runs)
+	defer unlock()
+	for attempt := 0; ; attempt++ {
+		duplicate, err = s.applyOnce(node, boot, b, runs)
+		if !errors.Is(err, badger.ErrConflict) || attempt >= maxConflictRetries {
+			break
+		}
+	}
+	if errors.Is(err, badger.ErrTxnTooBig) {
+		err = fmt.Errorf("%w: %v", ErrBatchTooLarge, err)
+	}
+	return duplicate, err
+}
+
+func (s *Store) applyOnce(node, boot string, b *trainmeterv1.Batch, runs []string) (bool, error) {
+	txn := s.db.NewTransaction(true)
+	defer txn.Discard()
+
+	dk := dedupKey(node, boot, b.GetSeq())
+	if _, err := txn.Get(dk); err == nil {
+		return true, nil
+	} else if !errors.Is(err, badger.ErrKeyNotFound) {
+		return false, err
+	}
+
+	seq := b.GetSeq()
+	set := func(k []byte, m proto.Message) error {
+		v, err := proto.Marshal(m)
+		if err != nil {
+			return err
+		}
+		return txn.Set(k, v)
+	}
+
+	// Raw records.
+	for i, w := range b.GetRunWindows() {
+		k := tkey(append(key("w/", w.GetRunId(), node), 0), w.GetStart())
+		k = be32(be64(k, seq), uint32(i))
+		if err := set(k, w); err != nil {
+			return false, err
+		}
+	}
+	for i, e := range b.GetRunEvents() {
+		k := tkey(append(key("v/", eventRun(e), node), 0), eventTime(e))
+		k = be32(be64(k, seq), uint32(i))
+		if err := set(k, e); err != nil {
+			return false, err
+		}
+	}
+	for _, g := range b.GetGpuWindows() {
+		k := be32(append(key("g/", node), 0), g.GetGpu())
+		k = be64(tkey(k, b.GetWindowStart()), seq)
+		if err := set(k, g); err != nil {
+			return false, err
+		}
+	}
+	if h := b.GetHost(); h != nil {
+		k := be64(tkey(append(key("h/", node), 0), b.GetWindowStart()), seq)
+		if err := set(k, h); err != nil {
+			return false, err
+		}
+	}
+
+	// Aggregates: read, fold, write.
+	aggs := make(map[string]*aggregate.State, len(runs))
+	for _, r := range runs {
+		st, err := getAgg(txn, r)
+		if errors.Is(err, ErrNotFound) {
+			st, err = aggregate.New(r), nil
+		}
+		if err != nil {
+			return false, err
+		}
+		aggs[r] = st
+	}
+	// Starts first, then windows, evals and ends, so that a batch that
+	// carries a whole short run folds the same as one split over batches.
+	for _, e := range b.GetRunEvents() {
+		if ev := e.GetRunStart(); ev != nil {
+			aggs[ev.GetRunId()].AddStart(node, ev)
+		}
+	}
+	for _, w := range b.GetRunWindows() {
+		aggs[w.GetRunId()].AddWindow(node, w)
+	}
+	for _, e := range b.GetRunEvents() {
+		if ev := e.GetEval(); ev != nil {
+			aggs[ev.GetRunId()].AddEval(node, ev)
+		}
+	}
+	for _, e := range b.GetRunEvents() {
+		if ev := e.GetRunEnd(); ev != nil {
+			aggs[ev.GetRunId()].AddEnd(node, ev)
+		}
+	}
+	for _, r := range runs {
+		v, err := aggs[r].Marshal()
+		if err != nil {
+			return false, err
+		}
+		if err := txn.Set(aggKey(r), v); err != nil {
+			return false, err
+		}
+	}
+
+	// Node status.
+	ns, err := getNode(txn, node)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return false, err
+	}
+	if ns == nil {
+		ns = &trainmeterv1.NodeStatus{Node: node}
+	}
+	ns.BootId = boot
+	ns.LastSeq = seq
+	ns.LastSeen = timestamppb.New(s.now())
+	if err := set(nodeKey(node), ns); err != nil {
+		return false, err
+	}
+
+	if err := txn.Set(dk, nil); err != nil {
+		return false, err
+	}
+	return false, txn.Commit()
+}
+
+func getAgg(txn *badger.Txn, run string) (*aggregate.State, error) {
+	item, err := txn.Get(aggKey(run))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st *aggregate.State
+	err = item.Value(func(v []byte) error {
+		var err error
+		st, err = aggregate.Unmarshal(v)
+		return err
+	})
+	return st, err
+}
+
+func getNode(txn *badger.Txn, node string) (*trainmeterv1.NodeStatus, error) {
+	item, err := txn.Get(nodeKey(node))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	ns := &trainmeterv1.NodeStatus{}
+	err = item.Value(func(v []byte) error { return proto.Unmarshal(v, ns) })
+	return ns, err
+}
+
+// PutHello records a node's hello (boot, GPUs) in its status.
+func (s *Store) PutHello(h *trainmeterv1.Hello) error {
+	unlock := s.lockRuns(h.GetNode(), nil)
+	defer unlock()
+	for attempt := 0; ; attempt++ {
+		err := s.db.Update(func(txn *badger.Txn) error {
+			ns, err := getNode(txn, h.GetNode())
+			if errors.Is(err, ErrNotFound) {
+				ns, err = &trainmeterv1.NodeStatus{Node: h.GetNode()}, nil
+			}
+			if err != nil {
+				return err
+			}
+			if ns.GetBootId() != h.GetBootId() {
+				ns.LastSeq = 0
+			}
+			ns.BootId = h.GetBootId()
+			ns.Gpus = h.GetGpus()
+			ns.LastSeen = timestamppb.New(s.now())
+			v, err := proto.Marshal(ns)
+			if err != nil {
+				return err
+			}
+			return txn.Set(nodeKey(h.GetNode()), v)
+		})
+		if !errors.Is(err, badger.ErrConflict) || attempt >= maxConflictRetries {
+			return err
+		}
+	}
+}
+
+// GetRun returns a run's aggregate, or ErrNotFound.
+func (s *Store) GetRun(id string) (*aggregate.State, error) {
+	var st *aggregate.State
+	err := s.db.View(func(txn *badger.Txn) error {
+		var err error
+		st, err = getAgg(txn, id)
+		return err
+	})
+	return st, err
+}
+
+// NotFoundError names the unknown run ids of a ListRuns call.
+type NotFoundError struct{ IDs []string }
+
+func (e *NotFoundError) Error() string { return fmt.Sprintf("unknown run(s): %q", e.IDs) }
+
+// Unwrap makes errors.Is(err, ErrNotFound) true.
+func (e *NotFoundError) Unwrap() error { return ErrNotFound }
+
+// ListRuns returns the aggregates of the given runs, in that order, or of all
+// runs (ordered by run id) when ids is empty. Unknown ids give a
+// *NotFoundError (and no runs).
+func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
+	var out []*aggregate.State
+	err := s.db.View(func(txn *badger.Txn) error {
+		if len(ids) > 0 {
+			var missing []string
+			for _, id := range ids {
+				st, err := getAgg(txn, id)
+				if errors.Is(err, ErrNotFound) {
+					missing = append(missing, id)
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				out = append(out, st)
+			}
+			if len(missing) > 0 {
+				return &NotFoundError{IDs: missing}
+			}
+			return nil
+		}
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("a/"), PrefetchValues: true, PrefetchSize: 64})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			err := it.Item().Value(func(v []byte) error {
+				st, err := aggregate.Unmarshal(v)
+				if err != nil {
+					return fmt.Errorf("run %q: %w", it.Item().Key()[2:], err)
+				}
+				out = append(out, st)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Nodes returns every node's stored status, ordered by node name.
+// Connected is always false here: only the ingest server knows it.
+func (s *Store) Nodes() ([]*trainmeterv1.NodeStatus, error) {
+	var out []*trainmeterv1.NodeStatus
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("n/"), PrefetchValues: true, PrefetchSize: 64})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			ns := &trainmeterv1.NodeStatus{}
+			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, ns) }); err != nil {
+				return err
+			}
+			out = append(out, ns)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// RunWindows returns the raw windows stored for a run, per node in time
+// order (for re-aggregation and debugging).
+func (s *Store) RunWindows(runID string) ([]*trainmeterv1.RunWindow, error) {
+	var out []*trainmeterv1.RunWindow
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: append(key("w/", runID), 0), PrefetchValues: true})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			w := &trainmeterv1.RunWindow{}
+			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, w) }); err != nil {
+				return err
+			}
+			out = append(out, w)
+		}
+		return nil
+	})
+	return out, err
+}

@@ -1,0 +1,407 @@
+// Package report renders run reports: the CSV contract (DESIGN.md, "Metric
+// definitions"), a table for terminals and a readable per-run report.
+//
+// CSV rules:
+//   - Columns are exactly Header(), in that order: run_id, the contract
+//     columns, the metadata columns, the required extras, then further extras.
+//     New columns are only ever appended.
+//   - An unknown value is an empty cell, never 0, NaN or Inf: metadata ints
+//     without their has_ flag, costs without a price, J_per_token/E10k_J
+//     without measured tokens, rates without a measured period, energy figures
+//     of the measured period when the run has no measured window yet, VRAM when
+//     no memory sample arrived, and any non-finite value.
+//   - Floats are rounded to 6 decimals and written with
+//     strconv.FormatFloat(v, 'f', -1, 64) (no exponent, no trailing zeros).
+//     J_per_token and E10k_J are rounded to 9 significant digits instead, so
+//     tiny per-token energies keep their precision.
+//   - Times are RFC 3339 in UTC with up to nanosecond precision.
+package report
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// RunReport is the report message the collector produces.
+type RunReport = trainmeterv1.RunReport
+
+var header = []string{
+	"run_id",
+	// contract columns
+	"tokens_processed", "wall_s", "warmup_s", "energy_J", "avg_power_W", "peak_power_W",
+	"tok_per_s", "J_per_token", "E10k_J", "vram_peak_MB", "vram_avg_MB",
+	// metadata
+	"model", "dataset", "backend", "optimizer", "batch_size", "grad_accum", "seq_len",
+	"precision", "seed", "notes",
+	// required extras
+	"tokens_measured", "energy_total_J", "energy_J_integrated", "energy_method", "gpus",
+	"nodes", "gpu_name", "gpu_hours", "cost_usd", "energy_kWh", "energy_cost_usd",
+	"usd_per_mtok", "co2_kg",
+	// further extras
+	"gpu_price_per_hour", "energy_disagreement_pct", "energy_estimated", "gap_s", "steps",
+	"data_wait_s", "compute_s", "data_wait_share", "last_loss", "evals", "status",
+	"start_time", "end_time",
+}
+
+// Header returns the CSV header row.
+func Header() []string { return append([]string(nil), header...) }
+
+// Status is "ended" for a finished run, "running" otherwise.
+func Status(r *RunReport) string {
+	if r.GetEnded() {
+		return "ended"
+	}
+	return "running"
+}
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// F formats a float for the CSV: rounded to 6 decimals; "" if not finite.
+func F(v float64) string {
+	if !finite(v) {
+		return ""
+	}
+	v = math.Round(v*1e6) / 1e6
+	if !finite(v) { // v*1e6 overflowed; keep the value as it is
+		return ""
+	}
+	if v == 0 {
+		v = 0 // no "-0"
+	}
+	return strconv.FormatFloat(v, 'f', -1, 64)
+}
+
+// G9 formats a float rounded to 9 significant digits, without exponent.
+func G9(v float64) string {
+	if !finite(v) {
+		return ""
+	}
+	v, _ = strconv.ParseFloat(strconv.FormatFloat(v, 'g', 9, 64), 64)
+	if v == 0 {
+		v = 0
+	}
+	return strconv.FormatFloat(v, 'f', -1, 64)
+}
+
+func fIf(ok bool, v float64) string {
+	if !ok {
+		return ""
+	}
+	return F(v)
+}
+
+func iIf(ok bool, v int64) string {
+	if !ok {
+		return ""
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+func u(v uint64) string { return strconv.FormatUint(v, 10) }
+
+func tm(r *RunReport, end bool) string {
+	t := r.GetStart()
+	if end {
+		t = r.GetEnd()
+	}
+	if t == nil {
+		return ""
+	}
+	return t.AsTime().UTC().Format(time.RFC3339Nano)
+}
+
+// known tells which figures of r are defined.
+type known struct {
+	times, measured, period, perToken, vram, counter, usdPerMtok, dataShare bool
+}
+
+func knownOf(r *RunReport) known {
+	k := known{
+		times:    r.GetStart() != nil,
+		measured: r.GetEnergyMethod() != "",
+		perToken: r.GetTokensMeasured() > 0 && r.GetEnergyMethod() != "",
+		vram:     r.GetVramPeakMb() > 0 || r.GetVramAvgMb() > 0,
+		counter:  r.GetEnergyMethod() == "counter" || r.GetEnergyMethod() == "mixed",
+		usdPerMtok: r.GetTokensProcessed() > 0 &&
+			(r.GetHasCost() || r.GetHasEnergyCost()),
+		dataShare: r.GetDataWaitS()+r.GetComputeS() > 0,
+	}
+	k.period = k.times && r.GetWallS()-r.GetWarmupS() > 0
+	return k
+}
+
+// Row returns the CSV row of r, matching Header().
+func Row(r *RunReport) []string {
+	k := knownOf(r)
+	m := r.GetMetadata()
+	share := 0.0
+	if k.dataShare {
+		share = r.GetDataWaitS() / (r.GetDataWaitS() + r.GetComputeS())
+	}
+	jpt, e10k := "", ""
+	if k.perToken {
+		jpt, e10k = G9(r.GetJPerToken()), G9(r.GetJPerToken()*10000)
+	}
+	return []string{
+		r.GetRunId(),
+		u(r.GetTokensProcessed()),
+		fIf(k.times, r.GetWallS()),
+		fIf(k.times, r.GetWarmupS()),
+		fIf(k.measured, r.GetEnergyJ()),
+		fIf(k.measured && k.period, r.GetAvgPowerW()),
+		fIf(k.measured, r.GetPeakPowerW()),
+		fIf(k.period, r.GetTokPerS()),
+		jpt,
+		e10k,
+		fIf(k.vram, r.GetVramPeakMb()),
+		fIf(k.vram, r.GetVramAvgMb()),
+
+		m.GetModel(),
+		m.GetDataset(),
+		m.GetBackend(),
+		m.GetOptimizer(),
+		iIf(m.GetHasBatchSize(), m.GetBatchSize()),
+		iIf(m.GetHasGradAccum(), m.GetGradAccum()),
+		iIf(m.GetHasSeqLen(), m.GetSeqLen()),
+		m.GetPrecision(),
+		iIf(m.GetHasSeed(), m.GetSeed()),
+		m.GetNotes(),
+
+		u(r.GetTokensMeasured()),
+		F(r.GetEnergyTotalJ()),
+		fIf(k.measured, r.GetEnergyJIntegrated()),
+		r.GetEnergyMethod(),
+		u(uint64(r.GetGpus())),
+		u(uint64(r.GetNodes())),
+		r.GetGpuName(),
+		F(r.GetGpuHours()),
+		fIf(r.GetHasCost(), r.GetCostUsd()),
+		F(r.GetEnergyKwh()),
+		fIf(r.GetHasEnergyCost(), r.GetEnergyCostUsd()),
+		fIf(k.usdPerMtok, r.GetUsdPerMtok()),
+		fIf(r.GetHasCo2(), r.GetCo2Kg()),
+
+		fIf(r.GetHasCost(), r.GetGpuPricePerHour()),
+		fIf(k.counter, r.GetEnergyDisagreementPct()),
+		strconv.FormatBool(r.GetEnergyEstimated()),
+		F(r.GetGapS()),
+		u(r.GetSteps()),
+		F(r.GetDataWaitS()),
+		F(r.GetComputeS()),
+		fIf(k.dataShare, share),
+		fIf(r.GetHasLoss(), r.GetLastLoss()),
+		strconv.Itoa(len(r.GetEvals())),
+		Status(r),
+		tm(r, false),
+		tm(r, true),
+	}
+}
+
+// WriteCSV writes the header and one row per run.
+func WriteCSV(w io.Writer, runs []*RunReport) error {
+	cw := csv.NewWriter(w)
+	if err := cw.Write(header); err != nil {
+		return err
+	}
+	for _, r := range runs {
+		if err := cw.Write(Row(r)); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// Duration formats seconds as e.g. "1h02m03s" or "4.5s".
+func Duration(s float64) string {
+	if !finite(s) || s < 0 {
+		return "-"
+	}
+	if s < 60 {
+		return strconv.FormatFloat(math.Round(s*10)/10, 'f', -1, 64) + "s"
+	}
+	d := time.Duration(math.Round(s)) * time.Second
+	h := int64(d / time.Hour)
+	mnt := int64(d/time.Minute) % 60
+	sec := int64(d/time.Second) % 60
+	if h > 0 {
+		return fmt.Sprintf("%dh%02dm%02ds", h, mnt, sec)
+	}
+	return fmt.Sprintf("%dm%02ds", mnt, sec)
+}
+
+// Count formats a count with an SI suffix: 950, 12.3k, 4.56M, 7.89G.
+func Count(v uint64) string {
+	f := float64(v)
+	switch {
+	case f >= 1e12:
+		return fmt.Sprintf("%.3gT", f/1e12)
+	case f >= 1e9:
+		return fmt.Sprintf("%.3gG", f/1e9)
+	case f >= 1e6:
+		return fmt.Sprintf("%.3gM", f/1e6)
+	case f >= 1e4:
+		return fmt.Sprintf("%.3gk", f/1e3)
+	}
+	return strconv.FormatUint(v, 10)
+}
+
+func dash(ok bool, format string, v float64) string {
+	if !ok || !finite(v) {
+		return "-"
+	}
+	return fmt.Sprintf(format, v)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// WriteTable writes a one-line-per-run table for terminals.
+func WriteTable(w io.Writer, runs []*RunReport) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tMODEL\tBACKEND\tSTATUS\tWALL\tTOKENS\tTOK/S\tJ/TOKEN\tAVG W\tENERGY kJ\tVRAM PEAK\t$")
+	for _, r := range runs {
+		k := knownOf(r)
+		cost := r.GetCostUsd() + r.GetEnergyCostUsd()
+		vram := "-"
+		if k.vram {
+			vram = fmt.Sprintf("%.0f MiB", r.GetVramPeakMb())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			r.GetRunId(),
+			orDash(r.GetMetadata().GetModel()),
+			orDash(r.GetMetadata().GetBackend()),
+			Status(r),
+			dashS(k.times, Duration(r.GetWallS())),
+			Count(r.GetTokensProcessed()),
+			dash(k.period, "%.0f", r.GetTokPerS()),
+			dash(k.perToken, "%.4g", r.GetJPerToken()),
+			dash(k.measured && k.period, "%.0f", r.GetAvgPowerW()),
+			dash(k.measured, "%.1f", r.GetEnergyJ()/1000),
+			vram,
+			dash(r.GetHasCost() || r.GetHasEnergyCost(), "%.2f", cost),
+		)
+	}
+	return tw.Flush()
+}
+
+func dashS(ok bool, s string) string {
+	if !ok {
+		return "-"
+	}
+	return s
+}
+
+// WriteReport writes a readable multi-line report of one run.
+func WriteReport(w io.Writer, r *RunReport) error {
+	k := knownOf(r)
+	m := r.GetMetadata()
+	var b strings.Builder
+	line := func(label, format string, args ...any) {
+		fmt.Fprintf(&b, "  %-18s "+format+"\n", append([]any{label + ":"}, args...)...)
+	}
+	fmt.Fprintf(&b, "run %s (%s)\n", r.GetRunId(), Status(r))
+
+	b.WriteString("metadata\n")
+	line("model", "%s", orDash(m.GetModel()))
+	line("dataset", "%s", orDash(m.GetDataset()))
+	line("backend", "%s", orDash(m.GetBackend()))
+	line("optimizer", "%s", orDash(m.GetOptimizer()))
+	line("precision", "%s", orDash(m.GetPrecision()))
+	line("batch size", "%s", orDash(iIf(m.GetHasBatchSize(), m.GetBatchSize())))
+	line("grad accum", "%s", orDash(iIf(m.GetHasGradAccum(), m.GetGradAccum())))
+	line("seq len", "%s", orDash(iIf(m.GetHasSeqLen(), m.GetSeqLen())))
+	line("seed", "%s", orDash(iIf(m.GetHasSeed(), m.GetSeed())))
+	if m.GetNotes() != "" {
+		line("notes", "%s", m.GetNotes())
+	}
+	line("hardware", "%d GPU(s) on %d node(s) %s", r.GetGpus(), r.GetNodes(), orDash(r.GetGpuName()))
+
+	b.WriteString("time\n")
+	line("start", "%s", orDash(tm(r, false)))
+	endLabel := "end"
+	if !r.GetEnded() {
+		endLabel = "last data"
+	}
+	line(endLabel, "%s", orDash(tm(r, true)))
+	line("wall", "%s", dashS(k.times, Duration(r.GetWallS())))
+	line("warmup excluded", "%s", dashS(k.times, Duration(r.GetWarmupS())))
+	if k.dataShare {
+		line("data wait", "%.1f%% of step time (%s waiting, %s computing)",
+			100*r.GetDataWaitS()/(r.GetDataWaitS()+r.GetComputeS()), Duration(r.GetDataWaitS()), Duration(r.GetComputeS()))
+	}
+	if r.GetGapS() > 0 {
+		line("sample gaps", "%s", Duration(r.GetGapS()))
+	}
+
+	b.WriteString("tokens\n")
+	line("processed", "%d in %d steps", r.GetTokensProcessed(), r.GetSteps())
+	line("after warmup", "%d", r.GetTokensMeasured())
+	line("throughput", "%s tok/s", dash(k.period, "%.1f", r.GetTokPerS()))
+	if r.GetHasLoss() {
+		line("last loss", "%.4g", r.GetLastLoss())
+	}
+
+	b.WriteString("energy\n")
+	line("after warmup", "%s J (%s)", dash(k.measured, "%.1f", r.GetEnergyJ()), orDash(r.GetEnergyMethod()))
+	line("per token", "%s J  (E10k %s J)", dash(k.perToken, "%.6g", r.GetJPerToken()), dash(k.perToken, "%.6g", r.GetJPerToken()*10000))
+	line("whole run", "%.1f J = %.6g kWh", r.GetEnergyTotalJ(), r.GetEnergyKwh())
+	line("integrated", "%s J", dash(k.measured, "%.1f", r.GetEnergyJIntegrated()))
+	if k.counter {
+		line("counter vs integ.", "%+.2f%%", r.GetEnergyDisagreementPct())
+	}
+	if r.GetEnergyEstimated() {
+		line("note", "%s", "part of the energy is estimated (shared GPU split by utilisation)")
+	}
+
+	b.WriteString("power\n")
+	line("average", "%s W", dash(k.measured && k.period, "%.1f", r.GetAvgPowerW()))
+	line("peak", "%s W", dash(k.measured, "%.1f", r.GetPeakPowerW()))
+
+	b.WriteString("vram\n")
+	line("peak", "%s MiB", dash(k.vram, "%.0f", r.GetVramPeakMb()))
+	line("mean per GPU", "%s MiB", dash(k.vram, "%.0f", r.GetVramAvgMb()))
+
+	b.WriteString("cost\n")
+	line("gpu hours", "%.4g", r.GetGpuHours())
+	if r.GetHasCost() {
+		line("gpu cost", "$%.2f at $%.4g/GPU-hour", r.GetCostUsd(), r.GetGpuPricePerHour())
+	} else {
+		line("gpu cost", "%s", "- (no GPU price)")
+	}
+	line("energy cost", "%s", dashS(r.GetHasEnergyCost(), fmt.Sprintf("$%.4f", r.GetEnergyCostUsd())))
+	line("$ per Mtok", "%s", dashS(k.usdPerMtok, fmt.Sprintf("$%.4g", r.GetUsdPerMtok())))
+	line("CO2", "%s", dashS(r.GetHasCo2(), fmt.Sprintf("%.4g kg", r.GetCo2Kg())))
+
+	if len(r.GetEvals()) > 0 {
+		b.WriteString("evals\n")
+		for _, e := range r.GetEvals() {
+			parts := []string{fmt.Sprintf("epoch %d", e.GetEpoch())}
+			if e.GetHasValLoss() {
+				parts = append(parts, fmt.Sprintf("val_loss %.4g", e.GetValLoss()))
+			}
+			if e.GetHasAccuracy() {
+				parts = append(parts, fmt.Sprintf("accuracy %.4g", e.GetAccuracy()))
+			}
+			t := ""
+			if e.GetTime() != nil {
+				t = e.GetTime().AsTime().UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(&b, "  %s  %s\n", t, strings.Join(parts, ", "))
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

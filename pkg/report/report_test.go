@@ -1,0 +1,191 @@
+package report
+
+import (
+	"bytes"
+	"encoding/csv"
+	"flag"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func fullRun() *RunReport {
+	return &RunReport{
+		RunId: "llama-sft-1",
+		Metadata: &trainmeterv1.RunMetadata{
+			Model: "llama-3-8b", Dataset: "sft", Backend: "unsloth", Optimizer: "adamw_torch",
+			BatchSize: 8, GradAccum: 4, SeqLen: 2048, Precision: "bf16", Seed: 0, Notes: "lora r=32, \"quoted\"",
+			HasBatchSize: true, HasGradAccum: true, HasSeqLen: true, HasSeed: true,
+		},
+		TokensProcessed: 1_310_720, TokensMeasured: 1_048_576, WallS: 600.5, WarmupS: 60,
+		EnergyJ: 216000.123456789, EnergyTotalJ: 240000, EnergyJIntegrated: 214000,
+		EnergyMethod: "counter", AvgPowerW: 399.6, PeakPowerW: 700.25, TokPerS: 1940.0111,
+		JPerToken: 216000.123456789 / 1_048_576, VramPeakMb: 70123, VramAvgMb: 65000.5,
+		Gpus: 2, Nodes: 1, GpuName: "NVIDIA H100 80GB HBM3", GpuHours: 600.5 * 2 / 3600,
+		CostUsd: 600.5 * 2 / 3600 * 2.1, EnergyKwh: 240000 / 3.6e6, EnergyCostUsd: 240000 / 3.6e6 * 0.3,
+		UsdPerMtok: 0.5, Co2Kg: 240000 / 3.6e6 * 0.4,
+		Start: timestamppb.New(t0), End: timestamppb.New(t0.Add(600500 * time.Millisecond)), Ended: true,
+		Steps: 20, DataWaitS: 12, ComputeS: 588, GapS: 0.25, EnergyDisagreementPct: 0.926,
+		GpuPricePerHour: 2.1, HasCost: true, HasEnergyCost: true, HasCo2: true,
+		Evals:   []*trainmeterv1.Eval{{Epoch: 1, ValLoss: 1.93, HasValLoss: true, Accuracy: 0.71, HasAccuracy: true, Time: timestamppb.New(t0.Add(5 * time.Minute))}},
+		HasLoss: true, LastLoss: 2.3125,
+	}
+}
+
+// sparseRun has unknown values everywhere: a live run still in warmup,
+// without prices or metadata ints.
+func sparseRun() *RunReport {
+	return &RunReport{
+		RunId:           "warming",
+		Metadata:        &trainmeterv1.RunMetadata{Model: "tiny"},
+		TokensProcessed: 4096, WallS: 12, WarmupS: 12, EnergyTotalJ: 1234.5,
+		Gpus: 1, Nodes: 1, GpuHours: 12.0 / 3600, EnergyKwh: 1234.5 / 3.6e6,
+		JPerToken: math.NaN(), Start: timestamppb.New(t0), End: timestamppb.New(t0.Add(12 * time.Second)),
+	}
+}
+
+func tinyRun() *RunReport {
+	r := fullRun()
+	r.RunId = "tiny-jpt"
+	r.JPerToken = 1.234567891234e-7
+	r.EnergyMethod = "integrated"
+	r.HasCost, r.HasEnergyCost, r.HasCo2 = false, false, false
+	r.Metadata = nil
+	return r
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs (run go test ./pkg/report -update to accept):\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+func TestCSVGolden(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteCSV(&buf, []*RunReport{fullRun(), sparseRun(), tinyRun()}); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "runs.csv.golden", buf.Bytes())
+
+	recs, err := csv.NewReader(bytes.NewReader(buf.Bytes())).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, rec := range recs {
+		if len(rec) != len(Header()) {
+			t.Errorf("row %d has %d cells, header %d", i, len(rec), len(Header()))
+		}
+		for j, c := range rec {
+			if l := strings.ToLower(c); l == "nan" || strings.Contains(l, "inf") && recs[0][j] != "notes" {
+				t.Errorf("row %d %s = %q", i, recs[0][j], c)
+			}
+		}
+	}
+}
+
+func TestHeaderContract(t *testing.T) {
+	want := []string{"run_id", "tokens_processed", "wall_s", "warmup_s", "energy_J", "avg_power_W",
+		"peak_power_W", "tok_per_s", "J_per_token", "E10k_J", "vram_peak_MB", "vram_avg_MB",
+		"model", "dataset", "backend", "optimizer", "batch_size", "grad_accum", "seq_len",
+		"precision", "seed", "notes", "tokens_measured", "energy_total_J", "energy_J_integrated",
+		"energy_method", "gpus", "nodes", "gpu_name", "gpu_hours", "cost_usd", "energy_kWh",
+		"energy_cost_usd", "usd_per_mtok", "co2_kg"}
+	h := Header()
+	if len(h) < len(want) {
+		t.Fatalf("header too short: %v", h)
+	}
+	for i, c := range want {
+		if h[i] != c {
+			t.Errorf("column %d = %q, want %q", i, h[i], c)
+		}
+	}
+	h[0] = "mutated"
+	if Header()[0] != "run_id" {
+		t.Error("Header returns shared slice")
+	}
+}
+
+func cell(t *testing.T, r *RunReport, col string) string {
+	t.Helper()
+	for i, c := range Header() {
+		if c == col {
+			return Row(r)[i]
+		}
+	}
+	t.Fatalf("no column %s", col)
+	return ""
+}
+
+func TestUnknownsAreEmpty(t *testing.T) {
+	r := sparseRun()
+	for _, col := range []string{"energy_J", "avg_power_W", "peak_power_W", "tok_per_s", "J_per_token",
+		"E10k_J", "vram_peak_MB", "vram_avg_MB", "batch_size", "grad_accum", "seq_len", "seed",
+		"energy_J_integrated", "cost_usd", "energy_cost_usd", "usd_per_mtok", "co2_kg",
+		"energy_disagreement_pct", "data_wait_share", "last_loss"} {
+		if got := cell(t, r, col); got != "" {
+			t.Errorf("%s = %q, want empty", col, got)
+		}
+	}
+	if got := cell(t, r, "tokens_processed"); got != "4096" {
+		t.Errorf("tokens_processed = %q", got)
+	}
+	if got := cell(t, fullRun(), "seed"); got != "0" {
+		t.Errorf("seed 0 with has_seed = %q, want 0", got)
+	}
+	if got := cell(t, tinyRun(), "J_per_token"); got != "0.000000123456789" {
+		t.Errorf("tiny J_per_token = %q", got)
+	}
+}
+
+func TestFormat(t *testing.T) {
+	for _, c := range []struct {
+		v    float64
+		want string
+	}{{0, "0"}, {math.Copysign(0, -1), "0"}, {1.5, "1.5"}, {1.0000004, "1"}, {1.0000005, "1.000001"},
+		{123456789.123, "123456789.123"}, {math.NaN(), ""}, {math.Inf(1), ""}, {1e-7, "0"}} {
+		if got := F(c.v); got != c.want {
+			t.Errorf("F(%v) = %q, want %q", c.v, got, c.want)
+		}
+	}
+	if got := G9(0.000123456789123); got != "0.000123456789" {
+		t.Errorf("G9 = %q", got)
+	}
+}
+
+func TestTableAndReportGolden(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, []*RunReport{fullRun(), sparseRun()}); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "table.golden", buf.Bytes())
+	buf.Reset()
+	if err := WriteReport(&buf, fullRun()); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteReport(&buf, sparseRun()); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "report.golden", buf.Bytes())
+}
