@@ -28,10 +28,16 @@ func main() {
 	}
 }
 
-func newRootCmd() *cobra.Command {
-	cfg := agent.DefaultConfig()
-	var configFile string
-	var shutdownTimeout time.Duration
+// options are what the command line sets.
+type options struct {
+	cfg             agent.Config
+	configFile      string
+	shutdownTimeout time.Duration
+}
+
+func newRootCmd() *cobra.Command { return newRootCmdWith(&options{cfg: agent.DefaultConfig()}) }
+
+func newRootCmdWith(o *options) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:           "trainmeter-agent",
 		Short:         "Measure GPU energy per training run on this node and stream it to a trainmeter collector",
@@ -39,34 +45,43 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 		Version:       agent.Version,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if configFile != "" {
-				// The file is the base; flags given on the command line win.
-				fromFile := agent.DefaultConfig()
-				if err := agent.LoadConfigFile(configFile, &fromFile); err != nil {
-					return err
-				}
-				overlayFlags(cmd, &fromFile, cfg)
-				cfg = fromFile
+			resolved, err := resolveConfig(cmd, o.configFile, o.cfg)
+			if err != nil {
+				return err
 			}
-			if cfg.Node == "" {
-				cfg.Node, _ = os.Hostname()
-			}
-			return run(cmd.Context(), cfg, shutdownTimeout)
+			return run(resolved, o.shutdownTimeout)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&configFile, "config", "", "YAML config file (flags given on the command line override it)")
-	f.StringVar(&cfg.Collector, "collector", cfg.Collector, "collector address HOST:PORT")
-	f.StringVar(&cfg.Socket, "socket", cfg.Socket, "trainer Unix socket path")
-	f.StringVar(&cfg.SocketGroup, "socket-group", cfg.SocketGroup, "group that owns the socket (mode 0660)")
-	f.StringVar(&cfg.Node, "node", cfg.Node, "node name (default: hostname)")
-	f.StringVar(&cfg.GPU, "gpu", cfg.GPU, "GPU backend: nvml, sim:N, replay:FILE, or auto (nvml if a GPU is found)")
-	f.DurationVar(&cfg.Interval, "interval", cfg.Interval, "GPU sampling interval")
-	f.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "default warmup excluded from efficiency figures")
-	f.DurationVar(&cfg.HostInterval, "host-interval", cfg.HostInterval, "host RAM/CPU sampling interval")
-	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
-	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to flush batches to the collector")
+	f.StringVar(&o.configFile, "config", "", "YAML config file (flags given on the command line override it)")
+	f.StringVar(&o.cfg.Collector, "collector", o.cfg.Collector, "collector address HOST:PORT")
+	f.StringVar(&o.cfg.Socket, "socket", o.cfg.Socket, "trainer Unix socket path")
+	f.StringVar(&o.cfg.SocketGroup, "socket-group", o.cfg.SocketGroup, "group that owns the socket (mode 0660)")
+	f.StringVar(&o.cfg.Node, "node", o.cfg.Node, "node name (default: hostname)")
+	f.StringVar(&o.cfg.GPU, "gpu", o.cfg.GPU, "GPU backend: nvml, sim:N, replay:FILE, or auto (nvml if a GPU is found)")
+	f.DurationVar(&o.cfg.Interval, "interval", o.cfg.Interval, "GPU sampling interval")
+	f.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "default warmup excluded from efficiency figures")
+	f.DurationVar(&o.cfg.HostInterval, "host-interval", o.cfg.HostInterval, "host RAM/CPU sampling interval")
+	f.StringVar(&o.cfg.LogLevel, "log-level", o.cfg.LogLevel, "debug, info, warn or error")
+	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to flush batches to the collector")
 	return cmd
+}
+
+// resolveConfig merges the config file (if any) with the flags: the file is
+// the base and flags given on the command line win.
+func resolveConfig(cmd *cobra.Command, configFile string, flags agent.Config) (agent.Config, error) {
+	cfg := flags
+	if configFile != "" {
+		cfg = agent.DefaultConfig()
+		if err := agent.LoadConfigFile(configFile, &cfg); err != nil {
+			return cfg, err
+		}
+		overlayFlags(cmd, &cfg, flags)
+	}
+	if cfg.Node == "" {
+		cfg.Node, _ = os.Hostname()
+	}
+	return cfg, cfg.Validate()
 }
 
 // overlayFlags copies the flags that were set on the command line over dst.
@@ -87,10 +102,7 @@ func overlayFlags(cmd *cobra.Command, dst *agent.Config, flags agent.Config) {
 	set("log-level", func() { dst.LogLevel = flags.LogLevel })
 }
 
-func run(ctx context.Context, cfg agent.Config, shutdownTimeout time.Duration) error {
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
+func run(cfg agent.Config, shutdownTimeout time.Duration) error {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
