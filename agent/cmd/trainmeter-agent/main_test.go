@@ -55,3 +55,13 @@ func parse(t *testing.T, args ...string) (agent.Config, error) {
 	}
 	return resolveConfig(cmd, o.configFile, o.cfg)
 }
+
+func TestShippedExampleConfigIsValid(t *testing.T) {
+	cfg, err := parse(t, "--config", "../../../deploy/examples/agent.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Interval != 50*time.Millisecond || cfg.Warmup != time.Minute || cfg.SocketGroup != "trainmeter" {
+		t.Errorf("example config read as %+v", cfg)
+	}
+}
