@@ -55,4 +55,4 @@ echo
 "$BIN/trainmeter" export csv --out "$DEMO/runs.csv"
 echo
 echo "==> CSV written to $DEMO/runs.csv"
-column -s, -t <"$DEMO/runs.csv" | cut -c1-160
+if command -v column >/dev/null; then column -s, -t <"$DEMO/runs.csv" | cut -c1-160; else cut -d, -f1-12 "$DEMO/runs.csv"; fi
