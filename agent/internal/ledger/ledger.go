@@ -156,10 +156,32 @@ func (l *Ledger) Tick(now time.Time, samples []gpu.Sample) []*pb.Batch {
 	}
 
 	var out []*pb.Batch
-	for !now.Before(l.winEnd.Add(l.cfg.Settle)) {
+	for l.due(now) {
 		out = append(out, l.closeWindow())
 	}
 	return out
+}
+
+// maxSettle bounds how long a window waits for a GPU that stopped reporting
+// (its energy past the last point is then extrapolated and flagged).
+const maxSettle = 2 * time.Second
+
+// due reports whether the open window can close: after the settle delay, once
+// every GPU's curves reach past its end, so its boundary is interpolated. A
+// counter that updates more slowly than usual only delays the batch.
+func (l *Ledger) due(now time.Time) bool {
+	if now.Before(l.winEnd.Add(l.cfg.Settle)) {
+		return false
+	}
+	if !now.Before(l.winEnd.Add(maxSettle)) {
+		return true
+	}
+	for _, m := range l.meters {
+		if latest := m.Latest(); !latest.IsZero() && latest.Before(l.winEnd) {
+			return false
+		}
+	}
+	return true
 }
 
 // open starts the first window at the first tick or trainer event, whichever

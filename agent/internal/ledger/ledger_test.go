@@ -368,3 +368,33 @@ func TestRunStartedBeforeTheFirstTickKeepsItsSteps(t *testing.T) {
 		t.Errorf("tokens %d, want 50: steps before the first tick were lost", got)
 	}
 }
+
+func TestWindowWaitsForASlowCounter(t *testing.T) {
+	// A counter that updates every 500 ms: the window must not close before
+	// the counter has a point past its end, or the boundary would be guessed.
+	r := newRig(t, []float64{300}, []float64{300}, 0)
+	slow := func(d time.Duration) {
+		end := r.now.Add(d)
+		for r.now.Before(end) {
+			r.now = r.now.Add(50 * time.Millisecond)
+			for !r.counterT[0].Add(500 * time.Millisecond).After(r.now) {
+				r.counterT[0] = r.counterT[0].Add(500 * time.Millisecond)
+				r.counterJ[0] += 300 * 0.5
+			}
+			s := []gpu.Sample{{ReadAt: r.now, PowerW: 300, PowerAt: r.now, PowerOK: true,
+				EnergyJ: r.counterJ[0], EnergyAt: r.counterT[0], EnergyOK: true}}
+			r.batches = append(r.batches, r.l.Tick(r.now, s)...)
+		}
+	}
+	slow(6 * time.Second)
+	if len(r.batches) < 4 {
+		t.Fatalf("%d batches", len(r.batches))
+	}
+	for _, b := range r.batches[1:] {
+		w := b.GpuWindows[0]
+		if !w.CounterOk {
+			t.Errorf("batch %d: counter not ok (boundary extrapolated)", b.Seq)
+		}
+		near(t, "1 s of counter energy", w.EnergyCounterJ, 300, 1e-6)
+	}
+}
