@@ -373,6 +373,9 @@ func TestWindowWaitsForASlowCounter(t *testing.T) {
 	// A counter that updates every 500 ms: the window must not close before
 	// the counter has a point past its end, or the boundary would be guessed.
 	r := newRig(t, []float64{300}, []float64{300}, 0)
+	// Counter points at x.43 s and x.93 s: the first one past a window's end
+	// arrives 430 ms after it, later than the usual settle delay.
+	r.counterT[0] = t0.Add(-70 * time.Millisecond)
 	slow := func(d time.Duration) {
 		end := r.now.Add(d)
 		for r.now.Before(end) {
