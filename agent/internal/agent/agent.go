@@ -117,21 +117,23 @@ func (a *Agent) Start(ctx context.Context) error {
 		_ = a.up.Run(ctx)
 	}()
 	if a.host != nil {
+		t := a.clock.NewTicker(a.cfg.HostInterval)
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
-			a.hostLoop(ctx)
+			a.hostLoop(ctx, t)
 		}()
 	}
-	go a.sampleLoop()
+	// The ticker exists before Start returns, so no tick (real or, in tests,
+	// a fake clock's) can fall before the loop listens.
+	go a.sampleLoop(a.clock.NewTicker(a.cfg.Interval))
 	a.log.Info("agent started", "node", a.cfg.Node, "gpus", len(a.backend.Devices()), "backend", a.cfg.GPU,
 		"socket", a.cfg.Socket, "collector", a.cfg.Collector, "interval", a.cfg.Interval, "warmup", a.cfg.Warmup)
 	return nil
 }
 
-func (a *Agent) sampleLoop() {
+func (a *Agent) sampleLoop(t clock.Ticker) {
 	defer close(a.loopDone)
-	t := a.clock.NewTicker(a.cfg.Interval)
 	defer t.Stop()
 	samples := make([]gpu.Sample, len(a.backend.Devices()))
 	for {
@@ -150,8 +152,7 @@ func (a *Agent) sampleLoop() {
 	}
 }
 
-func (a *Agent) hostLoop(ctx context.Context) {
-	t := a.clock.NewTicker(a.cfg.HostInterval)
+func (a *Agent) hostLoop(ctx context.Context, t clock.Ticker) {
 	defer t.Stop()
 	for {
 		select {
