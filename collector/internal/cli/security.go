@@ -1,0 +1,83 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// clientSecurity is the CLI's TLS and token settings.
+type clientSecurity struct {
+	tls       tlsfiles.ClientOptions
+	tokenFile string
+}
+
+func (s *clientSecurity) addFlags(f *pflag.FlagSet) {
+	f.StringVar(&s.tls.CAFile, "tls-ca", "", "verify the collector's certificate with this PEM CA bundle (implies TLS)")
+	f.StringVar(&s.tls.CertFile, "tls-cert", "", "client certificate for mTLS (PEM; implies TLS)")
+	f.StringVar(&s.tls.KeyFile, "tls-key", "", "private key of --tls-cert")
+	f.StringVar(&s.tls.ServerName, "tls-server-name", "", "name to check in the collector's certificate (default: the host of --collector; implies TLS)")
+	f.StringVar(&s.tokenFile, "token-file", "", "file with the query token (read or admin); default $"+EnvToken)
+}
+
+// dialOptions returns the transport and per-RPC credentials. A token needs
+// TLS unless the collector is on a loopback address.
+func (s *clientSecurity) dialOptions(addr string, getenv func(string) string) ([]grpc.DialOption, error) {
+	var opts []grpc.DialOption
+	secure := s.tls.Enabled()
+	if secure {
+		creds, err := tlsfiles.ClientCredentials(s.tls, nil)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, grpc.WithTransportCredentials(creds))
+	} else {
+		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	var tok credentials.PerRPCCredentials
+	var err error
+	switch {
+	case s.tokenFile != "":
+		tok, err = tlsfiles.TokenFromFile(s.tokenFile, !secure && tlsfiles.IsLoopback(addr), nil)
+	case getenv != nil && getenv(EnvToken) != "":
+		tok, err = tlsfiles.StaticToken(getenv(EnvToken), !secure && tlsfiles.IsLoopback(addr))
+	}
+	if err != nil {
+		return nil, err
+	}
+	if tok != nil {
+		if !secure && !tlsfiles.IsLoopback(addr) {
+			host, _, _ := net.SplitHostPort(addr)
+			return nil, fmt.Errorf("refusing to send a token in plaintext to %s: set --tls-ca (tokens without TLS only go to a loopback collector)", host)
+		}
+		opts = append(opts, grpc.WithPerRPCCredentials(tok))
+	}
+	return opts, nil
+}
+
+func newDeleteRunCommand(cf *clientFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "delete-run RUN_ID",
+		Short: "Delete a run's figures and raw data from the collector (needs the admin token when the collector has tokens)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
+				resp, err := c.DeleteRun(ctx, &trainmeterv1.DeleteRunRequest{RunId: args[0]})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "deleted run %s (%d raw records)\n", args[0], resp.GetRecordsDeleted())
+				return nil
+			})
+		},
+	}
+}
