@@ -1,0 +1,308 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
+	"github.com/trainmeter/trainmeter/agent/internal/uplink"
+	"github.com/trainmeter/trainmeter/pkg/gpu"
+	"github.com/trainmeter/trainmeter/pkg/selfmetrics"
+)
+
+// Health thresholds of GET /healthz.
+const (
+	// HealthMaxReadAge: unhealthy when no GPU read has succeeded for this long.
+	HealthMaxReadAge = 5 * time.Second
+	// HealthMaxUnreachable: unhealthy when the collector has been unreachable
+	// for this long (batches wait in the uplink meanwhile).
+	HealthMaxUnreachable = 60 * time.Second
+	// jitterTicks is how many recent ticks the jitter quantiles cover
+	// (about 51 s at 50 ms).
+	jitterTicks = 1024
+	// summaryEvery is the period of the one-line info summary in the log.
+	summaryEvery = 60 * time.Second
+)
+
+// selfStats are the agent's own counters. The sampling loop updates them
+// with atomics only (no locks, no allocation); status requests read them.
+type selfStats struct {
+	started time.Time
+
+	ticks        atomic.Uint64 // sampling ticks handled
+	samplesTaken atomic.Uint64 // per-GPU samples read without error
+	readFailures atomic.Uint64 // ticks where the backend or any GPU read failed
+	lateTicks    atomic.Uint64 // ticks that came more than one period late
+	skippedTicks atomic.Uint64 // periods with no tick at all (the ticker dropped them)
+
+	lastTick      atomic.Int64 // unix ns of the previous tick
+	lastGoodRead  atomic.Int64 // unix ns of the last tick with at least one GPU read
+	lastConnected atomic.Int64 // unix ns when the uplink was last seen connected
+	lastSummary   atomic.Int64 // unix ns of the last summary log line
+
+	jitter *selfmetrics.Ring // |tick gap − interval| of the last jitterTicks ticks
+}
+
+func newSelfStats(now time.Time) *selfStats {
+	s := &selfStats{started: now, jitter: selfmetrics.NewRing(jitterTicks)}
+	// A fresh agent is healthy until the thresholds pass without a success.
+	s.lastGoodRead.Store(now.UnixNano())
+	s.lastConnected.Store(now.UnixNano())
+	s.lastSummary.Store(now.UnixNano())
+	return s
+}
+
+// tick records one sampling tick. It must not allocate: it runs every 50 ms.
+func (s *selfStats) tick(now time.Time, interval time.Duration, samples []gpu.Sample, readErr error) {
+	s.ticks.Add(1)
+	ns := now.UnixNano()
+	if prev := s.lastTick.Swap(ns); prev != 0 {
+		gap := time.Duration(ns - prev)
+		j := gap - interval
+		if j < 0 {
+			j = -j
+		}
+		s.jitter.Observe(j)
+		if gap > 2*interval {
+			s.lateTicks.Add(1)
+			s.skippedTicks.Add(uint64(gap/interval) - 1)
+		}
+	}
+	ok, failed := 0, readErr != nil
+	if readErr == nil {
+		for i := range samples {
+			if samples[i].Err != nil {
+				failed = true
+			} else {
+				ok++
+			}
+		}
+	}
+	if failed {
+		s.readFailures.Add(1)
+	}
+	if ok > 0 || (readErr == nil && len(samples) == 0) {
+		s.samplesTaken.Add(uint64(ok))
+		s.lastGoodRead.Store(ns)
+	}
+}
+
+// Status is the agent's self-observability document, served as JSON by
+// GET /status. Counters are totals since the agent started.
+type Status struct {
+	Node     string         `json:"node"`
+	Version  string         `json:"version"`
+	UptimeS  float64        `json:"uptime_s"`
+	Healthy  bool           `json:"healthy"`
+	Problems []string       `json:"problems"`
+	Sampling SamplingStatus `json:"sampling"`
+	Uplink   UplinkStatus   `json:"uplink"`
+	Socket   SocketStatus   `json:"socket"`
+	// ActiveRuns are the runs the ledger has open (ended ones until their
+	// last window is out).
+	ActiveRuns int `json:"active_runs"`
+}
+
+// SamplingStatus describes the 50 ms GPU sampling loop.
+type SamplingStatus struct {
+	IntervalMs   float64 `json:"interval_ms"`
+	GPUs         int     `json:"gpus"`
+	Ticks        uint64  `json:"ticks"`
+	SamplesTaken uint64  `json:"samples_taken"`
+	// SamplesMissed = ReadFailures + SkippedTicks: ticks whose GPU read failed
+	// plus sampling periods that had no tick because the loop ran late.
+	SamplesMissed uint64  `json:"samples_missed"`
+	ReadFailures  uint64  `json:"read_failures"`
+	LateTicks     uint64  `json:"late_ticks"`
+	SkippedTicks  uint64  `json:"skipped_ticks"`
+	JitterP50Ms   float64 `json:"tick_jitter_p50_ms"`
+	JitterP99Ms   float64 `json:"tick_jitter_p99_ms"`
+	JitterMaxMs   float64 `json:"tick_jitter_max_ms"`
+	JitterTicks   int     `json:"tick_jitter_window"`
+	LastGoodReadS float64 `json:"last_good_read_age_s"`
+}
+
+// UplinkStatus mirrors uplink.Stats.
+type UplinkStatus struct {
+	Collector string `json:"collector"`
+	Connected bool   `json:"connected"`
+	Connects  uint64 `json:"connects"`
+	// UnreachableS is how long the collector has been unreachable (0 when
+	// connected).
+	UnreachableS float64 `json:"unreachable_s"`
+	Enqueued     uint64  `json:"batches_enqueued"`
+	Sent         uint64  `json:"batches_sent"`
+	Acked        uint64  `json:"batches_acked"`
+	Rejected     uint64  `json:"batches_rejected"`
+	Dropped      uint64  `json:"batches_dropped"`
+	Pending      int     `json:"batches_pending"`
+	// SpoolBytes is the on-disk spool's size (batches not yet acked).
+	SpoolBytes int64 `json:"spool_bytes"`
+}
+
+// SocketStatus mirrors trainersock.Stats.
+type SocketStatus struct {
+	ConnsActive   int               `json:"conns_active"`
+	ConnsAccepted uint64            `json:"conns_accepted"`
+	ConnsRejected uint64            `json:"conns_rejected"`
+	Lines         uint64            `json:"lines"`
+	Events        uint64            `json:"events"`
+	ParseErrors   map[string]uint64 `json:"parse_errors"`
+	HandlerErrors uint64            `json:"handler_errors"`
+	TooLong       uint64            `json:"too_long"`
+	RepliesSent   uint64            `json:"replies_sent"`
+	RepliesDrop   uint64            `json:"replies_dropped"`
+	WriteStalls   uint64            `json:"write_stalls"`
+}
+
+// Status returns the agent's self-metrics and health now.
+func (a *Agent) Status() Status {
+	now := a.clock.Now()
+	s := a.self
+	q := s.jitter.Quantiles(0.5, 0.99, 1)
+	up := a.up.Stats()
+	if up.Connected {
+		s.lastConnected.Store(now.UnixNano())
+	}
+	sock := a.sock.Stats()
+	st := Status{
+		Node:    a.cfg.Node,
+		Version: Version,
+		UptimeS: now.Sub(s.started).Seconds(),
+		Sampling: SamplingStatus{
+			IntervalMs:    selfmetrics.Millis(a.cfg.Interval),
+			GPUs:          len(a.backend.Devices()),
+			Ticks:         s.ticks.Load(),
+			SamplesTaken:  s.samplesTaken.Load(),
+			ReadFailures:  s.readFailures.Load(),
+			LateTicks:     s.lateTicks.Load(),
+			SkippedTicks:  s.skippedTicks.Load(),
+			JitterP50Ms:   selfmetrics.Millis(q[0]),
+			JitterP99Ms:   selfmetrics.Millis(q[1]),
+			JitterMaxMs:   selfmetrics.Millis(q[2]),
+			JitterTicks:   int(min(s.jitter.Count(), jitterTicks)),
+			LastGoodReadS: now.Sub(time.Unix(0, s.lastGoodRead.Load())).Seconds(),
+		},
+		Uplink: uplinkStatus(a.cfg.Collector, up),
+		Socket: SocketStatus{
+			ConnsActive: sock.ConnsActive, ConnsAccepted: sock.ConnsAccepted, ConnsRejected: sock.ConnsRejected,
+			Lines: sock.Lines, Events: sock.Events, ParseErrors: sock.ParseErrors, HandlerErrors: sock.HandlerErrors,
+			TooLong: sock.TooLong, RepliesSent: sock.Sent, RepliesDrop: sock.Dropped, WriteStalls: sock.WriteStalls,
+		},
+		ActiveRuns: len(a.ledger.ActiveRuns()),
+	}
+	st.Sampling.SamplesMissed = st.Sampling.ReadFailures + st.Sampling.SkippedTicks
+	if !up.Connected {
+		st.Uplink.UnreachableS = now.Sub(time.Unix(0, s.lastConnected.Load())).Seconds()
+	}
+	st.Problems = []string{}
+	if age := now.Sub(time.Unix(0, s.lastGoodRead.Load())); age > HealthMaxReadAge {
+		st.Problems = append(st.Problems, fmt.Sprintf("no GPU read succeeded for %s (limit %s)", age.Round(time.Millisecond), HealthMaxReadAge))
+	}
+	if d := time.Duration(st.Uplink.UnreachableS * float64(time.Second)); d > HealthMaxUnreachable {
+		st.Problems = append(st.Problems, fmt.Sprintf("collector %s unreachable for %s (limit %s); %d batches pending",
+			a.cfg.Collector, d.Round(time.Second), HealthMaxUnreachable, up.Pending))
+	}
+	st.Healthy = len(st.Problems) == 0
+	return st
+}
+
+func uplinkStatus(collector string, up uplink.Stats) UplinkStatus {
+	return UplinkStatus{
+		Collector: collector, Connected: up.Connected, Connects: up.Connects,
+		Enqueued: up.Enqueued, Sent: up.Sent, Acked: up.Acked, Rejected: up.Rejected, Dropped: up.Dropped,
+		Pending: up.Pending, SpoolBytes: up.SpoolBytes,
+	}
+}
+
+// SocketStats exposes the trainer socket's counters (for tests and self-metrics).
+func (a *Agent) SocketStats() trainersock.Stats { return a.sock.Stats() }
+
+// afterBatches runs on the sampling loop once per closed window (about once a
+// second, not every tick): it notes whether the collector is reachable and
+// logs the periodic summary.
+func (a *Agent) afterBatches(now time.Time) {
+	s := a.self
+	up := a.up.Stats()
+	if up.Connected {
+		s.lastConnected.Store(now.UnixNano())
+	}
+	if now.Sub(time.Unix(0, s.lastSummary.Load())) < summaryEvery {
+		return
+	}
+	s.lastSummary.Store(now.UnixNano())
+	q := s.jitter.Quantiles(0.99)
+	a.log.Info("agent status",
+		"samples", s.samplesTaken.Load(),
+		"missed", s.readFailures.Load()+s.skippedTicks.Load(),
+		"jitter_p99_ms", selfmetrics.Millis(q[0]),
+		"batches_pending", up.Pending, "batches_acked", up.Acked, "batches_dropped", up.Dropped,
+		"batches_rejected", up.Rejected, "spool_bytes", up.SpoolBytes, "connected", up.Connected)
+}
+
+// startStatus serves GET /healthz and GET /status on cfg.StatusListen, if set.
+func (a *Agent) startStatus() error {
+	if a.cfg.StatusListen == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", a.cfg.StatusListen)
+	if err != nil {
+		return fmt.Errorf("status listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		st := a.Status()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !st.Healthy {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, strings.Join(st.Problems, "\n"))
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, a.Status())
+	})
+	a.statusLn = ln
+	a.statusSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := a.statusSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("status server", "err", err)
+		}
+	}()
+	a.log.Info("status endpoint listening", "addr", ln.Addr().String())
+	return nil
+}
+
+// StatusAddr is the status listener's address, nil when it is off.
+func (a *Agent) StatusAddr() net.Addr {
+	if a.statusLn == nil {
+		return nil
+	}
+	return a.statusLn.Addr()
+}
+
+func (a *Agent) stopStatus(ctx context.Context) {
+	if a.statusSrv != nil {
+		if err := a.statusSrv.Shutdown(ctx); err != nil {
+			a.statusSrv.Close()
+		}
+	}
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(b, '\n'))
+}

@@ -1,0 +1,184 @@
+package ingest
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/trainmeter/trainmeter/pkg/selfmetrics"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Time bounds on a batch's window, relative to the collector's clock.
+//
+// MaxBatchAge is long on purpose: an agent replays its on-disk spool after an
+// outage, and days-old batches are legitimate. A batch older than this is
+// rejected (the agent drops it and counts it as rejected) rather than stored,
+// because it is either a badly wrong agent clock or data the collector's
+// retention would discard anyway. MaxBatchFuture is short: only clock skew
+// puts a window in the future, and a skewed agent would otherwise write its
+// runs at the wrong time for everyone.
+const (
+	MaxBatchFuture = 10 * time.Minute
+	MaxBatchAge    = 30 * 24 * time.Hour
+)
+
+// latencyWindow is how many recent store writes the latency quantiles cover.
+const latencyWindow = 1024
+
+// SetClock sets the clock used for the batch time bounds and last-seen
+// times (time.Now by default). Call it before serving.
+func (s *Server) SetClock(now func() time.Time) {
+	if now != nil {
+		s.now = now
+	}
+}
+
+// CheckBatchTime rejects a batch whose window lies more than MaxBatchFuture
+// ahead of now or ended more than MaxBatchAge before now.
+func CheckBatchTime(b *trainmeterv1.Batch, now time.Time) error {
+	start, end := b.GetWindowStart().AsTime(), b.GetWindowEnd().AsTime()
+	if d := start.Sub(now); d > MaxBatchFuture {
+		return fmt.Errorf("window_start %s is %s ahead of the collector's clock (limit %s): check the agent's clock (NTP)",
+			start.Format(time.RFC3339), d.Round(time.Second), MaxBatchFuture)
+	}
+	if d := now.Sub(end); d > MaxBatchAge {
+		return fmt.Errorf("window_end %s is %s old, more than %s: too old to store",
+			end.Format(time.RFC3339), d.Round(time.Second), MaxBatchAge)
+	}
+	return nil
+}
+
+// counters are the ingest server's self-metrics; the zero value is ready.
+type counters struct {
+	streams, applied, duplicate, rejected, rejectedTime, storeErrors, seqGaps, seqMissing atomic.Uint64
+	lastStoreErr                                                                          atomic.Int64 // unix ns of the last failed store write
+	lastStoreOK                                                                           atomic.Int64 // unix ns of the last successful one
+
+	latOnce sync.Once
+	lat     *selfmetrics.Ring
+
+	gapMu sync.Mutex
+	gaps  map[string]*gapState // by node
+}
+
+type gapState struct {
+	boot    string
+	maxSeq  uint64 // highest seq answered (acked or rejected) for boot
+	gaps    uint64 // gap events: a seq more than one past maxSeq
+	missing uint64 // seqs skipped over by those gaps
+}
+
+func (c *counters) latency() *selfmetrics.Ring {
+	c.latOnce.Do(func() { c.lat = selfmetrics.NewRing(latencyWindow) })
+	return c.lat
+}
+
+// answered notes that seq of node/boot got an ack or a reject and reports
+// how many seqs it skipped over (0: no gap). A batch below the highest seq
+// (a resend after a reconnect) is not a gap; neither is the first batch the
+// collector sees from a boot, since it cannot know what came before.
+func (c *counters) answered(node, boot string, seq uint64) uint64 {
+	c.gapMu.Lock()
+	defer c.gapMu.Unlock()
+	if c.gaps == nil {
+		c.gaps = map[string]*gapState{}
+	}
+	g := c.gaps[node]
+	if g == nil {
+		g = &gapState{}
+		c.gaps[node] = g
+	}
+	if g.boot != boot {
+		g.boot, g.maxSeq = boot, seq
+		return 0
+	}
+	var skipped uint64
+	if seq > g.maxSeq+1 {
+		skipped = seq - g.maxSeq - 1
+		g.gaps++
+		g.missing += skipped
+		c.seqGaps.Add(1)
+		c.seqMissing.Add(skipped)
+	}
+	g.maxSeq = max(g.maxSeq, seq)
+	return skipped
+}
+
+// Stats are the ingest server's counters since start.
+type Stats struct {
+	Streams         uint64 `json:"streams_opened"`
+	ConnectedAgents int    `json:"connected_agents"`
+	KnownNodes      int    `json:"known_nodes"`
+	Applied         uint64 `json:"batches_applied"`
+	Duplicate       uint64 `json:"batches_duplicate"`
+	Rejected        uint64 `json:"batches_rejected"`
+	// RejectedTime counts the rejects for the time bounds (part of Rejected).
+	RejectedTime uint64 `json:"batches_rejected_time"`
+	StoreErrors  uint64 `json:"store_errors"`
+	// SeqGaps counts batches that arrived more than one past the highest seq
+	// seen from their node's boot; SeqMissing the seqs skipped over. Gaps are
+	// legitimate after an agent's spool overflowed; they are logged.
+	SeqGaps        uint64            `json:"seq_gaps"`
+	SeqMissing     uint64            `json:"seq_missing"`
+	SeqGapsPerNode map[string]uint64 `json:"seq_gaps_per_node"`
+	// Store write (ApplyBatch) latency over the last writes, in ms.
+	StoreWriteP50Ms float64 `json:"store_write_p50_ms"`
+	StoreWriteP99Ms float64 `json:"store_write_p99_ms"`
+	StoreWriteMaxMs float64 `json:"store_write_max_ms"`
+	StoreWrites     uint64  `json:"store_writes"`
+	// LastStoreError is when a store write last failed (zero: never), and
+	// StoreFailing whether no write has succeeded since.
+	LastStoreError time.Time `json:"last_store_error,omitzero"`
+	StoreFailing   bool      `json:"store_failing"`
+}
+
+// Stats returns a snapshot of the self-metrics.
+func (s *Server) Stats() Stats {
+	c := &s.counters
+	lat := c.latency()
+	q := lat.Quantiles(0.5, 0.99, 1)
+	st := Stats{
+		Streams: c.streams.Load(), Applied: c.applied.Load(), Duplicate: c.duplicate.Load(),
+		Rejected: c.rejected.Load(), RejectedTime: c.rejectedTime.Load(), StoreErrors: c.storeErrors.Load(),
+		SeqGaps: c.seqGaps.Load(), SeqMissing: c.seqMissing.Load(), SeqGapsPerNode: map[string]uint64{},
+		StoreWriteP50Ms: selfmetrics.Millis(q[0]), StoreWriteP99Ms: selfmetrics.Millis(q[1]),
+		StoreWriteMaxMs: selfmetrics.Millis(q[2]), StoreWrites: lat.Count(),
+	}
+	if e := c.lastStoreErr.Load(); e != 0 {
+		st.LastStoreError = time.Unix(0, e).UTC()
+		st.StoreFailing = e > c.lastStoreOK.Load()
+	}
+	c.gapMu.Lock()
+	for n, g := range c.gaps {
+		if g.gaps > 0 {
+			st.SeqGapsPerNode[n] = g.gaps
+		}
+	}
+	c.gapMu.Unlock()
+	s.mu.Lock()
+	st.KnownNodes = len(s.nodes)
+	for _, n := range s.nodes {
+		if len(n.sessions) > 0 {
+			st.ConnectedAgents++
+		}
+	}
+	s.mu.Unlock()
+	return st
+}
+
+// ConnectedNodes lists the nodes with an open stream, sorted.
+func (s *Server) ConnectedNodes() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for name, n := range s.nodes {
+		if len(n.sessions) > 0 {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
