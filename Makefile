@@ -6,7 +6,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BUF := $(GO) tool -modfile=tools/go.mod buf
 BIN := bin
 
-.PHONY: all build proto proto-check test test-go test-python test-e2e vet fmt-check demo clean
+.PHONY: all build proto proto-check test test-go fuzz-short test-python test-e2e vet fmt-check demo clean
 
 all: build
 
@@ -49,7 +49,16 @@ test-python:
 test-e2e: build
 	scripts/grpcurl-check.sh
 
-test: fmt-check vet proto-check test-go test-python test-e2e
+# A short run of every fuzz target (the committed corpora in testdata/fuzz
+# always run as plain tests in test-go). -fuzz takes one package and one
+# target at a time. FUZZTIME=1m make fuzz-short fuzzes longer.
+FUZZTIME ?= 5s
+fuzz-short:
+	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./agent/internal/trainerproto
+	$(GO) test -run='^$$' -fuzz='^FuzzValidateBatch$$' -fuzztime=$(FUZZTIME) ./collector/internal/ingest
+	$(GO) test -run='^$$' -fuzz='^FuzzAggregate$$' -fuzztime=$(FUZZTIME) ./collector/internal/ingest
+
+test: fmt-check vet proto-check test-go fuzz-short test-python test-e2e
 
 # The main job end to end on simulated GPUs: collector, agent, two trainer
 # runs that differ, then the runs table and the CSV.

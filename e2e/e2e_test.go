@@ -54,6 +54,9 @@ func TestReplayedPowerGivesExactRunFigures(t *testing.T) {
 			t.Parallel()
 			c := startCollector(t)
 			sock := c.startAgent("replay-node", "replay:"+writeTrace(t, 2, tc.powerW, tc.counterW, 60), "--warmup", "30s")
+			// A run that starts before the GPUs' first counter point has its
+			// first segment measured by power alone (docs/measurement.md).
+			c.waitStreaming("replay-node")
 			tr := dialTrainer(t, sock)
 			tr.send(`{"event":"run_start","run_id":"r","model":"m","backend":"b","gpus":[0,1],"warmup_s":1}`)
 			tr.runSteps("r", 40, 512, 100*time.Millisecond)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -108,11 +109,16 @@ func startCollector(t *testing.T, extra ...string) *cluster {
 	return c
 }
 
-// startAgent starts an agent and returns its socket path.
+// startAgent starts an agent and returns its socket path. Its spool is a
+// fresh directory under the test's temp dir unless extra has --spool.
 func (c *cluster) startAgent(node, gpuSpec string, extra ...string) string {
 	c.t.Helper()
 	sock := filepath.Join(c.t.TempDir(), "agent.sock")
-	args := append([]string{"--collector", c.addr, "--socket", sock, "--node", node, "--gpu", gpuSpec}, extra...)
+	args := []string{"--collector", c.addr, "--socket", sock, "--node", node, "--gpu", gpuSpec}
+	if !slices.Contains(extra, "--spool") {
+		args = append(args, "--spool", filepath.Join(c.t.TempDir(), "spool"))
+	}
+	args = append(args, extra...)
 	daemon(c.t, "trainmeter-agent", args...)
 	c.eventually("agent socket "+sock, func() bool {
 		conn, err := net.Dial("unix", sock)
@@ -122,6 +128,24 @@ func (c *cluster) startAgent(node, gpuSpec string, extra ...string) string {
 		return err == nil
 	})
 	return sock
+}
+
+// waitStreaming waits until node's agent has had a batch acked: it is
+// sampling, and its GPUs' counters have points a run can start from.
+func (c *cluster) waitStreaming(node string) {
+	c.t.Helper()
+	c.eventually("agent "+node+" streaming", func() bool {
+		resp, err := c.q.ListNodes(context.Background(), &pb.ListNodesRequest{})
+		if err != nil {
+			return false
+		}
+		for _, n := range resp.Nodes {
+			if n.Node == node && n.LastSeq > 0 {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 func (c *cluster) eventually(what string, ok func() bool) {

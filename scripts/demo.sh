@@ -28,7 +28,7 @@ for _ in $(seq 100); do "$BIN/trainmeter" nodes >/dev/null 2>&1 && break; sleep 
 
 echo "==> agent with two simulated GPUs (--gpu sim:2), warmup 2s"
 "$BIN/trainmeter-agent" --collector "$ADDR" --socket "$SOCK" --node demo-node --gpu sim:2 \
-	--warmup 2s >"$DEMO/agent.log" 2>&1 &
+	--warmup 2s --spool "$DEMO/spool" >"$DEMO/agent.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 [ -S "$SOCK" ] || { echo "agent did not open $SOCK"; cat "$DEMO/agent.log"; exit 1; }

@@ -49,6 +49,8 @@ var header = []string{
 	"gpu_price_per_hour", "energy_disagreement_pct", "energy_estimated", "gap_s", "steps",
 	"data_wait_s", "compute_s", "data_wait_share", "last_loss", "evals", "status",
 	"start_time", "end_time",
+	// data dropped on an agent (spool or disk full, rejected batch)
+	"complete", "lost_batches", "lost_tokens", "lost_energy_J",
 }
 
 // Header returns the CSV header row.
@@ -202,7 +204,34 @@ func Row(r *RunReport) []string {
 		Status(r),
 		tm(r, false),
 		tm(r, true),
+
+		Complete(r),
+		u(r.GetLostBatches()),
+		u(r.GetLostTokens()),
+		F(r.GetLostEnergyJ()),
 	}
+}
+
+// Complete is "no" when an agent dropped some of the run's data (the
+// lost_* columns say how much), "yes" otherwise.
+func Complete(r *RunReport) string {
+	if r.GetIncomplete() {
+		return "no"
+	}
+	return "yes"
+}
+
+// Incomplete describes the data a run lost, or "" when nothing was lost.
+func Incomplete(r *RunReport) string {
+	if !r.GetIncomplete() {
+		return ""
+	}
+	why := ""
+	if rs := r.GetLostReasons(); len(rs) > 0 {
+		why = " (" + strings.Join(rs, "; ") + ")"
+	}
+	return fmt.Sprintf("INCOMPLETE: %d batch(es) of this run were dropped on an agent%s; missing from the figures: %d tokens, %s J, %.4g GPU-hours",
+		r.GetLostBatches(), why, r.GetLostTokens(), F(r.GetLostEnergyJ()), r.GetLostGpuSeconds()/3600)
 }
 
 // WriteCSV writes the header and one row per run.
@@ -313,6 +342,9 @@ func WriteReport(w io.Writer, r *RunReport) error {
 		fmt.Fprintf(&b, "  %-18s "+format+"\n", append([]any{label + ":"}, args...)...)
 	}
 	fmt.Fprintf(&b, "run %s (%s)\n", r.GetRunId(), Status(r))
+	if inc := Incomplete(r); inc != "" {
+		b.WriteString(inc + "\n")
+	}
 
 	b.WriteString("metadata\n")
 	line("model", "%s", orDash(m.GetModel()))

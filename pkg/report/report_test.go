@@ -189,3 +189,23 @@ func TestTableAndReportGolden(t *testing.T) {
 	}
 	golden(t, "report.golden", buf.Bytes())
 }
+
+func TestIncompleteRunIsMarked(t *testing.T) {
+	r := fullRun()
+	if cell(t, r, "complete") != "yes" || cell(t, r, "lost_batches") != "0" || cell(t, r, "lost_tokens") != "0" || cell(t, r, "lost_energy_J") != "0" {
+		t.Errorf("complete run: %s %s %s %s", cell(t, r, "complete"), cell(t, r, "lost_batches"), cell(t, r, "lost_tokens"), cell(t, r, "lost_energy_J"))
+	}
+	r.Incomplete, r.LostBatches, r.LostTokens, r.LostEnergyJ, r.LostGpuSeconds = true, 12, 65536, 7200.5, 24
+	r.LostReasons = []string{"spool full"}
+	if cell(t, r, "complete") != "no" || cell(t, r, "lost_batches") != "12" || cell(t, r, "lost_tokens") != "65536" || cell(t, r, "lost_energy_J") != "7200.5" {
+		t.Errorf("incomplete run: %s %s %s %s", cell(t, r, "complete"), cell(t, r, "lost_batches"), cell(t, r, "lost_tokens"), cell(t, r, "lost_energy_J"))
+	}
+	var buf bytes.Buffer
+	if err := WriteReport(&buf, r); err != nil {
+		t.Fatal(err)
+	}
+	want := "INCOMPLETE: 12 batch(es) of this run were dropped on an agent (spool full); missing from the figures: 65536 tokens, 7200.5 J, 0.006667 GPU-hours"
+	if lines := strings.Split(buf.String(), "\n"); len(lines) < 2 || lines[1] != want {
+		t.Errorf("report starts:\n%s\nwant line 2: %s", buf.String()[:min(300, buf.Len())], want)
+	}
+}

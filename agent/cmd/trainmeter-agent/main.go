@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"syscall"
@@ -33,6 +34,7 @@ type options struct {
 	cfg             agent.Config
 	configFile      string
 	shutdownTimeout time.Duration
+	allowUIDs       []uint
 }
 
 func newRootCmd() *cobra.Command { return newRootCmdWith(&options{cfg: agent.DefaultConfig()}) }
@@ -45,6 +47,12 @@ func newRootCmdWith(o *options) *cobra.Command {
 		SilenceErrors: true,
 		Version:       agent.Version,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, u := range o.allowUIDs {
+				if u > math.MaxUint32 {
+					return fmt.Errorf("--allow-uid %d: not a uid", u)
+				}
+				o.cfg.AllowedUIDs = append(o.cfg.AllowedUIDs, uint32(u))
+			}
 			resolved, err := resolveConfig(cmd, o.configFile, o.cfg)
 			if err != nil {
 				return err
@@ -61,9 +69,19 @@ func newRootCmdWith(o *options) *cobra.Command {
 	f.StringVar(&o.cfg.GPU, "gpu", o.cfg.GPU, "GPU backend: nvml, sim:N, replay:FILE, or auto (nvml if a GPU is found)")
 	f.DurationVar(&o.cfg.Interval, "interval", o.cfg.Interval, "GPU sampling interval")
 	f.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "default warmup excluded from efficiency figures")
+	f.DurationVar(&o.cfg.RejoinGrace, "rejoin-grace", o.cfg.RejoinGrace, "after an agent restart, how long a resumed run waits for a rank to reconnect")
 	f.DurationVar(&o.cfg.HostInterval, "host-interval", o.cfg.HostInterval, "host RAM/CPU sampling interval")
+	f.StringVar(&o.cfg.Spool, "spool", o.cfg.Spool, "directory that keeps batches until the collector acks them")
+	f.Int64Var(&o.cfg.SpoolMaxBytes, "spool-max-bytes", o.cfg.SpoolMaxBytes, "bound of the spool in bytes; when full the oldest batches are dropped and reported")
 	f.StringVar(&o.cfg.LogLevel, "log-level", o.cfg.LogLevel, "debug, info, warn or error")
+	f.StringVar(&o.cfg.StatusListen, "status-listen", o.cfg.StatusListen, "serve GET /healthz and GET /status on HOST:PORT (empty: off)")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown may take to flush batches to the collector")
+	f.StringVar(&o.cfg.TLSCA, "tls-ca", o.cfg.TLSCA, "verify the collector's certificate with this PEM CA bundle (implies TLS)")
+	f.StringVar(&o.cfg.TLSCert, "tls-cert", o.cfg.TLSCert, "client certificate for mTLS (PEM; implies TLS)")
+	f.StringVar(&o.cfg.TLSKey, "tls-key", o.cfg.TLSKey, "private key of --tls-cert")
+	f.StringVar(&o.cfg.TLSServerName, "tls-server-name", o.cfg.TLSServerName, "name to check in the collector's certificate (implies TLS)")
+	f.StringVar(&o.cfg.TokenFile, "token-file", o.cfg.TokenFile, "file with this node's ingest token (needs TLS unless the collector is on loopback)")
+	f.UintSliceVar(&o.allowUIDs, "allow-uid", nil, "uid allowed to report on the socket (repeatable; root always is; none: socket permissions decide)")
 	return cmd
 }
 
@@ -98,8 +116,18 @@ func overlayFlags(cmd *cobra.Command, dst *agent.Config, flags agent.Config) {
 	set("gpu", func() { dst.GPU = flags.GPU })
 	set("interval", func() { dst.Interval = flags.Interval })
 	set("warmup", func() { dst.Warmup = flags.Warmup })
+	set("rejoin-grace", func() { dst.RejoinGrace = flags.RejoinGrace })
 	set("host-interval", func() { dst.HostInterval = flags.HostInterval })
+	set("spool", func() { dst.Spool = flags.Spool })
+	set("spool-max-bytes", func() { dst.SpoolMaxBytes = flags.SpoolMaxBytes })
 	set("log-level", func() { dst.LogLevel = flags.LogLevel })
+	set("status-listen", func() { dst.StatusListen = flags.StatusListen })
+	set("tls-ca", func() { dst.TLSCA = flags.TLSCA })
+	set("tls-cert", func() { dst.TLSCert = flags.TLSCert })
+	set("tls-key", func() { dst.TLSKey = flags.TLSKey })
+	set("tls-server-name", func() { dst.TLSServerName = flags.TLSServerName })
+	set("token-file", func() { dst.TokenFile = flags.TokenFile })
+	set("allow-uid", func() { dst.AllowedUIDs = flags.AllowedUIDs })
 }
 
 func run(cfg agent.Config, shutdownTimeout time.Duration) error {

@@ -4,17 +4,18 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"sync"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 	"github.com/trainmeter/trainmeter/agent/internal/uplink"
@@ -38,12 +39,22 @@ type Agent struct {
 	ledger *ledger.Ledger
 	sock   *trainersock.Server
 	up     *uplink.Uplink
+	// spool keeps batches until acked; it owns the boot id and seqs.
+	spool *spool.Spool
+	// lastStateErr rate-limits warnings about the ledger state file.
+	lastStateErr time.Time
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	// loopDone is closed when the sampling loop has stopped.
 	loopDone chan struct{}
 	stopLoop chan struct{}
+
+	// Self-observability (status.go).
+	self      *selfStats
+	statusSrv *http.Server
+	statusLn  net.Listener
+	admit     admission // bounds the events per batch (admission.go)
 }
 
 // New builds an agent over a GPU backend; hostSampler may be nil.
@@ -55,7 +66,7 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 		logger = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{cfg: cfg, backend: backend, clock: clk, host: hostSampler, log: logger,
-		loopDone: make(chan struct{}), stopLoop: make(chan struct{})}
+		loopDone: make(chan struct{}), stopLoop: make(chan struct{}), self: newSelfStats(clk.Now())}
 	lcfg := ledger.Config{
 		Devices:       backend.Devices(),
 		DefaultWarmup: cfg.Warmup,
@@ -67,31 +78,48 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	}
 	a.ledger = ledger.New(lcfg)
 
-	sock, err := trainersock.New(trainersock.Config{Path: cfg.Socket, Group: cfg.SocketGroup}, handler{a}, logger)
+	sp, err := spool.Open(cfg.Spool, cfg.SpoolMaxBytes, logger)
+	if err != nil {
+		return nil, err
+	}
+	a.spool = sp
+	a.restoreLedger()
+	built := false
+	defer func() {
+		if !built {
+			_ = sp.Close()
+		}
+	}()
+
+	sock, err := trainersock.New(trainersock.Config{Path: cfg.Socket, Group: cfg.SocketGroup, AllowedUIDs: allowedUIDs(cfg)}, handler{a}, logger)
 	if err != nil {
 		return nil, err
 	}
 	a.sock = sock
 
-	up, err := uplink.New(uplink.Config{
+	ucfg := uplink.Config{
 		Address:    cfg.Collector,
+		Spool:      a.spool,
 		Hello:      a.hello(),
 		OnAdvisory: a.advise,
 		Logger:     logger,
-	})
+	}
+	if err := securityConfig(cfg, &ucfg, logger); err != nil {
+		return nil, err
+	}
+	up, err := uplink.New(ucfg)
 	if err != nil {
 		return nil, err
 	}
 	a.up = up
+	built = true
 	return a, nil
 }
 
 func (a *Agent) hello() *pb.Hello {
-	var boot [8]byte
-	_, _ = rand.Read(boot[:])
 	h := &pb.Hello{
 		Node:         a.cfg.Node,
-		BootId:       hex.EncodeToString(boot[:]),
+		BootId:       a.spool.BootID(), // persisted: a restarted agent re-sends under the same id
 		AgentVersion: Version,
 		GpuBackend:   a.cfg.GPU,
 		StartedAt:    timestamppb.New(a.clock.Now()),
@@ -109,6 +137,10 @@ func (a *Agent) hello() *pb.Hello {
 func (a *Agent) Start(ctx context.Context) error {
 	if err := a.sock.Start(); err != nil {
 		return fmt.Errorf("trainer socket: %w", err)
+	}
+	if err := a.startStatus(); err != nil {
+		_ = a.sock.Shutdown(context.WithoutCancel(ctx))
+		return err
 	}
 	ctx, a.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	a.wg.Add(1)
@@ -143,11 +175,18 @@ func (a *Agent) sampleLoop(t clock.Ticker) {
 		case <-t.C():
 		}
 		now := a.clock.Now()
-		if err := a.backend.Read(now, samples); err != nil {
+		err := a.backend.Read(now, samples)
+		if err != nil {
 			a.log.Warn("GPU read failed", "err", err)
 		}
-		for _, b := range a.ledger.Tick(now, samples) {
+		a.self.tick(now, a.cfg.Interval, samples, err)
+		batches := a.ledger.Tick(now, samples)
+		for _, b := range batches {
 			a.up.Enqueue(b)
+		}
+		if len(batches) > 0 {
+			a.checkpoint(now)
+			a.afterBatches(now)
 		}
 	}
 }
@@ -191,6 +230,11 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	}
 	a.cancel()
 	a.wg.Wait()
+	a.stopStatus(ctx)
+	// Unacked batches stay in the spool (fsynced here) for the next start.
+	if err := a.spool.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("spool: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -222,10 +266,21 @@ func (h handler) Handle(p trainersock.Peer, ev trainerproto.Event) error {
 	lp := ledger.Peer{ConnID: p.ConnID, PID: p.PID, UID: p.UID}
 	switch e := ev.(type) {
 	case *trainerproto.RunStart:
+		if h.a.ledger.Members(e.Run) == nil { // a new run: one event, one more window per batch
+			if n := len(h.a.ledger.ActiveRuns()); n >= maxActiveRuns {
+				return fmt.Errorf("run_start: too many runs on this node (%d); end some first", n)
+			}
+			if !h.a.admit.allow(now, eventSize(e)) {
+				return fmt.Errorf("run_start: agent busy: more than %d events/s from trainers; retry later", maxEventsPerSec)
+			}
+		}
 		return h.a.ledger.StartRun(now, lp, e)
 	case *trainerproto.Step:
 		return h.a.ledger.Step(now, lp, e)
 	case *trainerproto.Eval:
+		if !h.a.admit.allow(now, eventSize(e)) {
+			return fmt.Errorf("eval: agent busy: more than %d events/s from trainers; dropped", maxEventsPerSec)
+		}
 		return h.a.ledger.Eval(now, lp, e)
 	case *trainerproto.RunEnd:
 		return h.a.ledger.EndRun(now, lp, e)

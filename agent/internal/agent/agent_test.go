@@ -127,6 +127,7 @@ func TestAgentSamplesOnTheInjectedClockAndShipsRuns(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Collector = lis.Addr().String()
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
+	cfg.Spool = filepath.Join(t.TempDir(), "spool")
 	cfg.Node = "test-node"
 	cfg.GPU = "sim:2"
 	backend := simgpu.New(2, 1)

@@ -3,11 +3,15 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 )
 
 // Config is the agent's configuration; the YAML file and the flags fill it.
@@ -29,20 +33,55 @@ type Config struct {
 	Warmup time.Duration `yaml:"warmup"`
 	// HostInterval is the host (RAM, CPU) sampling period.
 	HostInterval time.Duration `yaml:"host_interval"`
+	// Spool is the directory that keeps batches until the collector acks
+	// them, across collector outages and agent restarts.
+	Spool string `yaml:"spool"`
+	// SpoolMaxBytes bounds the spool; when full, the oldest batches are
+	// dropped and reported (the runs are marked incomplete).
+	SpoolMaxBytes int64 `yaml:"spool_max_bytes"`
+	// RejoinGrace is how long, after an agent restart, a resumed run waits
+	// for one of its ranks to reconnect before it is ended at the restart.
+	RejoinGrace time.Duration `yaml:"rejoin_grace"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
+	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
+	// (the agent's own health, docs/observability.md) over plain HTTP.
+	StatusListen string `yaml:"status_listen"`
+
+	// TLSCA is the PEM CA bundle that signs the collector's certificate;
+	// setting it (or any TLS key) turns TLS on.
+	TLSCA string `yaml:"tls_ca"`
+	// TLSCert and TLSKey are the agent's client certificate for mTLS.
+	TLSCert string `yaml:"tls_cert"`
+	TLSKey  string `yaml:"tls_key"`
+	// TLSServerName overrides the name checked in the collector's certificate.
+	TLSServerName string `yaml:"tls_server_name"`
+	// TokenFile holds this node's ingest token (sent as a bearer token). It
+	// needs TLS unless the collector is on a loopback address.
+	TokenFile string `yaml:"token_file"`
+	// AllowedUIDs, when not empty, are the uids allowed to report on the
+	// trainer socket (root always is); empty: whoever can open the socket.
+	AllowedUIDs []uint32 `yaml:"allowed_uids"`
+}
+
+// TLSOptions returns the uplink's TLS file settings.
+func (c *Config) TLSOptions() tlsfiles.ClientOptions {
+	return tlsfiles.ClientOptions{CAFile: c.TLSCA, CertFile: c.TLSCert, KeyFile: c.TLSKey, ServerName: c.TLSServerName}
 }
 
 // DefaultConfig is what the agent runs with when nothing is set.
 func DefaultConfig() Config {
 	return Config{
-		Collector:    "127.0.0.1:7433",
-		Socket:       "/run/trainmeter/agent.sock",
-		GPU:          "auto",
-		Interval:     50 * time.Millisecond,
-		Warmup:       60 * time.Second,
-		HostInterval: time.Second,
-		LogLevel:     "info",
+		Collector:     "127.0.0.1:7433",
+		Socket:        "/run/trainmeter/agent.sock",
+		GPU:           "auto",
+		Interval:      50 * time.Millisecond,
+		Warmup:        60 * time.Second,
+		HostInterval:  time.Second,
+		Spool:         DefaultSpoolDir,
+		SpoolMaxBytes: DefaultSpoolMaxBytes,
+		RejoinGrace:   ledger.DefaultRejoinGrace,
+		LogLevel:      "info",
 	}
 }
 
@@ -81,6 +120,21 @@ func (c *Config) Validate() error {
 	}
 	if c.HostInterval <= 0 {
 		errs = append(errs, fmt.Errorf("host_interval %v: must be positive", c.HostInterval))
+	}
+	errs = append(errs, c.validateSpool()...)
+	if c.RejoinGrace < 0 {
+		errs = append(errs, fmt.Errorf("rejoin_grace %v: must not be negative", c.RejoinGrace))
+	}
+	if err := c.TLSOptions().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.TokenFile != "" && !c.TLSOptions().Enabled() && c.Collector != "" && !tlsfiles.IsLoopback(c.Collector) {
+		errs = append(errs, fmt.Errorf("token_file: a token is only sent over TLS to a collector that is not on this machine (%s): set tls_ca", c.Collector))
+	}
+	if c.StatusListen != "" {
+		if _, _, err := net.SplitHostPort(c.StatusListen); err != nil {
+			errs = append(errs, fmt.Errorf("status_listen %q: %v", c.StatusListen, err))
+		}
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -49,6 +50,8 @@ type Spec struct {
 	N    int    // sim: number of GPUs
 	Seed int64  // sim: seed
 	Path string // replay: trace file
+	// Start anchors replay playback (zero: at the agent's first read).
+	Start time.Time
 }
 
 // ParseSpec parses a --gpu value without opening anything.
@@ -87,6 +90,14 @@ func ParseSpec(spec string) (Spec, error) {
 		if strings.TrimSpace(arg) == "" {
 			return Spec{}, fmt.Errorf("--gpu %q: replay:FILE needs a trace file (see docs/replay-format.md)", spec)
 		}
+		// replay:FILE@UNIX_SECONDS anchors trace time 0 at that instant.
+		if i := strings.LastIndex(arg, "@"); i > 0 {
+			secs, err := strconv.ParseFloat(arg[i+1:], 64)
+			if err != nil || secs <= 0 {
+				return Spec{}, fmt.Errorf("--gpu %q: replay:FILE@T needs T in Unix seconds", spec)
+			}
+			return Spec{Kind: KindReplay, Path: arg[:i], Start: time.Unix(0, int64(secs*1e9))}, nil
+		}
 		return Spec{Kind: KindReplay, Path: arg}, nil
 	}
 	return Spec{}, fmt.Errorf("--gpu %q: unknown backend %q (%s)", spec, kind, Usage)
@@ -113,7 +124,10 @@ func Open(spec string, logger *slog.Logger) (gpu.Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		logger.Info("gpu backend: replay", "file", sp.Path, "gpus", len(b.Devices()), "duration", b.Duration())
+		if !sp.Start.IsZero() {
+			b.StartAt(sp.Start)
+		}
+		logger.Info("gpu backend: replay", "file", sp.Path, "gpus", len(b.Devices()), "duration", b.Duration(), "anchored_at", sp.Start)
 		return b, nil
 	case KindNVML:
 		return openNVML(logger)

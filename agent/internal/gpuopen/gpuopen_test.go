@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
@@ -146,5 +147,18 @@ func TestOpenAutoWithNVML(t *testing.T) {
 	defer b.Close()
 	if _, ok := b.(*nvmlgpu.Backend); !ok || len(b.Devices()) != 1 {
 		t.Fatalf("%T %d", b, len(b.Devices()))
+	}
+}
+
+func TestReplayAnchoredAtAnInstant(t *testing.T) {
+	sp, err := ParseSpec("replay:/tmp/a@b.csv@1700000000.5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp.Path != "/tmp/a@b.csv" || !sp.Start.Equal(time.Unix(1700000000, 5e8)) {
+		t.Errorf("spec %+v", sp)
+	}
+	if _, err := ParseSpec("replay:x.csv@soon"); err == nil || !strings.Contains(err.Error(), "Unix seconds") {
+		t.Errorf("bad anchor accepted: %v", err)
 	}
 }

@@ -85,6 +85,15 @@ type Ledger struct {
 	pending  []*pb.RunEvent
 	seq      uint64
 	lastStep []time.Time
+
+	// Raw counter per GPU at winStart, for snapshots; the first raw counter
+	// of this boot; and the snapshot this boot was restored from.
+	rawAtStart   []float64
+	rawAtStartOK []bool
+	firstRaw     []float64
+	firstRawOK   []bool
+	snapGPUs     []SnapshotGPU
+	grace        time.Duration
 }
 
 type gpuAcc struct {
@@ -111,6 +120,12 @@ func New(cfg Config) *Ledger {
 		startStats: make([]energy.Stats, n),
 		runs:       map[string]*run{},
 		lastStep:   make([]time.Time, n),
+
+		rawAtStart:   make([]float64, n),
+		rawAtStartOK: make([]bool, n),
+		firstRaw:     make([]float64, n),
+		firstRawOK:   make([]bool, n),
+		grace:        DefaultRejoinGrace,
 	}
 	for i := range l.meters {
 		l.meters[i] = energy.NewMeter(energy.Options{MaxGap: cfg.MaxGap})
@@ -144,9 +159,13 @@ func (l *Ledger) Tick(now time.Time, samples []gpu.Sample) []*pb.Batch {
 		s := samples[i]
 		l.meters[i].Observe(s)
 		l.last[i] = s
+		if s.EnergyOK && !l.firstRawOK[i] {
+			l.firstRaw[i], l.firstRawOK[i] = s.EnergyJ, true
+		}
 		accumulate(&acc[i], &s)
 	}
 	l.updateLoad(now)
+	l.expireRestored(now)
 	for _, id := range l.order {
 		r := l.runs[id]
 		if now.Before(r.start) || (r.ended && now.After(r.end)) {
@@ -278,6 +297,7 @@ func (l *Ledger) closeWindow() *pb.Batch {
 		st := m.Stats()
 		b.GpuWindows = append(b.GpuWindows, l.gpuWindow(i, c, st))
 		l.startStats[i] = st
+		l.rawAtStart[i], l.rawAtStartOK[i] = l.rawAt(i, we, c)
 	}
 	b.RunEvents = l.pending
 	l.pending = nil
@@ -301,6 +321,24 @@ func (l *Ledger) closeWindow() *pb.Batch {
 	l.winStart = we
 	l.winEnd = we.Add(l.cfg.Window)
 	return b
+}
+
+// rawAt is GPU i's raw (driver) counter at t, from its last raw reading and
+// the curve between the two: what a restarted agent compares against.
+func (l *Ledger) rawAt(i int, t time.Time, c energy.Cumulative) (float64, bool) {
+	last := l.last[i]
+	if !last.EnergyOK || !c.CounterOK {
+		return 0, false
+	}
+	at := last.EnergyAt
+	if at.IsZero() {
+		at = last.ReadAt
+	}
+	cl, ok := l.meters[i].At(at)
+	if !ok || !cl.CounterOK {
+		return 0, false
+	}
+	return last.EnergyJ + c.CounterJ - cl.CounterJ, true
 }
 
 func (l *Ledger) gpuWindow(i int, end energy.Cumulative, st energy.Stats) *pb.GpuWindow {
@@ -360,6 +398,9 @@ func (l *Ledger) runWindows(r *run, ws, we time.Time) []*pb.RunWindow {
 			cuts = append(cuts, c.at)
 		}
 	}
+	if !r.rejoinAt.IsZero() && r.rejoinAt.After(from) && r.rejoinAt.Before(to) {
+		cuts = append(cuts, r.rejoinAt)
+	}
 	sort.Slice(cuts, func(i, j int) bool { return cuts[i].Before(cuts[j]) })
 
 	var out []*pb.RunWindow
@@ -369,6 +410,18 @@ func (l *Ledger) runWindows(r *run, ws, we time.Time) []*pb.RunWindow {
 			continue
 		}
 		out = append(out, l.segment(r, a, b))
+	}
+	if r.bridge != nil {
+		out = l.holdBridge(r, out, ws, to)
+	}
+	// What a checkpoint may promise was shipped: totals of consumed steps.
+	for _, s := range r.steps {
+		if !s.t.Before(to) && !(r.ended && s.t.Equal(to)) {
+			break
+		}
+		if s.rank != "" {
+			r.shipped[s.rank] = max(r.shipped[s.rank], s.total)
+		}
 	}
 	// Drop what this window consumed; later ticks and steps stay queued.
 	r.ticks = dropBefore(r.ticks, to, func(t tickStat) time.Time { return t.t })
@@ -438,6 +491,7 @@ func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
 			continue
 		}
 		w.Tokens += s.tokens
+		w.TokensRecovered += s.recovered
 		if !r.warmupEnd.IsZero() && s.t.After(r.warmupEnd) {
 			w.TokensMeasured += s.tokens
 		}

@@ -401,3 +401,57 @@ func TestWindowWaitsForASlowCounter(t *testing.T) {
 		near(t, "1 s of counter energy", w.EnergyCounterJ, 300, 1e-6)
 	}
 }
+
+func TestJoinWithConflictingMetadataIsRefusedAndChangesNothing(t *testing.T) {
+	r := newRig(t, []float64{100, 100}, []float64{100, 100}, 0)
+	r.advance(time.Second)
+	if err := r.l.StartRun(r.at(0), peer1, &trainerproto.RunStart{Run: "m", Model: "a", Backend: "torch",
+		BatchSize: ptr(int64(8)), GPUs: []string{"0"}}); err != nil {
+		t.Fatal(err)
+	}
+	peer2 := Peer{ConnID: 2}
+	cases := []struct {
+		ev   *trainerproto.RunStart
+		want string
+	}{
+		{&trainerproto.RunStart{Run: "m", Model: "b", GPUs: []string{"1"}}, `run_start: metadata conflicts with run "m": model "b" != "a"`},
+		{&trainerproto.RunStart{Run: "m", Backend: "jax"}, `backend "jax" != "torch"`},
+		{&trainerproto.RunStart{Run: "m", Model: "a", BatchSize: ptr(int64(16))}, "batch_size 16 != 8"},
+	}
+	for _, c := range cases {
+		if err := r.l.StartRun(r.at(0), peer2, c.ev); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("join %+v: err %v, want %q", c.ev, err, c.want)
+		}
+	}
+	// The refused rank did not join: it may not end the run, and GPU 1 was
+	// not added.
+	if err := r.l.EndRun(r.at(0), peer2, &trainerproto.RunEnd{Run: "m"}); err == nil || !strings.Contains(err.Error(), "did not join") {
+		t.Errorf("run_end from the refused rank: %v", err)
+	}
+	// A rank that agrees, or leaves the fields out, joins.
+	if err := r.l.StartRun(r.at(0), Peer{ConnID: 3}, &trainerproto.RunStart{Run: "m", Model: "a", Dataset: "any", Notes: "rank 1", Seed: ptr(int64(7))}); err != nil {
+		t.Errorf("agreeing join refused: %v", err)
+	}
+	_ = r.l.EndRun(r.at(0), peer1, &trainerproto.RunEnd{Run: "m"})
+	_ = r.l.EndRun(r.at(0), Peer{ConnID: 3}, &trainerproto.RunEnd{Run: "m"})
+	r.advance(2 * time.Second)
+	var starts int
+	for _, b := range r.batches {
+		for _, e := range b.RunEvents {
+			if s := e.GetRunStart(); s != nil {
+				starts++
+				if s.Metadata.Model != "a" || len(s.Gpus) != 1 {
+					t.Errorf("run_start shipped %v", s)
+				}
+			}
+		}
+	}
+	if starts != 1 {
+		t.Errorf("%d run_start events shipped, want 1", starts)
+	}
+	for _, w := range r.windows("m") {
+		if len(w.Gpus) != 1 || w.Gpus[0] != 0 {
+			t.Errorf("window on GPUs %v, want only GPU 0 (the refused join must not add GPU 1)", w.Gpus)
+		}
+	}
+}

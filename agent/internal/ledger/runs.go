@@ -24,16 +24,34 @@ type run struct {
 	warmup      time.Duration // time-based warmup, when warmupSteps == 0
 	warmupSteps uint64
 	warmupEnd   time.Time // zero until known
-	members     map[uint64]struct{}
-	gpuChanges  []gpuSet // ascending by at; the first is at start
-	ended       bool
-	end         time.Time
-	endReason   string
+	// uid is the uid of the process that started the run (SO_PEERCRED);
+	// events from other uids are refused (root excepted). uidSet is false
+	// only for a run that no peer has claimed yet (restored after a restart).
+	uid    int32
+	uidSet bool
+	// members maps each joined connection to its rank key (client_id, or
+	// the connection when the client sends none).
+	members    map[uint64]string
+	gpuChanges []gpuSet // ascending by at; the first is at start
+	ended      bool
+	end        time.Time
+	endReason  string
+	meta       runMeta // of the run_start that started it; joins must agree
 
 	ticks []tickStat
 	steps []stepStat
 	// stepEvents counts step events, for warmup_steps when steps carry no number.
 	stepEvents uint64
+	// totals is each rank's latest cumulative tokens_total; shipped is the
+	// same as of the last closed window (what a checkpoint may promise).
+	totals, shipped map[string]uint64
+
+	// A run restored from a checkpoint after an agent restart waits for a
+	// rank to rejoin; until then its energy is held in bridge.
+	restored  bool
+	restoreAt time.Time
+	rejoinAt  time.Time // zero until a rank rejoins
+	bridge    *bridge
 }
 
 type gpuSet struct {
@@ -43,6 +61,9 @@ type gpuSet struct {
 
 type stepStat struct {
 	t                 time.Time
+	rank              string
+	total             uint64 // the rank's tokens_total after this step; 0 if not sent
+	recovered         uint64
 	tokens, samples   uint64
 	dataWait, compute float64
 	loss              float64
@@ -82,7 +103,17 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		if r.ended {
 			return errorf("run_start", "run %q already ended on this node; use a new run_id", ev.Run)
 		}
-		r.members[p.ConnID] = struct{}{}
+		if err := r.checkOwner("run_start", p); err != nil {
+			return err
+		}
+		if err := r.meta.conflict(ev); err != nil {
+			return errorf("run_start", "metadata conflicts with run %q: %v", ev.Run, err)
+		}
+		r.members[p.ConnID] = rankKey(p, ev)
+		if r.restored && r.rejoinAt.IsZero() {
+			r.rejoinAt = now
+			l.cfg.Logger.Info("run rejoined after agent restart", "run_id", r.id, "down", now.Sub(r.bridge.From))
+		}
 		if merged, changed := union(r.gpuChanges[len(r.gpuChanges)-1].gpus, gpus); changed {
 			r.gpuChanges = append(r.gpuChanges, gpuSet{at: now, gpus: merged})
 		}
@@ -92,8 +123,13 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		id:         ev.Run,
 		start:      now,
 		warmup:     l.cfg.DefaultWarmup,
-		members:    map[uint64]struct{}{p.ConnID: {}},
+		members:    map[uint64]string{p.ConnID: rankKey(p, ev)},
+		uid:        p.UID,
+		uidSet:     true,
+		totals:     map[string]uint64{},
+		shipped:    map[string]uint64{},
 		gpuChanges: []gpuSet{{at: now, gpus: gpus}},
+		meta:       metaOf(ev),
 	}
 	switch {
 	case ev.WarmupSteps != nil:
@@ -164,6 +200,13 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 		}
 	}
 	return rs
+}
+
+func rankKey(p Peer, ev *trainerproto.RunStart) string {
+	if ev.ClientID != "" {
+		return "client:" + ev.ClientID
+	}
+	return "conn:" + strconv.FormatUint(p.ConnID, 10)
 }
 
 // resolveGPUs maps run_start's gpus (NVML indices or UUIDs), else
@@ -241,11 +284,27 @@ func union(a, b []int) ([]int, bool) {
 func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	r, err := l.liveRun("step", ev.Run)
+	r, err := l.liveRunOf("step", ev.Run, p)
 	if err != nil {
 		return err
 	}
 	s := stepStat{t: now, tokens: ev.Tokens}
+	if key, ok := r.members[p.ConnID]; ok && ev.TokensTotal != nil {
+		s.rank, s.total = key, *ev.TokensTotal
+		// A rank's cumulative total covers steps whose events never arrived
+		// (lost in an agent restart, or dropped by the client while it
+		// could not connect): credit them here. A rank first seen now gets
+		// no credit for earlier steps, which another boot may have shipped.
+		if last, seen := r.totals[key]; seen && s.total > last && s.total-last > s.tokens {
+			s.recovered = s.total - last - s.tokens
+			s.tokens += s.recovered
+		}
+		r.totals[key] = max(r.totals[key], s.total)
+	}
+	if r.restored && r.rejoinAt.IsZero() {
+		// A raw client may resume with steps and no run_start.
+		r.rejoinAt = now
+	}
 	if ev.Samples != nil {
 		s.samples = *ev.Samples
 	}
@@ -289,7 +348,7 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, err := l.liveRun("eval", ev.Run); err != nil {
+	if _, err := l.liveRunOf("eval", ev.Run, p); err != nil {
 		return err
 	}
 	e := &pb.Eval{RunId: ev.Run, Time: timestamppb.New(now)}
@@ -311,7 +370,7 @@ func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 func (l *Ledger) EndRun(now time.Time, p Peer, ev *trainerproto.RunEnd) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	r, err := l.liveRun("run_end", ev.Run)
+	r, err := l.liveRunOf("run_end", ev.Run, p)
 	if err != nil {
 		return err
 	}
@@ -351,6 +410,29 @@ func (l *Ledger) leave(now time.Time, r *run, conn uint64, reason string) {
 		}
 	}
 	l.cfg.Logger.Info("run ended", "run_id", r.id, "reason", reason, "wall", now.Sub(r.start))
+}
+
+// liveRunOf is liveRun for an event from p, which must be the run's owner.
+func (l *Ledger) liveRunOf(event, id string, p Peer) (*run, error) {
+	r, err := l.liveRun(event, id)
+	if err != nil {
+		return nil, err
+	}
+	return r, r.checkOwner(event, p)
+}
+
+// checkOwner refuses an event for r from a uid other than the one that
+// started it (root may act on any run). A run nobody owns yet is claimed by
+// the first non-root peer.
+func (r *run) checkOwner(event string, p Peer) error {
+	switch {
+	case p.UID == 0:
+	case !r.uidSet:
+		r.uid, r.uidSet = p.UID, true
+	case r.uid != p.UID:
+		return errorf(event, "run %q belongs to another user", r.id)
+	}
+	return nil
 }
 
 func (l *Ledger) liveRun(event, id string) (*run, error) {

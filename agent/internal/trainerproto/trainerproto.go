@@ -40,7 +40,13 @@ const (
 
 // Limits applied by Parse.
 const (
-	MaxRunIDBytes    = 256  // run_id
+	MaxRunIDBytes = 256 // run_id
+	// MaxStepTokens caps one step's tokens (2^32, thousands of times any real
+	// batch): a nonsense count must get an error line, not overflow a run's
+	// total and have the collector reject a whole batch of everyone's data.
+	MaxStepTokens = 1 << 32
+	// MaxTokensTotal caps a rank's cumulative tokens_total (2^50, ~10^15).
+	MaxTokensTotal   = 1 << 50
 	MaxMetadataBytes = 1024 // model, dataset, notes, … and run_end status
 	MaxLabels        = 64   // extra scalar keys kept in RunStart.Labels
 	MaxLabelBytes    = 256  // each label key and each label value
@@ -79,6 +85,10 @@ type RunStart struct {
 
 	Rank, WorldSize, LocalRank *int64
 
+	// ClientID identifies the reporting process (rank) across reconnects and
+	// agent restarts, so its cumulative tokens_total can be matched up.
+	ClientID string
+
 	// Labels holds every other scalar key (string, number, bool),
 	// stringified; numbers keep their JSON text. Nil when there are none.
 	// Unknown keys whose values are objects or arrays are ignored.
@@ -92,6 +102,10 @@ type Step struct {
 	Tokens                    uint64
 	Samples                   *uint64
 	DataWaitS, ComputeS, Loss *float64
+	// TokensTotal is the rank's cumulative token count for the run, counting
+	// steps the client could not deliver. The agent credits the difference
+	// to the last total it saw, so lost step events lose no tokens.
+	TokensTotal *uint64
 }
 
 // Eval is the "eval" event.
@@ -352,7 +366,7 @@ var runStartKeys = map[string]bool{
 	"warmup_s": true, "warmup_steps": true, "gpus": true, "cuda_visible_devices": true,
 	"num_workers": true, "prefetch_factor": true, "planned_steps": true,
 	"gpu_price_per_hour": true, "budget_scope": true,
-	"rank": true, "world_size": true, "local_rank": true,
+	"rank": true, "world_size": true, "local_rank": true, "client_id": true,
 }
 
 func (d *decoder) runStart(run string) (Event, error) {
@@ -365,6 +379,7 @@ func (d *decoder) runStart(run string) (Event, error) {
 		{"model", &e.Model}, {"dataset", &e.Dataset}, {"backend", &e.Backend},
 		{"optimizer", &e.Optimizer}, {"precision", &e.Precision}, {"notes", &e.Notes},
 		{"cuda_visible_devices", &e.CUDAVisibleDevices}, {"budget_scope", &e.BudgetScope},
+		{"client_id", &e.ClientID},
 	} {
 		if *f.dst, err = d.str(f.key, MaxMetadataBytes); err != nil {
 			return nil, err
@@ -464,9 +479,18 @@ func (d *decoder) step(run string) (Event, error) {
 	if e.Tokens, ok = parseUint(raw); !ok {
 		return nil, d.fieldErr("tokens", "must be a non-negative integer")
 	}
+	if e.Tokens > MaxStepTokens {
+		return nil, d.fieldErr("tokens", "too large: %d > %d per step", e.Tokens, uint64(MaxStepTokens))
+	}
 	var err error
 	if e.Step, err = d.uint("step"); err != nil {
 		return nil, err
+	}
+	if e.TokensTotal, err = d.uint("tokens_total"); err != nil {
+		return nil, err
+	}
+	if e.TokensTotal != nil && *e.TokensTotal > MaxTokensTotal {
+		return nil, d.fieldErr("tokens_total", "too large: %d > %d", *e.TokensTotal, uint64(MaxTokensTotal))
 	}
 	if e.Samples, err = d.uint("samples"); err != nil {
 		return nil, err

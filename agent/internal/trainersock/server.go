@@ -84,6 +84,10 @@ type Config struct {
 	// does not read for this long is counted as stalled (its queue then
 	// fills and further lines are dropped). Default 5 s.
 	WriteTimeout time.Duration
+	// AllowedUIDs, when not empty, are the peer uids (SO_PEERCRED) allowed
+	// to connect (the agent adds root). Others get one error line and are
+	// closed. Empty: the socket file's permissions decide.
+	AllowedUIDs []uint32
 }
 
 // Stats are the server's counters since Start.
@@ -91,6 +95,7 @@ type Stats struct {
 	ConnsActive   int    // connections open now
 	ConnsAccepted uint64 // connections accepted
 	ConnsRejected uint64 // connections refused because MaxConns were open
+	UIDRejected   uint64 // connections refused because their uid is not in AllowedUIDs
 	Lines         uint64 // non-blank inbound lines, valid or not (too long included)
 	Events        uint64 // valid events passed to the Handler
 	// ParseErrors counts invalid lines by trainerproto.ErrKind
@@ -127,7 +132,7 @@ type Server struct {
 	wg     sync.WaitGroup
 
 	accepted, rejected, lines, events, handlerErrs, tooLong,
-	sent, dropped, stalls atomic.Uint64
+	sent, dropped, stalls, uidRejected atomic.Uint64
 	perrMu      sync.Mutex
 	parseErrors map[string]uint64
 }
@@ -300,6 +305,14 @@ func (s *Server) serve(nc *net.UnixConn) {
 	if p.PID, p.UID, p.GID, err = peerCred(nc); err != nil {
 		s.log.Warn("SO_PEERCRED failed", "conn", p.ConnID, "err", err)
 	}
+	if !s.uidAllowed(p.UID) {
+		s.uidRejected.Add(1)
+		s.log.Warn("refusing a trainer whose uid is not allowed", "uid", p.UID, "pid", p.PID)
+		nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		nc.Write(trainerproto.ErrorLine(fmt.Sprintf("uid %d is not allowed to report to this agent", p.UID), 0))
+		nc.Close()
+		return
+	}
 	s.mu.Lock()
 	if s.state != stateStarted {
 		s.mu.Unlock()
@@ -329,6 +342,19 @@ func (s *Server) serve(nc *net.UnixConn) {
 	s.log.Debug("trainer connected", "conn", p.ConnID, "pid", p.PID, "uid", p.UID, "gid", p.GID)
 	go s.writeLoop(c)
 	go s.readLoop(c)
+}
+
+// uidAllowed checks uid against AllowedUIDs (empty: any).
+func (s *Server) uidAllowed(uid int32) bool {
+	if len(s.cfg.AllowedUIDs) == 0 {
+		return true
+	}
+	for _, u := range s.cfg.AllowedUIDs {
+		if uid >= 0 && uint32(uid) == u {
+			return true
+		}
+	}
+	return false
 }
 
 // readLoop reads lines with a hard cap: a line longer than MaxLineBytes is
@@ -624,6 +650,7 @@ func (s *Server) Stats() Stats {
 		ConnsActive:   active,
 		ConnsAccepted: s.accepted.Load(),
 		ConnsRejected: s.rejected.Load(),
+		UIDRejected:   s.uidRejected.Load(),
 		Lines:         s.lines.Load(),
 		Events:        s.events.Load(),
 		ParseErrors:   pe,

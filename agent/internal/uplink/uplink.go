@@ -1,7 +1,8 @@
-// Package uplink streams the agent's batches to the collector and keeps every
-// batch until the collector acks it, re-sending unacked batches after a
-// reconnect. Delivery is at-least-once; the collector deduplicates by
-// (node, boot, seq).
+// Package uplink streams the agent's batches to the collector. Every batch
+// goes into the on-disk spool first (agent/internal/spool) and stays there
+// until the collector acks it; unacked batches are re-sent after a reconnect
+// and after an agent restart. Delivery is at-least-once; the collector
+// deduplicates by (node, boot, seq), the boot id being the spool's.
 package uplink
 
 import (
@@ -14,8 +15,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -23,23 +26,32 @@ import (
 type Config struct {
 	// Address of the collector, HOST:PORT.
 	Address string
-	// Hello is sent first on every stream.
+	// Hello is sent first on every stream; its boot id must be the spool's.
 	Hello *pb.Hello
-	// MaxPending bounds the batches held until acked (default 86400, a day
-	// of 1 s batches); past it the oldest is dropped and counted.
-	MaxPending int
+	// Spool holds every batch until it is acked (required). It bounds what
+	// is held and drops (and reports) the oldest when full. The uplink does
+	// not close it.
+	Spool *spool.Spool
 	// MinBackoff and MaxBackoff bound the jittered exponential reconnect delay.
 	MinBackoff, MaxBackoff time.Duration
 	// OnAdvisory receives advisories the collector sends down.
-	OnAdvisory  func(*pb.Advisory)
+	OnAdvisory func(*pb.Advisory)
+	// Creds are the transport credentials (TLS); nil: plaintext.
+	Creds credentials.TransportCredentials
+	// Token, when set, is sent on the stream as per-RPC credentials.
+	Token       credentials.PerRPCCredentials
 	DialOptions []grpc.DialOption
 	Logger      *slog.Logger
 }
 
-// Stats are the uplink's self-metrics.
+// Stats are the uplink's self-metrics. Acked, Rejected, Dropped and
+// DroppedBytes count since the spool was opened; Pending and SpoolBytes are
+// what the spool holds now.
 type Stats struct {
 	Enqueued, Sent, Acked, Rejected, Dropped uint64
+	DroppedBytes                             uint64
 	Pending                                  int
+	SpoolBytes                               int64
 	Connects                                 uint64
 	Connected                                bool
 }
@@ -50,19 +62,23 @@ type Uplink struct {
 	conn *grpc.ClientConn
 
 	mu      sync.Mutex
-	pending []*pb.Batch // ascending seq, not yet acked
 	stats   Stats
 	notify  chan struct{}
-	drained chan struct{} // closed and replaced when pending becomes empty
+	drained chan struct{} // closed and replaced when the spool may have drained
+	// retryNow cuts a reconnect backoff short (Flush).
+	retryNow chan struct{}
 }
+
+// sendChunk is how many batches are read from the spool at a time.
+const sendChunk = 256
 
 // New prepares an uplink; nothing is dialled until Run.
 func New(cfg Config) (*Uplink, error) {
 	if cfg.Address == "" {
 		return nil, errors.New("uplink: collector address is empty")
 	}
-	if cfg.MaxPending <= 0 {
-		cfg.MaxPending = 86400
+	if cfg.Spool == nil {
+		return nil, errors.New("uplink: no spool")
 	}
 	if cfg.MinBackoff <= 0 {
 		cfg.MinBackoff = 250 * time.Millisecond
@@ -73,25 +89,39 @@ func New(cfg Config) (*Uplink, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
+	creds := cfg.Creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if cfg.Token != nil {
+		opts = append(opts, grpc.WithPerRPCCredentials(cfg.Token))
+	}
+	opts = append(opts, cfg.DialOptions...)
 	conn, err := grpc.NewClient(cfg.Address, opts...)
 	if err != nil {
 		return nil, err
 	}
-	return &Uplink{cfg: cfg, conn: conn, notify: make(chan struct{}, 1), drained: make(chan struct{})}, nil
+	return &Uplink{cfg: cfg, conn: conn, notify: make(chan struct{}, 1), drained: make(chan struct{}),
+		retryNow: make(chan struct{}, 1)}, nil
 }
 
-// Enqueue hands a batch over for delivery. It never blocks.
+// Enqueue hands a batch over for delivery: it is appended to the spool (which
+// assigns its seq) and the sender is woken. It never waits for the network;
+// the spool write goes to the page cache, not through fsync. A spool error
+// (the batch did not fit, the disk failed) is logged and counted by the
+// spool, and the batch's loss is reported with the next one.
 func (u *Uplink) Enqueue(b *pb.Batch) {
-	u.mu.Lock()
-	if len(u.pending) >= u.cfg.MaxPending {
-		u.cfg.Logger.Warn("uplink: pending batches at limit, dropping the oldest", "seq", u.pending[0].Seq, "limit", u.cfg.MaxPending)
-		u.pending = u.pending[1:]
-		u.stats.Dropped++
+	if err := u.cfg.Spool.Append(b); err != nil {
+		u.cfg.Logger.Error("uplink: batch not spooled", "err", err)
 	}
-	u.pending = append(u.pending, b)
+	u.mu.Lock()
 	u.stats.Enqueued++
 	u.mu.Unlock()
+	u.notifySender()
+}
+
+func (u *Uplink) notifySender() {
 	select {
 	case u.notify <- struct{}{}:
 	default:
@@ -100,25 +130,42 @@ func (u *Uplink) Enqueue(b *pb.Batch) {
 
 // Stats returns a snapshot of the self-metrics.
 func (u *Uplink) Stats() Stats {
+	sp := u.cfg.Spool.Stats()
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	s := u.stats
-	s.Pending = len(u.pending)
+	s.Pending = sp.Unacked
+	s.SpoolBytes = sp.Bytes
+	s.Acked, s.Rejected = sp.Acked, sp.Rejected
+	s.Dropped, s.DroppedBytes = sp.Dropped, sp.DroppedBytes
 	return s
 }
 
-// Flush waits until every enqueued batch is acked, or ctx ends.
+// Flush waits until every spooled batch is acked (or dropped), or ctx ends.
+// What is not acked stays in the spool for the next start.
 func (u *Uplink) Flush(ctx context.Context) error {
+	// A loss report waiting for a next batch gets one now.
+	if err := u.cfg.Spool.FlushPending(time.Now()); err != nil {
+		u.cfg.Logger.Error("uplink: spooling the pending loss report", "err", err)
+	}
+	u.notifySender()
+	// Do not sit out a long reconnect backoff while flushing.
+	select {
+	case u.retryNow <- struct{}{}:
+	default:
+	}
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
 	for {
 		u.mu.Lock()
-		empty := len(u.pending) == 0
 		ch := u.drained
 		u.mu.Unlock()
-		if empty {
+		if u.cfg.Spool.Len() == 0 {
 			return nil
 		}
 		select {
 		case <-ch:
+		case <-t.C: // drops and rejects drain the spool too
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -144,6 +191,7 @@ func (u *Uplink) Run(ctx context.Context) error {
 		delay := time.Duration(rand.Int64N(int64(backoff))) + backoff/2
 		select {
 		case <-time.After(delay):
+		case <-u.retryNow:
 		case <-ctx.Done():
 			return nil
 		}
@@ -180,13 +228,13 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 			}
 			switch msg := m.Msg.(type) {
 			case *pb.StreamResponse_Ack:
-				u.remove(msg.Ack.Seq, false)
+				u.remove(msg.Ack.Seq, "")
 				gotAckMu.Lock()
 				gotAck = true
 				gotAckMu.Unlock()
 			case *pb.StreamResponse_Reject:
 				u.cfg.Logger.Error("uplink: collector rejected a batch; dropping it", "seq", msg.Reject.Seq, "reason", msg.Reject.Reason)
-				u.remove(msg.Reject.Seq, true)
+				u.remove(msg.Reject.Seq, msg.Reject.Reason)
 			case *pb.StreamResponse_Advisory:
 				if u.cfg.OnAdvisory != nil {
 					u.cfg.OnAdvisory(msg.Advisory)
@@ -200,16 +248,25 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 		gotAckMu.Unlock()
 	}()
 
-	var sentUpTo uint64 // every pending batch with seq <= sentUpTo went out on this stream
+	var sentUpTo uint64 // every spooled batch with seq <= sentUpTo went out on this stream
 	for {
-		for _, b := range u.unsent(sentUpTo) {
-			if err := stream.Send(&pb.StreamRequest{Msg: &pb.StreamRequest_Batch{Batch: b}}); err != nil {
-				return false, err
+		for {
+			batch := u.unsent(sentUpTo)
+			if len(batch) == 0 {
+				break
 			}
-			sentUpTo = b.Seq
-			u.mu.Lock()
-			u.stats.Sent++
-			u.mu.Unlock()
+			for _, b := range batch {
+				// Marked before the send: once it may be on the wire, a drop
+				// of it is reported as in doubt.
+				u.cfg.Spool.MarkSent(b.Seq)
+				if err := stream.Send(&pb.StreamRequest{Msg: &pb.StreamRequest_Batch{Batch: b}}); err != nil {
+					return false, err
+				}
+				sentUpTo = b.Seq
+				u.mu.Lock()
+				u.stats.Sent++
+				u.mu.Unlock()
+			}
 		}
 		select {
 		case <-u.notify:
@@ -226,33 +283,25 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 }
 
 func (u *Uplink) unsent(after uint64) []*pb.Batch {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	for i, b := range u.pending {
-		if b.Seq > after {
-			return append([]*pb.Batch(nil), u.pending[i:]...)
-		}
+	bs, err := u.cfg.Spool.ReadAfter(after, sendChunk)
+	if err != nil {
+		u.cfg.Logger.Error("uplink: reading the spool", "err", err)
 	}
-	return nil
+	return bs
 }
 
-func (u *Uplink) remove(seq uint64, rejected bool) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	for i, b := range u.pending {
-		if b.Seq == seq {
-			u.pending = append(u.pending[:i], u.pending[i+1:]...)
-			if rejected {
-				u.stats.Rejected++
-			} else {
-				u.stats.Acked++
-			}
-			break
-		}
+// remove takes an acked (reason == "") or rejected batch out of the spool.
+func (u *Uplink) remove(seq uint64, rejectReason string) {
+	if rejectReason != "" {
+		u.cfg.Spool.Reject(seq, rejectReason)
+	} else {
+		u.cfg.Spool.Ack(seq)
 	}
-	if len(u.pending) == 0 {
+	if u.cfg.Spool.Len() == 0 {
+		u.mu.Lock()
 		close(u.drained)
 		u.drained = make(chan struct{})
+		u.mu.Unlock()
 	}
 }
 

@@ -2,7 +2,9 @@ package uplink
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -75,8 +78,21 @@ func serve(t *testing.T, c *collector) string {
 	return lis.Addr().String()
 }
 
+func openSpool(t *testing.T, maxBytes int64) *spool.Spool {
+	t.Helper()
+	sp, err := spool.Open(t.TempDir(), maxBytes, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sp.Close() })
+	return sp
+}
+
 func start(t *testing.T, cfg Config) (*Uplink, func()) {
-	cfg.Hello = &pb.Hello{Node: "n1", BootId: "b1"}
+	if cfg.Spool == nil {
+		cfg.Spool = openSpool(t, 0)
+	}
+	cfg.Hello = &pb.Hello{Node: "n1", BootId: cfg.Spool.BootID()}
 	cfg.MinBackoff, cfg.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
 	u, err := New(cfg)
 	if err != nil {
@@ -172,18 +188,76 @@ func TestRejectedBatchIsDroppedAndCounted(t *testing.T) {
 	}
 }
 
-func TestBoundedPendingDropsOldestAndCounts(t *testing.T) {
-	u, err := New(Config{Address: "127.0.0.1:1", MaxPending: 3, Hello: &pb.Hello{}})
+func TestBoundedSpoolDropsOldestAndCounts(t *testing.T) {
+	sp := openSpool(t, spool.MinMaxBytes)
+	u, err := New(Config{Address: "127.0.0.1:1", Spool: sp, Hello: &pb.Hello{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer u.conn.Close()
-	for seq := uint64(1); seq <= 5; seq++ {
-		u.Enqueue(&pb.Batch{Seq: seq})
+	pad := []*pb.GpuWindow{{Uuid: strings.Repeat("u", 200)}}
+	for seq := uint64(1); seq <= 50; seq++ {
+		u.Enqueue(&pb.Batch{Seq: seq, GpuWindows: pad, RunWindows: []*pb.RunWindow{{RunId: "r", Tokens: 100 + seq}}})
 	}
 	st := u.Stats()
-	if st.Pending != 3 || st.Dropped != 2 || u.pending[0].Seq != 3 {
-		t.Errorf("stats %+v first %d", st, u.pending[0].Seq)
+	held, err := sp.Unacked()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Dropped == 0 || st.Pending != len(held) || st.Dropped+uint64(st.Pending) != 50 || st.SpoolBytes > spool.MinMaxBytes || st.DroppedBytes == 0 {
+		t.Errorf("stats %+v", st)
+	}
+	if held[len(held)-1].Seq != 50 {
+		t.Errorf("newest batch not kept: %d", held[len(held)-1].Seq)
+	}
+	var lost uint64
+	for _, b := range held {
+		for _, l := range b.Losses {
+			lost += l.Batches
+		}
+	}
+	if lost != st.Dropped {
+		t.Errorf("loss records count %d batches, dropped %d", lost, st.Dropped)
+	}
+}
+
+func TestUnackedBatchesAreResentAfterAgentRestart(t *testing.T) {
+	dir := t.TempDir()
+	sp, err := spool.Open(dir, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// First life: the collector is unreachable; three batches are spooled.
+	u, err := New(Config{Address: "127.0.0.1:1", Spool: sp, Hello: &pb.Hello{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		u.Enqueue(&pb.Batch{})
+	}
+	_ = u.conn.Close()
+	boot := sp.BootID()
+	if err := sp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Second life: same spool, the collector is up.
+	sp, err = spool.Open(dir, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sp.Close() })
+	if sp.BootID() != boot {
+		t.Fatalf("boot id changed across a restart")
+	}
+	c := &collector{}
+	u2, stop := start(t, Config{Address: serve(t, c), Spool: sp})
+	defer stop()
+	u2.Enqueue(&pb.Batch{})
+	flush(t, u2)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if fmt.Sprint(c.got) != "[1 2 3 4]" {
+		t.Errorf("collector got seqs %v, want [1 2 3 4]", c.got)
 	}
 }
 

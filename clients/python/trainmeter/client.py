@@ -205,6 +205,10 @@ class Run:
         self._q: "queue.Queue[Any]" = queue.Queue(maxsize=max(1, int(queue_size)))
         self._lock = threading.Lock()  # guards counters touched by caller threads
         self._step_counter = 0
+        # Cumulative tokens of this process's steps, delivered or not: the
+        # agent credits any gap, so events lost in an agent restart or while
+        # disconnected lose no tokens.
+        self._tokens_total = 0
         self._ended = False
         self._abort = threading.Event()  # sender must exit now
         self._connected = False
@@ -265,6 +269,10 @@ class Run:
             ev: Dict[str, Any] = {"event": "step", "run_id": self.run_id, "step": step}
             if tokens is not None:
                 ev["tokens"] = tokens
+                if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
+                    with self._lock:
+                        self._tokens_total += tokens
+                        ev["tokens_total"] = self._tokens_total
             if samples is not None:
                 ev["samples"] = samples
             if data_wait_s is not None:
@@ -384,6 +392,9 @@ class Run:
         for k, v in metadata.items():
             if v is not None and k not in ("event", "run_id"):
                 ev[k] = v
+        # Identifies this process to the agent across reconnects and agent
+        # restarts, so tokens_total can be matched to what it already counted.
+        ev.setdefault("client_id", uuid.uuid4().hex)
         cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
         if cvd is not None and "cuda_visible_devices" not in ev:
             ev["cuda_visible_devices"] = cvd

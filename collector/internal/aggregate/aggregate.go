@@ -43,6 +43,11 @@
 //   - cost: see Pricing and Report.
 //   - evals sorted by time (arrival order for equal times); last_loss from the
 //     window with the latest end that has has_loss.
+//   - incomplete: an agent reported data it had to drop (Batch.losses: spool
+//     or disk full, a rejected batch); lost_batches, lost_tokens,
+//     lost_energy_j and lost_gpu_seconds are the sums of those reports. The
+//     figures above exclude the lost data: tokens_processed + lost_tokens is
+//     what the trainers reported.
 //
 // Folding is order-independent (up to floating-point summation order) as
 // long as each node's own windows arrive in that node's order, which the
@@ -54,7 +59,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -182,7 +189,37 @@ type State struct {
 	LastLoss   float64 `json:"last_loss,omitempty"`
 	LastLossAt int64   `json:"last_loss_at,omitempty"`
 	LastLossBy string  `json:"last_loss_by,omitempty"`
+
+	// Data dropped on agents (see AddLoss).
+	Incomplete     bool     `json:"incomplete,omitempty"`
+	LostBatches    uint64   `json:"lost_batches,omitempty"`
+	LostTokens     uint64   `json:"lost_tokens,omitempty"`
+	LostEnergyJ    float64  `json:"lost_energy_j,omitempty"`
+	LostGPUSeconds float64  `json:"lost_gpu_seconds,omitempty"`
+	LostReasons    []string `json:"lost_reasons,omitempty"`
 }
+
+// maxLostReasons bounds the distinct loss reasons kept per run.
+const maxLostReasons = 8
+
+// AddLoss folds a loss report from node: the run is incomplete by that much.
+func (s *State) AddLoss(node string, l *trainmeterv1.DataLoss) {
+	s.node(node)
+	s.Incomplete = true
+	s.LostBatches += l.GetBatches()
+	s.LostTokens += l.GetTokens()
+	s.LostEnergyJ += l.GetEnergyJ()
+	s.LostGPUSeconds += l.GetGpuSeconds()
+	for _, r := range strings.Split(l.GetReason(), "; ") {
+		if r == "" || r == "…" || slices.Contains(s.LostReasons, r) || len(s.LostReasons) >= maxLostReasons {
+			continue
+		}
+		s.LostReasons = append(s.LostReasons, r)
+	}
+}
+
+// LossReasons lists the distinct reasons data of the run was lost.
+func (s *State) LossReasons() []string { return append([]string(nil), s.LostReasons...) }
 
 // New returns an empty aggregate for runID.
 func New(runID string) *State {
@@ -609,5 +646,11 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	}
 	r.HasLoss = s.HasLoss
 	r.LastLoss = s.LastLoss
+	r.Incomplete = s.Incomplete
+	r.LostBatches = s.LostBatches
+	r.LostTokens = s.LostTokens
+	r.LostEnergyJ = s.LostEnergyJ
+	r.LostGpuSeconds = s.LostGPUSeconds
+	r.LostReasons = s.LossReasons()
 	return r
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
@@ -30,6 +29,10 @@ import (
 
 // EnvCollector names the environment variable with the default collector address.
 const EnvCollector = "TRAINMETER_COLLECTOR"
+
+// EnvToken names the environment variable with the query token (read or
+// admin), used when --token-file is not given.
+const EnvToken = "TRAINMETER_TOKEN"
 
 // Main runs the command with the process's arguments and returns the exit code.
 func Main() int {
@@ -54,15 +57,16 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newServeCommand())
-	cf := &clientFlags{}
+	cf := &clientFlags{getenv: getenv}
 	defaultAddr := getenv(EnvCollector)
 	if defaultAddr == "" {
 		defaultAddr = server.DefaultListen
 	}
-	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newExportCommand(cf), newNodesCommand(cf)} {
+	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf)} {
 		// Persistent, so that `export csv` inherits them.
 		c.PersistentFlags().StringVar(&cf.addr, "collector", defaultAddr, "collector address HOST:PORT (default from $"+EnvCollector+")")
 		c.PersistentFlags().DurationVar(&cf.timeout, "timeout", 10*time.Second, "deadline for the request")
+		cf.security.addFlags(c.PersistentFlags())
 		root.AddCommand(c)
 	}
 	return root
@@ -111,19 +115,32 @@ func newServeCommand() *cobra.Command {
 	f.Float64Var(&cfg.EnergyPricePerKWh, "energy-price-kwh", 0, "energy price in $ per kWh (0 = unknown)")
 	f.Float64Var(&cfg.GridGCO2PerKWh, "grid-gco2-kwh", 0, "grid carbon intensity in gCO2 per kWh (0 = unknown)")
 	f.DurationVar(&cfg.GCInterval, "gc-interval", 5*time.Minute, "value-log GC interval (0 disables)")
+	f.StringVar(&cfg.StatusListen, "status-listen", "", "serve GET /healthz and GET /status on HOST:PORT (empty: off)")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
+	f.StringVar(&cfg.TLSCertFile, "tls-cert", "", "serve TLS with this PEM certificate (chain); re-read when it changes")
+	f.StringVar(&cfg.TLSKeyFile, "tls-key", "", "PEM private key of --tls-cert")
+	f.StringVar(&cfg.TLSClientCAFile, "tls-client-ca", "", "require client certificates signed by this PEM CA bundle (mTLS)")
+	f.StringVar(&cfg.IngestTokensFile, "ingest-tokens", "", "YAML file of node: token; agents must send their node's token")
+	f.StringVar(&cfg.ReadTokenFile, "read-token-file", "", "file with the token for read-only query RPCs")
+	f.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file with the admin token (all query RPCs, DeleteRun)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	return c
 }
 
 type clientFlags struct {
-	addr    string
-	timeout time.Duration
+	addr     string
+	timeout  time.Duration
+	security clientSecurity
+	getenv   func(string) string
 }
 
 // call dials the collector and runs fn with a query client under the timeout.
 func (cf *clientFlags) call(cmd *cobra.Command, fn func(context.Context, trainmeterv1.QueryServiceClient) error) error {
-	conn, err := grpc.NewClient(cf.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	dialOpts, err := cf.security.dialOptions(cf.addr, cf.getenv)
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(cf.addr, dialOpts...)
 	if err != nil {
 		return fmt.Errorf("collector address %q: %w", cf.addr, err)
 	}
@@ -156,6 +173,10 @@ func (cf *clientFlags) explain(err error) error {
 		return fmt.Errorf("cannot reach the collector at %s (is `trainmeter serve` running? set --collector or $%s): %s", cf.addr, EnvCollector, st.Message())
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("the collector at %s did not answer within %v", cf.addr, cf.timeout)
+	case codes.Unauthenticated:
+		return fmt.Errorf("the collector at %s refused the request: %s (give a token with --token-file or $%s)", cf.addr, st.Message(), EnvToken)
+	case codes.PermissionDenied:
+		return fmt.Errorf("the collector at %s refused the request: %s", cf.addr, st.Message())
 	}
 	return fmt.Errorf("collector at %s: %s: %s", cf.addr, st.Code(), st.Message())
 }

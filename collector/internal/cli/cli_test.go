@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 // liveCollector starts an in-process collector with one finished run.
 func liveCollector(t *testing.T) string {
 	t.Helper()
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 2},
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 2, Now: tu.Now},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)

@@ -60,6 +60,8 @@ type Server struct {
 
 	closeOnce sync.Once
 	closed    chan struct{}
+
+	counters counters // self-metrics (stats.go)
 }
 
 // New returns an ingest server over st. log may be nil.
@@ -193,6 +195,7 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 		return status.Errorf(codes.Unavailable, "store: %v", err)
 	}
 	sess := s.register(hello)
+	s.counters.streams.Add(1)
 	defer s.unregister(node, sess)
 	log.Info("agent connected", "agent_version", hello.GetAgentVersion(), "gpus", len(hello.GetGpus()))
 	defer log.Info("agent disconnected")
@@ -251,21 +254,40 @@ func (s *Server) handle(log *slog.Logger, node, boot string, m *trainmeterv1.Str
 	if b == nil {
 		return nil, status.Error(codes.InvalidArgument, "empty stream message")
 	}
-	if err := ValidateBatch(b); err != nil {
+	err := ValidateBatch(b)
+	if err == nil {
+		if err = CheckBatchTime(b, s.now()); err != nil {
+			s.counters.rejectedTime.Add(1)
+		}
+	}
+	if err != nil {
+		s.counters.rejected.Add(1)
+		s.noteSeq(log, node, boot, b.GetSeq())
 		log.Warn("batch rejected", "seq", b.GetSeq(), "reason", err.Error())
 		return reject(b.GetSeq(), err.Error()), nil
 	}
+	t0 := time.Now()
 	dup, err := s.store.ApplyBatch(node, boot, b)
 	if errors.Is(err, store.ErrBatchTooLarge) {
+		s.counters.rejected.Add(1)
+		s.noteSeq(log, node, boot, b.GetSeq())
 		log.Warn("batch rejected", "seq", b.GetSeq(), "reason", err.Error())
 		return reject(b.GetSeq(), err.Error()), nil
 	}
 	if err != nil {
+		s.counters.storeErrors.Add(1)
+		s.counters.lastStoreErr.Store(time.Now().UnixNano())
 		log.Error("store batch", "seq", b.GetSeq(), "err", err)
 		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
 	}
+	s.counters.latency().Observe(time.Since(t0))
+	s.counters.lastStoreOK.Store(time.Now().UnixNano())
+	s.noteSeq(log, node, boot, b.GetSeq())
 	if dup {
+		s.counters.duplicate.Add(1)
 		log.Debug("duplicate batch acked again", "seq", b.GetSeq())
+	} else {
+		s.counters.applied.Add(1)
 	}
 	s.seen(node, b.GetSeq())
 	return &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Ack{Ack: &trainmeterv1.Ack{Seq: b.GetSeq()}}}, nil
@@ -273,4 +295,13 @@ func (s *Server) handle(log *slog.Logger, node, boot string, m *trainmeterv1.Str
 
 func reject(seq uint64, reason string) *trainmeterv1.StreamResponse {
 	return &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Reject{Reject: &trainmeterv1.Reject{Seq: seq, Reason: reason}}}
+}
+
+// noteSeq counts and logs a sequence gap (seqs the collector never saw from
+// this boot: legitimate after the agent's spool overflowed).
+func (s *Server) noteSeq(log *slog.Logger, node, boot string, seq uint64) {
+	if skipped := s.counters.answered(node, boot, seq); skipped > 0 {
+		log.Warn("sequence gap: batches missing from this agent (dropped by it, e.g. spool overflow)",
+			"seq", seq, "missing", skipped)
+	}
 }

@@ -57,6 +57,7 @@ func serve(t *testing.T, st Store) (*Server, *grpc.ClientConn) {
 		t.Fatal(err)
 	}
 	ing := New(st, quiet())
+	ing.SetClock(tu.Now) // the test batches are dated around tu.T0
 	gs := grpc.NewServer()
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	go gs.Serve(lis)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -19,6 +20,19 @@ const (
 	MaxGPUWindows    = 10000
 	MaxLabels        = 256
 	MaxMetadataBytes = 4096
+	// MaxPhys caps every physical figure (J, W, MiB, %, s) in a batch, so no
+	// sum the aggregate folds can overflow to ±Inf (which JSON cannot store).
+	MaxPhys = 1e12
+	// MaxWindowTokens caps tokens per run window (2^48), so run totals cannot
+	// wrap around uint64.
+	MaxWindowTokens = 1 << 48
+	// MaxBatchSpan caps window_end − window_start (agent windows are 1 s).
+	MaxBatchSpan = time.Hour
+	// A run window's or event's times may lie up to MaxBatchAge before its
+	// batch's window (an agent restarted after a crash bridges the downtime
+	// with a segment from its last checkpoint, or ends a run there) and up to
+	// MaxEventSkew after it (events that arrive while a window settles).
+	MaxEventSkew = 10 * time.Minute
 )
 
 // validID checks a node, boot or run id: non-empty, at most MaxIDBytes,
@@ -67,6 +81,21 @@ func phys(pairs ...any) error {
 		if v < 0 {
 			return fmt.Errorf("%s is negative (%v)", name, v)
 		}
+		if v > MaxPhys {
+			return fmt.Errorf("%s is implausibly large (%v > %g)", name, v, MaxPhys)
+		}
+	}
+	return nil
+}
+
+// inWindow checks that t lies within the batch window widened by MaxEventSkew.
+func inWindow(what string, t *timestamppb.Timestamp, b *trainmeterv1.Batch) error {
+	at := t.AsTime()
+	if at.Before(b.GetWindowStart().AsTime().Add(-MaxBatchAge)) {
+		return fmt.Errorf("%s %s is more than %s before the batch window", what, at.Format(time.RFC3339Nano), MaxBatchAge)
+	}
+	if at.After(b.GetWindowEnd().AsTime().Add(MaxEventSkew)) {
+		return fmt.Errorf("%s %s is more than %s after the batch window", what, at.Format(time.RFC3339Nano), MaxEventSkew)
 	}
 	return nil
 }
@@ -100,6 +129,9 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 	if b.GetWindowEnd().AsTime().Before(b.GetWindowStart().AsTime()) {
 		return fmt.Errorf("window_end is before window_start")
 	}
+	if d := b.GetWindowEnd().AsTime().Sub(b.GetWindowStart().AsTime()); d > MaxBatchSpan {
+		return fmt.Errorf("window spans %s, more than %s", d, MaxBatchSpan)
+	}
 	if n := len(b.GetRunWindows()); n > MaxRunWindows {
 		return fmt.Errorf("%d run windows, more than %d", n, MaxRunWindows)
 	}
@@ -118,10 +150,27 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 		if err := validateRunWindow(w); err != nil {
 			return fmt.Errorf("run_windows[%d]: %w", i, err)
 		}
+		if err := inWindow("start", w.GetStart(), b); err != nil {
+			return fmt.Errorf("run_windows[%d]: %w", i, err)
+		}
+		if err := inWindow("end", w.GetEnd(), b); err != nil {
+			return fmt.Errorf("run_windows[%d]: %w", i, err)
+		}
 	}
 	for i, e := range b.GetRunEvents() {
 		if err := validateEvent(e); err != nil {
 			return fmt.Errorf("run_events[%d]: %w", i, err)
+		}
+		if err := inWindow("time", eventTime(e), b); err != nil {
+			return fmt.Errorf("run_events[%d]: %w", i, err)
+		}
+	}
+	if n := len(b.GetLosses()); n > MaxLosses {
+		return fmt.Errorf("%d loss records, more than %d", n, MaxLosses)
+	}
+	for i, l := range b.GetLosses() {
+		if err := validateLoss(l); err != nil {
+			return fmt.Errorf("losses[%d]: %w", i, err)
 		}
 	}
 	if h := b.GetHost(); h != nil {
@@ -167,6 +216,9 @@ func validateRunWindow(w *trainmeterv1.RunWindow) error {
 	case trainmeterv1.Phase_PHASE_WARMUP, trainmeterv1.Phase_PHASE_MEASURED:
 	default:
 		return fmt.Errorf("phase must be PHASE_WARMUP or PHASE_MEASURED, got %v", w.GetPhase())
+	}
+	if w.GetTokens() > MaxWindowTokens {
+		return fmt.Errorf("tokens (%d) more than %d in one window", w.GetTokens(), uint64(MaxWindowTokens))
 	}
 	if w.GetTokensMeasured() > w.GetTokens() {
 		return fmt.Errorf("tokens_measured (%d) > tokens (%d)", w.GetTokensMeasured(), w.GetTokens())
@@ -243,4 +295,42 @@ func validateEvent(e *trainmeterv1.RunEvent) error {
 		return fmt.Errorf("empty event")
 	}
 	return nil
+}
+
+// eventTime is a (validated) event's time.
+func eventTime(e *trainmeterv1.RunEvent) *timestamppb.Timestamp {
+	switch ev := e.GetEvent().(type) {
+	case *trainmeterv1.RunEvent_RunStart:
+		return ev.RunStart.GetTime()
+	case *trainmeterv1.RunEvent_RunEnd:
+		return ev.RunEnd.GetTime()
+	case *trainmeterv1.RunEvent_Eval:
+		return ev.Eval.GetTime()
+	}
+	return nil
+}
+
+// MaxLosses bounds the loss records in one batch (the agent sends one per
+// run plus one per in-doubt batch, at most 4,096 of those).
+const MaxLosses = 10000
+
+// validateLoss checks a DataLoss record (the agent's spool dropped data).
+func validateLoss(l *trainmeterv1.DataLoss) error {
+	if l == nil {
+		return fmt.Errorf("is null")
+	}
+	if err := validID("run_id", l.GetRunId()); err != nil {
+		return err
+	}
+	if err := validText("reason", l.GetReason()); err != nil {
+		return err
+	}
+	// Caps that keep run totals from wrapping around uint64.
+	if l.GetTokens() > 1<<56 {
+		return fmt.Errorf("tokens (%d) more than %d", l.GetTokens(), uint64(1<<56))
+	}
+	if l.GetBatches() > 1<<40 {
+		return fmt.Errorf("batches (%d) more than %d", l.GetBatches(), uint64(1<<40))
+	}
+	return phys("energy_j", l.GetEnergyJ(), "gpu_seconds", l.GetGpuSeconds())
 }

@@ -20,6 +20,7 @@ type Store interface {
 	GetRun(id string) (*aggregate.State, error)
 	ListRuns(ids []string) ([]*aggregate.State, error)
 	Nodes() ([]*trainmeterv1.NodeStatus, error)
+	DeleteRun(id string) (int, error)
 }
 
 // Live tells which nodes have an open ingest stream (the ingest server).
@@ -153,4 +154,19 @@ func (s *Server) ListNodes(context.Context, *trainmeterv1.ListNodesRequest) (*tr
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].GetNode() < out[j].GetNode() })
 	return &trainmeterv1.ListNodesResponse{Nodes: out}, nil
+}
+
+// DeleteRun implements QueryService.DeleteRun (an admin RPC).
+func (s *Server) DeleteRun(_ context.Context, req *trainmeterv1.DeleteRunRequest) (*trainmeterv1.DeleteRunResponse, error) {
+	if req.GetRunId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
+	}
+	n, err := s.store.DeleteRun(req.GetRunId())
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
+	}
+	if err != nil {
+		return nil, s.storeErr(err)
+	}
+	return &trainmeterv1.DeleteRunResponse{RecordsDeleted: uint64(n)}, nil
 }

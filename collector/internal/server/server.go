@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 
@@ -26,9 +27,11 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/auth"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
 	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -53,6 +56,29 @@ type Config struct {
 	GridGCO2PerKWh float64
 	// GCInterval is how often value-log GC runs; 0 disables it.
 	GCInterval time.Duration
+	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
+	// over plain HTTP (docs/observability.md).
+	StatusListen string
+	// Now is the clock for the batch time bounds (ingest.CheckBatchTime) and
+	// last-seen times; time.Now if nil. Tests set it.
+	Now func() time.Time
+
+	// TLS: the server certificate and key, and optionally a client CA
+	// bundle (mTLS: a client certificate signed by it is required). Files
+	// are re-read when they change. Empty: plaintext.
+	TLSCertFile, TLSKeyFile, TLSClientCAFile string
+	// Token files (see package auth); empty: that check is off.
+	IngestTokensFile, ReadTokenFile, AdminTokenFile string
+}
+
+// TLSOptions returns the TLS file settings.
+func (c Config) TLSOptions() tlsfiles.ServerOptions {
+	return tlsfiles.ServerOptions{CertFile: c.TLSCertFile, KeyFile: c.TLSKeyFile, ClientCAFile: c.TLSClientCAFile}
+}
+
+// AuthConfig returns the token file settings.
+func (c Config) AuthConfig() auth.Config {
+	return auth.Config{IngestTokensFile: c.IngestTokensFile, ReadTokenFile: c.ReadTokenFile, AdminTokenFile: c.AdminTokenFile}
 }
 
 // Validate checks the configuration.
@@ -77,6 +103,9 @@ func (c Config) Validate() error {
 	if c.GCInterval < 0 {
 		errs = append(errs, fmt.Errorf("gc interval must be >= 0, got %v", c.GCInterval))
 	}
+	if err := c.TLSOptions().Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -99,6 +128,12 @@ type Server struct {
 	lis     net.Listener
 	served  chan struct{}
 	stopped bool
+
+	// Self-observability (status.go).
+	startedAt   time.Time
+	statusLn    net.Listener
+	statusSrv   *http.Server
+	summaryStop chan struct{}
 }
 
 // New returns a collector with cfg. log may be nil.
@@ -123,6 +158,11 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	opts, err := s.securityOptions()
+	if err != nil {
+		st.Close()
+		return err
+	}
 	var lc net.ListenConfig
 	lis, err := lc.Listen(ctx, "tcp", s.cfg.Listen)
 	if err != nil {
@@ -132,11 +172,12 @@ func (s *Server) Start(ctx context.Context) error {
 	st.StartGC(s.cfg.GCInterval)
 
 	ing := ingest.New(st, s.log)
+	ing.SetClock(s.cfg.Now)
 	qs := query.New(st, ing, s.cfg.Pricing())
-	gs := grpc.NewServer(
+	gs := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	}, opts...)...)
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	trainmeterv1.RegisterQueryServiceServer(gs, qs)
 	hs := health.NewServer()
@@ -146,6 +187,13 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	reflection.Register(gs)
 
+	if err := s.startStatus(); err != nil {
+		lis.Close()
+		st.Close()
+		return err
+	}
+	s.summaryStop = make(chan struct{})
+	go s.logSummary(time.Minute, s.summaryStop)
 	s.store, s.ingest, s.grpc, s.health, s.lis = st, ing, gs, hs, lis
 	s.served = make(chan struct{})
 	s.started = true
@@ -155,8 +203,37 @@ func (s *Server) Start(ctx context.Context) error {
 			s.log.Error("grpc serve", "err", err)
 		}
 	}()
-	s.log.Info("listening on "+lis.Addr().String(), "addr", lis.Addr().String(), "data", s.cfg.DataDir)
+	s.log.Info("listening on "+lis.Addr().String(), "addr", lis.Addr().String(), "data", s.cfg.DataDir,
+		"tls", s.cfg.TLSOptions().Enabled(), "mtls", s.cfg.TLSClientCAFile != "", "tokens", s.cfg.AuthConfig().Enabled())
+	if !s.cfg.TLSOptions().Enabled() && !isLoopback(lis.Addr()) {
+		s.log.Warn("serving plaintext gRPC on a non-loopback address: data (and tokens) travel unencrypted; set --tls-cert and --tls-key", "addr", lis.Addr().String())
+	}
 	return nil
+}
+
+// securityOptions builds the TLS credentials and the token interceptors.
+func (s *Server) securityOptions() ([]grpc.ServerOption, error) {
+	var opts []grpc.ServerOption
+	if s.cfg.TLSOptions().Enabled() {
+		creds, err := tlsfiles.ServerCredentials(s.cfg.TLSOptions(), s.log)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, grpc.Creds(creds))
+	}
+	if s.cfg.AuthConfig().Enabled() {
+		a, err := auth.New(s.cfg.AuthConfig(), s.log)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, grpc.ChainUnaryInterceptor(a.UnaryInterceptor()), grpc.ChainStreamInterceptor(a.StreamInterceptor()))
+	}
+	return opts, nil
+}
+
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }
 
 // Addr returns the bound listen address (nil before Start).
@@ -201,6 +278,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		<-done
 	}
 	<-s.served
+	close(s.summaryStop)
+	s.stopStatus()
 	if err := s.store.Close(); err != nil {
 		return fmt.Errorf("close store: %w", err)
 	}

@@ -38,6 +38,9 @@ func start(t *testing.T, cfg server.Config) *server.Server {
 	if cfg.DataDir == "" {
 		cfg.DataDir = t.TempDir()
 	}
+	if cfg.Now == nil {
+		cfg.Now = tu.Now // the test batches are dated around tu.T0
+	}
 	srv := server.New(cfg, quiet())
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)
@@ -191,7 +194,7 @@ func TestIngestAndQuery(t *testing.T) {
 
 func TestRestartKeepsData(t *testing.T) {
 	dir := t.TempDir()
-	cfg := server.Config{Listen: "127.0.0.1:0", DataDir: dir}
+	cfg := server.Config{Listen: "127.0.0.1:0", DataDir: dir, Now: tu.Now}
 	srv := server.New(cfg, quiet())
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)

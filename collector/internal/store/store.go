@@ -233,6 +233,9 @@ func batchRuns(b *trainmeterv1.Batch) []string {
 	for _, e := range b.GetRunEvents() {
 		set[eventRun(e)] = true
 	}
+	for _, l := range b.GetLosses() {
+		set[l.GetRunId()] = true
+	}
 	out := make([]string, 0, len(set))
 	for r := range set {
 		out = append(out, r)
@@ -366,6 +369,19 @@ func (s *Store) applyOnce(node, boot string, b *trainmeterv1.Batch, runs []strin
 			aggs[ev.GetRunId()].AddEnd(node, ev)
 		}
 	}
+	// Data the agent's spool dropped. A record with a seq is one batch the
+	// agent sent but never saw acked: if it was applied after all, nothing
+	// of it was lost.
+	for _, l := range b.GetLosses() {
+		if l.GetSeq() != 0 {
+			if _, err := txn.Get(dedupKey(node, boot, l.GetSeq())); err == nil {
+				continue
+			} else if !errors.Is(err, badger.ErrKeyNotFound) {
+				return false, err
+			}
+		}
+		aggs[l.GetRunId()].AddLoss(node, l)
+	}
 	for _, r := range runs {
 		v, err := aggs[r].Marshal()
 		if err != nil {
@@ -456,6 +472,68 @@ func (s *Store) PutHello(h *trainmeterv1.Hello) error {
 			return err
 		}
 	}
+}
+
+// deleteChunk bounds the keys one DeleteRun transaction removes.
+const deleteChunk = 10000
+
+// DeleteRun removes a run: its aggregate (first, so the run disappears from
+// queries at once) and its raw windows and events. It returns how many raw
+// records were deleted, or ErrNotFound when the run is unknown. Batches of
+// the run that arrive later (a run still reporting) start it again.
+func (s *Store) DeleteRun(id string) (records int, err error) {
+	unlock := s.lockRuns("", []string{id})
+	defer unlock()
+	found := false
+	err = s.db.Update(func(txn *badger.Txn) error {
+		_, err := txn.Get(aggKey(id))
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		found = true
+		return txn.Delete(aggKey(id))
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, prefix := range [][]byte{append(key("w/", id), 0), append(key("v/", id), 0)} {
+		for {
+			var keys [][]byte
+			err := s.db.View(func(txn *badger.Txn) error {
+				it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+				defer it.Close()
+				for it.Rewind(); it.Valid() && len(keys) < deleteChunk; it.Next() {
+					keys = append(keys, it.Item().KeyCopy(nil))
+				}
+				return nil
+			})
+			if err != nil {
+				return records, err
+			}
+			if len(keys) == 0 {
+				break
+			}
+			err = s.db.Update(func(txn *badger.Txn) error {
+				for _, k := range keys {
+					if err := txn.Delete(k); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return records, err
+			}
+			records += len(keys)
+		}
+	}
+	if !found && records == 0 {
+		return 0, ErrNotFound
+	}
+	return records, nil
 }
 
 // GetRun returns a run's aggregate, or ErrNotFound.

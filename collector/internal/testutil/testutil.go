@@ -155,3 +155,7 @@ func Invalid(seq uint64) map[string]*trainmeterv1.Batch {
 		"negative energy": neg, "infinite power": inf,
 	}
 }
+
+// Now is a collector clock for tests: one minute after T0, so the batches
+// built here pass the ingest time bounds (ingest.CheckBatchTime).
+func Now() time.Time { return T0.Add(time.Minute) }

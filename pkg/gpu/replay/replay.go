@@ -243,6 +243,15 @@ func (b *Backend) Duration() time.Duration {
 	return d
 }
 
+// StartAt anchors playback: trace time 0 is t0 instead of the first Read.
+// Two agent processes anchored alike see one continuous trace, as a real
+// GPU's energy counter keeps counting while an agent restarts.
+func (b *Backend) StartAt(t0 time.Time) {
+	b.mu.Lock()
+	b.started, b.t0 = true, t0
+	b.mu.Unlock()
+}
+
 // Read implements gpu.Backend. The first Read starts playback.
 func (b *Backend) Read(now time.Time, dst []gpu.Sample) error {
 	if len(dst) != len(b.devs) {

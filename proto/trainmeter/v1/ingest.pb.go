@@ -432,14 +432,19 @@ func (x *GpuInfo) GetHasInstantPower() bool {
 
 // Batch carries one sampling window (normally 1 s) of one node.
 type Batch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
-	WindowStart   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
-	WindowEnd     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=window_end,json=windowEnd,proto3" json:"window_end,omitempty"`
-	GpuWindows    []*GpuWindow           `protobuf:"bytes,4,rep,name=gpu_windows,json=gpuWindows,proto3" json:"gpu_windows,omitempty"`
-	RunWindows    []*RunWindow           `protobuf:"bytes,5,rep,name=run_windows,json=runWindows,proto3" json:"run_windows,omitempty"`
-	RunEvents     []*RunEvent            `protobuf:"bytes,6,rep,name=run_events,json=runEvents,proto3" json:"run_events,omitempty"`
-	Host          *HostWindow            `protobuf:"bytes,7,opt,name=host,proto3" json:"host,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Seq         uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	WindowStart *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	WindowEnd   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=window_end,json=windowEnd,proto3" json:"window_end,omitempty"`
+	GpuWindows  []*GpuWindow           `protobuf:"bytes,4,rep,name=gpu_windows,json=gpuWindows,proto3" json:"gpu_windows,omitempty"`
+	RunWindows  []*RunWindow           `protobuf:"bytes,5,rep,name=run_windows,json=runWindows,proto3" json:"run_windows,omitempty"`
+	RunEvents   []*RunEvent            `protobuf:"bytes,6,rep,name=run_events,json=runEvents,proto3" json:"run_events,omitempty"`
+	Host        *HostWindow            `protobuf:"bytes,7,opt,name=host,proto3" json:"host,omitempty"`
+	// Data the agent's spool had to drop (full spool or disk, or a batch the
+	// collector rejected), per run, since the previous batch that carried such
+	// records. The seqs of dropped batches never arrive: a gap in seq is
+	// explained by these records.
+	Losses        []*DataLoss `protobuf:"bytes,8,rep,name=losses,proto3" json:"losses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -523,6 +528,113 @@ func (x *Batch) GetHost() *HostWindow {
 	return nil
 }
 
+func (x *Batch) GetLosses() []*DataLoss {
+	if x != nil {
+		return x.Losses
+	}
+	return nil
+}
+
+// DataLoss is what one or more dropped batches held for one run: the run's
+// figures are incomplete by exactly this much.
+type DataLoss struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Dropped batches that carried windows of the run.
+	Batches    uint64  `protobuf:"varint,2,opt,name=batches,proto3" json:"batches,omitempty"`
+	Tokens     uint64  `protobuf:"varint,3,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	EnergyJ    float64 `protobuf:"fixed64,4,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
+	GpuSeconds float64 `protobuf:"fixed64,5,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	// Why: "spool full", "disk full", "rejected: ...".
+	Reason string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When non-zero, this record is the loss of exactly one batch, seq, that
+	// was sent at least once but never acked: the collector may have applied
+	// it (the ack was lost), so it ignores the record if it holds that batch.
+	// Zero: batches that were never sent, certainly lost.
+	Seq           uint64 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataLoss) Reset() {
+	*x = DataLoss{}
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataLoss) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataLoss) ProtoMessage() {}
+
+func (x *DataLoss) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataLoss.ProtoReflect.Descriptor instead.
+func (*DataLoss) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DataLoss) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *DataLoss) GetBatches() uint64 {
+	if x != nil {
+		return x.Batches
+	}
+	return 0
+}
+
+func (x *DataLoss) GetTokens() uint64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *DataLoss) GetEnergyJ() float64 {
+	if x != nil {
+		return x.EnergyJ
+	}
+	return 0
+}
+
+func (x *DataLoss) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *DataLoss) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DataLoss) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 // GpuWindow summarises one GPU over the batch window.
 type GpuWindow struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -551,7 +663,7 @@ type GpuWindow struct {
 
 func (x *GpuWindow) Reset() {
 	*x = GpuWindow{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +675,7 @@ func (x *GpuWindow) String() string {
 func (*GpuWindow) ProtoMessage() {}
 
 func (x *GpuWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +688,7 @@ func (x *GpuWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuWindow.ProtoReflect.Descriptor instead.
 func (*GpuWindow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{5}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GpuWindow) GetGpu() uint32 {
@@ -731,13 +843,19 @@ type RunWindow struct {
 	EnergyEstimated   bool     `protobuf:"varint,22,opt,name=energy_estimated,json=energyEstimated,proto3" json:"energy_estimated,omitempty"`
 	LastLoss          float64  `protobuf:"fixed64,23,opt,name=last_loss,json=lastLoss,proto3" json:"last_loss,omitempty"`
 	HasLoss           bool     `protobuf:"varint,24,opt,name=has_loss,json=hasLoss,proto3" json:"has_loss,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Tokens credited from a rank's cumulative tokens_total that no step event
+	// delivered (events lost while the agent restarted or the client dropped).
+	TokensRecovered uint64 `protobuf:"varint,25,opt,name=tokens_recovered,json=tokensRecovered,proto3" json:"tokens_recovered,omitempty"`
+	// The segment bridges an agent restart: its energy comes from the GPU
+	// energy counters at the last checkpoint and after the restart.
+	RestartBridge bool `protobuf:"varint,26,opt,name=restart_bridge,json=restartBridge,proto3" json:"restart_bridge,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunWindow) Reset() {
 	*x = RunWindow{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +867,7 @@ func (x *RunWindow) String() string {
 func (*RunWindow) ProtoMessage() {}
 
 func (x *RunWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +880,7 @@ func (x *RunWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWindow.ProtoReflect.Descriptor instead.
 func (*RunWindow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{6}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RunWindow) GetRunId() string {
@@ -933,6 +1051,20 @@ func (x *RunWindow) GetHasLoss() bool {
 	return false
 }
 
+func (x *RunWindow) GetTokensRecovered() uint64 {
+	if x != nil {
+		return x.TokensRecovered
+	}
+	return 0
+}
+
+func (x *RunWindow) GetRestartBridge() bool {
+	if x != nil {
+		return x.RestartBridge
+	}
+	return false
+}
+
 type RunEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
@@ -947,7 +1079,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -959,7 +1091,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -972,7 +1104,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{7}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RunEvent) GetEvent() isRunEvent_Event {
@@ -1056,7 +1188,7 @@ type RunStart struct {
 
 func (x *RunStart) Reset() {
 	*x = RunStart{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1200,7 @@ func (x *RunStart) String() string {
 func (*RunStart) ProtoMessage() {}
 
 func (x *RunStart) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1213,7 @@ func (x *RunStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStart.ProtoReflect.Descriptor instead.
 func (*RunStart) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{8}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RunStart) GetRunId() string {
@@ -1218,7 +1350,7 @@ type RunMetadata struct {
 
 func (x *RunMetadata) Reset() {
 	*x = RunMetadata{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1362,7 @@ func (x *RunMetadata) String() string {
 func (*RunMetadata) ProtoMessage() {}
 
 func (x *RunMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1375,7 @@ func (x *RunMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunMetadata.ProtoReflect.Descriptor instead.
 func (*RunMetadata) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{9}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RunMetadata) GetModel() string {
@@ -1358,7 +1490,7 @@ type RunEnd struct {
 
 func (x *RunEnd) Reset() {
 	*x = RunEnd{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1502,7 @@ func (x *RunEnd) String() string {
 func (*RunEnd) ProtoMessage() {}
 
 func (x *RunEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1515,7 @@ func (x *RunEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEnd.ProtoReflect.Descriptor instead.
 func (*RunEnd) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{10}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RunEnd) GetRunId() string {
@@ -1429,7 +1561,7 @@ type Eval struct {
 
 func (x *Eval) Reset() {
 	*x = Eval{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1573,7 @@ func (x *Eval) String() string {
 func (*Eval) ProtoMessage() {}
 
 func (x *Eval) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1586,7 @@ func (x *Eval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eval.ProtoReflect.Descriptor instead.
 func (*Eval) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{11}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Eval) GetRunId() string {
@@ -1518,7 +1650,7 @@ type HostWindow struct {
 
 func (x *HostWindow) Reset() {
 	*x = HostWindow{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1530,7 +1662,7 @@ func (x *HostWindow) String() string {
 func (*HostWindow) ProtoMessage() {}
 
 func (x *HostWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1543,7 +1675,7 @@ func (x *HostWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostWindow.ProtoReflect.Descriptor instead.
 func (*HostWindow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{12}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HostWindow) GetMemoryUsedMib() float64 {
@@ -1583,7 +1715,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +1727,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +1740,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{13}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1630,7 +1762,7 @@ type Reject struct {
 
 func (x *Reject) Reset() {
 	*x = Reject{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1642,7 +1774,7 @@ func (x *Reject) String() string {
 func (*Reject) ProtoMessage() {}
 
 func (x *Reject) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1655,7 +1787,7 @@ func (x *Reject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reject.ProtoReflect.Descriptor instead.
 func (*Reject) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{14}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Reject) GetSeq() uint64 {
@@ -1686,7 +1818,7 @@ type Advisory struct {
 
 func (x *Advisory) Reset() {
 	*x = Advisory{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1698,7 +1830,7 @@ func (x *Advisory) String() string {
 func (*Advisory) ProtoMessage() {}
 
 func (x *Advisory) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1711,7 +1843,7 @@ func (x *Advisory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Advisory.ProtoReflect.Descriptor instead.
 func (*Advisory) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{15}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Advisory) GetRunId() string {
@@ -1771,7 +1903,7 @@ type Stop struct {
 
 func (x *Stop) Reset() {
 	*x = Stop{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1783,7 +1915,7 @@ func (x *Stop) String() string {
 func (*Stop) ProtoMessage() {}
 
 func (x *Stop) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1796,7 +1928,7 @@ func (x *Stop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stop.ProtoReflect.Descriptor instead.
 func (*Stop) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{16}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Stop) GetReason() string {
@@ -1817,7 +1949,7 @@ type DataloaderAdvice struct {
 
 func (x *DataloaderAdvice) Reset() {
 	*x = DataloaderAdvice{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1829,7 +1961,7 @@ func (x *DataloaderAdvice) String() string {
 func (*DataloaderAdvice) ProtoMessage() {}
 
 func (x *DataloaderAdvice) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1842,7 +1974,7 @@ func (x *DataloaderAdvice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataloaderAdvice.ProtoReflect.Descriptor instead.
 func (*DataloaderAdvice) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{17}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DataloaderAdvice) GetNumWorkers() uint32 {
@@ -1896,7 +2028,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x10memory_total_mib\x18\x04 \x01(\x04R\x0ememoryTotalMib\x12\"\n" +
 	"\rpower_limit_w\x18\x05 \x01(\x01R\vpowerLimitW\x12,\n" +
 	"\x12has_energy_counter\x18\x06 \x01(\bR\x10hasEnergyCounter\x12*\n" +
-	"\x11has_instant_power\x18\a \x01(\bR\x0fhasInstantPower\"\xf0\x02\n" +
+	"\x11has_instant_power\x18\a \x01(\bR\x0fhasInstantPower\"\xa1\x03\n" +
 	"\x05Batch\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -1908,7 +2040,17 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"runWindows\x126\n" +
 	"\n" +
 	"run_events\x18\x06 \x03(\v2\x17.trainmeter.v1.RunEventR\trunEvents\x12-\n" +
-	"\x04host\x18\a \x01(\v2\x19.trainmeter.v1.HostWindowR\x04host\"\xe0\x04\n" +
+	"\x04host\x18\a \x01(\v2\x19.trainmeter.v1.HostWindowR\x04host\x12/\n" +
+	"\x06losses\x18\b \x03(\v2\x17.trainmeter.v1.DataLossR\x06losses\"\xb9\x01\n" +
+	"\bDataLoss\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
+	"\abatches\x18\x02 \x01(\x04R\abatches\x12\x16\n" +
+	"\x06tokens\x18\x03 \x01(\x04R\x06tokens\x12\x19\n" +
+	"\benergy_j\x18\x04 \x01(\x01R\aenergyJ\x12\x1f\n" +
+	"\vgpu_seconds\x18\x05 \x01(\x01R\n" +
+	"gpuSeconds\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x10\n" +
+	"\x03seq\x18\a \x01(\x04R\x03seq\"\xe0\x04\n" +
 	"\tGpuWindow\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\rR\x03gpu\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12(\n" +
@@ -1930,7 +2072,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x13memory_used_max_mib\x18\x0e \x01(\x01R\x10memoryUsedMaxMib\x12-\n" +
 	"\x13memory_used_avg_mib\x18\x0f \x01(\x01R\x10memoryUsedAvgMib\x12(\n" +
 	"\x10memory_total_mib\x18\x10 \x01(\x01R\x0ememoryTotalMib\x12.\n" +
-	"\x13utilization_avg_pct\x18\x11 \x01(\x01R\x11utilizationAvgPct\"\xbd\x06\n" +
+	"\x13utilization_avg_pct\x18\x11 \x01(\x01R\x11utilizationAvgPct\"\x8f\a\n" +
 	"\tRunWindow\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -1960,7 +2102,9 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x04gpus\x18\x15 \x03(\rR\x04gpus\x12)\n" +
 	"\x10energy_estimated\x18\x16 \x01(\bR\x0fenergyEstimated\x12\x1b\n" +
 	"\tlast_loss\x18\x17 \x01(\x01R\blastLoss\x12\x19\n" +
-	"\bhas_loss\x18\x18 \x01(\bR\ahasLoss\"\xa8\x01\n" +
+	"\bhas_loss\x18\x18 \x01(\bR\ahasLoss\x12)\n" +
+	"\x10tokens_recovered\x18\x19 \x01(\x04R\x0ftokensRecovered\x12%\n" +
+	"\x0erestart_bridge\x18\x1a \x01(\bR\rrestartBridge\"\xa8\x01\n" +
 	"\bRunEvent\x126\n" +
 	"\trun_start\x18\x01 \x01(\v2\x17.trainmeter.v1.RunStartH\x00R\brunStart\x120\n" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
@@ -2066,7 +2210,7 @@ func file_trainmeter_v1_ingest_proto_rawDescGZIP() []byte {
 }
 
 var file_trainmeter_v1_ingest_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_trainmeter_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_trainmeter_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_trainmeter_v1_ingest_proto_goTypes = []any{
 	(Phase)(0),                    // 0: trainmeter.v1.Phase
 	(*StreamRequest)(nil),         // 1: trainmeter.v1.StreamRequest
@@ -2074,57 +2218,59 @@ var file_trainmeter_v1_ingest_proto_goTypes = []any{
 	(*Hello)(nil),                 // 3: trainmeter.v1.Hello
 	(*GpuInfo)(nil),               // 4: trainmeter.v1.GpuInfo
 	(*Batch)(nil),                 // 5: trainmeter.v1.Batch
-	(*GpuWindow)(nil),             // 6: trainmeter.v1.GpuWindow
-	(*RunWindow)(nil),             // 7: trainmeter.v1.RunWindow
-	(*RunEvent)(nil),              // 8: trainmeter.v1.RunEvent
-	(*RunStart)(nil),              // 9: trainmeter.v1.RunStart
-	(*RunMetadata)(nil),           // 10: trainmeter.v1.RunMetadata
-	(*RunEnd)(nil),                // 11: trainmeter.v1.RunEnd
-	(*Eval)(nil),                  // 12: trainmeter.v1.Eval
-	(*HostWindow)(nil),            // 13: trainmeter.v1.HostWindow
-	(*Ack)(nil),                   // 14: trainmeter.v1.Ack
-	(*Reject)(nil),                // 15: trainmeter.v1.Reject
-	(*Advisory)(nil),              // 16: trainmeter.v1.Advisory
-	(*Stop)(nil),                  // 17: trainmeter.v1.Stop
-	(*DataloaderAdvice)(nil),      // 18: trainmeter.v1.DataloaderAdvice
-	nil,                           // 19: trainmeter.v1.RunStart.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*DataLoss)(nil),              // 6: trainmeter.v1.DataLoss
+	(*GpuWindow)(nil),             // 7: trainmeter.v1.GpuWindow
+	(*RunWindow)(nil),             // 8: trainmeter.v1.RunWindow
+	(*RunEvent)(nil),              // 9: trainmeter.v1.RunEvent
+	(*RunStart)(nil),              // 10: trainmeter.v1.RunStart
+	(*RunMetadata)(nil),           // 11: trainmeter.v1.RunMetadata
+	(*RunEnd)(nil),                // 12: trainmeter.v1.RunEnd
+	(*Eval)(nil),                  // 13: trainmeter.v1.Eval
+	(*HostWindow)(nil),            // 14: trainmeter.v1.HostWindow
+	(*Ack)(nil),                   // 15: trainmeter.v1.Ack
+	(*Reject)(nil),                // 16: trainmeter.v1.Reject
+	(*Advisory)(nil),              // 17: trainmeter.v1.Advisory
+	(*Stop)(nil),                  // 18: trainmeter.v1.Stop
+	(*DataloaderAdvice)(nil),      // 19: trainmeter.v1.DataloaderAdvice
+	nil,                           // 20: trainmeter.v1.RunStart.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 }
 var file_trainmeter_v1_ingest_proto_depIdxs = []int32{
 	3,  // 0: trainmeter.v1.StreamRequest.hello:type_name -> trainmeter.v1.Hello
 	5,  // 1: trainmeter.v1.StreamRequest.batch:type_name -> trainmeter.v1.Batch
-	14, // 2: trainmeter.v1.StreamResponse.ack:type_name -> trainmeter.v1.Ack
-	16, // 3: trainmeter.v1.StreamResponse.advisory:type_name -> trainmeter.v1.Advisory
-	15, // 4: trainmeter.v1.StreamResponse.reject:type_name -> trainmeter.v1.Reject
+	15, // 2: trainmeter.v1.StreamResponse.ack:type_name -> trainmeter.v1.Ack
+	17, // 3: trainmeter.v1.StreamResponse.advisory:type_name -> trainmeter.v1.Advisory
+	16, // 4: trainmeter.v1.StreamResponse.reject:type_name -> trainmeter.v1.Reject
 	4,  // 5: trainmeter.v1.Hello.gpus:type_name -> trainmeter.v1.GpuInfo
-	20, // 6: trainmeter.v1.Hello.started_at:type_name -> google.protobuf.Timestamp
-	20, // 7: trainmeter.v1.Batch.window_start:type_name -> google.protobuf.Timestamp
-	20, // 8: trainmeter.v1.Batch.window_end:type_name -> google.protobuf.Timestamp
-	6,  // 9: trainmeter.v1.Batch.gpu_windows:type_name -> trainmeter.v1.GpuWindow
-	7,  // 10: trainmeter.v1.Batch.run_windows:type_name -> trainmeter.v1.RunWindow
-	8,  // 11: trainmeter.v1.Batch.run_events:type_name -> trainmeter.v1.RunEvent
-	13, // 12: trainmeter.v1.Batch.host:type_name -> trainmeter.v1.HostWindow
-	20, // 13: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
-	20, // 14: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
-	0,  // 15: trainmeter.v1.RunWindow.phase:type_name -> trainmeter.v1.Phase
-	9,  // 16: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
-	11, // 17: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
-	12, // 18: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
-	20, // 19: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
-	10, // 20: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
-	19, // 21: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
-	20, // 22: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
-	20, // 23: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
-	20, // 24: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
-	17, // 25: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
-	18, // 26: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
-	1,  // 27: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
-	2,  // 28: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
-	28, // [28:29] is the sub-list for method output_type
-	27, // [27:28] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	21, // 6: trainmeter.v1.Hello.started_at:type_name -> google.protobuf.Timestamp
+	21, // 7: trainmeter.v1.Batch.window_start:type_name -> google.protobuf.Timestamp
+	21, // 8: trainmeter.v1.Batch.window_end:type_name -> google.protobuf.Timestamp
+	7,  // 9: trainmeter.v1.Batch.gpu_windows:type_name -> trainmeter.v1.GpuWindow
+	8,  // 10: trainmeter.v1.Batch.run_windows:type_name -> trainmeter.v1.RunWindow
+	9,  // 11: trainmeter.v1.Batch.run_events:type_name -> trainmeter.v1.RunEvent
+	14, // 12: trainmeter.v1.Batch.host:type_name -> trainmeter.v1.HostWindow
+	6,  // 13: trainmeter.v1.Batch.losses:type_name -> trainmeter.v1.DataLoss
+	21, // 14: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
+	21, // 15: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
+	0,  // 16: trainmeter.v1.RunWindow.phase:type_name -> trainmeter.v1.Phase
+	10, // 17: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
+	12, // 18: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
+	13, // 19: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
+	21, // 20: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
+	11, // 21: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
+	20, // 22: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
+	21, // 23: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
+	21, // 24: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
+	21, // 25: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
+	18, // 26: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
+	19, // 27: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
+	1,  // 28: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
+	2,  // 29: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
+	29, // [29:30] is the sub-list for method output_type
+	28, // [28:29] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_ingest_proto_init() }
@@ -2141,12 +2287,12 @@ func file_trainmeter_v1_ingest_proto_init() {
 		(*StreamResponse_Advisory)(nil),
 		(*StreamResponse_Reject)(nil),
 	}
-	file_trainmeter_v1_ingest_proto_msgTypes[7].OneofWrappers = []any{
+	file_trainmeter_v1_ingest_proto_msgTypes[8].OneofWrappers = []any{
 		(*RunEvent_RunStart)(nil),
 		(*RunEvent_RunEnd)(nil),
 		(*RunEvent_Eval)(nil),
 	}
-	file_trainmeter_v1_ingest_proto_msgTypes[15].OneofWrappers = []any{
+	file_trainmeter_v1_ingest_proto_msgTypes[16].OneofWrappers = []any{
 		(*Advisory_Stop)(nil),
 		(*Advisory_Dataloader)(nil),
 	}
@@ -2156,7 +2302,7 @@ func file_trainmeter_v1_ingest_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_ingest_proto_rawDesc), len(file_trainmeter_v1_ingest_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

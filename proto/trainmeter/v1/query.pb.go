@@ -287,6 +287,95 @@ func (x *ExportRunsResponse) GetRun() *RunReport {
 	return nil
 }
 
+type DeleteRunRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRunRequest) Reset() {
+	*x = DeleteRunRequest{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRunRequest) ProtoMessage() {}
+
+func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
+func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DeleteRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+type DeleteRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Raw records (windows and events) deleted with the aggregate.
+	RecordsDeleted uint64 `protobuf:"varint,1,opt,name=records_deleted,json=recordsDeleted,proto3" json:"records_deleted,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *DeleteRunResponse) Reset() {
+	*x = DeleteRunResponse{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRunResponse) ProtoMessage() {}
+
+func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
+func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeleteRunResponse) GetRecordsDeleted() uint64 {
+	if x != nil {
+		return x.RecordsDeleted
+	}
+	return 0
+}
+
 type ListNodesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -295,7 +384,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -307,7 +396,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -320,7 +409,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{6}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
 }
 
 type ListNodesResponse struct {
@@ -332,7 +421,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -344,7 +433,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -357,7 +446,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -381,7 +470,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -393,7 +482,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -406,7 +495,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -495,13 +584,22 @@ type RunReport struct {
 	Evals                 []*Eval                `protobuf:"bytes,39,rep,name=evals,proto3" json:"evals,omitempty"`
 	LastLoss              float64                `protobuf:"fixed64,40,opt,name=last_loss,json=lastLoss,proto3" json:"last_loss,omitempty"`
 	HasLoss               bool                   `protobuf:"varint,41,opt,name=has_loss,json=hasLoss,proto3" json:"has_loss,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Some of the run's data was dropped on an agent (spool full, disk full,
+	// rejected batch) and the figures above miss exactly the lost_* amounts.
+	Incomplete     bool    `protobuf:"varint,42,opt,name=incomplete,proto3" json:"incomplete,omitempty"`
+	LostBatches    uint64  `protobuf:"varint,43,opt,name=lost_batches,json=lostBatches,proto3" json:"lost_batches,omitempty"`
+	LostTokens     uint64  `protobuf:"varint,44,opt,name=lost_tokens,json=lostTokens,proto3" json:"lost_tokens,omitempty"`
+	LostEnergyJ    float64 `protobuf:"fixed64,45,opt,name=lost_energy_j,json=lostEnergyJ,proto3" json:"lost_energy_j,omitempty"`
+	LostGpuSeconds float64 `protobuf:"fixed64,46,opt,name=lost_gpu_seconds,json=lostGpuSeconds,proto3" json:"lost_gpu_seconds,omitempty"`
+	// Why data was lost ("spool full", "disk full", "rejected: ...").
+	LostReasons   []string `protobuf:"bytes,47,rep,name=lost_reasons,json=lostReasons,proto3" json:"lost_reasons,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
 	*x = RunReport{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +611,7 @@ func (x *RunReport) String() string {
 func (*RunReport) ProtoMessage() {}
 
 func (x *RunReport) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +624,7 @@ func (x *RunReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunReport.ProtoReflect.Descriptor instead.
 func (*RunReport) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RunReport) GetRunId() string {
@@ -816,6 +914,48 @@ func (x *RunReport) GetHasLoss() bool {
 	return false
 }
 
+func (x *RunReport) GetIncomplete() bool {
+	if x != nil {
+		return x.Incomplete
+	}
+	return false
+}
+
+func (x *RunReport) GetLostBatches() uint64 {
+	if x != nil {
+		return x.LostBatches
+	}
+	return 0
+}
+
+func (x *RunReport) GetLostTokens() uint64 {
+	if x != nil {
+		return x.LostTokens
+	}
+	return 0
+}
+
+func (x *RunReport) GetLostEnergyJ() float64 {
+	if x != nil {
+		return x.LostEnergyJ
+	}
+	return 0
+}
+
+func (x *RunReport) GetLostGpuSeconds() float64 {
+	if x != nil {
+		return x.LostGpuSeconds
+	}
+	return 0
+}
+
+func (x *RunReport) GetLostReasons() []string {
+	if x != nil {
+		return x.LostReasons
+	}
+	return nil
+}
+
 var File_trainmeter_v1_query_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_query_proto_rawDesc = "" +
@@ -832,7 +972,11 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x11ExportRunsRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\"@\n" +
 	"\x12ExportRunsResponse\x12*\n" +
-	"\x03run\x18\x01 \x01(\v2\x18.trainmeter.v1.RunReportR\x03run\"\x12\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.trainmeter.v1.RunReportR\x03run\")\n" +
+	"\x10DeleteRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\"<\n" +
+	"\x11DeleteRunResponse\x12'\n" +
+	"\x0frecords_deleted\x18\x01 \x01(\x04R\x0erecordsDeleted\"\x12\n" +
 	"\x10ListNodesRequest\"D\n" +
 	"\x11ListNodesResponse\x12/\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x19.trainmeter.v1.NodeStatusR\x05nodes\"\xd7\x01\n" +
@@ -843,8 +987,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xe0\n" +
-	"\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xb5\f\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -891,13 +1034,23 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\ahas_co2\x18& \x01(\bR\x06hasCo2\x12)\n" +
 	"\x05evals\x18' \x03(\v2\x13.trainmeter.v1.EvalR\x05evals\x12\x1b\n" +
 	"\tlast_loss\x18( \x01(\x01R\blastLoss\x12\x19\n" +
-	"\bhas_loss\x18) \x01(\bR\ahasLoss2\xc7\x02\n" +
+	"\bhas_loss\x18) \x01(\bR\ahasLoss\x12\x1e\n" +
+	"\n" +
+	"incomplete\x18* \x01(\bR\n" +
+	"incomplete\x12!\n" +
+	"\flost_batches\x18+ \x01(\x04R\vlostBatches\x12\x1f\n" +
+	"\vlost_tokens\x18, \x01(\x04R\n" +
+	"lostTokens\x12\"\n" +
+	"\rlost_energy_j\x18- \x01(\x01R\vlostEnergyJ\x12(\n" +
+	"\x10lost_gpu_seconds\x18. \x01(\x01R\x0elostGpuSeconds\x12!\n" +
+	"\flost_reasons\x18/ \x03(\tR\vlostReasons2\x97\x03\n" +
 	"\fQueryService\x12K\n" +
 	"\bListRuns\x12\x1e.trainmeter.v1.ListRunsRequest\x1a\x1f.trainmeter.v1.ListRunsResponse\x12E\n" +
 	"\x06GetRun\x12\x1c.trainmeter.v1.GetRunRequest\x1a\x1d.trainmeter.v1.GetRunResponse\x12S\n" +
 	"\n" +
 	"ExportRuns\x12 .trainmeter.v1.ExportRunsRequest\x1a!.trainmeter.v1.ExportRunsResponse0\x01\x12N\n" +
-	"\tListNodes\x12\x1f.trainmeter.v1.ListNodesRequest\x1a .trainmeter.v1.ListNodesResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
+	"\tListNodes\x12\x1f.trainmeter.v1.ListNodesRequest\x1a .trainmeter.v1.ListNodesResponse\x12N\n" +
+	"\tDeleteRun\x12\x1f.trainmeter.v1.DeleteRunRequest\x1a .trainmeter.v1.DeleteRunResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
 
 var (
 	file_trainmeter_v1_query_proto_rawDescOnce sync.Once
@@ -911,7 +1064,7 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*ListRunsRequest)(nil),       // 0: trainmeter.v1.ListRunsRequest
 	(*ListRunsResponse)(nil),      // 1: trainmeter.v1.ListRunsResponse
@@ -919,36 +1072,40 @@ var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*GetRunResponse)(nil),        // 3: trainmeter.v1.GetRunResponse
 	(*ExportRunsRequest)(nil),     // 4: trainmeter.v1.ExportRunsRequest
 	(*ExportRunsResponse)(nil),    // 5: trainmeter.v1.ExportRunsResponse
-	(*ListNodesRequest)(nil),      // 6: trainmeter.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),     // 7: trainmeter.v1.ListNodesResponse
-	(*NodeStatus)(nil),            // 8: trainmeter.v1.NodeStatus
-	(*RunReport)(nil),             // 9: trainmeter.v1.RunReport
-	(*GpuInfo)(nil),               // 10: trainmeter.v1.GpuInfo
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(*RunMetadata)(nil),           // 12: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 13: trainmeter.v1.Eval
+	(*DeleteRunRequest)(nil),      // 6: trainmeter.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 7: trainmeter.v1.DeleteRunResponse
+	(*ListNodesRequest)(nil),      // 8: trainmeter.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),     // 9: trainmeter.v1.ListNodesResponse
+	(*NodeStatus)(nil),            // 10: trainmeter.v1.NodeStatus
+	(*RunReport)(nil),             // 11: trainmeter.v1.RunReport
+	(*GpuInfo)(nil),               // 12: trainmeter.v1.GpuInfo
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*RunMetadata)(nil),           // 14: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 15: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
-	9,  // 0: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
-	9,  // 1: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
-	9,  // 2: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
-	8,  // 3: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	10, // 4: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	11, // 5: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	12, // 6: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	11, // 7: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	11, // 8: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	13, // 9: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	11, // 0: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
+	11, // 1: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
+	11, // 2: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
+	10, // 3: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
+	12, // 4: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	13, // 5: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	14, // 6: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	13, // 7: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	13, // 8: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	15, // 9: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
 	0,  // 10: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
 	2,  // 11: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
 	4,  // 12: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	6,  // 13: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	1,  // 14: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	3,  // 15: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	5,  // 16: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	7,  // 17: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	14, // [14:18] is the sub-list for method output_type
-	10, // [10:14] is the sub-list for method input_type
+	8,  // 13: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	6,  // 14: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	1,  // 15: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	3,  // 16: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	5,  // 17: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	9,  // 18: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	7,  // 19: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -966,7 +1123,7 @@ func file_trainmeter_v1_query_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const (
 	QueryService_GetRun_FullMethodName     = "/trainmeter.v1.QueryService/GetRun"
 	QueryService_ExportRuns_FullMethodName = "/trainmeter.v1.QueryService/ExportRuns"
 	QueryService_ListNodes_FullMethodName  = "/trainmeter.v1.QueryService/ListNodes"
+	QueryService_DeleteRun_FullMethodName  = "/trainmeter.v1.QueryService/DeleteRun"
 )
 
 // QueryServiceClient is the client API for QueryService service.
@@ -37,6 +38,10 @@ type QueryServiceClient interface {
 	// ExportRuns streams one report per run, for CSV export of many runs.
 	ExportRuns(ctx context.Context, in *ExportRunsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportRunsResponse], error)
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
+	// DeleteRun removes a run's aggregate and raw windows and events (admin
+	// only when the collector has tokens). Batches of the run that arrive
+	// afterwards (a run still reporting) start it again.
+	DeleteRun(ctx context.Context, in *DeleteRunRequest, opts ...grpc.CallOption) (*DeleteRunResponse, error)
 }
 
 type queryServiceClient struct {
@@ -96,6 +101,16 @@ func (c *queryServiceClient) ListNodes(ctx context.Context, in *ListNodesRequest
 	return out, nil
 }
 
+func (c *queryServiceClient) DeleteRun(ctx context.Context, in *DeleteRunRequest, opts ...grpc.CallOption) (*DeleteRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteRunResponse)
+	err := c.cc.Invoke(ctx, QueryService_DeleteRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QueryServiceServer is the server API for QueryService service.
 // All implementations must embed UnimplementedQueryServiceServer
 // for forward compatibility.
@@ -108,6 +123,10 @@ type QueryServiceServer interface {
 	// ExportRuns streams one report per run, for CSV export of many runs.
 	ExportRuns(*ExportRunsRequest, grpc.ServerStreamingServer[ExportRunsResponse]) error
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
+	// DeleteRun removes a run's aggregate and raw windows and events (admin
+	// only when the collector has tokens). Batches of the run that arrive
+	// afterwards (a run still reporting) start it again.
+	DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error)
 	mustEmbedUnimplementedQueryServiceServer()
 }
 
@@ -129,6 +148,9 @@ func (UnimplementedQueryServiceServer) ExportRuns(*ExportRunsRequest, grpc.Serve
 }
 func (UnimplementedQueryServiceServer) ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListNodes not implemented")
+}
+func (UnimplementedQueryServiceServer) DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteRun not implemented")
 }
 func (UnimplementedQueryServiceServer) mustEmbedUnimplementedQueryServiceServer() {}
 func (UnimplementedQueryServiceServer) testEmbeddedByValue()                      {}
@@ -216,6 +238,24 @@ func _QueryService_ListNodes_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _QueryService_DeleteRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueryServiceServer).DeleteRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QueryService_DeleteRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueryServiceServer).DeleteRun(ctx, req.(*DeleteRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // QueryService_ServiceDesc is the grpc.ServiceDesc for QueryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -234,6 +274,10 @@ var QueryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListNodes",
 			Handler:    _QueryService_ListNodes_Handler,
+		},
+		{
+			MethodName: "DeleteRun",
+			Handler:    _QueryService_DeleteRun_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
