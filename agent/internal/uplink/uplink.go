@@ -8,6 +8,7 @@ package uplink
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -208,12 +210,6 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	if err := stream.Send(&pb.StreamRequest{Msg: &pb.StreamRequest_Hello{Hello: u.cfg.Hello}}); err != nil {
-		return false, err
-	}
-	u.setConnected(true)
-	defer u.setConnected(false)
-
 	var (
 		recvErr  = make(chan error, 1)
 		gotAck   bool
@@ -247,6 +243,11 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 		acked = gotAck
 		gotAckMu.Unlock()
 	}()
+	if err := stream.Send(&pb.StreamRequest{Msg: &pb.StreamRequest_Hello{Hello: u.cfg.Hello}}); err != nil {
+		return false, streamErr(err, recvErr)
+	}
+	u.setConnected(true)
+	defer u.setConnected(false)
 
 	var sentUpTo uint64 // every spooled batch with seq <= sentUpTo went out on this stream
 	for {
@@ -256,11 +257,19 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 				break
 			}
 			for _, b := range batch {
+				if n := proto.Size(b); n > MaxBatchBytes {
+					// The collector would end the stream on it every time and
+					// nothing behind it would ever get through.
+					u.cfg.Logger.Error("uplink: batch too large to send; dropping it", "seq", b.Seq, "bytes", n, "limit", MaxBatchBytes)
+					u.remove(b.Seq, fmt.Sprintf("batch of %d bytes exceeds the %d-byte message limit", n, MaxBatchBytes))
+					sentUpTo = b.Seq
+					continue
+				}
 				// Marked before the send: once it may be on the wire, a drop
 				// of it is reported as in doubt.
 				u.cfg.Spool.MarkSent(b.Seq)
 				if err := stream.Send(&pb.StreamRequest{Msg: &pb.StreamRequest_Batch{Batch: b}}); err != nil {
-					return false, err
+					return false, streamErr(err, recvErr)
 				}
 				sentUpTo = b.Seq
 				u.mu.Lock()
@@ -279,6 +288,28 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 			_ = stream.CloseSend()
 			return false, ctx.Err()
 		}
+	}
+}
+
+// MaxBatchBytes is the largest batch the uplink sends: under the collector's
+// 16 MiB receive limit, with room for the envelope.
+const MaxBatchBytes = 15 << 20
+
+// streamErr prefers the status the collector ended the stream with (say,
+// Unauthenticated): once the server has ended a stream, Send reports only
+// io.EOF and the status arrives on the receiving side.
+func streamErr(err error, recvErr <-chan error) error {
+	if !errors.Is(err, io.EOF) {
+		return err
+	}
+	select {
+	case rerr := <-recvErr:
+		if errors.Is(rerr, io.EOF) {
+			return errors.New("collector closed the stream")
+		}
+		return rerr
+	case <-time.After(time.Second):
+		return errors.New("collector closed the stream")
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -273,5 +275,53 @@ func TestAdvisoriesReachTheCallback(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no advisory")
+	}
+}
+
+// refuser ends every stream as a collector refusing this node's token does.
+type refuser struct {
+	pb.UnimplementedIngestServiceServer
+}
+
+func (refuser) Stream(s pb.IngestService_StreamServer) error {
+	return status.Error(codes.Unauthenticated, "bad token for node n1")
+}
+
+func TestStreamRefusalReportsTheCollectorsStatusNotEOF(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	pb.RegisterIngestServiceServer(srv, refuser{})
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	sp := openSpool(t, 0)
+	u, err := New(Config{Address: lis.Addr().String(), Spool: sp, Hello: &pb.Hello{Node: "n1", BootId: sp.BootID()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.conn.Close()
+	u.Enqueue(&pb.Batch{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = u.session(ctx)
+	if status.Code(err) != codes.Unauthenticated {
+		t.Errorf("session error %v, want the collector's Unauthenticated", err)
+	}
+}
+
+func TestOversizedBatchIsDroppedNotResentForever(t *testing.T) {
+	c := &collector{}
+	u, stop := start(t, Config{Address: serve(t, c)})
+	defer stop()
+	huge := &pb.Batch{RunEvents: []*pb.RunEvent{{Event: &pb.RunEvent_RunStart{RunStart: &pb.RunStart{
+		RunId: "r", Labels: map[string]string{"pad": strings.Repeat("x", MaxBatchBytes)}}}}}}
+	u.Enqueue(huge)
+	u.Enqueue(&pb.Batch{})
+	flush(t, u)
+	st := u.Stats()
+	if st.Rejected != 1 || st.Acked != 1 {
+		t.Errorf("stats %+v, want the huge batch rejected locally and the next one acked", st)
 	}
 }
