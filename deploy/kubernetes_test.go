@@ -1,0 +1,240 @@
+package deploy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// obj is one Kubernetes object, loosely typed.
+type obj map[string]any
+
+func (o obj) kind() string { s, _ := o["kind"].(string); return s }
+func (o obj) name() string { return str(get(o, "metadata", "name")) }
+
+// get walks maps by key and lists by decimal index.
+func get(v any, path ...string) any {
+	for _, p := range path {
+		switch m := v.(type) {
+		case obj:
+			v = m[p]
+		case map[string]any:
+			v = m[p]
+		case []any:
+			i, err := strconv.Atoi(p)
+			if err != nil || i >= len(m) {
+				return nil
+			}
+			v = m[i]
+		default:
+			return nil
+		}
+	}
+	return v
+}
+
+func str(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case int:
+		return strconv.Itoa(x)
+	}
+	return ""
+}
+
+func loadManifests(t *testing.T) map[string]obj {
+	t.Helper()
+	files, err := filepath.Glob("kubernetes/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in deploy/kubernetes: %v", err)
+	}
+	all := map[string]obj{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(b))
+		for i := 0; ; i++ {
+			var raw map[string]any
+			if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%s document %d: %v", f, i, err)
+			}
+			o := obj(raw)
+			if o == nil {
+				continue
+			}
+			if o.kind() == "" || str(o["apiVersion"]) == "" || o.name() == "" {
+				t.Errorf("%s document %d: no kind, apiVersion or metadata.name", f, i)
+				continue
+			}
+			if o.kind() != "Namespace" && str(get(o, "metadata", "namespace")) != "trainmeter" {
+				t.Errorf("%s %s/%s: namespace %q, want trainmeter", f, o.kind(), o.name(), get(o, "metadata", "namespace"))
+			}
+			key := o.kind() + "/" + o.name()
+			if _, dup := all[key]; dup {
+				t.Errorf("%s: %s twice", f, key)
+			}
+			all[key] = o
+		}
+	}
+	return all
+}
+
+// flagValues returns a container's args as flag -> value (--flag=value form).
+func flagValues(c any) map[string]string {
+	m := map[string]string{}
+	list, _ := get(c, "args").([]any)
+	for _, a := range list {
+		s := str(a)
+		if k, v, ok := strings.Cut(s, "="); ok && strings.HasPrefix(k, "--") {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+func TestKubernetesManifests(t *testing.T) {
+	m := loadManifests(t)
+	for _, k := range []string{"Namespace/trainmeter", "ConfigMap/trainmeter-agent", "DaemonSet/trainmeter-agent",
+		"Deployment/trainmeter-collector", "Service/trainmeter-collector", "PersistentVolumeClaim/trainmeter-data"} {
+		if m[k] == nil {
+			t.Fatalf("missing %s", k)
+		}
+	}
+
+	// Collector: 1 replica, PVC at the --data parent, probes on --status-listen's port.
+	dep := m["Deployment/trainmeter-collector"]
+	if r, _ := get(dep, "spec", "replicas").(int); r != 1 {
+		t.Errorf("collector replicas %v, want 1", get(dep, "spec", "replicas"))
+	}
+	if str(get(dep, "spec", "strategy", "type")) != "Recreate" {
+		t.Error("collector strategy must be Recreate (BadgerDB in a ReadWriteOnce PVC)")
+	}
+	pod := get(dep, "spec", "template", "spec")
+	col := get(pod, "containers", "0")
+	flags := flagValues(col)
+	if get(col, "args", "0") != "serve" {
+		t.Errorf("collector args must start with serve: %v", get(col, "args"))
+	}
+	listenPort := after(flags["--listen"])
+	statusPort := after(flags["--status-listen"])
+	if listenPort == "" || statusPort == "" || flags["--data"] == "" {
+		t.Fatalf("collector needs --listen, --status-listen and --data: %v", flags)
+	}
+	ports := map[string]string{} // container port name -> number
+	for _, p := range get(col, "ports").([]any) {
+		ports[str(get(p, "name"))] = str(get(p, "containerPort"))
+	}
+	for _, probe := range []string{"readinessProbe", "livenessProbe"} {
+		if str(get(col, probe, "httpGet", "path")) != "/healthz" {
+			t.Errorf("collector %s path %v, want /healthz", probe, get(col, probe, "httpGet", "path"))
+		}
+		if p := str(get(col, probe, "httpGet", "port")); p != statusPort && ports[p] != statusPort {
+			t.Errorf("collector %s port %q is not --status-listen's %s", probe, p, statusPort)
+		}
+	}
+	dataMount := ""
+	for _, vm := range get(col, "volumeMounts").([]any) {
+		for _, v := range get(pod, "volumes").([]any) {
+			if get(v, "name") == get(vm, "name") && str(get(v, "persistentVolumeClaim", "claimName")) == "trainmeter-data" {
+				dataMount = str(get(vm, "mountPath"))
+			}
+		}
+	}
+	if dataMount == "" || !strings.HasPrefix(flags["--data"]+"/", strings.TrimSuffix(dataMount, "/")+"/") {
+		t.Errorf("--data %s is not on the PVC (mounted at %q)", flags["--data"], dataMount)
+	}
+
+	// Service: selects the collector pods and exposes --listen's port.
+	svc := m["Service/trainmeter-collector"]
+	sel := get(svc, "spec", "selector").(map[string]any)
+	labels := get(dep, "spec", "template", "metadata", "labels").(map[string]any)
+	for k, v := range sel {
+		if labels[k] != v {
+			t.Errorf("Service selector %s=%v does not match the collector pods", k, v)
+		}
+	}
+	svcPort := str(get(svc, "spec", "ports", "0", "port"))
+	target := str(get(svc, "spec", "ports", "0", "targetPort"))
+	if target != listenPort && ports[target] != listenPort {
+		t.Errorf("Service targetPort %q is not --listen's %s", target, listenPort)
+	}
+
+	// Agent: its config's collector is the Service's DNS name and port.
+	var agentCfg map[string]any
+	if err := yaml.Unmarshal([]byte(str(get(m["ConfigMap/trainmeter-agent"], "data", "agent.yaml"))), &agentCfg); err != nil {
+		t.Fatalf("ConfigMap agent.yaml: %v", err)
+	}
+	want := svc.name() + "." + str(get(svc, "metadata", "namespace")) + ".svc:" + svcPort
+	if c := str(agentCfg["collector"]); c != want && !strings.HasPrefix(c, strings.TrimSuffix(want, ":"+svcPort)+".cluster.local:") {
+		t.Errorf("agent collector %q, want %q", c, want)
+	}
+	ds := m["DaemonSet/trainmeter-agent"]
+	apod := get(ds, "spec", "template", "spec")
+	if get(apod, "hostPID") != true {
+		t.Error("agent: hostPID must be true: NVML reports host PIDs, and process-tree attribution walks /proc")
+	}
+	if str(get(apod, "runtimeClassName")) != "nvidia" {
+		t.Error("agent: runtimeClassName nvidia (NVIDIA container toolkit) expected")
+	}
+	if len(get(apod, "nodeSelector").(map[string]any)) == 0 {
+		t.Error("agent: no nodeSelector for GPU nodes")
+	}
+	ac := get(apod, "containers", "0")
+	hostPaths := map[string]string{} // mountPath -> hostPath
+	for _, vm := range get(ac, "volumeMounts").([]any) {
+		for _, v := range get(apod, "volumes").([]any) {
+			if get(v, "name") == get(vm, "name") {
+				if hp := str(get(v, "hostPath", "path")); hp != "" {
+					hostPaths[str(get(vm, "mountPath"))] = hp
+				}
+				if cm := str(get(v, "configMap", "name")); cm != "" && cm != "trainmeter-agent" {
+					t.Errorf("agent mounts ConfigMap %q", cm)
+				}
+			}
+		}
+	}
+	sockDir := filepath.Dir(str(agentCfg["socket"]))
+	if hostPaths[sockDir] != "/run/trainmeter" {
+		t.Errorf("the socket's directory %s is not hostPath /run/trainmeter: %v", sockDir, hostPaths)
+	}
+	if sp := str(agentCfg["spool"]); hostPaths[filepath.Dir(sp)] != "/var/lib/trainmeter" {
+		t.Errorf("spool %s is not under hostPath /var/lib/trainmeter: %v", sp, hostPaths)
+	}
+	if !strings.Contains(strings.Join(anyStrings(get(ac, "args")), " "), "--config=/etc/trainmeter/agent.yaml") {
+		t.Errorf("agent args lack --config=/etc/trainmeter/agent.yaml: %v", get(ac, "args"))
+	}
+	agentStatus := after(str(agentCfg["status_listen"]))
+	if p := str(get(ac, "readinessProbe", "httpGet", "port")); get(ac, "readinessProbe", "httpGet", "path") != "/healthz" ||
+		(p != agentStatus && str(get(ac, "ports", "0", "containerPort")) != agentStatus) {
+		t.Errorf("agent readinessProbe must be /healthz on status_listen's port %s", agentStatus)
+	}
+}
+
+func after(hostport string) string {
+	i := strings.LastIndex(hostport, ":")
+	if i < 0 {
+		return ""
+	}
+	return hostport[i+1:]
+}
+
+func anyStrings(v any) []string {
+	l, _ := v.([]any)
+	out := make([]string, 0, len(l))
+	for _, x := range l {
+		out = append(out, str(x))
+	}
+	return out
+}
