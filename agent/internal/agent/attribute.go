@@ -1,0 +1,158 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
+	"github.com/trainmeter/trainmeter/pkg/clock"
+	"github.com/trainmeter/trainmeter/pkg/gpu"
+	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
+)
+
+// GPU attribution by process tree (run_start attribute_pid, which
+// `trainmeter run` sets to its own PID): once a second, off the 50 ms
+// sampling path, the agent lists each GPU's compute processes, walks /proc
+// up from each to see whether it descends from a run's attribute_pid, and
+// adds the GPUs found to that run (ledger.AddGPUs).
+
+// attributeEvery is how often the GPUs' processes are listed (NVML takes
+// milliseconds per GPU for it).
+const attributeEvery = time.Second
+
+// maxTreeDepth bounds the walk up from a process to its ancestors.
+const maxTreeDepth = 1024
+
+// initAttribution decides whether this backend can attribute GPUs by
+// process tree. Simulated GPUs run no processes (their lister always says
+// none), so runs on them fall back to every GPU, as do backends without a
+// lister (replay).
+func (a *Agent) initAttribution(backend gpu.Backend) bool {
+	a.procRoot = "/proc"
+	pl, ok := backend.(gpu.ProcessLister)
+	if _, sim := backend.(*simgpu.Backend); !ok || sim {
+		return false
+	}
+	a.procs = pl
+	return true
+}
+
+func (a *Agent) attributeLoop(ctx context.Context, t clock.Ticker) {
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		a.pollAttribution()
+	}
+}
+
+// pollAttribution adds to every process-attributed run the GPUs its tree
+// now computes on. It lists processes only while such a run is live.
+func (a *Agent) pollAttribution() {
+	runs := a.ledger.AttributedRuns()
+	if len(runs) == 0 || a.procs == nil {
+		return
+	}
+	onGPU := map[int][]int{} // pid -> GPUs
+	for i := range a.backend.Devices() {
+		pids, err := a.procs.ComputePIDs(i)
+		if err != nil {
+			if now := a.clock.Now(); now.Sub(a.lastProcErr) > time.Minute {
+				a.lastProcErr = now
+				a.log.Warn("cannot list a GPU's compute processes; runs attributed by process tree may miss it", "gpu", i, "err", err)
+			}
+			continue
+		}
+		for _, p := range pids {
+			onGPU[int(p)] = append(onGPU[int(p)], i)
+		}
+	}
+	if len(onGPU) == 0 {
+		return
+	}
+	ppids := map[int]int{} // one /proc read per process per poll
+	for _, r := range runs {
+		var gpus []int
+		for pid, gs := range onGPU {
+			if inTree(a.procRoot, pid, r.PID, ppids) {
+				gpus = append(gpus, gs...)
+			}
+		}
+		if len(gpus) > 0 {
+			a.ledger.AddGPUs(a.clock.Now(), r.ID, gpus)
+		}
+	}
+}
+
+// checkAttributePID makes sure a run_start's attribute_pid names the sending
+// process or one of its descendants, as the agent sees them. A client in
+// another PID namespace (a container) sends its own view of its PID; the
+// kernel's view of the sender (SO_PEERCRED) is used then. A client may not
+// claim another process tree's GPUs either way.
+func (a *Agent) checkAttributePID(p ledger.Peer, e *trainerproto.RunStart) {
+	if e.AttributePID == nil || a.procs == nil || p.PID <= 0 {
+		return
+	}
+	pid := int(*e.AttributePID)
+	if pid == int(p.PID) || inTree(a.procRoot, pid, int(p.PID), map[int]int{}) {
+		return
+	}
+	a.log.Info("run_start attribute_pid is not the sender or its descendant here (another PID namespace?): attributing the sender's process tree",
+		"run_id", e.Run, "attribute_pid", pid, "sender_pid", p.PID)
+	v := uint64(p.PID)
+	e.AttributePID = &v
+}
+
+// inTree reports whether pid is root or descends from it, reading parent
+// PIDs from procRoot/PID/stat (cached in ppids; -1 when unreadable).
+func inTree(procRoot string, pid, root int, ppids map[int]int) bool {
+	for range maxTreeDepth {
+		if pid == root {
+			return true
+		}
+		if pid <= 1 {
+			return false
+		}
+		pp, ok := ppids[pid]
+		if !ok {
+			var err error
+			if pp, err = readPPID(procRoot, pid); err != nil {
+				pp = -1
+			}
+			ppids[pid] = pp
+		}
+		if pp < 0 || pp == pid {
+			return false
+		}
+		pid = pp
+	}
+	return false
+}
+
+// readPPID returns the parent PID from /proc/PID/stat. The command name
+// (field 2) is in parentheses and may itself hold spaces and ')', so the
+// fields are counted from the last ')'.
+func readPPID(procRoot string, pid int) (int, error) {
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("%d/stat: no command name", pid)
+	}
+	f := bytes.Fields(b[i+1:]) // state, ppid, ...
+	if len(f) < 2 {
+		return 0, fmt.Errorf("%d/stat: too short", pid)
+	}
+	return strconv.Atoi(string(f[1]))
+}

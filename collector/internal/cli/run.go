@@ -1,0 +1,437 @@
+package cli
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// `trainmeter run -- COMMAND`: zero-code measurement. It only speaks the
+// agent's socket protocol and the collector's query API (no NVML here).
+
+// Environment variables `trainmeter run` reads and passes to the command;
+// the Python client reads both.
+const (
+	EnvSocket = "TRAINMETER_SOCKET"
+	EnvRunID  = "TRAINMETER_RUN_ID"
+)
+
+// DefaultSocket is the agent's trainer socket when neither --socket nor
+// $TRAINMETER_SOCKET is set.
+const DefaultSocket = "/run/trainmeter/agent.sock"
+
+// ExitError carries the exit code of a command `trainmeter run` ran; Main
+// exits with it without printing anything.
+type ExitError struct{ Code int }
+
+func (e *ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Code) }
+
+// runOptions is what `trainmeter run` was asked to do.
+type runOptions struct {
+	socket, runID string
+	meta          map[string]any // run_start metadata the user gave
+	statusEvery   time.Duration  // plain status lines when not a terminal
+	reportWait    time.Duration  // how long to wait for the collector to see the end
+	tty           bool           // rewrite one status line in place
+
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	// signals, when set, replaces signal.Notify (tests).
+	signals <-chan os.Signal
+	// query dials the collector; nil: no live status and no report.
+	query func() (trainmeterv1.QueryServiceClient, func(), error)
+	// tick is the live status period on a terminal.
+	tick time.Duration
+}
+
+func newRunCommand(cf *clientFlags) *cobra.Command {
+	o := &runOptions{meta: map[string]any{}, tick: time.Second}
+	var model, dataset, backend, optimizer, precision, notes string
+	var batchSize, seqLen int64
+	var warmup time.Duration
+	c := &cobra.Command{
+		Use:   "run [flags] -- COMMAND [ARGS...]",
+		Short: "Run a command as one measured run: energy, time, power, VRAM, cost (and tokens if it uses the client)",
+		Long: `Run COMMAND as one trainmeter run. The agent on this machine attributes to it
+the GPUs its process tree computes on, from start to exit. The command gets
+TRAINMETER_RUN_ID and TRAINMETER_SOCKET, so a script that uses the Python
+client reports its tokens into the same run (its metadata must not contradict
+the flags given here). SIGINT and SIGTERM are passed on to the command;
+trainmeter exits with the command's exit code. If the agent cannot be reached
+the command still runs, unmeasured.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f := cmd.Flags()
+			for key, v := range map[string]string{"model": model, "dataset": dataset, "backend": backend,
+				"optimizer": optimizer, "precision": precision, "notes": notes} {
+				if f.Changed(key) {
+					o.meta[key] = v
+				}
+			}
+			if f.Changed("batch-size") {
+				o.meta["batch_size"] = batchSize
+			}
+			if f.Changed("seq-len") {
+				o.meta["seq_len"] = seqLen
+			}
+			if f.Changed("warmup") {
+				if warmup < 0 {
+					return fmt.Errorf("--warmup %v: must not be negative", warmup)
+				}
+				o.meta["warmup_s"] = warmup.Seconds()
+			}
+			if o.statusEvery <= 0 {
+				return fmt.Errorf("--status-every %v: must be positive", o.statusEvery)
+			}
+			if o.socket == "" {
+				o.socket = cf.getenv(EnvSocket)
+			}
+			if o.socket == "" {
+				o.socket = DefaultSocket
+			}
+			if o.runID == "" {
+				o.runID = newRunID(args[0])
+			}
+			o.stdin, o.stdout, o.stderr = cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr()
+			o.tty = isTerminal(o.stderr)
+			o.query = func() (trainmeterv1.QueryServiceClient, func(), error) {
+				opts, err := cf.security.dialOptions(cf.addr, cf.getenv)
+				if err != nil {
+					return nil, nil, err
+				}
+				conn, err := grpc.NewClient(cf.addr, opts...)
+				if err != nil {
+					return nil, nil, err
+				}
+				return trainmeterv1.NewQueryServiceClient(conn), func() { conn.Close() }, nil
+			}
+			code := runCommand(o, args)
+			if code != 0 {
+				return &ExitError{Code: code}
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	// Flags end at COMMAND: `trainmeter run python3 train.py --lr 3` works
+	// without "--".
+	f.SetInterspersed(false)
+	f.StringVar(&o.socket, "socket", "", "agent socket (default $"+EnvSocket+", else "+DefaultSocket+")")
+	f.StringVar(&o.runID, "run-id", "", "run id (default: generated from the command's name and the time)")
+	f.StringVar(&model, "model", "", "model name")
+	f.StringVar(&dataset, "dataset", "", "dataset name")
+	f.StringVar(&backend, "backend", "", "training backend (e.g. unsloth, deepspeed)")
+	f.StringVar(&optimizer, "optimizer", "", "optimizer")
+	f.StringVar(&precision, "precision", "", "precision (e.g. bf16)")
+	f.Int64Var(&batchSize, "batch-size", 0, "batch size")
+	f.Int64Var(&seqLen, "seq-len", 0, "sequence length")
+	f.StringVar(&notes, "notes", "", "free-form notes")
+	f.DurationVar(&warmup, "warmup", 0, "warmup to exclude from efficiency figures (default: the script's client's, else the agent's)")
+	f.DurationVar(&o.statusEvery, "status-every", 10*time.Second, "period of the status lines when stderr is not a terminal")
+	f.DurationVar(&o.reportWait, "report-wait", 10*time.Second, "how long to wait for the collector to see the run end before printing the report")
+	return c
+}
+
+// newRunID is NAME-YYYYMMDD-HHMMSS-XXXX from the command's base name.
+func newRunID(command string) string {
+	name := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+			return r
+		}
+		return '-'
+	}, filepath.Base(command))
+	if len(name) > 32 {
+		name = name[:32]
+	}
+	b := make([]byte, 2)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s-%s-%s", name, time.Now().Format("20060102-150405"), hex.EncodeToString(b))
+}
+
+// isTerminal reports whether w is a character device (a terminal; no
+// x/term needed for that).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// runCommand runs args as one run and returns the exit code to exit with.
+func runCommand(o *runOptions, args []string) int {
+	warn := func(format string, a ...any) { fmt.Fprintf(o.stderr, "trainmeter: "+format+"\n", a...) }
+	path, err := exec.LookPath(args[0])
+	if err != nil {
+		warn("%v", err)
+		return 127
+	}
+
+	ag := newAgentLink(o, warn)
+	ag.start()
+
+	child := exec.Command(path, args[1:]...)
+	child.Args[0] = args[0]
+	child.Stdin, child.Stdout, child.Stderr = o.stdin, o.stdout, o.stderr
+	child.Env = append(os.Environ(), EnvRunID+"="+o.runID, EnvSocket+"="+o.socket)
+	if err := child.Start(); err != nil {
+		warn("%v", err)
+		ag.end("not started")
+		return 126
+	}
+
+	sigs := o.signals
+	if sigs == nil {
+		ch := make(chan os.Signal, 4)
+		signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+		defer signal.Stop(ch)
+		sigs = ch
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- child.Wait() }()
+
+	st := newStatus(o, ag.ok())
+	stopStatus := st.run()
+
+	var werr error
+wait:
+	for {
+		select {
+		case s := <-sigs:
+			if s == syscall.SIGINT && foregroundTTY() {
+				// Ctrl-C on the terminal reached the command's process
+				// group (ours) already: a second SIGINT could break its
+				// own clean-up.
+				continue
+			}
+			_ = child.Process.Signal(s)
+		case werr = <-waited:
+			break wait
+		}
+	}
+	stopStatus()
+	status, code := exitStatus(child.ProcessState, werr)
+	ag.end(status)
+	if ag.ok() {
+		st.final()
+	}
+	return code
+}
+
+// exitStatus is the run_end status ("exit 3", "signal SIGTERM") and the
+// exit code to pass on (128+N for a signal, as shells do).
+func exitStatus(ps *os.ProcessState, err error) (string, int) {
+	if ps == nil {
+		return "failed: " + fmt.Sprint(err), 1
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return "signal " + signalName(ws.Signal()), 128 + int(ws.Signal())
+	}
+	return fmt.Sprintf("exit %d", ps.ExitCode()), ps.ExitCode()
+}
+
+var signalNames = map[syscall.Signal]string{
+	syscall.SIGHUP: "SIGHUP", syscall.SIGINT: "SIGINT", syscall.SIGQUIT: "SIGQUIT", syscall.SIGILL: "SIGILL",
+	syscall.SIGTRAP: "SIGTRAP", syscall.SIGABRT: "SIGABRT", syscall.SIGBUS: "SIGBUS", syscall.SIGFPE: "SIGFPE",
+	syscall.SIGKILL: "SIGKILL", syscall.SIGUSR1: "SIGUSR1", syscall.SIGSEGV: "SIGSEGV", syscall.SIGUSR2: "SIGUSR2",
+	syscall.SIGPIPE: "SIGPIPE", syscall.SIGALRM: "SIGALRM", syscall.SIGTERM: "SIGTERM",
+}
+
+func signalName(s syscall.Signal) string {
+	if n, ok := signalNames[s]; ok {
+		return n
+	}
+	return fmt.Sprintf("signal %d", int(s))
+}
+
+// agentLink is the connection to the agent that carries the run's
+// run_start and run_end. Measuring never gets in the command's way: if the
+// agent is unreachable it warns once; if the connection drops (agent
+// restart), it reconnects in the background and re-sends run_start with the
+// same client_id, so the agent resumes the run.
+type agentLink struct {
+	o        *runOptions
+	warn     func(string, ...any)
+	start0   []byte
+	clientID string
+
+	mu        sync.Mutex
+	conn      net.Conn
+	reachable bool
+	warned    bool
+	closed    bool
+	done      chan struct{}
+	wg        sync.WaitGroup
+}
+
+func newAgentLink(o *runOptions, warn func(string, ...any)) *agentLink {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	a := &agentLink{o: o, warn: warn, clientID: "trainmeter-run-" + hex.EncodeToString(b), done: make(chan struct{})}
+	ev := map[string]any{"event": "run_start", "run_id": o.runID, "attribute_pid": os.Getpid(), "client_id": a.clientID}
+	for k, v := range o.meta {
+		ev[k] = v
+	}
+	a.start0, _ = json.Marshal(ev)
+	a.start0 = append(a.start0, '\n')
+	return a
+}
+
+// ok reports whether run_start reached the agent.
+func (a *agentLink) ok() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.reachable
+}
+
+func (a *agentLink) start() {
+	if err := a.connect(); err != nil {
+		a.warnOnce("agent not reachable at %s (%v): running the command unmeasured", a.o.socket, err)
+		return
+	}
+	a.wg.Add(1)
+	go a.keep()
+}
+
+// connect dials the agent and sends run_start.
+func (a *agentLink) connect() error {
+	conn, err := net.DialTimeout("unix", a.o.socket, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	_ = conn.SetWriteDeadline(time.Now().Add(2 * time.Second))
+	if _, err := conn.Write(a.start0); err != nil {
+		conn.Close()
+		return err
+	}
+	_ = conn.SetWriteDeadline(time.Time{})
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		conn.Close()
+		return errors.New("closed")
+	}
+	a.conn, a.reachable = conn, true
+	a.mu.Unlock()
+	a.wg.Add(1)
+	go a.read(conn)
+	return nil
+}
+
+// read shows the agent's error lines (e.g. a refused run_start) and notices
+// the connection closing.
+func (a *agentLink) read(conn net.Conn) {
+	defer a.wg.Done()
+	sc := bufio.NewScanner(conn)
+	for sc.Scan() {
+		var m struct{ Event, Error, Reason string }
+		if json.Unmarshal(sc.Bytes(), &m) != nil {
+			continue
+		}
+		switch m.Event {
+		case "error":
+			a.warn("agent: %s", m.Error)
+		case "stop":
+			a.warn("agent asks the run to stop: %s (the command is not stopped by trainmeter run)", m.Reason)
+		}
+	}
+	a.mu.Lock()
+	if a.conn == conn {
+		a.conn = nil
+	}
+	closed := a.closed
+	a.mu.Unlock()
+	conn.Close()
+	if !closed {
+		a.warnOnce("lost the connection to the agent; reconnecting")
+	}
+}
+
+// keep reconnects every 2 s while the connection is down, until end.
+func (a *agentLink) keep() {
+	defer a.wg.Done()
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.done:
+			return
+		case <-t.C:
+		}
+		a.mu.Lock()
+		down := a.conn == nil && !a.closed
+		a.mu.Unlock()
+		if down {
+			_ = a.connect()
+		}
+	}
+}
+
+func (a *agentLink) warnOnce(format string, args ...any) {
+	a.mu.Lock()
+	w := a.warned
+	a.warned = true
+	a.mu.Unlock()
+	if !w {
+		a.warn(format, args...)
+	}
+}
+
+// end sends run_end with the command's status (reconnecting once if the
+// connection is down) and closes the link.
+func (a *agentLink) end(status string) {
+	close(a.done)
+	line, _ := json.Marshal(map[string]string{"event": "run_end", "run_id": a.o.runID, "status": status})
+	line = append(line, '\n')
+	send := func() bool {
+		a.mu.Lock()
+		conn := a.conn
+		a.mu.Unlock()
+		if conn == nil {
+			return false
+		}
+		_ = conn.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		_, err := conn.Write(line)
+		return err == nil
+	}
+	if a.ok() && !send() {
+		if a.connect() == nil {
+			send()
+		}
+	}
+	a.mu.Lock()
+	a.closed = true
+	conn := a.conn
+	a.mu.Unlock()
+	if conn != nil {
+		// Closing the write side lets the agent read run_end before EOF;
+		// the reader then sees the agent close.
+		if uc, ok := conn.(*net.UnixConn); ok {
+			_ = uc.CloseWrite()
+			_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		} else {
+			conn.Close()
+		}
+	}
+	a.wg.Wait()
+}

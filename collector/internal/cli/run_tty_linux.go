@@ -1,0 +1,23 @@
+package cli
+
+import (
+	"os"
+	"syscall"
+	"unsafe"
+)
+
+// foregroundTTY reports whether this process is in the foreground process
+// group of its controlling terminal (stdin): then a Ctrl-C reached the
+// command too, which shares our process group.
+func foregroundTTY() bool {
+	f, err := os.Open("/dev/tty")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var pgrp int32
+	if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), uintptr(syscall.TIOCGPGRP), uintptr(unsafe.Pointer(&pgrp))); e != 0 {
+		return false
+	}
+	return int(pgrp) == syscall.Getpgrp()
+}
