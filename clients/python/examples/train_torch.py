@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """A minimal real PyTorch training loop instrumented with trainmeter.
 
-A tiny causal transformer LM trained on random tokens. It times, per step, how
-long it waited for the DataLoader and how long compute took (synchronising CUDA
-so the compute time is honest), and reports tokens per step to the agent.
+A tiny causal transformer LM trained on random tokens. trainmeter.TimedLoader
+times, per step, how long it waited for the DataLoader and how long compute took
+(the loop synchronises CUDA so the compute time is honest); the loop reports
+tokens per step to the agent and applies the agent's dataloader advice between
+epochs with trainmeter.rebuild_dataloader.
 
     pip install torch
     python3 clients/python/examples/train_torch.py --socket /tmp/tm.sock --steps 200
@@ -12,7 +14,6 @@ so the compute time is honest), and reports tokens per step to the agent.
 import argparse
 import os
 import sys
-import time
 
 try:
     import torch
@@ -124,20 +125,15 @@ def main(argv=None):
         torch_version=torch.__version__,
     ) as run:
         step = 0
+        # run.step() takes data_wait_s / compute_s from the attached TimedLoader.
+        train_loader = trainmeter.TimedLoader(loader(num_workers, prefetch), run=run)
         for epoch in range(1, args.epochs + 1):
             model.train()
-            it = iter(loader(num_workers, prefetch))
-            while True:
+            for batch in train_loader:
                 if run.should_stop():
                     print("stopping: %s" % run.stop_reason)
                     return 0
-                t0 = time.perf_counter()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
                 batch = batch.to(device, non_blocking=True)
-                t1 = time.perf_counter()
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
                     logits = model(batch[:, :-1])
                     loss = nn.functional.cross_entropy(logits.float().reshape(-1, args.vocab), batch[:, 1:].reshape(-1))
@@ -145,14 +141,11 @@ def main(argv=None):
                 loss.backward()
                 opt.step()
                 sync()
-                t2 = time.perf_counter()
                 step += 1
                 run.step(
                     step=step,
                     tokens=batch.shape[0] * (batch.shape[1] - 1),
                     samples=batch.shape[0],
-                    data_wait_s=t1 - t0,
-                    compute_s=t2 - t1,
                     loss=loss.item(),
                 )
             model.eval()
@@ -163,11 +156,11 @@ def main(argv=None):
                 val_loss = nn.functional.cross_entropy(vl.float().reshape(-1, args.vocab), vb[:, 1:].reshape(-1))
                 acc = (vl.argmax(-1) == vb[:, 1:]).float().mean()
             run.eval(epoch=epoch, val_loss=val_loss.item(), accuracy=acc.item())
-            adv = run.advice()
-            if adv and adv.get("kind") == "dataloader":
-                num_workers = int(adv.get("num_workers", num_workers))
-                prefetch = int(adv.get("prefetch_factor", prefetch))
-                print("applying dataloader advice: num_workers=%d prefetch_factor=%d" % (num_workers, prefetch))
+            rebuilt = trainmeter.rebuild_dataloader(train_loader, run.advice())
+            if rebuilt is not train_loader:
+                train_loader = rebuilt
+                print("applied dataloader advice: num_workers=%d prefetch_factor=%s"
+                      % (train_loader.num_workers, train_loader.prefetch_factor))
     st = run.stats()  # after run_end was flushed
     print("train_torch: steps=%d sent=%d dropped=%d" % (step, st["sent"], st["dropped"]))
     return 0

@@ -6,10 +6,29 @@
     run.end()
 
 Stdlib only. Never blocks or raises into the training loop; see ``trainmeter.client``.
+DataLoader timing: :class:`TimedLoader`, :func:`rebuild_dataloader`. Framework
+callbacks: ``trainmeter.integrations.hf`` and ``trainmeter.integrations.lightning``
+(imported only when you import them).
 """
 
 from .client import DEFAULT_SOCKET, ENV_RUN_ID, ENV_SOCKET, Run, encode_event, start
+from .dist import cuda_visible_gpu_uuids, derive_run_id, rank_info
+from .loader import TimedLoader, count_tokens, rebuild_dataloader
 
 __version__ = "0.1.0"
 
-__all__ = ["DEFAULT_SOCKET", "ENV_RUN_ID", "ENV_SOCKET", "Run", "encode_event", "start", "__version__"]
+__all__ = [
+    "DEFAULT_SOCKET",
+    "ENV_RUN_ID",
+    "ENV_SOCKET",
+    "Run",
+    "TimedLoader",
+    "count_tokens",
+    "cuda_visible_gpu_uuids",
+    "derive_run_id",
+    "encode_event",
+    "rank_info",
+    "rebuild_dataloader",
+    "start",
+    "__version__",
+]

@@ -35,6 +35,8 @@ import uuid
 import weakref
 from typing import Any, Deque, Dict, List, Optional
 
+from . import dist as _dist
+
 __all__ = [
     "DEFAULT_SOCKET",
     "ENV_SOCKET",
@@ -185,9 +187,20 @@ class Run:
         reconnect_max_s: float = _DEFAULT_RECONNECT_MAX_S,
         end_timeout: float = _DEFAULT_END_TIMEOUT_S,
         max_buffer_bytes: int = _DEFAULT_MAX_BUFFER_BYTES,
+        gpu_uuids: bool = True,
         **metadata: Any,
     ) -> None:
-        self.run_id: str = str(run_id or os.environ.get(ENV_RUN_ID) or _generate_run_id())
+        explicit_id = run_id or os.environ.get(ENV_RUN_ID)
+        derived_id = None
+        if not explicit_id:
+            ws = metadata.get("world_size")
+            if ws is None:
+                ws = _env_int("WORLD_SIZE")
+            try:
+                derived_id = _dist.derive_run_id(int(ws) if ws is not None else None)
+            except Exception:
+                derived_id = None
+        self.run_id: str = str(explicit_id or derived_id or _generate_run_id())
         self.socket_path: str = socket_path or os.environ.get(ENV_SOCKET) or DEFAULT_SOCKET
         self.stop_reason: Optional[str] = None
 
@@ -200,6 +213,12 @@ class Run:
 
         self._start_event = self._build_run_start(metadata)
         self._start_line, removed = encode_event(self._start_event)
+        # CUDA_VISIBLE_DEVICES -> GPU UUIDs (sent as "gpus") is resolved on the
+        # sender thread (it may run nvidia-smi), before the first connection.
+        self._map_gpus = bool(gpu_uuids) and "gpus" not in self._start_event and bool(
+            self._start_event.get("cuda_visible_devices")
+        )
+        self._loader: Any = None
         self._end_event: Dict[str, Any] = {"event": "run_end", "run_id": self.run_id}
 
         self._q: "queue.Queue[Any]" = queue.Queue(maxsize=max(1, int(queue_size)))
@@ -225,12 +244,13 @@ class Run:
         self._advice: Optional[Dict[str, Any]] = None
         self._stop = threading.Event()
 
-        if self._start_event.get("world_size", 1) not in (None, 1) and not (
-            run_id or os.environ.get(ENV_RUN_ID)
-        ):
-            log.warning(
-                "trainmeter: WORLD_SIZE>1 but no run_id given; each rank gets its own "
-                "generated id %s. Set %s (same on all ranks) to report one run.",
+        if derived_id:
+            log.info(
+                "trainmeter: %s not set; %d ranks share the derived run id %s "
+                "(set %s on every rank to choose it; multi-node jobs without "
+                "--rdzv-id or SLURM get one id per node)",
+                ENV_RUN_ID,
+                int(self._start_event.get("world_size") or 0),
                 self.run_id,
                 ENV_RUN_ID,
             )
@@ -255,9 +275,22 @@ class Run:
     ) -> None:
         """Report one optimizer step. Keys left as None are not sent.
 
-        If ``step`` is None, an internal counter (1, 2, ...) is used.
+        If ``step`` is None, an internal counter (1, 2, ...) is used. With a
+        loader attached (:meth:`attach_loader`), ``data_wait_s`` / ``compute_s``
+        left as None are taken from it (summed over the batches since the last
+        step, so gradient accumulation is covered).
         """
         try:
+            loader = self._loader
+            if loader is not None:
+                try:
+                    w, c = loader.take_timings()
+                except Exception:
+                    w, c = None, None
+                if data_wait_s is None:
+                    data_wait_s = w
+                if compute_s is None:
+                    compute_s = c
             if step is None:
                 self._step_counter += 1
                 step = self._step_counter
@@ -338,6 +371,13 @@ class Run:
             _live_runs.discard(self)
 
     close = end
+
+    def attach_loader(self, loader: Any) -> Any:
+        """Let :meth:`step` fill in ``data_wait_s`` / ``compute_s`` from a
+        :class:`trainmeter.TimedLoader` (anything with ``take_timings()``).
+        ``attach_loader(None)`` detaches. Returns ``loader``."""
+        self._loader = loader
+        return loader
 
     def should_stop(self) -> bool:
         """True once the agent has sent a ``stop`` event for this run (e.g. budget exceeded)."""
@@ -422,8 +462,22 @@ class Run:
 
     # ---- sender thread
 
+    def _resolve_gpus(self) -> None:
+        if not self._map_gpus:
+            return
+        try:
+            uuids = _dist.cuda_visible_gpu_uuids(self._start_event.get("cuda_visible_devices"))
+            if uuids:
+                ev = dict(self._start_event)
+                ev["gpus"] = uuids
+                line, _ = encode_event(ev)
+                self._start_event, self._start_line = ev, line
+        except Exception:
+            log.debug("trainmeter: GPU UUID mapping failed", exc_info=True)
+
     def _sender_main(self) -> None:
         try:
+            self._resolve_gpus()
             self._sender_loop()
         except Exception:  # pragma: no cover - defensive
             log.debug("trainmeter: sender thread crashed", exc_info=True)
@@ -682,7 +736,12 @@ def start(
     Client options (not sent): ``queue_size`` (10000), ``send_timeout`` (5 s
     without write progress before the connection is dropped), ``connect_timeout``
     (1 s), ``reconnect_min_s`` / ``reconnect_max_s`` (1 s / 5 s backoff),
-    ``end_timeout`` (2 s), ``max_buffer_bytes`` (256 KiB per connection).
+    ``end_timeout`` (2 s), ``max_buffer_bytes`` (256 KiB per connection),
+    ``gpu_uuids`` (True: when ``gpus`` is not given, send ``CUDA_VISIBLE_DEVICES``
+    mapped to GPU UUIDs as ``gpus`` if that mapping is unambiguous).
+
+    With several ranks (``WORLD_SIZE`` > 1) and no run id given, every rank
+    derives the same id (see :func:`trainmeter.dist.derive_run_id`).
 
     Every other keyword (model, dataset, backend, optimizer, batch_size,
     grad_accum, seq_len, precision, seed, notes, warmup_s, gpus, ...) is sent in
