@@ -6,7 +6,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BUF := $(GO) tool -modfile=tools/go.mod buf
 BIN := bin
 
-.PHONY: all build proto proto-check test test-go fuzz-short test-python test-e2e vet fmt-check demo clean
+.PHONY: all build proto proto-check test test-go fuzz-short test-python test-e2e vet fmt-check demo clean install uninstall deb
 
 all: build
 
@@ -60,10 +60,66 @@ fuzz-short:
 
 test: fmt-check vet proto-check test-go fuzz-short test-python test-e2e
 
+# Install (docs/deploy.md). PREFIX=/usr as Debian; DESTDIR stages (packaging).
+# Units go to $(PREFIX)/lib/systemd/system (searched by systemd for /usr and
+# /usr/local) with ExecStart rewritten to $(BINDIR); configs in /etc/trainmeter
+# are installed only where none exists, so a reinstall keeps local edits. With
+# no DESTDIR and as root, the trainmeter user/group are created too.
+PREFIX ?= /usr
+BINDIR ?= $(PREFIX)/bin
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+SYSCONFDIR ?= /etc
+DESTDIR ?=
+
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(SYSCONFDIR)/trainmeter
+	install -m 0755 $(BIN)/trainmeter-agent $(BIN)/trainmeter $(DESTDIR)$(BINDIR)/
+	for u in trainmeter-agent.service trainmeter.service; do \
+		sed 's|/usr/bin/|$(BINDIR)/|g' deploy/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u.tmp && \
+		chmod 0644 $(DESTDIR)$(UNITDIR)/$$u.tmp && mv $(DESTDIR)$(UNITDIR)/$$u.tmp $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
+	done
+	install -m 0644 deploy/sysusers.d/trainmeter.conf $(DESTDIR)$(SYSUSERSDIR)/trainmeter.conf
+	@for f in agent.yaml collector.env; do \
+		if [ -e $(DESTDIR)$(SYSCONFDIR)/trainmeter/$$f ]; then echo "install: keeping existing $(DESTDIR)$(SYSCONFDIR)/trainmeter/$$f"; \
+		else install -m 0644 deploy/etc/trainmeter/$$f $(DESTDIR)$(SYSCONFDIR)/trainmeter/$$f || exit 1; fi; \
+	done
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then \
+		if command -v systemd-sysusers >/dev/null 2>&1; then systemd-sysusers $(SYSUSERSDIR)/trainmeter.conf; \
+		else getent group trainmeter >/dev/null || groupadd --system trainmeter; \
+		getent passwd trainmeter >/dev/null || useradd --system --gid trainmeter --no-create-home \
+			--home-dir /var/lib/trainmeter --shell /usr/sbin/nologin --comment "trainmeter daemons" trainmeter; fi && \
+		getent passwd trainmeter && \
+		if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi && \
+		echo "install: done; edit $(SYSCONFDIR)/trainmeter/agent.yaml, then: systemctl enable --now trainmeter-agent"; \
+	fi
+
+# Removes what install put outside /etc; keeps the configs, the user and /var/lib/trainmeter.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/trainmeter-agent $(DESTDIR)$(BINDIR)/trainmeter \
+		$(DESTDIR)$(UNITDIR)/trainmeter-agent.service $(DESTDIR)$(UNITDIR)/trainmeter.service \
+		$(DESTDIR)$(SYSUSERSDIR)/trainmeter.conf
+	@echo "uninstall: kept $(DESTDIR)$(SYSCONFDIR)/trainmeter, /var/lib/trainmeter and the trainmeter user"
+
+# dist/trainmeter_$(VERSION)_amd64.deb with nfpm (pinned in tools/go.mod):
+# `make install` into a staging root, packaged as deploy/nfpm.yaml says (nfpm
+# runs in the staging root, so it is built there rather than run by `go tool`).
+# VERSION: the latest v* tag (v1.2.0-3-gabc -> 1.2.0+3.gabc), else 0.1.0.
+VERSION ?= $(or $(shell git describe --tags --match 'v[0-9]*' 2>/dev/null | sed -e 's/^v//' -e 's/-\([0-9]*\)-g/+\1.g/'),0.1.0)
+DIST ?= dist
+deb:
+	rm -rf $(DIST)/root && mkdir -p $(DIST)/root/debian
+	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DIST))/root PREFIX=/usr SYSCONFDIR=/etc
+	cp deploy/debian/postinst deploy/debian/prerm deploy/debian/postrm $(DIST)/root/debian/
+	$(GO) build -modfile=tools/go.mod -o $(DIST)/root/debian/nfpm github.com/goreleaser/nfpm/v2/cmd/nfpm
+	cd $(DIST)/root && VERSION=$(VERSION) debian/nfpm package --config $(CURDIR)/deploy/nfpm.yaml \
+		--packager deb --target $(abspath $(DIST))/trainmeter_$(VERSION)_amd64.deb
+	rm -rf $(DIST)/root
+
 # The main job end to end on simulated GPUs: collector, agent, two trainer
 # runs that differ, then the runs table and the CSV.
 demo: build
 	scripts/demo.sh
 
 clean:
-	rm -rf $(BIN) .demo
+	rm -rf $(BIN) .demo dist

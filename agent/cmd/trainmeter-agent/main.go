@@ -47,19 +47,24 @@ func newRootCmdWith(o *options) *cobra.Command {
 		SilenceErrors: true,
 		Version:       agent.Version,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, u := range o.allowUIDs {
-				if u > math.MaxUint32 {
-					return fmt.Errorf("--allow-uid %d: not a uid", u)
-				}
-				o.cfg.AllowedUIDs = append(o.cfg.AllowedUIDs, uint32(u))
-			}
-			resolved, err := resolveConfig(cmd, o.configFile, o.cfg)
+			cfg, err := o.load(cmd)
 			if err != nil {
 				return err
 			}
-			return run(resolved, o.shutdownTimeout)
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			return run(cfg, o.shutdownTimeout)
 		},
 	}
+	bindFlags(cmd, o)
+	cmd.AddCommand(newDoctorCmd(nil))
+	return cmd
+}
+
+// bindFlags defines the agent's flags on cmd; the root command and doctor
+// share them, so doctor checks exactly what the agent would run with.
+func bindFlags(cmd *cobra.Command, o *options) {
 	f := cmd.Flags()
 	f.StringVar(&o.configFile, "config", "", "YAML config file (flags given on the command line override it)")
 	f.StringVar(&o.cfg.Collector, "collector", o.cfg.Collector, "collector address HOST:PORT")
@@ -82,12 +87,34 @@ func newRootCmdWith(o *options) *cobra.Command {
 	f.StringVar(&o.cfg.TLSServerName, "tls-server-name", o.cfg.TLSServerName, "name to check in the collector's certificate (implies TLS)")
 	f.StringVar(&o.cfg.TokenFile, "token-file", o.cfg.TokenFile, "file with this node's ingest token (needs TLS unless the collector is on loopback)")
 	f.UintSliceVar(&o.allowUIDs, "allow-uid", nil, "uid allowed to report on the socket (repeatable; root always is; none: socket permissions decide)")
-	return cmd
+}
+
+// load turns the parsed flags and the config file into the configuration,
+// without validating it (doctor reports validation problems as checks).
+func (o *options) load(cmd *cobra.Command) (agent.Config, error) {
+	flags := o.cfg
+	flags.AllowedUIDs = append([]uint32(nil), o.cfg.AllowedUIDs...)
+	for _, u := range o.allowUIDs {
+		if u > math.MaxUint32 {
+			return flags, fmt.Errorf("--allow-uid %d: not a uid", u)
+		}
+		flags.AllowedUIDs = append(flags.AllowedUIDs, uint32(u))
+	}
+	return loadConfig(cmd, o.configFile, flags)
 }
 
 // resolveConfig merges the config file (if any) with the flags: the file is
 // the base and flags given on the command line win.
 func resolveConfig(cmd *cobra.Command, configFile string, flags agent.Config) (agent.Config, error) {
+	cfg, err := loadConfig(cmd, configFile, flags)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// loadConfig is resolveConfig without the validation.
+func loadConfig(cmd *cobra.Command, configFile string, flags agent.Config) (agent.Config, error) {
 	cfg := flags
 	if configFile != "" {
 		cfg = agent.DefaultConfig()
@@ -99,7 +126,7 @@ func resolveConfig(cmd *cobra.Command, configFile string, flags agent.Config) (a
 	if cfg.Node == "" {
 		cfg.Node, _ = os.Hostname()
 	}
-	return cfg, cfg.Validate()
+	return cfg, nil
 }
 
 // overlayFlags copies the flags that were set on the command line over dst.

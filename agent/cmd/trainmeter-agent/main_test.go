@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,5 +66,29 @@ func TestShippedExampleConfigIsValid(t *testing.T) {
 	}
 	if cfg.Interval != 50*time.Millisecond || cfg.Warmup != time.Minute || cfg.SocketGroup != "trainmeter" {
 		t.Errorf("example config read as %+v", cfg)
+	}
+}
+
+func TestDoctorSharesTheAgentsFlagsAndConfig(t *testing.T) {
+	dir := t.TempDir()
+	path := writeConfig(t, "collector: 127.0.0.1:1\nsocket: "+filepath.Join(dir, "from-file.sock")+"\ngpu: nvml\nnode: gpu-box-7\nspool: "+filepath.Join(dir, "spool")+"\n")
+	cmd := newRootCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"doctor", "--config", path, "--gpu", "sim:1", "--json", "--timeout", "1s"})
+	err := cmd.Execute()
+	var failed doctorFailed
+	if !errors.As(err, &failed) || failed.n != 2 {
+		t.Fatalf("err %v, want 2 failed checks (no socket, no collector)\n%s", err, out.String())
+	}
+	var rep struct {
+		Node, GPU, Socket, Collector string
+		OK                           bool
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+	if rep.Node != "gpu-box-7" || rep.GPU != "sim:1" || rep.Socket != filepath.Join(dir, "from-file.sock") || rep.Collector != "127.0.0.1:1" || rep.OK {
+		t.Errorf("doctor ran with %+v", rep)
 	}
 }

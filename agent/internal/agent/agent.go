@@ -55,6 +55,12 @@ type Agent struct {
 	statusSrv *http.Server
 	statusLn  net.Listener
 	admit     admission // bounds the events per batch (admission.go)
+
+	// GPU attribution by process tree (attribute.go); procs is nil when the
+	// backend cannot list GPU processes.
+	procs       gpu.ProcessLister
+	procRoot    string
+	lastProcErr time.Time
 }
 
 // New builds an agent over a GPU backend; hostSampler may be nil.
@@ -76,6 +82,7 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	if ls, ok := backend.(gpu.LoadSetter); ok {
 		lcfg.Load = ls
 	}
+	lcfg.ProcessAttribution = a.initAttribution(backend)
 	a.ledger = ledger.New(lcfg)
 
 	sp, err := spool.Open(cfg.Spool, cfg.SpoolMaxBytes, logger)
@@ -154,6 +161,14 @@ func (a *Agent) Start(ctx context.Context) error {
 		go func() {
 			defer a.wg.Done()
 			a.hostLoop(ctx, t)
+		}()
+	}
+	if a.procs != nil {
+		t := a.clock.NewTicker(attributeEvery)
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			a.attributeLoop(ctx, t)
 		}()
 	}
 	// The ticker exists before Start returns, so no tick (real or, in tests,
@@ -274,6 +289,7 @@ func (h handler) Handle(p trainersock.Peer, ev trainerproto.Event) error {
 				return fmt.Errorf("run_start: agent busy: more than %d events/s from trainers; retry later", maxEventsPerSec)
 			}
 		}
+		h.a.checkAttributePID(lp, e)
 		return h.a.ledger.StartRun(now, lp, e)
 	case *trainerproto.Step:
 		return h.a.ledger.Step(now, lp, e)

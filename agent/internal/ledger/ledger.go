@@ -42,6 +42,12 @@ type Config struct {
 	// Load, when set, is told each GPU's busy fraction (the sim backend).
 	Load   gpu.LoadSetter
 	Logger *slog.Logger
+
+	// ProcessAttribution is true when the agent can find the GPUs a process
+	// tree runs on (the backend lists compute processes): a run_start with
+	// attribute_pid and no gpus then starts with no GPUs, and AddGPUs adds
+	// them as they are found. When false, such a run gets every GPU.
+	ProcessAttribution bool
 }
 
 func (c *Config) setDefaults() {
@@ -443,11 +449,13 @@ func dropBefore[T any](xs []T, t time.Time, at func(T) time.Time) []T {
 func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
 	gpus := r.gpusAt(a)
 	w := &pb.RunWindow{
-		RunId:      r.id,
-		Start:      timestamppb.New(a),
-		End:        timestamppb.New(b),
-		Phase:      pb.Phase_PHASE_WARMUP,
-		CounterOk:  len(gpus) > 0,
+		RunId: r.id,
+		Start: timestamppb.New(a),
+		End:   timestamppb.New(b),
+		Phase: pb.Phase_PHASE_WARMUP,
+		// A segment with no GPUs (a process-attributed run before its
+		// processes reach a GPU) used exactly 0 J: known, not estimated.
+		CounterOk:  true,
 		GpuSeconds: float64(len(gpus)) * b.Sub(a).Seconds(),
 	}
 	if !r.warmupEnd.IsZero() && !a.Before(r.warmupEnd) {

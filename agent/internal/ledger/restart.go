@@ -53,6 +53,9 @@ type SnapshotRun struct {
 	// UID owns the run: after a restart only it (or root) may rejoin.
 	UID    int32 `json:"uid"`
 	UIDSet bool  `json:"uid_set"`
+	// AttributePID is the root of the process tree whose GPUs the run
+	// follows (run_start attribute_pid); 0 when none.
+	AttributePID int `json:"attribute_pid,omitempty"`
 	// Bridge is set when the run was itself restored and is still waiting
 	// for a rank: the energy held so far, from an earlier checkpoint.
 	Bridge *bridge `json:"bridge,omitempty"`
@@ -128,7 +131,7 @@ func (l *Ledger) Snapshot() Snapshot {
 		sr := SnapshotRun{
 			ID: r.id, Start: r.start, Warmup: r.warmup, WarmupSteps: r.warmupSteps, WarmupEnd: r.warmupEnd,
 			StepEvents: r.stepEvents, GPUs: r.gpusAt(l.winStart), Totals: map[string]uint64{},
-			UID: r.uid, UIDSet: r.uidSet,
+			UID: r.uid, UIDSet: r.uidSet, AttributePID: r.attributePID,
 		}
 		for k, v := range r.shipped {
 			sr.Totals[k] = v
@@ -159,7 +162,7 @@ func (l *Ledger) Restore(now time.Time, s Snapshot, grace time.Duration) error {
 	l.grace = grace
 	l.snapGPUs = s.GPUs
 	for _, sr := range s.Runs {
-		if _, dup := l.runs[sr.ID]; dup || len(sr.GPUs) == 0 {
+		if _, dup := l.runs[sr.ID]; dup || (len(sr.GPUs) == 0 && sr.AttributePID == 0) {
 			continue
 		}
 		gpus := make([]int, 0, len(sr.GPUs))
@@ -175,6 +178,7 @@ func (l *Ledger) Restore(now time.Time, s Snapshot, grace time.Duration) error {
 			totals:     map[string]uint64{}, shipped: map[string]uint64{},
 			restored: true, restoreAt: now,
 			uid: sr.UID, uidSet: sr.UIDSet,
+			attributePID: sr.AttributePID, warmupSet: true,
 			bridge: &bridge{From: s.Time},
 		}
 		if sr.Bridge != nil {

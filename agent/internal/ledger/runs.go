@@ -37,6 +37,13 @@ type run struct {
 	end        time.Time
 	endReason  string
 	meta       runMeta // of the run_start that started it; joins must agree
+	// attributePID, when > 0, is the root of the process tree whose GPUs
+	// the run is attributed (run_start attribute_pid; attribute.go).
+	attributePID int
+	// warmupSet is true when the run's warmup was named (warmup_s or
+	// warmup_steps) rather than the agent's default; attribute.go lets the
+	// first joining rank name it otherwise.
+	warmupSet bool
 
 	ticks []tickStat
 	steps []stepStat
@@ -95,7 +102,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.open(now)
-	gpus, err := l.resolveGPUs(ev)
+	gpus, explicit, err := l.resolveGPUs(ev)
 	if err != nil {
 		return err
 	}
@@ -110,6 +117,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 			return errorf("run_start", "metadata conflicts with run %q: %v", ev.Run, err)
 		}
 		r.members[p.ConnID] = rankKey(p, ev)
+		gpus = l.joinAttributed(now, r, ev, gpus, explicit)
 		if r.restored && r.rejoinAt.IsZero() {
 			r.rejoinAt = now
 			l.cfg.Logger.Info("run rejoined after agent restart", "run_id", r.id, "down", now.Sub(r.bridge.From))
@@ -119,6 +127,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		}
 		return nil
 	}
+	gpus = l.startAttributed(ev, gpus, explicit)
 	r := &run{
 		id:         ev.Run,
 		start:      now,
@@ -131,19 +140,10 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		gpuChanges: []gpuSet{{at: now, gpus: gpus}},
 		meta:       metaOf(ev),
 	}
-	switch {
-	case ev.WarmupSteps != nil:
-		r.warmupSteps = *ev.WarmupSteps
-		r.warmup = 0
-		if r.warmupSteps == 0 {
-			r.warmupEnd = now
-		}
-	case ev.WarmupS != nil:
-		r.warmup = time.Duration(*ev.WarmupS * float64(time.Second))
+	if ev.AttributePID != nil {
+		r.attributePID = int(*ev.AttributePID)
 	}
-	if r.warmupSteps == 0 {
-		r.warmupEnd = now.Add(r.warmup)
-	}
+	r.setWarmup(now, ev)
 	l.runs[ev.Run] = r
 	l.order = append(l.order, ev.Run)
 	l.pending = append(l.pending, &pb.RunEvent{Event: &pb.RunEvent_RunStart{RunStart: l.runStartEvent(now, p, ev, r, gpus)}})
@@ -199,6 +199,9 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 			rs.GpuName = d.Name
 		}
 	}
+	if rs.GpuName == "" {
+		rs.GpuName = l.commonGPUName() // a process-attributed run, no GPU found yet
+	}
 	return rs
 }
 
@@ -213,7 +216,8 @@ func rankKey(p Peer, ev *trainerproto.RunStart) string {
 // CUDA_VISIBLE_DEVICES, to device indices. With neither, the run gets every
 // GPU on the node: a run with no GPUs would report no energy at all, which is
 // a worse default than over-attributing on a box dedicated to one job.
-func (l *Ledger) resolveGPUs(ev *trainerproto.RunStart) ([]int, error) {
+// explicit is false in that last case.
+func (l *Ledger) resolveGPUs(ev *trainerproto.RunStart) (gpus []int, explicit bool, err error) {
 	ids := ev.GPUs
 	source := "gpus"
 	if len(ids) == 0 && ev.CUDAVisibleDevices != "" {
@@ -229,17 +233,17 @@ func (l *Ledger) resolveGPUs(ev *trainerproto.RunStart) ([]int, error) {
 		for i := range all {
 			all[i] = i
 		}
-		return all, nil
+		return all, false, nil
 	}
 	var out []int
 	for _, id := range ids {
 		idx, err := lookupGPU(l.cfg.Devices, id)
 		if err != nil {
-			return nil, errorf("run_start", "%s: %v", source, err)
+			return nil, false, errorf("run_start", "%s: %v", source, err)
 		}
 		out, _ = union(out, []int{idx})
 	}
-	return out, nil
+	return out, true, nil
 }
 
 func lookupGPU(devs []gpu.Device, id string) (int, error) {

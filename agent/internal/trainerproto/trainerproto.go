@@ -47,11 +47,12 @@ const (
 	MaxStepTokens = 1 << 32
 	// MaxTokensTotal caps a rank's cumulative tokens_total (2^50, ~10^15).
 	MaxTokensTotal   = 1 << 50
-	MaxMetadataBytes = 1024 // model, dataset, notes, … and run_end status
-	MaxLabels        = 64   // extra scalar keys kept in RunStart.Labels
-	MaxLabelBytes    = 256  // each label key and each label value
-	MaxGPUs          = 64   // entries in run_start "gpus"
-	MaxGPUBytes      = 128  // each "gpus" entry
+	MaxMetadataBytes = 1024    // model, dataset, notes, … and run_end status
+	MaxLabels        = 64      // extra scalar keys kept in RunStart.Labels
+	MaxLabelBytes    = 256     // each label key and each label value
+	MaxGPUs          = 64      // entries in run_start "gpus"
+	MaxGPUBytes      = 128     // each "gpus" entry
+	MaxPID           = 1 << 22 // run_start "attribute_pid" (Linux's PID_MAX_LIMIT)
 )
 
 // Event is one parsed inbound event.
@@ -88,6 +89,11 @@ type RunStart struct {
 	// ClientID identifies the reporting process (rank) across reconnects and
 	// agent restarts, so its cumulative tokens_total can be matched up.
 	ClientID string
+
+	// AttributePID, when set (> 0), asks the agent to attribute to the run
+	// the GPUs on which this process or any of its descendants runs compute
+	// work (`trainmeter run` sends its child's PID). Nil when absent.
+	AttributePID *uint64
 
 	// Labels holds every other scalar key (string, number, bool),
 	// stringified; numbers keep their JSON text. Nil when there are none.
@@ -367,6 +373,7 @@ var runStartKeys = map[string]bool{
 	"num_workers": true, "prefetch_factor": true, "planned_steps": true,
 	"gpu_price_per_hour": true, "budget_scope": true,
 	"rank": true, "world_size": true, "local_rank": true, "client_id": true,
+	"attribute_pid": true,
 }
 
 func (d *decoder) runStart(run string) (Event, error) {
@@ -413,6 +420,12 @@ func (d *decoder) runStart(run string) (Event, error) {
 	}
 	if e.GPUs, err = d.gpus(); err != nil {
 		return nil, err
+	}
+	if e.AttributePID, err = d.uint("attribute_pid"); err != nil {
+		return nil, err
+	}
+	if e.AttributePID != nil && (*e.AttributePID == 0 || *e.AttributePID > MaxPID) {
+		return nil, d.fieldErr("attribute_pid", "must be a process id from 1 to %d", MaxPID)
 	}
 	if e.Labels, err = d.labels(); err != nil {
 		return nil, err

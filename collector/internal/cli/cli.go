@@ -41,6 +41,10 @@ func Main() int {
 	cmd := NewRootCommand(os.Getenv)
 	cmd.SetArgs(os.Args[1:])
 	if err := cmd.ExecuteContext(ctx); err != nil {
+		var exit *ExitError // `trainmeter run`: the command's own exit code
+		if errors.As(err, &exit) {
+			return exit.Code
+		}
 		fmt.Fprintln(os.Stderr, "trainmeter:", err)
 		return 1
 	}
@@ -62,7 +66,7 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 	if defaultAddr == "" {
 		defaultAddr = server.DefaultListen
 	}
-	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf)} {
+	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf)} {
 		// Persistent, so that `export csv` inherits them.
 		c.PersistentFlags().StringVar(&cf.addr, "collector", defaultAddr, "collector address HOST:PORT (default from $"+EnvCollector+")")
 		c.PersistentFlags().DurationVar(&cf.timeout, "timeout", 10*time.Second, "deadline for the request")
