@@ -2,12 +2,8 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -252,32 +248,13 @@ func (a *Agent) startStatus() error {
 	if a.cfg.StatusListen == "" {
 		return nil
 	}
-	ln, err := net.Listen("tcp", a.cfg.StatusListen)
+	srv, ln, err := selfmetrics.Serve(a.cfg.StatusListen, selfmetrics.Handler(a.Status, func(st Status) (bool, []string) {
+		return st.Healthy, st.Problems
+	}), a.log)
 	if err != nil {
-		return fmt.Errorf("status listener: %w", err)
+		return err
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		st := a.Status()
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if !st.Healthy {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, strings.Join(st.Problems, "\n"))
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, a.Status())
-	})
-	a.statusLn = ln
-	a.statusSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := a.statusSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("status server", "err", err)
-		}
-	}()
-	a.log.Info("status endpoint listening", "addr", ln.Addr().String())
+	a.statusSrv, a.statusLn = srv, ln
 	return nil
 }
 
@@ -295,14 +272,4 @@ func (a *Agent) stopStatus(ctx context.Context) {
 			a.statusSrv.Close()
 		}
 	}
-}
-
-func writeJSON(w http.ResponseWriter, v any) {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(append(b, '\n'))
 }

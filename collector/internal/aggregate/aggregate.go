@@ -654,3 +654,16 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.LostReasons = s.LossReasons()
 	return r
 }
+
+// EventTime is a run event's time, whichever kind of event it is.
+func EventTime(e *trainmeterv1.RunEvent) *timestamppb.Timestamp {
+	switch ev := e.GetEvent().(type) {
+	case *trainmeterv1.RunEvent_RunStart:
+		return ev.RunStart.GetTime()
+	case *trainmeterv1.RunEvent_RunEnd:
+		return ev.RunEnd.GetTime()
+	case *trainmeterv1.RunEvent_Eval:
+		return ev.Eval.GetTime()
+	}
+	return nil
+}

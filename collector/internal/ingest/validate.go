@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -161,7 +162,7 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 		if err := validateEvent(e); err != nil {
 			return fmt.Errorf("run_events[%d]: %w", i, err)
 		}
-		if err := inWindow("time", eventTime(e), b); err != nil {
+		if err := inWindow("time", aggregate.EventTime(e), b); err != nil {
 			return fmt.Errorf("run_events[%d]: %w", i, err)
 		}
 	}
@@ -293,19 +294,6 @@ func validateEvent(e *trainmeterv1.RunEvent) error {
 		return finite("eval.accuracy", ev.Eval.GetAccuracy())
 	default:
 		return fmt.Errorf("empty event")
-	}
-	return nil
-}
-
-// eventTime is a (validated) event's time.
-func eventTime(e *trainmeterv1.RunEvent) *timestamppb.Timestamp {
-	switch ev := e.GetEvent().(type) {
-	case *trainmeterv1.RunEvent_RunStart:
-		return ev.RunStart.GetTime()
-	case *trainmeterv1.RunEvent_RunEnd:
-		return ev.RunEnd.GetTime()
-	case *trainmeterv1.RunEvent_Eval:
-		return ev.Eval.GetTime()
 	}
 	return nil
 }

@@ -1,15 +1,12 @@
 package server
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
+	"github.com/trainmeter/trainmeter/pkg/selfmetrics"
 )
 
 // Status is the collector's self-observability document (GET /status).
@@ -61,38 +58,13 @@ func (s *Server) startStatus() error {
 	if s.cfg.StatusListen == "" {
 		return nil
 	}
-	ln, err := net.Listen("tcp", s.cfg.StatusListen)
+	srv, ln, err := selfmetrics.Serve(s.cfg.StatusListen, selfmetrics.Handler(s.Status, func(st Status) (bool, []string) {
+		return st.Healthy, st.Problems
+	}), s.log)
 	if err != nil {
-		return fmt.Errorf("status listener on %s: %w", s.cfg.StatusListen, err)
+		return err
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		st := s.Status()
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if !st.Healthy {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, strings.Join(st.Problems, "\n"))
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		b, err := json.MarshalIndent(s.Status(), "", "  ")
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(append(b, '\n'))
-	})
-	s.statusLn = ln
-	s.statusSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := s.statusSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.log.Error("status server", "err", err)
-		}
-	}()
-	s.log.Info("status endpoint listening", "addr", ln.Addr().String())
+	s.statusSrv, s.statusLn = srv, ln
 	return nil
 }
 

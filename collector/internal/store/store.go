@@ -256,18 +256,6 @@ func eventRun(e *trainmeterv1.RunEvent) string {
 	return ""
 }
 
-func eventTime(e *trainmeterv1.RunEvent) *timestamppb.Timestamp {
-	switch ev := e.GetEvent().(type) {
-	case *trainmeterv1.RunEvent_RunStart:
-		return ev.RunStart.GetTime()
-	case *trainmeterv1.RunEvent_RunEnd:
-		return ev.RunEnd.GetTime()
-	case *trainmeterv1.RunEvent_Eval:
-		return ev.Eval.GetTime()
-	}
-	return nil
-}
-
 // ApplyBatch stores a (validated) batch from node/boot and folds it into the
 // run aggregates, all in one transaction. If the batch was applied before
 // (same node, boot and seq) it returns duplicate=true and changes nothing.
@@ -317,7 +305,7 @@ func (s *Store) applyOnce(node, boot string, b *trainmeterv1.Batch, runs []strin
 		}
 	}
 	for i, e := range b.GetRunEvents() {
-		k := tkey(append(key("v/", eventRun(e), node), 0), eventTime(e))
+		k := tkey(append(key("v/", eventRun(e), node), 0), aggregate.EventTime(e))
 		k = be32(be64(k, seq), uint32(i))
 		if err := set(k, e); err != nil {
 			return false, err
