@@ -82,6 +82,18 @@ type trainer struct {
 	rd   *bufio.Reader
 }
 
+// dialTrainer connects a raw protocol client to the agent's socket; the
+// connection closes when the test ends.
+func dialTrainer(t *testing.T, socket string) *trainer {
+	t.Helper()
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &trainer{t: t, conn: conn, rd: bufio.NewReader(conn)}
+}
+
 func (tr *trainer) send(lines ...string) {
 	for _, l := range lines {
 		if _, err := tr.conn.Write([]byte(l + "\n")); err != nil {
@@ -138,12 +150,7 @@ func TestAgentSamplesOnTheInjectedClockAndShipsRuns(t *testing.T) {
 	if err := a.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := net.Dial("unix", cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	tr := &trainer{t: t, conn: conn, rd: bufio.NewReader(conn)}
+	tr := dialTrainer(t, cfg.Socket)
 
 	fake.Advance(time.Second)
 	tr.send(`{"event":"run_start","run_id":"r1","model":"m","gpus":[0,1],"warmup_s":1}`)
@@ -183,7 +190,7 @@ func TestAgentSamplesOnTheInjectedClockAndShipsRuns(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	conn.Close()
+	tr.conn.Close()
 	if err := a.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bufio"
 	"context"
 	"net"
 	"os"
@@ -108,12 +107,7 @@ func TestAgentAttributesGPUsOfTheProcessTree(t *testing.T) {
 	if err := a.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := net.Dial("unix", cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	tr := &trainer{t: t, conn: conn, rd: bufio.NewReader(conn)}
+	tr := dialTrainer(t, cfg.Socket)
 
 	fake.Advance(time.Second)
 	a.pollAttribution()
@@ -173,7 +167,7 @@ func TestAgentAttributesGPUsOfTheProcessTree(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	conn.Close()
+	tr.conn.Close()
 	if err := a.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}

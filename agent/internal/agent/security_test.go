@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"log/slog"
@@ -129,12 +128,7 @@ func TestAgentSendsTokenOverMTLSAndNeverLogsIt(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	conn, err := net.Dial("unix", cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	tr := &trainer{t: t, conn: conn, rd: bufio.NewReader(conn)}
+	tr := dialTrainer(t, cfg.Socket)
 	fake.Advance(time.Second)
 	if cfgAllows(cfg, 0) { // root always is
 		tr.send(`{"event":"run_start","run_id":"sec","warmup_s":0}`)
@@ -154,7 +148,7 @@ func TestAgentSendsTokenOverMTLSAndNeverLogsIt(t *testing.T) {
 	if err := a.up.Flush(fctx); err != nil {
 		t.Fatalf("batches not acked after the token rotation: %v %+v\n%s", err, a.UplinkStats(), logs.String())
 	}
-	conn.Close()
+	tr.conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := a.Shutdown(ctx); err != nil {
