@@ -185,6 +185,24 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 	if ev.PlannedSteps != nil {
 		rs.PlannedSteps = *ev.PlannedSteps
 	}
+	for _, f := range []struct {
+		src *uint64
+		dst *uint64
+	}{
+		{ev.PlannedTokens, &rs.PlannedTokens}, {ev.PlannedEpochs, &rs.PlannedEpochs},
+		{ev.Params, &rs.Params}, {ev.DatasetSize, &rs.DatasetSize},
+		{ev.AdjustmentInterval, &rs.AdjustmentInterval},
+	} {
+		if f.src != nil {
+			*f.dst = *f.src
+		}
+	}
+	if ev.TargetGPUUtilization != nil {
+		rs.TargetGpuUtilization = *ev.TargetGPUUtilization
+	}
+	if ev.MaxRAMUsage != nil {
+		rs.MaxRamUsage = *ev.MaxRAMUsage
+	}
 	if ev.NumWorkers != nil {
 		rs.NumWorkers = uint32(*ev.NumWorkers)
 	}

@@ -81,6 +81,17 @@ type RunStart struct {
 	NumWorkers, PrefetchFactor *int64
 	PlannedSteps               *uint64
 
+	// The run's plan, for cost forecasts and recommendations: tokens and
+	// epochs it will process, model parameters (FLOPs = 6 × params × tokens),
+	// dataset size in samples.
+	PlannedTokens, PlannedEpochs, Params, DatasetSize *uint64
+
+	// Dataloader advice targets: GPU utilisation to aim for and the host RAM
+	// share not to exceed (both in (0, 1]), and how many steps between two
+	// evaluations of the advice.
+	TargetGPUUtilization, MaxRAMUsage *float64
+	AdjustmentInterval                *uint64
+
 	GPUPricePerHour *float64
 	BudgetScope     string
 
@@ -371,6 +382,8 @@ var runStartKeys = map[string]bool{
 	"batch_size": true, "grad_accum": true, "seq_len": true, "seed": true,
 	"warmup_s": true, "warmup_steps": true, "gpus": true, "cuda_visible_devices": true,
 	"num_workers": true, "prefetch_factor": true, "planned_steps": true,
+	"planned_tokens": true, "planned_epochs": true, "params": true, "dataset_size": true,
+	"target_gpu_utilization": true, "max_ram_usage": true, "adjustment_interval": true,
 	"gpu_price_per_hour": true, "budget_scope": true,
 	"rank": true, "world_size": true, "local_rank": true, "client_id": true,
 	"attribute_pid": true,
@@ -417,6 +430,32 @@ func (d *decoder) runStart(run string) (Event, error) {
 	}
 	if e.PlannedSteps, err = d.uint("planned_steps"); err != nil {
 		return nil, err
+	}
+	for _, f := range []struct {
+		key string
+		dst **uint64
+	}{
+		{"planned_tokens", &e.PlannedTokens}, {"planned_epochs", &e.PlannedEpochs},
+		{"params", &e.Params}, {"dataset_size", &e.DatasetSize},
+		{"adjustment_interval", &e.AdjustmentInterval},
+	} {
+		if *f.dst, err = d.uint(f.key); err != nil {
+			return nil, err
+		}
+	}
+	if e.AdjustmentInterval != nil && *e.AdjustmentInterval == 0 {
+		return nil, d.fieldErr("adjustment_interval", "must be a positive number of steps")
+	}
+	for _, f := range []struct {
+		key string
+		dst **float64
+	}{{"target_gpu_utilization", &e.TargetGPUUtilization}, {"max_ram_usage", &e.MaxRAMUsage}} {
+		if *f.dst, err = d.float(f.key, true); err != nil {
+			return nil, err
+		}
+		if v := *f.dst; v != nil && (*v <= 0 || *v > 1) {
+			return nil, d.fieldErr(f.key, "must be a fraction in (0, 1]")
+		}
 	}
 	if e.GPUs, err = d.gpus(); err != nil {
 		return nil, err

@@ -32,6 +32,15 @@ func TestParseValid(t *testing.T) {
 			},
 		},
 		{
+			name: "run_start plan and dataloader targets",
+			line: `{"event":"run_start","run_id":"r","planned_tokens":1000000,"planned_epochs":3,"params":124000000,
+ "dataset_size":50000,"target_gpu_utilization":0.9,"max_ram_usage":0.7,"adjustment_interval":25}`,
+			want: &RunStart{
+				Run: "r", PlannedTokens: u64(1000000), PlannedEpochs: u64(3), Params: u64(124000000),
+				DatasetSize: u64(50000), TargetGPUUtilization: f64(0.9), MaxRAMUsage: f64(0.7), AdjustmentInterval: u64(25),
+			},
+		},
+		{
 			name: "run_start minimal",
 			line: `{"event":"run_start","run_id":"r"}`,
 			want: &RunStart{Run: "r"},
@@ -188,6 +197,12 @@ func TestParseErrors(t *testing.T) {
 		{"warmup_s negative", `{"event":"run_start","run_id":"r","warmup_s":-60}`, ErrKindField, "run_start: warmup_s must be a finite non-negative number"},
 		{"warmup_steps fraction", `{"event":"run_start","run_id":"r","warmup_steps":1.5}`, ErrKindField, "run_start: warmup_steps must be a non-negative integer"},
 		{"planned_steps negative", `{"event":"run_start","run_id":"r","planned_steps":-1}`, ErrKindField, "run_start: planned_steps must be a non-negative integer"},
+		{"params fraction", `{"event":"run_start","run_id":"r","params":1.5}`, ErrKindField, "run_start: params must be a non-negative integer"},
+		{"planned_tokens negative", `{"event":"run_start","run_id":"r","planned_tokens":-5}`, ErrKindField, "run_start: planned_tokens must be a non-negative integer"},
+		{"adjustment_interval zero", `{"event":"run_start","run_id":"r","adjustment_interval":0}`, ErrKindField, "run_start: adjustment_interval must be a positive number of steps"},
+		{"target_gpu_utilization above 1", `{"event":"run_start","run_id":"r","target_gpu_utilization":85}`, ErrKindField, "run_start: target_gpu_utilization must be a fraction in (0, 1]"},
+		{"max_ram_usage zero", `{"event":"run_start","run_id":"r","max_ram_usage":0}`, ErrKindField, "run_start: max_ram_usage must be a fraction in (0, 1]"},
+		{"max_ram_usage string", `{"event":"run_start","run_id":"r","max_ram_usage":"0.8"}`, ErrKindField, "run_start: max_ram_usage must be a finite non-negative number"},
 		{"price negative", `{"event":"run_start","run_id":"r","gpu_price_per_hour":-2.1}`, ErrKindField, "run_start: gpu_price_per_hour must be a finite non-negative number"},
 		{"gpus not array", `{"event":"run_start","run_id":"r","gpus":"0,1"}`, ErrKindField, "run_start: gpus must be an array of GPU indices or UUIDs"},
 		{"gpus negative", `{"event":"run_start","run_id":"r","gpus":[-1]}`, ErrKindField, "run_start: gpus must be an array of GPU indices or UUIDs"},

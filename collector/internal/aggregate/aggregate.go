@@ -106,6 +106,24 @@ type Metadata struct {
 	HasSeed      bool   `json:"has_seed,omitempty"`
 }
 
+// Plan is what the winning RunStart says about the run beyond its metadata:
+// where its cost is booked, what it will process, and the dataloader it
+// started with. Zero means not given.
+type Plan struct {
+	BudgetScope          string            `json:"budget_scope,omitempty"`
+	Labels               map[string]string `json:"labels,omitempty"`
+	PlannedSteps         uint64            `json:"planned_steps,omitempty"`
+	PlannedTokens        uint64            `json:"planned_tokens,omitempty"`
+	PlannedEpochs        uint64            `json:"planned_epochs,omitempty"`
+	Params               uint64            `json:"params,omitempty"`
+	DatasetSize          uint64            `json:"dataset_size,omitempty"`
+	NumWorkers           uint32            `json:"num_workers,omitempty"`
+	PrefetchFactor       uint32            `json:"prefetch_factor,omitempty"`
+	TargetGPUUtilization float64           `json:"target_gpu_utilization,omitempty"`
+	MaxRAMUsage          float64           `json:"max_ram_usage,omitempty"`
+	AdjustmentInterval   uint64            `json:"adjustment_interval,omitempty"`
+}
+
 // NodeState is one node's part in the run. Times are Unix nanoseconds.
 type NodeState struct {
 	Started   bool  `json:"started,omitempty"`
@@ -142,6 +160,7 @@ type State struct {
 	Metadata        Metadata `json:"metadata"`
 	GPUName         string   `json:"gpu_name,omitempty"`
 	GPUPricePerHour float64  `json:"gpu_price_per_hour,omitempty"`
+	Plan            Plan     `json:"plan"`
 
 	Nodes map[string]*NodeState `json:"nodes"`
 
@@ -287,6 +306,20 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	}
 	s.GPUName = ev.GetGpuName()
 	s.GPUPricePerHour = ev.GetGpuPricePerHour()
+	s.Plan = Plan{
+		BudgetScope: ev.GetBudgetScope(), PlannedSteps: ev.GetPlannedSteps(),
+		PlannedTokens: ev.GetPlannedTokens(), PlannedEpochs: ev.GetPlannedEpochs(),
+		Params: ev.GetParams(), DatasetSize: ev.GetDatasetSize(),
+		NumWorkers: ev.GetNumWorkers(), PrefetchFactor: ev.GetPrefetchFactor(),
+		TargetGPUUtilization: ev.GetTargetGpuUtilization(), MaxRAMUsage: ev.GetMaxRamUsage(),
+		AdjustmentInterval: ev.GetAdjustmentInterval(),
+	}
+	if l := ev.GetLabels(); len(l) > 0 {
+		s.Plan.Labels = make(map[string]string, len(l))
+		for k, v := range l {
+			s.Plan.Labels[k] = v
+		}
+	}
 }
 
 // AddEnd folds a RunEnd from node.

@@ -2,6 +2,7 @@ package aggregate
 
 import (
 	"math/rand"
+	"reflect"
 	"testing"
 	"time"
 
@@ -353,5 +354,33 @@ func TestLastLossAndVRAM(t *testing.T) {
 	}
 	if r.VramPeakMb != 5000 || r.VramAvgMb != 9000.0/4 {
 		t.Errorf("vram = %v %v", r.VramPeakMb, r.VramAvgMb)
+	}
+}
+
+func TestPlanComesFromTheWinningStartAndSurvivesSerialisation(t *testing.T) {
+	s := New("r1")
+	late := &trainmeterv1.RunStart{RunId: "r1", Time: ts(5), BudgetScope: "late", PlannedTokens: 1,
+		Labels: map[string]string{"team": "other"}}
+	early := &trainmeterv1.RunStart{RunId: "r1", Time: ts(1), BudgetScope: "llama", PlannedSteps: 5000,
+		PlannedTokens: 1 << 30, PlannedEpochs: 3, Params: 8e9, DatasetSize: 50000, NumWorkers: 6,
+		PrefetchFactor: 2, TargetGpuUtilization: 0.9, MaxRamUsage: 0.7, AdjustmentInterval: 25,
+		Labels: map[string]string{"team": "nlp", "priority": "high"}}
+	s.AddStart("b", late)
+	s.AddStart("a", early)
+	s.AddStart("c", late) // joins; must not overwrite
+	early.Labels["team"] = "mutated after the fact"
+	b, err := s.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Unmarshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Plan{BudgetScope: "llama", PlannedSteps: 5000, PlannedTokens: 1 << 30, PlannedEpochs: 3,
+		Params: 8e9, DatasetSize: 50000, NumWorkers: 6, PrefetchFactor: 2, TargetGPUUtilization: 0.9,
+		MaxRAMUsage: 0.7, AdjustmentInterval: 25, Labels: map[string]string{"team": "nlp", "priority": "high"}}
+	if !reflect.DeepEqual(got.Plan, want) {
+		t.Fatalf("plan\n got %+v\nwant %+v", got.Plan, want)
 	}
 }

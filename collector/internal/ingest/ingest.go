@@ -62,7 +62,18 @@ type Server struct {
 	closed    chan struct{}
 
 	counters counters // self-metrics (stats.go)
+
+	observers []BatchObserver // set before serving (OnApplied); read-only after
 }
+
+// BatchObserver is told of every batch the store has durably applied for
+// the first time (never of duplicates or rejected batches), in the node's
+// sequence order, on the stream's goroutine: it must not block (hand heavy
+// work to a goroutine of its own). The batch must not be modified.
+type BatchObserver func(node string, b *trainmeterv1.Batch)
+
+// OnApplied registers an observer. Call it before the server serves streams.
+func (s *Server) OnApplied(o BatchObserver) { s.observers = append(s.observers, o) }
 
 // New returns an ingest server over st. log may be nil.
 func New(st Store, log *slog.Logger) *Server {
@@ -288,6 +299,9 @@ func (s *Server) handle(log *slog.Logger, node, boot string, m *trainmeterv1.Str
 		log.Debug("duplicate batch acked again", "seq", b.GetSeq())
 	} else {
 		s.counters.applied.Add(1)
+		for _, o := range s.observers {
+			o(node, b)
+		}
 	}
 	s.seen(node, b.GetSeq())
 	return &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Ack{Ack: &trainmeterv1.Ack{Seq: b.GetSeq()}}}, nil

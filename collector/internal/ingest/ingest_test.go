@@ -2,9 +2,11 @@ package ingest
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
@@ -210,5 +213,54 @@ func TestCloseEndsStreams(t *testing.T) {
 	ing.Close()
 	if _, err := a.Stream.Recv(); status.Code(err) != codes.Unavailable {
 		t.Fatalf("want Unavailable after Close, got %v", err)
+	}
+}
+
+func TestObserversSeeEachAppliedBatchOnce(t *testing.T) {
+	st := openStore(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ing := New(st, quiet())
+	ing.SetClock(tu.Now)
+	var seen []uint64
+	var mu sync.Mutex
+	ing.OnApplied(func(node string, b *trainmeterv1.Batch) {
+		mu.Lock()
+		defer mu.Unlock()
+		if node != "n1" {
+			t.Errorf("observer got node %q", node)
+		}
+		seen = append(seen, b.GetSeq())
+	})
+	gs := grpc.NewServer()
+	trainmeterv1.RegisterIngestServiceServer(gs, ing)
+	go gs.Serve(lis)
+	t.Cleanup(func() {
+		ing.Close()
+		gs.GracefulStop()
+	})
+	a := tu.Connect(t, tu.Dial(t, lis.Addr().String()), "n1", "boot")
+	for _, b := range []*trainmeterv1.Batch{
+		tu.Batch(1, 0, []*trainmeterv1.RunWindow{tu.Window("r1", 0, 100, 10)}, tu.Start("r1", 0, "m")),
+		tu.Batch(1, 0, []*trainmeterv1.RunWindow{tu.Window("r1", 0, 100, 10)}, tu.Start("r1", 0, "m")), // redelivery
+		tu.Batch(2, 1, []*trainmeterv1.RunWindow{tu.Window("r1", 1, 100, 10)}),
+	} {
+		if resp, err := a.Send(b); err != nil || resp.GetAck() == nil {
+			t.Fatalf("seq %d: %v %v", b.GetSeq(), resp, err)
+		}
+	}
+	// A rejected batch (window end before start) is not observed either.
+	bad := tu.Batch(3, 2, []*trainmeterv1.RunWindow{tu.Window("r1", 2, 1, 1)})
+	bad.RunWindows[0].End = bad.RunWindows[0].Start
+	bad.RunWindows[0].Start = timestamppb.New(bad.RunWindows[0].End.AsTime().Add(time.Second))
+	if resp, err := a.Send(bad); err != nil || resp.GetReject() == nil {
+		t.Fatalf("bad batch: %v %v", resp, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(seen) != "[1 2]" {
+		t.Fatalf("observed seqs %v, want [1 2]", seen)
 	}
 }

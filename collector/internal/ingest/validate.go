@@ -246,6 +246,14 @@ func validateEvent(e *trainmeterv1.RunEvent) error {
 		if err := phys("run_start.warmup_s", s.GetWarmupS(), "run_start.gpu_price_per_hour", s.GetGpuPricePerHour()); err != nil {
 			return err
 		}
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"run_start.target_gpu_utilization", s.GetTargetGpuUtilization()}, {"run_start.max_ram_usage", s.GetMaxRamUsage()}} {
+			if math.IsNaN(f.v) || f.v < 0 || f.v > 1 {
+				return fmt.Errorf("%s must be a fraction in [0, 1], got %v", f.name, f.v)
+			}
+		}
 		m := s.GetMetadata()
 		texts := []string{
 			"model", m.GetModel(), "dataset", m.GetDataset(), "backend", m.GetBackend(),

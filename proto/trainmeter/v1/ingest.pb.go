@@ -1181,9 +1181,19 @@ type RunStart struct {
 	NumWorkers      uint32                 `protobuf:"varint,14,opt,name=num_workers,json=numWorkers,proto3" json:"num_workers,omitempty"`
 	PrefetchFactor  uint32                 `protobuf:"varint,15,opt,name=prefetch_factor,json=prefetchFactor,proto3" json:"prefetch_factor,omitempty"`
 	// Extra keys the trainer sent that trainmeter does not interpret.
-	Labels        map[string]string `protobuf:"bytes,16,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Labels map[string]string `protobuf:"bytes,16,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The run's plan (0 = not given): tokens and epochs it will process,
+	// model parameters, dataset size in samples.
+	PlannedTokens uint64 `protobuf:"varint,17,opt,name=planned_tokens,json=plannedTokens,proto3" json:"planned_tokens,omitempty"`
+	PlannedEpochs uint64 `protobuf:"varint,18,opt,name=planned_epochs,json=plannedEpochs,proto3" json:"planned_epochs,omitempty"`
+	Params        uint64 `protobuf:"varint,19,opt,name=params,proto3" json:"params,omitempty"`
+	DatasetSize   uint64 `protobuf:"varint,20,opt,name=dataset_size,json=datasetSize,proto3" json:"dataset_size,omitempty"`
+	// Dataloader advice targets (0 = the collector's default).
+	TargetGpuUtilization float64 `protobuf:"fixed64,21,opt,name=target_gpu_utilization,json=targetGpuUtilization,proto3" json:"target_gpu_utilization,omitempty"`
+	MaxRamUsage          float64 `protobuf:"fixed64,22,opt,name=max_ram_usage,json=maxRamUsage,proto3" json:"max_ram_usage,omitempty"`
+	AdjustmentInterval   uint64  `protobuf:"varint,23,opt,name=adjustment_interval,json=adjustmentInterval,proto3" json:"adjustment_interval,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *RunStart) Reset() {
@@ -1326,6 +1336,55 @@ func (x *RunStart) GetLabels() map[string]string {
 		return x.Labels
 	}
 	return nil
+}
+
+func (x *RunStart) GetPlannedTokens() uint64 {
+	if x != nil {
+		return x.PlannedTokens
+	}
+	return 0
+}
+
+func (x *RunStart) GetPlannedEpochs() uint64 {
+	if x != nil {
+		return x.PlannedEpochs
+	}
+	return 0
+}
+
+func (x *RunStart) GetParams() uint64 {
+	if x != nil {
+		return x.Params
+	}
+	return 0
+}
+
+func (x *RunStart) GetDatasetSize() uint64 {
+	if x != nil {
+		return x.DatasetSize
+	}
+	return 0
+}
+
+func (x *RunStart) GetTargetGpuUtilization() float64 {
+	if x != nil {
+		return x.TargetGpuUtilization
+	}
+	return 0
+}
+
+func (x *RunStart) GetMaxRamUsage() float64 {
+	if x != nil {
+		return x.MaxRamUsage
+	}
+	return 0
+}
+
+func (x *RunStart) GetAdjustmentInterval() uint64 {
+	if x != nil {
+		return x.AdjustmentInterval
+	}
+	return 0
 }
 
 type RunMetadata struct {
@@ -2109,7 +2168,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\trun_start\x18\x01 \x01(\v2\x17.trainmeter.v1.RunStartH\x00R\brunStart\x120\n" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
 	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04evalB\a\n" +
-	"\x05event\"\xee\x04\n" +
+	"\x05event\"\x82\a\n" +
 	"\bRunStart\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x126\n" +
@@ -2128,7 +2187,14 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\vnum_workers\x18\x0e \x01(\rR\n" +
 	"numWorkers\x12'\n" +
 	"\x0fprefetch_factor\x18\x0f \x01(\rR\x0eprefetchFactor\x12;\n" +
-	"\x06labels\x18\x10 \x03(\v2#.trainmeter.v1.RunStart.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x10 \x03(\v2#.trainmeter.v1.RunStart.LabelsEntryR\x06labels\x12%\n" +
+	"\x0eplanned_tokens\x18\x11 \x01(\x04R\rplannedTokens\x12%\n" +
+	"\x0eplanned_epochs\x18\x12 \x01(\x04R\rplannedEpochs\x12\x16\n" +
+	"\x06params\x18\x13 \x01(\x04R\x06params\x12!\n" +
+	"\fdataset_size\x18\x14 \x01(\x04R\vdatasetSize\x124\n" +
+	"\x16target_gpu_utilization\x18\x15 \x01(\x01R\x14targetGpuUtilization\x12\"\n" +
+	"\rmax_ram_usage\x18\x16 \x01(\x01R\vmaxRamUsage\x12/\n" +
+	"\x13adjustment_interval\x18\x17 \x01(\x04R\x12adjustmentInterval\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\x03\n" +
