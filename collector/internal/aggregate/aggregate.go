@@ -663,6 +663,15 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 		r.HasEnergyCost = true
 		r.EnergyCostUsd = r.EnergyKwh * p.EnergyPricePerKWh
 	}
+	r.TotalCostUsd = r.CostUsd + r.EnergyCostUsd
+	r.ProjectedCostUsd = r.TotalCostUsd // refined by the cost model for live runs
+	r.BudgetScope = s.Plan.BudgetScope
+	if len(s.Plan.Labels) > 0 {
+		r.Labels = make(map[string]string, len(s.Plan.Labels))
+		for k, v := range s.Plan.Labels {
+			r.Labels[k] = v
+		}
+	}
 	if s.Tokens > 0 && (r.HasCost || r.HasEnergyCost) {
 		r.UsdPerMtok = (r.CostUsd + r.EnergyCostUsd) / float64(s.Tokens) * 1e6
 	}

@@ -592,9 +592,17 @@ type RunReport struct {
 	LostEnergyJ    float64 `protobuf:"fixed64,45,opt,name=lost_energy_j,json=lostEnergyJ,proto3" json:"lost_energy_j,omitempty"`
 	LostGpuSeconds float64 `protobuf:"fixed64,46,opt,name=lost_gpu_seconds,json=lostGpuSeconds,proto3" json:"lost_gpu_seconds,omitempty"`
 	// Why data was lost ("spool full", "disk full", "rejected: ...").
-	LostReasons   []string `protobuf:"bytes,47,rep,name=lost_reasons,json=lostReasons,proto3" json:"lost_reasons,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LostReasons []string `protobuf:"bytes,47,rep,name=lost_reasons,json=lostReasons,proto3" json:"lost_reasons,omitempty"`
+	// What budgets count: compute cost (with the priority multiplier) plus
+	// energy cost, in USD (docs/costs.md).
+	TotalCostUsd float64 `protobuf:"fixed64,48,opt,name=total_cost_usd,json=totalCostUsd,proto3" json:"total_cost_usd,omitempty"`
+	// The run's total cost at completion: for a live run, forecast from its
+	// measured rate and its plan; for an ended run, total_cost_usd.
+	ProjectedCostUsd float64           `protobuf:"fixed64,49,opt,name=projected_cost_usd,json=projectedCostUsd,proto3" json:"projected_cost_usd,omitempty"`
+	BudgetScope      string            `protobuf:"bytes,50,opt,name=budget_scope,json=budgetScope,proto3" json:"budget_scope,omitempty"`
+	Labels           map[string]string `protobuf:"bytes,51,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
@@ -956,6 +964,34 @@ func (x *RunReport) GetLostReasons() []string {
 	return nil
 }
 
+func (x *RunReport) GetTotalCostUsd() float64 {
+	if x != nil {
+		return x.TotalCostUsd
+	}
+	return 0
+}
+
+func (x *RunReport) GetProjectedCostUsd() float64 {
+	if x != nil {
+		return x.ProjectedCostUsd
+	}
+	return 0
+}
+
+func (x *RunReport) GetBudgetScope() string {
+	if x != nil {
+		return x.BudgetScope
+	}
+	return ""
+}
+
+func (x *RunReport) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
 var File_trainmeter_v1_query_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_query_proto_rawDesc = "" +
@@ -987,7 +1023,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xb5\f\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xa5\x0e\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -1043,7 +1079,14 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"lostTokens\x12\"\n" +
 	"\rlost_energy_j\x18- \x01(\x01R\vlostEnergyJ\x12(\n" +
 	"\x10lost_gpu_seconds\x18. \x01(\x01R\x0elostGpuSeconds\x12!\n" +
-	"\flost_reasons\x18/ \x03(\tR\vlostReasons2\x97\x03\n" +
+	"\flost_reasons\x18/ \x03(\tR\vlostReasons\x12$\n" +
+	"\x0etotal_cost_usd\x180 \x01(\x01R\ftotalCostUsd\x12,\n" +
+	"\x12projected_cost_usd\x181 \x01(\x01R\x10projectedCostUsd\x12!\n" +
+	"\fbudget_scope\x182 \x01(\tR\vbudgetScope\x12<\n" +
+	"\x06labels\x183 \x03(\v2$.trainmeter.v1.RunReport.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\x97\x03\n" +
 	"\fQueryService\x12K\n" +
 	"\bListRuns\x12\x1e.trainmeter.v1.ListRunsRequest\x1a\x1f.trainmeter.v1.ListRunsResponse\x12E\n" +
 	"\x06GetRun\x12\x1c.trainmeter.v1.GetRunRequest\x1a\x1d.trainmeter.v1.GetRunResponse\x12S\n" +
@@ -1064,7 +1107,7 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*ListRunsRequest)(nil),       // 0: trainmeter.v1.ListRunsRequest
 	(*ListRunsResponse)(nil),      // 1: trainmeter.v1.ListRunsResponse
@@ -1078,37 +1121,39 @@ var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*ListNodesResponse)(nil),     // 9: trainmeter.v1.ListNodesResponse
 	(*NodeStatus)(nil),            // 10: trainmeter.v1.NodeStatus
 	(*RunReport)(nil),             // 11: trainmeter.v1.RunReport
-	(*GpuInfo)(nil),               // 12: trainmeter.v1.GpuInfo
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(*RunMetadata)(nil),           // 14: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 15: trainmeter.v1.Eval
+	nil,                           // 12: trainmeter.v1.RunReport.LabelsEntry
+	(*GpuInfo)(nil),               // 13: trainmeter.v1.GpuInfo
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*RunMetadata)(nil),           // 15: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 16: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
 	11, // 0: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
 	11, // 1: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
 	11, // 2: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
 	10, // 3: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	12, // 4: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	13, // 5: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	14, // 6: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	13, // 7: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	13, // 8: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	15, // 9: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	0,  // 10: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	2,  // 11: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	4,  // 12: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	8,  // 13: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	6,  // 14: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	1,  // 15: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	3,  // 16: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	5,  // 17: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	9,  // 18: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	7,  // 19: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	13, // 4: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	14, // 5: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	15, // 6: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	14, // 7: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	14, // 8: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	16, // 9: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	12, // 10: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	0,  // 11: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	2,  // 12: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	4,  // 13: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	8,  // 14: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	6,  // 15: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	1,  // 16: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	3,  // 17: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	5,  // 18: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	9,  // 19: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	7,  // 20: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	16, // [16:21] is the sub-list for method output_type
+	11, // [11:16] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -1123,7 +1168,7 @@ func file_trainmeter_v1_query_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
