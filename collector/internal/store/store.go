@@ -12,6 +12,7 @@
 //	g/<node>\0<gpu:4><start:8><seq:8>              raw GpuWindow (proto)
 //	h/<node>\0<start:8><seq:8>                     raw HostWindow (proto)
 //	n/<node>                                       NodeStatus (proto; connected is not stored)
+//	x/<namespace>\0<key>                           the collector's own records (records.go)
 //
 // Writes use SyncWrites, so a batch is durable when ApplyBatch returns nil.
 package store

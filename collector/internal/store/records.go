@@ -1,0 +1,137 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// Records are the collector's own small documents (budgets, alerts, price
+// history, advice history), kept next to the runs under
+//
+//	x/<namespace>\0<key>
+//
+// Namespaces are fixed names chosen by the packages that own them; keys sort
+// bytewise, so a package that wants chronological order encodes times
+// fixed-width. Values are opaque bytes (JSON or proto, the owner's choice).
+// Writes are durable when the call returns, like batches.
+
+func recordKey(ns, k string) []byte { return key("x/", ns, k) }
+
+func checkNamespace(ns string) error {
+	if ns == "" || strings.IndexByte(ns, 0) >= 0 {
+		return fmt.Errorf("store: invalid record namespace %q", ns)
+	}
+	return nil
+}
+
+// PutRecord writes one record.
+func (s *Store) PutRecord(ns, k string, v []byte) error {
+	return s.PutRecords(ns, map[string][]byte{k: v})
+}
+
+// PutRecords writes several records of one namespace in one transaction.
+func (s *Store) PutRecords(ns string, kv map[string][]byte) error {
+	if err := checkNamespace(ns); err != nil {
+		return err
+	}
+	return s.db.Update(func(txn *badger.Txn) error {
+		for k, v := range kv {
+			if err := txn.Set(recordKey(ns, k), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// PutRecordIfAbsent writes a record unless one exists under that key, and
+// reports whether it wrote. Two callers racing for one key: exactly one
+// wins (badger's optimistic transactions detect the conflict).
+func (s *Store) PutRecordIfAbsent(ns, k string, v []byte) (bool, error) {
+	if err := checkNamespace(ns); err != nil {
+		return false, err
+	}
+	for range maxConflictRetries {
+		wrote := false
+		err := s.db.Update(func(txn *badger.Txn) error {
+			_, err := txn.Get(recordKey(ns, k))
+			if err == nil {
+				return nil
+			}
+			if !errors.Is(err, badger.ErrKeyNotFound) {
+				return err
+			}
+			wrote = true
+			return txn.Set(recordKey(ns, k), v)
+		})
+		if errors.Is(err, badger.ErrConflict) {
+			continue
+		}
+		return wrote && err == nil, err
+	}
+	return false, fmt.Errorf("store: record %s/%s: too many conflicts", ns, k)
+}
+
+// GetRecord reads one record; ErrNotFound if there is none.
+func (s *Store) GetRecord(ns, k string) ([]byte, error) {
+	if err := checkNamespace(ns); err != nil {
+		return nil, err
+	}
+	var out []byte
+	err := s.db.View(func(txn *badger.Txn) error {
+		it, err := txn.Get(recordKey(ns, k))
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		out, err = it.ValueCopy(nil)
+		return err
+	})
+	return out, err
+}
+
+// DeleteRecord removes a record (no error if there is none).
+func (s *Store) DeleteRecord(ns, k string) error {
+	if err := checkNamespace(ns); err != nil {
+		return err
+	}
+	return s.db.Update(func(txn *badger.Txn) error { return txn.Delete(recordKey(ns, k)) })
+}
+
+// ScanRecords calls fn for each record of ns whose key starts with
+// keyPrefix, in key order, until fn returns false or an error. The value is
+// only valid during the call.
+func (s *Store) ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (bool, error)) error {
+	if err := checkNamespace(ns); err != nil {
+		return err
+	}
+	base := key("x/", ns, "")
+	prefix := append(append([]byte(nil), base...), keyPrefix...)
+	return s.db.View(func(txn *badger.Txn) error {
+		opts := badger.DefaultIteratorOptions
+		opts.Prefix = prefix
+		it := txn.NewIterator(opts)
+		defer it.Close()
+		for it.Seek(prefix); it.ValidForPrefix(prefix); it.Next() {
+			item := it.Item()
+			var more bool
+			err := item.Value(func(v []byte) error {
+				var err error
+				more, err = fn(string(item.Key()[len(base):]), v)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if !more {
+				return nil
+			}
+		}
+		return nil
+	})
+}
