@@ -1,0 +1,328 @@
+// Package dataloader holds the rules that turn a run's measured data wait,
+// compute time, GPU utilisation and host RAM into advice on a PyTorch
+// DataLoader's num_workers and prefetch_factor (docs/recommendations.md).
+//
+// It is pure: the caller feeds one Interval of measurements per evaluation
+// (every Config.Interval steps) to an Advisor, which classifies it, applies
+// the strategy for that class and the hysteresis, and says whether to send
+// new settings. No I/O, no clock.
+package dataloader
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Defaults used when the run_start does not set the targets.
+const (
+	DefaultTargetGPUUtilization = 0.85
+	DefaultMaxRAMUsage          = 0.80
+	DefaultInterval             = 50
+	// DefaultNumWorkers / DefaultPrefetchFactor are assumed when the
+	// run_start does not say what the loader started with (PyTorch's
+	// prefetch_factor default is 2; 2 workers is a common starting point).
+	DefaultNumWorkers     = 2
+	DefaultPrefetchFactor = 2
+)
+
+// Rule constants (documented in docs/recommendations.md).
+const (
+	// MinDataWaitShare: below this share of step time spent waiting for
+	// data, the loader is not what holds the GPU back.
+	MinDataWaitShare = 0.05
+	// RAMHeadroom: "RAM to spare" means usage below MaxRAMUsage minus this,
+	// so that an increase cannot immediately trip the memory rule (a band).
+	RAMHeadroom = 0.05
+	// MaxPrefetchFactor bounds prefetch advice.
+	MaxPrefetchFactor = 8
+	// ConfirmEvaluations: a class must hold for this many consecutive
+	// evaluations before it changes the settings (memory-bound: 1, it is a
+	// safety rule).
+	ConfirmEvaluations = 2
+	// NoReverseEvaluations: after a change in one direction, no change in
+	// the other direction for this many evaluations (memory-bound excepted).
+	NoReverseEvaluations = 3
+	// MinRelativeWorkerChange: a worker change smaller than this share of
+	// the current count, with the same prefetch, is not worth a rebuild.
+	MinRelativeWorkerChange = 0.10
+)
+
+// Class is what limits the run.
+type Class string
+
+// Classes.
+const (
+	Unknown     Class = "unknown"
+	DataBound   Class = "data-bound"
+	GPUBound    Class = "gpu-bound"
+	MemoryBound Class = "memory-bound"
+)
+
+// Config is one run's targets (from run_start; zero = default).
+type Config struct {
+	TargetGPUUtilization float64 // 0..1
+	MaxRAMUsage          float64 // 0..1
+	Interval             uint64  // steps between evaluations
+	NumWorkers           int     // what the loader starts with
+	PrefetchFactor       int
+}
+
+// WithDefaults fills zero fields.
+func (c Config) WithDefaults() Config {
+	if c.TargetGPUUtilization <= 0 {
+		c.TargetGPUUtilization = DefaultTargetGPUUtilization
+	}
+	if c.MaxRAMUsage <= 0 {
+		c.MaxRAMUsage = DefaultMaxRAMUsage
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.NumWorkers <= 0 {
+		c.NumWorkers = DefaultNumWorkers
+	}
+	if c.PrefetchFactor <= 0 {
+		c.PrefetchFactor = DefaultPrefetchFactor
+	}
+	return c
+}
+
+// Validate checks a config after WithDefaults.
+func (c Config) Validate() error {
+	var errs []error
+	if !(c.TargetGPUUtilization > 0 && c.TargetGPUUtilization <= 1) {
+		errs = append(errs, fmt.Errorf("target_gpu_utilization %v: want (0, 1]", c.TargetGPUUtilization))
+	}
+	if !(c.MaxRAMUsage > 0 && c.MaxRAMUsage <= 1) {
+		errs = append(errs, fmt.Errorf("max_ram_usage %v: want (0, 1]", c.MaxRAMUsage))
+	}
+	if c.Interval == 0 {
+		errs = append(errs, errors.New("adjustment_interval must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// Interval is what was measured over one evaluation interval on one node.
+type Interval struct {
+	Steps     uint64
+	DataWaitS float64 // sum over the steps
+	ComputeS  float64 // sum over the steps
+	// GPUUtilization is the mean utilisation of the run's GPUs, 0..1;
+	// HasGPUUtilization false when no GPU sample had one.
+	GPUUtilization    float64
+	HasGPUUtilization bool
+	// RAMUsage is the highest host memory used / total seen, 0..1;
+	// HasRAM false when the host was not sampled.
+	RAMUsage float64
+	HasRAM   bool
+	CPUCount int // logical CPUs of the host (0 = unknown)
+	// LocalRanks is the number of the run's ranks (GPUs) on the node; the
+	// worker bound is the CPUs per rank.
+	LocalRanks int
+}
+
+// DataWaitShare is data wait ÷ (data wait + compute): the share of step
+// time the GPU waited for data, which is also the most a faster loader can
+// gain.
+func (iv Interval) DataWaitShare() float64 {
+	if t := iv.DataWaitS + iv.ComputeS; t > 0 {
+		return iv.DataWaitS / t
+	}
+	return 0
+}
+
+// MaxWorkers is the bound on num_workers: CPUs per local rank minus one for
+// the rank's own process, at least 1. 0 CPUs (unknown) gives no bound
+// beyond 4× the current count.
+func MaxWorkers(cpus, ranks, current int) int {
+	if cpus <= 0 {
+		return max(current*4, 1)
+	}
+	return max(cpus/max(ranks, 1)-1, 1)
+}
+
+// Advice is the outcome of one evaluation.
+type Advice struct {
+	Class          Class
+	NumWorkers     int // recommended (== current when Changed is false)
+	PrefetchFactor int
+	// Changed: the settings differ from the current ones and the hysteresis
+	// let the change through: send it to the trainer.
+	Changed bool
+	Reason  string
+	// The figures that led to it.
+	DataWaitShare     float64
+	GPUUtilization    float64
+	HasGPUUtilization bool
+	RAMUsage          float64
+	HasRAM            bool
+	MaxWorkers        int
+	// ExpectedGain is the share of step time spent waiting for data, which
+	// the change aims to win back (0 when nothing changes).
+	ExpectedGain float64
+}
+
+// Advisor keeps one run's (on one node) classification history and
+// current settings.
+type Advisor struct {
+	cfg            Config
+	workers        int
+	prefetch       int
+	evaluations    int
+	lastClass      Class
+	streak         int // consecutive evaluations with lastClass
+	lastDirection  int // +1 increase, -1 decrease, 0 none yet
+	lastChangeEval int
+	adjustments    int
+}
+
+// NewAdvisor returns an advisor for a run with cfg (defaults applied).
+func NewAdvisor(cfg Config) *Advisor {
+	cfg = cfg.WithDefaults()
+	return &Advisor{cfg: cfg, workers: cfg.NumWorkers, prefetch: cfg.PrefetchFactor}
+}
+
+// Config returns the advisor's config (defaults applied).
+func (a *Advisor) Config() Config { return a.cfg }
+
+// Current returns the settings the advisor believes the loader has: the
+// run_start's, then the last advice sent (it assumes the trainer applies it
+// at its next epoch).
+func (a *Advisor) Current() (numWorkers, prefetchFactor int) { return a.workers, a.prefetch }
+
+// Adjustments is how many changes were advised so far.
+func (a *Advisor) Adjustments() int { return a.adjustments }
+
+// Classify says what limits the run over iv.
+func Classify(cfg Config, iv Interval) Class {
+	if iv.Steps == 0 {
+		return Unknown
+	}
+	if iv.HasRAM && iv.RAMUsage > cfg.MaxRAMUsage {
+		return MemoryBound
+	}
+	share := iv.DataWaitShare()
+	lowUtil := iv.HasGPUUtilization && iv.GPUUtilization < cfg.TargetGPUUtilization
+	if share >= MinDataWaitShare && (lowUtil || iv.DataWaitS > iv.ComputeS || !iv.HasGPUUtilization) {
+		return DataBound
+	}
+	return GPUBound
+}
+
+// Evaluate classifies one interval and returns the advice.
+func (a *Advisor) Evaluate(iv Interval) Advice {
+	a.evaluations++
+	class := Classify(a.cfg, iv)
+	if class == a.lastClass {
+		a.streak++
+	} else {
+		a.lastClass, a.streak = class, 1
+	}
+	adv := Advice{
+		Class: class, NumWorkers: a.workers, PrefetchFactor: a.prefetch,
+		DataWaitShare: iv.DataWaitShare(), GPUUtilization: iv.GPUUtilization, HasGPUUtilization: iv.HasGPUUtilization,
+		RAMUsage: iv.RAMUsage, HasRAM: iv.HasRAM,
+		MaxWorkers: MaxWorkers(iv.CPUCount, iv.LocalRanks, a.workers),
+	}
+	figures := a.figures(iv)
+	w, p := a.workers, a.prefetch
+	dir := 0
+	switch class {
+	case Unknown:
+		adv.Reason = "no steps in the interval: nothing to judge"
+		return adv
+	case GPUBound:
+		adv.Reason = "GPU-bound (" + figures + "): the loader keeps up; no change"
+		return adv
+	case MemoryBound:
+		dir = -1
+		if p > 1 {
+			p--
+			adv.Reason = fmt.Sprintf("memory-bound (%s, limit %.0f%%): lower prefetch_factor %d→%d first", figures, 100*a.cfg.MaxRAMUsage, a.prefetch, p)
+		} else if w > 0 {
+			w = max(0, w-max(1, w/4))
+			adv.Reason = fmt.Sprintf("memory-bound (%s, limit %.0f%%): prefetch_factor already 1; fewer workers %d→%d", figures, 100*a.cfg.MaxRAMUsage, a.workers, w)
+		} else {
+			adv.Reason = fmt.Sprintf("memory-bound (%s, limit %.0f%%): loader already minimal; the RAM is used elsewhere", figures, 100*a.cfg.MaxRAMUsage)
+			return adv
+		}
+	case DataBound:
+		dir = +1
+		ramSpare := !iv.HasRAM || iv.RAMUsage < a.cfg.MaxRAMUsage-RAMHeadroom
+		if !ramSpare {
+			adv.Reason = fmt.Sprintf("data-bound (%s) but RAM is within %.0f%% of the %.0f%% limit: no increase", figures, 100*RAMHeadroom, 100*a.cfg.MaxRAMUsage)
+			return adv
+		}
+		var what []string
+		lowUtil := !iv.HasGPUUtilization || iv.GPUUtilization < a.cfg.TargetGPUUtilization
+		if lowUtil && w < adv.MaxWorkers {
+			w = min(adv.MaxWorkers, max(w+1, int(math.Ceil(float64(w)*1.5))))
+			what = append(what, fmt.Sprintf("num_workers %d→%d", a.workers, w))
+		}
+		if p < MaxPrefetchFactor {
+			if iv.DataWaitS > iv.ComputeS {
+				p = min(MaxPrefetchFactor, p*2)
+			} else {
+				p++
+			}
+			what = append(what, fmt.Sprintf("prefetch_factor %d→%d", a.prefetch, p))
+		}
+		if len(what) == 0 {
+			adv.Reason = fmt.Sprintf("data-bound (%s) but num_workers is at the bound of %d (CPUs per local rank) and prefetch_factor at %d: speed up the dataset itself", figures, adv.MaxWorkers, MaxPrefetchFactor)
+			return adv
+		}
+		adv.Reason = fmt.Sprintf("data-bound (%s): %s", figures, joinAnd(what))
+	}
+	// Hysteresis.
+	need := ConfirmEvaluations
+	if class == MemoryBound {
+		need = 1
+	}
+	if a.streak < need {
+		adv.Reason += fmt.Sprintf(" — waiting for %d consecutive %s evaluations before changing", need, class)
+		return adv
+	}
+	if class != MemoryBound && a.lastDirection != 0 && dir != a.lastDirection && a.evaluations-a.lastChangeEval <= NoReverseEvaluations {
+		adv.Reason += fmt.Sprintf(" — held: the last change went the other way %d evaluations ago", a.evaluations-a.lastChangeEval)
+		return adv
+	}
+	if p == a.prefetch && math.Abs(float64(w-a.workers)) < MinRelativeWorkerChange*float64(a.workers) {
+		adv.Reason += " — held: change too small to be worth a rebuild"
+		return adv
+	}
+	adv.Changed = true
+	adv.NumWorkers, adv.PrefetchFactor = w, p
+	if dir > 0 {
+		adv.ExpectedGain = adv.DataWaitShare
+	} else {
+		adv.ExpectedGain = 0
+	}
+	a.workers, a.prefetch = w, p
+	a.lastDirection, a.lastChangeEval = dir, a.evaluations
+	a.adjustments++
+	// A new setting starts a new streak: the next change needs fresh evidence.
+	a.streak = 0
+	return adv
+}
+
+func (a *Advisor) figures(iv Interval) string {
+	s := fmt.Sprintf("data wait %.0f%% of step time", 100*iv.DataWaitShare())
+	if iv.HasGPUUtilization {
+		s += fmt.Sprintf(", GPU %.0f%% (target %.0f%%)", 100*iv.GPUUtilization, 100*a.cfg.TargetGPUUtilization)
+	}
+	if iv.HasRAM {
+		s += fmt.Sprintf(", RAM %.0f%%", 100*iv.RAMUsage)
+	}
+	return s
+}
+
+func joinAnd(xs []string) string {
+	switch len(xs) {
+	case 0:
+		return ""
+	case 1:
+		return xs[0]
+	}
+	return xs[0] + " and " + xs[1]
+}

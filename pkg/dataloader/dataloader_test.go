@@ -1,0 +1,118 @@
+package dataloader
+
+import (
+	"strings"
+	"testing"
+)
+
+func dataBound() Interval {
+	return Interval{Steps: 50, DataWaitS: 2.5, ComputeS: 2.5, GPUUtilization: 0.5, HasGPUUtilization: true,
+		RAMUsage: 0.4, HasRAM: true, CPUCount: 32, LocalRanks: 2}
+}
+
+func TestDataBoundRunGetsMoreWorkersAndPrefetchAfterConfirmation(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
+	first := a.Evaluate(dataBound())
+	if first.Class != DataBound || first.Changed {
+		t.Fatalf("first evaluation: %+v, want data-bound, held for confirmation", first)
+	}
+	second := a.Evaluate(dataBound())
+	if !second.Changed || second.NumWorkers != 6 || second.PrefetchFactor != 3 {
+		t.Fatalf("second evaluation: %+v, want 4→6 workers, 2→3 prefetch", second)
+	}
+	if second.ExpectedGain != 0.5 || second.MaxWorkers != 15 {
+		t.Errorf("expected gain %v, max workers %v", second.ExpectedGain, second.MaxWorkers)
+	}
+	if w, p := a.Current(); w != 6 || p != 3 {
+		t.Errorf("current %d/%d", w, p)
+	}
+}
+
+func TestWorkersStayWithinCPUsPerRank(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2})
+	iv := dataBound()
+	iv.CPUCount, iv.LocalRanks = 8, 2 // bound 3
+	iv.DataWaitS, iv.ComputeS = 3, 1 // wait > compute: prefetch doubles
+	var last Advice
+	for range 20 {
+		if adv := a.Evaluate(iv); adv.Changed {
+			last = adv
+		}
+	}
+	if last.NumWorkers != 3 || last.PrefetchFactor != MaxPrefetchFactor {
+		t.Fatalf("final %+v, want 3 workers (bound) and prefetch %d", last, MaxPrefetchFactor)
+	}
+	adv := a.Evaluate(iv)
+	if adv.Changed || !strings.Contains(adv.Reason, "bound of 3") {
+		t.Errorf("at the bounds: %+v", adv)
+	}
+}
+
+func TestGPUBoundRunIsLeftAlone(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
+	iv := Interval{Steps: 50, DataWaitS: 0.05, ComputeS: 5, GPUUtilization: 0.98, HasGPUUtilization: true, RAMUsage: 0.4, HasRAM: true, CPUCount: 32, LocalRanks: 1}
+	for range 10 {
+		adv := a.Evaluate(iv)
+		if adv.Class != GPUBound || adv.Changed || !strings.Contains(adv.Reason, "no change") {
+			t.Fatalf("%+v", adv)
+		}
+	}
+}
+
+func TestRAMOverLimitLowersPrefetchFirstThenWorkers(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 8, PrefetchFactor: 2, MaxRAMUsage: 0.8})
+	iv := dataBound()
+	iv.RAMUsage = 0.9
+	adv := a.Evaluate(iv)
+	if adv.Class != MemoryBound || !adv.Changed || adv.PrefetchFactor != 1 || adv.NumWorkers != 8 {
+		t.Fatalf("first: %+v, want prefetch 2→1 at once", adv)
+	}
+	adv = a.Evaluate(iv)
+	if !adv.Changed || adv.PrefetchFactor != 1 || adv.NumWorkers != 6 {
+		t.Fatalf("second: %+v, want workers 8→6", adv)
+	}
+}
+
+func TestNoFlappingBetweenIncreaseAndDecrease(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
+	db := dataBound()
+	gb := Interval{Steps: 50, DataWaitS: 0.01, ComputeS: 5, GPUUtilization: 0.97, HasGPUUtilization: true, CPUCount: 32, LocalRanks: 1}
+	changes := 0
+	// Alternating evidence never confirms a class: no change at all.
+	for i := range 20 {
+		iv := db
+		if i%2 == 1 {
+			iv = gb
+		}
+		if a.Evaluate(iv).Changed {
+			changes++
+		}
+	}
+	if changes != 0 {
+		t.Errorf("alternating classes gave %d changes, want 0", changes)
+	}
+}
+
+func TestRAMNearTheLimitBlocksIncrease(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2, MaxRAMUsage: 0.8})
+	iv := dataBound()
+	iv.RAMUsage = 0.78 // within the 5 % band under the limit
+	for range 4 {
+		if adv := a.Evaluate(iv); adv.Changed {
+			t.Fatalf("%+v", adv)
+		}
+	}
+}
+
+func TestConfigDefaultsAndValidation(t *testing.T) {
+	c := Config{}.WithDefaults()
+	if c.TargetGPUUtilization != 0.85 || c.MaxRAMUsage != 0.8 || c.Interval != 50 {
+		t.Errorf("%+v", c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Error(err)
+	}
+	if err := (Config{TargetGPUUtilization: 1.5, MaxRAMUsage: 0.5, Interval: 1}).Validate(); err == nil {
+		t.Error("target 1.5 accepted")
+	}
+}
