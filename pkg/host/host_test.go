@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/shirou/gopsutil/v4/cpu"
 	"github.com/shirou/gopsutil/v4/mem"
@@ -92,5 +94,36 @@ func TestPartialFailure(t *testing.T) {
 	r, err = g.Read()
 	if !errors.Is(err, boom) || r.MemTotalMiB != 0 {
 		t.Fatalf("%+v %v", r, err)
+	}
+}
+
+func TestReplayPlaysRowsInTime(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r, err := ParseReplay(strings.NewReader("# host\ntime_s,memory_used_mib,memory_total_mib,cpu_count\n0,1000,2000,8\n2,1900,2000,8\n"), func() time.Time { return now })
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := r.Read()
+	if err != nil || got.MemUsedMiB != 1000 || got.MemTotalMiB != 2000 || got.CPUCount != 8 {
+		t.Fatalf("t=0: %+v %v", got, err)
+	}
+	now = now.Add(2500 * time.Millisecond)
+	if got, _ = r.Read(); got.MemUsedMiB != 1900 {
+		t.Fatalf("t=2.5: %+v", got)
+	}
+}
+
+func TestReplayRejectsBadTraces(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"time_s,memory_used_mib\n0,1\n", `lacks column "memory_total_mib"`},
+		{"time_s,memory_used_mib,memory_total_mib\n0,-1,10\n", "line 2: memory_used_mib"},
+		{"time_s,memory_used_mib,memory_total_mib\n1,1,10\n0,1,10\n", "before the previous"},
+		{"time_s,memory_used_mib,memory_total_mib\n0,11,10\n", "exceeds"},
+		{"time_s,memory_used_mib,memory_total_mib\n", "no rows"},
+	} {
+		_, err := ParseReplay(strings.NewReader(tc.in), time.Now)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.in, err, tc.want)
+		}
 	}
 }

@@ -76,6 +76,7 @@ func bindFlags(cmd *cobra.Command, o *options) {
 	f.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "default warmup excluded from efficiency figures")
 	f.DurationVar(&o.cfg.RejoinGrace, "rejoin-grace", o.cfg.RejoinGrace, "after an agent restart, how long a resumed run waits for a rank to reconnect")
 	f.DurationVar(&o.cfg.HostInterval, "host-interval", o.cfg.HostInterval, "host RAM/CPU sampling interval")
+	f.StringVar(&o.cfg.HostReplay, "host-replay", o.cfg.HostReplay, "play a host RAM/CPU trace (CSV, docs/replay-format.md) instead of reading the host")
 	f.StringVar(&o.cfg.Spool, "spool", o.cfg.Spool, "directory that keeps batches until the collector acks them")
 	f.Int64Var(&o.cfg.SpoolMaxBytes, "spool-max-bytes", o.cfg.SpoolMaxBytes, "bound of the spool in bytes; when full the oldest batches are dropped and reported")
 	f.StringVar(&o.cfg.LogLevel, "log-level", o.cfg.LogLevel, "debug, info, warn or error")
@@ -145,6 +146,7 @@ func overlayFlags(cmd *cobra.Command, dst *agent.Config, flags agent.Config) {
 	set("warmup", func() { dst.Warmup = flags.Warmup })
 	set("rejoin-grace", func() { dst.RejoinGrace = flags.RejoinGrace })
 	set("host-interval", func() { dst.HostInterval = flags.HostInterval })
+	set("host-replay", func() { dst.HostReplay = flags.HostReplay })
 	set("spool", func() { dst.Spool = flags.Spool })
 	set("spool-max-bytes", func() { dst.SpoolMaxBytes = flags.SpoolMaxBytes })
 	set("log-level", func() { dst.LogLevel = flags.LogLevel })
@@ -168,7 +170,13 @@ func run(cfg agent.Config, shutdownTimeout time.Duration) error {
 	}
 	defer backend.Close()
 
-	a, err := agent.New(cfg, backend, clock.Real{}, host.NewGopsutil(), logger)
+	var hostSampler host.Sampler = host.NewGopsutil()
+	if cfg.HostReplay != "" {
+		if hostSampler, err = host.OpenReplay(cfg.HostReplay); err != nil {
+			return err
+		}
+	}
+	a, err := agent.New(cfg, backend, clock.Real{}, hostSampler, logger)
 	if err != nil {
 		return err
 	}

@@ -262,7 +262,14 @@ func (a *Agent) advise(adv *pb.Advisory) {
 	case *pb.Advisory_Stop:
 		line = trainerproto.StopLine(adv.RunId, x.Stop.Reason)
 	case *pb.Advisory_Dataloader:
-		line = trainerproto.AdviceLine(adv.RunId, int(x.Dataloader.NumWorkers), int(x.Dataloader.PrefetchFactor), x.Dataloader.Reason)
+		d := x.Dataloader
+		if d.Classification == "" { // a collector without the figures
+			line = trainerproto.AdviceLine(adv.RunId, int(d.NumWorkers), int(d.PrefetchFactor), d.Reason)
+			break
+		}
+		line = trainerproto.AdviceLineWithFigures(adv.RunId, int(d.NumWorkers), int(d.PrefetchFactor), d.Reason, trainerproto.AdviceFigures{
+			Classification: d.Classification, DataWaitShare: d.DataWaitShare, GPUUtilization: d.GpuUtilization,
+			RAMUsage: d.RamUsage, ExpectedGain: d.ExpectedGain, MaxWorkers: int(d.MaxWorkers)})
 	default:
 		return
 	}

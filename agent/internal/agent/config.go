@@ -33,6 +33,10 @@ type Config struct {
 	Warmup time.Duration `yaml:"warmup"`
 	// HostInterval is the host (RAM, CPU) sampling period.
 	HostInterval time.Duration `yaml:"host_interval"`
+	// HostReplay, when set, plays a host trace (RAM, CPUs; pkg/host Replay,
+	// docs/replay-format.md) instead of reading the real host: for tests and
+	// demos of the dataloader advice.
+	HostReplay string `yaml:"host_replay"`
 	// Spool is the directory that keeps batches until the collector acks
 	// them, across collector outages and agent restarts.
 	Spool string `yaml:"spool"`

@@ -18,6 +18,25 @@ type adviceLine struct {
 	NumWorkers     int    `json:"num_workers"`
 	PrefetchFactor int    `json:"prefetch_factor"`
 	Reason         string `json:"reason,omitempty"`
+	// Measurements behind the advice (optional keys; clients ignore keys
+	// they do not know). Pointers: absent when unknown.
+	Classification string   `json:"classification,omitempty"`
+	DataWaitShare  *float64 `json:"data_wait_share,omitempty"`
+	GPUUtilization *float64 `json:"gpu_utilization,omitempty"`
+	RAMUsage       *float64 `json:"ram_usage,omitempty"`
+	ExpectedGain   *float64 `json:"expected_gain,omitempty"`
+	MaxWorkers     int      `json:"max_workers,omitempty"`
+}
+
+// AdviceFigures are the measurements an advice line carries beside the
+// settings. A negative GPUUtilization or RAMUsage means unknown (omitted).
+type AdviceFigures struct {
+	Classification string
+	DataWaitShare  float64
+	GPUUtilization float64
+	RAMUsage       float64
+	ExpectedGain   float64
+	MaxWorkers     int
 }
 
 type stopLine struct {
@@ -37,6 +56,23 @@ func ErrorLine(msg string, line int) []byte {
 func AdviceLine(runID string, numWorkers, prefetch int, reason string) []byte {
 	return encode(adviceLine{Event: EventAdvice, RunID: runID, Kind: "dataloader",
 		NumWorkers: numWorkers, PrefetchFactor: prefetch, Reason: reason})
+}
+
+// AdviceLineWithFigures is AdviceLine plus the figures that led to it:
+// "classification", "data_wait_share", "gpu_utilization", "ram_usage",
+// "expected_gain" (shares 0..1) and "max_workers".
+func AdviceLineWithFigures(runID string, numWorkers, prefetch int, reason string, f AdviceFigures) []byte {
+	l := adviceLine{Event: EventAdvice, RunID: runID, Kind: "dataloader",
+		NumWorkers: numWorkers, PrefetchFactor: prefetch, Reason: reason,
+		Classification: f.Classification, DataWaitShare: &f.DataWaitShare, ExpectedGain: &f.ExpectedGain,
+		MaxWorkers: f.MaxWorkers}
+	if f.GPUUtilization >= 0 {
+		l.GPUUtilization = &f.GPUUtilization
+	}
+	if f.RAMUsage >= 0 {
+		l.RAMUsage = &f.RAMUsage
+	}
+	return encode(l)
 }
 
 // StopLine builds {"event":"stop","run_id":…,"reason":…}\n.

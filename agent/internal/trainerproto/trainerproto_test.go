@@ -284,6 +284,8 @@ func TestOutboundLines(t *testing.T) {
 		{string(ErrorLine("bad \xff", 2)), `{"event":"error","error":"bad \ufffd","line":2}` + "\n"},
 		{string(AdviceLine("r1", 10, 4, "data wait 35% of step")),
 			`{"event":"advice","run_id":"r1","kind":"dataloader","num_workers":10,"prefetch_factor":4,"reason":"data wait 35% of step"}` + "\n"},
+		{string(AdviceLineWithFigures("r1", 6, 3, "data-bound", AdviceFigures{Classification: "data-bound", DataWaitShare: 0.5, GPUUtilization: 0.52, RAMUsage: -1, ExpectedGain: 0.5, MaxWorkers: 15})),
+			`{"event":"advice","run_id":"r1","kind":"dataloader","num_workers":6,"prefetch_factor":3,"reason":"data-bound","classification":"data-bound","data_wait_share":0.5,"gpu_utilization":0.52,"expected_gain":0.5,"max_workers":15}` + "\n"},
 		{string(StopLine("r1", "budget llama-3-8b exceeded (100%)")),
 			`{"event":"stop","run_id":"r1","reason":"budget llama-3-8b exceeded (100%)"}` + "\n"},
 		{string(StopLine("r\n1", "")), `{"event":"stop","run_id":"r\n1"}` + "\n"},

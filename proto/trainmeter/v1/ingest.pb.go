@@ -2002,8 +2002,21 @@ type DataloaderAdvice struct {
 	NumWorkers     uint32                 `protobuf:"varint,1,opt,name=num_workers,json=numWorkers,proto3" json:"num_workers,omitempty"`
 	PrefetchFactor uint32                 `protobuf:"varint,2,opt,name=prefetch_factor,json=prefetchFactor,proto3" json:"prefetch_factor,omitempty"`
 	Reason         string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The measurements behind the advice (docs/recommendations.md):
+	// "data-bound", "gpu-bound" or "memory-bound".
+	Classification string `protobuf:"bytes,4,opt,name=classification,proto3" json:"classification,omitempty"`
+	// Share of step time spent waiting for data, 0..1.
+	DataWaitShare float64 `protobuf:"fixed64,5,opt,name=data_wait_share,json=dataWaitShare,proto3" json:"data_wait_share,omitempty"`
+	// Mean GPU utilisation of the run's GPUs on the node, 0..1 (-1 unknown).
+	GpuUtilization float64 `protobuf:"fixed64,6,opt,name=gpu_utilization,json=gpuUtilization,proto3" json:"gpu_utilization,omitempty"`
+	// Host RAM used / total, 0..1 (-1 unknown).
+	RamUsage float64 `protobuf:"fixed64,7,opt,name=ram_usage,json=ramUsage,proto3" json:"ram_usage,omitempty"`
+	// Share of step time the change aims to win back, 0..1.
+	ExpectedGain float64 `protobuf:"fixed64,8,opt,name=expected_gain,json=expectedGain,proto3" json:"expected_gain,omitempty"`
+	// The num_workers bound (CPUs per local rank − 1).
+	MaxWorkers    uint32 `protobuf:"varint,9,opt,name=max_workers,json=maxWorkers,proto3" json:"max_workers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DataloaderAdvice) Reset() {
@@ -2055,6 +2068,48 @@ func (x *DataloaderAdvice) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *DataloaderAdvice) GetClassification() string {
+	if x != nil {
+		return x.Classification
+	}
+	return ""
+}
+
+func (x *DataloaderAdvice) GetDataWaitShare() float64 {
+	if x != nil {
+		return x.DataWaitShare
+	}
+	return 0
+}
+
+func (x *DataloaderAdvice) GetGpuUtilization() float64 {
+	if x != nil {
+		return x.GpuUtilization
+	}
+	return 0
+}
+
+func (x *DataloaderAdvice) GetRamUsage() float64 {
+	if x != nil {
+		return x.RamUsage
+	}
+	return 0
+}
+
+func (x *DataloaderAdvice) GetExpectedGain() float64 {
+	if x != nil {
+		return x.ExpectedGain
+	}
+	return 0
+}
+
+func (x *DataloaderAdvice) GetMaxWorkers() uint32 {
+	if x != nil {
+		return x.MaxWorkers
+	}
+	return 0
 }
 
 var File_trainmeter_v1_ingest_proto protoreflect.FileDescriptor
@@ -2250,12 +2305,19 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"dataloaderB\b\n" +
 	"\x06advice\"\x1e\n" +
 	"\x04Stop\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"t\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xd0\x02\n" +
 	"\x10DataloaderAdvice\x12\x1f\n" +
 	"\vnum_workers\x18\x01 \x01(\rR\n" +
 	"numWorkers\x12'\n" +
 	"\x0fprefetch_factor\x18\x02 \x01(\rR\x0eprefetchFactor\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason*D\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12&\n" +
+	"\x0eclassification\x18\x04 \x01(\tR\x0eclassification\x12&\n" +
+	"\x0fdata_wait_share\x18\x05 \x01(\x01R\rdataWaitShare\x12'\n" +
+	"\x0fgpu_utilization\x18\x06 \x01(\x01R\x0egpuUtilization\x12\x1b\n" +
+	"\tram_usage\x18\a \x01(\x01R\bramUsage\x12#\n" +
+	"\rexpected_gain\x18\b \x01(\x01R\fexpectedGain\x12\x1f\n" +
+	"\vmax_workers\x18\t \x01(\rR\n" +
+	"maxWorkers*D\n" +
 	"\x05Phase\x12\x15\n" +
 	"\x11PHASE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPHASE_WARMUP\x10\x01\x12\x12\n" +
