@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/trainmeter/trainmeter/collector/internal/advisor"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/auth"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
@@ -123,6 +124,7 @@ type Server struct {
 	started bool
 	store   *store.Store
 	ingest  *ingest.Server
+	advisor *advisor.Advisor
 	grpc    *grpc.Server
 	health  *health.Server
 	lis     net.Listener
@@ -174,12 +176,17 @@ func (s *Server) Start(ctx context.Context) error {
 	ing := ingest.New(st, s.log)
 	ing.SetClock(s.cfg.Now)
 	qs := query.New(st, ing, s.cfg.Pricing())
+	// Live dataloader advice: watches applied batches, advises down the stream.
+	adv := advisor.New(st, ing, s.log)
+	ing.OnApplied(adv.Observe)
+	adv.Start()
 	gs := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	}, opts...)...)
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	trainmeterv1.RegisterQueryServiceServer(gs, qs)
+	trainmeterv1.RegisterRecommendServiceServer(gs, advisor.NewService(st, s.cfg.Pricing(), nil))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	for _, name := range []string{"", trainmeterv1.IngestService_ServiceDesc.ServiceName, trainmeterv1.QueryService_ServiceDesc.ServiceName} {
@@ -188,6 +195,7 @@ func (s *Server) Start(ctx context.Context) error {
 	reflection.Register(gs)
 
 	if err := s.startStatus(); err != nil {
+		adv.Close()
 		lis.Close()
 		st.Close()
 		return err
@@ -195,6 +203,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.summaryStop = make(chan struct{})
 	go s.logSummary(time.Minute, s.summaryStop)
 	s.store, s.ingest, s.grpc, s.health, s.lis = st, ing, gs, hs, lis
+	s.advisor = adv
 	s.served = make(chan struct{})
 	s.started = true
 	go func() {
@@ -278,6 +287,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		<-done
 	}
 	<-s.served
+	s.advisor.Close()
 	close(s.summaryStop)
 	s.stopStatus()
 	if err := s.store.Close(); err != nil {

@@ -1,0 +1,396 @@
+// Package advisor is the collector's live dataloader advisor and its
+// recommendation service. The advisor watches every applied batch (the
+// ingest OnApplied hook), keeps per-(run, node) rolling figures, evaluates
+// the rules of pkg/dataloader every adjustment_interval steps, sends new
+// settings down the node's stream as a DataloaderAdvice (the agent turns it
+// into an "advice" line for the run's trainers), and records every
+// evaluation and per-epoch statistics in the store (namespace "advice") for
+// `trainmeter report` and `trainmeter recommend`.
+package advisor
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/pkg/dataloader"
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Namespace is the store record namespace of the advice history.
+const Namespace = "advice"
+
+// queueLen bounds the batches waiting for the advisor; beyond it batches
+// are skipped (counted) rather than slowing ingestion down.
+const queueLen = 1024
+
+// idleAfter: a (run, node) that sent nothing for this long (batch time) is
+// forgotten, so runs that never send run_end do not leak.
+const idleAfter = time.Hour
+
+// Store is what the advisor needs from the store.
+type Store interface {
+	GetRun(id string) (*aggregate.State, error)
+	PutRecords(ns string, kv map[string][]byte) error
+	ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (bool, error)) error
+}
+
+// Sender sends an advisory down a node's stream (ingest.Server.Advise).
+type Sender interface {
+	Advise(node string, adv *pb.Advisory) bool
+}
+
+// runWindow is what the advisor keeps of one RunWindow.
+type runWindow struct {
+	run               string
+	steps             uint64
+	dataWait, compute float64
+	utilSum           float64
+	utilN             uint64
+	gpus              int
+	end               time.Time
+}
+
+// item is one batch, reduced to what the advisor reads (copied on the
+// stream goroutine so the batch is never touched later).
+type item struct {
+	node    string
+	end     time.Time
+	windows []runWindow
+	events  []*pb.RunEvent
+	host    *pb.HostWindow
+}
+
+type key struct{ run, node string }
+
+type epochAcc struct {
+	steps             uint64
+	dataWait, compute float64
+	utilSum           float64
+	utilN             uint64
+	ramSum            float64
+	ramN              uint64
+	adjustments       uint32
+}
+
+type runState struct {
+	adv      *dataloader.Advisor
+	iv       dataloader.Interval
+	utilSum  float64
+	utilN    uint64
+	step     uint64 // steps seen on this node
+	epoch    epochAcc
+	lastSeen time.Time
+	lastEval int64 // last eval epoch seen
+}
+
+// Advisor is the live dataloader advisor.
+type Advisor struct {
+	st   Store
+	send Sender
+	log  *slog.Logger
+
+	queue chan item
+	done  chan struct{}
+	wg    sync.WaitGroup
+	once  sync.Once
+
+	runs map[key]*runState // owned by the worker goroutine
+
+	skipped   atomic.Uint64
+	evaluated atomic.Uint64
+	sent      atomic.Uint64
+	processed chan struct{} // test hook: signalled after each item (nil: off)
+}
+
+// New returns an advisor; Start it, and register Observe with the ingest
+// server's OnApplied.
+func New(st Store, send Sender, log *slog.Logger) *Advisor {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Advisor{st: st, send: send, log: log, queue: make(chan item, queueLen), done: make(chan struct{}), runs: map[key]*runState{}}
+}
+
+// Start runs the worker goroutine.
+func (a *Advisor) Start() {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		for {
+			select {
+			case <-a.done:
+				return
+			case it := <-a.queue:
+				a.process(it)
+				if a.processed != nil {
+					a.processed <- struct{}{}
+				}
+			}
+		}
+	}()
+}
+
+// Close stops the worker; batches still queued are dropped (advice is
+// advisory: nothing is lost that the store does not hold).
+func (a *Advisor) Close() {
+	a.once.Do(func() { close(a.done) })
+	a.wg.Wait()
+}
+
+// Stats are the advisor's counters.
+type Stats struct{ Skipped, Evaluated, Sent uint64 }
+
+// Stats returns the counters.
+func (a *Advisor) Stats() Stats {
+	return Stats{Skipped: a.skipped.Load(), Evaluated: a.evaluated.Load(), Sent: a.sent.Load()}
+}
+
+// Observe is the ingest.BatchObserver: it copies what it needs and queues
+// it, never blocking.
+func (a *Advisor) Observe(node string, b *pb.Batch) {
+	it := item{node: node, end: b.GetWindowEnd().AsTime(), host: b.GetHost()}
+	for _, w := range b.GetRunWindows() {
+		it.windows = append(it.windows, runWindow{
+			run: w.GetRunId(), steps: w.GetSteps(), dataWait: w.GetDataWaitS(), compute: w.GetComputeS(),
+			utilSum: w.GetUtilizationSumPct(), utilN: w.GetVramSamples(), gpus: len(w.GetGpus()), end: w.GetEnd().AsTime(),
+		})
+	}
+	for _, e := range b.GetRunEvents() {
+		it.events = append(it.events, proto.Clone(e).(*pb.RunEvent))
+	}
+	if it.host != nil {
+		it.host = proto.Clone(it.host).(*pb.HostWindow)
+	}
+	if len(it.windows) == 0 && len(it.events) == 0 {
+		return
+	}
+	select {
+	case a.queue <- it:
+	default:
+		a.skipped.Add(1)
+	}
+}
+
+func configFromStart(rs *pb.RunStart) dataloader.Config {
+	return dataloader.Config{
+		TargetGPUUtilization: rs.GetTargetGpuUtilization(), MaxRAMUsage: rs.GetMaxRamUsage(),
+		Interval: rs.GetAdjustmentInterval(), NumWorkers: int(rs.GetNumWorkers()), PrefetchFactor: int(rs.GetPrefetchFactor()),
+	}
+}
+
+func configFromPlan(p aggregate.Plan) dataloader.Config {
+	return dataloader.Config{
+		TargetGPUUtilization: p.TargetGPUUtilization, MaxRAMUsage: p.MaxRAMUsage,
+		Interval: p.AdjustmentInterval, NumWorkers: int(p.NumWorkers), PrefetchFactor: int(p.PrefetchFactor),
+	}
+}
+
+// state returns the (run, node) state, creating it from the run's plan in
+// the store (a run whose run_start this advisor did not see, e.g. after a
+// collector restart).
+func (a *Advisor) state(run, node string, start *pb.RunStart) *runState {
+	k := key{run, node}
+	if s := a.runs[k]; s != nil {
+		return s
+	}
+	var cfg dataloader.Config
+	if start != nil {
+		cfg = configFromStart(start)
+	} else if st, err := a.st.GetRun(run); err == nil {
+		cfg = configFromPlan(st.Plan)
+	}
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		a.log.Warn("dataloader advice: bad targets in run_start; using defaults", "run_id", run, "err", err)
+		cfg = dataloader.Config{NumWorkers: cfg.NumWorkers, PrefetchFactor: cfg.PrefetchFactor}
+	}
+	s := &runState{adv: dataloader.NewAdvisor(cfg), lastEval: -1}
+	a.runs[k] = s
+	return s
+}
+
+func (a *Advisor) process(it item) {
+	var recs = map[string][]byte{}
+	ram, hasRAM, cpus := hostFigures(it.host)
+	// run_start first: it sets the config of a new state.
+	for _, e := range it.events {
+		if rs := e.GetRunStart(); rs != nil {
+			a.state(rs.GetRunId(), it.node, rs)
+		}
+	}
+	for _, w := range it.windows {
+		s := a.state(w.run, it.node, nil)
+		s.lastSeen = it.end
+		if hasRAM && w.steps > 0 {
+			s.epoch.ramSum += ram
+			s.epoch.ramN++
+		}
+		if w.steps == 0 {
+			continue
+		}
+		s.step += w.steps
+		s.iv.Steps += w.steps
+		s.iv.DataWaitS += w.dataWait
+		s.iv.ComputeS += w.compute
+		s.utilSum += w.utilSum
+		s.utilN += w.utilN
+		if hasRAM {
+			s.iv.HasRAM = true
+			s.iv.RAMUsage = max(s.iv.RAMUsage, ram)
+		}
+		if cpus > 0 {
+			s.iv.CPUCount = cpus
+		}
+		s.iv.LocalRanks = max(s.iv.LocalRanks, w.gpus)
+		s.epoch.steps += w.steps
+		s.epoch.dataWait += w.dataWait
+		s.epoch.compute += w.compute
+		s.epoch.utilSum += w.utilSum
+		s.epoch.utilN += w.utilN
+		if s.iv.Steps >= s.adv.Config().Interval {
+			a.evaluate(w.run, it.node, s, w.end, recs)
+		}
+	}
+	for _, e := range it.events {
+		switch ev := e.GetEvent().(type) {
+		case *pb.RunEvent_Eval:
+			s := a.runs[key{ev.Eval.GetRunId(), it.node}]
+			if s == nil || ev.Eval.GetEpoch() == s.lastEval {
+				continue // another rank's eval of the same epoch
+			}
+			s.lastEval = ev.Eval.GetEpoch()
+			a.closeEpoch(ev.Eval.GetRunId(), it.node, s, ev.Eval.GetEpoch(), false, ev.Eval.GetTime().AsTime(), recs)
+		case *pb.RunEvent_RunEnd:
+			k := key{ev.RunEnd.GetRunId(), it.node}
+			if s := a.runs[k]; s != nil {
+				if s.epoch.steps > 0 {
+					a.closeEpoch(k.run, it.node, s, s.lastEval+1, true, ev.RunEnd.GetTime().AsTime(), recs)
+				}
+				delete(a.runs, k)
+			}
+		}
+	}
+	for k, s := range a.runs {
+		if !s.lastSeen.IsZero() && it.end.Sub(s.lastSeen) > idleAfter {
+			delete(a.runs, k)
+		}
+	}
+	if len(recs) > 0 {
+		if err := a.st.PutRecords(Namespace, recs); err != nil {
+			a.log.Warn("dataloader advice: cannot store history", "err", err)
+		}
+	}
+}
+
+func hostFigures(h *pb.HostWindow) (ram float64, ok bool, cpus int) {
+	if h == nil {
+		return 0, false, 0
+	}
+	if h.GetMemoryTotalMib() > 0 {
+		ram, ok = h.GetMemoryUsedMib()/h.GetMemoryTotalMib(), true
+	}
+	return ram, ok, int(h.GetCpuCount())
+}
+
+func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map[string][]byte) {
+	if s.utilN > 0 {
+		s.iv.GPUUtilization = s.utilSum / float64(s.utilN) / 100
+		s.iv.HasGPUUtilization = true
+	}
+	adv := s.adv.Evaluate(s.iv)
+	a.evaluated.Add(1)
+	s.iv = dataloader.Interval{}
+	s.utilSum, s.utilN = 0, 0
+	gpuUtil, ramUse := -1.0, -1.0
+	if adv.HasGPUUtilization {
+		gpuUtil = adv.GPUUtilization
+	}
+	if adv.HasRAM {
+		ramUse = adv.RAMUsage
+	}
+	ev := &pb.DataloaderEvaluation{
+		Node: node, Time: timestamppb.New(at), Step: s.step, Classification: string(adv.Class),
+		NumWorkers: uint32(adv.NumWorkers), PrefetchFactor: uint32(adv.PrefetchFactor), Changed: adv.Changed,
+		Reason: adv.Reason, DataWaitShare: adv.DataWaitShare, GpuUtilization: gpuUtil, RamUsage: ramUse,
+		ExpectedGain: adv.ExpectedGain,
+	}
+	if adv.Changed {
+		s.epoch.adjustments++
+		ev.Delivered = a.send.Advise(node, &pb.Advisory{RunId: run, Advice: &pb.Advisory_Dataloader{Dataloader: &pb.DataloaderAdvice{
+			NumWorkers: uint32(adv.NumWorkers), PrefetchFactor: uint32(adv.PrefetchFactor), Reason: adv.Reason,
+			Classification: string(adv.Class), DataWaitShare: adv.DataWaitShare, GpuUtilization: gpuUtil,
+			RamUsage: ramUse, ExpectedGain: adv.ExpectedGain, MaxWorkers: uint32(adv.MaxWorkers),
+		}}})
+		if ev.Delivered {
+			a.sent.Add(1)
+		}
+		a.log.Info("dataloader advice", "run_id", run, "node", node, "class", adv.Class,
+			"num_workers", adv.NumWorkers, "prefetch_factor", adv.PrefetchFactor, "delivered", ev.Delivered)
+	}
+	if b, err := proto.Marshal(ev); err == nil {
+		recs[evalKey(run, node, at)] = b
+	}
+}
+
+func (a *Advisor) closeEpoch(run, node string, s *runState, epoch int64, partial bool, at time.Time, recs map[string][]byte) {
+	w, p := s.adv.Current()
+	e := &pb.DataloaderEpoch{
+		Node: node, Epoch: epoch, Partial: partial, Adjustments: s.epoch.adjustments,
+		NumWorkers: uint32(w), PrefetchFactor: uint32(p), Steps: s.epoch.steps,
+		AvgGpuUtilization: -1, AvgRamUsage: -1,
+	}
+	if s.epoch.utilN > 0 {
+		e.AvgGpuUtilization = s.epoch.utilSum / float64(s.epoch.utilN) / 100
+	}
+	if s.epoch.ramN > 0 {
+		e.AvgRamUsage = s.epoch.ramSum / float64(s.epoch.ramN)
+	}
+	if t := s.epoch.dataWait + s.epoch.compute; t > 0 {
+		e.DataWaitShare = s.epoch.dataWait / t
+	}
+	s.epoch = epochAcc{}
+	if b, err := proto.Marshal(e); err == nil {
+		recs[epochKey(run, node, epoch, at)] = b
+	}
+}
+
+// Keys: <run>\0e\0<node>\0<unix ns, 20 digits> for evaluations and
+// <run>\0p\0<node>\0<epoch, 20 digits>\0<unix ns> for epochs, so a run's
+// history is one prefix scan in time (epoch) order per node.
+func evalKey(run, node string, at time.Time) string {
+	return fmt.Sprintf("%s\x00e\x00%s\x00%020d", run, node, at.UnixNano())
+}
+
+func epochKey(run, node string, epoch int64, at time.Time) string {
+	return fmt.Sprintf("%s\x00p\x00%s\x00%020d\x00%020d", run, node, epoch, at.UnixNano())
+}
+
+// History reads a run's stored evaluations and epochs.
+func History(st Store, run string) (*pb.DataloaderHistoryResponse, error) {
+	out := &pb.DataloaderHistoryResponse{}
+	err := st.ScanRecords(Namespace, run+"\x00", func(k string, v []byte) (bool, error) {
+		rest := k[len(run)+1:]
+		switch {
+		case len(rest) > 2 && rest[:2] == "e\x00":
+			e := &pb.DataloaderEvaluation{}
+			if err := proto.Unmarshal(v, e); err != nil {
+				return false, err
+			}
+			out.Evaluations = append(out.Evaluations, e)
+		case len(rest) > 2 && rest[:2] == "p\x00":
+			e := &pb.DataloaderEpoch{}
+			if err := proto.Unmarshal(v, e); err != nil {
+				return false, err
+			}
+			out.Epochs = append(out.Epochs, e)
+		}
+		return true, nil
+	})
+	return out, err
+}

@@ -1,0 +1,211 @@
+package advisor
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/collector/internal/testutil"
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// recorder is the advisory sink (in production: ingest.Server.Advise).
+type recorder struct {
+	mu   sync.Mutex
+	sent []*pb.Advisory
+}
+
+func (r *recorder) Advise(node string, adv *pb.Advisory) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sent = append(r.sent, adv)
+	return true
+}
+
+func (r *recorder) all() []*pb.Advisory {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*pb.Advisory(nil), r.sent...)
+}
+
+type rig struct {
+	t   *testing.T
+	st  *store.Store
+	rec *recorder
+	a   *Advisor
+	seq uint64
+}
+
+func newRig(t *testing.T) *rig {
+	st, err := store.Open(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, st: st, rec: &recorder{}}
+	r.a = New(st, r.rec, nil)
+	r.a.processed = make(chan struct{}, 1)
+	r.a.Start()
+	t.Cleanup(func() { r.a.Close(); st.Close() })
+	return r
+}
+
+// apply stores a batch and hands it to the advisor as the ingest hook
+// would, and waits until the advisor has processed it.
+func (r *rig) apply(sec float64, w *pb.RunWindow, host *pb.HostWindow, events ...*pb.RunEvent) {
+	r.t.Helper()
+	r.seq++
+	var ws []*pb.RunWindow
+	if w != nil {
+		ws = append(ws, w)
+	}
+	b := testutil.Batch(r.seq, sec, ws, events...)
+	if host != nil {
+		b.Host = host
+	}
+	if _, err := r.st.ApplyBatch("n1", "boot", b); err != nil {
+		r.t.Fatal(err)
+	}
+	r.a.Observe("n1", b)
+	<-r.a.processed
+}
+
+func start(run string, workers, prefetch uint32, interval uint64) *pb.RunEvent {
+	ev := testutil.Start(run, 0, "m")
+	rs := ev.GetRunStart()
+	rs.NumWorkers, rs.PrefetchFactor, rs.AdjustmentInterval = workers, prefetch, interval
+	rs.GpuPricePerHour = 3.6
+	return ev
+}
+
+// window: steps steps of which half the time is data wait, at util %.
+func window(run string, sec float64, steps uint64, wait, compute, util float64) *pb.RunWindow {
+	w := testutil.Window(run, sec, 1000, 100)
+	w.Steps, w.DataWaitS, w.ComputeS = steps, wait, compute
+	w.UtilizationSumPct = util * float64(w.VramSamples)
+	return w
+}
+
+func host(usedShare float64) *pb.HostWindow {
+	return &pb.HostWindow{MemoryUsedMib: usedShare * 64000, MemoryTotalMib: 64000, CpuCount: 16, CpuPct: 30}
+}
+
+func eval(run string, sec float64, epoch int64) *pb.RunEvent {
+	return &pb.RunEvent{Event: &pb.RunEvent_Eval{Eval: &pb.Eval{RunId: run, Time: testutil.TS(sec), Epoch: epoch, ValLoss: 1, HasValLoss: true}}}
+}
+
+func TestDataBoundRunIsAdvisedAndHistoryKept(t *testing.T) {
+	r := newRig(t)
+	r.apply(0, window("r", 0, 10, 0.5, 0.5, 50), host(0.3), start("r", 2, 2, 10))
+	if n := len(r.rec.all()); n != 0 {
+		t.Fatalf("advised after one evaluation: %d", n)
+	}
+	r.apply(1, window("r", 1, 10, 0.5, 0.5, 50), host(0.3), eval("r", 1.5, 1))
+	sent := r.rec.all()
+	if len(sent) != 1 {
+		t.Fatalf("sent %d advisories, want 1", len(sent))
+	}
+	d := sent[0].GetDataloader()
+	// 16 CPUs, 1 rank: bound 15; workers 2→3, prefetch 2→3 (wait = compute).
+	if sent[0].GetRunId() != "r" || d.GetNumWorkers() != 3 || d.GetPrefetchFactor() != 3 || d.GetClassification() != "data-bound" {
+		t.Fatalf("advice %v", sent[0])
+	}
+	if d.GetDataWaitShare() != 0.5 || d.GetGpuUtilization() != 0.5 || d.GetRamUsage() != 0.3 || d.GetExpectedGain() != 0.5 || d.GetMaxWorkers() != 15 {
+		t.Errorf("figures %v", d)
+	}
+	r.apply(2, window("r", 2, 5, 0.1, 0.5, 50), host(0.3), testutil.End("r", 3))
+
+	svc := NewService(r.st, aggregate.Pricing{}, nil)
+	h, err := svc.DataloaderHistory(context.Background(), &pb.DataloaderHistoryRequest{RunId: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Evaluations) != 2 || h.Evaluations[0].Changed || !h.Evaluations[1].Changed || h.Evaluations[1].Step != 20 {
+		t.Fatalf("evaluations %v", h.Evaluations)
+	}
+	if len(h.Epochs) != 2 {
+		t.Fatalf("epochs %v", h.Epochs)
+	}
+	e1, e2 := h.Epochs[0], h.Epochs[1]
+	if e1.Epoch != 1 || e1.Partial || e1.Adjustments != 1 || e1.NumWorkers != 3 || e1.Steps != 20 || e1.AvgGpuUtilization != 0.5 || e1.AvgRamUsage != 0.3 {
+		t.Errorf("epoch 1 %v", e1)
+	}
+	if e2.Epoch != 2 || !e2.Partial || e2.Adjustments != 0 || e2.Steps != 5 {
+		t.Errorf("epoch 2 %v", e2)
+	}
+	resp, err := svc.Recommend(context.Background(), &pb.RecommendRequest{RunIds: []string{"r"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dl *pb.Recommendation
+	for _, rec := range resp.Recommendations {
+		if rec.Kind == "dataloader" {
+			dl = rec
+		}
+	}
+	if dl == nil || !strings.Contains(dl.Action, "num_workers=3, prefetch_factor=3") {
+		t.Fatalf("recommendations %v", resp.Recommendations)
+	}
+	if _, err := svc.DataloaderHistory(context.Background(), &pb.DataloaderHistoryRequest{RunId: "nope"}); err == nil {
+		t.Error("history of an unknown run: no error")
+	}
+	if _, err := svc.Recommend(context.Background(), &pb.RecommendRequest{MinConfidence: 2}); err == nil {
+		t.Error("min_confidence 2 accepted")
+	}
+}
+
+func TestGPUBoundRunGetsNoAdvice(t *testing.T) {
+	r := newRig(t)
+	r.apply(0, window("g", 0, 10, 0.01, 1, 98), host(0.3), start("g", 4, 2, 10))
+	for i := 1; i < 6; i++ {
+		r.apply(float64(i), window("g", float64(i), 10, 0.01, 1, 98), host(0.3))
+	}
+	if n := len(r.rec.all()); n != 0 {
+		t.Fatalf("GPU-bound run got %d advisories", n)
+	}
+	h, err := History(r.st, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Evaluations) != 6 {
+		t.Fatalf("%d evaluations, want 6", len(h.Evaluations))
+	}
+	for _, e := range h.Evaluations {
+		if e.Classification != "gpu-bound" || !strings.Contains(e.Reason, "no change") {
+			t.Errorf("%v", e)
+		}
+	}
+}
+
+func TestRAMOverTheLimitLowersPrefetchAtOnce(t *testing.T) {
+	r := newRig(t)
+	r.apply(0, window("m", 0, 10, 0.5, 0.5, 50), host(0.9), start("m", 4, 4, 10))
+	sent := r.rec.all()
+	if len(sent) != 1 || sent[0].GetDataloader().GetPrefetchFactor() != 3 || sent[0].GetDataloader().GetNumWorkers() != 4 ||
+		sent[0].GetDataloader().GetClassification() != "memory-bound" {
+		t.Fatalf("sent %v", sent)
+	}
+}
+
+func TestObserveNeverBlocks(t *testing.T) {
+	st, err := store.Open(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	a := New(st, &recorder{}, nil) // not started: nothing drains the queue
+	b := testutil.Batch(1, 0, []*pb.RunWindow{window("x", 0, 1, 0, 1, 90)})
+	for range queueLen + 10 {
+		a.Observe("n", b)
+	}
+	if got := a.Stats().Skipped; got != 10 {
+		t.Errorf("skipped %d, want 10", got)
+	}
+	a.Close()
+}

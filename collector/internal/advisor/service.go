@@ -1,0 +1,180 @@
+package advisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/pkg/recommend"
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// ServiceStore is what the recommendation service reads.
+type ServiceStore interface {
+	Store
+	ListRuns(ids []string) ([]*aggregate.State, error)
+	Nodes() ([]*pb.NodeStatus, error)
+}
+
+// Service implements RecommendService.
+type Service struct {
+	pb.UnimplementedRecommendServiceServer
+	st      ServiceStore
+	pricing aggregate.Pricing
+	catalog recommend.PriceCatalog
+}
+
+// NewService returns the recommendation service. catalog may be nil.
+func NewService(st ServiceStore, p aggregate.Pricing, catalog recommend.PriceCatalog) *Service {
+	return &Service{st: st, pricing: p, catalog: catalog}
+}
+
+func storeErr(err error) error {
+	var nf *store.NotFoundError
+	if errors.As(err, &nf) {
+		return status.Errorf(codes.NotFound, "unknown run(s): %q", nf.IDs)
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return status.Error(codes.NotFound, "run not found")
+	}
+	return status.Errorf(codes.Internal, "store: %v", err)
+}
+
+// Recommend implements RecommendService.Recommend.
+func (s *Service) Recommend(_ context.Context, req *pb.RecommendRequest) (*pb.RecommendResponse, error) {
+	mc := req.GetMinConfidence()
+	if math.IsNaN(mc) || mc < 0 || mc > 1 {
+		return nil, status.Errorf(codes.InvalidArgument, "min_confidence %v: want 0..1", mc)
+	}
+	for _, id := range req.GetRunIds() {
+		if id == "" {
+			return nil, status.Error(codes.InvalidArgument, "empty run id")
+		}
+	}
+	if len(req.GetRunIds()) > 0 { // unknown ids are an error, not an empty answer
+		if _, err := s.st.ListRuns(req.GetRunIds()); err != nil {
+			return nil, storeErr(err)
+		}
+	}
+	all, err := s.st.ListRuns(nil)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	nodes, err := s.st.Nodes()
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	gpuInfo := map[string]map[uint32]*pb.GpuInfo{}
+	for _, n := range nodes {
+		m := map[uint32]*pb.GpuInfo{}
+		for _, g := range n.GetGpus() {
+			m[g.GetIndex()] = g
+		}
+		gpuInfo[n.GetNode()] = m
+	}
+	runs := make([]recommend.Run, 0, len(all))
+	for _, st := range all {
+		r := recommend.Run{Report: st.Report(s.pricing), PlannedEpochs: st.Plan.PlannedEpochs, DatasetSize: st.Plan.DatasetSize}
+		for node, idx := range st.GPUs {
+			for _, i := range idx {
+				if g := gpuInfo[node][i]; g != nil {
+					if m := float64(g.GetMemoryTotalMib()); m > 0 && (r.GPUMemoryMiB == 0 || m < r.GPUMemoryMiB) {
+						r.GPUMemoryMiB = m
+					}
+					if p := g.GetPowerLimitW(); p > 0 && (r.GPUPowerLimitW == 0 || p < r.GPUPowerLimitW) {
+						r.GPUPowerLimitW = p
+					}
+				}
+			}
+		}
+		runs = append(runs, r)
+	}
+	recs := recommend.Recommend(runs, recommend.Options{Catalog: s.catalog, Targets: req.GetRunIds()})
+	for _, r := range runs {
+		id := r.Report.GetRunId()
+		if len(req.GetRunIds()) > 0 && !contains(req.GetRunIds(), id) {
+			continue
+		}
+		h, err := History(s.st, id)
+		if err != nil {
+			return nil, storeErr(err)
+		}
+		if rec := DataloaderRecommendation(r.Report, h); rec != nil {
+			recs = append(recs, rec)
+		}
+	}
+	recommend.Sort(recs)
+	kept, usd, j := recommend.Filter(recs, mc)
+	return &pb.RecommendResponse{Recommendations: kept, TotalSavingsUsd: usd, TotalSavingsJ: j}, nil
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// DataloaderRecommendation turns a run's live advice history into a
+// recommendation for its next run: start with the last advised settings.
+// Savings = expected gain (data-wait share when the first change was
+// advised) × the run's cost, i.e. the share of its step time spent
+// waiting; confidence 0.6 (the gain is an upper bound: the loader may not
+// make up the whole wait).
+func DataloaderRecommendation(r *pb.RunReport, h *pb.DataloaderHistoryResponse) *pb.Recommendation {
+	var first, last *pb.DataloaderEvaluation
+	for _, e := range h.GetEvaluations() {
+		if e.GetChanged() {
+			if first == nil {
+				first = e
+			}
+			last = e
+		}
+	}
+	if last == nil {
+		return nil
+	}
+	gain := first.GetExpectedGain()
+	var reasons []string
+	for _, e := range h.GetEvaluations() {
+		if e.GetChanged() {
+			reasons = append(reasons, fmt.Sprintf("step %d %s: workers %d prefetch %d", e.GetStep(), e.GetClassification(), e.GetNumWorkers(), e.GetPrefetchFactor()))
+		}
+	}
+	return &pb.Recommendation{
+		Kind:       "dataloader",
+		Title:      fmt.Sprintf("Start %s with num_workers=%d, prefetch_factor=%d", r.GetRunId(), last.GetNumWorkers(), last.GetPrefetchFactor()),
+		Action:     fmt.Sprintf("DataLoader(num_workers=%d, prefetch_factor=%d) from the first epoch (%s)", last.GetNumWorkers(), last.GetPrefetchFactor(), last.GetClassification()),
+		SavingsUsd: gain * r.GetTotalCostUsd(), SavingsJ: gain * r.GetEnergyTotalJ(), Confidence: 0.6,
+		Risks:  []string{"more workers and prefetch use more host RAM and CPU", "the expected gain is the data-wait share: an upper bound"},
+		RunIds: []string{r.GetRunId()}, Model: r.GetMetadata().GetModel(),
+		Evidence: fmt.Sprintf("data wait %.0f%% of step time when first advised; advice: %s", 100*gain, strings.Join(reasons, "; ")),
+	}
+}
+
+// DataloaderHistory implements RecommendService.DataloaderHistory.
+func (s *Service) DataloaderHistory(_ context.Context, req *pb.DataloaderHistoryRequest) (*pb.DataloaderHistoryResponse, error) {
+	if req.GetRunId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
+	}
+	if _, err := s.st.GetRun(req.GetRunId()); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
+		}
+		return nil, storeErr(err)
+	}
+	h, err := History(s.st, req.GetRunId())
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	return h, nil
+}

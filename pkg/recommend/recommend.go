@@ -1,0 +1,633 @@
+// Package recommend is the cost optimizer: pure rules over run reports that
+// say what to change to spend less — batch size, early stopping, epoch
+// count, dataset size, compute tier, power. Each recommendation carries a
+// title, the action, estimated savings in dollars and joules, a confidence
+// 0..1, the risks and the evidence (the numbers the rule used). The rules
+// and their thresholds are documented in docs/recommendations.md.
+package recommend
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Kinds of recommendations.
+const (
+	KindBatchSize     = "batch_size"
+	KindEarlyStopping = "early_stopping"
+	KindEpochCount    = "epoch_count"
+	KindDatasetSize   = "dataset_size"
+	KindComputeTier   = "compute_tier"
+	KindPower         = "power"
+	KindDataloader    = "dataloader"
+)
+
+// Rule thresholds (docs/recommendations.md).
+const (
+	// DefaultPatience: evaluations without improvement before early stopping.
+	DefaultPatience = 2
+	// DefaultMinDelta: an improvement must lower val_loss by this share of
+	// the best so far.
+	DefaultMinDelta = 0.01
+	// TierMinGap: a cheaper GPU model is recommended when its cost per unit
+	// of throughput is at least this much lower.
+	TierMinGap = 0.20
+	// BatchMinHeadroom: VRAM headroom (share of the card) needed before a
+	// larger batch is suggested.
+	BatchMinHeadroom = 0.30
+	// BatchAssumedSpeedup: throughput gain assumed for a doubled batch when
+	// no run of the model measured one (a heuristic: low confidence).
+	BatchAssumedSpeedup = 1.10
+	// KneeShare: the epoch-count knee is the first epoch that reaches this
+	// share of the accuracy gain of the whole curve.
+	KneeShare = 0.95
+	// DataSizeShare: the smallest dataset whose accuracy is within this
+	// share of the best.
+	DataSizeShare = 0.95
+	// PowerMinSaving / PowerMaxSlowdown: a lower power level is worth it
+	// when it saves at least 5 % J/token for at most 10 % less throughput.
+	PowerMinSaving   = 0.05
+	PowerMaxSlowdown = 0.10
+	// Heuristic power cap (when no measured pair exists and the power limit
+	// is known): GPUs averaging ≥ 85 % of their limit; capping at 80 % of
+	// the limit is assumed to save 15 % energy for 5 % throughput.
+	PowerBusyShare        = 0.85
+	PowerHeuristicSaving  = 0.15
+	PowerHeuristicSlowing = 0.05
+)
+
+// PriceCatalog gives current GPU-hour prices by GPU model (the price
+// catalog of the collector; nil: only the runs' own prices are used).
+type PriceCatalog interface {
+	CurrentPrice(gpuName string) (usdPerHour float64, ok bool)
+}
+
+// Run is one run as the rules see it.
+type Run struct {
+	Report *pb.RunReport
+	// GPUMemoryMiB is the memory of one of the run's cards (0: unknown).
+	GPUMemoryMiB float64
+	// GPUPowerLimitW is one card's power limit (0: unknown).
+	GPUPowerLimitW float64
+	PlannedEpochs  uint64
+	DatasetSize    uint64
+}
+
+// Options tune the rules; zero values take the defaults.
+type Options struct {
+	Catalog  PriceCatalog
+	Patience int
+	MinDelta float64
+	// Targets: when non-empty, only recommendations about these runs (cross-
+	// run rules still read every run of the model).
+	Targets []string
+}
+
+func (o Options) withDefaults() Options {
+	if o.Patience <= 0 {
+		o.Patience = DefaultPatience
+	}
+	if o.MinDelta <= 0 {
+		o.MinDelta = DefaultMinDelta
+	}
+	return o
+}
+
+// Recommend runs every rule over runs and returns the recommendations,
+// highest savings first.
+func Recommend(runs []Run, o Options) []*pb.Recommendation {
+	o = o.withDefaults()
+	var out []*pb.Recommendation
+	for _, r := range runs {
+		if !o.target(r.Report.GetRunId()) {
+			continue
+		}
+		if rec := EarlyStopping(r, o.Patience, o.MinDelta); rec != nil {
+			out = append(out, rec)
+		}
+		if rec := EpochCount(r); rec != nil {
+			out = append(out, rec)
+		}
+		if rec := BatchSize(r, runs); rec != nil {
+			out = append(out, rec)
+		}
+	}
+	for _, rec := range ComputeTier(runs, o.Catalog) {
+		if o.anyTarget(rec.RunIds) {
+			out = append(out, rec)
+		}
+	}
+	for _, rec := range DatasetSize(runs) {
+		if o.anyTarget(rec.RunIds) {
+			out = append(out, rec)
+		}
+	}
+	for _, rec := range Power(runs) {
+		if o.anyTarget(rec.RunIds) {
+			out = append(out, rec)
+		}
+	}
+	Sort(out)
+	return out
+}
+
+// Sort orders recommendations by savings (dollars, then joules), then kind.
+func Sort(recs []*pb.Recommendation) {
+	sort.SliceStable(recs, func(i, j int) bool {
+		a, b := recs[i], recs[j]
+		if a.SavingsUsd != b.SavingsUsd {
+			return a.SavingsUsd > b.SavingsUsd
+		}
+		if a.SavingsJ != b.SavingsJ {
+			return a.SavingsJ > b.SavingsJ
+		}
+		return a.Kind < b.Kind
+	})
+}
+
+func (o Options) target(id string) bool { return len(o.Targets) == 0 || slices.Contains(o.Targets, id) }
+
+func (o Options) anyTarget(ids []string) bool {
+	if len(o.Targets) == 0 {
+		return true
+	}
+	for _, id := range ids {
+		if slices.Contains(o.Targets, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// epochPoint is one epoch's mean val_loss / accuracy over the evals that
+// reported it (several ranks may report the same epoch).
+type epochPoint struct {
+	epoch           int64
+	loss, acc       float64
+	hasLoss, hasAcc bool
+	nLoss, nAcc     int
+}
+
+func epochs(r *pb.RunReport) []epochPoint {
+	by := map[int64]*epochPoint{}
+	for _, e := range r.GetEvals() {
+		p := by[e.GetEpoch()]
+		if p == nil {
+			p = &epochPoint{epoch: e.GetEpoch()}
+			by[e.GetEpoch()] = p
+		}
+		if e.GetHasValLoss() {
+			p.loss += e.GetValLoss()
+			p.nLoss++
+			p.hasLoss = true
+		}
+		if e.GetHasAccuracy() {
+			p.acc += e.GetAccuracy()
+			p.nAcc++
+			p.hasAcc = true
+		}
+	}
+	out := make([]epochPoint, 0, len(by))
+	for _, p := range by {
+		if p.nLoss > 0 {
+			p.loss /= float64(p.nLoss)
+		}
+		if p.nAcc > 0 {
+			p.acc /= float64(p.nAcc)
+		}
+		out = append(out, *p)
+	}
+	slices.SortFunc(out, func(a, b epochPoint) int { return cmp.Compare(a.epoch, b.epoch) })
+	return out
+}
+
+// costPerEpoch is the run's total cost and energy per completed epoch.
+func costPerEpoch(r *pb.RunReport, done int64) (usd, joules float64) {
+	if done <= 0 {
+		return 0, 0
+	}
+	return r.GetTotalCostUsd() / float64(done), r.GetEnergyTotalJ() / float64(done)
+}
+
+// EarlyStopping: validation loss has not improved by MinDelta (relative)
+// for patience evaluations. The run could stop at the epoch where patience
+// ran out; savings = (max(planned, done) − stop epoch) × cost per epoch,
+// with cost per epoch = total cost ÷ epochs done.
+func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
+	var pts []epochPoint
+	for _, p := range epochs(r.Report) {
+		if p.hasLoss {
+			pts = append(pts, p)
+		}
+	}
+	if len(pts) < patience+1 {
+		return nil
+	}
+	best, bestEpoch, since := pts[0].loss, pts[0].epoch, 0
+	var stop int64 = -1
+	for _, p := range pts[1:] {
+		if p.loss < best*(1-minDelta) {
+			best, bestEpoch, since = p.loss, p.epoch, 0
+			continue
+		}
+		if p.loss < best {
+			best = p.loss // a smaller improvement still moves the best, not the patience
+		}
+		since++
+		if since >= patience {
+			stop = p.epoch
+			break
+		}
+	}
+	if stop < 0 {
+		return nil
+	}
+	done := pts[len(pts)-1].epoch
+	total := max(int64(r.PlannedEpochs), done)
+	left := total - stop
+	if left <= 0 {
+		return nil
+	}
+	perUSD, perJ := costPerEpoch(r.Report, done)
+	conf := math.Min(0.9, 0.5+0.1*float64(len(pts)-patience))
+	id := r.Report.GetRunId()
+	return &pb.Recommendation{
+		Kind:  KindEarlyStopping,
+		Title: fmt.Sprintf("Stop %s at epoch %d: validation loss plateaued", id, stop),
+		Action: fmt.Sprintf("Stop at epoch %d (best val_loss %.4g at epoch %d; no improvement ≥ %.0f%% for %d evaluations); use early stopping with patience %d",
+			stop, best, bestEpoch, 100*minDelta, patience, patience),
+		SavingsUsd: float64(left) * perUSD, SavingsJ: float64(left) * perJ, Confidence: conf,
+		Risks:  []string{"the loss may improve again later (a learning-rate schedule, double descent)", "validation set noise can hide slow progress"},
+		RunIds: []string{id}, Model: r.Report.GetMetadata().GetModel(),
+		Evidence: fmt.Sprintf("%d epochs left of %d × $%.4f/epoch (total $%.4f ÷ %d epochs done)", left, total, perUSD, r.Report.GetTotalCostUsd(), done),
+	}
+}
+
+// EpochCount: the knee of a run's accuracy curve is the first epoch that
+// reaches KneeShare of the curve's total gain; the epochs after it bought
+// little. Savings = (epochs done − knee) × cost per epoch.
+func EpochCount(r Run) *pb.Recommendation {
+	var pts []epochPoint
+	for _, p := range epochs(r.Report) {
+		if p.hasAcc {
+			pts = append(pts, p)
+		}
+	}
+	if len(pts) < 3 {
+		return nil
+	}
+	first := pts[0].acc
+	best := first
+	for _, p := range pts {
+		best = max(best, p.acc)
+	}
+	gain := best - first
+	if gain <= 0 {
+		return nil
+	}
+	var knee epochPoint
+	for _, p := range pts {
+		if p.acc-first >= KneeShare*gain {
+			knee = p
+			break
+		}
+	}
+	done := pts[len(pts)-1].epoch
+	total := max(int64(r.PlannedEpochs), done)
+	left := total - knee.epoch
+	if left <= 0 || knee.epoch >= done {
+		return nil
+	}
+	perUSD, perJ := costPerEpoch(r.Report, done)
+	id := r.Report.GetRunId()
+	return &pb.Recommendation{
+		Kind:       KindEpochCount,
+		Title:      fmt.Sprintf("Train %s for %d epochs instead of %d", r.Report.GetMetadata().GetModel(), knee.epoch, total),
+		Action:     fmt.Sprintf("Set the epoch count to %d: it reached %.4g of the best accuracy %.4g (%.0f%% of the gain)", knee.epoch, knee.acc, best, 100*KneeShare),
+		SavingsUsd: float64(left) * perUSD, SavingsJ: float64(left) * perJ,
+		Confidence: math.Min(0.8, 0.4+0.05*float64(len(pts))),
+		Risks:      []string{fmt.Sprintf("gives up %.4g accuracy", best-knee.acc), "one run's curve; seeds differ"},
+		RunIds:     []string{id}, Model: r.Report.GetMetadata().GetModel(),
+		Evidence: fmt.Sprintf("%d epochs × $%.4f/epoch", left, perUSD),
+	}
+}
+
+func finalAccuracy(r *pb.RunReport) (float64, bool) {
+	pts := epochs(r)
+	for i := len(pts) - 1; i >= 0; i-- {
+		if pts[i].hasAcc {
+			return pts[i].acc, true
+		}
+	}
+	return 0, false
+}
+
+func groupByModel(runs []Run) map[string][]Run {
+	out := map[string][]Run{}
+	for _, r := range runs {
+		if m := r.Report.GetMetadata().GetModel(); m != "" {
+			out[m] = append(out[m], r)
+		}
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// DatasetSize: across a model's runs with a dataset_size and a final
+// accuracy, the smallest size whose accuracy is within DataSizeShare of the
+// best. Savings = cost of the largest-size run × (1 − small ÷ large).
+func DatasetSize(runs []Run) []*pb.Recommendation {
+	var out []*pb.Recommendation
+	byModel := groupByModel(runs)
+	for _, model := range sortedKeys(byModel) {
+		type pt struct {
+			size uint64
+			acc  float64
+			run  Run
+		}
+		var pts []pt
+		for _, r := range byModel[model] {
+			if acc, ok := finalAccuracy(r.Report); ok && r.DatasetSize > 0 {
+				pts = append(pts, pt{r.DatasetSize, acc, r})
+			}
+		}
+		if len(pts) < 2 {
+			continue
+		}
+		slices.SortFunc(pts, func(a, b pt) int { return cmp.Compare(a.size, b.size) })
+		best := 0.0
+		for _, p := range pts {
+			best = max(best, p.acc)
+		}
+		small := pts[0]
+		for _, p := range pts {
+			if p.acc >= DataSizeShare*best {
+				small = p
+				break
+			}
+		}
+		large := pts[len(pts)-1]
+		if small.size >= large.size {
+			continue
+		}
+		frac := 1 - float64(small.size)/float64(large.size)
+		sizes := map[uint64]bool{}
+		for _, p := range pts {
+			sizes[p.size] = true
+		}
+		out = append(out, &pb.Recommendation{
+			Kind:       KindDatasetSize,
+			Title:      fmt.Sprintf("Train %s on %d samples instead of %d", model, small.size, large.size),
+			Action:     fmt.Sprintf("Use %d samples: accuracy %.4g is within %.0f%% of the best %.4g", small.size, small.acc, 100*DataSizeShare, best),
+			SavingsUsd: frac * large.run.Report.GetTotalCostUsd(), SavingsJ: frac * large.run.Report.GetEnergyTotalJ(),
+			Confidence: math.Min(0.8, 0.4+0.1*float64(len(sizes)-1)),
+			Risks:      []string{"rare cases in the dropped data may matter more than the mean accuracy shows"},
+			RunIds:     []string{small.run.Report.GetRunId(), large.run.Report.GetRunId()}, Model: model,
+			Evidence: fmt.Sprintf("cost of run %s $%.4f × (1 − %d/%d)", large.run.Report.GetRunId(), large.run.Report.GetTotalCostUsd(), small.size, large.size),
+		})
+	}
+	return out
+}
+
+// ComputeTier: per model and GPU model, the cost per unit of throughput is
+// price per GPU-hour × GPUs ÷ tok/s (dollars per token-per-second, i.e.
+// proportional to $ per token), averaged over the model's runs on that
+// GPU; the price is the catalog's current price when it has one, else the
+// runs' own. A GPU model at least TierMinGap cheaper than another is
+// recommended to the runs on the dearer one; savings = their GPU cost × gap.
+func ComputeTier(runs []Run, cat PriceCatalog) []*pb.Recommendation {
+	var out []*pb.Recommendation
+	byModel := groupByModel(runs)
+	for _, model := range sortedKeys(byModel) {
+		type tier struct {
+			name     string
+			sum      float64
+			n        int
+			runs     []string
+			costUSD  float64
+			energyJ  float64
+			priceSrc string
+		}
+		tiers := map[string]*tier{}
+		for _, r := range byModel[model] {
+			rep := r.Report
+			if rep.GetGpuName() == "" || rep.GetTokPerS() <= 0 || rep.GetGpus() == 0 {
+				continue
+			}
+			price, src := rep.GetGpuPricePerHour(), "run"
+			if cat != nil {
+				if p, ok := cat.CurrentPrice(rep.GetGpuName()); ok && p > 0 {
+					price, src = p, "catalog"
+				}
+			}
+			if price <= 0 {
+				continue
+			}
+			t := tiers[rep.GetGpuName()]
+			if t == nil {
+				t = &tier{name: rep.GetGpuName(), priceSrc: src}
+				tiers[t.name] = t
+			}
+			t.sum += price * float64(rep.GetGpus()) / rep.GetTokPerS()
+			t.n++
+			t.runs = append(t.runs, rep.GetRunId())
+			t.costUSD += rep.GetCostUsd()
+			t.energyJ += rep.GetEnergyTotalJ()
+		}
+		if len(tiers) < 2 {
+			continue
+		}
+		var cheapest *tier
+		for _, name := range sortedKeys(tiers) {
+			t := tiers[name]
+			if cheapest == nil || t.sum/float64(t.n) < cheapest.sum/float64(cheapest.n) {
+				cheapest = t
+			}
+		}
+		best := cheapest.sum / float64(cheapest.n)
+		for _, name := range sortedKeys(tiers) {
+			t := tiers[name]
+			if t == cheapest {
+				continue
+			}
+			cur := t.sum / float64(t.n)
+			gap := (cur - best) / cur
+			if gap < TierMinGap {
+				continue
+			}
+			out = append(out, &pb.Recommendation{
+				Kind:  KindComputeTier,
+				Title: fmt.Sprintf("Run %s on %s instead of %s: %.0f%% cheaper per unit of throughput", model, cheapest.name, t.name, 100*gap),
+				Action: fmt.Sprintf("Move %s from %s to %s ($%.3g vs $%.3g per Mtok at measured throughput)",
+					model, t.name, cheapest.name, best*1e6/3600, cur*1e6/3600),
+				SavingsUsd: gap * t.costUSD,
+				Confidence: math.Min(0.9, 0.6+0.1*float64(min(t.n, cheapest.n))),
+				Risks:      []string{"throughput measured on other runs may not transfer (batch size, interconnect, memory)", "availability and price of the cheaper GPU can change"},
+				RunIds:     t.runs, Model: model,
+				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s: %s %.4g (%d runs, %s price), %s %.4g (%d runs, %s price); gap %.1f%% × GPU cost $%.4f",
+					t.name, cur, t.n, t.priceSrc, cheapest.name, best, cheapest.n, cheapest.priceSrc, 100*gap, t.costUSD),
+			})
+		}
+	}
+	return out
+}
+
+// BatchSize: the run's VRAM peak leaves at least BatchMinHeadroom of the
+// card free, so a larger batch fits. The new batch is the current one ×
+// the largest power of two that keeps the peak under 90 % of the card,
+// at most 2×. The speedup is measured from another run of the same model
+// and GPU with that larger batch when there is one, else assumed
+// (BatchAssumedSpeedup, low confidence). Savings = cost × (1 − 1/speedup).
+func BatchSize(r Run, all []Run) *pb.Recommendation {
+	rep := r.Report
+	md := rep.GetMetadata()
+	if !md.GetHasBatchSize() || md.GetBatchSize() <= 0 || r.GPUMemoryMiB <= 0 || rep.GetVramPeakMb() <= 0 || rep.GetTokPerS() <= 0 {
+		return nil
+	}
+	headroom := 1 - rep.GetVramPeakMb()/r.GPUMemoryMiB
+	if headroom < BatchMinHeadroom || 2*rep.GetVramPeakMb() > 0.9*r.GPUMemoryMiB {
+		return nil
+	}
+	newBatch := md.GetBatchSize() * 2
+	speedup, conf, how := BatchAssumedSpeedup, 0.3, fmt.Sprintf("assumed %.0f%% faster (no run of the model measured batch %d)", 100*(BatchAssumedSpeedup-1), newBatch)
+	for _, o := range all {
+		om := o.Report.GetMetadata()
+		if o.Report.GetRunId() == rep.GetRunId() || om.GetModel() != md.GetModel() || o.Report.GetGpuName() != rep.GetGpuName() ||
+			om.GetBatchSize() != newBatch || o.Report.GetTokPerS() <= 0 || o.Report.GetGpus() == 0 || rep.GetGpus() == 0 {
+			continue
+		}
+		speedup = (o.Report.GetTokPerS() / float64(o.Report.GetGpus())) / (rep.GetTokPerS() / float64(rep.GetGpus()))
+		conf, how = 0.75, fmt.Sprintf("run %s measured %.4g tok/s per GPU at batch %d vs %.4g", o.Report.GetRunId(), o.Report.GetTokPerS()/float64(o.Report.GetGpus()), newBatch, rep.GetTokPerS()/float64(rep.GetGpus()))
+		break
+	}
+	if speedup <= 1 {
+		return nil
+	}
+	frac := 1 - 1/speedup
+	return &pb.Recommendation{
+		Kind:       KindBatchSize,
+		Title:      fmt.Sprintf("Double the batch size of %s (%d → %d): %.0f%% of VRAM is unused", md.GetModel(), md.GetBatchSize(), newBatch, 100*headroom),
+		Action:     fmt.Sprintf("Set batch_size %d (peak %.0f MiB of %.0f MiB); scale the learning rate accordingly", newBatch, rep.GetVramPeakMb(), r.GPUMemoryMiB),
+		SavingsUsd: frac * rep.GetTotalCostUsd(), SavingsJ: frac * rep.GetEnergyTotalJ(), Confidence: conf,
+		Risks:  []string{"a larger batch can change convergence (learning rate, generalisation)", "activation memory may grow faster than linearly"},
+		RunIds: []string{rep.GetRunId()}, Model: md.GetModel(),
+		Evidence: fmt.Sprintf("%s; savings = cost $%.4f × (1 − 1/%.3f)", how, rep.GetTotalCostUsd(), speedup),
+	}
+}
+
+// Power: among runs of one model on one GPU model, a run at a lower
+// average power per GPU whose J/token is at least PowerMinSaving lower at
+// no more than PowerMaxSlowdown less throughput shows that a lower power
+// limit pays: recommended to the higher-power runs, savings_J = (J/token
+// difference) × their tokens, savings_usd = energy saved × their $/kWh −
+// the extra GPU-hours of the slowdown. Without such a pair, a heuristic
+// (low confidence) for runs averaging ≥ PowerBusyShare of a known power
+// limit. trainmeter reports; it never changes a limit.
+func Power(runs []Run) []*pb.Recommendation {
+	var out []*pb.Recommendation
+	covered := map[string]bool{}
+	type group struct{ runs []Run }
+	groups := map[string]*group{}
+	for _, r := range runs {
+		rep := r.Report
+		if rep.GetJPerToken() <= 0 || rep.GetTokPerS() <= 0 || rep.GetGpus() == 0 || rep.GetMetadata().GetModel() == "" {
+			continue
+		}
+		k := rep.GetMetadata().GetModel() + "\x00" + rep.GetGpuName()
+		if groups[k] == nil {
+			groups[k] = &group{}
+		}
+		groups[k].runs = append(groups[k].runs, r)
+	}
+	perGPU := func(r Run) float64 { return r.Report.GetAvgPowerW() / float64(r.Report.GetGpus()) }
+	for _, k := range sortedKeys(groups) {
+		g := groups[k]
+		for _, hi := range g.runs {
+			var bestLo *Run
+			for i := range g.runs {
+				lo := &g.runs[i]
+				if perGPU(*lo) >= perGPU(hi) {
+					continue
+				}
+				saving := 1 - lo.Report.GetJPerToken()/hi.Report.GetJPerToken()
+				slow := 1 - (lo.Report.GetTokPerS()/float64(lo.Report.GetGpus()))/(hi.Report.GetTokPerS()/float64(hi.Report.GetGpus()))
+				if saving >= PowerMinSaving && slow <= PowerMaxSlowdown && (bestLo == nil || lo.Report.GetJPerToken() < bestLo.Report.GetJPerToken()) {
+					bestLo = lo
+				}
+			}
+			if bestLo == nil {
+				continue
+			}
+			h, l := hi.Report, bestLo.Report
+			savedJ := (h.GetJPerToken() - l.GetJPerToken()) * float64(h.GetTokensMeasured())
+			slow := 1 - (l.GetTokPerS()/float64(l.GetGpus()))/(h.GetTokPerS()/float64(h.GetGpus()))
+			usd := savedJ/3.6e6*kwhPrice(h) - max(0, slow/(1-slow))*h.GetCostUsd()
+			covered[h.GetRunId()] = true
+			out = append(out, &pb.Recommendation{
+				Kind:  KindPower,
+				Title: fmt.Sprintf("Run %s at a lower power limit (~%.0f W per GPU, as run %s)", h.GetMetadata().GetModel(), perGPU(*bestLo), l.GetRunId()),
+				Action: fmt.Sprintf("Lower the GPU power limit towards %.0f W (nvidia-smi -pl); measured %.1f%% less J/token for %.1f%% less throughput",
+					perGPU(*bestLo), 100*(1-l.GetJPerToken()/h.GetJPerToken()), 100*slow),
+				SavingsUsd: max(0, usd), SavingsJ: savedJ, Confidence: 0.6,
+				Risks:  []string{"longer wall time (GPU-hours cost more than the energy saved when energy is cheap)", "trainmeter reports this; it never changes a power limit"},
+				RunIds: []string{h.GetRunId()}, Model: h.GetMetadata().GetModel(),
+				Evidence: fmt.Sprintf("J/token %.4g vs %.4g × %d tokens", h.GetJPerToken(), l.GetJPerToken(), h.GetTokensMeasured()),
+			})
+		}
+	}
+	for _, r := range runs {
+		h := r.Report
+		if covered[h.GetRunId()] || r.GPUPowerLimitW <= 0 || h.GetGpus() == 0 || h.GetEnergyJ() <= 0 {
+			continue
+		}
+		if perGPU(r) < PowerBusyShare*r.GPUPowerLimitW {
+			continue
+		}
+		savedJ := PowerHeuristicSaving * h.GetEnergyJ()
+		usd := savedJ/3.6e6*kwhPrice(h) - PowerHeuristicSlowing/(1-PowerHeuristicSlowing)*h.GetCostUsd()
+		out = append(out, &pb.Recommendation{
+			Kind:  KindPower,
+			Title: fmt.Sprintf("Try a lower power limit for %s (GPUs at %.0f%% of their %.0f W limit)", h.GetRunId(), 100*perGPU(r)/r.GPUPowerLimitW, r.GPUPowerLimitW),
+			Action: fmt.Sprintf("Measure a run at %.0f W (80%% of the limit): training GPUs near their limit typically save ~%.0f%% energy for ~%.0f%% throughput (heuristic)",
+				0.8*r.GPUPowerLimitW, 100*PowerHeuristicSaving, 100*PowerHeuristicSlowing),
+			SavingsUsd: max(0, usd), SavingsJ: savedJ, Confidence: 0.3,
+			Risks:  []string{"heuristic, not measured on this model", "trainmeter reports this; it never changes a power limit"},
+			RunIds: []string{h.GetRunId()}, Model: h.GetMetadata().GetModel(),
+			Evidence: fmt.Sprintf("avg %.0f W per GPU, limit %.0f W; %.0f%% of %.4g J", perGPU(r), r.GPUPowerLimitW, 100*PowerHeuristicSaving, h.GetEnergyJ()),
+		})
+	}
+	return out
+}
+
+func kwhPrice(r *pb.RunReport) float64 {
+	if r.GetHasEnergyCost() && r.GetEnergyKwh() > 0 {
+		return r.GetEnergyCostUsd() / r.GetEnergyKwh()
+	}
+	return 0
+}
+
+// Filter keeps the recommendations with at least minConfidence and returns
+// them with their total savings.
+func Filter(recs []*pb.Recommendation, minConfidence float64) (kept []*pb.Recommendation, usd, joules float64) {
+	for _, r := range recs {
+		if r.GetConfidence() >= minConfidence {
+			kept = append(kept, r)
+			usd += r.GetSavingsUsd()
+			joules += r.GetSavingsJ()
+		}
+	}
+	return kept, usd, joules
+}
