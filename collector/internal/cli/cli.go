@@ -66,7 +66,7 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 	if defaultAddr == "" {
 		defaultAddr = server.DefaultListen
 	}
-	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf)} {
+	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf), newRecommendCommand(cf)} {
 		// Persistent, so that `export csv` inherits them.
 		c.PersistentFlags().StringVar(&cf.addr, "collector", defaultAddr, "collector address HOST:PORT (default from $"+EnvCollector+")")
 		c.PersistentFlags().DurationVar(&cf.timeout, "timeout", 10*time.Second, "deadline for the request")
@@ -140,6 +140,13 @@ type clientFlags struct {
 
 // call dials the collector and runs fn with a query client under the timeout.
 func (cf *clientFlags) call(cmd *cobra.Command, fn func(context.Context, trainmeterv1.QueryServiceClient) error) error {
+	return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+		return fn(ctx, trainmeterv1.NewQueryServiceClient(conn))
+	})
+}
+
+// callConn is call for commands that use more than the QueryService.
+func (cf *clientFlags) callConn(cmd *cobra.Command, fn func(context.Context, *grpc.ClientConn) error) error {
 	dialOpts, err := cf.security.dialOptions(cf.addr, cf.getenv)
 	if err != nil {
 		return err
@@ -158,8 +165,7 @@ func (cf *clientFlags) call(cmd *cobra.Command, fn func(context.Context, trainme
 		ctx, cancel = context.WithTimeout(ctx, cf.timeout)
 		defer cancel()
 	}
-	err = fn(ctx, trainmeterv1.NewQueryServiceClient(conn))
-	return cf.explain(err)
+	return cf.explain(fn(ctx, conn))
 }
 
 func (cf *clientFlags) explain(err error) error {
@@ -212,12 +218,15 @@ func newReportCommand(cf *clientFlags) *cobra.Command {
 		Short: "Show one run's report",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
-				resp, err := c.GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: args[0]})
+			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := trainmeterv1.NewQueryServiceClient(conn).GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: args[0]})
 				if err != nil {
 					return err
 				}
-				return report.WriteReport(cmd.OutOrStdout(), resp.GetRun())
+				if err := report.WriteReport(cmd.OutOrStdout(), resp.GetRun()); err != nil {
+					return err
+				}
+				return writeDataloaderSection(ctx, cmd.OutOrStdout(), conn, args[0])
 			})
 		},
 	}

@@ -1,0 +1,137 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// newRecommendCommand: `trainmeter recommend [RUN...] [--min-confidence X] [--json]`.
+func newRecommendCommand(cf *clientFlags) *cobra.Command {
+	var minConf float64
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "recommend [RUN_ID...]",
+		Short: "List cost recommendations (and each run's dataloader advice) with the total potential savings",
+		Long: "Runs the cost optimizer over the given runs (all runs when none is given): batch size, early stopping,\n" +
+			"epoch count, dataset size, compute tier, power, and the dataloader settings advised live.\n" +
+			"The rules are in docs/recommendations.md.",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if minConf < 0 || minConf > 1 {
+				return fmt.Errorf("--min-confidence %v: want 0..1", minConf)
+			}
+			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+				rc := trainmeterv1.NewRecommendServiceClient(conn)
+				resp, err := rc.Recommend(ctx, &trainmeterv1.RecommendRequest{RunIds: args, MinConfidence: minConf})
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				if asJSON {
+					b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(resp)
+					if err != nil {
+						return err
+					}
+					_, err = fmt.Fprintln(out, string(b))
+					return err
+				}
+				writeRecommendations(out, resp, minConf)
+				for _, id := range args {
+					if err := writeDataloaderSection(ctx, out, conn, id); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		},
+	}
+	c.Flags().Float64Var(&minConf, "min-confidence", 0, "only recommendations with at least this confidence (0..1)")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the response as JSON")
+	return c
+}
+
+func writeRecommendations(w io.Writer, resp *trainmeterv1.RecommendResponse, minConf float64) {
+	recs := resp.GetRecommendations()
+	if len(recs) == 0 {
+		fmt.Fprintf(w, "no recommendations (min confidence %.2f)\n", minConf)
+		return
+	}
+	for i, r := range recs {
+		fmt.Fprintf(w, "%d. [%s] %s\n", i+1, r.GetKind(), r.GetTitle())
+		fmt.Fprintf(w, "   action:     %s\n", r.GetAction())
+		fmt.Fprintf(w, "   savings:    $%.2f, %.0f J\n", r.GetSavingsUsd(), r.GetSavingsJ())
+		fmt.Fprintf(w, "   confidence: %.2f\n", r.GetConfidence())
+		if len(r.GetRisks()) > 0 {
+			fmt.Fprintf(w, "   risks:      %s\n", strings.Join(r.GetRisks(), "; "))
+		}
+		if r.GetEvidence() != "" {
+			fmt.Fprintf(w, "   evidence:   %s\n", r.GetEvidence())
+		}
+		fmt.Fprintf(w, "   runs:       %s\n", strings.Join(r.GetRunIds(), ", "))
+	}
+	fmt.Fprintf(w, "total potential savings: $%.2f, %.0f J (%d recommendations)\n", resp.GetTotalSavingsUsd(), resp.GetTotalSavingsJ(), len(recs))
+}
+
+func pct(v float64) string {
+	if v < 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f%%", 100*v)
+}
+
+// writeDataloaderSection prints a run's live dataloader advice and per-epoch
+// statistics; nothing when the run has none or the collector predates them.
+func writeDataloaderSection(ctx context.Context, w io.Writer, conn *grpc.ClientConn, run string) error {
+	h, err := trainmeterv1.NewRecommendServiceClient(conn).DataloaderHistory(ctx, &trainmeterv1.DataloaderHistoryRequest{RunId: run})
+	if status.Code(err) == codes.Unimplemented {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(h.GetEvaluations()) == 0 && len(h.GetEpochs()) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\ndataloader advice (%s):\n", run)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	changes := 0
+	fmt.Fprintln(tw, "  node\tstep\tclass\tworkers\tprefetch\tdata wait\tGPU\tRAM\texpected gain\tsent\treason")
+	for _, e := range h.GetEvaluations() {
+		if !e.GetChanged() {
+			continue
+		}
+		changes++
+		fmt.Fprintf(tw, "  %s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%v\t%s\n", e.GetNode(), e.GetStep(), e.GetClassification(),
+			e.GetNumWorkers(), e.GetPrefetchFactor(), pct(e.GetDataWaitShare()), pct(e.GetGpuUtilization()), pct(e.GetRamUsage()),
+			pct(e.GetExpectedGain()), e.GetDelivered(), e.GetReason())
+	}
+	tw.Flush()
+	if n := len(h.GetEvaluations()); n > 0 {
+		last := h.GetEvaluations()[n-1]
+		fmt.Fprintf(w, "  %d evaluations, %d adjustments; latest: %s — %s\n", n, changes, last.GetClassification(), last.GetReason())
+	}
+	if len(h.GetEpochs()) > 0 {
+		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  node\tepoch\tsteps\tadjustments\tworkers\tprefetch\tavg GPU\tavg RAM\tdata wait")
+		for _, e := range h.GetEpochs() {
+			ep := fmt.Sprint(e.GetEpoch())
+			if e.GetPartial() {
+				ep += " (partial)"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", e.GetNode(), ep, e.GetSteps(), e.GetAdjustments(),
+				e.GetNumWorkers(), e.GetPrefetchFactor(), pct(e.GetAvgGpuUtilization()), pct(e.GetAvgRamUsage()), pct(e.GetDataWaitShare()))
+		}
+		tw.Flush()
+	}
+	return nil
+}
