@@ -43,6 +43,12 @@ const (
 	// NoReverseEvaluations: after a change in one direction, no change in
 	// the other direction for this many evaluations (memory-bound excepted).
 	NoReverseEvaluations = 3
+	// CooldownEvaluations: after a change, the trainer applies it at its
+	// next epoch; until an epoch boundary has passed (or this many
+	// evaluations, for runs that report no epochs) no further change is
+	// advised, so the advisor does not stack changes on figures that do not
+	// reflect the last one yet.
+	CooldownEvaluations = 5
 	// MinRelativeWorkerChange: a worker change smaller than this share of
 	// the current count, with the same prefetch, is not worth a rebuild.
 	MinRelativeWorkerChange = 0.10
@@ -175,7 +181,13 @@ type Advisor struct {
 	lastDirection  int // +1 increase, -1 decrease, 0 none yet
 	lastChangeEval int
 	adjustments    int
+	boundarySince  bool // an epoch boundary passed since the last change
 }
+
+// EpochBoundary tells the advisor the run finished an epoch (an eval
+// event): a trainer that applies advice at epoch boundaries has now applied
+// the last one.
+func (a *Advisor) EpochBoundary() { a.boundarySince = true }
 
 // NewAdvisor returns an advisor for a run with cfg (defaults applied).
 func NewAdvisor(cfg Config) *Advisor {
@@ -283,6 +295,10 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 		adv.Reason += fmt.Sprintf(" — waiting for %d consecutive %s evaluations before changing", need, class)
 		return adv
 	}
+	if a.adjustments > 0 && !a.boundarySince && a.evaluations-a.lastChangeEval < CooldownEvaluations {
+		adv.Reason += " — held: the last advice is not applied yet (waiting for an epoch boundary)"
+		return adv
+	}
 	if class != MemoryBound && a.lastDirection != 0 && dir != a.lastDirection && a.evaluations-a.lastChangeEval <= NoReverseEvaluations {
 		adv.Reason += fmt.Sprintf(" — held: the last change went the other way %d evaluations ago", a.evaluations-a.lastChangeEval)
 		return adv
@@ -301,6 +317,7 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 	a.workers, a.prefetch = w, p
 	a.lastDirection, a.lastChangeEval = dir, a.evaluations
 	a.adjustments++
+	a.boundarySince = false
 	// A new setting starts a new streak: the next change needs fresh evidence.
 	a.streak = 0
 	return adv

@@ -32,12 +32,13 @@ func TestWorkersStayWithinCPUsPerRank(t *testing.T) {
 	a := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2})
 	iv := dataBound()
 	iv.CPUCount, iv.LocalRanks = 8, 2 // bound 3
-	iv.DataWaitS, iv.ComputeS = 3, 1 // wait > compute: prefetch doubles
+	iv.DataWaitS, iv.ComputeS = 3, 1  // wait > compute: prefetch doubles
 	var last Advice
 	for range 20 {
 		if adv := a.Evaluate(iv); adv.Changed {
 			last = adv
 		}
+		a.EpochBoundary()
 	}
 	if last.NumWorkers != 3 || last.PrefetchFactor != MaxPrefetchFactor {
 		t.Fatalf("final %+v, want 3 workers (bound) and prefetch %d", last, MaxPrefetchFactor)
@@ -67,9 +68,27 @@ func TestRAMOverLimitLowersPrefetchFirstThenWorkers(t *testing.T) {
 	if adv.Class != MemoryBound || !adv.Changed || adv.PrefetchFactor != 1 || adv.NumWorkers != 8 {
 		t.Fatalf("first: %+v, want prefetch 2→1 at once", adv)
 	}
+	if adv = a.Evaluate(iv); adv.Changed {
+		t.Fatalf("changed again before the trainer could apply the advice: %+v", adv)
+	}
+	a.EpochBoundary()
 	adv = a.Evaluate(iv)
 	if !adv.Changed || adv.PrefetchFactor != 1 || adv.NumWorkers != 6 {
 		t.Fatalf("second: %+v, want workers 8→6", adv)
+	}
+}
+
+func TestChangesWaitForTheEpochBoundaryOrTheCooldown(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2})
+	var changedAt []int
+	for i := 1; i <= 12; i++ {
+		if a.Evaluate(dataBound()).Changed {
+			changedAt = append(changedAt, i)
+		}
+	}
+	// 2 (confirmed), then 5 evaluations of cooldown: 7, 12.
+	if len(changedAt) != 3 || changedAt[0] != 2 || changedAt[1] != 7 || changedAt[2] != 12 {
+		t.Errorf("changes at evaluations %v, want [2 7 12]", changedAt)
 	}
 }
 

@@ -265,6 +265,7 @@ func (a *Advisor) process(it item) {
 				continue // another rank's eval of the same epoch
 			}
 			s.lastEval = ev.Eval.GetEpoch()
+			s.adv.EpochBoundary()
 			a.closeEpoch(ev.Eval.GetRunId(), it.node, s, ev.Eval.GetEpoch(), false, ev.Eval.GetTime().AsTime(), recs)
 		case *pb.RunEvent_RunEnd:
 			k := key{ev.RunEnd.GetRunId(), it.node}

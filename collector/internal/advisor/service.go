@@ -144,6 +144,10 @@ func DataloaderRecommendation(r *pb.RunReport, h *pb.DataloaderHistoryResponse) 
 		return nil
 	}
 	gain := first.GetExpectedGain()
+	risks := []string{"more workers and prefetch use more host RAM and CPU", "the expected gain is the data-wait share: an upper bound"}
+	if last.GetClassification() == "memory-bound" {
+		risks = []string{"less prefetch can expose data wait again", "the RAM may be used by something other than the loader"}
+	}
 	var reasons []string
 	for _, e := range h.GetEvaluations() {
 		if e.GetChanged() {
@@ -155,9 +159,10 @@ func DataloaderRecommendation(r *pb.RunReport, h *pb.DataloaderHistoryResponse) 
 		Title:      fmt.Sprintf("Start %s with num_workers=%d, prefetch_factor=%d", r.GetRunId(), last.GetNumWorkers(), last.GetPrefetchFactor()),
 		Action:     fmt.Sprintf("DataLoader(num_workers=%d, prefetch_factor=%d) from the first epoch (%s)", last.GetNumWorkers(), last.GetPrefetchFactor(), last.GetClassification()),
 		SavingsUsd: gain * r.GetTotalCostUsd(), SavingsJ: gain * r.GetEnergyTotalJ(), Confidence: 0.6,
-		Risks:  []string{"more workers and prefetch use more host RAM and CPU", "the expected gain is the data-wait share: an upper bound"},
+		Risks:  risks,
 		RunIds: []string{r.GetRunId()}, Model: r.GetMetadata().GetModel(),
-		Evidence: fmt.Sprintf("data wait %.0f%% of step time when first advised; advice: %s", 100*gain, strings.Join(reasons, "; ")),
+		Evidence: fmt.Sprintf("data wait %.0f%% of step time when first advised, expected gain %.0f%%; advice: %s",
+			100*first.GetDataWaitShare(), 100*gain, strings.Join(reasons, "; ")),
 	}
 }
 

@@ -1,0 +1,234 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Scenario tests of issue 5 (docs/recommendations.md), through the real
+// binaries: replay GPU traces set the GPU utilisation, a host replay trace
+// (--host-replay) sets the host RAM and CPU count, and a scripted trainer
+// speaks the socket protocol and reads the advice lines back.
+
+// writeUtilTrace writes a 1-GPU replay trace at a constant utilisation.
+func writeUtilTrace(t *testing.T, utilPct float64, seconds float64) string {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("time_s,gpu,power_w,energy_j,memory_used_mib,memory_total_mib,utilization_pct\n")
+	for i := 0; float64(i)*0.1 <= seconds; i++ {
+		ts := float64(i) * 0.1
+		fmt.Fprintf(&b, "%.1f,0,300,%.3f,30000,81559,%g\n", ts, 1e5+300*ts, utilPct)
+	}
+	path := filepath.Join(t.TempDir(), "gpu.csv")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// writeHostTrace writes a host trace with constant RAM use and CPUs.
+func writeHostTrace(t *testing.T, ramShare float64, cpus int) string {
+	t.Helper()
+	body := fmt.Sprintf("time_s,memory_used_mib,memory_total_mib,cpu_pct,cpu_count\n0,%g,100000,40,%d\n", ramShare*100000, cpus)
+	path := filepath.Join(t.TempDir(), "host.csv")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func (c *cluster) recommendClient() pb.RecommendServiceClient {
+	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { conn.Close() })
+	return pb.NewRecommendServiceClient(conn)
+}
+
+// adviceLine is the trainer's view of an advice line.
+type adviceLine struct {
+	Event          string   `json:"event"`
+	RunID          string   `json:"run_id"`
+	Kind           string   `json:"kind"`
+	NumWorkers     int      `json:"num_workers"`
+	PrefetchFactor int      `json:"prefetch_factor"`
+	Reason         string   `json:"reason"`
+	Classification string   `json:"classification"`
+	DataWaitShare  *float64 `json:"data_wait_share"`
+	GPUUtilization *float64 `json:"gpu_utilization"`
+	RAMUsage       *float64 `json:"ram_usage"`
+	ExpectedGain   *float64 `json:"expected_gain"`
+	raw            string
+}
+
+// stepUntilAdvice sends steps (wait, compute as given) every 20 ms until an
+// advice line arrives on the trainer's connection or maxSteps were sent;
+// it returns the advice (nil if none) and the steps sent.
+func (tr *trainer) stepUntilAdvice(run string, wait, compute float64, maxSteps int) (*adviceLine, int) {
+	tr.t.Helper()
+	lines := make(chan string, 16)
+	go func() {
+		defer close(lines)
+		for {
+			_ = tr.conn.SetReadDeadline(time.Now().Add(time.Minute))
+			l, err := tr.rd.ReadString('\n')
+			if err != nil {
+				return
+			}
+			lines <- strings.TrimSpace(l)
+			if strings.Contains(l, `"event":"advice"`) {
+				return // the reader stops: the caller reads on
+			}
+		}
+	}()
+	for i := 1; i <= maxSteps; i++ {
+		tr.send(`{"event":"step","run_id":%q,"step":%d,"tokens":1000,"samples":8,"data_wait_s":%g,"compute_s":%g}`, run, i, wait, compute)
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				tr.t.Fatalf("agent connection closed")
+			}
+			var a adviceLine
+			if err := json.Unmarshal([]byte(l), &a); err != nil || a.Event != "advice" {
+				tr.t.Fatalf("unexpected line from agent: %s", l)
+			}
+			a.raw = l
+			return &a, i
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// No advice: stop the reader by a deadline in the past, then drain it.
+	_ = tr.conn.SetReadDeadline(time.Now())
+	for l := range lines {
+		if strings.Contains(l, `"event":"advice"`) {
+			var a adviceLine
+			_ = json.Unmarshal([]byte(l), &a)
+			return &a, maxSteps
+		}
+		tr.t.Fatalf("unexpected line from agent: %s", l)
+	}
+	_ = tr.conn.SetReadDeadline(time.Time{})
+	return nil, maxSteps
+}
+
+func near(t *testing.T, what string, got *float64, want, tol float64) {
+	t.Helper()
+	if got == nil {
+		t.Errorf("%s missing from the advice line", what)
+		return
+	}
+	if math.Abs(*got-want) > tol {
+		t.Errorf("%s = %.3f, want %.3f ± %.3f", what, *got, want, tol)
+	}
+}
+
+func TestDataloaderAdviceScenarios(t *testing.T) {
+	cases := []struct {
+		name                       string
+		gpuUtil, ram               float64
+		wait, compute              float64
+		workers, prefetch          int
+		wantAdvice                 bool
+		wantClass                  string
+		wantWorkers, wantPrefetch  int
+		wantShare, wantGPU, wantRM float64
+	}{
+		// Data wait ≈ compute, GPU at ~50 %, RAM at 30 % of the host, 16 CPUs,
+		// one rank: bound 15 workers. 2→3 workers, 2→3 prefetch.
+		{name: "data-bound", gpuUtil: 50, ram: 0.30, wait: 0.05, compute: 0.05, workers: 2, prefetch: 2,
+			wantAdvice: true, wantClass: "data-bound", wantWorkers: 3, wantPrefetch: 3, wantShare: 0.5, wantGPU: 0.5, wantRM: 0.3},
+		// GPU at 98 %, data wait 1 % of the step: no advice, ever.
+		{name: "gpu-bound", gpuUtil: 98, ram: 0.30, wait: 0.001, compute: 0.1, workers: 4, prefetch: 2},
+		// Same data-bound load, but host RAM at 90 % > the 80 % limit:
+		// prefetch 4→3 first, workers unchanged.
+		{name: "ram-over-limit", gpuUtil: 50, ram: 0.90, wait: 0.05, compute: 0.05, workers: 4, prefetch: 4,
+			wantAdvice: true, wantClass: "memory-bound", wantWorkers: 4, wantPrefetch: 3, wantShare: 0.5, wantGPU: 0.5, wantRM: 0.9},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := startCollector(t)
+			sock := c.startAgent("gpu-node", "replay:"+writeUtilTrace(t, tc.gpuUtil, 300),
+				"--host-replay", writeHostTrace(t, tc.ram, 16), "--host-interval", "200ms")
+			c.waitStreaming("gpu-node")
+			tr := dialTrainer(t, sock)
+			run := "dl-" + tc.name
+			tr.send(`{"event":"run_start","run_id":%q,"model":"m","gpus":[0],"warmup_s":0,"num_workers":%d,"prefetch_factor":%d,"adjustment_interval":10}`,
+				run, tc.workers, tc.prefetch)
+			tr.sync()
+			adv, sent := tr.stepUntilAdvice(run, tc.wait, tc.compute, 400)
+			rc := c.recommendClient()
+			if !tc.wantAdvice {
+				if adv != nil {
+					t.Fatalf("a %s run got advice: %+v", tc.name, adv)
+				}
+				h, err := rc.DataloaderHistory(context.Background(), &pb.DataloaderHistoryRequest{RunId: run})
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The absence of advice is a decision, not silence: the
+				// collector evaluated the run many times and said so.
+				if len(h.Evaluations) < 5 {
+					t.Fatalf("only %d evaluations after %d steps", len(h.Evaluations), sent)
+				}
+				for _, e := range h.Evaluations {
+					if e.Classification != "gpu-bound" || e.Changed || !strings.Contains(e.Reason, "no change") {
+						t.Errorf("evaluation %v", e)
+					}
+				}
+				tr.send(`{"event":"run_end","run_id":%q}`, run)
+				tr.sync()
+				c.waitEnded(run)
+				if out := c.cli("recommend", run); strings.Contains(out, "[dataloader]") {
+					t.Errorf("recommend lists dataloader advice for a GPU-bound run:\n%s", out)
+				}
+				return
+			}
+			if adv == nil {
+				t.Fatalf("no advice after %d steps", sent)
+			}
+			t.Logf("advice after %d steps: %s", sent, adv.raw)
+			if adv.RunID != run || adv.Kind != "dataloader" || adv.Classification != tc.wantClass ||
+				adv.NumWorkers != tc.wantWorkers || adv.PrefetchFactor != tc.wantPrefetch {
+				t.Errorf("advice %+v, want %s workers %d prefetch %d", *adv, tc.wantClass, tc.wantWorkers, tc.wantPrefetch)
+			}
+			near(t, "data_wait_share", adv.DataWaitShare, tc.wantShare, 0.01)
+			near(t, "gpu_utilization", adv.GPUUtilization, tc.wantGPU, 0.05)
+			near(t, "ram_usage", adv.RAMUsage, tc.wantRM, 0.01)
+			if tc.wantClass == "data-bound" {
+				near(t, "expected_gain", adv.ExpectedGain, tc.wantShare, 0.01)
+			}
+			if adv.Reason == "" {
+				t.Error("advice without a reason")
+			}
+			tr.send(`{"event":"eval","run_id":%q,"epoch":1,"val_loss":1.5}`, run)
+			tr.send(`{"event":"run_end","run_id":%q}`, run)
+			tr.sync()
+			c.waitEnded(run)
+			rep := c.cli("report", run)
+			for _, want := range []string{"dataloader advice (" + run + ")", tc.wantClass, "avg GPU", "1 adjustments"} {
+				if !strings.Contains(rep, want) {
+					t.Errorf("report lacks %q:\n%s", want, rep)
+				}
+			}
+			rec := c.cli("recommend", run)
+			want := fmt.Sprintf("num_workers=%d, prefetch_factor=%d", tc.wantWorkers, tc.wantPrefetch)
+			if !strings.Contains(rec, "[dataloader]") || !strings.Contains(rec, want) {
+				t.Errorf("recommend lacks the dataloader advice %q:\n%s", want, rec)
+			}
+		})
+	}
+}
