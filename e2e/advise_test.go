@@ -232,3 +232,136 @@ func TestDataloaderAdviceScenarios(t *testing.T) {
 		})
 	}
 }
+
+func findRec(recs []*pb.Recommendation, kind, model string) *pb.Recommendation {
+	for _, r := range recs {
+		if r.Kind == kind && (model == "" || r.Model == model) {
+			return r
+		}
+	}
+	return nil
+}
+
+func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
+	t.Parallel()
+	c := startCollector(t)
+	sock := c.startAgent("node", "sim:1")
+	c.waitStreaming("node")
+	tr := dialTrainer(t, sock)
+	tr.send(`{"event":"run_start","run_id":"es","model":"es-model","gpus":[0],"warmup_s":0,"planned_epochs":12,"gpu_price_per_hour":3.6}`)
+	// Best at epoch 3 (1.2); epoch 4 improves by less than 1 %, epoch 5 is
+	// worse: patience 2 runs out at epoch 5.
+	losses := []float64{2.0, 1.5, 1.2, 1.199, 1.205}
+	step := 0
+	for e, loss := range losses {
+		for range 10 {
+			step++
+			time.Sleep(20 * time.Millisecond)
+			tr.send(`{"event":"step","run_id":"es","step":%d,"tokens":4096,"data_wait_s":0.001,"compute_s":0.02}`, step)
+		}
+		tr.send(`{"event":"eval","run_id":"es","epoch":%d,"val_loss":%g}`, e+1, loss)
+	}
+	tr.send(`{"event":"run_end","run_id":"es"}`)
+	tr.sync()
+	rep := c.waitEnded("es")
+	if rep.TotalCostUsd <= 0 || rep.EnergyTotalJ <= 0 {
+		t.Fatalf("run has no cost/energy: $%v %v J", rep.TotalCostUsd, rep.EnergyTotalJ)
+	}
+	resp, err := c.recommendClient().Recommend(context.Background(), &pb.RecommendRequest{RunIds: []string{"es"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := findRec(resp.Recommendations, "early_stopping", "es-model")
+	if es == nil {
+		t.Fatalf("no early-stopping recommendation: %v", resp.Recommendations)
+	}
+	// By hand: 5 epochs done for $total; stop at epoch 5 of 12 planned:
+	// 7 epochs × total/5.
+	wantUSD := 7 * rep.TotalCostUsd / 5
+	wantJ := 7 * rep.EnergyTotalJ / 5
+	within(t, "early-stopping savings $", es.SavingsUsd, wantUSD, 1e-9)
+	within(t, "early-stopping savings J", es.SavingsJ, wantJ, 1e-9)
+	if !strings.Contains(es.Title, "epoch 5") || math.Abs(es.Confidence-0.8) > 1e-9 {
+		t.Errorf("title %q confidence %v", es.Title, es.Confidence)
+	}
+	if resp.TotalSavingsUsd < es.SavingsUsd {
+		t.Errorf("total savings $%v below one recommendation's $%v", resp.TotalSavingsUsd, es.SavingsUsd)
+	}
+	out := c.cli("recommend", "es", "--min-confidence", "0.8")
+	if !strings.Contains(out, "[early_stopping]") || !strings.Contains(out, fmt.Sprintf("$%.2f", wantUSD)) || !strings.Contains(out, "total potential savings") {
+		t.Errorf("recommend --min-confidence 0.8:\n%s", out)
+	}
+	if out := c.cli("recommend", "es", "--min-confidence", "0.85"); strings.Contains(out, "[early_stopping]") {
+		t.Errorf("confidence 0.8 listed at --min-confidence 0.85:\n%s", out)
+	}
+}
+
+func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
+	t.Parallel()
+	c := startCollector(t)
+	// Two GPU models: the sim backend's "Simulated H100 80GB HBM3" and the
+	// replay backend's "Replay GPU".
+	simSock := c.startAgent("node-sim", "sim:1")
+	repSock := c.startAgent("node-replay", "replay:"+writeUtilTrace(t, 90, 300))
+	c.waitStreaming("node-sim")
+	c.waitStreaming("node-replay")
+	type runDef struct {
+		id, model, sock string
+		price           float64
+	}
+	runs := []runDef{
+		{"m30-sim", "m30", simSock, 2.0}, {"m30-replay", "m30", repSock, 1.4}, // 30 % cheaper per throughput
+		{"m10-sim", "m10", simSock, 2.0}, {"m10-replay", "m10", repSock, 1.8}, // 10 % cheaper
+	}
+	trs := make([]*trainer, len(runs))
+	for i, r := range runs {
+		trs[i] = dialTrainer(t, r.sock)
+		trs[i].send(`{"event":"run_start","run_id":%q,"model":%q,"gpus":[0],"warmup_s":0,"gpu_price_per_hour":%g}`, r.id, r.model, r.price)
+	}
+	// The same work at the same pace on both GPUs, interleaved, so the
+	// throughputs match and the price sets the gap.
+	for step := 1; step <= 100; step++ {
+		time.Sleep(20 * time.Millisecond)
+		for i, r := range runs {
+			trs[i].send(`{"event":"step","run_id":%q,"step":%d,"tokens":2048,"data_wait_s":0.001,"compute_s":0.02}`, r.id, step)
+		}
+	}
+	for i, r := range runs {
+		trs[i].send(`{"event":"run_end","run_id":%q}`, r.id)
+		trs[i].sync()
+	}
+	reps := map[string]*pb.RunReport{}
+	for _, r := range runs {
+		reps[r.id] = c.waitEnded(r.id)
+	}
+	perThroughput := func(id string) float64 {
+		r := reps[id]
+		return r.GpuPricePerHour * float64(r.Gpus) / r.TokPerS
+	}
+	gap30 := 1 - perThroughput("m30-replay")/perThroughput("m30-sim")
+	gap10 := 1 - perThroughput("m10-replay")/perThroughput("m10-sim")
+	t.Logf("measured cost-per-throughput gaps: m30 %.1f%%, m10 %.1f%%", 100*gap30, 100*gap10)
+	if gap30 < 0.25 || gap30 > 0.35 || gap10 < 0.05 || gap10 > 0.15 {
+		t.Fatalf("setup: gaps %.3f and %.3f, want ≈0.30 and ≈0.10 (throughputs %v %v %v %v)", gap30, gap10,
+			reps["m30-sim"].TokPerS, reps["m30-replay"].TokPerS, reps["m10-sim"].TokPerS, reps["m10-replay"].TokPerS)
+	}
+	resp, err := c.recommendClient().Recommend(context.Background(), &pb.RecommendRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tier := findRec(resp.Recommendations, "compute_tier", "m30")
+	if tier == nil {
+		t.Fatalf("no compute-tier recommendation for m30: %v", resp.Recommendations)
+	}
+	if !strings.Contains(tier.Title, "on Replay GPU instead of Simulated H100") || len(tier.RunIds) != 1 || tier.RunIds[0] != "m30-sim" {
+		t.Errorf("m30 tier recommendation %v", tier)
+	}
+	within(t, "m30 tier savings $", tier.SavingsUsd, gap30*reps["m30-sim"].CostUsd, 1e-9)
+	if r := findRec(resp.Recommendations, "compute_tier", "m10"); r != nil {
+		t.Errorf("a 10 %% gap gave a compute-tier recommendation: %v", r)
+	}
+	out := c.cli("recommend")
+	if !strings.Contains(out, "[compute_tier] Run m30 on Replay GPU") || strings.Contains(out, "Run m10 on") {
+		t.Errorf("recommend:\n%s", out)
+	}
+}
