@@ -1,0 +1,178 @@
+package recommend
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+func report(id, model, gpu string, cost, energyJ, tokPerS float64) *pb.RunReport {
+	return &pb.RunReport{RunId: id, Metadata: &pb.RunMetadata{Model: model}, GpuName: gpu, Gpus: 1,
+		TotalCostUsd: cost, CostUsd: cost, EnergyTotalJ: energyJ, EnergyJ: energyJ, TokPerS: tokPerS, GpuPricePerHour: 2}
+}
+
+func withEvals(r *pb.RunReport, loss, acc []float64) *pb.RunReport {
+	for i := range max(len(loss), len(acc)) {
+		e := &pb.Eval{RunId: r.RunId, Epoch: int64(i + 1)}
+		if i < len(loss) {
+			e.ValLoss, e.HasValLoss = loss[i], true
+		}
+		if i < len(acc) {
+			e.Accuracy, e.HasAccuracy = acc[i], true
+		}
+		r.Evals = append(r.Evals, e)
+	}
+	return r
+}
+
+func approx(t *testing.T, what string, got, want float64) {
+	t.Helper()
+	if math.Abs(got-want) > 1e-9*math.Max(1, math.Abs(want)) {
+		t.Errorf("%s = %v, want %v", what, got, want)
+	}
+}
+
+func TestEarlyStopping(t *testing.T) {
+	r := Run{Report: withEvals(report("r", "m", "g", 10, 1000, 1), []float64{2, 1.5, 1.2, 1.199, 1.205}, nil), PlannedEpochs: 12}
+	rec := EarlyStopping(r, 2, 0.01)
+	if rec == nil {
+		t.Fatal("no recommendation")
+	}
+	approx(t, "savings $", rec.SavingsUsd, 7*10.0/5)
+	approx(t, "savings J", rec.SavingsJ, 7*1000.0/5)
+	// Still improving: nothing.
+	r.Report = withEvals(report("r", "m", "g", 10, 1000, 1), []float64{2, 1.5, 1.2, 1.0, 0.9}, nil)
+	if rec := EarlyStopping(r, 2, 0.01); rec != nil {
+		t.Errorf("improving loss: %v", rec)
+	}
+	// Plateau at the very last planned epoch: nothing left to save.
+	r.Report = withEvals(report("r", "m", "g", 10, 1000, 1), []float64{2, 1.5, 1.5, 1.5}, nil)
+	r.PlannedEpochs = 4
+	if rec := EarlyStopping(r, 2, 0.01); rec != nil {
+		t.Errorf("plateau at the end: %v", rec)
+	}
+}
+
+func TestEpochCountKnee(t *testing.T) {
+	// Gain 0.5→0.9 = 0.4; 95 % of it (0.38) is reached at epoch 4 (0.89).
+	r := Run{Report: withEvals(report("r", "m", "g", 8, 800, 1), nil, []float64{0.5, 0.8, 0.87, 0.89, 0.895, 0.898, 0.9, 0.9})}
+	rec := EpochCount(r)
+	if rec == nil || !strings.Contains(rec.Title, "for 4 epochs instead of 8") {
+		t.Fatalf("%v", rec)
+	}
+	approx(t, "savings $", rec.SavingsUsd, 4*8.0/8)
+}
+
+func TestDatasetSize(t *testing.T) {
+	mk := func(id string, size uint64, acc, cost float64) Run {
+		return Run{Report: withEvals(report(id, "m", "g", cost, 100*cost, 1), nil, []float64{acc}), DatasetSize: size}
+	}
+	runs := []Run{mk("a", 10000, 0.70, 1), mk("b", 50000, 0.86, 5), mk("c", 100000, 0.88, 10)}
+	recs := DatasetSize(runs)
+	if len(recs) != 1 {
+		t.Fatalf("%v", recs)
+	}
+	// 0.86 ≥ 0.95 × 0.88 = 0.836; 0.70 is not.
+	if !strings.Contains(recs[0].Title, "on 50000 samples instead of 100000") {
+		t.Errorf("%v", recs[0].Title)
+	}
+	approx(t, "savings $", recs[0].SavingsUsd, 10*(1-0.5))
+}
+
+type catalog map[string]float64
+
+func (c catalog) CurrentPrice(g string) (float64, bool) { p, ok := c[g]; return p, ok }
+
+func TestComputeTierGapAndCatalog(t *testing.T) {
+	a := report("a", "m", "A100", 10, 0, 1000) // $2/h / 1000 tok/s
+	b := report("b", "m", "H100", 10, 0, 2000)
+	b.GpuPricePerHour = 3 // $3/h / 2000 tok/s: 25 % cheaper per throughput
+	runs := []Run{{Report: a}, {Report: b}}
+	recs := ComputeTier(runs, nil)
+	if len(recs) != 1 || !strings.Contains(recs[0].Title, "on H100 instead of A100") {
+		t.Fatalf("%v", recs)
+	}
+	approx(t, "savings $", recs[0].SavingsUsd, 0.25*10)
+	// The catalog says H100 now costs $3.6/h: 10 % cheaper, below the 20 % bar.
+	if recs := ComputeTier(runs, catalog{"H100": 3.6}); len(recs) != 0 {
+		t.Errorf("with catalog: %v", recs)
+	}
+	// One GPU model only: nothing to compare.
+	if recs := ComputeTier(runs[:1], nil); len(recs) != 0 {
+		t.Errorf("%v", recs)
+	}
+}
+
+func TestBatchSize(t *testing.T) {
+	r := report("r", "m", "g", 10, 1000, 1000)
+	r.Metadata.BatchSize, r.Metadata.HasBatchSize = 8, true
+	r.VramPeakMb = 20000
+	run := Run{Report: r, GPUMemoryMiB: 80000}
+	rec := BatchSize(run, []Run{run})
+	if rec == nil || rec.Confidence != 0.3 {
+		t.Fatalf("heuristic: %v", rec)
+	}
+	approx(t, "heuristic savings", rec.SavingsUsd, 10*(1-1/BatchAssumedSpeedup))
+	big := report("big", "m", "g", 10, 1000, 1250)
+	big.Metadata.BatchSize, big.Metadata.HasBatchSize = 16, true
+	rec = BatchSize(run, []Run{run, {Report: big}})
+	if rec == nil || rec.Confidence != 0.75 {
+		t.Fatalf("measured: %v", rec)
+	}
+	approx(t, "measured savings", rec.SavingsUsd, 10*(1-1/1.25))
+	// Little headroom: nothing.
+	r.VramPeakMb = 60000
+	if rec := BatchSize(run, nil); rec != nil {
+		t.Errorf("%v", rec)
+	}
+}
+
+func TestPowerFromMeasuredPair(t *testing.T) {
+	hi := report("hi", "m", "g", 10, 0, 1000)
+	hi.AvgPowerW, hi.JPerToken, hi.TokensMeasured = 700, 0.7, 1e6
+	hi.HasEnergyCost, hi.EnergyKwh, hi.EnergyCostUsd = true, 1, 0.2
+	lo := report("lo", "m", "g", 10, 0, 950)
+	lo.AvgPowerW, lo.JPerToken = 560, 0.59
+	recs := Power([]Run{{Report: hi}, {Report: lo}})
+	if len(recs) != 1 || recs[0].RunIds[0] != "hi" || recs[0].Confidence != 0.6 {
+		t.Fatalf("%v", recs)
+	}
+	approx(t, "savings J", recs[0].SavingsJ, (0.7-0.59)*1e6)
+	// The heuristic needs a known power limit and a busy GPU.
+	h := report("h", "m2", "g", 10, 3.6e6, 1000)
+	h.AvgPowerW, h.JPerToken = 650, 1
+	recs = Power([]Run{{Report: h, GPUPowerLimitW: 700}})
+	if len(recs) != 1 || recs[0].Confidence != 0.3 {
+		t.Fatalf("heuristic: %v", recs)
+	}
+	approx(t, "heuristic J", recs[0].SavingsJ, 0.15*3.6e6)
+	if recs := Power([]Run{{Report: h}}); len(recs) != 0 {
+		t.Errorf("no limit known: %v", recs)
+	}
+}
+
+func TestFilterAndTargets(t *testing.T) {
+	runs := []Run{
+		{Report: withEvals(report("r1", "m", "g", 10, 1000, 1), []float64{2, 2, 2, 2}, nil), PlannedEpochs: 10},
+		{Report: withEvals(report("r2", "m", "g", 20, 1000, 1), []float64{2, 2, 2, 2}, nil), PlannedEpochs: 10},
+	}
+	all := Recommend(runs, Options{})
+	if len(all) != 2 || all[0].RunIds[0] != "r2" {
+		t.Fatalf("sorted by savings: %v", all)
+	}
+	only := Recommend(runs, Options{Targets: []string{"r1"}})
+	if len(only) != 1 || only[0].RunIds[0] != "r1" {
+		t.Fatalf("targets: %v", only)
+	}
+	kept, usd, _ := Filter(all, 0.99)
+	if len(kept) != 0 || usd != 0 {
+		t.Errorf("filter 0.99: %v", kept)
+	}
+	kept, usd, _ = Filter(all, 0)
+	approx(t, "total", usd, all[0].SavingsUsd+all[1].SavingsUsd)
+	if len(kept) != 2 {
+		t.Errorf("%v", kept)
+	}
+}
