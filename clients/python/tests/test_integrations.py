@@ -185,6 +185,51 @@ class FakeDataLoader:
         return iter(range(3))
 
 
+class AdviceRun:
+    """Stands in for trainmeter.Run: only advice() matters here."""
+
+    def __init__(self):
+        self.latest = None
+
+    def advice(self):
+        return dict(self.latest) if self.latest is not None else None
+
+
+class TestAdaptiveLoader(unittest.TestCase):
+    def test_applies_advice_at_the_next_epoch_only(self):
+        run = AdviceRun()
+        al = trainmeter.AdaptiveLoader(FakeDataLoader("ds", batch_size=4, num_workers=2, prefetch_factor=2), run)
+        self.assertEqual(list(al), [0, 1, 2])  # epoch 1: no advice
+        first = al.loader
+        # Advice arrives mid-epoch (with the collector's extra figures): the
+        # running epoch keeps its loader.
+        it = iter(al)
+        run.latest = {"event": "advice", "run_id": "r", "kind": "dataloader", "num_workers": 3, "prefetch_factor": 3,
+                      "reason": "data-bound", "classification": "data-bound", "data_wait_share": 0.5,
+                      "gpu_utilization": 0.5, "ram_usage": 0.3, "expected_gain": 0.5, "max_workers": 15}
+        self.assertEqual(list(it), [0, 1, 2])
+        self.assertIs(al.loader, first)
+        list(al)  # epoch 3 starts with the advice applied
+        self.assertIsNot(al.loader, first)
+        self.assertEqual((al.loader.num_workers, al.loader.prefetch_factor, al.batch_size), (3, 3, 4))
+        self.assertEqual(al.adjustments, [{"epoch": 3, "num_workers": 3, "prefetch_factor": 3,
+                                           "reason": "data-bound", "classification": "data-bound"}])
+        self.assertEqual(al.last_advice["expected_gain"], 0.5)
+        # The same advice again is not re-applied.
+        second = al.loader
+        list(al)
+        self.assertIs(al.loader, second)
+        self.assertEqual(len(al.adjustments), 1)
+
+    def test_broken_run_never_raises(self):
+        class Broken:
+            def advice(self):
+                raise RuntimeError("boom")
+        al = trainmeter.AdaptiveLoader(FakeDataLoader("ds"), Broken())
+        self.assertEqual(list(al), [0, 1, 2])
+        self.assertEqual(al.adjustments, [])
+
+
 class TestRebuild(unittest.TestCase):
     def test_rebuild_with_advice(self):
         s = FakeSampler()

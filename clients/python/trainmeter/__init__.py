@@ -6,18 +6,20 @@
     run.end()
 
 Stdlib only. Never blocks or raises into the training loop; see ``trainmeter.client``.
-DataLoader timing: :class:`TimedLoader`, :func:`rebuild_dataloader`. Framework
+DataLoader timing: :class:`TimedLoader`, :func:`rebuild_dataloader`, and
+:class:`AdaptiveLoader` (applies the agent's advice at epoch boundaries). Framework
 callbacks: ``trainmeter.integrations.hf`` and ``trainmeter.integrations.lightning``
 (imported only when you import them).
 """
 
 from .client import DEFAULT_SOCKET, ENV_RUN_ID, ENV_SOCKET, Run, encode_event, start
 from .dist import cuda_visible_gpu_uuids, derive_run_id, rank_info
-from .loader import TimedLoader, count_tokens, rebuild_dataloader
+from .loader import AdaptiveLoader, TimedLoader, count_tokens, rebuild_dataloader
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveLoader",
     "DEFAULT_SOCKET",
     "ENV_RUN_ID",
     "ENV_SOCKET",

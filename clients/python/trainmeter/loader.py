@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 log = logging.getLogger("trainmeter")
 
-__all__ = ["TimedLoader", "rebuild_dataloader", "count_tokens"]
+__all__ = ["TimedLoader", "AdaptiveLoader", "rebuild_dataloader", "count_tokens"]
 
 
 class TimedLoader:
@@ -252,6 +252,77 @@ def rebuild_dataloader(loader: Any, advice: Any = None, *, num_workers: Optional
     except Exception as e:
         log.warning("trainmeter: cannot rebuild %s with advised settings: %s", type(loader).__name__, e)
         return loader
+
+
+# ------------------------------------------------------------------ adaptive
+
+
+class AdaptiveLoader:
+    """A DataLoader that follows the agent's live ``advice`` at epoch boundaries.
+
+    ::
+
+        loader = trainmeter.AdaptiveLoader(DataLoader(ds, num_workers=2, prefetch_factor=2), run)
+        for epoch in range(epochs):
+            for batch in loader:          # each iter() is an epoch boundary
+                ...
+
+    Every ``iter()`` first calls :meth:`maybe_rebuild`: when the run holds an
+    ``advice`` line it has not applied yet, the inner loader is rebuilt with
+    :func:`rebuild_dataloader` (never in the middle of an epoch, so no batch is
+    lost or repeated). ``adjustments`` lists what was applied, with the epoch
+    (1-based) that started with it: ``{"epoch", "num_workers", "prefetch_factor", "reason", "classification"}``.
+    Advice lines may carry more keys (``data_wait_share``, ``gpu_utilization``,
+    ``ram_usage``, ``expected_gain``…); they are kept in ``last_advice``.
+    Attributes it lacks come from the inner loader; it never raises.
+    """
+
+    def __init__(self, loader: Any, run: Any) -> None:
+        self.loader = loader
+        self.run = run
+        self.epoch = 0
+        self.adjustments: list = []
+        self.last_advice: Optional[Dict[str, Any]] = None
+        self._applied: Optional[Dict[str, Any]] = None
+
+    def maybe_rebuild(self) -> bool:
+        """Apply the run's latest unapplied advice now; True if the loader changed."""
+        try:
+            advice = self.run.advice() if self.run is not None else None
+        except Exception:
+            advice = None
+        if not advice or advice == self._applied:
+            return False
+        self._applied = advice
+        self.last_advice = advice
+        new = rebuild_dataloader(self.loader, advice)
+        if new is self.loader:
+            return False
+        self.loader = new
+        self.adjustments.append({
+            "epoch": self.epoch,
+            "num_workers": getattr(new, "num_workers", None),
+            "prefetch_factor": getattr(new, "prefetch_factor", None),
+            "reason": advice.get("reason"),
+            "classification": advice.get("classification"),
+        })
+        return True
+
+    def __iter__(self) -> Iterator[Any]:
+        self.epoch += 1  # the epoch that starts now (1-based)
+        self.maybe_rebuild()
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "loader" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["loader"], name)
+
+    def __repr__(self) -> str:
+        return "AdaptiveLoader(%r)" % (self.loader,)
 
 
 # ------------------------------------------------------------------ tokens
