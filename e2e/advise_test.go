@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -363,5 +364,82 @@ func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
 	out := c.cli("recommend")
 	if !strings.Contains(out, "[compute_tier] Run m30 on Replay GPU") || strings.Contains(out, "Run m10 on") {
 		t.Errorf("recommend:\n%s", out)
+	}
+}
+
+// pythonAdaptiveTrainer is a trainer on the real Python client: an
+// AdaptiveLoader over a DataLoader stand-in (no torch needed) whose steps
+// wait for data as long as they compute; it prints the adjustments the
+// loader applied at epoch boundaries.
+const pythonAdaptiveTrainer = `
+import json, sys, time
+sys.path.insert(0, "../clients/python")
+import trainmeter
+
+class Loader:  # the attributes and constructor of torch.utils.data.DataLoader that matter
+    def __init__(self, dataset, batch_size=1, num_workers=0, prefetch_factor=None, drop_last=False, sampler=None):
+        self.dataset, self.batch_size, self.num_workers = dataset, batch_size, num_workers
+        self.prefetch_factor, self.drop_last, self.sampler = prefetch_factor, drop_last, sampler
+    def __iter__(self):
+        return iter(range(len(self.dataset) // self.batch_size))
+
+run = trainmeter.start(run_id="py-adapt", socket_path=sys.argv[1], model="m", gpus=[0], warmup_s=0,
+                       num_workers=2, prefetch_factor=2, adjustment_interval=10)
+loader = trainmeter.AdaptiveLoader(Loader(list(range(80)), batch_size=4, num_workers=2, prefetch_factor=2), run)
+step = 0
+for epoch in range(1, 16):
+    for batch in loader:
+        step += 1
+        time.sleep(0.02)
+        run.step(step=step, tokens=512, data_wait_s=0.05, compute_s=0.05)
+    run.eval(epoch=epoch, val_loss=1.0)
+    if loader.adjustments and epoch > loader.adjustments[0]["epoch"]:
+        break
+run.end()
+print(json.dumps({"adjustments": loader.adjustments, "workers": loader.num_workers, "prefetch": loader.prefetch_factor,
+                  "last_advice": loader.last_advice}))
+`
+
+func TestPythonAdaptiveLoaderAppliesLiveAdviceAtEpochBoundary(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	t.Parallel()
+	c := startCollector(t)
+	sock := c.startAgent("gpu-node", "replay:"+writeUtilTrace(t, 50, 300), "--host-replay", writeHostTrace(t, 0.3, 16))
+	c.waitStreaming("gpu-node")
+	cmd := exec.Command("python3", "-c", pythonAdaptiveTrainer, sock)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("python trainer: %v\n%s", err, out)
+	}
+	var res struct {
+		Adjustments []struct {
+			Epoch          int    `json:"epoch"`
+			NumWorkers     int    `json:"num_workers"`
+			PrefetchFactor int    `json:"prefetch_factor"`
+			Classification string `json:"classification"`
+		} `json:"adjustments"`
+		Workers, Prefetch int
+		LastAdvice        map[string]any `json:"last_advice"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("trainer output %q: %v", out, err)
+	}
+	t.Logf("python trainer: %s", out)
+	if len(res.Adjustments) == 0 {
+		t.Fatal("the AdaptiveLoader applied no advice")
+	}
+	a := res.Adjustments[0]
+	if a.Epoch < 2 || a.NumWorkers != 3 || a.PrefetchFactor != 3 || a.Classification != "data-bound" {
+		t.Errorf("first adjustment %+v, want workers 3, prefetch 3 (data-bound) at an epoch ≥ 2", a)
+	}
+	if res.LastAdvice["expected_gain"] == nil || res.LastAdvice["gpu_utilization"] == nil {
+		t.Errorf("advice figures missing in the client: %v", res.LastAdvice)
+	}
+	c.waitEnded("py-adapt")
+	if rep := c.cli("report", "py-adapt"); !strings.Contains(rep, "dataloader advice (py-adapt)") {
+		t.Errorf("report:\n%s", rep)
 	}
 }
