@@ -189,7 +189,7 @@ func (s *Server) Start(ctx context.Context) error {
 	trainmeterv1.RegisterRecommendServiceServer(gs, advisor.NewService(st, s.cfg.Pricing(), nil))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	for _, name := range []string{"", trainmeterv1.IngestService_ServiceDesc.ServiceName, trainmeterv1.QueryService_ServiceDesc.ServiceName} {
+	for _, name := range []string{"", trainmeterv1.IngestService_ServiceDesc.ServiceName, trainmeterv1.QueryService_ServiceDesc.ServiceName, trainmeterv1.RecommendService_ServiceDesc.ServiceName} {
 		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
 	reflection.Register(gs)
