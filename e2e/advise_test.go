@@ -319,9 +319,14 @@ func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
 		trs[i] = dialTrainer(t, r.sock)
 		trs[i].send(`{"event":"run_start","run_id":%q,"model":%q,"gpus":[0],"warmup_s":0,"gpu_price_per_hour":%g}`, r.id, r.model, r.price)
 	}
+	// Every run has started before the first step, so the runs' wall times
+	// (and throughputs) differ only by the sync round trips.
+	for _, tr := range trs {
+		tr.sync()
+	}
 	// The same work at the same pace on both GPUs, interleaved, so the
 	// throughputs match and the price sets the gap.
-	for step := 1; step <= 100; step++ {
+	for step := 1; step <= 150; step++ {
 		time.Sleep(20 * time.Millisecond)
 		for i, r := range runs {
 			trs[i].send(`{"event":"step","run_id":%q,"step":%d,"tokens":2048,"data_wait_s":0.001,"compute_s":0.02}`, r.id, step)
