@@ -69,6 +69,9 @@ type Config struct {
 	TLSCertFile, TLSKeyFile, TLSClientCAFile string
 	// Token files (see package auth); empty: that check is off.
 	IngestTokensFile, ReadTokenFile, AdminTokenFile string
+
+	// Budget: budgets, alert webhooks, GPU prices (budget.go).
+	Budget BudgetConfig
 }
 
 // TLSOptions returns the TLS file settings.
@@ -106,6 +109,9 @@ func (c Config) Validate() error {
 	if err := c.TLSOptions().Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.Budget.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -134,6 +140,8 @@ type Server struct {
 	statusLn    net.Listener
 	statusSrv   *http.Server
 	summaryStop chan struct{}
+
+	budget *budgetParts
 }
 
 // New returns a collector with cfg. log may be nil.
@@ -180,6 +188,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}, opts...)...)
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	trainmeterv1.RegisterQueryServiceServer(gs, qs)
+	bp := s.startBudget(st, ing, gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	for _, name := range []string{"", trainmeterv1.IngestService_ServiceDesc.ServiceName, trainmeterv1.QueryService_ServiceDesc.ServiceName} {
@@ -188,13 +197,14 @@ func (s *Server) Start(ctx context.Context) error {
 	reflection.Register(gs)
 
 	if err := s.startStatus(); err != nil {
+		bp.shutdown()
 		lis.Close()
 		st.Close()
 		return err
 	}
 	s.summaryStop = make(chan struct{})
 	go s.logSummary(time.Minute, s.summaryStop)
-	s.store, s.ingest, s.grpc, s.health, s.lis = st, ing, gs, hs, lis
+	s.store, s.ingest, s.grpc, s.health, s.lis, s.budget = st, ing, gs, hs, lis, bp
 	s.served = make(chan struct{})
 	s.started = true
 	go func() {
@@ -278,6 +288,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		<-done
 	}
 	<-s.served
+	s.budget.shutdown()
 	close(s.summaryStop)
 	s.stopStatus()
 	if err := s.store.Close(); err != nil {
