@@ -135,19 +135,24 @@ func (w *Watcher) Start() {
 	if w.provider == nil || w.cfg.Interval <= 0 {
 		return
 	}
-	w.stop, w.done = make(chan struct{}), make(chan struct{})
+	stop, done := make(chan struct{}), make(chan struct{})
+	w.stop, w.done = stop, done
 	t := w.cfg.Clock.NewTicker(w.cfg.Interval)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		<-w.stop
-		cancel()
-	}()
-	go func() {
-		defer close(w.done)
+		defer close(done)
 		defer t.Stop()
+		defer cancel()
+		go func() { // cancels a fetch in flight when stopped
+			select {
+			case <-stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
 		for {
 			select {
-			case <-w.stop:
+			case <-stop:
 				return
 			case <-t.C():
 				if _, err := w.Fetch(ctx); err != nil {
