@@ -33,9 +33,8 @@ type Forecast struct {
 var ErrNoHistory = errors.New("no ended runs with a cost")
 
 // Forecast estimates the cost of n more runs like the model's last k ended
-// runs (k = 0: DefaultForecastHistory), against the budget that covers the
-// model: a model:NAME budget if there is one, else the first budget (by
-// period, scope) that covers the latest of those runs.
+// runs (k = 0: DefaultForecastHistory), against the tightest budget that
+// covers the model (see below).
 func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
 	model = strings.TrimSpace(model)
 	if model == "" || n <= 0 {
@@ -73,32 +72,27 @@ func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
 	if err != nil {
 		return Forecast{}, err
 	}
-	var pick *Budget
+	// Of the budgets covering the model (model:NAME, or any scope matching
+	// its latest run), the forecast is against the tightest: the one with
+	// the least left in its current period.
+	st := m.statuses(budgets, runs)
+	now := m.cfg.Clock.Now()
 	for i, b := range budgets {
-		if b.Scope == "model:"+model {
-			pick = &budgets[i]
-			break
+		if b.Scope != "model:"+model && !Matches(b.Scope, hist[0].r) {
+			continue
 		}
-	}
-	if pick == nil {
-		for i, b := range budgets {
-			if Matches(b.Scope, hist[0].r) {
-				pick = &budgets[i]
-				break
-			}
-		}
-	}
-	if pick != nil {
-		st := m.statuses([]Budget{*pick}, runs)
-		cur := PeriodKey(pick.Period, m.cfg.Clock.Now(), m.cfg.Location)
+		cur := PeriodKey(b.Period, now, m.cfg.Location)
 		used := 0.0
-		for _, s := range st[pick.ID] {
+		for _, s := range st[b.ID] {
 			if s.PeriodKey == cur {
 				used = s.ProjectedUSD
 			}
 		}
-		f.Budget = pick
-		f.RemainingUSD = pick.LimitUSD - used
+		if left := b.LimitUSD - used; f.Budget == nil || left < f.RemainingUSD {
+			f.Budget, f.RemainingUSD = &budgets[i], left
+		}
+	}
+	if f.Budget != nil {
 		f.OverageProbability = overage(f.ExpectedUSD, f.StddevSumUSD, f.RemainingUSD)
 	}
 	return f, nil

@@ -92,7 +92,14 @@ func writeJSON(w io.Writer, m proto.Message) error {
 
 func pct(r float64) string { return fmt.Sprintf("%.0f%%", 100*r) }
 
-func usd(v float64) string { return fmt.Sprintf("$%.2f", v) }
+// usd shows cents, or more digits for amounts under a cent (short test
+// runs).
+func usd(v float64) string {
+	if v != 0 && v < 0.01 && v > -0.01 {
+		return fmt.Sprintf("$%.4f", v)
+	}
+	return fmt.Sprintf("$%.2f", v)
+}
 
 func newBudgetCommand(cf *clientFlags) *cobra.Command {
 	var asJSON bool
