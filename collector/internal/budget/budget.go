@@ -189,9 +189,15 @@ type Manager struct {
 
 	mu      sync.Mutex
 	use     []Use
-	stopped map[string]bool // run\x00node already told to stop
+	stopped map[string]bool     // run\x00node already told to stop
+	changed map[string]struct{} // runs touched by batches since the last load
 
-	evalMu sync.Mutex // one evaluation at a time
+	// The runs as last loaded (guarded by evalMu): only the runs batches
+	// touched are reloaded, and everything every FullReload (which also
+	// catches deleted runs).
+	evalMu   sync.Mutex
+	cache    map[string]run
+	lastFull time.Time
 
 	stop chan struct{}
 	done chan struct{}
@@ -214,7 +220,7 @@ func New(cfg Config, st Store, report func(*aggregate.State) *trainmeterv1.RunRe
 		log = slog.Default()
 	}
 	m := &Manager{cfg: cfg, store: st, report: report, advise: advise, rec: &Recorder{Store: st, Sink: sink}, log: log,
-		dirty: make(chan struct{}, 1), stopped: map[string]bool{}}
+		dirty: make(chan struct{}, 1), stopped: map[string]bool{}, changed: map[string]struct{}{}}
 	m.MarkDirty()
 	return m
 }
@@ -230,8 +236,33 @@ func (m *Manager) MarkDirty() {
 	}
 }
 
-// OnApplied is the ingest observer: every applied batch may change spend.
-func (m *Manager) OnApplied(string, *trainmeterv1.Batch) { m.MarkDirty() }
+// OnApplied is the ingest observer: the runs of every applied batch may
+// have spent more.
+func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
+	m.mu.Lock()
+	for _, w := range b.GetRunWindows() {
+		m.changed[w.GetRunId()] = struct{}{}
+	}
+	for _, e := range b.GetRunEvents() {
+		switch ev := e.GetEvent().(type) {
+		case *trainmeterv1.RunEvent_RunStart:
+			m.changed[ev.RunStart.GetRunId()] = struct{}{}
+		case *trainmeterv1.RunEvent_RunEnd:
+			m.changed[ev.RunEnd.GetRunId()] = struct{}{}
+		case *trainmeterv1.RunEvent_Eval:
+			m.changed[ev.Eval.GetRunId()] = struct{}{}
+		}
+	}
+	for _, l := range b.GetLosses() {
+		m.changed[l.GetRunId()] = struct{}{}
+	}
+	m.mu.Unlock()
+	m.MarkDirty()
+}
+
+// FullReload is how often evaluation reads every run again rather than only
+// those batches touched.
+const FullReload = 5 * time.Minute
 
 // Start evaluates on a ticker until Shutdown.
 func (m *Manager) Start() {
@@ -329,12 +360,60 @@ type run struct {
 	start time.Time
 }
 
+// runs returns every run, from the cache refreshed with the runs that
+// changed. Call with evalMu held.
 func (m *Manager) runs() ([]run, error) {
-	states, err := m.store.ListRuns(nil)
+	now := m.cfg.Clock.Now()
+	m.mu.Lock()
+	changed := m.changed
+	m.changed = map[string]struct{}{}
+	m.mu.Unlock()
+	full := m.cache == nil || now.Sub(m.lastFull) >= FullReload || now.Before(m.lastFull)
+	if !full && len(changed) > 0 {
+		ids := make([]string, 0, len(changed))
+		for id := range changed {
+			if id != "" {
+				ids = append(ids, id)
+			}
+		}
+		loaded, err := m.load(ids, now)
+		if err != nil {
+			full = true // a run deleted meanwhile, or a read error: read everything
+		}
+		for _, x := range loaded {
+			m.cache[x.r.GetRunId()] = x
+		}
+	}
+	if full {
+		loaded, err := m.load(nil, now)
+		if err != nil {
+			m.mu.Lock() // try those again next time
+			for id := range changed {
+				m.changed[id] = struct{}{}
+			}
+			m.mu.Unlock()
+			return nil, err
+		}
+		m.cache = make(map[string]run, len(loaded))
+		for _, x := range loaded {
+			m.cache[x.r.GetRunId()] = x
+		}
+		m.lastFull = now
+	}
+	out := make([]run, 0, len(m.cache))
+	for _, x := range m.cache {
+		out = append(out, x)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].r.GetRunId() < out[j].r.GetRunId() })
+	return out, nil
+}
+
+// load reads runs (all if ids is empty) and reports them.
+func (m *Manager) load(ids []string, now time.Time) ([]run, error) {
+	states, err := m.store.ListRuns(ids)
 	if err != nil {
 		return nil, err
 	}
-	now := m.cfg.Clock.Now()
 	out := make([]run, 0, len(states))
 	for _, s := range states {
 		r := m.report(s)
@@ -413,6 +492,12 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 	defer m.evalMu.Unlock()
 	budgets, err := m.Budgets()
 	if err != nil || len(budgets) == 0 {
+		// Nothing to watch: forget the runs (a budget set later reads
+		// them all).
+		m.mu.Lock()
+		m.changed = map[string]struct{}{}
+		m.mu.Unlock()
+		m.cache = nil
 		m.setUse(nil, nil)
 		return err
 	}
@@ -421,6 +506,7 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 		return err
 	}
 	st := m.statuses(budgets, runs)
+	m.forgetStopped(runs)
 	now := m.cfg.Clock.Now().UTC()
 	var errs []error
 	for _, b := range budgets {
@@ -502,6 +588,24 @@ func (m *Manager) stopRuns(b Budget, s *Status) {
 	}
 }
 
+// forgetStopped drops the stop marks of runs that ended or are gone.
+func (m *Manager) forgetStopped(runs []run) {
+	live := map[string]bool{}
+	for _, x := range runs {
+		if !x.r.GetEnded() {
+			live[x.r.GetRunId()] = true
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k := range m.stopped {
+		id, _, _ := strings.Cut(k, "\x00")
+		if !live[id] {
+			delete(m.stopped, k)
+		}
+	}
+}
+
 // Use is one budget's use ratio in the current period (for the
 // trainmeter.budget.use_ratio gauge).
 type Use struct {
@@ -535,6 +639,8 @@ func (m *Manager) BudgetUse() []Use {
 
 // Statuses returns each budget's use in the current period.
 func (m *Manager) Statuses() ([]Status, error) {
+	m.evalMu.Lock()
+	defer m.evalMu.Unlock()
 	budgets, err := m.Budgets()
 	if err != nil || len(budgets) == 0 {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -73,9 +74,11 @@ func ftoa(f float64) string { return map[float64]string{0.5: "50", 0.75: "75", 0
 
 // feed applies seconds [from, to) of 1-GPU windows of run (a $1 window each)
 // from node, starting the run (with scope and labels) at second 0.
+// Like ingest, it tells the manager (if any) of every applied batch.
 type feeder struct {
 	t   *testing.T
 	st  *store.Store
+	m   *Manager
 	seq uint64
 }
 
@@ -93,8 +96,12 @@ func (f *feeder) run(node, run, model, scope string, labels map[string]string, f
 		if end && s == to-1 {
 			evs = append(evs, tu.End(run, float64(s+1)))
 		}
-		if _, err := f.st.ApplyBatch(node, "boot", tu.Batch(f.seq, float64(s), []*trainmeterv1.RunWindow{tu.Window(run, float64(s), 100, 50)}, evs...)); err != nil {
+		b := tu.Batch(f.seq, float64(s), []*trainmeterv1.RunWindow{tu.Window(run, float64(s), 100, 50)}, evs...)
+		if _, err := f.st.ApplyBatch(node, "boot", b); err != nil {
 			f.t.Fatal(err)
+		}
+		if f.m != nil {
+			f.m.OnApplied(node, b)
 		}
 	}
 }
@@ -154,7 +161,7 @@ func TestAlertsFireOnceAcrossRestarts(t *testing.T) {
 	if _, err := m.Set(Budget{Scope: "team:nlp", LimitUSD: 100}); err != nil {
 		t.Fatal(err)
 	}
-	f := &feeder{t: t, st: st}
+	f := &feeder{t: t, st: st, m: m}
 	ctx := context.Background()
 	eval := func() {
 		t.Helper()
@@ -199,7 +206,7 @@ func TestAlertsFireOnceAcrossRestarts(t *testing.T) {
 	sink2 := &collected{}
 	m = New(Config{Clock: clk}, st, report, nil, sink2, quiet())
 	eval()
-	f.st = st
+	f.st, f.m = st, m
 	f.run("n1", "r1", "m", "proj", nil, 10, 12, true) // 120 %, ended
 	eval()
 	if k := sink2.keys(); len(k) != 0 {
@@ -236,7 +243,7 @@ func TestMonthlyBudgets(t *testing.T) {
 	if _, err := m.Set(Budget{Scope: "model:m", LimitUSD: 4, Period: PeriodMonth}); err != nil {
 		t.Fatal(err)
 	}
-	f := &feeder{t: t, st: st}
+	f := &feeder{t: t, st: st, m: m}
 	f.run("n1", "march", "m", "", nil, 0, 3, true) // $3 in 2025-03: 75 %
 	if err := m.Evaluate(context.Background()); err != nil {
 		t.Fatal(err)
@@ -255,6 +262,42 @@ func TestMonthlyBudgets(t *testing.T) {
 	}
 	if len(sts) != 1 || sts[0].PeriodKey != "2025-04" || sts[0].SpentUSD != 0 {
 		t.Errorf("April status %+v", sts)
+	}
+}
+
+// TestDeletedRunLeavesBudget: a deleted run stops counting at the next
+// full reload of the runs.
+func TestDeletedRunLeavesBudget(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	clk := clock.NewFake(tu.Now())
+	m := New(Config{Clock: clk}, st, report, nil, nil, quiet())
+	if _, err := m.Set(Budget{Scope: "s", LimitUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	f := &feeder{t: t, st: st, m: m}
+	f.run("n1", "a", "m", "s", nil, 0, 3, true)
+	f.run("n1", "b", "m", "s", nil, 0, 4, true)
+	spent := func() float64 {
+		t.Helper()
+		if err := m.Evaluate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		sts, err := m.Statuses()
+		if err != nil || len(sts) != 1 {
+			t.Fatal(sts, err)
+		}
+		return sts[0].SpentUSD
+	}
+	if s := spent(); s != 7 {
+		t.Fatalf("spent %v, want 7", s)
+	}
+	if _, err := st.DeleteRun("a"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(FullReload)
+	if s := spent(); s != 4 {
+		t.Errorf("spent %v after deleting run a, want 4", s)
 	}
 }
 
@@ -285,7 +328,7 @@ func TestStopPolicy(t *testing.T) {
 	if _, err := m.Set(Budget{Scope: "s", LimitUSD: 5, Policy: PolicyStop}); err != nil {
 		t.Fatal(err)
 	}
-	f := &feeder{t: t, st: st}
+	f := &feeder{t: t, st: st, m: m}
 	f.run("n1", "done", "m", "s", nil, 0, 2, true) // ended: never told to stop
 	f.run("n2", "live", "m", "s", nil, 0, 2, false)
 	for range 3 {
@@ -320,7 +363,7 @@ func TestLoopEvaluatesOnTick(t *testing.T) {
 	if _, err := m.Set(Budget{Scope: "s", LimitUSD: 2}); err != nil {
 		t.Fatal(err)
 	}
-	f := &feeder{t: t, st: st}
+	f := &feeder{t: t, st: st, m: m}
 	f.run("n1", "r", "m", "s", nil, 0, 1, false)
 	m.OnApplied("n1", nil)
 	clk.Advance(time.Second) // the tick is received: the evaluation ran or is running
@@ -334,7 +377,7 @@ func TestForecast(t *testing.T) {
 	st := openStore(t, t.TempDir())
 	defer st.Close()
 	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, nil, nil, quiet())
-	f := &feeder{t: t, st: st}
+	f := &feeder{t: t, st: st, m: m}
 	f.run("n1", "a", "m", "", nil, 0, 10, true)
 	f.run("n1", "b", "m", "", nil, 0, 12, true)
 	f.run("n1", "c", "m", "", nil, 0, 14, true)
@@ -363,5 +406,49 @@ func TestForecast(t *testing.T) {
 	fc, _ = m.Forecast("m", 5, 1) // the last run only: $14, no spread, 70 > 64
 	if fc.MeanUSD != 14 || fc.OverageProbability != 1 || len(fc.BasedOn) != 1 {
 		t.Errorf("forecast on one run %+v", fc)
+	}
+}
+
+// BenchmarkEvaluate: one evaluation of 5 budgets over 1000 stored runs of
+// 10 windows each, 10 of them live (touched by a batch since the last
+// evaluation): the work done each second while runs report.
+func BenchmarkEvaluate(b *testing.B) {
+	st, err := store.Open(b.TempDir(), store.Options{Logger: quiet()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	seq := uint64(0)
+	for r := range 1000 {
+		run := "run-" + strconv.Itoa(r)
+		for s := range 10 {
+			seq++
+			var evs []*trainmeterv1.RunEvent
+			if s == 0 {
+				ev := tu.Start(run, 0, "m"+strconv.Itoa(r%5))
+				ev.GetRunStart().BudgetScope = "scope-" + strconv.Itoa(r%5)
+				evs = append(evs, ev)
+			}
+			if _, err := st.ApplyBatch("n", "b", tu.Batch(seq, float64(s), []*trainmeterv1.RunWindow{tu.Window(run, float64(s), 1, 1)}, evs...)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, nil, nil, quiet())
+	for i := range 5 {
+		if _, err := m.Set(Budget{Scope: "scope-" + strconv.Itoa(i), LimitUSD: 1e9}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := m.Evaluate(context.Background()); err != nil { // the first reads every run
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		for r := range 10 {
+			m.OnApplied("n", &trainmeterv1.Batch{RunWindows: []*trainmeterv1.RunWindow{{RunId: "run-" + strconv.Itoa(r)}}})
+		}
+		if err := m.Evaluate(context.Background()); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -43,6 +43,8 @@ func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
 	if k <= 0 {
 		k = DefaultForecastHistory
 	}
+	m.evalMu.Lock()
+	defer m.evalMu.Unlock()
 	runs, err := m.runs()
 	if err != nil {
 		return Forecast{}, err
