@@ -97,7 +97,7 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	c := startCollector(t, "--gpu-price-per-hour", "72", "--webhook", hook.srv.URL+"/alerts")
 	sock := c.startAgent("budget-node", "sim:2")
 	c.waitStreaming("budget-node")
-	if out := c.cli("budget", "set", "e2e-team-budget", "0.80"); !strings.Contains(out, "budget e2e-team-budget: $0.80 per total") {
+	if out := c.cli("budget", "set", "e2e-team-budget", "0.80"); !strings.Contains(out, "budget e2e-team-budget: $0.80 in total") {
 		t.Fatalf("budget set: %q", out)
 	}
 

@@ -51,11 +51,13 @@ type Alert struct {
 	Time      time.Time `json:"time"`
 	BudgetID  string    `json:"budget_id,omitempty"`
 
-	GPUName             string   `json:"gpu_name,omitempty"`
-	PriceUSDPerHour     float64  `json:"price_usd_per_hour,omitempty"`
-	ReferenceUSDPerHour float64  `json:"reference_usd_per_hour,omitempty"`
-	Change              float64  `json:"change,omitempty"`
-	RunIDs              []string `json:"run_ids,omitempty"`
+	GPUName             string  `json:"gpu_name,omitempty"`
+	PriceUSDPerHour     float64 `json:"price_usd_per_hour,omitempty"`
+	ReferenceUSDPerHour float64 `json:"reference_usd_per_hour,omitempty"`
+	Change              float64 `json:"change,omitempty"`
+	// RunIDs are runs the budget covers in the period (at most
+	// MaxAlertRunIDs, by run id).
+	RunIDs []string `json:"run_ids,omitempty"`
 }
 
 // alertID is a stable id derived from the alert's dedup key, so a receiver

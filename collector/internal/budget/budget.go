@@ -44,6 +44,10 @@ var Thresholds = []struct {
 	Severity string
 }{{0.5, SeverityInfo}, {0.75, SeverityWarning}, {0.9, SeverityCritical}, {1, SeverityExceeded}}
 
+// MaxAlertRunIDs bounds the run ids an alert lists (a "*" budget may
+// cover thousands of runs).
+const MaxAlertRunIDs = 50
+
 // Budget is a spending limit for the runs a scope matches.
 type Budget struct {
 	// ID changes whenever the budget is set again, so that a new amount
@@ -542,7 +546,7 @@ func (m *Manager) fire(ctx context.Context, s *Status, th float64, sev string, p
 	key := fmt.Sprintf("%s/%s/%s/%s/%g", KindBudget, s.ID, s.PeriodKey, kind, th)
 	a := Alert{
 		Kind: KindBudget, Severity: sev, Scope: s.Scope, Period: s.Period, PeriodKey: s.PeriodKey, Threshold: th,
-		SpentUSD: v, BudgetUSD: s.LimitUSD, Projected: projected, Time: now, BudgetID: s.ID, RunIDs: s.runIDs,
+		SpentUSD: v, BudgetUSD: s.LimitUSD, Projected: projected, Time: now, BudgetID: s.ID, RunIDs: s.runIDs[:min(len(s.runIDs), MaxAlertRunIDs)],
 		Message: fmt.Sprintf("budget %s (%s): %s $%.2f of $%.2f (%.0f%%) crossed %.0f%% [%s]",
 			s.Scope, periodLabel(s.Period, s.PeriodKey), what, v, s.LimitUSD, 100*v/s.LimitUSD, 100*th, sev),
 	}

@@ -159,7 +159,11 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 				if pol == "" {
 					pol = "alert"
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "budget %s: %s per %s, policy %s\n", b.GetScope(), usd(b.GetLimitUsd()), b.GetPeriod(), pol)
+				per := "in total"
+				if b.GetPeriod() == "month" {
+					per = "per calendar month"
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "budget %s: %s %s, policy %s\n", b.GetScope(), usd(b.GetLimitUsd()), per, pol)
 				return nil
 			})
 		},

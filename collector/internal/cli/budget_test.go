@@ -29,7 +29,7 @@ func TestBudgetCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err = run(t, env, "budget", "set", "model:llama-3-8b", "$0.001")
-	if err != nil || !strings.Contains(out, "budget model:llama-3-8b: $0.0010 per total, policy alert") {
+	if err != nil || !strings.Contains(out, "budget model:llama-3-8b: $0.0010 in total, policy alert") {
 		t.Fatalf("budget set: %q %v", out, err)
 	}
 	out, err = run(t, env, "budget")
