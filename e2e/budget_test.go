@@ -8,12 +8,46 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
+
+// collectorAt starts a collector on addr with data dir data (so that a test
+// can restart it on the same data) and returns it with its process.
+func collectorAt(t *testing.T, addr, data string, extra ...string) (*cluster, *exec.Cmd) {
+	t.Helper()
+	cmd := daemon(t, "trainmeter", append([]string{"serve", "--listen", addr, "--data", data}, extra...)...)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c := &cluster{t: t, addr: addr, q: pb.NewQueryServiceClient(conn)}
+	c.eventually("collector answering", func() bool {
+		_, err := c.q.ListRuns(t.Context(), &pb.ListRunsRequest{})
+		return err == nil
+	})
+	return c, cmd
+}
+
+// stopDaemon stops a daemon started by daemon() and waits until it is gone.
+func stopDaemon(c *cluster, cmd *exec.Cmd) {
+	c.t.Helper()
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		c.t.Fatal(err)
+	}
+	c.eventually("collector exited", func() bool { return syscall.Kill(cmd.Process.Pid, 0) != nil })
+}
 
 // hookReceiver is a webhook receiver on loopback that counts what it
 // accepted. It answers 503 to the first POST of every alert (the sender must
@@ -91,10 +125,13 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 not installed")
 	}
+	t.Parallel()
 	hook := newHookReceiver(t)
 	// 2 sim GPUs at $72/GPU-hour cost $0.04/s: the $0.80 budget is used up
 	// after about 20 s of the 30 s run.
-	c := startCollector(t, "--gpu-price-per-hour", "72", "--webhook", hook.srv.URL+"/alerts")
+	addr, data := freeAddr(t), filepath.Join(t.TempDir(), "data")
+	collectorArgs := []string{"--gpu-price-per-hour", "72", "--webhook", hook.srv.URL + "/alerts"}
+	c, collector := collectorAt(t, addr, data, collectorArgs...)
 	sock := c.startAgent("budget-node", "sim:2")
 	c.waitStreaming("budget-node")
 	if out := c.cli("budget", "set", "e2e-team-budget", "0.80"); !strings.Contains(out, "budget e2e-team-budget: $0.80 in total") {
@@ -167,11 +204,24 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	if table := c.cli("budget"); !strings.Contains(table, "e2e-team-budget") || !strings.Contains(table, "alert") {
 		t.Errorf("budget table:\n%s", table)
 	}
+
+	// A restarted collector (same data) evaluates the budget again at once
+	// and fires nothing new.
+	stopDaemon(c, collector)
+	c, _ = collectorAt(t, addr, data, collectorArgs...)
+	time.Sleep(4 * time.Second)
+	if got, posts := hook.budgetAlerts("e2e-team-budget"); posts != 2*len(want) || len(got) != len(want) {
+		t.Errorf("after a restart: %d POSTs, alerts %v: an alert fired again", posts, got)
+	}
+	if out := c.cli("alerts"); strings.Count(out, "budget e2e-team-budget") != len(want) {
+		t.Errorf("alerts after the restart:\n%s", out)
+	}
 }
 
 // TestStopBudgetStopsTrainer: a budget with the stop policy makes the
 // example trainer stop early with the budget's reason.
 func TestStopBudgetStopsTrainer(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 not installed")
 	}
@@ -206,6 +256,7 @@ func TestStopBudgetStopsTrainer(t *testing.T) {
 // then -12 %, then +25 % against the trailing average: the drop and the
 // surge alert, the 5 % move does not.
 func TestPriceAlertsFromVastAILikeServer(t *testing.T) {
+	t.Parallel()
 	fixture, err := os.ReadFile("../pkg/prices/testdata/vastai_offers.json")
 	if err != nil {
 		t.Fatal(err)
