@@ -71,6 +71,7 @@ var methodRoles = map[string]Role{
 	trainmeterv1.BudgetService_Forecast_FullMethodName:     RoleRead,
 	trainmeterv1.PriceService_ListPrices_FullMethodName:    RoleRead,
 	trainmeterv1.PriceService_FetchPrices_FullMethodName:   RoleAdmin,
+	trainmeterv1.PriceService_ImportPrices_FullMethodName:  RoleAdmin,
 }
 
 // openPrefixes are services anyone may call.

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -81,6 +82,22 @@ func TestBudgetCommands(t *testing.T) {
 	}
 	if _, err := run(t, env, "prices", "fetch"); err == nil || !strings.Contains(err.Error(), "no price provider") {
 		t.Errorf("prices fetch without a provider: %v", err)
+	}
+	// A price list imported through the CLI needs no provider.
+	out, err = run(t, env, "prices", "import", "../../../pkg/prices/testdata/price_list.csv")
+	if err != nil || !strings.Contains(out, "imported 3 offers of 2 GPU models, 0 price alert(s)") {
+		t.Fatalf("prices import: %q %v", out, err)
+	}
+	out, err = run(t, env, "prices", "--gpu", "rtx_4090")
+	if err != nil || !regexp.MustCompile(`RTX 4090 +0\.380 +0\.410 +2`).MatchString(out) || !strings.Contains(out, "recommended RTX 4090 offers") {
+		t.Errorf("prices --gpu rtx_4090:\n%s %v", out, err)
+	}
+	bad := t.TempDir() + "/bad.csv"
+	if err := os.WriteFile(bad, []byte("gpu_name,dph_total\nA100,free\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, env, "prices", "import", bad); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("bad price list: %v", err)
 	}
 }
 

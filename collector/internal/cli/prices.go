@@ -3,12 +3,14 @@ package cli
 import (
 	"context"
 	"fmt"
+	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/pkg/prices"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -95,6 +97,40 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 		},
 	}
 	fetch.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	c.AddCommand(fetch)
+	imp := &cobra.Command{
+		Use:   "import FILE",
+		Short: "Record the offers of a CSV or JSON price list (docs/budgets.md) as a price fetch",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := os.ReadFile(args[0])
+			if err != nil {
+				return err
+			}
+			offers, err := prices.ParsePriceList(b, "import")
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			req := &trainmeterv1.ImportPricesRequest{}
+			for _, o := range offers {
+				req.Offers = append(req.Offers, &trainmeterv1.PriceOffer{
+					Id: o.ID, Provider: o.Provider, GpuName: o.GPUName, NumGpus: uint32(o.NumGPUs), GpuRamGb: o.GPURAMGB,
+					UsdPerHour: o.USDPerHour, Reliability: o.Reliability, DlperfPerUsd: o.DLPerfPerUSD, Location: o.Location, InetDownMbps: o.InetDownMbps,
+				})
+			}
+			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+				resp, err := trainmeterv1.NewPriceServiceClient(conn).ImportPrices(ctx, req)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), resp)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "imported %d offers of %d GPU models, %d price alert(s)\n", resp.GetOffers(), resp.GetGpuModels(), resp.GetAlerts())
+				return nil
+			})
+		},
+	}
+	imp.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.AddCommand(fetch, imp)
 	return c
 }

@@ -201,6 +201,14 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 	return w.Record(ctx, now, offers)
 }
 
+// Import records offers from elsewhere (a price list sent by the CLI) as a
+// fetch at the clock's now.
+func (w *Watcher) Import(ctx context.Context, offers []prices.Offer) (FetchResult, error) {
+	w.fetchMu.Lock()
+	defer w.fetchMu.Unlock()
+	return w.Record(ctx, w.cfg.Clock.Now().UTC(), offers)
+}
+
 // Record stores one fetch's offers taken at now (Fetch calls it; tests
 // call it to feed a series).
 func (w *Watcher) Record(ctx context.Context, now time.Time, offers []prices.Offer) (FetchResult, error) {

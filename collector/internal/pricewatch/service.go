@@ -64,3 +64,33 @@ func (s *Service) FetchPrices(ctx context.Context, _ *trainmeterv1.FetchPricesRe
 	}
 	return &trainmeterv1.FetchPricesResponse{Offers: uint32(res.Offers), GpuModels: uint32(res.Models), Alerts: uint32(res.Alerts)}, nil
 }
+
+// MaxImportOffers bounds one import.
+const MaxImportOffers = 100_000
+
+// ImportPrices implements PriceService.
+func (s *Service) ImportPrices(ctx context.Context, req *trainmeterv1.ImportPricesRequest) (*trainmeterv1.ImportPricesResponse, error) {
+	if len(req.GetOffers()) == 0 || len(req.GetOffers()) > MaxImportOffers {
+		return nil, status.Errorf(codes.InvalidArgument, "import 1..%d offers, got %d", MaxImportOffers, len(req.GetOffers()))
+	}
+	offers := make([]prices.Offer, 0, len(req.GetOffers()))
+	for i, o := range req.GetOffers() {
+		off := prices.Offer{
+			ID: o.GetId(), Provider: o.GetProvider(), GPUName: o.GetGpuName(), NumGPUs: int(o.GetNumGpus()), GPURAMGB: o.GetGpuRamGb(),
+			USDPerHour: o.GetUsdPerHour(), Reliability: o.GetReliability(), DLPerfPerUSD: o.GetDlperfPerUsd(),
+			Location: o.GetLocation(), InetDownMbps: o.GetInetDownMbps(),
+		}
+		if off.Provider == "" {
+			off.Provider = "import"
+		}
+		if err := off.Validate(); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "offer %d: %v", i+1, err)
+		}
+		offers = append(offers, off)
+	}
+	res, err := s.w.Import(ctx, offers)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &trainmeterv1.ImportPricesResponse{Offers: uint32(res.Offers), GpuModels: uint32(res.Models), Alerts: uint32(res.Alerts)}, nil
+}

@@ -536,6 +536,110 @@ func (x *FetchPricesResponse) GetAlerts() uint32 {
 	return 0
 }
 
+type ImportPricesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Offers        []*PriceOffer          `protobuf:"bytes,1,rep,name=offers,proto3" json:"offers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportPricesRequest) Reset() {
+	*x = ImportPricesRequest{}
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportPricesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportPricesRequest) ProtoMessage() {}
+
+func (x *ImportPricesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportPricesRequest.ProtoReflect.Descriptor instead.
+func (*ImportPricesRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ImportPricesRequest) GetOffers() []*PriceOffer {
+	if x != nil {
+		return x.Offers
+	}
+	return nil
+}
+
+type ImportPricesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Offers        uint32                 `protobuf:"varint,1,opt,name=offers,proto3" json:"offers,omitempty"`
+	GpuModels     uint32                 `protobuf:"varint,2,opt,name=gpu_models,json=gpuModels,proto3" json:"gpu_models,omitempty"`
+	Alerts        uint32                 `protobuf:"varint,3,opt,name=alerts,proto3" json:"alerts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportPricesResponse) Reset() {
+	*x = ImportPricesResponse{}
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportPricesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportPricesResponse) ProtoMessage() {}
+
+func (x *ImportPricesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportPricesResponse.ProtoReflect.Descriptor instead.
+func (*ImportPricesResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ImportPricesResponse) GetOffers() uint32 {
+	if x != nil {
+		return x.Offers
+	}
+	return 0
+}
+
+func (x *ImportPricesResponse) GetGpuModels() uint32 {
+	if x != nil {
+		return x.GpuModels
+	}
+	return 0
+}
+
+func (x *ImportPricesResponse) GetAlerts() uint32 {
+	if x != nil {
+		return x.Alerts
+	}
+	return 0
+}
+
 var File_trainmeter_v1_prices_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_prices_proto_rawDesc = "" +
@@ -585,11 +689,19 @@ const file_trainmeter_v1_prices_proto_rawDesc = "" +
 	"\x06offers\x18\x01 \x01(\rR\x06offers\x12\x1d\n" +
 	"\n" +
 	"gpu_models\x18\x02 \x01(\rR\tgpuModels\x12\x16\n" +
-	"\x06alerts\x18\x03 \x01(\rR\x06alerts2\xb7\x01\n" +
+	"\x06alerts\x18\x03 \x01(\rR\x06alerts\"H\n" +
+	"\x13ImportPricesRequest\x121\n" +
+	"\x06offers\x18\x01 \x03(\v2\x19.trainmeter.v1.PriceOfferR\x06offers\"e\n" +
+	"\x14ImportPricesResponse\x12\x16\n" +
+	"\x06offers\x18\x01 \x01(\rR\x06offers\x12\x1d\n" +
+	"\n" +
+	"gpu_models\x18\x02 \x01(\rR\tgpuModels\x12\x16\n" +
+	"\x06alerts\x18\x03 \x01(\rR\x06alerts2\x90\x02\n" +
 	"\fPriceService\x12Q\n" +
 	"\n" +
 	"ListPrices\x12 .trainmeter.v1.ListPricesRequest\x1a!.trainmeter.v1.ListPricesResponse\x12T\n" +
-	"\vFetchPrices\x12!.trainmeter.v1.FetchPricesRequest\x1a\".trainmeter.v1.FetchPricesResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
+	"\vFetchPrices\x12!.trainmeter.v1.FetchPricesRequest\x1a\".trainmeter.v1.FetchPricesResponse\x12W\n" +
+	"\fImportPrices\x12\".trainmeter.v1.ImportPricesRequest\x1a#.trainmeter.v1.ImportPricesResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
 
 var (
 	file_trainmeter_v1_prices_proto_rawDescOnce sync.Once
@@ -603,7 +715,7 @@ func file_trainmeter_v1_prices_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_prices_proto_rawDescData
 }
 
-var file_trainmeter_v1_prices_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_trainmeter_v1_prices_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_trainmeter_v1_prices_proto_goTypes = []any{
 	(*PriceOffer)(nil),            // 0: trainmeter.v1.PriceOffer
 	(*PriceTrend)(nil),            // 1: trainmeter.v1.PriceTrend
@@ -612,23 +724,28 @@ var file_trainmeter_v1_prices_proto_goTypes = []any{
 	(*ListPricesResponse)(nil),    // 4: trainmeter.v1.ListPricesResponse
 	(*FetchPricesRequest)(nil),    // 5: trainmeter.v1.FetchPricesRequest
 	(*FetchPricesResponse)(nil),   // 6: trainmeter.v1.FetchPricesResponse
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(*ImportPricesRequest)(nil),   // 7: trainmeter.v1.ImportPricesRequest
+	(*ImportPricesResponse)(nil),  // 8: trainmeter.v1.ImportPricesResponse
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 }
 var file_trainmeter_v1_prices_proto_depIdxs = []int32{
-	7, // 0: trainmeter.v1.GpuPrice.fetched:type_name -> google.protobuf.Timestamp
+	9, // 0: trainmeter.v1.GpuPrice.fetched:type_name -> google.protobuf.Timestamp
 	1, // 1: trainmeter.v1.GpuPrice.trends:type_name -> trainmeter.v1.PriceTrend
 	0, // 2: trainmeter.v1.GpuPrice.cheapest:type_name -> trainmeter.v1.PriceOffer
 	0, // 3: trainmeter.v1.GpuPrice.recommended:type_name -> trainmeter.v1.PriceOffer
 	2, // 4: trainmeter.v1.ListPricesResponse.gpus:type_name -> trainmeter.v1.GpuPrice
-	3, // 5: trainmeter.v1.PriceService.ListPrices:input_type -> trainmeter.v1.ListPricesRequest
-	5, // 6: trainmeter.v1.PriceService.FetchPrices:input_type -> trainmeter.v1.FetchPricesRequest
-	4, // 7: trainmeter.v1.PriceService.ListPrices:output_type -> trainmeter.v1.ListPricesResponse
-	6, // 8: trainmeter.v1.PriceService.FetchPrices:output_type -> trainmeter.v1.FetchPricesResponse
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	0, // 5: trainmeter.v1.ImportPricesRequest.offers:type_name -> trainmeter.v1.PriceOffer
+	3, // 6: trainmeter.v1.PriceService.ListPrices:input_type -> trainmeter.v1.ListPricesRequest
+	5, // 7: trainmeter.v1.PriceService.FetchPrices:input_type -> trainmeter.v1.FetchPricesRequest
+	7, // 8: trainmeter.v1.PriceService.ImportPrices:input_type -> trainmeter.v1.ImportPricesRequest
+	4, // 9: trainmeter.v1.PriceService.ListPrices:output_type -> trainmeter.v1.ListPricesResponse
+	6, // 10: trainmeter.v1.PriceService.FetchPrices:output_type -> trainmeter.v1.FetchPricesResponse
+	8, // 11: trainmeter.v1.PriceService.ImportPrices:output_type -> trainmeter.v1.ImportPricesResponse
+	9, // [9:12] is the sub-list for method output_type
+	6, // [6:9] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_prices_proto_init() }
@@ -642,7 +759,7 @@ func file_trainmeter_v1_prices_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_prices_proto_rawDesc), len(file_trainmeter_v1_prices_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

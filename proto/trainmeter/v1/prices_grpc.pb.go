@@ -19,8 +19,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PriceService_ListPrices_FullMethodName  = "/trainmeter.v1.PriceService/ListPrices"
-	PriceService_FetchPrices_FullMethodName = "/trainmeter.v1.PriceService/FetchPrices"
+	PriceService_ListPrices_FullMethodName   = "/trainmeter.v1.PriceService/ListPrices"
+	PriceService_FetchPrices_FullMethodName  = "/trainmeter.v1.PriceService/FetchPrices"
+	PriceService_ImportPrices_FullMethodName = "/trainmeter.v1.PriceService/ImportPrices"
 )
 
 // PriceServiceClient is the client API for PriceService service.
@@ -35,6 +36,9 @@ type PriceServiceClient interface {
 	ListPrices(ctx context.Context, in *ListPricesRequest, opts ...grpc.CallOption) (*ListPricesResponse, error)
 	// FetchPrices fetches from the configured provider now.
 	FetchPrices(ctx context.Context, in *FetchPricesRequest, opts ...grpc.CallOption) (*FetchPricesResponse, error)
+	// ImportPrices records offers read elsewhere (trainmeter prices import
+	// FILE: a CSV or JSON price list) as one fetch, with its price alerts.
+	ImportPrices(ctx context.Context, in *ImportPricesRequest, opts ...grpc.CallOption) (*ImportPricesResponse, error)
 }
 
 type priceServiceClient struct {
@@ -65,6 +69,16 @@ func (c *priceServiceClient) FetchPrices(ctx context.Context, in *FetchPricesReq
 	return out, nil
 }
 
+func (c *priceServiceClient) ImportPrices(ctx context.Context, in *ImportPricesRequest, opts ...grpc.CallOption) (*ImportPricesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ImportPricesResponse)
+	err := c.cc.Invoke(ctx, PriceService_ImportPrices_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PriceServiceServer is the server API for PriceService service.
 // All implementations must embed UnimplementedPriceServiceServer
 // for forward compatibility.
@@ -77,6 +91,9 @@ type PriceServiceServer interface {
 	ListPrices(context.Context, *ListPricesRequest) (*ListPricesResponse, error)
 	// FetchPrices fetches from the configured provider now.
 	FetchPrices(context.Context, *FetchPricesRequest) (*FetchPricesResponse, error)
+	// ImportPrices records offers read elsewhere (trainmeter prices import
+	// FILE: a CSV or JSON price list) as one fetch, with its price alerts.
+	ImportPrices(context.Context, *ImportPricesRequest) (*ImportPricesResponse, error)
 	mustEmbedUnimplementedPriceServiceServer()
 }
 
@@ -92,6 +109,9 @@ func (UnimplementedPriceServiceServer) ListPrices(context.Context, *ListPricesRe
 }
 func (UnimplementedPriceServiceServer) FetchPrices(context.Context, *FetchPricesRequest) (*FetchPricesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method FetchPrices not implemented")
+}
+func (UnimplementedPriceServiceServer) ImportPrices(context.Context, *ImportPricesRequest) (*ImportPricesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ImportPrices not implemented")
 }
 func (UnimplementedPriceServiceServer) mustEmbedUnimplementedPriceServiceServer() {}
 func (UnimplementedPriceServiceServer) testEmbeddedByValue()                      {}
@@ -150,6 +170,24 @@ func _PriceService_FetchPrices_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PriceService_ImportPrices_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ImportPricesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PriceServiceServer).ImportPrices(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PriceService_ImportPrices_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PriceServiceServer).ImportPrices(ctx, req.(*ImportPricesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PriceService_ServiceDesc is the grpc.ServiceDesc for PriceService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -164,6 +202,10 @@ var PriceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "FetchPrices",
 			Handler:    _PriceService_FetchPrices_Handler,
+		},
+		{
+			MethodName: "ImportPrices",
+			Handler:    _PriceService_ImportPrices_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
