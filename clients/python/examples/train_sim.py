@@ -24,6 +24,14 @@ except ImportError:  # run from a checkout without installing
     import trainmeter
 
 
+# run_start keys this script sets itself (a --label cannot override them).
+_OWN_KEYS = {
+    "run_id", "socket_path", "model", "dataset", "backend", "optimizer", "batch_size", "grad_accum", "seq_len",
+    "precision", "seed", "notes", "warmup_s", "gpus", "num_workers", "prefetch_factor", "planned_steps",
+    "gpu_price_per_hour", "budget_scope", "event",
+}
+
+
 def parse_gpus(s):
     out = []
     for part in (s or "").split(","):
@@ -67,6 +75,8 @@ def main(argv=None):
         k, sep, v = kv.partition("=")
         if not sep or not k:
             p.error("--label %r: want KEY=VALUE" % kv)
+        if k in _OWN_KEYS:
+            p.error("--label %s: %s is a run_start key of its own; use its option" % (kv, k))
         labels[k] = v
 
     step_time = max(1e-4, args.step_time)
