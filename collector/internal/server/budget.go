@@ -39,6 +39,9 @@ type BudgetConfig struct {
 
 	// Clock of the budget and price loops; nil: the wall clock (tests).
 	Clock clock.Clock
+	// AlertSinks are told of every alert besides the webhooks (e.g. an
+	// OpenTelemetry log exporter).
+	AlertSinks []budget.AlertSink
 }
 
 // Validate checks the config.
@@ -94,7 +97,7 @@ func (s *Server) startBudget(st *store.Store, ing *ingest.Server, gs *grpc.Serve
 	pricing := s.cfg.Pricing()
 	report := func(a *aggregate.State) *trainmeterv1.RunReport { return a.Report(pricing) }
 	p.manager = budget.New(budget.Config{EvalInterval: c.EvalInterval, Location: loc, Clock: c.Clock}, st, report, ing,
-		budget.Sinks{p.webhooks}, s.log)
+		append(budget.Sinks{p.webhooks}, c.AlertSinks...), s.log)
 	p.prices = pricewatch.New(pricewatch.Config{Interval: c.PriceFetchInterval, Clock: c.Clock}, c.provider(), st, p.manager.Recorder(), s.log)
 	ing.OnApplied(p.manager.OnApplied)
 	trainmeterv1.RegisterBudgetServiceServer(gs, budget.NewService(p.manager))
