@@ -194,6 +194,9 @@ func (w *Webhooks) deliver(h *hook, a Alert) bool {
 			w.log.Debug("webhook delivered", "url", h.url, "alert", a.ID, "attempt", attempt)
 			return true
 		}
+		if w.ctx.Err() != nil {
+			return false // stopping: not the receiver's failure, keep it pending
+		}
 		var perm *permanentError
 		if errors.As(err, &perm) || attempt >= w.cfg.MaxAttempts {
 			w.log.Error("webhook delivery failed", "url", h.url, "alert", a.ID, "attempts", attempt, "err", err)
