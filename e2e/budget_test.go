@@ -127,10 +127,10 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	}
 	t.Parallel()
 	hook := newHookReceiver(t)
-	// 2 sim GPUs at $72/GPU-hour cost $0.04/s: the $0.80 budget is used up
-	// after about 20 s of the 30 s run.
+	// 2 sim GPUs at $144/GPU-hour cost $0.08/s: the $0.80 budget is used up
+	// after about 10 s of the 15 s run.
 	addr, data := freeAddr(t), filepath.Join(t.TempDir(), "data")
-	collectorArgs := []string{"--gpu-price-per-hour", "72", "--webhook", hook.srv.URL + "/alerts"}
+	collectorArgs := []string{"--gpu-price-per-hour", "144", "--webhook", hook.srv.URL + "/alerts"}
 	c, collector := collectorAt(t, addr, data, collectorArgs...)
 	sock := c.startAgent("budget-node", "sim:2")
 	c.waitStreaming("budget-node")
@@ -139,7 +139,7 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	}
 
 	out, _ := trainSim(t, sock, "--run-id", "b1", "--model", "budget-model", "--gpus", "0,1", "--budget-scope", "e2e-team-budget",
-		"--duration-s", "30", "--step-time", "0.1")
+		"--duration-s", "15", "--step-time", "0.1")
 	if strings.Contains(out, "stopped=") {
 		t.Fatalf("a budget without the stop policy stopped the run: %s", out)
 	}
@@ -225,12 +225,12 @@ func TestStopBudgetStopsTrainer(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 not installed")
 	}
-	c := startCollector(t, "--gpu-price-per-hour", "72")
+	c := startCollector(t, "--gpu-price-per-hour", "144")
 	sock := c.startAgent("stop-node", "sim:2")
 	c.waitStreaming("stop-node")
 	c.cli("budget", "set", "team:e2e-stop", "0.20", "--policy", "stop")
 
-	// $0.20 at $0.04/s: exceeded after about 5 s of a 60 s run.
+	// $0.20 at $0.08/s: exceeded after about 3 s of a 60 s run.
 	out, took := trainSim(t, sock, "--run-id", "s1", "--model", "stop-model", "--gpus", "0,1", "--label", "team=e2e-stop",
 		"--duration-s", "60", "--step-time", "0.1")
 	m := regexp.MustCompile(`steps=(\d+) .* stopped='budget team:e2e-stop exceeded \((\d+)%\)'`).FindStringSubmatch(out)
