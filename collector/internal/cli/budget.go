@@ -95,7 +95,10 @@ func pct(r float64) string { return fmt.Sprintf("%.0f%%", 100*r) }
 // usd shows cents, or more digits for amounts under a cent (short test
 // runs).
 func usd(v float64) string {
-	if v != 0 && v < 0.01 && v > -0.01 {
+	if v < 0 {
+		return "-" + usd(-v)
+	}
+	if v != 0 && v < 0.01 {
 		return fmt.Sprintf("$%.4f", v)
 	}
 	return fmt.Sprintf("$%.2f", v)
@@ -253,7 +256,11 @@ func newForecastCommand(cf *clientFlags) *cobra.Command {
 					fmt.Fprintln(w, "  budget      none covers this model")
 					return nil
 				}
-				fmt.Fprintf(w, "  budget      %s (%s): %s, %s left\n", f.GetBudgetScope(), f.GetBudgetPeriod(), usd(f.GetBudgetUsd()), usd(f.GetRemainingUsd()))
+				left := usd(f.GetRemainingUsd()) + " left"
+				if f.GetRemainingUsd() < 0 {
+					left = "already over by " + usd(-f.GetRemainingUsd())
+				}
+				fmt.Fprintf(w, "  budget      %s (%s): %s, %s\n", f.GetBudgetScope(), f.GetBudgetPeriod(), usd(f.GetBudgetUsd()), left)
 				fmt.Fprintf(w, "  overage     %.0f%% risk of exceeding it\n", 100*f.GetOverageProbability())
 				return nil
 			})
