@@ -97,9 +97,10 @@ type Webhooks struct {
 }
 
 type hook struct {
-	url   string
-	tag   string // key prefix of its pending records
-	queue chan Alert
+	url    string
+	logURL string // without path, query and user info: webhook URLs often embed a secret
+	tag    string // key prefix of its pending records
+	queue  chan Alert
 }
 
 // NewWebhooks returns a sender; store may be nil (no redelivery after a
@@ -112,7 +113,7 @@ func NewWebhooks(cfg WebhookConfig, store PendingStore, log *slog.Logger) *Webho
 	w := &Webhooks{cfg: cfg, store: store, log: log, client: &http.Client{Timeout: cfg.Timeout}}
 	for _, u := range cfg.URLs {
 		h := sha256.Sum256([]byte(u))
-		w.hooks = append(w.hooks, &hook{url: u, tag: hex.EncodeToString(h[:6]) + "/", queue: make(chan Alert, cfg.QueueSize)})
+		w.hooks = append(w.hooks, &hook{url: u, logURL: redactURL(u), tag: hex.EncodeToString(h[:6]) + "/", queue: make(chan Alert, cfg.QueueSize)})
 	}
 	return w
 }
@@ -153,14 +154,14 @@ func (w *Webhooks) Alert(_ context.Context, a Alert) {
 		if w.store != nil {
 			if b, err := json.Marshal(a); err == nil {
 				if err := w.store.PutRecord(NSWebhookPending, h.tag+a.ID, b); err != nil {
-					w.log.Warn("webhook: cannot persist pending alert", "url", h.url, "err", err)
+					w.log.Warn("webhook: cannot persist pending alert", "url", h.logURL, "err", err)
 				}
 			}
 		}
 		select {
 		case h.queue <- a:
 		default:
-			w.log.Error("webhook queue full: alert dropped", "url", h.url, "alert", a.ID, "message", a.Message)
+			w.log.Error("webhook queue full: alert dropped", "url", h.logURL, "alert", a.ID, "message", a.Message)
 		}
 	}
 }
@@ -191,7 +192,7 @@ func (w *Webhooks) deliver(h *hook, a Alert) bool {
 	for attempt := 1; ; attempt++ {
 		retryAfter, err := w.post(h.url, a.ID, body)
 		if err == nil {
-			w.log.Debug("webhook delivered", "url", h.url, "alert", a.ID, "attempt", attempt)
+			w.log.Debug("webhook delivered", "url", h.logURL, "alert", a.ID, "attempt", attempt)
 			return true
 		}
 		if w.ctx.Err() != nil {
@@ -199,11 +200,11 @@ func (w *Webhooks) deliver(h *hook, a Alert) bool {
 		}
 		var perm *permanentError
 		if errors.As(err, &perm) || attempt >= w.cfg.MaxAttempts {
-			w.log.Error("webhook delivery failed", "url", h.url, "alert", a.ID, "attempts", attempt, "err", err)
+			w.log.Error("webhook delivery failed", "url", h.logURL, "alert", a.ID, "attempts", attempt, "err", err)
 			return true
 		}
 		wait := min(max(backoff/2+rand.N(backoff/2+1), retryAfter), w.cfg.MaxBackoff)
-		w.log.Warn("webhook delivery failed; retrying", "url", h.url, "alert", a.ID, "attempt", attempt, "in", wait, "err", err)
+		w.log.Warn("webhook delivery failed; retrying", "url", h.logURL, "alert", a.ID, "attempt", attempt, "in", wait, "err", err)
 		t := time.NewTimer(wait)
 		select {
 		case <-w.ctx.Done():
@@ -213,6 +214,16 @@ func (w *Webhooks) deliver(h *hook, a Alert) bool {
 		}
 		backoff = min(2*backoff, w.cfg.MaxBackoff)
 	}
+}
+
+// redactURL keeps scheme and host of a webhook URL for logs (Slack-style
+// webhook URLs carry their secret in the path).
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || p.Host == "" {
+		return "(webhook)"
+	}
+	return p.Scheme + "://" + p.Host + "/…"
 }
 
 type permanentError struct{ status int }
@@ -229,6 +240,10 @@ func (w *Webhooks) post(u, id string, body []byte) (time.Duration, error) {
 	req.Header.Set("Idempotency-Key", id)
 	resp, err := w.client.Do(req)
 	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // without the URL, which may hold a secret
+		}
 		return 0, err
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))

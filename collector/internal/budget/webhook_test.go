@@ -1,10 +1,13 @@
 package budget
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -146,5 +149,44 @@ func TestWebhookNeverBlocks(t *testing.T) {
 	}
 	if err := (WebhookConfig{URLs: []string{"ftp://x"}}).Validate(); err == nil {
 		t.Error("ftp webhook URL accepted")
+	}
+}
+
+// syncBuffer is a log sink for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestWebhookLogsNoSecret: webhook URLs often carry a secret in the path;
+// the logs name only the host, also for network errors.
+func TestWebhookLogsNoSecret(t *testing.T) {
+	r := newReceiver(t, 500, 500)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL + "/services/T0/B0/s3cr3t-dead"
+	dead.Close() // connection refused from now on
+	var logs syncBuffer
+	cfg := fast
+	cfg.MaxAttempts = 2
+	cfg.URLs = []string{r.srv.URL + "/services/T0/B0/s3cr3t-live", deadURL}
+	w := NewWebhooks(cfg, nil, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	w.Start()
+	w.Alert(context.Background(), Alert{ID: "x"})
+	waitFor(t, "both deliveries given up", func() bool { return strings.Count(logs.String(), "webhook delivery failed\"") >= 2 })
+	w.Shutdown()
+	if out := logs.String(); strings.Contains(out, "s3cr3t") || !strings.Contains(out, "127.0.0.1") {
+		t.Errorf("logs:\n%s", out)
 	}
 }
