@@ -28,12 +28,13 @@ const EnvVastAIKey = "TRAINMETER_VASTAI_KEY"
 type budgetServeFlags struct {
 	cfg     *server.BudgetConfig
 	keyFile string
+	retries int
 }
 
 func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.BudgetConfig) *budgetServeFlags {
 	b := &budgetServeFlags{cfg: cfg}
 	f.StringArrayVar(&cfg.Webhook.URLs, "webhook", nil, "POST every alert as JSON to this URL (repeatable)")
-	f.IntVar(&cfg.Webhook.MaxAttempts, "webhook-retries", 8, "attempts per alert and webhook (network errors, 5xx and 429 are retried with backoff)")
+	f.IntVar(&b.retries, "webhook-retries", 7, "retries of a failed alert delivery per webhook (network errors, 5xx and 429; with backoff)")
 	f.DurationVar(&cfg.EvalInterval, "budget-eval-interval", time.Second, "how often budgets are evaluated after runs changed")
 	f.StringVar(&cfg.Timezone, "budget-timezone", "UTC", "time zone of the calendar months of monthly budgets (IANA name)")
 	f.StringVar(&cfg.PriceProvider, "price-provider", "", "GPU price source: vastai or file (empty: none)")
@@ -44,8 +45,13 @@ func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.BudgetConfig) *budgetServ
 	return b
 }
 
-// load reads the vast.ai key (file, else environment).
+// load reads the vast.ai key (file, else environment) and sets what the
+// flags imply.
 func (b *budgetServeFlags) load(getenv func(string) string) error {
+	if b.retries < 0 {
+		return fmt.Errorf("--webhook-retries must be >= 0, got %d", b.retries)
+	}
+	b.cfg.Webhook.MaxAttempts = b.retries + 1
 	if b.keyFile != "" {
 		k, err := tlsfiles.ReadSecretFile(b.keyFile)
 		if err != nil {

@@ -109,6 +109,7 @@ func TestServeBudgetFlags(t *testing.T) {
 		{"--budget-timezone", "Mars/Olympus"},
 		{"--price-fetch-interval", "-1h"},
 		{"--vastai-key-file", "/nonexistent/key"},
+		{"--webhook-retries", "-1"},
 	} {
 		if _, err := run(t, nil, append([]string{"serve", "--data", t.TempDir()}, args...)...); err == nil {
 			t.Errorf("serve %v accepted", args)
