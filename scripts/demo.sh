@@ -33,6 +33,9 @@ pids+=($!)
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 [ -S "$SOCK" ] || { echo "agent did not open $SOCK"; cat "$DEMO/agent.log"; exit 1; }
 
+# Two runs cost about $0.024: this budget alerts at 50, 75, 90 and 100 %.
+"$BIN/trainmeter" budget set model:llama-3-8b 0.02
+
 train() {
 	python3 clients/python/examples/train_sim.py --socket "$SOCK" --gpus 0,1 --duration-s "$DURATION" \
 		--model llama-3-8b --dataset sft-demo --optimizer adamw_torch --batch-size 8 --grad-accum 4 \
@@ -52,6 +55,10 @@ echo
 "$BIN/trainmeter" runs
 echo
 "$BIN/trainmeter" report demo-unsloth
+echo
+"$BIN/trainmeter" budget
+"$BIN/trainmeter" alerts
+"$BIN/trainmeter" forecast llama-3-8b 10
 "$BIN/trainmeter" export csv --out "$DEMO/runs.csv"
 echo
 echo "==> CSV written to $DEMO/runs.csv"

@@ -10,7 +10,7 @@ trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
 for _ in $(seq 100); do bin/trainmeter nodes --collector 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 0.1; done
 out=$(go tool -modfile=tools/go.mod grpcurl -plaintext 127.0.0.1:$PORT list)
 echo "$out"
-for svc in trainmeter.v1.IngestService trainmeter.v1.QueryService grpc.reflection.v1.ServerReflection; do
+for svc in trainmeter.v1.IngestService trainmeter.v1.QueryService trainmeter.v1.BudgetService trainmeter.v1.PriceService grpc.reflection.v1.ServerReflection; do
 	grep -qx "$svc" <<<"$out" || { echo "grpcurl-check: $svc not listed"; exit 1; }
 done
 go tool -modfile=tools/go.mod grpcurl -plaintext -d '{}' 127.0.0.1:$PORT trainmeter.v1.QueryService/ListRuns >/dev/null

@@ -24,6 +24,14 @@ except ImportError:  # run from a checkout without installing
     import trainmeter
 
 
+# run_start keys this script sets itself (a --label cannot override them).
+_OWN_KEYS = {
+    "run_id", "socket_path", "model", "dataset", "backend", "optimizer", "batch_size", "grad_accum", "seq_len",
+    "precision", "seed", "notes", "warmup_s", "gpus", "num_workers", "prefetch_factor", "planned_steps",
+    "gpu_price_per_hour", "budget_scope", "event",
+}
+
+
 def parse_gpus(s):
     out = []
     for part in (s or "").split(","):
@@ -58,7 +66,18 @@ def main(argv=None):
     p.add_argument("--gpu-price-per-hour", type=float, default=None)
     p.add_argument("--num-workers", type=int, default=None, help="simulated dataloader workers (reported)")
     p.add_argument("--prefetch-factor", type=int, default=None)
+    p.add_argument("--budget-scope", default=None, help="the budget this run counts against (see docs/budgets.md)")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra run_start key, e.g. team=nlp (a label budgets can match); repeatable")
     args = p.parse_args(argv)
+    labels = {}
+    for kv in args.label:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            p.error("--label %r: want KEY=VALUE" % kv)
+        if k in _OWN_KEYS:
+            p.error("--label %s: %s is a run_start key of its own; use its option" % (kv, k))
+        labels[k] = v
 
     step_time = max(1e-4, args.step_time)
     planned_steps = max(1, int(round(args.duration_s / step_time)))
@@ -90,6 +109,8 @@ def main(argv=None):
         prefetch_factor=args.prefetch_factor,
         planned_steps=planned_steps,
         gpu_price_per_hour=args.gpu_price_per_hour,
+        budget_scope=args.budget_scope,
+        **labels
     )
 
     steps = 0

@@ -442,6 +442,27 @@ class TestExamples(Base):
         self.assertEqual(p.returncode, 0, err)
         self.assertIn("budget exceeded", out)
 
+    def test_train_sim_budget_scope_and_labels(self):
+        a = self.agent()
+        script = os.path.join(PKG_ROOT, "examples", "train_sim.py")
+        p = subprocess.run(
+            [sys.executable, script, "--socket", self.sock, "--run-id", "sim3", "--duration-s", "0.1",
+             "--step-time", "0.05", "--budget-scope", "llama-3-8b", "--label", "team=nlp", "--label", "project=x=y"],
+            capture_output=True, text=True, timeout=20,
+        )
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(a.wait_eof(0))
+        start = a.events(0)[0]
+        self.assertEqual(start["event"], "run_start")
+        self.assertEqual(start["budget_scope"], "llama-3-8b")
+        self.assertEqual(start["team"], "nlp")
+        self.assertEqual(start["project"], "x=y")
+        for bad in ("team", "model=x", "=v"):
+            p = subprocess.run([sys.executable, script, "--socket", self.sock, "--label", bad],
+                               capture_output=True, text=True, timeout=20)
+            self.assertEqual(p.returncode, 2, bad)
+            self.assertIn("--label", p.stderr)
+
     def test_train_torch_compiles(self):
         import py_compile
 

@@ -66,6 +66,14 @@ var methodRoles = map[string]Role{
 
 	trainmeterv1.RecommendService_Recommend_FullMethodName:         RoleRead,
 	trainmeterv1.RecommendService_DataloaderHistory_FullMethodName: RoleRead,
+	trainmeterv1.BudgetService_SetBudget_FullMethodName:            RoleAdmin,
+	trainmeterv1.BudgetService_DeleteBudget_FullMethodName:         RoleAdmin,
+	trainmeterv1.BudgetService_ListBudgets_FullMethodName:          RoleRead,
+	trainmeterv1.BudgetService_ListAlerts_FullMethodName:           RoleRead,
+	trainmeterv1.BudgetService_Forecast_FullMethodName:             RoleRead,
+	trainmeterv1.PriceService_ListPrices_FullMethodName:            RoleRead,
+	trainmeterv1.PriceService_FetchPrices_FullMethodName:           RoleAdmin,
+	trainmeterv1.PriceService_ImportPrices_FullMethodName:          RoleAdmin,
 }
 
 // openPrefixes are services anyone may call.

@@ -12,7 +12,7 @@ import (
 // table is refused on a collector with tokens, so adding an RPC without
 // deciding who may call it fails here first.
 func TestEveryRPCHasARole(t *testing.T) {
-	for _, sd := range []grpc.ServiceDesc{trainmeterv1.IngestService_ServiceDesc, trainmeterv1.QueryService_ServiceDesc} {
+	for _, sd := range []grpc.ServiceDesc{trainmeterv1.IngestService_ServiceDesc, trainmeterv1.QueryService_ServiceDesc, trainmeterv1.BudgetService_ServiceDesc, trainmeterv1.PriceService_ServiceDesc} {
 		var names []string
 		for _, m := range sd.Methods {
 			names = append(names, m.MethodName)

@@ -60,13 +60,14 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServeCommand())
+	root.AddCommand(newServeCommand(getenv))
 	cf := &clientFlags{getenv: getenv}
 	defaultAddr := getenv(EnvCollector)
 	if defaultAddr == "" {
 		defaultAddr = server.DefaultListen
 	}
-	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf), newRecommendCommand(cf)} {
+	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf),
+		newRecommendCommand(cf), newBudgetCommand(cf), newAlertsCommand(cf), newForecastCommand(cf), newPricesCommand(cf)} {
 		// Persistent, so that `export csv` inherits them.
 		c.PersistentFlags().StringVar(&cf.addr, "collector", defaultAddr, "collector address HOST:PORT (default from $"+EnvCollector+")")
 		c.PersistentFlags().DurationVar(&cf.timeout, "timeout", 10*time.Second, "deadline for the request")
@@ -84,10 +85,11 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, nil
 }
 
-func newServeCommand() *cobra.Command {
+func newServeCommand(getenv func(string) string) *cobra.Command {
 	cfg := server.Config{}
 	var level string
 	var shutdownTimeout time.Duration
+	var budgetFlags *budgetServeFlags
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the collector",
@@ -98,6 +100,9 @@ func newServeCommand() *cobra.Command {
 				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			if err := budgetFlags.load(getenv); err != nil {
+				return err
+			}
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -128,6 +133,7 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&cfg.ReadTokenFile, "read-token-file", "", "file with the token for read-only query RPCs")
 	f.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file with the admin token (all query RPCs, DeleteRun)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
+	budgetFlags = addBudgetServeFlags(f, &cfg.Budget)
 	return c
 }
 

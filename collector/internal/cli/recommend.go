@@ -82,6 +82,7 @@ func writeRecommendations(w io.Writer, resp *trainmeterv1.RecommendResponse, min
 	fmt.Fprintf(w, "total potential savings: $%.2f, %.0f J (%d recommendations)\n", resp.GetTotalSavingsUsd(), resp.GetTotalSavingsJ(), len(recs))
 }
 
+// pct shows a ratio as a whole percentage; negative means unknown.
 func pct(v float64) string {
 	if v < 0 {
 		return "-"

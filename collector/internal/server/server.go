@@ -70,6 +70,9 @@ type Config struct {
 	TLSCertFile, TLSKeyFile, TLSClientCAFile string
 	// Token files (see package auth); empty: that check is off.
 	IngestTokensFile, ReadTokenFile, AdminTokenFile string
+
+	// Budget: budgets, alert webhooks, GPU prices (budget.go).
+	Budget BudgetConfig
 }
 
 // TLSOptions returns the TLS file settings.
@@ -107,6 +110,9 @@ func (c Config) Validate() error {
 	if err := c.TLSOptions().Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.Budget.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -136,6 +142,8 @@ type Server struct {
 	statusLn    net.Listener
 	statusSrv   *http.Server
 	summaryStop chan struct{}
+
+	budget *budgetParts
 }
 
 // New returns a collector with cfg. log may be nil.
@@ -187,6 +195,7 @@ func (s *Server) Start(ctx context.Context) error {
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	trainmeterv1.RegisterQueryServiceServer(gs, qs)
 	trainmeterv1.RegisterRecommendServiceServer(gs, advisor.NewService(st, s.cfg.Pricing(), nil))
+	bp := s.startBudget(st, ing, gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	for _, name := range []string{"", trainmeterv1.IngestService_ServiceDesc.ServiceName, trainmeterv1.QueryService_ServiceDesc.ServiceName, trainmeterv1.RecommendService_ServiceDesc.ServiceName} {
@@ -196,13 +205,14 @@ func (s *Server) Start(ctx context.Context) error {
 
 	if err := s.startStatus(); err != nil {
 		adv.Close()
+		bp.shutdown()
 		lis.Close()
 		st.Close()
 		return err
 	}
 	s.summaryStop = make(chan struct{})
 	go s.logSummary(time.Minute, s.summaryStop)
-	s.store, s.ingest, s.grpc, s.health, s.lis = st, ing, gs, hs, lis
+	s.store, s.ingest, s.grpc, s.health, s.lis, s.budget = st, ing, gs, hs, lis, bp
 	s.advisor = adv
 	s.served = make(chan struct{})
 	s.started = true
@@ -288,6 +298,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	<-s.served
 	s.advisor.Close()
+	s.budget.shutdown()
 	close(s.summaryStop)
 	s.stopStatus()
 	if err := s.store.Close(); err != nil {

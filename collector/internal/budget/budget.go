@@ -1,0 +1,673 @@
+// Package budget keeps budgets per scope, evaluates the spend of the runs
+// they cover, fires alerts at 50/75/90/100 % once per budget, period,
+// threshold and kind (actual or projected spend), delivers them (store,
+// webhooks, any AlertSink), and sends stop advisories to the runs of an
+// exceeded budget whose policy is "stop". docs/budgets.md.
+package budget
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/pkg/clock"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// NSBudgets is the store namespace of budgets: key "PERIOD/SCOPE".
+const NSBudgets = "budgets"
+
+// Periods and policies.
+const (
+	PeriodTotal = "total"
+	PeriodMonth = "month"
+	PolicyAlert = ""
+	PolicyStop  = "stop"
+)
+
+// Thresholds are the shares of a budget that alert, with their severity.
+var Thresholds = []struct {
+	Ratio    float64
+	Severity string
+}{{0.5, SeverityInfo}, {0.75, SeverityWarning}, {0.9, SeverityCritical}, {1, SeverityExceeded}}
+
+// MaxAlertRunIDs bounds the run ids an alert lists (a "*" budget may
+// cover thousands of runs).
+const MaxAlertRunIDs = 50
+
+// Budget is a spending limit for the runs a scope matches.
+type Budget struct {
+	// ID changes whenever the budget is set again, so that a new amount
+	// gets its own alerts.
+	ID       string    `json:"id"`
+	Scope    string    `json:"scope"`
+	Period   string    `json:"period"`
+	LimitUSD float64   `json:"limit_usd"`
+	Policy   string    `json:"policy,omitempty"`
+	Created  time.Time `json:"created"`
+}
+
+// MaxScopeLen bounds a scope's length (as budget_scope in run_start).
+const MaxScopeLen = 1024
+
+// Normalize fills defaults and checks the budget.
+func (b *Budget) Normalize() error {
+	b.Scope = strings.TrimSpace(b.Scope)
+	if b.Period == "" {
+		b.Period = PeriodTotal
+	}
+	if b.Policy == "alert" {
+		b.Policy = PolicyAlert
+	}
+	var errs []error
+	switch {
+	case b.Scope == "":
+		errs = append(errs, errors.New("budget scope is empty"))
+	case len(b.Scope) > MaxScopeLen || strings.ContainsRune(b.Scope, 0):
+		errs = append(errs, fmt.Errorf("budget scope: at most %d bytes, no NUL", MaxScopeLen))
+	default:
+		if err := checkScope(b.Scope); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if b.Period != PeriodTotal && b.Period != PeriodMonth {
+		errs = append(errs, fmt.Errorf("budget period %q: want total or month", b.Period))
+	}
+	if !(b.LimitUSD > 0) || math.IsInf(b.LimitUSD, 0) {
+		errs = append(errs, fmt.Errorf("budget amount must be a finite number of USD > 0, got %v", b.LimitUSD))
+	}
+	if b.Policy != PolicyAlert && b.Policy != PolicyStop {
+		errs = append(errs, fmt.Errorf("budget policy %q: want alert or stop", b.Policy))
+	}
+	return errors.Join(errs...)
+}
+
+func checkScope(s string) error {
+	if v, ok := strings.CutPrefix(s, "label:"); ok {
+		if k, _, ok := strings.Cut(v, "="); !ok || k == "" {
+			return fmt.Errorf("budget scope %q: want label:KEY=VALUE", s)
+		}
+	}
+	for _, p := range []string{"model:", "team:"} {
+		if v, ok := strings.CutPrefix(s, p); ok && v == "" {
+			return fmt.Errorf("budget scope %q: want %sNAME", s, p)
+		}
+	}
+	return nil
+}
+
+func budgetKey(period, scope string) string { return period + "/" + scope }
+
+// Matches reports whether the scope covers the run:
+//
+//   - all runs
+//     model:NAME       runs whose metadata model is NAME
+//     team:X           runs with the label team=X
+//     label:KEY=VALUE  runs with the label KEY=VALUE
+//     anything else    runs whose run_start budget_scope is exactly that
+//
+// Comparisons are exact (case-sensitive).
+func Matches(scope string, r *trainmeterv1.RunReport) bool {
+	switch {
+	case scope == "*":
+		return true
+	case strings.HasPrefix(scope, "model:"):
+		return r.GetMetadata().GetModel() == scope[len("model:"):]
+	case strings.HasPrefix(scope, "team:"):
+		v, ok := r.GetLabels()["team"]
+		return ok && v == scope[len("team:"):]
+	case strings.HasPrefix(scope, "label:"):
+		k, v, _ := strings.Cut(scope[len("label:"):], "=")
+		got, ok := r.GetLabels()[k]
+		return ok && got == v
+	}
+	return r.GetBudgetScope() == scope
+}
+
+// PeriodKey is the period a run counts in: "total", or for monthly budgets
+// the calendar month (in loc) in which the run started, e.g. "2026-11". A
+// run that spans two months counts wholly in the first.
+func PeriodKey(period string, start time.Time, loc *time.Location) string {
+	if period != PeriodMonth {
+		return PeriodTotal
+	}
+	return start.In(loc).Format("2006-01")
+}
+
+// Store is the part of the collector store the manager needs.
+type Store interface {
+	AlertStore
+	PutRecord(ns, k string, v []byte) error
+	GetRecord(ns, k string) ([]byte, error)
+	DeleteRecord(ns, k string) error
+	ListRuns(ids []string) ([]*aggregate.State, error)
+}
+
+// Advisor sends an advisory down to a node's agent (ingest.Server).
+type Advisor interface {
+	Advise(node string, adv *trainmeterv1.Advisory) bool
+}
+
+// Config configures the manager.
+type Config struct {
+	// EvalInterval is how often budgets are evaluated when runs changed;
+	// 0: 1 s.
+	EvalInterval time.Duration
+	// Location of the calendar months of monthly budgets; nil: UTC.
+	Location *time.Location
+	// Clock; nil: the wall clock.
+	Clock clock.Clock
+}
+
+// Validate checks the config.
+func (c Config) Validate() error {
+	if c.EvalInterval < 0 {
+		return fmt.Errorf("budget evaluation interval must be >= 0, got %v", c.EvalInterval)
+	}
+	return nil
+}
+
+// Manager owns the budgets.
+type Manager struct {
+	cfg    Config
+	store  Store
+	report func(*aggregate.State) *trainmeterv1.RunReport
+	advise Advisor
+	rec    *Recorder
+	log    *slog.Logger
+
+	dirty chan struct{} // capacity 1: "something changed"
+
+	mu      sync.Mutex
+	use     []Use
+	stopped map[string]bool     // run\x00node already told to stop
+	changed map[string]struct{} // runs touched by batches since the last load
+
+	// The runs as last loaded (guarded by evalMu): only the runs batches
+	// touched are reloaded, and everything every FullReload (which also
+	// catches deleted runs).
+	evalMu   sync.Mutex
+	cache    map[string]run
+	lastFull time.Time
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// New returns a manager. report turns a run's state into its report (the
+// collector's pricing); advise may be nil (no stop advisories); sink may be
+// nil.
+func New(cfg Config, st Store, report func(*aggregate.State) *trainmeterv1.RunReport, advise Advisor, sink AlertSink, log *slog.Logger) *Manager {
+	if cfg.EvalInterval == 0 {
+		cfg.EvalInterval = time.Second
+	}
+	if cfg.Location == nil {
+		cfg.Location = time.UTC
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	m := &Manager{cfg: cfg, store: st, report: report, advise: advise, rec: &Recorder{Store: st, Sink: sink}, log: log,
+		dirty: make(chan struct{}, 1), stopped: map[string]bool{}, changed: map[string]struct{}{}}
+	m.MarkDirty()
+	return m
+}
+
+// Recorder returns the alert recorder (shared with price alerts).
+func (m *Manager) Recorder() *Recorder { return m.rec }
+
+// MarkDirty asks for an evaluation at the next tick. It never blocks.
+func (m *Manager) MarkDirty() {
+	select {
+	case m.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// OnApplied is the ingest observer: the runs of every applied batch may
+// have spent more.
+func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
+	m.mu.Lock()
+	for _, w := range b.GetRunWindows() {
+		m.changed[w.GetRunId()] = struct{}{}
+	}
+	for _, e := range b.GetRunEvents() {
+		switch ev := e.GetEvent().(type) {
+		case *trainmeterv1.RunEvent_RunStart:
+			m.changed[ev.RunStart.GetRunId()] = struct{}{}
+		case *trainmeterv1.RunEvent_RunEnd:
+			m.changed[ev.RunEnd.GetRunId()] = struct{}{}
+		case *trainmeterv1.RunEvent_Eval:
+			m.changed[ev.Eval.GetRunId()] = struct{}{}
+		}
+	}
+	for _, l := range b.GetLosses() {
+		m.changed[l.GetRunId()] = struct{}{}
+	}
+	m.mu.Unlock()
+	m.MarkDirty()
+}
+
+// FullReload is how often evaluation reads every run again rather than only
+// those batches touched.
+const FullReload = 5 * time.Minute
+
+// Start evaluates on a ticker until Shutdown.
+func (m *Manager) Start() {
+	m.stop, m.done = make(chan struct{}), make(chan struct{})
+	t := m.cfg.Clock.NewTicker(m.cfg.EvalInterval)
+	go func() {
+		defer close(m.done)
+		defer t.Stop()
+		for {
+			select {
+			case <-m.stop:
+				return
+			case <-t.C():
+				select {
+				case <-m.dirty:
+					if err := m.Evaluate(context.Background()); err != nil {
+						m.log.Warn("budget evaluation failed", "err", err)
+						m.MarkDirty()
+					}
+				default:
+				}
+			}
+		}
+	}()
+}
+
+// Shutdown stops the evaluation loop.
+func (m *Manager) Shutdown() {
+	if m.stop == nil {
+		return
+	}
+	close(m.stop)
+	<-m.done
+	m.stop = nil
+}
+
+// Set creates or replaces the budget of (scope, period).
+func (m *Manager) Set(b Budget) (Budget, error) {
+	if err := b.Normalize(); err != nil {
+		return Budget{}, err
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	b.ID = hex.EncodeToString(id[:])
+	b.Created = m.cfg.Clock.Now().UTC()
+	v, err := json.Marshal(b)
+	if err != nil {
+		return Budget{}, err
+	}
+	if err := m.store.PutRecord(NSBudgets, budgetKey(b.Period, b.Scope), v); err != nil {
+		return Budget{}, err
+	}
+	m.MarkDirty()
+	return b, nil
+}
+
+// ErrNoBudget: no budget for that scope and period.
+var ErrNoBudget = errors.New("no such budget")
+
+// Delete removes the budget of (scope, period).
+func (m *Manager) Delete(scope, period string) error {
+	if period == "" {
+		period = PeriodTotal
+	}
+	k := budgetKey(period, strings.TrimSpace(scope))
+	if _, err := m.store.GetRecord(NSBudgets, k); errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: %s (%s)", ErrNoBudget, scope, period)
+	} else if err != nil {
+		return err
+	}
+	if err := m.store.DeleteRecord(NSBudgets, k); err != nil {
+		return err
+	}
+	m.MarkDirty()
+	return nil
+}
+
+// Budgets lists the budgets by period then scope.
+func (m *Manager) Budgets() ([]Budget, error) {
+	var out []Budget
+	err := m.store.ScanRecords(NSBudgets, "", func(_ string, v []byte) (bool, error) {
+		var b Budget
+		if err := json.Unmarshal(v, &b); err == nil {
+			out = append(out, b)
+		}
+		return true, nil
+	})
+	return out, err
+}
+
+// run is what evaluation needs of one run.
+type run struct {
+	r     *trainmeterv1.RunReport
+	nodes []string
+	start time.Time
+}
+
+// runs returns every run, from the cache refreshed with the runs that
+// changed. Call with evalMu held.
+func (m *Manager) runs() ([]run, error) {
+	now := m.cfg.Clock.Now()
+	m.mu.Lock()
+	changed := m.changed
+	m.changed = map[string]struct{}{}
+	m.mu.Unlock()
+	full := m.cache == nil || now.Sub(m.lastFull) >= FullReload || now.Before(m.lastFull)
+	if !full && len(changed) > 0 {
+		ids := make([]string, 0, len(changed))
+		for id := range changed {
+			if id != "" {
+				ids = append(ids, id)
+			}
+		}
+		loaded, err := m.load(ids, now)
+		if err != nil {
+			full = true // a run deleted meanwhile, or a read error: read everything
+		}
+		for _, x := range loaded {
+			m.cache[x.r.GetRunId()] = x
+		}
+	}
+	if full {
+		loaded, err := m.load(nil, now)
+		if err != nil {
+			m.mu.Lock() // try those again next time
+			for id := range changed {
+				m.changed[id] = struct{}{}
+			}
+			m.mu.Unlock()
+			return nil, err
+		}
+		m.cache = make(map[string]run, len(loaded))
+		for _, x := range loaded {
+			m.cache[x.r.GetRunId()] = x
+		}
+		m.lastFull = now
+	}
+	out := make([]run, 0, len(m.cache))
+	for _, x := range m.cache {
+		out = append(out, x)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].r.GetRunId() < out[j].r.GetRunId() })
+	return out, nil
+}
+
+// load reads runs (all if ids is empty) and reports them.
+func (m *Manager) load(ids []string, now time.Time) ([]run, error) {
+	states, err := m.store.ListRuns(ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]run, 0, len(states))
+	for _, s := range states {
+		r := m.report(s)
+		x := run{r: r, start: now}
+		if r.GetStart() != nil {
+			x.start = r.GetStart().AsTime()
+		}
+		for n := range s.Nodes {
+			x.nodes = append(x.nodes, n)
+		}
+		sort.Strings(x.nodes)
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// Status is a budget's use in one period.
+type Status struct {
+	Budget
+	PeriodKey    string
+	SpentUSD     float64
+	ProjectedUSD float64
+	Runs, Live   int
+	live         []run
+	runIDs       []string
+}
+
+// Ratio is spent / limit; ProjectedRatio projected / limit.
+func (s Status) Ratio() float64          { return s.SpentUSD / s.LimitUSD }
+func (s Status) ProjectedRatio() float64 { return s.ProjectedUSD / s.LimitUSD }
+
+// statuses computes each budget's use per period present among its runs
+// (the current period always present).
+func (m *Manager) statuses(budgets []Budget, runs []run) map[string][]*Status {
+	now := m.cfg.Clock.Now()
+	out := map[string][]*Status{}
+	for _, b := range budgets {
+		byKey := map[string]*Status{}
+		cur := PeriodKey(b.Period, now, m.cfg.Location)
+		byKey[cur] = &Status{Budget: b, PeriodKey: cur}
+		for _, x := range runs {
+			if !Matches(b.Scope, x.r) {
+				continue
+			}
+			pk := PeriodKey(b.Period, x.start, m.cfg.Location)
+			s := byKey[pk]
+			if s == nil {
+				s = &Status{Budget: b, PeriodKey: pk}
+				byKey[pk] = s
+			}
+			s.SpentUSD += x.r.GetTotalCostUsd()
+			s.ProjectedUSD += max(x.r.GetProjectedCostUsd(), x.r.GetTotalCostUsd())
+			s.Runs++
+			s.runIDs = append(s.runIDs, x.r.GetRunId())
+			if !x.r.GetEnded() {
+				s.Live++
+				s.live = append(s.live, x)
+			}
+		}
+		keys := make([]string, 0, len(byKey))
+		for k := range byKey {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			out[b.ID] = append(out[b.ID], byKey[k])
+		}
+	}
+	return out
+}
+
+// Evaluate fires the alerts now due and sends stop advisories. Tests call
+// it directly; the loop calls it when runs or budgets changed.
+func (m *Manager) Evaluate(ctx context.Context) error {
+	m.evalMu.Lock()
+	defer m.evalMu.Unlock()
+	budgets, err := m.Budgets()
+	if err != nil || len(budgets) == 0 {
+		// Nothing to watch: forget the runs (a budget set later reads
+		// them all).
+		m.mu.Lock()
+		m.changed = map[string]struct{}{}
+		m.mu.Unlock()
+		m.cache = nil
+		m.setUse(nil, nil)
+		return err
+	}
+	runs, err := m.runs()
+	if err != nil {
+		return err
+	}
+	st := m.statuses(budgets, runs)
+	m.forgetStopped(runs)
+	now := m.cfg.Clock.Now().UTC()
+	var errs []error
+	for _, b := range budgets {
+		for _, s := range st[b.ID] {
+			for _, kind := range []bool{false, true} {
+				v := s.SpentUSD
+				if kind {
+					v = s.ProjectedUSD
+				}
+				for _, th := range Thresholds {
+					if v/b.LimitUSD < th.Ratio {
+						break
+					}
+					if err := m.fire(ctx, s, th.Ratio, th.Severity, kind, v, now); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			}
+			if b.Policy == PolicyStop && s.Ratio() >= 1 {
+				m.stopRuns(b, s)
+			}
+		}
+	}
+	m.setUse(budgets, st)
+	return errors.Join(errs...)
+}
+
+func (m *Manager) fire(ctx context.Context, s *Status, th float64, sev string, projected bool, v float64, now time.Time) error {
+	kind, what := "actual", "spent"
+	if projected {
+		kind, what = "projected", "projected spend at completion"
+	}
+	key := fmt.Sprintf("%s/%s/%s/%s/%g", KindBudget, s.ID, s.PeriodKey, kind, th)
+	a := Alert{
+		Kind: KindBudget, Severity: sev, Scope: s.Scope, Period: s.Period, PeriodKey: s.PeriodKey, Threshold: th,
+		SpentUSD: v, BudgetUSD: s.LimitUSD, Projected: projected, Time: now, BudgetID: s.ID, RunIDs: s.runIDs[:min(len(s.runIDs), MaxAlertRunIDs)],
+		Message: fmt.Sprintf("budget %s (%s): %s $%.2f of $%.2f (%.0f%%) crossed %.0f%% [%s]",
+			s.Scope, periodLabel(s.Period, s.PeriodKey), what, v, s.LimitUSD, 100*v/s.LimitUSD, 100*th, sev),
+	}
+	fired, err := m.rec.Fire(ctx, key, a)
+	if fired {
+		m.log.Warn("budget alert", "scope", s.Scope, "period", s.PeriodKey, "threshold", th, "projected", projected, "spent", v, "budget", s.LimitUSD)
+	}
+	return err
+}
+
+func periodLabel(period, key string) string {
+	if period == PeriodMonth {
+		return "month " + key
+	}
+	return period
+}
+
+// stopRuns tells the agents of each live run of an exceeded stop budget to
+// stop it; a node that did not take the advisory (disconnected, queue full)
+// is asked again at the next evaluation.
+func (m *Manager) stopRuns(b Budget, s *Status) {
+	if m.advise == nil {
+		return
+	}
+	reason := fmt.Sprintf("budget %s exceeded (%.0f%%)", b.Scope, 100*s.Ratio())
+	for _, x := range s.live {
+		for _, n := range x.nodes {
+			k := x.r.GetRunId() + "\x00" + n
+			m.mu.Lock()
+			done := m.stopped[k]
+			m.mu.Unlock()
+			if done {
+				continue
+			}
+			ok := m.advise.Advise(n, &trainmeterv1.Advisory{RunId: x.r.GetRunId(), Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: reason}}})
+			if ok {
+				m.mu.Lock()
+				m.stopped[k] = true
+				m.mu.Unlock()
+				m.log.Warn("stop advisory sent", "run", x.r.GetRunId(), "node", n, "reason", reason)
+			}
+		}
+	}
+}
+
+// forgetStopped drops the stop marks of runs that ended or are gone.
+func (m *Manager) forgetStopped(runs []run) {
+	live := map[string]bool{}
+	for _, x := range runs {
+		if !x.r.GetEnded() {
+			live[x.r.GetRunId()] = true
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k := range m.stopped {
+		id, _, _ := strings.Cut(k, "\x00")
+		if !live[id] {
+			delete(m.stopped, k)
+		}
+	}
+}
+
+// Use is one budget's use ratio in the current period (for the
+// trainmeter.budget.use_ratio gauge).
+type Use struct {
+	Scope, Period string
+	Ratio         float64
+	Projected     float64
+}
+
+func (m *Manager) setUse(budgets []Budget, st map[string][]*Status) {
+	now := m.cfg.Clock.Now()
+	var use []Use
+	for _, b := range budgets {
+		cur := PeriodKey(b.Period, now, m.cfg.Location)
+		for _, s := range st[b.ID] {
+			if s.PeriodKey == cur {
+				use = append(use, Use{Scope: b.Scope, Period: b.Period, Ratio: s.Ratio(), Projected: s.ProjectedRatio()})
+			}
+		}
+	}
+	m.mu.Lock()
+	m.use = use
+	m.mu.Unlock()
+}
+
+// BudgetUse returns the use of every budget as of the last evaluation.
+func (m *Manager) BudgetUse() []Use {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]Use(nil), m.use...)
+}
+
+// Statuses returns each budget's use in the current period.
+func (m *Manager) Statuses() ([]Status, error) {
+	m.evalMu.Lock()
+	defer m.evalMu.Unlock()
+	budgets, err := m.Budgets()
+	if err != nil || len(budgets) == 0 {
+		return nil, err
+	}
+	runs, err := m.runs()
+	if err != nil {
+		return nil, err
+	}
+	st := m.statuses(budgets, runs)
+	now := m.cfg.Clock.Now()
+	var out []Status
+	for _, b := range budgets {
+		cur := PeriodKey(b.Period, now, m.cfg.Location)
+		for _, s := range st[b.ID] {
+			if s.PeriodKey == cur {
+				out = append(out, *s)
+			}
+		}
+	}
+	return out, nil
+}
+
+// Proto converts a budget for the API.
+func (b Budget) Proto() *trainmeterv1.Budget {
+	return &trainmeterv1.Budget{Id: b.ID, Scope: b.Scope, Period: b.Period, LimitUsd: b.LimitUSD, Policy: b.Policy, Created: timestamppb.New(b.Created)}
+}

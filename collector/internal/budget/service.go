@@ -1,0 +1,99 @@
+package budget
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Service is the BudgetService gRPC implementation.
+type Service struct {
+	trainmeterv1.UnimplementedBudgetServiceServer
+	m *Manager
+}
+
+// NewService serves m.
+func NewService(m *Manager) *Service { return &Service{m: m} }
+
+// SetBudget implements BudgetService.
+func (s *Service) SetBudget(_ context.Context, req *trainmeterv1.SetBudgetRequest) (*trainmeterv1.SetBudgetResponse, error) {
+	b, err := s.m.Set(Budget{Scope: req.GetScope(), Period: req.GetPeriod(), LimitUSD: req.GetLimitUsd(), Policy: req.GetPolicy()})
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return &trainmeterv1.SetBudgetResponse{Budget: b.Proto()}, nil
+}
+
+// DeleteBudget implements BudgetService.
+func (s *Service) DeleteBudget(_ context.Context, req *trainmeterv1.DeleteBudgetRequest) (*trainmeterv1.DeleteBudgetResponse, error) {
+	err := s.m.Delete(req.GetScope(), req.GetPeriod())
+	if errors.Is(err, ErrNoBudget) {
+		return nil, status.Error(codes.NotFound, err.Error())
+	}
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &trainmeterv1.DeleteBudgetResponse{}, nil
+}
+
+// ListBudgets implements BudgetService.
+func (s *Service) ListBudgets(context.Context, *trainmeterv1.ListBudgetsRequest) (*trainmeterv1.ListBudgetsResponse, error) {
+	sts, err := s.m.Statuses()
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	resp := &trainmeterv1.ListBudgetsResponse{}
+	for _, st := range sts {
+		resp.Budgets = append(resp.Budgets, &trainmeterv1.BudgetStatus{
+			Budget: st.Budget.Proto(), PeriodKey: st.PeriodKey, SpentUsd: st.SpentUSD, ProjectedUsd: st.ProjectedUSD,
+			Ratio: st.Ratio(), ProjectedRatio: st.ProjectedRatio(), Runs: uint32(st.Runs), LiveRuns: uint32(st.Live),
+		})
+	}
+	return resp, nil
+}
+
+// ListAlerts implements BudgetService.
+func (s *Service) ListAlerts(_ context.Context, req *trainmeterv1.ListAlertsRequest) (*trainmeterv1.ListAlertsResponse, error) {
+	switch req.GetKind() {
+	case "", KindBudget, KindPrice:
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "alert kind %q: want budget or price", req.GetKind())
+	}
+	alerts, err := s.m.Recorder().List(req.GetKind())
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	resp := &trainmeterv1.ListAlertsResponse{}
+	for _, a := range alerts {
+		resp.Alerts = append(resp.Alerts, a.Proto())
+	}
+	return resp, nil
+}
+
+// Forecast implements BudgetService.
+func (s *Service) Forecast(_ context.Context, req *trainmeterv1.ForecastRequest) (*trainmeterv1.ForecastResponse, error) {
+	if req.GetRuns() == 0 || req.GetRuns() > 1_000_000 || req.GetModel() == "" {
+		return nil, status.Error(codes.InvalidArgument, "forecast needs a model and 1..1000000 runs")
+	}
+	f, err := s.m.Forecast(req.GetModel(), int(req.GetRuns()), int(min(req.GetHistory(), 1000)))
+	if errors.Is(err, ErrNoHistory) {
+		return nil, status.Error(codes.NotFound, err.Error())
+	}
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	resp := &trainmeterv1.ForecastResponse{
+		Model: f.Model, Runs: uint32(f.Runs), BasedOn: f.BasedOn, MeanRunUsd: f.MeanUSD, StddevRunUsd: f.StddevUSD,
+		ExpectedUsd: f.ExpectedUSD, StddevUsd: f.StddevSumUSD,
+	}
+	if f.Budget != nil {
+		resp.HasBudget = true
+		resp.BudgetScope, resp.BudgetPeriod, resp.BudgetUsd = f.Budget.Scope, f.Budget.Period, f.Budget.LimitUSD
+		resp.RemainingUsd, resp.OverageProbability = f.RemainingUSD, f.OverageProbability
+	}
+	return resp, nil
+}

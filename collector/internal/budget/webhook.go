@@ -1,0 +1,263 @@
+package budget
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// NSWebhookPending holds the deliveries not yet acknowledged, so that an
+// alert queued when the collector stops is POSTed after it restarts.
+const NSWebhookPending = "webhook-pending"
+
+// WebhookConfig configures alert delivery.
+type WebhookConfig struct {
+	// URLs receive every alert as a JSON POST.
+	URLs []string
+	// MaxAttempts per alert and URL (retrying network errors, 5xx and 429;
+	// other 4xx are not retried); 0: 8.
+	MaxAttempts int
+	// BaseBackoff is the first wait between attempts, doubled each time up
+	// to MaxBackoff, with jitter; 0: 1 s and 1 min.
+	BaseBackoff, MaxBackoff time.Duration
+	// Timeout of one POST; 0: 10 s.
+	Timeout time.Duration
+	// QueueSize per URL; an alert that finds the queue full is dropped (and
+	// logged); 0: 1000.
+	QueueSize int
+}
+
+// Validate checks the config.
+func (c WebhookConfig) Validate() error {
+	var errs []error
+	for _, u := range c.URLs {
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			errs = append(errs, fmt.Errorf("webhook URL %q: want http(s)://host/path", u))
+		}
+	}
+	if c.MaxAttempts < 0 || c.QueueSize < 0 || c.BaseBackoff < 0 || c.MaxBackoff < 0 || c.Timeout < 0 {
+		errs = append(errs, errors.New("webhook retries, queue size, backoff and timeout must be >= 0"))
+	}
+	return errors.Join(errs...)
+}
+
+func (c WebhookConfig) withDefaults() WebhookConfig {
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 8
+	}
+	if c.BaseBackoff == 0 {
+		c.BaseBackoff = time.Second
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = time.Minute
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 10 * time.Second
+	}
+	if c.QueueSize == 0 {
+		c.QueueSize = 1000
+	}
+	return c
+}
+
+// PendingStore is the part of the store the sender needs.
+type PendingStore interface {
+	PutRecord(ns, k string, v []byte) error
+	DeleteRecord(ns, k string) error
+	ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (bool, error)) error
+}
+
+// Webhooks POSTs alerts to URLs: one goroutine and one bounded queue per
+// URL (a slow receiver delays only itself), retries with capped exponential
+// backoff and jitter. Alert never blocks.
+type Webhooks struct {
+	cfg    WebhookConfig
+	store  PendingStore
+	log    *slog.Logger
+	client *http.Client
+	hooks  []*hook
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+type hook struct {
+	url    string
+	logURL string // without path, query and user info: webhook URLs often embed a secret
+	tag    string // key prefix of its pending records
+	queue  chan Alert
+}
+
+// NewWebhooks returns a sender; store may be nil (no redelivery after a
+// restart).
+func NewWebhooks(cfg WebhookConfig, store PendingStore, log *slog.Logger) *Webhooks {
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg = cfg.withDefaults()
+	w := &Webhooks{cfg: cfg, store: store, log: log, client: &http.Client{Timeout: cfg.Timeout}}
+	for _, u := range cfg.URLs {
+		h := sha256.Sum256([]byte(u))
+		w.hooks = append(w.hooks, &hook{url: u, logURL: redactURL(u), tag: hex.EncodeToString(h[:6]) + "/", queue: make(chan Alert, cfg.QueueSize)})
+	}
+	return w
+}
+
+// Start re-queues what was pending and starts the senders.
+func (w *Webhooks) Start() {
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	for _, h := range w.hooks {
+		if w.store != nil {
+			_ = w.store.ScanRecords(NSWebhookPending, h.tag, func(_ string, v []byte) (bool, error) {
+				var a Alert
+				if json.Unmarshal(v, &a) == nil {
+					select {
+					case h.queue <- a:
+					default:
+					}
+				}
+				return true, nil
+			})
+		}
+		w.wg.Add(1)
+		go w.run(h)
+	}
+}
+
+// Shutdown stops the senders; undelivered alerts stay pending in the store.
+func (w *Webhooks) Shutdown() {
+	if w.cancel == nil {
+		return
+	}
+	w.cancel()
+	w.wg.Wait()
+}
+
+// Alert implements AlertSink.
+func (w *Webhooks) Alert(_ context.Context, a Alert) {
+	for _, h := range w.hooks {
+		if w.store != nil {
+			if b, err := json.Marshal(a); err == nil {
+				if err := w.store.PutRecord(NSWebhookPending, h.tag+a.ID, b); err != nil {
+					w.log.Warn("webhook: cannot persist pending alert", "url", h.logURL, "err", err)
+				}
+			}
+		}
+		select {
+		case h.queue <- a:
+		default:
+			w.log.Error("webhook queue full: alert dropped", "url", h.logURL, "alert", a.ID, "message", a.Message)
+		}
+	}
+}
+
+func (w *Webhooks) run(h *hook) {
+	defer w.wg.Done()
+	for {
+		select {
+		case <-w.ctx.Done():
+			return
+		case a := <-h.queue:
+			done := w.deliver(h, a)
+			if done && w.store != nil {
+				_ = w.store.DeleteRecord(NSWebhookPending, h.tag+a.ID)
+			}
+		}
+	}
+}
+
+// deliver POSTs a until a 2xx, a permanent failure, or the attempts run
+// out; it returns false only when stopped (the alert stays pending).
+func (w *Webhooks) deliver(h *hook, a Alert) bool {
+	body, err := json.Marshal(a)
+	if err != nil {
+		return true
+	}
+	backoff := w.cfg.BaseBackoff
+	for attempt := 1; ; attempt++ {
+		retryAfter, err := w.post(h.url, a.ID, body)
+		if err == nil {
+			w.log.Debug("webhook delivered", "url", h.logURL, "alert", a.ID, "attempt", attempt)
+			return true
+		}
+		if w.ctx.Err() != nil {
+			return false // stopping: not the receiver's failure, keep it pending
+		}
+		var perm *permanentError
+		if errors.As(err, &perm) || attempt >= w.cfg.MaxAttempts {
+			w.log.Error("webhook delivery failed", "url", h.logURL, "alert", a.ID, "attempts", attempt, "err", err)
+			return true
+		}
+		wait := min(max(backoff/2+rand.N(backoff/2+1), retryAfter), w.cfg.MaxBackoff)
+		w.log.Warn("webhook delivery failed; retrying", "url", h.logURL, "alert", a.ID, "attempt", attempt, "in", wait, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-w.ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+		backoff = min(2*backoff, w.cfg.MaxBackoff)
+	}
+}
+
+// redactURL keeps scheme and host of a webhook URL for logs (Slack-style
+// webhook URLs carry their secret in the path).
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || p.Host == "" {
+		return "(webhook)"
+	}
+	return p.Scheme + "://" + p.Host + "/…"
+}
+
+type permanentError struct{ status int }
+
+func (e *permanentError) Error() string { return fmt.Sprintf("HTTP %d (not retried)", e.status) }
+
+func (w *Webhooks) post(u, id string, body []byte) (time.Duration, error) {
+	req, err := http.NewRequestWithContext(w.ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		return 0, &permanentError{}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "trainmeter-collector")
+	req.Header.Set("Idempotency-Key", id)
+	resp, err := w.client.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // without the URL, which may hold a secret
+		}
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode/100 == 2:
+		return 0, nil
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
+		ra := time.Duration(0)
+		if s, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("Retry-After"))); err == nil && s > 0 {
+			ra = time.Duration(s) * time.Second
+		}
+		return ra, fmt.Errorf("HTTP %d", resp.StatusCode)
+	default:
+		return 0, &permanentError{status: resp.StatusCode}
+	}
+}

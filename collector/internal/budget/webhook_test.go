@@ -1,0 +1,192 @@
+package budget
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// receiver is a real HTTP server that answers POSTs with the next status
+// of its script (then 200) and records the alerts it accepted.
+type receiver struct {
+	srv      *httptest.Server
+	mu       sync.Mutex
+	script   []int
+	posts    int
+	accepted []Alert
+	header   http.Header
+}
+
+func newReceiver(t *testing.T, script ...int) *receiver {
+	r := &receiver{script: script}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.posts++
+		r.header = req.Header.Clone()
+		if len(r.script) > 0 {
+			code := r.script[0]
+			r.script = r.script[1:]
+			if code != 200 {
+				w.WriteHeader(code)
+				return
+			}
+		}
+		var a Alert
+		if err := json.NewDecoder(req.Body).Decode(&a); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		r.accepted = append(r.accepted, a)
+	}))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+func (r *receiver) counts() (posts, accepted int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.posts, len(r.accepted)
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+var fast = WebhookConfig{BaseBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxAttempts: 5}
+
+func TestWebhookRetriesThenDeliversOnce(t *testing.T) {
+	r := newReceiver(t, 503, 429, 500)
+	cfg := fast
+	cfg.URLs = []string{r.srv.URL}
+	w := NewWebhooks(cfg, nil, quiet())
+	w.Start()
+	defer w.Shutdown()
+	w.Alert(context.Background(), Alert{ID: "a1", Kind: KindBudget, Severity: SeverityInfo, Threshold: 0.5, Message: "m"})
+	waitFor(t, "delivery", func() bool { _, n := r.counts(); return n == 1 })
+	time.Sleep(100 * time.Millisecond)
+	if posts, n := r.counts(); posts != 4 || n != 1 {
+		t.Errorf("%d POSTs, %d accepted: want 3 failures retried, then one delivery", posts, n)
+	}
+	if r.accepted[0].ID != "a1" || r.accepted[0].Threshold != 0.5 || r.header.Get("Idempotency-Key") != "a1" || r.header.Get("Content-Type") != "application/json" {
+		t.Errorf("delivered %+v with headers %v", r.accepted[0], r.header)
+	}
+}
+
+func TestWebhookDoesNotRetry4xxAndGivesUp(t *testing.T) {
+	r := newReceiver(t, 404, 503, 503, 503, 503, 503)
+	cfg := fast
+	cfg.URLs = []string{r.srv.URL}
+	w := NewWebhooks(cfg, nil, quiet())
+	w.Start()
+	defer w.Shutdown()
+	w.Alert(context.Background(), Alert{ID: "gone"})
+	w.Alert(context.Background(), Alert{ID: "flaky"})
+	waitFor(t, "6 POSTs", func() bool { p, _ := r.counts(); return p == 6 })
+	time.Sleep(100 * time.Millisecond)
+	if p, n := r.counts(); p != 6 || n != 0 {
+		t.Errorf("%d POSTs %d accepted: want 1 for the 404, 5 (MaxAttempts) for the 503s", p, n)
+	}
+}
+
+// TestWebhookPendingSurvivesRestart: an alert not yet acknowledged when the
+// sender stops is delivered by the next sender over the same store.
+func TestWebhookPendingSurvivesRestart(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	down := newReceiver(t, 503, 503, 503, 503, 503, 503, 503, 503, 503, 503)
+	cfg := WebhookConfig{URLs: []string{down.srv.URL}, BaseBackoff: time.Hour, MaxBackoff: time.Hour}
+	w := NewWebhooks(cfg, st, quiet())
+	w.Start()
+	w.Alert(context.Background(), Alert{ID: "p1", Message: "pending"})
+	waitFor(t, "first attempt", func() bool { p, _ := down.counts(); return p == 1 })
+	w.Shutdown() // waiting an hour to retry: stops, the alert stays pending
+
+	// Same URL, now answering 200: the receiver behind it is the same one.
+	down.mu.Lock()
+	down.script = nil
+	down.mu.Unlock()
+	w = NewWebhooks(cfg, st, quiet())
+	w.Start()
+	defer w.Shutdown()
+	waitFor(t, "redelivery", func() bool { _, n := down.counts(); return n == 1 })
+	pending := 0
+	waitFor(t, "pending record removed", func() bool {
+		pending = 0
+		_ = st.ScanRecords(NSWebhookPending, "", func(string, []byte) (bool, error) { pending++; return true, nil })
+		return pending == 0
+	})
+}
+
+func TestWebhookNeverBlocks(t *testing.T) {
+	cfg := WebhookConfig{URLs: []string{"http://127.0.0.1:9/x"}, QueueSize: 2}
+	w := NewWebhooks(cfg, nil, quiet()) // not started: nothing drains the queue
+	done := make(chan struct{})
+	go func() {
+		for i := range 10 {
+			w.Alert(context.Background(), Alert{ID: string(rune('a' + i))})
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Alert blocked on a full queue")
+	}
+	if err := (WebhookConfig{URLs: []string{"ftp://x"}}).Validate(); err == nil {
+		t.Error("ftp webhook URL accepted")
+	}
+}
+
+// syncBuffer is a log sink for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestWebhookLogsNoSecret: webhook URLs often carry a secret in the path;
+// the logs name only the host, also for network errors.
+func TestWebhookLogsNoSecret(t *testing.T) {
+	r := newReceiver(t, 500, 500)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL + "/services/T0/B0/s3cr3t-dead"
+	dead.Close() // connection refused from now on
+	var logs syncBuffer
+	cfg := fast
+	cfg.MaxAttempts = 2
+	cfg.URLs = []string{r.srv.URL + "/services/T0/B0/s3cr3t-live", deadURL}
+	w := NewWebhooks(cfg, nil, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	w.Start()
+	w.Alert(context.Background(), Alert{ID: "x"})
+	waitFor(t, "both deliveries given up", func() bool { return strings.Count(logs.String(), "webhook delivery failed\"") >= 2 })
+	w.Shutdown()
+	if out := logs.String(); strings.Contains(out, "s3cr3t") || !strings.Contains(out, "127.0.0.1") {
+		t.Errorf("logs:\n%s", out)
+	}
+}

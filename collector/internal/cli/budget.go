@@ -1,0 +1,277 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// EnvVastAIKey names the environment variable with the vast.ai API key,
+// used when --vastai-key-file is not given.
+const EnvVastAIKey = "TRAINMETER_VASTAI_KEY"
+
+// budgetServeFlags are `serve`'s budget, webhook and price flags.
+type budgetServeFlags struct {
+	cfg     *server.BudgetConfig
+	keyFile string
+	retries int
+}
+
+func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.BudgetConfig) *budgetServeFlags {
+	b := &budgetServeFlags{cfg: cfg}
+	f.StringArrayVar(&cfg.Webhook.URLs, "webhook", nil, "POST every alert as JSON to this URL (repeatable)")
+	f.IntVar(&b.retries, "webhook-retries", 7, "retries of a failed alert delivery per webhook (network errors, 5xx and 429; with backoff)")
+	f.DurationVar(&cfg.EvalInterval, "budget-eval-interval", time.Second, "how often budgets are evaluated after runs changed")
+	f.StringVar(&cfg.Timezone, "budget-timezone", "UTC", "time zone of the calendar months of monthly budgets (IANA name)")
+	f.StringVar(&cfg.PriceProvider, "price-provider", "", "GPU price source: vastai or file (empty: none)")
+	f.StringVar(&cfg.VastAIURL, "vastai-url", "", "vast.ai API base URL (default https://console.vast.ai)")
+	f.StringVar(&b.keyFile, "vastai-key-file", "", "file with the vast.ai API key (default $"+EnvVastAIKey+"; optional)")
+	f.StringVar(&cfg.PriceFile, "price-file", "", "CSV or JSON price list for --price-provider file")
+	f.DurationVar(&cfg.PriceFetchInterval, "price-fetch-interval", time.Hour, "how often prices are fetched (0: only by `trainmeter prices fetch`)")
+	return b
+}
+
+// load reads the vast.ai key (file, else environment) and sets what the
+// flags imply.
+func (b *budgetServeFlags) load(getenv func(string) string) error {
+	if b.retries < 0 {
+		return fmt.Errorf("--webhook-retries must be >= 0, got %d", b.retries)
+	}
+	b.cfg.Webhook.MaxAttempts = b.retries + 1
+	if b.keyFile != "" {
+		k, err := tlsfiles.ReadSecretFile(b.keyFile)
+		if err != nil {
+			return fmt.Errorf("--vastai-key-file: %w", err)
+		}
+		b.cfg.VastAIKey = k
+	} else if getenv != nil {
+		b.cfg.VastAIKey = strings.TrimSpace(getenv(EnvVastAIKey))
+	}
+	return nil
+}
+
+// conn dials the collector and runs fn under the timeout.
+func (cf *clientFlags) conn(cmd *cobra.Command, fn func(context.Context, grpc.ClientConnInterface) error) error {
+	dialOpts, err := cf.security.dialOptions(cf.addr, cf.getenv)
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(cf.addr, dialOpts...)
+	if err != nil {
+		return fmt.Errorf("collector address %q: %w", cf.addr, err)
+	}
+	defer conn.Close()
+	ctx := cmd.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if cf.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cf.timeout)
+		defer cancel()
+	}
+	return cf.explain(fn(ctx, conn))
+}
+
+func writeJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Indent: "  "}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(b))
+	return err
+}
+
+
+// usd shows cents, or more digits for amounts under a cent (short test
+// runs).
+func usd(v float64) string {
+	if v < 0 {
+		return "-" + usd(-v)
+	}
+	if v != 0 && v < 0.01 {
+		return fmt.Sprintf("$%.4f", v)
+	}
+	return fmt.Sprintf("$%.2f", v)
+}
+
+func newBudgetCommand(cf *clientFlags) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "budget",
+		Short: "Show every budget's use in its current period (set one with `budget set`)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+				resp, err := trainmeterv1.NewBudgetServiceClient(conn).ListBudgets(ctx, &trainmeterv1.ListBudgetsRequest{})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), resp)
+				}
+				if len(resp.GetBudgets()) == 0 {
+					fmt.Fprintln(cmd.OutOrStdout(), "no budgets (trainmeter budget set SCOPE USD)")
+					return nil
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "SCOPE\tPERIOD\tBUDGET\tSPENT\tUSED\tPROJECTED\tPROJ USED\tRUNS\tLIVE\tPOLICY")
+				for _, b := range resp.GetBudgets() {
+					pol := b.GetBudget().GetPolicy()
+					if pol == "" {
+						pol = "alert"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", b.GetBudget().GetScope(), b.GetPeriodKey(),
+						usd(b.GetBudget().GetLimitUsd()), usd(b.GetSpentUsd()), pct(b.GetRatio()), usd(b.GetProjectedUsd()),
+						pct(b.GetProjectedRatio()), b.GetRuns(), b.GetLiveRuns(), pol)
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+
+	var period, policy string
+	set := &cobra.Command{
+		Use:   "set SCOPE USD",
+		Short: "Set the budget of a scope: a budget_scope, model:NAME, team:X, label:KEY=VALUE or *",
+		Long: "Set (or replace) the budget of SCOPE in USD. Alerts fire at 50, 75, 90 and 100 % of it, on actual\n" +
+			"and on projected spend. --policy stop also stops the runs of the scope once it is exceeded.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			amount, err := strconv.ParseFloat(strings.TrimPrefix(args[1], "$"), 64)
+			if err != nil {
+				return fmt.Errorf("budget amount %q is not a number of USD", args[1])
+			}
+			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+				resp, err := trainmeterv1.NewBudgetServiceClient(conn).SetBudget(ctx, &trainmeterv1.SetBudgetRequest{Scope: args[0], LimitUsd: amount, Period: period, Policy: policy})
+				if err != nil {
+					return err
+				}
+				b := resp.GetBudget()
+				pol := b.GetPolicy()
+				if pol == "" {
+					pol = "alert"
+				}
+				per := "in total"
+				if b.GetPeriod() == "month" {
+					per = "per calendar month"
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "budget %s: %s %s, policy %s\n", b.GetScope(), usd(b.GetLimitUsd()), per, pol)
+				return nil
+			})
+		},
+	}
+	set.Flags().StringVar(&period, "period", "total", "total or month")
+	set.Flags().StringVar(&policy, "policy", "alert", "alert, or stop (send a stop to the scope's runs once exceeded)")
+
+	var delPeriod string
+	del := &cobra.Command{
+		Use:   "delete SCOPE",
+		Short: "Delete the budget of a scope",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+				_, err := trainmeterv1.NewBudgetServiceClient(conn).DeleteBudget(ctx, &trainmeterv1.DeleteBudgetRequest{Scope: args[0], Period: delPeriod})
+				if err == nil {
+					fmt.Fprintf(cmd.OutOrStdout(), "budget %s deleted\n", args[0])
+				}
+				return err
+			})
+		},
+	}
+	del.Flags().StringVar(&delPeriod, "period", "total", "total or month")
+	c.AddCommand(set, del)
+	return c
+}
+
+func newAlertsCommand(cf *clientFlags) *cobra.Command {
+	var asJSON bool
+	var kind string
+	c := &cobra.Command{
+		Use:   "alerts",
+		Short: "List budget and price alerts, oldest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+				resp, err := trainmeterv1.NewBudgetServiceClient(conn).ListAlerts(ctx, &trainmeterv1.ListAlertsRequest{Kind: kind})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), resp)
+				}
+				if len(resp.GetAlerts()) == 0 {
+					fmt.Fprintln(cmd.OutOrStdout(), "no alerts")
+					return nil
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "TIME\tKIND\tSEVERITY\tMESSAGE")
+				for _, a := range resp.GetAlerts() {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.GetTime().AsTime().Local().Format(time.DateTime), a.GetKind(), a.GetSeverity(), a.GetMessage())
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().StringVar(&kind, "kind", "", "only budget or price alerts")
+	return c
+}
+
+func newForecastCommand(cf *clientFlags) *cobra.Command {
+	var asJSON bool
+	var history uint32
+	c := &cobra.Command{
+		Use:   "forecast MODEL N",
+		Short: "Cost of N more runs of MODEL like its last ones, against its budget, with the overage risk",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := strconv.ParseUint(args[1], 10, 32)
+			if err != nil || n == 0 {
+				return fmt.Errorf("number of runs %q: want a whole number > 0", args[1])
+			}
+			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+				f, err := trainmeterv1.NewBudgetServiceClient(conn).Forecast(ctx, &trainmeterv1.ForecastRequest{Model: args[0], Runs: uint32(n), History: history})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), f)
+				}
+				w := cmd.OutOrStdout()
+				fmt.Fprintf(w, "model %s: %d more run(s), based on the last %d ended run(s) (%s)\n", f.GetModel(), f.GetRuns(), len(f.GetBasedOn()), strings.Join(f.GetBasedOn(), ", "))
+				fmt.Fprintf(w, "  per run     %s ± %s\n", usd(f.GetMeanRunUsd()), usd(f.GetStddevRunUsd()))
+				fmt.Fprintf(w, "  expected    %s ± %s\n", usd(f.GetExpectedUsd()), usd(f.GetStddevUsd()))
+				if !f.GetHasBudget() {
+					fmt.Fprintln(w, "  budget      none covers this model")
+					return nil
+				}
+				left := usd(f.GetRemainingUsd()) + " left"
+				if f.GetRemainingUsd() < 0 {
+					left = "already over by " + usd(-f.GetRemainingUsd())
+				}
+				fmt.Fprintf(w, "  budget      %s (%s): %s, %s\n", f.GetBudgetScope(), f.GetBudgetPeriod(), usd(f.GetBudgetUsd()), left)
+				fmt.Fprintf(w, "  overage     %.0f%% risk of exceeding it\n", 100*f.GetOverageProbability())
+				return nil
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().Uint32Var(&history, "history", 5, "how many of the model's latest ended runs to learn from")
+	return c
+}

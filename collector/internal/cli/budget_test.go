@@ -1,0 +1,118 @@
+package cli
+
+import (
+	"encoding/json"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestBudgetCommands(t *testing.T) {
+	addr := liveCollector(t) // run-a: llama-3-8b, ended, 2 GPU-seconds at $2/h
+	env := map[string]string{EnvCollector: addr}
+	out, err := run(t, env, "budget")
+	if err != nil || !strings.Contains(out, "no budgets") {
+		t.Fatalf("budget: %q %v", out, err)
+	}
+	if _, err := run(t, env, "budget", "set", "x", "lots"); err == nil || !strings.Contains(err.Error(), "not a number") {
+		t.Errorf("non-numeric amount: %v", err)
+	}
+	if _, err := run(t, env, "budget", "set", "x", "--", "-1"); err == nil || !strings.Contains(err.Error(), "> 0") {
+		t.Errorf("negative amount: %v", err)
+	}
+	if _, err := run(t, env, "budget", "set", "x", "1", "--period", "week"); err == nil || !strings.Contains(err.Error(), "total or month") {
+		t.Errorf("bad period: %v", err)
+	}
+	// A monthly budget counts the runs started this month: run-a is older.
+	if _, err := run(t, env, "budget", "set", "model:llama-3-8b", "5", "--period", "month"); err != nil {
+		t.Fatal(err)
+	}
+	out, err = run(t, env, "budget", "set", "model:llama-3-8b", "$0.001")
+	if err != nil || !strings.Contains(out, "budget model:llama-3-8b: $0.0010 in total, policy alert") {
+		t.Fatalf("budget set: %q %v", out, err)
+	}
+	out, err = run(t, env, "budget")
+	if err != nil || !regexp.MustCompile(`model:llama-3-8b +total +\$0.0010 +\$0.0011 +111%`).MatchString(out) || !regexp.MustCompile(`\d{4}-\d{2} +\$5.00 +\$0.00 +0%`).MatchString(out) {
+		t.Errorf("budget table:\n%s %v", out, err)
+	}
+	// The collector's loop evaluates within about a second.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		out, err = run(t, env, "alerts", "--kind", "budget")
+		if err == nil && strings.Count(out, "budget model:llama-3-8b") == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alerts:\n%s %v", out, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	out, err = run(t, env, "forecast", "llama-3-8b", "3", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		MeanRunUsd         float64 `json:"mean_run_usd"`
+		ExpectedUsd        float64 `json:"expected_usd"`
+		HasBudget          bool    `json:"has_budget"`
+		OverageProbability float64 `json:"overage_probability"`
+	}
+	if err := json.Unmarshal([]byte(out), &f); err != nil {
+		t.Fatal(err)
+	}
+	if f.MeanRunUsd <= 0 || f.ExpectedUsd != 3*f.MeanRunUsd || !f.HasBudget || f.OverageProbability != 1 {
+		t.Errorf("forecast %s", out)
+	}
+	if _, err := run(t, env, "forecast", "tiny", "3"); err == nil || !strings.Contains(err.Error(), "no ended runs") {
+		t.Errorf("forecast of a model with no ended run: %v", err)
+	}
+	if _, err := run(t, env, "forecast", "llama-3-8b", "0"); err == nil {
+		t.Error("forecast of 0 runs accepted")
+	}
+	if out, err := run(t, env, "budget", "delete", "model:llama-3-8b", "--period", "month"); err != nil || !strings.Contains(out, "deleted") {
+		t.Errorf("delete: %q %v", out, err)
+	}
+	if _, err := run(t, env, "budget", "delete", "model:llama-3-8b", "--period", "month"); err == nil || !strings.Contains(err.Error(), "no such budget") {
+		t.Errorf("second delete: %v", err)
+	}
+	if out, err := run(t, env, "prices"); err != nil || !strings.Contains(out, "no prices yet") {
+		t.Errorf("prices without a provider: %q %v", out, err)
+	}
+	if _, err := run(t, env, "prices", "fetch"); err == nil || !strings.Contains(err.Error(), "no price provider") {
+		t.Errorf("prices fetch without a provider: %v", err)
+	}
+	// A price list imported through the CLI needs no provider.
+	out, err = run(t, env, "prices", "import", "../../../pkg/prices/testdata/price_list.csv")
+	if err != nil || !strings.Contains(out, "imported 3 offers of 2 GPU models, 0 price alert(s)") {
+		t.Fatalf("prices import: %q %v", out, err)
+	}
+	out, err = run(t, env, "prices", "--gpu", "rtx_4090")
+	if err != nil || !regexp.MustCompile(`RTX 4090 +0\.380 +0\.410 +2`).MatchString(out) || !strings.Contains(out, "recommended RTX 4090 offers") {
+		t.Errorf("prices --gpu rtx_4090:\n%s %v", out, err)
+	}
+	bad := t.TempDir() + "/bad.csv"
+	if err := os.WriteFile(bad, []byte("gpu_name,dph_total\nA100,free\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, env, "prices", "import", bad); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("bad price list: %v", err)
+	}
+}
+
+func TestServeBudgetFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--price-provider", "aws"},
+		{"--price-provider", "file"},
+		{"--webhook", "ftp://example.com/x"},
+		{"--budget-timezone", "Mars/Olympus"},
+		{"--price-fetch-interval", "-1h"},
+		{"--vastai-key-file", "/nonexistent/key"},
+		{"--webhook-retries", "-1"},
+	} {
+		if _, err := run(t, nil, append([]string{"serve", "--data", t.TempDir()}, args...)...); err == nil {
+			t.Errorf("serve %v accepted", args)
+		}
+	}
+}

@@ -1,0 +1,136 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	"github.com/trainmeter/trainmeter/pkg/prices"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+func trend(ts []*trainmeterv1.PriceTrend, window string) string {
+	for _, t := range ts {
+		if t.GetWindow() == window {
+			if t.GetPoints() < 2 {
+				return "-"
+			}
+			return fmt.Sprintf("%+.1f%%", 100*t.GetChange())
+		}
+	}
+	return "-"
+}
+
+func newPricesCommand(cf *clientFlags) *cobra.Command {
+	var asJSON bool
+	var gpu string
+	c := &cobra.Command{
+		Use:   "prices",
+		Short: "GPU rental prices per model: cheapest and median $/GPU-hour, trends; --gpu MODEL adds recommended offers",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+				resp, err := trainmeterv1.NewPriceServiceClient(conn).ListPrices(ctx, &trainmeterv1.ListPricesRequest{Gpu: gpu})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), resp)
+				}
+				w := cmd.OutOrStdout()
+				if len(resp.GetGpus()) == 0 {
+					fmt.Fprintln(w, "no prices yet (trainmeter prices fetch)")
+					return nil
+				}
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "GPU\tCHEAPEST $/GPU-H\tMEDIAN $/GPU-H\tOFFERS\t24H\t7D\t30D\tFETCHED")
+				for _, g := range resp.GetGpus() {
+					fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%d\t%s\t%s\t%s\t%s\n", g.GetGpuName(), g.GetCheapestUsdPerGpuHour(), g.GetMedianUsdPerGpuHour(),
+						g.GetOffers(), trend(g.GetTrends(), "24h"), trend(g.GetTrends(), "7d"), trend(g.GetTrends(), "30d"),
+						g.GetFetched().AsTime().Local().Format(time.DateTime))
+				}
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				for _, g := range resp.GetGpus() {
+					if len(g.GetRecommended()) == 0 {
+						continue
+					}
+					fmt.Fprintf(w, "\nrecommended %s offers (score weighs price 0.4, reliability 0.3, perf per dollar 0.3):\n", g.GetGpuName())
+					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "SCORE\tOFFER\tPROVIDER\tGPUS\t$/H\t$/GPU-H\tRELIABILITY\tDLPERF/$\tLOCATION")
+					for _, o := range g.GetRecommended() {
+						fmt.Fprintf(tw, "%.3f\t%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%s\n", o.GetScore(), o.GetId(), o.GetProvider(), o.GetNumGpus(),
+							o.GetUsdPerHour(), o.GetUsdPerGpuHour(), o.GetReliability(), o.GetDlperfPerUsd(), o.GetLocation())
+					}
+					if err := tw.Flush(); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().StringVar(&gpu, "gpu", "", "one GPU model (case-insensitive), with recommended offers")
+	fetch := &cobra.Command{
+		Use:   "fetch",
+		Short: "Fetch prices from the collector's provider now",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+				resp, err := trainmeterv1.NewPriceServiceClient(conn).FetchPrices(ctx, &trainmeterv1.FetchPricesRequest{})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), resp)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "fetched %d offers of %d GPU models, %d price alert(s)\n", resp.GetOffers(), resp.GetGpuModels(), resp.GetAlerts())
+				return nil
+			})
+		},
+	}
+	fetch.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	imp := &cobra.Command{
+		Use:   "import FILE",
+		Short: "Record the offers of a CSV or JSON price list (docs/budgets.md) as a price fetch",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := os.ReadFile(args[0])
+			if err != nil {
+				return err
+			}
+			offers, err := prices.ParsePriceList(b, "import")
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			req := &trainmeterv1.ImportPricesRequest{}
+			for _, o := range offers {
+				req.Offers = append(req.Offers, &trainmeterv1.PriceOffer{
+					Id: o.ID, Provider: o.Provider, GpuName: o.GPUName, NumGpus: uint32(o.NumGPUs), GpuRamGb: o.GPURAMGB,
+					UsdPerHour: o.USDPerHour, Reliability: o.Reliability, DlperfPerUsd: o.DLPerfPerUSD, Location: o.Location, InetDownMbps: o.InetDownMbps,
+				})
+			}
+			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+				resp, err := trainmeterv1.NewPriceServiceClient(conn).ImportPrices(ctx, req)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), resp)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "imported %d offers of %d GPU models, %d price alert(s)\n", resp.GetOffers(), resp.GetGpuModels(), resp.GetAlerts())
+				return nil
+			})
+		},
+	}
+	imp.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.AddCommand(fetch, imp)
+	return c
+}

@@ -1,0 +1,378 @@
+// Package pricewatch fetches GPU offers from a provider on a schedule,
+// keeps each GPU model's price history in the store, raises price alerts
+// (drops and surges against the trailing average), and answers price
+// queries: the PriceService and the cost model's PriceCatalog.
+package pricewatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/pkg/clock"
+	"github.com/trainmeter/trainmeter/pkg/prices"
+)
+
+// Store namespaces: "prices" holds the history, key "MODELKEY/UNIXNANOS"
+// (20 digits, so keys sort by time) → prices.ModelPrice JSON with the time;
+// "price-offers" holds the latest fetch's offers under "latest", and
+// "price-state" each model's alert state (normal, drop, surge).
+const (
+	NSPrices     = "prices"
+	NSOffers     = "price-offers"
+	NSPriceState = "price-state"
+)
+
+// Retention is how long history is kept (the longest trend is 30 days).
+const Retention = 31 * 24 * time.Hour
+
+// Config configures the watcher.
+type Config struct {
+	// Interval between scheduled fetches; 0: no schedule (fetch on demand).
+	Interval time.Duration
+	// Rule decides price alerts; zero: prices.DefaultAlertRule.
+	Rule prices.AlertRule
+	// Clock; nil: the wall clock.
+	Clock clock.Clock
+}
+
+// Validate checks the config.
+func (c Config) Validate() error {
+	if c.Interval < 0 {
+		return fmt.Errorf("price fetch interval must be >= 0, got %v", c.Interval)
+	}
+	if c.Rule != (prices.AlertRule{}) {
+		return c.Rule.Validate()
+	}
+	return nil
+}
+
+// Store is the part of the collector store the watcher needs.
+type Store interface {
+	PutRecord(ns, k string, v []byte) error
+	PutRecords(ns string, kv map[string][]byte) error
+	GetRecord(ns, k string) ([]byte, error)
+	DeleteRecord(ns, k string) error
+	ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (bool, error)) error
+}
+
+// point is one stored history entry.
+type point struct {
+	Time time.Time `json:"t"`
+	prices.ModelPrice
+}
+
+type snapshot struct {
+	Provider string         `json:"provider"`
+	Time     time.Time      `json:"t"`
+	Offers   []prices.Offer `json:"offers"`
+}
+
+// Watcher fetches and keeps prices.
+type Watcher struct {
+	cfg      Config
+	provider prices.Provider
+	store    Store
+	rec      *budget.Recorder
+	log      *slog.Logger
+
+	fetchMu sync.Mutex // one fetch at a time
+
+	mu     sync.Mutex
+	latest snapshot
+	byKey  map[string]prices.ModelPrice
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// New returns a watcher; provider may be nil (no fetching, history and
+// queries only); rec may be nil (no alerts).
+func New(cfg Config, provider prices.Provider, st Store, rec *budget.Recorder, log *slog.Logger) *Watcher {
+	if cfg.Rule == (prices.AlertRule{}) {
+		cfg.Rule = prices.DefaultAlertRule
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	w := &Watcher{cfg: cfg, provider: provider, store: st, rec: rec, log: log, byKey: map[string]prices.ModelPrice{}}
+	if b, err := st.GetRecord(NSOffers, "latest"); err == nil {
+		var s snapshot
+		if json.Unmarshal(b, &s) == nil {
+			w.setLatest(s)
+		}
+	}
+	return w
+}
+
+func (w *Watcher) setLatest(s snapshot) {
+	by := prices.ByModel(s.Offers)
+	w.mu.Lock()
+	w.latest, w.byKey = s, by
+	w.mu.Unlock()
+}
+
+// Provider names the provider ("" if none).
+func (w *Watcher) Provider() string {
+	if w.provider == nil {
+		return ""
+	}
+	return w.provider.Name()
+}
+
+// Start fetches on the schedule until Shutdown (nothing without a provider
+// or an interval). The first fetch is one interval after Start.
+func (w *Watcher) Start() {
+	if w.provider == nil || w.cfg.Interval <= 0 {
+		return
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	w.stop, w.done = stop, done
+	t := w.cfg.Clock.NewTicker(w.cfg.Interval)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		defer close(done)
+		defer t.Stop()
+		defer cancel()
+		go func() { // cancels a fetch in flight when stopped
+			select {
+			case <-stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C():
+				if _, err := w.Fetch(ctx); err != nil {
+					w.log.Warn("scheduled price fetch failed", "provider", w.provider.Name(), "err", err)
+				}
+			}
+		}
+	}()
+}
+
+// Shutdown stops the schedule (an ongoing fetch is cancelled).
+func (w *Watcher) Shutdown() {
+	if w.stop == nil {
+		return
+	}
+	close(w.stop)
+	<-w.done
+	w.stop = nil
+}
+
+// FetchResult says what a fetch did.
+type FetchResult struct {
+	Offers, Models, Alerts int
+}
+
+// ErrNoProvider: the collector has no price provider configured.
+var ErrNoProvider = errors.New("no price provider configured (trainmeter serve --price-provider vastai|file)")
+
+// Fetch gets offers now, records each model's price point, and fires the
+// price alerts due.
+func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
+	if w.provider == nil {
+		return FetchResult{}, ErrNoProvider
+	}
+	w.fetchMu.Lock()
+	defer w.fetchMu.Unlock()
+	offers, err := w.provider.Offers(ctx)
+	if err != nil {
+		return FetchResult{}, err
+	}
+	if len(offers) == 0 {
+		// Keep the last prices rather than record an empty market.
+		return FetchResult{}, fmt.Errorf("%s returned no offers", w.provider.Name())
+	}
+	now := w.cfg.Clock.Now().UTC()
+	return w.Record(ctx, now, offers)
+}
+
+// Import records offers from elsewhere (a price list sent by the CLI) as a
+// fetch at the clock's now.
+func (w *Watcher) Import(ctx context.Context, offers []prices.Offer) (FetchResult, error) {
+	w.fetchMu.Lock()
+	defer w.fetchMu.Unlock()
+	return w.Record(ctx, w.cfg.Clock.Now().UTC(), offers)
+}
+
+// Record stores one fetch's offers taken at now (Fetch calls it; tests
+// call it to feed a series).
+func (w *Watcher) Record(ctx context.Context, now time.Time, offers []prices.Offer) (FetchResult, error) {
+	by := prices.ByModel(offers)
+	res := FetchResult{Offers: len(offers), Models: len(by)}
+	snap := snapshot{Provider: w.Provider(), Time: now, Offers: offers}
+	b, err := json.Marshal(snap)
+	if err != nil {
+		return res, err
+	}
+	if err := w.store.PutRecord(NSOffers, "latest", b); err != nil {
+		return res, err
+	}
+	keys := make([]string, 0, len(by))
+	for k := range by {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var errs []error
+	for _, k := range keys {
+		mp := by[k]
+		hist, err := w.history(k, now.Add(-Retention))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p := prices.Point{Time: now, USD: mp.Median}
+		prev := prices.StateNormal
+		if b, err := w.store.GetRecord(NSPriceState, k); err == nil {
+			prev = string(b)
+		}
+		c := w.cfg.Rule.Check(toPoints(hist), p, prev)
+		pb, _ := json.Marshal(point{Time: now, ModelPrice: mp})
+		if err := w.store.PutRecord(NSPrices, histKey(k, now), pb); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if c.State != prev {
+			_ = w.store.PutRecord(NSPriceState, k, []byte(c.State))
+		}
+		if c.Fire && w.rec != nil {
+			if fired, err := w.fire(ctx, k, mp, c, now); err != nil {
+				errs = append(errs, err)
+			} else if fired {
+				res.Alerts++
+			}
+		}
+		w.prune(k, now.Add(-Retention))
+	}
+	w.setLatest(snap)
+	return res, errors.Join(errs...)
+}
+
+func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c prices.Change, now time.Time) (bool, error) {
+	sev, what := budget.SeverityInfo, "dropped"
+	if c.State == prices.StateSurge {
+		sev, what = budget.SeverityWarning, "surged"
+	}
+	a := budget.Alert{
+		Kind: budget.KindPrice, Severity: sev, Scope: mp.GPUName, Threshold: c.Change, Time: now,
+		GPUName: mp.GPUName, PriceUSDPerHour: mp.Median, ReferenceUSDPerHour: c.Reference, Change: c.Change,
+		Message: fmt.Sprintf("%s price %s %+.1f%%: median $%.3f/GPU-h vs $%.3f trailing %v average (cheapest $%.3f, %d offers)",
+			mp.GPUName, what, 100*c.Change, mp.Median, c.Reference, w.cfg.Rule.Window, mp.Cheapest, mp.Offers),
+	}
+	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", budget.KindPrice, k, now.UnixNano()), a)
+}
+
+func histKey(k string, t time.Time) string { return fmt.Sprintf("%s/%020d", k, t.UnixNano()) }
+
+func (w *Watcher) history(k string, since time.Time) ([]point, error) {
+	var out []point
+	err := w.store.ScanRecords(NSPrices, k+"/", func(_ string, v []byte) (bool, error) {
+		var p point
+		if json.Unmarshal(v, &p) == nil && !p.Time.Before(since) {
+			out = append(out, p)
+		}
+		return true, nil
+	})
+	return out, err
+}
+
+func (w *Watcher) prune(k string, before time.Time) {
+	var old []string
+	_ = w.store.ScanRecords(NSPrices, k+"/", func(key string, v []byte) (bool, error) {
+		var p point
+		if json.Unmarshal(v, &p) == nil && p.Time.Before(before) {
+			old = append(old, key)
+			return true, nil
+		}
+		return false, nil // sorted by time: the rest is newer
+	})
+	for _, key := range old {
+		_ = w.store.DeleteRecord(NSPrices, key)
+	}
+}
+
+func toPoints(h []point) []prices.Point {
+	out := make([]prices.Point, len(h))
+	for i, p := range h {
+		out[i] = prices.Point{Time: p.Time, USD: p.Median}
+	}
+	return out
+}
+
+// CurrentPrice is the cheapest current per-GPU $/h for a GPU model
+// (matched case-insensitively, see prices.Key); the cost model's
+// PriceCatalog.
+func (w *Watcher) CurrentPrice(gpuName string) (float64, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	mp, ok := w.byKey[prices.Key(gpuName)]
+	return mp.Cheapest, ok
+}
+
+// Windows are the trend windows shown.
+var Windows = []struct {
+	Name string
+	D    time.Duration
+}{{"24h", 24 * time.Hour}, {"7d", 7 * 24 * time.Hour}, {"30d", 30 * 24 * time.Hour}}
+
+// ModelView is what is shown for one GPU model.
+type ModelView struct {
+	prices.ModelPrice
+	Fetched     time.Time
+	Trends      map[string]prices.Trend
+	Recommended []prices.Scored
+}
+
+// View returns the latest prices of every model (gpu empty) or one model
+// (with recommendations), with trends over 24 h, 7 d and 30 d of the
+// median price.
+func (w *Watcher) View(gpu string, recommend int) ([]ModelView, error) {
+	w.mu.Lock()
+	latest, by := w.latest, w.byKey
+	w.mu.Unlock()
+	var keys []string
+	if gpu != "" {
+		if _, ok := by[prices.Key(gpu)]; !ok {
+			return nil, fmt.Errorf("no offers for GPU %q in the latest fetch", gpu)
+		}
+		keys = []string{prices.Key(gpu)}
+	} else {
+		for k := range by {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+	}
+	now := w.cfg.Clock.Now()
+	var out []ModelView
+	for _, k := range keys {
+		hist, err := w.history(k, now.Add(-Retention))
+		if err != nil {
+			return nil, err
+		}
+		pts := toPoints(hist)
+		v := ModelView{ModelPrice: by[k], Fetched: latest.Time, Trends: map[string]prices.Trend{}}
+		for _, win := range Windows {
+			v.Trends[win.Name] = prices.TrendOver(pts, now, win.D)
+		}
+		if gpu != "" && recommend > 0 {
+			rec := prices.Recommend(latest.Offers, k, prices.DefaultWeights, 0)
+			v.Recommended = rec[:min(recommend, len(rec))]
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}

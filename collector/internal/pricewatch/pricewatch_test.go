@@ -1,0 +1,169 @@
+package pricewatch
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/pkg/clock"
+	"github.com/trainmeter/trainmeter/pkg/prices"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
+		goleak.IgnoreTopFunction("github.com/dgraph-io/ristretto/v2/z.(*AllocatorPool).freeupAllocators"),
+	)
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func openStore(t *testing.T, dir string) *store.Store {
+	t.Helper()
+	st, err := store.Open(dir, store.Options{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func fixture(t *testing.T) []prices.Offer {
+	t.Helper()
+	f, err := os.Open("../../../pkg/prices/testdata/vastai_offers.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	offers, _, err := prices.ParseVastAIOffers(f, "vastai")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return offers
+}
+
+// scaled returns the offers with RTX 4090 prices times f.
+func scaled(offers []prices.Offer, f float64) []prices.Offer {
+	out := append([]prices.Offer(nil), offers...)
+	for i := range out {
+		if out[i].GPUName == "RTX 4090" {
+			out[i].USDPerHour *= f
+		}
+	}
+	return out
+}
+
+// TestRecordAlertsAndRestart: a series of hourly fetches with a 5 % move,
+// a 12 % drop and a 25 % surge gives exactly the drop and surge alerts; a
+// new watcher over the same store keeps the prices, the alert state (no
+// second surge alert while the price stays high) and the history.
+func TestRecordAlertsAndRestart(t *testing.T) {
+	dir := t.TempDir()
+	st := openStore(t, dir)
+	base := fixture(t)
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	clk := clock.NewFake(t0)
+	rec := &budget.Recorder{Store: st}
+	w := New(Config{Clock: clk}, nil, st, rec, quiet())
+	ctx := context.Background()
+	var alerts []int
+	for i, f := range []float64{1, 1, 1, 1.05, 1, 0.88, 1, 1.25} {
+		res, err := w.Record(ctx, t0.Add(time.Duration(i)*time.Hour), scaled(base, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		alerts = append(alerts, res.Alerts)
+	}
+	if want := []int{0, 0, 0, 0, 0, 1, 0, 1}; len(alerts) != len(want) || alerts[5] != 1 || alerts[7] != 1 || alerts[3] != 0 || alerts[6] != 0 {
+		t.Fatalf("alerts per fetch %v, want %v", alerts, want)
+	}
+	listed, err := rec.List(budget.KindPrice)
+	if err != nil || len(listed) != 2 {
+		t.Fatalf("%d price alerts (%v)", len(listed), err)
+	}
+	if a := listed[0]; a.GPUName != "RTX 4090" || a.Severity != budget.SeverityInfo || a.Change > -0.12 || a.ReferenceUSDPerHour <= a.PriceUSDPerHour {
+		t.Errorf("drop alert %+v", a)
+	}
+	if a := listed[1]; a.Severity != budget.SeverityWarning || a.Change < 0.25 {
+		t.Errorf("surge alert %+v", a)
+	}
+	if p, ok := w.CurrentPrice("rtx-4090"); !ok || math.Abs(p-0.35*1.25) > 1e-9 {
+		t.Errorf("current price %v %v", p, ok)
+	}
+	st.Close()
+
+	st = openStore(t, dir)
+	defer st.Close()
+	rec = &budget.Recorder{Store: st}
+	w = New(Config{Clock: clk}, nil, st, rec, quiet())
+	if p, ok := w.CurrentPrice("H100 SXM"); !ok || p != 18.12/8 {
+		t.Errorf("after restart: H100 price %v %v", p, ok)
+	}
+	res, err := w.Record(ctx, t0.Add(8*time.Hour), scaled(base, 1.24))
+	if err != nil || res.Alerts != 0 {
+		t.Errorf("still high after a restart: %d alerts (%v), want none", res.Alerts, err)
+	}
+	clk.Advance(8 * time.Hour)
+	views, err := w.View("RTX 4090", 2)
+	if err != nil || len(views) != 1 {
+		t.Fatal(views, err)
+	}
+	tr := views[0].Trends["24h"]
+	if tr.Points != 9 || math.Abs(tr.Change-0.24) > 1e-9 || len(views[0].Recommended) != 2 {
+		t.Errorf("view %+v", views[0])
+	}
+	if _, err := w.View("B200", 0); err == nil {
+		t.Error("view of a GPU without offers")
+	}
+	if _, err := w.Fetch(ctx); !errors.Is(err, ErrNoProvider) {
+		t.Errorf("fetch without a provider: %v", err)
+	}
+}
+
+// TestScheduledFetch: with a file provider, the watcher fetches once per
+// interval of its clock; an empty price list keeps the last prices.
+func TestScheduledFetch(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	path := filepath.Join(t.TempDir(), "prices.csv")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("gpu_name,num_gpus,dph_total\nL40S,2,1.8\n")
+	clk := clock.NewFake(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))
+	w := New(Config{Clock: clk, Interval: time.Hour}, &prices.File{Path: path}, st, nil, quiet())
+	w.Start()
+	defer w.Shutdown()
+	if _, ok := w.CurrentPrice("l40s"); ok {
+		t.Fatal("a price before any fetch")
+	}
+	clk.Advance(time.Hour)
+	write("gpu_name,num_gpus,dph_total\nL40S,1,0.8\n")
+	clk.Advance(time.Hour) // the first fetch has finished when the second tick is taken
+	clk.Advance(time.Hour)
+	if p, ok := w.CurrentPrice("L40S"); !ok || p != 0.8 {
+		t.Errorf("price %v %v after the second fetch", p, ok)
+	}
+	hist, err := w.history(prices.Key("L40S"), time.Time{})
+	if err != nil || len(hist) < 2 || hist[0].Median != 0.9 {
+		t.Errorf("history %+v %v", hist, err)
+	}
+	write("gpu_name,dph_total\n")
+	if _, err := w.Fetch(context.Background()); err == nil {
+		t.Error("an empty price list was accepted")
+	}
+	if p, _ := w.CurrentPrice("L40S"); p != 0.8 {
+		t.Errorf("an empty fetch changed the price to %v", p)
+	}
+}

@@ -1,0 +1,140 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/ingest"
+	"github.com/trainmeter/trainmeter/collector/internal/pricewatch"
+	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/pkg/clock"
+	"github.com/trainmeter/trainmeter/pkg/prices"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// BudgetConfig configures budgets, alert delivery and GPU prices
+// (docs/budgets.md).
+type BudgetConfig struct {
+	// Webhook delivery of alerts (URLs empty: none).
+	Webhook budget.WebhookConfig
+	// EvalInterval: how often budgets are evaluated after runs changed.
+	EvalInterval time.Duration
+	// Timezone of monthly budgets' calendar months (IANA name); "": UTC.
+	Timezone string
+
+	// PriceProvider: "" (none), "vastai" or "file".
+	PriceProvider string
+	// VastAIURL is the vast.ai API base URL ("": prices.DefaultVastAIURL);
+	// VastAIKey its optional bearer key.
+	VastAIURL, VastAIKey string
+	// PriceFile is the CSV or JSON price list of the file provider.
+	PriceFile string
+	// PriceFetchInterval between scheduled fetches; 0: on demand only.
+	PriceFetchInterval time.Duration
+
+	// Clock of the budget and price loops; nil: the wall clock (tests).
+	Clock clock.Clock
+	// AlertSinks are told of every alert besides the webhooks (e.g. an
+	// OpenTelemetry log exporter).
+	AlertSinks []budget.AlertSink
+}
+
+// Validate checks the config.
+func (c BudgetConfig) Validate() error {
+	var errs []error
+	if err := c.Webhook.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.EvalInterval < 0 {
+		errs = append(errs, fmt.Errorf("budget evaluation interval must be >= 0, got %v", c.EvalInterval))
+	}
+	if _, err := time.LoadLocation(c.Timezone); err != nil {
+		errs = append(errs, fmt.Errorf("budget timezone %q: %v", c.Timezone, err))
+	}
+	switch c.PriceProvider {
+	case "", "vastai":
+	case "file":
+		if c.PriceFile == "" {
+			errs = append(errs, errors.New("--price-provider file needs --price-file"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("price provider %q: want vastai or file", c.PriceProvider))
+	}
+	if c.PriceFetchInterval < 0 {
+		errs = append(errs, fmt.Errorf("price fetch interval must be >= 0, got %v", c.PriceFetchInterval))
+	}
+	return errors.Join(errs...)
+}
+
+func (c BudgetConfig) provider() prices.Provider {
+	switch c.PriceProvider {
+	case "vastai":
+		return &prices.VastAI{BaseURL: c.VastAIURL, APIKey: c.VastAIKey}
+	case "file":
+		return &prices.File{Path: c.PriceFile}
+	}
+	return nil
+}
+
+// budgetParts are the running budget and price components.
+type budgetParts struct {
+	webhooks *budget.Webhooks
+	manager  *budget.Manager
+	prices   *pricewatch.Watcher
+}
+
+// startBudget builds the budget manager, webhook sender and price watcher,
+// registers their services, and starts their loops.
+func (s *Server) startBudget(st *store.Store, ing *ingest.Server, gs *grpc.Server) *budgetParts {
+	c := s.cfg.Budget
+	loc, _ := time.LoadLocation(c.Timezone) // checked by Validate
+	p := &budgetParts{webhooks: budget.NewWebhooks(c.Webhook, st, s.log)}
+	pricing := s.cfg.Pricing()
+	report := func(a *aggregate.State) *trainmeterv1.RunReport { return a.Report(pricing) }
+	p.manager = budget.New(budget.Config{EvalInterval: c.EvalInterval, Location: loc, Clock: c.Clock}, st, report, ing,
+		append(budget.Sinks{p.webhooks}, c.AlertSinks...), s.log)
+	p.prices = pricewatch.New(pricewatch.Config{Interval: c.PriceFetchInterval, Clock: c.Clock}, c.provider(), st, p.manager.Recorder(), s.log)
+	ing.OnApplied(p.manager.OnApplied)
+	trainmeterv1.RegisterBudgetServiceServer(gs, budget.NewService(p.manager))
+	trainmeterv1.RegisterPriceServiceServer(gs, pricewatch.NewService(p.prices))
+	p.webhooks.Start()
+	p.manager.Start()
+	p.prices.Start()
+	return p
+}
+
+func (p *budgetParts) shutdown() {
+	if p == nil {
+		return
+	}
+	p.prices.Shutdown()
+	p.manager.Shutdown()
+	p.webhooks.Shutdown()
+}
+
+// Budgets returns the budget manager (budget use for metrics), nil before
+// Start.
+func (s *Server) Budgets() *budget.Manager {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.budget == nil {
+		return nil
+	}
+	return s.budget.manager
+}
+
+// Prices returns the price watcher (the cost model's price catalog), nil
+// before Start.
+func (s *Server) Prices() *pricewatch.Watcher {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.budget == nil {
+		return nil
+	}
+	return s.budget.prices
+}

@@ -1,0 +1,75 @@
+package server_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/server"
+	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+type sinkFunc func(budget.Alert)
+
+func (f sinkFunc) Alert(_ context.Context, a budget.Alert) { f(a) }
+
+// TestBudgetServiceWired: the collector serves BudgetService over gRPC, its
+// budget manager sees the batches ingest applies, and alerts reach the
+// configured sinks.
+func TestBudgetServiceWired(t *testing.T) {
+	var mu sync.Mutex
+	var got []budget.Alert
+	srv := start(t, server.Config{GPUPricePerHour: 3600, Budget: server.BudgetConfig{
+		EvalInterval: 10 * time.Millisecond,
+		AlertSinks:   []budget.AlertSink{sinkFunc(func(a budget.Alert) { mu.Lock(); got = append(got, a); mu.Unlock() })},
+	}})
+	conn := tu.Dial(t, srv.Addr().String())
+	bs := trainmeterv1.NewBudgetServiceClient(conn)
+	if _, err := bs.SetBudget(t.Context(), &trainmeterv1.SetBudgetRequest{Scope: "model:llama", LimitUsd: 1.5}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bs.SetBudget(t.Context(), &trainmeterv1.SetBudgetRequest{Scope: "", LimitUsd: 1}); err == nil {
+		t.Error("empty scope accepted")
+	}
+	a := tu.Connect(t, conn, "node-1", "boot")
+	a.MustAck(tu.Batch(1, 0, []*trainmeterv1.RunWindow{tu.Window("r", 0, 10, 1)}, tu.Start("r", 0, "llama")))
+	a.MustAck(tu.Batch(2, 1, []*trainmeterv1.RunWindow{tu.Window("r", 1, 10, 1)}))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d alerts reached the sink, want 8 ($2 of $1.50)", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	resp, err := bs.ListBudgets(t.Context(), &trainmeterv1.ListBudgetsRequest{})
+	if err != nil || len(resp.GetBudgets()) != 1 || resp.GetBudgets()[0].GetSpentUsd() != 2 {
+		t.Fatalf("budgets %v %v", resp, err)
+	}
+	if u := srv.Budgets().BudgetUse(); len(u) != 1 || u[0].Ratio != 2.0/1.5 {
+		t.Errorf("budget use %+v", u)
+	}
+	if _, ok := srv.Prices().CurrentPrice("any"); ok {
+		t.Error("a price without any fetch")
+	}
+}
+
+func TestBudgetConfigValidate(t *testing.T) {
+	for _, c := range []server.BudgetConfig{
+		{PriceProvider: "aws"}, {PriceProvider: "file"}, {Timezone: "Nowhere/Land"},
+		{EvalInterval: -time.Second}, {PriceFetchInterval: -time.Second},
+		{Webhook: budget.WebhookConfig{URLs: []string{"not a url"}}},
+	} {
+		if err := (server.Config{Listen: "127.0.0.1:0", DataDir: "d", Budget: c}).Validate(); err == nil {
+			t.Errorf("config %+v accepted", c)
+		}
+	}
+}

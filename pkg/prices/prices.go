@@ -1,0 +1,325 @@
+// Package prices fetches GPU rental prices (a vast.ai offers client, or a
+// CSV/JSON price list), and computes what the collector shows and alerts on:
+// per-model cheapest and median prices, trends, price-change alerts against a
+// trailing average, and ranked recommendations. Everything here but the
+// clients is pure: functions of offers and price series.
+package prices
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Offer is one rentable machine (or slice of one).
+type Offer struct {
+	ID       string `json:"id"`
+	Provider string `json:"provider"`
+	GPUName  string `json:"gpu_name"`
+	NumGPUs  int    `json:"num_gpus"`
+	// GPURAMGB is the memory of one GPU.
+	GPURAMGB float64 `json:"gpu_ram_gb,omitempty"`
+	// USDPerHour is the price of the whole offer (all its GPUs).
+	USDPerHour float64 `json:"usd_per_hour"`
+	// Reliability in [0, 1] as the provider estimates it (vast.ai's
+	// reliability2); 0 = unknown.
+	Reliability float64 `json:"reliability,omitempty"`
+	// DLPerfPerUSD is the provider's deep-learning performance per $/h
+	// (vast.ai's dlperf_per_dphtotal); 0 = unknown.
+	DLPerfPerUSD float64 `json:"dlperf_per_usd,omitempty"`
+	Location     string  `json:"location,omitempty"`
+	InetDownMbps float64 `json:"inet_down_mbps,omitempty"`
+}
+
+// PerGPUHour is the offer's price per GPU-hour.
+func (o Offer) PerGPUHour() float64 {
+	if o.NumGPUs <= 0 {
+		return o.USDPerHour
+	}
+	return o.USDPerHour / float64(o.NumGPUs)
+}
+
+// Validate rejects offers that cannot be priced.
+func (o Offer) Validate() error {
+	switch {
+	case strings.TrimSpace(o.GPUName) == "":
+		return fmt.Errorf("offer %q: no gpu_name", o.ID)
+	case o.NumGPUs <= 0:
+		return fmt.Errorf("offer %q (%s): num_gpus %d", o.ID, o.GPUName, o.NumGPUs)
+	case !(o.USDPerHour > 0) || math.IsInf(o.USDPerHour, 0):
+		return fmt.Errorf("offer %q (%s): price %v $/h", o.ID, o.GPUName, o.USDPerHour)
+	case o.Reliability < 0 || o.Reliability > 1 || math.IsNaN(o.Reliability):
+		return fmt.Errorf("offer %q (%s): reliability %v not in [0, 1]", o.ID, o.GPUName, o.Reliability)
+	case o.DLPerfPerUSD < 0 || math.IsNaN(o.DLPerfPerUSD) || math.IsInf(o.DLPerfPerUSD, 0):
+		return fmt.Errorf("offer %q (%s): dlperf_per_dphtotal %v", o.ID, o.GPUName, o.DLPerfPerUSD)
+	}
+	return nil
+}
+
+// Provider is a source of offers.
+type Provider interface {
+	// Name is a short name for logs and alerts ("vastai", "file").
+	Name() string
+	// Offers returns the offers available now.
+	Offers(ctx context.Context) ([]Offer, error)
+}
+
+// Key is how GPU model names are matched: case-insensitively, with runs of
+// spaces, dashes and underscores as one space ("RTX_4090" = "rtx 4090").
+func Key(gpuName string) string {
+	f := strings.FieldsFunc(strings.ToLower(gpuName), func(r rune) bool { return r == ' ' || r == '-' || r == '_' || r == '\t' })
+	return strings.Join(f, " ")
+}
+
+// ModelPrice is one GPU model's price at one fetch.
+type ModelPrice struct {
+	GPUName string `json:"gpu_name"`
+	// Cheapest and Median per-GPU $/h over the model's offers.
+	Cheapest float64 `json:"cheapest"`
+	Median   float64 `json:"median"`
+	Offers   int     `json:"offers"`
+	// CheapestOffer is the offer with the cheapest per-GPU price.
+	CheapestOffer Offer `json:"cheapest_offer"`
+}
+
+// ByModel groups valid offers by GPU model (Key); invalid offers are skipped.
+func ByModel(offers []Offer) map[string]ModelPrice {
+	groups := map[string][]Offer{}
+	for _, o := range offers {
+		if o.Validate() != nil {
+			continue
+		}
+		k := Key(o.GPUName)
+		groups[k] = append(groups[k], o)
+	}
+	out := make(map[string]ModelPrice, len(groups))
+	for k, g := range groups {
+		sort.SliceStable(g, func(i, j int) bool { return g[i].PerGPUHour() < g[j].PerGPUHour() })
+		ps := make([]float64, len(g))
+		for i, o := range g {
+			ps[i] = o.PerGPUHour()
+		}
+		out[k] = ModelPrice{GPUName: g[0].GPUName, Cheapest: ps[0], Median: median(ps), Offers: len(g), CheapestOffer: g[0]}
+	}
+	return out
+}
+
+// median of sorted values.
+func median(sorted []float64) float64 {
+	n := len(sorted)
+	if n == 0 {
+		return 0
+	}
+	if n%2 == 1 {
+		return sorted[n/2]
+	}
+	return (sorted[n/2-1] + sorted[n/2]) / 2
+}
+
+// Cheapest returns the offer of gpuName (matched by Key) with the lowest
+// per-GPU price.
+func Cheapest(offers []Offer, gpuName string) (Offer, bool) {
+	mp, ok := ByModel(offers)[Key(gpuName)]
+	return mp.CheapestOffer, ok
+}
+
+// Weights of a recommendation score; they are normalised to sum to 1.
+type Weights struct {
+	Price, Reliability, PerfPerDollar float64
+}
+
+// DefaultWeights: price matters most, then reliability (a cheap machine
+// that disappears mid-run costs a restart), then performance per dollar.
+var DefaultWeights = Weights{Price: 0.4, Reliability: 0.3, PerfPerDollar: 0.3}
+
+// Scored is an offer with its recommendation score in [0, 1].
+type Scored struct {
+	Offer
+	Score float64 `json:"score"`
+}
+
+// Recommend ranks the valid offers of gpuName (all models if empty), best
+// first. Each offer scores
+//
+//	w.Price·(cheapest per-GPU price / its per-GPU price)
+//	+ w.Reliability·reliability
+//	+ w.PerfPerDollar·(its dlperf per $ / the best dlperf per $)
+//
+// with the weights normalised to sum 1, so the score is in [0, 1]; an
+// unknown reliability or dlperf counts 0. Offers below minReliability are
+// left out (0 keeps all).
+func Recommend(offers []Offer, gpuName string, w Weights, minReliability float64) []Scored {
+	var cand []Offer
+	for _, o := range offers {
+		if o.Validate() != nil || (gpuName != "" && Key(o.GPUName) != Key(gpuName)) {
+			continue
+		}
+		if minReliability > 0 && o.Reliability < minReliability {
+			continue
+		}
+		cand = append(cand, o)
+	}
+	if len(cand) == 0 {
+		return nil
+	}
+	sum := w.Price + w.Reliability + w.PerfPerDollar
+	if !(sum > 0) {
+		w, sum = DefaultWeights, 1
+	}
+	minPrice, maxPerf := math.Inf(1), 0.0
+	for _, o := range cand {
+		minPrice = min(minPrice, o.PerGPUHour())
+		maxPerf = max(maxPerf, o.DLPerfPerUSD)
+	}
+	out := make([]Scored, len(cand))
+	for i, o := range cand {
+		s := w.Price*(minPrice/o.PerGPUHour()) + w.Reliability*o.Reliability
+		if maxPerf > 0 {
+			s += w.PerfPerDollar * (o.DLPerfPerUSD / maxPerf)
+		}
+		out[i] = Scored{Offer: o, Score: s / sum}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Score != out[j].Score {
+			return out[i].Score > out[j].Score
+		}
+		return out[i].PerGPUHour() < out[j].PerGPUHour()
+	})
+	return out
+}
+
+// Point is one GPU model's price at one time: the series trends and alerts
+// are computed on (the collector records the median per-GPU price of each
+// fetch: a single odd cheap offer does not move it).
+type Point struct {
+	Time time.Time `json:"t"`
+	USD  float64   `json:"usd"`
+}
+
+// Trend summarises a series over a window ending at now.
+type Trend struct {
+	Window time.Duration
+	// Change is (latest − first point in the window) / first point.
+	Change         float64
+	Min, Max, Mean float64
+	Points         int
+}
+
+// TrendOver computes the trend of series (sorted by time) over the window
+// (now−window, now]. Fewer than two points: Change 0.
+func TrendOver(series []Point, now time.Time, window time.Duration) Trend {
+	t := Trend{Window: window}
+	from := now.Add(-window)
+	var first, last Point
+	for _, p := range series {
+		if !p.Time.After(from) || p.Time.After(now) {
+			continue
+		}
+		if t.Points == 0 {
+			first, t.Min, t.Max = p, p.USD, p.USD
+		}
+		last = p
+		t.Points++
+		t.Min, t.Max = min(t.Min, p.USD), max(t.Max, p.USD)
+		t.Mean += p.USD
+	}
+	if t.Points == 0 {
+		return t
+	}
+	t.Mean /= float64(t.Points)
+	if t.Points > 1 && first.USD > 0 {
+		t.Change = last.USD/first.USD - 1
+	}
+	return t
+}
+
+// AlertRule says when a price change is an alert.
+type AlertRule struct {
+	// Window is the trailing window the average is taken over: the points in
+	// [t−Window, t) before the new point at t.
+	Window time.Duration
+	// MinPoints is how many points that window needs before any alert (so
+	// that the first fetches do not alert against a one-point "average").
+	MinPoints int
+	// Drop and Surge are the relative changes that alert: a new price more
+	// than Drop below the trailing average, or more than Surge above it.
+	Drop, Surge float64
+}
+
+// DefaultAlertRule: more than 10 % below or 20 % above the 24 h trailing
+// average of at least 3 earlier fetches.
+var DefaultAlertRule = AlertRule{Window: 24 * time.Hour, MinPoints: 3, Drop: 0.10, Surge: 0.20}
+
+// Validate checks the rule.
+func (r AlertRule) Validate() error {
+	if r.Window <= 0 || r.MinPoints < 1 || !(r.Drop > 0 && r.Drop < 1) || !(r.Surge > 0) {
+		return fmt.Errorf("price alert rule: window %v, min points %d, drop %v, surge %v: want window > 0, min points >= 1, 0 < drop < 1, surge > 0",
+			r.Window, r.MinPoints, r.Drop, r.Surge)
+	}
+	return nil
+}
+
+// Price states of a model.
+const (
+	StateNormal = "normal"
+	StateDrop   = "drop"
+	StateSurge  = "surge"
+)
+
+// Change is the verdict on one new point.
+type Change struct {
+	// State is normal, drop or surge.
+	State string
+	// Reference is the trailing average, Change = point/Reference − 1.
+	Reference, Change float64
+	// Fire: State is drop or surge and differs from the previous state.
+	// Alerts are edge-triggered: a price that stays low alerts once, not at
+	// every fetch until the average catches up.
+	Fire bool
+}
+
+// Check judges the new point p against the earlier points history (any
+// order) under the rule, given the model's previous state ("" = normal).
+func (r AlertRule) Check(history []Point, p Point, prev string) Change {
+	var sum float64
+	n := 0
+	from := p.Time.Add(-r.Window)
+	for _, h := range history {
+		if !h.Time.Before(from) && h.Time.Before(p.Time) {
+			sum += h.USD
+			n++
+		}
+	}
+	c := Change{State: StateNormal}
+	if n < r.MinPoints || sum <= 0 {
+		return c
+	}
+	c.Reference = sum / float64(n)
+	c.Change = p.USD/c.Reference - 1
+	switch {
+	case c.Change < -r.Drop:
+		c.State = StateDrop
+	case c.Change > r.Surge:
+		c.State = StateSurge
+	}
+	if prev == "" {
+		prev = StateNormal
+	}
+	c.Fire = c.State != StateNormal && c.State != prev
+	return c
+}
+
+// Walk runs Check over a whole series (sorted by time) and returns the
+// verdict for each point.
+func (r AlertRule) Walk(series []Point) []Change {
+	out := make([]Change, len(series))
+	state := StateNormal
+	for i, p := range series {
+		out[i] = r.Check(series[:i], p, state)
+		state = out[i].State
+	}
+	return out
+}

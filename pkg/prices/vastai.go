@@ -1,0 +1,226 @@
+package prices
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultVastAIURL is vast.ai's API server.
+const DefaultVastAIURL = "https://console.vast.ai"
+
+// VastAI fetches on-demand offers from vast.ai's search endpoint,
+// GET {BaseURL}/api/v0/bundles/?q={query}, whose answer is
+// {"offers": [ {...}, ... ]} with vast.ai's field names (gpu_name,
+// num_gpus, gpu_ram in MB, dph_total in $/h for all num_gpus,
+// reliability2 or reliability, dlperf_per_dphtotal, inet_down,
+// geolocation, id).
+type VastAI struct {
+	// BaseURL of the API (DefaultVastAIURL if empty).
+	BaseURL string
+	// APIKey, if set, is sent as "Authorization: Bearer KEY" (the offer
+	// search also works without one).
+	APIKey string
+	// Query is the JSON search query; empty: rentable on-demand offers.
+	Query string
+	// Client is the HTTP client (a 30 s timeout one if nil).
+	Client *http.Client
+	// MaxAttempts on HTTP 429 and 5xx; 0: 5.
+	MaxAttempts int
+	// MaxBackoff caps one wait between attempts; 0: 60 s.
+	MaxBackoff time.Duration
+	// Sleep waits between attempts (tests replace it); nil: a timer
+	// that ends early when ctx does.
+	Sleep func(ctx context.Context, d time.Duration) error
+}
+
+// DefaultVastAIQuery asks for rentable on-demand offers.
+const DefaultVastAIQuery = `{"rentable":{"eq":true},"rented":{"eq":false},"type":"on-demand","limit":1000}`
+
+// Name implements Provider.
+func (*VastAI) Name() string { return "vastai" }
+
+// vastOffer has the fields of a vast.ai offer that we read.
+type vastOffer struct {
+	ID                json.Number `json:"id"`
+	GPUName           string      `json:"gpu_name"`
+	NumGPUs           float64     `json:"num_gpus"`
+	GPURAM            float64     `json:"gpu_ram"` // MB
+	DPHTotal          float64     `json:"dph_total"`
+	Reliability       *float64    `json:"reliability"`
+	Reliability2      *float64    `json:"reliability2"`
+	DLPerfPerDPHTotal float64     `json:"dlperf_per_dphtotal"`
+	InetDown          float64     `json:"inet_down"`
+	Geolocation       string      `json:"geolocation"`
+}
+
+func (v vastOffer) offer(provider string) Offer {
+	rel := 0.0
+	switch {
+	case v.Reliability2 != nil:
+		rel = *v.Reliability2
+	case v.Reliability != nil:
+		rel = *v.Reliability
+	}
+	return Offer{
+		ID: v.ID.String(), Provider: provider, GPUName: strings.TrimSpace(v.GPUName), NumGPUs: int(v.NumGPUs),
+		GPURAMGB: v.GPURAM / 1024, USDPerHour: v.DPHTotal, Reliability: rel, DLPerfPerUSD: v.DLPerfPerDPHTotal,
+		Location: v.Geolocation, InetDownMbps: v.InetDown,
+	}
+}
+
+// ParseVastAIOffers decodes a vast.ai offers answer ({"offers": [...]}, or
+// a bare array of offers). Offers that cannot be priced are dropped and
+// counted in skipped.
+func ParseVastAIOffers(r io.Reader, provider string) (offers []Offer, skipped int, err error) {
+	raw, err := io.ReadAll(io.LimitReader(r, 256<<20))
+	if err != nil {
+		return nil, 0, err
+	}
+	var list []vastOffer
+	trimmed := strings.TrimSpace(string(raw))
+	if strings.HasPrefix(trimmed, "[") {
+		err = json.Unmarshal(raw, &list)
+	} else {
+		var doc struct {
+			Offers *[]vastOffer `json:"offers"`
+		}
+		err = json.Unmarshal(raw, &doc)
+		if err == nil && doc.Offers == nil {
+			err = errors.New(`no "offers" array`)
+		}
+		if doc.Offers != nil {
+			list = *doc.Offers
+		}
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("vast.ai offers: %w", err)
+	}
+	for _, v := range list {
+		o := v.offer(provider)
+		if o.Validate() != nil {
+			skipped++
+			continue
+		}
+		offers = append(offers, o)
+	}
+	return offers, skipped, nil
+}
+
+// HTTPError is a non-2xx answer.
+type HTTPError struct {
+	Status int
+	Body   string
+}
+
+func (e *HTTPError) Error() string {
+	return fmt.Sprintf("HTTP %d: %s", e.Status, e.Body)
+}
+
+// Offers implements Provider. HTTP 429 and 5xx are retried with capped
+// exponential backoff and jitter, waiting at least what Retry-After says.
+func (v *VastAI) Offers(ctx context.Context) ([]Offer, error) {
+	base := strings.TrimRight(v.BaseURL, "/")
+	if base == "" {
+		base = DefaultVastAIURL
+	}
+	q := v.Query
+	if q == "" {
+		q = DefaultVastAIQuery
+	}
+	u := base + "/api/v0/bundles/?q=" + url.QueryEscape(q)
+	client := v.Client
+	if client == nil {
+		client = &http.Client{Timeout: 30 * time.Second}
+	}
+	attempts := v.MaxAttempts
+	if attempts <= 0 {
+		attempts = 5
+	}
+	maxBackoff := v.MaxBackoff
+	if maxBackoff <= 0 {
+		maxBackoff = time.Minute
+	}
+	sleep := v.Sleep
+	if sleep == nil {
+		sleep = sleepCtx
+	}
+	backoff := time.Second
+	var lastErr error
+	for attempt := 1; ; attempt++ {
+		offers, retryAfter, err := v.fetchOnce(ctx, client, u)
+		if err == nil {
+			return offers, nil
+		}
+		lastErr = err
+		var he *HTTPError
+		retryable := errors.As(err, &he) && (he.Status == http.StatusTooManyRequests || he.Status >= 500)
+		if !retryable || attempt >= attempts || ctx.Err() != nil {
+			break
+		}
+		wait := backoff/2 + rand.N(backoff/2+1) // jitter in [b/2, b]
+		wait = max(wait, retryAfter)
+		wait = min(wait, maxBackoff)
+		if err := sleep(ctx, wait); err != nil {
+			return nil, fmt.Errorf("vast.ai offers: %w (after %v)", err, lastErr)
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+	return nil, fmt.Errorf("vast.ai offers from %s: %w", base, lastErr)
+}
+
+func (v *VastAI) fetchOnce(ctx context.Context, client *http.Client, u string) ([]Offer, time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	req.Header.Set("Accept", "application/json")
+	if v.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+v.APIKey)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return nil, retryAfter(resp.Header.Get("Retry-After")), &HTTPError{Status: resp.StatusCode, Body: strings.TrimSpace(string(body))}
+	}
+	offers, _, err := ParseVastAIOffers(resp.Body, v.Name())
+	return offers, 0, err
+}
+
+// retryAfter parses a Retry-After header (seconds or an HTTP date).
+func retryAfter(h string) time.Duration {
+	h = strings.TrimSpace(h)
+	if h == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(h); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(h); err == nil {
+		return max(0, time.Until(t))
+	}
+	return 0
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
