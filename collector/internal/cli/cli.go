@@ -66,7 +66,7 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 	if defaultAddr == "" {
 		defaultAddr = server.DefaultListen
 	}
-	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf)} {
+	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newSummaryCommand(cf), newModelCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf)} {
 		// Persistent, so that `export csv` inherits them.
 		c.PersistentFlags().StringVar(&cf.addr, "collector", defaultAddr, "collector address HOST:PORT (default from $"+EnvCollector+")")
 		c.PersistentFlags().DurationVar(&cf.timeout, "timeout", 10*time.Second, "deadline for the request")
@@ -88,6 +88,7 @@ func newServeCommand() *cobra.Command {
 	cfg := server.Config{}
 	var level string
 	var shutdownTimeout time.Duration
+	var costFlags costServeFlags
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the collector",
@@ -98,6 +99,9 @@ func newServeCommand() *cobra.Command {
 				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			if err := costFlags.apply(&cfg); err != nil {
+				return err
+			}
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -118,6 +122,7 @@ func newServeCommand() *cobra.Command {
 	f.Float64Var(&cfg.GPUPricePerHour, "gpu-price-per-hour", 0, "default $ per GPU-hour for runs that send none (0 = unknown)")
 	f.Float64Var(&cfg.EnergyPricePerKWh, "energy-price-kwh", 0, "energy price in $ per kWh (0 = unknown)")
 	f.Float64Var(&cfg.GridGCO2PerKWh, "grid-gco2-kwh", 0, "grid carbon intensity in gCO2 per kWh (0 = unknown)")
+	costFlags.add(f, &cfg)
 	f.DurationVar(&cfg.GCInterval, "gc-interval", 5*time.Minute, "value-log GC interval (0 disables)")
 	f.StringVar(&cfg.StatusListen, "status-listen", "", "serve GET /healthz and GET /status on HOST:PORT (empty: off)")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
@@ -207,9 +212,10 @@ func newRunsCommand(cf *clientFlags) *cobra.Command {
 }
 
 func newReportCommand(cf *clientFlags) *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	c := &cobra.Command{
 		Use:   "report RUN_ID",
-		Short: "Show one run's report",
+		Short: "Show one run's report (--json: the whole report, cost and compute figures included)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
@@ -217,10 +223,15 @@ func newReportCommand(cf *clientFlags) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if asJSON {
+					return writeReportJSON(cmd.OutOrStdout(), resp.GetRun())
+				}
 				return report.WriteReport(cmd.OutOrStdout(), resp.GetRun())
 			})
 		},
 	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print the whole report as JSON")
+	return c
 }
 
 func newExportCommand(cf *clientFlags) *cobra.Command {
