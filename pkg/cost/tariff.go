@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -38,6 +39,7 @@ type Tariff struct {
 
 	loc      *time.Location
 	compiled []compiledRule
+	edges    []int // sorted minutes of the day (1..1439) at which a rule starts or ends
 }
 
 // TariffRule is one schedule line of a Tariff.
@@ -177,6 +179,15 @@ func (t *Tariff) Validate() error {
 		return err
 	}
 	t.loc, t.compiled = loc, compiled
+	t.edges = t.edges[:0]
+	for _, c := range compiled {
+		for _, m := range []int{c.from, c.to} {
+			if m > 0 && m < 1440 && !slices.Contains(t.edges, m) {
+				t.edges = append(t.edges, m)
+			}
+		}
+	}
+	slices.Sort(t.edges)
 	return nil
 }
 
@@ -224,6 +235,11 @@ func (t *Tariff) BandNames() []string {
 // force, proportionally to the time spent in each: add is called once per
 // contiguous stretch of one band. A window with end <= start is booked
 // whole at start's band.
+//
+// The band can only change at a rule edge (a from or to minute, or
+// midnight, when the weekday changes) or at a change of the zone's UTC
+// offset (DST). Split walks from edge to edge, so its work is a few steps per
+// day of the window, not one per minute.
 func (t *Tariff) Split(start, end time.Time, joules float64, add func(band string, joules float64)) {
 	if !end.After(start) {
 		add(t.BandAt(start), joules)
@@ -234,10 +250,8 @@ func (t *Tariff) Split(start, end time.Time, joules float64, add func(band strin
 	band := t.BandAt(cur)
 	segStart := cur
 	for cur.Before(end) {
-		// The band can only change at a local minute boundary.
-		lt := cur.In(t.loc)
-		next := cur.Add(time.Minute - time.Duration(lt.Second())*time.Second - time.Duration(lt.Nanosecond()))
-		if !next.After(cur) {
+		next := t.nextEdge(cur)
+		if !next.After(cur) { // cannot happen; never loop forever
 			next = cur.Add(time.Minute)
 		}
 		if next.After(end) {
@@ -252,4 +266,28 @@ func (t *Tariff) Split(start, end time.Time, joules float64, add func(band strin
 		cur = next
 	}
 	add(band, joules*end.Sub(segStart).Seconds()/total)
+}
+
+// nextEdge is the first instant after cur at which the band may change: the
+// next rule edge on the local wall clock, or the next UTC offset change,
+// whichever comes first. Until that offset change the offset is constant,
+// so wall time converts to an instant without ambiguity.
+func (t *Tariff) nextEdge(cur time.Time) time.Time {
+	lt := cur.In(t.loc)
+	_, offset := lt.Zone()
+	wallMidnight := time.Date(lt.Year(), lt.Month(), lt.Day(), 0, 0, 0, 0, time.UTC)
+	sinceMidnight := time.Duration(lt.Hour())*time.Hour + time.Duration(lt.Minute())*time.Minute +
+		time.Duration(lt.Second())*time.Second + time.Duration(lt.Nanosecond())
+	edge := 24 * time.Hour // midnight: the weekday changes
+	for _, m := range t.edges {
+		if d := time.Duration(m) * time.Minute; d > sinceMidnight {
+			edge = d
+			break
+		}
+	}
+	next := time.Unix(wallMidnight.Add(edge).Unix()-int64(offset), 0)
+	if _, zoneEnd := lt.ZoneBounds(); !zoneEnd.IsZero() && zoneEnd.After(cur) && zoneEnd.Before(next) {
+		next = zoneEnd
+	}
+	return next
 }

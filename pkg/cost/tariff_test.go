@@ -2,6 +2,7 @@ package cost
 
 import (
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -151,5 +152,80 @@ func TestTariffValidation(t *testing.T) {
 	}
 	if ft := FlatTariff(0.25); ft.BandAt(time.Now()) != "flat" {
 		t.Error("flat tariff band")
+	}
+}
+
+// splitByMinute is the obvious reference: the band can only change at a
+// local minute boundary, so look at every one.
+func splitByMinute(tr *Tariff, start, end time.Time, joules float64) booked {
+	b := booked{}
+	if !end.After(start) {
+		b[tr.BandAt(start)] += joules
+		return b
+	}
+	total := end.Sub(start).Seconds()
+	cur := start
+	for cur.Before(end) {
+		lt := cur.In(tr.loc)
+		next := cur.Add(time.Minute - time.Duration(lt.Second())*time.Second - time.Duration(lt.Nanosecond()))
+		if next.After(end) {
+			next = end
+		}
+		b[tr.BandAt(cur)] += joules * next.Sub(cur).Seconds() / total
+		cur = next
+	}
+	return b
+}
+
+func TestSplitMatchesMinuteByMinuteReference(t *testing.T) {
+	zones := []string{"UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata", "Australia/Lord_Howe", "America/St_Johns"}
+	// Around DST changes of 2026 in the zones above, and an ordinary week.
+	anchors := []time.Time{
+		time.Date(2026, 3, 8, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 29, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 4, 5, 0, 0, 0, 0, time.UTC), time.Date(2026, 10, 4, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 10, 25, 0, 0, 0, 0, time.UTC), time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC),
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, zone := range zones {
+		tr := mustTariff(t, `
+zone: `+zone+`
+default: peak
+bands: {peak: 0.3, off: 0.1, shoulder: 0.2, weekend: 0.05}
+rules:
+  - {days: [sat], from: "00:00", to: "24:00", band: weekend}
+  - {days: [weekdays], from: "22:30", to: "06:15", band: off}
+  - {days: [mon, wed], from: "01:59", to: "03:01", band: shoulder}
+  - {from: "16:00", to: "19:00", band: shoulder}
+  - {from: "02:30", to: "03:30", band: shoulder}
+`)
+		for _, a := range anchors {
+			for i := 0; i < 40; i++ {
+				start := a.Add(time.Duration(rng.Int64N(int64(72 * time.Hour))))
+				length := time.Duration(rng.Int64N(int64(30 * time.Hour)))
+				if i%4 == 0 {
+					length = time.Duration(rng.Int64N(int64(3 * time.Second)))
+				}
+				got, want := split(tr, start, start.Add(length), 1000), splitByMinute(tr, start, start.Add(length), 1000)
+				for _, band := range tr.BandNames() {
+					if math.Abs(got[band]-want[band]) > 1e-6 {
+						t.Fatalf("%s %v + %v: band %s = %.9f, reference %.9f (got %v, want %v)", zone, start, length, band, got[band], want[band], got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestSplitOfAMonthIsCheap(t *testing.T) {
+	tr := mustTariff(t, touYAML)
+	calls := 0
+	sum := 0.0
+	start := berlin(t, "2026-03-01 00:00:00")
+	tr.Split(start, start.Add(31*24*time.Hour), 744, func(_ string, j float64) { calls++; sum += j })
+	near(t, "sum", sum, 744)
+	// About two band changes per weekday and two per weekend: not one per minute.
+	if calls > 100 {
+		t.Errorf("%d bookings for a month", calls)
 	}
 }

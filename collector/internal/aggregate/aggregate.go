@@ -83,6 +83,12 @@ const (
 // means unknown.
 type Pricing = cost.Config
 
+// MaxBandedWindow bounds the work of booking one window to tariff bands.
+// Ingest accepts windows up to 30 days before their batch (an agent bridging
+// its own downtime), so a longer one only comes from a caller that skipped
+// validation.
+const MaxBandedWindow = 40 * 24 * time.Hour
+
 // EnergyBands books a window's energy to tariff bands (cost.Tariff does):
 // add is called with each band's share of joules consumed over [start, end).
 type EnergyBands interface {
@@ -379,7 +385,11 @@ func (s *State) AddWindowBanded(node string, w *trainmeterv1.RunWindow, bands En
 		if s.EnergyByBand == nil {
 			s.EnergyByBand = map[string]float64{}
 		}
-		bands.Split(time.Unix(0, start), time.Unix(0, end), energy, func(b string, j float64) { s.EnergyByBand[b] += j })
+		from, to := time.Unix(0, start), time.Unix(0, end)
+		if to.Sub(from) > MaxBandedWindow {
+			to = from // booked whole at its start's band; ingest never lets one through
+		}
+		bands.Split(from, to, energy, func(b string, j float64) { s.EnergyByBand[b] += j })
 	}
 	n.GPUSeconds += w.GetGpuSeconds()
 	s.GapS += w.GetGapS()
