@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -8,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // The cost scenarios run a replayed node (2 GPUs at a constant 300 W, the
@@ -64,7 +67,32 @@ func TestCostColumnsFlatTariff(t *testing.T) {
 	c := startCollector(t, "--gpu-price-per-hour", "3.6", "--energy-price-kwh", "36", "--grid-gco2-kwh", "500",
 		"--priority-multiplier", "high=2", "--priority-multiplier", "low=0.5")
 	sock := c.startAgent("replay-node", "replay:"+writeTrace(t, costGPUs, costPowerW, costPowerW, 120), "--warmup", "30s")
+	// While the run goes, its projected cost is the cost so far scaled to the
+	// plan; read it once half the planned tokens have arrived.
+	type forecast struct{ projected, total, progress float64 }
+	mid := make(chan forecast, 1)
+	go func() {
+		defer close(mid)
+		deadline := time.Now().Add(60 * time.Second)
+		for time.Now().Before(deadline) {
+			resp, err := c.q.GetRun(context.Background(), &pb.GetRunRequest{RunId: "flat"})
+			if r := resp.GetRun(); err == nil && !r.GetEnded() && r.GetTokensProcessed() >= 10240 {
+				mid <- forecast{r.GetProjectedCostUsd(), r.GetTotalCostUsd(), r.GetProgress()}
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
 	row := runCosted(t, c, sock, "flat", `,"priority":"high","params":1000000,"planned_tokens":20480,"dataset_size":400`, 40, 100*time.Millisecond)
+	if f, ok := <-mid; !ok {
+		t.Error("never saw the live run past half its planned tokens")
+	} else {
+		// projected = total so far × planned / done (docs/costs.md); at a
+		// steady pace and power that is the final cost, up to how evenly the
+		// loaded machine paced the steps: 20 %.
+		within(t, "projected at "+fmt.Sprintf("%.0f%%", 100*f.progress)+" = total × planned/done", f.projected, f.total/f.progress, 1e-9)
+		within(t, "mid-run projection vs final total", f.projected, num(t, row, "total_cost_usd"), 0.2)
+	}
 
 	start, end := runTimes(t, row)
 	wall := end.Sub(start).Seconds()
