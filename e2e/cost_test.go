@@ -191,3 +191,37 @@ func TestCostColumnsTimeOfUseAcrossTheSwitch(t *testing.T) {
 	within(t, "peak kWh", rep.EnergyBands[1].KWh, peakJ/3.6e6, costTol)
 	closeTo(t, "JSON total = CSV total", rep.TotalCostUSD, num(t, row, "total_cost_usd"), 1e-6)
 }
+
+func TestComputeReportOnSimulatedH100(t *testing.T) {
+	t.Parallel()
+	c := startCollector(t)
+	sock := c.startAgent("sim-node", "sim:1", "--warmup", "30s")
+	c.waitStreaming("sim-node")
+	tr := dialTrainer(t, sock)
+	// 1e8 params, bf16, 50 steps of 4096 tokens / 8 samples, dataset of 400
+	// samples, 2 epochs planned.
+	tr.send(`{"event":"run_start","run_id":"mfu","model":"m","precision":"bf16","gpus":[0],"warmup_s":0.5,"params":100000000,"dataset_size":400,"planned_epochs":2,"planned_steps":100}`)
+	for i := 1; i <= 50; i++ {
+		time.Sleep(50 * time.Millisecond)
+		tr.send(`{"event":"step","run_id":"mfu","step":%d,"tokens":4096,"samples":8}`, i)
+	}
+	tr.send(`{"event":"run_end","run_id":"mfu"}`)
+	tr.sync()
+	c.waitEnded("mfu")
+	row := c.csvRow("mfu")
+
+	measured := num(t, row, "wall_s") - num(t, row, "warmup_s")
+	tokS := num(t, row, "tok_per_s")
+	within(t, "peak_TFLOPS (H100 SXM bf16)", num(t, row, "peak_TFLOPS"), 989, 0)
+	within(t, "mfu", num(t, row, "mfu"), 6*1e8*tokS/(1*989e12), 1e-4) // tok_per_s is rounded to 6 decimals in the CSV
+	within(t, "flops_total", num(t, row, "flops_total"), 6*1e8*50*4096, 1e-9)
+	within(t, "flops_per_step", num(t, row, "flops_per_step"), 6*1e8*4096, 1e-9)
+	within(t, "J_per_PFLOP", num(t, row, "J_per_PFLOP"), num(t, row, "energy_J")/(6*1e8*num(t, row, "tokens_measured")/1e15), 1e-6)
+	// Steps and samples after warmup: tokens_measured / 4096 steps of 8 samples.
+	stepsMeasured := num(t, row, "tokens_measured") / 4096
+	within(t, "steps_per_s", num(t, row, "steps_per_s"), stepsMeasured/measured, 1e-4)
+	within(t, "epoch_s", num(t, row, "epoch_s"), 400/(8*stepsMeasured/measured), 1e-4)
+	within(t, "epochs_done", num(t, row, "epochs_done"), 50*8/400.0, 1e-9)
+	// Ended: the estimated total time is the wall time.
+	within(t, "est_total_s", num(t, row, "est_total_s"), num(t, row, "wall_s"), 1e-9)
+}
