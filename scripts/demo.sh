@@ -51,6 +51,8 @@ done
 echo
 "$BIN/trainmeter" runs
 echo
+"$BIN/trainmeter" summary
+echo
 "$BIN/trainmeter" report demo-unsloth
 "$BIN/trainmeter" export csv --out "$DEMO/runs.csv"
 echo

@@ -855,6 +855,10 @@ func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64) {
 	case pl.PlannedEpochs > 0 && pl.PlannedSteps > 0 && stepsPerS > 0:
 		r.EpochS = ptr(float64(pl.PlannedSteps) / float64(pl.PlannedEpochs) / stepsPerS)
 	}
+	peak, hasPeak := cost.PeakTFLOPS(s.GPUName, s.Metadata.Precision)
+	if hasPeak {
+		r.PeakTflops = ptr(peak)
+	}
 	if pl.Params == 0 {
 		return
 	}
@@ -865,11 +869,8 @@ func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64) {
 			r.FlopsPerStep = ptr(cost.TrainingFLOPs(params, float64(s.Tokens)/float64(s.Steps)))
 		}
 	}
-	if peak, ok := cost.PeakTFLOPS(s.GPUName, s.Metadata.Precision); ok {
-		r.PeakTflops = ptr(peak)
-		if r.TokPerS > 0 && r.Gpus > 0 {
-			r.Mfu = ptr(cost.TrainingFLOPs(params, r.TokPerS) / (float64(r.Gpus) * peak * 1e12))
-		}
+	if hasPeak && r.TokPerS > 0 && r.Gpus > 0 {
+		r.Mfu = ptr(cost.TrainingFLOPs(params, r.TokPerS) / (float64(r.Gpus) * peak * 1e12))
 	}
 	if s.TokensMeasured > 0 && s.HasMeasured {
 		r.JPerPflop = ptr(s.EnergyMeasured / (cost.TrainingFLOPs(params, float64(s.TokensMeasured)) / 1e15))
