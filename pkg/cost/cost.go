@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -99,8 +100,8 @@ func ParseKeyFloat(s string) (string, float64, error) {
 	if !ok || k == "" {
 		return "", 0, fmt.Errorf("%q: want NAME=NUMBER", s)
 	}
-	var f float64
-	if _, err := fmt.Sscan(v, &f); err != nil || badNumber(f) {
+	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || badNumber(f) {
 		return "", 0, fmt.Errorf("%q: %q is not a finite number >= 0", s, v)
 	}
 	return k, f, nil

@@ -121,7 +121,7 @@ func TestConfigValidate(t *testing.T) {
 	if err := (Config{Tariff: tr, GridGCO2PerKWh: 300, PriorityMultipliers: map[string]float64{"high": 2}}).Validate(); err != nil {
 		t.Error(err)
 	}
-	for _, bad := range []string{"high", "=2", "high=x", "high=-1", "high=NaN"} {
+	for _, bad := range []string{"high", "=2", "high=x", "high=-1", "high=NaN", "high=1.5abc", "high=Inf"} {
 		if _, _, err := ParseKeyFloat(bad); err == nil {
 			t.Errorf("ParseKeyFloat(%q): no error", bad)
 		}
