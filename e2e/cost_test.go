@@ -152,7 +152,8 @@ func TestCostColumnsTimeOfUseAcrossTheSwitch(t *testing.T) {
 	// Off-peak $50/kWh until the next minute boundary (5-65 s away), then peak
 	// $150/kWh; the run lasts until 5 s past the switch.
 	tariff, sw := tariffAcrossNextSwitch(t, 5*time.Second)
-	c := startCollector(t, "--tariff", tariff, "--gpu-price-per-hour", "3.6")
+	// The node's own price wins over the default.
+	c := startCollector(t, "--tariff", tariff, "--gpu-price-per-hour", "3.6", "--node-gpu-price", "replay-node=7.2")
 	sock := c.startAgent("replay-node", "replay:"+writeTrace(t, costGPUs, costPowerW, costPowerW, 150), "--warmup", "30s")
 	const every = 100 * time.Millisecond
 	steps := int(time.Until(sw.Add(5*time.Second))/every) + 1
@@ -168,7 +169,11 @@ func TestCostColumnsTimeOfUseAcrossTheSwitch(t *testing.T) {
 	allPeak := (offJ + peakJ) / 3.6e6 * 150
 	t.Logf("off-peak %.1f J, peak %.1f J: expect energy $%.6f (all at peak it would be $%.6f)", offJ, peakJ, energyUSD, allPeak)
 	within(t, "energy_cost_usd", num(t, row, "energy_cost_usd"), energyUSD, costTol)
-	within(t, "total_cost_usd", num(t, row, "total_cost_usd"), costGPUs*end.Sub(start).Seconds()/3600*3.6+energyUSD, costTol)
+	within(t, "cost_usd at the node's price", num(t, row, "cost_usd"), costGPUs*end.Sub(start).Seconds()/3600*7.2, costTol)
+	within(t, "total_cost_usd", num(t, row, "total_cost_usd"), costGPUs*end.Sub(start).Seconds()/3600*7.2+energyUSD, costTol)
+	if row["gpu_price_source"] != "node" || row["gpu_price_per_hour"] != "7.2" {
+		t.Errorf("gpu_price_source %q gpu_price_per_hour %q, want node and 7.2", row["gpu_price_source"], row["gpu_price_per_hour"])
+	}
 	closeTo(t, "total = cost + energy", num(t, row, "total_cost_usd"), num(t, row, "cost_usd")+num(t, row, "energy_cost_usd"), 2e-6)
 
 	// The whole report, as scripts read it.

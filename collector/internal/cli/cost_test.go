@@ -194,3 +194,44 @@ func TestServeCostFlagsAreValidated(t *testing.T) {
 		}
 	}
 }
+
+// fixedCatalog is a one-model price catalog, as the price store provides.
+type fixedCatalog struct {
+	model string
+	usd   float64
+}
+
+func (c fixedCatalog) CurrentPrice(gpu string) (float64, bool) {
+	return c.usd, strings.Contains(gpu, c.model)
+}
+
+func TestCatalogPriceReachesTheReport(t *testing.T) {
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 1, Now: tu.Now,
+		PriceCatalog: fixedCatalog{"Sim GPU", 7200}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := srv.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	a := tu.Connect(t, tu.Dial(t, srv.Addr().String()), "gpu-box-1", "boot")
+	a.MustAck(tu.Batch(1, 0, []*trainmeterv1.RunWindow{tu.Window("r", 0, 100, 10)}, tu.Start("r", 0, "m")))
+	out, err := run(t, nil, "report", "r", "--json", "--collector", srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Source  string  `json:"gpu_price_source"`
+		Price   float64 `json:"gpu_price_per_hour"`
+		CostUSD float64 `json:"cost_usd"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Source != "catalog" || r.Price != 7200 {
+		t.Errorf("source %q price %v, want the catalog's 7200", r.Source, r.Price)
+	}
+	near(t, "cost_usd (1 GPU-second at $7200/h)", r.CostUSD, 2)
+}
