@@ -69,7 +69,7 @@ func TestCostColumnsFlatTariff(t *testing.T) {
 	sock := c.startAgent("replay-node", "replay:"+writeTrace(t, costGPUs, costPowerW, costPowerW, 120), "--warmup", "30s")
 	// While the run goes, its projected cost is the cost so far scaled to the
 	// plan; read it once half the planned tokens have arrived.
-	type forecast struct{ projected, total, progress float64 }
+	type forecast struct{ projected, total, progress, tokens, tokPerS, wallS float64 }
 	mid := make(chan forecast, 1)
 	go func() {
 		defer close(mid)
@@ -77,7 +77,7 @@ func TestCostColumnsFlatTariff(t *testing.T) {
 		for time.Now().Before(deadline) {
 			resp, err := c.q.GetRun(context.Background(), &pb.GetRunRequest{RunId: "flat"})
 			if r := resp.GetRun(); err == nil && !r.GetEnded() && r.GetTokensProcessed() >= 10240 {
-				mid <- forecast{r.GetProjectedCostUsd(), r.GetTotalCostUsd(), r.GetProgress()}
+				mid <- forecast{r.GetProjectedCostUsd(), r.GetTotalCostUsd(), r.GetProgress(), float64(r.GetTokensProcessed()), r.GetTokPerS(), r.GetWallS()}
 				return
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -87,10 +87,11 @@ func TestCostColumnsFlatTariff(t *testing.T) {
 	if f, ok := <-mid; !ok {
 		t.Error("never saw the live run past half its planned tokens")
 	} else {
-		// projected = total so far × planned / done (docs/costs.md); at a
-		// steady pace and power that is the final cost, up to how evenly the
-		// loaded machine paced the steps: 20 %.
-		within(t, "projected at "+fmt.Sprintf("%.0f%%", 100*f.progress)+" = total × planned/done", f.projected, f.total/f.progress, 1e-9)
+		// The tokens left at the measured tok/s, at the average spend so far
+		// (docs/costs.md); at a steady pace and power that is the final cost,
+		// up to how evenly the loaded machine paced the steps: 20 %.
+		remaining := (20480 - f.tokens) / f.tokPerS
+		within(t, "projected at "+fmt.Sprintf("%.0f%%", 100*f.progress), f.projected, f.total+remaining*f.total/f.wallS, 1e-9)
 		within(t, "mid-run projection vs final total", f.projected, num(t, row, "total_cost_usd"), 0.2)
 	}
 

@@ -236,15 +236,18 @@ func PlanProgress(tokens, plannedTokens, steps, plannedSteps uint64, epochsDone 
 	return Progress{}, false
 }
 
-// Forecast projects a live run to the end of its plan: the work left at the
-// run's average rate so far (done / wall) takes remainingS, and costs the
-// run's average cost per second so far (total / wall), warmup included. An
-// ended run, or one at or past its plan, has nothing left.
-func Forecast(p Progress, wallS, totalUSD float64, ended bool) (projectedUSD, remainingS float64) {
+// Forecast projects a live run to the end of its plan. The work left takes
+// remainingS at rate (work per second measured after warmup; when it is not
+// known, the average so far, done / wall), and costs the run's average spend
+// per second so far (total / wall, warmup included). An ended run, or one at
+// or past its plan, has nothing left.
+func Forecast(p Progress, rate, wallS, totalUSD float64, ended bool) (projectedUSD, remainingS float64) {
 	if ended || wallS <= 0 || p.Done <= 0 || p.Done >= p.Planned {
 		return totalUSD, 0
 	}
-	rate := p.Done / wallS
+	if rate <= 0 || badNumber(rate) {
+		rate = p.Done / wallS
+	}
 	remainingS = (p.Planned - p.Done) / rate
 	return totalUSD + remainingS*totalUSD/wallS, remainingS
 }

@@ -137,12 +137,17 @@ func TestForecast(t *testing.T) {
 	if !ok || p.Basis != "tokens" {
 		t.Fatalf("%+v", p)
 	}
-	proj, rem := Forecast(p, 100, 10, false)
+	proj, rem := Forecast(p, 0, 100, 10, false)
 	near(t, "projected", proj, 40)
 	near(t, "remaining", rem, 300)
+	// At the measured rate after warmup (5 tokens/s, faster than the 2.5
+	// average): 150 s and $15 more.
+	proj, rem = Forecast(p, 5, 100, 10, false)
+	near(t, "projected at measured rate", proj, 25)
+	near(t, "remaining at measured rate", rem, 150)
 	// Steps when the run reports no tokens.
 	p, _ = PlanProgress(0, 1000, 5, 50, 0, 0)
-	proj, rem = Forecast(p, 100, 10, false)
+	proj, rem = Forecast(p, 0, 100, 10, false)
 	near(t, "steps projected", proj, 100)
 	near(t, "steps remaining", rem, 900)
 	// Epochs.
@@ -151,11 +156,11 @@ func TestForecast(t *testing.T) {
 		t.Errorf("%+v", p)
 	}
 	// An ended run, or one past its plan: nothing left.
-	if proj, rem := Forecast(p, 100, 10, true); proj != 10 || rem != 0 {
+	if proj, rem := Forecast(p, 0, 100, 10, true); proj != 10 || rem != 0 {
 		t.Error(proj, rem)
 	}
 	p, _ = PlanProgress(2000, 1000, 0, 0, 0, 0)
-	if proj, rem := Forecast(p, 100, 10, false); proj != 10 || rem != 0 || p.Fraction() != 1 {
+	if proj, rem := Forecast(p, 1, 100, 10, false); proj != 10 || rem != 0 || p.Fraction() != 1 {
 		t.Error(proj, rem)
 	}
 	if _, ok := PlanProgress(10, 0, 10, 0, 1, 0); ok {

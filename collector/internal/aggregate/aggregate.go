@@ -832,22 +832,34 @@ func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64) {
 		}
 	}
 
+	var stepsPerS float64
+	if measuredS > 0 && s.StepsMeasured > 0 {
+		stepsPerS = float64(s.StepsMeasured) / measuredS
+		r.StepsPerS = ptr(stepsPerS)
+	}
+
 	r.ProjectedCostUsd = total
 	prog, hasPlan := cost.PlanProgress(s.Tokens, pl.PlannedTokens, s.Steps, pl.PlannedSteps, epochs, pl.PlannedEpochs)
 	if hasPlan {
 		r.ProjectionBasis = prog.Basis
 		r.Progress = ptr(prog.Fraction())
-		projected, remaining := cost.Forecast(prog, r.WallS, total, r.Ended)
+		// The pace after warmup, in the basis's unit (0: not measured yet).
+		var rate float64
+		switch {
+		case prog.Basis == "tokens":
+			rate = r.TokPerS
+		case prog.Basis == "steps":
+			rate = stepsPerS
+		case pl.DatasetSize > 0 && measuredS > 0:
+			rate = float64(s.SamplesMeasured) / measuredS / float64(pl.DatasetSize)
+		case pl.PlannedSteps > 0:
+			rate = stepsPerS * float64(pl.PlannedEpochs) / float64(pl.PlannedSteps)
+		}
+		projected, remaining := cost.Forecast(prog, rate, r.WallS, total, r.Ended)
 		r.ProjectedCostUsd = projected
 		if r.Start != nil {
 			r.EstTotalS = ptr(r.WallS + remaining)
 		}
-	}
-
-	var stepsPerS float64
-	if measuredS > 0 && s.StepsMeasured > 0 {
-		stepsPerS = float64(s.StepsMeasured) / measuredS
-		r.StepsPerS = ptr(stepsPerS)
 	}
 	switch {
 	case pl.DatasetSize > 0 && s.SamplesMeasured > 0 && measuredS > 0:
