@@ -54,6 +54,8 @@ done
 echo
 "$BIN/trainmeter" runs
 echo
+"$BIN/trainmeter" summary
+echo
 "$BIN/trainmeter" report demo-unsloth
 echo
 "$BIN/trainmeter" budget

@@ -12,8 +12,9 @@
 //     no memory sample arrived, and any non-finite value.
 //   - Floats are rounded to 6 decimals and written with
 //     strconv.FormatFloat(v, 'f', -1, 64) (no exponent, no trailing zeros).
-//     J_per_token and E10k_J are rounded to 9 significant digits instead, so
-//     tiny per-token energies keep their precision.
+//     J_per_token, E10k_J, the per-unit costs (usd_per_sample, _epoch,
+//     _accuracy_point), flops_* and J_per_PFLOP are rounded to 9 significant
+//     digits instead, so tiny (or huge) figures keep their precision.
 //   - Times are RFC 3339 in UTC with up to nanosecond precision.
 package report
 
@@ -51,6 +52,11 @@ var header = []string{
 	"start_time", "end_time",
 	// data dropped on an agent (spool or disk full, rejected batch)
 	"complete", "lost_batches", "lost_tokens", "lost_energy_J",
+	// cost model and throughput/compute report (docs/costs.md)
+	"total_cost_usd", "projected_cost_usd", "priority_multiplier", "gpu_price_source",
+	"usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points", "usd_per_accuracy_point",
+	"efficiency_score", "steps_per_s", "epoch_s", "est_total_s", "flops_per_step", "flops_total",
+	"peak_TFLOPS", "mfu", "J_per_PFLOP",
 }
 
 // Header returns the CSV header row.
@@ -152,6 +158,7 @@ func Row(r *RunReport) []string {
 	if k.perToken {
 		jpt, e10k = G9(r.GetJPerToken()), G9(r.GetJPerToken()*10000)
 	}
+	priced := r.GetHasCost() || r.GetHasEnergyCost()
 	return []string{
 		r.GetRunId(),
 		u(r.GetTokensProcessed()),
@@ -209,7 +216,34 @@ func Row(r *RunReport) []string {
 		u(r.GetLostBatches()),
 		u(r.GetLostTokens()),
 		F(r.GetLostEnergyJ()),
+
+		fIf(priced, r.GetTotalCostUsd()),
+		fIf(priced, r.GetProjectedCostUsd()),
+		fIf(r.GetPriorityMultiplier() > 0, r.GetPriorityMultiplier()),
+		r.GetGpuPriceSource(),
+		opt(r.UsdPerSample, G9),
+		opt(r.EpochsDone, F),
+		opt(r.UsdPerEpoch, G9),
+		opt(r.AccuracyPoints, F),
+		opt(r.UsdPerAccuracyPoint, G9),
+		opt(r.EfficiencyScore, F),
+		opt(r.StepsPerS, F),
+		opt(r.EpochS, F),
+		opt(r.EstTotalS, F),
+		opt(r.FlopsPerStep, G9),
+		opt(r.FlopsTotal, G9),
+		opt(r.PeakTflops, F),
+		opt(r.Mfu, F),
+		opt(r.JPerPflop, G9),
 	}
+}
+
+// opt formats an optional figure; "" when it is unknown.
+func opt(v *float64, format func(float64) string) string {
+	if v == nil {
+		return ""
+	}
+	return format(*v)
 }
 
 // Complete is "no" when an agent dropped some of the run's data (the
@@ -303,7 +337,7 @@ func WriteTable(w io.Writer, runs []*RunReport) error {
 	fmt.Fprintln(tw, "RUN\tMODEL\tBACKEND\tSTATUS\tWALL\tTOKENS\tTOK/S\tJ/TOKEN\tAVG W\tENERGY kJ\tVRAM PEAK\t$")
 	for _, r := range runs {
 		k := knownOf(r)
-		cost := r.GetCostUsd() + r.GetEnergyCostUsd()
+		cost := r.GetTotalCostUsd()
 		vram := "-"
 		if k.vram {
 			vram = fmt.Sprintf("%.0f MiB", r.GetVramPeakMb())
@@ -331,6 +365,20 @@ func dashS(ok bool, s string) string {
 		return "-"
 	}
 	return s
+}
+
+func optS(v *float64, format string) string {
+	if v == nil || !finite(*v) {
+		return "-"
+	}
+	return fmt.Sprintf(format, *v)
+}
+
+func optDur(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return Duration(*v)
 }
 
 // WriteReport writes a readable multi-line report of one run.
@@ -413,9 +461,50 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	} else {
 		line("gpu cost", "%s", "- (no GPU price)")
 	}
-	line("energy cost", "%s", dashS(r.GetHasEnergyCost(), fmt.Sprintf("$%.4f", r.GetEnergyCostUsd())))
+	if r.GetPriorityMultiplier() != 1 && r.GetPriorityMultiplier() != 0 {
+		line("priority", "x%.4g on the GPU cost", r.GetPriorityMultiplier())
+	}
+	switch {
+	case r.GetEnergyIncluded():
+		line("energy cost", "%s", "included in the GPU price")
+	default:
+		line("energy cost", "%s", dashS(r.GetHasEnergyCost(), fmt.Sprintf("$%.4f", r.GetEnergyCostUsd())))
+	}
+	for _, eb := range r.GetEnergyBands() {
+		line("  band "+eb.GetBand(), "%.6g kWh at $%.4g/kWh = $%.4f", eb.GetKwh(), eb.GetUsdPerKwh(), eb.GetCostUsd())
+	}
+	priced := r.GetHasCost() || r.GetHasEnergyCost()
+	line("total", "%s", dashS(priced, fmt.Sprintf("$%.4f", r.GetTotalCostUsd())))
+	if !r.GetEnded() && r.GetProjectionBasis() != "" {
+		line("projected", "%s at completion (%.1f%% of planned %s done)", dashS(priced, fmt.Sprintf("$%.4f", r.GetProjectedCostUsd())),
+			100*r.GetProgress(), r.GetProjectionBasis())
+	}
 	line("$ per Mtok", "%s", dashS(k.usdPerMtok, fmt.Sprintf("$%.4g", r.GetUsdPerMtok())))
+	if r.UsdPerSample != nil {
+		line("$ per sample", "$%.4g", r.GetUsdPerSample())
+	}
+	if r.UsdPerEpoch != nil {
+		line("$ per epoch", "$%.4g (%.3g epochs done)", r.GetUsdPerEpoch(), r.GetEpochsDone())
+	}
+	if r.UsdPerAccuracyPoint != nil {
+		line("$ per acc. point", "$%.4g (accuracy %.2f points)", r.GetUsdPerAccuracyPoint(), r.GetAccuracyPoints())
+	}
+	if r.EfficiencyScore != nil {
+		line("efficiency", "%.3f (1 = the model's best accuracy per $)", r.GetEfficiencyScore())
+	}
 	line("CO2", "%s", dashS(r.GetHasCo2(), fmt.Sprintf("%.4g kg", r.GetCo2Kg())))
+
+	if r.StepsPerS != nil || r.FlopsTotal != nil {
+		b.WriteString("compute\n")
+		line("steps/s", "%s", optS(r.StepsPerS, "%.4g"))
+		line("time per epoch", "%s", optDur(r.EpochS))
+		line("est. total time", "%s", optDur(r.EstTotalS))
+		line("FLOPs per step", "%s", optS(r.FlopsPerStep, "%.4g"))
+		line("FLOPs total", "%s", optS(r.FlopsTotal, "%.4g"))
+		line("MFU", "%s", optS(r.Mfu, "%.4f"))
+		line("peak per GPU", "%s TFLOPS", optS(r.PeakTflops, "%.4g"))
+		line("J per PFLOP", "%s", optS(r.JPerPflop, "%.4g"))
+	}
 
 	if len(r.GetEvals()) > 0 {
 		b.WriteString("evals\n")

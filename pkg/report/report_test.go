@@ -40,8 +40,21 @@ func fullRun() *RunReport {
 		GpuPricePerHour: 2.1, HasCost: true, HasEnergyCost: true, HasCo2: true,
 		Evals:   []*trainmeterv1.Eval{{Epoch: 1, ValLoss: 1.93, HasValLoss: true, Accuracy: 0.71, HasAccuracy: true, Time: timestamppb.New(t0.Add(5 * time.Minute))}},
 		HasLoss: true, LastLoss: 2.3125,
+		TotalCostUsd:       600.5*2/3600*2.1*1.5 + 240000/3.6e6*0.3,
+		ProjectedCostUsd:   600.5*2/3600*2.1*1.5 + 240000/3.6e6*0.3,
+		PriorityMultiplier: 1.5, GpuPriceSource: "run_start",
+		EnergyBands: []*trainmeterv1.EnergyBandCost{
+			{Band: "offpeak", Kwh: 0.025, UsdPerKwh: 0.12, CostUsd: 0.003},
+			{Band: "peak", Kwh: 240000/3.6e6 - 0.025, UsdPerKwh: 0.3, CostUsd: (240000/3.6e6 - 0.025) * 0.3},
+		},
+		Samples: 640, UsdPerSample: f64(1.2), EpochsDone: f64(2), UsdPerEpoch: f64(3.4), AccuracyPoints: f64(71),
+		UsdPerAccuracyPoint: f64(0.0123456789), EfficiencyScore: f64(0.875), StepsPerS: f64(0.0368),
+		EpochS: f64(271.7), EstTotalS: f64(600.5), FlopsPerStep: f64(6 * 8e9 * 65536), FlopsTotal: f64(6 * 8e9 * 1_310_720),
+		PeakTflops: f64(989), Mfu: f64(0.0471), JPerPflop: f64(4.291234567891),
 	}
 }
+
+func f64(v float64) *float64 { return &v }
 
 // sparseRun has unknown values everywhere: a live run still in warmup,
 // without prices or metadata ints.
@@ -143,7 +156,10 @@ func TestUnknownsAreEmpty(t *testing.T) {
 	for _, col := range []string{"energy_J", "avg_power_W", "peak_power_W", "tok_per_s", "J_per_token",
 		"E10k_J", "vram_peak_MB", "vram_avg_MB", "batch_size", "grad_accum", "seq_len", "seed",
 		"energy_J_integrated", "cost_usd", "energy_cost_usd", "usd_per_mtok", "co2_kg",
-		"energy_disagreement_pct", "data_wait_share", "last_loss"} {
+		"energy_disagreement_pct", "data_wait_share", "last_loss", "total_cost_usd", "projected_cost_usd",
+		"gpu_price_source", "usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points",
+		"usd_per_accuracy_point", "efficiency_score", "steps_per_s", "epoch_s", "est_total_s",
+		"flops_per_step", "flops_total", "peak_TFLOPS", "mfu", "J_per_PFLOP"} {
 		if got := cell(t, r, col); got != "" {
 			t.Errorf("%s = %q, want empty", col, got)
 		}

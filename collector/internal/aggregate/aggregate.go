@@ -66,6 +66,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -78,14 +79,20 @@ const (
 	PeakMaxLag  = 3600
 )
 
-// Pricing is the collector's configuration for costs. Zero means unknown.
-type Pricing struct {
-	// GPUPricePerHour is the default $/GPU-hour when the run_start has none.
-	GPUPricePerHour float64
-	// EnergyPricePerKWh is the flat energy tariff in $/kWh.
-	EnergyPricePerKWh float64
-	// GridGCO2PerKWh is the carbon intensity in gCO2/kWh.
-	GridGCO2PerKWh float64
+// Pricing is the collector's configuration for costs (pkg/cost). Zero
+// means unknown.
+type Pricing = cost.Config
+
+// MaxBandedWindow bounds the work of booking one window to tariff bands.
+// Ingest accepts windows up to 30 days before their batch (an agent bridging
+// its own downtime), so a longer one only comes from a caller that skipped
+// validation.
+const MaxBandedWindow = 40 * 24 * time.Hour
+
+// EnergyBands books a window's energy to tariff bands (cost.Tariff does):
+// add is called with each band's share of joules consumed over [start, end).
+type EnergyBands interface {
+	Split(start, end time.Time, joules float64, add func(band string, joules float64))
 }
 
 // Metadata mirrors trainmeterv1.RunMetadata.
@@ -133,6 +140,8 @@ type NodeState struct {
 	EndMax    int64 `json:"end_max,omitempty"`
 	Watermark int64 `json:"watermark,omitempty"` // newest peak bucket (s) seen from this node
 	HasWindow bool  `json:"has_window,omitempty"`
+	// GPUSeconds of this node's windows, priced at the node's price.
+	GPUSeconds float64 `json:"gpu_seconds,omitempty"`
 }
 
 func (n *NodeState) ended() bool { return n.HasEnd && n.EndMax >= n.StartMax }
@@ -178,14 +187,19 @@ type State struct {
 	IntegratedSumOK  float64 `json:"integrated_sum_ok,omitempty"` // measured, counter_ok: integrated
 	EnergyEstimated  bool    `json:"energy_estimated,omitempty"`
 	GapS             float64 `json:"gap_s,omitempty"`
+	// EnergyByBand is EnergyTotal booked to the tariff band in force when it
+	// was consumed (only while a time-of-use tariff is configured).
+	EnergyByBand map[string]float64 `json:"energy_by_band,omitempty"`
 
-	Tokens         uint64  `json:"tokens,omitempty"`
-	TokensMeasured uint64  `json:"tokens_measured,omitempty"`
-	Steps          uint64  `json:"steps,omitempty"`
-	Samples        uint64  `json:"samples,omitempty"`
-	DataWaitS      float64 `json:"data_wait_s,omitempty"`
-	ComputeS       float64 `json:"compute_s,omitempty"`
-	GPUSeconds     float64 `json:"gpu_seconds,omitempty"`
+	Tokens          uint64  `json:"tokens,omitempty"`
+	TokensMeasured  uint64  `json:"tokens_measured,omitempty"`
+	Steps           uint64  `json:"steps,omitempty"`
+	Samples         uint64  `json:"samples,omitempty"`
+	StepsMeasured   uint64  `json:"steps_measured,omitempty"`
+	SamplesMeasured uint64  `json:"samples_measured,omitempty"`
+	DataWaitS       float64 `json:"data_wait_s,omitempty"`
+	ComputeS        float64 `json:"compute_s,omitempty"`
+	GPUSeconds      float64 `json:"gpu_seconds,omitempty"`
 
 	VRAMPeak    float64 `json:"vram_peak,omitempty"`
 	VRAMSum     float64 `json:"vram_sum,omitempty"`
@@ -347,7 +361,11 @@ func (s *State) AddEval(node string, ev *trainmeterv1.Eval) {
 }
 
 // AddWindow folds a RunWindow from node.
-func (s *State) AddWindow(node string, w *trainmeterv1.RunWindow) {
+func (s *State) AddWindow(node string, w *trainmeterv1.RunWindow) { s.AddWindowBanded(node, w, nil) }
+
+// AddWindowBanded folds a RunWindow from node and, when bands is not nil,
+// books its energy to the tariff bands in force over the window.
+func (s *State) AddWindowBanded(node string, w *trainmeterv1.RunWindow, bands EnergyBands) {
 	n := s.node(node)
 	start, end := nanos(w.GetStart()), nanos(w.GetEnd())
 	if !s.HasWindow || start < s.WindowStart {
@@ -363,6 +381,17 @@ func (s *State) AddWindow(node string, w *trainmeterv1.RunWindow) {
 		energy = w.GetEnergyCounterJ()
 	}
 	s.EnergyTotal += energy
+	if bands != nil && energy > 0 {
+		if s.EnergyByBand == nil {
+			s.EnergyByBand = map[string]float64{}
+		}
+		from, to := time.Unix(0, start), time.Unix(0, end)
+		if to.Sub(from) > MaxBandedWindow {
+			to = from // booked whole at its start's band; ingest never lets one through
+		}
+		bands.Split(from, to, energy, func(b string, j float64) { s.EnergyByBand[b] += j })
+	}
+	n.GPUSeconds += w.GetGpuSeconds()
 	s.GapS += w.GetGapS()
 	if w.GetEnergyEstimated() {
 		s.EnergyEstimated = true
@@ -404,6 +433,8 @@ func (s *State) AddWindow(node string, w *trainmeterv1.RunWindow) {
 	}
 	s.HasMeasured = true
 	s.MeasuredWindows++
+	s.StepsMeasured += w.GetSteps()
+	s.SamplesMeasured += w.GetSamples()
 	s.EnergyMeasured += energy
 	s.EnergyIntegrated += w.GetEnergyIntegratedJ()
 	if w.GetCounterOk() {
@@ -649,22 +680,18 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.GpuName = s.GPUName
 
 	r.GpuHours = s.GPUSeconds / 3600
-	price := s.GPUPricePerHour
-	if price <= 0 {
-		price = p.GPUPricePerHour
-	}
-	if price > 0 {
-		r.GpuPricePerHour = price
-		r.HasCost = true
-		r.CostUsd = r.GpuHours * price
-	}
+	s.priceCompute(p, r)
 	r.EnergyKwh = s.EnergyTotal / 3.6e6
-	if p.EnergyPricePerKWh > 0 {
+	if usd, bands, ok := p.EnergyCost(s.EnergyByBand, s.EnergyTotal); ok {
 		r.HasEnergyCost = true
-		r.EnergyCostUsd = r.EnergyKwh * p.EnergyPricePerKWh
+		r.EnergyCostUsd = usd
+		r.EnergyIncluded = p.EnergyIncluded
+		for _, b := range bands {
+			r.EnergyBands = append(r.EnergyBands, &trainmeterv1.EnergyBandCost{Band: b.Band, Kwh: b.KWh, UsdPerKwh: b.USDPerKWh, CostUsd: b.USD})
+		}
 	}
-	r.TotalCostUsd = r.CostUsd + r.EnergyCostUsd
-	r.ProjectedCostUsd = r.TotalCostUsd // refined by the cost model for live runs
+	r.PriorityMultiplier = p.PriorityMultiplier(s.Plan.Labels)
+	r.TotalCostUsd = r.CostUsd*r.PriorityMultiplier + r.EnergyCostUsd
 	r.BudgetScope = s.Plan.BudgetScope
 	if len(s.Plan.Labels) > 0 {
 		r.Labels = make(map[string]string, len(s.Plan.Labels))
@@ -672,13 +699,11 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 			r.Labels[k] = v
 		}
 	}
-	if s.Tokens > 0 && (r.HasCost || r.HasEnergyCost) {
-		r.UsdPerMtok = (r.CostUsd + r.EnergyCostUsd) / float64(s.Tokens) * 1e6
-	}
-	if p.GridGCO2PerKWh > 0 {
+	if co2, ok := p.CO2Kg(r.EnergyKwh); ok {
 		r.HasCo2 = true
-		r.Co2Kg = r.EnergyKwh * p.GridGCO2PerKWh / 1000
+		r.Co2Kg = co2
 	}
+	s.derived(r, measuredS)
 
 	for _, e := range s.Evals {
 		r.Evals = append(r.Evals, &trainmeterv1.Eval{
@@ -695,6 +720,173 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.LostGpuSeconds = s.LostGPUSeconds
 	r.LostReasons = s.LossReasons()
 	return r
+}
+
+// priceCompute sets cost_usd (GPU-hours × price) and where the price came
+// from. Each node's GPU-seconds are priced at that node's price (the
+// run_start price for all, else the node's configured price, else the
+// catalog's, else the default); GPU-seconds folded before the aggregate kept
+// them per node are priced at the starting node's. A run with any GPU-time
+// that has no price has no compute cost.
+func (s *State) priceCompute(p Pricing, r *trainmeterv1.RunReport) {
+	names := make([]string, 0, len(s.Nodes))
+	for name, n := range s.Nodes {
+		if n.GPUSeconds > 0 {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	type share struct {
+		node    string
+		seconds float64
+	}
+	shares := make([]share, 0, len(names)+1)
+	var perNode float64
+	for _, name := range names {
+		shares = append(shares, share{name, s.Nodes[name].GPUSeconds})
+		perNode += s.Nodes[name].GPUSeconds
+	}
+	if rest := s.GPUSeconds - perNode; rest > 1e-9*max(1, s.GPUSeconds) || len(shares) == 0 {
+		shares = append(shares, share{s.StartNode, max(0, rest)})
+	}
+	var usd float64
+	source := ""
+	for _, sh := range shares {
+		price, src, ok := p.GPUPrice(s.GPUPricePerHour, sh.node, s.GPUName)
+		if !ok {
+			return
+		}
+		usd += sh.seconds / 3600 * price
+		switch {
+		case source == "":
+			source = src
+		case source != src:
+			source = cost.SourceMixed
+		}
+		if r.GpuPricePerHour == 0 {
+			r.GpuPricePerHour = price
+		}
+	}
+	r.HasCost = true
+	r.CostUsd = usd
+	r.GpuPriceSource = source
+	if r.GpuHours > 0 {
+		r.GpuPricePerHour = usd / r.GpuHours // the GPU-time-weighted mean
+	}
+}
+
+func ptr(v float64) *float64 { return &v }
+
+// epochsDone is samples / dataset_size, else steps × planned_epochs /
+// planned_steps, else the latest eval's epoch.
+func (s *State) epochsDone() (float64, bool) {
+	pl := s.Plan
+	switch {
+	case pl.DatasetSize > 0 && s.Samples > 0:
+		return float64(s.Samples) / float64(pl.DatasetSize), true
+	case pl.PlannedEpochs > 0 && pl.PlannedSteps > 0 && s.Steps > 0:
+		return float64(s.Steps) * float64(pl.PlannedEpochs) / float64(pl.PlannedSteps), true
+	}
+	var e int64
+	for _, ev := range s.Evals {
+		e = max(e, ev.Epoch)
+	}
+	return float64(e), e > 0
+}
+
+// lastAccuracy is the accuracy of the latest eval that has one.
+func (s *State) lastAccuracy() (float64, bool) {
+	for i := len(s.Evals) - 1; i >= 0; i-- {
+		if s.Evals[i].HasAccuracy {
+			return s.Evals[i].Accuracy, true
+		}
+	}
+	return 0, false
+}
+
+// derived fills the per-unit costs, the forecast and the throughput and
+// compute report (docs/costs.md).
+func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64) {
+	total := r.TotalCostUsd
+	priced := (r.HasCost || r.HasEnergyCost) && total > 0
+	pl := s.Plan
+	r.Samples = s.Samples
+	if s.Tokens > 0 && (r.HasCost || r.HasEnergyCost) {
+		r.UsdPerMtok = total / float64(s.Tokens) * 1e6
+	}
+	if priced && s.Samples > 0 {
+		r.UsdPerSample = ptr(total / float64(s.Samples))
+	}
+	epochs, hasEpochs := s.epochsDone()
+	if hasEpochs {
+		r.EpochsDone = ptr(epochs)
+		if priced {
+			r.UsdPerEpoch = ptr(total / epochs)
+		}
+	}
+	if acc, ok := s.lastAccuracy(); ok {
+		pts := cost.AccuracyPoints(acc)
+		r.AccuracyPoints = ptr(pts)
+		if priced && pts > 0 {
+			r.UsdPerAccuracyPoint = ptr(total / pts)
+		}
+	}
+
+	var stepsPerS float64
+	if measuredS > 0 && s.StepsMeasured > 0 {
+		stepsPerS = float64(s.StepsMeasured) / measuredS
+		r.StepsPerS = ptr(stepsPerS)
+	}
+
+	r.ProjectedCostUsd = total
+	prog, hasPlan := cost.PlanProgress(s.Tokens, pl.PlannedTokens, s.Steps, pl.PlannedSteps, epochs, pl.PlannedEpochs)
+	if hasPlan {
+		r.ProjectionBasis = prog.Basis
+		r.Progress = ptr(prog.Fraction())
+		// The pace after warmup, in the basis's unit (0: not measured yet).
+		var rate float64
+		switch {
+		case prog.Basis == "tokens":
+			rate = r.TokPerS
+		case prog.Basis == "steps":
+			rate = stepsPerS
+		case pl.DatasetSize > 0 && measuredS > 0:
+			rate = float64(s.SamplesMeasured) / measuredS / float64(pl.DatasetSize)
+		case pl.PlannedSteps > 0:
+			rate = stepsPerS * float64(pl.PlannedEpochs) / float64(pl.PlannedSteps)
+		}
+		projected, remaining := cost.Forecast(prog, rate, r.WallS, total, r.Ended)
+		r.ProjectedCostUsd = projected
+		if r.Start != nil {
+			r.EstTotalS = ptr(r.WallS + remaining)
+		}
+	}
+	switch {
+	case pl.DatasetSize > 0 && s.SamplesMeasured > 0 && measuredS > 0:
+		r.EpochS = ptr(float64(pl.DatasetSize) / (float64(s.SamplesMeasured) / measuredS))
+	case pl.PlannedEpochs > 0 && pl.PlannedSteps > 0 && stepsPerS > 0:
+		r.EpochS = ptr(float64(pl.PlannedSteps) / float64(pl.PlannedEpochs) / stepsPerS)
+	}
+	peak, hasPeak := cost.PeakTFLOPS(s.GPUName, s.Metadata.Precision)
+	if hasPeak {
+		r.PeakTflops = ptr(peak)
+	}
+	if pl.Params == 0 {
+		return
+	}
+	params := float64(pl.Params)
+	if s.Tokens > 0 {
+		r.FlopsTotal = ptr(cost.TrainingFLOPs(params, float64(s.Tokens)))
+		if s.Steps > 0 {
+			r.FlopsPerStep = ptr(cost.TrainingFLOPs(params, float64(s.Tokens)/float64(s.Steps)))
+		}
+	}
+	if hasPeak && r.TokPerS > 0 && r.Gpus > 0 {
+		r.Mfu = ptr(cost.TrainingFLOPs(params, r.TokPerS) / (float64(r.Gpus) * peak * 1e12))
+	}
+	if s.TokensMeasured > 0 && s.HasMeasured {
+		r.JPerPflop = ptr(s.EnergyMeasured / (cost.TrainingFLOPs(params, float64(s.TokensMeasured)) / 1e15))
+	}
 }
 
 // EventTime is a run event's time, whichever kind of event it is.

@@ -87,15 +87,16 @@ func (cf *clientFlags) conn(cmd *cobra.Command, fn func(context.Context, grpc.Cl
 	return cf.explain(fn(ctx, conn))
 }
 
-func writeJSON(w io.Writer, m proto.Message) error {
-	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Indent: "  "}.Marshal(m)
+// writeProtoJSON is every command's --json: field names as in the .proto
+// files (and the CSV), unset numbers as 0.
+func writeProtoJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true, EmitUnpopulated: true, Indent: "  "}.Marshal(m)
 	if err != nil {
 		return err
 	}
 	_, err = fmt.Fprintln(w, string(b))
 	return err
 }
-
 
 // usd shows cents, or more digits for amounts under a cent (short test
 // runs).
@@ -122,7 +123,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return writeJSON(cmd.OutOrStdout(), resp)
+					return writeProtoJSON(cmd.OutOrStdout(), resp)
 				}
 				if len(resp.GetBudgets()) == 0 {
 					fmt.Fprintln(cmd.OutOrStdout(), "no budgets (trainmeter budget set SCOPE USD)")
@@ -213,7 +214,7 @@ func newAlertsCommand(cf *clientFlags) *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return writeJSON(cmd.OutOrStdout(), resp)
+					return writeProtoJSON(cmd.OutOrStdout(), resp)
 				}
 				if len(resp.GetAlerts()) == 0 {
 					fmt.Fprintln(cmd.OutOrStdout(), "no alerts")
@@ -251,7 +252,7 @@ func newForecastCommand(cf *clientFlags) *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return writeJSON(cmd.OutOrStdout(), f)
+					return writeProtoJSON(cmd.OutOrStdout(), f)
 				}
 				w := cmd.OutOrStdout()
 				fmt.Fprintf(w, "model %s: %d more run(s), based on the last %d ended run(s) (%s)\n", f.GetModel(), f.GetRuns(), len(f.GetBasedOn()), strings.Join(f.GetBasedOn(), ", "))

@@ -66,7 +66,7 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 	if defaultAddr == "" {
 		defaultAddr = server.DefaultListen
 	}
-	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf),
+	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newSummaryCommand(cf), newModelCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf),
 		newRecommendCommand(cf), newBudgetCommand(cf), newAlertsCommand(cf), newForecastCommand(cf), newPricesCommand(cf)} {
 		// Persistent, so that `export csv` inherits them.
 		c.PersistentFlags().StringVar(&cf.addr, "collector", defaultAddr, "collector address HOST:PORT (default from $"+EnvCollector+")")
@@ -90,6 +90,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	var level string
 	var shutdownTimeout time.Duration
 	var budgetFlags *budgetServeFlags
+	var costFlags costServeFlags
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the collector",
@@ -101,6 +102,9 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			if err := budgetFlags.load(getenv); err != nil {
+				return err
+			}
+			if err := costFlags.apply(&cfg); err != nil {
 				return err
 			}
 			if err := cfg.Validate(); err != nil {
@@ -123,6 +127,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	f.Float64Var(&cfg.GPUPricePerHour, "gpu-price-per-hour", 0, "default $ per GPU-hour for runs that send none (0 = unknown)")
 	f.Float64Var(&cfg.EnergyPricePerKWh, "energy-price-kwh", 0, "energy price in $ per kWh (0 = unknown)")
 	f.Float64Var(&cfg.GridGCO2PerKWh, "grid-gco2-kwh", 0, "grid carbon intensity in gCO2 per kWh (0 = unknown)")
+	costFlags.add(f, &cfg)
 	f.DurationVar(&cfg.GCInterval, "gc-interval", 5*time.Minute, "value-log GC interval (0 disables)")
 	f.StringVar(&cfg.StatusListen, "status-listen", "", "serve GET /healthz and GET /status on HOST:PORT (empty: off)")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
@@ -219,15 +224,19 @@ func newRunsCommand(cf *clientFlags) *cobra.Command {
 }
 
 func newReportCommand(cf *clientFlags) *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	c := &cobra.Command{
 		Use:   "report RUN_ID",
-		Short: "Show one run's report",
+		Short: "Show one run's report (--json: the whole report, cost and compute figures included)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewQueryServiceClient(conn).GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: args[0]})
 				if err != nil {
 					return err
+				}
+				if asJSON {
+					return writeReportJSON(cmd.OutOrStdout(), resp.GetRun())
 				}
 				if err := report.WriteReport(cmd.OutOrStdout(), resp.GetRun()); err != nil {
 					return err
@@ -236,6 +245,8 @@ func newReportCommand(cf *clientFlags) *cobra.Command {
 			})
 		},
 	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print the whole report as JSON")
+	return c
 }
 
 func newExportCommand(cf *clientFlags) *cobra.Command {

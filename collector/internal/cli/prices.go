@@ -40,7 +40,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return writeJSON(cmd.OutOrStdout(), resp)
+					return writeProtoJSON(cmd.OutOrStdout(), resp)
 				}
 				w := cmd.OutOrStdout()
 				if len(resp.GetGpus()) == 0 {
@@ -89,7 +89,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return writeJSON(cmd.OutOrStdout(), resp)
+					return writeProtoJSON(cmd.OutOrStdout(), resp)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "fetched %d offers of %d GPU models, %d price alert(s)\n", resp.GetOffers(), resp.GetGpuModels(), resp.GetAlerts())
 				return nil
@@ -123,7 +123,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return writeJSON(cmd.OutOrStdout(), resp)
+					return writeProtoJSON(cmd.OutOrStdout(), resp)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "imported %d offers of %d GPU models, %d price alert(s)\n", resp.GetOffers(), resp.GetGpuModels(), resp.GetAlerts())
 				return nil

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -38,12 +37,7 @@ func newRecommendCommand(cf *clientFlags) *cobra.Command {
 				}
 				out := cmd.OutOrStdout()
 				if asJSON {
-					b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(resp)
-					if err != nil {
-						return err
-					}
-					_, err = fmt.Fprintln(out, string(b))
-					return err
+					return writeProtoJSON(out, resp)
 				}
 				writeRecommendations(out, resp, minConf)
 				for _, id := range args {

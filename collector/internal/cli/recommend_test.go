@@ -51,9 +51,9 @@ func TestRecommend(t *testing.T) {
 	var resp struct {
 		Recommendations []struct {
 			Kind       string  `json:"kind"`
-			SavingsUsd float64 `json:"savingsUsd"`
+			SavingsUsd float64 `json:"savings_usd"`
 		} `json:"recommendations"`
-		TotalSavingsUsd float64 `json:"totalSavingsUsd"`
+		TotalSavingsUsd float64 `json:"total_savings_usd"`
 	}
 	if err := json.Unmarshal([]byte(out), &resp); err != nil {
 		t.Fatalf("--json: %v\n%s", err, out)

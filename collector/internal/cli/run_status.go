@@ -153,21 +153,19 @@ func (s *runStatus) line(elapsed time.Duration, r *trainmeterv1.RunReport) strin
 		parts = append(parts, fmt.Sprintf("%.4g J/tok", e/float64(tok)))
 	}
 	if usd, ok := costSoFar(r); ok {
-		parts = append(parts, fmt.Sprintf("$%.4f", usd))
+		s := fmt.Sprintf("$%.4f", usd)
+		if !r.GetEnded() && r.GetProjectionBasis() != "" && r.GetProjectedCostUsd() > usd {
+			s += fmt.Sprintf(" (→ $%.4f)", r.GetProjectedCostUsd())
+		}
+		parts = append(parts, s)
 	}
 	return strings.Join(parts, " | ")
 }
 
-// costSoFar is GPU-time cost plus energy cost, where the collector knows a price.
+// costSoFar is the run's total cost (compute × priority + energy,
+// docs/costs.md), where the collector knows a price.
 func costSoFar(r *trainmeterv1.RunReport) (float64, bool) {
-	usd, ok := 0.0, false
-	if r.GetHasCost() {
-		usd, ok = usd+r.GetCostUsd(), true
-	}
-	if r.GetHasEnergyCost() {
-		usd, ok = usd+r.GetEnergyCostUsd(), true
-	}
-	return usd, ok
+	return r.GetTotalCostUsd(), r.GetHasCost() || r.GetHasEnergyCost()
 }
 
 func fmtElapsed(d time.Duration) string {

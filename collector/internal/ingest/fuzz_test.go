@@ -12,6 +12,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -90,6 +91,10 @@ func FuzzValidateBatch(f *testing.F) {
 // no NaN/Inf: a failure there would stall the agent's stream forever).
 func FuzzAggregate(f *testing.F) {
 	addSeeds(f)
+	tariff, err := cost.ParseTariff([]byte(`{zone: Europe/Berlin, default: peak, bands: {peak: 0.3, off: 0.1}, rules: [{days: [weekdays], from: "22:00", to: "06:00", band: off}]}`))
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var b trainmeterv1.Batch
 		if proto.Unmarshal(raw, &b) != nil || ValidateBatch(&b) != nil {
@@ -115,10 +120,11 @@ func FuzzAggregate(f *testing.F) {
 				}
 			}
 			for _, w := range b.GetRunWindows() {
-				state(w.GetRunId()).AddWindow(node, w)
+				state(w.GetRunId()).AddWindowBanded(node, w, tariff)
 			}
 		}
-		pricing := aggregate.Pricing{GPUPricePerHour: 2.5, EnergyPricePerKWh: 0.3, GridGCO2PerKWh: 400}
+		pricing := aggregate.Pricing{GPUPricePerHour: 2.5, Tariff: tariff, GridGCO2PerKWh: 400,
+			PriorityMultipliers: map[string]float64{"high": 1.5}}
 		for id, s := range states {
 			checkReport(t, id, s.Report(pricing))
 			js, err := s.Marshal()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -68,6 +69,9 @@ func (s *Server) reports(ids []string) ([]*trainmeterv1.RunReport, error) {
 	for _, st := range sts {
 		out = append(out, st.Report(s.pricing))
 	}
+	if err := s.setEfficiency(out, len(ids) == 0); err != nil {
+		return nil, err
+	}
 	if len(ids) == 0 {
 		sort.SliceStable(out, func(i, j int) bool {
 			a, b := out[i].GetStart().AsTime(), out[j].GetStart().AsTime()
@@ -101,7 +105,36 @@ func (s *Server) GetRun(_ context.Context, req *trainmeterv1.GetRunRequest) (*tr
 	if err != nil {
 		return nil, s.storeErr(err)
 	}
-	return &trainmeterv1.GetRunResponse{Run: st.Report(s.pricing)}, nil
+	r := st.Report(s.pricing)
+	if err := s.setEfficiency([]*trainmeterv1.RunReport{r}, false); err != nil {
+		return nil, err
+	}
+	return &trainmeterv1.GetRunResponse{Run: r}, nil
+}
+
+// setEfficiency fills efficiency_score, which compares a run with every run
+// of its model: when reports is not already every run, all runs are read.
+func (s *Server) setEfficiency(reports []*trainmeterv1.RunReport, complete bool) error {
+	need := false
+	for _, r := range reports {
+		need = need || (r.AccuracyPoints != nil && r.GetTotalCostUsd() > 0)
+	}
+	if !need {
+		return nil
+	}
+	all := reports
+	if !complete {
+		sts, err := s.store.ListRuns(nil)
+		if err != nil {
+			return s.storeErr(err)
+		}
+		all = make([]*trainmeterv1.RunReport, 0, len(sts))
+		for _, st := range sts {
+			all = append(all, st.Report(s.pricing))
+		}
+	}
+	cost.SetEfficiency(reports, all)
+	return nil
 }
 
 // ExportRuns implements QueryService.ExportRuns.

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"sync"
@@ -32,6 +31,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
 	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -55,6 +55,14 @@ type Config struct {
 	EnergyPricePerKWh float64
 	// GridGCO2PerKWh is the grid carbon intensity; 0 = unknown.
 	GridGCO2PerKWh float64
+	// Tariff is a time-of-use energy tariff (instead of EnergyPricePerKWh);
+	// EnergyIncluded says the GPU price includes power. NodeGPUPricePerHour,
+	// PriceCatalog and PriorityMultipliers: see cost.Config.
+	Tariff              *cost.Tariff
+	EnergyIncluded      bool
+	NodeGPUPricePerHour map[string]float64
+	PriceCatalog        cost.PriceCatalog
+	PriorityMultipliers map[string]float64
 	// GCInterval is how often value-log GC runs; 0 disables it.
 	GCInterval time.Duration
 	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
@@ -96,13 +104,8 @@ func (c Config) Validate() error {
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("data directory is empty"))
 	}
-	for _, f := range []struct {
-		name string
-		v    float64
-	}{{"gpu price per hour", c.GPUPricePerHour}, {"energy price per kWh", c.EnergyPricePerKWh}, {"grid gCO2 per kWh", c.GridGCO2PerKWh}} {
-		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
-			errs = append(errs, fmt.Errorf("%s must be a finite number >= 0, got %v", f.name, f.v))
-		}
+	if err := c.Pricing().Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.GCInterval < 0 {
 		errs = append(errs, fmt.Errorf("gc interval must be >= 0, got %v", c.GCInterval))
@@ -118,7 +121,11 @@ func (c Config) Validate() error {
 
 // Pricing returns the cost settings for reports.
 func (c Config) Pricing() aggregate.Pricing {
-	return aggregate.Pricing{GPUPricePerHour: c.GPUPricePerHour, EnergyPricePerKWh: c.EnergyPricePerKWh, GridGCO2PerKWh: c.GridGCO2PerKWh}
+	return aggregate.Pricing{
+		GPUPricePerHour: c.GPUPricePerHour, EnergyPricePerKWh: c.EnergyPricePerKWh, GridGCO2PerKWh: c.GridGCO2PerKWh,
+		Tariff: c.Tariff, EnergyIncluded: c.EnergyIncluded, NodeGPUPricePerHour: c.NodeGPUPricePerHour,
+		Catalog: c.PriceCatalog, PriorityMultipliers: c.PriorityMultipliers,
+	}
 }
 
 // Server is a collector.
@@ -164,7 +171,11 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	st, err := store.Open(s.cfg.DataDir, store.Options{Logger: s.log})
+	stOpts := store.Options{Logger: s.log}
+	if s.cfg.Tariff != nil {
+		stOpts.EnergyBands = s.cfg.Tariff
+	}
+	st, err := store.Open(s.cfg.DataDir, stOpts)
 	if err != nil {
 		return err
 	}

@@ -53,6 +53,7 @@ type Store struct {
 	db     *badger.DB
 	log    *slog.Logger
 	now    func() time.Time
+	bands  aggregate.EnergyBands
 	stripe [lockStripes]sync.Mutex
 
 	gcMu   sync.Mutex
@@ -66,6 +67,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock for node last-seen times; time.Now if nil.
 	Now func() time.Time
+	// EnergyBands, when set, books each window's energy to the tariff band
+	// in force (aggregate.State.EnergyByBand); nil: no time-of-use tariff.
+	EnergyBands aggregate.EnergyBands
 }
 
 type badgerLogger struct{ l *slog.Logger }
@@ -104,7 +108,7 @@ func Open(dir string, o Options) (s *Store, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
 	}
-	return &Store{db: db, log: log, now: now}, nil
+	return &Store{db: db, log: log, now: now, bands: o.EnergyBands}, nil
 }
 
 // Close stops value-log GC and closes the database.
@@ -346,7 +350,7 @@ func (s *Store) applyOnce(node, boot string, b *trainmeterv1.Batch, runs []strin
 		}
 	}
 	for _, w := range b.GetRunWindows() {
-		aggs[w.GetRunId()].AddWindow(node, w)
+		aggs[w.GetRunId()].AddWindowBanded(node, w, s.bands)
 	}
 	for _, e := range b.GetRunEvents() {
 		if ev := e.GetEval(); ev != nil {

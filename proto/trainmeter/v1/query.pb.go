@@ -601,8 +601,42 @@ type RunReport struct {
 	ProjectedCostUsd float64           `protobuf:"fixed64,49,opt,name=projected_cost_usd,json=projectedCostUsd,proto3" json:"projected_cost_usd,omitempty"`
 	BudgetScope      string            `protobuf:"bytes,50,opt,name=budget_scope,json=budgetScope,proto3" json:"budget_scope,omitempty"`
 	Labels           map[string]string `protobuf:"bytes,51,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Cost model (docs/costs.md). A field that is not set is unknown.
+	// The multiplier applied to the compute cost, from the run's priority label.
+	PriorityMultiplier float64 `protobuf:"fixed64,52,opt,name=priority_multiplier,json=priorityMultiplier,proto3" json:"priority_multiplier,omitempty"`
+	// Where the GPU-hour price came from: run_start, node, catalog, default,
+	// mixed (nodes priced differently), or "" (no price).
+	GpuPriceSource string `protobuf:"bytes,53,opt,name=gpu_price_source,json=gpuPriceSource,proto3" json:"gpu_price_source,omitempty"`
+	// The cloud price includes power: energy cost is 0 by configuration.
+	EnergyIncluded bool `protobuf:"varint,54,opt,name=energy_included,json=energyIncluded,proto3" json:"energy_included,omitempty"`
+	// Energy of the whole run per tariff band, priced.
+	EnergyBands  []*EnergyBandCost `protobuf:"bytes,55,rep,name=energy_bands,json=energyBands,proto3" json:"energy_bands,omitempty"`
+	Samples      uint64            `protobuf:"varint,56,opt,name=samples,proto3" json:"samples,omitempty"`
+	UsdPerSample *float64          `protobuf:"fixed64,57,opt,name=usd_per_sample,json=usdPerSample,proto3,oneof" json:"usd_per_sample,omitempty"`
+	// Epochs done: samples / dataset_size, else steps × planned_epochs /
+	// planned_steps, else the latest eval epoch.
+	EpochsDone  *float64 `protobuf:"fixed64,58,opt,name=epochs_done,json=epochsDone,proto3,oneof" json:"epochs_done,omitempty"`
+	UsdPerEpoch *float64 `protobuf:"fixed64,59,opt,name=usd_per_epoch,json=usdPerEpoch,proto3,oneof" json:"usd_per_epoch,omitempty"`
+	// Accuracy of the latest eval that has one, in points (0-100).
+	AccuracyPoints      *float64 `protobuf:"fixed64,60,opt,name=accuracy_points,json=accuracyPoints,proto3,oneof" json:"accuracy_points,omitempty"`
+	UsdPerAccuracyPoint *float64 `protobuf:"fixed64,61,opt,name=usd_per_accuracy_point,json=usdPerAccuracyPoint,proto3,oneof" json:"usd_per_accuracy_point,omitempty"`
+	// Accuracy points per dollar, divided by the best of the model's runs (0-1).
+	EfficiencyScore *float64 `protobuf:"fixed64,62,opt,name=efficiency_score,json=efficiencyScore,proto3,oneof" json:"efficiency_score,omitempty"`
+	// What the forecast measures progress in: tokens, steps, epochs, or "".
+	ProjectionBasis string   `protobuf:"bytes,63,opt,name=projection_basis,json=projectionBasis,proto3" json:"projection_basis,omitempty"`
+	Progress        *float64 `protobuf:"fixed64,64,opt,name=progress,proto3,oneof" json:"progress,omitempty"`
+	// Throughput and compute report.
+	StepsPerS    *float64 `protobuf:"fixed64,65,opt,name=steps_per_s,json=stepsPerS,proto3,oneof" json:"steps_per_s,omitempty"`
+	EpochS       *float64 `protobuf:"fixed64,66,opt,name=epoch_s,json=epochS,proto3,oneof" json:"epoch_s,omitempty"`
+	EstTotalS    *float64 `protobuf:"fixed64,67,opt,name=est_total_s,json=estTotalS,proto3,oneof" json:"est_total_s,omitempty"`
+	FlopsPerStep *float64 `protobuf:"fixed64,68,opt,name=flops_per_step,json=flopsPerStep,proto3,oneof" json:"flops_per_step,omitempty"`
+	FlopsTotal   *float64 `protobuf:"fixed64,69,opt,name=flops_total,json=flopsTotal,proto3,oneof" json:"flops_total,omitempty"`
+	// Peak dense TFLOPS of one GPU at the run's precision (docs/costs.md).
+	PeakTflops    *float64 `protobuf:"fixed64,70,opt,name=peak_tflops,json=peakTflops,proto3,oneof" json:"peak_tflops,omitempty"`
+	Mfu           *float64 `protobuf:"fixed64,71,opt,name=mfu,proto3,oneof" json:"mfu,omitempty"`
+	JPerPflop     *float64 `protobuf:"fixed64,72,opt,name=j_per_pflop,json=jPerPflop,proto3,oneof" json:"j_per_pflop,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
@@ -992,6 +1026,222 @@ func (x *RunReport) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *RunReport) GetPriorityMultiplier() float64 {
+	if x != nil {
+		return x.PriorityMultiplier
+	}
+	return 0
+}
+
+func (x *RunReport) GetGpuPriceSource() string {
+	if x != nil {
+		return x.GpuPriceSource
+	}
+	return ""
+}
+
+func (x *RunReport) GetEnergyIncluded() bool {
+	if x != nil {
+		return x.EnergyIncluded
+	}
+	return false
+}
+
+func (x *RunReport) GetEnergyBands() []*EnergyBandCost {
+	if x != nil {
+		return x.EnergyBands
+	}
+	return nil
+}
+
+func (x *RunReport) GetSamples() uint64 {
+	if x != nil {
+		return x.Samples
+	}
+	return 0
+}
+
+func (x *RunReport) GetUsdPerSample() float64 {
+	if x != nil && x.UsdPerSample != nil {
+		return *x.UsdPerSample
+	}
+	return 0
+}
+
+func (x *RunReport) GetEpochsDone() float64 {
+	if x != nil && x.EpochsDone != nil {
+		return *x.EpochsDone
+	}
+	return 0
+}
+
+func (x *RunReport) GetUsdPerEpoch() float64 {
+	if x != nil && x.UsdPerEpoch != nil {
+		return *x.UsdPerEpoch
+	}
+	return 0
+}
+
+func (x *RunReport) GetAccuracyPoints() float64 {
+	if x != nil && x.AccuracyPoints != nil {
+		return *x.AccuracyPoints
+	}
+	return 0
+}
+
+func (x *RunReport) GetUsdPerAccuracyPoint() float64 {
+	if x != nil && x.UsdPerAccuracyPoint != nil {
+		return *x.UsdPerAccuracyPoint
+	}
+	return 0
+}
+
+func (x *RunReport) GetEfficiencyScore() float64 {
+	if x != nil && x.EfficiencyScore != nil {
+		return *x.EfficiencyScore
+	}
+	return 0
+}
+
+func (x *RunReport) GetProjectionBasis() string {
+	if x != nil {
+		return x.ProjectionBasis
+	}
+	return ""
+}
+
+func (x *RunReport) GetProgress() float64 {
+	if x != nil && x.Progress != nil {
+		return *x.Progress
+	}
+	return 0
+}
+
+func (x *RunReport) GetStepsPerS() float64 {
+	if x != nil && x.StepsPerS != nil {
+		return *x.StepsPerS
+	}
+	return 0
+}
+
+func (x *RunReport) GetEpochS() float64 {
+	if x != nil && x.EpochS != nil {
+		return *x.EpochS
+	}
+	return 0
+}
+
+func (x *RunReport) GetEstTotalS() float64 {
+	if x != nil && x.EstTotalS != nil {
+		return *x.EstTotalS
+	}
+	return 0
+}
+
+func (x *RunReport) GetFlopsPerStep() float64 {
+	if x != nil && x.FlopsPerStep != nil {
+		return *x.FlopsPerStep
+	}
+	return 0
+}
+
+func (x *RunReport) GetFlopsTotal() float64 {
+	if x != nil && x.FlopsTotal != nil {
+		return *x.FlopsTotal
+	}
+	return 0
+}
+
+func (x *RunReport) GetPeakTflops() float64 {
+	if x != nil && x.PeakTflops != nil {
+		return *x.PeakTflops
+	}
+	return 0
+}
+
+func (x *RunReport) GetMfu() float64 {
+	if x != nil && x.Mfu != nil {
+		return *x.Mfu
+	}
+	return 0
+}
+
+func (x *RunReport) GetJPerPflop() float64 {
+	if x != nil && x.JPerPflop != nil {
+		return *x.JPerPflop
+	}
+	return 0
+}
+
+// EnergyBandCost is the energy booked to one tariff band.
+type EnergyBandCost struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Band          string                 `protobuf:"bytes,1,opt,name=band,proto3" json:"band,omitempty"`
+	Kwh           float64                `protobuf:"fixed64,2,opt,name=kwh,proto3" json:"kwh,omitempty"`
+	UsdPerKwh     float64                `protobuf:"fixed64,3,opt,name=usd_per_kwh,json=usdPerKwh,proto3" json:"usd_per_kwh,omitempty"`
+	CostUsd       float64                `protobuf:"fixed64,4,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnergyBandCost) Reset() {
+	*x = EnergyBandCost{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnergyBandCost) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnergyBandCost) ProtoMessage() {}
+
+func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnergyBandCost.ProtoReflect.Descriptor instead.
+func (*EnergyBandCost) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *EnergyBandCost) GetBand() string {
+	if x != nil {
+		return x.Band
+	}
+	return ""
+}
+
+func (x *EnergyBandCost) GetKwh() float64 {
+	if x != nil {
+		return x.Kwh
+	}
+	return 0
+}
+
+func (x *EnergyBandCost) GetUsdPerKwh() float64 {
+	if x != nil {
+		return x.UsdPerKwh
+	}
+	return 0
+}
+
+func (x *EnergyBandCost) GetCostUsd() float64 {
+	if x != nil {
+		return x.CostUsd
+	}
+	return 0
+}
+
 var File_trainmeter_v1_query_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_query_proto_rawDesc = "" +
@@ -1023,7 +1273,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xa5\x0e\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xfb\x16\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -1083,10 +1333,56 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x0etotal_cost_usd\x180 \x01(\x01R\ftotalCostUsd\x12,\n" +
 	"\x12projected_cost_usd\x181 \x01(\x01R\x10projectedCostUsd\x12!\n" +
 	"\fbudget_scope\x182 \x01(\tR\vbudgetScope\x12<\n" +
-	"\x06labels\x183 \x03(\v2$.trainmeter.v1.RunReport.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x183 \x03(\v2$.trainmeter.v1.RunReport.LabelsEntryR\x06labels\x12/\n" +
+	"\x13priority_multiplier\x184 \x01(\x01R\x12priorityMultiplier\x12(\n" +
+	"\x10gpu_price_source\x185 \x01(\tR\x0egpuPriceSource\x12'\n" +
+	"\x0fenergy_included\x186 \x01(\bR\x0eenergyIncluded\x12@\n" +
+	"\fenergy_bands\x187 \x03(\v2\x1d.trainmeter.v1.EnergyBandCostR\venergyBands\x12\x18\n" +
+	"\asamples\x188 \x01(\x04R\asamples\x12)\n" +
+	"\x0eusd_per_sample\x189 \x01(\x01H\x00R\fusdPerSample\x88\x01\x01\x12$\n" +
+	"\vepochs_done\x18: \x01(\x01H\x01R\n" +
+	"epochsDone\x88\x01\x01\x12'\n" +
+	"\rusd_per_epoch\x18; \x01(\x01H\x02R\vusdPerEpoch\x88\x01\x01\x12,\n" +
+	"\x0faccuracy_points\x18< \x01(\x01H\x03R\x0eaccuracyPoints\x88\x01\x01\x128\n" +
+	"\x16usd_per_accuracy_point\x18= \x01(\x01H\x04R\x13usdPerAccuracyPoint\x88\x01\x01\x12.\n" +
+	"\x10efficiency_score\x18> \x01(\x01H\x05R\x0fefficiencyScore\x88\x01\x01\x12)\n" +
+	"\x10projection_basis\x18? \x01(\tR\x0fprojectionBasis\x12\x1f\n" +
+	"\bprogress\x18@ \x01(\x01H\x06R\bprogress\x88\x01\x01\x12#\n" +
+	"\vsteps_per_s\x18A \x01(\x01H\aR\tstepsPerS\x88\x01\x01\x12\x1c\n" +
+	"\aepoch_s\x18B \x01(\x01H\bR\x06epochS\x88\x01\x01\x12#\n" +
+	"\vest_total_s\x18C \x01(\x01H\tR\testTotalS\x88\x01\x01\x12)\n" +
+	"\x0eflops_per_step\x18D \x01(\x01H\n" +
+	"R\fflopsPerStep\x88\x01\x01\x12$\n" +
+	"\vflops_total\x18E \x01(\x01H\vR\n" +
+	"flopsTotal\x88\x01\x01\x12$\n" +
+	"\vpeak_tflops\x18F \x01(\x01H\fR\n" +
+	"peakTflops\x88\x01\x01\x12\x15\n" +
+	"\x03mfu\x18G \x01(\x01H\rR\x03mfu\x88\x01\x01\x12#\n" +
+	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\x97\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
+	"\x0f_usd_per_sampleB\x0e\n" +
+	"\f_epochs_doneB\x10\n" +
+	"\x0e_usd_per_epochB\x12\n" +
+	"\x10_accuracy_pointsB\x19\n" +
+	"\x17_usd_per_accuracy_pointB\x13\n" +
+	"\x11_efficiency_scoreB\v\n" +
+	"\t_progressB\x0e\n" +
+	"\f_steps_per_sB\n" +
+	"\n" +
+	"\b_epoch_sB\x0e\n" +
+	"\f_est_total_sB\x11\n" +
+	"\x0f_flops_per_stepB\x0e\n" +
+	"\f_flops_totalB\x0e\n" +
+	"\f_peak_tflopsB\x06\n" +
+	"\x04_mfuB\x0e\n" +
+	"\f_j_per_pflop\"q\n" +
+	"\x0eEnergyBandCost\x12\x12\n" +
+	"\x04band\x18\x01 \x01(\tR\x04band\x12\x10\n" +
+	"\x03kwh\x18\x02 \x01(\x01R\x03kwh\x12\x1e\n" +
+	"\vusd_per_kwh\x18\x03 \x01(\x01R\tusdPerKwh\x12\x19\n" +
+	"\bcost_usd\x18\x04 \x01(\x01R\acostUsd2\x97\x03\n" +
 	"\fQueryService\x12K\n" +
 	"\bListRuns\x12\x1e.trainmeter.v1.ListRunsRequest\x1a\x1f.trainmeter.v1.ListRunsResponse\x12E\n" +
 	"\x06GetRun\x12\x1c.trainmeter.v1.GetRunRequest\x1a\x1d.trainmeter.v1.GetRunResponse\x12S\n" +
@@ -1107,7 +1403,7 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*ListRunsRequest)(nil),       // 0: trainmeter.v1.ListRunsRequest
 	(*ListRunsResponse)(nil),      // 1: trainmeter.v1.ListRunsResponse
@@ -1121,39 +1417,41 @@ var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*ListNodesResponse)(nil),     // 9: trainmeter.v1.ListNodesResponse
 	(*NodeStatus)(nil),            // 10: trainmeter.v1.NodeStatus
 	(*RunReport)(nil),             // 11: trainmeter.v1.RunReport
-	nil,                           // 12: trainmeter.v1.RunReport.LabelsEntry
-	(*GpuInfo)(nil),               // 13: trainmeter.v1.GpuInfo
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*RunMetadata)(nil),           // 15: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 16: trainmeter.v1.Eval
+	(*EnergyBandCost)(nil),        // 12: trainmeter.v1.EnergyBandCost
+	nil,                           // 13: trainmeter.v1.RunReport.LabelsEntry
+	(*GpuInfo)(nil),               // 14: trainmeter.v1.GpuInfo
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*RunMetadata)(nil),           // 16: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 17: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
 	11, // 0: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
 	11, // 1: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
 	11, // 2: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
 	10, // 3: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	13, // 4: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	14, // 5: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	15, // 6: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	14, // 7: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	14, // 8: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	16, // 9: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	12, // 10: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
-	0,  // 11: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	2,  // 12: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	4,  // 13: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	8,  // 14: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	6,  // 15: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	1,  // 16: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	3,  // 17: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	5,  // 18: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	9,  // 19: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	7,  // 20: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	16, // [16:21] is the sub-list for method output_type
-	11, // [11:16] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	14, // 4: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	15, // 5: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	16, // 6: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	15, // 7: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	15, // 8: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	17, // 9: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	13, // 10: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	12, // 11: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
+	0,  // 12: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	2,  // 13: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	4,  // 14: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	8,  // 15: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	6,  // 16: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	1,  // 17: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	3,  // 18: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	5,  // 19: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	9,  // 20: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	7,  // 21: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	17, // [17:22] is the sub-list for method output_type
+	12, // [12:17] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -1162,13 +1460,14 @@ func file_trainmeter_v1_query_proto_init() {
 		return
 	}
 	file_trainmeter_v1_ingest_proto_init()
+	file_trainmeter_v1_query_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,272 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/pkg/report"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// costServeFlags are `serve`'s cost model flags that need parsing.
+type costServeFlags struct {
+	tariffFile string
+	nodePrices []string
+	priorities []string
+}
+
+func (f *costServeFlags) add(fs *pflag.FlagSet, cfg *server.Config) {
+	fs.StringVar(&f.tariffFile, "tariff", "", "time-of-use energy tariff (YAML, docs/costs.md); instead of --energy-price-kwh")
+	fs.BoolVar(&cfg.EnergyIncluded, "energy-included", false, "the GPU price includes power (cloud rentals): energy cost is 0")
+	fs.StringArrayVar(&f.nodePrices, "node-gpu-price", nil, "NODE=USD: $ per GPU-hour of NODE's GPUs when run_start gives none (repeatable)")
+	fs.StringArrayVar(&f.priorities, "priority-multiplier", nil, "PRIORITY=X: compute cost multiplier for runs whose priority label is PRIORITY (repeatable)")
+}
+
+func (f *costServeFlags) apply(cfg *server.Config) error {
+	if f.tariffFile != "" {
+		t, err := cost.LoadTariff(f.tariffFile)
+		if err != nil {
+			return err
+		}
+		cfg.Tariff = t
+	}
+	parse := func(flag string, vals []string) (map[string]float64, error) {
+		if len(vals) == 0 {
+			return nil, nil
+		}
+		m := map[string]float64{}
+		for _, v := range vals {
+			k, x, err := cost.ParseKeyFloat(v)
+			if err != nil {
+				return nil, fmt.Errorf("--%s %w", flag, err)
+			}
+			m[k] = x
+		}
+		return m, nil
+	}
+	var err error
+	if cfg.NodeGPUPricePerHour, err = parse("node-gpu-price", f.nodePrices); err != nil {
+		return err
+	}
+	cfg.PriorityMultipliers, err = parse("priority-multiplier", f.priorities)
+	return err
+}
+
+// writeReportJSON writes the whole report.
+func writeReportJSON(w io.Writer, r *trainmeterv1.RunReport) error { return writeProtoJSON(w, r) }
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (cf *clientFlags) listRuns(cmd *cobra.Command) ([]*trainmeterv1.RunReport, error) {
+	var runs []*trainmeterv1.RunReport
+	err := cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
+		resp, err := c.ListRuns(ctx, &trainmeterv1.ListRunsRequest{})
+		runs = resp.GetRuns()
+		return err
+	})
+	return runs, err
+}
+
+// Summary is `trainmeter summary --json`.
+type Summary struct {
+	Runs             int             `json:"runs"`
+	Running          int             `json:"running"`
+	GPUHours         float64         `json:"gpu_hours"`
+	EnergyKWh        float64         `json:"energy_kwh"`
+	TotalCostUSD     float64         `json:"total_cost_usd"`
+	ProjectedCostUSD float64         `json:"projected_cost_usd"`
+	CO2Kg            float64         `json:"co2_kg"`
+	Models           []cost.ModelROI `json:"models"`
+}
+
+func summarize(runs []*trainmeterv1.RunReport) Summary {
+	s := Summary{Runs: len(runs), Models: cost.Models(runs)}
+	for _, r := range runs {
+		if !r.GetEnded() {
+			s.Running++
+		}
+		s.GPUHours += r.GetGpuHours()
+		s.EnergyKWh += r.GetEnergyKwh()
+		s.TotalCostUSD += r.GetTotalCostUsd()
+		s.ProjectedCostUSD += r.GetProjectedCostUsd()
+		s.CO2Kg += r.GetCo2Kg()
+	}
+	for i := range s.Models {
+		s.Models[i].PerRun = nil // per-run detail is `trainmeter model NAME`
+	}
+	return s
+}
+
+func optF(p *float64, format string) string {
+	if p == nil {
+		return "-"
+	}
+	return fmt.Sprintf(format, *p)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func writeModelTable(w io.Writer, models []cost.ModelROI) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODEL\tRUNS\tGPU-H\tkWh\tTOTAL $\t$/MTOK\tBEST ACC\t$/POINT (BEST)\tROI pts/$")
+	for _, m := range models {
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.2f\t%s\t%s\t%s\t%s\n", orDash(m.Model), m.Runs, m.GPUHours, m.EnergyKWh,
+			m.TotalCostUSD, optF(m.USDMtok, "%.4g"), optF(m.BestPoints, "%.2f"), optF(m.BestUSDPerPoint, "%.4g"), optF(m.ROI, "%.4g"))
+	}
+	return tw.Flush()
+}
+
+func newSummaryCommand(cf *clientFlags) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "summary",
+		Short: "All runs: count, GPU-hours, energy, cost, by model",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			runs, err := cf.listRuns(cmd)
+			if err != nil {
+				return err
+			}
+			s := summarize(runs)
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return writeJSON(out, s)
+			}
+			fmt.Fprintf(out, "runs: %d (%d running)\nGPU-hours: %.3f\nenergy: %.3f kWh\ntotal cost: $%.2f (projected at completion: $%.2f)\nCO2: %.3f kg\n\n",
+				s.Runs, s.Running, s.GPUHours, s.EnergyKWh, s.TotalCostUSD, s.ProjectedCostUSD, s.CO2Kg)
+			if len(s.Models) == 0 {
+				fmt.Fprintln(out, "no runs yet")
+				return nil
+			}
+			return writeModelTable(out, s.Models)
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+// ModelRun is one run in `trainmeter model NAME --json`.
+type ModelRun struct {
+	RunID               string   `json:"run_id"`
+	Status              string   `json:"status"`
+	Start               string   `json:"start,omitempty"`
+	GPUHours            float64  `json:"gpu_hours"`
+	TotalCostUSD        float64  `json:"total_cost_usd"`
+	ProjectedCostUSD    float64  `json:"projected_cost_usd"`
+	AccuracyPoints      *float64 `json:"accuracy_points,omitempty"`
+	USDPerAccuracyPoint *float64 `json:"usd_per_accuracy_point,omitempty"`
+	EfficiencyScore     *float64 `json:"efficiency_score,omitempty"`
+	GainPoints          *float64 `json:"gain_points,omitempty"`
+	ROI                 *float64 `json:"roi_points_per_usd,omitempty"`
+}
+
+// ModelView is `trainmeter model NAME --json`.
+type ModelView struct {
+	Model      cost.ModelROI   `json:"model"`
+	Runs       []ModelRun      `json:"runs"`
+	Comparison []cost.ModelROI `json:"comparison"`
+}
+
+func modelView(name string, all []*trainmeterv1.RunReport) (ModelView, bool) {
+	var mine []*trainmeterv1.RunReport
+	for _, r := range all {
+		if r.GetMetadata().GetModel() == name {
+			mine = append(mine, r)
+		}
+	}
+	if len(mine) == 0 {
+		return ModelView{}, false
+	}
+	v := ModelView{Comparison: cost.Models(all)}
+	for i := range v.Comparison {
+		v.Comparison[i].PerRun = nil
+	}
+	v.Model = cost.Models(mine)[0]
+	byID := map[string]*trainmeterv1.RunReport{}
+	for _, r := range mine {
+		byID[r.GetRunId()] = r
+	}
+	for _, roi := range v.Model.PerRun {
+		r := byID[roi.RunID]
+		mr := ModelRun{
+			RunID: r.GetRunId(), Status: report.Status(r), GPUHours: r.GetGpuHours(),
+			TotalCostUSD: r.GetTotalCostUsd(), ProjectedCostUSD: r.GetProjectedCostUsd(),
+			AccuracyPoints: r.AccuracyPoints, USDPerAccuracyPoint: r.UsdPerAccuracyPoint,
+			EfficiencyScore: r.EfficiencyScore, GainPoints: roi.GainPoints, ROI: roi.ROI,
+		}
+		if r.GetStart() != nil {
+			mr.Start = r.GetStart().AsTime().UTC().Format("2006-01-02T15:04:05Z")
+		}
+		v.Runs = append(v.Runs, mr)
+	}
+	return v, true
+}
+
+func newModelCommand(cf *clientFlags) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "model NAME",
+		Short: "A model's runs, their cost and ROI, compared with the other models",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			runs, err := cf.listRuns(cmd)
+			if err != nil {
+				return err
+			}
+			v, ok := modelView(args[0], runs)
+			if !ok {
+				models := map[string]bool{}
+				for _, r := range runs {
+					models[r.GetMetadata().GetModel()] = true
+				}
+				names := make([]string, 0, len(models))
+				for n := range models {
+					names = append(names, fmt.Sprintf("%q", n))
+				}
+				sort.Strings(names)
+				return fmt.Errorf("no runs of model %q (models with runs: %v)", args[0], names)
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return writeJSON(out, v)
+			}
+			m := v.Model
+			fmt.Fprintf(out, "model %s: %d run(s), %.3f GPU-hours, %.3f kWh, total $%.2f\n", m.Model, m.Runs, m.GPUHours, m.EnergyKWh, m.TotalCostUSD)
+			fmt.Fprintf(out, "baseline %s (%s points), best %s (%s points, $%s per point), ROI %s points per $ after the baseline\n\n",
+				orDash(m.Baseline), optF(m.BaselinePoints, "%.2f"), orDash(m.Best), optF(m.BestPoints, "%.2f"),
+				optF(m.BestUSDPerPoint, "%.4g"), optF(m.ROI, "%.4g"))
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "RUN\tSTATUS\tSTART\tGPU-H\tTOTAL $\tPROJECTED $\tACC\t$/POINT\tEFFICIENCY\tGAIN\tROI pts/$")
+			for _, r := range v.Runs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%.3f\t%.2f\t%.2f\t%s\t%s\t%s\t%s\t%s\n", r.RunID, r.Status, orDash(r.Start), r.GPUHours,
+					r.TotalCostUSD, r.ProjectedCostUSD, optF(r.AccuracyPoints, "%.2f"), optF(r.USDPerAccuracyPoint, "%.4g"),
+					optF(r.EfficiencyScore, "%.3f"), optF(r.GainPoints, "%+.2f"), optF(r.ROI, "%.4g"))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			fmt.Fprintln(out, "\ncompared with all models")
+			return writeModelTable(out, v.Comparison)
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}

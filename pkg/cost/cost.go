@@ -1,0 +1,253 @@
+// Package cost is trainmeter's cost model: GPU-hour prices and where they
+// come from, the priority multiplier, energy cost at a flat or time-of-use
+// tariff, CO2, the forecast of a live run's cost, per-unit costs, the
+// efficiency score and ROI across a model's runs, and the compute report
+// (FLOPs, MFU against a table of peaks). The formulas are documented in
+// docs/costs.md; this package is pure (no I/O but LoadTariff, no clock).
+package cost
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// PriceCatalog knows the current market price of a GPU model (the budget
+// side's price store implements it).
+type PriceCatalog interface {
+	CurrentPrice(gpuName string) (usdPerHour float64, ok bool)
+}
+
+// Price sources, as RunReport.gpu_price_source names them.
+const (
+	SourceRunStart = "run_start"
+	SourceNode     = "node"
+	SourceCatalog  = "catalog"
+	SourceDefault  = "default"
+	SourceMixed    = "mixed"
+)
+
+// PriorityLabel is the run_start key whose value selects the multiplier.
+const PriorityLabel = "priority"
+
+// Config is the collector's cost configuration. Zero values mean unknown
+// (no price, no tariff, no carbon intensity).
+type Config struct {
+	// GPUPricePerHour is the last-resort $/GPU-hour for runs whose price
+	// comes from neither run_start, nor the node, nor the catalog.
+	GPUPricePerHour float64
+	// NodeGPUPricePerHour is the configured $/GPU-hour per node name.
+	NodeGPUPricePerHour map[string]float64
+	// Catalog gives the current price of a GPU model; nil = none.
+	Catalog PriceCatalog
+	// EnergyPricePerKWh is a flat tariff; ignored when Tariff is set.
+	EnergyPricePerKWh float64
+	// Tariff is a time-of-use tariff (energy is booked per band at ingest).
+	Tariff *Tariff
+	// EnergyIncluded: the GPU price includes power (cloud rentals), so
+	// energy costs nothing extra.
+	EnergyIncluded bool
+	// GridGCO2PerKWh is the carbon intensity of the grid.
+	GridGCO2PerKWh float64
+	// PriorityMultipliers maps a run's priority label to its compute cost
+	// multiplier; runs without one, or with an unlisted one, pay 1×.
+	PriorityMultipliers map[string]float64
+}
+
+func badNumber(v float64) bool { return math.IsNaN(v) || math.IsInf(v, 0) || v < 0 }
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"gpu price per hour", c.GPUPricePerHour}, {"energy price per kWh", c.EnergyPricePerKWh}, {"grid gCO2 per kWh", c.GridGCO2PerKWh}} {
+		if badNumber(f.v) {
+			errs = append(errs, fmt.Errorf("%s must be a finite number >= 0, got %v", f.name, f.v))
+		}
+	}
+	for n, p := range c.NodeGPUPricePerHour {
+		if n == "" || badNumber(p) {
+			errs = append(errs, fmt.Errorf("node gpu price %q=%v: want a node name and a finite price >= 0", n, p))
+		}
+	}
+	for k, m := range c.PriorityMultipliers {
+		if k == "" || badNumber(m) || m == 0 {
+			errs = append(errs, fmt.Errorf("priority multiplier %q=%v: want a priority name and a finite multiplier > 0", k, m))
+		}
+	}
+	if c.Tariff != nil && c.EnergyPricePerKWh > 0 {
+		errs = append(errs, errors.New("give either a flat energy price or a tariff file, not both"))
+	}
+	if c.EnergyIncluded && (c.Tariff != nil || c.EnergyPricePerKWh > 0) {
+		errs = append(errs, errors.New("energy is included in the GPU price: an energy price or tariff makes no sense with it"))
+	}
+	if c.Tariff != nil && c.Tariff.loc == nil {
+		if err := c.Tariff.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("tariff: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ParseKeyFloat parses "KEY=NUMBER" (flag values like high=1.5).
+func ParseKeyFloat(s string) (string, float64, error) {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return "", 0, fmt.Errorf("%q: want NAME=NUMBER", s)
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || badNumber(f) {
+		return "", 0, fmt.Errorf("%q: %q is not a finite number >= 0", s, v)
+	}
+	return k, f, nil
+}
+
+// GPUPrice resolves the $/GPU-hour of GPUs on node: the run_start price if
+// the trainer gave one, else the node's configured price, else the catalog's
+// current price for gpuName, else the default. ok is false when none is known.
+func (c Config) GPUPrice(runStartPrice float64, node, gpuName string) (price float64, source string, ok bool) {
+	if runStartPrice > 0 {
+		return runStartPrice, SourceRunStart, true
+	}
+	if p, found := c.NodeGPUPricePerHour[node]; found && p > 0 {
+		return p, SourceNode, true
+	}
+	if c.Catalog != nil && gpuName != "" {
+		if p, found := c.Catalog.CurrentPrice(gpuName); found && p > 0 && !badNumber(p) {
+			return p, SourceCatalog, true
+		}
+	}
+	if c.GPUPricePerHour > 0 {
+		return c.GPUPricePerHour, SourceDefault, true
+	}
+	return 0, "", false
+}
+
+// PriorityMultiplier is the compute cost multiplier for a run's labels.
+func (c Config) PriorityMultiplier(labels map[string]string) float64 {
+	if m, ok := c.PriorityMultipliers[labels[PriorityLabel]]; ok && m > 0 {
+		return m
+	}
+	return 1
+}
+
+// BandCost is the energy of one tariff band and its price.
+type BandCost struct {
+	Band      string
+	KWh       float64
+	USDPerKWh float64
+	USD       float64
+}
+
+// EnergyCost prices a run's energy. byBand is the energy (J) booked per
+// band at ingest; the rest of totalJ (energy folded while no tariff was
+// configured, or booked to a band the tariff no longer has) is priced at
+// the default band. Without a tariff, totalJ is priced flat. ok is false
+// when no energy price is configured.
+func (c Config) EnergyCost(byBand map[string]float64, totalJ float64) (usd float64, bands []BandCost, ok bool) {
+	switch {
+	case c.EnergyIncluded:
+		return 0, nil, true
+	case c.Tariff != nil:
+		t := c.Tariff
+		perBand := map[string]float64{}
+		booked := 0.0
+		for b, j := range byBand {
+			if _, known := t.Bands[b]; known {
+				perBand[b] += j
+				booked += j
+			}
+		}
+		if rest := totalJ - booked; rest > 1e-9*math.Max(1, totalJ) {
+			perBand[t.Default] += rest
+		}
+		names := make([]string, 0, len(perBand))
+		for b := range perBand {
+			names = append(names, b)
+		}
+		sort.Strings(names)
+		for _, b := range names {
+			kwh := perBand[b] / 3.6e6
+			p := t.Bands[b]
+			bands = append(bands, BandCost{Band: b, KWh: kwh, USDPerKWh: p, USD: kwh * p})
+			usd += kwh * p
+		}
+		return usd, bands, true
+	case c.EnergyPricePerKWh > 0:
+		kwh := totalJ / 3.6e6
+		usd = kwh * c.EnergyPricePerKWh
+		return usd, []BandCost{{Band: "flat", KWh: kwh, USDPerKWh: c.EnergyPricePerKWh, USD: usd}}, true
+	}
+	return 0, nil, false
+}
+
+// CO2Kg is the CO2 of energyKWh at the configured grid intensity.
+func (c Config) CO2Kg(energyKWh float64) (float64, bool) {
+	if c.GridGCO2PerKWh <= 0 {
+		return 0, false
+	}
+	return energyKWh * c.GridGCO2PerKWh / 1000, true
+}
+
+// AccuracyPoints reads an accuracy as points (0-100): values up to 1 are
+// taken as fractions (0.71 = 71 points), larger ones as percentages.
+func AccuracyPoints(acc float64) float64 {
+	if acc <= 1 {
+		return acc * 100
+	}
+	return acc
+}
+
+// TrainingFLOPs is the usual dense-transformer estimate of training compute:
+// 6 × parameters × tokens (forward 2, backward 4 FLOPs per parameter and token).
+func TrainingFLOPs(params, tokens float64) float64 { return 6 * params * tokens }
+
+// Progress is how far a run is through its plan.
+type Progress struct {
+	Basis   string  // tokens, steps or epochs
+	Done    float64 // work done so far, in Basis units
+	Planned float64
+}
+
+// Fraction is Done / Planned, capped at 1.
+func (p Progress) Fraction() float64 {
+	if p.Planned <= 0 {
+		return 0
+	}
+	return math.Min(1, p.Done/p.Planned)
+}
+
+// PlanProgress picks the forecast basis: planned tokens if the run reports
+// tokens, else planned steps, else planned epochs (with epochsDone known).
+func PlanProgress(tokens, plannedTokens, steps, plannedSteps uint64, epochsDone float64, plannedEpochs uint64) (Progress, bool) {
+	switch {
+	case plannedTokens > 0 && tokens > 0:
+		return Progress{"tokens", float64(tokens), float64(plannedTokens)}, true
+	case plannedSteps > 0 && steps > 0:
+		return Progress{"steps", float64(steps), float64(plannedSteps)}, true
+	case plannedEpochs > 0 && epochsDone > 0:
+		return Progress{"epochs", epochsDone, float64(plannedEpochs)}, true
+	}
+	return Progress{}, false
+}
+
+// Forecast projects a live run to the end of its plan. The work left takes
+// remainingS at rate (work per second measured after warmup; when it is not
+// known, the average so far, done / wall), and costs the run's average spend
+// per second so far (total / wall, warmup included). An ended run, or one at
+// or past its plan, has nothing left.
+func Forecast(p Progress, rate, wallS, totalUSD float64, ended bool) (projectedUSD, remainingS float64) {
+	if ended || wallS <= 0 || p.Done <= 0 || p.Done >= p.Planned {
+		return totalUSD, 0
+	}
+	if rate <= 0 || badNumber(rate) {
+		rate = p.Done / wallS
+	}
+	remainingS = (p.Planned - p.Done) / rate
+	return totalUSD + remainingS*totalUSD/wallS, remainingS
+}

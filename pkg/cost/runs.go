@@ -1,0 +1,152 @@
+package cost
+
+import (
+	"sort"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// pointsPerUSD is a run's accuracy points per dollar, if both are known.
+func pointsPerUSD(r *trainmeterv1.RunReport) (float64, bool) {
+	if r.AccuracyPoints == nil || r.GetTotalCostUsd() <= 0 {
+		return 0, false
+	}
+	return r.GetAccuracyPoints() / r.GetTotalCostUsd(), true
+}
+
+// SetEfficiency fills each report's efficiency_score: its accuracy points per
+// dollar divided by the best points per dollar among the runs of the same
+// model in all (which should hold every run of those models). A run
+// without accuracy or cost has no score.
+func SetEfficiency(reports, all []*trainmeterv1.RunReport) {
+	best := map[string]float64{}
+	for _, r := range all {
+		if v, ok := pointsPerUSD(r); ok && v > best[r.GetMetadata().GetModel()] {
+			best[r.GetMetadata().GetModel()] = v
+		}
+	}
+	for _, r := range reports {
+		v, ok := pointsPerUSD(r)
+		b := best[r.GetMetadata().GetModel()]
+		if !ok || b <= 0 {
+			r.EfficiencyScore = nil
+			continue
+		}
+		s := min(1, v/b)
+		r.EfficiencyScore = &s
+	}
+}
+
+// RunROI is one run's place in its model's history.
+type RunROI struct {
+	RunID          string   `json:"run_id"`
+	TotalCostUSD   float64  `json:"total_cost_usd"`
+	AccuracyPoints *float64 `json:"accuracy_points,omitempty"`
+	// GainPoints is accuracy points over the baseline run.
+	GainPoints *float64 `json:"gain_points,omitempty"`
+	// ROI is GainPoints per dollar this run cost.
+	ROI *float64 `json:"roi_points_per_usd,omitempty"`
+}
+
+// ModelROI summarises one model's runs.
+type ModelROI struct {
+	Model        string  `json:"model"`
+	Runs         int     `json:"runs"`
+	GPUHours     float64 `json:"gpu_hours"`
+	EnergyKWh    float64 `json:"energy_kwh"`
+	TotalCostUSD float64 `json:"total_cost_usd"`
+	// Baseline is the first run (by start) with accuracy and cost.
+	Baseline       string   `json:"baseline,omitempty"`
+	BaselinePoints *float64 `json:"baseline_points,omitempty"`
+	// Best is the run with the most accuracy points.
+	Best       string   `json:"best,omitempty"`
+	BestPoints *float64 `json:"best_points,omitempty"`
+	// BestUSDPerPoint is the best run's cost per accuracy point.
+	BestUSDPerPoint *float64 `json:"best_usd_per_point,omitempty"`
+	// ROI is (best − baseline points) / the total cost of the runs after
+	// the baseline: what the model's further runs bought per dollar.
+	ROI     *float64 `json:"roi_points_per_usd,omitempty"`
+	PerRun  []RunROI `json:"per_run,omitempty"`
+	USDMtok *float64 `json:"usd_per_mtok,omitempty"`
+}
+
+func ptr(v float64) *float64 { return &v }
+
+// Models groups reports by model (sorted by name; runs by start time) and
+// computes each model's cost and ROI.
+func Models(reports []*trainmeterv1.RunReport) []ModelROI {
+	byModel := map[string][]*trainmeterv1.RunReport{}
+	for _, r := range reports {
+		byModel[r.GetMetadata().GetModel()] = append(byModel[r.GetMetadata().GetModel()], r)
+	}
+	names := make([]string, 0, len(byModel))
+	for n := range byModel {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	out := make([]ModelROI, 0, len(names))
+	for _, n := range names {
+		out = append(out, modelROI(n, byModel[n]))
+	}
+	return out
+}
+
+func modelROI(model string, runs []*trainmeterv1.RunReport) ModelROI {
+	runs = append([]*trainmeterv1.RunReport(nil), runs...)
+	sort.SliceStable(runs, func(i, j int) bool {
+		a, b := runs[i].GetStart().AsTime(), runs[j].GetStart().AsTime()
+		if !a.Equal(b) {
+			return a.Before(b)
+		}
+		return runs[i].GetRunId() < runs[j].GetRunId()
+	})
+	m := ModelROI{Model: model, Runs: len(runs)}
+	var tokens uint64
+	priced := false
+	base := -1
+	for i, r := range runs {
+		m.GPUHours += r.GetGpuHours()
+		m.EnergyKWh += r.GetEnergyKwh()
+		m.TotalCostUSD += r.GetTotalCostUsd()
+		tokens += r.GetTokensProcessed()
+		priced = priced || r.GetHasCost() || r.GetHasEnergyCost()
+		if _, ok := pointsPerUSD(r); ok && base < 0 {
+			base = i
+		}
+		if r.AccuracyPoints != nil && (m.BestPoints == nil || r.GetAccuracyPoints() > *m.BestPoints) {
+			m.Best, m.BestPoints = r.GetRunId(), ptr(r.GetAccuracyPoints())
+			m.BestUSDPerPoint = nil
+			if r.GetTotalCostUsd() > 0 && r.GetAccuracyPoints() > 0 {
+				m.BestUSDPerPoint = ptr(r.GetTotalCostUsd() / r.GetAccuracyPoints())
+			}
+		}
+	}
+	if priced && tokens > 0 {
+		m.USDMtok = ptr(m.TotalCostUSD / float64(tokens) * 1e6)
+	}
+	var basePts float64
+	if base >= 0 {
+		m.Baseline = runs[base].GetRunId()
+		basePts = runs[base].GetAccuracyPoints()
+		m.BaselinePoints = ptr(basePts)
+	}
+	after := 0.0
+	for i, r := range runs {
+		rr := RunROI{RunID: r.GetRunId(), TotalCostUSD: r.GetTotalCostUsd(), AccuracyPoints: r.AccuracyPoints}
+		if base >= 0 && i > base {
+			after += r.GetTotalCostUsd()
+			if r.AccuracyPoints != nil {
+				gain := r.GetAccuracyPoints() - basePts
+				rr.GainPoints = ptr(gain)
+				if r.GetTotalCostUsd() > 0 {
+					rr.ROI = ptr(gain / r.GetTotalCostUsd())
+				}
+			}
+		}
+		m.PerRun = append(m.PerRun, rr)
+	}
+	if base >= 0 && after > 0 && m.BestPoints != nil {
+		m.ROI = ptr((*m.BestPoints - basePts) / after)
+	}
+	return m
+}
