@@ -14,6 +14,8 @@ import (
 	"sort"
 
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/cost"
 )
 
 // Kinds of recommendations.
@@ -63,9 +65,7 @@ const (
 
 // PriceCatalog gives current GPU-hour prices by GPU model (the price
 // catalog of the collector; nil: only the runs' own prices are used).
-type PriceCatalog interface {
-	CurrentPrice(gpuName string) (usdPerHour float64, ok bool)
-}
+type PriceCatalog = cost.PriceCatalog
 
 // Run is one run as the rules see it.
 type Run struct {

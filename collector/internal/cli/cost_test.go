@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -234,4 +236,47 @@ func TestCatalogPriceReachesTheReport(t *testing.T) {
 		t.Errorf("source %q price %v, want the catalog's 7200", r.Source, r.Price)
 	}
 	near(t, "cost_usd (1 GPU-second at $7200/h)", r.CostUSD, 2)
+}
+
+// Without a configured catalog the collector prices GPUs from its own price
+// history: a price list imported through the real CLI prices a run whose
+// run_start and node have no price.
+func TestImportedPriceListIsTheCatalog(t *testing.T) {
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := srv.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	addr := srv.Addr().String()
+	list := filepath.Join(t.TempDir(), "prices.csv")
+	if err := os.WriteFile(list, []byte("gpu_name,num_gpus,dph_total,reliability\nSim GPU,2,7200,0.99\nSim GPU,1,9000,0.9\nOther GPU,1,1,1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, nil, "prices", "import", list, "--collector", addr); err != nil {
+		t.Fatalf("prices import: %v\n%s", err, out)
+	}
+	a := tu.Connect(t, tu.Dial(t, addr), "gpu-box-1", "boot")
+	a.MustAck(tu.Batch(1, 0, []*trainmeterv1.RunWindow{tu.Window("r", 0, 100, 10)}, tu.Start("r", 0, "m")))
+	out, err := run(t, nil, "report", "r", "--json", "--collector", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Source  string  `json:"gpu_price_source"`
+		Price   float64 `json:"gpu_price_per_hour"`
+		CostUSD float64 `json:"cost_usd"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	// The cheapest offer per GPU: 7200/2 = $3600 per GPU-hour.
+	if r.Source != "catalog" || r.Price != 3600 {
+		t.Fatalf("source %q price %v, want the imported list's cheapest, 3600\n%s", r.Source, r.Price, out)
+	}
+	near(t, "cost_usd (1 GPU-second at $3600/h)", r.CostUSD, 1)
 }

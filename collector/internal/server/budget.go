@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -90,15 +91,17 @@ type budgetParts struct {
 
 // startBudget builds the budget manager, webhook sender and price watcher,
 // registers their services, and starts their loops.
-func (s *Server) startBudget(st *store.Store, ing *ingest.Server, gs *grpc.Server) *budgetParts {
+func (s *Server) startBudget(st *store.Store, ing *ingest.Server, gs *grpc.Server, pricing aggregate.Pricing, catalog *catalogRef) *budgetParts {
 	c := s.cfg.Budget
 	loc, _ := time.LoadLocation(c.Timezone) // checked by Validate
 	p := &budgetParts{webhooks: budget.NewWebhooks(c.Webhook, st, s.log)}
-	pricing := s.cfg.Pricing()
 	report := func(a *aggregate.State) *trainmeterv1.RunReport { return a.Report(pricing) }
 	p.manager = budget.New(budget.Config{EvalInterval: c.EvalInterval, Location: loc, Clock: c.Clock}, st, report, ing,
 		append(budget.Sinks{p.webhooks}, c.AlertSinks...), s.log)
 	p.prices = pricewatch.New(pricewatch.Config{Interval: c.PriceFetchInterval, Clock: c.Clock}, c.provider(), st, p.manager.Recorder(), s.log)
+	if catalog != nil {
+		catalog.set(p.prices)
+	}
 	ing.OnApplied(p.manager.OnApplied)
 	trainmeterv1.RegisterBudgetServiceServer(gs, budget.NewService(p.manager))
 	trainmeterv1.RegisterPriceServiceServer(gs, pricewatch.NewService(p.prices))
@@ -137,4 +140,21 @@ func (s *Server) Prices() *pricewatch.Watcher {
 		return nil
 	}
 	return s.budget.prices
+}
+
+// catalogRef is the price catalog handed to the cost model before the price
+// watcher that backs it exists (the watcher needs the budget manager, which
+// needs the pricing). Until set it knows no price.
+type catalogRef struct {
+	w atomic.Pointer[pricewatch.Watcher]
+}
+
+func (c *catalogRef) set(w *pricewatch.Watcher) { c.w.Store(w) }
+
+// CurrentPrice implements cost.PriceCatalog.
+func (c *catalogRef) CurrentPrice(gpuName string) (float64, bool) {
+	if w := c.w.Load(); w != nil {
+		return w.CurrentPrice(gpuName)
+	}
+	return 0, false
 }

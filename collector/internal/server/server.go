@@ -194,7 +194,15 @@ func (s *Server) Start(ctx context.Context) error {
 
 	ing := ingest.New(st, s.log)
 	ing.SetClock(s.cfg.Now)
-	qs := query.New(st, ing, s.cfg.Pricing())
+	// Without a configured catalog, the collector's own GPU price history
+	// (price watcher, started in startBudget) is the catalog.
+	pricing := s.cfg.Pricing()
+	var catalog *catalogRef
+	if pricing.Catalog == nil {
+		catalog = &catalogRef{}
+		pricing.Catalog = catalog
+	}
+	qs := query.New(st, ing, pricing)
 	// Live dataloader advice: watches applied batches, advises down the stream.
 	adv := advisor.New(st, ing, s.log)
 	ing.OnApplied(adv.Observe)
@@ -205,8 +213,8 @@ func (s *Server) Start(ctx context.Context) error {
 	}, opts...)...)
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	trainmeterv1.RegisterQueryServiceServer(gs, qs)
-	trainmeterv1.RegisterRecommendServiceServer(gs, advisor.NewService(st, s.cfg.Pricing(), nil))
-	bp := s.startBudget(st, ing, gs)
+	trainmeterv1.RegisterRecommendServiceServer(gs, advisor.NewService(st, pricing, pricing.Catalog))
+	bp := s.startBudget(st, ing, gs, pricing, catalog)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	for _, name := range []string{"", trainmeterv1.IngestService_ServiceDesc.ServiceName, trainmeterv1.QueryService_ServiceDesc.ServiceName, trainmeterv1.RecommendService_ServiceDesc.ServiceName} {
