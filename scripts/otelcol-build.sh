@@ -9,7 +9,17 @@
 # second call returns at once and a changed manifest or toolchain rebuilds.
 # Safe to run concurrently: builds of one key are serialised with flock, and
 # the binary appears in the cache only once it is complete (rename).
+#
+# --cached-only: print the path if the binary is already built, else exit 3
+# without building (tests use it to find a collector without a long build).
 set -euo pipefail
+
+cached_only=false
+case "${1:-}" in
+--cached-only) cached_only=true ;;
+"") ;;
+*) echo "usage: $0 [--cached-only]" >&2; exit 2 ;;
+esac
 
 BUILDER_VERSION=v0.162.0
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,6 +37,9 @@ bin=$dir/otelcol-trainmeter
 if [ -x "$bin" ]; then
 	echo "$bin"
 	exit 0
+fi
+if $cached_only; then
+	exit 3
 fi
 
 mkdir -p "$cache"
