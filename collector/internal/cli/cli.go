@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -88,6 +89,7 @@ func newServeCommand() *cobra.Command {
 	cfg := server.Config{}
 	var level string
 	var shutdownTimeout time.Duration
+	var otelFlags *otelexport.Flags
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the collector",
@@ -98,6 +100,9 @@ func newServeCommand() *cobra.Command {
 				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			if err := otelFlags.Apply(); err != nil {
+				return err
+			}
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -128,6 +133,7 @@ func newServeCommand() *cobra.Command {
 	f.StringVar(&cfg.ReadTokenFile, "read-token-file", "", "file with the token for read-only query RPCs")
 	f.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file with the admin token (all query RPCs, DeleteRun)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
+	otelFlags = otelexport.BindFlags(f, &cfg.OTel)
 	return c
 }
 

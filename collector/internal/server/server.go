@@ -17,6 +17,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -31,6 +32,8 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
 	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/collector/internal/telemetry"
+	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -69,6 +72,10 @@ type Config struct {
 	TLSCertFile, TLSKeyFile, TLSClientCAFile string
 	// Token files (see package auth); empty: that check is off.
 	IngestTokensFile, ReadTokenFile, AdminTokenFile string
+
+	// OTel is the OpenTelemetry export (OTLP push, Prometheus /metrics);
+	// the zero value exports nothing (docs/otel.md).
+	OTel otelexport.Config
 }
 
 // TLSOptions returns the TLS file settings.
@@ -106,6 +113,9 @@ func (c Config) Validate() error {
 	if err := c.TLSOptions().Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.OTel.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -134,6 +144,8 @@ type Server struct {
 	statusLn    net.Listener
 	statusSrv   *http.Server
 	summaryStop chan struct{}
+
+	telemetry *telemetry.Telemetry // nil when OTel export is off
 }
 
 // New returns a collector with cfg. log may be nil.
@@ -187,7 +199,22 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	reflection.Register(gs)
 
+	if s.cfg.OTel.Enabled() {
+		tel, err := telemetry.Start(ctx, telemetry.Options{
+			Config:   s.cfg.OTel,
+			Resource: otelexport.Resource{ServiceName: "trainmeter-collector", InstanceID: instanceID(lis.Addr())},
+			Runs:     st, Nodes: ing, Pricing: s.cfg.Pricing(), Now: s.cfg.Now, Logger: s.log,
+		})
+		if err != nil {
+			lis.Close()
+			st.Close()
+			return fmt.Errorf("otel export: %w", err)
+		}
+		ing.OnApplied(tel.OnApplied)
+		s.telemetry = tel
+	}
 	if err := s.startStatus(); err != nil {
+		_ = s.telemetry.Shutdown(ctx)
 		lis.Close()
 		st.Close()
 		return err
@@ -253,6 +280,21 @@ func (s *Server) Ingest() *ingest.Server {
 	return s.ingest
 }
 
+// Telemetry returns the OTel export (nil when off or before Start), where
+// budget and recommendation sources are plugged in and alerts are emitted.
+func (s *Server) Telemetry() *telemetry.Telemetry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.telemetry
+}
+
+// instanceID is service.instance.id: host and listen address, stable across
+// restarts so that a restarted collector continues the same series.
+func instanceID(addr net.Addr) string {
+	host, _ := os.Hostname()
+	return host + "/" + addr.String()
+}
+
 // Shutdown stops the collector: agent streams end with Unavailable (they
 // reconnect and resend unacked batches), in-flight calls finish unless ctx
 // expires first, then the store is closed.
@@ -280,6 +322,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	<-s.served
 	close(s.summaryStop)
 	s.stopStatus()
+	// The last export reads the run aggregates: before the store closes.
+	if err := s.telemetry.Shutdown(ctx); err != nil {
+		s.log.Warn("otel export shutdown", "err", err)
+	}
 	if err := s.store.Close(); err != nil {
 		return fmt.Errorf("close store: %w", err)
 	}
