@@ -32,7 +32,7 @@ var wantRunMetrics = []wantMetric{
 	{"trainmeter.run.power", "W", "gauge", false},
 	{"trainmeter.run.cost_usd", "{USD}", "gauge", false},
 	{"trainmeter.run.projected_cost_usd", "{USD}", "gauge", false},
-	{"trainmeter.run.data_wait_share", "1", "gauge", false},
+	{"trainmeter.run.data_wait_ratio", "1", "gauge", false},
 	{"trainmeter.run.active", "", "gauge", false},
 	{"trainmeter.agent.connected", "", "gauge", false},
 	{"trainmeter.agent.last_seen_age", "s", "gauge", false},
@@ -122,7 +122,7 @@ func TestOTLPExportReachesARealOTelCollector(t *testing.T) {
 		"trainmeter.run.power":              rep.AvgPowerW,
 		"trainmeter.run.cost_usd":           rep.TotalCostUsd,
 		"trainmeter.run.projected_cost_usd": rep.ProjectedCostUsd,
-		"trainmeter.run.data_wait_share":    rep.DataWaitS / (rep.DataWaitS + rep.ComputeS),
+		"trainmeter.run.data_wait_ratio":    rep.DataWaitS / (rep.DataWaitS + rep.ComputeS),
 		"trainmeter.run.active":             0,
 	}
 	for name, v := range want {
@@ -145,7 +145,7 @@ func TestOTLPExportReachesARealOTelCollector(t *testing.T) {
 	if p := run["trainmeter.run.power"]; !near(p.Value, 600, 0.01) {
 		t.Errorf("trainmeter.run.power = %v W, want 600 W (2 GPUs at 300 W)", p.Value)
 	}
-	if p := run["trainmeter.run.data_wait_share"]; !near(p.Value, 0.01/0.06, 1e-9) {
+	if p := run["trainmeter.run.data_wait_ratio"]; !near(p.Value, 0.01/0.06, 1e-9) {
 		t.Errorf("data wait share = %v, want 1/6", p.Value)
 	}
 	if p := run["trainmeter.run.cost_usd"]; p.Value <= 0 {

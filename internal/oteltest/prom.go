@@ -3,7 +3,11 @@ package oteltest
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
+	"testing"
 )
 
 // PromSample is one series of an instant query.
@@ -35,4 +39,28 @@ func parsePromJSON(b []byte) ([]PromSample, error) {
 		out = append(out, PromSample{Labels: r.Metric, Value: v})
 	}
 	return out, nil
+}
+
+// DashboardMetrics reads deploy/grafana/metrics.txt: the Prometheus names the
+// dashboard may use, split into those a scrape of the real binaries shows
+// (scraped) and those that need an in-process source (sourced).
+func DashboardMetrics(t testing.TB) (scraped, sourced []string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(RepoRoot(t), "deploy", "grafana", "metrics.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 0 || strings.HasPrefix(f[0], "#"):
+		case len(f) == 1:
+			scraped = append(scraped, f[0])
+		case len(f) == 2 && f[1] == "source":
+			sourced = append(sourced, f[0])
+		default:
+			t.Fatalf("metrics.txt: bad line %q", line)
+		}
+	}
+	return scraped, sourced
 }

@@ -20,7 +20,7 @@ const (
 	MetricRunPower            = "trainmeter.run.power"
 	MetricRunCost             = "trainmeter.run.cost_usd"
 	MetricRunProjectedCost    = "trainmeter.run.projected_cost_usd"
-	MetricRunDataWaitShare    = "trainmeter.run.data_wait_share"
+	MetricRunDataWaitRatio    = "trainmeter.run.data_wait_ratio"
 	MetricRunActive           = "trainmeter.run.active"
 	MetricBudgetUseRatio      = "trainmeter.budget.use_ratio"
 	MetricRecommendations     = "trainmeter.recommendations"
@@ -89,7 +89,7 @@ func (t *Telemetry) registerRuns(m metric.Meter) error {
 		metric.WithDescription("Cost so far (GPU-hours and energy), USD; only for priced runs"))
 	projected, errs[6] = m.Float64ObservableGauge(MetricRunProjectedCost, metric.WithUnit(unitUSD),
 		metric.WithDescription("Projected total cost of the run, USD; only for priced runs"))
-	wait, errs[7] = m.Float64ObservableGauge(MetricRunDataWaitShare, metric.WithUnit("1"),
+	wait, errs[7] = m.Float64ObservableGauge(MetricRunDataWaitRatio, metric.WithUnit("1"),
 		metric.WithDescription("Share of step time spent waiting for the dataloader (0..1)"))
 	active, errs[8] = m.Int64ObservableGauge(MetricRunActive,
 		metric.WithDescription("1 while the run is going, 0 once it ended"))
