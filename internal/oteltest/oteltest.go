@@ -101,12 +101,19 @@ func FreeAddr(t testing.TB) string {
 // its output if the test failed.
 func Start(t testing.TB, name, bin string, args ...string) *exec.Cmd {
 	t.Helper()
+	return StartEnv(t, name, bin, nil, args...)
+}
+
+// StartEnv is Start with extra environment variables (KEY=VALUE).
+func StartEnv(t testing.TB, name, bin string, env []string, args ...string) *exec.Cmd {
+	t.Helper()
 	logPath := filepath.Join(t.TempDir(), name+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
