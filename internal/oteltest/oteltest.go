@@ -159,17 +159,33 @@ type Collector struct {
 // StartCollector starts the collector and waits until it listens.
 func StartCollector(t testing.TB) *Collector {
 	t.Helper()
+	return StartCollectorWith(t, CollectorOptions{})
+}
+
+// CollectorOptions configure StartCollectorWith.
+type CollectorOptions struct {
+	// TLSCert and TLSKey, when set, make both receivers serve TLS.
+	TLSCert, TLSKey string
+}
+
+// StartCollectorWith starts the collector with o and waits until it listens.
+func StartCollectorWith(t testing.TB, o CollectorOptions) *Collector {
+	t.Helper()
 	bin := OtelcolBinary(t)
 	dir := t.TempDir()
 	c := &Collector{GRPC: FreeAddr(t), HTTP: FreeAddr(t),
 		MetricsFile: filepath.Join(dir, "metrics.jsonl"), LogsFile: filepath.Join(dir, "logs.jsonl")}
+	tls := ""
+	if o.TLSCert != "" {
+		tls = fmt.Sprintf("\n        tls:\n          cert_file: %s\n          key_file: %s", o.TLSCert, o.TLSKey)
+	}
 	cfg := fmt.Sprintf(`receivers:
   otlp:
     protocols:
       grpc:
-        endpoint: %s
+        endpoint: %s%s
       http:
-        endpoint: %s
+        endpoint: %s%s
 exporters:
   file/metrics:
     path: %s
@@ -188,7 +204,7 @@ service:
     logs:
       receivers: [otlp]
       exporters: [file/logs]
-`, c.GRPC, c.HTTP, c.MetricsFile, c.LogsFile)
+`, c.GRPC, tls, c.HTTP, tls, c.MetricsFile, c.LogsFile)
 	cfgPath := filepath.Join(dir, "otelcol.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/trainmeter/trainmeter/internal/oteltest"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
+	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -263,5 +265,66 @@ func TestAlertsArriveAsLogRecords(t *testing.T) {
 				return false
 			})
 		})
+	}
+}
+
+// TLS: the receiver's certificate is verified with --otlp-ca, over gRPC and
+// HTTP, against a real OpenTelemetry Collector serving TLS.
+func TestAlertsOverTLSWithCAFile(t *testing.T) {
+	files, err := tlstest.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	oc := oteltest.StartCollectorWith(t, oteltest.CollectorOptions{TLSCert: files.ServerCert, TLSKey: files.ServerKey})
+	for _, proto := range []string{"grpc", "http"} {
+		t.Run(proto, func(t *testing.T) {
+			ep := oc.GRPC
+			if proto == "http" {
+				ep = oc.HTTP
+			}
+			tel, _ := startTelemetry(t, otelexport.Config{Endpoint: ep, Protocol: proto, CAFile: files.CAFile}, nil)
+			tel.EmitAlert(context.Background(), Alert{Kind: "price", Severity: "error", Scope: "tls-" + proto, Message: "price spike"})
+			if err := tel.Flush(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			oteltest.Eventually(t, 30*time.Second, "the alert over TLS", func() bool {
+				for _, r := range oc.Logs(t) {
+					if r.Attrs[AttrAlertScope] == "tls-"+proto {
+						return r.SeverityText == "ERROR" && r.Body == "price spike"
+					}
+				}
+				return false
+			})
+		})
+	}
+}
+
+// Headers go with every OTLP/HTTP request (checked on a plain HTTP server
+// that records them: the test collector has no auth extension to check them).
+func TestHeadersAreSent(t *testing.T) {
+	got := make(chan http.Header, 16)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		select {
+		case got <- r.Header.Clone():
+		default:
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close) // after the telemetry's shutdown (cleanups run last-in first-out)
+	tel, _ := startTelemetry(t, otelexport.Config{Endpoint: strings.TrimPrefix(srv.URL, "http://"), Protocol: "http", Insecure: true,
+		Headers: map[string]string{"Authorization": "Bearer s3cret", "X-Tenant": "ml"}}, nil)
+	tel.EmitAlert(context.Background(), Alert{Kind: "budget", Message: "m"})
+	if err := tel.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case h := <-got:
+		if h.Get("Authorization") != "Bearer s3cret" || h.Get("X-Tenant") != "ml" {
+			t.Fatalf("request headers %v", h)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no OTLP request arrived")
 	}
 }
