@@ -246,8 +246,9 @@ func checkGPUs(t *testing.T, who string, pts []oteltest.Point) {
 }
 
 // checkEnergyRate asserts hw.energy grows at the replayed 300 W: the rise
-// between the first and last export over the time between them (exports are
-// 500 ms apart and windows 1 s, so allow 15%).
+// between the first and last export against the time between them. Energy
+// arrives in 1 s windows while exports are stamped when taken, so each end
+// may be off by up to a window (300 J), plus some delay on a loaded machine.
 func checkEnergyRate(t *testing.T, who string, pts []oteltest.Point, id string) {
 	t.Helper()
 	var first, last *oteltest.Point
@@ -269,7 +270,7 @@ func checkEnergyRate(t *testing.T, who string, pts []oteltest.Point, id string) 
 	}
 	dt := last.Time.Sub(first.Time).Seconds()
 	rate := (last.Value - first.Value) / dt
-	if !near(rate, 300, 0.15) {
+	if math.Abs(last.Value-first.Value-300*dt) > 2*300+0.05*300*dt {
 		t.Errorf("%s: hw.energy of %s rose %v J in %.1f s = %.1f W, want about 300 W", who, id, last.Value-first.Value, dt, rate)
 	}
 	if !first.Start.Equal(last.Start) {
