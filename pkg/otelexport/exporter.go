@@ -100,18 +100,6 @@ func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Ex
 	mopts := []sdkmetric.Option{sdkmetric.WithResource(rsc)}
 	var lopts []sdklog.LoggerProviderOption
 
-	if cfg.Endpoint != "" {
-		tlsCfg, err := cfg.tlsConfig()
-		if err != nil {
-			return nil, err
-		}
-		mexp, lexp, err := cfg.otlpExporters(ctx, tlsCfg)
-		if err != nil {
-			return nil, err
-		}
-		mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(mexp, sdkmetric.WithInterval(cfg.interval()))))
-		lopts = append(lopts, sdklog.WithResource(rsc), sdklog.WithProcessor(sdklog.NewBatchProcessor(lexp, sdklog.WithExportInterval(time.Second))))
-	}
 	if cfg.PrometheusListen != "" {
 		reg := prometheus.NewRegistry()
 		pexp, err := otelprom.New(otelprom.WithRegisterer(reg))
@@ -129,9 +117,30 @@ func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Ex
 		e.promLn = ln
 		e.promSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		e.served = make(chan struct{})
+	}
+	// OTLP last: nothing above can fail after its exporters (and their
+	// connections) exist.
+	if cfg.Endpoint != "" {
+		tlsCfg, err := cfg.tlsConfig()
+		if err == nil {
+			var mexp sdkmetric.Exporter
+			var lexp sdklog.Exporter
+			if mexp, lexp, err = cfg.otlpExporters(ctx, tlsCfg); err == nil {
+				mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(mexp, sdkmetric.WithInterval(cfg.interval()))))
+				lopts = append(lopts, sdklog.WithResource(rsc), sdklog.WithProcessor(sdklog.NewBatchProcessor(lexp, sdklog.WithExportInterval(time.Second))))
+			}
+		}
+		if err != nil {
+			if e.promLn != nil {
+				e.promLn.Close()
+			}
+			return nil, err
+		}
+	}
+	if e.promSrv != nil {
 		go func() {
 			defer close(e.served)
-			if err := e.promSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := e.promSrv.Serve(e.promLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("prometheus endpoint", "err", err)
 			}
 		}()
@@ -181,6 +190,7 @@ func (c Config) otlpExporters(ctx context.Context, tlsCfg *tls.Config) (sdkmetri
 		}
 		l, err := otlploghttp.New(ctx, lo...)
 		if err != nil {
+			_ = m.Shutdown(ctx)
 			return nil, nil, fmt.Errorf("otlp/http log exporter: %w", err)
 		}
 		return m, l, nil
@@ -199,6 +209,7 @@ func (c Config) otlpExporters(ctx context.Context, tlsCfg *tls.Config) (sdkmetri
 	}
 	l, err := otlploggrpc.New(ctx, lo...)
 	if err != nil {
+		_ = m.Shutdown(ctx)
 		return nil, nil, fmt.Errorf("otlp/grpc log exporter: %w", err)
 	}
 	return m, l, nil

@@ -41,7 +41,7 @@ const (
 	unitTokens                = "{token}"
 	unitUSD                   = "{USD}"
 	unitRecommendations       = "{recommendation}"
-	descriptionRunWindowBound = " (runs active within the last 15 min by default, at most 200)"
+	descriptionRunWindowBound = " (recently active runs only: docs/otel.md)"
 )
 
 // register creates every instrument and its callback.

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"sort"
 	"sync"
 	"time"
@@ -145,8 +146,8 @@ func Start(ctx context.Context, o Options) (*Telemetry, error) {
 }
 
 // PrometheusAddr is the bound /metrics address (nil when off).
-func (t *Telemetry) PrometheusAddr() interface{ String() string } {
-	if t == nil || t.exp.PrometheusAddr() == nil {
+func (t *Telemetry) PrometheusAddr() net.Addr {
+	if t == nil {
 		return nil
 	}
 	return t.exp.PrometheusAddr()
