@@ -23,7 +23,9 @@ func TestPrometheusScrapesTrainmeter(t *testing.T) {
 	promtool := oteltest.Tool(t, "promtool")
 	metricsAddr := freeAddr(t)
 	c := startCollector(t, "--prometheus-listen", metricsAddr, "--gpu-price-per-hour", "2")
-	sock := c.startAgent("prom-node", "replay:"+writeTrace(t, 2, 300, 300, 120), "--warmup", "30s")
+	// The agent also serves its own GPUs directly (no collector in between).
+	agentMetricsAddr := freeAddr(t)
+	sock := c.startAgent("prom-node", "replay:"+writeTrace(t, 2, 300, 300, 120), "--warmup", "30s", "--prometheus-listen", agentMetricsAddr)
 	c.waitStreaming("prom-node")
 
 	dir := t.TempDir()
@@ -34,7 +36,10 @@ scrape_configs:
   - job_name: trainmeter
     static_configs:
       - targets: [%q]
-`, metricsAddr)), 0o644); err != nil {
+  - job_name: trainmeter-agent
+    static_configs:
+      - targets: [%q]
+`, metricsAddr, agentMetricsAddr)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	promAddr := freeAddr(t)
@@ -79,13 +84,16 @@ scrape_configs:
 	}
 	t.Logf("J/token in Prometheus %v, collector report %v", s[0].Value, rep.JPerToken)
 
-	power := query(`hw_power_watts{trainmeter_node="prom-node",hw_type="gpu"}`)
-	if len(power) != 2 {
-		t.Fatalf("hw_power_watts: %d series, want 2 GPUs: %v", len(power), power)
-	}
-	for _, p := range power {
-		if !near(p.Value, 300, 0.001) {
-			t.Errorf("hw_power_watts%v = %v, want 300", p.Labels, p.Value)
+	for _, job := range []string{"trainmeter", "trainmeter-agent"} {
+		var power []oteltest.PromSample
+		oteltest.Eventually(t, 30*time.Second, job+" GPU power in Prometheus", func() bool {
+			power = query(fmt.Sprintf(`hw_power_watts{job=%q,trainmeter_node="prom-node",hw_type="gpu"}`, job))
+			return len(power) == 2
+		})
+		for _, p := range power {
+			if !near(p.Value, 300, 0.001) || p.Labels["hw_id"] == "" {
+				t.Errorf("hw_power_watts%v = %v, want 300 W with an hw_id", p.Labels, p.Value)
+			}
 		}
 	}
 	// The same figure the dashboard's J/token panel computes per run.
