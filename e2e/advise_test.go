@@ -125,7 +125,7 @@ func (tr *trainer) stepUntilAdvice(run string, wait, compute float64, maxSteps i
 	return nil, maxSteps
 }
 
-func near(t *testing.T, what string, got *float64, want, tol float64) {
+func adviceFigureNear(t *testing.T, what string, got *float64, want, tol float64) {
 	t.Helper()
 	if got == nil {
 		t.Errorf("%s missing from the advice line", what)
@@ -206,11 +206,11 @@ func TestDataloaderAdviceScenarios(t *testing.T) {
 				adv.NumWorkers != tc.wantWorkers || adv.PrefetchFactor != tc.wantPrefetch {
 				t.Errorf("advice %+v, want %s workers %d prefetch %d", *adv, tc.wantClass, tc.wantWorkers, tc.wantPrefetch)
 			}
-			near(t, "data_wait_share", adv.DataWaitShare, tc.wantShare, 0.01)
-			near(t, "gpu_utilization", adv.GPUUtilization, tc.wantGPU, 0.05)
-			near(t, "ram_usage", adv.RAMUsage, tc.wantRM, 0.01)
+			adviceFigureNear(t, "data_wait_share", adv.DataWaitShare, tc.wantShare, 0.01)
+			adviceFigureNear(t, "gpu_utilization", adv.GPUUtilization, tc.wantGPU, 0.05)
+			adviceFigureNear(t, "ram_usage", adv.RAMUsage, tc.wantRM, 0.01)
 			if tc.wantClass == "data-bound" {
-				near(t, "expected_gain", adv.ExpectedGain, tc.wantShare, 0.01)
+				adviceFigureNear(t, "expected_gain", adv.ExpectedGain, tc.wantShare, 0.01)
 			}
 			if adv.Reason == "" {
 				t.Error("advice without a reason")

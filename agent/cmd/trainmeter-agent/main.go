@@ -20,6 +20,7 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/gpuopen"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/host"
+	"github.com/trainmeter/trainmeter/pkg/otelexport"
 )
 
 func main() {
@@ -35,6 +36,7 @@ type options struct {
 	configFile      string
 	shutdownTimeout time.Duration
 	allowUIDs       []uint
+	otelFlags       *otelexport.Flags
 }
 
 func newRootCmd() *cobra.Command { return newRootCmdWith(&options{cfg: agent.DefaultConfig()}) }
@@ -88,11 +90,15 @@ func bindFlags(cmd *cobra.Command, o *options) {
 	f.StringVar(&o.cfg.TLSServerName, "tls-server-name", o.cfg.TLSServerName, "name to check in the collector's certificate (implies TLS)")
 	f.StringVar(&o.cfg.TokenFile, "token-file", o.cfg.TokenFile, "file with this node's ingest token (needs TLS unless the collector is on loopback)")
 	f.UintSliceVar(&o.allowUIDs, "allow-uid", nil, "uid allowed to report on the socket (repeatable; root always is; none: socket permissions decide)")
+	o.otelFlags = otelexport.BindFlags(f, &o.cfg.OTel)
 }
 
 // load turns the parsed flags and the config file into the configuration,
 // without validating it (doctor reports validation problems as checks).
 func (o *options) load(cmd *cobra.Command) (agent.Config, error) {
+	if err := o.otelFlags.Apply(); err != nil {
+		return o.cfg, err
+	}
 	flags := o.cfg
 	flags.AllowedUIDs = append([]uint32(nil), o.cfg.AllowedUIDs...)
 	for _, u := range o.allowUIDs {
@@ -157,6 +163,13 @@ func overlayFlags(cmd *cobra.Command, dst *agent.Config, flags agent.Config) {
 	set("tls-server-name", func() { dst.TLSServerName = flags.TLSServerName })
 	set("token-file", func() { dst.TokenFile = flags.TokenFile })
 	set("allow-uid", func() { dst.AllowedUIDs = flags.AllowedUIDs })
+	set("otlp-endpoint", func() { dst.OTel.Endpoint = flags.OTel.Endpoint })
+	set("otlp-protocol", func() { dst.OTel.Protocol = flags.OTel.Protocol })
+	set("otlp-insecure", func() { dst.OTel.Insecure = flags.OTel.Insecure })
+	set("otlp-ca", func() { dst.OTel.CAFile = flags.OTel.CAFile })
+	set("otlp-header", func() { dst.OTel.Headers = flags.OTel.Headers })
+	set("otlp-interval", func() { dst.OTel.Interval = flags.OTel.Interval })
+	set("prometheus-listen", func() { dst.OTel.PrometheusListen = flags.OTel.PrometheusListen })
 }
 
 func run(cfg agent.Config, shutdownTimeout time.Duration) error {

@@ -22,6 +22,7 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/host"
+	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -61,6 +62,10 @@ type Agent struct {
 	procs       gpu.ProcessLister
 	procRoot    string
 	lastProcErr time.Time
+
+	// Direct OTel export (otel.go); nil when off.
+	otel       *otelexport.Exporter
+	gpuMetrics *otelexport.GPUMetrics
 }
 
 // New builds an agent over a GPU backend; hostSampler may be nil.
@@ -149,6 +154,11 @@ func (a *Agent) Start(ctx context.Context) error {
 		_ = a.sock.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
+	if err := a.startOTel(ctx); err != nil {
+		a.stopStatus(ctx)
+		_ = a.sock.Shutdown(context.WithoutCancel(ctx))
+		return err
+	}
 	ctx, a.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	a.wg.Add(1)
 	go func() {
@@ -197,6 +207,7 @@ func (a *Agent) sampleLoop(t clock.Ticker) {
 		a.self.tick(now, a.cfg.Interval, samples, err)
 		batches := a.ledger.Tick(now, samples)
 		for _, b := range batches {
+			a.gpuMetrics.Batch(a.cfg.Node, b)
 			a.up.Enqueue(b)
 		}
 		if len(batches) > 0 {
@@ -246,6 +257,9 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	a.cancel()
 	a.wg.Wait()
 	a.stopStatus(ctx)
+	if err := a.stopOTel(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	// Unacked batches stay in the spool (fsynced here) for the next start.
 	if err := a.spool.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("spool: %w", err))

@@ -11,6 +11,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 )
 
@@ -66,6 +67,9 @@ type Config struct {
 	// AllowedUIDs, when not empty, are the uids allowed to report on the
 	// trainer socket (root always is); empty: whoever can open the socket.
 	AllowedUIDs []uint32 `yaml:"allowed_uids"`
+	// OTel, when set, exports this node's GPUs (hw.* metrics) directly over
+	// OTLP and/or Prometheus, without the collector (docs/otel.md).
+	OTel otelexport.Config `yaml:"otel"`
 }
 
 // TLSOptions returns the uplink's TLS file settings.
@@ -139,6 +143,9 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.StatusListen); err != nil {
 			errs = append(errs, fmt.Errorf("status_listen %q: %v", c.StatusListen, err))
 		}
+	}
+	if err := c.OTel.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

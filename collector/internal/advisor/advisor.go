@@ -152,6 +152,12 @@ func (a *Advisor) Stats() Stats {
 	return Stats{Skipped: a.skipped.Load(), Evaluated: a.evaluated.Load(), Sent: a.sent.Load()}
 }
 
+// Counts is how many recommendations the advisor has sent since it
+// started, by kind (the trainmeter.recommendations counter; monotonic).
+func (a *Advisor) Counts() map[string]int {
+	return map[string]int{"dataloader": int(a.sent.Load())}
+}
+
 // Observe is the ingest.BatchObserver: it copies what it needs and queues
 // it, never blocking.
 func (a *Advisor) Observe(node string, b *pb.Batch) {

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -91,6 +92,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	var shutdownTimeout time.Duration
 	var budgetFlags *budgetServeFlags
 	var costFlags costServeFlags
+	var otelFlags *otelexport.Flags
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the collector",
@@ -105,6 +107,9 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 				return err
 			}
 			if err := costFlags.apply(&cfg); err != nil {
+				return err
+			}
+			if err := otelFlags.Apply(); err != nil {
 				return err
 			}
 			if err := cfg.Validate(); err != nil {
@@ -139,6 +144,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	f.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file with the admin token (all query RPCs, DeleteRun)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	budgetFlags = addBudgetServeFlags(f, &cfg.Budget)
+	otelFlags = otelexport.BindFlags(f, &cfg.OTel)
 	return c
 }
 

@@ -91,13 +91,13 @@ type budgetParts struct {
 
 // startBudget builds the budget manager, webhook sender and price watcher,
 // registers their services, and starts their loops.
-func (s *Server) startBudget(st *store.Store, ing *ingest.Server, gs *grpc.Server, pricing aggregate.Pricing, catalog *catalogRef) *budgetParts {
+func (s *Server) startBudget(st *store.Store, ing *ingest.Server, gs *grpc.Server, pricing aggregate.Pricing, catalog *catalogRef, sinks []budget.AlertSink) *budgetParts {
 	c := s.cfg.Budget
 	loc, _ := time.LoadLocation(c.Timezone) // checked by Validate
 	p := &budgetParts{webhooks: budget.NewWebhooks(c.Webhook, st, s.log)}
 	report := func(a *aggregate.State) *trainmeterv1.RunReport { return a.Report(pricing) }
 	p.manager = budget.New(budget.Config{EvalInterval: c.EvalInterval, Location: loc, Clock: c.Clock}, st, report, ing,
-		append(budget.Sinks{p.webhooks}, c.AlertSinks...), s.log)
+		append(append(budget.Sinks{p.webhooks}, c.AlertSinks...), sinks...), s.log)
 	p.prices = pricewatch.New(pricewatch.Config{Interval: c.PriceFetchInterval, Clock: c.Clock}, c.provider(), st, p.manager.Recorder(), s.log)
 	if catalog != nil {
 		catalog.set(p.prices)

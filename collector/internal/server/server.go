@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -28,10 +29,13 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/advisor"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/auth"
+	"github.com/trainmeter/trainmeter/collector/internal/budget"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
 	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/collector/internal/telemetry"
 	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -81,6 +85,9 @@ type Config struct {
 
 	// Budget: budgets, alert webhooks, GPU prices (budget.go).
 	Budget BudgetConfig
+	// OTel is the OpenTelemetry export (OTLP push, Prometheus /metrics);
+	// the zero value exports nothing (docs/otel.md).
+	OTel otelexport.Config
 }
 
 // TLSOptions returns the TLS file settings.
@@ -114,6 +121,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.Budget.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.OTel.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -150,7 +160,8 @@ type Server struct {
 	statusSrv   *http.Server
 	summaryStop chan struct{}
 
-	budget *budgetParts
+	budget    *budgetParts
+	telemetry *telemetry.Telemetry // nil when OTel export is off
 }
 
 // New returns a collector with cfg. log may be nil.
@@ -202,6 +213,21 @@ func (s *Server) Start(ctx context.Context) error {
 		catalog = &catalogRef{}
 		pricing.Catalog = catalog
 	}
+	// OTel export first: the budget manager's alerts go out through it too.
+	var tel *telemetry.Telemetry
+	if s.cfg.OTel.Enabled() {
+		tel, err = telemetry.Start(ctx, telemetry.Options{
+			Config:   s.cfg.OTel,
+			Resource: otelexport.Resource{ServiceName: "trainmeter-collector", InstanceID: instanceID(lis.Addr())},
+			Runs:     st, Nodes: ing, Pricing: pricing, Now: s.cfg.Now, Logger: s.log,
+		})
+		if err != nil {
+			lis.Close()
+			st.Close()
+			return fmt.Errorf("otel export: %w", err)
+		}
+		ing.OnApplied(tel.OnApplied)
+	}
 	qs := query.New(st, ing, pricing)
 	// Live dataloader advice: watches applied batches, advises down the stream.
 	adv := advisor.New(st, ing, s.log)
@@ -214,7 +240,13 @@ func (s *Server) Start(ctx context.Context) error {
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	trainmeterv1.RegisterQueryServiceServer(gs, qs)
 	trainmeterv1.RegisterRecommendServiceServer(gs, advisor.NewService(st, pricing, pricing.Catalog))
-	bp := s.startBudget(st, ing, gs, pricing, catalog)
+	var extraSinks []budget.AlertSink
+	if tel != nil {
+		extraSinks = append(extraSinks, otelAlerts{tel})
+	}
+	bp := s.startBudget(st, ing, gs, pricing, catalog, extraSinks)
+	tel.SetBudgetSource(budgetUse{bp.manager})
+	tel.SetRecommendationSource(adv)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	for _, name := range []string{"", trainmeterv1.IngestService_ServiceDesc.ServiceName, trainmeterv1.QueryService_ServiceDesc.ServiceName, trainmeterv1.RecommendService_ServiceDesc.ServiceName} {
@@ -225,6 +257,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.startStatus(); err != nil {
 		adv.Close()
 		bp.shutdown()
+		_ = tel.Shutdown(ctx)
 		lis.Close()
 		st.Close()
 		return err
@@ -232,7 +265,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.summaryStop = make(chan struct{})
 	go s.logSummary(time.Minute, s.summaryStop)
 	s.store, s.ingest, s.grpc, s.health, s.lis, s.budget = st, ing, gs, hs, lis, bp
-	s.advisor = adv
+	s.advisor, s.telemetry = adv, tel
 	s.served = make(chan struct{})
 	s.started = true
 	go func() {
@@ -291,6 +324,21 @@ func (s *Server) Ingest() *ingest.Server {
 	return s.ingest
 }
 
+// Telemetry returns the OTel export (nil when off or before Start), where
+// budget and recommendation sources are plugged in and alerts are emitted.
+func (s *Server) Telemetry() *telemetry.Telemetry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.telemetry
+}
+
+// instanceID is service.instance.id: host and listen address, stable across
+// restarts so that a restarted collector continues the same series.
+func instanceID(addr net.Addr) string {
+	host, _ := os.Hostname()
+	return host + "/" + addr.String()
+}
+
 // Shutdown stops the collector: agent streams end with Unavailable (they
 // reconnect and resend unacked batches), in-flight calls finish unless ctx
 // expires first, then the store is closed.
@@ -320,6 +368,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.budget.shutdown()
 	close(s.summaryStop)
 	s.stopStatus()
+	// The last export reads the run aggregates: before the store closes.
+	if err := s.telemetry.Shutdown(ctx); err != nil {
+		s.log.Warn("otel export shutdown", "err", err)
+	}
 	if err := s.store.Close(); err != nil {
 		return fmt.Errorf("close store: %w", err)
 	}

@@ -1,0 +1,365 @@
+// Package telemetry exports the collector's figures through OpenTelemetry
+// (package otelexport does the SDK plumbing): the agents' GPUs as the OTel
+// hardware conventions (hw.*), per-run trainmeter.run.* metrics read from the
+// run aggregates, per-node agent liveness, budget use and recommendation
+// counts from pluggable sources, and alerts as OTel log records.
+// docs/otel.md lists every metric.
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	otellog "go.opentelemetry.io/otel/log"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/pkg/otelexport"
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Bounds on the runs exported (the cardinality of trainmeter.run.*): runs
+// that got data within DefaultRunWindow, at most DefaultMaxRuns of them
+// (the most recently active first).
+const (
+	DefaultRunWindow = 15 * time.Minute
+	DefaultMaxRuns   = 200
+)
+
+// Runs is what telemetry reads run aggregates from (the store).
+type Runs interface {
+	ListRuns(ids []string) ([]*aggregate.State, error)
+}
+
+// Nodes reports the connected agents and their GPUs (the ingest server).
+type Nodes interface {
+	Nodes() []*pb.NodeStatus
+}
+
+// BudgetUse is one budget's consumption.
+type BudgetUse struct {
+	// Scope is what the budget covers (a run's budget_scope, a team...).
+	Scope string
+	// Period is the budget period (e.g. "month", "total").
+	Period string
+	// Ratio is spent / limit (1 = the budget is used up; may exceed 1).
+	Ratio float64
+}
+
+// BudgetSource supplies budget use; it is read on every collection and must
+// be quick and safe for concurrent use.
+type BudgetSource interface {
+	BudgetUse() []BudgetUse
+}
+
+// RecommendationSource supplies how many recommendations of each kind the
+// collector has issued since it started (monotonic per kind); read on every
+// collection, it must be quick and safe for concurrent use.
+type RecommendationSource interface {
+	Counts() map[string]int
+}
+
+// Alert is a budget or price alert sent out as an OTel log record.
+type Alert struct {
+	// Kind, e.g. "budget" or "price".
+	Kind string
+	// Severity: "info", "warn" or "error" (anything else maps to info).
+	Severity string
+	// Scope the alert is about (a budget scope, a run id...).
+	Scope   string
+	Message string
+	// Attributes are extra record attributes, prefixed "trainmeter.alert.".
+	Attributes map[string]string
+	// Time of the event; the emit time when zero.
+	Time time.Time
+}
+
+// AlertLogger emits alerts; *Telemetry implements it (nil-safe).
+type AlertLogger interface {
+	EmitAlert(ctx context.Context, a Alert)
+}
+
+// Options configure Start.
+type Options struct {
+	Config   otelexport.Config
+	Resource otelexport.Resource
+	Runs     Runs
+	Nodes    Nodes
+	Pricing  aggregate.Pricing
+	// Now is the collector's clock (time.Now if nil).
+	Now func() time.Time
+	// RunWindow and MaxRuns override the defaults above.
+	RunWindow time.Duration
+	MaxRuns   int
+	Logger    *slog.Logger
+}
+
+// Telemetry is the collector's OTel export. A nil *Telemetry does nothing.
+type Telemetry struct {
+	o      Options
+	log    *slog.Logger
+	exp    *otelexport.Exporter
+	gpus   *otelexport.GPUMetrics
+	logger otellog.Logger
+
+	mu     sync.Mutex
+	recent map[string]time.Time // run id → when a batch last touched it
+
+	srcMu   sync.Mutex
+	budgets BudgetSource
+	recs    RecommendationSource
+}
+
+// Start starts the export described by o.Config (which must be Enabled).
+func Start(ctx context.Context, o Options) (*Telemetry, error) {
+	if o.Runs == nil || o.Nodes == nil {
+		return nil, errors.New("telemetry: runs and nodes are required")
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.RunWindow <= 0 {
+		o.RunWindow = DefaultRunWindow
+	}
+	if o.MaxRuns <= 0 {
+		o.MaxRuns = DefaultMaxRuns
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	exp, err := otelexport.Start(ctx, o.Config, o.Resource, o.Logger)
+	if err != nil {
+		return nil, err
+	}
+	t := &Telemetry{o: o, log: o.Logger, exp: exp, logger: exp.Logger(), recent: map[string]time.Time{}}
+	if err := t.register(exp.Meter()); err != nil {
+		_ = exp.Shutdown(ctx)
+		return nil, err
+	}
+	return t, nil
+}
+
+// PrometheusAddr is the bound /metrics address (nil when off).
+func (t *Telemetry) PrometheusAddr() net.Addr {
+	if t == nil {
+		return nil
+	}
+	return t.exp.PrometheusAddr()
+}
+
+// Flush pushes pending metrics and log records now (OTLP).
+func (t *Telemetry) Flush(ctx context.Context) error {
+	if t == nil {
+		return nil
+	}
+	return t.exp.Flush(ctx)
+}
+
+// Shutdown pushes a last export and stops. Call it before the store closes:
+// the last collection reads the run aggregates.
+func (t *Telemetry) Shutdown(ctx context.Context) error {
+	if t == nil {
+		return nil
+	}
+	return t.exp.Shutdown(ctx)
+}
+
+// SetBudgetSource sets (or, with nil, clears) where budget use comes from.
+func (t *Telemetry) SetBudgetSource(s BudgetSource) {
+	if t == nil {
+		return
+	}
+	t.srcMu.Lock()
+	defer t.srcMu.Unlock()
+	t.budgets = s
+}
+
+// SetRecommendationSource sets (or clears) where recommendation counts come from.
+func (t *Telemetry) SetRecommendationSource(s RecommendationSource) {
+	if t == nil {
+		return
+	}
+	t.srcMu.Lock()
+	defer t.srcMu.Unlock()
+	t.recs = s
+}
+
+func (t *Telemetry) sources() (BudgetSource, RecommendationSource) {
+	t.srcMu.Lock()
+	defer t.srcMu.Unlock()
+	return t.budgets, t.recs
+}
+
+// OnApplied is the ingest hook (ingest.Server.OnApplied): it folds the GPU
+// windows and notes the runs the batch touched. It does not block.
+func (t *Telemetry) OnApplied(node string, b *pb.Batch) {
+	if t == nil {
+		return
+	}
+	t.gpus.Batch(node, b)
+	now := t.o.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	note := func(id string) {
+		if id != "" {
+			t.recent[id] = now
+		}
+	}
+	for _, w := range b.GetRunWindows() {
+		note(w.GetRunId())
+	}
+	for _, e := range b.GetRunEvents() {
+		note(eventRun(e))
+	}
+	for _, l := range b.GetLosses() {
+		note(l.GetRunId())
+	}
+}
+
+func eventRun(e *pb.RunEvent) string {
+	switch ev := e.GetEvent().(type) {
+	case *pb.RunEvent_RunStart:
+		return ev.RunStart.GetRunId()
+	case *pb.RunEvent_RunEnd:
+		return ev.RunEnd.GetRunId()
+	case *pb.RunEvent_Eval:
+		return ev.Eval.GetRunId()
+	}
+	return ""
+}
+
+// exportedRuns returns the ids of the runs to export (active within
+// RunWindow, the MaxRuns most recent), forgetting older ones.
+func (t *Telemetry) exportedRuns() []string {
+	now := t.o.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	type seen struct {
+		id string
+		at time.Time
+	}
+	all := make([]seen, 0, len(t.recent))
+	for id, at := range t.recent {
+		if now.Sub(at) > t.o.RunWindow {
+			delete(t.recent, id)
+			continue
+		}
+		all = append(all, seen{id, at})
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if !all[i].at.Equal(all[j].at) {
+			return all[i].at.After(all[j].at)
+		}
+		return all[i].id < all[j].id
+	})
+	if len(all) > t.o.MaxRuns {
+		for _, s := range all[t.o.MaxRuns:] {
+			delete(t.recent, s.id)
+		}
+		all = all[:t.o.MaxRuns]
+	}
+	ids := make([]string, len(all))
+	for i, s := range all {
+		ids[i] = s.id
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// forget drops runs the store no longer has (deleted).
+func (t *Telemetry) forget(ids []string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, id := range ids {
+		delete(t.recent, id)
+	}
+}
+
+// reports reads the exported runs' reports.
+func (t *Telemetry) reports() ([]*pb.RunReport, error) {
+	ids := t.exportedRuns()
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	sts, err := t.o.Runs.ListRuns(ids)
+	var nf *store.NotFoundError
+	if errors.As(err, &nf) {
+		t.forget(nf.IDs)
+		if ids = t.exportedRuns(); len(ids) == 0 {
+			return nil, nil
+		}
+		sts, err = t.o.Runs.ListRuns(ids)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*pb.RunReport, 0, len(sts))
+	for _, st := range sts {
+		out = append(out, st.Report(t.o.Pricing))
+	}
+	return out, nil
+}
+
+// runAttrs are the attributes of a run's metrics: bounded per run (no free
+// form labels), see docs/otel.md.
+func runAttrs(r *pb.RunReport) attribute.Set {
+	return attribute.NewSet(
+		attribute.String(AttrRunID, r.GetRunId()),
+		attribute.String(AttrRunModel, r.GetMetadata().GetModel()),
+		attribute.String(AttrRunBackend, r.GetMetadata().GetBackend()),
+		attribute.String(AttrRunBudgetScope, r.GetBudgetScope()),
+		attribute.String(AttrRunGPUModel, r.GetGpuName()),
+	)
+}
+
+// EmitAlert sends a as an OTel log record (nothing without OTLP).
+func (t *Telemetry) EmitAlert(ctx context.Context, a Alert) {
+	if t == nil {
+		return
+	}
+	now := t.o.Now()
+	var r otellog.Record
+	r.SetEventName(EventAlert)
+	if a.Time.IsZero() {
+		r.SetTimestamp(now)
+	} else {
+		r.SetTimestamp(a.Time)
+	}
+	r.SetObservedTimestamp(now)
+	sev, text := severity(a.Severity)
+	r.SetSeverity(sev)
+	r.SetSeverityText(text)
+	r.SetBody(attribute.StringValue(a.Message))
+	keys := make([]string, 0, len(a.Attributes))
+	for k := range a.Attributes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	r.AddAttributes(attribute.String(AttrAlertKind, a.Kind), attribute.String(AttrAlertScope, a.Scope))
+	for _, k := range keys {
+		r.AddAttributes(attribute.String("trainmeter.alert."+k, a.Attributes[k]))
+	}
+	t.logger.Emit(ctx, r)
+}
+
+func severity(s string) (otellog.Severity, string) {
+	switch s {
+	case "warn", "warning":
+		return otellog.SeverityWarn, "WARN"
+	case "error":
+		return otellog.SeverityError, "ERROR"
+	case "critical": // budget alerts at 90 %
+		return otellog.SeverityError, "CRITICAL"
+	case "exceeded": // budget alerts at 100 %
+		return otellog.SeverityError2, "EXCEEDED"
+	}
+	return otellog.SeverityInfo, "INFO"
+}
+
+var _ AlertLogger = (*Telemetry)(nil)

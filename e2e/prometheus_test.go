@@ -1,0 +1,109 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/trainmeter/trainmeter/internal/oteltest"
+)
+
+// TestPrometheusScrapesTrainmeter has a real Prometheus (Debian package)
+// scrape `trainmeter serve --prometheus-listen` during a replayed 300 W
+// workload and asks it, with promtool, for the run's J/token and the GPUs'
+// power; every name the Grafana dashboard may use must be there too.
+func TestPrometheusScrapesTrainmeter(t *testing.T) {
+	t.Parallel()
+	prometheus := oteltest.Tool(t, "prometheus")
+	promtool := oteltest.Tool(t, "promtool")
+	metricsAddr := freeAddr(t)
+	c := startCollector(t, "--prometheus-listen", metricsAddr, "--gpu-price-per-hour", "2")
+	// The agent also serves its own GPUs directly (no collector in between).
+	agentMetricsAddr := freeAddr(t)
+	sock := c.startAgent("prom-node", "replay:"+writeTrace(t, 2, 300, 300, 120), "--warmup", "30s", "--prometheus-listen", agentMetricsAddr)
+	c.waitStreaming("prom-node")
+
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: trainmeter
+    static_configs:
+      - targets: [%q]
+  - job_name: trainmeter-agent
+    static_configs:
+      - targets: [%q]
+`, metricsAddr, agentMetricsAddr)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	promAddr := freeAddr(t)
+	oteltest.Start(t, "prometheus", prometheus, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "tsdb"),
+		"--web.listen-address="+promAddr)
+	server := "http://" + promAddr
+
+	tr := dialTrainer(t, sock)
+	tr.send(`{"event":"run_start","run_id":"prom-run","model":"llama-prom","backend":"torch","gpus":[0,1],"warmup_s":1}`)
+	tr.runSteps("prom-run", 30, 512, 100*time.Millisecond)
+	tr.send(`{"event":"run_end","run_id":"prom-run"}`)
+	tr.sync()
+	rep := c.waitEnded("prom-run")
+
+	query := func(expr string) []oteltest.PromSample {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		s, err := oteltest.PromQuery(ctx, promtool, server, expr)
+		if err != nil {
+			t.Logf("%v", err)
+		}
+		return s
+	}
+	defer func() {
+		if t.Failed() {
+			if resp, err := http.Get("http://" + metricsAddr + "/metrics"); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				t.Logf("--- trainmeter /metrics ---\n%s", b)
+			}
+		}
+	}()
+
+	jpt := `trainmeter_run_energy_per_token_joules{trainmeter_run_id="prom-run",job="trainmeter"}`
+	oteltest.Eventually(t, 60*time.Second, "Prometheus to have the run's final J/token", func() bool {
+		s := query(jpt)
+		return len(s) == 1 && near(s[0].Value, rep.JPerToken, 1e-9)
+	})
+	s := query(jpt)
+	if s[0].Labels["trainmeter_run_model"] != "llama-prom" || s[0].Labels["trainmeter_run_backend"] != "torch" {
+		t.Errorf("J/token series labels %v", s[0].Labels)
+	}
+	t.Logf("J/token in Prometheus %v, collector report %v", s[0].Value, rep.JPerToken)
+
+	for _, job := range []string{"trainmeter", "trainmeter-agent"} {
+		var power []oteltest.PromSample
+		oteltest.Eventually(t, 30*time.Second, job+" GPU power in Prometheus", func() bool {
+			power = query(fmt.Sprintf(`hw_power_watts{job=%q,trainmeter_node="prom-node",hw_type="gpu"}`, job))
+			return len(power) == 2
+		})
+		for _, p := range power {
+			if !near(p.Value, 300, 0.001) || p.Labels["hw_id"] == "" {
+				t.Errorf("hw_power_watts%v = %v, want 300 W with an hw_id", p.Labels, p.Value)
+			}
+		}
+	}
+	// The same figure the dashboard's J/token panel computes per run.
+	if s := query(`sum by (trainmeter_run_id) (trainmeter_run_power_watts{trainmeter_run_id="prom-run"}) / sum by (trainmeter_run_id) (trainmeter_run_throughput_per_second{trainmeter_run_id="prom-run"})`); len(s) != 1 || !near(s[0].Value, rep.JPerToken, 1e-6) {
+		t.Errorf("power / throughput = %v, want J/token %v", s, rep.JPerToken)
+	}
+	scraped, _ := oteltest.DashboardMetrics(t)
+	for _, name := range scraped {
+		if s := query(fmt.Sprintf(`count(%s{job="trainmeter"})`, name)); len(s) != 1 || s[0].Value < 1 {
+			t.Errorf("Prometheus has no series %s (deploy/grafana/metrics.txt lists it)", name)
+		}
+	}
+}

@@ -1,0 +1,262 @@
+package otelexport
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Metric names of the OTel hardware semantic conventions (hw.*) that
+// trainmeter exports per GPU, and the attributes it sets on them.
+const (
+	MetricHWPower          = "hw.power"
+	MetricHWEnergy         = "hw.energy"
+	MetricHWGPUUtilization = "hw.gpu.utilization"
+	MetricHWGPUMemoryUsage = "hw.gpu.memory.usage"
+	MetricHWGPUMemoryLimit = "hw.gpu.memory.limit"
+
+	AttrHWType   = "hw.type"
+	AttrHWID     = "hw.id"
+	AttrHWName   = "hw.name"
+	AttrHWVendor = "hw.vendor"
+	AttrHWModel  = "hw.model"
+	// AttrNode is the trainmeter node (agent) the GPU belongs to. It is a
+	// data point attribute, not host.name: the collector exports the GPUs
+	// of every node under its own resource.
+	AttrNode = "trainmeter.node"
+)
+
+// DefaultGPUStaleAfter is how long a GPU keeps being reported after its last
+// window: then it is dropped (its series end) until data comes again.
+const DefaultGPUStaleAfter = 2 * time.Minute
+
+// GPUMetrics turns the agents' per-GPU batch windows into the hw.* metrics.
+// Feed it with Batch; the SDK reads it on every collection.
+type GPUMetrics struct {
+	now        func() time.Time
+	staleAfter time.Duration
+	inventory  func() map[string][]*pb.GpuInfo
+
+	mu   sync.Mutex
+	gpus map[gpuKey]*gpuState
+}
+
+type gpuKey struct {
+	node string
+	id   string // the GPU UUID, or gpu<index> when the backend has none
+}
+
+type gpuState struct {
+	node        string
+	index       uint32
+	uuid        string
+	powerW      float64
+	utilization float64
+	memUsedMiB  float64
+	memTotalMiB float64
+	energyJ     float64
+	lastSeen    time.Time
+	hasGauges   bool
+}
+
+// GPUOptions configure NewGPUMetrics.
+type GPUOptions struct {
+	// Now is the clock for staleness (time.Now if nil).
+	Now func() time.Time
+	// StaleAfter overrides DefaultGPUStaleAfter.
+	StaleAfter time.Duration
+	// Inventory returns each node's GPUs (from its Hello) for the name,
+	// vendor and model attributes; called once per collection. May be nil.
+	Inventory func() map[string][]*pb.GpuInfo
+}
+
+// NewGPUMetrics registers the hw.* instruments on meter.
+func NewGPUMetrics(meter metric.Meter, o GPUOptions) (*GPUMetrics, error) {
+	g := &GPUMetrics{now: o.Now, staleAfter: o.StaleAfter, inventory: o.Inventory, gpus: map[gpuKey]*gpuState{}}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	if g.staleAfter <= 0 {
+		g.staleAfter = DefaultGPUStaleAfter
+	}
+	power, err := meter.Float64ObservableGauge(MetricHWPower, metric.WithUnit("W"),
+		metric.WithDescription("GPU power draw, averaged over the agent's last 1 s window"))
+	if err != nil {
+		return nil, err
+	}
+	energy, err := meter.Float64ObservableCounter(MetricHWEnergy, metric.WithUnit("J"),
+		metric.WithDescription("GPU energy consumed since the exporter started (hardware counter where available, else integrated power)"))
+	if err != nil {
+		return nil, err
+	}
+	util, err := meter.Float64ObservableGauge(MetricHWGPUUtilization, metric.WithUnit("1"),
+		metric.WithDescription("GPU utilization (0..1), averaged over the last window"))
+	if err != nil {
+		return nil, err
+	}
+	memUsed, err := meter.Int64ObservableUpDownCounter(MetricHWGPUMemoryUsage, metric.WithUnit("By"),
+		metric.WithDescription("GPU memory used, averaged over the last window"))
+	if err != nil {
+		return nil, err
+	}
+	memLimit, err := meter.Int64ObservableUpDownCounter(MetricHWGPUMemoryLimit, metric.WithUnit("By"),
+		metric.WithDescription("GPU memory size"))
+	if err != nil {
+		return nil, err
+	}
+	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for _, s := range g.snapshot() {
+			opt := metric.WithAttributeSet(s.attrs)
+			o.ObserveFloat64(energy, s.energyJ, opt)
+			if !s.hasGauges {
+				continue
+			}
+			o.ObserveFloat64(power, s.powerW, opt)
+			o.ObserveFloat64(util, s.utilization, opt)
+			o.ObserveInt64(memUsed, int64(s.memUsedMiB*(1<<20)), opt)
+			if s.memTotalMiB > 0 {
+				o.ObserveInt64(memLimit, int64(s.memTotalMiB*(1<<20)), opt)
+			}
+		}
+		return nil
+	}, power, energy, util, memUsed, memLimit)
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Batch folds one batch of node into the GPU figures. It must see each
+// batch once (the collector's OnApplied hook guarantees it); nil-safe.
+func (g *GPUMetrics) Batch(node string, b *pb.Batch) {
+	if g == nil || len(b.GetGpuWindows()) == 0 {
+		return
+	}
+	now := g.now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, w := range b.GetGpuWindows() {
+		id := w.GetUuid()
+		if id == "" {
+			id = fmt.Sprintf("gpu%d", w.GetGpu())
+		}
+		k := gpuKey{node, id}
+		s := g.gpus[k]
+		if s == nil {
+			s = &gpuState{node: node, index: w.GetGpu(), uuid: w.GetUuid()}
+			g.gpus[k] = s
+		}
+		if w.GetCounterOk() {
+			s.energyJ += w.GetEnergyCounterJ()
+		} else {
+			s.energyJ += w.GetEnergyIntegratedJ()
+		}
+		s.lastSeen = now
+		if w.GetSamples() == 0 {
+			continue // nothing was read in this window: keep the last figures
+		}
+		s.hasGauges = true
+		s.powerW = w.GetPowerAvgW()
+		s.utilization = w.GetUtilizationAvgPct() / 100
+		s.memUsedMiB = w.GetMemoryUsedAvgMib()
+		if w.GetMemoryTotalMib() > 0 {
+			s.memTotalMiB = w.GetMemoryTotalMib()
+		}
+	}
+}
+
+type gpuSnapshot struct {
+	gpuState
+	attrs attribute.Set
+}
+
+// snapshot returns the GPUs seen within staleAfter, forgetting older ones.
+func (g *GPUMetrics) snapshot() []gpuSnapshot {
+	var inv map[string][]*pb.GpuInfo
+	if g.inventory != nil {
+		inv = g.inventory()
+	}
+	now := g.now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]gpuSnapshot, 0, len(g.gpus))
+	for k, s := range g.gpus {
+		if now.Sub(s.lastSeen) > g.staleAfter {
+			delete(g.gpus, k)
+			continue
+		}
+		var info *pb.GpuInfo
+		for _, gi := range inv[s.node] {
+			if (s.uuid != "" && gi.GetUuid() == s.uuid) || (s.uuid == "" && gi.GetIndex() == s.index) {
+				info = gi
+				break
+			}
+		}
+		snap := gpuSnapshot{gpuState: *s}
+		if snap.memTotalMiB == 0 && info != nil {
+			snap.memTotalMiB = float64(info.GetMemoryTotalMib())
+		}
+		hwID := s.uuid
+		if hwID == "" {
+			hwID = s.node + "/" + k.id
+		}
+		attrs := []attribute.KeyValue{
+			attribute.String(AttrHWType, "gpu"),
+			attribute.String(AttrHWID, hwID),
+			attribute.String(AttrHWName, fmt.Sprintf("%s/gpu%d", s.node, s.index)),
+			attribute.String(AttrNode, s.node),
+		}
+		if info != nil && info.GetName() != "" {
+			attrs = append(attrs, attribute.String(AttrHWModel, info.GetName()), attribute.String(AttrHWVendor, Vendor(info.GetName())))
+		}
+		snap.attrs = attribute.NewSet(attrs...)
+		out = append(out, snap)
+	}
+	return out
+}
+
+// Vendor guesses the GPU vendor from its model name (NVML reports names such
+// as "NVIDIA H100 80GB HBM3"; older boards "Tesla V100-SXM2-16GB").
+func Vendor(model string) string {
+	m := strings.ToUpper(model)
+	for _, v := range []struct{ vendor, hints string }{
+		{"NVIDIA", "NVIDIA TESLA GEFORCE QUADRO RTX TITAN A100 H100 H200 B200 GB200 L40 L4 A10 A30 A40 T4 V100"},
+		{"AMD", "AMD RADEON INSTINCT MI300 MI250 MI210 MI100"},
+		{"Intel", "INTEL ARC GAUDI"},
+	} {
+		for _, h := range strings.Fields(v.hints) {
+			if containsWord(m, h) {
+				return v.vendor
+			}
+		}
+	}
+	return "unknown"
+}
+
+// containsWord reports whether w occurs in s delimited by non-alphanumerics.
+func containsWord(s, w string) bool {
+	for i := 0; ; {
+		j := strings.Index(s[i:], w)
+		if j < 0 {
+			return false
+		}
+		j += i
+		before := j == 0 || !isAlnum(s[j-1])
+		after := j+len(w) == len(s) || !isAlnum(s[j+len(w)])
+		if before && after {
+			return true
+		}
+		i = j + 1
+	}
+}
+
+func isAlnum(c byte) bool {
+	return c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z'
+}
