@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/trainmeter/trainmeter/internal/oteltest"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -53,37 +54,11 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// daemon starts a binary in the background and stops it (SIGTERM) at cleanup,
+// daemon starts a binary in the background and stops it (SIGINT) at cleanup,
 // showing its log if the test failed.
 func daemon(t *testing.T, name string, args ...string) *exec.Cmd {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(binDir, name), args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("--- %s log ---\n%s", name, b)
-		}
-	})
-	return cmd
+	return oteltest.Start(t, name, filepath.Join(binDir, name), args...)
 }
 
 type cluster struct {

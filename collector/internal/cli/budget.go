@@ -64,29 +64,6 @@ func (b *budgetServeFlags) load(getenv func(string) string) error {
 	return nil
 }
 
-// conn dials the collector and runs fn under the timeout.
-func (cf *clientFlags) conn(cmd *cobra.Command, fn func(context.Context, grpc.ClientConnInterface) error) error {
-	dialOpts, err := cf.security.dialOptions(cf.addr, cf.getenv)
-	if err != nil {
-		return err
-	}
-	conn, err := grpc.NewClient(cf.addr, dialOpts...)
-	if err != nil {
-		return fmt.Errorf("collector address %q: %w", cf.addr, err)
-	}
-	defer conn.Close()
-	ctx := cmd.Context()
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	if cf.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cf.timeout)
-		defer cancel()
-	}
-	return cf.explain(fn(ctx, conn))
-}
-
 // writeProtoJSON is every command's --json: field names as in the .proto
 // files (and the CSV), unset numbers as 0.
 func writeProtoJSON(w io.Writer, m proto.Message) error {
@@ -117,7 +94,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 		Short: "Show every budget's use in its current period (set one with `budget set`)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewBudgetServiceClient(conn).ListBudgets(ctx, &trainmeterv1.ListBudgetsRequest{})
 				if err != nil {
 					return err
@@ -158,7 +135,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("budget amount %q is not a number of USD", args[1])
 			}
-			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewBudgetServiceClient(conn).SetBudget(ctx, &trainmeterv1.SetBudgetRequest{Scope: args[0], LimitUsd: amount, Period: period, Policy: policy})
 				if err != nil {
 					return err
@@ -186,7 +163,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 		Short: "Delete the budget of a scope",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				_, err := trainmeterv1.NewBudgetServiceClient(conn).DeleteBudget(ctx, &trainmeterv1.DeleteBudgetRequest{Scope: args[0], Period: delPeriod})
 				if err == nil {
 					fmt.Fprintf(cmd.OutOrStdout(), "budget %s deleted\n", args[0])
@@ -208,7 +185,7 @@ func newAlertsCommand(cf *clientFlags) *cobra.Command {
 		Short: "List budget and price alerts, oldest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewBudgetServiceClient(conn).ListAlerts(ctx, &trainmeterv1.ListAlertsRequest{Kind: kind})
 				if err != nil {
 					return err
@@ -246,7 +223,7 @@ func newForecastCommand(cf *clientFlags) *cobra.Command {
 			if err != nil || n == 0 {
 				return fmt.Errorf("number of runs %q: want a whole number > 0", args[1])
 			}
-			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				f, err := trainmeterv1.NewBudgetServiceClient(conn).Forecast(ctx, &trainmeterv1.ForecastRequest{Model: args[0], Runs: uint32(n), History: history})
 				if err != nil {
 					return err

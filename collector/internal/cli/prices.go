@@ -34,7 +34,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 		Short: "GPU rental prices per model: cheapest and median $/GPU-hour, trends; --gpu MODEL adds recommended offers",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewPriceServiceClient(conn).ListPrices(ctx, &trainmeterv1.ListPricesRequest{Gpu: gpu})
 				if err != nil {
 					return err
@@ -83,7 +83,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 		Short: "Fetch prices from the collector's provider now",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewPriceServiceClient(conn).FetchPrices(ctx, &trainmeterv1.FetchPricesRequest{})
 				if err != nil {
 					return err
@@ -117,7 +117,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 					UsdPerHour: o.USDPerHour, Reliability: o.Reliability, DlperfPerUsd: o.DLPerfPerUSD, Location: o.Location, InetDownMbps: o.InetDownMbps,
 				})
 			}
-			return cf.conn(cmd, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewPriceServiceClient(conn).ImportPrices(ctx, req)
 				if err != nil {
 					return err
