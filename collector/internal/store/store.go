@@ -15,6 +15,8 @@
 //	x/<namespace>\0<key>                           the collector's own records (records.go)
 //
 // Writes use SyncWrites, so a batch is durable when ApplyBatch returns nil.
+// Concurrent ApplyBatch calls share one transaction and one sync (group
+// commit, commit.go).
 package store
 
 import (
@@ -58,6 +60,15 @@ type Store struct {
 	gcMu   sync.Mutex
 	gcStop chan struct{}
 	gcDone chan struct{}
+
+	// Group commit (commit.go): ApplyBatch hands its batch to the committer,
+	// which writes every batch waiting into one transaction.
+	applyCh       chan *applyReq
+	quit          chan struct{}
+	committerDone chan struct{}
+	closeOnce     sync.Once
+	aggs          *aggCache
+	aggMu         sync.Mutex // held by the committer per group, and by DeleteRun
 }
 
 // Options configures Open.
@@ -104,12 +115,18 @@ func Open(dir string, o Options) (s *Store, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
 	}
-	return &Store{db: db, log: log, now: now}, nil
+	s = &Store{db: db, log: log, now: now, applyCh: make(chan *applyReq), quit: make(chan struct{}),
+		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheSize)}
+	go s.committer()
+	return s, nil
 }
 
-// Close stops value-log GC and closes the database.
+// Close stops value-log GC and the committer and closes the database.
+// ApplyBatch calls after Close fail.
 func (s *Store) Close() error {
 	s.StopGC()
+	s.closeOnce.Do(func() { close(s.quit) })
+	<-s.committerDone
 	return s.db.Close()
 }
 
@@ -261,15 +278,22 @@ func eventRun(e *trainmeterv1.RunEvent) string {
 // run aggregates, all in one transaction. If the batch was applied before
 // (same node, boot and seq) it returns duplicate=true and changes nothing.
 // When it returns nil error the batch is durable.
+//
+// Concurrent calls are committed together (group commit, see commit.go):
+// one transaction and one sync for every batch waiting, each caller
+// answered only once the commit that holds its batch is durable.
 func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error) {
-	runs := batchRuns(b)
-	unlock := s.lockRuns(node, runs)
+	// The node's lock keeps its batches and hellos in order; its runs are
+	// the committer's alone (commit.go).
+	unlock := s.lockRuns(node, nil)
 	defer unlock()
-	for attempt := 0; ; attempt++ {
-		duplicate, err = s.applyOnce(node, boot, b, runs)
-		if !errors.Is(err, badger.ErrConflict) || attempt >= maxConflictRetries {
-			break
-		}
+	req := &applyReq{node: node, boot: boot, b: b, runs: batchRuns(b), done: make(chan struct{})}
+	select {
+	case s.applyCh <- req:
+		<-req.done
+		duplicate, err = req.dup, req.err
+	case <-s.quit:
+		return false, errors.New("store: closed")
 	}
 	if errors.Is(err, badger.ErrTxnTooBig) {
 		err = fmt.Errorf("%w: %v", ErrBatchTooLarge, err)
@@ -277,10 +301,10 @@ func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate 
 	return duplicate, err
 }
 
-func (s *Store) applyOnce(node, boot string, b *trainmeterv1.Batch, runs []string) (bool, error) {
-	txn := s.db.NewTransaction(true)
-	defer txn.Discard()
-
+// applyTo writes a batch's records into txn and folds it into the group's
+// aggregates (written by the caller, once per group). It returns
+// duplicate=true, writing nothing, for a batch applied before.
+func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, node, boot string, b *trainmeterv1.Batch, runs []string) (bool, error) {
 	dk := dedupKey(node, boot, b.GetSeq())
 	if _, err := txn.Get(dk); err == nil {
 		return true, nil
@@ -326,13 +350,10 @@ func (s *Store) applyOnce(node, boot string, b *trainmeterv1.Batch, runs []strin
 		}
 	}
 
-	// Aggregates: read, fold, write.
+	// Aggregates: read (once per group), fold; the group writes them.
 	aggs := make(map[string]*aggregate.State, len(runs))
 	for _, r := range runs {
-		st, err := getAgg(txn, r)
-		if errors.Is(err, ErrNotFound) {
-			st, err = aggregate.New(r), nil
-		}
+		st, err := g.get(txn, r)
 		if err != nil {
 			return false, err
 		}
@@ -371,16 +392,6 @@ func (s *Store) applyOnce(node, boot string, b *trainmeterv1.Batch, runs []strin
 		}
 		aggs[l.GetRunId()].AddLoss(node, l)
 	}
-	for _, r := range runs {
-		v, err := aggs[r].Marshal()
-		if err != nil {
-			return false, err
-		}
-		if err := txn.Set(aggKey(r), v); err != nil {
-			return false, err
-		}
-	}
-
 	// Node status.
 	ns, err := getNode(txn, node)
 	if err != nil && !errors.Is(err, ErrNotFound) {
@@ -396,10 +407,7 @@ func (s *Store) applyOnce(node, boot string, b *trainmeterv1.Batch, runs []strin
 		return false, err
 	}
 
-	if err := txn.Set(dk, nil); err != nil {
-		return false, err
-	}
-	return false, txn.Commit()
+	return false, txn.Set(dk, nil)
 }
 
 func getAgg(txn *badger.Txn, run string) (*aggregate.State, error) {
@@ -474,6 +482,9 @@ func (s *Store) DeleteRun(id string) (records int, err error) {
 	unlock := s.lockRuns("", []string{id})
 	defer unlock()
 	found := false
+	// The committer writes aggregates; keep it out while this one goes.
+	s.aggMu.Lock()
+	s.aggs.drop(id)
 	err = s.db.Update(func(txn *badger.Txn) error {
 		_, err := txn.Get(aggKey(id))
 		if errors.Is(err, badger.ErrKeyNotFound) {
@@ -485,6 +496,7 @@ func (s *Store) DeleteRun(id string) (records int, err error) {
 		found = true
 		return txn.Delete(aggKey(id))
 	})
+	s.aggMu.Unlock()
 	if err != nil {
 		return 0, err
 	}
