@@ -50,6 +50,7 @@ func TestConcurrentBatchesOfSharedRunsFoldLikeSequential(t *testing.T) {
 	seq := open(t, t.TempDir())
 	defer seq.Close()
 	seq.aggs = newAggCache(0) // every batch decodes the stored aggregate
+	seq.nodes = newNodeCache(0)
 	for i := 0; i < perNode; i++ {
 		for n := 0; n < nodes; n++ {
 			if _, err := seq.ApplyBatch(fmt.Sprintf("node-%d", n), "boot", batch(n, i)); err != nil {
@@ -96,8 +97,8 @@ func TestTooLargeBatchFailsAloneInItsGroup(t *testing.T) {
 	defer s.Close()
 	now := time.Now()
 	huge := loadgen.MakeBatch(1, now, time.Second, "huge", 1, true)
-	for g := 1; g < 200000; g++ {
-		huge.GpuWindows = append(huge.GpuWindows, &trainmeterv1.GpuWindow{Gpu: uint32(g), PowerAvgW: 1})
+	for len(huge.RunWindows) < 200000 { // one key each
+		huge.RunWindows = append(huge.RunWindows, huge.RunWindows[0])
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, 9)

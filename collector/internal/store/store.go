@@ -9,8 +9,8 @@
 //	a/<run_id>                                     run aggregate (JSON, see aggregate.State)
 //	w/<run_id>\0<node>\0<start:8><seq:8><i:4>      raw RunWindow (proto)
 //	v/<run_id>\0<node>\0<time:8><seq:8><i:4>       raw RunEvent (proto)
-//	g/<node>\0<gpu:4><start:8><seq:8>              raw GpuWindow (proto)
-//	h/<node>\0<start:8><seq:8>                     raw HostWindow (proto)
+//	r/<node>\0<start:8><seq:8>                     raw GpuWindows + HostWindow of a batch
+//	                                               (proto Batch holding only those and the window)
 //	n/<node>                                       NodeStatus (proto; connected is not stored)
 //	x/<namespace>\0<key>                           the collector's own records (records.go)
 //
@@ -68,6 +68,7 @@ type Store struct {
 	committerDone chan struct{}
 	closeOnce     sync.Once
 	aggs          *aggCache
+	nodes         *nodeCache
 	aggMu         sync.Mutex // held by the committer per group, and by DeleteRun
 }
 
@@ -116,7 +117,7 @@ func Open(dir string, o Options) (s *Store, err error) {
 		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
 	}
 	s = &Store{db: db, log: log, now: now, applyCh: make(chan *applyReq), quit: make(chan struct{}),
-		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheSize)}
+		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize)}
 	go s.committer()
 	return s, nil
 }
@@ -287,7 +288,11 @@ func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate 
 	// the committer's alone (commit.go).
 	unlock := s.lockRuns(node, nil)
 	defer unlock()
-	req := &applyReq{node: node, boot: boot, b: b, runs: batchRuns(b), done: make(chan struct{})}
+	raw, err := rawRecords(node, b)
+	if err != nil {
+		return false, err
+	}
+	req := &applyReq{node: node, boot: boot, b: b, runs: batchRuns(b), raw: raw, done: make(chan struct{})}
 	select {
 	case s.applyCh <- req:
 		<-req.done
@@ -301,51 +306,56 @@ func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate 
 	return duplicate, err
 }
 
+// kv is one raw record, encoded by the caller's goroutine (in parallel)
+// before the committer writes it.
+type kv struct{ k, v []byte }
+
+// rawRecords encodes a batch's raw records under their keys.
+func rawRecords(node string, b *trainmeterv1.Batch) ([]kv, error) {
+	seq := b.GetSeq()
+	out := make([]kv, 0, len(b.GetRunWindows())+len(b.GetRunEvents())+len(b.GetGpuWindows())+1)
+	add := func(k []byte, m proto.Message) error {
+		v, err := proto.Marshal(m)
+		out = append(out, kv{k, v})
+		return err
+	}
+	for i, w := range b.GetRunWindows() {
+		k := tkey(append(key("w/", w.GetRunId(), node), 0), w.GetStart())
+		if err := add(be32(be64(k, seq), uint32(i)), w); err != nil {
+			return nil, err
+		}
+	}
+	for i, e := range b.GetRunEvents() {
+		k := tkey(append(key("v/", eventRun(e), node), 0), aggregate.EventTime(e))
+		if err := add(be32(be64(k, seq), uint32(i)), e); err != nil {
+			return nil, err
+		}
+	}
+	// The node's GPU and host windows are one record: one key per batch
+	// rather than one per GPU (every key costs a skiplist insert and its
+	// share of flushes and compactions; docs/benchmarks.md).
+	if len(b.GetGpuWindows()) > 0 || b.GetHost() != nil {
+		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost()}
+		if err := add(be64(tkey(append(key("r/", node), 0), b.GetWindowStart()), seq), nw); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
 // applyTo writes a batch's records into txn and folds it into the group's
-// aggregates (written by the caller, once per group). It returns
-// duplicate=true, writing nothing, for a batch applied before.
-func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, node, boot string, b *trainmeterv1.Batch, runs []string) (bool, error) {
+// aggregates and node statuses (written by the caller, once per group). It
+// returns duplicate=true, writing nothing, for a batch applied before.
+func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error) {
+	node, boot, b, runs := r.node, r.boot, r.b, r.runs
 	dk := dedupKey(node, boot, b.GetSeq())
 	if _, err := txn.Get(dk); err == nil {
 		return true, nil
 	} else if !errors.Is(err, badger.ErrKeyNotFound) {
 		return false, err
 	}
-
-	seq := b.GetSeq()
-	set := func(k []byte, m proto.Message) error {
-		v, err := proto.Marshal(m)
-		if err != nil {
-			return err
-		}
-		return txn.Set(k, v)
-	}
-
-	// Raw records.
-	for i, w := range b.GetRunWindows() {
-		k := tkey(append(key("w/", w.GetRunId(), node), 0), w.GetStart())
-		k = be32(be64(k, seq), uint32(i))
-		if err := set(k, w); err != nil {
-			return false, err
-		}
-	}
-	for i, e := range b.GetRunEvents() {
-		k := tkey(append(key("v/", eventRun(e), node), 0), aggregate.EventTime(e))
-		k = be32(be64(k, seq), uint32(i))
-		if err := set(k, e); err != nil {
-			return false, err
-		}
-	}
-	for _, g := range b.GetGpuWindows() {
-		k := be32(append(key("g/", node), 0), g.GetGpu())
-		k = be64(tkey(k, b.GetWindowStart()), seq)
-		if err := set(k, g); err != nil {
-			return false, err
-		}
-	}
-	if h := b.GetHost(); h != nil {
-		k := be64(tkey(append(key("h/", node), 0), b.GetWindowStart()), seq)
-		if err := set(k, h); err != nil {
+	for _, rec := range r.raw {
+		if err := txn.Set(rec.k, rec.v); err != nil {
 			return false, err
 		}
 	}
@@ -393,20 +403,13 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, node, boot string, b *tra
 		aggs[l.GetRunId()].AddLoss(node, l)
 	}
 	// Node status.
-	ns, err := getNode(txn, node)
-	if err != nil && !errors.Is(err, ErrNotFound) {
+	ns, err := g.node(txn, node)
+	if err != nil {
 		return false, err
-	}
-	if ns == nil {
-		ns = &trainmeterv1.NodeStatus{Node: node}
 	}
 	ns.BootId = boot
-	ns.LastSeq = seq
+	ns.LastSeq = b.GetSeq()
 	ns.LastSeen = timestamppb.New(s.now())
-	if err := set(nodeKey(node), ns); err != nil {
-		return false, err
-	}
-
 	return false, txn.Set(dk, nil)
 }
 
@@ -444,6 +447,7 @@ func getNode(txn *badger.Txn, node string) (*trainmeterv1.NodeStatus, error) {
 func (s *Store) PutHello(h *trainmeterv1.Hello) error {
 	unlock := s.lockRuns(h.GetNode(), nil)
 	defer unlock()
+	s.nodes.drop(h.GetNode()) // the committer's copy is stale from now on
 	for attempt := 0; ; attempt++ {
 		err := s.db.Update(func(txn *badger.Txn) error {
 			ns, err := getNode(txn, h.GetNode())
