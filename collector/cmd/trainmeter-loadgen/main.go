@@ -40,6 +40,7 @@ func run() error {
 		pid, conns                                            int
 		interval, duration                                    time.Duration
 		probes                                                int
+		ab                                                    agentBench
 	)
 	flag.StringVar(&addr, "collector", "", "load a running collector at HOST:PORT")
 	flag.IntVar(&pid, "pid", 0, "with --collector: its process id, for CPU time and memory")
@@ -53,7 +54,27 @@ func run() error {
 	flag.DurationVar(&duration, "duration", 20*time.Second, "measured span per load point")
 	flag.IntVar(&probes, "probes", 3, "sample-to-visible probes per load point (a new run each)")
 	flag.StringVar(&exportBin, "export-bin", "", "after each load point, time `BIN export csv` of all runs (usually the same trainmeter binary)")
+	flag.StringVar(&ab.agentBin, "agent-bin", "", "agent mode: run this trainmeter-agent (sim GPUs) against a fresh --collector-bin and measure it")
+	flag.IntVar(&ab.gpus, "agent-gpus", 8, "agent mode: simulated GPUs")
+	flag.DurationVar(&ab.interval, "agent-interval", 50*time.Millisecond, "agent mode: sampling interval")
+	flag.IntVar(&ab.ranks, "ranks", 8, "agent mode: trainer connections (ranks of one run)")
+	flag.DurationVar(&ab.stepEvery, "step-every", 500*time.Millisecond, "agent mode: step period per rank (0: as fast as the socket takes them)")
+	flag.IntVar(&ab.burn, "burn", 0, "agent mode: goroutines (threads) that spin, keeping the cores busy with other work")
 	flag.Parse()
+	if ab.agentBin != "" {
+		if bin == "" {
+			return errors.New("agent mode needs --collector-bin")
+		}
+		ab.collectorBin, ab.duration = bin, duration
+		dir, err := os.MkdirTemp("", "trainmeter-agentbench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return ab.run(ctx, dir)
+	}
 	if (addr == "") == (bin == "") {
 		return errors.New("give exactly one of --collector and --collector-bin")
 	}
