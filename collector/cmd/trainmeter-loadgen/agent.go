@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -33,6 +34,9 @@ type agentBench struct {
 	stepEvery time.Duration
 	// burn goroutines spin to keep the cores busy with other work.
 	burn int
+	// prefix runs the agent under a command, e.g. "nice -n -10" or
+	// "chrt -r 10" (how deploy/systemd would: Nice=, CPUSchedulingPolicy=).
+	prefix string
 }
 
 type agentStatus struct {
@@ -64,9 +68,10 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 		return err
 	}
 	sock := filepath.Join(dir, "agent.sock")
-	cmd := exec.Command(ab.agentBin, "--collector", c.addr, "--gpu", fmt.Sprintf("sim:%d", ab.gpus),
+	args := append(strings.Fields(ab.prefix), ab.agentBin, "--collector", c.addr, "--gpu", fmt.Sprintf("sim:%d", ab.gpus),
 		"--interval", ab.interval.String(), "--socket", sock, "--spool", filepath.Join(dir, "spool"),
 		"--status-listen", statusAddr, "--node", "bench-node", "--log-level", "warn")
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return err
@@ -169,10 +174,10 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 	}
 	events := st.Socket.Events - st0.Socket.Events
 	cpuPct := 100 * (cpu1 - cpu0).Seconds() / elapsed.Seconds()
-	line := fmt.Sprintf("agent gpus=%d interval=%v elapsed=%.0fs burn=%d ranks=%d step_every=%v cpu=%.2fs (%.3f%% of one core) "+
+	line := fmt.Sprintf("agent prefix=%q gpus=%d interval=%v elapsed=%.0fs burn=%d ranks=%d step_every=%v cpu=%.2fs (%.3f%% of one core) "+
 		"rss_first=%.1fMiB rss_last=%.1fMiB rss_max=%.1fMiB ticks=%d late_ticks=%d skipped_ticks=%d jitter_p99_max=%.2fms jitter_max=%.2fms "+
 		"batches_acked=%d trainer_events=%d (%.0f events/s, %.0f events/cpu-s) sent_lines=%d",
-		ab.gpus, ab.interval, elapsed.Seconds(), ab.burn, ab.ranks, ab.stepEvery, (cpu1 - cpu0).Seconds(), cpuPct,
+		ab.prefix, ab.gpus, ab.interval, elapsed.Seconds(), ab.burn, ab.ranks, ab.stepEvery, (cpu1 - cpu0).Seconds(), cpuPct,
 		rss[0], rss[len(rss)-1], maxOf(rss), st.Sampling.Ticks-st0.Sampling.Ticks, st.Sampling.LateTicks-st0.Sampling.LateTicks,
 		st.Sampling.SkippedTicks-st0.Sampling.SkippedTicks, p99Max, jitMax, st.Uplink.Acked-st0.Uplink.Acked,
 		events, float64(events)/elapsed.Seconds(), float64(events)/max((cpu1-cpu0).Seconds(), 1e-9), sent.Load())
