@@ -36,11 +36,11 @@ func main() {
 
 func run() error {
 	var (
-		addr, bin, dataRoot, agentsL, gpusL, runsL, exportBin string
-		pid, conns                                            int
-		interval, duration                                    time.Duration
-		probes                                                int
-		ab                                                    agentBench
+		addr, bin, dataRoot, agentsL, gpusL, runsL, exportBin, otelBin string
+		pid, conns                                                     int
+		interval, duration                                             time.Duration
+		probes                                                         int
+		ab                                                             agentBench
 	)
 	flag.StringVar(&addr, "collector", "", "load a running collector at HOST:PORT")
 	flag.IntVar(&pid, "pid", 0, "with --collector: its process id, for CPU time and memory")
@@ -53,6 +53,7 @@ func run() error {
 	flag.DurationVar(&interval, "interval", time.Second, "batch cadence per agent")
 	flag.DurationVar(&duration, "duration", 20*time.Second, "measured span per load point")
 	flag.IntVar(&probes, "probes", 3, "sample-to-visible probes per load point (a new run each)")
+	flag.StringVar(&otelBin, "otelcol-bin", "", "after each load point, run the same load as OTLP metrics against a fresh OpenTelemetry Collector (this binary; otlp receiver -> file exporter) and print the ratio of GPU-samples per CPU-second")
 	flag.StringVar(&exportBin, "export-bin", "", "after each load point, time `BIN export csv` of all runs (usually the same trainmeter binary)")
 	flag.StringVar(&ab.agentBin, "agent-bin", "", "agent mode: run this trainmeter-agent (sim GPUs) against a fresh --collector-bin and measure it")
 	flag.IntVar(&ab.gpus, "agent-gpus", 8, "agent mode: simulated GPUs")
@@ -78,6 +79,9 @@ func run() error {
 	}
 	if (addr == "") == (bin == "") {
 		return errors.New("give exactly one of --collector and --collector-bin")
+	}
+	if otelBin != "" && bin == "" {
+		return errors.New("--otelcol-bin needs --collector-bin (both are measured the same way)")
 	}
 	agents, err := ints(agentsL)
 	if err != nil {
@@ -107,8 +111,20 @@ func run() error {
 				point++
 				cfg := loadgen.Config{Addr: addr, Agents: a, GPUs: g, Runs: r, Interval: interval, Duration: duration,
 					Conns: conns, PID: pid, RunPrefix: fmt.Sprintf("p%d-", point)}
-				if err := onePoint(ctx, cfg, bin, filepath.Join(dataRoot, strconv.Itoa(point)), probes, exportBin); err != nil {
+				res, err := onePoint(ctx, cfg, bin, filepath.Join(dataRoot, strconv.Itoa(point)), probes, exportBin)
+				if err != nil {
 					return err
+				}
+				if otelBin != "" {
+					cfg.OTLP, cfg.RunPrefix = true, cfg.RunPrefix+"otlp-"
+					ores, err := otelPoint(ctx, cfg, otelBin, filepath.Join(dataRoot, strconv.Itoa(point)+"-otelcol"))
+					if err != nil {
+						return err
+					}
+					if o := ores.SamplesPerCPUSecond(); o > 0 {
+						fmt.Printf("ratio trainmeter/otelcol gpu-samples per cpu-second = %.2f (trainmeter %.0f durable, otelcol %.0f to a file without fsync)\n",
+							res.SamplesPerCPUSecond()/o, res.SamplesPerCPUSecond(), o)
+					}
 				}
 			}
 		}
@@ -116,11 +132,11 @@ func run() error {
 	return nil
 }
 
-func onePoint(ctx context.Context, cfg loadgen.Config, bin, dataDir string, probes int, exportBin string) error {
+func onePoint(ctx context.Context, cfg loadgen.Config, bin, dataDir string, probes int, exportBin string) (loadgen.Result, error) {
 	if bin != "" {
 		c, err := startCollector(ctx, bin, dataDir)
 		if err != nil {
-			return err
+			return loadgen.Result{}, err
 		}
 		defer c.stop()
 		cfg.Addr, cfg.PID = c.addr, c.cmd.Process.Pid
@@ -168,12 +184,60 @@ func onePoint(ctx context.Context, cfg loadgen.Config, bin, dataDir string, prob
 		t0 := time.Now()
 		out, xerr := exec.CommandContext(ctx, exportBin, "export", "csv", "--collector", cfg.Addr, "--timeout", "5m").Output()
 		if xerr != nil {
-			return fmt.Errorf("export csv: %w", xerr)
+			return res, fmt.Errorf("export csv: %w", xerr)
 		}
 		line += fmt.Sprintf(" export_csv=%.0fms (%d rows)", float64(time.Since(t0))/float64(time.Millisecond), strings.Count(string(out), "\n")-1)
 	}
 	fmt.Println(line)
-	return err
+	return res, err
+}
+
+// otelPoint runs the load as OTLP against a fresh OpenTelemetry Collector:
+// OTLP gRPC receiver straight to the file exporter (no batch processor).
+func otelPoint(ctx context.Context, cfg loadgen.Config, bin, dir string) (loadgen.Result, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return loadgen.Result{}, err
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return loadgen.Result{}, err
+	}
+	conf := filepath.Join(dir, "otelcol.yaml")
+	yaml := fmt.Sprintf(`receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: %s
+exporters:
+  file:
+    path: %s
+service:
+  telemetry:
+    logs:
+      level: warn
+    metrics:
+      level: none
+  pipelines:
+    metrics:
+      receivers: [otlp]
+      exporters: [file]
+`, addr, filepath.Join(dir, "metrics.jsonl"))
+	if err := os.WriteFile(conf, []byte(yaml), 0o644); err != nil {
+		return loadgen.Result{}, err
+	}
+	c, err := startProcess(ctx, addr, bin, "--config", conf)
+	if err != nil {
+		return loadgen.Result{}, err
+	}
+	defer c.stop()
+	cfg.Addr, cfg.PID = addr, c.cmd.Process.Pid
+	res, err := loadgen.Run(ctx, cfg)
+	line := "otelcol " + res.String()
+	if n, derr := dirSize(dir); derr == nil {
+		line += fmt.Sprintf(" disk=%.1fMiB", float64(n)/(1<<20))
+	}
+	fmt.Println(line)
+	return res, err
 }
 
 type collector struct {
@@ -183,13 +247,16 @@ type collector struct {
 }
 
 func startCollector(ctx context.Context, bin, dataDir string) (*collector, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	addr := l.Addr().String()
-	l.Close()
-	cmd := exec.Command(bin, "serve", "--listen", addr, "--data", dataDir, "--log-level", "warn")
+	return startProcess(ctx, addr, bin, "serve", "--listen", addr, "--data", dataDir, "--log-level", "warn")
+}
+
+// startProcess starts bin with args and waits until it listens on addr.
+func startProcess(ctx context.Context, addr, bin string, args ...string) (*collector, error) {
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return nil, err

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	colmetricspb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -51,6 +52,10 @@ type Config struct {
 	// RunPrefix prefixes node and run names, so that runs of the loadgen
 	// against one collector do not mix.
 	RunPrefix string
+	// OTLP sends the same GPU samples as OTLP metrics (Export calls of the
+	// OTLP MetricsService, see OTLPRequest) instead of trainmeter batches,
+	// for comparison with an OpenTelemetry Collector.
+	OTLP bool
 }
 
 // Validate checks the configuration.
@@ -174,6 +179,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		go func() {
 			defer done.Done()
 			a := &simAgent{cfg: cfg, id: i, run: fmt.Sprintf("%srun-%06d", cfg.RunPrefix, i%runs)}
+			if cfg.OTLP {
+				a.loopOTLP(ctx, conns[i%nconn], &ready, startMeasure, &measureFrom, &measureTo, &stats[i])
+				return
+			}
 			a.loop(ctx, conns[i%nconn], &ready, startMeasure, &measureFrom, &measureTo, &stats[i])
 		}()
 	}
@@ -279,6 +288,15 @@ func (a *simAgent) loop(ctx context.Context, conn *grpc.ClientConn, ready *sync.
 	case <-ctx.Done():
 		return
 	}
+	a.ticks(ctx, from, to, st, func(sent time.Time) (bool, error) {
+		resp, err := a.send(stream, sent, false)
+		return resp.GetAck() != nil, err
+	})
+}
+
+// ticks calls send once per interval until ctx ends, counting answers,
+// latencies and late ticks inside the measured span [from, to].
+func (a *simAgent) ticks(ctx context.Context, from, to *atomic.Int64, st *agentStats, send func(time.Time) (acked bool, err error)) {
 	// Spread the agents' ticks over the interval, like a real fleet.
 	phase := time.Duration(rand.Int64N(int64(a.cfg.Interval)))
 	next := time.Now().Add(phase)
@@ -291,7 +309,7 @@ func (a *simAgent) loop(ctx context.Context, conn *grpc.ClientConn, ready *sync.
 		case <-timer.C:
 		}
 		sent := time.Now()
-		resp, err := a.send(stream, sent, false)
+		ok, err := send(sent)
 		if err != nil {
 			if ctx.Err() == nil {
 				st.err = err
@@ -300,7 +318,7 @@ func (a *simAgent) loop(ctx context.Context, conn *grpc.ClientConn, ready *sync.
 		}
 		acked := time.Now()
 		if acked.UnixNano() <= to.Load() && sent.UnixNano() >= from.Load() {
-			if resp.GetAck() != nil {
+			if ok {
 				st.acked++
 				st.lat = append(st.lat, acked.Sub(sent))
 			} else {
@@ -316,6 +334,32 @@ func (a *simAgent) loop(ctx context.Context, conn *grpc.ClientConn, ready *sync.
 		}
 		timer.Reset(time.Until(next))
 	}
+}
+
+// loopOTLP is loop for OTLP mode: one Export call per tick, answered when
+// the receiver has taken the data.
+func (a *simAgent) loopOTLP(ctx context.Context, conn *grpc.ClientConn, ready *sync.WaitGroup, start <-chan struct{},
+	from, to *atomic.Int64, st *agentStats) {
+	readyOnce := sync.OnceFunc(ready.Done)
+	defer readyOnce()
+	client := colmetricspb.NewMetricsServiceClient(conn)
+	node := otlpNode(a.cfg.RunPrefix, a.id)
+	export := func(now time.Time) error {
+		a.seq++
+		_, err := client.Export(ctx, OTLPRequest(node, MakeBatch(a.seq, now, a.cfg.Interval, a.run, a.cfg.GPUs, false)))
+		return err
+	}
+	if err := export(time.Now()); err != nil {
+		st.err = err
+		return
+	}
+	readyOnce()
+	select {
+	case <-start:
+	case <-ctx.Done():
+		return
+	}
+	a.ticks(ctx, from, to, st, func(sent time.Time) (bool, error) { return true, export(sent) })
 }
 
 // send sends the next batch and waits for its answer (an ack or a reject;
