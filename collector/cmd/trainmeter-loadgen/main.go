@@ -37,7 +37,7 @@ func main() {
 func run() error {
 	var (
 		addr, bin, dataRoot, agentsL, gpusL, runsL, exportBin, otelBin string
-		pid, conns                                                     int
+		pid, conns, raw                                                int
 		interval, duration                                             time.Duration
 		probes                                                         int
 		ab                                                             agentBench
@@ -49,6 +49,7 @@ func run() error {
 	flag.StringVar(&agentsL, "agents", "100", "simulated agents (list)")
 	flag.StringVar(&gpusL, "gpus", "8", "GPUs per agent (list)")
 	flag.StringVar(&runsL, "runs", "0", "distinct runs over all agents (list; 0 = one per agent)")
+	flag.IntVar(&raw, "raw-samples", 0, "raw samples per GPU per batch (0: none; 20 is 1 s at 50 ms)")
 	flag.IntVar(&conns, "conns", 0, "HTTP/2 connections the streams share (0 = min(agents, 64))")
 	flag.DurationVar(&interval, "interval", time.Second, "batch cadence per agent")
 	flag.DurationVar(&duration, "duration", 20*time.Second, "measured span per load point")
@@ -110,7 +111,7 @@ func run() error {
 			for _, r := range runs {
 				point++
 				cfg := loadgen.Config{Addr: addr, Agents: a, GPUs: g, Runs: r, Interval: interval, Duration: duration,
-					Conns: conns, PID: pid, RunPrefix: fmt.Sprintf("p%d-", point)}
+					Conns: conns, PID: pid, RunPrefix: fmt.Sprintf("p%d-", point), RawSamples: raw}
 				res, err := onePoint(ctx, cfg, bin, filepath.Join(dataRoot, strconv.Itoa(point)), probes, exportBin)
 				if err != nil {
 					return err

@@ -52,6 +52,10 @@ type Config struct {
 	// RunPrefix prefixes node and run names, so that runs of the loadgen
 	// against one collector do not mix.
 	RunPrefix string
+	// RawSamples, when > 0, adds that many raw samples per GPU to every
+	// batch (RawSamples columns, as an agent run with --raw-samples sends:
+	// 20 per GPU for 1 s at 50 ms; more to compress time).
+	RawSamples int
 	// OTLP sends the same GPU samples as OTLP metrics (Export calls of the
 	// OTLP MetricsService, see OTLPRequest) instead of trainmeter batches,
 	// for comparison with an OpenTelemetry Collector.
@@ -79,6 +83,9 @@ func (c Config) Validate() error {
 	if c.Duration <= 0 {
 		errs = append(errs, fmt.Errorf("duration must be > 0, got %v", c.Duration))
 	}
+	if c.RawSamples < 0 || c.RawSamples > 100000 {
+		errs = append(errs, fmt.Errorf("raw samples must be in 0..100000, got %d", c.RawSamples))
+	}
 	if c.Conns < 0 {
 		errs = append(errs, fmt.Errorf("conns must be >= 0, got %d", c.Conns))
 	}
@@ -104,6 +111,10 @@ type Result struct {
 	// the end.
 	CollectorCPU    time.Duration
 	CollectorRSSMiB float64
+	// RawPerGPU is Config.RawSamples; RawSamplesPerSec the raw samples
+	// acked per second.
+	RawPerGPU        int
+	RawSamplesPerSec float64
 }
 
 // Sustained reports whether the collector kept up: at least 99 % of the
@@ -125,6 +136,12 @@ func (r Result) String() string {
 		"offered=%.0f gpu-samples/s acked=%.0f gpu-samples/s ack_p50=%.1fms ack_p99=%.1fms ack_max=%.1fms sustained=%v",
 		r.Agents, r.GPUs, r.Runs, r.Interval, r.Elapsed.Seconds(), r.Acked, r.Rejected, r.LateTicks, r.StreamErrors,
 		r.Offered, r.GPUSamplesPerSec, ms(r.AckP50), ms(r.AckP99), ms(r.AckMax), r.Sustained())
+	if r.RawPerGPU > 0 {
+		s += fmt.Sprintf(" raw_samples/gpu/batch=%d raw_gpu-samples/s=%.0f", r.RawPerGPU, r.RawSamplesPerSec)
+		if r.CollectorCPU > 0 {
+			s += fmt.Sprintf(" raw_gpu-samples/cpu-s=%.0f", float64(r.Acked)*float64(r.GPUs*r.RawPerGPU)/r.CollectorCPU.Seconds())
+		}
+	}
 	if r.CollectorCPU > 0 {
 		s += fmt.Sprintf(" collector_cpu=%.2fs (%.1f%% of one core) gpu-samples/cpu-s=%.0f collector_rss=%.0fMiB",
 			r.CollectorCPU.Seconds(), 100*r.CollectorCPU.Seconds()/r.Elapsed.Seconds(), r.SamplesPerCPUSecond(), r.CollectorRSSMiB)
@@ -232,6 +249,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	res.Offered = float64(cfg.Agents*cfg.GPUs) / cfg.Interval.Seconds()
 	res.GPUSamplesPerSec = float64(res.Acked) * float64(cfg.GPUs) / elapsed.Seconds()
+	res.RawPerGPU = cfg.RawSamples
+	res.RawSamplesPerSec = res.GPUSamplesPerSec * float64(cfg.RawSamples)
 	if res.StreamErrors > 0 {
 		return res, fmt.Errorf("%d of %d streams failed, first: %w", res.StreamErrors, cfg.Agents, firstErr(stats, nil))
 	}
@@ -368,6 +387,7 @@ func (a *simAgent) send(stream grpc.BidiStreamingClient[trainmeterv1.StreamReque
 	now time.Time, first bool) (*trainmeterv1.StreamResponse, error) {
 	a.seq++
 	b := MakeBatch(a.seq, now, a.cfg.Interval, a.run, a.cfg.GPUs, first)
+	AddRawSamples(b, a.cfg.RawSamples)
 	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Batch{Batch: b}}); err != nil {
 		return nil, err
 	}
@@ -422,4 +442,24 @@ func MakeBatch(seq uint64, now time.Time, interval time.Duration, run string, gp
 		}}}}
 	}
 	return b
+}
+
+// AddRawSamples adds n raw samples per GPU of b, evenly over its window.
+func AddRawSamples(b *trainmeterv1.Batch, n int) {
+	if n <= 0 {
+		return
+	}
+	start := uint64(b.GetWindowStart().AsTime().UnixNano())
+	step := max(1, uint64(b.GetWindowEnd().AsTime().Sub(b.GetWindowStart().AsTime()))/uint64(n))
+	for _, g := range b.GetGpuWindows() {
+		r := &trainmeterv1.RawSamples{Gpu: g.GetGpu(), TUnixNs: make([]uint64, n), PowerW: make([]float32, n),
+			UtilizationPct: make([]float32, n), MemoryUsedMib: make([]float32, n)}
+		for i := 0; i < n; i++ {
+			r.TUnixNs[i] = start + uint64(i)*step
+			r.PowerW[i] = float32(g.GetPowerAvgW()) + float32(i%7)
+			r.UtilizationPct[i] = 97
+			r.MemoryUsedMib[i] = 69000
+		}
+		b.RawSamples = append(b.RawSamples, r)
+	}
 }

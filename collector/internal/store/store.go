@@ -11,6 +11,8 @@
 //	v/<run_id>\0<node>\0<time:8><seq:8><i:4>       raw RunEvent (proto)
 //	r/<node>\0<start:8><seq:8>                     raw GpuWindows + HostWindow of a batch
 //	                                               (proto Batch holding only those and the window)
+//	s/<node>\0<start:8><seq:8>                     raw samples of a batch (proto Batch holding
+//	                                               only raw_samples and the window)
 //	n/<node>                                       NodeStatus (proto; connected is not stored)
 //	x/<namespace>\0<key>                           the collector's own records (records.go)
 //
@@ -340,6 +342,14 @@ func rawRecords(node string, b *trainmeterv1.Batch) ([]kv, error) {
 			return nil, err
 		}
 	}
+	// Raw samples (only from agents asked for them): one record per batch,
+	// the columns as they came.
+	if len(b.GetRawSamples()) > 0 {
+		raw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), RawSamples: b.GetRawSamples()}
+		if err := add(be64(tkey(append(key("s/", node), 0), b.GetWindowStart()), seq), raw); err != nil {
+			return nil, err
+		}
+	}
 	return out, nil
 }
 
@@ -639,6 +649,25 @@ func (s *Store) RunWindows(runID string) ([]*trainmeterv1.RunWindow, error) {
 				return err
 			}
 			out = append(out, w)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// RawSamples returns the raw-sample records stored for a node, in time
+// order: each a Batch holding only the window and its raw_samples.
+func (s *Store) RawSamples(node string) ([]*trainmeterv1.Batch, error) {
+	var out []*trainmeterv1.Batch
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: append(key("s/", node), 0), PrefetchValues: true})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			b := &trainmeterv1.Batch{}
+			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
+				return err
+			}
+			out = append(out, b)
 		}
 		return nil
 	})
