@@ -33,6 +33,9 @@ type Config struct {
 	Warmup time.Duration `yaml:"warmup"`
 	// HostInterval is the host (RAM, CPU) sampling period.
 	HostInterval time.Duration `yaml:"host_interval"`
+	// RawSamples sends every GPU sample to the collector too (RawSamples in
+	// the batches), besides the 1 s summaries. Off by default.
+	RawSamples bool `yaml:"raw_samples"`
 	// Spool is the directory that keeps batches until the collector acks
 	// them, across collector outages and agent restarts.
 	Spool string `yaml:"spool"`

@@ -37,6 +37,8 @@ type agentBench struct {
 	// prefix runs the agent under a command, e.g. "nice -n -10" or
 	// "chrt -r 10" (how deploy/systemd would: Nice=, CPUSchedulingPolicy=).
 	prefix string
+	// args are extra agent arguments, e.g. "--raw-samples".
+	args string
 }
 
 type agentStatus struct {
@@ -49,7 +51,8 @@ type agentStatus struct {
 		JitterMaxMs  float64 `json:"tick_jitter_max_ms"`
 	} `json:"sampling"`
 	Uplink struct {
-		Acked uint64 `json:"batches_acked"`
+		Acked    uint64 `json:"batches_acked"`
+		Rejected uint64 `json:"batches_rejected"`
 	} `json:"uplink"`
 	Socket struct {
 		Events      uint64            `json:"events"`
@@ -71,6 +74,7 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 	args := append(strings.Fields(ab.prefix), ab.agentBin, "--collector", c.addr, "--gpu", fmt.Sprintf("sim:%d", ab.gpus),
 		"--interval", ab.interval.String(), "--socket", sock, "--spool", filepath.Join(dir, "spool"),
 		"--status-listen", statusAddr, "--node", "bench-node", "--log-level", "warn")
+	args = append(args, strings.Fields(ab.args)...)
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -176,10 +180,10 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 	cpuPct := 100 * (cpu1 - cpu0).Seconds() / elapsed.Seconds()
 	line := fmt.Sprintf("agent prefix=%q gpus=%d interval=%v elapsed=%.0fs burn=%d ranks=%d step_every=%v cpu=%.2fs (%.3f%% of one core) "+
 		"rss_first=%.1fMiB rss_last=%.1fMiB rss_max=%.1fMiB ticks=%d late_ticks=%d skipped_ticks=%d jitter_p99_max=%.2fms jitter_max=%.2fms "+
-		"batches_acked=%d trainer_events=%d (%.0f events/s, %.0f events/cpu-s) sent_lines=%d",
+		"batches_acked=%d batches_rejected=%d trainer_events=%d (%.0f events/s, %.0f events/cpu-s) sent_lines=%d",
 		ab.prefix, ab.gpus, ab.interval, elapsed.Seconds(), ab.burn, ab.ranks, ab.stepEvery, (cpu1 - cpu0).Seconds(), cpuPct,
 		rss[0], rss[len(rss)-1], maxOf(rss), st.Sampling.Ticks-st0.Sampling.Ticks, st.Sampling.LateTicks-st0.Sampling.LateTicks,
-		st.Sampling.SkippedTicks-st0.Sampling.SkippedTicks, p99Max, jitMax, st.Uplink.Acked-st0.Uplink.Acked,
+		st.Sampling.SkippedTicks-st0.Sampling.SkippedTicks, p99Max, jitMax, st.Uplink.Acked-st0.Uplink.Acked, st.Uplink.Rejected,
 		events, float64(events)/elapsed.Seconds(), float64(events)/max((cpu1-cpu0).Seconds(), 1e-9), sent.Load())
 	if len(st.Socket.ParseErrors) > 0 {
 		line += fmt.Sprintf(" parse_errors=%v", st.Socket.ParseErrors)

@@ -63,6 +63,7 @@ func run() error {
 	flag.DurationVar(&ab.stepEvery, "step-every", 500*time.Millisecond, "agent mode: step period per rank (0: as fast as the socket takes them)")
 	flag.IntVar(&ab.burn, "burn", 0, "agent mode: goroutines (threads) that spin, keeping the cores busy with other work")
 	flag.StringVar(&ab.prefix, "agent-prefix", "", `agent mode: run the agent under this command, e.g. "nice -n -10" or "chrt -r 10"`)
+	flag.StringVar(&ab.args, "agent-args", "", `agent mode: extra agent arguments, e.g. "--raw-samples"`)
 	flag.Parse()
 	if ab.agentBin != "" {
 		if bin == "" {
