@@ -56,6 +56,10 @@ type Config struct {
 	GridGCO2PerKWh float64
 	// GCInterval is how often value-log GC runs; 0 disables it.
 	GCInterval time.Duration
+	// RawRetention, when positive, bounds how long raw records are kept
+	// (store.Options.RawRetention); 0 keeps them forever. Run aggregates
+	// are kept regardless.
+	RawRetention time.Duration
 	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
 	// over plain HTTP (docs/observability.md).
 	StatusListen string
@@ -103,6 +107,9 @@ func (c Config) Validate() error {
 	if c.GCInterval < 0 {
 		errs = append(errs, fmt.Errorf("gc interval must be >= 0, got %v", c.GCInterval))
 	}
+	if c.RawRetention < 0 {
+		errs = append(errs, fmt.Errorf("raw retention must be >= 0, got %v", c.RawRetention))
+	}
 	if err := c.TLSOptions().Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -112,6 +119,16 @@ func (c Config) Validate() error {
 // Pricing returns the cost settings for reports.
 func (c Config) Pricing() aggregate.Pricing {
 	return aggregate.Pricing{GPUPricePerHour: c.GPUPricePerHour, EnergyPricePerKWh: c.EnergyPricePerKWh, GridGCO2PerKWh: c.GridGCO2PerKWh}
+}
+
+// storeOptions: with a raw retention, dedup marks are kept a day longer than
+// the oldest batch ingest accepts, so no replay can be applied twice.
+func (s *Server) storeOptions() store.Options {
+	o := store.Options{Logger: s.log, RawRetention: s.cfg.RawRetention}
+	if s.cfg.RawRetention > 0 {
+		o.DedupRetention = ingest.MaxBatchAge + 24*time.Hour
+	}
+	return o
 }
 
 // Server is a collector.
@@ -154,7 +171,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	st, err := store.Open(s.cfg.DataDir, store.Options{Logger: s.log})
+	st, err := store.Open(s.cfg.DataDir, s.storeOptions())
 	if err != nil {
 		return err
 	}

@@ -72,6 +72,8 @@ type Store struct {
 	aggs          *aggCache
 	nodes         *nodeCache
 	aggMu         sync.Mutex // held by the committer per group, and by DeleteRun
+
+	rawTTL, dedupTTL time.Duration // Options.RawRetention, DedupRetention
 }
 
 // Options configures Open.
@@ -80,6 +82,23 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock for node last-seen times; time.Now if nil.
 	Now func() time.Time
+	// RawRetention, when positive, is how long raw records (GPU and host
+	// windows, raw samples, run windows and events) are kept: they are
+	// written with that TTL and badger drops them at compaction. Run
+	// aggregates and node statuses are kept regardless. Zero keeps all.
+	RawRetention time.Duration
+	// DedupRetention, when positive, is how long the marks that
+	// deduplicate batches are kept; it must outlast any replay the
+	// collector would still accept (ingest.MaxBatchAge).
+	DedupRetention time.Duration
+}
+
+// Validate checks the options.
+func (o Options) Validate() error {
+	if o.RawRetention < 0 || o.DedupRetention < 0 {
+		return fmt.Errorf("store: retention must be >= 0 (raw %v, dedup %v)", o.RawRetention, o.DedupRetention)
+	}
+	return nil
 }
 
 type badgerLogger struct{ l *slog.Logger }
@@ -96,6 +115,9 @@ func trim(s string) string { return string(bytes.TrimRight([]byte(s), "\n")) }
 func Open(dir string, o Options) (s *Store, err error) {
 	if dir == "" {
 		return nil, errors.New("store: empty data directory")
+	}
+	if err := o.Validate(); err != nil {
+		return nil, err
 	}
 	log := o.Logger
 	if log == nil {
@@ -118,7 +140,7 @@ func Open(dir string, o Options) (s *Store, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
 	}
-	s = &Store{db: db, log: log, now: now, applyCh: make(chan *applyReq), quit: make(chan struct{}),
+	s = &Store{db: db, log: log, now: now, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, applyCh: make(chan *applyReq), quit: make(chan struct{}),
 		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize)}
 	go s.committer()
 	return s, nil
@@ -365,7 +387,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		return false, err
 	}
 	for _, rec := range r.raw {
-		if err := txn.Set(rec.k, rec.v); err != nil {
+		if err := s.setTTL(txn, rec.k, rec.v, s.rawTTL); err != nil {
 			return false, err
 		}
 	}
@@ -420,7 +442,15 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	ns.BootId = boot
 	ns.LastSeq = b.GetSeq()
 	ns.LastSeen = timestamppb.New(s.now())
-	return false, txn.Set(dk, nil)
+	return false, s.setTTL(txn, dk, nil, s.dedupTTL)
+}
+
+// setTTL writes k=v, expiring after ttl when ttl is positive.
+func (s *Store) setTTL(txn *badger.Txn, k, v []byte, ttl time.Duration) error {
+	if ttl <= 0 {
+		return txn.Set(k, v)
+	}
+	return txn.SetEntry(badger.NewEntry(k, v).WithTTL(ttl))
 }
 
 func getAgg(txn *badger.Txn, run string) (*aggregate.State, error) {
