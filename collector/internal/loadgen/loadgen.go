@@ -213,7 +213,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return Result{}, fmt.Errorf("agents did not all connect: %w", firstErr(stats, ctx.Err()))
 	}
 
-	cpu0, _ := procCPU(cfg.PID)
+	cpu0, _ := ProcCPU(cfg.PID)
 	t0 := time.Now()
 	measureFrom.Store(t0.UnixNano())
 	measureTo.Store(t0.Add(cfg.Duration).UnixNano())
@@ -223,8 +223,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	case <-ctx.Done():
 	}
 	elapsed := time.Since(t0)
-	cpu1, _ := procCPU(cfg.PID)
-	rss, _ := procRSS(cfg.PID)
+	cpu1, _ := ProcCPU(cfg.PID)
+	rss, _ := ProcRSS(cfg.PID)
 	cancel()
 	done.Wait()
 

@@ -12,8 +12,8 @@ import (
 // Linux architecture Go supports.
 const clockTicks = 100
 
-// procCPU returns the user+system CPU time of process pid (0: none).
-func procCPU(pid int) (time.Duration, error) {
+// ProcCPU returns the user+system CPU time of process pid (0: none).
+func ProcCPU(pid int) (time.Duration, error) {
 	if pid == 0 {
 		return 0, nil
 	}
@@ -41,8 +41,8 @@ func procCPU(pid int) (time.Duration, error) {
 	return time.Duration(ut+st) * time.Second / clockTicks, nil
 }
 
-// procRSS returns the resident memory of process pid in MiB (0: none).
-func procRSS(pid int) (float64, error) {
+// ProcRSS returns the resident memory of process pid in MiB (0: none).
+func ProcRSS(pid int) (float64, error) {
 	if pid == 0 {
 		return 0, nil
 	}
@@ -61,9 +61,3 @@ func procRSS(pid int) (float64, error) {
 	}
 	return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
 }
-
-// ProcCPU is procCPU for the command (and the benchmarks).
-func ProcCPU(pid int) (time.Duration, error) { return procCPU(pid) }
-
-// ProcRSS is procRSS for the command.
-func ProcRSS(pid int) (float64, error) { return procRSS(pid) }
