@@ -28,8 +28,10 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -624,19 +626,36 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 			}
 			return nil
 		}
+		// Copy the values out, then decode them on all cores: decoding the
+		// aggregates' JSON is nearly all the cost of listing many runs
+		// (docs/benchmarks.md, export csv).
+		var keys, vals [][]byte
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("a/"), PrefetchValues: true, PrefetchSize: 64})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
-			err := it.Item().Value(func(v []byte) error {
-				st, err := aggregate.Unmarshal(v)
-				if err != nil {
-					return fmt.Errorf("run %q: %w", it.Item().Key()[2:], err)
-				}
-				out = append(out, st)
-				return nil
-			})
+			v, err := it.Item().ValueCopy(nil)
 			if err != nil {
 				return err
+			}
+			keys, vals = append(keys, it.Item().KeyCopy(nil)), append(vals, v)
+		}
+		out = make([]*aggregate.State, len(vals))
+		errs := make([]error, len(vals))
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for w := min(runtime.GOMAXPROCS(0), (len(vals)+63)/64); w > 0; w-- {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := int(next.Add(1)) - 1; i < len(vals); i = int(next.Add(1)) - 1 {
+					out[i], errs[i] = aggregate.Unmarshal(vals[i])
+				}
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				return fmt.Errorf("run %q: %w", keys[i][2:], err)
 			}
 		}
 		return nil
