@@ -55,6 +55,7 @@ test-e2e: build
 FUZZTIME ?= 5s
 fuzz-short:
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./agent/internal/trainerproto
+	$(GO) test -run='^$$' -fuzz='^FuzzFlatPath$$' -fuzztime=$(FUZZTIME) ./agent/internal/trainerproto
 	$(GO) test -run='^$$' -fuzz='^FuzzValidateBatch$$' -fuzztime=$(FUZZTIME) ./collector/internal/ingest
 	$(GO) test -run='^$$' -fuzz='^FuzzAggregate$$' -fuzztime=$(FUZZTIME) ./collector/internal/ingest
 
