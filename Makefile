@@ -6,7 +6,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BUF := $(GO) tool -modfile=tools/go.mod buf
 BIN := bin
 
-.PHONY: all build proto proto-check test test-go fuzz-short test-python test-e2e vet fmt-check demo clean install uninstall deb
+.PHONY: all build proto proto-check test test-go fuzz-short test-python test-e2e vet fmt-check demo clean install uninstall deb bench
 
 all: build
 
@@ -55,10 +55,29 @@ test-e2e: build
 FUZZTIME ?= 5s
 fuzz-short:
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./agent/internal/trainerproto
+	$(GO) test -run='^$$' -fuzz='^FuzzFlatPath$$' -fuzztime=$(FUZZTIME) ./agent/internal/trainerproto
 	$(GO) test -run='^$$' -fuzz='^FuzzValidateBatch$$' -fuzztime=$(FUZZTIME) ./collector/internal/ingest
 	$(GO) test -run='^$$' -fuzz='^FuzzAggregate$$' -fuzztime=$(FUZZTIME) ./collector/internal/ingest
 
 test: fmt-check vet proto-check test-go fuzz-short test-python test-e2e
+
+# Benchmarks (docs/benchmarks.md; not part of `make test`): the Go
+# benchmarks of the hot paths, then short runs of trainmeter-loadgen against
+# the real binaries: collector ingest (with the OpenTelemetry Collector side
+# by side when scripts/otelcol-build.sh has one cached or OTELCOL=path),
+# raw samples, and the agent (CPU, memory, tick jitter, trainer socket).
+BENCH_PKGS := ./pkg/energy ./agent/internal/spool ./agent/internal/trainerproto ./collector/internal/store ./collector/internal/server
+BENCHTIME ?= 1s
+LOADGEN_DURATION ?= 10s
+OTELCOL ?= $(shell scripts/otelcol-build.sh --cached-only 2>/dev/null)
+bench: build
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(BENCH_PKGS)
+	$(BIN)/trainmeter-loadgen --collector-bin $(BIN)/trainmeter --agents 100,1000 --duration $(LOADGEN_DURATION) \
+		--export-bin $(BIN)/trainmeter $(if $(OTELCOL),--otelcol-bin $(OTELCOL))
+	$(BIN)/trainmeter-loadgen --collector-bin $(BIN)/trainmeter --agents 500 --raw-samples 250 --duration $(LOADGEN_DURATION) --probes 0
+	$(BIN)/trainmeter-loadgen --collector-bin $(BIN)/trainmeter --agent-bin $(BIN)/trainmeter-agent --duration $(LOADGEN_DURATION)
+	$(BIN)/trainmeter-loadgen --collector-bin $(BIN)/trainmeter --agent-bin $(BIN)/trainmeter-agent --duration $(LOADGEN_DURATION) \
+		--ranks 64 --step-every 0
 
 # Install (docs/deploy.md). PREFIX=/usr as Debian; DESTDIR stages (packaging).
 # Units go to $(PREFIX)/lib/systemd/system (searched by systemd for /usr and

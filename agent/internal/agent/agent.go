@@ -83,6 +83,7 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 		DefaultWarmup: cfg.Warmup,
 		MaxGap:        max(5*cfg.Interval, 250*time.Millisecond),
 		Logger:        logger,
+		RawSamples:    cfg.RawSamples,
 	}
 	if ls, ok := backend.(gpu.LoadSetter); ok {
 		lcfg.Load = ls

@@ -38,6 +38,9 @@ type Config struct {
 	// docs/replay-format.md) instead of reading the real host: for tests and
 	// demos of the dataloader advice.
 	HostReplay string `yaml:"host_replay"`
+	// RawSamples sends every GPU sample to the collector too (RawSamples in
+	// the batches), besides the 1 s summaries. Off by default.
+	RawSamples bool `yaml:"raw_samples"`
 	// Spool is the directory that keeps batches until the collector acks
 	// them, across collector outages and agent restarts.
 	Spool string `yaml:"spool"`

@@ -48,6 +48,11 @@ type Config struct {
 	// attribute_pid and no gpus then starts with no GPUs, and AddGPUs adds
 	// them as they are found. When false, such a run gets every GPU.
 	ProcessAttribution bool
+
+	// RawSamples adds every GPU's raw samples (time, power, utilization,
+	// memory) to the batches, as RawSamples columns: for analyses that need
+	// the 50 ms curve. Off by default (about 16 bytes per sample).
+	RawSamples bool
 }
 
 func (c *Config) setDefaults() {
@@ -84,7 +89,10 @@ type Ledger struct {
 	startStats []energy.Stats
 	// gpuAcc[0] accumulates the open window; gpuAcc[1] ticks that fall after
 	// its end while it settles.
-	gpuAcc   [2][]gpuAcc
+	gpuAcc [2][]gpuAcc
+	// raw[0] holds the open window's raw samples, raw[1] those of ticks
+	// after its end, like gpuAcc (Config.RawSamples only).
+	raw      [2][]*pb.RawSamples
 	host     *pb.HostWindow
 	runs     map[string]*run
 	order    []string // run ids in start order, for deterministic batches
@@ -138,6 +146,9 @@ func New(cfg Config) *Ledger {
 	}
 	l.gpuAcc[0] = make([]gpuAcc, n)
 	l.gpuAcc[1] = make([]gpuAcc, n)
+	if cfg.RawSamples {
+		l.raw[0], l.raw[1] = newRaw(n), newRaw(n)
+	}
 	return l
 }
 
@@ -154,9 +165,9 @@ func (l *Ledger) Tick(now time.Time, samples []gpu.Sample) []*pb.Batch {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.open(now)
-	acc := l.gpuAcc[0]
+	acc, raw := l.gpuAcc[0], l.raw[0]
 	if !now.Before(l.winEnd) {
-		acc = l.gpuAcc[1]
+		acc, raw = l.gpuAcc[1], l.raw[1]
 	}
 	for i := range samples {
 		if i >= len(l.meters) {
@@ -169,6 +180,9 @@ func (l *Ledger) Tick(now time.Time, samples []gpu.Sample) []*pb.Batch {
 			l.firstRaw[i], l.firstRawOK[i] = s.EnergyJ, true
 		}
 		accumulate(&acc[i], &s)
+		if raw != nil && s.PowerOK {
+			addRaw(raw[i], &s)
+		}
 	}
 	l.updateLoad(now)
 	l.expireRestored(now)
@@ -218,6 +232,35 @@ func (l *Ledger) open(now time.Time) {
 	l.started = true
 	l.winStart = now
 	l.winEnd = now.Truncate(l.cfg.Window).Add(l.cfg.Window)
+}
+
+func newRaw(n int) []*pb.RawSamples {
+	out := make([]*pb.RawSamples, n)
+	for i := range out {
+		out[i] = &pb.RawSamples{Gpu: uint32(i)}
+	}
+	return out
+}
+
+// addRaw appends one sample to r's columns (utilization and memory 0 when
+// not read, so the columns stay aligned). Times must increase: a tick
+// earlier than the last one kept (clock stepped back) is dropped.
+func addRaw(r *pb.RawSamples, s *gpu.Sample) {
+	t := uint64(s.ReadAt.UnixNano())
+	if n := len(r.TUnixNs); n > 0 && t <= r.TUnixNs[n-1] {
+		return
+	}
+	var util, mem float32
+	if s.UtilOK {
+		util = float32(s.UtilPct)
+	}
+	if s.MemOK {
+		mem = float32(s.MemUsedMiB)
+	}
+	r.TUnixNs = append(r.TUnixNs, t)
+	r.PowerW = append(r.PowerW, float32(s.PowerW))
+	r.UtilizationPct = append(r.UtilizationPct, util)
+	r.MemoryUsedMib = append(r.MemoryUsedMib, mem)
 }
 
 func accumulate(a *gpuAcc, s *gpu.Sample) {
@@ -324,6 +367,14 @@ func (l *Ledger) closeWindow() *pb.Batch {
 	copy(l.startCum, endCum)
 	l.gpuAcc[0], l.gpuAcc[1] = l.gpuAcc[1], l.gpuAcc[0]
 	clear(l.gpuAcc[1])
+	if l.cfg.RawSamples {
+		for _, r := range l.raw[0] {
+			if len(r.TUnixNs) > 0 {
+				b.RawSamples = append(b.RawSamples, r)
+			}
+		}
+		l.raw[0], l.raw[1] = l.raw[1], newRaw(len(l.meters))
+	}
 	l.winStart = we
 	l.winEnd = we.Add(l.cfg.Window)
 	return b

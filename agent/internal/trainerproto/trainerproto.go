@@ -195,6 +195,27 @@ func Parse(line []byte) (Event, error) {
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, &Error{Kind: ErrKindJSON, Msg: "invalid JSON: expected an object"}
 	}
+	// Step lines, nearly all the traffic, are flat objects: scan them
+	// without building a map (scanFlat declines anything unusual, which
+	// then takes the general path below and gets the same result).
+	flat := flatPool.Get().(*flatObject)
+	defer flatPool.Put(flat)
+	if scanFlat(trimmed, flat) {
+		if ev, ok := flat.get("event"); ok && string(ev) == `"`+EventStep+`"` {
+			d := decoder{event: EventStep, flat: flat}
+			run, err := d.runID()
+			if err != nil {
+				return nil, err
+			}
+			return d.step(run)
+		}
+	}
+	return parseGeneral(trimmed)
+}
+
+// parseGeneral parses a trimmed line that starts with '{' through
+// encoding/json.
+func parseGeneral(trimmed []byte) (Event, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(trimmed, &m); err != nil {
 		return nil, &Error{Kind: ErrKindJSON, Msg: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
@@ -237,6 +258,16 @@ func Parse(line []byte) (Event, error) {
 type decoder struct {
 	event string
 	m     map[string]json.RawMessage
+	flat  *flatObject // instead of m, for lines scanFlat took
+}
+
+// get returns the raw value of key.
+func (d *decoder) get(key string) (json.RawMessage, bool) {
+	if d.flat != nil {
+		return d.flat.get(key)
+	}
+	raw, ok := d.m[key]
+	return raw, ok
 }
 
 func (d *decoder) fieldErr(field, format string, args ...any) error {
@@ -249,15 +280,15 @@ func (d *decoder) fieldErr(field, format string, args ...any) error {
 }
 
 func (d *decoder) runID() (string, error) {
-	raw, ok := d.m["run_id"]
+	raw, ok := d.get("run_id")
 	mk := func(msg string) error {
 		return &Error{Kind: ErrKindRunID, Event: d.event, Field: "run_id", Msg: msg}
 	}
 	if !ok || isNull(raw) {
 		return "", mk("missing run_id")
 	}
-	var s string
-	if kindOf(raw) != '"' || json.Unmarshal(raw, &s) != nil {
+	s, ok := jsonString(raw)
+	if !ok {
 		return "", mk("run_id must be a string")
 	}
 	if s == "" {
@@ -274,7 +305,7 @@ func (d *decoder) runID() (string, error) {
 
 // str decodes an optional string field bounded to max bytes.
 func (d *decoder) str(key string, max int) (string, error) {
-	raw, ok := d.m[key]
+	raw, ok := d.get(key)
 	if !ok || isNull(raw) {
 		return "", nil
 	}
@@ -290,7 +321,7 @@ func (d *decoder) str(key string, max int) (string, error) {
 
 // uint decodes an optional non-negative integer that fits uint64.
 func (d *decoder) uint(key string) (*uint64, error) {
-	raw, ok := d.m[key]
+	raw, ok := d.get(key)
 	if !ok || isNull(raw) {
 		return nil, nil
 	}
@@ -303,7 +334,7 @@ func (d *decoder) uint(key string) (*uint64, error) {
 
 // int decodes an optional integer that fits int64; nonNeg rejects negatives.
 func (d *decoder) int(key string, nonNeg bool) (*int64, error) {
-	raw, ok := d.m[key]
+	raw, ok := d.get(key)
 	if !ok || isNull(raw) {
 		return nil, nil
 	}
@@ -319,7 +350,7 @@ func (d *decoder) int(key string, nonNeg bool) (*int64, error) {
 
 // float decodes an optional finite number; nonNeg rejects negatives.
 func (d *decoder) float(key string, nonNeg bool) (*float64, error) {
-	raw, ok := d.m[key]
+	raw, ok := d.get(key)
 	if !ok || isNull(raw) {
 		return nil, nil
 	}
@@ -337,7 +368,7 @@ func (d *decoder) float(key string, nonNeg bool) (*float64, error) {
 }
 
 func (d *decoder) gpus() ([]string, error) {
-	raw, ok := d.m["gpus"]
+	raw, ok := d.get("gpus")
 	if !ok || isNull(raw) {
 		return nil, nil
 	}
@@ -524,7 +555,7 @@ func (d *decoder) labels() (map[string]string, error) {
 
 func (d *decoder) step(run string) (Event, error) {
 	e := &Step{Run: run}
-	raw, ok := d.m["tokens"]
+	raw, ok := d.get("tokens")
 	if !ok {
 		return nil, d.fieldErr("tokens", "is required")
 	}

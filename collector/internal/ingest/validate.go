@@ -15,10 +15,13 @@ import (
 
 // Limits on one batch.
 const (
-	MaxIDBytes       = 256
-	MaxRunWindows    = 10000
-	MaxRunEvents     = 10000
-	MaxGPUWindows    = 10000
+	MaxIDBytes    = 256
+	MaxRunWindows = 10000
+	MaxRunEvents  = 10000
+	MaxGPUWindows = 10000
+	// MaxRawSamples caps the raw samples of one batch, over all its GPUs
+	// (an agent at 10 ms with 64 GPUs sends 6,400 a second).
+	MaxRawSamples    = 1 << 20
 	MaxLabels        = 256
 	MaxMetadataBytes = 4096
 	// MaxPhys caps every physical figure (J, W, MiB, %, s) in a batch, so no
@@ -174,10 +177,69 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 			return fmt.Errorf("losses[%d]: %w", i, err)
 		}
 	}
+	if err := validateRawSamples(b); err != nil {
+		return err
+	}
 	if h := b.GetHost(); h != nil {
 		if err := phys("host.memory_used_mib", h.GetMemoryUsedMib(), "host.memory_total_mib", h.GetMemoryTotalMib(),
 			"host.cpu_pct", h.GetCpuPct()); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// validateRawSamples checks the raw sample columns: lengths agree, times
+// increase and lie in the batch window (widened like events), values are
+// physical. It does not allocate: a batch may hold a million samples.
+func validateRawSamples(b *trainmeterv1.Batch) error {
+	rs := b.GetRawSamples()
+	if len(rs) == 0 {
+		return nil
+	}
+	lo := uint64(b.GetWindowStart().AsTime().Add(-MaxEventSkew).UnixNano())
+	hi := uint64(b.GetWindowEnd().AsTime().Add(MaxEventSkew).UnixNano())
+	total := 0
+	for i, r := range rs {
+		if r == nil {
+			return fmt.Errorf("raw_samples[%d] is null", i)
+		}
+		ts := r.GetTUnixNs()
+		n := len(ts)
+		total += n
+		if total > MaxRawSamples {
+			return fmt.Errorf("more than %d raw samples", MaxRawSamples)
+		}
+		if len(r.GetPowerW()) != n {
+			return fmt.Errorf("raw_samples[%d]: %d power_w values for %d times", i, len(r.GetPowerW()), n)
+		}
+		for _, col := range []struct {
+			name string
+			v    []float32
+		}{{"utilization_pct", r.GetUtilizationPct()}, {"memory_used_mib", r.GetMemoryUsedMib()}} {
+			if len(col.v) != 0 && len(col.v) != n {
+				return fmt.Errorf("raw_samples[%d]: %d %s values for %d times", i, len(col.v), col.name, n)
+			}
+		}
+		prev := uint64(0)
+		for j, t := range ts {
+			if t < lo || t > hi {
+				return fmt.Errorf("raw_samples[%d]: t_unix_ns[%d] lies outside the batch window", i, j)
+			}
+			if t <= prev {
+				return fmt.Errorf("raw_samples[%d]: t_unix_ns[%d] does not increase", i, j)
+			}
+			prev = t
+		}
+		for _, col := range []struct {
+			name string
+			v    []float32
+		}{{"power_w", r.GetPowerW()}, {"utilization_pct", r.GetUtilizationPct()}, {"memory_used_mib", r.GetMemoryUsedMib()}} {
+			for j, v := range col.v {
+				if !(v >= 0 && v <= MaxPhys) { // also false for NaN
+					return fmt.Errorf("raw_samples[%d]: %s[%d] is not a physical value (%v)", i, col.name, j, v)
+				}
+			}
 		}
 	}
 	return nil

@@ -69,6 +69,10 @@ type Config struct {
 	PriorityMultipliers map[string]float64
 	// GCInterval is how often value-log GC runs; 0 disables it.
 	GCInterval time.Duration
+	// RawRetention, when positive, bounds how long raw records are kept
+	// (store.Options.RawRetention); 0 keeps them forever. Run aggregates
+	// are kept regardless.
+	RawRetention time.Duration
 	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
 	// over plain HTTP (docs/observability.md).
 	StatusListen string
@@ -117,6 +121,9 @@ func (c Config) Validate() error {
 	if c.GCInterval < 0 {
 		errs = append(errs, fmt.Errorf("gc interval must be >= 0, got %v", c.GCInterval))
 	}
+	if c.RawRetention < 0 {
+		errs = append(errs, fmt.Errorf("raw retention must be >= 0, got %v", c.RawRetention))
+	}
 	if err := c.TLSOptions().Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -136,6 +143,19 @@ func (c Config) Pricing() aggregate.Pricing {
 		Tariff: c.Tariff, EnergyIncluded: c.EnergyIncluded, NodeGPUPricePerHour: c.NodeGPUPricePerHour,
 		Catalog: c.PriceCatalog, PriorityMultipliers: c.PriorityMultipliers,
 	}
+}
+
+// storeOptions: with a raw retention, dedup marks are kept a day longer than
+// the oldest batch ingest accepts, so no replay can be applied twice.
+func (s *Server) storeOptions() store.Options {
+	o := store.Options{Logger: s.log, RawRetention: s.cfg.RawRetention}
+	if s.cfg.Tariff != nil {
+		o.EnergyBands = s.cfg.Tariff
+	}
+	if s.cfg.RawRetention > 0 {
+		o.DedupRetention = ingest.MaxBatchAge + 24*time.Hour
+	}
+	return o
 }
 
 // Server is a collector.
@@ -182,11 +202,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	stOpts := store.Options{Logger: s.log}
-	if s.cfg.Tariff != nil {
-		stOpts.EnergyBands = s.cfg.Tariff
-	}
-	st, err := store.Open(s.cfg.DataDir, stOpts)
+	st, err := store.Open(s.cfg.DataDir, s.storeOptions())
 	if err != nil {
 		return err
 	}

@@ -9,12 +9,16 @@
 //	a/<run_id>                                     run aggregate (JSON, see aggregate.State)
 //	w/<run_id>\0<node>\0<start:8><seq:8><i:4>      raw RunWindow (proto)
 //	v/<run_id>\0<node>\0<time:8><seq:8><i:4>       raw RunEvent (proto)
-//	g/<node>\0<gpu:4><start:8><seq:8>              raw GpuWindow (proto)
-//	h/<node>\0<start:8><seq:8>                     raw HostWindow (proto)
+//	r/<node>\0<start:8><seq:8>                     raw GpuWindows + HostWindow of a batch
+//	                                               (proto Batch holding only those and the window)
+//	s/<node>\0<start:8><seq:8>                     raw samples of a batch (proto Batch holding
+//	                                               only raw_samples and the window)
 //	n/<node>                                       NodeStatus (proto; connected is not stored)
 //	x/<namespace>\0<key>                           the collector's own records (records.go)
 //
 // Writes use SyncWrites, so a batch is durable when ApplyBatch returns nil.
+// Concurrent ApplyBatch calls share one transaction and one sync (group
+// commit, commit.go).
 package store
 
 import (
@@ -24,8 +28,10 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -59,6 +65,18 @@ type Store struct {
 	gcMu   sync.Mutex
 	gcStop chan struct{}
 	gcDone chan struct{}
+
+	// Group commit (commit.go): ApplyBatch hands its batch to the committer,
+	// which writes every batch waiting into one transaction.
+	applyCh       chan *applyReq
+	quit          chan struct{}
+	committerDone chan struct{}
+	closeOnce     sync.Once
+	aggs          *aggCache
+	nodes         *nodeCache
+	aggMu         sync.Mutex // held by the committer per group, and by DeleteRun
+
+	rawTTL, dedupTTL time.Duration // Options.RawRetention, DedupRetention
 }
 
 // Options configures Open.
@@ -70,6 +88,23 @@ type Options struct {
 	// EnergyBands, when set, books each window's energy to the tariff band
 	// in force (aggregate.State.EnergyByBand); nil: no time-of-use tariff.
 	EnergyBands aggregate.EnergyBands
+	// RawRetention, when positive, is how long raw records (GPU and host
+	// windows, raw samples, run windows and events) are kept: they are
+	// written with that TTL and badger drops them at compaction. Run
+	// aggregates and node statuses are kept regardless. Zero keeps all.
+	RawRetention time.Duration
+	// DedupRetention, when positive, is how long the marks that
+	// deduplicate batches are kept; it must outlast any replay the
+	// collector would still accept (ingest.MaxBatchAge).
+	DedupRetention time.Duration
+}
+
+// Validate checks the options.
+func (o Options) Validate() error {
+	if o.RawRetention < 0 || o.DedupRetention < 0 {
+		return fmt.Errorf("store: retention must be >= 0 (raw %v, dedup %v)", o.RawRetention, o.DedupRetention)
+	}
+	return nil
 }
 
 type badgerLogger struct{ l *slog.Logger }
@@ -86,6 +121,9 @@ func trim(s string) string { return string(bytes.TrimRight([]byte(s), "\n")) }
 func Open(dir string, o Options) (s *Store, err error) {
 	if dir == "" {
 		return nil, errors.New("store: empty data directory")
+	}
+	if err := o.Validate(); err != nil {
+		return nil, err
 	}
 	log := o.Logger
 	if log == nil {
@@ -108,12 +146,18 @@ func Open(dir string, o Options) (s *Store, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
 	}
-	return &Store{db: db, log: log, now: now, bands: o.EnergyBands}, nil
+	s = &Store{db: db, log: log, now: now, bands: o.EnergyBands, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, applyCh: make(chan *applyReq), quit: make(chan struct{}),
+		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize)}
+	go s.committer()
+	return s, nil
 }
 
-// Close stops value-log GC and closes the database.
+// Close stops value-log GC and the committer and closes the database.
+// ApplyBatch calls after Close fail.
 func (s *Store) Close() error {
 	s.StopGC()
+	s.closeOnce.Do(func() { close(s.quit) })
+	<-s.committerDone
 	return s.db.Close()
 }
 
@@ -265,15 +309,26 @@ func eventRun(e *trainmeterv1.RunEvent) string {
 // run aggregates, all in one transaction. If the batch was applied before
 // (same node, boot and seq) it returns duplicate=true and changes nothing.
 // When it returns nil error the batch is durable.
+//
+// Concurrent calls are committed together (group commit, see commit.go):
+// one transaction and one sync for every batch waiting, each caller
+// answered only once the commit that holds its batch is durable.
 func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error) {
-	runs := batchRuns(b)
-	unlock := s.lockRuns(node, runs)
+	// The node's lock keeps its batches and hellos in order; its runs are
+	// the committer's alone (commit.go).
+	unlock := s.lockRuns(node, nil)
 	defer unlock()
-	for attempt := 0; ; attempt++ {
-		duplicate, err = s.applyOnce(node, boot, b, runs)
-		if !errors.Is(err, badger.ErrConflict) || attempt >= maxConflictRetries {
-			break
-		}
+	raw, err := rawRecords(node, b)
+	if err != nil {
+		return false, err
+	}
+	req := &applyReq{node: node, boot: boot, b: b, runs: batchRuns(b), raw: raw, done: make(chan struct{})}
+	select {
+	case s.applyCh <- req:
+		<-req.done
+		duplicate, err = req.dup, req.err
+	case <-s.quit:
+		return false, errors.New("store: closed")
 	}
 	if errors.Is(err, badger.ErrTxnTooBig) {
 		err = fmt.Errorf("%w: %v", ErrBatchTooLarge, err)
@@ -281,62 +336,72 @@ func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate 
 	return duplicate, err
 }
 
-func (s *Store) applyOnce(node, boot string, b *trainmeterv1.Batch, runs []string) (bool, error) {
-	txn := s.db.NewTransaction(true)
-	defer txn.Discard()
+// kv is one raw record, encoded by the caller's goroutine (in parallel)
+// before the committer writes it.
+type kv struct{ k, v []byte }
 
+// rawRecords encodes a batch's raw records under their keys.
+func rawRecords(node string, b *trainmeterv1.Batch) ([]kv, error) {
+	seq := b.GetSeq()
+	out := make([]kv, 0, len(b.GetRunWindows())+len(b.GetRunEvents())+len(b.GetGpuWindows())+1)
+	add := func(k []byte, m proto.Message) error {
+		v, err := proto.Marshal(m)
+		out = append(out, kv{k, v})
+		return err
+	}
+	for i, w := range b.GetRunWindows() {
+		k := tkey(append(key("w/", w.GetRunId(), node), 0), w.GetStart())
+		if err := add(be32(be64(k, seq), uint32(i)), w); err != nil {
+			return nil, err
+		}
+	}
+	for i, e := range b.GetRunEvents() {
+		k := tkey(append(key("v/", eventRun(e), node), 0), aggregate.EventTime(e))
+		if err := add(be32(be64(k, seq), uint32(i)), e); err != nil {
+			return nil, err
+		}
+	}
+	// The node's GPU and host windows are one record: one key per batch
+	// rather than one per GPU (every key costs a skiplist insert and its
+	// share of flushes and compactions; docs/benchmarks.md).
+	if len(b.GetGpuWindows()) > 0 || b.GetHost() != nil {
+		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost()}
+		if err := add(be64(tkey(append(key("r/", node), 0), b.GetWindowStart()), seq), nw); err != nil {
+			return nil, err
+		}
+	}
+	// Raw samples (only from agents asked for them): one record per batch,
+	// the columns as they came.
+	if len(b.GetRawSamples()) > 0 {
+		raw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), RawSamples: b.GetRawSamples()}
+		if err := add(be64(tkey(append(key("s/", node), 0), b.GetWindowStart()), seq), raw); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// applyTo writes a batch's records into txn and folds it into the group's
+// aggregates and node statuses (written by the caller, once per group). It
+// returns duplicate=true, writing nothing, for a batch applied before.
+func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error) {
+	node, boot, b, runs := r.node, r.boot, r.b, r.runs
 	dk := dedupKey(node, boot, b.GetSeq())
 	if _, err := txn.Get(dk); err == nil {
 		return true, nil
 	} else if !errors.Is(err, badger.ErrKeyNotFound) {
 		return false, err
 	}
-
-	seq := b.GetSeq()
-	set := func(k []byte, m proto.Message) error {
-		v, err := proto.Marshal(m)
-		if err != nil {
-			return err
-		}
-		return txn.Set(k, v)
-	}
-
-	// Raw records.
-	for i, w := range b.GetRunWindows() {
-		k := tkey(append(key("w/", w.GetRunId(), node), 0), w.GetStart())
-		k = be32(be64(k, seq), uint32(i))
-		if err := set(k, w); err != nil {
-			return false, err
-		}
-	}
-	for i, e := range b.GetRunEvents() {
-		k := tkey(append(key("v/", eventRun(e), node), 0), aggregate.EventTime(e))
-		k = be32(be64(k, seq), uint32(i))
-		if err := set(k, e); err != nil {
-			return false, err
-		}
-	}
-	for _, g := range b.GetGpuWindows() {
-		k := be32(append(key("g/", node), 0), g.GetGpu())
-		k = be64(tkey(k, b.GetWindowStart()), seq)
-		if err := set(k, g); err != nil {
-			return false, err
-		}
-	}
-	if h := b.GetHost(); h != nil {
-		k := be64(tkey(append(key("h/", node), 0), b.GetWindowStart()), seq)
-		if err := set(k, h); err != nil {
+	for _, rec := range r.raw {
+		if err := s.setTTL(txn, rec.k, rec.v, s.rawTTL); err != nil {
 			return false, err
 		}
 	}
 
-	// Aggregates: read, fold, write.
+	// Aggregates: read (once per group), fold; the group writes them.
 	aggs := make(map[string]*aggregate.State, len(runs))
 	for _, r := range runs {
-		st, err := getAgg(txn, r)
-		if errors.Is(err, ErrNotFound) {
-			st, err = aggregate.New(r), nil
-		}
+		st, err := g.get(txn, r)
 		if err != nil {
 			return false, err
 		}
@@ -375,35 +440,23 @@ func (s *Store) applyOnce(node, boot string, b *trainmeterv1.Batch, runs []strin
 		}
 		aggs[l.GetRunId()].AddLoss(node, l)
 	}
-	for _, r := range runs {
-		v, err := aggs[r].Marshal()
-		if err != nil {
-			return false, err
-		}
-		if err := txn.Set(aggKey(r), v); err != nil {
-			return false, err
-		}
-	}
-
 	// Node status.
-	ns, err := getNode(txn, node)
-	if err != nil && !errors.Is(err, ErrNotFound) {
+	ns, err := g.node(txn, node)
+	if err != nil {
 		return false, err
-	}
-	if ns == nil {
-		ns = &trainmeterv1.NodeStatus{Node: node}
 	}
 	ns.BootId = boot
-	ns.LastSeq = seq
+	ns.LastSeq = b.GetSeq()
 	ns.LastSeen = timestamppb.New(s.now())
-	if err := set(nodeKey(node), ns); err != nil {
-		return false, err
-	}
+	return false, s.setTTL(txn, dk, nil, s.dedupTTL)
+}
 
-	if err := txn.Set(dk, nil); err != nil {
-		return false, err
+// setTTL writes k=v, expiring after ttl when ttl is positive.
+func (s *Store) setTTL(txn *badger.Txn, k, v []byte, ttl time.Duration) error {
+	if ttl <= 0 {
+		return txn.Set(k, v)
 	}
-	return false, txn.Commit()
+	return txn.SetEntry(badger.NewEntry(k, v).WithTTL(ttl))
 }
 
 func getAgg(txn *badger.Txn, run string) (*aggregate.State, error) {
@@ -440,6 +493,7 @@ func getNode(txn *badger.Txn, node string) (*trainmeterv1.NodeStatus, error) {
 func (s *Store) PutHello(h *trainmeterv1.Hello) error {
 	unlock := s.lockRuns(h.GetNode(), nil)
 	defer unlock()
+	s.nodes.drop(h.GetNode()) // the committer's copy is stale from now on
 	for attempt := 0; ; attempt++ {
 		err := s.db.Update(func(txn *badger.Txn) error {
 			ns, err := getNode(txn, h.GetNode())
@@ -478,6 +532,9 @@ func (s *Store) DeleteRun(id string) (records int, err error) {
 	unlock := s.lockRuns("", []string{id})
 	defer unlock()
 	found := false
+	// The committer writes aggregates; keep it out while this one goes.
+	s.aggMu.Lock()
+	s.aggs.drop(id)
 	err = s.db.Update(func(txn *badger.Txn) error {
 		_, err := txn.Get(aggKey(id))
 		if errors.Is(err, badger.ErrKeyNotFound) {
@@ -489,6 +546,7 @@ func (s *Store) DeleteRun(id string) (records int, err error) {
 		found = true
 		return txn.Delete(aggKey(id))
 	})
+	s.aggMu.Unlock()
 	if err != nil {
 		return 0, err
 	}
@@ -572,19 +630,36 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 			}
 			return nil
 		}
+		// Copy the values out, then decode them on all cores: decoding the
+		// aggregates' JSON is nearly all the cost of listing many runs
+		// (docs/benchmarks.md, export csv).
+		var keys, vals [][]byte
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("a/"), PrefetchValues: true, PrefetchSize: 64})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
-			err := it.Item().Value(func(v []byte) error {
-				st, err := aggregate.Unmarshal(v)
-				if err != nil {
-					return fmt.Errorf("run %q: %w", it.Item().Key()[2:], err)
-				}
-				out = append(out, st)
-				return nil
-			})
+			v, err := it.Item().ValueCopy(nil)
 			if err != nil {
 				return err
+			}
+			keys, vals = append(keys, it.Item().KeyCopy(nil)), append(vals, v)
+		}
+		out = make([]*aggregate.State, len(vals))
+		errs := make([]error, len(vals))
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for w := min(runtime.GOMAXPROCS(0), (len(vals)+63)/64); w > 0; w-- {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := int(next.Add(1)) - 1; i < len(vals); i = int(next.Add(1)) - 1 {
+					out[i], errs[i] = aggregate.Unmarshal(vals[i])
+				}
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				return fmt.Errorf("run %q: %w", keys[i][2:], err)
 			}
 		}
 		return nil
@@ -627,6 +702,25 @@ func (s *Store) RunWindows(runID string) ([]*trainmeterv1.RunWindow, error) {
 				return err
 			}
 			out = append(out, w)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// RawSamples returns the raw-sample records stored for a node, in time
+// order: each a Batch holding only the window and its raw_samples.
+func (s *Store) RawSamples(node string) ([]*trainmeterv1.Batch, error) {
+	var out []*trainmeterv1.Batch
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: append(key("s/", node), 0), PrefetchValues: true})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			b := &trainmeterv1.Batch{}
+			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
+				return err
+			}
+			out = append(out, b)
 		}
 		return nil
 	})

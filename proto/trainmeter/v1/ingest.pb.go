@@ -444,7 +444,11 @@ type Batch struct {
 	// collector rejected), per run, since the previous batch that carried such
 	// records. The seqs of dropped batches never arrive: a gap in seq is
 	// explained by these records.
-	Losses        []*DataLoss `protobuf:"bytes,8,rep,name=losses,proto3" json:"losses,omitempty"`
+	Losses []*DataLoss `protobuf:"bytes,8,rep,name=losses,proto3" json:"losses,omitempty"`
+	// Raw GPU samples of the window, one entry per GPU, only from an agent
+	// asked for them (trainmeter-agent --raw-samples); the summaries above
+	// are sent either way.
+	RawSamples    []*RawSamples `protobuf:"bytes,9,rep,name=raw_samples,json=rawSamples,proto3" json:"raw_samples,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -535,6 +539,94 @@ func (x *Batch) GetLosses() []*DataLoss {
 	return nil
 }
 
+func (x *Batch) GetRawSamples() []*RawSamples {
+	if x != nil {
+		return x.RawSamples
+	}
+	return nil
+}
+
+// RawSamples are one GPU's samples over a batch window, column by column
+// (packed: about 16 bytes a sample). All columns have the length of
+// t_unix_ns, except that utilization_pct and memory_used_mib may be empty
+// (not read).
+type RawSamples struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Gpu   uint32                 `protobuf:"varint,1,opt,name=gpu,proto3" json:"gpu,omitempty"`
+	// Sample times, Unix nanoseconds, increasing.
+	TUnixNs        []uint64  `protobuf:"fixed64,2,rep,packed,name=t_unix_ns,json=tUnixNs,proto3" json:"t_unix_ns,omitempty"`
+	PowerW         []float32 `protobuf:"fixed32,3,rep,packed,name=power_w,json=powerW,proto3" json:"power_w,omitempty"`
+	UtilizationPct []float32 `protobuf:"fixed32,4,rep,packed,name=utilization_pct,json=utilizationPct,proto3" json:"utilization_pct,omitempty"`
+	MemoryUsedMib  []float32 `protobuf:"fixed32,5,rep,packed,name=memory_used_mib,json=memoryUsedMib,proto3" json:"memory_used_mib,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RawSamples) Reset() {
+	*x = RawSamples{}
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RawSamples) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RawSamples) ProtoMessage() {}
+
+func (x *RawSamples) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RawSamples.ProtoReflect.Descriptor instead.
+func (*RawSamples) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RawSamples) GetGpu() uint32 {
+	if x != nil {
+		return x.Gpu
+	}
+	return 0
+}
+
+func (x *RawSamples) GetTUnixNs() []uint64 {
+	if x != nil {
+		return x.TUnixNs
+	}
+	return nil
+}
+
+func (x *RawSamples) GetPowerW() []float32 {
+	if x != nil {
+		return x.PowerW
+	}
+	return nil
+}
+
+func (x *RawSamples) GetUtilizationPct() []float32 {
+	if x != nil {
+		return x.UtilizationPct
+	}
+	return nil
+}
+
+func (x *RawSamples) GetMemoryUsedMib() []float32 {
+	if x != nil {
+		return x.MemoryUsedMib
+	}
+	return nil
+}
+
 // DataLoss is what one or more dropped batches held for one run: the run's
 // figures are incomplete by exactly this much.
 type DataLoss struct {
@@ -558,7 +650,7 @@ type DataLoss struct {
 
 func (x *DataLoss) Reset() {
 	*x = DataLoss{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +662,7 @@ func (x *DataLoss) String() string {
 func (*DataLoss) ProtoMessage() {}
 
 func (x *DataLoss) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +675,7 @@ func (x *DataLoss) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataLoss.ProtoReflect.Descriptor instead.
 func (*DataLoss) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{5}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DataLoss) GetRunId() string {
@@ -663,7 +755,7 @@ type GpuWindow struct {
 
 func (x *GpuWindow) Reset() {
 	*x = GpuWindow{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +767,7 @@ func (x *GpuWindow) String() string {
 func (*GpuWindow) ProtoMessage() {}
 
 func (x *GpuWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +780,7 @@ func (x *GpuWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuWindow.ProtoReflect.Descriptor instead.
 func (*GpuWindow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{6}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GpuWindow) GetGpu() uint32 {
@@ -855,7 +947,7 @@ type RunWindow struct {
 
 func (x *RunWindow) Reset() {
 	*x = RunWindow{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +959,7 @@ func (x *RunWindow) String() string {
 func (*RunWindow) ProtoMessage() {}
 
 func (x *RunWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +972,7 @@ func (x *RunWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWindow.ProtoReflect.Descriptor instead.
 func (*RunWindow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{7}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RunWindow) GetRunId() string {
@@ -1079,7 +1171,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1091,7 +1183,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1104,7 +1196,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{8}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RunEvent) GetEvent() isRunEvent_Event {
@@ -1198,7 +1290,7 @@ type RunStart struct {
 
 func (x *RunStart) Reset() {
 	*x = RunStart{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1210,7 +1302,7 @@ func (x *RunStart) String() string {
 func (*RunStart) ProtoMessage() {}
 
 func (x *RunStart) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1223,7 +1315,7 @@ func (x *RunStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStart.ProtoReflect.Descriptor instead.
 func (*RunStart) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{9}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RunStart) GetRunId() string {
@@ -1409,7 +1501,7 @@ type RunMetadata struct {
 
 func (x *RunMetadata) Reset() {
 	*x = RunMetadata{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1513,7 @@ func (x *RunMetadata) String() string {
 func (*RunMetadata) ProtoMessage() {}
 
 func (x *RunMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1526,7 @@ func (x *RunMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunMetadata.ProtoReflect.Descriptor instead.
 func (*RunMetadata) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{10}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RunMetadata) GetModel() string {
@@ -1549,7 +1641,7 @@ type RunEnd struct {
 
 func (x *RunEnd) Reset() {
 	*x = RunEnd{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +1653,7 @@ func (x *RunEnd) String() string {
 func (*RunEnd) ProtoMessage() {}
 
 func (x *RunEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +1666,7 @@ func (x *RunEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEnd.ProtoReflect.Descriptor instead.
 func (*RunEnd) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{11}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RunEnd) GetRunId() string {
@@ -1620,7 +1712,7 @@ type Eval struct {
 
 func (x *Eval) Reset() {
 	*x = Eval{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +1724,7 @@ func (x *Eval) String() string {
 func (*Eval) ProtoMessage() {}
 
 func (x *Eval) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +1737,7 @@ func (x *Eval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eval.ProtoReflect.Descriptor instead.
 func (*Eval) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{12}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Eval) GetRunId() string {
@@ -1709,7 +1801,7 @@ type HostWindow struct {
 
 func (x *HostWindow) Reset() {
 	*x = HostWindow{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1721,7 +1813,7 @@ func (x *HostWindow) String() string {
 func (*HostWindow) ProtoMessage() {}
 
 func (x *HostWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1734,7 +1826,7 @@ func (x *HostWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostWindow.ProtoReflect.Descriptor instead.
 func (*HostWindow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{13}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HostWindow) GetMemoryUsedMib() float64 {
@@ -1774,7 +1866,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1786,7 +1878,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1799,7 +1891,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{14}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1821,7 +1913,7 @@ type Reject struct {
 
 func (x *Reject) Reset() {
 	*x = Reject{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +1925,7 @@ func (x *Reject) String() string {
 func (*Reject) ProtoMessage() {}
 
 func (x *Reject) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +1938,7 @@ func (x *Reject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reject.ProtoReflect.Descriptor instead.
 func (*Reject) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{15}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Reject) GetSeq() uint64 {
@@ -1877,7 +1969,7 @@ type Advisory struct {
 
 func (x *Advisory) Reset() {
 	*x = Advisory{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1889,7 +1981,7 @@ func (x *Advisory) String() string {
 func (*Advisory) ProtoMessage() {}
 
 func (x *Advisory) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1902,7 +1994,7 @@ func (x *Advisory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Advisory.ProtoReflect.Descriptor instead.
 func (*Advisory) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{16}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Advisory) GetRunId() string {
@@ -1962,7 +2054,7 @@ type Stop struct {
 
 func (x *Stop) Reset() {
 	*x = Stop{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1974,7 +2066,7 @@ func (x *Stop) String() string {
 func (*Stop) ProtoMessage() {}
 
 func (x *Stop) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1987,7 +2079,7 @@ func (x *Stop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stop.ProtoReflect.Descriptor instead.
 func (*Stop) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{17}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Stop) GetReason() string {
@@ -2021,7 +2113,7 @@ type DataloaderAdvice struct {
 
 func (x *DataloaderAdvice) Reset() {
 	*x = DataloaderAdvice{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2033,7 +2125,7 @@ func (x *DataloaderAdvice) String() string {
 func (*DataloaderAdvice) ProtoMessage() {}
 
 func (x *DataloaderAdvice) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2046,7 +2138,7 @@ func (x *DataloaderAdvice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataloaderAdvice.ProtoReflect.Descriptor instead.
 func (*DataloaderAdvice) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{18}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DataloaderAdvice) GetNumWorkers() uint32 {
@@ -2142,7 +2234,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x10memory_total_mib\x18\x04 \x01(\x04R\x0ememoryTotalMib\x12\"\n" +
 	"\rpower_limit_w\x18\x05 \x01(\x01R\vpowerLimitW\x12,\n" +
 	"\x12has_energy_counter\x18\x06 \x01(\bR\x10hasEnergyCounter\x12*\n" +
-	"\x11has_instant_power\x18\a \x01(\bR\x0fhasInstantPower\"\xa1\x03\n" +
+	"\x11has_instant_power\x18\a \x01(\bR\x0fhasInstantPower\"\xdd\x03\n" +
 	"\x05Batch\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -2155,7 +2247,16 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\n" +
 	"run_events\x18\x06 \x03(\v2\x17.trainmeter.v1.RunEventR\trunEvents\x12-\n" +
 	"\x04host\x18\a \x01(\v2\x19.trainmeter.v1.HostWindowR\x04host\x12/\n" +
-	"\x06losses\x18\b \x03(\v2\x17.trainmeter.v1.DataLossR\x06losses\"\xb9\x01\n" +
+	"\x06losses\x18\b \x03(\v2\x17.trainmeter.v1.DataLossR\x06losses\x12:\n" +
+	"\vraw_samples\x18\t \x03(\v2\x19.trainmeter.v1.RawSamplesR\n" +
+	"rawSamples\"\xa4\x01\n" +
+	"\n" +
+	"RawSamples\x12\x10\n" +
+	"\x03gpu\x18\x01 \x01(\rR\x03gpu\x12\x1a\n" +
+	"\tt_unix_ns\x18\x02 \x03(\x06R\atUnixNs\x12\x17\n" +
+	"\apower_w\x18\x03 \x03(\x02R\x06powerW\x12'\n" +
+	"\x0futilization_pct\x18\x04 \x03(\x02R\x0eutilizationPct\x12&\n" +
+	"\x0fmemory_used_mib\x18\x05 \x03(\x02R\rmemoryUsedMib\"\xb9\x01\n" +
 	"\bDataLoss\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\x04R\abatches\x12\x16\n" +
@@ -2338,7 +2439,7 @@ func file_trainmeter_v1_ingest_proto_rawDescGZIP() []byte {
 }
 
 var file_trainmeter_v1_ingest_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_trainmeter_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_trainmeter_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_trainmeter_v1_ingest_proto_goTypes = []any{
 	(Phase)(0),                    // 0: trainmeter.v1.Phase
 	(*StreamRequest)(nil),         // 1: trainmeter.v1.StreamRequest
@@ -2346,59 +2447,61 @@ var file_trainmeter_v1_ingest_proto_goTypes = []any{
 	(*Hello)(nil),                 // 3: trainmeter.v1.Hello
 	(*GpuInfo)(nil),               // 4: trainmeter.v1.GpuInfo
 	(*Batch)(nil),                 // 5: trainmeter.v1.Batch
-	(*DataLoss)(nil),              // 6: trainmeter.v1.DataLoss
-	(*GpuWindow)(nil),             // 7: trainmeter.v1.GpuWindow
-	(*RunWindow)(nil),             // 8: trainmeter.v1.RunWindow
-	(*RunEvent)(nil),              // 9: trainmeter.v1.RunEvent
-	(*RunStart)(nil),              // 10: trainmeter.v1.RunStart
-	(*RunMetadata)(nil),           // 11: trainmeter.v1.RunMetadata
-	(*RunEnd)(nil),                // 12: trainmeter.v1.RunEnd
-	(*Eval)(nil),                  // 13: trainmeter.v1.Eval
-	(*HostWindow)(nil),            // 14: trainmeter.v1.HostWindow
-	(*Ack)(nil),                   // 15: trainmeter.v1.Ack
-	(*Reject)(nil),                // 16: trainmeter.v1.Reject
-	(*Advisory)(nil),              // 17: trainmeter.v1.Advisory
-	(*Stop)(nil),                  // 18: trainmeter.v1.Stop
-	(*DataloaderAdvice)(nil),      // 19: trainmeter.v1.DataloaderAdvice
-	nil,                           // 20: trainmeter.v1.RunStart.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*RawSamples)(nil),            // 6: trainmeter.v1.RawSamples
+	(*DataLoss)(nil),              // 7: trainmeter.v1.DataLoss
+	(*GpuWindow)(nil),             // 8: trainmeter.v1.GpuWindow
+	(*RunWindow)(nil),             // 9: trainmeter.v1.RunWindow
+	(*RunEvent)(nil),              // 10: trainmeter.v1.RunEvent
+	(*RunStart)(nil),              // 11: trainmeter.v1.RunStart
+	(*RunMetadata)(nil),           // 12: trainmeter.v1.RunMetadata
+	(*RunEnd)(nil),                // 13: trainmeter.v1.RunEnd
+	(*Eval)(nil),                  // 14: trainmeter.v1.Eval
+	(*HostWindow)(nil),            // 15: trainmeter.v1.HostWindow
+	(*Ack)(nil),                   // 16: trainmeter.v1.Ack
+	(*Reject)(nil),                // 17: trainmeter.v1.Reject
+	(*Advisory)(nil),              // 18: trainmeter.v1.Advisory
+	(*Stop)(nil),                  // 19: trainmeter.v1.Stop
+	(*DataloaderAdvice)(nil),      // 20: trainmeter.v1.DataloaderAdvice
+	nil,                           // 21: trainmeter.v1.RunStart.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
 }
 var file_trainmeter_v1_ingest_proto_depIdxs = []int32{
 	3,  // 0: trainmeter.v1.StreamRequest.hello:type_name -> trainmeter.v1.Hello
 	5,  // 1: trainmeter.v1.StreamRequest.batch:type_name -> trainmeter.v1.Batch
-	15, // 2: trainmeter.v1.StreamResponse.ack:type_name -> trainmeter.v1.Ack
-	17, // 3: trainmeter.v1.StreamResponse.advisory:type_name -> trainmeter.v1.Advisory
-	16, // 4: trainmeter.v1.StreamResponse.reject:type_name -> trainmeter.v1.Reject
+	16, // 2: trainmeter.v1.StreamResponse.ack:type_name -> trainmeter.v1.Ack
+	18, // 3: trainmeter.v1.StreamResponse.advisory:type_name -> trainmeter.v1.Advisory
+	17, // 4: trainmeter.v1.StreamResponse.reject:type_name -> trainmeter.v1.Reject
 	4,  // 5: trainmeter.v1.Hello.gpus:type_name -> trainmeter.v1.GpuInfo
-	21, // 6: trainmeter.v1.Hello.started_at:type_name -> google.protobuf.Timestamp
-	21, // 7: trainmeter.v1.Batch.window_start:type_name -> google.protobuf.Timestamp
-	21, // 8: trainmeter.v1.Batch.window_end:type_name -> google.protobuf.Timestamp
-	7,  // 9: trainmeter.v1.Batch.gpu_windows:type_name -> trainmeter.v1.GpuWindow
-	8,  // 10: trainmeter.v1.Batch.run_windows:type_name -> trainmeter.v1.RunWindow
-	9,  // 11: trainmeter.v1.Batch.run_events:type_name -> trainmeter.v1.RunEvent
-	14, // 12: trainmeter.v1.Batch.host:type_name -> trainmeter.v1.HostWindow
-	6,  // 13: trainmeter.v1.Batch.losses:type_name -> trainmeter.v1.DataLoss
-	21, // 14: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
-	21, // 15: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
-	0,  // 16: trainmeter.v1.RunWindow.phase:type_name -> trainmeter.v1.Phase
-	10, // 17: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
-	12, // 18: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
-	13, // 19: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
-	21, // 20: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
-	11, // 21: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
-	20, // 22: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
-	21, // 23: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
-	21, // 24: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
-	21, // 25: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
-	18, // 26: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
-	19, // 27: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
-	1,  // 28: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
-	2,  // 29: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
-	29, // [29:30] is the sub-list for method output_type
-	28, // [28:29] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	22, // 6: trainmeter.v1.Hello.started_at:type_name -> google.protobuf.Timestamp
+	22, // 7: trainmeter.v1.Batch.window_start:type_name -> google.protobuf.Timestamp
+	22, // 8: trainmeter.v1.Batch.window_end:type_name -> google.protobuf.Timestamp
+	8,  // 9: trainmeter.v1.Batch.gpu_windows:type_name -> trainmeter.v1.GpuWindow
+	9,  // 10: trainmeter.v1.Batch.run_windows:type_name -> trainmeter.v1.RunWindow
+	10, // 11: trainmeter.v1.Batch.run_events:type_name -> trainmeter.v1.RunEvent
+	15, // 12: trainmeter.v1.Batch.host:type_name -> trainmeter.v1.HostWindow
+	7,  // 13: trainmeter.v1.Batch.losses:type_name -> trainmeter.v1.DataLoss
+	6,  // 14: trainmeter.v1.Batch.raw_samples:type_name -> trainmeter.v1.RawSamples
+	22, // 15: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
+	22, // 16: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
+	0,  // 17: trainmeter.v1.RunWindow.phase:type_name -> trainmeter.v1.Phase
+	11, // 18: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
+	13, // 19: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
+	14, // 20: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
+	22, // 21: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
+	12, // 22: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
+	21, // 23: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
+	22, // 24: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
+	22, // 25: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
+	22, // 26: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
+	19, // 27: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
+	20, // 28: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
+	1,  // 29: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
+	2,  // 30: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
+	30, // [30:31] is the sub-list for method output_type
+	29, // [29:30] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_ingest_proto_init() }
@@ -2415,12 +2518,12 @@ func file_trainmeter_v1_ingest_proto_init() {
 		(*StreamResponse_Advisory)(nil),
 		(*StreamResponse_Reject)(nil),
 	}
-	file_trainmeter_v1_ingest_proto_msgTypes[8].OneofWrappers = []any{
+	file_trainmeter_v1_ingest_proto_msgTypes[9].OneofWrappers = []any{
 		(*RunEvent_RunStart)(nil),
 		(*RunEvent_RunEnd)(nil),
 		(*RunEvent_Eval)(nil),
 	}
-	file_trainmeter_v1_ingest_proto_msgTypes[16].OneofWrappers = []any{
+	file_trainmeter_v1_ingest_proto_msgTypes[17].OneofWrappers = []any{
 		(*Advisory_Stop)(nil),
 		(*Advisory_Dataloader)(nil),
 	}
@@ -2430,7 +2533,7 @@ func file_trainmeter_v1_ingest_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_ingest_proto_rawDesc), len(file_trainmeter_v1_ingest_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,265 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/trainmeter/trainmeter/collector/internal/loadgen"
+)
+
+// agentBench is the agent mode: a fresh collector and one real agent
+// (simulated GPUs), whose CPU time, resident memory over time, sampling tick
+// jitter (its GET /status) and trainer-socket throughput are measured.
+type agentBench struct {
+	agentBin, collectorBin string
+	gpus                   int
+	interval, duration     time.Duration
+	// ranks trainer connections of one run, each sending a step every
+	// stepEvery; with stepEvery 0 they send as fast as the agent takes them
+	// (the socket ingest test).
+	ranks     int
+	stepEvery time.Duration
+	// burn goroutines spin to keep the cores busy with other work.
+	burn int
+	// prefix runs the agent under a command, e.g. "nice -n -10" or
+	// "chrt -r 10" (how deploy/systemd would: Nice=, CPUSchedulingPolicy=).
+	prefix string
+	// args are extra agent arguments, e.g. "--raw-samples".
+	args string
+}
+
+type agentStatus struct {
+	Sampling struct {
+		Ticks        uint64  `json:"ticks"`
+		LateTicks    uint64  `json:"late_ticks"`
+		SkippedTicks uint64  `json:"skipped_ticks"`
+		JitterP50Ms  float64 `json:"tick_jitter_p50_ms"`
+		JitterP99Ms  float64 `json:"tick_jitter_p99_ms"`
+		JitterMaxMs  float64 `json:"tick_jitter_max_ms"`
+	} `json:"sampling"`
+	Uplink struct {
+		Acked    uint64 `json:"batches_acked"`
+		Rejected uint64 `json:"batches_rejected"`
+	} `json:"uplink"`
+	Socket struct {
+		Events      uint64            `json:"events"`
+		ParseErrors map[string]uint64 `json:"parse_errors"`
+	} `json:"socket"`
+}
+
+func (ab agentBench) run(ctx context.Context, dir string) error {
+	c, err := startCollector(ctx, ab.collectorBin, filepath.Join(dir, "collector"))
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	statusAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	sock := filepath.Join(dir, "agent.sock")
+	args := append(strings.Fields(ab.prefix), ab.agentBin, "--collector", c.addr, "--gpu", fmt.Sprintf("sim:%d", ab.gpus),
+		"--interval", ab.interval.String(), "--socket", sock, "--spool", filepath.Join(dir, "spool"),
+		"--status-listen", statusAddr, "--node", "bench-node", "--log-level", "warn")
+	args = append(args, strings.Fields(ab.args)...)
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}()
+	pid := cmd.Process.Pid
+	var st agentStatus
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if err := getStatus(statusAddr, &st); err == nil {
+			if _, err := os.Stat(sock); err == nil {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("agent did not come up (status %s, socket %s)", statusAddr, sock)
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("agent exited: %v", cmd.ProcessState)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i := 0; i < ab.burn; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			x := uint64(i)
+			for ctx.Err() == nil {
+				for j := 0; j < 1_000_000; j++ {
+					x = x*6364136223846793005 + 1442695040888963407
+				}
+			}
+			_ = x
+		}()
+	}
+	var sent atomic.Uint64
+	var trainerErr atomic.Value
+	for r := 0; r < ab.ranks; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := trainer(ctx, sock, r, ab.stepEvery, &sent); err != nil && ctx.Err() == nil {
+				trainerErr.Store(err)
+			}
+		}()
+	}
+
+	// Let the agent settle (runs started, first batches), then measure.
+	time.Sleep(3 * time.Second)
+	var st0 agentStatus
+	if err := getStatus(statusAddr, &st0); err != nil {
+		return err
+	}
+	cpu0, err := loadgen.ProcCPU(pid)
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	var rss []float64
+	var p99Max, jitMax float64
+	step := min(ab.duration, 30*time.Second) // /status jitter covers ~51 s of ticks
+	for time.Since(t0) < ab.duration {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-done:
+			return fmt.Errorf("agent exited: %v", cmd.ProcessState)
+		case <-time.After(min(step, ab.duration-time.Since(t0))):
+		}
+		m, _ := loadgen.ProcRSS(pid)
+		rss = append(rss, m)
+		if err := getStatus(statusAddr, &st); err == nil {
+			p99Max = max(p99Max, st.Sampling.JitterP99Ms)
+			jitMax = max(jitMax, st.Sampling.JitterMaxMs)
+		}
+		c, _ := loadgen.ProcCPU(pid)
+		fmt.Fprintf(os.Stderr, "t=%.0fs agent_rss=%.1fMiB cpu=%.2fs jitter_p99=%.2fms\n", time.Since(t0).Seconds(), m, (c - cpu0).Seconds(), st.Sampling.JitterP99Ms)
+	}
+	elapsed := time.Since(t0)
+	cpu1, _ := loadgen.ProcCPU(pid)
+	if err := getStatus(statusAddr, &st); err != nil {
+		return err
+	}
+	events := st.Socket.Events - st0.Socket.Events
+	cpuPct := 100 * (cpu1 - cpu0).Seconds() / elapsed.Seconds()
+	line := fmt.Sprintf("agent prefix=%q gpus=%d interval=%v elapsed=%.0fs burn=%d ranks=%d step_every=%v cpu=%.2fs (%.3f%% of one core) "+
+		"rss_first=%.1fMiB rss_last=%.1fMiB rss_max=%.1fMiB ticks=%d late_ticks=%d skipped_ticks=%d jitter_p99_max=%.2fms jitter_max=%.2fms "+
+		"batches_acked=%d batches_rejected=%d trainer_events=%d (%.0f events/s, %.0f events/cpu-s) sent_lines=%d",
+		ab.prefix, ab.gpus, ab.interval, elapsed.Seconds(), ab.burn, ab.ranks, ab.stepEvery, (cpu1 - cpu0).Seconds(), cpuPct,
+		rss[0], rss[len(rss)-1], maxOf(rss), st.Sampling.Ticks-st0.Sampling.Ticks, st.Sampling.LateTicks-st0.Sampling.LateTicks,
+		st.Sampling.SkippedTicks-st0.Sampling.SkippedTicks, p99Max, jitMax, st.Uplink.Acked-st0.Uplink.Acked, st.Uplink.Rejected,
+		events, float64(events)/elapsed.Seconds(), float64(events)/max((cpu1-cpu0).Seconds(), 1e-9), sent.Load())
+	if len(st.Socket.ParseErrors) > 0 {
+		line += fmt.Sprintf(" parse_errors=%v", st.Socket.ParseErrors)
+	}
+	if e, _ := trainerErr.Load().(error); e != nil {
+		line += " trainer_error=" + e.Error()
+	}
+	fmt.Println(line)
+	return nil
+}
+
+// trainer is one rank: run_start, then steps (every stepEvery, or as fast as
+// the socket takes them when stepEvery is 0). Replies are read and dropped.
+func trainer(ctx context.Context, sock string, rank int, stepEvery time.Duration, sent *atomic.Uint64) error {
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	go func() { <-ctx.Done(); conn.Close() }()
+	go func() {
+		r := bufio.NewReader(conn)
+		for {
+			if _, err := r.ReadSlice('\n'); err != nil && err != bufio.ErrBufferFull {
+				return
+			}
+		}
+	}()
+	w := bufio.NewWriterSize(conn, 64<<10)
+	fmt.Fprintf(w, `{"event":"run_start","run_id":"bench-run","model":"llama-3-8b","backend":"torch","precision":"bf16","batch_size":8,"seq_len":2048,"gpus":[%d]}`+"\n", rank%8)
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	var line []byte
+	for step := 1; ctx.Err() == nil; step++ {
+		line = fmt.Appendf(line[:0], `{"event":"step","run_id":"bench-run","step":%d,"tokens":16384,"samples":8,"data_wait_s":0.012,"compute_s":0.41,"loss":2.31}`+"\n", step)
+		if _, err := w.Write(line); err != nil {
+			return err
+		}
+		sent.Add(1)
+		if stepEvery > 0 {
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(stepEvery):
+			}
+		}
+	}
+	return nil
+}
+
+func getStatus(addr string, v any) error {
+	cl := http.Client{Timeout: 5 * time.Second}
+	resp, err := cl.Get("http://" + addr + "/status")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func maxOf(v []float64) float64 {
+	m := v[0]
+	for _, x := range v {
+		m = max(m, x)
+	}
+	return m
+}

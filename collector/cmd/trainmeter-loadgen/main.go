@@ -1,0 +1,332 @@
+// Command trainmeter-loadgen drives a collector with simulated agents over
+// loopback gRPC and prints what it sustained (docs/benchmarks.md).
+//
+// With --collector-bin it starts a fresh `trainmeter serve` (empty data
+// directory) for every load point and reports that process's CPU time,
+// resident memory and disk use; with --collector it loads a running one
+// (give --pid for its CPU time). --agents, --gpus and --runs take
+// comma-separated lists: every combination is one load point.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/trainmeter/trainmeter/collector/internal/loadgen"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "trainmeter-loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		addr, bin, dataRoot, agentsL, gpusL, runsL, exportBin, otelBin string
+		pid, conns, raw                                                int
+		interval, duration                                             time.Duration
+		probes                                                         int
+		ab                                                             agentBench
+	)
+	flag.StringVar(&addr, "collector", "", "load a running collector at HOST:PORT")
+	flag.IntVar(&pid, "pid", 0, "with --collector: its process id, for CPU time and memory")
+	flag.StringVar(&bin, "collector-bin", "", "start this trainmeter binary (`serve`) afresh for every load point")
+	flag.StringVar(&dataRoot, "data-root", "", "with --collector-bin: where the data directories go (default: a temp dir, removed)")
+	flag.StringVar(&agentsL, "agents", "100", "simulated agents (list)")
+	flag.StringVar(&gpusL, "gpus", "8", "GPUs per agent (list)")
+	flag.StringVar(&runsL, "runs", "0", "distinct runs over all agents (list; 0 = one per agent)")
+	flag.IntVar(&raw, "raw-samples", 0, "raw samples per GPU per batch (0: none; 20 is 1 s at 50 ms)")
+	flag.IntVar(&conns, "conns", 0, "HTTP/2 connections the streams share (0 = min(agents, 64))")
+	flag.DurationVar(&interval, "interval", time.Second, "batch cadence per agent")
+	flag.DurationVar(&duration, "duration", 20*time.Second, "measured span per load point")
+	flag.IntVar(&probes, "probes", 3, "sample-to-visible probes per load point (a new run each)")
+	flag.StringVar(&otelBin, "otelcol-bin", "", "after each load point, run the same load as OTLP metrics against a fresh OpenTelemetry Collector (this binary; otlp receiver -> file exporter) and print the ratio of GPU-samples per CPU-second")
+	flag.StringVar(&exportBin, "export-bin", "", "after each load point, time `BIN export csv` of all runs (usually the same trainmeter binary)")
+	flag.StringVar(&ab.agentBin, "agent-bin", "", "agent mode: run this trainmeter-agent (sim GPUs) against a fresh --collector-bin and measure it")
+	flag.IntVar(&ab.gpus, "agent-gpus", 8, "agent mode: simulated GPUs")
+	flag.DurationVar(&ab.interval, "agent-interval", 50*time.Millisecond, "agent mode: sampling interval")
+	flag.IntVar(&ab.ranks, "ranks", 8, "agent mode: trainer connections (ranks of one run)")
+	flag.DurationVar(&ab.stepEvery, "step-every", 500*time.Millisecond, "agent mode: step period per rank (0: as fast as the socket takes them)")
+	flag.IntVar(&ab.burn, "burn", 0, "agent mode: goroutines (threads) that spin, keeping the cores busy with other work")
+	flag.StringVar(&ab.prefix, "agent-prefix", "", `agent mode: run the agent under this command, e.g. "nice -n -10" or "chrt -r 10"`)
+	flag.StringVar(&ab.args, "agent-args", "", `agent mode: extra agent arguments, e.g. "--raw-samples"`)
+	flag.Parse()
+	if ab.agentBin != "" {
+		if bin == "" {
+			return errors.New("agent mode needs --collector-bin")
+		}
+		ab.collectorBin, ab.duration = bin, duration
+		dir, err := os.MkdirTemp("", "trainmeter-agentbench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return ab.run(ctx, dir)
+	}
+	if (addr == "") == (bin == "") {
+		return errors.New("give exactly one of --collector and --collector-bin")
+	}
+	if otelBin != "" && bin == "" {
+		return errors.New("--otelcol-bin needs --collector-bin (both are measured the same way)")
+	}
+	agents, err := ints(agentsL)
+	if err != nil {
+		return fmt.Errorf("--agents: %w", err)
+	}
+	gpus, err := ints(gpusL)
+	if err != nil {
+		return fmt.Errorf("--gpus: %w", err)
+	}
+	runs, err := ints(runsL)
+	if err != nil {
+		return fmt.Errorf("--runs: %w", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if bin != "" && dataRoot == "" {
+		dataRoot, err = os.MkdirTemp("", "trainmeter-loadgen-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dataRoot)
+	}
+	point := 0
+	for _, a := range agents {
+		for _, g := range gpus {
+			for _, r := range runs {
+				point++
+				cfg := loadgen.Config{Addr: addr, Agents: a, GPUs: g, Runs: r, Interval: interval, Duration: duration,
+					Conns: conns, PID: pid, RunPrefix: fmt.Sprintf("p%d-", point), RawSamples: raw}
+				res, err := onePoint(ctx, cfg, bin, filepath.Join(dataRoot, strconv.Itoa(point)), probes, exportBin)
+				if err != nil {
+					return err
+				}
+				if otelBin != "" {
+					cfg.OTLP, cfg.RunPrefix = true, cfg.RunPrefix+"otlp-"
+					ores, err := otelPoint(ctx, cfg, otelBin, filepath.Join(dataRoot, strconv.Itoa(point)+"-otelcol"))
+					if err != nil {
+						return err
+					}
+					if o := ores.SamplesPerCPUSecond(); o > 0 {
+						fmt.Printf("ratio trainmeter/otelcol gpu-samples per cpu-second = %.2f (trainmeter %.0f durable, otelcol %.0f to a file without fsync)\n",
+							res.SamplesPerCPUSecond()/o, res.SamplesPerCPUSecond(), o)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func onePoint(ctx context.Context, cfg loadgen.Config, bin, dataDir string, probes int, exportBin string) (loadgen.Result, error) {
+	if bin != "" {
+		c, err := startCollector(ctx, bin, dataDir)
+		if err != nil {
+			return loadgen.Result{}, err
+		}
+		defer c.stop()
+		cfg.Addr, cfg.PID = c.addr, c.cmd.Process.Pid
+	}
+	// Probes run while the load is on: a new run every few seconds.
+	vis := make(chan []time.Duration, 1)
+	pctx, pcancel := context.WithCancel(ctx)
+	go func() {
+		var out []time.Duration
+		defer func() { vis <- out }()
+		for i := 0; i < probes; i++ {
+			select {
+			case <-pctx.Done():
+				return
+			case <-time.After(cfg.Duration / time.Duration(probes+1)):
+			}
+			d, err := loadgen.Visibility(pctx, cfg.Addr, fmt.Sprintf("%s%d-%d", cfg.RunPrefix, time.Now().UnixNano(), i))
+			if err != nil {
+				if pctx.Err() == nil {
+					fmt.Fprintln(os.Stderr, "visibility probe:", err)
+				}
+				return
+			}
+			out = append(out, d)
+		}
+	}()
+	res, err := loadgen.Run(ctx, cfg)
+	pcancel()
+	v := <-vis
+	line := res.String()
+	if len(v) > 0 {
+		worst := v[0]
+		for _, d := range v {
+			worst = max(worst, d)
+		}
+		line += fmt.Sprintf(" visible_max=%.1fms (%d probes)", float64(worst)/float64(time.Millisecond), len(v))
+	}
+	if bin != "" {
+		if n, derr := dirSize(dataDir); derr == nil && res.Acked > 0 {
+			gpuSeconds := float64(res.Acked) * float64(res.GPUs) * res.Interval.Seconds()
+			line += fmt.Sprintf(" disk=%.1fMiB (%.1f MiB per GPU-day, before compaction)", float64(n)/(1<<20), float64(n)/gpuSeconds*86400/(1<<20))
+		}
+	}
+	if exportBin != "" && err == nil {
+		t0 := time.Now()
+		out, xerr := exec.CommandContext(ctx, exportBin, "export", "csv", "--collector", cfg.Addr, "--timeout", "5m").Output()
+		if xerr != nil {
+			return res, fmt.Errorf("export csv: %w", xerr)
+		}
+		line += fmt.Sprintf(" export_csv=%.0fms (%d rows)", float64(time.Since(t0))/float64(time.Millisecond), strings.Count(string(out), "\n")-1)
+	}
+	fmt.Println(line)
+	return res, err
+}
+
+// otelPoint runs the load as OTLP against a fresh OpenTelemetry Collector:
+// OTLP gRPC receiver straight to the file exporter (no batch processor).
+func otelPoint(ctx context.Context, cfg loadgen.Config, bin, dir string) (loadgen.Result, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return loadgen.Result{}, err
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return loadgen.Result{}, err
+	}
+	conf := filepath.Join(dir, "otelcol.yaml")
+	yaml := fmt.Sprintf(`receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: %s
+exporters:
+  file:
+    path: %s
+service:
+  telemetry:
+    logs:
+      level: warn
+    metrics:
+      level: none
+  pipelines:
+    metrics:
+      receivers: [otlp]
+      exporters: [file]
+`, addr, filepath.Join(dir, "metrics.jsonl"))
+	if err := os.WriteFile(conf, []byte(yaml), 0o644); err != nil {
+		return loadgen.Result{}, err
+	}
+	c, err := startProcess(ctx, addr, bin, "--config", conf)
+	if err != nil {
+		return loadgen.Result{}, err
+	}
+	defer c.stop()
+	cfg.Addr, cfg.PID = addr, c.cmd.Process.Pid
+	res, err := loadgen.Run(ctx, cfg)
+	line := "otelcol " + res.String()
+	if n, derr := dirSize(dir); derr == nil {
+		line += fmt.Sprintf(" disk=%.1fMiB", float64(n)/(1<<20))
+	}
+	fmt.Println(line)
+	return res, err
+}
+
+type collector struct {
+	cmd  *exec.Cmd
+	addr string
+	done chan struct{}
+}
+
+func startCollector(ctx context.Context, bin, dataDir string) (*collector, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	return startProcess(ctx, addr, bin, "serve", "--listen", addr, "--data", dataDir, "--log-level", "warn")
+}
+
+// startProcess starts bin with args and waits until it listens on addr.
+func startProcess(ctx context.Context, addr, bin string, args ...string) (*collector, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &collector{cmd: cmd, addr: addr, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(c.done) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			conn.Close()
+			return c, nil
+		}
+		select {
+		case <-c.done:
+			return nil, fmt.Errorf("collector exited: %v", cmd.ProcessState)
+		case <-ctx.Done():
+			c.stop()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			c.stop()
+			return nil, fmt.Errorf("collector did not listen on %s", addr)
+		}
+	}
+}
+
+func (c *collector) stop() {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(20 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+func dirSize(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		// Blocks, not Size: badger preallocates its value log and memtable
+		// files sparsely.
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			n += st.Blocks * 512
+		} else {
+			n += info.Size()
+		}
+		return nil
+	})
+	return n, err
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}

@@ -1,0 +1,465 @@
+// Package loadgen drives a collector with simulated agents over real gRPC
+// and measures what it sustains: every simulated agent opens its own ingest
+// stream, sends a Hello, then one numbered batch per interval (GPUs
+// GpuWindows, one RunWindow and a HostWindow: what a real agent sends every
+// second) and waits for its ack before the next, exactly like the agent's
+// uplink. It reports acked GPU-samples per second, ack latency quantiles, how
+// many ticks an agent could not send on time (its previous batch was still
+// unacked), and the collector process's CPU seconds over the measurement.
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	colmetricspb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Config says what load to generate.
+type Config struct {
+	// Addr is the collector's HOST:PORT.
+	Addr string
+	// Agents is the number of simulated agents (one stream each).
+	Agents int
+	// GPUs is the number of GPUs per agent (GpuWindows per batch).
+	GPUs int
+	// Runs is the number of distinct runs the agents report; agent i
+	// reports run i % Runs. 0 means one run per agent.
+	Runs int
+	// Interval is each agent's batch cadence (1 s like the real agent).
+	Interval time.Duration
+	// Duration is how long to measure, after every agent is connected.
+	Duration time.Duration
+	// Conns is how many HTTP/2 connections the streams are spread over
+	// (a real fleet has one per agent; a few dozen are enough to keep one
+	// connection from being the bottleneck). 0: min(Agents, 64).
+	Conns int
+	// PID, when non-zero, is the collector process whose CPU time and
+	// resident memory are reported (Linux /proc).
+	PID int
+	// RunPrefix prefixes node and run names, so that runs of the loadgen
+	// against one collector do not mix.
+	RunPrefix string
+	// RawSamples, when > 0, adds that many raw samples per GPU to every
+	// batch (RawSamples columns, as an agent run with --raw-samples sends:
+	// 20 per GPU for 1 s at 50 ms; more to compress time).
+	RawSamples int
+	// OTLP sends the same GPU samples as OTLP metrics (Export calls of the
+	// OTLP MetricsService, see OTLPRequest) instead of trainmeter batches,
+	// for comparison with an OpenTelemetry Collector.
+	OTLP bool
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Addr == "" {
+		errs = append(errs, errors.New("collector address is empty"))
+	}
+	if c.Agents < 1 {
+		errs = append(errs, fmt.Errorf("agents must be >= 1, got %d", c.Agents))
+	}
+	if c.GPUs < 1 || c.GPUs > 1024 {
+		errs = append(errs, fmt.Errorf("gpus must be in 1..1024, got %d", c.GPUs))
+	}
+	if c.Runs < 0 {
+		errs = append(errs, fmt.Errorf("runs must be >= 0, got %d", c.Runs))
+	}
+	if c.Interval <= 0 {
+		errs = append(errs, fmt.Errorf("interval must be > 0, got %v", c.Interval))
+	}
+	if c.Duration <= 0 {
+		errs = append(errs, fmt.Errorf("duration must be > 0, got %v", c.Duration))
+	}
+	if c.RawSamples < 0 || c.RawSamples > 100000 {
+		errs = append(errs, fmt.Errorf("raw samples must be in 0..100000, got %d", c.RawSamples))
+	}
+	if c.Conns < 0 {
+		errs = append(errs, fmt.Errorf("conns must be >= 0, got %d", c.Conns))
+	}
+	return errors.Join(errs...)
+}
+
+// Result is what one load run measured.
+type Result struct {
+	Agents, GPUs, Runs int
+	Interval           time.Duration
+	Elapsed            time.Duration // measured span
+	Acked              uint64        // batches acked within the span
+	Rejected           uint64
+	LateTicks          uint64 // ticks an agent skipped: its previous batch was not acked yet
+	StreamErrors       uint64
+	AckP50, AckP99     time.Duration
+	AckMax             time.Duration
+	// Offered is the GPU-samples/s the agents would send if every tick went
+	// out; GPUSamplesPerSec is what was acked.
+	Offered, GPUSamplesPerSec float64
+	// CollectorCPU is the collector's user+system CPU time over the span
+	// (zero when Config.PID is 0), CollectorRSSMiB its resident memory at
+	// the end.
+	CollectorCPU    time.Duration
+	CollectorRSSMiB float64
+	// RawPerGPU is Config.RawSamples; RawSamplesPerSec the raw samples
+	// acked per second.
+	RawPerGPU        int
+	RawSamplesPerSec float64
+}
+
+// Sustained reports whether the collector kept up: at least 99 % of the
+// offered load was acked and no stream failed.
+func (r Result) Sustained() bool {
+	return r.StreamErrors == 0 && r.Rejected == 0 && r.GPUSamplesPerSec >= 0.99*r.Offered
+}
+
+// SamplesPerCPUSecond is acked GPU-samples per collector CPU-second.
+func (r Result) SamplesPerCPUSecond() float64 {
+	if r.CollectorCPU <= 0 {
+		return 0
+	}
+	return float64(r.Acked) * float64(r.GPUs) / r.CollectorCPU.Seconds()
+}
+
+func (r Result) String() string {
+	s := fmt.Sprintf("agents=%d gpus/agent=%d runs=%d interval=%v elapsed=%.1fs acked=%d rejected=%d late_ticks=%d stream_errors=%d "+
+		"offered=%.0f gpu-samples/s acked=%.0f gpu-samples/s ack_p50=%.1fms ack_p99=%.1fms ack_max=%.1fms sustained=%v",
+		r.Agents, r.GPUs, r.Runs, r.Interval, r.Elapsed.Seconds(), r.Acked, r.Rejected, r.LateTicks, r.StreamErrors,
+		r.Offered, r.GPUSamplesPerSec, ms(r.AckP50), ms(r.AckP99), ms(r.AckMax), r.Sustained())
+	if r.RawPerGPU > 0 {
+		s += fmt.Sprintf(" raw_samples/gpu/batch=%d raw_gpu-samples/s=%.0f", r.RawPerGPU, r.RawSamplesPerSec)
+		if r.CollectorCPU > 0 {
+			s += fmt.Sprintf(" raw_gpu-samples/cpu-s=%.0f", float64(r.Acked)*float64(r.GPUs*r.RawPerGPU)/r.CollectorCPU.Seconds())
+		}
+	}
+	if r.CollectorCPU > 0 {
+		s += fmt.Sprintf(" collector_cpu=%.2fs (%.1f%% of one core) gpu-samples/cpu-s=%.0f collector_rss=%.0fMiB",
+			r.CollectorCPU.Seconds(), 100*r.CollectorCPU.Seconds()/r.Elapsed.Seconds(), r.SamplesPerCPUSecond(), r.CollectorRSSMiB)
+	}
+	return s
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// agentStats is one simulated agent's tally over the measured span.
+type agentStats struct {
+	acked, rejected, late uint64
+	lat                   []time.Duration
+	err                   error
+}
+
+// Run generates the load until ctx ends or Duration has been measured.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
+	runs := cfg.Runs
+	if runs == 0 {
+		runs = cfg.Agents
+	}
+	nconn := cfg.Conns
+	if nconn == 0 {
+		nconn = min(cfg.Agents, 64)
+	}
+	conns := make([]*grpc.ClientConn, nconn)
+	for i := range conns {
+		c, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return Result{}, err
+		}
+		defer c.Close()
+		conns[i] = c
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Phases: agents connect (Hello) and report ready; when all are, the
+	// measured span starts; each agent counts only acks inside it.
+	var ready sync.WaitGroup
+	ready.Add(cfg.Agents)
+	startMeasure := make(chan struct{})
+	var measureFrom, measureTo atomic.Int64
+	stats := make([]agentStats, cfg.Agents)
+	var done sync.WaitGroup
+	for i := 0; i < cfg.Agents; i++ {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			a := &simAgent{cfg: cfg, id: i, run: fmt.Sprintf("%srun-%06d", cfg.RunPrefix, i%runs)}
+			if cfg.OTLP {
+				a.loopOTLP(ctx, conns[i%nconn], &ready, startMeasure, &measureFrom, &measureTo, &stats[i])
+				return
+			}
+			a.loop(ctx, conns[i%nconn], &ready, startMeasure, &measureFrom, &measureTo, &stats[i])
+		}()
+	}
+	readyCh := make(chan struct{})
+	go func() { ready.Wait(); close(readyCh) }()
+	select {
+	case <-readyCh:
+	case <-ctx.Done():
+		cancel()
+		done.Wait()
+		return Result{}, fmt.Errorf("agents did not all connect: %w", firstErr(stats, ctx.Err()))
+	}
+
+	cpu0, _ := ProcCPU(cfg.PID)
+	t0 := time.Now()
+	measureFrom.Store(t0.UnixNano())
+	measureTo.Store(t0.Add(cfg.Duration).UnixNano())
+	close(startMeasure)
+	select {
+	case <-time.After(cfg.Duration):
+	case <-ctx.Done():
+	}
+	elapsed := time.Since(t0)
+	cpu1, _ := ProcCPU(cfg.PID)
+	rss, _ := ProcRSS(cfg.PID)
+	cancel()
+	done.Wait()
+
+	res := Result{Agents: cfg.Agents, GPUs: cfg.GPUs, Runs: runs, Interval: cfg.Interval, Elapsed: elapsed,
+		CollectorCPU: cpu1 - cpu0, CollectorRSSMiB: rss}
+	var lat []time.Duration
+	for i := range stats {
+		st := &stats[i]
+		res.Acked += st.acked
+		res.Rejected += st.rejected
+		res.LateTicks += st.late
+		if st.err != nil {
+			res.StreamErrors++
+		}
+		lat = append(lat, st.lat...)
+	}
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		res.AckP50 = lat[len(lat)/2]
+		res.AckP99 = lat[min(len(lat)-1, len(lat)*99/100)]
+		res.AckMax = lat[len(lat)-1]
+	}
+	res.Offered = float64(cfg.Agents*cfg.GPUs) / cfg.Interval.Seconds()
+	res.GPUSamplesPerSec = float64(res.Acked) * float64(cfg.GPUs) / elapsed.Seconds()
+	res.RawPerGPU = cfg.RawSamples
+	res.RawSamplesPerSec = res.GPUSamplesPerSec * float64(cfg.RawSamples)
+	if res.StreamErrors > 0 {
+		return res, fmt.Errorf("%d of %d streams failed, first: %w", res.StreamErrors, cfg.Agents, firstErr(stats, nil))
+	}
+	return res, nil
+}
+
+func firstErr(stats []agentStats, def error) error {
+	for i := range stats {
+		if stats[i].err != nil {
+			return stats[i].err
+		}
+	}
+	return def
+}
+
+type simAgent struct {
+	cfg Config
+	id  int
+	run string
+	seq uint64
+}
+
+func (a *simAgent) loop(ctx context.Context, conn *grpc.ClientConn, ready *sync.WaitGroup, start <-chan struct{},
+	from, to *atomic.Int64, st *agentStats) {
+	readyOnce := sync.OnceFunc(ready.Done)
+	defer readyOnce()
+	stream, err := trainmeterv1.NewIngestServiceClient(conn).Stream(ctx)
+	if err != nil {
+		st.err = err
+		return
+	}
+	defer func() { _ = stream.CloseSend() }()
+	node := fmt.Sprintf("%snode-%06d", a.cfg.RunPrefix, a.id)
+	gpus := make([]*trainmeterv1.GpuInfo, a.cfg.GPUs)
+	for g := range gpus {
+		gpus[g] = &trainmeterv1.GpuInfo{Index: uint32(g), Name: "Sim H100", MemoryTotalMib: 81559, PowerLimitW: 700,
+			HasEnergyCounter: true, HasInstantPower: true, Uuid: fmt.Sprintf("GPU-%06d-%02d", a.id, g)}
+	}
+	boot := fmt.Sprintf("boot-%d", time.Now().UnixNano())
+	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: &trainmeterv1.Hello{
+		Node: node, BootId: boot, AgentVersion: "loadgen", Gpus: gpus, GpuBackend: "sim", StartedAt: timestamppb.Now()}}}); err != nil {
+		st.err = err
+		return
+	}
+	// The first batch (with the run start) goes out before the measured
+	// span, so every agent has proved its stream works when it begins.
+	if _, err := a.send(stream, time.Now(), true); err != nil {
+		st.err = err
+		return
+	}
+	readyOnce()
+	select {
+	case <-start:
+	case <-ctx.Done():
+		return
+	}
+	a.ticks(ctx, from, to, st, func(sent time.Time) (bool, error) {
+		resp, err := a.send(stream, sent, false)
+		return resp.GetAck() != nil, err
+	})
+}
+
+// ticks calls send once per interval until ctx ends, counting answers,
+// latencies and late ticks inside the measured span [from, to].
+func (a *simAgent) ticks(ctx context.Context, from, to *atomic.Int64, st *agentStats, send func(time.Time) (acked bool, err error)) {
+	// Spread the agents' ticks over the interval, like a real fleet.
+	phase := time.Duration(rand.Int64N(int64(a.cfg.Interval)))
+	next := time.Now().Add(phase)
+	timer := time.NewTimer(phase)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		sent := time.Now()
+		ok, err := send(sent)
+		if err != nil {
+			if ctx.Err() == nil {
+				st.err = err
+			}
+			return
+		}
+		acked := time.Now()
+		if acked.UnixNano() <= to.Load() && sent.UnixNano() >= from.Load() {
+			if ok {
+				st.acked++
+				st.lat = append(st.lat, acked.Sub(sent))
+			} else {
+				st.rejected++
+			}
+		}
+		next = next.Add(a.cfg.Interval)
+		for !next.After(acked) { // ticks missed while waiting for the ack
+			next = next.Add(a.cfg.Interval)
+			if next.UnixNano() <= to.Load() {
+				st.late++
+			}
+		}
+		timer.Reset(time.Until(next))
+	}
+}
+
+// loopOTLP is loop for OTLP mode: one Export call per tick, answered when
+// the receiver has taken the data.
+func (a *simAgent) loopOTLP(ctx context.Context, conn *grpc.ClientConn, ready *sync.WaitGroup, start <-chan struct{},
+	from, to *atomic.Int64, st *agentStats) {
+	readyOnce := sync.OnceFunc(ready.Done)
+	defer readyOnce()
+	client := colmetricspb.NewMetricsServiceClient(conn)
+	node := otlpNode(a.cfg.RunPrefix, a.id)
+	export := func(now time.Time) error {
+		a.seq++
+		_, err := client.Export(ctx, OTLPRequest(node, MakeBatch(a.seq, now, a.cfg.Interval, a.run, a.cfg.GPUs, false)))
+		return err
+	}
+	if err := export(time.Now()); err != nil {
+		st.err = err
+		return
+	}
+	readyOnce()
+	select {
+	case <-start:
+	case <-ctx.Done():
+		return
+	}
+	a.ticks(ctx, from, to, st, func(sent time.Time) (bool, error) { return true, export(sent) })
+}
+
+// send sends the next batch and waits for its answer (an ack or a reject;
+// advisories are skipped).
+func (a *simAgent) send(stream grpc.BidiStreamingClient[trainmeterv1.StreamRequest, trainmeterv1.StreamResponse],
+	now time.Time, first bool) (*trainmeterv1.StreamResponse, error) {
+	a.seq++
+	b := MakeBatch(a.seq, now, a.cfg.Interval, a.run, a.cfg.GPUs, first)
+	AddRawSamples(b, a.cfg.RawSamples)
+	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Batch{Batch: b}}); err != nil {
+		return nil, err
+	}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("collector closed the stream")
+		}
+		if err != nil {
+			return nil, err
+		}
+		if resp.GetAdvisory() == nil {
+			return resp, nil
+		}
+	}
+}
+
+// MakeBatch builds batch seq of an agent with gpus GPUs all in run, for the
+// window [now-interval, now): what the real agent sends every second. The
+// first batch of an agent carries the run's start.
+func MakeBatch(seq uint64, now time.Time, interval time.Duration, run string, gpus int, first bool) *trainmeterv1.Batch {
+	start := now.Add(-interval)
+	sec := interval.Seconds()
+	b := &trainmeterv1.Batch{
+		Seq: seq, WindowStart: timestamppb.New(start), WindowEnd: timestamppb.New(now),
+		Host: &trainmeterv1.HostWindow{MemoryUsedMib: 120000, MemoryTotalMib: 2048000, CpuPct: 35, CpuCount: 96},
+	}
+	samples := uint32(max(1, interval/(50*time.Millisecond)))
+	ids := make([]uint32, gpus)
+	for g := 0; g < gpus; g++ {
+		ids[g] = uint32(g)
+		p := 550 + float64(g)
+		b.GpuWindows = append(b.GpuWindows, &trainmeterv1.GpuWindow{
+			Gpu: uint32(g), EnergyCounterJ: p * sec, CounterOk: true, EnergyIntegratedJ: p * sec * 0.998,
+			PowerAvgW: p, PowerMaxW: p + 40, PowerLastW: p - 3, Samples: samples,
+			MemoryUsedMaxMib: 70000, MemoryUsedAvgMib: 69000, MemoryTotalMib: 81559, UtilizationAvgPct: 97,
+		})
+	}
+	ps := 550.0 * float64(gpus)
+	b.RunWindows = []*trainmeterv1.RunWindow{{
+		RunId: run, Start: timestamppb.New(start), End: timestamppb.New(now), Phase: trainmeterv1.Phase_PHASE_MEASURED,
+		EnergyCounterJ: ps * sec, CounterOk: true, EnergyIntegratedJ: ps * sec * 0.998, PeakPowerW: ps + 300,
+		VramPeakMib: 70000, VramSumMib: 69000 * float64(gpus) * float64(samples), VramSamples: uint64(gpus) * uint64(samples),
+		GpuSeconds: float64(gpus) * sec, Tokens: 65536, TokensMeasured: 65536, Steps: 2, Samples: 32,
+		DataWaitS: 0.02 * sec, ComputeS: 0.95 * sec, UtilizationSumPct: 97 * float64(gpus) * float64(samples), Gpus: ids,
+	}}
+	if first {
+		b.RunEvents = []*trainmeterv1.RunEvent{{Event: &trainmeterv1.RunEvent_RunStart{RunStart: &trainmeterv1.RunStart{
+			RunId: run, Time: timestamppb.New(start), GpuName: "Sim H100", Gpus: ids,
+			Metadata: &trainmeterv1.RunMetadata{Model: "llama-8b", Dataset: "c4", Backend: "torch", Precision: "bf16",
+				BatchSize: 16, HasBatchSize: true, SeqLen: 4096, HasSeqLen: true},
+		}}}}
+	}
+	return b
+}
+
+// AddRawSamples adds n raw samples per GPU of b, evenly over its window.
+func AddRawSamples(b *trainmeterv1.Batch, n int) {
+	if n <= 0 {
+		return
+	}
+	start := uint64(b.GetWindowStart().AsTime().UnixNano())
+	step := max(1, uint64(b.GetWindowEnd().AsTime().Sub(b.GetWindowStart().AsTime()))/uint64(n))
+	for _, g := range b.GetGpuWindows() {
+		r := &trainmeterv1.RawSamples{Gpu: g.GetGpu(), TUnixNs: make([]uint64, n), PowerW: make([]float32, n),
+			UtilizationPct: make([]float32, n), MemoryUsedMib: make([]float32, n)}
+		for i := 0; i < n; i++ {
+			r.TUnixNs[i] = start + uint64(i)*step
+			r.PowerW[i] = float32(g.GetPowerAvgW()) + float32(i%7)
+			r.UtilizationPct[i] = 97
+			r.MemoryUsedMib[i] = 69000
+		}
+		b.RawSamples = append(b.RawSamples, r)
+	}
+}

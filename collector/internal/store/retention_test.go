@@ -1,0 +1,48 @@
+package store
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/trainmeter/trainmeter/collector/internal/loadgen"
+)
+
+// With a raw retention, raw records expire (badger TTL; they vanish from
+// reads at once and from disk at compaction) while the run aggregate stays;
+// the dedup mark outlives them.
+func TestRawRetentionExpiresRawRecordsNotAggregates(t *testing.T) {
+	s, err := Open(t.TempDir(), Options{Logger: quiet(), RawRetention: time.Second, DedupRetention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	b := loadgen.MakeBatch(1, time.Now(), time.Second, "r", 8, true)
+	loadgen.AddRawSamples(b, 20)
+	if _, err := s.ApplyBatch("n", "boot", b); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := s.RawSamples("n")
+	if err != nil || len(raw) != 1 {
+		t.Fatalf("raw samples before expiry: %d, %v", len(raw), err)
+	}
+	// Badger's TTL has one-second resolution: wait until it has certainly passed.
+	time.Sleep(2100 * time.Millisecond)
+	raw, err = s.RawSamples("n")
+	if err != nil || len(raw) != 0 {
+		t.Errorf("raw samples after expiry: %d, %v", len(raw), err)
+	}
+	ws, err := s.RunWindows("r")
+	if err != nil || len(ws) != 0 {
+		t.Errorf("run windows after expiry: %d, %v", len(ws), err)
+	}
+	if st, err := s.GetRun("r"); err != nil || st.Tokens != 65536 {
+		t.Errorf("aggregate after expiry: %v, %v", st, err)
+	}
+	if dup, err := s.ApplyBatch("n", "boot", b); err != nil || !dup {
+		t.Errorf("replay after the raw records expired: dup=%v err=%v, want a duplicate", dup, err)
+	}
+	if _, err := Open(t.TempDir(), Options{RawRetention: -time.Second}); err == nil || errors.Is(err, ErrNotFound) {
+		t.Errorf("negative retention: %v", err)
+	}
+}
