@@ -31,8 +31,14 @@ const Namespace = "advice"
 const queueLen = 1024
 
 // idleAfter: a (run, node) that sent nothing for this long (batch time) is
-// forgotten, so runs that never send run_end do not leak.
-const idleAfter = time.Hour
+// forgotten, so runs that never send run_end do not leak. The states are
+// swept for idle ones once per sweepEvery of batch time, not per batch: a
+// sweep visits every run, and per batch that made the advisor's cost grow
+// with the square of the runs (docs/benchmarks.md).
+const (
+	idleAfter  = time.Hour
+	sweepEvery = time.Minute
+)
 
 // Store is what the advisor needs from the store.
 type Store interface {
@@ -101,7 +107,8 @@ type Advisor struct {
 	wg    sync.WaitGroup
 	once  sync.Once
 
-	runs map[key]*runState // owned by the worker goroutine
+	runs      map[key]*runState // owned by the worker goroutine
+	lastSweep time.Time         // batch time of the last idle sweep
 
 	skipped   atomic.Uint64
 	evaluated atomic.Uint64
@@ -283,9 +290,12 @@ func (a *Advisor) process(it item) {
 			}
 		}
 	}
-	for k, s := range a.runs {
-		if !s.lastSeen.IsZero() && it.end.Sub(s.lastSeen) > idleAfter {
-			delete(a.runs, k)
+	if it.end.Sub(a.lastSweep) >= sweepEvery {
+		a.lastSweep = it.end
+		for k, s := range a.runs {
+			if !s.lastSeen.IsZero() && it.end.Sub(s.lastSeen) > idleAfter {
+				delete(a.runs, k)
+			}
 		}
 	}
 	if len(recs) > 0 {

@@ -209,3 +209,21 @@ func TestObserveNeverBlocks(t *testing.T) {
 	}
 	a.Close()
 }
+
+func TestIdleRunsAreForgotten(t *testing.T) {
+	r := newRig(t)
+	r.apply(0, window("old", 0, 1, 0, 1, 90), host(0.3), start("old", 2, 2, 10))
+	r.apply(1800, window("live", 1800, 1, 0, 1, 90), host(0.3), start("live", 2, 2, 10))
+	if len(r.a.runs) != 2 {
+		t.Fatalf("%d run states, want 2", len(r.a.runs))
+	}
+	// Past idleAfter of batch time since "old" was last seen, and a sweep
+	// period since the last sweep: "old" goes, "live" (seen 30 min ago) stays.
+	r.apply(3700, window("live", 3700, 1, 0, 1, 90), host(0.3))
+	if _, ok := r.a.runs[key{"old", "n1"}]; ok {
+		t.Error("a run idle for over an hour is still kept")
+	}
+	if _, ok := r.a.runs[key{"live", "n1"}]; !ok {
+		t.Error("a live run was forgotten")
+	}
+}
