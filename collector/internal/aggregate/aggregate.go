@@ -73,9 +73,17 @@ import (
 // PeakHorizon is how far (in seconds) behind the newest bucket a peak bucket
 // is kept open for other nodes' windows, at least. A bucket is folded into the
 // running peak once it is older than the horizon and every node that has not
-// ended has sent windows past it, or once it is older than PeakMaxLag.
+// ended has sent windows past it, or once it is older than PeakMaxLag; once
+// every node has ended, all buckets are folded.
+//
+// Nodes the run knows of hold buckets open through their watermarks; the
+// horizon is only for a node whose first data of the run is still on its way
+// (an agent cut off from the collector since before the run started). A
+// minute covers the agent's reconnect backoff (30 s at most, plus jitter);
+// a longer horizon makes every live run's aggregate, rewritten at each
+// commit, that much larger (docs/benchmarks.md).
 const (
-	PeakHorizon = 300
+	PeakHorizon = 60
 	PeakMaxLag  = 3600
 )
 
@@ -344,6 +352,7 @@ func (s *State) AddEnd(node string, ev *trainmeterv1.RunEnd) {
 		n.EndMax = t
 	}
 	n.HasEnd = true
+	s.foldBuckets()
 }
 
 // AddEval folds an Eval from node. Evals are kept sorted by time.
@@ -517,6 +526,9 @@ func (s *State) foldBuckets() {
 		}
 	}
 	limit := min(s.MaxBucket-PeakHorizon, max(minActive, s.MaxBucket-PeakMaxLag))
+	if minActive == math.MaxInt64 {
+		limit = s.MaxBucket + 1 // every node has ended: nothing can change
+	}
 	if s.HasFolded && limit <= s.FoldedUpTo {
 		return
 	}

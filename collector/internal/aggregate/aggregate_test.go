@@ -339,6 +339,36 @@ func TestPeakBucketsStayBounded(t *testing.T) {
 	}
 }
 
+func TestEndedRunFoldsEveryBucket(t *testing.T) {
+	s := New("r1")
+	for _, n := range []string{"a", "b"} {
+		s.AddStart(n, &trainmeterv1.RunStart{RunId: "r1", Time: ts(0)})
+	}
+	for i := 0; i < 20; i++ {
+		s.AddWindow("a", win("a", float64(i), float64(i+1), true, 1, 1, 100, 1, 0).w)
+		s.AddWindow("b", win("b", float64(i), float64(i+1), true, 1, 1, 50+float64(i), 1, 0).w)
+	}
+	s.AddEnd("a", &trainmeterv1.RunEnd{RunId: "r1", Time: ts(20)})
+	if len(s.PeakBuckets) == 0 {
+		t.Fatal("buckets folded while node b is still running")
+	}
+	s.AddEnd("b", &trainmeterv1.RunEnd{RunId: "r1", Time: ts(20)})
+	if n := len(s.PeakBuckets); n != 0 {
+		t.Fatalf("%d open buckets after every node ended, want 0", n)
+	}
+	if s.Peak() != 169 {
+		t.Fatalf("peak = %v, want 169 (100 + 69 in the last second)", s.Peak())
+	}
+	// Resumed on a: later seconds are open buckets again and still sum.
+	s.AddStart("a", &trainmeterv1.RunStart{RunId: "r1", Time: ts(100)})
+	s.AddStart("b", &trainmeterv1.RunStart{RunId: "r1", Time: ts(100)})
+	s.AddWindow("a", win("a", 100, 101, true, 1, 1, 100, 1, 0).w)
+	s.AddWindow("b", win("b", 100, 101, true, 1, 1, 90, 1, 0).w)
+	if s.Peak() != 190 {
+		t.Fatalf("peak after resume = %v, want 190", s.Peak())
+	}
+}
+
 func TestLastLossAndVRAM(t *testing.T) {
 	w1 := win("a", 0, 1, true, 1, 1, 1, 1, 0).w
 	w1.HasLoss, w1.LastLoss = true, 2.5
