@@ -1,7 +1,7 @@
 // Package aggregate folds a run's events and windows, from any number of
 // nodes, into the per-run figures of the CSV contract (DESIGN.md, "Metric
-// definitions"). It is pure: no I/O, no clock. The state is a plain Go struct
-// serialised as JSON so the store can keep it next to the raw records.
+// definitions"). It is pure: no I/O, no clock. The state is a plain Go struct,
+// stored as protobuf (codec.go) next to the raw records.
 //
 // Definitions, as implemented (they are the contract):
 //
@@ -56,8 +56,6 @@
 package aggregate
 
 import (
-	"encoding/json"
-	"fmt"
 	"math"
 	"slices"
 	"sort"
@@ -266,21 +264,6 @@ func (s *State) LossReasons() []string { return append([]string(nil), s.LostReas
 func New(runID string) *State {
 	return &State{RunID: runID, Nodes: map[string]*NodeState{}}
 }
-
-// Unmarshal decodes a State written by Marshal.
-func Unmarshal(b []byte) (*State, error) {
-	s := &State{}
-	if err := json.Unmarshal(b, s); err != nil {
-		return nil, fmt.Errorf("aggregate: decode: %w", err)
-	}
-	if s.Nodes == nil {
-		s.Nodes = map[string]*NodeState{}
-	}
-	return s, nil
-}
-
-// Marshal encodes the state.
-func (s *State) Marshal() ([]byte, error) { return json.Marshal(s) }
 
 func (s *State) node(name string) *NodeState {
 	if s.Nodes == nil {

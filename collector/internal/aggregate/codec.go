@@ -1,0 +1,252 @@
+package aggregate
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
+)
+
+// The store rewrites a run's aggregate at every commit that touches the run
+// and decodes it for every listing, so its encoding is on the collector's
+// hot path: protobuf (storev1.Aggregate), which encodes several times faster
+// than encoding/json's reflection over these maps (docs/benchmarks.md).
+// Aggregates written as JSON by earlier versions are still read; the next
+// commit rewrites them as protobuf.
+
+// Marshal encodes the state.
+func (s *State) Marshal() ([]byte, error) { return proto.Marshal(s.toProto()) }
+
+// Unmarshal decodes a State written by Marshal (or, before protobuf, as JSON).
+func Unmarshal(b []byte) (*State, error) {
+	s := &State{}
+	if len(b) > 0 && b[0] == '{' {
+		// A protobuf encoding never starts with '{' (field 15, wire type 3:
+		// a group, which proto3 does not have).
+		if err := json.Unmarshal(b, s); err != nil {
+			return nil, fmt.Errorf("aggregate: decode: %w", err)
+		}
+	} else {
+		var m storev1.Aggregate
+		if err := proto.Unmarshal(b, &m); err != nil {
+			return nil, fmt.Errorf("aggregate: decode: %w", err)
+		}
+		s.fromProto(&m)
+	}
+	if s.Nodes == nil {
+		s.Nodes = map[string]*NodeState{}
+	}
+	return s, nil
+}
+
+func (s *State) toProto() *storev1.Aggregate {
+	m := s.Metadata
+	p := s.Plan
+	a := &storev1.Aggregate{
+		RunId:     s.RunID,
+		HasStart:  s.HasStart,
+		StartNode: s.StartNode,
+		Start:     s.Start,
+		Metadata: &storev1.Metadata{
+			Model: m.Model, Dataset: m.Dataset, Backend: m.Backend, Optimizer: m.Optimizer,
+			BatchSize: m.BatchSize, GradAccum: m.GradAccum, SeqLen: m.SeqLen, Precision: m.Precision,
+			Seed: m.Seed, Notes: m.Notes, HasBatchSize: m.HasBatchSize, HasGradAccum: m.HasGradAccum,
+			HasSeqLen: m.HasSeqLen, HasSeed: m.HasSeed,
+		},
+		GpuName:         s.GPUName,
+		GpuPricePerHour: s.GPUPricePerHour,
+		Plan: &storev1.Plan{
+			BudgetScope: p.BudgetScope, Labels: p.Labels, PlannedSteps: p.PlannedSteps,
+			PlannedTokens: p.PlannedTokens, PlannedEpochs: p.PlannedEpochs, Params: p.Params,
+			DatasetSize: p.DatasetSize, NumWorkers: p.NumWorkers, PrefetchFactor: p.PrefetchFactor,
+			TargetGpuUtilization: p.TargetGPUUtilization, MaxRamUsage: p.MaxRAMUsage,
+			AdjustmentInterval: p.AdjustmentInterval,
+		},
+		HasWindow:        s.HasWindow,
+		WindowStart:      s.WindowStart,
+		WindowEnd:        s.WindowEnd,
+		HasMeasured:      s.HasMeasured,
+		FirstMeasured:    s.FirstMeasured,
+		MeasuredWindows:  s.MeasuredWindows,
+		CounterWindows:   s.CounterWindows,
+		EnergyMeasured:   s.EnergyMeasured,
+		EnergyTotal:      s.EnergyTotal,
+		EnergyIntegrated: s.EnergyIntegrated,
+		CounterSumOk:     s.CounterSumOK,
+		IntegratedSumOk:  s.IntegratedSumOK,
+		EnergyEstimated:  s.EnergyEstimated,
+		GapS:             s.GapS,
+		EnergyByBand:     s.EnergyByBand,
+		Tokens:           s.Tokens,
+		TokensMeasured:   s.TokensMeasured,
+		Steps:            s.Steps,
+		Samples:          s.Samples,
+		StepsMeasured:    s.StepsMeasured,
+		SamplesMeasured:  s.SamplesMeasured,
+		DataWaitS:        s.DataWaitS,
+		ComputeS:         s.ComputeS,
+		GpuSeconds:       s.GPUSeconds,
+		VramPeak:         s.VRAMPeak,
+		VramSum:          s.VRAMSum,
+		VramSamples:      s.VRAMSamples,
+		PeakFolded:       s.PeakFolded,
+		MaxBucket:        s.MaxBucket,
+		HasMaxBucket:     s.HasMaxBucket,
+		FoldedUpTo:       s.FoldedUpTo,
+		HasFolded:        s.HasFolded,
+		HasLoss:          s.HasLoss,
+		LastLoss:         s.LastLoss,
+		LastLossAt:       s.LastLossAt,
+		LastLossBy:       s.LastLossBy,
+		Incomplete:       s.Incomplete,
+		LostBatches:      s.LostBatches,
+		LostTokens:       s.LostTokens,
+		LostEnergyJ:      s.LostEnergyJ,
+		LostGpuSeconds:   s.LostGPUSeconds,
+		LostReasons:      s.LostReasons,
+	}
+	if len(s.Nodes) > 0 {
+		a.Nodes = make(map[string]*storev1.Node, len(s.Nodes))
+		for name, n := range s.Nodes {
+			a.Nodes[name] = &storev1.Node{
+				Started: n.Started, StartMin: n.StartMin, StartMax: n.StartMax, HasEnd: n.HasEnd,
+				EndMax: n.EndMax, Watermark: n.Watermark, HasWindow: n.HasWindow, GpuSeconds: n.GPUSeconds,
+			}
+		}
+	}
+	if len(s.GPUs) > 0 {
+		a.Gpus = make(map[string]*storev1.GpuIndices, len(s.GPUs))
+		for node, list := range s.GPUs {
+			a.Gpus[node] = &storev1.GpuIndices{Indices: list}
+		}
+	}
+	if len(s.PeakBuckets) > 0 {
+		n := 0
+		for _, nodes := range s.PeakBuckets {
+			n += len(nodes)
+		}
+		a.PeakBuckets = make([]*storev1.PeakEntry, 0, n)
+		for sec, nodes := range s.PeakBuckets {
+			for node, w := range nodes {
+				a.PeakBuckets = append(a.PeakBuckets, &storev1.PeakEntry{Second: sec, Node: node, Watts: w})
+			}
+		}
+	}
+	if len(s.Evals) > 0 {
+		a.Evals = make([]*storev1.Eval, len(s.Evals))
+		for i, e := range s.Evals {
+			a.Evals[i] = &storev1.Eval{
+				Node: e.Node, Time: e.Time, Epoch: e.Epoch, ValLoss: e.ValLoss, Accuracy: e.Accuracy,
+				HasValLoss: e.HasValLoss, HasAccuracy: e.HasAccuracy,
+			}
+		}
+	}
+	return a
+}
+
+func (s *State) fromProto(a *storev1.Aggregate) {
+	m := a.GetMetadata()
+	p := a.GetPlan()
+	*s = State{
+		RunID:     a.GetRunId(),
+		HasStart:  a.GetHasStart(),
+		StartNode: a.GetStartNode(),
+		Start:     a.GetStart(),
+		Metadata: Metadata{
+			Model: m.GetModel(), Dataset: m.GetDataset(), Backend: m.GetBackend(), Optimizer: m.GetOptimizer(),
+			BatchSize: m.GetBatchSize(), GradAccum: m.GetGradAccum(), SeqLen: m.GetSeqLen(),
+			Precision: m.GetPrecision(), Seed: m.GetSeed(), Notes: m.GetNotes(),
+			HasBatchSize: m.GetHasBatchSize(), HasGradAccum: m.GetHasGradAccum(),
+			HasSeqLen: m.GetHasSeqLen(), HasSeed: m.GetHasSeed(),
+		},
+		GPUName:         a.GetGpuName(),
+		GPUPricePerHour: a.GetGpuPricePerHour(),
+		Plan: Plan{
+			BudgetScope: p.GetBudgetScope(), Labels: p.GetLabels(), PlannedSteps: p.GetPlannedSteps(),
+			PlannedTokens: p.GetPlannedTokens(), PlannedEpochs: p.GetPlannedEpochs(), Params: p.GetParams(),
+			DatasetSize: p.GetDatasetSize(), NumWorkers: p.GetNumWorkers(), PrefetchFactor: p.GetPrefetchFactor(),
+			TargetGPUUtilization: p.GetTargetGpuUtilization(), MaxRAMUsage: p.GetMaxRamUsage(),
+			AdjustmentInterval: p.GetAdjustmentInterval(),
+		},
+		HasWindow:        a.GetHasWindow(),
+		WindowStart:      a.GetWindowStart(),
+		WindowEnd:        a.GetWindowEnd(),
+		HasMeasured:      a.GetHasMeasured(),
+		FirstMeasured:    a.GetFirstMeasured(),
+		MeasuredWindows:  a.GetMeasuredWindows(),
+		CounterWindows:   a.GetCounterWindows(),
+		EnergyMeasured:   a.GetEnergyMeasured(),
+		EnergyTotal:      a.GetEnergyTotal(),
+		EnergyIntegrated: a.GetEnergyIntegrated(),
+		CounterSumOK:     a.GetCounterSumOk(),
+		IntegratedSumOK:  a.GetIntegratedSumOk(),
+		EnergyEstimated:  a.GetEnergyEstimated(),
+		GapS:             a.GetGapS(),
+		EnergyByBand:     a.GetEnergyByBand(),
+		Tokens:           a.GetTokens(),
+		TokensMeasured:   a.GetTokensMeasured(),
+		Steps:            a.GetSteps(),
+		Samples:          a.GetSamples(),
+		StepsMeasured:    a.GetStepsMeasured(),
+		SamplesMeasured:  a.GetSamplesMeasured(),
+		DataWaitS:        a.GetDataWaitS(),
+		ComputeS:         a.GetComputeS(),
+		GPUSeconds:       a.GetGpuSeconds(),
+		VRAMPeak:         a.GetVramPeak(),
+		VRAMSum:          a.GetVramSum(),
+		VRAMSamples:      a.GetVramSamples(),
+		PeakFolded:       a.GetPeakFolded(),
+		MaxBucket:        a.GetMaxBucket(),
+		HasMaxBucket:     a.GetHasMaxBucket(),
+		FoldedUpTo:       a.GetFoldedUpTo(),
+		HasFolded:        a.GetHasFolded(),
+		HasLoss:          a.GetHasLoss(),
+		LastLoss:         a.GetLastLoss(),
+		LastLossAt:       a.GetLastLossAt(),
+		LastLossBy:       a.GetLastLossBy(),
+		Incomplete:       a.GetIncomplete(),
+		LostBatches:      a.GetLostBatches(),
+		LostTokens:       a.GetLostTokens(),
+		LostEnergyJ:      a.GetLostEnergyJ(),
+		LostGPUSeconds:   a.GetLostGpuSeconds(),
+		LostReasons:      a.GetLostReasons(),
+	}
+	if len(a.GetNodes()) > 0 {
+		s.Nodes = make(map[string]*NodeState, len(a.GetNodes()))
+		for name, n := range a.GetNodes() {
+			s.Nodes[name] = &NodeState{
+				Started: n.GetStarted(), StartMin: n.GetStartMin(), StartMax: n.GetStartMax(),
+				HasEnd: n.GetHasEnd(), EndMax: n.GetEndMax(), Watermark: n.GetWatermark(),
+				HasWindow: n.GetHasWindow(), GPUSeconds: n.GetGpuSeconds(),
+			}
+		}
+	}
+	if len(a.GetGpus()) > 0 {
+		s.GPUs = make(map[string][]uint32, len(a.GetGpus()))
+		for node, list := range a.GetGpus() {
+			s.GPUs[node] = list.GetIndices()
+		}
+	}
+	if len(a.GetPeakBuckets()) > 0 {
+		s.PeakBuckets = map[int64]map[string]float64{}
+		for _, e := range a.GetPeakBuckets() {
+			b := s.PeakBuckets[e.GetSecond()]
+			if b == nil {
+				b = map[string]float64{}
+				s.PeakBuckets[e.GetSecond()] = b
+			}
+			b[e.GetNode()] = e.GetWatts()
+		}
+	}
+	if len(a.GetEvals()) > 0 {
+		s.Evals = make([]EvalRecord, len(a.GetEvals()))
+		for i, e := range a.GetEvals() {
+			s.Evals[i] = EvalRecord{
+				Node: e.GetNode(), Time: e.GetTime(), Epoch: e.GetEpoch(), ValLoss: e.GetValLoss(),
+				Accuracy: e.GetAccuracy(), HasValLoss: e.GetHasValLoss(), HasAccuracy: e.GetHasAccuracy(),
+			}
+		}
+	}
+}
