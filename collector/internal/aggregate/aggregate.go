@@ -56,7 +56,6 @@
 package aggregate
 
 import (
-	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -148,6 +147,10 @@ type NodeState struct {
 	HasWindow bool  `json:"has_window,omitempty"`
 	// GPUSeconds of this node's windows, priced at the node's price.
 	GPUSeconds float64 `json:"gpu_seconds,omitempty"`
+	// The node's open peak buckets: the highest measured window peak (W)
+	// in each Unix second, seconds ascending (peak.go).
+	PeakSeconds []int64   `json:"peak_seconds,omitempty"`
+	PeakWatts   []float64 `json:"peak_watts,omitempty"`
 }
 
 func (n *NodeState) ended() bool { return n.HasEnd && n.EndMax >= n.StartMax }
@@ -214,13 +217,13 @@ type State struct {
 	// GPUs is the set of GPU indices seen per node.
 	GPUs map[string][]uint32 `json:"gpus,omitempty"`
 
-	// Peak: folded max, plus open buckets (unix second -> node -> max W).
-	PeakFolded   float64                      `json:"peak_folded,omitempty"`
-	PeakBuckets  map[int64]map[string]float64 `json:"peak_buckets,omitempty"`
-	MaxBucket    int64                        `json:"max_bucket,omitempty"`
-	HasMaxBucket bool                         `json:"has_max_bucket,omitempty"`
-	FoldedUpTo   int64                        `json:"folded_up_to,omitempty"` // buckets < this are folded
-	HasFolded    bool                         `json:"has_folded,omitempty"`
+	// Peak: the max over folded buckets; the open buckets are the nodes'
+	// PeakSeconds/PeakWatts (peak.go).
+	PeakFolded   float64 `json:"peak_folded,omitempty"`
+	MaxBucket    int64   `json:"max_bucket,omitempty"`
+	HasMaxBucket bool    `json:"has_max_bucket,omitempty"`
+	FoldedUpTo   int64   `json:"folded_up_to,omitempty"` // buckets < this are folded
+	HasFolded    bool    `json:"has_folded,omitempty"`
 
 	Evals []EvalRecord `json:"evals,omitempty"`
 
@@ -458,104 +461,6 @@ func (s *State) addGPU(node string, g uint32) {
 	copy(list[i+1:], list[i:])
 	list[i] = g
 	s.GPUs[node] = list
-}
-
-func (s *State) addPeak(node string, bucket int64, p float64) {
-	if s.HasFolded && bucket < s.FoldedUpTo {
-		// The bucket was already folded: the other nodes' values for that
-		// second are gone, so this window counts alone (a lower bound).
-		if p > s.PeakFolded {
-			s.PeakFolded = p
-		}
-		return
-	}
-	if s.PeakBuckets == nil {
-		s.PeakBuckets = map[int64]map[string]float64{}
-	}
-	b := s.PeakBuckets[bucket]
-	if b == nil {
-		b = map[string]float64{}
-		s.PeakBuckets[bucket] = b
-	}
-	if old, ok := b[node]; !ok || p > old {
-		b[node] = p
-	}
-	if !s.HasMaxBucket || bucket > s.MaxBucket {
-		s.MaxBucket = bucket
-		s.HasMaxBucket = true
-	}
-	s.foldBuckets()
-}
-
-// foldBuckets folds peak buckets that can no longer change into PeakFolded,
-// so the state stays bounded for long runs.
-func (s *State) foldBuckets() {
-	if len(s.PeakBuckets) == 0 {
-		return
-	}
-	// Fold bucket b when b < MaxBucket-PeakHorizon and either every node
-	// that has not ended is past b, or b < MaxBucket-PeakMaxLag.
-	minActive := int64(math.MaxInt64)
-	for _, n := range s.Nodes {
-		if n.ended() {
-			continue
-		}
-		if !n.HasWindow {
-			minActive = math.MinInt64 // a node we have nothing from yet holds everything open
-			break
-		}
-		if n.Watermark < minActive {
-			minActive = n.Watermark
-		}
-	}
-	limit := min(s.MaxBucket-PeakHorizon, max(minActive, s.MaxBucket-PeakMaxLag))
-	if minActive == math.MaxInt64 {
-		limit = s.MaxBucket + 1 // every node has ended: nothing can change
-	}
-	if s.HasFolded && limit <= s.FoldedUpTo {
-		return
-	}
-	folded := false
-	for b, nodes := range s.PeakBuckets {
-		if b >= limit {
-			continue
-		}
-		if sum := sumValues(nodes); sum > s.PeakFolded {
-			s.PeakFolded = sum
-		}
-		delete(s.PeakBuckets, b)
-		folded = true
-	}
-	if folded || s.HasFolded {
-		if !s.HasFolded || limit > s.FoldedUpTo {
-			s.FoldedUpTo = limit
-		}
-		s.HasFolded = true
-	}
-}
-
-func sumValues(m map[string]float64) float64 {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys) // deterministic summation order
-	var sum float64
-	for _, k := range keys {
-		sum += m[k]
-	}
-	return sum
-}
-
-// Peak returns peak_power_W.
-func (s *State) Peak() float64 {
-	p := s.PeakFolded
-	for _, nodes := range s.PeakBuckets {
-		if sum := sumValues(nodes); sum > p {
-			p = sum
-		}
-	}
-	return p
 }
 
 // Ended reports whether every node that sent a RunStart has ended it.

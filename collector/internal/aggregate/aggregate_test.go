@@ -331,7 +331,7 @@ func TestPeakBucketsStayBounded(t *testing.T) {
 		}
 		s.AddWindow("a", win("a", float64(i), float64(i+1), true, 1, 1, p, 1, 0).w)
 	}
-	if n := len(s.PeakBuckets); n > PeakHorizon+2 {
+	if n := s.openPeakBuckets(); n > PeakHorizon+2 {
 		t.Fatalf("%d open buckets, want <= %d", n, PeakHorizon+2)
 	}
 	if s.Peak() != 999 {
@@ -349,11 +349,11 @@ func TestEndedRunFoldsEveryBucket(t *testing.T) {
 		s.AddWindow("b", win("b", float64(i), float64(i+1), true, 1, 1, 50+float64(i), 1, 0).w)
 	}
 	s.AddEnd("a", &trainmeterv1.RunEnd{RunId: "r1", Time: ts(20)})
-	if len(s.PeakBuckets) == 0 {
+	if s.openPeakBuckets() == 0 {
 		t.Fatal("buckets folded while node b is still running")
 	}
 	s.AddEnd("b", &trainmeterv1.RunEnd{RunId: "r1", Time: ts(20)})
-	if n := len(s.PeakBuckets); n != 0 {
+	if n := s.openPeakBuckets(); n != 0 {
 		t.Fatalf("%d open buckets after every node ended, want 0", n)
 	}
 	if s.Peak() != 169 {
@@ -412,5 +412,57 @@ func TestPlanComesFromTheWinningStartAndSurvivesSerialisation(t *testing.T) {
 		MaxRAMUsage: 0.7, AdjustmentInterval: 25, Labels: map[string]string{"team": "nlp", "priority": "high"}}
 	if !reflect.DeepEqual(got.Plan, want) {
 		t.Fatalf("plan\n got %+v\nwant %+v", got.Plan, want)
+	}
+}
+
+// The peak over nodes whose windows arrive interleaved, each node in its
+// own order and at most lag seconds behind the others, equals the
+// brute-force max over seconds of the summed per-node maxima, whatever
+// buckets were folded on the way.
+func TestPeakMatchesBruteForceUnderInterleaving(t *testing.T) {
+	rng := rand.New(rand.NewSource(2))
+	for trial := 0; trial < 50; trial++ {
+		nodes := []string{"a", "b", "c"}[:1+rng.Intn(3)]
+		const secs = 400
+		lag := rng.Intn(PeakHorizon / 2)
+		peaks := map[string][]float64{}
+		for _, n := range nodes {
+			for range secs {
+				peaks[n] = append(peaks[n], float64(rng.Intn(1000)))
+			}
+		}
+		want := 0.0
+		for i := range secs {
+			sum := 0.0
+			for _, n := range nodes {
+				sum += peaks[n][i]
+			}
+			want = max(want, sum)
+		}
+		s := New("r1")
+		for _, n := range nodes {
+			s.AddStart(n, &trainmeterv1.RunStart{RunId: "r1", Time: ts(0)})
+		}
+		next := map[string]int{}
+		for done := 0; done < secs*len(nodes); {
+			n := nodes[rng.Intn(len(nodes))]
+			lowest := secs
+			for _, m := range nodes {
+				lowest = min(lowest, next[m])
+			}
+			if next[n] >= secs || next[n] > lowest+lag {
+				continue
+			}
+			i := next[n]
+			s.AddWindow(n, win(n, float64(i), float64(i)+1, true, 1, 1, peaks[n][i], 1, 0).w)
+			next[n]++
+			done++
+		}
+		if got := s.Peak(); got != want {
+			t.Fatalf("trial %d (%d nodes, lag %d): peak %v, want %v", trial, len(nodes), lag, got, want)
+		}
+		if n := s.openPeakBuckets(); n > PeakHorizon+lag+2 {
+			t.Fatalf("trial %d: %d open buckets", trial, n)
+		}
 	}
 }

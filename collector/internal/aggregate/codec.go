@@ -3,6 +3,7 @@ package aggregate
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -25,7 +26,7 @@ func Unmarshal(b []byte) (*State, error) {
 	if len(b) > 0 && b[0] == '{' {
 		// A protobuf encoding never starts with '{' (field 15, wire type 3:
 		// a group, which proto3 does not have).
-		if err := json.Unmarshal(b, s); err != nil {
+		if err := decodeJSON(b, s); err != nil {
 			return nil, fmt.Errorf("aggregate: decode: %w", err)
 		}
 	} else {
@@ -113,6 +114,7 @@ func (s *State) toProto() *storev1.Aggregate {
 			a.Nodes[name] = &storev1.Node{
 				Started: n.Started, StartMin: n.StartMin, StartMax: n.StartMax, HasEnd: n.HasEnd,
 				EndMax: n.EndMax, Watermark: n.Watermark, HasWindow: n.HasWindow, GpuSeconds: n.GPUSeconds,
+				PeakSeconds: n.PeakSeconds, PeakWatts: n.PeakWatts,
 			}
 		}
 	}
@@ -120,18 +122,6 @@ func (s *State) toProto() *storev1.Aggregate {
 		a.Gpus = make(map[string]*storev1.GpuIndices, len(s.GPUs))
 		for node, list := range s.GPUs {
 			a.Gpus[node] = &storev1.GpuIndices{Indices: list}
-		}
-	}
-	if len(s.PeakBuckets) > 0 {
-		n := 0
-		for _, nodes := range s.PeakBuckets {
-			n += len(nodes)
-		}
-		a.PeakBuckets = make([]*storev1.PeakEntry, 0, n)
-		for sec, nodes := range s.PeakBuckets {
-			for node, w := range nodes {
-				a.PeakBuckets = append(a.PeakBuckets, &storev1.PeakEntry{Second: sec, Node: node, Watts: w})
-			}
 		}
 	}
 	if len(s.Evals) > 0 {
@@ -220,6 +210,7 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 				Started: n.GetStarted(), StartMin: n.GetStartMin(), StartMax: n.GetStartMax(),
 				HasEnd: n.GetHasEnd(), EndMax: n.GetEndMax(), Watermark: n.GetWatermark(),
 				HasWindow: n.GetHasWindow(), GPUSeconds: n.GetGpuSeconds(),
+				PeakSeconds: n.GetPeakSeconds(), PeakWatts: n.GetPeakWatts(),
 			}
 		}
 	}
@@ -227,17 +218,6 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 		s.GPUs = make(map[string][]uint32, len(a.GetGpus()))
 		for node, list := range a.GetGpus() {
 			s.GPUs[node] = list.GetIndices()
-		}
-	}
-	if len(a.GetPeakBuckets()) > 0 {
-		s.PeakBuckets = map[int64]map[string]float64{}
-		for _, e := range a.GetPeakBuckets() {
-			b := s.PeakBuckets[e.GetSecond()]
-			if b == nil {
-				b = map[string]float64{}
-				s.PeakBuckets[e.GetSecond()] = b
-			}
-			b[e.GetNode()] = e.GetWatts()
 		}
 	}
 	if len(a.GetEvals()) > 0 {
@@ -249,4 +229,30 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 			}
 		}
 	}
+}
+
+// decodeJSON reads an aggregate of an earlier version, whose open peak
+// buckets were a map of second -> node -> W.
+func decodeJSON(b []byte, s *State) error {
+	var legacy struct {
+		*State
+		PeakBuckets map[int64]map[string]float64 `json:"peak_buckets"`
+	}
+	legacy.State = s
+	if err := json.Unmarshal(b, &legacy); err != nil {
+		return err
+	}
+	secs := make([]int64, 0, len(legacy.PeakBuckets))
+	for sec := range legacy.PeakBuckets {
+		secs = append(secs, sec)
+	}
+	slices.Sort(secs)
+	for _, sec := range secs {
+		for node, w := range legacy.PeakBuckets[sec] {
+			n := s.node(node)
+			n.PeakSeconds = append(n.PeakSeconds, sec)
+			n.PeakWatts = append(n.PeakWatts, w)
+		}
+	}
+	return nil
 }

@@ -92,3 +92,20 @@ func TestJSONAggregatesOfEarlierVersionsStillRead(t *testing.T) {
 		t.Error("garbage decoded without an error")
 	}
 }
+
+func TestJSONPeakBucketsOfEarlierVersionsBecomeNodeColumns(t *testing.T) {
+	old := `{"run_id":"r1","nodes":{"a":{"started":true,"has_window":true,"watermark":12},"b":{"has_window":true,"watermark":11}},
+		"peak_folded":300,"max_bucket":12,"has_max_bucket":true,
+		"peak_buckets":{"12":{"a":200},"10":{"a":150,"b":250},"11":{"b":90}}}`
+	s, err := Unmarshal([]byte(old))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(s.Nodes["a"].PeakSeconds, []int64{10, 12}) || !reflect.DeepEqual(s.Nodes["a"].PeakWatts, []float64{150, 200}) ||
+		!reflect.DeepEqual(s.Nodes["b"].PeakSeconds, []int64{10, 11}) || !reflect.DeepEqual(s.Nodes["b"].PeakWatts, []float64{250, 90}) {
+		t.Fatalf("a %v %v, b %v %v", s.Nodes["a"].PeakSeconds, s.Nodes["a"].PeakWatts, s.Nodes["b"].PeakSeconds, s.Nodes["b"].PeakWatts)
+	}
+	if got := s.Peak(); got != 400 {
+		t.Fatalf("peak %v, want 400 (second 10: 150 + 250)", got)
+	}
+}

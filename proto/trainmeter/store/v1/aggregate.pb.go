@@ -61,25 +61,23 @@ type Aggregate struct {
 	VramSamples      uint64                 `protobuf:"varint,36,opt,name=vram_samples,json=vramSamples,proto3" json:"vram_samples,omitempty"`
 	Gpus             map[string]*GpuIndices `protobuf:"bytes,37,rep,name=gpus,proto3" json:"gpus,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	PeakFolded       float64                `protobuf:"fixed64,38,opt,name=peak_folded,json=peakFolded,proto3" json:"peak_folded,omitempty"`
-	// Open peak buckets, flattened: one entry per (second, node).
-	PeakBuckets    []*PeakEntry `protobuf:"bytes,39,rep,name=peak_buckets,json=peakBuckets,proto3" json:"peak_buckets,omitempty"`
-	MaxBucket      int64        `protobuf:"varint,40,opt,name=max_bucket,json=maxBucket,proto3" json:"max_bucket,omitempty"`
-	HasMaxBucket   bool         `protobuf:"varint,41,opt,name=has_max_bucket,json=hasMaxBucket,proto3" json:"has_max_bucket,omitempty"`
-	FoldedUpTo     int64        `protobuf:"varint,42,opt,name=folded_up_to,json=foldedUpTo,proto3" json:"folded_up_to,omitempty"`
-	HasFolded      bool         `protobuf:"varint,43,opt,name=has_folded,json=hasFolded,proto3" json:"has_folded,omitempty"`
-	Evals          []*Eval      `protobuf:"bytes,44,rep,name=evals,proto3" json:"evals,omitempty"`
-	HasLoss        bool         `protobuf:"varint,45,opt,name=has_loss,json=hasLoss,proto3" json:"has_loss,omitempty"`
-	LastLoss       float64      `protobuf:"fixed64,46,opt,name=last_loss,json=lastLoss,proto3" json:"last_loss,omitempty"`
-	LastLossAt     int64        `protobuf:"varint,47,opt,name=last_loss_at,json=lastLossAt,proto3" json:"last_loss_at,omitempty"`
-	LastLossBy     string       `protobuf:"bytes,48,opt,name=last_loss_by,json=lastLossBy,proto3" json:"last_loss_by,omitempty"`
-	Incomplete     bool         `protobuf:"varint,49,opt,name=incomplete,proto3" json:"incomplete,omitempty"`
-	LostBatches    uint64       `protobuf:"varint,50,opt,name=lost_batches,json=lostBatches,proto3" json:"lost_batches,omitempty"`
-	LostTokens     uint64       `protobuf:"varint,51,opt,name=lost_tokens,json=lostTokens,proto3" json:"lost_tokens,omitempty"`
-	LostEnergyJ    float64      `protobuf:"fixed64,52,opt,name=lost_energy_j,json=lostEnergyJ,proto3" json:"lost_energy_j,omitempty"`
-	LostGpuSeconds float64      `protobuf:"fixed64,53,opt,name=lost_gpu_seconds,json=lostGpuSeconds,proto3" json:"lost_gpu_seconds,omitempty"`
-	LostReasons    []string     `protobuf:"bytes,54,rep,name=lost_reasons,json=lostReasons,proto3" json:"lost_reasons,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	MaxBucket        int64                  `protobuf:"varint,40,opt,name=max_bucket,json=maxBucket,proto3" json:"max_bucket,omitempty"`
+	HasMaxBucket     bool                   `protobuf:"varint,41,opt,name=has_max_bucket,json=hasMaxBucket,proto3" json:"has_max_bucket,omitempty"`
+	FoldedUpTo       int64                  `protobuf:"varint,42,opt,name=folded_up_to,json=foldedUpTo,proto3" json:"folded_up_to,omitempty"`
+	HasFolded        bool                   `protobuf:"varint,43,opt,name=has_folded,json=hasFolded,proto3" json:"has_folded,omitempty"`
+	Evals            []*Eval                `protobuf:"bytes,44,rep,name=evals,proto3" json:"evals,omitempty"`
+	HasLoss          bool                   `protobuf:"varint,45,opt,name=has_loss,json=hasLoss,proto3" json:"has_loss,omitempty"`
+	LastLoss         float64                `protobuf:"fixed64,46,opt,name=last_loss,json=lastLoss,proto3" json:"last_loss,omitempty"`
+	LastLossAt       int64                  `protobuf:"varint,47,opt,name=last_loss_at,json=lastLossAt,proto3" json:"last_loss_at,omitempty"`
+	LastLossBy       string                 `protobuf:"bytes,48,opt,name=last_loss_by,json=lastLossBy,proto3" json:"last_loss_by,omitempty"`
+	Incomplete       bool                   `protobuf:"varint,49,opt,name=incomplete,proto3" json:"incomplete,omitempty"`
+	LostBatches      uint64                 `protobuf:"varint,50,opt,name=lost_batches,json=lostBatches,proto3" json:"lost_batches,omitempty"`
+	LostTokens       uint64                 `protobuf:"varint,51,opt,name=lost_tokens,json=lostTokens,proto3" json:"lost_tokens,omitempty"`
+	LostEnergyJ      float64                `protobuf:"fixed64,52,opt,name=lost_energy_j,json=lostEnergyJ,proto3" json:"lost_energy_j,omitempty"`
+	LostGpuSeconds   float64                `protobuf:"fixed64,53,opt,name=lost_gpu_seconds,json=lostGpuSeconds,proto3" json:"lost_gpu_seconds,omitempty"`
+	LostReasons      []string               `protobuf:"bytes,54,rep,name=lost_reasons,json=lostReasons,proto3" json:"lost_reasons,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -376,13 +374,6 @@ func (x *Aggregate) GetPeakFolded() float64 {
 		return x.PeakFolded
 	}
 	return 0
-}
-
-func (x *Aggregate) GetPeakBuckets() []*PeakEntry {
-	if x != nil {
-		return x.PeakBuckets
-	}
-	return nil
 }
 
 func (x *Aggregate) GetMaxBucket() int64 {
@@ -771,15 +762,18 @@ func (x *Plan) GetAdjustmentInterval() uint64 {
 }
 
 type Node struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Started       bool                   `protobuf:"varint,1,opt,name=started,proto3" json:"started,omitempty"`
-	StartMin      int64                  `protobuf:"varint,2,opt,name=start_min,json=startMin,proto3" json:"start_min,omitempty"`
-	StartMax      int64                  `protobuf:"varint,3,opt,name=start_max,json=startMax,proto3" json:"start_max,omitempty"`
-	HasEnd        bool                   `protobuf:"varint,4,opt,name=has_end,json=hasEnd,proto3" json:"has_end,omitempty"`
-	EndMax        int64                  `protobuf:"varint,5,opt,name=end_max,json=endMax,proto3" json:"end_max,omitempty"`
-	Watermark     int64                  `protobuf:"varint,6,opt,name=watermark,proto3" json:"watermark,omitempty"`
-	HasWindow     bool                   `protobuf:"varint,7,opt,name=has_window,json=hasWindow,proto3" json:"has_window,omitempty"`
-	GpuSeconds    float64                `protobuf:"fixed64,8,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Started    bool                   `protobuf:"varint,1,opt,name=started,proto3" json:"started,omitempty"`
+	StartMin   int64                  `protobuf:"varint,2,opt,name=start_min,json=startMin,proto3" json:"start_min,omitempty"`
+	StartMax   int64                  `protobuf:"varint,3,opt,name=start_max,json=startMax,proto3" json:"start_max,omitempty"`
+	HasEnd     bool                   `protobuf:"varint,4,opt,name=has_end,json=hasEnd,proto3" json:"has_end,omitempty"`
+	EndMax     int64                  `protobuf:"varint,5,opt,name=end_max,json=endMax,proto3" json:"end_max,omitempty"`
+	Watermark  int64                  `protobuf:"varint,6,opt,name=watermark,proto3" json:"watermark,omitempty"`
+	HasWindow  bool                   `protobuf:"varint,7,opt,name=has_window,json=hasWindow,proto3" json:"has_window,omitempty"`
+	GpuSeconds float64                `protobuf:"fixed64,8,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	// Open peak buckets: seconds ascending, and each one's peak.
+	PeakSeconds   []int64   `protobuf:"varint,9,rep,packed,name=peak_seconds,json=peakSeconds,proto3" json:"peak_seconds,omitempty"`
+	PeakWatts     []float64 `protobuf:"fixed64,10,rep,packed,name=peak_watts,json=peakWatts,proto3" json:"peak_watts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -870,6 +864,20 @@ func (x *Node) GetGpuSeconds() float64 {
 	return 0
 }
 
+func (x *Node) GetPeakSeconds() []int64 {
+	if x != nil {
+		return x.PeakSeconds
+	}
+	return nil
+}
+
+func (x *Node) GetPeakWatts() []float64 {
+	if x != nil {
+		return x.PeakWatts
+	}
+	return nil
+}
+
 type GpuIndices struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Indices       []uint32               `protobuf:"varint,1,rep,packed,name=indices,proto3" json:"indices,omitempty"`
@@ -914,66 +922,6 @@ func (x *GpuIndices) GetIndices() []uint32 {
 	return nil
 }
 
-type PeakEntry struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Second        int64                  `protobuf:"varint,1,opt,name=second,proto3" json:"second,omitempty"`
-	Node          string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
-	Watts         float64                `protobuf:"fixed64,3,opt,name=watts,proto3" json:"watts,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *PeakEntry) Reset() {
-	*x = PeakEntry{}
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[5]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *PeakEntry) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*PeakEntry) ProtoMessage() {}
-
-func (x *PeakEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[5]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use PeakEntry.ProtoReflect.Descriptor instead.
-func (*PeakEntry) Descriptor() ([]byte, []int) {
-	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{5}
-}
-
-func (x *PeakEntry) GetSecond() int64 {
-	if x != nil {
-		return x.Second
-	}
-	return 0
-}
-
-func (x *PeakEntry) GetNode() string {
-	if x != nil {
-		return x.Node
-	}
-	return ""
-}
-
-func (x *PeakEntry) GetWatts() float64 {
-	if x != nil {
-		return x.Watts
-	}
-	return 0
-}
-
 type Eval struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -989,7 +937,7 @@ type Eval struct {
 
 func (x *Eval) Reset() {
 	*x = Eval{}
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[6]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1001,7 +949,7 @@ func (x *Eval) String() string {
 func (*Eval) ProtoMessage() {}
 
 func (x *Eval) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[6]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1014,7 +962,7 @@ func (x *Eval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eval.ProtoReflect.Descriptor instead.
 func (*Eval) Descriptor() ([]byte, []int) {
-	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{6}
+	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Eval) GetNode() string {
@@ -1070,7 +1018,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xdf\x11\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xa2\x11\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1115,8 +1063,7 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\fvram_samples\x18$ \x01(\x04R\vvramSamples\x12<\n" +
 	"\x04gpus\x18% \x03(\v2(.trainmeter.store.v1.Aggregate.GpusEntryR\x04gpus\x12\x1f\n" +
 	"\vpeak_folded\x18& \x01(\x01R\n" +
-	"peakFolded\x12A\n" +
-	"\fpeak_buckets\x18' \x03(\v2\x1e.trainmeter.store.v1.PeakEntryR\vpeakBuckets\x12\x1d\n" +
+	"peakFolded\x12\x1d\n" +
 	"\n" +
 	"max_bucket\x18( \x01(\x03R\tmaxBucket\x12$\n" +
 	"\x0ehas_max_bucket\x18) \x01(\bR\fhasMaxBucket\x12 \n" +
@@ -1149,7 +1096,7 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1aX\n" +
 	"\tGpusEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x125\n" +
-	"\x05value\x18\x02 \x01(\v2\x1f.trainmeter.store.v1.GpuIndicesR\x05value:\x028\x01\"\x98\x03\n" +
+	"\x05value\x18\x02 \x01(\v2\x1f.trainmeter.store.v1.GpuIndicesR\x05value:\x028\x01J\x04\b'\x10(\"\x98\x03\n" +
 	"\bMetadata\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x18\n" +
@@ -1185,7 +1132,7 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x13adjustment_interval\x18\f \x01(\x04R\x12adjustmentInterval\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xea\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xac\x02\n" +
 	"\x04Node\x12\x18\n" +
 	"\astarted\x18\x01 \x01(\bR\astarted\x12\x1b\n" +
 	"\tstart_min\x18\x02 \x01(\x03R\bstartMin\x12\x1b\n" +
@@ -1196,14 +1143,14 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
 	"has_window\x18\a \x01(\bR\thasWindow\x12\x1f\n" +
 	"\vgpu_seconds\x18\b \x01(\x01R\n" +
-	"gpuSeconds\"&\n" +
+	"gpuSeconds\x12!\n" +
+	"\fpeak_seconds\x18\t \x03(\x03R\vpeakSeconds\x12\x1d\n" +
+	"\n" +
+	"peak_watts\x18\n" +
+	" \x03(\x01R\tpeakWatts\"&\n" +
 	"\n" +
 	"GpuIndices\x12\x18\n" +
-	"\aindices\x18\x01 \x03(\rR\aindices\"M\n" +
-	"\tPeakEntry\x12\x16\n" +
-	"\x06second\x18\x01 \x01(\x03R\x06second\x12\x12\n" +
-	"\x04node\x18\x02 \x01(\tR\x04node\x12\x14\n" +
-	"\x05watts\x18\x03 \x01(\x01R\x05watts\"\xc0\x01\n" +
+	"\aindices\x18\x01 \x03(\rR\aindices\"\xc0\x01\n" +
 	"\x04Eval\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04time\x18\x02 \x01(\x03R\x04time\x12\x14\n" +
@@ -1226,36 +1173,34 @@ func file_trainmeter_store_v1_aggregate_proto_rawDescGZIP() []byte {
 	return file_trainmeter_store_v1_aggregate_proto_rawDescData
 }
 
-var file_trainmeter_store_v1_aggregate_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_trainmeter_store_v1_aggregate_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_trainmeter_store_v1_aggregate_proto_goTypes = []any{
 	(*Aggregate)(nil),  // 0: trainmeter.store.v1.Aggregate
 	(*Metadata)(nil),   // 1: trainmeter.store.v1.Metadata
 	(*Plan)(nil),       // 2: trainmeter.store.v1.Plan
 	(*Node)(nil),       // 3: trainmeter.store.v1.Node
 	(*GpuIndices)(nil), // 4: trainmeter.store.v1.GpuIndices
-	(*PeakEntry)(nil),  // 5: trainmeter.store.v1.PeakEntry
-	(*Eval)(nil),       // 6: trainmeter.store.v1.Eval
-	nil,                // 7: trainmeter.store.v1.Aggregate.NodesEntry
-	nil,                // 8: trainmeter.store.v1.Aggregate.EnergyByBandEntry
-	nil,                // 9: trainmeter.store.v1.Aggregate.GpusEntry
-	nil,                // 10: trainmeter.store.v1.Plan.LabelsEntry
+	(*Eval)(nil),       // 5: trainmeter.store.v1.Eval
+	nil,                // 6: trainmeter.store.v1.Aggregate.NodesEntry
+	nil,                // 7: trainmeter.store.v1.Aggregate.EnergyByBandEntry
+	nil,                // 8: trainmeter.store.v1.Aggregate.GpusEntry
+	nil,                // 9: trainmeter.store.v1.Plan.LabelsEntry
 }
 var file_trainmeter_store_v1_aggregate_proto_depIdxs = []int32{
-	1,  // 0: trainmeter.store.v1.Aggregate.metadata:type_name -> trainmeter.store.v1.Metadata
-	2,  // 1: trainmeter.store.v1.Aggregate.plan:type_name -> trainmeter.store.v1.Plan
-	7,  // 2: trainmeter.store.v1.Aggregate.nodes:type_name -> trainmeter.store.v1.Aggregate.NodesEntry
-	8,  // 3: trainmeter.store.v1.Aggregate.energy_by_band:type_name -> trainmeter.store.v1.Aggregate.EnergyByBandEntry
-	9,  // 4: trainmeter.store.v1.Aggregate.gpus:type_name -> trainmeter.store.v1.Aggregate.GpusEntry
-	5,  // 5: trainmeter.store.v1.Aggregate.peak_buckets:type_name -> trainmeter.store.v1.PeakEntry
-	6,  // 6: trainmeter.store.v1.Aggregate.evals:type_name -> trainmeter.store.v1.Eval
-	10, // 7: trainmeter.store.v1.Plan.labels:type_name -> trainmeter.store.v1.Plan.LabelsEntry
-	3,  // 8: trainmeter.store.v1.Aggregate.NodesEntry.value:type_name -> trainmeter.store.v1.Node
-	4,  // 9: trainmeter.store.v1.Aggregate.GpusEntry.value:type_name -> trainmeter.store.v1.GpuIndices
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	1, // 0: trainmeter.store.v1.Aggregate.metadata:type_name -> trainmeter.store.v1.Metadata
+	2, // 1: trainmeter.store.v1.Aggregate.plan:type_name -> trainmeter.store.v1.Plan
+	6, // 2: trainmeter.store.v1.Aggregate.nodes:type_name -> trainmeter.store.v1.Aggregate.NodesEntry
+	7, // 3: trainmeter.store.v1.Aggregate.energy_by_band:type_name -> trainmeter.store.v1.Aggregate.EnergyByBandEntry
+	8, // 4: trainmeter.store.v1.Aggregate.gpus:type_name -> trainmeter.store.v1.Aggregate.GpusEntry
+	5, // 5: trainmeter.store.v1.Aggregate.evals:type_name -> trainmeter.store.v1.Eval
+	9, // 6: trainmeter.store.v1.Plan.labels:type_name -> trainmeter.store.v1.Plan.LabelsEntry
+	3, // 7: trainmeter.store.v1.Aggregate.NodesEntry.value:type_name -> trainmeter.store.v1.Node
+	4, // 8: trainmeter.store.v1.Aggregate.GpusEntry.value:type_name -> trainmeter.store.v1.GpuIndices
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_store_v1_aggregate_proto_init() }
@@ -1269,7 +1214,7 @@ func file_trainmeter_store_v1_aggregate_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_store_v1_aggregate_proto_rawDesc), len(file_trainmeter_store_v1_aggregate_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
