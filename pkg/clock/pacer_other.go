@@ -1,0 +1,7 @@
+//go:build !linux
+
+package clock
+
+import "time"
+
+func newThreadPacer(time.Duration) Pacer { return nil }
