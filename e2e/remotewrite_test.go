@@ -91,4 +91,15 @@ func TestExamplePipelineToPrometheusRemoteWrite(t *testing.T) {
 			t.Errorf("remote-written Prometheus has no series %s (deploy/grafana/metrics.txt lists it)", name)
 		}
 	}
+	// What the alert rules (deploy/prometheus/trainmeter-rules.yml) read on
+	// this path, where there is no `up`: the collector's target_info and the
+	// node's liveness, under job trainmeter-collector.
+	for _, expr := range []string{
+		`target_info{job="trainmeter-collector"}`,
+		`trainmeter_agent_connected{job="trainmeter-collector",trainmeter_node="rw-node"}`,
+	} {
+		if s := query(expr); len(s) != 1 {
+			t.Errorf("%s: %d series, want 1 (the alert rules read it): %v", expr, len(s), s)
+		}
+	}
 }
