@@ -190,14 +190,26 @@ func TestOTLPExportReachesARealOTelCollector(t *testing.T) {
 }
 
 // checkCatalog asserts every wanted metric arrived with its unit, type and
-// temporality, and that nothing unexpected did.
+// temporality, that nothing unexpected did, and that every data point
+// attribute that arrived is documented in docs/otel.md.
 func checkCatalog(t *testing.T, who string, pts []oteltest.Point, want []wantMetric) {
 	t.Helper()
 	seen := map[string]oteltest.Point{}
+	documented := map[string]bool{}
+	for _, a := range oteltest.DocAttributes(t) {
+		documented[a] = true
+	}
+	undocumented := map[string]bool{}
 	for _, p := range pts {
 		seen[p.Name] = p
 		if p.Scope != "github.com/trainmeter/trainmeter" {
 			t.Errorf("%s: %s has scope %q", who, p.Name, p.Scope)
+		}
+		for k := range p.Attrs {
+			if !documented[k] && !undocumented[p.Name+" "+k] {
+				undocumented[p.Name+" "+k] = true
+				t.Errorf("%s: %s arrived with attribute %s, which docs/otel.md does not document", who, p.Name, k)
+			}
 		}
 	}
 	wanted := map[string]bool{}
