@@ -1,6 +1,8 @@
 package deploy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -206,5 +208,84 @@ func TestOtelcolExampleConfig(t *testing.T) {
 	cmd.Env = append(os.Environ(), "PROMETHEUS_REMOTE_WRITE_URL=http://127.0.0.1:9090/api/v1/write")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("otelcol validate: %v\n%s", err, out)
+	}
+}
+
+// scripts/otelcol-build.sh keys its cache on the manifest, the script itself,
+// the builder version and the Go toolchain; --cached-only finds a cached
+// binary (or exits 3) without flock, which the tests' machines may lack.
+func TestOtelcolBuildScriptCache(t *testing.T) {
+	root := oteltest.RepoRoot(t)
+	script := filepath.Join(root, "scripts", "otelcol-build.sh")
+	src, err := os.ReadFile(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := os.ReadFile(filepath.Join(root, "deploy", "otelcol", "builder-config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^BUILDER_VERSION=(\S+)$`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("otelcol-build.sh sets no BUILDER_VERSION")
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("go is not on PATH")
+	}
+	goVersion, err := exec.Command(goBin, "version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	for _, b := range [][]byte{manifest, src, []byte("builder " + string(m[1]) + "\n"), goVersion} {
+		h.Write(b)
+	}
+	key := hex.EncodeToString(h.Sum(nil))[:16]
+
+	// A PATH with what --cached-only needs, and no flock.
+	bin := t.TempDir()
+	for _, tool := range []string{"bash", "cat", "cut", "dirname", "sha256sum"} {
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skipf("%s is not on PATH", tool)
+		}
+		if err := os.Symlink(p, filepath.Join(bin, tool)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(goBin, filepath.Join(bin, "go")); err != nil {
+		t.Fatal(err)
+	}
+	cache := t.TempDir()
+	run := func() (string, int) {
+		cmd := exec.Command(filepath.Join(bin, "bash"), script, "--cached-only")
+		cmd.Env = append(os.Environ(), "PATH="+bin, "TRAINMETER_CACHE="+cache)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != 0 && code != 3 {
+			t.Fatalf("otelcol-build.sh --cached-only: exit %d: %s", code, stderr.String())
+		}
+		return strings.TrimSpace(string(out)), code
+	}
+	if out, code := run(); code != 3 || out != "" {
+		t.Fatalf("empty cache: exit %d, output %q; want exit 3 and nothing", code, out)
+	}
+	want := filepath.Join(cache, "otelcol-"+key, "otelcol-trainmeter")
+	if err := os.MkdirAll(filepath.Dir(want), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(want, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := run(); code != 0 || out != want {
+		t.Fatalf("cached binary: exit %d, output %q; want %s (the key covers manifest, script, builder version, go version)", code, out, want)
 	}
 }
