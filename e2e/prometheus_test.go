@@ -49,7 +49,7 @@ scrape_configs:
 
 	tr := dialTrainer(t, sock)
 	tr.send(`{"event":"run_start","run_id":"prom-run","model":"llama-prom","backend":"torch","gpus":[0,1],"warmup_s":1}`)
-	tr.runSteps("prom-run", 30, 512, 100*time.Millisecond)
+	period := timedSteps(tr, "prom-run", 30, 512, 100*time.Millisecond)
 	tr.send(`{"event":"run_end","run_id":"prom-run"}`)
 	tr.sync()
 	rep := c.waitEnded("prom-run")
@@ -74,15 +74,19 @@ scrape_configs:
 	}()
 
 	jpt := `trainmeter_run_energy_per_token_joules{trainmeter_run_id="prom-run",job="trainmeter"}`
-	oteltest.Eventually(t, 60*time.Second, "Prometheus to have the run's final J/token", func() bool {
-		s := query(jpt)
-		return len(s) == 1 && near(s[0].Value, rep.JPerToken, 1e-9)
+	tps := `trainmeter_run_throughput_per_second{trainmeter_run_id="prom-run",job="trainmeter"}`
+	// The results are kept from inside Eventually: a later query could
+	// come back empty (a failed promtool run) and must not be indexed.
+	var jptS, tpsS []oteltest.PromSample
+	oteltest.Eventually(t, 60*time.Second, "Prometheus to have the run's final J/token and tokens/s", func() bool {
+		jptS, tpsS = query(jpt), query(tps)
+		return len(jptS) == 1 && near(jptS[0].Value, rep.JPerToken, 1e-9) && len(tpsS) == 1 && near(tpsS[0].Value, rep.TokPerS, 1e-9)
 	})
-	s := query(jpt)
-	if s[0].Labels["trainmeter_run_model"] != "llama-prom" || s[0].Labels["trainmeter_run_backend"] != "torch" {
-		t.Errorf("J/token series labels %v", s[0].Labels)
+	if l := jptS[0].Labels; l["trainmeter_run_model"] != "llama-prom" || l["trainmeter_run_backend"] != "torch" {
+		t.Errorf("J/token series labels %v", l)
 	}
-	t.Logf("J/token in Prometheus %v, collector report %v", s[0].Value, rep.JPerToken)
+	t.Logf("J/token in Prometheus %v, collector report %v", jptS[0].Value, rep.JPerToken)
+	checkWorkload(t, "Prometheus", tpsS[0].Value, jptS[0].Value, 512, period, 600)
 
 	for _, job := range []string{"trainmeter", "trainmeter-agent"} {
 		var power []oteltest.PromSample
@@ -96,7 +100,8 @@ scrape_configs:
 			}
 		}
 	}
-	// The same figure the dashboard's J/token panel computes per run.
+	// J/token is also the run's power ÷ its throughput (both after warmup):
+	// the exported gauges agree with each other in PromQL.
 	if s := query(`sum by (trainmeter_run_id) (trainmeter_run_power_watts{trainmeter_run_id="prom-run"}) / sum by (trainmeter_run_id) (trainmeter_run_throughput_per_second{trainmeter_run_id="prom-run"})`); len(s) != 1 || !near(s[0].Value, rep.JPerToken, 1e-6) {
 		t.Errorf("power / throughput = %v, want J/token %v", s, rep.JPerToken)
 	}
