@@ -112,21 +112,11 @@ func TestPrometheusRulesAreAllTested(t *testing.T) {
 	}
 }
 
-type dashboard struct {
-	Title  string `json:"title"`
-	Panels []struct {
-		Title   string `json:"title"`
-		Targets []struct {
-			Expr string `json:"expr"`
-		} `json:"targets"`
-	} `json:"panels"`
-}
-
 var (
 	labelMatchers = regexp.MustCompile(`\{[^}]*\}`)
-	groupings     = regexp.MustCompile(`\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)`)
+	groupings     = regexp.MustCompile(`\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)`)
 	metricNames   = regexp.MustCompile(`\b(hw|trainmeter)_[a-z0-9_]+\b`)
-	grafanaVars   = strings.NewReplacer("$__rate_interval", "1m", "$__range", "1h", "$node", ".*", "$run", ".*")
+	matcherLabels = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)`)
 )
 
 // dashboardMetrics returns the metric names a PromQL expression reads.
@@ -135,46 +125,131 @@ func dashboardMetrics(expr string) []string {
 	return metricNames.FindAllString(e, -1)
 }
 
+// exprLabels returns the label names a PromQL expression matches on or
+// groups by.
+func exprLabels(expr string) []string {
+	var out []string
+	for _, sel := range labelMatchers.FindAllString(expr, -1) {
+		for _, m := range matcherLabels.FindAllStringSubmatch(sel, -1) {
+			out = append(out, m[1])
+		}
+	}
+	for _, g := range groupings.FindAllStringSubmatch(expr, -1) {
+		for _, l := range strings.Split(g[2], ",") {
+			if l = strings.TrimSpace(l); l != "" {
+				out = append(out, l)
+			}
+		}
+	}
+	return out
+}
+
+// dashboardLabels are the label names the dashboard may use: the documented
+// attributes (docs/otel.md) as Prometheus renders them, and the job and
+// instance every series has. e2e/prometheus_test.go checks each panel's
+// legend labels on the real series.
+func dashboardLabels(t *testing.T) []string {
+	out := []string{"job", "instance"}
+	for _, a := range oteltest.DocAttributes(t) {
+		out = append(out, oteltest.PromLabel(a))
+	}
+	return out
+}
+
 // The Grafana dashboard is valid JSON, has the panels the issue asks for,
 // uses only metric names the tests prove exist (deploy/grafana/metrics.txt)
-// and, when promtool is there, only PromQL that parses.
+// and documented labels, in its panels (rows included), legends and
+// variables, and, when promtool is there, only PromQL that parses.
 func TestGrafanaDashboard(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("grafana", "trainmeter-dashboard.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d dashboard
-	if err := json.Unmarshal(b, &d); err != nil {
-		t.Fatalf("dashboard is not valid JSON: %v", err)
-	}
+	d := oteltest.ReadDashboard(t)
 	scraped, sourced := oteltest.DashboardMetrics(t)
 	known := append(scraped, sourced...)
-	var titles, exprs []string
-	for _, p := range d.Panels {
-		titles = append(titles, p.Title)
-		if len(p.Targets) == 0 {
-			t.Errorf("panel %q has no query", p.Title)
-		}
-		for _, tg := range p.Targets {
-			names := dashboardMetrics(tg.Expr)
-			if len(names) == 0 {
-				t.Errorf("panel %q: query %q reads no trainmeter metric", p.Title, tg.Expr)
+	labels := dashboardLabels(t)
+	vars := map[string]bool{}
+	for _, v := range d.Variables {
+		vars[v.Name] = true
+	}
+	for _, p := range d.QueryLess {
+		t.Errorf("panel %q has no query", p)
+	}
+	checkLabels := func(where string, ls []string) {
+		t.Helper()
+		for _, l := range ls {
+			if !slices.Contains(labels, l) {
+				t.Errorf("%s uses label %s, which is no documented attribute (docs/otel.md) nor job/instance", where, l)
 			}
-			for _, n := range names {
-				if !slices.Contains(known, n) {
-					t.Errorf("panel %q uses %s, which is not in deploy/grafana/metrics.txt (no test proves it exists)", p.Title, n)
-				}
-			}
-			exprs = append(exprs, tg.Expr)
 		}
+	}
+	checkVars := func(where, text string) {
+		t.Helper()
+		for _, v := range oteltest.GrafanaVars(text) {
+			if !vars[v] && !strings.HasPrefix(v, "__") {
+				t.Errorf("%s uses $%s, which is no dashboard variable", where, v)
+			}
+		}
+	}
+	var exprs []string
+	for _, q := range d.Queries {
+		where := fmt.Sprintf("panel %q query %q", q.Panel, q.Expr)
+		names := dashboardMetrics(q.Expr)
+		if len(names) == 0 {
+			t.Errorf("%s reads no trainmeter metric", where)
+		}
+		for _, n := range names {
+			if !slices.Contains(known, n) {
+				t.Errorf("%s uses %s, which is not in deploy/grafana/metrics.txt (no test proves it exists)", where, n)
+			}
+		}
+		checkLabels(where, exprLabels(q.Expr))
+		checkLabels(fmt.Sprintf("panel %q legend %q", q.Panel, q.Legend), oteltest.LegendLabels(q.Legend))
+		checkVars(where, q.Expr)
+		exprs = append(exprs, oteltest.GrafanaExpand(q.Expr, d.Variables))
+	}
+	for _, v := range d.Variables {
+		if v.Type != "query" {
+			continue
+		}
+		where := fmt.Sprintf("variable %s (%q)", v.Name, v.Query)
+		metric, label, ok := oteltest.LabelValues(v.Query)
+		if !ok || metric == "" {
+			t.Errorf("%s: want label_values(METRIC, LABEL)", where)
+			continue
+		}
+		for _, n := range dashboardMetrics(metric) {
+			if !slices.Contains(known, n) {
+				t.Errorf("%s uses %s, which is not in deploy/grafana/metrics.txt", where, n)
+			}
+		}
+		if len(dashboardMetrics(metric)) == 0 {
+			t.Errorf("%s reads no trainmeter metric", where)
+		}
+		checkLabels(where, append(exprLabels(metric), label))
+		checkVars(where, v.Query)
+		exprs = append(exprs, fmt.Sprintf("count by (%s) (%s)", label, oteltest.GrafanaExpand(metric, d.Variables)))
 	}
 	for _, want := range []string{"GPU power", "GPU energy (per interval)", "J/token per run", "Tokens/s per run", "Run cost (USD)", "Budget use", "Dataloader wait share"} {
-		if !slices.Contains(titles, want) {
-			t.Errorf("dashboard lacks the panel %q (has %v)", want, titles)
+		if !slices.Contains(d.Panels, want) {
+			t.Errorf("dashboard lacks the panel %q (has %v)", want, d.Panels)
 		}
 	}
+
+	// The extractors themselves.
 	if got := dashboardMetrics(`sum by (trainmeter_run_id) (trainmeter_run_power_watts{trainmeter_node="x"}) / hw_power_watts`); !slices.Equal(got, []string{"trainmeter_run_power_watts", "hw_power_watts"}) {
 		t.Fatalf("dashboardMetrics extracts %v", got)
+	}
+	if got := exprLabels(`sum by (trainmeter_run_id, job) (x{hw_type="gpu",trainmeter_node=~"$node"}) / on (instance) y`); !slices.Equal(got, []string{"hw_type", "trainmeter_node", "trainmeter_run_id", "job", "instance"}) {
+		t.Fatalf("exprLabels extracts %v", got)
+	}
+	if got := oteltest.LegendLabels("{{hw_name}} ({{ trainmeter_run_model }})"); !slices.Equal(got, []string{"hw_name", "trainmeter_run_model"}) {
+		t.Fatalf("LegendLabels extracts %v", got)
+	}
+	if m, l, ok := oteltest.LabelValues("label_values(hw_power_watts{hw_type=\"gpu\"}, trainmeter_node)"); !ok || m != `hw_power_watts{hw_type="gpu"}` || l != "trainmeter_node" {
+		t.Fatalf("LabelValues gives %q %q %v", m, l, ok)
+	}
+	nested, err := oteltest.ParseDashboard([]byte(`{"panels":[{"type":"row","title":"r","panels":[{"title":"p","targets":[{"expr":"up","legendFormat":"{{x}}"}]}]}],
+		"templating":{"list":[{"name":"v","type":"query","query":{"query":"label_values(up, job)","refId":"A"}}]}}`))
+	if err != nil || len(nested.Queries) != 1 || nested.Queries[0].Panel != "r/p" || nested.Variables[0].Query != "label_values(up, job)" {
+		t.Fatalf("ParseDashboard of a row and an object query: %+v, %v", nested, err)
 	}
 
 	// PromQL syntax: each query as a recording rule, checked by promtool.
@@ -189,7 +264,7 @@ func TestGrafanaDashboard(t *testing.T) {
 	var rules strings.Builder
 	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
 	for i, e := range exprs {
-		q, _ := json.Marshal(grafanaVars.Replace(e))
+		q, _ := json.Marshal(e)
 		fmt.Fprintf(&rules, "      - record: dashboard:query%d\n        expr: %s\n", i, q)
 	}
 	path := filepath.Join(t.TempDir(), "dashboard-rules.yml")
