@@ -42,6 +42,41 @@ var wantRunMetrics = []wantMetric{
 
 func near(got, want, rel float64) bool { return math.Abs(got-want) <= rel*math.Abs(want) }
 
+// workloadTolerance is how far the exported tokens/s and J/token may be from
+// what the export tests' workload itself implies, independently of the
+// collector's aggregates: tokens per step ÷ the step period the trainer
+// measured, and the replayed power (2 GPUs × 300 W) ÷ that. The measured
+// span (run end − the 1 s warmup, about 2 s) is cut at the exact warmup end,
+// so it holds ±1 of its ~20 steps (5 %); the agent stamps run_start and
+// run_end on receipt, some tens of ms late on a loaded machine; the
+// trainer's period includes its last sync round trip. 25 % covers these
+// with room and still catches a wrong unit, a factor of 2 (one GPU, double
+// counting) or warmup not excluded.
+const workloadTolerance = 0.25
+
+// timedSteps runs tr.runSteps and returns the mean step period the trainer
+// saw (sleeps stretch on a loaded machine).
+func timedSteps(tr *trainer, run string, n, tokens int, every time.Duration) time.Duration {
+	start := time.Now()
+	tr.runSteps(run, n, tokens, every)
+	return time.Since(start) / time.Duration(n)
+}
+
+// checkWorkload compares exported tokens/s and J/token with the workload's
+// own figures (workloadTolerance).
+func checkWorkload(t *testing.T, who string, tokPerS, jPerToken float64, tokensPerStep int, period time.Duration, powerW float64) {
+	t.Helper()
+	wantTPS := float64(tokensPerStep) / period.Seconds()
+	wantJPT := powerW / wantTPS
+	if !near(tokPerS, wantTPS, workloadTolerance) {
+		t.Errorf("%s: tokens/s = %.1f, want about %.1f (%d tokens per %v step, ±%.0f%%)", who, tokPerS, wantTPS, tokensPerStep, period, 100*workloadTolerance)
+	}
+	if !near(jPerToken, wantJPT, workloadTolerance) {
+		t.Errorf("%s: J/token = %.5f, want about %.5f (%.0f W ÷ %.1f tokens/s, ±%.0f%%)", who, jPerToken, wantJPT, powerW, wantTPS, 100*workloadTolerance)
+	}
+	t.Logf("%s: tokens/s %.1f (workload: %.1f), J/token %.5f (workload: %.5f)", who, tokPerS, wantTPS, jPerToken, wantJPT)
+}
+
 func withService(points []oteltest.Point, service string) []oteltest.Point {
 	var out []oteltest.Point
 	for _, p := range points {
@@ -69,7 +104,7 @@ func TestOTLPExportReachesARealOTelCollector(t *testing.T) {
 	c.cli("budget", "set", "team-a", "0.000001")
 	tr := dialTrainer(t, sock)
 	tr.send(`{"event":"run_start","run_id":"otel-run","model":"llama-otel","backend":"torch","gpus":[0,1],"warmup_s":1,"budget_scope":"team-a"}`)
-	tr.runSteps("otel-run", 30, 512, 100*time.Millisecond)
+	period := timedSteps(tr, "otel-run", 30, 512, 100*time.Millisecond)
 	tr.send(`{"event":"run_end","run_id":"otel-run"}`)
 	tr.sync()
 	rep := c.waitEnded("otel-run")
@@ -146,7 +181,9 @@ func TestOTLPExportReachesARealOTelCollector(t *testing.T) {
 			}
 		}
 	}
-	// Plausibility against the workload: 2 GPUs at 300 W, 1/6 of each step waiting.
+	// Plausibility against the workload, not the collector's aggregates:
+	// 512 tokens per step, 2 GPUs at 300 W, 1/6 of each step waiting.
+	checkWorkload(t, "OTLP", run["trainmeter.run.throughput"].Value, run["trainmeter.run.energy_per_token"].Value, 512, period, 600)
 	if p := run["trainmeter.run.power"]; !near(p.Value, 600, 0.01) {
 		t.Errorf("trainmeter.run.power = %v W, want 600 W (2 GPUs at 300 W)", p.Value)
 	}
@@ -190,14 +227,26 @@ func TestOTLPExportReachesARealOTelCollector(t *testing.T) {
 }
 
 // checkCatalog asserts every wanted metric arrived with its unit, type and
-// temporality, and that nothing unexpected did.
+// temporality, that nothing unexpected did, and that every data point
+// attribute that arrived is documented in docs/otel.md.
 func checkCatalog(t *testing.T, who string, pts []oteltest.Point, want []wantMetric) {
 	t.Helper()
 	seen := map[string]oteltest.Point{}
+	documented := map[string]bool{}
+	for _, a := range oteltest.DocAttributes(t) {
+		documented[a] = true
+	}
+	undocumented := map[string]bool{}
 	for _, p := range pts {
 		seen[p.Name] = p
 		if p.Scope != "github.com/trainmeter/trainmeter" {
 			t.Errorf("%s: %s has scope %q", who, p.Name, p.Scope)
+		}
+		for k := range p.Attrs {
+			if !documented[k] && !undocumented[p.Name+" "+k] {
+				undocumented[p.Name+" "+k] = true
+				t.Errorf("%s: %s arrived with attribute %s, which docs/otel.md does not document", who, p.Name, k)
+			}
 		}
 	}
 	wanted := map[string]bool{}

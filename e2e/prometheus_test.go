@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,7 +50,7 @@ scrape_configs:
 
 	tr := dialTrainer(t, sock)
 	tr.send(`{"event":"run_start","run_id":"prom-run","model":"llama-prom","backend":"torch","gpus":[0,1],"warmup_s":1}`)
-	tr.runSteps("prom-run", 30, 512, 100*time.Millisecond)
+	period := timedSteps(tr, "prom-run", 30, 512, 100*time.Millisecond)
 	tr.send(`{"event":"run_end","run_id":"prom-run"}`)
 	tr.sync()
 	rep := c.waitEnded("prom-run")
@@ -74,15 +75,19 @@ scrape_configs:
 	}()
 
 	jpt := `trainmeter_run_energy_per_token_joules{trainmeter_run_id="prom-run",job="trainmeter"}`
-	oteltest.Eventually(t, 60*time.Second, "Prometheus to have the run's final J/token", func() bool {
-		s := query(jpt)
-		return len(s) == 1 && near(s[0].Value, rep.JPerToken, 1e-9)
+	tps := `trainmeter_run_throughput_per_second{trainmeter_run_id="prom-run",job="trainmeter"}`
+	// The results are kept from inside Eventually: a later query could
+	// come back empty (a failed promtool run) and must not be indexed.
+	var jptS, tpsS []oteltest.PromSample
+	oteltest.Eventually(t, 60*time.Second, "Prometheus to have the run's final J/token and tokens/s", func() bool {
+		jptS, tpsS = query(jpt), query(tps)
+		return len(jptS) == 1 && near(jptS[0].Value, rep.JPerToken, 1e-9) && len(tpsS) == 1 && near(tpsS[0].Value, rep.TokPerS, 1e-9)
 	})
-	s := query(jpt)
-	if s[0].Labels["trainmeter_run_model"] != "llama-prom" || s[0].Labels["trainmeter_run_backend"] != "torch" {
-		t.Errorf("J/token series labels %v", s[0].Labels)
+	if l := jptS[0].Labels; l["trainmeter_run_model"] != "llama-prom" || l["trainmeter_run_backend"] != "torch" {
+		t.Errorf("J/token series labels %v", l)
 	}
-	t.Logf("J/token in Prometheus %v, collector report %v", s[0].Value, rep.JPerToken)
+	t.Logf("J/token in Prometheus %v, collector report %v", jptS[0].Value, rep.JPerToken)
+	checkWorkload(t, "Prometheus", tpsS[0].Value, jptS[0].Value, 512, period, 600)
 
 	for _, job := range []string{"trainmeter", "trainmeter-agent"} {
 		var power []oteltest.PromSample
@@ -96,14 +101,86 @@ scrape_configs:
 			}
 		}
 	}
-	// The same figure the dashboard's J/token panel computes per run.
+	// J/token is also the run's power ÷ its throughput (both after warmup):
+	// the exported gauges agree with each other in PromQL.
 	if s := query(`sum by (trainmeter_run_id) (trainmeter_run_power_watts{trainmeter_run_id="prom-run"}) / sum by (trainmeter_run_id) (trainmeter_run_throughput_per_second{trainmeter_run_id="prom-run"})`); len(s) != 1 || !near(s[0].Value, rep.JPerToken, 1e-6) {
 		t.Errorf("power / throughput = %v, want J/token %v", s, rep.JPerToken)
 	}
-	scraped, _ := oteltest.DashboardMetrics(t)
+	scraped, sourced := oteltest.DashboardMetrics(t)
 	for _, name := range scraped {
 		if s := query(fmt.Sprintf(`count(%s{job="trainmeter"})`, name)); len(s) != 1 || s[0].Value < 1 {
 			t.Errorf("Prometheus has no series %s (deploy/grafana/metrics.txt lists it)", name)
+		}
+	}
+	// What the collector-down alert reads on this path besides `up`.
+	if s := query(`target_info{job="trainmeter"}`); len(s) != 1 {
+		t.Errorf(`target_info{job="trainmeter"}: %d series, want 1 (deploy/prometheus/trainmeter-rules.yml reads it)`, len(s))
+	}
+	checkDashboardOnPrometheus(t, query, sourced)
+}
+
+// checkDashboardOnPrometheus runs every query of the Grafana dashboard (its
+// panels, rows included, and its variables) against the real Prometheus:
+// each must return series, except those that read only in-process
+// "source" metrics (budgets, recommendations: not fed in this workload), and
+// every label a legend shows or a variable lists must be on them.
+func checkDashboardOnPrometheus(t *testing.T, query func(string) []oteltest.PromSample, sourced []string) {
+	t.Helper()
+	d := oteltest.ReadDashboard(t)
+	readsSource := func(expr string) bool {
+		for _, n := range sourced {
+			if strings.Contains(expr, n) {
+				return true
+			}
+		}
+		return false
+	}
+	// Range functions (increase over 1m) need a few scrapes: poll a while.
+	results := make([][]oteltest.PromSample, len(d.Queries))
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Second) {
+		var empty []string
+		for i, q := range d.Queries {
+			expr := oteltest.GrafanaExpand(q.Expr, d.Variables)
+			if len(results[i]) == 0 {
+				results[i] = query(expr)
+			}
+			if len(results[i]) == 0 && !readsSource(expr) {
+				empty = append(empty, fmt.Sprintf("panel %q: %s", q.Panel, expr))
+			}
+		}
+		if len(empty) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, e := range empty {
+				t.Errorf("dashboard %s returns nothing against the real workload", e)
+			}
+			break
+		}
+	}
+	for i, q := range d.Queries {
+		s := results[i]
+		for _, l := range oteltest.LegendLabels(q.Legend) {
+			for _, x := range s {
+				if x.Labels[l] == "" {
+					t.Errorf("dashboard panel %q: legend %q shows label %s, absent from %v", q.Panel, q.Legend, l, x.Labels)
+				}
+			}
+		}
+	}
+	for _, v := range d.Variables {
+		metric, label, ok := oteltest.LabelValues(v.Query)
+		if v.Type != "query" || !ok || metric == "" {
+			continue // deploy/otel_test.go requires label_values(METRIC, LABEL)
+		}
+		var values []string
+		for _, x := range query(oteltest.GrafanaExpand(metric, d.Variables)) {
+			if x.Labels[label] != "" {
+				values = append(values, x.Labels[label])
+			}
+		}
+		if len(values) == 0 {
+			t.Errorf("dashboard variable %s: %s has no series with label %s", v.Name, metric, label)
 		}
 	}
 }

@@ -53,7 +53,7 @@ func TestExamplePipelineToPrometheusRemoteWrite(t *testing.T) {
 	c.waitStreaming("rw-node")
 	tr := dialTrainer(t, sock)
 	tr.send(`{"event":"run_start","run_id":"rw-run","model":"llama-rw","gpus":[0,1],"warmup_s":1}`)
-	tr.runSteps("rw-run", 30, 512, 100*time.Millisecond)
+	period := timedSteps(tr, "rw-run", 30, 512, 100*time.Millisecond)
 	tr.send(`{"event":"run_end","run_id":"rw-run"}`)
 	tr.sync()
 	rep := c.waitEnded("rw-run")
@@ -69,10 +69,13 @@ func TestExamplePipelineToPrometheusRemoteWrite(t *testing.T) {
 		return s
 	}
 	jpt := `trainmeter_run_energy_per_token_joules{trainmeter_run_id="rw-run",job="trainmeter-collector"}`
-	oteltest.Eventually(t, 90*time.Second, "the run's final J/token in Prometheus via remote-write", func() bool {
-		s := query(jpt)
-		return len(s) == 1 && near(s[0].Value, rep.JPerToken, 1e-9)
+	var jptS, tpsS []oteltest.PromSample
+	oteltest.Eventually(t, 90*time.Second, "the run's final J/token and tokens/s in Prometheus via remote-write", func() bool {
+		jptS = query(jpt)
+		tpsS = query(`trainmeter_run_throughput_per_second{trainmeter_run_id="rw-run",job="trainmeter-collector"}`)
+		return len(jptS) == 1 && near(jptS[0].Value, rep.JPerToken, 1e-9) && len(tpsS) == 1 && near(tpsS[0].Value, rep.TokPerS, 1e-9)
 	})
+	checkWorkload(t, "remote-write", tpsS[0].Value, jptS[0].Value, 512, period, 600)
 	power := query(`hw_power_watts{trainmeter_node="rw-node",hw_type="gpu"}`)
 	if len(power) != 2 {
 		t.Fatalf("hw_power_watts: %d series, want 2: %v", len(power), power)
@@ -89,6 +92,17 @@ func TestExamplePipelineToPrometheusRemoteWrite(t *testing.T) {
 	for _, name := range scraped {
 		if s := query(fmt.Sprintf(`count(%s{job="trainmeter-collector"})`, name)); len(s) != 1 || s[0].Value < 1 {
 			t.Errorf("remote-written Prometheus has no series %s (deploy/grafana/metrics.txt lists it)", name)
+		}
+	}
+	// What the alert rules (deploy/prometheus/trainmeter-rules.yml) read on
+	// this path, where there is no `up`: the collector's target_info and the
+	// node's liveness, under job trainmeter-collector.
+	for _, expr := range []string{
+		`target_info{job="trainmeter-collector"}`,
+		`trainmeter_agent_connected{job="trainmeter-collector",trainmeter_node="rw-node"}`,
+	} {
+		if s := query(expr); len(s) != 1 {
+			t.Errorf("%s: %d series, want 1 (the alert rules read it): %v", expr, len(s), s)
 		}
 	}
 }

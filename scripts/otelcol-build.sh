@@ -5,13 +5,15 @@
 #
 # The result is cached under
 #   ${TRAINMETER_CACHE:-$HOME/.cache/trainmeter}/otelcol-<key>/otelcol-trainmeter
-# where <key> hashes the manifest, the builder version and `go version`, so a
-# second call returns at once and a changed manifest or toolchain rebuilds.
-# Safe to run concurrently: builds of one key are serialised with flock, and
-# the binary appears in the cache only once it is complete (rename).
+# where <key> hashes the manifest, this script, the builder version and
+# `go version`, so a second call returns at once and a changed manifest,
+# build recipe or toolchain rebuilds. Safe to run concurrently: builds of
+# one key are serialised with flock, and the binary appears in the cache only
+# once it is complete (rename).
 #
 # --cached-only: print the path if the binary is already built, else exit 3
-# without building (tests use it to find a collector without a long build).
+# without building (tests use it to find a collector without a long build);
+# it needs neither flock nor the network.
 set -euo pipefail
 
 cached_only=false
@@ -27,10 +29,11 @@ manifest=$root/deploy/otelcol/builder-config.yaml
 cache=${TRAINMETER_CACHE:-$HOME/.cache/trainmeter}
 
 command -v go >/dev/null || { echo "otelcol-build: go is not installed" >&2; exit 1; }
-command -v flock >/dev/null || { echo "otelcol-build: flock (util-linux) is not installed" >&2; exit 1; }
 [ -f "$manifest" ] || { echo "otelcol-build: missing $manifest" >&2; exit 1; }
 
-key=$( { cat "$manifest"; echo "builder $BUILDER_VERSION"; go version; } | sha256sum | cut -c1-16)
+# The key covers everything that decides the binary: the manifest, this
+# script (how it builds), the builder and the Go toolchain.
+key=$( { cat "$manifest"; cat "$root/scripts/otelcol-build.sh"; echo "builder $BUILDER_VERSION"; go version; } | sha256sum | cut -c1-16)
 dir=$cache/otelcol-$key
 bin=$dir/otelcol-trainmeter
 
@@ -42,6 +45,7 @@ if $cached_only; then
 	exit 3
 fi
 
+command -v flock >/dev/null || { echo "otelcol-build: flock (util-linux) is not installed" >&2; exit 1; }
 mkdir -p "$cache"
 exec 9>"$cache/otelcol-$key.lock"
 flock 9

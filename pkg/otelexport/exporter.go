@@ -63,6 +63,18 @@ func (r Resource) attributes() []attribute.KeyValue {
 	return attrs
 }
 
+// resource is the OTel resource: r's attributes, then those of the standard
+// environment variables OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME,
+// which add attributes and win over r's for the same key (the operator's
+// explicit setting). A malformed OTEL_RESOURCE_ATTRIBUTES is an error.
+func (r Resource) resource(ctx context.Context) (*resource.Resource, error) {
+	rsc, err := resource.New(ctx, resource.WithAttributes(r.attributes()...), resource.WithFromEnv())
+	if err != nil {
+		return nil, fmt.Errorf("otel resource from OTEL_RESOURCE_ATTRIBUTES/OTEL_SERVICE_NAME: %w", err)
+	}
+	return rsc, nil
+}
+
 // Exporter owns the SDK providers and the Prometheus endpoint.
 type Exporter struct {
 	meters *sdkmetric.MeterProvider
@@ -95,7 +107,10 @@ func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Ex
 	errorHandlerOnce.Do(func() {
 		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("otel export failed", "err", err) }))
 	})
-	rsc := resource.NewSchemaless(res.attributes()...)
+	rsc, err := res.resource(ctx)
+	if err != nil {
+		return nil, err
+	}
 	e := &Exporter{}
 	mopts := []sdkmetric.Option{sdkmetric.WithResource(rsc)}
 	var lopts []sdklog.LoggerProviderOption

@@ -33,15 +33,24 @@ const (
 	AttrNode = "trainmeter.node"
 )
 
-// DefaultGPUStaleAfter is how long a GPU keeps being reported after its last
-// window: then it is dropped (its series end) until data comes again.
+// DefaultGPUStaleAfter is how long a GPU's gauges (hw.power,
+// hw.gpu.utilization, hw.gpu.memory.*) keep being reported after its last
+// window: then they stop (their series end) until data comes again.
 const DefaultGPUStaleAfter = 2 * time.Minute
+
+// DefaultGPUEnergyTTL is how long a GPU's hw.energy total is kept, and
+// reported, after its last window. Within it, a GPU that comes back goes on
+// from its total, so the cumulative counter never goes down under the same
+// start time; after it the GPU is forgotten, and one that comes back later
+// starts again from 0 (a counter reset, as after a restart of the exporter).
+const DefaultGPUEnergyTTL = 24 * time.Hour
 
 // GPUMetrics turns the agents' per-GPU batch windows into the hw.* metrics.
 // Feed it with Batch; the SDK reads it on every collection.
 type GPUMetrics struct {
 	now        func() time.Time
 	staleAfter time.Duration
+	energyTTL  time.Duration
 	inventory  func() map[string][]*pb.GpuInfo
 
 	mu   sync.Mutex
@@ -72,6 +81,9 @@ type GPUOptions struct {
 	Now func() time.Time
 	// StaleAfter overrides DefaultGPUStaleAfter.
 	StaleAfter time.Duration
+	// EnergyTTL overrides DefaultGPUEnergyTTL (raised to StaleAfter if
+	// shorter).
+	EnergyTTL time.Duration
 	// Inventory returns each node's GPUs (from its Hello) for the name,
 	// vendor and model attributes; called once per collection. May be nil.
 	Inventory func() map[string][]*pb.GpuInfo
@@ -79,13 +91,17 @@ type GPUOptions struct {
 
 // NewGPUMetrics registers the hw.* instruments on meter.
 func NewGPUMetrics(meter metric.Meter, o GPUOptions) (*GPUMetrics, error) {
-	g := &GPUMetrics{now: o.Now, staleAfter: o.StaleAfter, inventory: o.Inventory, gpus: map[gpuKey]*gpuState{}}
+	g := &GPUMetrics{now: o.Now, staleAfter: o.StaleAfter, energyTTL: o.EnergyTTL, inventory: o.Inventory, gpus: map[gpuKey]*gpuState{}}
 	if g.now == nil {
 		g.now = time.Now
 	}
 	if g.staleAfter <= 0 {
 		g.staleAfter = DefaultGPUStaleAfter
 	}
+	if g.energyTTL <= 0 {
+		g.energyTTL = DefaultGPUEnergyTTL
+	}
+	g.energyTTL = max(g.energyTTL, g.staleAfter)
 	power, err := meter.Float64ObservableGauge(MetricHWPower, metric.WithUnit("W"),
 		metric.WithDescription("GPU power draw, averaged over the agent's last 1 s window"))
 	if err != nil {
@@ -149,9 +165,15 @@ func (g *GPUMetrics) Batch(node string, b *pb.Batch) {
 		}
 		k := gpuKey{node, id}
 		s := g.gpus[k]
-		if s == nil {
+		switch {
+		case s == nil:
+			g.pruneLocked(now) // the map only grows here
 			s = &gpuState{node: node, index: w.GetGpu(), uuid: w.GetUuid()}
 			g.gpus[k] = s
+		case now.Sub(s.lastSeen) > g.staleAfter:
+			// Back after a gap: the energy total goes on, the gauges
+			// wait for fresh samples instead of repeating old ones.
+			s.hasGauges = false
 		}
 		if w.GetCounterOk() {
 			s.energyJ += w.GetEnergyCounterJ()
@@ -177,7 +199,17 @@ type gpuSnapshot struct {
 	attrs attribute.Set
 }
 
-// snapshot returns the GPUs seen within staleAfter, forgetting older ones.
+// pruneLocked forgets the GPUs without a window for longer than energyTTL.
+func (g *GPUMetrics) pruneLocked(now time.Time) {
+	for k, s := range g.gpus {
+		if now.Sub(s.lastSeen) > g.energyTTL {
+			delete(g.gpus, k)
+		}
+	}
+}
+
+// snapshot returns the GPUs seen within energyTTL, forgetting older ones;
+// those not seen within staleAfter have hasGauges false (energy only).
 func (g *GPUMetrics) snapshot() []gpuSnapshot {
 	var inv map[string][]*pb.GpuInfo
 	if g.inventory != nil {
@@ -186,12 +218,9 @@ func (g *GPUMetrics) snapshot() []gpuSnapshot {
 	now := g.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.pruneLocked(now)
 	out := make([]gpuSnapshot, 0, len(g.gpus))
 	for k, s := range g.gpus {
-		if now.Sub(s.lastSeen) > g.staleAfter {
-			delete(g.gpus, k)
-			continue
-		}
 		var info *pb.GpuInfo
 		for _, gi := range inv[s.node] {
 			if (s.uuid != "" && gi.GetUuid() == s.uuid) || (s.uuid == "" && gi.GetIndex() == s.index) {
@@ -200,6 +229,9 @@ func (g *GPUMetrics) snapshot() []gpuSnapshot {
 			}
 		}
 		snap := gpuSnapshot{gpuState: *s}
+		if now.Sub(s.lastSeen) > g.staleAfter {
+			snap.hasGauges = false // stale: energy total only
+		}
 		if snap.memTotalMiB == 0 && info != nil {
 			snap.memTotalMiB = float64(info.GetMemoryTotalMib())
 		}

@@ -12,6 +12,12 @@ import (
 type otelAlerts struct{ t *telemetry.Telemetry }
 
 func (o otelAlerts) Alert(ctx context.Context, a budget.Alert) {
+	o.t.EmitAlert(ctx, telemetry.Alert{Kind: a.Kind, Severity: a.Severity, Scope: a.Scope, Message: a.Message, Time: a.Time, Attributes: alertAttributes(a)})
+}
+
+// alertAttributes are an alert's details, sent as trainmeter.alert.<key>
+// record attributes (docs/otel.md lists the keys); empty ones are left out.
+func alertAttributes(a budget.Alert) map[string]string {
 	attrs := map[string]string{"id": a.ID, "severity": a.Severity}
 	set := func(k, v string) {
 		if v != "" {
@@ -36,7 +42,7 @@ func (o otelAlerts) Alert(ctx context.Context, a budget.Alert) {
 	if a.Kind == budget.KindBudget {
 		attrs["projected"] = strconv.FormatBool(a.Projected)
 	}
-	o.t.EmitAlert(ctx, telemetry.Alert{Kind: a.Kind, Severity: a.Severity, Scope: a.Scope, Message: a.Message, Time: a.Time, Attributes: attrs})
+	return attrs
 }
 
 // budgetUse feeds the budget manager's use ratios to the
