@@ -174,6 +174,12 @@ func (s *Server) ListNodes(context.Context, *trainmeterv1.ListNodesRequest) (*tr
 				n.LastSeen = l.GetLastSeen()
 			}
 			if l.GetBootId() != "" {
+				// The store writes last_seq at most every 10 s; the live
+				// one is newer for the same boot, and the only one for a
+				// new boot.
+				if l.GetBootId() != n.GetBootId() || l.GetLastSeq() > n.GetLastSeq() {
+					n.LastSeq = l.GetLastSeq()
+				}
 				n.BootId = l.GetBootId()
 				if len(l.GetGpus()) > 0 {
 					n.Gpus = l.GetGpus()

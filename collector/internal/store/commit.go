@@ -1,8 +1,12 @@
 package store
 
 import (
+	"encoding/binary"
 	"errors"
+	"fmt"
+	"math"
 	"sync"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 	"google.golang.org/protobuf/proto"
@@ -115,13 +119,13 @@ type groupAggs struct {
 	s         *Store
 	state     map[string]*aggregate.State
 	order     []string
-	nodes     map[string]*trainmeterv1.NodeStatus
+	nodes     map[string]*nodeEntry
 	nodeOrder []string
 	sizes     map[string]int // encoded aggregate sizes, for the cache
 }
 
 func newGroupAggs(s *Store) *groupAggs {
-	return &groupAggs{s: s, state: map[string]*aggregate.State{}, nodes: map[string]*trainmeterv1.NodeStatus{}, sizes: map[string]int{}}
+	return &groupAggs{s: s, state: map[string]*aggregate.State{}, nodes: map[string]*nodeEntry{}, sizes: map[string]int{}}
 }
 
 func (g *groupAggs) get(txn *badger.Txn, run string) (*aggregate.State, error) {
@@ -144,24 +148,25 @@ func (g *groupAggs) get(txn *badger.Txn, run string) (*aggregate.State, error) {
 	return st, nil
 }
 
-func (g *groupAggs) node(txn *badger.Txn, node string) (*trainmeterv1.NodeStatus, error) {
-	if ns := g.nodes[node]; ns != nil {
-		return ns, nil
+func (g *groupAggs) nodeEntry(txn *badger.Txn, node string) (*nodeEntry, error) {
+	if e := g.nodes[node]; e != nil {
+		return e, nil
 	}
-	ns := g.s.nodes.get(node)
-	if ns == nil {
-		var err error
-		ns, err = getNode(txn, node)
-		if errors.Is(err, ErrNotFound) {
-			ns, err = &trainmeterv1.NodeStatus{Node: node}, nil
-		}
-		if err != nil {
+	e := g.s.nodes.get(node)
+	if e == nil {
+		ns, err := getNode(txn, node)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			e = &nodeEntry{ns: &trainmeterv1.NodeStatus{Node: node}}
+		case err != nil:
 			return nil, err
+		default:
+			e = &nodeEntry{ns: ns, savedSeen: ns.GetLastSeen().AsTime(), savedBoot: ns.GetBootId(), stored: true}
 		}
 	}
-	g.nodes[node] = ns
+	g.nodes[node] = e
 	g.nodeOrder = append(g.nodeOrder, node)
-	return ns, nil
+	return e, nil
 }
 
 // write stores every aggregate and node status the group changed.
@@ -177,12 +182,10 @@ func (g *groupAggs) write(txn *badger.Txn) error {
 		}
 	}
 	for _, n := range g.nodeOrder {
-		v, err := proto.Marshal(g.nodes[n])
-		if err != nil {
-			return err
-		}
-		if err := txn.Set(nodeKey(n), v); err != nil {
-			return err
+		if e := g.nodes[n]; e.due() {
+			if err := e.save(txn); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -200,10 +203,12 @@ func (g *groupAggs) finish(err error) {
 		}
 	}
 	for _, n := range g.nodeOrder {
+		e := g.nodes[n]
 		if err == nil {
-			g.s.nodes.put(n, g.nodes[n])
+			e.commit()
+			g.s.nodes.put(n, e)
 		} else {
-			g.s.nodes.drop(n)
+			g.s.nodes.forget(n)
 		}
 	}
 }
@@ -269,45 +274,192 @@ func (c *aggCache) drop(run string) {
 	delete(c.m, run)
 }
 
+// nodeStatusEvery: a node's stored status (last seen, last seq: what
+// `trainmeter nodes` shows of a node that is not connected) is rewritten at
+// most this often while its boot stays the same, not with every batch. It is
+// one key, and one protobuf with every GPU, per batch less. Close writes the
+// newest of each; after a crash it can be this much behind.
+const nodeStatusEvery = 10 * time.Second
+
+// nodeEntry is the committer's copy of a node's status and what of it the
+// database holds.
+type nodeEntry struct {
+	ns        *trainmeterv1.NodeStatus
+	stored    bool // the database holds a status of the node
+	savedSeen time.Time
+	savedBoot string
+
+	pending bool // saved in the transaction now being committed
+
+	// Every batch of boot seqBoot applied so far has seq <= maxSeq (when
+	// seqKnown), so a higher seq is new without looking up its dedup mark:
+	// agents number their batches upwards, and that lookup was a read per
+	// batch through every memtable and level.
+	seqKnown bool
+	seqBoot  string
+	maxSeq   uint64
+}
+
+// applied reports whether the batch (boot, seq), whose dedup mark is dk,
+// was applied before, and notes it as applied when it was not (the caller
+// applies it in txn; a failed commit drops the entry, see finish).
+func (e *nodeEntry) applied(txn *badger.Txn, boot string, seq uint64, dk []byte) (bool, error) {
+	if !e.seqKnown || e.seqBoot != boot {
+		max, err := maxAppliedSeq(txn, e.ns.GetNode(), boot)
+		if err != nil {
+			return false, err
+		}
+		e.seqKnown, e.seqBoot, e.maxSeq = true, boot, max
+	}
+	if seq <= e.maxSeq {
+		if _, err := txn.Get(dk); err == nil {
+			return true, nil
+		} else if !errors.Is(err, badger.ErrKeyNotFound) {
+			return false, err
+		}
+	}
+	e.maxSeq = max(e.maxSeq, seq)
+	return false, nil
+}
+
+// maxAppliedSeq is the highest seq with a dedup mark for (node, boot), 0 if
+// none (seqs start at 1).
+func maxAppliedSeq(txn *badger.Txn, node, boot string) (uint64, error) {
+	prefix := append(key("b/", node, boot), 0)
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, Reverse: true})
+	defer it.Close()
+	it.Seek(be64(append([]byte(nil), prefix...), math.MaxUint64))
+	if !it.Valid() {
+		return 0, nil
+	}
+	k := it.Item().Key()
+	if len(k) != len(prefix)+8 {
+		return 0, fmt.Errorf("store: malformed dedup key %q", k)
+	}
+	return binary.BigEndian.Uint64(k[len(prefix):]), nil
+}
+
+func (e *nodeEntry) due() bool {
+	return !e.stored || e.savedBoot != e.ns.GetBootId() ||
+		e.ns.GetLastSeen().AsTime().Sub(e.savedSeen) >= nodeStatusEvery
+}
+
+func (e *nodeEntry) save(txn *badger.Txn) error {
+	v, err := proto.Marshal(e.ns)
+	if err != nil {
+		return err
+	}
+	if err := txn.Set(nodeKey(e.ns.GetNode()), v); err != nil {
+		return err
+	}
+	e.pending = true
+	return nil
+}
+
+// commit records that the transaction holding a save committed.
+func (e *nodeEntry) commit() {
+	if e.pending {
+		e.stored, e.savedSeen, e.savedBoot, e.pending = true, e.ns.GetLastSeen().AsTime(), e.ns.GetBootId(), false
+	}
+}
+
 // nodeCacheSize bounds the node statuses kept in memory.
 const nodeCacheSize = 1 << 16
 
-// nodeCache keeps the committer's node statuses, like aggCache; PutHello
-// drops a node's entry (it holds the node's lock, so the committer is not
-// using it).
+// nodeCache keeps the committer's node statuses, like aggCache. An entry
+// may be newer than the database (nodeStatusEvery), so one that leaves the
+// cache is written first, unless it is ahead by a commit that failed.
 type nodeCache struct {
 	mu  sync.Mutex
 	max int
-	m   map[string]*trainmeterv1.NodeStatus
+	m   map[string]*nodeEntry
+	db  *badger.DB
 }
 
-func newNodeCache(n int) *nodeCache {
-	return &nodeCache{max: n, m: map[string]*trainmeterv1.NodeStatus{}}
+func newNodeCache(n int, db *badger.DB) *nodeCache {
+	return &nodeCache{max: n, m: map[string]*nodeEntry{}, db: db}
 }
 
-func (c *nodeCache) get(node string) *trainmeterv1.NodeStatus {
+func (c *nodeCache) get(node string) *nodeEntry {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.m[node]
 }
 
-func (c *nodeCache) put(node string, ns *trainmeterv1.NodeStatus) {
-	if c.max <= 0 {
-		return
-	}
+func (c *nodeCache) put(node string, e *nodeEntry) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	var evicted *nodeEntry
 	if _, ok := c.m[node]; !ok && len(c.m) >= c.max {
-		for k := range c.m {
+		for k, old := range c.m {
+			evicted = old
 			delete(c.m, k)
 			break
 		}
 	}
-	c.m[node] = ns
+	if c.max > 0 {
+		c.m[node] = e
+	} else {
+		evicted = e
+	}
+	c.mu.Unlock()
+	_ = c.write(evicted) // best effort: the status is informational
 }
 
-func (c *nodeCache) drop(node string) {
+// drop writes a node's entry if the database is behind it and forgets it.
+// PutHello calls it holding the node's lock, so the committer is not using
+// the entry.
+func (c *nodeCache) drop(node string) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	e := c.m[node]
 	delete(c.m, node)
+	c.mu.Unlock()
+	return c.write(e)
+}
+
+// forget drops a node's entry without writing it (after a failed commit,
+// which the entry has folded in).
+func (c *nodeCache) forget(node string) {
+	c.mu.Lock()
+	delete(c.m, node)
+	c.mu.Unlock()
+}
+
+// flushAll writes every entry the database is behind on (Close, once the
+// committer has stopped).
+func (c *nodeCache) flushAll() error {
+	c.mu.Lock()
+	entries := make([]*nodeEntry, 0, len(c.m))
+	for _, e := range c.m {
+		entries = append(entries, e)
+	}
+	c.mu.Unlock()
+	return c.write(entries...)
+}
+
+// write saves the entries the database is behind on.
+func (c *nodeCache) write(entries ...*nodeEntry) error {
+	var behind []*nodeEntry
+	for _, e := range entries {
+		if e != nil && (!e.stored || e.savedBoot != e.ns.GetBootId() || !e.ns.GetLastSeen().AsTime().Equal(e.savedSeen)) {
+			behind = append(behind, e)
+		}
+	}
+	if len(behind) == 0 {
+		return nil
+	}
+	err := c.db.Update(func(txn *badger.Txn) error {
+		for _, e := range behind {
+			if err := e.save(txn); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for _, e := range behind {
+		if err == nil {
+			e.commit()
+		}
+		e.pending = false
+	}
+	return err
 }

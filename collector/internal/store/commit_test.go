@@ -50,7 +50,7 @@ func TestConcurrentBatchesOfSharedRunsFoldLikeSequential(t *testing.T) {
 	seq := open(t, t.TempDir())
 	defer seq.Close()
 	seq.aggs = newAggCache(0) // every batch decodes the stored aggregate
-	seq.nodes = newNodeCache(0)
+	seq.nodes = newNodeCache(0, seq.db)
 	for i := 0; i < perNode; i++ {
 		for n := 0; n < nodes; n++ {
 			if _, err := seq.ApplyBatch(fmt.Sprintf("node-%d", n), "boot", batch(n, i)); err != nil {

@@ -147,7 +147,7 @@ func Open(dir string, o Options) (s *Store, err error) {
 		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
 	}
 	s = &Store{db: db, log: log, now: now, bands: o.EnergyBands, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, applyCh: make(chan *applyReq), quit: make(chan struct{}),
-		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize)}
+		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize, db)}
 	go s.committer()
 	return s, nil
 }
@@ -156,9 +156,13 @@ func Open(dir string, o Options) (s *Store, err error) {
 // ApplyBatch calls after Close fail.
 func (s *Store) Close() error {
 	s.StopGC()
-	s.closeOnce.Do(func() { close(s.quit) })
-	<-s.committerDone
-	return s.db.Close()
+	err := errors.New("store: already closed")
+	s.closeOnce.Do(func() {
+		close(s.quit)
+		<-s.committerDone
+		err = errors.Join(s.nodes.flushAll(), s.db.Close())
+	})
+	return err
 }
 
 // StartGC runs badger's value-log GC every interval until StopGC or Close.
@@ -386,11 +390,13 @@ func rawRecords(node string, b *trainmeterv1.Batch) ([]kv, error) {
 // returns duplicate=true, writing nothing, for a batch applied before.
 func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error) {
 	node, boot, b, runs := r.node, r.boot, r.b, r.runs
-	dk := dedupKey(node, boot, b.GetSeq())
-	if _, err := txn.Get(dk); err == nil {
-		return true, nil
-	} else if !errors.Is(err, badger.ErrKeyNotFound) {
+	ne, err := g.nodeEntry(txn, node)
+	if err != nil {
 		return false, err
+	}
+	dk := dedupKey(node, boot, b.GetSeq())
+	if dup, err := ne.applied(txn, boot, b.GetSeq(), dk); dup || err != nil {
+		return dup, err
 	}
 	for _, rec := range r.raw {
 		if err := s.setTTL(txn, rec.k, rec.v, s.rawTTL); err != nil {
@@ -441,10 +447,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		aggs[l.GetRunId()].AddLoss(node, l)
 	}
 	// Node status.
-	ns, err := g.node(txn, node)
-	if err != nil {
-		return false, err
-	}
+	ns := ne.ns
 	ns.BootId = boot
 	ns.LastSeq = b.GetSeq()
 	ns.LastSeen = timestamppb.New(s.now())
@@ -493,7 +496,11 @@ func getNode(txn *badger.Txn, node string) (*trainmeterv1.NodeStatus, error) {
 func (s *Store) PutHello(h *trainmeterv1.Hello) error {
 	unlock := s.lockRuns(h.GetNode(), nil)
 	defer unlock()
-	s.nodes.drop(h.GetNode()) // the committer's copy is stale from now on
+	// The committer's copy is stale from now on; the database gets its
+	// newest last seen and seq first.
+	if err := s.nodes.drop(h.GetNode()); err != nil {
+		return err
+	}
 	for attempt := 0; ; attempt++ {
 		err := s.db.Update(func(txn *badger.Txn) error {
 			ns, err := getNode(txn, h.GetNode())

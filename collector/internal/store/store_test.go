@@ -194,3 +194,107 @@ func TestKeysDoNotCollide(t *testing.T) {
 		t.Fatalf("ListRuns: %d %v", len(all), err)
 	}
 }
+
+// A node's stored status follows its batches at most every nodeStatusEvery,
+// and is complete again after Close and before a hello.
+func TestNodeStatusIsWrittenEveryFewSecondsAndOnClose(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { return now }
+	s, err := Open(dir, Options{Logger: quiet(), Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := func(s *Store) (uint64, time.Time) {
+		t.Helper()
+		nodes, err := s.Nodes()
+		if err != nil || len(nodes) != 1 {
+			t.Fatalf("nodes %v %v", nodes, err)
+		}
+		return nodes[0].GetLastSeq(), nodes[0].GetLastSeen().AsTime()
+	}
+	apply := func(s *Store, seq uint64) {
+		t.Helper()
+		if _, err := s.ApplyBatch("n1", "boot", batch(seq, "r1", int(seq), 10, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(s, 1)
+	if seq, _ := stored(s); seq != 1 {
+		t.Fatalf("a new node's status is not stored at once: last seq %d", seq)
+	}
+	now = now.Add(time.Second)
+	apply(s, 2)
+	if seq, _ := stored(s); seq != 1 {
+		t.Fatalf("status rewritten a second later: last seq %d, want still 1", seq)
+	}
+	now = now.Add(nodeStatusEvery)
+	apply(s, 3)
+	if seq, seen := stored(s); seq != 3 || !seen.Equal(now) {
+		t.Fatalf("after %v: last seq %d seen %v, want 3 at %v", nodeStatusEvery, seq, seen, now)
+	}
+	now = now.Add(time.Second)
+	apply(s, 4)
+	// A hello reads the stored status: it gets the newest first.
+	if err := s.PutHello(&trainmeterv1.Hello{Node: "n1", BootId: "boot"}); err != nil {
+		t.Fatal(err)
+	}
+	if seq, _ := stored(s); seq != 4 {
+		t.Fatalf("after a hello: last seq %d, want 4", seq)
+	}
+	now = now.Add(time.Second)
+	apply(s, 5)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(dir, Options{Logger: quiet(), Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if seq, seen := stored(s); seq != 5 || !seen.Equal(now) {
+		t.Fatalf("after Close: last seq %d seen %v, want 5 at %v", seq, seen, now)
+	}
+}
+
+// Seqs above the highest applied one are new without a lookup; below it a
+// seq is a duplicate only if it was applied (a batch that filled a gap is
+// not), before and after a restart, per boot.
+func TestDedupBelowAndAboveTheHighestSeq(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	want := func(s *Store, boot string, seq uint64, dup bool) {
+		t.Helper()
+		got, err := s.ApplyBatch("n1", boot, batch(seq, "r1", int(seq), 10, 1))
+		if err != nil || got != dup {
+			t.Fatalf("%s seq %d: duplicate=%v err=%v, want duplicate=%v", boot, seq, got, err, dup)
+		}
+	}
+	for _, seq := range []uint64{1, 2, 5} {
+		want(s, "b1", seq, false)
+	}
+	want(s, "b1", 3, false) // a gap filled late
+	want(s, "b1", 5, true)
+	want(s, "b1", 3, true)
+	want(s, "b2", 2, false) // another boot numbers afresh
+	want(s, "b1", 6, false)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, dir)
+	defer s.Close()
+	want(s, "b1", 4, false)
+	for _, seq := range []uint64{1, 2, 3, 4, 5, 6} {
+		want(s, "b1", seq, true)
+	}
+	want(s, "b2", 2, true)
+	want(s, "b2", 1, false)
+	want(s, "b1", 7, false)
+	st, err := s.GetRun("r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Report(aggregate.Pricing{}).GetTokensProcessed(); got != 9*10 {
+		t.Fatalf("tokens %d, want %d (each of the 9 distinct batches once)", got, 9*10)
+	}
+}
