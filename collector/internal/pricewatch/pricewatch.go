@@ -87,6 +87,10 @@ type Watcher struct {
 	mu     sync.Mutex
 	latest snapshot
 	byKey  map[string]prices.ModelPrice
+	// match finds a GPU name's model among byKey's keys; resolved
+	// remembers its answers ("": no match) until the next fetch.
+	match    *prices.Matcher
+	resolved map[string]string
 
 	stop chan struct{}
 	done chan struct{}
@@ -116,9 +120,34 @@ func New(cfg Config, provider prices.Provider, st Store, rec *budget.Recorder, l
 
 func (w *Watcher) setLatest(s snapshot) {
 	by := prices.ByModel(s.Offers)
+	keys := make([]string, 0, len(by))
+	for k := range by {
+		keys = append(keys, k)
+	}
+	m := prices.NewMatcher(keys)
 	w.mu.Lock()
-	w.latest, w.byKey = s, by
+	w.latest, w.byKey, w.match, w.resolved = s, by, m, map[string]string{}
 	w.mu.Unlock()
+}
+
+// maxResolved bounds the remembered GPU names (a few per cluster).
+const maxResolved = 1024
+
+// modelKey is the key of the catalog model gpuName denotes (prices.Matcher):
+// NVML's "NVIDIA H100 80GB HBM3" is vast.ai's "H100 SXM". Call with mu held.
+func (w *Watcher) modelKey(gpuName string) (string, bool) {
+	if w.match == nil {
+		return "", false
+	}
+	if k, ok := w.resolved[gpuName]; ok {
+		return k, k != ""
+	}
+	k, _ := w.match.MatchName(gpuName)
+	if len(w.resolved) >= maxResolved {
+		clear(w.resolved)
+	}
+	w.resolved[gpuName] = k
+	return k, k != ""
 }
 
 // Provider names the provider ("" if none).
@@ -313,14 +342,17 @@ func toPoints(h []point) []prices.Point {
 	return out
 }
 
-// CurrentPrice is the cheapest current per-GPU $/h for a GPU model
-// (matched case-insensitively, see prices.Key); the cost model's
-// PriceCatalog.
+// CurrentPrice is the cheapest current per-GPU $/h for a GPU model, found
+// by prices.Matcher (NVML's "NVIDIA H100 80GB HBM3" is priced as vast.ai's
+// "H100 SXM"); the cost model's PriceCatalog.
 func (w *Watcher) CurrentPrice(gpuName string) (float64, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	mp, ok := w.byKey[prices.Key(gpuName)]
-	return mp.Cheapest, ok
+	k, ok := w.modelKey(gpuName)
+	if !ok {
+		return 0, false
+	}
+	return w.byKey[k].Cheapest, true
 }
 
 // Windows are the trend windows shown.
@@ -338,18 +370,19 @@ type ModelView struct {
 }
 
 // View returns the latest prices of every model (gpu empty) or one model
-// (with recommendations), with trends over 24 h, 7 d and 30 d of the
+// (found by prices.Matcher, with recommendations), with trends over 24 h, 7 d and 30 d of the
 // median price.
 func (w *Watcher) View(gpu string, recommend int) ([]ModelView, error) {
 	w.mu.Lock()
 	latest, by := w.latest, w.byKey
+	k, found := w.modelKey(gpu)
 	w.mu.Unlock()
 	var keys []string
 	if gpu != "" {
-		if _, ok := by[prices.Key(gpu)]; !ok {
+		if !found {
 			return nil, fmt.Errorf("no offers for GPU %q in the latest fetch", gpu)
 		}
-		keys = []string{prices.Key(gpu)}
+		keys = []string{k}
 	} else {
 		for k := range by {
 			keys = append(keys, k)

@@ -129,6 +129,38 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 	}
 }
 
+// TestCurrentPriceOfNVMLNames: runs report their GPU by NVML's name; the
+// catalog prices it by vast.ai's model name, and `prices --gpu` finds it
+// too; a GPU the catalog does not have gets no price, not another's.
+func TestCurrentPriceOfNVMLNames(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	w := New(Config{Clock: clock.NewFake(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))}, nil, st, nil, quiet())
+	if _, ok := w.CurrentPrice("NVIDIA H100 80GB HBM3"); ok {
+		t.Fatal("a price before any fetch")
+	}
+	if _, err := w.Record(context.Background(), time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), fixture(t)); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]float64{
+		"NVIDIA H100 80GB HBM3":   18.12 / 8,
+		"NVIDIA A100-SXM4-40GB":   4.12 / 4,
+		"NVIDIA GeForce RTX 4090": 0.35,
+		"NVIDIA H100 PCIe":        0, // the fixture has only H100 SXM offers
+		"NVIDIA A100 80GB PCIe":   0,
+		"NVIDIA A10G":             0,
+	} {
+		p, ok := w.CurrentPrice(name)
+		if ok != (want > 0) || math.Abs(p-want) > 1e-9 {
+			t.Errorf("CurrentPrice(%q) = %v %v, want %v", name, p, ok, want)
+		}
+	}
+	v, err := w.View("NVIDIA GeForce RTX 4090", 5)
+	if err != nil || len(v) != 1 || v[0].GPUName != "RTX 4090" || len(v[0].Recommended) != 3 {
+		t.Errorf("view of NVML's RTX 4090: %+v %v", v, err)
+	}
+}
+
 // TestScheduledFetch: with a file provider, the watcher fetches once per
 // interval of its clock; an empty price list keeps the last prices.
 func TestScheduledFetch(t *testing.T) {
