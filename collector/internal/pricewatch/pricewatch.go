@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,8 +20,11 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/prices"
 )
 
-// Store namespaces: "prices" holds the history, key "MODELKEY/UNIXNANOS"
-// (20 digits, so keys sort by time) → prices.ModelPrice JSON with the time;
+// Store namespaces: "prices" holds the history, key "MODEL/UNIXNANOS" where
+// MODEL is the model's key (prices.Key) with "%" and "/" escaped as "%25"
+// and "%2F" (so that one model's prefix "MODEL/" is never the start of
+// another's: "a100/" is not "a100/80gb/"), and UNIXNANOS has 20 digits (so
+// keys sort by time) → prices.ModelPrice JSON with the time;
 // "price-offers" holds the latest fetch's offers under "latest", and
 // "price-state" each model's alert state (normal, drop, surge).
 const (
@@ -305,29 +309,78 @@ func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c pr
 	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", budget.KindPrice, k, now.UnixNano()), a)
 }
 
-func histKey(k string, t time.Time) string { return fmt.Sprintf("%s/%020d", k, t.UnixNano()) }
+var histEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
+
+// histPrefix is the key prefix of model k's history.
+func histPrefix(k string) string { return histEscaper.Replace(k) + "/" }
+
+func histKey(k string, t time.Time) string {
+	return fmt.Sprintf("%s%020d", histPrefix(k), t.UnixNano())
+}
+
+// histPrefixes are the prefixes model k's history is stored under: the
+// escaped one, and for a key that escaping changes the unescaped one of
+// versions before the escaping (their points expire with Retention).
+func histPrefixes(k string) []string {
+	if p := histPrefix(k); p != k+"/" {
+		return []string{p, k + "/"}
+	}
+	return []string{k + "/"}
+}
+
+// isHistTime says whether what follows a history prefix is a time (20
+// digits) rather than the rest of a longer model's unescaped key.
+func isHistTime(s string) bool {
+	if len(s) != 20 {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// scanHistory calls fn with each stored point of model k, per prefix in
+// time order.
+func (w *Watcher) scanHistory(k string, fn func(key string, p point, ok bool) bool) error {
+	for _, prefix := range histPrefixes(k) {
+		err := w.store.ScanRecords(NSPrices, prefix, func(key string, v []byte) (bool, error) {
+			if !isHistTime(key[len(prefix):]) {
+				return true, nil // another model's point (unescaped, before versions that escape)
+			}
+			var p point
+			ok := json.Unmarshal(v, &p) == nil
+			return fn(key, p, ok), nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 func (w *Watcher) history(k string, since time.Time) ([]point, error) {
 	var out []point
-	err := w.store.ScanRecords(NSPrices, k+"/", func(_ string, v []byte) (bool, error) {
-		var p point
-		if json.Unmarshal(v, &p) == nil && !p.Time.Before(since) {
+	err := w.scanHistory(k, func(_ string, p point, ok bool) bool {
+		if ok && !p.Time.Before(since) {
 			out = append(out, p)
 		}
-		return true, nil
+		return true
 	})
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Time.Before(out[j].Time) })
 	return out, err
 }
 
 func (w *Watcher) prune(k string, before time.Time) {
 	var old []string
-	_ = w.store.ScanRecords(NSPrices, k+"/", func(key string, v []byte) (bool, error) {
-		var p point
-		if json.Unmarshal(v, &p) == nil && p.Time.Before(before) {
+	_ = w.scanHistory(k, func(key string, p point, ok bool) bool {
+		if ok && p.Time.Before(before) {
 			old = append(old, key)
-			return true, nil
+			return true
 		}
-		return false, nil // sorted by time: the rest is newer
+		return !ok // sorted by time: the rest is newer
 	})
 	for _, key := range old {
 		_ = w.store.DeleteRecord(NSPrices, key)

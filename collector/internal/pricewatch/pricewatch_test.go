@@ -2,7 +2,9 @@ package pricewatch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -159,6 +161,52 @@ func TestCurrentPriceOfNVMLNames(t *testing.T) {
 	if err != nil || len(v) != 1 || v[0].GPUName != "RTX 4090" || len(v[0].Recommended) != 3 {
 		t.Errorf("view of NVML's RTX 4090: %+v %v", v, err)
 	}
+}
+
+// TestHistoryOfModelsWithSlashes: "A100/80GB" and "A100" keep separate
+// histories (no false drop alert on A100 from the dearer model's points),
+// also for points stored unescaped by earlier versions.
+func TestHistoryOfModelsWithSlashes(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	rec := &budget.Recorder{Store: st}
+	w := New(Config{}, nil, st, rec, quiet())
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	offers := []prices.Offer{
+		{ID: "1", GPUName: "A100", NumGPUs: 1, USDPerHour: 1},
+		{ID: "2", GPUName: "A100/80GB", NumGPUs: 1, USDPerHour: 2},
+	}
+	for i := range 5 {
+		res, err := w.Record(context.Background(), t0.Add(time.Duration(i)*time.Hour), offers)
+		if err != nil || res.Alerts != 0 {
+			t.Fatalf("fetch %d: %d alerts (%v), want none: the prices did not move", i, res.Alerts, err)
+		}
+	}
+	check := func(k string, n int, usd float64) {
+		t.Helper()
+		h, err := w.history(k, time.Time{})
+		if err != nil || len(h) != n {
+			t.Fatalf("history of %q: %d points (%v), want %d", k, len(h), err, n)
+		}
+		for _, p := range h {
+			if p.Median != usd {
+				t.Errorf("history of %q holds a point of $%v: %+v", k, p.Median, p)
+			}
+		}
+	}
+	check("a100", 5, 1)
+	check("a100/80gb", 5, 2)
+
+	// A point of "a100/80gb" as versions before the escaping stored it.
+	legacy := t0.Add(-time.Hour)
+	b, _ := json.Marshal(point{Time: legacy, ModelPrice: prices.ModelPrice{GPUName: "A100/80GB", Median: 2, Cheapest: 2, Offers: 1}})
+	if err := st.PutRecord(NSPrices, fmt.Sprintf("a100/80gb/%020d", legacy.UnixNano()), b); err != nil {
+		t.Fatal(err)
+	}
+	check("a100", 5, 1)
+	check("a100/80gb", 6, 2)
+	w.prune("a100/80gb", t0)
+	check("a100/80gb", 5, 2)
 }
 
 // TestScheduledFetch: with a file provider, the watcher fetches once per
