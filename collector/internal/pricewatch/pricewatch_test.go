@@ -223,21 +223,39 @@ func TestScheduledFetch(t *testing.T) {
 	write("gpu_name,num_gpus,dph_total\nL40S,2,1.8\n")
 	clk := clock.NewFake(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))
 	w := New(Config{Clock: clk, Interval: time.Hour}, &prices.File{Path: path}, st, nil, quiet())
+	// fetched waits until the n-th fetch has completed: it recorded its
+	// point and set the price (the last thing a fetch does), so the file
+	// may be rewritten and the history read.
+	fetched := func(n int, price float64) []point {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			hist, err := w.history(prices.Key("L40S"), time.Time{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, _ := w.CurrentPrice("L40S")
+			if len(hist) == n && p == price {
+				return hist
+			}
+			if len(hist) > n || time.Now().After(deadline) {
+				t.Fatalf("waiting for fetch %d: %d points, price %v, want price %v", n, len(hist), p, price)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	w.Start()
 	defer w.Shutdown()
 	if _, ok := w.CurrentPrice("l40s"); ok {
 		t.Fatal("a price before any fetch")
 	}
 	clk.Advance(time.Hour)
+	fetched(1, 0.9)
 	write("gpu_name,num_gpus,dph_total\nL40S,1,0.8\n")
-	clk.Advance(time.Hour) // the first fetch has finished when the second tick is taken
 	clk.Advance(time.Hour)
-	if p, ok := w.CurrentPrice("L40S"); !ok || p != 0.8 {
-		t.Errorf("price %v %v after the second fetch", p, ok)
-	}
-	hist, err := w.history(prices.Key("L40S"), time.Time{})
-	if err != nil || len(hist) < 2 || hist[0].Median != 0.9 {
-		t.Errorf("history %+v %v", hist, err)
+	hist := fetched(2, 0.8)
+	if hist[0].Median != 0.9 || hist[1].Median != 0.8 || hist[1].Time.Sub(hist[0].Time) != time.Hour {
+		t.Errorf("history %+v", hist)
 	}
 	write("gpu_name,dph_total\n")
 	if _, err := w.Fetch(context.Background()); err == nil {
