@@ -459,6 +459,28 @@ func TestForecast(t *testing.T) {
 	}
 }
 
+// TestForecastEnergyPricedRuns: runs priced by energy only (no GPU-hour
+// price) have a cost the forecast learns from.
+func TestForecastEnergyPricedRuns(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	// Each test window has 50 J: at $72000/kWh it costs $1.
+	energyOnly := func(s *aggregate.State) *trainmeterv1.RunReport {
+		return s.Report(aggregate.Pricing{EnergyPricePerKWh: 72000})
+	}
+	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, energyOnly, nil, nil, quiet())
+	f := &feeder{t: t, st: st, m: m}
+	f.run("n1", "a", "m", "", nil, 0, 10, true)
+	f.run("n1", "b", "m", "", nil, 0, 14, true)
+	fc, err := m.Forecast("m", 2, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fc.BasedOn) != 2 || math.Abs(fc.MeanUSD-12) > 1e-6 || math.Abs(fc.ExpectedUSD-24) > 1e-6 {
+		t.Errorf("forecast %+v, want the mean $12 of two energy-priced runs", fc)
+	}
+}
+
 // BenchmarkEvaluate: one evaluation of 5 budgets over 1000 stored runs of
 // 10 windows each, 10 of them live (touched by a batch since the last
 // evaluation): the work done each second while runs report.
