@@ -200,6 +200,7 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 			ID, Kind, Severity, Scope, Message string
 			Threshold                          float64
 			Projected                          bool
+			RunIDs                             []string `json:"run_ids"`
 		}
 	}
 	if err := json.Unmarshal([]byte(c.cli("alerts", "--json")), &listed); err != nil {
@@ -211,6 +212,9 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	for _, a := range listed.Alerts {
 		if a.Kind != "budget" || a.Scope != "e2e-team-budget" || sev[a.Threshold] != a.Severity || len(hook.accepted[a.ID]) != 1 {
 			t.Errorf("listed alert %+v: wrong severity, or not the one delivered", a)
+		}
+		if !slices.Equal(a.RunIDs, []string{"b1"}) {
+			t.Errorf("listed alert %+v: run_ids %v, want [b1]", a, a.RunIDs)
 		}
 		kind := "actual"
 		if a.Projected {

@@ -222,6 +222,16 @@ func TestAlertsFireOnceAcrossRestarts(t *testing.T) {
 	if err != nil || len(listed) != 8 {
 		t.Errorf("stored alerts %d (%v), want 8", len(listed), err)
 	}
+	// The API's alerts (alerts --json) name the runs, as webhooks' do.
+	resp, err := NewService(m).ListAlerts(ctx, &trainmeterv1.ListAlertsRequest{Kind: KindBudget})
+	if err != nil || len(resp.GetAlerts()) != 8 {
+		t.Fatalf("ListAlerts: %v %v", resp, err)
+	}
+	for _, a := range resp.GetAlerts() {
+		if !slices.Equal(a.GetRunIds(), []string{"r1"}) {
+			t.Errorf("listed alert %v: run_ids %v, want [r1]", a.GetMessage(), a.GetRunIds())
+		}
+	}
 	// A new amount is a new budget: $20, spent $12 = 60 %.
 	if _, err := m.Set(Budget{Scope: "proj", LimitUSD: 20}); err != nil {
 		t.Fatal(err)
