@@ -274,3 +274,37 @@ func TestVastAIClient(t *testing.T) {
 		t.Errorf("401: err %v after %d calls", err, calls.Load())
 	}
 }
+
+// TestVastAIRetryAfterBeyondBackoff: a Retry-After longer than the backoff
+// cap (a rate limit of minutes) is honoured, up to MaxRetryAfter.
+func TestVastAIRetryAfterBeyondBackoff(t *testing.T) {
+	fixture, err := os.ReadFile("testdata/vastai_offers.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch calls.Add(1) {
+		case 1:
+			w.Header().Set("Retry-After", "300")
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+		case 2:
+			w.Header().Set("Retry-After", "86400")
+			http.Error(w, "come back tomorrow", http.StatusServiceUnavailable)
+		default:
+			w.Write(fixture)
+		}
+	}))
+	defer srv.Close()
+	var waits []time.Duration
+	c := &VastAI{BaseURL: srv.URL, Sleep: func(_ context.Context, d time.Duration) error {
+		waits = append(waits, d)
+		return nil
+	}}
+	if _, err := c.Offers(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(waits) != 2 || waits[0] != 300*time.Second || waits[1] != DefaultMaxRetryAfter {
+		t.Errorf("waits %v, want [5m0s 10m0s] (Retry-After, capped at %v)", waits, DefaultMaxRetryAfter)
+	}
+}
