@@ -209,6 +209,16 @@ func TestPriceListCSVAndJSON(t *testing.T) {
 			t.Errorf("price list %q accepted", bad)
 		}
 	}
+	for list, want := range map[string]string{
+		"gpu_name,num_gpus,dph_total\nL40S,1,0.9\nL40S,1.9,1.8\n":                `line 3: num_gpus "1.9" is not a whole number`,
+		"gpu_name,num_gpus,dph_total\nL40S,0.5,0.9\n":                            `line 2: num_gpus "0.5" is not a whole number`,
+		"gpu_name,num_gpus,dph_total\nL40S,0,0.9\n":                              `line 2: num_gpus "0" is not a whole number`,
+		`{"offers":[{"gpu_name":"L40S","num_gpus":1.5,"dph_total":1.2,"id":7}]}`: "1 offer(s) without a gpu_name, a whole num_gpus",
+	} {
+		if _, err := ParsePriceList([]byte(list), "file"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("price list %q: error %v, want %q", list, err, want)
+		}
+	}
 	per, err := ParsePriceList([]byte("gpu_name,num_gpus,usd_per_gpu_hour\nL40S,4,0.9\n"), "file")
 	if err != nil || per[0].USDPerHour != 3.6 || per[0].PerGPUHour() != 0.9 {
 		t.Errorf("per-GPU column: %+v %v", per, err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -76,8 +77,12 @@ func (v vastOffer) offer(provider string) Offer {
 	case v.Reliability != nil:
 		rel = *v.Reliability
 	}
+	n := 0 // a fraction of GPUs cannot be priced per GPU: skipped
+	if v.NumGPUs == math.Trunc(v.NumGPUs) && v.NumGPUs >= 1 && v.NumGPUs <= math.MaxInt32 {
+		n = int(v.NumGPUs)
+	}
 	return Offer{
-		ID: v.ID.String(), Provider: provider, GPUName: strings.TrimSpace(v.GPUName), NumGPUs: int(v.NumGPUs),
+		ID: v.ID.String(), Provider: provider, GPUName: strings.TrimSpace(v.GPUName), NumGPUs: n,
 		GPURAMGB: v.GPURAM / 1024, USDPerHour: v.DPHTotal, Reliability: rel, DLPerfPerUSD: v.DLPerfPerDPHTotal,
 		Location: v.Geolocation, InetDownMbps: v.InetDown,
 	}
