@@ -303,8 +303,8 @@ func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c pr
 	a := budget.Alert{
 		Kind: budget.KindPrice, Severity: sev, Scope: mp.GPUName, Threshold: c.Change, Time: now,
 		GPUName: mp.GPUName, PriceUSDPerHour: mp.Median, ReferenceUSDPerHour: c.Reference, Change: c.Change,
-		Message: fmt.Sprintf("%s price %s %+.1f%%: median $%.3f/GPU-h vs $%.3f trailing %v average (cheapest $%.3f, %d offers)",
-			mp.GPUName, what, 100*c.Change, mp.Median, c.Reference, w.cfg.Rule.Window, mp.Cheapest, mp.Offers),
+		Message: fmt.Sprintf("%s price %s %+.1f%%: median $%.3f/GPU-h vs $%.3f trailing %s average (cheapest $%.3f, %d offers)",
+			mp.GPUName, what, 100*c.Change, mp.Median, c.Reference, windowLabel(w.cfg.Rule.Window), mp.Cheapest, mp.Offers),
 	}
 	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", budget.KindPrice, k, now.UnixNano()), a)
 }
@@ -313,6 +313,17 @@ var histEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
 // histPrefix is the key prefix of model k's history.
 func histPrefix(k string) string { return histEscaper.Replace(k) + "/" }
+
+// windowLabel writes a window for people: "24 h", "90 min".
+func windowLabel(d time.Duration) string {
+	switch {
+	case d > 0 && d%time.Hour == 0:
+		return fmt.Sprintf("%d h", d/time.Hour)
+	case d > 0 && d%time.Minute == 0:
+		return fmt.Sprintf("%d min", d/time.Minute)
+	}
+	return d.String()
+}
 
 func histKey(k string, t time.Time) string {
 	return fmt.Sprintf("%s%020d", histPrefix(k), t.UnixNano())

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,7 +93,8 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 	if err != nil || len(listed) != 2 {
 		t.Fatalf("%d price alerts (%v)", len(listed), err)
 	}
-	if a := listed[0]; a.GPUName != "RTX 4090" || a.Severity != budget.SeverityInfo || a.Change > -0.12 || a.ReferenceUSDPerHour <= a.PriceUSDPerHour {
+	if a := listed[0]; a.GPUName != "RTX 4090" || a.Severity != budget.SeverityInfo || a.Change > -0.12 || a.ReferenceUSDPerHour <= a.PriceUSDPerHour ||
+		!strings.Contains(a.Message, "RTX 4090 price dropped -12.9%: median $0.352/GPU-h vs $0.404 trailing 24 h average") {
 		t.Errorf("drop alert %+v", a)
 	}
 	if a := listed[1]; a.Severity != budget.SeverityWarning || a.Change < 0.25 {
