@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"context"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,6 +72,26 @@ func TestBudgetConfigValidate(t *testing.T) {
 	} {
 		if err := (server.Config{Listen: "127.0.0.1:0", DataDir: "d", Budget: c}).Validate(); err == nil {
 			t.Errorf("config %+v accepted", c)
+		}
+	}
+}
+
+// TestMissingPriceFileStopsStart: a --price-file that cannot be read stops
+// the collector at start, not at the first fetch.
+func TestMissingPriceFileStopsStart(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "prices.csv")
+	for _, path := range []string{missing, t.TempDir()} {
+		srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Budget: server.BudgetConfig{
+			PriceProvider: "file", PriceFile: path, PriceFetchInterval: time.Hour,
+		}}, nil)
+		err := srv.Start(t.Context())
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_ = srv.Shutdown(ctx)
+			cancel()
+		}
+		if err == nil || !strings.Contains(err.Error(), "--price-file") || !strings.Contains(err.Error(), path) {
+			t.Errorf("start with --price-file %s: %v, want an error naming the flag and the file", path, err)
 		}
 	}
 }
