@@ -38,7 +38,8 @@ const Retention = 31 * 24 * time.Hour
 
 // Config configures the watcher.
 type Config struct {
-	// Interval between scheduled fetches; 0: no schedule (fetch on demand).
+	// Interval between scheduled fetches (the first at Start); 0: no
+	// schedule (fetch on demand).
 	Interval time.Duration
 	// Rule decides price alerts; zero: prices.DefaultAlertRule.
 	Rule prices.AlertRule
@@ -163,7 +164,8 @@ func (w *Watcher) Provider() string {
 }
 
 // Start fetches on the schedule until Shutdown (nothing without a provider
-// or an interval). The first fetch is one interval after Start.
+// or an interval): once at once (in the background, so that a slow
+// provider does not hold up the collector's start), then every interval.
 func (w *Watcher) Start() {
 	if w.provider == nil || w.cfg.Interval <= 0 {
 		return
@@ -183,14 +185,18 @@ func (w *Watcher) Start() {
 			case <-ctx.Done():
 			}
 		}()
+		fetch := func() {
+			if _, err := w.Fetch(ctx); err != nil && ctx.Err() == nil {
+				w.log.Warn("scheduled price fetch failed", "provider", w.provider.Name(), "err", err)
+			}
+		}
+		fetch()
 		for {
 			select {
 			case <-stop:
 				return
 			case <-t.C():
-				if _, err := w.Fetch(ctx); err != nil {
-					w.log.Warn("scheduled price fetch failed", "provider", w.provider.Name(), "err", err)
-				}
+				fetch()
 			}
 		}
 	}()

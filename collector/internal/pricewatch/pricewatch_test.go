@@ -211,8 +211,9 @@ func TestHistoryOfModelsWithSlashes(t *testing.T) {
 	check("a100/80gb", 5, 2)
 }
 
-// TestScheduledFetch: with a file provider, the watcher fetches once per
-// interval of its clock; an empty price list keeps the last prices.
+// TestScheduledFetch: with a file provider, the watcher fetches at start,
+// then once per interval of its clock; an empty price list keeps the last
+// prices.
 func TestScheduledFetch(t *testing.T) {
 	st := openStore(t, t.TempDir())
 	defer st.Close()
@@ -246,13 +247,12 @@ func TestScheduledFetch(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	w.Start()
-	defer w.Shutdown()
 	if _, ok := w.CurrentPrice("l40s"); ok {
 		t.Fatal("a price before any fetch")
 	}
-	clk.Advance(time.Hour)
-	fetched(1, 0.9)
+	w.Start()
+	defer w.Shutdown()
+	fetched(1, 0.9) // at start, without waiting an interval
 	write("gpu_name,num_gpus,dph_total\nL40S,1,0.8\n")
 	clk.Advance(time.Hour)
 	hist := fetched(2, 0.8)

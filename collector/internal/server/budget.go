@@ -36,7 +36,8 @@ type BudgetConfig struct {
 	VastAIURL, VastAIKey string
 	// PriceFile is the CSV or JSON price list of the file provider.
 	PriceFile string
-	// PriceFetchInterval between scheduled fetches; 0: on demand only.
+	// PriceFetchInterval between scheduled fetches (the first at start); 0:
+	// on demand only.
 	PriceFetchInterval time.Duration
 
 	// Clock of the budget and price loops; nil: the wall clock (tests).
