@@ -95,3 +95,41 @@ func TestMissingPriceFileStopsStart(t *testing.T) {
 		}
 	}
 }
+
+// TestCatalogPricesNVMLNamedRuns: a run on "NVIDIA H100 80GB HBM3" (NVML's
+// name) is priced from the collector's price catalog, which names the GPU
+// "H100 SXM" (vast.ai's); a run on a GPU the catalog lacks is not priced by
+// another GPU's offers.
+func TestCatalogPricesNVMLNamedRuns(t *testing.T) {
+	srv := start(t, server.Config{})
+	conn := tu.Dial(t, srv.Addr().String())
+	if _, err := trainmeterv1.NewPriceServiceClient(conn).ImportPrices(t.Context(), &trainmeterv1.ImportPricesRequest{Offers: []*trainmeterv1.PriceOffer{
+		{GpuName: "H100 SXM", NumGpus: 8, UsdPerHour: 28.8},
+		{GpuName: "H100 PCIE", NumGpus: 1, UsdPerHour: 1.9},
+		{GpuName: "A100 SXM4", NumGpus: 1, UsdPerHour: 1.1},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	a := tu.Connect(t, conn, "node-1", "boot")
+	for i, gpu := range []string{"NVIDIA H100 80GB HBM3", "NVIDIA A10G"} {
+		run := []string{"h100", "a10g"}[i]
+		ev := tu.Start(run, 0, "m")
+		ev.GetRunStart().GpuName = gpu
+		a.MustAck(tu.Batch(uint64(i+1), 0, []*trainmeterv1.RunWindow{tu.Window(run, 0, 10, 1)}, ev))
+	}
+	q := trainmeterv1.NewQueryServiceClient(conn)
+	r, err := q.GetRun(t.Context(), &trainmeterv1.GetRunRequest{RunId: "h100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := r.GetRun(); rep.GetGpuPriceSource() != "catalog" || rep.GetGpuPricePerHour() != 3.6 {
+		t.Errorf("run on %s: price %v from %q, want $3.60 (H100 SXM) from the catalog", rep.GetGpuName(), rep.GetGpuPricePerHour(), rep.GetGpuPriceSource())
+	}
+	r, err = q.GetRun(t.Context(), &trainmeterv1.GetRunRequest{RunId: "a10g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := r.GetRun(); rep.GetHasCost() || rep.GetGpuPriceSource() != "" {
+		t.Errorf("run on %s priced at %v from %q, want no price", rep.GetGpuName(), rep.GetGpuPricePerHour(), rep.GetGpuPriceSource())
+	}
+}
