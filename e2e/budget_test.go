@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -165,12 +166,41 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	if posts != 2*len(want) {
 		t.Errorf("%d POSTs, want %d (each alert refused once, then accepted)", posts, 2*len(want))
 	}
+	// The whole list, one entry per accepted POST, and each alert's figures:
+	// an actual alert fires on spend (at most the run's final cost) that
+	// reached its threshold, a projected one on a projection that did.
+	var gotList []string
+	hook.mu.Lock()
+	for _, bodies := range hook.accepted {
+		for _, a := range bodies {
+			if a["kind"] != "budget" || a["scope"] != "e2e-team-budget" {
+				continue
+			}
+			kind := "actual"
+			if a["projected"] == true {
+				kind = "projected"
+			}
+			gotList = append(gotList, fmt.Sprintf("%v/%s", a["threshold"], kind))
+			spent, _ := a["spent_usd"].(float64)
+			limit, _ := a["budget_usd"].(float64)
+			th, _ := a["threshold"].(float64)
+			if limit != 0.8 || spent/limit < th || (kind == "actual" && spent > r.TotalCostUsd+1e-9) {
+				t.Errorf("%s alert at %v: spent_usd %v of budget_usd %v (run's final cost %v)", kind, th, spent, limit, r.TotalCostUsd)
+			}
+		}
+	}
+	hook.mu.Unlock()
+	sortedWant := slices.Sorted(slices.Values(want))
+	if slices.Sort(gotList); !slices.Equal(gotList, sortedWant) {
+		t.Errorf("alerts accepted %v, want %v", gotList, sortedWant)
+	}
 
 	var listed struct {
 		Alerts []struct {
 			ID, Kind, Severity, Scope, Message string
 			Threshold                          float64
 			Projected                          bool
+			RunIDs                             []string `json:"run_ids"`
 		}
 	}
 	if err := json.Unmarshal([]byte(c.cli("alerts", "--json")), &listed); err != nil {
@@ -178,12 +208,24 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	}
 	sev := map[float64]string{0.5: "info", 0.75: "warning", 0.9: "critical", 1: "exceeded"}
 	hook.mu.Lock()
+	var listedKeys []string
 	for _, a := range listed.Alerts {
 		if a.Kind != "budget" || a.Scope != "e2e-team-budget" || sev[a.Threshold] != a.Severity || len(hook.accepted[a.ID]) != 1 {
 			t.Errorf("listed alert %+v: wrong severity, or not the one delivered", a)
 		}
+		if !slices.Equal(a.RunIDs, []string{"b1"}) {
+			t.Errorf("listed alert %+v: run_ids %v, want [b1]", a, a.RunIDs)
+		}
+		kind := "actual"
+		if a.Projected {
+			kind = "projected"
+		}
+		listedKeys = append(listedKeys, fmt.Sprintf("%v/%s", a.Threshold, kind))
 	}
 	hook.mu.Unlock()
+	if slices.Sort(listedKeys); !slices.Equal(listedKeys, sortedWant) {
+		t.Errorf("alerts --json lists %v, want %v", listedKeys, sortedWant)
+	}
 	if len(listed.Alerts) != len(want) {
 		t.Errorf("alerts --json lists %d alerts, want %d", len(listed.Alerts), len(want))
 	}

@@ -185,13 +185,23 @@ func TestPeaks(t *testing.T) {
 		{"NVIDIA GeForce RTX 4090", "bf16", 165},
 		{"NVIDIA L40S", "bf16", 362},
 		{"Simulated H100 80GB HBM3", "bf16", 989},
+		{"NVIDIA H100 NVL", "bf16", 835},
+		{"NVIDIA A100 80GB PCIe", "bf16", 312},
+		{"NVIDIA A100-PCIE-40GB", "tf32", 156},
+		// Whole tokens only: no peak rather than another GPU's.
+		{"NVIDIA A10G", "bf16", 0},      // not A10 (docs: A10G has no entry)
+		{"NVIDIA RTX A1000", "bf16", 0}, // not A100
+		{"NVIDIA T400", "fp16", 0},      // not T4
+		{"Quadro T4000", "fp16", 0},     // not T4
+		{"NVIDIA H200 NVL", "bf16", 0},  // not the H200 SXM
+		{"Tesla V100-PCIE-16GB", "fp16", 0},
+		{"NVIDIA GeForce RTX 4090 D", "bf16", 0},
+		{"Replay GPU", "bf16", 0},
 	} {
-		if got, ok := PeakTFLOPS(tc.name, tc.prec); !ok || got != tc.want {
+		got, ok := PeakTFLOPS(tc.name, tc.prec)
+		if got != tc.want || ok != (tc.want > 0) {
 			t.Errorf("PeakTFLOPS(%s, %s) = %v %v, want %v", tc.name, tc.prec, got, ok, tc.want)
 		}
-	}
-	if _, ok := PeakTFLOPS("Replay GPU", "bf16"); ok {
-		t.Error("unknown GPU has a peak")
 	}
 	near(t, "6ND", TrainingFLOPs(7e9, 1e6), 4.2e16)
 	near(t, "points", AccuracyPoints(0.71), 71)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"slices"
@@ -72,18 +73,27 @@ func LoadTariff(path string) (*Tariff, error) {
 		return nil, fmt.Errorf("tariff: %w", err)
 	}
 	t, err := ParseTariff(b)
+	if errors.Is(err, ErrEmptyTariff) {
+		return nil, fmt.Errorf("%w: %s", err, path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("tariff %s: %w", path, err)
 	}
 	return t, nil
 }
 
+// ErrEmptyTariff: the tariff has no YAML document (an empty file, or only
+// comments).
+var ErrEmptyTariff = errors.New("tariff file is empty")
+
 // ParseTariff decodes a tariff (YAML; unknown keys are errors) and validates it.
 func ParseTariff(b []byte) (*Tariff, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
 	t := &Tariff{}
-	if err := dec.Decode(t); err != nil {
+	if err := dec.Decode(t); errors.Is(err, io.EOF) {
+		return nil, ErrEmptyTariff
+	} else if err != nil {
 		return nil, fmt.Errorf("decode: %w", err)
 	}
 	if err := t.Validate(); err != nil {

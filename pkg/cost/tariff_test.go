@@ -3,6 +3,8 @@ package cost
 import (
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -141,6 +143,8 @@ func TestTariffValidation(t *testing.T) {
 		{`{default: a, bands: {a: 1}, rules: [{days: [funday], from: "01:00", to: "06:00", band: a}]}`, `day "funday"`},
 		{`{default: a, bands: {a: 1}, colour: red}`, "field colour not found"},
 		{`bands: [1, 2]`, "decode"},
+		{"", "tariff file is empty"},
+		{"# only a comment\n\n", "tariff file is empty"},
 	} {
 		_, err := ParseTariff([]byte(c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -149,6 +153,13 @@ func TestTariffValidation(t *testing.T) {
 	}
 	if _, err := LoadTariff("/nonexistent/tariff.yaml"); err == nil {
 		t.Error("LoadTariff of a missing file: no error")
+	}
+	empty := filepath.Join(t.TempDir(), "tariff.yaml")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadTariff(empty); err == nil || err.Error() != "tariff file is empty: "+empty {
+		t.Errorf("LoadTariff of an empty file: %v", err)
 	}
 	if ft := FlatTariff(0.25); ft.BandAt(time.Now()) != "flat" {
 		t.Error("flat tariff band")

@@ -6,6 +6,7 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -48,7 +49,7 @@ func ParsePriceList(b []byte, provider string) ([]Offer, error) {
 			return nil, err
 		}
 		if skipped > 0 {
-			return nil, fmt.Errorf("%d offer(s) without a gpu_name, num_gpus or a positive dph_total", skipped)
+			return nil, fmt.Errorf("%d offer(s) without a gpu_name, a whole num_gpus >= 1 or a positive dph_total", skipped)
 		}
 		return offers, nil
 	}
@@ -121,6 +122,9 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 		var n, price, ram float64
 		if n, err = num("num_gpus", 1); err != nil {
 			return nil, err
+		}
+		if n != math.Trunc(n) || n < 1 || n > math.MaxInt32 {
+			return nil, fmt.Errorf("line %d: num_gpus %q is not a whole number of GPUs >= 1", line, get("num_gpus"))
 		}
 		if price, err = num(priceCol, 0); err != nil {
 			return nil, err

@@ -209,6 +209,16 @@ func TestPriceListCSVAndJSON(t *testing.T) {
 			t.Errorf("price list %q accepted", bad)
 		}
 	}
+	for list, want := range map[string]string{
+		"gpu_name,num_gpus,dph_total\nL40S,1,0.9\nL40S,1.9,1.8\n":                `line 3: num_gpus "1.9" is not a whole number`,
+		"gpu_name,num_gpus,dph_total\nL40S,0.5,0.9\n":                            `line 2: num_gpus "0.5" is not a whole number`,
+		"gpu_name,num_gpus,dph_total\nL40S,0,0.9\n":                              `line 2: num_gpus "0" is not a whole number`,
+		`{"offers":[{"gpu_name":"L40S","num_gpus":1.5,"dph_total":1.2,"id":7}]}`: "1 offer(s) without a gpu_name, a whole num_gpus",
+	} {
+		if _, err := ParsePriceList([]byte(list), "file"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("price list %q: error %v, want %q", list, err, want)
+		}
+	}
 	per, err := ParsePriceList([]byte("gpu_name,num_gpus,usd_per_gpu_hour\nL40S,4,0.9\n"), "file")
 	if err != nil || per[0].USDPerHour != 3.6 || per[0].PerGPUHour() != 0.9 {
 		t.Errorf("per-GPU column: %+v %v", per, err)
@@ -272,5 +282,39 @@ func TestVastAIClient(t *testing.T) {
 	c.APIKey = "wrong"
 	if _, err := c.Offers(context.Background()); !errors.As(err, &he) || he.Status != 401 || calls.Load() != 1 {
 		t.Errorf("401: err %v after %d calls", err, calls.Load())
+	}
+}
+
+// TestVastAIRetryAfterBeyondBackoff: a Retry-After longer than the backoff
+// cap (a rate limit of minutes) is honoured, up to MaxRetryAfter.
+func TestVastAIRetryAfterBeyondBackoff(t *testing.T) {
+	fixture, err := os.ReadFile("testdata/vastai_offers.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch calls.Add(1) {
+		case 1:
+			w.Header().Set("Retry-After", "300")
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+		case 2:
+			w.Header().Set("Retry-After", "86400")
+			http.Error(w, "come back tomorrow", http.StatusServiceUnavailable)
+		default:
+			w.Write(fixture)
+		}
+	}))
+	defer srv.Close()
+	var waits []time.Duration
+	c := &VastAI{BaseURL: srv.URL, Sleep: func(_ context.Context, d time.Duration) error {
+		waits = append(waits, d)
+		return nil
+	}}
+	if _, err := c.Offers(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(waits) != 2 || waits[0] != 300*time.Second || waits[1] != DefaultMaxRetryAfter {
+		t.Errorf("waits %v, want [5m0s 10m0s] (Retry-After, capped at %v)", waits, DefaultMaxRetryAfter)
 	}
 }

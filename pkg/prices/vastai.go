@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -35,12 +36,18 @@ type VastAI struct {
 	Client *http.Client
 	// MaxAttempts on HTTP 429 and 5xx; 0: 5.
 	MaxAttempts int
-	// MaxBackoff caps one wait between attempts; 0: 60 s.
+	// MaxBackoff caps the exponential backoff between attempts; 0: 60 s.
 	MaxBackoff time.Duration
+	// MaxRetryAfter caps the wait a Retry-After header asks for (a rate
+	// limit often asks for minutes); 0: 10 min.
+	MaxRetryAfter time.Duration
 	// Sleep waits between attempts (tests replace it); nil: a timer
 	// that ends early when ctx does.
 	Sleep func(ctx context.Context, d time.Duration) error
 }
+
+// DefaultMaxRetryAfter is the longest Retry-After the client honours.
+const DefaultMaxRetryAfter = 10 * time.Minute
 
 // DefaultVastAIQuery asks for rentable on-demand offers.
 const DefaultVastAIQuery = `{"rentable":{"eq":true},"rented":{"eq":false},"type":"on-demand","limit":1000}`
@@ -70,8 +77,12 @@ func (v vastOffer) offer(provider string) Offer {
 	case v.Reliability != nil:
 		rel = *v.Reliability
 	}
+	n := 0 // a fraction of GPUs cannot be priced per GPU: skipped
+	if v.NumGPUs == math.Trunc(v.NumGPUs) && v.NumGPUs >= 1 && v.NumGPUs <= math.MaxInt32 {
+		n = int(v.NumGPUs)
+	}
 	return Offer{
-		ID: v.ID.String(), Provider: provider, GPUName: strings.TrimSpace(v.GPUName), NumGPUs: int(v.NumGPUs),
+		ID: v.ID.String(), Provider: provider, GPUName: strings.TrimSpace(v.GPUName), NumGPUs: n,
 		GPURAMGB: v.GPURAM / 1024, USDPerHour: v.DPHTotal, Reliability: rel, DLPerfPerUSD: v.DLPerfPerDPHTotal,
 		Location: v.Geolocation, InetDownMbps: v.InetDown,
 	}
@@ -126,7 +137,8 @@ func (e *HTTPError) Error() string {
 }
 
 // Offers implements Provider. HTTP 429 and 5xx are retried with capped
-// exponential backoff and jitter, waiting at least what Retry-After says.
+// exponential backoff and jitter, waiting at least what Retry-After says
+// (up to MaxRetryAfter).
 func (v *VastAI) Offers(ctx context.Context) ([]Offer, error) {
 	base := strings.TrimRight(v.BaseURL, "/")
 	if base == "" {
@@ -149,6 +161,10 @@ func (v *VastAI) Offers(ctx context.Context) ([]Offer, error) {
 	if maxBackoff <= 0 {
 		maxBackoff = time.Minute
 	}
+	maxRetryAfter := v.MaxRetryAfter
+	if maxRetryAfter <= 0 {
+		maxRetryAfter = DefaultMaxRetryAfter
+	}
 	sleep := v.Sleep
 	if sleep == nil {
 		sleep = sleepCtx
@@ -166,9 +182,8 @@ func (v *VastAI) Offers(ctx context.Context) ([]Offer, error) {
 		if !retryable || attempt >= attempts || ctx.Err() != nil {
 			break
 		}
-		wait := backoff/2 + rand.N(backoff/2+1) // jitter in [b/2, b]
-		wait = max(wait, retryAfter)
-		wait = min(wait, maxBackoff)
+		wait := backoff/2 + rand.N(backoff/2+1) // jitter in [b/2, b], b <= maxBackoff
+		wait = max(wait, min(retryAfter, maxRetryAfter))
 		if err := sleep(ctx, wait); err != nil {
 			return nil, fmt.Errorf("vast.ai offers: %w (after %v)", err, lastErr)
 		}

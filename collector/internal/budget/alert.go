@@ -139,5 +139,6 @@ func (a Alert) Proto() *trainmeterv1.Alert {
 		Threshold: a.Threshold, SpentUsd: a.SpentUSD, BudgetUsd: a.BudgetUSD, Projected: a.Projected,
 		Message: a.Message, Time: timestamppb.New(a.Time), BudgetId: a.BudgetID, GpuName: a.GPUName,
 		PriceUsdPerHour: a.PriceUSDPerHour, ReferenceUsdPerHour: a.ReferenceUSDPerHour, Change: a.Change,
+		RunIds: a.RunIDs,
 	}
 }

@@ -5,8 +5,10 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -80,6 +82,9 @@ type feeder struct {
 	st  *store.Store
 	m   *Manager
 	seq uint64
+	// planned is the planned_steps of the runs it starts (one step a
+	// window); 0: none.
+	planned uint64
 }
 
 func (f *feeder) run(node, run, model, scope string, labels map[string]string, from, to int, end bool) {
@@ -91,6 +96,7 @@ func (f *feeder) run(node, run, model, scope string, labels map[string]string, f
 			ev := tu.Start(run, 0, model)
 			ev.GetRunStart().BudgetScope = scope
 			ev.GetRunStart().Labels = labels
+			ev.GetRunStart().PlannedSteps = f.planned
 			evs = append(evs, ev)
 		}
 		if end && s == to-1 {
@@ -181,7 +187,7 @@ func TestAlertsFireOnceAcrossRestarts(t *testing.T) {
 	eval()
 	want := []string{"proj/actual/100", "proj/actual/50", "proj/actual/75", "proj/actual/90",
 		"proj/projected/100", "proj/projected/50", "proj/projected/75", "proj/projected/90"}
-	if got := sink.keys(); len(got) != len(want) || got[0] != want[0] || got[7] != want[7] {
+	if got := sink.keys(); !slices.Equal(got, want) {
 		t.Fatalf("alerts %v, want %v", got, want)
 	}
 	sts, err := m.Statuses()
@@ -216,6 +222,16 @@ func TestAlertsFireOnceAcrossRestarts(t *testing.T) {
 	if err != nil || len(listed) != 8 {
 		t.Errorf("stored alerts %d (%v), want 8", len(listed), err)
 	}
+	// The API's alerts (alerts --json) name the runs, as webhooks' do.
+	resp, err := NewService(m).ListAlerts(ctx, &trainmeterv1.ListAlertsRequest{Kind: KindBudget})
+	if err != nil || len(resp.GetAlerts()) != 8 {
+		t.Fatalf("ListAlerts: %v %v", resp, err)
+	}
+	for _, a := range resp.GetAlerts() {
+		if !slices.Equal(a.GetRunIds(), []string{"r1"}) {
+			t.Errorf("listed alert %v: run_ids %v, want [r1]", a.GetMessage(), a.GetRunIds())
+		}
+	}
 	// A new amount is a new budget: $20, spent $12 = 60 %.
 	if _, err := m.Set(Budget{Scope: "proj", LimitUSD: 20}); err != nil {
 		t.Fatal(err)
@@ -229,6 +245,50 @@ func TestAlertsFireOnceAcrossRestarts(t *testing.T) {
 	}
 	if err := m.Delete("proj", ""); err == nil {
 		t.Error("deleting a missing budget succeeded")
+	}
+}
+
+// TestProjectedAlertsAreNotActual: a live run planned for 12 steps that
+// has spent 4 ($4 of $10: 40 %) is projected at $12 (120 %): the projected
+// alerts fire, every one of them, and no actual one. At 60 % actual spend
+// the actual 50 % alert fires, with the spend, not the projection.
+func TestProjectedAlertsAreNotActual(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	sink := &collected{}
+	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, nil, sink, quiet())
+	if _, err := m.Set(Budget{Scope: "proj", LimitUSD: 10}); err != nil {
+		t.Fatal(err)
+	}
+	f := &feeder{t: t, st: st, m: m, planned: 12}
+	f.run("n1", "r1", "m", "proj", nil, 0, 4, false)
+	if err := m.Evaluate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	sts, err := m.Statuses()
+	if err != nil || len(sts) != 1 || sts[0].SpentUSD != 4 || math.Abs(sts[0].ProjectedUSD-12) > 1e-9 {
+		t.Fatalf("setup: status %+v (%v), want $4 spent and $12 projected", sts, err)
+	}
+	want := []string{"proj/projected/100", "proj/projected/50", "proj/projected/75", "proj/projected/90"}
+	if got := sink.keys(); !slices.Equal(got, want) {
+		t.Fatalf("alerts at 40 %% spent, 120 %% projected: %v, want %v", got, want)
+	}
+	for _, a := range sink.alerts {
+		if math.Abs(a.SpentUSD-12) > 1e-9 || !strings.Contains(a.Message, "projected spend at completion $12.00") {
+			t.Errorf("projected alert %+v: want the projected $12", a)
+		}
+	}
+	f.run("n1", "r1", "m", "proj", nil, 4, 6, false) // $6: 60 %
+	if err := m.Evaluate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, "proj/actual/50")
+	slices.Sort(want)
+	if got := sink.keys(); !slices.Equal(got, want) {
+		t.Fatalf("alerts at 60 %% spent: %v, want %v", got, want)
+	}
+	if a := sink.alerts[len(sink.alerts)-1]; a.Projected || a.SpentUSD != 6 || a.Threshold != 0.5 || !strings.Contains(a.Message, "spent $6.00 of $10.00 (60%)") {
+		t.Errorf("actual alert %+v", a)
 	}
 }
 
@@ -406,6 +466,28 @@ func TestForecast(t *testing.T) {
 	fc, _ = m.Forecast("m", 5, 1) // the last run only: $14, no spread, 70 > 64
 	if fc.MeanUSD != 14 || fc.OverageProbability != 1 || len(fc.BasedOn) != 1 {
 		t.Errorf("forecast on one run %+v", fc)
+	}
+}
+
+// TestForecastEnergyPricedRuns: runs priced by energy only (no GPU-hour
+// price) have a cost the forecast learns from.
+func TestForecastEnergyPricedRuns(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	// Each test window has 50 J: at $72000/kWh it costs $1.
+	energyOnly := func(s *aggregate.State) *trainmeterv1.RunReport {
+		return s.Report(aggregate.Pricing{EnergyPricePerKWh: 72000})
+	}
+	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, energyOnly, nil, nil, quiet())
+	f := &feeder{t: t, st: st, m: m}
+	f.run("n1", "a", "m", "", nil, 0, 10, true)
+	f.run("n1", "b", "m", "", nil, 0, 14, true)
+	fc, err := m.Forecast("m", 2, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fc.BasedOn) != 2 || math.Abs(fc.MeanUSD-12) > 1e-6 || math.Abs(fc.ExpectedUSD-24) > 1e-6 {
+		t.Errorf("forecast %+v, want the mean $12 of two energy-priced runs", fc)
 	}
 }
 

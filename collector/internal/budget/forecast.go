@@ -51,7 +51,9 @@ func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
 	}
 	var hist []run
 	for _, x := range runs {
-		if x.r.GetEnded() && x.r.GetMetadata().GetModel() == model && x.r.GetHasCost() {
+		// A cost is a GPU-hour price or an energy price (a run priced by
+		// energy only has a total cost too).
+		if x.r.GetEnded() && x.r.GetMetadata().GetModel() == model && (x.r.GetHasCost() || x.r.GetHasEnergyCost()) {
 			hist = append(hist, x)
 		}
 	}

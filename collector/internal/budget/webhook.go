@@ -111,7 +111,15 @@ func NewWebhooks(cfg WebhookConfig, store PendingStore, log *slog.Logger) *Webho
 	}
 	cfg = cfg.withDefaults()
 	w := &Webhooks{cfg: cfg, store: store, log: log, client: &http.Client{Timeout: cfg.Timeout}}
+	seen := map[string]bool{}
 	for _, u := range cfg.URLs {
+		// A URL given twice is one receiver: two senders would POST each
+		// alert to it twice and share one pending record.
+		if seen[u] {
+			log.Warn("webhook URL given more than once; it gets each alert once", "url", redactURL(u))
+			continue
+		}
+		seen[u] = true
 		h := sha256.Sum256([]byte(u))
 		w.hooks = append(w.hooks, &hook{url: u, logURL: redactURL(u), tag: hex.EncodeToString(h[:6]) + "/", queue: make(chan Alert, cfg.QueueSize)})
 	}

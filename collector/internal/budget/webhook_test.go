@@ -132,6 +132,52 @@ func TestWebhookPendingSurvivesRestart(t *testing.T) {
 	})
 }
 
+// TestWebhookSameURLTwice: a URL given twice gets each alert once.
+func TestWebhookSameURLTwice(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	r := newReceiver(t)
+	cfg := fast
+	cfg.URLs = []string{r.srv.URL + "/hook", r.srv.URL + "/hook"}
+	w := NewWebhooks(cfg, st, quiet())
+	w.Start()
+	defer w.Shutdown()
+	w.Alert(context.Background(), Alert{ID: "once"})
+	waitFor(t, "delivery", func() bool { _, n := r.counts(); return n == 1 })
+	time.Sleep(100 * time.Millisecond)
+	if p, n := r.counts(); p != 1 || n != 1 {
+		t.Errorf("%d POSTs, %d accepted: want the alert once", p, n)
+	}
+}
+
+// TestWebhookTwoReceiversPendingApart: each receiver has its own pending
+// alerts: one that accepted is not sent the alert again after a restart,
+// the one that was down is.
+func TestWebhookTwoReceiversPendingApart(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	up, down := newReceiver(t), newReceiver(t, 503, 503, 503, 503)
+	cfg := WebhookConfig{URLs: []string{up.srv.URL, down.srv.URL}, BaseBackoff: time.Hour, MaxBackoff: time.Hour}
+	w := NewWebhooks(cfg, st, quiet())
+	w.Start()
+	w.Alert(context.Background(), Alert{ID: "a1"})
+	waitFor(t, "delivery to the receiver that is up", func() bool { _, n := up.counts(); return n == 1 })
+	waitFor(t, "first attempt at the one that is down", func() bool { p, _ := down.counts(); return p == 1 })
+	w.Shutdown() // the down one's retry is an hour away: it stays pending
+
+	down.mu.Lock()
+	down.script = nil
+	down.mu.Unlock()
+	w = NewWebhooks(cfg, st, quiet())
+	w.Start()
+	defer w.Shutdown()
+	waitFor(t, "redelivery to the receiver that was down", func() bool { _, n := down.counts(); return n == 1 })
+	time.Sleep(100 * time.Millisecond)
+	if p, n := up.counts(); p != 1 || n != 1 {
+		t.Errorf("the receiver that accepted got %d POSTs (%d accepted), want 1", p, n)
+	}
+}
+
 func TestWebhookNeverBlocks(t *testing.T) {
 	cfg := WebhookConfig{URLs: []string{"http://127.0.0.1:9/x"}, QueueSize: 2}
 	w := NewWebhooks(cfg, nil, quiet()) // not started: nothing drains the queue

@@ -41,7 +41,7 @@ func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.BudgetConfig) *budgetServ
 	f.StringVar(&cfg.VastAIURL, "vastai-url", "", "vast.ai API base URL (default https://console.vast.ai)")
 	f.StringVar(&b.keyFile, "vastai-key-file", "", "file with the vast.ai API key (default $"+EnvVastAIKey+"; optional)")
 	f.StringVar(&cfg.PriceFile, "price-file", "", "CSV or JSON price list for --price-provider file")
-	f.DurationVar(&cfg.PriceFetchInterval, "price-fetch-interval", time.Hour, "how often prices are fetched (0: only by `trainmeter prices fetch`)")
+	f.DurationVar(&cfg.PriceFetchInterval, "price-fetch-interval", time.Hour, "how often prices are fetched, the first time at start (0: only by `trainmeter prices fetch`)")
 	return b
 }
 

@@ -77,7 +77,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	c.Flags().StringVar(&gpu, "gpu", "", "one GPU model (case-insensitive), with recommended offers")
+	c.Flags().StringVar(&gpu, "gpu", "", "one GPU model, as the provider or NVML names it (\"RTX 4090\", \"NVIDIA GeForce RTX 4090\"), with recommended offers")
 	fetch := &cobra.Command{
 		Use:   "fetch",
 		Short: "Fetch prices from the collector's provider now",

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,8 +20,11 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/prices"
 )
 
-// Store namespaces: "prices" holds the history, key "MODELKEY/UNIXNANOS"
-// (20 digits, so keys sort by time) → prices.ModelPrice JSON with the time;
+// Store namespaces: "prices" holds the history, key "MODEL/UNIXNANOS" where
+// MODEL is the model's key (prices.Key) with "%" and "/" escaped as "%25"
+// and "%2F" (so that one model's prefix "MODEL/" is never the start of
+// another's: "a100/" is not "a100/80gb/"), and UNIXNANOS has 20 digits (so
+// keys sort by time) → prices.ModelPrice JSON with the time;
 // "price-offers" holds the latest fetch's offers under "latest", and
 // "price-state" each model's alert state (normal, drop, surge).
 const (
@@ -34,7 +38,8 @@ const Retention = 31 * 24 * time.Hour
 
 // Config configures the watcher.
 type Config struct {
-	// Interval between scheduled fetches; 0: no schedule (fetch on demand).
+	// Interval between scheduled fetches (the first at Start); 0: no
+	// schedule (fetch on demand).
 	Interval time.Duration
 	// Rule decides price alerts; zero: prices.DefaultAlertRule.
 	Rule prices.AlertRule
@@ -87,6 +92,10 @@ type Watcher struct {
 	mu     sync.Mutex
 	latest snapshot
 	byKey  map[string]prices.ModelPrice
+	// match finds a GPU name's model among byKey's keys; resolved
+	// remembers its answers ("": no match) until the next fetch.
+	match    *prices.Matcher
+	resolved map[string]string
 
 	stop chan struct{}
 	done chan struct{}
@@ -116,9 +125,34 @@ func New(cfg Config, provider prices.Provider, st Store, rec *budget.Recorder, l
 
 func (w *Watcher) setLatest(s snapshot) {
 	by := prices.ByModel(s.Offers)
+	keys := make([]string, 0, len(by))
+	for k := range by {
+		keys = append(keys, k)
+	}
+	m := prices.NewMatcher(keys)
 	w.mu.Lock()
-	w.latest, w.byKey = s, by
+	w.latest, w.byKey, w.match, w.resolved = s, by, m, map[string]string{}
 	w.mu.Unlock()
+}
+
+// maxResolved bounds the remembered GPU names (a few per cluster).
+const maxResolved = 1024
+
+// modelKey is the key of the catalog model gpuName denotes (prices.Matcher):
+// NVML's "NVIDIA H100 80GB HBM3" is vast.ai's "H100 SXM". Call with mu held.
+func (w *Watcher) modelKey(gpuName string) (string, bool) {
+	if w.match == nil {
+		return "", false
+	}
+	if k, ok := w.resolved[gpuName]; ok {
+		return k, k != ""
+	}
+	k, _ := w.match.MatchName(gpuName)
+	if len(w.resolved) >= maxResolved {
+		clear(w.resolved)
+	}
+	w.resolved[gpuName] = k
+	return k, k != ""
 }
 
 // Provider names the provider ("" if none).
@@ -130,7 +164,8 @@ func (w *Watcher) Provider() string {
 }
 
 // Start fetches on the schedule until Shutdown (nothing without a provider
-// or an interval). The first fetch is one interval after Start.
+// or an interval): once at once (in the background, so that a slow
+// provider does not hold up the collector's start), then every interval.
 func (w *Watcher) Start() {
 	if w.provider == nil || w.cfg.Interval <= 0 {
 		return
@@ -150,14 +185,18 @@ func (w *Watcher) Start() {
 			case <-ctx.Done():
 			}
 		}()
+		fetch := func() {
+			if _, err := w.Fetch(ctx); err != nil && ctx.Err() == nil {
+				w.log.Warn("scheduled price fetch failed", "provider", w.provider.Name(), "err", err)
+			}
+		}
+		fetch()
 		for {
 			select {
 			case <-stop:
 				return
 			case <-t.C():
-				if _, err := w.Fetch(ctx); err != nil {
-					w.log.Warn("scheduled price fetch failed", "provider", w.provider.Name(), "err", err)
-				}
+				fetch()
 			}
 		}
 	}()
@@ -270,35 +309,95 @@ func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c pr
 	a := budget.Alert{
 		Kind: budget.KindPrice, Severity: sev, Scope: mp.GPUName, Threshold: c.Change, Time: now,
 		GPUName: mp.GPUName, PriceUSDPerHour: mp.Median, ReferenceUSDPerHour: c.Reference, Change: c.Change,
-		Message: fmt.Sprintf("%s price %s %+.1f%%: median $%.3f/GPU-h vs $%.3f trailing %v average (cheapest $%.3f, %d offers)",
-			mp.GPUName, what, 100*c.Change, mp.Median, c.Reference, w.cfg.Rule.Window, mp.Cheapest, mp.Offers),
+		Message: fmt.Sprintf("%s price %s %+.1f%%: median $%.3f/GPU-h vs $%.3f trailing %s average (cheapest $%.3f, %d offers)",
+			mp.GPUName, what, 100*c.Change, mp.Median, c.Reference, windowLabel(w.cfg.Rule.Window), mp.Cheapest, mp.Offers),
 	}
 	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", budget.KindPrice, k, now.UnixNano()), a)
 }
 
-func histKey(k string, t time.Time) string { return fmt.Sprintf("%s/%020d", k, t.UnixNano()) }
+var histEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
+
+// histPrefix is the key prefix of model k's history.
+func histPrefix(k string) string { return histEscaper.Replace(k) + "/" }
+
+// windowLabel writes a window for people: "24 h", "90 min".
+func windowLabel(d time.Duration) string {
+	switch {
+	case d > 0 && d%time.Hour == 0:
+		return fmt.Sprintf("%d h", d/time.Hour)
+	case d > 0 && d%time.Minute == 0:
+		return fmt.Sprintf("%d min", d/time.Minute)
+	}
+	return d.String()
+}
+
+func histKey(k string, t time.Time) string {
+	return fmt.Sprintf("%s%020d", histPrefix(k), t.UnixNano())
+}
+
+// histPrefixes are the prefixes model k's history is stored under: the
+// escaped one, and for a key that escaping changes the unescaped one of
+// versions before the escaping (their points expire with Retention).
+func histPrefixes(k string) []string {
+	if p := histPrefix(k); p != k+"/" {
+		return []string{p, k + "/"}
+	}
+	return []string{k + "/"}
+}
+
+// isHistTime says whether what follows a history prefix is a time (20
+// digits) rather than the rest of a longer model's unescaped key.
+func isHistTime(s string) bool {
+	if len(s) != 20 {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// scanHistory calls fn with each stored point of model k, per prefix in
+// time order.
+func (w *Watcher) scanHistory(k string, fn func(key string, p point, ok bool) bool) error {
+	for _, prefix := range histPrefixes(k) {
+		err := w.store.ScanRecords(NSPrices, prefix, func(key string, v []byte) (bool, error) {
+			if !isHistTime(key[len(prefix):]) {
+				return true, nil // another model's point (unescaped, before versions that escape)
+			}
+			var p point
+			ok := json.Unmarshal(v, &p) == nil
+			return fn(key, p, ok), nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 func (w *Watcher) history(k string, since time.Time) ([]point, error) {
 	var out []point
-	err := w.store.ScanRecords(NSPrices, k+"/", func(_ string, v []byte) (bool, error) {
-		var p point
-		if json.Unmarshal(v, &p) == nil && !p.Time.Before(since) {
+	err := w.scanHistory(k, func(_ string, p point, ok bool) bool {
+		if ok && !p.Time.Before(since) {
 			out = append(out, p)
 		}
-		return true, nil
+		return true
 	})
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Time.Before(out[j].Time) })
 	return out, err
 }
 
 func (w *Watcher) prune(k string, before time.Time) {
 	var old []string
-	_ = w.store.ScanRecords(NSPrices, k+"/", func(key string, v []byte) (bool, error) {
-		var p point
-		if json.Unmarshal(v, &p) == nil && p.Time.Before(before) {
+	_ = w.scanHistory(k, func(key string, p point, ok bool) bool {
+		if ok && p.Time.Before(before) {
 			old = append(old, key)
-			return true, nil
+			return true
 		}
-		return false, nil // sorted by time: the rest is newer
+		return !ok // sorted by time: the rest is newer
 	})
 	for _, key := range old {
 		_ = w.store.DeleteRecord(NSPrices, key)
@@ -313,14 +412,17 @@ func toPoints(h []point) []prices.Point {
 	return out
 }
 
-// CurrentPrice is the cheapest current per-GPU $/h for a GPU model
-// (matched case-insensitively, see prices.Key); the cost model's
-// PriceCatalog.
+// CurrentPrice is the cheapest current per-GPU $/h for a GPU model, found
+// by prices.Matcher (NVML's "NVIDIA H100 80GB HBM3" is priced as vast.ai's
+// "H100 SXM"); the cost model's PriceCatalog.
 func (w *Watcher) CurrentPrice(gpuName string) (float64, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	mp, ok := w.byKey[prices.Key(gpuName)]
-	return mp.Cheapest, ok
+	k, ok := w.modelKey(gpuName)
+	if !ok {
+		return 0, false
+	}
+	return w.byKey[k].Cheapest, true
 }
 
 // Windows are the trend windows shown.
@@ -338,18 +440,19 @@ type ModelView struct {
 }
 
 // View returns the latest prices of every model (gpu empty) or one model
-// (with recommendations), with trends over 24 h, 7 d and 30 d of the
+// (found by prices.Matcher, with recommendations), with trends over 24 h, 7 d and 30 d of the
 // median price.
 func (w *Watcher) View(gpu string, recommend int) ([]ModelView, error) {
 	w.mu.Lock()
 	latest, by := w.latest, w.byKey
+	k, found := w.modelKey(gpu)
 	w.mu.Unlock()
 	var keys []string
 	if gpu != "" {
-		if _, ok := by[prices.Key(gpu)]; !ok {
+		if !found {
 			return nil, fmt.Errorf("no offers for GPU %q in the latest fetch", gpu)
 		}
-		keys = []string{prices.Key(gpu)}
+		keys = []string{k}
 	} else {
 		for k := range by {
 			keys = append(keys, k)

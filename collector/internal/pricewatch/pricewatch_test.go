@@ -2,12 +2,15 @@ package pricewatch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,7 +93,8 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 	if err != nil || len(listed) != 2 {
 		t.Fatalf("%d price alerts (%v)", len(listed), err)
 	}
-	if a := listed[0]; a.GPUName != "RTX 4090" || a.Severity != budget.SeverityInfo || a.Change > -0.12 || a.ReferenceUSDPerHour <= a.PriceUSDPerHour {
+	if a := listed[0]; a.GPUName != "RTX 4090" || a.Severity != budget.SeverityInfo || a.Change > -0.12 || a.ReferenceUSDPerHour <= a.PriceUSDPerHour ||
+		!strings.Contains(a.Message, "RTX 4090 price dropped -12.9%: median $0.352/GPU-h vs $0.404 trailing 24 h average") {
 		t.Errorf("drop alert %+v", a)
 	}
 	if a := listed[1]; a.Severity != budget.SeverityWarning || a.Change < 0.25 {
@@ -129,8 +133,87 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 	}
 }
 
-// TestScheduledFetch: with a file provider, the watcher fetches once per
-// interval of its clock; an empty price list keeps the last prices.
+// TestCurrentPriceOfNVMLNames: runs report their GPU by NVML's name; the
+// catalog prices it by vast.ai's model name, and `prices --gpu` finds it
+// too; a GPU the catalog does not have gets no price, not another's.
+func TestCurrentPriceOfNVMLNames(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	w := New(Config{Clock: clock.NewFake(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))}, nil, st, nil, quiet())
+	if _, ok := w.CurrentPrice("NVIDIA H100 80GB HBM3"); ok {
+		t.Fatal("a price before any fetch")
+	}
+	if _, err := w.Record(context.Background(), time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), fixture(t)); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]float64{
+		"NVIDIA H100 80GB HBM3":   18.12 / 8,
+		"NVIDIA A100-SXM4-40GB":   4.12 / 4,
+		"NVIDIA GeForce RTX 4090": 0.35,
+		"NVIDIA H100 PCIe":        0, // the fixture has only H100 SXM offers
+		"NVIDIA A100 80GB PCIe":   0,
+		"NVIDIA A10G":             0,
+	} {
+		p, ok := w.CurrentPrice(name)
+		if ok != (want > 0) || math.Abs(p-want) > 1e-9 {
+			t.Errorf("CurrentPrice(%q) = %v %v, want %v", name, p, ok, want)
+		}
+	}
+	v, err := w.View("NVIDIA GeForce RTX 4090", 5)
+	if err != nil || len(v) != 1 || v[0].GPUName != "RTX 4090" || len(v[0].Recommended) != 3 {
+		t.Errorf("view of NVML's RTX 4090: %+v %v", v, err)
+	}
+}
+
+// TestHistoryOfModelsWithSlashes: "A100/80GB" and "A100" keep separate
+// histories (no false drop alert on A100 from the dearer model's points),
+// also for points stored unescaped by earlier versions.
+func TestHistoryOfModelsWithSlashes(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	rec := &budget.Recorder{Store: st}
+	w := New(Config{}, nil, st, rec, quiet())
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	offers := []prices.Offer{
+		{ID: "1", GPUName: "A100", NumGPUs: 1, USDPerHour: 1},
+		{ID: "2", GPUName: "A100/80GB", NumGPUs: 1, USDPerHour: 2},
+	}
+	for i := range 5 {
+		res, err := w.Record(context.Background(), t0.Add(time.Duration(i)*time.Hour), offers)
+		if err != nil || res.Alerts != 0 {
+			t.Fatalf("fetch %d: %d alerts (%v), want none: the prices did not move", i, res.Alerts, err)
+		}
+	}
+	check := func(k string, n int, usd float64) {
+		t.Helper()
+		h, err := w.history(k, time.Time{})
+		if err != nil || len(h) != n {
+			t.Fatalf("history of %q: %d points (%v), want %d", k, len(h), err, n)
+		}
+		for _, p := range h {
+			if p.Median != usd {
+				t.Errorf("history of %q holds a point of $%v: %+v", k, p.Median, p)
+			}
+		}
+	}
+	check("a100", 5, 1)
+	check("a100/80gb", 5, 2)
+
+	// A point of "a100/80gb" as versions before the escaping stored it.
+	legacy := t0.Add(-time.Hour)
+	b, _ := json.Marshal(point{Time: legacy, ModelPrice: prices.ModelPrice{GPUName: "A100/80GB", Median: 2, Cheapest: 2, Offers: 1}})
+	if err := st.PutRecord(NSPrices, fmt.Sprintf("a100/80gb/%020d", legacy.UnixNano()), b); err != nil {
+		t.Fatal(err)
+	}
+	check("a100", 5, 1)
+	check("a100/80gb", 6, 2)
+	w.prune("a100/80gb", t0)
+	check("a100/80gb", 5, 2)
+}
+
+// TestScheduledFetch: with a file provider, the watcher fetches at start,
+// then once per interval of its clock; an empty price list keeps the last
+// prices.
 func TestScheduledFetch(t *testing.T) {
 	st := openStore(t, t.TempDir())
 	defer st.Close()
@@ -143,21 +226,38 @@ func TestScheduledFetch(t *testing.T) {
 	write("gpu_name,num_gpus,dph_total\nL40S,2,1.8\n")
 	clk := clock.NewFake(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))
 	w := New(Config{Clock: clk, Interval: time.Hour}, &prices.File{Path: path}, st, nil, quiet())
-	w.Start()
-	defer w.Shutdown()
+	// fetched waits until the n-th fetch has completed: it recorded its
+	// point and set the price (the last thing a fetch does), so the file
+	// may be rewritten and the history read.
+	fetched := func(n int, price float64) []point {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			hist, err := w.history(prices.Key("L40S"), time.Time{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, _ := w.CurrentPrice("L40S")
+			if len(hist) == n && p == price {
+				return hist
+			}
+			if len(hist) > n || time.Now().After(deadline) {
+				t.Fatalf("waiting for fetch %d: %d points, price %v, want price %v", n, len(hist), p, price)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	if _, ok := w.CurrentPrice("l40s"); ok {
 		t.Fatal("a price before any fetch")
 	}
-	clk.Advance(time.Hour)
+	w.Start()
+	defer w.Shutdown()
+	fetched(1, 0.9) // at start, without waiting an interval
 	write("gpu_name,num_gpus,dph_total\nL40S,1,0.8\n")
-	clk.Advance(time.Hour) // the first fetch has finished when the second tick is taken
 	clk.Advance(time.Hour)
-	if p, ok := w.CurrentPrice("L40S"); !ok || p != 0.8 {
-		t.Errorf("price %v %v after the second fetch", p, ok)
-	}
-	hist, err := w.history(prices.Key("L40S"), time.Time{})
-	if err != nil || len(hist) < 2 || hist[0].Median != 0.9 {
-		t.Errorf("history %+v %v", hist, err)
+	hist := fetched(2, 0.8)
+	if hist[0].Median != 0.9 || hist[1].Median != 0.8 || hist[1].Time.Sub(hist[0].Time) != time.Hour {
+		t.Errorf("history %+v", hist)
 	}
 	write("gpu_name,dph_total\n")
 	if _, err := w.Fetch(context.Background()); err == nil {

@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -35,7 +36,8 @@ type BudgetConfig struct {
 	VastAIURL, VastAIKey string
 	// PriceFile is the CSV or JSON price list of the file provider.
 	PriceFile string
-	// PriceFetchInterval between scheduled fetches; 0: on demand only.
+	// PriceFetchInterval between scheduled fetches (the first at start); 0:
+	// on demand only.
 	PriceFetchInterval time.Duration
 
 	// Clock of the budget and price loops; nil: the wall clock (tests).
@@ -70,6 +72,25 @@ func (c BudgetConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("price fetch interval must be >= 0, got %v", c.PriceFetchInterval))
 	}
 	return errors.Join(errs...)
+}
+
+// checkFiles checks, at start, that the files the config names can be
+// read (Validate checks only the values): a missing price file would
+// otherwise show only as failed fetches. The file provider re-reads the
+// file at each fetch; what it holds is checked then.
+func (c BudgetConfig) checkFiles() error {
+	if c.PriceProvider != "file" {
+		return nil
+	}
+	f, err := os.Open(c.PriceFile)
+	if err != nil {
+		return fmt.Errorf("--price-file: %w", err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || st.IsDir() {
+		return fmt.Errorf("--price-file %s: not a readable file", c.PriceFile)
+	}
+	return nil
 }
 
 func (c BudgetConfig) provider() prices.Provider {

@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"context"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -71,5 +73,63 @@ func TestBudgetConfigValidate(t *testing.T) {
 		if err := (server.Config{Listen: "127.0.0.1:0", DataDir: "d", Budget: c}).Validate(); err == nil {
 			t.Errorf("config %+v accepted", c)
 		}
+	}
+}
+
+// TestMissingPriceFileStopsStart: a --price-file that cannot be read stops
+// the collector at start, not at the first fetch.
+func TestMissingPriceFileStopsStart(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "prices.csv")
+	for _, path := range []string{missing, t.TempDir()} {
+		srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Budget: server.BudgetConfig{
+			PriceProvider: "file", PriceFile: path, PriceFetchInterval: time.Hour,
+		}}, nil)
+		err := srv.Start(t.Context())
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_ = srv.Shutdown(ctx)
+			cancel()
+		}
+		if err == nil || !strings.Contains(err.Error(), "--price-file") || !strings.Contains(err.Error(), path) {
+			t.Errorf("start with --price-file %s: %v, want an error naming the flag and the file", path, err)
+		}
+	}
+}
+
+// TestCatalogPricesNVMLNamedRuns: a run on "NVIDIA H100 80GB HBM3" (NVML's
+// name) is priced from the collector's price catalog, which names the GPU
+// "H100 SXM" (vast.ai's); a run on a GPU the catalog lacks is not priced by
+// another GPU's offers.
+func TestCatalogPricesNVMLNamedRuns(t *testing.T) {
+	srv := start(t, server.Config{})
+	conn := tu.Dial(t, srv.Addr().String())
+	if _, err := trainmeterv1.NewPriceServiceClient(conn).ImportPrices(t.Context(), &trainmeterv1.ImportPricesRequest{Offers: []*trainmeterv1.PriceOffer{
+		{GpuName: "H100 SXM", NumGpus: 8, UsdPerHour: 28.8},
+		{GpuName: "H100 PCIE", NumGpus: 1, UsdPerHour: 1.9},
+		{GpuName: "A100 SXM4", NumGpus: 1, UsdPerHour: 1.1},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	a := tu.Connect(t, conn, "node-1", "boot")
+	for i, gpu := range []string{"NVIDIA H100 80GB HBM3", "NVIDIA A10G"} {
+		run := []string{"h100", "a10g"}[i]
+		ev := tu.Start(run, 0, "m")
+		ev.GetRunStart().GpuName = gpu
+		a.MustAck(tu.Batch(uint64(i+1), 0, []*trainmeterv1.RunWindow{tu.Window(run, 0, 10, 1)}, ev))
+	}
+	q := trainmeterv1.NewQueryServiceClient(conn)
+	r, err := q.GetRun(t.Context(), &trainmeterv1.GetRunRequest{RunId: "h100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := r.GetRun(); rep.GetGpuPriceSource() != "catalog" || rep.GetGpuPricePerHour() != 3.6 {
+		t.Errorf("run on %s: price %v from %q, want $3.60 (H100 SXM) from the catalog", rep.GetGpuName(), rep.GetGpuPricePerHour(), rep.GetGpuPriceSource())
+	}
+	r, err = q.GetRun(t.Context(), &trainmeterv1.GetRunRequest{RunId: "a10g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := r.GetRun(); rep.GetHasCost() || rep.GetGpuPriceSource() != "" {
+		t.Errorf("run on %s priced at %v from %q, want no price", rep.GetGpuName(), rep.GetGpuPricePerHour(), rep.GetGpuPriceSource())
 	}
 }

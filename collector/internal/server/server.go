@@ -202,6 +202,9 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
+	if err := s.cfg.Budget.checkFiles(); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
 	st, err := store.Open(s.cfg.DataDir, s.storeOptions())
 	if err != nil {
 		return err

@@ -519,8 +519,11 @@ type Alert struct {
 	PriceUsdPerHour     float64 `protobuf:"fixed64,15,opt,name=price_usd_per_hour,json=priceUsdPerHour,proto3" json:"price_usd_per_hour,omitempty"`
 	ReferenceUsdPerHour float64 `protobuf:"fixed64,16,opt,name=reference_usd_per_hour,json=referenceUsdPerHour,proto3" json:"reference_usd_per_hour,omitempty"`
 	Change              float64 `protobuf:"fixed64,17,opt,name=change,proto3" json:"change,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Budget alerts: runs the budget covers in the period (at most 50, by
+	// run id).
+	RunIds        []string `protobuf:"bytes,18,rep,name=run_ids,json=runIds,proto3" json:"run_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Alert) Reset() {
@@ -670,6 +673,13 @@ func (x *Alert) GetChange() float64 {
 		return x.Change
 	}
 	return 0
+}
+
+func (x *Alert) GetRunIds() []string {
+	if x != nil {
+		return x.RunIds
+	}
+	return nil
 }
 
 type ListAlertsRequest struct {
@@ -1001,7 +1011,7 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\x14DeleteBudgetResponse\"\x14\n" +
 	"\x12ListBudgetsRequest\"L\n" +
 	"\x13ListBudgetsResponse\x125\n" +
-	"\abudgets\x18\x01 \x03(\v2\x1b.trainmeter.v1.BudgetStatusR\abudgets\"\x88\x04\n" +
+	"\abudgets\x18\x01 \x03(\v2\x1b.trainmeter.v1.BudgetStatusR\abudgets\"\xa1\x04\n" +
 	"\x05Alert\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1a\n" +
@@ -1022,7 +1032,8 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\bgpu_name\x18\x0e \x01(\tR\agpuName\x12+\n" +
 	"\x12price_usd_per_hour\x18\x0f \x01(\x01R\x0fpriceUsdPerHour\x123\n" +
 	"\x16reference_usd_per_hour\x18\x10 \x01(\x01R\x13referenceUsdPerHour\x12\x16\n" +
-	"\x06change\x18\x11 \x01(\x01R\x06change\"'\n" +
+	"\x06change\x18\x11 \x01(\x01R\x06change\x12\x17\n" +
+	"\arun_ids\x18\x12 \x03(\tR\x06runIds\"'\n" +
 	"\x11ListAlertsRequest\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\"B\n" +
 	"\x12ListAlertsResponse\x12,\n" +
