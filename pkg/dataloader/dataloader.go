@@ -5,7 +5,9 @@
 // It is pure: the caller feeds one Interval of measurements per evaluation
 // (every Config.Interval steps) to an Advisor, which classifies it, applies
 // the strategy for that class and the hysteresis, and says whether to send
-// new settings. No I/O, no clock.
+// new settings. The caller tells it with Commit when a change reached the
+// trainer; until then the advisor's settings stay as they were. No I/O, no
+// clock.
 package dataloader
 
 import (
@@ -199,11 +201,11 @@ func NewAdvisor(cfg Config) *Advisor {
 func (a *Advisor) Config() Config { return a.cfg }
 
 // Current returns the settings the advisor believes the loader has: the
-// run_start's, then the last advice sent (it assumes the trainer applies it
-// at its next epoch).
+// run_start's, then the last advice committed (delivered; it assumes the
+// trainer applies it at its next epoch).
 func (a *Advisor) Current() (numWorkers, prefetchFactor int) { return a.workers, a.prefetch }
 
-// Adjustments is how many changes were advised so far.
+// Adjustments is how many changes were committed (delivered) so far.
 func (a *Advisor) Adjustments() int { return a.adjustments }
 
 // Classify says what limits the run over iv.
@@ -222,7 +224,12 @@ func Classify(cfg Config, iv Interval) Class {
 	return GPUBound
 }
 
-// Evaluate classifies one interval and returns the advice.
+// Evaluate classifies one interval and returns the advice. A change
+// (Changed) is only a proposal: the advisor's settings, adjustment count and
+// cooldown move when the caller Commits it, i.e. once the advice reached the
+// trainer. An advice that could not be delivered is not committed; the
+// evidence keeps counting, so the next evaluation proposes it again with
+// fresh figures.
 func (a *Advisor) Evaluate(iv Interval) Advice {
 	a.evaluations++
 	class := Classify(a.cfg, iv)
@@ -314,13 +321,28 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 	} else {
 		adv.ExpectedGain = 0
 	}
-	a.workers, a.prefetch = w, p
+	return adv
+}
+
+// Commit records that adv, the change the latest Evaluate proposed, reached
+// the trainer: its settings become the advisor's current ones, and the
+// cooldown and no-reversal rules start from this evaluation. Call it right
+// after that Evaluate, and only for a delivered change; anything else is
+// ignored.
+func (a *Advisor) Commit(adv Advice) {
+	if !adv.Changed {
+		return
+	}
+	dir := +1
+	if adv.Class == MemoryBound {
+		dir = -1
+	}
+	a.workers, a.prefetch = adv.NumWorkers, adv.PrefetchFactor
 	a.lastDirection, a.lastChangeEval = dir, a.evaluations
 	a.adjustments++
 	a.boundarySince = false
 	// A new setting starts a new streak: the next change needs fresh evidence.
 	a.streak = 0
-	return adv
 }
 
 func (a *Advisor) figures(iv Interval) string {

@@ -10,13 +10,21 @@ func dataBound() Interval {
 		RAMUsage: 0.4, HasRAM: true, CPUCount: 32, LocalRanks: 2}
 }
 
+// evaluate is Evaluate followed by Commit of a change, as when every advice
+// reaches the trainer.
+func evaluate(a *Advisor, iv Interval) Advice {
+	adv := a.Evaluate(iv)
+	a.Commit(adv)
+	return adv
+}
+
 func TestDataBoundRunGetsMoreWorkersAndPrefetchAfterConfirmation(t *testing.T) {
 	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
-	first := a.Evaluate(dataBound())
+	first := evaluate(a, dataBound())
 	if first.Class != DataBound || first.Changed {
 		t.Fatalf("first evaluation: %+v, want data-bound, held for confirmation", first)
 	}
-	second := a.Evaluate(dataBound())
+	second := evaluate(a, dataBound())
 	if !second.Changed || second.NumWorkers != 6 || second.PrefetchFactor != 3 {
 		t.Fatalf("second evaluation: %+v, want 4→6 workers, 2→3 prefetch", second)
 	}
@@ -35,7 +43,7 @@ func TestWorkersStayWithinCPUsPerRank(t *testing.T) {
 	iv.DataWaitS, iv.ComputeS = 3, 1  // wait > compute: prefetch doubles
 	var last Advice
 	for range 20 {
-		if adv := a.Evaluate(iv); adv.Changed {
+		if adv := evaluate(a, iv); adv.Changed {
 			last = adv
 		}
 		a.EpochBoundary()
@@ -43,7 +51,7 @@ func TestWorkersStayWithinCPUsPerRank(t *testing.T) {
 	if last.NumWorkers != 3 || last.PrefetchFactor != MaxPrefetchFactor {
 		t.Fatalf("final %+v, want 3 workers (bound) and prefetch %d", last, MaxPrefetchFactor)
 	}
-	adv := a.Evaluate(iv)
+	adv := evaluate(a, iv)
 	if adv.Changed || !strings.Contains(adv.Reason, "bound of 3") {
 		t.Errorf("at the bounds: %+v", adv)
 	}
@@ -53,7 +61,7 @@ func TestGPUBoundRunIsLeftAlone(t *testing.T) {
 	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
 	iv := Interval{Steps: 50, DataWaitS: 0.05, ComputeS: 5, GPUUtilization: 0.98, HasGPUUtilization: true, RAMUsage: 0.4, HasRAM: true, CPUCount: 32, LocalRanks: 1}
 	for range 10 {
-		adv := a.Evaluate(iv)
+		adv := evaluate(a, iv)
 		if adv.Class != GPUBound || adv.Changed || !strings.Contains(adv.Reason, "no change") {
 			t.Fatalf("%+v", adv)
 		}
@@ -64,15 +72,15 @@ func TestRAMOverLimitLowersPrefetchFirstThenWorkers(t *testing.T) {
 	a := NewAdvisor(Config{NumWorkers: 8, PrefetchFactor: 2, MaxRAMUsage: 0.8})
 	iv := dataBound()
 	iv.RAMUsage = 0.9
-	adv := a.Evaluate(iv)
+	adv := evaluate(a, iv)
 	if adv.Class != MemoryBound || !adv.Changed || adv.PrefetchFactor != 1 || adv.NumWorkers != 8 {
 		t.Fatalf("first: %+v, want prefetch 2→1 at once", adv)
 	}
-	if adv = a.Evaluate(iv); adv.Changed {
+	if adv = evaluate(a, iv); adv.Changed {
 		t.Fatalf("changed again before the trainer could apply the advice: %+v", adv)
 	}
 	a.EpochBoundary()
-	adv = a.Evaluate(iv)
+	adv = evaluate(a, iv)
 	if !adv.Changed || adv.PrefetchFactor != 1 || adv.NumWorkers != 6 {
 		t.Fatalf("second: %+v, want workers 8→6", adv)
 	}
@@ -82,7 +90,7 @@ func TestChangesWaitForTheEpochBoundaryOrTheCooldown(t *testing.T) {
 	a := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2})
 	var changedAt []int
 	for i := 1; i <= 12; i++ {
-		if a.Evaluate(dataBound()).Changed {
+		if evaluate(a, dataBound()).Changed {
 			changedAt = append(changedAt, i)
 		}
 	}
@@ -103,7 +111,7 @@ func TestNoFlappingBetweenIncreaseAndDecrease(t *testing.T) {
 		if i%2 == 1 {
 			iv = gb
 		}
-		if a.Evaluate(iv).Changed {
+		if evaluate(a, iv).Changed {
 			changes++
 		}
 	}
@@ -117,7 +125,7 @@ func TestRAMNearTheLimitBlocksIncrease(t *testing.T) {
 	iv := dataBound()
 	iv.RAMUsage = 0.78 // within the 5 % band under the limit
 	for range 4 {
-		if adv := a.Evaluate(iv); adv.Changed {
+		if adv := evaluate(a, iv); adv.Changed {
 			t.Fatalf("%+v", adv)
 		}
 	}
@@ -133,5 +141,28 @@ func TestConfigDefaultsAndValidation(t *testing.T) {
 	}
 	if err := (Config{TargetGPUUtilization: 1.5, MaxRAMUsage: 0.5, Interval: 1}).Validate(); err == nil {
 		t.Error("target 1.5 accepted")
+	}
+}
+
+func TestUndeliveredAdviceIsNotCountedAndIsProposedAgain(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
+	a.Evaluate(dataBound())
+	lost := a.Evaluate(dataBound())
+	if !lost.Changed || lost.NumWorkers != 6 {
+		t.Fatalf("second evaluation: %+v, want a change to 6 workers", lost)
+	}
+	// Not committed: the stream was down or its queue full.
+	if w, p := a.Current(); w != 4 || p != 2 || a.Adjustments() != 0 {
+		t.Fatalf("after an undelivered advice: current %d/%d, %d adjustments; want 4/2, 0", w, p, a.Adjustments())
+	}
+	// The next evaluation proposes the same change again (no cooldown held
+	// it: nothing was sent), from the same baseline.
+	again := a.Evaluate(dataBound())
+	if !again.Changed || again.NumWorkers != 6 || again.PrefetchFactor != 3 {
+		t.Fatalf("third evaluation: %+v, want the change proposed again", again)
+	}
+	a.Commit(again)
+	if w, p := a.Current(); w != 6 || p != 3 || a.Adjustments() != 1 {
+		t.Errorf("after commit: current %d/%d, %d adjustments", w, p, a.Adjustments())
 	}
 }

@@ -338,14 +338,19 @@ func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map
 		ExpectedGain: adv.ExpectedGain,
 	}
 	if adv.Changed {
-		s.epoch.adjustments++
 		ev.Delivered = a.send.Advise(node, &pb.Advisory{RunId: run, Advice: &pb.Advisory_Dataloader{Dataloader: &pb.DataloaderAdvice{
 			NumWorkers: uint32(adv.NumWorkers), PrefetchFactor: uint32(adv.PrefetchFactor), Reason: adv.Reason,
 			Classification: string(adv.Class), DataWaitShare: adv.DataWaitShare, GpuUtilization: gpuUtil,
 			RamUsage: ramUse, ExpectedGain: adv.ExpectedGain, MaxWorkers: uint32(adv.MaxWorkers),
 		}}})
 		if ev.Delivered {
+			// Only advice that reached the node's stream counts: it
+			// becomes the advisor's baseline and starts its cooldown.
+			s.adv.Commit(adv)
+			s.epoch.adjustments++
 			a.sent.Add(1)
+		} else {
+			ev.Reason += " — not delivered (node not connected or its advisory queue full): not counted; proposed again at the next evaluation"
 		}
 		a.log.Info("dataloader advice", "run_id", run, "node", node, "class", adv.Class,
 			"num_workers", adv.NumWorkers, "prefetch_factor", adv.PrefetchFactor, "delivered", ev.Delivered)

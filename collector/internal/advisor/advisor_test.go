@@ -20,11 +20,18 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type recorder struct {
 	mu   sync.Mutex
 	sent []*pb.Advisory
+	// refuse: this many advisories are refused (node not connected, queue
+	// full) before the recorder accepts again.
+	refuse int
 }
 
 func (r *recorder) Advise(node string, adv *pb.Advisory) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.refuse > 0 {
+		r.refuse--
+		return false
+	}
 	r.sent = append(r.sent, adv)
 	return true
 }
@@ -225,5 +232,37 @@ func TestIdleRunsAreForgotten(t *testing.T) {
 	}
 	if _, ok := r.a.runs[key{"live", "n1"}]; !ok {
 		t.Error("a live run was forgotten")
+	}
+}
+
+func TestUndeliveredAdviceIsNotCountedAndIsSentAgain(t *testing.T) {
+	r := newRig(t)
+	r.rec.refuse = 1
+	r.apply(0, window("u", 0, 10, 0.5, 0.5, 50), host(0.3), start("u", 2, 2, 10))
+	r.apply(1, window("u", 1, 10, 0.5, 0.5, 50), host(0.3)) // change proposed, refused
+	if n := len(r.rec.all()); n != 0 {
+		t.Fatalf("%d advisories accepted, want 0", n)
+	}
+	s := r.a.runs[key{"u", "n1"}]
+	if w, p := s.adv.Current(); w != 2 || p != 2 || s.adv.Adjustments() != 0 || s.epoch.adjustments != 0 {
+		t.Fatalf("after a refused advice: current %d/%d, %d adjustments (%d this epoch); want 2/2 and none",
+			w, p, s.adv.Adjustments(), s.epoch.adjustments)
+	}
+	// The next evaluation sends it again, from the same baseline.
+	r.apply(2, window("u", 2, 10, 0.5, 0.5, 50), host(0.3), eval("u", 2.5, 1))
+	sent := r.rec.all()
+	if len(sent) != 1 || sent[0].GetDataloader().GetNumWorkers() != 3 || sent[0].GetDataloader().GetPrefetchFactor() != 3 {
+		t.Fatalf("sent %v, want one advice 2→3 / 2→3", sent)
+	}
+	h, err := History(r.st, "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Evaluations) != 3 || !h.Evaluations[1].Changed || h.Evaluations[1].Delivered ||
+		!strings.Contains(h.Evaluations[1].Reason, "not delivered") || !h.Evaluations[2].Delivered {
+		t.Fatalf("evaluations %v", h.Evaluations)
+	}
+	if len(h.Epochs) != 1 || h.Epochs[0].Adjustments != 1 || h.Epochs[0].NumWorkers != 3 {
+		t.Fatalf("epochs %v, want one epoch with 1 adjustment at 3 workers", h.Epochs)
 	}
 }

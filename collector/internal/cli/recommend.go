@@ -105,7 +105,9 @@ func writeDataloaderSection(ctx context.Context, w io.Writer, conn *grpc.ClientC
 		if !e.GetChanged() {
 			continue
 		}
-		changes++
+		if e.GetDelivered() {
+			changes++ // an undelivered proposal is listed (sent false) but was not an adjustment
+		}
 		fmt.Fprintf(tw, "  %s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%v\t%s\n", e.GetNode(), e.GetStep(), e.GetClassification(),
 			e.GetNumWorkers(), e.GetPrefetchFactor(), pct(e.GetDataWaitShare()), pct(e.GetGpuUtilization()), pct(e.GetRamUsage()),
 			pct(e.GetExpectedGain()), e.GetDelivered(), e.GetReason())

@@ -312,8 +312,12 @@ type DataloaderEvaluation struct {
 	Classification string                 `protobuf:"bytes,4,opt,name=classification,proto3" json:"classification,omitempty"`
 	NumWorkers     uint32                 `protobuf:"varint,5,opt,name=num_workers,json=numWorkers,proto3" json:"num_workers,omitempty"`
 	PrefetchFactor uint32                 `protobuf:"varint,6,opt,name=prefetch_factor,json=prefetchFactor,proto3" json:"prefetch_factor,omitempty"`
-	// The advice was sent to the trainer (the settings changed).
-	Changed        bool    `protobuf:"varint,7,opt,name=changed,proto3" json:"changed,omitempty"`
+	// The advisor decided to change the settings (num_workers and
+	// prefetch_factor are the new ones).
+	Changed bool `protobuf:"varint,7,opt,name=changed,proto3" json:"changed,omitempty"`
+	// The change reached the node's stream. Only delivered changes count as
+	// adjustments and become the advisor's baseline; an undelivered one is
+	// proposed again at the next evaluation.
 	Delivered      bool    `protobuf:"varint,8,opt,name=delivered,proto3" json:"delivered,omitempty"`
 	Reason         string  `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
 	DataWaitShare  float64 `protobuf:"fixed64,10,opt,name=data_wait_share,json=dataWaitShare,proto3" json:"data_wait_share,omitempty"`
