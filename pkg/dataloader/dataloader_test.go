@@ -166,3 +166,31 @@ func TestUndeliveredAdviceIsNotCountedAndIsProposedAgain(t *testing.T) {
 		t.Errorf("after commit: current %d/%d, %d adjustments", w, p, a.Adjustments())
 	}
 }
+
+func TestMemoryBoundReductionReplacesAPendingIncreaseAtOnce(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2, MaxRAMUsage: 0.8})
+	evaluate(a, dataBound())
+	if inc := evaluate(a, dataBound()); !inc.Changed || inc.NumWorkers != 6 || inc.PrefetchFactor != 3 {
+		t.Fatalf("increase: %+v", inc)
+	}
+	// Before the trainer reached an epoch boundary (the increase is still
+	// pending), RAM crosses the limit: the reduction does not wait out the
+	// cooldown, and it starts from the 4/2 still in force.
+	hot := dataBound()
+	hot.RAMUsage = 0.9
+	dec := evaluate(a, hot)
+	if dec.Class != MemoryBound || !dec.Changed {
+		t.Fatalf("memory-bound during the cooldown of an increase: %+v, want a change at once", dec)
+	}
+	if dec.NumWorkers != 4 || dec.PrefetchFactor != 1 || dec.FromNumWorkers != 4 || dec.FromPrefetchFactor != 2 {
+		t.Errorf("reduction %d/%d from %d/%d, want 4/1 from 4/2 (the pending 6/3 is replaced)",
+			dec.NumWorkers, dec.PrefetchFactor, dec.FromNumWorkers, dec.FromPrefetchFactor)
+	}
+	if !strings.Contains(dec.Reason, "replaces the pending increase") {
+		t.Errorf("reason %q", dec.Reason)
+	}
+	// A reduction is not stacked on a pending reduction.
+	if again := evaluate(a, hot); again.Changed {
+		t.Errorf("second reduction before the first was applied: %+v", again)
+	}
+}
