@@ -199,8 +199,18 @@ type Advisor struct {
 
 // EpochBoundary tells the advisor the run finished an epoch (an eval
 // event): a trainer that applies advice at epoch boundaries has now applied
-// the last one.
-func (a *Advisor) EpochBoundary() { a.boundarySince = true }
+// the last one. On the first boundary after a change it returns true and
+// forgets the evidence gathered so far (the class streak): it was measured
+// on the settings before the change. The caller should then drop the
+// interval it is accumulating, for the same reason.
+func (a *Advisor) EpochBoundary() (applied bool) {
+	if a.adjustments > 0 && !a.boundarySince {
+		a.lastClass, a.streak = Unknown, 0
+		applied = true
+	}
+	a.boundarySince = true
+	return applied
+}
 
 // NewAdvisor returns an advisor for a run with cfg (defaults applied).
 func NewAdvisor(cfg Config) *Advisor {

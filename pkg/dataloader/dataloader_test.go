@@ -194,3 +194,29 @@ func TestMemoryBoundReductionReplacesAPendingIncreaseAtOnce(t *testing.T) {
 		t.Errorf("second reduction before the first was applied: %+v", again)
 	}
 }
+
+func TestEvidenceFromBeforeAnAppliedChangeIsForgotten(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2})
+	evaluate(a, dataBound())
+	if !evaluate(a, dataBound()).Changed { // 2→3 workers, 2→3 prefetch
+		t.Fatal("no first change")
+	}
+	// Measured before the trainer applied the change: still data-bound.
+	if adv := evaluate(a, dataBound()); adv.Changed {
+		t.Fatalf("changed during the cooldown: %+v", adv)
+	}
+	if !a.EpochBoundary() {
+		t.Error("the first boundary after a change did not report the change applied")
+	}
+	if a.EpochBoundary() {
+		t.Error("a second boundary reported a change applied again")
+	}
+	// The evaluation before the boundary described the old settings: the
+	// next change needs two fresh data-bound evaluations, not one.
+	if adv := evaluate(a, dataBound()); adv.Changed {
+		t.Fatalf("changed on one evaluation after the boundary (stale streak): %+v", adv)
+	}
+	if adv := evaluate(a, dataBound()); !adv.Changed || adv.FromNumWorkers != 3 || adv.NumWorkers != 5 {
+		t.Fatalf("second fresh evaluation: %+v, want 3→5 workers", adv)
+	}
+}

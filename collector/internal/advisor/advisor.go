@@ -228,6 +228,12 @@ func (a *Advisor) state(run, node string, start *pb.RunStart) *runState {
 	return s
 }
 
+// resetInterval starts a new evaluation interval.
+func (s *runState) resetInterval() {
+	s.iv = dataloader.Interval{}
+	s.utilSum, s.utilN = 0, 0
+}
+
 func (a *Advisor) process(it item) {
 	var recs = map[string][]byte{}
 	ram, hasRAM, cpus := hostFigures(it.host)
@@ -278,7 +284,11 @@ func (a *Advisor) process(it item) {
 				continue // another rank's eval of the same epoch
 			}
 			s.lastEval = ev.Eval.GetEpoch()
-			s.adv.EpochBoundary()
+			if s.adv.EpochBoundary() {
+				// The trainer applies the last change now: the interval
+				// so far measured the old settings.
+				s.resetInterval()
+			}
 			a.closeEpoch(ev.Eval.GetRunId(), it.node, s, ev.Eval.GetEpoch(), false, ev.Eval.GetTime().AsTime(), recs)
 		case *pb.RunEvent_RunEnd:
 			k := key{ev.RunEnd.GetRunId(), it.node}
@@ -322,8 +332,7 @@ func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map
 	}
 	adv := s.adv.Evaluate(s.iv)
 	a.evaluated.Add(1)
-	s.iv = dataloader.Interval{}
-	s.utilSum, s.utilN = 0, 0
+	s.resetInterval()
 	gpuUtil, ramUse := -1.0, -1.0
 	if adv.HasGPUUtilization {
 		gpuUtil = adv.GPUUtilization

@@ -266,3 +266,34 @@ func TestUndeliveredAdviceIsNotCountedAndIsSentAgain(t *testing.T) {
 		t.Fatalf("epochs %v, want one epoch with 1 adjustment at 3 workers", h.Epochs)
 	}
 }
+
+func TestIntervalMeasuredBeforeAnAppliedChangeIsDropped(t *testing.T) {
+	r := newRig(t)
+	r.apply(0, window("b", 0, 10, 0.5, 0.5, 50), host(0.3), start("b", 2, 2, 10))
+	r.apply(1, window("b", 1, 10, 0.5, 0.5, 50), host(0.3)) // advice 2→3 / 2→3
+	if n := len(r.rec.all()); n != 1 {
+		t.Fatalf("%d advisories, want 1", n)
+	}
+	// Half an interval on the old settings, then the epoch boundary at which
+	// the trainer applies the advice.
+	r.apply(2, window("b", 2, 5, 0.9, 0.1, 20), host(0.3), eval("b", 2.5, 1))
+	// Five steps on the new settings do not complete an interval: the five
+	// before the boundary were dropped.
+	r.apply(3, window("b", 3, 5, 0.1, 0.9, 90), host(0.3))
+	h, err := History(r.st, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Evaluations) != 2 {
+		t.Fatalf("%d evaluations, want 2 (the interval spanning the boundary must restart): %v", len(h.Evaluations), h.Evaluations)
+	}
+	r.apply(4, window("b", 4, 5, 0.1, 0.9, 90), host(0.3))
+	h, err = History(r.st, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The third evaluation sees only steps after the boundary.
+	if len(h.Evaluations) != 3 || h.Evaluations[2].DataWaitShare != 0.1 || h.Evaluations[2].GpuUtilization != 0.9 {
+		t.Fatalf("evaluations %v, want a third one on the new settings only (wait 10%%, GPU 90%%)", h.Evaluations)
+	}
+}
