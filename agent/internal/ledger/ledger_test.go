@@ -455,3 +455,27 @@ func TestJoinWithConflictingMetadataIsRefusedAndChangesNothing(t *testing.T) {
 		}
 	}
 }
+
+func TestEvalSaysWhetherItHasAnEpoch(t *testing.T) {
+	r := newRig(t, []float64{100}, []float64{100}, 0)
+	r.advance(time.Second)
+	_ = r.l.StartRun(r.at(0), peer1, &trainerproto.RunStart{Run: "e"})
+	if err := r.l.Eval(r.at(0), peer1, &trainerproto.Eval{Run: "e", Epoch: ptr(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.l.Eval(r.at(0), peer1, &trainerproto.Eval{Run: "e"}); err != nil {
+		t.Fatal(err)
+	}
+	r.advance(2 * time.Second)
+	var got []*pb.Eval
+	for _, b := range r.batches {
+		for _, e := range b.RunEvents {
+			if e.GetEval() != nil {
+				got = append(got, e.GetEval())
+			}
+		}
+	}
+	if len(got) != 2 || !got[0].HasEpoch || got[0].Epoch != 0 || got[1].HasEpoch {
+		t.Fatalf("evals %v, want epoch 0 given, then none", got)
+	}
+}

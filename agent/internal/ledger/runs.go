@@ -375,7 +375,7 @@ func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 	}
 	e := &pb.Eval{RunId: ev.Run, Time: timestamppb.New(now)}
 	if ev.Epoch != nil {
-		e.Epoch = *ev.Epoch
+		e.Epoch, e.HasEpoch = *ev.Epoch, true
 	}
 	if ev.ValLoss != nil {
 		e.ValLoss, e.HasValLoss = *ev.ValLoss, true

@@ -11,6 +11,7 @@ package advisor
 import (
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,7 +94,11 @@ type runState struct {
 	step     uint64 // steps seen on this node
 	epoch    epochAcc
 	lastSeen time.Time
-	lastEval int64 // last eval epoch seen
+	// lastEval is the epoch (epochs completed, 1-based) of the last
+	// boundary, 0 before the first: the eval's epoch when it has one, else
+	// the previous boundary's + 1. boundaries counts them.
+	lastEval   int64
+	boundaries int
 }
 
 // Advisor is the live dataloader advisor.
@@ -107,8 +112,11 @@ type Advisor struct {
 	wg    sync.WaitGroup
 	once  sync.Once
 
-	runs      map[key]*runState // owned by the worker goroutine
-	lastSweep time.Time         // batch time of the last idle sweep
+	runs map[key]*runState // owned by the worker goroutine
+	// nodes indexes runs by run id: the nodes with a state for it, so an
+	// epoch boundary reaches every node of the run.
+	nodes     map[string]map[string]struct{}
+	lastSweep time.Time // batch time of the last idle sweep
 
 	skipped   atomic.Uint64
 	evaluated atomic.Uint64
@@ -122,7 +130,8 @@ func New(st Store, send Sender, log *slog.Logger) *Advisor {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Advisor{st: st, send: send, log: log, queue: make(chan item, queueLen), done: make(chan struct{}), runs: map[key]*runState{}}
+	return &Advisor{st: st, send: send, log: log, queue: make(chan item, queueLen), done: make(chan struct{}), runs: map[key]*runState{},
+		nodes: map[string]map[string]struct{}{}}
 }
 
 // Start runs the worker goroutine.
@@ -223,10 +232,61 @@ func (a *Advisor) state(run, node string, start *pb.RunStart) *runState {
 		a.log.Warn("dataloader advice: bad targets in run_start; using defaults", "run_id", run, "err", err)
 		cfg = dataloader.Config{NumWorkers: cfg.NumWorkers, PrefetchFactor: cfg.PrefetchFactor}
 	}
-	s := &runState{adv: dataloader.NewAdvisor(cfg), lastEval: -1}
+	s := &runState{adv: dataloader.NewAdvisor(cfg)}
 	a.runs[k] = s
+	if a.nodes[run] == nil {
+		a.nodes[run] = map[string]struct{}{}
+	}
+	a.nodes[run][node] = struct{}{}
 	return s
 }
+
+// forget drops a (run, node) state.
+func (a *Advisor) forget(k key) {
+	delete(a.runs, k)
+	if ns := a.nodes[k.run]; ns != nil {
+		delete(ns, k.node)
+		if len(ns) == 0 {
+			delete(a.nodes, k.run)
+		}
+	}
+}
+
+// epochBoundary passes an eval event to every node state of its run: the
+// ranks on every node start a new epoch, not only those on the node of the
+// rank that reported it (the integrations report from global rank 0 only).
+// An eval with an epoch already seen on a node (another rank's eval of the
+// same epoch) is no boundary there; an eval without an epoch always is.
+func (a *Advisor) epochBoundary(e *pb.Eval, recs map[string][]byte) {
+	run := e.GetRunId()
+	nodes := make([]string, 0, len(a.nodes[run]))
+	for n := range a.nodes[run] {
+		nodes = append(nodes, n)
+	}
+	sort.Strings(nodes)
+	for _, node := range nodes {
+		s := a.runs[key{run, node}]
+		epoch := s.lastEval + 1
+		if hasEpoch(e) {
+			if s.boundaries > 0 && e.GetEpoch() == s.lastEval {
+				continue
+			}
+			epoch = e.GetEpoch()
+		}
+		s.lastEval = epoch
+		s.boundaries++
+		if s.adv.EpochBoundary() {
+			// The trainer applies the last change now: the interval so far
+			// measured the old settings.
+			s.resetInterval()
+		}
+		a.closeEpoch(run, node, s, epoch, false, e.GetTime().AsTime(), recs)
+	}
+}
+
+// hasEpoch: the eval carries an epoch (agents before has_epoch sent only
+// the number; a non-zero one was given).
+func hasEpoch(e *pb.Eval) bool { return e.GetHasEpoch() || e.GetEpoch() != 0 }
 
 // resetInterval starts a new evaluation interval.
 func (s *runState) resetInterval() {
@@ -279,24 +339,14 @@ func (a *Advisor) process(it item) {
 	for _, e := range it.events {
 		switch ev := e.GetEvent().(type) {
 		case *pb.RunEvent_Eval:
-			s := a.runs[key{ev.Eval.GetRunId(), it.node}]
-			if s == nil || ev.Eval.GetEpoch() == s.lastEval {
-				continue // another rank's eval of the same epoch
-			}
-			s.lastEval = ev.Eval.GetEpoch()
-			if s.adv.EpochBoundary() {
-				// The trainer applies the last change now: the interval
-				// so far measured the old settings.
-				s.resetInterval()
-			}
-			a.closeEpoch(ev.Eval.GetRunId(), it.node, s, ev.Eval.GetEpoch(), false, ev.Eval.GetTime().AsTime(), recs)
+			a.epochBoundary(ev.Eval, recs)
 		case *pb.RunEvent_RunEnd:
 			k := key{ev.RunEnd.GetRunId(), it.node}
 			if s := a.runs[k]; s != nil {
 				if s.epoch.steps > 0 {
 					a.closeEpoch(k.run, it.node, s, s.lastEval+1, true, ev.RunEnd.GetTime().AsTime(), recs)
 				}
-				delete(a.runs, k)
+				a.forget(k)
 			}
 		}
 	}
@@ -304,7 +354,7 @@ func (a *Advisor) process(it item) {
 		a.lastSweep = it.end
 		for k, s := range a.runs {
 			if !s.lastSeen.IsZero() && it.end.Sub(s.lastSeen) > idleAfter {
-				delete(a.runs, k)
+				a.forget(k)
 			}
 		}
 	}

@@ -47,7 +47,7 @@ type rig struct {
 	st  *store.Store
 	rec *recorder
 	a   *Advisor
-	seq uint64
+	seq map[string]uint64 // per node
 }
 
 func newRig(t *testing.T) *rig {
@@ -55,7 +55,7 @@ func newRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{t: t, st: st, rec: &recorder{}}
+	r := &rig{t: t, st: st, rec: &recorder{}, seq: map[string]uint64{}}
 	r.a = New(st, r.rec, nil)
 	r.a.processed = make(chan struct{}, 1)
 	r.a.Start()
@@ -67,19 +67,25 @@ func newRig(t *testing.T) *rig {
 // would, and waits until the advisor has processed it.
 func (r *rig) apply(sec float64, w *pb.RunWindow, host *pb.HostWindow, events ...*pb.RunEvent) {
 	r.t.Helper()
-	r.seq++
+	r.applyOn("n1", sec, w, host, events...)
+}
+
+// applyOn is apply for a batch of node.
+func (r *rig) applyOn(node string, sec float64, w *pb.RunWindow, host *pb.HostWindow, events ...*pb.RunEvent) {
+	r.t.Helper()
+	r.seq[node]++
 	var ws []*pb.RunWindow
 	if w != nil {
 		ws = append(ws, w)
 	}
-	b := testutil.Batch(r.seq, sec, ws, events...)
+	b := testutil.Batch(r.seq[node], sec, ws, events...)
 	if host != nil {
 		b.Host = host
 	}
-	if _, err := r.st.ApplyBatch("n1", "boot", b); err != nil {
+	if _, err := r.st.ApplyBatch(node, "boot", b); err != nil {
 		r.t.Fatal(err)
 	}
-	r.a.Observe("n1", b)
+	r.a.Observe(node, b)
 	<-r.a.processed
 }
 
@@ -104,7 +110,12 @@ func host(usedShare float64) *pb.HostWindow {
 }
 
 func eval(run string, sec float64, epoch int64) *pb.RunEvent {
-	return &pb.RunEvent{Event: &pb.RunEvent_Eval{Eval: &pb.Eval{RunId: run, Time: testutil.TS(sec), Epoch: epoch, ValLoss: 1, HasValLoss: true}}}
+	return &pb.RunEvent{Event: &pb.RunEvent_Eval{Eval: &pb.Eval{RunId: run, Time: testutil.TS(sec), Epoch: epoch, HasEpoch: true, ValLoss: 1, HasValLoss: true}}}
+}
+
+// evalNoEpoch is an eval event whose trainer sent no epoch.
+func evalNoEpoch(run string, sec float64) *pb.RunEvent {
+	return &pb.RunEvent{Event: &pb.RunEvent_Eval{Eval: &pb.Eval{RunId: run, Time: testutil.TS(sec), ValLoss: 1, HasValLoss: true}}}
 }
 
 func TestDataBoundRunIsAdvisedAndHistoryKept(t *testing.T) {
@@ -295,5 +306,62 @@ func TestIntervalMeasuredBeforeAnAppliedChangeIsDropped(t *testing.T) {
 	// The third evaluation sees only steps after the boundary.
 	if len(h.Evaluations) != 3 || h.Evaluations[2].DataWaitShare != 0.1 || h.Evaluations[2].GpuUtilization != 0.9 {
 		t.Fatalf("evaluations %v, want a third one on the new settings only (wait 10%%, GPU 90%%)", h.Evaluations)
+	}
+}
+
+func TestEpochBoundaryReachesEveryNodeOfTheRun(t *testing.T) {
+	r := newRig(t)
+	// Two nodes, one rank each; only rank 0 (on n1) reports evals.
+	r.applyOn("n1", 0, window("d", 0, 10, 0.5, 0.5, 50), host(0.3), start("d", 2, 2, 10))
+	r.applyOn("n2", 0, window("d", 0, 10, 0.5, 0.5, 50), host(0.3), start("d", 2, 2, 10))
+	r.applyOn("n1", 1, window("d", 1, 10, 0.5, 0.5, 50), host(0.3))
+	r.applyOn("n2", 1, window("d", 1, 10, 0.5, 0.5, 50), host(0.3))
+	if n := len(r.rec.all()); n != 2 {
+		t.Fatalf("%d advisories, want one per node", n)
+	}
+	r.applyOn("n1", 2, window("d", 2, 4, 0.5, 0.5, 50), host(0.3), eval("d", 2.5, 1))
+	for _, node := range []string{"n1", "n2"} {
+		s := r.a.runs[key{"d", node}]
+		if s.lastEval != 1 || s.epoch.steps != 0 {
+			t.Errorf("%s: last boundary %d, %v steps in the open epoch; want epoch 1 closed", node, s.lastEval, s.epoch.steps)
+		}
+	}
+	h, err := History(r.st, "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*pb.DataloaderEpoch{}
+	for _, e := range h.Epochs {
+		got[e.Node] = e
+	}
+	if len(h.Epochs) != 2 || got["n1"] == nil || got["n2"] == nil || got["n2"].Epoch != 1 || got["n2"].Adjustments != 1 || got["n2"].NumWorkers != 3 {
+		t.Fatalf("epochs %v, want epoch 1 closed on n1 and on n2", h.Epochs)
+	}
+	// The boundary applied n2's advice too: its next change needs fresh
+	// evidence, and no cooldown holds it.
+	r.applyOn("n2", 3, window("d", 3, 10, 0.5, 0.5, 50), host(0.3))
+	r.applyOn("n2", 4, window("d", 4, 10, 0.5, 0.5, 50), host(0.3))
+	if n := len(r.rec.all()); n != 3 {
+		t.Fatalf("%d advisories, want a second change on n2 right after its boundary", n)
+	}
+}
+
+func TestEvalsWithoutEpochAreEachABoundary(t *testing.T) {
+	r := newRig(t)
+	r.apply(0, window("x", 0, 4, 0.5, 0.5, 50), host(0.3), start("x", 2, 2, 10), evalNoEpoch("x", 0.5))
+	r.apply(1, window("x", 1, 4, 0.5, 0.5, 50), host(0.3), evalNoEpoch("x", 1.5))
+	r.apply(2, window("x", 2, 4, 0.5, 0.5, 50), host(0.3), evalNoEpoch("x", 2.5))
+	// An epoch given twice (two ranks report epoch 4) is one boundary.
+	r.apply(3, window("x", 3, 4, 0.5, 0.5, 50), host(0.3), eval("x", 3.4, 4), eval("x", 3.5, 4))
+	h, err := History(r.st, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var epochs []int64
+	for _, e := range h.Epochs {
+		epochs = append(epochs, e.Epoch)
+	}
+	if len(epochs) != 4 || epochs[0] != 1 || epochs[1] != 2 || epochs[2] != 3 || epochs[3] != 4 {
+		t.Fatalf("epochs %v, want [1 2 3 4]: evals without an epoch are numbered in turn, not merged", epochs)
 	}
 }

@@ -1698,14 +1698,18 @@ func (x *RunEnd) GetReason() string {
 }
 
 type Eval struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Time          *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
-	Epoch         int64                  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	ValLoss       float64                `protobuf:"fixed64,4,opt,name=val_loss,json=valLoss,proto3" json:"val_loss,omitempty"`
-	Accuracy      float64                `protobuf:"fixed64,5,opt,name=accuracy,proto3" json:"accuracy,omitempty"`
-	HasValLoss    bool                   `protobuf:"varint,6,opt,name=has_val_loss,json=hasValLoss,proto3" json:"has_val_loss,omitempty"`
-	HasAccuracy   bool                   `protobuf:"varint,7,opt,name=has_accuracy,json=hasAccuracy,proto3" json:"has_accuracy,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Time  *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	// Epochs completed (1-based: 1 after the first epoch), when has_epoch.
+	Epoch       int64   `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	ValLoss     float64 `protobuf:"fixed64,4,opt,name=val_loss,json=valLoss,proto3" json:"val_loss,omitempty"`
+	Accuracy    float64 `protobuf:"fixed64,5,opt,name=accuracy,proto3" json:"accuracy,omitempty"`
+	HasValLoss  bool    `protobuf:"varint,6,opt,name=has_val_loss,json=hasValLoss,proto3" json:"has_val_loss,omitempty"`
+	HasAccuracy bool    `protobuf:"varint,7,opt,name=has_accuracy,json=hasAccuracy,proto3" json:"has_accuracy,omitempty"`
+	// The trainer sent an epoch (an eval without one is still an epoch
+	// boundary for the dataloader advisor, never a duplicate of epoch 0).
+	HasEpoch      bool `protobuf:"varint,8,opt,name=has_epoch,json=hasEpoch,proto3" json:"has_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1785,6 +1789,13 @@ func (x *Eval) GetHasValLoss() bool {
 func (x *Eval) GetHasAccuracy() bool {
 	if x != nil {
 		return x.HasAccuracy
+	}
+	return false
+}
+
+func (x *Eval) GetHasEpoch() bool {
+	if x != nil {
+		return x.HasEpoch
 	}
 	return false
 }
@@ -2377,7 +2388,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x129\n" +
 	"\n" +
 	"warmup_end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xdf\x01\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xfc\x01\n" +
 	"\x04Eval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
@@ -2386,7 +2397,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\baccuracy\x18\x05 \x01(\x01R\baccuracy\x12 \n" +
 	"\fhas_val_loss\x18\x06 \x01(\bR\n" +
 	"hasValLoss\x12!\n" +
-	"\fhas_accuracy\x18\a \x01(\bR\vhasAccuracy\"\x94\x01\n" +
+	"\fhas_accuracy\x18\a \x01(\bR\vhasAccuracy\x12\x1b\n" +
+	"\thas_epoch\x18\b \x01(\bR\bhasEpoch\"\x94\x01\n" +
 	"\n" +
 	"HostWindow\x12&\n" +
 	"\x0fmemory_used_mib\x18\x01 \x01(\x01R\rmemoryUsedMib\x12(\n" +
