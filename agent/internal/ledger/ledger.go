@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -545,6 +546,7 @@ func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
 		w.VramSamples += uint64(t.memN)
 		w.UtilizationSumPct += t.utilSum
 	}
+	var gone []uint64
 	for _, s := range r.steps {
 		if !in(s.t) {
 			continue
@@ -561,6 +563,12 @@ func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
 		if s.hasLoss {
 			w.LastLoss, w.HasLoss = s.loss, true
 		}
+		if _, live := r.stepping[s.conn]; !live && !slices.Contains(gone, s.conn) {
+			gone = append(gone, s.conn) // a rank that left after stepping here
+		}
+	}
+	if w.Steps > 0 {
+		w.StepRanks = uint32(len(r.stepping) + len(gone))
 	}
 	return w
 }

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -477,5 +478,41 @@ func TestEvalSaysWhetherItHasAnEpoch(t *testing.T) {
 	}
 	if len(got) != 2 || !got[0].HasEpoch || got[0].Epoch != 0 || got[1].HasEpoch {
 		t.Fatalf("evals %v, want epoch 0 given, then none", got)
+	}
+}
+
+func TestWindowsCountTheRanksThatStep(t *testing.T) {
+	r := newRig(t, []float64{100, 100}, []float64{100, 100}, 0)
+	r.advance(time.Second)
+	peer2 := Peer{ConnID: 2, PID: 101, UID: 1000}
+	launcher := Peer{ConnID: 3, PID: 99, UID: 1000} // joins, never steps (like `trainmeter run`)
+	_ = r.l.StartRun(r.at(0), peer1, &trainerproto.RunStart{Run: "dp", GPUs: []string{"0"}, WarmupS: ptr(0.0)})
+	_ = r.l.StartRun(r.at(0), peer2, &trainerproto.RunStart{Run: "dp", GPUs: []string{"1"}})
+	_ = r.l.StartRun(r.at(0), launcher, &trainerproto.RunStart{Run: "dp"})
+	for i := uint64(1); i <= 4; i++ {
+		r.advance(100 * time.Millisecond)
+		for _, p := range []Peer{peer1, peer2} {
+			if err := r.l.Step(r.at(0), p, &trainerproto.Step{Run: "dp", Step: ptr(i), Tokens: 10}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	r.advance(1500 * time.Millisecond)
+	// Only rank 0 steps in this window; rank 1 is still in the run.
+	r.advance(100 * time.Millisecond)
+	_ = r.l.Step(r.at(0), peer1, &trainerproto.Step{Run: "dp", Step: ptr(uint64(5)), Tokens: 10})
+	r.advance(1500 * time.Millisecond)
+	// Rank 1 steps, then leaves within the same window.
+	_ = r.l.Step(r.at(0), peer2, &trainerproto.Step{Run: "dp", Step: ptr(uint64(5)), Tokens: 10})
+	_ = r.l.EndRun(r.at(0), peer2, &trainerproto.RunEnd{Run: "dp"})
+	r.advance(1500 * time.Millisecond)
+	var got []string
+	for _, w := range r.windows("dp") {
+		if w.Steps > 0 {
+			got = append(got, fmt.Sprintf("%d/%d", w.Steps, w.StepRanks))
+		}
+	}
+	if strings.Join(got, " ") != "8/2 1/2 1/2" {
+		t.Errorf("steps/step_ranks of the windows with steps: %v, want [8/2 1/2 1/2]", got)
 	}
 }

@@ -11,6 +11,7 @@ package advisor
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,7 @@ type runWindow struct {
 	utilSum           float64
 	utilN             uint64
 	gpus              int
+	stepRanks         int
 	end               time.Time
 }
 
@@ -77,7 +79,7 @@ type item struct {
 type key struct{ run, node string }
 
 type epochAcc struct {
-	steps             uint64
+	steps             float64 // per rank
 	dataWait, compute float64
 	utilSum           float64
 	utilN             uint64
@@ -87,11 +89,14 @@ type epochAcc struct {
 }
 
 type runState struct {
-	adv      *dataloader.Advisor
-	iv       dataloader.Interval
+	adv *dataloader.Advisor
+	iv  dataloader.Interval
+	// ivSteps: steps per rank in the interval (the window's steps ÷ its
+	// step_ranks), what adjustment_interval counts.
+	ivSteps  float64
 	utilSum  float64
 	utilN    uint64
-	step     uint64 // steps seen on this node
+	step     float64 // steps per rank seen on this node
 	epoch    epochAcc
 	lastSeen time.Time
 	// lastEval is the epoch (epochs completed, 1-based) of the last
@@ -181,7 +186,7 @@ func (a *Advisor) Observe(node string, b *pb.Batch) {
 	for _, w := range b.GetRunWindows() {
 		it.windows = append(it.windows, runWindow{
 			run: w.GetRunId(), steps: w.GetSteps(), dataWait: w.GetDataWaitS(), compute: w.GetComputeS(),
-			utilSum: w.GetUtilizationSumPct(), utilN: w.GetVramSamples(), gpus: len(w.GetGpus()), end: w.GetEnd().AsTime(),
+			utilSum: w.GetUtilizationSumPct(), utilN: w.GetVramSamples(), gpus: len(w.GetGpus()), stepRanks: int(w.GetStepRanks()), end: w.GetEnd().AsTime(),
 		})
 	}
 	for _, e := range b.GetRunEvents() {
@@ -290,7 +295,7 @@ func hasEpoch(e *pb.Eval) bool { return e.GetHasEpoch() || e.GetEpoch() != 0 }
 
 // resetInterval starts a new evaluation interval.
 func (s *runState) resetInterval() {
-	s.iv = dataloader.Interval{}
+	s.iv, s.ivSteps = dataloader.Interval{}, 0
 	s.utilSum, s.utilN = 0, 0
 }
 
@@ -313,7 +318,12 @@ func (a *Advisor) process(it item) {
 		if w.steps == 0 {
 			continue
 		}
-		s.step += w.steps
+		// Every rank on the node reports its own steps: count optimizer
+		// steps, i.e. per rank (agents before step_ranks: one rank).
+		ranks := max(1, w.stepRanks)
+		perRank := float64(w.steps) / float64(ranks)
+		s.step += perRank
+		s.ivSteps += perRank
 		s.iv.Steps += w.steps
 		s.iv.DataWaitS += w.dataWait
 		s.iv.ComputeS += w.compute
@@ -326,13 +336,19 @@ func (a *Advisor) process(it item) {
 		if cpus > 0 {
 			s.iv.CPUCount = cpus
 		}
-		s.iv.LocalRanks = max(s.iv.LocalRanks, w.gpus)
-		s.epoch.steps += w.steps
+		// The worker bound is per rank: the ranks that step when the agent
+		// says, else one rank per GPU.
+		if w.stepRanks > 0 {
+			s.iv.LocalRanks = max(s.iv.LocalRanks, w.stepRanks)
+		} else {
+			s.iv.LocalRanks = max(s.iv.LocalRanks, w.gpus)
+		}
+		s.epoch.steps += perRank
 		s.epoch.dataWait += w.dataWait
 		s.epoch.compute += w.compute
 		s.epoch.utilSum += w.utilSum
 		s.epoch.utilN += w.utilN
-		if s.iv.Steps >= s.adv.Config().Interval {
+		if s.ivSteps >= float64(s.adv.Config().Interval)-1e-9 {
 			a.evaluate(w.run, it.node, s, w.end, recs)
 		}
 	}
@@ -391,7 +407,7 @@ func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map
 		ramUse = adv.RAMUsage
 	}
 	ev := &pb.DataloaderEvaluation{
-		Node: node, Time: timestamppb.New(at), Step: s.step, Classification: string(adv.Class),
+		Node: node, Time: timestamppb.New(at), Step: uint64(math.Round(s.step)), Classification: string(adv.Class),
 		NumWorkers: uint32(adv.NumWorkers), PrefetchFactor: uint32(adv.PrefetchFactor), Changed: adv.Changed,
 		Reason: adv.Reason, DataWaitShare: adv.DataWaitShare, GpuUtilization: gpuUtil, RamUsage: ramUse,
 		ExpectedGain: adv.ExpectedGain,
@@ -423,7 +439,7 @@ func (a *Advisor) closeEpoch(run, node string, s *runState, epoch int64, partial
 	w, p := s.adv.Current()
 	e := &pb.DataloaderEpoch{
 		Node: node, Epoch: epoch, Partial: partial, Adjustments: s.epoch.adjustments,
-		NumWorkers: uint32(w), PrefetchFactor: uint32(p), Steps: s.epoch.steps,
+		NumWorkers: uint32(w), PrefetchFactor: uint32(p), Steps: uint64(math.Round(s.epoch.steps)),
 		AvgGpuUtilization: -1, AvgRamUsage: -1,
 	}
 	if s.epoch.utilN > 0 {

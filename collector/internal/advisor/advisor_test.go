@@ -365,3 +365,35 @@ func TestEvalsWithoutEpochAreEachABoundary(t *testing.T) {
 		t.Fatalf("epochs %v, want [1 2 3 4]: evals without an epoch are numbered in turn, not merged", epochs)
 	}
 }
+
+func TestIntervalCountsStepsPerRank(t *testing.T) {
+	r := newRig(t)
+	// Two ranks on the node, 5 optimizer steps each per window: 10 step
+	// events. adjustment_interval 10 is 10 optimizer steps: every second
+	// window, not every window.
+	w := func(sec float64) *pb.RunWindow {
+		w := window("two", sec, 10, 0.5, 0.5, 50)
+		w.Gpus, w.StepRanks = []uint32{0, 1}, 2
+		return w
+	}
+	r.apply(0, w(0), host(0.3), start("two", 2, 2, 10))
+	for i := 1; i < 4; i++ {
+		r.apply(float64(i), w(float64(i)), host(0.3))
+	}
+	h, err := History(r.st, "two")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Evaluations) != 2 || h.Evaluations[0].Step != 10 || h.Evaluations[1].Step != 20 {
+		t.Fatalf("evaluations %v, want 2, at optimizer steps 10 and 20", h.Evaluations)
+	}
+	// 16 CPUs, 2 ranks: 7 workers per rank at most.
+	r.apply(4, w(4), host(0.3), testutil.End("two", 4.5))
+	h, _ = History(r.st, "two")
+	if len(h.Epochs) != 1 || h.Epochs[0].Steps != 25 {
+		t.Errorf("epochs %v, want one partial epoch of 25 optimizer steps", h.Epochs)
+	}
+	if sent := r.rec.all(); len(sent) != 1 || sent[0].GetDataloader().GetMaxWorkers() != 7 {
+		t.Errorf("sent %v, want one advice with max_workers 7 (16 CPUs / 2 ranks − 1)", sent)
+	}
+}

@@ -941,6 +941,11 @@ type RunWindow struct {
 	// The segment bridges an agent restart: its energy comes from the GPU
 	// energy counters at the last checkpoint and after the restart.
 	RestartBridge bool `protobuf:"varint,26,opt,name=restart_bridge,json=restartBridge,proto3" json:"restart_bridge,omitempty"`
+	// Processes (ranks) stepping in this run on this node: those still in the
+	// run that have reported a step, plus any that left after reporting one
+	// in the segment. steps ÷ step_ranks is the steps per rank (optimizer
+	// steps); 0 from agents before this field.
+	StepRanks     uint32 `protobuf:"varint,27,opt,name=step_ranks,json=stepRanks,proto3" json:"step_ranks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1155,6 +1160,13 @@ func (x *RunWindow) GetRestartBridge() bool {
 		return x.RestartBridge
 	}
 	return false
+}
+
+func (x *RunWindow) GetStepRanks() uint32 {
+	if x != nil {
+		return x.StepRanks
+	}
+	return 0
 }
 
 type RunEvent struct {
@@ -2298,7 +2310,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x13memory_used_max_mib\x18\x0e \x01(\x01R\x10memoryUsedMaxMib\x12-\n" +
 	"\x13memory_used_avg_mib\x18\x0f \x01(\x01R\x10memoryUsedAvgMib\x12(\n" +
 	"\x10memory_total_mib\x18\x10 \x01(\x01R\x0ememoryTotalMib\x12.\n" +
-	"\x13utilization_avg_pct\x18\x11 \x01(\x01R\x11utilizationAvgPct\"\x8f\a\n" +
+	"\x13utilization_avg_pct\x18\x11 \x01(\x01R\x11utilizationAvgPct\"\xae\a\n" +
 	"\tRunWindow\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -2330,7 +2342,9 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\tlast_loss\x18\x17 \x01(\x01R\blastLoss\x12\x19\n" +
 	"\bhas_loss\x18\x18 \x01(\bR\ahasLoss\x12)\n" +
 	"\x10tokens_recovered\x18\x19 \x01(\x04R\x0ftokensRecovered\x12%\n" +
-	"\x0erestart_bridge\x18\x1a \x01(\bR\rrestartBridge\"\xa8\x01\n" +
+	"\x0erestart_bridge\x18\x1a \x01(\bR\rrestartBridge\x12\x1d\n" +
+	"\n" +
+	"step_ranks\x18\x1b \x01(\rR\tstepRanks\"\xa8\x01\n" +
 	"\bRunEvent\x126\n" +
 	"\trun_start\x18\x01 \x01(\v2\x17.trainmeter.v1.RunStartH\x00R\brunStart\x120\n" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
