@@ -294,6 +294,7 @@ type tickStat struct {
 	memSum   float64
 	memN     int
 	utilSum  float64
+	utilN    int
 }
 
 func (l *Ledger) tickStat(now time.Time, gpus []int) tickStat {
@@ -310,6 +311,7 @@ func (l *Ledger) tickStat(now time.Time, gpus []int) tickStat {
 		}
 		if s.UtilOK {
 			ts.utilSum += s.UtilPct
+			ts.utilN++
 		}
 	}
 	return ts
@@ -545,6 +547,7 @@ func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
 		w.VramSumMib += t.memSum
 		w.VramSamples += uint64(t.memN)
 		w.UtilizationSumPct += t.utilSum
+		w.UtilizationSamples += uint64(t.utilN)
 	}
 	var gone []uint64
 	for _, s := range r.steps {

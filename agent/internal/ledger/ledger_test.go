@@ -26,6 +26,7 @@ type rig struct {
 	counterJ []float64
 	counterT []time.Time
 	batches  []*pb.Batch
+	noUtil   map[int]bool // GPUs that report no utilisation (MIG)
 }
 
 func newRig(t *testing.T, powerW, counterW []float64, warmup time.Duration) *rig {
@@ -58,7 +59,7 @@ func (r *rig) advance(d time.Duration) {
 				PowerW: r.powerW[i], PowerAt: r.now, PowerOK: true,
 				EnergyJ: r.counterJ[i], EnergyAt: r.counterT[i], EnergyOK: true,
 				MemUsedMiB: 1000 * float64(i+1), MemTotalMiB: 80000, MemOK: true,
-				UtilPct: 90, UtilOK: true}
+				UtilPct: 90, UtilOK: !r.noUtil[i]}
 		}
 		r.batches = append(r.batches, r.l.Tick(r.now, samples)...)
 	}
@@ -514,5 +515,23 @@ func TestWindowsCountTheRanksThatStep(t *testing.T) {
 	}
 	if strings.Join(got, " ") != "8/2 1/2 1/2" {
 		t.Errorf("steps/step_ranks of the windows with steps: %v, want [8/2 1/2 1/2]", got)
+	}
+}
+
+func TestWindowsCountTheUtilisationReadings(t *testing.T) {
+	r := newRig(t, []float64{100, 100}, []float64{100, 100}, 0)
+	r.noUtil = map[int]bool{1: true}
+	r.advance(time.Second)
+	_ = r.l.StartRun(r.at(0), peer1, &trainerproto.RunStart{Run: "u", GPUs: []string{"0", "1"}, WarmupS: ptr(0.0)})
+	r.advance(3 * time.Second)
+	var sum float64
+	var n, vram uint64
+	for _, w := range r.windows("u") {
+		sum += w.UtilizationSumPct
+		n += w.UtilizationSamples
+		vram += w.VramSamples
+	}
+	if n == 0 || vram != 2*n || sum/float64(n) != 90 {
+		t.Errorf("utilisation %v over %d readings (%d memory readings), want a mean of 90 over half the readings", sum, n, vram)
 	}
 }

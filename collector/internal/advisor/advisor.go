@@ -186,7 +186,7 @@ func (a *Advisor) Observe(node string, b *pb.Batch) {
 	for _, w := range b.GetRunWindows() {
 		it.windows = append(it.windows, runWindow{
 			run: w.GetRunId(), steps: w.GetSteps(), dataWait: w.GetDataWaitS(), compute: w.GetComputeS(),
-			utilSum: w.GetUtilizationSumPct(), utilN: w.GetVramSamples(), gpus: len(w.GetGpus()), stepRanks: int(w.GetStepRanks()), end: w.GetEnd().AsTime(),
+			utilSum: w.GetUtilizationSumPct(), utilN: utilSamples(w), gpus: len(w.GetGpus()), stepRanks: int(w.GetStepRanks()), end: w.GetEnd().AsTime(),
 		})
 	}
 	for _, e := range b.GetRunEvents() {
@@ -203,6 +203,20 @@ func (a *Advisor) Observe(node string, b *pb.Batch) {
 	default:
 		a.skipped.Add(1)
 	}
+}
+
+// utilSamples is the number of GPU readings behind a window's utilisation
+// sum: utilization_samples; an agent that predates it sent a sum over its
+// memory readings (vram_samples) when it had any utilisation. None means
+// unknown, never 0 %.
+func utilSamples(w *pb.RunWindow) uint64 {
+	if n := w.GetUtilizationSamples(); n > 0 {
+		return n
+	}
+	if w.GetUtilizationSumPct() > 0 {
+		return w.GetVramSamples()
+	}
+	return 0
 }
 
 func configFromStart(rs *pb.RunStart) dataloader.Config {

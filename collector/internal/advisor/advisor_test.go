@@ -397,3 +397,53 @@ func TestIntervalCountsStepsPerRank(t *testing.T) {
 		t.Errorf("sent %v, want one advice with max_workers 7 (16 CPUs / 2 ranks − 1)", sent)
 	}
 }
+
+func TestUtilisationIsAveragedOverTheReadingsThatHaveOne(t *testing.T) {
+	r := newRig(t)
+	// Two GPUs, 100 ticks: one reads 95 %, the other (a MIG slice) no
+	// utilisation at all. The mean is 95 %, not 47.5 %: with 10 % data wait
+	// and the wait shorter than compute, the run is GPU-bound.
+	w := func(sec float64) *pb.RunWindow {
+		w := window("mig", sec, 10, 0.1, 0.9, 0)
+		w.Gpus, w.VramSamples = []uint32{0, 1}, 200
+		w.UtilizationSumPct, w.UtilizationSamples = 95*100, 100
+		return w
+	}
+	r.apply(0, w(0), host(0.3), start("mig", 4, 2, 10))
+	for i := 1; i < 4; i++ {
+		r.apply(float64(i), w(float64(i)), host(0.3))
+	}
+	if sent := r.rec.all(); len(sent) != 0 {
+		t.Fatalf("advised %v: the GPU readings without utilisation were counted as 0 %%", sent)
+	}
+	h, _ := History(r.st, "mig")
+	for _, e := range h.Evaluations {
+		if e.Classification != "gpu-bound" || e.GpuUtilization != 0.95 {
+			t.Errorf("evaluation %v, want gpu-bound at 95 %%", e)
+		}
+	}
+}
+
+func TestUnknownUtilisationIsNotZero(t *testing.T) {
+	r := newRig(t)
+	w := func(sec float64) *pb.RunWindow {
+		w := window("nou", sec, 10, 0.5, 0.5, 0) // no utilisation readings
+		w.UtilizationSumPct, w.UtilizationSamples = 0, 0
+		return w
+	}
+	r.apply(0, w(0), host(0.3), start("nou", 2, 2, 10))
+	r.apply(1, w(1), host(0.3), eval("nou", 1.5, 1))
+	sent := r.rec.all()
+	if len(sent) != 1 || sent[0].GetDataloader().GetClassification() != "data-bound" || sent[0].GetDataloader().GetGpuUtilization() != -1 {
+		t.Fatalf("sent %v, want data-bound advice (on the wait share alone) with the utilisation unknown (-1)", sent)
+	}
+	h, _ := History(r.st, "nou")
+	if len(h.Epochs) != 1 || h.Epochs[0].AvgGpuUtilization != -1 {
+		t.Errorf("epochs %v, want the epoch's GPU utilisation unknown (-1)", h.Epochs)
+	}
+	for _, e := range h.Evaluations {
+		if e.GpuUtilization != -1 || strings.Contains(e.Reason, "GPU 0%") {
+			t.Errorf("evaluation %v, want the utilisation unknown", e)
+		}
+	}
+}

@@ -924,12 +924,13 @@ type RunWindow struct {
 	// GPU-seconds: number of the run's GPUs times the segment length.
 	GpuSeconds float64 `protobuf:"fixed64,13,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
 	// Tokens of steps reported in the segment, and of those ending after warmup.
-	Tokens            uint64   `protobuf:"varint,14,opt,name=tokens,proto3" json:"tokens,omitempty"`
-	TokensMeasured    uint64   `protobuf:"varint,15,opt,name=tokens_measured,json=tokensMeasured,proto3" json:"tokens_measured,omitempty"`
-	Steps             uint64   `protobuf:"varint,16,opt,name=steps,proto3" json:"steps,omitempty"`
-	Samples           uint64   `protobuf:"varint,17,opt,name=samples,proto3" json:"samples,omitempty"`
-	DataWaitS         float64  `protobuf:"fixed64,18,opt,name=data_wait_s,json=dataWaitS,proto3" json:"data_wait_s,omitempty"`
-	ComputeS          float64  `protobuf:"fixed64,19,opt,name=compute_s,json=computeS,proto3" json:"compute_s,omitempty"`
+	Tokens         uint64  `protobuf:"varint,14,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	TokensMeasured uint64  `protobuf:"varint,15,opt,name=tokens_measured,json=tokensMeasured,proto3" json:"tokens_measured,omitempty"`
+	Steps          uint64  `protobuf:"varint,16,opt,name=steps,proto3" json:"steps,omitempty"`
+	Samples        uint64  `protobuf:"varint,17,opt,name=samples,proto3" json:"samples,omitempty"`
+	DataWaitS      float64 `protobuf:"fixed64,18,opt,name=data_wait_s,json=dataWaitS,proto3" json:"data_wait_s,omitempty"`
+	ComputeS       float64 `protobuf:"fixed64,19,opt,name=compute_s,json=computeS,proto3" json:"compute_s,omitempty"`
+	// Sum of the GPU utilisation readings (%), see utilization_samples.
 	UtilizationSumPct float64  `protobuf:"fixed64,20,opt,name=utilization_sum_pct,json=utilizationSumPct,proto3" json:"utilization_sum_pct,omitempty"`
 	Gpus              []uint32 `protobuf:"varint,21,rep,packed,name=gpus,proto3" json:"gpus,omitempty"`
 	EnergyEstimated   bool     `protobuf:"varint,22,opt,name=energy_estimated,json=energyEstimated,proto3" json:"energy_estimated,omitempty"`
@@ -945,9 +946,14 @@ type RunWindow struct {
 	// run that have reported a step, plus any that left after reporting one
 	// in the segment. steps ÷ step_ranks is the steps per rank (optimizer
 	// steps); 0 from agents before this field.
-	StepRanks     uint32 `protobuf:"varint,27,opt,name=step_ranks,json=stepRanks,proto3" json:"step_ranks,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	StepRanks uint32 `protobuf:"varint,27,opt,name=step_ranks,json=stepRanks,proto3" json:"step_ranks,omitempty"`
+	// GPU readings that had a utilisation (of the run's GPUs over the sample
+	// ticks): utilization_sum_pct ÷ utilization_samples is the mean. 0 with a
+	// zero sum means the utilisation is unknown (MIG, a replay trace without
+	// the column), not 0 %. Agents before this field left it 0.
+	UtilizationSamples uint64 `protobuf:"varint,28,opt,name=utilization_samples,json=utilizationSamples,proto3" json:"utilization_samples,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RunWindow) Reset() {
@@ -1165,6 +1171,13 @@ func (x *RunWindow) GetRestartBridge() bool {
 func (x *RunWindow) GetStepRanks() uint32 {
 	if x != nil {
 		return x.StepRanks
+	}
+	return 0
+}
+
+func (x *RunWindow) GetUtilizationSamples() uint64 {
+	if x != nil {
+		return x.UtilizationSamples
 	}
 	return 0
 }
@@ -2310,7 +2323,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x13memory_used_max_mib\x18\x0e \x01(\x01R\x10memoryUsedMaxMib\x12-\n" +
 	"\x13memory_used_avg_mib\x18\x0f \x01(\x01R\x10memoryUsedAvgMib\x12(\n" +
 	"\x10memory_total_mib\x18\x10 \x01(\x01R\x0ememoryTotalMib\x12.\n" +
-	"\x13utilization_avg_pct\x18\x11 \x01(\x01R\x11utilizationAvgPct\"\xae\a\n" +
+	"\x13utilization_avg_pct\x18\x11 \x01(\x01R\x11utilizationAvgPct\"\xdf\a\n" +
 	"\tRunWindow\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -2344,7 +2357,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x10tokens_recovered\x18\x19 \x01(\x04R\x0ftokensRecovered\x12%\n" +
 	"\x0erestart_bridge\x18\x1a \x01(\bR\rrestartBridge\x12\x1d\n" +
 	"\n" +
-	"step_ranks\x18\x1b \x01(\rR\tstepRanks\"\xa8\x01\n" +
+	"step_ranks\x18\x1b \x01(\rR\tstepRanks\x12/\n" +
+	"\x13utilization_samples\x18\x1c \x01(\x04R\x12utilizationSamples\"\xa8\x01\n" +
 	"\bRunEvent\x126\n" +
 	"\trun_start\x18\x01 \x01(\v2\x17.trainmeter.v1.RunStartH\x00R\brunStart\x120\n" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
