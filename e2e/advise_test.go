@@ -72,6 +72,8 @@ type adviceLine struct {
 	GPUUtilization *float64 `json:"gpu_utilization"`
 	RAMUsage       *float64 `json:"ram_usage"`
 	ExpectedGain   *float64 `json:"expected_gain"`
+	FromWorkers    *int     `json:"from_num_workers"`
+	FromPrefetch   *int     `json:"from_prefetch_factor"`
 	raw            string
 }
 
@@ -214,6 +216,10 @@ func TestDataloaderAdviceScenarios(t *testing.T) {
 			}
 			if adv.Reason == "" {
 				t.Error("advice without a reason")
+			}
+			if adv.FromWorkers == nil || adv.FromPrefetch == nil || *adv.FromWorkers != tc.workers || *adv.FromPrefetch != tc.prefetch {
+				t.Errorf("advice baseline from_num_workers %v from_prefetch_factor %v, want the run_start's %d/%d",
+					adv.FromWorkers, adv.FromPrefetch, tc.workers, tc.prefetch)
 			}
 			tr.send(`{"event":"eval","run_id":%q,"epoch":1,"val_loss":1.5}`, run)
 			tr.send(`{"event":"run_end","run_id":%q}`, run)
@@ -375,7 +381,9 @@ func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
 // pythonAdaptiveTrainer is a trainer on the real Python client: an
 // AdaptiveLoader over a DataLoader stand-in (no torch needed) whose steps
 // wait for data as long as they compute; it prints the adjustments the
-// loader applied at epoch boundaries.
+// loader applied at epoch boundaries. Its run_start does not say what the
+// loader has (8 workers, prefetch 4): the collector assumes 2 / 2, and its
+// data-bound advice (2→3, 2→3) must still mean more, not fewer, workers.
 const pythonAdaptiveTrainer = `
 import json, sys, time
 sys.path.insert(0, "../clients/python")
@@ -389,8 +397,8 @@ class Loader:  # the attributes and constructor of torch.utils.data.DataLoader t
         return iter(range(len(self.dataset) // self.batch_size))
 
 run = trainmeter.start(run_id="py-adapt", socket_path=sys.argv[1], model="m", gpus=[0], warmup_s=0,
-                       num_workers=2, prefetch_factor=2, adjustment_interval=10)
-loader = trainmeter.AdaptiveLoader(Loader(list(range(80)), batch_size=4, num_workers=2, prefetch_factor=2), run)
+                       adjustment_interval=10)
+loader = trainmeter.AdaptiveLoader(Loader(list(range(80)), batch_size=4, num_workers=8, prefetch_factor=4), run)
 step = 0
 for epoch in range(1, 16):
     for batch in loader:
@@ -437,8 +445,13 @@ func TestPythonAdaptiveLoaderAppliesLiveAdviceAtEpochBoundary(t *testing.T) {
 		t.Fatal("the AdaptiveLoader applied no advice")
 	}
 	a := res.Adjustments[0]
-	if a.Epoch < 2 || a.NumWorkers != 3 || a.PrefetchFactor != 3 || a.Classification != "data-bound" {
-		t.Errorf("first adjustment %+v, want workers 3, prefetch 3 (data-bound) at an epoch ≥ 2", a)
+	// The advice says 2→3 workers and 2→3 prefetch from the assumed 2/2;
+	// on the real 8/4 loader that is ×1.5: 12 workers, prefetch 6.
+	if a.Epoch < 2 || a.NumWorkers != 12 || a.PrefetchFactor != 6 || a.Classification != "data-bound" {
+		t.Errorf("first adjustment %+v, want workers 8→12, prefetch 4→6 (data-bound) at an epoch ≥ 2", a)
+	}
+	if res.LastAdvice["num_workers"] != 3.0 || res.LastAdvice["from_num_workers"] != 2.0 || res.LastAdvice["from_prefetch_factor"] != 2.0 {
+		t.Errorf("advice %v, want 3 workers from the assumed 2/2", res.LastAdvice)
 	}
 	if res.LastAdvice["expected_gain"] == nil || res.LastAdvice["gpu_utilization"] == nil {
 		t.Errorf("advice figures missing in the client: %v", res.LastAdvice)

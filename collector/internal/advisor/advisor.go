@@ -431,6 +431,7 @@ func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map
 			NumWorkers: uint32(adv.NumWorkers), PrefetchFactor: uint32(adv.PrefetchFactor), Reason: adv.Reason,
 			Classification: string(adv.Class), DataWaitShare: adv.DataWaitShare, GpuUtilization: gpuUtil,
 			RamUsage: ramUse, ExpectedGain: adv.ExpectedGain, MaxWorkers: uint32(adv.MaxWorkers),
+			FromNumWorkers: uint32(adv.FromNumWorkers), FromPrefetchFactor: uint32(adv.FromPrefetchFactor),
 		}}})
 		if ev.Delivered {
 			// Only advice that reached the node's stream counts: it

@@ -137,6 +137,9 @@ func TestDataBoundRunIsAdvisedAndHistoryKept(t *testing.T) {
 	if d.GetDataWaitShare() != 0.5 || d.GetGpuUtilization() != 0.5 || d.GetRamUsage() != 0.3 || d.GetExpectedGain() != 0.5 || d.GetMaxWorkers() != 15 {
 		t.Errorf("figures %v", d)
 	}
+	if d.GetFromNumWorkers() != 2 || d.GetFromPrefetchFactor() != 2 {
+		t.Errorf("baseline %d/%d, want the run_start's 2/2", d.GetFromNumWorkers(), d.GetFromPrefetchFactor())
+	}
 	r.apply(2, window("r", 2, 5, 0.1, 0.5, 50), host(0.3), testutil.End("r", 3))
 
 	svc := NewService(r.st, aggregate.Pricing{}, nil)

@@ -2142,9 +2142,15 @@ type DataloaderAdvice struct {
 	// Share of step time the change aims to win back, 0..1.
 	ExpectedGain float64 `protobuf:"fixed64,8,opt,name=expected_gain,json=expectedGain,proto3" json:"expected_gain,omitempty"`
 	// The num_workers bound (CPUs per local rank − 1).
-	MaxWorkers    uint32 `protobuf:"varint,9,opt,name=max_workers,json=maxWorkers,proto3" json:"max_workers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MaxWorkers uint32 `protobuf:"varint,9,opt,name=max_workers,json=maxWorkers,proto3" json:"max_workers,omitempty"`
+	// The settings the advice was computed from (what the collector believes
+	// the loader has: run_start's, assumed 2 / 2 when absent, then the last
+	// advice), so a trainer whose loader differs applies the change relative
+	// to its own. Set when from_prefetch_factor > 0 (prefetch is never 0).
+	FromNumWorkers     uint32 `protobuf:"varint,10,opt,name=from_num_workers,json=fromNumWorkers,proto3" json:"from_num_workers,omitempty"`
+	FromPrefetchFactor uint32 `protobuf:"varint,11,opt,name=from_prefetch_factor,json=fromPrefetchFactor,proto3" json:"from_prefetch_factor,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *DataloaderAdvice) Reset() {
@@ -2236,6 +2242,20 @@ func (x *DataloaderAdvice) GetExpectedGain() float64 {
 func (x *DataloaderAdvice) GetMaxWorkers() uint32 {
 	if x != nil {
 		return x.MaxWorkers
+	}
+	return 0
+}
+
+func (x *DataloaderAdvice) GetFromNumWorkers() uint32 {
+	if x != nil {
+		return x.FromNumWorkers
+	}
+	return 0
+}
+
+func (x *DataloaderAdvice) GetFromPrefetchFactor() uint32 {
+	if x != nil {
+		return x.FromPrefetchFactor
 	}
 	return 0
 }
@@ -2446,7 +2466,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"dataloaderB\b\n" +
 	"\x06advice\"\x1e\n" +
 	"\x04Stop\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xd0\x02\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xac\x03\n" +
 	"\x10DataloaderAdvice\x12\x1f\n" +
 	"\vnum_workers\x18\x01 \x01(\rR\n" +
 	"numWorkers\x12'\n" +
@@ -2458,7 +2478,10 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\tram_usage\x18\a \x01(\x01R\bramUsage\x12#\n" +
 	"\rexpected_gain\x18\b \x01(\x01R\fexpectedGain\x12\x1f\n" +
 	"\vmax_workers\x18\t \x01(\rR\n" +
-	"maxWorkers*D\n" +
+	"maxWorkers\x12(\n" +
+	"\x10from_num_workers\x18\n" +
+	" \x01(\rR\x0efromNumWorkers\x120\n" +
+	"\x14from_prefetch_factor\x18\v \x01(\rR\x12fromPrefetchFactor*D\n" +
 	"\x05Phase\x12\x15\n" +
 	"\x11PHASE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPHASE_WARMUP\x10\x01\x12\x12\n" +
