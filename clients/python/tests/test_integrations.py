@@ -726,12 +726,21 @@ class TestLightning(Base):
                  "data_wait_s": 0.5, "compute_s": 2.0, "loss": 2.0},
                 {"event": "step", "run_id": "pl1", "step": 2, "tokens": 64, "tokens_total": 128, "samples": 4,
                  "data_wait_s": 1.0, "compute_s": 2.0, "loss": 0.0},
-                {"event": "eval", "run_id": "pl1", "epoch": 0, "val_loss": 1.25, "accuracy": 0.75},
+                {"event": "eval", "run_id": "pl1", "epoch": 1, "val_loss": 1.25, "accuracy": 0.75},
                 {"event": "step", "run_id": "pl1", "step": 2, "tokens": 32, "tokens_total": 160, "samples": 2,
                  "compute_s": 1.0, "loss": 3.0},
                 {"event": "run_end", "run_id": "pl1"},
             ],
         )
+
+    def test_eval_epoch_is_epochs_completed(self):
+        # Lightning's current_epoch is 0-based and still the epoch just
+        # trained when its end-of-epoch validation runs: 1 epoch completed.
+        self.assertEqual(lightning._epochs_completed(FakeTrainer(current_epoch=0)), 1)
+        self.assertEqual(lightning._epochs_completed(FakeTrainer(current_epoch=4, is_last_batch=True)), 5)
+        # A validation in the middle of the 5th epoch: 4 completed.
+        self.assertEqual(lightning._epochs_completed(FakeTrainer(current_epoch=4, is_last_batch=False)), 4)
+        self.assertIsNone(lightning._epochs_completed(FakeTrainer(current_epoch=None)))
 
     def test_stop_tokens_fn_ranks_and_exception(self):
         a = self.agent()
