@@ -255,15 +255,25 @@ func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
 	sock := c.startAgent("node", "sim:1")
 	c.waitStreaming("node")
 	tr := dialTrainer(t, sock)
-	tr.send(`{"event":"run_start","run_id":"es","model":"es-model","gpus":[0],"warmup_s":0,"planned_epochs":12,"gpu_price_per_hour":3.6}`)
+	// The scenario's own figures: one GPU at $3.60/GPU-hour, 12 planned
+	// epochs of epochLen each; the run trains 7 and ends.
+	const price = 3.6
+	const epochLen = 400 * time.Millisecond
+	const stepsPerEpoch = 10
+	tr.send(`{"event":"run_start","run_id":"es","model":"es-model","gpus":[0],"warmup_s":0,"planned_epochs":12,"gpu_price_per_hour":%g}`, price)
+	tr.sync()
 	// Best at epoch 3 (1.2); epoch 4 improves by less than 1 %, epoch 5 is
-	// worse: patience 2 runs out at epoch 5.
-	losses := []float64{2.0, 1.5, 1.2, 1.199, 1.205}
+	// worse: patience 2 runs out at epoch 5. The run goes on past the
+	// plateau for epochs 6 and 7, then ends.
+	losses := []float64{2.0, 1.5, 1.2, 1.199, 1.205, 1.21, 1.22}
+	const stopEpoch = 5
+	t0 := time.Now()
 	step := 0
 	for e, loss := range losses {
-		for range 10 {
+		for i := range stepsPerEpoch {
 			step++
-			time.Sleep(20 * time.Millisecond)
+			// Paced on absolute deadlines, so epoch e ends at t0 + e × epochLen.
+			time.Sleep(time.Until(t0.Add(time.Duration(e)*epochLen + time.Duration(i+1)*epochLen/stepsPerEpoch)))
 			tr.send(`{"event":"step","run_id":"es","step":%d,"tokens":4096,"data_wait_s":0.001,"compute_s":0.02}`, step)
 		}
 		tr.send(`{"event":"eval","run_id":"es","epoch":%d,"val_loss":%g}`, e+1, loss)
@@ -274,6 +284,9 @@ func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
 	if rep.TotalCostUsd <= 0 || rep.EnergyTotalJ <= 0 {
 		t.Fatalf("run has no cost/energy: $%v %v J", rep.TotalCostUsd, rep.EnergyTotalJ)
 	}
+	if rep.EnergyCostUsd != 0 {
+		t.Fatalf("setup: the run has an energy cost ($%v); the hand computation counts GPU-hours only", rep.EnergyCostUsd)
+	}
 	resp, err := c.recommendClient().Recommend(context.Background(), &pb.RecommendRequest{RunIds: []string{"es"}})
 	if err != nil {
 		t.Fatal(err)
@@ -282,24 +295,26 @@ func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
 	if es == nil {
 		t.Fatalf("no early-stopping recommendation: %v", resp.Recommendations)
 	}
-	// By hand: 5 epochs done for $total; stop at epoch 5 of 12 planned:
-	// 7 epochs × total/5.
-	wantUSD := 7 * rep.TotalCostUsd / 5
-	wantJ := 7 * rep.EnergyTotalJ / 5
-	within(t, "early-stopping savings $", es.SavingsUsd, wantUSD, 1e-9)
-	within(t, "early-stopping savings J", es.SavingsJ, wantJ, 1e-9)
-	if !strings.Contains(es.Title, "epoch 5") || math.Abs(es.Confidence-0.8) > 1e-9 {
+	// By hand, from the scenario alone: stopping at epoch 5 would have saved
+	// the epochs after it that the run trained (6 and 7; the planned 8–12
+	// were never spent): 2 epochs × 400 ms on 1 GPU at $3.60/h.
+	trainedAfterStop := float64(len(losses) - stopEpoch)
+	wantUSD := price * 1 * trainedAfterStop * epochLen.Hours()
+	within(t, "early-stopping savings $ (hand: price × GPU-hours of epochs 6–7)", es.SavingsUsd, wantUSD, 0.05)
+	// The joules follow the same rule: 2 of the 7 epochs' energy.
+	within(t, "early-stopping savings J", es.SavingsJ, trainedAfterStop*rep.EnergyTotalJ/float64(len(losses)), 1e-9)
+	if !strings.Contains(es.Title, "epoch 5") || math.Abs(es.Confidence-0.9) > 1e-9 {
 		t.Errorf("title %q confidence %v", es.Title, es.Confidence)
 	}
-	if resp.TotalSavingsUsd < es.SavingsUsd {
-		t.Errorf("total savings $%v below one recommendation's $%v", resp.TotalSavingsUsd, es.SavingsUsd)
+	if resp.TotalSavingsUsd < es.SavingsUsd || resp.TotalSavingsUsd > rep.TotalCostUsd {
+		t.Errorf("total savings $%v: below one recommendation's $%v or above the run's cost $%v", resp.TotalSavingsUsd, es.SavingsUsd, rep.TotalCostUsd)
 	}
-	out := c.cli("recommend", "es", "--min-confidence", "0.8")
-	if !strings.Contains(out, "[early_stopping]") || !strings.Contains(out, fmt.Sprintf("$%.2f", wantUSD)) || !strings.Contains(out, "total potential savings") {
-		t.Errorf("recommend --min-confidence 0.8:\n%s", out)
+	out := c.cli("recommend", "es", "--min-confidence", "0.9")
+	if !strings.Contains(out, "[early_stopping]") || !strings.Contains(out, fmt.Sprintf("$%.2f", es.SavingsUsd)) || !strings.Contains(out, "total potential savings") {
+		t.Errorf("recommend --min-confidence 0.9:\n%s", out)
 	}
-	if out := c.cli("recommend", "es", "--min-confidence", "0.85"); strings.Contains(out, "[early_stopping]") {
-		t.Errorf("confidence 0.8 listed at --min-confidence 0.85:\n%s", out)
+	if out := c.cli("recommend", "es", "--min-confidence", "0.95"); strings.Contains(out, "[early_stopping]") {
+		t.Errorf("confidence 0.9 listed at --min-confidence 0.95:\n%s", out)
 	}
 }
 

@@ -214,10 +214,28 @@ func costPerEpoch(r *pb.RunReport, done int64) (usd, joules float64) {
 	return r.GetTotalCostUsd() / float64(done), r.GetEnergyTotalJ() / float64(done)
 }
 
+// lastEpoch is the epoch a run's spend counts to: for an ended run the
+// epochs it trained (done), for a live run the epochs it is planned to train
+// (max(planned, done)). Savings from training fewer epochs are the epochs
+// past a cut-off up to it: an ended run never spent its unplanned or
+// unreached epochs.
+func lastEpoch(r Run, done int64) (int64, string) {
+	if r.Report.GetEnded() {
+		return done, fmt.Sprintf("ended after %d epochs", done)
+	}
+	if int64(r.PlannedEpochs) > done {
+		return int64(r.PlannedEpochs), fmt.Sprintf("live, %d of %d planned epochs done", done, r.PlannedEpochs)
+	}
+	return done, fmt.Sprintf("live, %d epochs done", done)
+}
+
 // EarlyStopping: validation loss has not improved by MinDelta (relative)
 // for patience evaluations. The run could stop at the epoch where patience
-// ran out; savings = (max(planned, done) − stop epoch) × cost per epoch,
-// with cost per epoch = total cost ÷ epochs done.
+// ran out; savings = (last − stop epoch) × cost per epoch, with cost per
+// epoch = total cost ÷ epochs done and last as lastEpoch says: an ended
+// run's epochs done (what it trained past the plateau), a live run's
+// max(planned, done). Nothing when that is 0 (an ended run that stopped at
+// its plateau).
 func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
 	var pts []epochPoint
 	for _, p := range epochs(r.Report) {
@@ -248,7 +266,7 @@ func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
 		return nil
 	}
 	done := pts[len(pts)-1].epoch
-	total := max(int64(r.PlannedEpochs), done)
+	total, how := lastEpoch(r, done)
 	left := total - stop
 	if left <= 0 {
 		return nil
@@ -264,13 +282,15 @@ func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
 		SavingsUsd: float64(left) * perUSD, SavingsJ: float64(left) * perJ, Confidence: conf,
 		Risks:  []string{"the loss may improve again later (a learning-rate schedule, double descent)", "validation set noise can hide slow progress"},
 		RunIds: []string{id}, Model: r.Report.GetMetadata().GetModel(),
-		Evidence: fmt.Sprintf("%d epochs left of %d × $%.4f/epoch (total $%.4f ÷ %d epochs done)", left, total, perUSD, r.Report.GetTotalCostUsd(), done),
+		Evidence: fmt.Sprintf("epochs %d–%d after the stop epoch (%s) = %d × $%.4f/epoch (total $%.4f ÷ %d epochs done)",
+			stop+1, total, how, left, perUSD, r.Report.GetTotalCostUsd(), done),
 	}
 }
 
 // EpochCount: the knee of a run's accuracy curve is the first epoch that
 // reaches KneeShare of the curve's total gain; the epochs after it bought
-// little. Savings = (epochs done − knee) × cost per epoch.
+// little. Savings = (last − knee) × cost per epoch, last as in EarlyStopping
+// (an ended run's epochs done, a live run's max(planned, done)).
 func EpochCount(r Run) *pb.Recommendation {
 	var pts []epochPoint
 	for _, p := range epochs(r.Report) {
@@ -298,7 +318,7 @@ func EpochCount(r Run) *pb.Recommendation {
 		}
 	}
 	done := pts[len(pts)-1].epoch
-	total := max(int64(r.PlannedEpochs), done)
+	total, how := lastEpoch(r, done)
 	left := total - knee.epoch
 	if left <= 0 || knee.epoch >= done {
 		return nil
@@ -313,7 +333,7 @@ func EpochCount(r Run) *pb.Recommendation {
 		Confidence: math.Min(0.8, 0.4+0.05*float64(len(pts))),
 		Risks:      []string{fmt.Sprintf("gives up %.4g accuracy", best-knee.acc), "one run's curve; seeds differ"},
 		RunIds:     []string{id}, Model: r.Report.GetMetadata().GetModel(),
-		Evidence: fmt.Sprintf("%d epochs × $%.4f/epoch", left, perUSD),
+		Evidence: fmt.Sprintf("epochs %d–%d after the knee (%s) = %d × $%.4f/epoch", knee.epoch+1, total, how, left, perUSD),
 	}
 }
 

@@ -55,6 +55,38 @@ func TestEarlyStopping(t *testing.T) {
 	}
 }
 
+func TestEarlyStoppingOfAnEndedRunCountsOnlyWhatItSpent(t *testing.T) {
+	// Ended at epoch 5, where patience ran out, of 12 planned: it never
+	// spent epochs 6–12, so early stopping would have saved nothing.
+	ended := func(loss []float64) Run {
+		rep := withEvals(report("r", "m", "g", 10, 1000, 1), loss, nil)
+		rep.Ended = true
+		return Run{Report: rep, PlannedEpochs: 12}
+	}
+	if rec := EarlyStopping(ended([]float64{2, 1.5, 1.2, 1.199, 1.205}), 2, 0.01); rec != nil {
+		t.Errorf("ended at its stop epoch: %v (savings $%v), want none", rec.Title, rec.SavingsUsd)
+	}
+	// Ended at epoch 7, two epochs past the stop epoch 5: those two.
+	rec := EarlyStopping(ended([]float64{2, 1.5, 1.2, 1.199, 1.205, 1.21, 1.22}), 2, 0.01)
+	if rec == nil || !strings.Contains(rec.Title, "epoch 5") {
+		t.Fatalf("%v", rec)
+	}
+	approx(t, "savings $", rec.SavingsUsd, 2*10.0/7)
+	approx(t, "savings J", rec.SavingsJ, 2*1000.0/7)
+	if !strings.Contains(rec.Evidence, "epochs 6–7") || !strings.Contains(rec.Evidence, "ended after 7 epochs") {
+		t.Errorf("evidence %q", rec.Evidence)
+	}
+}
+
+func TestEpochCountOfAnEndedRunCountsOnlyWhatItSpent(t *testing.T) {
+	acc := []float64{0.5, 0.8, 0.87, 0.89, 0.895, 0.898, 0.9, 0.9}
+	r := Run{Report: withEvals(report("r", "m", "g", 8, 800, 1), nil, acc), PlannedEpochs: 20}
+	live := EpochCount(r)
+	approx(t, "live savings $", live.SavingsUsd, (20-4)*8.0/8)
+	r.Report.Ended = true
+	approx(t, "ended savings $", EpochCount(r).SavingsUsd, (8-4)*8.0/8)
+}
+
 func TestEpochCountKnee(t *testing.T) {
 	// Gain 0.5→0.9 = 0.4; 95 % of it (0.38) is reached at epoch 4 (0.89).
 	r := Run{Report: withEvals(report("r", "m", "g", 8, 800, 1), nil, []float64{0.5, 0.8, 0.87, 0.89, 0.895, 0.898, 0.9, 0.9})}

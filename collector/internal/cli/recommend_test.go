@@ -17,11 +17,12 @@ func evalEv(run string, sec float64, epoch int64, loss float64) *trainmeterv1.Ru
 
 func TestRecommend(t *testing.T) {
 	addr := liveCollector(t)
-	// A plateauing run: 4 epochs, 10 planned.
+	// A plateauing run of 10 planned epochs that ended after 6: patience ran
+	// out at epoch 4, and it trained epochs 5 and 6 for nothing.
 	a := tu.Connect(t, tu.Dial(t, addr), "gpu-box-2", "boot")
 	start := tu.Start("plateau", 10, "m")
 	start.GetRunStart().PlannedEpochs = 10
-	losses := []float64{2, 1.5, 1.5, 1.5}
+	losses := []float64{2, 1.5, 1.5, 1.5, 1.5, 1.5}
 	for i, l := range losses {
 		sec := 10 + float64(i)
 		evs := []*trainmeterv1.RunEvent{evalEv("plateau", sec+0.5, int64(i+1), l)}
@@ -38,8 +39,9 @@ func TestRecommend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// $2/GPU-hour × 4 s = $0.002222; 6 epochs left × $0.002222/4.
-	for _, want := range []string{"[early_stopping] Stop plateau at epoch 4", "savings:    $0.00, 600 J", "confidence: 0.70", "total potential savings"} {
+	// $2/GPU-hour × 6 s = $0.003333 and 6 × 100 J; 2 epochs after the stop
+	// epoch × cost/6 (the planned epochs 7–10 were never spent).
+	for _, want := range []string{"[early_stopping] Stop plateau at epoch 4", "savings:    $0.00, 200 J", "confidence: 0.90", "total potential savings"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("recommend lacks %q:\n%s", want, out)
 		}
@@ -61,11 +63,11 @@ func TestRecommend(t *testing.T) {
 	if len(resp.Recommendations) != 1 || resp.Recommendations[0].Kind != "early_stopping" {
 		t.Fatalf("--json: %s", out)
 	}
-	if want := 6 * (2.0 * 4 / 3600) / 4; abs(resp.TotalSavingsUsd-want) > 1e-12 {
+	if want := 2 * (2.0 * 6 / 3600) / 6; abs(resp.TotalSavingsUsd-want) > 1e-12 {
 		t.Errorf("total savings %v, want %v", resp.TotalSavingsUsd, want)
 	}
-	if out, err = run(t, nil, "recommend", "--min-confidence", "0.75", "--collector", addr); err != nil || !strings.Contains(out, "no recommendations") {
-		t.Errorf("--min-confidence 0.75: %v\n%s", err, out)
+	if out, err = run(t, nil, "recommend", "--min-confidence", "0.95", "--collector", addr); err != nil || !strings.Contains(out, "no recommendations") {
+		t.Errorf("--min-confidence 0.95: %v\n%s", err, out)
 	}
 	if _, err = run(t, nil, "recommend", "--min-confidence", "1.5", "--collector", addr); err == nil {
 		t.Error("--min-confidence 1.5 accepted")
