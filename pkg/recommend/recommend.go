@@ -640,14 +640,127 @@ func kwhPrice(r *pb.RunReport) float64 {
 }
 
 // Filter keeps the recommendations with at least minConfidence and returns
-// them with their total savings.
-func Filter(recs []*pb.Recommendation, minConfidence float64) (kept []*pb.Recommendation, usd, joules float64) {
+// them with their total savings (Total over runs).
+func Filter(recs []*pb.Recommendation, minConfidence float64, runs []Run) (kept []*pb.Recommendation, usd, joules float64) {
 	for _, r := range recs {
 		if r.GetConfidence() >= minConfidence {
 			kept = append(kept, r)
-			usd += r.GetSavingsUsd()
-			joules += r.GetSavingsJ()
 		}
 	}
+	usd, joules = Total(kept, runs)
 	return kept, usd, joules
+}
+
+// OverlapGroup names the spend a kind of recommendation claims. Kinds of one
+// group claim the same spend and do not add up: training less (early
+// stopping, epoch count, dataset size: all cut epochs or samples of the same
+// run), faster steps (batch size, dataloader: both cut step time), a cheaper
+// GPU-hour (compute tier), less energy (power).
+func OverlapGroup(kind string) string {
+	switch kind {
+	case KindEarlyStopping, KindEpochCount, KindDatasetSize:
+		return "work"
+	case KindBatchSize, KindDataloader:
+		return "step-time"
+	case KindComputeTier:
+		return "gpu-price"
+	case KindPower:
+		return "energy"
+	}
+	return kind
+}
+
+// Total is the potential savings of recs without double counting, in
+// dollars and joules. Each recommendation's savings are booked to the runs
+// it is about: a dataset-size one to its largest-size run (the last of its
+// run_ids, whose cost it cuts), any other one about several runs in
+// proportion to their costs (energies). Per run, the recommendations of one
+// OverlapGroup count once, the largest; savings of different groups
+// compound, as independent cuts of what is left:
+// cost × (1 − Π (1 − group savings ÷ cost)), so a run's total never exceeds
+// its cost (energy); for a live run the cost is its projected cost at
+// completion when that is higher. Runs not in runs are summed as they are.
+func Total(recs []*pb.Recommendation, runs []Run) (usd, joules float64) {
+	type claims struct{ usd, j map[string]float64 }
+	byRun := map[string]*claims{}
+	cost := map[string][2]float64{}
+	for _, r := range runs {
+		cost[r.Report.GetRunId()] = spend(r.Report)
+	}
+	book := func(run, group string, u, j float64) {
+		c := byRun[run]
+		if c == nil {
+			c = &claims{usd: map[string]float64{}, j: map[string]float64{}}
+			byRun[run] = c
+		}
+		c.usd[group] = max(c.usd[group], u)
+		c.j[group] = max(c.j[group], j)
+	}
+	for _, rec := range recs {
+		ids, g := rec.GetRunIds(), OverlapGroup(rec.GetKind())
+		switch {
+		case len(ids) == 0:
+			usd += rec.GetSavingsUsd()
+			joules += rec.GetSavingsJ()
+		case len(ids) == 1 || rec.GetKind() == KindDatasetSize:
+			book(ids[len(ids)-1], g, rec.GetSavingsUsd(), rec.GetSavingsJ())
+		default:
+			var sumU, sumJ float64
+			for _, id := range ids {
+				sumU += cost[id][0]
+				sumJ += cost[id][1]
+			}
+			for _, id := range ids {
+				fu, fj := 1/float64(len(ids)), 1/float64(len(ids))
+				if sumU > 0 {
+					fu = cost[id][0] / sumU
+				}
+				if sumJ > 0 {
+					fj = cost[id][1] / sumJ
+				}
+				book(id, g, fu*rec.GetSavingsUsd(), fj*rec.GetSavingsJ())
+			}
+		}
+	}
+	for _, id := range sortedKeys(byRun) { // a fixed order: the same total to the last bit
+		c := byRun[id]
+		cu, known := cost[id]
+		usd += combine(c.usd, cu[0], known)
+		joules += combine(c.j, cu[1], known)
+	}
+	return usd, joules
+}
+
+// spend is what a run's savings are capped by, in dollars and joules: an
+// ended run's total cost and energy; a live run's projected cost (its
+// forecast at completion, when higher) and its energy scaled alike.
+func spend(r *pb.RunReport) [2]float64 {
+	usd, j := r.GetTotalCostUsd(), r.GetEnergyTotalJ()
+	if p := r.GetProjectedCostUsd(); !r.GetEnded() && p > usd {
+		if usd > 0 {
+			j *= p / usd
+		}
+		usd = p
+	}
+	return [2]float64{usd, j}
+}
+
+// combine compounds one run's per-group savings within its total; an
+// unknown run's are summed.
+func combine(groups map[string]float64, total float64, known bool) float64 {
+	if !known {
+		var s float64
+		for _, g := range sortedKeys(groups) {
+			s += groups[g]
+		}
+		return s
+	}
+	if total <= 0 {
+		return 0
+	}
+	left := 1.0
+	for _, g := range sortedKeys(groups) {
+		left *= 1 - math.Min(1, math.Max(0, groups[g])/total)
+	}
+	return total * (1 - left)
 }

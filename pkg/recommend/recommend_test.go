@@ -186,10 +186,12 @@ func TestPowerFromMeasuredPair(t *testing.T) {
 }
 
 func TestFilterAndTargets(t *testing.T) {
+	// Live runs, 4 of 10 epochs done: projected to cost 2.5 × as much.
 	runs := []Run{
 		{Report: withEvals(report("r1", "m", "g", 10, 1000, 1), []float64{2, 2, 2, 2}, nil), PlannedEpochs: 10},
 		{Report: withEvals(report("r2", "m", "g", 20, 1000, 1), []float64{2, 2, 2, 2}, nil), PlannedEpochs: 10},
 	}
+	runs[0].Report.ProjectedCostUsd, runs[1].Report.ProjectedCostUsd = 25, 50
 	all := Recommend(runs, Options{})
 	if len(all) != 2 || all[0].RunIds[0] != "r2" {
 		t.Fatalf("sorted by savings: %v", all)
@@ -198,13 +200,54 @@ func TestFilterAndTargets(t *testing.T) {
 	if len(only) != 1 || only[0].RunIds[0] != "r1" {
 		t.Fatalf("targets: %v", only)
 	}
-	kept, usd, _ := Filter(all, 0.99)
+	kept, usd, _ := Filter(all, 0.99, runs)
 	if len(kept) != 0 || usd != 0 {
 		t.Errorf("filter 0.99: %v", kept)
 	}
-	kept, usd, _ = Filter(all, 0)
-	approx(t, "total", usd, all[0].SavingsUsd+all[1].SavingsUsd)
+	kept, usd, _ = Filter(all, 0, runs)
+	approx(t, "total", usd, all[0].SavingsUsd+all[1].SavingsUsd) // two runs: they add up
 	if len(kept) != 2 {
 		t.Errorf("%v", kept)
 	}
+}
+
+func TestTotalCountsOverlappingSavingsOnceAndNeverExceedsTheCost(t *testing.T) {
+	// The $10 run of the audit: early stopping, epoch count and dataset size
+	// each claim most of its epochs; a bigger batch and a cheaper GPU claim
+	// part of what is left.
+	run := Run{Report: report("r", "m", "g", 10, 1000, 1)}
+	small := Run{Report: report("s", "m", "g", 2, 200, 1)}
+	rec := func(kind string, usd, j float64, ids ...string) *pb.Recommendation {
+		return &pb.Recommendation{Kind: kind, SavingsUsd: usd, SavingsJ: j, RunIds: ids, Confidence: 0.9}
+	}
+	recs := []*pb.Recommendation{
+		rec(KindEarlyStopping, 5.83, 583, "r"),
+		rec(KindEpochCount, 4, 400, "r"),
+		rec(KindDatasetSize, 5, 500, "s", "r"), // booked to r, the larger run
+		rec(KindBatchSize, 0.91, 91, "r"),
+		rec(KindDataloader, 0.5, 50, "r"),
+	}
+	usd, j := Total(recs, []Run{run, small})
+	// work: max 5.83 → 58.3 %; step time: max 0.91 → 9.1 % of the rest.
+	approx(t, "total $", usd, 10*(1-(1-0.583)*(1-0.091)))
+	approx(t, "total J", j, 1000*(1-(1-0.583)*(1-0.091)))
+	naive := 0.0
+	for _, r := range recs {
+		naive += r.SavingsUsd
+	}
+	if naive <= 10 || usd > 10 {
+		t.Fatalf("naive sum $%v, total $%v: want the naive sum over the cost and the total under it", naive, usd)
+	}
+	// Claims larger than the run: the total stops at its cost.
+	usd, _ = Total([]*pb.Recommendation{rec(KindEarlyStopping, 12, 0, "r"), rec(KindComputeTier, 4, 0, "r")}, []Run{run})
+	approx(t, "capped total $", usd, 10)
+	// A live run is capped by its projected cost.
+	live := Run{Report: report("l", "m", "g", 10, 1000, 1)}
+	live.Report.ProjectedCostUsd = 40
+	usd, j = Total([]*pb.Recommendation{rec(KindEarlyStopping, 30, 3000, "l"), rec(KindComputeTier, 20, 0, "l")}, []Run{live})
+	approx(t, "live total $", usd, 40*(1-(1-0.75)*(1-0.5)))
+	approx(t, "live total J", j, 3000)
+	// A compute-tier recommendation about two runs is shared by their costs.
+	usd, _ = Total([]*pb.Recommendation{rec(KindComputeTier, 2.4, 0, "r", "s"), rec(KindEarlyStopping, 1, 0, "s")}, []Run{run, small})
+	approx(t, "shared total $", usd, 2+2*(1-(1-0.4/2)*(1-1.0/2)))
 }

@@ -111,7 +111,7 @@ func (s *Service) Recommend(_ context.Context, req *pb.RecommendRequest) (*pb.Re
 		}
 	}
 	recommend.Sort(recs)
-	kept, usd, j := recommend.Filter(recs, mc)
+	kept, usd, j := recommend.Filter(recs, mc, runs)
 	return &pb.RecommendResponse{Recommendations: kept, TotalSavingsUsd: usd, TotalSavingsJ: j}, nil
 }
 

@@ -73,7 +73,8 @@ func writeRecommendations(w io.Writer, resp *trainmeterv1.RecommendResponse, min
 		}
 		fmt.Fprintf(w, "   runs:       %s\n", strings.Join(r.GetRunIds(), ", "))
 	}
-	fmt.Fprintf(w, "total potential savings: $%.2f, %.0f J (%d recommendations)\n", resp.GetTotalSavingsUsd(), resp.GetTotalSavingsJ(), len(recs))
+	fmt.Fprintf(w, "total potential savings: $%.2f, %.0f J (%d recommendations; overlapping ones counted once, never more than a run's cost)\n",
+		resp.GetTotalSavingsUsd(), resp.GetTotalSavingsJ(), len(recs))
 }
 
 // pct shows a ratio as a whole percentage; negative means unknown.

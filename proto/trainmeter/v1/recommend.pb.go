@@ -201,8 +201,12 @@ func (x *Recommendation) GetEvidence() string {
 type RecommendResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Recommendations []*Recommendation      `protobuf:"bytes,1,rep,name=recommendations,proto3" json:"recommendations,omitempty"`
-	TotalSavingsUsd float64                `protobuf:"fixed64,2,opt,name=total_savings_usd,json=totalSavingsUsd,proto3" json:"total_savings_usd,omitempty"`
-	TotalSavingsJ   float64                `protobuf:"fixed64,3,opt,name=total_savings_j,json=totalSavingsJ,proto3" json:"total_savings_j,omitempty"`
+	// The potential savings of the recommendations listed, without double
+	// counting: per run, kinds that claim the same spend count once (the
+	// largest), other savings compound, and a run's total never exceeds its
+	// cost (energy); docs/recommendations.md.
+	TotalSavingsUsd float64 `protobuf:"fixed64,2,opt,name=total_savings_usd,json=totalSavingsUsd,proto3" json:"total_savings_usd,omitempty"`
+	TotalSavingsJ   float64 `protobuf:"fixed64,3,opt,name=total_savings_j,json=totalSavingsJ,proto3" json:"total_savings_j,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
