@@ -425,21 +425,29 @@ func DatasetSize(runs []Run) []*pb.Recommendation {
 // ComputeTier: per model and GPU model, the cost per unit of throughput is
 // price per GPU-hour × GPUs ÷ tok/s (dollars per token-per-second, i.e.
 // proportional to $ per token), averaged over the model's runs on that
-// GPU; the price is the catalog's current price when it has one, else the
-// runs' own. A GPU model at least TierMinGap cheaper than another is
-// recommended to the runs on the dearer one; savings = their GPU cost × gap.
+// GPU. Two GPU models are compared on one price source: the catalog's
+// current prices when it has both, else the runs' own prices (never the
+// catalog's for one and the runs' for the other). A GPU model at least
+// TierMinGap cheaper than another (the cheapest such alternative) is
+// recommended to the runs on the dearer one; savings = their GPU cost ×
+// gap. Joules: (J/token on the dearer GPU − J/token on the cheaper) × the
+// dearer runs' measured tokens, when both were measured; 0 when the
+// cheaper GPU takes more energy per token (said in the risks).
 func ComputeTier(runs []Run, cat PriceCatalog) []*pb.Recommendation {
 	var out []*pb.Recommendation
 	byModel := groupByModel(runs)
 	for _, model := range sortedKeys(byModel) {
 		type tier struct {
 			name     string
-			sum      float64
 			n        int
 			runs     []string
+			thr      float64 // Σ GPUs ÷ tok/s over the runs
+			own      float64 // Σ own price × GPUs ÷ tok/s over the runs with a price
+			ownN     int
+			catPrice float64 // catalog's current price, 0: none
 			costUSD  float64
-			energyJ  float64
-			priceSrc string
+			energyJ  float64 // Σ J/token × measured tokens of the runs with J/token
+			tokens   float64
 		}
 		tiers := map[string]*tier{}
 		for _, r := range byModel[model] {
@@ -447,58 +455,93 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*pb.Recommendation {
 			if rep.GetGpuName() == "" || rep.GetTokPerS() <= 0 || rep.GetGpus() == 0 {
 				continue
 			}
-			price, src := rep.GetGpuPricePerHour(), "run"
-			if cat != nil {
-				if p, ok := cat.CurrentPrice(rep.GetGpuName()); ok && p > 0 {
-					price, src = p, "catalog"
-				}
-			}
-			if price <= 0 {
-				continue
-			}
 			t := tiers[rep.GetGpuName()]
 			if t == nil {
-				t = &tier{name: rep.GetGpuName(), priceSrc: src}
+				t = &tier{name: rep.GetGpuName()}
+				if cat != nil {
+					if p, ok := cat.CurrentPrice(t.name); ok && p > 0 && !math.IsInf(p, 0) {
+						t.catPrice = p
+					}
+				}
 				tiers[t.name] = t
 			}
-			t.sum += price * float64(rep.GetGpus()) / rep.GetTokPerS()
+			perThr := float64(rep.GetGpus()) / rep.GetTokPerS()
 			t.n++
 			t.runs = append(t.runs, rep.GetRunId())
+			t.thr += perThr
+			if p := rep.GetGpuPricePerHour(); p > 0 {
+				t.own += p * perThr
+				t.ownN++
+			}
 			t.costUSD += rep.GetCostUsd()
-			t.energyJ += rep.GetEnergyTotalJ()
-		}
-		if len(tiers) < 2 {
-			continue
-		}
-		var cheapest *tier
-		for _, name := range sortedKeys(tiers) {
-			t := tiers[name]
-			if cheapest == nil || t.sum/float64(t.n) < cheapest.sum/float64(cheapest.n) {
-				cheapest = t
+			if rep.GetJPerToken() > 0 && rep.GetTokensMeasured() > 0 {
+				t.energyJ += rep.GetJPerToken() * float64(rep.GetTokensMeasured())
+				t.tokens += float64(rep.GetTokensMeasured())
 			}
 		}
-		best := cheapest.sum / float64(cheapest.n)
-		for _, name := range sortedKeys(tiers) {
+		// costOf is a tier's mean cost per unit of throughput on a source.
+		costOf := func(t *tier, src string) (float64, bool) {
+			switch {
+			case src == "catalog" && t.catPrice > 0:
+				return t.catPrice * t.thr / float64(t.n), true
+			case src == "run" && t.ownN > 0:
+				return t.own / float64(t.ownN), true
+			}
+			return 0, false
+		}
+		names := sortedKeys(tiers)
+		for _, name := range names {
 			t := tiers[name]
-			if t == cheapest {
+			var best *tier
+			var bestGap, cur, alt float64
+			var bestSrc string
+			for _, other := range names {
+				c := tiers[other]
+				if c == t {
+					continue
+				}
+				src := "catalog"
+				if t.catPrice <= 0 || c.catPrice <= 0 {
+					src = "run" // one source for both sides of a comparison
+				}
+				ct, ok1 := costOf(t, src)
+				cc, ok2 := costOf(c, src)
+				if !ok1 || !ok2 || ct <= 0 {
+					continue
+				}
+				if gap := (ct - cc) / ct; gap >= TierMinGap && gap > bestGap {
+					best, bestGap, cur, alt, bestSrc = c, gap, ct, cc, src
+				}
+			}
+			if best == nil {
 				continue
 			}
-			cur := t.sum / float64(t.n)
-			gap := (cur - best) / cur
-			if gap < TierMinGap {
-				continue
+			risks := []string{"throughput measured on other runs may not transfer (batch size, interconnect, memory)", "availability and price of the cheaper GPU can change"}
+			savedJ, energy := 0.0, "energy per token not measured on both GPUs: joules not estimated"
+			if t.tokens > 0 && best.tokens > 0 {
+				jt, jc := t.energyJ/t.tokens, best.energyJ/best.tokens
+				energy = fmt.Sprintf("J/token %.4g on %s vs %.4g on %s × %.0f tokens", jt, t.name, jc, best.name, t.tokens)
+				if jc <= jt {
+					savedJ = (jt - jc) * t.tokens
+				} else {
+					risks = append(risks, fmt.Sprintf("%s used %.0f%% more energy per token", best.name, 100*(jc/jt-1)))
+				}
+			}
+			source := "the runs' own prices"
+			if bestSrc == "catalog" {
+				source = "the catalog's current prices"
 			}
 			out = append(out, &pb.Recommendation{
 				Kind:  KindComputeTier,
-				Title: fmt.Sprintf("Run %s on %s instead of %s: %.0f%% cheaper per unit of throughput", model, cheapest.name, t.name, 100*gap),
+				Title: fmt.Sprintf("Run %s on %s instead of %s: %.0f%% cheaper per unit of throughput", model, best.name, t.name, 100*bestGap),
 				Action: fmt.Sprintf("Move %s from %s to %s ($%.3g vs $%.3g per Mtok at measured throughput)",
-					model, t.name, cheapest.name, best*1e6/3600, cur*1e6/3600),
-				SavingsUsd: gap * t.costUSD,
-				Confidence: math.Min(0.9, 0.6+0.1*float64(min(t.n, cheapest.n))),
-				Risks:      []string{"throughput measured on other runs may not transfer (batch size, interconnect, memory)", "availability and price of the cheaper GPU can change"},
+					model, t.name, best.name, alt*1e6/3600, cur*1e6/3600),
+				SavingsUsd: bestGap * t.costUSD, SavingsJ: savedJ,
+				Confidence: math.Min(0.9, 0.6+0.1*float64(min(t.n, best.n))),
+				Risks:      risks,
 				RunIds:     t.runs, Model: model,
-				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s: %s %.4g (%d runs, %s price), %s %.4g (%d runs, %s price); gap %.1f%% × GPU cost $%.4f",
-					t.name, cur, t.n, t.priceSrc, cheapest.name, best, cheapest.n, cheapest.priceSrc, 100*gap, t.costUSD),
+				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s on %s: %s %.4g (%d runs), %s %.4g (%d runs); gap %.1f%% × GPU cost $%.4f; %s",
+					source, t.name, cur, t.n, best.name, alt, best.n, 100*bestGap, t.costUSD, energy),
 			})
 		}
 	}

@@ -127,12 +127,40 @@ func TestComputeTierGapAndCatalog(t *testing.T) {
 		t.Fatalf("%v", recs)
 	}
 	approx(t, "savings $", recs[0].SavingsUsd, 0.25*10)
-	// The catalog says H100 now costs $3.6/h: 10 % cheaper, below the 20 % bar.
-	if recs := ComputeTier(runs, catalog{"H100": 3.6}); len(recs) != 0 {
+	// The catalog has both: A100 $2/h, H100 now $3.6/h: 10 % cheaper, below
+	// the 20 % bar.
+	if recs := ComputeTier(runs, catalog{"A100": 2, "H100": 3.6}); len(recs) != 0 {
 		t.Errorf("with catalog: %v", recs)
 	}
+	// A catalog that knows only the H100 is not set against the A100 run's
+	// own price: both sides use the runs' own prices (25 %).
+	recs = ComputeTier(runs, catalog{"H100": 3.6})
+	if len(recs) != 1 || !strings.Contains(recs[0].Evidence, "runs' own prices") {
+		t.Fatalf("catalog with one GPU model: %v, want the runs' own prices on both sides", recs)
+	}
+	approx(t, "savings $ on own prices", recs[0].SavingsUsd, 0.25*10)
 	// One GPU model only: nothing to compare.
 	if recs := ComputeTier(runs[:1], nil); len(recs) != 0 {
+		t.Errorf("%v", recs)
+	}
+}
+
+func TestComputeTierEnergy(t *testing.T) {
+	a := report("a", "m", "A100", 10, 0, 1000)
+	b := report("b", "m", "H100", 10, 0, 2000)
+	b.GpuPricePerHour = 3
+	a.JPerToken, a.TokensMeasured = 0.5, 1e6
+	b.JPerToken, b.TokensMeasured = 0.3, 2e6
+	recs := ComputeTier([]Run{{Report: a}, {Report: b}}, nil)
+	if len(recs) != 1 {
+		t.Fatalf("%v", recs)
+	}
+	approx(t, "savings J", recs[0].SavingsJ, (0.5-0.3)*1e6)
+	// The cheaper GPU takes more energy per token: no joules saved, and the
+	// risks say so.
+	b.JPerToken = 0.6
+	recs = ComputeTier([]Run{{Report: a}, {Report: b}}, nil)
+	if len(recs) != 1 || recs[0].SavingsJ != 0 || !strings.Contains(strings.Join(recs[0].Risks, ";"), "20% more energy per token") {
 		t.Errorf("%v", recs)
 	}
 }
