@@ -12,6 +12,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 
@@ -366,20 +367,33 @@ func sortedKeys[V any](m map[string]V) []string {
 	return ks
 }
 
-// DatasetSize: across a model's runs with a dataset_size and a final
-// accuracy, the smallest size whose accuracy is within DataSizeShare of the
-// best. Savings = cost of the largest-size run × (1 − small ÷ large).
+// DatasetSize: across the runs of one model on one dataset with a
+// dataset_size and a final accuracy, the smallest size whose accuracy is
+// within DataSizeShare of the best. Savings = cost of the largest-size run
+// × (1 − small ÷ large). Runs on different datasets are never compared (a
+// size means nothing across datasets).
 func DatasetSize(runs []Run) []*pb.Recommendation {
 	var out []*pb.Recommendation
-	byModel := groupByModel(runs)
-	for _, model := range sortedKeys(byModel) {
+	byModel := map[string][]Run{}
+	for _, r := range runs {
+		if m := r.Report.GetMetadata().GetModel(); m != "" {
+			k := m + "\x00" + r.Report.GetMetadata().GetDataset()
+			byModel[k] = append(byModel[k], r)
+		}
+	}
+	for _, key := range sortedKeys(byModel) {
+		model, dataset, _ := strings.Cut(key, "\x00")
+		of := ""
+		if dataset != "" {
+			of = " of " + dataset
+		}
 		type pt struct {
 			size uint64
 			acc  float64
 			run  Run
 		}
 		var pts []pt
-		for _, r := range byModel[model] {
+		for _, r := range byModel[key] {
 			if acc, ok := finalAccuracy(r.Report); ok && r.DatasetSize > 0 {
 				pts = append(pts, pt{r.DatasetSize, acc, r})
 			}
@@ -410,7 +424,7 @@ func DatasetSize(runs []Run) []*pb.Recommendation {
 		}
 		out = append(out, &pb.Recommendation{
 			Kind:       KindDatasetSize,
-			Title:      fmt.Sprintf("Train %s on %d samples instead of %d", model, small.size, large.size),
+			Title:      fmt.Sprintf("Train %s on %d samples%s instead of %d", model, small.size, of, large.size),
 			Action:     fmt.Sprintf("Use %d samples: accuracy %.4g is within %.0f%% of the best %.4g", small.size, small.acc, 100*DataSizeShare, best),
 			SavingsUsd: frac * large.run.Report.GetTotalCostUsd(), SavingsJ: frac * large.run.Report.GetEnergyTotalJ(),
 			Confidence: math.Min(0.8, 0.4+0.1*float64(len(sizes)-1)),

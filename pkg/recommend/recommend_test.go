@@ -113,6 +113,23 @@ func TestDatasetSize(t *testing.T) {
 	approx(t, "savings $", recs[0].SavingsUsd, 10*(1-0.5))
 }
 
+func TestDatasetSizeComparesRunsOfOneDatasetOnly(t *testing.T) {
+	mk := func(id, dataset string, size uint64, acc, cost float64) Run {
+		r := Run{Report: withEvals(report(id, "m", "g", cost, 100*cost, 1), nil, []float64{acc}), DatasetSize: size}
+		r.Report.Metadata.Dataset = dataset
+		return r
+	}
+	// Same model, two datasets: 10k samples of one are no evidence about
+	// 100k samples of the other.
+	if recs := DatasetSize([]Run{mk("a", "sft", 10000, 0.88, 1), mk("b", "pretrain", 100000, 0.88, 10)}); len(recs) != 0 {
+		t.Errorf("compared across datasets: %v", recs)
+	}
+	recs := DatasetSize([]Run{mk("a", "sft", 10000, 0.88, 1), mk("b", "pretrain", 100000, 0.88, 10), mk("c", "sft", 50000, 0.89, 5)})
+	if len(recs) != 1 || !strings.Contains(recs[0].Title, "on 10000 samples of sft instead of 50000") {
+		t.Errorf("%v", recs)
+	}
+}
+
 type catalog map[string]float64
 
 func (c catalog) CurrentPrice(g string) (float64, bool) { p, ok := c[g]; return p, ok }
