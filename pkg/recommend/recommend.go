@@ -40,9 +40,10 @@ const (
 	// TierMinGap: a cheaper GPU model is recommended when its cost per unit
 	// of throughput is at least this much lower.
 	TierMinGap = 0.20
-	// BatchMinHeadroom: VRAM headroom (share of the card) needed before a
-	// larger batch is suggested.
-	BatchMinHeadroom = 0.30
+	// BatchMaxPeakShare: a doubled batch is suggested when twice the run's
+	// VRAM peak stays under this share of the card (so at least 55 % of it
+	// is free).
+	BatchMaxPeakShare = 0.90
 	// BatchAssumedSpeedup: throughput gain assumed for a doubled batch when
 	// no run of the model measured one (a heuristic: low confidence).
 	BatchAssumedSpeedup = 1.10
@@ -562,10 +563,9 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*pb.Recommendation {
 	return out
 }
 
-// BatchSize: the run's VRAM peak leaves at least BatchMinHeadroom of the
-// card free, so a larger batch fits. The new batch is the current one ×
-// the largest power of two that keeps the peak under 90 % of the card,
-// at most 2×. The speedup is measured from another run of the same model
+// BatchSize: twice the run's VRAM peak stays under BatchMaxPeakShare of
+// the card, so a doubled batch fits (a pessimistic guess: the weights and
+// optimizer state do not double). The speedup is measured from another run of the same model
 // and GPU with that larger batch when there is one, else assumed
 // (BatchAssumedSpeedup, low confidence). Savings = cost × (1 − 1/speedup).
 func BatchSize(r Run, all []Run) *pb.Recommendation {
@@ -575,7 +575,7 @@ func BatchSize(r Run, all []Run) *pb.Recommendation {
 		return nil
 	}
 	headroom := 1 - rep.GetVramPeakMb()/r.GPUMemoryMiB
-	if headroom < BatchMinHeadroom || 2*rep.GetVramPeakMb() > 0.9*r.GPUMemoryMiB {
+	if 2*rep.GetVramPeakMb() > BatchMaxPeakShare*r.GPUMemoryMiB {
 		return nil
 	}
 	newBatch := md.GetBatchSize() * 2
