@@ -153,8 +153,10 @@ func TestDataloaderAdviceScenarios(t *testing.T) {
 		// one rank: bound 15 workers. 2→3 workers, 2→3 prefetch.
 		{name: "data-bound", gpuUtil: 50, ram: 0.30, wait: 0.05, compute: 0.05, workers: 2, prefetch: 2,
 			wantAdvice: true, wantClass: "data-bound", wantWorkers: 3, wantPrefetch: 3, wantShare: 0.5, wantGPU: 0.5, wantRM: 0.3},
-		// GPU at 98 %, data wait 1 % of the step: no advice, ever.
-		{name: "gpu-bound", gpuUtil: 98, ram: 0.30, wait: 0.001, compute: 0.1, workers: 4, prefetch: 2},
+		// GPU at 98 %, data wait 10.7 % of the step: over the 5 % threshold,
+		// so the utilisation decides: at or above the 85 % target, and the
+		// wait shorter than compute, the loader keeps up: no advice, ever.
+		{name: "gpu-bound", gpuUtil: 98, ram: 0.30, wait: 0.012, compute: 0.1, workers: 4, prefetch: 2},
 		// Same data-bound load, but host RAM at 90 % > the 80 % limit:
 		// prefetch 4→3 first, workers unchanged.
 		{name: "ram-over-limit", gpuUtil: 50, ram: 0.90, wait: 0.05, compute: 0.05, workers: 4, prefetch: 4,
@@ -190,6 +192,9 @@ func TestDataloaderAdviceScenarios(t *testing.T) {
 				for _, e := range h.Evaluations {
 					if e.Classification != "gpu-bound" || e.Changed || !strings.Contains(e.Reason, "no change") {
 						t.Errorf("evaluation %v", e)
+					}
+					if e.DataWaitShare < 0.05 || e.GpuUtilization < 0.85 {
+						t.Errorf("evaluation %v: want a data wait over 5 %% judged by a utilisation over the target", e)
 					}
 				}
 				tr.send(`{"event":"run_end","run_id":%q}`, run)

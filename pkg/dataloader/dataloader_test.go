@@ -220,3 +220,44 @@ func TestEvidenceFromBeforeAnAppliedChangeIsForgotten(t *testing.T) {
 		t.Fatalf("second fresh evaluation: %+v, want 3→5 workers", adv)
 	}
 }
+
+func TestWaitAboveThresholdAtTargetUtilisationIsGPUBound(t *testing.T) {
+	// 10 % of step time waiting (over the 5 % threshold), but the GPU is at
+	// 90 % ≥ the 85 % target and the wait is shorter than compute: the
+	// loader is not what holds the GPU back.
+	iv := Interval{Steps: 50, DataWaitS: 0.5, ComputeS: 4.5, GPUUtilization: 0.90, HasGPUUtilization: true,
+		RAMUsage: 0.4, HasRAM: true, CPUCount: 32, LocalRanks: 1}
+	if c := Classify(Config{}.WithDefaults(), iv); c != GPUBound {
+		t.Fatalf("class %s, want gpu-bound", c)
+	}
+	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
+	for range 4 {
+		if adv := evaluate(a, iv); adv.Class != GPUBound || adv.Changed || !strings.Contains(adv.Reason, "no change") {
+			t.Fatalf("%+v", adv)
+		}
+	}
+	// The same wait with the GPU under target is data-bound.
+	iv.GPUUtilization = 0.80
+	if c := Classify(Config{}.WithDefaults(), iv); c != DataBound {
+		t.Errorf("at 80 %% utilisation: class %s, want data-bound", c)
+	}
+}
+
+func TestWaitLongerThanComputeAtHighUtilisationGetsMorePrefetchOnly(t *testing.T) {
+	// The GPU is at 95 % (above target) yet steps wait longer for data than
+	// they compute: data-bound through the wait, so more prefetch — doubled —
+	// but no more workers (utilisation is not what is short).
+	iv := Interval{Steps: 50, DataWaitS: 3, ComputeS: 2, GPUUtilization: 0.95, HasGPUUtilization: true,
+		RAMUsage: 0.4, HasRAM: true, CPUCount: 32, LocalRanks: 1}
+	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
+	if first := evaluate(a, iv); first.Class != DataBound || first.Changed {
+		t.Fatalf("first: %+v", first)
+	}
+	adv := evaluate(a, iv)
+	if !adv.Changed || adv.NumWorkers != 4 || adv.PrefetchFactor != 4 {
+		t.Fatalf("%+v, want workers 4 (unchanged) and prefetch 2→4", adv)
+	}
+	if !strings.Contains(adv.Reason, "prefetch_factor 2→4") || strings.Contains(adv.Reason, "num_workers") {
+		t.Errorf("reason %q", adv.Reason)
+	}
+}
