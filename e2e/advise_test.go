@@ -72,6 +72,8 @@ type adviceLine struct {
 	GPUUtilization *float64 `json:"gpu_utilization"`
 	RAMUsage       *float64 `json:"ram_usage"`
 	ExpectedGain   *float64 `json:"expected_gain"`
+	FromWorkers    *int     `json:"from_num_workers"`
+	FromPrefetch   *int     `json:"from_prefetch_factor"`
 	raw            string
 }
 
@@ -151,8 +153,10 @@ func TestDataloaderAdviceScenarios(t *testing.T) {
 		// one rank: bound 15 workers. 2→3 workers, 2→3 prefetch.
 		{name: "data-bound", gpuUtil: 50, ram: 0.30, wait: 0.05, compute: 0.05, workers: 2, prefetch: 2,
 			wantAdvice: true, wantClass: "data-bound", wantWorkers: 3, wantPrefetch: 3, wantShare: 0.5, wantGPU: 0.5, wantRM: 0.3},
-		// GPU at 98 %, data wait 1 % of the step: no advice, ever.
-		{name: "gpu-bound", gpuUtil: 98, ram: 0.30, wait: 0.001, compute: 0.1, workers: 4, prefetch: 2},
+		// GPU at 98 %, data wait 10.7 % of the step: over the 5 % threshold,
+		// so the utilisation decides: at or above the 85 % target, and the
+		// wait shorter than compute, the loader keeps up: no advice, ever.
+		{name: "gpu-bound", gpuUtil: 98, ram: 0.30, wait: 0.012, compute: 0.1, workers: 4, prefetch: 2},
 		// Same data-bound load, but host RAM at 90 % > the 80 % limit:
 		// prefetch 4→3 first, workers unchanged.
 		{name: "ram-over-limit", gpuUtil: 50, ram: 0.90, wait: 0.05, compute: 0.05, workers: 4, prefetch: 4,
@@ -189,6 +193,9 @@ func TestDataloaderAdviceScenarios(t *testing.T) {
 					if e.Classification != "gpu-bound" || e.Changed || !strings.Contains(e.Reason, "no change") {
 						t.Errorf("evaluation %v", e)
 					}
+					if e.DataWaitShare < 0.05 || e.GpuUtilization < 0.85 {
+						t.Errorf("evaluation %v: want a data wait over 5 %% judged by a utilisation over the target", e)
+					}
 				}
 				tr.send(`{"event":"run_end","run_id":%q}`, run)
 				tr.sync()
@@ -214,6 +221,10 @@ func TestDataloaderAdviceScenarios(t *testing.T) {
 			}
 			if adv.Reason == "" {
 				t.Error("advice without a reason")
+			}
+			if adv.FromWorkers == nil || adv.FromPrefetch == nil || *adv.FromWorkers != tc.workers || *adv.FromPrefetch != tc.prefetch {
+				t.Errorf("advice baseline from_num_workers %v from_prefetch_factor %v, want the run_start's %d/%d",
+					adv.FromWorkers, adv.FromPrefetch, tc.workers, tc.prefetch)
 			}
 			tr.send(`{"event":"eval","run_id":%q,"epoch":1,"val_loss":1.5}`, run)
 			tr.send(`{"event":"run_end","run_id":%q}`, run)
@@ -249,15 +260,25 @@ func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
 	sock := c.startAgent("node", "sim:1")
 	c.waitStreaming("node")
 	tr := dialTrainer(t, sock)
-	tr.send(`{"event":"run_start","run_id":"es","model":"es-model","gpus":[0],"warmup_s":0,"planned_epochs":12,"gpu_price_per_hour":3.6}`)
+	// The scenario's own figures: one GPU at $3.60/GPU-hour, 12 planned
+	// epochs of epochLen each; the run trains 7 and ends.
+	const price = 3.6
+	const epochLen = 400 * time.Millisecond
+	const stepsPerEpoch = 10
+	tr.send(`{"event":"run_start","run_id":"es","model":"es-model","gpus":[0],"warmup_s":0,"planned_epochs":12,"gpu_price_per_hour":%g}`, price)
+	tr.sync()
 	// Best at epoch 3 (1.2); epoch 4 improves by less than 1 %, epoch 5 is
-	// worse: patience 2 runs out at epoch 5.
-	losses := []float64{2.0, 1.5, 1.2, 1.199, 1.205}
+	// worse: patience 2 runs out at epoch 5. The run goes on past the
+	// plateau for epochs 6 and 7, then ends.
+	losses := []float64{2.0, 1.5, 1.2, 1.199, 1.205, 1.21, 1.22}
+	const stopEpoch = 5
+	t0 := time.Now()
 	step := 0
 	for e, loss := range losses {
-		for range 10 {
+		for i := range stepsPerEpoch {
 			step++
-			time.Sleep(20 * time.Millisecond)
+			// Paced on absolute deadlines, so epoch e ends at t0 + e × epochLen.
+			time.Sleep(time.Until(t0.Add(time.Duration(e)*epochLen + time.Duration(i+1)*epochLen/stepsPerEpoch)))
 			tr.send(`{"event":"step","run_id":"es","step":%d,"tokens":4096,"data_wait_s":0.001,"compute_s":0.02}`, step)
 		}
 		tr.send(`{"event":"eval","run_id":"es","epoch":%d,"val_loss":%g}`, e+1, loss)
@@ -268,6 +289,9 @@ func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
 	if rep.TotalCostUsd <= 0 || rep.EnergyTotalJ <= 0 {
 		t.Fatalf("run has no cost/energy: $%v %v J", rep.TotalCostUsd, rep.EnergyTotalJ)
 	}
+	if rep.EnergyCostUsd != 0 {
+		t.Fatalf("setup: the run has an energy cost ($%v); the hand computation counts GPU-hours only", rep.EnergyCostUsd)
+	}
 	resp, err := c.recommendClient().Recommend(context.Background(), &pb.RecommendRequest{RunIds: []string{"es"}})
 	if err != nil {
 		t.Fatal(err)
@@ -276,24 +300,26 @@ func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
 	if es == nil {
 		t.Fatalf("no early-stopping recommendation: %v", resp.Recommendations)
 	}
-	// By hand: 5 epochs done for $total; stop at epoch 5 of 12 planned:
-	// 7 epochs × total/5.
-	wantUSD := 7 * rep.TotalCostUsd / 5
-	wantJ := 7 * rep.EnergyTotalJ / 5
-	within(t, "early-stopping savings $", es.SavingsUsd, wantUSD, 1e-9)
-	within(t, "early-stopping savings J", es.SavingsJ, wantJ, 1e-9)
-	if !strings.Contains(es.Title, "epoch 5") || math.Abs(es.Confidence-0.8) > 1e-9 {
+	// By hand, from the scenario alone: stopping at epoch 5 would have saved
+	// the epochs after it that the run trained (6 and 7; the planned 8–12
+	// were never spent): 2 epochs × 400 ms on 1 GPU at $3.60/h.
+	trainedAfterStop := float64(len(losses) - stopEpoch)
+	wantUSD := price * 1 * trainedAfterStop * epochLen.Hours()
+	within(t, "early-stopping savings $ (hand: price × GPU-hours of epochs 6–7)", es.SavingsUsd, wantUSD, 0.05)
+	// The joules follow the same rule: 2 of the 7 epochs' energy.
+	within(t, "early-stopping savings J", es.SavingsJ, trainedAfterStop*rep.EnergyTotalJ/float64(len(losses)), 1e-9)
+	if !strings.Contains(es.Title, "epoch 5") || math.Abs(es.Confidence-0.9) > 1e-9 {
 		t.Errorf("title %q confidence %v", es.Title, es.Confidence)
 	}
-	if resp.TotalSavingsUsd < es.SavingsUsd {
-		t.Errorf("total savings $%v below one recommendation's $%v", resp.TotalSavingsUsd, es.SavingsUsd)
+	if resp.TotalSavingsUsd < es.SavingsUsd || resp.TotalSavingsUsd > rep.TotalCostUsd {
+		t.Errorf("total savings $%v: below one recommendation's $%v or above the run's cost $%v", resp.TotalSavingsUsd, es.SavingsUsd, rep.TotalCostUsd)
 	}
-	out := c.cli("recommend", "es", "--min-confidence", "0.8")
-	if !strings.Contains(out, "[early_stopping]") || !strings.Contains(out, fmt.Sprintf("$%.2f", wantUSD)) || !strings.Contains(out, "total potential savings") {
-		t.Errorf("recommend --min-confidence 0.8:\n%s", out)
+	out := c.cli("recommend", "es", "--min-confidence", "0.9")
+	if !strings.Contains(out, "[early_stopping]") || !strings.Contains(out, fmt.Sprintf("$%.2f", es.SavingsUsd)) || !strings.Contains(out, "total potential savings") {
+		t.Errorf("recommend --min-confidence 0.9:\n%s", out)
 	}
-	if out := c.cli("recommend", "es", "--min-confidence", "0.85"); strings.Contains(out, "[early_stopping]") {
-		t.Errorf("confidence 0.8 listed at --min-confidence 0.85:\n%s", out)
+	if out := c.cli("recommend", "es", "--min-confidence", "0.95"); strings.Contains(out, "[early_stopping]") {
+		t.Errorf("confidence 0.9 listed at --min-confidence 0.95:\n%s", out)
 	}
 }
 
@@ -375,7 +401,9 @@ func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
 // pythonAdaptiveTrainer is a trainer on the real Python client: an
 // AdaptiveLoader over a DataLoader stand-in (no torch needed) whose steps
 // wait for data as long as they compute; it prints the adjustments the
-// loader applied at epoch boundaries.
+// loader applied at epoch boundaries. Its run_start does not say what the
+// loader has (8 workers, prefetch 4): the collector assumes 2 / 2, and its
+// data-bound advice (2→3, 2→3) must still mean more, not fewer, workers.
 const pythonAdaptiveTrainer = `
 import json, sys, time
 sys.path.insert(0, "../clients/python")
@@ -389,8 +417,8 @@ class Loader:  # the attributes and constructor of torch.utils.data.DataLoader t
         return iter(range(len(self.dataset) // self.batch_size))
 
 run = trainmeter.start(run_id="py-adapt", socket_path=sys.argv[1], model="m", gpus=[0], warmup_s=0,
-                       num_workers=2, prefetch_factor=2, adjustment_interval=10)
-loader = trainmeter.AdaptiveLoader(Loader(list(range(80)), batch_size=4, num_workers=2, prefetch_factor=2), run)
+                       adjustment_interval=10)
+loader = trainmeter.AdaptiveLoader(Loader(list(range(80)), batch_size=4, num_workers=8, prefetch_factor=4), run)
 step = 0
 for epoch in range(1, 16):
     for batch in loader:
@@ -437,8 +465,13 @@ func TestPythonAdaptiveLoaderAppliesLiveAdviceAtEpochBoundary(t *testing.T) {
 		t.Fatal("the AdaptiveLoader applied no advice")
 	}
 	a := res.Adjustments[0]
-	if a.Epoch < 2 || a.NumWorkers != 3 || a.PrefetchFactor != 3 || a.Classification != "data-bound" {
-		t.Errorf("first adjustment %+v, want workers 3, prefetch 3 (data-bound) at an epoch ≥ 2", a)
+	// The advice says 2→3 workers and 2→3 prefetch from the assumed 2/2;
+	// on the real 8/4 loader that is ×1.5: 12 workers, prefetch 6.
+	if a.Epoch < 2 || a.NumWorkers != 12 || a.PrefetchFactor != 6 || a.Classification != "data-bound" {
+		t.Errorf("first adjustment %+v, want workers 8→12, prefetch 4→6 (data-bound) at an epoch ≥ 2", a)
+	}
+	if res.LastAdvice["num_workers"] != 3.0 || res.LastAdvice["from_num_workers"] != 2.0 || res.LastAdvice["from_prefetch_factor"] != 2.0 {
+		t.Errorf("advice %v, want 3 workers from the assumed 2/2", res.LastAdvice)
 	}
 	if res.LastAdvice["expected_gain"] == nil || res.LastAdvice["gpu_utilization"] == nil {
 		t.Errorf("advice figures missing in the client: %v", res.LastAdvice)

@@ -5,7 +5,9 @@
 // It is pure: the caller feeds one Interval of measurements per evaluation
 // (every Config.Interval steps) to an Advisor, which classifies it, applies
 // the strategy for that class and the hysteresis, and says whether to send
-// new settings. No I/O, no clock.
+// new settings. The caller tells it with Commit when a change reached the
+// trainer; until then the advisor's settings stay as they were. No I/O, no
+// clock.
 package dataloader
 
 import (
@@ -47,7 +49,8 @@ const (
 	// next epoch; until an epoch boundary has passed (or this many
 	// evaluations, for runs that report no epochs) no further change is
 	// advised, so the advisor does not stack changes on figures that do not
-	// reflect the last one yet.
+	// reflect the last one yet. Exception: a memory-bound reduction replaces
+	// a pending increase at once (it protects the host).
 	CooldownEvaluations = 5
 	// MinRelativeWorkerChange: a worker change smaller than this share of
 	// the current count, with the same prefetch, is not worth a rebuild.
@@ -153,6 +156,12 @@ type Advice struct {
 	Class          Class
 	NumWorkers     int // recommended (== current when Changed is false)
 	PrefetchFactor int
+	// FromNumWorkers / FromPrefetchFactor are the settings the change was
+	// computed from: the loader's settings as the advisor believes them
+	// (the run_start's, then the last delivered advice's, or the ones before
+	// a pending increase that a memory-bound reduction replaces).
+	FromNumWorkers     int
+	FromPrefetchFactor int
 	// Changed: the settings differ from the current ones and the hysteresis
 	// let the change through: send it to the trainer.
 	Changed bool
@@ -172,9 +181,13 @@ type Advice struct {
 // Advisor keeps one run's (on one node) classification history and
 // current settings.
 type Advisor struct {
-	cfg            Config
-	workers        int
-	prefetch       int
+	cfg      Config
+	workers  int // settings in force once the trainer applied the last change
+	prefetch int
+	// prevWorkers / prevPrefetch: the settings before the last change, still
+	// in force while it is pending (not yet applied by the trainer).
+	prevWorkers    int
+	prevPrefetch   int
 	evaluations    int
 	lastClass      Class
 	streak         int // consecutive evaluations with lastClass
@@ -186,24 +199,34 @@ type Advisor struct {
 
 // EpochBoundary tells the advisor the run finished an epoch (an eval
 // event): a trainer that applies advice at epoch boundaries has now applied
-// the last one.
-func (a *Advisor) EpochBoundary() { a.boundarySince = true }
+// the last one. On the first boundary after a change it returns true and
+// forgets the evidence gathered so far (the class streak): it was measured
+// on the settings before the change. The caller should then drop the
+// interval it is accumulating, for the same reason.
+func (a *Advisor) EpochBoundary() (applied bool) {
+	if a.adjustments > 0 && !a.boundarySince {
+		a.lastClass, a.streak = Unknown, 0
+		applied = true
+	}
+	a.boundarySince = true
+	return applied
+}
 
 // NewAdvisor returns an advisor for a run with cfg (defaults applied).
 func NewAdvisor(cfg Config) *Advisor {
 	cfg = cfg.WithDefaults()
-	return &Advisor{cfg: cfg, workers: cfg.NumWorkers, prefetch: cfg.PrefetchFactor}
+	return &Advisor{cfg: cfg, workers: cfg.NumWorkers, prefetch: cfg.PrefetchFactor, prevWorkers: cfg.NumWorkers, prevPrefetch: cfg.PrefetchFactor}
 }
 
 // Config returns the advisor's config (defaults applied).
 func (a *Advisor) Config() Config { return a.cfg }
 
 // Current returns the settings the advisor believes the loader has: the
-// run_start's, then the last advice sent (it assumes the trainer applies it
-// at its next epoch).
+// run_start's, then the last advice committed (delivered; it assumes the
+// trainer applies it at its next epoch).
 func (a *Advisor) Current() (numWorkers, prefetchFactor int) { return a.workers, a.prefetch }
 
-// Adjustments is how many changes were advised so far.
+// Adjustments is how many changes were committed (delivered) so far.
 func (a *Advisor) Adjustments() int { return a.adjustments }
 
 // Classify says what limits the run over iv.
@@ -222,7 +245,12 @@ func Classify(cfg Config, iv Interval) Class {
 	return GPUBound
 }
 
-// Evaluate classifies one interval and returns the advice.
+// Evaluate classifies one interval and returns the advice. A change
+// (Changed) is only a proposal: the advisor's settings, adjustment count and
+// cooldown move when the caller Commits it, i.e. once the advice reached the
+// trainer. An advice that could not be delivered is not committed; the
+// evidence keeps counting, so the next evaluation proposes it again with
+// fresh figures.
 func (a *Advisor) Evaluate(iv Interval) Advice {
 	a.evaluations++
 	class := Classify(a.cfg, iv)
@@ -231,14 +259,24 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 	} else {
 		a.lastClass, a.streak = class, 1
 	}
+	// The last change is pending while the trainer has not passed an epoch
+	// boundary (nor the cooldown) since it was sent.
+	pending := a.adjustments > 0 && !a.boundarySince && a.evaluations-a.lastChangeEval < CooldownEvaluations
+	// A memory-bound reduction does not wait for a pending increase to be
+	// applied: it replaces it, so it starts from the settings still in force.
+	replacing := class == MemoryBound && pending && a.lastDirection > 0
+	bw, bp := a.workers, a.prefetch // the baseline of this evaluation
+	if replacing {
+		bw, bp = a.prevWorkers, a.prevPrefetch
+	}
 	adv := Advice{
-		Class: class, NumWorkers: a.workers, PrefetchFactor: a.prefetch,
+		Class: class, NumWorkers: a.workers, PrefetchFactor: a.prefetch, FromNumWorkers: bw, FromPrefetchFactor: bp,
 		DataWaitShare: iv.DataWaitShare(), GPUUtilization: iv.GPUUtilization, HasGPUUtilization: iv.HasGPUUtilization,
 		RAMUsage: iv.RAMUsage, HasRAM: iv.HasRAM,
-		MaxWorkers: MaxWorkers(iv.CPUCount, iv.LocalRanks, a.workers),
+		MaxWorkers: MaxWorkers(iv.CPUCount, iv.LocalRanks, bw),
 	}
 	figures := a.figures(iv)
-	w, p := a.workers, a.prefetch
+	w, p := bw, bp
 	dir := 0
 	switch class {
 	case Unknown:
@@ -249,15 +287,21 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 		return adv
 	case MemoryBound:
 		dir = -1
-		if p > 1 {
+		switch {
+		case p > 1:
 			p--
-			adv.Reason = fmt.Sprintf("memory-bound (%s, limit %.0f%%): lower prefetch_factor %d→%d first", figures, 100*a.cfg.MaxRAMUsage, a.prefetch, p)
-		} else if w > 0 {
+			adv.Reason = fmt.Sprintf("memory-bound (%s, limit %.0f%%): lower prefetch_factor %d→%d first", figures, 100*a.cfg.MaxRAMUsage, bp, p)
+		case w > 0:
 			w = max(0, w-max(1, w/4))
-			adv.Reason = fmt.Sprintf("memory-bound (%s, limit %.0f%%): prefetch_factor already 1; fewer workers %d→%d", figures, 100*a.cfg.MaxRAMUsage, a.workers, w)
-		} else {
+			adv.Reason = fmt.Sprintf("memory-bound (%s, limit %.0f%%): prefetch_factor already 1; fewer workers %d→%d", figures, 100*a.cfg.MaxRAMUsage, bw, w)
+		case replacing:
+			adv.Reason = fmt.Sprintf("memory-bound (%s, limit %.0f%%): loader already minimal; keep num_workers %d, prefetch_factor %d", figures, 100*a.cfg.MaxRAMUsage, bw, bp)
+		default:
 			adv.Reason = fmt.Sprintf("memory-bound (%s, limit %.0f%%): loader already minimal; the RAM is used elsewhere", figures, 100*a.cfg.MaxRAMUsage)
 			return adv
+		}
+		if replacing {
+			adv.Reason += fmt.Sprintf(" (replaces the pending increase to num_workers %d, prefetch_factor %d)", a.workers, a.prefetch)
 		}
 	case DataBound:
 		dir = +1
@@ -270,7 +314,7 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 		lowUtil := !iv.HasGPUUtilization || iv.GPUUtilization < a.cfg.TargetGPUUtilization
 		if lowUtil && w < adv.MaxWorkers {
 			w = min(adv.MaxWorkers, max(w+1, int(math.Ceil(float64(w)*1.5))))
-			what = append(what, fmt.Sprintf("num_workers %d→%d", a.workers, w))
+			what = append(what, fmt.Sprintf("num_workers %d→%d", bw, w))
 		}
 		if p < MaxPrefetchFactor {
 			if iv.DataWaitS > iv.ComputeS {
@@ -278,7 +322,7 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 			} else {
 				p++
 			}
-			what = append(what, fmt.Sprintf("prefetch_factor %d→%d", a.prefetch, p))
+			what = append(what, fmt.Sprintf("prefetch_factor %d→%d", bp, p))
 		}
 		if len(what) == 0 {
 			adv.Reason = fmt.Sprintf("data-bound (%s) but num_workers is at the bound of %d (CPUs per local rank) and prefetch_factor at %d: speed up the dataset itself", figures, adv.MaxWorkers, MaxPrefetchFactor)
@@ -295,7 +339,7 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 		adv.Reason += fmt.Sprintf(" — waiting for %d consecutive %s evaluations before changing", need, class)
 		return adv
 	}
-	if a.adjustments > 0 && !a.boundarySince && a.evaluations-a.lastChangeEval < CooldownEvaluations {
+	if pending && !replacing {
 		adv.Reason += " — held: the last advice is not applied yet (waiting for an epoch boundary)"
 		return adv
 	}
@@ -303,7 +347,7 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 		adv.Reason += fmt.Sprintf(" — held: the last change went the other way %d evaluations ago", a.evaluations-a.lastChangeEval)
 		return adv
 	}
-	if p == a.prefetch && math.Abs(float64(w-a.workers)) < MinRelativeWorkerChange*float64(a.workers) {
+	if !replacing && p == bp && math.Abs(float64(w-bw)) < MinRelativeWorkerChange*float64(bw) {
 		adv.Reason += " — held: change too small to be worth a rebuild"
 		return adv
 	}
@@ -314,13 +358,29 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 	} else {
 		adv.ExpectedGain = 0
 	}
-	a.workers, a.prefetch = w, p
+	return adv
+}
+
+// Commit records that adv, the change the latest Evaluate proposed, reached
+// the trainer: its settings become the advisor's current ones, and the
+// cooldown and no-reversal rules start from this evaluation. Call it right
+// after that Evaluate, and only for a delivered change; anything else is
+// ignored.
+func (a *Advisor) Commit(adv Advice) {
+	if !adv.Changed {
+		return
+	}
+	dir := +1
+	if adv.Class == MemoryBound {
+		dir = -1
+	}
+	a.prevWorkers, a.prevPrefetch = adv.FromNumWorkers, adv.FromPrefetchFactor
+	a.workers, a.prefetch = adv.NumWorkers, adv.PrefetchFactor
 	a.lastDirection, a.lastChangeEval = dir, a.evaluations
 	a.adjustments++
 	a.boundarySince = false
 	// A new setting starts a new streak: the next change needs fresh evidence.
 	a.streak = 0
-	return adv
 }
 
 func (a *Advisor) figures(iv Interval) string {

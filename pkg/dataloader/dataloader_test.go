@@ -10,13 +10,21 @@ func dataBound() Interval {
 		RAMUsage: 0.4, HasRAM: true, CPUCount: 32, LocalRanks: 2}
 }
 
+// evaluate is Evaluate followed by Commit of a change, as when every advice
+// reaches the trainer.
+func evaluate(a *Advisor, iv Interval) Advice {
+	adv := a.Evaluate(iv)
+	a.Commit(adv)
+	return adv
+}
+
 func TestDataBoundRunGetsMoreWorkersAndPrefetchAfterConfirmation(t *testing.T) {
 	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
-	first := a.Evaluate(dataBound())
+	first := evaluate(a, dataBound())
 	if first.Class != DataBound || first.Changed {
 		t.Fatalf("first evaluation: %+v, want data-bound, held for confirmation", first)
 	}
-	second := a.Evaluate(dataBound())
+	second := evaluate(a, dataBound())
 	if !second.Changed || second.NumWorkers != 6 || second.PrefetchFactor != 3 {
 		t.Fatalf("second evaluation: %+v, want 4→6 workers, 2→3 prefetch", second)
 	}
@@ -35,7 +43,7 @@ func TestWorkersStayWithinCPUsPerRank(t *testing.T) {
 	iv.DataWaitS, iv.ComputeS = 3, 1  // wait > compute: prefetch doubles
 	var last Advice
 	for range 20 {
-		if adv := a.Evaluate(iv); adv.Changed {
+		if adv := evaluate(a, iv); adv.Changed {
 			last = adv
 		}
 		a.EpochBoundary()
@@ -43,7 +51,7 @@ func TestWorkersStayWithinCPUsPerRank(t *testing.T) {
 	if last.NumWorkers != 3 || last.PrefetchFactor != MaxPrefetchFactor {
 		t.Fatalf("final %+v, want 3 workers (bound) and prefetch %d", last, MaxPrefetchFactor)
 	}
-	adv := a.Evaluate(iv)
+	adv := evaluate(a, iv)
 	if adv.Changed || !strings.Contains(adv.Reason, "bound of 3") {
 		t.Errorf("at the bounds: %+v", adv)
 	}
@@ -53,7 +61,7 @@ func TestGPUBoundRunIsLeftAlone(t *testing.T) {
 	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
 	iv := Interval{Steps: 50, DataWaitS: 0.05, ComputeS: 5, GPUUtilization: 0.98, HasGPUUtilization: true, RAMUsage: 0.4, HasRAM: true, CPUCount: 32, LocalRanks: 1}
 	for range 10 {
-		adv := a.Evaluate(iv)
+		adv := evaluate(a, iv)
 		if adv.Class != GPUBound || adv.Changed || !strings.Contains(adv.Reason, "no change") {
 			t.Fatalf("%+v", adv)
 		}
@@ -64,15 +72,15 @@ func TestRAMOverLimitLowersPrefetchFirstThenWorkers(t *testing.T) {
 	a := NewAdvisor(Config{NumWorkers: 8, PrefetchFactor: 2, MaxRAMUsage: 0.8})
 	iv := dataBound()
 	iv.RAMUsage = 0.9
-	adv := a.Evaluate(iv)
+	adv := evaluate(a, iv)
 	if adv.Class != MemoryBound || !adv.Changed || adv.PrefetchFactor != 1 || adv.NumWorkers != 8 {
 		t.Fatalf("first: %+v, want prefetch 2→1 at once", adv)
 	}
-	if adv = a.Evaluate(iv); adv.Changed {
+	if adv = evaluate(a, iv); adv.Changed {
 		t.Fatalf("changed again before the trainer could apply the advice: %+v", adv)
 	}
 	a.EpochBoundary()
-	adv = a.Evaluate(iv)
+	adv = evaluate(a, iv)
 	if !adv.Changed || adv.PrefetchFactor != 1 || adv.NumWorkers != 6 {
 		t.Fatalf("second: %+v, want workers 8→6", adv)
 	}
@@ -82,7 +90,7 @@ func TestChangesWaitForTheEpochBoundaryOrTheCooldown(t *testing.T) {
 	a := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2})
 	var changedAt []int
 	for i := 1; i <= 12; i++ {
-		if a.Evaluate(dataBound()).Changed {
+		if evaluate(a, dataBound()).Changed {
 			changedAt = append(changedAt, i)
 		}
 	}
@@ -103,7 +111,7 @@ func TestNoFlappingBetweenIncreaseAndDecrease(t *testing.T) {
 		if i%2 == 1 {
 			iv = gb
 		}
-		if a.Evaluate(iv).Changed {
+		if evaluate(a, iv).Changed {
 			changes++
 		}
 	}
@@ -117,7 +125,7 @@ func TestRAMNearTheLimitBlocksIncrease(t *testing.T) {
 	iv := dataBound()
 	iv.RAMUsage = 0.78 // within the 5 % band under the limit
 	for range 4 {
-		if adv := a.Evaluate(iv); adv.Changed {
+		if adv := evaluate(a, iv); adv.Changed {
 			t.Fatalf("%+v", adv)
 		}
 	}
@@ -133,5 +141,123 @@ func TestConfigDefaultsAndValidation(t *testing.T) {
 	}
 	if err := (Config{TargetGPUUtilization: 1.5, MaxRAMUsage: 0.5, Interval: 1}).Validate(); err == nil {
 		t.Error("target 1.5 accepted")
+	}
+}
+
+func TestUndeliveredAdviceIsNotCountedAndIsProposedAgain(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
+	a.Evaluate(dataBound())
+	lost := a.Evaluate(dataBound())
+	if !lost.Changed || lost.NumWorkers != 6 {
+		t.Fatalf("second evaluation: %+v, want a change to 6 workers", lost)
+	}
+	// Not committed: the stream was down or its queue full.
+	if w, p := a.Current(); w != 4 || p != 2 || a.Adjustments() != 0 {
+		t.Fatalf("after an undelivered advice: current %d/%d, %d adjustments; want 4/2, 0", w, p, a.Adjustments())
+	}
+	// The next evaluation proposes the same change again (no cooldown held
+	// it: nothing was sent), from the same baseline.
+	again := a.Evaluate(dataBound())
+	if !again.Changed || again.NumWorkers != 6 || again.PrefetchFactor != 3 {
+		t.Fatalf("third evaluation: %+v, want the change proposed again", again)
+	}
+	a.Commit(again)
+	if w, p := a.Current(); w != 6 || p != 3 || a.Adjustments() != 1 {
+		t.Errorf("after commit: current %d/%d, %d adjustments", w, p, a.Adjustments())
+	}
+}
+
+func TestMemoryBoundReductionReplacesAPendingIncreaseAtOnce(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2, MaxRAMUsage: 0.8})
+	evaluate(a, dataBound())
+	if inc := evaluate(a, dataBound()); !inc.Changed || inc.NumWorkers != 6 || inc.PrefetchFactor != 3 {
+		t.Fatalf("increase: %+v", inc)
+	}
+	// Before the trainer reached an epoch boundary (the increase is still
+	// pending), RAM crosses the limit: the reduction does not wait out the
+	// cooldown, and it starts from the 4/2 still in force.
+	hot := dataBound()
+	hot.RAMUsage = 0.9
+	dec := evaluate(a, hot)
+	if dec.Class != MemoryBound || !dec.Changed {
+		t.Fatalf("memory-bound during the cooldown of an increase: %+v, want a change at once", dec)
+	}
+	if dec.NumWorkers != 4 || dec.PrefetchFactor != 1 || dec.FromNumWorkers != 4 || dec.FromPrefetchFactor != 2 {
+		t.Errorf("reduction %d/%d from %d/%d, want 4/1 from 4/2 (the pending 6/3 is replaced)",
+			dec.NumWorkers, dec.PrefetchFactor, dec.FromNumWorkers, dec.FromPrefetchFactor)
+	}
+	if !strings.Contains(dec.Reason, "replaces the pending increase") {
+		t.Errorf("reason %q", dec.Reason)
+	}
+	// A reduction is not stacked on a pending reduction.
+	if again := evaluate(a, hot); again.Changed {
+		t.Errorf("second reduction before the first was applied: %+v", again)
+	}
+}
+
+func TestEvidenceFromBeforeAnAppliedChangeIsForgotten(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2})
+	evaluate(a, dataBound())
+	if !evaluate(a, dataBound()).Changed { // 2→3 workers, 2→3 prefetch
+		t.Fatal("no first change")
+	}
+	// Measured before the trainer applied the change: still data-bound.
+	if adv := evaluate(a, dataBound()); adv.Changed {
+		t.Fatalf("changed during the cooldown: %+v", adv)
+	}
+	if !a.EpochBoundary() {
+		t.Error("the first boundary after a change did not report the change applied")
+	}
+	if a.EpochBoundary() {
+		t.Error("a second boundary reported a change applied again")
+	}
+	// The evaluation before the boundary described the old settings: the
+	// next change needs two fresh data-bound evaluations, not one.
+	if adv := evaluate(a, dataBound()); adv.Changed {
+		t.Fatalf("changed on one evaluation after the boundary (stale streak): %+v", adv)
+	}
+	if adv := evaluate(a, dataBound()); !adv.Changed || adv.FromNumWorkers != 3 || adv.NumWorkers != 5 {
+		t.Fatalf("second fresh evaluation: %+v, want 3→5 workers", adv)
+	}
+}
+
+func TestWaitAboveThresholdAtTargetUtilisationIsGPUBound(t *testing.T) {
+	// 10 % of step time waiting (over the 5 % threshold), but the GPU is at
+	// 90 % ≥ the 85 % target and the wait is shorter than compute: the
+	// loader is not what holds the GPU back.
+	iv := Interval{Steps: 50, DataWaitS: 0.5, ComputeS: 4.5, GPUUtilization: 0.90, HasGPUUtilization: true,
+		RAMUsage: 0.4, HasRAM: true, CPUCount: 32, LocalRanks: 1}
+	if c := Classify(Config{}.WithDefaults(), iv); c != GPUBound {
+		t.Fatalf("class %s, want gpu-bound", c)
+	}
+	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
+	for range 4 {
+		if adv := evaluate(a, iv); adv.Class != GPUBound || adv.Changed || !strings.Contains(adv.Reason, "no change") {
+			t.Fatalf("%+v", adv)
+		}
+	}
+	// The same wait with the GPU under target is data-bound.
+	iv.GPUUtilization = 0.80
+	if c := Classify(Config{}.WithDefaults(), iv); c != DataBound {
+		t.Errorf("at 80 %% utilisation: class %s, want data-bound", c)
+	}
+}
+
+func TestWaitLongerThanComputeAtHighUtilisationGetsMorePrefetchOnly(t *testing.T) {
+	// The GPU is at 95 % (above target) yet steps wait longer for data than
+	// they compute: data-bound through the wait, so more prefetch — doubled —
+	// but no more workers (utilisation is not what is short).
+	iv := Interval{Steps: 50, DataWaitS: 3, ComputeS: 2, GPUUtilization: 0.95, HasGPUUtilization: true,
+		RAMUsage: 0.4, HasRAM: true, CPUCount: 32, LocalRanks: 1}
+	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
+	if first := evaluate(a, iv); first.Class != DataBound || first.Changed {
+		t.Fatalf("first: %+v", first)
+	}
+	adv := evaluate(a, iv)
+	if !adv.Changed || adv.NumWorkers != 4 || adv.PrefetchFactor != 4 {
+		t.Fatalf("%+v, want workers 4 (unchanged) and prefetch 2→4", adv)
+	}
+	if !strings.Contains(adv.Reason, "prefetch_factor 2→4") || strings.Contains(adv.Reason, "num_workers") {
+		t.Errorf("reason %q", adv.Reason)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 
@@ -39,9 +40,10 @@ const (
 	// TierMinGap: a cheaper GPU model is recommended when its cost per unit
 	// of throughput is at least this much lower.
 	TierMinGap = 0.20
-	// BatchMinHeadroom: VRAM headroom (share of the card) needed before a
-	// larger batch is suggested.
-	BatchMinHeadroom = 0.30
+	// BatchMaxPeakShare: a doubled batch is suggested when twice the run's
+	// VRAM peak stays under this share of the card (so at least 55 % of it
+	// is free).
+	BatchMaxPeakShare = 0.90
 	// BatchAssumedSpeedup: throughput gain assumed for a doubled batch when
 	// no run of the model measured one (a heuristic: low confidence).
 	BatchAssumedSpeedup = 1.10
@@ -214,10 +216,28 @@ func costPerEpoch(r *pb.RunReport, done int64) (usd, joules float64) {
 	return r.GetTotalCostUsd() / float64(done), r.GetEnergyTotalJ() / float64(done)
 }
 
+// lastEpoch is the epoch a run's spend counts to: for an ended run the
+// epochs it trained (done), for a live run the epochs it is planned to train
+// (max(planned, done)). Savings from training fewer epochs are the epochs
+// past a cut-off up to it: an ended run never spent its unplanned or
+// unreached epochs.
+func lastEpoch(r Run, done int64) (int64, string) {
+	if r.Report.GetEnded() {
+		return done, fmt.Sprintf("ended after %d epochs", done)
+	}
+	if int64(r.PlannedEpochs) > done {
+		return int64(r.PlannedEpochs), fmt.Sprintf("live, %d of %d planned epochs done", done, r.PlannedEpochs)
+	}
+	return done, fmt.Sprintf("live, %d epochs done", done)
+}
+
 // EarlyStopping: validation loss has not improved by MinDelta (relative)
 // for patience evaluations. The run could stop at the epoch where patience
-// ran out; savings = (max(planned, done) − stop epoch) × cost per epoch,
-// with cost per epoch = total cost ÷ epochs done.
+// ran out; savings = (last − stop epoch) × cost per epoch, with cost per
+// epoch = total cost ÷ epochs done and last as lastEpoch says: an ended
+// run's epochs done (what it trained past the plateau), a live run's
+// max(planned, done). Nothing when that is 0 (an ended run that stopped at
+// its plateau).
 func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
 	var pts []epochPoint
 	for _, p := range epochs(r.Report) {
@@ -248,7 +268,7 @@ func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
 		return nil
 	}
 	done := pts[len(pts)-1].epoch
-	total := max(int64(r.PlannedEpochs), done)
+	total, how := lastEpoch(r, done)
 	left := total - stop
 	if left <= 0 {
 		return nil
@@ -264,13 +284,15 @@ func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
 		SavingsUsd: float64(left) * perUSD, SavingsJ: float64(left) * perJ, Confidence: conf,
 		Risks:  []string{"the loss may improve again later (a learning-rate schedule, double descent)", "validation set noise can hide slow progress"},
 		RunIds: []string{id}, Model: r.Report.GetMetadata().GetModel(),
-		Evidence: fmt.Sprintf("%d epochs left of %d × $%.4f/epoch (total $%.4f ÷ %d epochs done)", left, total, perUSD, r.Report.GetTotalCostUsd(), done),
+		Evidence: fmt.Sprintf("epochs %d–%d after the stop epoch (%s) = %d × $%.4f/epoch (total $%.4f ÷ %d epochs done)",
+			stop+1, total, how, left, perUSD, r.Report.GetTotalCostUsd(), done),
 	}
 }
 
 // EpochCount: the knee of a run's accuracy curve is the first epoch that
 // reaches KneeShare of the curve's total gain; the epochs after it bought
-// little. Savings = (epochs done − knee) × cost per epoch.
+// little. Savings = (last − knee) × cost per epoch, last as in EarlyStopping
+// (an ended run's epochs done, a live run's max(planned, done)).
 func EpochCount(r Run) *pb.Recommendation {
 	var pts []epochPoint
 	for _, p := range epochs(r.Report) {
@@ -298,7 +320,7 @@ func EpochCount(r Run) *pb.Recommendation {
 		}
 	}
 	done := pts[len(pts)-1].epoch
-	total := max(int64(r.PlannedEpochs), done)
+	total, how := lastEpoch(r, done)
 	left := total - knee.epoch
 	if left <= 0 || knee.epoch >= done {
 		return nil
@@ -313,7 +335,7 @@ func EpochCount(r Run) *pb.Recommendation {
 		Confidence: math.Min(0.8, 0.4+0.05*float64(len(pts))),
 		Risks:      []string{fmt.Sprintf("gives up %.4g accuracy", best-knee.acc), "one run's curve; seeds differ"},
 		RunIds:     []string{id}, Model: r.Report.GetMetadata().GetModel(),
-		Evidence: fmt.Sprintf("%d epochs × $%.4f/epoch", left, perUSD),
+		Evidence: fmt.Sprintf("epochs %d–%d after the knee (%s) = %d × $%.4f/epoch", knee.epoch+1, total, how, left, perUSD),
 	}
 }
 
@@ -346,20 +368,33 @@ func sortedKeys[V any](m map[string]V) []string {
 	return ks
 }
 
-// DatasetSize: across a model's runs with a dataset_size and a final
-// accuracy, the smallest size whose accuracy is within DataSizeShare of the
-// best. Savings = cost of the largest-size run × (1 − small ÷ large).
+// DatasetSize: across the runs of one model on one dataset with a
+// dataset_size and a final accuracy, the smallest size whose accuracy is
+// within DataSizeShare of the best. Savings = cost of the largest-size run
+// × (1 − small ÷ large). Runs on different datasets are never compared (a
+// size means nothing across datasets).
 func DatasetSize(runs []Run) []*pb.Recommendation {
 	var out []*pb.Recommendation
-	byModel := groupByModel(runs)
-	for _, model := range sortedKeys(byModel) {
+	byModel := map[string][]Run{}
+	for _, r := range runs {
+		if m := r.Report.GetMetadata().GetModel(); m != "" {
+			k := m + "\x00" + r.Report.GetMetadata().GetDataset()
+			byModel[k] = append(byModel[k], r)
+		}
+	}
+	for _, key := range sortedKeys(byModel) {
+		model, dataset, _ := strings.Cut(key, "\x00")
+		of := ""
+		if dataset != "" {
+			of = " of " + dataset
+		}
 		type pt struct {
 			size uint64
 			acc  float64
 			run  Run
 		}
 		var pts []pt
-		for _, r := range byModel[model] {
+		for _, r := range byModel[key] {
 			if acc, ok := finalAccuracy(r.Report); ok && r.DatasetSize > 0 {
 				pts = append(pts, pt{r.DatasetSize, acc, r})
 			}
@@ -390,7 +425,7 @@ func DatasetSize(runs []Run) []*pb.Recommendation {
 		}
 		out = append(out, &pb.Recommendation{
 			Kind:       KindDatasetSize,
-			Title:      fmt.Sprintf("Train %s on %d samples instead of %d", model, small.size, large.size),
+			Title:      fmt.Sprintf("Train %s on %d samples%s instead of %d", model, small.size, of, large.size),
 			Action:     fmt.Sprintf("Use %d samples: accuracy %.4g is within %.0f%% of the best %.4g", small.size, small.acc, 100*DataSizeShare, best),
 			SavingsUsd: frac * large.run.Report.GetTotalCostUsd(), SavingsJ: frac * large.run.Report.GetEnergyTotalJ(),
 			Confidence: math.Min(0.8, 0.4+0.1*float64(len(sizes)-1)),
@@ -405,21 +440,29 @@ func DatasetSize(runs []Run) []*pb.Recommendation {
 // ComputeTier: per model and GPU model, the cost per unit of throughput is
 // price per GPU-hour × GPUs ÷ tok/s (dollars per token-per-second, i.e.
 // proportional to $ per token), averaged over the model's runs on that
-// GPU; the price is the catalog's current price when it has one, else the
-// runs' own. A GPU model at least TierMinGap cheaper than another is
-// recommended to the runs on the dearer one; savings = their GPU cost × gap.
+// GPU. Two GPU models are compared on one price source: the catalog's
+// current prices when it has both, else the runs' own prices (never the
+// catalog's for one and the runs' for the other). A GPU model at least
+// TierMinGap cheaper than another (the cheapest such alternative) is
+// recommended to the runs on the dearer one; savings = their GPU cost ×
+// gap. Joules: (J/token on the dearer GPU − J/token on the cheaper) × the
+// dearer runs' measured tokens, when both were measured; 0 when the
+// cheaper GPU takes more energy per token (said in the risks).
 func ComputeTier(runs []Run, cat PriceCatalog) []*pb.Recommendation {
 	var out []*pb.Recommendation
 	byModel := groupByModel(runs)
 	for _, model := range sortedKeys(byModel) {
 		type tier struct {
 			name     string
-			sum      float64
 			n        int
 			runs     []string
+			thr      float64 // Σ GPUs ÷ tok/s over the runs
+			own      float64 // Σ own price × GPUs ÷ tok/s over the runs with a price
+			ownN     int
+			catPrice float64 // catalog's current price, 0: none
 			costUSD  float64
-			energyJ  float64
-			priceSrc string
+			energyJ  float64 // Σ J/token × measured tokens of the runs with J/token
+			tokens   float64
 		}
 		tiers := map[string]*tier{}
 		for _, r := range byModel[model] {
@@ -427,68 +470,102 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*pb.Recommendation {
 			if rep.GetGpuName() == "" || rep.GetTokPerS() <= 0 || rep.GetGpus() == 0 {
 				continue
 			}
-			price, src := rep.GetGpuPricePerHour(), "run"
-			if cat != nil {
-				if p, ok := cat.CurrentPrice(rep.GetGpuName()); ok && p > 0 {
-					price, src = p, "catalog"
-				}
-			}
-			if price <= 0 {
-				continue
-			}
 			t := tiers[rep.GetGpuName()]
 			if t == nil {
-				t = &tier{name: rep.GetGpuName(), priceSrc: src}
+				t = &tier{name: rep.GetGpuName()}
+				if cat != nil {
+					if p, ok := cat.CurrentPrice(t.name); ok && p > 0 && !math.IsInf(p, 0) {
+						t.catPrice = p
+					}
+				}
 				tiers[t.name] = t
 			}
-			t.sum += price * float64(rep.GetGpus()) / rep.GetTokPerS()
+			perThr := float64(rep.GetGpus()) / rep.GetTokPerS()
 			t.n++
 			t.runs = append(t.runs, rep.GetRunId())
+			t.thr += perThr
+			if p := rep.GetGpuPricePerHour(); p > 0 {
+				t.own += p * perThr
+				t.ownN++
+			}
 			t.costUSD += rep.GetCostUsd()
-			t.energyJ += rep.GetEnergyTotalJ()
-		}
-		if len(tiers) < 2 {
-			continue
-		}
-		var cheapest *tier
-		for _, name := range sortedKeys(tiers) {
-			t := tiers[name]
-			if cheapest == nil || t.sum/float64(t.n) < cheapest.sum/float64(cheapest.n) {
-				cheapest = t
+			if rep.GetJPerToken() > 0 && rep.GetTokensMeasured() > 0 {
+				t.energyJ += rep.GetJPerToken() * float64(rep.GetTokensMeasured())
+				t.tokens += float64(rep.GetTokensMeasured())
 			}
 		}
-		best := cheapest.sum / float64(cheapest.n)
-		for _, name := range sortedKeys(tiers) {
+		// costOf is a tier's mean cost per unit of throughput on a source.
+		costOf := func(t *tier, src string) (float64, bool) {
+			switch {
+			case src == "catalog" && t.catPrice > 0:
+				return t.catPrice * t.thr / float64(t.n), true
+			case src == "run" && t.ownN > 0:
+				return t.own / float64(t.ownN), true
+			}
+			return 0, false
+		}
+		names := sortedKeys(tiers)
+		for _, name := range names {
 			t := tiers[name]
-			if t == cheapest {
+			var best *tier
+			var bestGap, cur, alt float64
+			var bestSrc string
+			for _, other := range names {
+				c := tiers[other]
+				if c == t {
+					continue
+				}
+				src := "catalog"
+				if t.catPrice <= 0 || c.catPrice <= 0 {
+					src = "run" // one source for both sides of a comparison
+				}
+				ct, ok1 := costOf(t, src)
+				cc, ok2 := costOf(c, src)
+				if !ok1 || !ok2 || ct <= 0 {
+					continue
+				}
+				if gap := (ct - cc) / ct; gap >= TierMinGap && gap > bestGap {
+					best, bestGap, cur, alt, bestSrc = c, gap, ct, cc, src
+				}
+			}
+			if best == nil {
 				continue
 			}
-			cur := t.sum / float64(t.n)
-			gap := (cur - best) / cur
-			if gap < TierMinGap {
-				continue
+			risks := []string{"throughput measured on other runs may not transfer (batch size, interconnect, memory)", "availability and price of the cheaper GPU can change"}
+			savedJ, energy := 0.0, "energy per token not measured on both GPUs: joules not estimated"
+			if t.tokens > 0 && best.tokens > 0 {
+				jt, jc := t.energyJ/t.tokens, best.energyJ/best.tokens
+				energy = fmt.Sprintf("J/token %.4g on %s vs %.4g on %s × %.0f tokens", jt, t.name, jc, best.name, t.tokens)
+				if jc <= jt {
+					savedJ = (jt - jc) * t.tokens
+				} else {
+					risks = append(risks, fmt.Sprintf("%s used %.0f%% more energy per token", best.name, 100*(jc/jt-1)))
+				}
+			}
+			source := "the runs' own prices"
+			if bestSrc == "catalog" {
+				source = "the catalog's current prices"
 			}
 			out = append(out, &pb.Recommendation{
 				Kind:  KindComputeTier,
-				Title: fmt.Sprintf("Run %s on %s instead of %s: %.0f%% cheaper per unit of throughput", model, cheapest.name, t.name, 100*gap),
+				Title: fmt.Sprintf("Run %s on %s instead of %s: %.0f%% cheaper per unit of throughput", model, best.name, t.name, 100*bestGap),
 				Action: fmt.Sprintf("Move %s from %s to %s ($%.3g vs $%.3g per Mtok at measured throughput)",
-					model, t.name, cheapest.name, best*1e6/3600, cur*1e6/3600),
-				SavingsUsd: gap * t.costUSD,
-				Confidence: math.Min(0.9, 0.6+0.1*float64(min(t.n, cheapest.n))),
-				Risks:      []string{"throughput measured on other runs may not transfer (batch size, interconnect, memory)", "availability and price of the cheaper GPU can change"},
+					model, t.name, best.name, alt*1e6/3600, cur*1e6/3600),
+				SavingsUsd: bestGap * t.costUSD, SavingsJ: savedJ,
+				Confidence: math.Min(0.9, 0.6+0.1*float64(min(t.n, best.n))),
+				Risks:      risks,
 				RunIds:     t.runs, Model: model,
-				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s: %s %.4g (%d runs, %s price), %s %.4g (%d runs, %s price); gap %.1f%% × GPU cost $%.4f",
-					t.name, cur, t.n, t.priceSrc, cheapest.name, best, cheapest.n, cheapest.priceSrc, 100*gap, t.costUSD),
+				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s on %s: %s %.4g (%d runs), %s %.4g (%d runs); gap %.1f%% × GPU cost $%.4f; %s",
+					source, t.name, cur, t.n, best.name, alt, best.n, 100*bestGap, t.costUSD, energy),
 			})
 		}
 	}
 	return out
 }
 
-// BatchSize: the run's VRAM peak leaves at least BatchMinHeadroom of the
-// card free, so a larger batch fits. The new batch is the current one ×
-// the largest power of two that keeps the peak under 90 % of the card,
-// at most 2×. The speedup is measured from another run of the same model
+// BatchSize: twice the run's VRAM peak stays under BatchMaxPeakShare of
+// the card, so a doubled batch fits (a pessimistic guess: the weights and
+// optimizer state do not double). The speedup is measured from another run of the same model
 // and GPU with that larger batch when there is one, else assumed
 // (BatchAssumedSpeedup, low confidence). Savings = cost × (1 − 1/speedup).
 func BatchSize(r Run, all []Run) *pb.Recommendation {
@@ -498,7 +575,7 @@ func BatchSize(r Run, all []Run) *pb.Recommendation {
 		return nil
 	}
 	headroom := 1 - rep.GetVramPeakMb()/r.GPUMemoryMiB
-	if headroom < BatchMinHeadroom || 2*rep.GetVramPeakMb() > 0.9*r.GPUMemoryMiB {
+	if 2*rep.GetVramPeakMb() > BatchMaxPeakShare*r.GPUMemoryMiB {
 		return nil
 	}
 	newBatch := md.GetBatchSize() * 2
@@ -620,14 +697,127 @@ func kwhPrice(r *pb.RunReport) float64 {
 }
 
 // Filter keeps the recommendations with at least minConfidence and returns
-// them with their total savings.
-func Filter(recs []*pb.Recommendation, minConfidence float64) (kept []*pb.Recommendation, usd, joules float64) {
+// them with their total savings (Total over runs).
+func Filter(recs []*pb.Recommendation, minConfidence float64, runs []Run) (kept []*pb.Recommendation, usd, joules float64) {
 	for _, r := range recs {
 		if r.GetConfidence() >= minConfidence {
 			kept = append(kept, r)
-			usd += r.GetSavingsUsd()
-			joules += r.GetSavingsJ()
 		}
 	}
+	usd, joules = Total(kept, runs)
 	return kept, usd, joules
+}
+
+// OverlapGroup names the spend a kind of recommendation claims. Kinds of one
+// group claim the same spend and do not add up: training less (early
+// stopping, epoch count, dataset size: all cut epochs or samples of the same
+// run), faster steps (batch size, dataloader: both cut step time), a cheaper
+// GPU-hour (compute tier), less energy (power).
+func OverlapGroup(kind string) string {
+	switch kind {
+	case KindEarlyStopping, KindEpochCount, KindDatasetSize:
+		return "work"
+	case KindBatchSize, KindDataloader:
+		return "step-time"
+	case KindComputeTier:
+		return "gpu-price"
+	case KindPower:
+		return "energy"
+	}
+	return kind
+}
+
+// Total is the potential savings of recs without double counting, in
+// dollars and joules. Each recommendation's savings are booked to the runs
+// it is about: a dataset-size one to its largest-size run (the last of its
+// run_ids, whose cost it cuts), any other one about several runs in
+// proportion to their costs (energies). Per run, the recommendations of one
+// OverlapGroup count once, the largest; savings of different groups
+// compound, as independent cuts of what is left:
+// cost × (1 − Π (1 − group savings ÷ cost)), so a run's total never exceeds
+// its cost (energy); for a live run the cost is its projected cost at
+// completion when that is higher. Runs not in runs are summed as they are.
+func Total(recs []*pb.Recommendation, runs []Run) (usd, joules float64) {
+	type claims struct{ usd, j map[string]float64 }
+	byRun := map[string]*claims{}
+	cost := map[string][2]float64{}
+	for _, r := range runs {
+		cost[r.Report.GetRunId()] = spend(r.Report)
+	}
+	book := func(run, group string, u, j float64) {
+		c := byRun[run]
+		if c == nil {
+			c = &claims{usd: map[string]float64{}, j: map[string]float64{}}
+			byRun[run] = c
+		}
+		c.usd[group] = max(c.usd[group], u)
+		c.j[group] = max(c.j[group], j)
+	}
+	for _, rec := range recs {
+		ids, g := rec.GetRunIds(), OverlapGroup(rec.GetKind())
+		switch {
+		case len(ids) == 0:
+			usd += rec.GetSavingsUsd()
+			joules += rec.GetSavingsJ()
+		case len(ids) == 1 || rec.GetKind() == KindDatasetSize:
+			book(ids[len(ids)-1], g, rec.GetSavingsUsd(), rec.GetSavingsJ())
+		default:
+			var sumU, sumJ float64
+			for _, id := range ids {
+				sumU += cost[id][0]
+				sumJ += cost[id][1]
+			}
+			for _, id := range ids {
+				fu, fj := 1/float64(len(ids)), 1/float64(len(ids))
+				if sumU > 0 {
+					fu = cost[id][0] / sumU
+				}
+				if sumJ > 0 {
+					fj = cost[id][1] / sumJ
+				}
+				book(id, g, fu*rec.GetSavingsUsd(), fj*rec.GetSavingsJ())
+			}
+		}
+	}
+	for _, id := range sortedKeys(byRun) { // a fixed order: the same total to the last bit
+		c := byRun[id]
+		cu, known := cost[id]
+		usd += combine(c.usd, cu[0], known)
+		joules += combine(c.j, cu[1], known)
+	}
+	return usd, joules
+}
+
+// spend is what a run's savings are capped by, in dollars and joules: an
+// ended run's total cost and energy; a live run's projected cost (its
+// forecast at completion, when higher) and its energy scaled alike.
+func spend(r *pb.RunReport) [2]float64 {
+	usd, j := r.GetTotalCostUsd(), r.GetEnergyTotalJ()
+	if p := r.GetProjectedCostUsd(); !r.GetEnded() && p > usd {
+		if usd > 0 {
+			j *= p / usd
+		}
+		usd = p
+	}
+	return [2]float64{usd, j}
+}
+
+// combine compounds one run's per-group savings within its total; an
+// unknown run's are summed.
+func combine(groups map[string]float64, total float64, known bool) float64 {
+	if !known {
+		var s float64
+		for _, g := range sortedKeys(groups) {
+			s += groups[g]
+		}
+		return s
+	}
+	if total <= 0 {
+		return 0
+	}
+	left := 1.0
+	for _, g := range sortedKeys(groups) {
+		left *= 1 - math.Min(1, math.Max(0, groups[g])/total)
+	}
+	return total * (1 - left)
 }

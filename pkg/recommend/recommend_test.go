@@ -55,6 +55,38 @@ func TestEarlyStopping(t *testing.T) {
 	}
 }
 
+func TestEarlyStoppingOfAnEndedRunCountsOnlyWhatItSpent(t *testing.T) {
+	// Ended at epoch 5, where patience ran out, of 12 planned: it never
+	// spent epochs 6–12, so early stopping would have saved nothing.
+	ended := func(loss []float64) Run {
+		rep := withEvals(report("r", "m", "g", 10, 1000, 1), loss, nil)
+		rep.Ended = true
+		return Run{Report: rep, PlannedEpochs: 12}
+	}
+	if rec := EarlyStopping(ended([]float64{2, 1.5, 1.2, 1.199, 1.205}), 2, 0.01); rec != nil {
+		t.Errorf("ended at its stop epoch: %v (savings $%v), want none", rec.Title, rec.SavingsUsd)
+	}
+	// Ended at epoch 7, two epochs past the stop epoch 5: those two.
+	rec := EarlyStopping(ended([]float64{2, 1.5, 1.2, 1.199, 1.205, 1.21, 1.22}), 2, 0.01)
+	if rec == nil || !strings.Contains(rec.Title, "epoch 5") {
+		t.Fatalf("%v", rec)
+	}
+	approx(t, "savings $", rec.SavingsUsd, 2*10.0/7)
+	approx(t, "savings J", rec.SavingsJ, 2*1000.0/7)
+	if !strings.Contains(rec.Evidence, "epochs 6–7") || !strings.Contains(rec.Evidence, "ended after 7 epochs") {
+		t.Errorf("evidence %q", rec.Evidence)
+	}
+}
+
+func TestEpochCountOfAnEndedRunCountsOnlyWhatItSpent(t *testing.T) {
+	acc := []float64{0.5, 0.8, 0.87, 0.89, 0.895, 0.898, 0.9, 0.9}
+	r := Run{Report: withEvals(report("r", "m", "g", 8, 800, 1), nil, acc), PlannedEpochs: 20}
+	live := EpochCount(r)
+	approx(t, "live savings $", live.SavingsUsd, (20-4)*8.0/8)
+	r.Report.Ended = true
+	approx(t, "ended savings $", EpochCount(r).SavingsUsd, (8-4)*8.0/8)
+}
+
 func TestEpochCountKnee(t *testing.T) {
 	// Gain 0.5→0.9 = 0.4; 95 % of it (0.38) is reached at epoch 4 (0.89).
 	r := Run{Report: withEvals(report("r", "m", "g", 8, 800, 1), nil, []float64{0.5, 0.8, 0.87, 0.89, 0.895, 0.898, 0.9, 0.9})}
@@ -81,6 +113,23 @@ func TestDatasetSize(t *testing.T) {
 	approx(t, "savings $", recs[0].SavingsUsd, 10*(1-0.5))
 }
 
+func TestDatasetSizeComparesRunsOfOneDatasetOnly(t *testing.T) {
+	mk := func(id, dataset string, size uint64, acc, cost float64) Run {
+		r := Run{Report: withEvals(report(id, "m", "g", cost, 100*cost, 1), nil, []float64{acc}), DatasetSize: size}
+		r.Report.Metadata.Dataset = dataset
+		return r
+	}
+	// Same model, two datasets: 10k samples of one are no evidence about
+	// 100k samples of the other.
+	if recs := DatasetSize([]Run{mk("a", "sft", 10000, 0.88, 1), mk("b", "pretrain", 100000, 0.88, 10)}); len(recs) != 0 {
+		t.Errorf("compared across datasets: %v", recs)
+	}
+	recs := DatasetSize([]Run{mk("a", "sft", 10000, 0.88, 1), mk("b", "pretrain", 100000, 0.88, 10), mk("c", "sft", 50000, 0.89, 5)})
+	if len(recs) != 1 || !strings.Contains(recs[0].Title, "on 10000 samples of sft instead of 50000") {
+		t.Errorf("%v", recs)
+	}
+}
+
 type catalog map[string]float64
 
 func (c catalog) CurrentPrice(g string) (float64, bool) { p, ok := c[g]; return p, ok }
@@ -95,12 +144,40 @@ func TestComputeTierGapAndCatalog(t *testing.T) {
 		t.Fatalf("%v", recs)
 	}
 	approx(t, "savings $", recs[0].SavingsUsd, 0.25*10)
-	// The catalog says H100 now costs $3.6/h: 10 % cheaper, below the 20 % bar.
-	if recs := ComputeTier(runs, catalog{"H100": 3.6}); len(recs) != 0 {
+	// The catalog has both: A100 $2/h, H100 now $3.6/h: 10 % cheaper, below
+	// the 20 % bar.
+	if recs := ComputeTier(runs, catalog{"A100": 2, "H100": 3.6}); len(recs) != 0 {
 		t.Errorf("with catalog: %v", recs)
 	}
+	// A catalog that knows only the H100 is not set against the A100 run's
+	// own price: both sides use the runs' own prices (25 %).
+	recs = ComputeTier(runs, catalog{"H100": 3.6})
+	if len(recs) != 1 || !strings.Contains(recs[0].Evidence, "runs' own prices") {
+		t.Fatalf("catalog with one GPU model: %v, want the runs' own prices on both sides", recs)
+	}
+	approx(t, "savings $ on own prices", recs[0].SavingsUsd, 0.25*10)
 	// One GPU model only: nothing to compare.
 	if recs := ComputeTier(runs[:1], nil); len(recs) != 0 {
+		t.Errorf("%v", recs)
+	}
+}
+
+func TestComputeTierEnergy(t *testing.T) {
+	a := report("a", "m", "A100", 10, 0, 1000)
+	b := report("b", "m", "H100", 10, 0, 2000)
+	b.GpuPricePerHour = 3
+	a.JPerToken, a.TokensMeasured = 0.5, 1e6
+	b.JPerToken, b.TokensMeasured = 0.3, 2e6
+	recs := ComputeTier([]Run{{Report: a}, {Report: b}}, nil)
+	if len(recs) != 1 {
+		t.Fatalf("%v", recs)
+	}
+	approx(t, "savings J", recs[0].SavingsJ, (0.5-0.3)*1e6)
+	// The cheaper GPU takes more energy per token: no joules saved, and the
+	// risks say so.
+	b.JPerToken = 0.6
+	recs = ComputeTier([]Run{{Report: a}, {Report: b}}, nil)
+	if len(recs) != 1 || recs[0].SavingsJ != 0 || !strings.Contains(strings.Join(recs[0].Risks, ";"), "20% more energy per token") {
 		t.Errorf("%v", recs)
 	}
 }
@@ -154,10 +231,12 @@ func TestPowerFromMeasuredPair(t *testing.T) {
 }
 
 func TestFilterAndTargets(t *testing.T) {
+	// Live runs, 4 of 10 epochs done: projected to cost 2.5 × as much.
 	runs := []Run{
 		{Report: withEvals(report("r1", "m", "g", 10, 1000, 1), []float64{2, 2, 2, 2}, nil), PlannedEpochs: 10},
 		{Report: withEvals(report("r2", "m", "g", 20, 1000, 1), []float64{2, 2, 2, 2}, nil), PlannedEpochs: 10},
 	}
+	runs[0].Report.ProjectedCostUsd, runs[1].Report.ProjectedCostUsd = 25, 50
 	all := Recommend(runs, Options{})
 	if len(all) != 2 || all[0].RunIds[0] != "r2" {
 		t.Fatalf("sorted by savings: %v", all)
@@ -166,13 +245,54 @@ func TestFilterAndTargets(t *testing.T) {
 	if len(only) != 1 || only[0].RunIds[0] != "r1" {
 		t.Fatalf("targets: %v", only)
 	}
-	kept, usd, _ := Filter(all, 0.99)
+	kept, usd, _ := Filter(all, 0.99, runs)
 	if len(kept) != 0 || usd != 0 {
 		t.Errorf("filter 0.99: %v", kept)
 	}
-	kept, usd, _ = Filter(all, 0)
-	approx(t, "total", usd, all[0].SavingsUsd+all[1].SavingsUsd)
+	kept, usd, _ = Filter(all, 0, runs)
+	approx(t, "total", usd, all[0].SavingsUsd+all[1].SavingsUsd) // two runs: they add up
 	if len(kept) != 2 {
 		t.Errorf("%v", kept)
 	}
+}
+
+func TestTotalCountsOverlappingSavingsOnceAndNeverExceedsTheCost(t *testing.T) {
+	// The $10 run of the audit: early stopping, epoch count and dataset size
+	// each claim most of its epochs; a bigger batch and a cheaper GPU claim
+	// part of what is left.
+	run := Run{Report: report("r", "m", "g", 10, 1000, 1)}
+	small := Run{Report: report("s", "m", "g", 2, 200, 1)}
+	rec := func(kind string, usd, j float64, ids ...string) *pb.Recommendation {
+		return &pb.Recommendation{Kind: kind, SavingsUsd: usd, SavingsJ: j, RunIds: ids, Confidence: 0.9}
+	}
+	recs := []*pb.Recommendation{
+		rec(KindEarlyStopping, 5.83, 583, "r"),
+		rec(KindEpochCount, 4, 400, "r"),
+		rec(KindDatasetSize, 5, 500, "s", "r"), // booked to r, the larger run
+		rec(KindBatchSize, 0.91, 91, "r"),
+		rec(KindDataloader, 0.5, 50, "r"),
+	}
+	usd, j := Total(recs, []Run{run, small})
+	// work: max 5.83 → 58.3 %; step time: max 0.91 → 9.1 % of the rest.
+	approx(t, "total $", usd, 10*(1-(1-0.583)*(1-0.091)))
+	approx(t, "total J", j, 1000*(1-(1-0.583)*(1-0.091)))
+	naive := 0.0
+	for _, r := range recs {
+		naive += r.SavingsUsd
+	}
+	if naive <= 10 || usd > 10 {
+		t.Fatalf("naive sum $%v, total $%v: want the naive sum over the cost and the total under it", naive, usd)
+	}
+	// Claims larger than the run: the total stops at its cost.
+	usd, _ = Total([]*pb.Recommendation{rec(KindEarlyStopping, 12, 0, "r"), rec(KindComputeTier, 4, 0, "r")}, []Run{run})
+	approx(t, "capped total $", usd, 10)
+	// A live run is capped by its projected cost.
+	live := Run{Report: report("l", "m", "g", 10, 1000, 1)}
+	live.Report.ProjectedCostUsd = 40
+	usd, j = Total([]*pb.Recommendation{rec(KindEarlyStopping, 30, 3000, "l"), rec(KindComputeTier, 20, 0, "l")}, []Run{live})
+	approx(t, "live total $", usd, 40*(1-(1-0.75)*(1-0.5)))
+	approx(t, "live total J", j, 3000)
+	// A compute-tier recommendation about two runs is shared by their costs.
+	usd, _ = Total([]*pb.Recommendation{rec(KindComputeTier, 2.4, 0, "r", "s"), rec(KindEarlyStopping, 1, 0, "s")}, []Run{run, small})
+	approx(t, "shared total $", usd, 2+2*(1-(1-0.4/2)*(1-1.0/2)))
 }

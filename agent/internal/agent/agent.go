@@ -287,7 +287,8 @@ func (a *Agent) advise(adv *pb.Advisory) {
 		}
 		line = trainerproto.AdviceLineWithFigures(adv.RunId, int(d.NumWorkers), int(d.PrefetchFactor), d.Reason, trainerproto.AdviceFigures{
 			Classification: d.Classification, DataWaitShare: d.DataWaitShare, GPUUtilization: d.GpuUtilization,
-			RAMUsage: d.RamUsage, ExpectedGain: d.ExpectedGain, MaxWorkers: int(d.MaxWorkers)})
+			RAMUsage: d.RamUsage, ExpectedGain: d.ExpectedGain, MaxWorkers: int(d.MaxWorkers),
+			FromNumWorkers: int(d.FromNumWorkers), FromPrefetchFactor: int(d.FromPrefetchFactor)})
 	default:
 		return
 	}

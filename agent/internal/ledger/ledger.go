@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -293,6 +294,7 @@ type tickStat struct {
 	memSum   float64
 	memN     int
 	utilSum  float64
+	utilN    int
 }
 
 func (l *Ledger) tickStat(now time.Time, gpus []int) tickStat {
@@ -309,6 +311,7 @@ func (l *Ledger) tickStat(now time.Time, gpus []int) tickStat {
 		}
 		if s.UtilOK {
 			ts.utilSum += s.UtilPct
+			ts.utilN++
 		}
 	}
 	return ts
@@ -544,7 +547,9 @@ func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
 		w.VramSumMib += t.memSum
 		w.VramSamples += uint64(t.memN)
 		w.UtilizationSumPct += t.utilSum
+		w.UtilizationSamples += uint64(t.utilN)
 	}
+	var gone []uint64
 	for _, s := range r.steps {
 		if !in(s.t) {
 			continue
@@ -561,6 +566,12 @@ func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
 		if s.hasLoss {
 			w.LastLoss, w.HasLoss = s.loss, true
 		}
+		if _, live := r.stepping[s.conn]; !live && !slices.Contains(gone, s.conn) {
+			gone = append(gone, s.conn) // a rank that left after stepping here
+		}
+	}
+	if w.Steps > 0 {
+		w.StepRanks = uint32(len(r.stepping) + len(gone))
 	}
 	return w
 }

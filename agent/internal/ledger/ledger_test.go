@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -25,6 +26,7 @@ type rig struct {
 	counterJ []float64
 	counterT []time.Time
 	batches  []*pb.Batch
+	noUtil   map[int]bool // GPUs that report no utilisation (MIG)
 }
 
 func newRig(t *testing.T, powerW, counterW []float64, warmup time.Duration) *rig {
@@ -57,7 +59,7 @@ func (r *rig) advance(d time.Duration) {
 				PowerW: r.powerW[i], PowerAt: r.now, PowerOK: true,
 				EnergyJ: r.counterJ[i], EnergyAt: r.counterT[i], EnergyOK: true,
 				MemUsedMiB: 1000 * float64(i+1), MemTotalMiB: 80000, MemOK: true,
-				UtilPct: 90, UtilOK: true}
+				UtilPct: 90, UtilOK: !r.noUtil[i]}
 		}
 		r.batches = append(r.batches, r.l.Tick(r.now, samples)...)
 	}
@@ -453,5 +455,83 @@ func TestJoinWithConflictingMetadataIsRefusedAndChangesNothing(t *testing.T) {
 		if len(w.Gpus) != 1 || w.Gpus[0] != 0 {
 			t.Errorf("window on GPUs %v, want only GPU 0 (the refused join must not add GPU 1)", w.Gpus)
 		}
+	}
+}
+
+func TestEvalSaysWhetherItHasAnEpoch(t *testing.T) {
+	r := newRig(t, []float64{100}, []float64{100}, 0)
+	r.advance(time.Second)
+	_ = r.l.StartRun(r.at(0), peer1, &trainerproto.RunStart{Run: "e"})
+	if err := r.l.Eval(r.at(0), peer1, &trainerproto.Eval{Run: "e", Epoch: ptr(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.l.Eval(r.at(0), peer1, &trainerproto.Eval{Run: "e"}); err != nil {
+		t.Fatal(err)
+	}
+	r.advance(2 * time.Second)
+	var got []*pb.Eval
+	for _, b := range r.batches {
+		for _, e := range b.RunEvents {
+			if e.GetEval() != nil {
+				got = append(got, e.GetEval())
+			}
+		}
+	}
+	if len(got) != 2 || !got[0].HasEpoch || got[0].Epoch != 0 || got[1].HasEpoch {
+		t.Fatalf("evals %v, want epoch 0 given, then none", got)
+	}
+}
+
+func TestWindowsCountTheRanksThatStep(t *testing.T) {
+	r := newRig(t, []float64{100, 100}, []float64{100, 100}, 0)
+	r.advance(time.Second)
+	peer2 := Peer{ConnID: 2, PID: 101, UID: 1000}
+	launcher := Peer{ConnID: 3, PID: 99, UID: 1000} // joins, never steps (like `trainmeter run`)
+	_ = r.l.StartRun(r.at(0), peer1, &trainerproto.RunStart{Run: "dp", GPUs: []string{"0"}, WarmupS: ptr(0.0)})
+	_ = r.l.StartRun(r.at(0), peer2, &trainerproto.RunStart{Run: "dp", GPUs: []string{"1"}})
+	_ = r.l.StartRun(r.at(0), launcher, &trainerproto.RunStart{Run: "dp"})
+	for i := uint64(1); i <= 4; i++ {
+		r.advance(100 * time.Millisecond)
+		for _, p := range []Peer{peer1, peer2} {
+			if err := r.l.Step(r.at(0), p, &trainerproto.Step{Run: "dp", Step: ptr(i), Tokens: 10}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	r.advance(1500 * time.Millisecond)
+	// Only rank 0 steps in this window; rank 1 is still in the run.
+	r.advance(100 * time.Millisecond)
+	_ = r.l.Step(r.at(0), peer1, &trainerproto.Step{Run: "dp", Step: ptr(uint64(5)), Tokens: 10})
+	r.advance(1500 * time.Millisecond)
+	// Rank 1 steps, then leaves within the same window.
+	_ = r.l.Step(r.at(0), peer2, &trainerproto.Step{Run: "dp", Step: ptr(uint64(5)), Tokens: 10})
+	_ = r.l.EndRun(r.at(0), peer2, &trainerproto.RunEnd{Run: "dp"})
+	r.advance(1500 * time.Millisecond)
+	var got []string
+	for _, w := range r.windows("dp") {
+		if w.Steps > 0 {
+			got = append(got, fmt.Sprintf("%d/%d", w.Steps, w.StepRanks))
+		}
+	}
+	if strings.Join(got, " ") != "8/2 1/2 1/2" {
+		t.Errorf("steps/step_ranks of the windows with steps: %v, want [8/2 1/2 1/2]", got)
+	}
+}
+
+func TestWindowsCountTheUtilisationReadings(t *testing.T) {
+	r := newRig(t, []float64{100, 100}, []float64{100, 100}, 0)
+	r.noUtil = map[int]bool{1: true}
+	r.advance(time.Second)
+	_ = r.l.StartRun(r.at(0), peer1, &trainerproto.RunStart{Run: "u", GPUs: []string{"0", "1"}, WarmupS: ptr(0.0)})
+	r.advance(3 * time.Second)
+	var sum float64
+	var n, vram uint64
+	for _, w := range r.windows("u") {
+		sum += w.UtilizationSumPct
+		n += w.UtilizationSamples
+		vram += w.VramSamples
+	}
+	if n == 0 || vram != 2*n || sum/float64(n) != 90 {
+		t.Errorf("utilisation %v over %d readings (%d memory readings), want a mean of 90 over half the readings", sum, n, vram)
 	}
 }

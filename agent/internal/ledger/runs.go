@@ -31,7 +31,10 @@ type run struct {
 	uidSet bool
 	// members maps each joined connection to its rank key (client_id, or
 	// the connection when the client sends none).
-	members    map[uint64]string
+	members map[uint64]string
+	// stepping: the members (connections) that have reported a step, for
+	// the windows' step_ranks.
+	stepping   map[uint64]struct{}
 	gpuChanges []gpuSet // ascending by at; the first is at start
 	ended      bool
 	end        time.Time
@@ -68,6 +71,7 @@ type gpuSet struct {
 
 type stepStat struct {
 	t                 time.Time
+	conn              uint64 // the connection that reported it
 	rank              string
 	total             uint64 // the rank's tokens_total after this step; 0 if not sent
 	recovered         uint64
@@ -310,7 +314,15 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 	if err != nil {
 		return err
 	}
-	s := stepStat{t: now, tokens: ev.Tokens}
+	s := stepStat{t: now, conn: p.ConnID, tokens: ev.Tokens}
+	if _, ok := r.members[p.ConnID]; ok {
+		if _, seen := r.stepping[p.ConnID]; !seen {
+			if r.stepping == nil {
+				r.stepping = map[uint64]struct{}{}
+			}
+			r.stepping[p.ConnID] = struct{}{}
+		}
+	}
 	if key, ok := r.members[p.ConnID]; ok && ev.TokensTotal != nil {
 		s.rank, s.total = key, *ev.TokensTotal
 		// A rank's cumulative total covers steps whose events never arrived
@@ -375,7 +387,7 @@ func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 	}
 	e := &pb.Eval{RunId: ev.Run, Time: timestamppb.New(now)}
 	if ev.Epoch != nil {
-		e.Epoch = *ev.Epoch
+		e.Epoch, e.HasEpoch = *ev.Epoch, true
 	}
 	if ev.ValLoss != nil {
 		e.ValLoss, e.HasValLoss = *ev.ValLoss, true
@@ -421,6 +433,7 @@ func (l *Ledger) Disconnected(now time.Time, p Peer) {
 
 func (l *Ledger) leave(now time.Time, r *run, conn uint64, reason string) {
 	delete(r.members, conn)
+	delete(r.stepping, conn)
 	if len(r.members) > 0 {
 		return
 	}

@@ -26,6 +26,9 @@ type adviceLine struct {
 	RAMUsage       *float64 `json:"ram_usage,omitempty"`
 	ExpectedGain   *float64 `json:"expected_gain,omitempty"`
 	MaxWorkers     int      `json:"max_workers,omitempty"`
+	// The settings the advice was computed from (absent when unknown).
+	FromNumWorkers     *int `json:"from_num_workers,omitempty"`
+	FromPrefetchFactor *int `json:"from_prefetch_factor,omitempty"`
 }
 
 // AdviceFigures are the measurements an advice line carries beside the
@@ -37,6 +40,10 @@ type AdviceFigures struct {
 	RAMUsage       float64
 	ExpectedGain   float64
 	MaxWorkers     int
+	// FromNumWorkers / FromPrefetchFactor: the baseline of the change;
+	// FromPrefetchFactor 0 means unknown (both omitted).
+	FromNumWorkers     int
+	FromPrefetchFactor int
 }
 
 type stopLine struct {
@@ -60,7 +67,8 @@ func AdviceLine(runID string, numWorkers, prefetch int, reason string) []byte {
 
 // AdviceLineWithFigures is AdviceLine plus the figures that led to it:
 // "classification", "data_wait_share", "gpu_utilization", "ram_usage",
-// "expected_gain" (shares 0..1) and "max_workers".
+// "expected_gain" (shares 0..1), "max_workers", and the baseline
+// "from_num_workers" / "from_prefetch_factor".
 func AdviceLineWithFigures(runID string, numWorkers, prefetch int, reason string, f AdviceFigures) []byte {
 	l := adviceLine{Event: EventAdvice, RunID: runID, Kind: "dataloader",
 		NumWorkers: numWorkers, PrefetchFactor: prefetch, Reason: reason,
@@ -71,6 +79,9 @@ func AdviceLineWithFigures(runID string, numWorkers, prefetch int, reason string
 	}
 	if f.RAMUsage >= 0 {
 		l.RAMUsage = &f.RAMUsage
+	}
+	if f.FromPrefetchFactor > 0 {
+		l.FromNumWorkers, l.FromPrefetchFactor = &f.FromNumWorkers, &f.FromPrefetchFactor
 	}
 	return encode(l)
 }

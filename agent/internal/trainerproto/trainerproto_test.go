@@ -286,6 +286,8 @@ func TestOutboundLines(t *testing.T) {
 			`{"event":"advice","run_id":"r1","kind":"dataloader","num_workers":10,"prefetch_factor":4,"reason":"data wait 35% of step"}` + "\n"},
 		{string(AdviceLineWithFigures("r1", 6, 3, "data-bound", AdviceFigures{Classification: "data-bound", DataWaitShare: 0.5, GPUUtilization: 0.52, RAMUsage: -1, ExpectedGain: 0.5, MaxWorkers: 15})),
 			`{"event":"advice","run_id":"r1","kind":"dataloader","num_workers":6,"prefetch_factor":3,"reason":"data-bound","classification":"data-bound","data_wait_share":0.5,"gpu_utilization":0.52,"expected_gain":0.5,"max_workers":15}` + "\n"},
+		{string(AdviceLineWithFigures("r1", 0, 1, "memory-bound", AdviceFigures{Classification: "memory-bound", RAMUsage: 0.9, GPUUtilization: -1, FromNumWorkers: 1, FromPrefetchFactor: 1})),
+			`{"event":"advice","run_id":"r1","kind":"dataloader","num_workers":0,"prefetch_factor":1,"reason":"memory-bound","classification":"memory-bound","data_wait_share":0,"ram_usage":0.9,"expected_gain":0,"from_num_workers":1,"from_prefetch_factor":1}` + "\n"},
 		{string(StopLine("r1", "budget llama-3-8b exceeded (100%)")),
 			`{"event":"stop","run_id":"r1","reason":"budget llama-3-8b exceeded (100%)"}` + "\n"},
 		{string(StopLine("r\n1", "")), `{"event":"stop","run_id":"r\n1"}` + "\n"},

@@ -221,6 +221,58 @@ class TestAdaptiveLoader(unittest.TestCase):
         self.assertIs(al.loader, second)
         self.assertEqual(len(al.adjustments), 1)
 
+    def test_advice_is_applied_relative_to_the_real_loader(self):
+        # The run was started without num_workers/prefetch_factor: the
+        # collector assumed 2/2 and advised 3/3 for a data-bound run. The
+        # loader really has 8/4: it must get more workers and prefetch, not 3/3.
+        run = AdviceRun()
+        al = trainmeter.AdaptiveLoader(FakeDataLoader("ds", batch_size=4, num_workers=8, prefetch_factor=4), run)
+        list(al)
+        run.latest = {"event": "advice", "run_id": "r", "kind": "dataloader", "num_workers": 3, "prefetch_factor": 3,
+                      "from_num_workers": 2, "from_prefetch_factor": 2, "classification": "data-bound",
+                      "max_workers": 15, "reason": "data-bound: num_workers 2→3 and prefetch_factor 2→3"}
+        list(al)
+        self.assertEqual((al.loader.num_workers, al.loader.prefetch_factor), (12, 6))
+        self.assertEqual(al.adjustments[0]["num_workers"], 12)
+        # The CPU bound caps the increase.
+        run.latest = dict(run.latest, num_workers=5, prefetch_factor=4, from_num_workers=3, from_prefetch_factor=3)
+        list(al)
+        self.assertEqual((al.loader.num_workers, al.loader.prefetch_factor), (15, 8))
+        # A memory-bound reduction 4→3 prefetch on a loader at 8: down, by the same ratio.
+        run.latest = {"event": "advice", "run_id": "r", "kind": "dataloader", "num_workers": 5, "prefetch_factor": 3,
+                      "from_num_workers": 5, "from_prefetch_factor": 4, "classification": "memory-bound", "max_workers": 15}
+        list(al)
+        self.assertEqual((al.loader.num_workers, al.loader.prefetch_factor), (15, 6))
+
+    def test_advice_without_baseline_against_its_class_is_refused(self):
+        # An older collector sends no from_*: an advice for a data-bound run
+        # that would cut the loader's workers is not applied.
+        run = AdviceRun()
+        al = trainmeter.AdaptiveLoader(FakeDataLoader("ds", batch_size=4, num_workers=8, prefetch_factor=4), run)
+        first = al.loader
+        run.latest = {"event": "advice", "run_id": "r", "kind": "dataloader", "num_workers": 3, "prefetch_factor": 3,
+                      "classification": "data-bound"}
+        with self.assertLogs("trainmeter", level="WARNING"):
+            list(al)
+        self.assertIs(al.loader, first)
+        self.assertEqual(al.adjustments, [])
+        # Going the advised way, the absolute values are kept.
+        self.assertEqual(trainmeter.advised_settings(
+            {"kind": "dataloader", "num_workers": 10, "prefetch_factor": 3, "classification": "data-bound"}, 8, 4), (10, None))
+
+    def test_advised_settings_when_the_loader_matches_the_baseline(self):
+        adv = {"kind": "dataloader", "num_workers": 6, "prefetch_factor": 3, "from_num_workers": 4,
+               "from_prefetch_factor": 2, "classification": "data-bound", "max_workers": 15}
+        self.assertEqual(trainmeter.advised_settings(adv, 4, 2), (6, 3))
+        # From no workers (PyTorch keeps prefetch_factor None then: 2 with workers).
+        adv = dict(adv, num_workers=1, from_num_workers=0, prefetch_factor=3, from_prefetch_factor=2)
+        self.assertEqual(trainmeter.advised_settings(adv, 0, None), (1, 3))
+        # Memory-bound down to no workers.
+        adv = {"kind": "dataloader", "num_workers": 0, "prefetch_factor": 1, "from_num_workers": 1,
+               "from_prefetch_factor": 1, "classification": "memory-bound"}
+        self.assertEqual(trainmeter.advised_settings(adv, 1, 1), (0, 1))
+        self.assertEqual(trainmeter.advised_settings(None, 1, 1), (None, None))
+
     def test_broken_run_never_raises(self):
         class Broken:
             def advice(self):
@@ -674,12 +726,21 @@ class TestLightning(Base):
                  "data_wait_s": 0.5, "compute_s": 2.0, "loss": 2.0},
                 {"event": "step", "run_id": "pl1", "step": 2, "tokens": 64, "tokens_total": 128, "samples": 4,
                  "data_wait_s": 1.0, "compute_s": 2.0, "loss": 0.0},
-                {"event": "eval", "run_id": "pl1", "epoch": 0, "val_loss": 1.25, "accuracy": 0.75},
+                {"event": "eval", "run_id": "pl1", "epoch": 1, "val_loss": 1.25, "accuracy": 0.75},
                 {"event": "step", "run_id": "pl1", "step": 2, "tokens": 32, "tokens_total": 160, "samples": 2,
                  "compute_s": 1.0, "loss": 3.0},
                 {"event": "run_end", "run_id": "pl1"},
             ],
         )
+
+    def test_eval_epoch_is_epochs_completed(self):
+        # Lightning's current_epoch is 0-based and still the epoch just
+        # trained when its end-of-epoch validation runs: 1 epoch completed.
+        self.assertEqual(lightning._epochs_completed(FakeTrainer(current_epoch=0)), 1)
+        self.assertEqual(lightning._epochs_completed(FakeTrainer(current_epoch=4, is_last_batch=True)), 5)
+        # A validation in the middle of the 5th epoch: 4 completed.
+        self.assertEqual(lightning._epochs_completed(FakeTrainer(current_epoch=4, is_last_batch=False)), 4)
+        self.assertIsNone(lightning._epochs_completed(FakeTrainer(current_epoch=None)))
 
     def test_stop_tokens_fn_ranks_and_exception(self):
         a = self.agent()

@@ -14,7 +14,7 @@ callbacks: ``trainmeter.integrations.hf`` and ``trainmeter.integrations.lightnin
 
 from .client import DEFAULT_SOCKET, ENV_RUN_ID, ENV_SOCKET, Run, encode_event, start
 from .dist import cuda_visible_gpu_uuids, derive_run_id, rank_info
-from .loader import AdaptiveLoader, TimedLoader, count_tokens, rebuild_dataloader
+from .loader import AdaptiveLoader, TimedLoader, advised_settings, count_tokens, rebuild_dataloader
 
 __version__ = "0.1.0"
 
@@ -25,6 +25,7 @@ __all__ = [
     "ENV_SOCKET",
     "Run",
     "TimedLoader",
+    "advised_settings",
     "count_tokens",
     "cuda_visible_gpu_uuids",
     "derive_run_id",

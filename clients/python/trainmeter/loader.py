@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 log = logging.getLogger("trainmeter")
 
-__all__ = ["TimedLoader", "AdaptiveLoader", "rebuild_dataloader", "count_tokens"]
+__all__ = ["TimedLoader", "AdaptiveLoader", "rebuild_dataloader", "advised_settings", "count_tokens"]
 
 
 class TimedLoader:
@@ -167,12 +168,81 @@ def _advised(advice: Any, key: str) -> Optional[int]:
     return v if v >= 0 else None
 
 
+# PyTorch's prefetch_factor when the loader has workers and set none; the
+# advisor's bound on prefetch advice.
+_DEFAULT_PREFETCH = 2
+_MAX_PREFETCH = 8
+
+
+def _scale(real: int, frm: int, to: Optional[int], floor: int, cap: Optional[int]) -> int:
+    """Apply the advised change frm → to to the loader's real setting: the
+    same ratio (the same step when frm is 0), in the same direction, at least
+    one step, within [floor, cap]; never the other way."""
+    if to is None or to == frm:
+        return real
+    if to > frm:
+        new = real + (to - frm) if frm == 0 else int(math.ceil(real * to / frm))
+        new = max(new, real + 1)
+        if cap is not None:
+            new = min(new, cap)
+        return max(new, real)
+    new = int(math.floor(real * to / frm))
+    new = max(min(new, real - 1), floor)
+    return min(new, real)
+
+
+def advised_settings(advice: Any, num_workers: int, prefetch_factor: Optional[int]) -> Tuple[Optional[int], Optional[int]]:
+    """The ``(num_workers, prefetch_factor)`` an ``advice`` line means for a
+    loader that really has ``num_workers`` / ``prefetch_factor`` (None: that
+    setting is not advised).
+
+    The agent's advice carries absolute settings computed from what the
+    collector believes the loader has (the run_start's ``num_workers`` /
+    ``prefetch_factor``, assumed 2 / 2 when absent, then the last advice) and
+    says so in ``from_num_workers`` / ``from_prefetch_factor``. When the real
+    loader differs, the change is applied relative to it: the same ratio
+    (``from`` 2 → 3 on a loader at 8 gives 12), in the same direction, capped
+    by ``max_workers`` and prefetch 8 on an increase, at least 1 prefetch and
+    0 workers on a decrease. Advice without ``from_*`` (older collectors) is
+    taken as absolute, except that a value going against its
+    ``classification`` (fewer workers for a data-bound run, more for a
+    memory-bound one) is refused.
+    """
+    if not isinstance(advice, Mapping):
+        return None, None
+    to_nw = _advised(advice, "num_workers")
+    to_pf = _advised(advice, "prefetch_factor")
+    if to_pf is not None and to_pf <= 0:  # 0: nothing advised (the agent always sends the key)
+        to_pf = None
+    real_nw = num_workers or 0
+    real_pf = prefetch_factor if prefetch_factor else _DEFAULT_PREFETCH
+    from_nw = _advised(advice, "from_num_workers")
+    from_pf = _advised(advice, "from_prefetch_factor")
+    if from_nw is not None and from_pf:  # the baseline the advice was computed from
+        cap = _advised(advice, "max_workers") or None
+        nw = _scale(real_nw, from_nw, to_nw, 0, cap) if to_nw is not None else None
+        pf = _scale(real_pf, from_pf, to_pf, 1, _MAX_PREFETCH) if to_pf is not None else None
+        return nw, pf
+    direction = {"data-bound": 1, "memory-bound": -1}.get(advice.get("classification"), 0)
+    nw, pf = to_nw, to_pf
+    if direction and nw is not None and (nw - real_nw) * direction < 0:
+        log.warning("trainmeter: ignoring advised num_workers=%s: the loader has %s and the run is %s",
+                    nw, real_nw, advice.get("classification"))
+        nw = None
+    if direction and pf is not None and (pf - real_pf) * direction < 0:
+        log.warning("trainmeter: ignoring advised prefetch_factor=%s: the loader has %s and the run is %s",
+                    pf, real_pf, advice.get("classification"))
+        pf = None
+    return nw, pf
+
+
 def rebuild_dataloader(loader: Any, advice: Any = None, *, num_workers: Optional[int] = None,
                        prefetch_factor: Optional[int] = None) -> Any:
     """Return a loader like ``loader`` but with the advised ``num_workers`` /
-    ``prefetch_factor`` (from ``advice``, e.g. ``run.advice()``, or the keyword
-    arguments, which win), or ``loader`` itself when nothing changes or the
-    loader cannot be rebuilt. Never raises.
+    ``prefetch_factor`` (from ``advice``, e.g. ``run.advice()``, applied to the
+    loader's real settings as :func:`advised_settings` says; or the keyword
+    arguments, which win and are absolute), or ``loader`` itself when nothing
+    changes or the loader cannot be rebuilt. Never raises.
 
     Call it between epochs (``for epoch …: loader = rebuild_dataloader(loader,
     run.advice())``); the old loader's workers exit when it and its iterators are
@@ -196,14 +266,15 @@ def rebuild_dataloader(loader: Any, advice: Any = None, *, num_workers: Optional
                 return loader
             return TimedLoader(inner, run=loader.run, sync=loader._sync, clock=loader._clock)
 
-        nw = num_workers if num_workers is not None else _advised(advice, "num_workers")
-        pf = prefetch_factor if prefetch_factor is not None else _advised(advice, "prefetch_factor")
-        if nw is None and pf is None:
-            return loader
         cur_nw = getattr(loader, "num_workers", 0) or 0
         cur_pf = getattr(loader, "prefetch_factor", None)
+        adv_nw, adv_pf = advised_settings(advice, cur_nw, cur_pf)
+        nw = num_workers if num_workers is not None else adv_nw
+        pf = prefetch_factor if prefetch_factor is not None else adv_pf
+        if nw is None and pf is None:
+            return loader
         new_nw = cur_nw if nw is None else nw
-        if pf is not None and pf <= 0:  # 0: nothing advised (the agent always sends the key)
+        if pf is not None and pf <= 0:
             pf = None
         new_pf = cur_pf if pf is None else pf
         if new_nw == cur_nw and (new_nw == 0 or new_pf == cur_pf):
@@ -270,7 +341,12 @@ class AdaptiveLoader:
     Every ``iter()`` first calls :meth:`maybe_rebuild`: when the run holds an
     ``advice`` line it has not applied yet, the inner loader is rebuilt with
     :func:`rebuild_dataloader` (never in the middle of an epoch, so no batch is
-    lost or repeated). ``adjustments`` lists what was applied, with the epoch
+    lost or repeated). The advice is applied to the loader's real settings
+    (:func:`advised_settings`): when the run was started without
+    ``num_workers`` / ``prefetch_factor`` the collector assumes 2 / 2, and
+    advice for a data-bound run then still means *more* workers, never fewer.
+    Pass the loader's settings to :func:`trainmeter.start` so the advice's own
+    figures match the loader. ``adjustments`` lists what was applied, with the epoch
     (1-based) that started with it: ``{"epoch", "num_workers", "prefetch_factor", "reason", "classification"}``.
     Advice lines may carry more keys (``data_wait_share``, ``gpu_utilization``,
     ``ram_usage``, ``expected_gain``…); they are kept in ``last_advice``.

@@ -11,6 +11,8 @@ package advisor
 import (
 	"fmt"
 	"log/slog"
+	"math"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,6 +62,7 @@ type runWindow struct {
 	utilSum           float64
 	utilN             uint64
 	gpus              int
+	stepRanks         int
 	end               time.Time
 }
 
@@ -76,7 +79,7 @@ type item struct {
 type key struct{ run, node string }
 
 type epochAcc struct {
-	steps             uint64
+	steps             float64 // per rank
 	dataWait, compute float64
 	utilSum           float64
 	utilN             uint64
@@ -86,14 +89,21 @@ type epochAcc struct {
 }
 
 type runState struct {
-	adv      *dataloader.Advisor
-	iv       dataloader.Interval
+	adv *dataloader.Advisor
+	iv  dataloader.Interval
+	// ivSteps: steps per rank in the interval (the window's steps ÷ its
+	// step_ranks), what adjustment_interval counts.
+	ivSteps  float64
 	utilSum  float64
 	utilN    uint64
-	step     uint64 // steps seen on this node
+	step     float64 // steps per rank seen on this node
 	epoch    epochAcc
 	lastSeen time.Time
-	lastEval int64 // last eval epoch seen
+	// lastEval is the epoch (epochs completed, 1-based) of the last
+	// boundary, 0 before the first: the eval's epoch when it has one, else
+	// the previous boundary's + 1. boundaries counts them.
+	lastEval   int64
+	boundaries int
 }
 
 // Advisor is the live dataloader advisor.
@@ -107,8 +117,11 @@ type Advisor struct {
 	wg    sync.WaitGroup
 	once  sync.Once
 
-	runs      map[key]*runState // owned by the worker goroutine
-	lastSweep time.Time         // batch time of the last idle sweep
+	runs map[key]*runState // owned by the worker goroutine
+	// nodes indexes runs by run id: the nodes with a state for it, so an
+	// epoch boundary reaches every node of the run.
+	nodes     map[string]map[string]struct{}
+	lastSweep time.Time // batch time of the last idle sweep
 
 	skipped   atomic.Uint64
 	evaluated atomic.Uint64
@@ -122,7 +135,8 @@ func New(st Store, send Sender, log *slog.Logger) *Advisor {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Advisor{st: st, send: send, log: log, queue: make(chan item, queueLen), done: make(chan struct{}), runs: map[key]*runState{}}
+	return &Advisor{st: st, send: send, log: log, queue: make(chan item, queueLen), done: make(chan struct{}), runs: map[key]*runState{},
+		nodes: map[string]map[string]struct{}{}}
 }
 
 // Start runs the worker goroutine.
@@ -172,7 +186,7 @@ func (a *Advisor) Observe(node string, b *pb.Batch) {
 	for _, w := range b.GetRunWindows() {
 		it.windows = append(it.windows, runWindow{
 			run: w.GetRunId(), steps: w.GetSteps(), dataWait: w.GetDataWaitS(), compute: w.GetComputeS(),
-			utilSum: w.GetUtilizationSumPct(), utilN: w.GetVramSamples(), gpus: len(w.GetGpus()), end: w.GetEnd().AsTime(),
+			utilSum: w.GetUtilizationSumPct(), utilN: utilSamples(w), gpus: len(w.GetGpus()), stepRanks: int(w.GetStepRanks()), end: w.GetEnd().AsTime(),
 		})
 	}
 	for _, e := range b.GetRunEvents() {
@@ -189,6 +203,20 @@ func (a *Advisor) Observe(node string, b *pb.Batch) {
 	default:
 		a.skipped.Add(1)
 	}
+}
+
+// utilSamples is the number of GPU readings behind a window's utilisation
+// sum: utilization_samples; an agent that predates it sent a sum over its
+// memory readings (vram_samples) when it had any utilisation. None means
+// unknown, never 0 %.
+func utilSamples(w *pb.RunWindow) uint64 {
+	if n := w.GetUtilizationSamples(); n > 0 {
+		return n
+	}
+	if w.GetUtilizationSumPct() > 0 {
+		return w.GetVramSamples()
+	}
+	return 0
 }
 
 func configFromStart(rs *pb.RunStart) dataloader.Config {
@@ -223,9 +251,66 @@ func (a *Advisor) state(run, node string, start *pb.RunStart) *runState {
 		a.log.Warn("dataloader advice: bad targets in run_start; using defaults", "run_id", run, "err", err)
 		cfg = dataloader.Config{NumWorkers: cfg.NumWorkers, PrefetchFactor: cfg.PrefetchFactor}
 	}
-	s := &runState{adv: dataloader.NewAdvisor(cfg), lastEval: -1}
+	s := &runState{adv: dataloader.NewAdvisor(cfg)}
 	a.runs[k] = s
+	if a.nodes[run] == nil {
+		a.nodes[run] = map[string]struct{}{}
+	}
+	a.nodes[run][node] = struct{}{}
 	return s
+}
+
+// forget drops a (run, node) state.
+func (a *Advisor) forget(k key) {
+	delete(a.runs, k)
+	if ns := a.nodes[k.run]; ns != nil {
+		delete(ns, k.node)
+		if len(ns) == 0 {
+			delete(a.nodes, k.run)
+		}
+	}
+}
+
+// epochBoundary passes an eval event to every node state of its run: the
+// ranks on every node start a new epoch, not only those on the node of the
+// rank that reported it (the integrations report from global rank 0 only).
+// An eval with an epoch already seen on a node (another rank's eval of the
+// same epoch) is no boundary there; an eval without an epoch always is.
+func (a *Advisor) epochBoundary(e *pb.Eval, recs map[string][]byte) {
+	run := e.GetRunId()
+	nodes := make([]string, 0, len(a.nodes[run]))
+	for n := range a.nodes[run] {
+		nodes = append(nodes, n)
+	}
+	sort.Strings(nodes)
+	for _, node := range nodes {
+		s := a.runs[key{run, node}]
+		epoch := s.lastEval + 1
+		if hasEpoch(e) {
+			if s.boundaries > 0 && e.GetEpoch() == s.lastEval {
+				continue
+			}
+			epoch = e.GetEpoch()
+		}
+		s.lastEval = epoch
+		s.boundaries++
+		if s.adv.EpochBoundary() {
+			// The trainer applies the last change now: the interval so far
+			// measured the old settings.
+			s.resetInterval()
+		}
+		a.closeEpoch(run, node, s, epoch, false, e.GetTime().AsTime(), recs)
+	}
+}
+
+// hasEpoch: the eval carries an epoch (agents before has_epoch sent only
+// the number; a non-zero one was given).
+func hasEpoch(e *pb.Eval) bool { return e.GetHasEpoch() || e.GetEpoch() != 0 }
+
+// resetInterval starts a new evaluation interval.
+func (s *runState) resetInterval() {
+	s.iv, s.ivSteps = dataloader.Interval{}, 0
+	s.utilSum, s.utilN = 0, 0
 }
 
 func (a *Advisor) process(it item) {
@@ -247,7 +332,12 @@ func (a *Advisor) process(it item) {
 		if w.steps == 0 {
 			continue
 		}
-		s.step += w.steps
+		// Every rank on the node reports its own steps: count optimizer
+		// steps, i.e. per rank (agents before step_ranks: one rank).
+		ranks := max(1, w.stepRanks)
+		perRank := float64(w.steps) / float64(ranks)
+		s.step += perRank
+		s.ivSteps += perRank
 		s.iv.Steps += w.steps
 		s.iv.DataWaitS += w.dataWait
 		s.iv.ComputeS += w.compute
@@ -260,33 +350,33 @@ func (a *Advisor) process(it item) {
 		if cpus > 0 {
 			s.iv.CPUCount = cpus
 		}
-		s.iv.LocalRanks = max(s.iv.LocalRanks, w.gpus)
-		s.epoch.steps += w.steps
+		// The worker bound is per rank: the ranks that step when the agent
+		// says, else one rank per GPU.
+		if w.stepRanks > 0 {
+			s.iv.LocalRanks = max(s.iv.LocalRanks, w.stepRanks)
+		} else {
+			s.iv.LocalRanks = max(s.iv.LocalRanks, w.gpus)
+		}
+		s.epoch.steps += perRank
 		s.epoch.dataWait += w.dataWait
 		s.epoch.compute += w.compute
 		s.epoch.utilSum += w.utilSum
 		s.epoch.utilN += w.utilN
-		if s.iv.Steps >= s.adv.Config().Interval {
+		if s.ivSteps >= float64(s.adv.Config().Interval)-1e-9 {
 			a.evaluate(w.run, it.node, s, w.end, recs)
 		}
 	}
 	for _, e := range it.events {
 		switch ev := e.GetEvent().(type) {
 		case *pb.RunEvent_Eval:
-			s := a.runs[key{ev.Eval.GetRunId(), it.node}]
-			if s == nil || ev.Eval.GetEpoch() == s.lastEval {
-				continue // another rank's eval of the same epoch
-			}
-			s.lastEval = ev.Eval.GetEpoch()
-			s.adv.EpochBoundary()
-			a.closeEpoch(ev.Eval.GetRunId(), it.node, s, ev.Eval.GetEpoch(), false, ev.Eval.GetTime().AsTime(), recs)
+			a.epochBoundary(ev.Eval, recs)
 		case *pb.RunEvent_RunEnd:
 			k := key{ev.RunEnd.GetRunId(), it.node}
 			if s := a.runs[k]; s != nil {
 				if s.epoch.steps > 0 {
 					a.closeEpoch(k.run, it.node, s, s.lastEval+1, true, ev.RunEnd.GetTime().AsTime(), recs)
 				}
-				delete(a.runs, k)
+				a.forget(k)
 			}
 		}
 	}
@@ -294,7 +384,7 @@ func (a *Advisor) process(it item) {
 		a.lastSweep = it.end
 		for k, s := range a.runs {
 			if !s.lastSeen.IsZero() && it.end.Sub(s.lastSeen) > idleAfter {
-				delete(a.runs, k)
+				a.forget(k)
 			}
 		}
 	}
@@ -322,8 +412,7 @@ func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map
 	}
 	adv := s.adv.Evaluate(s.iv)
 	a.evaluated.Add(1)
-	s.iv = dataloader.Interval{}
-	s.utilSum, s.utilN = 0, 0
+	s.resetInterval()
 	gpuUtil, ramUse := -1.0, -1.0
 	if adv.HasGPUUtilization {
 		gpuUtil = adv.GPUUtilization
@@ -332,20 +421,26 @@ func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map
 		ramUse = adv.RAMUsage
 	}
 	ev := &pb.DataloaderEvaluation{
-		Node: node, Time: timestamppb.New(at), Step: s.step, Classification: string(adv.Class),
+		Node: node, Time: timestamppb.New(at), Step: uint64(math.Round(s.step)), Classification: string(adv.Class),
 		NumWorkers: uint32(adv.NumWorkers), PrefetchFactor: uint32(adv.PrefetchFactor), Changed: adv.Changed,
 		Reason: adv.Reason, DataWaitShare: adv.DataWaitShare, GpuUtilization: gpuUtil, RamUsage: ramUse,
 		ExpectedGain: adv.ExpectedGain,
 	}
 	if adv.Changed {
-		s.epoch.adjustments++
 		ev.Delivered = a.send.Advise(node, &pb.Advisory{RunId: run, Advice: &pb.Advisory_Dataloader{Dataloader: &pb.DataloaderAdvice{
 			NumWorkers: uint32(adv.NumWorkers), PrefetchFactor: uint32(adv.PrefetchFactor), Reason: adv.Reason,
 			Classification: string(adv.Class), DataWaitShare: adv.DataWaitShare, GpuUtilization: gpuUtil,
 			RamUsage: ramUse, ExpectedGain: adv.ExpectedGain, MaxWorkers: uint32(adv.MaxWorkers),
+			FromNumWorkers: uint32(adv.FromNumWorkers), FromPrefetchFactor: uint32(adv.FromPrefetchFactor),
 		}}})
 		if ev.Delivered {
+			// Only advice that reached the node's stream counts: it
+			// becomes the advisor's baseline and starts its cooldown.
+			s.adv.Commit(adv)
+			s.epoch.adjustments++
 			a.sent.Add(1)
+		} else {
+			ev.Reason += " — not delivered (node not connected or its advisory queue full): not counted; proposed again at the next evaluation"
 		}
 		a.log.Info("dataloader advice", "run_id", run, "node", node, "class", adv.Class,
 			"num_workers", adv.NumWorkers, "prefetch_factor", adv.PrefetchFactor, "delivered", ev.Delivered)
@@ -359,7 +454,7 @@ func (a *Advisor) closeEpoch(run, node string, s *runState, epoch int64, partial
 	w, p := s.adv.Current()
 	e := &pb.DataloaderEpoch{
 		Node: node, Epoch: epoch, Partial: partial, Adjustments: s.epoch.adjustments,
-		NumWorkers: uint32(w), PrefetchFactor: uint32(p), Steps: s.epoch.steps,
+		NumWorkers: uint32(w), PrefetchFactor: uint32(p), Steps: uint64(math.Round(s.epoch.steps)),
 		AvgGpuUtilization: -1, AvgRamUsage: -1,
 	}
 	if s.epoch.utilN > 0 {

@@ -20,11 +20,18 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type recorder struct {
 	mu   sync.Mutex
 	sent []*pb.Advisory
+	// refuse: this many advisories are refused (node not connected, queue
+	// full) before the recorder accepts again.
+	refuse int
 }
 
 func (r *recorder) Advise(node string, adv *pb.Advisory) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.refuse > 0 {
+		r.refuse--
+		return false
+	}
 	r.sent = append(r.sent, adv)
 	return true
 }
@@ -40,7 +47,7 @@ type rig struct {
 	st  *store.Store
 	rec *recorder
 	a   *Advisor
-	seq uint64
+	seq map[string]uint64 // per node
 }
 
 func newRig(t *testing.T) *rig {
@@ -48,7 +55,7 @@ func newRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{t: t, st: st, rec: &recorder{}}
+	r := &rig{t: t, st: st, rec: &recorder{}, seq: map[string]uint64{}}
 	r.a = New(st, r.rec, nil)
 	r.a.processed = make(chan struct{}, 1)
 	r.a.Start()
@@ -60,19 +67,25 @@ func newRig(t *testing.T) *rig {
 // would, and waits until the advisor has processed it.
 func (r *rig) apply(sec float64, w *pb.RunWindow, host *pb.HostWindow, events ...*pb.RunEvent) {
 	r.t.Helper()
-	r.seq++
+	r.applyOn("n1", sec, w, host, events...)
+}
+
+// applyOn is apply for a batch of node.
+func (r *rig) applyOn(node string, sec float64, w *pb.RunWindow, host *pb.HostWindow, events ...*pb.RunEvent) {
+	r.t.Helper()
+	r.seq[node]++
 	var ws []*pb.RunWindow
 	if w != nil {
 		ws = append(ws, w)
 	}
-	b := testutil.Batch(r.seq, sec, ws, events...)
+	b := testutil.Batch(r.seq[node], sec, ws, events...)
 	if host != nil {
 		b.Host = host
 	}
-	if _, err := r.st.ApplyBatch("n1", "boot", b); err != nil {
+	if _, err := r.st.ApplyBatch(node, "boot", b); err != nil {
 		r.t.Fatal(err)
 	}
-	r.a.Observe("n1", b)
+	r.a.Observe(node, b)
 	<-r.a.processed
 }
 
@@ -97,7 +110,12 @@ func host(usedShare float64) *pb.HostWindow {
 }
 
 func eval(run string, sec float64, epoch int64) *pb.RunEvent {
-	return &pb.RunEvent{Event: &pb.RunEvent_Eval{Eval: &pb.Eval{RunId: run, Time: testutil.TS(sec), Epoch: epoch, ValLoss: 1, HasValLoss: true}}}
+	return &pb.RunEvent{Event: &pb.RunEvent_Eval{Eval: &pb.Eval{RunId: run, Time: testutil.TS(sec), Epoch: epoch, HasEpoch: true, ValLoss: 1, HasValLoss: true}}}
+}
+
+// evalNoEpoch is an eval event whose trainer sent no epoch.
+func evalNoEpoch(run string, sec float64) *pb.RunEvent {
+	return &pb.RunEvent{Event: &pb.RunEvent_Eval{Eval: &pb.Eval{RunId: run, Time: testutil.TS(sec), ValLoss: 1, HasValLoss: true}}}
 }
 
 func TestDataBoundRunIsAdvisedAndHistoryKept(t *testing.T) {
@@ -118,6 +136,9 @@ func TestDataBoundRunIsAdvisedAndHistoryKept(t *testing.T) {
 	}
 	if d.GetDataWaitShare() != 0.5 || d.GetGpuUtilization() != 0.5 || d.GetRamUsage() != 0.3 || d.GetExpectedGain() != 0.5 || d.GetMaxWorkers() != 15 {
 		t.Errorf("figures %v", d)
+	}
+	if d.GetFromNumWorkers() != 2 || d.GetFromPrefetchFactor() != 2 {
+		t.Errorf("baseline %d/%d, want the run_start's 2/2", d.GetFromNumWorkers(), d.GetFromPrefetchFactor())
 	}
 	r.apply(2, window("r", 2, 5, 0.1, 0.5, 50), host(0.3), testutil.End("r", 3))
 
@@ -225,5 +246,207 @@ func TestIdleRunsAreForgotten(t *testing.T) {
 	}
 	if _, ok := r.a.runs[key{"live", "n1"}]; !ok {
 		t.Error("a live run was forgotten")
+	}
+}
+
+func TestUndeliveredAdviceIsNotCountedAndIsSentAgain(t *testing.T) {
+	r := newRig(t)
+	r.rec.refuse = 1
+	r.apply(0, window("u", 0, 10, 0.5, 0.5, 50), host(0.3), start("u", 2, 2, 10))
+	r.apply(1, window("u", 1, 10, 0.5, 0.5, 50), host(0.3)) // change proposed, refused
+	if n := len(r.rec.all()); n != 0 {
+		t.Fatalf("%d advisories accepted, want 0", n)
+	}
+	s := r.a.runs[key{"u", "n1"}]
+	if w, p := s.adv.Current(); w != 2 || p != 2 || s.adv.Adjustments() != 0 || s.epoch.adjustments != 0 {
+		t.Fatalf("after a refused advice: current %d/%d, %d adjustments (%d this epoch); want 2/2 and none",
+			w, p, s.adv.Adjustments(), s.epoch.adjustments)
+	}
+	// The next evaluation sends it again, from the same baseline.
+	r.apply(2, window("u", 2, 10, 0.5, 0.5, 50), host(0.3), eval("u", 2.5, 1))
+	sent := r.rec.all()
+	if len(sent) != 1 || sent[0].GetDataloader().GetNumWorkers() != 3 || sent[0].GetDataloader().GetPrefetchFactor() != 3 {
+		t.Fatalf("sent %v, want one advice 2→3 / 2→3", sent)
+	}
+	h, err := History(r.st, "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Evaluations) != 3 || !h.Evaluations[1].Changed || h.Evaluations[1].Delivered ||
+		!strings.Contains(h.Evaluations[1].Reason, "not delivered") || !h.Evaluations[2].Delivered {
+		t.Fatalf("evaluations %v", h.Evaluations)
+	}
+	if len(h.Epochs) != 1 || h.Epochs[0].Adjustments != 1 || h.Epochs[0].NumWorkers != 3 {
+		t.Fatalf("epochs %v, want one epoch with 1 adjustment at 3 workers", h.Epochs)
+	}
+}
+
+func TestIntervalMeasuredBeforeAnAppliedChangeIsDropped(t *testing.T) {
+	r := newRig(t)
+	r.apply(0, window("b", 0, 10, 0.5, 0.5, 50), host(0.3), start("b", 2, 2, 10))
+	r.apply(1, window("b", 1, 10, 0.5, 0.5, 50), host(0.3)) // advice 2→3 / 2→3
+	if n := len(r.rec.all()); n != 1 {
+		t.Fatalf("%d advisories, want 1", n)
+	}
+	// Half an interval on the old settings, then the epoch boundary at which
+	// the trainer applies the advice.
+	r.apply(2, window("b", 2, 5, 0.9, 0.1, 20), host(0.3), eval("b", 2.5, 1))
+	// Five steps on the new settings do not complete an interval: the five
+	// before the boundary were dropped.
+	r.apply(3, window("b", 3, 5, 0.1, 0.9, 90), host(0.3))
+	h, err := History(r.st, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Evaluations) != 2 {
+		t.Fatalf("%d evaluations, want 2 (the interval spanning the boundary must restart): %v", len(h.Evaluations), h.Evaluations)
+	}
+	r.apply(4, window("b", 4, 5, 0.1, 0.9, 90), host(0.3))
+	h, err = History(r.st, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The third evaluation sees only steps after the boundary.
+	if len(h.Evaluations) != 3 || h.Evaluations[2].DataWaitShare != 0.1 || h.Evaluations[2].GpuUtilization != 0.9 {
+		t.Fatalf("evaluations %v, want a third one on the new settings only (wait 10%%, GPU 90%%)", h.Evaluations)
+	}
+}
+
+func TestEpochBoundaryReachesEveryNodeOfTheRun(t *testing.T) {
+	r := newRig(t)
+	// Two nodes, one rank each; only rank 0 (on n1) reports evals.
+	r.applyOn("n1", 0, window("d", 0, 10, 0.5, 0.5, 50), host(0.3), start("d", 2, 2, 10))
+	r.applyOn("n2", 0, window("d", 0, 10, 0.5, 0.5, 50), host(0.3), start("d", 2, 2, 10))
+	r.applyOn("n1", 1, window("d", 1, 10, 0.5, 0.5, 50), host(0.3))
+	r.applyOn("n2", 1, window("d", 1, 10, 0.5, 0.5, 50), host(0.3))
+	if n := len(r.rec.all()); n != 2 {
+		t.Fatalf("%d advisories, want one per node", n)
+	}
+	r.applyOn("n1", 2, window("d", 2, 4, 0.5, 0.5, 50), host(0.3), eval("d", 2.5, 1))
+	for _, node := range []string{"n1", "n2"} {
+		s := r.a.runs[key{"d", node}]
+		if s.lastEval != 1 || s.epoch.steps != 0 {
+			t.Errorf("%s: last boundary %d, %v steps in the open epoch; want epoch 1 closed", node, s.lastEval, s.epoch.steps)
+		}
+	}
+	h, err := History(r.st, "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*pb.DataloaderEpoch{}
+	for _, e := range h.Epochs {
+		got[e.Node] = e
+	}
+	if len(h.Epochs) != 2 || got["n1"] == nil || got["n2"] == nil || got["n2"].Epoch != 1 || got["n2"].Adjustments != 1 || got["n2"].NumWorkers != 3 {
+		t.Fatalf("epochs %v, want epoch 1 closed on n1 and on n2", h.Epochs)
+	}
+	// The boundary applied n2's advice too: its next change needs fresh
+	// evidence, and no cooldown holds it.
+	r.applyOn("n2", 3, window("d", 3, 10, 0.5, 0.5, 50), host(0.3))
+	r.applyOn("n2", 4, window("d", 4, 10, 0.5, 0.5, 50), host(0.3))
+	if n := len(r.rec.all()); n != 3 {
+		t.Fatalf("%d advisories, want a second change on n2 right after its boundary", n)
+	}
+}
+
+func TestEvalsWithoutEpochAreEachABoundary(t *testing.T) {
+	r := newRig(t)
+	r.apply(0, window("x", 0, 4, 0.5, 0.5, 50), host(0.3), start("x", 2, 2, 10), evalNoEpoch("x", 0.5))
+	r.apply(1, window("x", 1, 4, 0.5, 0.5, 50), host(0.3), evalNoEpoch("x", 1.5))
+	r.apply(2, window("x", 2, 4, 0.5, 0.5, 50), host(0.3), evalNoEpoch("x", 2.5))
+	// An epoch given twice (two ranks report epoch 4) is one boundary.
+	r.apply(3, window("x", 3, 4, 0.5, 0.5, 50), host(0.3), eval("x", 3.4, 4), eval("x", 3.5, 4))
+	h, err := History(r.st, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var epochs []int64
+	for _, e := range h.Epochs {
+		epochs = append(epochs, e.Epoch)
+	}
+	if len(epochs) != 4 || epochs[0] != 1 || epochs[1] != 2 || epochs[2] != 3 || epochs[3] != 4 {
+		t.Fatalf("epochs %v, want [1 2 3 4]: evals without an epoch are numbered in turn, not merged", epochs)
+	}
+}
+
+func TestIntervalCountsStepsPerRank(t *testing.T) {
+	r := newRig(t)
+	// Two ranks on the node, 5 optimizer steps each per window: 10 step
+	// events. adjustment_interval 10 is 10 optimizer steps: every second
+	// window, not every window.
+	w := func(sec float64) *pb.RunWindow {
+		w := window("two", sec, 10, 0.5, 0.5, 50)
+		w.Gpus, w.StepRanks = []uint32{0, 1}, 2
+		return w
+	}
+	r.apply(0, w(0), host(0.3), start("two", 2, 2, 10))
+	for i := 1; i < 4; i++ {
+		r.apply(float64(i), w(float64(i)), host(0.3))
+	}
+	h, err := History(r.st, "two")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Evaluations) != 2 || h.Evaluations[0].Step != 10 || h.Evaluations[1].Step != 20 {
+		t.Fatalf("evaluations %v, want 2, at optimizer steps 10 and 20", h.Evaluations)
+	}
+	// 16 CPUs, 2 ranks: 7 workers per rank at most.
+	r.apply(4, w(4), host(0.3), testutil.End("two", 4.5))
+	h, _ = History(r.st, "two")
+	if len(h.Epochs) != 1 || h.Epochs[0].Steps != 25 {
+		t.Errorf("epochs %v, want one partial epoch of 25 optimizer steps", h.Epochs)
+	}
+	if sent := r.rec.all(); len(sent) != 1 || sent[0].GetDataloader().GetMaxWorkers() != 7 {
+		t.Errorf("sent %v, want one advice with max_workers 7 (16 CPUs / 2 ranks − 1)", sent)
+	}
+}
+
+func TestUtilisationIsAveragedOverTheReadingsThatHaveOne(t *testing.T) {
+	r := newRig(t)
+	// Two GPUs, 100 ticks: one reads 95 %, the other (a MIG slice) no
+	// utilisation at all. The mean is 95 %, not 47.5 %: with 10 % data wait
+	// and the wait shorter than compute, the run is GPU-bound.
+	w := func(sec float64) *pb.RunWindow {
+		w := window("mig", sec, 10, 0.1, 0.9, 0)
+		w.Gpus, w.VramSamples = []uint32{0, 1}, 200
+		w.UtilizationSumPct, w.UtilizationSamples = 95*100, 100
+		return w
+	}
+	r.apply(0, w(0), host(0.3), start("mig", 4, 2, 10))
+	for i := 1; i < 4; i++ {
+		r.apply(float64(i), w(float64(i)), host(0.3))
+	}
+	if sent := r.rec.all(); len(sent) != 0 {
+		t.Fatalf("advised %v: the GPU readings without utilisation were counted as 0 %%", sent)
+	}
+	h, _ := History(r.st, "mig")
+	for _, e := range h.Evaluations {
+		if e.Classification != "gpu-bound" || e.GpuUtilization != 0.95 {
+			t.Errorf("evaluation %v, want gpu-bound at 95 %%", e)
+		}
+	}
+}
+
+func TestUnknownUtilisationIsNotZero(t *testing.T) {
+	r := newRig(t)
+	w := func(sec float64) *pb.RunWindow {
+		w := window("nou", sec, 10, 0.5, 0.5, 0) // no utilisation readings
+		w.UtilizationSumPct, w.UtilizationSamples = 0, 0
+		return w
+	}
+	r.apply(0, w(0), host(0.3), start("nou", 2, 2, 10))
+	r.apply(1, w(1), host(0.3), eval("nou", 1.5, 1))
+	sent := r.rec.all()
+	if len(sent) != 1 || sent[0].GetDataloader().GetClassification() != "data-bound" || sent[0].GetDataloader().GetGpuUtilization() != -1 {
+		t.Fatalf("sent %v, want data-bound advice (on the wait share alone) with the utilisation unknown (-1)", sent)
+	}
+	h, _ := History(r.st, "nou")
+	if len(h.Epochs) != 1 || h.Epochs[0].AvgGpuUtilization != -1 {
+		t.Errorf("epochs %v, want the epoch's GPU utilisation unknown (-1)", h.Epochs)
+	}
+	for _, e := range h.Evaluations {
+		if e.GpuUtilization != -1 || strings.Contains(e.Reason, "GPU 0%") {
+			t.Errorf("evaluation %v, want the utilisation unknown", e)
+		}
 	}
 }

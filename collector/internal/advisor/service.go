@@ -111,7 +111,7 @@ func (s *Service) Recommend(_ context.Context, req *pb.RecommendRequest) (*pb.Re
 		}
 	}
 	recommend.Sort(recs)
-	kept, usd, j := recommend.Filter(recs, mc)
+	kept, usd, j := recommend.Filter(recs, mc, runs)
 	return &pb.RecommendResponse{Recommendations: kept, TotalSavingsUsd: usd, TotalSavingsJ: j}, nil
 }
 
@@ -125,7 +125,8 @@ func contains(xs []string, x string) bool {
 }
 
 // DataloaderRecommendation turns a run's live advice history into a
-// recommendation for its next run: start with the last advised settings.
+// recommendation for its next run: start with the last advised settings
+// (advice that reached the node; undelivered proposals are ignored).
 // Savings = expected gain (data-wait share when the first change was
 // advised) × the run's cost, i.e. the share of its step time spent
 // waiting; confidence 0.6 (the gain is an upper bound: the loader may not
@@ -133,7 +134,7 @@ func contains(xs []string, x string) bool {
 func DataloaderRecommendation(r *pb.RunReport, h *pb.DataloaderHistoryResponse) *pb.Recommendation {
 	var first, last *pb.DataloaderEvaluation
 	for _, e := range h.GetEvaluations() {
-		if e.GetChanged() {
+		if e.GetChanged() && e.GetDelivered() {
 			if first == nil {
 				first = e
 			}
@@ -150,7 +151,7 @@ func DataloaderRecommendation(r *pb.RunReport, h *pb.DataloaderHistoryResponse) 
 	}
 	var reasons []string
 	for _, e := range h.GetEvaluations() {
-		if e.GetChanged() {
+		if e.GetChanged() && e.GetDelivered() {
 			reasons = append(reasons, fmt.Sprintf("step %d %s: workers %d prefetch %d", e.GetStep(), e.GetClassification(), e.GetNumWorkers(), e.GetPrefetchFactor()))
 		}
 	}

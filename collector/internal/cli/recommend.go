@@ -73,7 +73,8 @@ func writeRecommendations(w io.Writer, resp *trainmeterv1.RecommendResponse, min
 		}
 		fmt.Fprintf(w, "   runs:       %s\n", strings.Join(r.GetRunIds(), ", "))
 	}
-	fmt.Fprintf(w, "total potential savings: $%.2f, %.0f J (%d recommendations)\n", resp.GetTotalSavingsUsd(), resp.GetTotalSavingsJ(), len(recs))
+	fmt.Fprintf(w, "total potential savings: $%.2f, %.0f J (%d recommendations; overlapping ones counted once, never more than a run's cost)\n",
+		resp.GetTotalSavingsUsd(), resp.GetTotalSavingsJ(), len(recs))
 }
 
 // pct shows a ratio as a whole percentage; negative means unknown.
@@ -105,7 +106,9 @@ func writeDataloaderSection(ctx context.Context, w io.Writer, conn *grpc.ClientC
 		if !e.GetChanged() {
 			continue
 		}
-		changes++
+		if e.GetDelivered() {
+			changes++ // an undelivered proposal is listed (sent false) but was not an adjustment
+		}
 		fmt.Fprintf(tw, "  %s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%v\t%s\n", e.GetNode(), e.GetStep(), e.GetClassification(),
 			e.GetNumWorkers(), e.GetPrefetchFactor(), pct(e.GetDataWaitShare()), pct(e.GetGpuUtilization()), pct(e.GetRamUsage()),
 			pct(e.GetExpectedGain()), e.GetDelivered(), e.GetReason())

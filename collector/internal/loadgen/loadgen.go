@@ -432,7 +432,7 @@ func MakeBatch(seq uint64, now time.Time, interval time.Duration, run string, gp
 		EnergyCounterJ: ps * sec, CounterOk: true, EnergyIntegratedJ: ps * sec * 0.998, PeakPowerW: ps + 300,
 		VramPeakMib: 70000, VramSumMib: 69000 * float64(gpus) * float64(samples), VramSamples: uint64(gpus) * uint64(samples),
 		GpuSeconds: float64(gpus) * sec, Tokens: 65536, TokensMeasured: 65536, Steps: 2, Samples: 32,
-		DataWaitS: 0.02 * sec, ComputeS: 0.95 * sec, UtilizationSumPct: 97 * float64(gpus) * float64(samples), Gpus: ids,
+		DataWaitS: 0.02 * sec, ComputeS: 0.95 * sec, UtilizationSumPct: 97 * float64(gpus) * float64(samples), UtilizationSamples: uint64(gpus) * uint64(samples), Gpus: ids,
 	}}
 	if first {
 		b.RunEvents = []*trainmeterv1.RunEvent{{Event: &trainmeterv1.RunEvent_RunStart{RunStart: &trainmeterv1.RunStart{

@@ -924,12 +924,13 @@ type RunWindow struct {
 	// GPU-seconds: number of the run's GPUs times the segment length.
 	GpuSeconds float64 `protobuf:"fixed64,13,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
 	// Tokens of steps reported in the segment, and of those ending after warmup.
-	Tokens            uint64   `protobuf:"varint,14,opt,name=tokens,proto3" json:"tokens,omitempty"`
-	TokensMeasured    uint64   `protobuf:"varint,15,opt,name=tokens_measured,json=tokensMeasured,proto3" json:"tokens_measured,omitempty"`
-	Steps             uint64   `protobuf:"varint,16,opt,name=steps,proto3" json:"steps,omitempty"`
-	Samples           uint64   `protobuf:"varint,17,opt,name=samples,proto3" json:"samples,omitempty"`
-	DataWaitS         float64  `protobuf:"fixed64,18,opt,name=data_wait_s,json=dataWaitS,proto3" json:"data_wait_s,omitempty"`
-	ComputeS          float64  `protobuf:"fixed64,19,opt,name=compute_s,json=computeS,proto3" json:"compute_s,omitempty"`
+	Tokens         uint64  `protobuf:"varint,14,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	TokensMeasured uint64  `protobuf:"varint,15,opt,name=tokens_measured,json=tokensMeasured,proto3" json:"tokens_measured,omitempty"`
+	Steps          uint64  `protobuf:"varint,16,opt,name=steps,proto3" json:"steps,omitempty"`
+	Samples        uint64  `protobuf:"varint,17,opt,name=samples,proto3" json:"samples,omitempty"`
+	DataWaitS      float64 `protobuf:"fixed64,18,opt,name=data_wait_s,json=dataWaitS,proto3" json:"data_wait_s,omitempty"`
+	ComputeS       float64 `protobuf:"fixed64,19,opt,name=compute_s,json=computeS,proto3" json:"compute_s,omitempty"`
+	// Sum of the GPU utilisation readings (%), see utilization_samples.
 	UtilizationSumPct float64  `protobuf:"fixed64,20,opt,name=utilization_sum_pct,json=utilizationSumPct,proto3" json:"utilization_sum_pct,omitempty"`
 	Gpus              []uint32 `protobuf:"varint,21,rep,packed,name=gpus,proto3" json:"gpus,omitempty"`
 	EnergyEstimated   bool     `protobuf:"varint,22,opt,name=energy_estimated,json=energyEstimated,proto3" json:"energy_estimated,omitempty"`
@@ -941,8 +942,18 @@ type RunWindow struct {
 	// The segment bridges an agent restart: its energy comes from the GPU
 	// energy counters at the last checkpoint and after the restart.
 	RestartBridge bool `protobuf:"varint,26,opt,name=restart_bridge,json=restartBridge,proto3" json:"restart_bridge,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Processes (ranks) stepping in this run on this node: those still in the
+	// run that have reported a step, plus any that left after reporting one
+	// in the segment. steps ÷ step_ranks is the steps per rank (optimizer
+	// steps); 0 from agents before this field.
+	StepRanks uint32 `protobuf:"varint,27,opt,name=step_ranks,json=stepRanks,proto3" json:"step_ranks,omitempty"`
+	// GPU readings that had a utilisation (of the run's GPUs over the sample
+	// ticks): utilization_sum_pct ÷ utilization_samples is the mean. 0 with a
+	// zero sum means the utilisation is unknown (MIG, a replay trace without
+	// the column), not 0 %. Agents before this field left it 0.
+	UtilizationSamples uint64 `protobuf:"varint,28,opt,name=utilization_samples,json=utilizationSamples,proto3" json:"utilization_samples,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RunWindow) Reset() {
@@ -1155,6 +1166,20 @@ func (x *RunWindow) GetRestartBridge() bool {
 		return x.RestartBridge
 	}
 	return false
+}
+
+func (x *RunWindow) GetStepRanks() uint32 {
+	if x != nil {
+		return x.StepRanks
+	}
+	return 0
+}
+
+func (x *RunWindow) GetUtilizationSamples() uint64 {
+	if x != nil {
+		return x.UtilizationSamples
+	}
+	return 0
 }
 
 type RunEvent struct {
@@ -1698,14 +1723,18 @@ func (x *RunEnd) GetReason() string {
 }
 
 type Eval struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Time          *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
-	Epoch         int64                  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	ValLoss       float64                `protobuf:"fixed64,4,opt,name=val_loss,json=valLoss,proto3" json:"val_loss,omitempty"`
-	Accuracy      float64                `protobuf:"fixed64,5,opt,name=accuracy,proto3" json:"accuracy,omitempty"`
-	HasValLoss    bool                   `protobuf:"varint,6,opt,name=has_val_loss,json=hasValLoss,proto3" json:"has_val_loss,omitempty"`
-	HasAccuracy   bool                   `protobuf:"varint,7,opt,name=has_accuracy,json=hasAccuracy,proto3" json:"has_accuracy,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Time  *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	// Epochs completed (1-based: 1 after the first epoch), when has_epoch.
+	Epoch       int64   `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	ValLoss     float64 `protobuf:"fixed64,4,opt,name=val_loss,json=valLoss,proto3" json:"val_loss,omitempty"`
+	Accuracy    float64 `protobuf:"fixed64,5,opt,name=accuracy,proto3" json:"accuracy,omitempty"`
+	HasValLoss  bool    `protobuf:"varint,6,opt,name=has_val_loss,json=hasValLoss,proto3" json:"has_val_loss,omitempty"`
+	HasAccuracy bool    `protobuf:"varint,7,opt,name=has_accuracy,json=hasAccuracy,proto3" json:"has_accuracy,omitempty"`
+	// The trainer sent an epoch (an eval without one is still an epoch
+	// boundary for the dataloader advisor, never a duplicate of epoch 0).
+	HasEpoch      bool `protobuf:"varint,8,opt,name=has_epoch,json=hasEpoch,proto3" json:"has_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1785,6 +1814,13 @@ func (x *Eval) GetHasValLoss() bool {
 func (x *Eval) GetHasAccuracy() bool {
 	if x != nil {
 		return x.HasAccuracy
+	}
+	return false
+}
+
+func (x *Eval) GetHasEpoch() bool {
+	if x != nil {
+		return x.HasEpoch
 	}
 	return false
 }
@@ -2106,9 +2142,15 @@ type DataloaderAdvice struct {
 	// Share of step time the change aims to win back, 0..1.
 	ExpectedGain float64 `protobuf:"fixed64,8,opt,name=expected_gain,json=expectedGain,proto3" json:"expected_gain,omitempty"`
 	// The num_workers bound (CPUs per local rank − 1).
-	MaxWorkers    uint32 `protobuf:"varint,9,opt,name=max_workers,json=maxWorkers,proto3" json:"max_workers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MaxWorkers uint32 `protobuf:"varint,9,opt,name=max_workers,json=maxWorkers,proto3" json:"max_workers,omitempty"`
+	// The settings the advice was computed from (what the collector believes
+	// the loader has: run_start's, assumed 2 / 2 when absent, then the last
+	// advice), so a trainer whose loader differs applies the change relative
+	// to its own. Set when from_prefetch_factor > 0 (prefetch is never 0).
+	FromNumWorkers     uint32 `protobuf:"varint,10,opt,name=from_num_workers,json=fromNumWorkers,proto3" json:"from_num_workers,omitempty"`
+	FromPrefetchFactor uint32 `protobuf:"varint,11,opt,name=from_prefetch_factor,json=fromPrefetchFactor,proto3" json:"from_prefetch_factor,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *DataloaderAdvice) Reset() {
@@ -2204,6 +2246,20 @@ func (x *DataloaderAdvice) GetMaxWorkers() uint32 {
 	return 0
 }
 
+func (x *DataloaderAdvice) GetFromNumWorkers() uint32 {
+	if x != nil {
+		return x.FromNumWorkers
+	}
+	return 0
+}
+
+func (x *DataloaderAdvice) GetFromPrefetchFactor() uint32 {
+	if x != nil {
+		return x.FromPrefetchFactor
+	}
+	return 0
+}
+
 var File_trainmeter_v1_ingest_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_ingest_proto_rawDesc = "" +
@@ -2287,7 +2343,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x13memory_used_max_mib\x18\x0e \x01(\x01R\x10memoryUsedMaxMib\x12-\n" +
 	"\x13memory_used_avg_mib\x18\x0f \x01(\x01R\x10memoryUsedAvgMib\x12(\n" +
 	"\x10memory_total_mib\x18\x10 \x01(\x01R\x0ememoryTotalMib\x12.\n" +
-	"\x13utilization_avg_pct\x18\x11 \x01(\x01R\x11utilizationAvgPct\"\x8f\a\n" +
+	"\x13utilization_avg_pct\x18\x11 \x01(\x01R\x11utilizationAvgPct\"\xdf\a\n" +
 	"\tRunWindow\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -2319,7 +2375,10 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\tlast_loss\x18\x17 \x01(\x01R\blastLoss\x12\x19\n" +
 	"\bhas_loss\x18\x18 \x01(\bR\ahasLoss\x12)\n" +
 	"\x10tokens_recovered\x18\x19 \x01(\x04R\x0ftokensRecovered\x12%\n" +
-	"\x0erestart_bridge\x18\x1a \x01(\bR\rrestartBridge\"\xa8\x01\n" +
+	"\x0erestart_bridge\x18\x1a \x01(\bR\rrestartBridge\x12\x1d\n" +
+	"\n" +
+	"step_ranks\x18\x1b \x01(\rR\tstepRanks\x12/\n" +
+	"\x13utilization_samples\x18\x1c \x01(\x04R\x12utilizationSamples\"\xa8\x01\n" +
 	"\bRunEvent\x126\n" +
 	"\trun_start\x18\x01 \x01(\v2\x17.trainmeter.v1.RunStartH\x00R\brunStart\x120\n" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
@@ -2377,7 +2436,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x129\n" +
 	"\n" +
 	"warmup_end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xdf\x01\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xfc\x01\n" +
 	"\x04Eval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
@@ -2386,7 +2445,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\baccuracy\x18\x05 \x01(\x01R\baccuracy\x12 \n" +
 	"\fhas_val_loss\x18\x06 \x01(\bR\n" +
 	"hasValLoss\x12!\n" +
-	"\fhas_accuracy\x18\a \x01(\bR\vhasAccuracy\"\x94\x01\n" +
+	"\fhas_accuracy\x18\a \x01(\bR\vhasAccuracy\x12\x1b\n" +
+	"\thas_epoch\x18\b \x01(\bR\bhasEpoch\"\x94\x01\n" +
 	"\n" +
 	"HostWindow\x12&\n" +
 	"\x0fmemory_used_mib\x18\x01 \x01(\x01R\rmemoryUsedMib\x12(\n" +
@@ -2406,7 +2466,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"dataloaderB\b\n" +
 	"\x06advice\"\x1e\n" +
 	"\x04Stop\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xd0\x02\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xac\x03\n" +
 	"\x10DataloaderAdvice\x12\x1f\n" +
 	"\vnum_workers\x18\x01 \x01(\rR\n" +
 	"numWorkers\x12'\n" +
@@ -2418,7 +2478,10 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\tram_usage\x18\a \x01(\x01R\bramUsage\x12#\n" +
 	"\rexpected_gain\x18\b \x01(\x01R\fexpectedGain\x12\x1f\n" +
 	"\vmax_workers\x18\t \x01(\rR\n" +
-	"maxWorkers*D\n" +
+	"maxWorkers\x12(\n" +
+	"\x10from_num_workers\x18\n" +
+	" \x01(\rR\x0efromNumWorkers\x120\n" +
+	"\x14from_prefetch_factor\x18\v \x01(\rR\x12fromPrefetchFactor*D\n" +
 	"\x05Phase\x12\x15\n" +
 	"\x11PHASE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPHASE_WARMUP\x10\x01\x12\x12\n" +

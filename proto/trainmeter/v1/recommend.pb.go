@@ -201,8 +201,12 @@ func (x *Recommendation) GetEvidence() string {
 type RecommendResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Recommendations []*Recommendation      `protobuf:"bytes,1,rep,name=recommendations,proto3" json:"recommendations,omitempty"`
-	TotalSavingsUsd float64                `protobuf:"fixed64,2,opt,name=total_savings_usd,json=totalSavingsUsd,proto3" json:"total_savings_usd,omitempty"`
-	TotalSavingsJ   float64                `protobuf:"fixed64,3,opt,name=total_savings_j,json=totalSavingsJ,proto3" json:"total_savings_j,omitempty"`
+	// The potential savings of the recommendations listed, without double
+	// counting: per run, kinds that claim the same spend count once (the
+	// largest), other savings compound, and a run's total never exceeds its
+	// cost (energy); docs/recommendations.md.
+	TotalSavingsUsd float64 `protobuf:"fixed64,2,opt,name=total_savings_usd,json=totalSavingsUsd,proto3" json:"total_savings_usd,omitempty"`
+	TotalSavingsJ   float64 `protobuf:"fixed64,3,opt,name=total_savings_j,json=totalSavingsJ,proto3" json:"total_savings_j,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -305,15 +309,21 @@ func (x *DataloaderHistoryRequest) GetRunId() string {
 // DataloaderEvaluation is one evaluation of the dataloader rules for a run
 // on a node.
 type DataloaderEvaluation struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	Node           string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Time           *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
-	Step           uint64                 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
-	Classification string                 `protobuf:"bytes,4,opt,name=classification,proto3" json:"classification,omitempty"`
-	NumWorkers     uint32                 `protobuf:"varint,5,opt,name=num_workers,json=numWorkers,proto3" json:"num_workers,omitempty"`
-	PrefetchFactor uint32                 `protobuf:"varint,6,opt,name=prefetch_factor,json=prefetchFactor,proto3" json:"prefetch_factor,omitempty"`
-	// The advice was sent to the trainer (the settings changed).
-	Changed        bool    `protobuf:"varint,7,opt,name=changed,proto3" json:"changed,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Time  *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	// Optimizer steps seen on the node, counted per rank (step events ÷ the
+	// windows' step_ranks).
+	Step           uint64 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	Classification string `protobuf:"bytes,4,opt,name=classification,proto3" json:"classification,omitempty"`
+	NumWorkers     uint32 `protobuf:"varint,5,opt,name=num_workers,json=numWorkers,proto3" json:"num_workers,omitempty"`
+	PrefetchFactor uint32 `protobuf:"varint,6,opt,name=prefetch_factor,json=prefetchFactor,proto3" json:"prefetch_factor,omitempty"`
+	// The advisor decided to change the settings (num_workers and
+	// prefetch_factor are the new ones).
+	Changed bool `protobuf:"varint,7,opt,name=changed,proto3" json:"changed,omitempty"`
+	// The change reached the node's stream. Only delivered changes count as
+	// adjustments and become the advisor's baseline; an undelivered one is
+	// proposed again at the next evaluation.
 	Delivered      bool    `protobuf:"varint,8,opt,name=delivered,proto3" json:"delivered,omitempty"`
 	Reason         string  `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
 	DataWaitShare  float64 `protobuf:"fixed64,10,opt,name=data_wait_share,json=dataWaitShare,proto3" json:"data_wait_share,omitempty"`
@@ -449,20 +459,23 @@ func (x *DataloaderEvaluation) GetExpectedGain() float64 {
 // mark epoch ends; the stretch after the last eval is reported with
 // partial=true).
 type DataloaderEpoch struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	Node           string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Epoch          int64                  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Partial        bool                   `protobuf:"varint,3,opt,name=partial,proto3" json:"partial,omitempty"`
-	Adjustments    uint32                 `protobuf:"varint,4,opt,name=adjustments,proto3" json:"adjustments,omitempty"`
-	NumWorkers     uint32                 `protobuf:"varint,5,opt,name=num_workers,json=numWorkers,proto3" json:"num_workers,omitempty"`
-	PrefetchFactor uint32                 `protobuf:"varint,6,opt,name=prefetch_factor,json=prefetchFactor,proto3" json:"prefetch_factor,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Epochs completed at its end, 1-based (the eval's epoch, else one past
+	// the previous boundary); a partial epoch is one past the last boundary.
+	Epoch          int64  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Partial        bool   `protobuf:"varint,3,opt,name=partial,proto3" json:"partial,omitempty"`
+	Adjustments    uint32 `protobuf:"varint,4,opt,name=adjustments,proto3" json:"adjustments,omitempty"`
+	NumWorkers     uint32 `protobuf:"varint,5,opt,name=num_workers,json=numWorkers,proto3" json:"num_workers,omitempty"`
+	PrefetchFactor uint32 `protobuf:"varint,6,opt,name=prefetch_factor,json=prefetchFactor,proto3" json:"prefetch_factor,omitempty"`
 	// Means over the epoch, 0..1 (-1 unknown).
 	AvgGpuUtilization float64 `protobuf:"fixed64,7,opt,name=avg_gpu_utilization,json=avgGpuUtilization,proto3" json:"avg_gpu_utilization,omitempty"`
 	AvgRamUsage       float64 `protobuf:"fixed64,8,opt,name=avg_ram_usage,json=avgRamUsage,proto3" json:"avg_ram_usage,omitempty"`
 	DataWaitShare     float64 `protobuf:"fixed64,9,opt,name=data_wait_share,json=dataWaitShare,proto3" json:"data_wait_share,omitempty"`
-	Steps             uint64  `protobuf:"varint,10,opt,name=steps,proto3" json:"steps,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Optimizer steps in the epoch on the node, per rank.
+	Steps         uint64 `protobuf:"varint,10,opt,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DataloaderEpoch) Reset() {

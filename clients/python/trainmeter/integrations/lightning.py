@@ -29,7 +29,11 @@ What it reports:
 * ``on_validation_end`` → ``eval`` from ``trainer.callback_metrics`` (first of
   ``val_loss``, ``val/loss``, ``valid_loss``, ``validation_loss``, ``loss/val``; and of
   ``val_acc``, ``val_accuracy``, ``val/acc``, ``val/accuracy``, ``accuracy``, ``acc``),
-  ``epoch`` = ``trainer.current_epoch``; global rank 0 only, sanity checks skipped.
+  ``epoch`` = epochs completed, 1-based like every ``epoch`` trainmeter reads:
+  ``trainer.current_epoch + 1`` for the validation at the end of an epoch
+  (Lightning's ``current_epoch`` is 0-based and not yet advanced there),
+  ``current_epoch`` for a validation in the middle of one (``val_check_interval``;
+  ``trainer.is_last_batch`` is False); global rank 0 only, sanity checks skipped.
 * ``on_train_end`` → ``run_end`` (``status="stopped"`` after an agent stop);
   ``on_exception`` → ``run_end`` with ``status="error"``. Only for a run the
   callback started.
@@ -117,6 +121,22 @@ def _first_metric(metrics: Any, keys: Any) -> Optional[float]:
         except Exception:
             continue
     return None
+
+
+def _epochs_completed(trainer: Any) -> Optional[int]:
+    """Epochs completed at a validation, 1-based (the protocol's ``epoch``).
+
+    Lightning's ``current_epoch`` counts from 0 and advances only after the
+    epoch's validation, so at the end of an epoch the epochs completed are
+    ``current_epoch + 1``; a validation in the middle of an epoch
+    (``val_check_interval``, ``trainer.is_last_batch`` False) comes after
+    ``current_epoch`` complete epochs."""
+    ce = integer(getattr(trainer, "current_epoch", None))
+    if ce is None or ce < 0:
+        return None
+    if getattr(trainer, "is_last_batch", None) is False:
+        return ce
+    return ce + 1
 
 
 def _batch_samples(batch: Any) -> Optional[int]:
@@ -337,7 +357,7 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
                 return
             metrics = getattr(trainer, "callback_metrics", None) or {}
             self.run.eval(
-                epoch=integer(getattr(trainer, "current_epoch", None)),
+                epoch=_epochs_completed(trainer),
                 val_loss=_first_metric(metrics, VAL_LOSS_KEYS),
                 accuracy=_first_metric(metrics, ACCURACY_KEYS),
             )
