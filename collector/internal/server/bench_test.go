@@ -22,10 +22,10 @@ import (
 // BenchmarkExportCSV is `trainmeter export csv`: the ExportRuns stream from
 // a real collector over loopback gRPC, written as CSV (what the CLI does),
 // per export. runs=10000 are short runs (one window each); windows=300
-// runs have 300 one-second windows, so their aggregates hold the most open
-// peak buckets a run keeps (aggregate.PeakHorizon), the largest aggregates
-// for one node: fewer of them, as seeding 10,000 takes minutes; the cost
-// per run is the figure to scale.
+// runs are live runs of 300 one-second windows, more than the open peak
+// buckets a run keeps (aggregate.PeakHorizon): the largest aggregates for
+// one node. Fewer of them, as seeding 10,000 takes minutes; the cost per
+// run is the figure to scale.
 func BenchmarkExportCSV(b *testing.B) {
 	for _, c := range []struct{ runs, windows int }{{10000, 1}, {2000, 300}} {
 		b.Run(fmt.Sprintf("runs=%d/windows=%d", c.runs, c.windows), func(b *testing.B) { benchExport(b, c.runs, c.windows) })
