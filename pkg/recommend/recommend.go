@@ -815,9 +815,13 @@ func combine(groups map[string]float64, total float64, known bool) float64 {
 	if total <= 0 {
 		return 0
 	}
-	left := 1.0
+	left, largest := 1.0, 0.0
 	for _, g := range sortedKeys(groups) {
-		left *= 1 - math.Min(1, math.Max(0, groups[g])/total)
+		v := math.Min(total, math.Max(0, groups[g]))
+		largest = max(largest, v)
+		left *= 1 - v/total
 	}
-	return total * (1 - left)
+	// Never below the largest claim: total × (1 − (1 − v/total)) can round
+	// to a hair under v.
+	return max(largest, total*(1-left))
 }

@@ -295,4 +295,11 @@ func TestTotalCountsOverlappingSavingsOnceAndNeverExceedsTheCost(t *testing.T) {
 	// A compute-tier recommendation about two runs is shared by their costs.
 	usd, _ = Total([]*pb.Recommendation{rec(KindComputeTier, 2.4, 0, "r", "s"), rec(KindEarlyStopping, 1, 0, "s")}, []Run{run, small})
 	approx(t, "shared total $", usd, 2+2*(1-(1-0.4/2)*(1-1.0/2)))
+	// One recommendation alone: exactly its saving, never a rounding under
+	// it (the e2e run's $0.0008005103142857144 once totalled ...143).
+	const one = 0.0008005103142857144
+	tiny := Run{Report: report("t", "m", "g", 0.0028017861, 1, 1)}
+	if usd, _ := Total([]*pb.Recommendation{rec(KindEarlyStopping, one, 0, "t")}, []Run{tiny}); usd != one {
+		t.Fatalf("a single saving of $%v totals $%v", one, usd)
+	}
 }
