@@ -87,8 +87,10 @@ func FuzzValidateBatch(f *testing.F) {
 // FuzzAggregate folds every valid batch it is given (three times, from two
 // nodes, as re-sends and multi-node runs do) into run aggregates: the
 // reports must have no NaN or Inf, the figures that cannot be negative are
-// not, and the state must serialise (the store keeps it as JSON, which has
-// no NaN/Inf: a failure there would stall the agent's stream forever).
+// not, and the state must come back from its encoding giving the same
+// report (a state that cannot be stored would stall the agent's stream
+// forever; one that changes on the way would change the run's figures at
+// every commit).
 func FuzzAggregate(f *testing.F) {
 	addSeeds(f)
 	tariff, err := cost.ParseTariff([]byte(`{zone: Europe/Berlin, default: peak, bands: {peak: 0.3, off: 0.1}, rules: [{days: [weekdays], from: "22:00", to: "06:00", band: off}]}`))
@@ -126,16 +128,19 @@ func FuzzAggregate(f *testing.F) {
 		pricing := aggregate.Pricing{GPUPricePerHour: 2.5, Tariff: tariff, GridGCO2PerKWh: 400,
 			PriorityMultipliers: map[string]float64{"high": 1.5}}
 		for id, s := range states {
-			checkReport(t, id, s.Report(pricing))
-			js, err := s.Marshal()
+			before := s.Report(pricing)
+			checkReport(t, id, before)
+			enc, err := s.Marshal()
 			if err != nil {
 				t.Fatalf("run %q: state does not serialise: %v", id, err)
 			}
-			back, err := aggregate.Unmarshal(js)
+			back, err := aggregate.Unmarshal(enc)
 			if err != nil {
 				t.Fatalf("run %q: state does not deserialise: %v", id, err)
 			}
-			checkReport(t, id, back.Report(pricing))
+			if after := back.Report(pricing); !proto.Equal(before, after) {
+				t.Fatalf("run %q: the report changed through the state's encoding\nbefore %v\nafter  %v", id, before, after)
+			}
 		}
 	})
 }
