@@ -113,10 +113,9 @@ func TestSystemdUnitsAreHardened(t *testing.T) {
 		"Restart=on-failure"}
 	want := map[string][]string{
 		"trainmeter-agent.service": append(common, "RuntimeDirectory=trainmeter", "DeviceAllow=char-nvidia* rw",
-			"DeviceAllow=/dev/nvidiactl rw", "DeviceAllow=/dev/nvidia-uvm rw", "LimitRTPRIO=10\n", "RestrictRealtime=no\n",
+			"DeviceAllow=/dev/nvidiactl rw", "DeviceAllow=/dev/nvidia-uvm rw",
 			"ExecStart=/usr/bin/trainmeter-agent --config /etc/trainmeter/agent.yaml"),
-		"trainmeter.service": append(common, "LimitNOFILE=65536", "PrivateDevices=yes", "RestrictRealtime=yes\n",
-			"ExecStart=/usr/bin/trainmeter serve"),
+		"trainmeter.service": append(common, "LimitNOFILE=65536", "PrivateDevices=yes", "ExecStart=/usr/bin/trainmeter serve"),
 	}
 	for u, keys := range want {
 		b, err := os.ReadFile(filepath.Join("systemd", u))

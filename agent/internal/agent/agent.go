@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"runtime"
 	"sync"
 	"time"
 
@@ -185,24 +184,22 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	// The ticker exists before Start returns, so no tick (real or, in tests,
 	// a fake clock's) can fall before the loop listens.
-	go a.sampleLoop(clock.NewPacer(a.clock, a.cfg.Interval))
+	go a.sampleLoop(a.clock.NewTicker(a.cfg.Interval))
 	a.log.Info("agent started", "node", a.cfg.Node, "gpus", len(a.backend.Devices()), "backend", a.cfg.GPU,
 		"socket", a.cfg.Socket, "collector", a.cfg.Collector, "interval", a.cfg.Interval, "warmup", a.cfg.Warmup)
 	return nil
 }
 
-func (a *Agent) sampleLoop(p clock.Pacer) {
+func (a *Agent) sampleLoop(t clock.Ticker) {
 	defer close(a.loopDone)
-	defer p.Stop()
-	if p.OwnThread() {
-		// The loop keeps this thread to the end: a thread with a raised
-		// priority must never run other goroutines, and Go ends a thread
-		// whose goroutine exits while locked to it.
-		runtime.LockOSThread()
-		a.raiseSamplingPriority()
-	}
+	defer t.Stop()
 	samples := make([]gpu.Sample, len(a.backend.Devices()))
-	for p.Wait(a.stopLoop) {
+	for {
+		select {
+		case <-a.stopLoop:
+			return
+		case <-t.C():
+		}
 		now := a.clock.Now()
 		err := a.backend.Read(now, samples)
 		if err != nil {

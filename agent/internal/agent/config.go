@@ -30,13 +30,6 @@ type Config struct {
 	GPU string `yaml:"gpu"`
 	// Interval is the GPU sampling period.
 	Interval time.Duration `yaml:"interval"`
-	// SamplePriority, from 1 to 99, runs the sampling loop on a thread of
-	// its own under SCHED_RR at that priority, so ticks stay on time when
-	// the training job keeps every core busy; 0 leaves it at normal
-	// priority. Where real-time scheduling is not allowed (no
-	// CAP_SYS_NICE, RLIMIT_RTPRIO too low) the agent says so once and
-	// samples at normal priority.
-	SamplePriority int `yaml:"sample_priority"`
 	// Warmup is excluded from efficiency figures unless run_start says otherwise.
 	Warmup time.Duration `yaml:"warmup"`
 	// HostInterval is the host (RAM, CPU) sampling period.
@@ -87,25 +80,19 @@ func (c *Config) TLSOptions() tlsfiles.ClientOptions {
 	return tlsfiles.ClientOptions{CAFile: c.TLSCA, CertFile: c.TLSCert, KeyFile: c.TLSKey, ServerName: c.TLSServerName}
 }
 
-// DefaultSamplePriority is the sampling thread's SCHED_RR priority: low
-// among real-time threads (the kernel's own run at 50 and up), above every
-// normal one. The systemd unit allows it with LimitRTPRIO=10.
-const DefaultSamplePriority = 10
-
 // DefaultConfig is what the agent runs with when nothing is set.
 func DefaultConfig() Config {
 	return Config{
-		Collector:      "127.0.0.1:7433",
-		Socket:         "/run/trainmeter/agent.sock",
-		GPU:            "auto",
-		Interval:       50 * time.Millisecond,
-		SamplePriority: DefaultSamplePriority,
-		Warmup:         60 * time.Second,
-		HostInterval:   time.Second,
-		Spool:          DefaultSpoolDir,
-		SpoolMaxBytes:  DefaultSpoolMaxBytes,
-		RejoinGrace:    ledger.DefaultRejoinGrace,
-		LogLevel:       "info",
+		Collector:     "127.0.0.1:7433",
+		Socket:        "/run/trainmeter/agent.sock",
+		GPU:           "auto",
+		Interval:      50 * time.Millisecond,
+		Warmup:        60 * time.Second,
+		HostInterval:  time.Second,
+		Spool:         DefaultSpoolDir,
+		SpoolMaxBytes: DefaultSpoolMaxBytes,
+		RejoinGrace:   ledger.DefaultRejoinGrace,
+		LogLevel:      "info",
 	}
 }
 
@@ -141,9 +128,6 @@ func (c *Config) Validate() error {
 	}
 	if c.Warmup < 0 {
 		errs = append(errs, fmt.Errorf("warmup %v: must not be negative", c.Warmup))
-	}
-	if c.SamplePriority < 0 || c.SamplePriority > 99 {
-		errs = append(errs, fmt.Errorf("sample_priority %d: want 0 (normal scheduling) to 99", c.SamplePriority))
 	}
 	if c.HostInterval <= 0 {
 		errs = append(errs, fmt.Errorf("host_interval %v: must be positive", c.HostInterval))

@@ -44,8 +44,6 @@ type selfStats struct {
 	lastSummary   atomic.Int64 // unix ns of the last summary log line
 
 	jitter *selfmetrics.Ring // |tick gap − interval| of the last jitterTicks ticks
-
-	scheduling atomic.Pointer[string] // how the sampling thread is scheduled
 }
 
 func newSelfStats(now time.Time) *selfStats {
@@ -124,9 +122,6 @@ type SamplingStatus struct {
 	JitterP99Ms   float64 `json:"tick_jitter_p99_ms"`
 	JitterMaxMs   float64 `json:"tick_jitter_max_ms"`
 	JitterTicks   int     `json:"tick_jitter_window"`
-	// Scheduling is how the sampling loop runs: "SCHED_RR 10 (own
-	// thread)", "normal (own thread): <why not real-time>", or "normal".
-	Scheduling    string  `json:"scheduling"`
 	LastGoodReadS float64 `json:"last_good_read_age_s"`
 }
 
@@ -179,7 +174,6 @@ func (a *Agent) Status() Status {
 		UptimeS: now.Sub(s.started).Seconds(),
 		Sampling: SamplingStatus{
 			IntervalMs:    selfmetrics.Millis(a.cfg.Interval),
-			Scheduling:    s.schedulingText(),
 			GPUs:          len(a.backend.Devices()),
 			Ticks:         s.ticks.Load(),
 			SamplesTaken:  s.samplesTaken.Load(),
@@ -278,13 +272,4 @@ func (a *Agent) stopStatus(ctx context.Context) {
 			a.statusSrv.Close()
 		}
 	}
-}
-
-func (s *selfStats) setScheduling(text string) { s.scheduling.Store(&text) }
-
-func (s *selfStats) schedulingText() string {
-	if p := s.scheduling.Load(); p != nil {
-		return *p
-	}
-	return "normal"
 }
