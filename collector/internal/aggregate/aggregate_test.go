@@ -3,6 +3,7 @@ package aggregate
 import (
 	"math/rand"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 
@@ -465,4 +466,28 @@ func TestPeakMatchesBruteForceUnderInterleaving(t *testing.T) {
 			t.Fatalf("trial %d: %d open buckets", trial, n)
 		}
 	}
+}
+
+// BenchmarkAddWindowManyNodes folds one window per node per second into a
+// run of 1,000 nodes for its first 40 seconds (younger than PeakHorizon, so
+// nothing folds yet), as ingest does for a large job.
+func BenchmarkAddWindowManyNodes(b *testing.B) {
+	const nodes, secs = 1000, 40
+	names := make([]string, nodes)
+	for i := range names {
+		names[i] = "node-" + strconv.Itoa(i)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		s := New("r1")
+		for _, n := range names {
+			s.AddStart(n, &trainmeterv1.RunStart{RunId: "r1", Time: ts(0)})
+		}
+		for sec := range secs {
+			for _, n := range names {
+				s.AddWindow(n, win(n, float64(sec), float64(sec)+1, true, 1, 1, 300, 1, 0).w)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*nodes*secs), "ns/window")
 }

@@ -81,25 +81,32 @@ func (s *State) foldBuckets() {
 	if s.HasFolded && limit <= s.FoldedUpTo {
 		return
 	}
-	folded := false
-	s.eachBucketSum(limit, func(sum float64) {
-		s.PeakFolded = max(s.PeakFolded, sum)
-		folded = true
-	})
+	// FoldedUpTo moves to the limit even when no bucket lies below it: the
+	// early return above then spares the next windows of the same second
+	// the merge of every node's columns (for a run's first minute, nothing
+	// is old enough to fold, and each window used to pay it).
+	if s.anyBucketBelow(limit) {
+		s.eachBucketSum(limit, func(sum float64) { s.PeakFolded = max(s.PeakFolded, sum) })
+		for _, n := range s.Nodes {
+			k, _ := slices.BinarySearch(n.PeakSeconds, limit)
+			if k > 0 {
+				// Copy down rather than reslice, so the arrays do not creep.
+				n.PeakSeconds = slices.Delete(n.PeakSeconds, 0, k)
+				n.PeakWatts = slices.Delete(n.PeakWatts, 0, k)
+			}
+		}
+	}
+	s.FoldedUpTo = limit
+	s.HasFolded = true
+}
+
+func (s *State) anyBucketBelow(limit int64) bool {
 	for _, n := range s.Nodes {
-		k, _ := slices.BinarySearch(n.PeakSeconds, limit)
-		if k > 0 {
-			// Copy down rather than reslice, so the arrays do not creep.
-			n.PeakSeconds = slices.Delete(n.PeakSeconds, 0, k)
-			n.PeakWatts = slices.Delete(n.PeakWatts, 0, k)
+		if len(n.PeakSeconds) > 0 && n.PeakSeconds[0] < limit {
+			return true
 		}
 	}
-	if folded || s.HasFolded {
-		if !s.HasFolded || limit > s.FoldedUpTo {
-			s.FoldedUpTo = limit
-		}
-		s.HasFolded = true
-	}
+	return false
 }
 
 // eachBucketSum calls fn with the summed power of every open bucket below
