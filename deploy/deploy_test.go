@@ -113,7 +113,7 @@ func TestSystemdUnitsAreHardened(t *testing.T) {
 		"Restart=on-failure"}
 	want := map[string][]string{
 		"trainmeter-agent.service": append(common, "RuntimeDirectory=trainmeter", "DeviceAllow=char-nvidia* rw",
-			"DeviceAllow=/dev/nvidiactl rw", "DeviceAllow=/dev/nvidia-uvm rw", "Nice=-10\n",
+			"DeviceAllow=/dev/nvidiactl rw", "DeviceAllow=/dev/nvidia-uvm rw", "Nice=-20\n",
 			"ExecStart=/usr/bin/trainmeter-agent --config /etc/trainmeter/agent.yaml"),
 		"trainmeter.service": append(common, "LimitNOFILE=65536", "PrivateDevices=yes", "ExecStart=/usr/bin/trainmeter serve"),
 	}
