@@ -66,7 +66,8 @@ test: fmt-check vet proto-check test-go fuzz-short test-python test-e2e
 # the real binaries: collector ingest (with the OpenTelemetry Collector side
 # by side when scripts/otelcol-build.sh has one cached or OTELCOL=path),
 # raw samples, and the agent (CPU, memory, tick jitter, trainer socket).
-BENCH_PKGS := ./pkg/energy ./agent/internal/spool ./agent/internal/trainerproto ./collector/internal/store ./collector/internal/server
+BENCH_PKGS := ./pkg/energy ./agent/internal/spool ./agent/internal/trainerproto ./collector/internal/aggregate \
+	./collector/internal/store ./collector/internal/server
 BENCHTIME ?= 1s
 LOADGEN_DURATION ?= 10s
 OTELCOL ?= $(shell scripts/otelcol-build.sh --cached-only 2>/dev/null)
