@@ -239,6 +239,12 @@ type State struct {
 	LostEnergyJ    float64  `json:"lost_energy_j,omitempty"`
 	LostGPUSeconds float64  `json:"lost_gpu_seconds,omitempty"`
 	LostReasons    []string `json:"lost_reasons,omitempty"`
+
+	// Bookkeeping for the store (codec.go), not part of the figures:
+	// whether the node states are stored apart, and which changed since
+	// they were last taken for writing.
+	nodesApart bool
+	changed    map[string]struct{}
 }
 
 // maxLostReasons bounds the distinct loss reasons kept per run.
@@ -277,6 +283,7 @@ func (s *State) node(name string) *NodeState {
 		n = &NodeState{}
 		s.Nodes[name] = n
 	}
+	s.markChanged(name) // every change to a node's state goes through here or foldBuckets
 	return n
 }
 
@@ -449,6 +456,7 @@ func floorDiv(a, b int64) int64 {
 }
 
 func (s *State) addGPU(node string, g uint32) {
+	s.markChanged(node) // a node stored apart carries its GPUs
 	if s.GPUs == nil {
 		s.GPUs = map[string][]uint32{}
 	}

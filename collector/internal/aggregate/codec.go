@@ -17,8 +17,95 @@ import (
 // Aggregates written as JSON by earlier versions are still read; the next
 // commit rewrites them as protobuf.
 
-// Marshal encodes the state.
-func (s *State) Marshal() ([]byte, error) { return proto.Marshal(s.toProto()) }
+// Marshal encodes the state, node states included.
+func (s *State) Marshal() ([]byte, error) { return proto.Marshal(s.toProto(true)) }
+
+// The store keeps a run's node states apart from the rest of its aggregate,
+// each under a key of its own, and writes at each commit only the nodes it
+// changed: with a thousand nodes in one run, rewriting every node's state
+// (~0.9 KB each, mostly open peak buckets) at every commit bounded the
+// collector (docs/benchmarks.md).
+
+// MarshalApart encodes the state without its node states; MarshalNode
+// encodes those, and a state read back with Unmarshal gets them from
+// UnmarshalNode.
+func (s *State) MarshalApart() ([]byte, error) {
+	if !s.nodesApart {
+		// Stored with its nodes inside until now: every node is to be
+		// written apart, changed or not.
+		for name := range s.Nodes {
+			s.markChanged(name)
+		}
+		s.nodesApart = true
+	}
+	a := s.toProto(false)
+	a.NodesApart = true
+	return proto.Marshal(a)
+}
+
+// NodesApart reports whether the state was decoded from (or last encoded
+// with) MarshalApart's encoding, whose node states are read and written
+// one by one (UnmarshalNode, MarshalNode).
+func (s *State) NodesApart() bool { return s.nodesApart }
+
+// MarshalNode encodes one node's state.
+func (s *State) MarshalNode(name string) ([]byte, error) {
+	n := s.Nodes[name]
+	if n == nil {
+		return nil, fmt.Errorf("aggregate: run %q has no node %q", s.RunID, name)
+	}
+	return proto.Marshal(&storev1.Node{
+		Started: n.Started, StartMin: n.StartMin, StartMax: n.StartMax, HasEnd: n.HasEnd,
+		EndMax: n.EndMax, Watermark: n.Watermark, HasWindow: n.HasWindow, GpuSeconds: n.GPUSeconds,
+		PeakSeconds: n.PeakSeconds, PeakWatts: n.PeakWatts, Gpus: s.GPUs[name],
+	})
+}
+
+// UnmarshalNode adds a node's state written by MarshalNode.
+func (s *State) UnmarshalNode(name string, b []byte) error {
+	var n storev1.Node
+	if err := proto.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("aggregate: decode node %q: %w", name, err)
+	}
+	if s.Nodes == nil {
+		s.Nodes = map[string]*NodeState{}
+	}
+	s.Nodes[name] = nodeFromProto(&n)
+	if len(n.GetGpus()) > 0 {
+		if s.GPUs == nil {
+			s.GPUs = map[string][]uint32{}
+		}
+		s.GPUs[name] = n.GetGpus()
+	}
+	return nil
+}
+
+// TakeChangedNodes returns, sorted, the nodes whose state changed since the
+// last call, and forgets them. A state decoded from an encoding that held
+// its nodes inside (Marshal, or JSON) counts every node as changed, so that
+// the first MarshalApart of it is followed by all of them.
+func (s *State) TakeChangedNodes() []string {
+	names := make([]string, 0, len(s.changed))
+	for name := range s.changed {
+		if s.Nodes[name] != nil {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	clear(s.changed)
+	return names
+}
+
+// ForgetChangedNodes forgets which nodes changed, for a state stored with
+// its nodes inside (Marshal).
+func (s *State) ForgetChangedNodes() { clear(s.changed) }
+
+func (s *State) markChanged(name string) {
+	if s.changed == nil {
+		s.changed = map[string]struct{}{}
+	}
+	s.changed[name] = struct{}{}
+}
 
 // Unmarshal decodes a State written by Marshal (or, before protobuf, as JSON).
 func Unmarshal(b []byte) (*State, error) {
@@ -39,10 +126,15 @@ func Unmarshal(b []byte) (*State, error) {
 	if s.Nodes == nil {
 		s.Nodes = map[string]*NodeState{}
 	}
+	if !s.nodesApart {
+		for name := range s.Nodes {
+			s.markChanged(name)
+		}
+	}
 	return s, nil
 }
 
-func (s *State) toProto() *storev1.Aggregate {
+func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 	m := s.Metadata
 	p := s.Plan
 	a := &storev1.Aggregate{
@@ -108,7 +200,7 @@ func (s *State) toProto() *storev1.Aggregate {
 		LostGpuSeconds:   s.LostGPUSeconds,
 		LostReasons:      s.LostReasons,
 	}
-	if len(s.Nodes) > 0 {
+	if withNodes && len(s.Nodes) > 0 {
 		a.Nodes = make(map[string]*storev1.Node, len(s.Nodes))
 		for name, n := range s.Nodes {
 			a.Nodes[name] = &storev1.Node{
@@ -121,6 +213,9 @@ func (s *State) toProto() *storev1.Aggregate {
 	if len(s.GPUs) > 0 {
 		a.Gpus = make(map[string]*storev1.GpuIndices, len(s.GPUs))
 		for node, list := range s.GPUs {
+			if _, apart := s.Nodes[node]; apart && !withNodes {
+				continue // in the node's own record (MarshalNode)
+			}
 			a.Gpus[node] = &storev1.GpuIndices{Indices: list}
 		}
 	}
@@ -203,15 +298,11 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 		LostGPUSeconds:   a.GetLostGpuSeconds(),
 		LostReasons:      a.GetLostReasons(),
 	}
+	s.nodesApart = a.GetNodesApart()
 	if len(a.GetNodes()) > 0 {
 		s.Nodes = make(map[string]*NodeState, len(a.GetNodes()))
 		for name, n := range a.GetNodes() {
-			s.Nodes[name] = &NodeState{
-				Started: n.GetStarted(), StartMin: n.GetStartMin(), StartMax: n.GetStartMax(),
-				HasEnd: n.GetHasEnd(), EndMax: n.GetEndMax(), Watermark: n.GetWatermark(),
-				HasWindow: n.GetHasWindow(), GPUSeconds: n.GetGpuSeconds(),
-				PeakSeconds: n.GetPeakSeconds(), PeakWatts: n.GetPeakWatts(),
-			}
+			s.Nodes[name] = nodeFromProto(n)
 		}
 	}
 	if len(a.GetGpus()) > 0 {
@@ -228,6 +319,15 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 				Accuracy: e.GetAccuracy(), HasValLoss: e.GetHasValLoss(), HasAccuracy: e.GetHasAccuracy(),
 			}
 		}
+	}
+}
+
+func nodeFromProto(n *storev1.Node) *NodeState {
+	return &NodeState{
+		Started: n.GetStarted(), StartMin: n.GetStartMin(), StartMax: n.GetStartMax(),
+		HasEnd: n.GetHasEnd(), EndMax: n.GetEndMax(), Watermark: n.GetWatermark(),
+		HasWindow: n.GetHasWindow(), GPUSeconds: n.GetGpuSeconds(),
+		PeakSeconds: n.GetPeakSeconds(), PeakWatts: n.GetPeakWatts(),
 	}
 }
 

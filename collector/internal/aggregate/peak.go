@@ -87,9 +87,10 @@ func (s *State) foldBuckets() {
 	// is old enough to fold, and each window used to pay it).
 	if s.anyBucketBelow(limit) {
 		s.eachBucketSum(limit, func(sum float64) { s.PeakFolded = max(s.PeakFolded, sum) })
-		for _, n := range s.Nodes {
+		for name, n := range s.Nodes {
 			k, _ := slices.BinarySearch(n.PeakSeconds, limit)
 			if k > 0 {
+				s.markChanged(name)
 				// Copy down rather than reslice, so the arrays do not creep.
 				n.PeakSeconds = slices.Delete(n.PeakSeconds, 0, k)
 				n.PeakWatts = slices.Delete(n.PeakWatts, 0, k)

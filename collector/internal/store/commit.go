@@ -172,14 +172,37 @@ func (g *groupAggs) nodeEntry(txn *badger.Txn, node string) (*nodeEntry, error) 
 // write stores every aggregate and node status the group changed.
 func (g *groupAggs) write(txn *badger.Txn) error {
 	for _, r := range g.order {
-		v, err := g.state[r].Marshal()
+		st := g.state[r]
+		if len(st.Nodes) <= 1 && !st.NodesApart() {
+			// One node (most runs): one value, as cheap as it gets.
+			v, err := st.Marshal()
+			if err != nil {
+				return err
+			}
+			if err := txn.Set(aggKey(r), v); err != nil {
+				return err
+			}
+			st.ForgetChangedNodes()
+			g.sizes[r] = len(v)
+			continue
+		}
+		v, err := st.MarshalApart()
 		if err != nil {
 			return err
 		}
-		g.sizes[r] = len(v)
 		if err := txn.Set(aggKey(r), v); err != nil {
 			return err
 		}
+		for _, name := range st.TakeChangedNodes() {
+			nv, err := st.MarshalNode(name)
+			if err != nil {
+				return err
+			}
+			if err := txn.Set(aggNodeKey(r, name), nv); err != nil {
+				return err
+			}
+		}
+		g.sizes[r] = len(v) + len(st.Nodes)*encodedNodeEstimate
 	}
 	for _, n := range g.nodeOrder {
 		if e := g.nodes[n]; e.due() {
@@ -217,6 +240,11 @@ func (g *groupAggs) finish(err error) {
 // their encoded size: decoding an aggregate's JSON is otherwise the largest
 // cost of a batch (docs/benchmarks.md).
 const aggCacheBytes = 256 << 20
+
+// encodedNodeEstimate is about what a node's state encodes to with a full
+// peak horizon (60 buckets), for the cache's budget: a commit encodes only
+// the nodes it changed.
+const encodedNodeEstimate = 900
 
 // decodedPerEncodedByte estimates the heap a decoded aggregate takes per
 // byte of its JSON (maps of maps: measured about 3 to 4).

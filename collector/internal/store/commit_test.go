@@ -4,12 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/dgraph-io/badger/v4"
+
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/loadgen"
 )
 
@@ -138,5 +142,143 @@ func TestApplyBatchAfterCloseFails(t *testing.T) {
 	}
 	if _, err := s.ApplyBatch("n", "b", loadgen.MakeBatch(1, time.Now(), time.Second, "r", 1, true)); err == nil {
 		t.Error("ApplyBatch after Close: want an error")
+	}
+}
+
+// Node states are stored apart from their run's aggregate and only when a
+// commit changed them; what a reader gets from the database must be exactly
+// the committer's state, for runs over many nodes, after an aggregate of an
+// earlier version (nodes inside) is upgraded, and after a reopen.
+func TestNodeStatesApartReadBackAsCommitted(t *testing.T) {
+	const nodes, perNode, runs = 40, 75, 2 // over PeakHorizon, so buckets fold
+	now := time.Now()
+	batch := func(n, i int) *trainmeterv1.Batch {
+		return loadgen.MakeBatch(uint64(i+1), now.Add(time.Duration(i)*time.Second), time.Second, fmt.Sprintf("run-%d", n%runs), 8, i == 0)
+	}
+	same := func(label string, a, b *aggregate.State) {
+		t.Helper()
+		// Both through the full encoding, so that bookkeeping compares equal.
+		ab, err := a.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		bb, err := b.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, _ := aggregate.Unmarshal(ab)
+		y, _ := aggregate.Unmarshal(bb)
+		if !reflect.DeepEqual(x, y) || len(x.Nodes) == 0 {
+			t.Fatalf("%s: the stored aggregate differs from the committed one (%d vs %d nodes)", label, len(x.Nodes), len(y.Nodes))
+		}
+	}
+	dir := t.TempDir()
+	s := open(t, dir)
+	apply := func(from, to int) {
+		var wg sync.WaitGroup
+		for n := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				last := to
+				if n < 4 {
+					// A few nodes fall silent early: the others' windows then
+					// fold buckets of theirs in commits they are not part of.
+					last = from + 5
+				}
+				for i := from; i < last; i++ {
+					if _, err := s.ApplyBatch(fmt.Sprintf("node-%d", n), "boot", batch(n, i)); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	check := func(label string) {
+		t.Helper()
+		for r := range runs {
+			id := fmt.Sprintf("run-%d", r)
+			disk, err := s.GetRun(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.aggMu.Lock()
+			cached := s.aggs.get(id)
+			s.aggMu.Unlock()
+			if cached == nil {
+				t.Fatalf("%s: %s not cached", label, id)
+			}
+			same(label+" "+id, disk, cached)
+			listed, err := s.ListRuns(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			same(label+" listed "+id, listed[r], cached)
+		}
+	}
+	apply(0, perNode/2)
+	check("first half")
+
+	// run-0 as an earlier version stored it: one value, nodes inside.
+	st, err := s.GetRun("run-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := st.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.aggMu.Lock()
+	s.aggs.drop("run-0")
+	if _, err := s.deletePrefix(aggNodesPrefix("run-0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Set(aggKey("run-0"), full) }); err != nil {
+		t.Fatal(err)
+	}
+	s.aggMu.Unlock()
+	if back, err := s.GetRun("run-0"); err != nil || back.NodesApart() || len(back.Nodes) != nodes/runs {
+		t.Fatalf("legacy form: err %v, apart %v, %d nodes", err, back.NodesApart(), len(back.Nodes))
+	}
+
+	apply(perNode/2, perNode)
+	check("second half")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, dir)
+	for r := range runs {
+		got, err := s.GetRun(fmt.Sprintf("run-%d", r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !got.NodesApart() || len(got.Nodes) != nodes/runs {
+			t.Fatalf("after reopen run-%d: apart %v, %d nodes, %d tokens", r, got.NodesApart(), len(got.Nodes), got.Tokens)
+		}
+	}
+	// Deleting a run takes its node states with it: a new run of the same
+	// id starts with none.
+	if _, err := s.DeleteRun("run-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ApplyBatch("node-new", "boot", batch(1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetRun("run-1"); err != nil || len(got.Nodes) != 1 || got.NodesApart() {
+		t.Fatalf("run-1 again after delete: err %v, %d nodes (apart %v), want only node-new, inside", err, len(got.Nodes), got.NodesApart())
+	}
+	// A second node moves the node states apart, the first one included.
+	if _, err := s.ApplyBatch("node-second", "boot", batch(1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, dir)
+	defer s.Close()
+	if got, err := s.GetRun("run-1"); err != nil || len(got.Nodes) != 2 || !got.NodesApart() || len(got.GPUs["node-new"]) != 8 {
+		t.Fatalf("run-1 with two nodes: err %v, %d nodes (apart %v), node-new GPUs %v", err, len(got.Nodes), got.NodesApart(), got.GPUs["node-new"])
 	}
 }

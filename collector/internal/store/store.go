@@ -248,8 +248,13 @@ func dedupKey(node, boot string, seq uint64) []byte {
 	return be64(append(key("b/", node, boot), 0), seq)
 }
 
-func aggKey(run string) []byte   { return key("a/", run) }
-func nodeKey(node string) []byte { return key("n/", node) }
+func aggKey(run string) []byte { return key("a/", run) }
+
+// A run's node states, when its aggregate keeps them apart
+// (aggregate.State.NodesApart): one key per node, after the run's prefix.
+func aggNodeKey(run, node string) []byte { return key("an/", run, node) }
+func aggNodesPrefix(run string) []byte   { return append(key("an/", run), 0) }
+func nodeKey(node string) []byte         { return key("n/", node) }
 
 func (s *Store) lockRuns(node string, runs []string) func() {
 	idx := map[int]bool{}
@@ -476,7 +481,19 @@ func getAgg(txn *badger.Txn, run string) (*aggregate.State, error) {
 		st, err = aggregate.Unmarshal(v)
 		return err
 	})
-	return st, err
+	if err != nil || !st.NodesApart() {
+		return st, err
+	}
+	prefix := aggNodesPrefix(run)
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		name := string(it.Item().Key()[len(prefix):])
+		if err := it.Item().Value(func(v []byte) error { return st.UnmarshalNode(name, v) }); err != nil {
+			return nil, fmt.Errorf("run %q: %w", run, err)
+		}
+	}
+	return st, nil
 }
 
 func getNode(txn *badger.Txn, node string) (*trainmeterv1.NodeStatus, error) {
@@ -542,56 +559,69 @@ func (s *Store) DeleteRun(id string) (records int, err error) {
 	// The committer writes aggregates; keep it out while this one goes.
 	s.aggMu.Lock()
 	s.aggs.drop(id)
-	err = s.db.Update(func(txn *badger.Txn) error {
-		_, err := txn.Get(aggKey(id))
-		if errors.Is(err, badger.ErrKeyNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		found = true
-		return txn.Delete(aggKey(id))
-	})
+	// The node states go before the aggregate that points to them, so that
+	// an interrupted delete leaves a run to delete again, never node states
+	// that a new run of the same id would read as its own.
+	_, err = s.deletePrefix(aggNodesPrefix(id))
+	if err == nil {
+		err = s.db.Update(func(txn *badger.Txn) error {
+			_, err := txn.Get(aggKey(id))
+			if errors.Is(err, badger.ErrKeyNotFound) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			found = true
+			return txn.Delete(aggKey(id))
+		})
+	}
 	s.aggMu.Unlock()
 	if err != nil {
 		return 0, err
 	}
 	for _, prefix := range [][]byte{append(key("w/", id), 0), append(key("v/", id), 0)} {
-		for {
-			var keys [][]byte
-			err := s.db.View(func(txn *badger.Txn) error {
-				it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
-				defer it.Close()
-				for it.Rewind(); it.Valid() && len(keys) < deleteChunk; it.Next() {
-					keys = append(keys, it.Item().KeyCopy(nil))
-				}
-				return nil
-			})
-			if err != nil {
-				return records, err
-			}
-			if len(keys) == 0 {
-				break
-			}
-			err = s.db.Update(func(txn *badger.Txn) error {
-				for _, k := range keys {
-					if err := txn.Delete(k); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				return records, err
-			}
-			records += len(keys)
+		n, err := s.deletePrefix(prefix)
+		records += n
+		if err != nil {
+			return records, err
 		}
 	}
 	if !found && records == 0 {
 		return 0, ErrNotFound
 	}
 	return records, nil
+}
+
+// deletePrefix deletes every key under prefix, deleteChunk keys per
+// transaction, and returns how many it deleted.
+func (s *Store) deletePrefix(prefix []byte) (deleted int, err error) {
+	for {
+		var keys [][]byte
+		err := s.db.View(func(txn *badger.Txn) error {
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+			defer it.Close()
+			for it.Rewind(); it.Valid() && len(keys) < deleteChunk; it.Next() {
+				keys = append(keys, it.Item().KeyCopy(nil))
+			}
+			return nil
+		})
+		if err != nil || len(keys) == 0 {
+			return deleted, err
+		}
+		err = s.db.Update(func(txn *badger.Txn) error {
+			for _, k := range keys {
+				if err := txn.Delete(k); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return deleted, err
+		}
+		deleted += len(keys)
+	}
 }
 
 // GetRun returns a run's aggregate, or ErrNotFound.
@@ -650,6 +680,10 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 			}
 			keys, vals = append(keys, it.Item().KeyCopy(nil)), append(vals, v)
 		}
+		nodes, err := allAggNodes(txn)
+		if err != nil {
+			return err
+		}
 		out = make([]*aggregate.State, len(vals))
 		errs := make([]error, len(vals))
 		var next atomic.Int64
@@ -660,6 +694,14 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 				defer wg.Done()
 				for i := int(next.Add(1)) - 1; i < len(vals); i = int(next.Add(1)) - 1 {
 					out[i], errs[i] = aggregate.Unmarshal(vals[i])
+					if errs[i] != nil || !out[i].NodesApart() {
+						continue
+					}
+					for _, n := range nodes[string(keys[i][2:])] {
+						if errs[i] = out[i].UnmarshalNode(n.name, n.value); errs[i] != nil {
+							break
+						}
+					}
 				}
 			}()
 		}
@@ -673,6 +715,32 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+type aggNode struct {
+	name  string
+	value []byte
+}
+
+// allAggNodes reads every run's node states kept apart, by run.
+func allAggNodes(txn *badger.Txn) (map[string][]aggNode, error) {
+	out := map[string][]aggNode{}
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("an/"), PrefetchValues: true, PrefetchSize: 256})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		k := it.Item().Key()[len("an/"):]
+		sep := bytes.IndexByte(k, 0)
+		if sep < 0 {
+			return nil, fmt.Errorf("store: malformed node state key %q", it.Item().Key())
+		}
+		v, err := it.Item().ValueCopy(nil)
+		if err != nil {
+			return nil, err
+		}
+		run := string(k[:sep])
+		out[run] = append(out[run], aggNode{name: string(k[sep+1:]), value: v})
 	}
 	return out, nil
 }

@@ -76,8 +76,12 @@ type Aggregate struct {
 	LostEnergyJ      float64                `protobuf:"fixed64,52,opt,name=lost_energy_j,json=lostEnergyJ,proto3" json:"lost_energy_j,omitempty"`
 	LostGpuSeconds   float64                `protobuf:"fixed64,53,opt,name=lost_gpu_seconds,json=lostGpuSeconds,proto3" json:"lost_gpu_seconds,omitempty"`
 	LostReasons      []string               `protobuf:"bytes,54,rep,name=lost_reasons,json=lostReasons,proto3" json:"lost_reasons,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The node states are not in `nodes` but each under a key of its own
+	// (collector/internal/store), so that a commit rewrites only the nodes it
+	// changed: a run over a thousand nodes made every commit rewrite ~1 MB.
+	NodesApart    bool `protobuf:"varint,55,opt,name=nodes_apart,json=nodesApart,proto3" json:"nodes_apart,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -481,6 +485,13 @@ func (x *Aggregate) GetLostReasons() []string {
 	return nil
 }
 
+func (x *Aggregate) GetNodesApart() bool {
+	if x != nil {
+		return x.NodesApart
+	}
+	return false
+}
+
 type Metadata struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -772,8 +783,10 @@ type Node struct {
 	HasWindow  bool                   `protobuf:"varint,7,opt,name=has_window,json=hasWindow,proto3" json:"has_window,omitempty"`
 	GpuSeconds float64                `protobuf:"fixed64,8,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
 	// Open peak buckets: seconds ascending, and each one's peak.
-	PeakSeconds   []int64   `protobuf:"varint,9,rep,packed,name=peak_seconds,json=peakSeconds,proto3" json:"peak_seconds,omitempty"`
-	PeakWatts     []float64 `protobuf:"fixed64,10,rep,packed,name=peak_watts,json=peakWatts,proto3" json:"peak_watts,omitempty"`
+	PeakSeconds []int64   `protobuf:"varint,9,rep,packed,name=peak_seconds,json=peakSeconds,proto3" json:"peak_seconds,omitempty"`
+	PeakWatts   []float64 `protobuf:"fixed64,10,rep,packed,name=peak_watts,json=peakWatts,proto3" json:"peak_watts,omitempty"`
+	// The node's GPU indices (Aggregate.gpus), in a node stored apart only.
+	Gpus          []uint32 `protobuf:"varint,11,rep,packed,name=gpus,proto3" json:"gpus,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -874,6 +887,13 @@ func (x *Node) GetPeakSeconds() []int64 {
 func (x *Node) GetPeakWatts() []float64 {
 	if x != nil {
 		return x.PeakWatts
+	}
+	return nil
+}
+
+func (x *Node) GetGpus() []uint32 {
+	if x != nil {
+		return x.Gpus
 	}
 	return nil
 }
@@ -1018,7 +1038,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xa2\x11\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xc3\x11\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1086,7 +1106,9 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"lostTokens\x12\"\n" +
 	"\rlost_energy_j\x184 \x01(\x01R\vlostEnergyJ\x12(\n" +
 	"\x10lost_gpu_seconds\x185 \x01(\x01R\x0elostGpuSeconds\x12!\n" +
-	"\flost_reasons\x186 \x03(\tR\vlostReasons\x1aS\n" +
+	"\flost_reasons\x186 \x03(\tR\vlostReasons\x12\x1f\n" +
+	"\vnodes_apart\x187 \x01(\bR\n" +
+	"nodesApart\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
@@ -1132,7 +1154,7 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x13adjustment_interval\x18\f \x01(\x04R\x12adjustmentInterval\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xac\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc0\x02\n" +
 	"\x04Node\x12\x18\n" +
 	"\astarted\x18\x01 \x01(\bR\astarted\x12\x1b\n" +
 	"\tstart_min\x18\x02 \x01(\x03R\bstartMin\x12\x1b\n" +
@@ -1147,7 +1169,8 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\fpeak_seconds\x18\t \x03(\x03R\vpeakSeconds\x12\x1d\n" +
 	"\n" +
 	"peak_watts\x18\n" +
-	" \x03(\x01R\tpeakWatts\"&\n" +
+	" \x03(\x01R\tpeakWatts\x12\x12\n" +
+	"\x04gpus\x18\v \x03(\rR\x04gpus\"&\n" +
 	"\n" +
 	"GpuIndices\x12\x18\n" +
 	"\aindices\x18\x01 \x03(\rR\aindices\"\xc0\x01\n" +
