@@ -6,7 +6,10 @@
 // fixed-width big-endian so keys sort chronologically:
 //
 //	b/<node>\0<boot>\0<seq:8>                      dedup mark of an applied batch
-//	a/<run_id>                                     run aggregate (JSON, see aggregate.State)
+//	a/<run_id>                                     run aggregate (proto storev1.Aggregate; JSON
+//	                                               from earlier versions; see aggregate.State)
+//	an/<run_id>\0<node>                            a node's state in that run, once the run has
+//	                                               two nodes (storev1.Node; Aggregate.nodes_apart)
 //	w/<run_id>\0<node>\0<start:8><seq:8><i:4>      raw RunWindow (proto)
 //	v/<run_id>\0<node>\0<time:8><seq:8><i:4>       raw RunEvent (proto)
 //	r/<node>\0<start:8><seq:8>                     raw GpuWindows + HostWindow of a batch
