@@ -54,11 +54,9 @@ func (s *State) MarshalNode(name string) ([]byte, error) {
 	if n == nil {
 		return nil, fmt.Errorf("aggregate: run %q has no node %q", s.RunID, name)
 	}
-	return proto.Marshal(&storev1.Node{
-		Started: n.Started, StartMin: n.StartMin, StartMax: n.StartMax, HasEnd: n.HasEnd,
-		EndMax: n.EndMax, Watermark: n.Watermark, HasWindow: n.HasWindow, GpuSeconds: n.GPUSeconds,
-		PeakSeconds: n.PeakSeconds, PeakWatts: n.PeakWatts, Gpus: s.GPUs[name],
-	})
+	p := nodeToProto(n)
+	p.Gpus = s.GPUs[name]
+	return proto.Marshal(p)
 }
 
 // UnmarshalNode adds a node's state written by MarshalNode.
@@ -203,11 +201,7 @@ func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 	if withNodes && len(s.Nodes) > 0 {
 		a.Nodes = make(map[string]*storev1.Node, len(s.Nodes))
 		for name, n := range s.Nodes {
-			a.Nodes[name] = &storev1.Node{
-				Started: n.Started, StartMin: n.StartMin, StartMax: n.StartMax, HasEnd: n.HasEnd,
-				EndMax: n.EndMax, Watermark: n.Watermark, HasWindow: n.HasWindow, GpuSeconds: n.GPUSeconds,
-				PeakSeconds: n.PeakSeconds, PeakWatts: n.PeakWatts,
-			}
+			a.Nodes[name] = nodeToProto(n)
 		}
 	}
 	if len(s.GPUs) > 0 {
@@ -319,6 +313,14 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 				Accuracy: e.GetAccuracy(), HasValLoss: e.GetHasValLoss(), HasAccuracy: e.GetHasAccuracy(),
 			}
 		}
+	}
+}
+
+func nodeToProto(n *NodeState) *storev1.Node {
+	return &storev1.Node{
+		Started: n.Started, StartMin: n.StartMin, StartMax: n.StartMax, HasEnd: n.HasEnd,
+		EndMax: n.EndMax, Watermark: n.Watermark, HasWindow: n.HasWindow, GpuSeconds: n.GPUSeconds,
+		PeakSeconds: n.PeakSeconds, PeakWatts: n.PeakWatts,
 	}
 }
 

@@ -237,8 +237,8 @@ func (g *groupAggs) finish(err error) {
 }
 
 // aggCacheBytes bounds the decoded aggregates kept in memory, estimated from
-// their encoded size: decoding an aggregate's JSON is otherwise the largest
-// cost of a batch (docs/benchmarks.md).
+// their encoded size: decoding an aggregate is otherwise the largest cost of
+// a batch (docs/benchmarks.md).
 const aggCacheBytes = 256 << 20
 
 // encodedNodeEstimate is about what a node's state encodes to with a full
@@ -247,7 +247,8 @@ const aggCacheBytes = 256 << 20
 const encodedNodeEstimate = 900
 
 // decodedPerEncodedByte estimates the heap a decoded aggregate takes per
-// byte of its JSON (maps of maps: measured about 3 to 4).
+// encoded byte (measured about 3 to 4 for the JSON form; not re-measured
+// since aggregates are protobuf).
 const decodedPerEncodedByte = 4
 
 // aggCache keeps decoded aggregates of recently written runs. Only the

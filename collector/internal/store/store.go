@@ -671,7 +671,7 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 			return nil
 		}
 		// Copy the values out, then decode them on all cores: decoding the
-		// aggregates' JSON is nearly all the cost of listing many runs
+		// aggregates is nearly all the cost of listing many runs
 		// (docs/benchmarks.md, export csv).
 		var keys, vals [][]byte
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("a/"), PrefetchValues: true, PrefetchSize: 64})
