@@ -87,3 +87,64 @@ func TestRunMeasuresACommand(t *testing.T) {
 		t.Errorf("gpus %q: sim GPUs cannot list processes, so the run gets both", row["gpus"])
 	}
 }
+
+// TestRunKeepsTheScriptsMetadata: the fields `trainmeter run` was not given
+// come from the wrapped script's client (train_sim.py sends model, batch
+// size, ... and warmup_s), so the run is not "model: -"; a field both name
+// differently keeps the command line's value, the script's tokens still
+// count, and `trainmeter run` says so on stderr.
+func TestRunKeepsTheScriptsMetadata(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	c := startCollector(t)
+	sock := c.startAgent("meta-node", "sim:2")
+	c.waitStreaming("meta-node")
+	trainSim := []string{"python3", "clients/python/examples/train_sim.py", "--step-time", "0.1", "--batch-size", "4"}
+
+	out, errOut, code := c.trainmeterRun(append([]string{"--socket", sock, "--collector", c.addr, "--run-id", "zm", "--"}, append(trainSim, "--duration-s", "4", "--warmup-s", "1")...)...)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "agent_errors=0") {
+		t.Errorf("the script's client got errors from the agent:\n%s", out)
+	}
+	row := c.csvRow("zm")
+	for col, want := range map[string]string{"model": "sim-model", "dataset": "synthetic", "backend": "sim",
+		"optimizer": "adamw", "batch_size": "4", "seq_len": "2048", "precision": "bf16", "seed": "42"} {
+		if row[col] != want {
+			t.Errorf("%s = %q, want the script's %q", col, row[col], want)
+		}
+	}
+	// The script's warmup_s (1 s, from its join) replaced the agent's 60 s
+	// default: the 4 s run has figures after warmup.
+	if w := num(t, row, "warmup_s"); w < 0.9 || w > 2.5 {
+		t.Errorf("warmup_s %v, want about 1 (the script's)", w)
+	}
+	if row["J_per_token"] == "" || num(t, row, "tokens_measured") <= 0 {
+		t.Errorf("J_per_token %q tokens_measured %q: no figures after the script's warmup", row["J_per_token"], row["tokens_measured"])
+	}
+
+	out, errOut, code = c.trainmeterRun(append([]string{"--socket", sock, "--collector", c.addr, "--run-id", "zc",
+		"--model", "cli-model", "--batch-size", "16", "--"}, append(trainSim, "--duration-s", "2")...)...)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	for _, want := range []string{`model "sim-model" (kept "cli-model")`, `batch_size 4 (kept 16)`} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("trainmeter run's stderr does not show the conflict %s:\n%s", want, errOut)
+		}
+	}
+	m := regexp.MustCompile(`tokens=(\d+) .*agent_errors=(\d+)`).FindStringSubmatch(out)
+	if m == nil || m[2] != "1" {
+		t.Fatalf("train_sim output %q: want one error from the agent (the conflict) in the client's errors()", out)
+	}
+	row = c.csvRow("zc")
+	if row["model"] != "cli-model" || row["batch_size"] != "16" || row["dataset"] != "synthetic" {
+		t.Errorf("model %q batch_size %q dataset %q: want the command line's model and batch size, the script's dataset",
+			row["model"], row["batch_size"], row["dataset"])
+	}
+	if row["tokens_processed"] != m[1] || m[1] == "0" {
+		t.Errorf("tokens_processed %q, the script reported %s: a conflicting script's tokens must count", row["tokens_processed"], m[1])
+	}
+}

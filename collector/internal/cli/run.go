@@ -73,8 +73,8 @@ func newRunCommand(cf *clientFlags) *cobra.Command {
 		Long: `Run COMMAND as one trainmeter run. The agent on this machine attributes to it
 the GPUs its process tree computes on, from start to exit. The command gets
 TRAINMETER_RUN_ID and TRAINMETER_SOCKET, so a script that uses the Python
-client reports its tokens into the same run (its metadata must not contradict
-the flags given here). SIGINT and SIGTERM are passed on to the command;
+client reports its tokens into the same run and fills the metadata not given
+here (flags given here win over the script's; a difference is shown on stderr). SIGINT and SIGTERM are passed on to the command;
 trainmeter exits with the command's exit code. If the agent cannot be reached
 the command still runs, unmeasured.`,
 		Args: cobra.MinimumNArgs(1),
