@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -146,5 +147,51 @@ func TestRunKeepsTheScriptsMetadata(t *testing.T) {
 	}
 	if row["tokens_processed"] != m[1] || m[1] == "0" {
 		t.Errorf("tokens_processed %q, the script reported %s: a conflicting script's tokens must count", row["tokens_processed"], m[1])
+	}
+}
+
+// TestDDPRankReportsItsOwnGPU: a torchrun rank (LOCAL_RANK=1, no gpus, no
+// CUDA_VISIBLE_DEVICES) on a 2-GPU agent is attributed GPU 1 only, not
+// every GPU of the node. GPU 0 draws 100 W and GPU 1 300 W, so the run's
+// power says which GPU it got.
+func TestDDPRankReportsItsOwnGPU(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	var b strings.Builder
+	b.WriteString("time_s,gpu,power_w,energy_j,memory_used_mib,memory_total_mib,utilization_pct\n")
+	for i := 0; i <= 1200; i++ {
+		ts := float64(i) * 0.1
+		fmt.Fprintf(&b, "%.1f,0,100,%.3f,1000,81559,90\n%.1f,1,300,%.3f,2000,81559,90\n", ts, 1e5+100*ts, ts, 1e5+300*ts)
+	}
+	trace := filepath.Join(t.TempDir(), "trace.csv")
+	if err := os.WriteFile(trace, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := startCollector(t)
+	sock := c.startAgent("ddp-node", "replay:"+trace)
+	c.waitStreaming("ddp-node")
+
+	cmd := exec.Command("python3", "clients/python/examples/train_sim.py", "--socket", sock, "--run-id", "rank1",
+		"--gpus", "", "--warmup-s", "0", "--duration-s", "3", "--step-time", "0.1")
+	cmd.Dir = ".."
+	env := []string{"WORLD_SIZE=2", "RANK=1", "LOCAL_RANK=1"}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "CUDA_VISIBLE_DEVICES=") && !strings.HasPrefix(kv, "TRAINMETER_") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("train_sim: %v\n%s", err, out)
+	}
+	c.waitEnded("rank1")
+	row := c.csvRow("rank1")
+	if row["gpus"] != "1" {
+		t.Errorf("gpus %q, want 1 (the rank's own GPU)", row["gpus"])
+	}
+	if p := num(t, row, "avg_power_W"); p < 290 || p > 310 {
+		t.Errorf("avg_power_W %v, want 300 (GPU 1 alone; 400 is both GPUs, 100 the wrong one)", p)
 	}
 }

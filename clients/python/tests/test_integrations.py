@@ -6,6 +6,7 @@ import os
 import stat
 import sys
 import time
+import types
 import unittest
 from unittest import mock
 
@@ -435,11 +436,77 @@ class TestDist(Base):
         self.assertEqual(
             without_client_id(a.events(0)),
             [
-                {"event": "run_start", "run_id": "te-abc123", "rank": 1, "world_size": 2, "local_rank": 1},
+                {"event": "run_start", "run_id": "te-abc123", "rank": 1, "world_size": 2, "local_rank": 1, "gpus": [1]},
                 {"event": "step", "run_id": "te-abc123", "step": 1, "tokens": 5, "tokens_total": 5},
                 {"event": "run_end", "run_id": "te-abc123"},
             ],
         )
+
+    def rank_start(self, **kw):
+        a = self.agent()
+        run = self.start(run_id="lr", **kw)
+        run.end()
+        self.assertTrue(a.wait_eof(0))
+        return without_client_id(a.events(0))[0]
+
+    def test_local_rank_names_the_gpu(self):
+        # torchrun: LOCAL_RANK set, CUDA_VISIBLE_DEVICES not; without a GPU
+        # named the agent would give the rank every GPU of the node.
+        self.fake_smi("exit 3\n")
+        os.environ.update(WORLD_SIZE="2", RANK="1", LOCAL_RANK="1")
+        with self.assertLogs("trainmeter", "INFO") as logs:
+            ev = self.rank_start()
+        self.assertEqual(ev["gpus"], [1])
+        self.assertNotIn("cuda_visible_devices", ev)
+        self.assertTrue(any("reporting GPU 1 (LOCAL_RANK=1" in m for m in logs.output), logs.output)
+        # With nvidia-smi (same GPU models): the rank's GPU as its UUID.
+        self.fake_smi("cat <<'EOF'\n%sEOF\n" % SMI)
+        self.assertEqual(self.rank_start()["gpus"], [UB])
+
+    def test_local_rank_gives_way(self):
+        self.fake_smi("exit 3\n")
+        os.environ.update(WORLD_SIZE="2", LOCAL_RANK="1")
+        self.assertEqual(self.rank_start(gpus=[0, 1])["gpus"], [0, 1])  # named by the script
+        os.environ["CUDA_VISIBLE_DEVICES"] = "3"
+        ev = self.rank_start()
+        self.assertNotIn("gpus", ev)  # the agent reads cuda_visible_devices
+        self.assertEqual(ev["cuda_visible_devices"], "3")
+        del os.environ["CUDA_VISIBLE_DEVICES"], os.environ["LOCAL_RANK"]
+        self.assertNotIn("gpus", self.rank_start())  # a single process may use every GPU
+
+    def test_torch_current_device(self):
+        class Cuda:
+            def __init__(self, cur, initialized=True):
+                self.cur, self.initialized = cur, initialized
+
+            def is_available(self):
+                return True
+
+            def is_initialized(self):
+                return self.initialized
+
+            def current_device(self):
+                if not self.initialized:
+                    raise AssertionError("must not initialise CUDA")
+                return self.cur
+
+        env = {"LOCAL_RANK": "1"}
+        cases = [
+            (None, (1, "LOCAL_RANK=1")),
+            (Cuda(5), (5, "torch.cuda.current_device()")),  # set_device(5): a launcher's own mapping
+            (Cuda(1), (1, "LOCAL_RANK=1 = torch.cuda.current_device()")),
+            (Cuda(0), (1, "LOCAL_RANK=1")),  # model.to(local_rank) without set_device
+            (Cuda(5, initialized=False), (1, "LOCAL_RANK=1")),
+        ]
+        for cuda, want in cases:
+            mods = {"torch": types.SimpleNamespace(cuda=cuda)} if cuda is not None else {}
+            with mock.patch.dict(sys.modules, mods):
+                if cuda is None:
+                    sys.modules.pop("torch", None)
+                self.assertEqual(dist.rank_gpu(env=env), want)
+        self.assertEqual(dist.rank_gpu(local_rank=2, env={}), (2, "LOCAL_RANK=2"))
+        self.assertIsNone(dist.rank_gpu(env={}))
+        self.assertIsNone(dist.rank_gpu(env={"LOCAL_RANK": "x"}))
 
     def test_parse_nvidia_smi(self):
         self.assertEqual(dist.parse_nvidia_smi_l(SMI), [(0, "NVIDIA H100 80GB HBM3", UA), (1, "NVIDIA H100 80GB HBM3", UB),
@@ -768,7 +835,7 @@ class TestLightning(Base):
         evs = without_client_id(a.events(0))
         self.assertEqual(evs[0], {"event": "run_start", "run_id": "pl2", "backend": "lightning", "model": "NS",
                                   "precision": "fp16", "grad_accum": 1, "planned_steps": 9, "rank": 3, "world_size": 4,
-                                  "local_rank": 1})
+                                  "local_rank": 1, "gpus": [1]})
         self.assertEqual([e["tokens"] for e in evs if e["event"] == "step"], [10, 10])
         self.assertEqual([e["event"] for e in evs], ["run_start", "step", "step", "run_end"])
         self.assertEqual(evs[-1], {"event": "run_end", "run_id": "pl2", "status": "error", "error": "KeyboardInterrupt"})

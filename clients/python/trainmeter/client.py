@@ -213,6 +213,7 @@ class Run:
         self._end_timeout = float(end_timeout)
         self._max_buffer = max(4096, int(max_buffer_bytes))
 
+        self._gpu_uuids = bool(gpu_uuids)
         self._start_event = self._build_run_start(metadata)
         self._start_line, removed = encode_event(self._start_event)
         # CUDA_VISIBLE_DEVICES -> GPU UUIDs (sent as "gpus") is resolved on the
@@ -447,6 +448,22 @@ class Run:
                 v = _env_int(env)
                 if v is not None:
                     ev[key] = v
+        self._rank_gpu: Optional[int] = None
+        if "gpus" not in ev and "cuda_visible_devices" not in ev:
+            # torchrun leaves CUDA_VISIBLE_DEVICES unset: without a GPU named
+            # here the agent gives every rank every GPU of the node.
+            choice = _dist.rank_gpu(ev.get("local_rank"))
+            if choice is not None:
+                self._rank_gpu, why = choice
+                ev["gpus"] = [self._rank_gpu]
+                log.info(
+                    "trainmeter: run %s, local rank %s: reporting GPU %d (%s; no gpus= and no "
+                    "CUDA_VISIBLE_DEVICES); pass gpus=[...] to name others",
+                    self.run_id,
+                    ev.get("local_rank"),
+                    self._rank_gpu,
+                    why,
+                )
         return ev
 
     def _count_caller_drop(self) -> None:
@@ -467,6 +484,18 @@ class Run:
     # ---- sender thread
 
     def _resolve_gpus(self) -> None:
+        if self._rank_gpu is not None and self._gpu_uuids:
+            # The rank's CUDA index as a UUID where CUDA and NVML order
+            # provably agree; else the index stays (NVML order assumed).
+            try:
+                uuids = _dist.cuda_visible_gpu_uuids(str(self._rank_gpu), env={
+                    k: v for k, v in os.environ.items() if k == "CUDA_DEVICE_ORDER"})
+                if uuids:
+                    ev = dict(self._start_event)
+                    ev["gpus"] = uuids
+                    self._start_event, self._start_line = ev, encode_event(ev)[0]
+            except Exception:
+                log.debug("trainmeter: GPU UUID mapping failed", exc_info=True)
         if not self._map_gpus:
             return
         try:
