@@ -29,13 +29,13 @@ type MetadataConflict struct {
 }
 
 func (c *MetadataConflict) Error() string {
-	return fmt.Sprintf("run_start: joined run %q, but trainmeter run set %s: the run keeps the command line's values",
+	return fmt.Sprintf("run_start: joined run %q, which keeps the values of trainmeter run's command line where this script's differ: %s",
 		c.Run, strings.Join(c.Fields, ", "))
 }
 
 // StarterMessage is the conflict as `trainmeter run` shows it on stderr.
 func (c *MetadataConflict) StarterMessage() string {
-	return fmt.Sprintf("the command's client sent metadata that differs from this command line: %s; the run keeps the command line's (drop those flags to use the script's)",
+	return fmt.Sprintf("the command's client sent metadata that differs from this command line: %s; the run keeps the command line's values (leave those flags out to use the script's)",
 		strings.Join(c.Fields, ", "))
 }
 
