@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -83,5 +84,42 @@ func TestHFCallbackFillsFLOPsAndLoss(t *testing.T) {
 	}
 	if l := num(t, row, "last_loss"); l != 1.0 {
 		t.Errorf("last_loss %v, want 1.0 (logged at step 20)", l)
+	}
+}
+
+// TestClientSaysWhenARunIsNotMeasured: a script whose run_start the real
+// agent refuses (a GPU the node does not have), and one pointed at a socket
+// where no agent listens, both train to the end, exit 0, and say once on
+// stderr that the run is not being measured.
+func TestClientSaysWhenARunIsNotMeasured(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	c := startCollector(t)
+	sock := c.startAgent("quiet-node", "sim:2")
+	c.waitStreaming("quiet-node")
+	wrong := filepath.Join(t.TempDir(), "wrong.sock")
+	for _, tc := range []struct {
+		name, socket, want string
+	}{
+		{"refused", sock, `trainmeter: the agent refused run refused: run_start: gpus: gpu 7: not on this node (it has 2 GPUs)`},
+		{"unreachable", wrong, "trainmeter: agent not reachable at " + wrong + " ("},
+	} {
+		cmd := exec.Command("python3", "clients/python/examples/train_sim.py", "--socket", tc.socket, "--run-id", tc.name,
+			"--gpus", "7", "--duration-s", "1", "--step-time", "0.05")
+		cmd.Dir = ".."
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s\n%s", tc.name, err, out, stderr.String())
+		}
+		if !strings.Contains(string(out), "steps=20 ") {
+			t.Errorf("%s: training did not run to the end:\n%s", tc.name, out)
+		}
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		if len(lines) != 1 || !strings.HasPrefix(lines[0], tc.want) {
+			t.Errorf("%s: stderr %q, want one line starting %q", tc.name, stderr.String(), tc.want)
+		}
 	}
 }
