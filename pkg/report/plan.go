@@ -49,7 +49,7 @@ func writePlan(line func(string, string, ...any), r *RunReport) {
 	} else {
 		line("estimate", "- (no price) for %d tokens on %d GPU(s), from %d past %s", e.GetTokens(), e.GetGpus(), len(e.GetBasedOn()), runs)
 	}
-	line("  est. time", "%s (%s to %s)", durS(w.GetMid()), durS(w.GetLow()), durS(w.GetHigh()))
+	line("  est. time", "%s (%s to %s)", DurS(w.GetMid()), DurS(w.GetLow()), DurS(w.GetHigh()))
 	line("  est. energy", "%.4g kWh (%.4g to %.4g)", k.GetMid(), k.GetLow(), k.GetHigh())
 	if e.GetHasCost() && (r.GetHasCost() || r.GetHasEnergyCost()) && c.GetMid() > 0 {
 		what := "cost so far"
@@ -63,7 +63,8 @@ func writePlan(line func(string, string, ...any), r *RunReport) {
 	}
 }
 
-func durS(s float64) string {
+// DurS is a duration in seconds as 1h2m, 5m30s, 45s.
+func DurS(s float64) string {
 	d := time.Duration(s * float64(time.Second)).Round(time.Second)
 	if d < time.Second {
 		return fmt.Sprintf("%.2fs", s)
