@@ -38,6 +38,9 @@ type RunPlan struct {
 	Created       time.Time `json:"created"`
 }
 
+// ErrRunStarted: a plan was asked for a run the collector already has.
+var ErrRunStarted = errors.New("run already started")
+
 // MaxRunIDLen bounds a planned run's id (the agent's own bound).
 const MaxRunIDLen = 256
 
@@ -87,6 +90,11 @@ func (m *Manager) PlanRun(runID string, maxCostUSD float64, est *cost.EstimateRe
 		return nil, "", fmt.Errorf("max cost must be a finite number of USD >= 0, got %v", maxCostUSD)
 	case maxCostUSD == 0 && est == nil:
 		return nil, "", errors.New("nothing to plan: give a max cost, an estimate request, or both")
+	}
+	// Only a run not started yet: a cap is set by whoever starts the run, and
+	// the read token that PlanRun needs must not stop other people's runs.
+	if states, err := m.store.ListRuns([]string{runID}); err == nil && len(states) > 0 {
+		return nil, "", fmt.Errorf("%w: run %q has already started (a cap and an estimate are set before the run starts; use a new run id)", ErrRunStarted, runID)
 	}
 	p := RunPlan{RunID: runID, MaxCostUSD: maxCostUSD, Created: m.cfg.Clock.Now().UTC()}
 	if est != nil {
@@ -185,6 +193,9 @@ func (m *Manager) evaluateCaps(ctx context.Context) error {
 		if r.GetEnded() {
 			m.mu.Lock()
 			m.capDone[p.RunID] = true
+			for n := range s.Nodes {
+				delete(m.capStopped, p.RunID+"\x00"+n)
+			}
 			m.mu.Unlock()
 			continue
 		}

@@ -2,6 +2,7 @@ package budget
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -80,6 +81,16 @@ func TestPlanRunRefusesBadInput(t *testing.T) {
 		if _, _, err := m.PlanRun(tc.id, tc.cap, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("PlanRun(%q, %v): %v, want an error about %s", tc.id, tc.cap, err, tc.want)
 		}
+	}
+	// A running run cannot be capped after the fact (PlanRun needs only the
+	// read token).
+	f := &feeder{t: t, st: st, m: m}
+	f.run("n1", "running", "m", "", nil, 0, 1, false)
+	if _, _, err := m.PlanRun("running", 1, nil); !errors.Is(err, ErrRunStarted) {
+		t.Errorf("PlanRun of a started run: %v, want ErrRunStarted", err)
+	}
+	if _, ok, _ := m.Plan("running"); ok {
+		t.Error("a plan was stored for a started run")
 	}
 }
 

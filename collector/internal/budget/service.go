@@ -126,6 +126,9 @@ func (s *Service) PlanRun(_ context.Context, req *trainmeterv1.PlanRunRequest) (
 		er = &x
 	}
 	e, estErr, err := s.m.PlanRun(req.GetRunId(), req.GetMaxCostUsd(), er)
+	if errors.Is(err, ErrRunStarted) {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
