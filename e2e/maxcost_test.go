@@ -77,6 +77,9 @@ gpus:
 		t.Errorf("trainmeter run did not say the cap stopped the run (exit %d)\nstderr:\n%s", code, errOut)
 	}
 	r := c.waitEnded("capped")
+	t.Logf("capped run: wall %.1f s, total $%.4f (cap $1, $0.25/s + energy), estimate $%.4f (band $%.4f to $%.4f); past run $%.4f for %d tokens",
+		r.GetWallS(), r.GetTotalCostUsd(), r.GetEstimate().GetCostUsd().GetMid(), r.GetEstimate().GetCostUsd().GetLow(),
+		r.GetEstimate().GetCostUsd().GetHigh(), pastCost, tokens)
 	if r.GetWallS() > 30 {
 		t.Errorf("capped run went on for %v s: not stopped", r.GetWallS())
 	}
