@@ -331,8 +331,8 @@ type agentLink struct {
 	closed    bool
 	done      chan struct{}
 	wg        sync.WaitGroup
-	// stops carries the reasons of the agent's stop advice to the command's
-	// supervisor (latest kept when it is not read).
+	// stops carries a max-cost stop to the command's supervisor; one is
+	// enough (the agent may relay the advice again), so more are dropped.
 	stops chan string
 }
 
