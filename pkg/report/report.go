@@ -57,6 +57,8 @@ var header = []string{
 	"usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points", "usd_per_accuracy_point",
 	"efficiency_score", "steps_per_s", "epoch_s", "est_total_s", "flops_per_step", "flops_total",
 	"peak_TFLOPS", "mfu", "J_per_PFLOP",
+	// issue 16 item 4: where the GPU-hour price came from (docs/costs.md)
+	"price_source",
 }
 
 // Header returns the CSV header row.
@@ -235,6 +237,8 @@ func Row(r *RunReport) []string {
 		opt(r.PeakTflops, F),
 		opt(r.Mfu, F),
 		opt(r.JPerPflop, G9),
+
+		r.GetPriceSource(),
 	}
 }
 
@@ -461,6 +465,12 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	} else {
 		line("gpu cost", "%s", "- (no GPU price)")
 	}
+	if src := r.GetPriceSource(); src != "" {
+		line("price source", "%s", PriceSourceWords(src))
+	}
+	if r.GetPue() > 1 {
+		line("PUE", "%.3g (energy cost and CO2 are of the GPU energy x %.3g)", r.GetPue(), r.GetPue())
+	}
 	if r.GetPriorityMultiplier() != 1 && r.GetPriorityMultiplier() != 0 {
 		line("priority", "x%.4g on the GPU cost", r.GetPriorityMultiplier())
 	}
@@ -475,6 +485,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 	priced := r.GetHasCost() || r.GetHasEnergyCost()
 	line("total", "%s", dashS(priced, fmt.Sprintf("$%.4f", r.GetTotalCostUsd())))
+	writePlan(line, r)
 	if !r.GetEnded() && r.GetProjectionBasis() != "" {
 		line("projected", "%s at completion (%.1f%% of planned %s done)", dashS(priced, fmt.Sprintf("$%.4f", r.GetProjectedCostUsd())),
 			100*r.GetProgress(), r.GetProjectionBasis())

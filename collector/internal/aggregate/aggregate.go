@@ -678,6 +678,7 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 			r.Labels[k] = v
 		}
 	}
+	r.Pue = p.EffectivePUE()
 	if co2, ok := p.CO2Kg(r.EnergyKwh); ok {
 		r.HasCo2 = true
 		r.Co2Kg = co2
@@ -748,7 +749,8 @@ func (s *State) priceCompute(p Pricing, r *trainmeterv1.RunReport) {
 	}
 	r.HasCost = true
 	r.CostUsd = usd
-	r.GpuPriceSource = source
+	r.PriceSource = source
+	r.GpuPriceSource = cost.LegacySource(source)
 	if r.GpuHours > 0 {
 		r.GpuPricePerHour = usd / r.GpuHours // the GPU-time-weighted mean
 	}
