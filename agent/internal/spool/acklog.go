@@ -1,0 +1,75 @@
+package spool
+
+// The ack log: 13-byte CRC-checked entries, replayed at open and compacted
+// whenever a segment goes.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+)
+
+func (s *Spool) loadAcks() error {
+	path := filepath.Join(s.dir, ackName)
+	data, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("spool: %w", err)
+	}
+	bad := 0
+	for off := 0; off+ackEntry <= len(data); off += ackEntry {
+		e := data[off : off+ackEntry]
+		if crc32.Checksum(e[:9], castagnoli) != binary.LittleEndian.Uint32(e[9:]) || e[0] != ackKindAck {
+			bad++
+			continue
+		}
+		if r := s.bySeq[binary.LittleEndian.Uint64(e[1:9])]; r != nil && !r.acked && !r.gone {
+			r.acked = true
+			s.segOf[r].live--
+		}
+	}
+	if bad > 0 || len(data)%ackEntry != 0 {
+		s.log.Warn("spool: ack log had corrupt entries; those batches will be re-sent (the collector deduplicates)",
+			"bad_entries", bad, "torn_bytes", len(data)%ackEntry)
+	}
+	s.removeDeadSegments()
+	return s.rewriteAcks()
+}
+
+// rewriteAcks writes the ack log anew with the acks still relevant.
+func (s *Spool) rewriteAcks() error {
+	if s.ackf != nil {
+		_ = s.ackf.Close()
+		s.ackf = nil
+	}
+	var buf []byte
+	n := 0
+	for _, g := range s.segs {
+		for _, r := range g.recs {
+			if r.acked {
+				buf = appendAck(buf, r.seq)
+				n++
+			}
+		}
+	}
+	path := filepath.Join(s.dir, ackName)
+	if err := s.writeFileAtomic(path, buf); err != nil {
+		s.log.Error("spool: rewriting the ack log", "err", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	if err != nil {
+		return fmt.Errorf("spool: %w", err)
+	}
+	s.ackf = f
+	s.ackLogN = n
+	return nil
+}
+
+func appendAck(b []byte, seq uint64) []byte {
+	start := len(b)
+	b = append(b, ackKindAck)
+	b = binary.LittleEndian.AppendUint64(b, seq)
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli))
+}

@@ -1,0 +1,207 @@
+package spool
+
+// Loss accounting: what each run lost when batches are dropped (eviction,
+// unwritable batches), carried to the collector on the next batch.
+
+import (
+	"errors"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// evictOldest removes the oldest segment, dropping its unacked batches.
+func (s *Spool) evictOldest(reason string) {
+	if len(s.segs) == 0 {
+		return
+	}
+	g := s.segs[0]
+	var dropped, droppedBytes int
+	f, ferr := os.Open(g.path)
+	for _, r := range g.recs {
+		if r.acked || r.gone {
+			continue
+		}
+		dropped++
+		droppedBytes += int(r.size)
+		var b *pb.Batch
+		if ferr == nil {
+			b, _ = readRecord(f, r)
+		}
+		if b == nil {
+			s.log.Error("spool: a dropped batch could not be read back; its loss is unknown", "seq", r.seq)
+			continue
+		}
+		s.account(b, reason, r.sent || r.doubt, true)
+	}
+	if f != nil {
+		_ = f.Close()
+	}
+	s.stats.Dropped += uint64(dropped)
+	s.stats.DroppedBytes += uint64(droppedBytes)
+	if dropped > 0 {
+		s.log.Warn("spool: dropped the oldest batches to make room", "reason", reason, "batches", dropped,
+			"bytes", droppedBytes, "first_seq", g.first, "dropped_total", s.stats.Dropped)
+	}
+	if i := slices.Index(s.segs, g); i >= 0 {
+		s.removeSegment(i)
+	}
+}
+
+// dropUnwritten counts a batch that never reached the disk. Its seq is
+// reused by the next batch, so no gap appears for it.
+func (s *Spool) dropUnwritten(b *pb.Batch, own []*pb.DataLoss, ownEvents []*pb.RunEvent, size int64, reason string, err error) error {
+	b.Losses = own
+	b.RunEvents = ownEvents
+	s.stats.Dropped++
+	s.stats.DroppedBytes += uint64(size)
+	s.account(b, reason, false, true)
+	s.log.Error(err.Error(), "runs_affected", runIDs(b))
+	if werr := s.writeState(); werr != nil {
+		s.log.Error("spool: writing the state file", "err", werr)
+	}
+	return err
+}
+
+func runIDs(b *pb.Batch) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, w := range b.GetRunWindows() {
+		if !seen[w.GetRunId()] {
+			seen[w.GetRunId()] = true
+			out = append(out, w.GetRunId())
+		}
+	}
+	return out
+}
+
+// takeLossesPreview returns the pending loss records in a stable order
+// (they are cleared only once a batch carrying them is written).
+func (s *Spool) takeLossesPreview() []*pb.DataLoss {
+	var out []*pb.DataLoss
+	for _, id := range sortedKeys(s.losses) {
+		out = append(out, proto.Clone(s.losses[id]).(*pb.DataLoss))
+	}
+	for _, l := range s.seqLosses {
+		out = append(out, proto.Clone(l).(*pb.DataLoss))
+	}
+	return out
+}
+
+// account adds what batch b held to the pending loss report. inDoubt: b was
+// sent and may have been applied; it gets its own record with its seq.
+// carry: b's run events go on with the next batch.
+func (s *Spool) account(b *pb.Batch, reason string, inDoubt, carry bool) {
+	// Loss records b already carried (from earlier drops) are lost with it.
+	for _, l := range b.GetLosses() {
+		if l.GetSeq() != 0 && len(s.seqLosses) < maxPerSeqRec {
+			s.seqLosses = append(s.seqLosses, proto.Clone(l).(*pb.DataLoss))
+			continue
+		}
+		s.mergeLoss(l.GetRunId(), l.GetBatches(), l.GetTokens(), l.GetEnergyJ(), l.GetGpuSeconds(), l.GetReason())
+	}
+	if carry {
+		for _, e := range b.GetRunEvents() {
+			if len(s.events) >= maxCarriedEvents {
+				s.log.Error("spool: too many run events carried from dropped batches; dropping one", "event", e.String())
+				continue
+			}
+			s.events = append(s.events, e)
+		}
+	}
+	type acc struct {
+		tokens      uint64
+		energy, gpu float64
+	}
+	per := map[string]*acc{}
+	var order []string
+	for _, w := range b.GetRunWindows() {
+		if !plausibleWindow(w) {
+			s.log.Error("spool: a dropped window is malformed; its loss is not reported", "seq", b.GetSeq(), "run_id", w.GetRunId())
+			continue
+		}
+		a := per[w.GetRunId()]
+		if a == nil {
+			a = &acc{}
+			per[w.GetRunId()] = a
+			order = append(order, w.GetRunId())
+		}
+		a.tokens += w.GetTokens()
+		e := w.GetEnergyIntegratedJ()
+		if w.GetCounterOk() {
+			e = w.GetEnergyCounterJ()
+		}
+		a.energy += e
+		a.gpu += w.GetGpuSeconds()
+	}
+	for _, id := range order {
+		a := per[id]
+		if inDoubt && len(s.seqLosses) < maxPerSeqRec {
+			s.seqLosses = append(s.seqLosses, &pb.DataLoss{RunId: id, Batches: 1, Tokens: a.tokens,
+				EnergyJ: a.energy, GpuSeconds: a.gpu, Reason: reason, Seq: b.GetSeq()})
+			continue
+		}
+		s.mergeLoss(id, 1, a.tokens, a.energy, a.gpu, reason)
+	}
+}
+
+// plausibleWindow keeps a loss record from carrying what the collector
+// would refuse (and so from getting the next batch rejected too).
+func plausibleWindow(w *pb.RunWindow) bool {
+	id := w.GetRunId()
+	if id == "" || len(id) > 256 || !utf8.ValidString(id) || strings.ContainsRune(id, 0) {
+		return false
+	}
+	for _, v := range []float64{w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ(), w.GetGpuSeconds()} {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Spool) mergeLoss(run string, batches, tokens uint64, energy, gpu float64, reason string) {
+	l := s.losses[run]
+	if l == nil {
+		l = &pb.DataLoss{RunId: run}
+		s.losses[run] = l
+	}
+	l.Batches += batches
+	l.Tokens += tokens
+	l.EnergyJ += energy
+	l.GpuSeconds += gpu
+	l.Reason = addReason(l.Reason, reason)
+}
+
+func addReason(have, r string) string {
+	if r == "" {
+		return have
+	}
+	parts := strings.Split(have, "; ")
+	if have == "" {
+		parts = nil
+	}
+	for _, p := range parts {
+		if p == r || p == "…" {
+			return have
+		}
+	}
+	if len(parts) >= maxReasons {
+		return have + "; …"
+	}
+	if len(r) > 200 {
+		r = r[:200]
+	}
+	return strings.Join(append(parts, r), "; ")
+}
+
+func isNoSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}

@@ -1,0 +1,179 @@
+package spool
+
+// The state file: boot id, next and reserved seq, the pending loss report;
+// JSON plus a CRC32C line, replaced atomically.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+type stateJSON struct {
+	Version int    `json:"version"`
+	BootID  string `json:"boot_id"`
+	NextSeq uint64 `json:"next_seq"`
+	// SeqReserved: no seq at or above it was handed out. After data was
+	// lost at open (a torn tail, a discarded segment) the spool continues
+	// here, so a seq the collector may already hold is never reused.
+	SeqReserved uint64            `json:"seq_reserved"`
+	Losses      []json.RawMessage `json:"losses,omitempty"` // protojson-free: see lossJSON
+	SeqLosses   []json.RawMessage `json:"seq_losses,omitempty"`
+	Events      [][]byte          `json:"events,omitempty"` // RunEvent protos
+}
+
+type lossJSON struct {
+	RunID      string  `json:"run_id"`
+	Batches    uint64  `json:"batches"`
+	Tokens     uint64  `json:"tokens"`
+	EnergyJ    float64 `json:"energy_j"`
+	GPUSeconds float64 `json:"gpu_seconds"`
+	Reason     string  `json:"reason"`
+	Seq        uint64  `json:"seq,omitempty"`
+}
+
+func decodeLoss(raw json.RawMessage) *pb.DataLoss {
+	var l lossJSON
+	if json.Unmarshal(raw, &l) != nil {
+		return nil
+	}
+	return &pb.DataLoss{RunId: l.RunID, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
+		GpuSeconds: l.GPUSeconds, Reason: l.Reason, Seq: l.Seq}
+}
+
+func encodeLoss(l *pb.DataLoss) json.RawMessage {
+	b, _ := json.Marshal(lossJSON{RunID: l.RunId, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
+		GPUSeconds: l.GpuSeconds, Reason: l.Reason, Seq: l.Seq})
+	return b
+}
+
+func readState(path string) (*stateJSON, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	body, sum, ok := bytes.Cut(bytes.TrimRight(b, "\n"), []byte("\n"))
+	if !ok {
+		return nil, errors.New("no checksum line")
+	}
+	want, err := strconv.ParseUint(string(sum), 16, 32)
+	if err != nil {
+		return nil, fmt.Errorf("checksum line %q", sum)
+	}
+	if crc32.Checksum(body, castagnoli) != uint32(want) {
+		return nil, errors.New("checksum mismatch")
+	}
+	st := &stateJSON{}
+	if err := json.Unmarshal(body, st); err != nil {
+		return nil, err
+	}
+	if st.BootID == "" {
+		return nil, errors.New("no boot id")
+	}
+	return st, nil
+}
+
+func removeTemps(dir string) error {
+	tmps, _ := filepath.Glob(filepath.Join(dir, "*.tmp"))
+	for _, t := range tmps {
+		_ = os.Remove(t)
+	}
+	return nil
+}
+
+// writeFileAtomic writes temp, fsyncs, renames and fsyncs the directory.
+func (s *Spool) writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := s.openFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	return nil
+}
+
+// writeState persists the state. On a full disk it makes room by dropping
+// the oldest segment (the spool is what fills the disk) and tries once more,
+// but never the newest segment: it holds the next seq and any loss report
+// just written, which is what the state would say.
+func (s *Spool) writeState() error {
+	err := s.writeStateOnce()
+	if err != nil && isNoSpace(err) && !s.inStateWrite && len(s.segs) > 1 {
+		s.stats.ENOSPC++
+		s.inStateWrite = true
+		s.evictOldest(s.dropReason())
+		s.inStateWrite = false
+		err = s.writeStateOnce()
+	}
+	return err
+}
+
+// dropReason names why old batches go: the configured bound, or a disk that
+// filled up before it.
+func (s *Spool) dropReason() string {
+	if s.effMax < s.maxBytes {
+		return "disk full"
+	}
+	return "spool full"
+}
+
+func (s *Spool) writeStateOnce() error {
+	if s.reserved <= s.nextSeq {
+		s.reserved = s.nextSeq + seqReserve
+	}
+	st := stateJSON{Version: 1, BootID: s.bootID, NextSeq: s.nextSeq, SeqReserved: s.reserved}
+	for _, id := range sortedKeys(s.losses) {
+		st.Losses = append(st.Losses, encodeLoss(s.losses[id]))
+	}
+	for _, l := range s.seqLosses {
+		st.SeqLosses = append(st.SeqLosses, encodeLoss(l))
+	}
+	for _, e := range s.events {
+		b, err := proto.Marshal(e)
+		if err == nil {
+			st.Events = append(st.Events, b)
+		}
+	}
+	body, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	out := fmt.Appendf(body, "\n%08x\n", crc32.Checksum(body, castagnoli))
+	return s.writeFileAtomic(filepath.Join(s.dir, stateName), out)
+}
+
+func sortedKeys(m map[string]*pb.DataLoss) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
