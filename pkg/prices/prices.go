@@ -55,6 +55,10 @@ func (o Offer) Validate() error {
 		return fmt.Errorf("offer %q (%s): reliability %v not in [0, 1]", o.ID, o.GPUName, o.Reliability)
 	case o.DLPerfPerUSD < 0 || math.IsNaN(o.DLPerfPerUSD) || math.IsInf(o.DLPerfPerUSD, 0):
 		return fmt.Errorf("offer %q (%s): dlperf_per_dphtotal %v", o.ID, o.GPUName, o.DLPerfPerUSD)
+	case o.GPURAMGB < 0 || math.IsNaN(o.GPURAMGB) || math.IsInf(o.GPURAMGB, 0):
+		return fmt.Errorf("offer %q (%s): gpu_ram %v GB", o.ID, o.GPUName, o.GPURAMGB)
+	case o.InetDownMbps < 0 || math.IsNaN(o.InetDownMbps) || math.IsInf(o.InetDownMbps, 0):
+		return fmt.Errorf("offer %q (%s): inet_down %v Mbit/s", o.ID, o.GPUName, o.InetDownMbps)
 	}
 	return nil
 }
