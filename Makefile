@@ -58,6 +58,9 @@ fuzz-short:
 	$(GO) test -run='^$$' -fuzz='^FuzzFlatPath$$' -fuzztime=$(FUZZTIME) ./agent/internal/trainerproto
 	$(GO) test -run='^$$' -fuzz='^FuzzValidateBatch$$' -fuzztime=$(FUZZTIME) ./collector/internal/ingest
 	$(GO) test -run='^$$' -fuzz='^FuzzAggregate$$' -fuzztime=$(FUZZTIME) ./collector/internal/ingest
+	$(GO) test -run='^$$' -fuzz='^FuzzOpenSegmentTail$$' -fuzztime=$(FUZZTIME) ./agent/internal/spool
+	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./pkg/gpu/replay
+	$(GO) test -run='^$$' -fuzz='^FuzzParsePriceList$$' -fuzztime=$(FUZZTIME) ./pkg/prices
 
 test: fmt-check vet proto-check test-go fuzz-short test-python test-e2e
 
