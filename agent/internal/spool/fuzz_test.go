@@ -60,6 +60,15 @@ func FuzzOpenSegmentTail(f *testing.F) {
 	// The last record again: a valid CRC but a seq that is not after the previous.
 	f.Add(uint16(0), seg[recEnds[3]:recEnds[4]])
 	f.Add(uint16(len(seg)), []byte("TMSPOOL1"))
+	// A whole, CRC-valid record for seq 6: kept, like any record that checks.
+	forged := batch(6, "r")
+	forged.Seq = 6
+	rec, err := encodeRecord(forged)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(uint16(0), rec)
+	f.Add(uint16(0), append(rec, 0xff))
 
 	f.Fuzz(func(t *testing.T, cut uint16, tail []byte) {
 		dir := t.TempDir()
