@@ -1,5 +1,6 @@
-// Package clock is the time source the agent's loops run on, so the 50 ms
-// sampling loop and the 1 s batching can be tested without sleeping.
+// Package clock is the time source the daemons' loops run on, so the 50 ms
+// sampling loop, the 1 s batching, reconnect backoff and shutdown waits can
+// be tested without sleeping.
 package clock
 
 import (
@@ -7,10 +8,14 @@ import (
 	"time"
 )
 
-// Clock is the subset of time the agent needs.
+// Clock is the subset of time the daemons need.
 type Clock interface {
 	Now() time.Time
 	NewTicker(d time.Duration) Ticker
+	// After delivers the time on the returned channel once d has passed,
+	// like time.After. The channel has room for that one value, so nobody
+	// has to be reading when it fires.
+	After(d time.Duration) <-chan time.Time
 }
 
 // Ticker delivers ticks on C until stopped.
@@ -26,18 +31,29 @@ func (Real) Now() time.Time { return time.Now() }
 
 func (Real) NewTicker(d time.Duration) Ticker { return realTicker{time.NewTicker(d)} }
 
+func (Real) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
 type realTicker struct{ t *time.Ticker }
 
 func (r realTicker) C() <-chan time.Time { return r.t.C }
 func (r realTicker) Stop()               { r.t.Stop() }
 
 // Fake is a manually advanced clock. Advance fires due tickers once per
-// period crossed, in time order, and blocks until each tick is received, so a
-// test that advances by 1 s sees exactly 20 ticks of a 50 ms ticker.
+// period crossed, in time order, and waits until each tick is received or
+// its ticker is stopped, so a test that advances by 1 s sees exactly 20
+// ticks of a 50 ms ticker, and a consumer that stopped its ticker (and so
+// stopped reading) never holds Advance up. After channels are buffered and
+// never wait.
 type Fake struct {
 	mu      sync.Mutex
 	now     time.Time
 	tickers []*fakeTicker
+	afters  []*fakeAfter
+}
+
+type fakeAfter struct {
+	at time.Time
+	c  chan time.Time
 }
 
 // NewFake returns a fake clock set to start.
@@ -52,12 +68,34 @@ func (f *Fake) Now() time.Time {
 func (f *Fake) NewTicker(d time.Duration) Ticker {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	t := &fakeTicker{c: make(chan time.Time), period: d, next: f.now.Add(d), clock: f}
+	t := &fakeTicker{c: make(chan time.Time), stopped: make(chan struct{}), period: d, next: f.now.Add(d), clock: f}
 	f.tickers = append(f.tickers, t)
 	return t
 }
 
-// Advance moves the clock forward by d, delivering every tick that falls due.
+// After fires at once for d <= 0, else when Advance reaches now+d.
+func (f *Fake) After(d time.Duration) <-chan time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	a := &fakeAfter{at: f.now.Add(d), c: make(chan time.Time, 1)}
+	if d <= 0 {
+		a.c <- f.now
+		return a.c
+	}
+	f.afters = append(f.afters, a)
+	return a.c
+}
+
+// Waiters is how many After channels have not fired yet: a test advances
+// once the code under test is waiting, instead of sleeping.
+func (f *Fake) Waiters() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.afters)
+}
+
+// Advance moves the clock forward by d, delivering every tick and firing
+// every After that falls due, in time order.
 func (f *Fake) Advance(d time.Duration) {
 	f.mu.Lock()
 	target := f.now.Add(d)
@@ -66,9 +104,23 @@ func (f *Fake) Advance(d time.Duration) {
 		f.mu.Lock()
 		var due *fakeTicker
 		for _, t := range f.tickers {
-			if !t.stopped && !t.next.After(target) && (due == nil || t.next.Before(due.next)) {
+			if !t.isStopped() && !t.next.After(target) && (due == nil || t.next.Before(due.next)) {
 				due = t
 			}
+		}
+		afterIdx := -1
+		for i, a := range f.afters {
+			if !a.at.After(target) && (afterIdx < 0 || a.at.Before(f.afters[afterIdx].at)) {
+				afterIdx = i
+			}
+		}
+		if afterIdx >= 0 && (due == nil || !due.next.Before(f.afters[afterIdx].at)) {
+			a := f.afters[afterIdx]
+			f.afters = append(f.afters[:afterIdx], f.afters[afterIdx+1:]...)
+			f.now = a.at
+			a.c <- a.at
+			f.mu.Unlock()
+			continue
 		}
 		if due == nil {
 			f.now = target
@@ -79,22 +131,31 @@ func (f *Fake) Advance(d time.Duration) {
 		f.now = at
 		due.next = at.Add(due.period)
 		f.mu.Unlock()
-		due.c <- at
+		select {
+		case due.c <- at:
+		case <-due.stopped:
+		}
 	}
 }
 
 type fakeTicker struct {
-	c       chan time.Time
-	period  time.Duration
-	next    time.Time
-	stopped bool
-	clock   *Fake
+	c        chan time.Time
+	stopped  chan struct{}
+	stopOnce sync.Once
+	period   time.Duration
+	next     time.Time
+	clock    *Fake
 }
 
 func (t *fakeTicker) C() <-chan time.Time { return t.c }
 
-func (t *fakeTicker) Stop() {
-	t.clock.mu.Lock()
-	t.stopped = true
-	t.clock.mu.Unlock()
+func (t *fakeTicker) isStopped() bool {
+	select {
+	case <-t.stopped:
+		return true
+	default:
+		return false
+	}
 }
+
+func (t *fakeTicker) Stop() { t.stopOnce.Do(func() { close(t.stopped) }) }

@@ -1,0 +1,126 @@
+package clock
+
+import (
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var start = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// finishes fails the test if f does not return: a guard against a hang,
+// not a synchronisation.
+func finishes(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not return", what)
+	}
+}
+
+func TestAdvanceDeliversEveryTickInOrder(t *testing.T) {
+	f := NewFake(start)
+	tk := f.NewTicker(50 * time.Millisecond)
+	defer tk.Stop()
+	got := make(chan []time.Time)
+	go func() {
+		var ticks []time.Time
+		for range 20 {
+			ticks = append(ticks, <-tk.C())
+		}
+		got <- ticks
+	}()
+	f.Advance(time.Second)
+	ticks := <-got
+	for i, at := range ticks {
+		if want := start.Add(time.Duration(i+1) * 50 * time.Millisecond); !at.Equal(want) {
+			t.Fatalf("tick %d at %v, want %v", i, at, want)
+		}
+	}
+	if !f.Now().Equal(start.Add(time.Second)) {
+		t.Errorf("now %v", f.Now())
+	}
+}
+
+func TestAdvanceDoesNotBlockOnAStoppedConsumer(t *testing.T) {
+	f := NewFake(start)
+	tk := f.NewTicker(10 * time.Millisecond)
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		defer tk.Stop()
+		for range 3 {
+			<-tk.C()
+		}
+		// Stops reading here, as a loop does when its context ends.
+	}()
+	finishes(t, "Advance past a consumer that stopped reading", func() { f.Advance(time.Second) })
+	<-read
+	if !f.Now().Equal(start.Add(time.Second)) {
+		t.Errorf("now %v", f.Now())
+	}
+	finishes(t, "Advance with only a stopped ticker", func() { f.Advance(time.Second) })
+}
+
+func TestAfterFiresWhenDueWithoutAReader(t *testing.T) {
+	f := NewFake(start)
+	c := f.After(time.Second)
+	if n := f.Waiters(); n != 1 {
+		t.Fatalf("waiters %d, want 1", n)
+	}
+	finishes(t, "Advance short of the deadline", func() { f.Advance(999 * time.Millisecond) })
+	select {
+	case at := <-c:
+		t.Fatalf("fired early at %v", at)
+	default:
+	}
+	finishes(t, "Advance with nobody reading the After", func() { f.Advance(time.Millisecond) })
+	if at := <-c; !at.Equal(start.Add(time.Second)) {
+		t.Errorf("fired at %v", at)
+	}
+	if n := f.Waiters(); n != 0 {
+		t.Errorf("waiters %d after firing", n)
+	}
+	if at := <-f.After(0); !at.Equal(f.Now()) {
+		t.Errorf("After(0) gave %v", at)
+	}
+}
+
+func TestAfterAndTicksInterleaveInTimeOrder(t *testing.T) {
+	f := NewFake(start)
+	tk := f.NewTicker(100 * time.Millisecond)
+	defer tk.Stop()
+	after := f.After(250 * time.Millisecond)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 3 {
+			<-tk.C()
+		}
+	}()
+	f.Advance(300 * time.Millisecond)
+	<-done
+	if at := <-after; !at.Equal(start.Add(250 * time.Millisecond)) {
+		t.Errorf("after fired at %v", at)
+	}
+}
+
+func TestRealClock(t *testing.T) {
+	var c Clock = Real{}
+	before := time.Now()
+	if <-c.After(time.Millisecond); c.Now().Before(before.Add(time.Millisecond)) {
+		t.Error("After returned before its duration")
+	}
+	tk := c.NewTicker(time.Millisecond)
+	defer tk.Stop()
+	<-tk.C()
+}
