@@ -4,6 +4,7 @@
 package clock
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -49,6 +50,8 @@ type Fake struct {
 	now     time.Time
 	tickers []*fakeTicker
 	afters  []*fakeAfter
+	// waiting is closed and replaced whenever an After starts waiting.
+	waiting chan struct{}
 }
 
 type fakeAfter struct {
@@ -57,7 +60,7 @@ type fakeAfter struct {
 }
 
 // NewFake returns a fake clock set to start.
-func NewFake(start time.Time) *Fake { return &Fake{now: start} }
+func NewFake(start time.Time) *Fake { return &Fake{now: start, waiting: make(chan struct{})} }
 
 func (f *Fake) Now() time.Time {
 	f.mu.Lock()
@@ -83,7 +86,27 @@ func (f *Fake) After(d time.Duration) <-chan time.Time {
 		return a.c
 	}
 	f.afters = append(f.afters, a)
+	close(f.waiting)
+	f.waiting = make(chan struct{})
 	return a.c
+}
+
+// AwaitWaiters blocks until at least n After channels are pending (the code
+// under test is waiting on the clock), or ctx ends.
+func (f *Fake) AwaitWaiters(ctx context.Context, n int) error {
+	for {
+		f.mu.Lock()
+		have, ch := len(f.afters), f.waiting
+		f.mu.Unlock()
+		if have >= n {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // Waiters is how many After channels have not fired yet: a test advances

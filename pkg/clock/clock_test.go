@@ -1,6 +1,7 @@
 package clock
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -92,6 +93,24 @@ func TestAfterFiresWhenDueWithoutAReader(t *testing.T) {
 	}
 	if at := <-f.After(0); !at.Equal(f.Now()) {
 		t.Errorf("After(0) gave %v", at)
+	}
+}
+
+func TestAwaitWaitersReturnsOnceSomeoneWaits(t *testing.T) {
+	f := NewFake(start)
+	fired := make(chan time.Time)
+	go func() { fired <- <-f.After(time.Minute) }()
+	if err := f.AwaitWaiters(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	f.Advance(time.Minute)
+	if at := <-fired; !at.Equal(start.Add(time.Minute)) {
+		t.Errorf("fired at %v", at)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := f.AwaitWaiters(ctx, 1); err == nil {
+		t.Error("AwaitWaiters returned nil with nobody waiting and ctx done")
 	}
 }
 

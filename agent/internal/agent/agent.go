@@ -116,6 +116,7 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 		Hello:      a.hello(),
 		OnAdvisory: a.advise,
 		Logger:     logger,
+		Clock:      clk,
 	}
 	if err := securityConfig(cfg, &ucfg, logger); err != nil {
 		return nil, err
@@ -243,10 +244,12 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	if err := a.sock.Shutdown(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("trainer socket: %w", err))
 	}
+	// The runs end on the sampling loop's ticks, which the injected clock
+	// drives; poll on the same clock.
 	for len(a.ledger.ActiveRuns()) > 0 && ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
+		case <-a.clock.After(50 * time.Millisecond):
 		}
 	}
 	close(a.stopLoop)

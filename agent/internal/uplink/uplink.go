@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
+	"github.com/trainmeter/trainmeter/pkg/clock"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -44,6 +45,9 @@ type Config struct {
 	Token       credentials.PerRPCCredentials
 	DialOptions []grpc.DialOption
 	Logger      *slog.Logger
+	// Clock times the reconnect backoff and Flush's polling, and stamps a
+	// flushed loss report; nil: the wall clock.
+	Clock clock.Clock
 }
 
 // Stats are the uplink's self-metrics. Acked, Rejected, Dropped and
@@ -90,6 +94,9 @@ func New(cfg Config) (*Uplink, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
 	}
 	creds := cfg.Creds
 	if creds == nil {
@@ -147,7 +154,7 @@ func (u *Uplink) Stats() Stats {
 // What is not acked stays in the spool for the next start.
 func (u *Uplink) Flush(ctx context.Context) error {
 	// A loss report waiting for a next batch gets one now.
-	if err := u.cfg.Spool.FlushPending(time.Now()); err != nil {
+	if err := u.cfg.Spool.FlushPending(u.cfg.Clock.Now()); err != nil {
 		u.cfg.Logger.Error("uplink: spooling the pending loss report", "err", err)
 	}
 	u.notifySender()
@@ -156,7 +163,7 @@ func (u *Uplink) Flush(ctx context.Context) error {
 	case u.retryNow <- struct{}{}:
 	default:
 	}
-	t := time.NewTicker(100 * time.Millisecond)
+	t := u.cfg.Clock.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
 		u.mu.Lock()
@@ -167,7 +174,7 @@ func (u *Uplink) Flush(ctx context.Context) error {
 		}
 		select {
 		case <-ch:
-		case <-t.C: // drops and rejects drain the spool too
+		case <-t.C(): // drops and rejects drain the spool too
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -188,11 +195,11 @@ func (u *Uplink) Run(ctx context.Context) error {
 			backoff = u.cfg.MinBackoff
 		}
 		u.cfg.Logger.Warn("uplink: collector stream ended, reconnecting", "collector", u.cfg.Address, "err", err, "retry_in", backoff)
-		// Full jitter keeps a fleet of agents from reconnecting in lockstep
-		// after a collector restart.
+		// Jitter (a delay uniform in [backoff/2, 3·backoff/2)) keeps a fleet
+		// of agents from reconnecting in lockstep after a collector restart.
 		delay := time.Duration(rand.Int64N(int64(backoff))) + backoff/2
 		select {
-		case <-time.After(delay):
+		case <-u.cfg.Clock.After(delay):
 		case <-u.retryNow:
 		case <-ctx.Done():
 			return nil
