@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
+	"github.com/trainmeter/trainmeter/pkg/clock"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -153,14 +154,24 @@ func TestHoldsBatchesWhileCollectorIsDown(t *testing.T) {
 	}
 	addr := lis.Addr().String()
 	lis.Close()
-	u, stop := start(t, Config{Address: addr})
+	fake := clock.NewFake(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	u, stop := start(t, Config{Address: addr, Clock: fake})
 	defer stop()
 	for seq := uint64(1); seq <= 5; seq++ {
 		u.Enqueue(&pb.Batch{Seq: seq})
 	}
-	time.Sleep(100 * time.Millisecond) // a few failed connection attempts
-	if st := u.Stats(); st.Pending != 5 || st.Acked != 0 {
-		t.Fatalf("while down: %+v", st)
+	// Three failed connection attempts, each followed by a backoff on the
+	// clock: the uplink waits on it before every retry.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 3 {
+		if err := fake.AwaitWaiters(ctx, 1); err != nil {
+			t.Fatalf("the uplink never backed off: %v", err)
+		}
+		if st := u.Stats(); st.Pending != 5 || st.Acked != 0 || st.Connected {
+			t.Fatalf("while down: %+v", st)
+		}
+		fake.Advance(time.Minute) // past the longest backoff
 	}
 	lis, err = net.Listen("tcp", addr)
 	if err != nil {
@@ -171,7 +182,20 @@ func TestHoldsBatchesWhileCollectorIsDown(t *testing.T) {
 	pb.RegisterIngestServiceServer(srv, c)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
+	// gRPC may refuse a retry or two while its own connection backoff runs
+	// out; each of ours waits on the fake clock, so advance it whenever the
+	// uplink waits, until everything is acked.
+	advancing, stopAdvancing := context.WithCancel(ctx)
+	advanced := make(chan struct{})
+	go func() {
+		defer close(advanced)
+		for fake.AwaitWaiters(advancing, 1) == nil {
+			fake.Advance(time.Minute)
+		}
+	}()
 	flush(t, u)
+	stopAdvancing()
+	<-advanced
 	if st := u.Stats(); st.Acked != 5 {
 		t.Errorf("stats %+v", st)
 	}
