@@ -6,7 +6,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BUF := $(GO) tool -modfile=tools/go.mod buf
 BIN := bin
 
-.PHONY: all build proto proto-check test test-go fuzz-short test-python test-e2e vet fmt-check demo clean install uninstall deb bench
+.PHONY: all build proto proto-check staticcheck test test-go fuzz-short test-python test-e2e vet fmt-check demo clean install uninstall deb bench
 
 all: build
 
@@ -63,6 +63,10 @@ fuzz-short:
 	$(GO) test -run='^$$' -fuzz='^FuzzParsePriceList$$' -fuzztime=$(FUZZTIME) ./pkg/prices
 
 test: fmt-check vet proto-check test-go fuzz-short test-python test-e2e
+
+# staticcheck, pinned in tools/go.mod. Not yet part of `make test`.
+staticcheck:
+	$(GO) tool -modfile=tools/go.mod staticcheck ./...
 
 # Benchmarks (docs/benchmarks.md; not part of `make test`): the Go
 # benchmarks of the hot paths, then short runs of trainmeter-loadgen against

@@ -145,14 +145,13 @@ type Stats struct {
 }
 
 type record struct {
-	seq    uint64
-	off    int64 // of the record header
-	size   int64 // header + payload
-	acked  bool
-	sent   bool // handed to the uplink at least once (possibly applied)
-	doubt  bool // present at open: a previous process may have sent it
-	gone   bool // dropped or unreadable
-	segIdx int
+	seq   uint64
+	off   int64 // of the record header
+	size  int64 // header + payload
+	acked bool
+	sent  bool // handed to the uplink at least once (possibly applied)
+	doubt bool // present at open: a previous process may have sent it
+	gone  bool // dropped or unreadable
 }
 
 type segment struct {
