@@ -385,8 +385,6 @@ func (s *Spool) Append(b *pb.Batch) error {
 	return nil
 }
 
-// Dropping and loss accounting live in loss.go.
-
 // ---- ack, reject, read ----
 
 // Ack marks seq delivered. Unknown seqs (already acked or dropped) are ignored.
