@@ -136,7 +136,8 @@ func TestAfterAndTicksInterleaveInTimeOrder(t *testing.T) {
 func TestRealClock(t *testing.T) {
 	var c Clock = Real{}
 	before := time.Now()
-	if <-c.After(time.Millisecond); c.Now().Before(before.Add(time.Millisecond)) {
+	<-c.After(time.Millisecond)
+	if c.Now().Before(before.Add(time.Millisecond)) {
 		t.Error("After returned before its duration")
 	}
 	tk := c.NewTicker(time.Millisecond)
