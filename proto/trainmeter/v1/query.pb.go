@@ -1543,6 +1543,866 @@ func (x *EnergyBandCost) GetCostUsd() float64 {
 	return 0
 }
 
+type CompareRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Runs to compare. Without `by`, each run is its own group (key = run id);
+	// with `by`, these runs are grouped.
+	RunIds []string `protobuf:"bytes,1,rep,name=run_ids,json=runIds,proto3" json:"run_ids,omitempty"`
+	// Compare the ended runs of this model (when run_ids is empty).
+	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// Group by: backend, batch_size, precision, gpu_name, dataset, optimizer,
+	// seq_len, grad_accum, nodes, gpus, or label:KEY. Empty: one group per run.
+	By string `protobuf:"bytes,3,opt,name=by,proto3" json:"by,omitempty"`
+	// The baseline group's key; empty: the first group (keys sorted).
+	Baseline      string `protobuf:"bytes,4,opt,name=baseline,proto3" json:"baseline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareRequest) Reset() {
+	*x = CompareRequest{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareRequest) ProtoMessage() {}
+
+func (x *CompareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareRequest.ProtoReflect.Descriptor instead.
+func (*CompareRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CompareRequest) GetRunIds() []string {
+	if x != nil {
+		return x.RunIds
+	}
+	return nil
+}
+
+func (x *CompareRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *CompareRequest) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *CompareRequest) GetBaseline() string {
+	if x != nil {
+		return x.Baseline
+	}
+	return ""
+}
+
+// CompareStat is a figure over a group's runs: the mean and its 95 %
+// confidence interval (Student t, n-1 degrees of freedom).
+type CompareStat struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mean  float64                `protobuf:"fixed64,1,opt,name=mean,proto3" json:"mean,omitempty"`
+	// False with fewer than two runs with the figure: no interval.
+	HasInterval bool    `protobuf:"varint,2,opt,name=has_interval,json=hasInterval,proto3" json:"has_interval,omitempty"`
+	CiLow       float64 `protobuf:"fixed64,3,opt,name=ci_low,json=ciLow,proto3" json:"ci_low,omitempty"`
+	CiHigh      float64 `protobuf:"fixed64,4,opt,name=ci_high,json=ciHigh,proto3" json:"ci_high,omitempty"`
+	// Sample standard deviation (n-1); 0 with one run.
+	Stddev float64 `protobuf:"fixed64,5,opt,name=stddev,proto3" json:"stddev,omitempty"`
+	// Runs that have the figure (a run without a price has no $/Mtok).
+	N             uint32 `protobuf:"varint,6,opt,name=n,proto3" json:"n,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareStat) Reset() {
+	*x = CompareStat{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareStat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareStat) ProtoMessage() {}
+
+func (x *CompareStat) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareStat.ProtoReflect.Descriptor instead.
+func (*CompareStat) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CompareStat) GetMean() float64 {
+	if x != nil {
+		return x.Mean
+	}
+	return 0
+}
+
+func (x *CompareStat) GetHasInterval() bool {
+	if x != nil {
+		return x.HasInterval
+	}
+	return false
+}
+
+func (x *CompareStat) GetCiLow() float64 {
+	if x != nil {
+		return x.CiLow
+	}
+	return 0
+}
+
+func (x *CompareStat) GetCiHigh() float64 {
+	if x != nil {
+		return x.CiHigh
+	}
+	return 0
+}
+
+func (x *CompareStat) GetStddev() float64 {
+	if x != nil {
+		return x.Stddev
+	}
+	return 0
+}
+
+func (x *CompareStat) GetN() uint32 {
+	if x != nil {
+		return x.N
+	}
+	return 0
+}
+
+type CompareGroup struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Key    string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	RunIds []string               `protobuf:"bytes,2,rep,name=run_ids,json=runIds,proto3" json:"run_ids,omitempty"`
+	// Measured phase (after warmup), all GPUs of the run.
+	JPerToken *CompareStat `protobuf:"bytes,3,opt,name=j_per_token,json=jPerToken,proto3" json:"j_per_token,omitempty"`
+	TokPerS   *CompareStat `protobuf:"bytes,4,opt,name=tok_per_s,json=tokPerS,proto3" json:"tok_per_s,omitempty"`
+	E10KJ     *CompareStat `protobuf:"bytes,5,opt,name=e10k_j,json=e10kJ,proto3" json:"e10k_j,omitempty"`
+	// Highest per-GPU memory used, MB.
+	VramPeakMb *CompareStat `protobuf:"bytes,6,opt,name=vram_peak_mb,json=vramPeakMb,proto3" json:"vram_peak_mb,omitempty"`
+	UsdPerMtok *CompareStat `protobuf:"bytes,7,opt,name=usd_per_mtok,json=usdPerMtok,proto3" json:"usd_per_mtok,omitempty"`
+	// The distinct GPU models, node counts, sequence lengths and datasets of
+	// the group's runs (what the fairness warnings compare).
+	GpuNames      []string `protobuf:"bytes,8,rep,name=gpu_names,json=gpuNames,proto3" json:"gpu_names,omitempty"`
+	NodeCounts    []uint32 `protobuf:"varint,9,rep,packed,name=node_counts,json=nodeCounts,proto3" json:"node_counts,omitempty"`
+	SeqLens       []int64  `protobuf:"varint,10,rep,packed,name=seq_lens,json=seqLens,proto3" json:"seq_lens,omitempty"`
+	Datasets      []string `protobuf:"bytes,11,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareGroup) Reset() {
+	*x = CompareGroup{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareGroup) ProtoMessage() {}
+
+func (x *CompareGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareGroup.ProtoReflect.Descriptor instead.
+func (*CompareGroup) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CompareGroup) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CompareGroup) GetRunIds() []string {
+	if x != nil {
+		return x.RunIds
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetJPerToken() *CompareStat {
+	if x != nil {
+		return x.JPerToken
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetTokPerS() *CompareStat {
+	if x != nil {
+		return x.TokPerS
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetE10KJ() *CompareStat {
+	if x != nil {
+		return x.E10KJ
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetVramPeakMb() *CompareStat {
+	if x != nil {
+		return x.VramPeakMb
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetUsdPerMtok() *CompareStat {
+	if x != nil {
+		return x.UsdPerMtok
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetGpuNames() []string {
+	if x != nil {
+		return x.GpuNames
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetNodeCounts() []uint32 {
+	if x != nil {
+		return x.NodeCounts
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetSeqLens() []int64 {
+	if x != nil {
+		return x.SeqLens
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetDatasets() []string {
+	if x != nil {
+		return x.Datasets
+	}
+	return nil
+}
+
+// CompareDiff is a relative figure of a group against the baseline, with
+// its 95 % interval and Welch's t-test p-value (two-sided, on the runs'
+// values of the underlying figure).
+type CompareDiff struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Value         float64                `protobuf:"fixed64,1,opt,name=value,proto3" json:"value,omitempty"`
+	HasInterval   bool                   `protobuf:"varint,2,opt,name=has_interval,json=hasInterval,proto3" json:"has_interval,omitempty"`
+	CiLow         float64                `protobuf:"fixed64,3,opt,name=ci_low,json=ciLow,proto3" json:"ci_low,omitempty"`
+	CiHigh        float64                `protobuf:"fixed64,4,opt,name=ci_high,json=ciHigh,proto3" json:"ci_high,omitempty"`
+	HasPValue     bool                   `protobuf:"varint,5,opt,name=has_p_value,json=hasPValue,proto3" json:"has_p_value,omitempty"`
+	PValue        float64                `protobuf:"fixed64,6,opt,name=p_value,json=pValue,proto3" json:"p_value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareDiff) Reset() {
+	*x = CompareDiff{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareDiff) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareDiff) ProtoMessage() {}
+
+func (x *CompareDiff) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareDiff.ProtoReflect.Descriptor instead.
+func (*CompareDiff) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CompareDiff) GetValue() float64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
+func (x *CompareDiff) GetHasInterval() bool {
+	if x != nil {
+		return x.HasInterval
+	}
+	return false
+}
+
+func (x *CompareDiff) GetCiLow() float64 {
+	if x != nil {
+		return x.CiLow
+	}
+	return 0
+}
+
+func (x *CompareDiff) GetCiHigh() float64 {
+	if x != nil {
+		return x.CiHigh
+	}
+	return 0
+}
+
+func (x *CompareDiff) GetHasPValue() bool {
+	if x != nil {
+		return x.HasPValue
+	}
+	return false
+}
+
+func (x *CompareDiff) GetPValue() float64 {
+	if x != nil {
+		return x.PValue
+	}
+	return 0
+}
+
+type CompareRow struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// J/token of the group ÷ J/token of the baseline.
+	JPerTokenRatio *CompareDiff `protobuf:"bytes,2,opt,name=j_per_token_ratio,json=jPerTokenRatio,proto3" json:"j_per_token_ratio,omitempty"`
+	// tok/s of the group ÷ tok/s of the baseline.
+	Speedup *CompareDiff `protobuf:"bytes,3,opt,name=speedup,proto3" json:"speedup,omitempty"`
+	// (1 − J/token ratio) × 100: positive when the group uses less energy per token.
+	EnergySavingPct *CompareDiff `protobuf:"bytes,4,opt,name=energy_saving_pct,json=energySavingPct,proto3" json:"energy_saving_pct,omitempty"`
+	// (1 − VRAM peak ratio) × 100.
+	VramSavingPct *CompareDiff `protobuf:"bytes,5,opt,name=vram_saving_pct,json=vramSavingPct,proto3" json:"vram_saving_pct,omitempty"`
+	// (1 − $/Mtok ratio) × 100.
+	CostSavingPct *CompareDiff `protobuf:"bytes,6,opt,name=cost_saving_pct,json=costSavingPct,proto3" json:"cost_saving_pct,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareRow) Reset() {
+	*x = CompareRow{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareRow) ProtoMessage() {}
+
+func (x *CompareRow) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareRow.ProtoReflect.Descriptor instead.
+func (*CompareRow) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CompareRow) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CompareRow) GetJPerTokenRatio() *CompareDiff {
+	if x != nil {
+		return x.JPerTokenRatio
+	}
+	return nil
+}
+
+func (x *CompareRow) GetSpeedup() *CompareDiff {
+	if x != nil {
+		return x.Speedup
+	}
+	return nil
+}
+
+func (x *CompareRow) GetEnergySavingPct() *CompareDiff {
+	if x != nil {
+		return x.EnergySavingPct
+	}
+	return nil
+}
+
+func (x *CompareRow) GetVramSavingPct() *CompareDiff {
+	if x != nil {
+		return x.VramSavingPct
+	}
+	return nil
+}
+
+func (x *CompareRow) GetCostSavingPct() *CompareDiff {
+	if x != nil {
+		return x.CostSavingPct
+	}
+	return nil
+}
+
+type CompareResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	By       string                 `protobuf:"bytes,1,opt,name=by,proto3" json:"by,omitempty"`
+	Baseline string                 `protobuf:"bytes,2,opt,name=baseline,proto3" json:"baseline,omitempty"`
+	Groups   []*CompareGroup        `protobuf:"bytes,3,rep,name=groups,proto3" json:"groups,omitempty"`
+	// One row per group other than the baseline.
+	Rows []*CompareRow `protobuf:"bytes,4,rep,name=rows,proto3" json:"rows,omitempty"`
+	// Unfair comparisons (groups that differ in GPU model, node count,
+	// sequence length or dataset), groups with one run, runs still live.
+	Warnings      []string `protobuf:"bytes,5,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareResponse) Reset() {
+	*x = CompareResponse{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareResponse) ProtoMessage() {}
+
+func (x *CompareResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareResponse.ProtoReflect.Descriptor instead.
+func (*CompareResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CompareResponse) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *CompareResponse) GetBaseline() string {
+	if x != nil {
+		return x.Baseline
+	}
+	return ""
+}
+
+func (x *CompareResponse) GetGroups() []*CompareGroup {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *CompareResponse) GetRows() []*CompareRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *CompareResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
+type TimelineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Series to return; empty: all. Names: power_w, power_w:NODE,
+	// power_w:NODE/gpuN, energy_j, tok_per_s, j_per_token, vram_peak_mib,
+	// data_wait_s, compute_s.
+	Series []string `protobuf:"bytes,2,rep,name=series,proto3" json:"series,omitempty"`
+	// Time range; unset: the whole run.
+	From *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	To   *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=to,proto3" json:"to,omitempty"`
+	// Most points per series (default 2000, at least 10).
+	MaxPoints     uint32 `protobuf:"varint,5,opt,name=max_points,json=maxPoints,proto3" json:"max_points,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimelineRequest) Reset() {
+	*x = TimelineRequest{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimelineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimelineRequest) ProtoMessage() {}
+
+func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimelineRequest.ProtoReflect.Descriptor instead.
+func (*TimelineRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *TimelineRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *TimelineRequest) GetSeries() []string {
+	if x != nil {
+		return x.Series
+	}
+	return nil
+}
+
+func (x *TimelineRequest) GetFrom() *timestamppb.Timestamp {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *TimelineRequest) GetTo() *timestamppb.Timestamp {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+func (x *TimelineRequest) GetMaxPoints() uint32 {
+	if x != nil {
+		return x.MaxPoints
+	}
+	return 0
+}
+
+type TimelineSeries struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Unit  string                 `protobuf:"bytes,2,opt,name=unit,proto3" json:"unit,omitempty"`
+	// Point times, Unix milliseconds, and values; both of one length.
+	TUnixMs []int64   `protobuf:"varint,3,rep,packed,name=t_unix_ms,json=tUnixMs,proto3" json:"t_unix_ms,omitempty"`
+	Values  []float64 `protobuf:"fixed64,4,rep,packed,name=values,proto3" json:"values,omitempty"`
+	// Stored points in the range before downsampling.
+	SourcePoints  uint32 `protobuf:"varint,5,opt,name=source_points,json=sourcePoints,proto3" json:"source_points,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimelineSeries) Reset() {
+	*x = TimelineSeries{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimelineSeries) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimelineSeries) ProtoMessage() {}
+
+func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimelineSeries.ProtoReflect.Descriptor instead.
+func (*TimelineSeries) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *TimelineSeries) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TimelineSeries) GetUnit() string {
+	if x != nil {
+		return x.Unit
+	}
+	return ""
+}
+
+func (x *TimelineSeries) GetTUnixMs() []int64 {
+	if x != nil {
+		return x.TUnixMs
+	}
+	return nil
+}
+
+func (x *TimelineSeries) GetValues() []float64 {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+func (x *TimelineSeries) GetSourcePoints() uint32 {
+	if x != nil {
+		return x.SourcePoints
+	}
+	return 0
+}
+
+type TimelineEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Time  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// run_start, warmup_end, eval, run_end.
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// In words, e.g. "epoch 1 val_loss 2.31".
+	Text          string `protobuf:"bytes,4,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimelineEvent) Reset() {
+	*x = TimelineEvent{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimelineEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimelineEvent) ProtoMessage() {}
+
+func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimelineEvent.ProtoReflect.Descriptor instead.
+func (*TimelineEvent) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *TimelineEvent) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *TimelineEvent) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TimelineEvent) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *TimelineEvent) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+type TimelineResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RunId  string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Series []*TimelineSeries      `protobuf:"bytes,2,rep,name=series,proto3" json:"series,omitempty"`
+	Events []*TimelineEvent       `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
+	// The measured phase starts here (end of warmup); unset: no measured window.
+	WarmupEnd     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=warmup_end,json=warmupEnd,proto3" json:"warmup_end,omitempty"`
+	Start         *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start,proto3" json:"start,omitempty"`
+	End           *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimelineResponse) Reset() {
+	*x = TimelineResponse{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimelineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimelineResponse) ProtoMessage() {}
+
+func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimelineResponse.ProtoReflect.Descriptor instead.
+func (*TimelineResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *TimelineResponse) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *TimelineResponse) GetSeries() []*TimelineSeries {
+	if x != nil {
+		return x.Series
+	}
+	return nil
+}
+
+func (x *TimelineResponse) GetEvents() []*TimelineEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *TimelineResponse) GetWarmupEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WarmupEnd
+	}
+	return nil
+}
+
+func (x *TimelineResponse) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *TimelineResponse) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
 var File_trainmeter_v1_query_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_query_proto_rawDesc = "" +
@@ -1716,14 +2576,91 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04band\x18\x01 \x01(\tR\x04band\x12\x10\n" +
 	"\x03kwh\x18\x02 \x01(\x01R\x03kwh\x12\x1e\n" +
 	"\vusd_per_kwh\x18\x03 \x01(\x01R\tusdPerKwh\x12\x19\n" +
-	"\bcost_usd\x18\x04 \x01(\x01R\acostUsd2\x97\x03\n" +
+	"\bcost_usd\x18\x04 \x01(\x01R\acostUsd\"k\n" +
+	"\x0eCompareRequest\x12\x17\n" +
+	"\arun_ids\x18\x01 \x03(\tR\x06runIds\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12\x0e\n" +
+	"\x02by\x18\x03 \x01(\tR\x02by\x12\x1a\n" +
+	"\bbaseline\x18\x04 \x01(\tR\bbaseline\"\x9a\x01\n" +
+	"\vCompareStat\x12\x12\n" +
+	"\x04mean\x18\x01 \x01(\x01R\x04mean\x12!\n" +
+	"\fhas_interval\x18\x02 \x01(\bR\vhasInterval\x12\x15\n" +
+	"\x06ci_low\x18\x03 \x01(\x01R\x05ciLow\x12\x17\n" +
+	"\aci_high\x18\x04 \x01(\x01R\x06ciHigh\x12\x16\n" +
+	"\x06stddev\x18\x05 \x01(\x01R\x06stddev\x12\f\n" +
+	"\x01n\x18\x06 \x01(\rR\x01n\"\xd1\x03\n" +
+	"\fCompareGroup\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x17\n" +
+	"\arun_ids\x18\x02 \x03(\tR\x06runIds\x12:\n" +
+	"\vj_per_token\x18\x03 \x01(\v2\x1a.trainmeter.v1.CompareStatR\tjPerToken\x126\n" +
+	"\ttok_per_s\x18\x04 \x01(\v2\x1a.trainmeter.v1.CompareStatR\atokPerS\x121\n" +
+	"\x06e10k_j\x18\x05 \x01(\v2\x1a.trainmeter.v1.CompareStatR\x05e10kJ\x12<\n" +
+	"\fvram_peak_mb\x18\x06 \x01(\v2\x1a.trainmeter.v1.CompareStatR\n" +
+	"vramPeakMb\x12<\n" +
+	"\fusd_per_mtok\x18\a \x01(\v2\x1a.trainmeter.v1.CompareStatR\n" +
+	"usdPerMtok\x12\x1b\n" +
+	"\tgpu_names\x18\b \x03(\tR\bgpuNames\x12\x1f\n" +
+	"\vnode_counts\x18\t \x03(\rR\n" +
+	"nodeCounts\x12\x19\n" +
+	"\bseq_lens\x18\n" +
+	" \x03(\x03R\aseqLens\x12\x1a\n" +
+	"\bdatasets\x18\v \x03(\tR\bdatasets\"\xaf\x01\n" +
+	"\vCompareDiff\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\x01R\x05value\x12!\n" +
+	"\fhas_interval\x18\x02 \x01(\bR\vhasInterval\x12\x15\n" +
+	"\x06ci_low\x18\x03 \x01(\x01R\x05ciLow\x12\x17\n" +
+	"\aci_high\x18\x04 \x01(\x01R\x06ciHigh\x12\x1e\n" +
+	"\vhas_p_value\x18\x05 \x01(\bR\thasPValue\x12\x17\n" +
+	"\ap_value\x18\x06 \x01(\x01R\x06pValue\"\xeb\x02\n" +
+	"\n" +
+	"CompareRow\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12E\n" +
+	"\x11j_per_token_ratio\x18\x02 \x01(\v2\x1a.trainmeter.v1.CompareDiffR\x0ejPerTokenRatio\x124\n" +
+	"\aspeedup\x18\x03 \x01(\v2\x1a.trainmeter.v1.CompareDiffR\aspeedup\x12F\n" +
+	"\x11energy_saving_pct\x18\x04 \x01(\v2\x1a.trainmeter.v1.CompareDiffR\x0fenergySavingPct\x12B\n" +
+	"\x0fvram_saving_pct\x18\x05 \x01(\v2\x1a.trainmeter.v1.CompareDiffR\rvramSavingPct\x12B\n" +
+	"\x0fcost_saving_pct\x18\x06 \x01(\v2\x1a.trainmeter.v1.CompareDiffR\rcostSavingPct\"\xbd\x01\n" +
+	"\x0fCompareResponse\x12\x0e\n" +
+	"\x02by\x18\x01 \x01(\tR\x02by\x12\x1a\n" +
+	"\bbaseline\x18\x02 \x01(\tR\bbaseline\x123\n" +
+	"\x06groups\x18\x03 \x03(\v2\x1b.trainmeter.v1.CompareGroupR\x06groups\x12-\n" +
+	"\x04rows\x18\x04 \x03(\v2\x19.trainmeter.v1.CompareRowR\x04rows\x12\x1a\n" +
+	"\bwarnings\x18\x05 \x03(\tR\bwarnings\"\xbb\x01\n" +
+	"\x0fTimelineRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06series\x18\x02 \x03(\tR\x06series\x12.\n" +
+	"\x04from\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04from\x12*\n" +
+	"\x02to\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02to\x12\x1d\n" +
+	"\n" +
+	"max_points\x18\x05 \x01(\rR\tmaxPoints\"\x91\x01\n" +
+	"\x0eTimelineSeries\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04unit\x18\x02 \x01(\tR\x04unit\x12\x1a\n" +
+	"\tt_unix_ms\x18\x03 \x03(\x03R\atUnixMs\x12\x16\n" +
+	"\x06values\x18\x04 \x03(\x01R\x06values\x12#\n" +
+	"\rsource_points\x18\x05 \x01(\rR\fsourcePoints\"{\n" +
+	"\rTimelineEvent\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x12\n" +
+	"\x04text\x18\x04 \x01(\tR\x04text\"\xb1\x02\n" +
+	"\x10TimelineResponse\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x125\n" +
+	"\x06series\x18\x02 \x03(\v2\x1d.trainmeter.v1.TimelineSeriesR\x06series\x124\n" +
+	"\x06events\x18\x03 \x03(\v2\x1c.trainmeter.v1.TimelineEventR\x06events\x129\n" +
+	"\n" +
+	"warmup_end\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x120\n" +
+	"\x05start\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
+	"\x03end\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x03end2\xae\x04\n" +
 	"\fQueryService\x12K\n" +
 	"\bListRuns\x12\x1e.trainmeter.v1.ListRunsRequest\x1a\x1f.trainmeter.v1.ListRunsResponse\x12E\n" +
 	"\x06GetRun\x12\x1c.trainmeter.v1.GetRunRequest\x1a\x1d.trainmeter.v1.GetRunResponse\x12S\n" +
 	"\n" +
 	"ExportRuns\x12 .trainmeter.v1.ExportRunsRequest\x1a!.trainmeter.v1.ExportRunsResponse0\x01\x12N\n" +
 	"\tListNodes\x12\x1f.trainmeter.v1.ListNodesRequest\x1a .trainmeter.v1.ListNodesResponse\x12N\n" +
-	"\tDeleteRun\x12\x1f.trainmeter.v1.DeleteRunRequest\x1a .trainmeter.v1.DeleteRunResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
+	"\tDeleteRun\x12\x1f.trainmeter.v1.DeleteRunRequest\x1a .trainmeter.v1.DeleteRunResponse\x12H\n" +
+	"\aCompare\x12\x1d.trainmeter.v1.CompareRequest\x1a\x1e.trainmeter.v1.CompareResponse\x12K\n" +
+	"\bTimeline\x12\x1e.trainmeter.v1.TimelineRequest\x1a\x1f.trainmeter.v1.TimelineResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
 
 var (
 	file_trainmeter_v1_query_proto_rawDescOnce sync.Once
@@ -1737,7 +2674,7 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*ListRunsRequest)(nil),       // 0: trainmeter.v1.ListRunsRequest
 	(*ListRunsResponse)(nil),      // 1: trainmeter.v1.ListRunsResponse
@@ -1754,46 +2691,80 @@ var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*Range)(nil),                 // 12: trainmeter.v1.Range
 	(*RunEstimate)(nil),           // 13: trainmeter.v1.RunEstimate
 	(*EnergyBandCost)(nil),        // 14: trainmeter.v1.EnergyBandCost
-	nil,                           // 15: trainmeter.v1.RunReport.LabelsEntry
-	(*GpuInfo)(nil),               // 16: trainmeter.v1.GpuInfo
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
-	(*RunMetadata)(nil),           // 18: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 19: trainmeter.v1.Eval
+	(*CompareRequest)(nil),        // 15: trainmeter.v1.CompareRequest
+	(*CompareStat)(nil),           // 16: trainmeter.v1.CompareStat
+	(*CompareGroup)(nil),          // 17: trainmeter.v1.CompareGroup
+	(*CompareDiff)(nil),           // 18: trainmeter.v1.CompareDiff
+	(*CompareRow)(nil),            // 19: trainmeter.v1.CompareRow
+	(*CompareResponse)(nil),       // 20: trainmeter.v1.CompareResponse
+	(*TimelineRequest)(nil),       // 21: trainmeter.v1.TimelineRequest
+	(*TimelineSeries)(nil),        // 22: trainmeter.v1.TimelineSeries
+	(*TimelineEvent)(nil),         // 23: trainmeter.v1.TimelineEvent
+	(*TimelineResponse)(nil),      // 24: trainmeter.v1.TimelineResponse
+	nil,                           // 25: trainmeter.v1.RunReport.LabelsEntry
+	(*GpuInfo)(nil),               // 26: trainmeter.v1.GpuInfo
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(*RunMetadata)(nil),           // 28: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 29: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
 	11, // 0: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
 	11, // 1: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
 	11, // 2: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
 	10, // 3: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	16, // 4: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	17, // 5: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	18, // 6: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	17, // 7: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	17, // 8: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	19, // 9: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	15, // 10: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	26, // 4: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	27, // 5: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	28, // 6: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	27, // 7: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	27, // 8: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	29, // 9: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	25, // 10: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
 	14, // 11: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
 	13, // 12: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
 	12, // 13: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
 	12, // 14: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
 	12, // 15: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
 	12, // 16: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
-	17, // 17: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
-	0,  // 18: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	2,  // 19: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	4,  // 20: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	8,  // 21: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	6,  // 22: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	1,  // 23: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	3,  // 24: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	5,  // 25: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	9,  // 26: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	7,  // 27: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	27, // 17: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
+	16, // 18: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
+	16, // 19: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
+	16, // 20: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
+	16, // 21: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
+	16, // 22: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
+	18, // 23: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
+	18, // 24: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
+	18, // 25: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	18, // 26: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	18, // 27: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	17, // 28: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
+	19, // 29: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
+	27, // 30: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
+	27, // 31: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
+	27, // 32: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
+	22, // 33: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
+	23, // 34: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
+	27, // 35: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
+	27, // 36: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
+	27, // 37: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
+	0,  // 38: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	2,  // 39: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	4,  // 40: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	8,  // 41: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	6,  // 42: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	15, // 43: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
+	21, // 44: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
+	1,  // 45: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	3,  // 46: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	5,  // 47: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	9,  // 48: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	7,  // 49: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	20, // 50: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
+	24, // 51: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
+	45, // [45:52] is the sub-list for method output_type
+	38, // [38:45] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -1809,7 +2780,7 @@ func file_trainmeter_v1_query_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
