@@ -12,6 +12,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/pkg/compare"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -227,4 +228,24 @@ func (s *Server) DeleteRun(_ context.Context, req *trainmeterv1.DeleteRunRequest
 		return nil, s.storeErr(err)
 	}
 	return &trainmeterv1.DeleteRunResponse{RecordsDeleted: uint64(n)}, nil
+}
+
+// Compare implements QueryService.Compare (pkg/compare) over the same
+// reports GetRun returns, so that its figures match `trainmeter report`.
+func (s *Server) Compare(_ context.Context, req *trainmeterv1.CompareRequest) (*trainmeterv1.CompareResponse, error) {
+	all, err := s.reports(nil)
+	if err != nil {
+		return nil, err
+	}
+	runs, err := compare.Select(req, all)
+	if err == nil {
+		var resp *trainmeterv1.CompareResponse
+		if resp, err = compare.Compare(req, runs); err == nil {
+			return resp, nil
+		}
+	}
+	if errors.Is(err, compare.ErrInvalid) {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return nil, status.Errorf(codes.Internal, "compare: %v", err)
 }
