@@ -804,3 +804,54 @@ func (s *Store) RawSamples(node string) ([]*trainmeterv1.Batch, error) {
 	})
 	return out, err
 }
+
+// NodeWindow is a stored run window with the node that sent it.
+type NodeWindow struct {
+	Node   string
+	Window *trainmeterv1.RunWindow
+}
+
+// NodeEvent is a stored run event with the node that sent it.
+type NodeEvent struct {
+	Node  string
+	Event *trainmeterv1.RunEvent
+}
+
+// RunTimeline returns a run's raw windows and events with their nodes, per
+// node in time order (the timeline query).
+func (s *Store) RunTimeline(runID string) ([]NodeWindow, []NodeEvent, error) {
+	var ws []NodeWindow
+	var es []NodeEvent
+	// Keys are prefix, node, 0, time (8), seq (8), index (4).
+	const tail = 1 + 8 + 8 + 4
+	err := s.db.View(func(txn *badger.Txn) error {
+		scan := func(prefix []byte, fn func(node string, v []byte) error) error {
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
+			defer it.Close()
+			for it.Rewind(); it.Valid(); it.Next() {
+				k := it.Item().Key()
+				if len(k) < len(prefix)+tail {
+					continue
+				}
+				node := string(k[len(prefix) : len(k)-tail])
+				if err := it.Item().Value(func(v []byte) error { return fn(node, v) }); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if err := scan(append(key("w/", runID), 0), func(node string, v []byte) error {
+			w := &trainmeterv1.RunWindow{}
+			ws = append(ws, NodeWindow{node, w})
+			return proto.Unmarshal(v, w)
+		}); err != nil {
+			return err
+		}
+		return scan(append(key("v/", runID), 0), func(node string, v []byte) error {
+			e := &trainmeterv1.RunEvent{}
+			es = append(es, NodeEvent{node, e})
+			return proto.Unmarshal(v, e)
+		})
+	})
+	return ws, es, err
+}
