@@ -153,3 +153,15 @@ func TestCompareCommand(t *testing.T) {
 		}
 	}
 }
+
+func TestSig(t *testing.T) {
+	for v, want := range map[float64]string{19812.3: "19810", 0.025981: "0.02598", 240.4: "240", 1.5: "1.500", 53000: "53000", 0: "0", 1e-9: "1e-09"} {
+		n := 4
+		if v == 240.4 || v == 53000 {
+			n = 2
+		}
+		if got := sig(v, n); got != want {
+			t.Errorf("sig(%v, %d) = %s, want %s", v, n, got, want)
+		}
+	}
+}

@@ -209,6 +209,11 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		slices.Sort(unknown)
 		return nil, status.Errorf(codes.InvalidArgument, "unknown series %s", strings.Join(unknown, ", "))
 	}
+	if asked { // in the order asked for
+		slices.SortStableFunc(resp.Series, func(a, b *trainmeterv1.TimelineSeries) int {
+			return slices.Index(req.GetSeries(), a.GetName()) - slices.Index(req.GetSeries(), b.GetName())
+		})
+	}
 
 	for _, ne := range es {
 		te := &trainmeterv1.TimelineEvent{Node: ne.Node}
