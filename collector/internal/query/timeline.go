@@ -26,6 +26,13 @@ const minTimelinePoints = 10
 
 type timelineStore interface {
 	RunTimeline(runID string) ([]store.NodeWindow, []store.NodeEvent, error)
+	NodeGPUWindows(node string, from, to time.Time) ([]*trainmeterv1.Batch, error)
+}
+
+// nodeSpan is where and on which GPUs a run ran on one node.
+type nodeSpan struct {
+	first, last time.Time
+	gpus        map[uint32]bool
 }
 
 // bucket is one second of a run (or of one of its nodes).
@@ -83,6 +90,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	nodes := map[string]map[int64]*bucket{}
 	var first, last time.Time
 	var warmupEnd time.Time
+	spans := map[string]*nodeSpan{}
 	for _, nw := range ws {
 		w := nw.Window
 		st, en := w.GetStart().AsTime(), w.GetEnd().AsTime()
@@ -97,6 +105,20 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		}
 		if (!from.IsZero() && st.Before(from)) || (!to.IsZero() && !st.Before(to)) {
 			continue
+		}
+		sp := spans[nw.Node]
+		if sp == nil {
+			sp = &nodeSpan{first: st, last: st, gpus: map[uint32]bool{}}
+			spans[nw.Node] = sp
+		}
+		if st.Before(sp.first) {
+			sp.first = st
+		}
+		if st.After(sp.last) {
+			sp.last = st
+		}
+		for _, g := range w.GetGpus() {
+			sp.gpus[g] = true
 		}
 		e := w.GetEnergyIntegratedJ()
 		if w.GetCounterOk() {
@@ -175,6 +197,11 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	slices.Sort(nodeNames)
 	for _, n := range nodeNames {
 		out = append(out, mk("power_w:"+n, "W (the run's GPUs on node "+n+")", func(b *bucket) (float64, bool) { return power(b), true }, nodes[n]))
+		gpuSeries, err := gpuPower(ts, n, spans[n])
+		if err != nil {
+			return nil, s.storeErr(err)
+		}
+		out = append(out, gpuSeries...)
 	}
 	cum := &series{name: "energy_j", unit: "J, cumulative from the range's start, warmup included, all GPUs"}
 	var acc float64
@@ -272,4 +299,41 @@ func downsample(t []int64, v []float64, maxPts int) ([]int64, []float64) {
 		}
 	}
 	return ot, ov
+}
+
+// gpuPower is the power of each of the run's GPUs on a node, from the
+// node's GPU windows (one a second, whole GPU: a GPU shared by two runs
+// shows both runs' draw).
+func gpuPower(ts timelineStore, node string, sp *nodeSpan) ([]*series, error) {
+	if sp == nil || len(sp.gpus) == 0 {
+		return nil, nil
+	}
+	// Batch windows start on whole seconds or earlier than the run's first
+	// segment, which may start mid-window.
+	bs, err := ts.NodeGPUWindows(node, sp.first.Truncate(time.Second).Add(-time.Second), sp.last)
+	if err != nil {
+		return nil, err
+	}
+	idx := make([]uint32, 0, len(sp.gpus))
+	for g := range sp.gpus {
+		idx = append(idx, g)
+	}
+	slices.Sort(idx)
+	out := make([]*series, len(idx))
+	for i, g := range idx {
+		out[i] = &series{name: fmt.Sprintf("power_w:%s/gpu%d", node, g), unit: fmt.Sprintf("W (GPU %d of node %s, mean over each window)", g, node)}
+	}
+	for _, b := range bs {
+		ws, we := b.GetWindowStart().AsTime(), b.GetWindowEnd().AsTime()
+		if !we.After(sp.first) || ws.After(sp.last) {
+			continue
+		}
+		for _, gw := range b.GetGpuWindows() {
+			if i, ok := slices.BinarySearch(idx, gw.GetGpu()); ok {
+				out[i].t = append(out[i].t, ws.UnixMilli())
+				out[i].v = append(out[i].v, gw.GetPowerAvgW())
+			}
+		}
+	}
+	return out, nil
 }

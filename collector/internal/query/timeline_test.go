@@ -84,7 +84,7 @@ func TestTimeline(t *testing.T) {
 		t.Fatal(err)
 	}
 	ss := seriesByName(t, resp)
-	for _, name := range []string{"power_w", "power_w:n1", "power_w:n2", "energy_j", "tok_per_s", "j_per_token", "vram_peak_mib", "data_wait_s", "compute_s"} {
+	for _, name := range []string{"power_w", "power_w:n1", "power_w:n2", "power_w:n1/gpu0", "power_w:n2/gpu0", "energy_j", "tok_per_s", "j_per_token", "vram_peak_mib", "data_wait_s", "compute_s"} {
 		if s := ss[name]; s == nil || len(s.GetValues()) != secs || s.GetSourcePoints() != secs {
 			t.Errorf("series %s: %v, want %d points", name, s, secs)
 		}
@@ -94,6 +94,12 @@ func TestTimeline(t *testing.T) {
 	}
 	if got := ss["power_w"].GetValues()[37]; got != 950 {
 		t.Errorf("power at 37 s = %v W, want 900 + 50", got)
+	}
+	if got := ss["power_w:n1/gpu0"].GetValues()[20]; got != 100 {
+		t.Errorf("GPU 0 of n1 at 20 s: %v W, want the GPU window's 100", got)
+	}
+	if len(ss) != 11 {
+		t.Errorf("%d series, want 11", len(ss))
 	}
 	e := ss["energy_j"].GetValues()
 	if math.Abs(e[len(e)-1]-rep.GetRun().GetEnergyTotalJ()) > 1e-6 {

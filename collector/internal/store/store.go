@@ -855,3 +855,29 @@ func (s *Store) RunTimeline(runID string) ([]NodeWindow, []NodeEvent, error) {
 	})
 	return ws, es, err
 }
+
+// NodeGPUWindows returns a node's stored GPU windows (each a Batch holding
+// only its window, GPU windows and host window) whose window starts in
+// [from, to], in time order.
+func (s *Store) NodeGPUWindows(node string, from, to time.Time) ([]*trainmeterv1.Batch, error) {
+	var out []*trainmeterv1.Batch
+	prefix := append(key("r/", node), 0)
+	end := tkey(append([]byte(nil), prefix...), timestamppb.New(to))
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
+		defer it.Close()
+		for it.Seek(tkey(append([]byte(nil), prefix...), timestamppb.New(from))); it.Valid(); it.Next() {
+			k := it.Item().Key()
+			if bytes.Compare(k[:min(len(k), len(end))], end) > 0 {
+				break
+			}
+			b := &trainmeterv1.Batch{}
+			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
+				return err
+			}
+			out = append(out, b)
+		}
+		return nil
+	})
+	return out, err
+}
