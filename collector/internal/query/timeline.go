@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/collector/internal/advisor"
+	"github.com/trainmeter/trainmeter/collector/internal/budget"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -64,7 +66,8 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	if !ok {
 		return nil, status.Error(codes.Unimplemented, "this store keeps no timelines")
 	}
-	if _, err := s.store.GetRun(req.GetRunId()); err != nil {
+	agg, err := s.store.GetRun(req.GetRunId())
+	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
 		}
@@ -149,7 +152,6 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	}
 	if !warmupEnd.IsZero() {
 		resp.WarmupEnd = timestamppb.New(warmupEnd)
-		resp.Events = append(resp.Events, &trainmeterv1.TimelineEvent{Time: resp.WarmupEnd, Kind: "warmup_end", Text: "measured phase starts"})
 	}
 
 	secs := make([]int64, 0, len(all))
@@ -267,6 +269,22 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		}
 		resp.Events = append(resp.Events, te)
 	}
+	// After the run's own events: a run without warmup starts, then measures.
+	if resp.WarmupEnd != nil {
+		if t := warmupEnd; (from.IsZero() || !t.Before(from)) && (to.IsZero() || t.Before(to)) {
+			resp.Events = append(resp.Events, &trainmeterv1.TimelineEvent{Time: resp.WarmupEnd, Kind: "warmup_end", Text: "measured phase starts"})
+		}
+	}
+	recorded, err := s.recordedEvents(req.GetRunId(), agg.GPUName, first, last)
+	if err != nil {
+		return nil, s.storeErr(err)
+	}
+	for _, te := range recorded {
+		if t := te.GetTime().AsTime(); (!from.IsZero() && t.Before(from)) || (!to.IsZero() && !t.Before(to)) {
+			continue
+		}
+		resp.Events = append(resp.Events, te)
+	}
 	slices.SortStableFunc(resp.Events, func(a, b *trainmeterv1.TimelineEvent) int { return a.GetTime().AsTime().Compare(b.GetTime().AsTime()) })
 	return resp, nil
 }
@@ -332,6 +350,46 @@ func gpuPower(ts timelineStore, node string, sp *nodeSpan) ([]*series, error) {
 			if i, ok := slices.BinarySearch(idx, gw.GetGpu()); ok {
 				out[i].t = append(out[i].t, ws.UnixMilli())
 				out[i].v = append(out[i].v, gw.GetPowerAvgW())
+			}
+		}
+	}
+	return out, nil
+}
+
+// recordedEvents are what the collector itself decided about the run, kept
+// in its records: dataloader advice (changes the advisor proposed, and
+// whether they reached the node), budget alerts naming the run, and price
+// alerts on the run's GPU model while it ran.
+func (s *Server) recordedEvents(run, gpuName string, first, last time.Time) ([]*trainmeterv1.TimelineEvent, error) {
+	var out []*trainmeterv1.TimelineEvent
+	if st, ok := s.store.(advisor.Store); ok {
+		h, err := advisor.History(st, run)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range h.GetEvaluations() {
+			if !e.GetChanged() {
+				continue
+			}
+			state := "sent"
+			if !e.GetDelivered() {
+				state = "not delivered"
+			}
+			out = append(out, &trainmeterv1.TimelineEvent{Time: e.GetTime(), Kind: "advice", Node: e.GetNode(),
+				Text: fmt.Sprintf("dataloader advice %s: num_workers %d, prefetch_factor %d (%s)", state, e.GetNumWorkers(), e.GetPrefetchFactor(), e.GetReason())})
+		}
+	}
+	if st, ok := s.store.(budget.AlertStore); ok {
+		alerts, err := (&budget.Recorder{Store: st}).List("")
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range alerts {
+			switch {
+			case a.Kind == budget.KindBudget && slices.Contains(a.RunIDs, run):
+				out = append(out, &trainmeterv1.TimelineEvent{Time: timestamppb.New(a.Time), Kind: "budget_alert", Text: a.Message})
+			case a.Kind == budget.KindPrice && gpuName != "" && a.GPUName == gpuName && !first.IsZero() && !a.Time.Before(first) && !a.Time.After(last):
+				out = append(out, &trainmeterv1.TimelineEvent{Time: timestamppb.New(a.Time), Kind: "price_alert", Text: a.Message})
 			}
 		}
 	}

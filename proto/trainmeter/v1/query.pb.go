@@ -2251,7 +2251,8 @@ func (x *TimelineSeries) GetSourcePoints() uint32 {
 type TimelineEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Time  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
-	// run_start, warmup_end, eval, run_end.
+	// run_start, warmup_end, eval, run_end (the run's own), advice (dataloader
+	// advice the advisor proposed), budget_alert, price_alert.
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
 	// In words, e.g. "epoch 1 val_loss 2.31".
