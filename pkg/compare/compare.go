@@ -141,7 +141,7 @@ func Compare(req *trainmeterv1.CompareRequest, runs []*trainmeterv1.RunReport) (
 		return nil, err
 	}
 	if len(groups) < 2 {
-		if req.GetBy() == "" {
+		if req.GetBy() == "" || len(groups) == 0 {
 			return nil, invalid("nothing to compare: give at least two runs, or a key to group by")
 		}
 		return nil, invalid("all %d run(s) have %s = %s: nothing to compare", len(runs), req.GetBy(), groups[0].key)

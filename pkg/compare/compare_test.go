@@ -110,3 +110,9 @@ func TestGroupsSortNumerically(t *testing.T) {
 		t.Errorf("%v", resp)
 	}
 }
+
+func TestCompareNoRuns(t *testing.T) {
+	if _, err := Compare(&trainmeterv1.CompareRequest{By: "backend"}, nil); !errors.Is(err, ErrInvalid) {
+		t.Errorf("no runs: %v", err)
+	}
+}
