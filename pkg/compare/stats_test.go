@@ -42,11 +42,9 @@ func TestTDistributionAgainstTables(t *testing.T) {
 }
 
 func TestWelchAgainstScipy(t *testing.T) {
-	// scipy.stats.ttest_ind(a, b, equal_var=False):
-	// a=[27.5,21.0,19.0,23.6,17.0,17.9,16.9,20.1,21.9,22.6,23.1,19.6,19.0,21.7,21.4]
-	// b=[27.1,22.0,20.8,23.4,23.4,23.5,25.8,22.0,24.8,20.2,21.9,22.1,22.9,20.5,24.4]
-	// gives t = -2.46, p = 0.02104 (Welch's 1947 example data as in the
-	// Wikipedia article on Welch's t-test: t = -2.46, df = 24.98, p = 0.021).
+	// The first example of the Wikipedia article on Welch's t-test:
+	// t = -2.46, df = 24.98, p = 0.021 (as scipy.stats.ttest_ind(a, b,
+	// equal_var=False) gives).
 	a := Summarize([]float64{27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4})
 	b := Summarize([]float64{27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5, 24.4})
 	p, ok := Welch(a, b)
