@@ -171,7 +171,14 @@ func (b *Backend) probe(i int, uuid string, h nvml.Device) *device {
 	}
 	dev := &device{h: h, powerIdx: -1, energyIdx: -1}
 
-	if powerRet == nvml.SUCCESS {
+	// Only NOT_SUPPORTED says a field is missing; any other failure (a
+	// transient ERROR_UNKNOWN at the agent's start) must not switch the GPU
+	// to a fallback for the agent's whole life: its reads report the error.
+	if powerRet == nvml.SUCCESS || transient(powerRet) {
+		if powerRet != nvml.SUCCESS {
+			b.log.Warn("nvml: instant power field failed while probing; keeping it, its reads will say whether it recovers",
+				"gpu", i, "uuid", uuid, "field", FieldPowerInstant, "err", powerRet.Error())
+		}
 		dev.power = powerField
 	} else if _, r := h.GetPowerUsage(); r == nvml.SUCCESS {
 		dev.power = powerUsage
@@ -182,7 +189,11 @@ func (b *Backend) probe(i int, uuid string, h nvml.Device) *device {
 			"gpu", i, "uuid", uuid, "field_err", powerRet.Error(), "err", r.Error())
 	}
 
-	if energyRet == nvml.SUCCESS {
+	if energyRet == nvml.SUCCESS || transient(energyRet) {
+		if energyRet != nvml.SUCCESS {
+			b.log.Warn("nvml: energy counter field failed while probing; keeping it, its reads will say whether it recovers",
+				"gpu", i, "uuid", uuid, "field", FieldTotalEnergy, "err", energyRet.Error())
+		}
 		dev.energy = energyField
 	} else if _, r := h.GetTotalEnergyConsumption(); r == nvml.SUCCESS {
 		dev.energy = energyCall
@@ -203,6 +214,11 @@ func (b *Backend) probe(i int, uuid string, h nvml.Device) *device {
 	}
 	dev.fv = make([]nvml.FieldValue, len(dev.ids))
 	return dev
+}
+
+// transient reports whether a probe's failure says nothing about support.
+func transient(ret nvml.Return) bool {
+	return ret == nvml.ERROR_UNKNOWN || ret == nvml.ERROR_TIMEOUT
 }
 
 // Devices implements gpu.Backend.
