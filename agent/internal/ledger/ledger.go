@@ -512,6 +512,14 @@ func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
 		CounterOk:  true,
 		GpuSeconds: float64(len(gpus)) * b.Sub(a).Seconds(),
 	}
+	// Each GPU whose counter covers the segment contributes its counter
+	// energy; one whose counter does not (lost, failing) its integrated
+	// energy, so one failing GPU does not throw the others' counters away
+	// for its sampled power (aliased by the sensor, docs/accuracy.md). The
+	// segment is counter_ok when at least one GPU's counter covered it, and
+	// estimated when any did not.
+	var integratedOnly float64
+	anyCounter := false
 	if !r.warmupEnd.IsZero() && !a.Before(r.warmupEnd) {
 		w.Phase = pb.Phase_PHASE_MEASURED
 	}
@@ -523,15 +531,22 @@ func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
 		w.GapS += cb.GapS - ca.GapS
 		if ca.CounterOK && cb.CounterOK {
 			w.EnergyCounterJ += cb.CounterJ - ca.CounterJ
+			anyCounter = true
 		} else {
-			w.CounterOk = false
+			integratedOnly += cb.IntegratedJ - ca.IntegratedJ
+			if l.meters[g].Stats().CounterPoints > 0 {
+				w.EnergyEstimated = true // a counter that stopped, not a GPU without one
+			}
 		}
 		if !okA || !okB || ca.Estimated || cb.Estimated {
 			w.EnergyEstimated = true
 		}
 	}
-	if !w.CounterOk {
+	if len(gpus) > 0 && !anyCounter {
+		w.CounterOk = false
 		w.EnergyCounterJ = 0
+	} else {
+		w.EnergyCounterJ += integratedOnly
 	}
 	// Segments are half-open, except that the run's last one also takes what
 	// happened at the very instant of run_end (the last step is often

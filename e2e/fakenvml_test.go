@@ -1,0 +1,242 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/trainmeter/trainmeter/internal/fakenvml"
+	"github.com/trainmeter/trainmeter/internal/oteltest"
+	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+var (
+	fakeOnce sync.Once
+	fakeDir  string
+	fakeErr  error
+)
+
+// fakeNVML builds the fake libnvidia-ml.so.1 (once per test binary) and
+// writes config for it; env is what a real binary needs to load it in place
+// of the driver's library.
+func fakeNVML(t *testing.T, config string) (env []string) {
+	t.Helper()
+	fakeOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "fakenvml")
+		if err != nil {
+			fakeErr = err
+			return
+		}
+		fakeDir, fakeErr = fakenvml.Build(dir)
+	})
+	if fakeErr != nil {
+		t.Fatal(fakeErr)
+	}
+	cfg := filepath.Join(t.TempDir(), "fakenvml.conf")
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"LD_LIBRARY_PATH=" + fakeDir, fakenvml.ConfigEnv + "=" + cfg}
+}
+
+// startAgentEnv is startAgent with extra environment variables.
+func (c *cluster) startAgentEnv(node, gpuSpec string, env []string, extra ...string) string {
+	c.t.Helper()
+	sock := filepath.Join(c.t.TempDir(), "agent.sock")
+	args := append([]string{"--collector", c.addr, "--socket", sock, "--node", node, "--gpu", gpuSpec,
+		"--spool", filepath.Join(c.t.TempDir(), "spool")}, extra...)
+	oteltest.StartEnv(c.t, "trainmeter-agent", filepath.Join(binDir, "trainmeter-agent"), env, args...)
+	c.eventually("agent socket "+sock, func() bool {
+		conn, err := net.Dial("unix", sock)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	})
+	return sock
+}
+
+// truthJ is the ground-truth energy of the given GPUs over the run's
+// measured window (warmup end to run end), from the same sensor model the
+// fake library runs.
+func truthJ(t *testing.T, cfg *fakenvml.Config, r *pb.RunReport, gpus []int, until time.Time) float64 {
+	t.Helper()
+	from := r.Start.AsTime().Add(time.Duration(r.WarmupS * float64(time.Second)))
+	to := r.End.AsTime()
+	if !until.IsZero() && until.Before(to) {
+		to = until
+	}
+	ms := func(at time.Time) float64 { return float64(at.UnixMicro()-cfg.EpochUs) / 1000 }
+	var sum float64
+	for _, g := range gpus {
+		m := cfg.Models[g]
+		sum += m.TrueEnergyJ(ms(to)) - m.TrueEnergyJ(ms(from))
+	}
+	return sum
+}
+
+// TestFakeNVMLRealAgentSixtySeconds runs the real agent with --gpu nvml on
+// the fake library (go-nvml's dlopen and cgo path, NVML's structs and
+// timestamps) for one 60 s measured window, with three runs side by side:
+//
+//   - steady: a training-like 10 Hz square wave with data stalls on GPU 0;
+//     its counter-first energy must be within 1 % of the ground truth.
+//   - reset: GPU 1's energy counter restarts at zero mid-run (a driver
+//     reload); the run's energy must neither lose nor double-count it.
+//   - lost: GPUs 2 and 3, GPU 3 lost mid-run (ERROR_GPU_IS_LOST); the run
+//     goes on on GPU 2 with the gap recorded.
+func TestFakeNVMLRealAgentSixtySeconds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("60 s of real time")
+	}
+	t.Parallel()
+	const warmup, measured = 3 * time.Second, 60 * time.Second
+	epoch := time.Now()
+	// The runs start within a few seconds of the agent; the faults land in
+	// the middle of the measured window.
+	resetAt := 30 * time.Second
+	lostAt := 35 * time.Second
+	config := fmt.Sprintf(`epoch_us %d
+gpus 4
+sensor ampere
+workload square
+freq_hz 10
+duty 0.6
+high_w 420
+low_w 180
+idle_w 65
+stall_every_ms 4000
+stall_ms 350
+gpu1.workload steps
+gpu1.step_ms 7000
+gpu1.reset_at_ms %d
+gpu3.lost_at_ms %d
+`, epoch.UnixMicro(), resetAt.Milliseconds(), lostAt.Milliseconds())
+	cfg, err := fakenvml.ParseConfig(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := fakeNVML(t, config)
+	c := startCollector(t)
+	sock := c.startAgentEnv("fake-node", "nvml", env)
+	c.waitStreaming("fake-node")
+
+	runs := map[string][]int{"fake-steady": {0}, "fake-reset": {1}, "fake-lost": {2, 3}}
+	trainers := map[string]*trainer{}
+	for run, gpus := range runs {
+		tr := dialTrainer(t, sock)
+		g := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(gpus)), ","), "[]")
+		tr.send(`{"event":"run_start","run_id":%q,"model":"fake","gpus":[%s],"warmup_s":%g}`, run, g, warmup.Seconds())
+		tr.sync()
+		trainers[run] = tr
+	}
+	if time.Since(epoch) > resetAt-warmup-time.Second {
+		t.Fatalf("the runs started %v after the fake's epoch: too late for the faults to be mid-run", time.Since(epoch))
+	}
+	deadline := time.Now().Add(warmup + measured)
+	for step := 1; time.Now().Before(deadline); step++ {
+		time.Sleep(500 * time.Millisecond)
+		for run, tr := range trainers {
+			tr.send(`{"event":"step","run_id":%q,"step":%d,"tokens":1000}`, run, step)
+		}
+	}
+	for run, tr := range trainers {
+		tr.send(`{"event":"run_end","run_id":%q}`, run)
+		tr.sync()
+	}
+
+	steady := c.waitEnded("fake-steady")
+	truth := truthJ(t, cfg, steady, runs["fake-steady"], time.Time{})
+	errPct := 100 * (steady.EnergyJ - truth) / truth
+	t.Logf("steady: %.1f J measured (%s) over %.1f s after warmup, truth %.1f J: error %+.3f %%",
+		steady.EnergyJ, steady.EnergyMethod, steady.WallS-steady.WarmupS, truth, errPct)
+	if steady.WallS-steady.WarmupS < 59 || steady.EnergyMethod != "counter" || math.Abs(errPct) > 1 {
+		t.Errorf("steady run: %+v", steady)
+	}
+
+	reset := c.waitEnded("fake-reset")
+	truth = truthJ(t, cfg, reset, runs["fake-reset"], time.Time{})
+	errPct = 100 * (reset.EnergyJ - truth) / truth
+	t.Logf("reset: %.1f J measured (%s), truth %.1f J: error %+.3f %%", reset.EnergyJ, reset.EnergyMethod, truth, errPct)
+	if math.Abs(errPct) > 1 {
+		t.Errorf("counter reset: %.1f J vs truth %.1f J (%+.2f %%): energy lost or counted twice", reset.EnergyJ, truth, errPct)
+	}
+
+	lost := c.waitEnded("fake-lost")
+	truth2 := truthJ(t, cfg, lost, []int{2}, time.Time{})
+	truth3 := truthJ(t, cfg, lost, []int{3}, epoch.Add(lostAt))
+	t.Logf("lost: %.1f J measured (%s), gap %.1f s, estimated %v; truth GPU 2 %.1f J + GPU 3 until lost %.1f J",
+		lost.EnergyJ, lost.EnergyMethod, lost.GapS, lost.EnergyEstimated, truth2, truth3)
+	if !lost.Ended || lost.WallS < 60 {
+		t.Errorf("the run with a lost GPU did not go on to its end: %+v", lost)
+	}
+	if lost.GapS < 10 {
+		t.Errorf("GPU 3 lost for about %v of the run, but gap_s = %v", measured+warmup-lostAt, lost.GapS)
+	}
+	// GPU 2 is counted in full and GPU 3 up to its loss, nothing invented after.
+	if d := 100 * (lost.EnergyJ - (truth2 + truth3)) / (truth2 + truth3); math.Abs(d) > 1 {
+		t.Errorf("lost run: %.1f J vs truth %.1f J (%+.2f %%)", lost.EnergyJ, truth2+truth3, d)
+	}
+	rep := c.cli("report", "fake-lost")
+	t.Logf("report:\n%s", rep)
+}
+
+// doctorEnv runs `trainmeter-agent doctor` with extra environment variables.
+func doctorEnv(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "trainmeter-agent"), append([]string{"doctor", "--timeout", "3s"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return string(out), 0
+	case errors.As(err, &ee):
+		return string(out), ee.ExitCode()
+	}
+	t.Fatalf("doctor %v: %v\n%s", args, err, out)
+	return "", -1
+}
+
+// `doctor --gpu nvml` on a node whose agent runs on the (fake) driver passes
+// every check, through the real library-loading path; with the library
+// gone from the loader path it fails with the hint
+// (TestDoctorWithoutDriverFailsClearly is the same without any library).
+func TestFakeNVMLDoctor(t *testing.T) {
+	t.Parallel()
+	env := fakeNVML(t, fmt.Sprintf("epoch_us %d\ngpus 2\n", time.Now().Add(-time.Minute).UnixMicro()))
+	c := startCollector(t)
+	spoolDir := filepath.Join(t.TempDir(), "spool")
+	sock := c.startAgentEnv("doc-fake", "nvml", env, "--spool", spoolDir)
+	c.waitStreaming("doc-fake")
+	args := []string{"--gpu", "nvml", "--socket", sock, "--collector", c.addr, "--node", "doc-fake", "--spool", spoolDir}
+	out, code := doctorEnv(t, env, args...)
+	if code != 0 || strings.Contains(out, "WARN") || strings.Contains(out, "FAIL") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	for _, want := range []string{
+		"OK    nvml", "NVML loaded, driver 550.54.15", "CUDA driver 12.4", "2 GPUs",
+		"OK    gpu 0 ", "NVIDIA H100 80GB HBM3", "power limit 700 W",
+		"OK    gpu 1 power", "with a fresh driver timestamp", "average power (field 185) 300.0 W",
+		"OK    gpu 1 energy", "(about 300 W)", "OK    gpu 0 mig", "checks OK.",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	t.Logf("doctor on the fake driver:\n%s", out)
+
+	missing := []string{"LD_LIBRARY_PATH=" + t.TempDir(), env[1]}
+	out, code = doctorEnv(t, missing, args...)
+	if code == 0 || !strings.Contains(out, "libnvidia-ml.so.1 not found") || !strings.Contains(out, "--gpu sim:2") {
+		t.Errorf("without the library: exit %d:\n%s", code, out)
+	}
+}
