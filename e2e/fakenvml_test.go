@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -238,5 +239,45 @@ func TestFakeNVMLDoctor(t *testing.T) {
 	out, code = doctorEnv(t, missing, args...)
 	if code == 0 || !strings.Contains(out, "libnvidia-ml.so.1 not found") || !strings.Contains(out, "--gpu sim:2") {
 		t.Errorf("without the library: exit %d:\n%s", code, out)
+	}
+}
+
+// `trainmeter-agent validate` on the fake driver: a healthy sensor passes
+// (exit 0, text); a GPU with a stuck counter fails (exit 1, --json says why).
+func TestFakeNVMLValidate(t *testing.T) {
+	t.Parallel()
+	epoch := time.Now().Add(-time.Minute).UnixMicro()
+	run := func(config string, args ...string) (string, int) {
+		cmd := exec.Command(filepath.Join(binDir, "trainmeter-agent"), append([]string{"validate", "--duration", "2s"}, args...)...)
+		cmd.Env = append(os.Environ(), fakeNVML(t, config)...)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), 0
+	}
+	out, code := run(fmt.Sprintf("epoch_us %d\ngpus 2\n", epoch))
+	t.Logf("healthy:\n%s", out)
+	if code != 0 || !strings.Contains(out, "verdict: PASS") || !strings.Contains(out, "energy counter every 100 ms") ||
+		!strings.Contains(out, "186 instant power yes, 185 average power yes, 83 energy counter yes") {
+		t.Errorf("healthy sensor: exit %d:\n%s", code, out)
+	}
+	out, code = run(fmt.Sprintf("epoch_us %d\ngpus 2\ngpu1.stale_from_ms 0\n", epoch), "--json")
+	var rep struct {
+		Verdict string `json:"verdict"`
+		GPUs    []struct {
+			Verdict string   `json:"verdict"`
+			Reasons []string `json:"reasons"`
+		} `json:"gpus"`
+	}
+	if err := json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep); err != nil {
+		t.Fatalf("--json: %v\n%s", err, out)
+	}
+	if code != 1 || rep.Verdict != "fail" || rep.GPUs[0].Verdict != "pass" || rep.GPUs[1].Verdict != "fail" ||
+		!strings.Contains(strings.Join(rep.GPUs[1].Reasons, " "), "counter is stuck") || !strings.Contains(out, "trainmeter-agent: validate: the sensor check failed") {
+		t.Errorf("stuck sensor: exit %d:\n%s", code, out)
 	}
 }

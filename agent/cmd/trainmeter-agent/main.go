@@ -61,6 +61,7 @@ func newRootCmdWith(o *options) *cobra.Command {
 	}
 	bindFlags(cmd, o)
 	cmd.AddCommand(newDoctorCmd(nil))
+	cmd.AddCommand(newValidateCmd(nil))
 	return cmd
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -168,5 +169,28 @@ func TestFakeLibraryDiagnose(t *testing.T) {
 	}
 	if !g.Energy.FreshTimestamp() || !g.Energy.Advanced() {
 		t.Errorf("after 150 ms the 100 ms sensor must have updated: %+v", g.Energy)
+	}
+}
+
+// Validate against the fake both ways: a healthy sensor passes; a sensor
+// whose timestamps stop (stuck fields) fails, naming the counter.
+func TestFakeLibraryValidate(t *testing.T) {
+	epoch := time.Now().Add(-time.Minute).UnixMicro()
+	lib := fakeNVML(t, fmt.Sprintf("epoch_us %d\ngpus 2\nworkload square\nfreq_hz 7\ngpu1.stale_from_ms 0\n", epoch))
+	rep, err := Validate(lib, ValidateOptions{Duration: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g0, g1 := rep.GPUs[0], rep.GPUs[1]
+	t.Logf("%+v\n%+v", g0, g1)
+	if g0.Verdict != VerdictPass || !g0.InstantPower || !g0.AveragePower || !g0.EnergyField ||
+		g0.EnergyUpdateMs != 100 || g0.PowerUpdateMs != 100 || g0.StaleEnergyPct < 30 || g0.CounterJ <= 0 {
+		t.Errorf("healthy GPU: %+v", g0)
+	}
+	if _, ok := g0.CallCostUs["GetFieldValues"]; !ok {
+		t.Errorf("no call cost: %+v", g0.CallCostUs)
+	}
+	if g1.Verdict != VerdictFail || rep.Verdict != VerdictFail || len(g1.Reasons) == 0 || !strings.Contains(g1.Reasons[0], "counter is stuck") {
+		t.Errorf("stuck GPU: %+v (report verdict %s)", g1, rep.Verdict)
 	}
 }
