@@ -162,6 +162,14 @@ gpu3.lost_at_ms %d
 	if steady.WallS-steady.WarmupS < 59 || steady.EnergyMethod != "counter" || math.Abs(errPct) > 1 {
 		t.Errorf("steady run: %+v", steady)
 	}
+	// The stated uncertainty covers the true error (and is the counter's
+	// band for 60 s on an H100: well under 1 %).
+	if u := steady.EnergyUncertaintyPct; u == nil || *u > 1 || math.Abs(errPct) > *u {
+		t.Errorf("energy_uncertainty_pct = %v for a true error of %+.3f %%", steady.EnergyUncertaintyPct, errPct)
+	}
+	if row := c.csvRow("fake-steady"); row["energy_uncertainty_pct"] == "" {
+		t.Errorf("CSV energy_uncertainty_pct empty: %v", row)
+	}
 
 	reset := c.waitEnded("fake-reset")
 	truth = truthJ(t, cfg, reset, runs["fake-reset"], time.Time{})

@@ -57,6 +57,8 @@ var header = []string{
 	"usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points", "usd_per_accuracy_point",
 	"efficiency_score", "steps_per_s", "epoch_s", "est_total_s", "flops_per_step", "flops_total",
 	"peak_TFLOPS", "mfu", "J_per_PFLOP",
+	// issue 18: stated uncertainty of energy_J, ± % (docs/accuracy.md)
+	"energy_uncertainty_pct",
 }
 
 // Header returns the CSV header row.
@@ -235,6 +237,7 @@ func Row(r *RunReport) []string {
 		opt(r.PeakTflops, F),
 		opt(r.Mfu, F),
 		opt(r.JPerPflop, G9),
+		opt(r.EnergyUncertaintyPct, F),
 	}
 }
 
@@ -441,6 +444,9 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	line("integrated", "%s J", dash(k.measured, "%.1f", r.GetEnergyJIntegrated()))
 	if k.counter {
 		line("counter vs integ.", "%+.2f%%", r.GetEnergyDisagreementPct())
+	}
+	if r.EnergyUncertaintyPct != nil {
+		line("uncertainty", "±%.2f%% after warmup (method and sensor; board gain ±5%% not included)", r.GetEnergyUncertaintyPct())
 	}
 	if r.GetEnergyEstimated() {
 		line("note", "%s", "part of the energy is estimated (shared GPU split by utilisation)")

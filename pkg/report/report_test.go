@@ -51,6 +51,7 @@ func fullRun() *RunReport {
 		UsdPerAccuracyPoint: f64(0.0123456789), EfficiencyScore: f64(0.875), StepsPerS: f64(0.0368),
 		EpochS: f64(271.7), EstTotalS: f64(600.5), FlopsPerStep: f64(6 * 8e9 * 65536), FlopsTotal: f64(6 * 8e9 * 1_310_720),
 		PeakTflops: f64(989), Mfu: f64(0.0471), JPerPflop: f64(4.291234567891),
+		EnergyUncertaintyPct: f64(0.066818),
 	}
 }
 

@@ -56,6 +56,7 @@
 package aggregate
 
 import (
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -64,6 +65,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/pkg/energy"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -657,6 +659,9 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.Gpus = gpus
 	r.Nodes = uint32(len(s.Nodes))
 	r.GpuName = s.GPUName
+	if u := energy.UncertaintyPct(r.EnergyMethod, r.GpuName, measuredS); !math.IsNaN(u) {
+		r.EnergyUncertaintyPct = &u
+	}
 
 	r.GpuHours = s.GPUSeconds / 3600
 	s.priceCompute(p, r)

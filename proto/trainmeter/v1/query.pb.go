@@ -632,11 +632,17 @@ type RunReport struct {
 	FlopsPerStep *float64 `protobuf:"fixed64,68,opt,name=flops_per_step,json=flopsPerStep,proto3,oneof" json:"flops_per_step,omitempty"`
 	FlopsTotal   *float64 `protobuf:"fixed64,69,opt,name=flops_total,json=flopsTotal,proto3,oneof" json:"flops_total,omitempty"`
 	// Peak dense TFLOPS of one GPU at the run's precision (docs/costs.md).
-	PeakTflops    *float64 `protobuf:"fixed64,70,opt,name=peak_tflops,json=peakTflops,proto3,oneof" json:"peak_tflops,omitempty"`
-	Mfu           *float64 `protobuf:"fixed64,71,opt,name=mfu,proto3,oneof" json:"mfu,omitempty"`
-	JPerPflop     *float64 `protobuf:"fixed64,72,opt,name=j_per_pflop,json=jPerPflop,proto3,oneof" json:"j_per_pflop,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PeakTflops *float64 `protobuf:"fixed64,70,opt,name=peak_tflops,json=peakTflops,proto3,oneof" json:"peak_tflops,omitempty"`
+	Mfu        *float64 `protobuf:"fixed64,71,opt,name=mfu,proto3,oneof" json:"mfu,omitempty"`
+	JPerPflop  *float64 `protobuf:"fixed64,72,opt,name=j_per_pflop,json=jPerPflop,proto3,oneof" json:"j_per_pflop,omitempty"`
+	// --- issue 18 (accuracy) ---
+	// Stated uncertainty of energy_j, ± % (docs/accuracy.md): from the energy
+	// method, the GPU generation's sensor and the measured seconds; excludes
+	// the board's gain (about ±5 %, not correctable by software). Unset when
+	// the run has no measured window.
+	EnergyUncertaintyPct *float64 `protobuf:"fixed64,90,opt,name=energy_uncertainty_pct,json=energyUncertaintyPct,proto3,oneof" json:"energy_uncertainty_pct,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
@@ -1173,6 +1179,13 @@ func (x *RunReport) GetJPerPflop() float64 {
 	return 0
 }
 
+func (x *RunReport) GetEnergyUncertaintyPct() float64 {
+	if x != nil && x.EnergyUncertaintyPct != nil {
+		return *x.EnergyUncertaintyPct
+	}
+	return 0
+}
+
 // EnergyBandCost is the energy booked to one tariff band.
 type EnergyBandCost struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1273,7 +1286,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xfb\x16\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xd1\x17\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -1358,7 +1371,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\vpeak_tflops\x18F \x01(\x01H\fR\n" +
 	"peakTflops\x88\x01\x01\x12\x15\n" +
 	"\x03mfu\x18G \x01(\x01H\rR\x03mfu\x88\x01\x01\x12#\n" +
-	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x1a9\n" +
+	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x129\n" +
+	"\x16energy_uncertainty_pct\x18Z \x01(\x01H\x0fR\x14energyUncertaintyPct\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
@@ -1377,7 +1391,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\f_flops_totalB\x0e\n" +
 	"\f_peak_tflopsB\x06\n" +
 	"\x04_mfuB\x0e\n" +
-	"\f_j_per_pflop\"q\n" +
+	"\f_j_per_pflopB\x19\n" +
+	"\x17_energy_uncertainty_pct\"q\n" +
 	"\x0eEnergyBandCost\x12\x12\n" +
 	"\x04band\x18\x01 \x01(\tR\x04band\x12\x10\n" +
 	"\x03kwh\x18\x02 \x01(\x01R\x03kwh\x12\x1e\n" +
