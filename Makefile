@@ -6,7 +6,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BUF := $(GO) tool -modfile=tools/go.mod buf
 BIN := bin
 
-.PHONY: all build proto proto-check test test-go fuzz-short test-python test-e2e vet fmt-check demo clean install uninstall deb bench
+.PHONY: all build proto proto-check test test-go accuracy-check fuzz-short test-python test-e2e vet fmt-check demo clean install uninstall deb bench
 
 all: build
 
@@ -42,6 +42,11 @@ fmt-check:
 test-go:
 	$(GO) test -race -count=1 ./...
 
+# The accuracy study (docs/accuracy.md): its tables must be what it computes.
+# Not under -race (pure arithmetic, many times slower there), so test-go skips it.
+accuracy-check:
+	$(GO) test -count=1 -run 'TestAccuracyStudy|TestNaivePollerErrors' ./internal/fakenvml/
+
 test-python:
 	cd clients/python && python3 -m unittest discover -s tests -v 2>&1 | tail -5; test $${PIPESTATUS[0]} -eq 0
 
@@ -59,7 +64,7 @@ fuzz-short:
 	$(GO) test -run='^$$' -fuzz='^FuzzValidateBatch$$' -fuzztime=$(FUZZTIME) ./collector/internal/ingest
 	$(GO) test -run='^$$' -fuzz='^FuzzAggregate$$' -fuzztime=$(FUZZTIME) ./collector/internal/ingest
 
-test: fmt-check vet proto-check test-go fuzz-short test-python test-e2e
+test: fmt-check vet proto-check test-go accuracy-check fuzz-short test-python test-e2e
 
 # Benchmarks (docs/benchmarks.md; not part of `make test`): the Go
 # benchmarks of the hot paths, then short runs of trainmeter-loadgen against

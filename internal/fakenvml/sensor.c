@@ -44,7 +44,7 @@ int fn_preset(fn_gpu *g, const char *name)
 	} else {
 		return -1;
 	}
-	g->cache_ms = 0; g->cache_j = 0; g->sampled_k = 0; g->sampled_j = 0;
+	g->nckpt = 0; g->sampled_k = 0; g->sampled_j = 0;
 	return 0;
 }
 
@@ -64,7 +64,7 @@ int fn_gpu_set(fn_gpu *g, const char *key, const char *val)
 {
 	double v = 0;
 	int num = parse_double(val, &v);
-	g->cache_ms = 0; g->cache_j = 0; g->sampled_k = 0; g->sampled_j = 0;
+	g->nckpt = 0; g->sampled_k = 0; g->sampled_j = 0;
 #define STR(k, f) if (!strcmp(key, k)) { snprintf(g->f, sizeof g->f, "%s", val); return 0; }
 #define NUM(k, f, T) if (!strcmp(key, k)) { if (num) return num; g->f = (T)v; return 0; }
 	STR("name", name)
@@ -159,17 +159,22 @@ double fn_true_energy_j(fn_gpu *g, double t_ms)
 	if (t_ms <= 0)
 		return t_ms * g->idle_w / 1000;
 	long whole = (long)floor(t_ms);
-	double sum;
-	if (whole >= g->cache_ms) {
-		for (long i = g->cache_ms; i < whole; i++)
-			g->cache_j += fn_true_power_w(g, i) / 1000;
-		g->cache_ms = whole;
-		sum = g->cache_j;
-	} else {
-		sum = g->cache_j;
-		for (long i = whole; i < g->cache_ms; i++)
-			sum -= fn_true_power_w(g, i) / 1000;
+	long c = whole / 1000;
+	if (c >= FN_CKPTS)
+		c = FN_CKPTS - 1;
+	if (g->nckpt == 0) {
+		g->ckpt[0] = 0;
+		g->nckpt = 1;
 	}
+	for (; g->nckpt <= c; g->nckpt++) {
+		double sum = g->ckpt[g->nckpt - 1];
+		for (long i = (g->nckpt - 1) * 1000; i < g->nckpt * 1000; i++)
+			sum += fn_true_power_w(g, i) / 1000;
+		g->ckpt[g->nckpt] = sum;
+	}
+	double sum = g->ckpt[c];
+	for (long i = c * 1000; i < whole; i++)
+		sum += fn_true_power_w(g, i) / 1000;
 	return sum + (t_ms - whole) * fn_true_power_w(g, whole) / 1000;
 }
 

@@ -45,9 +45,11 @@ typedef struct fn_gpu {
 	double reset_at_ms;
 	double stale_from_ms; /* from then on the sensor stops updating (stuck fields) */
 
-	/* caches (forward-moving; any query order is still exact) */
-	long cache_ms;
-	double cache_j;
+	/* caches (any query order is exact): ckpt[i] is the true energy over
+	 * [0, i s), known for i < nckpt */
+#define FN_CKPTS 7200
+	double ckpt[FN_CKPTS];
+	long nckpt;
 	long sampled_k;
 	double sampled_j;
 } fn_gpu;
