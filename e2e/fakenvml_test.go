@@ -289,3 +289,36 @@ func TestFakeNVMLValidate(t *testing.T) {
 		t.Errorf("stuck sensor: exit %d:\n%s", code, out)
 	}
 }
+
+// Process attribution on real NVML calls: `trainmeter run` wraps a command
+// that, once started, appears as a compute process on GPU 1 of the fake
+// driver (it writes its own PID into the fake's process list); the run gets
+// GPU 1 alone, found through nvmlDeviceGetComputeRunningProcesses_v3 and the
+// /proc parent links, and GPU 1's energy from when it was seen.
+func TestFakeNVMLProcessAttribution(t *testing.T) {
+	t.Parallel()
+	procs := filepath.Join(t.TempDir(), "procs")
+	if err := os.WriteFile(procs, []byte("0 1 10 5\n"), 0o644); err != nil { // PID 1 (init) on GPU 0: not the run's
+		t.Fatal(err)
+	}
+	env := fakeNVML(t, fmt.Sprintf("epoch_us %d\ngpus 3\nhigh_w 300\nprocs_file %s\n", time.Now().Add(-time.Minute).UnixMicro(), procs))
+	c := startCollector(t)
+	sock := c.startAgentEnv("attr-node", "nvml", env)
+	c.waitStreaming("attr-node")
+
+	script := fmt.Sprintf(`echo "1 $$ 2048 70" >> %s; sleep 4`, procs)
+	out, errOut, code := c.trainmeterRun("--socket", sock, "--collector", c.addr, "--run-id", "fake-attr", "--", "sh", "-c", script)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	row := c.csvRow("fake-attr")
+	t.Logf("gpus %s, energy_total_J %s, gpu_hours %s, wall_s %s", row["gpus"], row["energy_total_J"], row["gpu_hours"], row["wall_s"])
+	if row["gpus"] != "1" {
+		t.Fatalf("gpus = %q, want 1 (GPU 1, where the command runs)", row["gpus"])
+	}
+	// 300 W on one GPU for at most the run's wall time: more would mean a
+	// GPU that is not the run's was counted.
+	if e, w := num(t, row, "energy_total_J"), num(t, row, "wall_s"); e <= 0 || e > 300*w*1.01 {
+		t.Errorf("energy_total_J %v for %v s of one 300 W GPU", e, w)
+	}
+}
