@@ -153,6 +153,19 @@ func TestFakeLibraryProcesses(t *testing.T) {
 	if err != nil || len(pids) != 2 || pids[0] != 4242 || pids[1] != 4343 {
 		t.Fatalf("ComputePIDs(0) = %v, %v", pids, err)
 	}
+	// The per-process utilisation and memory, through go-nvml's structs.
+	h, ret := lib.DeviceGetHandleByIndex(0)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	procInfo, ret := h.GetComputeRunningProcesses()
+	if ret != nvml.SUCCESS || len(procInfo) != 2 || procInfo[0].UsedGpuMemory != 1000<<20 || procInfo[0].GpuInstanceId != 0xFFFFFFFF {
+		t.Errorf("GetComputeRunningProcesses = %+v, %v", procInfo, ret)
+	}
+	util, ret := h.GetProcessUtilization(0)
+	if ret != nvml.SUCCESS || len(util) != 2 || util[0].Pid != 4242 || util[0].SmUtil != 50 || util[1].SmUtil != 5 {
+		t.Errorf("GetProcessUtilization = %+v, %v", util, ret)
+	}
 }
 
 func TestFakeLibraryDiagnose(t *testing.T) {
