@@ -194,6 +194,7 @@ func (a *Agent) sampleLoop(t clock.Ticker) {
 	defer close(a.loopDone)
 	defer t.Stop()
 	samples := make([]gpu.Sample, len(a.backend.Devices()))
+	failing := make([]bool, len(samples))
 	for {
 		select {
 		case <-a.stopLoop:
@@ -205,6 +206,7 @@ func (a *Agent) sampleLoop(t clock.Ticker) {
 		if err != nil {
 			a.log.Warn("GPU read failed", "err", err)
 		}
+		a.logGPUFailures(samples, failing)
 		a.self.tick(now, a.cfg.Interval, samples, err)
 		batches := a.ledger.Tick(now, samples)
 		for _, b := range batches {
@@ -214,6 +216,23 @@ func (a *Agent) sampleLoop(t clock.Ticker) {
 		if len(batches) > 0 {
 			a.checkpoint(now)
 			a.afterBatches(now)
+		}
+	}
+}
+
+// logGPUFailures logs a GPU's read errors once when they start (a GPU lost
+// mid-run, a driver error) and once when they stop, not at every tick.
+func (a *Agent) logGPUFailures(samples []gpu.Sample, failing []bool) {
+	for i := range samples {
+		s := &samples[i]
+		switch {
+		case s.Err != nil && !failing[i]:
+			failing[i] = true
+			a.log.Warn("GPU read failing (logged again only when it recovers); a GPU without power or energy readings counts as a gap (gap_s), the other GPUs go on",
+				"gpu", i, "err", s.Err)
+		case s.Err == nil && failing[i]:
+			failing[i] = false
+			a.log.Info("GPU reads again", "gpu", i)
 		}
 	}
 }
