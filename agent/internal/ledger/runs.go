@@ -52,6 +52,11 @@ type run struct {
 	steps []stepStat
 	// stepEvents counts step events, for warmup_steps when steps carry no number.
 	stepEvents uint64
+	// rankSteps counts each connection's step events. An eval carries its
+	// sender's, so the collector counts an epoch's steps exactly
+	// (Eval.rank_steps). Events, not step numbers: a run resumed from a
+	// checkpoint numbers its steps from there.
+	rankSteps map[uint64]uint64
 	// totals is each rank's latest cumulative tokens_total; shipped is the
 	// same as of the last closed window (what a checkpoint may promise).
 	totals, shipped map[string]uint64
@@ -353,6 +358,10 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 	}
 	r.steps = append(r.steps, s)
 	r.stepEvents++
+	if r.rankSteps == nil {
+		r.rankSteps = map[uint64]uint64{}
+	}
+	r.rankSteps[p.ConnID]++
 	if r.warmupEnd.IsZero() && r.warmupSteps > 0 {
 		// "step" is the number of steps completed (1-based, as HF's
 		// global_step), so warmup_steps = N ends when step N is reported.
@@ -382,10 +391,11 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, err := l.liveRunOf("eval", ev.Run, p); err != nil {
+	r, err := l.liveRunOf("eval", ev.Run, p)
+	if err != nil {
 		return err
 	}
-	e := &pb.Eval{RunId: ev.Run, Time: timestamppb.New(now)}
+	e := &pb.Eval{RunId: ev.Run, Time: timestamppb.New(now), RankSteps: r.rankSteps[p.ConnID]}
 	if ev.Epoch != nil {
 		e.Epoch, e.HasEpoch = *ev.Epoch, true
 	}

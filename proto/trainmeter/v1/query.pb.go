@@ -632,11 +632,19 @@ type RunReport struct {
 	FlopsPerStep *float64 `protobuf:"fixed64,68,opt,name=flops_per_step,json=flopsPerStep,proto3,oneof" json:"flops_per_step,omitempty"`
 	FlopsTotal   *float64 `protobuf:"fixed64,69,opt,name=flops_total,json=flopsTotal,proto3,oneof" json:"flops_total,omitempty"`
 	// Peak dense TFLOPS of one GPU at the run's precision (docs/costs.md).
-	PeakTflops    *float64 `protobuf:"fixed64,70,opt,name=peak_tflops,json=peakTflops,proto3,oneof" json:"peak_tflops,omitempty"`
-	Mfu           *float64 `protobuf:"fixed64,71,opt,name=mfu,proto3,oneof" json:"mfu,omitempty"`
-	JPerPflop     *float64 `protobuf:"fixed64,72,opt,name=j_per_pflop,json=jPerPflop,proto3,oneof" json:"j_per_pflop,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PeakTflops *float64 `protobuf:"fixed64,70,opt,name=peak_tflops,json=peakTflops,proto3,oneof" json:"peak_tflops,omitempty"`
+	Mfu        *float64 `protobuf:"fixed64,71,opt,name=mfu,proto3,oneof" json:"mfu,omitempty"`
+	JPerPflop  *float64 `protobuf:"fixed64,72,opt,name=j_per_pflop,json=jPerPflop,proto3,oneof" json:"j_per_pflop,omitempty"`
+	// --- i15-display: whole-run power (issue 15 item 3) ---
+	// energy_total_j / wall_s: warmup included, all of the run's GPUs (0 when
+	// wall_s is 0).
+	AvgPowerTotalW float64 `protobuf:"fixed64,73,opt,name=avg_power_total_w,json=avgPowerTotalW,proto3" json:"avg_power_total_w,omitempty"`
+	// Highest power of the run's GPUs summed over one tick, warmup included
+	// (peak_power_w is after warmup only). On several nodes, the warmup's part
+	// sums each node's warmup peak: an upper bound.
+	PeakPowerTotalW float64 `protobuf:"fixed64,74,opt,name=peak_power_total_w,json=peakPowerTotalW,proto3" json:"peak_power_total_w,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
@@ -1173,6 +1181,20 @@ func (x *RunReport) GetJPerPflop() float64 {
 	return 0
 }
 
+func (x *RunReport) GetAvgPowerTotalW() float64 {
+	if x != nil {
+		return x.AvgPowerTotalW
+	}
+	return 0
+}
+
+func (x *RunReport) GetPeakPowerTotalW() float64 {
+	if x != nil {
+		return x.PeakPowerTotalW
+	}
+	return 0
+}
+
 // EnergyBandCost is the energy booked to one tariff band.
 type EnergyBandCost struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1273,7 +1295,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xfb\x16\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xd3\x17\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -1358,7 +1380,9 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\vpeak_tflops\x18F \x01(\x01H\fR\n" +
 	"peakTflops\x88\x01\x01\x12\x15\n" +
 	"\x03mfu\x18G \x01(\x01H\rR\x03mfu\x88\x01\x01\x12#\n" +
-	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x1a9\n" +
+	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x12)\n" +
+	"\x11avg_power_total_w\x18I \x01(\x01R\x0eavgPowerTotalW\x12+\n" +
+	"\x12peak_power_total_w\x18J \x01(\x01R\x0fpeakPowerTotalW\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
