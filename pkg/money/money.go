@@ -70,7 +70,12 @@ func USDs(vs ...float64) []string {
 // (largest remainder): each part is within one unit of its last digit, the
 // total is rounded as it is. With a negative part each is rounded alone.
 func Split(total float64, parts ...float64) (string, []string) {
-	d := Decimals(append([]float64{total}, parts...)...)
+	return SplitDecimals(Decimals(append([]float64{total}, parts...)...), total, parts...)
+}
+
+// SplitDecimals is Split with the decimals given: for a part that is itself
+// split further below (a tariff's bands), in the decimals of its block.
+func SplitDecimals(d int, total float64, parts ...float64) (string, []string) {
 	out := make([]string, len(parts))
 	scale := math.Pow10(d)
 	units := make([]float64, len(parts))

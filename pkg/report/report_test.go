@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -223,5 +224,57 @@ func TestIncompleteRunIsMarked(t *testing.T) {
 	want := "INCOMPLETE: 12 batch(es) of this run were dropped on an agent (spool full); missing from the figures: 65536 tokens, 7200.5 J, 0.006667 GPU-hours"
 	if lines := strings.Split(buf.String(), "\n"); len(lines) < 2 || lines[1] != want {
 		t.Errorf("report starts:\n%s\nwant line 2: %s", buf.String()[:min(300, buf.Len())], want)
+	}
+}
+
+// costLine returns the dollar amount printed on a report line, in units of
+// its last digit, and its number of decimals.
+func costLine(t *testing.T, report, label string) (int64, int) {
+	t.Helper()
+	for _, l := range strings.Split(report, "\n") {
+		l = strings.TrimSpace(l)
+		if !strings.HasPrefix(l, label+":") {
+			continue
+		}
+		f := strings.Fields(strings.TrimPrefix(l, label+":"))
+		amount := strings.TrimPrefix(f[0], "$")
+		dot := strings.IndexByte(amount, '.')
+		n, err := strconv.ParseInt(strings.Replace(amount, ".", "", 1), 10, 64)
+		if err != nil || dot < 0 || strings.ContainsAny(amount, "eE") {
+			t.Fatalf("%s: %q is no plain dollar amount", label, l)
+		}
+		return n, len(amount) - dot - 1
+	}
+	t.Fatalf("no %q line in\n%s", label, report)
+	return 0, 0
+}
+
+// TestReportCostPartsAddUpToTheTotalAsPrinted: the issue's "gpu cost: $0.01
+// + energy cost: $0.0005 = total: $0.0122", and costs over six orders of
+// magnitude, with and without a priority multiplier.
+func TestReportCostPartsAddUpToTheTotalAsPrinted(t *testing.T) {
+	for _, gpuHours := range []float64{0.00001, 0.0055, 0.02, 0.7, 3, 41, 1234} {
+		for _, mult := range []float64{1, 1.5} {
+			r := fullRun()
+			r.EnergyBands = nil
+			r.GpuHours = gpuHours
+			r.CostUsd = gpuHours * 2.1
+			r.EnergyCostUsd = gpuHours * 0.0917
+			r.PriorityMultiplier = mult
+			r.TotalCostUsd = r.CostUsd*mult + r.EnergyCostUsd
+			var b bytes.Buffer
+			if err := WriteReport(&b, r); err != nil {
+				t.Fatal(err)
+			}
+			gpu, d1 := costLine(t, b.String(), "gpu cost")
+			energy, d2 := costLine(t, b.String(), "energy cost")
+			total, d3 := costLine(t, b.String(), "total")
+			if d1 != d2 || d2 != d3 || gpu+energy != total {
+				t.Errorf("%v GPU-hours ×%v: gpu %d + energy %d != total %d (decimals %d %d %d) in\n%s", gpuHours, mult, gpu, energy, total, d1, d2, d3, b.String())
+			}
+			if total == 0 {
+				t.Errorf("%v GPU-hours: total $%.9f printed as 0", gpuHours, r.TotalCostUsd)
+			}
+		}
 	}
 }

@@ -79,11 +79,12 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	a := &Agent{cfg: cfg, backend: backend, clock: clk, host: hostSampler, log: logger,
 		loopDone: make(chan struct{}), stopLoop: make(chan struct{}), self: newSelfStats(clk.Now())}
 	lcfg := ledger.Config{
-		Devices:       backend.Devices(),
-		DefaultWarmup: cfg.Warmup,
-		MaxGap:        max(5*cfg.Interval, 250*time.Millisecond),
-		Logger:        logger,
-		RawSamples:    cfg.RawSamples,
+		Devices:            backend.Devices(),
+		DefaultWarmup:      cfg.Warmup,
+		DefaultWarmupSteps: cfg.WarmupSteps,
+		MaxGap:             max(5*cfg.Interval, 250*time.Millisecond),
+		Logger:             logger,
+		RawSamples:         cfg.RawSamples,
 	}
 	if ls, ok := backend.(gpu.LoadSetter); ok {
 		lcfg.Load = ls

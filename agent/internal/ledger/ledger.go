@@ -32,6 +32,9 @@ type Config struct {
 	// DefaultWarmup is excluded from efficiency figures when run_start names
 	// neither warmup_s nor warmup_steps.
 	DefaultWarmup time.Duration
+	// DefaultWarmupSteps, when > 0, ends the default warmup at the run's
+	// N-th step if that comes before DefaultWarmup.
+	DefaultWarmupSteps uint64
 	// Window is the batch length (default 1 s); windows are aligned to it.
 	Window time.Duration
 	// Settle is how long after a window's end it is closed, so every meter has

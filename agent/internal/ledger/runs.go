@@ -21,9 +21,12 @@ type Peer struct {
 type run struct {
 	id          string
 	start       time.Time
-	warmup      time.Duration // time-based warmup, when warmupSteps == 0
-	warmupSteps uint64
-	warmupEnd   time.Time // zero until known
+	warmup      time.Duration // time-based warmup
+	warmupSteps uint64        // step-based warmup (0: none)
+	// warmupEnd is zero until known. With both warmups (the agent's
+	// default) it is the time-based end until the warmup_steps-th step
+	// comes first.
+	warmupEnd time.Time
 	// uid is the uid of the process that started the run (SO_PEERCRED);
 	// events from other uids are refused (root excepted). uidSet is false
 	// only for a run that no peer has claimed yet (restored after a restart).
@@ -138,16 +141,17 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 	}
 	gpus = l.startAttributed(ev, gpus, explicit)
 	r := &run{
-		id:         ev.Run,
-		start:      now,
-		warmup:     l.cfg.DefaultWarmup,
-		members:    map[uint64]string{p.ConnID: rankKey(p, ev)},
-		uid:        p.UID,
-		uidSet:     true,
-		totals:     map[string]uint64{},
-		shipped:    map[string]uint64{},
-		gpuChanges: []gpuSet{{at: now, gpus: gpus}},
-		meta:       metaOf(ev),
+		id:          ev.Run,
+		start:       now,
+		warmup:      l.cfg.DefaultWarmup,
+		warmupSteps: l.cfg.DefaultWarmupSteps,
+		members:     map[uint64]string{p.ConnID: rankKey(p, ev)},
+		uid:         p.UID,
+		uidSet:      true,
+		totals:      map[string]uint64{},
+		shipped:     map[string]uint64{},
+		gpuChanges:  []gpuSet{{at: now, gpus: gpus}},
+		meta:        metaOf(ev),
 	}
 	if ev.AttributePID != nil {
 		r.attributePID = int(*ev.AttributePID)
@@ -362,7 +366,7 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 		r.rankSteps = map[uint64]uint64{}
 	}
 	r.rankSteps[p.ConnID]++
-	if r.warmupEnd.IsZero() && r.warmupSteps > 0 {
+	if r.warmupSteps > 0 && (r.warmupEnd.IsZero() || now.Before(r.warmupEnd)) {
 		// "step" is the number of steps completed (1-based, as HF's
 		// global_step), so warmup_steps = N ends when step N is reported.
 		// Without step numbers, the N-th step event ends it.

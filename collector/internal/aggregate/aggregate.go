@@ -31,6 +31,10 @@
 //     is an upper bound of the true simultaneous peak when nodes' ticks are not
 //     aligned. Buckets are kept only while they can still change (see
 //     PeakHorizon); a window for an already folded bucket counts alone.
+//   - avg_power_total_W = energy_total_J / wall_s; peak_power_total_W =
+//     max(peak_power_W, Σ over nodes of the node's highest warmup window
+//     peak): the whole run, warmup included (an upper bound on several
+//     nodes, whose warmup peaks need not coincide).
 //   - tokens_processed = Σ tokens; tokens_measured = Σ tokens_measured; steps,
 //     data_wait_s, compute_s are sums over all windows.
 //   - tok_per_s = tokens_measured / (wall_s − warmup_s); J_per_token =
@@ -151,6 +155,9 @@ type NodeState struct {
 	// in each Unix second, seconds ascending (peak.go).
 	PeakSeconds []int64   `json:"peak_seconds,omitempty"`
 	PeakWatts   []float64 `json:"peak_watts,omitempty"`
+	// WarmupPeak is the highest peak of the node's warmup windows (W), for
+	// the whole run's peak (peak_power_total_W).
+	WarmupPeak float64 `json:"warmup_peak,omitempty"`
 }
 
 func (n *NodeState) ended() bool { return n.HasEnd && n.EndMax >= n.StartMax }
@@ -427,6 +434,7 @@ func (s *State) AddWindowBanded(node string, w *trainmeterv1.RunWindow, bands En
 	n.HasWindow = true
 
 	if w.GetPhase() != trainmeterv1.Phase_PHASE_MEASURED {
+		n.WarmupPeak = max(n.WarmupPeak, w.GetPeakPowerW())
 		s.foldBuckets()
 		return
 	}
@@ -572,6 +580,16 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 		r.TokPerS = float64(s.TokensMeasured) / measuredS
 	}
 	r.PeakPowerW = s.Peak()
+	// The whole run's power does not depend on the warmup: a run that never
+	// left it still shows what it drew.
+	if r.WallS > 0 {
+		r.AvgPowerTotalW = r.EnergyTotalJ / r.WallS
+	}
+	var warmupPeak float64
+	for _, n := range s.Nodes {
+		warmupPeak += n.WarmupPeak
+	}
+	r.PeakPowerTotalW = max(r.PeakPowerW, warmupPeak)
 	if s.TokensMeasured > 0 {
 		r.JPerToken = r.EnergyJ / float64(s.TokensMeasured)
 	}

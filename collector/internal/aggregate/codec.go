@@ -320,7 +320,7 @@ func nodeToProto(n *NodeState) *storev1.Node {
 	return &storev1.Node{
 		Started: n.Started, StartMin: n.StartMin, StartMax: n.StartMax, HasEnd: n.HasEnd,
 		EndMax: n.EndMax, Watermark: n.Watermark, HasWindow: n.HasWindow, GpuSeconds: n.GPUSeconds,
-		PeakSeconds: n.PeakSeconds, PeakWatts: n.PeakWatts,
+		PeakSeconds: n.PeakSeconds, PeakWatts: n.PeakWatts, WarmupPeak: n.WarmupPeak,
 	}
 }
 
@@ -329,7 +329,7 @@ func nodeFromProto(n *storev1.Node) *NodeState {
 		Started: n.GetStarted(), StartMin: n.GetStartMin(), StartMax: n.GetStartMax(),
 		HasEnd: n.GetHasEnd(), EndMax: n.GetEndMax(), Watermark: n.GetWatermark(),
 		HasWindow: n.GetHasWindow(), GPUSeconds: n.GetGpuSeconds(),
-		PeakSeconds: n.GetPeakSeconds(), PeakWatts: n.GetPeakWatts(),
+		PeakSeconds: n.GetPeakSeconds(), PeakWatts: n.GetPeakWatts(), WarmupPeak: n.GetWarmupPeak(),
 	}
 }
 
