@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/trainmeter/trainmeter/pkg/money"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -315,7 +316,7 @@ func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
 		t.Errorf("total savings $%v: below one recommendation's $%v or above the run's cost $%v", resp.TotalSavingsUsd, es.SavingsUsd, rep.TotalCostUsd)
 	}
 	out := c.cli("recommend", "es", "--min-confidence", "0.9")
-	if !strings.Contains(out, "[early_stopping]") || !strings.Contains(out, fmt.Sprintf("$%.2f", es.SavingsUsd)) || !strings.Contains(out, "total potential savings") {
+	if !strings.Contains(out, "[early_stopping]") || !strings.Contains(out, money.USD(es.SavingsUsd)) || !strings.Contains(out, "total potential savings") {
 		t.Errorf("recommend --min-confidence 0.9:\n%s", out)
 	}
 	if out := c.cli("recommend", "es", "--min-confidence", "0.95"); strings.Contains(out, "[early_stopping]") {

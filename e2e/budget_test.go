@@ -135,7 +135,7 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	c, collector := collectorAt(t, addr, data, collectorArgs...)
 	sock := c.startAgent("budget-node", "sim:2")
 	c.waitStreaming("budget-node")
-	if out := c.cli("budget", "set", "e2e-team-budget", "0.80"); !strings.Contains(out, "budget e2e-team-budget: $0.80 in total") {
+	if out := c.cli("budget", "set", "e2e-team-budget", "0.80"); !strings.Contains(out, "budget e2e-team-budget: $0.800 in total") {
 		t.Fatalf("budget set: %q", out)
 	}
 

@@ -17,6 +17,7 @@ import (
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 
 	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/pkg/money"
 )
 
 // Kinds of recommendations.
@@ -284,8 +285,8 @@ func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
 		SavingsUsd: float64(left) * perUSD, SavingsJ: float64(left) * perJ, Confidence: conf,
 		Risks:  []string{"the loss may improve again later (a learning-rate schedule, double descent)", "validation set noise can hide slow progress"},
 		RunIds: []string{id}, Model: r.Report.GetMetadata().GetModel(),
-		Evidence: fmt.Sprintf("epochs %d–%d after the stop epoch (%s) = %d × $%.4f/epoch (total $%.4f ÷ %d epochs done)",
-			stop+1, total, how, left, perUSD, r.Report.GetTotalCostUsd(), done),
+		Evidence: fmt.Sprintf("epochs %d–%d after the stop epoch (%s) = %d × %s/epoch (total %s ÷ %d epochs done)",
+			stop+1, total, how, left, money.Rate(perUSD), money.USD(r.Report.GetTotalCostUsd()), done),
 	}
 }
 
@@ -335,7 +336,7 @@ func EpochCount(r Run) *pb.Recommendation {
 		Confidence: math.Min(0.8, 0.4+0.05*float64(len(pts))),
 		Risks:      []string{fmt.Sprintf("gives up %.4g accuracy", best-knee.acc), "one run's curve; seeds differ"},
 		RunIds:     []string{id}, Model: r.Report.GetMetadata().GetModel(),
-		Evidence: fmt.Sprintf("epochs %d–%d after the knee (%s) = %d × $%.4f/epoch", knee.epoch+1, total, how, left, perUSD),
+		Evidence: fmt.Sprintf("epochs %d–%d after the knee (%s) = %d × %s/epoch", knee.epoch+1, total, how, left, money.Rate(perUSD)),
 	}
 }
 
@@ -431,7 +432,7 @@ func DatasetSize(runs []Run) []*pb.Recommendation {
 			Confidence: math.Min(0.8, 0.4+0.1*float64(len(sizes)-1)),
 			Risks:      []string{"rare cases in the dropped data may matter more than the mean accuracy shows"},
 			RunIds:     []string{small.run.Report.GetRunId(), large.run.Report.GetRunId()}, Model: model,
-			Evidence: fmt.Sprintf("cost of run %s $%.4f × (1 − %d/%d)", large.run.Report.GetRunId(), large.run.Report.GetTotalCostUsd(), small.size, large.size),
+			Evidence: fmt.Sprintf("cost of run %s %s × (1 − %d/%d)", large.run.Report.GetRunId(), money.USD(large.run.Report.GetTotalCostUsd()), small.size, large.size),
 		})
 	}
 	return out
@@ -549,14 +550,14 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*pb.Recommendation {
 			out = append(out, &pb.Recommendation{
 				Kind:  KindComputeTier,
 				Title: fmt.Sprintf("Run %s on %s instead of %s: %.0f%% cheaper per unit of throughput", model, best.name, t.name, 100*bestGap),
-				Action: fmt.Sprintf("Move %s from %s to %s ($%.3g vs $%.3g per Mtok at measured throughput)",
-					model, t.name, best.name, alt*1e6/3600, cur*1e6/3600),
+				Action: fmt.Sprintf("Move %s from %s to %s (%s vs %s per Mtok at measured throughput)",
+					model, t.name, best.name, money.Rate(alt*1e6/3600), money.Rate(cur*1e6/3600)),
 				SavingsUsd: bestGap * t.costUSD, SavingsJ: savedJ,
 				Confidence: math.Min(0.9, 0.6+0.1*float64(min(t.n, best.n))),
 				Risks:      risks,
 				RunIds:     t.runs, Model: model,
-				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s on %s: %s %.4g (%d runs), %s %.4g (%d runs); gap %.1f%% × GPU cost $%.4f; %s",
-					source, t.name, cur, t.n, best.name, alt, best.n, 100*bestGap, t.costUSD, energy),
+				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s on %s: %s %.4g (%d runs), %s %.4g (%d runs); gap %.1f%% × GPU cost %s; %s",
+					source, t.name, cur, t.n, best.name, alt, best.n, 100*bestGap, money.USD(t.costUSD), energy),
 			})
 		}
 	}
@@ -601,7 +602,7 @@ func BatchSize(r Run, all []Run) *pb.Recommendation {
 		SavingsUsd: frac * rep.GetTotalCostUsd(), SavingsJ: frac * rep.GetEnergyTotalJ(), Confidence: conf,
 		Risks:  []string{"a larger batch can change convergence (learning rate, generalisation)", "activation memory may grow faster than linearly"},
 		RunIds: []string{rep.GetRunId()}, Model: md.GetModel(),
-		Evidence: fmt.Sprintf("%s; savings = cost $%.4f × (1 − 1/%.3f)", how, rep.GetTotalCostUsd(), speedup),
+		Evidence: fmt.Sprintf("%s; savings = cost %s × (1 − 1/%.3f)", how, money.USD(rep.GetTotalCostUsd()), speedup),
 	}
 }
 

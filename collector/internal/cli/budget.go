@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -75,18 +76,6 @@ func writeProtoJSON(w io.Writer, m proto.Message) error {
 	return err
 }
 
-// usd shows cents, or more digits for amounts under a cent (short test
-// runs).
-func usd(v float64) string {
-	if v < 0 {
-		return "-" + usd(-v)
-	}
-	if v != 0 && v < 0.01 {
-		return fmt.Sprintf("$%.4f", v)
-	}
-	return fmt.Sprintf("$%.2f", v)
-}
-
 func newBudgetCommand(cf *clientFlags) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
@@ -113,8 +102,11 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 					if pol == "" {
 						pol = "alert"
 					}
+					// The same rounding as the alerts (pkg/money): spent and
+					// budget in the decimals of the larger.
+					amounts := money.USDs(b.GetBudget().GetLimitUsd(), b.GetSpentUsd(), b.GetProjectedUsd())
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", b.GetBudget().GetScope(), b.GetPeriodKey(),
-						usd(b.GetBudget().GetLimitUsd()), usd(b.GetSpentUsd()), pct(b.GetRatio()), usd(b.GetProjectedUsd()),
+						amounts[0], amounts[1], pct(b.GetRatio()), amounts[2],
 						pct(b.GetProjectedRatio()), b.GetRuns(), b.GetLiveRuns(), pol)
 				}
 				return tw.Flush()
@@ -149,7 +141,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 				if b.GetPeriod() == "month" {
 					per = "per calendar month"
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "budget %s: %s %s, policy %s\n", b.GetScope(), usd(b.GetLimitUsd()), per, pol)
+				fmt.Fprintf(cmd.OutOrStdout(), "budget %s: %s %s, policy %s\n", b.GetScope(), money.USD(b.GetLimitUsd()), per, pol)
 				return nil
 			})
 		},
@@ -233,6 +225,9 @@ func newForecastCommand(cf *clientFlags) *cobra.Command {
 				}
 				w := cmd.OutOrStdout()
 				fmt.Fprintf(w, "model %s: %d more run(s), based on the last %d ended run(s) (%s)\n", f.GetModel(), f.GetRuns(), len(f.GetBasedOn()), strings.Join(f.GetBasedOn(), ", "))
+				// One set of decimals for the whole forecast (pkg/money).
+				d := money.Decimals(f.GetMeanRunUsd(), f.GetExpectedUsd(), f.GetBudgetUsd(), f.GetRemainingUsd())
+				usd := func(v float64) string { return money.Fixed(v, d) }
 				fmt.Fprintf(w, "  per run     %s ± %s\n", usd(f.GetMeanRunUsd()), usd(f.GetStddevRunUsd()))
 				fmt.Fprintf(w, "  expected    %s ± %s\n", usd(f.GetExpectedUsd()), usd(f.GetStddevUsd()))
 				if !f.GetHasBudget() {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -63,7 +64,7 @@ func writeRecommendations(w io.Writer, resp *trainmeterv1.RecommendResponse, min
 	for i, r := range recs {
 		fmt.Fprintf(w, "%d. [%s] %s\n", i+1, r.GetKind(), r.GetTitle())
 		fmt.Fprintf(w, "   action:     %s\n", r.GetAction())
-		fmt.Fprintf(w, "   savings:    $%.2f, %.0f J\n", r.GetSavingsUsd(), r.GetSavingsJ())
+		fmt.Fprintf(w, "   savings:    %s, %.0f J\n", money.USD(r.GetSavingsUsd()), r.GetSavingsJ())
 		fmt.Fprintf(w, "   confidence: %.2f\n", r.GetConfidence())
 		if len(r.GetRisks()) > 0 {
 			fmt.Fprintf(w, "   risks:      %s\n", strings.Join(r.GetRisks(), "; "))
@@ -73,8 +74,8 @@ func writeRecommendations(w io.Writer, resp *trainmeterv1.RecommendResponse, min
 		}
 		fmt.Fprintf(w, "   runs:       %s\n", strings.Join(r.GetRunIds(), ", "))
 	}
-	fmt.Fprintf(w, "total potential savings: $%.2f, %.0f J (%d recommendations; overlapping ones counted once, never more than a run's cost)\n",
-		resp.GetTotalSavingsUsd(), resp.GetTotalSavingsJ(), len(recs))
+	fmt.Fprintf(w, "total potential savings: %s, %.0f J (%d recommendations; overlapping ones counted once, never more than a run's cost)\n",
+		money.USD(resp.GetTotalSavingsUsd()), resp.GetTotalSavingsJ(), len(recs))
 }
 
 // pct shows a ratio as a whole percentage; negative means unknown.

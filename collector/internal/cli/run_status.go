@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -153,9 +154,10 @@ func (s *runStatus) line(elapsed time.Duration, r *trainmeterv1.RunReport) strin
 		parts = append(parts, fmt.Sprintf("%.4g J/tok", e/float64(tok)))
 	}
 	if usd, ok := costSoFar(r); ok {
-		s := fmt.Sprintf("$%.4f", usd)
+		shown := money.USDs(usd, r.GetProjectedCostUsd())
+		s := shown[0]
 		if !r.GetEnded() && r.GetProjectionBasis() != "" && r.GetProjectedCostUsd() > usd {
-			s += fmt.Sprintf(" (→ $%.4f)", r.GetProjectedCostUsd())
+			s += " (→ " + shown[1] + ")"
 		}
 		parts = append(parts, s)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
 	"github.com/trainmeter/trainmeter/pkg/clock"
+	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/prices"
 )
 
@@ -309,8 +310,8 @@ func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c pr
 	a := budget.Alert{
 		Kind: budget.KindPrice, Severity: sev, Scope: mp.GPUName, Threshold: c.Change, Time: now,
 		GPUName: mp.GPUName, PriceUSDPerHour: mp.Median, ReferenceUSDPerHour: c.Reference, Change: c.Change,
-		Message: fmt.Sprintf("%s price %s %+.1f%%: median $%.3f/GPU-h vs $%.3f trailing %s average (cheapest $%.3f, %d offers)",
-			mp.GPUName, what, 100*c.Change, mp.Median, c.Reference, windowLabel(w.cfg.Rule.Window), mp.Cheapest, mp.Offers),
+		Message: fmt.Sprintf("%s price %s %+.1f%%: median %s/GPU-h vs %s trailing %s average (cheapest %s, %d offers)",
+			mp.GPUName, what, 100*c.Change, money.Rate(mp.Median), money.Rate(c.Reference), windowLabel(w.cfg.Rule.Window), money.Rate(mp.Cheapest), mp.Offers),
 	}
 	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", budget.KindPrice, k, now.UnixNano()), a)
 }
