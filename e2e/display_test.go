@@ -2,6 +2,11 @@ package e2e
 
 import (
 	"context"
+	"math"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,5 +61,77 @@ func TestEpochTableCountsEachEpochsSteps(t *testing.T) {
 			t.Errorf("epoch row %d: epoch %d, %d steps, partial %v; want epoch %d, %d steps, partial %v",
 				i, e.Epoch, e.Steps, e.Partial, i+1, want, i == epochs)
 		}
+	}
+}
+
+// reportFigure returns the number before unit on the report line labelled
+// label (e.g. "average", "W whole run"); ok false when it is "-".
+func reportFigure(t *testing.T, report, label, unit string) (float64, bool) {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(label) + `:.*?(\S+) ` + regexp.QuoteMeta(unit)).FindStringSubmatch(report)
+	if m == nil {
+		t.Fatalf("no %q line with %q in\n%s", label, unit, report)
+	}
+	if m[1] == "-" {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		t.Fatalf("%s: %q: %v", label, m[1], err)
+	}
+	return v, true
+}
+
+// TestRunShorterThanTheWarmupShowsItsPower: `trainmeter run -- sleep 3`
+// never leaves the default warmup (60 s): its whole-run power is still
+// shown (it was "- W"), and the report says why the efficiency figures are
+// empty and how to set the warmup. A trainer with steps (train_sim.py, 3 s
+// of 0.1 s steps, no warmup named) gets efficiency figures under the
+// default warmup, which ends at the 20th step.
+func TestRunShorterThanTheWarmupShowsItsPower(t *testing.T) {
+	c := startCollector(t)
+	sock := c.startAgent("short-node", "sim:2")
+	c.waitStreaming("short-node")
+
+	out, errOut, code := c.trainmeterRun("--socket", sock, "--collector", c.addr, "--run-id", "nap", "--", "sleep", "3")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	row := c.csvRow("nap")
+	wantAvg := num(t, row, "energy_total_J") / num(t, row, "wall_s")
+	avg, ok := reportFigure(t, out, "average", "W whole run")
+	if !ok || math.Abs(avg-wantAvg) > 0.1 {
+		t.Errorf("report's whole-run average power %v (shown %v), want energy_total_J / wall_s = %.1f W:\n%s", avg, ok, wantAvg, out)
+	}
+	peak, ok := reportFigure(t, out, "peak", "W whole run")
+	if !ok || peak < avg {
+		t.Errorf("report's whole-run peak power %v (shown %v), want at least the average %.1f W:\n%s", peak, ok, avg, out)
+	}
+	if _, ok := reportFigure(t, out, "average", "W after warmup"); ok {
+		t.Errorf("after-warmup power shown for a run that never left its warmup:\n%s", out)
+	}
+	for _, want := range []string{"never left its warmup", "warmup_s=", "trainmeter run --warmup", "--warmup-steps"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	runs := c.cli("runs")
+	if !regexp.MustCompile(`(?m)^nap\s.*\s` + strconv.Itoa(int(math.Round(wantAvg))) + `\s`).MatchString(runs) ||
+		!strings.Contains(runs, "never left the warmup") {
+		t.Errorf("runs: want nap's whole-run AVG W %.0f and the warmup note:\n%s", wantAvg, runs)
+	}
+
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	out, errOut, code = c.trainmeterRun("--socket", sock, "--collector", c.addr, "--run-id", "sim3", "--",
+		"python3", "clients/python/examples/train_sim.py", "--duration-s", "3", "--step-time", "0.1")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	row = c.csvRow("sim3")
+	if row["tok_per_s"] == "" || row["J_per_token"] == "" || num(t, row, "warmup_s") > 3 {
+		t.Errorf("train_sim 3 s under the default warmup: tok_per_s %q J_per_token %q warmup_s %q, want figures after a 20-step warmup",
+			row["tok_per_s"], row["J_per_token"], row["warmup_s"])
 	}
 }
