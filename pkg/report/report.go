@@ -58,6 +58,8 @@ var header = []string{
 	"usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points", "usd_per_accuracy_point",
 	"efficiency_score", "steps_per_s", "epoch_s", "est_total_s", "flops_per_step", "flops_total",
 	"peak_TFLOPS", "mfu", "J_per_PFLOP",
+	// whole-run power, warmup included (i15-display; docs/measurement.md)
+	"avg_power_total_W", "peak_power_total_W",
 }
 
 // Header returns the CSV header row.
@@ -236,8 +238,13 @@ func Row(r *RunReport) []string {
 		opt(r.PeakTflops, F),
 		opt(r.Mfu, F),
 		opt(r.JPerPflop, G9),
+
+		fOK(AvgPowerTotal(r)),
+		fOK(PeakPowerTotal(r)),
 	}
 }
+
+func fOK(v float64, ok bool) string { return fIf(ok, v) }
 
 // opt formats an optional figure; "" when it is unknown.
 func opt(v *float64, format func(float64) string) string {

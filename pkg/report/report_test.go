@@ -160,7 +160,7 @@ func TestUnknownsAreEmpty(t *testing.T) {
 		"energy_disagreement_pct", "data_wait_share", "last_loss", "total_cost_usd", "projected_cost_usd",
 		"gpu_price_source", "usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points",
 		"usd_per_accuracy_point", "efficiency_score", "steps_per_s", "epoch_s", "est_total_s",
-		"flops_per_step", "flops_total", "peak_TFLOPS", "mfu", "J_per_PFLOP"} {
+		"flops_per_step", "flops_total", "peak_TFLOPS", "mfu", "J_per_PFLOP", "peak_power_total_W"} {
 		if got := cell(t, r, col); got != "" {
 			t.Errorf("%s = %q, want empty", col, got)
 		}
@@ -275,6 +275,32 @@ func TestReportCostPartsAddUpToTheTotalAsPrinted(t *testing.T) {
 			if total == 0 {
 				t.Errorf("%v GPU-hours: total $%.9f printed as 0", gpuHours, r.TotalCostUsd)
 			}
+		}
+	}
+}
+
+// TestWholeRunPowerOfARunInItsWarmup: a run that never left its warmup has
+// no after-warmup power, but its whole-run average is energy_total_J /
+// wall_s, in the CSV as in the report.
+func TestWholeRunPowerOfARunInItsWarmup(t *testing.T) {
+	r := sparseRun()
+	r.PeakPowerTotalW = 130
+	if got := cell(t, r, "avg_power_total_W"); got != "102.875" {
+		t.Errorf("avg_power_total_W = %q, want 1234.5 J / 12 s = 102.875", got)
+	}
+	if got := cell(t, r, "peak_power_total_W"); got != "130" {
+		t.Errorf("peak_power_total_W = %q, want 130", got)
+	}
+	if got := cell(t, r, "avg_power_W"); got != "" {
+		t.Errorf("avg_power_W (after warmup) = %q, want empty", got)
+	}
+	var b bytes.Buffer
+	if err := WriteReport(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"average:           102.9 W whole run, - W after warmup", "peak:              130.0 W whole run, - W after warmup", "still in its warmup"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}
 	}
 }
