@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"os/exec"
 	"regexp"
@@ -133,5 +134,28 @@ func TestRunShorterThanTheWarmupShowsItsPower(t *testing.T) {
 	if row["tok_per_s"] == "" || row["J_per_token"] == "" || num(t, row, "warmup_s") > 3 {
 		t.Errorf("train_sim 3 s under the default warmup: tok_per_s %q J_per_token %q warmup_s %q, want figures after a 20-step warmup",
 			row["tok_per_s"], row["J_per_token"], row["warmup_s"])
+	}
+
+	// `runs` ENERGY is the whole run, as `summary`'s energy is (it was the
+	// after-warmup energy under the same word), and its header says so.
+	runs = c.cli("runs")
+	if !strings.Contains(runs, "ENERGY kJ") || !strings.Contains(runs, "whole run, all GPUs") || !strings.Contains(runs, "VRAM PEAK MiB") {
+		t.Errorf("runs header does not name ENERGY's scope and unit:\n%s", runs)
+	}
+	m := regexp.MustCompile(`(?m)^sim3\s.*?\s(\d+\.\d)\s+\d+\s+\S+\s*$`).FindStringSubmatch(runs)
+	total, measured := num(t, row, "energy_total_J")/1000, num(t, row, "energy_J")/1000
+	if m == nil {
+		t.Fatalf("no sim3 row with ENERGY kJ in\n%s", runs)
+	}
+	if got, _ := strconv.ParseFloat(m[1], 64); math.Abs(got-total) > 0.051 || math.Abs(total-measured) < 0.1 {
+		t.Errorf("runs ENERGY kJ %v, want the whole run's %.3f (after warmup: %.3f)", got, total, measured)
+	}
+	sum := c.cli("summary")
+	var allJ float64
+	for _, id := range []string{"nap", "sim3"} {
+		allJ += num(t, c.csvRow(id), "energy_total_J")
+	}
+	if !strings.Contains(sum, fmt.Sprintf("= %.1f kJ (whole runs", allJ/1000)) {
+		t.Errorf("summary energy, want %.1f kJ (nap + sim3 whole runs):\n%s", allJ/1000, sum)
 	}
 }

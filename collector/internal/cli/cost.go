@@ -163,8 +163,8 @@ func newSummaryCommand(cf *clientFlags) *cobra.Command {
 			// Whole runs, warmup included, like `runs` ENERGY kJ: the two
 			// agree (docs/measurement.md).
 			costs := money.USDs(s.TotalCostUSD, s.ProjectedCostUSD)
-			fmt.Fprintf(out, "runs: %d (%d running)\nGPU-hours: %.3f (whole runs, warmup included)\nenergy: %.3f kWh (whole runs, all GPUs, warmup included)\ntotal cost: %s (projected at completion: %s)\nCO2: %.3f kg\n\n",
-				s.Runs, s.Running, s.GPUHours, s.EnergyKWh, costs[0], costs[1], s.CO2Kg)
+			fmt.Fprintf(out, "runs: %d (%d running)\nGPU-hours: %.3f (whole runs, warmup included)\nenergy: %.3f kWh = %.1f kJ (whole runs, all GPUs, warmup included)\ntotal cost: %s (projected at completion: %s)\nCO2: %.3f kg\n\n",
+				s.Runs, s.Running, s.GPUHours, s.EnergyKWh, s.EnergyKWh*3600, costs[0], costs[1], s.CO2Kg)
 			if len(s.Models) == 0 {
 				fmt.Fprintln(out, "no runs yet")
 				return nil
