@@ -117,7 +117,7 @@ func TestRunShorterThanTheWarmupShowsItsPower(t *testing.T) {
 		}
 	}
 	runs := c.cli("runs")
-	if !regexp.MustCompile(`(?m)^nap\s.*\s` + strconv.Itoa(int(math.Round(wantAvg))) + `\s`).MatchString(runs) ||
+	if !regexp.MustCompile(`(?m)^nap\s.*\s`+strconv.Itoa(int(math.Round(wantAvg)))+`\s`).MatchString(runs) ||
 		!strings.Contains(runs, "never left the warmup") {
 		t.Errorf("runs: want nap's whole-run AVG W %.0f and the warmup note:\n%s", wantAvg, runs)
 	}
