@@ -90,7 +90,7 @@ func reportFigure(t *testing.T, report, label, unit string) (float64, bool) {
 // of 0.1 s steps, no warmup named) gets efficiency figures under the
 // default warmup, which ends at the 20th step.
 func TestRunShorterThanTheWarmupShowsItsPower(t *testing.T) {
-	c := startCollector(t)
+	c := startCollector(t, "--gpu-price-per-hour", "2.10", "--energy-price-kwh", "0.15")
 	sock := c.startAgent("short-node", "sim:2")
 	c.waitStreaming("short-node")
 
@@ -150,6 +150,23 @@ func TestRunShorterThanTheWarmupShowsItsPower(t *testing.T) {
 	if got, _ := strconv.ParseFloat(m[1], 64); math.Abs(got-total) > 0.051 || math.Abs(total-measured) < 0.1 {
 		t.Errorf("runs ENERGY kJ %v, want the whole run's %.3f (after warmup: %.3f)", got, total, measured)
 	}
+	// A run of a fraction of a cent: its cost lines add up as printed (they
+	// showed gpu $0.01 + energy $0.0005 = total $0.0122).
+	rep := c.cli("report", "sim3")
+	var cents [3]int64
+	var decimals [3]int
+	for i, label := range []string{"gpu cost", "energy cost", "total"} {
+		m := regexp.MustCompile(`(?m)^\s+` + label + `:\s+\$(\d+)\.(\d+)\s`).FindStringSubmatch(rep)
+		if m == nil {
+			t.Fatalf("no plain dollar amount on the %q line:\n%s", label, rep)
+		}
+		cents[i], _ = strconv.ParseInt(m[1]+m[2], 10, 64)
+		decimals[i] = len(m[2])
+	}
+	if cents[0]+cents[1] != cents[2] || decimals[0] != decimals[2] || decimals[1] != decimals[2] || cents[2] == 0 {
+		t.Errorf("gpu cost + energy cost != total as printed:\n%s", rep)
+	}
+
 	sum := c.cli("summary")
 	var allJ float64
 	for _, id := range []string{"nap", "sim3"} {
