@@ -225,8 +225,9 @@ func newForecastCommand(cf *clientFlags) *cobra.Command {
 				}
 				w := cmd.OutOrStdout()
 				fmt.Fprintf(w, "model %s: %d more run(s), based on the last %d ended run(s) (%s)\n", f.GetModel(), f.GetRuns(), len(f.GetBasedOn()), strings.Join(f.GetBasedOn(), ", "))
-				// One set of decimals for the whole forecast (pkg/money).
-				d := money.Decimals(f.GetMeanRunUsd(), f.GetExpectedUsd(), f.GetBudgetUsd(), f.GetRemainingUsd())
+				// One set of decimals for the whole forecast (pkg/money),
+				// enough for its smallest figure: the cost of one run.
+				d := max(money.Decimals(f.GetMeanRunUsd()), money.Decimals(f.GetExpectedUsd()), money.Decimals(f.GetBudgetUsd()))
 				usd := func(v float64) string { return money.Fixed(v, d) }
 				fmt.Fprintf(w, "  per run     %s ± %s\n", usd(f.GetMeanRunUsd()), usd(f.GetStddevRunUsd()))
 				fmt.Fprintf(w, "  expected    %s ± %s\n", usd(f.GetExpectedUsd()), usd(f.GetStddevUsd()))
