@@ -605,14 +605,18 @@ func BatchSize(r Run, all []Run) *pb.Recommendation {
 	}
 }
 
-// Power: among runs of one model on one GPU model, a run at a lower
-// average power per GPU whose J/token is at least PowerMinSaving lower at
-// no more than PowerMaxSlowdown less throughput shows that a lower power
-// limit pays: recommended to the higher-power runs, savings_J = (J/token
+// Power: among like runs (likeKey: same model, GPU model, batch size,
+// sequence length, precision and world size), a run at a lower average
+// power per GPU whose J/token is at least PowerMinSaving lower at no more
+// than PowerMaxSlowdown less throughput shows that a lower power limit
+// pays: recommended to the higher-power runs, savings_J = (J/token
 // difference) × their tokens, savings_usd = energy saved × their $/kWh −
-// the extra GPU-hours of the slowdown. Without such a pair, a heuristic
-// (low confidence) for runs averaging ≥ PowerBusyShare of a known power
-// limit. trainmeter reports; it never changes a limit.
+// the extra GPU-hours of the slowdown. The evidence names the like runs
+// compared. Runs that differ in any of those would compare the setting,
+// not the power: a larger batch or more GPUs changes both J/token and power
+// per GPU. Without such a pair, a heuristic (low confidence) for runs
+// averaging ≥ PowerBusyShare of a known power limit. trainmeter reports; it
+// never changes a limit.
 func Power(runs []Run) []*pb.Recommendation {
 	var out []*pb.Recommendation
 	covered := map[string]bool{}
@@ -623,7 +627,7 @@ func Power(runs []Run) []*pb.Recommendation {
 		if rep.GetJPerToken() <= 0 || rep.GetTokPerS() <= 0 || rep.GetGpus() == 0 || rep.GetMetadata().GetModel() == "" {
 			continue
 		}
-		k := rep.GetMetadata().GetModel() + "\x00" + rep.GetGpuName()
+		k := likeKey(rep)
 		if groups[k] == nil {
 			groups[k] = &group{}
 		}
@@ -656,12 +660,13 @@ func Power(runs []Run) []*pb.Recommendation {
 			out = append(out, &pb.Recommendation{
 				Kind:  KindPower,
 				Title: fmt.Sprintf("Run %s at a lower power limit (~%.0f W per GPU, as run %s)", h.GetMetadata().GetModel(), perGPU(*bestLo), l.GetRunId()),
-				Action: fmt.Sprintf("Lower the GPU power limit towards %.0f W (nvidia-smi -pl); measured %.1f%% less J/token for %.1f%% less throughput",
-					perGPU(*bestLo), 100*(1-l.GetJPerToken()/h.GetJPerToken()), 100*slow),
+				Action: fmt.Sprintf("Lower the GPU power limit towards %.0f W (nvidia-smi -pl); measured %.1f%% less J/token for %s",
+					perGPU(*bestLo), 100*(1-l.GetJPerToken()/h.GetJPerToken()), throughputChange(slow)),
 				SavingsUsd: max(0, usd), SavingsJ: savedJ, Confidence: 0.6,
 				Risks:  []string{"longer wall time (GPU-hours cost more than the energy saved when energy is cheap)", "trainmeter reports this; it never changes a power limit"},
 				RunIds: []string{h.GetRunId()}, Model: h.GetMetadata().GetModel(),
-				Evidence: fmt.Sprintf("J/token %.4g vs %.4g × %d tokens", h.GetJPerToken(), l.GetJPerToken(), h.GetTokensMeasured()),
+				Evidence: fmt.Sprintf("J/token %.4g vs %.4g × %d tokens; compared like runs %s (%s)", h.GetJPerToken(), l.GetJPerToken(), h.GetTokensMeasured(),
+					strings.Join(runIDs(g.runs), ", "), likeDescription(h)),
 			})
 		}
 	}
@@ -687,6 +692,68 @@ func Power(runs []Run) []*pb.Recommendation {
 		})
 	}
 	return out
+}
+
+// likeKey is what two runs must share for the power rule to compare them:
+// model, GPU model, batch size, sequence length, precision and world size
+// (GPUs and nodes; the collector is not told the ranks, and the trainers
+// run one rank per GPU). A field neither run reported matches (both
+// unknown); one reported by only one of them does not.
+func likeKey(r *pb.RunReport) string {
+	m := r.GetMetadata()
+	opt := func(has bool, v int64) string {
+		if !has {
+			return "?"
+		}
+		return fmt.Sprint(v)
+	}
+	return strings.Join([]string{m.GetModel(), r.GetGpuName(), opt(m.GetHasBatchSize(), m.GetBatchSize()),
+		opt(m.GetHasSeqLen(), m.GetSeqLen()), m.GetPrecision(), fmt.Sprint(r.GetGpus()), fmt.Sprint(r.GetNodes())}, "\x00")
+}
+
+// likeDescription says what the like runs share, for the evidence.
+func likeDescription(r *pb.RunReport) string {
+	m := r.GetMetadata()
+	orUnknown := func(s string) string {
+		if s == "" {
+			return "not reported"
+		}
+		return s
+	}
+	opt := func(has bool, v int64) string {
+		if !has {
+			return "not reported"
+		}
+		return fmt.Sprint(v)
+	}
+	return fmt.Sprintf("model %s, GPU %s, batch size %s, seq len %s, precision %s, world size %s on %s",
+		m.GetModel(), orUnknown(r.GetGpuName()), opt(m.GetHasBatchSize(), m.GetBatchSize()), opt(m.GetHasSeqLen(), m.GetSeqLen()),
+		orUnknown(m.GetPrecision()), plural(int(r.GetGpus()), "GPU"), plural(int(r.GetNodes()), "node"))
+}
+
+func runIDs(runs []Run) []string {
+	ids := make([]string, len(runs))
+	for i, r := range runs {
+		ids[i] = r.Report.GetRunId()
+	}
+	return ids
+}
+
+// throughputChange words a slowdown share; the lower-power run may also
+// have been faster.
+func throughputChange(slow float64) string {
+	if slow < 0 {
+		return fmt.Sprintf("%.1f%% more throughput", -100*slow)
+	}
+	return fmt.Sprintf("%.1f%% less throughput", 100*slow)
+}
+
+// plural is "1 GPU", "2 GPUs".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, noun)
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func kwhPrice(r *pb.RunReport) float64 {
