@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/trainmeter/trainmeter/internal/plural"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 
 	"github.com/trainmeter/trainmeter/pkg/cost"
@@ -223,12 +224,12 @@ func costPerEpoch(r *pb.RunReport, done int64) (usd, joules float64) {
 // unreached epochs.
 func lastEpoch(r Run, done int64) (int64, string) {
 	if r.Report.GetEnded() {
-		return done, fmt.Sprintf("ended after %d epochs", done)
+		return done, fmt.Sprintf("ended after %s", plural.N(done, "epoch"))
 	}
 	if int64(r.PlannedEpochs) > done {
-		return int64(r.PlannedEpochs), fmt.Sprintf("live, %d of %d planned epochs done", done, r.PlannedEpochs)
+		return int64(r.PlannedEpochs), fmt.Sprintf("live, %d of %s done", done, plural.N(r.PlannedEpochs, "planned epoch"))
 	}
-	return done, fmt.Sprintf("live, %d epochs done", done)
+	return done, fmt.Sprintf("live, %s done", plural.N(done, "epoch"))
 }
 
 // EarlyStopping: validation loss has not improved by MinDelta (relative)
@@ -279,13 +280,13 @@ func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
 	return &pb.Recommendation{
 		Kind:  KindEarlyStopping,
 		Title: fmt.Sprintf("Stop %s at epoch %d: validation loss plateaued", id, stop),
-		Action: fmt.Sprintf("Stop at epoch %d (best val_loss %.4g at epoch %d; no improvement ≥ %.0f%% for %d evaluations); use early stopping with patience %d",
-			stop, best, bestEpoch, 100*minDelta, patience, patience),
+		Action: fmt.Sprintf("Stop at epoch %d (best val_loss %.4g at epoch %d; no improvement ≥ %.0f%% for %s); use early stopping with patience %d",
+			stop, best, bestEpoch, 100*minDelta, plural.N(patience, "evaluation"), patience),
 		SavingsUsd: float64(left) * perUSD, SavingsJ: float64(left) * perJ, Confidence: conf,
 		Risks:  []string{"the loss may improve again later (a learning-rate schedule, double descent)", "validation set noise can hide slow progress"},
 		RunIds: []string{id}, Model: r.Report.GetMetadata().GetModel(),
-		Evidence: fmt.Sprintf("epochs %d–%d after the stop epoch (%s) = %d × $%.4f/epoch (total $%.4f ÷ %d epochs done)",
-			stop+1, total, how, left, perUSD, r.Report.GetTotalCostUsd(), done),
+		Evidence: fmt.Sprintf("epochs %d–%d after the stop epoch (%s) = %d × $%.4f/epoch (total $%.4f ÷ %s done)",
+			stop+1, total, how, left, perUSD, r.Report.GetTotalCostUsd(), plural.N(done, "epoch")),
 	}
 }
 
@@ -329,7 +330,7 @@ func EpochCount(r Run) *pb.Recommendation {
 	id := r.Report.GetRunId()
 	return &pb.Recommendation{
 		Kind:       KindEpochCount,
-		Title:      fmt.Sprintf("Train %s for %d epochs instead of %d", r.Report.GetMetadata().GetModel(), knee.epoch, total),
+		Title:      fmt.Sprintf("Train %s for %s instead of %d", r.Report.GetMetadata().GetModel(), plural.N(knee.epoch, "epoch"), total),
 		Action:     fmt.Sprintf("Set the epoch count to %d: it reached %.4g of the best accuracy %.4g (%.0f%% of the gain)", knee.epoch, knee.acc, best, 100*KneeShare),
 		SavingsUsd: float64(left) * perUSD, SavingsJ: float64(left) * perJ,
 		Confidence: math.Min(0.8, 0.4+0.05*float64(len(pts))),
@@ -728,7 +729,7 @@ func likeDescription(r *pb.RunReport) string {
 	}
 	return fmt.Sprintf("model %s, GPU %s, batch size %s, seq len %s, precision %s, world size %s on %s",
 		m.GetModel(), orUnknown(r.GetGpuName()), opt(m.GetHasBatchSize(), m.GetBatchSize()), opt(m.GetHasSeqLen(), m.GetSeqLen()),
-		orUnknown(m.GetPrecision()), plural(int(r.GetGpus()), "GPU"), plural(int(r.GetNodes()), "node"))
+		orUnknown(m.GetPrecision()), plural.N(r.GetGpus(), "GPU"), plural.N(r.GetNodes(), "node"))
 }
 
 func runIDs(runs []Run) []string {
@@ -746,14 +747,6 @@ func throughputChange(slow float64) string {
 		return fmt.Sprintf("%.1f%% more throughput", -100*slow)
 	}
 	return fmt.Sprintf("%.1f%% less throughput", 100*slow)
-}
-
-// plural is "1 GPU", "2 GPUs".
-func plural(n int, noun string) string {
-	if n == 1 {
-		return fmt.Sprintf("%d %s", n, noun)
-	}
-	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func kwhPrice(r *pb.RunReport) float64 {

@@ -64,7 +64,8 @@ type runOptions struct {
 
 func newRunCommand(cf *clientFlags) *cobra.Command {
 	o := &runOptions{meta: map[string]any{}, tick: time.Second}
-	var model, dataset, backend, optimizer, precision, notes string
+	var model, dataset, backend, optimizer, precision, notes, budgetScope string
+	var labels []string
 	var batchSize, seqLen int64
 	var warmup time.Duration
 	c := &cobra.Command{
@@ -91,6 +92,19 @@ the command still runs, unmeasured.`,
 			}
 			if f.Changed("seq-len") {
 				o.meta["seq_len"] = seqLen
+			}
+			if f.Changed("budget-scope") {
+				if budgetScope == "" {
+					return errors.New("--budget-scope is empty: give the scope whose budget this run counts against, e.g. --budget-scope team-nlp (trainmeter budget set SCOPE USD)")
+				}
+				o.meta["budget_scope"] = budgetScope
+			}
+			lm, err := parseLabels("--label", labels)
+			if err != nil {
+				return err
+			}
+			if lm != nil {
+				o.meta["labels"] = lm
 			}
 			if f.Changed("warmup") {
 				if warmup < 0 {
@@ -144,6 +158,8 @@ the command still runs, unmeasured.`,
 	f.Int64Var(&batchSize, "batch-size", 0, "batch size")
 	f.Int64Var(&seqLen, "seq-len", 0, "sequence length")
 	f.StringVar(&notes, "notes", "", "free-form notes")
+	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE of the run (repeatable), for budgets (label:KEY=VALUE) and runs --label")
+	f.StringVar(&budgetScope, "budget-scope", "", "the budget scope this run counts against (docs/budgets.md)")
 	f.DurationVar(&warmup, "warmup", 0, "warmup to exclude from efficiency figures (default: the script's client's, else the agent's)")
 	f.DurationVar(&o.statusEvery, "status-every", 10*time.Second, "period of the status lines when stderr is not a terminal")
 	f.DurationVar(&o.reportWait, "report-wait", 10*time.Second, "how long to wait for the collector to see the run end before printing the report")

@@ -218,7 +218,9 @@ type FetchResult struct {
 }
 
 // ErrNoProvider: the collector has no price provider configured.
-var ErrNoProvider = errors.New("no price provider configured (trainmeter serve --price-provider vastai|file)")
+var ErrNoProvider = errors.New("no price provider configured: start the collector with `trainmeter serve --price-provider vastai` " +
+	"(API key in $TRAINMETER_VASTAI_KEY or --vastai-key-file) or `--price-provider file --price-file FILE`, " +
+	"or load a price list now with `trainmeter prices import FILE`")
 
 // Fetch gets offers now, records each model's price point, and fires the
 // price alerts due.
