@@ -62,6 +62,22 @@ type runOptions struct {
 	tick time.Duration
 }
 
+// runStartFields are the keys the agent reads from run_start itself (the
+// agent's trainerproto.runStartKeys; kept in step by hand, as the collector
+// cannot import the agent's packages); every other key is a label.
+var runStartFields = map[string]bool{
+	"event": true, "run_id": true,
+	"model": true, "dataset": true, "backend": true, "optimizer": true, "precision": true, "notes": true,
+	"batch_size": true, "grad_accum": true, "seq_len": true, "seed": true,
+	"warmup_s": true, "warmup_steps": true, "gpus": true, "cuda_visible_devices": true,
+	"num_workers": true, "prefetch_factor": true, "planned_steps": true,
+	"planned_tokens": true, "planned_epochs": true, "params": true, "dataset_size": true,
+	"target_gpu_utilization": true, "max_ram_usage": true, "adjustment_interval": true,
+	"gpu_price_per_hour": true, "budget_scope": true,
+	"rank": true, "world_size": true, "local_rank": true, "client_id": true,
+	"attribute_pid": true,
+}
+
 func newRunCommand(cf *clientFlags) *cobra.Command {
 	o := &runOptions{meta: map[string]any{}, tick: time.Second}
 	var model, dataset, backend, optimizer, precision, notes, budgetScope string
@@ -103,8 +119,14 @@ the command still runs, unmeasured.`,
 			if err != nil {
 				return err
 			}
-			if lm != nil {
-				o.meta["labels"] = lm
+			// The protocol takes labels as run_start's extra scalar keys
+			// (docs/protocol.md): a key run_start reads itself would set
+			// that field instead.
+			for k, v := range lm {
+				if runStartFields[k] {
+					return fmt.Errorf("--label %s=%s: %q is a run_start field, not a label; use its own flag (trainmeter run --help) or another key", k, v, k)
+				}
+				o.meta[k] = v
 			}
 			if f.Changed("warmup") {
 				if warmup < 0 {
