@@ -140,8 +140,9 @@ deb:
 
 # The main job end to end on simulated GPUs: collector, agent, two trainer
 # runs that differ, then the runs table and the CSV.
+# KEEP=1 leaves the demo's collector and agent running to explore.
 demo: build
-	scripts/demo.sh
+	KEEP=$(KEEP) scripts/demo.sh
 
 clean:
 	rm -rf $(BIN) .demo dist
