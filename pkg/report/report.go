@@ -1,5 +1,5 @@
 // Package report renders run reports: the CSV contract (docs/measurement.md,
-// "CSV columns"), a table for terminals and a readable per-run report.
+// "Per-run figures"), a table for terminals and a readable per-run report.
 //
 // CSV rules:
 //   - Columns are exactly Header(), in that order: run_id, the contract
