@@ -45,6 +45,7 @@ func TestVersionFlags(t *testing.T) {
 func TestCLIErrorsSayWhatToDo(t *testing.T) {
 	c := startCollector(t) // no price provider
 	env := []string{"TRAINMETER_COLLECTOR=" + c.addr}
+	ran := filepath.Join(t.TempDir(), "ran") // the command of a refused `trainmeter run` must not run
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -54,6 +55,8 @@ func TestCLIErrorsSayWhatToDo(t *testing.T) {
 			[]string{"budget amount -5", "a number of USD above 0", "trainmeter budget delete SCOPE"}},
 		{"collector without port", []string{"runs", "--collector", "localhost"},
 			[]string{`collector address "localhost" has no port`, "e.g. localhost:7433", "--collector or $TRAINMETER_COLLECTOR"}},
+		{"run with a collector without port", []string{"run", "--collector", "localhost", "--", "touch", ran},
+			[]string{`collector address "localhost" has no port`}},
 		{"collector as URL", []string{"runs", "--collector", "http://" + c.addr},
 			[]string{`collector address "http://` + c.addr + `" is a URL`, "without http://, e.g. " + c.addr}},
 		{"prices fetch without provider", []string{"prices", "fetch"},
@@ -79,6 +82,9 @@ func TestCLIErrorsSayWhatToDo(t *testing.T) {
 				t.Errorf("stderr names a temporary file:\n%s", errOut)
 			}
 		})
+	}
+	if _, err := os.Stat(ran); err == nil {
+		t.Error("trainmeter run with a bad --collector ran its command")
 	}
 }
 

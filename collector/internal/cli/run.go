@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -133,6 +134,11 @@ the command still runs, unmeasured.`,
 					return fmt.Errorf("--warmup %v: must not be negative", warmup)
 				}
 				o.meta["warmup_s"] = warmup.Seconds()
+			}
+			// A malformed address is a typo to fix now, not a collector that
+			// is down (then the run is still measured, and reported later).
+			if err := collectoraddr.Check(cf.addr); err != nil {
+				return fmt.Errorf("%w (--collector or $%s)", err, EnvCollector)
 			}
 			if o.statusEvery <= 0 {
 				return fmt.Errorf("--status-every %v: must be positive", o.statusEvery)
