@@ -556,8 +556,8 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*pb.Recommendation {
 				Confidence: math.Min(0.9, 0.6+0.1*float64(min(t.n, best.n))),
 				Risks:      risks,
 				RunIds:     t.runs, Model: model,
-				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s on %s: %s %.4g (%d runs), %s %.4g (%d runs); gap %.1f%% × GPU cost $%.4f; %s",
-					source, t.name, cur, t.n, best.name, alt, best.n, 100*bestGap, t.costUSD, energy),
+				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s on %s: %s %.4g (%s), %s %.4g (%s); gap %.1f%% × GPU cost $%.4f; %s",
+					source, t.name, cur, plural.N(t.n, "run"), best.name, alt, plural.N(best.n, "run"), 100*bestGap, t.costUSD, energy),
 			})
 		}
 	}
