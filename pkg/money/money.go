@@ -55,9 +55,16 @@ func Fixed(v float64, d int) string {
 func USD(v float64) string { return Fixed(v, Decimals(v)) }
 
 // USDs writes amounts shown side by side (spent and budget, a forecast's
-// figures) with the same decimals: those of the largest.
+// figures) with the same decimals: those of the largest, or more where a
+// smaller amount would otherwise show as zero ($0.003 of $10.000, not
+// $0.00 of $10.00).
 func USDs(vs ...float64) []string {
 	d := Decimals(vs...)
+	for _, v := range vs {
+		if v != 0 && !math.IsNaN(v) && !math.IsInf(v, 0) {
+			d = max(d, min(maxDecimals, -int(math.Floor(math.Log10(math.Abs(v))))))
+		}
+	}
 	out := make([]string, len(vs))
 	for i, v := range vs {
 		out[i] = Fixed(v, d)

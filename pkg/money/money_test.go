@@ -42,6 +42,9 @@ func TestUSDsShareDecimals(t *testing.T) {
 	if got[0] != "$0.0246" || got[1] != "$0.0200" {
 		t.Errorf("USDs = %v, want [$0.0246 $0.0200]", got)
 	}
+	if got := USDs(0.003, 10); got[0] != "$0.003" || got[1] != "$10.000" {
+		t.Errorf("USDs = %v, want [$0.003 $10.000]: a small amount beside a large one is not $0.00", got)
+	}
 }
 
 func dollars(t *testing.T, s string) (int64, int) {

@@ -1,5 +1,5 @@
-// Package report renders run reports: the CSV contract (DESIGN.md, "Metric
-// definitions"), a table for terminals and a readable per-run report.
+// Package report renders run reports: the CSV contract (docs/measurement.md,
+// "Per-run figures"), a table for terminals and a readable per-run report.
 //
 // CSV rules:
 //   - Columns are exactly Header(), in that order: run_id, the contract
@@ -28,6 +28,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -58,6 +59,8 @@ var header = []string{
 	"usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points", "usd_per_accuracy_point",
 	"efficiency_score", "steps_per_s", "epoch_s", "est_total_s", "flops_per_step", "flops_total",
 	"peak_TFLOPS", "mfu", "J_per_PFLOP",
+	// issue 16 item 4: where the GPU-hour price came from (docs/costs.md)
+	"price_source",
 	// whole-run power, warmup included (i15-display; docs/measurement.md)
 	"avg_power_total_W", "peak_power_total_W",
 }
@@ -127,6 +130,28 @@ func tm(r *RunReport, end bool) string {
 		return ""
 	}
 	return t.AsTime().UTC().Format(time.RFC3339Nano)
+}
+
+// TimeFormat is the one format of times in human output (tables, reports,
+// alerts): RFC 3339 in UTC to the second, e.g. 2025-03-01T12:00:00Z. UTC,
+// so that what one user pastes reads the same to a colleague elsewhere and
+// sorts as text; the CSV and --json carry the same instant with its
+// fraction of a second.
+const TimeFormat = time.RFC3339
+
+// Time formats t for human output (TimeFormat).
+func Time(t time.Time) string { return t.UTC().Format(TimeFormat) }
+
+// humanTime is the run's start or end for human output; "" when unknown.
+func humanTime(r *RunReport, end bool) string {
+	t := r.GetStart()
+	if end {
+		t = r.GetEnd()
+	}
+	if t == nil {
+		return ""
+	}
+	return Time(t.AsTime())
 }
 
 // known tells which figures of r are defined.
@@ -239,6 +264,7 @@ func Row(r *RunReport) []string {
 		opt(r.Mfu, F),
 		opt(r.JPerPflop, G9),
 
+		r.GetPriceSource(),
 		fOK(AvgPowerTotal(r)),
 		fOK(PeakPowerTotal(r)),
 	}
@@ -272,8 +298,12 @@ func Incomplete(r *RunReport) string {
 	if rs := r.GetLostReasons(); len(rs) > 0 {
 		why = " (" + strings.Join(rs, "; ") + ")"
 	}
-	return fmt.Sprintf("INCOMPLETE: %d batch(es) of this run were dropped on an agent%s; missing from the figures: %d tokens, %s J, %.4g GPU-hours",
-		r.GetLostBatches(), why, r.GetLostTokens(), F(r.GetLostEnergyJ()), r.GetLostGpuSeconds()/3600)
+	were := "were"
+	if r.GetLostBatches() == 1 {
+		were = "was"
+	}
+	return fmt.Sprintf("INCOMPLETE: %s of this run %s dropped on an agent%s; missing from the figures: %d tokens, %s J, %.4g GPU-hours",
+		plural.N(r.GetLostBatches(), "batch"), were, why, r.GetLostTokens(), F(r.GetLostEnergyJ()), r.GetLostGpuSeconds()/3600)
 }
 
 // WriteCSV writes the header and one row per run.
@@ -341,13 +371,13 @@ func orDash(s string) string {
 
 // tableScopes is the runs table's second header line: each column's scope
 // (docs/measurement.md, "What `runs` and `report` show").
-var tableScopes = []string{"", "", "", "", "whole run", "whole run", "after warmup", "after warmup",
+var tableScopes = []string{"", "", "", "", "", "whole run", "whole run", "after warmup", "after warmup",
 	"whole run, all GPUs", "whole run, all GPUs", "per GPU", "whole run"}
 
 // WriteTable writes a one-line-per-run table for terminals.
 func WriteTable(w io.Writer, runs []*RunReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tMODEL\tBACKEND\tSTATUS\tWALL\tTOKENS\tTOK/S\tJ/TOKEN\tAVG W\tENERGY kJ\tVRAM PEAK MiB\tCOST $")
+	fmt.Fprintln(tw, "RUN\tMODEL\tBACKEND\tSTATUS\tSTART\tWALL\tTOKENS\tTOK/S\tJ/TOKEN\tAVG W\tENERGY kJ\tVRAM PEAK MiB\tCOST $")
 	fmt.Fprintln(tw, strings.Join(tableScopes, "\t"))
 	inWarmup := 0
 	for _, r := range runs {
@@ -356,11 +386,12 @@ func WriteTable(w io.Writer, runs []*RunReport) error {
 			inWarmup++
 		}
 		avg, hasAvg := AvgPowerTotal(r)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			r.GetRunId(),
 			orDash(r.GetMetadata().GetModel()),
 			orDash(r.GetMetadata().GetBackend()),
 			Status(r),
+			orDash(humanTime(r, false)),
 			dashS(k.times, Duration(r.GetWallS())),
 			Count(r.GetTokensProcessed()),
 			dash(k.period, "%.0f", r.GetTokPerS()),
@@ -375,7 +406,7 @@ func WriteTable(w io.Writer, runs []*RunReport) error {
 		return err
 	}
 	if inWarmup > 0 {
-		_, err := fmt.Fprintf(w, "TOK/S and J/TOKEN are - for %s that never left the warmup: %s\n", plural(inWarmup, "run"), WarmupHint)
+		_, err := fmt.Fprintf(w, "TOK/S and J/TOKEN are - for %s that never left the warmup: %s\n", plural.N(inWarmup, "run"), WarmupHint)
 		return err
 	}
 	return nil
@@ -407,13 +438,6 @@ func PeakPowerTotal(r *RunReport) (float64, bool) {
 // unknown.
 func NeverLeftWarmup(r *RunReport) bool {
 	return r.GetStart() != nil && r.GetEnergyMethod() == "" && r.GetWallS() > 0
-}
-
-func plural(n int, noun string) string {
-	if n == 1 {
-		return "1 " + noun
-	}
-	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func dashS(ok bool, s string) string {
@@ -462,6 +486,12 @@ func writeCost(b *strings.Builder, line func(label, format string, args ...any),
 	} else {
 		line("gpu cost", "%s", "- (no GPU price)")
 	}
+	if src := r.GetPriceSource(); src != "" {
+		line("price source", "%s", PriceSourceWords(src))
+	}
+	if r.GetPue() > 1 {
+		line("PUE", "%.3g (energy cost and CO2 are of the GPU energy x %.3g)", r.GetPue(), r.GetPue())
+	}
 	switch {
 	case r.GetEnergyIncluded():
 		line("energy cost", "%s", "included in the GPU price")
@@ -481,6 +511,7 @@ func writeCost(b *strings.Builder, line func(label, format string, args ...any),
 		line("energy cost", "%s", "- (no energy price)")
 	}
 	line("total", "%s", dashS(priced, total))
+	writePlan(line, r)
 	if !r.GetEnded() && r.GetProjectionBasis() != "" {
 		line("projected", "%s at completion (%.1f%% of planned %s done)", dashS(priced, money.USD(r.GetProjectedCostUsd())),
 			100*r.GetProgress(), r.GetProjectionBasis())
@@ -529,15 +560,15 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	if m.GetNotes() != "" {
 		line("notes", "%s", m.GetNotes())
 	}
-	line("hardware", "%d GPU(s) on %d node(s) %s", r.GetGpus(), r.GetNodes(), orDash(r.GetGpuName()))
+	line("hardware", "%s on %s %s", plural.N(r.GetGpus(), "GPU"), plural.N(r.GetNodes(), "node"), orDash(r.GetGpuName()))
 
 	b.WriteString("time\n")
-	line("start", "%s", orDash(tm(r, false)))
+	line("start", "%s", orDash(humanTime(r, false)))
 	endLabel := "end"
 	if !r.GetEnded() {
 		endLabel = "last data"
 	}
-	line(endLabel, "%s", orDash(tm(r, true)))
+	line(endLabel, "%s", orDash(humanTime(r, true)))
 	line("wall", "%s (whole run)", dashS(k.times, Duration(r.GetWallS())))
 	line("warmup", "%s (excluded from the after-warmup figures)", dashS(k.times, Duration(r.GetWarmupS())))
 	if NeverLeftWarmup(r) {
@@ -557,7 +588,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 
 	b.WriteString("tokens (all ranks)\n")
-	line("whole run", "%d in %d steps", r.GetTokensProcessed(), r.GetSteps())
+	line("whole run", "%d in %s", r.GetTokensProcessed(), plural.N(r.GetSteps(), "step"))
 	line("after warmup", "%d", r.GetTokensMeasured())
 	line("throughput", "%s tok/s after warmup", dash(k.period, "%.1f", r.GetTokPerS()))
 	if r.GetHasLoss() {
@@ -615,7 +646,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 			}
 			t := ""
 			if e.GetTime() != nil {
-				t = e.GetTime().AsTime().UTC().Format(time.RFC3339)
+				t = Time(e.GetTime().AsTime())
 			}
 			fmt.Fprintf(&b, "  %s  %s\n", t, strings.Join(parts, ", "))
 		}

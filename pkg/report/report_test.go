@@ -43,7 +43,7 @@ func fullRun() *RunReport {
 		HasLoss: true, LastLoss: 2.3125,
 		TotalCostUsd:       600.5*2/3600*2.1*1.5 + 240000/3.6e6*0.3,
 		ProjectedCostUsd:   600.5*2/3600*2.1*1.5 + 240000/3.6e6*0.3,
-		PriorityMultiplier: 1.5, GpuPriceSource: "run_start",
+		PriorityMultiplier: 1.5, GpuPriceSource: "run_start", PriceSource: "run_start",
 		EnergyBands: []*trainmeterv1.EnergyBandCost{
 			{Band: "offpeak", Kwh: 0.025, UsdPerKwh: 0.12, CostUsd: 0.003},
 			{Band: "peak", Kwh: 240000/3.6e6 - 0.025, UsdPerKwh: 0.3, CostUsd: (240000/3.6e6 - 0.025) * 0.3},
@@ -221,7 +221,7 @@ func TestIncompleteRunIsMarked(t *testing.T) {
 	if err := WriteReport(&buf, r); err != nil {
 		t.Fatal(err)
 	}
-	want := "INCOMPLETE: 12 batch(es) of this run were dropped on an agent (spool full); missing from the figures: 65536 tokens, 7200.5 J, 0.006667 GPU-hours"
+	want := "INCOMPLETE: 12 batches of this run were dropped on an agent (spool full); missing from the figures: 65536 tokens, 7200.5 J, 0.006667 GPU-hours"
 	if lines := strings.Split(buf.String(), "\n"); len(lines) < 2 || lines[1] != want {
 		t.Errorf("report starts:\n%s\nwant line 2: %s", buf.String()[:min(300, buf.Len())], want)
 	}

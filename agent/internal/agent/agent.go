@@ -19,6 +19,7 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 	"github.com/trainmeter/trainmeter/agent/internal/uplink"
+	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/host"
@@ -26,8 +27,9 @@ import (
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// Version is set at build time.
-var Version = "dev"
+// Version is the agent's version (internal/buildinfo: set at link time,
+// else from the build's VCS stamp).
+var Version = buildinfo.Version()
 
 // Agent is one node's trainmeter agent.
 type Agent struct {
@@ -314,7 +316,16 @@ func (h handler) Handle(p trainersock.Peer, ev trainerproto.Event) error {
 			}
 		}
 		h.a.checkAttributePID(lp, e)
-		return h.a.ledger.StartRun(now, lp, e)
+		err := h.a.ledger.StartRun(now, lp, e)
+		var mc *ledger.MetadataConflict
+		if errors.As(err, &mc) && mc.StarterFound {
+			// `trainmeter run` shows it on its stderr: the user reads that,
+			// rarely the script client's errors().
+			if !h.a.sock.Send(mc.StarterConn, trainerproto.ErrorLine(mc.StarterMessage(), 0)) {
+				h.a.log.Warn("metadata conflict not passed to trainmeter run: connection gone or not reading", "run_id", e.Run)
+			}
+		}
+		return err
 	case *trainerproto.Step:
 		return h.a.ledger.Step(now, lp, e)
 	case *trainerproto.Eval:

@@ -3,7 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
-	"io"
+	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -12,11 +12,11 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/money"
+	"github.com/trainmeter/trainmeter/pkg/report"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -63,17 +63,6 @@ func (b *budgetServeFlags) load(getenv func(string) string) error {
 		b.cfg.VastAIKey = strings.TrimSpace(getenv(EnvVastAIKey))
 	}
 	return nil
-}
-
-// writeProtoJSON is every command's --json: field names as in the .proto
-// files (and the CSV), unset numbers as 0.
-func writeProtoJSON(w io.Writer, m proto.Message) error {
-	b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true, EmitUnpopulated: true, Indent: "  "}.Marshal(m)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(w, string(b))
-	return err
 }
 
 func newBudgetCommand(cf *clientFlags) *cobra.Command {
@@ -125,7 +114,10 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			amount, err := strconv.ParseFloat(strings.TrimPrefix(args[1], "$"), 64)
 			if err != nil {
-				return fmt.Errorf("budget amount %q is not a number of USD", args[1])
+				return fmt.Errorf("budget amount %q is not a number of USD: give the most SCOPE may spend, e.g. trainmeter budget set %s 5000", args[1], args[0])
+			}
+			if !(amount > 0) || math.IsInf(amount, 0) {
+				return negativeBudget(args[1])
 			}
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewBudgetServiceClient(conn).SetBudget(ctx, &trainmeterv1.SetBudgetRequest{Scope: args[0], LimitUsd: amount, Period: period, Policy: policy})
@@ -146,6 +138,17 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 			})
 		},
 	}
+	// "-5" reaches pflag as a shorthand flag before RunE sees it.
+	set.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		if _, tok, ok := strings.Cut(err.Error(), "unknown shorthand flag: "); ok {
+			if _, arg, ok := strings.Cut(tok, " in "); ok {
+				if _, perr := strconv.ParseFloat(arg, 64); perr == nil {
+					return negativeBudget(arg)
+				}
+			}
+		}
+		return err
+	})
 	set.Flags().StringVar(&period, "period", "total", "total or month")
 	set.Flags().StringVar(&policy, "policy", "alert", "alert, or stop (send a stop to the scope's runs once exceeded)")
 
@@ -167,6 +170,11 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 	del.Flags().StringVar(&delPeriod, "period", "total", "total or month")
 	c.AddCommand(set, del)
 	return c
+}
+
+// negativeBudget is the error for an amount that is not above 0.
+func negativeBudget(amount string) error {
+	return fmt.Errorf("budget amount %s: a budget is the most a scope may spend, a number of USD above 0 (e.g. 5000); to remove a budget: trainmeter budget delete SCOPE", amount)
 }
 
 func newAlertsCommand(cf *clientFlags) *cobra.Command {
@@ -192,14 +200,14 @@ func newAlertsCommand(cf *clientFlags) *cobra.Command {
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "TIME\tKIND\tSEVERITY\tMESSAGE")
 				for _, a := range resp.GetAlerts() {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.GetTime().AsTime().Local().Format(time.DateTime), a.GetKind(), a.GetSeverity(), a.GetMessage())
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", report.Time(a.GetTime().AsTime()), a.GetKind(), a.GetSeverity(), a.GetMessage())
 				}
 				return tw.Flush()
 			})
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	c.Flags().StringVar(&kind, "kind", "", "only budget or price alerts")
+	c.Flags().StringVar(&kind, "kind", "", "only budget, price or max-cost alerts")
 	return c
 }
 
@@ -224,7 +232,7 @@ func newForecastCommand(cf *clientFlags) *cobra.Command {
 					return writeProtoJSON(cmd.OutOrStdout(), f)
 				}
 				w := cmd.OutOrStdout()
-				fmt.Fprintf(w, "model %s: %d more run(s), based on the last %d ended run(s) (%s)\n", f.GetModel(), f.GetRuns(), len(f.GetBasedOn()), strings.Join(f.GetBasedOn(), ", "))
+				fmt.Fprintf(w, "model %s: %s more, based on the last %s (%s)\n", f.GetModel(), plural.N(f.GetRuns(), "run"), plural.N(len(f.GetBasedOn()), "ended run"), strings.Join(f.GetBasedOn(), ", "))
 				// One set of decimals for the whole forecast (pkg/money),
 				// enough for its smallest figure: the cost of one run.
 				d := max(money.Decimals(f.GetMeanRunUsd()), money.Decimals(f.GetExpectedUsd()), money.Decimals(f.GetBudgetUsd()))

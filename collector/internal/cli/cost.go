@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/report"
@@ -23,12 +24,16 @@ type costServeFlags struct {
 	tariffFile string
 	nodePrices []string
 	priorities []string
+	ownedFile  string
+	pue        float64
 }
 
 func (f *costServeFlags) add(fs *pflag.FlagSet, cfg *server.Config) {
 	fs.StringVar(&f.tariffFile, "tariff", "", "time-of-use energy tariff (YAML, docs/costs.md); instead of --energy-price-kwh")
 	fs.BoolVar(&cfg.EnergyIncluded, "energy-included", false, "the GPU price includes power (cloud rentals): energy cost is 0")
 	fs.StringArrayVar(&f.nodePrices, "node-gpu-price", nil, "NODE=USD: $ per GPU-hour of NODE's GPUs when run_start gives none (repeatable)")
+	fs.StringVar(&f.ownedFile, "owned-hardware", "", "owned GPUs priced from their purchase, and the PUE (YAML, docs/costs.md)")
+	fs.Float64Var(&f.pue, "pue", 0, "power usage effectiveness (>= 1): energy cost and CO2 are of GPU energy × PUE (default: the --owned-hardware file's, else 1)")
 	fs.StringArrayVar(&f.priorities, "priority-multiplier", nil, "PRIORITY=X: compute cost multiplier for runs whose priority label is PRIORITY (repeatable)")
 }
 
@@ -39,6 +44,16 @@ func (f *costServeFlags) apply(cfg *server.Config) error {
 			return err
 		}
 		cfg.Tariff = t
+	}
+	if f.ownedFile != "" {
+		o, err := cost.LoadOwnedHardware(f.ownedFile)
+		if err != nil {
+			return fmt.Errorf("--owned-hardware: %w", err)
+		}
+		cfg.OwnedHardware, cfg.PUE = o, o.PUE
+	}
+	if f.pue != 0 {
+		cfg.PUE = f.pue // the flag wins over the file
 	}
 	parse := func(flag string, vals []string) (map[string]float64, error) {
 		if len(vals) == 0 {
@@ -226,7 +241,7 @@ func modelView(name string, all []*trainmeterv1.RunReport) (ModelView, bool) {
 			EfficiencyScore: r.EfficiencyScore, GainPoints: roi.GainPoints, ROI: roi.ROI,
 		}
 		if r.GetStart() != nil {
-			mr.Start = r.GetStart().AsTime().UTC().Format("2006-01-02T15:04:05Z")
+			mr.Start = report.Time(r.GetStart().AsTime())
 		}
 		v.Runs = append(v.Runs, mr)
 	}
@@ -262,7 +277,7 @@ func newModelCommand(cf *clientFlags) *cobra.Command {
 				return writeJSON(out, v)
 			}
 			m := v.Model
-			fmt.Fprintf(out, "model %s: %d run(s), %.3f GPU-hours, %.3f kWh (whole runs, all GPUs), total %s\n", m.Model, m.Runs, m.GPUHours, m.EnergyKWh, money.USD(m.TotalCostUSD))
+			fmt.Fprintf(out, "model %s: %s, %.3f GPU-hours, %.3f kWh (whole runs, all GPUs), total %s\n", m.Model, plural.N(m.Runs, "run"), m.GPUHours, m.EnergyKWh, money.USD(m.TotalCostUSD))
 			fmt.Fprintf(out, "baseline %s (%s points), best %s (%s points, %s per point), ROI %s points per $ after the baseline\n\n",
 				orDash(m.Baseline), optF(m.BaselinePoints, "%.2f"), orDash(m.Best), optF(m.BestPoints, "%.2f"),
 				optRate(m.BestUSDPerPoint), optF(m.ROI, "%.4g"))

@@ -154,10 +154,13 @@ func (s *runStatus) line(elapsed time.Duration, r *trainmeterv1.RunReport) strin
 		parts = append(parts, fmt.Sprintf("%.4g J/tok", e/float64(tok)))
 	}
 	if usd, ok := costSoFar(r); ok {
-		shown := money.USDs(usd, r.GetProjectedCostUsd())
+		shown := money.USDs(usd, r.GetProjectedCostUsd(), r.GetMaxCostUsd())
 		s := shown[0]
 		if !r.GetEnded() && r.GetProjectionBasis() != "" && r.GetProjectedCostUsd() > usd {
 			s += " (→ " + shown[1] + ")"
+		}
+		if r.MaxCostUsd != nil {
+			s += " of max " + shown[2]
 		}
 		parts = append(parts, s)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -35,6 +36,22 @@ type Server struct {
 	store   Store
 	live    Live
 	pricing aggregate.Pricing
+	plans   Plans
+}
+
+// Plans adds to a report what its run was started with (cost cap,
+// estimate): the budget manager.
+type Plans interface {
+	AttachPlan(r *trainmeterv1.RunReport)
+}
+
+// SetPlans sets where reports get their run's plan; call before serving.
+func (s *Server) SetPlans(p Plans) { s.plans = p }
+
+func (s *Server) attachPlan(r *trainmeterv1.RunReport) {
+	if s.plans != nil {
+		s.plans.AttachPlan(r)
+	}
 }
 
 // New returns a query server. live may be nil (no node is then connected).
@@ -46,7 +63,7 @@ func (s *Server) storeErr(err error) error {
 	var nf *store.NotFoundError
 	switch {
 	case errors.As(err, &nf):
-		return status.Errorf(codes.NotFound, "unknown run(s): %q", nf.IDs)
+		return status.Errorf(codes.NotFound, "unknown %s: %q", plural.Noun(int64(len(nf.IDs)), "run"), nf.IDs)
 	case errors.Is(err, store.ErrNotFound):
 		return status.Error(codes.NotFound, "run not found")
 	}
@@ -67,7 +84,9 @@ func (s *Server) reports(ids []string) ([]*trainmeterv1.RunReport, error) {
 	}
 	out := make([]*trainmeterv1.RunReport, 0, len(sts))
 	for _, st := range sts {
-		out = append(out, st.Report(s.pricing))
+		r := st.Report(s.pricing)
+		s.attachPlan(r)
+		out = append(out, r)
 	}
 	if err := s.setEfficiency(out, len(ids) == 0); err != nil {
 		return nil, err
@@ -106,6 +125,7 @@ func (s *Server) GetRun(_ context.Context, req *trainmeterv1.GetRunRequest) (*tr
 		return nil, s.storeErr(err)
 	}
 	r := st.Report(s.pricing)
+	s.attachPlan(r)
 	if err := s.setEfficiency([]*trainmeterv1.RunReport{r}, false); err != nil {
 		return nil, err
 	}

@@ -1735,12 +1735,13 @@ type Eval struct {
 	// The trainer sent an epoch (an eval without one is still an epoch
 	// boundary for the dataloader advisor, never a duplicate of epoch 0).
 	HasEpoch bool `protobuf:"varint,8,opt,name=has_epoch,json=hasEpoch,proto3" json:"has_epoch,omitempty"`
-	// --- i15-display: per-epoch step counts (issue 15 item 6) ---
+	// --- i15-display: per-epoch step counts (issue 15 item 6); numbered from
+	// 300, clear of other branches' additions.
 	// Step events the sending rank had reported in the run when it sent the
 	// eval (0: none, or an agent before this field). The difference between
 	// two evals is the epoch's steps exactly, where the 1 s windows would put
 	// the steps of the eval's second in the wrong epoch.
-	RankSteps     uint64 `protobuf:"varint,9,opt,name=rank_steps,json=rankSteps,proto3" json:"rank_steps,omitempty"`
+	RankSteps     uint64 `protobuf:"varint,300,opt,name=rank_steps,json=rankSteps,proto3" json:"rank_steps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2449,7 +2450,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x129\n" +
 	"\n" +
 	"warmup_end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x9b\x02\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x9c\x02\n" +
 	"\x04Eval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
@@ -2459,9 +2460,9 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\fhas_val_loss\x18\x06 \x01(\bR\n" +
 	"hasValLoss\x12!\n" +
 	"\fhas_accuracy\x18\a \x01(\bR\vhasAccuracy\x12\x1b\n" +
-	"\thas_epoch\x18\b \x01(\bR\bhasEpoch\x12\x1d\n" +
+	"\thas_epoch\x18\b \x01(\bR\bhasEpoch\x12\x1e\n" +
 	"\n" +
-	"rank_steps\x18\t \x01(\x04R\trankSteps\"\x94\x01\n" +
+	"rank_steps\x18\xac\x02 \x01(\x04R\trankSteps\"\x94\x01\n" +
 	"\n" +
 	"HostWindow\x12&\n" +
 	"\x0fmemory_used_mib\x18\x01 \x01(\x01R\rmemoryUsedMib\x12(\n" +

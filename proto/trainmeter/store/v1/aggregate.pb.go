@@ -787,9 +787,10 @@ type Node struct {
 	PeakWatts   []float64 `protobuf:"fixed64,10,rep,packed,name=peak_watts,json=peakWatts,proto3" json:"peak_watts,omitempty"`
 	// The node's GPU indices (Aggregate.gpus), in a node stored apart only.
 	Gpus []uint32 `protobuf:"varint,11,rep,packed,name=gpus,proto3" json:"gpus,omitempty"`
-	// --- i15-display: whole-run power (issue 15 item 3) ---
+	// --- i15-display: whole-run power (issue 15 item 3); numbered from 300,
+	// clear of other branches' additions.
 	// Highest window peak (W) of the node's warmup windows.
-	WarmupPeak    float64 `protobuf:"fixed64,12,opt,name=warmup_peak,json=warmupPeak,proto3" json:"warmup_peak,omitempty"`
+	WarmupPeak    float64 `protobuf:"fixed64,300,opt,name=warmup_peak,json=warmupPeak,proto3" json:"warmup_peak,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1164,7 +1165,7 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x13adjustment_interval\x18\f \x01(\x04R\x12adjustmentInterval\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe1\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe2\x02\n" +
 	"\x04Node\x12\x18\n" +
 	"\astarted\x18\x01 \x01(\bR\astarted\x12\x1b\n" +
 	"\tstart_min\x18\x02 \x01(\x03R\bstartMin\x12\x1b\n" +
@@ -1180,8 +1181,8 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
 	"peak_watts\x18\n" +
 	" \x03(\x01R\tpeakWatts\x12\x12\n" +
-	"\x04gpus\x18\v \x03(\rR\x04gpus\x12\x1f\n" +
-	"\vwarmup_peak\x18\f \x01(\x01R\n" +
+	"\x04gpus\x18\v \x03(\rR\x04gpus\x12 \n" +
+	"\vwarmup_peak\x18\xac\x02 \x01(\x01R\n" +
 	"warmupPeak\"&\n" +
 	"\n" +
 	"GpuIndices\x12\x18\n" +
