@@ -370,7 +370,7 @@ func orDash(s string) string {
 }
 
 // tableScopes is the runs table's second header line: each column's scope
-// (docs/measurement.md, "What `runs` and `report` show").
+// (docs/measurement.md, "What each figure holds").
 var tableScopes = []string{"", "", "", "", "", "whole run", "whole run", "after warmup", "after warmup",
 	"whole run, all GPUs", "whole run, all GPUs", "per GPU", "whole run"}
 
