@@ -275,6 +275,7 @@ func (a *Agent) advise(adv *pb.Advisory) {
 	var line []byte
 	switch x := adv.Advice.(type) {
 	case *pb.Advisory_Stop:
+		a.ledger.StopRequested(adv.RunId, x.Stop.Reason)
 		line = trainerproto.StopLine(adv.RunId, x.Stop.Reason)
 	case *pb.Advisory_Dataloader:
 		d := x.Dataloader

@@ -109,6 +109,11 @@ type Ledger struct {
 	firstRawOK   []bool
 	snapGPUs     []SnapshotGPU
 	grace        time.Duration
+
+	// Runs that ended on this node, by id, and their ids oldest first
+	// (lifecycle.go).
+	ended      map[string]EndedRun
+	endedOrder []string
 }
 
 type gpuAcc struct {
@@ -359,7 +364,10 @@ func (l *Ledger) closeWindow() *pb.Batch {
 		r := l.runs[id]
 		b.RunWindows = append(b.RunWindows, l.runWindows(r, ws, we)...)
 		if r.ended && !r.end.After(we) {
-			b.RunEvents = append(b.RunEvents, r.endEvent())
+			if !r.endSent {
+				b.RunEvents = append(b.RunEvents, r.endEvent())
+				l.rememberEnded(EndedRun{ID: r.id, End: r.end, Status: r.endStatus})
+			}
 			delete(l.runs, id)
 			continue
 		}
