@@ -52,7 +52,7 @@ type run struct {
 	// resume: the run_start that started this run asked to resume an
 	// ended one; its RunStart says so and it has no second warmup.
 	resume bool
-	meta       runMeta // of the run_start that started it; joins must agree
+	meta   runMeta // of the run_start that started it; joins must agree
 	// attributePID, when > 0, is the root of the process tree whose GPUs
 	// the run is attributed (run_start attribute_pid; attribute.go).
 	attributePID int
