@@ -57,6 +57,8 @@ var header = []string{
 	"usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points", "usd_per_accuracy_point",
 	"efficiency_score", "steps_per_s", "epoch_s", "est_total_s", "flops_per_step", "flops_total",
 	"peak_TFLOPS", "mfu", "J_per_PFLOP",
+	// run lifecycle (docs/measurement.md, "End status")
+	"end_status",
 }
 
 // Header returns the CSV header row.
@@ -68,6 +70,34 @@ func Status(r *RunReport) string {
 		return "ended"
 	}
 	return "running"
+}
+
+// EndStatus is how the run ended ("ok", "error", "exit 3", "signal
+// SIGTERM", "stopped: budget", "lost"), "running" while it runs, and
+// "ended" for a run whose agents sent no status.
+func EndStatus(r *RunReport) string {
+	switch {
+	case !r.GetEnded():
+		return "running"
+	case r.GetEndStatus() == "":
+		return "ended"
+	}
+	return r.GetEndStatus()
+}
+
+// Failed reports whether the run ended in failure (error, a non-zero exit,
+// a signal, lost): its figures describe a partial run, so forecasts, ROI,
+// the optimizer and baselines leave it out. A run stopped on request
+// (stopped: budget) did what it was asked and is not failed.
+func Failed(r *RunReport) bool {
+	if !r.GetEnded() {
+		return false
+	}
+	switch st := r.GetEndStatus(); {
+	case st == "", st == "ok", strings.HasPrefix(st, "stopped"):
+		return false
+	}
+	return true
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
@@ -235,6 +265,8 @@ func Row(r *RunReport) []string {
 		opt(r.PeakTflops, F),
 		opt(r.Mfu, F),
 		opt(r.JPerPflop, G9),
+
+		r.GetEndStatus(),
 	}
 }
 
@@ -346,7 +378,7 @@ func WriteTable(w io.Writer, runs []*RunReport) error {
 			r.GetRunId(),
 			orDash(r.GetMetadata().GetModel()),
 			orDash(r.GetMetadata().GetBackend()),
-			Status(r),
+			EndStatus(r),
 			dashS(k.times, Duration(r.GetWallS())),
 			Count(r.GetTokensProcessed()),
 			dash(k.period, "%.0f", r.GetTokPerS()),
@@ -389,7 +421,11 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	line := func(label, format string, args ...any) {
 		fmt.Fprintf(&b, "  %-18s "+format+"\n", append([]any{label + ":"}, args...)...)
 	}
-	fmt.Fprintf(&b, "run %s (%s)\n", r.GetRunId(), Status(r))
+	if r.GetEndStatus() != "" && r.GetEnded() {
+		fmt.Fprintf(&b, "run %s (ended: %s)\n", r.GetRunId(), r.GetEndStatus())
+	} else {
+		fmt.Fprintf(&b, "run %s (%s)\n", r.GetRunId(), Status(r))
+	}
 	if inc := Incomplete(r); inc != "" {
 		b.WriteString(inc + "\n")
 	}
@@ -417,6 +453,9 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 	line(endLabel, "%s", orDash(tm(r, true)))
 	line("wall", "%s", dashS(k.times, Duration(r.GetWallS())))
+	if r.GetResumes() > 0 {
+		line("paused", "%s between an end and a resume (%d resume(s); not run time, in no rate)", Duration(r.GetPausedS()), r.GetResumes())
+	}
 	line("warmup excluded", "%s", dashS(k.times, Duration(r.GetWarmupS())))
 	if k.dataShare {
 		line("data wait", "%.1f%% of step time (%s waiting, %s computing)",
