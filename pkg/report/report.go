@@ -94,7 +94,7 @@ func Failed(r *RunReport) bool {
 		return false
 	}
 	switch st := r.GetEndStatus(); {
-	case st == "", st == "ok", strings.HasPrefix(st, "stopped"):
+	case st == "", st == "ok", st == "ended", strings.HasPrefix(st, "stopped"):
 		return false
 	}
 	return true
@@ -421,7 +421,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	line := func(label, format string, args ...any) {
 		fmt.Fprintf(&b, "  %-18s "+format+"\n", append([]any{label + ":"}, args...)...)
 	}
-	if r.GetEndStatus() != "" && r.GetEnded() {
+	if st := r.GetEndStatus(); st != "" && st != "ended" && r.GetEnded() {
 		fmt.Fprintf(&b, "run %s (ended: %s)\n", r.GetRunId(), r.GetEndStatus())
 	} else {
 		fmt.Fprintf(&b, "run %s (%s)\n", r.GetRunId(), Status(r))

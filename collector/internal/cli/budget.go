@@ -233,6 +233,9 @@ func newForecastCommand(cf *clientFlags) *cobra.Command {
 				}
 				w := cmd.OutOrStdout()
 				fmt.Fprintf(w, "model %s: %d more run(s), based on the last %d ended run(s) (%s)\n", f.GetModel(), f.GetRuns(), len(f.GetBasedOn()), strings.Join(f.GetBasedOn(), ", "))
+				if n := f.GetFailedLeftOut(); n > 0 {
+					fmt.Fprintf(w, "  %d failed run(s) of the model left out (error, exit N, signal or lost)\n", n)
+				}
 				fmt.Fprintf(w, "  per run     %s ± %s\n", usd(f.GetMeanRunUsd()), usd(f.GetStddevRunUsd()))
 				fmt.Fprintf(w, "  expected    %s ± %s\n", usd(f.GetExpectedUsd()), usd(f.GetStddevUsd()))
 				if !f.GetHasBudget() {
