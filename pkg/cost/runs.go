@@ -69,13 +69,13 @@ type ModelROI struct {
 	BestUSDPerPoint *float64 `json:"best_usd_per_point,omitempty"`
 	// ROI is (best − baseline points) / the total cost of the runs after
 	// the baseline: what the model's further runs bought per dollar.
-	ROI     *float64 `json:"roi_points_per_usd,omitempty"`
-	PerRun  []RunROI `json:"per_run,omitempty"`
+	ROI    *float64 `json:"roi_points_per_usd,omitempty"`
+	PerRun []RunROI `json:"per_run,omitempty"`
 	// FailedRuns counts the model's runs that failed (report.Failed): their
 	// cost is in the totals and in what the runs after the baseline cost,
 	// but they are never the baseline, the best, nor given a gain.
-	FailedRuns int `json:"failed_runs"`
-	USDMtok *float64 `json:"usd_per_mtok,omitempty"`
+	FailedRuns int      `json:"failed_runs"`
+	USDMtok    *float64 `json:"usd_per_mtok,omitempty"`
 }
 
 func ptr(v float64) *float64 { return &v }
