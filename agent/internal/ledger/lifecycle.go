@@ -73,17 +73,17 @@ func stopCause(reason string) string {
 // trainmeter run's) is "stopped: <cause>".
 func (r *run) finalStatus() string {
 	st := r.rankStatus
-	if !r.anyRunEnd {
+	switch {
+	case !r.anyRunEnd:
 		st = StatusLost
+	case st == "":
+		st = StatusOK
 	}
 	if r.stopCause != "" {
 		switch st {
 		case StatusOK, StatusLost, StatusStopped, "signal SIGTERM", "signal SIGINT":
 			return StatusStopped + ": " + r.stopCause
 		}
-	}
-	if st == "" {
-		return StatusOK
 	}
 	return st
 }

@@ -111,9 +111,5 @@ for confirmation (--yes skips the question).`,
 // isTerminalReader reports whether r is a terminal (stdin of a person).
 func isTerminalReader(r io.Reader) bool {
 	f, ok := r.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	return ok && isTTY(f)
 }
