@@ -59,6 +59,8 @@ var header = []string{
 	"peak_TFLOPS", "mfu", "J_per_PFLOP",
 	// run lifecycle (docs/measurement.md, "End status")
 	"end_status",
+	// issue 16 item 4: where the GPU-hour price came from (docs/costs.md)
+	"price_source",
 }
 
 // Header returns the CSV header row.
@@ -267,6 +269,7 @@ func Row(r *RunReport) []string {
 		opt(r.JPerPflop, G9),
 
 		r.GetEndStatus(),
+		r.GetPriceSource(),
 	}
 }
 
@@ -500,6 +503,12 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	} else {
 		line("gpu cost", "%s", "- (no GPU price)")
 	}
+	if src := r.GetPriceSource(); src != "" {
+		line("price source", "%s", PriceSourceWords(src))
+	}
+	if r.GetPue() > 1 {
+		line("PUE", "%.3g (energy cost and CO2 are of the GPU energy x %.3g)", r.GetPue(), r.GetPue())
+	}
 	if r.GetPriorityMultiplier() != 1 && r.GetPriorityMultiplier() != 0 {
 		line("priority", "x%.4g on the GPU cost", r.GetPriorityMultiplier())
 	}
@@ -514,6 +523,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 	priced := r.GetHasCost() || r.GetHasEnergyCost()
 	line("total", "%s", dashS(priced, fmt.Sprintf("$%.4f", r.GetTotalCostUsd())))
+	writePlan(line, r)
 	if !r.GetEnded() && r.GetProjectionBasis() != "" {
 		line("projected", "%s at completion (%.1f%% of planned %s done)", dashS(priced, fmt.Sprintf("$%.4f", r.GetProjectedCostUsd())),
 			100*r.GetProgress(), r.GetProjectionBasis())

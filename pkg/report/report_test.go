@@ -42,7 +42,7 @@ func fullRun() *RunReport {
 		HasLoss: true, LastLoss: 2.3125,
 		TotalCostUsd:       600.5*2/3600*2.1*1.5 + 240000/3.6e6*0.3,
 		ProjectedCostUsd:   600.5*2/3600*2.1*1.5 + 240000/3.6e6*0.3,
-		PriorityMultiplier: 1.5, GpuPriceSource: "run_start",
+		PriorityMultiplier: 1.5, GpuPriceSource: "run_start", PriceSource: "run_start",
 		EnergyBands: []*trainmeterv1.EnergyBandCost{
 			{Band: "offpeak", Kwh: 0.025, UsdPerKwh: 0.12, CostUsd: 0.003},
 			{Band: "peak", Kwh: 240000/3.6e6 - 0.025, UsdPerKwh: 0.3, CostUsd: (240000/3.6e6 - 0.025) * 0.3},

@@ -314,7 +314,16 @@ func (h handler) Handle(p trainersock.Peer, ev trainerproto.Event) error {
 			}
 		}
 		h.a.checkAttributePID(lp, e)
-		return h.a.ledger.StartRun(now, lp, e)
+		err := h.a.ledger.StartRun(now, lp, e)
+		var mc *ledger.MetadataConflict
+		if errors.As(err, &mc) && mc.StarterFound {
+			// `trainmeter run` shows it on its stderr: the user reads that,
+			// rarely the script client's errors().
+			if !h.a.sock.Send(mc.StarterConn, trainerproto.ErrorLine(mc.StarterMessage(), 0)) {
+				h.a.log.Warn("metadata conflict not passed to trainmeter run: connection gone or not reading", "run_id", e.Run)
+			}
+		}
+		return err
 	case *trainerproto.Step:
 		return h.a.ledger.Step(now, lp, e)
 	case *trainerproto.Eval:

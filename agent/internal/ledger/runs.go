@@ -60,6 +60,13 @@ type run struct {
 	// warmup_steps) rather than the agent's default; attribute.go lets the
 	// first joining rank name it otherwise.
 	warmupSet bool
+	// starter is the merged run_start of a run started by `trainmeter run`
+	// (attribute_pid), which joining clients fill (fill.go); nil for other
+	// runs and for runs restored after a restart. starterKey/starterPeer
+	// name the wrapper that sent it.
+	starter     *trainerproto.RunStart
+	starterKey  string
+	starterPeer Peer
 
 	ticks []tickStat
 	steps []stepStat
@@ -149,11 +156,29 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		if err := r.checkOwner("run_start", p); err != nil {
 			return err
 		}
-		if err := r.meta.conflict(ev); err != nil {
+		var filled bool
+		var conflicts []string
+		if r.starter != nil {
+			filled, conflicts = fillFrom(r.starter, ev)
+		} else if err := r.meta.conflict(ev); err != nil {
 			return errorf("run_start", "metadata conflicts with run %q: %v", ev.Run, err)
 		}
 		r.members[p.ConnID] = rankKey(p, ev)
 		gpus = l.joinAttributed(now, r, ev, gpus, explicit)
+		if filled {
+			// The same start (time, node) again with the fields filled in:
+			// the collector fills what its copy of the run lacks.
+			l.pending = append(l.pending, &pb.RunEvent{Event: &pb.RunEvent_RunStart{
+				RunStart: l.runStartEvent(r.start, r.starterPeer, r.starter, r, r.gpuChanges[0].gpus)}})
+			l.cfg.Logger.Info("run metadata filled by the joining client", "run_id", r.id, "model", r.starter.Model)
+		}
+		var conflict error
+		if len(conflicts) > 0 {
+			c := &MetadataConflict{Run: r.id, Fields: conflicts}
+			c.StarterConn, c.StarterFound = r.starterConn()
+			l.cfg.Logger.Warn("joining client's metadata differs from trainmeter run's; keeping the command line's", "run_id", r.id, "fields", conflicts)
+			conflict = c
+		}
 		if r.restored && r.rejoinAt.IsZero() {
 			r.rejoinAt = now
 			l.cfg.Logger.Info("run rejoined after agent restart", "run_id", r.id, "down", now.Sub(r.bridge.From))
@@ -161,7 +186,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		if merged, changed := union(r.gpuChanges[len(r.gpuChanges)-1].gpus, gpus); changed {
 			r.gpuChanges = append(r.gpuChanges, gpuSet{at: now, gpus: merged})
 		}
-		return nil
+		return conflict
 	}
 	gpus = l.startAttributed(ev, gpus, explicit)
 	l.forgetEnded(ev.Run)
@@ -180,6 +205,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 	}
 	if ev.AttributePID != nil {
 		r.attributePID = int(*ev.AttributePID)
+		r.starter, r.starterKey, r.starterPeer = starterCopy(ev), rankKey(p, ev), p
 	}
 	r.setWarmup(now, ev)
 	if r.resume {

@@ -324,6 +324,12 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	}
 	n.Started = true
 	if s.HasStart && (t > s.Start || (t == s.Start && node >= s.StartNode)) {
+		if t == s.Start && node == s.StartNode {
+			// The agent sends the run's start again when a client joining
+			// a run of `trainmeter run` named fields the command line left
+			// out: fill those, never overwrite.
+			s.fillStart(ev)
+		}
 		return // joins; never overwrites the winner's metadata
 	}
 	s.HasStart = true
@@ -351,6 +357,71 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 		s.Plan.Labels = make(map[string]string, len(l))
 		for k, v := range l {
 			s.Plan.Labels[k] = v
+		}
+	}
+}
+
+// fillStart sets the metadata and plan fields the run's start left unset
+// from a later copy of the same start.
+func (s *State) fillStart(ev *trainmeterv1.RunStart) {
+	m, md := ev.GetMetadata(), &s.Metadata
+	for _, f := range []struct {
+		dst *string
+		got string
+	}{{&md.Model, m.GetModel()}, {&md.Dataset, m.GetDataset()}, {&md.Backend, m.GetBackend()},
+		{&md.Optimizer, m.GetOptimizer()}, {&md.Precision, m.GetPrecision()}, {&md.Notes, m.GetNotes()},
+		{&s.GPUName, ev.GetGpuName()}, {&s.Plan.BudgetScope, ev.GetBudgetScope()}} {
+		if *f.dst == "" {
+			*f.dst = f.got
+		}
+	}
+	for _, f := range []struct {
+		dst    *int64
+		has    *bool
+		got    int64
+		gotSet bool
+	}{{&md.BatchSize, &md.HasBatchSize, m.GetBatchSize(), m.GetHasBatchSize()},
+		{&md.GradAccum, &md.HasGradAccum, m.GetGradAccum(), m.GetHasGradAccum()},
+		{&md.SeqLen, &md.HasSeqLen, m.GetSeqLen(), m.GetHasSeqLen()},
+		{&md.Seed, &md.HasSeed, m.GetSeed(), m.GetHasSeed()}} {
+		if !*f.has && f.gotSet {
+			*f.dst, *f.has = f.got, true
+		}
+	}
+	p := &s.Plan
+	for _, f := range []struct {
+		dst *uint64
+		got uint64
+	}{{&p.PlannedSteps, ev.GetPlannedSteps()}, {&p.PlannedTokens, ev.GetPlannedTokens()},
+		{&p.PlannedEpochs, ev.GetPlannedEpochs()}, {&p.Params, ev.GetParams()}, {&p.DatasetSize, ev.GetDatasetSize()},
+		{&p.AdjustmentInterval, ev.GetAdjustmentInterval()}} {
+		if *f.dst == 0 {
+			*f.dst = f.got
+		}
+	}
+	for _, f := range []struct {
+		dst *uint32
+		got uint32
+	}{{&p.NumWorkers, ev.GetNumWorkers()}, {&p.PrefetchFactor, ev.GetPrefetchFactor()}} {
+		if *f.dst == 0 {
+			*f.dst = f.got
+		}
+	}
+	for _, f := range []struct {
+		dst *float64
+		got float64
+	}{{&s.GPUPricePerHour, ev.GetGpuPricePerHour()}, {&p.TargetGPUUtilization, ev.GetTargetGpuUtilization()},
+		{&p.MaxRAMUsage, ev.GetMaxRamUsage()}} {
+		if *f.dst == 0 {
+			*f.dst = f.got
+		}
+	}
+	for k, v := range ev.GetLabels() {
+		if _, have := p.Labels[k]; !have {
+			if p.Labels == nil {
+				p.Labels = map[string]string{}
+			}
+			p.Labels[k] = v
 		}
 	}
 }
@@ -668,6 +739,7 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 			r.Labels[k] = v
 		}
 	}
+	r.Pue = p.EffectivePUE()
 	if co2, ok := p.CO2Kg(r.EnergyKwh); ok {
 		r.HasCo2 = true
 		r.Co2Kg = co2
@@ -738,7 +810,8 @@ func (s *State) priceCompute(p Pricing, r *trainmeterv1.RunReport) {
 	}
 	r.HasCost = true
 	r.CostUsd = usd
-	r.GpuPriceSource = source
+	r.PriceSource = source
+	r.GpuPriceSource = cost.LegacySource(source)
 	if r.GpuHours > 0 {
 		r.GpuPricePerHour = usd / r.GpuHours // the GPU-time-weighted mean
 	}

@@ -207,7 +207,7 @@ func newAlertsCommand(cf *clientFlags) *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	c.Flags().StringVar(&kind, "kind", "", "only budget or price alerts")
+	c.Flags().StringVar(&kind, "kind", "", "only budget, price or max-cost alerts")
 	return c
 }
 

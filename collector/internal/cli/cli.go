@@ -68,7 +68,8 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 		defaultAddr = server.DefaultListen
 	}
 	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newSummaryCommand(cf), newModelCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf),
-		newRecommendCommand(cf), newBudgetCommand(cf), newAlertsCommand(cf), newForecastCommand(cf), newPricesCommand(cf)} {
+		newRecommendCommand(cf), newBudgetCommand(cf), newAlertsCommand(cf), newForecastCommand(cf), newPricesCommand(cf),
+		newEstimateCommand(cf)} {
 		// Persistent, so that `export csv` inherits them.
 		c.PersistentFlags().StringVar(&cf.addr, "collector", defaultAddr, "collector address HOST:PORT (default from $"+EnvCollector+")")
 		c.PersistentFlags().DurationVar(&cf.timeout, "timeout", 10*time.Second, "deadline for the request")

@@ -22,12 +22,16 @@ type costServeFlags struct {
 	tariffFile string
 	nodePrices []string
 	priorities []string
+	ownedFile  string
+	pue        float64
 }
 
 func (f *costServeFlags) add(fs *pflag.FlagSet, cfg *server.Config) {
 	fs.StringVar(&f.tariffFile, "tariff", "", "time-of-use energy tariff (YAML, docs/costs.md); instead of --energy-price-kwh")
 	fs.BoolVar(&cfg.EnergyIncluded, "energy-included", false, "the GPU price includes power (cloud rentals): energy cost is 0")
 	fs.StringArrayVar(&f.nodePrices, "node-gpu-price", nil, "NODE=USD: $ per GPU-hour of NODE's GPUs when run_start gives none (repeatable)")
+	fs.StringVar(&f.ownedFile, "owned-hardware", "", "owned GPUs priced from their purchase, and the PUE (YAML, docs/costs.md)")
+	fs.Float64Var(&f.pue, "pue", 0, "power usage effectiveness (>= 1): energy cost and CO2 are of GPU energy × PUE (default: the --owned-hardware file's, else 1)")
 	fs.StringArrayVar(&f.priorities, "priority-multiplier", nil, "PRIORITY=X: compute cost multiplier for runs whose priority label is PRIORITY (repeatable)")
 }
 
@@ -38,6 +42,16 @@ func (f *costServeFlags) apply(cfg *server.Config) error {
 			return err
 		}
 		cfg.Tariff = t
+	}
+	if f.ownedFile != "" {
+		o, err := cost.LoadOwnedHardware(f.ownedFile)
+		if err != nil {
+			return fmt.Errorf("--owned-hardware: %w", err)
+		}
+		cfg.OwnedHardware, cfg.PUE = o, o.PUE
+	}
+	if f.pue != 0 {
+		cfg.PUE = f.pue // the flag wins over the file
 	}
 	parse := func(flag string, vals []string) (map[string]float64, error) {
 		if len(vals) == 0 {

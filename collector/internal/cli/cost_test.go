@@ -181,6 +181,10 @@ func TestReportJSON(t *testing.T) {
 func isFloat(v any) bool { _, ok := v.(float64); return ok }
 
 func TestServeCostFlagsAreValidated(t *testing.T) {
+	badOwned := filepath.Join(t.TempDir(), "owned.yaml")
+	if err := os.WriteFile(badOwned, []byte("gpus: [{model: H100, purchase_usd: 100, lifetime_years: 3, residual_usd: 200}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -189,6 +193,9 @@ func TestServeCostFlagsAreValidated(t *testing.T) {
 		{[]string{"--priority-multiplier", "high"}, "--priority-multiplier"},
 		{[]string{"--node-gpu-price", "n1=-2"}, "--node-gpu-price"},
 		{[]string{"--energy-included", "--energy-price-kwh", "0.2"}, "included"},
+		{[]string{"--owned-hardware", "/nonexistent.yaml"}, "--owned-hardware"},
+		{[]string{"--owned-hardware", badOwned}, "residual_usd 200 must be below purchase_usd 100"},
+		{[]string{"--pue", "0.7"}, "pue must be a finite number >= 1"},
 	} {
 		_, err := run(t, nil, append([]string{"serve", "--listen", "127.0.0.1:0", "--data", t.TempDir()}, tc.args...)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -64,6 +65,13 @@ type runOptions struct {
 	query func() (trainmeterv1.QueryServiceClient, func(), error)
 	// tick is the live status period on a terminal.
 	tick time.Duration
+
+	// maxCost caps the run's total cost (0: none); estimate asks for an
+	// estimate at start (nil: none). plan sends both to the collector.
+	maxCost   float64
+	estimate  *trainmeterv1.EstimateRequest
+	plan      func(*trainmeterv1.PlanRunRequest) (*trainmeterv1.PlanRunResponse, error)
+	stopGrace time.Duration // SIGTERM to SIGKILL when the cap stops the command
 }
 
 func newRunCommand(cf *clientFlags) *cobra.Command {
@@ -71,14 +79,16 @@ func newRunCommand(cf *clientFlags) *cobra.Command {
 	var model, dataset, backend, optimizer, precision, notes string
 	var batchSize, seqLen int64
 	var warmup time.Duration
+	var tokens uint64
+	var gpus uint32
 	c := &cobra.Command{
 		Use:   "run [flags] -- COMMAND [ARGS...]",
 		Short: "Run a command as one measured run: energy, time, power, VRAM, cost (and tokens if it uses the client)",
 		Long: `Run COMMAND as one trainmeter run. The agent on this machine attributes to it
 the GPUs its process tree computes on, from start to exit. The command gets
 TRAINMETER_RUN_ID and TRAINMETER_SOCKET, so a script that uses the Python
-client reports its tokens into the same run (its metadata must not contradict
-the flags given here). SIGINT and SIGTERM are passed on to the command;
+client reports its tokens into the same run and fills the metadata not given
+here (flags given here win over the script's; a difference is shown on stderr). SIGINT and SIGTERM are passed on to the command;
 trainmeter exits with the command's exit code. If the agent cannot be reached
 the command still runs, unmeasured.`,
 		Args: cobra.MinimumNArgs(1),
@@ -101,6 +111,15 @@ the command still runs, unmeasured.`,
 					return fmt.Errorf("--warmup %v: must not be negative", warmup)
 				}
 				o.meta["warmup_s"] = warmup.Seconds()
+			}
+			if o.maxCost < 0 || math.IsNaN(o.maxCost) || math.IsInf(o.maxCost, 0) {
+				return fmt.Errorf("--max-cost %v: want a finite number of USD > 0", o.maxCost)
+			}
+			if tokens > 0 {
+				if model == "" {
+					return errors.New("--tokens needs --model: the estimate learns from the model's past runs")
+				}
+				o.estimate = &trainmeterv1.EstimateRequest{Model: model, Tokens: tokens, Gpus: gpus}
 			}
 			if o.statusEvery <= 0 {
 				return fmt.Errorf("--status-every %v: must be positive", o.statusEvery)
@@ -126,6 +145,15 @@ the command still runs, unmeasured.`,
 					return nil, nil, err
 				}
 				return trainmeterv1.NewQueryServiceClient(conn), func() { conn.Close() }, nil
+			}
+			o.plan = func(req *trainmeterv1.PlanRunRequest) (*trainmeterv1.PlanRunResponse, error) {
+				var resp *trainmeterv1.PlanRunResponse
+				err := cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+					var err error
+					resp, err = trainmeterv1.NewBudgetServiceClient(conn).PlanRun(ctx, req)
+					return err
+				})
+				return resp, err
 			}
 			if err := refuseEndedRun(cmd.Context(), o); err != nil {
 				return err
@@ -154,6 +182,10 @@ the command still runs, unmeasured.`,
 	f.StringVar(&notes, "notes", "", "free-form notes")
 	f.DurationVar(&warmup, "warmup", 0, "warmup to exclude from efficiency figures (default: the script's client's, else the agent's)")
 	f.DurationVar(&o.statusEvery, "status-every", 10*time.Second, "period of the status lines when stderr is not a terminal")
+	f.Float64Var(&o.maxCost, "max-cost", 0, "USD: the collector tells the run to stop (and alerts) when its total cost reaches this; trainmeter run then stops the command")
+	f.Var(&tokenCount{&tokens}, "tokens", "tokens the run will process: estimate its time, energy and cost at start from --model's past runs (shown in its report)")
+	f.Uint32Var(&gpus, "gpus", 0, "GPUs the run will use, for the estimate (default: the past runs' median)")
+	f.DurationVar(&o.stopGrace, "stop-grace", 30*time.Second, "after --max-cost stopped the command with SIGTERM, SIGKILL it this much later")
 	f.DurationVar(&o.reportWait, "report-wait", 10*time.Second, "how long to wait for the collector to see the run end before printing the report")
 	return c
 }
@@ -195,6 +227,7 @@ func runCommand(o *runOptions, args []string) int {
 		return 127
 	}
 
+	planRun(o, warn)
 	ag := newAgentLink(o, warn)
 	ag.start()
 
@@ -222,9 +255,21 @@ func runCommand(o *runOptions, args []string) int {
 	stopStatus := st.run()
 
 	var werr error
+	capped := false
+	var kill <-chan time.Time
 wait:
 	for {
 		select {
+		case reason := <-ag.stops:
+			if o.maxCost <= 0 || !strings.HasPrefix(reason, maxCostPrefix) || capped {
+				continue
+			}
+			capped = true
+			warn("%s: stopping the command (SIGTERM; SIGKILL in %v)", reason, o.stopGrace)
+			_ = child.Process.Signal(syscall.SIGTERM)
+			kill = time.After(o.stopGrace)
+		case <-kill:
+			_ = child.Process.Kill()
 		case s := <-sigs:
 			if s == syscall.SIGINT && foregroundTTY() {
 				// Ctrl-C on the terminal reached the command's process
@@ -239,6 +284,9 @@ wait:
 	}
 	stopStatus()
 	status, code := exitStatus(child.ProcessState, werr)
+	if capped {
+		status = "stopped: max-cost"
+	}
 	ag.end(status)
 	switch {
 	case ag.wasRefused():
@@ -289,19 +337,22 @@ type agentLink struct {
 	mu        sync.Mutex
 	conn      net.Conn
 	reachable bool
-	// refused: the agent refused run_start (an ended run id, a conflict):
-	// the command runs unmeasured and no report is printed.
+	// refused: the agent refused run_start (an ended run id, too many
+	// runs): the command runs unmeasured and no report is printed.
 	refused bool
 	warned  bool
 	closed  bool
 	done    chan struct{}
 	wg      sync.WaitGroup
+	// stops carries a max-cost stop to the command's supervisor; one is
+	// enough (the agent may relay the advice again), so more are dropped.
+	stops chan string
 }
 
 func newAgentLink(o *runOptions, warn func(string, ...any)) *agentLink {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	a := &agentLink{o: o, warn: warn, clientID: "trainmeter-run-" + hex.EncodeToString(b), done: make(chan struct{})}
+	a := &agentLink{o: o, warn: warn, clientID: "trainmeter-run-" + hex.EncodeToString(b), done: make(chan struct{}), stops: make(chan string, 1)}
 	ev := map[string]any{"event": "run_start", "run_id": o.runID, "attribute_pid": os.Getpid(), "client_id": a.clientID}
 	if o.resume {
 		ev["resume"] = true
@@ -409,6 +460,13 @@ func (a *agentLink) read(conn net.Conn) {
 				a.mu.Unlock()
 			}
 		case "stop":
+			if a.o.maxCost > 0 && strings.HasPrefix(m.Reason, maxCostPrefix) {
+				select {
+				case a.stops <- m.Reason:
+				default:
+				}
+				continue
+			}
 			a.warn("agent asks the run to stop: %s (the command is not stopped by trainmeter run)", m.Reason)
 		}
 	}
@@ -491,4 +549,38 @@ func (a *agentLink) end(status string) {
 		}
 	}
 	a.wg.Wait()
+}
+
+// maxCostPrefix starts the reason of the collector's stop advice for a run
+// that reached its --max-cost (budget.MaxCostReasonPrefix).
+const maxCostPrefix = "max-cost"
+
+// planRun sends the run's cap and estimate request to the collector before
+// the command starts, and shows the estimate. Nothing here stops the
+// command from running: an unreachable collector only means no cap and no
+// estimate, which it says.
+func planRun(o *runOptions, warn func(string, ...any)) {
+	if o.plan == nil || (o.maxCost <= 0 && o.estimate == nil) {
+		return
+	}
+	resp, err := o.plan(&trainmeterv1.PlanRunRequest{RunId: o.runID, MaxCostUsd: o.maxCost, Estimate: o.estimate})
+	if err != nil {
+		if o.maxCost > 0 {
+			warn("could not set --max-cost at the collector (%v): the run is NOT capped", err)
+		} else {
+			warn("no estimate (%v)", err)
+		}
+		return
+	}
+	if e := resp.GetEstimate(); e != nil {
+		writeEstimate(o.stderr, e)
+		if o.maxCost > 0 && e.GetHasCost() && e.GetCostUsd().GetMid() > o.maxCost {
+			warn("the estimate ($%.2f) is above --max-cost ($%.2f): the run will likely be stopped before it finishes", e.GetCostUsd().GetMid(), o.maxCost)
+		}
+	} else if msg := resp.GetEstimateError(); msg != "" {
+		warn("no estimate: %s", msg)
+	}
+	if o.maxCost > 0 {
+		warn("run %s is capped at $%.2f: the collector tells it to stop when its total cost reaches that", o.runID, o.maxCost)
+	}
 }

@@ -157,6 +157,9 @@ func (s *runStatus) line(elapsed time.Duration, r *trainmeterv1.RunReport) strin
 		if !r.GetEnded() && r.GetProjectionBasis() != "" && r.GetProjectedCostUsd() > usd {
 			s += fmt.Sprintf(" (→ $%.4f)", r.GetProjectedCostUsd())
 		}
+		if r.MaxCostUsd != nil {
+			s += fmt.Sprintf(" of max $%.2f", r.GetMaxCostUsd())
+		}
 		parts = append(parts, s)
 	}
 	return strings.Join(parts, " | ")

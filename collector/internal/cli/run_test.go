@@ -226,4 +226,10 @@ func TestRunStatusLine(t *testing.T) {
 	if got := s.line(3725*time.Second, r); got != "trainmeter r | 1:02:05 | 1000 W | 3.0 kJ | 1000 tok | 3 J/tok | $0.7500 (→ $3.0000)" {
 		t.Errorf("projected line %q", got)
 	}
+	// A capped run shows its cap.
+	maxCost := 5.0
+	r.MaxCostUsd = &maxCost
+	if got := s.line(3725*time.Second, r); got != "trainmeter r | 1:02:05 | 1000 W | 3.0 kJ | 1000 tok | 3 J/tok | $0.7500 (→ $3.0000) of max $5.00" {
+		t.Errorf("capped line %q", got)
+	}
 }

@@ -38,6 +38,22 @@ type Server struct {
 	store   Store
 	live    Live
 	pricing aggregate.Pricing
+	plans   Plans
+}
+
+// Plans adds to a report what its run was started with (cost cap,
+// estimate): the budget manager.
+type Plans interface {
+	AttachPlan(r *trainmeterv1.RunReport)
+}
+
+// SetPlans sets where reports get their run's plan; call before serving.
+func (s *Server) SetPlans(p Plans) { s.plans = p }
+
+func (s *Server) attachPlan(r *trainmeterv1.RunReport) {
+	if s.plans != nil {
+		s.plans.AttachPlan(r)
+	}
 }
 
 // New returns a query server. live may be nil (no node is then connected).
@@ -70,7 +86,9 @@ func (s *Server) reports(ids []string) ([]*trainmeterv1.RunReport, error) {
 	}
 	out := make([]*trainmeterv1.RunReport, 0, len(sts))
 	for _, st := range sts {
-		out = append(out, st.Report(s.pricing))
+		r := st.Report(s.pricing)
+		s.attachPlan(r)
+		out = append(out, r)
 	}
 	if err := s.setEfficiency(out, len(ids) == 0); err != nil {
 		return nil, err
@@ -109,6 +127,7 @@ func (s *Server) GetRun(_ context.Context, req *trainmeterv1.GetRunRequest) (*tr
 		return nil, s.storeErr(err)
 	}
 	r := st.Report(s.pricing)
+	s.attachPlan(r)
 	if err := s.setEfficiency([]*trainmeterv1.RunReport{r}, false); err != nil {
 		return nil, err
 	}
