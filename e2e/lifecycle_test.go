@@ -128,7 +128,8 @@ func TestReusedRunIDRefusedAndResumed(t *testing.T) {
 		t.Errorf("trainmeter run on an ended run id: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	stdout, stderr, code = c.trainmeterRun("--socket", sock, "--collector", c.addr, "--run-id", "llama-sft-7", "--resume", "--", "sleep", "1")
-	if code != 0 || !strings.Contains(stdout, "run llama-sft-7 (ended: ok)") {
+	// The report it prints is of the run after this part, not before it.
+	if code != 0 || !strings.Contains(stdout, "run llama-sft-7 (ended: ok)") || !strings.Contains(stdout, "(2 resume(s);") {
 		t.Errorf("trainmeter run --resume: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	if r := c.waitEnded("llama-sft-7"); r.GetResumes() != 2 {

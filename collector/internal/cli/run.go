@@ -287,6 +287,7 @@ wait:
 	if capped {
 		status = "stopped: max-cost"
 	}
+	st.endSent = time.Now()
 	ag.end(status)
 	switch {
 	case ag.wasRefused():
