@@ -13,9 +13,15 @@
 //     latest RunStart.time (so a resumed run re-opens the node). The run has
 //     ended when every node that sent a RunStart has ended; end is then the
 //     latest RunEnd.time. Until then ended=false and end is the latest window
-//     end seen (a live report). wall_s = end − start (never negative).
-//   - warmup_s = earliest start of any PHASE_MEASURED window − start; wall_s if
-//     there is no measured window.
+//     end seen (a live report). wall_s = end − start − paused (never
+//     negative).
+//   - paused: a RunStart later than the end of the whole run (every node
+//     ended) reopens it: [end, RunStart.time) is a pause, and the pauses are
+//     taken out of wall_s and warmup_s, hence out of every rate.
+//   - end_status: across nodes (by name) the first node's latest RunEnd
+//     end_status that is not "ok", else "ok"; "ended" when none was sent.
+//   - warmup_s = earliest start of any PHASE_MEASURED window − start − paused
+//     before it; wall_s if there is no measured window.
 //   - per window, energy = energy_counter_j if counter_ok else
 //     energy_integrated_j. energy_J = Σ over measured windows; energy_total_J =
 //     Σ over all windows; energy_J_integrated = Σ measured integrated;
