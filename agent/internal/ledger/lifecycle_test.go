@@ -166,3 +166,20 @@ func TestEndStatus(t *testing.T) {
 		})
 	}
 }
+
+// resume=true on an id this node never saw end starts a run as usual, its
+// warmup included (a script that always asks to resume).
+func TestResumeOfAnUnknownRunKeepsItsWarmup(t *testing.T) {
+	r := newRig(t, []float64{100}, []float64{100}, 0)
+	r.advance(time.Second)
+	if err := r.l.StartRun(r.at(0), peer1, &trainerproto.RunStart{Run: "new", Resume: true, WarmupS: ptr(1.5)}); err != nil {
+		t.Fatal(err)
+	}
+	r.advance(3 * time.Second)
+	if s := r.starts("new"); len(s) != 1 || s[0].Resume || s[0].WarmupS != 1.5 {
+		t.Fatalf("starts %v, want one plain start with its 1.5 s warmup", s)
+	}
+	if w := r.windows("new"); len(w) == 0 || w[0].Phase != pb.Phase_PHASE_WARMUP {
+		t.Errorf("first window %v, want warmup", w)
+	}
+}

@@ -130,7 +130,12 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 	if err != nil {
 		return err
 	}
+	// resuming: a resume of a run this node saw end. resume=true for an id
+	// it does not know starts a run as usual, warmup included: a script
+	// that always asks to resume must not lose its first run's warmup.
+	resuming := false
 	if r, ok := l.runs[ev.Run]; ok && r.ended {
+		resuming = true
 		if !ev.Resume {
 			return reuseError(ev.Run, r.end, r.endStatus)
 		}
@@ -149,8 +154,11 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 			}
 		}
 		delete(l.runs, ev.Run)
-	} else if e, ok := l.ended[ev.Run]; ok && !ev.Resume {
-		return reuseError(ev.Run, e.End, e.Status)
+	} else if e, ok := l.ended[ev.Run]; ok {
+		if !ev.Resume {
+			return reuseError(ev.Run, e.End, e.Status)
+		}
+		resuming = true
 	}
 	if r, ok := l.runs[ev.Run]; ok {
 		if err := r.checkOwner("run_start", p); err != nil {
@@ -191,7 +199,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 	gpus = l.startAttributed(ev, gpus, explicit)
 	l.forgetEnded(ev.Run)
 	r := &run{
-		resume:     ev.Resume,
+		resume:     resuming,
 		id:         ev.Run,
 		start:      now,
 		warmup:     l.cfg.DefaultWarmup,
