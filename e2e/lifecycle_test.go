@@ -100,6 +100,9 @@ func TestReusedRunIDRefusedAndResumed(t *testing.T) {
 		r = c.getRun("llama-sft-7")
 		return r.GetEnded() && r.GetTokensProcessed() == 2*steps*1000
 	})
+	t.Logf("before the resume: wall %.2fs tok/s %.0f avg W %.1f steps/s %.2f GPU-h %.5f; after: wall %.2fs (paused %.2fs) tok/s %.0f avg W %.1f steps/s %.2f GPU-h %.5f",
+		first.GetWallS(), first.GetTokPerS(), first.GetAvgPowerW(), first.GetStepsPerS(), first.GetGpuHours(),
+		r.GetWallS(), r.GetPausedS(), r.GetTokPerS(), r.GetAvgPowerW(), r.GetStepsPerS(), r.GetGpuHours())
 	if r.GetResumes() != 1 || r.GetPausedS() < pause.Seconds() {
 		t.Errorf("resumes %d paused %.1fs, want 1 and ≥ %v", r.GetResumes(), r.GetPausedS(), pause)
 	}
@@ -129,7 +132,7 @@ func TestReusedRunIDRefusedAndResumed(t *testing.T) {
 	}
 	stdout, stderr, code = c.trainmeterRun("--socket", sock, "--collector", c.addr, "--run-id", "llama-sft-7", "--resume", "--", "sleep", "1")
 	// The report it prints is of the run after this part, not before it.
-	if code != 0 || !strings.Contains(stdout, "run llama-sft-7 (ended: ok)") || !strings.Contains(stdout, "(2 resume(s);") {
+	if code != 0 || !strings.Contains(stdout, "run llama-sft-7 (ended: ok)") || !strings.Contains(stdout, "(2 resumes;") {
 		t.Errorf("trainmeter run --resume: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	if r := c.waitEnded("llama-sft-7"); r.GetResumes() != 2 {

@@ -457,7 +457,11 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	line(endLabel, "%s", orDash(tm(r, true)))
 	line("wall", "%s", dashS(k.times, Duration(r.GetWallS())))
 	if r.GetResumes() > 0 {
-		line("paused", "%s between an end and a resume (%d resume(s); not run time, in no rate)", Duration(r.GetPausedS()), r.GetResumes())
+		resumes := "1 resume"
+		if n := r.GetResumes(); n != 1 {
+			resumes = fmt.Sprintf("%d resumes", n)
+		}
+		line("paused", "%s between an end and a resume (%s; not run time, in no rate)", Duration(r.GetPausedS()), resumes)
 	}
 	line("warmup excluded", "%s", dashS(k.times, Duration(r.GetWarmupS())))
 	if k.dataShare {
