@@ -231,7 +231,7 @@ func TestDataloaderAdviceScenarios(t *testing.T) {
 			tr.sync()
 			c.waitEnded(run)
 			rep := c.cli("report", run)
-			for _, want := range []string{"dataloader advice (" + run + ")", tc.wantClass, "avg GPU", "1 adjustments"} {
+			for _, want := range []string{"dataloader advice (" + run + ")", tc.wantClass, "avg GPU", "1 adjustment;"} {
 				if !strings.Contains(rep, want) {
 					t.Errorf("report lacks %q:\n%s", want, rep)
 				}

@@ -1,5 +1,5 @@
-// Package report renders run reports: the CSV contract (DESIGN.md, "Metric
-// definitions"), a table for terminals and a readable per-run report.
+// Package report renders run reports: the CSV contract (docs/measurement.md,
+// "Per-run figures"), a table for terminals and a readable per-run report.
 //
 // CSV rules:
 //   - Columns are exactly Header(), in that order: run_id, the contract
@@ -28,6 +28,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/trainmeter/trainmeter/internal/plural"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -156,6 +157,28 @@ func tm(r *RunReport, end bool) string {
 		return ""
 	}
 	return t.AsTime().UTC().Format(time.RFC3339Nano)
+}
+
+// TimeFormat is the one format of times in human output (tables, reports,
+// alerts): RFC 3339 in UTC to the second, e.g. 2025-03-01T12:00:00Z. UTC,
+// so that what one user pastes reads the same to a colleague elsewhere and
+// sorts as text; the CSV and --json carry the same instant with its
+// fraction of a second.
+const TimeFormat = time.RFC3339
+
+// Time formats t for human output (TimeFormat).
+func Time(t time.Time) string { return t.UTC().Format(TimeFormat) }
+
+// humanTime is the run's start or end for human output; "" when unknown.
+func humanTime(r *RunReport, end bool) string {
+	t := r.GetStart()
+	if end {
+		t = r.GetEnd()
+	}
+	if t == nil {
+		return ""
+	}
+	return Time(t.AsTime())
 }
 
 // known tells which figures of r are defined.
@@ -299,8 +322,12 @@ func Incomplete(r *RunReport) string {
 	if rs := r.GetLostReasons(); len(rs) > 0 {
 		why = " (" + strings.Join(rs, "; ") + ")"
 	}
-	return fmt.Sprintf("INCOMPLETE: %d batch(es) of this run were dropped on an agent%s; missing from the figures: %d tokens, %s J, %.4g GPU-hours",
-		r.GetLostBatches(), why, r.GetLostTokens(), F(r.GetLostEnergyJ()), r.GetLostGpuSeconds()/3600)
+	were := "were"
+	if r.GetLostBatches() == 1 {
+		were = "was"
+	}
+	return fmt.Sprintf("INCOMPLETE: %s of this run %s dropped on an agent%s; missing from the figures: %d tokens, %s J, %.4g GPU-hours",
+		plural.N(r.GetLostBatches(), "batch"), were, why, r.GetLostTokens(), F(r.GetLostEnergyJ()), r.GetLostGpuSeconds()/3600)
 }
 
 // WriteCSV writes the header and one row per run.
@@ -369,7 +396,7 @@ func orDash(s string) string {
 // WriteTable writes a one-line-per-run table for terminals.
 func WriteTable(w io.Writer, runs []*RunReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tMODEL\tBACKEND\tSTATUS\tWALL\tTOKENS\tTOK/S\tJ/TOKEN\tAVG W\tENERGY kJ\tVRAM PEAK\t$")
+	fmt.Fprintln(tw, "RUN\tMODEL\tBACKEND\tSTATUS\tSTART\tWALL\tTOKENS\tTOK/S\tJ/TOKEN\tAVG W\tENERGY kJ\tVRAM PEAK\t$")
 	for _, r := range runs {
 		k := knownOf(r)
 		cost := r.GetTotalCostUsd()
@@ -377,11 +404,12 @@ func WriteTable(w io.Writer, runs []*RunReport) error {
 		if k.vram {
 			vram = fmt.Sprintf("%.0f MiB", r.GetVramPeakMb())
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			r.GetRunId(),
 			orDash(r.GetMetadata().GetModel()),
 			orDash(r.GetMetadata().GetBackend()),
 			EndStatus(r),
+			orDash(humanTime(r, false)),
 			dashS(k.times, Duration(r.GetWallS())),
 			Count(r.GetTokensProcessed()),
 			dash(k.period, "%.0f", r.GetTokPerS()),
@@ -446,22 +474,18 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	if m.GetNotes() != "" {
 		line("notes", "%s", m.GetNotes())
 	}
-	line("hardware", "%d GPU(s) on %d node(s) %s", r.GetGpus(), r.GetNodes(), orDash(r.GetGpuName()))
+	line("hardware", "%s on %s %s", plural.N(r.GetGpus(), "GPU"), plural.N(r.GetNodes(), "node"), orDash(r.GetGpuName()))
 
 	b.WriteString("time\n")
-	line("start", "%s", orDash(tm(r, false)))
+	line("start", "%s", orDash(humanTime(r, false)))
 	endLabel := "end"
 	if !r.GetEnded() {
 		endLabel = "last data"
 	}
-	line(endLabel, "%s", orDash(tm(r, true)))
+	line(endLabel, "%s", orDash(humanTime(r, true)))
 	line("wall", "%s", dashS(k.times, Duration(r.GetWallS())))
 	if r.GetResumes() > 0 {
-		resumes := "1 resume"
-		if n := r.GetResumes(); n != 1 {
-			resumes = fmt.Sprintf("%d resumes", n)
-		}
-		line("paused", "%s between an end and a resume (%s; not run time, in no rate)", Duration(r.GetPausedS()), resumes)
+		line("paused", "%s between an end and a resume (%s; not run time, in no rate)", Duration(r.GetPausedS()), plural.N(r.GetResumes(), "resume"))
 	}
 	line("warmup excluded", "%s", dashS(k.times, Duration(r.GetWarmupS())))
 	if k.dataShare {
@@ -473,7 +497,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 
 	b.WriteString("tokens\n")
-	line("processed", "%d in %d steps", r.GetTokensProcessed(), r.GetSteps())
+	line("processed", "%d in %s", r.GetTokensProcessed(), plural.N(r.GetSteps(), "step"))
 	line("after warmup", "%d", r.GetTokensMeasured())
 	line("throughput", "%s tok/s", dash(k.period, "%.1f", r.GetTokPerS()))
 	if r.GetHasLoss() {
@@ -571,7 +595,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 			}
 			t := ""
 			if e.GetTime() != nil {
-				t = e.GetTime().AsTime().UTC().Format(time.RFC3339)
+				t = Time(e.GetTime().AsTime())
 			}
 			fmt.Fprintf(&b, "  %s  %s\n", t, strings.Join(parts, ", "))
 		}

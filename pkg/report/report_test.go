@@ -221,7 +221,7 @@ func TestIncompleteRunIsMarked(t *testing.T) {
 	if err := WriteReport(&buf, r); err != nil {
 		t.Fatal(err)
 	}
-	want := "INCOMPLETE: 12 batch(es) of this run were dropped on an agent (spool full); missing from the figures: 65536 tokens, 7200.5 J, 0.006667 GPU-hours"
+	want := "INCOMPLETE: 12 batches of this run were dropped on an agent (spool full); missing from the figures: 65536 tokens, 7200.5 J, 0.006667 GPU-hours"
 	if lines := strings.Split(buf.String(), "\n"); len(lines) < 2 || lines[1] != want {
 		t.Errorf("report starts:\n%s\nwant line 2: %s", buf.String()[:min(300, buf.Len())], want)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 	"github.com/trainmeter/trainmeter/agent/internal/uplink"
+	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/host"
@@ -26,8 +27,9 @@ import (
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// Version is set at build time.
-var Version = "dev"
+// Version is the agent's version (internal/buildinfo: set at link time,
+// else from the build's VCS stamp).
+var Version = buildinfo.Version()
 
 // Agent is one node's trainmeter agent.
 type Agent struct {

@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 )
@@ -115,10 +115,8 @@ func LoadConfigFile(path string, cfg *Config) error {
 // Validate reports every problem with the configuration at once.
 func (c *Config) Validate() error {
 	var errs []error
-	if c.Collector == "" {
-		errs = append(errs, errors.New("collector address is empty"))
-	} else if !strings.Contains(c.Collector, ":") {
-		errs = append(errs, fmt.Errorf("collector %q: want HOST:PORT", c.Collector))
+	if err := collectoraddr.Check(c.Collector); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Socket == "" {
 		errs = append(errs, errors.New("socket path is empty"))

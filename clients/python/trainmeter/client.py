@@ -2,7 +2,7 @@
 
 A training loop reports run metadata, per-step token counts and timings, and
 evaluation results to the local trainmeter agent as newline-delimited JSON over
-a Unix stream socket (see "Trainer protocol" in DESIGN.md).
+a Unix stream socket (docs/protocol.md in the trainmeter repository).
 
 Guarantees:
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/recommend"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -40,7 +41,7 @@ func NewService(st ServiceStore, p aggregate.Pricing, catalog recommend.PriceCat
 func storeErr(err error) error {
 	var nf *store.NotFoundError
 	if errors.As(err, &nf) {
-		return status.Errorf(codes.NotFound, "unknown run(s): %q", nf.IDs)
+		return status.Errorf(codes.NotFound, "unknown %s: %q", plural.Noun(int64(len(nf.IDs)), "run"), nf.IDs)
 	}
 	if errors.Is(err, store.ErrNotFound) {
 		return status.Error(codes.NotFound, "run not found")

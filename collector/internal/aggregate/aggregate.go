@@ -1,6 +1,6 @@
 // Package aggregate folds a run's events and windows, from any number of
-// nodes, into the per-run figures of the CSV contract (DESIGN.md, "Metric
-// definitions"). It is pure: no I/O, no clock. The state is a plain Go struct,
+// nodes, into the per-run figures of the CSV contract (docs/measurement.md,
+// "Per-run figures"). It is pure: no I/O, no clock. The state is a plain Go struct,
 // stored as protobuf (codec.go) next to the raw records.
 //
 // Definitions, as implemented (they are the contract):

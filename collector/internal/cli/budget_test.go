@@ -19,7 +19,7 @@ func TestBudgetCommands(t *testing.T) {
 	if _, err := run(t, env, "budget", "set", "x", "lots"); err == nil || !strings.Contains(err.Error(), "not a number") {
 		t.Errorf("non-numeric amount: %v", err)
 	}
-	if _, err := run(t, env, "budget", "set", "x", "--", "-1"); err == nil || !strings.Contains(err.Error(), "> 0") {
+	if _, err := run(t, env, "budget", "set", "x", "--", "-1"); err == nil || !strings.Contains(err.Error(), "above 0") {
 		t.Errorf("negative amount: %v", err)
 	}
 	if _, err := run(t, env, "budget", "set", "x", "1", "--period", "week"); err == nil || !strings.Contains(err.Error(), "total or month") {
@@ -85,7 +85,7 @@ func TestBudgetCommands(t *testing.T) {
 	}
 	// A price list imported through the CLI needs no provider.
 	out, err = run(t, env, "prices", "import", "../../../pkg/prices/testdata/price_list.csv")
-	if err != nil || !strings.Contains(out, "imported 3 offers of 2 GPU models, 0 price alert(s)") {
+	if err != nil || !strings.Contains(out, "imported 3 offers of 2 GPU models, 0 price alerts") {
 		t.Fatalf("prices import: %q %v", out, err)
 	}
 	out, err = run(t, env, "prices", "--gpu", "rtx_4090")

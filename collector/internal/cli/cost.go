@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -227,7 +228,7 @@ func modelView(name string, all []*trainmeterv1.RunReport) (ModelView, bool) {
 			EfficiencyScore: r.EfficiencyScore, GainPoints: roi.GainPoints, ROI: roi.ROI,
 		}
 		if r.GetStart() != nil {
-			mr.Start = r.GetStart().AsTime().UTC().Format("2006-01-02T15:04:05Z")
+			mr.Start = report.Time(r.GetStart().AsTime())
 		}
 		v.Runs = append(v.Runs, mr)
 	}
@@ -263,7 +264,7 @@ func newModelCommand(cf *clientFlags) *cobra.Command {
 				return writeJSON(out, v)
 			}
 			m := v.Model
-			fmt.Fprintf(out, "model %s: %d run(s), %.3f GPU-hours, %.3f kWh, total $%.2f\n", m.Model, m.Runs, m.GPUHours, m.EnergyKWh, m.TotalCostUSD)
+			fmt.Fprintf(out, "model %s: %s, %.3f GPU-hours, %.3f kWh, total $%.2f\n", m.Model, plural.N(m.Runs, "run"), m.GPUHours, m.EnergyKWh, m.TotalCostUSD)
 			fmt.Fprintf(out, "baseline %s (%s points), best %s (%s points, $%s per point), ROI %s points per $ after the baseline\n\n",
 				orDash(m.Baseline), optF(m.BaselinePoints, "%.2f"), orDash(m.Best), optF(m.BestPoints, "%.2f"),
 				optF(m.BestUSDPerPoint, "%.4g"), optF(m.ROI, "%.4g"))

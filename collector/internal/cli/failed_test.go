@@ -43,4 +43,19 @@ func TestRecommendLeavesFailedRunsOut(t *testing.T) {
 	if out, err := run(t, nil, "report", "crashed", "--collector", addr); err != nil || !strings.Contains(out, "run crashed (ended: exit 1)") {
 		t.Errorf("report: %v\n%s", err, out)
 	}
+	// runs --status takes end statuses: the liveCollector's run-a ended
+	// without one (ended), run-b runs.
+	for status, want := range map[string]string{"failed": "crashed", "exit": "crashed", "exit 1": "crashed", "exit 2": "",
+		"ok": "", "ended": "run-a crashed", "running": "run-b", "signal": ""} {
+		out, err := run(t, nil, "runs", "--json", "--status", status, "--collector", addr)
+		if err != nil {
+			t.Fatalf("runs --status %q: %v", status, err)
+		}
+		if got := strings.Join(runIDsOf(t, out), " "); got != want {
+			t.Errorf("runs --status %q: %q, want %q", status, got, want)
+		}
+	}
+	if _, err := run(t, nil, "runs", "--status", "crashed", "--collector", addr); err == nil || !strings.Contains(err.Error(), "want running, ended, failed") {
+		t.Errorf("runs --status crashed: %v", err)
+	}
 }

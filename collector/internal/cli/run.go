@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -74,9 +75,26 @@ type runOptions struct {
 	stopGrace time.Duration // SIGTERM to SIGKILL when the cap stops the command
 }
 
+// runStartFields are the keys the agent reads from run_start itself (the
+// agent's trainerproto.runStartKeys; kept in step by hand, as the collector
+// cannot import the agent's packages); every other key is a label.
+var runStartFields = map[string]bool{
+	"event": true, "run_id": true,
+	"model": true, "dataset": true, "backend": true, "optimizer": true, "precision": true, "notes": true,
+	"batch_size": true, "grad_accum": true, "seq_len": true, "seed": true,
+	"warmup_s": true, "warmup_steps": true, "gpus": true, "cuda_visible_devices": true,
+	"num_workers": true, "prefetch_factor": true, "planned_steps": true,
+	"planned_tokens": true, "planned_epochs": true, "params": true, "dataset_size": true,
+	"target_gpu_utilization": true, "max_ram_usage": true, "adjustment_interval": true,
+	"gpu_price_per_hour": true, "budget_scope": true,
+	"rank": true, "world_size": true, "local_rank": true, "client_id": true,
+	"attribute_pid": true,
+}
+
 func newRunCommand(cf *clientFlags) *cobra.Command {
 	o := &runOptions{meta: map[string]any{}, tick: time.Second}
-	var model, dataset, backend, optimizer, precision, notes string
+	var model, dataset, backend, optimizer, precision, notes, budgetScope string
+	var labels []string
 	var batchSize, seqLen int64
 	var warmup time.Duration
 	var tokens uint64
@@ -106,6 +124,25 @@ the command still runs, unmeasured.`,
 			if f.Changed("seq-len") {
 				o.meta["seq_len"] = seqLen
 			}
+			if f.Changed("budget-scope") {
+				if budgetScope == "" {
+					return errors.New("--budget-scope is empty: give the scope whose budget this run counts against, e.g. --budget-scope team-nlp (trainmeter budget set SCOPE USD)")
+				}
+				o.meta["budget_scope"] = budgetScope
+			}
+			lm, err := parseLabels("--label", labels)
+			if err != nil {
+				return err
+			}
+			// The protocol takes labels as run_start's extra scalar keys
+			// (docs/protocol.md): a key run_start reads itself would set
+			// that field instead.
+			for k, v := range lm {
+				if runStartFields[k] {
+					return fmt.Errorf("--label %s=%s: %q is a run_start field, not a label; use its own flag (trainmeter run --help) or another key", k, v, k)
+				}
+				o.meta[k] = v
+			}
 			if f.Changed("warmup") {
 				if warmup < 0 {
 					return fmt.Errorf("--warmup %v: must not be negative", warmup)
@@ -120,6 +157,11 @@ the command still runs, unmeasured.`,
 					return errors.New("--tokens needs --model: the estimate learns from the model's past runs")
 				}
 				o.estimate = &trainmeterv1.EstimateRequest{Model: model, Tokens: tokens, Gpus: gpus}
+			}
+			// A malformed address is a typo to fix now, not a collector that
+			// is down (then the run is still measured, and reported later).
+			if err := collectoraddr.Check(cf.addr); err != nil {
+				return fmt.Errorf("%w (--collector or $%s)", err, EnvCollector)
 			}
 			if o.statusEvery <= 0 {
 				return fmt.Errorf("--status-every %v: must be positive", o.statusEvery)
@@ -180,6 +222,8 @@ the command still runs, unmeasured.`,
 	f.Int64Var(&batchSize, "batch-size", 0, "batch size")
 	f.Int64Var(&seqLen, "seq-len", 0, "sequence length")
 	f.StringVar(&notes, "notes", "", "free-form notes")
+	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE of the run (repeatable), for budgets (label:KEY=VALUE) and runs --label")
+	f.StringVar(&budgetScope, "budget-scope", "", "the budget scope this run counts against (docs/budgets.md)")
 	f.DurationVar(&warmup, "warmup", 0, "warmup to exclude from efficiency figures (default: the script's client's, else the agent's)")
 	f.DurationVar(&o.statusEvery, "status-every", 10*time.Second, "period of the status lines when stderr is not a terminal")
 	f.Float64Var(&o.maxCost, "max-cost", 0, "USD: the collector tells the run to stop (and alerts) when its total cost reaches this; trainmeter run then stops the command")

@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/trainmeter/trainmeter/internal/plural"
+	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -38,6 +40,9 @@ func (s *clientSecurity) addFlags(f *pflag.FlagSet) {
 // dialOptions returns the transport and per-RPC credentials. A token needs
 // TLS unless the collector is on a loopback address.
 func (s *clientSecurity) dialOptions(addr string, getenv func(string) string) ([]grpc.DialOption, error) {
+	if err := collectoraddr.Check(addr); err != nil {
+		return nil, fmt.Errorf("%w (--collector or $%s)", err, EnvCollector)
+	}
 	var opts []grpc.DialOption
 	secure := s.tls.Enabled()
 	if secure {
@@ -98,7 +103,7 @@ for confirmation (--yes skips the question).`,
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "deleted run %s (%d raw records)\n", args[0], resp.GetRecordsDeleted())
+				fmt.Fprintf(cmd.OutOrStdout(), "deleted run %s (%s)\n", args[0], plural.N(resp.GetRecordsDeleted(), "raw record"))
 				return nil
 			})
 		},

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/prices"
 )
@@ -218,7 +219,9 @@ type FetchResult struct {
 }
 
 // ErrNoProvider: the collector has no price provider configured.
-var ErrNoProvider = errors.New("no price provider configured (trainmeter serve --price-provider vastai|file)")
+var ErrNoProvider = errors.New("no price provider configured: start the collector with `trainmeter serve --price-provider vastai` " +
+	"(API key in $TRAINMETER_VASTAI_KEY or --vastai-key-file) or `--price-provider file --price-file FILE`, " +
+	"or load a price list now with `trainmeter prices import FILE`")
 
 // Fetch gets offers now, records each model's price point, and fires the
 // price alerts due.
@@ -309,8 +312,8 @@ func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c pr
 	a := budget.Alert{
 		Kind: budget.KindPrice, Severity: sev, Scope: mp.GPUName, Threshold: c.Change, Time: now,
 		GPUName: mp.GPUName, PriceUSDPerHour: mp.Median, ReferenceUSDPerHour: c.Reference, Change: c.Change,
-		Message: fmt.Sprintf("%s price %s %+.1f%%: median $%.3f/GPU-h vs $%.3f trailing %s average (cheapest $%.3f, %d offers)",
-			mp.GPUName, what, 100*c.Change, mp.Median, c.Reference, windowLabel(w.cfg.Rule.Window), mp.Cheapest, mp.Offers),
+		Message: fmt.Sprintf("%s price %s %+.1f%%: median $%.3f/GPU-h vs $%.3f trailing %s average (cheapest $%.3f, %s)",
+			mp.GPUName, what, 100*c.Change, mp.Median, c.Reference, windowLabel(w.cfg.Rule.Window), mp.Cheapest, plural.N(mp.Offers, "offer")),
 	}
 	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", budget.KindPrice, k, now.UnixNano()), a)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -65,7 +66,7 @@ func (s *Server) storeErr(err error) error {
 	var nf *store.NotFoundError
 	switch {
 	case errors.As(err, &nf):
-		return status.Errorf(codes.NotFound, "unknown run(s): %q", nf.IDs)
+		return status.Errorf(codes.NotFound, "unknown %s: %q", plural.Noun(int64(len(nf.IDs)), "run"), nf.IDs)
 	case errors.Is(err, store.ErrNotFound):
 		return status.Error(codes.NotFound, "run not found")
 	}

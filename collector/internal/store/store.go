@@ -42,6 +42,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -647,7 +648,9 @@ func (s *Store) GetRun(id string) (*aggregate.State, error) {
 // NotFoundError names the unknown run ids of a ListRuns call.
 type NotFoundError struct{ IDs []string }
 
-func (e *NotFoundError) Error() string { return fmt.Sprintf("unknown run(s): %q", e.IDs) }
+func (e *NotFoundError) Error() string {
+	return fmt.Sprintf("unknown %s: %q", plural.Noun(int64(len(e.IDs)), "run"), e.IDs)
+}
 
 // Unwrap makes errors.Is(err, ErrNotFound) true.
 func (e *NotFoundError) Unwrap() error { return ErrNotFound }
