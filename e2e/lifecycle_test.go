@@ -267,3 +267,38 @@ func (c *cluster) lastSeq(node string) uint64 {
 	}
 	return 0
 }
+
+// TestEndedRunIDRefusedAfterAgentKill: the agent's memory of ended run ids
+// survives a kill -9, so a reused id is still refused by the new agent.
+func TestEndedRunIDRefusedAfterAgentKill(t *testing.T) {
+	t.Parallel()
+	c := startCollector(t)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	spool := filepath.Join(dir, "spool")
+	args := []string{"--collector", c.addr, "--socket", sock, "--node", "mem-node", "--gpu", "sim:1", "--spool", spool}
+	first := daemon(t, "trainmeter-agent", args...)
+	c.eventually("agent socket", func() bool { return dialable(sock) })
+
+	tr := dialTrainer(t, sock)
+	tr.send(`{"event":"run_start","run_id":"once","warmup_s":0}`)
+	tr.runSteps("once", 3, 100, 20*time.Millisecond)
+	tr.send(`{"event":"run_end","run_id":"once"}`)
+	tr.sync()
+	c.waitEnded("once")
+	c.eventually("the ended run saved in the spool directory", func() bool {
+		b, err := os.ReadFile(filepath.Join(spool, "ended-runs.json"))
+		return err == nil && strings.Contains(string(b), `"once"`)
+	})
+	if err := first.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	daemon(t, "trainmeter-agent", args...)
+	c.eventually("agent socket after the restart", func() bool { return dialable(sock) })
+
+	tr = dialTrainer(t, sock)
+	tr.send(`{"event":"run_start","run_id":"once","warmup_s":0}`)
+	if line := tr.readLine(); !strings.Contains(line, `run \"once\" already ended`) || !strings.Contains(line, "resume") {
+		t.Fatalf("reuse after an agent kill: %s", line)
+	}
+}

@@ -46,6 +46,10 @@ type Agent struct {
 	spool *spool.Spool
 	// lastStateErr rate-limits warnings about the ledger state file.
 	lastStateErr time.Time
+	// endedSaved is the version of the ledger's ended runs last saved
+	// (endedFile); endedSavedOK whether any was.
+	endedSaved   uint64
+	endedSavedOK bool
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

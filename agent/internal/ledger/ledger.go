@@ -112,8 +112,9 @@ type Ledger struct {
 
 	// Runs that ended on this node, by id, and their ids oldest first
 	// (lifecycle.go).
-	ended      map[string]EndedRun
-	endedOrder []string
+	ended        map[string]EndedRun
+	endedOrder   []string
+	endedVersion uint64
 }
 
 type gpuAcc struct {

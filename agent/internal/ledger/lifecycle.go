@@ -98,9 +98,32 @@ func (l *Ledger) StopRequested(id, reason string) {
 	}
 }
 
+// EndedRuns lists the runs that ended on this node (the newest
+// maxEndedRuns), oldest first, and a version that changes whenever the list
+// does: the agent saves the list apart from its per-second checkpoint, only
+// when it changed, so that a restarted agent still refuses their reuse.
+func (l *Ledger) EndedRuns() ([]EndedRun, uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.endedRuns(), l.endedVersion
+}
+
+// RestoreEnded brings back the ended runs a previous agent saved.
+func (l *Ledger) RestoreEnded(runs []EndedRun) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range runs {
+		if e.ID != "" {
+			l.rememberEnded(e)
+		}
+	}
+	l.endedVersion = 0 // as saved
+}
+
 // rememberEnded records an ended run, forgetting the oldest beyond
 // maxEndedRuns.
 func (l *Ledger) rememberEnded(e EndedRun) {
+	l.endedVersion++
 	if l.ended == nil {
 		l.ended = map[string]EndedRun{}
 	}
@@ -119,6 +142,7 @@ func (l *Ledger) forgetEnded(id string) {
 		return
 	}
 	delete(l.ended, id)
+	l.endedVersion++
 	for i, x := range l.endedOrder {
 		if x == id {
 			l.endedOrder = append(l.endedOrder[:i], l.endedOrder[i+1:]...)

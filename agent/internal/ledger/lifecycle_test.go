@@ -54,6 +54,8 @@ func TestEndedRunIDIsRefusedUnlessResumed(t *testing.T) {
 	if err := restored.Restore(r.now, r.l.Snapshot(), 0); err != nil {
 		t.Fatal(err)
 	}
+	ended, _ := r.l.EndedRuns()
+	restored.RestoreEnded(ended)
 	if err := restored.StartRun(r.now, peer1, &trainerproto.RunStart{Run: "r"}); err == nil || !strings.Contains(err.Error(), "already ended") {
 		t.Errorf("a restarted agent accepted the ended run id: %v", err)
 	}

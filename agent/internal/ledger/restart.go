@@ -31,9 +31,6 @@ type Snapshot struct {
 	Time time.Time     `json:"time"`
 	GPUs []SnapshotGPU `json:"gpus"`
 	Runs []SnapshotRun `json:"runs"`
-	// Ended lists the runs that ended on this node (the newest
-	// maxEndedRuns), so that a restarted agent still refuses their reuse.
-	Ended []EndedRun `json:"ended,omitempty"`
 }
 
 // SnapshotGPU is one GPU's raw counter at Snapshot.Time.
@@ -122,7 +119,7 @@ func (s *bridgeSegment) window(id string, phase pb.Phase, gpus []uint32) *pb.Run
 func (l *Ledger) Snapshot() Snapshot {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := Snapshot{Time: l.winStart, Ended: l.endedRuns()}
+	s := Snapshot{Time: l.winStart}
 	for i, d := range l.cfg.Devices {
 		s.GPUs = append(s.GPUs, SnapshotGPU{UUID: d.UUID, CounterJ: l.rawAtStart[i], CounterOK: l.rawAtStartOK[i]})
 	}
@@ -164,9 +161,6 @@ func (l *Ledger) Restore(now time.Time, s Snapshot, grace time.Duration) error {
 	}
 	l.grace = grace
 	l.snapGPUs = s.GPUs
-	for _, e := range s.Ended {
-		l.rememberEnded(e)
-	}
 	for _, sr := range s.Runs {
 		if _, dup := l.runs[sr.ID]; dup || (len(sr.GPUs) == 0 && sr.AttributePID == 0) {
 			continue
