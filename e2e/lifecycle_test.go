@@ -293,6 +293,7 @@ func TestEndedRunIDRefusedAfterAgentKill(t *testing.T) {
 	if err := first.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
+	c.eventually("the killed agent's socket closed", func() bool { return !dialable(sock) })
 	daemon(t, "trainmeter-agent", args...)
 	c.eventually("agent socket after the restart", func() bool { return dialable(sock) })
 
