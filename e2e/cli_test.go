@@ -127,7 +127,7 @@ func TestRunLabelsAndBudgetScope(t *testing.T) {
 	}
 	table := c.cli("runs", "--model", "m2")
 	if !strings.Contains(table, "lab2") || strings.Contains(table, "lab1") ||
-		!regexp.MustCompile(`lab2 +m2 +- +ended +\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z `).MatchString(table) {
+		!regexp.MustCompile(`lab2 +m2 +- +ok +\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z `).MatchString(table) {
 		t.Errorf("runs --model m2:\n%s", table)
 	}
 	if _, errOut, code := c.trainmeterRun("--socket", sock, "--label", "team", "--", "true"); code != 1 || !strings.Contains(errOut, `--label "team": want KEY=VALUE`) {

@@ -59,6 +59,8 @@ var header = []string{
 	"usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points", "usd_per_accuracy_point",
 	"efficiency_score", "steps_per_s", "epoch_s", "est_total_s", "flops_per_step", "flops_total",
 	"peak_TFLOPS", "mfu", "J_per_PFLOP",
+	// run lifecycle (docs/measurement.md, "End status")
+	"end_status",
 	// issue 16 item 4: where the GPU-hour price came from (docs/costs.md)
 	"price_source",
 	// whole-run power, warmup included (i15-display; docs/measurement.md)
@@ -74,6 +76,34 @@ func Status(r *RunReport) string {
 		return "ended"
 	}
 	return "running"
+}
+
+// EndStatus is how the run ended ("ok", "error", "exit 3", "signal
+// SIGTERM", "stopped: budget", "lost"), "running" while it runs, and
+// "ended" for a run whose agents sent no status.
+func EndStatus(r *RunReport) string {
+	switch {
+	case !r.GetEnded():
+		return "running"
+	case r.GetEndStatus() == "":
+		return "ended"
+	}
+	return r.GetEndStatus()
+}
+
+// Failed reports whether the run ended in failure (error, a non-zero exit,
+// a signal, lost): its figures describe a partial run, so forecasts, ROI,
+// the optimizer and baselines leave it out. A run stopped on request
+// (stopped: budget) did what it was asked and is not failed.
+func Failed(r *RunReport) bool {
+	if !r.GetEnded() {
+		return false
+	}
+	switch st := r.GetEndStatus(); {
+	case st == "", st == "ok", st == "ended", strings.HasPrefix(st, "stopped"):
+		return false
+	}
+	return true
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
@@ -264,6 +294,7 @@ func Row(r *RunReport) []string {
 		opt(r.Mfu, F),
 		opt(r.JPerPflop, G9),
 
+		r.GetEndStatus(),
 		r.GetPriceSource(),
 		fOK(AvgPowerTotal(r)),
 		fOK(PeakPowerTotal(r)),
@@ -390,7 +421,7 @@ func WriteTable(w io.Writer, runs []*RunReport) error {
 			r.GetRunId(),
 			orDash(r.GetMetadata().GetModel()),
 			orDash(r.GetMetadata().GetBackend()),
-			Status(r),
+			EndStatus(r),
 			orDash(humanTime(r, false)),
 			dashS(k.times, Duration(r.GetWallS())),
 			Count(r.GetTokensProcessed()),
@@ -542,7 +573,11 @@ func WriteReport(w io.Writer, r *RunReport) error {
 		}
 		fmt.Fprintf(&b, "  %-18s "+format+"\n", append([]any{label}, args...)...)
 	}
-	fmt.Fprintf(&b, "run %s (%s)\n", r.GetRunId(), Status(r))
+	if st := r.GetEndStatus(); st != "" && st != "ended" && r.GetEnded() {
+		fmt.Fprintf(&b, "run %s (ended: %s)\n", r.GetRunId(), r.GetEndStatus())
+	} else {
+		fmt.Fprintf(&b, "run %s (%s)\n", r.GetRunId(), Status(r))
+	}
 	if inc := Incomplete(r); inc != "" {
 		b.WriteString(inc + "\n")
 	}
@@ -570,6 +605,9 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 	line(endLabel, "%s", orDash(humanTime(r, true)))
 	line("wall", "%s (whole run)", dashS(k.times, Duration(r.GetWallS())))
+	if r.GetResumes() > 0 {
+		line("paused", "%s between an end and a resume (%s; not run time, in no rate)", Duration(r.GetPausedS()), plural.N(r.GetResumes(), "resume"))
+	}
 	line("warmup", "%s (excluded from the after-warmup figures)", dashS(k.times, Duration(r.GetWarmupS())))
 	if NeverLeftWarmup(r) {
 		what := "the run never left its warmup"

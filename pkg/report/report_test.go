@@ -36,7 +36,7 @@ func fullRun() *RunReport {
 		Gpus: 2, Nodes: 1, GpuName: "NVIDIA H100 80GB HBM3", GpuHours: 600.5 * 2 / 3600,
 		CostUsd: 600.5 * 2 / 3600 * 2.1, EnergyKwh: 240000 / 3.6e6, EnergyCostUsd: 240000 / 3.6e6 * 0.3,
 		UsdPerMtok: 0.5, Co2Kg: 240000 / 3.6e6 * 0.4,
-		Start: timestamppb.New(t0), End: timestamppb.New(t0.Add(600500 * time.Millisecond)), Ended: true,
+		Start: timestamppb.New(t0), End: timestamppb.New(t0.Add(600500 * time.Millisecond)), Ended: true, EndStatus: "ok",
 		Steps: 20, DataWaitS: 12, ComputeS: 588, GapS: 0.25, EnergyDisagreementPct: 0.926,
 		GpuPricePerHour: 2.1, HasCost: true, HasEnergyCost: true, HasCo2: true,
 		Evals:   []*trainmeterv1.Eval{{Epoch: 1, ValLoss: 1.93, HasValLoss: true, Accuracy: 0.71, HasAccuracy: true, Time: timestamppb.New(t0.Add(5 * time.Minute))}},
@@ -76,6 +76,7 @@ func tinyRun() *RunReport {
 	r.EnergyMethod = "integrated"
 	r.HasCost, r.HasEnergyCost, r.HasCo2 = false, false, false
 	r.Metadata = nil
+	r.EndStatus = "exit 3"
 	return r
 }
 

@@ -46,6 +46,10 @@ type Agent struct {
 	spool *spool.Spool
 	// lastStateErr rate-limits warnings about the ledger state file.
 	lastStateErr time.Time
+	// endedSaved is the version of the ledger's ended runs last saved
+	// (endedFile); endedSavedOK whether any was.
+	endedSaved   uint64
+	endedSavedOK bool
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -278,6 +282,7 @@ func (a *Agent) advise(adv *pb.Advisory) {
 	var line []byte
 	switch x := adv.Advice.(type) {
 	case *pb.Advisory_Stop:
+		a.ledger.StopRequested(adv.RunId, x.Stop.Reason)
 		line = trainerproto.StopLine(adv.RunId, x.Stop.Reason)
 	case *pb.Advisory_Dataloader:
 		d := x.Dataloader

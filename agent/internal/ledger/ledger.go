@@ -112,6 +112,12 @@ type Ledger struct {
 	firstRawOK   []bool
 	snapGPUs     []SnapshotGPU
 	grace        time.Duration
+
+	// Runs that ended on this node, by id, and their ids oldest first
+	// (lifecycle.go).
+	ended        map[string]EndedRun
+	endedOrder   []string
+	endedVersion uint64
 }
 
 type gpuAcc struct {
@@ -362,7 +368,10 @@ func (l *Ledger) closeWindow() *pb.Batch {
 		r := l.runs[id]
 		b.RunWindows = append(b.RunWindows, l.runWindows(r, ws, we)...)
 		if r.ended && !r.end.After(we) {
-			b.RunEvents = append(b.RunEvents, r.endEvent())
+			if !r.endSent {
+				b.RunEvents = append(b.RunEvents, r.endEvent())
+				l.rememberEnded(EndedRun{ID: r.id, End: r.end, Status: r.endStatus})
+			}
 			delete(l.runs, id)
 			continue
 		}

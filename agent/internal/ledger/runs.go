@@ -42,7 +42,20 @@ type run struct {
 	ended      bool
 	end        time.Time
 	endReason  string
-	meta       runMeta // of the run_start that started it; joins must agree
+	// The end status (lifecycle.go): rankStatus is the first status of a
+	// rank's run_end that was not ok; anyRunEnd is whether any rank sent
+	// run_end; stopCause is set once the collector asked the run to stop.
+	rankStatus string
+	anyRunEnd  bool
+	stopCause  string
+	endStatus  string
+	// endSent: the RunEnd event already went out (a resume came before the
+	// window of the end closed).
+	endSent bool
+	// resume: the run_start that started this run asked to resume an
+	// ended one; its RunStart says so and it has no second warmup.
+	resume bool
+	meta   runMeta // of the run_start that started it; joins must agree
 	// attributePID, when > 0, is the root of the process tree whose GPUs
 	// the run is attributed (run_start attribute_pid; attribute.go).
 	attributePID int
@@ -108,7 +121,7 @@ func (r *run) gpusAt(t time.Time) []int {
 }
 
 func (r *run) endEvent() *pb.RunEvent {
-	e := &pb.RunEnd{RunId: r.id, Time: timestamppb.New(r.end), Reason: r.endReason}
+	e := &pb.RunEnd{RunId: r.id, Time: timestamppb.New(r.end), Reason: r.endReason, EndStatus: r.endStatus}
 	if !r.warmupEnd.IsZero() && !r.warmupEnd.After(r.end) {
 		e.WarmupEnd = timestamppb.New(r.warmupEnd)
 	}
@@ -125,10 +138,37 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 	if err != nil {
 		return err
 	}
-	if r, ok := l.runs[ev.Run]; ok {
-		if r.ended {
-			return errorf("run_start", "run %q already ended on this node; use a new run_id", ev.Run)
+	// resuming: a resume of a run this node saw end. resume=true for an id
+	// it does not know starts a run as usual, warmup included: a script
+	// that always asks to resume must not lose its first run's warmup.
+	resuming := false
+	if r, ok := l.runs[ev.Run]; ok && r.ended {
+		resuming = true
+		if !ev.Resume {
+			return reuseError(ev.Run, r.end, r.endStatus)
 		}
+		if err := r.checkOwner("run_start", p); err != nil {
+			return err
+		}
+		// Its window has not closed yet: send its end now, before the
+		// resume's start, and let the window close it under another key.
+		l.pending = append(l.pending, r.endEvent())
+		r.endSent = true
+		key := ev.Run + "\x00ended"
+		l.runs[key] = r
+		for i, id := range l.order {
+			if id == ev.Run {
+				l.order[i] = key
+			}
+		}
+		delete(l.runs, ev.Run)
+	} else if e, ok := l.ended[ev.Run]; ok {
+		if !ev.Resume {
+			return reuseError(ev.Run, e.End, e.Status)
+		}
+		resuming = true
+	}
+	if r, ok := l.runs[ev.Run]; ok {
 		if err := r.checkOwner("run_start", p); err != nil {
 			return err
 		}
@@ -165,7 +205,9 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		return conflict
 	}
 	gpus = l.startAttributed(ev, gpus, explicit)
+	l.forgetEnded(ev.Run)
 	r := &run{
+		resume:      resuming,
 		id:          ev.Run,
 		start:       now,
 		warmup:      l.cfg.DefaultWarmup,
@@ -183,6 +225,12 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		r.starter, r.starterKey, r.starterPeer = starterCopy(ev), rankKey(p, ev), p
 	}
 	r.setWarmup(now, ev)
+	if r.resume {
+		// The collector measures a resumed run from its first warmup on
+		// (docs/measurement.md, "Resumed runs"): a second warmup would
+		// leave measured time without its energy.
+		r.warmup, r.warmupSteps, r.warmupEnd, r.warmupSet = 0, 0, now, true
+	}
 	l.runs[ev.Run] = r
 	l.order = append(l.order, ev.Run)
 	l.pending = append(l.pending, &pb.RunEvent{Event: &pb.RunEvent_RunStart{RunStart: l.runStartEvent(now, p, ev, r, gpus)}})
@@ -217,6 +265,7 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 		Uid:         uint32(p.UID),
 		BudgetScope: ev.BudgetScope,
 		Labels:      ev.Labels,
+		Resume:      r.resume,
 	}
 	if ev.GPUPricePerHour != nil {
 		rs.GpuPricePerHour = *ev.GPUPricePerHour
@@ -455,6 +504,10 @@ func (l *Ledger) EndRun(now time.Time, p Peer, ev *trainerproto.RunEnd) error {
 	if ev.Status != "" {
 		reason = "run_end: " + ev.Status
 	}
+	r.anyRunEnd = true
+	if st := normalizeStatus(ev.Status); st != StatusOK && r.rankStatus == "" {
+		r.rankStatus = st
+	}
 	l.leave(now, r, p.ConnID, reason)
 	return nil
 }
@@ -478,13 +531,14 @@ func (l *Ledger) leave(now time.Time, r *run, conn uint64, reason string) {
 		return
 	}
 	r.ended, r.end, r.endReason = true, now, reason
+	r.endStatus = r.finalStatus()
 	if l.cfg.Load != nil {
 		for _, g := range r.gpusAt(now) {
 			l.cfg.Load.SetLoad(g, 0)
 			l.lastStep[g] = time.Time{}
 		}
 	}
-	l.cfg.Logger.Info("run ended", "run_id", r.id, "reason", reason, "wall", now.Sub(r.start))
+	l.cfg.Logger.Info("run ended", "run_id", r.id, "status", r.endStatus, "reason", reason, "wall", now.Sub(r.start))
 }
 
 // liveRunOf is liveRun for an event from p, which must be the run's owner.

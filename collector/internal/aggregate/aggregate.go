@@ -13,9 +13,15 @@
 //     latest RunStart.time (so a resumed run re-opens the node). The run has
 //     ended when every node that sent a RunStart has ended; end is then the
 //     latest RunEnd.time. Until then ended=false and end is the latest window
-//     end seen (a live report). wall_s = end − start (never negative).
-//   - warmup_s = earliest start of any PHASE_MEASURED window − start; wall_s if
-//     there is no measured window.
+//     end seen (a live report). wall_s = end − start − paused (never
+//     negative).
+//   - paused: a RunStart later than the end of the whole run (every node
+//     ended) reopens it: [end, RunStart.time) is a pause, and the pauses are
+//     taken out of wall_s and warmup_s, hence out of every rate.
+//   - end_status: across nodes (by name) the first node's latest RunEnd
+//     end_status that is not "ok", else "ok"; "ended" when none was sent.
+//   - warmup_s = earliest start of any PHASE_MEASURED window − start − paused
+//     before it; wall_s if there is no measured window.
 //   - per window, energy = energy_counter_j if counter_ok else
 //     energy_integrated_j. energy_J = Σ over measured windows; energy_total_J =
 //     Σ over all windows; energy_J_integrated = Σ measured integrated;
@@ -158,6 +164,9 @@ type NodeState struct {
 	// WarmupPeak is the highest peak of the node's warmup windows (W), for
 	// the whole run's peak (peak_power_total_W).
 	WarmupPeak float64 `json:"warmup_peak,omitempty"`
+	// EndStatus is the end status of the node's latest RunEnd (ok, error,
+	// exit N, signal NAME, stopped: cause, lost); "" from older agents.
+	EndStatus string `json:"end_status,omitempty"`
 }
 
 func (n *NodeState) ended() bool { return n.HasEnd && n.EndMax >= n.StartMax }
@@ -247,6 +256,12 @@ type State struct {
 	LostGPUSeconds float64  `json:"lost_gpu_seconds,omitempty"`
 	LostReasons    []string `json:"lost_reasons,omitempty"`
 
+	// Pauses of a resumed run: [PauseStarts[i], PauseEnds[i]) is the time
+	// from the run's end to a run_start that reopened it, excluded from
+	// wall_s, warmup_s and every rate.
+	PauseStarts []int64 `json:"pause_starts,omitempty"`
+	PauseEnds   []int64 `json:"pause_ends,omitempty"`
+
 	// Bookkeeping for the store (codec.go), not part of the figures:
 	// whether the node states are stored apart, and which changed since
 	// they were last taken for writing.
@@ -304,6 +319,15 @@ func nanos(ts *timestamppb.Timestamp) int64 {
 // AddStart folds a RunStart from node.
 func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	t := nanos(ev.GetTime())
+	if s.Ended() {
+		// A run_start after the whole run ended reopens it: with resume
+		// (the agent refuses it otherwise), or from an agent that forgot
+		// the run. Either way the time in between is not run time.
+		if end := s.endNanos(); t > end {
+			s.PauseStarts = append(s.PauseStarts, end)
+			s.PauseEnds = append(s.PauseEnds, t)
+		}
+	}
 	n := s.node(node)
 	if !n.Started || t < n.StartMin {
 		n.StartMin = t
@@ -419,8 +443,9 @@ func (s *State) fillStart(ev *trainmeterv1.RunStart) {
 func (s *State) AddEnd(node string, ev *trainmeterv1.RunEnd) {
 	t := nanos(ev.GetTime())
 	n := s.node(node)
-	if !n.HasEnd || t > n.EndMax {
+	if !n.HasEnd || t >= n.EndMax {
 		n.EndMax = t
+		n.EndStatus = ev.GetEndStatus()
 	}
 	n.HasEnd = true
 	s.foldBuckets()
@@ -591,6 +616,45 @@ func (s *State) endNanos() int64 {
 	return s.WindowEnd
 }
 
+// pausedBefore is the paused time (ns) before t.
+func (s *State) pausedBefore(t int64) int64 {
+	var d int64
+	for i, a := range s.PauseStarts {
+		b := min(s.PauseEnds[i], t)
+		if b > a {
+			d += b - a
+		}
+	}
+	return d
+}
+
+// EndStatus is how the run ended: across nodes (by name), the first end
+// status that is not ok, else ok; "ended" when no agent sent one (agents
+// before end statuses); "" while the run is live.
+func (s *State) EndStatus() string {
+	if !s.Ended() {
+		return ""
+	}
+	names := make([]string, 0, len(s.Nodes))
+	for name, n := range s.Nodes {
+		if n.Started {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	status := "ended"
+	for _, name := range names {
+		switch st := s.Nodes[name].EndStatus; st {
+		case "":
+		case "ok":
+			status = st
+		default:
+			return st
+		}
+	}
+	return status
+}
+
 // Report computes the run's figures with the collector's pricing.
 func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r := &trainmeterv1.RunReport{RunId: s.RunID}
@@ -610,10 +674,13 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 			end = start
 		}
 		r.End = timestamppb.New(time.Unix(0, end).UTC())
-		r.WallS = float64(end-start) / 1e9
+		r.PausedS = float64(s.pausedBefore(end)) / 1e9
+		r.WallS = max(0, float64(end-start)/1e9-r.PausedS)
 	}
+	r.EndStatus = s.EndStatus()
+	r.Resumes = uint32(len(s.PauseStarts))
 	if s.HasMeasured {
-		r.WarmupS = max(0, float64(s.FirstMeasured-start)/1e9)
+		r.WarmupS = max(0, float64(s.FirstMeasured-start-s.pausedBefore(s.FirstMeasured))/1e9)
 		if r.WarmupS > r.WallS {
 			r.WarmupS = r.WallS
 		}

@@ -233,6 +233,9 @@ func newForecastCommand(cf *clientFlags) *cobra.Command {
 				}
 				w := cmd.OutOrStdout()
 				fmt.Fprintf(w, "model %s: %s more, based on the last %s (%s)\n", f.GetModel(), plural.N(f.GetRuns(), "run"), plural.N(len(f.GetBasedOn()), "ended run"), strings.Join(f.GetBasedOn(), ", "))
+				if n := f.GetFailedLeftOut(); n > 0 {
+					fmt.Fprintf(w, "  %s of the model left out (error, exit N, signal or lost)\n", plural.N(n, "failed run"))
+				}
 				// One set of decimals for the whole forecast (pkg/money),
 				// enough for its smallest figure: the cost of one run.
 				d := max(money.Decimals(f.GetMeanRunUsd()), money.Decimals(f.GetExpectedUsd()), money.Decimals(f.GetBudgetUsd()))

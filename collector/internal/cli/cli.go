@@ -237,8 +237,8 @@ func newRunsCommand(cf *clientFlags) *cobra.Command {
 			if f.labels, err = parseLabels("--label", labels); err != nil {
 				return err
 			}
-			if f.status != "" && f.status != "running" && f.status != "ended" {
-				return fmt.Errorf("--status %q: want running or ended", f.status)
+			if f.status != "" && !validStatusFilter(f.status) {
+				return fmt.Errorf("--status %q: want running, ended, failed, or an end status (ok, error, exit, exit N, signal, signal NAME, stopped, stopped: CAUSE, lost)", f.status)
 			}
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
 				resp, err := c.ListRuns(ctx, &trainmeterv1.ListRunsRequest{})
@@ -264,10 +264,35 @@ func newRunsCommand(cf *clientFlags) *cobra.Command {
 	fl := c.Flags()
 	fl.BoolVar(&asJSON, "json", false, "print the runs as JSON ({\"runs\": [...]}, each as report --json)")
 	fl.StringVar(&f.model, "model", "", "only runs of this model")
-	fl.StringVar(&f.status, "status", "", "only running or ended runs")
+	fl.StringVar(&f.status, "status", "", "only runs with this status: running, ended, failed (error, exit N, signal, lost), or an end status (ok, exit 3, signal, stopped, lost, ...)")
 	fl.StringVar(&since, "since", "", "only runs started at or after this: a duration back from now (24h, 90m, 7d) or a time (2025-03-01, 2025-03-01T12:00:00Z)")
 	fl.StringArrayVar(&labels, "label", nil, "only runs with this label KEY=VALUE (repeatable: all must match)")
 	return c
+}
+
+// statusWords are the --status values that are not a whole end status:
+// the run's state, failed runs, or a family of end statuses.
+var statusWords = map[string]bool{"running": true, "ended": true, "failed": true, "ok": true, "error": true,
+	"lost": true, "exit": true, "signal": true, "stopped": true}
+
+func validStatusFilter(s string) bool {
+	return statusWords[s] || strings.HasPrefix(s, "exit ") || strings.HasPrefix(s, "signal ") || strings.HasPrefix(s, "stopped: ")
+}
+
+// statusMatches is whether r has the status --status asks for: "exit"
+// matches every exit N, "signal" every signal, "stopped" every stop.
+func statusMatches(r *trainmeterv1.RunReport, want string) bool {
+	switch want {
+	case "running", "ended":
+		return report.Status(r) == want
+	case "failed":
+		return report.Failed(r)
+	case "exit", "signal":
+		return r.GetEnded() && strings.HasPrefix(r.GetEndStatus(), want+" ")
+	case "stopped":
+		return r.GetEnded() && (r.GetEndStatus() == want || strings.HasPrefix(r.GetEndStatus(), want+":"))
+	}
+	return r.GetEnded() && strings.EqualFold(report.EndStatus(r), want)
 }
 
 // runFilter is `trainmeter runs`' filters; the zero value keeps every run.
@@ -284,7 +309,7 @@ func (f runFilter) apply(runs []*trainmeterv1.RunReport) []*trainmeterv1.RunRepo
 		if f.model != "" && r.GetMetadata().GetModel() != f.model {
 			continue
 		}
-		if f.status != "" && report.Status(r) != f.status {
+		if f.status != "" && !statusMatches(r, f.status) {
 			continue
 		}
 		if !f.since.IsZero() && (r.GetStart() == nil || r.GetStart().AsTime().Before(f.since)) {

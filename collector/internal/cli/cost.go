@@ -235,7 +235,7 @@ func modelView(name string, all []*trainmeterv1.RunReport) (ModelView, bool) {
 	for _, roi := range v.Model.PerRun {
 		r := byID[roi.RunID]
 		mr := ModelRun{
-			RunID: r.GetRunId(), Status: report.Status(r), GPUHours: r.GetGpuHours(),
+			RunID: r.GetRunId(), Status: report.EndStatus(r), GPUHours: r.GetGpuHours(),
 			TotalCostUSD: r.GetTotalCostUsd(), ProjectedCostUSD: r.GetProjectedCostUsd(),
 			AccuracyPoints: r.AccuracyPoints, USDPerAccuracyPoint: r.UsdPerAccuracyPoint,
 			EfficiencyScore: r.EfficiencyScore, GainPoints: roi.GainPoints, ROI: roi.ROI,
@@ -281,6 +281,9 @@ func newModelCommand(cf *clientFlags) *cobra.Command {
 			fmt.Fprintf(out, "baseline %s (%s points), best %s (%s points, %s per point), ROI %s points per $ after the baseline\n\n",
 				orDash(m.Baseline), optF(m.BaselinePoints, "%.2f"), orDash(m.Best), optF(m.BestPoints, "%.2f"),
 				optRate(m.BestUSDPerPoint), optF(m.ROI, "%.4g"))
+			if m.FailedRuns > 0 {
+				fmt.Fprintf(out, "%s (error, exit N, signal or lost): in the cost, never the baseline or the best, no gain\n\n", plural.N(m.FailedRuns, "failed run"))
+			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "RUN\tSTATUS\tSTART\tGPU-HOURS\tTOTAL COST\tPROJECTED COST\tACC\tCOST/POINT\tEFFICIENCY\tGAIN\tROI pts/$")
 			fmt.Fprintln(tw, "\t\t\twhole run\twhole run\tat completion\t\t\t\t\t")

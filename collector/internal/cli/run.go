@@ -25,6 +25,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
 	"github.com/trainmeter/trainmeter/pkg/money"
+	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -51,10 +52,12 @@ func (e *ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Code
 // runOptions is what `trainmeter run` was asked to do.
 type runOptions struct {
 	socket, runID string
-	meta          map[string]any // run_start metadata the user gave
-	statusEvery   time.Duration  // plain status lines when not a terminal
-	reportWait    time.Duration  // how long to wait for the collector to see the end
-	tty           bool           // rewrite one status line in place
+	// resume continues a run that has ended (run_start resume=true).
+	resume      bool
+	meta        map[string]any // run_start metadata the user gave
+	statusEvery time.Duration  // plain status lines when not a terminal
+	reportWait  time.Duration  // how long to wait for the collector to see the end
+	tty         bool           // rewrite one status line in place
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -195,6 +198,9 @@ the command still runs, unmeasured.`,
 				})
 				return resp, err
 			}
+			if err := refuseEndedRun(cmd.Context(), o); err != nil {
+				return err
+			}
 			code := runCommand(o, args)
 			if code != 0 {
 				return &ExitError{Code: code}
@@ -208,6 +214,7 @@ the command still runs, unmeasured.`,
 	f.SetInterspersed(false)
 	f.StringVar(&o.socket, "socket", "", "agent socket (default $"+EnvSocket+", else "+DefaultSocket+")")
 	f.StringVar(&o.runID, "run-id", "", "run id (default: generated from the command's name and the time)")
+	f.BoolVar(&o.resume, "resume", false, "continue the run --run-id names after it ended (the time in between is in no rate)")
 	f.StringVar(&model, "model", "", "model name")
 	f.StringVar(&dataset, "dataset", "", "dataset name")
 	f.StringVar(&backend, "backend", "", "training backend (e.g. unsloth, deepspeed)")
@@ -325,8 +332,12 @@ wait:
 	if capped {
 		status = "stopped: max-cost"
 	}
+	st.endSent = time.Now()
 	ag.end(status)
-	if ag.ok() {
+	switch {
+	case ag.wasRefused():
+		warn("run %s was not measured: the agent refused it (above)", o.runID)
+	case ag.ok():
 		st.final()
 	}
 	return code
@@ -372,10 +383,13 @@ type agentLink struct {
 	mu        sync.Mutex
 	conn      net.Conn
 	reachable bool
-	warned    bool
-	closed    bool
-	done      chan struct{}
-	wg        sync.WaitGroup
+	// refused: the agent refused run_start (an ended run id, too many
+	// runs): the command runs unmeasured and no report is printed.
+	refused bool
+	warned  bool
+	closed  bool
+	done    chan struct{}
+	wg      sync.WaitGroup
 	// stops carries a max-cost stop to the command's supervisor; one is
 	// enough (the agent may relay the advice again), so more are dropped.
 	stops chan string
@@ -386,12 +400,50 @@ func newAgentLink(o *runOptions, warn func(string, ...any)) *agentLink {
 	_, _ = rand.Read(b)
 	a := &agentLink{o: o, warn: warn, clientID: "trainmeter-run-" + hex.EncodeToString(b), done: make(chan struct{}), stops: make(chan string, 1)}
 	ev := map[string]any{"event": "run_start", "run_id": o.runID, "attribute_pid": os.Getpid(), "client_id": a.clientID}
+	if o.resume {
+		ev["resume"] = true
+	}
 	for k, v := range o.meta {
 		ev[k] = v
 	}
 	a.start0, _ = json.Marshal(ev)
 	a.start0 = append(a.start0, '\n')
 	return a
+}
+
+func (a *agentLink) wasRefused() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.refused
+}
+
+// refuseEndedRun refuses, before the command starts, a --run-id that names
+// a run the collector has seen end, unless --resume: measuring it again
+// would reopen it (the agent refuses too, but only for runs it ended
+// itself, and only once the command is already running). A collector that
+// cannot be asked leaves the decision to the agent.
+func refuseEndedRun(ctx context.Context, o *runOptions) error {
+	if o.resume || o.query == nil {
+		return nil
+	}
+	qc, closeConn, err := o.query()
+	if err != nil {
+		return nil
+	}
+	defer closeConn()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	resp, err := qc.GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: o.runID})
+	if err != nil || !resp.GetRun().GetEnded() {
+		return nil
+	}
+	r := resp.GetRun()
+	return fmt.Errorf("run %q already ended at %s (%s): use a new --run-id (or none, to have one generated) for a new run, "+
+		"or add --resume to continue this one (the time in between counts in no rate)",
+		o.runID, r.GetEnd().AsTime().UTC().Format(time.RFC3339), report.EndStatus(r))
 }
 
 // ok reports whether run_start reached the agent.
@@ -448,6 +500,11 @@ func (a *agentLink) read(conn net.Conn) {
 		switch m.Event {
 		case "error":
 			a.warn("agent: %s", m.Error)
+			if strings.HasPrefix(m.Error, "run_start:") {
+				a.mu.Lock()
+				a.refused = true
+				a.mu.Unlock()
+			}
 		case "stop":
 			if a.o.maxCost > 0 && strings.HasPrefix(m.Reason, maxCostPrefix) {
 				select {

@@ -22,6 +22,9 @@ type runStatus struct {
 	o       *runOptions
 	started time.Time
 	active  bool // the run reached the agent
+	// endSent is when run_end went to the agent: the report waits for an
+	// end at or after it, not the end of the part before a --resume.
+	endSent time.Time
 
 	q     trainmeterv1.QueryServiceClient
 	close func()
@@ -182,6 +185,10 @@ func fmtElapsed(d time.Duration) string {
 	return fmt.Sprintf("%d:%02d", m, sec)
 }
 
+// endClockSlack allows for the agent's end stamp, taken on the same host's
+// clock after run_end was sent, reading a hair earlier (clock steps).
+const endClockSlack = 100 * time.Millisecond
+
 // final waits (bounded by --report-wait) for the collector to see the run
 // end, then prints its report to stdout.
 func (s *runStatus) final() {
@@ -197,7 +204,7 @@ func (s *runStatus) final() {
 	var err error
 	for {
 		r, err = s.get(2 * time.Second)
-		if (err == nil && r.GetEnded()) || (err != nil && status.Code(err) != codes.NotFound) || !time.Now().Before(deadline) {
+		if (err == nil && r.GetEnded() && !r.GetEnd().AsTime().Before(s.endSent.Add(-endClockSlack))) || (err != nil && status.Code(err) != codes.NotFound) || !time.Now().Before(deadline) {
 			break
 		}
 		time.Sleep(250 * time.Millisecond)

@@ -94,7 +94,7 @@ func TestRunsJSONAndFilters(t *testing.T) {
 		t.Errorf("no match: %q %v", out, err)
 	}
 	for _, c := range []struct{ args, want string }{
-		{"--status done", `--status "done": want running or ended`},
+		{"--status done", `--status "done": want running, ended, failed, or an end status`},
 		{"--since yesterday", `--since "yesterday": want a duration back from now (24h, 90m, 7d) or a time`},
 		{"--label team", `--label "team": want KEY=VALUE`},
 		{"--label =x", `--label "=x": want KEY=VALUE`},

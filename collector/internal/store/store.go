@@ -79,6 +79,7 @@ type Store struct {
 	aggs          *aggCache
 	nodes         *nodeCache
 	aggMu         sync.Mutex // held by the committer per group, and by DeleteRun
+	deleted       tombstones // runs deleted while live (deleted.go)
 
 	rawTTL, dedupTTL time.Duration // Options.RawRetention, DedupRetention
 }
@@ -152,6 +153,10 @@ func Open(dir string, o Options) (s *Store, err error) {
 	}
 	s = &Store{db: db, log: log, now: now, bands: o.EnergyBands, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, applyCh: make(chan *applyReq), quit: make(chan struct{}),
 		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize, db)}
+	if err := s.loadTombstones(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: read deleted runs: %w", err)
+	}
 	go s.committer()
 	return s, nil
 }
@@ -331,6 +336,7 @@ func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate 
 	// the committer's alone (commit.go).
 	unlock := s.lockRuns(node, nil)
 	defer unlock()
+	b = s.dropDeleted(b)
 	raw, err := rawRecords(node, b)
 	if err != nil {
 		return false, err

@@ -288,8 +288,13 @@ func (x *ExportRunsResponse) GetRun() *RunReport {
 }
 
 type DeleteRunRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// --- run lifecycle (issue 15) ---
+	// Delete a run that has not ended: the collector ends it first (end
+	// status "stopped: deleted") and drops data of the run that arrives
+	// afterwards. Without force a live run is refused.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -329,6 +334,13 @@ func (x *DeleteRunRequest) GetRunId() string {
 		return x.RunId
 	}
 	return ""
+}
+
+func (x *DeleteRunRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type DeleteRunResponse struct {
@@ -635,6 +647,15 @@ type RunReport struct {
 	PeakTflops *float64 `protobuf:"fixed64,70,opt,name=peak_tflops,json=peakTflops,proto3,oneof" json:"peak_tflops,omitempty"`
 	Mfu        *float64 `protobuf:"fixed64,71,opt,name=mfu,proto3,oneof" json:"mfu,omitempty"`
 	JPerPflop  *float64 `protobuf:"fixed64,72,opt,name=j_per_pflop,json=jPerPflop,proto3,oneof" json:"j_per_pflop,omitempty"`
+	// --- run lifecycle (issue 15) ---
+	// How the run ended (RunEnd.end_status; across nodes, the first that is
+	// not ok). "" while the run is live; "ended" for a run whose agents sent
+	// no status (before this field).
+	EndStatus string `protobuf:"bytes,73,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
+	// Seconds between an end and a resume, excluded from wall_s, warmup_s and
+	// every rate (docs/measurement.md). 0 for a run never resumed.
+	PausedS float64 `protobuf:"fixed64,74,opt,name=paused_s,json=pausedS,proto3" json:"paused_s,omitempty"`
+	Resumes uint32  `protobuf:"varint,75,opt,name=resumes,proto3" json:"resumes,omitempty"`
 	// --- i15-display: whole-run power (issue 15 item 3). Numbered from 300
 	// so that fields other branches append after 72 do not collide.
 	// energy_total_j / wall_s: warmup included, all of the run's GPUs (0 when
@@ -1197,6 +1218,27 @@ func (x *RunReport) GetJPerPflop() float64 {
 	return 0
 }
 
+func (x *RunReport) GetEndStatus() string {
+	if x != nil {
+		return x.EndStatus
+	}
+	return ""
+}
+
+func (x *RunReport) GetPausedS() float64 {
+	if x != nil {
+		return x.PausedS
+	}
+	return 0
+}
+
+func (x *RunReport) GetResumes() uint32 {
+	if x != nil {
+		return x.Resumes
+	}
+	return 0
+}
+
 func (x *RunReport) GetAvgPowerTotalW() float64 {
 	if x != nil {
 		return x.AvgPowerTotalW
@@ -1582,9 +1624,10 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x11ExportRunsRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\"@\n" +
 	"\x12ExportRunsResponse\x12*\n" +
-	"\x03run\x18\x01 \x01(\v2\x18.trainmeter.v1.RunReportR\x03run\")\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.trainmeter.v1.RunReportR\x03run\"?\n" +
 	"\x10DeleteRunRequest\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\"<\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"<\n" +
 	"\x11DeleteRunResponse\x12'\n" +
 	"\x0frecords_deleted\x18\x01 \x01(\x04R\x0erecordsDeleted\"\x12\n" +
 	"\x10ListNodesRequest\"D\n" +
@@ -1597,7 +1640,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xa6\x19\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xfa\x19\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -1682,7 +1725,11 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\vpeak_tflops\x18F \x01(\x01H\fR\n" +
 	"peakTflops\x88\x01\x01\x12\x15\n" +
 	"\x03mfu\x18G \x01(\x01H\rR\x03mfu\x88\x01\x01\x12#\n" +
-	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x12*\n" +
+	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"end_status\x18I \x01(\tR\tendStatus\x12\x19\n" +
+	"\bpaused_s\x18J \x01(\x01R\apausedS\x12\x18\n" +
+	"\aresumes\x18K \x01(\rR\aresumes\x12*\n" +
 	"\x11avg_power_total_w\x18\xac\x02 \x01(\x01R\x0eavgPowerTotalW\x12,\n" +
 	"\x12peak_power_total_w\x18\xad\x02 \x01(\x01R\x0fpeakPowerTotalW\x12\"\n" +
 	"\fprice_source\x18\xc8\x01 \x01(\tR\vpriceSource\x12\x11\n" +
