@@ -648,7 +648,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 		line("uncertainty", "±%.2f%% after warmup (method and sensor; board gain ±5%% not included)", r.GetEnergyUncertaintyPct())
 	}
 	if r.GetEnergyEstimated() {
-		line("note", "%s", "part of the energy is estimated (shared GPU split by utilisation)")
+		line("note", "%s", "part of the energy is estimated: a GPU that stopped reporting (its counter energy replaced by its sampled power, or its time a gap), a cut past a GPU's newest reading, or a shared GPU split by utilisation")
 	}
 
 	b.WriteString("power (all GPUs summed)\n")
