@@ -31,12 +31,11 @@ var (
 func fakeNVML(t *testing.T, config string) (env []string) {
 	t.Helper()
 	fakeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "fakenvml")
-		if err != nil {
-			fakeErr = err
-			return
+		// Beside the binaries: TestMain removes the directory at the end.
+		dir := filepath.Join(binDir, "fakenvml")
+		if fakeErr = os.Mkdir(dir, 0o755); fakeErr == nil {
+			fakeDir, fakeErr = fakenvml.Build(dir)
 		}
-		fakeDir, fakeErr = fakenvml.Build(dir)
 	})
 	if fakeErr != nil {
 		t.Fatal(fakeErr)
