@@ -18,9 +18,18 @@ import (
 
 var (
 	fakeOnce sync.Once
+	fakeDir  string
 	fakeLib  string
 	fakeErr  error
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if fakeDir != "" {
+		os.RemoveAll(fakeDir)
+	}
+	os.Exit(code)
+}
 
 // fakeNVML builds the fake libnvidia-ml.so.1 once per test binary (a second
 // copy loaded RTLD_GLOBAL would shadow the first) and points it at config.
@@ -32,6 +41,7 @@ func fakeNVML(t *testing.T, config string) nvml.Interface {
 			fakeErr = err
 			return
 		}
+		fakeDir = dir
 		if _, fakeErr = fakenvml.Build(dir); fakeErr == nil {
 			fakeLib = filepath.Join(dir, fakenvml.LibName)
 		}
