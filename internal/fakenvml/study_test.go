@@ -299,8 +299,8 @@ func TestAccuracyStudy(t *testing.T) {
 // default (A100/H100) sensor: a 10 Hz training loop phase-locks with the
 // sensor's 25-of-100 ms window, so every reading built on that window — the
 // 1 s GetPowerUsage poller, the 100 ms poller, the 50 ms integral — is off by
-// several per cent, and a 5 s run adds a poller's start/end truncation;
-// the counter-first energy stays within 0.5 %.
+// tens of per cent for the phases drawn here; the counter-first energy stays
+// within 0.5 %.
 func TestNaivePollerErrors(t *testing.T) {
 	w := workloads[2] // 10 Hz square with stalls
 	rng := rand.New(rand.NewPCG(7, 18))
