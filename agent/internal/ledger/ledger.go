@@ -109,6 +109,16 @@ type Ledger struct {
 	firstRawOK   []bool
 	snapGPUs     []SnapshotGPU
 	grace        time.Duration
+
+	// work is each GPU's latest per-run work poll (SetWork); simWork the
+	// loads runs report on simulated GPUs (share.go).
+	work, simWork []map[string]RunWork
+	// downtimeDone is set once the first window after a restore booked the
+	// downtime; reclaim holds, per GPU, what expired restored runs had held.
+	downtimeDone    bool
+	downtimeSharers []int
+	snapTime        time.Time
+	reclaim         []gpuPart
 }
 
 type gpuAcc struct {
@@ -141,6 +151,11 @@ func New(cfg Config) *Ledger {
 		firstRaw:     make([]float64, n),
 		firstRawOK:   make([]bool, n),
 		grace:        DefaultRejoinGrace,
+		work:         make([]map[string]RunWork, n),
+		simWork:      make([]map[string]RunWork, n),
+		reclaim:      make([]gpuPart, n),
+
+		downtimeSharers: make([]int, n),
 	}
 	for i := range l.meters {
 		l.meters[i] = energy.NewMeter(energy.Options{MaxGap: cfg.MaxGap})
@@ -326,6 +341,7 @@ func (l *Ledger) updateLoad(now time.Time) {
 		if !t.IsZero() && now.Sub(t) > idleAfter {
 			l.cfg.Load.SetLoad(g, 0)
 			l.lastStep[g] = time.Time{}
+			l.simWork[g] = nil
 		}
 	}
 }
@@ -340,24 +356,26 @@ func (l *Ledger) closeWindow() *pb.Batch {
 		WindowEnd:   timestamppb.New(we),
 		Host:        l.host,
 	}
+	occ := l.occupancy(ws, we)
 	endCum := make([]energy.Cumulative, len(l.meters))
-	endEstimated := make([]bool, len(l.meters))
 	for i, m := range l.meters {
-		c, ok := m.At(we)
+		c, _ := m.At(we)
 		endCum[i] = c
-		endEstimated[i] = !ok || c.Estimated
 		st := m.Stats()
-		b.GpuWindows = append(b.GpuWindows, l.gpuWindow(i, c, st))
+		gw := l.gpuWindow(i, c, st)
+		l.bookIdle(gw, i, ws, we, occ[i])
+		b.GpuWindows = append(b.GpuWindows, gw)
 		l.startStats[i] = st
 		l.rawAtStart[i], l.rawAtStartOK[i] = l.rawAt(i, we, c)
 	}
+	l.bookDowntime(b, ws)
 	b.RunEvents = l.pending
 	l.pending = nil
 
 	kept := l.order[:0]
 	for _, id := range l.order {
 		r := l.runs[id]
-		b.RunWindows = append(b.RunWindows, l.runWindows(r, ws, we)...)
+		b.RunWindows = append(b.RunWindows, l.runWindows(occ, r, ws, we)...)
 		if r.ended && !r.end.After(we) {
 			b.RunEvents = append(b.RunEvents, r.endEvent())
 			delete(l.runs, id)
@@ -437,7 +455,7 @@ func (l *Ledger) gpuWindow(i int, end energy.Cumulative, st energy.Stats) *pb.Gp
 
 // runWindows cuts the run's part of [ws, we) into segments at warmup end and
 // GPU-set changes, and measures each.
-func (l *Ledger) runWindows(r *run, ws, we time.Time) []*pb.RunWindow {
+func (l *Ledger) runWindows(occ [][]piece, r *run, ws, we time.Time) []*pb.RunWindow {
 	from := ws
 	if r.start.After(from) {
 		from = r.start
@@ -469,7 +487,7 @@ func (l *Ledger) runWindows(r *run, ws, we time.Time) []*pb.RunWindow {
 		if !a.Before(b) {
 			continue
 		}
-		out = append(out, l.segment(r, a, b))
+		out = append(out, l.segment(occ, r, a, b))
 	}
 	if r.bridge != nil {
 		out = l.holdBridge(r, out, ws, to)
@@ -500,7 +518,7 @@ func dropBefore[T any](xs []T, t time.Time, at func(T) time.Time) []T {
 	return append(xs[:0], xs[n:]...)
 }
 
-func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
+func (l *Ledger) segment(occ [][]piece, r *run, a, b time.Time) *pb.RunWindow {
 	gpus := r.gpusAt(a)
 	w := &pb.RunWindow{
 		RunId: r.id,
@@ -509,27 +527,35 @@ func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
 		Phase: pb.Phase_PHASE_WARMUP,
 		// A segment with no GPUs (a process-attributed run before its
 		// processes reach a GPU) used exactly 0 J: known, not estimated.
-		CounterOk:  true,
-		GpuSeconds: float64(len(gpus)) * b.Sub(a).Seconds(),
+		CounterOk: true,
 	}
 	if !r.warmupEnd.IsZero() && !a.Before(r.warmupEnd) {
 		w.Phase = pb.Phase_PHASE_MEASURED
 	}
+	var methods []string
 	for _, g := range gpus {
 		w.Gpus = append(w.Gpus, uint32(g))
-		ca, okA := l.meters[g].At(a)
-		cb, okB := l.meters[g].At(b)
-		w.EnergyIntegratedJ += cb.IntegratedJ - ca.IntegratedJ
-		w.GapS += cb.GapS - ca.GapS
-		if ca.CounterOK && cb.CounterOK {
-			w.EnergyCounterJ += cb.CounterJ - ca.CounterJ
+		part := l.runShare(occ, r, g, a, b)
+		w.EnergyIntegratedJ += part.integratedJ
+		w.GapS += part.gapS
+		w.GpuSeconds += part.gpuS
+		w.SharedGpuSeconds += part.sharedS
+		w.MaxSharingRuns = max(w.MaxSharingRuns, uint32(part.maxRuns))
+		methods = append(methods, part.methods...)
+		if part.counterOK {
+			w.EnergyCounterJ += part.counterJ
 		} else {
 			w.CounterOk = false
 		}
-		if !okA || !okB || ca.Estimated || cb.Estimated {
-			w.EnergyEstimated = true
+		w.EnergyEstimated = w.EnergyEstimated || part.estimated
+		share := &pb.GpuShare{Gpu: uint32(g), CounterOk: part.counterOK, EnergyIntegratedJ: part.integratedJ,
+			GpuSeconds: part.gpuS, SharedGpuSeconds: part.sharedS}
+		if part.counterOK {
+			share.EnergyCounterJ = part.counterJ
 		}
+		w.GpuShares = append(w.GpuShares, share)
 	}
+	w.ShareMethod = combineMethods(methods)
 	if !w.CounterOk {
 		w.EnergyCounterJ = 0
 	}

@@ -370,8 +370,10 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 		if s.compute+s.dataWait > 0 {
 			load = s.compute / (s.compute + s.dataWait)
 		}
+		// Runs sharing a simulated GPU each report their load: it is their
+		// utilisation of it (the split), and the GPU is as busy as their sum.
 		for _, g := range r.gpusAt(now) {
-			l.cfg.Load.SetLoad(g, load)
+			l.cfg.Load.SetLoad(g, l.setSimWork(g, r.id, load))
 			l.lastStep[g] = now
 		}
 	}
@@ -440,8 +442,7 @@ func (l *Ledger) leave(now time.Time, r *run, conn uint64, reason string) {
 	r.ended, r.end, r.endReason = true, now, reason
 	if l.cfg.Load != nil {
 		for _, g := range r.gpusAt(now) {
-			l.cfg.Load.SetLoad(g, 0)
-			l.lastStep[g] = time.Time{}
+			l.cfg.Load.SetLoad(g, l.setSimWork(g, r.id, -1))
 		}
 	}
 	l.cfg.Logger.Info("run ended", "run_id", r.id, "reason", reason, "wall", now.Sub(r.start))
