@@ -423,6 +423,14 @@ func (l *Ledger) gpuWindow(i int, end energy.Cumulative, st energy.Stats) *pb.Gp
 	a := &l.gpuAcc[0][i]
 	start := l.startCum[i]
 	prev := l.startStats[i]
+	if l.seq == 1 {
+		// The curve may reach back before this boot's first window (a
+		// counter's driver timestamp precedes its read): the window, like
+		// the runs in it, starts at its start.
+		if c, ok := l.meters[i].At(l.winStart); ok {
+			start = c
+		}
+	}
 	w := &pb.GpuWindow{
 		Gpu:               uint32(i),
 		Uuid:              l.cfg.Devices[i].UUID,
