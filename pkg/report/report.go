@@ -57,6 +57,8 @@ var header = []string{
 	"usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points", "usd_per_accuracy_point",
 	"efficiency_score", "steps_per_s", "epoch_s", "est_total_s", "flops_per_step", "flops_total",
 	"peak_TFLOPS", "mfu", "J_per_PFLOP",
+	// shared GPUs (docs/measurement.md, "Shared GPUs and idle")
+	"gpu_share_method", "shared_gpu_s",
 }
 
 // Header returns the CSV header row.
@@ -235,6 +237,9 @@ func Row(r *RunReport) []string {
 		opt(r.PeakTflops, F),
 		opt(r.Mfu, F),
 		opt(r.JPerPflop, G9),
+
+		r.GetGpuShareMethod(),
+		fIf(r.GetGpuShareMethod() != "", r.GetSharedGpuS()),
 	}
 }
 
@@ -408,6 +413,15 @@ func WriteReport(w io.Writer, r *RunReport) error {
 		line("notes", "%s", m.GetNotes())
 	}
 	line("hardware", "%d GPU(s) on %d node(s) %s", r.GetGpus(), r.GetNodes(), orDash(r.GetGpuName()))
+	if r.GetHasUid() {
+		line("user", "%s (uid %d)", orDash(r.GetUser()), r.GetUid())
+	}
+	if n := r.GetMaxSharingRuns(); n > 1 {
+		line("shared GPUs", "with up to %d runs at once (this run included) for %.4g GPU-seconds, split by %s; energy, GPU-hours and cost below are this run's share",
+			n, r.GetSharedGpuS(), orDash(r.GetGpuShareMethod()))
+	} else if r.GetGpuShareMethod() == "exclusive" {
+		line("shared GPUs", "%s", "no: its GPUs ran no other run meanwhile")
+	}
 
 	b.WriteString("time\n")
 	line("start", "%s", orDash(tm(r, false)))

@@ -119,6 +119,7 @@ type Ledger struct {
 	downtimeSharers []int
 	snapTime        time.Time
 	reclaim         []gpuPart
+	users           map[int32]string // uid -> name, userName's cache
 }
 
 type gpuAcc struct {

@@ -180,6 +180,7 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 		WarmupSteps: r.warmupSteps,
 		Pid:         uint32(p.PID),
 		Uid:         uint32(p.UID),
+		User:        l.userName(p.UID),
 		BudgetScope: ev.BudgetScope,
 		Labels:      ev.Labels,
 	}

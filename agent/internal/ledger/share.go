@@ -1,8 +1,10 @@
 package ledger
 
 import (
+	"os/user"
 	"slices"
 	"sort"
+	"strconv"
 	"time"
 
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -382,4 +384,24 @@ func (l *Ledger) reclaimBridge(b *bridge) {
 		l.reclaim[g].integratedJ += h.IntegratedJ
 		l.reclaim[g].gpuS += h.GPUSeconds
 	}
+}
+
+// userName resolves uid to a user name on this host (cached; "" when it
+// has none), for usage by user.
+func (l *Ledger) userName(uid int32) string {
+	if uid < 0 {
+		return ""
+	}
+	if name, ok := l.users[uid]; ok {
+		return name
+	}
+	name := ""
+	if u, err := user.LookupId(strconv.Itoa(int(uid))); err == nil {
+		name = u.Username
+	}
+	if l.users == nil {
+		l.users = map[int32]string{}
+	}
+	l.users[uid] = name
+	return name
 }

@@ -197,6 +197,13 @@ func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 		LostEnergyJ:      s.LostEnergyJ,
 		LostGpuSeconds:   s.LostGPUSeconds,
 		LostReasons:      s.LostReasons,
+
+		SharedGpuSeconds: s.SharedGPUSeconds,
+		ShareMethods:     s.ShareMethods,
+		MaxSharingRuns:   s.MaxSharingRuns,
+		User:             s.User,
+		Uid:              s.UID,
+		HasUid:           s.HasUID,
 	}
 	if withNodes && len(s.Nodes) > 0 {
 		a.Nodes = make(map[string]*storev1.Node, len(s.Nodes))
@@ -291,6 +298,13 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 		LostEnergyJ:      a.GetLostEnergyJ(),
 		LostGPUSeconds:   a.GetLostGpuSeconds(),
 		LostReasons:      a.GetLostReasons(),
+
+		SharedGPUSeconds: a.GetSharedGpuSeconds(),
+		ShareMethods:     a.GetShareMethods(),
+		MaxSharingRuns:   a.GetMaxSharingRuns(),
+		User:             a.GetUser(),
+		UID:              a.GetUid(),
+		HasUID:           a.GetHasUid(),
 	}
 	s.nodesApart = a.GetNodesApart()
 	if len(a.GetNodes()) > 0 {

@@ -22,6 +22,352 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type UsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The period, [since, until); unset: from the first / to the last record.
+	Since *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=since,proto3" json:"since,omitempty"`
+	Until *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=until,proto3" json:"until,omitempty"`
+	// Grouping: "node", "gpu", "model", "user", "label:KEY"; empty: node.
+	By            []string `protobuf:"bytes,3,rep,name=by,proto3" json:"by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRequest) Reset() {
+	*x = UsageRequest{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRequest) ProtoMessage() {}
+
+func (x *UsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
+func (*UsageRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *UsageRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *UsageRequest) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *UsageRequest) GetBy() []string {
+	if x != nil {
+		return x.By
+	}
+	return nil
+}
+
+// UsageRow is one group: keys in the order of UsageRequest.by.
+type UsageRow struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Keys  []string               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// The node of an idle row (GPU time no run used): one idle row per node.
+	IdleNode   string  `protobuf:"bytes,2,opt,name=idle_node,json=idleNode,proto3" json:"idle_node,omitempty"`
+	Idle       bool    `protobuf:"varint,3,opt,name=idle,proto3" json:"idle,omitempty"`
+	GpuSeconds float64 `protobuf:"fixed64,4,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	EnergyJ    float64 `protobuf:"fixed64,5,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
+	// GPU time at the node's GPU price plus energy at the energy price.
+	CostUsd float64 `protobuf:"fixed64,6,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	HasCost bool    `protobuf:"varint,7,opt,name=has_cost,json=hasCost,proto3" json:"has_cost,omitempty"`
+	// Share of the total GPU-seconds and of the total energy (0-1).
+	GpuShare    float64 `protobuf:"fixed64,8,opt,name=gpu_share,json=gpuShare,proto3" json:"gpu_share,omitempty"`
+	EnergyShare float64 `protobuf:"fixed64,9,opt,name=energy_share,json=energyShare,proto3" json:"energy_share,omitempty"`
+	// Where the GPU price came from (cost: run_start, node, catalog, flag, or mixed).
+	PriceSource string `protobuf:"bytes,10,opt,name=price_source,json=priceSource,proto3" json:"price_source,omitempty"`
+	// Runs in the group.
+	Runs          uint32 `protobuf:"varint,11,opt,name=runs,proto3" json:"runs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRow) Reset() {
+	*x = UsageRow{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRow) ProtoMessage() {}
+
+func (x *UsageRow) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRow.ProtoReflect.Descriptor instead.
+func (*UsageRow) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *UsageRow) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *UsageRow) GetIdleNode() string {
+	if x != nil {
+		return x.IdleNode
+	}
+	return ""
+}
+
+func (x *UsageRow) GetIdle() bool {
+	if x != nil {
+		return x.Idle
+	}
+	return false
+}
+
+func (x *UsageRow) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *UsageRow) GetEnergyJ() float64 {
+	if x != nil {
+		return x.EnergyJ
+	}
+	return 0
+}
+
+func (x *UsageRow) GetCostUsd() float64 {
+	if x != nil {
+		return x.CostUsd
+	}
+	return 0
+}
+
+func (x *UsageRow) GetHasCost() bool {
+	if x != nil {
+		return x.HasCost
+	}
+	return false
+}
+
+func (x *UsageRow) GetGpuShare() float64 {
+	if x != nil {
+		return x.GpuShare
+	}
+	return 0
+}
+
+func (x *UsageRow) GetEnergyShare() float64 {
+	if x != nil {
+		return x.EnergyShare
+	}
+	return 0
+}
+
+func (x *UsageRow) GetPriceSource() string {
+	if x != nil {
+		return x.PriceSource
+	}
+	return ""
+}
+
+func (x *UsageRow) GetRuns() uint32 {
+	if x != nil {
+		return x.Runs
+	}
+	return 0
+}
+
+// NodeUsage is one node's own totals over the period: the GPUs' energy
+// counter difference and GPU time, of which idle_* no run used.
+type NodeUsage struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Node           string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	GpuSeconds     float64                `protobuf:"fixed64,2,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	EnergyJ        float64                `protobuf:"fixed64,3,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
+	IdleGpuSeconds float64                `protobuf:"fixed64,4,opt,name=idle_gpu_seconds,json=idleGpuSeconds,proto3" json:"idle_gpu_seconds,omitempty"`
+	IdleEnergyJ    float64                `protobuf:"fixed64,5,opt,name=idle_energy_j,json=idleEnergyJ,proto3" json:"idle_energy_j,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *NodeUsage) Reset() {
+	*x = NodeUsage{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeUsage) ProtoMessage() {}
+
+func (x *NodeUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
+func (*NodeUsage) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NodeUsage) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeUsage) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetEnergyJ() float64 {
+	if x != nil {
+		return x.EnergyJ
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetIdleGpuSeconds() float64 {
+	if x != nil {
+		return x.IdleGpuSeconds
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetIdleEnergyJ() float64 {
+	if x != nil {
+		return x.IdleEnergyJ
+	}
+	return 0
+}
+
+type UsageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	By            []string               `protobuf:"bytes,1,rep,name=by,proto3" json:"by,omitempty"`
+	Rows          []*UsageRow            `protobuf:"bytes,2,rep,name=rows,proto3" json:"rows,omitempty"`
+	Nodes         []*NodeUsage           `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Until         *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=until,proto3" json:"until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageResponse) Reset() {
+	*x = UsageResponse{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageResponse) ProtoMessage() {}
+
+func (x *UsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
+func (*UsageResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *UsageResponse) GetBy() []string {
+	if x != nil {
+		return x.By
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetRows() []*UsageRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetNodes() []*NodeUsage {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
 type ListRunsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty: all runs.
@@ -32,7 +378,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +390,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +403,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{0}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListRunsRequest) GetRunIds() []string {
@@ -76,7 +422,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -88,7 +434,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -101,7 +447,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{1}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListRunsResponse) GetRuns() []*RunReport {
@@ -120,7 +466,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -132,7 +478,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -145,7 +491,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{2}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -164,7 +510,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -176,7 +522,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -189,7 +535,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{3}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetRunResponse) GetRun() *RunReport {
@@ -208,7 +554,7 @@ type ExportRunsRequest struct {
 
 func (x *ExportRunsRequest) Reset() {
 	*x = ExportRunsRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +566,7 @@ func (x *ExportRunsRequest) String() string {
 func (*ExportRunsRequest) ProtoMessage() {}
 
 func (x *ExportRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +579,7 @@ func (x *ExportRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRunsRequest.ProtoReflect.Descriptor instead.
 func (*ExportRunsRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{4}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExportRunsRequest) GetRunIds() []string {
@@ -252,7 +598,7 @@ type ExportRunsResponse struct {
 
 func (x *ExportRunsResponse) Reset() {
 	*x = ExportRunsResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -264,7 +610,7 @@ func (x *ExportRunsResponse) String() string {
 func (*ExportRunsResponse) ProtoMessage() {}
 
 func (x *ExportRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -277,7 +623,7 @@ func (x *ExportRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRunsResponse.ProtoReflect.Descriptor instead.
 func (*ExportRunsResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{5}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExportRunsResponse) GetRun() *RunReport {
@@ -296,7 +642,7 @@ type DeleteRunRequest struct {
 
 func (x *DeleteRunRequest) Reset() {
 	*x = DeleteRunRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -308,7 +654,7 @@ func (x *DeleteRunRequest) String() string {
 func (*DeleteRunRequest) ProtoMessage() {}
 
 func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -321,7 +667,7 @@ func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{6}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteRunRequest) GetRunId() string {
@@ -341,7 +687,7 @@ type DeleteRunResponse struct {
 
 func (x *DeleteRunResponse) Reset() {
 	*x = DeleteRunResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -353,7 +699,7 @@ func (x *DeleteRunResponse) String() string {
 func (*DeleteRunResponse) ProtoMessage() {}
 
 func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -366,7 +712,7 @@ func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteRunResponse) GetRecordsDeleted() uint64 {
@@ -384,7 +730,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +742,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +755,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
 }
 
 type ListNodesResponse struct {
@@ -421,7 +767,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -433,7 +779,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -446,7 +792,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -470,7 +816,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +828,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +841,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -632,16 +978,29 @@ type RunReport struct {
 	FlopsPerStep *float64 `protobuf:"fixed64,68,opt,name=flops_per_step,json=flopsPerStep,proto3,oneof" json:"flops_per_step,omitempty"`
 	FlopsTotal   *float64 `protobuf:"fixed64,69,opt,name=flops_total,json=flopsTotal,proto3,oneof" json:"flops_total,omitempty"`
 	// Peak dense TFLOPS of one GPU at the run's precision (docs/costs.md).
-	PeakTflops    *float64 `protobuf:"fixed64,70,opt,name=peak_tflops,json=peakTflops,proto3,oneof" json:"peak_tflops,omitempty"`
-	Mfu           *float64 `protobuf:"fixed64,71,opt,name=mfu,proto3,oneof" json:"mfu,omitempty"`
-	JPerPflop     *float64 `protobuf:"fixed64,72,opt,name=j_per_pflop,json=jPerPflop,proto3,oneof" json:"j_per_pflop,omitempty"`
+	PeakTflops *float64 `protobuf:"fixed64,70,opt,name=peak_tflops,json=peakTflops,proto3,oneof" json:"peak_tflops,omitempty"`
+	Mfu        *float64 `protobuf:"fixed64,71,opt,name=mfu,proto3,oneof" json:"mfu,omitempty"`
+	JPerPflop  *float64 `protobuf:"fixed64,72,opt,name=j_per_pflop,json=jPerPflop,proto3,oneof" json:"j_per_pflop,omitempty"`
+	// --- issue 16 (i16-share): shared GPUs and who ran it ---
+	// How the run's GPUs were split with other runs on them: "exclusive"
+	// (never shared), "utilization", "memory", "equal", "mig", or "mixed";
+	// shared_gpu_s the GPU-seconds (wall time x GPUs) it spent on a GPU with
+	// other runs; max_sharing_runs the most runs (it included) on one of its
+	// GPUs at once. Its energy_* and gpu_hours are its share (docs/measurement.md).
+	GpuShareMethod string  `protobuf:"bytes,73,opt,name=gpu_share_method,json=gpuShareMethod,proto3" json:"gpu_share_method,omitempty"`
+	SharedGpuS     float64 `protobuf:"fixed64,74,opt,name=shared_gpu_s,json=sharedGpuS,proto3" json:"shared_gpu_s,omitempty"`
+	MaxSharingRuns uint32  `protobuf:"varint,75,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
+	// The user that started the run on its first node (uid; name on that host).
+	User          string `protobuf:"bytes,76,opt,name=user,proto3" json:"user,omitempty"`
+	Uid           uint32 `protobuf:"varint,77,opt,name=uid,proto3" json:"uid,omitempty"`
+	HasUid        bool   `protobuf:"varint,78,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
 	*x = RunReport{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +1012,7 @@ func (x *RunReport) String() string {
 func (*RunReport) ProtoMessage() {}
 
 func (x *RunReport) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,7 +1025,7 @@ func (x *RunReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunReport.ProtoReflect.Descriptor instead.
 func (*RunReport) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunReport) GetRunId() string {
@@ -1173,6 +1532,48 @@ func (x *RunReport) GetJPerPflop() float64 {
 	return 0
 }
 
+func (x *RunReport) GetGpuShareMethod() string {
+	if x != nil {
+		return x.GpuShareMethod
+	}
+	return ""
+}
+
+func (x *RunReport) GetSharedGpuS() float64 {
+	if x != nil {
+		return x.SharedGpuS
+	}
+	return 0
+}
+
+func (x *RunReport) GetMaxSharingRuns() uint32 {
+	if x != nil {
+		return x.MaxSharingRuns
+	}
+	return 0
+}
+
+func (x *RunReport) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *RunReport) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *RunReport) GetHasUid() bool {
+	if x != nil {
+		return x.HasUid
+	}
+	return false
+}
+
 // EnergyBandCost is the energy booked to one tariff band.
 type EnergyBandCost struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1186,7 +1587,7 @@ type EnergyBandCost struct {
 
 func (x *EnergyBandCost) Reset() {
 	*x = EnergyBandCost{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1599,7 @@ func (x *EnergyBandCost) String() string {
 func (*EnergyBandCost) ProtoMessage() {}
 
 func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1612,7 @@ func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnergyBandCost.ProtoReflect.Descriptor instead.
 func (*EnergyBandCost) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EnergyBandCost) GetBand() string {
@@ -1246,7 +1647,38 @@ var File_trainmeter_v1_query_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\n" +
-	"\x19trainmeter/v1/query.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1atrainmeter/v1/ingest.proto\"*\n" +
+	"\x19trainmeter/v1/query.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1atrainmeter/v1/ingest.proto\"\x82\x01\n" +
+	"\fUsageRequest\x120\n" +
+	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x0e\n" +
+	"\x02by\x18\x03 \x03(\tR\x02by\"\xb8\x02\n" +
+	"\bUsageRow\x12\x12\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\x12\x1b\n" +
+	"\tidle_node\x18\x02 \x01(\tR\bidleNode\x12\x12\n" +
+	"\x04idle\x18\x03 \x01(\bR\x04idle\x12\x1f\n" +
+	"\vgpu_seconds\x18\x04 \x01(\x01R\n" +
+	"gpuSeconds\x12\x19\n" +
+	"\benergy_j\x18\x05 \x01(\x01R\aenergyJ\x12\x19\n" +
+	"\bcost_usd\x18\x06 \x01(\x01R\acostUsd\x12\x19\n" +
+	"\bhas_cost\x18\a \x01(\bR\ahasCost\x12\x1b\n" +
+	"\tgpu_share\x18\b \x01(\x01R\bgpuShare\x12!\n" +
+	"\fenergy_share\x18\t \x01(\x01R\venergyShare\x12!\n" +
+	"\fprice_source\x18\n" +
+	" \x01(\tR\vpriceSource\x12\x12\n" +
+	"\x04runs\x18\v \x01(\rR\x04runs\"\xa9\x01\n" +
+	"\tNodeUsage\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
+	"\vgpu_seconds\x18\x02 \x01(\x01R\n" +
+	"gpuSeconds\x12\x19\n" +
+	"\benergy_j\x18\x03 \x01(\x01R\aenergyJ\x12(\n" +
+	"\x10idle_gpu_seconds\x18\x04 \x01(\x01R\x0eidleGpuSeconds\x12\"\n" +
+	"\ridle_energy_j\x18\x05 \x01(\x01R\vidleEnergyJ\"\xe0\x01\n" +
+	"\rUsageResponse\x12\x0e\n" +
+	"\x02by\x18\x01 \x03(\tR\x02by\x12+\n" +
+	"\x04rows\x18\x02 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
+	"\x05nodes\x18\x03 \x03(\v2\x18.trainmeter.v1.NodeUsageR\x05nodes\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"*\n" +
 	"\x0fListRunsRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\"@\n" +
 	"\x10ListRunsResponse\x12,\n" +
@@ -1273,7 +1705,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xfb\x16\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xb0\x18\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -1358,7 +1790,14 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\vpeak_tflops\x18F \x01(\x01H\fR\n" +
 	"peakTflops\x88\x01\x01\x12\x15\n" +
 	"\x03mfu\x18G \x01(\x01H\rR\x03mfu\x88\x01\x01\x12#\n" +
-	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x1a9\n" +
+	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x12(\n" +
+	"\x10gpu_share_method\x18I \x01(\tR\x0egpuShareMethod\x12 \n" +
+	"\fshared_gpu_s\x18J \x01(\x01R\n" +
+	"sharedGpuS\x12(\n" +
+	"\x10max_sharing_runs\x18K \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
+	"\x04user\x18L \x01(\tR\x04user\x12\x10\n" +
+	"\x03uid\x18M \x01(\rR\x03uid\x12\x17\n" +
+	"\ahas_uid\x18N \x01(\bR\x06hasUid\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
@@ -1382,14 +1821,15 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04band\x18\x01 \x01(\tR\x04band\x12\x10\n" +
 	"\x03kwh\x18\x02 \x01(\x01R\x03kwh\x12\x1e\n" +
 	"\vusd_per_kwh\x18\x03 \x01(\x01R\tusdPerKwh\x12\x19\n" +
-	"\bcost_usd\x18\x04 \x01(\x01R\acostUsd2\x97\x03\n" +
+	"\bcost_usd\x18\x04 \x01(\x01R\acostUsd2\xdb\x03\n" +
 	"\fQueryService\x12K\n" +
 	"\bListRuns\x12\x1e.trainmeter.v1.ListRunsRequest\x1a\x1f.trainmeter.v1.ListRunsResponse\x12E\n" +
 	"\x06GetRun\x12\x1c.trainmeter.v1.GetRunRequest\x1a\x1d.trainmeter.v1.GetRunResponse\x12S\n" +
 	"\n" +
 	"ExportRuns\x12 .trainmeter.v1.ExportRunsRequest\x1a!.trainmeter.v1.ExportRunsResponse0\x01\x12N\n" +
 	"\tListNodes\x12\x1f.trainmeter.v1.ListNodesRequest\x1a .trainmeter.v1.ListNodesResponse\x12N\n" +
-	"\tDeleteRun\x12\x1f.trainmeter.v1.DeleteRunRequest\x1a .trainmeter.v1.DeleteRunResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
+	"\tDeleteRun\x12\x1f.trainmeter.v1.DeleteRunRequest\x1a .trainmeter.v1.DeleteRunResponse\x12B\n" +
+	"\x05Usage\x12\x1b.trainmeter.v1.UsageRequest\x1a\x1c.trainmeter.v1.UsageResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
 
 var (
 	file_trainmeter_v1_query_proto_rawDescOnce sync.Once
@@ -1403,55 +1843,67 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_trainmeter_v1_query_proto_goTypes = []any{
-	(*ListRunsRequest)(nil),       // 0: trainmeter.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 1: trainmeter.v1.ListRunsResponse
-	(*GetRunRequest)(nil),         // 2: trainmeter.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 3: trainmeter.v1.GetRunResponse
-	(*ExportRunsRequest)(nil),     // 4: trainmeter.v1.ExportRunsRequest
-	(*ExportRunsResponse)(nil),    // 5: trainmeter.v1.ExportRunsResponse
-	(*DeleteRunRequest)(nil),      // 6: trainmeter.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 7: trainmeter.v1.DeleteRunResponse
-	(*ListNodesRequest)(nil),      // 8: trainmeter.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),     // 9: trainmeter.v1.ListNodesResponse
-	(*NodeStatus)(nil),            // 10: trainmeter.v1.NodeStatus
-	(*RunReport)(nil),             // 11: trainmeter.v1.RunReport
-	(*EnergyBandCost)(nil),        // 12: trainmeter.v1.EnergyBandCost
-	nil,                           // 13: trainmeter.v1.RunReport.LabelsEntry
-	(*GpuInfo)(nil),               // 14: trainmeter.v1.GpuInfo
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*RunMetadata)(nil),           // 16: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 17: trainmeter.v1.Eval
+	(*UsageRequest)(nil),          // 0: trainmeter.v1.UsageRequest
+	(*UsageRow)(nil),              // 1: trainmeter.v1.UsageRow
+	(*NodeUsage)(nil),             // 2: trainmeter.v1.NodeUsage
+	(*UsageResponse)(nil),         // 3: trainmeter.v1.UsageResponse
+	(*ListRunsRequest)(nil),       // 4: trainmeter.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 5: trainmeter.v1.ListRunsResponse
+	(*GetRunRequest)(nil),         // 6: trainmeter.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 7: trainmeter.v1.GetRunResponse
+	(*ExportRunsRequest)(nil),     // 8: trainmeter.v1.ExportRunsRequest
+	(*ExportRunsResponse)(nil),    // 9: trainmeter.v1.ExportRunsResponse
+	(*DeleteRunRequest)(nil),      // 10: trainmeter.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 11: trainmeter.v1.DeleteRunResponse
+	(*ListNodesRequest)(nil),      // 12: trainmeter.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),     // 13: trainmeter.v1.ListNodesResponse
+	(*NodeStatus)(nil),            // 14: trainmeter.v1.NodeStatus
+	(*RunReport)(nil),             // 15: trainmeter.v1.RunReport
+	(*EnergyBandCost)(nil),        // 16: trainmeter.v1.EnergyBandCost
+	nil,                           // 17: trainmeter.v1.RunReport.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*GpuInfo)(nil),               // 19: trainmeter.v1.GpuInfo
+	(*RunMetadata)(nil),           // 20: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 21: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
-	11, // 0: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
-	11, // 1: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
-	11, // 2: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
-	10, // 3: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	14, // 4: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	15, // 5: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	16, // 6: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	15, // 7: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	15, // 8: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	17, // 9: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	13, // 10: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
-	12, // 11: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
-	0,  // 12: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	2,  // 13: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	4,  // 14: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	8,  // 15: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	6,  // 16: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	1,  // 17: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	3,  // 18: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	5,  // 19: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	9,  // 20: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	7,  // 21: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	17, // [17:22] is the sub-list for method output_type
-	12, // [12:17] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	18, // 0: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
+	18, // 1: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
+	1,  // 2: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
+	2,  // 3: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
+	18, // 4: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
+	18, // 5: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
+	15, // 6: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
+	15, // 7: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
+	15, // 8: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
+	14, // 9: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
+	19, // 10: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	18, // 11: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	20, // 12: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	18, // 13: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	18, // 14: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	21, // 15: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	17, // 16: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	16, // 17: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
+	4,  // 18: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	6,  // 19: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	8,  // 20: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	12, // 21: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	10, // 22: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	0,  // 23: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
+	5,  // 24: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	7,  // 25: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	9,  // 26: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	13, // 27: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	11, // 28: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	3,  // 29: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
+	24, // [24:30] is the sub-list for method output_type
+	18, // [18:24] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -1460,14 +1912,14 @@ func file_trainmeter_v1_query_proto_init() {
 		return
 	}
 	file_trainmeter_v1_ingest_proto_init()
-	file_trainmeter_v1_query_proto_msgTypes[11].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -79,9 +79,16 @@ type Aggregate struct {
 	// The node states are not in `nodes` but each under a key of its own
 	// (collector/internal/store), so that a commit rewrites only the nodes it
 	// changed: a run over a thousand nodes made every commit rewrite ~1 MB.
-	NodesApart    bool `protobuf:"varint,55,opt,name=nodes_apart,json=nodesApart,proto3" json:"nodes_apart,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NodesApart bool `protobuf:"varint,55,opt,name=nodes_apart,json=nodesApart,proto3" json:"nodes_apart,omitempty"`
+	// --- issue 16 (i16-share): sharing and who ran it ---
+	SharedGpuSeconds float64  `protobuf:"fixed64,56,opt,name=shared_gpu_seconds,json=sharedGpuSeconds,proto3" json:"shared_gpu_seconds,omitempty"`
+	ShareMethods     []string `protobuf:"bytes,57,rep,name=share_methods,json=shareMethods,proto3" json:"share_methods,omitempty"`
+	MaxSharingRuns   uint32   `protobuf:"varint,58,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
+	User             string   `protobuf:"bytes,59,opt,name=user,proto3" json:"user,omitempty"`
+	Uid              uint32   `protobuf:"varint,60,opt,name=uid,proto3" json:"uid,omitempty"`
+	HasUid           bool     `protobuf:"varint,61,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -488,6 +495,48 @@ func (x *Aggregate) GetLostReasons() []string {
 func (x *Aggregate) GetNodesApart() bool {
 	if x != nil {
 		return x.NodesApart
+	}
+	return false
+}
+
+func (x *Aggregate) GetSharedGpuSeconds() float64 {
+	if x != nil {
+		return x.SharedGpuSeconds
+	}
+	return 0
+}
+
+func (x *Aggregate) GetShareMethods() []string {
+	if x != nil {
+		return x.ShareMethods
+	}
+	return nil
+}
+
+func (x *Aggregate) GetMaxSharingRuns() uint32 {
+	if x != nil {
+		return x.MaxSharingRuns
+	}
+	return 0
+}
+
+func (x *Aggregate) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *Aggregate) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *Aggregate) GetHasUid() bool {
+	if x != nil {
+		return x.HasUid
 	}
 	return false
 }
@@ -1038,7 +1087,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xc3\x11\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xff\x12\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1108,7 +1157,13 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x10lost_gpu_seconds\x185 \x01(\x01R\x0elostGpuSeconds\x12!\n" +
 	"\flost_reasons\x186 \x03(\tR\vlostReasons\x12\x1f\n" +
 	"\vnodes_apart\x187 \x01(\bR\n" +
-	"nodesApart\x1aS\n" +
+	"nodesApart\x12,\n" +
+	"\x12shared_gpu_seconds\x188 \x01(\x01R\x10sharedGpuSeconds\x12#\n" +
+	"\rshare_methods\x189 \x03(\tR\fshareMethods\x12(\n" +
+	"\x10max_sharing_runs\x18: \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
+	"\x04user\x18; \x01(\tR\x04user\x12\x10\n" +
+	"\x03uid\x18< \x01(\rR\x03uid\x12\x17\n" +
+	"\ahas_uid\x18= \x01(\bR\x06hasUid\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
