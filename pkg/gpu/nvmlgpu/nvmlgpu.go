@@ -373,6 +373,55 @@ func (b *Backend) ComputePIDs(index int) ([]uint32, error) {
 	return pids, nil
 }
 
+// ProcessUsage implements gpu.ProcessUsageReader: each compute process's
+// GPU memory (the compute-process list) and its mean SM utilisation over
+// the samples NVML kept since since (nvmlDeviceGetProcessUtilization). A
+// GPU without per-process utilisation (NOT_SUPPORTED, or MIG) or with no
+// sample yet (NOT_FOUND) still gives memory. Like ComputePIDs it costs
+// milliseconds: call it at most once a second.
+func (b *Backend) ProcessUsage(index int, since time.Time) (map[uint32]gpu.ProcessUse, error) {
+	if index < 0 || index >= len(b.gpus) {
+		return nil, fmt.Errorf("nvmlgpu: no GPU %d", index)
+	}
+	h := b.gpus[index].h
+	procs, ret := h.GetComputeRunningProcesses()
+	if ret != nvml.SUCCESS {
+		return nil, &ReadError{GPU: index, What: "compute running processes", Ret: ret}
+	}
+	out := make(map[uint32]gpu.ProcessUse, len(procs))
+	for _, p := range procs {
+		u := out[p.Pid]
+		u.MemMiB += float64(p.UsedGpuMemory) / (1 << 20)
+		u.MemOK = true
+		out[p.Pid] = u
+	}
+	var ts uint64
+	if !since.IsZero() {
+		ts = uint64(since.UnixMicro())
+	}
+	samples, ret := h.GetProcessUtilization(ts)
+	if ret != nvml.SUCCESS {
+		return out, nil
+	}
+	n := map[uint32]int{}
+	for _, s := range samples {
+		u := out[s.Pid]
+		if !u.SMOK {
+			u.SMPct = 0
+		}
+		u.SMPct += float64(s.SmUtil)
+		u.SMOK = true
+		n[s.Pid]++
+		out[s.Pid] = u
+	}
+	for pid, k := range n {
+		u := out[pid]
+		u.SMPct /= float64(k)
+		out[pid] = u
+	}
+	return out, nil
+}
+
 // Close shuts NVML down. Further Reads fail; a second Close does nothing.
 func (b *Backend) Close() error {
 	b.mu.Lock()

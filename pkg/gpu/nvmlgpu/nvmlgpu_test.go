@@ -127,7 +127,13 @@ func newServer(t *testing.T, n int) (*dgxa100.Server, []*fake) {
 		}
 		d.GetEnforcedPowerLimitFunc = func() (uint32, nvml.Return) { return f.limitMW, nvml.SUCCESS }
 		d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
-			return []nvml.ProcessInfo{{Pid: 100 + uint32(i)}, {Pid: 200}}, nvml.SUCCESS
+			return []nvml.ProcessInfo{{Pid: 100 + uint32(i), UsedGpuMemory: 3 << 30}, {Pid: 200, UsedGpuMemory: 1 << 30}}, nvml.SUCCESS
+		}
+		d.GetProcessUtilizationFunc = func(since uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+			if i == 0 {
+				return nil, nvml.ERROR_NOT_SUPPORTED
+			}
+			return []nvml.ProcessUtilizationSample{{Pid: 101, SmUtil: 60, TimeStamp: since + 1}, {Pid: 101, SmUtil: 80, TimeStamp: since + 2}, {Pid: 200, SmUtil: 10, TimeStamp: since + 1}}, nvml.SUCCESS
 		}
 	}
 	return s, fakes
@@ -209,7 +215,24 @@ func TestDevicesAndFields(t *testing.T) {
 	if _, err := b.ComputePIDs(2); err == nil {
 		t.Fatal("ComputePIDs(2): want error")
 	}
+
+	// Per-process use: SM averaged over the samples, memory from the list.
+	use, err := b.ProcessUsage(1, time.Unix(100, 0))
+	if err != nil || len(use) != 2 || use[101] != (gpu.ProcessUse{SMPct: 70, SMOK: true, MemMiB: 3072, MemOK: true}) ||
+		use[200] != (gpu.ProcessUse{SMPct: 10, SMOK: true, MemMiB: 1024, MemOK: true}) {
+		t.Fatalf("ProcessUsage(1) = %+v, %v", use, err)
+	}
+	if calls := md1(s).GetProcessUtilizationCalls(); len(calls) != 1 || calls[0].V != 100_000_000 {
+		t.Fatalf("GetProcessUtilization calls %+v", calls)
+	}
+	// Without per-process utilisation: memory only.
+	use, err = b.ProcessUsage(0, time.Time{})
+	if err != nil || use[100].SMOK || !use[100].MemOK {
+		t.Fatalf("ProcessUsage(0) = %+v, %v", use, err)
+	}
 }
+
+func md1(s *dgxa100.Server) *dgxa100.Device { return s.Devices[1].(*dgxa100.Device) }
 
 func TestUnitConversion(t *testing.T) {
 	s, fakes := newServer(t, 1)
