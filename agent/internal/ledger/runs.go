@@ -32,6 +32,9 @@ type run struct {
 	// members maps each joined connection to its rank key (client_id, or
 	// the connection when the client sends none).
 	members map[uint64]string
+	// peerPIDs maps each joined connection to its peer's PID (SO_PEERCRED),
+	// whose process tree is the run's on the GPUs (share.go).
+	peerPIDs map[uint64]int32
 	// stepping: the members (connections) that have reported a step, for
 	// the windows' step_ranks.
 	stepping   map[uint64]struct{}
@@ -121,6 +124,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 			return errorf("run_start", "metadata conflicts with run %q: %v", ev.Run, err)
 		}
 		r.members[p.ConnID] = rankKey(p, ev)
+		r.addPeer(p)
 		gpus = l.joinAttributed(now, r, ev, gpus, explicit)
 		if r.restored && r.rejoinAt.IsZero() {
 			r.rejoinAt = now
@@ -147,6 +151,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 	if ev.AttributePID != nil {
 		r.attributePID = int(*ev.AttributePID)
 	}
+	r.addPeer(p)
 	r.setWarmup(now, ev)
 	l.runs[ev.Run] = r
 	l.order = append(l.order, ev.Run)
@@ -434,8 +439,16 @@ func (l *Ledger) Disconnected(now time.Time, p Peer) {
 	}
 }
 
+func (r *run) addPeer(p Peer) {
+	if r.peerPIDs == nil {
+		r.peerPIDs = map[uint64]int32{}
+	}
+	r.peerPIDs[p.ConnID] = p.PID
+}
+
 func (l *Ledger) leave(now time.Time, r *run, conn uint64, reason string) {
 	delete(r.members, conn)
+	delete(r.peerPIDs, conn)
 	delete(r.stepping, conn)
 	if len(r.members) > 0 {
 		return

@@ -405,3 +405,36 @@ func (l *Ledger) userName(uid int32) string {
 	l.users[uid] = name
 	return name
 }
+
+// SharedRun is a live run for the agent's share poller: the processes it
+// knows (the root of its attributed tree and its ranks' socket peers) and
+// its GPUs now.
+type SharedRun struct {
+	ID    string
+	Roots []int
+	GPUs  []int
+}
+
+// SharedRuns lists the live runs with their known processes and GPUs.
+func (l *Ledger) SharedRuns(now time.Time) []SharedRun {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []SharedRun
+	for _, id := range l.order {
+		r := l.runs[id]
+		if r.ended {
+			continue
+		}
+		sr := SharedRun{ID: id, GPUs: append([]int(nil), r.gpusAt(now)...)}
+		if r.attributePID > 0 {
+			sr.Roots = append(sr.Roots, r.attributePID)
+		}
+		for _, pid := range r.peerPIDs {
+			if pid > 0 && !slices.Contains(sr.Roots, int(pid)) {
+				sr.Roots = append(sr.Roots, int(pid))
+			}
+		}
+		out = append(out, sr)
+	}
+	return out
+}

@@ -403,12 +403,14 @@ func (b *Backend) ProcessUsage(index int, since time.Time) (map[uint32]gpu.Proce
 	if ret != nvml.SUCCESS {
 		return out, nil
 	}
+	// Listed processes without a sample since then did no SM work.
+	for pid, u := range out {
+		u.SMOK = true
+		out[pid] = u
+	}
 	n := map[uint32]int{}
 	for _, s := range samples {
 		u := out[s.Pid]
-		if !u.SMOK {
-			u.SMPct = 0
-		}
 		u.SMPct += float64(s.SmUtil)
 		u.SMOK = true
 		n[s.Pid]++
