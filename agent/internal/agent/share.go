@@ -84,6 +84,7 @@ func (a *Agent) pollSharing() {
 				}
 				continue
 			}
+			instances := map[string]map[uint32]int{} // run -> MIG instance -> slices
 			for pid, u := range use {
 				for _, r := range rs {
 					if !inAnyTree(a.procRoot, int(pid), r.Roots, ppids) {
@@ -99,9 +100,16 @@ func (a *Agent) pollSharing() {
 						w.MemOK = true
 					}
 					work[r.ID] = w
+					if u.MIGSlices > 0 {
+						if instances[r.ID] == nil {
+							instances[r.ID] = map[uint32]int{}
+						}
+						instances[r.ID][u.MIGInstance] = u.MIGSlices
+					}
 					break
 				}
 			}
+			setMIGSlices(work, instances)
 		}
 		a.ledger.SetWork(g, work)
 	}
@@ -114,4 +122,27 @@ func inAnyTree(procRoot string, pid int, roots []int, ppids map[int]int) bool {
 		}
 	}
 	return false
+}
+
+// setMIGSlices gives each run the compute slices of the MIG instances its
+// processes are in, when no two runs share an instance: then the runs split
+// the GPU's power by slices. Runs in one instance time-slice it, and the
+// other rules apply.
+func setMIGSlices(work map[string]ledger.RunWork, instances map[string]map[uint32]int) {
+	owner := map[uint32]string{}
+	for id, insts := range instances {
+		for inst := range insts {
+			if o, taken := owner[inst]; taken && o != id {
+				return
+			}
+			owner[inst] = id
+		}
+	}
+	for id, insts := range instances {
+		w := work[id]
+		for _, n := range insts {
+			w.MIGSlices += n
+		}
+		work[id] = w
+	}
 }

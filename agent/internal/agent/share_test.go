@@ -63,3 +63,18 @@ func TestSharedGPUSplitByProcessUtilisationOfTheRunsTrees(t *testing.T) {
 		t.Fatalf("a %.3f J, b %.3f J; want 3:1", j["a"], j["b"])
 	}
 }
+
+// Runs on different MIG instances of one GPU split it by compute slices
+// (1g and 3g: 1:3), whatever their SM use; runs in one instance do not.
+func TestMIGInstancesSplitBySlices(t *testing.T) {
+	work := map[string]ledger.RunWork{"a": {SMPct: 90, SMOK: true}, "b": {SMPct: 10, SMOK: true}}
+	setMIGSlices(work, map[string]map[uint32]int{"a": {7: 1}, "b": {9: 3}})
+	if work["a"].MIGSlices != 1 || work["b"].MIGSlices != 3 {
+		t.Fatalf("distinct instances: %+v", work)
+	}
+	work = map[string]ledger.RunWork{"a": {}, "b": {}}
+	setMIGSlices(work, map[string]map[uint32]int{"a": {7: 1}, "b": {7: 1}})
+	if work["a"].MIGSlices != 0 || work["b"].MIGSlices != 0 {
+		t.Fatalf("shared instance: %+v", work)
+	}
+}

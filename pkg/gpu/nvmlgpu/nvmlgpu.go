@@ -65,6 +65,9 @@ type device struct {
 	fv        []nvml.FieldValue
 	powerIdx  int
 	energyIdx int
+	// migSlices caches MIG GPU instance id -> compute slices; only
+	// ProcessUsage (the agent's one share poller) touches it.
+	migSlices map[uint32]int
 }
 
 // Backend reads real GPUs through NVML. It implements gpu.Backend and
@@ -393,6 +396,11 @@ func (b *Backend) ProcessUsage(index int, since time.Time) (map[uint32]gpu.Proce
 		u := out[p.Pid]
 		u.MemMiB += float64(p.UsedGpuMemory) / (1 << 20)
 		u.MemOK = true
+		if p.GpuInstanceId != noInstance {
+			if n := b.migSlices(index, p.GpuInstanceId); n > 0 {
+				u.MIGSlices, u.MIGInstance = n, p.GpuInstanceId
+			}
+		}
 		out[p.Pid] = u
 	}
 	var ts uint64
@@ -422,6 +430,34 @@ func (b *Backend) ProcessUsage(index int, since time.Time) (map[uint32]gpu.Proce
 		out[pid] = u
 	}
 	return out, nil
+}
+
+// noInstance is the GPU instance id NVML gives a process outside MIG.
+const noInstance = 0xFFFFFFFF
+
+// migSlices is the compute-slice count of MIG GPU instance id on GPU index
+// (its profile's SliceCount), cached; 0 when NVML cannot tell.
+func (b *Backend) migSlices(index int, id uint32) int {
+	d := b.gpus[index]
+	if n, ok := d.migSlices[id]; ok {
+		return n
+	}
+	n := 0
+	if gi, ret := d.h.GetGpuInstanceById(int(id)); ret == nvml.SUCCESS {
+		if info, ret := gi.GetInfo(); ret == nvml.SUCCESS {
+			for p := 0; p < nvml.GPU_INSTANCE_PROFILE_COUNT; p++ {
+				if pi, ret := d.h.GetGpuInstanceProfileInfo(p); ret == nvml.SUCCESS && pi.Id == info.ProfileId {
+					n = int(pi.SliceCount)
+					break
+				}
+			}
+		}
+	}
+	if d.migSlices == nil {
+		d.migSlices = map[uint32]int{}
+	}
+	d.migSlices[id] = n
+	return n
 }
 
 // Close shuts NVML down. Further Reads fail; a second Close does nothing.
