@@ -380,6 +380,7 @@ func (l *Ledger) closeWindow() *pb.Batch {
 		if r.ended && !r.end.After(we) {
 			b.RunEvents = append(b.RunEvents, r.endEvent())
 			delete(l.runs, id)
+			l.forgetSimWork(id)
 			continue
 		}
 		kept = append(kept, id)

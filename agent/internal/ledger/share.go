@@ -58,16 +58,25 @@ func (l *Ledger) setSimWork(g int, id string, load float64) float64 {
 	if l.simWork[g] == nil {
 		l.simWork[g] = map[string]RunWork{}
 	}
-	if load < 0 {
-		delete(l.simWork[g], id)
-	} else {
+	// An ended run keeps its entry until the window it ended in closes (the
+	// split of that window needs it) but no longer loads the GPU.
+	if load >= 0 {
 		l.simWork[g][id] = RunWork{SMPct: 100 * load, SMOK: true}
 	}
 	var sum float64
-	for _, w := range l.simWork[g] {
-		sum += w.SMPct / 100
+	for rid, w := range l.simWork[g] {
+		if r := l.runs[rid]; r != nil && !r.ended && (load >= 0 || rid != id) {
+			sum += w.SMPct / 100
+		}
 	}
 	return min(sum, 1)
+}
+
+// forgetSimWork drops a closed run's simulated loads.
+func (l *Ledger) forgetSimWork(id string) {
+	for _, m := range l.simWork {
+		delete(m, id)
+	}
 }
 
 // piece is a stretch of a window during which the same runs are on a GPU.

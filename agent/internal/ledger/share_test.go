@@ -322,3 +322,41 @@ func TestAgentRestartDuringSharing(t *testing.T) {
 	}
 	checkConservation(t, r.batches, false)
 }
+
+type loads map[int]float64
+
+func (l loads) SetLoad(g int, v float64) { l[g] = v }
+
+// On a simulated GPU each run's reported load (compute / (compute + data
+// wait)) is its utilisation: a run computing 90 % of its steps and one
+// computing 30 % split the GPU 3:1, and the GPU is as busy as both.
+func TestSimulatedGPUSplitByReportedLoad(t *testing.T) {
+	r := newRig(t, []float64{300}, []float64{300}, 0)
+	ls := loads{}
+	r.l.cfg.Load = ls
+	r.advance(time.Second)
+	startOn(t, r, peer1, "a", "0")
+	startOn(t, r, peer2, "b", "0")
+	for range 30 {
+		if err := r.l.Step(r.now, peer1, &trainerproto.Step{Run: "a", Tokens: 1, ComputeS: ptr(0.09), DataWaitS: ptr(0.01)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.l.Step(r.now, peer2, &trainerproto.Step{Run: "b", Tokens: 1, ComputeS: ptr(0.03), DataWaitS: ptr(0.07)}); err != nil {
+			t.Fatal(err)
+		}
+		r.advance(100 * time.Millisecond)
+	}
+	if math.Abs(ls[0]-1) > 1e-9 {
+		t.Errorf("GPU load %v, want 1 (0.9 + 0.3, capped)", ls[0])
+	}
+	endRun(t, r, peer1, "a")
+	endRun(t, r, peer2, "b")
+	r.advance(2 * time.Second)
+	ja, _, _, methods, _ := runGPU(r, "a", 0)
+	jb, _, _, _, _ := runGPU(r, "b", 0)
+	near(t, "a:b", ja/jb, 3, 1e-9)
+	if !methods[ShareUtilization] {
+		t.Errorf("methods %v", methods)
+	}
+	checkConservation(t, r.batches, true)
+}
