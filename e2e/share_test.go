@@ -156,4 +156,17 @@ func TestSharedGPUIsBilledOnce(t *testing.T) {
 	if idleJ < 300 {
 		t.Errorf("eq-node idle %.1f J: the GPU idled before and after the runs", idleJ)
 	}
+
+	// The table and the CSV, by user: the runs' user and an idle row per node.
+	table := c.cli("usage", "--by", "user", "--since", since.Format(time.RFC3339), "--until", until.Format(time.RFC3339))
+	for _, want := range []string{"USER", "(idle) eq-node", "(idle) util-node", "node totals"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("usage table lacks %q:\n%s", want, table)
+		}
+	}
+	csvOut := c.cli("usage", "--by", "user", "--csv")
+	if !strings.HasPrefix(csvOut, "user,idle_node,runs,gpu_hours,energy_kWh,cost_usd,gpu_share,energy_share,price_source\n") ||
+		!strings.Contains(csvOut, "(idle),eq-node,0,") {
+		t.Errorf("usage --csv:\n%s", csvOut)
+	}
 }
