@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -169,4 +171,77 @@ func TestSharedGPUIsBilledOnce(t *testing.T) {
 		!strings.Contains(csvOut, "(idle),eq-node,0,") {
 		t.Errorf("usage --csv:\n%s", csvOut)
 	}
+}
+
+// The agent is killed while two runs share a GPU and started again on the
+// same spool; both trainers (the real Python client) reconnect. Together
+// the runs are billed the GPU's energy over their span once, the downtime
+// included (split equally: nothing says what each did meanwhile).
+func TestAgentRestartWhileTwoRunsShareAGPU(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	c := startCollector(t)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	anchor := strconv.FormatFloat(float64(time.Now().UnixNano())/1e9, 'f', 3, 64)
+	agentArgs := []string{"--collector", c.addr, "--socket", sock, "--node", "share-kill",
+		"--gpu", "replay:" + writeSharedTrace(t, 120, nil) + "@" + anchor, "--spool", filepath.Join(dir, "spool"), "--rejoin-grace", "30s"}
+	first := daemon(t, "trainmeter-agent", agentArgs...)
+	c.eventually("agent socket", func() bool { return dialable(sock) })
+
+	var trainers []*exec.Cmd
+	for _, id := range []string{"kshare-a", "kshare-b"} {
+		tr := exec.Command("python3", "../clients/python/examples/train_sim.py", "--socket", sock,
+			"--run-id", id, "--model", "m", "--backend", "b", "--gpus", "0", "--warmup-s", "1",
+			"--duration-s", "9", "--tokens-per-s", "20000", "--step-time", "0.05")
+		out, err := os.CreateTemp(dir, "trainer")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.Stdout, tr.Stderr = out, out
+		if err := tr.Start(); err != nil {
+			t.Fatal(err)
+		}
+		trainers = append(trainers, tr)
+	}
+	time.Sleep(3 * time.Second)
+	if err := first.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	daemon(t, "trainmeter-agent", agentArgs...)
+	for _, tr := range trainers {
+		if err := tr.Wait(); err != nil {
+			t.Fatalf("trainer: %v", err)
+		}
+	}
+	ra, rb := c.waitEnded("kshare-a"), c.waitEnded("kshare-b")
+	from := math.Min(float64(ra.Start.AsTime().UnixNano()), float64(rb.Start.AsTime().UnixNano())) / 1e9
+	to := math.Max(float64(ra.End.AsTime().UnixNano()), float64(rb.End.AsTime().UnixNano())) / 1e9
+	within(t, "both runs' energy across the restart (J)", ra.EnergyTotalJ+rb.EnergyTotalJ, 300*(to-from), 0.01)
+	within(t, "both runs' GPU-seconds across the restart", 3600*(ra.GpuHours+rb.GpuHours), to-from, 0.01)
+	within(t, "kshare-a's share", ra.EnergyTotalJ/(ra.EnergyTotalJ+rb.EnergyTotalJ), 0.5, 0.03)
+	if ra.GpuShareMethod != "equal" || ra.MaxSharingRuns != 2 {
+		t.Errorf("kshare-a: share method %q, max sharing %d", ra.GpuShareMethod, ra.MaxSharingRuns)
+	}
+	// The node's stored figures through the restart: runs + idle = its
+	// energy (the downtime included), and its runs' rows are the runs.
+	var u usageJSON
+	if err := json.Unmarshal([]byte(c.cli("usage", "--json")), &u); err != nil {
+		t.Fatal(err)
+	}
+	var rowsJ, runsJ float64
+	for _, r := range u.Rows {
+		rowsJ += r.EnergyJ
+		if !r.Idle {
+			runsJ += r.EnergyJ
+		}
+	}
+	if len(u.Nodes) != 1 {
+		t.Fatalf("usage nodes %+v", u.Nodes)
+	}
+	within(t, "usage runs + idle = node energy (J)", rowsJ, u.Nodes[0].EnergyJ, 1e-9)
+	within(t, "usage runs (J)", runsJ, ra.EnergyTotalJ+rb.EnergyTotalJ, 1e-6)
 }
