@@ -457,7 +457,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 		line("counter vs integ.", "%+.2f%%", r.GetEnergyDisagreementPct())
 	}
 	if r.GetEnergyEstimated() {
-		line("note", "%s", "part of the energy is estimated (shared GPU split by utilisation)")
+		line("note", "%s", "part of the energy is estimated (a GPU stopped reporting, or an agent restart without a counter): extrapolated, not measured")
 	}
 
 	b.WriteString("power\n")
