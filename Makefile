@@ -10,8 +10,10 @@ BIN := bin
 
 all: build
 
+# --version of both binaries: VERSION (below) plus the commit.
 build:
-	$(GO) build -o $(BIN)/ ./agent/cmd/... ./collector/cmd/...
+	$(GO) build -ldflags "-X github.com/trainmeter/trainmeter/internal/buildinfo.version=$(VERSION)+$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)" \
+		-o $(BIN)/ ./agent/cmd/... ./collector/cmd/...
 
 # Regenerate the protobuf/gRPC code (offline: buf and the plugins are pinned
 # in tools/go.mod and run through `go tool`).
@@ -138,8 +140,9 @@ deb:
 
 # The main job end to end on simulated GPUs: collector, agent, two trainer
 # runs that differ, then the runs table and the CSV.
+# KEEP=1 leaves the demo's collector and agent running to explore.
 demo: build
-	scripts/demo.sh
+	KEEP=$(KEEP) scripts/demo.sh
 
 clean:
 	rm -rf $(BIN) .demo dist

@@ -21,14 +21,26 @@ type PriceCatalog interface {
 	CurrentPrice(gpuName string) (usdPerHour float64, ok bool)
 }
 
-// Price sources, as RunReport.gpu_price_source names them.
+// Price sources, as RunReport.price_source names them (docs/costs.md).
 const (
-	SourceRunStart = "run_start"
-	SourceNode     = "node"
-	SourceCatalog  = "catalog"
-	SourceDefault  = "default"
-	SourceMixed    = "mixed"
+	SourceRunStart  = "run_start"
+	SourceNode      = "node"
+	SourceAmortized = "amortized"
+	SourceCatalog   = "catalog"
+	SourceFlag      = "flag"
+	SourceMixed     = "mixed"
+	// SourceDefault is what the older gpu_price_source column says for
+	// SourceFlag; it keeps that column's values for existing readers.
+	SourceDefault = "default"
 )
+
+// LegacySource is src as the gpu_price_source column names it.
+func LegacySource(src string) string {
+	if src == SourceFlag {
+		return SourceDefault
+	}
+	return src
+}
 
 // PriorityLabel is the run_start key whose value selects the multiplier.
 const PriorityLabel = "priority"
@@ -52,6 +64,11 @@ type Config struct {
 	EnergyIncluded bool
 	// GridGCO2PerKWh is the carbon intensity of the grid.
 	GridGCO2PerKWh float64
+	// Owned prices owned GPUs from their purchase (amortized); nil: none.
+	Owned *OwnedHardware
+	// PUE multiplies the measured GPU energy into the facility energy that
+	// is priced and turned into CO2; 0 means 1 (no overhead).
+	PUE float64
 	// PriorityMultipliers maps a run's priority label to its compute cost
 	// multiplier; runs without one, or with an unlisted one, pay 1×.
 	PriorityMultipliers map[string]float64
@@ -78,6 +95,14 @@ func (c Config) Validate() error {
 	for k, m := range c.PriorityMultipliers {
 		if k == "" || badNumber(m) || m == 0 {
 			errs = append(errs, fmt.Errorf("priority multiplier %q=%v: want a priority name and a finite multiplier > 0", k, m))
+		}
+	}
+	if c.PUE != 0 && (badNumber(c.PUE) || c.PUE < 1) {
+		errs = append(errs, fmt.Errorf("pue must be a finite number >= 1 (facility energy / IT energy), got %v", c.PUE))
+	}
+	if c.Owned != nil && c.Owned.match == nil {
+		if err := c.Owned.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("owned hardware: %w", err))
 		}
 	}
 	if c.Tariff != nil && c.EnergyPricePerKWh > 0 {
@@ -107,9 +132,14 @@ func ParseKeyFloat(s string) (string, float64, error) {
 	return k, f, nil
 }
 
-// GPUPrice resolves the $/GPU-hour of GPUs on node: the run_start price if
-// the trainer gave one, else the node's configured price, else the catalog's
-// current price for gpuName, else the default. ok is false when none is known.
+// GPUPrice resolves the $/GPU-hour of a GPU named gpuName on node, for a
+// run whose run_start gave runStartPrice (0: none), and says where it came
+// from: the run_start price, else the node's configured price, else the
+// amortised purchase of an owned GPU (the node's entry, else its model's),
+// else the catalog's current price for gpuName, else --gpu-price-per-hour.
+// node or gpuName may be empty (a GPU model priced for no node in
+// particular). ok is false when none is known. Runs, usage rows and
+// estimates all price GPU time through this one function.
 func (c Config) GPUPrice(runStartPrice float64, node, gpuName string) (price float64, source string, ok bool) {
 	if runStartPrice > 0 {
 		return runStartPrice, SourceRunStart, true
@@ -117,13 +147,16 @@ func (c Config) GPUPrice(runStartPrice float64, node, gpuName string) (price flo
 	if p, found := c.NodeGPUPricePerHour[node]; found && p > 0 {
 		return p, SourceNode, true
 	}
+	if p, found := c.Owned.Price(node, gpuName); found && p > 0 && !badNumber(p) {
+		return p, SourceAmortized, true
+	}
 	if c.Catalog != nil && gpuName != "" {
 		if p, found := c.Catalog.CurrentPrice(gpuName); found && p > 0 && !badNumber(p) {
 			return p, SourceCatalog, true
 		}
 	}
 	if c.GPUPricePerHour > 0 {
-		return c.GPUPricePerHour, SourceDefault, true
+		return c.GPUPricePerHour, SourceFlag, true
 	}
 	return 0, "", false
 }
@@ -150,6 +183,15 @@ type BandCost struct {
 // the default band. Without a tariff, totalJ is priced flat. ok is false
 // when no energy price is configured.
 func (c Config) EnergyCost(byBand map[string]float64, totalJ float64) (usd float64, bands []BandCost, ok bool) {
+	// The facility draws PUE × what the GPUs drew: that is what is billed.
+	pue := c.EffectivePUE()
+	if pue != 1 {
+		scaled := make(map[string]float64, len(byBand))
+		for b, j := range byBand {
+			scaled[b] = j * pue
+		}
+		byBand, totalJ = scaled, totalJ*pue
+	}
 	switch {
 	case c.EnergyIncluded:
 		return 0, nil, true
@@ -186,13 +228,17 @@ func (c Config) EnergyCost(byBand map[string]float64, totalJ float64) (usd float
 	return 0, nil, false
 }
 
-// CO2Kg is the CO2 of energyKWh at the configured grid intensity.
+// CO2Kg is the CO2 of energyKWh of GPU energy at the configured grid
+// intensity, the facility overhead (PUE) included.
 func (c Config) CO2Kg(energyKWh float64) (float64, bool) {
 	if c.GridGCO2PerKWh <= 0 {
 		return 0, false
 	}
-	return energyKWh * c.GridGCO2PerKWh / 1000, true
+	return energyKWh * c.EffectivePUE() * c.GridGCO2PerKWh / 1000, true
 }
+
+// EffectivePUE is the configured PUE, 1 when none is.
+func (c Config) EffectivePUE() float64 { return finiteOr1(c.PUE) }
 
 // AccuracyPoints reads an accuracy as points (0-100): values up to 1 are
 // taken as fractions (0.71 = 71 points), larger ones as percentages.

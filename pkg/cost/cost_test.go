@@ -41,7 +41,7 @@ func TestGPUPricePrecedence(t *testing.T) {
 		{4, "n1", "NVIDIA H100", 4, SourceRunStart},
 		{0, "n1", "NVIDIA H100", 3, SourceNode},
 		{0, "n2", "NVIDIA H100 80GB HBM3", 2.5, SourceCatalog},
-		{0, "n2", "NVIDIA A100", 1, SourceDefault},
+		{0, "n2", "NVIDIA A100", 1, SourceFlag},
 	} {
 		p, src, ok := c.GPUPrice(tc.runStart, tc.node, tc.gpu)
 		if !ok || p != tc.want || src != tc.src {

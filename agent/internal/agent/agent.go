@@ -19,6 +19,7 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 	"github.com/trainmeter/trainmeter/agent/internal/uplink"
+	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/host"
@@ -26,8 +27,9 @@ import (
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// Version is set at build time.
-var Version = "dev"
+// Version is the agent's version (internal/buildinfo: set at link time,
+// else from the build's VCS stamp).
+var Version = buildinfo.Version()
 
 // Agent is one node's trainmeter agent.
 type Agent struct {
@@ -44,6 +46,10 @@ type Agent struct {
 	spool *spool.Spool
 	// lastStateErr rate-limits warnings about the ledger state file.
 	lastStateErr time.Time
+	// endedSaved is the version of the ledger's ended runs last saved
+	// (endedFile); endedSavedOK whether any was.
+	endedSaved   uint64
+	endedSavedOK bool
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -84,11 +90,12 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	a := &Agent{cfg: cfg, backend: backend, clock: clk, host: hostSampler, log: logger,
 		loopDone: make(chan struct{}), stopLoop: make(chan struct{}), self: newSelfStats(clk.Now())}
 	lcfg := ledger.Config{
-		Devices:       backend.Devices(),
-		DefaultWarmup: cfg.Warmup,
-		MaxGap:        max(5*cfg.Interval, 250*time.Millisecond),
-		Logger:        logger,
-		RawSamples:    cfg.RawSamples,
+		Devices:            backend.Devices(),
+		DefaultWarmup:      cfg.Warmup,
+		DefaultWarmupSteps: cfg.WarmupSteps,
+		MaxGap:             max(5*cfg.Interval, 250*time.Millisecond),
+		Logger:             logger,
+		RawSamples:         cfg.RawSamples,
 	}
 	if ls, ok := backend.(gpu.LoadSetter); ok {
 		lcfg.Load = ls
@@ -288,6 +295,7 @@ func (a *Agent) advise(adv *pb.Advisory) {
 	var line []byte
 	switch x := adv.Advice.(type) {
 	case *pb.Advisory_Stop:
+		a.ledger.StopRequested(adv.RunId, x.Stop.Reason)
 		line = trainerproto.StopLine(adv.RunId, x.Stop.Reason)
 	case *pb.Advisory_Dataloader:
 		d := x.Dataloader
@@ -326,7 +334,16 @@ func (h handler) Handle(p trainersock.Peer, ev trainerproto.Event) error {
 			}
 		}
 		h.a.checkAttributePID(lp, e)
-		return h.a.ledger.StartRun(now, lp, e)
+		err := h.a.ledger.StartRun(now, lp, e)
+		var mc *ledger.MetadataConflict
+		if errors.As(err, &mc) && mc.StarterFound {
+			// `trainmeter run` shows it on its stderr: the user reads that,
+			// rarely the script client's errors().
+			if !h.a.sock.Send(mc.StarterConn, trainerproto.ErrorLine(mc.StarterMessage(), 0)) {
+				h.a.log.Warn("metadata conflict not passed to trainmeter run: connection gone or not reading", "run_id", e.Run)
+			}
+		}
+		return err
 	case *trainerproto.Step:
 		return h.a.ledger.Step(now, lp, e)
 	case *trainerproto.Eval:

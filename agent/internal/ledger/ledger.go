@@ -32,6 +32,9 @@ type Config struct {
 	// DefaultWarmup is excluded from efficiency figures when run_start names
 	// neither warmup_s nor warmup_steps.
 	DefaultWarmup time.Duration
+	// DefaultWarmupSteps, when > 0, ends the default warmup at the run's
+	// N-th step if that comes before DefaultWarmup.
+	DefaultWarmupSteps uint64
 	// Window is the batch length (default 1 s); windows are aligned to it.
 	Window time.Duration
 	// Settle is how long after a window's end it is closed, so every meter has
@@ -120,6 +123,11 @@ type Ledger struct {
 	snapTime        time.Time
 	reclaim         []gpuPart
 	users           map[int32]string // uid -> name, userName's cache
+	// Runs that ended on this node, by id, and their ids oldest first
+	// (lifecycle.go).
+	ended        map[string]EndedRun
+	endedOrder   []string
+	endedVersion uint64
 }
 
 type gpuAcc struct {
@@ -378,7 +386,10 @@ func (l *Ledger) closeWindow() *pb.Batch {
 		r := l.runs[id]
 		b.RunWindows = append(b.RunWindows, l.runWindows(occ, r, ws, we)...)
 		if r.ended && !r.end.After(we) {
-			b.RunEvents = append(b.RunEvents, r.endEvent())
+			if !r.endSent {
+				b.RunEvents = append(b.RunEvents, r.endEvent())
+				l.rememberEnded(EndedRun{ID: r.id, End: r.end, Status: r.endStatus})
+			}
 			delete(l.runs, id)
 			l.forgetSimWork(id)
 			continue

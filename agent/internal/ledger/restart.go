@@ -231,6 +231,7 @@ func (l *Ledger) expireRestored(now time.Time) {
 		if r.restored && !r.ended && r.rejoinAt.IsZero() && now.Sub(r.restoreAt) > l.grace {
 			r.ended, r.end = true, r.bridge.From
 			r.endReason = "agent restarted and no rank rejoined within " + l.grace.String()
+			r.endStatus = r.finalStatus()
 			l.reclaimBridge(r.bridge)
 			r.bridge = nil
 			l.cfg.Logger.Warn("restored run ended: no rank rejoined", "run_id", r.id, "grace", l.grace)

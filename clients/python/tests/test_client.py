@@ -350,6 +350,56 @@ class TestAgentToClient(Base):
         run.end()
 
 
+class TestSpeaksUp(Base):
+    """A run that is not being measured says so, once, on stderr; it never raises."""
+
+    def test_unreachable_agent_warns_once_on_stderr(self):
+        code = (
+            "import sys; sys.path.insert(0, %r)\n"
+            "import trainmeter\n"
+            "for rid in ('first', 'second'):\n"
+            "    run = trainmeter.start(run_id=rid, socket_path=%r, reconnect_min_s=0.05, reconnect_max_s=0.1)\n"
+            "    for i in range(20):\n"
+            "        run.step(tokens=10)\n"
+            "        __import__('time').sleep(0.01)\n"
+            "    run.end()\n"
+            "print('trained')\n"
+        ) % (PKG_ROOT, os.path.join(self.dir, "no", "agent.sock"))
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout, "trained\n")
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        self.assertEqual(len(lines), 1, p.stderr)
+        self.assertIn("trainmeter: agent not reachable at %s" % os.path.join(self.dir, "no", "agent.sock"), lines[0])
+        self.assertIn("run first is not being measured", lines[0])
+        self.assertIn("TRAINMETER_SOCKET", lines[0])
+
+    def test_agent_refusing_run_start_warns_once(self):
+        a = self.agent()
+        with self.assertLogs("trainmeter", "WARNING") as logs:
+            run = self.start(run_id="r1")
+            self.assertTrue(a.wait_lines(0, 1))
+            refusal = {"event": "error", "error": 'run_start: run "r1" already ended on this node; use a new run_id', "line": 1}
+            a.send(refusal)
+            a.send({"event": "error", "error": "step: run \"r1\" not started on this connection", "line": 2})
+            a.send(refusal)
+            self.assertTrue(wait_until(lambda: run.stats()["errors_from_agent"] == 3))
+            run.step(tokens=1)  # still never raises
+            run.end()
+        warnings = [r.getMessage() for r in logs.records if r.levelname == "WARNING"]
+        self.assertEqual(len(warnings), 1, warnings)
+        self.assertIn("the agent refused run r1: run_start: run \"r1\" already ended", warnings[0])
+
+    def test_reachable_agent_is_quiet(self):
+        a = self.agent()
+        with mock.patch.object(trainmeter.client.log, "warning") as warn:
+            run = self.start(run_id="quiet")
+            run.step(tokens=1)
+            run.end()
+        self.assertTrue(a.wait_eof(0))
+        warn.assert_not_called()
+
+
 class TestReconnect(Base):
     def test_reconnect_resends_run_start(self):
         a = self.agent()

@@ -3,9 +3,14 @@ Hugging Face / Lightning callbacks, driven with duck-typed stand-ins (no torch)
 against the fake agent."""
 
 import os
+import shutil
 import stat
+import subprocess
 import sys
+import tempfile
+import textwrap
 import time
+import types
 import unittest
 from unittest import mock
 
@@ -19,6 +24,13 @@ import trainmeter  # noqa: E402
 from trainmeter import dist, loader as tl  # noqa: E402
 from trainmeter.integrations import hf, lightning  # noqa: E402
 from test_client import Base  # noqa: E402
+
+try:
+    import torch  # noqa: F401
+
+    TORCH = True
+except Exception:
+    TORCH = False
 
 
 class Clock:
@@ -435,11 +447,77 @@ class TestDist(Base):
         self.assertEqual(
             without_client_id(a.events(0)),
             [
-                {"event": "run_start", "run_id": "te-abc123", "rank": 1, "world_size": 2, "local_rank": 1},
+                {"event": "run_start", "run_id": "te-abc123", "rank": 1, "world_size": 2, "local_rank": 1, "gpus": [1]},
                 {"event": "step", "run_id": "te-abc123", "step": 1, "tokens": 5, "tokens_total": 5},
                 {"event": "run_end", "run_id": "te-abc123"},
             ],
         )
+
+    def rank_start(self, **kw):
+        a = self.agent()
+        run = self.start(run_id="lr", **kw)
+        run.end()
+        self.assertTrue(a.wait_eof(0))
+        return without_client_id(a.events(0))[0]
+
+    def test_local_rank_names_the_gpu(self):
+        # torchrun: LOCAL_RANK set, CUDA_VISIBLE_DEVICES not; without a GPU
+        # named the agent would give the rank every GPU of the node.
+        self.fake_smi("exit 3\n")
+        os.environ.update(WORLD_SIZE="2", RANK="1", LOCAL_RANK="1")
+        with self.assertLogs("trainmeter", "INFO") as logs:
+            ev = self.rank_start()
+        self.assertEqual(ev["gpus"], [1])
+        self.assertNotIn("cuda_visible_devices", ev)
+        self.assertTrue(any("reporting GPU 1 (LOCAL_RANK=1" in m for m in logs.output), logs.output)
+        # With nvidia-smi (same GPU models): the rank's GPU as its UUID.
+        self.fake_smi("cat <<'EOF'\n%sEOF\n" % SMI)
+        self.assertEqual(self.rank_start()["gpus"], [UB])
+
+    def test_local_rank_gives_way(self):
+        self.fake_smi("exit 3\n")
+        os.environ.update(WORLD_SIZE="2", LOCAL_RANK="1")
+        self.assertEqual(self.rank_start(gpus=[0, 1])["gpus"], [0, 1])  # named by the script
+        os.environ["CUDA_VISIBLE_DEVICES"] = "3"
+        ev = self.rank_start()
+        self.assertNotIn("gpus", ev)  # the agent reads cuda_visible_devices
+        self.assertEqual(ev["cuda_visible_devices"], "3")
+        del os.environ["CUDA_VISIBLE_DEVICES"], os.environ["LOCAL_RANK"]
+        self.assertNotIn("gpus", self.rank_start())  # a single process may use every GPU
+
+    def test_torch_current_device(self):
+        class Cuda:
+            def __init__(self, cur, initialized=True):
+                self.cur, self.initialized = cur, initialized
+
+            def is_available(self):
+                return True
+
+            def is_initialized(self):
+                return self.initialized
+
+            def current_device(self):
+                if not self.initialized:
+                    raise AssertionError("must not initialise CUDA")
+                return self.cur
+
+        env = {"LOCAL_RANK": "1"}
+        cases = [
+            (None, (1, "LOCAL_RANK=1")),
+            (Cuda(5), (5, "torch.cuda.current_device()")),  # set_device(5): a launcher's own mapping
+            (Cuda(1), (1, "LOCAL_RANK=1 = torch.cuda.current_device()")),
+            (Cuda(0), (1, "LOCAL_RANK=1")),  # model.to(local_rank) without set_device
+            (Cuda(5, initialized=False), (1, "LOCAL_RANK=1")),
+        ]
+        for cuda, want in cases:
+            mods = {"torch": types.SimpleNamespace(cuda=cuda)} if cuda is not None else {}
+            with mock.patch.dict(sys.modules, mods):
+                if cuda is None:
+                    sys.modules.pop("torch", None)
+                self.assertEqual(dist.rank_gpu(env=env), want)
+        self.assertEqual(dist.rank_gpu(local_rank=2, env={}), (2, "LOCAL_RANK=2"))
+        self.assertIsNone(dist.rank_gpu(env={}))
+        self.assertIsNone(dist.rank_gpu(env={"LOCAL_RANK": "x"}))
 
     def test_parse_nvidia_smi(self):
         self.assertEqual(dist.parse_nvidia_smi_l(SMI), [(0, "NVIDIA H100 80GB HBM3", UA), (1, "NVIDIA H100 80GB HBM3", UB),
@@ -521,6 +599,29 @@ class TestDist(Base):
 class NS:
     def __init__(self, **kw):
         self.__dict__.update(kw)
+
+
+class Tensor:
+    """A parameter: numel() elements (ds_numel: a DeepSpeed ZeRO-3 partition)."""
+
+    def __init__(self, n, ds_numel=None):
+        self.n = n
+        if ds_numel is not None:
+            self.ds_numel = ds_numel
+
+    def numel(self):
+        return self.n
+
+
+class Module:
+    """parameters() as torch yields them: each tensor once, a tied one too."""
+
+    def __init__(self, *sizes):
+        self.tensors = [Tensor(n) for n in sizes]
+
+    def parameters(self):
+        # torch dedups tied weights itself; yield one twice to check ours too
+        return iter(self.tensors + self.tensors[:1])
 
 
 def hf_args(**kw):
@@ -641,6 +742,41 @@ class TestHF(Base):
         self.assertFalse(run.ended)
         self.assertTrue(a.wait_lines(0, 2))
         self.assertEqual(a.events(0)[1]["tokens"], 0)
+
+    def test_params_and_logged_loss(self):
+        a = self.agent()
+        clk = Clock()
+        cb = hf.TrainmeterCallback(run_id="hf4", socket_path=self.sock, tokens_per_step=100, reconnect_min_s=0.05)
+        cb._clock = clk
+        args, state = hf_args(), NS(global_step=0, max_steps=3, num_input_tokens_seen=0, is_world_process_zero=True, epoch=0.0)
+        control = NS(should_training_stop=False, should_log=False)
+        cb.on_train_begin(args, state, control, model=Module(4096, 4096, 1000))
+        self.runs.append(cb.run)
+        for step, should_log, logs in ((1, False, None), (2, True, {"loss": 2.25, "learning_rate": 1e-4, "epoch": 0.5}),
+                                       (3, True, None)):
+            cb.on_step_begin(args, state, control)
+            state.global_step = step
+            control.should_log = should_log  # set by the Trainer's DefaultFlowCallback, which runs first
+            cb.on_step_end(args, state, control)
+            if logs is not None:
+                cb.on_log(args, state, control, logs=logs)
+        # Step 3's log never came (e.g. logging disabled): sent at the end, without loss.
+        cb.on_train_end(args, state, control)
+        self.assertTrue(a.wait_eof(0))
+        evs = without_client_id(a.events(0))
+        self.assertEqual(evs[0]["params"], 9192)  # the tensor yielded twice, once
+        steps = [e for e in evs if e["event"] == "step"]
+        self.assertEqual([(e["step"], e.get("loss")) for e in steps], [(1, None), (2, 2.25), (3, None)])
+        self.assertEqual([e["event"] for e in evs], ["run_start", "step", "step", "step", "run_end"])
+
+    def test_params_keyword_wins(self):
+        a = self.agent()
+        cb = hf.TrainmeterCallback(run_id="hf5", socket_path=self.sock, params=7_000_000_000, reconnect_min_s=0.05)
+        state = NS(global_step=0, max_steps=1, num_input_tokens_seen=0, is_world_process_zero=True, epoch=0.0)
+        cb.on_train_begin(hf_args(), state, NS(should_training_stop=False), model=Module(10))
+        cb.on_train_end(hf_args(), state, NS(should_training_stop=False))
+        self.assertTrue(a.wait_eof(0))
+        self.assertEqual(a.events(0)[0]["params"], 7_000_000_000)
 
     def wait(self, pred, timeout=5.0):
         deadline = time.monotonic() + timeout
@@ -768,15 +904,130 @@ class TestLightning(Base):
         evs = without_client_id(a.events(0))
         self.assertEqual(evs[0], {"event": "run_start", "run_id": "pl2", "backend": "lightning", "model": "NS",
                                   "precision": "fp16", "grad_accum": 1, "planned_steps": 9, "rank": 3, "world_size": 4,
-                                  "local_rank": 1})
+                                  "local_rank": 1, "gpus": [1]})
         self.assertEqual([e["tokens"] for e in evs if e["event"] == "step"], [10, 10])
         self.assertEqual([e["event"] for e in evs], ["run_start", "step", "step", "run_end"])
         self.assertEqual(evs[-1], {"event": "run_end", "run_id": "pl2", "status": "error", "error": "KeyboardInterrupt"})
+
+    def test_params_and_logged_loss(self):
+        a = self.agent()
+        clk = Clock()
+        cb = lightning.TrainmeterCallback(run_id="pl3", socket_path=self.sock, tokens_per_batch=10, reconnect_min_s=0.05)
+        cb._clock = clk
+        trainer = FakeTrainer(accumulate_grad_batches=1)
+        module = Module(1000, 24)
+        module.hparams = {}
+        module.tensors.append(Tensor(0, ds_numel=500))  # a ZeRO-3 partition
+        cb.on_train_start(trainer, module)
+        self.runs.append(cb.run)
+        cb.on_train_batch_start(trainer, module, self.batch(), 0)
+        trainer.global_step = 1
+        cb.on_train_batch_end(trainer, module, {"loss": Scalar(2.5)}, self.batch(), 0)
+        # Manual optimisation: training_step returned nothing; the module logged train_loss.
+        trainer.callback_metrics = {"train_loss": Scalar(2.0)}
+        cb.on_train_batch_start(trainer, module, self.batch(), 1)
+        trainer.global_step = 2
+        cb.on_train_batch_end(trainer, module, None, self.batch(), 1)
+        cb.on_train_end(trainer, module)
+        self.assertTrue(a.wait_eof(0))
+        evs = without_client_id(a.events(0))
+        self.assertEqual(evs[0]["params"], 1524)
+        self.assertEqual([e.get("loss") for e in evs if e["event"] == "step"], [2.5, 2.0])
+
+    @unittest.skipUnless(TORCH, "torch not installed")
+    def test_params_of_a_real_torch_module(self):
+        import torch
+
+        class LM(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(100, 16)
+                self.body = torch.nn.Linear(16, 32)
+                self.head = torch.nn.Linear(16, 100, bias=False)
+                self.head.weight = self.emb.weight  # tied: counted once
+
+        a = self.agent()
+        cb = lightning.TrainmeterCallback(run_id="pl4", socket_path=self.sock, reconnect_min_s=0.05)
+        cb.on_train_start(FakeTrainer(), LM())
+        cb.on_train_end(FakeTrainer(), LM())
+        self.assertTrue(a.wait_eof(0))
+        self.assertEqual(a.events(0)[0]["params"], 100 * 16 + 16 * 32 + 32)
+        hcb = hf.TrainmeterCallback(run_id="hf6", socket_path=self.sock, reconnect_min_s=0.05)
+        state = NS(global_step=0, max_steps=1, num_input_tokens_seen=0, is_world_process_zero=True, epoch=0.0)
+        hcb.on_train_begin(hf_args(), state, NS(should_training_stop=False), model=LM())
+        hcb.on_train_end(hf_args(), state, NS(should_training_stop=False))
+        self.assertTrue(a.wait_eof(1))
+        self.assertEqual(a.events(1)[0]["params"], 100 * 16 + 16 * 32 + 32)
 
     def test_precision_names(self):
         p = lightning.precision_name
         self.assertEqual([p(x) for x in ("bf16-mixed", "bf16-true", "16-mixed", 16, "32-true", 32, "64", "transformer-engine", None)],
                          ["bf16", "bf16", "fp16", "fp16", "fp32", "fp32", "fp64", "fp8", None])
+
+
+_STUB_CALLBACK = """
+class Callback:
+    def on_train_start(self, trainer, pl_module):
+        pass
+
+    @property
+    def state_key(self):
+        return type(self).__qualname__
+"""
+
+
+class TestLightningImportOrder(unittest.TestCase):
+    """The callback must be a Callback of the Lightning the Trainer comes
+    from, whichever is imported first: trainmeter's module, lightning.pytorch
+    or pytorch_lightning. Stand-in packages on disk, real imports, one fresh
+    interpreter per order."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="tm-pl-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        for pkg in ("lightning", os.path.join("lightning", "pytorch"), "pytorch_lightning"):
+            os.makedirs(os.path.join(self.dir, pkg), exist_ok=True)
+            with open(os.path.join(self.dir, pkg, "__init__.py"), "w") as f:
+                f.write("" if pkg == "lightning" else _STUB_CALLBACK)
+
+    def check(self, body):
+        code = "import sys; sys.path[:0] = [%r, %r]\n" % (self.dir, PKG_ROOT) + textwrap.dedent(body)
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+
+    def test_trainmeter_first_then_pytorch_lightning(self):
+        self.check("""
+            from trainmeter.integrations.lightning import TrainmeterCallback
+            import pytorch_lightning as pl
+            cb = TrainmeterCallback(tokens_per_batch=8)
+            assert isinstance(cb, pl.Callback), type(cb).__mro__
+            assert isinstance(cb, TrainmeterCallback)
+            assert type(cb).on_train_start is TrainmeterCallback.on_train_start  # our hooks, not the no-ops
+            assert cb.state_key == "TrainmeterCallback"
+            assert "lightning.pytorch" not in sys.modules  # the other flavour is not imported for nothing
+            import copy, pickle
+            for twin in (pickle.loads(pickle.dumps(cb)), copy.deepcopy(cb)):
+                assert isinstance(twin, pl.Callback) and twin.tokens_per_batch == 8, twin
+        """)
+
+    def test_lightning_first_and_both(self):
+        self.check("""
+            import lightning.pytorch as L
+            from trainmeter.integrations.lightning import TrainmeterCallback
+            assert isinstance(TrainmeterCallback(), L.Callback)
+            assert "pytorch_lightning" not in sys.modules
+            import pytorch_lightning as pl
+            cb = TrainmeterCallback()
+            assert isinstance(cb, L.Callback) and isinstance(cb, pl.Callback)
+        """)
+
+    def test_nothing_imported_yet(self):
+        self.check("""
+            from trainmeter.integrations.lightning import TrainmeterCallback
+            cb = TrainmeterCallback()  # imports the first Lightning found
+            import lightning.pytorch as L
+            assert isinstance(cb, L.Callback)
+        """)
 
 
 class TestImportLight(unittest.TestCase):

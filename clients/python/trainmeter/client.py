@@ -2,7 +2,7 @@
 
 A training loop reports run metadata, per-step token counts and timings, and
 evaluation results to the local trainmeter agent as newline-delimited JSON over
-a Unix stream socket (see "Trainer protocol" in DESIGN.md).
+a Unix stream socket (docs/protocol.md in the trainmeter repository).
 
 Guarantees:
 
@@ -10,7 +10,9 @@ Guarantees:
   ``step()`` / ``eval()`` build a small dict and ``put_nowait`` it on a bounded
   queue; all socket work happens on one daemon thread.
 * If the agent is absent, restarting, or not reading, events are dropped and
-  counted (``Run.stats()``), never buffered without bound.
+  counted (``Run.stats()``), never buffered without bound. An agent that cannot
+  be reached at the first try, or that answers run_start with an error, gets one
+  WARNING on the ``trainmeter`` logger (stderr when logging is not configured).
 * On every (re)connect the ``run_start`` event is sent first so the agent can
   (re)join the run.
 * ``end()`` flushes with a bounded wait (default 2 s) and then closes.
@@ -211,6 +213,7 @@ class Run:
         self._end_timeout = float(end_timeout)
         self._max_buffer = max(4096, int(max_buffer_bytes))
 
+        self._gpu_uuids = bool(gpu_uuids)
         self._start_event = self._build_run_start(metadata)
         self._start_line, removed = encode_event(self._start_event)
         # CUDA_VISIBLE_DEVICES -> GPU UUIDs (sent as "gpus") is resolved on the
@@ -243,6 +246,8 @@ class Run:
         self._errors: Deque[Dict[str, Any]] = collections.deque(maxlen=_KEEP_ERRORS)
         self._advice: Optional[Dict[str, Any]] = None
         self._stop = threading.Event()
+        self._connect_error: Optional[str] = None
+        self._warned_run_start = False
 
         if derived_id:
             log.info(
@@ -443,6 +448,22 @@ class Run:
                 v = _env_int(env)
                 if v is not None:
                     ev[key] = v
+        self._rank_gpu: Optional[int] = None
+        if "gpus" not in ev and "cuda_visible_devices" not in ev:
+            # torchrun leaves CUDA_VISIBLE_DEVICES unset: without a GPU named
+            # here the agent gives every rank every GPU of the node.
+            choice = _dist.rank_gpu(ev.get("local_rank"))
+            if choice is not None:
+                self._rank_gpu, why = choice
+                ev["gpus"] = [self._rank_gpu]
+                log.info(
+                    "trainmeter: run %s, local rank %s: reporting GPU %d (%s; no gpus= and no "
+                    "CUDA_VISIBLE_DEVICES); pass gpus=[...] to name others",
+                    self.run_id,
+                    ev.get("local_rank"),
+                    self._rank_gpu,
+                    why,
+                )
         return ev
 
     def _count_caller_drop(self) -> None:
@@ -463,6 +484,18 @@ class Run:
     # ---- sender thread
 
     def _resolve_gpus(self) -> None:
+        if self._rank_gpu is not None and self._gpu_uuids:
+            # The rank's CUDA index as a UUID where CUDA and NVML order
+            # provably agree; else the index stays (NVML order assumed).
+            try:
+                uuids = _dist.cuda_visible_gpu_uuids(str(self._rank_gpu), env={
+                    k: v for k, v in os.environ.items() if k == "CUDA_DEVICE_ORDER"})
+                if uuids:
+                    ev = dict(self._start_event)
+                    ev["gpus"] = uuids
+                    self._start_event, self._start_line = ev, encode_event(ev)[0]
+            except Exception:
+                log.debug("trainmeter: GPU UUID mapping failed", exc_info=True)
         if not self._map_gpus:
             return
         try:
@@ -522,6 +555,19 @@ class Run:
             conn = self._connect()
             if conn is None:
                 if not logged_absent:
+                    if self._connects == 0:
+                        # Otherwise the script exits 0 with no run recorded and
+                        # nothing said (a wrong socket path, no agent).
+                        _warn_once(
+                            ("unreachable", self.socket_path),
+                            "trainmeter: agent not reachable at %s (%s): run %s is not being measured; "
+                            "training goes on, steps are dropped until the agent answers "
+                            "(socket: start(socket_path=...) or $%s)",
+                            self.socket_path,
+                            self._connect_error or "no answer",
+                            self.run_id,
+                            ENV_SOCKET,
+                        )
                     log.debug("trainmeter: agent not reachable at %s; dropping events until it is", self.socket_path)
                     logged_absent = True
                 if self._wait_dropping(backoff):
@@ -555,7 +601,8 @@ class Run:
             s.settimeout(self._connect_timeout)
             s.connect(self.socket_path)
             s.setblocking(False)
-        except (OSError, ValueError):
+        except (OSError, ValueError) as e:
+            self._connect_error = getattr(e, "strerror", None) or str(e)
             if s is not None:
                 try:
                     s.close()
@@ -698,6 +745,19 @@ class Run:
             self._errors_from_agent += 1
             self._errors.append(msg)
             log.debug("trainmeter: agent error: %s (line %s)", msg.get("error"), msg.get("line"))
+            text = str(msg.get("error", ""))
+            # run_start is line 1 of every connection.
+            if (msg.get("line") == 1 or text.startswith("run_start")) and not self._warned_run_start:
+                self._warned_run_start = True
+                if text.startswith("run_start: joined run"):
+                    log.warning("trainmeter: agent: %s", text)
+                else:
+                    log.warning(
+                        "trainmeter: the agent refused run %s: %s; this process's steps are not measured "
+                        "(training goes on)",
+                        self.run_id,
+                        text,
+                    )
         elif kind == "advice":
             self._advice = msg
             log.debug("trainmeter: advice from agent: %s", msg)
@@ -711,6 +771,21 @@ class Run:
 
 
 _live_runs: "weakref.WeakSet[Run]" = weakref.WeakSet()
+
+_warned: set = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(key: Any, fmt: str, *args: Any) -> None:
+    """A WARNING on the ``trainmeter`` logger, once per process for ``key``.
+
+    With no logging configured, Python prints warnings to stderr, so a bare
+    script shows it; a sweep of many runs against a missing agent says it once."""
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    log.warning(fmt, *args)
 
 
 @atexit.register
@@ -746,5 +821,9 @@ def start(
     Every other keyword (model, dataset, backend, optimizer, batch_size,
     grad_accum, seq_len, precision, seed, notes, warmup_s, gpus, ...) is sent in
     ``run_start`` as is; keys whose value is None are left out.
+
+    ``resume=True`` continues a run that has ended; without it the agent
+    refuses an ended run id (see ``errors()``), so a script run twice with a
+    fixed ``run_id`` never reopens the first run by accident.
     """
     return Run(run_id=run_id, socket_path=socket_path, **kwargs)

@@ -20,12 +20,13 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 log = logging.getLogger("trainmeter")
 
-__all__ = ["rank_info", "derive_run_id", "cuda_visible_gpu_uuids", "gpu_table"]
+__all__ = ["rank_info", "rank_gpu", "derive_run_id", "cuda_visible_gpu_uuids", "gpu_table"]
 
 _NVIDIA_SMI_TIMEOUT_S = 2.0
 
@@ -50,6 +51,40 @@ def rank_info(env: Optional[Mapping[str, str]] = None) -> Dict[str, int]:
         if v is not None:
             out[key] = v
     return out
+
+
+def rank_gpu(local_rank: Any = None, env: Optional[Mapping[str, str]] = None) -> Optional[Tuple[int, str]]:
+    """The CUDA device index of this rank and where it came from, for a
+    distributed process that names no GPU; None for a single process.
+
+    Only a process with a local rank (``local_rank`` or ``LOCAL_RANK``, set by
+    torchrun, accelerate, deepspeed, Lightning) gets one: a single process may
+    use every GPU (``DataParallel``). The local rank is the device, as torchrun
+    expects, unless torch is already imported with CUDA initialised and its
+    current device was moved elsewhere (``torch.cuda.set_device``): then that
+    device. CUDA is never initialised here."""
+    env = os.environ if env is None else env
+    lr: Optional[int]
+    try:
+        lr = int(local_rank) if local_rank is not None and not isinstance(local_rank, bool) else _int(env, "LOCAL_RANK")
+    except (TypeError, ValueError):
+        lr = _int(env, "LOCAL_RANK")
+    if lr is None or lr < 0:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            cuda = torch.cuda
+            if cuda.is_available() and cuda.is_initialized():
+                cur = int(cuda.current_device())
+                # 0 is also what a rank that never called set_device sees.
+                if cur != lr and cur != 0:
+                    return cur, "torch.cuda.current_device()"
+                if cur == lr:
+                    return cur, "LOCAL_RANK=%d = torch.cuda.current_device()" % lr
+        except Exception:
+            log.debug("trainmeter: cannot read torch's current CUDA device", exc_info=True)
+    return lr, "LOCAL_RANK=%d" % lr
 
 
 # ---------------------------------------------------------------- shared run id

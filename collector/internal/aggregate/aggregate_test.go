@@ -491,3 +491,29 @@ func BenchmarkAddWindowManyNodes(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*nodes*secs), "ns/window")
 }
+
+// The agent re-sends a `trainmeter run` run's start (same node, same time)
+// with the fields the wrapped script's client filled in: they fill what the
+// run lacks and overwrite nothing; the same start from another node, or a
+// later one, changes nothing.
+func TestRepeatedStartFillsMissingMetadata(t *testing.T) {
+	s := New("r1")
+	s.AddStart("a", &trainmeterv1.RunStart{RunId: "r1", Time: ts(0), Metadata: &trainmeterv1.RunMetadata{Model: "cli-model"},
+		Labels: map[string]string{"team": "nlp"}})
+	s.AddWindow("a", &trainmeterv1.RunWindow{RunId: "r1", Start: ts(0), End: ts(1), CounterOk: true, EnergyCounterJ: 10})
+	s.AddStart("b", &trainmeterv1.RunStart{RunId: "r1", Time: ts(0), Metadata: &trainmeterv1.RunMetadata{Dataset: "from-b"}})
+	s.AddStart("a", &trainmeterv1.RunStart{RunId: "r1", Time: ts(5), Metadata: &trainmeterv1.RunMetadata{Dataset: "later"}})
+	s.AddStart("a", &trainmeterv1.RunStart{RunId: "r1", Time: ts(0), Params: 7e9, GpuName: "H100",
+		Metadata: &trainmeterv1.RunMetadata{Model: "sim-model", Dataset: "synthetic", BatchSize: 4, HasBatchSize: true},
+		Labels:   map[string]string{"team": "vision", "exp": "7"}})
+	m := s.Metadata
+	if m.Model != "cli-model" || m.Dataset != "synthetic" || !m.HasBatchSize || m.BatchSize != 4 {
+		t.Errorf("metadata %+v: want the first start's model, the filled dataset and batch size", m)
+	}
+	if s.Plan.Params != 7e9 || s.GPUName != "H100" || s.Plan.Labels["team"] != "nlp" || s.Plan.Labels["exp"] != "7" {
+		t.Errorf("params %d gpu %q labels %v", s.Plan.Params, s.GPUName, s.Plan.Labels)
+	}
+	if r := s.Report(Pricing{}); r.Ended || r.WallS != 1 {
+		t.Errorf("the repeated start moved the run: ended %v wall %v", r.Ended, r.WallS)
+	}
+}

@@ -155,3 +155,33 @@ func TestTariffAddedLaterPricesUnbookedEnergyAtDefault(t *testing.T) {
 	}
 	approx(t, "total = compute × priority (no multiplier configured)", r.GetTotalCostUsd(), 300.0/3600*2)
 }
+
+// TestReportOwnedHardware: node a's owned GPUs are priced from their
+// purchase, node b's from the catalog (mixed); without the catalog both are
+// amortized; energy cost and CO2 carry the PUE, energy_kWh does not.
+func TestReportOwnedHardware(t *testing.T) {
+	owned, err := cost.ParseOwnedHardware([]byte("pue: 1.5\nnodes: {a: {purchase_usd: 26280, lifetime_years: 3}}\ngpus: [{model: H100 SXM, purchase_usd: 8760, lifetime_years: 1}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Pricing{Owned: owned, PUE: owned.PUE, EnergyPricePerKWh: 0.2, GridGCO2PerKWh: 400, GPUPricePerHour: 9}
+	r := costRun(nil).Report(p)
+	// a: 26,280 / (3 × 8,760) = $1/GPU-hour; b: its H100's 8,760 / 8,760 = $1.
+	approx(t, "cost_usd", r.GetCostUsd(), 300.0/3600*1)
+	if r.GetPriceSource() != cost.SourceAmortized || r.GetGpuPriceSource() != cost.SourceAmortized || r.GetPue() != 1.5 {
+		t.Errorf("price_source %q gpu_price_source %q pue %v", r.GetPriceSource(), r.GetGpuPriceSource(), r.GetPue())
+	}
+	approx(t, "energy_kWh", r.GetEnergyKwh(), 2400/3.6e6)
+	approx(t, "energy_cost_usd", r.GetEnergyCostUsd(), 2400/3.6e6*1.5*0.2)
+	approx(t, "co2_kg", r.GetCo2Kg(), 2400/3.6e6*1.5*0.4)
+
+	p.Owned, _ = cost.ParseOwnedHardware([]byte("nodes: {a: {purchase_usd: 26280, lifetime_years: 3}}\n"))
+	r = costRun(nil).Report(p)
+	if r.GetPriceSource() != cost.SourceMixed {
+		t.Errorf("a amortized, b by the flag: price_source %q, want mixed", r.GetPriceSource())
+	}
+	p.Owned = nil
+	if r = costRun(nil).Report(p); r.GetPriceSource() != cost.SourceFlag || r.GetGpuPriceSource() != cost.SourceDefault {
+		t.Errorf("flag price: price_source %q gpu_price_source %q", r.GetPriceSource(), r.GetGpuPriceSource())
+	}
+}

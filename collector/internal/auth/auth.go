@@ -62,6 +62,7 @@ var methodRoles = map[string]Role{
 	trainmeterv1.QueryService_GetRun_FullMethodName:     RoleRead,
 	trainmeterv1.QueryService_ExportRuns_FullMethodName: RoleRead,
 	trainmeterv1.QueryService_ListNodes_FullMethodName:  RoleRead,
+	trainmeterv1.QueryService_Usage_FullMethodName:      RoleRead,
 	trainmeterv1.QueryService_DeleteRun_FullMethodName:  RoleAdmin,
 
 	trainmeterv1.RecommendService_Recommend_FullMethodName:         RoleRead,
@@ -71,9 +72,13 @@ var methodRoles = map[string]Role{
 	trainmeterv1.BudgetService_ListBudgets_FullMethodName:          RoleRead,
 	trainmeterv1.BudgetService_ListAlerts_FullMethodName:           RoleRead,
 	trainmeterv1.BudgetService_Forecast_FullMethodName:             RoleRead,
-	trainmeterv1.PriceService_ListPrices_FullMethodName:            RoleRead,
-	trainmeterv1.PriceService_FetchPrices_FullMethodName:           RoleAdmin,
-	trainmeterv1.PriceService_ImportPrices_FullMethodName:          RoleAdmin,
+	trainmeterv1.BudgetService_Estimate_FullMethodName:             RoleRead,
+	// Read, as `trainmeter run` holds the read token: PlanRun only plans
+	// runs the collector has not seen yet, so it cannot cap a running run.
+	trainmeterv1.BudgetService_PlanRun_FullMethodName:     RoleRead,
+	trainmeterv1.PriceService_ListPrices_FullMethodName:   RoleRead,
+	trainmeterv1.PriceService_FetchPrices_FullMethodName:  RoleAdmin,
+	trainmeterv1.PriceService_ImportPrices_FullMethodName: RoleAdmin,
 }
 
 // openPrefixes are services anyone may call.

@@ -24,6 +24,8 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/pkg/clock"
+	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -193,8 +195,13 @@ type Manager struct {
 
 	mu      sync.Mutex
 	use     []Use
-	stopped map[string]bool     // run\x00node already told to stop
-	changed map[string]struct{} // runs touched by batches since the last load
+	stopped map[string]bool // run\x00node already told to stop
+	// Runs capped by --max-cost: nodes told to stop (run\x00node), and
+	// runs that ended (not read again).
+	capStopped map[string]bool
+	capDone    map[string]bool
+	pricing    cost.Config
+	changed    map[string]struct{} // runs touched by batches since the last load
 
 	// The runs as last loaded (guarded by evalMu): only the runs batches
 	// touched are reloaded, and everything every FullReload (which also
@@ -224,7 +231,8 @@ func New(cfg Config, st Store, report func(*aggregate.State) *trainmeterv1.RunRe
 		log = slog.Default()
 	}
 	m := &Manager{cfg: cfg, store: st, report: report, advise: advise, rec: &Recorder{Store: st, Sink: sink}, log: log,
-		dirty: make(chan struct{}, 1), stopped: map[string]bool{}, changed: map[string]struct{}{}}
+		dirty: make(chan struct{}, 1), stopped: map[string]bool{}, changed: map[string]struct{}{},
+		capStopped: map[string]bool{}, capDone: map[string]bool{}}
 	m.MarkDirty()
 	return m
 }
@@ -494,6 +502,7 @@ func (m *Manager) statuses(budgets []Budget, runs []run) map[string][]*Status {
 func (m *Manager) Evaluate(ctx context.Context) error {
 	m.evalMu.Lock()
 	defer m.evalMu.Unlock()
+	capErr := m.evaluateCaps(ctx)
 	budgets, err := m.Budgets()
 	if err != nil || len(budgets) == 0 {
 		// Nothing to watch: forget the runs (a budget set later reads
@@ -503,7 +512,7 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 		m.mu.Unlock()
 		m.cache = nil
 		m.setUse(nil, nil)
-		return err
+		return errors.Join(capErr, err)
 	}
 	runs, err := m.runs()
 	if err != nil {
@@ -535,7 +544,7 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 		}
 	}
 	m.setUse(budgets, st)
-	return errors.Join(errs...)
+	return errors.Join(append(errs, capErr)...)
 }
 
 func (m *Manager) fire(ctx context.Context, s *Status, th float64, sev string, projected bool, v float64, now time.Time) error {
@@ -544,11 +553,13 @@ func (m *Manager) fire(ctx context.Context, s *Status, th float64, sev string, p
 		kind, what = "projected", "projected spend at completion"
 	}
 	key := fmt.Sprintf("%s/%s/%s/%s/%g", KindBudget, s.ID, s.PeriodKey, kind, th)
+	// `trainmeter budget` rounds the same way (pkg/money).
+	amounts := money.USDs(v, s.LimitUSD)
 	a := Alert{
 		Kind: KindBudget, Severity: sev, Scope: s.Scope, Period: s.Period, PeriodKey: s.PeriodKey, Threshold: th,
 		SpentUSD: v, BudgetUSD: s.LimitUSD, Projected: projected, Time: now, BudgetID: s.ID, RunIDs: s.runIDs[:min(len(s.runIDs), MaxAlertRunIDs)],
-		Message: fmt.Sprintf("budget %s (%s): %s $%.2f of $%.2f (%.0f%%) crossed %.0f%% [%s]",
-			s.Scope, periodLabel(s.Period, s.PeriodKey), what, v, s.LimitUSD, 100*v/s.LimitUSD, 100*th, sev),
+		Message: fmt.Sprintf("budget %s (%s): %s %s of %s (%.0f%%) crossed %.0f%% [%s]",
+			s.Scope, periodLabel(s.Period, s.PeriodKey), what, amounts[0], amounts[1], 100*v/s.LimitUSD, 100*th, sev),
 	}
 	fired, err := m.rec.Fire(ctx, key, a)
 	if fired {

@@ -3,10 +3,12 @@ package budget
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -59,9 +61,9 @@ func (s *Service) ListBudgets(context.Context, *trainmeterv1.ListBudgetsRequest)
 // ListAlerts implements BudgetService.
 func (s *Service) ListAlerts(_ context.Context, req *trainmeterv1.ListAlertsRequest) (*trainmeterv1.ListAlertsResponse, error) {
 	switch req.GetKind() {
-	case "", KindBudget, KindPrice:
+	case "", KindBudget, KindPrice, KindMaxCost:
 	default:
-		return nil, status.Errorf(codes.InvalidArgument, "alert kind %q: want budget or price", req.GetKind())
+		return nil, status.Errorf(codes.InvalidArgument, "alert kind %q: want budget, price or max-cost", req.GetKind())
 	}
 	alerts, err := s.m.Recorder().List(req.GetKind())
 	if err != nil {
@@ -88,7 +90,7 @@ func (s *Service) Forecast(_ context.Context, req *trainmeterv1.ForecastRequest)
 	}
 	resp := &trainmeterv1.ForecastResponse{
 		Model: f.Model, Runs: uint32(f.Runs), BasedOn: f.BasedOn, MeanRunUsd: f.MeanUSD, StddevRunUsd: f.StddevUSD,
-		ExpectedUsd: f.ExpectedUSD, StddevUsd: f.StddevSumUSD,
+		ExpectedUsd: f.ExpectedUSD, StddevUsd: f.StddevSumUSD, FailedLeftOut: uint32(f.FailedLeftOut),
 	}
 	if f.Budget != nil {
 		resp.HasBudget = true
@@ -96,4 +98,39 @@ func (s *Service) Forecast(_ context.Context, req *trainmeterv1.ForecastRequest)
 		resp.RemainingUsd, resp.OverageProbability = f.RemainingUSD, f.OverageProbability
 	}
 	return resp, nil
+}
+
+func estimateRequest(req *trainmeterv1.EstimateRequest) cost.EstimateRequest {
+	return cost.EstimateRequest{Model: req.GetModel(), Tokens: req.GetTokens(), GPU: req.GetGpu(), GPUs: req.GetGpus()}
+}
+
+// Estimate implements BudgetService.
+func (s *Service) Estimate(_ context.Context, req *trainmeterv1.EstimateRequest) (*trainmeterv1.EstimateResponse, error) {
+	e, err := s.m.Estimate(estimateRequest(req))
+	switch {
+	case errors.Is(err, cost.ErrNoEstimateHistory):
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	case err != nil && strings.Contains(err.Error(), "needs"):
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	case err != nil:
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &trainmeterv1.EstimateResponse{Estimate: e}, nil
+}
+
+// PlanRun implements BudgetService.
+func (s *Service) PlanRun(_ context.Context, req *trainmeterv1.PlanRunRequest) (*trainmeterv1.PlanRunResponse, error) {
+	var er *cost.EstimateRequest
+	if req.GetEstimate() != nil {
+		x := estimateRequest(req.GetEstimate())
+		er = &x
+	}
+	e, estErr, err := s.m.PlanRun(req.GetRunId(), req.GetMaxCostUsd(), er)
+	if errors.Is(err, ErrRunStarted) {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return &trainmeterv1.PlanRunResponse{Estimate: e, EstimateError: estErr}, nil
 }

@@ -138,7 +138,7 @@ func TestModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"model bert: 3 run(s)", "baseline bert-0 (70.00 points), best bert-1 (80.00 points", "bert-1", "compared with all models", "gpt"} {
+	for _, want := range []string{"model bert: 3 runs", "baseline bert-0 (70.00 points), best bert-1 (80.00 points", "bert-1", "compared with all models", "gpt"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("model table lacks %q:\n%s", want, out)
 		}
@@ -167,10 +167,11 @@ func TestReportJSON(t *testing.T) {
 			t.Errorf("%s = %v, want %v", k, got, want)
 		}
 	}
-	// Unknown figures are absent, not 0.
+	// Unknown figures are null, not 0, and present: every report has the
+	// same keys.
 	for _, k := range []string{"mfu", "flops_total", "usd_per_sample"} {
-		if _, ok := r[k]; ok {
-			t.Errorf("%s present: %v", k, r[k])
+		if v, ok := r[k]; !ok || v != nil {
+			t.Errorf("%s = %v (present %v), want null", k, v, ok)
 		}
 	}
 	if _, err := run(t, nil, "report", "nope", "--json", "--collector", addr); err == nil {
@@ -181,6 +182,10 @@ func TestReportJSON(t *testing.T) {
 func isFloat(v any) bool { _, ok := v.(float64); return ok }
 
 func TestServeCostFlagsAreValidated(t *testing.T) {
+	badOwned := filepath.Join(t.TempDir(), "owned.yaml")
+	if err := os.WriteFile(badOwned, []byte("gpus: [{model: H100, purchase_usd: 100, lifetime_years: 3, residual_usd: 200}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -189,6 +194,9 @@ func TestServeCostFlagsAreValidated(t *testing.T) {
 		{[]string{"--priority-multiplier", "high"}, "--priority-multiplier"},
 		{[]string{"--node-gpu-price", "n1=-2"}, "--node-gpu-price"},
 		{[]string{"--energy-included", "--energy-price-kwh", "0.2"}, "included"},
+		{[]string{"--owned-hardware", "/nonexistent.yaml"}, "--owned-hardware"},
+		{[]string{"--owned-hardware", badOwned}, "residual_usd 200 must be below purchase_usd 100"},
+		{[]string{"--pue", "0.7"}, "pue must be a finite number >= 1"},
 	} {
 		_, err := run(t, nil, append([]string{"serve", "--listen", "127.0.0.1:0", "--data", t.TempDir()}, tc.args...)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/csv"
 	"fmt"
+	"github.com/trainmeter/trainmeter/pkg/money"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -141,7 +142,7 @@ func writeUsageTable(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error
 	for _, r := range resp.GetRows() {
 		cost := "-"
 		if r.GetHasCost() {
-			cost = usd(r.GetCostUsd())
+			cost = money.USD(r.GetCostUsd())
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.6f\t%s\t%.1f%%\t%.1f%%\n", strings.Join(usageKeys(resp, r), "\t"), r.GetRuns(),
 			r.GetGpuSeconds()/3600, r.GetEnergyJ()/3.6e6, cost, 100*r.GetGpuShare(), 100*r.GetEnergyShare())

@@ -12,6 +12,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -22,6 +23,9 @@ type Store interface {
 	ListRuns(ids []string) ([]*aggregate.State, error)
 	Nodes() ([]*trainmeterv1.NodeStatus, error)
 	DeleteRun(id string) (int, error)
+	// DeleteLiveRun deletes a run that has not ended and drops its later
+	// data (a zombie otherwise: store/deleted.go).
+	DeleteLiveRun(id string) (int, error)
 }
 
 // Live tells which nodes have an open ingest stream (the ingest server).
@@ -35,6 +39,22 @@ type Server struct {
 	store   Store
 	live    Live
 	pricing aggregate.Pricing
+	plans   Plans
+}
+
+// Plans adds to a report what its run was started with (cost cap,
+// estimate): the budget manager.
+type Plans interface {
+	AttachPlan(r *trainmeterv1.RunReport)
+}
+
+// SetPlans sets where reports get their run's plan; call before serving.
+func (s *Server) SetPlans(p Plans) { s.plans = p }
+
+func (s *Server) attachPlan(r *trainmeterv1.RunReport) {
+	if s.plans != nil {
+		s.plans.AttachPlan(r)
+	}
 }
 
 // New returns a query server. live may be nil (no node is then connected).
@@ -46,7 +66,7 @@ func (s *Server) storeErr(err error) error {
 	var nf *store.NotFoundError
 	switch {
 	case errors.As(err, &nf):
-		return status.Errorf(codes.NotFound, "unknown run(s): %q", nf.IDs)
+		return status.Errorf(codes.NotFound, "unknown %s: %q", plural.Noun(int64(len(nf.IDs)), "run"), nf.IDs)
 	case errors.Is(err, store.ErrNotFound):
 		return status.Error(codes.NotFound, "run not found")
 	}
@@ -67,7 +87,9 @@ func (s *Server) reports(ids []string) ([]*trainmeterv1.RunReport, error) {
 	}
 	out := make([]*trainmeterv1.RunReport, 0, len(sts))
 	for _, st := range sts {
-		out = append(out, st.Report(s.pricing))
+		r := st.Report(s.pricing)
+		s.attachPlan(r)
+		out = append(out, r)
 	}
 	if err := s.setEfficiency(out, len(ids) == 0); err != nil {
 		return nil, err
@@ -106,6 +128,7 @@ func (s *Server) GetRun(_ context.Context, req *trainmeterv1.GetRunRequest) (*tr
 		return nil, s.storeErr(err)
 	}
 	r := st.Report(s.pricing)
+	s.attachPlan(r)
 	if err := s.setEfficiency([]*trainmeterv1.RunReport{r}, false); err != nil {
 		return nil, err
 	}
@@ -200,7 +223,19 @@ func (s *Server) DeleteRun(_ context.Context, req *trainmeterv1.DeleteRunRequest
 	if req.GetRunId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
 	}
-	n, err := s.store.DeleteRun(req.GetRunId())
+	st, err := s.store.GetRun(req.GetRunId())
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, s.storeErr(err)
+	}
+	del := s.store.DeleteRun
+	if err == nil && !st.Ended() {
+		if !req.GetForce() {
+			return nil, status.Errorf(codes.FailedPrecondition, "run %q is still running: wait for it to end, "+
+				"or delete-run --force to end it at the collector and delete it (data its agents send for it afterwards is dropped)", req.GetRunId())
+		}
+		del = s.store.DeleteLiveRun
+	}
+	n, err := del(req.GetRunId())
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
 	}

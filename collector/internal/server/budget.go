@@ -119,6 +119,7 @@ func (s *Server) startBudget(st *store.Store, ing *ingest.Server, gs *grpc.Serve
 	report := func(a *aggregate.State) *trainmeterv1.RunReport { return a.Report(pricing) }
 	p.manager = budget.New(budget.Config{EvalInterval: c.EvalInterval, Location: loc, Clock: c.Clock}, st, report, ing,
 		append(append(budget.Sinks{p.webhooks}, c.AlertSinks...), sinks...), s.log)
+	p.manager.SetPricing(pricing)
 	p.prices = pricewatch.New(pricewatch.Config{Interval: c.PriceFetchInterval, Clock: c.Clock}, c.provider(), st, p.manager.Recorder(), s.log)
 	if catalog != nil {
 		catalog.set(p.prices)

@@ -66,6 +66,10 @@ type Config struct {
 	EnergyIncluded      bool
 	NodeGPUPricePerHour map[string]float64
 	PriceCatalog        cost.PriceCatalog
+	// OwnedHardware prices owned GPUs from their purchase; PUE multiplies
+	// energy for its cost and CO2 (0: 1). See cost.Config.
+	OwnedHardware       *cost.OwnedHardware
+	PUE                 float64
 	PriorityMultipliers map[string]float64
 	// GCInterval is how often value-log GC runs; 0 disables it.
 	GCInterval time.Duration
@@ -142,6 +146,7 @@ func (c Config) Pricing() aggregate.Pricing {
 		GPUPricePerHour: c.GPUPricePerHour, EnergyPricePerKWh: c.EnergyPricePerKWh, GridGCO2PerKWh: c.GridGCO2PerKWh,
 		Tariff: c.Tariff, EnergyIncluded: c.EnergyIncluded, NodeGPUPricePerHour: c.NodeGPUPricePerHour,
 		Catalog: c.PriceCatalog, PriorityMultipliers: c.PriorityMultipliers,
+		Owned: c.OwnedHardware, PUE: c.PUE,
 	}
 }
 
@@ -264,6 +269,7 @@ func (s *Server) Start(ctx context.Context) error {
 		extraSinks = append(extraSinks, otelAlerts{tel})
 	}
 	bp := s.startBudget(st, ing, gs, pricing, catalog, extraSinks)
+	qs.SetPlans(bp.manager)
 	tel.SetBudgetSource(budgetUse{bp.manager})
 	tel.SetRecommendationSource(adv)
 	hs := health.NewServer()

@@ -42,6 +42,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -78,6 +79,7 @@ type Store struct {
 	aggs          *aggCache
 	nodes         *nodeCache
 	aggMu         sync.Mutex // held by the committer per group, and by DeleteRun
+	deleted       tombstones // runs deleted while live (deleted.go)
 
 	rawTTL, dedupTTL time.Duration // Options.RawRetention, DedupRetention
 }
@@ -151,6 +153,10 @@ func Open(dir string, o Options) (s *Store, err error) {
 	}
 	s = &Store{db: db, log: log, now: now, bands: o.EnergyBands, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, applyCh: make(chan *applyReq), quit: make(chan struct{}),
 		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize, db)}
+	if err := s.loadTombstones(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: read deleted runs: %w", err)
+	}
 	go s.committer()
 	return s, nil
 }
@@ -330,6 +336,7 @@ func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate 
 	// the committer's alone (commit.go).
 	unlock := s.lockRuns(node, nil)
 	defer unlock()
+	b = s.dropDeleted(b)
 	raw, err := rawRecords(node, b)
 	if err != nil {
 		return false, err
@@ -641,7 +648,9 @@ func (s *Store) GetRun(id string) (*aggregate.State, error) {
 // NotFoundError names the unknown run ids of a ListRuns call.
 type NotFoundError struct{ IDs []string }
 
-func (e *NotFoundError) Error() string { return fmt.Sprintf("unknown run(s): %q", e.IDs) }
+func (e *NotFoundError) Error() string {
+	return fmt.Sprintf("unknown %s: %q", plural.Noun(int64(len(e.IDs)), "run"), e.IDs)
+}
 
 // Unwrap makes errors.Is(err, ErrNotFound) true.
 func (e *NotFoundError) Unwrap() error { return ErrNotFound }

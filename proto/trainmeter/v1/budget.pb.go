@@ -497,7 +497,7 @@ func (x *ListBudgetsResponse) GetBudgets() []*BudgetStatus {
 type Alert struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	// "budget" or "price".
+	// "budget", "price" or "max-cost" (a run's cap; scope is the run id).
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	// info, warning, critical, exceeded (budget); info, warning (price).
 	Severity  string `protobuf:"bytes,3,opt,name=severity,proto3" json:"severity,omitempty"`
@@ -851,8 +851,12 @@ type ForecastResponse struct {
 	HasBudget    bool    `protobuf:"varint,12,opt,name=has_budget,json=hasBudget,proto3" json:"has_budget,omitempty"`
 	// P(cost of the N runs > remaining budget), normal approximation.
 	OverageProbability float64 `protobuf:"fixed64,13,opt,name=overage_probability,json=overageProbability,proto3" json:"overage_probability,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// --- run lifecycle (issue 15) ---
+	// The model's ended runs left out because they failed (end status
+	// error, exit N, signal NAME or lost).
+	FailedLeftOut uint32 `protobuf:"varint,14,opt,name=failed_left_out,json=failedLeftOut,proto3" json:"failed_left_out,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForecastResponse) Reset() {
@@ -976,11 +980,250 @@ func (x *ForecastResponse) GetOverageProbability() float64 {
 	return 0
 }
 
+func (x *ForecastResponse) GetFailedLeftOut() uint32 {
+	if x != nil {
+		return x.FailedLeftOut
+	}
+	return 0
+}
+
+// --- issue 16 item 5.
+type EstimateRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Model  string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Tokens uint64                 `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// The GPU to price ("": the past runs' own); its speed is only known when
+	// the model has past runs on it.
+	Gpu string `protobuf:"bytes,3,opt,name=gpu,proto3" json:"gpu,omitempty"`
+	// GPUs of the run (0: as many as the past runs used, their median).
+	Gpus          uint32 `protobuf:"varint,4,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EstimateRequest) Reset() {
+	*x = EstimateRequest{}
+	mi := &file_trainmeter_v1_budget_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EstimateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EstimateRequest) ProtoMessage() {}
+
+func (x *EstimateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_budget_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EstimateRequest.ProtoReflect.Descriptor instead.
+func (*EstimateRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_budget_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *EstimateRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *EstimateRequest) GetTokens() uint64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *EstimateRequest) GetGpu() string {
+	if x != nil {
+		return x.Gpu
+	}
+	return ""
+}
+
+func (x *EstimateRequest) GetGpus() uint32 {
+	if x != nil {
+		return x.Gpus
+	}
+	return 0
+}
+
+type EstimateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Estimate      *RunEstimate           `protobuf:"bytes,1,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EstimateResponse) Reset() {
+	*x = EstimateResponse{}
+	mi := &file_trainmeter_v1_budget_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EstimateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EstimateResponse) ProtoMessage() {}
+
+func (x *EstimateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_budget_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EstimateResponse.ProtoReflect.Descriptor instead.
+func (*EstimateResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_budget_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *EstimateResponse) GetEstimate() *RunEstimate {
+	if x != nil {
+		return x.Estimate
+	}
+	return nil
+}
+
+type PlanRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// 0: no cap.
+	MaxCostUsd float64 `protobuf:"fixed64,2,opt,name=max_cost_usd,json=maxCostUsd,proto3" json:"max_cost_usd,omitempty"`
+	// Set: estimate this run (model and tokens needed) and keep the estimate.
+	Estimate      *EstimateRequest `protobuf:"bytes,3,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlanRunRequest) Reset() {
+	*x = PlanRunRequest{}
+	mi := &file_trainmeter_v1_budget_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlanRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlanRunRequest) ProtoMessage() {}
+
+func (x *PlanRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_budget_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlanRunRequest.ProtoReflect.Descriptor instead.
+func (*PlanRunRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_budget_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *PlanRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *PlanRunRequest) GetMaxCostUsd() float64 {
+	if x != nil {
+		return x.MaxCostUsd
+	}
+	return 0
+}
+
+func (x *PlanRunRequest) GetEstimate() *EstimateRequest {
+	if x != nil {
+		return x.Estimate
+	}
+	return nil
+}
+
+type PlanRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The estimate kept with the run, unset when none was asked for or none
+	// could be made (estimate_error says why).
+	Estimate      *RunEstimate `protobuf:"bytes,1,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	EstimateError string       `protobuf:"bytes,2,opt,name=estimate_error,json=estimateError,proto3" json:"estimate_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlanRunResponse) Reset() {
+	*x = PlanRunResponse{}
+	mi := &file_trainmeter_v1_budget_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlanRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlanRunResponse) ProtoMessage() {}
+
+func (x *PlanRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_budget_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlanRunResponse.ProtoReflect.Descriptor instead.
+func (*PlanRunResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_budget_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *PlanRunResponse) GetEstimate() *RunEstimate {
+	if x != nil {
+		return x.Estimate
+	}
+	return nil
+}
+
+func (x *PlanRunResponse) GetEstimateError() string {
+	if x != nil {
+		return x.EstimateError
+	}
+	return ""
+}
+
 var File_trainmeter_v1_budget_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\n" +
-	"\x1atrainmeter/v1/budget.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb1\x01\n" +
+	"\x1atrainmeter/v1/budget.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19trainmeter/v1/query.proto\"\xb1\x01\n" +
 	"\x06Budget\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x16\n" +
@@ -1041,7 +1284,7 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\x0fForecastRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04runs\x18\x02 \x01(\rR\x04runs\x12\x18\n" +
-	"\ahistory\x18\x03 \x01(\rR\ahistory\"\xbd\x03\n" +
+	"\ahistory\x18\x03 \x01(\rR\ahistory\"\xe5\x03\n" +
 	"\x10ForecastResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04runs\x18\x02 \x01(\rR\x04runs\x12\x19\n" +
@@ -1060,14 +1303,32 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\rremaining_usd\x18\v \x01(\x01R\fremainingUsd\x12\x1d\n" +
 	"\n" +
 	"has_budget\x18\f \x01(\bR\thasBudget\x12/\n" +
-	"\x13overage_probability\x18\r \x01(\x01R\x12overageProbability2\xae\x03\n" +
+	"\x13overage_probability\x18\r \x01(\x01R\x12overageProbability\x12&\n" +
+	"\x0ffailed_left_out\x18\x0e \x01(\rR\rfailedLeftOut\"e\n" +
+	"\x0fEstimateRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
+	"\x06tokens\x18\x02 \x01(\x04R\x06tokens\x12\x10\n" +
+	"\x03gpu\x18\x03 \x01(\tR\x03gpu\x12\x12\n" +
+	"\x04gpus\x18\x04 \x01(\rR\x04gpus\"J\n" +
+	"\x10EstimateResponse\x126\n" +
+	"\bestimate\x18\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\"\x85\x01\n" +
+	"\x0ePlanRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12 \n" +
+	"\fmax_cost_usd\x18\x02 \x01(\x01R\n" +
+	"maxCostUsd\x12:\n" +
+	"\bestimate\x18\x03 \x01(\v2\x1e.trainmeter.v1.EstimateRequestR\bestimate\"p\n" +
+	"\x0fPlanRunResponse\x126\n" +
+	"\bestimate\x18\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\x12%\n" +
+	"\x0eestimate_error\x18\x02 \x01(\tR\restimateError2\xc5\x04\n" +
 	"\rBudgetService\x12N\n" +
 	"\tSetBudget\x12\x1f.trainmeter.v1.SetBudgetRequest\x1a .trainmeter.v1.SetBudgetResponse\x12W\n" +
 	"\fDeleteBudget\x12\".trainmeter.v1.DeleteBudgetRequest\x1a#.trainmeter.v1.DeleteBudgetResponse\x12T\n" +
 	"\vListBudgets\x12!.trainmeter.v1.ListBudgetsRequest\x1a\".trainmeter.v1.ListBudgetsResponse\x12Q\n" +
 	"\n" +
 	"ListAlerts\x12 .trainmeter.v1.ListAlertsRequest\x1a!.trainmeter.v1.ListAlertsResponse\x12K\n" +
-	"\bForecast\x12\x1e.trainmeter.v1.ForecastRequest\x1a\x1f.trainmeter.v1.ForecastResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
+	"\bForecast\x12\x1e.trainmeter.v1.ForecastRequest\x1a\x1f.trainmeter.v1.ForecastResponse\x12K\n" +
+	"\bEstimate\x12\x1e.trainmeter.v1.EstimateRequest\x1a\x1f.trainmeter.v1.EstimateResponse\x12H\n" +
+	"\aPlanRun\x12\x1d.trainmeter.v1.PlanRunRequest\x1a\x1e.trainmeter.v1.PlanRunResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
 
 var (
 	file_trainmeter_v1_budget_proto_rawDescOnce sync.Once
@@ -1081,7 +1342,7 @@ func file_trainmeter_v1_budget_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_budget_proto_rawDescData
 }
 
-var file_trainmeter_v1_budget_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_trainmeter_v1_budget_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_trainmeter_v1_budget_proto_goTypes = []any{
 	(*Budget)(nil),                // 0: trainmeter.v1.Budget
 	(*BudgetStatus)(nil),          // 1: trainmeter.v1.BudgetStatus
@@ -1096,30 +1357,42 @@ var file_trainmeter_v1_budget_proto_goTypes = []any{
 	(*ListAlertsResponse)(nil),    // 10: trainmeter.v1.ListAlertsResponse
 	(*ForecastRequest)(nil),       // 11: trainmeter.v1.ForecastRequest
 	(*ForecastResponse)(nil),      // 12: trainmeter.v1.ForecastResponse
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*EstimateRequest)(nil),       // 13: trainmeter.v1.EstimateRequest
+	(*EstimateResponse)(nil),      // 14: trainmeter.v1.EstimateResponse
+	(*PlanRunRequest)(nil),        // 15: trainmeter.v1.PlanRunRequest
+	(*PlanRunResponse)(nil),       // 16: trainmeter.v1.PlanRunResponse
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*RunEstimate)(nil),           // 18: trainmeter.v1.RunEstimate
 }
 var file_trainmeter_v1_budget_proto_depIdxs = []int32{
-	13, // 0: trainmeter.v1.Budget.created:type_name -> google.protobuf.Timestamp
+	17, // 0: trainmeter.v1.Budget.created:type_name -> google.protobuf.Timestamp
 	0,  // 1: trainmeter.v1.BudgetStatus.budget:type_name -> trainmeter.v1.Budget
 	0,  // 2: trainmeter.v1.SetBudgetResponse.budget:type_name -> trainmeter.v1.Budget
 	1,  // 3: trainmeter.v1.ListBudgetsResponse.budgets:type_name -> trainmeter.v1.BudgetStatus
-	13, // 4: trainmeter.v1.Alert.time:type_name -> google.protobuf.Timestamp
+	17, // 4: trainmeter.v1.Alert.time:type_name -> google.protobuf.Timestamp
 	8,  // 5: trainmeter.v1.ListAlertsResponse.alerts:type_name -> trainmeter.v1.Alert
-	2,  // 6: trainmeter.v1.BudgetService.SetBudget:input_type -> trainmeter.v1.SetBudgetRequest
-	4,  // 7: trainmeter.v1.BudgetService.DeleteBudget:input_type -> trainmeter.v1.DeleteBudgetRequest
-	6,  // 8: trainmeter.v1.BudgetService.ListBudgets:input_type -> trainmeter.v1.ListBudgetsRequest
-	9,  // 9: trainmeter.v1.BudgetService.ListAlerts:input_type -> trainmeter.v1.ListAlertsRequest
-	11, // 10: trainmeter.v1.BudgetService.Forecast:input_type -> trainmeter.v1.ForecastRequest
-	3,  // 11: trainmeter.v1.BudgetService.SetBudget:output_type -> trainmeter.v1.SetBudgetResponse
-	5,  // 12: trainmeter.v1.BudgetService.DeleteBudget:output_type -> trainmeter.v1.DeleteBudgetResponse
-	7,  // 13: trainmeter.v1.BudgetService.ListBudgets:output_type -> trainmeter.v1.ListBudgetsResponse
-	10, // 14: trainmeter.v1.BudgetService.ListAlerts:output_type -> trainmeter.v1.ListAlertsResponse
-	12, // 15: trainmeter.v1.BudgetService.Forecast:output_type -> trainmeter.v1.ForecastResponse
-	11, // [11:16] is the sub-list for method output_type
-	6,  // [6:11] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	18, // 6: trainmeter.v1.EstimateResponse.estimate:type_name -> trainmeter.v1.RunEstimate
+	13, // 7: trainmeter.v1.PlanRunRequest.estimate:type_name -> trainmeter.v1.EstimateRequest
+	18, // 8: trainmeter.v1.PlanRunResponse.estimate:type_name -> trainmeter.v1.RunEstimate
+	2,  // 9: trainmeter.v1.BudgetService.SetBudget:input_type -> trainmeter.v1.SetBudgetRequest
+	4,  // 10: trainmeter.v1.BudgetService.DeleteBudget:input_type -> trainmeter.v1.DeleteBudgetRequest
+	6,  // 11: trainmeter.v1.BudgetService.ListBudgets:input_type -> trainmeter.v1.ListBudgetsRequest
+	9,  // 12: trainmeter.v1.BudgetService.ListAlerts:input_type -> trainmeter.v1.ListAlertsRequest
+	11, // 13: trainmeter.v1.BudgetService.Forecast:input_type -> trainmeter.v1.ForecastRequest
+	13, // 14: trainmeter.v1.BudgetService.Estimate:input_type -> trainmeter.v1.EstimateRequest
+	15, // 15: trainmeter.v1.BudgetService.PlanRun:input_type -> trainmeter.v1.PlanRunRequest
+	3,  // 16: trainmeter.v1.BudgetService.SetBudget:output_type -> trainmeter.v1.SetBudgetResponse
+	5,  // 17: trainmeter.v1.BudgetService.DeleteBudget:output_type -> trainmeter.v1.DeleteBudgetResponse
+	7,  // 18: trainmeter.v1.BudgetService.ListBudgets:output_type -> trainmeter.v1.ListBudgetsResponse
+	10, // 19: trainmeter.v1.BudgetService.ListAlerts:output_type -> trainmeter.v1.ListAlertsResponse
+	12, // 20: trainmeter.v1.BudgetService.Forecast:output_type -> trainmeter.v1.ForecastResponse
+	14, // 21: trainmeter.v1.BudgetService.Estimate:output_type -> trainmeter.v1.EstimateResponse
+	16, // 22: trainmeter.v1.BudgetService.PlanRun:output_type -> trainmeter.v1.PlanRunResponse
+	16, // [16:23] is the sub-list for method output_type
+	9,  // [9:16] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_budget_proto_init() }
@@ -1127,13 +1400,14 @@ func file_trainmeter_v1_budget_proto_init() {
 	if File_trainmeter_v1_budget_proto != nil {
 		return
 	}
+	file_trainmeter_v1_query_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_budget_proto_rawDesc), len(file_trainmeter_v1_budget_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

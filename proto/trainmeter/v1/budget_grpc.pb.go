@@ -24,6 +24,8 @@ const (
 	BudgetService_ListBudgets_FullMethodName  = "/trainmeter.v1.BudgetService/ListBudgets"
 	BudgetService_ListAlerts_FullMethodName   = "/trainmeter.v1.BudgetService/ListAlerts"
 	BudgetService_Forecast_FullMethodName     = "/trainmeter.v1.BudgetService/Forecast"
+	BudgetService_Estimate_FullMethodName     = "/trainmeter.v1.BudgetService/Estimate"
+	BudgetService_PlanRun_FullMethodName      = "/trainmeter.v1.BudgetService/PlanRun"
 )
 
 // BudgetServiceClient is the client API for BudgetService service.
@@ -43,6 +45,14 @@ type BudgetServiceClient interface {
 	ListAlerts(ctx context.Context, in *ListAlertsRequest, opts ...grpc.CallOption) (*ListAlertsResponse, error)
 	// Forecast estimates the cost of N more runs of a model.
 	Forecast(ctx context.Context, in *ForecastRequest, opts ...grpc.CallOption) (*ForecastResponse, error)
+	// --- issue 16 item 5.
+	// Estimate gives the time, energy and cost of a run of a model over N
+	// tokens from the model's past runs (docs/costs.md).
+	Estimate(ctx context.Context, in *EstimateRequest, opts ...grpc.CallOption) (*EstimateResponse, error)
+	// PlanRun stores, for a run about to start, its cost cap (the collector
+	// tells its ranks to stop and raises a "max-cost" alert when its total
+	// cost reaches it) and the estimate it starts with (shown in its report).
+	PlanRun(ctx context.Context, in *PlanRunRequest, opts ...grpc.CallOption) (*PlanRunResponse, error)
 }
 
 type budgetServiceClient struct {
@@ -103,6 +113,26 @@ func (c *budgetServiceClient) Forecast(ctx context.Context, in *ForecastRequest,
 	return out, nil
 }
 
+func (c *budgetServiceClient) Estimate(ctx context.Context, in *EstimateRequest, opts ...grpc.CallOption) (*EstimateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EstimateResponse)
+	err := c.cc.Invoke(ctx, BudgetService_Estimate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *budgetServiceClient) PlanRun(ctx context.Context, in *PlanRunRequest, opts ...grpc.CallOption) (*PlanRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PlanRunResponse)
+	err := c.cc.Invoke(ctx, BudgetService_PlanRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BudgetServiceServer is the server API for BudgetService service.
 // All implementations must embed UnimplementedBudgetServiceServer
 // for forward compatibility.
@@ -120,6 +150,14 @@ type BudgetServiceServer interface {
 	ListAlerts(context.Context, *ListAlertsRequest) (*ListAlertsResponse, error)
 	// Forecast estimates the cost of N more runs of a model.
 	Forecast(context.Context, *ForecastRequest) (*ForecastResponse, error)
+	// --- issue 16 item 5.
+	// Estimate gives the time, energy and cost of a run of a model over N
+	// tokens from the model's past runs (docs/costs.md).
+	Estimate(context.Context, *EstimateRequest) (*EstimateResponse, error)
+	// PlanRun stores, for a run about to start, its cost cap (the collector
+	// tells its ranks to stop and raises a "max-cost" alert when its total
+	// cost reaches it) and the estimate it starts with (shown in its report).
+	PlanRun(context.Context, *PlanRunRequest) (*PlanRunResponse, error)
 	mustEmbedUnimplementedBudgetServiceServer()
 }
 
@@ -144,6 +182,12 @@ func (UnimplementedBudgetServiceServer) ListAlerts(context.Context, *ListAlertsR
 }
 func (UnimplementedBudgetServiceServer) Forecast(context.Context, *ForecastRequest) (*ForecastResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Forecast not implemented")
+}
+func (UnimplementedBudgetServiceServer) Estimate(context.Context, *EstimateRequest) (*EstimateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Estimate not implemented")
+}
+func (UnimplementedBudgetServiceServer) PlanRun(context.Context, *PlanRunRequest) (*PlanRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PlanRun not implemented")
 }
 func (UnimplementedBudgetServiceServer) mustEmbedUnimplementedBudgetServiceServer() {}
 func (UnimplementedBudgetServiceServer) testEmbeddedByValue()                       {}
@@ -256,6 +300,42 @@ func _BudgetService_Forecast_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BudgetService_Estimate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EstimateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BudgetServiceServer).Estimate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BudgetService_Estimate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BudgetServiceServer).Estimate(ctx, req.(*EstimateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BudgetService_PlanRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PlanRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BudgetServiceServer).PlanRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BudgetService_PlanRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BudgetServiceServer).PlanRun(ctx, req.(*PlanRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BudgetService_ServiceDesc is the grpc.ServiceDesc for BudgetService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -282,6 +362,14 @@ var BudgetService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Forecast",
 			Handler:    _BudgetService_Forecast_Handler,
+		},
+		{
+			MethodName: "Estimate",
+			Handler:    _BudgetService_Estimate_Handler,
+		},
+		{
+			MethodName: "PlanRun",
+			Handler:    _BudgetService_PlanRun_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

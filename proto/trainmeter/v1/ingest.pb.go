@@ -1536,9 +1536,14 @@ type RunStart struct {
 	TargetGpuUtilization float64 `protobuf:"fixed64,21,opt,name=target_gpu_utilization,json=targetGpuUtilization,proto3" json:"target_gpu_utilization,omitempty"`
 	MaxRamUsage          float64 `protobuf:"fixed64,22,opt,name=max_ram_usage,json=maxRamUsage,proto3" json:"max_ram_usage,omitempty"`
 	AdjustmentInterval   uint64  `protobuf:"varint,23,opt,name=adjustment_interval,json=adjustmentInterval,proto3" json:"adjustment_interval,omitempty"`
+	// --- run lifecycle (issue 15) ---
+	// The trainer asked to resume a run that had ended (resume=true /
+	// trainmeter run --resume): the time between the run's end and this
+	// run_start is a pause, excluded from every rate (docs/measurement.md).
+	Resume bool `protobuf:"varint,24,opt,name=resume,proto3" json:"resume,omitempty"`
 	// --- issue 16 (i16-share): who ran it ---
 	// The user name of uid on the agent's host ("" when it has none).
-	User          string `protobuf:"bytes,24,opt,name=user,proto3" json:"user,omitempty"`
+	User          string `protobuf:"bytes,25,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1734,6 +1739,13 @@ func (x *RunStart) GetAdjustmentInterval() uint64 {
 	return 0
 }
 
+func (x *RunStart) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
+}
+
 func (x *RunStart) GetUser() string {
 	if x != nil {
 		return x.User
@@ -1892,11 +1904,17 @@ func (x *RunMetadata) GetHasSeed() bool {
 // RunEnd is sent when the last rank on the node ended the run. warmup_end is
 // when this node's warmup ended (unset if the run ended inside warmup).
 type RunEnd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Time          *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
-	WarmupEnd     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=warmup_end,json=warmupEnd,proto3" json:"warmup_end,omitempty"`
-	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RunId     string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Time      *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	WarmupEnd *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=warmup_end,json=warmupEnd,proto3" json:"warmup_end,omitempty"`
+	Reason    string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// --- run lifecycle (issue 15) ---
+	// How the run ended on this node, one of: ok, error, exit N, signal NAME,
+	// stopped: <cause> (budget, max-cost, ...), lost (no rank ended it:
+	// trainers vanished, or the agent's restart grace expired). Empty from
+	// agents before this field.
+	EndStatus     string `protobuf:"bytes,5,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1959,6 +1977,13 @@ func (x *RunEnd) GetReason() string {
 	return ""
 }
 
+func (x *RunEnd) GetEndStatus() string {
+	if x != nil {
+		return x.EndStatus
+	}
+	return ""
+}
+
 type Eval struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
@@ -1971,7 +1996,14 @@ type Eval struct {
 	HasAccuracy bool    `protobuf:"varint,7,opt,name=has_accuracy,json=hasAccuracy,proto3" json:"has_accuracy,omitempty"`
 	// The trainer sent an epoch (an eval without one is still an epoch
 	// boundary for the dataloader advisor, never a duplicate of epoch 0).
-	HasEpoch      bool `protobuf:"varint,8,opt,name=has_epoch,json=hasEpoch,proto3" json:"has_epoch,omitempty"`
+	HasEpoch bool `protobuf:"varint,8,opt,name=has_epoch,json=hasEpoch,proto3" json:"has_epoch,omitempty"`
+	// --- i15-display: per-epoch step counts (issue 15 item 6); numbered from
+	// 300, clear of other branches' additions.
+	// Step events the sending rank had reported in the run when it sent the
+	// eval (0: none, or an agent before this field). The difference between
+	// two evals is the epoch's steps exactly, where the 1 s windows would put
+	// the steps of the eval's second in the wrong epoch.
+	RankSteps     uint64 `protobuf:"varint,300,opt,name=rank_steps,json=rankSteps,proto3" json:"rank_steps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2060,6 +2092,13 @@ func (x *Eval) GetHasEpoch() bool {
 		return x.HasEpoch
 	}
 	return false
+}
+
+func (x *Eval) GetRankSteps() uint64 {
+	if x != nil {
+		return x.RankSteps
+	}
+	return 0
 }
 
 type HostWindow struct {
@@ -2646,7 +2685,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\trun_start\x18\x01 \x01(\v2\x17.trainmeter.v1.RunStartH\x00R\brunStart\x120\n" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
 	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04evalB\a\n" +
-	"\x05event\"\x96\a\n" +
+	"\x05event\"\xae\a\n" +
 	"\bRunStart\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x126\n" +
@@ -2672,8 +2711,9 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\fdataset_size\x18\x14 \x01(\x04R\vdatasetSize\x124\n" +
 	"\x16target_gpu_utilization\x18\x15 \x01(\x01R\x14targetGpuUtilization\x12\"\n" +
 	"\rmax_ram_usage\x18\x16 \x01(\x01R\vmaxRamUsage\x12/\n" +
-	"\x13adjustment_interval\x18\x17 \x01(\x04R\x12adjustmentInterval\x12\x12\n" +
-	"\x04user\x18\x18 \x01(\tR\x04user\x1a9\n" +
+	"\x13adjustment_interval\x18\x17 \x01(\x04R\x12adjustmentInterval\x12\x16\n" +
+	"\x06resume\x18\x18 \x01(\bR\x06resume\x12\x12\n" +
+	"\x04user\x18\x19 \x01(\tR\x04user\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\x03\n" +
@@ -2694,13 +2734,15 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x0ehas_batch_size\x18\v \x01(\bR\fhasBatchSize\x12$\n" +
 	"\x0ehas_grad_accum\x18\f \x01(\bR\fhasGradAccum\x12\x1e\n" +
 	"\vhas_seq_len\x18\r \x01(\bR\thasSeqLen\x12\x19\n" +
-	"\bhas_seed\x18\x0e \x01(\bR\ahasSeed\"\xa2\x01\n" +
+	"\bhas_seed\x18\x0e \x01(\bR\ahasSeed\"\xc1\x01\n" +
 	"\x06RunEnd\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x129\n" +
 	"\n" +
 	"warmup_end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xfc\x01\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"end_status\x18\x05 \x01(\tR\tendStatus\"\x9c\x02\n" +
 	"\x04Eval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
@@ -2710,7 +2752,9 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\fhas_val_loss\x18\x06 \x01(\bR\n" +
 	"hasValLoss\x12!\n" +
 	"\fhas_accuracy\x18\a \x01(\bR\vhasAccuracy\x12\x1b\n" +
-	"\thas_epoch\x18\b \x01(\bR\bhasEpoch\"\x94\x01\n" +
+	"\thas_epoch\x18\b \x01(\bR\bhasEpoch\x12\x1e\n" +
+	"\n" +
+	"rank_steps\x18\xac\x02 \x01(\x04R\trankSteps\"\x94\x01\n" +
 	"\n" +
 	"HostWindow\x12&\n" +
 	"\x0fmemory_used_mib\x18\x01 \x01(\x01R\rmemoryUsedMib\x12(\n" +

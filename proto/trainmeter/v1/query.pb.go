@@ -634,8 +634,13 @@ func (x *ExportRunsResponse) GetRun() *RunReport {
 }
 
 type DeleteRunRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// --- run lifecycle (issue 15) ---
+	// Delete a run that has not ended: the collector ends it first (end
+	// status "stopped: deleted") and drops data of the run that arrives
+	// afterwards. Without force a live run is refused.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -675,6 +680,13 @@ func (x *DeleteRunRequest) GetRunId() string {
 		return x.RunId
 	}
 	return ""
+}
+
+func (x *DeleteRunRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type DeleteRunResponse struct {
@@ -987,13 +999,46 @@ type RunReport struct {
 	// shared_gpu_s the GPU-seconds (wall time x GPUs) it spent on a GPU with
 	// other runs; max_sharing_runs the most runs (it included) on one of its
 	// GPUs at once. Its energy_* and gpu_hours are its share (docs/measurement.md).
-	GpuShareMethod string  `protobuf:"bytes,73,opt,name=gpu_share_method,json=gpuShareMethod,proto3" json:"gpu_share_method,omitempty"`
-	SharedGpuS     float64 `protobuf:"fixed64,74,opt,name=shared_gpu_s,json=sharedGpuS,proto3" json:"shared_gpu_s,omitempty"`
-	MaxSharingRuns uint32  `protobuf:"varint,75,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
+	GpuShareMethod string  `protobuf:"bytes,76,opt,name=gpu_share_method,json=gpuShareMethod,proto3" json:"gpu_share_method,omitempty"`
+	SharedGpuS     float64 `protobuf:"fixed64,77,opt,name=shared_gpu_s,json=sharedGpuS,proto3" json:"shared_gpu_s,omitempty"`
+	MaxSharingRuns uint32  `protobuf:"varint,78,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
 	// The user that started the run on its first node (uid; name on that host).
-	User          string `protobuf:"bytes,76,opt,name=user,proto3" json:"user,omitempty"`
-	Uid           uint32 `protobuf:"varint,77,opt,name=uid,proto3" json:"uid,omitempty"`
-	HasUid        bool   `protobuf:"varint,78,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
+	User   string `protobuf:"bytes,79,opt,name=user,proto3" json:"user,omitempty"`
+	Uid    uint32 `protobuf:"varint,80,opt,name=uid,proto3" json:"uid,omitempty"`
+	HasUid bool   `protobuf:"varint,81,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
+	// --- run lifecycle (issue 15) ---
+	// How the run ended (RunEnd.end_status; across nodes, the first that is
+	// not ok). "" while the run is live; "ended" for a run whose agents sent
+	// no status (before this field).
+	EndStatus string `protobuf:"bytes,73,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
+	// Seconds between an end and a resume, excluded from wall_s, warmup_s and
+	// every rate (docs/measurement.md). 0 for a run never resumed.
+	PausedS float64 `protobuf:"fixed64,74,opt,name=paused_s,json=pausedS,proto3" json:"paused_s,omitempty"`
+	Resumes uint32  `protobuf:"varint,75,opt,name=resumes,proto3" json:"resumes,omitempty"`
+	// --- i15-display: whole-run power (issue 15 item 3). Numbered from 300
+	// so that fields other branches append after 72 do not collide.
+	// energy_total_j / wall_s: warmup included, all of the run's GPUs (0 when
+	// wall_s is 0).
+	AvgPowerTotalW float64 `protobuf:"fixed64,300,opt,name=avg_power_total_w,json=avgPowerTotalW,proto3" json:"avg_power_total_w,omitempty"`
+	// Highest power of the run's GPUs summed over one tick, warmup included
+	// (peak_power_w is after warmup only). On several nodes, the warmup's part
+	// sums each node's warmup peak: an upper bound.
+	PeakPowerTotalW float64 `protobuf:"fixed64,301,opt,name=peak_power_total_w,json=peakPowerTotalW,proto3" json:"peak_power_total_w,omitempty"`
+	// --- issue 16 items 4-5 (owned hardware, estimate and cost cap). Numbered
+	// from 200 so that fields other branches append after 72 do not collide.
+	// Where the GPU-hour price came from: run_start, node, amortized, catalog,
+	// flag (--gpu-price-per-hour), mixed (nodes priced differently), or ""
+	// (no price). gpu_price_source says the same, with "default" for "flag".
+	PriceSource string `protobuf:"bytes,200,opt,name=price_source,json=priceSource,proto3" json:"price_source,omitempty"`
+	// The PUE that multiplied the run's energy for energy cost and CO2 (1:
+	// none configured).
+	Pue float64 `protobuf:"fixed64,201,opt,name=pue,proto3" json:"pue,omitempty"`
+	// The cap `trainmeter run --max-cost` set on the run's total cost, USD.
+	MaxCostUsd *float64 `protobuf:"fixed64,202,opt,name=max_cost_usd,json=maxCostUsd,proto3,oneof" json:"max_cost_usd,omitempty"`
+	// The estimate the run was started with (`trainmeter run --tokens`).
+	Estimate *RunEstimate `protobuf:"bytes,203,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	// Why no estimate could be made at start, when one was asked for.
+	EstimateError string `protobuf:"bytes,204,opt,name=estimate_error,json=estimateError,proto3" json:"estimate_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1574,6 +1619,327 @@ func (x *RunReport) GetHasUid() bool {
 	return false
 }
 
+func (x *RunReport) GetEndStatus() string {
+	if x != nil {
+		return x.EndStatus
+	}
+	return ""
+}
+
+func (x *RunReport) GetPausedS() float64 {
+	if x != nil {
+		return x.PausedS
+	}
+	return 0
+}
+
+func (x *RunReport) GetResumes() uint32 {
+	if x != nil {
+		return x.Resumes
+	}
+	return 0
+}
+
+func (x *RunReport) GetAvgPowerTotalW() float64 {
+	if x != nil {
+		return x.AvgPowerTotalW
+	}
+	return 0
+}
+
+func (x *RunReport) GetPeakPowerTotalW() float64 {
+	if x != nil {
+		return x.PeakPowerTotalW
+	}
+	return 0
+}
+
+func (x *RunReport) GetPriceSource() string {
+	if x != nil {
+		return x.PriceSource
+	}
+	return ""
+}
+
+func (x *RunReport) GetPue() float64 {
+	if x != nil {
+		return x.Pue
+	}
+	return 0
+}
+
+func (x *RunReport) GetMaxCostUsd() float64 {
+	if x != nil && x.MaxCostUsd != nil {
+		return *x.MaxCostUsd
+	}
+	return 0
+}
+
+func (x *RunReport) GetEstimate() *RunEstimate {
+	if x != nil {
+		return x.Estimate
+	}
+	return nil
+}
+
+func (x *RunReport) GetEstimateError() string {
+	if x != nil {
+		return x.EstimateError
+	}
+	return ""
+}
+
+// Range is a figure with its uncertainty band: mid is the median of the
+// past runs' figure, low and high the best and worst of them.
+type Range struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Low           float64                `protobuf:"fixed64,1,opt,name=low,proto3" json:"low,omitempty"`
+	Mid           float64                `protobuf:"fixed64,2,opt,name=mid,proto3" json:"mid,omitempty"`
+	High          float64                `protobuf:"fixed64,3,opt,name=high,proto3" json:"high,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Range) Reset() {
+	*x = Range{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Range) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Range) ProtoMessage() {}
+
+func (x *Range) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Range.ProtoReflect.Descriptor instead.
+func (*Range) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *Range) GetLow() float64 {
+	if x != nil {
+		return x.Low
+	}
+	return 0
+}
+
+func (x *Range) GetMid() float64 {
+	if x != nil {
+		return x.Mid
+	}
+	return 0
+}
+
+func (x *Range) GetHigh() float64 {
+	if x != nil {
+		return x.High
+	}
+	return 0
+}
+
+// RunEstimate is the time, energy and cost of a run of a model over a
+// number of tokens, from that model's past runs (docs/costs.md).
+type RunEstimate struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Model  string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Tokens uint64                 `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// The GPU priced ("" = the one the past runs ran on) and how many.
+	Gpu  string `protobuf:"bytes,3,opt,name=gpu,proto3" json:"gpu,omitempty"`
+	Gpus uint32 `protobuf:"varint,4,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	// The ended runs the figures come from.
+	BasedOn []string `protobuf:"bytes,5,rep,name=based_on,json=basedOn,proto3" json:"based_on,omitempty"`
+	// The GPU model(s) the past runs' speed and energy were measured on.
+	MeasuredOn string `protobuf:"bytes,6,opt,name=measured_on,json=measuredOn,proto3" json:"measured_on,omitempty"`
+	// The past runs ran on the GPU asked for (false: only the price is that
+	// GPU's; its speed is not modelled).
+	SameGpu bool `protobuf:"varint,7,opt,name=same_gpu,json=sameGpu,proto3" json:"same_gpu,omitempty"`
+	// Whole-run figures, warmup included.
+	WallS           *Range  `protobuf:"bytes,8,opt,name=wall_s,json=wallS,proto3" json:"wall_s,omitempty"`
+	GpuHours        *Range  `protobuf:"bytes,9,opt,name=gpu_hours,json=gpuHours,proto3" json:"gpu_hours,omitempty"`
+	EnergyKwh       *Range  `protobuf:"bytes,10,opt,name=energy_kwh,json=energyKwh,proto3" json:"energy_kwh,omitempty"`
+	CostUsd         *Range  `protobuf:"bytes,11,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	HasCost         bool    `protobuf:"varint,12,opt,name=has_cost,json=hasCost,proto3" json:"has_cost,omitempty"`
+	GpuPricePerHour float64 `protobuf:"fixed64,13,opt,name=gpu_price_per_hour,json=gpuPricePerHour,proto3" json:"gpu_price_per_hour,omitempty"`
+	PriceSource     string  `protobuf:"bytes,14,opt,name=price_source,json=priceSource,proto3" json:"price_source,omitempty"`
+	HasEnergyCost   bool    `protobuf:"varint,15,opt,name=has_energy_cost,json=hasEnergyCost,proto3" json:"has_energy_cost,omitempty"`
+	Pue             float64 `protobuf:"fixed64,16,opt,name=pue,proto3" json:"pue,omitempty"`
+	// Caveats in words (a different GPU, a single past run).
+	Notes         []string               `protobuf:"bytes,17,rep,name=notes,proto3" json:"notes,omitempty"`
+	Made          *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=made,proto3" json:"made,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunEstimate) Reset() {
+	*x = RunEstimate{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunEstimate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunEstimate) ProtoMessage() {}
+
+func (x *RunEstimate) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunEstimate.ProtoReflect.Descriptor instead.
+func (*RunEstimate) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RunEstimate) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *RunEstimate) GetTokens() uint64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *RunEstimate) GetGpu() string {
+	if x != nil {
+		return x.Gpu
+	}
+	return ""
+}
+
+func (x *RunEstimate) GetGpus() uint32 {
+	if x != nil {
+		return x.Gpus
+	}
+	return 0
+}
+
+func (x *RunEstimate) GetBasedOn() []string {
+	if x != nil {
+		return x.BasedOn
+	}
+	return nil
+}
+
+func (x *RunEstimate) GetMeasuredOn() string {
+	if x != nil {
+		return x.MeasuredOn
+	}
+	return ""
+}
+
+func (x *RunEstimate) GetSameGpu() bool {
+	if x != nil {
+		return x.SameGpu
+	}
+	return false
+}
+
+func (x *RunEstimate) GetWallS() *Range {
+	if x != nil {
+		return x.WallS
+	}
+	return nil
+}
+
+func (x *RunEstimate) GetGpuHours() *Range {
+	if x != nil {
+		return x.GpuHours
+	}
+	return nil
+}
+
+func (x *RunEstimate) GetEnergyKwh() *Range {
+	if x != nil {
+		return x.EnergyKwh
+	}
+	return nil
+}
+
+func (x *RunEstimate) GetCostUsd() *Range {
+	if x != nil {
+		return x.CostUsd
+	}
+	return nil
+}
+
+func (x *RunEstimate) GetHasCost() bool {
+	if x != nil {
+		return x.HasCost
+	}
+	return false
+}
+
+func (x *RunEstimate) GetGpuPricePerHour() float64 {
+	if x != nil {
+		return x.GpuPricePerHour
+	}
+	return 0
+}
+
+func (x *RunEstimate) GetPriceSource() string {
+	if x != nil {
+		return x.PriceSource
+	}
+	return ""
+}
+
+func (x *RunEstimate) GetHasEnergyCost() bool {
+	if x != nil {
+		return x.HasEnergyCost
+	}
+	return false
+}
+
+func (x *RunEstimate) GetPue() float64 {
+	if x != nil {
+		return x.Pue
+	}
+	return 0
+}
+
+func (x *RunEstimate) GetNotes() []string {
+	if x != nil {
+		return x.Notes
+	}
+	return nil
+}
+
+func (x *RunEstimate) GetMade() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Made
+	}
+	return nil
+}
+
 // EnergyBandCost is the energy booked to one tariff band.
 type EnergyBandCost struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1587,7 +1953,7 @@ type EnergyBandCost struct {
 
 func (x *EnergyBandCost) Reset() {
 	*x = EnergyBandCost{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +1965,7 @@ func (x *EnergyBandCost) String() string {
 func (*EnergyBandCost) ProtoMessage() {}
 
 func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +1978,7 @@ func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnergyBandCost.ProtoReflect.Descriptor instead.
 func (*EnergyBandCost) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EnergyBandCost) GetBand() string {
@@ -1690,9 +2056,10 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x11ExportRunsRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\"@\n" +
 	"\x12ExportRunsResponse\x12*\n" +
-	"\x03run\x18\x01 \x01(\v2\x18.trainmeter.v1.RunReportR\x03run\")\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.trainmeter.v1.RunReportR\x03run\"?\n" +
 	"\x10DeleteRunRequest\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\"<\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"<\n" +
 	"\x11DeleteRunResponse\x12'\n" +
 	"\x0frecords_deleted\x18\x01 \x01(\x04R\x0erecordsDeleted\"\x12\n" +
 	"\x10ListNodesRequest\"D\n" +
@@ -1705,7 +2072,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xb0\x18\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xaf\x1b\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -1791,13 +2158,25 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"peakTflops\x88\x01\x01\x12\x15\n" +
 	"\x03mfu\x18G \x01(\x01H\rR\x03mfu\x88\x01\x01\x12#\n" +
 	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x12(\n" +
-	"\x10gpu_share_method\x18I \x01(\tR\x0egpuShareMethod\x12 \n" +
-	"\fshared_gpu_s\x18J \x01(\x01R\n" +
+	"\x10gpu_share_method\x18L \x01(\tR\x0egpuShareMethod\x12 \n" +
+	"\fshared_gpu_s\x18M \x01(\x01R\n" +
 	"sharedGpuS\x12(\n" +
-	"\x10max_sharing_runs\x18K \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
-	"\x04user\x18L \x01(\tR\x04user\x12\x10\n" +
-	"\x03uid\x18M \x01(\rR\x03uid\x12\x17\n" +
-	"\ahas_uid\x18N \x01(\bR\x06hasUid\x1a9\n" +
+	"\x10max_sharing_runs\x18N \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
+	"\x04user\x18O \x01(\tR\x04user\x12\x10\n" +
+	"\x03uid\x18P \x01(\rR\x03uid\x12\x17\n" +
+	"\ahas_uid\x18Q \x01(\bR\x06hasUid\x12\x1d\n" +
+	"\n" +
+	"end_status\x18I \x01(\tR\tendStatus\x12\x19\n" +
+	"\bpaused_s\x18J \x01(\x01R\apausedS\x12\x18\n" +
+	"\aresumes\x18K \x01(\rR\aresumes\x12*\n" +
+	"\x11avg_power_total_w\x18\xac\x02 \x01(\x01R\x0eavgPowerTotalW\x12,\n" +
+	"\x12peak_power_total_w\x18\xad\x02 \x01(\x01R\x0fpeakPowerTotalW\x12\"\n" +
+	"\fprice_source\x18\xc8\x01 \x01(\tR\vpriceSource\x12\x11\n" +
+	"\x03pue\x18\xc9\x01 \x01(\x01R\x03pue\x12&\n" +
+	"\fmax_cost_usd\x18\xca\x01 \x01(\x01H\x0fR\n" +
+	"maxCostUsd\x88\x01\x01\x127\n" +
+	"\bestimate\x18\xcb\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\x12&\n" +
+	"\x0eestimate_error\x18\xcc\x01 \x01(\tR\restimateError\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
@@ -1816,7 +2195,34 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\f_flops_totalB\x0e\n" +
 	"\f_peak_tflopsB\x06\n" +
 	"\x04_mfuB\x0e\n" +
-	"\f_j_per_pflop\"q\n" +
+	"\f_j_per_pflopB\x0f\n" +
+	"\r_max_cost_usd\"?\n" +
+	"\x05Range\x12\x10\n" +
+	"\x03low\x18\x01 \x01(\x01R\x03low\x12\x10\n" +
+	"\x03mid\x18\x02 \x01(\x01R\x03mid\x12\x12\n" +
+	"\x04high\x18\x03 \x01(\x01R\x04high\"\xe9\x04\n" +
+	"\vRunEstimate\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
+	"\x06tokens\x18\x02 \x01(\x04R\x06tokens\x12\x10\n" +
+	"\x03gpu\x18\x03 \x01(\tR\x03gpu\x12\x12\n" +
+	"\x04gpus\x18\x04 \x01(\rR\x04gpus\x12\x19\n" +
+	"\bbased_on\x18\x05 \x03(\tR\abasedOn\x12\x1f\n" +
+	"\vmeasured_on\x18\x06 \x01(\tR\n" +
+	"measuredOn\x12\x19\n" +
+	"\bsame_gpu\x18\a \x01(\bR\asameGpu\x12+\n" +
+	"\x06wall_s\x18\b \x01(\v2\x14.trainmeter.v1.RangeR\x05wallS\x121\n" +
+	"\tgpu_hours\x18\t \x01(\v2\x14.trainmeter.v1.RangeR\bgpuHours\x123\n" +
+	"\n" +
+	"energy_kwh\x18\n" +
+	" \x01(\v2\x14.trainmeter.v1.RangeR\tenergyKwh\x12/\n" +
+	"\bcost_usd\x18\v \x01(\v2\x14.trainmeter.v1.RangeR\acostUsd\x12\x19\n" +
+	"\bhas_cost\x18\f \x01(\bR\ahasCost\x12+\n" +
+	"\x12gpu_price_per_hour\x18\r \x01(\x01R\x0fgpuPricePerHour\x12!\n" +
+	"\fprice_source\x18\x0e \x01(\tR\vpriceSource\x12&\n" +
+	"\x0fhas_energy_cost\x18\x0f \x01(\bR\rhasEnergyCost\x12\x10\n" +
+	"\x03pue\x18\x10 \x01(\x01R\x03pue\x12\x14\n" +
+	"\x05notes\x18\x11 \x03(\tR\x05notes\x12.\n" +
+	"\x04made\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\x04made\"q\n" +
 	"\x0eEnergyBandCost\x12\x12\n" +
 	"\x04band\x18\x01 \x01(\tR\x04band\x12\x10\n" +
 	"\x03kwh\x18\x02 \x01(\x01R\x03kwh\x12\x1e\n" +
@@ -1843,7 +2249,7 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*UsageRequest)(nil),          // 0: trainmeter.v1.UsageRequest
 	(*UsageRow)(nil),              // 1: trainmeter.v1.UsageRow
@@ -1861,49 +2267,57 @@ var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*ListNodesResponse)(nil),     // 13: trainmeter.v1.ListNodesResponse
 	(*NodeStatus)(nil),            // 14: trainmeter.v1.NodeStatus
 	(*RunReport)(nil),             // 15: trainmeter.v1.RunReport
-	(*EnergyBandCost)(nil),        // 16: trainmeter.v1.EnergyBandCost
-	nil,                           // 17: trainmeter.v1.RunReport.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
-	(*GpuInfo)(nil),               // 19: trainmeter.v1.GpuInfo
-	(*RunMetadata)(nil),           // 20: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 21: trainmeter.v1.Eval
+	(*Range)(nil),                 // 16: trainmeter.v1.Range
+	(*RunEstimate)(nil),           // 17: trainmeter.v1.RunEstimate
+	(*EnergyBandCost)(nil),        // 18: trainmeter.v1.EnergyBandCost
+	nil,                           // 19: trainmeter.v1.RunReport.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*GpuInfo)(nil),               // 21: trainmeter.v1.GpuInfo
+	(*RunMetadata)(nil),           // 22: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 23: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
-	18, // 0: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
-	18, // 1: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
+	20, // 0: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
+	20, // 1: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
 	1,  // 2: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
 	2,  // 3: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
-	18, // 4: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
-	18, // 5: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
+	20, // 4: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
+	20, // 5: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
 	15, // 6: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
 	15, // 7: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
 	15, // 8: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
 	14, // 9: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	19, // 10: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	18, // 11: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	20, // 12: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	18, // 13: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	18, // 14: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	21, // 15: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	17, // 16: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
-	16, // 17: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
-	4,  // 18: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	6,  // 19: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	8,  // 20: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	12, // 21: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	10, // 22: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	0,  // 23: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
-	5,  // 24: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	7,  // 25: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	9,  // 26: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	13, // 27: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	11, // 28: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	3,  // 29: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
-	24, // [24:30] is the sub-list for method output_type
-	18, // [18:24] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	21, // 10: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	20, // 11: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	22, // 12: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	20, // 13: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	20, // 14: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	23, // 15: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	19, // 16: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	18, // 17: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
+	17, // 18: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
+	16, // 19: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
+	16, // 20: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
+	16, // 21: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
+	16, // 22: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
+	20, // 23: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
+	4,  // 24: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	6,  // 25: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	8,  // 26: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	12, // 27: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	10, // 28: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	0,  // 29: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
+	5,  // 30: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	7,  // 31: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	9,  // 32: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	13, // 33: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	11, // 34: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	3,  // 35: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
+	30, // [30:36] is the sub-list for method output_type
+	24, // [24:30] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -1919,7 +2333,7 @@ func file_trainmeter_v1_query_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,3 +42,31 @@ def share(total: int, world_size: Optional[int], rank: Optional[int]) -> int:
         return total
     base, rem = divmod(total, ws)
     return base + (rem if (rank or 0) == 0 else 0)
+
+
+def param_count(model: Any) -> Optional[int]:
+    """Parameters of a torch-like module (``parameters()`` yielding tensors),
+    each shared tensor once: the ``params`` of FLOPs = 6 × params × tokens.
+
+    DeepSpeed ZeRO-3 leaves each rank an empty partition: its ``ds_numel`` is
+    the full size. Other sharding (FSDP with flat parameters) shows a rank only
+    its shard; pass ``params=`` there. None when nothing can be counted."""
+    if model is None:
+        return None
+    try:
+        params = getattr(model, "parameters", None)
+        if not callable(params):
+            return None
+        seen = set()
+        n = 0
+        for p in params():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            k = getattr(p, "ds_numel", None)
+            if k is None:
+                k = p.numel()
+            n += int(k)
+        return n if n > 0 else None
+    except Exception:
+        return None

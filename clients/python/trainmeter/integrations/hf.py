@@ -13,15 +13,19 @@ What it reports:
   ``dataloader_num_workers`` / ``dataloader_prefetch_factor``,
   ``max_seq_length``/``max_length`` when the args have them, e.g. TRL) and the
   trainer state (``max_steps`` → planned_steps), the model name from
-  ``model.config._name_or_path``, ``backend="transformers"``, and the process's
-  rank / world size. Keywords given to the callback override all of these and
+  ``model.config._name_or_path``, the model's parameter count (``params``, each
+  shared tensor once, so the collector fills FLOPs and MFU), ``backend="transformers"``,
+  and the process's rank / world size. Keywords given to the callback override all of these and
   go to :func:`trainmeter.start` (``run_id``, ``socket_path``, ``gpu_price_per_hour`` …).
 * ``on_step_end`` → ``step`` with ``step=state.global_step`` (optimizer steps
   completed), this rank's ``tokens``, ``samples`` (per-device batch × grad
   accumulation), and timings: ``data_wait_s`` is the time from the previous
   ``on_step_end`` to ``on_step_begin`` (the Trainer fetches the step's first
   batch in that gap; omitted after an evaluation or checkpoint save),
-  ``compute_s`` the time from ``on_step_begin`` to ``on_step_end``.
+  ``compute_s`` the time from ``on_step_begin`` to ``on_step_end``. On the
+  steps the Trainer logs (``logging_steps``), the step carries ``loss``: the
+  Trainer's logged mean training loss since its previous log. Such a step is
+  sent from ``on_log``, which the Trainer calls right after ``on_step_end``.
 * ``on_evaluate`` → ``eval`` (``eval_loss`` → val_loss, ``eval_accuracy`` or
   ``accuracy`` → accuracy, ``epoch`` = completed epochs), from the main process only.
 * ``on_train_end`` → ``run_end`` (``status="stopped"`` after an agent stop),
@@ -50,7 +54,7 @@ import logging
 import time
 from typing import Any, Callable, Dict, Optional, Union
 
-from ._common import integer, scalar, share
+from ._common import integer, param_count, scalar, share
 
 log = logging.getLogger("trainmeter")
 
@@ -133,6 +137,7 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
         self._rank: Optional[int] = None
         self._world_size: Optional[int] = None
         self._samples: Optional[int] = None
+        self._pending_step: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------ helpers
 
@@ -175,6 +180,9 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
         ms = integer(_safe(state, "max_steps"))
         if ms is not None and ms > 0:
             md["planned_steps"] = ms
+        params = param_count(model)
+        if params is not None:
+            md["params"] = params
         for key, attr in (("rank", "process_index"), ("world_size", "world_size"), ("local_rank", "local_process_index")):
             v = integer(_safe(args, attr))
             if v is not None and v >= 0:
@@ -243,6 +251,7 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
             self._tokens_seen = integer(getattr(state, "num_input_tokens_seen", None)) or 0
             self._step_began = None
             self._last_end = None
+            self._pending_step = None
             self._interrupted = False
             self.stopped_by_agent = False
         except Exception:
@@ -251,6 +260,10 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self._step_began = self._clock()
+        try:
+            self._flush_step()
+        except Exception:
+            log.debug("trainmeter: on_step_begin failed", exc_info=True)
         return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -264,13 +277,21 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
             if began is not None and self._last_end is not None and not self._interrupted:
                 wait = max(0.0, began - self._last_end)
             compute = max(0.0, now - began) if began is not None else None
-            run.step(
+            self._flush_step()
+            step = dict(
                 step=integer(getattr(state, "global_step", None)),
                 tokens=self._step_tokens(args, state),
                 samples=self._samples,
                 data_wait_s=wait,
                 compute_s=compute,
             )
+            if getattr(control, "should_log", False) is True:
+                # The Trainer logs this step's loss right after on_step_end
+                # (its DefaultFlowCallback has set should_log): on_log sends
+                # the step with it.
+                self._pending_step = step
+            else:
+                run.step(**step)
             self._last_end = now
             self._step_began = None
             self._interrupted = False
@@ -283,9 +304,24 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
             log.debug("trainmeter: on_step_end failed", exc_info=True)
         return control
 
+    def _flush_step(self, loss: Optional[float] = None) -> None:
+        step, self._pending_step = self._pending_step, None
+        if step is not None and self.run is not None:
+            self.run.step(loss=loss, **step)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Dict[str, Any]] = None,
+               **kwargs: Any) -> Any:
+        try:
+            # "loss" is the Trainer's mean training loss since its last log.
+            self._flush_step(loss=scalar((logs or {}).get("loss")))
+        except Exception:
+            log.debug("trainmeter: on_log failed", exc_info=True)
+        return control
+
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[Dict[str, Any]] = None,
                     **kwargs: Any) -> Any:
         self._interrupted = True
+        self._flush_step()
         try:
             if self.run is None or not self._is_main(state):
                 return control
@@ -303,10 +339,15 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         self._interrupted = True
+        try:
+            self._flush_step()
+        except Exception:
+            log.debug("trainmeter: on_save failed", exc_info=True)
         return control
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         try:
+            self._flush_step()
             if self.run is not None and self._own_run:
                 self.run.end(status="stopped" if self.stopped_by_agent else None)
         except Exception:

@@ -5,16 +5,19 @@
     from trainmeter.integrations.lightning import TrainmeterCallback
     trainer = L.Trainer(..., callbacks=[TrainmeterCallback(tokens_per_batch=16 * 2048)])
 
-The class subclasses the ``Callback`` of whichever Lightning is already
-imported (``lightning.pytorch`` or ``pytorch_lightning``; if neither is imported
-yet, the first that imports), so import Lightning before this module; without
-Lightning it is a plain class with the same hooks.
+Imports may come in any order: each callback, when created, is an instance
+of a subclass of ``TrainmeterCallback`` and of the ``Callback`` of every
+Lightning imported at that moment (``lightning.pytorch`` and/or
+``pytorch_lightning``; if neither is imported yet, the first that imports), so
+either Trainer accepts it. Without Lightning it is a plain ``TrainmeterCallback``
+with the same hooks. Create it after importing Lightning.
 
 What it reports:
 
 * ``on_train_start`` → ``run_start``: ``backend="lightning"``, model (the
   keyword, else ``pl_module.hparams.model_name`` / ``model_name_or_path``, else the
-  module's class name), precision (``trainer.precision``: ``bf16-mixed`` →
+  module's class name), params (the module's parameter count, each shared tensor
+  once, for FLOPs and MFU), precision (``trainer.precision``: ``bf16-mixed`` →
   ``bf16``, ``16-mixed`` → ``fp16``, ``32-true`` → ``fp32`` …), grad_accum
   (``accumulate_grad_batches``), planned_steps (``max_steps``, else
   ``estimated_stepping_batches``), seed (``PL_GLOBAL_SEED`` set by
@@ -23,7 +26,8 @@ What it reports:
 * ``on_train_batch_end`` → ``step`` once per optimizer step (when
   ``trainer.global_step`` advances; micro-batches of gradient accumulation are
   summed): ``step`` = ``trainer.global_step``, this rank's ``tokens`` (see
-  below), ``samples``, ``loss`` (``outputs["loss"]``, detached), ``data_wait_s`` =
+  below), ``samples``, ``loss`` (``outputs["loss"]``, detached; else the
+  ``train_loss`` / ``train/loss`` / ``loss`` the module logged), ``data_wait_s`` =
   time from the previous batch's end to this batch's start (the fetch happens
   there; not counted across validation), ``compute_s`` = batch start → end.
 * ``on_validation_end`` → ``eval`` from ``trainer.callback_metrics`` (first of
@@ -48,13 +52,15 @@ its own batches.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
+import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._common import integer, scalar
+from ._common import integer, param_count, scalar
 from ..loader import count_tokens
 
 log = logging.getLogger("trainmeter")
@@ -65,17 +71,49 @@ VAL_LOSS_KEYS = ("val_loss", "val/loss", "valid_loss", "validation_loss", "loss/
 ACCURACY_KEYS = ("val_acc", "val_accuracy", "val/acc", "val/accuracy", "accuracy", "acc")
 
 
-def _base() -> type:
-    names = ("lightning.pytorch", "pytorch_lightning")
-    for mod in [n for n in names if n in sys.modules] + list(names):
-        try:
-            m = __import__(mod, fromlist=["Callback"])
-            cb = getattr(m, "Callback", None)
+TRAIN_LOSS_KEYS = ("train_loss", "train/loss", "loss")
+
+_LIGHTNING = ("lightning.pytorch", "pytorch_lightning")
+
+
+def _callback_bases() -> Tuple[type, ...]:
+    """The ``Callback`` classes of the Lightning flavours imported now; if
+    none is, of the first that imports; () without Lightning."""
+    bases: List[type] = []
+    for name in _LIGHTNING:
+        cb = getattr(sys.modules.get(name), "Callback", None)
+        if isinstance(cb, type) and cb not in bases:
+            bases.append(cb)
+    if not bases:
+        for name in _LIGHTNING:
+            try:
+                cb = getattr(importlib.import_module(name), "Callback", None)
+            except Exception:
+                continue
             if isinstance(cb, type):
-                return cb
-        except Exception:
-            continue
-    return object
+                bases.append(cb)
+                break
+    return tuple(bases)
+
+
+_rebased: Dict[Tuple[type, ...], type] = {}
+_rebased_lock = threading.Lock()
+
+
+def _rebased_class(bases: Tuple[type, ...]) -> type:
+    with _rebased_lock:
+        cls = _rebased.get(bases)
+        if cls is None:
+            cls = type("TrainmeterCallback", (TrainmeterCallback,) + bases,
+                       {"__module__": __name__, "__qualname__": "TrainmeterCallback"})
+            _rebased[bases] = cls
+        return cls
+
+
+def _restore() -> Any:
+    """Unpickling (``ddp_spawn``, ``copy.deepcopy``): rebuilt on the Lightning
+    of the receiving process; the state follows."""
+    return TrainmeterCallback.__new__(TrainmeterCallback)
 
 
 def precision_name(p: Any) -> Optional[str]:
@@ -159,7 +197,7 @@ def _batch_samples(batch: Any) -> Optional[int]:
     return None
 
 
-class TrainmeterCallback(_base()):  # type: ignore[misc]
+class TrainmeterCallback:
     """Report a Lightning ``Trainer.fit`` run to the trainmeter agent.
 
     Parameters: ``run`` (an existing :class:`trainmeter.Run`; the callback then
@@ -168,6 +206,22 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
     (default True), and any :func:`trainmeter.start` keyword, which overrides
     what is read from the trainer.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # Resolved per instance rather than at import: the module may be
+        # imported before Lightning, or before the other Lightning flavour.
+        if cls is TrainmeterCallback:
+            try:
+                bases = _callback_bases()
+                if bases:
+                    cls = _rebased_class(bases)
+            except Exception:
+                log.debug("trainmeter: cannot subclass Lightning's Callback", exc_info=True)
+        return object.__new__(cls)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # The per-instance class is not importable by name.
+        return (_restore, (), self.__dict__.copy())
 
     def __init__(
         self,
@@ -241,6 +295,9 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
             bs = integer(_hparam(pl_module, "batch_size", "train_batch_size"))
             if bs is not None:
                 md["batch_size"] = bs
+        params = param_count(pl_module)
+        if params is not None:
+            md["params"] = params
         for key, attr in (("rank", "global_rank"), ("world_size", "world_size"), ("local_rank", "local_rank")):
             v = integer(getattr(trainer, attr, None))
             if v is not None and v >= 0:
@@ -334,6 +391,8 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
             self._add("tokens", self._tokens(batch))
             self._add("samples", _batch_samples(batch))
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if loss is None:  # manual optimisation, or a step that returned nothing
+                loss = _first_metric(getattr(trainer, "callback_metrics", None), TRAIN_LOSS_KEYS)
             if loss is not None and hasattr(loss, "detach"):
                 loss = loss.detach()
             self._loss = loss if loss is not None and (hasattr(loss, "item") or isinstance(loss, (int, float))) else None

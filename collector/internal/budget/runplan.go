@@ -1,0 +1,240 @@
+package budget
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/pkg/money"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// NSRunPlans is the store namespace of what runs were started with: their
+// cost cap and estimate (key: run id).
+const NSRunPlans = "runplans"
+
+// KindMaxCost is the alert of a run that reached its --max-cost cap.
+const KindMaxCost = "max-cost"
+
+// MaxCostReasonPrefix starts the reason of the stop advisory a capped run
+// gets (the end status then says "stopped: max-cost").
+const MaxCostReasonPrefix = "max-cost"
+
+// RunPlan is what `trainmeter run` asked for before the run started.
+type RunPlan struct {
+	RunID      string  `json:"run_id"`
+	MaxCostUSD float64 `json:"max_cost_usd,omitempty"`
+	// Estimate is a trainmeterv1.RunEstimate in protobuf form.
+	Estimate      []byte    `json:"estimate,omitempty"`
+	EstimateError string    `json:"estimate_error,omitempty"`
+	Created       time.Time `json:"created"`
+}
+
+// ErrRunStarted: a plan was asked for a run the collector already has.
+var ErrRunStarted = errors.New("run already started")
+
+// MaxRunIDLen bounds a planned run's id (the agent's own bound).
+const MaxRunIDLen = 256
+
+// SetPricing gives the manager the collector's pricing, which estimates
+// need (runs are priced through the report function).
+func (m *Manager) SetPricing(p cost.Config) {
+	m.mu.Lock()
+	m.pricing = p
+	m.mu.Unlock()
+}
+
+func (m *Manager) pricingNow() cost.Config {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pricing
+}
+
+// Estimate estimates a run of a model from its past runs (cost.Estimate).
+func (m *Manager) Estimate(req cost.EstimateRequest) (*trainmeterv1.RunEstimate, error) {
+	if strings.TrimSpace(req.Model) == "" || req.Tokens == 0 {
+		return nil, errors.New("an estimate needs --model and --tokens > 0")
+	}
+	runs, err := m.load(nil, m.cfg.Clock.Now())
+	if err != nil {
+		return nil, err
+	}
+	reports := make([]*trainmeterv1.RunReport, 0, len(runs))
+	for _, x := range runs {
+		reports = append(reports, x.r)
+	}
+	est, err := m.pricingNow().Estimate(reports, req)
+	if err != nil {
+		return nil, err
+	}
+	est.Made = timestamppb.New(m.cfg.Clock.Now())
+	return est, nil
+}
+
+// PlanRun keeps a run's cap and, when est is set, the estimate made now. A
+// failed estimate does not fail the plan (the cap still holds): its error
+// is returned as estErr and kept with the run.
+func (m *Manager) PlanRun(runID string, maxCostUSD float64, est *cost.EstimateRequest) (e *trainmeterv1.RunEstimate, estErr string, err error) {
+	switch {
+	case runID == "" || len(runID) > MaxRunIDLen || strings.ContainsRune(runID, 0):
+		return nil, "", fmt.Errorf("run id: want 1 to %d bytes, no NUL", MaxRunIDLen)
+	case math.IsNaN(maxCostUSD) || math.IsInf(maxCostUSD, 0) || maxCostUSD < 0:
+		return nil, "", fmt.Errorf("max cost must be a finite number of USD >= 0, got %v", maxCostUSD)
+	case maxCostUSD == 0 && est == nil:
+		return nil, "", errors.New("nothing to plan: give a max cost, an estimate request, or both")
+	}
+	// Only a run not started yet: a cap is set by whoever starts the run, and
+	// the read token that PlanRun needs must not stop other people's runs.
+	if states, err := m.store.ListRuns([]string{runID}); err == nil && len(states) > 0 {
+		return nil, "", fmt.Errorf("%w: run %q has already started (a cap and an estimate are set before the run starts; use a new run id)", ErrRunStarted, runID)
+	}
+	p := RunPlan{RunID: runID, MaxCostUSD: maxCostUSD, Created: m.cfg.Clock.Now().UTC()}
+	if est != nil {
+		e, err = m.Estimate(*est)
+		if err != nil {
+			p.EstimateError = err.Error()
+		} else if p.Estimate, err = proto.Marshal(e); err != nil {
+			return nil, "", err
+		}
+	}
+	v, err := json.Marshal(p)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := m.store.PutRecord(NSRunPlans, runID, v); err != nil {
+		return nil, "", err
+	}
+	m.mu.Lock()
+	delete(m.capDone, runID)
+	m.mu.Unlock()
+	m.MarkDirty()
+	return e, p.EstimateError, nil
+}
+
+// Plan returns the plan of a run, if it has one.
+func (m *Manager) Plan(runID string) (RunPlan, bool, error) {
+	v, err := m.store.GetRecord(NSRunPlans, runID)
+	if errors.Is(err, store.ErrNotFound) {
+		return RunPlan{}, false, nil
+	}
+	if err != nil {
+		return RunPlan{}, false, err
+	}
+	var p RunPlan
+	if err := json.Unmarshal(v, &p); err != nil {
+		return RunPlan{}, false, fmt.Errorf("run plan %s: %w", runID, err)
+	}
+	return p, true, nil
+}
+
+// AttachPlan sets the report's max_cost_usd and estimate from its run's
+// plan (the query service shows them in reports). A plan that cannot be
+// read leaves the report as it is.
+func (m *Manager) AttachPlan(r *trainmeterv1.RunReport) {
+	p, ok, err := m.Plan(r.GetRunId())
+	if err != nil || !ok {
+		return
+	}
+	if p.MaxCostUSD > 0 {
+		r.MaxCostUsd = &p.MaxCostUSD
+	}
+	r.EstimateError = p.EstimateError
+	if len(p.Estimate) > 0 {
+		e := &trainmeterv1.RunEstimate{}
+		if proto.Unmarshal(p.Estimate, e) == nil {
+			r.Estimate = e
+		}
+	}
+}
+
+// evaluateCaps fires the max-cost alert of each live capped run whose total
+// cost reached its cap, and tells its nodes to stop it; a node that did not
+// take the advisory is asked again at the next evaluation. Runs that ended
+// are not read again.
+func (m *Manager) evaluateCaps(ctx context.Context) error {
+	var plans []RunPlan
+	err := m.store.ScanRecords(NSRunPlans, "", func(_ string, v []byte) (bool, error) {
+		var p RunPlan
+		if json.Unmarshal(v, &p) == nil && p.MaxCostUSD > 0 {
+			plans = append(plans, p)
+		}
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, p := range plans {
+		m.mu.Lock()
+		done := m.capDone[p.RunID]
+		m.mu.Unlock()
+		if done {
+			continue
+		}
+		states, err := m.store.ListRuns([]string{p.RunID})
+		var nf *store.NotFoundError
+		if errors.As(err, &nf) || errors.Is(err, store.ErrNotFound) || len(states) == 0 {
+			continue // not started yet
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s := states[0]
+		r := m.report(s)
+		if r.GetEnded() {
+			m.mu.Lock()
+			m.capDone[p.RunID] = true
+			for n := range s.Nodes {
+				delete(m.capStopped, p.RunID+"\x00"+n)
+			}
+			m.mu.Unlock()
+			continue
+		}
+		spent := r.GetTotalCostUsd()
+		if spent < p.MaxCostUSD {
+			continue
+		}
+		now := m.cfg.Clock.Now().UTC()
+		amounts := money.USDs(p.MaxCostUSD, spent) // as `budget` and its alerts round
+		a := Alert{
+			Kind: KindMaxCost, Severity: SeverityExceeded, Scope: "run:" + p.RunID, Threshold: 1,
+			SpentUSD: spent, BudgetUSD: p.MaxCostUSD, Time: now, RunIDs: []string{p.RunID},
+			Message: fmt.Sprintf("run %s reached its max-cost %s (%s spent): its ranks are told to stop", p.RunID, amounts[0], amounts[1]),
+		}
+		if fired, err := m.rec.Fire(ctx, KindMaxCost+"/"+p.RunID, a); err != nil {
+			errs = append(errs, err)
+		} else if fired {
+			m.log.Warn("max-cost reached", "run", p.RunID, "spent", spent, "max_cost", p.MaxCostUSD)
+		}
+		if m.advise == nil {
+			continue
+		}
+		reason := fmt.Sprintf("%s %s reached (%s spent)", MaxCostReasonPrefix, amounts[0], amounts[1])
+		for n := range s.Nodes {
+			k := p.RunID + "\x00" + n
+			m.mu.Lock()
+			told := m.capStopped[k]
+			m.mu.Unlock()
+			if told {
+				continue
+			}
+			if m.advise.Advise(n, &trainmeterv1.Advisory{RunId: p.RunID, Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: reason}}}) {
+				m.mu.Lock()
+				m.capStopped[k] = true
+				m.mu.Unlock()
+				m.log.Warn("stop advisory sent", "run", p.RunID, "node", n, "reason", reason)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

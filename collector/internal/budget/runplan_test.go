@@ -1,0 +1,131 @@
+package budget
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	"github.com/trainmeter/trainmeter/pkg/clock"
+	"github.com/trainmeter/trainmeter/pkg/cost"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// TestMaxCostStopsAndAlerts: a run capped at $3 ($1 a window) is told to
+// stop once it cost $3, on every node it runs on (asked again where the
+// first try was refused), with one max-cost alert; an uncapped run and an
+// ended capped run are left alone.
+func TestMaxCostStopsAndAlerts(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	adv := &advisor{refused: map[string]bool{}}
+	sink := &collected{}
+	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, adv, sink, quiet())
+	for _, id := range []string{"capped", "ended"} {
+		if _, _, err := m.PlanRun(id, 3, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := &feeder{t: t, st: st, m: m}
+	f.run("n1", "capped", "m", "", nil, 0, 2, false)
+	f.run("n1", "free", "m", "", nil, 0, 9, false)
+	f.run("n1", "ended", "m", "", nil, 0, 5, true)
+	eval := func() {
+		t.Helper()
+		for range 2 {
+			if err := m.Evaluate(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	eval()
+	if len(adv.got) != 0 || len(sink.alerts) != 0 {
+		t.Fatalf("under the cap: advisories %v, alerts %v", adv.got, sink.alerts)
+	}
+	f.run("n1", "capped", "m", "", nil, 2, 3, false) // $3 of $3
+	eval()
+	if len(adv.got) != 1 || !strings.HasPrefix(adv.got[0], "n1 capped: max-cost $3.00 reached") {
+		t.Fatalf("advisories %v, want one max-cost stop for capped on n1", adv.got)
+	}
+	if len(sink.alerts) != 1 || sink.alerts[0].Kind != KindMaxCost || sink.alerts[0].SpentUSD != 3 || sink.alerts[0].BudgetUSD != 3 {
+		t.Fatalf("alerts %+v, want one max-cost alert at $3 of $3", sink.alerts)
+	}
+	// A second node joining the run is told too; the alert stays one.
+	f.seq++
+	b := tu.Batch(f.seq, 3, []*trainmeterv1.RunWindow{tu.Window("capped", 3, 100, 50)})
+	if _, err := st.ApplyBatch("n2", "boot", b); err != nil {
+		t.Fatal(err)
+	}
+	m.OnApplied("n2", b)
+	eval()
+	if len(adv.got) != 2 || !strings.HasPrefix(adv.got[1], "n2 capped: max-cost") || len(sink.alerts) != 1 {
+		t.Errorf("after n2 joined: advisories %v, %d alerts", adv.got, len(sink.alerts))
+	}
+	listed, err := m.Recorder().List(KindMaxCost)
+	if err != nil || len(listed) != 1 || listed[0].Scope != "run:capped" {
+		t.Errorf("stored max-cost alerts %+v, %v", listed, err)
+	}
+}
+
+func TestPlanRunRefusesBadInput(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, nil, nil, quiet())
+	for _, tc := range []struct {
+		id   string
+		cap  float64
+		want string
+	}{{"", 1, "run id"}, {"r", -1, "max cost"}, {"r", 0, "nothing to plan"}} {
+		if _, _, err := m.PlanRun(tc.id, tc.cap, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("PlanRun(%q, %v): %v, want an error about %s", tc.id, tc.cap, err, tc.want)
+		}
+	}
+	// A running run cannot be capped after the fact (PlanRun needs only the
+	// read token).
+	f := &feeder{t: t, st: st, m: m}
+	f.run("n1", "running", "m", "", nil, 0, 1, false)
+	if _, _, err := m.PlanRun("running", 1, nil); !errors.Is(err, ErrRunStarted) {
+		t.Errorf("PlanRun of a started run: %v, want ErrRunStarted", err)
+	}
+	if _, ok, _ := m.Plan("running"); ok {
+		t.Error("a plan was stored for a started run")
+	}
+}
+
+// TestPlanKeepsEstimate: the estimate made at PlanRun is attached to the
+// run's report, next to its cost; an estimate that cannot be made keeps
+// its reason and the cap still holds.
+func TestPlanKeepsEstimate(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, nil, nil, quiet())
+	m.SetPricing(pricing)
+	f := &feeder{t: t, st: st, m: m}
+	f.run("n1", "past", "m", "", nil, 0, 10, true) // 100 tok/s on 1 GPU, 50 J/tok... $1/s
+	e, estErr, err := m.PlanRun("next", 50, &cost.EstimateRequest{Model: "m", Tokens: 2000})
+	if err != nil || estErr != "" || e == nil {
+		t.Fatalf("PlanRun: %v %q %v", e, estErr, err)
+	}
+	// 2000 tokens at 100 tokens per GPU-second: 20 GPU-seconds, $20.
+	if got := e.GetCostUsd().GetMid(); got < 19.999 || got > 20.001 || e.GetWallS().GetMid() != 20 {
+		t.Errorf("estimate cost %v wall %v, want $20 and 20 s", got, e.GetWallS().GetMid())
+	}
+	f.run("n1", "next", "m", "", nil, 0, 4, false)
+	states, err := st.ListRuns([]string{"next"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := states[0].Report(aggregate.Pricing(pricing))
+	m.AttachPlan(r)
+	if r.GetEstimate().GetCostUsd().GetMid() != e.GetCostUsd().GetMid() || r.GetMaxCostUsd() != 50 || r.GetTotalCostUsd() != 4 {
+		t.Errorf("report estimate %v max %v total %v", r.GetEstimate(), r.GetMaxCostUsd(), r.GetTotalCostUsd())
+	}
+	if _, estErr, err = m.PlanRun("other", 5, &cost.EstimateRequest{Model: "unknown", Tokens: 10}); err != nil || !strings.Contains(estErr, "no ended runs") {
+		t.Errorf("estimate of a model without runs: %q %v", estErr, err)
+	}
+	if p, ok, _ := m.Plan("other"); !ok || p.MaxCostUSD != 5 {
+		t.Errorf("plan of other %+v %v: the cap must hold without an estimate", p, ok)
+	}
+}
