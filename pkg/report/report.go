@@ -61,11 +61,13 @@ var header = []string{
 	"peak_TFLOPS", "mfu", "J_per_PFLOP",
 	// run lifecycle (docs/measurement.md, "End status")
 	"end_status",
-	// issue 16 item 4: where the GPU-hour price came from (docs/costs.md)
+	// shared GPUs (docs/measurement.md, "Shared GPUs and idle")
+	"gpu_share_method", "shared_gpu_s",
+	// where the GPU-hour price came from (docs/costs.md)
 	"price_source",
-	// whole-run power, warmup included (i15-display; docs/measurement.md)
+	// whole-run power, warmup included (docs/measurement.md)
 	"avg_power_total_W", "peak_power_total_W",
-	// issue 18: stated uncertainty of energy_J, ± % (docs/accuracy.md)
+	// stated uncertainty of energy_J, ± % (docs/accuracy.md)
 	"energy_uncertainty_pct",
 }
 
@@ -297,6 +299,8 @@ func Row(r *RunReport) []string {
 		opt(r.JPerPflop, G9),
 
 		r.GetEndStatus(),
+		r.GetGpuShareMethod(),
+		fIf(r.GetGpuShareMethod() != "", r.GetSharedGpuS()),
 		r.GetPriceSource(),
 		fOK(AvgPowerTotal(r)),
 		fOK(PeakPowerTotal(r)),
@@ -599,6 +603,15 @@ func WriteReport(w io.Writer, r *RunReport) error {
 		line("notes", "%s", m.GetNotes())
 	}
 	line("hardware", "%s on %s %s", plural.N(r.GetGpus(), "GPU"), plural.N(r.GetNodes(), "node"), orDash(r.GetGpuName()))
+	if r.GetHasUid() {
+		line("user", "%s (uid %d)", orDash(r.GetUser()), r.GetUid())
+	}
+	if n := r.GetMaxSharingRuns(); n > 1 {
+		line("shared GPUs", "with up to %d runs at once (this run included) for %.4g GPU-seconds, split by %s; energy, GPU-hours and cost below are this run's share",
+			n, r.GetSharedGpuS(), orDash(r.GetGpuShareMethod()))
+	} else if r.GetGpuShareMethod() == "exclusive" {
+		line("shared GPUs", "%s", "no: its GPUs ran no other run meanwhile")
+	}
 
 	b.WriteString("time\n")
 	line("start", "%s", orDash(humanTime(r, false)))
@@ -648,7 +661,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 		line("uncertainty", "±%.2f%% after warmup (method and sensor; board gain ±5%% not included)", r.GetEnergyUncertaintyPct())
 	}
 	if r.GetEnergyEstimated() {
-		line("note", "%s", "part of the energy is estimated: a GPU that stopped reporting (its counter energy replaced by its sampled power, or its time a gap), a cut past a GPU's newest reading, or a shared GPU split by utilisation")
+		line("note", "%s", "part of the energy is estimated, not measured: a GPU that stopped reporting (its counter energy replaced by its sampled power, or its time a gap), a cut past a GPU's newest reading, or an agent restart without a counter")
 	}
 
 	b.WriteString("power (all GPUs summed)\n")

@@ -68,6 +68,11 @@ type Agent struct {
 	procs       gpu.ProcessLister
 	procRoot    string
 	lastProcErr time.Time
+	// Splitting shared GPUs (share.go): per-process or per-run use.
+	procUse     gpu.ProcessUsageReader
+	runUse      gpu.RunUsageReader
+	lastUsePoll time.Time
+	lastUseErr  time.Time
 
 	// Direct OTel export (otel.go); nil when off.
 	otel       *otelexport.Exporter
@@ -179,6 +184,14 @@ func (a *Agent) Start(ctx context.Context) error {
 		go func() {
 			defer a.wg.Done()
 			a.hostLoop(ctx, t)
+		}()
+	}
+	if a.initSharing() {
+		t := a.clock.NewTicker(shareEvery)
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			a.shareLoop(ctx, t)
 		}()
 	}
 	if a.procs != nil {

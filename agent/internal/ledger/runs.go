@@ -35,6 +35,9 @@ type run struct {
 	// members maps each joined connection to its rank key (client_id, or
 	// the connection when the client sends none).
 	members map[uint64]string
+	// peerPIDs maps each joined connection to its peer's PID (SO_PEERCRED),
+	// whose process tree is the run's on the GPUs (share.go).
+	peerPIDs map[uint64]int32
 	// stepping: the members (connections) that have reported a step, for
 	// the windows' step_ranks.
 	stepping   map[uint64]struct{}
@@ -180,6 +183,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 			return errorf("run_start", "metadata conflicts with run %q: %v", ev.Run, err)
 		}
 		r.members[p.ConnID] = rankKey(p, ev)
+		r.addPeer(p)
 		gpus = l.joinAttributed(now, r, ev, gpus, explicit)
 		if filled {
 			// The same start (time, node) again with the fields filled in:
@@ -224,6 +228,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		r.attributePID = int(*ev.AttributePID)
 		r.starter, r.starterKey, r.starterPeer = starterCopy(ev), rankKey(p, ev), p
 	}
+	r.addPeer(p)
 	r.setWarmup(now, ev)
 	if r.resume {
 		// The collector measures a resumed run from its first warmup on
@@ -263,6 +268,7 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 		WarmupSteps: r.warmupSteps,
 		Pid:         uint32(p.PID),
 		Uid:         uint32(p.UID),
+		User:        l.userName(p.UID),
 		BudgetScope: ev.BudgetScope,
 		Labels:      ev.Labels,
 		Resume:      r.resume,
@@ -458,8 +464,10 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 		if s.compute+s.dataWait > 0 {
 			load = s.compute / (s.compute + s.dataWait)
 		}
+		// Runs sharing a simulated GPU each report their load: it is their
+		// utilisation of it (the split), and the GPU is as busy as their sum.
 		for _, g := range r.gpusAt(now) {
-			l.cfg.Load.SetLoad(g, load)
+			l.cfg.Load.SetLoad(g, l.setSimWork(g, r.id, load))
 			l.lastStep[g] = now
 		}
 	}
@@ -524,8 +532,16 @@ func (l *Ledger) Disconnected(now time.Time, p Peer) {
 	}
 }
 
+func (r *run) addPeer(p Peer) {
+	if r.peerPIDs == nil {
+		r.peerPIDs = map[uint64]int32{}
+	}
+	r.peerPIDs[p.ConnID] = p.PID
+}
+
 func (l *Ledger) leave(now time.Time, r *run, conn uint64, reason string) {
 	delete(r.members, conn)
+	delete(r.peerPIDs, conn)
 	delete(r.stepping, conn)
 	if len(r.members) > 0 {
 		return
@@ -534,8 +550,7 @@ func (l *Ledger) leave(now time.Time, r *run, conn uint64, reason string) {
 	r.endStatus = r.finalStatus()
 	if l.cfg.Load != nil {
 		for _, g := range r.gpusAt(now) {
-			l.cfg.Load.SetLoad(g, 0)
-			l.lastStep[g] = time.Time{}
+			l.cfg.Load.SetLoad(g, l.setSimWork(g, r.id, -1))
 		}
 	}
 	l.cfg.Logger.Info("run ended", "run_id", r.id, "status", r.endStatus, "reason", reason, "wall", now.Sub(r.start))

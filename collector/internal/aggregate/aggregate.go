@@ -258,6 +258,16 @@ type State struct {
 	LostGPUSeconds float64  `json:"lost_gpu_seconds,omitempty"`
 	LostReasons    []string `json:"lost_reasons,omitempty"`
 
+	// Shared GPUs (RunWindow.shared_gpu_seconds, share_method,
+	// max_sharing_runs): GPU-seconds spent sharing, the split rules seen,
+	// the most runs on one of the run's GPUs at once.
+	SharedGPUSeconds float64  `json:"shared_gpu_seconds,omitempty"`
+	ShareMethods     []string `json:"share_methods,omitempty"`
+	MaxSharingRuns   uint32   `json:"max_sharing_runs,omitempty"`
+	// The user of the winning RunStart (uid, and its name on that host).
+	User   string `json:"user,omitempty"`
+	UID    uint32 `json:"uid,omitempty"`
+	HasUID bool   `json:"has_uid,omitempty"`
 	// Pauses of a resumed run: [PauseStarts[i], PauseEnds[i]) is the time
 	// from the run's end to a run_start that reopened it, excluded from
 	// wall_s, warmup_s and every rate.
@@ -360,6 +370,7 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	}
 	s.GPUName = ev.GetGpuName()
 	s.GPUPricePerHour = ev.GetGpuPricePerHour()
+	s.User, s.UID, s.HasUID = ev.GetUser(), ev.GetUid(), true
 	s.Plan = Plan{
 		BudgetScope: ev.GetBudgetScope(), PlannedSteps: ev.GetPlannedSteps(),
 		PlannedTokens: ev.GetPlannedTokens(), PlannedEpochs: ev.GetPlannedEpochs(),
@@ -510,6 +521,12 @@ func (s *State) AddWindowBanded(node string, w *trainmeterv1.RunWindow, bands En
 	s.DataWaitS += w.GetDataWaitS()
 	s.ComputeS += w.GetComputeS()
 	s.GPUSeconds += w.GetGpuSeconds()
+	s.SharedGPUSeconds += w.GetSharedGpuSeconds()
+	s.MaxSharingRuns = max(s.MaxSharingRuns, w.GetMaxSharingRuns())
+	if m := w.GetShareMethod(); m != "" && !slices.Contains(s.ShareMethods, m) {
+		s.ShareMethods = append(s.ShareMethods, m)
+		slices.Sort(s.ShareMethods)
+	}
 	if w.GetVramPeakMib() > s.VRAMPeak {
 		s.VRAMPeak = w.GetVramPeakMib()
 	}
@@ -788,6 +805,10 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.LostTokens = s.LostTokens
 	r.LostEnergyJ = s.LostEnergyJ
 	r.LostGpuSeconds = s.LostGPUSeconds
+	r.GpuShareMethod = ShareMethod(s.ShareMethods)
+	r.SharedGpuS = s.SharedGPUSeconds
+	r.MaxSharingRuns = s.MaxSharingRuns
+	r.User, r.Uid, r.HasUid = s.User, s.UID, s.HasUID
 	r.LostReasons = s.LossReasons()
 	return r
 }
@@ -971,4 +992,35 @@ func EventTime(e *trainmeterv1.RunEvent) *timestamppb.Timestamp {
 		return ev.Eval.GetTime()
 	}
 	return nil
+}
+
+// ShareMethod names how a run's GPUs were split over its windows: exclusive
+// when never shared, the one rule used when shared, mixed when several were
+// (docs/measurement.md, "Shared GPUs and idle"); "" for windows from agents
+// before sharing was measured.
+func ShareMethod(methods []string) string {
+	var shared []string
+	sawExclusive := false
+	for _, m := range methods {
+		switch m {
+		case "":
+		case "exclusive":
+			sawExclusive = true
+		case "mixed":
+			return "mixed"
+		default:
+			if !slices.Contains(shared, m) {
+				shared = append(shared, m)
+			}
+		}
+	}
+	switch {
+	case len(shared) > 1:
+		return "mixed"
+	case len(shared) == 1:
+		return shared[0]
+	case sawExclusive:
+		return "exclusive"
+	}
+	return ""
 }

@@ -199,6 +199,13 @@ func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 		LostReasons:      s.LostReasons,
 		PauseStarts:      s.PauseStarts,
 		PauseEnds:        s.PauseEnds,
+
+		SharedGpuSeconds: s.SharedGPUSeconds,
+		ShareMethods:     s.ShareMethods,
+		MaxSharingRuns:   s.MaxSharingRuns,
+		User:             s.User,
+		Uid:              s.UID,
+		HasUid:           s.HasUID,
 	}
 	if withNodes && len(s.Nodes) > 0 {
 		a.Nodes = make(map[string]*storev1.Node, len(s.Nodes))
@@ -295,6 +302,13 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 		LostReasons:      a.GetLostReasons(),
 		PauseStarts:      a.GetPauseStarts(),
 		PauseEnds:        a.GetPauseEnds(),
+
+		SharedGPUSeconds: a.GetSharedGpuSeconds(),
+		ShareMethods:     a.GetShareMethods(),
+		MaxSharingRuns:   a.GetMaxSharingRuns(),
+		User:             a.GetUser(),
+		UID:              a.GetUid(),
+		HasUID:           a.GetHasUid(),
 	}
 	s.nodesApart = a.GetNodesApart()
 	if len(a.GetNodes()) > 0 {

@@ -813,3 +813,68 @@ func (s *Store) RawSamples(node string) ([]*trainmeterv1.Batch, error) {
 	})
 	return out, err
 }
+
+// UsageScan calls gpu for every stored GPU-window record (a Batch holding
+// the window, its GPU windows and host) and run for every stored RunWindow
+// whose start is in [since, until) (zero times: unbounded), with the node
+// (and run) from the key. Raw records expire with RawRetention, so usage
+// reaches back that far at most.
+func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *trainmeterv1.Batch) error,
+	run func(runID, node string, w *trainmeterv1.RunWindow) error) error {
+	in := func(ts *timestamppb.Timestamp) bool {
+		t := ts.AsTime()
+		return (since.IsZero() || !t.Before(since)) && (until.IsZero() || t.Before(until))
+	}
+	return s.db.View(func(txn *badger.Txn) error {
+		if err := scanGPUWindows(txn, in, gpu); err != nil {
+			return err
+		}
+		wit := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("w/"), PrefetchValues: true})
+		defer wit.Close()
+		for wit.Rewind(); wit.Valid(); wit.Next() {
+			k := wit.Item().Key()
+			if len(k) < 2+1+21 {
+				continue
+			}
+			ids := k[2 : len(k)-21]
+			i := bytes.IndexByte(ids, 0)
+			if i < 0 {
+				continue
+			}
+			w := &trainmeterv1.RunWindow{}
+			if err := wit.Item().Value(func(v []byte) error { return proto.Unmarshal(v, w) }); err != nil {
+				return err
+			}
+			if !in(w.GetStart()) {
+				continue
+			}
+			if err := run(string(ids[:i]), string(ids[i+1:]), w); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func scanGPUWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu func(node string, b *trainmeterv1.Batch) error) error {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("r/"), PrefetchValues: true})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		k := it.Item().Key()
+		if len(k) < 2+1+16 {
+			continue
+		}
+		node := string(k[2 : len(k)-17])
+		b := &trainmeterv1.Batch{}
+		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
+			return err
+		}
+		if !in(b.GetWindowStart()) {
+			continue
+		}
+		if err := gpu(node, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -22,6 +22,352 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type UsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The period, [since, until); unset: from the first / to the last record.
+	Since *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=since,proto3" json:"since,omitempty"`
+	Until *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=until,proto3" json:"until,omitempty"`
+	// Grouping: "node", "gpu", "model", "user", "label:KEY"; empty: node.
+	By            []string `protobuf:"bytes,3,rep,name=by,proto3" json:"by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRequest) Reset() {
+	*x = UsageRequest{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRequest) ProtoMessage() {}
+
+func (x *UsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
+func (*UsageRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *UsageRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *UsageRequest) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *UsageRequest) GetBy() []string {
+	if x != nil {
+		return x.By
+	}
+	return nil
+}
+
+// UsageRow is one group: keys in the order of UsageRequest.by.
+type UsageRow struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Keys  []string               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// The node of an idle row (GPU time no run used): one idle row per node.
+	IdleNode   string  `protobuf:"bytes,2,opt,name=idle_node,json=idleNode,proto3" json:"idle_node,omitempty"`
+	Idle       bool    `protobuf:"varint,3,opt,name=idle,proto3" json:"idle,omitempty"`
+	GpuSeconds float64 `protobuf:"fixed64,4,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	EnergyJ    float64 `protobuf:"fixed64,5,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
+	// GPU time at the node's GPU price plus energy at the energy price.
+	CostUsd float64 `protobuf:"fixed64,6,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	HasCost bool    `protobuf:"varint,7,opt,name=has_cost,json=hasCost,proto3" json:"has_cost,omitempty"`
+	// Share of the total GPU-seconds and of the total energy (0-1).
+	GpuShare    float64 `protobuf:"fixed64,8,opt,name=gpu_share,json=gpuShare,proto3" json:"gpu_share,omitempty"`
+	EnergyShare float64 `protobuf:"fixed64,9,opt,name=energy_share,json=energyShare,proto3" json:"energy_share,omitempty"`
+	// Where the GPU price came from (cost: run_start, node, catalog, flag, or mixed).
+	PriceSource string `protobuf:"bytes,10,opt,name=price_source,json=priceSource,proto3" json:"price_source,omitempty"`
+	// Runs in the group.
+	Runs          uint32 `protobuf:"varint,11,opt,name=runs,proto3" json:"runs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRow) Reset() {
+	*x = UsageRow{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRow) ProtoMessage() {}
+
+func (x *UsageRow) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRow.ProtoReflect.Descriptor instead.
+func (*UsageRow) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *UsageRow) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *UsageRow) GetIdleNode() string {
+	if x != nil {
+		return x.IdleNode
+	}
+	return ""
+}
+
+func (x *UsageRow) GetIdle() bool {
+	if x != nil {
+		return x.Idle
+	}
+	return false
+}
+
+func (x *UsageRow) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *UsageRow) GetEnergyJ() float64 {
+	if x != nil {
+		return x.EnergyJ
+	}
+	return 0
+}
+
+func (x *UsageRow) GetCostUsd() float64 {
+	if x != nil {
+		return x.CostUsd
+	}
+	return 0
+}
+
+func (x *UsageRow) GetHasCost() bool {
+	if x != nil {
+		return x.HasCost
+	}
+	return false
+}
+
+func (x *UsageRow) GetGpuShare() float64 {
+	if x != nil {
+		return x.GpuShare
+	}
+	return 0
+}
+
+func (x *UsageRow) GetEnergyShare() float64 {
+	if x != nil {
+		return x.EnergyShare
+	}
+	return 0
+}
+
+func (x *UsageRow) GetPriceSource() string {
+	if x != nil {
+		return x.PriceSource
+	}
+	return ""
+}
+
+func (x *UsageRow) GetRuns() uint32 {
+	if x != nil {
+		return x.Runs
+	}
+	return 0
+}
+
+// NodeUsage is one node's own totals over the period: the GPUs' energy
+// counter difference and GPU time, of which idle_* no run used.
+type NodeUsage struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Node           string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	GpuSeconds     float64                `protobuf:"fixed64,2,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	EnergyJ        float64                `protobuf:"fixed64,3,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
+	IdleGpuSeconds float64                `protobuf:"fixed64,4,opt,name=idle_gpu_seconds,json=idleGpuSeconds,proto3" json:"idle_gpu_seconds,omitempty"`
+	IdleEnergyJ    float64                `protobuf:"fixed64,5,opt,name=idle_energy_j,json=idleEnergyJ,proto3" json:"idle_energy_j,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *NodeUsage) Reset() {
+	*x = NodeUsage{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeUsage) ProtoMessage() {}
+
+func (x *NodeUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
+func (*NodeUsage) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NodeUsage) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeUsage) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetEnergyJ() float64 {
+	if x != nil {
+		return x.EnergyJ
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetIdleGpuSeconds() float64 {
+	if x != nil {
+		return x.IdleGpuSeconds
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetIdleEnergyJ() float64 {
+	if x != nil {
+		return x.IdleEnergyJ
+	}
+	return 0
+}
+
+type UsageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	By            []string               `protobuf:"bytes,1,rep,name=by,proto3" json:"by,omitempty"`
+	Rows          []*UsageRow            `protobuf:"bytes,2,rep,name=rows,proto3" json:"rows,omitempty"`
+	Nodes         []*NodeUsage           `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Until         *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=until,proto3" json:"until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageResponse) Reset() {
+	*x = UsageResponse{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageResponse) ProtoMessage() {}
+
+func (x *UsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
+func (*UsageResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *UsageResponse) GetBy() []string {
+	if x != nil {
+		return x.By
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetRows() []*UsageRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetNodes() []*NodeUsage {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
 type ListRunsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty: all runs.
@@ -32,7 +378,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +390,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +403,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{0}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListRunsRequest) GetRunIds() []string {
@@ -76,7 +422,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -88,7 +434,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -101,7 +447,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{1}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListRunsResponse) GetRuns() []*RunReport {
@@ -120,7 +466,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -132,7 +478,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -145,7 +491,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{2}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -164,7 +510,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -176,7 +522,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -189,7 +535,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{3}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetRunResponse) GetRun() *RunReport {
@@ -208,7 +554,7 @@ type ExportRunsRequest struct {
 
 func (x *ExportRunsRequest) Reset() {
 	*x = ExportRunsRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +566,7 @@ func (x *ExportRunsRequest) String() string {
 func (*ExportRunsRequest) ProtoMessage() {}
 
 func (x *ExportRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +579,7 @@ func (x *ExportRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRunsRequest.ProtoReflect.Descriptor instead.
 func (*ExportRunsRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{4}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExportRunsRequest) GetRunIds() []string {
@@ -252,7 +598,7 @@ type ExportRunsResponse struct {
 
 func (x *ExportRunsResponse) Reset() {
 	*x = ExportRunsResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -264,7 +610,7 @@ func (x *ExportRunsResponse) String() string {
 func (*ExportRunsResponse) ProtoMessage() {}
 
 func (x *ExportRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -277,7 +623,7 @@ func (x *ExportRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRunsResponse.ProtoReflect.Descriptor instead.
 func (*ExportRunsResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{5}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExportRunsResponse) GetRun() *RunReport {
@@ -301,7 +647,7 @@ type DeleteRunRequest struct {
 
 func (x *DeleteRunRequest) Reset() {
 	*x = DeleteRunRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -313,7 +659,7 @@ func (x *DeleteRunRequest) String() string {
 func (*DeleteRunRequest) ProtoMessage() {}
 
 func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -326,7 +672,7 @@ func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{6}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteRunRequest) GetRunId() string {
@@ -353,7 +699,7 @@ type DeleteRunResponse struct {
 
 func (x *DeleteRunResponse) Reset() {
 	*x = DeleteRunResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -365,7 +711,7 @@ func (x *DeleteRunResponse) String() string {
 func (*DeleteRunResponse) ProtoMessage() {}
 
 func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -378,7 +724,7 @@ func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteRunResponse) GetRecordsDeleted() uint64 {
@@ -396,7 +742,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -408,7 +754,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -421,7 +767,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
 }
 
 type ListNodesResponse struct {
@@ -433,7 +779,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +791,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +804,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -482,7 +828,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +840,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -507,7 +853,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -647,6 +993,19 @@ type RunReport struct {
 	PeakTflops *float64 `protobuf:"fixed64,70,opt,name=peak_tflops,json=peakTflops,proto3,oneof" json:"peak_tflops,omitempty"`
 	Mfu        *float64 `protobuf:"fixed64,71,opt,name=mfu,proto3,oneof" json:"mfu,omitempty"`
 	JPerPflop  *float64 `protobuf:"fixed64,72,opt,name=j_per_pflop,json=jPerPflop,proto3,oneof" json:"j_per_pflop,omitempty"`
+	// --- issue 16 (i16-share): shared GPUs and who ran it ---
+	// How the run's GPUs were split with other runs on them: "exclusive"
+	// (never shared), "utilization", "memory", "equal", "mig", or "mixed";
+	// shared_gpu_s the GPU-seconds (wall time x GPUs) it spent on a GPU with
+	// other runs; max_sharing_runs the most runs (it included) on one of its
+	// GPUs at once. Its energy_* and gpu_hours are its share (docs/measurement.md).
+	GpuShareMethod string  `protobuf:"bytes,76,opt,name=gpu_share_method,json=gpuShareMethod,proto3" json:"gpu_share_method,omitempty"`
+	SharedGpuS     float64 `protobuf:"fixed64,77,opt,name=shared_gpu_s,json=sharedGpuS,proto3" json:"shared_gpu_s,omitempty"`
+	MaxSharingRuns uint32  `protobuf:"varint,78,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
+	// The user that started the run on its first node (uid; name on that host).
+	User   string `protobuf:"bytes,79,opt,name=user,proto3" json:"user,omitempty"`
+	Uid    uint32 `protobuf:"varint,80,opt,name=uid,proto3" json:"uid,omitempty"`
+	HasUid bool   `protobuf:"varint,81,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
 	// --- run lifecycle (issue 15) ---
 	// How the run ended (RunEnd.end_status; across nodes, the first that is
 	// not ok). "" while the run is live; "ended" for a run whose agents sent
@@ -692,7 +1051,7 @@ type RunReport struct {
 
 func (x *RunReport) Reset() {
 	*x = RunReport{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -704,7 +1063,7 @@ func (x *RunReport) String() string {
 func (*RunReport) ProtoMessage() {}
 
 func (x *RunReport) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -717,7 +1076,7 @@ func (x *RunReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunReport.ProtoReflect.Descriptor instead.
 func (*RunReport) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunReport) GetRunId() string {
@@ -1224,6 +1583,48 @@ func (x *RunReport) GetJPerPflop() float64 {
 	return 0
 }
 
+func (x *RunReport) GetGpuShareMethod() string {
+	if x != nil {
+		return x.GpuShareMethod
+	}
+	return ""
+}
+
+func (x *RunReport) GetSharedGpuS() float64 {
+	if x != nil {
+		return x.SharedGpuS
+	}
+	return 0
+}
+
+func (x *RunReport) GetMaxSharingRuns() uint32 {
+	if x != nil {
+		return x.MaxSharingRuns
+	}
+	return 0
+}
+
+func (x *RunReport) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *RunReport) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *RunReport) GetHasUid() bool {
+	if x != nil {
+		return x.HasUid
+	}
+	return false
+}
+
 func (x *RunReport) GetEndStatus() string {
 	if x != nil {
 		return x.EndStatus
@@ -1314,7 +1715,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1727,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1740,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Range) GetLow() float64 {
@@ -1398,7 +1799,7 @@ type RunEstimate struct {
 
 func (x *RunEstimate) Reset() {
 	*x = RunEstimate{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +1811,7 @@ func (x *RunEstimate) String() string {
 func (*RunEstimate) ProtoMessage() {}
 
 func (x *RunEstimate) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +1824,7 @@ func (x *RunEstimate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEstimate.ProtoReflect.Descriptor instead.
 func (*RunEstimate) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{13}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RunEstimate) GetModel() string {
@@ -1565,7 +1966,7 @@ type EnergyBandCost struct {
 
 func (x *EnergyBandCost) Reset() {
 	*x = EnergyBandCost{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1978,7 @@ func (x *EnergyBandCost) String() string {
 func (*EnergyBandCost) ProtoMessage() {}
 
 func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +1991,7 @@ func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnergyBandCost.ProtoReflect.Descriptor instead.
 func (*EnergyBandCost) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{14}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EnergyBandCost) GetBand() string {
@@ -1625,7 +2026,38 @@ var File_trainmeter_v1_query_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\n" +
-	"\x19trainmeter/v1/query.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1atrainmeter/v1/ingest.proto\"*\n" +
+	"\x19trainmeter/v1/query.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1atrainmeter/v1/ingest.proto\"\x82\x01\n" +
+	"\fUsageRequest\x120\n" +
+	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x0e\n" +
+	"\x02by\x18\x03 \x03(\tR\x02by\"\xb8\x02\n" +
+	"\bUsageRow\x12\x12\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\x12\x1b\n" +
+	"\tidle_node\x18\x02 \x01(\tR\bidleNode\x12\x12\n" +
+	"\x04idle\x18\x03 \x01(\bR\x04idle\x12\x1f\n" +
+	"\vgpu_seconds\x18\x04 \x01(\x01R\n" +
+	"gpuSeconds\x12\x19\n" +
+	"\benergy_j\x18\x05 \x01(\x01R\aenergyJ\x12\x19\n" +
+	"\bcost_usd\x18\x06 \x01(\x01R\acostUsd\x12\x19\n" +
+	"\bhas_cost\x18\a \x01(\bR\ahasCost\x12\x1b\n" +
+	"\tgpu_share\x18\b \x01(\x01R\bgpuShare\x12!\n" +
+	"\fenergy_share\x18\t \x01(\x01R\venergyShare\x12!\n" +
+	"\fprice_source\x18\n" +
+	" \x01(\tR\vpriceSource\x12\x12\n" +
+	"\x04runs\x18\v \x01(\rR\x04runs\"\xa9\x01\n" +
+	"\tNodeUsage\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
+	"\vgpu_seconds\x18\x02 \x01(\x01R\n" +
+	"gpuSeconds\x12\x19\n" +
+	"\benergy_j\x18\x03 \x01(\x01R\aenergyJ\x12(\n" +
+	"\x10idle_gpu_seconds\x18\x04 \x01(\x01R\x0eidleGpuSeconds\x12\"\n" +
+	"\ridle_energy_j\x18\x05 \x01(\x01R\vidleEnergyJ\"\xe0\x01\n" +
+	"\rUsageResponse\x12\x0e\n" +
+	"\x02by\x18\x01 \x03(\tR\x02by\x12+\n" +
+	"\x04rows\x18\x02 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
+	"\x05nodes\x18\x03 \x03(\v2\x18.trainmeter.v1.NodeUsageR\x05nodes\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"*\n" +
 	"\x0fListRunsRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\"@\n" +
 	"\x10ListRunsResponse\x12,\n" +
@@ -1653,7 +2085,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xd0\x1a\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\x85\x1c\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -1738,7 +2170,14 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\vpeak_tflops\x18F \x01(\x01H\fR\n" +
 	"peakTflops\x88\x01\x01\x12\x15\n" +
 	"\x03mfu\x18G \x01(\x01H\rR\x03mfu\x88\x01\x01\x12#\n" +
-	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x12\x1d\n" +
+	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x12(\n" +
+	"\x10gpu_share_method\x18L \x01(\tR\x0egpuShareMethod\x12 \n" +
+	"\fshared_gpu_s\x18M \x01(\x01R\n" +
+	"sharedGpuS\x12(\n" +
+	"\x10max_sharing_runs\x18N \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
+	"\x04user\x18O \x01(\tR\x04user\x12\x10\n" +
+	"\x03uid\x18P \x01(\rR\x03uid\x12\x17\n" +
+	"\ahas_uid\x18Q \x01(\bR\x06hasUid\x12\x1d\n" +
 	"\n" +
 	"end_status\x18I \x01(\tR\tendStatus\x12\x19\n" +
 	"\bpaused_s\x18J \x01(\x01R\apausedS\x12\x18\n" +
@@ -1803,14 +2242,15 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04band\x18\x01 \x01(\tR\x04band\x12\x10\n" +
 	"\x03kwh\x18\x02 \x01(\x01R\x03kwh\x12\x1e\n" +
 	"\vusd_per_kwh\x18\x03 \x01(\x01R\tusdPerKwh\x12\x19\n" +
-	"\bcost_usd\x18\x04 \x01(\x01R\acostUsd2\x97\x03\n" +
+	"\bcost_usd\x18\x04 \x01(\x01R\acostUsd2\xdb\x03\n" +
 	"\fQueryService\x12K\n" +
 	"\bListRuns\x12\x1e.trainmeter.v1.ListRunsRequest\x1a\x1f.trainmeter.v1.ListRunsResponse\x12E\n" +
 	"\x06GetRun\x12\x1c.trainmeter.v1.GetRunRequest\x1a\x1d.trainmeter.v1.GetRunResponse\x12S\n" +
 	"\n" +
 	"ExportRuns\x12 .trainmeter.v1.ExportRunsRequest\x1a!.trainmeter.v1.ExportRunsResponse0\x01\x12N\n" +
 	"\tListNodes\x12\x1f.trainmeter.v1.ListNodesRequest\x1a .trainmeter.v1.ListNodesResponse\x12N\n" +
-	"\tDeleteRun\x12\x1f.trainmeter.v1.DeleteRunRequest\x1a .trainmeter.v1.DeleteRunResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
+	"\tDeleteRun\x12\x1f.trainmeter.v1.DeleteRunRequest\x1a .trainmeter.v1.DeleteRunResponse\x12B\n" +
+	"\x05Usage\x12\x1b.trainmeter.v1.UsageRequest\x1a\x1c.trainmeter.v1.UsageResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
 
 var (
 	file_trainmeter_v1_query_proto_rawDescOnce sync.Once
@@ -1824,63 +2264,75 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_trainmeter_v1_query_proto_goTypes = []any{
-	(*ListRunsRequest)(nil),       // 0: trainmeter.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 1: trainmeter.v1.ListRunsResponse
-	(*GetRunRequest)(nil),         // 2: trainmeter.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 3: trainmeter.v1.GetRunResponse
-	(*ExportRunsRequest)(nil),     // 4: trainmeter.v1.ExportRunsRequest
-	(*ExportRunsResponse)(nil),    // 5: trainmeter.v1.ExportRunsResponse
-	(*DeleteRunRequest)(nil),      // 6: trainmeter.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 7: trainmeter.v1.DeleteRunResponse
-	(*ListNodesRequest)(nil),      // 8: trainmeter.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),     // 9: trainmeter.v1.ListNodesResponse
-	(*NodeStatus)(nil),            // 10: trainmeter.v1.NodeStatus
-	(*RunReport)(nil),             // 11: trainmeter.v1.RunReport
-	(*Range)(nil),                 // 12: trainmeter.v1.Range
-	(*RunEstimate)(nil),           // 13: trainmeter.v1.RunEstimate
-	(*EnergyBandCost)(nil),        // 14: trainmeter.v1.EnergyBandCost
-	nil,                           // 15: trainmeter.v1.RunReport.LabelsEntry
-	(*GpuInfo)(nil),               // 16: trainmeter.v1.GpuInfo
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
-	(*RunMetadata)(nil),           // 18: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 19: trainmeter.v1.Eval
+	(*UsageRequest)(nil),          // 0: trainmeter.v1.UsageRequest
+	(*UsageRow)(nil),              // 1: trainmeter.v1.UsageRow
+	(*NodeUsage)(nil),             // 2: trainmeter.v1.NodeUsage
+	(*UsageResponse)(nil),         // 3: trainmeter.v1.UsageResponse
+	(*ListRunsRequest)(nil),       // 4: trainmeter.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 5: trainmeter.v1.ListRunsResponse
+	(*GetRunRequest)(nil),         // 6: trainmeter.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 7: trainmeter.v1.GetRunResponse
+	(*ExportRunsRequest)(nil),     // 8: trainmeter.v1.ExportRunsRequest
+	(*ExportRunsResponse)(nil),    // 9: trainmeter.v1.ExportRunsResponse
+	(*DeleteRunRequest)(nil),      // 10: trainmeter.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 11: trainmeter.v1.DeleteRunResponse
+	(*ListNodesRequest)(nil),      // 12: trainmeter.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),     // 13: trainmeter.v1.ListNodesResponse
+	(*NodeStatus)(nil),            // 14: trainmeter.v1.NodeStatus
+	(*RunReport)(nil),             // 15: trainmeter.v1.RunReport
+	(*Range)(nil),                 // 16: trainmeter.v1.Range
+	(*RunEstimate)(nil),           // 17: trainmeter.v1.RunEstimate
+	(*EnergyBandCost)(nil),        // 18: trainmeter.v1.EnergyBandCost
+	nil,                           // 19: trainmeter.v1.RunReport.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*GpuInfo)(nil),               // 21: trainmeter.v1.GpuInfo
+	(*RunMetadata)(nil),           // 22: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 23: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
-	11, // 0: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
-	11, // 1: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
-	11, // 2: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
-	10, // 3: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	16, // 4: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	17, // 5: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	18, // 6: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	17, // 7: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	17, // 8: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	19, // 9: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	15, // 10: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
-	14, // 11: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
-	13, // 12: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
-	12, // 13: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
-	12, // 14: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
-	12, // 15: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
-	12, // 16: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
-	17, // 17: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
-	0,  // 18: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	2,  // 19: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	4,  // 20: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	8,  // 21: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	6,  // 22: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	1,  // 23: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	3,  // 24: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	5,  // 25: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	9,  // 26: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	7,  // 27: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	20, // 0: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
+	20, // 1: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
+	1,  // 2: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
+	2,  // 3: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
+	20, // 4: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
+	20, // 5: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
+	15, // 6: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
+	15, // 7: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
+	15, // 8: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
+	14, // 9: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
+	21, // 10: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	20, // 11: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	22, // 12: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	20, // 13: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	20, // 14: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	23, // 15: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	19, // 16: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	18, // 17: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
+	17, // 18: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
+	16, // 19: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
+	16, // 20: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
+	16, // 21: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
+	16, // 22: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
+	20, // 23: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
+	4,  // 24: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	6,  // 25: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	8,  // 26: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	12, // 27: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	10, // 28: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	0,  // 29: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
+	5,  // 30: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	7,  // 31: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	9,  // 32: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	13, // 33: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	11, // 34: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	3,  // 35: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
+	30, // [30:36] is the sub-list for method output_type
+	24, // [24:30] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -1889,14 +2341,14 @@ func file_trainmeter_v1_query_proto_init() {
 		return
 	}
 	file_trainmeter_v1_ingest_proto_init()
-	file_trainmeter_v1_query_proto_msgTypes[11].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	QueryService_ExportRuns_FullMethodName = "/trainmeter.v1.QueryService/ExportRuns"
 	QueryService_ListNodes_FullMethodName  = "/trainmeter.v1.QueryService/ListNodes"
 	QueryService_DeleteRun_FullMethodName  = "/trainmeter.v1.QueryService/DeleteRun"
+	QueryService_Usage_FullMethodName      = "/trainmeter.v1.QueryService/Usage"
 )
 
 // QueryServiceClient is the client API for QueryService service.
@@ -42,6 +43,9 @@ type QueryServiceClient interface {
 	// only when the collector has tokens). Batches of the run that arrive
 	// afterwards (a run still reporting) start it again.
 	DeleteRun(ctx context.Context, in *DeleteRunRequest, opts ...grpc.CallOption) (*DeleteRunResponse, error)
+	// Usage is showback: the nodes' GPU time, energy and cost over a period,
+	// grouped, with each node's idle share (docs/costs.md, "Usage").
+	Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error)
 }
 
 type queryServiceClient struct {
@@ -111,6 +115,16 @@ func (c *queryServiceClient) DeleteRun(ctx context.Context, in *DeleteRunRequest
 	return out, nil
 }
 
+func (c *queryServiceClient) Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UsageResponse)
+	err := c.cc.Invoke(ctx, QueryService_Usage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QueryServiceServer is the server API for QueryService service.
 // All implementations must embed UnimplementedQueryServiceServer
 // for forward compatibility.
@@ -127,6 +141,9 @@ type QueryServiceServer interface {
 	// only when the collector has tokens). Batches of the run that arrive
 	// afterwards (a run still reporting) start it again.
 	DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error)
+	// Usage is showback: the nodes' GPU time, energy and cost over a period,
+	// grouped, with each node's idle share (docs/costs.md, "Usage").
+	Usage(context.Context, *UsageRequest) (*UsageResponse, error)
 	mustEmbedUnimplementedQueryServiceServer()
 }
 
@@ -151,6 +168,9 @@ func (UnimplementedQueryServiceServer) ListNodes(context.Context, *ListNodesRequ
 }
 func (UnimplementedQueryServiceServer) DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteRun not implemented")
+}
+func (UnimplementedQueryServiceServer) Usage(context.Context, *UsageRequest) (*UsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Usage not implemented")
 }
 func (UnimplementedQueryServiceServer) mustEmbedUnimplementedQueryServiceServer() {}
 func (UnimplementedQueryServiceServer) testEmbeddedByValue()                      {}
@@ -256,6 +276,24 @@ func _QueryService_DeleteRun_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _QueryService_Usage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueryServiceServer).Usage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QueryService_Usage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueryServiceServer).Usage(ctx, req.(*UsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // QueryService_ServiceDesc is the grpc.ServiceDesc for QueryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -278,6 +316,10 @@ var QueryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteRun",
 			Handler:    _QueryService_DeleteRun_Handler,
+		},
+		{
+			MethodName: "Usage",
+			Handler:    _QueryService_Usage_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -82,10 +82,17 @@ type Aggregate struct {
 	NodesApart bool `protobuf:"varint,55,opt,name=nodes_apart,json=nodesApart,proto3" json:"nodes_apart,omitempty"`
 	// --- run lifecycle (issue 15) ---
 	// Pauses between the run's end and a resume, as [start, end) pairs.
-	PauseStarts   []int64 `protobuf:"varint,56,rep,packed,name=pause_starts,json=pauseStarts,proto3" json:"pause_starts,omitempty"`
-	PauseEnds     []int64 `protobuf:"varint,57,rep,packed,name=pause_ends,json=pauseEnds,proto3" json:"pause_ends,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PauseStarts []int64 `protobuf:"varint,56,rep,packed,name=pause_starts,json=pauseStarts,proto3" json:"pause_starts,omitempty"`
+	PauseEnds   []int64 `protobuf:"varint,57,rep,packed,name=pause_ends,json=pauseEnds,proto3" json:"pause_ends,omitempty"`
+	// --- issue 16 (i16-share): sharing and who ran it ---
+	SharedGpuSeconds float64  `protobuf:"fixed64,58,opt,name=shared_gpu_seconds,json=sharedGpuSeconds,proto3" json:"shared_gpu_seconds,omitempty"`
+	ShareMethods     []string `protobuf:"bytes,59,rep,name=share_methods,json=shareMethods,proto3" json:"share_methods,omitempty"`
+	MaxSharingRuns   uint32   `protobuf:"varint,60,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
+	User             string   `protobuf:"bytes,61,opt,name=user,proto3" json:"user,omitempty"`
+	Uid              uint32   `protobuf:"varint,62,opt,name=uid,proto3" json:"uid,omitempty"`
+	HasUid           bool     `protobuf:"varint,63,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -508,6 +515,48 @@ func (x *Aggregate) GetPauseEnds() []int64 {
 		return x.PauseEnds
 	}
 	return nil
+}
+
+func (x *Aggregate) GetSharedGpuSeconds() float64 {
+	if x != nil {
+		return x.SharedGpuSeconds
+	}
+	return 0
+}
+
+func (x *Aggregate) GetShareMethods() []string {
+	if x != nil {
+		return x.ShareMethods
+	}
+	return nil
+}
+
+func (x *Aggregate) GetMaxSharingRuns() uint32 {
+	if x != nil {
+		return x.MaxSharingRuns
+	}
+	return 0
+}
+
+func (x *Aggregate) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *Aggregate) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *Aggregate) GetHasUid() bool {
+	if x != nil {
+		return x.HasUid
+	}
+	return false
 }
 
 type Metadata struct {
@@ -1077,7 +1126,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\x85\x12\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xc1\x13\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1150,7 +1199,13 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"nodesApart\x12!\n" +
 	"\fpause_starts\x188 \x03(\x03R\vpauseStarts\x12\x1d\n" +
 	"\n" +
-	"pause_ends\x189 \x03(\x03R\tpauseEnds\x1aS\n" +
+	"pause_ends\x189 \x03(\x03R\tpauseEnds\x12,\n" +
+	"\x12shared_gpu_seconds\x18: \x01(\x01R\x10sharedGpuSeconds\x12#\n" +
+	"\rshare_methods\x18; \x03(\tR\fshareMethods\x12(\n" +
+	"\x10max_sharing_runs\x18< \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
+	"\x04user\x18= \x01(\tR\x04user\x12\x10\n" +
+	"\x03uid\x18> \x01(\rR\x03uid\x12\x17\n" +
+	"\ahas_uid\x18? \x01(\bR\x06hasUid\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
