@@ -62,6 +62,7 @@ var methodRoles = map[string]Role{
 	trainmeterv1.QueryService_GetRun_FullMethodName:     RoleRead,
 	trainmeterv1.QueryService_ExportRuns_FullMethodName: RoleRead,
 	trainmeterv1.QueryService_ListNodes_FullMethodName:  RoleRead,
+	trainmeterv1.QueryService_Usage_FullMethodName:      RoleRead,
 	trainmeterv1.QueryService_DeleteRun_FullMethodName:  RoleAdmin,
 	// issue 17
 	trainmeterv1.QueryService_Compare_FullMethodName:  RoleRead,

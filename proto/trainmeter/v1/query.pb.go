@@ -22,6 +22,352 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type UsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The period, [since, until); unset: from the first / to the last record.
+	Since *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=since,proto3" json:"since,omitempty"`
+	Until *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=until,proto3" json:"until,omitempty"`
+	// Grouping: "node", "gpu", "model", "user", "label:KEY"; empty: node.
+	By            []string `protobuf:"bytes,3,rep,name=by,proto3" json:"by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRequest) Reset() {
+	*x = UsageRequest{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRequest) ProtoMessage() {}
+
+func (x *UsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
+func (*UsageRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *UsageRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *UsageRequest) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *UsageRequest) GetBy() []string {
+	if x != nil {
+		return x.By
+	}
+	return nil
+}
+
+// UsageRow is one group: keys in the order of UsageRequest.by.
+type UsageRow struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Keys  []string               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// The node of an idle row (GPU time no run used): one idle row per node.
+	IdleNode   string  `protobuf:"bytes,2,opt,name=idle_node,json=idleNode,proto3" json:"idle_node,omitempty"`
+	Idle       bool    `protobuf:"varint,3,opt,name=idle,proto3" json:"idle,omitempty"`
+	GpuSeconds float64 `protobuf:"fixed64,4,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	EnergyJ    float64 `protobuf:"fixed64,5,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
+	// GPU time at the node's GPU price plus energy at the energy price.
+	CostUsd float64 `protobuf:"fixed64,6,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	HasCost bool    `protobuf:"varint,7,opt,name=has_cost,json=hasCost,proto3" json:"has_cost,omitempty"`
+	// Share of the total GPU-seconds and of the total energy (0-1).
+	GpuShare    float64 `protobuf:"fixed64,8,opt,name=gpu_share,json=gpuShare,proto3" json:"gpu_share,omitempty"`
+	EnergyShare float64 `protobuf:"fixed64,9,opt,name=energy_share,json=energyShare,proto3" json:"energy_share,omitempty"`
+	// Where the GPU price came from (cost: run_start, node, catalog, flag, or mixed).
+	PriceSource string `protobuf:"bytes,10,opt,name=price_source,json=priceSource,proto3" json:"price_source,omitempty"`
+	// Runs in the group.
+	Runs          uint32 `protobuf:"varint,11,opt,name=runs,proto3" json:"runs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRow) Reset() {
+	*x = UsageRow{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRow) ProtoMessage() {}
+
+func (x *UsageRow) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRow.ProtoReflect.Descriptor instead.
+func (*UsageRow) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *UsageRow) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *UsageRow) GetIdleNode() string {
+	if x != nil {
+		return x.IdleNode
+	}
+	return ""
+}
+
+func (x *UsageRow) GetIdle() bool {
+	if x != nil {
+		return x.Idle
+	}
+	return false
+}
+
+func (x *UsageRow) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *UsageRow) GetEnergyJ() float64 {
+	if x != nil {
+		return x.EnergyJ
+	}
+	return 0
+}
+
+func (x *UsageRow) GetCostUsd() float64 {
+	if x != nil {
+		return x.CostUsd
+	}
+	return 0
+}
+
+func (x *UsageRow) GetHasCost() bool {
+	if x != nil {
+		return x.HasCost
+	}
+	return false
+}
+
+func (x *UsageRow) GetGpuShare() float64 {
+	if x != nil {
+		return x.GpuShare
+	}
+	return 0
+}
+
+func (x *UsageRow) GetEnergyShare() float64 {
+	if x != nil {
+		return x.EnergyShare
+	}
+	return 0
+}
+
+func (x *UsageRow) GetPriceSource() string {
+	if x != nil {
+		return x.PriceSource
+	}
+	return ""
+}
+
+func (x *UsageRow) GetRuns() uint32 {
+	if x != nil {
+		return x.Runs
+	}
+	return 0
+}
+
+// NodeUsage is one node's own totals over the period: the GPUs' energy
+// counter difference and GPU time, of which idle_* no run used.
+type NodeUsage struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Node           string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	GpuSeconds     float64                `protobuf:"fixed64,2,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	EnergyJ        float64                `protobuf:"fixed64,3,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
+	IdleGpuSeconds float64                `protobuf:"fixed64,4,opt,name=idle_gpu_seconds,json=idleGpuSeconds,proto3" json:"idle_gpu_seconds,omitempty"`
+	IdleEnergyJ    float64                `protobuf:"fixed64,5,opt,name=idle_energy_j,json=idleEnergyJ,proto3" json:"idle_energy_j,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *NodeUsage) Reset() {
+	*x = NodeUsage{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeUsage) ProtoMessage() {}
+
+func (x *NodeUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
+func (*NodeUsage) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NodeUsage) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeUsage) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetEnergyJ() float64 {
+	if x != nil {
+		return x.EnergyJ
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetIdleGpuSeconds() float64 {
+	if x != nil {
+		return x.IdleGpuSeconds
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetIdleEnergyJ() float64 {
+	if x != nil {
+		return x.IdleEnergyJ
+	}
+	return 0
+}
+
+type UsageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	By            []string               `protobuf:"bytes,1,rep,name=by,proto3" json:"by,omitempty"`
+	Rows          []*UsageRow            `protobuf:"bytes,2,rep,name=rows,proto3" json:"rows,omitempty"`
+	Nodes         []*NodeUsage           `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Until         *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=until,proto3" json:"until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageResponse) Reset() {
+	*x = UsageResponse{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageResponse) ProtoMessage() {}
+
+func (x *UsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
+func (*UsageResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *UsageResponse) GetBy() []string {
+	if x != nil {
+		return x.By
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetRows() []*UsageRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetNodes() []*NodeUsage {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
 type ListRunsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty: all runs.
@@ -32,7 +378,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +390,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +403,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{0}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListRunsRequest) GetRunIds() []string {
@@ -76,7 +422,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -88,7 +434,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -101,7 +447,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{1}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListRunsResponse) GetRuns() []*RunReport {
@@ -120,7 +466,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -132,7 +478,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -145,7 +491,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{2}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -164,7 +510,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -176,7 +522,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -189,7 +535,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{3}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetRunResponse) GetRun() *RunReport {
@@ -208,7 +554,7 @@ type ExportRunsRequest struct {
 
 func (x *ExportRunsRequest) Reset() {
 	*x = ExportRunsRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +566,7 @@ func (x *ExportRunsRequest) String() string {
 func (*ExportRunsRequest) ProtoMessage() {}
 
 func (x *ExportRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +579,7 @@ func (x *ExportRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRunsRequest.ProtoReflect.Descriptor instead.
 func (*ExportRunsRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{4}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExportRunsRequest) GetRunIds() []string {
@@ -252,7 +598,7 @@ type ExportRunsResponse struct {
 
 func (x *ExportRunsResponse) Reset() {
 	*x = ExportRunsResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -264,7 +610,7 @@ func (x *ExportRunsResponse) String() string {
 func (*ExportRunsResponse) ProtoMessage() {}
 
 func (x *ExportRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -277,7 +623,7 @@ func (x *ExportRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRunsResponse.ProtoReflect.Descriptor instead.
 func (*ExportRunsResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{5}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExportRunsResponse) GetRun() *RunReport {
@@ -288,15 +634,20 @@ func (x *ExportRunsResponse) GetRun() *RunReport {
 }
 
 type DeleteRunRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// --- run lifecycle (issue 15) ---
+	// Delete a run that has not ended: the collector ends it first (end
+	// status "stopped: deleted") and drops data of the run that arrives
+	// afterwards. Without force a live run is refused.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteRunRequest) Reset() {
 	*x = DeleteRunRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -308,7 +659,7 @@ func (x *DeleteRunRequest) String() string {
 func (*DeleteRunRequest) ProtoMessage() {}
 
 func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -321,7 +672,7 @@ func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{6}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteRunRequest) GetRunId() string {
@@ -329,6 +680,13 @@ func (x *DeleteRunRequest) GetRunId() string {
 		return x.RunId
 	}
 	return ""
+}
+
+func (x *DeleteRunRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type DeleteRunResponse struct {
@@ -341,7 +699,7 @@ type DeleteRunResponse struct {
 
 func (x *DeleteRunResponse) Reset() {
 	*x = DeleteRunResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -353,7 +711,7 @@ func (x *DeleteRunResponse) String() string {
 func (*DeleteRunResponse) ProtoMessage() {}
 
 func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -366,7 +724,7 @@ func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteRunResponse) GetRecordsDeleted() uint64 {
@@ -384,7 +742,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +754,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +767,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
 }
 
 type ListNodesResponse struct {
@@ -421,7 +779,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -433,7 +791,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -446,7 +804,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -470,7 +828,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +840,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +853,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -635,6 +993,37 @@ type RunReport struct {
 	PeakTflops *float64 `protobuf:"fixed64,70,opt,name=peak_tflops,json=peakTflops,proto3,oneof" json:"peak_tflops,omitempty"`
 	Mfu        *float64 `protobuf:"fixed64,71,opt,name=mfu,proto3,oneof" json:"mfu,omitempty"`
 	JPerPflop  *float64 `protobuf:"fixed64,72,opt,name=j_per_pflop,json=jPerPflop,proto3,oneof" json:"j_per_pflop,omitempty"`
+	// --- issue 16 (i16-share): shared GPUs and who ran it ---
+	// How the run's GPUs were split with other runs on them: "exclusive"
+	// (never shared), "utilization", "memory", "equal", "mig", or "mixed";
+	// shared_gpu_s the GPU-seconds (wall time x GPUs) it spent on a GPU with
+	// other runs; max_sharing_runs the most runs (it included) on one of its
+	// GPUs at once. Its energy_* and gpu_hours are its share (docs/measurement.md).
+	GpuShareMethod string  `protobuf:"bytes,76,opt,name=gpu_share_method,json=gpuShareMethod,proto3" json:"gpu_share_method,omitempty"`
+	SharedGpuS     float64 `protobuf:"fixed64,77,opt,name=shared_gpu_s,json=sharedGpuS,proto3" json:"shared_gpu_s,omitempty"`
+	MaxSharingRuns uint32  `protobuf:"varint,78,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
+	// The user that started the run on its first node (uid; name on that host).
+	User   string `protobuf:"bytes,79,opt,name=user,proto3" json:"user,omitempty"`
+	Uid    uint32 `protobuf:"varint,80,opt,name=uid,proto3" json:"uid,omitempty"`
+	HasUid bool   `protobuf:"varint,81,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
+	// --- run lifecycle (issue 15) ---
+	// How the run ended (RunEnd.end_status; across nodes, the first that is
+	// not ok). "" while the run is live; "ended" for a run whose agents sent
+	// no status (before this field).
+	EndStatus string `protobuf:"bytes,73,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
+	// Seconds between an end and a resume, excluded from wall_s, warmup_s and
+	// every rate (docs/measurement.md). 0 for a run never resumed.
+	PausedS float64 `protobuf:"fixed64,74,opt,name=paused_s,json=pausedS,proto3" json:"paused_s,omitempty"`
+	Resumes uint32  `protobuf:"varint,75,opt,name=resumes,proto3" json:"resumes,omitempty"`
+	// --- i15-display: whole-run power (issue 15 item 3). Numbered from 300
+	// so that fields other branches append after 72 do not collide.
+	// energy_total_j / wall_s: warmup included, all of the run's GPUs (0 when
+	// wall_s is 0).
+	AvgPowerTotalW float64 `protobuf:"fixed64,300,opt,name=avg_power_total_w,json=avgPowerTotalW,proto3" json:"avg_power_total_w,omitempty"`
+	// Highest power of the run's GPUs summed over one tick, warmup included
+	// (peak_power_w is after warmup only). On several nodes, the warmup's part
+	// sums each node's warmup peak: an upper bound.
+	PeakPowerTotalW float64 `protobuf:"fixed64,301,opt,name=peak_power_total_w,json=peakPowerTotalW,proto3" json:"peak_power_total_w,omitempty"`
 	// --- issue 16 items 4-5 (owned hardware, estimate and cost cap). Numbered
 	// from 200 so that fields other branches append after 72 do not collide.
 	// Where the GPU-hour price came from: run_start, node, amortized, catalog,
@@ -650,13 +1039,19 @@ type RunReport struct {
 	Estimate *RunEstimate `protobuf:"bytes,203,opt,name=estimate,proto3" json:"estimate,omitempty"`
 	// Why no estimate could be made at start, when one was asked for.
 	EstimateError string `protobuf:"bytes,204,opt,name=estimate_error,json=estimateError,proto3" json:"estimate_error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// --- issue 18 (accuracy) ---
+	// Stated uncertainty of energy_j, ± % (docs/accuracy.md): from the energy
+	// method, the GPU generation's sensor and the measured seconds; excludes
+	// the board's gain (about ±5 %, not correctable by software). Unset when
+	// the run has no measured window.
+	EnergyUncertaintyPct *float64 `protobuf:"fixed64,90,opt,name=energy_uncertainty_pct,json=energyUncertaintyPct,proto3,oneof" json:"energy_uncertainty_pct,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
 	*x = RunReport{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -668,7 +1063,7 @@ func (x *RunReport) String() string {
 func (*RunReport) ProtoMessage() {}
 
 func (x *RunReport) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -681,7 +1076,7 @@ func (x *RunReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunReport.ProtoReflect.Descriptor instead.
 func (*RunReport) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunReport) GetRunId() string {
@@ -1188,6 +1583,83 @@ func (x *RunReport) GetJPerPflop() float64 {
 	return 0
 }
 
+func (x *RunReport) GetGpuShareMethod() string {
+	if x != nil {
+		return x.GpuShareMethod
+	}
+	return ""
+}
+
+func (x *RunReport) GetSharedGpuS() float64 {
+	if x != nil {
+		return x.SharedGpuS
+	}
+	return 0
+}
+
+func (x *RunReport) GetMaxSharingRuns() uint32 {
+	if x != nil {
+		return x.MaxSharingRuns
+	}
+	return 0
+}
+
+func (x *RunReport) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *RunReport) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *RunReport) GetHasUid() bool {
+	if x != nil {
+		return x.HasUid
+	}
+	return false
+}
+
+func (x *RunReport) GetEndStatus() string {
+	if x != nil {
+		return x.EndStatus
+	}
+	return ""
+}
+
+func (x *RunReport) GetPausedS() float64 {
+	if x != nil {
+		return x.PausedS
+	}
+	return 0
+}
+
+func (x *RunReport) GetResumes() uint32 {
+	if x != nil {
+		return x.Resumes
+	}
+	return 0
+}
+
+func (x *RunReport) GetAvgPowerTotalW() float64 {
+	if x != nil {
+		return x.AvgPowerTotalW
+	}
+	return 0
+}
+
+func (x *RunReport) GetPeakPowerTotalW() float64 {
+	if x != nil {
+		return x.PeakPowerTotalW
+	}
+	return 0
+}
+
 func (x *RunReport) GetPriceSource() string {
 	if x != nil {
 		return x.PriceSource
@@ -1223,6 +1695,13 @@ func (x *RunReport) GetEstimateError() string {
 	return ""
 }
 
+func (x *RunReport) GetEnergyUncertaintyPct() float64 {
+	if x != nil && x.EnergyUncertaintyPct != nil {
+		return *x.EnergyUncertaintyPct
+	}
+	return 0
+}
+
 // Range is a figure with its uncertainty band: mid is the median of the
 // past runs' figure, low and high the best and worst of them.
 type Range struct {
@@ -1236,7 +1715,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1727,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1740,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Range) GetLow() float64 {
@@ -1320,7 +1799,7 @@ type RunEstimate struct {
 
 func (x *RunEstimate) Reset() {
 	*x = RunEstimate{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1332,7 +1811,7 @@ func (x *RunEstimate) String() string {
 func (*RunEstimate) ProtoMessage() {}
 
 func (x *RunEstimate) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1345,7 +1824,7 @@ func (x *RunEstimate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEstimate.ProtoReflect.Descriptor instead.
 func (*RunEstimate) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{13}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RunEstimate) GetModel() string {
@@ -1487,7 +1966,7 @@ type EnergyBandCost struct {
 
 func (x *EnergyBandCost) Reset() {
 	*x = EnergyBandCost{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1499,7 +1978,7 @@ func (x *EnergyBandCost) String() string {
 func (*EnergyBandCost) ProtoMessage() {}
 
 func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1512,7 +1991,7 @@ func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnergyBandCost.ProtoReflect.Descriptor instead.
 func (*EnergyBandCost) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{14}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EnergyBandCost) GetBand() string {
@@ -1561,7 +2040,7 @@ type CompareRequest struct {
 
 func (x *CompareRequest) Reset() {
 	*x = CompareRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +2052,7 @@ func (x *CompareRequest) String() string {
 func (*CompareRequest) ProtoMessage() {}
 
 func (x *CompareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +2065,7 @@ func (x *CompareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareRequest.ProtoReflect.Descriptor instead.
 func (*CompareRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{15}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CompareRequest) GetRunIds() []string {
@@ -1636,7 +2115,7 @@ type CompareStat struct {
 
 func (x *CompareStat) Reset() {
 	*x = CompareStat{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1648,7 +2127,7 @@ func (x *CompareStat) String() string {
 func (*CompareStat) ProtoMessage() {}
 
 func (x *CompareStat) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1661,7 +2140,7 @@ func (x *CompareStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareStat.ProtoReflect.Descriptor instead.
 func (*CompareStat) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CompareStat) GetMean() float64 {
@@ -1729,7 +2208,7 @@ type CompareGroup struct {
 
 func (x *CompareGroup) Reset() {
 	*x = CompareGroup{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1741,7 +2220,7 @@ func (x *CompareGroup) String() string {
 func (*CompareGroup) ProtoMessage() {}
 
 func (x *CompareGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1754,7 +2233,7 @@ func (x *CompareGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareGroup.ProtoReflect.Descriptor instead.
 func (*CompareGroup) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CompareGroup) GetKey() string {
@@ -1851,7 +2330,7 @@ type CompareDiff struct {
 
 func (x *CompareDiff) Reset() {
 	*x = CompareDiff{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1863,7 +2342,7 @@ func (x *CompareDiff) String() string {
 func (*CompareDiff) ProtoMessage() {}
 
 func (x *CompareDiff) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1876,7 +2355,7 @@ func (x *CompareDiff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareDiff.ProtoReflect.Descriptor instead.
 func (*CompareDiff) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CompareDiff) GetValue() float64 {
@@ -1940,7 +2419,7 @@ type CompareRow struct {
 
 func (x *CompareRow) Reset() {
 	*x = CompareRow{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1952,7 +2431,7 @@ func (x *CompareRow) String() string {
 func (*CompareRow) ProtoMessage() {}
 
 func (x *CompareRow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1965,7 +2444,7 @@ func (x *CompareRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareRow.ProtoReflect.Descriptor instead.
 func (*CompareRow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{19}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CompareRow) GetKey() string {
@@ -2026,7 +2505,7 @@ type CompareResponse struct {
 
 func (x *CompareResponse) Reset() {
 	*x = CompareResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2038,7 +2517,7 @@ func (x *CompareResponse) String() string {
 func (*CompareResponse) ProtoMessage() {}
 
 func (x *CompareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2051,7 +2530,7 @@ func (x *CompareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareResponse.ProtoReflect.Descriptor instead.
 func (*CompareResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{20}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CompareResponse) GetBy() string {
@@ -2107,7 +2586,7 @@ type TimelineRequest struct {
 
 func (x *TimelineRequest) Reset() {
 	*x = TimelineRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2598,7 @@ func (x *TimelineRequest) String() string {
 func (*TimelineRequest) ProtoMessage() {}
 
 func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2611,7 @@ func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineRequest.ProtoReflect.Descriptor instead.
 func (*TimelineRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{21}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TimelineRequest) GetRunId() string {
@@ -2185,7 +2664,7 @@ type TimelineSeries struct {
 
 func (x *TimelineSeries) Reset() {
 	*x = TimelineSeries{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2197,7 +2676,7 @@ func (x *TimelineSeries) String() string {
 func (*TimelineSeries) ProtoMessage() {}
 
 func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2210,7 +2689,7 @@ func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineSeries.ProtoReflect.Descriptor instead.
 func (*TimelineSeries) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{22}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TimelineSeries) GetName() string {
@@ -2263,7 +2742,7 @@ type TimelineEvent struct {
 
 func (x *TimelineEvent) Reset() {
 	*x = TimelineEvent{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2275,7 +2754,7 @@ func (x *TimelineEvent) String() string {
 func (*TimelineEvent) ProtoMessage() {}
 
 func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2288,7 +2767,7 @@ func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineEvent.ProtoReflect.Descriptor instead.
 func (*TimelineEvent) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{23}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TimelineEvent) GetTime() *timestamppb.Timestamp {
@@ -2334,7 +2813,7 @@ type TimelineResponse struct {
 
 func (x *TimelineResponse) Reset() {
 	*x = TimelineResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2346,7 +2825,7 @@ func (x *TimelineResponse) String() string {
 func (*TimelineResponse) ProtoMessage() {}
 
 func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2359,7 +2838,7 @@ func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineResponse.ProtoReflect.Descriptor instead.
 func (*TimelineResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{24}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TimelineResponse) GetRunId() string {
@@ -2408,7 +2887,38 @@ var File_trainmeter_v1_query_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\n" +
-	"\x19trainmeter/v1/query.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1atrainmeter/v1/ingest.proto\"*\n" +
+	"\x19trainmeter/v1/query.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1atrainmeter/v1/ingest.proto\"\x82\x01\n" +
+	"\fUsageRequest\x120\n" +
+	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x0e\n" +
+	"\x02by\x18\x03 \x03(\tR\x02by\"\xb8\x02\n" +
+	"\bUsageRow\x12\x12\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\x12\x1b\n" +
+	"\tidle_node\x18\x02 \x01(\tR\bidleNode\x12\x12\n" +
+	"\x04idle\x18\x03 \x01(\bR\x04idle\x12\x1f\n" +
+	"\vgpu_seconds\x18\x04 \x01(\x01R\n" +
+	"gpuSeconds\x12\x19\n" +
+	"\benergy_j\x18\x05 \x01(\x01R\aenergyJ\x12\x19\n" +
+	"\bcost_usd\x18\x06 \x01(\x01R\acostUsd\x12\x19\n" +
+	"\bhas_cost\x18\a \x01(\bR\ahasCost\x12\x1b\n" +
+	"\tgpu_share\x18\b \x01(\x01R\bgpuShare\x12!\n" +
+	"\fenergy_share\x18\t \x01(\x01R\venergyShare\x12!\n" +
+	"\fprice_source\x18\n" +
+	" \x01(\tR\vpriceSource\x12\x12\n" +
+	"\x04runs\x18\v \x01(\rR\x04runs\"\xa9\x01\n" +
+	"\tNodeUsage\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
+	"\vgpu_seconds\x18\x02 \x01(\x01R\n" +
+	"gpuSeconds\x12\x19\n" +
+	"\benergy_j\x18\x03 \x01(\x01R\aenergyJ\x12(\n" +
+	"\x10idle_gpu_seconds\x18\x04 \x01(\x01R\x0eidleGpuSeconds\x12\"\n" +
+	"\ridle_energy_j\x18\x05 \x01(\x01R\vidleEnergyJ\"\xe0\x01\n" +
+	"\rUsageResponse\x12\x0e\n" +
+	"\x02by\x18\x01 \x03(\tR\x02by\x12+\n" +
+	"\x04rows\x18\x02 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
+	"\x05nodes\x18\x03 \x03(\v2\x18.trainmeter.v1.NodeUsageR\x05nodes\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"*\n" +
 	"\x0fListRunsRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\"@\n" +
 	"\x10ListRunsResponse\x12,\n" +
@@ -2420,9 +2930,10 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x11ExportRunsRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\"@\n" +
 	"\x12ExportRunsResponse\x12*\n" +
-	"\x03run\x18\x01 \x01(\v2\x18.trainmeter.v1.RunReportR\x03run\")\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.trainmeter.v1.RunReportR\x03run\"?\n" +
 	"\x10DeleteRunRequest\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\"<\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"<\n" +
 	"\x11DeleteRunResponse\x12'\n" +
 	"\x0frecords_deleted\x18\x01 \x01(\x04R\x0erecordsDeleted\"\x12\n" +
 	"\x10ListNodesRequest\"D\n" +
@@ -2435,7 +2946,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xcc\x18\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\x85\x1c\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -2520,13 +3031,27 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\vpeak_tflops\x18F \x01(\x01H\fR\n" +
 	"peakTflops\x88\x01\x01\x12\x15\n" +
 	"\x03mfu\x18G \x01(\x01H\rR\x03mfu\x88\x01\x01\x12#\n" +
-	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x12\"\n" +
+	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x12(\n" +
+	"\x10gpu_share_method\x18L \x01(\tR\x0egpuShareMethod\x12 \n" +
+	"\fshared_gpu_s\x18M \x01(\x01R\n" +
+	"sharedGpuS\x12(\n" +
+	"\x10max_sharing_runs\x18N \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
+	"\x04user\x18O \x01(\tR\x04user\x12\x10\n" +
+	"\x03uid\x18P \x01(\rR\x03uid\x12\x17\n" +
+	"\ahas_uid\x18Q \x01(\bR\x06hasUid\x12\x1d\n" +
+	"\n" +
+	"end_status\x18I \x01(\tR\tendStatus\x12\x19\n" +
+	"\bpaused_s\x18J \x01(\x01R\apausedS\x12\x18\n" +
+	"\aresumes\x18K \x01(\rR\aresumes\x12*\n" +
+	"\x11avg_power_total_w\x18\xac\x02 \x01(\x01R\x0eavgPowerTotalW\x12,\n" +
+	"\x12peak_power_total_w\x18\xad\x02 \x01(\x01R\x0fpeakPowerTotalW\x12\"\n" +
 	"\fprice_source\x18\xc8\x01 \x01(\tR\vpriceSource\x12\x11\n" +
 	"\x03pue\x18\xc9\x01 \x01(\x01R\x03pue\x12&\n" +
 	"\fmax_cost_usd\x18\xca\x01 \x01(\x01H\x0fR\n" +
 	"maxCostUsd\x88\x01\x01\x127\n" +
 	"\bestimate\x18\xcb\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\x12&\n" +
-	"\x0eestimate_error\x18\xcc\x01 \x01(\tR\restimateError\x1a9\n" +
+	"\x0eestimate_error\x18\xcc\x01 \x01(\tR\restimateError\x129\n" +
+	"\x16energy_uncertainty_pct\x18Z \x01(\x01H\x10R\x14energyUncertaintyPct\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
@@ -2546,7 +3071,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\f_peak_tflopsB\x06\n" +
 	"\x04_mfuB\x0e\n" +
 	"\f_j_per_pflopB\x0f\n" +
-	"\r_max_cost_usd\"?\n" +
+	"\r_max_cost_usdB\x19\n" +
+	"\x17_energy_uncertainty_pct\"?\n" +
 	"\x05Range\x12\x10\n" +
 	"\x03low\x18\x01 \x01(\x01R\x03low\x12\x10\n" +
 	"\x03mid\x18\x02 \x01(\x01R\x03mid\x12\x12\n" +
@@ -2652,7 +3178,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\n" +
 	"warmup_end\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x120\n" +
 	"\x05start\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
-	"\x03end\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x03end2\xae\x04\n" +
+	"\x03end\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x03end2\xf2\x04\n" +
 	"\fQueryService\x12K\n" +
 	"\bListRuns\x12\x1e.trainmeter.v1.ListRunsRequest\x1a\x1f.trainmeter.v1.ListRunsResponse\x12E\n" +
 	"\x06GetRun\x12\x1c.trainmeter.v1.GetRunRequest\x1a\x1d.trainmeter.v1.GetRunResponse\x12S\n" +
@@ -2661,7 +3187,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\tListNodes\x12\x1f.trainmeter.v1.ListNodesRequest\x1a .trainmeter.v1.ListNodesResponse\x12N\n" +
 	"\tDeleteRun\x12\x1f.trainmeter.v1.DeleteRunRequest\x1a .trainmeter.v1.DeleteRunResponse\x12H\n" +
 	"\aCompare\x12\x1d.trainmeter.v1.CompareRequest\x1a\x1e.trainmeter.v1.CompareResponse\x12K\n" +
-	"\bTimeline\x12\x1e.trainmeter.v1.TimelineRequest\x1a\x1f.trainmeter.v1.TimelineResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
+	"\bTimeline\x12\x1e.trainmeter.v1.TimelineRequest\x1a\x1f.trainmeter.v1.TimelineResponse\x12B\n" +
+	"\x05Usage\x12\x1b.trainmeter.v1.UsageRequest\x1a\x1c.trainmeter.v1.UsageResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
 
 var (
 	file_trainmeter_v1_query_proto_rawDescOnce sync.Once
@@ -2675,97 +3202,109 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_trainmeter_v1_query_proto_goTypes = []any{
-	(*ListRunsRequest)(nil),       // 0: trainmeter.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 1: trainmeter.v1.ListRunsResponse
-	(*GetRunRequest)(nil),         // 2: trainmeter.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 3: trainmeter.v1.GetRunResponse
-	(*ExportRunsRequest)(nil),     // 4: trainmeter.v1.ExportRunsRequest
-	(*ExportRunsResponse)(nil),    // 5: trainmeter.v1.ExportRunsResponse
-	(*DeleteRunRequest)(nil),      // 6: trainmeter.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 7: trainmeter.v1.DeleteRunResponse
-	(*ListNodesRequest)(nil),      // 8: trainmeter.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),     // 9: trainmeter.v1.ListNodesResponse
-	(*NodeStatus)(nil),            // 10: trainmeter.v1.NodeStatus
-	(*RunReport)(nil),             // 11: trainmeter.v1.RunReport
-	(*Range)(nil),                 // 12: trainmeter.v1.Range
-	(*RunEstimate)(nil),           // 13: trainmeter.v1.RunEstimate
-	(*EnergyBandCost)(nil),        // 14: trainmeter.v1.EnergyBandCost
-	(*CompareRequest)(nil),        // 15: trainmeter.v1.CompareRequest
-	(*CompareStat)(nil),           // 16: trainmeter.v1.CompareStat
-	(*CompareGroup)(nil),          // 17: trainmeter.v1.CompareGroup
-	(*CompareDiff)(nil),           // 18: trainmeter.v1.CompareDiff
-	(*CompareRow)(nil),            // 19: trainmeter.v1.CompareRow
-	(*CompareResponse)(nil),       // 20: trainmeter.v1.CompareResponse
-	(*TimelineRequest)(nil),       // 21: trainmeter.v1.TimelineRequest
-	(*TimelineSeries)(nil),        // 22: trainmeter.v1.TimelineSeries
-	(*TimelineEvent)(nil),         // 23: trainmeter.v1.TimelineEvent
-	(*TimelineResponse)(nil),      // 24: trainmeter.v1.TimelineResponse
-	nil,                           // 25: trainmeter.v1.RunReport.LabelsEntry
-	(*GpuInfo)(nil),               // 26: trainmeter.v1.GpuInfo
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
-	(*RunMetadata)(nil),           // 28: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 29: trainmeter.v1.Eval
+	(*UsageRequest)(nil),          // 0: trainmeter.v1.UsageRequest
+	(*UsageRow)(nil),              // 1: trainmeter.v1.UsageRow
+	(*NodeUsage)(nil),             // 2: trainmeter.v1.NodeUsage
+	(*UsageResponse)(nil),         // 3: trainmeter.v1.UsageResponse
+	(*ListRunsRequest)(nil),       // 4: trainmeter.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 5: trainmeter.v1.ListRunsResponse
+	(*GetRunRequest)(nil),         // 6: trainmeter.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 7: trainmeter.v1.GetRunResponse
+	(*ExportRunsRequest)(nil),     // 8: trainmeter.v1.ExportRunsRequest
+	(*ExportRunsResponse)(nil),    // 9: trainmeter.v1.ExportRunsResponse
+	(*DeleteRunRequest)(nil),      // 10: trainmeter.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 11: trainmeter.v1.DeleteRunResponse
+	(*ListNodesRequest)(nil),      // 12: trainmeter.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),     // 13: trainmeter.v1.ListNodesResponse
+	(*NodeStatus)(nil),            // 14: trainmeter.v1.NodeStatus
+	(*RunReport)(nil),             // 15: trainmeter.v1.RunReport
+	(*Range)(nil),                 // 16: trainmeter.v1.Range
+	(*RunEstimate)(nil),           // 17: trainmeter.v1.RunEstimate
+	(*EnergyBandCost)(nil),        // 18: trainmeter.v1.EnergyBandCost
+	(*CompareRequest)(nil),        // 19: trainmeter.v1.CompareRequest
+	(*CompareStat)(nil),           // 20: trainmeter.v1.CompareStat
+	(*CompareGroup)(nil),          // 21: trainmeter.v1.CompareGroup
+	(*CompareDiff)(nil),           // 22: trainmeter.v1.CompareDiff
+	(*CompareRow)(nil),            // 23: trainmeter.v1.CompareRow
+	(*CompareResponse)(nil),       // 24: trainmeter.v1.CompareResponse
+	(*TimelineRequest)(nil),       // 25: trainmeter.v1.TimelineRequest
+	(*TimelineSeries)(nil),        // 26: trainmeter.v1.TimelineSeries
+	(*TimelineEvent)(nil),         // 27: trainmeter.v1.TimelineEvent
+	(*TimelineResponse)(nil),      // 28: trainmeter.v1.TimelineResponse
+	nil,                           // 29: trainmeter.v1.RunReport.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(*GpuInfo)(nil),               // 31: trainmeter.v1.GpuInfo
+	(*RunMetadata)(nil),           // 32: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 33: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
-	11, // 0: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
-	11, // 1: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
-	11, // 2: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
-	10, // 3: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	26, // 4: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	27, // 5: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	28, // 6: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	27, // 7: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	27, // 8: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	29, // 9: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	25, // 10: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
-	14, // 11: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
-	13, // 12: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
-	12, // 13: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
-	12, // 14: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
-	12, // 15: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
-	12, // 16: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
-	27, // 17: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
-	16, // 18: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
-	16, // 19: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
-	16, // 20: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
-	16, // 21: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
-	16, // 22: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
-	18, // 23: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
-	18, // 24: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
-	18, // 25: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	18, // 26: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	18, // 27: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	17, // 28: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
-	19, // 29: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
-	27, // 30: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
-	27, // 31: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
-	27, // 32: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
-	22, // 33: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
-	23, // 34: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
-	27, // 35: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
-	27, // 36: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
-	27, // 37: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
-	0,  // 38: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	2,  // 39: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	4,  // 40: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	8,  // 41: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	6,  // 42: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	15, // 43: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
-	21, // 44: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
-	1,  // 45: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	3,  // 46: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	5,  // 47: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	9,  // 48: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	7,  // 49: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	20, // 50: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
-	24, // 51: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
-	45, // [45:52] is the sub-list for method output_type
-	38, // [38:45] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	30, // 0: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
+	30, // 1: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
+	1,  // 2: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
+	2,  // 3: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
+	30, // 4: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
+	30, // 5: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
+	15, // 6: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
+	15, // 7: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
+	15, // 8: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
+	14, // 9: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
+	31, // 10: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	30, // 11: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	32, // 12: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	30, // 13: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	30, // 14: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	33, // 15: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	29, // 16: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	18, // 17: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
+	17, // 18: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
+	16, // 19: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
+	16, // 20: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
+	16, // 21: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
+	16, // 22: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
+	30, // 23: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
+	20, // 24: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
+	20, // 25: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
+	20, // 26: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
+	20, // 27: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
+	20, // 28: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
+	22, // 29: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
+	22, // 30: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
+	22, // 31: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	22, // 32: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	22, // 33: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	21, // 34: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
+	23, // 35: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
+	30, // 36: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
+	30, // 37: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
+	30, // 38: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
+	26, // 39: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
+	27, // 40: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
+	30, // 41: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
+	30, // 42: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
+	30, // 43: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
+	4,  // 44: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	6,  // 45: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	8,  // 46: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	12, // 47: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	10, // 48: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	19, // 49: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
+	25, // 50: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
+	0,  // 51: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
+	5,  // 52: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	7,  // 53: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	9,  // 54: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	13, // 55: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	11, // 56: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	24, // 57: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
+	28, // 58: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
+	3,  // 59: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
+	52, // [52:60] is the sub-list for method output_type
+	44, // [44:52] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -2774,14 +3313,14 @@ func file_trainmeter_v1_query_proto_init() {
 		return
 	}
 	file_trainmeter_v1_ingest_proto_init()
-	file_trainmeter_v1_query_proto_msgTypes[11].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const (
 	QueryService_DeleteRun_FullMethodName  = "/trainmeter.v1.QueryService/DeleteRun"
 	QueryService_Compare_FullMethodName    = "/trainmeter.v1.QueryService/Compare"
 	QueryService_Timeline_FullMethodName   = "/trainmeter.v1.QueryService/Timeline"
+	QueryService_Usage_FullMethodName      = "/trainmeter.v1.QueryService/Usage"
 )
 
 // QueryServiceClient is the client API for QueryService service.
@@ -51,6 +52,9 @@ type QueryServiceClient interface {
 	// Timeline returns a run's stored per-second windows as series,
 	// downsampled on the server, and its events (docs/console.md).
 	Timeline(ctx context.Context, in *TimelineRequest, opts ...grpc.CallOption) (*TimelineResponse, error)
+	// Usage is showback: the nodes' GPU time, energy and cost over a period,
+	// grouped, with each node's idle share (docs/costs.md, "Usage").
+	Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error)
 }
 
 type queryServiceClient struct {
@@ -140,6 +144,16 @@ func (c *queryServiceClient) Timeline(ctx context.Context, in *TimelineRequest, 
 	return out, nil
 }
 
+func (c *queryServiceClient) Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UsageResponse)
+	err := c.cc.Invoke(ctx, QueryService_Usage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QueryServiceServer is the server API for QueryService service.
 // All implementations must embed UnimplementedQueryServiceServer
 // for forward compatibility.
@@ -163,6 +177,9 @@ type QueryServiceServer interface {
 	// Timeline returns a run's stored per-second windows as series,
 	// downsampled on the server, and its events (docs/console.md).
 	Timeline(context.Context, *TimelineRequest) (*TimelineResponse, error)
+	// Usage is showback: the nodes' GPU time, energy and cost over a period,
+	// grouped, with each node's idle share (docs/costs.md, "Usage").
+	Usage(context.Context, *UsageRequest) (*UsageResponse, error)
 	mustEmbedUnimplementedQueryServiceServer()
 }
 
@@ -193,6 +210,9 @@ func (UnimplementedQueryServiceServer) Compare(context.Context, *CompareRequest)
 }
 func (UnimplementedQueryServiceServer) Timeline(context.Context, *TimelineRequest) (*TimelineResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Timeline not implemented")
+}
+func (UnimplementedQueryServiceServer) Usage(context.Context, *UsageRequest) (*UsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Usage not implemented")
 }
 func (UnimplementedQueryServiceServer) mustEmbedUnimplementedQueryServiceServer() {}
 func (UnimplementedQueryServiceServer) testEmbeddedByValue()                      {}
@@ -334,6 +354,24 @@ func _QueryService_Timeline_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _QueryService_Usage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueryServiceServer).Usage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QueryService_Usage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueryServiceServer).Usage(ctx, req.(*UsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // QueryService_ServiceDesc is the grpc.ServiceDesc for QueryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -364,6 +402,10 @@ var QueryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Timeline",
 			Handler:    _QueryService_Timeline_Handler,
+		},
+		{
+			MethodName: "Usage",
+			Handler:    _QueryService_Usage_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
