@@ -851,7 +851,7 @@ type ForecastResponse struct {
 	HasBudget    bool    `protobuf:"varint,12,opt,name=has_budget,json=hasBudget,proto3" json:"has_budget,omitempty"`
 	// P(cost of the N runs > remaining budget), normal approximation.
 	OverageProbability float64 `protobuf:"fixed64,13,opt,name=overage_probability,json=overageProbability,proto3" json:"overage_probability,omitempty"`
-	// --- run lifecycle (issue 15) ---
+	// --- run lifecycle ---
 	// The model's ended runs left out because they failed (end status
 	// error, exit N, signal NAME or lost).
 	FailedLeftOut uint32 `protobuf:"varint,14,opt,name=failed_left_out,json=failedLeftOut,proto3" json:"failed_left_out,omitempty"`
@@ -987,7 +987,7 @@ func (x *ForecastResponse) GetFailedLeftOut() uint32 {
 	return 0
 }
 
-// --- issue 16 item 5.
+// --- estimates and cost caps ---
 type EstimateRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Model  string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`

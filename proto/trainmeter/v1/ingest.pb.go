@@ -749,7 +749,7 @@ type GpuWindow struct {
 	MemoryUsedAvgMib  float64 `protobuf:"fixed64,15,opt,name=memory_used_avg_mib,json=memoryUsedAvgMib,proto3" json:"memory_used_avg_mib,omitempty"`
 	MemoryTotalMib    float64 `protobuf:"fixed64,16,opt,name=memory_total_mib,json=memoryTotalMib,proto3" json:"memory_total_mib,omitempty"`
 	UtilizationAvgPct float64 `protobuf:"fixed64,17,opt,name=utilization_avg_pct,json=utilizationAvgPct,proto3" json:"utilization_avg_pct,omitempty"`
-	// --- issue 16 (i16-share): conservation of the GPU's energy and time ---
+	// --- conservation of the GPU's energy and time ---
 	// The GPU's whole window, in GPU-seconds (window_end - window_start): its
 	// energy and GPU-seconds equal the sum over the runs' shares of this GPU
 	// (RunWindow.gpu_shares) plus the idle share below.
@@ -1053,7 +1053,7 @@ type RunWindow struct {
 	// zero sum means the utilisation is unknown (MIG, a replay trace without
 	// the column), not 0 %. Agents before this field left it 0.
 	UtilizationSamples uint64 `protobuf:"varint,28,opt,name=utilization_samples,json=utilizationSamples,proto3" json:"utilization_samples,omitempty"`
-	// --- issue 16 (i16-share): splitting a shared GPU ---
+	// --- splitting a shared GPU ---
 	// energy_* and gpu_seconds above are the run's share of its GPUs: when
 	// k runs are on one GPU at once, its energy and GPU-seconds are split
 	// between them (docs/measurement.md, "Shared GPUs"). shared_gpu_seconds is
@@ -1536,12 +1536,12 @@ type RunStart struct {
 	TargetGpuUtilization float64 `protobuf:"fixed64,21,opt,name=target_gpu_utilization,json=targetGpuUtilization,proto3" json:"target_gpu_utilization,omitempty"`
 	MaxRamUsage          float64 `protobuf:"fixed64,22,opt,name=max_ram_usage,json=maxRamUsage,proto3" json:"max_ram_usage,omitempty"`
 	AdjustmentInterval   uint64  `protobuf:"varint,23,opt,name=adjustment_interval,json=adjustmentInterval,proto3" json:"adjustment_interval,omitempty"`
-	// --- run lifecycle (issue 15) ---
+	// --- run lifecycle ---
 	// The trainer asked to resume a run that had ended (resume=true /
 	// trainmeter run --resume): the time between the run's end and this
 	// run_start is a pause, excluded from every rate (docs/measurement.md).
 	Resume bool `protobuf:"varint,24,opt,name=resume,proto3" json:"resume,omitempty"`
-	// --- issue 16 (i16-share): who ran it ---
+	// --- who ran it ---
 	// The user name of uid on the agent's host ("" when it has none).
 	User          string `protobuf:"bytes,25,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1909,7 +1909,7 @@ type RunEnd struct {
 	Time      *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
 	WarmupEnd *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=warmup_end,json=warmupEnd,proto3" json:"warmup_end,omitempty"`
 	Reason    string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
-	// --- run lifecycle (issue 15) ---
+	// --- run lifecycle ---
 	// How the run ended on this node, one of: ok, error, exit N, signal NAME,
 	// stopped: <cause> (budget, max-cost, ...), lost (no rank ended it:
 	// trainers vanished, or the agent's restart grace expired). Empty from
@@ -1997,8 +1997,7 @@ type Eval struct {
 	// The trainer sent an epoch (an eval without one is still an epoch
 	// boundary for the dataloader advisor, never a duplicate of epoch 0).
 	HasEpoch bool `protobuf:"varint,8,opt,name=has_epoch,json=hasEpoch,proto3" json:"has_epoch,omitempty"`
-	// --- i15-display: per-epoch step counts (issue 15 item 6); numbered from
-	// 300, clear of other branches' additions.
+	// --- per-epoch step counts ---
 	// Step events the sending rank had reported in the run when it sent the
 	// eval (0: none, or an agent before this field). The difference between
 	// two evals is the epoch's steps exactly, where the 1 s windows would put

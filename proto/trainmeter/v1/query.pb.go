@@ -636,7 +636,7 @@ func (x *ExportRunsResponse) GetRun() *RunReport {
 type DeleteRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	// --- run lifecycle (issue 15) ---
+	// --- run lifecycle ---
 	// Delete a run that has not ended: the collector ends it first (end
 	// status "stopped: deleted") and drops data of the run that arrives
 	// afterwards. Without force a live run is refused.
@@ -993,7 +993,7 @@ type RunReport struct {
 	PeakTflops *float64 `protobuf:"fixed64,70,opt,name=peak_tflops,json=peakTflops,proto3,oneof" json:"peak_tflops,omitempty"`
 	Mfu        *float64 `protobuf:"fixed64,71,opt,name=mfu,proto3,oneof" json:"mfu,omitempty"`
 	JPerPflop  *float64 `protobuf:"fixed64,72,opt,name=j_per_pflop,json=jPerPflop,proto3,oneof" json:"j_per_pflop,omitempty"`
-	// --- issue 16 (i16-share): shared GPUs and who ran it ---
+	// --- shared GPUs and who ran it ---
 	// How the run's GPUs were split with other runs on them: "exclusive"
 	// (never shared), "utilization", "memory", "equal", "mig", or "mixed";
 	// shared_gpu_s the GPU-seconds (wall time x GPUs) it spent on a GPU with
@@ -1006,7 +1006,7 @@ type RunReport struct {
 	User   string `protobuf:"bytes,79,opt,name=user,proto3" json:"user,omitempty"`
 	Uid    uint32 `protobuf:"varint,80,opt,name=uid,proto3" json:"uid,omitempty"`
 	HasUid bool   `protobuf:"varint,81,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
-	// --- run lifecycle (issue 15) ---
+	// --- run lifecycle ---
 	// How the run ended (RunEnd.end_status; across nodes, the first that is
 	// not ok). "" while the run is live; "ended" for a run whose agents sent
 	// no status (before this field).
@@ -1015,8 +1015,7 @@ type RunReport struct {
 	// every rate (docs/measurement.md). 0 for a run never resumed.
 	PausedS float64 `protobuf:"fixed64,74,opt,name=paused_s,json=pausedS,proto3" json:"paused_s,omitempty"`
 	Resumes uint32  `protobuf:"varint,75,opt,name=resumes,proto3" json:"resumes,omitempty"`
-	// --- i15-display: whole-run power (issue 15 item 3). Numbered from 300
-	// so that fields other branches append after 72 do not collide.
+	// --- whole-run power ---
 	// energy_total_j / wall_s: warmup included, all of the run's GPUs (0 when
 	// wall_s is 0).
 	AvgPowerTotalW float64 `protobuf:"fixed64,300,opt,name=avg_power_total_w,json=avgPowerTotalW,proto3" json:"avg_power_total_w,omitempty"`
@@ -1024,8 +1023,7 @@ type RunReport struct {
 	// (peak_power_w is after warmup only). On several nodes, the warmup's part
 	// sums each node's warmup peak: an upper bound.
 	PeakPowerTotalW float64 `protobuf:"fixed64,301,opt,name=peak_power_total_w,json=peakPowerTotalW,proto3" json:"peak_power_total_w,omitempty"`
-	// --- issue 16 items 4-5 (owned hardware, estimate and cost cap). Numbered
-	// from 200 so that fields other branches append after 72 do not collide.
+	// --- price source, owned hardware, estimate and cost cap ---
 	// Where the GPU-hour price came from: run_start, node, amortized, catalog,
 	// flag (--gpu-price-per-hour), mixed (nodes priced differently), or ""
 	// (no price). gpu_price_source says the same, with "default" for "flag".
@@ -1039,7 +1037,7 @@ type RunReport struct {
 	Estimate *RunEstimate `protobuf:"bytes,203,opt,name=estimate,proto3" json:"estimate,omitempty"`
 	// Why no estimate could be made at start, when one was asked for.
 	EstimateError string `protobuf:"bytes,204,opt,name=estimate_error,json=estimateError,proto3" json:"estimate_error,omitempty"`
-	// --- issue 18 (accuracy) ---
+	// --- accuracy ---
 	// Stated uncertainty of energy_j, ± % (docs/accuracy.md): from the energy
 	// method, the GPU generation's sensor and the measured seconds; excludes
 	// the board's gain (about ±5 %, not correctable by software). Unset when

@@ -45,7 +45,7 @@ type QueryServiceClient interface {
 	// only when the collector has tokens). Batches of the run that arrive
 	// afterwards (a run still reporting) start it again.
 	DeleteRun(ctx context.Context, in *DeleteRunRequest, opts ...grpc.CallOption) (*DeleteRunResponse, error)
-	// --- issue 17 items 2-3 (compare, timeline); messages at the end of the file.
+	// --- compare and timeline; their messages are at the end of the file ---
 	// Compare groups runs and compares each group with a baseline group
 	// (docs/console.md); the CLI's `trainmeter compare` and the console use it.
 	Compare(ctx context.Context, in *CompareRequest, opts ...grpc.CallOption) (*CompareResponse, error)
@@ -170,7 +170,7 @@ type QueryServiceServer interface {
 	// only when the collector has tokens). Batches of the run that arrive
 	// afterwards (a run still reporting) start it again.
 	DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error)
-	// --- issue 17 items 2-3 (compare, timeline); messages at the end of the file.
+	// --- compare and timeline; their messages are at the end of the file ---
 	// Compare groups runs and compares each group with a baseline group
 	// (docs/console.md); the CLI's `trainmeter compare` and the console use it.
 	Compare(context.Context, *CompareRequest) (*CompareResponse, error)

@@ -80,11 +80,11 @@ type Aggregate struct {
 	// (collector/internal/store), so that a commit rewrites only the nodes it
 	// changed: a run over a thousand nodes made every commit rewrite ~1 MB.
 	NodesApart bool `protobuf:"varint,55,opt,name=nodes_apart,json=nodesApart,proto3" json:"nodes_apart,omitempty"`
-	// --- run lifecycle (issue 15) ---
+	// --- run lifecycle ---
 	// Pauses between the run's end and a resume, as [start, end) pairs.
 	PauseStarts []int64 `protobuf:"varint,56,rep,packed,name=pause_starts,json=pauseStarts,proto3" json:"pause_starts,omitempty"`
 	PauseEnds   []int64 `protobuf:"varint,57,rep,packed,name=pause_ends,json=pauseEnds,proto3" json:"pause_ends,omitempty"`
-	// --- issue 16 (i16-share): sharing and who ran it ---
+	// --- sharing and who ran it ---
 	SharedGpuSeconds float64  `protobuf:"fixed64,58,opt,name=shared_gpu_seconds,json=sharedGpuSeconds,proto3" json:"shared_gpu_seconds,omitempty"`
 	ShareMethods     []string `protobuf:"bytes,59,rep,name=share_methods,json=shareMethods,proto3" json:"share_methods,omitempty"`
 	MaxSharingRuns   uint32   `protobuf:"varint,60,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
@@ -854,11 +854,10 @@ type Node struct {
 	PeakWatts   []float64 `protobuf:"fixed64,10,rep,packed,name=peak_watts,json=peakWatts,proto3" json:"peak_watts,omitempty"`
 	// The node's GPU indices (Aggregate.gpus), in a node stored apart only.
 	Gpus []uint32 `protobuf:"varint,11,rep,packed,name=gpus,proto3" json:"gpus,omitempty"`
-	// --- run lifecycle (issue 15) ---
+	// --- run lifecycle ---
 	// RunEnd.end_status of the node's latest RunEnd.
 	EndStatus string `protobuf:"bytes,12,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
-	// --- i15-display: whole-run power (issue 15 item 3); numbered from 300,
-	// clear of other branches' additions.
+	// --- whole-run power ---
 	// Highest window peak (W) of the node's warmup windows.
 	WarmupPeak    float64 `protobuf:"fixed64,300,opt,name=warmup_peak,json=warmupPeak,proto3" json:"warmup_peak,omitempty"`
 	unknownFields protoimpl.UnknownFields
