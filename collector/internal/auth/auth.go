@@ -63,10 +63,9 @@ var methodRoles = map[string]Role{
 	trainmeterv1.QueryService_ExportRuns_FullMethodName: RoleRead,
 	trainmeterv1.QueryService_ListNodes_FullMethodName:  RoleRead,
 	trainmeterv1.QueryService_Usage_FullMethodName:      RoleRead,
+	trainmeterv1.QueryService_Compare_FullMethodName:    RoleRead,
+	trainmeterv1.QueryService_Timeline_FullMethodName:   RoleRead,
 	trainmeterv1.QueryService_DeleteRun_FullMethodName:  RoleAdmin,
-	// issue 17
-	trainmeterv1.QueryService_Compare_FullMethodName:  RoleRead,
-	trainmeterv1.QueryService_Timeline_FullMethodName: RoleRead,
 
 	trainmeterv1.RecommendService_Recommend_FullMethodName:         RoleRead,
 	trainmeterv1.RecommendService_DataloaderHistory_FullMethodName: RoleRead,
