@@ -191,7 +191,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
-			a.shareLoop(ctx, t)
+			pollEvery(ctx, t, a.pollSharing)
 		}()
 	}
 	if a.procs != nil {
@@ -199,7 +199,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
-			a.attributeLoop(ctx, t)
+			pollEvery(ctx, t, a.pollAttribution)
 		}()
 	}
 	// The ticker exists before Start returns, so no tick (real or, in tests,

@@ -1,11 +1,9 @@
 package agent
 
 import (
-	"context"
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
-	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 )
@@ -37,18 +35,6 @@ func (a *Agent) initSharing() bool {
 		return true
 	}
 	return false
-}
-
-func (a *Agent) shareLoop(ctx context.Context, t clock.Ticker) {
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
-		a.pollSharing()
-	}
 }
 
 // pollSharing sets, for every GPU that more than one run is on, each run's
