@@ -6,12 +6,14 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BUF := $(GO) tool -modfile=tools/go.mod buf
 BIN := bin
 
-.PHONY: all build proto proto-check staticcheck test test-go fuzz-short test-python test-e2e vet fmt-check demo clean install uninstall deb bench
+.PHONY: all build proto proto-check staticcheck test test-go accuracy-check fuzz-short test-python test-e2e vet fmt-check demo clean install uninstall deb bench
 
 all: build
 
+# --version of both binaries: VERSION (below) plus the commit.
 build:
-	$(GO) build -o $(BIN)/ ./agent/cmd/... ./collector/cmd/...
+	$(GO) build -ldflags "-X github.com/trainmeter/trainmeter/internal/buildinfo.version=$(VERSION)+$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)" \
+		-o $(BIN)/ ./agent/cmd/... ./collector/cmd/...
 
 # Regenerate the protobuf/gRPC code (offline: buf and the plugins are pinned
 # in tools/go.mod and run through `go tool`).
@@ -42,6 +44,11 @@ fmt-check:
 test-go:
 	$(GO) test -race -count=1 ./...
 
+# The accuracy study (docs/accuracy.md): its tables must be what it computes.
+# Not under -race (pure arithmetic, many times slower there), so test-go skips it.
+accuracy-check:
+	$(GO) test -count=1 -run 'TestAccuracyStudy|TestNaivePollerErrors' ./internal/fakenvml/
+
 test-python:
 	cd clients/python && python3 -m unittest discover -s tests -v 2>&1 | tail -5; test $${PIPESTATUS[0]} -eq 0
 
@@ -62,7 +69,7 @@ fuzz-short:
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./pkg/gpu/replay
 	$(GO) test -run='^$$' -fuzz='^FuzzParsePriceList$$' -fuzztime=$(FUZZTIME) ./pkg/prices
 
-test: fmt-check vet proto-check test-go fuzz-short test-python test-e2e
+test: fmt-check vet proto-check test-go accuracy-check fuzz-short test-python test-e2e
 
 # staticcheck, pinned in tools/go.mod. Not yet part of `make test`.
 staticcheck:
@@ -145,8 +152,9 @@ deb:
 
 # The main job end to end on simulated GPUs: collector, agent, two trainer
 # runs that differ, then the runs table and the CSV.
+# KEEP=1 leaves the demo's collector and agent running to explore.
 demo: build
-	scripts/demo.sh
+	KEEP=$(KEEP) scripts/demo.sh
 
 clean:
 	rm -rf $(BIN) .demo dist

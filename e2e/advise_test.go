@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/trainmeter/trainmeter/pkg/money"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -231,7 +232,7 @@ func TestDataloaderAdviceScenarios(t *testing.T) {
 			tr.sync()
 			c.waitEnded(run)
 			rep := c.cli("report", run)
-			for _, want := range []string{"dataloader advice (" + run + ")", tc.wantClass, "avg GPU", "1 adjustments"} {
+			for _, want := range []string{"dataloader advice (" + run + ")", tc.wantClass, "avg GPU", "1 adjustment;"} {
 				if !strings.Contains(rep, want) {
 					t.Errorf("report lacks %q:\n%s", want, rep)
 				}
@@ -315,7 +316,7 @@ func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
 		t.Errorf("total savings $%v: below one recommendation's $%v or above the run's cost $%v", resp.TotalSavingsUsd, es.SavingsUsd, rep.TotalCostUsd)
 	}
 	out := c.cli("recommend", "es", "--min-confidence", "0.9")
-	if !strings.Contains(out, "[early_stopping]") || !strings.Contains(out, fmt.Sprintf("$%.2f", es.SavingsUsd)) || !strings.Contains(out, "total potential savings") {
+	if !strings.Contains(out, "[early_stopping]") || !strings.Contains(out, money.USD(es.SavingsUsd)) || !strings.Contains(out, "total potential savings") {
 		t.Errorf("recommend --min-confidence 0.9:\n%s", out)
 	}
 	if out := c.cli("recommend", "es", "--min-confidence", "0.95"); strings.Contains(out, "[early_stopping]") {

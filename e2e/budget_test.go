@@ -135,7 +135,7 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	c, collector := collectorAt(t, addr, data, collectorArgs...)
 	sock := c.startAgent("budget-node", "sim:2")
 	c.waitStreaming("budget-node")
-	if out := c.cli("budget", "set", "e2e-team-budget", "0.80"); !strings.Contains(out, "budget e2e-team-budget: $0.80 in total") {
+	if out := c.cli("budget", "set", "e2e-team-budget", "0.80"); !strings.Contains(out, "budget e2e-team-budget: $0.800 in total") {
 		t.Fatalf("budget set: %q", out)
 	}
 
@@ -285,6 +285,10 @@ func TestStopBudgetStopsTrainer(t *testing.T) {
 	r := c.waitEnded("s1")
 	if r.TotalCostUsd < 0.2 || r.Labels["team"] != "e2e-stop" {
 		t.Errorf("run cost %v labels %v", r.TotalCostUsd, r.Labels)
+	}
+	// Issue 15 item 2: the stop is the run's end status.
+	if r.EndStatus != "stopped: budget" || c.csvRow("s1")["end_status"] != "stopped: budget" {
+		t.Errorf("end status %q, want stopped: budget", r.EndStatus)
 	}
 	listed := c.cli("alerts", "--kind", "budget")
 	if !strings.Contains(listed, "budget team:e2e-stop (total): spent") || !strings.Contains(listed, "exceeded") {

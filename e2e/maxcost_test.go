@@ -83,6 +83,10 @@ gpus:
 	if r.GetWallS() > 30 {
 		t.Errorf("capped run went on for %v s: not stopped", r.GetWallS())
 	}
+	// Issue 15 item 2: the cap is the run's end status.
+	if r.GetEndStatus() != "stopped: max-cost" {
+		t.Errorf("capped run: end status %q, want stopped: max-cost", r.GetEndStatus())
+	}
 	if r.GetTotalCostUsd() < 1 || r.GetMaxCostUsd() != 1 || r.GetEstimate().GetCostUsd().GetMid() != est.CostUsd.Mid {
 		t.Errorf("capped run: total $%v, max_cost %v, estimate %v (want >= $1, 1, $%v)", r.GetTotalCostUsd(), r.GetMaxCostUsd(),
 			r.GetEstimate().GetCostUsd().GetMid(), est.CostUsd.Mid)

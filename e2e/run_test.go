@@ -53,15 +53,15 @@ func TestRunMeasuresACommand(t *testing.T) {
 	if m == nil || m[1] != "zr" || m[3] != "0" {
 		t.Fatalf("train_sim output %q (want run_id=zr, agent_errors=0)\nstderr:\n%s", out, errOut)
 	}
-	if !strings.Contains(out, "run zr (ended)") || !strings.Contains(errOut, "trainmeter zr | ") {
+	if !strings.Contains(out, "run zr (ended: ok)") || !strings.Contains(errOut, "trainmeter zr | ") {
 		t.Errorf("want the final report on stdout and status lines on stderr\nstdout:\n%s\nstderr:\n%s", out, errOut)
 	}
 	row := c.csvRow("zr")
 	if row["tokens_processed"] != m[2] || m[2] == "0" {
 		t.Errorf("tokens_processed %q, train_sim reported %s", row["tokens_processed"], m[2])
 	}
-	if row["model"] != "sim-model" || row["status"] != "ended" {
-		t.Errorf("model %q status %q", row["model"], row["status"])
+	if row["model"] != "sim-model" || row["status"] != "ended" || row["end_status"] != "ok" {
+		t.Errorf("model %q status %q end_status %q", row["model"], row["status"], row["end_status"])
 	}
 	if num(t, row, "energy_total_J") <= 0 || num(t, row, "wall_s") < 3 {
 		t.Errorf("energy_total_J %s wall_s %s", row["energy_total_J"], row["wall_s"])
@@ -71,10 +71,13 @@ func TestRunMeasuresACommand(t *testing.T) {
 	if code != 3 {
 		t.Fatalf("exit %d, want 3\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
-	if !strings.Contains(out, "run z3 (ended)") {
+	if !strings.Contains(out, "run z3 (ended: exit 3)") {
 		t.Errorf("no report:\n%s\nstderr:\n%s", out, errOut)
 	}
 	row = c.csvRow("z3")
+	if row["end_status"] != "exit 3" {
+		t.Errorf("end_status %q, want exit 3", row["end_status"])
+	}
 	if row["tokens_processed"] != "0" || row["J_per_token"] != "" {
 		t.Errorf("tokens_processed %q J_per_token %q, want no tokens", row["tokens_processed"], row["J_per_token"])
 	}

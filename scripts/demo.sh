@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # make demo: a collector and an agent with two simulated GPUs on this machine,
 # two training runs that differ (backend bnb vs unsloth), then the runs table,
-# one report and the CSV. No root; everything lives in .demo/ and is cleaned up.
+# one report and the CSV. No root; everything lives in .demo/. The collector and
+# the agent are stopped at the end, unless KEEP=1 (make demo KEEP=1): then they
+# keep running for you to explore, and the last lines say how to stop them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin}
@@ -13,16 +15,19 @@ ADDR=127.0.0.1:$PORT
 SOCK=$PWD/$DEMO/agent.sock
 export TRAINMETER_COLLECTOR=$ADDR
 
+KEEP=${KEEP:-0}
 pids=()
+kept=0
 cleanup() {
+	[ "$kept" = 1 ] && return
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 }
 trap cleanup EXIT
 
 echo "==> collector on $ADDR (data in $DEMO/data)"
-"$BIN/trainmeter" serve --listen "$ADDR" --data "$DEMO/data" --gpu-price-per-hour 2.10 \
-	--energy-price-kwh 0.15 --grid-gco2-kwh 400 >"$DEMO/collector.log" 2>&1 &
+PRICES=(--gpu-price-per-hour 2.10 --energy-price-kwh 0.15 --grid-gco2-kwh 400)
+"$BIN/trainmeter" serve --listen "$ADDR" --data "$DEMO/data" "${PRICES[@]}" >"$DEMO/collector.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do "$BIN/trainmeter" nodes >/dev/null 2>&1 && break; sleep 0.1; done
 
@@ -65,3 +70,21 @@ echo
 echo
 echo "==> CSV written to $DEMO/runs.csv"
 if command -v column >/dev/null; then column -s, -t <"$DEMO/runs.csv" | cut -c1-160; else cut -d, -f1-12 "$DEMO/runs.csv"; fi
+echo
+if [ "$KEEP" = 1 ]; then
+	kept=1
+	cat <<EOT
+==> the collector (pid ${pids[0]}, $ADDR) and the agent (pid ${pids[1]}, socket $SOCK) keep running. Explore:
+    export TRAINMETER_COLLECTOR=$ADDR
+    $BIN/trainmeter runs --json | less; $BIN/trainmeter report demo-bnb; $BIN/trainmeter recommend; $BIN/trainmeter nodes
+    $BIN/trainmeter run --socket $SOCK --model my-model --label team=demo -- sleep 5   # measure any command
+    python3 clients/python/examples/train_sim.py --socket $SOCK --run-id my-run --duration-s 20
+  stop them with: kill ${pids[0]} ${pids[1]}   (data stays in $DEMO/)
+EOT
+else
+	cat <<EOT
+==> demo done: the collector and the agent are stopped now; the data stays in $DEMO/data.
+    To keep exploring: make demo KEEP=1 leaves both running and prints what to try, or restart the collector on this data:
+    $BIN/trainmeter serve --data $DEMO/data --listen $ADDR ${PRICES[*]} &   then   TRAINMETER_COLLECTOR=$ADDR $BIN/trainmeter runs
+EOT
+fi

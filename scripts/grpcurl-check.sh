@@ -14,4 +14,7 @@ for svc in trainmeter.v1.IngestService trainmeter.v1.QueryService trainmeter.v1.
 	grep -qx "$svc" <<<"$out" || { echo "grpcurl-check: $svc not listed"; exit 1; }
 done
 go tool -modfile=tools/go.mod grpcurl -plaintext -d '{}' 127.0.0.1:$PORT trainmeter.v1.QueryService/ListRuns >/dev/null
+# The timeline API answers grpcurl too (docs/console.md): NotFound for a run it does not know.
+tl=$(go tool -modfile=tools/go.mod grpcurl -plaintext -d '{"run_id": "no-such-run", "max_points": 500}' 127.0.0.1:$PORT trainmeter.v1.QueryService/Timeline 2>&1 || true)
+grep -q 'NotFound' <<<"$tl" || { echo "grpcurl-check: Timeline: $tl"; exit 1; }
 echo "grpcurl-check: ok"

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/trainmeter/trainmeter/pkg/prices"
+	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -24,16 +25,12 @@ type EstimateRequest struct {
 // ErrNoEstimateHistory: the model has no ended run to learn from.
 var ErrNoEstimateHistory = errors.New("no ended runs with tokens and energy to estimate from")
 
-// Failed tells whether a past run failed, so its pace is left out of
-// estimates. It is nil until runs carry an end status.
-var Failed func(*trainmeterv1.RunReport) bool
-
 // usable: an ended run of the model whose whole-run pace is known, not one
 // that lost data (its figures miss the lost part) or failed.
 func usable(r *trainmeterv1.RunReport, model string) bool {
 	return r.GetEnded() && r.GetMetadata().GetModel() == model && !r.GetIncomplete() &&
 		r.GetTokensProcessed() > 0 && r.GetGpuHours() > 0 && r.GetEnergyTotalJ() > 0 &&
-		(Failed == nil || !Failed(r))
+		!report.Failed(r)
 }
 
 // Estimate gives the time, energy and cost of a run of req.Model over

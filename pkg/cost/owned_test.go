@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -137,11 +138,20 @@ func TestEstimate(t *testing.T) {
 	live.Ended = false
 	lost := pastRun("lost", "m", h100, 1, 1e9, 1, 1, 1)
 	lost.Incomplete = true
-	history = append(history, live, lost)
+	// A run that crashed (or was killed) ran at a pace the next run will not.
+	crashed := pastRun("crashed", "m", h100, 1, 1e9, 1, 1, 1)
+	crashed.EndStatus = "exit 3"
+	// A run stopped by its budget ran at a normal pace until then.
+	stopped := pastRun("stopped", "m", h100, 2, 1e6, 1, 1e6, 2)
+	stopped.EndStatus = "stopped: budget"
+	history = append(history, live, lost, crashed)
 	c := Config{EnergyPricePerKWh: 0.36}
 	e, err := c.Estimate(history, EstimateRequest{Model: "m", Tokens: 4e6})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if withStopped, _ := c.Estimate(append(history, stopped), EstimateRequest{Model: "m", Tokens: 4e6}); !slices.Contains(withStopped.GetBasedOn(), "stopped") {
+		t.Errorf("a run stopped by its budget left out: based on %v", withStopped.GetBasedOn())
 	}
 	if strings.Join(e.GetBasedOn(), ",") != "a,b,c" || e.GetGpus() != 2 || !e.GetSameGpu() {
 		t.Fatalf("based on %v gpus %d same %v", e.GetBasedOn(), e.GetGpus(), e.GetSameGpu())

@@ -3,6 +3,7 @@ package cost
 import (
 	"sort"
 
+	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -21,6 +22,9 @@ func pointsPerUSD(r *trainmeterv1.RunReport) (float64, bool) {
 func SetEfficiency(reports, all []*trainmeterv1.RunReport) {
 	best := map[string]float64{}
 	for _, r := range all {
+		if report.Failed(r) {
+			continue
+		}
 		if v, ok := pointsPerUSD(r); ok && v > best[r.GetMetadata().GetModel()] {
 			best[r.GetMetadata().GetModel()] = v
 		}
@@ -65,9 +69,13 @@ type ModelROI struct {
 	BestUSDPerPoint *float64 `json:"best_usd_per_point,omitempty"`
 	// ROI is (best − baseline points) / the total cost of the runs after
 	// the baseline: what the model's further runs bought per dollar.
-	ROI     *float64 `json:"roi_points_per_usd,omitempty"`
-	PerRun  []RunROI `json:"per_run,omitempty"`
-	USDMtok *float64 `json:"usd_per_mtok,omitempty"`
+	ROI    *float64 `json:"roi_points_per_usd,omitempty"`
+	PerRun []RunROI `json:"per_run,omitempty"`
+	// FailedRuns counts the model's runs that failed (report.Failed): their
+	// cost is in the totals and in what the runs after the baseline cost,
+	// but they are never the baseline, the best, nor given a gain.
+	FailedRuns int      `json:"failed_runs"`
+	USDMtok    *float64 `json:"usd_per_mtok,omitempty"`
 }
 
 func ptr(v float64) *float64 { return &v }
@@ -110,6 +118,10 @@ func modelROI(model string, runs []*trainmeterv1.RunReport) ModelROI {
 		m.TotalCostUSD += r.GetTotalCostUsd()
 		tokens += r.GetTokensProcessed()
 		priced = priced || r.GetHasCost() || r.GetHasEnergyCost()
+		if report.Failed(r) {
+			m.FailedRuns++
+			continue
+		}
 		if _, ok := pointsPerUSD(r); ok && base < 0 {
 			base = i
 		}
@@ -135,7 +147,7 @@ func modelROI(model string, runs []*trainmeterv1.RunReport) ModelROI {
 		rr := RunROI{RunID: r.GetRunId(), TotalCostUSD: r.GetTotalCostUsd(), AccuracyPoints: r.AccuracyPoints}
 		if base >= 0 && i > base {
 			after += r.GetTotalCostUsd()
-			if r.AccuracyPoints != nil {
+			if r.AccuracyPoints != nil && !report.Failed(r) {
 				gain := r.GetAccuracyPoints() - basePts
 				rr.GainPoints = ptr(gain)
 				if r.GetTotalCostUsd() > 0 {

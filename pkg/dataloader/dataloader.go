@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/trainmeter/trainmeter/internal/plural"
 )
 
 // Defaults used when the run_start does not set the targets.
@@ -344,7 +346,7 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 		return adv
 	}
 	if class != MemoryBound && a.lastDirection != 0 && dir != a.lastDirection && a.evaluations-a.lastChangeEval <= NoReverseEvaluations {
-		adv.Reason += fmt.Sprintf(" — held: the last change went the other way %d evaluations ago", a.evaluations-a.lastChangeEval)
+		adv.Reason += fmt.Sprintf(" — held: the last change went the other way %s ago", plural.N(a.evaluations-a.lastChangeEval, "evaluation"))
 		return adv
 	}
 	if !replacing && p == bp && math.Abs(float64(w-bw)) < MinRelativeWorkerChange*float64(bw) {

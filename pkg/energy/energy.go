@@ -265,7 +265,15 @@ func (m *Meter) evalPower(tn int64) (i, g float64, cov coverage) {
 		return last.i, last.g, covered
 	}
 	if tn > last.t {
-		return last.i + last.p*seconds(tn-last.t), last.g, after
+		// Past the newest point only a GPU that stopped reporting is asked
+		// for (the ledger waits for points otherwise, up to seconds). No
+		// energy is invented for it: the curve stays flat (so a window cut
+		// there is never negative) and the time since, once longer than
+		// maxGap, is a gap, as it will be if a point arrives that late.
+		if tn-last.t > m.maxGap {
+			return last.i, last.g + seconds(tn-last.t), after
+		}
+		return last.i, last.g, after
 	}
 	j := searchAfter(pts, tn, func(p *powerPoint) int64 { return p.t })
 	a, b := pts[j-1], pts[j]

@@ -75,3 +75,33 @@ type LoadSetter interface {
 type ProcessLister interface {
 	ComputePIDs(index int) ([]uint32, error)
 }
+
+// ProcessUse is what one process (or, from a replay trace, one run) did on
+// a GPU: SM utilisation (%) and GPU memory (MiB), each with its OK flag.
+type ProcessUse struct {
+	SMPct  float64
+	SMOK   bool
+	MemMiB float64
+	MemOK  bool
+	// MIGSlices is the compute slices of the MIG GPU instance the process
+	// runs in (0: not on a MIG instance). Runs on different instances of
+	// one GPU share its power in proportion to their slices.
+	MIGSlices int
+	// MIGInstance is that instance's id (valid when MIGSlices > 0).
+	MIGInstance uint32
+}
+
+// ProcessUsageReader is implemented by backends that measure each
+// process's use of a GPU (NVML: nvmlDeviceGetProcessUtilization, SM samples
+// since a time, and the compute-process list for memory). The agent polls it
+// at most once a second, off the sampling path, to split a shared GPU.
+type ProcessUsageReader interface {
+	ProcessUsage(index int, since time.Time) (map[uint32]ProcessUse, error)
+}
+
+// RunUsageReader is implemented by backends that state each run's use of a
+// GPU directly (replay traces with per-run columns: docs/replay-format.md),
+// so that the split of a shared GPU can be tested end to end.
+type RunUsageReader interface {
+	RunUsage(index int, now time.Time) map[string]ProcessUse
+}

@@ -14,9 +14,11 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/trainmeter/trainmeter/internal/plural"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 
 	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/pkg/money"
 )
 
 // Kinds of recommendations.
@@ -223,12 +225,12 @@ func costPerEpoch(r *pb.RunReport, done int64) (usd, joules float64) {
 // unreached epochs.
 func lastEpoch(r Run, done int64) (int64, string) {
 	if r.Report.GetEnded() {
-		return done, fmt.Sprintf("ended after %d epochs", done)
+		return done, fmt.Sprintf("ended after %s", plural.N(done, "epoch"))
 	}
 	if int64(r.PlannedEpochs) > done {
-		return int64(r.PlannedEpochs), fmt.Sprintf("live, %d of %d planned epochs done", done, r.PlannedEpochs)
+		return int64(r.PlannedEpochs), fmt.Sprintf("live, %d of %s done", done, plural.N(r.PlannedEpochs, "planned epoch"))
 	}
-	return done, fmt.Sprintf("live, %d epochs done", done)
+	return done, fmt.Sprintf("live, %s done", plural.N(done, "epoch"))
 }
 
 // EarlyStopping: validation loss has not improved by MinDelta (relative)
@@ -279,13 +281,13 @@ func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
 	return &pb.Recommendation{
 		Kind:  KindEarlyStopping,
 		Title: fmt.Sprintf("Stop %s at epoch %d: validation loss plateaued", id, stop),
-		Action: fmt.Sprintf("Stop at epoch %d (best val_loss %.4g at epoch %d; no improvement ≥ %.0f%% for %d evaluations); use early stopping with patience %d",
-			stop, best, bestEpoch, 100*minDelta, patience, patience),
+		Action: fmt.Sprintf("Stop at epoch %d (best val_loss %.4g at epoch %d; no improvement ≥ %.0f%% for %s); use early stopping with patience %d",
+			stop, best, bestEpoch, 100*minDelta, plural.N(patience, "evaluation"), patience),
 		SavingsUsd: float64(left) * perUSD, SavingsJ: float64(left) * perJ, Confidence: conf,
 		Risks:  []string{"the loss may improve again later (a learning-rate schedule, double descent)", "validation set noise can hide slow progress"},
 		RunIds: []string{id}, Model: r.Report.GetMetadata().GetModel(),
-		Evidence: fmt.Sprintf("epochs %d–%d after the stop epoch (%s) = %d × $%.4f/epoch (total $%.4f ÷ %d epochs done)",
-			stop+1, total, how, left, perUSD, r.Report.GetTotalCostUsd(), done),
+		Evidence: fmt.Sprintf("epochs %d–%d after the stop epoch (%s) = %d × %s/epoch (total %s ÷ %s done)",
+			stop+1, total, how, left, money.Rate(perUSD), money.USD(r.Report.GetTotalCostUsd()), plural.N(done, "epoch")),
 	}
 }
 
@@ -329,13 +331,13 @@ func EpochCount(r Run) *pb.Recommendation {
 	id := r.Report.GetRunId()
 	return &pb.Recommendation{
 		Kind:       KindEpochCount,
-		Title:      fmt.Sprintf("Train %s for %d epochs instead of %d", r.Report.GetMetadata().GetModel(), knee.epoch, total),
+		Title:      fmt.Sprintf("Train %s for %s instead of %d", r.Report.GetMetadata().GetModel(), plural.N(knee.epoch, "epoch"), total),
 		Action:     fmt.Sprintf("Set the epoch count to %d: it reached %.4g of the best accuracy %.4g (%.0f%% of the gain)", knee.epoch, knee.acc, best, 100*KneeShare),
 		SavingsUsd: float64(left) * perUSD, SavingsJ: float64(left) * perJ,
 		Confidence: math.Min(0.8, 0.4+0.05*float64(len(pts))),
 		Risks:      []string{fmt.Sprintf("gives up %.4g accuracy", best-knee.acc), "one run's curve; seeds differ"},
 		RunIds:     []string{id}, Model: r.Report.GetMetadata().GetModel(),
-		Evidence: fmt.Sprintf("epochs %d–%d after the knee (%s) = %d × $%.4f/epoch", knee.epoch+1, total, how, left, perUSD),
+		Evidence: fmt.Sprintf("epochs %d–%d after the knee (%s) = %d × %s/epoch", knee.epoch+1, total, how, left, money.Rate(perUSD)),
 	}
 }
 
@@ -431,7 +433,7 @@ func DatasetSize(runs []Run) []*pb.Recommendation {
 			Confidence: math.Min(0.8, 0.4+0.1*float64(len(sizes)-1)),
 			Risks:      []string{"rare cases in the dropped data may matter more than the mean accuracy shows"},
 			RunIds:     []string{small.run.Report.GetRunId(), large.run.Report.GetRunId()}, Model: model,
-			Evidence: fmt.Sprintf("cost of run %s $%.4f × (1 − %d/%d)", large.run.Report.GetRunId(), large.run.Report.GetTotalCostUsd(), small.size, large.size),
+			Evidence: fmt.Sprintf("cost of run %s %s × (1 − %d/%d)", large.run.Report.GetRunId(), money.USD(large.run.Report.GetTotalCostUsd()), small.size, large.size),
 		})
 	}
 	return out
@@ -549,14 +551,14 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*pb.Recommendation {
 			out = append(out, &pb.Recommendation{
 				Kind:  KindComputeTier,
 				Title: fmt.Sprintf("Run %s on %s instead of %s: %.0f%% cheaper per unit of throughput", model, best.name, t.name, 100*bestGap),
-				Action: fmt.Sprintf("Move %s from %s to %s ($%.3g vs $%.3g per Mtok at measured throughput)",
-					model, t.name, best.name, alt*1e6/3600, cur*1e6/3600),
+				Action: fmt.Sprintf("Move %s from %s to %s (%s vs %s per Mtok at measured throughput)",
+					model, t.name, best.name, money.Rate(alt*1e6/3600), money.Rate(cur*1e6/3600)),
 				SavingsUsd: bestGap * t.costUSD, SavingsJ: savedJ,
 				Confidence: math.Min(0.9, 0.6+0.1*float64(min(t.n, best.n))),
 				Risks:      risks,
 				RunIds:     t.runs, Model: model,
-				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s on %s: %s %.4g (%d runs), %s %.4g (%d runs); gap %.1f%% × GPU cost $%.4f; %s",
-					source, t.name, cur, t.n, best.name, alt, best.n, 100*bestGap, t.costUSD, energy),
+				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s on %s: %s %.4g (%s), %s %.4g (%s); gap %.1f%% × GPU cost %s; %s",
+					source, t.name, cur, plural.N(t.n, "run"), best.name, alt, plural.N(best.n, "run"), 100*bestGap, money.USD(t.costUSD), energy),
 			})
 		}
 	}
@@ -601,18 +603,22 @@ func BatchSize(r Run, all []Run) *pb.Recommendation {
 		SavingsUsd: frac * rep.GetTotalCostUsd(), SavingsJ: frac * rep.GetEnergyTotalJ(), Confidence: conf,
 		Risks:  []string{"a larger batch can change convergence (learning rate, generalisation)", "activation memory may grow faster than linearly"},
 		RunIds: []string{rep.GetRunId()}, Model: md.GetModel(),
-		Evidence: fmt.Sprintf("%s; savings = cost $%.4f × (1 − 1/%.3f)", how, rep.GetTotalCostUsd(), speedup),
+		Evidence: fmt.Sprintf("%s; savings = cost %s × (1 − 1/%.3f)", how, money.USD(rep.GetTotalCostUsd()), speedup),
 	}
 }
 
-// Power: among runs of one model on one GPU model, a run at a lower
-// average power per GPU whose J/token is at least PowerMinSaving lower at
-// no more than PowerMaxSlowdown less throughput shows that a lower power
-// limit pays: recommended to the higher-power runs, savings_J = (J/token
+// Power: among like runs (likeKey: same model, GPU model, batch size,
+// sequence length, precision and world size), a run at a lower average
+// power per GPU whose J/token is at least PowerMinSaving lower at no more
+// than PowerMaxSlowdown less throughput shows that a lower power limit
+// pays: recommended to the higher-power runs, savings_J = (J/token
 // difference) × their tokens, savings_usd = energy saved × their $/kWh −
-// the extra GPU-hours of the slowdown. Without such a pair, a heuristic
-// (low confidence) for runs averaging ≥ PowerBusyShare of a known power
-// limit. trainmeter reports; it never changes a limit.
+// the extra GPU-hours of the slowdown. The evidence names the like runs
+// compared. Runs that differ in any of those would compare the setting,
+// not the power: a larger batch or more GPUs changes both J/token and power
+// per GPU. Without such a pair, a heuristic (low confidence) for runs
+// averaging ≥ PowerBusyShare of a known power limit. trainmeter reports; it
+// never changes a limit.
 func Power(runs []Run) []*pb.Recommendation {
 	var out []*pb.Recommendation
 	covered := map[string]bool{}
@@ -623,7 +629,7 @@ func Power(runs []Run) []*pb.Recommendation {
 		if rep.GetJPerToken() <= 0 || rep.GetTokPerS() <= 0 || rep.GetGpus() == 0 || rep.GetMetadata().GetModel() == "" {
 			continue
 		}
-		k := rep.GetMetadata().GetModel() + "\x00" + rep.GetGpuName()
+		k := likeKey(rep)
 		if groups[k] == nil {
 			groups[k] = &group{}
 		}
@@ -656,12 +662,13 @@ func Power(runs []Run) []*pb.Recommendation {
 			out = append(out, &pb.Recommendation{
 				Kind:  KindPower,
 				Title: fmt.Sprintf("Run %s at a lower power limit (~%.0f W per GPU, as run %s)", h.GetMetadata().GetModel(), perGPU(*bestLo), l.GetRunId()),
-				Action: fmt.Sprintf("Lower the GPU power limit towards %.0f W (nvidia-smi -pl); measured %.1f%% less J/token for %.1f%% less throughput",
-					perGPU(*bestLo), 100*(1-l.GetJPerToken()/h.GetJPerToken()), 100*slow),
+				Action: fmt.Sprintf("Lower the GPU power limit towards %.0f W (nvidia-smi -pl); measured %.1f%% less J/token for %s",
+					perGPU(*bestLo), 100*(1-l.GetJPerToken()/h.GetJPerToken()), throughputChange(slow)),
 				SavingsUsd: max(0, usd), SavingsJ: savedJ, Confidence: 0.6,
 				Risks:  []string{"longer wall time (GPU-hours cost more than the energy saved when energy is cheap)", "trainmeter reports this; it never changes a power limit"},
 				RunIds: []string{h.GetRunId()}, Model: h.GetMetadata().GetModel(),
-				Evidence: fmt.Sprintf("J/token %.4g vs %.4g × %d tokens", h.GetJPerToken(), l.GetJPerToken(), h.GetTokensMeasured()),
+				Evidence: fmt.Sprintf("J/token %.4g vs %.4g × %d tokens; compared like runs %s (%s)", h.GetJPerToken(), l.GetJPerToken(), h.GetTokensMeasured(),
+					strings.Join(runIDs(g.runs), ", "), likeDescription(h)),
 			})
 		}
 	}
@@ -687,6 +694,60 @@ func Power(runs []Run) []*pb.Recommendation {
 		})
 	}
 	return out
+}
+
+// likeKey is what two runs must share for the power rule to compare them:
+// model, GPU model, batch size, sequence length, precision and world size
+// (GPUs and nodes; the collector is not told the ranks, and the trainers
+// run one rank per GPU). A field neither run reported matches (both
+// unknown); one reported by only one of them does not.
+func likeKey(r *pb.RunReport) string {
+	m := r.GetMetadata()
+	opt := func(has bool, v int64) string {
+		if !has {
+			return "?"
+		}
+		return fmt.Sprint(v)
+	}
+	return strings.Join([]string{m.GetModel(), r.GetGpuName(), opt(m.GetHasBatchSize(), m.GetBatchSize()),
+		opt(m.GetHasSeqLen(), m.GetSeqLen()), m.GetPrecision(), fmt.Sprint(r.GetGpus()), fmt.Sprint(r.GetNodes())}, "\x00")
+}
+
+// likeDescription says what the like runs share, for the evidence.
+func likeDescription(r *pb.RunReport) string {
+	m := r.GetMetadata()
+	orUnknown := func(s string) string {
+		if s == "" {
+			return "not reported"
+		}
+		return s
+	}
+	opt := func(has bool, v int64) string {
+		if !has {
+			return "not reported"
+		}
+		return fmt.Sprint(v)
+	}
+	return fmt.Sprintf("model %s, GPU %s, batch size %s, seq len %s, precision %s, world size %s on %s",
+		m.GetModel(), orUnknown(r.GetGpuName()), opt(m.GetHasBatchSize(), m.GetBatchSize()), opt(m.GetHasSeqLen(), m.GetSeqLen()),
+		orUnknown(m.GetPrecision()), plural.N(r.GetGpus(), "GPU"), plural.N(r.GetNodes(), "node"))
+}
+
+func runIDs(runs []Run) []string {
+	ids := make([]string, len(runs))
+	for i, r := range runs {
+		ids[i] = r.Report.GetRunId()
+	}
+	return ids
+}
+
+// throughputChange words a slowdown share; the lower-power run may also
+// have been faster.
+func throughputChange(slow float64) string {
+	if slow < 0 {
+		return fmt.Sprintf("%.1f%% more throughput", -100*slow)
+	}
+	return fmt.Sprintf("%.1f%% less throughput", 100*slow)
 }
 
 func kwhPrice(r *pb.RunReport) float64 {

@@ -303,3 +303,56 @@ func TestTotalCountsOverlappingSavingsOnceAndNeverExceedsTheCost(t *testing.T) {
 		t.Fatalf("a single saving of $%v totals $%v", one, usd)
 	}
 }
+
+// The issue's case: the lower-power run differed in batch size and world
+// size (and was faster), so its lower J/token says nothing about a power
+// limit. Only runs alike in model, GPU, batch size, sequence length,
+// precision and world size are compared, and the evidence names them.
+func TestPowerComparesOnlyLikeRuns(t *testing.T) {
+	like := func(id string, powerPerGPU, jPerToken, tokPerS float64) *pb.RunReport {
+		r := report(id, "llama", "H100", 10, 0, tokPerS)
+		r.Gpus, r.Nodes = 2, 1
+		r.Metadata.BatchSize, r.Metadata.HasBatchSize = 32, true
+		r.Metadata.SeqLen, r.Metadata.HasSeqLen = 2048, true
+		r.Metadata.Precision = "bf16"
+		r.AvgPowerW, r.JPerToken, r.TokensMeasured = 2*powerPerGPU, jPerToken, 1e6
+		return r
+	}
+	hi := like("hi", 700, 0.7, 2000)
+	for name, change := range map[string]func(r *pb.RunReport){
+		"batch size":   func(r *pb.RunReport) { r.Metadata.BatchSize = 64 },
+		"world size":   func(r *pb.RunReport) { r.Gpus, r.TokPerS, r.AvgPowerW = 4, 4000, 4*560 },
+		"nodes":        func(r *pb.RunReport) { r.Nodes = 2 },
+		"seq len":      func(r *pb.RunReport) { r.Metadata.HasSeqLen = false },
+		"precision":    func(r *pb.RunReport) { r.Metadata.Precision = "fp16" },
+		"model":        func(r *pb.RunReport) { r.Metadata.Model = "llama-2" },
+		"GPU model":    func(r *pb.RunReport) { r.GpuName = "A100" },
+		"both (issue)": func(r *pb.RunReport) { r.Metadata.BatchSize, r.Gpus, r.TokPerS, r.AvgPowerW = 64, 4, 4400, 4*560 },
+	} {
+		lo := like("lo", 560, 0.59, 2100) // lower power and faster
+		change(lo)
+		if recs := Power([]Run{{Report: hi}, {Report: lo}}); len(recs) != 0 {
+			t.Errorf("%s differs: recommended %v", name, recs)
+		}
+	}
+	other := like("other", 690, 0.71, 1990)
+	lo := like("lo", 560, 0.59, 1950)
+	unlike := like("unlike", 500, 0.5, 2500)
+	unlike.Metadata.BatchSize = 128
+	recs := Power([]Run{{Report: hi}, {Report: lo}, {Report: other}, {Report: unlike}})
+	if len(recs) != 2 {
+		t.Fatalf("want hi and other told to lower their limit, got %v", recs)
+	}
+	for _, rec := range recs {
+		if !strings.Contains(rec.Title, "as run lo") {
+			t.Errorf("compared with the wrong run: %s", rec.Title)
+		}
+		want := "compared like runs hi, lo, other (model llama, GPU H100, batch size 32, seq len 2048, precision bf16, world size 2 GPUs on 1 node)"
+		if !strings.Contains(rec.Evidence, want) {
+			t.Errorf("evidence %q does not say %q", rec.Evidence, want)
+		}
+		if strings.Contains(rec.Evidence, "unlike") {
+			t.Errorf("evidence names the unlike run: %q", rec.Evidence)
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/trainmeter/trainmeter/pkg/money"
 )
 
 // PriceSourceWords says in words where a run's GPU-hour price came from.
@@ -29,7 +31,7 @@ func PriceSourceWords(src string) string {
 // estimate next to the cost so far (the final cost once it ended).
 func writePlan(line func(string, string, ...any), r *RunReport) {
 	if r.MaxCostUsd != nil {
-		line("max cost", "$%.2f (its ranks are told to stop when the total reaches it)", r.GetMaxCostUsd())
+		line("max cost", "%s (its ranks are told to stop when the total reaches it)", money.USD(r.GetMaxCostUsd()))
 	}
 	e := r.GetEstimate()
 	if e == nil {
@@ -44,7 +46,8 @@ func writePlan(line func(string, string, ...any), r *RunReport) {
 		runs = "run"
 	}
 	if e.GetHasCost() {
-		line("estimate", "$%.4f (band $%.4f to $%.4f) for %d tokens on %d GPU(s), from %d past %s", c.GetMid(), c.GetLow(), c.GetHigh(),
+		band := money.USDs(c.GetMid(), c.GetLow(), c.GetHigh())
+		line("estimate", "%s (band %s to %s) for %d tokens on %d GPU(s), from %d past %s", band[0], band[1], band[2],
 			e.GetTokens(), e.GetGpus(), len(e.GetBasedOn()), runs)
 	} else {
 		line("estimate", "- (no price) for %d tokens on %d GPU(s), from %d past %s", e.GetTokens(), e.GetGpus(), len(e.GetBasedOn()), runs)
@@ -56,7 +59,7 @@ func writePlan(line func(string, string, ...any), r *RunReport) {
 		if r.GetEnded() {
 			what = "final cost"
 		}
-		line("  vs estimate", "%s $%.4f = %.0f%% of the estimate", what, r.GetTotalCostUsd(), 100*r.GetTotalCostUsd()/c.GetMid())
+		line("  vs estimate", "%s %s = %.0f%% of the estimate", what, money.USD(r.GetTotalCostUsd()), 100*r.GetTotalCostUsd()/c.GetMid())
 	}
 	for _, n := range e.GetNotes() {
 		line("  note", "%s", n)

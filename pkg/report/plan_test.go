@@ -29,9 +29,9 @@ func TestReportShowsEstimateAndFinal(t *testing.T) {
 		"price source:      amortized (owned GPU",
 		"PUE:               1.3 (energy cost and CO2 are of the GPU energy x 1.3)",
 		"max cost:          $10.00",
-		"estimate:          $5.0000 (band $4.0000 to $8.0000) for 1000 tokens on 2 GPU(s), from 2 past runs",
+		"estimate:          $5.00 (band $4.00 to $8.00) for 1000 tokens on 2 GPU(s), from 2 past runs",
 		"est. time:       1m30s (1m to 5m30s)",
-		"vs estimate:     final cost $6.0000 = 120% of the estimate",
+		"vs estimate:     final cost $6.00 = 120% of the estimate",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())

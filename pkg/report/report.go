@@ -1,5 +1,5 @@
-// Package report renders run reports: the CSV contract (DESIGN.md, "Metric
-// definitions"), a table for terminals and a readable per-run report.
+// Package report renders run reports: the CSV contract (docs/measurement.md,
+// "Per-run figures"), a table for terminals and a readable per-run report.
 //
 // CSV rules:
 //   - Columns are exactly Header(), in that order: run_id, the contract
@@ -28,6 +28,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/trainmeter/trainmeter/internal/plural"
+	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -57,8 +59,16 @@ var header = []string{
 	"usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points", "usd_per_accuracy_point",
 	"efficiency_score", "steps_per_s", "epoch_s", "est_total_s", "flops_per_step", "flops_total",
 	"peak_TFLOPS", "mfu", "J_per_PFLOP",
-	// issue 16 item 4: where the GPU-hour price came from (docs/costs.md)
+	// run lifecycle (docs/measurement.md, "End status")
+	"end_status",
+	// shared GPUs (docs/measurement.md, "Shared GPUs and idle")
+	"gpu_share_method", "shared_gpu_s",
+	// where the GPU-hour price came from (docs/costs.md)
 	"price_source",
+	// whole-run power, warmup included (docs/measurement.md)
+	"avg_power_total_W", "peak_power_total_W",
+	// stated uncertainty of energy_J, ± % (docs/accuracy.md)
+	"energy_uncertainty_pct",
 }
 
 // Header returns the CSV header row.
@@ -70,6 +80,34 @@ func Status(r *RunReport) string {
 		return "ended"
 	}
 	return "running"
+}
+
+// EndStatus is how the run ended ("ok", "error", "exit 3", "signal
+// SIGTERM", "stopped: budget", "lost"), "running" while it runs, and
+// "ended" for a run whose agents sent no status.
+func EndStatus(r *RunReport) string {
+	switch {
+	case !r.GetEnded():
+		return "running"
+	case r.GetEndStatus() == "":
+		return "ended"
+	}
+	return r.GetEndStatus()
+}
+
+// Failed reports whether the run ended in failure (error, a non-zero exit,
+// a signal, lost): its figures describe a partial run, so forecasts, ROI,
+// the optimizer and baselines leave it out. A run stopped on request
+// (stopped: budget) did what it was asked and is not failed.
+func Failed(r *RunReport) bool {
+	if !r.GetEnded() {
+		return false
+	}
+	switch st := r.GetEndStatus(); {
+	case st == "", st == "ok", st == "ended", strings.HasPrefix(st, "stopped"):
+		return false
+	}
+	return true
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
@@ -126,6 +164,28 @@ func tm(r *RunReport, end bool) string {
 		return ""
 	}
 	return t.AsTime().UTC().Format(time.RFC3339Nano)
+}
+
+// TimeFormat is the one format of times in human output (tables, reports,
+// alerts): RFC 3339 in UTC to the second, e.g. 2025-03-01T12:00:00Z. UTC,
+// so that what one user pastes reads the same to a colleague elsewhere and
+// sorts as text; the CSV and --json carry the same instant with its
+// fraction of a second.
+const TimeFormat = time.RFC3339
+
+// Time formats t for human output (TimeFormat).
+func Time(t time.Time) string { return t.UTC().Format(TimeFormat) }
+
+// humanTime is the run's start or end for human output; "" when unknown.
+func humanTime(r *RunReport, end bool) string {
+	t := r.GetStart()
+	if end {
+		t = r.GetEnd()
+	}
+	if t == nil {
+		return ""
+	}
+	return Time(t.AsTime())
 }
 
 // known tells which figures of r are defined.
@@ -238,9 +298,17 @@ func Row(r *RunReport) []string {
 		opt(r.Mfu, F),
 		opt(r.JPerPflop, G9),
 
+		r.GetEndStatus(),
+		r.GetGpuShareMethod(),
+		fIf(r.GetGpuShareMethod() != "", r.GetSharedGpuS()),
 		r.GetPriceSource(),
+		fOK(AvgPowerTotal(r)),
+		fOK(PeakPowerTotal(r)),
+		opt(r.EnergyUncertaintyPct, F),
 	}
 }
+
+func fOK(v float64, ok bool) string { return fIf(ok, v) }
 
 // opt formats an optional figure; "" when it is unknown.
 func opt(v *float64, format func(float64) string) string {
@@ -268,8 +336,12 @@ func Incomplete(r *RunReport) string {
 	if rs := r.GetLostReasons(); len(rs) > 0 {
 		why = " (" + strings.Join(rs, "; ") + ")"
 	}
-	return fmt.Sprintf("INCOMPLETE: %d batch(es) of this run were dropped on an agent%s; missing from the figures: %d tokens, %s J, %.4g GPU-hours",
-		r.GetLostBatches(), why, r.GetLostTokens(), F(r.GetLostEnergyJ()), r.GetLostGpuSeconds()/3600)
+	were := "were"
+	if r.GetLostBatches() == 1 {
+		were = "was"
+	}
+	return fmt.Sprintf("INCOMPLETE: %s of this run %s dropped on an agent%s; missing from the figures: %d tokens, %s J, %.4g GPU-hours",
+		plural.N(r.GetLostBatches(), "batch"), were, why, r.GetLostTokens(), F(r.GetLostEnergyJ()), r.GetLostGpuSeconds()/3600)
 }
 
 // WriteCSV writes the header and one row per run.
@@ -335,33 +407,75 @@ func orDash(s string) string {
 	return s
 }
 
+// tableScopes is the runs table's second header line: each column's scope
+// (docs/measurement.md, "What each figure holds").
+var tableScopes = []string{"", "", "", "", "", "whole run", "whole run", "after warmup", "after warmup",
+	"whole run, all GPUs", "whole run, all GPUs", "per GPU", "whole run"}
+
 // WriteTable writes a one-line-per-run table for terminals.
 func WriteTable(w io.Writer, runs []*RunReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tMODEL\tBACKEND\tSTATUS\tWALL\tTOKENS\tTOK/S\tJ/TOKEN\tAVG W\tENERGY kJ\tVRAM PEAK\t$")
+	fmt.Fprintln(tw, "RUN\tMODEL\tBACKEND\tSTATUS\tSTART\tWALL\tTOKENS\tTOK/S\tJ/TOKEN\tAVG W\tENERGY kJ\tVRAM PEAK MiB\tCOST $")
+	fmt.Fprintln(tw, strings.Join(tableScopes, "\t"))
+	inWarmup := 0
 	for _, r := range runs {
 		k := knownOf(r)
-		cost := r.GetTotalCostUsd()
-		vram := "-"
-		if k.vram {
-			vram = fmt.Sprintf("%.0f MiB", r.GetVramPeakMb())
+		if NeverLeftWarmup(r) {
+			inWarmup++
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+		avg, hasAvg := AvgPowerTotal(r)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			r.GetRunId(),
 			orDash(r.GetMetadata().GetModel()),
 			orDash(r.GetMetadata().GetBackend()),
-			Status(r),
+			EndStatus(r),
+			orDash(humanTime(r, false)),
 			dashS(k.times, Duration(r.GetWallS())),
 			Count(r.GetTokensProcessed()),
 			dash(k.period, "%.0f", r.GetTokPerS()),
 			dash(k.perToken, "%.4g", r.GetJPerToken()),
-			dash(k.measured && k.period, "%.0f", r.GetAvgPowerW()),
-			dash(k.measured, "%.1f", r.GetEnergyJ()/1000),
-			vram,
-			dash(r.GetHasCost() || r.GetHasEnergyCost(), "%.2f", cost),
+			dash(hasAvg, "%.0f", avg),
+			dash(k.times, "%.1f", r.GetEnergyTotalJ()/1000),
+			dash(k.vram, "%.0f", r.GetVramPeakMb()),
+			dashS(r.GetHasCost() || r.GetHasEnergyCost(), strings.TrimPrefix(money.USD(r.GetTotalCostUsd()), "$")),
 		)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if inWarmup > 0 {
+		_, err := fmt.Fprintf(w, "TOK/S and J/TOKEN are - for %s that never left the warmup: %s\n", plural.N(inWarmup, "run"), WarmupHint)
+		return err
+	}
+	return nil
+}
+
+// WarmupHint says how to set the warmup; shown where efficiency figures
+// are empty because a run never left it.
+const WarmupHint = "set a shorter one with warmup_s=/warmup_steps= in trainmeter.start(), `trainmeter run --warmup`, or the agent's --warmup/--warmup-steps (default: 60 s or the 20th step, whichever comes first)"
+
+// AvgPowerTotal is the whole run's mean power, all of its GPUs summed:
+// energy_total_J / wall_s (what the collector sends as avg_power_total_W,
+// computed here too for collectors before that field).
+func AvgPowerTotal(r *RunReport) (float64, bool) {
+	if r.GetStart() == nil || r.GetWallS() <= 0 {
+		return 0, false
+	}
+	return r.GetEnergyTotalJ() / r.GetWallS(), true
+}
+
+// PeakPowerTotal is the whole run's peak power, all of its GPUs summed,
+// warmup included; unknown (false) before any power was seen.
+func PeakPowerTotal(r *RunReport) (float64, bool) {
+	p := max(r.GetPeakPowerTotalW(), r.GetPeakPowerW())
+	return p, p > 0
+}
+
+// NeverLeftWarmup: the run has data but no time after its warmup, so its
+// efficiency figures (tok/s, J/token, after-warmup energy and power) are
+// unknown.
+func NeverLeftWarmup(r *RunReport) bool {
+	return r.GetStart() != nil && r.GetEnergyMethod() == "" && r.GetWallS() > 0
 }
 
 func dashS(ok bool, s string) string {
@@ -385,15 +499,92 @@ func optDur(v *float64) string {
 	return Duration(*v)
 }
 
+// writeCost writes the report's cost lines: the whole run, money in one
+// format (pkg/money) whose parts add up to the total as printed.
+func writeCost(b *strings.Builder, line func(label, format string, args ...any), r *RunReport, k known) {
+	b.WriteString("cost (whole run)\n")
+	line("gpu hours", "%.4g", r.GetGpuHours())
+	priced := r.GetHasCost() || r.GetHasEnergyCost()
+	// The GPU part is what the total holds of it: the GPU cost times the
+	// priority multiplier.
+	energyPart := 0.0
+	if r.GetHasEnergyCost() && !r.GetEnergyIncluded() {
+		energyPart = r.GetEnergyCostUsd()
+	}
+	gpuPart := r.GetTotalCostUsd() - energyPart
+	d := money.Decimals(r.GetTotalCostUsd(), gpuPart, energyPart)
+	total, parts := money.SplitDecimals(d, r.GetTotalCostUsd(), gpuPart, energyPart)
+	mult := r.GetPriorityMultiplier()
+	if r.GetHasCost() {
+		at := "at " + money.Rate(r.GetGpuPricePerHour()) + "/GPU-hour"
+		if mult != 1 && mult != 0 {
+			at = fmt.Sprintf("%s × %.4g priority", at, mult)
+		}
+		line("gpu cost", "%s %s", parts[0], at)
+	} else {
+		line("gpu cost", "%s", "- (no GPU price)")
+	}
+	if src := r.GetPriceSource(); src != "" {
+		line("price source", "%s", PriceSourceWords(src))
+	}
+	if r.GetPue() > 1 {
+		line("PUE", "%.3g (energy cost and CO2 are of the GPU energy x %.3g)", r.GetPue(), r.GetPue())
+	}
+	switch {
+	case r.GetEnergyIncluded():
+		line("energy cost", "%s", "included in the GPU price")
+	case r.GetHasEnergyCost():
+		line("energy cost", "%s", parts[1])
+		if bands := r.GetEnergyBands(); len(bands) > 0 {
+			amounts := make([]float64, len(bands))
+			for i, eb := range bands {
+				amounts[i] = eb.GetCostUsd()
+			}
+			_, shown := money.SplitDecimals(d, energyPart, amounts...)
+			for i, eb := range bands {
+				line("  band "+eb.GetBand(), "%.6g kWh at %s/kWh = %s", eb.GetKwh(), money.Rate(eb.GetUsdPerKwh()), shown[i])
+			}
+		}
+	default:
+		line("energy cost", "%s", "- (no energy price)")
+	}
+	line("total", "%s", dashS(priced, total))
+	writePlan(line, r)
+	if !r.GetEnded() && r.GetProjectionBasis() != "" {
+		line("projected", "%s at completion (%.1f%% of planned %s done)", dashS(priced, money.USD(r.GetProjectedCostUsd())),
+			100*r.GetProgress(), r.GetProjectionBasis())
+	}
+	line("$ per Mtok", "%s (whole run's cost ÷ all tokens)", dashS(k.usdPerMtok, money.Rate(r.GetUsdPerMtok())))
+	if r.UsdPerSample != nil {
+		line("$ per sample", "%s", money.Rate(r.GetUsdPerSample()))
+	}
+	if r.UsdPerEpoch != nil {
+		line("$ per epoch", "%s (%.3g epochs done)", money.Rate(r.GetUsdPerEpoch()), r.GetEpochsDone())
+	}
+	if r.UsdPerAccuracyPoint != nil {
+		line("$ per acc. point", "%s (accuracy %.2f points)", money.Rate(r.GetUsdPerAccuracyPoint()), r.GetAccuracyPoints())
+	}
+	if r.EfficiencyScore != nil {
+		line("efficiency", "%.3f (1 = the model's best accuracy per $)", r.GetEfficiencyScore())
+	}
+}
+
 // WriteReport writes a readable multi-line report of one run.
 func WriteReport(w io.Writer, r *RunReport) error {
 	k := knownOf(r)
 	m := r.GetMetadata()
 	var b strings.Builder
 	line := func(label, format string, args ...any) {
-		fmt.Fprintf(&b, "  %-18s "+format+"\n", append([]any{label + ":"}, args...)...)
+		if label != "" { // "": a continuation line
+			label += ":"
+		}
+		fmt.Fprintf(&b, "  %-18s "+format+"\n", append([]any{label}, args...)...)
 	}
-	fmt.Fprintf(&b, "run %s (%s)\n", r.GetRunId(), Status(r))
+	if st := r.GetEndStatus(); st != "" && st != "ended" && r.GetEnded() {
+		fmt.Fprintf(&b, "run %s (ended: %s)\n", r.GetRunId(), r.GetEndStatus())
+	} else {
+		fmt.Fprintf(&b, "run %s (%s)\n", r.GetRunId(), Status(r))
+	}
 	if inc := Incomplete(r); inc != "" {
 		b.WriteString(inc + "\n")
 	}
@@ -411,98 +602,81 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	if m.GetNotes() != "" {
 		line("notes", "%s", m.GetNotes())
 	}
-	line("hardware", "%d GPU(s) on %d node(s) %s", r.GetGpus(), r.GetNodes(), orDash(r.GetGpuName()))
+	line("hardware", "%s on %s %s", plural.N(r.GetGpus(), "GPU"), plural.N(r.GetNodes(), "node"), orDash(r.GetGpuName()))
+	if r.GetHasUid() {
+		line("user", "%s (uid %d)", orDash(r.GetUser()), r.GetUid())
+	}
+	if n := r.GetMaxSharingRuns(); n > 1 {
+		line("shared GPUs", "with up to %d runs at once (this run included) for %.4g GPU-seconds, split by %s; energy, GPU-hours and cost below are this run's share",
+			n, r.GetSharedGpuS(), orDash(r.GetGpuShareMethod()))
+	} else if r.GetGpuShareMethod() == "exclusive" {
+		line("shared GPUs", "%s", "no: its GPUs ran no other run meanwhile")
+	}
 
 	b.WriteString("time\n")
-	line("start", "%s", orDash(tm(r, false)))
+	line("start", "%s", orDash(humanTime(r, false)))
 	endLabel := "end"
 	if !r.GetEnded() {
 		endLabel = "last data"
 	}
-	line(endLabel, "%s", orDash(tm(r, true)))
-	line("wall", "%s", dashS(k.times, Duration(r.GetWallS())))
-	line("warmup excluded", "%s", dashS(k.times, Duration(r.GetWarmupS())))
+	line(endLabel, "%s", orDash(humanTime(r, true)))
+	line("wall", "%s (whole run)", dashS(k.times, Duration(r.GetWallS())))
+	if r.GetResumes() > 0 {
+		line("paused", "%s between an end and a resume (%s; not run time, in no rate)", Duration(r.GetPausedS()), plural.N(r.GetResumes(), "resume"))
+	}
+	line("warmup", "%s (excluded from the after-warmup figures)", dashS(k.times, Duration(r.GetWarmupS())))
+	if NeverLeftWarmup(r) {
+		what := "the run never left its warmup"
+		if !r.GetEnded() {
+			what = "the run is still in its warmup"
+		}
+		line("note", "%s: tok/s, J/token and the after-warmup energy and power are unknown;", what)
+		line("", "%s", WarmupHint)
+	}
 	if k.dataShare {
-		line("data wait", "%.1f%% of step time (%s waiting, %s computing)",
+		line("data wait", "%.1f%% of step time (%s waiting, %s computing; whole run, all ranks)",
 			100*r.GetDataWaitS()/(r.GetDataWaitS()+r.GetComputeS()), Duration(r.GetDataWaitS()), Duration(r.GetComputeS()))
 	}
 	if r.GetGapS() > 0 {
 		line("sample gaps", "%s", Duration(r.GetGapS()))
 	}
 
-	b.WriteString("tokens\n")
-	line("processed", "%d in %d steps", r.GetTokensProcessed(), r.GetSteps())
+	b.WriteString("tokens (all ranks)\n")
+	line("whole run", "%d in %s", r.GetTokensProcessed(), plural.N(r.GetSteps(), "step"))
 	line("after warmup", "%d", r.GetTokensMeasured())
-	line("throughput", "%s tok/s", dash(k.period, "%.1f", r.GetTokPerS()))
+	line("throughput", "%s tok/s after warmup", dash(k.period, "%.1f", r.GetTokPerS()))
 	if r.GetHasLoss() {
 		line("last loss", "%.4g", r.GetLastLoss())
 	}
 
-	b.WriteString("energy\n")
-	line("after warmup", "%s J (%s)", dash(k.measured, "%.1f", r.GetEnergyJ()), orDash(r.GetEnergyMethod()))
-	line("per token", "%s J  (E10k %s J)", dash(k.perToken, "%.6g", r.GetJPerToken()), dash(k.perToken, "%.6g", r.GetJPerToken()*10000))
+	b.WriteString("energy (all GPUs)\n")
 	line("whole run", "%.1f J = %.6g kWh", r.GetEnergyTotalJ(), r.GetEnergyKwh())
-	line("integrated", "%s J", dash(k.measured, "%.1f", r.GetEnergyJIntegrated()))
+	line("after warmup", "%s J (%s)", dash(k.measured, "%.1f", r.GetEnergyJ()), orDash(r.GetEnergyMethod()))
+	line("per token", "%s J after warmup (E10k %s J)", dash(k.perToken, "%.6g", r.GetJPerToken()), dash(k.perToken, "%.6g", r.GetJPerToken()*10000))
+	line("integrated", "%s J after warmup", dash(k.measured, "%.1f", r.GetEnergyJIntegrated()))
 	if k.counter {
 		line("counter vs integ.", "%+.2f%%", r.GetEnergyDisagreementPct())
 	}
+	if r.EnergyUncertaintyPct != nil {
+		line("uncertainty", "±%.2f%% after warmup (method and sensor; board gain ±5%% not included)", r.GetEnergyUncertaintyPct())
+	}
 	if r.GetEnergyEstimated() {
-		line("note", "%s", "part of the energy is estimated (shared GPU split by utilisation)")
+		line("note", "%s", "part of the energy is estimated, not measured: a GPU that stopped reporting (its counter energy replaced by its sampled power, or its time a gap), a cut past a GPU's newest reading, or an agent restart without a counter")
 	}
 
-	b.WriteString("power\n")
-	line("average", "%s W", dash(k.measured && k.period, "%.1f", r.GetAvgPowerW()))
-	line("peak", "%s W", dash(k.measured, "%.1f", r.GetPeakPowerW()))
+	b.WriteString("power (all GPUs summed)\n")
+	avgTotal, hasAvgTotal := AvgPowerTotal(r)
+	peakTotal, hasPeakTotal := PeakPowerTotal(r)
+	line("average", "%s W whole run, %s W after warmup", dash(hasAvgTotal, "%.1f", avgTotal),
+		dash(k.measured && k.period, "%.1f", r.GetAvgPowerW()))
+	line("peak", "%s W whole run, %s W after warmup", dash(hasPeakTotal, "%.1f", peakTotal),
+		dash(k.measured, "%.1f", r.GetPeakPowerW()))
 
-	b.WriteString("vram\n")
-	line("peak", "%s MiB", dash(k.vram, "%.0f", r.GetVramPeakMb()))
-	line("mean per GPU", "%s MiB", dash(k.vram, "%.0f", r.GetVramAvgMb()))
+	b.WriteString("vram (per GPU, whole run)\n")
+	line("peak", "%s MiB (the highest on any one GPU)", dash(k.vram, "%.0f", r.GetVramPeakMb()))
+	line("mean", "%s MiB", dash(k.vram, "%.0f", r.GetVramAvgMb()))
 
-	b.WriteString("cost\n")
-	line("gpu hours", "%.4g", r.GetGpuHours())
-	if r.GetHasCost() {
-		line("gpu cost", "$%.2f at $%.4g/GPU-hour", r.GetCostUsd(), r.GetGpuPricePerHour())
-	} else {
-		line("gpu cost", "%s", "- (no GPU price)")
-	}
-	if src := r.GetPriceSource(); src != "" {
-		line("price source", "%s", PriceSourceWords(src))
-	}
-	if r.GetPue() > 1 {
-		line("PUE", "%.3g (energy cost and CO2 are of the GPU energy x %.3g)", r.GetPue(), r.GetPue())
-	}
-	if r.GetPriorityMultiplier() != 1 && r.GetPriorityMultiplier() != 0 {
-		line("priority", "x%.4g on the GPU cost", r.GetPriorityMultiplier())
-	}
-	switch {
-	case r.GetEnergyIncluded():
-		line("energy cost", "%s", "included in the GPU price")
-	default:
-		line("energy cost", "%s", dashS(r.GetHasEnergyCost(), fmt.Sprintf("$%.4f", r.GetEnergyCostUsd())))
-	}
-	for _, eb := range r.GetEnergyBands() {
-		line("  band "+eb.GetBand(), "%.6g kWh at $%.4g/kWh = $%.4f", eb.GetKwh(), eb.GetUsdPerKwh(), eb.GetCostUsd())
-	}
-	priced := r.GetHasCost() || r.GetHasEnergyCost()
-	line("total", "%s", dashS(priced, fmt.Sprintf("$%.4f", r.GetTotalCostUsd())))
-	writePlan(line, r)
-	if !r.GetEnded() && r.GetProjectionBasis() != "" {
-		line("projected", "%s at completion (%.1f%% of planned %s done)", dashS(priced, fmt.Sprintf("$%.4f", r.GetProjectedCostUsd())),
-			100*r.GetProgress(), r.GetProjectionBasis())
-	}
-	line("$ per Mtok", "%s", dashS(k.usdPerMtok, fmt.Sprintf("$%.4g", r.GetUsdPerMtok())))
-	if r.UsdPerSample != nil {
-		line("$ per sample", "$%.4g", r.GetUsdPerSample())
-	}
-	if r.UsdPerEpoch != nil {
-		line("$ per epoch", "$%.4g (%.3g epochs done)", r.GetUsdPerEpoch(), r.GetEpochsDone())
-	}
-	if r.UsdPerAccuracyPoint != nil {
-		line("$ per acc. point", "$%.4g (accuracy %.2f points)", r.GetUsdPerAccuracyPoint(), r.GetAccuracyPoints())
-	}
-	if r.EfficiencyScore != nil {
-		line("efficiency", "%.3f (1 = the model's best accuracy per $)", r.GetEfficiencyScore())
-	}
+	writeCost(&b, line, r, k)
 	line("CO2", "%s", dashS(r.GetHasCo2(), fmt.Sprintf("%.4g kg", r.GetCo2Kg())))
 
 	if r.StepsPerS != nil || r.FlopsTotal != nil {
@@ -529,7 +703,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 			}
 			t := ""
 			if e.GetTime() != nil {
-				t = e.GetTime().AsTime().UTC().Format(time.RFC3339)
+				t = Time(e.GetTime().AsTime())
 			}
 			fmt.Fprintf(&b, "  %s  %s\n", t, strings.Join(parts, ", "))
 		}

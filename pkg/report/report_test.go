@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func fullRun() *RunReport {
 		Gpus: 2, Nodes: 1, GpuName: "NVIDIA H100 80GB HBM3", GpuHours: 600.5 * 2 / 3600,
 		CostUsd: 600.5 * 2 / 3600 * 2.1, EnergyKwh: 240000 / 3.6e6, EnergyCostUsd: 240000 / 3.6e6 * 0.3,
 		UsdPerMtok: 0.5, Co2Kg: 240000 / 3.6e6 * 0.4,
-		Start: timestamppb.New(t0), End: timestamppb.New(t0.Add(600500 * time.Millisecond)), Ended: true,
+		Start: timestamppb.New(t0), End: timestamppb.New(t0.Add(600500 * time.Millisecond)), Ended: true, EndStatus: "ok",
 		Steps: 20, DataWaitS: 12, ComputeS: 588, GapS: 0.25, EnergyDisagreementPct: 0.926,
 		GpuPricePerHour: 2.1, HasCost: true, HasEnergyCost: true, HasCo2: true,
 		Evals:   []*trainmeterv1.Eval{{Epoch: 1, ValLoss: 1.93, HasValLoss: true, Accuracy: 0.71, HasAccuracy: true, Time: timestamppb.New(t0.Add(5 * time.Minute))}},
@@ -51,6 +52,7 @@ func fullRun() *RunReport {
 		UsdPerAccuracyPoint: f64(0.0123456789), EfficiencyScore: f64(0.875), StepsPerS: f64(0.0368),
 		EpochS: f64(271.7), EstTotalS: f64(600.5), FlopsPerStep: f64(6 * 8e9 * 65536), FlopsTotal: f64(6 * 8e9 * 1_310_720),
 		PeakTflops: f64(989), Mfu: f64(0.0471), JPerPflop: f64(4.291234567891),
+		EnergyUncertaintyPct: f64(0.066818),
 	}
 }
 
@@ -75,6 +77,7 @@ func tinyRun() *RunReport {
 	r.EnergyMethod = "integrated"
 	r.HasCost, r.HasEnergyCost, r.HasCo2 = false, false, false
 	r.Metadata = nil
+	r.EndStatus = "exit 3"
 	return r
 }
 
@@ -159,7 +162,7 @@ func TestUnknownsAreEmpty(t *testing.T) {
 		"energy_disagreement_pct", "data_wait_share", "last_loss", "total_cost_usd", "projected_cost_usd",
 		"gpu_price_source", "usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points",
 		"usd_per_accuracy_point", "efficiency_score", "steps_per_s", "epoch_s", "est_total_s",
-		"flops_per_step", "flops_total", "peak_TFLOPS", "mfu", "J_per_PFLOP"} {
+		"flops_per_step", "flops_total", "peak_TFLOPS", "mfu", "J_per_PFLOP", "peak_power_total_W"} {
 		if got := cell(t, r, col); got != "" {
 			t.Errorf("%s = %q, want empty", col, got)
 		}
@@ -220,8 +223,86 @@ func TestIncompleteRunIsMarked(t *testing.T) {
 	if err := WriteReport(&buf, r); err != nil {
 		t.Fatal(err)
 	}
-	want := "INCOMPLETE: 12 batch(es) of this run were dropped on an agent (spool full); missing from the figures: 65536 tokens, 7200.5 J, 0.006667 GPU-hours"
+	want := "INCOMPLETE: 12 batches of this run were dropped on an agent (spool full); missing from the figures: 65536 tokens, 7200.5 J, 0.006667 GPU-hours"
 	if lines := strings.Split(buf.String(), "\n"); len(lines) < 2 || lines[1] != want {
 		t.Errorf("report starts:\n%s\nwant line 2: %s", buf.String()[:min(300, buf.Len())], want)
+	}
+}
+
+// costLine returns the dollar amount printed on a report line, in units of
+// its last digit, and its number of decimals.
+func costLine(t *testing.T, report, label string) (int64, int) {
+	t.Helper()
+	for _, l := range strings.Split(report, "\n") {
+		l = strings.TrimSpace(l)
+		if !strings.HasPrefix(l, label+":") {
+			continue
+		}
+		f := strings.Fields(strings.TrimPrefix(l, label+":"))
+		amount := strings.TrimPrefix(f[0], "$")
+		dot := strings.IndexByte(amount, '.')
+		n, err := strconv.ParseInt(strings.Replace(amount, ".", "", 1), 10, 64)
+		if err != nil || dot < 0 || strings.ContainsAny(amount, "eE") {
+			t.Fatalf("%s: %q is no plain dollar amount", label, l)
+		}
+		return n, len(amount) - dot - 1
+	}
+	t.Fatalf("no %q line in\n%s", label, report)
+	return 0, 0
+}
+
+// TestReportCostPartsAddUpToTheTotalAsPrinted: the issue's "gpu cost: $0.01
+// + energy cost: $0.0005 = total: $0.0122", and costs over six orders of
+// magnitude, with and without a priority multiplier.
+func TestReportCostPartsAddUpToTheTotalAsPrinted(t *testing.T) {
+	for _, gpuHours := range []float64{0.00001, 0.0055, 0.02, 0.7, 3, 41, 1234} {
+		for _, mult := range []float64{1, 1.5} {
+			r := fullRun()
+			r.EnergyBands = nil
+			r.GpuHours = gpuHours
+			r.CostUsd = gpuHours * 2.1
+			r.EnergyCostUsd = gpuHours * 0.0917
+			r.PriorityMultiplier = mult
+			r.TotalCostUsd = r.CostUsd*mult + r.EnergyCostUsd
+			var b bytes.Buffer
+			if err := WriteReport(&b, r); err != nil {
+				t.Fatal(err)
+			}
+			gpu, d1 := costLine(t, b.String(), "gpu cost")
+			energy, d2 := costLine(t, b.String(), "energy cost")
+			total, d3 := costLine(t, b.String(), "total")
+			if d1 != d2 || d2 != d3 || gpu+energy != total {
+				t.Errorf("%v GPU-hours ×%v: gpu %d + energy %d != total %d (decimals %d %d %d) in\n%s", gpuHours, mult, gpu, energy, total, d1, d2, d3, b.String())
+			}
+			if total == 0 {
+				t.Errorf("%v GPU-hours: total $%.9f printed as 0", gpuHours, r.TotalCostUsd)
+			}
+		}
+	}
+}
+
+// TestWholeRunPowerOfARunInItsWarmup: a run that never left its warmup has
+// no after-warmup power, but its whole-run average is energy_total_J /
+// wall_s, in the CSV as in the report.
+func TestWholeRunPowerOfARunInItsWarmup(t *testing.T) {
+	r := sparseRun()
+	r.PeakPowerTotalW = 130
+	if got := cell(t, r, "avg_power_total_W"); got != "102.875" {
+		t.Errorf("avg_power_total_W = %q, want 1234.5 J / 12 s = 102.875", got)
+	}
+	if got := cell(t, r, "peak_power_total_W"); got != "130" {
+		t.Errorf("peak_power_total_W = %q, want 130", got)
+	}
+	if got := cell(t, r, "avg_power_W"); got != "" {
+		t.Errorf("avg_power_W (after warmup) = %q, want empty", got)
+	}
+	var b bytes.Buffer
+	if err := WriteReport(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"average:           102.9 W whole run, - W after warmup", "peak:              130.0 W whole run, - W after warmup", "still in its warmup"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
 	}
 }

@@ -61,6 +61,7 @@ func newRootCmdWith(o *options) *cobra.Command {
 	}
 	bindFlags(cmd, o)
 	cmd.AddCommand(newDoctorCmd(nil))
+	cmd.AddCommand(newValidateCmd(nil))
 	return cmd
 }
 
@@ -75,7 +76,8 @@ func bindFlags(cmd *cobra.Command, o *options) {
 	f.StringVar(&o.cfg.Node, "node", o.cfg.Node, "node name (default: hostname)")
 	f.StringVar(&o.cfg.GPU, "gpu", o.cfg.GPU, "GPU backend: nvml, sim:N, replay:FILE, or auto (nvml if a GPU is found)")
 	f.DurationVar(&o.cfg.Interval, "interval", o.cfg.Interval, "GPU sampling interval")
-	f.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "default warmup excluded from efficiency figures")
+	f.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "default warmup excluded from efficiency figures (runs naming none; ends at this or --warmup-steps, whichever comes first)")
+	f.Uint64Var(&o.cfg.WarmupSteps, "warmup-steps", o.cfg.WarmupSteps, "the default warmup also ends at the run's N-th step, if before --warmup (0: --warmup alone)")
 	f.DurationVar(&o.cfg.RejoinGrace, "rejoin-grace", o.cfg.RejoinGrace, "after an agent restart, how long a resumed run waits for a rank to reconnect")
 	f.DurationVar(&o.cfg.HostInterval, "host-interval", o.cfg.HostInterval, "host RAM/CPU sampling interval")
 	f.StringVar(&o.cfg.HostReplay, "host-replay", o.cfg.HostReplay, "play a host RAM/CPU trace (CSV, docs/replay-format.md) instead of reading the host")
@@ -151,6 +153,7 @@ func overlayFlags(cmd *cobra.Command, dst *agent.Config, flags agent.Config) {
 	set("gpu", func() { dst.GPU = flags.GPU })
 	set("interval", func() { dst.Interval = flags.Interval })
 	set("warmup", func() { dst.Warmup = flags.Warmup })
+	set("warmup-steps", func() { dst.WarmupSteps = flags.WarmupSteps })
 	set("rejoin-grace", func() { dst.RejoinGrace = flags.RejoinGrace })
 	set("host-interval", func() { dst.HostInterval = flags.HostInterval })
 	set("host-replay", func() { dst.HostReplay = flags.HostReplay })

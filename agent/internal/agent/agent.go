@@ -19,6 +19,7 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 	"github.com/trainmeter/trainmeter/agent/internal/uplink"
+	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/host"
@@ -26,8 +27,9 @@ import (
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// Version is set at build time.
-var Version = "dev"
+// Version is the agent's version (internal/buildinfo: set at link time,
+// else from the build's VCS stamp).
+var Version = buildinfo.Version()
 
 // Agent is one node's trainmeter agent.
 type Agent struct {
@@ -44,6 +46,10 @@ type Agent struct {
 	spool *spool.Spool
 	// lastStateErr rate-limits warnings about the ledger state file.
 	lastStateErr time.Time
+	// endedSaved is the version of the ledger's ended runs last saved
+	// (endedFile); endedSavedOK whether any was.
+	endedSaved   uint64
+	endedSavedOK bool
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -62,6 +68,11 @@ type Agent struct {
 	procs       gpu.ProcessLister
 	procRoot    string
 	lastProcErr time.Time
+	// Splitting shared GPUs (share.go): per-process or per-run use.
+	procUse     gpu.ProcessUsageReader
+	runUse      gpu.RunUsageReader
+	lastUsePoll time.Time
+	lastUseErr  time.Time
 
 	// Direct OTel export (otel.go); nil when off.
 	otel       *otelexport.Exporter
@@ -79,11 +90,12 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	a := &Agent{cfg: cfg, backend: backend, clock: clk, host: hostSampler, log: logger,
 		loopDone: make(chan struct{}), stopLoop: make(chan struct{}), self: newSelfStats(clk.Now())}
 	lcfg := ledger.Config{
-		Devices:       backend.Devices(),
-		DefaultWarmup: cfg.Warmup,
-		MaxGap:        max(5*cfg.Interval, 250*time.Millisecond),
-		Logger:        logger,
-		RawSamples:    cfg.RawSamples,
+		Devices:            backend.Devices(),
+		DefaultWarmup:      cfg.Warmup,
+		DefaultWarmupSteps: cfg.WarmupSteps,
+		MaxGap:             max(5*cfg.Interval, 250*time.Millisecond),
+		Logger:             logger,
+		RawSamples:         cfg.RawSamples,
 	}
 	if ls, ok := backend.(gpu.LoadSetter); ok {
 		lcfg.Load = ls
@@ -175,12 +187,20 @@ func (a *Agent) Start(ctx context.Context) error {
 			a.hostLoop(ctx, t)
 		}()
 	}
+	if a.initSharing() {
+		t := a.clock.NewTicker(shareEvery)
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			pollEvery(ctx, t, a.pollSharing)
+		}()
+	}
 	if a.procs != nil {
 		t := a.clock.NewTicker(attributeEvery)
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
-			a.attributeLoop(ctx, t)
+			pollEvery(ctx, t, a.pollAttribution)
 		}()
 	}
 	// The ticker exists before Start returns, so no tick (real or, in tests,
@@ -195,6 +215,7 @@ func (a *Agent) sampleLoop(t clock.Ticker) {
 	defer close(a.loopDone)
 	defer t.Stop()
 	samples := make([]gpu.Sample, len(a.backend.Devices()))
+	failing := make([]bool, len(samples))
 	for {
 		select {
 		case <-a.stopLoop:
@@ -206,6 +227,7 @@ func (a *Agent) sampleLoop(t clock.Ticker) {
 		if err != nil {
 			a.log.Warn("GPU read failed", "err", err)
 		}
+		a.logGPUFailures(samples, failing)
 		a.self.tick(now, a.cfg.Interval, samples, err)
 		batches := a.ledger.Tick(now, samples)
 		for _, b := range batches {
@@ -215,6 +237,23 @@ func (a *Agent) sampleLoop(t clock.Ticker) {
 		if len(batches) > 0 {
 			a.checkpoint(now)
 			a.afterBatches(now)
+		}
+	}
+}
+
+// logGPUFailures logs a GPU's read errors once when they start (a GPU lost
+// mid-run, a driver error) and once when they stop, not at every tick.
+func (a *Agent) logGPUFailures(samples []gpu.Sample, failing []bool) {
+	for i := range samples {
+		s := &samples[i]
+		switch {
+		case s.Err != nil && !failing[i]:
+			failing[i] = true
+			a.log.Warn("GPU read failing (logged again only when it recovers); a GPU without power or energy readings counts as a gap (gap_s), the other GPUs go on",
+				"gpu", i, "err", s.Err)
+		case s.Err == nil && failing[i]:
+			failing[i] = false
+			a.log.Info("GPU reads again", "gpu", i)
 		}
 	}
 }
@@ -278,6 +317,7 @@ func (a *Agent) advise(adv *pb.Advisory) {
 	var line []byte
 	switch x := adv.Advice.(type) {
 	case *pb.Advisory_Stop:
+		a.ledger.StopRequested(adv.RunId, x.Stop.Reason)
 		line = trainerproto.StopLine(adv.RunId, x.Stop.Reason)
 	case *pb.Advisory_Dataloader:
 		d := x.Dataloader

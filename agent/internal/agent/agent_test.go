@@ -204,7 +204,7 @@ func TestConfigValidateReportsEveryProblem(t *testing.T) {
 	if err == nil {
 		t.Fatal("invalid config accepted")
 	}
-	for _, want := range []string{"want HOST:PORT", "socket path is empty", "interval 1h0m0s", "warmup -1s", "host_interval", `log_level "loud"`} {
+	for _, want := range []string{`collector address "nohost" has no port: give HOST:PORT, e.g. nohost:7433`, "socket path is empty", "interval 1h0m0s", "warmup -1s", "host_interval", `log_level "loud"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}

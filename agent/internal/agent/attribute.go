@@ -43,7 +43,9 @@ func (a *Agent) initAttribution(backend gpu.Backend) bool {
 	return true
 }
 
-func (a *Agent) attributeLoop(ctx context.Context, t clock.Ticker) {
+// pollEvery calls poll on every tick of t until ctx ends: the process
+// polls (attribution, sharing) that stay off the 50 ms sampling path.
+func pollEvery(ctx context.Context, t clock.Ticker, poll func()) {
 	defer t.Stop()
 	for {
 		select {
@@ -51,7 +53,7 @@ func (a *Agent) attributeLoop(ctx context.Context, t clock.Ticker) {
 			return
 		case <-t.C():
 		}
-		a.pollAttribution()
+		poll()
 	}
 }
 

@@ -15,6 +15,14 @@ import (
 // closed window, so a restarted agent (kill -9 included) can resume its runs.
 const stateFile = "ledger-state.json"
 
+// endedFile holds the ids of the runs that ended on this node, so that a
+// restarted agent still refuses their reuse (ledger/lifecycle.go). Apart
+// from stateFile: up to 4096 ids are too many to rewrite every second, and
+// they change only when a run ends.
+const endedFile = "ended-runs.json"
+
+func (a *Agent) endedPath() string { return filepath.Join(a.cfg.Spool, endedFile) }
+
 func (a *Agent) statePath() string { return filepath.Join(a.cfg.Spool, stateFile) }
 
 // restoreLedger brings back the runs of the previous process, if any. A
@@ -22,6 +30,15 @@ func (a *Agent) statePath() string { return filepath.Join(a.cfg.Spool, stateFile
 // the runs it held are then ended at the collector by nobody, and show as
 // not ended there.
 func (a *Agent) restoreLedger() {
+	if b, err := os.ReadFile(a.endedPath()); err == nil {
+		var ended []ledger.EndedRun
+		if err := json.Unmarshal(b, &ended); err != nil {
+			a.log.Warn("cannot read the ended runs of the previous agent; their ids may be reused by accident", "file", a.endedPath(), "err", err)
+		} else {
+			a.ledger.RestoreEnded(ended)
+			a.endedSavedOK = true
+		}
+	}
 	b, err := os.ReadFile(a.statePath())
 	if errors.Is(err, fs.ErrNotExist) {
 		return
@@ -47,15 +64,28 @@ func (a *Agent) restoreLedger() {
 // through a kill -9 (the page cache survives a killed process; fsync is left
 // out on purpose: it would cost a disk flush every second).
 func (a *Agent) checkpoint(now time.Time) {
-	b, err := json.Marshal(a.ledger.Snapshot())
-	if err == nil {
-		tmp := a.statePath() + ".tmp"
-		if err = os.WriteFile(tmp, b, 0o600); err == nil {
-			err = os.Rename(tmp, a.statePath())
+	err := writeJSONFile(a.statePath(), a.ledger.Snapshot())
+	if ended, v := a.ledger.EndedRuns(); err == nil && (v != a.endedSaved || !a.endedSavedOK) && (len(ended) > 0 || a.endedSavedOK) {
+		if err = writeJSONFile(a.endedPath(), ended); err == nil {
+			a.endedSaved, a.endedSavedOK = v, true
 		}
 	}
 	if err != nil && now.Sub(a.lastStateErr) > time.Minute {
 		a.lastStateErr = now
 		a.log.Warn("cannot save ledger state; a restart now would lose the open runs' downtime", "file", a.statePath(), "err", err)
 	}
+}
+
+// writeJSONFile replaces path with v as JSON: write, then rename, so the
+// file is whole through a kill -9.
+func writeJSONFile(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }

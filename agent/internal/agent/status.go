@@ -9,6 +9,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 	"github.com/trainmeter/trainmeter/agent/internal/uplink"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/selfmetrics"
 )
@@ -203,8 +204,8 @@ func (a *Agent) Status() Status {
 		st.Problems = append(st.Problems, fmt.Sprintf("no GPU read succeeded for %s (limit %s)", age.Round(time.Millisecond), HealthMaxReadAge))
 	}
 	if d := time.Duration(st.Uplink.UnreachableS * float64(time.Second)); d > HealthMaxUnreachable {
-		st.Problems = append(st.Problems, fmt.Sprintf("collector %s unreachable for %s (limit %s); %d batches pending",
-			a.cfg.Collector, d.Round(time.Second), HealthMaxUnreachable, up.Pending))
+		st.Problems = append(st.Problems, fmt.Sprintf("collector %s unreachable for %s (limit %s); %s pending",
+			a.cfg.Collector, d.Round(time.Second), HealthMaxUnreachable, plural.N(up.Pending, "batch")))
 	}
 	st.Healthy = len(st.Problems) == 0
 	return st

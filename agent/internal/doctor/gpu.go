@@ -136,8 +136,8 @@ func gpuChecks(g nvmlgpu.GPUReport, r *Report) {
 	case !g.MigSupported:
 		r.add(SectionGPU, name+" mig", OK, "MIG not supported by this GPU", "")
 	case g.MigEnabled:
-		r.add(SectionGPU, name+" mig", Warn, "MIG mode is enabled: energy per MIG instance is not measurable; trainmeter reports the whole GPU's energy",
-			"runs on different MIG instances of this GPU each see the whole GPU's power; for per-run energy give each run whole GPUs (nvidia-smi -i N -mig 0, then reset the GPU)")
+		r.add(SectionGPU, name+" mig", Warn, "MIG mode is enabled: energy per MIG instance is not measurable; trainmeter splits the whole GPU's energy between its runs by their instances' compute slices",
+			"a run's share is an estimate by slices, not a measurement; for measured per-run energy give each run whole GPUs (nvidia-smi -i N -mig 0, then reset the GPU)")
 	case g.MigPendingEnabled:
 		r.add(SectionGPU, name+" mig", Warn, "MIG mode is disabled now but enabled after the next GPU reset",
 			"once it is on, energy per MIG instance is not measurable; trainmeter reports the whole GPU's energy")

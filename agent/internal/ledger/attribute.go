@@ -29,13 +29,15 @@ func (r *run) setWarmup(now time.Time, ev *trainerproto.RunStart) {
 	case ev.WarmupSteps != nil:
 		r.warmupSteps = *ev.WarmupSteps
 		r.warmup = 0
+		r.warmupEnd = time.Time{}
 		if r.warmupSteps == 0 {
 			r.warmupEnd = now
 		}
 	case ev.WarmupS != nil:
 		r.warmup = time.Duration(*ev.WarmupS * float64(time.Second))
-	}
-	if r.warmupSteps == 0 {
+		r.warmupSteps = 0
+		r.warmupEnd = now.Add(r.warmup)
+	default: // the agent's default: the earlier of its time and its steps
 		r.warmupEnd = now.Add(r.warmup)
 	}
 	r.warmupSet = ev.WarmupSteps != nil || ev.WarmupS != nil

@@ -32,6 +32,9 @@ type Config struct {
 	// DefaultWarmup is excluded from efficiency figures when run_start names
 	// neither warmup_s nor warmup_steps.
 	DefaultWarmup time.Duration
+	// DefaultWarmupSteps, when > 0, ends the default warmup at the run's
+	// N-th step if that comes before DefaultWarmup.
+	DefaultWarmupSteps uint64
 	// Window is the batch length (default 1 s); windows are aligned to it.
 	Window time.Duration
 	// Settle is how long after a window's end it is closed, so every meter has
@@ -109,6 +112,22 @@ type Ledger struct {
 	firstRawOK   []bool
 	snapGPUs     []SnapshotGPU
 	grace        time.Duration
+
+	// work is each GPU's latest per-run work poll (SetWork); simWork the
+	// loads runs report on simulated GPUs (share.go).
+	work, simWork []map[string]RunWork
+	// downtimeDone is set once the first window after a restore booked the
+	// downtime; reclaim holds, per GPU, what expired restored runs had held.
+	downtimeDone    bool
+	downtimeSharers []int
+	snapTime        time.Time
+	reclaim         []gpuPart
+	users           map[int32]string // uid -> name, userName's cache
+	// Runs that ended on this node, by id, and their ids oldest first
+	// (lifecycle.go).
+	ended        map[string]EndedRun
+	endedOrder   []string
+	endedVersion uint64
 }
 
 type gpuAcc struct {
@@ -141,6 +160,11 @@ func New(cfg Config) *Ledger {
 		firstRaw:     make([]float64, n),
 		firstRawOK:   make([]bool, n),
 		grace:        DefaultRejoinGrace,
+		work:         make([]map[string]RunWork, n),
+		simWork:      make([]map[string]RunWork, n),
+		reclaim:      make([]gpuPart, n),
+
+		downtimeSharers: make([]int, n),
 	}
 	for i := range l.meters {
 		l.meters[i] = energy.NewMeter(energy.Options{MaxGap: cfg.MaxGap})
@@ -326,6 +350,7 @@ func (l *Ledger) updateLoad(now time.Time) {
 		if !t.IsZero() && now.Sub(t) > idleAfter {
 			l.cfg.Load.SetLoad(g, 0)
 			l.lastStep[g] = time.Time{}
+			l.simWork[g] = nil
 		}
 	}
 }
@@ -340,27 +365,33 @@ func (l *Ledger) closeWindow() *pb.Batch {
 		WindowEnd:   timestamppb.New(we),
 		Host:        l.host,
 	}
+	occ := l.occupancy(ws, we)
 	endCum := make([]energy.Cumulative, len(l.meters))
-	endEstimated := make([]bool, len(l.meters))
 	for i, m := range l.meters {
-		c, ok := m.At(we)
+		c, _ := m.At(we)
 		endCum[i] = c
-		endEstimated[i] = !ok || c.Estimated
 		st := m.Stats()
-		b.GpuWindows = append(b.GpuWindows, l.gpuWindow(i, c, st))
+		gw := l.gpuWindow(i, c, st)
+		l.bookIdle(gw, i, ws, we, occ[i])
+		b.GpuWindows = append(b.GpuWindows, gw)
 		l.startStats[i] = st
 		l.rawAtStart[i], l.rawAtStartOK[i] = l.rawAt(i, we, c)
 	}
+	l.bookDowntime(b, ws)
 	b.RunEvents = l.pending
 	l.pending = nil
 
 	kept := l.order[:0]
 	for _, id := range l.order {
 		r := l.runs[id]
-		b.RunWindows = append(b.RunWindows, l.runWindows(r, ws, we)...)
+		b.RunWindows = append(b.RunWindows, l.runWindows(occ, r, ws, we)...)
 		if r.ended && !r.end.After(we) {
-			b.RunEvents = append(b.RunEvents, r.endEvent())
+			if !r.endSent {
+				b.RunEvents = append(b.RunEvents, r.endEvent())
+				l.rememberEnded(EndedRun{ID: r.id, End: r.end, Status: r.endStatus})
+			}
 			delete(l.runs, id)
+			l.forgetSimWork(id)
 			continue
 		}
 		kept = append(kept, id)
@@ -405,6 +436,14 @@ func (l *Ledger) gpuWindow(i int, end energy.Cumulative, st energy.Stats) *pb.Gp
 	a := &l.gpuAcc[0][i]
 	start := l.startCum[i]
 	prev := l.startStats[i]
+	if l.seq == 1 {
+		// The curve may reach back before this boot's first window (a
+		// counter's driver timestamp precedes its read): the window, like
+		// the runs in it, starts at its start.
+		if c, ok := l.meters[i].At(l.winStart); ok {
+			start = c
+		}
+	}
 	w := &pb.GpuWindow{
 		Gpu:               uint32(i),
 		Uuid:              l.cfg.Devices[i].UUID,
@@ -437,7 +476,7 @@ func (l *Ledger) gpuWindow(i int, end energy.Cumulative, st energy.Stats) *pb.Gp
 
 // runWindows cuts the run's part of [ws, we) into segments at warmup end and
 // GPU-set changes, and measures each.
-func (l *Ledger) runWindows(r *run, ws, we time.Time) []*pb.RunWindow {
+func (l *Ledger) runWindows(occ [][]piece, r *run, ws, we time.Time) []*pb.RunWindow {
 	from := ws
 	if r.start.After(from) {
 		from = r.start
@@ -469,7 +508,7 @@ func (l *Ledger) runWindows(r *run, ws, we time.Time) []*pb.RunWindow {
 		if !a.Before(b) {
 			continue
 		}
-		out = append(out, l.segment(r, a, b))
+		out = append(out, l.segment(occ, r, a, b))
 	}
 	if r.bridge != nil {
 		out = l.holdBridge(r, out, ws, to)
@@ -500,7 +539,7 @@ func dropBefore[T any](xs []T, t time.Time, at func(T) time.Time) []T {
 	return append(xs[:0], xs[n:]...)
 }
 
-func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
+func (l *Ledger) segment(occ [][]piece, r *run, a, b time.Time) *pb.RunWindow {
 	gpus := r.gpusAt(a)
 	w := &pb.RunWindow{
 		RunId: r.id,
@@ -509,29 +548,52 @@ func (l *Ledger) segment(r *run, a, b time.Time) *pb.RunWindow {
 		Phase: pb.Phase_PHASE_WARMUP,
 		// A segment with no GPUs (a process-attributed run before its
 		// processes reach a GPU) used exactly 0 J: known, not estimated.
-		CounterOk:  true,
-		GpuSeconds: float64(len(gpus)) * b.Sub(a).Seconds(),
+		CounterOk: true,
 	}
+	// Each GPU whose counter covers the segment contributes its counter
+	// energy; one whose counter does not (lost, failing) its integrated
+	// energy, so one failing GPU does not throw the others' counters away
+	// for its sampled power (aliased by the sensor, docs/accuracy.md). The
+	// segment is counter_ok when at least one GPU's counter covered it, and
+	// estimated when any did not.
+	var integratedOnly float64
+	anyCounter := false
 	if !r.warmupEnd.IsZero() && !a.Before(r.warmupEnd) {
 		w.Phase = pb.Phase_PHASE_MEASURED
 	}
+	var methods []string
 	for _, g := range gpus {
 		w.Gpus = append(w.Gpus, uint32(g))
-		ca, okA := l.meters[g].At(a)
-		cb, okB := l.meters[g].At(b)
-		w.EnergyIntegratedJ += cb.IntegratedJ - ca.IntegratedJ
-		w.GapS += cb.GapS - ca.GapS
-		if ca.CounterOK && cb.CounterOK {
-			w.EnergyCounterJ += cb.CounterJ - ca.CounterJ
+		part := l.runShare(occ, r, g, a, b)
+		w.EnergyIntegratedJ += part.integratedJ
+		w.GapS += part.gapS
+		w.GpuSeconds += part.gpuS
+		w.SharedGpuSeconds += part.sharedS
+		w.MaxSharingRuns = max(w.MaxSharingRuns, uint32(part.maxRuns))
+		methods = append(methods, part.methods...)
+		if part.counterOK {
+			w.EnergyCounterJ += part.counterJ
+			anyCounter = true
 		} else {
-			w.CounterOk = false
+			integratedOnly += part.integratedJ
+			if l.meters[g].Stats().CounterPoints > 0 {
+				w.EnergyEstimated = true // a counter that stopped, not a GPU without one
+			}
 		}
-		if !okA || !okB || ca.Estimated || cb.Estimated {
-			w.EnergyEstimated = true
+		w.EnergyEstimated = w.EnergyEstimated || part.estimated
+		share := &pb.GpuShare{Gpu: uint32(g), CounterOk: part.counterOK, EnergyIntegratedJ: part.integratedJ,
+			GpuSeconds: part.gpuS, SharedGpuSeconds: part.sharedS}
+		if part.counterOK {
+			share.EnergyCounterJ = part.counterJ
 		}
+		w.GpuShares = append(w.GpuShares, share)
 	}
-	if !w.CounterOk {
+	w.ShareMethod = combineMethods(methods)
+	if len(gpus) > 0 && !anyCounter {
+		w.CounterOk = false
 		w.EnergyCounterJ = 0
+	} else {
+		w.EnergyCounterJ += integratedOnly
 	}
 	// Segments are half-open, except that the run's last one also takes what
 	// happened at the very instant of run_end (the last step is often

@@ -535,3 +535,42 @@ func TestWindowsCountTheUtilisationReadings(t *testing.T) {
 		t.Errorf("utilisation %v over %d readings (%d memory readings), want a mean of 90 over half the readings", sum, n, vram)
 	}
 }
+
+// TestDefaultWarmupEndsAtTheEarlierOfItsTimeAndItsSteps: the agent's
+// default warmup (a run naming none) ends at the N-th step when that comes
+// before the default time, and at the time when the steps are slow.
+func TestDefaultWarmupEndsAtTheEarlierOfItsTimeAndItsSteps(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		every     time.Duration
+		wantEndAt int // step whose report ends the warmup; 0: the 2 s default
+	}{
+		{"fast steps end it at step 5", 100 * time.Millisecond, 5},
+		{"slow steps leave it to the 2 s", 700 * time.Millisecond, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, []float64{200}, []float64{200}, 2*time.Second)
+			r.l = New(Config{Devices: r.l.cfg.Devices, DefaultWarmup: 2 * time.Second, DefaultWarmupSteps: 5})
+			r.advance(time.Second)
+			start := r.at(0)
+			if err := r.l.StartRun(start, peer1, &trainerproto.RunStart{Run: "d"}); err != nil {
+				t.Fatal(err)
+			}
+			want := start.Add(2 * time.Second)
+			for i := uint64(1); i <= 8; i++ {
+				r.advance(tc.every)
+				if err := r.l.Step(r.at(0), peer1, &trainerproto.Step{Run: "d", Step: ptr(i), Tokens: 100}); err != nil {
+					t.Fatal(err)
+				}
+				if int(i) == tc.wantEndAt {
+					want = r.at(0)
+				}
+			}
+			_ = r.l.EndRun(r.at(0), peer1, &trainerproto.RunEnd{Run: "d"})
+			r.advance(2 * time.Second)
+			if got := sum(r.windows("d")); !got.firstMeasured.Equal(want) {
+				t.Errorf("measured from %v, want %v (%.2fs after start)", got.firstMeasured, want, want.Sub(start).Seconds())
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"errors"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -70,6 +71,12 @@ type bridge struct {
 	// started is set once the first post-restart window added the counter
 	// difference over the downtime.
 	Started bool `json:"started"`
+	// PerGPU is the part of the above held per GPU (GPU index).
+	PerGPU map[int]*heldGPU `json:"per_gpu,omitempty"`
+	// Shared is the most runs on one of the run's GPUs at once in what is
+	// held; Methods how they were split (RunWindow.share_method).
+	Shared  int      `json:"shared,omitempty"`
+	Methods []string `json:"methods,omitempty"`
 }
 
 type bridgeSegment struct {
@@ -79,6 +86,8 @@ type bridgeSegment struct {
 	IntegratedJ float64
 	GapS        float64
 	GPUSeconds  float64
+	SharedS     float64
+	PerGPU      map[int]*heldGPU
 	Used        bool
 }
 
@@ -98,6 +107,8 @@ func (s *bridgeSegment) add(w *pb.RunWindow, counterOK bool) {
 	s.IntegratedJ += w.EnergyIntegratedJ
 	s.GapS += w.GapS
 	s.GPUSeconds += w.GpuSeconds
+	s.SharedS += w.SharedGpuSeconds
+	s.PerGPU = holdShares(s.PerGPU, w)
 }
 
 func (s *bridgeSegment) window(id string, phase pb.Phase, gpus []uint32) *pb.RunWindow {
@@ -106,10 +117,25 @@ func (s *bridgeSegment) window(id string, phase pb.Phase, gpus []uint32) *pb.Run
 		CounterOk: s.CounterOK, EnergyIntegratedJ: s.IntegratedJ, GapS: s.GapS,
 		GpuSeconds: s.GPUSeconds, Gpus: gpus, RestartBridge: true,
 		// Without the counter the downtime's energy is unknown, not zero.
-		EnergyEstimated: !s.CounterOK,
+		EnergyEstimated:  !s.CounterOK,
+		SharedGpuSeconds: s.SharedS,
 	}
 	if s.CounterOK {
 		w.EnergyCounterJ = s.CounterJ
+	}
+	gs := make([]int, 0, len(s.PerGPU))
+	for g := range s.PerGPU {
+		gs = append(gs, g)
+	}
+	slices.Sort(gs)
+	for _, g := range gs {
+		h := s.PerGPU[g]
+		share := &pb.GpuShare{Gpu: uint32(g), CounterOk: s.CounterOK, EnergyIntegratedJ: h.IntegratedJ,
+			GpuSeconds: h.GPUSeconds, SharedGpuSeconds: h.SharedS}
+		if s.CounterOK {
+			share.EnergyCounterJ = h.CounterJ
+		}
+		w.GpuShares = append(w.GpuShares, share)
 	}
 	return w
 }
@@ -161,6 +187,7 @@ func (l *Ledger) Restore(now time.Time, s Snapshot, grace time.Duration) error {
 	}
 	l.grace = grace
 	l.snapGPUs = s.GPUs
+	l.snapTime = s.Time
 	for _, sr := range s.Runs {
 		if _, dup := l.runs[sr.ID]; dup || (len(sr.GPUs) == 0 && sr.AttributePID == 0) {
 			continue
@@ -204,6 +231,8 @@ func (l *Ledger) expireRestored(now time.Time) {
 		if r.restored && !r.ended && r.rejoinAt.IsZero() && now.Sub(r.restoreAt) > l.grace {
 			r.ended, r.end = true, r.bridge.From
 			r.endReason = "agent restarted and no rank rejoined within " + l.grace.String()
+			r.endStatus = r.finalStatus()
+			l.reclaimBridge(r.bridge)
 			r.bridge = nil
 			l.cfg.Logger.Warn("restored run ended: no rank rejoined", "run_id", r.id, "grace", l.grace)
 		}
@@ -217,23 +246,43 @@ func (l *Ledger) holdBridge(r *run, segs []*pb.RunWindow, ws, to time.Time) []*p
 	if !b.Started {
 		// The downtime: from the checkpoint to this boot's first window,
 		// from the raw counters (no power samples exist for it).
+		// Runs restored on one GPU split its downtime equally: nothing
+		// says what each did meanwhile.
 		b.Started = true
 		gpus := r.gpusAt(ws)
-		first := &pb.RunWindow{Start: timestamppb.New(b.From), End: timestamppb.New(ws),
-			GpuSeconds: float64(len(gpus)) * ws.Sub(b.From).Seconds()}
+		first := &pb.RunWindow{Start: timestamppb.New(b.From), End: timestamppb.New(ws)}
 		ok := len(gpus) > 0
 		for _, g := range gpus {
 			d, gok := l.downtimeJ(g, ws)
-			first.EnergyCounterJ += d
+			k := max(1, l.downtimeSharers[g])
+			share := &pb.GpuShare{Gpu: uint32(g), CounterOk: gok, GpuSeconds: ws.Sub(b.From).Seconds() / float64(k)}
+			if gok {
+				share.EnergyCounterJ = d / float64(k)
+			}
+			if k > 1 {
+				share.SharedGpuSeconds = ws.Sub(b.From).Seconds()
+				first.SharedGpuSeconds += share.SharedGpuSeconds
+				b.Shared = max(b.Shared, k)
+			}
+			first.GpuShares = append(first.GpuShares, share)
+			first.EnergyCounterJ += share.EnergyCounterJ
+			first.GpuSeconds += share.GpuSeconds
 			ok = ok && gok
 			first.GapS += ws.Sub(b.From).Seconds()
 		}
 		l.bridgePhase(r, b.From).add(first, ok)
+		b.PerGPU = holdShares(b.PerGPU, first)
+		if b.Shared > 1 {
+			b.Methods = appendNew(b.Methods, ShareEqual)
+		}
 	}
 	var out []*pb.RunWindow
 	for _, w := range segs {
 		if r.rejoinAt.IsZero() || w.Start.AsTime().Before(r.rejoinAt) {
 			l.bridgePhase(r, w.Start.AsTime()).add(w, w.CounterOk)
+			b.PerGPU = holdShares(b.PerGPU, w)
+			b.Shared = max(b.Shared, int(w.MaxSharingRuns))
+			b.Methods = appendNew(b.Methods, w.ShareMethod)
 			continue
 		}
 		out = append(out, w)
@@ -249,6 +298,10 @@ func (l *Ledger) holdBridge(r *run, segs []*pb.RunWindow, ws, to time.Time) []*p
 		}
 		if b.Measured.Used {
 			bridged = append(bridged, b.Measured.window(r.id, pb.Phase_PHASE_MEASURED, gpus))
+		}
+		for _, w := range bridged {
+			w.MaxSharingRuns = uint32(max(1, b.Shared))
+			w.ShareMethod = combineMethods(append([]string{ShareExclusive}, b.Methods...))
 		}
 		out = append(bridged, out...)
 		r.bridge = nil

@@ -21,9 +21,12 @@ type Peer struct {
 type run struct {
 	id          string
 	start       time.Time
-	warmup      time.Duration // time-based warmup, when warmupSteps == 0
-	warmupSteps uint64
-	warmupEnd   time.Time // zero until known
+	warmup      time.Duration // time-based warmup
+	warmupSteps uint64        // step-based warmup (0: none)
+	// warmupEnd is zero until known. With both warmups (the agent's
+	// default) it is the time-based end until the warmup_steps-th step
+	// comes first.
+	warmupEnd time.Time
 	// uid is the uid of the process that started the run (SO_PEERCRED);
 	// events from other uids are refused (root excepted). uidSet is false
 	// only for a run that no peer has claimed yet (restored after a restart).
@@ -32,6 +35,9 @@ type run struct {
 	// members maps each joined connection to its rank key (client_id, or
 	// the connection when the client sends none).
 	members map[uint64]string
+	// peerPIDs maps each joined connection to its peer's PID (SO_PEERCRED),
+	// whose process tree is the run's on the GPUs (share.go).
+	peerPIDs map[uint64]int32
 	// stepping: the members (connections) that have reported a step, for
 	// the windows' step_ranks.
 	stepping   map[uint64]struct{}
@@ -39,7 +45,20 @@ type run struct {
 	ended      bool
 	end        time.Time
 	endReason  string
-	meta       runMeta // of the run_start that started it; joins must agree
+	// The end status (lifecycle.go): rankStatus is the first status of a
+	// rank's run_end that was not ok; anyRunEnd is whether any rank sent
+	// run_end; stopCause is set once the collector asked the run to stop.
+	rankStatus string
+	anyRunEnd  bool
+	stopCause  string
+	endStatus  string
+	// endSent: the RunEnd event already went out (a resume came before the
+	// window of the end closed).
+	endSent bool
+	// resume: the run_start that started this run asked to resume an
+	// ended one; its RunStart says so and it has no second warmup.
+	resume bool
+	meta   runMeta // of the run_start that started it; joins must agree
 	// attributePID, when > 0, is the root of the process tree whose GPUs
 	// the run is attributed (run_start attribute_pid; attribute.go).
 	attributePID int
@@ -59,6 +78,11 @@ type run struct {
 	steps []stepStat
 	// stepEvents counts step events, for warmup_steps when steps carry no number.
 	stepEvents uint64
+	// rankSteps counts each connection's step events. An eval carries its
+	// sender's, so the collector counts an epoch's steps exactly
+	// (Eval.rank_steps). Events, not step numbers: a run resumed from a
+	// checkpoint numbers its steps from there.
+	rankSteps map[uint64]uint64
 	// totals is each rank's latest cumulative tokens_total; shipped is the
 	// same as of the last closed window (what a checkpoint may promise).
 	totals, shipped map[string]uint64
@@ -100,7 +124,7 @@ func (r *run) gpusAt(t time.Time) []int {
 }
 
 func (r *run) endEvent() *pb.RunEvent {
-	e := &pb.RunEnd{RunId: r.id, Time: timestamppb.New(r.end), Reason: r.endReason}
+	e := &pb.RunEnd{RunId: r.id, Time: timestamppb.New(r.end), Reason: r.endReason, EndStatus: r.endStatus}
 	if !r.warmupEnd.IsZero() && !r.warmupEnd.After(r.end) {
 		e.WarmupEnd = timestamppb.New(r.warmupEnd)
 	}
@@ -117,10 +141,37 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 	if err != nil {
 		return err
 	}
-	if r, ok := l.runs[ev.Run]; ok {
-		if r.ended {
-			return errorf("run_start", "run %q already ended on this node; use a new run_id", ev.Run)
+	// resuming: a resume of a run this node saw end. resume=true for an id
+	// it does not know starts a run as usual, warmup included: a script
+	// that always asks to resume must not lose its first run's warmup.
+	resuming := false
+	if r, ok := l.runs[ev.Run]; ok && r.ended {
+		resuming = true
+		if !ev.Resume {
+			return reuseError(ev.Run, r.end, r.endStatus)
 		}
+		if err := r.checkOwner("run_start", p); err != nil {
+			return err
+		}
+		// Its window has not closed yet: send its end now, before the
+		// resume's start, and let the window close it under another key.
+		l.pending = append(l.pending, r.endEvent())
+		r.endSent = true
+		key := ev.Run + "\x00ended"
+		l.runs[key] = r
+		for i, id := range l.order {
+			if id == ev.Run {
+				l.order[i] = key
+			}
+		}
+		delete(l.runs, ev.Run)
+	} else if e, ok := l.ended[ev.Run]; ok {
+		if !ev.Resume {
+			return reuseError(ev.Run, e.End, e.Status)
+		}
+		resuming = true
+	}
+	if r, ok := l.runs[ev.Run]; ok {
 		if err := r.checkOwner("run_start", p); err != nil {
 			return err
 		}
@@ -132,6 +183,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 			return errorf("run_start", "metadata conflicts with run %q: %v", ev.Run, err)
 		}
 		r.members[p.ConnID] = rankKey(p, ev)
+		r.addPeer(p)
 		gpus = l.joinAttributed(now, r, ev, gpus, explicit)
 		if filled {
 			// The same start (time, node) again with the fields filled in:
@@ -157,23 +209,33 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		return conflict
 	}
 	gpus = l.startAttributed(ev, gpus, explicit)
+	l.forgetEnded(ev.Run)
 	r := &run{
-		id:         ev.Run,
-		start:      now,
-		warmup:     l.cfg.DefaultWarmup,
-		members:    map[uint64]string{p.ConnID: rankKey(p, ev)},
-		uid:        p.UID,
-		uidSet:     true,
-		totals:     map[string]uint64{},
-		shipped:    map[string]uint64{},
-		gpuChanges: []gpuSet{{at: now, gpus: gpus}},
-		meta:       metaOf(ev),
+		resume:      resuming,
+		id:          ev.Run,
+		start:       now,
+		warmup:      l.cfg.DefaultWarmup,
+		warmupSteps: l.cfg.DefaultWarmupSteps,
+		members:     map[uint64]string{p.ConnID: rankKey(p, ev)},
+		uid:         p.UID,
+		uidSet:      true,
+		totals:      map[string]uint64{},
+		shipped:     map[string]uint64{},
+		gpuChanges:  []gpuSet{{at: now, gpus: gpus}},
+		meta:        metaOf(ev),
 	}
 	if ev.AttributePID != nil {
 		r.attributePID = int(*ev.AttributePID)
 		r.starter, r.starterKey, r.starterPeer = starterCopy(ev), rankKey(p, ev), p
 	}
+	r.addPeer(p)
 	r.setWarmup(now, ev)
+	if r.resume {
+		// The collector measures a resumed run from its first warmup on
+		// (docs/measurement.md, "Resumed runs"): a second warmup would
+		// leave measured time without its energy.
+		r.warmup, r.warmupSteps, r.warmupEnd, r.warmupSet = 0, 0, now, true
+	}
 	l.runs[ev.Run] = r
 	l.order = append(l.order, ev.Run)
 	l.pending = append(l.pending, &pb.RunEvent{Event: &pb.RunEvent_RunStart{RunStart: l.runStartEvent(now, p, ev, r, gpus)}})
@@ -206,8 +268,10 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 		WarmupSteps: r.warmupSteps,
 		Pid:         uint32(p.PID),
 		Uid:         uint32(p.UID),
+		User:        l.userName(p.UID),
 		BudgetScope: ev.BudgetScope,
 		Labels:      ev.Labels,
+		Resume:      r.resume,
 	}
 	if ev.GPUPricePerHour != nil {
 		rs.GpuPricePerHour = *ev.GPUPricePerHour
@@ -379,7 +443,11 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 	}
 	r.steps = append(r.steps, s)
 	r.stepEvents++
-	if r.warmupEnd.IsZero() && r.warmupSteps > 0 {
+	if r.rankSteps == nil {
+		r.rankSteps = map[uint64]uint64{}
+	}
+	r.rankSteps[p.ConnID]++
+	if r.warmupSteps > 0 && (r.warmupEnd.IsZero() || now.Before(r.warmupEnd)) {
 		// "step" is the number of steps completed (1-based, as HF's
 		// global_step), so warmup_steps = N ends when step N is reported.
 		// Without step numbers, the N-th step event ends it.
@@ -396,8 +464,10 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 		if s.compute+s.dataWait > 0 {
 			load = s.compute / (s.compute + s.dataWait)
 		}
+		// Runs sharing a simulated GPU each report their load: it is their
+		// utilisation of it (the split), and the GPU is as busy as their sum.
 		for _, g := range r.gpusAt(now) {
-			l.cfg.Load.SetLoad(g, load)
+			l.cfg.Load.SetLoad(g, l.setSimWork(g, r.id, load))
 			l.lastStep[g] = now
 		}
 	}
@@ -408,10 +478,11 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, err := l.liveRunOf("eval", ev.Run, p); err != nil {
+	r, err := l.liveRunOf("eval", ev.Run, p)
+	if err != nil {
 		return err
 	}
-	e := &pb.Eval{RunId: ev.Run, Time: timestamppb.New(now)}
+	e := &pb.Eval{RunId: ev.Run, Time: timestamppb.New(now), RankSteps: r.rankSteps[p.ConnID]}
 	if ev.Epoch != nil {
 		e.Epoch, e.HasEpoch = *ev.Epoch, true
 	}
@@ -441,6 +512,10 @@ func (l *Ledger) EndRun(now time.Time, p Peer, ev *trainerproto.RunEnd) error {
 	if ev.Status != "" {
 		reason = "run_end: " + ev.Status
 	}
+	r.anyRunEnd = true
+	if st := normalizeStatus(ev.Status); st != StatusOK && r.rankStatus == "" {
+		r.rankStatus = st
+	}
 	l.leave(now, r, p.ConnID, reason)
 	return nil
 }
@@ -457,20 +532,28 @@ func (l *Ledger) Disconnected(now time.Time, p Peer) {
 	}
 }
 
+func (r *run) addPeer(p Peer) {
+	if r.peerPIDs == nil {
+		r.peerPIDs = map[uint64]int32{}
+	}
+	r.peerPIDs[p.ConnID] = p.PID
+}
+
 func (l *Ledger) leave(now time.Time, r *run, conn uint64, reason string) {
 	delete(r.members, conn)
+	delete(r.peerPIDs, conn)
 	delete(r.stepping, conn)
 	if len(r.members) > 0 {
 		return
 	}
 	r.ended, r.end, r.endReason = true, now, reason
+	r.endStatus = r.finalStatus()
 	if l.cfg.Load != nil {
 		for _, g := range r.gpusAt(now) {
-			l.cfg.Load.SetLoad(g, 0)
-			l.lastStep[g] = time.Time{}
+			l.cfg.Load.SetLoad(g, l.setSimWork(g, r.id, -1))
 		}
 	}
-	l.cfg.Logger.Info("run ended", "run_id", r.id, "reason", reason, "wall", now.Sub(r.start))
+	l.cfg.Logger.Info("run ended", "run_id", r.id, "status", r.endStatus, "reason", reason, "wall", now.Sub(r.start))
 }
 
 // liveRunOf is liveRun for an event from p, which must be the run's owner.

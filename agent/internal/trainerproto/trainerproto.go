@@ -106,6 +106,10 @@ type RunStart struct {
 	// work (`trainmeter run` sends its child's PID). Nil when absent.
 	AttributePID *uint64
 
+	// Resume asks to continue a run that has ended (resume=true): without
+	// it, run_start for an ended run is refused.
+	Resume bool
+
 	// Labels holds every other scalar key (string, number, bool),
 	// stringified; numbers keep their JSON text. Nil when there are none.
 	// Unknown keys whose values are objects or arrays are ignored.
@@ -417,7 +421,7 @@ var runStartKeys = map[string]bool{
 	"target_gpu_utilization": true, "max_ram_usage": true, "adjustment_interval": true,
 	"gpu_price_per_hour": true, "budget_scope": true,
 	"rank": true, "world_size": true, "local_rank": true, "client_id": true,
-	"attribute_pid": true,
+	"attribute_pid": true, "resume": true,
 }
 
 func (d *decoder) runStart(run string) (Event, error) {
@@ -496,6 +500,11 @@ func (d *decoder) runStart(run string) (Event, error) {
 	}
 	if e.AttributePID != nil && (*e.AttributePID == 0 || *e.AttributePID > MaxPID) {
 		return nil, d.fieldErr("attribute_pid", "must be a process id from 1 to %d", MaxPID)
+	}
+	if raw, ok := d.get("resume"); ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &e.Resume); err != nil || kindOf(raw) == '"' {
+			return nil, d.fieldErr("resume", "must be true or false")
+		}
 	}
 	if e.Labels, err = d.labels(); err != nil {
 		return nil, err

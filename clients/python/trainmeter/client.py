@@ -2,7 +2,7 @@
 
 A training loop reports run metadata, per-step token counts and timings, and
 evaluation results to the local trainmeter agent as newline-delimited JSON over
-a Unix stream socket (see "Trainer protocol" in DESIGN.md).
+a Unix stream socket (docs/protocol.md in the trainmeter repository).
 
 Guarantees:
 
@@ -821,5 +821,9 @@ def start(
     Every other keyword (model, dataset, backend, optimizer, batch_size,
     grad_accum, seq_len, precision, seed, notes, warmup_s, gpus, ...) is sent in
     ``run_start`` as is; keys whose value is None are left out.
+
+    ``resume=True`` continues a run that has ended; without it the agent
+    refuses an ended run id (see ``errors()``), so a script run twice with a
+    fixed ``run_id`` never reopens the first run by accident.
     """
     return Run(run_id=run_id, socket_path=socket_path, **kwargs)

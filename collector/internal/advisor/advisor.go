@@ -79,7 +79,6 @@ type item struct {
 type key struct{ run, node string }
 
 type epochAcc struct {
-	steps             float64 // per rank
 	dataWait, compute float64
 	utilSum           float64
 	utilN             uint64
@@ -104,6 +103,13 @@ type runState struct {
 	// the previous boundary's + 1. boundaries counts them.
 	lastEval   int64
 	boundaries int
+	// closedSteps: steps per rank in the epochs closed on this node;
+	// evalSteps: the rank_steps of the last boundary that carried one. An
+	// epoch's steps come from the evals' rank_steps where they have them:
+	// counting the 1 s windows would put the steps of the eval's second in
+	// the wrong epoch (20 steps per epoch shown as 22 and 18).
+	closedSteps float64
+	evalSteps   uint64
 }
 
 // Advisor is the live dataloader advisor.
@@ -299,7 +305,14 @@ func (a *Advisor) epochBoundary(e *pb.Eval, recs map[string][]byte) {
 			// measured the old settings.
 			s.resetInterval()
 		}
-		a.closeEpoch(run, node, s, epoch, false, e.GetTime().AsTime(), recs)
+		// Without rank_steps (an older agent, or a sender whose count went
+		// back after an agent restart) the windows' count is all there is.
+		steps := s.step - s.closedSteps
+		if rs := e.GetRankSteps(); rs > 0 && rs >= s.evalSteps {
+			steps = float64(rs - s.evalSteps)
+			s.evalSteps = rs
+		}
+		a.closeEpoch(run, node, s, epoch, steps, false, e.GetTime().AsTime(), recs)
 	}
 }
 
@@ -357,7 +370,6 @@ func (a *Advisor) process(it item) {
 		} else {
 			s.iv.LocalRanks = max(s.iv.LocalRanks, w.gpus)
 		}
-		s.epoch.steps += perRank
 		s.epoch.dataWait += w.dataWait
 		s.epoch.compute += w.compute
 		s.epoch.utilSum += w.utilSum
@@ -373,8 +385,9 @@ func (a *Advisor) process(it item) {
 		case *pb.RunEvent_RunEnd:
 			k := key{ev.RunEnd.GetRunId(), it.node}
 			if s := a.runs[k]; s != nil {
-				if s.epoch.steps > 0 {
-					a.closeEpoch(k.run, it.node, s, s.lastEval+1, true, ev.RunEnd.GetTime().AsTime(), recs)
+				// run_end comes with the run's last window: every step is in.
+				if rest := s.step - s.closedSteps; rest >= 0.5 {
+					a.closeEpoch(k.run, it.node, s, s.lastEval+1, rest, true, ev.RunEnd.GetTime().AsTime(), recs)
 				}
 				a.forget(k)
 			}
@@ -450,11 +463,13 @@ func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map
 	}
 }
 
-func (a *Advisor) closeEpoch(run, node string, s *runState, epoch int64, partial bool, at time.Time, recs map[string][]byte) {
+func (a *Advisor) closeEpoch(run, node string, s *runState, epoch int64, steps float64, partial bool, at time.Time, recs map[string][]byte) {
 	w, p := s.adv.Current()
+	steps = max(0, steps)
+	s.closedSteps += steps
 	e := &pb.DataloaderEpoch{
 		Node: node, Epoch: epoch, Partial: partial, Adjustments: s.epoch.adjustments,
-		NumWorkers: uint32(w), PrefetchFactor: uint32(p), Steps: uint64(math.Round(s.epoch.steps)),
+		NumWorkers: uint32(w), PrefetchFactor: uint32(p), Steps: uint64(math.Round(steps)),
 		AvgGpuUtilization: -1, AvgRamUsage: -1,
 	}
 	if s.epoch.utilN > 0 {

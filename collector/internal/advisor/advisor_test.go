@@ -2,6 +2,7 @@ package advisor
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -325,8 +326,8 @@ func TestEpochBoundaryReachesEveryNodeOfTheRun(t *testing.T) {
 	r.applyOn("n1", 2, window("d", 2, 4, 0.5, 0.5, 50), host(0.3), eval("d", 2.5, 1))
 	for _, node := range []string{"n1", "n2"} {
 		s := r.a.runs[key{"d", node}]
-		if s.lastEval != 1 || s.epoch.steps != 0 {
-			t.Errorf("%s: last boundary %d, %v steps in the open epoch; want epoch 1 closed", node, s.lastEval, s.epoch.steps)
+		if open := s.step - s.closedSteps; s.lastEval != 1 || open != 0 {
+			t.Errorf("%s: last boundary %d, %v steps in the open epoch; want epoch 1 closed", node, s.lastEval, open)
 		}
 	}
 	h, err := History(r.st, "d")
@@ -448,5 +449,33 @@ func TestUnknownUtilisationIsNotZero(t *testing.T) {
 		if e.GpuUtilization != -1 || strings.Contains(e.Reason, "GPU 0%") {
 			t.Errorf("evaluation %v, want the utilisation unknown", e)
 		}
+	}
+}
+
+// TestEpochStepsComeFromTheEvalsRankSteps: the eval of epoch 1 arrives
+// with a window that also holds steps of epoch 2 (the window counts 30,
+// the rank had reported 20 when it sent the eval); each epoch gets its own
+// steps, and the partial epoch at run end the rest.
+func TestEpochStepsComeFromTheEvalsRankSteps(t *testing.T) {
+	r := newRig(t)
+	ev := func(sec float64, epoch int64, rankSteps uint64) *pb.RunEvent {
+		e := eval("s", sec, epoch)
+		e.GetEval().RankSteps = rankSteps
+		return e
+	}
+	r.apply(0, window("s", 0, 15, 0.1, 0.9, 90), host(0.3), start("s", 2, 2, 1000))
+	r.apply(1, window("s", 1, 15, 0.1, 0.9, 90), host(0.3), ev(1.3, 1, 20))
+	r.apply(2, window("s", 2, 15, 0.1, 0.9, 90), host(0.3), ev(2.6, 2, 40))
+	r.apply(3, window("s", 3, 3, 0.1, 0.9, 90), host(0.3), testutil.End("s", 3.2))
+	h, err := History(r.st, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for _, e := range h.Epochs {
+		got = append(got, e.Steps)
+	}
+	if !slices.Equal(got, []uint64{20, 20, 8}) {
+		t.Errorf("epoch steps %v, want [20 20 8] (8 partial)", got)
 	}
 }

@@ -12,7 +12,9 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/recommend"
+	"github.com/trainmeter/trainmeter/pkg/report"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -39,7 +41,7 @@ func NewService(st ServiceStore, p aggregate.Pricing, catalog recommend.PriceCat
 func storeErr(err error) error {
 	var nf *store.NotFoundError
 	if errors.As(err, &nf) {
-		return status.Errorf(codes.NotFound, "unknown run(s): %q", nf.IDs)
+		return status.Errorf(codes.NotFound, "unknown %s: %q", plural.Noun(int64(len(nf.IDs)), "run"), nf.IDs)
 	}
 	if errors.Is(err, store.ErrNotFound) {
 		return status.Error(codes.NotFound, "run not found")
@@ -82,6 +84,12 @@ func (s *Service) Recommend(_ context.Context, req *pb.RecommendRequest) (*pb.Re
 	runs := make([]recommend.Run, 0, len(all))
 	for _, st := range all {
 		r := recommend.Run{Report: st.Report(s.pricing), PlannedEpochs: st.Plan.PlannedEpochs, DatasetSize: st.Plan.DatasetSize}
+		if report.Failed(r.Report) {
+			// A run that failed (error, non-zero exit, signal, lost) stopped
+			// part-way for reasons of its own: neither a baseline for others
+			// nor worth advice on how to finish.
+			continue
+		}
 		for node, idx := range st.GPUs {
 			for _, i := range idx {
 				if g := gpuInfo[node][i]; g != nil {

@@ -1,6 +1,6 @@
 // Package aggregate folds a run's events and windows, from any number of
-// nodes, into the per-run figures of the CSV contract (DESIGN.md, "Metric
-// definitions"). It is pure: no I/O, no clock. The state is a plain Go struct,
+// nodes, into the per-run figures of the CSV contract (docs/measurement.md,
+// "Per-run figures"). It is pure: no I/O, no clock. The state is a plain Go struct,
 // stored as protobuf (codec.go) next to the raw records.
 //
 // Definitions, as implemented (they are the contract):
@@ -13,9 +13,15 @@
 //     latest RunStart.time (so a resumed run re-opens the node). The run has
 //     ended when every node that sent a RunStart has ended; end is then the
 //     latest RunEnd.time. Until then ended=false and end is the latest window
-//     end seen (a live report). wall_s = end − start (never negative).
-//   - warmup_s = earliest start of any PHASE_MEASURED window − start; wall_s if
-//     there is no measured window.
+//     end seen (a live report). wall_s = end − start − paused (never
+//     negative).
+//   - paused: a RunStart later than the end of the whole run (every node
+//     ended) reopens it: [end, RunStart.time) is a pause, and the pauses are
+//     taken out of wall_s and warmup_s, hence out of every rate.
+//   - end_status: across nodes (by name) the first node's latest RunEnd
+//     end_status that is not "ok", else "ok"; "ended" when none was sent.
+//   - warmup_s = earliest start of any PHASE_MEASURED window − start − paused
+//     before it; wall_s if there is no measured window.
 //   - per window, energy = energy_counter_j if counter_ok else
 //     energy_integrated_j. energy_J = Σ over measured windows; energy_total_J =
 //     Σ over all windows; energy_J_integrated = Σ measured integrated;
@@ -31,6 +37,10 @@
 //     is an upper bound of the true simultaneous peak when nodes' ticks are not
 //     aligned. Buckets are kept only while they can still change (see
 //     PeakHorizon); a window for an already folded bucket counts alone.
+//   - avg_power_total_W = energy_total_J / wall_s; peak_power_total_W =
+//     max(peak_power_W, Σ over nodes of the node's highest warmup window
+//     peak): the whole run, warmup included (an upper bound on several
+//     nodes, whose warmup peaks need not coincide).
 //   - tokens_processed = Σ tokens; tokens_measured = Σ tokens_measured; steps,
 //     data_wait_s, compute_s are sums over all windows.
 //   - tok_per_s = tokens_measured / (wall_s − warmup_s); J_per_token =
@@ -56,6 +66,7 @@
 package aggregate
 
 import (
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -64,6 +75,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/pkg/energy"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -151,6 +163,12 @@ type NodeState struct {
 	// in each Unix second, seconds ascending (peak.go).
 	PeakSeconds []int64   `json:"peak_seconds,omitempty"`
 	PeakWatts   []float64 `json:"peak_watts,omitempty"`
+	// WarmupPeak is the highest peak of the node's warmup windows (W), for
+	// the whole run's peak (peak_power_total_W).
+	WarmupPeak float64 `json:"warmup_peak,omitempty"`
+	// EndStatus is the end status of the node's latest RunEnd (ok, error,
+	// exit N, signal NAME, stopped: cause, lost); "" from older agents.
+	EndStatus string `json:"end_status,omitempty"`
 }
 
 func (n *NodeState) ended() bool { return n.HasEnd && n.EndMax >= n.StartMax }
@@ -240,6 +258,22 @@ type State struct {
 	LostGPUSeconds float64  `json:"lost_gpu_seconds,omitempty"`
 	LostReasons    []string `json:"lost_reasons,omitempty"`
 
+	// Shared GPUs (RunWindow.shared_gpu_seconds, share_method,
+	// max_sharing_runs): GPU-seconds spent sharing, the split rules seen,
+	// the most runs on one of the run's GPUs at once.
+	SharedGPUSeconds float64  `json:"shared_gpu_seconds,omitempty"`
+	ShareMethods     []string `json:"share_methods,omitempty"`
+	MaxSharingRuns   uint32   `json:"max_sharing_runs,omitempty"`
+	// The user of the winning RunStart (uid, and its name on that host).
+	User   string `json:"user,omitempty"`
+	UID    uint32 `json:"uid,omitempty"`
+	HasUID bool   `json:"has_uid,omitempty"`
+	// Pauses of a resumed run: [PauseStarts[i], PauseEnds[i]) is the time
+	// from the run's end to a run_start that reopened it, excluded from
+	// wall_s, warmup_s and every rate.
+	PauseStarts []int64 `json:"pause_starts,omitempty"`
+	PauseEnds   []int64 `json:"pause_ends,omitempty"`
+
 	// Bookkeeping for the store (codec.go), not part of the figures:
 	// whether the node states are stored apart, and which changed since
 	// they were last taken for writing.
@@ -297,6 +331,15 @@ func nanos(ts *timestamppb.Timestamp) int64 {
 // AddStart folds a RunStart from node.
 func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	t := nanos(ev.GetTime())
+	if s.Ended() {
+		// A run_start after the whole run ended reopens it: with resume
+		// (the agent refuses it otherwise), or from an agent that forgot
+		// the run. Either way the time in between is not run time.
+		if end := s.endNanos(); t > end {
+			s.PauseStarts = append(s.PauseStarts, end)
+			s.PauseEnds = append(s.PauseEnds, t)
+		}
+	}
 	n := s.node(node)
 	if !n.Started || t < n.StartMin {
 		n.StartMin = t
@@ -327,6 +370,7 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	}
 	s.GPUName = ev.GetGpuName()
 	s.GPUPricePerHour = ev.GetGpuPricePerHour()
+	s.User, s.UID, s.HasUID = ev.GetUser(), ev.GetUid(), true
 	s.Plan = Plan{
 		BudgetScope: ev.GetBudgetScope(), PlannedSteps: ev.GetPlannedSteps(),
 		PlannedTokens: ev.GetPlannedTokens(), PlannedEpochs: ev.GetPlannedEpochs(),
@@ -412,8 +456,9 @@ func (s *State) fillStart(ev *trainmeterv1.RunStart) {
 func (s *State) AddEnd(node string, ev *trainmeterv1.RunEnd) {
 	t := nanos(ev.GetTime())
 	n := s.node(node)
-	if !n.HasEnd || t > n.EndMax {
+	if !n.HasEnd || t >= n.EndMax {
 		n.EndMax = t
+		n.EndStatus = ev.GetEndStatus()
 	}
 	n.HasEnd = true
 	s.foldBuckets()
@@ -476,6 +521,12 @@ func (s *State) AddWindowBanded(node string, w *trainmeterv1.RunWindow, bands En
 	s.DataWaitS += w.GetDataWaitS()
 	s.ComputeS += w.GetComputeS()
 	s.GPUSeconds += w.GetGpuSeconds()
+	s.SharedGPUSeconds += w.GetSharedGpuSeconds()
+	s.MaxSharingRuns = max(s.MaxSharingRuns, w.GetMaxSharingRuns())
+	if m := w.GetShareMethod(); m != "" && !slices.Contains(s.ShareMethods, m) {
+		s.ShareMethods = append(s.ShareMethods, m)
+		slices.Sort(s.ShareMethods)
+	}
 	if w.GetVramPeakMib() > s.VRAMPeak {
 		s.VRAMPeak = w.GetVramPeakMib()
 	}
@@ -498,6 +549,7 @@ func (s *State) AddWindowBanded(node string, w *trainmeterv1.RunWindow, bands En
 	n.HasWindow = true
 
 	if w.GetPhase() != trainmeterv1.Phase_PHASE_MEASURED {
+		n.WarmupPeak = max(n.WarmupPeak, w.GetPeakPowerW())
 		s.foldBuckets()
 		return
 	}
@@ -583,6 +635,45 @@ func (s *State) endNanos() int64 {
 	return s.WindowEnd
 }
 
+// pausedBefore is the paused time (ns) before t.
+func (s *State) pausedBefore(t int64) int64 {
+	var d int64
+	for i, a := range s.PauseStarts {
+		b := min(s.PauseEnds[i], t)
+		if b > a {
+			d += b - a
+		}
+	}
+	return d
+}
+
+// EndStatus is how the run ended: across nodes (by name), the first end
+// status that is not ok, else ok; "ended" when no agent sent one (agents
+// before end statuses); "" while the run is live.
+func (s *State) EndStatus() string {
+	if !s.Ended() {
+		return ""
+	}
+	names := make([]string, 0, len(s.Nodes))
+	for name, n := range s.Nodes {
+		if n.Started {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	status := "ended"
+	for _, name := range names {
+		switch st := s.Nodes[name].EndStatus; st {
+		case "":
+		case "ok":
+			status = st
+		default:
+			return st
+		}
+	}
+	return status
+}
+
 // Report computes the run's figures with the collector's pricing.
 func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r := &trainmeterv1.RunReport{RunId: s.RunID}
@@ -602,10 +693,13 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 			end = start
 		}
 		r.End = timestamppb.New(time.Unix(0, end).UTC())
-		r.WallS = float64(end-start) / 1e9
+		r.PausedS = float64(s.pausedBefore(end)) / 1e9
+		r.WallS = max(0, float64(end-start)/1e9-r.PausedS)
 	}
+	r.EndStatus = s.EndStatus()
+	r.Resumes = uint32(len(s.PauseStarts))
 	if s.HasMeasured {
-		r.WarmupS = max(0, float64(s.FirstMeasured-start)/1e9)
+		r.WarmupS = max(0, float64(s.FirstMeasured-start-s.pausedBefore(s.FirstMeasured))/1e9)
 		if r.WarmupS > r.WallS {
 			r.WarmupS = r.WallS
 		}
@@ -643,6 +737,16 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 		r.TokPerS = float64(s.TokensMeasured) / measuredS
 	}
 	r.PeakPowerW = s.Peak()
+	// The whole run's power does not depend on the warmup: a run that never
+	// left it still shows what it drew.
+	if r.WallS > 0 {
+		r.AvgPowerTotalW = r.EnergyTotalJ / r.WallS
+	}
+	var warmupPeak float64
+	for _, n := range s.Nodes {
+		warmupPeak += n.WarmupPeak
+	}
+	r.PeakPowerTotalW = max(r.PeakPowerW, warmupPeak)
 	if s.TokensMeasured > 0 {
 		r.JPerToken = r.EnergyJ / float64(s.TokensMeasured)
 	}
@@ -657,6 +761,9 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.Gpus = gpus
 	r.Nodes = uint32(len(s.Nodes))
 	r.GpuName = s.GPUName
+	if u := energy.UncertaintyPct(r.EnergyMethod, r.GpuName, measuredS); !math.IsNaN(u) {
+		r.EnergyUncertaintyPct = &u
+	}
 
 	r.GpuHours = s.GPUSeconds / 3600
 	s.priceCompute(p, r)
@@ -698,6 +805,10 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.LostTokens = s.LostTokens
 	r.LostEnergyJ = s.LostEnergyJ
 	r.LostGpuSeconds = s.LostGPUSeconds
+	r.GpuShareMethod = ShareMethod(s.ShareMethods)
+	r.SharedGpuS = s.SharedGPUSeconds
+	r.MaxSharingRuns = s.MaxSharingRuns
+	r.User, r.Uid, r.HasUid = s.User, s.UID, s.HasUID
 	r.LostReasons = s.LossReasons()
 	return r
 }
@@ -881,4 +992,35 @@ func EventTime(e *trainmeterv1.RunEvent) *timestamppb.Timestamp {
 		return ev.Eval.GetTime()
 	}
 	return nil
+}
+
+// ShareMethod names how a run's GPUs were split over its windows: exclusive
+// when never shared, the one rule used when shared, mixed when several were
+// (docs/measurement.md, "Shared GPUs and idle"); "" for windows from agents
+// before sharing was measured.
+func ShareMethod(methods []string) string {
+	var shared []string
+	sawExclusive := false
+	for _, m := range methods {
+		switch m {
+		case "":
+		case "exclusive":
+			sawExclusive = true
+		case "mixed":
+			return "mixed"
+		default:
+			if !slices.Contains(shared, m) {
+				shared = append(shared, m)
+			}
+		}
+	}
+	switch {
+	case len(shared) > 1:
+		return "mixed"
+	case len(shared) == 1:
+		return shared[0]
+	case sawExclusive:
+		return "exclusive"
+	}
+	return ""
 }

@@ -197,6 +197,15 @@ func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 		LostEnergyJ:      s.LostEnergyJ,
 		LostGpuSeconds:   s.LostGPUSeconds,
 		LostReasons:      s.LostReasons,
+		PauseStarts:      s.PauseStarts,
+		PauseEnds:        s.PauseEnds,
+
+		SharedGpuSeconds: s.SharedGPUSeconds,
+		ShareMethods:     s.ShareMethods,
+		MaxSharingRuns:   s.MaxSharingRuns,
+		User:             s.User,
+		Uid:              s.UID,
+		HasUid:           s.HasUID,
 	}
 	if withNodes && len(s.Nodes) > 0 {
 		a.Nodes = make(map[string]*storev1.Node, len(s.Nodes))
@@ -291,6 +300,15 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 		LostEnergyJ:      a.GetLostEnergyJ(),
 		LostGPUSeconds:   a.GetLostGpuSeconds(),
 		LostReasons:      a.GetLostReasons(),
+		PauseStarts:      a.GetPauseStarts(),
+		PauseEnds:        a.GetPauseEnds(),
+
+		SharedGPUSeconds: a.GetSharedGpuSeconds(),
+		ShareMethods:     a.GetShareMethods(),
+		MaxSharingRuns:   a.GetMaxSharingRuns(),
+		User:             a.GetUser(),
+		UID:              a.GetUid(),
+		HasUID:           a.GetHasUid(),
 	}
 	s.nodesApart = a.GetNodesApart()
 	if len(a.GetNodes()) > 0 {
@@ -320,7 +338,7 @@ func nodeToProto(n *NodeState) *storev1.Node {
 	return &storev1.Node{
 		Started: n.Started, StartMin: n.StartMin, StartMax: n.StartMax, HasEnd: n.HasEnd,
 		EndMax: n.EndMax, Watermark: n.Watermark, HasWindow: n.HasWindow, GpuSeconds: n.GPUSeconds,
-		PeakSeconds: n.PeakSeconds, PeakWatts: n.PeakWatts,
+		PeakSeconds: n.PeakSeconds, PeakWatts: n.PeakWatts, WarmupPeak: n.WarmupPeak, EndStatus: n.EndStatus,
 	}
 }
 
@@ -329,7 +347,7 @@ func nodeFromProto(n *storev1.Node) *NodeState {
 		Started: n.GetStarted(), StartMin: n.GetStartMin(), StartMax: n.GetStartMax(),
 		HasEnd: n.GetHasEnd(), EndMax: n.GetEndMax(), Watermark: n.GetWatermark(),
 		HasWindow: n.GetHasWindow(), GPUSeconds: n.GetGpuSeconds(),
-		PeakSeconds: n.GetPeakSeconds(), PeakWatts: n.GetPeakWatts(),
+		PeakSeconds: n.GetPeakSeconds(), PeakWatts: n.GetPeakWatts(), WarmupPeak: n.GetWarmupPeak(), EndStatus: n.GetEndStatus(),
 	}
 }
 

@@ -62,6 +62,9 @@ var methodRoles = map[string]Role{
 	trainmeterv1.QueryService_GetRun_FullMethodName:     RoleRead,
 	trainmeterv1.QueryService_ExportRuns_FullMethodName: RoleRead,
 	trainmeterv1.QueryService_ListNodes_FullMethodName:  RoleRead,
+	trainmeterv1.QueryService_Usage_FullMethodName:      RoleRead,
+	trainmeterv1.QueryService_Compare_FullMethodName:    RoleRead,
+	trainmeterv1.QueryService_Timeline_FullMethodName:   RoleRead,
 	trainmeterv1.QueryService_DeleteRun_FullMethodName:  RoleAdmin,
 
 	trainmeterv1.RecommendService_Recommend_FullMethodName:         RoleRead,

@@ -25,6 +25,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -552,11 +553,13 @@ func (m *Manager) fire(ctx context.Context, s *Status, th float64, sev string, p
 		kind, what = "projected", "projected spend at completion"
 	}
 	key := fmt.Sprintf("%s/%s/%s/%s/%g", KindBudget, s.ID, s.PeriodKey, kind, th)
+	// `trainmeter budget` rounds the same way (pkg/money).
+	amounts := money.USDs(v, s.LimitUSD)
 	a := Alert{
 		Kind: KindBudget, Severity: sev, Scope: s.Scope, Period: s.Period, PeriodKey: s.PeriodKey, Threshold: th,
 		SpentUSD: v, BudgetUSD: s.LimitUSD, Projected: projected, Time: now, BudgetID: s.ID, RunIDs: s.runIDs[:min(len(s.runIDs), MaxAlertRunIDs)],
-		Message: fmt.Sprintf("budget %s (%s): %s $%.2f of $%.2f (%.0f%%) crossed %.0f%% [%s]",
-			s.Scope, periodLabel(s.Period, s.PeriodKey), what, v, s.LimitUSD, 100*v/s.LimitUSD, 100*th, sev),
+		Message: fmt.Sprintf("budget %s (%s): %s %s of %s (%.0f%%) crossed %.0f%% [%s]",
+			s.Scope, periodLabel(s.Period, s.PeriodKey), what, amounts[0], amounts[1], 100*v/s.LimitUSD, 100*th, sev),
 	}
 	fired, err := m.rec.Fire(ctx, key, a)
 	if fired {

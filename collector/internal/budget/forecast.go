@@ -6,6 +6,8 @@ import (
 	"math"
 	"sort"
 	"strings"
+
+	runreport "github.com/trainmeter/trainmeter/pkg/report"
 )
 
 // DefaultForecastHistory is how many ended runs a forecast learns from.
@@ -16,6 +18,10 @@ type Forecast struct {
 	Model   string
 	Runs    int
 	BasedOn []string
+	// FailedLeftOut counts the model's ended runs that failed (error,
+	// exit N, signal, lost) and so are not in BasedOn: a crashed run's cost
+	// says nothing about what a run costs.
+	FailedLeftOut int
 	// Mean and sample standard deviation of one run's total cost.
 	MeanUSD, StddevUSD float64
 	// ExpectedUSD = n·mean; StddevSumUSD = √n·stddev (runs independent).
@@ -50,19 +56,27 @@ func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
 		return Forecast{}, err
 	}
 	var hist []run
+	failed := 0
 	for _, x := range runs {
 		// A cost is a GPU-hour price or an energy price (a run priced by
 		// energy only has a total cost too).
 		if x.r.GetEnded() && x.r.GetMetadata().GetModel() == model && (x.r.GetHasCost() || x.r.GetHasEnergyCost()) {
+			if runreport.Failed(x.r) {
+				failed++
+				continue
+			}
 			hist = append(hist, x)
 		}
 	}
 	if len(hist) == 0 {
+		if failed > 0 {
+			return Forecast{}, fmt.Errorf("model %q: %w (%d failed run(s) left out)", model, ErrNoHistory, failed)
+		}
 		return Forecast{}, fmt.Errorf("model %q: %w", model, ErrNoHistory)
 	}
 	sort.Slice(hist, func(i, j int) bool { return hist[i].r.GetEnd().AsTime().After(hist[j].r.GetEnd().AsTime()) })
 	hist = hist[:min(k, len(hist))]
-	f := Forecast{Model: model, Runs: n}
+	f := Forecast{Model: model, Runs: n, FailedLeftOut: failed}
 	var costs []float64
 	for _, x := range hist {
 		f.BasedOn = append(f.BasedOn, x.r.GetRunId())

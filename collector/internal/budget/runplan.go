@@ -14,6 +14,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -204,10 +205,11 @@ func (m *Manager) evaluateCaps(ctx context.Context) error {
 			continue
 		}
 		now := m.cfg.Clock.Now().UTC()
+		amounts := money.USDs(p.MaxCostUSD, spent) // as `budget` and its alerts round
 		a := Alert{
 			Kind: KindMaxCost, Severity: SeverityExceeded, Scope: "run:" + p.RunID, Threshold: 1,
 			SpentUSD: spent, BudgetUSD: p.MaxCostUSD, Time: now, RunIDs: []string{p.RunID},
-			Message: fmt.Sprintf("run %s reached its max-cost $%.2f ($%.4f spent): its ranks are told to stop", p.RunID, p.MaxCostUSD, spent),
+			Message: fmt.Sprintf("run %s reached its max-cost %s (%s spent): its ranks are told to stop", p.RunID, amounts[0], amounts[1]),
 		}
 		if fired, err := m.rec.Fire(ctx, KindMaxCost+"/"+p.RunID, a); err != nil {
 			errs = append(errs, err)
@@ -217,7 +219,7 @@ func (m *Manager) evaluateCaps(ctx context.Context) error {
 		if m.advise == nil {
 			continue
 		}
-		reason := fmt.Sprintf("%s $%.2f reached ($%.4f spent)", MaxCostReasonPrefix, p.MaxCostUSD, spent)
+		reason := fmt.Sprintf("%s %s reached (%s spent)", MaxCostReasonPrefix, amounts[0], amounts[1])
 		for n := range s.Nodes {
 			k := p.RunID + "\x00" + n
 			m.mu.Lock()

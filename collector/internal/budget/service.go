@@ -90,7 +90,7 @@ func (s *Service) Forecast(_ context.Context, req *trainmeterv1.ForecastRequest)
 	}
 	resp := &trainmeterv1.ForecastResponse{
 		Model: f.Model, Runs: uint32(f.Runs), BasedOn: f.BasedOn, MeanRunUsd: f.MeanUSD, StddevRunUsd: f.StddevUSD,
-		ExpectedUsd: f.ExpectedUSD, StddevUsd: f.StddevSumUSD,
+		ExpectedUsd: f.ExpectedUSD, StddevUsd: f.StddevSumUSD, FailedLeftOut: uint32(f.FailedLeftOut),
 	}
 	if f.Budget != nil {
 		resp.HasBudget = true

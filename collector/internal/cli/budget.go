@@ -3,7 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
-	"io"
+	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -12,10 +12,11 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/internal/plural"
+	"github.com/trainmeter/trainmeter/pkg/money"
+	"github.com/trainmeter/trainmeter/pkg/report"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -64,29 +65,6 @@ func (b *budgetServeFlags) load(getenv func(string) string) error {
 	return nil
 }
 
-// writeProtoJSON is every command's --json: field names as in the .proto
-// files (and the CSV), unset numbers as 0.
-func writeProtoJSON(w io.Writer, m proto.Message) error {
-	b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true, EmitUnpopulated: true, Indent: "  "}.Marshal(m)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(w, string(b))
-	return err
-}
-
-// usd shows cents, or more digits for amounts under a cent (short test
-// runs).
-func usd(v float64) string {
-	if v < 0 {
-		return "-" + usd(-v)
-	}
-	if v != 0 && v < 0.01 {
-		return fmt.Sprintf("$%.4f", v)
-	}
-	return fmt.Sprintf("$%.2f", v)
-}
-
 func newBudgetCommand(cf *clientFlags) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
@@ -113,8 +91,11 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 					if pol == "" {
 						pol = "alert"
 					}
+					// The same rounding as the alerts (pkg/money): spent and
+					// budget in the decimals of the larger.
+					amounts := money.USDs(b.GetBudget().GetLimitUsd(), b.GetSpentUsd(), b.GetProjectedUsd())
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", b.GetBudget().GetScope(), b.GetPeriodKey(),
-						usd(b.GetBudget().GetLimitUsd()), usd(b.GetSpentUsd()), pct(b.GetRatio()), usd(b.GetProjectedUsd()),
+						amounts[0], amounts[1], pct(b.GetRatio()), amounts[2],
 						pct(b.GetProjectedRatio()), b.GetRuns(), b.GetLiveRuns(), pol)
 				}
 				return tw.Flush()
@@ -133,7 +114,10 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			amount, err := strconv.ParseFloat(strings.TrimPrefix(args[1], "$"), 64)
 			if err != nil {
-				return fmt.Errorf("budget amount %q is not a number of USD", args[1])
+				return fmt.Errorf("budget amount %q is not a number of USD: give the most SCOPE may spend, e.g. trainmeter budget set %s 5000", args[1], args[0])
+			}
+			if !(amount > 0) || math.IsInf(amount, 0) {
+				return negativeBudget(args[1])
 			}
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewBudgetServiceClient(conn).SetBudget(ctx, &trainmeterv1.SetBudgetRequest{Scope: args[0], LimitUsd: amount, Period: period, Policy: policy})
@@ -149,11 +133,22 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 				if b.GetPeriod() == "month" {
 					per = "per calendar month"
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "budget %s: %s %s, policy %s\n", b.GetScope(), usd(b.GetLimitUsd()), per, pol)
+				fmt.Fprintf(cmd.OutOrStdout(), "budget %s: %s %s, policy %s\n", b.GetScope(), money.USD(b.GetLimitUsd()), per, pol)
 				return nil
 			})
 		},
 	}
+	// "-5" reaches pflag as a shorthand flag before RunE sees it.
+	set.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		if _, tok, ok := strings.Cut(err.Error(), "unknown shorthand flag: "); ok {
+			if _, arg, ok := strings.Cut(tok, " in "); ok {
+				if _, perr := strconv.ParseFloat(arg, 64); perr == nil {
+					return negativeBudget(arg)
+				}
+			}
+		}
+		return err
+	})
 	set.Flags().StringVar(&period, "period", "total", "total or month")
 	set.Flags().StringVar(&policy, "policy", "alert", "alert, or stop (send a stop to the scope's runs once exceeded)")
 
@@ -175,6 +170,11 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 	del.Flags().StringVar(&delPeriod, "period", "total", "total or month")
 	c.AddCommand(set, del)
 	return c
+}
+
+// negativeBudget is the error for an amount that is not above 0.
+func negativeBudget(amount string) error {
+	return fmt.Errorf("budget amount %s: a budget is the most a scope may spend, a number of USD above 0 (e.g. 5000); to remove a budget: trainmeter budget delete SCOPE", amount)
 }
 
 func newAlertsCommand(cf *clientFlags) *cobra.Command {
@@ -200,7 +200,7 @@ func newAlertsCommand(cf *clientFlags) *cobra.Command {
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "TIME\tKIND\tSEVERITY\tMESSAGE")
 				for _, a := range resp.GetAlerts() {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.GetTime().AsTime().Local().Format(time.DateTime), a.GetKind(), a.GetSeverity(), a.GetMessage())
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", report.Time(a.GetTime().AsTime()), a.GetKind(), a.GetSeverity(), a.GetMessage())
 				}
 				return tw.Flush()
 			})
@@ -232,7 +232,14 @@ func newForecastCommand(cf *clientFlags) *cobra.Command {
 					return writeProtoJSON(cmd.OutOrStdout(), f)
 				}
 				w := cmd.OutOrStdout()
-				fmt.Fprintf(w, "model %s: %d more run(s), based on the last %d ended run(s) (%s)\n", f.GetModel(), f.GetRuns(), len(f.GetBasedOn()), strings.Join(f.GetBasedOn(), ", "))
+				fmt.Fprintf(w, "model %s: %s more, based on the last %s (%s)\n", f.GetModel(), plural.N(f.GetRuns(), "run"), plural.N(len(f.GetBasedOn()), "ended run"), strings.Join(f.GetBasedOn(), ", "))
+				if n := f.GetFailedLeftOut(); n > 0 {
+					fmt.Fprintf(w, "  %s of the model left out (error, exit N, signal or lost)\n", plural.N(n, "failed run"))
+				}
+				// One set of decimals for the whole forecast (pkg/money),
+				// enough for its smallest figure: the cost of one run.
+				d := max(money.Decimals(f.GetMeanRunUsd()), money.Decimals(f.GetExpectedUsd()), money.Decimals(f.GetBudgetUsd()))
+				usd := func(v float64) string { return money.Fixed(v, d) }
 				fmt.Fprintf(w, "  per run     %s ± %s\n", usd(f.GetMeanRunUsd()), usd(f.GetStddevRunUsd()))
 				fmt.Fprintf(w, "  expected    %s ± %s\n", usd(f.GetExpectedUsd()), usd(f.GetStddevUsd()))
 				if !f.GetHasBudget() {

@@ -19,7 +19,7 @@ func TestBudgetCommands(t *testing.T) {
 	if _, err := run(t, env, "budget", "set", "x", "lots"); err == nil || !strings.Contains(err.Error(), "not a number") {
 		t.Errorf("non-numeric amount: %v", err)
 	}
-	if _, err := run(t, env, "budget", "set", "x", "--", "-1"); err == nil || !strings.Contains(err.Error(), "> 0") {
+	if _, err := run(t, env, "budget", "set", "x", "--", "-1"); err == nil || !strings.Contains(err.Error(), "above 0") {
 		t.Errorf("negative amount: %v", err)
 	}
 	if _, err := run(t, env, "budget", "set", "x", "1", "--period", "week"); err == nil || !strings.Contains(err.Error(), "total or month") {
@@ -30,11 +30,11 @@ func TestBudgetCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err = run(t, env, "budget", "set", "model:llama-3-8b", "$0.001")
-	if err != nil || !strings.Contains(out, "budget model:llama-3-8b: $0.0010 in total, policy alert") {
+	if err != nil || !strings.Contains(out, "budget model:llama-3-8b: $0.00100 in total, policy alert") {
 		t.Fatalf("budget set: %q %v", out, err)
 	}
 	out, err = run(t, env, "budget")
-	if err != nil || !regexp.MustCompile(`model:llama-3-8b +total +\$0.0010 +\$0.0011 +111%`).MatchString(out) || !regexp.MustCompile(`\d{4}-\d{2} +\$5.00 +\$0.00 +0%`).MatchString(out) {
+	if err != nil || !regexp.MustCompile(`model:llama-3-8b +total +\$0.00100 +\$0.00111 +111%`).MatchString(out) || !regexp.MustCompile(`\d{4}-\d{2} +\$5.00 +\$0.00 +0%`).MatchString(out) {
 		t.Errorf("budget table:\n%s %v", out, err)
 	}
 	// The collector's loop evaluates within about a second.
@@ -48,6 +48,11 @@ func TestBudgetCommands(t *testing.T) {
 			t.Fatalf("alerts:\n%s %v", out, err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	// The alerts round as `budget` does (issue 15: "spent $0.00 of $0.00
+	// (123%)").
+	if !strings.Contains(out, "spent $0.00111 of $0.00100 (111%)") {
+		t.Errorf("alerts do not show the amounts as `budget` does:\n%s", out)
 	}
 	out, err = run(t, env, "forecast", "llama-3-8b", "3", "--json")
 	if err != nil {
@@ -85,7 +90,7 @@ func TestBudgetCommands(t *testing.T) {
 	}
 	// A price list imported through the CLI needs no provider.
 	out, err = run(t, env, "prices", "import", "../../../pkg/prices/testdata/price_list.csv")
-	if err != nil || !strings.Contains(out, "imported 3 offers of 2 GPU models, 0 price alert(s)") {
+	if err != nil || !strings.Contains(out, "imported 3 offers of 2 GPU models, 0 price alerts") {
 		t.Fatalf("prices import: %q %v", out, err)
 	}
 	out, err = run(t, env, "prices", "--gpu", "rtx_4090")

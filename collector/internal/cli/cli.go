@@ -8,10 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -23,6 +26,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/internal/buildinfo"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -60,6 +65,7 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 		Short:         "Measure what training a model costs: energy, tokens, time and money per run",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       buildinfo.Version(),
 	}
 	root.AddCommand(newServeCommand(getenv))
 	cf := &clientFlags{getenv: getenv}
@@ -67,9 +73,9 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 	if defaultAddr == "" {
 		defaultAddr = server.DefaultListen
 	}
-	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newSummaryCommand(cf), newModelCommand(cf), newExportCommand(cf), newNodesCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf),
+	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newSummaryCommand(cf), newModelCommand(cf), newExportCommand(cf), newNodesCommand(cf), newUsageCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf),
 		newRecommendCommand(cf), newBudgetCommand(cf), newAlertsCommand(cf), newForecastCommand(cf), newPricesCommand(cf),
-		newEstimateCommand(cf)} {
+		newEstimateCommand(cf), newCompareCommand(cf)} {
 		// Persistent, so that `export csv` inherits them.
 		c.PersistentFlags().StringVar(&cf.addr, "collector", defaultAddr, "collector address HOST:PORT (default from $"+EnvCollector+")")
 		c.PersistentFlags().DurationVar(&cf.timeout, "timeout", 10*time.Second, "deadline for the request")
@@ -206,29 +212,163 @@ func (cf *clientFlags) explain(err error) error {
 		return fmt.Errorf("the collector at %s refused the request: %s (give a token with --token-file or $%s)", cf.addr, st.Message(), EnvToken)
 	case codes.PermissionDenied:
 		return fmt.Errorf("the collector at %s refused the request: %s", cf.addr, st.Message())
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.AlreadyExists:
+		// The collector's message says what is wrong and what to do; the
+		// code's name adds nothing for a user.
+		return fmt.Errorf("collector at %s: %s", cf.addr, st.Message())
 	}
 	return fmt.Errorf("collector at %s: %s: %s", cf.addr, st.Code(), st.Message())
 }
 
 func newRunsCommand(cf *clientFlags) *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	var f runFilter
+	var since string
+	var labels []string
+	c := &cobra.Command{
 		Use:   "runs",
-		Short: "List runs",
+		Short: "List runs, oldest first (--json: every figure of every run; filters: --model, --status, --since, --label)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if f.since, err = parseSince(since, time.Now()); err != nil {
+				return err
+			}
+			if f.labels, err = parseLabels("--label", labels); err != nil {
+				return err
+			}
+			if f.status != "" && !validStatusFilter(f.status) {
+				return fmt.Errorf("--status %q: want running, ended, failed, or an end status (ok, error, exit, exit N, signal, signal NAME, stopped, stopped: CAUSE, lost)", f.status)
+			}
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
 				resp, err := c.ListRuns(ctx, &trainmeterv1.ListRunsRequest{})
 				if err != nil {
 					return err
 				}
-				if len(resp.GetRuns()) == 0 {
-					fmt.Fprintln(cmd.OutOrStdout(), "no runs yet")
+				runs := f.apply(resp.GetRuns())
+				if asJSON {
+					return writeProtoJSON(cmd.OutOrStdout(), &trainmeterv1.ListRunsResponse{Runs: runs})
+				}
+				if len(runs) == 0 {
+					if len(resp.GetRuns()) == 0 {
+						fmt.Fprintln(cmd.OutOrStdout(), "no runs yet")
+					} else {
+						fmt.Fprintf(cmd.OutOrStdout(), "no runs match the filters (%s stored)\n", plural.N(len(resp.GetRuns()), "run"))
+					}
 					return nil
 				}
-				return report.WriteTable(cmd.OutOrStdout(), resp.GetRuns())
+				return report.WriteTable(cmd.OutOrStdout(), runs)
 			})
 		},
 	}
+	fl := c.Flags()
+	fl.BoolVar(&asJSON, "json", false, "print the runs as JSON ({\"runs\": [...]}, each as report --json)")
+	fl.StringVar(&f.model, "model", "", "only runs of this model")
+	fl.StringVar(&f.status, "status", "", "only runs with this status: running, ended, failed (error, exit N, signal, lost), or an end status (ok, exit 3, signal, stopped, lost, ...)")
+	fl.StringVar(&since, "since", "", "only runs started at or after this: a duration back from now (24h, 90m, 7d) or a time (2025-03-01, 2025-03-01T12:00:00Z)")
+	fl.StringArrayVar(&labels, "label", nil, "only runs with this label KEY=VALUE (repeatable: all must match)")
+	return c
+}
+
+// statusWords are the --status values that are not a whole end status:
+// the run's state, failed runs, or a family of end statuses.
+var statusWords = map[string]bool{"running": true, "ended": true, "failed": true, "ok": true, "error": true,
+	"lost": true, "exit": true, "signal": true, "stopped": true}
+
+func validStatusFilter(s string) bool {
+	return statusWords[s] || strings.HasPrefix(s, "exit ") || strings.HasPrefix(s, "signal ") || strings.HasPrefix(s, "stopped: ")
+}
+
+// statusMatches is whether r has the status --status asks for: "exit"
+// matches every exit N, "signal" every signal, "stopped" every stop.
+func statusMatches(r *trainmeterv1.RunReport, want string) bool {
+	switch want {
+	case "running", "ended":
+		return report.Status(r) == want
+	case "failed":
+		return report.Failed(r)
+	case "exit", "signal":
+		return r.GetEnded() && strings.HasPrefix(r.GetEndStatus(), want+" ")
+	case "stopped":
+		return r.GetEnded() && (r.GetEndStatus() == want || strings.HasPrefix(r.GetEndStatus(), want+":"))
+	}
+	return r.GetEnded() && strings.EqualFold(report.EndStatus(r), want)
+}
+
+// runFilter is `trainmeter runs`' filters; the zero value keeps every run.
+// The collector's ListRuns has no filters: the CLI filters what it gets.
+type runFilter struct {
+	model, status string
+	since         time.Time
+	labels        map[string]string
+}
+
+func (f runFilter) apply(runs []*trainmeterv1.RunReport) []*trainmeterv1.RunReport {
+	var out []*trainmeterv1.RunReport
+	for _, r := range runs {
+		if f.model != "" && r.GetMetadata().GetModel() != f.model {
+			continue
+		}
+		if f.status != "" && !statusMatches(r, f.status) {
+			continue
+		}
+		if !f.since.IsZero() && (r.GetStart() == nil || r.GetStart().AsTime().Before(f.since)) {
+			continue
+		}
+		match := true
+		for k, v := range f.labels {
+			if got, ok := r.GetLabels()[k]; !ok || got != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// parseSince reads --since: a duration back from now (Go's, plus d for
+// days), an RFC 3339 time, or a date (midnight UTC, as every time in
+// trainmeter's output is UTC).
+func parseSince(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		if n, err := strconv.ParseFloat(days, 64); err == nil && n >= 0 {
+			return now.Add(-time.Duration(n * float64(24*time.Hour))), nil
+		}
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("--since %q: want a duration back from now (24h, 90m, 7d) or a time (2025-03-01, 2025-03-01T12:00:00Z)", s)
+}
+
+// parseLabels reads repeated KEY=VALUE flags.
+func parseLabels(flag string, kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%s %q: want KEY=VALUE, e.g. %s team=nlp", flag, kv, flag)
+		}
+		if prev, dup := out[k]; dup && prev != v {
+			return nil, fmt.Errorf("%s %s given twice (%q and %q): give each key once", flag, k, prev, v)
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 func newReportCommand(cf *clientFlags) *cobra.Command {
@@ -259,8 +399,18 @@ func newReportCommand(cf *clientFlags) *cobra.Command {
 
 func newExportCommand(cf *clientFlags) *cobra.Command {
 	export := &cobra.Command{
-		Use:   "export",
-		Short: "Export runs",
+		Use:   "export FORMAT",
+		Short: "Export runs (formats: " + strings.Join(exportFormats, ", ") + ")",
+		// Without RunE cobra prints the help and exits 0 for `export json`:
+		// a script would take that for an export.
+		Args: cobra.ArbitraryArgs,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return fmt.Errorf("export needs a format: trainmeter export %s (formats: %s)", exportFormats[0], strings.Join(exportFormats, ", "))
+			}
+			return fmt.Errorf("unknown export format %q: trainmeter export knows %s (trainmeter export csv --out runs.csv); for JSON use trainmeter runs --json or trainmeter report RUN --json",
+				args[0], strings.Join(exportFormats, ", "))
+		},
 	}
 	var out string
 	var runs []string
@@ -269,6 +419,12 @@ func newExportCommand(cf *clientFlags) *cobra.Command {
 		Short: "Export runs as CSV, one row per run (stdout unless --out)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if out != "" && out != "-" {
+				// Before the query: a typo in the path is found at once.
+				if err := checkOutPath(out); err != nil {
+					return err
+				}
+			}
 			var reports []*trainmeterv1.RunReport
 			err := cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
 				stream, err := c.ExportRuns(ctx, &trainmeterv1.ExportRunsRequest{RunIds: runs})
@@ -301,9 +457,49 @@ func newExportCommand(cf *clientFlags) *cobra.Command {
 	return export
 }
 
+// exportFormats are the formats `trainmeter export` writes.
+var exportFormats = []string{"csv"}
+
+// checkOutPath says in the user's terms (the path given, never the
+// temporary file) why --out cannot be written.
+func checkOutPath(path string) error {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return fmt.Errorf("--out %s is a directory: give a file name, e.g. --out %s", path, filepath.Join(path, "runs.csv"))
+	}
+	dir := filepath.Dir(path)
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("--out %s: directory %s does not exist (create it first: mkdir -p %s)", path, dir, dir)
+	case err != nil:
+		return fmt.Errorf("--out %s: %v", path, unwrapPath(err))
+	case !fi.IsDir():
+		return fmt.Errorf("--out %s: %s is not a directory", path, dir)
+	}
+	return nil
+}
+
+// unwrapPath drops the path from an *fs.PathError, which may name a
+// temporary file the user never gave.
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
 // writeFileAtomic writes path via a temporary file and rename, so a failed
-// export never leaves half a CSV behind.
+// export never leaves half a CSV behind. Errors name path, not the
+// temporary file.
 func writeFileAtomic(path string, fn func(io.Writer) error) error {
+	if err := writeViaTemp(path, fn); err != nil {
+		return fmt.Errorf("cannot write %s: %w", path, unwrapPath(err))
+	}
+	return nil
+}
+
+func writeViaTemp(path string, fn func(io.Writer) error) error {
 	dir, base := ".", path
 	if i := strings.LastIndexByte(path, os.PathSeparator); i >= 0 {
 		dir, base = path[:i+1], path[i+1:]
@@ -334,9 +530,10 @@ func writeFileAtomic(path string, fn func(io.Writer) error) error {
 }
 
 func newNodesCommand(cf *clientFlags) *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	c := &cobra.Command{
 		Use:   "nodes",
-		Short: "List agent nodes",
+		Short: "List agent nodes (--json: with every GPU)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
@@ -345,11 +542,14 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 					return err
 				}
 				nodes := resp.GetNodes()
+				sort.Slice(nodes, func(i, j int) bool { return nodes[i].GetNode() < nodes[j].GetNode() })
+				if asJSON {
+					return writeProtoJSON(cmd.OutOrStdout(), resp)
+				}
 				if len(nodes) == 0 {
 					fmt.Fprintln(cmd.OutOrStdout(), "no nodes yet")
 					return nil
 				}
-				sort.Slice(nodes, func(i, j int) bool { return nodes[i].GetNode() < nodes[j].GetNode() })
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "NODE\tSTATUS\tGPUS\tLAST SEEN\tLAST SEQ\tBOOT")
 				for _, n := range nodes {
@@ -359,7 +559,7 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 					}
 					seen := "-"
 					if n.GetLastSeen() != nil {
-						seen = n.GetLastSeen().AsTime().Local().Format(time.DateTime)
+						seen = report.Time(n.GetLastSeen().AsTime())
 					}
 					var names []string
 					for _, g := range n.GetGpus() {
@@ -375,4 +575,6 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 			})
 		},
 	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
 }

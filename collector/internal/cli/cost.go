@@ -12,7 +12,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -138,12 +140,21 @@ func orDash(s string) string {
 	return s
 }
 
+// optRate shows an optional unit price in the one money format.
+func optRate(p *float64) string {
+	if p == nil {
+		return "-"
+	}
+	return money.Rate(*p)
+}
+
 func writeModelTable(w io.Writer, models []cost.ModelROI) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODEL\tRUNS\tGPU-H\tkWh\tTOTAL $\t$/MTOK\tBEST ACC\t$/POINT (BEST)\tROI pts/$")
+	fmt.Fprintln(tw, "MODEL\tRUNS\tGPU-HOURS\tENERGY kWh\tTOTAL COST\tCOST/MTOK\tBEST ACC\tCOST/POINT (BEST)\tROI pts/$")
+	fmt.Fprintln(tw, "\t\twhole runs\twhole runs, all GPUs\twhole runs\twhole runs\t\t\t")
 	for _, m := range models {
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.2f\t%s\t%s\t%s\t%s\n", orDash(m.Model), m.Runs, m.GPUHours, m.EnergyKWh,
-			m.TotalCostUSD, optF(m.USDMtok, "%.4g"), optF(m.BestPoints, "%.2f"), optF(m.BestUSDPerPoint, "%.4g"), optF(m.ROI, "%.4g"))
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%s\t%s\t%s\t%s\t%s\n", orDash(m.Model), m.Runs, m.GPUHours, m.EnergyKWh,
+			money.USD(m.TotalCostUSD), optRate(m.USDMtok), optF(m.BestPoints, "%.2f"), optRate(m.BestUSDPerPoint), optF(m.ROI, "%.4g"))
 	}
 	return tw.Flush()
 }
@@ -164,8 +175,11 @@ func newSummaryCommand(cf *clientFlags) *cobra.Command {
 			if asJSON {
 				return writeJSON(out, s)
 			}
-			fmt.Fprintf(out, "runs: %d (%d running)\nGPU-hours: %.3f\nenergy: %.3f kWh\ntotal cost: $%.2f (projected at completion: $%.2f)\nCO2: %.3f kg\n\n",
-				s.Runs, s.Running, s.GPUHours, s.EnergyKWh, s.TotalCostUSD, s.ProjectedCostUSD, s.CO2Kg)
+			// Whole runs, warmup included, like `runs` ENERGY kJ: the two
+			// agree (docs/measurement.md).
+			costs := money.USDs(s.TotalCostUSD, s.ProjectedCostUSD)
+			fmt.Fprintf(out, "runs: %d (%d running)\nGPU-hours: %.3f (whole runs, warmup included)\nenergy: %.3f kWh = %.1f kJ (whole runs, all GPUs, warmup included)\ntotal cost: %s (projected at completion: %s)\nCO2: %.3f kg\n\n",
+				s.Runs, s.Running, s.GPUHours, s.EnergyKWh, s.EnergyKWh*3600, costs[0], costs[1], s.CO2Kg)
 			if len(s.Models) == 0 {
 				fmt.Fprintln(out, "no runs yet")
 				return nil
@@ -221,13 +235,13 @@ func modelView(name string, all []*trainmeterv1.RunReport) (ModelView, bool) {
 	for _, roi := range v.Model.PerRun {
 		r := byID[roi.RunID]
 		mr := ModelRun{
-			RunID: r.GetRunId(), Status: report.Status(r), GPUHours: r.GetGpuHours(),
+			RunID: r.GetRunId(), Status: report.EndStatus(r), GPUHours: r.GetGpuHours(),
 			TotalCostUSD: r.GetTotalCostUsd(), ProjectedCostUSD: r.GetProjectedCostUsd(),
 			AccuracyPoints: r.AccuracyPoints, USDPerAccuracyPoint: r.UsdPerAccuracyPoint,
 			EfficiencyScore: r.EfficiencyScore, GainPoints: roi.GainPoints, ROI: roi.ROI,
 		}
 		if r.GetStart() != nil {
-			mr.Start = r.GetStart().AsTime().UTC().Format("2006-01-02T15:04:05Z")
+			mr.Start = report.Time(r.GetStart().AsTime())
 		}
 		v.Runs = append(v.Runs, mr)
 	}
@@ -263,15 +277,20 @@ func newModelCommand(cf *clientFlags) *cobra.Command {
 				return writeJSON(out, v)
 			}
 			m := v.Model
-			fmt.Fprintf(out, "model %s: %d run(s), %.3f GPU-hours, %.3f kWh, total $%.2f\n", m.Model, m.Runs, m.GPUHours, m.EnergyKWh, m.TotalCostUSD)
-			fmt.Fprintf(out, "baseline %s (%s points), best %s (%s points, $%s per point), ROI %s points per $ after the baseline\n\n",
+			fmt.Fprintf(out, "model %s: %s, %.3f GPU-hours, %.3f kWh (whole runs, all GPUs), total %s\n", m.Model, plural.N(m.Runs, "run"), m.GPUHours, m.EnergyKWh, money.USD(m.TotalCostUSD))
+			fmt.Fprintf(out, "baseline %s (%s points), best %s (%s points, %s per point), ROI %s points per $ after the baseline\n\n",
 				orDash(m.Baseline), optF(m.BaselinePoints, "%.2f"), orDash(m.Best), optF(m.BestPoints, "%.2f"),
-				optF(m.BestUSDPerPoint, "%.4g"), optF(m.ROI, "%.4g"))
+				optRate(m.BestUSDPerPoint), optF(m.ROI, "%.4g"))
+			if m.FailedRuns > 0 {
+				fmt.Fprintf(out, "%s (error, exit N, signal or lost): in the cost, never the baseline or the best, no gain\n\n", plural.N(m.FailedRuns, "failed run"))
+			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "RUN\tSTATUS\tSTART\tGPU-H\tTOTAL $\tPROJECTED $\tACC\t$/POINT\tEFFICIENCY\tGAIN\tROI pts/$")
+			fmt.Fprintln(tw, "RUN\tSTATUS\tSTART\tGPU-HOURS\tTOTAL COST\tPROJECTED COST\tACC\tCOST/POINT\tEFFICIENCY\tGAIN\tROI pts/$")
+			fmt.Fprintln(tw, "\t\t\twhole run\twhole run\tat completion\t\t\t\t\t")
 			for _, r := range v.Runs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%.3f\t%.2f\t%.2f\t%s\t%s\t%s\t%s\t%s\n", r.RunID, r.Status, orDash(r.Start), r.GPUHours,
-					r.TotalCostUSD, r.ProjectedCostUSD, optF(r.AccuracyPoints, "%.2f"), optF(r.USDPerAccuracyPoint, "%.4g"),
+				costs := money.USDs(r.TotalCostUSD, r.ProjectedCostUSD)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RunID, r.Status, orDash(r.Start), r.GPUHours,
+					costs[0], costs[1], optF(r.AccuracyPoints, "%.2f"), optRate(r.USDPerAccuracyPoint),
 					optF(r.EfficiencyScore, "%.3f"), optF(r.GainPoints, "%+.2f"), optF(r.ROI, "%.4g"))
 			}
 			if err := tw.Flush(); err != nil {

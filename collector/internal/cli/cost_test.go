@@ -138,7 +138,7 @@ func TestModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"model bert: 3 run(s)", "baseline bert-0 (70.00 points), best bert-1 (80.00 points", "bert-1", "compared with all models", "gpt"} {
+	for _, want := range []string{"model bert: 3 runs", "baseline bert-0 (70.00 points), best bert-1 (80.00 points", "bert-1", "compared with all models", "gpt"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("model table lacks %q:\n%s", want, out)
 		}
@@ -167,10 +167,11 @@ func TestReportJSON(t *testing.T) {
 			t.Errorf("%s = %v, want %v", k, got, want)
 		}
 	}
-	// Unknown figures are absent, not 0.
+	// Unknown figures are null, not 0, and present: every report has the
+	// same keys.
 	for _, k := range []string{"mfu", "flops_total", "usd_per_sample"} {
-		if _, ok := r[k]; ok {
-			t.Errorf("%s present: %v", k, r[k])
+		if v, ok := r[k]; !ok || v != nil {
+			t.Errorf("%s = %v (present %v), want null", k, v, ok)
 		}
 	}
 	if _, err := run(t, nil, "report", "nope", "--json", "--collector", addr); err == nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -72,12 +73,13 @@ func writeEstimate(w io.Writer, e *trainmeterv1.RunEstimate) {
 	fmt.Fprintf(w, "  GPU-hours   %.4g (%.4g to %.4g), all GPUs\n", gh.GetMid(), gh.GetLow(), gh.GetHigh())
 	fmt.Fprintf(w, "  energy      %.4g kWh (%.4g to %.4g), GPU energy, all GPUs\n", kwh.GetMid(), kwh.GetLow(), kwh.GetHigh())
 	if e.GetHasCost() {
-		fmt.Fprintf(w, "  cost        $%.2f ($%.2f to $%.2f)\n", c.GetMid(), c.GetLow(), c.GetHigh())
+		band := money.USDs(c.GetMid(), c.GetLow(), c.GetHigh())
+		fmt.Fprintf(w, "  cost        %s (%s to %s)\n", band[0], band[1], band[2])
 	} else {
 		fmt.Fprintf(w, "  cost        - (no price)\n")
 	}
 	if e.GetPriceSource() != "" {
-		fmt.Fprintf(w, "  GPU price   $%.4g/GPU-hour, %s\n", e.GetGpuPricePerHour(), report.PriceSourceWords(e.GetPriceSource()))
+		fmt.Fprintf(w, "  GPU price   %s/GPU-hour, %s\n", money.Rate(e.GetGpuPricePerHour()), report.PriceSourceWords(e.GetPriceSource()))
 	}
 	if e.GetPue() > 1 {
 		fmt.Fprintf(w, "  PUE         %.3g (energy cost is of GPU energy x PUE)\n", e.GetPue())

@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"os"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/prices"
+	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -52,7 +53,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 				for _, g := range resp.GetGpus() {
 					fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%d\t%s\t%s\t%s\t%s\n", g.GetGpuName(), g.GetCheapestUsdPerGpuHour(), g.GetMedianUsdPerGpuHour(),
 						g.GetOffers(), trend(g.GetTrends(), "24h"), trend(g.GetTrends(), "7d"), trend(g.GetTrends(), "30d"),
-						g.GetFetched().AsTime().Local().Format(time.DateTime))
+						report.Time(g.GetFetched().AsTime()))
 				}
 				if err := tw.Flush(); err != nil {
 					return err
@@ -91,7 +92,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 				if asJSON {
 					return writeProtoJSON(cmd.OutOrStdout(), resp)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "fetched %d offers of %d GPU models, %d price alert(s)\n", resp.GetOffers(), resp.GetGpuModels(), resp.GetAlerts())
+				fmt.Fprintf(cmd.OutOrStdout(), "fetched %s of %s, %s\n", plural.N(resp.GetOffers(), "offer"), plural.N(resp.GetGpuModels(), "GPU model"), plural.N(resp.GetAlerts(), "price alert"))
 				return nil
 			})
 		},
@@ -125,7 +126,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 				if asJSON {
 					return writeProtoJSON(cmd.OutOrStdout(), resp)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "imported %d offers of %d GPU models, %d price alert(s)\n", resp.GetOffers(), resp.GetGpuModels(), resp.GetAlerts())
+				fmt.Fprintf(cmd.OutOrStdout(), "imported %s of %s, %s\n", plural.N(resp.GetOffers(), "offer"), plural.N(resp.GetGpuModels(), "GPU model"), plural.N(resp.GetAlerts(), "price alert"))
 				return nil
 			})
 		},

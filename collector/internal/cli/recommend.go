@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/internal/plural"
+	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -63,7 +65,7 @@ func writeRecommendations(w io.Writer, resp *trainmeterv1.RecommendResponse, min
 	for i, r := range recs {
 		fmt.Fprintf(w, "%d. [%s] %s\n", i+1, r.GetKind(), r.GetTitle())
 		fmt.Fprintf(w, "   action:     %s\n", r.GetAction())
-		fmt.Fprintf(w, "   savings:    $%.2f, %.0f J\n", r.GetSavingsUsd(), r.GetSavingsJ())
+		fmt.Fprintf(w, "   savings:    %s, %.0f J\n", money.USD(r.GetSavingsUsd()), r.GetSavingsJ())
 		fmt.Fprintf(w, "   confidence: %.2f\n", r.GetConfidence())
 		if len(r.GetRisks()) > 0 {
 			fmt.Fprintf(w, "   risks:      %s\n", strings.Join(r.GetRisks(), "; "))
@@ -73,8 +75,8 @@ func writeRecommendations(w io.Writer, resp *trainmeterv1.RecommendResponse, min
 		}
 		fmt.Fprintf(w, "   runs:       %s\n", strings.Join(r.GetRunIds(), ", "))
 	}
-	fmt.Fprintf(w, "total potential savings: $%.2f, %.0f J (%d recommendations; overlapping ones counted once, never more than a run's cost)\n",
-		resp.GetTotalSavingsUsd(), resp.GetTotalSavingsJ(), len(recs))
+	fmt.Fprintf(w, "total potential savings: %s, %.0f J (%s; overlapping ones counted once, never more than a run's cost)\n",
+		money.USD(resp.GetTotalSavingsUsd()), resp.GetTotalSavingsJ(), plural.N(len(recs), "recommendation"))
 }
 
 // pct shows a ratio as a whole percentage; negative means unknown.
@@ -116,7 +118,7 @@ func writeDataloaderSection(ctx context.Context, w io.Writer, conn *grpc.ClientC
 	tw.Flush()
 	if n := len(h.GetEvaluations()); n > 0 {
 		last := h.GetEvaluations()[n-1]
-		fmt.Fprintf(w, "  %d evaluations, %d adjustments; latest: %s — %s\n", n, changes, last.GetClassification(), last.GetReason())
+		fmt.Fprintf(w, "  %s, %s; latest: %s — %s\n", plural.N(n, "evaluation"), plural.N(changes, "adjustment"), last.GetClassification(), last.GetReason())
 	}
 	if len(h.GetEpochs()) > 0 {
 		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)

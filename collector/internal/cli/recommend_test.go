@@ -42,7 +42,7 @@ func TestRecommend(t *testing.T) {
 	}
 	// $2/GPU-hour × 6 s = $0.003333 and 6 × 100 J; 2 epochs after the stop
 	// epoch × cost/6 (the planned epochs 7–10 were never spent).
-	for _, want := range []string{"[early_stopping] Stop plateau at epoch 4", "savings:    $0.00, 200 J", "confidence: 0.90", "total potential savings"} {
+	for _, want := range []string{"[early_stopping] Stop plateau at epoch 4", "savings:    $0.00111, 200 J", "confidence: 0.90", "total potential savings"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("recommend lacks %q:\n%s", want, out)
 		}

@@ -23,6 +23,9 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
+	"github.com/trainmeter/trainmeter/pkg/money"
+	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -49,10 +52,12 @@ func (e *ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Code
 // runOptions is what `trainmeter run` was asked to do.
 type runOptions struct {
 	socket, runID string
-	meta          map[string]any // run_start metadata the user gave
-	statusEvery   time.Duration  // plain status lines when not a terminal
-	reportWait    time.Duration  // how long to wait for the collector to see the end
-	tty           bool           // rewrite one status line in place
+	// resume continues a run that has ended (run_start resume=true).
+	resume      bool
+	meta        map[string]any // run_start metadata the user gave
+	statusEvery time.Duration  // plain status lines when not a terminal
+	reportWait  time.Duration  // how long to wait for the collector to see the end
+	tty         bool           // rewrite one status line in place
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -71,9 +76,26 @@ type runOptions struct {
 	stopGrace time.Duration // SIGTERM to SIGKILL when the cap stops the command
 }
 
+// runStartFields are the keys the agent reads from run_start itself (the
+// agent's trainerproto.runStartKeys; kept in step by hand, as the collector
+// cannot import the agent's packages); every other key is a label.
+var runStartFields = map[string]bool{
+	"event": true, "run_id": true,
+	"model": true, "dataset": true, "backend": true, "optimizer": true, "precision": true, "notes": true,
+	"batch_size": true, "grad_accum": true, "seq_len": true, "seed": true,
+	"warmup_s": true, "warmup_steps": true, "gpus": true, "cuda_visible_devices": true,
+	"num_workers": true, "prefetch_factor": true, "planned_steps": true,
+	"planned_tokens": true, "planned_epochs": true, "params": true, "dataset_size": true,
+	"target_gpu_utilization": true, "max_ram_usage": true, "adjustment_interval": true,
+	"gpu_price_per_hour": true, "budget_scope": true,
+	"rank": true, "world_size": true, "local_rank": true, "client_id": true,
+	"attribute_pid": true,
+}
+
 func newRunCommand(cf *clientFlags) *cobra.Command {
 	o := &runOptions{meta: map[string]any{}, tick: time.Second}
-	var model, dataset, backend, optimizer, precision, notes string
+	var model, dataset, backend, optimizer, precision, notes, budgetScope string
+	var labels []string
 	var batchSize, seqLen int64
 	var warmup time.Duration
 	var tokens uint64
@@ -103,6 +125,25 @@ the command still runs, unmeasured.`,
 			if f.Changed("seq-len") {
 				o.meta["seq_len"] = seqLen
 			}
+			if f.Changed("budget-scope") {
+				if budgetScope == "" {
+					return errors.New("--budget-scope is empty: give the scope whose budget this run counts against, e.g. --budget-scope team-nlp (trainmeter budget set SCOPE USD)")
+				}
+				o.meta["budget_scope"] = budgetScope
+			}
+			lm, err := parseLabels("--label", labels)
+			if err != nil {
+				return err
+			}
+			// The protocol takes labels as run_start's extra scalar keys
+			// (docs/protocol.md): a key run_start reads itself would set
+			// that field instead.
+			for k, v := range lm {
+				if runStartFields[k] {
+					return fmt.Errorf("--label %s=%s: %q is a run_start field, not a label; use its own flag (trainmeter run --help) or another key", k, v, k)
+				}
+				o.meta[k] = v
+			}
 			if f.Changed("warmup") {
 				if warmup < 0 {
 					return fmt.Errorf("--warmup %v: must not be negative", warmup)
@@ -117,6 +158,11 @@ the command still runs, unmeasured.`,
 					return errors.New("--tokens needs --model: the estimate learns from the model's past runs")
 				}
 				o.estimate = &trainmeterv1.EstimateRequest{Model: model, Tokens: tokens, Gpus: gpus}
+			}
+			// A malformed address is a typo to fix now, not a collector that
+			// is down (then the run is still measured, and reported later).
+			if err := collectoraddr.Check(cf.addr); err != nil {
+				return fmt.Errorf("%w (--collector or $%s)", err, EnvCollector)
 			}
 			if o.statusEvery <= 0 {
 				return fmt.Errorf("--status-every %v: must be positive", o.statusEvery)
@@ -152,6 +198,9 @@ the command still runs, unmeasured.`,
 				})
 				return resp, err
 			}
+			if err := refuseEndedRun(cmd.Context(), o); err != nil {
+				return err
+			}
 			code := runCommand(o, args)
 			if code != 0 {
 				return &ExitError{Code: code}
@@ -165,6 +214,7 @@ the command still runs, unmeasured.`,
 	f.SetInterspersed(false)
 	f.StringVar(&o.socket, "socket", "", "agent socket (default $"+EnvSocket+", else "+DefaultSocket+")")
 	f.StringVar(&o.runID, "run-id", "", "run id (default: generated from the command's name and the time)")
+	f.BoolVar(&o.resume, "resume", false, "continue the run --run-id names after it ended (the time in between is in no rate)")
 	f.StringVar(&model, "model", "", "model name")
 	f.StringVar(&dataset, "dataset", "", "dataset name")
 	f.StringVar(&backend, "backend", "", "training backend (e.g. unsloth, deepspeed)")
@@ -173,6 +223,8 @@ the command still runs, unmeasured.`,
 	f.Int64Var(&batchSize, "batch-size", 0, "batch size")
 	f.Int64Var(&seqLen, "seq-len", 0, "sequence length")
 	f.StringVar(&notes, "notes", "", "free-form notes")
+	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE of the run (repeatable), for budgets (label:KEY=VALUE) and runs --label")
+	f.StringVar(&budgetScope, "budget-scope", "", "the budget scope this run counts against (docs/budgets.md)")
 	f.DurationVar(&warmup, "warmup", 0, "warmup to exclude from efficiency figures (default: the script's client's, else the agent's)")
 	f.DurationVar(&o.statusEvery, "status-every", 10*time.Second, "period of the status lines when stderr is not a terminal")
 	f.Float64Var(&o.maxCost, "max-cost", 0, "USD: the collector tells the run to stop (and alerts) when its total cost reaches this; trainmeter run then stops the command")
@@ -280,8 +332,12 @@ wait:
 	if capped {
 		status = "stopped: max-cost"
 	}
+	st.endSent = time.Now()
 	ag.end(status)
-	if ag.ok() {
+	switch {
+	case ag.wasRefused():
+		warn("run %s was not measured: the agent refused it (above)", o.runID)
+	case ag.ok():
 		st.final()
 	}
 	return code
@@ -327,10 +383,13 @@ type agentLink struct {
 	mu        sync.Mutex
 	conn      net.Conn
 	reachable bool
-	warned    bool
-	closed    bool
-	done      chan struct{}
-	wg        sync.WaitGroup
+	// refused: the agent refused run_start (an ended run id, too many
+	// runs): the command runs unmeasured and no report is printed.
+	refused bool
+	warned  bool
+	closed  bool
+	done    chan struct{}
+	wg      sync.WaitGroup
 	// stops carries a max-cost stop to the command's supervisor; one is
 	// enough (the agent may relay the advice again), so more are dropped.
 	stops chan string
@@ -341,12 +400,50 @@ func newAgentLink(o *runOptions, warn func(string, ...any)) *agentLink {
 	_, _ = rand.Read(b)
 	a := &agentLink{o: o, warn: warn, clientID: "trainmeter-run-" + hex.EncodeToString(b), done: make(chan struct{}), stops: make(chan string, 1)}
 	ev := map[string]any{"event": "run_start", "run_id": o.runID, "attribute_pid": os.Getpid(), "client_id": a.clientID}
+	if o.resume {
+		ev["resume"] = true
+	}
 	for k, v := range o.meta {
 		ev[k] = v
 	}
 	a.start0, _ = json.Marshal(ev)
 	a.start0 = append(a.start0, '\n')
 	return a
+}
+
+func (a *agentLink) wasRefused() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.refused
+}
+
+// refuseEndedRun refuses, before the command starts, a --run-id that names
+// a run the collector has seen end, unless --resume: measuring it again
+// would reopen it (the agent refuses too, but only for runs it ended
+// itself, and only once the command is already running). A collector that
+// cannot be asked leaves the decision to the agent.
+func refuseEndedRun(ctx context.Context, o *runOptions) error {
+	if o.resume || o.query == nil {
+		return nil
+	}
+	qc, closeConn, err := o.query()
+	if err != nil {
+		return nil
+	}
+	defer closeConn()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	resp, err := qc.GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: o.runID})
+	if err != nil || !resp.GetRun().GetEnded() {
+		return nil
+	}
+	r := resp.GetRun()
+	return fmt.Errorf("run %q already ended at %s (%s): use a new --run-id (or none, to have one generated) for a new run, "+
+		"or add --resume to continue this one (the time in between counts in no rate)",
+		o.runID, r.GetEnd().AsTime().UTC().Format(time.RFC3339), report.EndStatus(r))
 }
 
 // ok reports whether run_start reached the agent.
@@ -403,6 +500,11 @@ func (a *agentLink) read(conn net.Conn) {
 		switch m.Event {
 		case "error":
 			a.warn("agent: %s", m.Error)
+			if strings.HasPrefix(m.Error, "run_start:") {
+				a.mu.Lock()
+				a.refused = true
+				a.mu.Unlock()
+			}
 		case "stop":
 			if a.o.maxCost > 0 && strings.HasPrefix(m.Reason, maxCostPrefix) {
 				select {
@@ -519,12 +621,13 @@ func planRun(o *runOptions, warn func(string, ...any)) {
 	if e := resp.GetEstimate(); e != nil {
 		writeEstimate(o.stderr, e)
 		if o.maxCost > 0 && e.GetHasCost() && e.GetCostUsd().GetMid() > o.maxCost {
-			warn("the estimate ($%.2f) is above --max-cost ($%.2f): the run will likely be stopped before it finishes", e.GetCostUsd().GetMid(), o.maxCost)
+			amounts := money.USDs(e.GetCostUsd().GetMid(), o.maxCost)
+			warn("the estimate (%s) is above --max-cost (%s): the run will likely be stopped before it finishes", amounts[0], amounts[1])
 		}
 	} else if msg := resp.GetEstimateError(); msg != "" {
 		warn("no estimate: %s", msg)
 	}
 	if o.maxCost > 0 {
-		warn("run %s is capped at $%.2f: the collector tells it to stop when its total cost reaches that", o.runID, o.maxCost)
+		warn("run %s is capped at %s: the collector tells it to stop when its total cost reaches that", o.runID, money.USD(o.maxCost))
 	}
 }

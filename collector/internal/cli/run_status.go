@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -21,6 +22,9 @@ type runStatus struct {
 	o       *runOptions
 	started time.Time
 	active  bool // the run reached the agent
+	// endSent is when run_end went to the agent: the report waits for an
+	// end at or after it, not the end of the part before a --resume.
+	endSent time.Time
 
 	q     trainmeterv1.QueryServiceClient
 	close func()
@@ -153,12 +157,13 @@ func (s *runStatus) line(elapsed time.Duration, r *trainmeterv1.RunReport) strin
 		parts = append(parts, fmt.Sprintf("%.4g J/tok", e/float64(tok)))
 	}
 	if usd, ok := costSoFar(r); ok {
-		s := fmt.Sprintf("$%.4f", usd)
+		shown := money.USDs(usd, r.GetProjectedCostUsd(), r.GetMaxCostUsd())
+		s := shown[0]
 		if !r.GetEnded() && r.GetProjectionBasis() != "" && r.GetProjectedCostUsd() > usd {
-			s += fmt.Sprintf(" (→ $%.4f)", r.GetProjectedCostUsd())
+			s += " (→ " + shown[1] + ")"
 		}
 		if r.MaxCostUsd != nil {
-			s += fmt.Sprintf(" of max $%.2f", r.GetMaxCostUsd())
+			s += " of max " + shown[2]
 		}
 		parts = append(parts, s)
 	}
@@ -180,6 +185,10 @@ func fmtElapsed(d time.Duration) string {
 	return fmt.Sprintf("%d:%02d", m, sec)
 }
 
+// endClockSlack allows for the agent's end stamp, taken on the same host's
+// clock after run_end was sent, reading a hair earlier (clock steps).
+const endClockSlack = 100 * time.Millisecond
+
 // final waits (bounded by --report-wait) for the collector to see the run
 // end, then prints its report to stdout.
 func (s *runStatus) final() {
@@ -195,7 +204,7 @@ func (s *runStatus) final() {
 	var err error
 	for {
 		r, err = s.get(2 * time.Second)
-		if (err == nil && r.GetEnded()) || (err != nil && status.Code(err) != codes.NotFound) || !time.Now().Before(deadline) {
+		if (err == nil && r.GetEnded() && !r.GetEnd().AsTime().Before(s.endSent.Add(-endClockSlack))) || (err != nil && status.Code(err) != codes.NotFound) || !time.Now().Before(deadline) {
 			break
 		}
 		time.Sleep(250 * time.Millisecond)

@@ -218,18 +218,18 @@ func TestRunStatusLine(t *testing.T) {
 	}
 	r = &trainmeterv1.RunReport{EnergyTotalJ: 3000, WallS: 4, TokensProcessed: 1000, CostUsd: 0.5, HasCost: true,
 		EnergyCostUsd: 0.25, HasEnergyCost: true, TotalCostUsd: 0.75, Ended: true}
-	if got := s.line(3725*time.Second, r); got != "trainmeter r | 1:02:05 | 1000 W | 3.0 kJ | 1000 tok | 3 J/tok | $0.7500" {
+	if got := s.line(3725*time.Second, r); got != "trainmeter r | 1:02:05 | 1000 W | 3.0 kJ | 1000 tok | 3 J/tok | $0.750" {
 		t.Errorf("second line %q", got)
 	}
 	// A live run with a plan shows its projected cost.
 	r.Ended, r.ProjectionBasis, r.ProjectedCostUsd = false, "tokens", 3
-	if got := s.line(3725*time.Second, r); got != "trainmeter r | 1:02:05 | 1000 W | 3.0 kJ | 1000 tok | 3 J/tok | $0.7500 (→ $3.0000)" {
+	if got := s.line(3725*time.Second, r); got != "trainmeter r | 1:02:05 | 1000 W | 3.0 kJ | 1000 tok | 3 J/tok | $0.75 (→ $3.00)" {
 		t.Errorf("projected line %q", got)
 	}
 	// A capped run shows its cap.
 	maxCost := 5.0
 	r.MaxCostUsd = &maxCost
-	if got := s.line(3725*time.Second, r); got != "trainmeter r | 1:02:05 | 1000 W | 3.0 kJ | 1000 tok | 3 J/tok | $0.7500 (→ $3.0000) of max $5.00" {
+	if got := s.line(3725*time.Second, r); got != "trainmeter r | 1:02:05 | 1000 W | 3.0 kJ | 1000 tok | 3 J/tok | $0.75 (→ $3.00) of max $5.00" {
 		t.Errorf("capped line %q", got)
 	}
 }

@@ -21,3 +21,11 @@ func foregroundTTY() bool {
 	}
 	return int(pgrp) == syscall.Getpgrp()
 }
+
+// isTTY reports whether f is a terminal: TCGETS succeeds on terminals
+// only (/dev/null is a character device too).
+func isTTY(f *os.File) bool {
+	var t syscall.Termios
+	_, _, e := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), uintptr(syscall.TCGETS), uintptr(unsafe.Pointer(&t)))
+	return e == 0
+}

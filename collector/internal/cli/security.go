@@ -1,9 +1,14 @@
 package cli
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -11,6 +16,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/trainmeter/trainmeter/internal/plural"
+	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
+	"github.com/trainmeter/trainmeter/pkg/report"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -32,6 +40,9 @@ func (s *clientSecurity) addFlags(f *pflag.FlagSet) {
 // dialOptions returns the transport and per-RPC credentials. A token needs
 // TLS unless the collector is on a loopback address.
 func (s *clientSecurity) dialOptions(addr string, getenv func(string) string) ([]grpc.DialOption, error) {
+	if err := collectoraddr.Check(addr); err != nil {
+		return nil, fmt.Errorf("%w (--collector or $%s)", err, EnvCollector)
+	}
 	var opts []grpc.DialOption
 	secure := s.tls.Enabled()
 	if secure {
@@ -65,19 +76,45 @@ func (s *clientSecurity) dialOptions(addr string, getenv func(string) string) ([
 }
 
 func newDeleteRunCommand(cf *clientFlags) *cobra.Command {
-	return &cobra.Command{
+	var force, yes bool
+	c := &cobra.Command{
 		Use:   "delete-run RUN_ID",
 		Short: "Delete a run's figures and raw data from the collector (needs the admin token when the collector has tokens)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Delete a run's figures and raw data from the collector. A run that is still
+running is refused: --force ends it at the collector first and drops the data its
+agents send for it afterwards (its trainers are not stopped). On a terminal it asks
+for confirmation (--yes skips the question).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
-				resp, err := c.DeleteRun(ctx, &trainmeterv1.DeleteRunRequest{RunId: args[0]})
+				if !yes && isTerminalReader(cmd.InOrStdin()) {
+					what := "run " + args[0]
+					if r, err := c.GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: args[0]}); err == nil {
+						rep := r.GetRun()
+						what = fmt.Sprintf("run %s (%s, %s, %d tokens)", args[0], report.EndStatus(rep), report.Duration(rep.GetWallS()), rep.GetTokensProcessed())
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "delete %s and its raw data? [y/N] ", what)
+					answer, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+					if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+						return errors.New("not deleted")
+					}
+				}
+				resp, err := c.DeleteRun(ctx, &trainmeterv1.DeleteRunRequest{RunId: args[0], Force: force})
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "deleted run %s (%d raw records)\n", args[0], resp.GetRecordsDeleted())
+				fmt.Fprintf(cmd.OutOrStdout(), "deleted run %s (%s)\n", args[0], plural.N(resp.GetRecordsDeleted(), "raw record"))
 				return nil
 			})
 		},
 	}
+	c.Flags().BoolVar(&force, "force", false, "delete a run that is still running: end it at the collector first, drop its later data")
+	c.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation on a terminal")
+	return c
+}
+
+// isTerminalReader reports whether r is a terminal (stdin of a person).
+func isTerminalReader(r io.Reader) bool {
+	f, ok := r.(*os.File)
+	return ok && isTTY(f)
 }

@@ -256,7 +256,13 @@ func validateGPUWindow(g *trainmeterv1.GpuWindow) error {
 		"power_avg_w", g.GetPowerAvgW(), "power_max_w", g.GetPowerMaxW(), "power_last_w", g.GetPowerLastW(),
 		"gap_s", g.GetGapS(), "memory_used_max_mib", g.GetMemoryUsedMaxMib(),
 		"memory_used_avg_mib", g.GetMemoryUsedAvgMib(), "memory_total_mib", g.GetMemoryTotalMib(),
-		"utilization_avg_pct", g.GetUtilizationAvgPct())
+		"utilization_avg_pct", g.GetUtilizationAvgPct(),
+		"gpu_seconds", g.GetGpuSeconds(), "idle_gpu_seconds", g.GetIdleGpuSeconds(),
+		"idle_energy_counter_j", g.GetIdleEnergyCounterJ(), "idle_energy_integrated_j", g.GetIdleEnergyIntegratedJ(),
+		"downtime_gpu_seconds", g.GetDowntimeGpuSeconds(), "downtime_energy_counter_j", g.GetDowntimeEnergyCounterJ(),
+		"downtime_idle_gpu_seconds", g.GetDowntimeIdleGpuSeconds(), "downtime_idle_energy_counter_j", g.GetDowntimeIdleEnergyCounterJ(),
+		"reclaimed_gpu_seconds", g.GetReclaimedGpuSeconds(), "reclaimed_energy_counter_j", g.GetReclaimedEnergyCounterJ(),
+		"reclaimed_energy_integrated_j", g.GetReclaimedEnergyIntegratedJ())
 }
 
 func validateRunWindow(w *trainmeterv1.RunWindow) error {
@@ -289,8 +295,25 @@ func validateRunWindow(w *trainmeterv1.RunWindow) error {
 	if err := phys("energy_counter_j", w.GetEnergyCounterJ(), "energy_integrated_j", w.GetEnergyIntegratedJ(),
 		"gap_s", w.GetGapS(), "peak_power_w", w.GetPeakPowerW(), "vram_peak_mib", w.GetVramPeakMib(),
 		"vram_sum_mib", w.GetVramSumMib(), "gpu_seconds", w.GetGpuSeconds(), "data_wait_s", w.GetDataWaitS(),
-		"compute_s", w.GetComputeS(), "utilization_sum_pct", w.GetUtilizationSumPct()); err != nil {
+		"compute_s", w.GetComputeS(), "utilization_sum_pct", w.GetUtilizationSumPct(),
+		"shared_gpu_seconds", w.GetSharedGpuSeconds()); err != nil {
 		return err
+	}
+	switch w.GetShareMethod() {
+	case "", "exclusive", "utilization", "memory", "equal", "mig", "mixed":
+	default:
+		return fmt.Errorf("share_method %q is not exclusive, utilization, memory, equal, mig or mixed", w.GetShareMethod())
+	}
+	if len(w.GetGpuShares()) > MaxGPUWindows {
+		return fmt.Errorf("%d gpu_shares, at most %d", len(w.GetGpuShares()), MaxGPUWindows)
+	}
+	for i, sh := range w.GetGpuShares() {
+		if err := phys(fmt.Sprintf("gpu_shares[%d].energy_counter_j", i), sh.GetEnergyCounterJ(),
+			fmt.Sprintf("gpu_shares[%d].energy_integrated_j", i), sh.GetEnergyIntegratedJ(),
+			fmt.Sprintf("gpu_shares[%d].gpu_seconds", i), sh.GetGpuSeconds(),
+			fmt.Sprintf("gpu_shares[%d].shared_gpu_seconds", i), sh.GetSharedGpuSeconds()); err != nil {
+			return err
+		}
 	}
 	return finite("last_loss", w.GetLastLoss())
 }
@@ -306,6 +329,9 @@ func validateEvent(e *trainmeterv1.RunEvent) error {
 			return err
 		}
 		if err := phys("run_start.warmup_s", s.GetWarmupS(), "run_start.gpu_price_per_hour", s.GetGpuPricePerHour()); err != nil {
+			return err
+		}
+		if err := validText("run_start.user", s.GetUser()); err != nil {
 			return err
 		}
 		for _, f := range []struct {

@@ -16,7 +16,9 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/clock"
+	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/prices"
 )
 
@@ -218,7 +220,9 @@ type FetchResult struct {
 }
 
 // ErrNoProvider: the collector has no price provider configured.
-var ErrNoProvider = errors.New("no price provider configured (trainmeter serve --price-provider vastai|file)")
+var ErrNoProvider = errors.New("no price provider configured: start the collector with `trainmeter serve --price-provider vastai` " +
+	"(API key in $TRAINMETER_VASTAI_KEY or --vastai-key-file) or `--price-provider file --price-file FILE`, " +
+	"or load a price list now with `trainmeter prices import FILE`")
 
 // Fetch gets offers now, records each model's price point, and fires the
 // price alerts due.
@@ -309,8 +313,8 @@ func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c pr
 	a := budget.Alert{
 		Kind: budget.KindPrice, Severity: sev, Scope: mp.GPUName, Threshold: c.Change, Time: now,
 		GPUName: mp.GPUName, PriceUSDPerHour: mp.Median, ReferenceUSDPerHour: c.Reference, Change: c.Change,
-		Message: fmt.Sprintf("%s price %s %+.1f%%: median $%.3f/GPU-h vs $%.3f trailing %s average (cheapest $%.3f, %d offers)",
-			mp.GPUName, what, 100*c.Change, mp.Median, c.Reference, windowLabel(w.cfg.Rule.Window), mp.Cheapest, mp.Offers),
+		Message: fmt.Sprintf("%s price %s %+.1f%%: median %s/GPU-h vs %s trailing %s average (cheapest %s, %s)",
+			mp.GPUName, what, 100*c.Change, money.Rate(mp.Median), money.Rate(c.Reference), windowLabel(w.cfg.Rule.Window), money.Rate(mp.Cheapest), plural.N(mp.Offers, "offer")),
 	}
 	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", budget.KindPrice, k, now.UnixNano()), a)
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/internal/plural"
+	"github.com/trainmeter/trainmeter/pkg/compare"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -22,6 +24,9 @@ type Store interface {
 	ListRuns(ids []string) ([]*aggregate.State, error)
 	Nodes() ([]*trainmeterv1.NodeStatus, error)
 	DeleteRun(id string) (int, error)
+	// DeleteLiveRun deletes a run that has not ended and drops its later
+	// data (a zombie otherwise: store/deleted.go).
+	DeleteLiveRun(id string) (int, error)
 }
 
 // Live tells which nodes have an open ingest stream (the ingest server).
@@ -62,7 +67,7 @@ func (s *Server) storeErr(err error) error {
 	var nf *store.NotFoundError
 	switch {
 	case errors.As(err, &nf):
-		return status.Errorf(codes.NotFound, "unknown run(s): %q", nf.IDs)
+		return status.Errorf(codes.NotFound, "unknown %s: %q", plural.Noun(int64(len(nf.IDs)), "run"), nf.IDs)
 	case errors.Is(err, store.ErrNotFound):
 		return status.Error(codes.NotFound, "run not found")
 	}
@@ -219,7 +224,19 @@ func (s *Server) DeleteRun(_ context.Context, req *trainmeterv1.DeleteRunRequest
 	if req.GetRunId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
 	}
-	n, err := s.store.DeleteRun(req.GetRunId())
+	st, err := s.store.GetRun(req.GetRunId())
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, s.storeErr(err)
+	}
+	del := s.store.DeleteRun
+	if err == nil && !st.Ended() {
+		if !req.GetForce() {
+			return nil, status.Errorf(codes.FailedPrecondition, "run %q is still running: wait for it to end, "+
+				"or delete-run --force to end it at the collector and delete it (data its agents send for it afterwards is dropped)", req.GetRunId())
+		}
+		del = s.store.DeleteLiveRun
+	}
+	n, err := del(req.GetRunId())
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
 	}
@@ -227,4 +244,24 @@ func (s *Server) DeleteRun(_ context.Context, req *trainmeterv1.DeleteRunRequest
 		return nil, s.storeErr(err)
 	}
 	return &trainmeterv1.DeleteRunResponse{RecordsDeleted: uint64(n)}, nil
+}
+
+// Compare implements QueryService.Compare (pkg/compare) over the same
+// reports GetRun returns, so that its figures match `trainmeter report`.
+func (s *Server) Compare(_ context.Context, req *trainmeterv1.CompareRequest) (*trainmeterv1.CompareResponse, error) {
+	all, err := s.reports(nil)
+	if err != nil {
+		return nil, err
+	}
+	runs, err := compare.Select(req, all)
+	if err == nil {
+		var resp *trainmeterv1.CompareResponse
+		if resp, err = compare.Compare(req, runs); err == nil {
+			return resp, nil
+		}
+	}
+	if errors.Is(err, compare.ErrInvalid) {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return nil, status.Errorf(codes.Internal, "compare: %v", err)
 }

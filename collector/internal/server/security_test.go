@@ -208,7 +208,8 @@ func TestQueryTokensReadAndAdmin(t *testing.T) {
 		return err
 	}
 	del := func(ctx context.Context) error {
-		_, err := q.DeleteRun(ctx, &trainmeterv1.DeleteRunRequest{RunId: "run-node-1"})
+		// The run is live: Force, since this is about who may delete.
+		_, err := q.DeleteRun(ctx, &trainmeterv1.DeleteRunRequest{RunId: "run-node-1", Force: true})
 		return err
 	}
 	for _, c := range []struct {

@@ -42,6 +42,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -78,6 +79,7 @@ type Store struct {
 	aggs          *aggCache
 	nodes         *nodeCache
 	aggMu         sync.Mutex // held by the committer per group, and by DeleteRun
+	deleted       tombstones // runs deleted while live (deleted.go)
 
 	rawTTL, dedupTTL time.Duration // Options.RawRetention, DedupRetention
 }
@@ -151,6 +153,10 @@ func Open(dir string, o Options) (s *Store, err error) {
 	}
 	s = &Store{db: db, log: log, now: now, bands: o.EnergyBands, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, applyCh: make(chan *applyReq), quit: make(chan struct{}),
 		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize, db)}
+	if err := s.loadTombstones(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: read deleted runs: %w", err)
+	}
 	go s.committer()
 	return s, nil
 }
@@ -330,6 +336,7 @@ func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate 
 	// the committer's alone (commit.go).
 	unlock := s.lockRuns(node, nil)
 	defer unlock()
+	b = s.dropDeleted(b)
 	raw, err := rawRecords(node, b)
 	if err != nil {
 		return false, err
@@ -641,7 +648,9 @@ func (s *Store) GetRun(id string) (*aggregate.State, error) {
 // NotFoundError names the unknown run ids of a ListRuns call.
 type NotFoundError struct{ IDs []string }
 
-func (e *NotFoundError) Error() string { return fmt.Sprintf("unknown run(s): %q", e.IDs) }
+func (e *NotFoundError) Error() string {
+	return fmt.Sprintf("unknown %s: %q", plural.Noun(int64(len(e.IDs)), "run"), e.IDs)
+}
 
 // Unwrap makes errors.Is(err, ErrNotFound) true.
 func (e *NotFoundError) Unwrap() error { return ErrNotFound }
@@ -803,4 +812,146 @@ func (s *Store) RawSamples(node string) ([]*trainmeterv1.Batch, error) {
 		return nil
 	})
 	return out, err
+}
+
+// NodeWindow is a stored run window with the node that sent it.
+type NodeWindow struct {
+	Node   string
+	Window *trainmeterv1.RunWindow
+}
+
+// NodeEvent is a stored run event with the node that sent it.
+type NodeEvent struct {
+	Node  string
+	Event *trainmeterv1.RunEvent
+}
+
+// RunTimeline returns a run's raw windows and events with their nodes, per
+// node in time order (the timeline query).
+func (s *Store) RunTimeline(runID string) ([]NodeWindow, []NodeEvent, error) {
+	var ws []NodeWindow
+	var es []NodeEvent
+	// Keys are prefix, node, 0, time (8), seq (8), index (4).
+	const tail = 1 + 8 + 8 + 4
+	err := s.db.View(func(txn *badger.Txn) error {
+		scan := func(prefix []byte, fn func(node string, v []byte) error) error {
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
+			defer it.Close()
+			for it.Rewind(); it.Valid(); it.Next() {
+				k := it.Item().Key()
+				if len(k) < len(prefix)+tail {
+					continue
+				}
+				node := string(k[len(prefix) : len(k)-tail])
+				if err := it.Item().Value(func(v []byte) error { return fn(node, v) }); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if err := scan(append(key("w/", runID), 0), func(node string, v []byte) error {
+			w := &trainmeterv1.RunWindow{}
+			ws = append(ws, NodeWindow{node, w})
+			return proto.Unmarshal(v, w)
+		}); err != nil {
+			return err
+		}
+		return scan(append(key("v/", runID), 0), func(node string, v []byte) error {
+			e := &trainmeterv1.RunEvent{}
+			es = append(es, NodeEvent{node, e})
+			return proto.Unmarshal(v, e)
+		})
+	})
+	return ws, es, err
+}
+
+// NodeGPUWindows returns a node's stored GPU windows (each a Batch holding
+// only its window, GPU windows and host window) whose window starts in
+// [from, to], in time order.
+func (s *Store) NodeGPUWindows(node string, from, to time.Time) ([]*trainmeterv1.Batch, error) {
+	var out []*trainmeterv1.Batch
+	prefix := append(key("r/", node), 0)
+	end := tkey(append([]byte(nil), prefix...), timestamppb.New(to))
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
+		defer it.Close()
+		for it.Seek(tkey(append([]byte(nil), prefix...), timestamppb.New(from))); it.Valid(); it.Next() {
+			k := it.Item().Key()
+			if bytes.Compare(k[:min(len(k), len(end))], end) > 0 {
+				break
+			}
+			b := &trainmeterv1.Batch{}
+			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
+				return err
+			}
+			out = append(out, b)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// UsageScan calls gpu for every stored GPU-window record (a Batch holding
+// the window, its GPU windows and host) and run for every stored RunWindow
+// whose start is in [since, until) (zero times: unbounded), with the node
+// (and run) from the key. Raw records expire with RawRetention, so usage
+// reaches back that far at most.
+func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *trainmeterv1.Batch) error,
+	run func(runID, node string, w *trainmeterv1.RunWindow) error) error {
+	in := func(ts *timestamppb.Timestamp) bool {
+		t := ts.AsTime()
+		return (since.IsZero() || !t.Before(since)) && (until.IsZero() || t.Before(until))
+	}
+	return s.db.View(func(txn *badger.Txn) error {
+		if err := scanGPUWindows(txn, in, gpu); err != nil {
+			return err
+		}
+		wit := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("w/"), PrefetchValues: true})
+		defer wit.Close()
+		for wit.Rewind(); wit.Valid(); wit.Next() {
+			k := wit.Item().Key()
+			if len(k) < 2+1+21 {
+				continue
+			}
+			ids := k[2 : len(k)-21]
+			i := bytes.IndexByte(ids, 0)
+			if i < 0 {
+				continue
+			}
+			w := &trainmeterv1.RunWindow{}
+			if err := wit.Item().Value(func(v []byte) error { return proto.Unmarshal(v, w) }); err != nil {
+				return err
+			}
+			if !in(w.GetStart()) {
+				continue
+			}
+			if err := run(string(ids[:i]), string(ids[i+1:]), w); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func scanGPUWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu func(node string, b *trainmeterv1.Batch) error) error {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("r/"), PrefetchValues: true})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		k := it.Item().Key()
+		if len(k) < 2+1+16 {
+			continue
+		}
+		node := string(k[2 : len(k)-17])
+		b := &trainmeterv1.Batch{}
+		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
+			return err
+		}
+		if !in(b.GetWindowStart()) {
+			continue
+		}
+		if err := gpu(node, b); err != nil {
+			return err
+		}
+	}
+	return nil
 }

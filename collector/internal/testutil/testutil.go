@@ -149,7 +149,14 @@ func Invalid(seq uint64) map[string]*trainmeterv1.Batch {
 	neg := Batch(seq, 0, []*trainmeterv1.RunWindow{Window("r", 0, 1, -5)})
 	inf := Batch(seq, 0, nil)
 	inf.GpuWindows[0].PowerAvgW = math.Inf(1)
+	negIdle := Batch(seq, 0, nil)
+	negIdle.GpuWindows[0].IdleEnergyCounterJ = -1
+	method := Batch(seq, 0, []*trainmeterv1.RunWindow{Window("r", 0, 1, 1)})
+	method.RunWindows[0].ShareMethod = "by-guess"
+	nanShare := Batch(seq, 0, []*trainmeterv1.RunWindow{Window("r", 0, 1, 1)})
+	nanShare.RunWindows[0].GpuShares = []*trainmeterv1.GpuShare{{GpuSeconds: math.NaN()}}
 	return map[string]*trainmeterv1.Batch{
+		"negative idle energy": negIdle, "unknown share_method": method, "NaN GPU share": nanShare,
 		"NaN energy": nan, "empty run_id": empty, "window_end < window_start": backwards,
 		"run window end < start": winBackwards, "seq 0": zero, "run_id too long": long,
 		"negative energy": neg, "infinite power": inf,

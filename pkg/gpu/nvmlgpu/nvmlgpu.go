@@ -65,6 +65,9 @@ type device struct {
 	fv        []nvml.FieldValue
 	powerIdx  int
 	energyIdx int
+	// migSlices caches MIG GPU instance id -> compute slices; only
+	// ProcessUsage (the agent's one share poller) touches it.
+	migSlices map[uint32]int
 }
 
 // Backend reads real GPUs through NVML. It implements gpu.Backend and
@@ -171,7 +174,14 @@ func (b *Backend) probe(i int, uuid string, h nvml.Device) *device {
 	}
 	dev := &device{h: h, powerIdx: -1, energyIdx: -1}
 
-	if powerRet == nvml.SUCCESS {
+	// Only NOT_SUPPORTED says a field is missing; any other failure (a
+	// transient ERROR_UNKNOWN at the agent's start) must not switch the GPU
+	// to a fallback for the agent's whole life: its reads report the error.
+	if powerRet == nvml.SUCCESS || transient(powerRet) {
+		if powerRet != nvml.SUCCESS {
+			b.log.Warn("nvml: instant power field failed while probing; keeping it, its reads will say whether it recovers",
+				"gpu", i, "uuid", uuid, "field", FieldPowerInstant, "err", powerRet.Error())
+		}
 		dev.power = powerField
 	} else if _, r := h.GetPowerUsage(); r == nvml.SUCCESS {
 		dev.power = powerUsage
@@ -182,7 +192,11 @@ func (b *Backend) probe(i int, uuid string, h nvml.Device) *device {
 			"gpu", i, "uuid", uuid, "field_err", powerRet.Error(), "err", r.Error())
 	}
 
-	if energyRet == nvml.SUCCESS {
+	if energyRet == nvml.SUCCESS || transient(energyRet) {
+		if energyRet != nvml.SUCCESS {
+			b.log.Warn("nvml: energy counter field failed while probing; keeping it, its reads will say whether it recovers",
+				"gpu", i, "uuid", uuid, "field", FieldTotalEnergy, "err", energyRet.Error())
+		}
 		dev.energy = energyField
 	} else if _, r := h.GetTotalEnergyConsumption(); r == nvml.SUCCESS {
 		dev.energy = energyCall
@@ -203,6 +217,11 @@ func (b *Backend) probe(i int, uuid string, h nvml.Device) *device {
 	}
 	dev.fv = make([]nvml.FieldValue, len(dev.ids))
 	return dev
+}
+
+// transient reports whether a probe's failure says nothing about support.
+func transient(ret nvml.Return) bool {
+	return ret == nvml.ERROR_UNKNOWN || ret == nvml.ERROR_TIMEOUT
 }
 
 // Devices implements gpu.Backend.
@@ -371,6 +390,90 @@ func (b *Backend) ComputePIDs(index int) ([]uint32, error) {
 		pids[k] = p.Pid
 	}
 	return pids, nil
+}
+
+// ProcessUsage implements gpu.ProcessUsageReader: each compute process's
+// GPU memory (the compute-process list) and its mean SM utilisation over
+// the samples NVML kept since since (nvmlDeviceGetProcessUtilization). A
+// GPU without per-process utilisation (NOT_SUPPORTED, or MIG) or with no
+// sample yet (NOT_FOUND) still gives memory. Like ComputePIDs it costs
+// milliseconds: call it at most once a second.
+func (b *Backend) ProcessUsage(index int, since time.Time) (map[uint32]gpu.ProcessUse, error) {
+	if index < 0 || index >= len(b.gpus) {
+		return nil, fmt.Errorf("nvmlgpu: no GPU %d", index)
+	}
+	h := b.gpus[index].h
+	procs, ret := h.GetComputeRunningProcesses()
+	if ret != nvml.SUCCESS {
+		return nil, &ReadError{GPU: index, What: "compute running processes", Ret: ret}
+	}
+	out := make(map[uint32]gpu.ProcessUse, len(procs))
+	for _, p := range procs {
+		u := out[p.Pid]
+		u.MemMiB += float64(p.UsedGpuMemory) / (1 << 20)
+		u.MemOK = true
+		if p.GpuInstanceId != noInstance {
+			if n := b.migSlices(index, p.GpuInstanceId); n > 0 {
+				u.MIGSlices, u.MIGInstance = n, p.GpuInstanceId
+			}
+		}
+		out[p.Pid] = u
+	}
+	var ts uint64
+	if !since.IsZero() {
+		ts = uint64(since.UnixMicro())
+	}
+	samples, ret := h.GetProcessUtilization(ts)
+	if ret != nvml.SUCCESS {
+		return out, nil
+	}
+	// Listed processes without a sample since then did no SM work.
+	for pid, u := range out {
+		u.SMOK = true
+		out[pid] = u
+	}
+	n := map[uint32]int{}
+	for _, s := range samples {
+		u := out[s.Pid]
+		u.SMPct += float64(s.SmUtil)
+		u.SMOK = true
+		n[s.Pid]++
+		out[s.Pid] = u
+	}
+	for pid, k := range n {
+		u := out[pid]
+		u.SMPct /= float64(k)
+		out[pid] = u
+	}
+	return out, nil
+}
+
+// noInstance is the GPU instance id NVML gives a process outside MIG.
+const noInstance = 0xFFFFFFFF
+
+// migSlices is the compute-slice count of MIG GPU instance id on GPU index
+// (its profile's SliceCount), cached; 0 when NVML cannot tell.
+func (b *Backend) migSlices(index int, id uint32) int {
+	d := b.gpus[index]
+	if n, ok := d.migSlices[id]; ok {
+		return n
+	}
+	n := 0
+	if gi, ret := d.h.GetGpuInstanceById(int(id)); ret == nvml.SUCCESS {
+		if info, ret := gi.GetInfo(); ret == nvml.SUCCESS {
+			for p := 0; p < nvml.GPU_INSTANCE_PROFILE_COUNT; p++ {
+				if pi, ret := d.h.GetGpuInstanceProfileInfo(p); ret == nvml.SUCCESS && pi.Id == info.ProfileId {
+					n = int(pi.SliceCount)
+					break
+				}
+			}
+		}
+	}
+	if d.migSlices == nil {
+		d.migSlices = map[uint32]int{}
+	}
+	d.migSlices[id] = n
+	return n
 }
 
 // Close shuts NVML down. Further Reads fail; a second Close does nothing.

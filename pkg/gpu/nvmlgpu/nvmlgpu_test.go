@@ -127,7 +127,13 @@ func newServer(t *testing.T, n int) (*dgxa100.Server, []*fake) {
 		}
 		d.GetEnforcedPowerLimitFunc = func() (uint32, nvml.Return) { return f.limitMW, nvml.SUCCESS }
 		d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
-			return []nvml.ProcessInfo{{Pid: 100 + uint32(i)}, {Pid: 200}}, nvml.SUCCESS
+			return []nvml.ProcessInfo{{Pid: 100 + uint32(i), UsedGpuMemory: 3 << 30, GpuInstanceId: noInstance}, {Pid: 200, UsedGpuMemory: 1 << 30, GpuInstanceId: noInstance}}, nvml.SUCCESS
+		}
+		d.GetProcessUtilizationFunc = func(since uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+			if i == 0 {
+				return nil, nvml.ERROR_NOT_SUPPORTED
+			}
+			return []nvml.ProcessUtilizationSample{{Pid: 101, SmUtil: 60, TimeStamp: since + 1}, {Pid: 101, SmUtil: 80, TimeStamp: since + 2}, {Pid: 200, SmUtil: 10, TimeStamp: since + 1}}, nvml.SUCCESS
 		}
 	}
 	return s, fakes
@@ -209,7 +215,62 @@ func TestDevicesAndFields(t *testing.T) {
 	if _, err := b.ComputePIDs(2); err == nil {
 		t.Fatal("ComputePIDs(2): want error")
 	}
+
+	// Per-process use: SM averaged over the samples, memory from the list.
+	use, err := b.ProcessUsage(1, time.Unix(100, 0))
+	if err != nil || len(use) != 2 || use[101] != (gpu.ProcessUse{SMPct: 70, SMOK: true, MemMiB: 3072, MemOK: true}) ||
+		use[200] != (gpu.ProcessUse{SMPct: 10, SMOK: true, MemMiB: 1024, MemOK: true}) {
+		t.Fatalf("ProcessUsage(1) = %+v, %v", use, err)
+	}
+	if calls := md1(s).GetProcessUtilizationCalls(); len(calls) != 1 || calls[0].V != 100_000_000 {
+		t.Fatalf("GetProcessUtilization calls %+v", calls)
+	}
+	// Without per-process utilisation: memory only.
+	use, err = b.ProcessUsage(0, time.Time{})
+	if err != nil || use[100].SMOK || !use[100].MemOK {
+		t.Fatalf("ProcessUsage(0) = %+v, %v", use, err)
+	}
 }
+
+// Processes in MIG instances carry their instance's compute slices.
+func TestProcessUsageOnMIG(t *testing.T) {
+	s, _ := newServer(t, 1)
+	d := s.Devices[0].(*dgxa100.Device)
+	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		return []nvml.ProcessInfo{{Pid: 1, GpuInstanceId: 7}, {Pid: 2, GpuInstanceId: 9}, {Pid: 3, GpuInstanceId: noInstance}}, nvml.SUCCESS
+	}
+	d.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
+	profiles := map[uint32]uint32{7: 19, 9: 14} // instance -> profile id
+	d.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
+		p, ok := profiles[uint32(id)]
+		if !ok {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return &mock.GpuInstance{GetInfoFunc: func() (nvml.GpuInstanceInfo, nvml.Return) {
+			return nvml.GpuInstanceInfo{Id: uint32(id), ProfileId: p}, nvml.SUCCESS
+		}}, nvml.SUCCESS
+	}
+	d.GetGpuInstanceProfileInfoFunc = func(p int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+		switch p {
+		case nvml.GPU_INSTANCE_PROFILE_1_SLICE:
+			return nvml.GpuInstanceProfileInfo{Id: 19, SliceCount: 1}, nvml.SUCCESS
+		case nvml.GPU_INSTANCE_PROFILE_3_SLICE:
+			return nvml.GpuInstanceProfileInfo{Id: 14, SliceCount: 3}, nvml.SUCCESS
+		}
+		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
+	}
+	b, err := New(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	use, err := b.ProcessUsage(0, time.Time{})
+	if err != nil || use[1].MIGSlices != 1 || use[1].MIGInstance != 7 || use[2].MIGSlices != 3 || use[3].MIGSlices != 0 {
+		t.Fatalf("ProcessUsage = %+v, %v", use, err)
+	}
+}
+
+func md1(s *dgxa100.Server) *dgxa100.Device { return s.Devices[1].(*dgxa100.Device) }
 
 func TestUnitConversion(t *testing.T) {
 	s, fakes := newServer(t, 1)

@@ -34,6 +34,14 @@ const (
 	ColUtil     = "utilization_pct"
 )
 
+// Optional per-run columns: the prefix, then the run id (case kept), e.g.
+// "run_sm_pct:job-a". They say what the run's processes did on the row's
+// GPU (docs/replay-format.md): an empty cell means no process of the run.
+const (
+	ColRunSMPrefix  = "run_sm_pct:"
+	ColRunMemPrefix = "run_mem_mib:"
+)
+
 // Columns is the required header, in the order the docs and examples use.
 var Columns = []string{ColTime, ColGPU, ColPower, ColEnergy, ColMemUsed, ColMemTotal, ColUtil}
 
@@ -60,6 +68,13 @@ type row struct {
 	memTotal float64
 	util     float64
 	utilOK   bool
+	runs     map[string]gpu.ProcessUse // per-run columns, nil without them
+}
+
+type runCol struct {
+	idx int
+	run string
+	mem bool
 }
 
 // Open parses the trace file at path.
@@ -93,8 +108,19 @@ func Parse(r io.Reader) (*Backend, error) {
 	}
 	line, _ := cr.FieldPos(0)
 	col := make(map[string]int, len(header))
+	var runCols []runCol
 	for i, h := range header {
-		h = strings.ToLower(strings.TrimSpace(strings.TrimPrefix(h, "\ufeff")))
+		orig := strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))
+		h = strings.ToLower(orig)
+		for _, p := range []string{ColRunSMPrefix, ColRunMemPrefix} {
+			if strings.HasPrefix(h, p) {
+				id := orig[len(p):]
+				if id == "" {
+					return nil, fmt.Errorf("replay: line %d: column %q names no run id", line, orig)
+				}
+				runCols = append(runCols, runCol{idx: i, run: id, mem: p == ColRunMemPrefix})
+			}
+		}
 		if _, dup := col[h]; dup && h != "" {
 			return nil, fmt.Errorf("replay: line %d: column %q appears twice", line, h)
 		}
@@ -178,6 +204,29 @@ func Parse(r io.Reader) (*Backend, error) {
 		}
 		if rw.util > 100 {
 			return nil, bad("utilization_pct = %v is over 100", rw.util)
+		}
+		for _, rc := range runCols {
+			if rc.idx >= len(rec) || strings.TrimSpace(rec[rc.idx]) == "" {
+				continue
+			}
+			cs := strings.TrimSpace(rec[rc.idx])
+			v, err := strconv.ParseFloat(cs, 64)
+			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+				return nil, bad("%s = %q is not a finite non-negative number", header[rc.idx], cs)
+			}
+			if !rc.mem && v > 100 {
+				return nil, bad("%s = %v is over 100", header[rc.idx], v)
+			}
+			if rw.runs == nil {
+				rw.runs = map[string]gpu.ProcessUse{}
+			}
+			u := rw.runs[rc.run]
+			if rc.mem {
+				u.MemMiB, u.MemOK = v, true
+			} else {
+				u.SMPct, u.SMOK = v, true
+			}
+			rw.runs[rc.run] = u
 		}
 
 		for len(rows) <= g {
@@ -288,7 +337,31 @@ func (b *Backend) Read(now time.Time, dst []gpu.Sample) error {
 	return nil
 }
 
+// RunUsage implements gpu.RunUsageReader from the per-run columns of the
+// latest row of GPU index at now; nil before playback or without them.
+func (b *Backend) RunUsage(index int, now time.Time) map[string]gpu.ProcessUse {
+	b.mu.Lock()
+	started, t0 := b.started, b.t0
+	b.mu.Unlock()
+	if !started || index < 0 || index >= len(b.rows) {
+		return nil
+	}
+	rs := b.rows[index]
+	k := sort.Search(len(rs), func(i int) bool { return rs[i].at > now.Sub(t0) }) - 1
+	if k < 0 || rs[k].runs == nil {
+		return nil
+	}
+	out := make(map[string]gpu.ProcessUse, len(rs[k].runs))
+	for id, u := range rs[k].runs {
+		out[id] = u
+	}
+	return out
+}
+
 // Close implements gpu.Backend.
 func (b *Backend) Close() error { return nil }
 
-var _ gpu.Backend = (*Backend)(nil)
+var (
+	_ gpu.Backend        = (*Backend)(nil)
+	_ gpu.RunUsageReader = (*Backend)(nil)
+)

@@ -235,3 +235,35 @@ func TestDocExample(t *testing.T) {
 		t.Fatalf("devices %+v", d)
 	}
 }
+
+func TestPerRunColumns(t *testing.T) {
+	b := mustParse(t, "time_s,gpu,power_w,energy_j,memory_used_mib,memory_total_mib,utilization_pct,run_sm_pct:Job-A,run_sm_pct:job-b,run_mem_mib:Job-A\n"+
+		"0,0,300,0,100,80000,90,60,20,1000\n"+
+		"1,0,300,300,100,80000,90,,30,\n")
+	dst := make([]gpu.Sample, 1)
+	if got := b.RunUsage(0, t0); got != nil {
+		t.Fatalf("before playback: %v", got)
+	}
+	if err := b.Read(t0, dst); err != nil {
+		t.Fatal(err)
+	}
+	got := b.RunUsage(0, t0.Add(500*time.Millisecond))
+	want := map[string]gpu.ProcessUse{"Job-A": {SMPct: 60, SMOK: true, MemMiB: 1000, MemOK: true}, "job-b": {SMPct: 20, SMOK: true}}
+	if len(got) != 2 || got["Job-A"] != want["Job-A"] || got["job-b"] != want["job-b"] {
+		t.Fatalf("at 0.5 s: %+v", got)
+	}
+	// An empty cell: no process of that run on the GPU then.
+	got = b.RunUsage(0, t0.Add(1500*time.Millisecond))
+	if _, ok := got["Job-A"]; ok || got["job-b"].SMPct != 30 {
+		t.Fatalf("at 1.5 s: %+v", got)
+	}
+	for _, bad := range []string{
+		"time_s,gpu,power_w,energy_j,memory_used_mib,memory_total_mib,utilization_pct,run_sm_pct:a\n0,0,1,,1,1,,101\n",
+		"time_s,gpu,power_w,energy_j,memory_used_mib,memory_total_mib,utilization_pct,run_mem_mib:a\n0,0,1,,1,1,,-1\n",
+		"time_s,gpu,power_w,energy_j,memory_used_mib,memory_total_mib,utilization_pct,run_sm_pct:\n0,0,1,,1,1,,1\n",
+	} {
+		if _, err := Parse(strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "line") {
+			t.Errorf("%q: err %v", bad, err)
+		}
+	}
+}

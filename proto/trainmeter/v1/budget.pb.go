@@ -851,8 +851,12 @@ type ForecastResponse struct {
 	HasBudget    bool    `protobuf:"varint,12,opt,name=has_budget,json=hasBudget,proto3" json:"has_budget,omitempty"`
 	// P(cost of the N runs > remaining budget), normal approximation.
 	OverageProbability float64 `protobuf:"fixed64,13,opt,name=overage_probability,json=overageProbability,proto3" json:"overage_probability,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// --- run lifecycle ---
+	// The model's ended runs left out because they failed (end status
+	// error, exit N, signal NAME or lost).
+	FailedLeftOut uint32 `protobuf:"varint,14,opt,name=failed_left_out,json=failedLeftOut,proto3" json:"failed_left_out,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForecastResponse) Reset() {
@@ -976,7 +980,14 @@ func (x *ForecastResponse) GetOverageProbability() float64 {
 	return 0
 }
 
-// --- issue 16 item 5.
+func (x *ForecastResponse) GetFailedLeftOut() uint32 {
+	if x != nil {
+		return x.FailedLeftOut
+	}
+	return 0
+}
+
+// --- estimates and cost caps ---
 type EstimateRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Model  string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -1273,7 +1284,7 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\x0fForecastRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04runs\x18\x02 \x01(\rR\x04runs\x12\x18\n" +
-	"\ahistory\x18\x03 \x01(\rR\ahistory\"\xbd\x03\n" +
+	"\ahistory\x18\x03 \x01(\rR\ahistory\"\xe5\x03\n" +
 	"\x10ForecastResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04runs\x18\x02 \x01(\rR\x04runs\x12\x19\n" +
@@ -1292,7 +1303,8 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\rremaining_usd\x18\v \x01(\x01R\fremainingUsd\x12\x1d\n" +
 	"\n" +
 	"has_budget\x18\f \x01(\bR\thasBudget\x12/\n" +
-	"\x13overage_probability\x18\r \x01(\x01R\x12overageProbability\"e\n" +
+	"\x13overage_probability\x18\r \x01(\x01R\x12overageProbability\x12&\n" +
+	"\x0ffailed_left_out\x18\x0e \x01(\rR\rfailedLeftOut\"e\n" +
 	"\x0fEstimateRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x04R\x06tokens\x12\x10\n" +

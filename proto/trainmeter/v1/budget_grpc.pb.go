@@ -45,7 +45,7 @@ type BudgetServiceClient interface {
 	ListAlerts(ctx context.Context, in *ListAlertsRequest, opts ...grpc.CallOption) (*ListAlertsResponse, error)
 	// Forecast estimates the cost of N more runs of a model.
 	Forecast(ctx context.Context, in *ForecastRequest, opts ...grpc.CallOption) (*ForecastResponse, error)
-	// --- issue 16 item 5.
+	// --- estimates and cost caps ---
 	// Estimate gives the time, energy and cost of a run of a model over N
 	// tokens from the model's past runs (docs/costs.md).
 	Estimate(ctx context.Context, in *EstimateRequest, opts ...grpc.CallOption) (*EstimateResponse, error)
@@ -150,7 +150,7 @@ type BudgetServiceServer interface {
 	ListAlerts(context.Context, *ListAlertsRequest) (*ListAlertsResponse, error)
 	// Forecast estimates the cost of N more runs of a model.
 	Forecast(context.Context, *ForecastRequest) (*ForecastResponse, error)
-	// --- issue 16 item 5.
+	// --- estimates and cost caps ---
 	// Estimate gives the time, energy and cost of a run of a model over N
 	// tokens from the model's past runs (docs/costs.md).
 	Estimate(context.Context, *EstimateRequest) (*EstimateResponse, error)

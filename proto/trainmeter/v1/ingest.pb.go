@@ -749,8 +749,32 @@ type GpuWindow struct {
 	MemoryUsedAvgMib  float64 `protobuf:"fixed64,15,opt,name=memory_used_avg_mib,json=memoryUsedAvgMib,proto3" json:"memory_used_avg_mib,omitempty"`
 	MemoryTotalMib    float64 `protobuf:"fixed64,16,opt,name=memory_total_mib,json=memoryTotalMib,proto3" json:"memory_total_mib,omitempty"`
 	UtilizationAvgPct float64 `protobuf:"fixed64,17,opt,name=utilization_avg_pct,json=utilizationAvgPct,proto3" json:"utilization_avg_pct,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// --- conservation of the GPU's energy and time ---
+	// The GPU's whole window, in GPU-seconds (window_end - window_start): its
+	// energy and GPU-seconds equal the sum over the runs' shares of this GPU
+	// (RunWindow.gpu_shares) plus the idle share below.
+	GpuSeconds float64 `protobuf:"fixed64,18,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	// The part of the window during which no run was on this GPU (idle), and
+	// its energy; idle_energy_counter_j is valid when counter_ok.
+	IdleGpuSeconds        float64 `protobuf:"fixed64,19,opt,name=idle_gpu_seconds,json=idleGpuSeconds,proto3" json:"idle_gpu_seconds,omitempty"`
+	IdleEnergyCounterJ    float64 `protobuf:"fixed64,20,opt,name=idle_energy_counter_j,json=idleEnergyCounterJ,proto3" json:"idle_energy_counter_j,omitempty"`
+	IdleEnergyIntegratedJ float64 `protobuf:"fixed64,21,opt,name=idle_energy_integrated_j,json=idleEnergyIntegratedJ,proto3" json:"idle_energy_integrated_j,omitempty"`
+	// Energy and time of the agent's downtime before this boot's first window
+	// (an agent restart), bridged from the raw counter: given to the restored
+	// runs on this GPU (their restart_bridge windows) and the rest to idle.
+	// Set on the first window of a boot only.
+	DowntimeGpuSeconds         float64 `protobuf:"fixed64,22,opt,name=downtime_gpu_seconds,json=downtimeGpuSeconds,proto3" json:"downtime_gpu_seconds,omitempty"`
+	DowntimeEnergyCounterJ     float64 `protobuf:"fixed64,23,opt,name=downtime_energy_counter_j,json=downtimeEnergyCounterJ,proto3" json:"downtime_energy_counter_j,omitempty"`
+	DowntimeIdleGpuSeconds     float64 `protobuf:"fixed64,24,opt,name=downtime_idle_gpu_seconds,json=downtimeIdleGpuSeconds,proto3" json:"downtime_idle_gpu_seconds,omitempty"`
+	DowntimeIdleEnergyCounterJ float64 `protobuf:"fixed64,25,opt,name=downtime_idle_energy_counter_j,json=downtimeIdleEnergyCounterJ,proto3" json:"downtime_idle_energy_counter_j,omitempty"`
+	// Energy and GPU-seconds earlier windows held for a restored run that no
+	// rank came back to: the run is ended at its checkpoint, so they are idle
+	// after all, booked here (and counted in idle_* above as well).
+	ReclaimedGpuSeconds        float64 `protobuf:"fixed64,26,opt,name=reclaimed_gpu_seconds,json=reclaimedGpuSeconds,proto3" json:"reclaimed_gpu_seconds,omitempty"`
+	ReclaimedEnergyCounterJ    float64 `protobuf:"fixed64,27,opt,name=reclaimed_energy_counter_j,json=reclaimedEnergyCounterJ,proto3" json:"reclaimed_energy_counter_j,omitempty"`
+	ReclaimedEnergyIntegratedJ float64 `protobuf:"fixed64,28,opt,name=reclaimed_energy_integrated_j,json=reclaimedEnergyIntegratedJ,proto3" json:"reclaimed_energy_integrated_j,omitempty"`
+	unknownFields              protoimpl.UnknownFields
+	sizeCache                  protoimpl.SizeCache
 }
 
 func (x *GpuWindow) Reset() {
@@ -902,6 +926,83 @@ func (x *GpuWindow) GetUtilizationAvgPct() float64 {
 	return 0
 }
 
+func (x *GpuWindow) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *GpuWindow) GetIdleGpuSeconds() float64 {
+	if x != nil {
+		return x.IdleGpuSeconds
+	}
+	return 0
+}
+
+func (x *GpuWindow) GetIdleEnergyCounterJ() float64 {
+	if x != nil {
+		return x.IdleEnergyCounterJ
+	}
+	return 0
+}
+
+func (x *GpuWindow) GetIdleEnergyIntegratedJ() float64 {
+	if x != nil {
+		return x.IdleEnergyIntegratedJ
+	}
+	return 0
+}
+
+func (x *GpuWindow) GetDowntimeGpuSeconds() float64 {
+	if x != nil {
+		return x.DowntimeGpuSeconds
+	}
+	return 0
+}
+
+func (x *GpuWindow) GetDowntimeEnergyCounterJ() float64 {
+	if x != nil {
+		return x.DowntimeEnergyCounterJ
+	}
+	return 0
+}
+
+func (x *GpuWindow) GetDowntimeIdleGpuSeconds() float64 {
+	if x != nil {
+		return x.DowntimeIdleGpuSeconds
+	}
+	return 0
+}
+
+func (x *GpuWindow) GetDowntimeIdleEnergyCounterJ() float64 {
+	if x != nil {
+		return x.DowntimeIdleEnergyCounterJ
+	}
+	return 0
+}
+
+func (x *GpuWindow) GetReclaimedGpuSeconds() float64 {
+	if x != nil {
+		return x.ReclaimedGpuSeconds
+	}
+	return 0
+}
+
+func (x *GpuWindow) GetReclaimedEnergyCounterJ() float64 {
+	if x != nil {
+		return x.ReclaimedEnergyCounterJ
+	}
+	return 0
+}
+
+func (x *GpuWindow) GetReclaimedEnergyIntegratedJ() float64 {
+	if x != nil {
+		return x.ReclaimedEnergyIntegratedJ
+	}
+	return 0
+}
+
 // RunWindow is one run's share of a node over a segment of the batch window.
 // Segments are cut exactly at run start, warmup end and run end.
 type RunWindow struct {
@@ -952,8 +1053,21 @@ type RunWindow struct {
 	// zero sum means the utilisation is unknown (MIG, a replay trace without
 	// the column), not 0 %. Agents before this field left it 0.
 	UtilizationSamples uint64 `protobuf:"varint,28,opt,name=utilization_samples,json=utilizationSamples,proto3" json:"utilization_samples,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// --- splitting a shared GPU ---
+	// energy_* and gpu_seconds above are the run's share of its GPUs: when
+	// k runs are on one GPU at once, its energy and GPU-seconds are split
+	// between them (docs/measurement.md, "Shared GPUs"). shared_gpu_seconds is
+	// the GPU-seconds (wall time x GPUs, not the share) this run spent on a GPU
+	// with other runs; share_method how it was split: "exclusive", "utilization",
+	// "memory", "equal", "mig" or "mixed"; max_sharing_runs the most runs (this
+	// one included) on one of its GPUs at once.
+	SharedGpuSeconds float64 `protobuf:"fixed64,29,opt,name=shared_gpu_seconds,json=sharedGpuSeconds,proto3" json:"shared_gpu_seconds,omitempty"`
+	ShareMethod      string  `protobuf:"bytes,30,opt,name=share_method,json=shareMethod,proto3" json:"share_method,omitempty"`
+	MaxSharingRuns   uint32  `protobuf:"varint,31,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
+	// The share per GPU (for usage by GPU).
+	GpuShares     []*GpuShare `protobuf:"bytes,32,rep,name=gpu_shares,json=gpuShares,proto3" json:"gpu_shares,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunWindow) Reset() {
@@ -1182,6 +1296,119 @@ func (x *RunWindow) GetUtilizationSamples() uint64 {
 	return 0
 }
 
+func (x *RunWindow) GetSharedGpuSeconds() float64 {
+	if x != nil {
+		return x.SharedGpuSeconds
+	}
+	return 0
+}
+
+func (x *RunWindow) GetShareMethod() string {
+	if x != nil {
+		return x.ShareMethod
+	}
+	return ""
+}
+
+func (x *RunWindow) GetMaxSharingRuns() uint32 {
+	if x != nil {
+		return x.MaxSharingRuns
+	}
+	return 0
+}
+
+func (x *RunWindow) GetGpuShares() []*GpuShare {
+	if x != nil {
+		return x.GpuShares
+	}
+	return nil
+}
+
+// GpuShare is one run's share of one GPU over a RunWindow.
+type GpuShare struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Gpu               uint32                 `protobuf:"varint,1,opt,name=gpu,proto3" json:"gpu,omitempty"`
+	EnergyCounterJ    float64                `protobuf:"fixed64,2,opt,name=energy_counter_j,json=energyCounterJ,proto3" json:"energy_counter_j,omitempty"`
+	CounterOk         bool                   `protobuf:"varint,3,opt,name=counter_ok,json=counterOk,proto3" json:"counter_ok,omitempty"`
+	EnergyIntegratedJ float64                `protobuf:"fixed64,4,opt,name=energy_integrated_j,json=energyIntegratedJ,proto3" json:"energy_integrated_j,omitempty"`
+	GpuSeconds        float64                `protobuf:"fixed64,5,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	SharedGpuSeconds  float64                `protobuf:"fixed64,6,opt,name=shared_gpu_seconds,json=sharedGpuSeconds,proto3" json:"shared_gpu_seconds,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *GpuShare) Reset() {
+	*x = GpuShare{}
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GpuShare) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GpuShare) ProtoMessage() {}
+
+func (x *GpuShare) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GpuShare.ProtoReflect.Descriptor instead.
+func (*GpuShare) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GpuShare) GetGpu() uint32 {
+	if x != nil {
+		return x.Gpu
+	}
+	return 0
+}
+
+func (x *GpuShare) GetEnergyCounterJ() float64 {
+	if x != nil {
+		return x.EnergyCounterJ
+	}
+	return 0
+}
+
+func (x *GpuShare) GetCounterOk() bool {
+	if x != nil {
+		return x.CounterOk
+	}
+	return false
+}
+
+func (x *GpuShare) GetEnergyIntegratedJ() float64 {
+	if x != nil {
+		return x.EnergyIntegratedJ
+	}
+	return 0
+}
+
+func (x *GpuShare) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *GpuShare) GetSharedGpuSeconds() float64 {
+	if x != nil {
+		return x.SharedGpuSeconds
+	}
+	return 0
+}
+
 type RunEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
@@ -1196,7 +1423,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1435,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1448,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{9}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RunEvent) GetEvent() isRunEvent_Event {
@@ -1309,13 +1536,21 @@ type RunStart struct {
 	TargetGpuUtilization float64 `protobuf:"fixed64,21,opt,name=target_gpu_utilization,json=targetGpuUtilization,proto3" json:"target_gpu_utilization,omitempty"`
 	MaxRamUsage          float64 `protobuf:"fixed64,22,opt,name=max_ram_usage,json=maxRamUsage,proto3" json:"max_ram_usage,omitempty"`
 	AdjustmentInterval   uint64  `protobuf:"varint,23,opt,name=adjustment_interval,json=adjustmentInterval,proto3" json:"adjustment_interval,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// --- run lifecycle ---
+	// The trainer asked to resume a run that had ended (resume=true /
+	// trainmeter run --resume): the time between the run's end and this
+	// run_start is a pause, excluded from every rate (docs/measurement.md).
+	Resume bool `protobuf:"varint,24,opt,name=resume,proto3" json:"resume,omitempty"`
+	// --- who ran it ---
+	// The user name of uid on the agent's host ("" when it has none).
+	User          string `protobuf:"bytes,25,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunStart) Reset() {
 	*x = RunStart{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1562,7 @@ func (x *RunStart) String() string {
 func (*RunStart) ProtoMessage() {}
 
 func (x *RunStart) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1575,7 @@ func (x *RunStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStart.ProtoReflect.Descriptor instead.
 func (*RunStart) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{10}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RunStart) GetRunId() string {
@@ -1504,6 +1739,20 @@ func (x *RunStart) GetAdjustmentInterval() uint64 {
 	return 0
 }
 
+func (x *RunStart) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
+}
+
+func (x *RunStart) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 type RunMetadata struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -1526,7 +1775,7 @@ type RunMetadata struct {
 
 func (x *RunMetadata) Reset() {
 	*x = RunMetadata{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1538,7 +1787,7 @@ func (x *RunMetadata) String() string {
 func (*RunMetadata) ProtoMessage() {}
 
 func (x *RunMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1551,7 +1800,7 @@ func (x *RunMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunMetadata.ProtoReflect.Descriptor instead.
 func (*RunMetadata) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{11}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RunMetadata) GetModel() string {
@@ -1655,18 +1904,24 @@ func (x *RunMetadata) GetHasSeed() bool {
 // RunEnd is sent when the last rank on the node ended the run. warmup_end is
 // when this node's warmup ended (unset if the run ended inside warmup).
 type RunEnd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Time          *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
-	WarmupEnd     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=warmup_end,json=warmupEnd,proto3" json:"warmup_end,omitempty"`
-	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RunId     string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Time      *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	WarmupEnd *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=warmup_end,json=warmupEnd,proto3" json:"warmup_end,omitempty"`
+	Reason    string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// --- run lifecycle ---
+	// How the run ended on this node, one of: ok, error, exit N, signal NAME,
+	// stopped: <cause> (budget, max-cost, ...), lost (no rank ended it:
+	// trainers vanished, or the agent's restart grace expired). Empty from
+	// agents before this field.
+	EndStatus     string `protobuf:"bytes,5,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunEnd) Reset() {
 	*x = RunEnd{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1933,7 @@ func (x *RunEnd) String() string {
 func (*RunEnd) ProtoMessage() {}
 
 func (x *RunEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1946,7 @@ func (x *RunEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEnd.ProtoReflect.Descriptor instead.
 func (*RunEnd) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{12}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RunEnd) GetRunId() string {
@@ -1722,6 +1977,13 @@ func (x *RunEnd) GetReason() string {
 	return ""
 }
 
+func (x *RunEnd) GetEndStatus() string {
+	if x != nil {
+		return x.EndStatus
+	}
+	return ""
+}
+
 type Eval struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
@@ -1734,14 +1996,20 @@ type Eval struct {
 	HasAccuracy bool    `protobuf:"varint,7,opt,name=has_accuracy,json=hasAccuracy,proto3" json:"has_accuracy,omitempty"`
 	// The trainer sent an epoch (an eval without one is still an epoch
 	// boundary for the dataloader advisor, never a duplicate of epoch 0).
-	HasEpoch      bool `protobuf:"varint,8,opt,name=has_epoch,json=hasEpoch,proto3" json:"has_epoch,omitempty"`
+	HasEpoch bool `protobuf:"varint,8,opt,name=has_epoch,json=hasEpoch,proto3" json:"has_epoch,omitempty"`
+	// --- per-epoch step counts ---
+	// Step events the sending rank had reported in the run when it sent the
+	// eval (0: none, or an agent before this field). The difference between
+	// two evals is the epoch's steps exactly, where the 1 s windows would put
+	// the steps of the eval's second in the wrong epoch.
+	RankSteps     uint64 `protobuf:"varint,300,opt,name=rank_steps,json=rankSteps,proto3" json:"rank_steps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Eval) Reset() {
 	*x = Eval{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1753,7 +2021,7 @@ func (x *Eval) String() string {
 func (*Eval) ProtoMessage() {}
 
 func (x *Eval) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1766,7 +2034,7 @@ func (x *Eval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eval.ProtoReflect.Descriptor instead.
 func (*Eval) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{13}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Eval) GetRunId() string {
@@ -1825,6 +2093,13 @@ func (x *Eval) GetHasEpoch() bool {
 	return false
 }
 
+func (x *Eval) GetRankSteps() uint64 {
+	if x != nil {
+		return x.RankSteps
+	}
+	return 0
+}
+
 type HostWindow struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	MemoryUsedMib  float64                `protobuf:"fixed64,1,opt,name=memory_used_mib,json=memoryUsedMib,proto3" json:"memory_used_mib,omitempty"`
@@ -1837,7 +2112,7 @@ type HostWindow struct {
 
 func (x *HostWindow) Reset() {
 	*x = HostWindow{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1849,7 +2124,7 @@ func (x *HostWindow) String() string {
 func (*HostWindow) ProtoMessage() {}
 
 func (x *HostWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1862,7 +2137,7 @@ func (x *HostWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostWindow.ProtoReflect.Descriptor instead.
 func (*HostWindow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{14}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HostWindow) GetMemoryUsedMib() float64 {
@@ -1902,7 +2177,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1914,7 +2189,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1927,7 +2202,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{15}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1949,7 +2224,7 @@ type Reject struct {
 
 func (x *Reject) Reset() {
 	*x = Reject{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1961,7 +2236,7 @@ func (x *Reject) String() string {
 func (*Reject) ProtoMessage() {}
 
 func (x *Reject) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1974,7 +2249,7 @@ func (x *Reject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reject.ProtoReflect.Descriptor instead.
 func (*Reject) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{16}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Reject) GetSeq() uint64 {
@@ -2005,7 +2280,7 @@ type Advisory struct {
 
 func (x *Advisory) Reset() {
 	*x = Advisory{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2017,7 +2292,7 @@ func (x *Advisory) String() string {
 func (*Advisory) ProtoMessage() {}
 
 func (x *Advisory) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2030,7 +2305,7 @@ func (x *Advisory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Advisory.ProtoReflect.Descriptor instead.
 func (*Advisory) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{17}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Advisory) GetRunId() string {
@@ -2090,7 +2365,7 @@ type Stop struct {
 
 func (x *Stop) Reset() {
 	*x = Stop{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2377,7 @@ func (x *Stop) String() string {
 func (*Stop) ProtoMessage() {}
 
 func (x *Stop) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2390,7 @@ func (x *Stop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stop.ProtoReflect.Descriptor instead.
 func (*Stop) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{18}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Stop) GetReason() string {
@@ -2155,7 +2430,7 @@ type DataloaderAdvice struct {
 
 func (x *DataloaderAdvice) Reset() {
 	*x = DataloaderAdvice{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2167,7 +2442,7 @@ func (x *DataloaderAdvice) String() string {
 func (*DataloaderAdvice) ProtoMessage() {}
 
 func (x *DataloaderAdvice) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2180,7 +2455,7 @@ func (x *DataloaderAdvice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataloaderAdvice.ProtoReflect.Descriptor instead.
 func (*DataloaderAdvice) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{19}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DataloaderAdvice) GetNumWorkers() uint32 {
@@ -2321,7 +2596,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\vgpu_seconds\x18\x05 \x01(\x01R\n" +
 	"gpuSeconds\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x10\n" +
-	"\x03seq\x18\a \x01(\x04R\x03seq\"\xe0\x04\n" +
+	"\x03seq\x18\a \x01(\x04R\x03seq\"\xb7\t\n" +
 	"\tGpuWindow\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\rR\x03gpu\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12(\n" +
@@ -2343,7 +2618,19 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x13memory_used_max_mib\x18\x0e \x01(\x01R\x10memoryUsedMaxMib\x12-\n" +
 	"\x13memory_used_avg_mib\x18\x0f \x01(\x01R\x10memoryUsedAvgMib\x12(\n" +
 	"\x10memory_total_mib\x18\x10 \x01(\x01R\x0ememoryTotalMib\x12.\n" +
-	"\x13utilization_avg_pct\x18\x11 \x01(\x01R\x11utilizationAvgPct\"\xdf\a\n" +
+	"\x13utilization_avg_pct\x18\x11 \x01(\x01R\x11utilizationAvgPct\x12\x1f\n" +
+	"\vgpu_seconds\x18\x12 \x01(\x01R\n" +
+	"gpuSeconds\x12(\n" +
+	"\x10idle_gpu_seconds\x18\x13 \x01(\x01R\x0eidleGpuSeconds\x121\n" +
+	"\x15idle_energy_counter_j\x18\x14 \x01(\x01R\x12idleEnergyCounterJ\x127\n" +
+	"\x18idle_energy_integrated_j\x18\x15 \x01(\x01R\x15idleEnergyIntegratedJ\x120\n" +
+	"\x14downtime_gpu_seconds\x18\x16 \x01(\x01R\x12downtimeGpuSeconds\x129\n" +
+	"\x19downtime_energy_counter_j\x18\x17 \x01(\x01R\x16downtimeEnergyCounterJ\x129\n" +
+	"\x19downtime_idle_gpu_seconds\x18\x18 \x01(\x01R\x16downtimeIdleGpuSeconds\x12B\n" +
+	"\x1edowntime_idle_energy_counter_j\x18\x19 \x01(\x01R\x1adowntimeIdleEnergyCounterJ\x122\n" +
+	"\x15reclaimed_gpu_seconds\x18\x1a \x01(\x01R\x13reclaimedGpuSeconds\x12;\n" +
+	"\x1areclaimed_energy_counter_j\x18\x1b \x01(\x01R\x17reclaimedEnergyCounterJ\x12A\n" +
+	"\x1dreclaimed_energy_integrated_j\x18\x1c \x01(\x01R\x1areclaimedEnergyIntegratedJ\"\x92\t\n" +
 	"\tRunWindow\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -2378,12 +2665,26 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x0erestart_bridge\x18\x1a \x01(\bR\rrestartBridge\x12\x1d\n" +
 	"\n" +
 	"step_ranks\x18\x1b \x01(\rR\tstepRanks\x12/\n" +
-	"\x13utilization_samples\x18\x1c \x01(\x04R\x12utilizationSamples\"\xa8\x01\n" +
+	"\x13utilization_samples\x18\x1c \x01(\x04R\x12utilizationSamples\x12,\n" +
+	"\x12shared_gpu_seconds\x18\x1d \x01(\x01R\x10sharedGpuSeconds\x12!\n" +
+	"\fshare_method\x18\x1e \x01(\tR\vshareMethod\x12(\n" +
+	"\x10max_sharing_runs\x18\x1f \x01(\rR\x0emaxSharingRuns\x126\n" +
+	"\n" +
+	"gpu_shares\x18  \x03(\v2\x17.trainmeter.v1.GpuShareR\tgpuShares\"\xe4\x01\n" +
+	"\bGpuShare\x12\x10\n" +
+	"\x03gpu\x18\x01 \x01(\rR\x03gpu\x12(\n" +
+	"\x10energy_counter_j\x18\x02 \x01(\x01R\x0eenergyCounterJ\x12\x1d\n" +
+	"\n" +
+	"counter_ok\x18\x03 \x01(\bR\tcounterOk\x12.\n" +
+	"\x13energy_integrated_j\x18\x04 \x01(\x01R\x11energyIntegratedJ\x12\x1f\n" +
+	"\vgpu_seconds\x18\x05 \x01(\x01R\n" +
+	"gpuSeconds\x12,\n" +
+	"\x12shared_gpu_seconds\x18\x06 \x01(\x01R\x10sharedGpuSeconds\"\xa8\x01\n" +
 	"\bRunEvent\x126\n" +
 	"\trun_start\x18\x01 \x01(\v2\x17.trainmeter.v1.RunStartH\x00R\brunStart\x120\n" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
 	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04evalB\a\n" +
-	"\x05event\"\x82\a\n" +
+	"\x05event\"\xae\a\n" +
 	"\bRunStart\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x126\n" +
@@ -2409,7 +2710,9 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\fdataset_size\x18\x14 \x01(\x04R\vdatasetSize\x124\n" +
 	"\x16target_gpu_utilization\x18\x15 \x01(\x01R\x14targetGpuUtilization\x12\"\n" +
 	"\rmax_ram_usage\x18\x16 \x01(\x01R\vmaxRamUsage\x12/\n" +
-	"\x13adjustment_interval\x18\x17 \x01(\x04R\x12adjustmentInterval\x1a9\n" +
+	"\x13adjustment_interval\x18\x17 \x01(\x04R\x12adjustmentInterval\x12\x16\n" +
+	"\x06resume\x18\x18 \x01(\bR\x06resume\x12\x12\n" +
+	"\x04user\x18\x19 \x01(\tR\x04user\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\x03\n" +
@@ -2430,13 +2733,15 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x0ehas_batch_size\x18\v \x01(\bR\fhasBatchSize\x12$\n" +
 	"\x0ehas_grad_accum\x18\f \x01(\bR\fhasGradAccum\x12\x1e\n" +
 	"\vhas_seq_len\x18\r \x01(\bR\thasSeqLen\x12\x19\n" +
-	"\bhas_seed\x18\x0e \x01(\bR\ahasSeed\"\xa2\x01\n" +
+	"\bhas_seed\x18\x0e \x01(\bR\ahasSeed\"\xc1\x01\n" +
 	"\x06RunEnd\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x129\n" +
 	"\n" +
 	"warmup_end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xfc\x01\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"end_status\x18\x05 \x01(\tR\tendStatus\"\x9c\x02\n" +
 	"\x04Eval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
@@ -2446,7 +2751,9 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\fhas_val_loss\x18\x06 \x01(\bR\n" +
 	"hasValLoss\x12!\n" +
 	"\fhas_accuracy\x18\a \x01(\bR\vhasAccuracy\x12\x1b\n" +
-	"\thas_epoch\x18\b \x01(\bR\bhasEpoch\"\x94\x01\n" +
+	"\thas_epoch\x18\b \x01(\bR\bhasEpoch\x12\x1e\n" +
+	"\n" +
+	"rank_steps\x18\xac\x02 \x01(\x04R\trankSteps\"\x94\x01\n" +
 	"\n" +
 	"HostWindow\x12&\n" +
 	"\x0fmemory_used_mib\x18\x01 \x01(\x01R\rmemoryUsedMib\x12(\n" +
@@ -2502,7 +2809,7 @@ func file_trainmeter_v1_ingest_proto_rawDescGZIP() []byte {
 }
 
 var file_trainmeter_v1_ingest_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_trainmeter_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_trainmeter_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_trainmeter_v1_ingest_proto_goTypes = []any{
 	(Phase)(0),                    // 0: trainmeter.v1.Phase
 	(*StreamRequest)(nil),         // 1: trainmeter.v1.StreamRequest
@@ -2514,57 +2821,59 @@ var file_trainmeter_v1_ingest_proto_goTypes = []any{
 	(*DataLoss)(nil),              // 7: trainmeter.v1.DataLoss
 	(*GpuWindow)(nil),             // 8: trainmeter.v1.GpuWindow
 	(*RunWindow)(nil),             // 9: trainmeter.v1.RunWindow
-	(*RunEvent)(nil),              // 10: trainmeter.v1.RunEvent
-	(*RunStart)(nil),              // 11: trainmeter.v1.RunStart
-	(*RunMetadata)(nil),           // 12: trainmeter.v1.RunMetadata
-	(*RunEnd)(nil),                // 13: trainmeter.v1.RunEnd
-	(*Eval)(nil),                  // 14: trainmeter.v1.Eval
-	(*HostWindow)(nil),            // 15: trainmeter.v1.HostWindow
-	(*Ack)(nil),                   // 16: trainmeter.v1.Ack
-	(*Reject)(nil),                // 17: trainmeter.v1.Reject
-	(*Advisory)(nil),              // 18: trainmeter.v1.Advisory
-	(*Stop)(nil),                  // 19: trainmeter.v1.Stop
-	(*DataloaderAdvice)(nil),      // 20: trainmeter.v1.DataloaderAdvice
-	nil,                           // 21: trainmeter.v1.RunStart.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*GpuShare)(nil),              // 10: trainmeter.v1.GpuShare
+	(*RunEvent)(nil),              // 11: trainmeter.v1.RunEvent
+	(*RunStart)(nil),              // 12: trainmeter.v1.RunStart
+	(*RunMetadata)(nil),           // 13: trainmeter.v1.RunMetadata
+	(*RunEnd)(nil),                // 14: trainmeter.v1.RunEnd
+	(*Eval)(nil),                  // 15: trainmeter.v1.Eval
+	(*HostWindow)(nil),            // 16: trainmeter.v1.HostWindow
+	(*Ack)(nil),                   // 17: trainmeter.v1.Ack
+	(*Reject)(nil),                // 18: trainmeter.v1.Reject
+	(*Advisory)(nil),              // 19: trainmeter.v1.Advisory
+	(*Stop)(nil),                  // 20: trainmeter.v1.Stop
+	(*DataloaderAdvice)(nil),      // 21: trainmeter.v1.DataloaderAdvice
+	nil,                           // 22: trainmeter.v1.RunStart.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_trainmeter_v1_ingest_proto_depIdxs = []int32{
 	3,  // 0: trainmeter.v1.StreamRequest.hello:type_name -> trainmeter.v1.Hello
 	5,  // 1: trainmeter.v1.StreamRequest.batch:type_name -> trainmeter.v1.Batch
-	16, // 2: trainmeter.v1.StreamResponse.ack:type_name -> trainmeter.v1.Ack
-	18, // 3: trainmeter.v1.StreamResponse.advisory:type_name -> trainmeter.v1.Advisory
-	17, // 4: trainmeter.v1.StreamResponse.reject:type_name -> trainmeter.v1.Reject
+	17, // 2: trainmeter.v1.StreamResponse.ack:type_name -> trainmeter.v1.Ack
+	19, // 3: trainmeter.v1.StreamResponse.advisory:type_name -> trainmeter.v1.Advisory
+	18, // 4: trainmeter.v1.StreamResponse.reject:type_name -> trainmeter.v1.Reject
 	4,  // 5: trainmeter.v1.Hello.gpus:type_name -> trainmeter.v1.GpuInfo
-	22, // 6: trainmeter.v1.Hello.started_at:type_name -> google.protobuf.Timestamp
-	22, // 7: trainmeter.v1.Batch.window_start:type_name -> google.protobuf.Timestamp
-	22, // 8: trainmeter.v1.Batch.window_end:type_name -> google.protobuf.Timestamp
+	23, // 6: trainmeter.v1.Hello.started_at:type_name -> google.protobuf.Timestamp
+	23, // 7: trainmeter.v1.Batch.window_start:type_name -> google.protobuf.Timestamp
+	23, // 8: trainmeter.v1.Batch.window_end:type_name -> google.protobuf.Timestamp
 	8,  // 9: trainmeter.v1.Batch.gpu_windows:type_name -> trainmeter.v1.GpuWindow
 	9,  // 10: trainmeter.v1.Batch.run_windows:type_name -> trainmeter.v1.RunWindow
-	10, // 11: trainmeter.v1.Batch.run_events:type_name -> trainmeter.v1.RunEvent
-	15, // 12: trainmeter.v1.Batch.host:type_name -> trainmeter.v1.HostWindow
+	11, // 11: trainmeter.v1.Batch.run_events:type_name -> trainmeter.v1.RunEvent
+	16, // 12: trainmeter.v1.Batch.host:type_name -> trainmeter.v1.HostWindow
 	7,  // 13: trainmeter.v1.Batch.losses:type_name -> trainmeter.v1.DataLoss
 	6,  // 14: trainmeter.v1.Batch.raw_samples:type_name -> trainmeter.v1.RawSamples
-	22, // 15: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
-	22, // 16: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
+	23, // 15: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
+	23, // 16: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
 	0,  // 17: trainmeter.v1.RunWindow.phase:type_name -> trainmeter.v1.Phase
-	11, // 18: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
-	13, // 19: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
-	14, // 20: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
-	22, // 21: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
-	12, // 22: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
-	21, // 23: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
-	22, // 24: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
-	22, // 25: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
-	22, // 26: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
-	19, // 27: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
-	20, // 28: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
-	1,  // 29: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
-	2,  // 30: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
-	30, // [30:31] is the sub-list for method output_type
-	29, // [29:30] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	10, // 18: trainmeter.v1.RunWindow.gpu_shares:type_name -> trainmeter.v1.GpuShare
+	12, // 19: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
+	14, // 20: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
+	15, // 21: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
+	23, // 22: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
+	13, // 23: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
+	22, // 24: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
+	23, // 25: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
+	23, // 26: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
+	23, // 27: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
+	20, // 28: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
+	21, // 29: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
+	1,  // 30: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
+	2,  // 31: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
+	31, // [31:32] is the sub-list for method output_type
+	30, // [30:31] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_ingest_proto_init() }
@@ -2581,12 +2890,12 @@ func file_trainmeter_v1_ingest_proto_init() {
 		(*StreamResponse_Advisory)(nil),
 		(*StreamResponse_Reject)(nil),
 	}
-	file_trainmeter_v1_ingest_proto_msgTypes[9].OneofWrappers = []any{
+	file_trainmeter_v1_ingest_proto_msgTypes[10].OneofWrappers = []any{
 		(*RunEvent_RunStart)(nil),
 		(*RunEvent_RunEnd)(nil),
 		(*RunEvent_Eval)(nil),
 	}
-	file_trainmeter_v1_ingest_proto_msgTypes[17].OneofWrappers = []any{
+	file_trainmeter_v1_ingest_proto_msgTypes[18].OneofWrappers = []any{
 		(*Advisory_Stop)(nil),
 		(*Advisory_Dataloader)(nil),
 	}
@@ -2596,7 +2905,7 @@ func file_trainmeter_v1_ingest_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_ingest_proto_rawDesc), len(file_trainmeter_v1_ingest_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

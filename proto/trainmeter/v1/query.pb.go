@@ -22,6 +22,352 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type UsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The period, [since, until); unset: from the first / to the last record.
+	Since *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=since,proto3" json:"since,omitempty"`
+	Until *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=until,proto3" json:"until,omitempty"`
+	// Grouping: "node", "gpu", "model", "user", "label:KEY"; empty: node.
+	By            []string `protobuf:"bytes,3,rep,name=by,proto3" json:"by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRequest) Reset() {
+	*x = UsageRequest{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRequest) ProtoMessage() {}
+
+func (x *UsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
+func (*UsageRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *UsageRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *UsageRequest) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *UsageRequest) GetBy() []string {
+	if x != nil {
+		return x.By
+	}
+	return nil
+}
+
+// UsageRow is one group: keys in the order of UsageRequest.by.
+type UsageRow struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Keys  []string               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// The node of an idle row (GPU time no run used): one idle row per node.
+	IdleNode   string  `protobuf:"bytes,2,opt,name=idle_node,json=idleNode,proto3" json:"idle_node,omitempty"`
+	Idle       bool    `protobuf:"varint,3,opt,name=idle,proto3" json:"idle,omitempty"`
+	GpuSeconds float64 `protobuf:"fixed64,4,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	EnergyJ    float64 `protobuf:"fixed64,5,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
+	// GPU time at the node's GPU price plus energy at the energy price.
+	CostUsd float64 `protobuf:"fixed64,6,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	HasCost bool    `protobuf:"varint,7,opt,name=has_cost,json=hasCost,proto3" json:"has_cost,omitempty"`
+	// Share of the total GPU-seconds and of the total energy (0-1).
+	GpuShare    float64 `protobuf:"fixed64,8,opt,name=gpu_share,json=gpuShare,proto3" json:"gpu_share,omitempty"`
+	EnergyShare float64 `protobuf:"fixed64,9,opt,name=energy_share,json=energyShare,proto3" json:"energy_share,omitempty"`
+	// Where the GPU price came from (cost: run_start, node, catalog, flag, or mixed).
+	PriceSource string `protobuf:"bytes,10,opt,name=price_source,json=priceSource,proto3" json:"price_source,omitempty"`
+	// Runs in the group.
+	Runs          uint32 `protobuf:"varint,11,opt,name=runs,proto3" json:"runs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRow) Reset() {
+	*x = UsageRow{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRow) ProtoMessage() {}
+
+func (x *UsageRow) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRow.ProtoReflect.Descriptor instead.
+func (*UsageRow) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *UsageRow) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *UsageRow) GetIdleNode() string {
+	if x != nil {
+		return x.IdleNode
+	}
+	return ""
+}
+
+func (x *UsageRow) GetIdle() bool {
+	if x != nil {
+		return x.Idle
+	}
+	return false
+}
+
+func (x *UsageRow) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *UsageRow) GetEnergyJ() float64 {
+	if x != nil {
+		return x.EnergyJ
+	}
+	return 0
+}
+
+func (x *UsageRow) GetCostUsd() float64 {
+	if x != nil {
+		return x.CostUsd
+	}
+	return 0
+}
+
+func (x *UsageRow) GetHasCost() bool {
+	if x != nil {
+		return x.HasCost
+	}
+	return false
+}
+
+func (x *UsageRow) GetGpuShare() float64 {
+	if x != nil {
+		return x.GpuShare
+	}
+	return 0
+}
+
+func (x *UsageRow) GetEnergyShare() float64 {
+	if x != nil {
+		return x.EnergyShare
+	}
+	return 0
+}
+
+func (x *UsageRow) GetPriceSource() string {
+	if x != nil {
+		return x.PriceSource
+	}
+	return ""
+}
+
+func (x *UsageRow) GetRuns() uint32 {
+	if x != nil {
+		return x.Runs
+	}
+	return 0
+}
+
+// NodeUsage is one node's own totals over the period: the GPUs' energy
+// counter difference and GPU time, of which idle_* no run used.
+type NodeUsage struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Node           string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	GpuSeconds     float64                `protobuf:"fixed64,2,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	EnergyJ        float64                `protobuf:"fixed64,3,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
+	IdleGpuSeconds float64                `protobuf:"fixed64,4,opt,name=idle_gpu_seconds,json=idleGpuSeconds,proto3" json:"idle_gpu_seconds,omitempty"`
+	IdleEnergyJ    float64                `protobuf:"fixed64,5,opt,name=idle_energy_j,json=idleEnergyJ,proto3" json:"idle_energy_j,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *NodeUsage) Reset() {
+	*x = NodeUsage{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeUsage) ProtoMessage() {}
+
+func (x *NodeUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
+func (*NodeUsage) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NodeUsage) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeUsage) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetEnergyJ() float64 {
+	if x != nil {
+		return x.EnergyJ
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetIdleGpuSeconds() float64 {
+	if x != nil {
+		return x.IdleGpuSeconds
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetIdleEnergyJ() float64 {
+	if x != nil {
+		return x.IdleEnergyJ
+	}
+	return 0
+}
+
+type UsageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	By            []string               `protobuf:"bytes,1,rep,name=by,proto3" json:"by,omitempty"`
+	Rows          []*UsageRow            `protobuf:"bytes,2,rep,name=rows,proto3" json:"rows,omitempty"`
+	Nodes         []*NodeUsage           `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Until         *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=until,proto3" json:"until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageResponse) Reset() {
+	*x = UsageResponse{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageResponse) ProtoMessage() {}
+
+func (x *UsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
+func (*UsageResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *UsageResponse) GetBy() []string {
+	if x != nil {
+		return x.By
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetRows() []*UsageRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetNodes() []*NodeUsage {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
 type ListRunsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty: all runs.
@@ -32,7 +378,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +390,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +403,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{0}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListRunsRequest) GetRunIds() []string {
@@ -76,7 +422,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -88,7 +434,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -101,7 +447,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{1}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListRunsResponse) GetRuns() []*RunReport {
@@ -120,7 +466,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -132,7 +478,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -145,7 +491,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{2}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -164,7 +510,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -176,7 +522,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -189,7 +535,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{3}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetRunResponse) GetRun() *RunReport {
@@ -208,7 +554,7 @@ type ExportRunsRequest struct {
 
 func (x *ExportRunsRequest) Reset() {
 	*x = ExportRunsRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +566,7 @@ func (x *ExportRunsRequest) String() string {
 func (*ExportRunsRequest) ProtoMessage() {}
 
 func (x *ExportRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +579,7 @@ func (x *ExportRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRunsRequest.ProtoReflect.Descriptor instead.
 func (*ExportRunsRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{4}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExportRunsRequest) GetRunIds() []string {
@@ -252,7 +598,7 @@ type ExportRunsResponse struct {
 
 func (x *ExportRunsResponse) Reset() {
 	*x = ExportRunsResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -264,7 +610,7 @@ func (x *ExportRunsResponse) String() string {
 func (*ExportRunsResponse) ProtoMessage() {}
 
 func (x *ExportRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -277,7 +623,7 @@ func (x *ExportRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRunsResponse.ProtoReflect.Descriptor instead.
 func (*ExportRunsResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{5}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExportRunsResponse) GetRun() *RunReport {
@@ -288,15 +634,20 @@ func (x *ExportRunsResponse) GetRun() *RunReport {
 }
 
 type DeleteRunRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// --- run lifecycle ---
+	// Delete a run that has not ended: the collector ends it first (end
+	// status "stopped: deleted") and drops data of the run that arrives
+	// afterwards. Without force a live run is refused.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteRunRequest) Reset() {
 	*x = DeleteRunRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -308,7 +659,7 @@ func (x *DeleteRunRequest) String() string {
 func (*DeleteRunRequest) ProtoMessage() {}
 
 func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -321,7 +672,7 @@ func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{6}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteRunRequest) GetRunId() string {
@@ -329,6 +680,13 @@ func (x *DeleteRunRequest) GetRunId() string {
 		return x.RunId
 	}
 	return ""
+}
+
+func (x *DeleteRunRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type DeleteRunResponse struct {
@@ -341,7 +699,7 @@ type DeleteRunResponse struct {
 
 func (x *DeleteRunResponse) Reset() {
 	*x = DeleteRunResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -353,7 +711,7 @@ func (x *DeleteRunResponse) String() string {
 func (*DeleteRunResponse) ProtoMessage() {}
 
 func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -366,7 +724,7 @@ func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteRunResponse) GetRecordsDeleted() uint64 {
@@ -384,7 +742,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +754,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +767,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
 }
 
 type ListNodesResponse struct {
@@ -421,7 +779,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -433,7 +791,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -446,7 +804,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -470,7 +828,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +840,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +853,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -635,8 +993,37 @@ type RunReport struct {
 	PeakTflops *float64 `protobuf:"fixed64,70,opt,name=peak_tflops,json=peakTflops,proto3,oneof" json:"peak_tflops,omitempty"`
 	Mfu        *float64 `protobuf:"fixed64,71,opt,name=mfu,proto3,oneof" json:"mfu,omitempty"`
 	JPerPflop  *float64 `protobuf:"fixed64,72,opt,name=j_per_pflop,json=jPerPflop,proto3,oneof" json:"j_per_pflop,omitempty"`
-	// --- issue 16 items 4-5 (owned hardware, estimate and cost cap). Numbered
-	// from 200 so that fields other branches append after 72 do not collide.
+	// --- shared GPUs and who ran it ---
+	// How the run's GPUs were split with other runs on them: "exclusive"
+	// (never shared), "utilization", "memory", "equal", "mig", or "mixed";
+	// shared_gpu_s the GPU-seconds (wall time x GPUs) it spent on a GPU with
+	// other runs; max_sharing_runs the most runs (it included) on one of its
+	// GPUs at once. Its energy_* and gpu_hours are its share (docs/measurement.md).
+	GpuShareMethod string  `protobuf:"bytes,76,opt,name=gpu_share_method,json=gpuShareMethod,proto3" json:"gpu_share_method,omitempty"`
+	SharedGpuS     float64 `protobuf:"fixed64,77,opt,name=shared_gpu_s,json=sharedGpuS,proto3" json:"shared_gpu_s,omitempty"`
+	MaxSharingRuns uint32  `protobuf:"varint,78,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
+	// The user that started the run on its first node (uid; name on that host).
+	User   string `protobuf:"bytes,79,opt,name=user,proto3" json:"user,omitempty"`
+	Uid    uint32 `protobuf:"varint,80,opt,name=uid,proto3" json:"uid,omitempty"`
+	HasUid bool   `protobuf:"varint,81,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
+	// --- run lifecycle ---
+	// How the run ended (RunEnd.end_status; across nodes, the first that is
+	// not ok). "" while the run is live; "ended" for a run whose agents sent
+	// no status (before this field).
+	EndStatus string `protobuf:"bytes,73,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
+	// Seconds between an end and a resume, excluded from wall_s, warmup_s and
+	// every rate (docs/measurement.md). 0 for a run never resumed.
+	PausedS float64 `protobuf:"fixed64,74,opt,name=paused_s,json=pausedS,proto3" json:"paused_s,omitempty"`
+	Resumes uint32  `protobuf:"varint,75,opt,name=resumes,proto3" json:"resumes,omitempty"`
+	// --- whole-run power ---
+	// energy_total_j / wall_s: warmup included, all of the run's GPUs (0 when
+	// wall_s is 0).
+	AvgPowerTotalW float64 `protobuf:"fixed64,300,opt,name=avg_power_total_w,json=avgPowerTotalW,proto3" json:"avg_power_total_w,omitempty"`
+	// Highest power of the run's GPUs summed over one tick, warmup included
+	// (peak_power_w is after warmup only). On several nodes, the warmup's part
+	// sums each node's warmup peak: an upper bound.
+	PeakPowerTotalW float64 `protobuf:"fixed64,301,opt,name=peak_power_total_w,json=peakPowerTotalW,proto3" json:"peak_power_total_w,omitempty"`
+	// --- price source, owned hardware, estimate and cost cap ---
 	// Where the GPU-hour price came from: run_start, node, amortized, catalog,
 	// flag (--gpu-price-per-hour), mixed (nodes priced differently), or ""
 	// (no price). gpu_price_source says the same, with "default" for "flag".
@@ -650,13 +1037,19 @@ type RunReport struct {
 	Estimate *RunEstimate `protobuf:"bytes,203,opt,name=estimate,proto3" json:"estimate,omitempty"`
 	// Why no estimate could be made at start, when one was asked for.
 	EstimateError string `protobuf:"bytes,204,opt,name=estimate_error,json=estimateError,proto3" json:"estimate_error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// --- accuracy ---
+	// Stated uncertainty of energy_j, ± % (docs/accuracy.md): from the energy
+	// method, the GPU generation's sensor and the measured seconds; excludes
+	// the board's gain (about ±5 %, not correctable by software). Unset when
+	// the run has no measured window.
+	EnergyUncertaintyPct *float64 `protobuf:"fixed64,90,opt,name=energy_uncertainty_pct,json=energyUncertaintyPct,proto3,oneof" json:"energy_uncertainty_pct,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
 	*x = RunReport{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -668,7 +1061,7 @@ func (x *RunReport) String() string {
 func (*RunReport) ProtoMessage() {}
 
 func (x *RunReport) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -681,7 +1074,7 @@ func (x *RunReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunReport.ProtoReflect.Descriptor instead.
 func (*RunReport) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunReport) GetRunId() string {
@@ -1188,6 +1581,83 @@ func (x *RunReport) GetJPerPflop() float64 {
 	return 0
 }
 
+func (x *RunReport) GetGpuShareMethod() string {
+	if x != nil {
+		return x.GpuShareMethod
+	}
+	return ""
+}
+
+func (x *RunReport) GetSharedGpuS() float64 {
+	if x != nil {
+		return x.SharedGpuS
+	}
+	return 0
+}
+
+func (x *RunReport) GetMaxSharingRuns() uint32 {
+	if x != nil {
+		return x.MaxSharingRuns
+	}
+	return 0
+}
+
+func (x *RunReport) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *RunReport) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *RunReport) GetHasUid() bool {
+	if x != nil {
+		return x.HasUid
+	}
+	return false
+}
+
+func (x *RunReport) GetEndStatus() string {
+	if x != nil {
+		return x.EndStatus
+	}
+	return ""
+}
+
+func (x *RunReport) GetPausedS() float64 {
+	if x != nil {
+		return x.PausedS
+	}
+	return 0
+}
+
+func (x *RunReport) GetResumes() uint32 {
+	if x != nil {
+		return x.Resumes
+	}
+	return 0
+}
+
+func (x *RunReport) GetAvgPowerTotalW() float64 {
+	if x != nil {
+		return x.AvgPowerTotalW
+	}
+	return 0
+}
+
+func (x *RunReport) GetPeakPowerTotalW() float64 {
+	if x != nil {
+		return x.PeakPowerTotalW
+	}
+	return 0
+}
+
 func (x *RunReport) GetPriceSource() string {
 	if x != nil {
 		return x.PriceSource
@@ -1223,6 +1693,13 @@ func (x *RunReport) GetEstimateError() string {
 	return ""
 }
 
+func (x *RunReport) GetEnergyUncertaintyPct() float64 {
+	if x != nil && x.EnergyUncertaintyPct != nil {
+		return *x.EnergyUncertaintyPct
+	}
+	return 0
+}
+
 // Range is a figure with its uncertainty band: mid is the median of the
 // past runs' figure, low and high the best and worst of them.
 type Range struct {
@@ -1236,7 +1713,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1725,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1738,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Range) GetLow() float64 {
@@ -1320,7 +1797,7 @@ type RunEstimate struct {
 
 func (x *RunEstimate) Reset() {
 	*x = RunEstimate{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1332,7 +1809,7 @@ func (x *RunEstimate) String() string {
 func (*RunEstimate) ProtoMessage() {}
 
 func (x *RunEstimate) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1345,7 +1822,7 @@ func (x *RunEstimate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEstimate.ProtoReflect.Descriptor instead.
 func (*RunEstimate) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{13}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RunEstimate) GetModel() string {
@@ -1487,7 +1964,7 @@ type EnergyBandCost struct {
 
 func (x *EnergyBandCost) Reset() {
 	*x = EnergyBandCost{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1499,7 +1976,7 @@ func (x *EnergyBandCost) String() string {
 func (*EnergyBandCost) ProtoMessage() {}
 
 func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1512,7 +1989,7 @@ func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnergyBandCost.ProtoReflect.Descriptor instead.
 func (*EnergyBandCost) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{14}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EnergyBandCost) GetBand() string {
@@ -1543,11 +2020,903 @@ func (x *EnergyBandCost) GetCostUsd() float64 {
 	return 0
 }
 
+type CompareRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Runs to compare. Without `by`, each run is its own group (key = run id);
+	// with `by`, these runs are grouped.
+	RunIds []string `protobuf:"bytes,1,rep,name=run_ids,json=runIds,proto3" json:"run_ids,omitempty"`
+	// Compare the ended runs of this model (when run_ids is empty).
+	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// Group by: backend, batch_size, precision, gpu_name, dataset, optimizer,
+	// seq_len, grad_accum, nodes, gpus, or label:KEY. Empty: one group per run.
+	By string `protobuf:"bytes,3,opt,name=by,proto3" json:"by,omitempty"`
+	// The baseline group's key; empty: the first group (keys sorted).
+	Baseline      string `protobuf:"bytes,4,opt,name=baseline,proto3" json:"baseline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareRequest) Reset() {
+	*x = CompareRequest{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareRequest) ProtoMessage() {}
+
+func (x *CompareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareRequest.ProtoReflect.Descriptor instead.
+func (*CompareRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CompareRequest) GetRunIds() []string {
+	if x != nil {
+		return x.RunIds
+	}
+	return nil
+}
+
+func (x *CompareRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *CompareRequest) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *CompareRequest) GetBaseline() string {
+	if x != nil {
+		return x.Baseline
+	}
+	return ""
+}
+
+// CompareStat is a figure over a group's runs: the mean and its 95 %
+// confidence interval (Student t, n-1 degrees of freedom).
+type CompareStat struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mean  float64                `protobuf:"fixed64,1,opt,name=mean,proto3" json:"mean,omitempty"`
+	// False with fewer than two runs with the figure: no interval.
+	HasInterval bool    `protobuf:"varint,2,opt,name=has_interval,json=hasInterval,proto3" json:"has_interval,omitempty"`
+	CiLow       float64 `protobuf:"fixed64,3,opt,name=ci_low,json=ciLow,proto3" json:"ci_low,omitempty"`
+	CiHigh      float64 `protobuf:"fixed64,4,opt,name=ci_high,json=ciHigh,proto3" json:"ci_high,omitempty"`
+	// Sample standard deviation (n-1); 0 with one run.
+	Stddev float64 `protobuf:"fixed64,5,opt,name=stddev,proto3" json:"stddev,omitempty"`
+	// Runs that have the figure (a run without a price has no $/Mtok).
+	N             uint32 `protobuf:"varint,6,opt,name=n,proto3" json:"n,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareStat) Reset() {
+	*x = CompareStat{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareStat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareStat) ProtoMessage() {}
+
+func (x *CompareStat) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareStat.ProtoReflect.Descriptor instead.
+func (*CompareStat) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CompareStat) GetMean() float64 {
+	if x != nil {
+		return x.Mean
+	}
+	return 0
+}
+
+func (x *CompareStat) GetHasInterval() bool {
+	if x != nil {
+		return x.HasInterval
+	}
+	return false
+}
+
+func (x *CompareStat) GetCiLow() float64 {
+	if x != nil {
+		return x.CiLow
+	}
+	return 0
+}
+
+func (x *CompareStat) GetCiHigh() float64 {
+	if x != nil {
+		return x.CiHigh
+	}
+	return 0
+}
+
+func (x *CompareStat) GetStddev() float64 {
+	if x != nil {
+		return x.Stddev
+	}
+	return 0
+}
+
+func (x *CompareStat) GetN() uint32 {
+	if x != nil {
+		return x.N
+	}
+	return 0
+}
+
+type CompareGroup struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Key    string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	RunIds []string               `protobuf:"bytes,2,rep,name=run_ids,json=runIds,proto3" json:"run_ids,omitempty"`
+	// Measured phase (after warmup), all GPUs of the run.
+	JPerToken *CompareStat `protobuf:"bytes,3,opt,name=j_per_token,json=jPerToken,proto3" json:"j_per_token,omitempty"`
+	TokPerS   *CompareStat `protobuf:"bytes,4,opt,name=tok_per_s,json=tokPerS,proto3" json:"tok_per_s,omitempty"`
+	E10KJ     *CompareStat `protobuf:"bytes,5,opt,name=e10k_j,json=e10kJ,proto3" json:"e10k_j,omitempty"`
+	// Highest per-GPU memory used, MB.
+	VramPeakMb *CompareStat `protobuf:"bytes,6,opt,name=vram_peak_mb,json=vramPeakMb,proto3" json:"vram_peak_mb,omitempty"`
+	UsdPerMtok *CompareStat `protobuf:"bytes,7,opt,name=usd_per_mtok,json=usdPerMtok,proto3" json:"usd_per_mtok,omitempty"`
+	// The distinct GPU models, node counts, sequence lengths and datasets of
+	// the group's runs (what the fairness warnings compare).
+	GpuNames      []string `protobuf:"bytes,8,rep,name=gpu_names,json=gpuNames,proto3" json:"gpu_names,omitempty"`
+	NodeCounts    []uint32 `protobuf:"varint,9,rep,packed,name=node_counts,json=nodeCounts,proto3" json:"node_counts,omitempty"`
+	SeqLens       []int64  `protobuf:"varint,10,rep,packed,name=seq_lens,json=seqLens,proto3" json:"seq_lens,omitempty"`
+	Datasets      []string `protobuf:"bytes,11,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareGroup) Reset() {
+	*x = CompareGroup{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareGroup) ProtoMessage() {}
+
+func (x *CompareGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareGroup.ProtoReflect.Descriptor instead.
+func (*CompareGroup) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *CompareGroup) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CompareGroup) GetRunIds() []string {
+	if x != nil {
+		return x.RunIds
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetJPerToken() *CompareStat {
+	if x != nil {
+		return x.JPerToken
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetTokPerS() *CompareStat {
+	if x != nil {
+		return x.TokPerS
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetE10KJ() *CompareStat {
+	if x != nil {
+		return x.E10KJ
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetVramPeakMb() *CompareStat {
+	if x != nil {
+		return x.VramPeakMb
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetUsdPerMtok() *CompareStat {
+	if x != nil {
+		return x.UsdPerMtok
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetGpuNames() []string {
+	if x != nil {
+		return x.GpuNames
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetNodeCounts() []uint32 {
+	if x != nil {
+		return x.NodeCounts
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetSeqLens() []int64 {
+	if x != nil {
+		return x.SeqLens
+	}
+	return nil
+}
+
+func (x *CompareGroup) GetDatasets() []string {
+	if x != nil {
+		return x.Datasets
+	}
+	return nil
+}
+
+// CompareDiff is a relative figure of a group against the baseline, with
+// its 95 % interval and Welch's t-test p-value (two-sided, on the runs'
+// values of the underlying figure).
+type CompareDiff struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Value         float64                `protobuf:"fixed64,1,opt,name=value,proto3" json:"value,omitempty"`
+	HasInterval   bool                   `protobuf:"varint,2,opt,name=has_interval,json=hasInterval,proto3" json:"has_interval,omitempty"`
+	CiLow         float64                `protobuf:"fixed64,3,opt,name=ci_low,json=ciLow,proto3" json:"ci_low,omitempty"`
+	CiHigh        float64                `protobuf:"fixed64,4,opt,name=ci_high,json=ciHigh,proto3" json:"ci_high,omitempty"`
+	HasPValue     bool                   `protobuf:"varint,5,opt,name=has_p_value,json=hasPValue,proto3" json:"has_p_value,omitempty"`
+	PValue        float64                `protobuf:"fixed64,6,opt,name=p_value,json=pValue,proto3" json:"p_value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareDiff) Reset() {
+	*x = CompareDiff{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareDiff) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareDiff) ProtoMessage() {}
+
+func (x *CompareDiff) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareDiff.ProtoReflect.Descriptor instead.
+func (*CompareDiff) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *CompareDiff) GetValue() float64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
+func (x *CompareDiff) GetHasInterval() bool {
+	if x != nil {
+		return x.HasInterval
+	}
+	return false
+}
+
+func (x *CompareDiff) GetCiLow() float64 {
+	if x != nil {
+		return x.CiLow
+	}
+	return 0
+}
+
+func (x *CompareDiff) GetCiHigh() float64 {
+	if x != nil {
+		return x.CiHigh
+	}
+	return 0
+}
+
+func (x *CompareDiff) GetHasPValue() bool {
+	if x != nil {
+		return x.HasPValue
+	}
+	return false
+}
+
+func (x *CompareDiff) GetPValue() float64 {
+	if x != nil {
+		return x.PValue
+	}
+	return 0
+}
+
+type CompareRow struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// J/token of the group ÷ J/token of the baseline.
+	JPerTokenRatio *CompareDiff `protobuf:"bytes,2,opt,name=j_per_token_ratio,json=jPerTokenRatio,proto3" json:"j_per_token_ratio,omitempty"`
+	// tok/s of the group ÷ tok/s of the baseline.
+	Speedup *CompareDiff `protobuf:"bytes,3,opt,name=speedup,proto3" json:"speedup,omitempty"`
+	// (1 − J/token ratio) × 100: positive when the group uses less energy per token.
+	EnergySavingPct *CompareDiff `protobuf:"bytes,4,opt,name=energy_saving_pct,json=energySavingPct,proto3" json:"energy_saving_pct,omitempty"`
+	// (1 − VRAM peak ratio) × 100.
+	VramSavingPct *CompareDiff `protobuf:"bytes,5,opt,name=vram_saving_pct,json=vramSavingPct,proto3" json:"vram_saving_pct,omitempty"`
+	// (1 − $/Mtok ratio) × 100.
+	CostSavingPct *CompareDiff `protobuf:"bytes,6,opt,name=cost_saving_pct,json=costSavingPct,proto3" json:"cost_saving_pct,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareRow) Reset() {
+	*x = CompareRow{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareRow) ProtoMessage() {}
+
+func (x *CompareRow) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareRow.ProtoReflect.Descriptor instead.
+func (*CompareRow) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *CompareRow) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CompareRow) GetJPerTokenRatio() *CompareDiff {
+	if x != nil {
+		return x.JPerTokenRatio
+	}
+	return nil
+}
+
+func (x *CompareRow) GetSpeedup() *CompareDiff {
+	if x != nil {
+		return x.Speedup
+	}
+	return nil
+}
+
+func (x *CompareRow) GetEnergySavingPct() *CompareDiff {
+	if x != nil {
+		return x.EnergySavingPct
+	}
+	return nil
+}
+
+func (x *CompareRow) GetVramSavingPct() *CompareDiff {
+	if x != nil {
+		return x.VramSavingPct
+	}
+	return nil
+}
+
+func (x *CompareRow) GetCostSavingPct() *CompareDiff {
+	if x != nil {
+		return x.CostSavingPct
+	}
+	return nil
+}
+
+type CompareResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	By       string                 `protobuf:"bytes,1,opt,name=by,proto3" json:"by,omitempty"`
+	Baseline string                 `protobuf:"bytes,2,opt,name=baseline,proto3" json:"baseline,omitempty"`
+	Groups   []*CompareGroup        `protobuf:"bytes,3,rep,name=groups,proto3" json:"groups,omitempty"`
+	// One row per group other than the baseline.
+	Rows []*CompareRow `protobuf:"bytes,4,rep,name=rows,proto3" json:"rows,omitempty"`
+	// Unfair comparisons (groups that differ in GPU model, node count,
+	// sequence length or dataset), groups with one run, runs still live.
+	Warnings      []string `protobuf:"bytes,5,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareResponse) Reset() {
+	*x = CompareResponse{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareResponse) ProtoMessage() {}
+
+func (x *CompareResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareResponse.ProtoReflect.Descriptor instead.
+func (*CompareResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *CompareResponse) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *CompareResponse) GetBaseline() string {
+	if x != nil {
+		return x.Baseline
+	}
+	return ""
+}
+
+func (x *CompareResponse) GetGroups() []*CompareGroup {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *CompareResponse) GetRows() []*CompareRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *CompareResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
+type TimelineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Series to return; empty: all. Names: power_w, power_w:NODE,
+	// power_w:NODE/gpuN, energy_j, tok_per_s, j_per_token, vram_peak_mib,
+	// data_wait_s, compute_s.
+	Series []string `protobuf:"bytes,2,rep,name=series,proto3" json:"series,omitempty"`
+	// Time range; unset: the whole run.
+	From *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	To   *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=to,proto3" json:"to,omitempty"`
+	// Most points per series (default 2000, at least 10).
+	MaxPoints     uint32 `protobuf:"varint,5,opt,name=max_points,json=maxPoints,proto3" json:"max_points,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimelineRequest) Reset() {
+	*x = TimelineRequest{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimelineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimelineRequest) ProtoMessage() {}
+
+func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimelineRequest.ProtoReflect.Descriptor instead.
+func (*TimelineRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *TimelineRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *TimelineRequest) GetSeries() []string {
+	if x != nil {
+		return x.Series
+	}
+	return nil
+}
+
+func (x *TimelineRequest) GetFrom() *timestamppb.Timestamp {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *TimelineRequest) GetTo() *timestamppb.Timestamp {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+func (x *TimelineRequest) GetMaxPoints() uint32 {
+	if x != nil {
+		return x.MaxPoints
+	}
+	return 0
+}
+
+type TimelineSeries struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Unit  string                 `protobuf:"bytes,2,opt,name=unit,proto3" json:"unit,omitempty"`
+	// Point times, Unix milliseconds, and values; both of one length.
+	TUnixMs []int64   `protobuf:"varint,3,rep,packed,name=t_unix_ms,json=tUnixMs,proto3" json:"t_unix_ms,omitempty"`
+	Values  []float64 `protobuf:"fixed64,4,rep,packed,name=values,proto3" json:"values,omitempty"`
+	// Stored points in the range before downsampling.
+	SourcePoints  uint32 `protobuf:"varint,5,opt,name=source_points,json=sourcePoints,proto3" json:"source_points,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimelineSeries) Reset() {
+	*x = TimelineSeries{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimelineSeries) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimelineSeries) ProtoMessage() {}
+
+func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimelineSeries.ProtoReflect.Descriptor instead.
+func (*TimelineSeries) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *TimelineSeries) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TimelineSeries) GetUnit() string {
+	if x != nil {
+		return x.Unit
+	}
+	return ""
+}
+
+func (x *TimelineSeries) GetTUnixMs() []int64 {
+	if x != nil {
+		return x.TUnixMs
+	}
+	return nil
+}
+
+func (x *TimelineSeries) GetValues() []float64 {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+func (x *TimelineSeries) GetSourcePoints() uint32 {
+	if x != nil {
+		return x.SourcePoints
+	}
+	return 0
+}
+
+type TimelineEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Time  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// run_start, warmup_end, eval, run_end (the run's own), advice (dataloader
+	// advice the advisor proposed), budget_alert, price_alert.
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// In words, e.g. "epoch 1 val_loss 2.31".
+	Text          string `protobuf:"bytes,4,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimelineEvent) Reset() {
+	*x = TimelineEvent{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimelineEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimelineEvent) ProtoMessage() {}
+
+func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimelineEvent.ProtoReflect.Descriptor instead.
+func (*TimelineEvent) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *TimelineEvent) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *TimelineEvent) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TimelineEvent) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *TimelineEvent) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+type TimelineResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RunId  string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Series []*TimelineSeries      `protobuf:"bytes,2,rep,name=series,proto3" json:"series,omitempty"`
+	Events []*TimelineEvent       `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
+	// The measured phase starts here (end of warmup); unset: no measured window.
+	WarmupEnd     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=warmup_end,json=warmupEnd,proto3" json:"warmup_end,omitempty"`
+	Start         *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start,proto3" json:"start,omitempty"`
+	End           *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimelineResponse) Reset() {
+	*x = TimelineResponse{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimelineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimelineResponse) ProtoMessage() {}
+
+func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimelineResponse.ProtoReflect.Descriptor instead.
+func (*TimelineResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *TimelineResponse) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *TimelineResponse) GetSeries() []*TimelineSeries {
+	if x != nil {
+		return x.Series
+	}
+	return nil
+}
+
+func (x *TimelineResponse) GetEvents() []*TimelineEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *TimelineResponse) GetWarmupEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WarmupEnd
+	}
+	return nil
+}
+
+func (x *TimelineResponse) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *TimelineResponse) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
 var File_trainmeter_v1_query_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\n" +
-	"\x19trainmeter/v1/query.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1atrainmeter/v1/ingest.proto\"*\n" +
+	"\x19trainmeter/v1/query.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1atrainmeter/v1/ingest.proto\"\x82\x01\n" +
+	"\fUsageRequest\x120\n" +
+	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x0e\n" +
+	"\x02by\x18\x03 \x03(\tR\x02by\"\xb8\x02\n" +
+	"\bUsageRow\x12\x12\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\x12\x1b\n" +
+	"\tidle_node\x18\x02 \x01(\tR\bidleNode\x12\x12\n" +
+	"\x04idle\x18\x03 \x01(\bR\x04idle\x12\x1f\n" +
+	"\vgpu_seconds\x18\x04 \x01(\x01R\n" +
+	"gpuSeconds\x12\x19\n" +
+	"\benergy_j\x18\x05 \x01(\x01R\aenergyJ\x12\x19\n" +
+	"\bcost_usd\x18\x06 \x01(\x01R\acostUsd\x12\x19\n" +
+	"\bhas_cost\x18\a \x01(\bR\ahasCost\x12\x1b\n" +
+	"\tgpu_share\x18\b \x01(\x01R\bgpuShare\x12!\n" +
+	"\fenergy_share\x18\t \x01(\x01R\venergyShare\x12!\n" +
+	"\fprice_source\x18\n" +
+	" \x01(\tR\vpriceSource\x12\x12\n" +
+	"\x04runs\x18\v \x01(\rR\x04runs\"\xa9\x01\n" +
+	"\tNodeUsage\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
+	"\vgpu_seconds\x18\x02 \x01(\x01R\n" +
+	"gpuSeconds\x12\x19\n" +
+	"\benergy_j\x18\x03 \x01(\x01R\aenergyJ\x12(\n" +
+	"\x10idle_gpu_seconds\x18\x04 \x01(\x01R\x0eidleGpuSeconds\x12\"\n" +
+	"\ridle_energy_j\x18\x05 \x01(\x01R\vidleEnergyJ\"\xe0\x01\n" +
+	"\rUsageResponse\x12\x0e\n" +
+	"\x02by\x18\x01 \x03(\tR\x02by\x12+\n" +
+	"\x04rows\x18\x02 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
+	"\x05nodes\x18\x03 \x03(\v2\x18.trainmeter.v1.NodeUsageR\x05nodes\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"*\n" +
 	"\x0fListRunsRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\"@\n" +
 	"\x10ListRunsResponse\x12,\n" +
@@ -1559,9 +2928,10 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x11ExportRunsRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\"@\n" +
 	"\x12ExportRunsResponse\x12*\n" +
-	"\x03run\x18\x01 \x01(\v2\x18.trainmeter.v1.RunReportR\x03run\")\n" +
+	"\x03run\x18\x01 \x01(\v2\x18.trainmeter.v1.RunReportR\x03run\"?\n" +
 	"\x10DeleteRunRequest\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\"<\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"<\n" +
 	"\x11DeleteRunResponse\x12'\n" +
 	"\x0frecords_deleted\x18\x01 \x01(\x04R\x0erecordsDeleted\"\x12\n" +
 	"\x10ListNodesRequest\"D\n" +
@@ -1574,7 +2944,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xcc\x18\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\x85\x1c\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -1659,13 +3029,27 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\vpeak_tflops\x18F \x01(\x01H\fR\n" +
 	"peakTflops\x88\x01\x01\x12\x15\n" +
 	"\x03mfu\x18G \x01(\x01H\rR\x03mfu\x88\x01\x01\x12#\n" +
-	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x12\"\n" +
+	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x12(\n" +
+	"\x10gpu_share_method\x18L \x01(\tR\x0egpuShareMethod\x12 \n" +
+	"\fshared_gpu_s\x18M \x01(\x01R\n" +
+	"sharedGpuS\x12(\n" +
+	"\x10max_sharing_runs\x18N \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
+	"\x04user\x18O \x01(\tR\x04user\x12\x10\n" +
+	"\x03uid\x18P \x01(\rR\x03uid\x12\x17\n" +
+	"\ahas_uid\x18Q \x01(\bR\x06hasUid\x12\x1d\n" +
+	"\n" +
+	"end_status\x18I \x01(\tR\tendStatus\x12\x19\n" +
+	"\bpaused_s\x18J \x01(\x01R\apausedS\x12\x18\n" +
+	"\aresumes\x18K \x01(\rR\aresumes\x12*\n" +
+	"\x11avg_power_total_w\x18\xac\x02 \x01(\x01R\x0eavgPowerTotalW\x12,\n" +
+	"\x12peak_power_total_w\x18\xad\x02 \x01(\x01R\x0fpeakPowerTotalW\x12\"\n" +
 	"\fprice_source\x18\xc8\x01 \x01(\tR\vpriceSource\x12\x11\n" +
 	"\x03pue\x18\xc9\x01 \x01(\x01R\x03pue\x12&\n" +
 	"\fmax_cost_usd\x18\xca\x01 \x01(\x01H\x0fR\n" +
 	"maxCostUsd\x88\x01\x01\x127\n" +
 	"\bestimate\x18\xcb\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\x12&\n" +
-	"\x0eestimate_error\x18\xcc\x01 \x01(\tR\restimateError\x1a9\n" +
+	"\x0eestimate_error\x18\xcc\x01 \x01(\tR\restimateError\x129\n" +
+	"\x16energy_uncertainty_pct\x18Z \x01(\x01H\x10R\x14energyUncertaintyPct\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
@@ -1685,7 +3069,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\f_peak_tflopsB\x06\n" +
 	"\x04_mfuB\x0e\n" +
 	"\f_j_per_pflopB\x0f\n" +
-	"\r_max_cost_usd\"?\n" +
+	"\r_max_cost_usdB\x19\n" +
+	"\x17_energy_uncertainty_pct\"?\n" +
 	"\x05Range\x12\x10\n" +
 	"\x03low\x18\x01 \x01(\x01R\x03low\x12\x10\n" +
 	"\x03mid\x18\x02 \x01(\x01R\x03mid\x12\x12\n" +
@@ -1716,14 +3101,92 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04band\x18\x01 \x01(\tR\x04band\x12\x10\n" +
 	"\x03kwh\x18\x02 \x01(\x01R\x03kwh\x12\x1e\n" +
 	"\vusd_per_kwh\x18\x03 \x01(\x01R\tusdPerKwh\x12\x19\n" +
-	"\bcost_usd\x18\x04 \x01(\x01R\acostUsd2\x97\x03\n" +
+	"\bcost_usd\x18\x04 \x01(\x01R\acostUsd\"k\n" +
+	"\x0eCompareRequest\x12\x17\n" +
+	"\arun_ids\x18\x01 \x03(\tR\x06runIds\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12\x0e\n" +
+	"\x02by\x18\x03 \x01(\tR\x02by\x12\x1a\n" +
+	"\bbaseline\x18\x04 \x01(\tR\bbaseline\"\x9a\x01\n" +
+	"\vCompareStat\x12\x12\n" +
+	"\x04mean\x18\x01 \x01(\x01R\x04mean\x12!\n" +
+	"\fhas_interval\x18\x02 \x01(\bR\vhasInterval\x12\x15\n" +
+	"\x06ci_low\x18\x03 \x01(\x01R\x05ciLow\x12\x17\n" +
+	"\aci_high\x18\x04 \x01(\x01R\x06ciHigh\x12\x16\n" +
+	"\x06stddev\x18\x05 \x01(\x01R\x06stddev\x12\f\n" +
+	"\x01n\x18\x06 \x01(\rR\x01n\"\xd1\x03\n" +
+	"\fCompareGroup\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x17\n" +
+	"\arun_ids\x18\x02 \x03(\tR\x06runIds\x12:\n" +
+	"\vj_per_token\x18\x03 \x01(\v2\x1a.trainmeter.v1.CompareStatR\tjPerToken\x126\n" +
+	"\ttok_per_s\x18\x04 \x01(\v2\x1a.trainmeter.v1.CompareStatR\atokPerS\x121\n" +
+	"\x06e10k_j\x18\x05 \x01(\v2\x1a.trainmeter.v1.CompareStatR\x05e10kJ\x12<\n" +
+	"\fvram_peak_mb\x18\x06 \x01(\v2\x1a.trainmeter.v1.CompareStatR\n" +
+	"vramPeakMb\x12<\n" +
+	"\fusd_per_mtok\x18\a \x01(\v2\x1a.trainmeter.v1.CompareStatR\n" +
+	"usdPerMtok\x12\x1b\n" +
+	"\tgpu_names\x18\b \x03(\tR\bgpuNames\x12\x1f\n" +
+	"\vnode_counts\x18\t \x03(\rR\n" +
+	"nodeCounts\x12\x19\n" +
+	"\bseq_lens\x18\n" +
+	" \x03(\x03R\aseqLens\x12\x1a\n" +
+	"\bdatasets\x18\v \x03(\tR\bdatasets\"\xaf\x01\n" +
+	"\vCompareDiff\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\x01R\x05value\x12!\n" +
+	"\fhas_interval\x18\x02 \x01(\bR\vhasInterval\x12\x15\n" +
+	"\x06ci_low\x18\x03 \x01(\x01R\x05ciLow\x12\x17\n" +
+	"\aci_high\x18\x04 \x01(\x01R\x06ciHigh\x12\x1e\n" +
+	"\vhas_p_value\x18\x05 \x01(\bR\thasPValue\x12\x17\n" +
+	"\ap_value\x18\x06 \x01(\x01R\x06pValue\"\xeb\x02\n" +
+	"\n" +
+	"CompareRow\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12E\n" +
+	"\x11j_per_token_ratio\x18\x02 \x01(\v2\x1a.trainmeter.v1.CompareDiffR\x0ejPerTokenRatio\x124\n" +
+	"\aspeedup\x18\x03 \x01(\v2\x1a.trainmeter.v1.CompareDiffR\aspeedup\x12F\n" +
+	"\x11energy_saving_pct\x18\x04 \x01(\v2\x1a.trainmeter.v1.CompareDiffR\x0fenergySavingPct\x12B\n" +
+	"\x0fvram_saving_pct\x18\x05 \x01(\v2\x1a.trainmeter.v1.CompareDiffR\rvramSavingPct\x12B\n" +
+	"\x0fcost_saving_pct\x18\x06 \x01(\v2\x1a.trainmeter.v1.CompareDiffR\rcostSavingPct\"\xbd\x01\n" +
+	"\x0fCompareResponse\x12\x0e\n" +
+	"\x02by\x18\x01 \x01(\tR\x02by\x12\x1a\n" +
+	"\bbaseline\x18\x02 \x01(\tR\bbaseline\x123\n" +
+	"\x06groups\x18\x03 \x03(\v2\x1b.trainmeter.v1.CompareGroupR\x06groups\x12-\n" +
+	"\x04rows\x18\x04 \x03(\v2\x19.trainmeter.v1.CompareRowR\x04rows\x12\x1a\n" +
+	"\bwarnings\x18\x05 \x03(\tR\bwarnings\"\xbb\x01\n" +
+	"\x0fTimelineRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06series\x18\x02 \x03(\tR\x06series\x12.\n" +
+	"\x04from\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04from\x12*\n" +
+	"\x02to\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02to\x12\x1d\n" +
+	"\n" +
+	"max_points\x18\x05 \x01(\rR\tmaxPoints\"\x91\x01\n" +
+	"\x0eTimelineSeries\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04unit\x18\x02 \x01(\tR\x04unit\x12\x1a\n" +
+	"\tt_unix_ms\x18\x03 \x03(\x03R\atUnixMs\x12\x16\n" +
+	"\x06values\x18\x04 \x03(\x01R\x06values\x12#\n" +
+	"\rsource_points\x18\x05 \x01(\rR\fsourcePoints\"{\n" +
+	"\rTimelineEvent\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x12\n" +
+	"\x04text\x18\x04 \x01(\tR\x04text\"\xb1\x02\n" +
+	"\x10TimelineResponse\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x125\n" +
+	"\x06series\x18\x02 \x03(\v2\x1d.trainmeter.v1.TimelineSeriesR\x06series\x124\n" +
+	"\x06events\x18\x03 \x03(\v2\x1c.trainmeter.v1.TimelineEventR\x06events\x129\n" +
+	"\n" +
+	"warmup_end\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x120\n" +
+	"\x05start\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
+	"\x03end\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x03end2\xf2\x04\n" +
 	"\fQueryService\x12K\n" +
 	"\bListRuns\x12\x1e.trainmeter.v1.ListRunsRequest\x1a\x1f.trainmeter.v1.ListRunsResponse\x12E\n" +
 	"\x06GetRun\x12\x1c.trainmeter.v1.GetRunRequest\x1a\x1d.trainmeter.v1.GetRunResponse\x12S\n" +
 	"\n" +
 	"ExportRuns\x12 .trainmeter.v1.ExportRunsRequest\x1a!.trainmeter.v1.ExportRunsResponse0\x01\x12N\n" +
 	"\tListNodes\x12\x1f.trainmeter.v1.ListNodesRequest\x1a .trainmeter.v1.ListNodesResponse\x12N\n" +
-	"\tDeleteRun\x12\x1f.trainmeter.v1.DeleteRunRequest\x1a .trainmeter.v1.DeleteRunResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
+	"\tDeleteRun\x12\x1f.trainmeter.v1.DeleteRunRequest\x1a .trainmeter.v1.DeleteRunResponse\x12H\n" +
+	"\aCompare\x12\x1d.trainmeter.v1.CompareRequest\x1a\x1e.trainmeter.v1.CompareResponse\x12K\n" +
+	"\bTimeline\x12\x1e.trainmeter.v1.TimelineRequest\x1a\x1f.trainmeter.v1.TimelineResponse\x12B\n" +
+	"\x05Usage\x12\x1b.trainmeter.v1.UsageRequest\x1a\x1c.trainmeter.v1.UsageResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
 
 var (
 	file_trainmeter_v1_query_proto_rawDescOnce sync.Once
@@ -1737,63 +3200,109 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_trainmeter_v1_query_proto_goTypes = []any{
-	(*ListRunsRequest)(nil),       // 0: trainmeter.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 1: trainmeter.v1.ListRunsResponse
-	(*GetRunRequest)(nil),         // 2: trainmeter.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 3: trainmeter.v1.GetRunResponse
-	(*ExportRunsRequest)(nil),     // 4: trainmeter.v1.ExportRunsRequest
-	(*ExportRunsResponse)(nil),    // 5: trainmeter.v1.ExportRunsResponse
-	(*DeleteRunRequest)(nil),      // 6: trainmeter.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 7: trainmeter.v1.DeleteRunResponse
-	(*ListNodesRequest)(nil),      // 8: trainmeter.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),     // 9: trainmeter.v1.ListNodesResponse
-	(*NodeStatus)(nil),            // 10: trainmeter.v1.NodeStatus
-	(*RunReport)(nil),             // 11: trainmeter.v1.RunReport
-	(*Range)(nil),                 // 12: trainmeter.v1.Range
-	(*RunEstimate)(nil),           // 13: trainmeter.v1.RunEstimate
-	(*EnergyBandCost)(nil),        // 14: trainmeter.v1.EnergyBandCost
-	nil,                           // 15: trainmeter.v1.RunReport.LabelsEntry
-	(*GpuInfo)(nil),               // 16: trainmeter.v1.GpuInfo
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
-	(*RunMetadata)(nil),           // 18: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 19: trainmeter.v1.Eval
+	(*UsageRequest)(nil),          // 0: trainmeter.v1.UsageRequest
+	(*UsageRow)(nil),              // 1: trainmeter.v1.UsageRow
+	(*NodeUsage)(nil),             // 2: trainmeter.v1.NodeUsage
+	(*UsageResponse)(nil),         // 3: trainmeter.v1.UsageResponse
+	(*ListRunsRequest)(nil),       // 4: trainmeter.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 5: trainmeter.v1.ListRunsResponse
+	(*GetRunRequest)(nil),         // 6: trainmeter.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 7: trainmeter.v1.GetRunResponse
+	(*ExportRunsRequest)(nil),     // 8: trainmeter.v1.ExportRunsRequest
+	(*ExportRunsResponse)(nil),    // 9: trainmeter.v1.ExportRunsResponse
+	(*DeleteRunRequest)(nil),      // 10: trainmeter.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 11: trainmeter.v1.DeleteRunResponse
+	(*ListNodesRequest)(nil),      // 12: trainmeter.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),     // 13: trainmeter.v1.ListNodesResponse
+	(*NodeStatus)(nil),            // 14: trainmeter.v1.NodeStatus
+	(*RunReport)(nil),             // 15: trainmeter.v1.RunReport
+	(*Range)(nil),                 // 16: trainmeter.v1.Range
+	(*RunEstimate)(nil),           // 17: trainmeter.v1.RunEstimate
+	(*EnergyBandCost)(nil),        // 18: trainmeter.v1.EnergyBandCost
+	(*CompareRequest)(nil),        // 19: trainmeter.v1.CompareRequest
+	(*CompareStat)(nil),           // 20: trainmeter.v1.CompareStat
+	(*CompareGroup)(nil),          // 21: trainmeter.v1.CompareGroup
+	(*CompareDiff)(nil),           // 22: trainmeter.v1.CompareDiff
+	(*CompareRow)(nil),            // 23: trainmeter.v1.CompareRow
+	(*CompareResponse)(nil),       // 24: trainmeter.v1.CompareResponse
+	(*TimelineRequest)(nil),       // 25: trainmeter.v1.TimelineRequest
+	(*TimelineSeries)(nil),        // 26: trainmeter.v1.TimelineSeries
+	(*TimelineEvent)(nil),         // 27: trainmeter.v1.TimelineEvent
+	(*TimelineResponse)(nil),      // 28: trainmeter.v1.TimelineResponse
+	nil,                           // 29: trainmeter.v1.RunReport.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(*GpuInfo)(nil),               // 31: trainmeter.v1.GpuInfo
+	(*RunMetadata)(nil),           // 32: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 33: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
-	11, // 0: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
-	11, // 1: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
-	11, // 2: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
-	10, // 3: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	16, // 4: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	17, // 5: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	18, // 6: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	17, // 7: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	17, // 8: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	19, // 9: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	15, // 10: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
-	14, // 11: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
-	13, // 12: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
-	12, // 13: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
-	12, // 14: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
-	12, // 15: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
-	12, // 16: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
-	17, // 17: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
-	0,  // 18: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	2,  // 19: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	4,  // 20: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	8,  // 21: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	6,  // 22: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	1,  // 23: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	3,  // 24: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	5,  // 25: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	9,  // 26: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	7,  // 27: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	30, // 0: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
+	30, // 1: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
+	1,  // 2: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
+	2,  // 3: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
+	30, // 4: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
+	30, // 5: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
+	15, // 6: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
+	15, // 7: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
+	15, // 8: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
+	14, // 9: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
+	31, // 10: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	30, // 11: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	32, // 12: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	30, // 13: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	30, // 14: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	33, // 15: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	29, // 16: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	18, // 17: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
+	17, // 18: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
+	16, // 19: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
+	16, // 20: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
+	16, // 21: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
+	16, // 22: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
+	30, // 23: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
+	20, // 24: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
+	20, // 25: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
+	20, // 26: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
+	20, // 27: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
+	20, // 28: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
+	22, // 29: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
+	22, // 30: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
+	22, // 31: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	22, // 32: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	22, // 33: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	21, // 34: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
+	23, // 35: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
+	30, // 36: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
+	30, // 37: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
+	30, // 38: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
+	26, // 39: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
+	27, // 40: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
+	30, // 41: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
+	30, // 42: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
+	30, // 43: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
+	4,  // 44: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	6,  // 45: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	8,  // 46: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	12, // 47: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	10, // 48: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	19, // 49: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
+	25, // 50: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
+	0,  // 51: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
+	5,  // 52: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	7,  // 53: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	9,  // 54: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	13, // 55: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	11, // 56: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	24, // 57: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
+	28, // 58: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
+	3,  // 59: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
+	52, // [52:60] is the sub-list for method output_type
+	44, // [44:52] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -1802,14 +3311,14 @@ func file_trainmeter_v1_query_proto_init() {
 		return
 	}
 	file_trainmeter_v1_ingest_proto_init()
-	file_trainmeter_v1_query_proto_msgTypes[11].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

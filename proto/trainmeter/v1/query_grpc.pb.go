@@ -24,6 +24,9 @@ const (
 	QueryService_ExportRuns_FullMethodName = "/trainmeter.v1.QueryService/ExportRuns"
 	QueryService_ListNodes_FullMethodName  = "/trainmeter.v1.QueryService/ListNodes"
 	QueryService_DeleteRun_FullMethodName  = "/trainmeter.v1.QueryService/DeleteRun"
+	QueryService_Compare_FullMethodName    = "/trainmeter.v1.QueryService/Compare"
+	QueryService_Timeline_FullMethodName   = "/trainmeter.v1.QueryService/Timeline"
+	QueryService_Usage_FullMethodName      = "/trainmeter.v1.QueryService/Usage"
 )
 
 // QueryServiceClient is the client API for QueryService service.
@@ -42,6 +45,16 @@ type QueryServiceClient interface {
 	// only when the collector has tokens). Batches of the run that arrive
 	// afterwards (a run still reporting) start it again.
 	DeleteRun(ctx context.Context, in *DeleteRunRequest, opts ...grpc.CallOption) (*DeleteRunResponse, error)
+	// --- compare and timeline; their messages are at the end of the file ---
+	// Compare groups runs and compares each group with a baseline group
+	// (docs/console.md); the CLI's `trainmeter compare` and the console use it.
+	Compare(ctx context.Context, in *CompareRequest, opts ...grpc.CallOption) (*CompareResponse, error)
+	// Timeline returns a run's stored per-second windows as series,
+	// downsampled on the server, and its events (docs/console.md).
+	Timeline(ctx context.Context, in *TimelineRequest, opts ...grpc.CallOption) (*TimelineResponse, error)
+	// Usage is showback: the nodes' GPU time, energy and cost over a period,
+	// grouped, with each node's idle share (docs/costs.md, "Usage").
+	Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error)
 }
 
 type queryServiceClient struct {
@@ -111,6 +124,36 @@ func (c *queryServiceClient) DeleteRun(ctx context.Context, in *DeleteRunRequest
 	return out, nil
 }
 
+func (c *queryServiceClient) Compare(ctx context.Context, in *CompareRequest, opts ...grpc.CallOption) (*CompareResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CompareResponse)
+	err := c.cc.Invoke(ctx, QueryService_Compare_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *queryServiceClient) Timeline(ctx context.Context, in *TimelineRequest, opts ...grpc.CallOption) (*TimelineResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TimelineResponse)
+	err := c.cc.Invoke(ctx, QueryService_Timeline_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *queryServiceClient) Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UsageResponse)
+	err := c.cc.Invoke(ctx, QueryService_Usage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QueryServiceServer is the server API for QueryService service.
 // All implementations must embed UnimplementedQueryServiceServer
 // for forward compatibility.
@@ -127,6 +170,16 @@ type QueryServiceServer interface {
 	// only when the collector has tokens). Batches of the run that arrive
 	// afterwards (a run still reporting) start it again.
 	DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error)
+	// --- compare and timeline; their messages are at the end of the file ---
+	// Compare groups runs and compares each group with a baseline group
+	// (docs/console.md); the CLI's `trainmeter compare` and the console use it.
+	Compare(context.Context, *CompareRequest) (*CompareResponse, error)
+	// Timeline returns a run's stored per-second windows as series,
+	// downsampled on the server, and its events (docs/console.md).
+	Timeline(context.Context, *TimelineRequest) (*TimelineResponse, error)
+	// Usage is showback: the nodes' GPU time, energy and cost over a period,
+	// grouped, with each node's idle share (docs/costs.md, "Usage").
+	Usage(context.Context, *UsageRequest) (*UsageResponse, error)
 	mustEmbedUnimplementedQueryServiceServer()
 }
 
@@ -151,6 +204,15 @@ func (UnimplementedQueryServiceServer) ListNodes(context.Context, *ListNodesRequ
 }
 func (UnimplementedQueryServiceServer) DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteRun not implemented")
+}
+func (UnimplementedQueryServiceServer) Compare(context.Context, *CompareRequest) (*CompareResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Compare not implemented")
+}
+func (UnimplementedQueryServiceServer) Timeline(context.Context, *TimelineRequest) (*TimelineResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Timeline not implemented")
+}
+func (UnimplementedQueryServiceServer) Usage(context.Context, *UsageRequest) (*UsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Usage not implemented")
 }
 func (UnimplementedQueryServiceServer) mustEmbedUnimplementedQueryServiceServer() {}
 func (UnimplementedQueryServiceServer) testEmbeddedByValue()                      {}
@@ -256,6 +318,60 @@ func _QueryService_DeleteRun_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _QueryService_Compare_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CompareRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueryServiceServer).Compare(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QueryService_Compare_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueryServiceServer).Compare(ctx, req.(*CompareRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _QueryService_Timeline_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TimelineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueryServiceServer).Timeline(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QueryService_Timeline_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueryServiceServer).Timeline(ctx, req.(*TimelineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _QueryService_Usage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueryServiceServer).Usage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QueryService_Usage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueryServiceServer).Usage(ctx, req.(*UsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // QueryService_ServiceDesc is the grpc.ServiceDesc for QueryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -278,6 +394,18 @@ var QueryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteRun",
 			Handler:    _QueryService_DeleteRun_Handler,
+		},
+		{
+			MethodName: "Compare",
+			Handler:    _QueryService_Compare_Handler,
+		},
+		{
+			MethodName: "Timeline",
+			Handler:    _QueryService_Timeline_Handler,
+		},
+		{
+			MethodName: "Usage",
+			Handler:    _QueryService_Usage_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

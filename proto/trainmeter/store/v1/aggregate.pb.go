@@ -79,9 +79,20 @@ type Aggregate struct {
 	// The node states are not in `nodes` but each under a key of its own
 	// (collector/internal/store), so that a commit rewrites only the nodes it
 	// changed: a run over a thousand nodes made every commit rewrite ~1 MB.
-	NodesApart    bool `protobuf:"varint,55,opt,name=nodes_apart,json=nodesApart,proto3" json:"nodes_apart,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NodesApart bool `protobuf:"varint,55,opt,name=nodes_apart,json=nodesApart,proto3" json:"nodes_apart,omitempty"`
+	// --- run lifecycle ---
+	// Pauses between the run's end and a resume, as [start, end) pairs.
+	PauseStarts []int64 `protobuf:"varint,56,rep,packed,name=pause_starts,json=pauseStarts,proto3" json:"pause_starts,omitempty"`
+	PauseEnds   []int64 `protobuf:"varint,57,rep,packed,name=pause_ends,json=pauseEnds,proto3" json:"pause_ends,omitempty"`
+	// --- sharing and who ran it ---
+	SharedGpuSeconds float64  `protobuf:"fixed64,58,opt,name=shared_gpu_seconds,json=sharedGpuSeconds,proto3" json:"shared_gpu_seconds,omitempty"`
+	ShareMethods     []string `protobuf:"bytes,59,rep,name=share_methods,json=shareMethods,proto3" json:"share_methods,omitempty"`
+	MaxSharingRuns   uint32   `protobuf:"varint,60,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
+	User             string   `protobuf:"bytes,61,opt,name=user,proto3" json:"user,omitempty"`
+	Uid              uint32   `protobuf:"varint,62,opt,name=uid,proto3" json:"uid,omitempty"`
+	HasUid           bool     `protobuf:"varint,63,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -492,6 +503,62 @@ func (x *Aggregate) GetNodesApart() bool {
 	return false
 }
 
+func (x *Aggregate) GetPauseStarts() []int64 {
+	if x != nil {
+		return x.PauseStarts
+	}
+	return nil
+}
+
+func (x *Aggregate) GetPauseEnds() []int64 {
+	if x != nil {
+		return x.PauseEnds
+	}
+	return nil
+}
+
+func (x *Aggregate) GetSharedGpuSeconds() float64 {
+	if x != nil {
+		return x.SharedGpuSeconds
+	}
+	return 0
+}
+
+func (x *Aggregate) GetShareMethods() []string {
+	if x != nil {
+		return x.ShareMethods
+	}
+	return nil
+}
+
+func (x *Aggregate) GetMaxSharingRuns() uint32 {
+	if x != nil {
+		return x.MaxSharingRuns
+	}
+	return 0
+}
+
+func (x *Aggregate) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *Aggregate) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *Aggregate) GetHasUid() bool {
+	if x != nil {
+		return x.HasUid
+	}
+	return false
+}
+
 type Metadata struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -786,7 +853,13 @@ type Node struct {
 	PeakSeconds []int64   `protobuf:"varint,9,rep,packed,name=peak_seconds,json=peakSeconds,proto3" json:"peak_seconds,omitempty"`
 	PeakWatts   []float64 `protobuf:"fixed64,10,rep,packed,name=peak_watts,json=peakWatts,proto3" json:"peak_watts,omitempty"`
 	// The node's GPU indices (Aggregate.gpus), in a node stored apart only.
-	Gpus          []uint32 `protobuf:"varint,11,rep,packed,name=gpus,proto3" json:"gpus,omitempty"`
+	Gpus []uint32 `protobuf:"varint,11,rep,packed,name=gpus,proto3" json:"gpus,omitempty"`
+	// --- run lifecycle ---
+	// RunEnd.end_status of the node's latest RunEnd.
+	EndStatus string `protobuf:"bytes,12,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
+	// --- whole-run power ---
+	// Highest window peak (W) of the node's warmup windows.
+	WarmupPeak    float64 `protobuf:"fixed64,300,opt,name=warmup_peak,json=warmupPeak,proto3" json:"warmup_peak,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -896,6 +969,20 @@ func (x *Node) GetGpus() []uint32 {
 		return x.Gpus
 	}
 	return nil
+}
+
+func (x *Node) GetEndStatus() string {
+	if x != nil {
+		return x.EndStatus
+	}
+	return ""
+}
+
+func (x *Node) GetWarmupPeak() float64 {
+	if x != nil {
+		return x.WarmupPeak
+	}
+	return 0
 }
 
 type GpuIndices struct {
@@ -1038,7 +1125,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xc3\x11\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xc1\x13\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1108,7 +1195,16 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x10lost_gpu_seconds\x185 \x01(\x01R\x0elostGpuSeconds\x12!\n" +
 	"\flost_reasons\x186 \x03(\tR\vlostReasons\x12\x1f\n" +
 	"\vnodes_apart\x187 \x01(\bR\n" +
-	"nodesApart\x1aS\n" +
+	"nodesApart\x12!\n" +
+	"\fpause_starts\x188 \x03(\x03R\vpauseStarts\x12\x1d\n" +
+	"\n" +
+	"pause_ends\x189 \x03(\x03R\tpauseEnds\x12,\n" +
+	"\x12shared_gpu_seconds\x18: \x01(\x01R\x10sharedGpuSeconds\x12#\n" +
+	"\rshare_methods\x18; \x03(\tR\fshareMethods\x12(\n" +
+	"\x10max_sharing_runs\x18< \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
+	"\x04user\x18= \x01(\tR\x04user\x12\x10\n" +
+	"\x03uid\x18> \x01(\rR\x03uid\x12\x17\n" +
+	"\ahas_uid\x18? \x01(\bR\x06hasUid\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
@@ -1154,7 +1250,7 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x13adjustment_interval\x18\f \x01(\x04R\x12adjustmentInterval\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc0\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x03\n" +
 	"\x04Node\x12\x18\n" +
 	"\astarted\x18\x01 \x01(\bR\astarted\x12\x1b\n" +
 	"\tstart_min\x18\x02 \x01(\x03R\bstartMin\x12\x1b\n" +
@@ -1170,7 +1266,11 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
 	"peak_watts\x18\n" +
 	" \x03(\x01R\tpeakWatts\x12\x12\n" +
-	"\x04gpus\x18\v \x03(\rR\x04gpus\"&\n" +
+	"\x04gpus\x18\v \x03(\rR\x04gpus\x12\x1d\n" +
+	"\n" +
+	"end_status\x18\f \x01(\tR\tendStatus\x12 \n" +
+	"\vwarmup_peak\x18\xac\x02 \x01(\x01R\n" +
+	"warmupPeak\"&\n" +
 	"\n" +
 	"GpuIndices\x12\x18\n" +
 	"\aindices\x18\x01 \x03(\rR\aindices\"\xc0\x01\n" +

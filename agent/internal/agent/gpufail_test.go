@@ -1,0 +1,94 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
+	"github.com/trainmeter/trainmeter/pkg/gpu"
+	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
+)
+
+// oneLost is a backend whose GPU 1 fails its reads while lost is set.
+type oneLost struct {
+	gpu.Backend
+	lost atomic.Bool
+}
+
+func (b *oneLost) Read(now time.Time, dst []gpu.Sample) error {
+	err := b.Backend.Read(now, dst)
+	if b.lost.Load() {
+		dst[1] = gpu.Sample{Index: 1, ReadAt: now, Err: errors.New("nvml: gpu 1: field values: ERROR_GPU_IS_LOST")}
+	}
+	return err
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A GPU that stops reading is logged once, not at every 50 ms tick, and once
+// more when it reads again.
+func TestGPUReadFailureLoggedOnce(t *testing.T) {
+	fake := clock.NewFake(time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC))
+	backend := &oneLost{Backend: simgpu.New(2, 1)}
+	var logs lockedBuffer
+	cfg := DefaultConfig()
+	cfg.Collector = "127.0.0.1:1"
+	cfg.Socket = t.TempDir() + "/agent.sock"
+	cfg.Spool = t.TempDir() + "/spool"
+	cfg.Node = "lost-node"
+	cfg.GPU = "sim:2"
+	a, err := New(cfg, backend, fake, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx) // the collector is unreachable: nothing is acked
+	}()
+
+	tick := func(n int) {
+		base := a.self.ticks.Load()
+		for range n {
+			fake.Advance(50 * time.Millisecond)
+		}
+		waitTicks(t, a, base+uint64(n))
+	}
+	tick(5)
+	backend.lost.Store(true)
+	tick(20)
+	backend.lost.Store(false)
+	tick(5)
+	out := logs.String()
+	if n := strings.Count(out, "GPU read failing"); n != 1 || !strings.Contains(out, "ERROR_GPU_IS_LOST") {
+		t.Errorf("%d failure lines over 20 failing ticks, want 1:\n%s", n, out)
+	}
+	if n := strings.Count(out, "GPU reads again"); n != 1 {
+		t.Errorf("%d recovery lines, want 1:\n%s", n, out)
+	}
+}

@@ -1,0 +1,161 @@
+package cli
+
+import (
+	"context"
+	"encoding/csv"
+	"fmt"
+	"github.com/trainmeter/trainmeter/pkg/money"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/trainmeter/trainmeter/pkg/report"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// parseWhen reads --since/--until: RFC 3339, a date (UTC midnight), or a
+// duration before now ("720h").
+func parseWhen(flag, v string, now time.Time) (*timestamppb.Timestamp, error) {
+	if v == "" {
+		return nil, nil
+	}
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return timestamppb.New(t), nil
+	}
+	if t, err := time.Parse(time.DateOnly, v); err == nil {
+		return timestamppb.New(t), nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return timestamppb.New(now.Add(-d)), nil
+	}
+	return nil, fmt.Errorf("--%s %q: give a time (2026-11-01T00:00:00Z), a date (2026-11-01, UTC) or a duration before now (720h)", flag, v)
+}
+
+func newUsageCommand(cf *clientFlags) *cobra.Command {
+	var since, until string
+	var by []string
+	var asJSON, asCSV bool
+	cmd := &cobra.Command{
+		Use:   "usage",
+		Short: "GPU-hours, energy and cost per node, GPU, model, user or label, with each node's idle time",
+		Long: `usage is showback: over [--since, --until) it sums the nodes' GPU time, energy
+and cost by the groups named with --by (node, gpu, model, user, label:KEY;
+repeatable, default node). Each node has an "(idle)" row for GPU time no run
+used; runs without the label (or model, or user) are "(unlabeled)". The rows
+add up to the nodes' totals, shown below them. Shared GPUs are split between
+their runs (docs/measurement.md); the cost is GPU time at the node's GPU price
+plus energy at the energy price (docs/costs.md).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if asJSON && asCSV {
+				return fmt.Errorf("--json and --csv: choose one")
+			}
+			now := time.Now()
+			s, err := parseWhen("since", since, now)
+			if err != nil {
+				return err
+			}
+			u, err := parseWhen("until", until, now)
+			if err != nil {
+				return err
+			}
+			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
+				resp, err := c.Usage(ctx, &trainmeterv1.UsageRequest{Since: s, Until: u, By: by})
+				if err != nil {
+					return err
+				}
+				switch {
+				case asJSON:
+					return writeProtoJSON(cmd.OutOrStdout(), resp)
+				case asCSV:
+					return writeUsageCSV(cmd, resp)
+				}
+				return writeUsageTable(cmd, resp)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&since, "since", "", "start of the period (RFC 3339, a UTC date, or a duration before now)")
+	cmd.Flags().StringVar(&until, "until", "", "end of the period, exclusive (same forms)")
+	cmd.Flags().StringArrayVar(&by, "by", nil, "group by node, gpu, model, user or label:KEY (repeatable)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the rows and node totals as JSON")
+	cmd.Flags().BoolVar(&asCSV, "csv", false, "print the rows as CSV")
+	return cmd
+}
+
+func usageKeys(resp *trainmeterv1.UsageResponse, r *trainmeterv1.UsageRow) []string {
+	keys := append([]string(nil), r.GetKeys()...)
+	if r.GetIdle() && !containsStr(resp.GetBy(), "node") && !containsStr(resp.GetBy(), "gpu") {
+		for i := range keys {
+			keys[i] += " " + r.GetIdleNode()
+		}
+	}
+	return keys
+}
+
+func containsStr(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func writeUsageCSV(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error {
+	w := csv.NewWriter(cmd.OutOrStdout())
+	head := append(append([]string(nil), resp.GetBy()...), "idle_node", "runs", "gpu_hours", "energy_kWh", "cost_usd", "gpu_share", "energy_share", "price_source")
+	if err := w.Write(head); err != nil {
+		return err
+	}
+	for _, r := range resp.GetRows() {
+		cost := ""
+		if r.GetHasCost() {
+			cost = report.F(r.GetCostUsd())
+		}
+		row := append(append([]string(nil), r.GetKeys()...), r.GetIdleNode(), fmt.Sprint(r.GetRuns()),
+			report.F(r.GetGpuSeconds()/3600), report.F(r.GetEnergyJ()/3.6e6), cost,
+			report.F(r.GetGpuShare()), report.F(r.GetEnergyShare()), r.GetPriceSource())
+		if err := w.Write(row); err != nil {
+			return err
+		}
+	}
+	w.Flush()
+	return w.Error()
+}
+
+func writeUsageTable(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error {
+	out := cmd.OutOrStdout()
+	if len(resp.GetNodes()) == 0 {
+		fmt.Fprintln(out, "no GPU data in this period")
+		return nil
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	head := make([]string, 0, len(resp.GetBy())+6)
+	for _, b := range resp.GetBy() {
+		head = append(head, strings.ToUpper(b))
+	}
+	head = append(head, "RUNS", "GPU-HOURS", "ENERGY kWh", "COST", "SHARE OF GPU-HOURS", "SHARE OF ENERGY")
+	fmt.Fprintln(tw, strings.Join(head, "\t"))
+	for _, r := range resp.GetRows() {
+		cost := "-"
+		if r.GetHasCost() {
+			cost = money.USD(r.GetCostUsd())
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.6f\t%s\t%.1f%%\t%.1f%%\n", strings.Join(usageKeys(resp, r), "\t"), r.GetRuns(),
+			r.GetGpuSeconds()/3600, r.GetEnergyJ()/3.6e6, cost, 100*r.GetGpuShare(), 100*r.GetEnergyShare())
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "\nnode totals (all GPUs of the node, over the period; idle = no run on the GPU)")
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tGPU-HOURS\tENERGY kWh\tIDLE GPU-HOURS\tIDLE ENERGY kWh")
+	for _, n := range resp.GetNodes() {
+		fmt.Fprintf(tw, "%s\t%.4f\t%.6f\t%.4f\t%.6f\n", n.GetNode(), n.GetGpuSeconds()/3600, n.GetEnergyJ()/3.6e6,
+			n.GetIdleGpuSeconds()/3600, n.GetIdleEnergyJ()/3.6e6)
+	}
+	return tw.Flush()
+}

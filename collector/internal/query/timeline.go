@@ -1,0 +1,397 @@
+package query
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/trainmeter/trainmeter/collector/internal/advisor"
+	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/store"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// DefaultTimelinePoints is the most points per series when a request gives
+// none: enough for a chart as wide as a screen.
+const DefaultTimelinePoints = 2000
+
+// minTimelinePoints keeps min/max downsampling meaningful.
+const minTimelinePoints = 10
+
+type timelineStore interface {
+	RunTimeline(runID string) ([]store.NodeWindow, []store.NodeEvent, error)
+	NodeGPUWindows(node string, from, to time.Time) ([]*trainmeterv1.Batch, error)
+}
+
+// nodeSpan is where and on which GPUs a run ran on one node.
+type nodeSpan struct {
+	first, last time.Time
+	gpus        map[uint32]bool
+}
+
+// bucket is one second of a run (or of one of its nodes).
+type bucket struct {
+	energy, dur, tokens, wait, compute, vram float64
+}
+
+type series struct {
+	name, unit string
+	t          []int64
+	v          []float64
+}
+
+// Timeline implements QueryService.Timeline: the run's stored windows
+// summed per second over its nodes, then downsampled (min and max per
+// bucket) to at most max_points per series.
+func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) (*trainmeterv1.TimelineResponse, error) {
+	if req.GetRunId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
+	}
+	maxPts := int(req.GetMaxPoints())
+	if maxPts == 0 {
+		maxPts = DefaultTimelinePoints
+	}
+	if maxPts < minTimelinePoints {
+		return nil, status.Errorf(codes.InvalidArgument, "max_points %d: want at least %d", maxPts, minTimelinePoints)
+	}
+	ts, ok := s.store.(timelineStore)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "this store keeps no timelines")
+	}
+	agg, err := s.store.GetRun(req.GetRunId())
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
+		}
+		return nil, s.storeErr(err)
+	}
+	ws, es, err := ts.RunTimeline(req.GetRunId())
+	if err != nil {
+		return nil, s.storeErr(err)
+	}
+	from, to := time.Time{}, time.Time{}
+	if req.GetFrom() != nil {
+		from = req.GetFrom().AsTime()
+	}
+	if req.GetTo() != nil {
+		to = req.GetTo().AsTime()
+	}
+	if !from.IsZero() && !to.IsZero() && !to.After(from) {
+		return nil, status.Errorf(codes.InvalidArgument, "time range: to %v is not after from %v", to, from)
+	}
+	resp := &trainmeterv1.TimelineResponse{RunId: req.GetRunId()}
+
+	all := map[int64]*bucket{}
+	nodes := map[string]map[int64]*bucket{}
+	var first, last time.Time
+	var warmupEnd time.Time
+	spans := map[string]*nodeSpan{}
+	for _, nw := range ws {
+		w := nw.Window
+		st, en := w.GetStart().AsTime(), w.GetEnd().AsTime()
+		if first.IsZero() || st.Before(first) {
+			first = st
+		}
+		if en.After(last) {
+			last = en
+		}
+		if w.GetPhase() == trainmeterv1.Phase_PHASE_MEASURED && (warmupEnd.IsZero() || st.Before(warmupEnd)) {
+			warmupEnd = st
+		}
+		if (!from.IsZero() && st.Before(from)) || (!to.IsZero() && !st.Before(to)) {
+			continue
+		}
+		sp := spans[nw.Node]
+		if sp == nil {
+			sp = &nodeSpan{first: st, last: st, gpus: map[uint32]bool{}}
+			spans[nw.Node] = sp
+		}
+		if st.Before(sp.first) {
+			sp.first = st
+		}
+		if st.After(sp.last) {
+			sp.last = st
+		}
+		for _, g := range w.GetGpus() {
+			sp.gpus[g] = true
+		}
+		e := w.GetEnergyIntegratedJ()
+		if w.GetCounterOk() {
+			e = w.GetEnergyCounterJ()
+		}
+		sec := st.Unix()
+		add := func(m map[int64]*bucket) {
+			b := m[sec]
+			if b == nil {
+				b = &bucket{}
+				m[sec] = b
+			}
+			b.energy += e
+			b.dur += en.Sub(st).Seconds()
+			b.tokens += float64(w.GetTokens())
+			b.wait += w.GetDataWaitS()
+			b.compute += w.GetComputeS()
+			b.vram = math.Max(b.vram, w.GetVramPeakMib())
+		}
+		add(all)
+		if nodes[nw.Node] == nil {
+			nodes[nw.Node] = map[int64]*bucket{}
+		}
+		add(nodes[nw.Node])
+	}
+	if !first.IsZero() {
+		resp.Start, resp.End = timestamppb.New(first), timestamppb.New(last)
+	}
+	if !warmupEnd.IsZero() {
+		resp.WarmupEnd = timestamppb.New(warmupEnd)
+	}
+
+	secs := make([]int64, 0, len(all))
+	for k := range all {
+		secs = append(secs, k)
+	}
+	slices.Sort(secs)
+	power := func(b *bucket) float64 {
+		if b.dur <= 0 {
+			return 0
+		}
+		return b.energy / b.dur
+	}
+	var out []*series
+	mk := func(name, unit string, val func(b *bucket) (float64, bool), m map[int64]*bucket) *series {
+		sr := &series{name: name, unit: unit}
+		for _, k := range secs {
+			if b := m[k]; b != nil {
+				if v, ok := val(b); ok {
+					sr.t = append(sr.t, k*1000)
+					sr.v = append(sr.v, v)
+				}
+			}
+		}
+		return sr
+	}
+	// Total power is the sum of the nodes' powers: each node's energy over
+	// the time it covered in that second (segments are cut at run start,
+	// warmup end and run end).
+	totalPower := &series{name: "power_w", unit: "W (the run's GPUs, all nodes)"}
+	for _, k := range secs {
+		var p float64
+		for _, m := range nodes {
+			if b := m[k]; b != nil {
+				p += power(b)
+			}
+		}
+		totalPower.t, totalPower.v = append(totalPower.t, k*1000), append(totalPower.v, p)
+	}
+	out = append(out, totalPower)
+	nodeNames := make([]string, 0, len(nodes))
+	for n := range nodes {
+		nodeNames = append(nodeNames, n)
+	}
+	slices.Sort(nodeNames)
+	for _, n := range nodeNames {
+		out = append(out, mk("power_w:"+n, "W (the run's GPUs on node "+n+")", func(b *bucket) (float64, bool) { return power(b), true }, nodes[n]))
+		gpuSeries, err := gpuPower(ts, n, spans[n])
+		if err != nil {
+			return nil, s.storeErr(err)
+		}
+		out = append(out, gpuSeries...)
+	}
+	cum := &series{name: "energy_j", unit: "J, cumulative from the range's start, warmup included, all GPUs"}
+	var acc float64
+	for _, k := range secs {
+		acc += all[k].energy
+		cum.t, cum.v = append(cum.t, k*1000), append(cum.v, acc)
+	}
+	out = append(out, cum,
+		mk("tok_per_s", "tokens/s (all ranks; each point one second)", func(b *bucket) (float64, bool) { return b.tokens, true }, all),
+		mk("j_per_token", "J/token (per second, all GPUs)", func(b *bucket) (float64, bool) { return b.energy / b.tokens, b.tokens > 0 }, all),
+		mk("vram_peak_mib", "MiB (highest per-GPU memory used)", func(b *bucket) (float64, bool) { return b.vram, true }, all),
+		mk("data_wait_s", "rank-seconds per second waiting for data", func(b *bucket) (float64, bool) { return b.wait, true }, all),
+		mk("compute_s", "rank-seconds per second computing", func(b *bucket) (float64, bool) { return b.compute, true }, all),
+	)
+	asked, want := len(req.GetSeries()) > 0, map[string]bool{}
+	for _, n := range req.GetSeries() {
+		want[n] = true
+	}
+	for _, sr := range out {
+		if asked && !want[sr.name] {
+			continue
+		}
+		delete(want, sr.name)
+		t, v := downsample(sr.t, sr.v, maxPts)
+		resp.Series = append(resp.Series, &trainmeterv1.TimelineSeries{Name: sr.name, Unit: sr.unit, TUnixMs: t, Values: v, SourcePoints: uint32(len(sr.t))})
+	}
+	if len(want) > 0 {
+		var unknown []string
+		for n := range want {
+			unknown = append(unknown, n)
+		}
+		slices.Sort(unknown)
+		return nil, status.Errorf(codes.InvalidArgument, "unknown series %s", strings.Join(unknown, ", "))
+	}
+	if asked { // in the order asked for
+		slices.SortStableFunc(resp.Series, func(a, b *trainmeterv1.TimelineSeries) int {
+			return slices.Index(req.GetSeries(), a.GetName()) - slices.Index(req.GetSeries(), b.GetName())
+		})
+	}
+
+	for _, ne := range es {
+		te := &trainmeterv1.TimelineEvent{Node: ne.Node}
+		switch ev := ne.Event.GetEvent().(type) {
+		case *trainmeterv1.RunEvent_RunStart:
+			te.Kind, te.Time, te.Text = "run_start", ev.RunStart.GetTime(), "run starts"
+		case *trainmeterv1.RunEvent_RunEnd:
+			te.Kind, te.Time, te.Text = "run_end", ev.RunEnd.GetTime(), "run ends"
+		case *trainmeterv1.RunEvent_Eval:
+			e := ev.Eval
+			te.Kind, te.Time = "eval", e.GetTime()
+			te.Text = fmt.Sprintf("eval epoch %d", e.GetEpoch())
+			if e.GetHasValLoss() {
+				te.Text += fmt.Sprintf(" val_loss %.4g", e.GetValLoss())
+			}
+			if e.GetHasAccuracy() {
+				te.Text += fmt.Sprintf(" accuracy %.4g", e.GetAccuracy())
+			}
+		default:
+			continue
+		}
+		if t := te.GetTime().AsTime(); (!from.IsZero() && t.Before(from)) || (!to.IsZero() && !t.Before(to)) {
+			continue
+		}
+		resp.Events = append(resp.Events, te)
+	}
+	// After the run's own events: a run without warmup starts, then measures.
+	if resp.WarmupEnd != nil {
+		if t := warmupEnd; (from.IsZero() || !t.Before(from)) && (to.IsZero() || t.Before(to)) {
+			resp.Events = append(resp.Events, &trainmeterv1.TimelineEvent{Time: resp.WarmupEnd, Kind: "warmup_end", Text: "measured phase starts"})
+		}
+	}
+	recorded, err := s.recordedEvents(req.GetRunId(), agg.GPUName, first, last)
+	if err != nil {
+		return nil, s.storeErr(err)
+	}
+	for _, te := range recorded {
+		if t := te.GetTime().AsTime(); (!from.IsZero() && t.Before(from)) || (!to.IsZero() && !t.Before(to)) {
+			continue
+		}
+		resp.Events = append(resp.Events, te)
+	}
+	slices.SortStableFunc(resp.Events, func(a, b *trainmeterv1.TimelineEvent) int { return a.GetTime().AsTime().Compare(b.GetTime().AsTime()) })
+	return resp, nil
+}
+
+// downsample keeps at most max points: the series is cut into max/2
+// buckets of equal point count and each keeps its lowest and highest point,
+// in time order, so that spikes and dips survive (a chart drawn from it
+// looks like one drawn from every point).
+func downsample(t []int64, v []float64, maxPts int) ([]int64, []float64) {
+	if len(t) <= maxPts {
+		return t, v
+	}
+	nb := maxPts / 2
+	ot, ov := make([]int64, 0, maxPts), make([]float64, 0, maxPts)
+	for b := range nb {
+		lo, hi := b*len(t)/nb, (b+1)*len(t)/nb
+		mi, ma := lo, lo
+		for i := lo; i < hi; i++ {
+			if v[i] < v[mi] {
+				mi = i
+			}
+			if v[i] > v[ma] {
+				ma = i
+			}
+		}
+		first, second := min(mi, ma), max(mi, ma)
+		ot, ov = append(ot, t[first]), append(ov, v[first])
+		if second != first {
+			ot, ov = append(ot, t[second]), append(ov, v[second])
+		}
+	}
+	return ot, ov
+}
+
+// gpuPower is the power of each of the run's GPUs on a node, from the
+// node's GPU windows (one a second, whole GPU: a GPU shared by two runs
+// shows both runs' draw).
+func gpuPower(ts timelineStore, node string, sp *nodeSpan) ([]*series, error) {
+	if sp == nil || len(sp.gpus) == 0 {
+		return nil, nil
+	}
+	// Batch windows start on whole seconds or earlier than the run's first
+	// segment, which may start mid-window.
+	bs, err := ts.NodeGPUWindows(node, sp.first.Truncate(time.Second).Add(-time.Second), sp.last)
+	if err != nil {
+		return nil, err
+	}
+	idx := make([]uint32, 0, len(sp.gpus))
+	for g := range sp.gpus {
+		idx = append(idx, g)
+	}
+	slices.Sort(idx)
+	out := make([]*series, len(idx))
+	for i, g := range idx {
+		out[i] = &series{name: fmt.Sprintf("power_w:%s/gpu%d", node, g), unit: fmt.Sprintf("W (GPU %d of node %s, mean over each window)", g, node)}
+	}
+	for _, b := range bs {
+		ws, we := b.GetWindowStart().AsTime(), b.GetWindowEnd().AsTime()
+		if !we.After(sp.first) || ws.After(sp.last) {
+			continue
+		}
+		for _, gw := range b.GetGpuWindows() {
+			if i, ok := slices.BinarySearch(idx, gw.GetGpu()); ok {
+				out[i].t = append(out[i].t, ws.UnixMilli())
+				out[i].v = append(out[i].v, gw.GetPowerAvgW())
+			}
+		}
+	}
+	return out, nil
+}
+
+// recordedEvents are what the collector itself decided about the run, kept
+// in its records: dataloader advice (changes the advisor proposed, and
+// whether they reached the node), budget alerts naming the run, and price
+// alerts on the run's GPU model while it ran.
+func (s *Server) recordedEvents(run, gpuName string, first, last time.Time) ([]*trainmeterv1.TimelineEvent, error) {
+	var out []*trainmeterv1.TimelineEvent
+	if st, ok := s.store.(advisor.Store); ok {
+		h, err := advisor.History(st, run)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range h.GetEvaluations() {
+			if !e.GetChanged() {
+				continue
+			}
+			state := "sent"
+			if !e.GetDelivered() {
+				state = "not delivered"
+			}
+			out = append(out, &trainmeterv1.TimelineEvent{Time: e.GetTime(), Kind: "advice", Node: e.GetNode(),
+				Text: fmt.Sprintf("dataloader advice %s: num_workers %d, prefetch_factor %d (%s)", state, e.GetNumWorkers(), e.GetPrefetchFactor(), e.GetReason())})
+		}
+	}
+	if st, ok := s.store.(budget.AlertStore); ok {
+		alerts, err := (&budget.Recorder{Store: st}).List("")
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range alerts {
+			switch {
+			case a.Kind == budget.KindBudget && slices.Contains(a.RunIDs, run):
+				out = append(out, &trainmeterv1.TimelineEvent{Time: timestamppb.New(a.Time), Kind: "budget_alert", Text: a.Message})
+			case a.Kind == budget.KindPrice && gpuName != "" && a.GPUName == gpuName && !first.IsZero() && !a.Time.Before(first) && !a.Time.After(last):
+				out = append(out, &trainmeterv1.TimelineEvent{Time: timestamppb.New(a.Time), Kind: "price_alert", Text: a.Message})
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,260 @@
+package query
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// UsageStore is the store's raw scan that Usage needs.
+type UsageStore interface {
+	UsageScan(since, until time.Time, gpu func(node string, b *trainmeterv1.Batch) error,
+		run func(runID, node string, w *trainmeterv1.RunWindow) error) error
+}
+
+// Idle and unlabeled group names in usage rows.
+const (
+	IdleKey      = "(idle)"
+	UnlabeledKey = "(unlabeled)"
+)
+
+// usagePrice is the GPU price per hour a usage row is charged at, and where
+// it came from: the one place usage asks the pricing (owned-hardware
+// amortisation plugs in here).
+func usagePrice(p aggregate.Pricing, runStartPrice float64, node, gpuName string) (float64, string, bool) {
+	return p.GPUPrice(runStartPrice, node, gpuName)
+}
+
+func checkBy(by []string) error {
+	for _, b := range by {
+		switch {
+		case b == "node", b == "gpu", b == "model", b == "user":
+		case strings.HasPrefix(b, "label:") && len(b) > len("label:"):
+		default:
+			return fmt.Errorf("unknown grouping %q: use node, gpu, model, user or label:KEY", b)
+		}
+	}
+	return nil
+}
+
+// windowEnergy is the best energy of a window: its counter when valid.
+func windowEnergy(counterOK bool, counterJ, integratedJ float64) float64 {
+	if counterOK {
+		return counterJ
+	}
+	return integratedJ
+}
+
+type usageAcc struct {
+	row     *trainmeterv1.UsageRow
+	runs    map[string]struct{}
+	sources map[string]struct{}
+}
+
+// Usage implements QueryService.Usage: GPU time, energy and cost over a
+// period, grouped, with an idle row per node; the rows add up to the nodes'
+// totals (their GPU-window figures plus any agent downtime bridged).
+func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trainmeterv1.UsageResponse, error) {
+	us, ok := s.store.(UsageStore)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "this collector's store cannot scan usage")
+	}
+	by := req.GetBy()
+	if len(by) == 0 {
+		by = []string{"node"}
+	}
+	if err := checkBy(by); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	var since, until time.Time
+	if req.GetSince() != nil {
+		since = req.GetSince().AsTime()
+	}
+	if req.GetUntil() != nil {
+		until = req.GetUntil().AsTime()
+	}
+	if !since.IsZero() && !until.IsZero() && !since.Before(until) {
+		return nil, status.Errorf(codes.InvalidArgument, "--since (%s) must be before --until (%s)", since.Format(time.RFC3339), until.Format(time.RFC3339))
+	}
+	runs, err := s.store.ListRuns(nil)
+	if err != nil {
+		return nil, s.storeErr(err)
+	}
+	byRun := make(map[string]*aggregate.State, len(runs))
+	for _, r := range runs {
+		byRun[r.RunID] = r
+	}
+	groups := map[string]*usageAcc{}
+	nodes := map[string]*trainmeterv1.NodeUsage{}
+	gpuNames := map[string]string{}
+	if ns, err := s.store.Nodes(); err == nil {
+		for _, n := range ns {
+			for _, g := range n.GetGpus() {
+				gpuNames[n.GetNode()] = g.GetName()
+			}
+		}
+	}
+	add := func(keys []string, idleNode, runID string, gpuS, energyJ, runPrice float64, node, gpuName string) {
+		k := strings.Join(keys, "\x00") + "\x00" + idleNode
+		a := groups[k]
+		if a == nil {
+			a = &usageAcc{row: &trainmeterv1.UsageRow{Keys: keys, IdleNode: idleNode, Idle: idleNode != "", HasCost: true},
+				runs: map[string]struct{}{}, sources: map[string]struct{}{}}
+			groups[k] = a
+		}
+		a.row.GpuSeconds += gpuS
+		a.row.EnergyJ += energyJ
+		if runID != "" {
+			a.runs[runID] = struct{}{}
+		}
+		price, src, ok := usagePrice(s.pricing, runPrice, node, gpuName)
+		energyUSD, _, eok := s.pricing.EnergyCost(nil, energyJ)
+		if !ok && !eok {
+			a.row.HasCost = false
+			return
+		}
+		a.row.CostUsd += gpuS/3600*price + energyUSD
+		if ok {
+			a.sources[src] = struct{}{}
+		}
+	}
+	keysFor := func(node string, gpu uint32, hasGPU bool, r *aggregate.State) []string {
+		keys := make([]string, len(by))
+		for i, b := range by {
+			switch {
+			case b == "node":
+				keys[i] = node
+			case b == "gpu":
+				keys[i] = node + "/" + strconv.Itoa(int(gpu))
+				if !hasGPU {
+					keys[i] = node + "/?"
+				}
+			case r == nil:
+				keys[i] = IdleKey
+			case b == "model":
+				keys[i] = r.Metadata.Model
+				if keys[i] == "" {
+					keys[i] = UnlabeledKey
+				}
+			case b == "user":
+				switch {
+				case r.User != "":
+					keys[i] = r.User
+				case r.HasUID:
+					keys[i] = "uid " + strconv.Itoa(int(r.UID))
+				default:
+					keys[i] = UnlabeledKey
+				}
+			default:
+				v, ok := r.Plan.Labels[strings.TrimPrefix(b, "label:")]
+				if !ok || v == "" {
+					v = UnlabeledKey
+				}
+				keys[i] = v
+			}
+		}
+		return keys
+	}
+	err = us.UsageScan(since, until, func(node string, b *trainmeterv1.Batch) error {
+		n := nodes[node]
+		if n == nil {
+			n = &trainmeterv1.NodeUsage{Node: node}
+			nodes[node] = n
+		}
+		for _, gw := range b.GetGpuWindows() {
+			e := windowEnergy(gw.GetCounterOk(), gw.GetEnergyCounterJ(), gw.GetEnergyIntegratedJ()) + gw.GetDowntimeEnergyCounterJ()
+			idleE := windowEnergy(gw.GetCounterOk(), gw.GetIdleEnergyCounterJ(), gw.GetIdleEnergyIntegratedJ()) + gw.GetDowntimeIdleEnergyCounterJ()
+			idleS := gw.GetIdleGpuSeconds() + gw.GetDowntimeIdleGpuSeconds()
+			n.GpuSeconds += gw.GetGpuSeconds() + gw.GetDowntimeGpuSeconds()
+			n.EnergyJ += e
+			n.IdleGpuSeconds += idleS
+			n.IdleEnergyJ += idleE
+			if idleS > 0 || idleE > 0 {
+				add(keysFor(node, gw.GetGpu(), true, nil), node, "", idleS, idleE, 0, node, gpuNames[node])
+			}
+		}
+		return nil
+	}, func(runID, node string, w *trainmeterv1.RunWindow) error {
+		r := byRun[runID]
+		var price float64
+		name := gpuNames[node]
+		if r != nil {
+			price = r.GPUPricePerHour
+			if r.GPUName != "" {
+				name = r.GPUName
+			}
+		}
+		shares := w.GetGpuShares()
+		if len(shares) == 0 {
+			// A window from an agent before shares: the run had its GPUs whole.
+			g, has := uint32(0), len(w.GetGpus()) == 1
+			if has {
+				g = w.GetGpus()[0]
+			}
+			add(keysFor(node, g, has, r), "", runID, w.GetGpuSeconds(),
+				windowEnergy(w.GetCounterOk(), w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ()), price, node, name)
+			return nil
+		}
+		for _, sh := range shares {
+			add(keysFor(node, sh.GetGpu(), true, r), "", runID, sh.GetGpuSeconds(),
+				windowEnergy(w.GetCounterOk(), sh.GetEnergyCounterJ(), sh.GetEnergyIntegratedJ()), price, node, name)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.storeErr(err)
+	}
+	out := &trainmeterv1.UsageResponse{By: by, Since: req.GetSince(), Until: req.GetUntil()}
+	var totalS, totalJ float64
+	for _, n := range nodes {
+		out.Nodes = append(out.Nodes, n)
+		totalS += n.GetGpuSeconds()
+		totalJ += n.GetEnergyJ()
+	}
+	sort.Slice(out.Nodes, func(i, j int) bool { return out.Nodes[i].GetNode() < out.Nodes[j].GetNode() })
+	for _, a := range groups {
+		a.row.Runs = uint32(len(a.runs))
+		if totalS > 0 {
+			a.row.GpuShare = a.row.GetGpuSeconds() / totalS
+		}
+		if totalJ > 0 {
+			a.row.EnergyShare = a.row.GetEnergyJ() / totalJ
+		}
+		var srcs []string
+		for src := range a.sources {
+			srcs = append(srcs, src)
+		}
+		sort.Strings(srcs)
+		switch len(srcs) {
+		case 0:
+		case 1:
+			a.row.PriceSource = srcs[0]
+		default:
+			a.row.PriceSource = "mixed"
+		}
+		if !a.row.GetHasCost() {
+			a.row.CostUsd = 0
+		}
+		out.Rows = append(out.Rows, a.row)
+	}
+	sort.Slice(out.Rows, func(i, j int) bool {
+		a, b := out.Rows[i], out.Rows[j]
+		if a.GetIdle() != b.GetIdle() {
+			return !a.GetIdle()
+		}
+		if ka, kb := strings.Join(a.GetKeys(), "\x00"), strings.Join(b.GetKeys(), "\x00"); ka != kb {
+			return ka < kb
+		}
+		return a.GetIdleNode() < b.GetIdleNode()
+	})
+	return out, nil
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package fakenvml_test
+
+const raceEnabled = false

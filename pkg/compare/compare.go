@@ -1,0 +1,369 @@
+// Package compare compares training runs: it groups runs (picked, or a
+// model's runs by a metadata key), summarises each group's figures as a
+// mean with a 95 % confidence interval over its repeated runs, and states
+// each group's relative difference from a baseline group with its interval
+// and Welch's t-test p-value. The collector's Compare RPC serves it to the
+// CLI and the console alike (docs/console.md).
+package compare
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// NoValue is the group key of runs that lack the grouping key's value.
+const NoValue = "(none)"
+
+// Keys are the metadata keys runs can be grouped by, besides label:KEY.
+var Keys = []string{"backend", "batch_size", "precision", "gpu_name", "dataset", "optimizer", "seq_len", "grad_accum", "nodes", "gpus"}
+
+// ErrInvalid marks a request that cannot be answered as asked.
+var ErrInvalid = errors.New("invalid compare request")
+
+func invalid(f string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(f, a...))
+}
+
+// KeyOf returns run r's value of the grouping key by (see Keys; label:KEY
+// reads a label), and whether by is a known key.
+func KeyOf(r *trainmeterv1.RunReport, by string) (string, bool) {
+	m := r.GetMetadata()
+	str := func(s string) string {
+		if s == "" {
+			return NoValue
+		}
+		return s
+	}
+	num := func(v int64, has bool) string {
+		if !has {
+			return NoValue
+		}
+		return strconv.FormatInt(v, 10)
+	}
+	if k, ok := strings.CutPrefix(by, "label:"); ok {
+		if k == "" {
+			return "", false
+		}
+		v, has := r.GetLabels()[k]
+		if !has {
+			return NoValue, true
+		}
+		return v, true
+	}
+	switch by {
+	case "backend":
+		return str(m.GetBackend()), true
+	case "precision":
+		return str(m.GetPrecision()), true
+	case "dataset":
+		return str(m.GetDataset()), true
+	case "optimizer":
+		return str(m.GetOptimizer()), true
+	case "gpu_name":
+		return str(r.GetGpuName()), true
+	case "batch_size":
+		return num(m.GetBatchSize(), m.GetHasBatchSize()), true
+	case "seq_len":
+		return num(m.GetSeqLen(), m.GetHasSeqLen()), true
+	case "grad_accum":
+		return num(m.GetGradAccum(), m.GetHasGradAccum()), true
+	case "nodes":
+		return strconv.FormatUint(uint64(r.GetNodes()), 10), true
+	case "gpus":
+		return strconv.FormatUint(uint64(r.GetGpus()), 10), true
+	}
+	return "", false
+}
+
+// Select picks the runs req asks for out of all: the named runs in the
+// order named (every one must exist), or the ended runs of req's model.
+func Select(req *trainmeterv1.CompareRequest, all []*trainmeterv1.RunReport) ([]*trainmeterv1.RunReport, error) {
+	if len(req.GetRunIds()) > 0 {
+		if req.GetModel() != "" {
+			return nil, invalid("give runs or a model, not both")
+		}
+		byID := make(map[string]*trainmeterv1.RunReport, len(all))
+		for _, r := range all {
+			byID[r.GetRunId()] = r
+		}
+		var out []*trainmeterv1.RunReport
+		var missing []string
+		seen := map[string]bool{}
+		for _, id := range req.GetRunIds() {
+			if seen[id] {
+				return nil, invalid("run %q named twice", id)
+			}
+			seen[id] = true
+			if r := byID[id]; r != nil {
+				out = append(out, r)
+			} else {
+				missing = append(missing, id)
+			}
+		}
+		if len(missing) > 0 {
+			return nil, invalid("unknown run(s): %q", missing)
+		}
+		return out, nil
+	}
+	if req.GetModel() == "" {
+		return nil, invalid("give at least two runs, or a model (and a key to group by)")
+	}
+	var out []*trainmeterv1.RunReport
+	for _, r := range all {
+		if r.GetMetadata().GetModel() == req.GetModel() && r.GetEnded() {
+			out = append(out, r)
+		}
+	}
+	if len(out) == 0 {
+		return nil, invalid("model %q has no ended runs", req.GetModel())
+	}
+	return out, nil
+}
+
+type group struct {
+	key  string
+	runs []*trainmeterv1.RunReport
+}
+
+// Compare groups runs as req asks and compares the groups with the
+// baseline. Without req.By each run is a group of its own, in the order
+// given; with it, groups are ordered by key (numerically where every key is
+// a number).
+func Compare(req *trainmeterv1.CompareRequest, runs []*trainmeterv1.RunReport) (*trainmeterv1.CompareResponse, error) {
+	groups, err := groupRuns(req.GetBy(), runs)
+	if err != nil {
+		return nil, err
+	}
+	if len(groups) < 2 {
+		if req.GetBy() == "" || len(groups) == 0 {
+			return nil, invalid("nothing to compare: give at least two runs, or a key to group by")
+		}
+		return nil, invalid("all %d run(s) have %s = %s: nothing to compare", len(runs), req.GetBy(), groups[0].key)
+	}
+	base := 0
+	if b := req.GetBaseline(); b != "" {
+		base = slices.IndexFunc(groups, func(g group) bool { return g.key == b })
+		if base < 0 {
+			keys := make([]string, len(groups))
+			for i, g := range groups {
+				keys[i] = g.key
+			}
+			return nil, invalid("no group %q to use as the baseline; the groups are %s", b, strings.Join(keys, ", "))
+		}
+	}
+	resp := &trainmeterv1.CompareResponse{By: req.GetBy(), Baseline: groups[base].key}
+	figs := make([]figures, len(groups))
+	for i, g := range groups {
+		figs[i] = summarize(g.runs)
+		resp.Groups = append(resp.Groups, figs[i].proto(g))
+		if len(g.runs) == 1 {
+			resp.Warnings = append(resp.Warnings, fmt.Sprintf("group %s has one run: no confidence interval or p-value", g.key))
+		}
+		for _, r := range g.runs {
+			if !r.GetEnded() {
+				resp.Warnings = append(resp.Warnings, fmt.Sprintf("run %s has not ended: its figures still move", r.GetRunId()))
+			}
+		}
+	}
+	resp.Warnings = append(resp.Warnings, fairness(resp.GetGroups())...)
+	for i, g := range groups {
+		if i == base {
+			continue
+		}
+		a, b := figs[i], figs[base]
+		resp.Rows = append(resp.Rows, &trainmeterv1.CompareRow{
+			Key:             g.key,
+			JPerTokenRatio:  ratio(a.jpt, b.jpt, false),
+			Speedup:         ratio(a.tps, b.tps, false),
+			EnergySavingPct: ratio(a.jpt, b.jpt, true),
+			VramSavingPct:   ratio(a.vram, b.vram, true),
+			CostSavingPct:   ratio(a.usd, b.usd, true),
+		})
+	}
+	return resp, nil
+}
+
+func groupRuns(by string, runs []*trainmeterv1.RunReport) ([]group, error) {
+	if by == "" {
+		out := make([]group, len(runs))
+		for i, r := range runs {
+			out[i] = group{key: r.GetRunId(), runs: []*trainmeterv1.RunReport{r}}
+		}
+		return out, nil
+	}
+	if _, ok := KeyOf(&trainmeterv1.RunReport{}, by); !ok {
+		return nil, invalid("cannot group by %q: use one of %s, or label:KEY", by, strings.Join(Keys, ", "))
+	}
+	idx := map[string]int{}
+	var out []group
+	for _, r := range runs {
+		k, _ := KeyOf(r, by)
+		i, ok := idx[k]
+		if !ok {
+			i = len(out)
+			idx[k] = i
+			out = append(out, group{key: k})
+		}
+		out[i].runs = append(out[i].runs, r)
+	}
+	numeric := true
+	for _, g := range out {
+		if _, err := strconv.ParseFloat(g.key, 64); err != nil {
+			numeric = false
+		}
+	}
+	slices.SortFunc(out, func(a, b group) int {
+		if numeric {
+			x, _ := strconv.ParseFloat(a.key, 64)
+			y, _ := strconv.ParseFloat(b.key, 64)
+			return cmp.Compare(x, y)
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	return out, nil
+}
+
+// figures are a group's summaries. A run contributes to a figure only when
+// it has it: J/token and E10k_J need measured tokens, $/Mtok a price.
+type figures struct{ jpt, tps, e10k, vram, usd Summary }
+
+func summarize(runs []*trainmeterv1.RunReport) figures {
+	var jpt, tps, e10k, vram, usd []float64
+	for _, r := range runs {
+		if r.GetJPerToken() > 0 {
+			jpt = append(jpt, r.GetJPerToken())
+			e10k = append(e10k, r.GetJPerToken()*1e4)
+		}
+		if r.GetTokPerS() > 0 {
+			tps = append(tps, r.GetTokPerS())
+		}
+		if r.GetVramPeakMb() > 0 {
+			vram = append(vram, r.GetVramPeakMb())
+		}
+		if (r.GetHasCost() || r.GetHasEnergyCost()) && r.GetUsdPerMtok() > 0 {
+			usd = append(usd, r.GetUsdPerMtok())
+		}
+	}
+	return figures{Summarize(jpt), Summarize(tps), Summarize(e10k), Summarize(vram), Summarize(usd)}
+}
+
+func stat(s Summary) *trainmeterv1.CompareStat {
+	return &trainmeterv1.CompareStat{Mean: s.Mean, HasInterval: s.HasInterval, CiLow: s.Low, CiHigh: s.High, Stddev: s.SD, N: uint32(s.N)}
+}
+
+func (f figures) proto(g group) *trainmeterv1.CompareGroup {
+	out := &trainmeterv1.CompareGroup{Key: g.key, JPerToken: stat(f.jpt), TokPerS: stat(f.tps), E10KJ: stat(f.e10k), VramPeakMb: stat(f.vram), UsdPerMtok: stat(f.usd)}
+	for _, r := range g.runs {
+		out.RunIds = append(out.RunIds, r.GetRunId())
+		if !slices.Contains(out.GpuNames, r.GetGpuName()) {
+			out.GpuNames = append(out.GpuNames, r.GetGpuName())
+		}
+		if !slices.Contains(out.NodeCounts, r.GetNodes()) {
+			out.NodeCounts = append(out.NodeCounts, r.GetNodes())
+		}
+		var seq int64 // 0: not given
+		if r.GetMetadata().GetHasSeqLen() {
+			seq = r.GetMetadata().GetSeqLen()
+		}
+		if !slices.Contains(out.SeqLens, seq) {
+			out.SeqLens = append(out.SeqLens, seq)
+		}
+		if ds := r.GetMetadata().GetDataset(); !slices.Contains(out.Datasets, ds) {
+			out.Datasets = append(out.Datasets, ds)
+		}
+	}
+	slices.Sort(out.GpuNames)
+	slices.Sort(out.NodeCounts)
+	slices.Sort(out.SeqLens)
+	slices.Sort(out.Datasets)
+	return out
+}
+
+// ratio is mean(a)/mean(b) with its interval and the p-value of a against
+// b; as a saving, (1 − ratio) × 100 (the interval's ends swap).
+func ratio(a, b Summary, saving bool) *trainmeterv1.CompareDiff {
+	if a.N == 0 || b.N == 0 || b.Mean == 0 {
+		return nil
+	}
+	d := &trainmeterv1.CompareDiff{Value: a.Mean / b.Mean}
+	if lo, hi, ok := RatioInterval(a, b); ok {
+		d.HasInterval, d.CiLow, d.CiHigh = true, lo, hi
+	}
+	if p, ok := Welch(a, b); ok {
+		d.HasPValue, d.PValue = true, p
+	}
+	if saving {
+		d.Value = (1 - d.Value) * 100
+		if d.HasInterval {
+			d.CiLow, d.CiHigh = (1-d.CiHigh)*100, (1-d.CiLow)*100
+		}
+	}
+	return d
+}
+
+// fairness says in words where groups differ in what makes their figures
+// incomparable: GPU model, node count, sequence length, dataset.
+func fairness(groups []*trainmeterv1.CompareGroup) []string {
+	var out []string
+	check := func(what string, vals func(*trainmeterv1.CompareGroup) []string) {
+		all := map[string]bool{}
+		for _, g := range groups {
+			for _, v := range vals(g) {
+				all[v] = true
+			}
+		}
+		if len(all) < 2 {
+			return
+		}
+		var parts []string
+		for _, g := range groups {
+			parts = append(parts, fmt.Sprintf("%s: %s", g.GetKey(), strings.Join(vals(g), "/")))
+		}
+		out = append(out, fmt.Sprintf("unfair comparison: the runs differ in %s (%s)", what, strings.Join(parts, "; ")))
+	}
+	name := func(s string) string {
+		if s == "" {
+			return NoValue
+		}
+		return s
+	}
+	check("GPU model", func(g *trainmeterv1.CompareGroup) []string {
+		var s []string
+		for _, v := range g.GetGpuNames() {
+			s = append(s, name(v))
+		}
+		return s
+	})
+	check("node count", func(g *trainmeterv1.CompareGroup) []string {
+		var s []string
+		for _, v := range g.GetNodeCounts() {
+			s = append(s, strconv.FormatUint(uint64(v), 10))
+		}
+		return s
+	})
+	check("sequence length", func(g *trainmeterv1.CompareGroup) []string {
+		var s []string
+		for _, v := range g.GetSeqLens() {
+			if v == 0 {
+				s = append(s, NoValue)
+			} else {
+				s = append(s, strconv.FormatInt(v, 10))
+			}
+		}
+		return s
+	})
+	check("dataset", func(g *trainmeterv1.CompareGroup) []string {
+		var s []string
+		for _, v := range g.GetDatasets() {
+			s = append(s, name(v))
+		}
+		return s
+	})
+	return out
+}

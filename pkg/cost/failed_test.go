@@ -1,0 +1,28 @@
+package cost
+
+import (
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// A failed run is paid for but is never the model's baseline or best.
+func TestModelsLeaveFailedRunsOutOfBaselineAndBest(t *testing.T) {
+	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	mk := func(id string, min int, status string, acc float64) *trainmeterv1.RunReport {
+		return &trainmeterv1.RunReport{
+			RunId: id, Metadata: &trainmeterv1.RunMetadata{Model: "m"}, Start: timestamppb.New(at.Add(time.Duration(min) * time.Minute)),
+			Ended: true, EndStatus: status, TotalCostUsd: 10, HasCost: true, AccuracyPoints: &acc,
+		}
+	}
+	m := Models([]*trainmeterv1.RunReport{mk("crashed", 0, "exit 1", 90), mk("a", 1, "ok", 60), mk("b", 2, "stopped: budget", 70)})[0]
+	if m.Baseline != "a" || m.Best != "b" || m.FailedRuns != 1 || m.TotalCostUSD != 30 {
+		t.Fatalf("baseline %q best %q failed %d total %v: want a, b, 1, 30", m.Baseline, m.Best, m.FailedRuns, m.TotalCostUSD)
+	}
+	if m.PerRun[0].GainPoints != nil {
+		t.Errorf("the failed run has a gain: %v", *m.PerRun[0].GainPoints)
+	}
+}
