@@ -1,11 +1,11 @@
-// Package advisor is the collector's live dataloader advisor and its
-// recommendation service. The advisor watches every applied batch (the
+// Package advisor is the collector's live dataloader advisor. It watches every applied batch (the
 // ingest OnApplied hook), keeps per-(run, node) rolling figures, evaluates
 // the rules of pkg/dataloader every adjustment_interval steps, sends new
 // settings down the node's stream as a DataloaderAdvice (the agent turns it
 // into an "advice" line for the run's trainers), and records every
 // evaluation and per-epoch statistics in the store (namespace "advice") for
-// `trainmeter report` and `trainmeter recommend`.
+// `trainmeter report` and `trainmeter recommend` (the RecommendService,
+// package optimizer, reads that history).
 package advisor
 
 import (
@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"math"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -520,4 +521,47 @@ func History(st Store, run string) (*pb.DataloaderHistoryResponse, error) {
 		return true, nil
 	})
 	return out, err
+}
+
+// DataloaderRecommendation turns a run's live advice history into a
+// recommendation for its next run: start with the last advised settings
+// (advice that reached the node; undelivered proposals are ignored).
+// Savings = expected gain (data-wait share when the first change was
+// advised) × the run's cost, i.e. the share of its step time spent
+// waiting; confidence 0.6 (the gain is an upper bound: the loader may not
+// make up the whole wait).
+func DataloaderRecommendation(r *pb.RunReport, h *pb.DataloaderHistoryResponse) *pb.Recommendation {
+	var first, last *pb.DataloaderEvaluation
+	for _, e := range h.GetEvaluations() {
+		if e.GetChanged() && e.GetDelivered() {
+			if first == nil {
+				first = e
+			}
+			last = e
+		}
+	}
+	if last == nil {
+		return nil
+	}
+	gain := first.GetExpectedGain()
+	risks := []string{"more workers and prefetch use more host RAM and CPU", "the expected gain is the data-wait share: an upper bound"}
+	if last.GetClassification() == "memory-bound" {
+		risks = []string{"less prefetch can expose data wait again", "the RAM may be used by something other than the loader"}
+	}
+	var reasons []string
+	for _, e := range h.GetEvaluations() {
+		if e.GetChanged() && e.GetDelivered() {
+			reasons = append(reasons, fmt.Sprintf("step %d %s: workers %d prefetch %d", e.GetStep(), e.GetClassification(), e.GetNumWorkers(), e.GetPrefetchFactor()))
+		}
+	}
+	return &pb.Recommendation{
+		Kind:       "dataloader",
+		Title:      fmt.Sprintf("Start %s with num_workers=%d, prefetch_factor=%d", r.GetRunId(), last.GetNumWorkers(), last.GetPrefetchFactor()),
+		Action:     fmt.Sprintf("DataLoader(num_workers=%d, prefetch_factor=%d) from the first epoch (%s)", last.GetNumWorkers(), last.GetPrefetchFactor(), last.GetClassification()),
+		SavingsUsd: gain * r.GetTotalCostUsd(), SavingsJ: gain * r.GetEnergyTotalJ(), Confidence: 0.6,
+		Risks:  risks,
+		RunIds: []string{r.GetRunId()}, Model: r.GetMetadata().GetModel(),
+		Evidence: fmt.Sprintf("data wait %.0f%% of step time when first advised, expected gain %.0f%%; advice: %s",
+			100*first.GetDataWaitShare(), 100*gain, strings.Join(reasons, "; ")),
+	}
 }

@@ -1,7 +1,6 @@
 package advisor
 
 import (
-	"context"
 	"slices"
 	"strings"
 	"sync"
@@ -143,8 +142,7 @@ func TestDataBoundRunIsAdvisedAndHistoryKept(t *testing.T) {
 	}
 	r.apply(2, window("r", 2, 5, 0.1, 0.5, 50), host(0.3), testutil.End("r", 3))
 
-	svc := NewService(r.st, aggregate.Pricing{}, nil)
-	h, err := svc.DataloaderHistory(context.Background(), &pb.DataloaderHistoryRequest{RunId: "r"})
+	h, err := History(r.st, "r")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,24 +159,15 @@ func TestDataBoundRunIsAdvisedAndHistoryKept(t *testing.T) {
 	if e2.Epoch != 2 || !e2.Partial || e2.Adjustments != 0 || e2.Steps != 5 {
 		t.Errorf("epoch 2 %v", e2)
 	}
-	resp, err := svc.Recommend(context.Background(), &pb.RecommendRequest{RunIds: []string{"r"}})
+	// The RecommendService (package optimizer) turns this history into the
+	// run's next-start recommendation.
+	st, err := r.st.GetRun("r")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dl *pb.Recommendation
-	for _, rec := range resp.Recommendations {
-		if rec.Kind == "dataloader" {
-			dl = rec
-		}
-	}
-	if dl == nil || !strings.Contains(dl.Action, "num_workers=3, prefetch_factor=3") {
-		t.Fatalf("recommendations %v", resp.Recommendations)
-	}
-	if _, err := svc.DataloaderHistory(context.Background(), &pb.DataloaderHistoryRequest{RunId: "nope"}); err == nil {
-		t.Error("history of an unknown run: no error")
-	}
-	if _, err := svc.Recommend(context.Background(), &pb.RecommendRequest{MinConfidence: 2}); err == nil {
-		t.Error("min_confidence 2 accepted")
+	dl := DataloaderRecommendation(st.Report(aggregate.Pricing{}), h)
+	if dl == nil || dl.Kind != "dataloader" || !strings.Contains(dl.Action, "num_workers=3, prefetch_factor=3") {
+		t.Fatalf("recommendation %v", dl)
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/cost"
@@ -44,7 +45,7 @@ const (
 var Thresholds = []struct {
 	Ratio    float64
 	Severity string
-}{{0.5, SeverityInfo}, {0.75, SeverityWarning}, {0.9, SeverityCritical}, {1, SeverityExceeded}}
+}{{0.5, alert.SeverityInfo}, {0.75, alert.SeverityWarning}, {0.9, alert.SeverityCritical}, {1, alert.SeverityExceeded}}
 
 // MaxAlertRunIDs bounds the run ids an alert lists (a "*" budget may
 // cover thousands of runs).
@@ -151,7 +152,7 @@ func PeriodKey(period string, start time.Time, loc *time.Location) string {
 
 // Store is the part of the collector store the manager needs.
 type Store interface {
-	AlertStore
+	alert.Store
 	PutRecord(ns, k string, v []byte) error
 	GetRecord(ns, k string) ([]byte, error)
 	DeleteRecord(ns, k string) error
@@ -188,7 +189,7 @@ type Manager struct {
 	store  Store
 	report func(*aggregate.State) *trainmeterv1.RunReport
 	advise Advisor
-	rec    *Recorder
+	rec    *alert.Recorder
 	log    *slog.Logger
 
 	dirty chan struct{} // capacity 1: "something changed"
@@ -217,7 +218,7 @@ type Manager struct {
 // New returns a manager. report turns a run's state into its report (the
 // collector's pricing); advise may be nil (no stop advisories); sink may be
 // nil.
-func New(cfg Config, st Store, report func(*aggregate.State) *trainmeterv1.RunReport, advise Advisor, sink AlertSink, log *slog.Logger) *Manager {
+func New(cfg Config, st Store, report func(*aggregate.State) *trainmeterv1.RunReport, advise Advisor, sink alert.Sink, log *slog.Logger) *Manager {
 	if cfg.EvalInterval == 0 {
 		cfg.EvalInterval = time.Second
 	}
@@ -230,7 +231,7 @@ func New(cfg Config, st Store, report func(*aggregate.State) *trainmeterv1.RunRe
 	if log == nil {
 		log = slog.Default()
 	}
-	m := &Manager{cfg: cfg, store: st, report: report, advise: advise, rec: &Recorder{Store: st, Sink: sink}, log: log,
+	m := &Manager{cfg: cfg, store: st, report: report, advise: advise, rec: &alert.Recorder{Store: st, Sink: sink}, log: log,
 		dirty: make(chan struct{}, 1), stopped: map[string]bool{}, changed: map[string]struct{}{},
 		capStopped: map[string]bool{}, capDone: map[string]bool{}}
 	m.MarkDirty()
@@ -238,7 +239,7 @@ func New(cfg Config, st Store, report func(*aggregate.State) *trainmeterv1.RunRe
 }
 
 // Recorder returns the alert recorder (shared with price alerts).
-func (m *Manager) Recorder() *Recorder { return m.rec }
+func (m *Manager) Recorder() *alert.Recorder { return m.rec }
 
 // MarkDirty asks for an evaluation at the next tick. It never blocks.
 func (m *Manager) MarkDirty() {
@@ -552,11 +553,11 @@ func (m *Manager) fire(ctx context.Context, s *Status, th float64, sev string, p
 	if projected {
 		kind, what = "projected", "projected spend at completion"
 	}
-	key := fmt.Sprintf("%s/%s/%s/%s/%g", KindBudget, s.ID, s.PeriodKey, kind, th)
+	key := fmt.Sprintf("%s/%s/%s/%s/%g", alert.KindBudget, s.ID, s.PeriodKey, kind, th)
 	// `trainmeter budget` rounds the same way (pkg/money).
 	amounts := money.USDs(v, s.LimitUSD)
-	a := Alert{
-		Kind: KindBudget, Severity: sev, Scope: s.Scope, Period: s.Period, PeriodKey: s.PeriodKey, Threshold: th,
+	a := alert.Alert{
+		Kind: alert.KindBudget, Severity: sev, Scope: s.Scope, Period: s.Period, PeriodKey: s.PeriodKey, Threshold: th,
 		SpentUSD: v, BudgetUSD: s.LimitUSD, Projected: projected, Time: now, BudgetID: s.ID, RunIDs: s.runIDs[:min(len(s.runIDs), MaxAlertRunIDs)],
 		Message: fmt.Sprintf("budget %s (%s): %s %s of %s (%.0f%%) crossed %.0f%% [%s]",
 			s.Scope, periodLabel(s.Period, s.PeriodKey), what, amounts[0], amounts[1], 100*v/s.LimitUSD, 100*th, sev),

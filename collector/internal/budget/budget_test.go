@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	"github.com/trainmeter/trainmeter/pkg/clock"
@@ -48,10 +49,10 @@ func report(s *aggregate.State) *trainmeterv1.RunReport { return s.Report(pricin
 // collected records the alerts it is told of.
 type collected struct {
 	mu     sync.Mutex
-	alerts []Alert
+	alerts []alert.Alert
 }
 
-func (c *collected) Alert(_ context.Context, a Alert) {
+func (c *collected) Alert(_ context.Context, a alert.Alert) {
 	c.mu.Lock()
 	c.alerts = append(c.alerts, a)
 	c.mu.Unlock()
@@ -218,12 +219,12 @@ func TestAlertsFireOnceAcrossRestarts(t *testing.T) {
 	if k := sink2.keys(); len(k) != 0 {
 		t.Errorf("alerts fired again after a restart: %v", k)
 	}
-	listed, err := m.Recorder().List(KindBudget)
+	listed, err := m.Recorder().List(alert.KindBudget)
 	if err != nil || len(listed) != 8 {
 		t.Errorf("stored alerts %d (%v), want 8", len(listed), err)
 	}
 	// The API's alerts (alerts --json) name the runs, as webhooks' do.
-	resp, err := NewService(m).ListAlerts(ctx, &trainmeterv1.ListAlertsRequest{Kind: KindBudget})
+	resp, err := NewService(m).ListAlerts(ctx, &trainmeterv1.ListAlertsRequest{Kind: alert.KindBudget})
 	if err != nil || len(resp.GetAlerts()) != 8 {
 		t.Fatalf("ListAlerts: %v %v", resp, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/money"
@@ -206,8 +207,8 @@ func (m *Manager) evaluateCaps(ctx context.Context) error {
 		}
 		now := m.cfg.Clock.Now().UTC()
 		amounts := money.USDs(p.MaxCostUSD, spent) // as `budget` and its alerts round
-		a := Alert{
-			Kind: KindMaxCost, Severity: SeverityExceeded, Scope: "run:" + p.RunID, Threshold: 1,
+		a := alert.Alert{
+			Kind: KindMaxCost, Severity: alert.SeverityExceeded, Scope: "run:" + p.RunID, Threshold: 1,
 			SpentUSD: spent, BudgetUSD: p.MaxCostUSD, Time: now, RunIDs: []string{p.RunID},
 			Message: fmt.Sprintf("run %s reached its max-cost %s (%s spent): its ranks are told to stop", p.RunID, amounts[0], amounts[1]),
 		}

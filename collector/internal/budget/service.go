@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -61,7 +62,7 @@ func (s *Service) ListBudgets(context.Context, *trainmeterv1.ListBudgetsRequest)
 // ListAlerts implements BudgetService.
 func (s *Service) ListAlerts(_ context.Context, req *trainmeterv1.ListAlertsRequest) (*trainmeterv1.ListAlertsResponse, error) {
 	switch req.GetKind() {
-	case "", KindBudget, KindPrice, KindMaxCost:
+	case "", alert.KindBudget, alert.KindPrice, KindMaxCost:
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "alert kind %q: want budget, price or max-cost", req.GetKind())
 	}

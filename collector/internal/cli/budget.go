@@ -27,22 +27,22 @@ const EnvVastAIKey = "TRAINMETER_VASTAI_KEY"
 
 // budgetServeFlags are `serve`'s budget, webhook and price flags.
 type budgetServeFlags struct {
-	cfg     *server.BudgetConfig
+	cfg     *server.Config
 	keyFile string
 	retries int
 }
 
-func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.BudgetConfig) *budgetServeFlags {
+func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.Config) *budgetServeFlags {
 	b := &budgetServeFlags{cfg: cfg}
-	f.StringArrayVar(&cfg.Webhook.URLs, "webhook", nil, "POST every alert as JSON to this URL (repeatable)")
+	f.StringArrayVar(&cfg.Alerts.Webhook.URLs, "webhook", nil, "POST every alert as JSON to this URL (repeatable)")
 	f.IntVar(&b.retries, "webhook-retries", 7, "retries of a failed alert delivery per webhook (network errors, 5xx and 429; with backoff)")
-	f.DurationVar(&cfg.EvalInterval, "budget-eval-interval", time.Second, "how often budgets are evaluated after runs changed")
-	f.StringVar(&cfg.Timezone, "budget-timezone", "UTC", "time zone of the calendar months of monthly budgets (IANA name)")
-	f.StringVar(&cfg.PriceProvider, "price-provider", "", "GPU price source: vastai or file (empty: none)")
-	f.StringVar(&cfg.VastAIURL, "vastai-url", "", "vast.ai API base URL (default https://console.vast.ai)")
+	f.DurationVar(&cfg.Budget.EvalInterval, "budget-eval-interval", time.Second, "how often budgets are evaluated after runs changed")
+	f.StringVar(&cfg.Budget.Timezone, "budget-timezone", "UTC", "time zone of the calendar months of monthly budgets (IANA name)")
+	f.StringVar(&cfg.Prices.Provider, "price-provider", "", "GPU price source: vastai or file (empty: none)")
+	f.StringVar(&cfg.Prices.VastAIURL, "vastai-url", "", "vast.ai API base URL (default https://console.vast.ai)")
 	f.StringVar(&b.keyFile, "vastai-key-file", "", "file with the vast.ai API key (default $"+EnvVastAIKey+"; optional)")
-	f.StringVar(&cfg.PriceFile, "price-file", "", "CSV or JSON price list for --price-provider file")
-	f.DurationVar(&cfg.PriceFetchInterval, "price-fetch-interval", time.Hour, "how often prices are fetched, the first time at start (0: only by `trainmeter prices fetch`)")
+	f.StringVar(&cfg.Prices.File, "price-file", "", "CSV or JSON price list for --price-provider file")
+	f.DurationVar(&cfg.Prices.FetchInterval, "price-fetch-interval", time.Hour, "how often prices are fetched, the first time at start (0: only by `trainmeter prices fetch`)")
 	return b
 }
 
@@ -52,15 +52,15 @@ func (b *budgetServeFlags) load(getenv func(string) string) error {
 	if b.retries < 0 {
 		return fmt.Errorf("--webhook-retries must be >= 0, got %d", b.retries)
 	}
-	b.cfg.Webhook.MaxAttempts = b.retries + 1
+	b.cfg.Alerts.Webhook.MaxAttempts = b.retries + 1
 	if b.keyFile != "" {
 		k, err := tlsfiles.ReadSecretFile(b.keyFile)
 		if err != nil {
 			return fmt.Errorf("--vastai-key-file: %w", err)
 		}
-		b.cfg.VastAIKey = k
+		b.cfg.Prices.VastAIKey = k
 	} else if getenv != nil {
-		b.cfg.VastAIKey = strings.TrimSpace(getenv(EnvVastAIKey))
+		b.cfg.Prices.VastAIKey = strings.TrimSpace(getenv(EnvVastAIKey))
 	}
 	return nil
 }

@@ -151,7 +151,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	f.StringVar(&cfg.ReadTokenFile, "read-token-file", "", "file with the token for read-only query RPCs")
 	f.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file with the admin token (all query RPCs, DeleteRun)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
-	budgetFlags = addBudgetServeFlags(f, &cfg.Budget)
+	budgetFlags = addBudgetServeFlags(f, &cfg)
 	otelFlags = otelexport.BindFlags(f, &cfg.OTel)
 	return c
 }

@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/money"
@@ -86,7 +86,7 @@ type Watcher struct {
 	cfg      Config
 	provider prices.Provider
 	store    Store
-	rec      *budget.Recorder
+	rec      *alert.Recorder
 	log      *slog.Logger
 
 	fetchMu sync.Mutex // one fetch at a time
@@ -105,7 +105,7 @@ type Watcher struct {
 
 // New returns a watcher; provider may be nil (no fetching, history and
 // queries only); rec may be nil (no alerts).
-func New(cfg Config, provider prices.Provider, st Store, rec *budget.Recorder, log *slog.Logger) *Watcher {
+func New(cfg Config, provider prices.Provider, st Store, rec *alert.Recorder, log *slog.Logger) *Watcher {
 	if cfg.Rule == (prices.AlertRule{}) {
 		cfg.Rule = prices.DefaultAlertRule
 	}
@@ -306,17 +306,17 @@ func (w *Watcher) Record(ctx context.Context, now time.Time, offers []prices.Off
 }
 
 func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c prices.Change, now time.Time) (bool, error) {
-	sev, what := budget.SeverityInfo, "dropped"
+	sev, what := alert.SeverityInfo, "dropped"
 	if c.State == prices.StateSurge {
-		sev, what = budget.SeverityWarning, "surged"
+		sev, what = alert.SeverityWarning, "surged"
 	}
-	a := budget.Alert{
-		Kind: budget.KindPrice, Severity: sev, Scope: mp.GPUName, Threshold: c.Change, Time: now,
+	a := alert.Alert{
+		Kind: alert.KindPrice, Severity: sev, Scope: mp.GPUName, Threshold: c.Change, Time: now,
 		GPUName: mp.GPUName, PriceUSDPerHour: mp.Median, ReferenceUSDPerHour: c.Reference, Change: c.Change,
 		Message: fmt.Sprintf("%s price %s %+.1f%%: median %s/GPU-h vs %s trailing %s average (cheapest %s, %s)",
 			mp.GPUName, what, 100*c.Change, money.Rate(mp.Median), money.Rate(c.Reference), windowLabel(w.cfg.Rule.Window), money.Rate(mp.Cheapest), plural.N(mp.Offers, "offer")),
 	}
-	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", budget.KindPrice, k, now.UnixNano()), a)
+	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", alert.KindPrice, k, now.UnixNano()), a)
 }
 
 var histEscaper = strings.NewReplacer("%", "%25", "/", "%2F")

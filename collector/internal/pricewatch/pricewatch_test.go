@@ -16,7 +16,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/prices"
@@ -75,7 +75,7 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 	base := fixture(t)
 	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
 	clk := clock.NewFake(t0)
-	rec := &budget.Recorder{Store: st}
+	rec := &alert.Recorder{Store: st}
 	w := New(Config{Clock: clk}, nil, st, rec, quiet())
 	ctx := context.Background()
 	var alerts []int
@@ -89,15 +89,15 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 	if want := []int{0, 0, 0, 0, 0, 1, 0, 1}; len(alerts) != len(want) || alerts[5] != 1 || alerts[7] != 1 || alerts[3] != 0 || alerts[6] != 0 {
 		t.Fatalf("alerts per fetch %v, want %v", alerts, want)
 	}
-	listed, err := rec.List(budget.KindPrice)
+	listed, err := rec.List(alert.KindPrice)
 	if err != nil || len(listed) != 2 {
 		t.Fatalf("%d price alerts (%v)", len(listed), err)
 	}
-	if a := listed[0]; a.GPUName != "RTX 4090" || a.Severity != budget.SeverityInfo || a.Change > -0.12 || a.ReferenceUSDPerHour <= a.PriceUSDPerHour ||
+	if a := listed[0]; a.GPUName != "RTX 4090" || a.Severity != alert.SeverityInfo || a.Change > -0.12 || a.ReferenceUSDPerHour <= a.PriceUSDPerHour ||
 		!strings.Contains(a.Message, "RTX 4090 price dropped -12.9%: median $0.352/GPU-h vs $0.404 trailing 24 h average") {
 		t.Errorf("drop alert %+v", a)
 	}
-	if a := listed[1]; a.Severity != budget.SeverityWarning || a.Change < 0.25 {
+	if a := listed[1]; a.Severity != alert.SeverityWarning || a.Change < 0.25 {
 		t.Errorf("surge alert %+v", a)
 	}
 	if p, ok := w.CurrentPrice("rtx-4090"); !ok || math.Abs(p-0.35*1.25) > 1e-9 {
@@ -107,7 +107,7 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 
 	st = openStore(t, dir)
 	defer st.Close()
-	rec = &budget.Recorder{Store: st}
+	rec = &alert.Recorder{Store: st}
 	w = New(Config{Clock: clk}, nil, st, rec, quiet())
 	if p, ok := w.CurrentPrice("H100 SXM"); !ok || p != 18.12/8 {
 		t.Errorf("after restart: H100 price %v %v", p, ok)
@@ -171,7 +171,7 @@ func TestCurrentPriceOfNVMLNames(t *testing.T) {
 func TestHistoryOfModelsWithSlashes(t *testing.T) {
 	st := openStore(t, t.TempDir())
 	defer st.Close()
-	rec := &budget.Recorder{Store: st}
+	rec := &alert.Recorder{Store: st}
 	w := New(Config{}, nil, st, rec, quiet())
 	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
 	offers := []prices.Offer{

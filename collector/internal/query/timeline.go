@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/advisor"
-	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -379,16 +379,16 @@ func (s *Server) recordedEvents(run, gpuName string, first, last time.Time) ([]*
 				Text: fmt.Sprintf("dataloader advice %s: num_workers %d, prefetch_factor %d (%s)", state, e.GetNumWorkers(), e.GetPrefetchFactor(), e.GetReason())})
 		}
 	}
-	if st, ok := s.store.(budget.AlertStore); ok {
-		alerts, err := (&budget.Recorder{Store: st}).List("")
+	if st, ok := s.store.(alert.Store); ok {
+		alerts, err := (&alert.Recorder{Store: st}).List("")
 		if err != nil {
 			return nil, err
 		}
 		for _, a := range alerts {
 			switch {
-			case a.Kind == budget.KindBudget && slices.Contains(a.RunIDs, run):
+			case a.Kind == alert.KindBudget && slices.Contains(a.RunIDs, run):
 				out = append(out, &trainmeterv1.TimelineEvent{Time: timestamppb.New(a.Time), Kind: "budget_alert", Text: a.Message})
-			case a.Kind == budget.KindPrice && gpuName != "" && a.GPUName == gpuName && !first.IsZero() && !a.Time.Before(first) && !a.Time.After(last):
+			case a.Kind == alert.KindPrice && gpuName != "" && a.GPUName == gpuName && !first.IsZero() && !a.Time.Before(first) && !a.Time.After(last):
 				out = append(out, &trainmeterv1.TimelineEvent{Time: timestamppb.New(a.Time), Kind: "price_alert", Text: a.Message})
 			}
 		}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/advisor"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
-	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
@@ -45,13 +45,13 @@ func TestTimelineRecordedEvents(t *testing.T) {
 	if err := st.PutRecords(advisor.Namespace, map[string][]byte{fmt.Sprintf("r\x00e\x00n1\x00%020d", tu.TS(4).AsTime().UnixNano()): ev}); err != nil {
 		t.Fatal(err)
 	}
-	rec := &budget.Recorder{Store: st}
-	for key, a := range map[string]budget.Alert{
-		"b1": {Kind: budget.KindBudget, Message: "team:nlp at 75 %", Time: tu.TS(6).AsTime(), RunIDs: []string{"q", "r"}},
-		"b2": {Kind: budget.KindBudget, Message: "other runs' budget", Time: tu.TS(6).AsTime(), RunIDs: []string{"q"}},
-		"p1": {Kind: budget.KindPrice, Message: "Sim GPU price down 12 %", Time: tu.TS(7).AsTime(), GPUName: "Sim GPU"},
-		"p2": {Kind: budget.KindPrice, Message: "H100 price down", Time: tu.TS(7).AsTime(), GPUName: "H100"},
-		"p3": {Kind: budget.KindPrice, Message: "Sim GPU before the run", Time: tu.TS(-60).AsTime(), GPUName: "Sim GPU"},
+	rec := &alert.Recorder{Store: st}
+	for key, a := range map[string]alert.Alert{
+		"b1": {Kind: alert.KindBudget, Message: "team:nlp at 75 %", Time: tu.TS(6).AsTime(), RunIDs: []string{"q", "r"}},
+		"b2": {Kind: alert.KindBudget, Message: "other runs' budget", Time: tu.TS(6).AsTime(), RunIDs: []string{"q"}},
+		"p1": {Kind: alert.KindPrice, Message: "Sim GPU price down 12 %", Time: tu.TS(7).AsTime(), GPUName: "Sim GPU"},
+		"p2": {Kind: alert.KindPrice, Message: "H100 price down", Time: tu.TS(7).AsTime(), GPUName: "H100"},
+		"p3": {Kind: alert.KindPrice, Message: "Sim GPU before the run", Time: tu.TS(-60).AsTime(), GPUName: "Sim GPU"},
 	} {
 		if _, err := rec.Fire(context.Background(), key, a); err != nil {
 			t.Fatal(err)

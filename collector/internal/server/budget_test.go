@@ -8,26 +8,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-type sinkFunc func(budget.Alert)
+type sinkFunc func(alert.Alert)
 
-func (f sinkFunc) Alert(_ context.Context, a budget.Alert) { f(a) }
+func (f sinkFunc) Alert(_ context.Context, a alert.Alert) { f(a) }
 
 // TestBudgetServiceWired: the collector serves BudgetService over gRPC, its
 // budget manager sees the batches ingest applies, and alerts reach the
 // configured sinks.
 func TestBudgetServiceWired(t *testing.T) {
 	var mu sync.Mutex
-	var got []budget.Alert
-	srv := start(t, server.Config{GPUPricePerHour: 3600, Budget: server.BudgetConfig{
-		EvalInterval: 10 * time.Millisecond,
-		AlertSinks:   []budget.AlertSink{sinkFunc(func(a budget.Alert) { mu.Lock(); got = append(got, a); mu.Unlock() })},
-	}})
+	var got []alert.Alert
+	srv := start(t, server.Config{GPUPricePerHour: 3600, Budget: server.BudgetConfig{EvalInterval: 10 * time.Millisecond},
+		Alerts: server.AlertConfig{Sinks: []alert.Sink{sinkFunc(func(a alert.Alert) { mu.Lock(); got = append(got, a); mu.Unlock() })}},
+	})
 	conn := tu.Dial(t, srv.Addr().String())
 	bs := trainmeterv1.NewBudgetServiceClient(conn)
 	if _, err := bs.SetBudget(t.Context(), &trainmeterv1.SetBudgetRequest{Scope: "model:llama", LimitUsd: 1.5}); err != nil {
@@ -65,12 +64,14 @@ func TestBudgetServiceWired(t *testing.T) {
 }
 
 func TestBudgetConfigValidate(t *testing.T) {
-	for _, c := range []server.BudgetConfig{
-		{PriceProvider: "aws"}, {PriceProvider: "file"}, {Timezone: "Nowhere/Land"},
-		{EvalInterval: -time.Second}, {PriceFetchInterval: -time.Second},
-		{Webhook: budget.WebhookConfig{URLs: []string{"not a url"}}},
+	for _, c := range []server.Config{
+		{Prices: server.PriceConfig{Provider: "aws"}}, {Prices: server.PriceConfig{Provider: "file"}},
+		{Budget: server.BudgetConfig{Timezone: "Nowhere/Land"}},
+		{Budget: server.BudgetConfig{EvalInterval: -time.Second}}, {Prices: server.PriceConfig{FetchInterval: -time.Second}},
+		{Alerts: server.AlertConfig{Webhook: alert.WebhookConfig{URLs: []string{"not a url"}}}},
 	} {
-		if err := (server.Config{Listen: "127.0.0.1:0", DataDir: "d", Budget: c}).Validate(); err == nil {
+		c.Listen, c.DataDir = "127.0.0.1:0", "d"
+		if err := c.Validate(); err == nil {
 			t.Errorf("config %+v accepted", c)
 		}
 	}
@@ -81,8 +82,8 @@ func TestBudgetConfigValidate(t *testing.T) {
 func TestMissingPriceFileStopsStart(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "prices.csv")
 	for _, path := range []string{missing, t.TempDir()} {
-		srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Budget: server.BudgetConfig{
-			PriceProvider: "file", PriceFile: path, PriceFetchInterval: time.Hour,
+		srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Prices: server.PriceConfig{
+			Provider: "file", File: path, FetchInterval: time.Hour,
 		}}, nil)
 		err := srv.Start(t.Context())
 		if err == nil {

@@ -4,20 +4,21 @@ import (
 	"context"
 	"strconv"
 
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
 	"github.com/trainmeter/trainmeter/collector/internal/telemetry"
 )
 
 // otelAlerts sends budget and price alerts out as OTel log records.
-type otelAlerts struct{ t *telemetry.Telemetry }
+type otelAlerts struct{ t telemetry.AlertLogger }
 
-func (o otelAlerts) Alert(ctx context.Context, a budget.Alert) {
+func (o otelAlerts) Alert(ctx context.Context, a alert.Alert) {
 	o.t.EmitAlert(ctx, telemetry.Alert{Kind: a.Kind, Severity: a.Severity, Scope: a.Scope, Message: a.Message, Time: a.Time, Attributes: alertAttributes(a)})
 }
 
 // alertAttributes are an alert's details, sent as trainmeter.alert.<key>
 // record attributes (docs/otel.md lists the keys); empty ones are left out.
-func alertAttributes(a budget.Alert) map[string]string {
+func alertAttributes(a alert.Alert) map[string]string {
 	attrs := map[string]string{"id": a.ID, "severity": a.Severity}
 	set := func(k, v string) {
 		if v != "" {
@@ -39,7 +40,7 @@ func alertAttributes(a budget.Alert) map[string]string {
 	num("price_usd_per_hour", a.PriceUSDPerHour)
 	num("reference_usd_per_hour", a.ReferenceUSDPerHour)
 	num("change", a.Change)
-	if a.Kind == budget.KindBudget {
+	if a.Kind == alert.KindBudget {
 		attrs["projected"] = strconv.FormatBool(a.Projected)
 	}
 	return attrs

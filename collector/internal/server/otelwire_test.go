@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/internal/oteltest"
 )
 
@@ -39,10 +39,10 @@ func TestAlertAttributesAreDocumented(t *testing.T) {
 	sort.Strings(documented)
 
 	at := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
-	full := []budget.Alert{
-		{Kind: budget.KindBudget, ID: "a1", Severity: "exceeded", Scope: "team-a", Period: "month", PeriodKey: "2026-11",
+	full := []alert.Alert{
+		{Kind: alert.KindBudget, ID: "a1", Severity: "exceeded", Scope: "team-a", Period: "month", PeriodKey: "2026-11",
 			BudgetID: "b1", Threshold: 1, SpentUSD: 12, BudgetUSD: 10, Projected: true, Time: at},
-		{Kind: budget.KindPrice, ID: "a2", Severity: "warning", Scope: "H100", GPUName: "H100", Threshold: 0.25,
+		{Kind: alert.KindPrice, ID: "a2", Severity: "warning", Scope: "H100", GPUName: "H100", Threshold: 0.25,
 			PriceUSDPerHour: 2.5, ReferenceUSDPerHour: 2, Change: 0.25, Time: at},
 	}
 	seen := map[string]bool{}
@@ -59,7 +59,7 @@ func TestAlertAttributesAreDocumented(t *testing.T) {
 	if !slices.Equal(sent, documented) {
 		t.Errorf("alert record attributes %v, docs/otel.md documents %v", sent, documented)
 	}
-	if got := alertAttributes(budget.Alert{Kind: budget.KindPrice, ID: "x", Severity: "info"}); len(got) != 2 {
+	if got := alertAttributes(alert.Alert{Kind: alert.KindPrice, ID: "x", Severity: "info"}); len(got) != 2 {
 		t.Errorf("a price alert without details has attributes %v, want only id and severity", got)
 	}
 }

@@ -28,12 +28,16 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/advisor"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/auth"
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
+	"github.com/trainmeter/trainmeter/collector/internal/optimizer"
+	"github.com/trainmeter/trainmeter/collector/internal/pricewatch"
 	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/collector/internal/telemetry"
+	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
@@ -91,8 +95,14 @@ type Config struct {
 	// Token files (see package auth); empty: that check is off.
 	IngestTokensFile, ReadTokenFile, AdminTokenFile string
 
-	// Budget: budgets, alert webhooks, GPU prices (budget.go).
+	// Budget: budgets; Alerts: where their alerts (and price alerts) go;
+	// Prices: the GPU price provider (budget.go).
 	Budget BudgetConfig
+	Alerts AlertConfig
+	Prices PriceConfig
+	// Clock of the budget evaluation and price fetch loops; nil: the wall
+	// clock.
+	Clock clock.Clock
 	// OTel is the OpenTelemetry export (OTLP push, Prometheus /metrics);
 	// the zero value exports nothing (docs/otel.md).
 	OTel otelexport.Config
@@ -131,8 +141,10 @@ func (c Config) Validate() error {
 	if err := c.TLSOptions().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := c.Budget.Validate(); err != nil {
-		errs = append(errs, err)
+	for _, err := range []error{c.Budget.Validate(), c.Alerts.Validate(), c.Prices.Validate()} {
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := c.OTel.Validate(); err != nil {
 		errs = append(errs, err)
@@ -168,16 +180,19 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 
-	mu      sync.Mutex
-	started bool
-	store   *store.Store
-	ingest  *ingest.Server
-	advisor *advisor.Advisor
-	grpc    *grpc.Server
-	health  *health.Server
-	lis     net.Listener
-	served  chan struct{}
-	stopped bool
+	mu       sync.Mutex
+	started  bool
+	store    *store.Store
+	ingest   *ingest.Server
+	advisor  *advisor.Advisor
+	webhooks *alert.Webhooks
+	budgets  *budget.Manager
+	prices   *pricewatch.Watcher
+	grpc     *grpc.Server
+	health   *health.Server
+	lis      net.Listener
+	served   chan struct{}
+	stopped  bool
 
 	// Self-observability (status.go).
 	startedAt   time.Time
@@ -185,7 +200,6 @@ type Server struct {
 	statusSrv   *http.Server
 	summaryStop chan struct{}
 
-	budget    *budgetParts
 	telemetry *telemetry.Telemetry // nil when OTel export is off
 }
 
@@ -198,7 +212,16 @@ func New(cfg Config, log *slog.Logger) *Server {
 }
 
 // Start validates the config, opens the store, listens and serves.
-func (s *Server) Start(ctx context.Context) error {
+//
+// The parts are built in the order they depend on each other, each once:
+// the store; the listener; ingest; the OTel exporter (alerts go out through
+// it); the alert sinks; the price watcher (the cost
+// model's price catalog unless one is configured); the budget manager,
+// which prices runs with that catalog and fires to the same sinks;
+// the live dataloader advisor; the OTel metrics, which read the budget
+// manager and the advisor; the gRPC services. What was started is undone,
+// newest first, if a later step fails.
+func (s *Server) Start(ctx context.Context) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.started {
@@ -207,71 +230,88 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.cfg.Validate(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	if err := s.cfg.Budget.checkFiles(); err != nil {
+	if err := s.cfg.Prices.checkFiles(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+
 	st, err := store.Open(s.cfg.DataDir, s.storeOptions())
 	if err != nil {
 		return err
 	}
+	undo = append(undo, func() { st.Close() })
 	opts, err := s.securityOptions()
 	if err != nil {
-		st.Close()
 		return err
 	}
 	var lc net.ListenConfig
 	lis, err := lc.Listen(ctx, "tcp", s.cfg.Listen)
 	if err != nil {
-		st.Close()
 		return fmt.Errorf("listen on %s: %w", s.cfg.Listen, err)
 	}
+	undo = append(undo, func() { lis.Close() })
 	st.StartGC(s.cfg.GCInterval)
-
 	ing := ingest.New(st, s.log)
 	ing.SetClock(s.cfg.Now)
-	// Without a configured catalog, the collector's own GPU price history
-	// (price watcher, started in startBudget) is the catalog.
-	pricing := s.cfg.Pricing()
-	var catalog *catalogRef
-	if pricing.Catalog == nil {
-		catalog = &catalogRef{}
-		pricing.Catalog = catalog
-	}
-	// OTel export first: the budget manager's alerts go out through it too.
-	var tel *telemetry.Telemetry
+
+	var exp *otelexport.Exporter
 	if s.cfg.OTel.Enabled() {
-		tel, err = telemetry.Start(ctx, telemetry.Options{
-			Config:   s.cfg.OTel,
-			Resource: otelexport.Resource{ServiceName: "trainmeter-collector", InstanceID: instanceID(lis.Addr())},
-			Runs:     st, Nodes: ing, Pricing: pricing, Now: s.cfg.Now, Logger: s.log,
-		})
+		res := otelexport.Resource{ServiceName: "trainmeter-collector", InstanceID: instanceID(lis.Addr())}
+		if exp, err = otelexport.Start(ctx, s.cfg.OTel, res, s.log); err != nil {
+			return fmt.Errorf("otel export: %w", err)
+		}
+		undo = append(undo, func() { _ = exp.Shutdown(ctx) })
+	}
+
+	webhooks := alert.NewWebhooks(s.cfg.Alerts.Webhook, st, s.log)
+	sinks := append(alert.Sinks{webhooks}, s.cfg.Alerts.Sinks...)
+	if exp != nil {
+		sinks = append(sinks, otelAlerts{telemetry.NewAlertLog(exp, s.cfg.Now)})
+	}
+	prices := pricewatch.New(pricewatch.Config{Interval: s.cfg.Prices.FetchInterval, Clock: s.cfg.Clock}, s.cfg.Prices.provider(), st,
+		&alert.Recorder{Store: st, Sink: sinks}, s.log)
+	pricing := s.cfg.Pricing()
+	if pricing.Catalog == nil {
+		// Without a configured catalog, the collector's own GPU price
+		// history is the catalog.
+		pricing.Catalog = prices
+	}
+	loc, _ := time.LoadLocation(s.cfg.Budget.Timezone) // checked by Validate
+	report := func(a *aggregate.State) *trainmeterv1.RunReport { return a.Report(pricing) }
+	budgets := budget.New(budget.Config{EvalInterval: s.cfg.Budget.EvalInterval, Location: loc, Clock: s.cfg.Clock}, st, report, ing, sinks, s.log)
+	budgets.SetPricing(pricing)
+	adv := advisor.New(st, ing, s.log)
+
+	var tel *telemetry.Telemetry
+	if exp != nil {
+		tel, err = telemetry.New(telemetry.Options{Exporter: exp, Runs: st, Nodes: ing, Pricing: pricing, Now: s.cfg.Now, Logger: s.log,
+			Budgets: budgetUse{budgets}, Recommendations: adv})
 		if err != nil {
-			lis.Close()
-			st.Close()
 			return fmt.Errorf("otel export: %w", err)
 		}
 		ing.OnApplied(tel.OnApplied)
 	}
-	qs := query.New(st, ing, pricing)
-	// Live dataloader advice: watches applied batches, advises down the stream.
-	adv := advisor.New(st, ing, s.log)
 	ing.OnApplied(adv.Observe)
-	adv.Start()
+	ing.OnApplied(budgets.OnApplied)
+	qs := query.New(st, ing, pricing)
+	qs.SetPlans(budgets)
+
 	gs := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	}, opts...)...)
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	trainmeterv1.RegisterQueryServiceServer(gs, qs)
-	trainmeterv1.RegisterRecommendServiceServer(gs, advisor.NewService(st, pricing, pricing.Catalog))
-	var extraSinks []budget.AlertSink
-	if tel != nil {
-		extraSinks = append(extraSinks, otelAlerts{tel})
-	}
-	bp := s.startBudget(st, ing, gs, pricing, catalog, extraSinks)
-	qs.SetPlans(bp.manager)
-	tel.SetBudgetSource(budgetUse{bp.manager})
-	tel.SetRecommendationSource(adv)
+	trainmeterv1.RegisterRecommendServiceServer(gs, optimizer.NewService(st, pricing, pricing.Catalog))
+	trainmeterv1.RegisterBudgetServiceServer(gs, budget.NewService(budgets))
+	trainmeterv1.RegisterPriceServiceServer(gs, pricewatch.NewService(prices))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	for _, name := range []string{"", trainmeterv1.IngestService_ServiceDesc.ServiceName, trainmeterv1.QueryService_ServiceDesc.ServiceName, trainmeterv1.RecommendService_ServiceDesc.ServiceName} {
@@ -279,18 +319,21 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	reflection.Register(gs)
 
+	adv.Start()
+	undo = append(undo, adv.Close)
+	webhooks.Start()
+	undo = append(undo, webhooks.Shutdown)
+	budgets.Start()
+	undo = append(undo, budgets.Shutdown)
+	prices.Start()
+	undo = append(undo, prices.Shutdown)
 	if err := s.startStatus(); err != nil {
-		adv.Close()
-		bp.shutdown()
-		_ = tel.Shutdown(ctx)
-		lis.Close()
-		st.Close()
 		return err
 	}
 	s.summaryStop = make(chan struct{})
 	go s.logSummary(time.Minute, s.summaryStop)
-	s.store, s.ingest, s.grpc, s.health, s.lis, s.budget = st, ing, gs, hs, lis, bp
-	s.advisor, s.telemetry = adv, tel
+	s.store, s.ingest, s.grpc, s.health, s.lis = st, ing, gs, hs, lis
+	s.advisor, s.webhooks, s.budgets, s.prices, s.telemetry = adv, webhooks, budgets, prices, tel
 	s.served = make(chan struct{})
 	s.started = true
 	go func() {
@@ -390,7 +433,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	<-s.served
 	s.advisor.Close()
-	s.budget.shutdown()
+	s.prices.Shutdown()
+	s.budgets.Shutdown()
+	s.webhooks.Shutdown()
 	close(s.summaryStop)
 	s.stopStatus()
 	// The last export reads the run aggregates: before the store closes.

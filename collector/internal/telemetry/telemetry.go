@@ -85,10 +85,14 @@ type AlertLogger interface {
 	EmitAlert(ctx context.Context, a Alert)
 }
 
-// Options configure Start.
+// Options configure New.
 type Options struct {
-	Config   otelexport.Config
-	Resource otelexport.Resource
+	// Exporter is the started OTel export (otelexport.Start) the figures go
+	// out through; the Telemetry owns it from New on and shuts it down. It
+	// is started before the Telemetry so that alerts (AlertLog) can go out
+	// through it while the components that feed Budgets and Recommendations
+	// are built.
+	Exporter *otelexport.Exporter
 	Runs     Runs
 	Nodes    Nodes
 	Pricing  aggregate.Pricing
@@ -98,6 +102,10 @@ type Options struct {
 	RunWindow time.Duration
 	MaxRuns   int
 	Logger    *slog.Logger
+	// Budgets and Recommendations feed trainmeter.budget.use_ratio and
+	// trainmeter.recommendations; nil: those series are not exported.
+	Budgets         BudgetSource
+	Recommendations RecommendationSource
 }
 
 // Telemetry is the collector's OTel export. A nil *Telemetry does nothing.
@@ -106,20 +114,17 @@ type Telemetry struct {
 	log    *slog.Logger
 	exp    *otelexport.Exporter
 	gpus   *otelexport.GPUMetrics
-	logger otellog.Logger
+	alerts *AlertLog
 
 	mu     sync.Mutex
 	recent map[string]time.Time // run id → when a batch last touched it
-
-	srcMu   sync.Mutex
-	budgets BudgetSource
-	recs    RecommendationSource
 }
 
-// Start starts the export described by o.Config (which must be Enabled).
-func Start(ctx context.Context, o Options) (*Telemetry, error) {
-	if o.Runs == nil || o.Nodes == nil {
-		return nil, errors.New("telemetry: runs and nodes are required")
+// New registers the collector's metrics on o.Exporter. On error the
+// exporter is left to the caller.
+func New(o Options) (*Telemetry, error) {
+	if o.Exporter == nil || o.Runs == nil || o.Nodes == nil {
+		return nil, errors.New("telemetry: exporter, runs and nodes are required")
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -133,13 +138,9 @@ func Start(ctx context.Context, o Options) (*Telemetry, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	exp, err := otelexport.Start(ctx, o.Config, o.Resource, o.Logger)
-	if err != nil {
-		return nil, err
-	}
-	t := &Telemetry{o: o, log: o.Logger, exp: exp, logger: exp.Logger(), recent: map[string]time.Time{}}
+	exp := o.Exporter
+	t := &Telemetry{o: o, log: o.Logger, exp: exp, alerts: NewAlertLog(exp, o.Now), recent: map[string]time.Time{}}
 	if err := t.register(exp.Meter()); err != nil {
-		_ = exp.Shutdown(ctx)
 		return nil, err
 	}
 	return t, nil
@@ -170,30 +171,8 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	return t.exp.Shutdown(ctx)
 }
 
-// SetBudgetSource sets (or, with nil, clears) where budget use comes from.
-func (t *Telemetry) SetBudgetSource(s BudgetSource) {
-	if t == nil {
-		return
-	}
-	t.srcMu.Lock()
-	defer t.srcMu.Unlock()
-	t.budgets = s
-}
-
-// SetRecommendationSource sets (or clears) where recommendation counts come from.
-func (t *Telemetry) SetRecommendationSource(s RecommendationSource) {
-	if t == nil {
-		return
-	}
-	t.srcMu.Lock()
-	defer t.srcMu.Unlock()
-	t.recs = s
-}
-
 func (t *Telemetry) sources() (BudgetSource, RecommendationSource) {
-	t.srcMu.Lock()
-	defer t.srcMu.Unlock()
-	return t.budgets, t.recs
+	return t.o.Budgets, t.o.Recommendations
 }
 
 // OnApplied is the ingest hook (ingest.Server.OnApplied): it folds the GPU
@@ -323,7 +302,35 @@ func (t *Telemetry) EmitAlert(ctx context.Context, a Alert) {
 	if t == nil {
 		return
 	}
-	now := t.o.Now()
+	t.alerts.EmitAlert(ctx, a)
+}
+
+// AlertLog sends alerts out as OTel log records through an exporter. It
+// needs only the exporter, so alerts can be wired before the Telemetry that
+// reads the budget and recommendation sources exists.
+type AlertLog struct {
+	logger otellog.Logger
+	now    func() time.Time
+}
+
+// NewAlertLog returns the alert log of exp; now nil: time.Now. A nil exp
+// gives a nil *AlertLog, which does nothing.
+func NewAlertLog(exp *otelexport.Exporter, now func() time.Time) *AlertLog {
+	if exp == nil {
+		return nil
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &AlertLog{logger: exp.Logger(), now: now}
+}
+
+// EmitAlert sends a as an OTel log record (nothing without OTLP).
+func (l *AlertLog) EmitAlert(ctx context.Context, a Alert) {
+	if l == nil {
+		return
+	}
+	now := l.now()
 	var r otellog.Record
 	r.SetEventName(EventAlert)
 	if a.Time.IsZero() {
@@ -345,7 +352,7 @@ func (t *Telemetry) EmitAlert(ctx context.Context, a Alert) {
 	for _, k := range keys {
 		r.AddAttributes(attribute.String("trainmeter.alert."+k, a.Attributes[k]))
 	}
-	t.logger.Emit(ctx, r)
+	l.logger.Emit(ctx, r)
 }
 
 func severity(s string) (otellog.Severity, string) {
@@ -362,4 +369,7 @@ func severity(s string) (otellog.Severity, string) {
 	return otellog.SeverityInfo, "INFO"
 }
 
-var _ AlertLogger = (*Telemetry)(nil)
+var (
+	_ AlertLogger = (*Telemetry)(nil)
+	_ AlertLogger = (*AlertLog)(nil)
+)

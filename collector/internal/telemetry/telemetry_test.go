@@ -68,14 +68,24 @@ func (r *recs) Counts() map[string]int {
 
 func startTelemetry(t *testing.T, cfg otelexport.Config, now func() time.Time) (*Telemetry, *store.Store) {
 	t.Helper()
+	return startTelemetryWith(t, cfg, now, nil, nil)
+}
+
+func startTelemetryWith(t *testing.T, cfg otelexport.Config, now func() time.Time, b BudgetSource, r RecommendationSource) (*Telemetry, *store.Store) {
+	t.Helper()
 	st, err := store.Open(t.TempDir(), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	tel, err := Start(context.Background(), Options{Config: cfg, Resource: otelexport.Resource{ServiceName: "trainmeter-collector", InstanceID: "test"},
-		Runs: st, Nodes: ingest.New(st, nil), Now: now, MaxRuns: 2, RunWindow: time.Minute})
+	exp, err := otelexport.Start(context.Background(), cfg, otelexport.Resource{ServiceName: "trainmeter-collector", InstanceID: "test"}, nil)
 	if err != nil {
+		t.Fatal(err)
+	}
+	tel, err := New(Options{Exporter: exp, Runs: st, Nodes: ingest.New(st, nil), Now: now, MaxRuns: 2, RunWindow: time.Minute,
+		Budgets: b, Recommendations: r})
+	if err != nil {
+		_ = exp.Shutdown(context.Background())
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -129,8 +139,7 @@ func TestSourcesReachPrometheus(t *testing.T) {
 	r.issue("dataloader")
 	r.issue("dataloader")
 	r.issue("stop")
-	tel.SetBudgetSource(b)
-	tel.SetRecommendationSource(r)
+	tel, _ = startTelemetryWith(t, otelexport.Config{PrometheusListen: "127.0.0.1:0"}, nil, b, r)
 	text = scrape(t, tel)
 	for _, c := range []struct{ name, want string }{
 		{`trainmeter_budget_use_ratio trainmeter_budget_scope="team-a" trainmeter_budget_period="month"`, "0.42"},
@@ -152,18 +161,17 @@ func TestSourcesReachPrometheus(t *testing.T) {
 		}
 	}
 
-	tel.SetBudgetSource(nil)
-	tel.SetRecommendationSource(nil)
+	b.mu.Lock()
+	b.use = nil
+	b.mu.Unlock()
 	if text := scrape(t, tel); strings.Contains(text, "trainmeter_budget_use_ratio{") {
-		t.Errorf("budget series still exported after the source was cleared")
+		t.Errorf("budget series still exported after the budgets were gone")
 	}
 }
 
 func TestNilTelemetryIsSafe(t *testing.T) {
 	var tel *Telemetry
 	tel.OnApplied("n", &pb.Batch{})
-	tel.SetBudgetSource(&budgets{})
-	tel.SetRecommendationSource(&recs{})
 	tel.EmitAlert(context.Background(), Alert{Kind: "budget"})
 	if err := tel.Flush(context.Background()); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package budget
+package alert
 
 import (
 	"bytes"
@@ -156,7 +156,7 @@ func (w *Webhooks) Shutdown() {
 	w.wg.Wait()
 }
 
-// Alert implements AlertSink.
+// Alert implements Sink.
 func (w *Webhooks) Alert(_ context.Context, a Alert) {
 	for _, h := range w.hooks {
 		if w.store != nil {

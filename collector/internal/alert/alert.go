@@ -1,4 +1,10 @@
-package budget
+// Package alert is the collector's alert record: what budgets, run cost caps
+// and price watching fire. A Recorder stores each alert once (by its dedup
+// key) and tells the sinks of new ones; Webhooks is the sink that POSTs them,
+// with retries that survive a restart. Budgets (package budget) and price
+// watching (package pricewatch) both fire through a Recorder and neither
+// depends on the other (docs/budgets.md).
+package alert
 
 import (
 	"context"
@@ -68,17 +74,17 @@ func alertID(key string) string {
 	return hex.EncodeToString(h[:8])
 }
 
-// AlertSink is told of each alert once, after it is stored. It must not
+// Sink is told of each alert once, after it is stored. It must not
 // block (queue and return). The webhook sender is one; an OpenTelemetry log
 // exporter can be another.
-type AlertSink interface {
+type Sink interface {
 	Alert(ctx context.Context, a Alert)
 }
 
 // Sinks fans an alert out to several sinks.
-type Sinks []AlertSink
+type Sinks []Sink
 
-// Alert implements AlertSink.
+// Alert implements Sink.
 func (s Sinks) Alert(ctx context.Context, a Alert) {
 	for _, k := range s {
 		if k != nil {
@@ -87,16 +93,16 @@ func (s Sinks) Alert(ctx context.Context, a Alert) {
 	}
 }
 
-// AlertStore is the part of the store alerts need.
-type AlertStore interface {
+// Store is the part of the store alerts need.
+type Store interface {
 	PutRecordIfAbsent(ns, k string, v []byte) (bool, error)
 	ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (bool, error)) error
 }
 
 // Recorder stores alerts once and tells the sinks of new ones.
 type Recorder struct {
-	Store AlertStore
-	Sink  AlertSink
+	Store Store
+	Sink  Sink
 }
 
 // Fire stores a under key unless an alert is stored there already; it

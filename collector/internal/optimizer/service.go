@@ -1,15 +1,19 @@
-package advisor
+// Package optimizer is the collector's RecommendService: cost
+// recommendations across finished runs (right-sizing, spot, scheduling, and
+// the dataloader settings the live advisor found for a run's next start).
+// The live dataloader advice itself, sent down the stream while a run
+// trains, is package advisor; this package only reads its history.
+package optimizer
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
-	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/collector/internal/advisor"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/internal/plural"
@@ -20,7 +24,7 @@ import (
 
 // ServiceStore is what the recommendation service reads.
 type ServiceStore interface {
-	Store
+	advisor.Store
 	ListRuns(ids []string) ([]*aggregate.State, error)
 	Nodes() ([]*pb.NodeStatus, error)
 }
@@ -110,11 +114,11 @@ func (s *Service) Recommend(_ context.Context, req *pb.RecommendRequest) (*pb.Re
 		if len(req.GetRunIds()) > 0 && !contains(req.GetRunIds(), id) {
 			continue
 		}
-		h, err := History(s.st, id)
+		h, err := advisor.History(s.st, id)
 		if err != nil {
 			return nil, storeErr(err)
 		}
-		if rec := DataloaderRecommendation(r.Report, h); rec != nil {
+		if rec := advisor.DataloaderRecommendation(r.Report, h); rec != nil {
 			recs = append(recs, rec)
 		}
 	}
@@ -132,49 +136,6 @@ func contains(xs []string, x string) bool {
 	return false
 }
 
-// DataloaderRecommendation turns a run's live advice history into a
-// recommendation for its next run: start with the last advised settings
-// (advice that reached the node; undelivered proposals are ignored).
-// Savings = expected gain (data-wait share when the first change was
-// advised) × the run's cost, i.e. the share of its step time spent
-// waiting; confidence 0.6 (the gain is an upper bound: the loader may not
-// make up the whole wait).
-func DataloaderRecommendation(r *pb.RunReport, h *pb.DataloaderHistoryResponse) *pb.Recommendation {
-	var first, last *pb.DataloaderEvaluation
-	for _, e := range h.GetEvaluations() {
-		if e.GetChanged() && e.GetDelivered() {
-			if first == nil {
-				first = e
-			}
-			last = e
-		}
-	}
-	if last == nil {
-		return nil
-	}
-	gain := first.GetExpectedGain()
-	risks := []string{"more workers and prefetch use more host RAM and CPU", "the expected gain is the data-wait share: an upper bound"}
-	if last.GetClassification() == "memory-bound" {
-		risks = []string{"less prefetch can expose data wait again", "the RAM may be used by something other than the loader"}
-	}
-	var reasons []string
-	for _, e := range h.GetEvaluations() {
-		if e.GetChanged() && e.GetDelivered() {
-			reasons = append(reasons, fmt.Sprintf("step %d %s: workers %d prefetch %d", e.GetStep(), e.GetClassification(), e.GetNumWorkers(), e.GetPrefetchFactor()))
-		}
-	}
-	return &pb.Recommendation{
-		Kind:       "dataloader",
-		Title:      fmt.Sprintf("Start %s with num_workers=%d, prefetch_factor=%d", r.GetRunId(), last.GetNumWorkers(), last.GetPrefetchFactor()),
-		Action:     fmt.Sprintf("DataLoader(num_workers=%d, prefetch_factor=%d) from the first epoch (%s)", last.GetNumWorkers(), last.GetPrefetchFactor(), last.GetClassification()),
-		SavingsUsd: gain * r.GetTotalCostUsd(), SavingsJ: gain * r.GetEnergyTotalJ(), Confidence: 0.6,
-		Risks:  risks,
-		RunIds: []string{r.GetRunId()}, Model: r.GetMetadata().GetModel(),
-		Evidence: fmt.Sprintf("data wait %.0f%% of step time when first advised, expected gain %.0f%%; advice: %s",
-			100*first.GetDataWaitShare(), 100*gain, strings.Join(reasons, "; ")),
-	}
-}
-
 // DataloaderHistory implements RecommendService.DataloaderHistory.
 func (s *Service) DataloaderHistory(_ context.Context, req *pb.DataloaderHistoryRequest) (*pb.DataloaderHistoryResponse, error) {
 	if req.GetRunId() == "" {
@@ -186,7 +147,7 @@ func (s *Service) DataloaderHistory(_ context.Context, req *pb.DataloaderHistory
 		}
 		return nil, storeErr(err)
 	}
-	h, err := History(s.st, req.GetRunId())
+	h, err := advisor.History(s.st, req.GetRunId())
 	if err != nil {
 		return nil, storeErr(err)
 	}
