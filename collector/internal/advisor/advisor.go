@@ -9,6 +9,7 @@
 package advisor
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"math"
@@ -24,6 +25,8 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/pkg/dataloader"
 	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/internal/lifecycle"
 )
 
 // Namespace is the store record namespace of the advice history.
@@ -147,7 +150,7 @@ func New(st Store, send Sender, log *slog.Logger) *Advisor {
 }
 
 // Start runs the worker goroutine.
-func (a *Advisor) Start() {
+func (a *Advisor) Start(context.Context) error {
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
@@ -163,13 +166,17 @@ func (a *Advisor) Start() {
 			}
 		}
 	}()
+	return nil
 }
 
-// Close stops the worker; batches still queued are dropped (advice is
-// advisory: nothing is lost that the store does not hold).
-func (a *Advisor) Close() {
+// Shutdown stops the worker, waiting for the batch in progress until ctx
+// ends; batches still queued are dropped (advice is advisory: nothing is
+// lost that the store does not hold).
+func (a *Advisor) Shutdown(ctx context.Context) error {
 	a.once.Do(func() { close(a.done) })
-	a.wg.Wait()
+	stopped := make(chan struct{})
+	go func() { a.wg.Wait(); close(stopped) }()
+	return lifecycle.Wait(ctx, stopped, "dataloader advisor")
 }
 
 // Stats are the advisor's counters.

@@ -1,6 +1,7 @@
 package advisor
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"sync"
@@ -58,8 +59,15 @@ func newRig(t *testing.T) *rig {
 	r := &rig{t: t, st: st, rec: &recorder{}, seq: map[string]uint64{}}
 	r.a = New(st, r.rec, nil)
 	r.a.processed = make(chan struct{}, 1)
-	r.a.Start()
-	t.Cleanup(func() { r.a.Close(); st.Close() })
+	if err := r.a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := r.a.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+		st.Close()
+	})
 	return r
 }
 
@@ -218,7 +226,9 @@ func TestObserveNeverBlocks(t *testing.T) {
 	if got := a.Stats().Skipped; got != 10 {
 		t.Errorf("skipped %d, want 10", got)
 	}
-	a.Close()
+	if err := a.Shutdown(context.Background()); err != nil {
+		t.Error(err)
+	}
 }
 
 func TestIdleRunsAreForgotten(t *testing.T) {

@@ -1,9 +1,11 @@
 package alert
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -26,4 +28,22 @@ func openStore(t *testing.T, dir string) *store.Store {
 		t.Fatal(err)
 	}
 	return st
+}
+
+func start(t *testing.T, w *Webhooks) {
+	t.Helper()
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// shutdown stops w and waits for its senders; calling it again is a no-op
+// wait.
+func shutdown(t *testing.T, w *Webhooks) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := w.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -17,6 +17,10 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
+
+	"github.com/trainmeter/trainmeter/internal/lifecycle"
 )
 
 // NSWebhookPending holds the deliveries not yet acknowledged, so that an
@@ -38,6 +42,8 @@ type WebhookConfig struct {
 	// QueueSize per URL; an alert that finds the queue full is dropped (and
 	// logged); 0: 1000.
 	QueueSize int
+	// Clock times the waits between attempts; nil: the wall clock.
+	Clock clock.Clock
 }
 
 // Validate checks the config.
@@ -70,6 +76,9 @@ func (c WebhookConfig) withDefaults() WebhookConfig {
 	}
 	if c.QueueSize == 0 {
 		c.QueueSize = 1000
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
 	}
 	return c
 }
@@ -126,8 +135,9 @@ func NewWebhooks(cfg WebhookConfig, store PendingStore, log *slog.Logger) *Webho
 	return w
 }
 
-// Start re-queues what was pending and starts the senders.
-func (w *Webhooks) Start() {
+// Start re-queues what was pending and starts the senders. ctx bounds only
+// the start: the senders run until Shutdown.
+func (w *Webhooks) Start(context.Context) error {
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	for _, h := range w.hooks {
 		if w.store != nil {
@@ -145,15 +155,19 @@ func (w *Webhooks) Start() {
 		w.wg.Add(1)
 		go w.run(h)
 	}
+	return nil
 }
 
-// Shutdown stops the senders; undelivered alerts stay pending in the store.
-func (w *Webhooks) Shutdown() {
+// Shutdown stops the senders (a POST in flight is cancelled) and waits for
+// them until ctx ends; undelivered alerts stay pending in the store.
+func (w *Webhooks) Shutdown(ctx context.Context) error {
 	if w.cancel == nil {
-		return
+		return nil
 	}
 	w.cancel()
-	w.wg.Wait()
+	stopped := make(chan struct{})
+	go func() { w.wg.Wait(); close(stopped) }()
+	return lifecycle.Wait(ctx, stopped, "webhook senders")
 }
 
 // Alert implements Sink.
@@ -213,12 +227,10 @@ func (w *Webhooks) deliver(h *hook, a Alert) bool {
 		}
 		wait := min(max(backoff/2+rand.N(backoff/2+1), retryAfter), w.cfg.MaxBackoff)
 		w.log.Warn("webhook delivery failed; retrying", "url", h.logURL, "alert", a.ID, "attempt", attempt, "in", wait, "err", err)
-		t := time.NewTimer(wait)
 		select {
 		case <-w.ctx.Done():
-			t.Stop()
 			return false
-		case <-t.C:
+		case <-w.cfg.Clock.After(wait):
 		}
 		backoff = min(2*backoff, w.cfg.MaxBackoff)
 	}

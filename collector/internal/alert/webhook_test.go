@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // receiver is a real HTTP server that answers POSTs with the next status
@@ -69,37 +71,62 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 
 var fast = WebhookConfig{BaseBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxAttempts: 5}
 
+// retries lets n backoff waits of the sender pass on clk: it advances the
+// clock each time the sender waits on it.
+func retries(t *testing.T, clk *clock.Fake, n int, maxBackoff time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range n {
+		if err := clk.AwaitWaiters(ctx, 1); err != nil {
+			t.Fatalf("retry %d: the sender never waited: %v", i+1, err)
+		}
+		clk.Advance(maxBackoff)
+	}
+}
+
 func TestWebhookRetriesThenDeliversOnce(t *testing.T) {
 	r := newReceiver(t, 503, 429, 500)
+	clk := clock.NewFake(time.Unix(0, 0))
 	cfg := fast
-	cfg.URLs = []string{r.srv.URL}
+	cfg.URLs, cfg.Clock = []string{r.srv.URL}, clk
 	w := NewWebhooks(cfg, nil, quiet())
-	w.Start()
-	defer w.Shutdown()
+	start(t, w)
+	defer shutdown(t, w)
 	w.Alert(context.Background(), Alert{ID: "a1", Kind: KindBudget, Severity: SeverityInfo, Threshold: 0.5, Message: "m"})
+	retries(t, clk, 3, cfg.MaxBackoff)
 	waitFor(t, "delivery", func() bool { _, n := r.counts(); return n == 1 })
-	time.Sleep(100 * time.Millisecond)
-	if posts, n := r.counts(); posts != 4 || n != 1 {
-		t.Errorf("%d POSTs, %d accepted: want 3 failures retried, then one delivery", posts, n)
-	}
+	r.mu.Lock()
 	if r.accepted[0].ID != "a1" || r.accepted[0].Threshold != 0.5 || r.header.Get("Idempotency-Key") != "a1" || r.header.Get("Content-Type") != "application/json" {
 		t.Errorf("delivered %+v with headers %v", r.accepted[0], r.header)
+	}
+	r.mu.Unlock()
+	// One sender per URL takes alerts in order: once the next alert is in,
+	// a1's delivery is over.
+	w.Alert(context.Background(), Alert{ID: "next"})
+	waitFor(t, "the next alert", func() bool { _, n := r.counts(); return n == 2 })
+	if posts, n := r.counts(); posts != 5 || n != 2 || clk.Waiters() != 0 {
+		t.Errorf("%d POSTs, %d accepted, %d retries pending: want 3 failures retried, one delivery, then the next alert", posts, n, clk.Waiters())
 	}
 }
 
 func TestWebhookDoesNotRetry4xxAndGivesUp(t *testing.T) {
 	r := newReceiver(t, 404, 503, 503, 503, 503, 503)
+	clk := clock.NewFake(time.Unix(0, 0))
 	cfg := fast
-	cfg.URLs = []string{r.srv.URL}
+	cfg.URLs, cfg.Clock = []string{r.srv.URL}, clk
 	w := NewWebhooks(cfg, nil, quiet())
-	w.Start()
-	defer w.Shutdown()
+	start(t, w)
+	defer shutdown(t, w)
 	w.Alert(context.Background(), Alert{ID: "gone"})
 	w.Alert(context.Background(), Alert{ID: "flaky"})
-	waitFor(t, "6 POSTs", func() bool { p, _ := r.counts(); return p == 6 })
-	time.Sleep(100 * time.Millisecond)
-	if p, n := r.counts(); p != 6 || n != 0 {
-		t.Errorf("%d POSTs %d accepted: want 1 for the 404, 5 (MaxAttempts) for the 503s", p, n)
+	retries(t, clk, 4, cfg.MaxBackoff)
+	// The sender takes alerts in order: once "next" is in, it gave up on
+	// the others.
+	w.Alert(context.Background(), Alert{ID: "next"})
+	waitFor(t, "the next alert", func() bool { _, n := r.counts(); return n == 1 })
+	if p, n := r.counts(); p != 7 || n != 1 || r.accepted[0].ID != "next" || clk.Waiters() != 0 {
+		t.Errorf("%d POSTs %d accepted, %d retries pending: want 1 for the 404, 5 (MaxAttempts) for the 503s, then the next alert", p, n, clk.Waiters())
 	}
 }
 
@@ -111,18 +138,18 @@ func TestWebhookPendingSurvivesRestart(t *testing.T) {
 	down := newReceiver(t, 503, 503, 503, 503, 503, 503, 503, 503, 503, 503)
 	cfg := WebhookConfig{URLs: []string{down.srv.URL}, BaseBackoff: time.Hour, MaxBackoff: time.Hour}
 	w := NewWebhooks(cfg, st, quiet())
-	w.Start()
+	start(t, w)
 	w.Alert(context.Background(), Alert{ID: "p1", Message: "pending"})
 	waitFor(t, "first attempt", func() bool { p, _ := down.counts(); return p == 1 })
-	w.Shutdown() // waiting an hour to retry: stops, the alert stays pending
+	shutdown(t, w) // waiting an hour to retry: stops, the alert stays pending
 
 	// Same URL, now answering 200: the receiver behind it is the same one.
 	down.mu.Lock()
 	down.script = nil
 	down.mu.Unlock()
 	w = NewWebhooks(cfg, st, quiet())
-	w.Start()
-	defer w.Shutdown()
+	start(t, w)
+	defer shutdown(t, w)
 	waitFor(t, "redelivery", func() bool { _, n := down.counts(); return n == 1 })
 	pending := 0
 	waitFor(t, "pending record removed", func() bool {
@@ -140,11 +167,11 @@ func TestWebhookSameURLTwice(t *testing.T) {
 	cfg := fast
 	cfg.URLs = []string{r.srv.URL + "/hook", r.srv.URL + "/hook"}
 	w := NewWebhooks(cfg, st, quiet())
-	w.Start()
-	defer w.Shutdown()
+	start(t, w)
+	defer shutdown(t, w)
 	w.Alert(context.Background(), Alert{ID: "once"})
 	waitFor(t, "delivery", func() bool { _, n := r.counts(); return n == 1 })
-	time.Sleep(100 * time.Millisecond)
+	shutdown(t, w) // a second sender, if any, has POSTed by now
 	if p, n := r.counts(); p != 1 || n != 1 {
 		t.Errorf("%d POSTs, %d accepted: want the alert once", p, n)
 	}
@@ -159,20 +186,20 @@ func TestWebhookTwoReceiversPendingApart(t *testing.T) {
 	up, down := newReceiver(t), newReceiver(t, 503, 503, 503, 503)
 	cfg := WebhookConfig{URLs: []string{up.srv.URL, down.srv.URL}, BaseBackoff: time.Hour, MaxBackoff: time.Hour}
 	w := NewWebhooks(cfg, st, quiet())
-	w.Start()
+	start(t, w)
 	w.Alert(context.Background(), Alert{ID: "a1"})
 	waitFor(t, "delivery to the receiver that is up", func() bool { _, n := up.counts(); return n == 1 })
 	waitFor(t, "first attempt at the one that is down", func() bool { p, _ := down.counts(); return p == 1 })
-	w.Shutdown() // the down one's retry is an hour away: it stays pending
+	shutdown(t, w) // the down one's retry is an hour away: it stays pending
 
 	down.mu.Lock()
 	down.script = nil
 	down.mu.Unlock()
 	w = NewWebhooks(cfg, st, quiet())
-	w.Start()
-	defer w.Shutdown()
+	start(t, w)
+	defer shutdown(t, w)
 	waitFor(t, "redelivery to the receiver that was down", func() bool { _, n := down.counts(); return n == 1 })
-	time.Sleep(100 * time.Millisecond)
+	shutdown(t, w) // the restarted senders re-queued what was pending at start
 	if p, n := up.counts(); p != 1 || n != 1 {
 		t.Errorf("the receiver that accepted got %d POSTs (%d accepted), want 1", p, n)
 	}
@@ -228,10 +255,10 @@ func TestWebhookLogsNoSecret(t *testing.T) {
 	cfg.MaxAttempts = 2
 	cfg.URLs = []string{r.srv.URL + "/services/T0/B0/s3cr3t-live", deadURL}
 	w := NewWebhooks(cfg, nil, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	w.Start()
+	start(t, w)
 	w.Alert(context.Background(), Alert{ID: "x"})
 	waitFor(t, "both deliveries given up", func() bool { return strings.Count(logs.String(), "webhook delivery failed\"") >= 2 })
-	w.Shutdown()
+	shutdown(t, w)
 	if out := logs.String(); strings.Contains(out, "s3cr3t") || !strings.Contains(out, "127.0.0.1") {
 		t.Errorf("logs:\n%s", out)
 	}

@@ -28,6 +28,8 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/internal/lifecycle"
 )
 
 // NSBudgets is the store namespace of budgets: key "PERIOD/SCOPE".
@@ -278,15 +280,16 @@ func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 const FullReload = 5 * time.Minute
 
 // Start evaluates on a ticker until Shutdown.
-func (m *Manager) Start() {
-	m.stop, m.done = make(chan struct{}), make(chan struct{})
+func (m *Manager) Start(context.Context) error {
+	stop, done := make(chan struct{}), make(chan struct{})
+	m.stop, m.done = stop, done
 	t := m.cfg.Clock.NewTicker(m.cfg.EvalInterval)
 	go func() {
-		defer close(m.done)
+		defer close(done)
 		defer t.Stop()
 		for {
 			select {
-			case <-m.stop:
+			case <-stop:
 				return
 			case <-t.C():
 				select {
@@ -300,16 +303,18 @@ func (m *Manager) Start() {
 			}
 		}
 	}()
+	return nil
 }
 
-// Shutdown stops the evaluation loop.
-func (m *Manager) Shutdown() {
+// Shutdown stops the evaluation loop, waiting for an evaluation in
+// progress until ctx ends.
+func (m *Manager) Shutdown(ctx context.Context) error {
 	if m.stop == nil {
-		return
+		return nil
 	}
 	close(m.stop)
-	<-m.done
 	m.stop = nil
+	return lifecycle.Wait(ctx, m.done, "budget evaluation")
 }
 
 // Set creates or replaces the budget of (scope, period).

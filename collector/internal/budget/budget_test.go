@@ -419,8 +419,14 @@ func TestLoopEvaluatesOnTick(t *testing.T) {
 	clk := clock.NewFake(tu.Now())
 	sink := &collected{}
 	m := New(Config{Clock: clk, EvalInterval: time.Second}, st, report, nil, sink, quiet())
-	m.Start()
-	defer m.Shutdown()
+	if err := m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
 	if _, err := m.Set(Budget{Scope: "s", LimitUSD: 2}); err != nil {
 		t.Fatal(err)
 	}

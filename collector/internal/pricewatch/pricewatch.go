@@ -20,6 +20,8 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/prices"
+
+	"github.com/trainmeter/trainmeter/internal/lifecycle"
 )
 
 // Store namespaces: "prices" holds the history, key "MODEL/UNIXNANOS" where
@@ -168,9 +170,9 @@ func (w *Watcher) Provider() string {
 // Start fetches on the schedule until Shutdown (nothing without a provider
 // or an interval): once at once (in the background, so that a slow
 // provider does not hold up the collector's start), then every interval.
-func (w *Watcher) Start() {
+func (w *Watcher) Start(context.Context) error {
 	if w.provider == nil || w.cfg.Interval <= 0 {
-		return
+		return nil
 	}
 	stop, done := make(chan struct{}), make(chan struct{})
 	w.stop, w.done = stop, done
@@ -202,16 +204,18 @@ func (w *Watcher) Start() {
 			}
 		}
 	}()
+	return nil
 }
 
-// Shutdown stops the schedule (an ongoing fetch is cancelled).
-func (w *Watcher) Shutdown() {
+// Shutdown stops the schedule (an ongoing fetch is cancelled) and waits
+// for it until ctx ends.
+func (w *Watcher) Shutdown(ctx context.Context) error {
 	if w.stop == nil {
-		return
+		return nil
 	}
 	close(w.stop)
-	<-w.done
 	w.stop = nil
+	return lifecycle.Wait(ctx, w.done, "price watcher")
 }
 
 // FetchResult says what a fetch did.

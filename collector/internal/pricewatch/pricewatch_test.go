@@ -250,8 +250,14 @@ func TestScheduledFetch(t *testing.T) {
 	if _, ok := w.CurrentPrice("l40s"); ok {
 		t.Fatal("a price before any fetch")
 	}
-	w.Start()
-	defer w.Shutdown()
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := w.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
 	fetched(1, 0.9) // at start, without waiting an interval
 	write("gpu_name,num_gpus,dph_total\nL40S,1,0.8\n")
 	clk.Advance(time.Hour)

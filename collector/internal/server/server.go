@@ -37,6 +37,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/collector/internal/telemetry"
+	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
@@ -100,8 +101,8 @@ type Config struct {
 	Budget BudgetConfig
 	Alerts AlertConfig
 	Prices PriceConfig
-	// Clock of the budget evaluation and price fetch loops; nil: the wall
-	// clock.
+	// Clock of the budget evaluation, price fetch and webhook retry loops
+	// (Alerts.Webhook.Clock overrides it for webhooks); nil: the wall clock.
 	Clock clock.Clock
 	// OTel is the OpenTelemetry export (OTLP push, Prometheus /metrics);
 	// the zero value exports nothing (docs/otel.md).
@@ -180,19 +181,19 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 
-	mu       sync.Mutex
-	started  bool
-	store    *store.Store
-	ingest   *ingest.Server
-	advisor  *advisor.Advisor
-	webhooks *alert.Webhooks
-	budgets  *budget.Manager
-	prices   *pricewatch.Watcher
-	grpc     *grpc.Server
-	health   *health.Server
-	lis      net.Listener
-	served   chan struct{}
-	stopped  bool
+	mu      sync.Mutex
+	started bool
+	store   *store.Store
+	ingest  *ingest.Server
+	advisor *advisor.Advisor
+	loops   []lifecycle.Component // started background loops, in start order
+	budgets *budget.Manager
+	prices  *pricewatch.Watcher
+	grpc    *grpc.Server
+	health  *health.Server
+	lis     net.Listener
+	served  chan struct{}
+	stopped bool
 
 	// Self-observability (status.go).
 	startedAt   time.Time
@@ -270,7 +271,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		undo = append(undo, func() { _ = exp.Shutdown(ctx) })
 	}
 
-	webhooks := alert.NewWebhooks(s.cfg.Alerts.Webhook, st, s.log)
+	webhookCfg := s.cfg.Alerts.Webhook
+	if webhookCfg.Clock == nil {
+		webhookCfg.Clock = s.cfg.Clock
+	}
+	webhooks := alert.NewWebhooks(webhookCfg, st, s.log)
 	sinks := append(alert.Sinks{webhooks}, s.cfg.Alerts.Sinks...)
 	if exp != nil {
 		sinks = append(sinks, otelAlerts{telemetry.NewAlertLog(exp, s.cfg.Now)})
@@ -319,21 +324,22 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	}
 	reflection.Register(gs)
 
-	adv.Start()
-	undo = append(undo, adv.Close)
-	webhooks.Start()
-	undo = append(undo, webhooks.Shutdown)
-	budgets.Start()
-	undo = append(undo, budgets.Shutdown)
-	prices.Start()
-	undo = append(undo, prices.Shutdown)
+	// Background loops; Shutdown stops them newest first.
+	var loops []lifecycle.Component
+	for _, c := range []lifecycle.Component{adv, webhooks, budgets, prices} {
+		if err := c.Start(ctx); err != nil {
+			return err
+		}
+		loops = append(loops, c)
+		undo = append(undo, func() { _ = c.Shutdown(context.Background()) })
+	}
 	if err := s.startStatus(); err != nil {
 		return err
 	}
 	s.summaryStop = make(chan struct{})
 	go s.logSummary(time.Minute, s.summaryStop)
 	s.store, s.ingest, s.grpc, s.health, s.lis = st, ing, gs, hs, lis
-	s.advisor, s.webhooks, s.budgets, s.prices, s.telemetry = adv, webhooks, budgets, prices, tel
+	s.advisor, s.budgets, s.prices, s.telemetry, s.loops = adv, budgets, prices, tel, loops
 	s.served = make(chan struct{})
 	s.started = true
 	go func() {
@@ -432,10 +438,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		<-done
 	}
 	<-s.served
-	s.advisor.Close()
-	s.prices.Shutdown()
-	s.budgets.Shutdown()
-	s.webhooks.Shutdown()
+	for i := len(s.loops) - 1; i >= 0; i-- {
+		if err := s.loops[i].Shutdown(ctx); err != nil {
+			s.log.Warn("shutdown", "err", err)
+		}
+	}
 	close(s.summaryStop)
 	s.stopStatus()
 	// The last export reads the run aggregates: before the store closes.
