@@ -85,8 +85,9 @@ type Config struct {
 	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
 	// over plain HTTP (docs/observability.md).
 	StatusListen string
-	// Now is the clock for the batch time bounds (ingest.CheckBatchTime) and
-	// last-seen times; time.Now if nil. Tests set it.
+	// Now is the clock for the batch time bounds (ingest.CheckBatchTime),
+	// last-seen times (live and stored), deletion marks, OTel timestamps;
+	// time.Now if nil. Tests set it.
 	Now func() time.Time
 
 	// TLS: the server certificate and key, and optionally a client CA
@@ -166,7 +167,7 @@ func (c Config) Pricing() aggregate.Pricing {
 // storeOptions: with a raw retention, dedup marks are kept a day longer than
 // the oldest batch ingest accepts, so no replay can be applied twice.
 func (s *Server) storeOptions() store.Options {
-	o := store.Options{Logger: s.log, RawRetention: s.cfg.RawRetention}
+	o := store.Options{Logger: s.log, RawRetention: s.cfg.RawRetention, Now: s.cfg.Now}
 	if s.cfg.Tariff != nil {
 		o.EnergyBands = s.cfg.Tariff
 	}

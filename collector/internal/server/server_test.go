@@ -289,3 +289,32 @@ func TestConfigValidate(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestStoreRunsOnTheConfiguredClock: Config.Now is the clock of what the
+// store stamps too (a node's last-seen time, kept across a restart), not
+// only of ingest's checks.
+func TestStoreRunsOnTheConfiguredClock(t *testing.T) {
+	cfg := server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now}
+	srv := server.New(cfg, quiet())
+	if err := srv.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	a := tu.Connect(t, tu.Dial(t, srv.Addr().String()), "n", "b")
+	a.MustAck(tu.Batch(1, 0, []*trainmeterv1.RunWindow{tu.Window("r", 0, 42, 7)}, tu.Start("r", 0, "m")))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// No agent connected: the node's last-seen time is the stored one.
+	srv2 := start(t, cfg)
+	q := trainmeterv1.NewQueryServiceClient(tu.Dial(t, srv2.Addr().String()))
+	nodes, err := q.ListNodes(t.Context(), &trainmeterv1.ListNodesRequest{})
+	if err != nil || len(nodes.GetNodes()) != 1 {
+		t.Fatalf("nodes %v %v", nodes, err)
+	}
+	if got := nodes.GetNodes()[0].GetLastSeen().AsTime(); !got.Equal(tu.Now()) {
+		t.Errorf("stored last-seen %v, want the configured clock's %v", got, tu.Now())
+	}
+}
