@@ -469,12 +469,16 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	return false, s.setTTL(txn, dk, nil, s.dedupTTL)
 }
 
-// setTTL writes k=v, expiring after ttl when ttl is positive.
+// setTTL writes k=v, expiring ttl after the store clock's now when ttl is
+// positive (badger's WithTTL would count from the wall clock; badger reads
+// compare the expiry with the wall clock, at one-second resolution).
 func (s *Store) setTTL(txn *badger.Txn, k, v []byte, ttl time.Duration) error {
 	if ttl <= 0 {
 		return txn.Set(k, v)
 	}
-	return txn.SetEntry(badger.NewEntry(k, v).WithTTL(ttl))
+	e := badger.NewEntry(k, v)
+	e.ExpiresAt = uint64(s.now().Add(ttl).Unix())
+	return txn.SetEntry(e)
 }
 
 func getAgg(txn *badger.Txn, run string) (*aggregate.State, error) {
