@@ -3,6 +3,10 @@
 // (ctx bounds only the start, not the run), and Shutdown(ctx) error, which
 // stops it and waits for its goroutines until ctx ends. Shutdown is safe
 // to call more than once and without a Start.
+//
+// The same components take a *slog.Logger; nil means "discard" in both
+// daemons (never the process-wide slog.Default, which a library should not
+// write to unasked). The binaries always pass their configured logger.
 package lifecycle
 
 import (

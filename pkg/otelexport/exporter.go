@@ -93,7 +93,7 @@ type Exporter struct {
 var errorHandlerOnce sync.Once
 
 // Start builds the providers for cfg (which must be Enabled and valid) and
-// starts the Prometheus endpoint when configured. log may be nil.
+// starts the Prometheus endpoint when configured. A nil log discards its logs.
 func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Exporter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -102,7 +102,7 @@ func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Ex
 		return nil, errors.New("otel export: neither an OTLP endpoint nor a Prometheus listen address is set")
 	}
 	if log == nil {
-		log = slog.Default()
+		log = slog.New(slog.DiscardHandler)
 	}
 	errorHandlerOnce.Do(func() {
 		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("otel export failed", "err", err) }))

@@ -55,7 +55,7 @@ type Watched[T any] struct {
 
 // Watch loads a value with load, which reads paths, and returns a Watched
 // that reloads it when any of paths changes. The first load must succeed.
-// what names the value in log lines (never its content). log may be nil.
+// what names the value in log lines (never its content). A nil log discards its logs.
 func Watch[T any](what string, paths []string, load func() (T, error), log *slog.Logger) (*Watched[T], error) {
 	if len(paths) == 0 {
 		return nil, errors.New("tlsfiles: no files to watch")

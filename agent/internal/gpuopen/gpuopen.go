@@ -113,7 +113,7 @@ func Open(spec string, logger *slog.Logger) (gpu.Backend, error) {
 		return nil, err
 	}
 	if logger == nil {
-		logger = slog.Default()
+		logger = slog.New(slog.DiscardHandler)
 	}
 	switch sp.Kind {
 	case KindSim:

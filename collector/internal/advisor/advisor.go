@@ -143,7 +143,7 @@ type Advisor struct {
 // server's OnApplied.
 func New(st Store, send Sender, log *slog.Logger) *Advisor {
 	if log == nil {
-		log = slog.Default()
+		log = slog.New(slog.DiscardHandler)
 	}
 	return &Advisor{st: st, send: send, log: log, queue: make(chan item, queueLen), done: make(chan struct{}), runs: map[key]*runState{},
 		nodes: map[string]map[string]struct{}{}}

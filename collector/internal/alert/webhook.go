@@ -116,7 +116,7 @@ type hook struct {
 // restart).
 func NewWebhooks(cfg WebhookConfig, store PendingStore, log *slog.Logger) *Webhooks {
 	if log == nil {
-		log = slog.Default()
+		log = slog.New(slog.DiscardHandler)
 	}
 	cfg = cfg.withDefaults()
 	w := &Webhooks{cfg: cfg, store: store, log: log, client: &http.Client{Timeout: cfg.Timeout}}

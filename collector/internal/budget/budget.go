@@ -231,7 +231,7 @@ func New(cfg Config, st Store, report func(*aggregate.State) *trainmeterv1.RunRe
 		cfg.Clock = clock.Real{}
 	}
 	if log == nil {
-		log = slog.Default()
+		log = slog.New(slog.DiscardHandler)
 	}
 	m := &Manager{cfg: cfg, store: st, report: report, advise: advise, rec: &alert.Recorder{Store: st, Sink: sink}, log: log,
 		dirty: make(chan struct{}, 1), stopped: map[string]bool{}, changed: map[string]struct{}{},

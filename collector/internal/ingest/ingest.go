@@ -75,10 +75,10 @@ type BatchObserver func(node string, b *trainmeterv1.Batch)
 // OnApplied registers an observer. Call it before the server serves streams.
 func (s *Server) OnApplied(o BatchObserver) { s.observers = append(s.observers, o) }
 
-// New returns an ingest server over st. log may be nil.
+// New returns an ingest server over st. A nil log discards its logs.
 func New(st Store, log *slog.Logger) *Server {
 	if log == nil {
-		log = slog.Default()
+		log = slog.New(slog.DiscardHandler)
 	}
 	return &Server{store: st, log: log, now: time.Now, nodes: map[string]*nodeState{}, closed: make(chan struct{})}
 }

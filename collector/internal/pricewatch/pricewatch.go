@@ -115,7 +115,7 @@ func New(cfg Config, provider prices.Provider, st Store, rec *alert.Recorder, lo
 		cfg.Clock = clock.Real{}
 	}
 	if log == nil {
-		log = slog.Default()
+		log = slog.New(slog.DiscardHandler)
 	}
 	w := &Watcher{cfg: cfg, provider: provider, store: st, rec: rec, log: log, byKey: map[string]prices.ModelPrice{}}
 	if b, err := st.GetRecord(NSOffers, "latest"); err == nil {

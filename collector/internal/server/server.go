@@ -205,10 +205,11 @@ type Server struct {
 	telemetry *telemetry.Telemetry // nil when OTel export is off
 }
 
-// New returns a collector with cfg. log may be nil.
+// New returns a collector with cfg. A nil log discards the collector's
+// logs (as everywhere in both daemons: see package lifecycle).
 func New(cfg Config, log *slog.Logger) *Server {
 	if log == nil {
-		log = slog.Default()
+		log = slog.New(slog.DiscardHandler)
 	}
 	return &Server{cfg: cfg, log: log}
 }

@@ -1,12 +1,14 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"math"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
@@ -317,4 +319,43 @@ func TestStoreRunsOnTheConfiguredClock(t *testing.T) {
 	if got := nodes.GetNodes()[0].GetLastSeen().AsTime(); !got.Equal(tu.Now()) {
 		t.Errorf("stored last-seen %v, want the configured clock's %v", got, tu.Now())
 	}
+}
+
+// TestNilLoggerDiscards: a nil logger means the same as in the agent:
+// nothing is logged, not even to the process-wide default logger.
+func TestNilLoggerDiscards(t *testing.T) {
+	var logged syncBuffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
+	defer slog.SetDefault(prev)
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now}, nil)
+	if err := srv.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := logged.String(); out != "" {
+		t.Errorf("a collector with a nil logger wrote to the default logger:\n%s", out)
+	}
+}
+
+// syncBuffer is a log sink for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -132,7 +132,7 @@ func Open(dir string, o Options) (s *Store, err error) {
 	}
 	log := o.Logger
 	if log == nil {
-		log = slog.Default()
+		log = slog.New(slog.DiscardHandler)
 	}
 	now := o.Now
 	if now == nil {

@@ -136,7 +136,7 @@ func New(o Options) (*Telemetry, error) {
 		o.MaxRuns = DefaultMaxRuns
 	}
 	if o.Logger == nil {
-		o.Logger = slog.Default()
+		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	exp := o.Exporter
 	t := &Telemetry{o: o, log: o.Logger, exp: exp, alerts: NewAlertLog(exp, o.Now), recent: map[string]time.Time{}}

@@ -90,7 +90,7 @@ func New(lib nvml.Interface, logger *slog.Logger) (*Backend, error) {
 		lib = nvml.New()
 	}
 	if logger == nil {
-		logger = slog.Default()
+		logger = slog.New(slog.DiscardHandler)
 	}
 	if err := initLib(lib); err != nil {
 		return nil, err
