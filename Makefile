@@ -69,9 +69,9 @@ fuzz-short:
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./pkg/gpu/replay
 	$(GO) test -run='^$$' -fuzz='^FuzzParsePriceList$$' -fuzztime=$(FUZZTIME) ./pkg/prices
 
-test: fmt-check vet proto-check test-go accuracy-check fuzz-short test-python test-e2e
+test: fmt-check vet staticcheck proto-check test-go accuracy-check fuzz-short test-python test-e2e
 
-# staticcheck, pinned in tools/go.mod. Not yet part of `make test`.
+# staticcheck, pinned in tools/go.mod; part of `make test`.
 staticcheck:
 	$(GO) tool -modfile=tools/go.mod staticcheck ./...
 

@@ -118,7 +118,9 @@ func busyPct(a, b cpu.TimesStat) float64 {
 }
 
 func allBusy(t cpu.TimesStat) (all, busy float64) {
-	all = t.Total()
+	// The sum of every state (what gopsutil's deprecated TimesStat.Total
+	// returns).
+	all = t.User + t.System + t.Idle + t.Nice + t.Iowait + t.Irq + t.Softirq + t.Steal + t.Guest + t.GuestNice
 	if runtime.GOOS == "linux" {
 		// guest time is already counted in user/nice on Linux
 		all -= t.Guest + t.GuestNice

@@ -26,7 +26,7 @@ func resourceAttrs(t *testing.T, ctx context.Context) map[string]string {
 	}
 	out := map[string]string{}
 	for _, kv := range rsc.Attributes() {
-		out[string(kv.Key)] = kv.Value.Emit()
+		out[string(kv.Key)] = kv.Value.String()
 	}
 	return out
 }

@@ -187,6 +187,9 @@ func (c *reloadingClient) ServerHandshake(net.Conn) (net.Conn, credentials.AuthI
 }
 
 func (c *reloadingClient) Info() credentials.ProtocolInfo {
+	// What credentials.NewTLS answers: grpc still takes the authority
+	// from ServerName when it is set.
+	//lint:ignore SA1019 the fields are deprecated but still read by grpc.
 	return credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.2", ServerName: c.serverName}
 }
 
@@ -195,7 +198,6 @@ func (c *reloadingClient) Clone() credentials.TransportCredentials {
 	return &cp
 }
 
-//lint:ignore SA1019 part of the interface.
 func (c *reloadingClient) OverrideServerName(name string) error {
 	c.serverName = name
 	return nil

@@ -1,6 +1,9 @@
-// Package cli implements the trainmeter command: `serve` runs the collector;
-// `runs`, `report`, `export csv` and `nodes` read from a collector over gRPC
-// (the CLI never opens the database itself).
+// Package cli implements the trainmeter command: `serve` runs the
+// collector; `run` wraps a training command and shows its cost live; every
+// other command (runs, report, summary, model, export, nodes, usage,
+// delete-run, recommend, budget, alerts, forecast, prices, estimate,
+// compare) is a client of a collector over gRPC; the CLI never opens the
+// database itself. docs/cli.md describes each.
 package cli
 
 import (
