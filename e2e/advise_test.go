@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/trainmeter/trainmeter/pkg/money"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Scenario tests of issue 5 (docs/recommendations.md), through the real
@@ -51,13 +51,13 @@ func writeHostTrace(t *testing.T, ramShare float64, cpus int) string {
 	return path
 }
 
-func (c *cluster) recommendClient() pb.RecommendServiceClient {
+func (c *cluster) recommendClient() trainmeterv1.RecommendServiceClient {
 	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	c.t.Cleanup(func() { conn.Close() })
-	return pb.NewRecommendServiceClient(conn)
+	return trainmeterv1.NewRecommendServiceClient(conn)
 }
 
 // adviceLine is the trainer's view of an advice line.
@@ -181,7 +181,7 @@ func TestDataloaderAdviceScenarios(t *testing.T) {
 				if adv != nil {
 					t.Fatalf("a %s run got advice: %+v", tc.name, adv)
 				}
-				h, err := rc.DataloaderHistory(context.Background(), &pb.DataloaderHistoryRequest{RunId: run})
+				h, err := rc.DataloaderHistory(context.Background(), &trainmeterv1.DataloaderHistoryRequest{RunId: run})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -246,7 +246,7 @@ func TestDataloaderAdviceScenarios(t *testing.T) {
 	}
 }
 
-func findRec(recs []*pb.Recommendation, kind, model string) *pb.Recommendation {
+func findRec(recs []*trainmeterv1.Recommendation, kind, model string) *trainmeterv1.Recommendation {
 	for _, r := range recs {
 		if r.Kind == kind && (model == "" || r.Model == model) {
 			return r
@@ -293,7 +293,7 @@ func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
 	if rep.EnergyCostUsd != 0 {
 		t.Fatalf("setup: the run has an energy cost ($%v); the hand computation counts GPU-hours only", rep.EnergyCostUsd)
 	}
-	resp, err := c.recommendClient().Recommend(context.Background(), &pb.RecommendRequest{RunIds: []string{"es"}})
+	resp, err := c.recommendClient().Recommend(context.Background(), &trainmeterv1.RecommendRequest{RunIds: []string{"es"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +363,7 @@ func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
 		trs[i].send(`{"event":"run_end","run_id":%q}`, r.id)
 		trs[i].sync()
 	}
-	reps := map[string]*pb.RunReport{}
+	reps := map[string]*trainmeterv1.RunReport{}
 	for _, r := range runs {
 		reps[r.id] = c.waitEnded(r.id)
 	}
@@ -378,7 +378,7 @@ func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
 		t.Fatalf("setup: gaps %.3f and %.3f, want ≈0.30 and ≈0.10 (throughputs %v %v %v %v)", gap30, gap10,
 			reps["m30-sim"].TokPerS, reps["m30-replay"].TokPerS, reps["m10-sim"].TokPerS, reps["m10-replay"].TokPerS)
 	}
-	resp, err := c.recommendClient().Recommend(context.Background(), &pb.RecommendRequest{})
+	resp, err := c.recommendClient().Recommend(context.Background(), &trainmeterv1.RecommendRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

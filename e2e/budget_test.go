@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // collectorAt starts a collector on addr with data dir data (so that a test
@@ -33,9 +33,9 @@ func collectorAt(t *testing.T, addr, data string, extra ...string) (*cluster, *e
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	c := &cluster{t: t, addr: addr, q: pb.NewQueryServiceClient(conn)}
+	c := &cluster{t: t, addr: addr, q: trainmeterv1.NewQueryServiceClient(conn)}
 	c.eventually("collector answering", func() bool {
-		_, err := c.q.ListRuns(t.Context(), &pb.ListRunsRequest{})
+		_, err := c.q.ListRuns(t.Context(), &trainmeterv1.ListRunsRequest{})
 		return err == nil
 	})
 	return c, cmd

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // TestCompareMatchesReports: four runs of one model, two per backend, made
@@ -101,7 +101,7 @@ func TestCompareMatchesReports(t *testing.T) {
 
 	// The timeline of a run, through the query API: its cumulative energy
 	// ends at the report's whole-run energy.
-	tl, err := c.q.Timeline(context.Background(), &pb.TimelineRequest{RunId: "bnb-1", Series: []string{"energy_j", "power_w"}})
+	tl, err := c.q.Timeline(context.Background(), &trainmeterv1.TimelineRequest{RunId: "bnb-1", Series: []string{"energy_j", "power_w"}})
 	if err != nil {
 		t.Fatal(err)
 	}

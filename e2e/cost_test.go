@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // The cost scenarios run a replayed node (2 GPUs at a constant 300 W, the
@@ -75,7 +75,7 @@ func TestCostColumnsFlatTariff(t *testing.T) {
 		defer close(mid)
 		deadline := time.Now().Add(60 * time.Second)
 		for time.Now().Before(deadline) {
-			resp, err := c.q.GetRun(context.Background(), &pb.GetRunRequest{RunId: "flat"})
+			resp, err := c.q.GetRun(context.Background(), &trainmeterv1.GetRunRequest{RunId: "flat"})
 			if r := resp.GetRun(); err == nil && !r.GetEnded() && r.GetTokensProcessed() >= 10240 {
 				mid <- forecast{r.GetProjectedCostUsd(), r.GetTotalCostUsd(), r.GetProgress(), float64(r.GetTokensProcessed()), r.GetTokPerS(), r.GetWallS()}
 				return

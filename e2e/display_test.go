@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Issue 15, items 3-6: what the figures shown mean, through the real
@@ -47,10 +47,10 @@ func TestEpochTableCountsEachEpochsSteps(t *testing.T) {
 	c.waitEnded(run)
 
 	rc := c.recommendClient()
-	var h *pb.DataloaderHistoryResponse
+	var h *trainmeterv1.DataloaderHistoryResponse
 	c.eventually("the partial epoch stored", func() bool {
 		var err error
-		h, err = rc.DataloaderHistory(context.Background(), &pb.DataloaderHistoryRequest{RunId: run})
+		h, err = rc.DataloaderHistory(context.Background(), &trainmeterv1.DataloaderHistoryRequest{RunId: run})
 		return err == nil && len(h.Epochs) == epochs+1
 	})
 	for i, e := range h.Epochs {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // doctorReport is the JSON of `trainmeter-agent doctor --json`.
@@ -178,7 +178,7 @@ func TestDoctorChecksTLSAndTheTokenAgainstTheRealCollector(t *testing.T) {
 	expect(run(nodeTok, "--tls-ca", other.CAFile), "tls", "FAIL", "unknown authority", "--tls-ca is not the CA")
 
 	// No probe registered a node or stored a hello.
-	resp, err := c.q.ListNodes(context.Background(), &pb.ListNodesRequest{})
+	resp, err := c.q.ListNodes(context.Background(), &trainmeterv1.ListNodesRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

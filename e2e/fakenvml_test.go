@@ -16,7 +16,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/internal/fakenvml"
 	"github.com/trainmeter/trainmeter/internal/oteltest"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 var (
@@ -67,7 +67,7 @@ func (c *cluster) startAgentEnv(node, gpuSpec string, env []string, extra ...str
 // truthJ is the ground-truth energy of the given GPUs over the run's
 // measured window (warmup end to run end), from the same sensor model the
 // fake library runs.
-func truthJ(t *testing.T, cfg *fakenvml.Config, r *pb.RunReport, gpus []int, until time.Time) float64 {
+func truthJ(t *testing.T, cfg *fakenvml.Config, r *trainmeterv1.RunReport, gpus []int, until time.Time) float64 {
 	t.Helper()
 	from := r.Start.AsTime().Add(time.Duration(r.WarmupS * float64(time.Second)))
 	to := r.End.AsTime()

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // proc is a daemon the test stops, kills and restarts itself.
@@ -92,7 +92,7 @@ func newFaultCluster(t *testing.T) *faultCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	fc := &faultCluster{cluster: &cluster{t: t, addr: addr, q: pb.NewQueryServiceClient(conn)}, data: filepath.Join(t.TempDir(), "data")}
+	fc := &faultCluster{cluster: &cluster{t: t, addr: addr, q: trainmeterv1.NewQueryServiceClient(conn)}, data: filepath.Join(t.TempDir(), "data")}
 	fc.startCollector()
 	return fc
 }
@@ -101,7 +101,7 @@ func (fc *faultCluster) startCollector() {
 	fc.t.Helper()
 	fc.col = startProc(fc.t, "trainmeter", "serve", "--listen", fc.addr, "--data", fc.data)
 	fc.eventually("collector answering", func() bool {
-		_, err := fc.q.ListRuns(context.Background(), &pb.ListRunsRequest{})
+		_, err := fc.q.ListRuns(context.Background(), &trainmeterv1.ListRunsRequest{})
 		return err == nil
 	})
 }
@@ -296,7 +296,7 @@ func TestFaultCorruptSpoolAtStart(t *testing.T) {
 	}
 	// The batches before the torn one were re-sent: the first run got them.
 	fc.eventually("run before re-sent", func() bool {
-		resp, err := fc.q.GetRun(context.Background(), &pb.GetRunRequest{RunId: "before"})
+		resp, err := fc.q.GetRun(context.Background(), &trainmeterv1.GetRunRequest{RunId: "before"})
 		return err == nil && resp.Run.TokensProcessed > 500
 	})
 }

@@ -22,7 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/trainmeter/trainmeter/internal/oteltest"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 var binDir string
@@ -64,7 +64,7 @@ func daemon(t *testing.T, name string, args ...string) *exec.Cmd {
 type cluster struct {
 	t    *testing.T
 	addr string
-	q    pb.QueryServiceClient
+	q    trainmeterv1.QueryServiceClient
 }
 
 func startCollector(t *testing.T, extra ...string) *cluster {
@@ -76,9 +76,9 @@ func startCollector(t *testing.T, extra ...string) *cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	c := &cluster{t: t, addr: addr, q: pb.NewQueryServiceClient(conn)}
+	c := &cluster{t: t, addr: addr, q: trainmeterv1.NewQueryServiceClient(conn)}
 	c.eventually("collector answering", func() bool {
-		_, err := c.q.ListRuns(context.Background(), &pb.ListRunsRequest{})
+		_, err := c.q.ListRuns(context.Background(), &trainmeterv1.ListRunsRequest{})
 		return err == nil
 	})
 	return c
@@ -110,7 +110,7 @@ func (c *cluster) startAgent(node, gpuSpec string, extra ...string) string {
 func (c *cluster) waitStreaming(node string) {
 	c.t.Helper()
 	c.eventually("agent "+node+" streaming", func() bool {
-		resp, err := c.q.ListNodes(context.Background(), &pb.ListNodesRequest{})
+		resp, err := c.q.ListNodes(context.Background(), &trainmeterv1.ListNodesRequest{})
 		if err != nil {
 			return false
 		}
@@ -134,11 +134,11 @@ func (c *cluster) eventually(what string, ok func() bool) {
 	}
 }
 
-func (c *cluster) waitEnded(run string) *pb.RunReport {
+func (c *cluster) waitEnded(run string) *trainmeterv1.RunReport {
 	c.t.Helper()
-	var r *pb.RunReport
+	var r *trainmeterv1.RunReport
 	c.eventually("run "+run+" ended at the collector", func() bool {
-		resp, err := c.q.GetRun(context.Background(), &pb.GetRunRequest{RunId: run})
+		resp, err := c.q.GetRun(context.Background(), &trainmeterv1.GetRunRequest{RunId: run})
 		if err != nil {
 			return false
 		}

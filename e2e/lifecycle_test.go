@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // readmeScript is the README's training snippet (fixed run_id, gpus=[0, 1]),
@@ -42,9 +42,9 @@ func runPython(t *testing.T, script string, args ...string) (string, error) {
 	return string(out), err
 }
 
-func (c *cluster) getRun(id string) *pb.RunReport {
+func (c *cluster) getRun(id string) *trainmeterv1.RunReport {
 	c.t.Helper()
-	resp, err := c.q.GetRun(context.Background(), &pb.GetRunRequest{RunId: id})
+	resp, err := c.q.GetRun(context.Background(), &trainmeterv1.GetRunRequest{RunId: id})
 	if err != nil {
 		c.t.Fatalf("GetRun %s: %v", id, err)
 	}
@@ -95,7 +95,7 @@ func TestReusedRunIDRefusedAndResumed(t *testing.T) {
 	if out, err := runPython(t, readmeScript, "llama-sft-7", sock, "resume", "40"); err != nil || strings.TrimSpace(out) != "[]" {
 		t.Fatalf("resumed run: %v, agent errors %s", err, out)
 	}
-	var r *pb.RunReport
+	var r *trainmeterv1.RunReport
 	c.eventually("the resumed run ended with both parts' tokens", func() bool {
 		r = c.getRun("llama-sft-7")
 		return r.GetEnded() && r.GetTokensProcessed() == 2*steps*1000
@@ -224,7 +224,7 @@ func TestDeleteLiveRun(t *testing.T) {
 	tr.send(`{"event":"run_start","run_id":"live","model":"m","warmup_s":0}`)
 	tr.runSteps("live", 3, 100, 20*time.Millisecond)
 	c.eventually("the live run at the collector", func() bool {
-		resp, err := c.q.GetRun(context.Background(), &pb.GetRunRequest{RunId: "live"})
+		resp, err := c.q.GetRun(context.Background(), &trainmeterv1.GetRunRequest{RunId: "live"})
 		return err == nil && resp.GetRun().GetTokensProcessed() == 300
 	})
 
@@ -246,7 +246,7 @@ func TestDeleteLiveRun(t *testing.T) {
 	tr.send(`{"event":"run_end","run_id":"live"}`)
 	tr.sync()
 	c.eventually("batches after the delete and the run's end", func() bool { return c.lastSeq("del-node") >= seqAfter+3 })
-	if _, err := c.q.GetRun(context.Background(), &pb.GetRunRequest{RunId: "live"}); err == nil {
+	if _, err := c.q.GetRun(context.Background(), &trainmeterv1.GetRunRequest{RunId: "live"}); err == nil {
 		t.Errorf("the deleted run came back: %v", c.getRun("live"))
 	}
 	if runs := c.cli("runs"); strings.Contains(runs, "live") {
@@ -256,7 +256,7 @@ func TestDeleteLiveRun(t *testing.T) {
 
 func (c *cluster) lastSeq(node string) uint64 {
 	c.t.Helper()
-	resp, err := c.q.ListNodes(context.Background(), &pb.ListNodesRequest{})
+	resp, err := c.q.ListNodes(context.Background(), &trainmeterv1.ListNodesRequest{})
 	if err != nil {
 		c.t.Fatal(err)
 	}

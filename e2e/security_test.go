@@ -15,7 +15,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // startSecureCollector is startCollector for a collector with TLS flags: it
@@ -30,9 +30,9 @@ func startSecureCollector(t *testing.T, dial []grpc.DialOption, extra ...string)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	c := &cluster{t: t, addr: addr, q: pb.NewQueryServiceClient(conn)}
+	c := &cluster{t: t, addr: addr, q: trainmeterv1.NewQueryServiceClient(conn)}
 	c.eventually("collector answering over mTLS", func() bool {
-		_, err := c.q.ListRuns(context.Background(), &pb.ListRunsRequest{})
+		_, err := c.q.ListRuns(context.Background(), &trainmeterv1.ListRunsRequest{})
 		return err == nil
 	})
 	return c, cmd.Stdout.(*os.File).Name()

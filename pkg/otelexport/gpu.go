@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Metric names of the OTel hardware semantic conventions (hw.*) that
@@ -51,7 +51,7 @@ type GPUMetrics struct {
 	now        func() time.Time
 	staleAfter time.Duration
 	energyTTL  time.Duration
-	inventory  func() map[string][]*pb.GpuInfo
+	inventory  func() map[string][]*trainmeterv1.GpuInfo
 
 	mu   sync.Mutex
 	gpus map[gpuKey]*gpuState
@@ -86,7 +86,7 @@ type GPUOptions struct {
 	EnergyTTL time.Duration
 	// Inventory returns each node's GPUs (from its Hello) for the name,
 	// vendor and model attributes; called once per collection. May be nil.
-	Inventory func() map[string][]*pb.GpuInfo
+	Inventory func() map[string][]*trainmeterv1.GpuInfo
 }
 
 // NewGPUMetrics registers the hw.* instruments on meter.
@@ -151,7 +151,7 @@ func NewGPUMetrics(meter metric.Meter, o GPUOptions) (*GPUMetrics, error) {
 
 // Batch folds one batch of node into the GPU figures. It must see each
 // batch once (the collector's OnApplied hook guarantees it); nil-safe.
-func (g *GPUMetrics) Batch(node string, b *pb.Batch) {
+func (g *GPUMetrics) Batch(node string, b *trainmeterv1.Batch) {
 	if g == nil || len(b.GetGpuWindows()) == 0 {
 		return
 	}
@@ -211,7 +211,7 @@ func (g *GPUMetrics) pruneLocked(now time.Time) {
 // snapshot returns the GPUs seen within energyTTL, forgetting older ones;
 // those not seen within staleAfter have hasGauges false (energy only).
 func (g *GPUMetrics) snapshot() []gpuSnapshot {
-	var inv map[string][]*pb.GpuInfo
+	var inv map[string][]*trainmeterv1.GpuInfo
 	if g.inventory != nil {
 		inv = g.inventory()
 	}
@@ -221,7 +221,7 @@ func (g *GPUMetrics) snapshot() []gpuSnapshot {
 	g.pruneLocked(now)
 	out := make([]gpuSnapshot, 0, len(g.gpus))
 	for k, s := range g.gpus {
-		var info *pb.GpuInfo
+		var info *trainmeterv1.GpuInfo
 		for _, gi := range inv[s.node] {
 			if (s.uuid != "" && gi.GetUuid() == s.uuid) || (s.uuid == "" && gi.GetIndex() == s.index) {
 				info = gi

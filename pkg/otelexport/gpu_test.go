@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/trainmeter/trainmeter/pkg/clock"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // gpuPoint is one collected hw.* data point.
@@ -29,7 +29,7 @@ type gpuHarness struct {
 	g      *GPUMetrics
 }
 
-func newGPUHarness(t *testing.T, inventory map[string][]*pb.GpuInfo) *gpuHarness {
+func newGPUHarness(t *testing.T, inventory map[string][]*trainmeterv1.GpuInfo) *gpuHarness {
 	t.Helper()
 	clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	reader := sdkmetric.NewManualReader()
@@ -37,7 +37,7 @@ func newGPUHarness(t *testing.T, inventory map[string][]*pb.GpuInfo) *gpuHarness
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	o := GPUOptions{Now: clk.Now}
 	if inventory != nil {
-		o.Inventory = func() map[string][]*pb.GpuInfo { return inventory }
+		o.Inventory = func() map[string][]*trainmeterv1.GpuInfo { return inventory }
 	}
 	g, err := NewGPUMetrics(mp.Meter(ScopeName), o)
 	if err != nil {
@@ -95,12 +95,14 @@ func attr(s attribute.Set, k string) string {
 }
 
 // window is a 1 s window of a 300 W GPU whose hardware counter gave j joules.
-func window(gpu uint32, uuid string, j float64) *pb.GpuWindow {
-	return &pb.GpuWindow{Gpu: gpu, Uuid: uuid, EnergyCounterJ: j, CounterOk: true, EnergyIntegratedJ: j + 1,
+func window(gpu uint32, uuid string, j float64) *trainmeterv1.GpuWindow {
+	return &trainmeterv1.GpuWindow{Gpu: gpu, Uuid: uuid, EnergyCounterJ: j, CounterOk: true, EnergyIntegratedJ: j + 1,
 		PowerAvgW: 300, Samples: 20, UtilizationAvgPct: 95, MemoryUsedAvgMib: 1000, MemoryTotalMib: 80000}
 }
 
-func batch(ws ...*pb.GpuWindow) *pb.Batch { return &pb.Batch{GpuWindows: ws} }
+func batch(ws ...*trainmeterv1.GpuWindow) *trainmeterv1.Batch {
+	return &trainmeterv1.Batch{GpuWindows: ws}
+}
 
 // A GPU that sends nothing for longer than StaleAfter loses its gauges but
 // not its energy total: hw.energy stays exported at its total, and when the
@@ -131,7 +133,7 @@ func TestEnergyIsKeptAcrossAGap(t *testing.T) {
 
 	// Back, first with a window without samples: energy goes on, the old
 	// gauges are not repeated as if they were current.
-	h.g.Batch("n1", batch(&pb.GpuWindow{Gpu: 0, Uuid: "GPU-a", EnergyCounterJ: 5, CounterOk: true}))
+	h.g.Batch("n1", batch(&trainmeterv1.GpuWindow{Gpu: 0, Uuid: "GPU-a", EnergyCounterJ: 5, CounterOk: true}))
 	pts = h.collect()
 	after := h.one(pts, MetricHWEnergy)
 	if after.value < before.value || after.value != 3005 || !after.start.Equal(before.start) {
@@ -190,12 +192,12 @@ func TestHWIDWithoutUUID(t *testing.T) {
 func TestEnergyFallsBackToIntegratedPower(t *testing.T) {
 	h := newGPUHarness(t, nil)
 	h.g.Batch("n", batch(
-		&pb.GpuWindow{Gpu: 0, Uuid: "GPU-counter", EnergyCounterJ: 310, CounterOk: true, EnergyIntegratedJ: 290, Samples: 20},
-		&pb.GpuWindow{Gpu: 1, Uuid: "GPU-nocounter", EnergyCounterJ: 9999, CounterOk: false, EnergyIntegratedJ: 290, Samples: 20},
+		&trainmeterv1.GpuWindow{Gpu: 0, Uuid: "GPU-counter", EnergyCounterJ: 310, CounterOk: true, EnergyIntegratedJ: 290, Samples: 20},
+		&trainmeterv1.GpuWindow{Gpu: 1, Uuid: "GPU-nocounter", EnergyCounterJ: 9999, CounterOk: false, EnergyIntegratedJ: 290, Samples: 20},
 	))
 	h.g.Batch("n", batch(
-		&pb.GpuWindow{Gpu: 0, Uuid: "GPU-counter", EnergyCounterJ: 305, CounterOk: true, EnergyIntegratedJ: 1, Samples: 20},
-		&pb.GpuWindow{Gpu: 1, Uuid: "GPU-nocounter", CounterOk: false, EnergyIntegratedJ: 295, Samples: 20},
+		&trainmeterv1.GpuWindow{Gpu: 0, Uuid: "GPU-counter", EnergyCounterJ: 305, CounterOk: true, EnergyIntegratedJ: 1, Samples: 20},
+		&trainmeterv1.GpuWindow{Gpu: 1, Uuid: "GPU-nocounter", CounterOk: false, EnergyIntegratedJ: 295, Samples: 20},
 	))
 	want := map[string]float64{"GPU-counter": 615, "GPU-nocounter": 585}
 	pts := h.collect()[MetricHWEnergy]
@@ -213,9 +215,9 @@ func TestEnergyFallsBackToIntegratedPower(t *testing.T) {
 // energy, but never makes up gauges: before any sample there are none, and
 // after one the last figures stay.
 func TestZeroSampleWindows(t *testing.T) {
-	inv := map[string][]*pb.GpuInfo{"n": {{Index: 0, Uuid: "GPU-z", Name: "NVIDIA H100 80GB HBM3", MemoryTotalMib: 81559}}}
+	inv := map[string][]*trainmeterv1.GpuInfo{"n": {{Index: 0, Uuid: "GPU-z", Name: "NVIDIA H100 80GB HBM3", MemoryTotalMib: 81559}}}
 	h := newGPUHarness(t, inv)
-	h.g.Batch("n", batch(&pb.GpuWindow{Gpu: 0, Uuid: "GPU-z", EnergyIntegratedJ: 0, Samples: 0}))
+	h.g.Batch("n", batch(&trainmeterv1.GpuWindow{Gpu: 0, Uuid: "GPU-z", EnergyIntegratedJ: 0, Samples: 0}))
 	pts := h.collect()
 	if p := h.one(pts, MetricHWEnergy); p.value != 0 || attr(p.attrs, AttrHWModel) != "NVIDIA H100 80GB HBM3" || attr(p.attrs, AttrHWVendor) != "NVIDIA" {
 		t.Errorf("hw.energy %v %v, want 0 J with the model and vendor from the inventory", p.value, p.attrs)
@@ -229,7 +231,7 @@ func TestZeroSampleWindows(t *testing.T) {
 	w := window(0, "GPU-z", 300)
 	w.MemoryTotalMib = 0 // the size then comes from the inventory
 	h.g.Batch("n", batch(w))
-	h.g.Batch("n", batch(&pb.GpuWindow{Gpu: 0, Uuid: "GPU-z", EnergyCounterJ: 250, CounterOk: true, Samples: 0, PowerAvgW: 0}))
+	h.g.Batch("n", batch(&trainmeterv1.GpuWindow{Gpu: 0, Uuid: "GPU-z", EnergyCounterJ: 250, CounterOk: true, Samples: 0, PowerAvgW: 0}))
 	pts = h.collect()
 	for name, want := range map[string]float64{
 		MetricHWEnergy: 550, MetricHWPower: 300, MetricHWGPUUtilization: 0.95,

@@ -15,7 +15,7 @@ import (
 	"strings"
 
 	"github.com/trainmeter/trainmeter/internal/plural"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/money"
@@ -73,7 +73,7 @@ type PriceCatalog = cost.PriceCatalog
 
 // Run is one run as the rules see it.
 type Run struct {
-	Report *pb.RunReport
+	Report *trainmeterv1.RunReport
 	// GPUMemoryMiB is the memory of one of the run's cards (0: unknown).
 	GPUMemoryMiB float64
 	// GPUPowerLimitW is one card's power limit (0: unknown).
@@ -104,9 +104,9 @@ func (o Options) withDefaults() Options {
 
 // Recommend runs every rule over runs and returns the recommendations,
 // highest savings first.
-func Recommend(runs []Run, o Options) []*pb.Recommendation {
+func Recommend(runs []Run, o Options) []*trainmeterv1.Recommendation {
 	o = o.withDefaults()
-	var out []*pb.Recommendation
+	var out []*trainmeterv1.Recommendation
 	for _, r := range runs {
 		if !o.target(r.Report.GetRunId()) {
 			continue
@@ -141,7 +141,7 @@ func Recommend(runs []Run, o Options) []*pb.Recommendation {
 }
 
 // Sort orders recommendations by savings (dollars, then joules), then kind.
-func Sort(recs []*pb.Recommendation) {
+func Sort(recs []*trainmeterv1.Recommendation) {
 	sort.SliceStable(recs, func(i, j int) bool {
 		a, b := recs[i], recs[j]
 		if a.SavingsUsd != b.SavingsUsd {
@@ -177,7 +177,7 @@ type epochPoint struct {
 	nLoss, nAcc     int
 }
 
-func epochs(r *pb.RunReport) []epochPoint {
+func epochs(r *trainmeterv1.RunReport) []epochPoint {
 	by := map[int64]*epochPoint{}
 	for _, e := range r.GetEvals() {
 		p := by[e.GetEpoch()]
@@ -211,7 +211,7 @@ func epochs(r *pb.RunReport) []epochPoint {
 }
 
 // costPerEpoch is the run's total cost and energy per completed epoch.
-func costPerEpoch(r *pb.RunReport, done int64) (usd, joules float64) {
+func costPerEpoch(r *trainmeterv1.RunReport, done int64) (usd, joules float64) {
 	if done <= 0 {
 		return 0, 0
 	}
@@ -240,7 +240,7 @@ func lastEpoch(r Run, done int64) (int64, string) {
 // run's epochs done (what it trained past the plateau), a live run's
 // max(planned, done). Nothing when that is 0 (an ended run that stopped at
 // its plateau).
-func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
+func EarlyStopping(r Run, patience int, minDelta float64) *trainmeterv1.Recommendation {
 	var pts []epochPoint
 	for _, p := range epochs(r.Report) {
 		if p.hasLoss {
@@ -278,7 +278,7 @@ func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
 	perUSD, perJ := costPerEpoch(r.Report, done)
 	conf := math.Min(0.9, 0.5+0.1*float64(len(pts)-patience))
 	id := r.Report.GetRunId()
-	return &pb.Recommendation{
+	return &trainmeterv1.Recommendation{
 		Kind:  KindEarlyStopping,
 		Title: fmt.Sprintf("Stop %s at epoch %d: validation loss plateaued", id, stop),
 		Action: fmt.Sprintf("Stop at epoch %d (best val_loss %.4g at epoch %d; no improvement ≥ %.0f%% for %s); use early stopping with patience %d",
@@ -295,7 +295,7 @@ func EarlyStopping(r Run, patience int, minDelta float64) *pb.Recommendation {
 // reaches KneeShare of the curve's total gain; the epochs after it bought
 // little. Savings = (last − knee) × cost per epoch, last as in EarlyStopping
 // (an ended run's epochs done, a live run's max(planned, done)).
-func EpochCount(r Run) *pb.Recommendation {
+func EpochCount(r Run) *trainmeterv1.Recommendation {
 	var pts []epochPoint
 	for _, p := range epochs(r.Report) {
 		if p.hasAcc {
@@ -329,7 +329,7 @@ func EpochCount(r Run) *pb.Recommendation {
 	}
 	perUSD, perJ := costPerEpoch(r.Report, done)
 	id := r.Report.GetRunId()
-	return &pb.Recommendation{
+	return &trainmeterv1.Recommendation{
 		Kind:       KindEpochCount,
 		Title:      fmt.Sprintf("Train %s for %s instead of %d", r.Report.GetMetadata().GetModel(), plural.N(knee.epoch, "epoch"), total),
 		Action:     fmt.Sprintf("Set the epoch count to %d: it reached %.4g of the best accuracy %.4g (%.0f%% of the gain)", knee.epoch, knee.acc, best, 100*KneeShare),
@@ -341,7 +341,7 @@ func EpochCount(r Run) *pb.Recommendation {
 	}
 }
 
-func finalAccuracy(r *pb.RunReport) (float64, bool) {
+func finalAccuracy(r *trainmeterv1.RunReport) (float64, bool) {
 	pts := epochs(r)
 	for i := len(pts) - 1; i >= 0; i-- {
 		if pts[i].hasAcc {
@@ -375,8 +375,8 @@ func sortedKeys[V any](m map[string]V) []string {
 // within DataSizeShare of the best. Savings = cost of the largest-size run
 // × (1 − small ÷ large). Runs on different datasets are never compared (a
 // size means nothing across datasets).
-func DatasetSize(runs []Run) []*pb.Recommendation {
-	var out []*pb.Recommendation
+func DatasetSize(runs []Run) []*trainmeterv1.Recommendation {
+	var out []*trainmeterv1.Recommendation
 	byModel := map[string][]Run{}
 	for _, r := range runs {
 		if m := r.Report.GetMetadata().GetModel(); m != "" {
@@ -425,7 +425,7 @@ func DatasetSize(runs []Run) []*pb.Recommendation {
 		for _, p := range pts {
 			sizes[p.size] = true
 		}
-		out = append(out, &pb.Recommendation{
+		out = append(out, &trainmeterv1.Recommendation{
 			Kind:       KindDatasetSize,
 			Title:      fmt.Sprintf("Train %s on %d samples%s instead of %d", model, small.size, of, large.size),
 			Action:     fmt.Sprintf("Use %d samples: accuracy %.4g is within %.0f%% of the best %.4g", small.size, small.acc, 100*DataSizeShare, best),
@@ -450,8 +450,8 @@ func DatasetSize(runs []Run) []*pb.Recommendation {
 // gap. Joules: (J/token on the dearer GPU − J/token on the cheaper) × the
 // dearer runs' measured tokens, when both were measured; 0 when the
 // cheaper GPU takes more energy per token (said in the risks).
-func ComputeTier(runs []Run, cat PriceCatalog) []*pb.Recommendation {
-	var out []*pb.Recommendation
+func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
+	var out []*trainmeterv1.Recommendation
 	byModel := groupByModel(runs)
 	for _, model := range sortedKeys(byModel) {
 		type tier struct {
@@ -548,7 +548,7 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*pb.Recommendation {
 			if bestSrc == "catalog" {
 				source = "the catalog's current prices"
 			}
-			out = append(out, &pb.Recommendation{
+			out = append(out, &trainmeterv1.Recommendation{
 				Kind:  KindComputeTier,
 				Title: fmt.Sprintf("Run %s on %s instead of %s: %.0f%% cheaper per unit of throughput", model, best.name, t.name, 100*bestGap),
 				Action: fmt.Sprintf("Move %s from %s to %s (%s vs %s per Mtok at measured throughput)",
@@ -570,7 +570,7 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*pb.Recommendation {
 // optimizer state do not double). The speedup is measured from another run of the same model
 // and GPU with that larger batch when there is one, else assumed
 // (BatchAssumedSpeedup, low confidence). Savings = cost × (1 − 1/speedup).
-func BatchSize(r Run, all []Run) *pb.Recommendation {
+func BatchSize(r Run, all []Run) *trainmeterv1.Recommendation {
 	rep := r.Report
 	md := rep.GetMetadata()
 	if !md.GetHasBatchSize() || md.GetBatchSize() <= 0 || r.GPUMemoryMiB <= 0 || rep.GetVramPeakMb() <= 0 || rep.GetTokPerS() <= 0 {
@@ -596,7 +596,7 @@ func BatchSize(r Run, all []Run) *pb.Recommendation {
 		return nil
 	}
 	frac := 1 - 1/speedup
-	return &pb.Recommendation{
+	return &trainmeterv1.Recommendation{
 		Kind:       KindBatchSize,
 		Title:      fmt.Sprintf("Double the batch size of %s (%d → %d): %.0f%% of VRAM is unused", md.GetModel(), md.GetBatchSize(), newBatch, 100*headroom),
 		Action:     fmt.Sprintf("Set batch_size %d (peak %.0f MiB of %.0f MiB); scale the learning rate accordingly", newBatch, rep.GetVramPeakMb(), r.GPUMemoryMiB),
@@ -619,8 +619,8 @@ func BatchSize(r Run, all []Run) *pb.Recommendation {
 // per GPU. Without such a pair, a heuristic (low confidence) for runs
 // averaging ≥ PowerBusyShare of a known power limit. trainmeter reports; it
 // never changes a limit.
-func Power(runs []Run) []*pb.Recommendation {
-	var out []*pb.Recommendation
+func Power(runs []Run) []*trainmeterv1.Recommendation {
+	var out []*trainmeterv1.Recommendation
 	covered := map[string]bool{}
 	type group struct{ runs []Run }
 	groups := map[string]*group{}
@@ -659,7 +659,7 @@ func Power(runs []Run) []*pb.Recommendation {
 			slow := 1 - (l.GetTokPerS()/float64(l.GetGpus()))/(h.GetTokPerS()/float64(h.GetGpus()))
 			usd := savedJ/3.6e6*kwhPrice(h) - max(0, slow/(1-slow))*h.GetCostUsd()
 			covered[h.GetRunId()] = true
-			out = append(out, &pb.Recommendation{
+			out = append(out, &trainmeterv1.Recommendation{
 				Kind:  KindPower,
 				Title: fmt.Sprintf("Run %s at a lower power limit (~%.0f W per GPU, as run %s)", h.GetMetadata().GetModel(), perGPU(*bestLo), l.GetRunId()),
 				Action: fmt.Sprintf("Lower the GPU power limit towards %.0f W (nvidia-smi -pl); measured %.1f%% less J/token for %s",
@@ -682,7 +682,7 @@ func Power(runs []Run) []*pb.Recommendation {
 		}
 		savedJ := PowerHeuristicSaving * h.GetEnergyJ()
 		usd := savedJ/3.6e6*kwhPrice(h) - PowerHeuristicSlowing/(1-PowerHeuristicSlowing)*h.GetCostUsd()
-		out = append(out, &pb.Recommendation{
+		out = append(out, &trainmeterv1.Recommendation{
 			Kind:  KindPower,
 			Title: fmt.Sprintf("Try a lower power limit for %s (GPUs at %.0f%% of their %.0f W limit)", h.GetRunId(), 100*perGPU(r)/r.GPUPowerLimitW, r.GPUPowerLimitW),
 			Action: fmt.Sprintf("Measure a run at %.0f W (80%% of the limit): training GPUs near their limit typically save ~%.0f%% energy for ~%.0f%% throughput (heuristic)",
@@ -701,7 +701,7 @@ func Power(runs []Run) []*pb.Recommendation {
 // (GPUs and nodes; the collector is not told the ranks, and the trainers
 // run one rank per GPU). A field neither run reported matches (both
 // unknown); one reported by only one of them does not.
-func likeKey(r *pb.RunReport) string {
+func likeKey(r *trainmeterv1.RunReport) string {
 	m := r.GetMetadata()
 	opt := func(has bool, v int64) string {
 		if !has {
@@ -714,7 +714,7 @@ func likeKey(r *pb.RunReport) string {
 }
 
 // likeDescription says what the like runs share, for the evidence.
-func likeDescription(r *pb.RunReport) string {
+func likeDescription(r *trainmeterv1.RunReport) string {
 	m := r.GetMetadata()
 	orUnknown := func(s string) string {
 		if s == "" {
@@ -750,7 +750,7 @@ func throughputChange(slow float64) string {
 	return fmt.Sprintf("%.1f%% less throughput", 100*slow)
 }
 
-func kwhPrice(r *pb.RunReport) float64 {
+func kwhPrice(r *trainmeterv1.RunReport) float64 {
 	if r.GetHasEnergyCost() && r.GetEnergyKwh() > 0 {
 		return r.GetEnergyCostUsd() / r.GetEnergyKwh()
 	}
@@ -759,7 +759,7 @@ func kwhPrice(r *pb.RunReport) float64 {
 
 // Filter keeps the recommendations with at least minConfidence and returns
 // them with their total savings (Total over runs).
-func Filter(recs []*pb.Recommendation, minConfidence float64, runs []Run) (kept []*pb.Recommendation, usd, joules float64) {
+func Filter(recs []*trainmeterv1.Recommendation, minConfidence float64, runs []Run) (kept []*trainmeterv1.Recommendation, usd, joules float64) {
 	for _, r := range recs {
 		if r.GetConfidence() >= minConfidence {
 			kept = append(kept, r)
@@ -798,7 +798,7 @@ func OverlapGroup(kind string) string {
 // cost × (1 − Π (1 − group savings ÷ cost)), so a run's total never exceeds
 // its cost (energy); for a live run the cost is its projected cost at
 // completion when that is higher. Runs not in runs are summed as they are.
-func Total(recs []*pb.Recommendation, runs []Run) (usd, joules float64) {
+func Total(recs []*trainmeterv1.Recommendation, runs []Run) (usd, joules float64) {
 	type claims struct{ usd, j map[string]float64 }
 	byRun := map[string]*claims{}
 	cost := map[string][2]float64{}
@@ -852,7 +852,7 @@ func Total(recs []*pb.Recommendation, runs []Run) (usd, joules float64) {
 // spend is what a run's savings are capped by, in dollars and joules: an
 // ended run's total cost and energy; a live run's projected cost (its
 // forecast at completion, when higher) and its energy scaled alike.
-func spend(r *pb.RunReport) [2]float64 {
+func spend(r *trainmeterv1.RunReport) [2]float64 {
 	usd, j := r.GetTotalCostUsd(), r.GetEnergyTotalJ()
 	if p := r.GetProjectedCostUsd(); !r.GetEnded() && p > usd {
 		if usd > 0 {

@@ -5,17 +5,17 @@ import (
 	"strings"
 	"testing"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-func report(id, model, gpu string, cost, energyJ, tokPerS float64) *pb.RunReport {
-	return &pb.RunReport{RunId: id, Metadata: &pb.RunMetadata{Model: model}, GpuName: gpu, Gpus: 1,
+func report(id, model, gpu string, cost, energyJ, tokPerS float64) *trainmeterv1.RunReport {
+	return &trainmeterv1.RunReport{RunId: id, Metadata: &trainmeterv1.RunMetadata{Model: model}, GpuName: gpu, Gpus: 1,
 		TotalCostUsd: cost, CostUsd: cost, EnergyTotalJ: energyJ, EnergyJ: energyJ, TokPerS: tokPerS, GpuPricePerHour: 2}
 }
 
-func withEvals(r *pb.RunReport, loss, acc []float64) *pb.RunReport {
+func withEvals(r *trainmeterv1.RunReport, loss, acc []float64) *trainmeterv1.RunReport {
 	for i := range max(len(loss), len(acc)) {
-		e := &pb.Eval{RunId: r.RunId, Epoch: int64(i + 1)}
+		e := &trainmeterv1.Eval{RunId: r.RunId, Epoch: int64(i + 1)}
 		if i < len(loss) {
 			e.ValLoss, e.HasValLoss = loss[i], true
 		}
@@ -262,10 +262,10 @@ func TestTotalCountsOverlappingSavingsOnceAndNeverExceedsTheCost(t *testing.T) {
 	// part of what is left.
 	run := Run{Report: report("r", "m", "g", 10, 1000, 1)}
 	small := Run{Report: report("s", "m", "g", 2, 200, 1)}
-	rec := func(kind string, usd, j float64, ids ...string) *pb.Recommendation {
-		return &pb.Recommendation{Kind: kind, SavingsUsd: usd, SavingsJ: j, RunIds: ids, Confidence: 0.9}
+	rec := func(kind string, usd, j float64, ids ...string) *trainmeterv1.Recommendation {
+		return &trainmeterv1.Recommendation{Kind: kind, SavingsUsd: usd, SavingsJ: j, RunIds: ids, Confidence: 0.9}
 	}
-	recs := []*pb.Recommendation{
+	recs := []*trainmeterv1.Recommendation{
 		rec(KindEarlyStopping, 5.83, 583, "r"),
 		rec(KindEpochCount, 4, 400, "r"),
 		rec(KindDatasetSize, 5, 500, "s", "r"), // booked to r, the larger run
@@ -284,22 +284,22 @@ func TestTotalCountsOverlappingSavingsOnceAndNeverExceedsTheCost(t *testing.T) {
 		t.Fatalf("naive sum $%v, total $%v: want the naive sum over the cost and the total under it", naive, usd)
 	}
 	// Claims larger than the run: the total stops at its cost.
-	usd, _ = Total([]*pb.Recommendation{rec(KindEarlyStopping, 12, 0, "r"), rec(KindComputeTier, 4, 0, "r")}, []Run{run})
+	usd, _ = Total([]*trainmeterv1.Recommendation{rec(KindEarlyStopping, 12, 0, "r"), rec(KindComputeTier, 4, 0, "r")}, []Run{run})
 	approx(t, "capped total $", usd, 10)
 	// A live run is capped by its projected cost.
 	live := Run{Report: report("l", "m", "g", 10, 1000, 1)}
 	live.Report.ProjectedCostUsd = 40
-	usd, j = Total([]*pb.Recommendation{rec(KindEarlyStopping, 30, 3000, "l"), rec(KindComputeTier, 20, 0, "l")}, []Run{live})
+	usd, j = Total([]*trainmeterv1.Recommendation{rec(KindEarlyStopping, 30, 3000, "l"), rec(KindComputeTier, 20, 0, "l")}, []Run{live})
 	approx(t, "live total $", usd, 40*(1-(1-0.75)*(1-0.5)))
 	approx(t, "live total J", j, 3000)
 	// A compute-tier recommendation about two runs is shared by their costs.
-	usd, _ = Total([]*pb.Recommendation{rec(KindComputeTier, 2.4, 0, "r", "s"), rec(KindEarlyStopping, 1, 0, "s")}, []Run{run, small})
+	usd, _ = Total([]*trainmeterv1.Recommendation{rec(KindComputeTier, 2.4, 0, "r", "s"), rec(KindEarlyStopping, 1, 0, "s")}, []Run{run, small})
 	approx(t, "shared total $", usd, 2+2*(1-(1-0.4/2)*(1-1.0/2)))
 	// One recommendation alone: exactly its saving, never a rounding under
 	// it (the e2e run's $0.0008005103142857144 once totalled ...143).
 	const one = 0.0008005103142857144
 	tiny := Run{Report: report("t", "m", "g", 0.0028017861, 1, 1)}
-	if usd, _ := Total([]*pb.Recommendation{rec(KindEarlyStopping, one, 0, "t")}, []Run{tiny}); usd != one {
+	if usd, _ := Total([]*trainmeterv1.Recommendation{rec(KindEarlyStopping, one, 0, "t")}, []Run{tiny}); usd != one {
 		t.Fatalf("a single saving of $%v totals $%v", one, usd)
 	}
 }
@@ -309,7 +309,7 @@ func TestTotalCountsOverlappingSavingsOnceAndNeverExceedsTheCost(t *testing.T) {
 // limit. Only runs alike in model, GPU, batch size, sequence length,
 // precision and world size are compared, and the evidence names them.
 func TestPowerComparesOnlyLikeRuns(t *testing.T) {
-	like := func(id string, powerPerGPU, jPerToken, tokPerS float64) *pb.RunReport {
+	like := func(id string, powerPerGPU, jPerToken, tokPerS float64) *trainmeterv1.RunReport {
 		r := report(id, "llama", "H100", 10, 0, tokPerS)
 		r.Gpus, r.Nodes = 2, 1
 		r.Metadata.BatchSize, r.Metadata.HasBatchSize = 32, true
@@ -319,15 +319,17 @@ func TestPowerComparesOnlyLikeRuns(t *testing.T) {
 		return r
 	}
 	hi := like("hi", 700, 0.7, 2000)
-	for name, change := range map[string]func(r *pb.RunReport){
-		"batch size":   func(r *pb.RunReport) { r.Metadata.BatchSize = 64 },
-		"world size":   func(r *pb.RunReport) { r.Gpus, r.TokPerS, r.AvgPowerW = 4, 4000, 4*560 },
-		"nodes":        func(r *pb.RunReport) { r.Nodes = 2 },
-		"seq len":      func(r *pb.RunReport) { r.Metadata.HasSeqLen = false },
-		"precision":    func(r *pb.RunReport) { r.Metadata.Precision = "fp16" },
-		"model":        func(r *pb.RunReport) { r.Metadata.Model = "llama-2" },
-		"GPU model":    func(r *pb.RunReport) { r.GpuName = "A100" },
-		"both (issue)": func(r *pb.RunReport) { r.Metadata.BatchSize, r.Gpus, r.TokPerS, r.AvgPowerW = 64, 4, 4400, 4*560 },
+	for name, change := range map[string]func(r *trainmeterv1.RunReport){
+		"batch size": func(r *trainmeterv1.RunReport) { r.Metadata.BatchSize = 64 },
+		"world size": func(r *trainmeterv1.RunReport) { r.Gpus, r.TokPerS, r.AvgPowerW = 4, 4000, 4*560 },
+		"nodes":      func(r *trainmeterv1.RunReport) { r.Nodes = 2 },
+		"seq len":    func(r *trainmeterv1.RunReport) { r.Metadata.HasSeqLen = false },
+		"precision":  func(r *trainmeterv1.RunReport) { r.Metadata.Precision = "fp16" },
+		"model":      func(r *trainmeterv1.RunReport) { r.Metadata.Model = "llama-2" },
+		"GPU model":  func(r *trainmeterv1.RunReport) { r.GpuName = "A100" },
+		"both (issue)": func(r *trainmeterv1.RunReport) {
+			r.Metadata.BatchSize, r.Gpus, r.TokPerS, r.AvgPowerW = 64, 4, 4400, 4*560
+		},
 	} {
 		lo := like("lo", 560, 0.59, 2100) // lower power and faster
 		change(lo)

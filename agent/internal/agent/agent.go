@@ -24,7 +24,7 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/host"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Version is the agent's version (internal/buildinfo: set at link time,
@@ -142,8 +142,8 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	return a, nil
 }
 
-func (a *Agent) hello() *pb.Hello {
-	h := &pb.Hello{
+func (a *Agent) hello() *trainmeterv1.Hello {
+	h := &trainmeterv1.Hello{
 		Node:         a.cfg.Node,
 		BootId:       a.spool.BootID(), // persisted: a restarted agent re-sends under the same id
 		AgentVersion: Version,
@@ -151,7 +151,7 @@ func (a *Agent) hello() *pb.Hello {
 		StartedAt:    timestamppb.New(a.clock.Now()),
 	}
 	for _, d := range a.backend.Devices() {
-		h.Gpus = append(h.Gpus, &pb.GpuInfo{
+		h.Gpus = append(h.Gpus, &trainmeterv1.GpuInfo{
 			Index: uint32(d.Index), Uuid: d.UUID, Name: d.Name, MemoryTotalMib: d.MemTotalMiB,
 			PowerLimitW: d.PowerLimitW, HasEnergyCounter: d.HasEnergyCounter, HasInstantPower: d.HasInstantPower,
 		})
@@ -271,7 +271,7 @@ func (a *Agent) hostLoop(ctx context.Context, t clock.Ticker) {
 			a.log.Debug("host read failed", "err", err)
 			continue
 		}
-		a.ledger.SetHost(&pb.HostWindow{MemoryUsedMib: r.MemUsedMiB, MemoryTotalMib: r.MemTotalMiB, CpuPct: r.CPUPct, CpuCount: uint32(r.CPUCount)})
+		a.ledger.SetHost(&trainmeterv1.HostWindow{MemoryUsedMib: r.MemUsedMiB, MemoryTotalMib: r.MemTotalMiB, CpuPct: r.CPUPct, CpuCount: uint32(r.CPUCount)})
 	}
 }
 
@@ -313,13 +313,13 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 // UplinkStats exposes the uplink's counters (for tests and self-metrics).
 func (a *Agent) UplinkStats() uplink.Stats { return a.up.Stats() }
 
-func (a *Agent) advise(adv *pb.Advisory) {
+func (a *Agent) advise(adv *trainmeterv1.Advisory) {
 	var line []byte
 	switch x := adv.Advice.(type) {
-	case *pb.Advisory_Stop:
+	case *trainmeterv1.Advisory_Stop:
 		a.ledger.StopRequested(adv.RunId, x.Stop.Reason)
 		line = trainerproto.StopLine(adv.RunId, x.Stop.Reason)
-	case *pb.Advisory_Dataloader:
+	case *trainmeterv1.Advisory_Dataloader:
 		d := x.Dataloader
 		if d.Classification == "" { // a collector without the figures
 			line = trainerproto.AdviceLine(adv.RunId, int(d.NumWorkers), int(d.PrefetchFactor), d.Reason)

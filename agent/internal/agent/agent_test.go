@@ -16,19 +16,19 @@ import (
 
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type recorder struct {
-	pb.UnimplementedIngestServiceServer
+	trainmeterv1.UnimplementedIngestServiceServer
 	mu      sync.Mutex
-	batches []*pb.Batch
-	advise  chan *pb.Advisory
+	batches []*trainmeterv1.Batch
+	advise  chan *trainmeterv1.Advisory
 }
 
-func (r *recorder) Stream(s pb.IngestService_StreamServer) error {
+func (r *recorder) Stream(s trainmeterv1.IngestService_StreamServer) error {
 	if _, err := s.Recv(); err != nil {
 		return err
 	}
@@ -43,7 +43,7 @@ func (r *recorder) Stream(s pb.IngestService_StreamServer) error {
 			r.mu.Lock()
 			r.batches = append(r.batches, m.GetBatch())
 			r.mu.Unlock()
-			_ = s.Send(&pb.StreamResponse{Msg: &pb.StreamResponse_Ack{Ack: &pb.Ack{Seq: m.GetBatch().Seq}}})
+			_ = s.Send(&trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Ack{Ack: &trainmeterv1.Ack{Seq: m.GetBatch().Seq}}})
 		}
 	}()
 	for {
@@ -51,7 +51,7 @@ func (r *recorder) Stream(s pb.IngestService_StreamServer) error {
 		case err := <-errc:
 			return err
 		case a := <-r.advise:
-			_ = s.Send(&pb.StreamResponse{Msg: &pb.StreamResponse_Advisory{Advisory: a}})
+			_ = s.Send(&trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Advisory{Advisory: a}})
 		}
 	}
 }
@@ -129,9 +129,9 @@ func TestAgentSamplesOnTheInjectedClockAndShipsRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &recorder{advise: make(chan *pb.Advisory, 1)}
+	rec := &recorder{advise: make(chan *trainmeterv1.Advisory, 1)}
 	srv := grpc.NewServer()
-	pb.RegisterIngestServiceServer(srv, rec)
+	trainmeterv1.RegisterIngestServiceServer(srv, rec)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 
@@ -161,7 +161,7 @@ func TestAgentSamplesOnTheInjectedClockAndShipsRuns(t *testing.T) {
 		tr.sync()
 	}
 	// A stop advisory from the collector reaches the trainer's connection.
-	rec.advise <- &pb.Advisory{RunId: "r1", Advice: &pb.Advisory_Stop{Stop: &pb.Stop{Reason: "budget exceeded"}}}
+	rec.advise <- &trainmeterv1.Advisory{RunId: "r1", Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: "budget exceeded"}}}
 	if line := tr.readLine(); !strings.Contains(line, `"event":"stop"`) || !strings.Contains(line, "budget exceeded") {
 		t.Errorf("stop line %q", line)
 	}

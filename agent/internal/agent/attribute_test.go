@@ -15,7 +15,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // listingSim is a simulated backend whose GPUs report compute processes.
@@ -81,9 +81,9 @@ func TestAgentAttributesGPUsOfTheProcessTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &recorder{advise: make(chan *pb.Advisory, 1)}
+	rec := &recorder{advise: make(chan *trainmeterv1.Advisory, 1)}
 	srv := grpc.NewServer()
-	pb.RegisterIngestServiceServer(srv, rec)
+	trainmeterv1.RegisterIngestServiceServer(srv, rec)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 

@@ -6,7 +6,7 @@ import (
 	"os"
 
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // startOTel starts the direct OTel export of this node's GPUs (hw.*), for
@@ -23,10 +23,10 @@ func (a *Agent) startOTel(ctx context.Context) error {
 		return fmt.Errorf("otel export: %w", err)
 	}
 	gpus := a.hello().GetGpus()
-	inventory := map[string][]*pb.GpuInfo{a.cfg.Node: gpus}
+	inventory := map[string][]*trainmeterv1.GpuInfo{a.cfg.Node: gpus}
 	gm, err := otelexport.NewGPUMetrics(exp.Meter(), otelexport.GPUOptions{
 		Now:       a.clock.Now,
-		Inventory: func() map[string][]*pb.GpuInfo { return inventory },
+		Inventory: func() map[string][]*trainmeterv1.GpuInfo { return inventory },
 	})
 	if err != nil {
 		_ = exp.Shutdown(ctx)

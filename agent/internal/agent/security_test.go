@@ -22,7 +22,7 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 type lockedBuf struct {
@@ -85,9 +85,9 @@ func TestAgentSendsTokenOverMTLSAndNeverLogsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &recorder{advise: make(chan *pb.Advisory, 1)}
+	rec := &recorder{advise: make(chan *trainmeterv1.Advisory, 1)}
 	srv := grpc.NewServer(grpc.Creds(creds), grpc.StreamInterceptor(check))
-	pb.RegisterIngestServiceServer(srv, rec)
+	trainmeterv1.RegisterIngestServiceServer(srv, rec)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 

@@ -10,7 +10,7 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // processUse is a backend's per-process use of GPU 0.
@@ -31,8 +31,8 @@ func TestSharedGPUSplitByProcessUtilisationOfTheRunsTrees(t *testing.T) {
 			30: {SMPct: 99, SMOK: true}}} // not a run's: ignored
 
 	energy := 0.0
-	tick := func(d time.Duration) []*pb.Batch {
-		var out []*pb.Batch
+	tick := func(d time.Duration) []*trainmeterv1.Batch {
+		var out []*trainmeterv1.Batch
 		for end := clk.Now().Add(d); clk.Now().Before(end); {
 			clk.Advance(50 * time.Millisecond)
 			energy += 300 * 0.05

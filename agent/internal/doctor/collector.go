@@ -20,7 +20,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/agent"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func checkCollector(ctx context.Context, o Options, r *Report) {
@@ -184,12 +184,12 @@ func checkToken(ctx context.Context, o Options, r *Report, creds credentials.Tra
 // probeStream sends the token-checking Hello and returns how the stream ended
 // (nil: ended without an error).
 func probeStream(ctx context.Context, conn *grpc.ClientConn, node string) error {
-	stream, err := pb.NewIngestServiceClient(conn).Stream(ctx)
+	stream, err := trainmeterv1.NewIngestServiceClient(conn).Stream(ctx)
 	if err != nil {
 		return err
 	}
-	hello := &pb.Hello{Node: node, AgentVersion: agent.Version, GpuBackend: "doctor"} // BootId deliberately empty
-	if err := stream.Send(&pb.StreamRequest{Msg: &pb.StreamRequest_Hello{Hello: hello}}); err != nil && !errors.Is(err, io.EOF) {
+	hello := &trainmeterv1.Hello{Node: node, AgentVersion: agent.Version, GpuBackend: "doctor"} // BootId deliberately empty
+	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: hello}}); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
 	_ = stream.CloseSend()

@@ -30,7 +30,7 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // gpuSpec shapes one mocked GPU.
@@ -276,12 +276,12 @@ func TestSocketProblems(t *testing.T) {
 // (collector/internal/auth and ingest; e2e/doctor_test.go runs the doctor
 // against the real collector). tokens maps token → node (nil: no tokens).
 type fakeCollector struct {
-	pb.UnimplementedIngestServiceServer
+	trainmeterv1.UnimplementedIngestServiceServer
 	tokens map[string]string
 	hellos atomic.Int64 // Hellos that got past validation (would be stored)
 }
 
-func (f *fakeCollector) Stream(stream grpc.BidiStreamingServer[pb.StreamRequest, pb.StreamResponse]) error {
+func (f *fakeCollector) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamRequest, trainmeterv1.StreamResponse]) error {
 	node := ""
 	if f.tokens != nil {
 		md, _ := metadata.FromIncomingContext(stream.Context())
@@ -322,7 +322,7 @@ func collector(t *testing.T, tokens map[string]string, files *tlstest.Files) (st
 	}
 	gs := grpc.NewServer(opts...)
 	f := &fakeCollector{tokens: tokens}
-	pb.RegisterIngestServiceServer(gs, f)
+	trainmeterv1.RegisterIngestServiceServer(gs, f)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -461,7 +461,7 @@ func TestSpool(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := time.Now().Add(-time.Second)
-	if err := s.Append(&pb.Batch{WindowStart: timestamppb.New(t0), WindowEnd: timestamppb.New(t0.Add(time.Second))}); err != nil {
+	if err := s.Append(&trainmeterv1.Batch{WindowStart: timestamppb.New(t0), WindowEnd: timestamppb.New(t0.Add(time.Second))}); err != nil {
 		t.Fatal(err)
 	}
 	// held by a (pretend) running agent

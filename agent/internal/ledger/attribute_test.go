@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func attributedRig(t *testing.T, canList bool) *rig {
@@ -160,7 +160,7 @@ func TestAttributedRunTakesJoiningRanksWarmup(t *testing.T) {
 	r.advance(3 * time.Second)
 	var measured bool
 	for _, w := range r.windows("a") {
-		if w.Phase == pb.Phase_PHASE_MEASURED {
+		if w.Phase == trainmeterv1.Phase_PHASE_MEASURED {
 			measured = true
 			if w.Start.AsTime().Before(join.Add(time.Second)) {
 				t.Errorf("measured segment starts at %v, before the adopted warmup end", w.Start.AsTime())

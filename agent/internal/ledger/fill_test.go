@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // A run of `trainmeter run` (attribute_pid) takes the fields its command
@@ -53,7 +53,7 @@ func TestAttributedRunIsFilledByTheJoiningClient(t *testing.T) {
 		}
 	}
 	r.advance(2 * time.Second)
-	var starts []*pb.RunStart
+	var starts []*trainmeterv1.RunStart
 	for _, b := range r.batches {
 		for _, e := range b.RunEvents {
 			if s := e.GetRunStart(); s != nil {

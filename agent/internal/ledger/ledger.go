@@ -23,7 +23,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/pkg/energy"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Config sets up a Ledger.
@@ -96,11 +96,11 @@ type Ledger struct {
 	gpuAcc [2][]gpuAcc
 	// raw[0] holds the open window's raw samples, raw[1] those of ticks
 	// after its end, like gpuAcc (Config.RawSamples only).
-	raw      [2][]*pb.RawSamples
-	host     *pb.HostWindow
+	raw      [2][]*trainmeterv1.RawSamples
+	host     *trainmeterv1.HostWindow
 	runs     map[string]*run
 	order    []string // run ids in start order, for deterministic batches
-	pending  []*pb.RunEvent
+	pending  []*trainmeterv1.RunEvent
 	seq      uint64
 	lastStep []time.Time
 
@@ -178,7 +178,7 @@ func New(cfg Config) *Ledger {
 }
 
 // SetHost records the latest host reading; it goes out with the next batch.
-func (l *Ledger) SetHost(h *pb.HostWindow) {
+func (l *Ledger) SetHost(h *trainmeterv1.HostWindow) {
 	l.mu.Lock()
 	l.host = h
 	l.mu.Unlock()
@@ -186,7 +186,7 @@ func (l *Ledger) SetHost(h *pb.HostWindow) {
 
 // Tick feeds one sampling tick (one sample per GPU, in index order) and
 // returns the batches whose windows it closed, usually none or one.
-func (l *Ledger) Tick(now time.Time, samples []gpu.Sample) []*pb.Batch {
+func (l *Ledger) Tick(now time.Time, samples []gpu.Sample) []*trainmeterv1.Batch {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.open(now)
@@ -219,7 +219,7 @@ func (l *Ledger) Tick(now time.Time, samples []gpu.Sample) []*pb.Batch {
 		r.ticks = append(r.ticks, l.tickStat(now, r.gpusAt(now)))
 	}
 
-	var out []*pb.Batch
+	var out []*trainmeterv1.Batch
 	for l.due(now) {
 		out = append(out, l.closeWindow())
 	}
@@ -259,10 +259,10 @@ func (l *Ledger) open(now time.Time) {
 	l.winEnd = now.Truncate(l.cfg.Window).Add(l.cfg.Window)
 }
 
-func newRaw(n int) []*pb.RawSamples {
-	out := make([]*pb.RawSamples, n)
+func newRaw(n int) []*trainmeterv1.RawSamples {
+	out := make([]*trainmeterv1.RawSamples, n)
 	for i := range out {
-		out[i] = &pb.RawSamples{Gpu: uint32(i)}
+		out[i] = &trainmeterv1.RawSamples{Gpu: uint32(i)}
 	}
 	return out
 }
@@ -270,7 +270,7 @@ func newRaw(n int) []*pb.RawSamples {
 // addRaw appends one sample to r's columns (utilization and memory 0 when
 // not read, so the columns stay aligned). Times must increase: a tick
 // earlier than the last one kept (clock stepped back) is dropped.
-func addRaw(r *pb.RawSamples, s *gpu.Sample) {
+func addRaw(r *trainmeterv1.RawSamples, s *gpu.Sample) {
 	t := uint64(s.ReadAt.UnixNano())
 	if n := len(r.TUnixNs); n > 0 && t <= r.TUnixNs[n-1] {
 		return
@@ -356,10 +356,10 @@ func (l *Ledger) updateLoad(now time.Time) {
 }
 
 // closeWindow emits the batch for [winStart, winEnd) and opens the next.
-func (l *Ledger) closeWindow() *pb.Batch {
+func (l *Ledger) closeWindow() *trainmeterv1.Batch {
 	ws, we := l.winStart, l.winEnd
 	l.seq++
-	b := &pb.Batch{
+	b := &trainmeterv1.Batch{
 		Seq:         l.seq,
 		WindowStart: timestamppb.New(ws),
 		WindowEnd:   timestamppb.New(we),
@@ -432,7 +432,7 @@ func (l *Ledger) rawAt(i int, t time.Time, c energy.Cumulative) (float64, bool) 
 	return last.EnergyJ + c.CounterJ - cl.CounterJ, true
 }
 
-func (l *Ledger) gpuWindow(i int, end energy.Cumulative, st energy.Stats) *pb.GpuWindow {
+func (l *Ledger) gpuWindow(i int, end energy.Cumulative, st energy.Stats) *trainmeterv1.GpuWindow {
 	a := &l.gpuAcc[0][i]
 	start := l.startCum[i]
 	prev := l.startStats[i]
@@ -444,7 +444,7 @@ func (l *Ledger) gpuWindow(i int, end energy.Cumulative, st energy.Stats) *pb.Gp
 			start = c
 		}
 	}
-	w := &pb.GpuWindow{
+	w := &trainmeterv1.GpuWindow{
 		Gpu:               uint32(i),
 		Uuid:              l.cfg.Devices[i].UUID,
 		EnergyIntegratedJ: end.IntegratedJ - start.IntegratedJ,
@@ -476,7 +476,7 @@ func (l *Ledger) gpuWindow(i int, end energy.Cumulative, st energy.Stats) *pb.Gp
 
 // runWindows cuts the run's part of [ws, we) into segments at warmup end and
 // GPU-set changes, and measures each.
-func (l *Ledger) runWindows(occ [][]piece, r *run, ws, we time.Time) []*pb.RunWindow {
+func (l *Ledger) runWindows(occ [][]piece, r *run, ws, we time.Time) []*trainmeterv1.RunWindow {
 	from := ws
 	if r.start.After(from) {
 		from = r.start
@@ -502,7 +502,7 @@ func (l *Ledger) runWindows(occ [][]piece, r *run, ws, we time.Time) []*pb.RunWi
 	}
 	sort.Slice(cuts, func(i, j int) bool { return cuts[i].Before(cuts[j]) })
 
-	var out []*pb.RunWindow
+	var out []*trainmeterv1.RunWindow
 	for i := 0; i+1 < len(cuts); i++ {
 		a, b := cuts[i], cuts[i+1]
 		if !a.Before(b) {
@@ -539,13 +539,13 @@ func dropBefore[T any](xs []T, t time.Time, at func(T) time.Time) []T {
 	return append(xs[:0], xs[n:]...)
 }
 
-func (l *Ledger) segment(occ [][]piece, r *run, a, b time.Time) *pb.RunWindow {
+func (l *Ledger) segment(occ [][]piece, r *run, a, b time.Time) *trainmeterv1.RunWindow {
 	gpus := r.gpusAt(a)
-	w := &pb.RunWindow{
+	w := &trainmeterv1.RunWindow{
 		RunId: r.id,
 		Start: timestamppb.New(a),
 		End:   timestamppb.New(b),
-		Phase: pb.Phase_PHASE_WARMUP,
+		Phase: trainmeterv1.Phase_PHASE_WARMUP,
 		// A segment with no GPUs (a process-attributed run before its
 		// processes reach a GPU) used exactly 0 J: known, not estimated.
 		CounterOk: true,
@@ -559,7 +559,7 @@ func (l *Ledger) segment(occ [][]piece, r *run, a, b time.Time) *pb.RunWindow {
 	var integratedOnly float64
 	anyCounter := false
 	if !r.warmupEnd.IsZero() && !a.Before(r.warmupEnd) {
-		w.Phase = pb.Phase_PHASE_MEASURED
+		w.Phase = trainmeterv1.Phase_PHASE_MEASURED
 	}
 	var methods []string
 	for _, g := range gpus {
@@ -581,7 +581,7 @@ func (l *Ledger) segment(occ [][]piece, r *run, a, b time.Time) *pb.RunWindow {
 			}
 		}
 		w.EnergyEstimated = w.EnergyEstimated || part.estimated
-		share := &pb.GpuShare{Gpu: uint32(g), CounterOk: part.counterOK, EnergyIntegratedJ: part.integratedJ,
+		share := &trainmeterv1.GpuShare{Gpu: uint32(g), CounterOk: part.counterOK, EnergyIntegratedJ: part.integratedJ,
 			GpuSeconds: part.gpuS, SharedGpuSeconds: part.sharedS}
 		if part.counterOK {
 			share.EnergyCounterJ = part.counterJ

@@ -9,7 +9,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
@@ -25,7 +25,7 @@ type rig struct {
 	counterW []float64
 	counterJ []float64
 	counterT []time.Time
-	batches  []*pb.Batch
+	batches  []*trainmeterv1.Batch
 	noUtil   map[int]bool // GPUs that report no utilisation (MIG)
 }
 
@@ -68,8 +68,8 @@ func (r *rig) advance(d time.Duration) {
 // at moves the clock to exactly t without ticking (events between ticks).
 func (r *rig) at(d time.Duration) time.Time { return r.now.Add(d) }
 
-func (r *rig) windows(run string) []*pb.RunWindow {
-	var out []*pb.RunWindow
+func (r *rig) windows(run string) []*trainmeterv1.RunWindow {
+	var out []*trainmeterv1.RunWindow
 	for _, b := range r.batches {
 		for _, w := range b.RunWindows {
 			if w.RunId == run {
@@ -88,7 +88,7 @@ type totals struct {
 	firstMeasured                                                                    time.Time
 }
 
-func sum(ws []*pb.RunWindow) totals {
+func sum(ws []*trainmeterv1.RunWindow) totals {
 	t := totals{allCounterOK: true}
 	for _, w := range ws {
 		d := w.End.AsTime().Sub(w.Start.AsTime()).Seconds()
@@ -99,7 +99,7 @@ func sum(ws []*pb.RunWindow) totals {
 		t.vramPeak = math.Max(t.vramPeak, w.VramPeakMib)
 		t.allCounterOK = t.allCounterOK && w.CounterOk
 		t.estimated = t.estimated || w.EnergyEstimated
-		if w.Phase == pb.Phase_PHASE_MEASURED {
+		if w.Phase == trainmeterv1.Phase_PHASE_MEASURED {
 			t.measuredCounterJ += w.EnergyCounterJ
 			t.measuredIntegratedJ += w.EnergyIntegratedJ
 			t.measuredS += d
@@ -469,7 +469,7 @@ func TestEvalSaysWhetherItHasAnEpoch(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.advance(2 * time.Second)
-	var got []*pb.Eval
+	var got []*trainmeterv1.Eval
 	for _, b := range r.batches {
 		for _, e := range b.RunEvents {
 			if e.GetEval() != nil {

@@ -6,11 +6,11 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-func (r *rig) ends(run string) []*pb.RunEnd {
-	var out []*pb.RunEnd
+func (r *rig) ends(run string) []*trainmeterv1.RunEnd {
+	var out []*trainmeterv1.RunEnd
 	for _, b := range r.batches {
 		for _, e := range b.RunEvents {
 			if x := e.GetRunEnd(); x != nil && x.RunId == run {
@@ -21,8 +21,8 @@ func (r *rig) ends(run string) []*pb.RunEnd {
 	return out
 }
 
-func (r *rig) starts(run string) []*pb.RunStart {
-	var out []*pb.RunStart
+func (r *rig) starts(run string) []*trainmeterv1.RunStart {
+	var out []*trainmeterv1.RunStart
 	for _, b := range r.batches {
 		for _, e := range b.RunEvents {
 			if x := e.GetRunStart(); x != nil && x.RunId == run {
@@ -70,7 +70,7 @@ func TestEndedRunIDIsRefusedUnlessResumed(t *testing.T) {
 		t.Fatalf("run starts %v, want a start and a resume", s)
 	}
 	for _, w := range r.windows("r") {
-		if w.Start.AsTime().After(t0.Add(time.Minute)) && w.Phase != pb.Phase_PHASE_MEASURED {
+		if w.Start.AsTime().After(t0.Add(time.Minute)) && w.Phase != trainmeterv1.Phase_PHASE_MEASURED {
 			t.Errorf("window %v after the resume is in warmup", w.Start.AsTime())
 		}
 	}
@@ -181,7 +181,7 @@ func TestResumeOfAnUnknownRunKeepsItsWarmup(t *testing.T) {
 	if s := r.starts("new"); len(s) != 1 || s[0].Resume || s[0].WarmupS != 1.5 {
 		t.Fatalf("starts %v, want one plain start with its 1.5 s warmup", s)
 	}
-	if w := r.windows("new"); len(w) == 0 || w[0].Phase != pb.Phase_PHASE_WARMUP {
+	if w := r.windows("new"); len(w) == 0 || w[0].Phase != trainmeterv1.Phase_PHASE_WARMUP {
 		t.Errorf("first window %v, want warmup", w)
 	}
 }

@@ -7,7 +7,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Surviving an agent restart (kill -9 included).
@@ -91,7 +91,7 @@ type bridgeSegment struct {
 	Used        bool
 }
 
-func (s *bridgeSegment) add(w *pb.RunWindow, counterOK bool) {
+func (s *bridgeSegment) add(w *trainmeterv1.RunWindow, counterOK bool) {
 	a, b := w.Start.AsTime(), w.End.AsTime()
 	if !s.Used {
 		s.Start, s.CounterOK, s.Used = a, counterOK, true
@@ -111,8 +111,8 @@ func (s *bridgeSegment) add(w *pb.RunWindow, counterOK bool) {
 	s.PerGPU = holdShares(s.PerGPU, w)
 }
 
-func (s *bridgeSegment) window(id string, phase pb.Phase, gpus []uint32) *pb.RunWindow {
-	w := &pb.RunWindow{
+func (s *bridgeSegment) window(id string, phase trainmeterv1.Phase, gpus []uint32) *trainmeterv1.RunWindow {
+	w := &trainmeterv1.RunWindow{
 		RunId: id, Start: timestamppb.New(s.Start), End: timestamppb.New(s.End), Phase: phase,
 		CounterOk: s.CounterOK, EnergyIntegratedJ: s.IntegratedJ, GapS: s.GapS,
 		GpuSeconds: s.GPUSeconds, Gpus: gpus, RestartBridge: true,
@@ -130,7 +130,7 @@ func (s *bridgeSegment) window(id string, phase pb.Phase, gpus []uint32) *pb.Run
 	slices.Sort(gs)
 	for _, g := range gs {
 		h := s.PerGPU[g]
-		share := &pb.GpuShare{Gpu: uint32(g), CounterOk: s.CounterOK, EnergyIntegratedJ: h.IntegratedJ,
+		share := &trainmeterv1.GpuShare{Gpu: uint32(g), CounterOk: s.CounterOK, EnergyIntegratedJ: h.IntegratedJ,
 			GpuSeconds: h.GPUSeconds, SharedGpuSeconds: h.SharedS}
 		if s.CounterOK {
 			share.EnergyCounterJ = h.CounterJ
@@ -241,7 +241,7 @@ func (l *Ledger) expireRestored(now time.Time) {
 
 // holdBridge routes a restored run's segments into its bridge until the
 // rejoin, and returns what to ship now.
-func (l *Ledger) holdBridge(r *run, segs []*pb.RunWindow, ws, to time.Time) []*pb.RunWindow {
+func (l *Ledger) holdBridge(r *run, segs []*trainmeterv1.RunWindow, ws, to time.Time) []*trainmeterv1.RunWindow {
 	b := r.bridge
 	if !b.Started {
 		// The downtime: from the checkpoint to this boot's first window,
@@ -250,12 +250,12 @@ func (l *Ledger) holdBridge(r *run, segs []*pb.RunWindow, ws, to time.Time) []*p
 		// says what each did meanwhile.
 		b.Started = true
 		gpus := r.gpusAt(ws)
-		first := &pb.RunWindow{Start: timestamppb.New(b.From), End: timestamppb.New(ws)}
+		first := &trainmeterv1.RunWindow{Start: timestamppb.New(b.From), End: timestamppb.New(ws)}
 		ok := len(gpus) > 0
 		for _, g := range gpus {
 			d, gok := l.downtimeJ(g, ws)
 			k := max(1, l.downtimeSharers[g])
-			share := &pb.GpuShare{Gpu: uint32(g), CounterOk: gok, GpuSeconds: ws.Sub(b.From).Seconds() / float64(k)}
+			share := &trainmeterv1.GpuShare{Gpu: uint32(g), CounterOk: gok, GpuSeconds: ws.Sub(b.From).Seconds() / float64(k)}
 			if gok {
 				share.EnergyCounterJ = d / float64(k)
 			}
@@ -276,7 +276,7 @@ func (l *Ledger) holdBridge(r *run, segs []*pb.RunWindow, ws, to time.Time) []*p
 			b.Methods = appendNew(b.Methods, ShareEqual)
 		}
 	}
-	var out []*pb.RunWindow
+	var out []*trainmeterv1.RunWindow
 	for _, w := range segs {
 		if r.rejoinAt.IsZero() || w.Start.AsTime().Before(r.rejoinAt) {
 			l.bridgePhase(r, w.Start.AsTime()).add(w, w.CounterOk)
@@ -292,12 +292,12 @@ func (l *Ledger) holdBridge(r *run, segs []*pb.RunWindow, ws, to time.Time) []*p
 		for _, g := range r.gpusAt(b.From) {
 			gpus = append(gpus, uint32(g))
 		}
-		var bridged []*pb.RunWindow
+		var bridged []*trainmeterv1.RunWindow
 		if b.Warmup.Used {
-			bridged = append(bridged, b.Warmup.window(r.id, pb.Phase_PHASE_WARMUP, gpus))
+			bridged = append(bridged, b.Warmup.window(r.id, trainmeterv1.Phase_PHASE_WARMUP, gpus))
 		}
 		if b.Measured.Used {
-			bridged = append(bridged, b.Measured.window(r.id, pb.Phase_PHASE_MEASURED, gpus))
+			bridged = append(bridged, b.Measured.window(r.id, trainmeterv1.Phase_PHASE_MEASURED, gpus))
 		}
 		for _, w := range bridged {
 			w.MaxSharingRuns = uint32(max(1, b.Shared))

@@ -7,7 +7,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // skip lets time pass with the GPUs still drawing power but no agent running.
@@ -142,7 +142,7 @@ func TestRestoredRunNobodyRejoinsEndsAtTheCheckpoint(t *testing.T) {
 	r.restart(snap, 5*time.Second)
 	before := len(r.batches)
 	r.advance(8 * time.Second)
-	var end *pb.RunEnd
+	var end *trainmeterv1.RunEnd
 	for _, b := range r.batches[before:] {
 		for _, w := range b.RunWindows {
 			if w.RunId == "gone" {

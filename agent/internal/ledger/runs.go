@@ -9,7 +9,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Peer identifies the trainer connection an event came from.
@@ -123,12 +123,12 @@ func (r *run) gpusAt(t time.Time) []int {
 	return cur
 }
 
-func (r *run) endEvent() *pb.RunEvent {
-	e := &pb.RunEnd{RunId: r.id, Time: timestamppb.New(r.end), Reason: r.endReason, EndStatus: r.endStatus}
+func (r *run) endEvent() *trainmeterv1.RunEvent {
+	e := &trainmeterv1.RunEnd{RunId: r.id, Time: timestamppb.New(r.end), Reason: r.endReason, EndStatus: r.endStatus}
 	if !r.warmupEnd.IsZero() && !r.warmupEnd.After(r.end) {
 		e.WarmupEnd = timestamppb.New(r.warmupEnd)
 	}
-	return &pb.RunEvent{Event: &pb.RunEvent_RunEnd{RunEnd: e}}
+	return &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_RunEnd{RunEnd: e}}
 }
 
 // StartRun handles run_start: the first one on this node starts the run, later
@@ -188,7 +188,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		if filled {
 			// The same start (time, node) again with the fields filled in:
 			// the collector fills what its copy of the run lacks.
-			l.pending = append(l.pending, &pb.RunEvent{Event: &pb.RunEvent_RunStart{
+			l.pending = append(l.pending, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_RunStart{
 				RunStart: l.runStartEvent(r.start, r.starterPeer, r.starter, r, r.gpuChanges[0].gpus)}})
 			l.cfg.Logger.Info("run metadata filled by the joining client", "run_id", r.id, "model", r.starter.Model)
 		}
@@ -238,13 +238,13 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 	}
 	l.runs[ev.Run] = r
 	l.order = append(l.order, ev.Run)
-	l.pending = append(l.pending, &pb.RunEvent{Event: &pb.RunEvent_RunStart{RunStart: l.runStartEvent(now, p, ev, r, gpus)}})
+	l.pending = append(l.pending, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_RunStart{RunStart: l.runStartEvent(now, p, ev, r, gpus)}})
 	l.cfg.Logger.Info("run started", "run_id", ev.Run, "gpus", gpus, "pid", p.PID, "warmup", r.warmup, "warmup_steps", r.warmupSteps)
 	return nil
 }
 
-func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart, r *run, gpus []int) *pb.RunStart {
-	md := &pb.RunMetadata{
+func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart, r *run, gpus []int) *trainmeterv1.RunStart {
+	md := &trainmeterv1.RunMetadata{
 		Model: ev.Model, Dataset: ev.Dataset, Backend: ev.Backend, Optimizer: ev.Optimizer,
 		Precision: ev.Precision, Notes: ev.Notes,
 	}
@@ -260,7 +260,7 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 	if ev.Seed != nil {
 		md.Seed, md.HasSeed = *ev.Seed, true
 	}
-	rs := &pb.RunStart{
+	rs := &trainmeterv1.RunStart{
 		RunId:       ev.Run,
 		Time:        timestamppb.New(now),
 		Metadata:    md,
@@ -482,7 +482,7 @@ func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 	if err != nil {
 		return err
 	}
-	e := &pb.Eval{RunId: ev.Run, Time: timestamppb.New(now), RankSteps: r.rankSteps[p.ConnID]}
+	e := &trainmeterv1.Eval{RunId: ev.Run, Time: timestamppb.New(now), RankSteps: r.rankSteps[p.ConnID]}
 	if ev.Epoch != nil {
 		e.Epoch, e.HasEpoch = *ev.Epoch, true
 	}
@@ -492,7 +492,7 @@ func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 	if ev.Accuracy != nil {
 		e.Accuracy, e.HasAccuracy = *ev.Accuracy, true
 	}
-	l.pending = append(l.pending, &pb.RunEvent{Event: &pb.RunEvent_Eval{Eval: e}})
+	l.pending = append(l.pending, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: e}})
 	return nil
 }
 

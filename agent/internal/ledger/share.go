@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Conservation and shared GPUs (docs/measurement.md, "Shared GPUs and idle").
@@ -292,7 +292,7 @@ func combineMethods(ms []string) string {
 
 // bookIdle sets GPU window gw's own length and idle share, plus what expired
 // restored runs had held on it (reclaimed: idle after all).
-func (l *Ledger) bookIdle(gw *pb.GpuWindow, g int, ws, we time.Time, pieces []piece) {
+func (l *Ledger) bookIdle(gw *trainmeterv1.GpuWindow, g int, ws, we time.Time, pieces []piece) {
 	gw.GpuSeconds = we.Sub(ws).Seconds()
 	idle := l.idlePart(g, pieces)
 	rc := l.reclaim[g]
@@ -311,7 +311,7 @@ func (l *Ledger) bookIdle(gw *pb.GpuWindow, g int, ws, we time.Time, pieces []pi
 // and time while the agent was down (from the raw counters), and the part
 // of it no restored run was on (idle). The restored runs' parts go out in
 // their restart_bridge windows (holdBridge splits it between them).
-func (l *Ledger) bookDowntime(b *pb.Batch, ws time.Time) {
+func (l *Ledger) bookDowntime(b *trainmeterv1.Batch, ws time.Time) {
 	if l.downtimeDone || l.snapGPUs == nil || len(l.snapGPUs) == 0 {
 		return
 	}
@@ -358,7 +358,7 @@ type heldGPU struct {
 }
 
 // holdShares adds a segment's per-GPU shares to held.
-func holdShares(held map[int]*heldGPU, w *pb.RunWindow) map[int]*heldGPU {
+func holdShares(held map[int]*heldGPU, w *trainmeterv1.RunWindow) map[int]*heldGPU {
 	if held == nil {
 		held = map[int]*heldGPU{}
 	}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // gpuTotals is one GPU's figures over the batches: the GPU's own, the runs'
@@ -17,7 +17,7 @@ type gpuTotals struct {
 	gpuJ, gpuS, runJ, runS, idleJ, idleS, downJ, downS float64
 }
 
-func conserve(bs []*pb.Batch) map[uint32]*gpuTotals {
+func conserve(bs []*trainmeterv1.Batch) map[uint32]*gpuTotals {
 	out := map[uint32]*gpuTotals{}
 	get := func(g uint32) *gpuTotals {
 		if out[g] == nil {
@@ -48,11 +48,11 @@ func conserve(bs []*pb.Batch) map[uint32]*gpuTotals {
 
 // checkConservation asserts runs + idle = the GPU, per batch (when perBatch)
 // and over all batches.
-func checkConservation(t *testing.T, bs []*pb.Batch, perBatch bool) {
+func checkConservation(t *testing.T, bs []*trainmeterv1.Batch, perBatch bool) {
 	t.Helper()
 	if perBatch {
 		for _, b := range bs {
-			for g, c := range conserve([]*pb.Batch{b}) {
+			for g, c := range conserve([]*trainmeterv1.Batch{b}) {
 				if math.Abs(c.runJ+c.idleJ-c.gpuJ) > 1e-6*math.Max(1, c.gpuJ) || math.Abs(c.runS+c.idleS-c.gpuS) > 1e-9*math.Max(1, c.gpuS) {
 					t.Fatalf("batch %d gpu %d: runs %.6f J + idle %.6f J != GPU %.6f J; runs %.6f s + idle %.6f s != GPU %.6f s",
 						b.Seq, g, c.runJ, c.idleJ, c.gpuJ, c.runS, c.idleS, c.gpuS)

@@ -17,7 +17,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func (s *Spool) load() error {
@@ -196,7 +196,7 @@ func (s *Spool) restorePendingLosses(st *stateJSON, lastSeq uint64) {
 		}
 	}
 	for _, e := range st.Events {
-		ev := &pb.RunEvent{}
+		ev := &trainmeterv1.RunEvent{}
 		if proto.Unmarshal(e, ev) == nil {
 			s.events = append(s.events, ev)
 		}

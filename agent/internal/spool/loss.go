@@ -14,7 +14,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // evictOldest removes the oldest segment, dropping its unacked batches.
@@ -31,7 +31,7 @@ func (s *Spool) evictOldest(reason string) {
 		}
 		dropped++
 		droppedBytes += int(r.size)
-		var b *pb.Batch
+		var b *trainmeterv1.Batch
 		if ferr == nil {
 			b, _ = readRecord(f, r)
 		}
@@ -57,7 +57,7 @@ func (s *Spool) evictOldest(reason string) {
 
 // dropUnwritten counts a batch that never reached the disk. Its seq is
 // reused by the next batch, so no gap appears for it.
-func (s *Spool) dropUnwritten(b *pb.Batch, own []*pb.DataLoss, ownEvents []*pb.RunEvent, size int64, reason string, err error) error {
+func (s *Spool) dropUnwritten(b *trainmeterv1.Batch, own []*trainmeterv1.DataLoss, ownEvents []*trainmeterv1.RunEvent, size int64, reason string, err error) error {
 	b.Losses = own
 	b.RunEvents = ownEvents
 	s.stats.Dropped++
@@ -70,7 +70,7 @@ func (s *Spool) dropUnwritten(b *pb.Batch, own []*pb.DataLoss, ownEvents []*pb.R
 	return err
 }
 
-func runIDs(b *pb.Batch) []string {
+func runIDs(b *trainmeterv1.Batch) []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, w := range b.GetRunWindows() {
@@ -84,13 +84,13 @@ func runIDs(b *pb.Batch) []string {
 
 // takeLossesPreview returns the pending loss records in a stable order
 // (they are cleared only once a batch carrying them is written).
-func (s *Spool) takeLossesPreview() []*pb.DataLoss {
-	var out []*pb.DataLoss
+func (s *Spool) takeLossesPreview() []*trainmeterv1.DataLoss {
+	var out []*trainmeterv1.DataLoss
 	for _, id := range sortedKeys(s.losses) {
-		out = append(out, proto.Clone(s.losses[id]).(*pb.DataLoss))
+		out = append(out, proto.Clone(s.losses[id]).(*trainmeterv1.DataLoss))
 	}
 	for _, l := range s.seqLosses {
-		out = append(out, proto.Clone(l).(*pb.DataLoss))
+		out = append(out, proto.Clone(l).(*trainmeterv1.DataLoss))
 	}
 	return out
 }
@@ -98,11 +98,11 @@ func (s *Spool) takeLossesPreview() []*pb.DataLoss {
 // account adds what batch b held to the pending loss report. inDoubt: b was
 // sent and may have been applied; it gets its own record with its seq.
 // carry: b's run events go on with the next batch.
-func (s *Spool) account(b *pb.Batch, reason string, inDoubt, carry bool) {
+func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry bool) {
 	// Loss records b already carried (from earlier drops) are lost with it.
 	for _, l := range b.GetLosses() {
 		if l.GetSeq() != 0 && len(s.seqLosses) < maxPerSeqRec {
-			s.seqLosses = append(s.seqLosses, proto.Clone(l).(*pb.DataLoss))
+			s.seqLosses = append(s.seqLosses, proto.Clone(l).(*trainmeterv1.DataLoss))
 			continue
 		}
 		s.mergeLoss(l.GetRunId(), l.GetBatches(), l.GetTokens(), l.GetEnergyJ(), l.GetGpuSeconds(), l.GetReason())
@@ -144,7 +144,7 @@ func (s *Spool) account(b *pb.Batch, reason string, inDoubt, carry bool) {
 	for _, id := range order {
 		a := per[id]
 		if inDoubt && len(s.seqLosses) < maxPerSeqRec {
-			s.seqLosses = append(s.seqLosses, &pb.DataLoss{RunId: id, Batches: 1, Tokens: a.tokens,
+			s.seqLosses = append(s.seqLosses, &trainmeterv1.DataLoss{RunId: id, Batches: 1, Tokens: a.tokens,
 				EnergyJ: a.energy, GpuSeconds: a.gpu, Reason: reason, Seq: b.GetSeq()})
 			continue
 		}
@@ -154,7 +154,7 @@ func (s *Spool) account(b *pb.Batch, reason string, inDoubt, carry bool) {
 
 // plausibleWindow keeps a loss record from carrying what the collector
 // would refuse (and so from getting the next batch rejected too).
-func plausibleWindow(w *pb.RunWindow) bool {
+func plausibleWindow(w *trainmeterv1.RunWindow) bool {
 	id := w.GetRunId()
 	if id == "" || len(id) > 256 || !utf8.ValidString(id) || strings.ContainsRune(id, 0) {
 		return false
@@ -170,7 +170,7 @@ func plausibleWindow(w *pb.RunWindow) bool {
 func (s *Spool) mergeLoss(run string, batches, tokens uint64, energy, gpu float64, reason string) {
 	l := s.losses[run]
 	if l == nil {
-		l = &pb.DataLoss{RunId: run}
+		l = &trainmeterv1.DataLoss{RunId: run}
 		s.losses[run] = l
 	}
 	l.Batches += batches

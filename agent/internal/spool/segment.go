@@ -15,7 +15,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // scanRecords walks the records of a segment from off and returns those that
@@ -114,7 +114,7 @@ func (s *Spool) addSegment(g *segment) {
 	s.bytes += g.size
 }
 
-func encodeRecord(b *pb.Batch) ([]byte, error) {
+func encodeRecord(b *trainmeterv1.Batch) ([]byte, error) {
 	payload, err := proto.MarshalOptions{Deterministic: true}.Marshal(b)
 	if err != nil {
 		return nil, err
@@ -198,7 +198,7 @@ func (s *Spool) startSegment(seq uint64) error {
 	return nil
 }
 
-func readRecord(f io.ReaderAt, r *record) (*pb.Batch, error) {
+func readRecord(f io.ReaderAt, r *record) (*trainmeterv1.Batch, error) {
 	buf := make([]byte, r.size)
 	if _, err := f.ReadAt(buf, r.off); err != nil {
 		return nil, err
@@ -208,7 +208,7 @@ func readRecord(f io.ReaderAt, r *record) (*pb.Batch, error) {
 		binary.LittleEndian.Uint64(buf[8:16]) != r.seq {
 		return nil, errors.New("record changed on disk (bad length, CRC or seq)")
 	}
-	b := &pb.Batch{}
+	b := &trainmeterv1.Batch{}
 	if err := proto.Unmarshal(buf[recHeader:], b); err != nil {
 		return nil, err
 	}

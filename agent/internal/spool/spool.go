@@ -53,7 +53,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // DefaultMaxBytes bounds a spool when nothing else is configured: 1 GiB.
@@ -190,9 +190,9 @@ type Spool struct {
 	ackLogN      int
 	bytes        int64
 	stats        Stats
-	losses       map[string]*pb.DataLoss // aggregated, certain
-	seqLosses    []*pb.DataLoss          // per batch, in doubt
-	events       []*pb.RunEvent          // carried from dropped batches
+	losses       map[string]*trainmeterv1.DataLoss // aggregated, certain
+	seqLosses    []*trainmeterv1.DataLoss          // per batch, in doubt
+	events       []*trainmeterv1.RunEvent          // carried from dropped batches
 }
 
 // Open opens or creates the spool in dir, bounded to maxBytes (0: DefaultMaxBytes).
@@ -233,7 +233,7 @@ func OpenWith(dir string, maxBytes int64, o Options) (*Spool, error) {
 	s := &Spool{
 		dir: dir, maxBytes: maxBytes, segBytes: seg, cfgSegBytes: seg, log: o.Logger, openFile: o.OpenFile, lock: lock,
 		effMax: maxBytes, bySeq: map[uint64]*record{}, segOf: map[*record]*segment{},
-		losses: map[string]*pb.DataLoss{},
+		losses: map[string]*trainmeterv1.DataLoss{},
 	}
 	if err := s.load(); err != nil {
 		unlockDir(lock)
@@ -297,7 +297,7 @@ var ErrClosed = errors.New("spool: closed")
 // error that dropping old data did not cure) it is dropped and counted like
 // any other, its loss goes into the next report, and the error says why;
 // the agent carries on.
-func (s *Spool) Append(b *pb.Batch) error {
+func (s *Spool) Append(b *trainmeterv1.Batch) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -310,8 +310,8 @@ func (s *Spool) Append(b *pb.Batch) error {
 	var data []byte
 	dropped := false
 	for {
-		b.Losses = append(append([]*pb.DataLoss(nil), own...), s.takeLossesPreview()...)
-		b.RunEvents = append(append([]*pb.RunEvent(nil), s.events...), ownEvents...)
+		b.Losses = append(append([]*trainmeterv1.DataLoss(nil), own...), s.takeLossesPreview()...)
+		b.RunEvents = append(append([]*trainmeterv1.RunEvent(nil), s.events...), ownEvents...)
 		var err error
 		data, err = encodeRecord(b)
 		if err != nil {
@@ -351,8 +351,8 @@ func (s *Spool) Append(b *pb.Batch) error {
 		if len(s.segs) > 0 {
 			s.evictOldest("disk full")
 			// The batch now carries the new loss records too.
-			b.Losses = append(append([]*pb.DataLoss(nil), own...), s.takeLossesPreview()...)
-			b.RunEvents = append(append([]*pb.RunEvent(nil), s.events...), ownEvents...)
+			b.Losses = append(append([]*trainmeterv1.DataLoss(nil), own...), s.takeLossesPreview()...)
+			b.RunEvents = append(append([]*trainmeterv1.RunEvent(nil), s.events...), ownEvents...)
 			if data, err = encodeRecord(b); err == nil {
 				if err = s.write(seq, data); err != nil {
 					s.stats.WriteErrors++
@@ -372,7 +372,7 @@ func (s *Spool) Append(b *pb.Batch) error {
 	}
 	// Written: the pending report went out with it.
 	hadPending := len(s.losses) > 0 || len(s.seqLosses) > 0 || len(s.events) > 0
-	s.losses = map[string]*pb.DataLoss{}
+	s.losses = map[string]*trainmeterv1.DataLoss{}
 	s.seqLosses = nil
 	s.events = nil
 	s.nextSeq = seq + 1
@@ -474,18 +474,18 @@ func (s *Spool) FlushPending(now time.Time) error {
 		return nil
 	}
 	ts := timestamppb.New(now)
-	return s.Append(&pb.Batch{WindowStart: ts, WindowEnd: ts})
+	return s.Append(&trainmeterv1.Batch{WindowStart: ts, WindowEnd: ts})
 }
 
 // ReadAfter returns up to n unacked batches with seq > after, in seq order.
 // A record that no longer reads back (CRC) is dropped and counted.
-func (s *Spool) ReadAfter(after uint64, n int) ([]*pb.Batch, error) {
+func (s *Spool) ReadAfter(after uint64, n int) ([]*trainmeterv1.Batch, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil, ErrClosed
 	}
-	var out []*pb.Batch
+	var out []*trainmeterv1.Batch
 	for _, g := range s.segs {
 		if len(out) >= n {
 			break
@@ -522,9 +522,9 @@ func (s *Spool) ReadAfter(after uint64, n int) ([]*pb.Batch, error) {
 }
 
 // Unacked returns every batch held and not acked, in seq order.
-func (s *Spool) Unacked() ([]*pb.Batch, error) { return s.ReadAfter(0, int(^uint(0)>>1)) }
+func (s *Spool) Unacked() ([]*trainmeterv1.Batch, error) { return s.ReadAfter(0, int(^uint(0)>>1)) }
 
-func (s *Spool) readLocked(r *record) (*pb.Batch, error) {
+func (s *Spool) readLocked(r *record) (*trainmeterv1.Batch, error) {
 	g := s.segOf[r]
 	f, err := os.Open(g.path)
 	if err != nil {

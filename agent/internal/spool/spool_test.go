@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -57,24 +57,24 @@ func open(t *testing.T, dir string, maxBytes, segBytes int64) *Spool {
 var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // batch is a batch with one window of run for i tokens and i J.
-func batch(i int, runs ...string) *pb.Batch {
+func batch(i int, runs ...string) *trainmeterv1.Batch {
 	ws := t0.Add(time.Duration(i) * time.Second)
-	b := &pb.Batch{Seq: 999, WindowStart: timestamppb.New(ws), WindowEnd: timestamppb.New(ws.Add(time.Second))}
+	b := &trainmeterv1.Batch{Seq: 999, WindowStart: timestamppb.New(ws), WindowEnd: timestamppb.New(ws.Add(time.Second))}
 	for _, r := range runs {
-		b.RunWindows = append(b.RunWindows, &pb.RunWindow{RunId: r, Start: b.WindowStart, End: b.WindowEnd,
-			Phase: pb.Phase_PHASE_MEASURED, Tokens: uint64(i), EnergyCounterJ: float64(i), CounterOk: true, GpuSeconds: 2})
+		b.RunWindows = append(b.RunWindows, &trainmeterv1.RunWindow{RunId: r, Start: b.WindowStart, End: b.WindowEnd,
+			Phase: trainmeterv1.Phase_PHASE_MEASURED, Tokens: uint64(i), EnergyCounterJ: float64(i), CounterOk: true, GpuSeconds: 2})
 	}
 	return b
 }
 
-func mustAppend(t *testing.T, s *Spool, b *pb.Batch) {
+func mustAppend(t *testing.T, s *Spool, b *trainmeterv1.Batch) {
 	t.Helper()
 	if err := s.Append(b); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func unacked(t *testing.T, s *Spool) []*pb.Batch {
+func unacked(t *testing.T, s *Spool) []*trainmeterv1.Batch {
 	t.Helper()
 	bs, err := s.Unacked()
 	if err != nil {
@@ -83,7 +83,7 @@ func unacked(t *testing.T, s *Spool) []*pb.Batch {
 	return bs
 }
 
-func seqs(bs []*pb.Batch) []uint64 {
+func seqs(bs []*trainmeterv1.Batch) []uint64 {
 	var out []uint64
 	for _, b := range bs {
 		out = append(out, b.Seq)
@@ -94,14 +94,14 @@ func seqs(bs []*pb.Batch) []uint64 {
 func TestRoundtripAssignsSeqsAndReadsBack(t *testing.T) {
 	s := open(t, t.TempDir(), 0, 0)
 	defer s.Close()
-	var want []*pb.Batch
+	var want []*trainmeterv1.Batch
 	for i := 1; i <= 10; i++ {
 		b := batch(i, "r1", "r2")
 		mustAppend(t, s, b)
 		if b.Seq != uint64(i) {
 			t.Fatalf("append %d got seq %d", i, b.Seq)
 		}
-		want = append(want, proto.Clone(b).(*pb.Batch))
+		want = append(want, proto.Clone(b).(*trainmeterv1.Batch))
 	}
 	got := unacked(t, s)
 	if len(got) != 10 {
@@ -254,14 +254,14 @@ func TestDroppedSentBatchIsReportedInDoubtWithItsSeq(t *testing.T) {
 	defer s.Close()
 	mustAppend(t, s, batch(1, "r"))
 	s.MarkSent(1)
-	ev := &pb.RunEvent{Event: &pb.RunEvent_RunStart{RunStart: &pb.RunStart{RunId: "r", Time: timestamppb.New(t0)}}}
+	ev := &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_RunStart{RunStart: &trainmeterv1.RunStart{RunId: "r", Time: timestamppb.New(t0)}}}
 	b2 := batch(2, "r")
-	b2.RunEvents = []*pb.RunEvent{ev}
+	b2.RunEvents = []*trainmeterv1.RunEvent{ev}
 	mustAppend(t, s, b2)
 	for i := 3; s.Stats().Dropped < 2; i++ {
 		mustAppend(t, s, batch(i, "r"))
 	}
-	var doubt, certain []*pb.DataLoss
+	var doubt, certain []*trainmeterv1.DataLoss
 	carried := false
 	for _, b := range unacked(t, s) {
 		for _, l := range b.Losses {
@@ -645,19 +645,19 @@ func TestConcurrentAppendAckRead(t *testing.T) {
 
 // realisticBatch is a 1 s batch of an 8-GPU node with two active runs, every
 // field filled as the ledger fills it.
-func realisticBatch(i int) *pb.Batch {
+func realisticBatch(i int) *trainmeterv1.Batch {
 	ws := t0.Add(time.Duration(i) * time.Second)
-	b := &pb.Batch{Seq: uint64(i), WindowStart: timestamppb.New(ws), WindowEnd: timestamppb.New(ws.Add(time.Second)),
-		Host: &pb.HostWindow{MemoryUsedMib: 412345.5, MemoryTotalMib: 2063523.1, CpuPct: 37.25, CpuCount: 128}}
+	b := &trainmeterv1.Batch{Seq: uint64(i), WindowStart: timestamppb.New(ws), WindowEnd: timestamppb.New(ws.Add(time.Second)),
+		Host: &trainmeterv1.HostWindow{MemoryUsedMib: 412345.5, MemoryTotalMib: 2063523.1, CpuPct: 37.25, CpuCount: 128}}
 	for g := 0; g < 8; g++ {
-		b.GpuWindows = append(b.GpuWindows, &pb.GpuWindow{Gpu: uint32(g), Uuid: fmt.Sprintf("GPU-6f1e2a3b-4c5d-6e7f-8091-a2b3c4d5e6f%d", g),
+		b.GpuWindows = append(b.GpuWindows, &trainmeterv1.GpuWindow{Gpu: uint32(g), Uuid: fmt.Sprintf("GPU-6f1e2a3b-4c5d-6e7f-8091-a2b3c4d5e6f%d", g),
 			EnergyCounterJ: 612.345, CounterOk: true, EnergyIntegratedJ: 609.87, PowerAvgW: 611.2, PowerMaxW: 698.4,
 			PowerLastW: 605.1, Samples: 20, StaleSamples: 10, GapS: 0, MemoryUsedMaxMib: 71234, MemoryUsedAvgMib: 70123.4,
 			MemoryTotalMib: 81559, UtilizationAvgPct: 97.5})
 	}
 	for r, id := range []string{"llama-3-8b-sft-2025-01-01-a", "llama-3-8b-sft-2025-01-01-b"} {
-		b.RunWindows = append(b.RunWindows, &pb.RunWindow{RunId: id, Start: b.WindowStart, End: b.WindowEnd,
-			Phase: pb.Phase_PHASE_MEASURED, EnergyCounterJ: 2449.38, CounterOk: true, EnergyIntegratedJ: 2439.5,
+		b.RunWindows = append(b.RunWindows, &trainmeterv1.RunWindow{RunId: id, Start: b.WindowStart, End: b.WindowEnd,
+			Phase: trainmeterv1.Phase_PHASE_MEASURED, EnergyCounterJ: 2449.38, CounterOk: true, EnergyIntegratedJ: 2439.5,
 			PeakPowerW: 2793.6, VramPeakMib: 71234, VramSumMib: 5609872, VramSamples: 80, GpuSeconds: 4,
 			Tokens: 131072, TokensMeasured: 131072, Steps: 2, Samples: 64, DataWaitS: 0.024, ComputeS: 0.82,
 			UtilizationSumPct: 7800, Gpus: []uint32{uint32(4 * r), uint32(4*r + 1), uint32(4*r + 2), uint32(4*r + 3)},
@@ -692,7 +692,7 @@ func BenchmarkAppend(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		bt := proto.Clone(tmpl).(*pb.Batch)
+		bt := proto.Clone(tmpl).(*trainmeterv1.Batch)
 		if err := s.Append(bt); err != nil {
 			b.Fatal(err)
 		}

@@ -16,7 +16,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 type stateJSON struct {
@@ -42,16 +42,16 @@ type lossJSON struct {
 	Seq        uint64  `json:"seq,omitempty"`
 }
 
-func decodeLoss(raw json.RawMessage) *pb.DataLoss {
+func decodeLoss(raw json.RawMessage) *trainmeterv1.DataLoss {
 	var l lossJSON
 	if json.Unmarshal(raw, &l) != nil {
 		return nil
 	}
-	return &pb.DataLoss{RunId: l.RunID, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
+	return &trainmeterv1.DataLoss{RunId: l.RunID, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
 		GpuSeconds: l.GPUSeconds, Reason: l.Reason, Seq: l.Seq}
 }
 
-func encodeLoss(l *pb.DataLoss) json.RawMessage {
+func encodeLoss(l *trainmeterv1.DataLoss) json.RawMessage {
 	b, _ := json.Marshal(lossJSON{RunID: l.RunId, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
 		GPUSeconds: l.GpuSeconds, Reason: l.Reason, Seq: l.Seq})
 	return b
@@ -169,7 +169,7 @@ func (s *Spool) writeStateOnce() error {
 	return s.writeFileAtomic(filepath.Join(s.dir, stateName), out)
 }
 
-func sortedKeys(m map[string]*pb.DataLoss) []string {
+func sortedKeys(m map[string]*trainmeterv1.DataLoss) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)

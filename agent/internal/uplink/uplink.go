@@ -22,7 +22,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	"github.com/trainmeter/trainmeter/pkg/clock"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Config sets up an Uplink.
@@ -30,7 +30,7 @@ type Config struct {
 	// Address of the collector, HOST:PORT.
 	Address string
 	// Hello is sent first on every stream; its boot id must be the spool's.
-	Hello *pb.Hello
+	Hello *trainmeterv1.Hello
 	// Spool holds every batch until it is acked (required). It bounds what
 	// is held and drops (and reports) the oldest when full. The uplink does
 	// not close it.
@@ -38,7 +38,7 @@ type Config struct {
 	// MinBackoff and MaxBackoff bound the jittered exponential reconnect delay.
 	MinBackoff, MaxBackoff time.Duration
 	// OnAdvisory receives advisories the collector sends down.
-	OnAdvisory func(*pb.Advisory)
+	OnAdvisory func(*trainmeterv1.Advisory)
 	// Creds are the transport credentials (TLS); nil: plaintext.
 	Creds credentials.TransportCredentials
 	// Token, when set, is sent on the stream as per-RPC credentials.
@@ -120,7 +120,7 @@ func New(cfg Config) (*Uplink, error) {
 // the spool write goes to the page cache, not through fsync. A spool error
 // (the batch did not fit, the disk failed) is logged and counted by the
 // spool, and the batch's loss is reported with the next one.
-func (u *Uplink) Enqueue(b *pb.Batch) {
+func (u *Uplink) Enqueue(b *trainmeterv1.Batch) {
 	if err := u.cfg.Spool.Append(b); err != nil {
 		u.cfg.Logger.Error("uplink: batch not spooled", "err", err)
 	}
@@ -213,7 +213,7 @@ func (u *Uplink) Run(ctx context.Context) error {
 func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
-	stream, err := pb.NewIngestServiceClient(u.conn).Stream(ctx)
+	stream, err := trainmeterv1.NewIngestServiceClient(u.conn).Stream(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -230,15 +230,15 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 				return
 			}
 			switch msg := m.Msg.(type) {
-			case *pb.StreamResponse_Ack:
+			case *trainmeterv1.StreamResponse_Ack:
 				u.remove(msg.Ack.Seq, "")
 				gotAckMu.Lock()
 				gotAck = true
 				gotAckMu.Unlock()
-			case *pb.StreamResponse_Reject:
+			case *trainmeterv1.StreamResponse_Reject:
 				u.cfg.Logger.Error("uplink: collector rejected a batch; dropping it", "seq", msg.Reject.Seq, "reason", msg.Reject.Reason)
 				u.remove(msg.Reject.Seq, msg.Reject.Reason)
-			case *pb.StreamResponse_Advisory:
+			case *trainmeterv1.StreamResponse_Advisory:
 				if u.cfg.OnAdvisory != nil {
 					u.cfg.OnAdvisory(msg.Advisory)
 				}
@@ -250,7 +250,7 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 		acked = gotAck
 		gotAckMu.Unlock()
 	}()
-	if err := stream.Send(&pb.StreamRequest{Msg: &pb.StreamRequest_Hello{Hello: u.cfg.Hello}}); err != nil {
+	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: u.cfg.Hello}}); err != nil {
 		return false, streamErr(err, recvErr)
 	}
 	u.setConnected(true)
@@ -275,7 +275,7 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 				// Marked before the send: once it may be on the wire, a drop
 				// of it is reported as in doubt.
 				u.cfg.Spool.MarkSent(b.Seq)
-				if err := stream.Send(&pb.StreamRequest{Msg: &pb.StreamRequest_Batch{Batch: b}}); err != nil {
+				if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Batch{Batch: b}}); err != nil {
 					return false, streamErr(err, recvErr)
 				}
 				sentUpTo = b.Seq
@@ -320,7 +320,7 @@ func streamErr(err error, recvErr <-chan error) error {
 	}
 }
 
-func (u *Uplink) unsent(after uint64) []*pb.Batch {
+func (u *Uplink) unsent(after uint64) []*trainmeterv1.Batch {
 	bs, err := u.cfg.Spool.ReadAfter(after, sendChunk)
 	if err != nil {
 		u.cfg.Logger.Error("uplink: reading the spool", "err", err)

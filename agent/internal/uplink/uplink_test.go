@@ -16,7 +16,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	"github.com/trainmeter/trainmeter/pkg/clock"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -24,16 +24,16 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // collector is a minimal ingest server: it records batches, acks them (or
 // rejects seqs in reject), and can cut the stream after cutAfter batches.
 type collector struct {
-	pb.UnimplementedIngestServiceServer
+	trainmeterv1.UnimplementedIngestServiceServer
 	mu       sync.Mutex
 	hellos   int
 	got      []uint64
 	reject   map[uint64]bool
 	cutAfter int // cut the stream once after this many batches (0 = never)
-	advise   *pb.Advisory
+	advise   *trainmeterv1.Advisory
 }
 
-func (c *collector) Stream(s pb.IngestService_StreamServer) error {
+func (c *collector) Stream(s trainmeterv1.IngestService_StreamServer) error {
 	first, err := s.Recv()
 	if err != nil || first.GetHello() == nil {
 		return err
@@ -43,7 +43,7 @@ func (c *collector) Stream(s pb.IngestService_StreamServer) error {
 	adv := c.advise
 	c.mu.Unlock()
 	if adv != nil {
-		_ = s.Send(&pb.StreamResponse{Msg: &pb.StreamResponse_Advisory{Advisory: adv}})
+		_ = s.Send(&trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Advisory{Advisory: adv}})
 	}
 	for {
 		m, err := s.Recv()
@@ -59,9 +59,9 @@ func (c *collector) Stream(s pb.IngestService_StreamServer) error {
 		if cut {
 			return nil // the batch was received but never acked
 		}
-		resp := &pb.StreamResponse{Msg: &pb.StreamResponse_Ack{Ack: &pb.Ack{Seq: seq}}}
+		resp := &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Ack{Ack: &trainmeterv1.Ack{Seq: seq}}}
 		if rej {
-			resp = &pb.StreamResponse{Msg: &pb.StreamResponse_Reject{Reject: &pb.Reject{Seq: seq, Reason: "bad"}}}
+			resp = &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Reject{Reject: &trainmeterv1.Reject{Seq: seq, Reason: "bad"}}}
 		}
 		if err := s.Send(resp); err != nil {
 			return err
@@ -75,7 +75,7 @@ func serve(t *testing.T, c *collector) string {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	pb.RegisterIngestServiceServer(srv, c)
+	trainmeterv1.RegisterIngestServiceServer(srv, c)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	return lis.Addr().String()
@@ -95,7 +95,7 @@ func start(t *testing.T, cfg Config) (*Uplink, func()) {
 	if cfg.Spool == nil {
 		cfg.Spool = openSpool(t, 0)
 	}
-	cfg.Hello = &pb.Hello{Node: "n1", BootId: cfg.Spool.BootID()}
+	cfg.Hello = &trainmeterv1.Hello{Node: "n1", BootId: cfg.Spool.BootID()}
 	cfg.MinBackoff, cfg.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
 	u, err := New(cfg)
 	if err != nil {
@@ -121,7 +121,7 @@ func TestDeliversAndResendsUnackedAfterStreamCut(t *testing.T) {
 	u, stop := start(t, Config{Address: serve(t, c)})
 	defer stop()
 	for seq := uint64(1); seq <= 10; seq++ {
-		u.Enqueue(&pb.Batch{Seq: seq})
+		u.Enqueue(&trainmeterv1.Batch{Seq: seq})
 	}
 	flush(t, u)
 	c.mu.Lock()
@@ -158,7 +158,7 @@ func TestHoldsBatchesWhileCollectorIsDown(t *testing.T) {
 	u, stop := start(t, Config{Address: addr, Clock: fake})
 	defer stop()
 	for seq := uint64(1); seq <= 5; seq++ {
-		u.Enqueue(&pb.Batch{Seq: seq})
+		u.Enqueue(&trainmeterv1.Batch{Seq: seq})
 	}
 	// Three failed connection attempts, each followed by a backoff on the
 	// clock: the uplink waits on it before every retry.
@@ -179,7 +179,7 @@ func TestHoldsBatchesWhileCollectorIsDown(t *testing.T) {
 	}
 	c := &collector{}
 	srv := grpc.NewServer()
-	pb.RegisterIngestServiceServer(srv, c)
+	trainmeterv1.RegisterIngestServiceServer(srv, c)
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 	// gRPC may refuse a retry or two while its own connection backoff runs
@@ -206,7 +206,7 @@ func TestRejectedBatchIsDroppedAndCounted(t *testing.T) {
 	u, stop := start(t, Config{Address: serve(t, c)})
 	defer stop()
 	for seq := uint64(1); seq <= 3; seq++ {
-		u.Enqueue(&pb.Batch{Seq: seq})
+		u.Enqueue(&trainmeterv1.Batch{Seq: seq})
 	}
 	flush(t, u)
 	if st := u.Stats(); st.Acked != 2 || st.Rejected != 1 {
@@ -216,14 +216,14 @@ func TestRejectedBatchIsDroppedAndCounted(t *testing.T) {
 
 func TestBoundedSpoolDropsOldestAndCounts(t *testing.T) {
 	sp := openSpool(t, spool.MinMaxBytes)
-	u, err := New(Config{Address: "127.0.0.1:1", Spool: sp, Hello: &pb.Hello{}})
+	u, err := New(Config{Address: "127.0.0.1:1", Spool: sp, Hello: &trainmeterv1.Hello{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer u.conn.Close()
-	pad := []*pb.GpuWindow{{Uuid: strings.Repeat("u", 200)}}
+	pad := []*trainmeterv1.GpuWindow{{Uuid: strings.Repeat("u", 200)}}
 	for seq := uint64(1); seq <= 50; seq++ {
-		u.Enqueue(&pb.Batch{Seq: seq, GpuWindows: pad, RunWindows: []*pb.RunWindow{{RunId: "r", Tokens: 100 + seq}}})
+		u.Enqueue(&trainmeterv1.Batch{Seq: seq, GpuWindows: pad, RunWindows: []*trainmeterv1.RunWindow{{RunId: "r", Tokens: 100 + seq}}})
 	}
 	st := u.Stats()
 	held, err := sp.Unacked()
@@ -254,12 +254,12 @@ func TestUnackedBatchesAreResentAfterAgentRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	// First life: the collector is unreachable; three batches are spooled.
-	u, err := New(Config{Address: "127.0.0.1:1", Spool: sp, Hello: &pb.Hello{}})
+	u, err := New(Config{Address: "127.0.0.1:1", Spool: sp, Hello: &trainmeterv1.Hello{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 3; i++ {
-		u.Enqueue(&pb.Batch{})
+		u.Enqueue(&trainmeterv1.Batch{})
 	}
 	_ = u.conn.Close()
 	boot := sp.BootID()
@@ -278,7 +278,7 @@ func TestUnackedBatchesAreResentAfterAgentRestart(t *testing.T) {
 	c := &collector{}
 	u2, stop := start(t, Config{Address: serve(t, c), Spool: sp})
 	defer stop()
-	u2.Enqueue(&pb.Batch{})
+	u2.Enqueue(&trainmeterv1.Batch{})
 	flush(t, u2)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -288,9 +288,9 @@ func TestUnackedBatchesAreResentAfterAgentRestart(t *testing.T) {
 }
 
 func TestAdvisoriesReachTheCallback(t *testing.T) {
-	got := make(chan *pb.Advisory, 1)
-	c := &collector{advise: &pb.Advisory{RunId: "r1", Advice: &pb.Advisory_Stop{Stop: &pb.Stop{Reason: "budget"}}}}
-	_, stop := start(t, Config{Address: serve(t, c), OnAdvisory: func(a *pb.Advisory) { got <- a }})
+	got := make(chan *trainmeterv1.Advisory, 1)
+	c := &collector{advise: &trainmeterv1.Advisory{RunId: "r1", Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: "budget"}}}}
+	_, stop := start(t, Config{Address: serve(t, c), OnAdvisory: func(a *trainmeterv1.Advisory) { got <- a }})
 	defer stop()
 	select {
 	case a := <-got:
@@ -304,10 +304,10 @@ func TestAdvisoriesReachTheCallback(t *testing.T) {
 
 // refuser ends every stream as a collector refusing this node's token does.
 type refuser struct {
-	pb.UnimplementedIngestServiceServer
+	trainmeterv1.UnimplementedIngestServiceServer
 }
 
-func (refuser) Stream(s pb.IngestService_StreamServer) error {
+func (refuser) Stream(s trainmeterv1.IngestService_StreamServer) error {
 	return status.Error(codes.Unauthenticated, "bad token for node n1")
 }
 
@@ -317,16 +317,16 @@ func TestStreamRefusalReportsTheCollectorsStatusNotEOF(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	pb.RegisterIngestServiceServer(srv, refuser{})
+	trainmeterv1.RegisterIngestServiceServer(srv, refuser{})
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 	sp := openSpool(t, 0)
-	u, err := New(Config{Address: lis.Addr().String(), Spool: sp, Hello: &pb.Hello{Node: "n1", BootId: sp.BootID()}})
+	u, err := New(Config{Address: lis.Addr().String(), Spool: sp, Hello: &trainmeterv1.Hello{Node: "n1", BootId: sp.BootID()}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer u.conn.Close()
-	u.Enqueue(&pb.Batch{})
+	u.Enqueue(&trainmeterv1.Batch{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err = u.session(ctx)
@@ -339,10 +339,10 @@ func TestOversizedBatchIsDroppedNotResentForever(t *testing.T) {
 	c := &collector{}
 	u, stop := start(t, Config{Address: serve(t, c)})
 	defer stop()
-	huge := &pb.Batch{RunEvents: []*pb.RunEvent{{Event: &pb.RunEvent_RunStart{RunStart: &pb.RunStart{
+	huge := &trainmeterv1.Batch{RunEvents: []*trainmeterv1.RunEvent{{Event: &trainmeterv1.RunEvent_RunStart{RunStart: &trainmeterv1.RunStart{
 		RunId: "r", Labels: map[string]string{"pad": strings.Repeat("x", MaxBatchBytes)}}}}}}
 	u.Enqueue(huge)
-	u.Enqueue(&pb.Batch{})
+	u.Enqueue(&trainmeterv1.Batch{})
 	flush(t, u)
 	st := u.Stats()
 	if st.Rejected != 1 || st.Acked != 1 {

@@ -24,7 +24,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/pkg/dataloader"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
 )
@@ -55,7 +55,7 @@ type Store interface {
 
 // Sender sends an advisory down a node's stream (ingest.Server.Advise).
 type Sender interface {
-	Advise(node string, adv *pb.Advisory) bool
+	Advise(node string, adv *trainmeterv1.Advisory) bool
 }
 
 // runWindow is what the advisor keeps of one RunWindow.
@@ -76,8 +76,8 @@ type item struct {
 	node    string
 	end     time.Time
 	windows []runWindow
-	events  []*pb.RunEvent
-	host    *pb.HostWindow
+	events  []*trainmeterv1.RunEvent
+	host    *trainmeterv1.HostWindow
 }
 
 type key struct{ run, node string }
@@ -195,7 +195,7 @@ func (a *Advisor) Counts() map[string]int {
 
 // Observe is the ingest.BatchObserver: it copies what it needs and queues
 // it, never blocking.
-func (a *Advisor) Observe(node string, b *pb.Batch) {
+func (a *Advisor) Observe(node string, b *trainmeterv1.Batch) {
 	it := item{node: node, end: b.GetWindowEnd().AsTime(), host: b.GetHost()}
 	for _, w := range b.GetRunWindows() {
 		it.windows = append(it.windows, runWindow{
@@ -204,10 +204,10 @@ func (a *Advisor) Observe(node string, b *pb.Batch) {
 		})
 	}
 	for _, e := range b.GetRunEvents() {
-		it.events = append(it.events, proto.Clone(e).(*pb.RunEvent))
+		it.events = append(it.events, proto.Clone(e).(*trainmeterv1.RunEvent))
 	}
 	if it.host != nil {
-		it.host = proto.Clone(it.host).(*pb.HostWindow)
+		it.host = proto.Clone(it.host).(*trainmeterv1.HostWindow)
 	}
 	if len(it.windows) == 0 && len(it.events) == 0 {
 		return
@@ -223,7 +223,7 @@ func (a *Advisor) Observe(node string, b *pb.Batch) {
 // sum: utilization_samples; an agent that predates it sent a sum over its
 // memory readings (vram_samples) when it had any utilisation. None means
 // unknown, never 0 %.
-func utilSamples(w *pb.RunWindow) uint64 {
+func utilSamples(w *trainmeterv1.RunWindow) uint64 {
 	if n := w.GetUtilizationSamples(); n > 0 {
 		return n
 	}
@@ -233,7 +233,7 @@ func utilSamples(w *pb.RunWindow) uint64 {
 	return 0
 }
 
-func configFromStart(rs *pb.RunStart) dataloader.Config {
+func configFromStart(rs *trainmeterv1.RunStart) dataloader.Config {
 	return dataloader.Config{
 		TargetGPUUtilization: rs.GetTargetGpuUtilization(), MaxRAMUsage: rs.GetMaxRamUsage(),
 		Interval: rs.GetAdjustmentInterval(), NumWorkers: int(rs.GetNumWorkers()), PrefetchFactor: int(rs.GetPrefetchFactor()),
@@ -250,7 +250,7 @@ func configFromPlan(p aggregate.Plan) dataloader.Config {
 // state returns the (run, node) state, creating it from the run's plan in
 // the store (a run whose run_start this advisor did not see, e.g. after a
 // collector restart).
-func (a *Advisor) state(run, node string, start *pb.RunStart) *runState {
+func (a *Advisor) state(run, node string, start *trainmeterv1.RunStart) *runState {
 	k := key{run, node}
 	if s := a.runs[k]; s != nil {
 		return s
@@ -290,7 +290,7 @@ func (a *Advisor) forget(k key) {
 // rank that reported it (the integrations report from global rank 0 only).
 // An eval with an epoch already seen on a node (another rank's eval of the
 // same epoch) is no boundary there; an eval without an epoch always is.
-func (a *Advisor) epochBoundary(e *pb.Eval, recs map[string][]byte) {
+func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 	run := e.GetRunId()
 	nodes := make([]string, 0, len(a.nodes[run]))
 	for n := range a.nodes[run] {
@@ -326,7 +326,7 @@ func (a *Advisor) epochBoundary(e *pb.Eval, recs map[string][]byte) {
 
 // hasEpoch: the eval carries an epoch (agents before has_epoch sent only
 // the number; a non-zero one was given).
-func hasEpoch(e *pb.Eval) bool { return e.GetHasEpoch() || e.GetEpoch() != 0 }
+func hasEpoch(e *trainmeterv1.Eval) bool { return e.GetHasEpoch() || e.GetEpoch() != 0 }
 
 // resetInterval starts a new evaluation interval.
 func (s *runState) resetInterval() {
@@ -388,9 +388,9 @@ func (a *Advisor) process(it item) {
 	}
 	for _, e := range it.events {
 		switch ev := e.GetEvent().(type) {
-		case *pb.RunEvent_Eval:
+		case *trainmeterv1.RunEvent_Eval:
 			a.epochBoundary(ev.Eval, recs)
-		case *pb.RunEvent_RunEnd:
+		case *trainmeterv1.RunEvent_RunEnd:
 			k := key{ev.RunEnd.GetRunId(), it.node}
 			if s := a.runs[k]; s != nil {
 				// run_end comes with the run's last window: every step is in.
@@ -416,7 +416,7 @@ func (a *Advisor) process(it item) {
 	}
 }
 
-func hostFigures(h *pb.HostWindow) (ram float64, ok bool, cpus int) {
+func hostFigures(h *trainmeterv1.HostWindow) (ram float64, ok bool, cpus int) {
 	if h == nil {
 		return 0, false, 0
 	}
@@ -441,14 +441,14 @@ func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map
 	if adv.HasRAM {
 		ramUse = adv.RAMUsage
 	}
-	ev := &pb.DataloaderEvaluation{
+	ev := &trainmeterv1.DataloaderEvaluation{
 		Node: node, Time: timestamppb.New(at), Step: uint64(math.Round(s.step)), Classification: string(adv.Class),
 		NumWorkers: uint32(adv.NumWorkers), PrefetchFactor: uint32(adv.PrefetchFactor), Changed: adv.Changed,
 		Reason: adv.Reason, DataWaitShare: adv.DataWaitShare, GpuUtilization: gpuUtil, RamUsage: ramUse,
 		ExpectedGain: adv.ExpectedGain,
 	}
 	if adv.Changed {
-		ev.Delivered = a.send.Advise(node, &pb.Advisory{RunId: run, Advice: &pb.Advisory_Dataloader{Dataloader: &pb.DataloaderAdvice{
+		ev.Delivered = a.send.Advise(node, &trainmeterv1.Advisory{RunId: run, Advice: &trainmeterv1.Advisory_Dataloader{Dataloader: &trainmeterv1.DataloaderAdvice{
 			NumWorkers: uint32(adv.NumWorkers), PrefetchFactor: uint32(adv.PrefetchFactor), Reason: adv.Reason,
 			Classification: string(adv.Class), DataWaitShare: adv.DataWaitShare, GpuUtilization: gpuUtil,
 			RamUsage: ramUse, ExpectedGain: adv.ExpectedGain, MaxWorkers: uint32(adv.MaxWorkers),
@@ -475,7 +475,7 @@ func (a *Advisor) closeEpoch(run, node string, s *runState, epoch int64, steps f
 	w, p := s.adv.Current()
 	steps = max(0, steps)
 	s.closedSteps += steps
-	e := &pb.DataloaderEpoch{
+	e := &trainmeterv1.DataloaderEpoch{
 		Node: node, Epoch: epoch, Partial: partial, Adjustments: s.epoch.adjustments,
 		NumWorkers: uint32(w), PrefetchFactor: uint32(p), Steps: uint64(math.Round(steps)),
 		AvgGpuUtilization: -1, AvgRamUsage: -1,
@@ -507,19 +507,19 @@ func epochKey(run, node string, epoch int64, at time.Time) string {
 }
 
 // History reads a run's stored evaluations and epochs.
-func History(st Store, run string) (*pb.DataloaderHistoryResponse, error) {
-	out := &pb.DataloaderHistoryResponse{}
+func History(st Store, run string) (*trainmeterv1.DataloaderHistoryResponse, error) {
+	out := &trainmeterv1.DataloaderHistoryResponse{}
 	err := st.ScanRecords(Namespace, run+"\x00", func(k string, v []byte) (bool, error) {
 		rest := k[len(run)+1:]
 		switch {
 		case len(rest) > 2 && rest[:2] == "e\x00":
-			e := &pb.DataloaderEvaluation{}
+			e := &trainmeterv1.DataloaderEvaluation{}
 			if err := proto.Unmarshal(v, e); err != nil {
 				return false, err
 			}
 			out.Evaluations = append(out.Evaluations, e)
 		case len(rest) > 2 && rest[:2] == "p\x00":
-			e := &pb.DataloaderEpoch{}
+			e := &trainmeterv1.DataloaderEpoch{}
 			if err := proto.Unmarshal(v, e); err != nil {
 				return false, err
 			}
@@ -537,8 +537,8 @@ func History(st Store, run string) (*pb.DataloaderHistoryResponse, error) {
 // advised) × the run's cost, i.e. the share of its step time spent
 // waiting; confidence 0.6 (the gain is an upper bound: the loader may not
 // make up the whole wait).
-func DataloaderRecommendation(r *pb.RunReport, h *pb.DataloaderHistoryResponse) *pb.Recommendation {
-	var first, last *pb.DataloaderEvaluation
+func DataloaderRecommendation(r *trainmeterv1.RunReport, h *trainmeterv1.DataloaderHistoryResponse) *trainmeterv1.Recommendation {
+	var first, last *trainmeterv1.DataloaderEvaluation
 	for _, e := range h.GetEvaluations() {
 		if e.GetChanged() && e.GetDelivered() {
 			if first == nil {
@@ -561,7 +561,7 @@ func DataloaderRecommendation(r *pb.RunReport, h *pb.DataloaderHistoryResponse) 
 			reasons = append(reasons, fmt.Sprintf("step %d %s: workers %d prefetch %d", e.GetStep(), e.GetClassification(), e.GetNumWorkers(), e.GetPrefetchFactor()))
 		}
 	}
-	return &pb.Recommendation{
+	return &trainmeterv1.Recommendation{
 		Kind:       "dataloader",
 		Title:      fmt.Sprintf("Start %s with num_workers=%d, prefetch_factor=%d", r.GetRunId(), last.GetNumWorkers(), last.GetPrefetchFactor()),
 		Action:     fmt.Sprintf("DataLoader(num_workers=%d, prefetch_factor=%d) from the first epoch (%s)", last.GetNumWorkers(), last.GetPrefetchFactor(), last.GetClassification()),

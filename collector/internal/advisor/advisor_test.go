@@ -12,7 +12,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/collector/internal/testutil"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -20,13 +20,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // recorder is the advisory sink (in production: ingest.Server.Advise).
 type recorder struct {
 	mu   sync.Mutex
-	sent []*pb.Advisory
+	sent []*trainmeterv1.Advisory
 	// refuse: this many advisories are refused (node not connected, queue
 	// full) before the recorder accepts again.
 	refuse int
 }
 
-func (r *recorder) Advise(node string, adv *pb.Advisory) bool {
+func (r *recorder) Advise(node string, adv *trainmeterv1.Advisory) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.refuse > 0 {
@@ -37,10 +37,10 @@ func (r *recorder) Advise(node string, adv *pb.Advisory) bool {
 	return true
 }
 
-func (r *recorder) all() []*pb.Advisory {
+func (r *recorder) all() []*trainmeterv1.Advisory {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]*pb.Advisory(nil), r.sent...)
+	return append([]*trainmeterv1.Advisory(nil), r.sent...)
 }
 
 type rig struct {
@@ -73,16 +73,16 @@ func newRig(t *testing.T) *rig {
 
 // apply stores a batch and hands it to the advisor as the ingest hook
 // would, and waits until the advisor has processed it.
-func (r *rig) apply(sec float64, w *pb.RunWindow, host *pb.HostWindow, events ...*pb.RunEvent) {
+func (r *rig) apply(sec float64, w *trainmeterv1.RunWindow, host *trainmeterv1.HostWindow, events ...*trainmeterv1.RunEvent) {
 	r.t.Helper()
 	r.applyOn("n1", sec, w, host, events...)
 }
 
 // applyOn is apply for a batch of node.
-func (r *rig) applyOn(node string, sec float64, w *pb.RunWindow, host *pb.HostWindow, events ...*pb.RunEvent) {
+func (r *rig) applyOn(node string, sec float64, w *trainmeterv1.RunWindow, host *trainmeterv1.HostWindow, events ...*trainmeterv1.RunEvent) {
 	r.t.Helper()
 	r.seq[node]++
-	var ws []*pb.RunWindow
+	var ws []*trainmeterv1.RunWindow
 	if w != nil {
 		ws = append(ws, w)
 	}
@@ -97,7 +97,7 @@ func (r *rig) applyOn(node string, sec float64, w *pb.RunWindow, host *pb.HostWi
 	<-r.a.processed
 }
 
-func start(run string, workers, prefetch uint32, interval uint64) *pb.RunEvent {
+func start(run string, workers, prefetch uint32, interval uint64) *trainmeterv1.RunEvent {
 	ev := testutil.Start(run, 0, "m")
 	rs := ev.GetRunStart()
 	rs.NumWorkers, rs.PrefetchFactor, rs.AdjustmentInterval = workers, prefetch, interval
@@ -106,24 +106,24 @@ func start(run string, workers, prefetch uint32, interval uint64) *pb.RunEvent {
 }
 
 // window: steps steps of which half the time is data wait, at util %.
-func window(run string, sec float64, steps uint64, wait, compute, util float64) *pb.RunWindow {
+func window(run string, sec float64, steps uint64, wait, compute, util float64) *trainmeterv1.RunWindow {
 	w := testutil.Window(run, sec, 1000, 100)
 	w.Steps, w.DataWaitS, w.ComputeS = steps, wait, compute
 	w.UtilizationSumPct = util * float64(w.VramSamples)
 	return w
 }
 
-func host(usedShare float64) *pb.HostWindow {
-	return &pb.HostWindow{MemoryUsedMib: usedShare * 64000, MemoryTotalMib: 64000, CpuCount: 16, CpuPct: 30}
+func host(usedShare float64) *trainmeterv1.HostWindow {
+	return &trainmeterv1.HostWindow{MemoryUsedMib: usedShare * 64000, MemoryTotalMib: 64000, CpuCount: 16, CpuPct: 30}
 }
 
-func eval(run string, sec float64, epoch int64) *pb.RunEvent {
-	return &pb.RunEvent{Event: &pb.RunEvent_Eval{Eval: &pb.Eval{RunId: run, Time: testutil.TS(sec), Epoch: epoch, HasEpoch: true, ValLoss: 1, HasValLoss: true}}}
+func eval(run string, sec float64, epoch int64) *trainmeterv1.RunEvent {
+	return &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{RunId: run, Time: testutil.TS(sec), Epoch: epoch, HasEpoch: true, ValLoss: 1, HasValLoss: true}}}
 }
 
 // evalNoEpoch is an eval event whose trainer sent no epoch.
-func evalNoEpoch(run string, sec float64) *pb.RunEvent {
-	return &pb.RunEvent{Event: &pb.RunEvent_Eval{Eval: &pb.Eval{RunId: run, Time: testutil.TS(sec), ValLoss: 1, HasValLoss: true}}}
+func evalNoEpoch(run string, sec float64) *trainmeterv1.RunEvent {
+	return &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{RunId: run, Time: testutil.TS(sec), ValLoss: 1, HasValLoss: true}}}
 }
 
 func TestDataBoundRunIsAdvisedAndHistoryKept(t *testing.T) {
@@ -219,7 +219,7 @@ func TestObserveNeverBlocks(t *testing.T) {
 	}
 	defer st.Close()
 	a := New(st, &recorder{}, nil) // not started: nothing drains the queue
-	b := testutil.Batch(1, 0, []*pb.RunWindow{window("x", 0, 1, 0, 1, 90)})
+	b := testutil.Batch(1, 0, []*trainmeterv1.RunWindow{window("x", 0, 1, 0, 1, 90)})
 	for range queueLen + 10 {
 		a.Observe("n", b)
 	}
@@ -333,7 +333,7 @@ func TestEpochBoundaryReachesEveryNodeOfTheRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]*pb.DataloaderEpoch{}
+	got := map[string]*trainmeterv1.DataloaderEpoch{}
 	for _, e := range h.Epochs {
 		got[e.Node] = e
 	}
@@ -374,7 +374,7 @@ func TestIntervalCountsStepsPerRank(t *testing.T) {
 	// Two ranks on the node, 5 optimizer steps each per window: 10 step
 	// events. adjustment_interval 10 is 10 optimizer steps: every second
 	// window, not every window.
-	w := func(sec float64) *pb.RunWindow {
+	w := func(sec float64) *trainmeterv1.RunWindow {
 		w := window("two", sec, 10, 0.5, 0.5, 50)
 		w.Gpus, w.StepRanks = []uint32{0, 1}, 2
 		return w
@@ -406,7 +406,7 @@ func TestUtilisationIsAveragedOverTheReadingsThatHaveOne(t *testing.T) {
 	// Two GPUs, 100 ticks: one reads 95 %, the other (a MIG slice) no
 	// utilisation at all. The mean is 95 %, not 47.5 %: with 10 % data wait
 	// and the wait shorter than compute, the run is GPU-bound.
-	w := func(sec float64) *pb.RunWindow {
+	w := func(sec float64) *trainmeterv1.RunWindow {
 		w := window("mig", sec, 10, 0.1, 0.9, 0)
 		w.Gpus, w.VramSamples = []uint32{0, 1}, 200
 		w.UtilizationSumPct, w.UtilizationSamples = 95*100, 100
@@ -429,7 +429,7 @@ func TestUtilisationIsAveragedOverTheReadingsThatHaveOne(t *testing.T) {
 
 func TestUnknownUtilisationIsNotZero(t *testing.T) {
 	r := newRig(t)
-	w := func(sec float64) *pb.RunWindow {
+	w := func(sec float64) *trainmeterv1.RunWindow {
 		w := window("nou", sec, 10, 0.5, 0.5, 0) // no utilisation readings
 		w.UtilizationSumPct, w.UtilizationSamples = 0, 0
 		return w
@@ -457,7 +457,7 @@ func TestUnknownUtilisationIsNotZero(t *testing.T) {
 // steps, and the partial epoch at run end the rest.
 func TestEpochStepsComeFromTheEvalsRankSteps(t *testing.T) {
 	r := newRig(t)
-	ev := func(sec float64, epoch int64, rankSteps uint64) *pb.RunEvent {
+	ev := func(sec float64, epoch int64, rankSteps uint64) *trainmeterv1.RunEvent {
 		e := eval("s", sec, epoch)
 		e.GetEval().RankSteps = rankSteps
 		return e

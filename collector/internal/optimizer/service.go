@@ -19,19 +19,19 @@ import (
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/recommend"
 	"github.com/trainmeter/trainmeter/pkg/report"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // ServiceStore is what the recommendation service reads.
 type ServiceStore interface {
 	advisor.Store
 	ListRuns(ids []string) ([]*aggregate.State, error)
-	Nodes() ([]*pb.NodeStatus, error)
+	Nodes() ([]*trainmeterv1.NodeStatus, error)
 }
 
 // Service implements RecommendService.
 type Service struct {
-	pb.UnimplementedRecommendServiceServer
+	trainmeterv1.UnimplementedRecommendServiceServer
 	st      ServiceStore
 	pricing aggregate.Pricing
 	catalog recommend.PriceCatalog
@@ -54,7 +54,7 @@ func storeErr(err error) error {
 }
 
 // Recommend implements RecommendService.Recommend.
-func (s *Service) Recommend(_ context.Context, req *pb.RecommendRequest) (*pb.RecommendResponse, error) {
+func (s *Service) Recommend(_ context.Context, req *trainmeterv1.RecommendRequest) (*trainmeterv1.RecommendResponse, error) {
 	mc := req.GetMinConfidence()
 	if math.IsNaN(mc) || mc < 0 || mc > 1 {
 		return nil, status.Errorf(codes.InvalidArgument, "min_confidence %v: want 0..1", mc)
@@ -77,9 +77,9 @@ func (s *Service) Recommend(_ context.Context, req *pb.RecommendRequest) (*pb.Re
 	if err != nil {
 		return nil, storeErr(err)
 	}
-	gpuInfo := map[string]map[uint32]*pb.GpuInfo{}
+	gpuInfo := map[string]map[uint32]*trainmeterv1.GpuInfo{}
 	for _, n := range nodes {
-		m := map[uint32]*pb.GpuInfo{}
+		m := map[uint32]*trainmeterv1.GpuInfo{}
 		for _, g := range n.GetGpus() {
 			m[g.GetIndex()] = g
 		}
@@ -124,7 +124,7 @@ func (s *Service) Recommend(_ context.Context, req *pb.RecommendRequest) (*pb.Re
 	}
 	recommend.Sort(recs)
 	kept, usd, j := recommend.Filter(recs, mc, runs)
-	return &pb.RecommendResponse{Recommendations: kept, TotalSavingsUsd: usd, TotalSavingsJ: j}, nil
+	return &trainmeterv1.RecommendResponse{Recommendations: kept, TotalSavingsUsd: usd, TotalSavingsJ: j}, nil
 }
 
 func contains(xs []string, x string) bool {
@@ -137,7 +137,7 @@ func contains(xs []string, x string) bool {
 }
 
 // DataloaderHistory implements RecommendService.DataloaderHistory.
-func (s *Service) DataloaderHistory(_ context.Context, req *pb.DataloaderHistoryRequest) (*pb.DataloaderHistoryResponse, error) {
+func (s *Service) DataloaderHistory(_ context.Context, req *trainmeterv1.DataloaderHistoryRequest) (*trainmeterv1.DataloaderHistoryResponse, error) {
 	if req.GetRunId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
 	}

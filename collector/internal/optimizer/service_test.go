@@ -10,7 +10,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -24,15 +24,15 @@ func TestServiceRejectsBadRequests(t *testing.T) {
 	}
 	t.Cleanup(func() { st.Close() })
 	svc := NewService(st, aggregate.Pricing{}, nil)
-	_, err = svc.DataloaderHistory(context.Background(), &pb.DataloaderHistoryRequest{RunId: "nope"})
+	_, err = svc.DataloaderHistory(context.Background(), &trainmeterv1.DataloaderHistoryRequest{RunId: "nope"})
 	if status.Code(err) != codes.NotFound {
 		t.Errorf("history of an unknown run: %v, want NotFound", err)
 	}
-	_, err = svc.Recommend(context.Background(), &pb.RecommendRequest{MinConfidence: 2})
+	_, err = svc.Recommend(context.Background(), &trainmeterv1.RecommendRequest{MinConfidence: 2})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("min_confidence 2: %v, want InvalidArgument", err)
 	}
-	_, err = svc.Recommend(context.Background(), &pb.RecommendRequest{RunIds: []string{"nope"}})
+	_, err = svc.Recommend(context.Background(), &trainmeterv1.RecommendRequest{RunIds: []string{"nope"}})
 	if status.Code(err) != codes.NotFound {
 		t.Errorf("recommend for an unknown run: %v, want NotFound", err)
 	}

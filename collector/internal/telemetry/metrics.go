@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Metric names (OTel); docs/otel.md gives their Prometheus renderings.
@@ -46,8 +46,8 @@ const (
 
 // register creates every instrument and its callback.
 func (t *Telemetry) register(m metric.Meter) error {
-	inventory := func() map[string][]*pb.GpuInfo {
-		out := map[string][]*pb.GpuInfo{}
+	inventory := func() map[string][]*trainmeterv1.GpuInfo {
+		out := map[string][]*trainmeterv1.GpuInfo{}
 		for _, n := range t.o.Nodes.Nodes() {
 			out[n.GetNode()] = n.GetGpus()
 		}

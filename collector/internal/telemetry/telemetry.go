@@ -21,7 +21,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Bounds on the runs exported (the cardinality of trainmeter.run.*): runs
@@ -39,7 +39,7 @@ type Runs interface {
 
 // Nodes reports the connected agents and their GPUs (the ingest server).
 type Nodes interface {
-	Nodes() []*pb.NodeStatus
+	Nodes() []*trainmeterv1.NodeStatus
 }
 
 // BudgetUse is one budget's consumption.
@@ -177,7 +177,7 @@ func (t *Telemetry) sources() (BudgetSource, RecommendationSource) {
 
 // OnApplied is the ingest hook (ingest.Server.OnApplied): it folds the GPU
 // windows and notes the runs the batch touched. It does not block.
-func (t *Telemetry) OnApplied(node string, b *pb.Batch) {
+func (t *Telemetry) OnApplied(node string, b *trainmeterv1.Batch) {
 	if t == nil {
 		return
 	}
@@ -201,13 +201,13 @@ func (t *Telemetry) OnApplied(node string, b *pb.Batch) {
 	}
 }
 
-func eventRun(e *pb.RunEvent) string {
+func eventRun(e *trainmeterv1.RunEvent) string {
 	switch ev := e.GetEvent().(type) {
-	case *pb.RunEvent_RunStart:
+	case *trainmeterv1.RunEvent_RunStart:
 		return ev.RunStart.GetRunId()
-	case *pb.RunEvent_RunEnd:
+	case *trainmeterv1.RunEvent_RunEnd:
 		return ev.RunEnd.GetRunId()
-	case *pb.RunEvent_Eval:
+	case *trainmeterv1.RunEvent_Eval:
 		return ev.Eval.GetRunId()
 	}
 	return ""
@@ -261,7 +261,7 @@ func (t *Telemetry) forget(ids []string) {
 }
 
 // reports reads the exported runs' reports.
-func (t *Telemetry) reports() ([]*pb.RunReport, error) {
+func (t *Telemetry) reports() ([]*trainmeterv1.RunReport, error) {
 	ids := t.exportedRuns()
 	if len(ids) == 0 {
 		return nil, nil
@@ -278,7 +278,7 @@ func (t *Telemetry) reports() ([]*pb.RunReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*pb.RunReport, 0, len(sts))
+	out := make([]*trainmeterv1.RunReport, 0, len(sts))
 	for _, st := range sts {
 		out = append(out, st.Report(t.o.Pricing))
 	}
@@ -287,7 +287,7 @@ func (t *Telemetry) reports() ([]*pb.RunReport, error) {
 
 // runAttrs are the attributes of a run's metrics: bounded per run (no free
 // form labels), see docs/otel.md.
-func runAttrs(r *pb.RunReport) attribute.Set {
+func runAttrs(r *trainmeterv1.RunReport) attribute.Set {
 	return attribute.NewSet(
 		attribute.String(AttrRunID, r.GetRunId()),
 		attribute.String(AttrRunModel, r.GetMetadata().GetModel()),

@@ -20,7 +20,7 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
-	pb "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func TestMain(m *testing.M) {
@@ -171,7 +171,7 @@ func TestSourcesReachPrometheus(t *testing.T) {
 
 func TestNilTelemetryIsSafe(t *testing.T) {
 	var tel *Telemetry
-	tel.OnApplied("n", &pb.Batch{})
+	tel.OnApplied("n", &trainmeterv1.Batch{})
 	tel.EmitAlert(context.Background(), Alert{Kind: "budget"})
 	if err := tel.Flush(context.Background()); err != nil {
 		t.Fatal(err)
@@ -185,11 +185,11 @@ func TestNilTelemetryIsSafe(t *testing.T) {
 }
 
 // runBatch is a batch with one run window and a run_start for each run.
-func runBatch(seq uint64, at time.Time, runs ...string) *pb.Batch {
-	b := &pb.Batch{Seq: seq, WindowStart: timestamppb.New(at.Add(-time.Second)), WindowEnd: timestamppb.New(at)}
+func runBatch(seq uint64, at time.Time, runs ...string) *trainmeterv1.Batch {
+	b := &trainmeterv1.Batch{Seq: seq, WindowStart: timestamppb.New(at.Add(-time.Second)), WindowEnd: timestamppb.New(at)}
 	for _, r := range runs {
-		b.RunEvents = append(b.RunEvents, &pb.RunEvent{Event: &pb.RunEvent_RunStart{RunStart: &pb.RunStart{RunId: r, Time: timestamppb.New(at.Add(-time.Second))}}})
-		b.RunWindows = append(b.RunWindows, &pb.RunWindow{RunId: r, Start: timestamppb.New(at.Add(-time.Second)), End: timestamppb.New(at), Tokens: 100, Gpus: []uint32{0}})
+		b.RunEvents = append(b.RunEvents, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_RunStart{RunStart: &trainmeterv1.RunStart{RunId: r, Time: timestamppb.New(at.Add(-time.Second))}}})
+		b.RunWindows = append(b.RunWindows, &trainmeterv1.RunWindow{RunId: r, Start: timestamppb.New(at.Add(-time.Second)), End: timestamppb.New(at), Tokens: 100, Gpus: []uint32{0}})
 	}
 	return b
 }
