@@ -13,6 +13,7 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
+	"github.com/trainmeter/trainmeter/pkg/trainerwire"
 )
 
 // Config is the agent's configuration; the YAML file and the flags fill it.
@@ -96,7 +97,7 @@ const DefaultWarmupSteps = 20
 func DefaultConfig() Config {
 	return Config{
 		Collector:     "127.0.0.1:7433",
-		Socket:        "/run/trainmeter/agent.sock",
+		Socket:        trainerwire.DefaultSocket,
 		GPU:           "auto",
 		Interval:      50 * time.Millisecond,
 		Warmup:        60 * time.Second,

@@ -3,13 +3,9 @@ package trainerproto
 import (
 	"bytes"
 	"encoding/json"
-)
 
-type errorLine struct {
-	Event string `json:"event"`
-	Error string `json:"error"`
-	Line  int    `json:"line,omitempty"`
-}
+	"github.com/trainmeter/trainmeter/pkg/trainerwire"
+)
 
 type adviceLine struct {
 	Event          string `json:"event"`
@@ -46,16 +42,10 @@ type AdviceFigures struct {
 	FromPrefetchFactor int
 }
 
-type stopLine struct {
-	Event  string `json:"event"`
-	RunID  string `json:"run_id"`
-	Reason string `json:"reason,omitempty"`
-}
-
 // ErrorLine builds {"event":"error","error":msg,"line":line}\n. line is the
 // 1-based line number on the connection; it is omitted when ≤ 0.
 func ErrorLine(msg string, line int) []byte {
-	return encode(errorLine{Event: EventError, Error: msg, Line: line})
+	return encode(trainerwire.ErrorLine{Event: EventError, Error: msg, Line: line})
 }
 
 // AdviceLine builds a dataloader advice line:
@@ -88,7 +78,7 @@ func AdviceLineWithFigures(runID string, numWorkers, prefetch int, reason string
 
 // StopLine builds {"event":"stop","run_id":…,"reason":…}\n.
 func StopLine(runID, reason string) []byte {
-	return encode(stopLine{Event: EventStop, RunID: runID, Reason: reason})
+	return encode(trainerwire.StopLine{Event: EventStop, RunID: runID, Reason: reason})
 }
 
 // encode marshals v as one compact JSON line ending in '\n', without HTML

@@ -23,19 +23,22 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/trainmeter/trainmeter/pkg/trainerwire"
 )
 
-// Event names, as carried in the "event" key.
+// Event names, as carried in the "event" key (pkg/trainerwire, shared
+// with `trainmeter run`).
 const (
-	EventRunStart = "run_start"
-	EventStep     = "step"
-	EventEval     = "eval"
-	EventRunEnd   = "run_end"
+	EventRunStart = trainerwire.EventRunStart
+	EventStep     = trainerwire.EventStep
+	EventEval     = trainerwire.EventEval
+	EventRunEnd   = trainerwire.EventRunEnd
 
 	// Outbound only.
-	EventError  = "error"
-	EventAdvice = "advice"
-	EventStop   = "stop"
+	EventError  = trainerwire.EventError
+	EventAdvice = trainerwire.EventAdvice
+	EventStop   = trainerwire.EventStop
 )
 
 // Limits applied by Parse.
@@ -409,21 +412,6 @@ func (d *decoder) gpus() ([]string, error) {
 	return out, nil
 }
 
-// runStartKeys are the keys run_start decodes itself; every other scalar key
-// becomes a label.
-var runStartKeys = map[string]bool{
-	"event": true, "run_id": true,
-	"model": true, "dataset": true, "backend": true, "optimizer": true, "precision": true, "notes": true,
-	"batch_size": true, "grad_accum": true, "seq_len": true, "seed": true,
-	"warmup_s": true, "warmup_steps": true, "gpus": true, "cuda_visible_devices": true,
-	"num_workers": true, "prefetch_factor": true, "planned_steps": true,
-	"planned_tokens": true, "planned_epochs": true, "params": true, "dataset_size": true,
-	"target_gpu_utilization": true, "max_ram_usage": true, "adjustment_interval": true,
-	"gpu_price_per_hour": true, "budget_scope": true,
-	"rank": true, "world_size": true, "local_rank": true, "client_id": true,
-	"attribute_pid": true, "resume": true,
-}
-
 func (d *decoder) runStart(run string) (Event, error) {
 	e := &RunStart{Run: run}
 	var err error
@@ -516,7 +504,7 @@ func (d *decoder) labels() (map[string]string, error) {
 	// Deterministic order so that errors are stable.
 	var keys []string
 	for k := range d.m {
-		if !runStartKeys[k] {
+		if !trainerwire.IsRunStartKey(k) {
 			keys = append(keys, k)
 		}
 	}

@@ -26,22 +26,22 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
 	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/report"
+	"github.com/trainmeter/trainmeter/pkg/trainerwire"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // `trainmeter run -- COMMAND`: zero-code measurement. It only speaks the
 // agent's socket protocol and the collector's query API (no NVML here).
 
-// Environment variables `trainmeter run` reads and passes to the command;
-// the Python client reads both.
+// Environment variables `trainmeter run` reads and passes to the command
+// (the Python client reads both), and the agent's socket when neither
+// --socket nor $TRAINMETER_SOCKET is set: the protocol's own
+// (pkg/trainerwire), shared with the agent.
 const (
-	EnvSocket = "TRAINMETER_SOCKET"
-	EnvRunID  = "TRAINMETER_RUN_ID"
+	EnvSocket     = trainerwire.EnvSocket
+	EnvRunID      = trainerwire.EnvRunID
+	DefaultSocket = trainerwire.DefaultSocket
 )
-
-// DefaultSocket is the agent's trainer socket when neither --socket nor
-// $TRAINMETER_SOCKET is set.
-const DefaultSocket = "/run/trainmeter/agent.sock"
 
 // ExitError carries the exit code of a command `trainmeter run` ran; Main
 // exits with it without printing anything.
@@ -74,22 +74,6 @@ type runOptions struct {
 	estimate  *trainmeterv1.EstimateRequest
 	plan      func(*trainmeterv1.PlanRunRequest) (*trainmeterv1.PlanRunResponse, error)
 	stopGrace time.Duration // SIGTERM to SIGKILL when the cap stops the command
-}
-
-// runStartFields are the keys the agent reads from run_start itself (the
-// agent's trainerproto.runStartKeys; kept in step by hand, as the collector
-// cannot import the agent's packages); every other key is a label.
-var runStartFields = map[string]bool{
-	"event": true, "run_id": true,
-	"model": true, "dataset": true, "backend": true, "optimizer": true, "precision": true, "notes": true,
-	"batch_size": true, "grad_accum": true, "seq_len": true, "seed": true,
-	"warmup_s": true, "warmup_steps": true, "gpus": true, "cuda_visible_devices": true,
-	"num_workers": true, "prefetch_factor": true, "planned_steps": true,
-	"planned_tokens": true, "planned_epochs": true, "params": true, "dataset_size": true,
-	"target_gpu_utilization": true, "max_ram_usage": true, "adjustment_interval": true,
-	"gpu_price_per_hour": true, "budget_scope": true,
-	"rank": true, "world_size": true, "local_rank": true, "client_id": true,
-	"attribute_pid": true,
 }
 
 func newRunCommand(cf *clientFlags) *cobra.Command {
@@ -139,7 +123,7 @@ the command still runs, unmeasured.`,
 			// (docs/protocol.md): a key run_start reads itself would set
 			// that field instead.
 			for k, v := range lm {
-				if runStartFields[k] {
+				if trainerwire.IsRunStartKey(k) {
 					return fmt.Errorf("--label %s=%s: %q is a run_start field, not a label; use its own flag (trainmeter run --help) or another key", k, v, k)
 				}
 				o.meta[k] = v
@@ -399,7 +383,7 @@ func newAgentLink(o *runOptions, warn func(string, ...any)) *agentLink {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	a := &agentLink{o: o, warn: warn, clientID: "trainmeter-run-" + hex.EncodeToString(b), done: make(chan struct{}), stops: make(chan string, 1)}
-	ev := map[string]any{"event": "run_start", "run_id": o.runID, "attribute_pid": os.Getpid(), "client_id": a.clientID}
+	ev := map[string]any{"event": trainerwire.EventRunStart, "run_id": o.runID, "attribute_pid": os.Getpid(), "client_id": a.clientID}
 	if o.resume {
 		ev["resume"] = true
 	}
@@ -498,14 +482,14 @@ func (a *agentLink) read(conn net.Conn) {
 			continue
 		}
 		switch m.Event {
-		case "error":
+		case trainerwire.EventError:
 			a.warn("agent: %s", m.Error)
 			if strings.HasPrefix(m.Error, "run_start:") {
 				a.mu.Lock()
 				a.refused = true
 				a.mu.Unlock()
 			}
-		case "stop":
+		case trainerwire.EventStop:
 			if a.o.maxCost > 0 && strings.HasPrefix(m.Reason, maxCostPrefix) {
 				select {
 				case a.stops <- m.Reason:
@@ -562,7 +546,7 @@ func (a *agentLink) warnOnce(format string, args ...any) {
 // connection is down) and closes the link.
 func (a *agentLink) end(status string) {
 	close(a.done)
-	line, _ := json.Marshal(map[string]string{"event": "run_end", "run_id": a.o.runID, "status": status})
+	line, _ := json.Marshal(trainerwire.RunEnd{Event: trainerwire.EventRunEnd, RunID: a.o.runID, Status: status})
 	line = append(line, '\n')
 	send := func() bool {
 		a.mu.Lock()

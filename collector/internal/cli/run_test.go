@@ -233,3 +233,16 @@ func TestRunStatusLine(t *testing.T) {
 		t.Errorf("capped line %q", got)
 	}
 }
+
+// TestRunRefusesRunStartKeysAsLabels: a --label whose key run_start reads
+// itself would set that field at the agent instead of a label; every such
+// key is refused, the ones the agent added later (resume) too, because the
+// CLI and the agent share one list (pkg/trainerwire).
+func TestRunRefusesRunStartKeysAsLabels(t *testing.T) {
+	for _, key := range []string{"model", "attribute_pid", "resume"} {
+		out, err := run(t, nil, "run", "--label", key+"=x", "--", "true")
+		if err == nil || !strings.Contains(err.Error(), "is a run_start field") {
+			t.Errorf("--label %s=x: %v (%s), want it refused as a run_start field", key, err, out)
+		}
+	}
+}

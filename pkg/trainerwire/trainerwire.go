@@ -1,0 +1,73 @@
+// Package trainerwire is the vocabulary of the trainer socket protocol
+// (docs/trainer-protocol.md) that the agent, which serves the socket, and
+// `trainmeter run`, which speaks it as a client, share: event names, the
+// keys run_start reads itself, the environment variables and the default
+// socket path. It has no dependencies, so the collector's CLI can import it
+// without the agent's wiring (cgo, NVML). The agent's parser and line
+// builders are agent/internal/trainerproto.
+package trainerwire
+
+// Event names, as carried in the "event" key.
+const (
+	EventRunStart = "run_start"
+	EventStep     = "step"
+	EventEval     = "eval"
+	EventRunEnd   = "run_end"
+
+	// Agent to trainer only.
+	EventError  = "error"
+	EventAdvice = "advice"
+	EventStop   = "stop"
+)
+
+// DefaultSocket is the agent's trainer socket when neither its config nor
+// $TRAINMETER_SOCKET says otherwise.
+const DefaultSocket = "/run/trainmeter/agent.sock"
+
+// Environment variables a wrapped command gets from `trainmeter run` (and a
+// client reads): the socket path and the run id to report into.
+const (
+	EnvSocket = "TRAINMETER_SOCKET"
+	EnvRunID  = "TRAINMETER_RUN_ID"
+)
+
+// runStartKeys are the keys run_start decodes itself; every other scalar key
+// becomes a label.
+var runStartKeys = map[string]bool{
+	"event": true, "run_id": true,
+	"model": true, "dataset": true, "backend": true, "optimizer": true, "precision": true, "notes": true,
+	"batch_size": true, "grad_accum": true, "seq_len": true, "seed": true,
+	"warmup_s": true, "warmup_steps": true, "gpus": true, "cuda_visible_devices": true,
+	"num_workers": true, "prefetch_factor": true, "planned_steps": true,
+	"planned_tokens": true, "planned_epochs": true, "params": true, "dataset_size": true,
+	"target_gpu_utilization": true, "max_ram_usage": true, "adjustment_interval": true,
+	"gpu_price_per_hour": true, "budget_scope": true,
+	"rank": true, "world_size": true, "local_rank": true, "client_id": true,
+	"attribute_pid": true, "resume": true,
+}
+
+// IsRunStartKey says whether run_start reads key itself (so it cannot be a
+// label).
+func IsRunStartKey(key string) bool { return runStartKeys[key] }
+
+// RunEnd is the run_end line.
+type RunEnd struct {
+	Event  string `json:"event"` // EventRunEnd
+	RunID  string `json:"run_id"`
+	Status string `json:"status"`
+}
+
+// ErrorLine is the agent's error line.
+type ErrorLine struct {
+	Event string `json:"event"` // EventError
+	Error string `json:"error"`
+	// Line is the 1-based line number on the connection; omitted when ≤ 0.
+	Line int `json:"line,omitempty"`
+}
+
+// StopLine is the agent's request that a run stop.
+type StopLine struct {
+	Event  string `json:"event"` // EventStop
+	RunID  string `json:"run_id"`
+	Reason string `json:"reason,omitempty"`
+}
