@@ -13,7 +13,6 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 )
 
 // GPU attribution by process tree (run_start attribute_pid, which
@@ -30,13 +29,12 @@ const attributeEvery = time.Second
 const maxTreeDepth = 1024
 
 // initAttribution decides whether this backend can attribute GPUs by
-// process tree. Simulated GPUs run no processes (their lister always says
-// none), so runs on them fall back to every GPU, as do backends without a
-// lister (replay).
+// process tree. Backends without a lister (the simulator, whose GPUs run
+// no processes, and replay) leave runs on every GPU.
 func (a *Agent) initAttribution(backend gpu.Backend) bool {
 	a.procRoot = "/proc"
 	pl, ok := backend.(gpu.ProcessLister)
-	if _, sim := backend.(*simgpu.Backend); !ok || sim {
+	if !ok {
 		return false
 	}
 	a.procs = pl

@@ -5,7 +5,6 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 )
 
 // Splitting a shared GPU (docs/measurement.md, "Shared GPUs and idle"): once
@@ -20,9 +19,6 @@ const shareEvery = time.Second
 
 // initSharing picks the backend's per-process or per-run use reader.
 func (a *Agent) initSharing() bool {
-	if _, sim := a.backend.(*simgpu.Backend); sim {
-		return false
-	}
 	if ru, ok := a.backend.(gpu.RunUsageReader); ok {
 		a.runUse = ru
 		return true

@@ -43,7 +43,8 @@ const (
 )
 
 // Backend is a set of simulated GPUs. It implements gpu.Backend,
-// gpu.LoadSetter and gpu.ProcessLister. It is safe for concurrent use.
+// gpu.LoadSetter (not gpu.ProcessLister: its GPUs run no processes). It
+// is safe for concurrent use.
 type Backend struct {
 	mu   sync.Mutex
 	devs []gpu.Device
@@ -136,13 +137,6 @@ func (b *Backend) SetLoad(index int, load float64) {
 	b.st[index].load = load
 }
 
-// ComputePIDs implements gpu.ProcessLister: simulated GPUs run no processes.
-func (b *Backend) ComputePIDs(index int) ([]uint32, error) {
-	if index < 0 || index >= len(b.devs) {
-		return nil, fmt.Errorf("simgpu: no GPU %d", index)
-	}
-	return nil, nil
-}
 
 // Close implements gpu.Backend.
 func (b *Backend) Close() error { return nil }
@@ -244,5 +238,4 @@ func decay(dt, tau time.Duration) float64 {
 var (
 	_ gpu.Backend       = (*Backend)(nil)
 	_ gpu.LoadSetter    = (*Backend)(nil)
-	_ gpu.ProcessLister = (*Backend)(nil)
 )
