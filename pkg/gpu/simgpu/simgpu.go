@@ -137,7 +137,6 @@ func (b *Backend) SetLoad(index int, load float64) {
 	b.st[index].load = load
 }
 
-
 // Close implements gpu.Backend.
 func (b *Backend) Close() error { return nil }
 
@@ -236,6 +235,6 @@ func decay(dt, tau time.Duration) float64 {
 }
 
 var (
-	_ gpu.Backend       = (*Backend)(nil)
-	_ gpu.LoadSetter    = (*Backend)(nil)
+	_ gpu.Backend    = (*Backend)(nil)
+	_ gpu.LoadSetter = (*Backend)(nil)
 )
