@@ -1,171 +1,20 @@
 package agent
 
-import (
-	"errors"
-	"fmt"
-	"net"
-	"os"
-	"time"
+import "github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 
-	"gopkg.in/yaml.v3"
+// The agent's configuration lives in package agentconfig, so that what
+// only reads it (doctor, the flag and file loading) does not import the
+// agent's wiring. These names keep the agent's own API unchanged.
+type Config = agentconfig.Config
 
-	"github.com/trainmeter/trainmeter/agent/internal/ledger"
-	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
-	"github.com/trainmeter/trainmeter/pkg/otelexport"
-	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
-	"github.com/trainmeter/trainmeter/pkg/trainerwire"
+const (
+	DefaultWarmupSteps   = agentconfig.DefaultWarmupSteps
+	DefaultSpoolDir      = agentconfig.DefaultSpoolDir
+	DefaultSpoolMaxBytes = agentconfig.DefaultSpoolMaxBytes
 )
 
-// Config is the agent's configuration; the YAML file and the flags fill it.
-type Config struct {
-	// Collector is the collector's HOST:PORT.
-	Collector string `yaml:"collector"`
-	// Socket is the trainer socket path.
-	Socket string `yaml:"socket"`
-	// SocketGroup, when set, owns the socket (mode 0660), so trainers of that
-	// group can connect.
-	SocketGroup string `yaml:"socket_group"`
-	// Node names this box; default: the hostname.
-	Node string `yaml:"node"`
-	// GPU is the backend: nvml, sim:N, replay:FILE, or auto (nvml if found).
-	GPU string `yaml:"gpu"`
-	// Interval is the GPU sampling period.
-	Interval time.Duration `yaml:"interval"`
-	// Warmup is excluded from efficiency figures unless run_start says
-	// otherwise; with WarmupSteps, the default warmup ends at whichever comes
-	// first (docs/measurement.md, "Warmup").
-	Warmup time.Duration `yaml:"warmup"`
-	// WarmupSteps ends the default warmup at the run's N-th step when that
-	// comes before Warmup (0: Warmup alone).
-	WarmupSteps uint64 `yaml:"warmup_steps"`
-	// HostInterval is the host (RAM, CPU) sampling period.
-	HostInterval time.Duration `yaml:"host_interval"`
-	// HostReplay, when set, plays a host trace (RAM, CPUs; pkg/host Replay,
-	// docs/replay-format.md) instead of reading the real host: for tests and
-	// demos of the dataloader advice.
-	HostReplay string `yaml:"host_replay"`
-	// RawSamples sends every GPU sample to the collector too (RawSamples in
-	// the batches), besides the 1 s summaries. Off by default.
-	RawSamples bool `yaml:"raw_samples"`
-	// Spool is the directory that keeps batches until the collector acks
-	// them, across collector outages and agent restarts.
-	Spool string `yaml:"spool"`
-	// SpoolMaxBytes bounds the spool; when full, the oldest batches are
-	// dropped and reported (the runs are marked incomplete).
-	SpoolMaxBytes int64 `yaml:"spool_max_bytes"`
-	// RejoinGrace is how long, after an agent restart, a resumed run waits
-	// for one of its ranks to reconnect before it is ended at the restart.
-	RejoinGrace time.Duration `yaml:"rejoin_grace"`
-	// LogLevel is debug, info, warn or error.
-	LogLevel string `yaml:"log_level"`
-	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
-	// (the agent's own health, docs/observability.md) over plain HTTP.
-	StatusListen string `yaml:"status_listen"`
+// DefaultConfig returns the defaults (agentconfig.DefaultConfig).
+func DefaultConfig() Config { return agentconfig.DefaultConfig() }
 
-	// TLSCA is the PEM CA bundle that signs the collector's certificate;
-	// setting it (or any TLS key) turns TLS on.
-	TLSCA string `yaml:"tls_ca"`
-	// TLSCert and TLSKey are the agent's client certificate for mTLS.
-	TLSCert string `yaml:"tls_cert"`
-	TLSKey  string `yaml:"tls_key"`
-	// TLSServerName overrides the name checked in the collector's certificate.
-	TLSServerName string `yaml:"tls_server_name"`
-	// TokenFile holds this node's ingest token (sent as a bearer token). It
-	// needs TLS unless the collector is on a loopback address.
-	TokenFile string `yaml:"token_file"`
-	// AllowedUIDs, when not empty, are the uids allowed to report on the
-	// trainer socket (root always is); empty: whoever can open the socket.
-	AllowedUIDs []uint32 `yaml:"allowed_uids"`
-	// OTel, when set, exports this node's GPUs (hw.* metrics) directly over
-	// OTLP and/or Prometheus, without the collector (docs/otel.md).
-	OTel otelexport.Config `yaml:"otel"`
-}
-
-// TLSOptions returns the uplink's TLS file settings.
-func (c *Config) TLSOptions() tlsfiles.ClientOptions {
-	return tlsfiles.ClientOptions{CAFile: c.TLSCA, CertFile: c.TLSCert, KeyFile: c.TLSKey, ServerName: c.TLSServerName}
-}
-
-// DefaultConfig is what the agent runs with when nothing is set.
-// DefaultWarmupSteps: the default warmup also ends at the 20th step. The
-// first steps carry compilation, autotuning and allocator growth, and 20
-// steps are past them in the trainers we know, yet a short run (train_sim.py's
-// 8 s: 80 steps) still gets efficiency figures; a run with slow steps keeps
-// the 60 s bound.
-const DefaultWarmupSteps = 20
-
-func DefaultConfig() Config {
-	return Config{
-		Collector:     "127.0.0.1:7433",
-		Socket:        trainerwire.DefaultSocket,
-		GPU:           "auto",
-		Interval:      50 * time.Millisecond,
-		Warmup:        60 * time.Second,
-		WarmupSteps:   DefaultWarmupSteps,
-		HostInterval:  time.Second,
-		Spool:         DefaultSpoolDir,
-		SpoolMaxBytes: DefaultSpoolMaxBytes,
-		RejoinGrace:   ledger.DefaultRejoinGrace,
-		LogLevel:      "info",
-	}
-}
-
-// LoadConfigFile reads a YAML config over cfg. Unknown keys are an error, so a
-// typo does not silently leave a default in place.
-func LoadConfigFile(path string, cfg *Config) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
-	defer f.Close()
-	dec := yaml.NewDecoder(f)
-	dec.KnownFields(true)
-	if err := dec.Decode(cfg); err != nil {
-		return fmt.Errorf("config %s: %w", path, err)
-	}
-	return nil
-}
-
-// Validate reports every problem with the configuration at once.
-func (c *Config) Validate() error {
-	var errs []error
-	if err := collectoraddr.Check(c.Collector); err != nil {
-		errs = append(errs, err)
-	}
-	if c.Socket == "" {
-		errs = append(errs, errors.New("socket path is empty"))
-	}
-	if c.Interval < time.Millisecond || c.Interval > 10*time.Second {
-		errs = append(errs, fmt.Errorf("interval %v: want between 1ms and 10s", c.Interval))
-	}
-	if c.Warmup < 0 {
-		errs = append(errs, fmt.Errorf("warmup %v: must not be negative", c.Warmup))
-	}
-	if c.HostInterval <= 0 {
-		errs = append(errs, fmt.Errorf("host_interval %v: must be positive", c.HostInterval))
-	}
-	errs = append(errs, c.validateSpool()...)
-	if c.RejoinGrace < 0 {
-		errs = append(errs, fmt.Errorf("rejoin_grace %v: must not be negative", c.RejoinGrace))
-	}
-	if err := c.TLSOptions().Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.TokenFile != "" && !c.TLSOptions().Enabled() && c.Collector != "" && !tlsfiles.IsLoopback(c.Collector) {
-		errs = append(errs, fmt.Errorf("token_file: a token is only sent over TLS to a collector that is not on this machine (%s): set tls_ca", c.Collector))
-	}
-	if c.StatusListen != "" {
-		if _, _, err := net.SplitHostPort(c.StatusListen); err != nil {
-			errs = append(errs, fmt.Errorf("status_listen %q: %v", c.StatusListen, err))
-		}
-	}
-	if err := c.OTel.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		errs = append(errs, fmt.Errorf("log_level %q: want debug, info, warn or error", c.LogLevel))
-	}
-	return errors.Join(errs...)
-}
+// LoadConfigFile reads a YAML config over cfg (agentconfig.LoadConfigFile).
+func LoadConfigFile(path string, cfg *Config) error { return agentconfig.LoadConfigFile(path, cfg) }

@@ -18,7 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/trainmeter/trainmeter/agent/internal/agent"
+	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -188,7 +188,7 @@ func probeStream(ctx context.Context, conn *grpc.ClientConn, node string) error 
 	if err != nil {
 		return err
 	}
-	hello := &trainmeterv1.Hello{Node: node, AgentVersion: agent.Version, GpuBackend: "doctor"} // BootId deliberately empty
+	hello := &trainmeterv1.Hello{Node: node, AgentVersion: buildinfo.Version(), GpuBackend: "doctor"} // BootId deliberately empty
 	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: hello}}); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}

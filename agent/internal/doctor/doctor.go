@@ -22,7 +22,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/trainmeter/trainmeter/agent/internal/agent"
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
+	"github.com/trainmeter/trainmeter/internal/buildinfo"
 )
 
 // Status is a check's verdict.
@@ -99,7 +100,7 @@ type Options struct {
 	// Config is the agent's resolved configuration (the same flags and file
 	// the agent reads). It is checked with Validate first; the checks run
 	// even when it has problems.
-	Config agent.Config
+	Config agentconfig.Config
 	// ConfigFile is shown in the report ("" when flags only).
 	ConfigFile string
 	// NVML returns the NVML library for --gpu nvml/auto; nil: nvml.New.
@@ -124,7 +125,7 @@ func Run(ctx context.Context, o Options) *Report {
 		o.NVML = func() nvml.Interface { return nvml.New() }
 	}
 	cfg := o.Config
-	r := &Report{OK: true, Node: cfg.Node, AgentVersion: agent.Version, GPU: cfg.GPU, Socket: cfg.Socket,
+	r := &Report{OK: true, Node: cfg.Node, AgentVersion: buildinfo.Version(), GPU: cfg.GPU, Socket: cfg.Socket,
 		Collector: cfg.Collector, Spool: cfg.Spool}
 
 	src := "flags and defaults"

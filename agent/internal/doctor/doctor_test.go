@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/trainmeter/trainmeter/agent/internal/agent"
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
@@ -90,7 +90,7 @@ func mockNVML(specs ...gpuSpec) *dgxa100.Server {
 
 func gpuReport(t *testing.T, spec string, lib nvml.Interface) *Report {
 	t.Helper()
-	cfg := agent.DefaultConfig()
+	cfg := agentconfig.DefaultConfig()
 	cfg.GPU = spec
 	r := &Report{OK: true}
 	checkGPU(Options{Config: cfg, NVML: func() nvml.Interface { return lib }, Gap: 10 * time.Millisecond}, r)
@@ -208,7 +208,7 @@ func startSocket(t *testing.T, cfg trainersock.Config) *trainersock.Server {
 
 func socketReport(t *testing.T, path string, allowed ...uint32) *Report {
 	t.Helper()
-	cfg := agent.DefaultConfig()
+	cfg := agentconfig.DefaultConfig()
 	cfg.Socket, cfg.AllowedUIDs = path, allowed
 	r := &Report{OK: true}
 	checkSocket(context.Background(), Options{Config: cfg, Timeout: 2 * time.Second}, r)
@@ -334,9 +334,9 @@ func collector(t *testing.T, tokens map[string]string, files *tlstest.Files) (st
 	return l.Addr().String(), f
 }
 
-func collectorReport(t *testing.T, addr, node, token string, mutate ...func(*agent.Config)) *Report {
+func collectorReport(t *testing.T, addr, node, token string, mutate ...func(*agentconfig.Config)) *Report {
 	t.Helper()
-	cfg := agent.DefaultConfig()
+	cfg := agentconfig.DefaultConfig()
 	cfg.Collector, cfg.Node = addr, node
 	if token != "" {
 		cfg.TokenFile = filepath.Join(t.TempDir(), "token")
@@ -386,7 +386,7 @@ func TestCollectorTokens(t *testing.T) {
 	want(t, collectorReport(t, addr, "node-1", tok2), SectionCollector, "token", Fail,
 		"belongs to another node", `belongs to node "node-2", not "node-1"`, "--node")
 	want(t, collectorReport(t, addr, "node-1", ""), SectionCollector, "token", Fail, "needs an ingest token", "--token-file")
-	r := collectorReport(t, addr, "node-1", "", func(c *agent.Config) { c.TokenFile = "/nonexistent/token" })
+	r := collectorReport(t, addr, "node-1", "", func(c *agentconfig.Config) { c.TokenFile = "/nonexistent/token" })
 	want(t, r, SectionCollector, "token", Fail, "cannot read the token file")
 	// health is open: it answers without a token
 	want(t, r, SectionCollector, "health", OK)
@@ -403,7 +403,7 @@ func TestCollectorTLS(t *testing.T) {
 	const tok = "node1-secret-doctor-tls-55e0"
 	addr, _ := collector(t, map[string]string{tok: "node-1"}, files)
 
-	r := collectorReport(t, addr, "node-1", tok, func(c *agent.Config) { c.TLSCA = files.CAFile })
+	r := collectorReport(t, addr, "node-1", tok, func(c *agentconfig.Config) { c.TLSCA = files.CAFile })
 	want(t, r, SectionCollector, "tls", OK, "TLS handshake OK", "trainmeter collector", "trainmeter test CA")
 	want(t, r, SectionCollector, "health", OK)
 	want(t, r, SectionCollector, "token", OK)
@@ -413,7 +413,7 @@ func TestCollectorTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r = collectorReport(t, addr, "node-1", tok, func(c *agent.Config) { c.TLSCA = other.CAFile })
+	r = collectorReport(t, addr, "node-1", tok, func(c *agentconfig.Config) { c.TLSCA = other.CAFile })
 	want(t, r, SectionCollector, "tls", Fail, "TLS handshake failed", "unknown authority", "--tls-ca is not the CA")
 	if _, ok := r.Find(SectionCollector, "token"); ok {
 		t.Error("token checked after a failed handshake")
@@ -442,7 +442,7 @@ func TestCollectorUnreachable(t *testing.T) {
 
 func spoolReport(t *testing.T, dir string) *Report {
 	t.Helper()
-	cfg := agent.DefaultConfig()
+	cfg := agentconfig.DefaultConfig()
 	cfg.Spool = dir
 	r := &Report{OK: true}
 	checkSpool(Options{Config: cfg}, r)
@@ -493,7 +493,7 @@ func TestRunAndOutput(t *testing.T) {
 	dir := shortTemp(t)
 	sock := filepath.Join(dir, "agent.sock")
 	startSocket(t, trainersock.Config{Path: sock})
-	cfg := agent.DefaultConfig()
+	cfg := agentconfig.DefaultConfig()
 	cfg.GPU, cfg.Socket, cfg.Collector, cfg.Node, cfg.Spool = "sim:1", sock, addr, "node-1", filepath.Join(dir, "spool")
 	r := Run(context.Background(), Options{Config: cfg, Gap: 10 * time.Millisecond})
 	if !r.OK || r.Count(Fail) != 0 || r.Count(Warn) != 0 {
