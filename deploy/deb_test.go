@@ -7,8 +7,8 @@ import (
 	"debug/elf"
 	"encoding/json"
 	"fmt"
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -299,16 +299,6 @@ func checkInstalled(t *testing.T, root string) {
 	}
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // chroot runs name inside root as uid:gid.
 func chroot(ctx context.Context, root string, uid, gid int, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, "chroot", append([]string{fmt.Sprintf("--userspec=%d:%d", uid, gid), root, name}, args...)...)
@@ -343,7 +333,7 @@ func runInstalled(t *testing.T, root string) {
 		}
 	}
 
-	grpcAddr, colStatus, agentStatus := freePort(t), freePort(t), freePort(t)
+	grpcAddr, colStatus, agentStatus := testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)
 	var colLog, agentLog bytes.Buffer
 	col := chroot(ctx, root, uid, gid, "/usr/bin/trainmeter", "serve", "--data", "/var/lib/trainmeter/data",
 		"--listen", grpcAddr, "--status-listen", colStatus)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	"io"
 	"net"
 	"net/http"
@@ -56,9 +57,9 @@ func field(m map[string]any, path ...string) float64 {
 // it by kind, and a run reporting beside it loses nothing.
 func TestBadInputTable(t *testing.T) {
 	t.Parallel()
-	cstatus := freeAddr(t)
+	cstatus := testkit.FreeAddr(t)
 	c := startCollector(t, "--status-listen", cstatus)
-	status := freeAddr(t)
+	status := testkit.FreeAddr(t)
 	sock := c.startAgent("node", "sim:2", "--status-listen", status)
 
 	good := dialTrainer(t, sock)
@@ -132,7 +133,7 @@ func TestBadInputTable(t *testing.T) {
 func TestThousandConcurrentClients(t *testing.T) {
 	t.Parallel()
 	c := startCollector(t)
-	status := freeAddr(t)
+	status := testkit.FreeAddr(t)
 	sock := c.startAgent("node", "sim:1", "--status-listen", status)
 	const clients, steps = 1000, 3
 	// Phase 1: every client joins and reports its steps; phase 2 (once all
@@ -211,7 +212,7 @@ func TestThousandConcurrentClients(t *testing.T) {
 func TestNonReadingFloodersDoNotDisturbOthers(t *testing.T) {
 	t.Parallel()
 	c := startCollector(t, "--status-listen", "127.0.0.1:0")
-	status := freeAddr(t)
+	status := testkit.FreeAddr(t)
 	sock := c.startAgent("node", "sim:2", "--status-listen", status)
 
 	calm := dialTrainer(t, sock)

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -130,7 +131,7 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	hook := newHookReceiver(t)
 	// 2 sim GPUs at $144/GPU-hour cost $0.08/s: the $0.80 budget is used up
 	// after about 10 s of the 15 s run.
-	addr, data := freeAddr(t), filepath.Join(t.TempDir(), "data")
+	addr, data := testkit.FreeAddr(t), filepath.Join(t.TempDir(), "data")
 	collectorArgs := []string{"--gpu-price-per-hour", "144", "--webhook", hook.srv.URL + "/alerts"}
 	c, collector := collectorAt(t, addr, data, collectorArgs...)
 	sock := c.startAgent("budget-node", "sim:2")

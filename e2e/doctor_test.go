@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -57,7 +58,7 @@ func doctor(t *testing.T, args ...string) (string, int) {
 func TestDoctorWithoutDriverFailsClearly(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	out, code := doctor(t, "--gpu", "nvml", "--socket", filepath.Join(dir, "agent.sock"), "--spool", filepath.Join(dir, "spool"), "--collector", freeAddr(t))
+	out, code := doctor(t, "--gpu", "nvml", "--socket", filepath.Join(dir, "agent.sock"), "--spool", filepath.Join(dir, "spool"), "--collector", testkit.FreeAddr(t))
 	if strings.Contains(out, "NVML loaded") {
 		t.Skipf("this machine has an NVIDIA driver:\n%s", out)
 	}

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -86,7 +87,7 @@ type faultCluster struct {
 
 func newFaultCluster(t *testing.T) *faultCluster {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -311,7 +312,7 @@ func TestFaultCorruptDatabaseAtStart(t *testing.T) {
 			_ = os.WriteFile(filepath.Join(dir, "MANIFEST"), []byte("this is not a badger manifest at all"), 0o640)
 		},
 		"truncated MANIFEST of a real database": func(t *testing.T, dir string) {
-			p := startProc(t, "trainmeter", "serve", "--listen", freeAddr(t), "--data", dir)
+			p := startProc(t, "trainmeter", "serve", "--listen", testkit.FreeAddr(t), "--data", dir)
 			deadline := time.Now().Add(20 * time.Second)
 			for {
 				if fi, err := os.Stat(filepath.Join(dir, "MANIFEST")); err == nil && fi.Size() > 8 {
@@ -337,7 +338,7 @@ func TestFaultCorruptDatabaseAtStart(t *testing.T) {
 			corrupt(t, dir)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			out, err := exec.CommandContext(ctx, filepath.Join(binDir, "trainmeter"), "serve", "--listen", freeAddr(t), "--data", dir).CombinedOutput()
+			out, err := exec.CommandContext(ctx, filepath.Join(binDir, "trainmeter"), "serve", "--listen", testkit.FreeAddr(t), "--data", dir).CombinedOutput()
 			ee, ok := err.(*exec.ExitError)
 			if !ok || ee.ExitCode() <= 0 {
 				t.Fatalf("serve on a corrupt database: err %v (want a non-zero exit)\n%s", err, out)

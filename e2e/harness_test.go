@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/trainmeter/trainmeter/internal/oteltest"
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -44,16 +45,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // daemon starts a binary in the background and stops it (SIGINT) at cleanup,
 // showing its log if the test failed.
 func daemon(t *testing.T, name string, args ...string) *exec.Cmd {
@@ -69,7 +60,7 @@ type cluster struct {
 
 func startCollector(t *testing.T, extra ...string) *cluster {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	daemon(t, "trainmeter", append([]string{"serve", "--listen", addr, "--data", filepath.Join(t.TempDir(), "data")}, extra...)...)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/internal/oteltest"
+	"github.com/trainmeter/trainmeter/internal/testkit"
 )
 
 // TestPrometheusScrapesTrainmeter has a real Prometheus (Debian package)
@@ -22,10 +23,10 @@ func TestPrometheusScrapesTrainmeter(t *testing.T) {
 	t.Parallel()
 	prometheus := oteltest.Tool(t, "prometheus")
 	promtool := oteltest.Tool(t, "promtool")
-	metricsAddr := freeAddr(t)
+	metricsAddr := testkit.FreeAddr(t)
 	c := startCollector(t, "--prometheus-listen", metricsAddr, "--gpu-price-per-hour", "2")
 	// The agent also serves its own GPUs directly (no collector in between).
-	agentMetricsAddr := freeAddr(t)
+	agentMetricsAddr := testkit.FreeAddr(t)
 	sock := c.startAgent("prom-node", "replay:"+writeTrace(t, 2, 300, 300, 120), "--warmup", "30s", "--prometheus-listen", agentMetricsAddr)
 	c.waitStreaming("prom-node")
 
@@ -43,7 +44,7 @@ scrape_configs:
 `, metricsAddr, agentMetricsAddr)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	promAddr := freeAddr(t)
+	promAddr := testkit.FreeAddr(t)
 	oteltest.Start(t, "prometheus", prometheus, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "tsdb"),
 		"--web.listen-address="+promAddr)
 	server := "http://" + promAddr

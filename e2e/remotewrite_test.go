@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/internal/oteltest"
+	"github.com/trainmeter/trainmeter/internal/testkit"
 )
 
 // TestExamplePipelineToPrometheusRemoteWrite runs the example pipeline of
@@ -28,7 +29,7 @@ func TestExamplePipelineToPrometheusRemoteWrite(t *testing.T) {
 	if err := os.WriteFile(promCfg, []byte("global:\n  scrape_interval: 15s\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	promAddr := freeAddr(t)
+	promAddr := testkit.FreeAddr(t)
 	oteltest.Start(t, "prometheus", prometheus, "--config.file="+promCfg, "--storage.tsdb.path="+filepath.Join(dir, "tsdb"),
 		"--web.listen-address="+promAddr, "--web.enable-remote-write-receiver")
 
@@ -37,7 +38,7 @@ func TestExamplePipelineToPrometheusRemoteWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
+	grpcAddr, httpAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	cfg := strings.NewReplacer("0.0.0.0:4317", grpcAddr, "0.0.0.0:4318", httpAddr).Replace(string(example))
 	if !strings.Contains(cfg, grpcAddr) || !strings.Contains(cfg, httpAddr) {
 		t.Fatal("the example config no longer listens on 0.0.0.0:4317 and 0.0.0.0:4318")

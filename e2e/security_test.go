@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -23,7 +24,7 @@ import (
 // collector's log file.
 func startSecureCollector(t *testing.T, dial []grpc.DialOption, extra ...string) (*cluster, string) {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	cmd := daemon(t, "trainmeter", append([]string{"serve", "--listen", addr, "--data", filepath.Join(t.TempDir(), "data")}, extra...)...)
 	conn, err := grpc.NewClient(addr, dial...)
 	if err != nil {

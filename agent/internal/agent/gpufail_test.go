@@ -1,16 +1,15 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
@@ -30,29 +29,12 @@ func (b *oneLost) Read(now time.Time, dst []gpu.Sample) error {
 	return err
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A GPU that stops reading is logged once, not at every 50 ms tick, and once
 // more when it reads again.
 func TestGPUReadFailureLoggedOnce(t *testing.T) {
 	fake := clock.NewFake(time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC))
 	backend := &oneLost{Backend: simgpu.New(2, 1)}
-	var logs lockedBuffer
+	var logs testkit.Buffer
 	cfg := DefaultConfig()
 	cfg.Collector = "127.0.0.1:1"
 	cfg.Socket = t.TempDir() + "/agent.sock"

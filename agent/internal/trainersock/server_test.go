@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
+	"github.com/trainmeter/trainmeter/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -84,17 +85,6 @@ func (r *recorder) numDisconnected() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.disc)
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func sockPath(t *testing.T) string {
@@ -176,7 +166,7 @@ func TestEventsInOrderAndPeerCred(t *testing.T) {
 		c.send(fmt.Sprintf(`{"event":"step","run_id":"r1","step":%d,"tokens":%d}`, i, i*10))
 	}
 	c.send(`{"event":"eval","run_id":"r1","epoch":1,"val_loss":1.5}`, `{"event":"run_end","run_id":"r1"}`)
-	eventually(t, "53 events", func() bool { return rec.numEvents() == 53 })
+	testkit.Eventually(t, "53 events", func() bool { return rec.numEvents() == 53 })
 
 	evs := rec.snapshot()
 	if rs, ok := evs[0].ev.(*trainerproto.RunStart); !ok || rs.Model != "m" || rs.Labels["team"] != "nlp" || len(rs.GPUs) != 2 {
@@ -206,7 +196,7 @@ func TestEventsInOrderAndPeerCred(t *testing.T) {
 	}
 
 	c.c.Close()
-	eventually(t, "Disconnected", func() bool { return rec.numDisconnected() == 1 })
+	testkit.Eventually(t, "Disconnected", func() bool { return rec.numDisconnected() == 1 })
 	time.Sleep(20 * time.Millisecond)
 	rec.mu.Lock()
 	if rec.disc[p.ConnID] != 1 {
@@ -268,7 +258,7 @@ func TestBadLinesGetErrorLines(t *testing.T) {
 			t.Errorf("reply %d = %q, want %q", i, got, w)
 		}
 	}
-	eventually(t, "3 events", func() bool { return rec.numEvents() == 3 })
+	testkit.Eventually(t, "3 events", func() bool { return rec.numEvents() == 3 })
 	evs := rec.snapshot()
 	if evs[0].ev.(*trainerproto.Step).Tokens != 7 || evs[1].ev.RunID() != "reject-me" || evs[2].ev.(*trainerproto.Step).Tokens != 8 {
 		t.Fatalf("events = %v", evs)
@@ -307,7 +297,7 @@ func TestTenMegabyteLine(t *testing.T) {
 	if err := <-writeErr; err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the valid line after the long one", func() bool { return rec.numEvents() == 1 })
+	testkit.Eventually(t, "the valid line after the long one", func() bool { return rec.numEvents() == 1 })
 	runtime.ReadMemStats(&after)
 	t.Logf("allocated %d bytes while reading", after.TotalAlloc-before.TotalAlloc)
 	if d := after.TotalAlloc - before.TotalAlloc; d > 4<<20 {
@@ -343,7 +333,7 @@ func TestLineLimitBoundary(t *testing.T) {
 	if got, want := c.readLine(), errLine(fmt.Sprintf("line too long: %d bytes > 100", len(huge)), 3); got != want {
 		t.Fatalf("got %q, want %q", got, want)
 	}
-	eventually(t, "2 events", func() bool { return rec.numEvents() == 2 })
+	testkit.Eventually(t, "2 events", func() bool { return rec.numEvents() == 2 })
 }
 
 func TestLinesLongerThanReadBuffer(t *testing.T) {
@@ -360,7 +350,7 @@ func TestLinesLongerThanReadBuffer(t *testing.T) {
 		t.Fatalf("test line too short: %d", len(line))
 	}
 	c.send(line, line)
-	eventually(t, "2 events", func() bool { return rec.numEvents() == 2 })
+	testkit.Eventually(t, "2 events", func() bool { return rec.numEvents() == 2 })
 	for _, e := range rec.snapshot() {
 		rs := e.ev.(*trainerproto.RunStart)
 		if rs.Notes != notes || len(rs.Labels) != 60 {
@@ -405,7 +395,7 @@ func TestConcurrentClients(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "all clients disconnected", func() bool { return rec.numDisconnected() == clients })
+	testkit.Eventually(t, "all clients disconnected", func() bool { return rec.numDisconnected() == clients })
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if rec.steps != clients*steps {
@@ -437,7 +427,7 @@ func TestClientThatNeverReads(t *testing.T) {
 	}
 	lazy := dial(t, s.cfg.Path)
 	lazy.send(`{"event":"run_start","run_id":"lazy"}`)
-	eventually(t, "run_start", func() bool { return rec.numEvents() == 1 })
+	testkit.Eventually(t, "run_start", func() bool { return rec.numEvents() == 1 })
 	lazyID := rec.snapshot()[0].peer.ConnID
 
 	line := trainerproto.AdviceLine("lazy", 8, 4, strings.Repeat("r", 1000))
@@ -461,7 +451,7 @@ func TestClientThatNeverReads(t *testing.T) {
 	// Another client is unaffected, both ways.
 	other := dial(t, s.cfg.Path)
 	other.send(`{"event":"run_start","run_id":"busy"}`)
-	eventually(t, "second run_start", func() bool { return rec.numEvents() == 2 })
+	testkit.Eventually(t, "second run_start", func() bool { return rec.numEvents() == 2 })
 	otherID := rec.snapshot()[1].peer.ConnID
 	stop := trainerproto.StopLine("busy", "budget exceeded")
 	if !s.Send(otherID, stop) {
@@ -472,7 +462,7 @@ func TestClientThatNeverReads(t *testing.T) {
 	}
 	// The lazy client's events still get through.
 	lazy.send(`{"event":"step","run_id":"lazy","tokens":5}`)
-	eventually(t, "lazy step", func() bool { return rec.numEvents() == 3 })
+	testkit.Eventually(t, "lazy step", func() bool { return rec.numEvents() == 3 })
 
 	st := s.Stats()
 	if st.Dropped < uint64(failed) || st.Sent == 0 {
@@ -544,7 +534,7 @@ func TestStaleSocketReplaced(t *testing.T) {
 	s := start(t, Config{Path: path}, rec)
 	c := dial(t, path)
 	c.send(`{"event":"run_end","run_id":"r"}`)
-	eventually(t, "event", func() bool { return rec.numEvents() == 1 })
+	testkit.Eventually(t, "event", func() bool { return rec.numEvents() == 1 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -569,7 +559,7 @@ func TestRefusesLiveSocket(t *testing.T) {
 	rec := first.h.(*recorder)
 	c := dial(t, first.cfg.Path)
 	c.send(`{"event":"run_end","run_id":"r"}`)
-	eventually(t, "event", func() bool { return rec.numEvents() == 1 })
+	testkit.Eventually(t, "event", func() bool { return rec.numEvents() == 1 })
 	if err := s.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -601,17 +591,17 @@ func TestMaxConns(t *testing.T) {
 	a, b := dial(t, s.cfg.Path), dial(t, s.cfg.Path)
 	a.send(`{"event":"run_end","run_id":"a"}`)
 	b.send(`{"event":"run_end","run_id":"b"}`)
-	eventually(t, "2 events", func() bool { return rec.numEvents() == 2 })
+	testkit.Eventually(t, "2 events", func() bool { return rec.numEvents() == 2 })
 	c := dial(t, s.cfg.Path)
 	if got, want := c.readLine(), errLine("too many connections (limit 2)", 0); got != want {
 		t.Fatalf("got %q, want %q", got, want)
 	}
 	c.expectEOF()
 	a.c.Close()
-	eventually(t, "a disconnected", func() bool { return rec.numDisconnected() == 1 })
+	testkit.Eventually(t, "a disconnected", func() bool { return rec.numDisconnected() == 1 })
 	d := dial(t, s.cfg.Path)
 	d.send(`{"event":"run_end","run_id":"d"}`)
-	eventually(t, "d's event", func() bool { return rec.numEvents() == 3 })
+	testkit.Eventually(t, "d's event", func() bool { return rec.numEvents() == 3 })
 	if st := s.Stats(); st.ConnsRejected != 1 || st.ConnsAccepted != 3 || st.ConnsActive != 2 {
 		t.Errorf("stats = %+v", st)
 	}
@@ -625,7 +615,7 @@ func TestSendUnknownOrClosed(t *testing.T) {
 	}
 	c := dial(t, s.cfg.Path)
 	c.send(`{"event":"run_start","run_id":"r"}`)
-	eventually(t, "event", func() bool { return rec.numEvents() == 1 })
+	testkit.Eventually(t, "event", func() bool { return rec.numEvents() == 1 })
 	id := rec.snapshot()[0].peer.ConnID
 	// A line without its newline gets one.
 	if !s.Send(id, []byte(`{"event":"stop","run_id":"r"}`)) {
@@ -635,7 +625,7 @@ func TestSendUnknownOrClosed(t *testing.T) {
 		t.Fatalf("got %q", got)
 	}
 	c.c.Close()
-	eventually(t, "disconnect", func() bool { return rec.numDisconnected() == 1 })
+	testkit.Eventually(t, "disconnect", func() bool { return rec.numDisconnected() == 1 })
 	if s.Send(id, trainerproto.StopLine("r", "x")) {
 		t.Fatal("Send to closed conn succeeded")
 	}
@@ -657,7 +647,7 @@ func TestHalfCloseStillGetsReplies(t *testing.T) {
 		t.Fatalf("got %q, want %q", got, want)
 	}
 	c.expectEOF()
-	eventually(t, "disconnect", func() bool { return rec.numDisconnected() == 1 })
+	testkit.Eventually(t, "disconnect", func() bool { return rec.numDisconnected() == 1 })
 	evs := rec.snapshot()
 	if len(evs) != 2 || evs[0].ev.RunID() != "ok" || evs[1].ev.RunID() != "last" {
 		t.Fatalf("events = %v", evs)
@@ -686,7 +676,7 @@ func TestShutdownClosesEverything(t *testing.T) {
 		c.send(fmt.Sprintf(`{"event":"run_start","run_id":"r%d"}`, i))
 		clients = append(clients, c)
 	}
-	eventually(t, "10 events", func() bool { return rec.numEvents() == 10 })
+	testkit.Eventually(t, "10 events", func() bool { return rec.numEvents() == 10 })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := s.Shutdown(ctx); err != nil {

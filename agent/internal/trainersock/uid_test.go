@@ -1,6 +1,7 @@
 package trainersock
 
 import (
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	"os"
 	"strconv"
 	"testing"
@@ -14,7 +15,7 @@ func TestUIDAllowList(t *testing.T) {
 	s := start(t, Config{AllowedUIDs: []uint32{me + 1, me}}, rec)
 	c := dial(t, s.cfg.Path)
 	c.send(`{"event":"run_end","run_id":"ok"}`)
-	eventually(t, "the allowed peer's event", func() bool { return rec.numEvents() == 1 })
+	testkit.Eventually(t, "the allowed peer's event", func() bool { return rec.numEvents() == 1 })
 
 	// A list without it: one error line, then the connection is closed,
 	// and nothing reaches the handler.
@@ -40,5 +41,5 @@ func TestUIDAllowList(t *testing.T) {
 	rec3 := newRecorder()
 	s3 := start(t, Config{}, rec3)
 	dial(t, s3.cfg.Path).send(`{"event":"run_end","run_id":"any"}`)
-	eventually(t, "event with no allow-list", func() bool { return rec3.numEvents() == 1 })
+	testkit.Eventually(t, "event with no allow-list", func() bool { return rec3.numEvents() == 1 })
 }

@@ -1,7 +1,6 @@
 package alert
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
@@ -58,17 +58,6 @@ func (r *receiver) counts() (posts, accepted int) {
 	return r.posts, len(r.accepted)
 }
 
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 var fast = WebhookConfig{BaseBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxAttempts: 5}
 
 // retries lets n backoff waits of the sender pass on clk: it advances the
@@ -95,7 +84,7 @@ func TestWebhookRetriesThenDeliversOnce(t *testing.T) {
 	defer shutdown(t, w)
 	w.Alert(context.Background(), Alert{ID: "a1", Kind: KindBudget, Severity: SeverityInfo, Threshold: 0.5, Message: "m"})
 	retries(t, clk, 3, cfg.MaxBackoff)
-	waitFor(t, "delivery", func() bool { _, n := r.counts(); return n == 1 })
+	testkit.Eventually(t, "delivery", func() bool { _, n := r.counts(); return n == 1 })
 	r.mu.Lock()
 	if r.accepted[0].ID != "a1" || r.accepted[0].Threshold != 0.5 || r.header.Get("Idempotency-Key") != "a1" || r.header.Get("Content-Type") != "application/json" {
 		t.Errorf("delivered %+v with headers %v", r.accepted[0], r.header)
@@ -104,7 +93,7 @@ func TestWebhookRetriesThenDeliversOnce(t *testing.T) {
 	// One sender per URL takes alerts in order: once the next alert is in,
 	// a1's delivery is over.
 	w.Alert(context.Background(), Alert{ID: "next"})
-	waitFor(t, "the next alert", func() bool { _, n := r.counts(); return n == 2 })
+	testkit.Eventually(t, "the next alert", func() bool { _, n := r.counts(); return n == 2 })
 	if posts, n := r.counts(); posts != 5 || n != 2 || clk.Waiters() != 0 {
 		t.Errorf("%d POSTs, %d accepted, %d retries pending: want 3 failures retried, one delivery, then the next alert", posts, n, clk.Waiters())
 	}
@@ -124,7 +113,7 @@ func TestWebhookDoesNotRetry4xxAndGivesUp(t *testing.T) {
 	// The sender takes alerts in order: once "next" is in, it gave up on
 	// the others.
 	w.Alert(context.Background(), Alert{ID: "next"})
-	waitFor(t, "the next alert", func() bool { _, n := r.counts(); return n == 1 })
+	testkit.Eventually(t, "the next alert", func() bool { _, n := r.counts(); return n == 1 })
 	if p, n := r.counts(); p != 7 || n != 1 || r.accepted[0].ID != "next" || clk.Waiters() != 0 {
 		t.Errorf("%d POSTs %d accepted, %d retries pending: want 1 for the 404, 5 (MaxAttempts) for the 503s, then the next alert", p, n, clk.Waiters())
 	}
@@ -140,7 +129,7 @@ func TestWebhookPendingSurvivesRestart(t *testing.T) {
 	w := NewWebhooks(cfg, st, quiet())
 	start(t, w)
 	w.Alert(context.Background(), Alert{ID: "p1", Message: "pending"})
-	waitFor(t, "first attempt", func() bool { p, _ := down.counts(); return p == 1 })
+	testkit.Eventually(t, "first attempt", func() bool { p, _ := down.counts(); return p == 1 })
 	shutdown(t, w) // waiting an hour to retry: stops, the alert stays pending
 
 	// Same URL, now answering 200: the receiver behind it is the same one.
@@ -150,9 +139,9 @@ func TestWebhookPendingSurvivesRestart(t *testing.T) {
 	w = NewWebhooks(cfg, st, quiet())
 	start(t, w)
 	defer shutdown(t, w)
-	waitFor(t, "redelivery", func() bool { _, n := down.counts(); return n == 1 })
+	testkit.Eventually(t, "redelivery", func() bool { _, n := down.counts(); return n == 1 })
 	pending := 0
-	waitFor(t, "pending record removed", func() bool {
+	testkit.Eventually(t, "pending record removed", func() bool {
 		pending = 0
 		_ = st.ScanRecords(NSWebhookPending, "", func(string, []byte) (bool, error) { pending++; return true, nil })
 		return pending == 0
@@ -170,7 +159,7 @@ func TestWebhookSameURLTwice(t *testing.T) {
 	start(t, w)
 	defer shutdown(t, w)
 	w.Alert(context.Background(), Alert{ID: "once"})
-	waitFor(t, "delivery", func() bool { _, n := r.counts(); return n == 1 })
+	testkit.Eventually(t, "delivery", func() bool { _, n := r.counts(); return n == 1 })
 	shutdown(t, w) // a second sender, if any, has POSTed by now
 	if p, n := r.counts(); p != 1 || n != 1 {
 		t.Errorf("%d POSTs, %d accepted: want the alert once", p, n)
@@ -188,8 +177,8 @@ func TestWebhookTwoReceiversPendingApart(t *testing.T) {
 	w := NewWebhooks(cfg, st, quiet())
 	start(t, w)
 	w.Alert(context.Background(), Alert{ID: "a1"})
-	waitFor(t, "delivery to the receiver that is up", func() bool { _, n := up.counts(); return n == 1 })
-	waitFor(t, "first attempt at the one that is down", func() bool { p, _ := down.counts(); return p == 1 })
+	testkit.Eventually(t, "delivery to the receiver that is up", func() bool { _, n := up.counts(); return n == 1 })
+	testkit.Eventually(t, "first attempt at the one that is down", func() bool { p, _ := down.counts(); return p == 1 })
 	shutdown(t, w) // the down one's retry is an hour away: it stays pending
 
 	down.mu.Lock()
@@ -198,7 +187,7 @@ func TestWebhookTwoReceiversPendingApart(t *testing.T) {
 	w = NewWebhooks(cfg, st, quiet())
 	start(t, w)
 	defer shutdown(t, w)
-	waitFor(t, "redelivery to the receiver that was down", func() bool { _, n := down.counts(); return n == 1 })
+	testkit.Eventually(t, "redelivery to the receiver that was down", func() bool { _, n := down.counts(); return n == 1 })
 	shutdown(t, w) // the restarted senders re-queued what was pending at start
 	if p, n := up.counts(); p != 1 || n != 1 {
 		t.Errorf("the receiver that accepted got %d POSTs (%d accepted), want 1", p, n)
@@ -225,24 +214,6 @@ func TestWebhookNeverBlocks(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestWebhookLogsNoSecret: webhook URLs often carry a secret in the path;
 // the logs name only the host, also for network errors.
 func TestWebhookLogsNoSecret(t *testing.T) {
@@ -250,14 +221,14 @@ func TestWebhookLogsNoSecret(t *testing.T) {
 	dead := httptest.NewServer(http.NotFoundHandler())
 	deadURL := dead.URL + "/services/T0/B0/s3cr3t-dead"
 	dead.Close() // connection refused from now on
-	var logs syncBuffer
+	var logs testkit.Buffer
 	cfg := fast
 	cfg.MaxAttempts = 2
 	cfg.URLs = []string{r.srv.URL + "/services/T0/B0/s3cr3t-live", deadURL}
 	w := NewWebhooks(cfg, nil, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	start(t, w)
 	w.Alert(context.Background(), Alert{ID: "x"})
-	waitFor(t, "both deliveries given up", func() bool { return strings.Count(logs.String(), "webhook delivery failed\"") >= 2 })
+	testkit.Eventually(t, "both deliveries given up", func() bool { return strings.Count(logs.String(), "webhook delivery failed\"") >= 2 })
 	shutdown(t, w)
 	if out := logs.String(); strings.Contains(out, "s3cr3t") || !strings.Contains(out, "127.0.0.1") {
 		t.Errorf("logs:\n%s", out)

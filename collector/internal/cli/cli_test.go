@@ -17,15 +17,13 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
-		goleak.IgnoreTopFunction("github.com/dgraph-io/ristretto/v2/z.(*AllocatorPool).freeupAllocators"),
-	)
+	goleak.VerifyTestMain(m, testkit.GoleakOptions()...)
 }
 
 // liveCollector starts an in-process collector with one finished run.
@@ -169,7 +167,7 @@ func TestServeFlags(t *testing.T) {
 func TestServeUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cmd := NewRootCommand(func(string) string { return "" })
-	var out syncBuffer
+	var out testkit.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
 	cmd.SetArgs([]string{"serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--log-level", "info"})

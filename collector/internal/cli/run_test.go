@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -84,9 +85,9 @@ func (a *fakeAgent) waitEvents(t *testing.T, n int) []map[string]any {
 	return nil
 }
 
-func testOptions(socket string) (*runOptions, *bytes.Buffer, *syncBuffer) {
+func testOptions(socket string) (*runOptions, *bytes.Buffer, *testkit.Buffer) {
 	var out bytes.Buffer
-	errb := &syncBuffer{}
+	errb := &testkit.Buffer{}
 	return &runOptions{socket: socket, runID: "r1", meta: map[string]any{}, statusEvery: time.Hour,
 		reportWait: time.Second, tick: time.Second, stdin: strings.NewReader(""), stdout: &out, stderr: errb}, &out, errb
 }

@@ -14,14 +14,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
-		goleak.IgnoreTopFunction("github.com/dgraph-io/ristretto/v2/z.(*AllocatorPool).freeupAllocators"),
-	)
+	goleak.VerifyTestMain(m, testkit.GoleakOptions()...)
 }
 
 // The load generator drives a real in-process collector over loopback gRPC:

@@ -1,12 +1,10 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -36,23 +35,6 @@ const (
 
 var allSecrets = []string{tokNode1, tokNode2, tokRead, tokAdmin, tokWrong, tokNew}
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	if err := tlstest.WriteFile(path, []byte(content)); err != nil {
@@ -62,7 +44,7 @@ func writeFile(t *testing.T, path, content string) {
 
 // secured starts a collector with mTLS and all three kinds of token, logging
 // at debug level into the returned buffer.
-func secured(t *testing.T) (srv *server.Server, files *tlstest.Files, dir string, log *syncBuf) {
+func secured(t *testing.T) (srv *server.Server, files *tlstest.Files, dir string, log *testkit.Buffer) {
 	t.Helper()
 	dir = t.TempDir()
 	files, err := tlstest.Write(dir)
@@ -72,7 +54,7 @@ func secured(t *testing.T) (srv *server.Server, files *tlstest.Files, dir string
 	writeFile(t, filepath.Join(dir, "ingest.yaml"), "node-1: "+tokNode1+"\nnode-2: "+tokNode2+"\n")
 	writeFile(t, filepath.Join(dir, "read"), tokRead+"\n")
 	writeFile(t, filepath.Join(dir, "admin"), tokAdmin+"\n")
-	log = &syncBuf{}
+	log = &testkit.Buffer{}
 	cfg := server.Config{
 		Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, "data"), Now: tu.Now,
 		TLSCertFile: files.ServerCert, TLSKeyFile: files.ServerKey, TLSClientCAFile: files.CAFile,
@@ -329,7 +311,7 @@ func TestPlaintextOnANonLoopbackAddressWarnsOnce(t *testing.T) {
 		listen string
 		warns  int
 	}{{"127.0.0.1:0", 0}, {"0.0.0.0:0", 1}} {
-		log := &syncBuf{}
+		log := &testkit.Buffer{}
 		srv := server.New(server.Config{Listen: c.listen, DataDir: t.TempDir()}, slog.New(slog.NewTextHandler(log, nil)))
 		if err := srv.Start(t.Context()); err != nil {
 			t.Fatal(err)

@@ -1,14 +1,12 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"math"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,14 +18,12 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
-		goleak.IgnoreTopFunction("github.com/dgraph-io/ristretto/v2/z.(*AllocatorPool).freeupAllocators"),
-	)
+	goleak.VerifyTestMain(m, testkit.GoleakOptions()...)
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -324,7 +320,7 @@ func TestStoreRunsOnTheConfiguredClock(t *testing.T) {
 // TestNilLoggerDiscards: a nil logger means the same as in the agent:
 // nothing is logged, not even to the process-wide default logger.
 func TestNilLoggerDiscards(t *testing.T) {
-	var logged syncBuffer
+	var logged testkit.Buffer
 	prev := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
 	defer slog.SetDefault(prev)
@@ -340,22 +336,4 @@ func TestNilLoggerDiscards(t *testing.T) {
 	if out := logged.String(); out != "" {
 		t.Errorf("a collector with a nil logger wrote to the default logger:\n%s", out)
 	}
-}
-
-// syncBuffer is a log sink for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/internal/oteltest"
+	"github.com/trainmeter/trainmeter/internal/testkit"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
@@ -24,12 +25,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
+	goleak.VerifyTestMain(m, append(testkit.GoleakOptions(),
 		// badger's and the SDK's process-wide background goroutines.
 		goleak.IgnoreAnyFunction("github.com/dgraph-io/ristretto/v2/z.(*Closer).WaitForShutdown"),
 		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
-	)
+	)...)
 }
 
 // budgets and recs are small real sources, as the budget and advice
