@@ -131,8 +131,8 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	hook := newHookReceiver(t)
 	// 2 sim GPUs at $144/GPU-hour cost $0.08/s: the $0.80 budget is used up
 	// after about 10 s of the 15 s run.
-	addr, data := testkit.FreeAddr(t), filepath.Join(t.TempDir(), "data")
-	collectorArgs := []string{"--gpu-price-per-hour", "144", "--webhook", hook.srv.URL + "/alerts"}
+	addr, data, statusAddr := testkit.FreeAddr(t), filepath.Join(t.TempDir(), "data"), testkit.FreeAddr(t)
+	collectorArgs := []string{"--gpu-price-per-hour", "144", "--webhook", hook.srv.URL + "/alerts", "--status-listen", statusAddr}
 	c, collector := collectorAt(t, addr, data, collectorArgs...)
 	sock := c.startAgent("budget-node", "sim:2")
 	c.waitStreaming("budget-node")
@@ -154,7 +154,9 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 		got, _ := hook.budgetAlerts("e2e-team-budget")
 		return len(got) == len(want)
 	})
-	time.Sleep(3 * time.Second) // anything extra would arrive now
+	// Anything extra (a redelivery) would be queued or in flight: wait
+	// until the collector's webhook senders are idle.
+	c.eventually("webhook senders idle", func() bool { return collectorAlerts(t, statusAddr).WebhooksBusy == 0 })
 	got, posts := hook.budgetAlerts("e2e-team-budget")
 	for _, k := range want {
 		if got[k] != 1 {
@@ -252,7 +254,10 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	// and fires nothing new.
 	stopDaemon(c, collector)
 	c, _ = collectorAt(t, addr, data, collectorArgs...)
-	time.Sleep(4 * time.Second)
+	c.eventually("a budget evaluation after the restart, its alerts (if any) sent", func() bool {
+		a := collectorAlerts(t, statusAddr)
+		return a.BudgetEvaluations >= 1 && a.WebhooksBusy == 0
+	})
 	if got, posts := hook.budgetAlerts("e2e-team-budget"); posts != 2*len(want) || len(got) != len(want) {
 		t.Errorf("after a restart: %d POSTs, alerts %v: an alert fired again", posts, got)
 	}
@@ -405,4 +410,26 @@ func TestPriceAlertsFromVastAILikeServer(t *testing.T) {
 			t.Errorf("prices table lacks %q:\n%s", want, table)
 		}
 	}
+}
+
+// collectorAlerts reads the alerts block of the collector's GET /status
+// (zero while it cannot be read, e.g. while the collector starts).
+func collectorAlerts(t *testing.T, statusAddr string) (a struct {
+	BudgetEvaluations uint64 `json:"budget_evaluations"`
+	WebhooksBusy      int    `json:"webhooks_busy"`
+}) {
+	t.Helper()
+	resp, err := http.Get("http://" + statusAddr + "/status")
+	if err != nil {
+		a.WebhooksBusy = -1
+		return a
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Alerts json.RawMessage `json:"alerts"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&st) != nil || json.Unmarshal(st.Alerts, &a) != nil {
+		a.WebhooksBusy = -1
+	}
+	return a
 }

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/trainmeter/trainmeter/pkg/clock"
@@ -103,6 +104,9 @@ type Webhooks struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// busy counts the alerts queued or being delivered, over all URLs.
+	busy atomic.Int64
 }
 
 type hook struct {
@@ -144,9 +148,11 @@ func (w *Webhooks) Start(context.Context) error {
 			_ = w.store.ScanRecords(NSWebhookPending, h.tag, func(_ string, v []byte) (bool, error) {
 				var a Alert
 				if json.Unmarshal(v, &a) == nil {
+					w.busy.Add(1)
 					select {
 					case h.queue <- a:
 					default:
+						w.busy.Add(-1)
 					}
 				}
 				return true, nil
@@ -170,6 +176,11 @@ func (w *Webhooks) Shutdown(ctx context.Context) error {
 	return lifecycle.Wait(ctx, stopped, "webhook senders")
 }
 
+// Busy is how many alerts are queued or being delivered (retries
+// included), over all URLs: 0 when the senders are idle. An alert left
+// pending by a stop counts again once a sender re-queues it.
+func (w *Webhooks) Busy() int { return int(w.busy.Load()) }
+
 // Alert implements Sink.
 func (w *Webhooks) Alert(_ context.Context, a Alert) {
 	for _, h := range w.hooks {
@@ -180,9 +191,11 @@ func (w *Webhooks) Alert(_ context.Context, a Alert) {
 				}
 			}
 		}
+		w.busy.Add(1)
 		select {
 		case h.queue <- a:
 		default:
+			w.busy.Add(-1)
 			w.log.Error("webhook queue full: alert dropped", "url", h.logURL, "alert", a.ID, "message", a.Message)
 		}
 	}
@@ -199,6 +212,7 @@ func (w *Webhooks) run(h *hook) {
 			if done && w.store != nil {
 				_ = w.store.DeleteRecord(NSWebhookPending, h.tag+a.ID)
 			}
+			w.busy.Add(-1)
 		}
 	}
 }

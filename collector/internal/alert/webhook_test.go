@@ -94,6 +94,7 @@ func TestWebhookRetriesThenDeliversOnce(t *testing.T) {
 	// a1's delivery is over.
 	w.Alert(context.Background(), Alert{ID: "next"})
 	testkit.Eventually(t, "the next alert", func() bool { _, n := r.counts(); return n == 2 })
+	testkit.Eventually(t, "the senders idle", func() bool { return w.Busy() == 0 })
 	if posts, n := r.counts(); posts != 5 || n != 2 || clk.Waiters() != 0 {
 		t.Errorf("%d POSTs, %d accepted, %d retries pending: want 3 failures retried, one delivery, then the next alert", posts, n, clk.Waiters())
 	}

@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -209,9 +210,11 @@ type Manager struct {
 	// The runs as last loaded (guarded by evalMu): only the runs batches
 	// touched are reloaded, and everything every FullReload (which also
 	// catches deleted runs).
-	evalMu   sync.Mutex
-	cache    map[string]run
-	lastFull time.Time
+	evalMu sync.Mutex
+	// evaluations counts the evaluations ended (Evaluations).
+	evaluations atomic.Uint64
+	cache       map[string]run
+	lastFull    time.Time
 
 	stop chan struct{}
 	done chan struct{}
@@ -503,11 +506,16 @@ func (m *Manager) statuses(budgets []Budget, runs []run) map[string][]*Status {
 	return out
 }
 
+// Evaluations is how many evaluations have ended since the manager was
+// built (failed ones included).
+func (m *Manager) Evaluations() uint64 { return m.evaluations.Load() }
+
 // Evaluate fires the alerts now due and sends stop advisories. Tests call
 // it directly; the loop calls it when runs or budgets changed.
 func (m *Manager) Evaluate(ctx context.Context) error {
 	m.evalMu.Lock()
 	defer m.evalMu.Unlock()
+	defer m.evaluations.Add(1)
 	capErr := m.evaluateCaps(ctx)
 	budgets, err := m.Budgets()
 	if err != nil || len(budgets) == 0 {

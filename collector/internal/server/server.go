@@ -182,19 +182,20 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 
-	mu      sync.Mutex
-	started bool
-	store   *store.Store
-	ingest  *ingest.Server
-	advisor *advisor.Advisor
-	loops   []lifecycle.Component // started background loops, in start order
-	budgets *budget.Manager
-	prices  *pricewatch.Watcher
-	grpc    *grpc.Server
-	health  *health.Server
-	lis     net.Listener
-	served  chan struct{}
-	stopped bool
+	mu       sync.Mutex
+	started  bool
+	store    *store.Store
+	ingest   *ingest.Server
+	advisor  *advisor.Advisor
+	loops    []lifecycle.Component // started background loops, in start order
+	budgets  *budget.Manager
+	webhooks *alert.Webhooks
+	prices   *pricewatch.Watcher
+	grpc     *grpc.Server
+	health   *health.Server
+	lis      net.Listener
+	served   chan struct{}
+	stopped  bool
 
 	// Self-observability (status.go).
 	startedAt   time.Time
@@ -341,7 +342,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	s.summaryStop = make(chan struct{})
 	go s.logSummary(time.Minute, s.summaryStop)
 	s.store, s.ingest, s.grpc, s.health, s.lis = st, ing, gs, hs, lis
-	s.advisor, s.budgets, s.prices, s.telemetry, s.loops = adv, budgets, prices, tel, loops
+	s.advisor, s.budgets, s.webhooks, s.prices, s.telemetry, s.loops = adv, budgets, webhooks, prices, tel, loops
 	s.served = make(chan struct{})
 	s.started = true
 	go func() {

@@ -15,13 +15,24 @@ type Status struct {
 	Healthy  bool         `json:"healthy"`
 	Problems []string     `json:"problems"`
 	Ingest   ingest.Stats `json:"ingest"`
+	Alerts   AlertStatus  `json:"alerts"`
+}
+
+// AlertStatus is where budget evaluation and alert delivery stand.
+type AlertStatus struct {
+	// BudgetEvaluations: budget evaluations ended since the collector
+	// started.
+	BudgetEvaluations uint64 `json:"budget_evaluations"`
+	// WebhooksBusy: alerts queued or being delivered to webhooks (retries
+	// included); 0 when every alert so far was delivered or given up.
+	WebhooksBusy int `json:"webhooks_busy"`
 }
 
 // Status returns the collector's self-metrics and health; the zero Status
 // (unhealthy) before Start.
 func (s *Server) Status() Status {
 	s.mu.Lock()
-	ing, started, stopped, t0 := s.ingest, s.started, s.stopped, s.startedAt
+	ing, started, stopped, t0, budgets, webhooks := s.ingest, s.started, s.stopped, s.startedAt, s.budgets, s.webhooks
 	s.mu.Unlock()
 	st := Status{Problems: []string{}}
 	switch {
@@ -33,6 +44,7 @@ func (s *Server) Status() Status {
 	}
 	st.UptimeS = time.Since(t0).Seconds()
 	st.Ingest = ing.Stats()
+	st.Alerts = AlertStatus{BudgetEvaluations: budgets.Evaluations(), WebhooksBusy: webhooks.Busy()}
 	if st.Ingest.StoreFailing {
 		st.Problems = append(st.Problems, fmt.Sprintf("store writes failing since %s (%d errors)",
 			st.Ingest.LastStoreError.Format(time.RFC3339), st.Ingest.StoreErrors))
