@@ -20,6 +20,7 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 	"github.com/trainmeter/trainmeter/agent/internal/uplink"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
+	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/host"
@@ -161,7 +162,7 @@ func (a *Agent) hello() *trainmeterv1.Hello {
 
 // Start opens the trainer socket and starts sampling and the uplink.
 func (a *Agent) Start(ctx context.Context) error {
-	if err := a.sock.Start(); err != nil {
+	if err := a.sock.Start(ctx); err != nil {
 		return fmt.Errorf("trainer socket: %w", err)
 	}
 	if err := a.startStatus(); err != nil {
@@ -382,3 +383,5 @@ func (h handler) Handle(p trainersock.Peer, ev trainerproto.Event) error {
 func (h handler) Disconnected(p trainersock.Peer) {
 	h.a.ledger.Disconnected(h.a.clock.Now(), ledger.Peer{ConnID: p.ConnID, PID: p.PID, UID: p.UID})
 }
+
+var _ lifecycle.Component = (*Agent)(nil)

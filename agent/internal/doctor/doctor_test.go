@@ -199,7 +199,7 @@ func startSocket(t *testing.T, cfg trainersock.Config) *trainersock.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Start(); err != nil {
+	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })

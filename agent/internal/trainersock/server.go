@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
+	"github.com/trainmeter/trainmeter/internal/lifecycle"
 )
 
 // Defaults for Config's zero values.
@@ -188,8 +189,9 @@ func New(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 // Start listens on cfg.Path and serves in background goroutines. A socket
 // file left behind by a dead agent is replaced; if another process accepts
 // connections on it, or the path is not a socket, Start refuses. The socket
-// file gets cfg.Mode and, when set, cfg.Group. Start may be called once.
-func (s *Server) Start() error {
+// file gets cfg.Mode and, when set, cfg.Group. Start may be called once;
+// ctx bounds only the start (the lifecycle of internal/lifecycle).
+func (s *Server) Start(context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state != stateNew {
@@ -661,3 +663,5 @@ func (s *Server) Stats() Stats {
 		WriteStalls:   s.stalls.Load(),
 	}
 }
+
+var _ lifecycle.Component = (*Server)(nil)

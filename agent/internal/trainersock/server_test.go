@@ -100,7 +100,7 @@ func start(t *testing.T, cfg Config, h Handler) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Start(); err != nil {
+	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -422,7 +422,7 @@ func TestClientThatNeverReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Start(); err != nil {
+	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	lazy := dial(t, s.cfg.Path)
@@ -511,7 +511,7 @@ func TestSocketModeAndGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s3.Start(); err == nil || !strings.Contains(err.Error(), "no-such-group") {
+	if err := s3.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "no-such-group") {
 		t.Fatalf("Start with unknown group: %v", err)
 	}
 	if _, err := os.Lstat(s3.cfg.Path); !errors.Is(err, os.ErrNotExist) {
@@ -552,7 +552,7 @@ func TestRefusesLiveSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Start(); err == nil || !strings.Contains(err.Error(), "another agent is listening") {
+	if err := s.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "another agent is listening") {
 		t.Fatalf("second Start: %v", err)
 	}
 	// The first server is untouched.
@@ -577,7 +577,7 @@ func TestRefusesNonSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Start(); err == nil || !strings.Contains(err.Error(), "not a socket") {
+	if err := s.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Fatalf("Start: %v", err)
 	}
 	if b, _ := os.ReadFile(path); string(b) != "precious" {
@@ -664,10 +664,10 @@ func TestShutdownClosesEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, _ = New(Config{Path: sockPath(t)}, rec, nil)
-	if err := s.Start(); err != nil {
+	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Start(); err == nil {
+	if err := s.Start(context.Background()); err == nil {
 		t.Fatal("second Start succeeded")
 	}
 	var clients []*client
@@ -705,7 +705,7 @@ func TestShutdownClosesEverything(t *testing.T) {
 	if _, err := net.Dial("unix", s.cfg.Path); err == nil {
 		t.Fatal("dial after Shutdown succeeded")
 	}
-	if err := s.Start(); err == nil {
+	if err := s.Start(context.Background()); err == nil {
 		t.Fatal("Start after Shutdown succeeded")
 	}
 }
