@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"sort"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	"github.com/trainmeter/trainmeter/internal/testkit"
@@ -335,5 +337,27 @@ func TestNilLoggerDiscards(t *testing.T) {
 	}
 	if out := logged.String(); out != "" {
 		t.Errorf("a collector with a nil logger wrote to the default logger:\n%s", out)
+	}
+}
+
+// TestFailedStartUndoesWhatItStarted: when a late step of Start fails (the
+// status listener's address is taken), what was started before it is shut
+// down: the gRPC address and the data directory can be used again, and no
+// background loop is left running (goleak checks the last).
+func TestFailedStartUndoesWhatItStarted(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cfg := server.Config{Listen: testkit.FreeAddr(t), DataDir: t.TempDir(), Now: tu.Now, StatusListen: taken.Addr().String(),
+		Alerts: server.AlertConfig{Webhook: alert.WebhookConfig{URLs: []string{"http://127.0.0.1:9/hook"}}}}
+	if err := server.New(cfg, quiet()).Start(t.Context()); err == nil {
+		t.Fatal("start with a taken status address: no error")
+	}
+	cfg.StatusListen = ""
+	srv := start(t, cfg)
+	if srv.Addr().String() != cfg.Listen {
+		t.Errorf("listening on %s, want %s again", srv.Addr(), cfg.Listen)
 	}
 }
