@@ -12,6 +12,7 @@ epochs with trainmeter.rebuild_dataloader.
 """
 
 import argparse
+import inspect
 import os
 import sys
 
@@ -55,11 +56,14 @@ class TinyLM(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq_len), persistent=False)
+        # is_causal (PyTorch >= 2.0) lets the encoder take the fast causal path;
+        # 1.13 has no such argument and rejects it, and the mask alone is exact on both.
+        self._causal_kw = {"is_causal": True} if "is_causal" in inspect.signature(nn.TransformerEncoder.forward).parameters else {}
 
     def forward(self, x):
         t = x.shape[1]
         h = self.tok(x) + self.pos(torch.arange(t, device=x.device))
-        h = self.blocks(h, mask=self.mask[:t, :t], is_causal=True)
+        h = self.blocks(h, mask=self.mask[:t, :t], **self._causal_kw)
         return self.head(self.norm(h))
 
 
