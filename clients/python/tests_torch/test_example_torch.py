@@ -40,7 +40,7 @@ class TrainTorchExampleTest(unittest.TestCase):
 
     def test_fp32_without_workers(self):
         out = self.run_example("--steps", "6", "--epochs", "2", "--num-workers", "0", "--precision", "fp32")
-        self.assertIn("train_torch: steps=6", out)
+        self.assertIn("train_torch: rank=0 steps=6 tokens=%d " % (6 * 4 * 16), out)
         steps = self.steps()
         self.assertEqual([s["step"] for s in steps], list(range(1, 7)))
         self.assertTrue(all(s["tokens"] == 4 * 16 for s in steps))
@@ -48,7 +48,7 @@ class TrainTorchExampleTest(unittest.TestCase):
 
     def test_bf16_with_two_workers(self):
         out = self.run_example("--steps", "4", "--epochs", "2", "--num-workers", "2")
-        self.assertIn("train_torch: steps=4", out)
+        self.assertIn("train_torch: rank=0 steps=4 ", out)
         self.assertEqual(len(self.steps()), 4)
 
 
