@@ -241,3 +241,51 @@ func TestTorchDDPRankKilledRunStillEnds(t *testing.T) {
 		t.Errorf("end status ok for a run one of whose ranks was killed and the other failed")
 	}
 }
+
+// `trainmeter run -- <python with torch> train_torch.py …`: the example,
+// unchanged, takes the run id and socket from the environment trainmeter
+// run sets; the live status line shows on stderr while it trains and the
+// report follows on stdout.
+func TestTorchUnderTrainmeterRun(t *testing.T) {
+	py := torchPython(t)
+	t.Parallel()
+	c := startCollector(t)
+	sock := c.startAgent("run-node", "sim:1")
+	c.waitStreaming("run-node")
+	// 60 steps of 4 items × 10 ms: about 3 s, so the 1 s status line shows.
+	args := append([]string{"--socket", sock, "--collector", c.addr, "--run-id", "torch-run", "--status-every", "1s", "--",
+		py, "clients/python/examples/train_torch.py", "--steps", "60", "--epochs", "2", "--num-workers", "0", "--item-delay-ms", "10"},
+		tinyLM...)
+	out, errOut, code := c.trainmeterRun(args...)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	s := parseSummary(t, out)
+	if s.run != "torch-run" || s.steps != 60 {
+		t.Errorf("train_torch ran as %q for %d steps, want torch-run, 60", s.run, s.steps)
+	}
+	// Live: a line a second, its token count growing while the loop runs.
+	lines := regexp.MustCompile(`(?m)^trainmeter torch-run \| \d+:\d\d \| .* \| (\d+) tok`).FindAllStringSubmatch(errOut, -1)
+	prev, grew := 0, false
+	for _, l := range lines {
+		n, _ := strconv.Atoi(l[1])
+		if n < prev {
+			t.Errorf("status line tokens went down from %d to %d", prev, n)
+		}
+		grew = grew || n > prev
+		prev = n
+	}
+	if len(lines) < 2 || !grew {
+		t.Errorf("want live status lines with a growing token count on stderr:\n%s", errOut)
+	}
+	if !strings.Contains(out, "run torch-run (ended: ok)") {
+		t.Errorf("no final report on stdout:\n%s", out)
+	}
+	rep := c.waitEnded("torch-run")
+	if rep.TokensProcessed != uint64(s.tokens) || s.tokens != 60*tinyTokensPerStep {
+		t.Errorf("collector tokens %d, trainer reported %d, want %d", rep.TokensProcessed, s.tokens, 60*tinyTokensPerStep)
+	}
+	if rep.Metadata.GetModel() != "tinylm-d32-l1" || rep.Metadata.GetBackend() != "pytorch" {
+		t.Errorf("metadata %v: the script's run_start did not fill the run", rep.Metadata)
+	}
+}
