@@ -217,8 +217,8 @@ def main(argv=None):
             rebuilt = trainmeter.rebuild_dataloader(train_loader, run.advice())
             if rebuilt is not train_loader:
                 train_loader = rebuilt
-                print("applied dataloader advice: num_workers=%d prefetch_factor=%s"
-                      % (train_loader.num_workers, train_loader.prefetch_factor))
+                print("applied dataloader advice after step %d (epoch %d): num_workers=%d prefetch_factor=%s"
+                      % (step, epoch, train_loader.num_workers, train_loader.prefetch_factor), flush=True)
     st = run.stats()  # after run_end was flushed
     if distributed:
         dist.destroy_process_group()
