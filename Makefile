@@ -56,7 +56,8 @@ test-python:
 	cd clients/python && python3 -m unittest discover -s tests -v 2>&1 | tail -5; test $${PIPESTATUS[0]} -eq 0
 	@if py=$$(scripts/torch-python.sh); then \
 		echo "test-python: torch tests with $$py"; \
-		cd clients/python && $$py -m unittest discover -s tests_torch -v 2>&1 | tail -5; test $${PIPESTATUS[0]} -eq 0; \
+		cd clients/python && $$py -m unittest discover -s tests_torch -v 2>&1 | tail -5; test $${PIPESTATUS[0]} -eq 0 && \
+		$$py -m unittest discover -s tests -k real_torch 2>&1 | tail -3; test $${PIPESTATUS[0]} -eq 0; \
 	elif [ "$${TRAINMETER_REQUIRE_TORCH:-}" = 1 ] || [ "$${CI:-}" = true ]; then \
 		echo "test-python: no python can import torch (apt-get install python3-torch)"; exit 1; \
 	else echo "test-python: SKIPPING the torch tests: no python can import torch (apt-get install python3-torch)"; fi
