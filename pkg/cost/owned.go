@@ -1,16 +1,12 @@
 package cost
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"sort"
 	"strings"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/trainmeter/trainmeter/pkg/prices"
 )
@@ -140,18 +136,7 @@ var ErrEmptyOwnedHardware = errors.New("owned hardware file is empty")
 
 // ParseOwnedHardware decodes (unknown keys are errors) and validates.
 func ParseOwnedHardware(b []byte) (*OwnedHardware, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	o := &OwnedHardware{}
-	if err := dec.Decode(o); errors.Is(err, io.EOF) {
-		return nil, ErrEmptyOwnedHardware
-	} else if err != nil {
-		return nil, fmt.Errorf("decode: %w", err)
-	}
-	if err := o.Validate(); err != nil {
-		return nil, err
-	}
-	return o, nil
+	return parseYAML[OwnedHardware](b, ErrEmptyOwnedHardware)
 }
 
 // LoadOwnedHardware reads and validates an owned hardware file (YAML).

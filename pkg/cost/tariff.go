@@ -88,18 +88,28 @@ var ErrEmptyTariff = errors.New("tariff file is empty")
 
 // ParseTariff decodes a tariff (YAML; unknown keys are errors) and validates it.
 func ParseTariff(b []byte) (*Tariff, error) {
+	return parseYAML[Tariff](b, ErrEmptyTariff)
+}
+
+// parseYAML decodes one YAML document into a T, refusing unknown keys
+// (a typo must not pass as a default), and validates it; empty is the
+// error for a file with no document.
+func parseYAML[T any, P interface {
+	*T
+	Validate() error
+}](b []byte, empty error) (*T, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
-	t := &Tariff{}
-	if err := dec.Decode(t); errors.Is(err, io.EOF) {
-		return nil, ErrEmptyTariff
+	v := P(new(T))
+	if err := dec.Decode(v); errors.Is(err, io.EOF) {
+		return nil, empty
 	} else if err != nil {
 		return nil, fmt.Errorf("decode: %w", err)
 	}
-	if err := t.Validate(); err != nil {
+	if err := v.Validate(); err != nil {
 		return nil, err
 	}
-	return t, nil
+	return (*T)(v), nil
 }
 
 // FlatTariff is a one-band tariff at usdPerKWh.

@@ -7,18 +7,33 @@ times, per step, how long it waited for the DataLoader and how long compute took
 tokens per step to the agent and applies the agent's dataloader advice between
 epochs with trainmeter.rebuild_dataloader.
 
-    pip install torch
+    pip install torch        # or Debian's python3-torch, with /usr/bin/python3
     python3 clients/python/examples/train_torch.py --socket /tmp/tm.sock --steps 200
+
+Distributed (DDP): under torchrun, or any launcher that sets RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR and MASTER_PORT, each rank joins the process group
+(nccl on CUDA, gloo on CPU), shards the data with a DistributedSampler and
+reports into the run id every rank derives alike (trainmeter.dist).
+
+--item-delay-ms makes every item take that long to load (a stand-in for a
+heavy decode/augmentation; a sleep, so it costs wall time, not CPU): the
+loader then cannot keep up with num_workers=0 and the agent's advice to add
+workers pays (docs/recommendations.md).
 """
 
 import argparse
+import inspect
 import os
 import sys
+import time
+from datetime import timedelta
 
 try:
     import torch
+    import torch.distributed as dist
     import torch.nn as nn
-    from torch.utils.data import DataLoader, Dataset
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, Dataset, DistributedSampler
 except ImportError:
     sys.stderr.write(
         "train_torch.py needs PyTorch, which is not installed.\n"
@@ -34,13 +49,16 @@ except ImportError:  # run from a checkout without installing
 
 
 class RandomTokens(Dataset):
-    def __init__(self, n, seq_len, vocab, seed):
+    def __init__(self, n, seq_len, vocab, seed, item_delay_s=0.0):
         self.n, self.seq_len, self.vocab, self.seed = n, seq_len, vocab, seed
+        self.item_delay_s = item_delay_s
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
+        if self.item_delay_s > 0:
+            time.sleep(self.item_delay_s)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
         return torch.randint(0, self.vocab, (self.seq_len + 1,), generator=g)
 
@@ -55,11 +73,14 @@ class TinyLM(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq_len), persistent=False)
+        # is_causal (PyTorch >= 2.0) lets the encoder take the fast causal path;
+        # 1.13 has no such argument and rejects it, and the mask alone is exact on both.
+        self._causal_kw = {"is_causal": True} if "is_causal" in inspect.signature(nn.TransformerEncoder.forward).parameters else {}
 
     def forward(self, x):
         t = x.shape[1]
         h = self.tok(x) + self.pos(torch.arange(t, device=x.device))
-        h = self.blocks(h, mask=self.mask[:t, :t], is_causal=True)
+        h = self.blocks(h, mask=self.mask[:t, :t], **self._causal_kw)
         return self.head(self.norm(h))
 
 
@@ -81,19 +102,44 @@ def main(argv=None):
     p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     p.add_argument("--warmup-s", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--item-delay-ms", type=float, default=0.0,
+                   help="extra time each item takes to load (a deliberately heavy transform)")
+    p.add_argument("--adjustment-interval", type=int, default=None,
+                   help="steps between two dataloader advice evaluations (agent default: 50)")
+    p.add_argument("--dist-timeout-s", type=float, default=300.0,
+                   help="DDP: how long a rank waits for the others in a collective")
     args = p.parse_args(argv)
 
-    torch.manual_seed(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    distributed = world_size > 1
+    rank = int(os.environ.get("RANK", "0") or 0) if distributed else 0
+    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0) if distributed else 0
+    if distributed:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                timeout=timedelta(seconds=args.dist_timeout_s))
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
     use_bf16 = args.precision == "bf16" and (device.type == "cpu" or torch.cuda.is_bf16_supported())
-    model = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len).to(device)
+    core = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len).to(device)
+    model = DistributedDataParallel(core, device_ids=[local_rank] if device.type == "cuda" else None) if distributed else core
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    # --steps is per rank: each rank trains on its own shard of the data.
     steps_per_epoch = max(1, args.steps // max(1, args.epochs))
-    ds = RandomTokens(steps_per_epoch * args.batch_size, args.seq_len, args.vocab, args.seed)
+    ds = RandomTokens(steps_per_epoch * args.batch_size * world_size, args.seq_len, args.vocab, args.seed,
+                      item_delay_s=args.item_delay_ms / 1000.0)
     val = RandomTokens(4 * args.batch_size, args.seq_len, args.vocab, args.seed + 1)
+    sampler = DistributedSampler(ds, shuffle=True, seed=args.seed, drop_last=True) if distributed else None
 
     def loader(num_workers, prefetch_factor):
-        kw = dict(batch_size=args.batch_size, shuffle=True, num_workers=num_workers, pin_memory=device.type == "cuda", drop_last=True)
+        kw = dict(batch_size=args.batch_size, num_workers=num_workers, pin_memory=device.type == "cuda", drop_last=True)
+        if sampler is not None:
+            kw.update(sampler=sampler)  # kept by rebuild_dataloader: the shards stay disjoint
+        else:
+            kw.update(shuffle=True)
         if num_workers > 0:
             kw.update(prefetch_factor=prefetch_factor, persistent_workers=False)
         return DataLoader(ds, **kw)
@@ -122,13 +168,16 @@ def main(argv=None):
         num_workers=num_workers,
         prefetch_factor=prefetch,
         planned_steps=args.steps,
+        adjustment_interval=args.adjustment_interval,
         torch_version=torch.__version__,
     ) as run:
-        step = 0
-        # run.step() takes data_wait_s / compute_s from the attached TimedLoader.
+        step = tokens_total = 0
+        data_wait_total = compute_total = 0.0
         train_loader = trainmeter.TimedLoader(loader(num_workers, prefetch), run=run)
         for epoch in range(1, args.epochs + 1):
             model.train()
+            if sampler is not None:
+                sampler.set_epoch(epoch)
             for batch in train_loader:
                 if run.should_stop():
                     print("stopping: %s" % run.stop_reason)
@@ -142,27 +191,41 @@ def main(argv=None):
                 opt.step()
                 sync()
                 step += 1
+                tokens = batch.shape[0] * (batch.shape[1] - 1)
+                # The loader's timings of this step, kept for the summary line.
+                data_wait_s, compute_s = train_loader.take_timings()
+                tokens_total += tokens
+                data_wait_total += data_wait_s or 0.0
+                compute_total += compute_s or 0.0
                 run.step(
                     step=step,
-                    tokens=batch.shape[0] * (batch.shape[1] - 1),
+                    tokens=tokens,
                     samples=batch.shape[0],
                     loss=loss.item(),
+                    data_wait_s=data_wait_s,
+                    compute_s=compute_s,
                 )
-            model.eval()
-            with torch.no_grad():
+            core.eval()
+            with torch.no_grad():  # on the unwrapped model: no collective, each rank alone
                 vb = torch.stack([val[i] for i in range(len(val))]).to(device)
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                    vl = model(vb[:, :-1])
+                    vl = core(vb[:, :-1])
                 val_loss = nn.functional.cross_entropy(vl.float().reshape(-1, args.vocab), vb[:, 1:].reshape(-1))
                 acc = (vl.argmax(-1) == vb[:, 1:]).float().mean()
-            run.eval(epoch=epoch, val_loss=val_loss.item(), accuracy=acc.item())
+            if rank == 0:  # one eval per epoch for the run (every rank still applies advice)
+                run.eval(epoch=epoch, val_loss=val_loss.item(), accuracy=acc.item())
             rebuilt = trainmeter.rebuild_dataloader(train_loader, run.advice())
             if rebuilt is not train_loader:
                 train_loader = rebuilt
-                print("applied dataloader advice: num_workers=%d prefetch_factor=%s"
-                      % (train_loader.num_workers, train_loader.prefetch_factor))
+                print("applied dataloader advice after step %d (epoch %d): num_workers=%d prefetch_factor=%s"
+                      % (step, epoch, train_loader.num_workers, train_loader.prefetch_factor), flush=True)
     st = run.stats()  # after run_end was flushed
-    print("train_torch: steps=%d sent=%d dropped=%d" % (step, st["sent"], st["dropped"]))
+    if distributed:
+        dist.destroy_process_group()
+    # Whole run, this rank: what it reported (tokens; the loader's data wait and compute, s).
+    print("train_torch: rank=%d steps=%d tokens=%d data_wait_s=%.6f compute_s=%.6f run=%s sent=%d dropped=%d"
+          % (rank, step, tokens_total, data_wait_total, compute_total, run.run_id, st["sent"], st["dropped"]),
+          flush=True)
     return 0
 
 

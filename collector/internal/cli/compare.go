@@ -112,7 +112,7 @@ func writeCompareTable(w io.Writer, r *trainmeterv1.CompareResponse) error {
 	}
 	fmt.Fprintf(w, "per group: mean ± 95 %% CI half-width over its runs (after warmup, all GPUs of a run)\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "%s\truns\tJ/token\ttok/s\tE10k_J\tVRAM peak MB\t$/Mtok\n", by)
+	fmt.Fprintf(tw, "%s\truns\tJ/token\ttok/s\tE10k_J\tVRAM peak MiB/GPU\t$/Mtok\n", by)
 	for _, g := range r.GetGroups() {
 		key := g.GetKey()
 		if key == r.GetBaseline() {

@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"fmt"
 	"github.com/trainmeter/trainmeter/pkg/money"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -85,23 +86,23 @@ plus energy at the energy price (docs/costs.md).`,
 	return cmd
 }
 
+// usageKeys are a row's group keys as the table shows them: an idle row
+// names its node, and is marked idle where it is grouped by node or GPU
+// (its keys are then the node's or the GPU's own).
 func usageKeys(resp *trainmeterv1.UsageResponse, r *trainmeterv1.UsageRow) []string {
 	keys := append([]string(nil), r.GetKeys()...)
-	if r.GetIdle() && !containsStr(resp.GetBy(), "node") && !containsStr(resp.GetBy(), "gpu") {
-		for i := range keys {
+	if !r.GetIdle() {
+		return keys
+	}
+	byHardware := slices.Contains(resp.GetBy(), "node") || slices.Contains(resp.GetBy(), "gpu")
+	for i := range keys {
+		if byHardware {
+			keys[i] += " (idle)"
+		} else {
 			keys[i] += " " + r.GetIdleNode()
 		}
 	}
 	return keys
-}
-
-func containsStr(xs []string, x string) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
 
 func writeUsageCSV(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error {
@@ -137,7 +138,7 @@ func writeUsageTable(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error
 	for _, b := range resp.GetBy() {
 		head = append(head, strings.ToUpper(b))
 	}
-	head = append(head, "RUNS", "GPU-HOURS", "ENERGY kWh", "COST", "SHARE OF GPU-HOURS", "SHARE OF ENERGY")
+	head = append(head, "RUNS", "GPU-HOURS", "ENERGY kWh", "COST $", "SHARE OF GPU-HOURS", "SHARE OF ENERGY")
 	fmt.Fprintln(tw, strings.Join(head, "\t"))
 	for _, r := range resp.GetRows() {
 		cost := "-"
