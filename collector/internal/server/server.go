@@ -261,7 +261,6 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("listen on %s: %w", s.cfg.Listen, err)
 	}
 	undo = append(undo, func() { lis.Close() })
-	st.StartGC(s.cfg.GCInterval)
 	ing := ingest.New(st, s.log)
 	ing.SetClock(s.cfg.Now)
 
@@ -329,7 +328,8 @@ func (s *Server) Start(ctx context.Context) (err error) {
 
 	// Background loops; Shutdown stops them newest first.
 	var loops []lifecycle.Component
-	for _, c := range []lifecycle.Component{adv, webhooks, budgets, prices} {
+	gc := &store.GC{Store: st, Interval: s.cfg.GCInterval, Clock: s.cfg.Clock}
+	for _, c := range []lifecycle.Component{gc, adv, webhooks, budgets, prices} {
 		if err := c.Start(ctx); err != nil {
 			return err
 		}

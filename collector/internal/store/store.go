@@ -26,6 +26,7 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -42,7 +43,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/internal/plural"
+	"github.com/trainmeter/trainmeter/pkg/clock"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -65,10 +68,6 @@ type Store struct {
 	now    func() time.Time
 	bands  aggregate.EnergyBands
 	stripe [lockStripes]sync.Mutex
-
-	gcMu   sync.Mutex
-	gcStop chan struct{}
-	gcDone chan struct{}
 
 	// Group commit (commit.go): ApplyBatch hands its batch to the committer,
 	// which writes every batch waiting into one transaction.
@@ -161,10 +160,9 @@ func Open(dir string, o Options) (s *Store, err error) {
 	return s, nil
 }
 
-// Close stops value-log GC and the committer and closes the database.
+// Close stops the committer and closes the database (shut a GC down first).
 // ApplyBatch calls after Close fail.
 func (s *Store) Close() error {
-	s.StopGC()
 	err := errors.New("store: already closed")
 	s.closeOnce.Do(func() {
 		close(s.quit)
@@ -174,44 +172,61 @@ func (s *Store) Close() error {
 	return err
 }
 
-// StartGC runs badger's value-log GC every interval until StopGC or Close.
-// A non-positive interval does nothing.
-func (s *Store) StartGC(interval time.Duration) {
-	if interval <= 0 {
-		return
+// GC runs badger's value-log GC every Interval on Clock (the wall clock
+// when nil) between Start and Shutdown; an Interval ≤ 0 runs nothing. It
+// must be shut down before the store is closed.
+type GC struct {
+	Store    *Store
+	Interval time.Duration
+	Clock    clock.Clock
+
+	mu         sync.Mutex
+	stop, done chan struct{}
+}
+
+// Start starts the GC loop; a second Start is a no-op.
+func (g *GC) Start(context.Context) error {
+	if g.Interval <= 0 {
+		return nil
 	}
-	s.gcMu.Lock()
-	defer s.gcMu.Unlock()
-	if s.gcStop != nil {
-		return
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stop != nil {
+		return nil
 	}
+	clk := g.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	t := clk.NewTicker(g.Interval)
 	stop, done := make(chan struct{}), make(chan struct{})
-	s.gcStop, s.gcDone = stop, done
+	g.stop, g.done = stop, done
 	go func() {
 		defer close(done)
-		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			select {
 			case <-stop:
 				return
-			case <-t.C:
-				s.RunGC()
+			case <-t.C():
+				g.Store.RunGC()
 			}
 		}
 	}()
+	return nil
 }
 
-// StopGC stops the GC ticker started by StartGC and waits for it.
-func (s *Store) StopGC() {
-	s.gcMu.Lock()
-	stop, done := s.gcStop, s.gcDone
-	s.gcStop, s.gcDone = nil, nil
-	s.gcMu.Unlock()
-	if stop != nil {
-		close(stop)
-		<-done
+// Shutdown stops the loop and waits for a GC pass in progress.
+func (g *GC) Shutdown(ctx context.Context) error {
+	g.mu.Lock()
+	stop, done := g.stop, g.done
+	g.stop, g.done = nil, nil
+	g.mu.Unlock()
+	if stop == nil {
+		return nil
 	}
+	close(stop)
+	return lifecycle.Wait(ctx, done, "value-log GC")
 }
 
 // RunGC runs value-log GC until there is nothing left to rewrite.

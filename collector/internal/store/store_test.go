@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -112,7 +113,10 @@ func TestApplyDedupAndReopen(t *testing.T) {
 func TestConcurrentNodesOneRun(t *testing.T) {
 	s := open(t, t.TempDir())
 	defer s.Close()
-	s.StartGC(5 * time.Millisecond)
+	gc := &GC{Store: s, Interval: 5 * time.Millisecond}
+	if err := gc.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	const nodes, batches = 4, 40
 	var wg sync.WaitGroup
 	errs := make(chan error, nodes*batches)
@@ -148,7 +152,9 @@ func TestConcurrentNodesOneRun(t *testing.T) {
 	if r.TokensProcessed != nodes*batches*10 || r.EnergyTotalJ != nodes*batches*1.5 || r.Nodes != nodes || r.Gpus != nodes {
 		t.Fatalf("tokens %d energy %v nodes %d gpus %d", r.TokensProcessed, r.EnergyTotalJ, r.Nodes, r.Gpus)
 	}
-	s.StopGC()
+	if err := gc.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	s.RunGC()
 }
 
