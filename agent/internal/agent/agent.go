@@ -174,12 +174,13 @@ func (a *Agent) Start(ctx context.Context) error {
 		_ = a.sock.Shutdown(context.WithoutCancel(ctx))
 		return err
 	}
+	if err := a.up.Start(ctx); err != nil {
+		a.stopStatus(ctx)
+		_ = a.stopOTel(ctx)
+		_ = a.sock.Shutdown(context.WithoutCancel(ctx))
+		return err
+	}
 	ctx, a.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		_ = a.up.Run(ctx)
-	}()
 	if a.host != nil {
 		t := a.clock.NewTicker(a.cfg.HostInterval)
 		a.wg.Add(1)
@@ -297,6 +298,9 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	if err := a.up.Flush(ctx); err != nil {
 		st := a.up.Stats()
 		errs = append(errs, fmt.Errorf("uplink: %d batches not acked at shutdown: %w", st.Pending, err))
+	}
+	if err := a.up.Shutdown(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	a.cancel()
 	a.wg.Wait()

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
+	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -73,12 +74,18 @@ type Uplink struct {
 	drained chan struct{} // closed and replaced when the spool may have drained
 	// retryNow cuts a reconnect backoff short (Flush).
 	retryNow chan struct{}
+
+	// The stream loop between Start and Shutdown.
+	runMu     sync.Mutex
+	stopRun   context.CancelFunc
+	runDone   chan struct{}
+	closeConn sync.Once
 }
 
 // sendChunk is how many batches are read from the spool at a time.
 const sendChunk = 256
 
-// New prepares an uplink; nothing is dialled until Run.
+// New prepares an uplink; nothing is dialled until Start.
 func New(cfg Config) (*Uplink, error) {
 	if cfg.Address == "" {
 		return nil, errors.New("uplink: collector address is empty")
@@ -181,15 +188,46 @@ func (u *Uplink) Flush(ctx context.Context) error {
 	}
 }
 
-// Run keeps a stream open until ctx ends, reconnecting with jittered
-// exponential backoff. It returns nil when ctx ends.
-func (u *Uplink) Run(ctx context.Context) error {
-	defer u.conn.Close()
+// Start keeps a stream to the collector open in the background,
+// reconnecting with jittered exponential backoff, until Shutdown; ctx
+// bounds only the start. A second Start is a no-op.
+func (u *Uplink) Start(ctx context.Context) error {
+	u.runMu.Lock()
+	defer u.runMu.Unlock()
+	if u.runDone != nil {
+		return nil
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	u.stopRun, u.runDone = cancel, done
+	go func() {
+		defer close(done)
+		u.run(runCtx)
+	}()
+	return nil
+}
+
+// Shutdown closes the stream and waits for the loop; batches not acked
+// stay in the spool (Flush first to wait for them). Safe without a Start.
+func (u *Uplink) Shutdown(ctx context.Context) error {
+	u.runMu.Lock()
+	stop, done := u.stopRun, u.runDone
+	u.runMu.Unlock()
+	if stop == nil {
+		u.closeConn.Do(func() { u.conn.Close() })
+		return nil
+	}
+	stop()
+	return lifecycle.Wait(ctx, done, "uplink")
+}
+
+func (u *Uplink) run(ctx context.Context) {
+	defer u.closeConn.Do(func() { u.conn.Close() })
 	backoff := u.cfg.MinBackoff
 	for ctx.Err() == nil {
 		acked, err := u.session(ctx)
 		if ctx.Err() != nil {
-			return nil
+			return
 		}
 		if acked {
 			backoff = u.cfg.MinBackoff
@@ -202,11 +240,10 @@ func (u *Uplink) Run(ctx context.Context) error {
 		case <-u.cfg.Clock.After(delay):
 		case <-u.retryNow:
 		case <-ctx.Done():
-			return nil
+			return
 		}
 		backoff = min(backoff*2, u.cfg.MaxBackoff)
 	}
-	return nil
 }
 
 // session runs one stream. It reports whether any batch was acked on it.

@@ -101,10 +101,14 @@ func start(t *testing.T, cfg Config) (*Uplink, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = u.Run(ctx); close(done) }()
-	return u, func() { cancel(); <-done }
+	if err := u.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return u, func() {
+		if err := u.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}
 }
 
 func flush(t *testing.T, u *Uplink) {
