@@ -2,10 +2,15 @@
 // (docs/trainer-protocol.md) that the agent, which serves the socket, and
 // `trainmeter run`, which speaks it as a client, share: event names, the
 // keys run_start reads itself, the environment variables and the default
-// socket path. It has no dependencies, so the collector's CLI can import it
+// socket path. It depends on the standard library only, so the collector's CLI can import it
 // without the agent's wiring (cgo, NVML). The agent's parser and line
 // builders are agent/internal/trainerproto.
 package trainerwire
+
+import (
+	"encoding/json"
+	"fmt"
+)
 
 // Event names, as carried in the "event" key.
 const (
@@ -70,4 +75,49 @@ type StopLine struct {
 	Event  string `json:"event"` // EventStop
 	RunID  string `json:"run_id"`
 	Reason string `json:"reason,omitempty"`
+}
+
+// RunStart is the run_start line a client such as `trainmeter run` sends:
+// only what it was given (empty and nil fields are left out, so a joining
+// script's client may fill them). Labels go on the wire as extra scalar
+// keys (docs/protocol.md); a label named like a field is an error.
+type RunStart struct {
+	RunID        string            `json:"run_id"`
+	ClientID     string            `json:"client_id,omitempty"`
+	AttributePID int               `json:"attribute_pid,omitempty"`
+	Resume       bool              `json:"resume,omitempty"`
+	Model        string            `json:"model,omitempty"`
+	Dataset      string            `json:"dataset,omitempty"`
+	Backend      string            `json:"backend,omitempty"`
+	Optimizer    string            `json:"optimizer,omitempty"`
+	Precision    string            `json:"precision,omitempty"`
+	Notes        string            `json:"notes,omitempty"`
+	BatchSize    *int64            `json:"batch_size,omitempty"`
+	SeqLen       *int64            `json:"seq_len,omitempty"`
+	WarmupS      *float64          `json:"warmup_s,omitempty"`
+	BudgetScope  string            `json:"budget_scope,omitempty"`
+	Labels       map[string]string `json:"-"`
+}
+
+// MarshalJSON writes the line's object: "event", the fields, then the labels.
+func (r RunStart) MarshalJSON() ([]byte, error) {
+	type fields RunStart // without this method
+	b, err := json.Marshal(struct {
+		Event string `json:"event"`
+		fields
+	}{EventRunStart, fields(r)})
+	if err != nil || len(r.Labels) == 0 {
+		return b, err
+	}
+	for k := range r.Labels {
+		if IsRunStartKey(k) {
+			return nil, fmt.Errorf("label %q is a run_start field, not a label", k)
+		}
+	}
+	labels, err := json.Marshal(r.Labels)
+	if err != nil {
+		return nil, err
+	}
+	// Both are JSON objects: join {...} and {...} into one.
+	return append(append(b[:len(b)-1], ','), labels[1:]...), nil
 }

@@ -54,10 +54,10 @@ type runOptions struct {
 	socket, runID string
 	// resume continues a run that has ended (run_start resume=true).
 	resume      bool
-	meta        map[string]any // run_start metadata the user gave
-	statusEvery time.Duration  // plain status lines when not a terminal
-	reportWait  time.Duration  // how long to wait for the collector to see the end
-	tty         bool           // rewrite one status line in place
+	start       trainerwire.RunStart // run_start metadata the user gave
+	statusEvery time.Duration        // plain status lines when not a terminal
+	reportWait  time.Duration        // how long to wait for the collector to see the end
+	tty         bool                 // rewrite one status line in place
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -77,7 +77,7 @@ type runOptions struct {
 }
 
 func newRunCommand(cf *clientFlags) *cobra.Command {
-	o := &runOptions{meta: map[string]any{}, tick: time.Second}
+	o := &runOptions{tick: time.Second}
 	var model, dataset, backend, optimizer, precision, notes, budgetScope string
 	var labels []string
 	var batchSize, seqLen int64
@@ -97,23 +97,19 @@ the command still runs, unmeasured.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := cmd.Flags()
-			for key, v := range map[string]string{"model": model, "dataset": dataset, "backend": backend,
-				"optimizer": optimizer, "precision": precision, "notes": notes} {
-				if f.Changed(key) {
-					o.meta[key] = v
-				}
-			}
+			o.start.Model, o.start.Dataset, o.start.Backend = model, dataset, backend
+			o.start.Optimizer, o.start.Precision, o.start.Notes = optimizer, precision, notes
 			if f.Changed("batch-size") {
-				o.meta["batch_size"] = batchSize
+				o.start.BatchSize = &batchSize
 			}
 			if f.Changed("seq-len") {
-				o.meta["seq_len"] = seqLen
+				o.start.SeqLen = &seqLen
 			}
 			if f.Changed("budget-scope") {
 				if budgetScope == "" {
 					return errors.New("--budget-scope is empty: give the scope whose budget this run counts against, e.g. --budget-scope team-nlp (trainmeter budget set SCOPE USD)")
 				}
-				o.meta["budget_scope"] = budgetScope
+				o.start.BudgetScope = budgetScope
 			}
 			lm, err := parseLabels("--label", labels)
 			if err != nil {
@@ -126,13 +122,14 @@ the command still runs, unmeasured.`,
 				if trainerwire.IsRunStartKey(k) {
 					return fmt.Errorf("--label %s=%s: %q is a run_start field, not a label; use its own flag (trainmeter run --help) or another key", k, v, k)
 				}
-				o.meta[k] = v
 			}
+			o.start.Labels = lm
 			if f.Changed("warmup") {
 				if warmup < 0 {
 					return fmt.Errorf("--warmup %v: must not be negative", warmup)
 				}
-				o.meta["warmup_s"] = warmup.Seconds()
+				w := warmup.Seconds()
+				o.start.WarmupS = &w
 			}
 			if o.maxCost < 0 || math.IsNaN(o.maxCost) || math.IsInf(o.maxCost, 0) {
 				return fmt.Errorf("--max-cost %v: want a finite number of USD > 0", o.maxCost)
@@ -383,13 +380,9 @@ func newAgentLink(o *runOptions, warn func(string, ...any)) *agentLink {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	a := &agentLink{o: o, warn: warn, clientID: "trainmeter-run-" + hex.EncodeToString(b), done: make(chan struct{}), stops: make(chan string, 1)}
-	ev := map[string]any{"event": trainerwire.EventRunStart, "run_id": o.runID, "attribute_pid": os.Getpid(), "client_id": a.clientID}
-	if o.resume {
-		ev["resume"] = true
-	}
-	for k, v := range o.meta {
-		ev[k] = v
-	}
+	ev := o.start
+	ev.RunID, ev.AttributePID, ev.ClientID, ev.Resume = o.runID, os.Getpid(), a.clientID, o.resume
+	// Labels were checked against the run_start fields when parsed.
 	a.start0, _ = json.Marshal(ev)
 	a.start0 = append(a.start0, '\n')
 	return a

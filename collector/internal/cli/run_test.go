@@ -88,14 +88,14 @@ func (a *fakeAgent) waitEvents(t *testing.T, n int) []map[string]any {
 func testOptions(socket string) (*runOptions, *bytes.Buffer, *testkit.Buffer) {
 	var out bytes.Buffer
 	errb := &testkit.Buffer{}
-	return &runOptions{socket: socket, runID: "r1", meta: map[string]any{}, statusEvery: time.Hour,
+	return &runOptions{socket: socket, runID: "r1", statusEvery: time.Hour,
 		reportWait: time.Second, tick: time.Second, stdin: strings.NewReader(""), stdout: &out, stderr: errb}, &out, errb
 }
 
 func TestRunPassesExitCodeAndStatus(t *testing.T) {
 	ag := newFakeAgent(t)
 	o, _, _ := testOptions(ag.path)
-	o.meta["model"] = "m"
+	o.start.Model = "m"
 	if code := runCommand(o, []string{"sh", "-c", "exit 3"}); code != 3 {
 		t.Fatalf("exit code %d, want 3", code)
 	}
