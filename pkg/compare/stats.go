@@ -159,44 +159,34 @@ func RegIncBeta(a, b, x float64) float64 {
 	return 1 - front*betaCF(b, a, 1-x)/b
 }
 
+// betaCF is the incomplete beta's continued fraction (modified Lentz); each
+// iteration applies an even and an odd term through step.
 func betaCF(a, b, x float64) float64 {
 	const (
 		maxIter = 500
 		eps     = 1e-15
 		tiny    = 1e-300
 	)
-	qab, qap, qam := a+b, a+1, a-1
-	c, d := 1.0, 1-qab*x/qap
-	if math.Abs(d) < tiny {
-		d = tiny
+	nonZero := func(v float64) float64 {
+		if math.Abs(v) < tiny {
+			return tiny
+		}
+		return v
 	}
-	d = 1 / d
+	qab, qap, qam := a+b, a+1, a-1
+	c, d := 1.0, 1/nonZero(1-qab*x/qap)
 	h := d
+	// step applies one term aa and returns its factor on h.
+	step := func(aa float64) float64 {
+		d = 1 / nonZero(1+aa*d)
+		c = nonZero(1 + aa/c)
+		return d * c
+	}
 	for m := 1; m <= maxIter; m++ {
 		fm := float64(m)
 		m2 := 2 * fm
-		aa := fm * (b - fm) * x / ((qam + m2) * (a + m2))
-		d = 1 + aa*d
-		if math.Abs(d) < tiny {
-			d = tiny
-		}
-		c = 1 + aa/c
-		if math.Abs(c) < tiny {
-			c = tiny
-		}
-		d = 1 / d
-		h *= d * c
-		aa = -(a + fm) * (qab + fm) * x / ((a + m2) * (qap + m2))
-		d = 1 + aa*d
-		if math.Abs(d) < tiny {
-			d = tiny
-		}
-		c = 1 + aa/c
-		if math.Abs(c) < tiny {
-			c = tiny
-		}
-		d = 1 / d
-		del := d * c
+		h *= step(fm * (b - fm) * x / ((qam + m2) * (a + m2)))
+		del := step(-(a + fm) * (qab + fm) * x / ((a + m2) * (qap + m2)))
 		h *= del
 		if math.Abs(del-1) < eps {
 			break
