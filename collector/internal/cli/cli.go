@@ -234,7 +234,7 @@ func newRunsCommand(cf *clientFlags) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if f.since, err = parseSince(since, time.Now()); err != nil {
+			if f.since, err = parseWhen("since", since, time.Now()); err != nil {
 				return err
 			}
 			if f.labels, err = parseLabels("--label", labels); err != nil {
@@ -332,10 +332,10 @@ func (f runFilter) apply(runs []*trainmeterv1.RunReport) []*trainmeterv1.RunRepo
 	return out
 }
 
-// parseSince reads --since: a duration back from now (Go's, plus d for
-// days), an RFC 3339 time, or a date (midnight UTC, as every time in
-// trainmeter's output is UTC).
-func parseSince(s string, now time.Time) (time.Time, error) {
+// parseWhen reads a time flag (--since, --until): a duration back from now
+// (Go's, plus d for days), an RFC 3339 time, or a date (midnight UTC, as
+// every time in trainmeter's output is UTC). "" is the zero time.
+func parseWhen(flag, s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
 	}
@@ -352,7 +352,7 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 			return t, nil
 		}
 	}
-	return time.Time{}, fmt.Errorf("--since %q: want a duration back from now (24h, 90m, 7d) or a time (2025-03-01, 2025-03-01T12:00:00Z)", s)
+	return time.Time{}, fmt.Errorf("--%s %q: want a duration back from now (24h, 90m, 7d) or a time (2025-03-01, 2025-03-01T12:00:00Z)", flag, s)
 }
 
 // parseLabels reads repeated KEY=VALUE flags.

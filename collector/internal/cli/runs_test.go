@@ -117,13 +117,13 @@ func TestParseSince(t *testing.T) {
 		"2025-03-01T12:30:00Z":      time.Date(2025, 3, 1, 12, 30, 0, 0, time.UTC),
 		"2025-03-01T14:30:00+02:00": time.Date(2025, 3, 1, 12, 30, 0, 0, time.UTC),
 	} {
-		got, err := parseSince(in, now)
+		got, err := parseWhen("since", in, now)
 		if err != nil || !got.Equal(want) {
 			t.Errorf("%q: %v %v, want %v", in, got, err, want)
 		}
 	}
 	for _, bad := range []string{"-1h", "-2d", "soon", "2025-13-01"} {
-		if _, err := parseSince(bad, now); err == nil {
+		if _, err := parseWhen("since", bad, now); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}

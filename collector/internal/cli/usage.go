@@ -17,22 +17,12 @@ import (
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// parseWhen reads --since/--until: RFC 3339, a date (UTC midnight), or a
-// duration before now ("720h").
-func parseWhen(flag, v string, now time.Time) (*timestamppb.Timestamp, error) {
-	if v == "" {
-		return nil, nil
+// timestampOrNil is t, or nil (unbounded) for the zero time.
+func timestampOrNil(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
 	}
-	if t, err := time.Parse(time.RFC3339, v); err == nil {
-		return timestamppb.New(t), nil
-	}
-	if t, err := time.Parse(time.DateOnly, v); err == nil {
-		return timestamppb.New(t), nil
-	}
-	if d, err := time.ParseDuration(v); err == nil && d > 0 {
-		return timestamppb.New(now.Add(-d)), nil
-	}
-	return nil, fmt.Errorf("--%s %q: give a time (2026-11-01T00:00:00Z), a date (2026-11-01, UTC) or a duration before now (720h)", flag, v)
+	return timestamppb.New(t)
 }
 
 func newUsageCommand(cf *clientFlags) *cobra.Command {
@@ -64,7 +54,7 @@ plus energy at the energy price (docs/costs.md).`,
 				return err
 			}
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
-				resp, err := c.Usage(ctx, &trainmeterv1.UsageRequest{Since: s, Until: u, By: by})
+				resp, err := c.Usage(ctx, &trainmeterv1.UsageRequest{Since: timestampOrNil(s), Until: timestampOrNil(u), By: by})
 				if err != nil {
 					return err
 				}
