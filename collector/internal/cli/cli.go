@@ -122,6 +122,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 			if err := otelFlags.Apply(); err != nil {
 				return err
 			}
+			cfg.UIListenDefault = !cmd.Flags().Changed("ui-listen")
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -146,6 +147,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	f.DurationVar(&cfg.GCInterval, "gc-interval", 5*time.Minute, "value-log GC interval (0 disables)")
 	f.DurationVar(&cfg.RawRetention, "raw-retention", 0, "drop raw records (GPU/host windows, raw samples, run windows/events) older than this, e.g. 720h; run aggregates are kept (0: keep all)")
 	f.StringVar(&cfg.StatusListen, "status-listen", "", "serve GET /healthz and GET /status on HOST:PORT (empty: off)")
+	f.StringVar(&cfg.UIListen, "ui-listen", server.DefaultUIListen, "serve the web console on HOST:PORT (empty: off); same TLS and read token as the query API (docs/console.md)")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
 	f.StringVar(&cfg.TLSCertFile, "tls-cert", "", "serve TLS with this PEM certificate (chain); re-read when it changes")
 	f.StringVar(&cfg.TLSKeyFile, "tls-key", "", "PEM private key of --tls-cert")

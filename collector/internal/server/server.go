@@ -31,6 +31,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/auth"
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/console"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
 	"github.com/trainmeter/trainmeter/collector/internal/optimizer"
 	"github.com/trainmeter/trainmeter/collector/internal/pricewatch"
@@ -108,6 +109,14 @@ type Config struct {
 	// OTel is the OpenTelemetry export (OTLP push, Prometheus /metrics);
 	// the zero value exports nothing (docs/otel.md).
 	OTel otelexport.Config
+
+	// --- web console (console.go, docs/console.md) ---
+	// UIListen is the web console's HOST:PORT; empty: no console.
+	UIListen string
+	// UIListenDefault says UIListen is the default, not asked for: when it
+	// cannot be bound (another collector has it) the collector runs
+	// without a console and says so, instead of failing to start.
+	UIListenDefault bool
 }
 
 // TLSOptions returns the TLS file settings.
@@ -149,6 +158,9 @@ func (c Config) Validate() error {
 		}
 	}
 	if err := c.OTel.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.validateUI(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -204,6 +216,7 @@ type Server struct {
 	summaryStop chan struct{}
 
 	telemetry *telemetry.Telemetry // nil when OTel export is off
+	ui        *console.Console     // nil when the console is off
 }
 
 // New returns a collector with cfg. A nil log discards the collector's
@@ -251,7 +264,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return err
 	}
 	undo = append(undo, func() { st.Close() })
-	opts, err := s.securityOptions()
+	opts, authz, err := s.securityOptions()
 	if err != nil {
 		return err
 	}
@@ -316,9 +329,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	}, opts...)...)
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	trainmeterv1.RegisterQueryServiceServer(gs, qs)
-	trainmeterv1.RegisterRecommendServiceServer(gs, optimizer.NewService(st, pricing, pricing.Catalog))
-	trainmeterv1.RegisterBudgetServiceServer(gs, budget.NewService(budgets))
-	trainmeterv1.RegisterPriceServiceServer(gs, pricewatch.NewService(prices))
+	services := console.Services{Query: qs, Recommend: optimizer.NewService(st, pricing, pricing.Catalog),
+		Budgets: budget.NewService(budgets), Prices: pricewatch.NewService(prices)}
+	trainmeterv1.RegisterRecommendServiceServer(gs, services.Recommend)
+	trainmeterv1.RegisterBudgetServiceServer(gs, services.Budgets)
+	trainmeterv1.RegisterPriceServiceServer(gs, services.Prices)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	for _, name := range []string{"", trainmeterv1.IngestService_ServiceDesc.ServiceName, trainmeterv1.QueryService_ServiceDesc.ServiceName, trainmeterv1.RecommendService_ServiceDesc.ServiceName} {
@@ -329,12 +344,24 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	// Background loops; Shutdown stops them newest first.
 	var loops []lifecycle.Component
 	gc := &store.GC{Store: st, Interval: s.cfg.GCInterval, Clock: s.cfg.Clock}
-	for _, c := range []lifecycle.Component{gc, adv, webhooks, budgets, prices} {
+	components := []lifecycle.Component{gc, adv, webhooks, budgets, prices}
+	ui, err := s.newConsole(authz, services)
+	if err != nil {
+		return err
+	}
+	for _, c := range components {
 		if err := c.Start(ctx); err != nil {
 			return err
 		}
 		loops = append(loops, c)
 		undo = append(undo, func() { _ = c.Shutdown(context.Background()) })
+	}
+	if ui, err = s.startConsole(ctx, ui); err != nil {
+		return err
+	}
+	if ui != nil {
+		loops = append(loops, ui)
+		undo = append(undo, func() { _ = ui.Shutdown(context.Background()) })
 	}
 	if err := s.startStatus(); err != nil {
 		return err
@@ -343,6 +370,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	go s.logSummary(time.Minute, s.summaryStop)
 	s.store, s.ingest, s.grpc, s.health, s.lis = st, ing, gs, hs, lis
 	s.advisor, s.budgets, s.webhooks, s.prices, s.telemetry, s.loops = adv, budgets, webhooks, prices, tel, loops
+	s.ui = ui
 	s.served = make(chan struct{})
 	s.started = true
 	go func() {
@@ -359,24 +387,26 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	return nil
 }
 
-// securityOptions builds the TLS credentials and the token interceptors.
-func (s *Server) securityOptions() ([]grpc.ServerOption, error) {
+// securityOptions builds the TLS credentials and the token interceptors;
+// the token checker (nil without tokens) also guards the web console.
+func (s *Server) securityOptions() ([]grpc.ServerOption, *auth.Auth, error) {
 	var opts []grpc.ServerOption
 	if s.cfg.TLSOptions().Enabled() {
 		creds, err := tlsfiles.ServerCredentials(s.cfg.TLSOptions(), s.log)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		opts = append(opts, grpc.Creds(creds))
 	}
+	var a *auth.Auth
 	if s.cfg.AuthConfig().Enabled() {
-		a, err := auth.New(s.cfg.AuthConfig(), s.log)
-		if err != nil {
-			return nil, err
+		var err error
+		if a, err = auth.New(s.cfg.AuthConfig(), s.log); err != nil {
+			return nil, nil, err
 		}
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.UnaryInterceptor()), grpc.ChainStreamInterceptor(a.StreamInterceptor()))
 	}
-	return opts, nil
+	return opts, a, nil
 }
 
 func isLoopback(a net.Addr) bool {

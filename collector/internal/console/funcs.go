@@ -1,0 +1,204 @@
+package console
+
+import (
+	"fmt"
+	"html/template"
+	"math"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/trainmeter/trainmeter/internal/buildinfo"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// funcs are the templates' helpers. Numbers are shown rounded for reading
+// (num) and carried at full precision in a data-value attribute (val), the
+// exact float64 `trainmeter report --json` prints.
+var funcs = template.FuncMap{
+	"num":     num,
+	"val":     val,
+	"pct":     func(v float64) string { return num(v*100) + " %" },
+	"signed":  func(v float64) string { return fmt.Sprintf("%+.1f%%", v) },
+	"usd":     func(v float64) string { return "$" + num(v) },
+	"when":    when,
+	"ago":     ago,
+	"mib":     func(mib uint64) string { return strconv.FormatUint(mib, 10) },
+	"version": func() string { return url.QueryEscape(buildinfo.Version()) },
+	"pvalue":  pvalue,
+	"barw":    barWidth,
+	"add":     func(a, b int) int { return a + b },
+	"join":    strings.Join,
+	"lower":   strings.ToLower,
+	"labels":  labels,
+	"barsHeight": func(n int) int { return n * barPitch },
+	"barY":       func(i int) int { return i*barPitch + 3 },
+	"barMid":     func(i int) int { return i*barPitch + 10 },
+	"halfWidth":  func(s *trainmeterv1.CompareStat) float64 { return (s.GetCiHigh() - s.GetCiLow()) / 2 },
+	"hundred":    func(v float64) float64 { return v * 100 },
+	"trends":     trends,
+	"seg":      url.PathEscape,
+	"navItems": func() []navItem { return nav },
+	"statuses": func() []string { return []string{"", "live", "ended"} },
+	"optf": func(p *float64) string {
+		if p == nil {
+			return "-"
+		}
+		return num(*p)
+	},
+}
+
+// num rounds to 4 significant digits, as the CLI's tables do.
+func num(v float64) string {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
+		return "-"
+	case v == 0:
+		return "0"
+	case math.Abs(v) >= 1e4 && math.Abs(v) < 1e15:
+		return strconv.FormatFloat(math.Round(v), 'f', -1, 64)
+	}
+	return strconv.FormatFloat(v, 'g', 4, 64)
+}
+
+// val is v at full precision, as encoding/json writes a float64.
+func val(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+func pvalue(d *trainmeterv1.CompareDiff) string {
+	if !d.GetHasPValue() {
+		return "-"
+	}
+	return strconv.FormatFloat(d.GetPValue(), 'g', 3, 64)
+}
+
+func when(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return ts.AsTime().UTC().Format(time.RFC3339)
+}
+
+func ago(ts *timestamppb.Timestamp, now time.Time) string {
+	if ts == nil {
+		return "never"
+	}
+	d := now.Sub(ts.AsTime()).Round(time.Second)
+	if d < 0 {
+		d = 0
+	}
+	return d.String() + " ago"
+}
+
+// barWidth is a bar's length in percent of the figure's largest value.
+func barWidth(v, max float64) string {
+	if max <= 0 || v <= 0 || math.IsNaN(v) {
+		return "0"
+	}
+	return strconv.FormatFloat(math.Min(100, 100*v/max), 'f', 2, 64)
+}
+
+// labels is a run's labels as "k=v" words, sorted.
+func labels(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// finite replaces NaN and ±Inf, which JSON cannot carry, with 0; the
+// Timeline RPC does not produce them, this only keeps an answer valid.
+func finite(vs []float64) []float64 {
+	for i, v := range vs {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			vs[i] = 0
+		}
+	}
+	return vs
+}
+
+// sparkline is an SVG polyline of a series, drawn on the server: no script
+// and no chart per row for a table of live runs.
+type sparkline struct {
+	Points     string
+	Last, Peak float64
+}
+
+const sparkW, sparkH = 120.0, 24.0
+
+func newSparkline(s *trainmeterv1.TimelineSeries) *sparkline {
+	ts, vs := s.GetTUnixMs(), s.GetValues()
+	if len(vs) == 0 {
+		return nil
+	}
+	t0, t1 := ts[0], ts[len(ts)-1]
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, v := range vs {
+		lo, hi = math.Min(lo, v), math.Max(hi, v)
+	}
+	lo = math.Min(lo, 0)
+	var b strings.Builder
+	for i, v := range vs {
+		x := sparkW
+		if t1 > t0 {
+			x = sparkW * float64(ts[i]-t0) / float64(t1-t0)
+		}
+		y := sparkH / 2
+		if hi > lo {
+			y = sparkH - 1 - (sparkH-2)*(v-lo)/(hi-lo)
+		}
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%.1f,%.1f", x, y)
+	}
+	if len(vs) == 1 {
+		fmt.Fprintf(&b, " 0,%.1f", sparkH/2)
+	}
+	return &sparkline{Points: b.String(), Last: vs[len(vs)-1], Peak: hi}
+}
+
+// urlValues is url.Values that leaves out empty values.
+type urlValues struct{ url.Values }
+
+func (v *urlValues) add(k, s string) {
+	if s == "" {
+		return
+	}
+	if v.Values == nil {
+		v.Values = url.Values{}
+	}
+	v.Values.Add(k, s)
+}
+
+func (v urlValues) encode() string { return v.Values.Encode() }
+
+type navItem struct{ Path, Name string }
+
+var nav = []navItem{{"runs", "Runs"}, {"compare", "Compare"}, {"budgets", "Budgets"}, {"prices", "Prices"}, {"recommendations", "Recommendations"}, {"nodes", "Nodes"}}
+
+// barPitch is the height of one group's bar in a compare chart.
+const barPitch = 20
+
+// trendWindows are the Prices page's trend columns.
+var trendWindows = []string{"24h", "7d", "30d"}
+
+// trends is a GPU's price trend for each of trendWindows (zero when the
+// collector has none for a window).
+func trends(g *trainmeterv1.GpuPrice) []*trainmeterv1.PriceTrend {
+	out := make([]*trainmeterv1.PriceTrend, len(trendWindows))
+	for i, w := range trendWindows {
+		out[i] = &trainmeterv1.PriceTrend{Window: w}
+		for _, t := range g.GetTrends() {
+			if t.GetWindow() == w {
+				out[i] = t
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,619 @@
+package console
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+type pages struct {
+	c   *Console
+	tpl *template.Template
+}
+
+// page is what every page template gets.
+type page struct {
+	Title  string
+	Nav    string // the nav entry to highlight
+	Script string // the page's own script under /static, if any
+	Data   any
+}
+
+func (p *pages) render(w http.ResponseWriter, code int, name string, pg page) {
+	var buf bytes.Buffer
+	if err := p.tpl.ExecuteTemplate(&buf, name, pg); err != nil {
+		p.c.log.Error("console template", "template", name, "err", err)
+		http.Error(w, "console: could not render the page", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (p *pages) fail(w http.ResponseWriter, r *http.Request, nav string, err error) {
+	code, msg := httpStatus(err)
+	if code == http.StatusInternalServerError {
+		p.c.log.Warn("console page", "path", r.URL.Path, "err", err)
+	}
+	p.render(w, code, "error.html", page{Title: http.StatusText(code), Nav: nav, Data: msg})
+}
+
+// --- login (only when the collector has query tokens) ---
+
+type loginData struct {
+	Next  string
+	Error string
+}
+
+func (p *pages) login(w http.ResponseWriter, r *http.Request) {
+	p.render(w, http.StatusOK, "login.html", page{Title: "Log in", Data: loginData{Next: localPath(r.URL.Query().Get("next"))}})
+}
+
+func (p *pages) loginPost(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
+	tok := strings.TrimSpace(r.PostFormValue("token"))
+	next := localPath(r.PostFormValue("next"))
+	a := p.c.cfg.Auth
+	if a.QueryTokens() {
+		if err := a.Authorize(r.Context(), authMethod, tok); err != nil || tok == "" {
+			p.render(w, http.StatusUnauthorized, "login.html", page{Title: "Log in", Data: loginData{Next: next, Error: "That token is not a read or admin token of this collector."}})
+			return
+		}
+	}
+	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: tok, Path: "/", HttpOnly: true, Secure: p.c.cfg.TLS.Enabled(), SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (p *pages) logout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, Secure: p.c.cfg.TLS.Enabled(), SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// localPath keeps a redirect target on this console ("/runs?x"), never
+// another host ("//evil", "https://...").
+func localPath(s string) string {
+	if !strings.HasPrefix(s, "/") || strings.HasPrefix(s, "//") || strings.HasPrefix(s, "/\\") {
+		return "/runs"
+	}
+	return s
+}
+
+// --- Runs ---
+
+// runsPageSize bounds one page of the runs table; filters narrow it.
+const runsPageSize = 200
+
+type runsFilter struct {
+	Model, Backend, Label, Status string
+	Page                          int
+}
+
+func parseRunsFilter(r *http.Request) runsFilter {
+	q := r.URL.Query()
+	f := runsFilter{Model: q.Get("model"), Backend: q.Get("backend"), Label: q.Get("label"), Status: q.Get("status")}
+	f.Page, _ = strconv.Atoi(q.Get("page"))
+	f.Page = max(f.Page, 1)
+	return f
+}
+
+func (f runsFilter) match(r *trainmeterv1.RunReport) bool {
+	md := r.GetMetadata()
+	if f.Model != "" && md.GetModel() != f.Model {
+		return false
+	}
+	if f.Backend != "" && md.GetBackend() != f.Backend {
+		return false
+	}
+	switch f.Status {
+	case "live":
+		if r.GetEnded() {
+			return false
+		}
+	case "ended":
+		if !r.GetEnded() {
+			return false
+		}
+	}
+	if f.Label != "" {
+		k, v, hasValue := strings.Cut(f.Label, "=")
+		got, ok := r.GetLabels()[k]
+		if !ok || (hasValue && got != v) {
+			return false
+		}
+	}
+	return true
+}
+
+// Query is the filter as a query string (page left out); template.URL so
+// that html/template keeps its & and = in a link (url.Values encoded it).
+func (f runsFilter) Query() template.URL {
+	v := urlValues{}
+	v.add("model", f.Model)
+	v.add("backend", f.Backend)
+	v.add("label", f.Label)
+	v.add("status", f.Status)
+	return template.URL(v.encode())
+}
+
+type runRow struct {
+	R      *trainmeterv1.RunReport
+	Status string
+	Spark  *sparkline
+}
+
+type runsData struct {
+	Filter           runsFilter
+	Rows             []runRow
+	Total, Matching  int
+	Live             int
+	Pages            []int
+	Models, Backends []string
+	Prev, Next       int
+}
+
+// runsData lists the runs matching f, live runs first, newest first, one
+// page of them, with a power sparkline for each live run on the page.
+func (p *pages) runsData(ctx context.Context, f runsFilter) (*runsData, error) {
+	resp, err := p.c.cfg.Services.Query.ListRuns(ctx, &trainmeterv1.ListRunsRequest{})
+	if err != nil {
+		return nil, err
+	}
+	d := &runsData{Filter: f, Total: len(resp.GetRuns())}
+	models, backends := map[string]bool{}, map[string]bool{}
+	var match []*trainmeterv1.RunReport
+	for _, r := range resp.GetRuns() {
+		models[r.GetMetadata().GetModel()] = true
+		backends[r.GetMetadata().GetBackend()] = true
+		if !r.GetEnded() {
+			d.Live++
+		}
+		if f.match(r) {
+			match = append(match, r)
+		}
+	}
+	d.Models, d.Backends = sortedKeys(models), sortedKeys(backends)
+	slices.SortStableFunc(match, func(a, b *trainmeterv1.RunReport) int {
+		if a.GetEnded() != b.GetEnded() {
+			if !a.GetEnded() {
+				return -1
+			}
+			return 1
+		}
+		if c := b.GetStart().AsTime().Compare(a.GetStart().AsTime()); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.GetRunId(), b.GetRunId())
+	})
+	d.Matching = len(match)
+	pages := max(1, (len(match)+runsPageSize-1)/runsPageSize)
+	f.Page = min(f.Page, pages)
+	d.Filter.Page = f.Page
+	for i := 1; i <= pages; i++ {
+		d.Pages = append(d.Pages, i)
+	}
+	if f.Page > 1 {
+		d.Prev = f.Page - 1
+	}
+	if f.Page < pages {
+		d.Next = f.Page + 1
+	}
+	lo := (f.Page - 1) * runsPageSize
+	hi := min(len(match), lo+runsPageSize)
+	for _, r := range match[lo:hi] {
+		row := runRow{R: r, Status: runStatus(r)}
+		if !r.GetEnded() {
+			row.Spark = p.sparkline(ctx, r)
+		}
+		d.Rows = append(d.Rows, row)
+	}
+	return d, nil
+}
+
+// sparkWindow is how much of a live run's power its sparkline shows.
+const sparkWindow = 10 * time.Minute
+
+// sparkline is the run's total power over its last sparkWindow, or nil
+// when it has no windows yet (or they cannot be read: the row still shows).
+func (p *pages) sparkline(ctx context.Context, r *trainmeterv1.RunReport) *sparkline {
+	from := p.c.cfg.Now().Add(-sparkWindow)
+	if s := r.GetStart().AsTime(); s.After(from) {
+		from = s
+	}
+	tl, err := p.c.cfg.Services.Query.Timeline(ctx, &trainmeterv1.TimelineRequest{
+		RunId: r.GetRunId(), Series: []string{"power_w"}, MaxPoints: 60, From: timestamppb.New(from),
+	})
+	if err != nil || len(tl.GetSeries()) == 0 {
+		return nil
+	}
+	return newSparkline(tl.GetSeries()[0])
+}
+
+func runStatus(r *trainmeterv1.RunReport) string {
+	if !r.GetEnded() {
+		return "live"
+	}
+	if s := r.GetEndStatus(); s != "" {
+		return s
+	}
+	return "ended"
+}
+
+func (p *pages) runs(w http.ResponseWriter, r *http.Request) {
+	d, err := p.runsData(r.Context(), parseRunsFilter(r))
+	if err != nil {
+		p.fail(w, r, "runs", err)
+		return
+	}
+	p.render(w, http.StatusOK, "runs.html", page{Title: "Runs", Nav: "runs", Script: "runs.js", Data: d})
+}
+
+// runsRows is the table body alone, which the Runs page's script fetches
+// every second: one rendering (and one escaping) for the first load and
+// the live updates.
+func (p *pages) runsRows(w http.ResponseWriter, r *http.Request) {
+	d, err := p.runsData(r.Context(), parseRunsFilter(r))
+	if err != nil {
+		code, msg := httpStatus(err)
+		http.Error(w, msg, code)
+		return
+	}
+	p.render(w, http.StatusOK, "runs_rows", page{Data: d})
+}
+
+// --- Run ---
+
+type runData struct {
+	R      *trainmeterv1.RunReport
+	Status string
+	Fields []reportField
+	Events []*trainmeterv1.TimelineEvent
+}
+
+// reportField is one field of the run's report as `trainmeter report
+// --json` names it, its value as JSON text.
+type reportField struct {
+	Name, Value string
+}
+
+func (p *pages) runData(ctx context.Context, id string) (*runData, error) {
+	resp, err := p.c.cfg.Services.Query.GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: id})
+	if err != nil {
+		return nil, err
+	}
+	r := resp.GetRun()
+	d := &runData{R: r, Status: runStatus(r)}
+	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	for k, v := range m {
+		var buf bytes.Buffer
+		if json.Compact(&buf, v) == nil {
+			v = buf.Bytes()
+		}
+		d.Fields = append(d.Fields, reportField{Name: k, Value: string(v)})
+	}
+	slices.SortFunc(d.Fields, func(a, b reportField) int { return cmp.Compare(a.Name, b.Name) })
+	// The events table; the charts get them again with the series.
+	tl, err := p.c.cfg.Services.Query.Timeline(ctx, &trainmeterv1.TimelineRequest{RunId: id, Series: []string{"power_w"}, MaxPoints: 10})
+	if err == nil {
+		d.Events = tl.GetEvents()
+	}
+	return d, nil
+}
+
+func (p *pages) run(w http.ResponseWriter, r *http.Request) {
+	d, err := p.runData(r.Context(), r.PathValue("id"))
+	if err != nil {
+		p.fail(w, r, "runs", err)
+		return
+	}
+	p.render(w, http.StatusOK, "run.html", page{Title: "Run " + d.R.GetRunId(), Nav: "runs", Script: "run.js", Data: d})
+}
+
+// runSummary is the figures and report fields alone, which the Run page's
+// script fetches every 2 s while the run is live.
+func (p *pages) runSummary(w http.ResponseWriter, r *http.Request) {
+	d, err := p.runData(r.Context(), r.PathValue("id"))
+	if err != nil {
+		code, msg := httpStatus(err)
+		http.Error(w, msg, code)
+		return
+	}
+	p.render(w, http.StatusOK, "run_summary", page{Data: d})
+}
+
+// timelineJSON is what the Run page's charts draw: the Timeline RPC's
+// answer with times in Unix milliseconds as JSON numbers.
+type timelineJSON struct {
+	RunID       string         `json:"run_id"`
+	StartMs     *int64         `json:"start_ms"`
+	EndMs       *int64         `json:"end_ms"`
+	WarmupEndMs *int64         `json:"warmup_end_ms"`
+	Ended       bool           `json:"ended"`
+	Series      []seriesJSON   `json:"series"`
+	Events      []timelineItem `json:"events"`
+}
+
+type seriesJSON struct {
+	Name         string    `json:"name"`
+	Unit         string    `json:"unit"`
+	T            []int64   `json:"t_unix_ms"`
+	Values       []float64 `json:"values"`
+	SourcePoints uint32    `json:"source_points"`
+}
+
+type timelineItem struct {
+	TMs  int64  `json:"t_unix_ms"`
+	Kind string `json:"kind"`
+	Node string `json:"node"`
+	Text string `json:"text"`
+}
+
+func msPtr(ts *timestamppb.Timestamp) *int64 {
+	if ts == nil {
+		return nil
+	}
+	v := ts.AsTime().UnixMilli()
+	return &v
+}
+
+func (p *pages) timeline(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	req := &trainmeterv1.TimelineRequest{RunId: id}
+	if mp := r.URL.Query().Get("max_points"); mp != "" {
+		n, err := strconv.ParseUint(mp, 10, 32)
+		if err != nil {
+			http.Error(w, "max_points: want a whole number", http.StatusBadRequest)
+			return
+		}
+		req.MaxPoints = uint32(n)
+	}
+	tl, err := p.c.cfg.Services.Query.Timeline(r.Context(), req)
+	if err != nil {
+		code, msg := httpStatus(err)
+		http.Error(w, msg, code)
+		return
+	}
+	run, err := p.c.cfg.Services.Query.GetRun(r.Context(), &trainmeterv1.GetRunRequest{RunId: id})
+	if err != nil {
+		code, msg := httpStatus(err)
+		http.Error(w, msg, code)
+		return
+	}
+	out := timelineJSON{RunID: tl.GetRunId(), StartMs: msPtr(tl.GetStart()), EndMs: msPtr(tl.GetEnd()), WarmupEndMs: msPtr(tl.GetWarmupEnd()),
+		Ended: run.GetRun().GetEnded(), Series: []seriesJSON{}, Events: []timelineItem{}}
+	for _, s := range tl.GetSeries() {
+		out.Series = append(out.Series, seriesJSON{Name: s.GetName(), Unit: s.GetUnit(), T: s.GetTUnixMs(), Values: finite(s.GetValues()), SourcePoints: s.GetSourcePoints()})
+	}
+	for _, e := range tl.GetEvents() {
+		out.Events = append(out.Events, timelineItem{TMs: e.GetTime().AsTime().UnixMilli(), Kind: e.GetKind(), Node: e.GetNode(), Text: e.GetText()})
+	}
+	writeJSON(w, out)
+}
+
+// writeJSON answers a script: the JSON encoder escapes <, > and & in
+// strings, so even a trainer's "</script>" stays data.
+func writeJSON(w http.ResponseWriter, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+// --- Compare ---
+
+type compareData struct {
+	Form    compareForm
+	Result  *trainmeterv1.CompareResponse
+	Error   string
+	Models  []string
+	ByKeys  []string
+	Figures []compareFigure
+}
+
+type compareForm struct {
+	Runs, Model, By, Baseline string
+}
+
+// compareFigure is one figure's bars: each group's mean and interval.
+type compareFigure struct {
+	Name, Unit string
+	Bars       []bar
+	Max        float64
+}
+
+type bar struct {
+	Key  string
+	Stat *trainmeterv1.CompareStat
+}
+
+// compareKeys are the grouping keys the form offers (labels typed as label:NAME).
+var compareKeys = []string{"backend", "batch_size", "precision", "gpu_name", "dataset", "optimizer", "seq_len", "grad_accum", "nodes", "gpus"}
+
+func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	d := &compareData{Form: compareForm{Runs: q.Get("runs"), Model: q.Get("model"), By: q.Get("by"), Baseline: q.Get("baseline")}, ByKeys: compareKeys}
+	runs, err := p.c.cfg.Services.Query.ListRuns(r.Context(), &trainmeterv1.ListRunsRequest{})
+	if err != nil {
+		p.fail(w, r, "compare", err)
+		return
+	}
+	models := map[string]bool{}
+	for _, run := range runs.GetRuns() {
+		if m := run.GetMetadata().GetModel(); m != "" {
+			models[m] = true
+		}
+	}
+	d.Models = sortedKeys(models)
+	code := http.StatusOK
+	if d.Form.Runs != "" || d.Form.Model != "" {
+		req := &trainmeterv1.CompareRequest{RunIds: strings.Fields(strings.ReplaceAll(d.Form.Runs, ",", " ")), Model: d.Form.Model, By: d.Form.By, Baseline: d.Form.Baseline}
+		res, err := p.c.cfg.Services.Query.Compare(r.Context(), req)
+		if err != nil {
+			code, d.Error = httpStatus(err)
+		} else {
+			d.Result = res
+			d.Figures = compareFigures(res)
+		}
+	}
+	p.render(w, code, "compare.html", page{Title: "Compare", Nav: "compare", Data: d})
+}
+
+func compareFigures(res *trainmeterv1.CompareResponse) []compareFigure {
+	defs := []struct {
+		name, unit string
+		get        func(*trainmeterv1.CompareGroup) *trainmeterv1.CompareStat
+	}{
+		{"J/token", "J, after warmup, all GPUs", (*trainmeterv1.CompareGroup).GetJPerToken},
+		{"tok/s", "after warmup, all ranks", (*trainmeterv1.CompareGroup).GetTokPerS},
+		{"E10k_J", "J per 10,000 tokens, after warmup", (*trainmeterv1.CompareGroup).GetE10KJ},
+		{"VRAM peak", "MiB per GPU, whole run", (*trainmeterv1.CompareGroup).GetVramPeakMb},
+		{"$/Mtok", "USD per million tokens, whole run", (*trainmeterv1.CompareGroup).GetUsdPerMtok},
+	}
+	var out []compareFigure
+	for _, def := range defs {
+		f := compareFigure{Name: def.name, Unit: def.unit}
+		for _, g := range res.GetGroups() {
+			s := def.get(g)
+			if s.GetN() == 0 {
+				continue
+			}
+			f.Bars = append(f.Bars, bar{Key: g.GetKey(), Stat: s})
+			f.Max = max(f.Max, s.GetMean(), s.GetCiHigh())
+		}
+		if len(f.Bars) > 0 {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// --- Budgets, Prices, Recommendations, Nodes ---
+
+type budgetsData struct {
+	Budgets []*trainmeterv1.BudgetStatus
+	Alerts  []*trainmeterv1.Alert
+}
+
+func (p *pages) budgets(w http.ResponseWriter, r *http.Request) {
+	b, err := p.c.cfg.Services.Budgets.ListBudgets(r.Context(), &trainmeterv1.ListBudgetsRequest{})
+	if err != nil {
+		p.fail(w, r, "budgets", err)
+		return
+	}
+	a, err := p.c.cfg.Services.Budgets.ListAlerts(r.Context(), &trainmeterv1.ListAlertsRequest{})
+	if err != nil {
+		p.fail(w, r, "budgets", err)
+		return
+	}
+	alerts := a.GetAlerts()
+	// Newest first, and a page's worth: the CLI's `alerts` has them all.
+	slices.SortStableFunc(alerts, func(x, y *trainmeterv1.Alert) int { return y.GetTime().AsTime().Compare(x.GetTime().AsTime()) })
+	alerts = alerts[:min(len(alerts), 200)]
+	p.render(w, http.StatusOK, "budgets.html", page{Title: "Budgets", Nav: "budgets", Data: budgetsData{Budgets: b.GetBudgets(), Alerts: alerts}})
+}
+
+func (p *pages) prices(w http.ResponseWriter, r *http.Request) {
+	req := &trainmeterv1.ListPricesRequest{Gpu: r.URL.Query().Get("gpu")}
+	resp, err := p.c.cfg.Services.Prices.ListPrices(r.Context(), req)
+	if err != nil {
+		p.fail(w, r, "prices", err)
+		return
+	}
+	p.render(w, http.StatusOK, "prices.html", page{Title: "Prices", Nav: "prices", Data: struct {
+		GPU  string
+		Resp *trainmeterv1.ListPricesResponse
+	}{req.Gpu, resp}})
+}
+
+func (p *pages) recommendations(w http.ResponseWriter, r *http.Request) {
+	var minConf float64
+	if s := r.URL.Query().Get("min_confidence"); s != "" {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil || v < 0 || v > 1 {
+			p.fail(w, r, "recommendations", fmt.Errorf("%w: min_confidence: want a number from 0 to 1", errBadRequest))
+			return
+		}
+		minConf = v
+	}
+	resp, err := p.c.cfg.Services.Recommend.Recommend(r.Context(), &trainmeterv1.RecommendRequest{MinConfidence: minConf})
+	if err != nil {
+		p.fail(w, r, "recommendations", err)
+		return
+	}
+	p.render(w, http.StatusOK, "recommendations.html", page{Title: "Recommendations", Nav: "recommendations", Data: struct {
+		MinConfidence float64
+		Resp          *trainmeterv1.RecommendResponse
+	}{minConf, resp}})
+}
+
+// idlePeriod is the period of the Nodes page's idle share.
+const idlePeriod = 24 * time.Hour
+
+type nodeRow struct {
+	N    *trainmeterv1.NodeStatus
+	U    *trainmeterv1.NodeUsage
+	Idle float64
+	Has  bool
+}
+
+func (p *pages) nodes(w http.ResponseWriter, r *http.Request) {
+	resp, err := p.c.cfg.Services.Query.ListNodes(r.Context(), &trainmeterv1.ListNodesRequest{})
+	if err != nil {
+		p.fail(w, r, "nodes", err)
+		return
+	}
+	now := p.c.cfg.Now()
+	usage := map[string]*trainmeterv1.NodeUsage{}
+	// Idle share where the usage can be computed; the nodes show without it.
+	if u, err := p.c.cfg.Services.Query.Usage(r.Context(), &trainmeterv1.UsageRequest{Since: timestamppb.New(now.Add(-idlePeriod)), Until: timestamppb.New(now)}); err == nil {
+		for _, n := range u.GetNodes() {
+			usage[n.GetNode()] = n
+		}
+	}
+	var rows []nodeRow
+	for _, n := range resp.GetNodes() {
+		row := nodeRow{N: n, U: usage[n.GetNode()]}
+		if row.U.GetGpuSeconds() > 0 {
+			row.Idle, row.Has = row.U.GetIdleGpuSeconds()/row.U.GetGpuSeconds(), true
+		}
+		rows = append(rows, row)
+	}
+	p.render(w, http.StatusOK, "nodes.html", page{Title: "Nodes", Nav: "nodes", Data: struct {
+		Rows []nodeRow
+		Now  time.Time
+	}{rows, now}})
+}
+
+func sortedKeys(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		if k != "" {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,30 @@
+// Runs page: replace the table body with the server's rendering every
+// second (the server escapes every value; nothing here builds HTML).
+"use strict";
+(function () {
+  const table = document.getElementById("runs");
+  if (!table) return;
+  const url = table.dataset.rows;
+  let busy = false;
+  async function refresh() {
+    if (busy || document.hidden) return;
+    busy = true;
+    try {
+      const resp = await fetch(url, { credentials: "same-origin", cache: "no-store" });
+      if (!resp.ok) throw new Error("runs: HTTP " + resp.status);
+      const html = await resp.text();
+      const tpl = document.createElement("template");
+      tpl.innerHTML = html;
+      const body = tpl.content.querySelector("tbody");
+      const old = document.getElementById("runs-body");
+      if (body && old) old.replaceWith(body);
+      table.classList.remove("stale");
+    } catch (e) {
+      // A collector restart or a network blip: show it, keep polling.
+      table.classList.add("stale");
+    } finally {
+      busy = false;
+    }
+  }
+  setInterval(refresh, 1000);
+})();
