@@ -468,8 +468,11 @@ func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
 	}
 	d.Models = sortedKeys(models)
 	code := http.StatusOK
-	if d.Form.Runs != "" || d.Form.Model != "" {
-		req := &trainmeterv1.CompareRequest{RunIds: strings.Fields(strings.ReplaceAll(d.Form.Runs, ",", " ")), Model: d.Form.Model, By: d.Form.By, Baseline: d.Form.Baseline}
+	// Runs typed in the form are separated by spaces or commas; a run id
+	// with those in it comes as its own run= parameter (a link can carry any id).
+	ids := append(strings.Fields(strings.ReplaceAll(d.Form.Runs, ",", " ")), q["run"]...)
+	if len(ids) > 0 || d.Form.Model != "" {
+		req := &trainmeterv1.CompareRequest{RunIds: ids, Model: d.Form.Model, By: d.Form.By, Baseline: d.Form.Baseline}
 		res, err := p.c.cfg.Services.Query.Compare(r.Context(), req)
 		if err != nil {
 			code, d.Error = httpStatus(err)

@@ -21,7 +21,7 @@ func (c Config) validateUI() error {
 	if _, _, err := net.SplitHostPort(c.UIListen); err != nil {
 		return fmt.Errorf("ui listen address %q: %v", c.UIListen, err)
 	}
-	if c.UIListen == c.Listen {
+	if _, port, _ := net.SplitHostPort(c.UIListen); c.UIListen == c.Listen && port != "0" {
 		return fmt.Errorf("ui listen address %q is the query listen address; give the console its own port", c.UIListen)
 	}
 	return nil
