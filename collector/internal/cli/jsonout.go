@@ -1,23 +1,16 @@
 package cli
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/trainmeter/trainmeter/internal/protojsonout"
 )
 
-// writeProtoJSON is every command's --json: field names as in the .proto
-// files (and the CSV), unset numbers as 0, every number a JSON number.
-// protojson writes 64-bit integers as strings (the proto3 JSON mapping, for
-// JavaScript's 53-bit numbers) and NaN/Infinity as strings; a user's jq or
-// pandas wants numbers, so 64-bit integers become numbers, and non-finite
-// floats and unset optional figures null (unknown, as an empty CSV cell).
+// writeProtoJSON is every command's --json (package protojsonout: field
+// names as in the .proto files and the CSV, every number a JSON number).
 func writeProtoJSON(w io.Writer, m proto.Message) error {
 	b, err := protoJSON(m)
 	if err != nil {
@@ -28,131 +21,4 @@ func writeProtoJSON(w io.Writer, m proto.Message) error {
 }
 
 // protoJSON is writeProtoJSON's text, indented, without the newline.
-func protoJSON(m proto.Message) ([]byte, error) {
-	v, err := protoJSONValue(m)
-	if err != nil {
-		return nil, err
-	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimRight(buf.Bytes(), "\n"), nil
-}
-
-// protoJSONValue is m as protojson writes it, decoded, with the numbers
-// fixed: a value for encoding/json whose objects keep the .proto field order.
-func protoJSONValue(m proto.Message) (any, error) {
-	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
-	if err != nil {
-		return nil, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, err
-	}
-	return fixMessage(m.ProtoReflect().Descriptor(), v), nil
-}
-
-func fixMessage(md protoreflect.MessageDescriptor, v any) any {
-	obj, ok := v.(map[string]any)
-	if !ok {
-		return v // a well-known type written as a string (Timestamp, Duration)
-	}
-	out := &orderedObject{vals: obj}
-	fields := md.Fields()
-	seen := map[string]bool{}
-	for i := range fields.Len() {
-		fd := fields.Get(i)
-		val, ok := obj[string(fd.Name())]
-		if !ok {
-			if !fd.HasOptionalKeyword() || fd.Kind() == protoreflect.MessageKind {
-				continue
-			}
-			// An unset optional figure is unknown: null, so that every
-			// report has the same keys (protojson leaves it out).
-			obj[string(fd.Name())], val = nil, nil
-		}
-		out.keys = append(out.keys, string(fd.Name()))
-		seen[string(fd.Name())] = true
-		if val == nil {
-			continue
-		}
-		switch {
-		case fd.IsMap():
-			if mm, ok := val.(map[string]any); ok {
-				for k, e := range mm {
-					mm[k] = fixScalar(fd.MapValue(), e)
-				}
-			}
-		case fd.IsList():
-			if l, ok := val.([]any); ok {
-				for j, e := range l {
-					l[j] = fixScalar(fd, e)
-				}
-			}
-		default:
-			obj[string(fd.Name())] = fixScalar(fd, val)
-		}
-	}
-	var rest []string // none today; kept so that nothing protojson wrote is dropped
-	for k := range obj {
-		if !seen[k] {
-			rest = append(rest, k)
-		}
-	}
-	sort.Strings(rest)
-	out.keys = append(out.keys, rest...)
-	return out
-}
-
-// orderedObject is a JSON object written in keys' order.
-type orderedObject struct {
-	keys []string
-	vals map[string]any
-}
-
-func (o *orderedObject) MarshalJSON() ([]byte, error) {
-	var buf bytes.Buffer
-	buf.WriteByte('{')
-	for i, k := range o.keys {
-		if i > 0 {
-			buf.WriteByte(',')
-		}
-		kb, err := json.Marshal(k)
-		if err != nil {
-			return nil, err
-		}
-		buf.Write(kb)
-		buf.WriteByte(':')
-		vb, err := json.Marshal(o.vals[k])
-		if err != nil {
-			return nil, err
-		}
-		buf.Write(vb)
-	}
-	buf.WriteByte('}')
-	return buf.Bytes(), nil
-}
-
-func fixScalar(fd protoreflect.FieldDescriptor, v any) any {
-	switch fd.Kind() {
-	case protoreflect.MessageKind, protoreflect.GroupKind:
-		return fixMessage(fd.Message(), v)
-	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind,
-		protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		if s, ok := v.(string); ok {
-			return json.Number(s)
-		}
-	case protoreflect.FloatKind, protoreflect.DoubleKind:
-		if _, ok := v.(string); ok { // "NaN", "Infinity", "-Infinity"
-			return nil
-		}
-	}
-	return v
-}
+func protoJSON(m proto.Message) ([]byte, error) { return protojsonout.Indented(m) }

@@ -13,9 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/internal/protojsonout"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -284,7 +284,7 @@ type runData struct {
 }
 
 // reportField is one field of the run's report as `trainmeter report
-// --json` names it, its value as JSON text.
+// --json` writes it (package protojsonout), in .proto order.
 type reportField struct {
 	Name, Value string
 }
@@ -296,22 +296,13 @@ func (p *pages) runData(ctx context.Context, id string) (*runData, error) {
 	}
 	r := resp.GetRun()
 	d := &runData{R: r, Status: runStatus(r)}
-	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(r)
+	names, values, err := protojsonout.Fields(r)
 	if err != nil {
 		return nil, err
 	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, err
+	for i := range names {
+		d.Fields = append(d.Fields, reportField{Name: names[i], Value: values[i]})
 	}
-	for k, v := range m {
-		var buf bytes.Buffer
-		if json.Compact(&buf, v) == nil {
-			v = buf.Bytes()
-		}
-		d.Fields = append(d.Fields, reportField{Name: k, Value: string(v)})
-	}
-	slices.SortFunc(d.Fields, func(a, b reportField) int { return cmp.Compare(a.Name, b.Name) })
 	// The events table; the charts get them again with the series.
 	tl, err := p.c.cfg.Services.Query.Timeline(ctx, &trainmeterv1.TimelineRequest{RunId: id, Series: []string{"power_w"}, MaxPoints: 10})
 	if err == nil {
@@ -330,7 +321,7 @@ func (p *pages) run(w http.ResponseWriter, r *http.Request) {
 }
 
 // runSummary is the figures and report fields alone, which the Run page's
-// script fetches every 2 s while the run is live.
+// script fetches every second while the run is live.
 func (p *pages) runSummary(w http.ResponseWriter, r *http.Request) {
 	d, err := p.runData(r.Context(), r.PathValue("id"))
 	if err != nil {

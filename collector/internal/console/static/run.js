@@ -1,6 +1,6 @@
 // Run page: charts of the run's timeline (uPlot), the warmup shaded and
 // events marked; while the run is live, the figures and charts are fetched
-// again every 2 s. Every value is set as text (uPlot does so too).
+// again every second. Every value is set as text (uPlot does so too).
 "use strict";
 (function () {
   const root = document.getElementById("run");
@@ -120,20 +120,24 @@
   }
 
   let timer = null;
+  const updated = document.getElementById("updated");
   async function tick() {
+    const asked = Date.now();
     try {
       const tl = await loadTimeline();
       draw(tl);
       if (!tl.ended || root.dataset.ended !== "true") await refreshSummary();
       root.dataset.ended = String(tl.ended);
       root.classList.remove("stale");
+      root.dataset.updatedMs = String(asked);
+      if (updated) updated.textContent = tl.ended ? "" : "live: updated " + new Date(asked).toISOString().slice(11, 19) + " UTC, every second";
       if (tl.ended && timer) { clearInterval(timer); timer = null; }
     } catch (e) {
       root.classList.add("stale");
     }
   }
   tick();
-  if (root.dataset.ended !== "true") timer = setInterval(tick, 2000);
+  if (root.dataset.ended !== "true") timer = setInterval(tick, Number(root.dataset.pollMs) || 1000);
   window.addEventListener("resize", () => {
     const width = Math.max(320, chartsEl.clientWidth - 8);
     for (const u of Object.values(plots)) u.setSize({ width, height: 220 });

@@ -5,10 +5,12 @@
   const table = document.getElementById("runs");
   if (!table) return;
   const url = table.dataset.rows;
+  const updated = document.getElementById("updated");
   let busy = false;
   async function refresh() {
     if (busy || document.hidden) return;
     busy = true;
+    const asked = Date.now();
     try {
       const resp = await fetch(url, { credentials: "same-origin", cache: "no-store" });
       if (!resp.ok) throw new Error("runs: HTTP " + resp.status);
@@ -19,6 +21,10 @@
       const old = document.getElementById("runs-body");
       if (body && old) old.replaceWith(body);
       table.classList.remove("stale");
+      // When the data shown was asked for: what is on the page is at
+      // least as new as this.
+      table.dataset.updatedMs = String(asked);
+      if (updated) updated.textContent = "live: updated " + new Date(asked).toISOString().slice(11, 19) + " UTC, every second";
     } catch (e) {
       // A collector restart or a network blip: show it, keep polling.
       table.classList.add("stale");
@@ -26,5 +32,5 @@
       busy = false;
     }
   }
-  setInterval(refresh, 1000);
+  setInterval(refresh, Number(table.dataset.pollMs) || 1000);
 })();
