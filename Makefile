@@ -92,6 +92,8 @@ staticcheck:
 # raw samples, and the agent (CPU, memory, tick jitter, trainer socket).
 BENCH_PKGS := ./pkg/energy ./agent/internal/spool ./agent/internal/trainerproto ./collector/internal/aggregate \
 	./collector/internal/store ./collector/internal/server
+# The web console's pages at scale (docs/benchmarks.md, "Web console").
+BENCH_PKGS += ./collector/internal/console
 BENCHTIME ?= 1s
 LOADGEN_DURATION ?= 10s
 OTELCOL ?= $(shell scripts/otelcol-build.sh --cached-only 2>/dev/null)

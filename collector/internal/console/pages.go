@@ -280,7 +280,6 @@ type runData struct {
 	R      *trainmeterv1.RunReport
 	Status string
 	Fields []reportField
-	Events []*trainmeterv1.TimelineEvent
 }
 
 // reportField is one field of the run's report as `trainmeter report
@@ -302,11 +301,6 @@ func (p *pages) runData(ctx context.Context, id string) (*runData, error) {
 	}
 	for i := range names {
 		d.Fields = append(d.Fields, reportField{Name: names[i], Value: values[i]})
-	}
-	// The events table; the charts get them again with the series.
-	tl, err := p.c.cfg.Services.Query.Timeline(ctx, &trainmeterv1.TimelineRequest{RunId: id, Series: []string{"power_w"}, MaxPoints: 10})
-	if err == nil {
-		d.Events = tl.GetEvents()
 	}
 	return d, nil
 }

@@ -57,8 +57,35 @@
     };
   }
 
+  // The events table, from the same answer as the charts (one read of the
+  // run's windows per refresh), every value set as text.
+  function events(tl) {
+    const body = document.getElementById("events-body");
+    if (!body) return;
+    const rows = tl.events.map((e) => {
+      const tr = document.createElement("tr");
+      tr.className = "ev-" + e.kind;
+      for (const text of [new Date(e.t_unix_ms).toISOString().replace(".000Z", "Z"), e.kind, e.node, e.text]) {
+        const td = document.createElement("td");
+        td.textContent = text;
+        tr.appendChild(td);
+      }
+      return tr;
+    });
+    if (!rows.length) {
+      const tr = document.createElement("tr"), td = document.createElement("td");
+      td.colSpan = 4;
+      td.className = "empty";
+      td.textContent = "No events.";
+      tr.appendChild(td);
+      rows.push(tr);
+    }
+    body.replaceChildren(...rows);
+  }
+
   function draw(tl) {
     last = tl;
+    events(tl);
     const loading = document.getElementById("charts-loading");
     if (loading) loading.remove();
     const width = Math.max(320, chartsEl.clientWidth - 8);
