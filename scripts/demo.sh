@@ -12,6 +12,8 @@ DURATION=${DEMO_DURATION_S:-10}
 rm -rf "$DEMO" && mkdir -p "$DEMO"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 ADDR=127.0.0.1:$PORT
+UI_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+UI=127.0.0.1:$UI_PORT
 SOCK=$PWD/$DEMO/agent.sock
 export TRAINMETER_COLLECTOR=$ADDR
 
@@ -25,9 +27,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "==> collector on $ADDR (data in $DEMO/data)"
+echo "==> collector on $ADDR, web console on http://$UI/ (data in $DEMO/data)"
 PRICES=(--gpu-price-per-hour 2.10 --energy-price-kwh 0.15 --grid-gco2-kwh 400)
-"$BIN/trainmeter" serve --listen "$ADDR" --data "$DEMO/data" "${PRICES[@]}" >"$DEMO/collector.log" 2>&1 &
+"$BIN/trainmeter" serve --listen "$ADDR" --ui-listen "$UI" --data "$DEMO/data" "${PRICES[@]}" >"$DEMO/collector.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do "$BIN/trainmeter" nodes >/dev/null 2>&1 && break; sleep 0.1; done
 
@@ -71,6 +73,12 @@ echo
 echo "==> CSV written to $DEMO/runs.csv"
 if command -v column >/dev/null; then column -s, -t <"$DEMO/runs.csv" | cut -c1-160; else cut -d, -f1-12 "$DEMO/runs.csv"; fi
 echo
+# The console answers (the runs page lists both runs) before its address is printed.
+python3 - "$UI" <<'PY' || { echo "the web console at http://$UI/ does not answer"; tail -5 "$DEMO/collector.log"; exit 1; }
+import sys, urllib.request
+page = urllib.request.urlopen("http://%s/runs" % sys.argv[1], timeout=10).read().decode()
+sys.exit(0 if "demo-bnb" in page and "demo-unsloth" in page else 1)
+PY
 if [ "$KEEP" = 1 ]; then
 	kept=1
 	cat <<EOT
@@ -80,11 +88,13 @@ if [ "$KEEP" = 1 ]; then
     $BIN/trainmeter run --socket $SOCK --model my-model --label team=demo -- sleep 5   # measure any command
     python3 clients/python/examples/train_sim.py --socket $SOCK --run-id my-run --duration-s 20
   stop them with: kill ${pids[0]} ${pids[1]}   (data stays in $DEMO/)
+==> web console: http://$UI/   (Runs, a run's charts, Compare, Budgets, Prices, Recommendations, Nodes; docs/console.md)
 EOT
 else
 	cat <<EOT
 ==> demo done: the collector and the agent are stopped now; the data stays in $DEMO/data.
     To keep exploring: make demo KEEP=1 leaves both running and prints what to try, or restart the collector on this data:
-    $BIN/trainmeter serve --data $DEMO/data --listen $ADDR ${PRICES[*]} &   then   TRAINMETER_COLLECTOR=$ADDR $BIN/trainmeter runs
+    $BIN/trainmeter serve --data $DEMO/data --listen $ADDR --ui-listen $UI ${PRICES[*]} &   then   TRAINMETER_COLLECTOR=$ADDR $BIN/trainmeter runs
+==> web console: http://$UI/   (served by that collector: make demo KEEP=1, or the command above; docs/console.md)
 EOT
 fi
