@@ -26,10 +26,11 @@ import (
 // test skips, or fails under TRAINMETER_REQUIRE_CHROMIUM=1 (CI sets it).
 func chromiumPath(t *testing.T) string {
 	t.Helper()
+	names := []string{"chromium", "chromium-browser", "google-chrome"}
 	if p := os.Getenv("TRAINMETER_CHROMIUM"); p != "" {
-		return p
+		names = []string{p}
 	}
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+	for _, name := range names {
 		if p, err := exec.LookPath(name); err == nil {
 			return p
 		}
