@@ -149,6 +149,7 @@
   let timer = null;
   const updated = document.getElementById("updated");
   async function tick() {
+    if (document.hidden && last) return;
     const asked = Date.now();
     try {
       const tl = await loadTimeline();
