@@ -2,6 +2,8 @@ package console_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -9,6 +11,7 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -404,5 +407,50 @@ func TestUIListen(t *testing.T) {
 	}
 	if console.DefaultListen != "127.0.0.1:7434" {
 		t.Errorf("default moved to %s: update docs/console.md and README", console.DefaultListen)
+	}
+}
+
+// TestConsoleTLS: with the query API's certificate (and client CA) the
+// console serves HTTPS only, requires a client certificate signed by that
+// CA as gRPC does, and says HSTS; plain HTTP gets no page.
+func TestConsoleTLS(t *testing.T) {
+	files, err := tlstest.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCollector(t, func(cfg *server.Config) {
+		cfg.TLSCertFile, cfg.TLSKeyFile, cfg.TLSClientCAFile = files.ServerCert, files.ServerKey, files.CAFile
+	})
+	addr := c.srv.ConsoleAddr().String()
+	pool := x509.NewCertPool()
+	caPEM, err := os.ReadFile(files.CAFile)
+	if err != nil || !pool.AppendCertsFromPEM(caPEM) {
+		t.Fatalf("CA: %v", err)
+	}
+	clientCert, err := tls.LoadX509KeyPair(files.ClientCert, files.ClientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := func(certs ...tls.Certificate) *http.Client {
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: certs, MinVersion: tls.VersionTLS12}}}
+	}
+	resp, err := client(clientCert).Get("https://" + addr + "/runs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Strict-Transport-Security"), "max-age=") {
+		t.Errorf("https with a client certificate: %s, HSTS %q", resp.Status, resp.Header.Get("Strict-Transport-Security"))
+	}
+	if resp, err := client().Get("https://" + addr + "/runs"); err == nil {
+		resp.Body.Close()
+		t.Errorf("https without a client certificate: %s, want the handshake refused (mTLS)", resp.Status)
+	}
+	if resp, err := http.Get("http://" + addr + "/runs"); err == nil {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), "<table") {
+			t.Errorf("plain HTTP on the TLS console served a page: %s", resp.Status)
+		}
 	}
 }

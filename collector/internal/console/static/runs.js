@@ -19,7 +19,12 @@
       tpl.innerHTML = html;
       const body = tpl.content.querySelector("tbody");
       const old = document.getElementById("runs-body");
-      if (body && old) old.replaceWith(body);
+      if (body && old) {
+        // Keep the runs ticked for Compare across refreshes.
+        const picked = new Set([...old.querySelectorAll('input[name="run"]:checked')].map((c) => c.value));
+        for (const c of body.querySelectorAll('input[name="run"]')) c.checked = picked.has(c.value);
+        old.replaceWith(body);
+      }
       table.classList.remove("stale");
       // When the data shown was asked for: what is on the page is at
       // least as new as this.
