@@ -76,7 +76,8 @@ func fetch(b *testing.B, url string) int {
 // BenchmarkRunsPage: the Runs page of a collector with 10,000 runs (8 GPUs
 // each; 9,980 ended, 20 live with a power sparkline each), over HTTP on
 // loopback as a browser asks for it: the page, and the table body its
-// script fetches every second. docs/benchmarks.md has the figures.
+// script fetches every second (ns/op is both; page-ms and rows-ms each).
+// docs/benchmarks.md has the figures.
 func BenchmarkRunsPage(b *testing.B) {
 	const runs, live, workers = 10000, 20, 10
 	dir := b.TempDir()
@@ -93,18 +94,25 @@ func BenchmarkRunsPage(b *testing.B) {
 	})
 	base := serve(b, dir, func() time.Time { return now })
 	var page, rows int
+	var pageT, rowsT time.Duration
 	for b.Loop() {
+		t0 := time.Now()
 		page = fetch(b, base+"/runs")
+		t1 := time.Now()
 		rows = fetch(b, base+"/runs/rows")
+		pageT, rowsT = pageT+t1.Sub(t0), rowsT+time.Since(t1)
 	}
 	b.ReportMetric(float64(page), "page-bytes")
 	b.ReportMetric(float64(rows), "rows-bytes")
+	b.ReportMetric(float64(pageT.Milliseconds())/float64(b.N), "page-ms")
+	b.ReportMetric(float64(rowsT.Milliseconds())/float64(b.N), "rows-ms")
 }
 
 // BenchmarkRunPage24h: the Run page of a 24 h run of 8 GPUs on one node
 // (86,400 run windows and 86,400 GPU windows of 8 GPUs, one batch a
 // second), over HTTP on loopback: the page and the timeline JSON its
-// charts draw (every series, at most 2,000 points each).
+// charts draw (every series, at most 2,000 points each); ns/op is both,
+// page-ms and timeline-ms each.
 func BenchmarkRunPage24h(b *testing.B) {
 	const windows, workers = 24 * 3600, 24
 	dir := b.TempDir()
@@ -138,10 +146,16 @@ func BenchmarkRunPage24h(b *testing.B) {
 	}
 	base := serve(b, dir, nil)
 	var page, data int
+	var pageT, dataT time.Duration
 	for b.Loop() {
+		t0 := time.Now()
 		page = fetch(b, base+"/runs/day")
+		t1 := time.Now()
 		data = fetch(b, base+"/api/runs/day/timeline")
+		pageT, dataT = pageT+t1.Sub(t0), dataT+time.Since(t1)
 	}
 	b.ReportMetric(float64(page), "page-bytes")
 	b.ReportMetric(float64(data), "timeline-bytes")
+	b.ReportMetric(float64(pageT.Milliseconds())/float64(b.N), "page-ms")
+	b.ReportMetric(float64(dataT.Milliseconds())/float64(b.N), "timeline-ms")
 }
