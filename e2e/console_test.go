@@ -131,7 +131,7 @@ func (b *browser) open(t *testing.T, base, path, ready, shotDir, shot string) {
 	b.do(t, "open "+path, chromedp.Navigate(base+path), chromedp.WaitVisible(chromedp.CSS(ready)))
 	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
 	defer cancel()
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(90))
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatalf("screenshot %s: %v", path, err)
 	}
