@@ -47,7 +47,6 @@ const (
 type collector struct {
 	srv  *server.Server
 	base string // http://host:port of the console
-	q    trainmeterv1.QueryServiceClient
 }
 
 func startCollector(t *testing.T, mod func(*server.Config)) *collector {
@@ -70,10 +69,9 @@ func startCollector(t *testing.T, mod func(*server.Config)) *collector {
 
 // seed ingests two ended runs of the evil model through the real ingest
 // stream, with the evil values in every trainer-supplied field.
-func (c *collector) seed(t *testing.T, token string) {
+func (c *collector) seed(t *testing.T) {
 	t.Helper()
 	conn := tu.Dial(t, c.srv.Addr().String())
-	_ = token
 	a := tu.Connect(t, conn, "node<b>1", "boot")
 	defer a.Close()
 	var seq uint64
@@ -168,7 +166,7 @@ func unsafeMarkup(body string) []string {
 // markup, and the charts' JSON carries them as data.
 func TestPagesEscapeTrainerValues(t *testing.T) {
 	c := startCollector(t, nil)
-	c.seed(t, "")
+	c.seed(t)
 	for _, p := range consolePages() {
 		resp, body := get(t, nil, c.base+p)
 		if resp.StatusCode != http.StatusOK {
@@ -219,7 +217,7 @@ func TestPagesEscapeTrainerValues(t *testing.T) {
 // strict CSP and the other headers.
 func TestSecurityHeaders(t *testing.T) {
 	c := startCollector(t, nil)
-	c.seed(t, "")
+	c.seed(t)
 	for _, p := range []string{"/runs", "/api" + runPath(evilRun) + "/timeline", "/static/run.js", "/static/vendor/uplot/uPlot.iife.min.js", "/runs/nope", "/login"} {
 		resp, _ := get(t, nil, c.base+p)
 		csp := resp.Header.Get("Content-Security-Policy")
@@ -247,7 +245,7 @@ func TestSecurityHeaders(t *testing.T) {
 // Compare pages are the query API's, to the last digit.
 func TestPagesShowTheServicesNumbers(t *testing.T) {
 	c := startCollector(t, nil)
-	c.seed(t, "")
+	c.seed(t)
 	ctx := context.Background()
 	qs := queryClient(t, c)
 	run, err := qs.GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: evilRun})
