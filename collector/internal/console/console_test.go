@@ -452,3 +452,56 @@ func TestConsoleTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestRunsFiltersAndBudgets: the Runs page's filters narrow the rows as
+// named; the Budgets page shows a budget set through the API with its
+// figures.
+func TestRunsFiltersAndBudgets(t *testing.T) {
+	c := startCollector(t, nil)
+	c.seed(t)
+	rowsOf := func(q url.Values) []string {
+		_, body := get(t, nil, c.base+"/runs/rows?"+q.Encode())
+		var ids []string
+		for _, m := range regexp.MustCompile(`<tr data-run="([^"]*)"`).FindAllStringSubmatch(body, -1) {
+			ids = append(ids, html.UnescapeString(m[1]))
+		}
+		return ids
+	}
+	for _, tc := range []struct {
+		q    url.Values
+		want []string
+	}{
+		{url.Values{}, []string{evilRun, evilRun2}},
+		{url.Values{"backend": {"bnb"}}, []string{evilRun}},
+		{url.Values{"backend": {"unsloth"}, "model": {evilModel}}, []string{evilRun2}},
+		{url.Values{"model": {"other"}}, nil},
+		{url.Values{"status": {"live"}}, nil},
+		{url.Values{"status": {"ended"}}, []string{evilRun, evilRun2}},
+		{url.Values{"label": {"team=" + evilLabel}}, []string{evilRun, evilRun2}},
+		{url.Values{"label": {"team"}}, []string{evilRun, evilRun2}},
+		{url.Values{"label": {"team=nlp"}}, nil},
+	} {
+		got := rowsOf(tc.q)
+		if strings.Join(got, "|") != strings.Join(tc.want, "|") && !(len(got) == 2 && len(tc.want) == 2 && got[0] == tc.want[1] && got[1] == tc.want[0]) {
+			t.Errorf("rows?%s: %q, want %q", tc.q.Encode(), got, tc.want)
+		}
+	}
+
+	bc := trainmeterv1.NewBudgetServiceClient(tu.Dial(t, c.srv.Addr().String()))
+	if _, err := bc.SetBudget(context.Background(), &trainmeterv1.SetBudgetRequest{Scope: "model:" + evilModel, LimitUsd: 123.5}); err != nil {
+		t.Fatal(err)
+	}
+	want, err := bc.ListBudgets(context.Background(), &trainmeterv1.ListBudgetsRequest{})
+	if err != nil || len(want.GetBudgets()) != 1 {
+		t.Fatalf("ListBudgets: %v %v", err, want)
+	}
+	_, body := get(t, nil, c.base+"/budgets")
+	for _, v := range []float64{123.5, want.GetBudgets()[0].GetSpentUsd(), want.GetBudgets()[0].GetProjectedUsd()} {
+		if !strings.Contains(body, `data-value="`+strconv.FormatFloat(v, 'g', -1, 64)+`"`) {
+			t.Errorf("budgets page lacks %v:\n%s", v, body)
+		}
+	}
+	if want.GetBudgets()[0].GetSpentUsd() == 0 {
+		t.Error("the budget's runs cost nothing: the check proves less")
+	}
+}
