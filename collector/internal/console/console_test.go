@@ -505,3 +505,35 @@ func TestRunsFiltersAndBudgets(t *testing.T) {
 		t.Error("the budget's runs cost nothing: the check proves less")
 	}
 }
+
+// TestBadInput: a wrong run, grouping key, number or range is a clear
+// 4xx answer with the service's message, and the console keeps serving.
+func TestBadInput(t *testing.T) {
+	c := startCollector(t, nil)
+	c.seed(t)
+	for _, tc := range []struct {
+		path string
+		code int
+		says string
+	}{
+		{"/runs/no-such-run", 404, "not found"},
+		{"/runs/no-such-run/summary", 404, "not found"},
+		{"/api/runs/no-such-run/timeline", 404, "not found"},
+		{"/api" + runPath(evilRun) + "/timeline?max_points=abc", 400, "max_points"},
+		{"/api" + runPath(evilRun) + "/timeline?max_points=5", 400, "max_points"},
+		{"/compare?" + url.Values{"model": {evilModel}, "by": {"colour"}}.Encode(), 400, "colour"},
+		{"/compare?runs=no-such-run+other", 400, "unknown"},
+		{"/compare?" + url.Values{"model": {evilModel}, "by": {"backend"}, "baseline": {"tpu"}}.Encode(), 400, "tpu"},
+		{"/recommendations?min_confidence=2", 400, "min_confidence"},
+		{"/runs?page=999999", 200, "runs-body"},
+		{"/nope", 404, ""},
+	} {
+		resp, body := get(t, nil, c.base+tc.path)
+		if resp.StatusCode != tc.code || !strings.Contains(strings.ToLower(body), strings.ToLower(tc.says)) {
+			t.Errorf("GET %s: %s, want %d saying %q:\n%.400s", tc.path, resp.Status, tc.code, tc.says, body)
+		}
+	}
+	if resp, _ := get(t, nil, c.base+"/runs"); resp.StatusCode != 200 {
+		t.Errorf("after bad input: /runs %s", resp.Status)
+	}
+}
