@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/auth"
+	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -58,6 +59,8 @@ type Config struct {
 	// periods; time.Now if nil.
 	Now func() time.Time
 }
+
+var _ lifecycle.Component = (*Console)(nil)
 
 // Console serves the web console; a lifecycle.Component.
 type Console struct {
