@@ -537,3 +537,39 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("after bad input: /runs %s", resp.Status)
 	}
 }
+
+// TestPricesPage: offers imported through the API show on the Prices page
+// with the service's cheapest and median per GPU-hour, and a GPU model's
+// recommended offers with ?gpu=; a provider name with markup stays text.
+func TestPricesPage(t *testing.T) {
+	c := startCollector(t, nil)
+	ps := trainmeterv1.NewPriceServiceClient(tu.Dial(t, c.srv.Addr().String()))
+	if _, err := ps.ImportPrices(t.Context(), &trainmeterv1.ImportPricesRequest{Offers: []*trainmeterv1.PriceOffer{
+		{Id: "o1", Provider: "p1", GpuName: "H100 SXM", NumGpus: 8, UsdPerHour: 28.8, Reliability: 0.99, Location: "EU"},
+		{Id: "o2", Provider: `<b>p</b>`, GpuName: "H100 SXM", NumGpus: 1, UsdPerHour: 1.9, Reliability: 0.95, Location: "US"},
+		{Id: "o3", Provider: "p2", GpuName: "A100 SXM4", NumGpus: 1, UsdPerHour: 1.1},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	want, err := ps.ListPrices(t.Context(), &trainmeterv1.ListPricesRequest{Gpu: "H100 SXM"})
+	if err != nil || len(want.GetGpus()) != 1 {
+		t.Fatalf("ListPrices: %v %v", err, want)
+	}
+	g := want.GetGpus()[0]
+	for _, p := range []string{"/prices", "/prices?gpu=H100+SXM"} {
+		resp, body := get(t, nil, c.base+p)
+		if resp.StatusCode != 200 || strings.Contains(body, "<b>p</b>") || !strings.Contains(body, "&lt;b&gt;p&lt;/b&gt;") {
+			t.Errorf("GET %s: %s, provider not shown escaped:\n%s", p, resp.Status, body)
+		}
+		for _, v := range []float64{g.GetCheapestUsdPerGpuHour(), g.GetMedianUsdPerGpuHour()} {
+			if !strings.Contains(body, `data-value="`+strconv.FormatFloat(v, 'g', -1, 64)+`"`) {
+				t.Errorf("GET %s lacks %v", p, v)
+			}
+		}
+	}
+	if len(g.GetRecommended()) > 0 {
+		if _, body := get(t, nil, c.base+"/prices?gpu=H100+SXM"); !strings.Contains(body, "Recommended offers") {
+			t.Error("?gpu= does not list the recommended offers")
+		}
+	}
+}
