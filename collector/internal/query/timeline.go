@@ -197,8 +197,16 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		nodeNames = append(nodeNames, n)
 	}
 	slices.Sort(nodeNames)
+	// The per-GPU series read the node's GPU windows, the most expensive
+	// part of a timeline: only when asked for (or everything is).
+	perGPU := len(req.GetSeries()) == 0 || slices.ContainsFunc(req.GetSeries(), func(name string) bool {
+		return strings.HasPrefix(name, "power_w:") && strings.Contains(name, "/gpu")
+	})
 	for _, n := range nodeNames {
 		out = append(out, mk("power_w:"+n, "W (the run's GPUs on node "+n+")", func(b *bucket) (float64, bool) { return power(b), true }, nodes[n]))
+		if !perGPU {
+			continue
+		}
 		gpuSeries, err := gpuPower(ts, n, spans[n])
 		if err != nil {
 			return nil, s.storeErr(err)
