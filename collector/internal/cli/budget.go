@@ -16,20 +16,28 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/money"
+	"github.com/trainmeter/trainmeter/pkg/prices"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // EnvVastAIKey names the environment variable with the vast.ai API key,
-// used when --vastai-key-file is not given.
-const EnvVastAIKey = "TRAINMETER_VASTAI_KEY"
+// used when --vastai-key-file is not given; EnvLambdaKey and EnvRunPodKey
+// the same for Lambda and RunPod.
+const (
+	EnvVastAIKey = "TRAINMETER_VASTAI_KEY"
+	EnvLambdaKey = "TRAINMETER_LAMBDA_KEY"
+	EnvRunPodKey = "TRAINMETER_RUNPOD_KEY"
+)
 
 // budgetServeFlags are `serve`'s budget, webhook and price flags.
 type budgetServeFlags struct {
 	cfg     *server.Config
 	keyFile string
-	retries int
+	// lambdaKeyFile and runpodKeyFile: the other providers' key files.
+	lambdaKeyFile, runpodKeyFile string
+	retries                      int
 }
 
 func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.Config) *budgetServeFlags {
@@ -38,9 +46,15 @@ func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.Config) *budgetServeFlags
 	f.IntVar(&b.retries, "webhook-retries", 7, "retries of a failed alert delivery per webhook (network errors, 5xx and 429; with backoff)")
 	f.DurationVar(&cfg.Budget.EvalInterval, "budget-eval-interval", time.Second, "how often budgets are evaluated after runs changed")
 	f.StringVar(&cfg.Budget.Timezone, "budget-timezone", "UTC", "time zone of the calendar months of monthly budgets (IANA name)")
-	f.StringVar(&cfg.Prices.Provider, "price-provider", "", "GPU price source: vastai or file (empty: none)")
+	f.StringVar(&cfg.Prices.Provider, "price-provider", "", "GPU price sources, comma-separated: vastai, lambda, runpod, azure, file (empty: none)")
 	f.StringVar(&cfg.Prices.VastAIURL, "vastai-url", "", "vast.ai API base URL (default https://console.vast.ai)")
 	f.StringVar(&b.keyFile, "vastai-key-file", "", "file with the vast.ai API key (default $"+EnvVastAIKey+"; optional)")
+	f.StringVar(&cfg.Prices.LambdaURL, "lambda-url", "", "Lambda cloud API base URL (default "+prices.DefaultLambdaURL+")")
+	f.StringVar(&b.lambdaKeyFile, "lambda-key-file", "", "file with the Lambda API key (default $"+EnvLambdaKey+"; needed by --price-provider lambda)")
+	f.StringVar(&cfg.Prices.RunPodURL, "runpod-url", "", "RunPod GraphQL endpoint (default "+prices.DefaultRunPodURL+")")
+	f.StringVar(&b.runpodKeyFile, "runpod-key-file", "", "file with the RunPod API key (default $"+EnvRunPodKey+"; needed by --price-provider runpod)")
+	f.StringVar(&cfg.Prices.AzureURL, "azure-url", "", "Azure retail prices API base URL (default "+prices.DefaultAzureURL+"; no key)")
+	f.StringSliceVar(&cfg.Prices.AzureRegions, "azure-regions", nil, "Azure regions (armRegionName, comma-separated: eastus,westeurope) to price; default every region")
 	f.StringVar(&cfg.Prices.File, "price-file", "", "CSV or JSON price list for --price-provider file")
 	f.DurationVar(&cfg.Prices.FetchInterval, "price-fetch-interval", time.Hour, "how often prices are fetched, the first time at start (0: only by `trainmeter prices fetch`)")
 	return b
@@ -53,14 +67,23 @@ func (b *budgetServeFlags) load(getenv func(string) string) error {
 		return fmt.Errorf("--webhook-retries must be >= 0, got %d", b.retries)
 	}
 	b.cfg.Alerts.Webhook.MaxAttempts = b.retries + 1
-	if b.keyFile != "" {
-		k, err := tlsfiles.ReadSecretFile(b.keyFile)
-		if err != nil {
-			return fmt.Errorf("--vastai-key-file: %w", err)
+	for _, k := range []struct {
+		file, flag, env string
+		key             *string
+	}{
+		{b.keyFile, "--vastai-key-file", EnvVastAIKey, &b.cfg.Prices.VastAIKey},
+		{b.lambdaKeyFile, "--lambda-key-file", EnvLambdaKey, &b.cfg.Prices.LambdaKey},
+		{b.runpodKeyFile, "--runpod-key-file", EnvRunPodKey, &b.cfg.Prices.RunPodKey},
+	} {
+		if k.file != "" {
+			v, err := tlsfiles.ReadSecretFile(k.file)
+			if err != nil {
+				return fmt.Errorf("%s: %w", k.flag, err)
+			}
+			*k.key = v
+		} else if getenv != nil {
+			*k.key = strings.TrimSpace(getenv(k.env))
 		}
-		b.cfg.Prices.VastAIKey = k
-	} else if getenv != nil {
-		b.cfg.Prices.VastAIKey = strings.TrimSpace(getenv(EnvVastAIKey))
 	}
 	return nil
 }

@@ -282,7 +282,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if exp != nil {
 		sinks = append(sinks, otelAlerts{telemetry.NewAlertLog(exp, s.cfg.Now)})
 	}
-	prices := pricewatch.New(pricewatch.Config{Interval: s.cfg.Prices.FetchInterval, Clock: s.cfg.Clock}, s.cfg.Prices.provider(), st,
+	prices := pricewatch.New(pricewatch.Config{Interval: s.cfg.Prices.FetchInterval, Clock: s.cfg.Clock}, s.cfg.Prices.providers(), st,
 		&alert.Recorder{Store: st, Sink: sinks}, s.log)
 	pricing := s.cfg.Pricing()
 	if pricing.Catalog == nil {
