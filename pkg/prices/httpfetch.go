@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 )
@@ -86,6 +87,12 @@ func (o HTTPOptions) once(ctx context.Context, client *http.Client, newReq func(
 	}
 	resp, err := client.Do(req)
 	if err != nil {
+		// Without the URL: it can be long (vast.ai's query) and the
+		// error names the server already.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return nil, 0, err
 	}
 	defer resp.Body.Close()

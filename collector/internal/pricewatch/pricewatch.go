@@ -336,11 +336,20 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 	}
 	w.fetchMu.Lock()
 	defer w.fetchMu.Unlock()
+	pctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		// A provider still retrying when the caller's deadline nears
+		// (`prices fetch --timeout`) fails alone: the answers that came
+		// are recorded in the time left.
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithTimeout(ctx, time.Until(dl)*9/10)
+		defer cancel()
+	}
 	got := make([]fetched, len(w.providers))
 	var wg sync.WaitGroup
 	for i, p := range w.providers {
 		wg.Go(func() {
-			offers, skipped, err := prices.FetchOffers(ctx, p)
+			offers, skipped, err := prices.FetchOffers(pctx, p)
 			if err == nil && len(offers) == 0 {
 				err = fmt.Errorf("%s returned no offers that can be priced (%s skipped)", p.Name(), plural.N(skipped, "entry"))
 			}

@@ -331,3 +331,28 @@ func TestComputeTierAcrossProviders(t *testing.T) {
 		t.Errorf("recommendation %q / %q, savings %v want %v", r.Title, r.Evidence, r.SavingsUsd, gap*10)
 	}
 }
+
+// TestSlowProviderFailsAloneAtTheDeadline: a provider that does not answer
+// before the caller's deadline (`prices fetch --timeout`) fails alone; the
+// others' answers are recorded within the deadline.
+func TestSlowProviderFailsAloneAtTheDeadline(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	f := newFourProviders(t)
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
+	defer hang.Close()
+	list := []prices.Provider{&prices.VastAI{BaseURL: hang.URL}, f.list[1]}
+	w := New(Config{Clock: clock.NewFake(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))}, list, st, nil, quiet())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	res, err := w.Fetch(ctx)
+	if err != nil || ctx.Err() != nil {
+		t.Fatalf("fetch: %v (ctx %v), want Lambda's answer recorded before the deadline", err, ctx.Err())
+	}
+	if v := providerResult(t, res, "vastai"); !strings.Contains(v.Err, "deadline exceeded") || v.Offers != 0 {
+		t.Errorf("vastai %+v", v)
+	}
+	if l := providerResult(t, res, "lambda"); l.Err != "" || l.Offers != 4 {
+		t.Errorf("lambda %+v", l)
+	}
+}
