@@ -585,11 +585,18 @@ func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c pr
 	if c.State == prices.StateSurge {
 		sev, what = alert.SeverityWarning, "surged"
 	}
+	onDemandProviders := 0
+	for _, pp := range mp.Providers {
+		if pp.Offers > 0 {
+			onDemandProviders++
+		}
+	}
 	a := alert.Alert{
 		Kind: alert.KindPrice, Severity: sev, Scope: mp.GPUName, Threshold: c.Change, Time: now,
 		GPUName: mp.GPUName, PriceUSDPerHour: mp.Median, ReferenceUSDPerHour: c.Reference, Change: c.Change,
-		Message: fmt.Sprintf("%s price %s %+.1f%%: median %s/GPU-h vs %s trailing %s average (cheapest %s, %s)",
-			mp.GPUName, what, 100*c.Change, money.Rate(mp.Median), money.Rate(c.Reference), windowLabel(w.cfg.Rule.Window), money.Rate(mp.Cheapest), plural.N(mp.Offers, "offer")),
+		Message: fmt.Sprintf("%s price %s %+.1f%%: median %s/GPU-h vs %s trailing %s average (on-demand, %s of %s; cheapest %s from %s)",
+			mp.GPUName, what, 100*c.Change, money.Rate(mp.Median), money.Rate(c.Reference), windowLabel(w.cfg.Rule.Window),
+			plural.N(mp.Offers, "offer"), plural.N(onDemandProviders, "provider"), money.Rate(mp.Cheapest), mp.CheapestOffer.Provider),
 	}
 	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", alert.KindPrice, k, now.UnixNano()), a)
 }

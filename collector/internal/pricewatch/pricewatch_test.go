@@ -92,7 +92,7 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 		t.Fatalf("%d price alerts (%v)", len(listed), err)
 	}
 	if a := listed[0]; a.GPUName != "RTX 4090" || a.Severity != alert.SeverityInfo || a.Change > -0.12 || a.ReferenceUSDPerHour <= a.PriceUSDPerHour ||
-		!strings.Contains(a.Message, "RTX 4090 price dropped -12.9%: median $0.352/GPU-h vs $0.404 trailing 24 h average") {
+		!strings.Contains(a.Message, "RTX 4090 price dropped -12.9%: median $0.352/GPU-h vs $0.404 trailing 24 h average (on-demand, 3 offers of 1 provider; cheapest $0.308 from vastai)") {
 		t.Errorf("drop alert %+v", a)
 	}
 	if a := listed[1]; a.Severity != alert.SeverityWarning || a.Change < 0.25 {
