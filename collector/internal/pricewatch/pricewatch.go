@@ -721,6 +721,22 @@ func (w *Watcher) CurrentPrice(gpuName string) (float64, bool) {
 	return w.byKey[k].Cheapest, true
 }
 
+// CurrentOffer says where CurrentPrice's offer is: its provider, and its
+// region when the provider names one (recommend.OfferCatalog).
+func (w *Watcher) CurrentOffer(gpuName string) (string, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k, ok := w.modelKey(gpuName)
+	if !ok || w.byKey[k].Offers == 0 {
+		return "", false
+	}
+	o := w.byKey[k].CheapestOffer
+	if o.Location != "" {
+		return o.Provider + ", " + o.Location, true
+	}
+	return o.Provider, true
+}
+
 // Windows are the trend windows shown.
 var Windows = []struct {
 	Name string
