@@ -99,7 +99,8 @@ type catalog struct {
 	Skipped int `json:"skipped,omitempty"`
 	// Imported: recorded by `trainmeter prices import`, not fetched; kept
 	// beside the fetched providers' catalogs until an import of the same
-	// provider replaces it.
+	// provider (or a fetch of a configured provider of that name) replaces
+	// it.
 	Imported bool `json:"imported,omitempty"`
 	// LastError of the latest fetch, when it failed (the offers are then
 	// the last good answer's), and when.
@@ -471,7 +472,8 @@ func (w *Watcher) Status() []ProviderStatus {
 // Import records offers from elsewhere (a price list sent by the CLI) at
 // the clock's now: they replace the catalogs of the providers they name
 // (offers without a provider are "import"s) and stay beside the fetched
-// providers' until another import of the same provider.
+// providers' until another import of the same provider (or, for a
+// configured provider, its next fetch).
 func (w *Watcher) Import(ctx context.Context, offers []prices.Offer) (FetchResult, error) {
 	w.fetchMu.Lock()
 	defer w.fetchMu.Unlock()
