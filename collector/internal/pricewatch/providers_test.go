@@ -360,3 +360,49 @@ func TestSlowProviderFailsAloneAtTheDeadline(t *testing.T) {
 		t.Errorf("lambda %+v", l)
 	}
 }
+
+// TestImportBesideFetchedProviders: an imported list joins the fetched
+// providers' catalog and survives their next fetch; a provider dropped
+// from the configuration loses its offers at the next fetch.
+func TestImportBesideFetchedProviders(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	f := newFourProviders(t)
+	clk := clock.NewFake(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))
+	w := New(Config{Clock: clk}, f.list[:2], st, nil, quiet()) // vastai, lambda
+	if _, err := w.Fetch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Import(context.Background(), []prices.Offer{{ID: "cw-1", Provider: "coreweave", GPUName: "H100 SXM", NumGPUs: 8, USDPerHour: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Hour)
+	if _, err := w.Fetch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := w.CurrentPrice("NVIDIA H100 80GB HBM3"); !ok || p != 1 {
+		t.Errorf("H100 after the import and a fetch: %v %v, want coreweave's $1", p, ok)
+	}
+	var names []string
+	for _, s := range w.Status() {
+		names = append(names, s.Provider)
+		if s.Provider == "coreweave" && (!s.Imported || s.Offers != 1) {
+			t.Errorf("coreweave status %+v", s)
+		}
+	}
+	if strings.Join(names, ",") != "vastai,lambda,coreweave" {
+		t.Errorf("providers %v", names)
+	}
+	// Restarted with lambda only: vast.ai's offers go at the next fetch.
+	w = New(Config{Clock: clk}, f.list[1:2], st, nil, quiet())
+	clk.Advance(time.Hour)
+	if _, err := w.Fetch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.View("", "vastai", 0); err == nil {
+		t.Error("offers of a provider no longer configured")
+	}
+	if _, err := w.View("", "coreweave", 0); err != nil {
+		t.Errorf("the imported list after a restart and a fetch: %v", err)
+	}
+}
