@@ -1,8 +1,11 @@
-// Package prices fetches GPU rental prices (a vast.ai offers client, or a
-// CSV/JSON price list), and computes what the collector shows and alerts on:
-// per-model cheapest and median prices, trends, price-change alerts against a
-// trailing average, and ranked recommendations. Everything here but the
-// clients is pure: functions of offers and price series.
+// Package prices fetches GPU rental prices (clients of vast.ai's offers,
+// Lambda's instance types, RunPod's GPU types and Azure's retail prices, or
+// a CSV/JSON price list), and computes what the collector shows and alerts
+// on: per-model cheapest and median prices (on-demand and spot apart, over
+// every provider under one canonical model name), trends, price-change
+// alerts against a trailing average, and ranked recommendations.
+// Everything here but the clients is pure: functions of offers and price
+// series.
 package prices
 
 import (
