@@ -1,0 +1,194 @@
+package amdgpu
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/trainmeter/trainmeter/pkg/gpu"
+)
+
+// DRM clients in /proc/PID/fdinfo (the kernel's
+// Documentation/gpu/drm-usage-stats.rst): every open DRM file descriptor
+// of amdgpu shows drm-driver, drm-pdev (the card's PCI address),
+// drm-client-id (one per open file, shared by duplicated fds and by a
+// forked child), drm-engine-gfx (ns the client kept the graphics/compute
+// engine busy since it opened) and drm-memory-vram (resident VRAM).
+//
+// Reading another user's fdinfo needs ptrace access to it (same uid or
+// CAP_SYS_PTRACE): processes the agent may not inspect are skipped, as
+// NVML skips what it cannot see.
+
+type drmClient struct {
+	pid      uint32
+	id       string
+	pdev     string
+	engineNs uint64
+	engineOK bool
+	vramMiB  float64
+	vramOK   bool
+}
+
+type clientSeen struct {
+	engineNs uint64
+	at       time.Time
+}
+
+// scanClients lists the amdgpu DRM clients of every process under procfs,
+// one per client id (the lowest pid that holds it), or only pid's when
+// pid > 0.
+func scanClients(procfs string) ([]drmClient, error) {
+	ents, err := os.ReadDir(procfs)
+	if err != nil {
+		return nil, err
+	}
+	byID := map[string]drmClient{}
+	for _, e := range ents {
+		pid, err := strconv.ParseUint(e.Name(), 10, 32)
+		if err != nil {
+			continue
+		}
+		dir := filepath.Join(procfs, e.Name(), "fdinfo")
+		fds, err := os.ReadDir(dir)
+		if err != nil {
+			continue // gone, or not ours to inspect
+		}
+		for _, fd := range fds {
+			c, ok := readClient(filepath.Join(dir, fd.Name()))
+			if !ok {
+				continue
+			}
+			c.pid = uint32(pid)
+			key := c.pdev + "/" + c.id
+			if prev, seen := byID[key]; seen && prev.pid <= c.pid {
+				continue
+			}
+			byID[key] = c
+		}
+	}
+	out := make([]drmClient, 0, len(byID))
+	for _, c := range byID {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].pid != out[j].pid {
+			return out[i].pid < out[j].pid
+		}
+		return out[i].id < out[j].id
+	})
+	return out, nil
+}
+
+// readClient parses one fdinfo file; ok is false for anything but an
+// amdgpu DRM client.
+func readClient(path string) (drmClient, bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return drmClient{}, false
+	}
+	defer f.Close()
+	var c drmClient
+	amd := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(v)
+		switch k {
+		case "drm-driver":
+			amd = v == "amdgpu"
+		case "drm-pdev":
+			c.pdev = v
+		case "drm-client-id":
+			c.id = v
+		case "drm-engine-gfx":
+			num, _, _ := strings.Cut(v, " ")
+			if n, err := strconv.ParseUint(num, 10, 64); err == nil {
+				c.engineNs, c.engineOK = n, true
+			}
+		case "drm-memory-vram":
+			c.vramMiB, c.vramOK = parseSize(v)
+		case "drm-resident-vram":
+			if !c.vramOK {
+				c.vramMiB, c.vramOK = parseSize(v)
+			}
+		}
+	}
+	return c, amd && c.id != ""
+}
+
+func (b *Backend) clientsOf(index int) (*device, []drmClient, error) {
+	if index < 0 || index >= len(b.gpus) {
+		return nil, nil, fmt.Errorf("amdgpu: no GPU %d", index)
+	}
+	all, err := scanClients(b.opt.ProcfsRoot)
+	if err != nil {
+		return nil, nil, fmt.Errorf("amdgpu: fdinfo: %w", err)
+	}
+	d := b.gpus[index]
+	var out []drmClient
+	for _, c := range all {
+		if c.pdev == d.card.PCI || (c.pdev == "" && len(b.gpus) == 1) {
+			out = append(out, c)
+		}
+	}
+	return d, out, nil
+}
+
+// ComputePIDs implements gpu.ProcessLister: the processes that hold an
+// amdgpu DRM client of card index.
+func (b *Backend) ComputePIDs(index int) ([]uint32, error) {
+	_, cs, err := b.clientsOf(index)
+	if err != nil {
+		return nil, err
+	}
+	var pids []uint32
+	for _, c := range cs {
+		if len(pids) == 0 || pids[len(pids)-1] != c.pid {
+			pids = append(pids, c.pid)
+		}
+	}
+	return pids, nil
+}
+
+// ProcessUsage implements gpu.ProcessUsageReader from fdinfo: each
+// process's VRAM, and its graphics/compute engine busy share since the
+// previous poll (drm-engine-gfx's growth over the time between the two
+// polls on Options.Now; since is not needed: the counter is cumulative).
+// A client seen for the first time has memory but no utilisation yet.
+func (b *Backend) ProcessUsage(index int, _ time.Time) (map[uint32]gpu.ProcessUse, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.opt.Now()
+	d, cs, err := b.clientsOf(index)
+	if err != nil {
+		return nil, err
+	}
+	seen := make(map[string]clientSeen, len(cs))
+	out := map[uint32]gpu.ProcessUse{}
+	for _, c := range cs {
+		u := out[c.pid]
+		if c.vramOK {
+			u.MemMiB += c.vramMiB
+			u.MemOK = true
+		}
+		if c.engineOK {
+			if prev, ok := d.clients[c.id]; ok && now.After(prev.at) && c.engineNs >= prev.engineNs {
+				pct := 100 * float64(c.engineNs-prev.engineNs) / float64(now.Sub(prev.at).Nanoseconds())
+				u.SMPct += min(pct, 100)
+				u.SMOK = true
+			}
+			seen[c.id] = clientSeen{engineNs: c.engineNs, at: now}
+		}
+		out[c.pid] = u
+	}
+	d.clients = seen
+	return out, nil
+}
