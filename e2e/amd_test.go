@@ -1,0 +1,130 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdfixture"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// An AMD node end to end: the real agent runs --gpu amd on a fixture sysfs
+// tree of two MI300X-like boards, the test moves the boards' energy
+// accumulators while a run is open, and the collector must report exactly
+// the counters' difference as the run's energy.
+//
+// The counters move only between two points the test has seen the agent
+// read (a closed batch window after the run started, and the run's live
+// energy showing the new values), so the run's start and end fall between
+// readings of one value and the interpolation at its edges is exact. Power
+// reads 0 W until then: the backend checks the counter against power over
+// its first 3 s (pkg/gpu/amdgpu), and a still counter agrees with 0 W.
+func TestAMDNodeRunEnergyIsTheCountersDifference(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	boards := []amdfixture.Board{amdfixture.MI300X(0, "0000:0c:00.0", 0), amdfixture.MI300X(1, "0000:22:00.0", 0)}
+	if err := amdfixture.Write(root, amdfixture.Tree{Boards: boards}); err != nil {
+		t.Fatal(err)
+	}
+	sys, proc := filepath.Join(root, "sys"), filepath.Join(root, "proc")
+	if err := os.MkdirAll(proc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	c := startCollector(t)
+	sock := c.startAgent("amd-node", "amd", "--sysfs-root", sys, "--procfs-root", proc)
+	// Past the counter check's 3 s: five 1 s windows stored.
+	c.eventually("five windows from amd-node", func() bool { return c.lastSeq("amd-node") >= 5 })
+
+	tr := dialTrainer(t, sock)
+	tr.send(`{"event":"run_start","run_id":"amd-run","model":"m","backend":"b","gpus":[0,1],"warmup_s":0}`)
+	tr.sync()
+	c.eventually("amd-run at the collector", func() bool {
+		resp, err := c.q.GetRun(context.Background(), &trainmeterv1.GetRunRequest{RunId: "amd-run"})
+		return err == nil && resp.GetRun().GetWallS() > 0
+	})
+
+	const card0J, card1J = 1234, 4321
+	for i, addJ := range []uint64{card0J, card1J} {
+		card := fmt.Sprintf("card%d", i)
+		spec := *boards[i].Metrics
+		spec.EnergyRaw += addJ << 16
+		if err := amdfixture.SetMetrics(sys, card, spec); err != nil {
+			t.Fatal(err)
+		}
+		if err := amdfixture.SetPower(sys, card, "power1_input", 350e6); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.eventually("the new counters in amd-run's live energy", func() bool {
+		resp, err := c.q.GetRun(context.Background(), &trainmeterv1.GetRunRequest{RunId: "amd-run"})
+		return err == nil && resp.GetRun().GetEnergyTotalJ() == card0J+card1J
+	})
+	tr.send(`{"event":"run_end","run_id":"amd-run"}`)
+	tr.sync()
+	r := c.waitEnded("amd-run")
+
+	if r.GetEnergyTotalJ() != card0J+card1J || r.GetEnergyJ() != card0J+card1J || r.GetEnergyMethod() != "counter" {
+		t.Errorf("run energy_total_J %v, energy_J %v (method %q); want exactly %d J from the counters",
+			r.GetEnergyTotalJ(), r.GetEnergyJ(), r.GetEnergyMethod(), card0J+card1J)
+	}
+	row := c.csvRow("amd-run")
+	if row["energy_total_J"] != fmt.Sprint(card0J+card1J) || row["energy_method"] != "counter" {
+		t.Errorf("CSV energy_total_J %s (%s), want %d", row["energy_total_J"], row["energy_method"], card0J+card1J)
+	}
+
+	// The collector keeps what the agent said about the GPUs.
+	var nodes struct {
+		Nodes []struct {
+			Gpus []struct {
+				Name             string `json:"name"`
+				UUID             string `json:"uuid"`
+				Vendor           string `json:"vendor"`
+				HasEnergyCounter bool   `json:"has_energy_counter"`
+			} `json:"gpus"`
+		} `json:"nodes"`
+	}
+	if err := json.Unmarshal([]byte(c.cli("nodes", "--json")), &nodes); err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes.Nodes) != 1 || len(nodes.Nodes[0].Gpus) != 2 {
+		t.Fatalf("nodes: %+v", nodes)
+	}
+	g := nodes.Nodes[0].Gpus[0]
+	if g.Vendor != "amd" || g.Name != "AMD Instinct MI300X OAM" || g.UUID != "AMD-a3f1c0d2e4b59687" || !g.HasEnergyCounter {
+		t.Errorf("gpu 0 at the collector: %+v", g)
+	}
+	if out := c.cli("nodes"); !strings.Contains(out, "2 x AMD Instinct MI300X OAM (amd)") {
+		t.Errorf("trainmeter nodes:\n%s", out)
+	}
+}
+
+// A replay trace that names its vendor makes the agent report AMD GPUs, and
+// the collector keeps and shows the vendor.
+func TestReplayTraceNamingAMD(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	b.WriteString("time_s,gpu,power_w,energy_j,memory_used_mib,memory_total_mib,utilization_pct,vendor,name\n")
+	for i := 0; i <= 600; i++ {
+		fmt.Fprintf(&b, "%.1f,0,700,%d,1000,196608,95,amd,AMD Instinct MI300X\n", float64(i)*0.1, 1_000_000+70*i)
+	}
+	path := filepath.Join(t.TempDir(), "amd.csv")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := startCollector(t)
+	c.startAgent("amd-replay", "replay:"+path)
+	c.waitStreaming("amd-replay")
+	if out := c.cli("nodes"); !strings.Contains(out, "1 x AMD Instinct MI300X (amd)") {
+		t.Errorf("trainmeter nodes:\n%s", out)
+	}
+	resp, err := c.q.ListNodes(context.Background(), &trainmeterv1.ListNodesRequest{})
+	if err != nil || len(resp.GetNodes()) != 1 || resp.GetNodes()[0].GetGpus()[0].GetVendor() != "amd" {
+		t.Fatalf("ListNodes: %v %v", resp, err)
+	}
+}
