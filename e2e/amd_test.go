@@ -128,3 +128,36 @@ func TestReplayTraceNamingAMD(t *testing.T) {
 		t.Fatalf("ListNodes: %v %v", resp, err)
 	}
 }
+
+// The real doctor on AMD fixture nodes: a consumer card measures (with
+// WARNs); a card with nothing to read fails with a hint. (No collector
+// runs here: its checks fail, and the output ends with doctor's one-line
+// error after the JSON.)
+func TestDoctorOnAMDFixtures(t *testing.T) {
+	t.Parallel()
+	fixtures := "../pkg/gpu/amdgpu/testdata"
+	args := func(name string) []string {
+		return []string{"--json", "--gpu", "amd", "--sysfs-root", filepath.Join(fixtures, name, "sys"),
+			"--procfs-root", t.TempDir(), "--collector", "127.0.0.1:1", "--socket", filepath.Join(t.TempDir(), "none.sock"), "--spool", t.TempDir()}
+	}
+	out, _ := doctor(t, args("rx7900xtx")...)
+	var rep doctorReport
+	if err := json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if st, text := rep.check(t, "gpu", "amdgpu"); st != "OK" || !strings.Contains(text, "card0 (0000:03:00.0)") {
+		t.Errorf("amdgpu: %s %s", st, text)
+	}
+	if st, text := rep.check(t, "gpu", "gpu 0 energy"); st != "WARN" || !strings.Contains(text, "integrated from power") {
+		t.Errorf("gpu 0 energy: %s %s", st, text)
+	}
+
+	out, _ = doctor(t, args("missing")...)
+	rep = doctorReport{}
+	if err := json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if st, text := rep.check(t, "gpu", "gpu 0 power"); st != "FAIL" || !strings.Contains(text, "hint: amdgpu exposes power under hwmon") {
+		t.Errorf("gpu 0 power: %s %s", st, text)
+	}
+}

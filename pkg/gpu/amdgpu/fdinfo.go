@@ -192,3 +192,26 @@ func (b *Backend) ProcessUsage(index int, _ time.Time) (map[uint32]gpu.ProcessUs
 	d.clients = seen
 	return out, nil
 }
+
+// FdinfoAccess counts the processes under procfs whose fdinfo this process
+// may read and those it may not (ptrace access: same uid or
+// CAP_SYS_PTRACE), for doctor.
+func FdinfoAccess(procfs string) (readable, denied int, err error) {
+	ents, err := os.ReadDir(procfs)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, e := range ents {
+		if _, err := strconv.ParseUint(e.Name(), 10, 32); err != nil {
+			continue
+		}
+		_, err := os.ReadDir(filepath.Join(procfs, e.Name(), "fdinfo"))
+		switch {
+		case err == nil:
+			readable++
+		case os.IsPermission(err):
+			denied++
+		}
+	}
+	return readable, denied, nil
+}
