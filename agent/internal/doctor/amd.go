@@ -8,6 +8,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu"
+	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdsmi"
 )
 
 const amdNoCardHint = "lsmod | grep amdgpu shows whether the driver is loaded and ls /sys/class/drm lists its cards; in a container, pass /dev/dri and /dev/kfd and mount the host's /sys. " + noGPUHint
@@ -26,8 +27,16 @@ func autoPicksAMD(o Options) bool {
 // gap), and whether per-process usage can be read.
 func checkAMD(o Options, auto bool, r *Report) {
 	sysfs, procfs := cmp.Or(o.Config.SysfsRoot, "/sys"), cmp.Or(o.Config.ProcfsRoot, "/proc")
-	b, err := amdgpu.New(amdgpu.Options{SysfsRoot: sysfs, ProcfsRoot: procfs, CheckSpan: o.Gap})
+	opt := amdgpu.Options{SysfsRoot: sysfs, ProcfsRoot: procfs, CheckSpan: o.Gap}
+	lib, smiErr := amdsmi.Open("")
+	if smiErr == nil {
+		opt.SMI = lib
+	}
+	b, err := amdgpu.New(opt)
 	if err != nil {
+		if lib != nil {
+			lib.Close()
+		}
 		r.add(SectionGPU, "amdgpu", Fail, err.Error(), amdNoCardHint)
 		return
 	}
@@ -73,7 +82,36 @@ func checkAMD(o Options, auto bool, r *Report) {
 		hasPower := amdPowerCheck(name, src, second[i], d.HasEnergyCounter, r)
 		amdEnergyCheck(name, src, first[i], second[i], t1.Sub(t0), hasPower, r)
 	}
+	amdSMICheck(b, lib, smiErr, r)
 	amdProcessCheck(procfs, r)
+}
+
+// amdSMICheck says whether libamd_smi was loaded, and whether that matters:
+// it only adds a counter where sysfs has none.
+func amdSMICheck(b *amdgpu.Backend, lib *amdsmi.Lib, smiErr error, r *Report) {
+	var fromSMI, without []string
+	for i := range b.Devices() {
+		src := b.Sources(i)
+		switch {
+		case strings.HasPrefix(src.CounterSource, "amd-smi"):
+			fromSMI = append(fromSMI, src.Card)
+		case !src.Counter:
+			without = append(without, src.Card)
+		}
+	}
+	switch {
+	case smiErr == nil:
+		msg := fmt.Sprintf("%s loaded, %s", lib.Path(), plural(lib.GPUs(), "GPU"))
+		if len(fromSMI) > 0 {
+			msg += "; energy counter from it for " + strings.Join(fromSMI, ", ")
+		}
+		r.add(SectionGPU, "amd-smi", OK, msg, "")
+	case len(without) == 0:
+		r.add(SectionGPU, "amd-smi", OK, "libamd_smi.so not installed; not needed: every card's gpu_metrics has an energy accumulator", "")
+	default:
+		r.add(SectionGPU, "amd-smi", Warn, "libamd_smi.so not installed, and without it these cards have no energy counter (their energy is the power integral): "+strings.Join(without, ", "),
+			"where ROCm's AMD SMI library (libamd_smi.so, package amd-smi-lib) is installed the agent loads it at start and uses its counter for the cards it knows; the agent runs without it")
+	}
 }
 
 func amdPowerCheck(name string, src amdgpu.Sources, s gpu.Sample, counter bool, r *Report) bool {

@@ -71,6 +71,7 @@ func TestAMDMI300XCounterAgreesOnOneBoardNotTheOther(t *testing.T) {
 	want(t, r, SectionGPU, "gpu 0 energy", OK, "+70.000 J in 200 ms", "power says 70.000 J", "uses the counter")
 	want(t, r, SectionGPU, "gpu 1 energy", Warn, "+0.680 J in 200 ms", "power says 68.000 J", "drops it and integrates power")
 	want(t, r, SectionGPU, "process usage", OK, "readable for all 3 processes")
+	want(t, r, SectionGPU, "amd-smi", OK, "not needed")
 	if !r.OK {
 		t.Errorf("report not OK: %+v", r.Checks)
 	}
@@ -81,6 +82,7 @@ func TestAMDConsumerCardAPUAndMissingFiles(t *testing.T) {
 	want(t, r, SectionGPU, "gpu 0", OK, "AMD Radeon RX 7900 XTX/XT", "AMD-PCI-0000:03:00.0", "gpu_metrics v1.3")
 	want(t, r, SectionGPU, "gpu 0 power", Warn, "power1_average 250.0 W", "1 s average")
 	want(t, r, SectionGPU, "gpu 0 energy", Warn, "v1.3 has no energy accumulator, or the firmware leaves it unfilled", "integrated from power")
+	want(t, r, SectionGPU, "amd-smi", Warn, "not installed, and without it these cards have no energy counter (their energy is the power integral): card0", "libamd_smi.so")
 
 	r = amdReport(t, "amd", "apu-v3", nil)
 	want(t, r, SectionGPU, "gpu 0 power", Warn, "from gpu_metrics' socket power: 25.0 W")

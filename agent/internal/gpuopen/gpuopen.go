@@ -24,6 +24,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu"
+	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdsmi"
 	"github.com/trainmeter/trainmeter/pkg/gpu/nvmlgpu"
 	"github.com/trainmeter/trainmeter/pkg/gpu/replay"
 	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
@@ -182,8 +183,18 @@ func OpenWith(spec string, o Options) (gpu.Backend, error) {
 }
 
 func openAMD(o Options, logger *slog.Logger) (gpu.Backend, error) {
-	b, err := amdgpu.New(amdgpu.Options{SysfsRoot: o.SysfsRoot, ProcfsRoot: o.ProcfsRoot, Logger: logger})
+	opt := amdgpu.Options{SysfsRoot: o.SysfsRoot, ProcfsRoot: o.ProcfsRoot, Logger: logger}
+	if lib, err := amdsmi.Open(""); err == nil {
+		logger.Info("amd-smi: loaded; cards it knows take their energy counter from it", "lib", lib.Path(), "gpus", lib.GPUs())
+		opt.SMI = lib
+	} else {
+		logger.Info("amd-smi: not loaded; energy from the amdgpu sysfs files alone", "err", err.Error())
+	}
+	b, err := amdgpu.New(opt)
 	if err != nil {
+		if opt.SMI != nil {
+			opt.SMI.(*amdsmi.Lib).Close()
+		}
 		return nil, err
 	}
 	logger.Info("gpu backend: amd", "gpus", len(b.Devices()))

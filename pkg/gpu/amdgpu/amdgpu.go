@@ -19,6 +19,7 @@ package amdgpu
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -57,6 +58,17 @@ type Options struct {
 	CheckSpan time.Duration
 	// Now is the clock of the per-process usage rates (default time.Now).
 	Now func() time.Time
+	// SMI, when set, is AMD SMI (package amdsmi, loaded where libamd_smi
+	// is installed): a card it gives a counter for takes its energy from
+	// it, in the library's own resolution, instead of from gpu_metrics.
+	SMI CounterSource
+}
+
+// CounterSource is an energy counter from outside sysfs, per card by PCI
+// address: AMD SMI's amdsmi_get_energy_count.
+type CounterSource interface {
+	EnergyCount(pci string) (raw uint64, joulesPerCount float64, ok bool)
+	Path() string
 }
 
 // CheckState is the outcome of the counter's check against power.
@@ -92,9 +104,12 @@ type Sources struct {
 	// Metrics is the gpu_metrics version ("1.5"), "" when unreadable.
 	Metrics      string
 	MetricsError string
-	// Counter: the table has an energy accumulator the firmware fills.
-	Counter bool
-	Check   CounterCheck
+	// Counter: the card has an energy counter: AMD SMI's, or gpu_metrics'
+	// accumulator where the firmware fills it. CounterSource names it:
+	// "amd-smi PATH" or "gpu_metrics".
+	Counter       bool
+	CounterSource string
+	Check         CounterCheck
 	// FdinfoError is why per-process usage cannot be read, if it cannot.
 	FdinfoError string
 }
@@ -115,6 +130,7 @@ type device struct {
 	// accumulator.
 	metricsOK bool
 	counter   bool
+	smi       bool // the counter is AMD SMI's
 	src       Sources
 
 	// The accumulator's wrap state: prevRaw is the last raw value,
@@ -215,6 +231,15 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 			dev.power, dev.src.Power = powerMetrics, "gpu_metrics"
 		}
 	}
+	if dev.counter {
+		dev.src.CounterSource = "gpu_metrics"
+	}
+	if b.opt.SMI != nil {
+		if _, _, ok := b.opt.SMI.EnergyCount(c.PCI); ok {
+			dev.counter, dev.smi = true, true
+			dev.src.CounterSource = "amd-smi " + b.opt.SMI.Path()
+		}
+	}
 	dev.src.Counter = dev.counter
 	dev.chk = checker{span: b.opt.CheckSpan, state: CheckNoCounter}
 	if dev.counter {
@@ -223,7 +248,7 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 	d.HasEnergyCounter = dev.counter
 	d.HasInstantPower = dev.power == powerInput
 	b.log.Info("amdgpu: card", "gpu", i, "card", c.Name, "pci", c.PCI, "name", d.Name,
-		"power", dev.src.Power, "gpu_metrics", dev.src.Metrics, "energy_counter", dev.counter)
+		"power", dev.src.Power, "gpu_metrics", dev.src.Metrics, "energy_counter", dev.src.CounterSource)
 	if dev.power == powerNone && !dev.counter {
 		b.log.Warn("amdgpu: card reports neither power nor an energy counter; its energy will be zero",
 			"gpu", i, "card", c.Name, "power_err", dev.src.PowerError, "gpu_metrics_err", dev.src.MetricsError)
@@ -331,8 +356,14 @@ func (b *Backend) read(i int, d *device, now time.Time, s *gpu.Sample) {
 			s.PowerW, s.PowerOK = m.PowerW, true
 		}
 	}
-	if d.counter && d.chk.state != CheckDisagreed && metricsOK && m.EnergyOK {
-		s.EnergyJ, s.EnergyOK = d.extend(m, now), true
+	if d.counter && d.chk.state != CheckDisagreed && d.smi {
+		if raw, unit, ok := b.opt.SMI.EnergyCount(d.card.PCI); ok {
+			s.EnergyJ, s.EnergyOK = d.extend(raw, unit, now), true
+		} else {
+			fail(errors.New("amd-smi: amdsmi_get_energy_count failed"))
+		}
+	} else if d.counter && d.chk.state != CheckDisagreed && metricsOK && m.EnergyOK {
+		s.EnergyJ, s.EnergyOK = d.extend(m.EnergyRaw, EnergyUnitJ, now), true
 		// No EnergyAt: system_clock_counter is stamped by the driver at
 		// each read of the file, not by the firmware when it measured, so
 		// it is no better than the read time.
@@ -375,17 +406,16 @@ func (b *Backend) read(i int, d *device, now time.Time, s *gpu.Sample) {
 // is a wrap when the energy it implies is plausible for the time since the
 // previous read; otherwise it is a reset, passed on as a decrease for the
 // energy curve to bridge with power.
-func (d *device) extend(m Metrics, now time.Time) float64 {
-	raw := m.EnergyRaw
+func (d *device) extend(raw uint64, unitJ float64, now time.Time) float64 {
 	if d.prevOK && raw < d.prevRaw && d.prevRaw < 1<<32 {
 		dt := now.Sub(d.prevAt).Seconds()
-		wrapped := float64((1<<32)-d.prevRaw+raw) * EnergyUnitJ
+		wrapped := float64((1<<32)-d.prevRaw+raw) * unitJ
 		if dt > 0 && wrapped <= maxPlausibleW*dt {
 			d.wrapAdd += 1 << 32
 		}
 	}
 	d.prevRaw, d.prevAt, d.prevOK = raw, now, true
-	return float64(d.wrapAdd+raw) * EnergyUnitJ
+	return float64(d.wrapAdd+raw) * unitJ
 }
 
 // checker compares the counter with the power integral over the first
@@ -470,11 +500,18 @@ func CounterAgrees(counterJ, integratedJ float64) bool {
 	return math.Abs(counterJ-integratedJ) <= math.Max(CheckTolerance*integratedJ, CheckFloorJ)
 }
 
-// Close implements gpu.Backend. Further Reads fail.
+// Close implements gpu.Backend: further Reads fail, and Options.SMI is
+// closed when it can be.
 func (b *Backend) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
 	b.closed = true
+	if c, ok := b.opt.SMI.(io.Closer); ok {
+		return c.Close()
+	}
 	return nil
 }
 
