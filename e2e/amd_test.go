@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/trainmeter/trainmeter/internal/fakeamdsmi"
 	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdfixture"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -159,5 +161,32 @@ func TestDoctorOnAMDFixtures(t *testing.T) {
 	}
 	if st, text := rep.check(t, "gpu", "gpu 0 power"); st != "FAIL" || !strings.Contains(text, "hint: amdgpu exposes power under hwmon") {
 		t.Errorf("gpu 0 power: %s %s", st, text)
+	}
+}
+
+// The real agent binary loads libamd_smi.so from the library path when it
+// is there (a fake one here) and its doctor says so; the collector binary
+// never links it (collector/cmd/trainmeter/deps_test.go).
+func TestDoctorLoadsLibAMDSMIWhereInstalled(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if _, err := fakeamdsmi.Build(dir); err != nil {
+		t.Skipf("no C compiler for the fake libamd_smi: %v", err)
+	}
+	gpus := filepath.Join(dir, "gpus")
+	if err := os.WriteFile(gpus, []byte("0000:03:00.0 65536000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "trainmeter-agent"), "doctor", "--json", "--timeout", "1s", "--gpu", "amd",
+		"--sysfs-root", "../pkg/gpu/amdgpu/testdata/rx7900xtx/sys", "--procfs-root", t.TempDir(),
+		"--collector", "127.0.0.1:1", "--socket", filepath.Join(t.TempDir(), "none.sock"), "--spool", t.TempDir())
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir, fakeamdsmi.ConfigEnv+"="+gpus)
+	out, _ := cmd.CombinedOutput()
+	var rep doctorReport
+	if err := json.Unmarshal(out[:strings.LastIndex(string(out), "}")+1], &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if st, text := rep.check(t, "gpu", "amd-smi"); st != "OK" || !strings.Contains(text, "libamd_smi.so loaded, 1 GPU; energy counter from it for card0") {
+		t.Errorf("amd-smi: %s %s", st, text)
 	}
 }
