@@ -59,7 +59,12 @@ func TestFixturesMatchGenerator(t *testing.T) {
 		t.Fatal(err)
 	}
 	if *update {
-		if err := os.RemoveAll("testdata"); err != nil {
+		for _, n := range names {
+			if err := os.RemoveAll(filepath.Join("testdata", n)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Remove(filepath.Join("testdata", "README.md")); err != nil && !os.IsNotExist(err) {
 			t.Fatal(err)
 		}
 		if err := os.CopyFS("testdata", os.DirFS(gen)); err != nil {
@@ -87,6 +92,9 @@ func listFiles(t *testing.T, root string) []string {
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
+		}
+		if d.IsDir() && p == filepath.Join(root, "fuzz") {
+			return filepath.SkipDir // go test -fuzz's corpus, not a fixture
 		}
 		if !d.IsDir() {
 			rel, _ := filepath.Rel(root, p)
