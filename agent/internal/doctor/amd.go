@@ -75,7 +75,7 @@ func checkAMD(o Options, auto bool, r *Report) {
 		}
 		if err := firstErr(err1, err2, first[i].Err, second[i].Err); err != nil {
 			r.add(SectionGPU, name, Fail, strings.Join(desc, ", ")+": cannot be read: "+err.Error(),
-				"the amdgpu sysfs files are world-readable; a permission error means a restricted /sys (container, SELinux/AppArmor profile): give the agent read access to "+src.Card+"'s device directory")
+				"the amdgpu sysfs files are world-readable, so \"operation not permitted\" comes from the driver: the card is runtime-suspended (idle, powered off: cat /sys/class/drm/"+src.Card+"/device/power/runtime_status) or in reset; \"permission denied\" means a restricted /sys (container, SELinux/AppArmor profile)")
 			continue
 		}
 		r.add(SectionGPU, name, OK, strings.Join(desc, ", "), "")

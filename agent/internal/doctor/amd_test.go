@@ -108,7 +108,7 @@ func TestAMDUnreadableHwmonFails(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	want(t, r, SectionGPU, "gpu 0", Fail, "cannot be read", "permission denied", "world-readable")
+	want(t, r, SectionGPU, "gpu 0", Fail, "cannot be read", "permission denied", "world-readable", "runtime-suspended")
 }
 
 func TestAMDAutoPicksAMDOnlyWithoutNVIDIA(t *testing.T) {

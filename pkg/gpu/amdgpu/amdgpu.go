@@ -156,6 +156,13 @@ type Backend struct {
 	mu     sync.Mutex
 	gpus   []*device
 	closed bool
+
+	// pmu guards the per-process state (fdinfo.go: the latest scan of
+	// procfs, shared by the per-card calls, and each device's clients),
+	// apart from mu so that a slow scan never delays a sampling Read.
+	pmu    sync.Mutex
+	scan   []drmClient
+	scanAt time.Time
 }
 
 // ErrNoAMD is wrapped by New's error when no amdgpu card is found.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -338,3 +339,29 @@ func TestProcessUsageFromFdinfo(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// On a real /proc the scan reads only the fdinfo of fds linked into
+// /dev/dri.
+func TestProcessScanFollowsFdLinksIntoDevDri(t *testing.T) {
+	sys, _ := fixture(t, "mi300x")
+	proc := t.TempDir()
+	for fd, target := range map[int]string{5: "/dev/dri/renderD128", 6: "/var/log/train.log"} {
+		if err := amdfixture.WriteClient(proc, amdfixture.Client{PID: 77, FD: fd, PCI: "0000:0c:00.0", ClientID: fd, VRAMKiB: 1 << 10}); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(proc, "77", "fd"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, filepath.Join(proc, "77", "fd", strconv.Itoa(fd))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := open(t, sys, proc, nil)
+	u, err := b.ProcessUsage(0, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := u[77]; p.MemMiB != 1 {
+		t.Errorf("pid 77: %+v, want 1 MiB from fd 5 alone (fd 6 is not a DRM device)", p)
+	}
+}

@@ -53,13 +53,8 @@ func scanClients(procfs string) ([]drmClient, error) {
 		if err != nil {
 			continue
 		}
-		dir := filepath.Join(procfs, e.Name(), "fdinfo")
-		fds, err := os.ReadDir(dir)
-		if err != nil {
-			continue // gone, or not ours to inspect
-		}
-		for _, fd := range fds {
-			c, ok := readClient(filepath.Join(dir, fd.Name()))
+		for _, fd := range drmFDs(filepath.Join(procfs, e.Name())) {
+			c, ok := readClient(filepath.Join(procfs, e.Name(), "fdinfo", fd))
 			if !ok {
 				continue
 			}
@@ -82,6 +77,33 @@ func scanClients(procfs string) ([]drmClient, error) {
 		return out[i].id < out[j].id
 	})
 	return out, nil
+}
+
+// drmFDs lists the fds of process dir that may be DRM clients: those whose
+// fd/N link points into /dev/dri (one readlink each, much cheaper than
+// reading every fdinfo: a training process holds hundreds of fds, few of
+// them DRM). Where fd/ cannot be listed but fdinfo/ can (a fixture tree),
+// every fd is a candidate.
+func drmFDs(dir string) []string {
+	fds, err := os.ReadDir(filepath.Join(dir, "fd"))
+	if err != nil {
+		all, err := os.ReadDir(filepath.Join(dir, "fdinfo"))
+		if err != nil {
+			return nil // gone, or not ours to inspect
+		}
+		names := make([]string, len(all))
+		for i, e := range all {
+			names[i] = e.Name()
+		}
+		return names
+	}
+	var out []string
+	for _, e := range fds {
+		if target, err := os.Readlink(filepath.Join(dir, "fd", e.Name())); err == nil && strings.HasPrefix(target, "/dev/dri/") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }
 
 // readClient parses one fdinfo file; ok is false for anything but an
@@ -124,13 +146,24 @@ func readClient(path string) (drmClient, bool) {
 	return c, amd && c.id != ""
 }
 
+// scanReuse is how long one scan of procfs serves the per-card calls: the
+// agent asks card by card, once a second, and one scan reads every
+// process's fdinfo for all cards at once.
+const scanReuse = 250 * time.Millisecond
+
+// clientsOf lists card index's DRM clients; the caller holds b.pmu.
 func (b *Backend) clientsOf(index int) (*device, []drmClient, error) {
 	if index < 0 || index >= len(b.gpus) {
 		return nil, nil, fmt.Errorf("amdgpu: no GPU %d", index)
 	}
-	all, err := scanClients(b.opt.ProcfsRoot)
-	if err != nil {
-		return nil, nil, fmt.Errorf("amdgpu: fdinfo: %w", err)
+	now := b.opt.Now()
+	all := b.scan
+	if b.scanAt.IsZero() || now.Sub(b.scanAt) >= scanReuse || now.Before(b.scanAt) {
+		var err error
+		if all, err = scanClients(b.opt.ProcfsRoot); err != nil {
+			return nil, nil, fmt.Errorf("amdgpu: fdinfo: %w", err)
+		}
+		b.scan, b.scanAt = all, now
 	}
 	d := b.gpus[index]
 	var out []drmClient
@@ -145,6 +178,8 @@ func (b *Backend) clientsOf(index int) (*device, []drmClient, error) {
 // ComputePIDs implements gpu.ProcessLister: the processes that hold an
 // amdgpu DRM client of card index.
 func (b *Backend) ComputePIDs(index int) ([]uint32, error) {
+	b.pmu.Lock()
+	defer b.pmu.Unlock()
 	_, cs, err := b.clientsOf(index)
 	if err != nil {
 		return nil, err
@@ -164,8 +199,8 @@ func (b *Backend) ComputePIDs(index int) ([]uint32, error) {
 // polls on Options.Now; since is not needed: the counter is cumulative).
 // A client seen for the first time has memory but no utilisation yet.
 func (b *Backend) ProcessUsage(index int, _ time.Time) (map[uint32]gpu.ProcessUse, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.pmu.Lock()
+	defer b.pmu.Unlock()
 	now := b.opt.Now()
 	d, cs, err := b.clientsOf(index)
 	if err != nil {
