@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/trainmeter/trainmeter/internal/fakeamdsmi"
 	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdfixture"
@@ -189,4 +190,28 @@ func TestDoctorLoadsLibAMDSMIWhereInstalled(t *testing.T) {
 	if st, text := rep.check(t, "gpu", "amd-smi"); st != "OK" || !strings.Contains(text, "libamd_smi.so loaded, 1 GPU; energy counter from it for card0") {
 		t.Errorf("amd-smi: %s %s", st, text)
 	}
+}
+
+// A board whose accumulator disagrees with its power (here: still while
+// hwmon says 300 W) is caught by the agent's check over its first 3 s, and
+// the runs after it are measured by the power integral.
+func TestAMDCounterThatDisagreesWithPowerIsDropped(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	if err := amdfixture.Write(root, amdfixture.Trees["counter-disagrees"]); err != nil {
+		t.Fatal(err)
+	}
+	c := startCollector(t)
+	sock := c.startAgent("amd-bad-counter", "amd", "--sysfs-root", filepath.Join(root, "sys"), "--procfs-root", t.TempDir())
+	c.eventually("five windows from amd-bad-counter", func() bool { return c.lastSeq("amd-bad-counter") >= 5 })
+	tr := dialTrainer(t, sock)
+	tr.send(`{"event":"run_start","run_id":"bad-counter","model":"m","backend":"b","gpus":[0],"warmup_s":0}`)
+	tr.runSteps("bad-counter", 20, 100, 100*time.Millisecond)
+	tr.send(`{"event":"run_end","run_id":"bad-counter"}`)
+	tr.sync()
+	r := c.waitEnded("bad-counter")
+	if r.GetEnergyMethod() != "integrated" {
+		t.Errorf("energy_method %q, want integrated (the counter was dropped)", r.GetEnergyMethod())
+	}
+	within(t, "energy_total_J", r.GetEnergyTotalJ(), 300*r.GetWallS(), 0.02)
 }
