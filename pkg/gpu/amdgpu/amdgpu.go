@@ -132,6 +132,8 @@ type device struct {
 	counter   bool
 	smi       bool // the counter is AMD SMI's
 	src       Sources
+	// vramTotalMiB is read once: the board's VRAM does not change.
+	vramTotalMiB float64
 
 	// The accumulator's wrap state: prevRaw is the last raw value,
 	// wraps*2^32 is added to raw values since the last wrap.
@@ -207,6 +209,7 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 	d := gpu.Device{Index: i, Vendor: "amd", Name: cardName(c), UUID: cardUUID(c)}
 	if v, err := readUint(filepath.Join(c.Dir, "mem_info_vram_total")); err == nil {
 		d.MemTotalMiB = v >> 20
+		dev.vramTotalMiB = float64(v) / (1 << 20)
 	}
 	if c.Hwmon != "" {
 		if v, err := readUint(filepath.Join(c.Hwmon, "power1_cap")); err == nil {
@@ -392,10 +395,7 @@ func (b *Backend) read(i int, d *device, now time.Time, s *gpu.Sample) {
 		}
 	}
 	if v, err := readUint(filepath.Join(d.card.Dir, "mem_info_vram_used")); err == nil {
-		s.MemUsedMiB, s.MemOK = float64(v)/(1<<20), true
-		if t, err := readUint(filepath.Join(d.card.Dir, "mem_info_vram_total")); err == nil {
-			s.MemTotalMiB = float64(t) / (1 << 20)
-		}
+		s.MemUsedMiB, s.MemTotalMiB, s.MemOK = float64(v)/(1<<20), d.vramTotalMiB, true
 	} else if !os.IsNotExist(err) {
 		fail(err)
 	}
