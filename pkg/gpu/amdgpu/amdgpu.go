@@ -17,6 +17,7 @@
 package amdgpu
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -129,9 +130,11 @@ type device struct {
 	// metricsOK: gpu_metrics parsed at start; counter: and it has a filled
 	// accumulator.
 	metricsOK bool
-	counter   bool
-	smi       bool // the counter is AMD SMI's
-	src       Sources
+	// metricsPending: gpu_metrics exists but could not be read at start.
+	metricsPending bool
+	counter        bool
+	smi            bool // the counter is AMD SMI's
+	src            Sources
 	// vramTotalMiB is read once: the board's VRAM does not change.
 	vramTotalMiB float64
 
@@ -215,15 +218,16 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 		if v, err := readUint(filepath.Join(c.Hwmon, "power1_cap")); err == nil {
 			d.PowerLimitW = float64(v) / 1e6
 		}
+		// By presence, not by a first read: a card in runtime suspend or in
+		// reset at the agent's start answers EPERM, and must not lose its
+		// power file for the agent's life.
 		for _, p := range []struct {
 			f    powerFile
 			name string
 		}{{powerInput, "power1_input"}, {powerAverage, "power1_average"}} {
-			if _, err := readUint(filepath.Join(c.Hwmon, p.name)); err == nil {
+			if _, err := os.Stat(filepath.Join(c.Hwmon, p.name)); err == nil {
 				dev.power, dev.src.Power = p.f, "hwmon "+p.name
 				break
-			} else if dev.src.PowerError == "" {
-				dev.src.PowerError = err.Error()
 			}
 		}
 	} else {
@@ -231,18 +235,13 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 	}
 	if raw, err := os.ReadFile(filepath.Join(c.Dir, "gpu_metrics")); err != nil {
 		dev.src.MetricsError = err.Error()
+		// Present but unreadable now (runtime suspend, reset): what the
+		// table holds is found at the first read that succeeds.
+		dev.metricsPending = !os.IsNotExist(err)
 	} else if m, err := ParseMetrics(raw); err != nil {
 		dev.src.MetricsError = err.Error()
 	} else {
-		dev.metricsOK = true
-		dev.src.Metrics = m.Version()
-		dev.counter = m.EnergyOK
-		if dev.power == powerNone && m.PowerOK {
-			dev.power, dev.src.Power = powerMetrics, "gpu_metrics"
-		}
-	}
-	if dev.counter {
-		dev.src.CounterSource = "gpu_metrics"
+		dev.useMetrics(m)
 	}
 	if b.opt.SMI != nil {
 		if _, _, ok := b.opt.SMI.EnergyCount(c.PCI); ok {
@@ -255,6 +254,9 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 	if dev.counter {
 		dev.chk.state = CheckPending
 	}
+	if dev.src.Power == "" {
+		dev.src.PowerError = cmp.Or(dev.src.PowerError, "no power1_input or power1_average in "+c.Hwmon)
+	}
 	d.HasEnergyCounter = dev.counter
 	d.HasInstantPower = dev.power == powerInput
 	b.log.Info("amdgpu: card", "gpu", i, "card", c.Name, "pci", c.PCI, "name", d.Name,
@@ -264,6 +266,21 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 			"gpu", i, "card", c.Name, "power_err", dev.src.PowerError, "gpu_metrics_err", dev.src.MetricsError)
 	}
 	return d, dev
+}
+
+// useMetrics takes what the card's gpu_metrics table offers: its energy
+// accumulator where filled (unless AMD SMI gives the counter), and its
+// socket power where hwmon has none.
+func (d *device) useMetrics(m Metrics) {
+	d.metricsOK, d.metricsPending = true, false
+	d.src.Metrics, d.src.MetricsError = m.Version(), ""
+	if !d.smi && m.EnergyOK {
+		d.counter = true
+		d.src.CounterSource = "gpu_metrics"
+	}
+	if d.power == powerNone && m.PowerOK {
+		d.power, d.src.Power, d.src.PowerError = powerMetrics, "gpu_metrics", ""
+	}
 }
 
 func cardName(c Card) string {
@@ -341,6 +358,20 @@ func (b *Backend) read(i int, d *device, now time.Time, s *gpu.Sample) {
 	}
 	var m Metrics
 	metricsOK := false
+	if d.metricsPending {
+		if raw, err := os.ReadFile(filepath.Join(d.card.Dir, "gpu_metrics")); err == nil {
+			if m, err := ParseMetrics(raw); err == nil {
+				d.useMetrics(m)
+				d.src.Counter = d.counter
+				if d.counter && d.chk.state == CheckNoCounter {
+					d.chk.state = CheckPending
+				}
+				b.log.Info("amdgpu: gpu_metrics readable now", "gpu", i, "card", d.card.Name, "version", m.Version(), "energy_counter", d.src.CounterSource)
+			} else {
+				d.metricsPending, d.src.MetricsError = false, err.Error()
+			}
+		}
+	}
 	if d.metricsOK {
 		if raw, err := os.ReadFile(filepath.Join(d.card.Dir, "gpu_metrics")); err != nil {
 			fail(err)

@@ -365,3 +365,39 @@ func TestProcessScanFollowsFdLinksIntoDevDri(t *testing.T) {
 		t.Errorf("pid 77: %+v, want 1 MiB from fd 5 alone (fd 6 is not a DRM device)", p)
 	}
 }
+
+// A card in runtime suspend at the agent's start answers EPERM; its
+// gpu_metrics (and so its counter) is taken up at the first read that
+// works, not lost for the agent's life. (A directory stands in for the
+// unreadable file: root reads any mode.)
+func TestGPUMetricsUnreadableAtStartIsTakenUpLater(t *testing.T) {
+	sys, proc := fixture(t, "mi300x")
+	metrics := filepath.Join(sys, "class/drm/card0/device/gpu_metrics")
+	good, err := os.ReadFile(metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(metrics); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(metrics, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := open(t, sys, proc, nil)
+	if s := read(t, b, t0)[0]; s.EnergyOK || !s.PowerOK {
+		t.Fatalf("while unreadable: %+v", s)
+	}
+	if err := os.Remove(metrics); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(metrics, good, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := read(t, b, t0.Add(time.Second))[0]
+	if !s.EnergyOK || s.EnergyJ != amdfixture.MI300XStartJ {
+		t.Errorf("once readable: %+v, want the counter", s)
+	}
+	if src := b.Sources(0); src.Metrics != "1.5" || src.CounterSource != "gpu_metrics" || src.Check.State != amdgpu.CheckPending {
+		t.Errorf("sources = %+v", src)
+	}
+}
