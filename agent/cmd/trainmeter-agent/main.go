@@ -74,7 +74,9 @@ func bindFlags(cmd *cobra.Command, o *options) {
 	f.StringVar(&o.cfg.Socket, "socket", o.cfg.Socket, "trainer Unix socket path")
 	f.StringVar(&o.cfg.SocketGroup, "socket-group", o.cfg.SocketGroup, "group that owns the socket (mode 0660)")
 	f.StringVar(&o.cfg.Node, "node", o.cfg.Node, "node name (default: hostname)")
-	f.StringVar(&o.cfg.GPU, "gpu", o.cfg.GPU, "GPU backend: nvml, sim:N, replay:FILE, or auto (nvml if a GPU is found)")
+	f.StringVar(&o.cfg.GPU, "gpu", o.cfg.GPU, "GPU backend: nvml, amd, sim:N, replay:FILE, or auto (nvml if a GPU is found, else amd if AMD GPUs and no NVIDIA GPU are found)")
+	f.StringVar(&o.cfg.SysfsRoot, "sysfs-root", o.cfg.SysfsRoot, "root of the sysfs tree (tests point it at a fixture)")
+	f.StringVar(&o.cfg.ProcfsRoot, "procfs-root", o.cfg.ProcfsRoot, "root of the procfs tree (tests point it at a fixture)")
 	f.DurationVar(&o.cfg.Interval, "interval", o.cfg.Interval, "GPU sampling interval")
 	f.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "default warmup excluded from efficiency figures (runs naming none; ends at this or --warmup-steps, whichever comes first)")
 	f.Uint64Var(&o.cfg.WarmupSteps, "warmup-steps", o.cfg.WarmupSteps, "the default warmup also ends at the run's N-th step, if before --warmup (0: --warmup alone)")
@@ -151,6 +153,8 @@ func overlayFlags(cmd *cobra.Command, dst *agent.Config, flags agent.Config) {
 	set("socket-group", func() { dst.SocketGroup = flags.SocketGroup })
 	set("node", func() { dst.Node = flags.Node })
 	set("gpu", func() { dst.GPU = flags.GPU })
+	set("sysfs-root", func() { dst.SysfsRoot = flags.SysfsRoot })
+	set("procfs-root", func() { dst.ProcfsRoot = flags.ProcfsRoot })
 	set("interval", func() { dst.Interval = flags.Interval })
 	set("warmup", func() { dst.Warmup = flags.Warmup })
 	set("warmup-steps", func() { dst.WarmupSteps = flags.WarmupSteps })
@@ -182,7 +186,7 @@ func run(cfg agent.Config, shutdownTimeout time.Duration) error {
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
-	backend, err := gpuopen.Open(cfg.GPU, logger)
+	backend, err := gpuopen.OpenWith(cfg.GPU, gpuopen.Options{Logger: logger, SysfsRoot: cfg.SysfsRoot, ProcfsRoot: cfg.ProcfsRoot})
 	if err != nil {
 		return err
 	}

@@ -155,6 +155,7 @@ func (a *Agent) hello() *trainmeterv1.Hello {
 		h.Gpus = append(h.Gpus, &trainmeterv1.GpuInfo{
 			Index: uint32(d.Index), Uuid: d.UUID, Name: d.Name, MemoryTotalMib: d.MemTotalMiB,
 			PowerLimitW: d.PowerLimitW, HasEnergyCounter: d.HasEnergyCounter, HasInstantPower: d.HasInstantPower,
+			Vendor: d.Vendor,
 		})
 	}
 	return h

@@ -31,8 +31,15 @@ type Config struct {
 	SocketGroup string `yaml:"socket_group"`
 	// Node names this box; default: the hostname.
 	Node string `yaml:"node"`
-	// GPU is the backend: nvml, sim:N, replay:FILE, or auto (nvml if found).
+	// GPU is the backend: nvml, amd, sim:N, replay:FILE, or auto (nvml if
+	// found, else amd if AMD GPUs and no NVIDIA GPU are found).
 	GPU string `yaml:"gpu"`
+	// SysfsRoot is the root of the sysfs tree (default /sys): the amd
+	// backend's and auto's cards, and RAPL; tests point it at a fixture.
+	SysfsRoot string `yaml:"sysfs_root"`
+	// ProcfsRoot is the root of the procfs tree (default /proc): process
+	// trees and AMD per-process usage (fdinfo); tests point it at a fixture.
+	ProcfsRoot string `yaml:"procfs_root"`
 	// Interval is the GPU sampling period.
 	Interval time.Duration `yaml:"interval"`
 	// Warmup is excluded from efficiency figures unless run_start says
@@ -103,6 +110,8 @@ func DefaultConfig() Config {
 		Collector:     "127.0.0.1:7433",
 		Socket:        trainerwire.DefaultSocket,
 		GPU:           "auto",
+		SysfsRoot:     "/sys",
+		ProcfsRoot:    "/proc",
 		Interval:      50 * time.Millisecond,
 		Warmup:        60 * time.Second,
 		WarmupSteps:   DefaultWarmupSteps,

@@ -110,6 +110,26 @@ type Options struct {
 	Gap time.Duration
 	// Timeout bounds each network check; default 5 s.
 	Timeout time.Duration
+	// Now and Wait are the clock of the live GPU reads of the amd backend
+	// (default time.Now, time.Sleep); tests move the fixture's counters in
+	// Wait.
+	Now  func() time.Time
+	Wait func(time.Duration)
+}
+
+func (o Options) now() time.Time {
+	if o.Now == nil {
+		return time.Now()
+	}
+	return o.Now()
+}
+
+func (o Options) wait(d time.Duration) {
+	if o.Wait == nil {
+		time.Sleep(d)
+		return
+	}
+	o.Wait(d)
 }
 
 // Run runs every check and returns the report. It does not fail: problems

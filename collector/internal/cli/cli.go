@@ -572,6 +572,9 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 					if len(names) > 0 && names[0] != "" {
 						gpus += " x " + names[0]
 					}
+					if v := nodeVendors(n.GetGpus()); v != "" {
+						gpus += " (" + v + ")"
+					}
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", n.GetNode(), st, gpus, seen, n.GetLastSeq(), n.GetBootId())
 				}
 				return tw.Flush()

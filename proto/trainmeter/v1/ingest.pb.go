@@ -347,8 +347,12 @@ type GpuInfo struct {
 	PowerLimitW      float64                `protobuf:"fixed64,5,opt,name=power_limit_w,json=powerLimitW,proto3" json:"power_limit_w,omitempty"`
 	HasEnergyCounter bool                   `protobuf:"varint,6,opt,name=has_energy_counter,json=hasEnergyCounter,proto3" json:"has_energy_counter,omitempty"`
 	HasInstantPower  bool                   `protobuf:"varint,7,opt,name=has_instant_power,json=hasInstantPower,proto3" json:"has_instant_power,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// --- AMD GPUs (issue 20; field numbers 600-649) ---
+	// The GPU's vendor as the agent's backend names it: "nvidia", "amd", or
+	// empty (simulated GPUs, a replay trace without a vendor column).
+	Vendor        string `protobuf:"bytes,600,opt,name=vendor,proto3" json:"vendor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GpuInfo) Reset() {
@@ -428,6 +432,13 @@ func (x *GpuInfo) GetHasInstantPower() bool {
 		return x.HasInstantPower
 	}
 	return false
+}
+
+func (x *GpuInfo) GetVendor() string {
+	if x != nil {
+		return x.Vendor
+	}
+	return ""
 }
 
 // Batch carries one sampling window (normally 1 s) of one node.
@@ -2557,7 +2568,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\vgpu_backend\x18\x05 \x01(\tR\n" +
 	"gpuBackend\x129\n" +
 	"\n" +
-	"started_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xef\x01\n" +
+	"started_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x88\x02\n" +
 	"\aGpuInfo\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x12\n" +
@@ -2565,7 +2576,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x10memory_total_mib\x18\x04 \x01(\x04R\x0ememoryTotalMib\x12\"\n" +
 	"\rpower_limit_w\x18\x05 \x01(\x01R\vpowerLimitW\x12,\n" +
 	"\x12has_energy_counter\x18\x06 \x01(\bR\x10hasEnergyCounter\x12*\n" +
-	"\x11has_instant_power\x18\a \x01(\bR\x0fhasInstantPower\"\xdd\x03\n" +
+	"\x11has_instant_power\x18\a \x01(\bR\x0fhasInstantPower\x12\x17\n" +
+	"\x06vendor\x18\xd8\x04 \x01(\tR\x06vendor\"\xdd\x03\n" +
 	"\x05Batch\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
