@@ -32,7 +32,10 @@ const maxTreeDepth = 1024
 // process tree. Backends without a lister (the simulator, whose GPUs run
 // no processes, and replay) leave runs on every GPU.
 func (a *Agent) initAttribution(backend gpu.Backend) bool {
-	a.procRoot = "/proc"
+	a.procRoot = a.cfg.ProcfsRoot
+	if a.procRoot == "" {
+		a.procRoot = "/proc"
+	}
 	pl, ok := backend.(gpu.ProcessLister)
 	if !ok {
 		return false

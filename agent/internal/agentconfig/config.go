@@ -42,12 +42,18 @@ type Config struct {
 	// WarmupSteps ends the default warmup at the run's N-th step when that
 	// comes before Warmup (0: Warmup alone).
 	WarmupSteps uint64 `yaml:"warmup_steps"`
-	// HostInterval is the host (RAM, CPU) sampling period.
+	// HostInterval is the host (RAM, CPU, RAPL energy) sampling period.
 	HostInterval time.Duration `yaml:"host_interval"`
 	// HostReplay, when set, plays a host trace (RAM, CPUs; pkg/host Replay,
 	// docs/replay-format.md) instead of reading the real host: for tests and
 	// demos of the dataloader advice.
 	HostReplay string `yaml:"host_replay"`
+	// SysfsRoot is the root of the sysfs tree the agent reads (RAPL under
+	// class/powercap); tests point it at a fixture. Empty: host energy off.
+	SysfsRoot string `yaml:"sysfs_root"`
+	// ProcfsRoot is the root of the procfs tree the agent reads (process
+	// trees, their CPU time); tests point it at a fixture.
+	ProcfsRoot string `yaml:"procfs_root"`
 	// RawSamples sends every GPU sample to the collector too (RawSamples in
 	// the batches), besides the 1 s summaries. Off by default.
 	RawSamples bool `yaml:"raw_samples"`
@@ -107,6 +113,8 @@ func DefaultConfig() Config {
 		Warmup:        60 * time.Second,
 		WarmupSteps:   DefaultWarmupSteps,
 		HostInterval:  time.Second,
+		SysfsRoot:     "/sys",
+		ProcfsRoot:    "/proc",
 		Spool:         DefaultSpoolDir,
 		SpoolMaxBytes: DefaultSpoolMaxBytes,
 		RejoinGrace:   ledger.DefaultRejoinGrace,
