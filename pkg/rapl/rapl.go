@@ -45,6 +45,14 @@ var ErrNoPowercap = errors.New("no RAPL zones under class/powercap (no intel-rap
 // ErrPermission means a counter exists but this process may not read it.
 var ErrPermission = fs.ErrPermission
 
+// PermissionFix says how to let group read the counters: what the .deb
+// installs, and the same by hand (docs/deploy.md).
+func PermissionFix(group string) string {
+	return "energy_uj is readable by root only on current kernels (CVE-2020-8694): the .deb's /usr/lib/tmpfiles.d/trainmeter-rapl.conf gives group " +
+		group + " read access at every boot; apply it now with `sudo systemd-tmpfiles --create trainmeter-rapl.conf`, or by hand: `sudo chgrp " +
+		group + " /sys/class/powercap/intel-rapl:*/energy_uj && sudo chmod 0440 /sys/class/powercap/intel-rapl:*/energy_uj` (docs/deploy.md)"
+}
+
 // Zone is one powercap RAPL zone.
 type Zone struct {
 	// Dir is the zone's directory (…/class/powercap/intel-rapl:0:1).

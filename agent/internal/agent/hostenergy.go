@@ -27,10 +27,6 @@ import (
 // used, so a different value would change nothing but cpu_s.
 const userHZ = 100
 
-// PermissionHint is the fix for RAPL counters the agent may not read: the
-// .deb installs it; doctor prints it.
-const PermissionHint = "energy_uj is readable by root only on current kernels (CVE-2020-8694): the .deb's /usr/lib/tmpfiles.d/trainmeter-rapl.conf gives group trainmeter read access at boot; apply it now with `sudo systemd-tmpfiles --create trainmeter-rapl.conf`, or by hand: `sudo chgrp trainmeter /sys/class/powercap/intel-rapl:*/energy_uj && sudo chmod 0440 /sys/class/powercap/intel-rapl:*/energy_uj` (docs/deploy.md)"
-
 // hostEnergy is the agent's RAPL reader and what GET /status says of it.
 type hostEnergy struct {
 	reader *rapl.Reader
@@ -98,7 +94,7 @@ func (a *Agent) pollHostEnergy() {
 	if err != nil {
 		if !he.failed {
 			if errors.Is(err, rapl.ErrPermission) {
-				a.log.Warn("RAPL energy counters not readable (permission denied): cpu_energy_J and dram_energy_J stay empty until they are; logged again when they are read", "hint", PermissionHint, "err", err)
+				a.log.Warn("RAPL energy counters not readable (permission denied): cpu_energy_J and dram_energy_J stay empty until they are; logged again when they are read", "hint", rapl.PermissionFix("trainmeter"), "err", err)
 			} else {
 				a.log.Warn("RAPL energy counters not read; logged again when they are", "err", err)
 			}
