@@ -262,8 +262,8 @@ func ReadCounter(readFile ReadFileFunc, z Zone) (uint64, error) {
 //
 // A counter lower than at the previous read wrapped once: the energy is
 // what was left to max_energy_range_uj plus the new value. More than one
-// wrap between two reads cannot be told apart (a package counter wraps
-// after about 60 kJ: minutes at the highest power, far longer than the
+// wrap between two reads cannot be told apart (a Xeon's package counter
+// wraps after 262 kJ: about 15 minutes at 300 W, far longer than the
 // agent's 1 s between reads).
 func (r *Reader) Read() (Reading, error) {
 	r.mu.Lock()

@@ -141,14 +141,18 @@ func writeUsageTable(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintln(out, "\nnode totals (all GPUs of the node, over the period; idle = no run on the GPU)")
-	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	// Host (CPU package + DRAM, RAPL) columns only where a node measured
 	// it, so GPU-only fleets read as before.
 	host := false
 	for _, n := range resp.GetNodes() {
 		host = host || n.GetHostEnergyJ() > 0
 	}
+	if host {
+		fmt.Fprintln(out, "\nnode totals (all GPUs of the node, over the period; idle = no run on the GPU; host = CPU packages + DRAM (RAPL), idle host = no run on the node)")
+	} else {
+		fmt.Fprintln(out, "\nnode totals (all GPUs of the node, over the period; idle = no run on the GPU)")
+	}
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	if host {
 		fmt.Fprintln(tw, "NODE\tGPU-HOURS\tENERGY kWh\tIDLE GPU-HOURS\tIDLE ENERGY kWh\tHOST (CPU+DRAM) kWh\tIDLE HOST kWh")
 	} else {
