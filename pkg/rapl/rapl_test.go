@@ -204,3 +204,17 @@ func TestGarbledCounterIsAnError(t *testing.T) {
 		t.Fatal("dram lost because a package counter was garbled")
 	}
 }
+
+// BenchmarkRead is one read of a two-socket node's four counters (what the
+// agent does once a second).
+func BenchmarkRead(b *testing.B) {
+	r, err := Open("testdata/two-sockets", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := r.Read(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

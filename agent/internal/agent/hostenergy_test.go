@@ -265,3 +265,17 @@ func TestNoPowercapTurnsHostEnergyOff(t *testing.T) {
 		t.Fatalf("status %q", st)
 	}
 }
+
+// BenchmarkTreeCPU sums two runs' process-tree CPU time over this
+// machine's real /proc (what each RAPL read adds while runs share a node:
+// one pass over every process's stat).
+func BenchmarkTreeCPU(b *testing.B) {
+	runs := []ledger.SharedRun{{ID: "a", Roots: []int{os.Getpid()}}, {ID: "b", Roots: []int{1}}}
+	entries, _ := os.ReadDir("/proc")
+	b.ReportMetric(float64(len(entries)), "proc-entries")
+	for b.Loop() {
+		if got := treeCPU("/proc", runs); len(got) != 2 {
+			b.Fatalf("tree CPU %v", got)
+		}
+	}
+}
