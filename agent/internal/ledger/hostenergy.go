@@ -52,6 +52,13 @@ type HostPoint struct {
 	RunCPU map[string]float64
 }
 
+// MaxHostGap is the longest time between two RAPL reads whose difference
+// is booked: past it (reads refused or failing meanwhile) a counter may
+// have wrapped more than once unseen (a Xeon's package counter wraps after
+// 262 kJ, under 9 minutes at 500 W), so the gap is left unmeasured and the
+// read starts anew.
+const MaxHostGap = 5 * time.Minute
+
 // hostState is the ledger's host energy bookkeeping.
 type hostState struct {
 	last *HostPoint
@@ -91,6 +98,11 @@ func (l *Ledger) AddHostPoint(p HostPoint) {
 		}
 	}
 	last := l.hostEnergy.last
+	if last != nil && p.T.Sub(last.T) > MaxHostGap {
+		l.cfg.Logger.Warn("host energy: no RAPL read for too long, counters may have wrapped more than once: the gap is not measured",
+			"gap", p.T.Sub(last.T), "max", MaxHostGap)
+		last = nil
+	}
 	if last != nil && p.T.After(last.T) && len(last.Zones) == len(p.Zones) {
 		l.hostEnergy.pending = append(l.hostEnergy.pending, l.hostInterval(last, &p))
 	}

@@ -203,3 +203,23 @@ func TestHostEnergyWithoutReadsKeepsNothing(t *testing.T) {
 		t.Fatalf("%d ended runs kept for a host split that cannot come", n)
 	}
 }
+
+// After reads failing for longer than MaxHostGap the counters may have
+// wrapped unseen: that gap is not booked, the reads after it are.
+func TestHostEnergyGapLongerThanAWrapIsNotBooked(t *testing.T) {
+	h := &hostRig{rig: newRig(t, []float64{300}, []float64{300}, 0), cpuUJ: 1e9}
+	h.advance(time.Second)
+	h.read()
+	startOn(t, h.rig, peer1, "a", "0")
+	h.now = h.now.Add(MaxHostGap + time.Second) // no read meanwhile (refused), no tick either
+	h.cpuUJ += 99_000e6
+	h.read()
+	h.advance(time.Second)
+	h.cpuUJ += 40e6
+	h.read()
+	endRun(t, h.rig, peer1, "a")
+	h.advance(3 * time.Second)
+	cpu, _, _, _, runCPU, _, _ := h.hostTotals()
+	exact(t, "node cpu", cpu, 40)
+	exact(t, "run cpu", runCPU["a"], 40)
+}
