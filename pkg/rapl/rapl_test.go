@@ -218,3 +218,29 @@ func BenchmarkRead(b *testing.B) {
 		}
 	}
 }
+
+// AMD's RAPL: packages only, a shorter range, no DRAM.
+func TestAMDTwoSocketsWithoutDRAM(t *testing.T) {
+	root := copyTree(t, "amd-epyc-2s")
+	r, err := Open(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Read(); err != nil {
+		t.Fatal(err)
+	}
+	setCounter(t, root, "intel-rapl:0", 100) // wrapped at AMD's range
+	rd, err := r.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := rd.Sum(DomainDRAM); ok {
+		t.Fatal("DRAM on AMD")
+	}
+	if len(rd.Zones) != 2 || rd.Zones[1].Name != "package-1" || rd.Zones[1].Socket != 1 {
+		t.Fatalf("zones %+v", rd.Zones)
+	}
+	if z := rd.Zones[0]; z.EnergyUJ != 65532610987-43114655012+100 || z.Wraps != 1 {
+		t.Fatalf("package-0 across AMD's wrap: %d µJ, %d wraps", z.EnergyUJ, z.Wraps)
+	}
+}
