@@ -279,3 +279,21 @@ func BenchmarkTreeCPU(b *testing.B) {
 		}
 	}
 }
+
+// A zone that is not summed (psys here) failing to read costs nothing.
+func TestHostEnergyIgnoresUnsummedZoneErrors(t *testing.T) {
+	root := t.TempDir()
+	if err := os.CopyFS(root, os.DirFS("../../../pkg/rapl/testdata/laptop-no-dram")); err != nil {
+		t.Fatal(err)
+	}
+	a := bareAgent(root, nil)
+	a.openHostEnergy(func(name string) ([]byte, error) {
+		if strings.Contains(name, "intel-rapl:1/energy_uj") { // psys
+			return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrPermission}
+		}
+		return os.ReadFile(name)
+	})
+	if st, reads := a.hostEnergyStatus(); st != "ok: 1 socket(s), package (no dram domain: dram_energy_J stays empty)" || reads != 1 {
+		t.Fatalf("status %q after %d reads", st, reads)
+	}
+}
