@@ -39,11 +39,11 @@ func checkRAPL(o Options, r *Report) {
 		r.add(SectionHostEnergy, "rapl", Fail, err.Error(), "the powercap tree is not what the kernel documents (Documentation/power/powercap/powercap.rst)")
 		return
 	}
-	first, err := reader.Read()
+	first, err := summedRead(reader)
 	if err == nil {
 		time.Sleep(o.Gap)
 		var second rapl.Reading
-		second, err = reader.Read()
+		second, err = summedRead(reader)
 		if err == nil {
 			raplOK(o, r, reader.Zones(), first, second)
 			return
@@ -55,6 +55,19 @@ func checkRAPL(o Options, r *Report) {
 		return
 	}
 	r.add(SectionHostEnergy, "rapl", Fail, "reading the RAPL counters: "+firstLine(err), "")
+}
+
+// summedRead reads the counters; only the package and dram zones' errors
+// count, as the agent's (core, uncore and psys are never summed).
+func summedRead(reader *rapl.Reader) (rapl.Reading, error) {
+	rd, _ := reader.Read()
+	var err error
+	for _, z := range rd.Zones {
+		if z.Err != nil && (z.Domain == rapl.DomainPackage || z.Domain == rapl.DomainDRAM) {
+			err = errors.Join(err, z.Err)
+		}
+	}
+	return rd, err
 }
 
 func firstLine(err error) string {
