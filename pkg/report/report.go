@@ -69,6 +69,8 @@ var header = []string{
 	"avg_power_total_W", "peak_power_total_W",
 	// stated uncertainty of energy_J, ± % (docs/accuracy.md)
 	"energy_uncertainty_pct",
+	// host energy from RAPL, whole run (docs/measurement.md, "Host energy (CPU and DRAM)")
+	"cpu_energy_J", "dram_energy_J", "node_energy_J",
 }
 
 // Header returns the CSV header row.
@@ -305,6 +307,9 @@ func Row(r *RunReport) []string {
 		fOK(AvgPowerTotal(r)),
 		fOK(PeakPowerTotal(r)),
 		opt(r.EnergyUncertaintyPct, F),
+		opt(r.CpuEnergyJ, F),
+		opt(r.DramEnergyJ, F),
+		opt(r.NodeEnergyJ, F),
 	}
 }
 
@@ -664,6 +669,8 @@ func WriteReport(w io.Writer, r *RunReport) error {
 		line("note", "%s", "part of the energy is estimated, not measured: a GPU that stopped reporting (its counter energy replaced by its sampled power, or its time a gap), a cut past a GPU's newest reading, or an agent restart without a counter")
 	}
 
+	writeHostEnergy(&b, line, r)
+
 	b.WriteString("power (all GPUs summed)\n")
 	avgTotal, hasAvgTotal := AvgPowerTotal(r)
 	peakTotal, hasPeakTotal := PeakPowerTotal(r)
@@ -710,4 +717,23 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeHostEnergy writes the run's CPU and DRAM energy (RAPL) and the
+// node total, when a node measured them.
+func writeHostEnergy(b *strings.Builder, line func(string, string, ...any), r *RunReport) {
+	if r.CpuEnergyJ == nil {
+		return
+	}
+	b.WriteString("host energy (CPU packages and DRAM, RAPL; whole run, the run's share of its nodes)\n")
+	line("cpu", "%.1f J", r.GetCpuEnergyJ())
+	if r.DramEnergyJ != nil {
+		line("dram", "%.1f J", r.GetDramEnergyJ())
+	} else {
+		line("dram", "%s", "- (no DRAM domain on the nodes: not in node energy)")
+	}
+	line("node", "%.1f J = GPUs %.1f J + cpu + dram", r.GetNodeEnergyJ(), r.GetEnergyTotalJ())
+	if m := r.GetHostEnergySplit(); m != "" && m != "exclusive" {
+		line("split", "%s (the node's host energy shared with other runs)", m)
+	}
 }

@@ -81,7 +81,7 @@ func bindFlags(cmd *cobra.Command, o *options) {
 	f.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "default warmup excluded from efficiency figures (runs naming none; ends at this or --warmup-steps, whichever comes first)")
 	f.Uint64Var(&o.cfg.WarmupSteps, "warmup-steps", o.cfg.WarmupSteps, "the default warmup also ends at the run's N-th step, if before --warmup (0: --warmup alone)")
 	f.DurationVar(&o.cfg.RejoinGrace, "rejoin-grace", o.cfg.RejoinGrace, "after an agent restart, how long a resumed run waits for a rank to reconnect")
-	f.DurationVar(&o.cfg.HostInterval, "host-interval", o.cfg.HostInterval, "host RAM/CPU sampling interval")
+	f.DurationVar(&o.cfg.HostInterval, "host-interval", o.cfg.HostInterval, "host RAM/CPU and RAPL CPU/DRAM energy sampling interval")
 	f.StringVar(&o.cfg.HostReplay, "host-replay", o.cfg.HostReplay, "play a host RAM/CPU trace (CSV, docs/replay-format.md) instead of reading the host")
 	f.BoolVar(&o.cfg.RawSamples, "raw-samples", o.cfg.RawSamples, "also send every raw GPU sample (not only the 1 s summaries) to the collector")
 	f.StringVar(&o.cfg.Spool, "spool", o.cfg.Spool, "directory that keeps batches until the collector acks them")

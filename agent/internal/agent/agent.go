@@ -75,6 +75,10 @@ type Agent struct {
 	lastUsePoll time.Time
 	lastUseErr  time.Time
 
+	// Host CPU/DRAM energy from RAPL (hostenergy.go); its reader is nil
+	// when the node has no readable counters.
+	hostEnergy *hostEnergy
+
 	// Direct OTel export (otel.go); nil when off.
 	otel       *otelexport.Exporter
 	gpuMetrics *otelexport.GPUMetrics
@@ -103,6 +107,7 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	}
 	lcfg.ProcessAttribution = a.initAttribution(backend)
 	a.ledger = ledger.New(lcfg)
+	a.openHostEnergy(nil)
 
 	sp, err := spool.Open(cfg.Spool, cfg.SpoolMaxBytes, logger)
 	if err != nil {
@@ -151,6 +156,7 @@ func (a *Agent) hello() *trainmeterv1.Hello {
 		GpuBackend:   a.cfg.GPU,
 		StartedAt:    timestamppb.New(a.clock.Now()),
 	}
+	h.HostEnergyStatus, _ = a.hostEnergyStatus()
 	for _, d := range a.backend.Devices() {
 		h.Gpus = append(h.Gpus, &trainmeterv1.GpuInfo{
 			Index: uint32(d.Index), Uuid: d.UUID, Name: d.Name, MemoryTotalMib: d.MemTotalMiB,
@@ -188,6 +194,14 @@ func (a *Agent) Start(ctx context.Context) error {
 		go func() {
 			defer a.wg.Done()
 			a.hostLoop(ctx, t)
+		}()
+	}
+	if a.hostEnergy.reader != nil {
+		t := a.clock.NewTicker(a.cfg.HostInterval)
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			pollEvery(ctx, t, a.pollHostEnergy)
 		}()
 	}
 	if a.initSharing() {

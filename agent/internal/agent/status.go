@@ -105,6 +105,17 @@ type Status struct {
 	// ActiveRuns are the runs the ledger has open (ended ones until their
 	// last window is out).
 	ActiveRuns int `json:"active_runs"`
+	// HostEnergy is the RAPL (CPU/DRAM energy) reader's state.
+	HostEnergy HostEnergyStatus `json:"host_energy"`
+}
+
+// HostEnergyStatus says whether the node's RAPL counters are read.
+type HostEnergyStatus struct {
+	// Status is "ok: N socket(s), package and dram", "permission denied:
+	// ...", "no RAPL counters: ...", "error: ...".
+	Status string `json:"status"`
+	// Reads counts the reads of every package and dram counter.
+	Reads uint64 `json:"reads"`
 }
 
 // SamplingStatus describes the 50 ms GPU sampling loop.
@@ -195,6 +206,7 @@ func (a *Agent) Status() Status {
 		},
 		ActiveRuns: len(a.ledger.ActiveRuns()),
 	}
+	st.HostEnergy.Status, st.HostEnergy.Reads = a.hostEnergyStatus()
 	st.Sampling.SamplesMissed = st.Sampling.ReadFailures + st.Sampling.SkippedTicks
 	if !up.Connected {
 		st.Uplink.UnreachableS = now.Sub(time.Unix(0, s.lastConnected.Load())).Seconds()

@@ -35,10 +35,12 @@ type Config struct {
 	// found, else amd if AMD GPUs and no NVIDIA GPU are found).
 	GPU string `yaml:"gpu"`
 	// SysfsRoot is the root of the sysfs tree (default /sys): the amd
-	// backend's and auto's cards, and RAPL; tests point it at a fixture.
+	// backend's and auto's cards, and RAPL under class/powercap (empty in a
+	// programmatic config: host energy off); tests point it at a fixture.
 	SysfsRoot string `yaml:"sysfs_root"`
 	// ProcfsRoot is the root of the procfs tree (default /proc): process
-	// trees and AMD per-process usage (fdinfo); tests point it at a fixture.
+	// trees, their CPU time, and AMD per-process usage (fdinfo); tests point
+	// it at a fixture.
 	ProcfsRoot string `yaml:"procfs_root"`
 	// Interval is the GPU sampling period.
 	Interval time.Duration `yaml:"interval"`
@@ -49,7 +51,7 @@ type Config struct {
 	// WarmupSteps ends the default warmup at the run's N-th step when that
 	// comes before Warmup (0: Warmup alone).
 	WarmupSteps uint64 `yaml:"warmup_steps"`
-	// HostInterval is the host (RAM, CPU) sampling period.
+	// HostInterval is the host (RAM, CPU, RAPL energy) sampling period.
 	HostInterval time.Duration `yaml:"host_interval"`
 	// HostReplay, when set, plays a host trace (RAM, CPUs; pkg/host Replay,
 	// docs/replay-format.md) instead of reading the real host: for tests and

@@ -1,9 +1,10 @@
 // Package doctor implements `trainmeter-agent doctor`: checks, in plain
 // words, of everything that makes the numbers missing or zero — the GPU
 // backend (NVML, driver, each GPU's power and energy fields and a live
-// reading, MIG), the trainer socket, the collector (reachability, health,
-// TLS, the ingest token) and the spool. Each check is one line with a status
-// (OK, WARN, FAIL) and, where something is off, a hint.
+// reading, MIG), the RAPL counters of the host energy, the trainer socket,
+// the collector (reachability, health, TLS, the ingest token) and the
+// spool. Each check is one line with a status (OK, WARN, FAIL) and, where
+// something is off, a hint.
 //
 // Nothing here is on the agent's hot path, and nothing it does changes the
 // state of a running agent or of the collector: the socket probe sends one
@@ -24,6 +25,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
+	"github.com/trainmeter/trainmeter/pkg/rapl"
 )
 
 // Status is a check's verdict.
@@ -115,6 +117,9 @@ type Options struct {
 	// Wait.
 	Now  func() time.Time
 	Wait func(time.Duration)
+	// RAPLReadFile reads the RAPL files; nil: os.ReadFile. Tests refuse
+	// reads with it, which root's file modes cannot.
+	RAPLReadFile rapl.ReadFileFunc
 }
 
 func (o Options) now() time.Time {
@@ -160,6 +165,7 @@ func Run(ctx context.Context, o Options) *Report {
 		r.add(SectionConfig, "config", OK, "valid ("+src+")", "")
 	}
 	checkGPU(o, r)
+	checkRAPL(o, r)
 	checkSocket(ctx, o, r)
 	checkCollector(ctx, o, r)
 	checkSpool(o, r)
@@ -217,6 +223,8 @@ func (r *Report) sectionNote(section string) string {
 		return " (" + r.Collector + ")"
 	case SectionSpool:
 		return " (" + r.Spool + ")"
+	case SectionHostEnergy:
+		return " (RAPL: cpu_energy_J, dram_energy_J)"
 	}
 	return ""
 }

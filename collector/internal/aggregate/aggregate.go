@@ -274,6 +274,15 @@ type State struct {
 	PauseStarts []int64 `json:"pause_starts,omitempty"`
 	PauseEnds   []int64 `json:"pause_ends,omitempty"`
 
+	// Host energy (RAPL): the run's shares of its nodes' CPU package and
+	// DRAM energy (AddHostEnergy), whether any came, and the split rules
+	// seen.
+	HostCPUEnergyJ  float64  `json:"host_cpu_energy_j,omitempty"`
+	HostDRAMEnergyJ float64  `json:"host_dram_energy_j,omitempty"`
+	HasHostCPU      bool     `json:"has_host_cpu,omitempty"`
+	HasHostDRAM     bool     `json:"has_host_dram,omitempty"`
+	HostSplits      []string `json:"host_splits,omitempty"`
+
 	// Bookkeeping for the store (codec.go), not part of the figures:
 	// whether the node states are stored apart, and which changed since
 	// they were last taken for writing.
@@ -297,6 +306,23 @@ func (s *State) AddLoss(node string, l *trainmeterv1.DataLoss) {
 			continue
 		}
 		s.LostReasons = append(s.LostReasons, r)
+	}
+}
+
+// AddHostEnergy folds the run's share of one of node's host energy
+// intervals (Batch.host_energy): cpu_energy_J and dram_energy_J are the sums
+// of these shares over the run's nodes.
+func (s *State) AddHostEnergy(node string, h *trainmeterv1.HostEnergy, share *trainmeterv1.HostEnergyShare) {
+	s.node(node)
+	s.HostCPUEnergyJ += share.GetCpuEnergyJ()
+	s.HasHostCPU = true
+	if h.GetDramOk() {
+		s.HostDRAMEnergyJ += share.GetDramEnergyJ()
+		s.HasHostDRAM = true
+	}
+	if m := share.GetSplit(); m != "" && !slices.Contains(s.HostSplits, m) {
+		s.HostSplits = append(s.HostSplits, m)
+		slices.Sort(s.HostSplits)
 	}
 }
 
@@ -810,7 +836,24 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.MaxSharingRuns = s.MaxSharingRuns
 	r.User, r.Uid, r.HasUid = s.User, s.UID, s.HasUID
 	r.LostReasons = s.LossReasons()
+	s.hostEnergy(r)
 	return r
+}
+
+// hostEnergy sets the run's CPU, DRAM and node energy: node energy is the
+// GPUs' whole-run energy plus CPU plus DRAM, known only where the CPU's is.
+func (s *State) hostEnergy(r *trainmeterv1.RunReport) {
+	if !s.HasHostCPU {
+		return
+	}
+	r.CpuEnergyJ = ptr(s.HostCPUEnergyJ)
+	node := r.EnergyTotalJ + s.HostCPUEnergyJ
+	if s.HasHostDRAM {
+		r.DramEnergyJ = ptr(s.HostDRAMEnergyJ)
+		node += s.HostDRAMEnergyJ
+	}
+	r.NodeEnergyJ = ptr(node)
+	r.HostEnergySplit = ShareMethod(s.HostSplits)
 }
 
 // priceCompute sets cost_usd (GPU-hours × price) and where the price came

@@ -206,6 +206,12 @@ func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 		User:             s.User,
 		Uid:              s.UID,
 		HasUid:           s.HasUID,
+
+		HostCpuEnergyJ:  s.HostCPUEnergyJ,
+		HostDramEnergyJ: s.HostDRAMEnergyJ,
+		HasHostCpu:      s.HasHostCPU,
+		HasHostDram:     s.HasHostDRAM,
+		HostSplits:      s.HostSplits,
 	}
 	if withNodes && len(s.Nodes) > 0 {
 		a.Nodes = make(map[string]*storev1.Node, len(s.Nodes))
@@ -309,6 +315,12 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 		User:             a.GetUser(),
 		UID:              a.GetUid(),
 		HasUID:           a.GetHasUid(),
+
+		HostCPUEnergyJ:  a.GetHostCpuEnergyJ(),
+		HostDRAMEnergyJ: a.GetHostDramEnergyJ(),
+		HasHostCPU:      a.GetHasHostCpu(),
+		HasHostDRAM:     a.GetHasHostDram(),
+		HostSplits:      a.GetHostSplits(),
 	}
 	s.nodesApart = a.GetNodesApart()
 	if len(a.GetNodes()) > 0 {

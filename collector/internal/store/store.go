@@ -318,6 +318,11 @@ func batchRuns(b *trainmeterv1.Batch) []string {
 	for _, l := range b.GetLosses() {
 		set[l.GetRunId()] = true
 	}
+	for _, h := range b.GetHostEnergy() {
+		for _, sh := range h.GetRuns() {
+			set[sh.GetRunId()] = true
+		}
+	}
 	out := make([]string, 0, len(set))
 	for r := range set {
 		out = append(out, r)
@@ -398,8 +403,9 @@ func rawRecords(node string, b *trainmeterv1.Batch) ([]kv, error) {
 	// The node's GPU and host windows are one record: one key per batch
 	// rather than one per GPU (every key costs a skiplist insert and its
 	// share of flushes and compactions; docs/benchmarks.md).
-	if len(b.GetGpuWindows()) > 0 || b.GetHost() != nil {
-		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost()}
+	if len(b.GetGpuWindows()) > 0 || b.GetHost() != nil || len(b.GetHostEnergy()) > 0 {
+		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost(),
+			HostEnergy: b.GetHostEnergy()}
 		if err := add(be64(tkey(append(key("r/", node), 0), b.GetWindowStart()), seq), nw); err != nil {
 			return nil, err
 		}
@@ -456,6 +462,13 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	for _, e := range b.GetRunEvents() {
 		if ev := e.GetEval(); ev != nil {
 			aggs[ev.GetRunId()].AddEval(node, ev)
+		}
+	}
+	// A run's last host energy interval may come a batch after its end:
+	// it is folded whenever it comes (the run's figures, not its end).
+	for _, h := range b.GetHostEnergy() {
+		for _, sh := range h.GetRuns() {
+			aggs[sh.GetRunId()].AddHostEnergy(node, h, sh)
 		}
 	}
 	for _, e := range b.GetRunEvents() {

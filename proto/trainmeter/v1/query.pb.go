@@ -223,8 +223,13 @@ type NodeUsage struct {
 	EnergyJ        float64                `protobuf:"fixed64,3,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
 	IdleGpuSeconds float64                `protobuf:"fixed64,4,opt,name=idle_gpu_seconds,json=idleGpuSeconds,proto3" json:"idle_gpu_seconds,omitempty"`
 	IdleEnergyJ    float64                `protobuf:"fixed64,5,opt,name=idle_energy_j,json=idleEnergyJ,proto3" json:"idle_energy_j,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// --- host energy (RAPL; i20-rapl) ---
+	// The node's CPU package + DRAM energy over the period (J), and the part
+	// no run was on the node for.
+	HostEnergyJ     float64 `protobuf:"fixed64,650,opt,name=host_energy_j,json=hostEnergyJ,proto3" json:"host_energy_j,omitempty"`
+	IdleHostEnergyJ float64 `protobuf:"fixed64,651,opt,name=idle_host_energy_j,json=idleHostEnergyJ,proto3" json:"idle_host_energy_j,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *NodeUsage) Reset() {
@@ -288,6 +293,20 @@ func (x *NodeUsage) GetIdleGpuSeconds() float64 {
 func (x *NodeUsage) GetIdleEnergyJ() float64 {
 	if x != nil {
 		return x.IdleEnergyJ
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetHostEnergyJ() float64 {
+	if x != nil {
+		return x.HostEnergyJ
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetIdleHostEnergyJ() float64 {
+	if x != nil {
+		return x.IdleHostEnergyJ
 	}
 	return 0
 }
@@ -1043,8 +1062,19 @@ type RunReport struct {
 	// the board's gain (about ±5 %, not correctable by software). Unset when
 	// the run has no measured window.
 	EnergyUncertaintyPct *float64 `protobuf:"fixed64,90,opt,name=energy_uncertainty_pct,json=energyUncertaintyPct,proto3,oneof" json:"energy_uncertainty_pct,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// --- host energy (RAPL; i20-rapl) ---
+	// The run's share of its nodes' CPU package and DRAM energy (J), whole
+	// run, all its nodes: unset when no node measured it (no RAPL, or the
+	// counters not readable). node_energy_j = energy_total_j (GPUs, whole
+	// run) + cpu_energy_j + dram_energy_j (0 where a node has no DRAM
+	// domain); unset without cpu_energy_j. host_energy_split: "exclusive",
+	// "cpu_time", "equal" or "mixed" (docs/measurement.md).
+	CpuEnergyJ      *float64 `protobuf:"fixed64,650,opt,name=cpu_energy_j,json=cpuEnergyJ,proto3,oneof" json:"cpu_energy_j,omitempty"`
+	DramEnergyJ     *float64 `protobuf:"fixed64,651,opt,name=dram_energy_j,json=dramEnergyJ,proto3,oneof" json:"dram_energy_j,omitempty"`
+	NodeEnergyJ     *float64 `protobuf:"fixed64,652,opt,name=node_energy_j,json=nodeEnergyJ,proto3,oneof" json:"node_energy_j,omitempty"`
+	HostEnergySplit string   `protobuf:"bytes,653,opt,name=host_energy_split,json=hostEnergySplit,proto3" json:"host_energy_split,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
@@ -1698,6 +1728,34 @@ func (x *RunReport) GetEnergyUncertaintyPct() float64 {
 		return *x.EnergyUncertaintyPct
 	}
 	return 0
+}
+
+func (x *RunReport) GetCpuEnergyJ() float64 {
+	if x != nil && x.CpuEnergyJ != nil {
+		return *x.CpuEnergyJ
+	}
+	return 0
+}
+
+func (x *RunReport) GetDramEnergyJ() float64 {
+	if x != nil && x.DramEnergyJ != nil {
+		return *x.DramEnergyJ
+	}
+	return 0
+}
+
+func (x *RunReport) GetNodeEnergyJ() float64 {
+	if x != nil && x.NodeEnergyJ != nil {
+		return *x.NodeEnergyJ
+	}
+	return 0
+}
+
+func (x *RunReport) GetHostEnergySplit() string {
+	if x != nil {
+		return x.HostEnergySplit
+	}
+	return ""
 }
 
 // Range is a figure with its uncertainty band: mid is the median of the
@@ -2903,14 +2961,16 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\fenergy_share\x18\t \x01(\x01R\venergyShare\x12!\n" +
 	"\fprice_source\x18\n" +
 	" \x01(\tR\vpriceSource\x12\x12\n" +
-	"\x04runs\x18\v \x01(\rR\x04runs\"\xa9\x01\n" +
+	"\x04runs\x18\v \x01(\rR\x04runs\"\xfc\x01\n" +
 	"\tNodeUsage\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vgpu_seconds\x18\x02 \x01(\x01R\n" +
 	"gpuSeconds\x12\x19\n" +
 	"\benergy_j\x18\x03 \x01(\x01R\aenergyJ\x12(\n" +
 	"\x10idle_gpu_seconds\x18\x04 \x01(\x01R\x0eidleGpuSeconds\x12\"\n" +
-	"\ridle_energy_j\x18\x05 \x01(\x01R\vidleEnergyJ\"\xe0\x01\n" +
+	"\ridle_energy_j\x18\x05 \x01(\x01R\vidleEnergyJ\x12#\n" +
+	"\rhost_energy_j\x18\x8a\x05 \x01(\x01R\vhostEnergyJ\x12,\n" +
+	"\x12idle_host_energy_j\x18\x8b\x05 \x01(\x01R\x0fidleHostEnergyJ\"\xe0\x01\n" +
 	"\rUsageResponse\x12\x0e\n" +
 	"\x02by\x18\x01 \x03(\tR\x02by\x12+\n" +
 	"\x04rows\x18\x02 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
@@ -2944,7 +3004,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\x85\x1c\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xe3\x1d\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -3049,7 +3109,12 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"maxCostUsd\x88\x01\x01\x127\n" +
 	"\bestimate\x18\xcb\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\x12&\n" +
 	"\x0eestimate_error\x18\xcc\x01 \x01(\tR\restimateError\x129\n" +
-	"\x16energy_uncertainty_pct\x18Z \x01(\x01H\x10R\x14energyUncertaintyPct\x88\x01\x01\x1a9\n" +
+	"\x16energy_uncertainty_pct\x18Z \x01(\x01H\x10R\x14energyUncertaintyPct\x88\x01\x01\x12&\n" +
+	"\fcpu_energy_j\x18\x8a\x05 \x01(\x01H\x11R\n" +
+	"cpuEnergyJ\x88\x01\x01\x12(\n" +
+	"\rdram_energy_j\x18\x8b\x05 \x01(\x01H\x12R\vdramEnergyJ\x88\x01\x01\x12(\n" +
+	"\rnode_energy_j\x18\x8c\x05 \x01(\x01H\x13R\vnodeEnergyJ\x88\x01\x01\x12+\n" +
+	"\x11host_energy_split\x18\x8d\x05 \x01(\tR\x0fhostEnergySplit\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
@@ -3070,7 +3135,10 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04_mfuB\x0e\n" +
 	"\f_j_per_pflopB\x0f\n" +
 	"\r_max_cost_usdB\x19\n" +
-	"\x17_energy_uncertainty_pct\"?\n" +
+	"\x17_energy_uncertainty_pctB\x0f\n" +
+	"\r_cpu_energy_jB\x10\n" +
+	"\x0e_dram_energy_jB\x10\n" +
+	"\x0e_node_energy_j\"?\n" +
 	"\x05Range\x12\x10\n" +
 	"\x03low\x18\x01 \x01(\x01R\x03low\x12\x10\n" +
 	"\x03mid\x18\x02 \x01(\x01R\x03mid\x12\x12\n" +

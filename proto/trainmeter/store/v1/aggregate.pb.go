@@ -91,8 +91,16 @@ type Aggregate struct {
 	User             string   `protobuf:"bytes,61,opt,name=user,proto3" json:"user,omitempty"`
 	Uid              uint32   `protobuf:"varint,62,opt,name=uid,proto3" json:"uid,omitempty"`
 	HasUid           bool     `protobuf:"varint,63,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// --- host energy (RAPL; i20-rapl) ---
+	// Σ of the run's HostEnergyShare parts from every node (J), whether any
+	// came (with DRAM), and the split rules seen.
+	HostCpuEnergyJ  float64  `protobuf:"fixed64,650,opt,name=host_cpu_energy_j,json=hostCpuEnergyJ,proto3" json:"host_cpu_energy_j,omitempty"`
+	HostDramEnergyJ float64  `protobuf:"fixed64,651,opt,name=host_dram_energy_j,json=hostDramEnergyJ,proto3" json:"host_dram_energy_j,omitempty"`
+	HasHostCpu      bool     `protobuf:"varint,652,opt,name=has_host_cpu,json=hasHostCpu,proto3" json:"has_host_cpu,omitempty"`
+	HasHostDram     bool     `protobuf:"varint,653,opt,name=has_host_dram,json=hasHostDram,proto3" json:"has_host_dram,omitempty"`
+	HostSplits      []string `protobuf:"bytes,654,rep,name=host_splits,json=hostSplits,proto3" json:"host_splits,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -557,6 +565,41 @@ func (x *Aggregate) GetHasUid() bool {
 		return x.HasUid
 	}
 	return false
+}
+
+func (x *Aggregate) GetHostCpuEnergyJ() float64 {
+	if x != nil {
+		return x.HostCpuEnergyJ
+	}
+	return 0
+}
+
+func (x *Aggregate) GetHostDramEnergyJ() float64 {
+	if x != nil {
+		return x.HostDramEnergyJ
+	}
+	return 0
+}
+
+func (x *Aggregate) GetHasHostCpu() bool {
+	if x != nil {
+		return x.HasHostCpu
+	}
+	return false
+}
+
+func (x *Aggregate) GetHasHostDram() bool {
+	if x != nil {
+		return x.HasHostDram
+	}
+	return false
+}
+
+func (x *Aggregate) GetHostSplits() []string {
+	if x != nil {
+		return x.HostSplits
+	}
+	return nil
 }
 
 type Metadata struct {
@@ -1125,7 +1168,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xc1\x13\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\x85\x15\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1204,7 +1247,14 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x10max_sharing_runs\x18< \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
 	"\x04user\x18= \x01(\tR\x04user\x12\x10\n" +
 	"\x03uid\x18> \x01(\rR\x03uid\x12\x17\n" +
-	"\ahas_uid\x18? \x01(\bR\x06hasUid\x1aS\n" +
+	"\ahas_uid\x18? \x01(\bR\x06hasUid\x12*\n" +
+	"\x11host_cpu_energy_j\x18\x8a\x05 \x01(\x01R\x0ehostCpuEnergyJ\x12,\n" +
+	"\x12host_dram_energy_j\x18\x8b\x05 \x01(\x01R\x0fhostDramEnergyJ\x12!\n" +
+	"\fhas_host_cpu\x18\x8c\x05 \x01(\bR\n" +
+	"hasHostCpu\x12#\n" +
+	"\rhas_host_dram\x18\x8d\x05 \x01(\bR\vhasHostDram\x12 \n" +
+	"\vhost_splits\x18\x8e\x05 \x03(\tR\n" +
+	"hostSplits\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
