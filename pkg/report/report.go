@@ -69,6 +69,8 @@ var header = []string{
 	"avg_power_total_W", "peak_power_total_W",
 	// stated uncertainty of energy_J, ± % (docs/accuracy.md)
 	"energy_uncertainty_pct",
+	// carbon by the hour (docs/costs.md, "CO2")
+	"co2_gco2_per_kwh", "co2_source", "carbon_zone",
 }
 
 // Header returns the CSV header row.
@@ -305,6 +307,10 @@ func Row(r *RunReport) []string {
 		fOK(AvgPowerTotal(r)),
 		fOK(PeakPowerTotal(r)),
 		opt(r.EnergyUncertaintyPct, F),
+
+		fIf(r.GetHasCo2(), r.GetCo2Gco2PerKwh()),
+		r.GetCo2Source(),
+		r.GetCarbonZone(),
 	}
 }
 
@@ -677,7 +683,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	line("mean", "%s MiB", dash(k.vram, "%.0f", r.GetVramAvgMb()))
 
 	writeCost(&b, line, r, k)
-	line("CO2", "%s", dashS(r.GetHasCo2(), fmt.Sprintf("%.4g kg", r.GetCo2Kg())))
+	writeCO2(line, r)
 
 	if r.StepsPerS != nil || r.FlopsTotal != nil {
 		b.WriteString("compute\n")
