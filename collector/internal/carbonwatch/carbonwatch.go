@@ -106,14 +106,24 @@ type Watcher struct {
 	sleepFn func(ctx context.Context, d time.Duration) error
 }
 
-// Stats says what the fetches did, for the log and tests.
+// Stats says what the fetches did (the collector's GET /status "carbon").
 type Stats struct {
-	Fetches, Failures int
+	// Fetches and Failures count zone fetches (history and latest).
+	Fetches  int `json:"fetches"`
+	Failures int `json:"failures"`
 	// Skipped counts entries of otherwise good answers left out: another
 	// zone, no or a bad intensity, a bad datetime.
-	Skipped int
-	// LastError is the latest failed fetch's error ("" after a success).
-	LastError string
+	Skipped int `json:"skipped"`
+	// LastError is the latest fetch's error ("" after a success).
+	LastError string `json:"last_error"`
+	// Zones: per zone, the hours known and the newest.
+	Zones map[string]ZoneStats `json:"zones"`
+}
+
+// ZoneStats is what is known of one zone.
+type ZoneStats struct {
+	Hours  int       `json:"hours"`
+	Newest time.Time `json:"newest"`
 }
 
 // New returns a watcher; nothing is fetched before Start or Fetch.
@@ -199,7 +209,18 @@ func (w *Watcher) Shutdown(ctx context.Context) error {
 func (w *Watcher) Stats() Stats {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
-	return w.stats
+	st := w.stats
+	st.Zones = map[string]ZoneStats{}
+	for _, z := range w.cfg.Zones {
+		zs := ZoneStats{Hours: len(w.hours[z])}
+		for h := range w.hours[z] {
+			if t := time.Unix(h, 0).UTC(); t.After(zs.Newest) {
+				zs.Newest = t
+			}
+		}
+		st.Zones[z] = zs
+	}
+	return st
 }
 
 // Fetch asks for every zone's history (the last 24 hours) and latest

@@ -254,6 +254,7 @@ type Server struct {
 	budgets  *budget.Manager
 	webhooks *alert.Webhooks
 	prices   *pricewatch.Watcher
+	carbon   *carbonwatch.Watcher // nil without a live carbon source
 	grpc     *grpc.Server
 	health   *health.Server
 	lis      net.Listener
@@ -425,6 +426,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	go s.logSummary(time.Minute, s.summaryStop)
 	s.store, s.ingest, s.grpc, s.health, s.lis = st, ing, gs, hs, lis
 	s.advisor, s.budgets, s.webhooks, s.prices, s.telemetry, s.loops = adv, budgets, webhooks, prices, tel, loops
+	s.carbon = carbon
 	s.served = make(chan struct{})
 	s.started = true
 	go func() {
