@@ -77,7 +77,7 @@ func TestCO2AcrossTwoCarbonHours(t *testing.T) {
 
 	w1 := tu.Window("co2", -2, 100, 1000) // [11:59:58, 11:59:59)
 	w2 := tu.Window("co2", -0.5, 100, 2000)
-	w2.End = tu.TS(0.5) // [11:59:59.5, 12:00:00.5): half in each hour
+	w2.End = tu.TS(0.5)                  // [11:59:59.5, 12:00:00.5): half in each hour
 	w3 := tu.Window("co2", 1, 100, 3000) // [12:00:01, 12:00:02)
 	n.MustAck(tu.Batch(1, -2, []*trainmeterv1.RunWindow{w1, w2, w3}, tu.Start("co2", -2, "m"), tu.End("co2", 2)))
 
