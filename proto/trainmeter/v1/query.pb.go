@@ -1047,8 +1047,8 @@ type RunReport struct {
 	// co2_kg split by the carbon intensity the run's energy was consumed
 	// at, per zone and source (facility energy: GPU energy × PUE).
 	Co2Bands []*CarbonBand `protobuf:"bytes,850,rep,name=co2_bands,json=co2Bands,proto3" json:"co2_bands,omitempty"`
-	// The run's energy-weighted grid intensity, gCO2/kWh: co2_kg × 10⁶ /
-	// (energy_kwh × pue × 1000). Set with co2_kg.
+	// The run's energy-weighted grid intensity, gCO2/kWh: co2_kg × 1000 /
+	// (energy_kwh × pue). Set with co2_kg.
 	Co2Gco2PerKwh float64 `protobuf:"fixed64,851,opt,name=co2_gco2_per_kwh,json=co2Gco2PerKwh,proto3" json:"co2_gco2_per_kwh,omitempty"`
 	// Where the intensities came from: "flat" (--grid-gco2-kwh), "file"
 	// (--carbon-file), "live" (--carbon-api), or "mixed"; "" without CO2.

@@ -80,7 +80,7 @@ func (x *RecommendRequest) GetMinConfidence() float64 {
 type Recommendation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "batch_size", "early_stopping", "epoch_count", "dataset_size",
-	// "compute_tier", "power", "dataloader".
+	// "compute_tier", "power", "dataloader", "schedule".
 	Kind   string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	Title  string `protobuf:"bytes,2,opt,name=title,proto3" json:"title,omitempty"`
 	Action string `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
