@@ -3,11 +3,16 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/trainmeter/trainmeter/internal/testkit"
 )
 
 // carbonAcrossNextSwitch writes a carbon file for zone DE (UTC): 400
@@ -92,4 +97,63 @@ func TestCO2ByTheHourAcrossTheSwitch(t *testing.T) {
 	if !strings.Contains(out, title) || !strings.Contains(out, "kg CO2") {
 		t.Errorf("recommend lacks %q with its CO2 saved:\n%s", title, out)
 	}
+}
+
+// TestCO2FromTheLiveSource: serve --carbon-api against a fake with
+// ElectricityMaps' documented shape (its token from --carbon-api-token-file):
+// the collector fetches zone DE at start (GET /status says so), and a run on
+// a node in DE gets the live intensity, 250 gCO2/kWh, instead of the flat
+// fallback.
+func TestCO2FromTheLiveSource(t *testing.T) {
+	t.Parallel()
+	var badToken atomic.Int64
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("auth-token") != "em-token" {
+			badToken.Add(1)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		now := time.Now().UTC().Truncate(time.Hour)
+		entry := func(h time.Time) string {
+			return fmt.Sprintf(`{"zone":"DE","carbonIntensity":250,"datetime":%q,"updatedAt":%q,"emissionFactorType":"lifecycle","isEstimated":true}`,
+				h.Format("2006-01-02T15:04:05.000Z"), now.Format(time.RFC3339))
+		}
+		switch r.URL.Path {
+		case "/v3/carbon-intensity/history":
+			fmt.Fprintf(w, `{"zone":"DE","history":[%s,%s]}`, entry(now.Add(-2*time.Hour)), entry(now.Add(-time.Hour)))
+		case "/v3/carbon-intensity/latest":
+			fmt.Fprint(w, entry(now)) // the next hour, not yet published, carries this one
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(api.Close)
+	status := testkit.FreeAddr(t)
+	tokenFile := filepath.Join(t.TempDir(), "carbon-token")
+	if err := os.WriteFile(tokenFile, []byte("em-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := startCollector(t, "--carbon-api", api.URL, "--carbon-api-token-file", tokenFile, "--carbon-zone", "DE", "--grid-gco2-kwh", "999", "--status-listen", status)
+	testkit.Eventually(t, "the collector's first carbon fetch", func() bool {
+		carbon, _ := statusOf(t, status)["carbon"].(map[string]any)
+		zones, _ := carbon["zones"].(map[string]any)
+		de, _ := zones["DE"].(map[string]any)
+		return de["hours"] == 3.0
+	})
+	if n := badToken.Load(); n != 0 {
+		t.Fatalf("%d requests without the token", n)
+	}
+	sock := c.startAgent("replay-node", "replay:"+writeTrace(t, costGPUs, costPowerW, costPowerW, 60), "--warmup", "30s")
+	row := runCosted(t, c, sock, "live", "", 20, 100*time.Millisecond)
+	if row["co2_source"] != "live" || row["carbon_zone"] != "DE" || row["co2_gco2_per_kwh"] != "250" {
+		t.Errorf("co2_source %q carbon_zone %q co2_gco2_per_kwh %q, want live, DE, 250", row["co2_source"], row["carbon_zone"], row["co2_gco2_per_kwh"])
+	}
+	var rep struct {
+		Co2Kg     float64 `json:"co2_kg"`
+		EnergyKwh float64 `json:"energy_kwh"`
+	}
+	if err := json.Unmarshal([]byte(c.cli("report", "live", "--json")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	within(t, "co2_kg (report --json: the CSV rounds to 6 decimals)", rep.Co2Kg, rep.EnergyKwh*0.25, 1e-12)
 }
