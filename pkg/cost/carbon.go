@@ -304,6 +304,9 @@ func (c Config) CO2(byBand map[string]float64, totalJ float64) (kg float64, band
 		perBand[k{"", CarbonSourceFlat, c.GridGCO2PerKWh}] += rest
 	}
 	if len(perBand) == 0 {
+		if c.Carbon != nil && totalJ == 0 {
+			return 0, nil, true // nothing drawn: nothing emitted, whatever the intensity
+		}
 		if c.GridGCO2PerKWh <= 0 {
 			return 0, nil, false
 		}

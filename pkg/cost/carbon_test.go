@@ -130,6 +130,12 @@ func TestCO2FlatAsBefore(t *testing.T) {
 	if _, _, ok := (Config{}).CO2(nil, 3.6e6); ok {
 		t.Error("CO2 known without any intensity")
 	}
+	// A run that drew nothing emitted nothing once a carbon source is
+	// configured, flat factor or not.
+	f := mustCarbon(t, carbonYAML)
+	if kg, _, ok := (Config{Carbon: f, CarbonFile: f}).CO2(nil, 0); !ok || kg != 0 {
+		t.Errorf("no energy: %v %v", kg, ok)
+	}
 }
 
 func TestCarbonKeyRoundTrip(t *testing.T) {

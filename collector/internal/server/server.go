@@ -129,11 +129,15 @@ type CarbonConfig struct {
 	NodeZones map[string]string
 }
 
-// liveZones are the zones the live source is asked for.
+// liveZones are the zones the live source is asked for: every zone a
+// node can be in (the default zone is the file's only zone when not given).
 func (c CarbonConfig) liveZones() []string {
 	set := map[string]bool{}
-	if c.Zone != "" {
+	switch {
+	case c.Zone != "":
 		set[c.Zone] = true
+	case c.File != nil && len(c.File.Zones) == 1:
+		set[c.File.ZoneNames()[0]] = true
 	}
 	for _, z := range c.NodeZones {
 		set[z] = true
