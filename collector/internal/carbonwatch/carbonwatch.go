@@ -355,15 +355,23 @@ func (w *Watcher) getOnce(ctx context.Context, u, zone string) ([]point, int, ti
 		}
 		return nil, 0, ra, &HTTPError{Status: resp.StatusCode, Body: strings.TrimSpace(string(body))}
 	}
+	pts, skipped, err := parseAnswer(io.LimitReader(resp.Body, maxBody), zone)
+	return pts, skipped, 0, err
+}
+
+// parseAnswer reads an answer of /latest (one intensity) or /history
+// (under "history") for zone: the intensities it holds and how many
+// entries it skipped; a BadAnswerError for anything else.
+func parseAnswer(r io.Reader, zone string) ([]point, int, error) {
 	var body struct {
 		entry
 		History *[]json.RawMessage `json:"history"`
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&body); err != nil {
-		return nil, 0, 0, &BadAnswerError{Reason: err.Error()}
+	if err := json.NewDecoder(r).Decode(&body); err != nil {
+		return nil, 0, &BadAnswerError{Reason: err.Error()}
 	}
 	if body.Zone != "" && body.Zone != zone {
-		return nil, 0, 0, &BadAnswerError{Reason: fmt.Sprintf("asked for zone %s, got %s", zone, body.Zone)}
+		return nil, 0, &BadAnswerError{Reason: fmt.Sprintf("asked for zone %s, got %s", zone, body.Zone)}
 	}
 	var raw []json.RawMessage
 	switch {
@@ -373,7 +381,7 @@ func (w *Watcher) getOnce(ctx context.Context, u, zone string) ([]point, int, ti
 		one, _ := json.Marshal(body.entry)
 		raw = []json.RawMessage{one}
 	default:
-		return nil, 0, 0, &BadAnswerError{Reason: "neither carbonIntensity nor history"}
+		return nil, 0, &BadAnswerError{Reason: "neither carbonIntensity nor history"}
 	}
 	var pts []point
 	skipped := 0
@@ -385,7 +393,7 @@ func (w *Watcher) getOnce(ctx context.Context, u, zone string) ([]point, int, ti
 		}
 		pts = append(pts, p)
 	}
-	return pts, skipped, 0, nil
+	return pts, skipped, nil
 }
 
 // parseEntry reads one intensity; an entry of another zone, without an
