@@ -79,6 +79,7 @@ fuzz-short:
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./pkg/gpu/replay
 	$(GO) test -run='^$$' -fuzz='^FuzzParsePriceList$$' -fuzztime=$(FUZZTIME) ./pkg/prices
 	$(GO) test -run='^$$' -fuzz='^FuzzProviderAnswers$$' -fuzztime=$(FUZZTIME) ./pkg/prices
+	$(GO) test -run='^$$' -fuzz='^FuzzParseAnswer$$' -fuzztime=$(FUZZTIME) ./collector/internal/carbonwatch
 
 test: fmt-check vet staticcheck proto-check test-go accuracy-check fuzz-short test-python test-e2e
 

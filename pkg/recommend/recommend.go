@@ -100,6 +100,9 @@ type Options struct {
 	// Targets: when non-empty, only recommendations about these runs (cross-
 	// run rules still read every run of the model).
 	Targets []string
+	// Schedule: the carbon schedule and tariff the "run it at" rule moves
+	// repeated runs in (zero: the rule is off).
+	Schedule ScheduleInputs
 }
 
 func (o Options) withDefaults() Options {
@@ -142,6 +145,11 @@ func Recommend(runs []Run, o Options) []*trainmeterv1.Recommendation {
 		}
 	}
 	for _, rec := range Power(runs) {
+		if o.anyTarget(rec.RunIds) {
+			out = append(out, rec)
+		}
+	}
+	for _, rec := range Schedule(runs, o.Schedule) {
 		if o.anyTarget(rec.RunIds) {
 			out = append(out, rec)
 		}

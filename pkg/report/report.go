@@ -71,6 +71,8 @@ var header = []string{
 	"energy_uncertainty_pct",
 	// host energy from RAPL, whole run (docs/measurement.md, "Host energy (CPU and DRAM)")
 	"cpu_energy_J", "dram_energy_J", "node_energy_J",
+	// carbon by the hour (docs/costs.md, "CO2")
+	"co2_gco2_per_kwh", "co2_source", "carbon_zone",
 }
 
 // Header returns the CSV header row.
@@ -310,6 +312,10 @@ func Row(r *RunReport) []string {
 		opt(r.CpuEnergyJ, F),
 		opt(r.DramEnergyJ, F),
 		opt(r.NodeEnergyJ, F),
+
+		fIf(r.GetHasCo2(), r.GetCo2Gco2PerKwh()),
+		r.GetCo2Source(),
+		r.GetCarbonZone(),
 	}
 }
 
@@ -684,7 +690,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	line("mean", "%s MiB", dash(k.vram, "%.0f", r.GetVramAvgMb()))
 
 	writeCost(&b, line, r, k)
-	line("CO2", "%s", dashS(r.GetHasCo2(), fmt.Sprintf("%.4g kg", r.GetCo2Kg())))
+	writeCO2(line, r)
 
 	if r.StepsPerS != nil || r.FlopsTotal != nil {
 		b.WriteString("compute\n")

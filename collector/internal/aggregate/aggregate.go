@@ -112,6 +112,13 @@ type EnergyBands interface {
 	Split(start, end time.Time, joules float64, add func(band string, joules float64))
 }
 
+// CarbonBooker books a window's energy to the carbon intensity in force
+// on node's grid over [start, end) (cost.Config does): add is called with
+// each part's key (cost.CarbonKey) and joules.
+type CarbonBooker interface {
+	BookCarbon(node string, start, end time.Time, joules float64, add func(key string, joules float64))
+}
+
 // Metadata mirrors trainmeterv1.RunMetadata.
 type Metadata struct {
 	Model        string `json:"model,omitempty"`
@@ -217,6 +224,10 @@ type State struct {
 	// EnergyByBand is EnergyTotal booked to the tariff band in force when it
 	// was consumed (only while a time-of-use tariff is configured).
 	EnergyByBand map[string]float64 `json:"energy_by_band,omitempty"`
+	// CarbonByBand is EnergyTotal booked to the carbon intensity in force
+	// where and when it was consumed (cost.CarbonKey keys; only while a
+	// carbon source is configured).
+	CarbonByBand map[string]float64 `json:"carbon_by_band,omitempty"`
 
 	Tokens          uint64  `json:"tokens,omitempty"`
 	TokensMeasured  uint64  `json:"tokens_measured,omitempty"`
@@ -510,6 +521,13 @@ func (s *State) AddWindow(node string, w *trainmeterv1.RunWindow) { s.AddWindowB
 // AddWindowBanded folds a RunWindow from node and, when bands is not nil,
 // books its energy to the tariff bands in force over the window.
 func (s *State) AddWindowBanded(node string, w *trainmeterv1.RunWindow, bands EnergyBands) {
+	s.AddWindowBooked(node, w, bands, nil)
+}
+
+// AddWindowBooked folds a RunWindow from node and books its energy to the
+// tariff bands (bands) and carbon intensities (carbon) in force over the
+// window, each when not nil.
+func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands EnergyBands, carbon CarbonBooker) {
 	n := s.node(node)
 	start, end := nanos(w.GetStart()), nanos(w.GetEnd())
 	if !s.HasWindow || start < s.WindowStart {
@@ -534,6 +552,16 @@ func (s *State) AddWindowBanded(node string, w *trainmeterv1.RunWindow, bands En
 			to = from // booked whole at its start's band; ingest never lets one through
 		}
 		bands.Split(from, to, energy, func(b string, j float64) { s.EnergyByBand[b] += j })
+	}
+	if carbon != nil && energy > 0 {
+		if s.CarbonByBand == nil {
+			s.CarbonByBand = map[string]float64{}
+		}
+		from, to := time.Unix(0, start), time.Unix(0, end)
+		if to.Sub(from) > MaxBandedWindow {
+			to = from
+		}
+		carbon.BookCarbon(node, from, to, energy, func(k string, j float64) { s.CarbonByBand[k] += j })
 	}
 	n.GPUSeconds += w.GetGpuSeconds()
 	s.GapS += w.GetGapS()
@@ -812,9 +840,13 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 		}
 	}
 	r.Pue = p.EffectivePUE()
-	if co2, ok := p.CO2Kg(r.EnergyKwh); ok {
+	if co2, bands, ok := p.CO2(s.CarbonByBand, s.EnergyTotal); ok {
 		r.HasCo2 = true
 		r.Co2Kg = co2
+		for _, b := range bands {
+			r.Co2Bands = append(r.Co2Bands, &trainmeterv1.CarbonBand{Zone: b.Zone, Source: b.Source, Kwh: b.KWh, Gco2PerKwh: b.GPerKWh, Co2Kg: b.Kg})
+		}
+		r.Co2Gco2PerKwh, r.Co2Source, r.CarbonZone = cost.CO2Summary(bands)
 	}
 	s.derived(r, measuredS)
 

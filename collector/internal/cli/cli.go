@@ -102,6 +102,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	var shutdownTimeout time.Duration
 	var budgetFlags *budgetServeFlags
 	var costFlags costServeFlags
+	var carbonFlags carbonServeFlags
 	var otelFlags *otelexport.Flags
 	c := &cobra.Command{
 		Use:   "serve",
@@ -117,6 +118,9 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 				return err
 			}
 			if err := costFlags.apply(&cfg); err != nil {
+				return err
+			}
+			if err := carbonFlags.apply(&cfg, getenv); err != nil {
 				return err
 			}
 			if err := otelFlags.Apply(); err != nil {
@@ -141,8 +145,9 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	f.StringVar(&cfg.DataDir, "data", "./trainmeter-data", "data directory (BadgerDB)")
 	f.Float64Var(&cfg.GPUPricePerHour, "gpu-price-per-hour", 0, "default $ per GPU-hour for runs that send none (0 = unknown)")
 	f.Float64Var(&cfg.EnergyPricePerKWh, "energy-price-kwh", 0, "energy price in $ per kWh (0 = unknown)")
-	f.Float64Var(&cfg.GridGCO2PerKWh, "grid-gco2-kwh", 0, "grid carbon intensity in gCO2 per kWh (0 = unknown)")
+	f.Float64Var(&cfg.GridGCO2PerKWh, "grid-gco2-kwh", 0, "grid carbon intensity in gCO2 per kWh (0 = unknown); with --carbon-file or --carbon-api, for the energy they do not cover")
 	costFlags.add(f, &cfg)
+	carbonFlags.add(f, &cfg)
 	f.DurationVar(&cfg.GCInterval, "gc-interval", 5*time.Minute, "value-log GC interval (0 disables)")
 	f.DurationVar(&cfg.RawRetention, "raw-retention", 0, "drop raw records (GPU/host windows, raw samples, run windows/events) older than this, e.g. 720h; run aggregates are kept (0: keep all)")
 	f.StringVar(&cfg.StatusListen, "status-listen", "", "serve GET /healthz and GET /status on HOST:PORT (empty: off)")

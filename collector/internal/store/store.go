@@ -67,6 +67,7 @@ type Store struct {
 	log    *slog.Logger
 	now    func() time.Time
 	bands  aggregate.EnergyBands
+	carbon aggregate.CarbonBooker
 	stripe [lockStripes]sync.Mutex
 
 	// Group commit (commit.go): ApplyBatch hands its batch to the committer,
@@ -92,6 +93,10 @@ type Options struct {
 	// EnergyBands, when set, books each window's energy to the tariff band
 	// in force (aggregate.State.EnergyByBand); nil: no time-of-use tariff.
 	EnergyBands aggregate.EnergyBands
+	// Carbon, when set, books each window's energy to the carbon intensity
+	// in force on its node's grid (aggregate.State.CarbonByBand); nil: no
+	// carbon source.
+	Carbon aggregate.CarbonBooker
 	// RawRetention, when positive, is how long raw records (GPU and host
 	// windows, raw samples, run windows and events) are kept: they are
 	// written with that TTL and badger drops them at compaction. Run
@@ -150,7 +155,7 @@ func Open(dir string, o Options) (s *Store, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
 	}
-	s = &Store{db: db, log: log, now: now, bands: o.EnergyBands, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, applyCh: make(chan *applyReq), quit: make(chan struct{}),
+	s = &Store{db: db, log: log, now: now, bands: o.EnergyBands, carbon: o.Carbon, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, applyCh: make(chan *applyReq), quit: make(chan struct{}),
 		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize, db)}
 	if err := s.loadTombstones(); err != nil {
 		db.Close()
@@ -457,7 +462,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		}
 	}
 	for _, w := range b.GetRunWindows() {
-		aggs[w.GetRunId()].AddWindowBanded(node, w, s.bands)
+		aggs[w.GetRunId()].AddWindowBooked(node, w, s.bands, s.carbon)
 	}
 	for _, e := range b.GetRunEvents() {
 		if ev := e.GetEval(); ev != nil {
