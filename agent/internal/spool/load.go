@@ -22,6 +22,9 @@ import (
 
 func (s *Spool) load() error {
 	st := s.loadState()
+	if st != nil {
+		s.loadedNames = st.Collectors
+	}
 	_ = removeTemps(s.dir)
 
 	found, err := s.listSegments()
@@ -187,7 +190,7 @@ func (s *Spool) restorePendingLosses(st *stateJSON, lastSeq uint64) {
 	}
 	for _, raw := range st.Losses {
 		if l := decodeLoss(raw); l != nil {
-			s.losses[l.RunId] = l
+			s.losses[lossKey(l.RunId, l.SpoolCollectors)] = l
 		}
 	}
 	for _, raw := range st.SeqLosses {
