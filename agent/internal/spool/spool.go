@@ -163,12 +163,12 @@ type record struct {
 	seq   uint64
 	off   int64 // of the record header
 	size  int64 // header + payload
-	acked bool // by every collector: the record is done
+	acked bool  // by every collector: the record is done
 	// ackedBy has bit i set once the i-th collector acked the record.
 	ackedBy uint8
-	sent  bool // handed to the uplink at least once (possibly applied)
-	doubt bool // present at open: a previous process may have sent it
-	gone  bool // dropped or unreadable
+	sent    bool // handed to the uplink at least once (possibly applied)
+	doubt   bool // present at open: a previous process may have sent it
+	gone    bool // dropped or unreadable
 }
 
 type segment struct {
