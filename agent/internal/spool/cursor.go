@@ -102,22 +102,45 @@ func (c *Cursor) ReadAfter(after uint64, n int) ([]*trainmeterv1.Batch, error) {
 
 // Len is the number of batches held that this collector has not acked.
 func (c *Cursor) Len() int {
-	s := c.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	bit := uint8(1) << c.i
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	return c.s.pendingFor[c.i]
+}
+
+// countPending sets pendingFor from the records (at open; afterwards it is
+// kept up to date as records come, are acked and go).
+func (s *Spool) countPending() {
+	s.pendingFor = [MaxCollectors]int{}
 	for _, g := range s.segs {
-		if g.live == 0 {
-			continue
-		}
 		for _, r := range g.recs {
-			if !r.acked && !r.gone && r.ackedBy&bit == 0 {
-				n++
-			}
+			s.pend(r)
 		}
 	}
-	return n
+}
+
+// unpend takes a record that goes (dropped, unreadable) off the pending
+// count of every collector that had not acked it.
+func (s *Spool) unpend(r *record) {
+	if r.acked || r.gone {
+		return
+	}
+	for i := range s.Cursors() {
+		if r.ackedBy&(1<<i) == 0 {
+			s.pendingFor[i]--
+		}
+	}
+}
+
+// pend counts a record held on every collector that has not acked it.
+func (s *Spool) pend(r *record) {
+	if r.acked || r.gone {
+		return
+	}
+	for i := range s.Cursors() {
+		if r.ackedBy&(1<<i) == 0 {
+			s.pendingFor[i]++
+		}
+	}
 }
 
 // Stats returns this collector's counters.

@@ -37,6 +37,10 @@ func readAll(t *testing.T, c *Cursor) []*trainmeterv1.Batch {
 			}
 		}
 	}
+	// The kept count agrees with the records.
+	if c.Len() != len(bs) {
+		t.Fatalf("collector %q: Len %d, but %d batches to read", c.Name(), c.Len(), len(bs))
+	}
 	return bs
 }
 

@@ -49,6 +49,7 @@ func (s *Spool) load() error {
 	if err := s.loadAcks(); err != nil {
 		return err
 	}
+	s.countPending()
 	for s.bytes > s.effMax && len(s.segs) > 0 {
 		s.log.Warn("spool: larger than its bound at open; dropping the oldest segment", "bytes", s.bytes, "max_bytes", s.effMax)
 		s.evictOldest("spool full")

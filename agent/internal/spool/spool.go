@@ -217,6 +217,8 @@ type Spool struct {
 	all         uint8
 	loadedNames []string
 	cursorStats [MaxCollectors]CursorStats
+	// pendingFor[i] counts the records held that collector i has not acked.
+	pendingFor [MaxCollectors]int
 }
 
 // Open opens or creates the spool in dir, bounded to maxBytes (0: DefaultMaxBytes).
@@ -432,6 +434,7 @@ func (s *Spool) ackLocked(i int, seq uint64) bool {
 		return false
 	}
 	r.ackedBy |= bit
+	s.pendingFor[i]--
 	if s.ackf != nil {
 		if _, err := s.ackf.Write(appendAck(nil, i, seq)); err != nil {
 			s.log.Warn("spool: appending to the ack log (the batch may be re-sent after a restart)", "seq", seq, "err", err)
@@ -536,6 +539,7 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 			b, err := readRecord(f, r)
 			if err != nil {
 				s.log.Error("spool: a held batch no longer reads back; dropping it (loss unknown)", "seq", r.seq, "err", err)
+				s.unpend(r)
 				r.gone = true
 				g.live--
 				s.stats.Dropped++
