@@ -39,8 +39,8 @@ type selfStats struct {
 	lateTicks    atomic.Uint64 // ticks that came more than one period late
 	skippedTicks atomic.Uint64 // periods with no tick at all (the ticker dropped them)
 
-	lastTick      atomic.Int64 // unix ns of the previous tick
-	lastGoodRead  atomic.Int64 // unix ns of the last tick with at least one GPU read
+	lastTick     atomic.Int64 // unix ns of the previous tick
+	lastGoodRead atomic.Int64 // unix ns of the last tick with at least one GPU read
 	// lastConnected[i]: unix ns when the i-th collector's uplink was last
 	// seen connected.
 	lastConnected []atomic.Int64
@@ -113,7 +113,7 @@ type Status struct {
 	// Collectors has one entry per collector of --collector (two for a
 	// pair): each one's stream, acks and backlog.
 	Collectors []CollectorStatus `json:"collectors"`
-	Socket   SocketStatus   `json:"socket"`
+	Socket     SocketStatus      `json:"socket"`
 	// ActiveRuns are the runs the ledger has open (ended ones until their
 	// last window is out).
 	ActiveRuns int `json:"active_runs"`
