@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
@@ -33,6 +34,9 @@ func NewGroup(sp *spool.Spool, addrs []string, base Config, onAdvisory func(coll
 	}
 	if sp.Cursors() != len(addrs) {
 		return nil, fmt.Errorf("uplink: %d collectors but the spool has %d cursors", len(addrs), sp.Cursors())
+	}
+	if base.Logger == nil {
+		base.Logger = slog.New(slog.DiscardHandler)
 	}
 	g := &Group{spool: sp}
 	for i, addr := range addrs {
