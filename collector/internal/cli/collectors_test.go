@@ -1,0 +1,95 @@
+package cli
+
+import (
+	"bytes"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/trainmeter/trainmeter/internal/testkit"
+)
+
+func runSplit(t *testing.T, env map[string]string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	cmd := NewRootCommand(func(k string) string { return env[k] })
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(args)
+	err = cmd.ExecuteContext(t.Context())
+	return out.String(), errOut.String(), err
+}
+
+// silentAddr accepts TCP connections (the kernel does, without Accept) but
+// never speaks gRPC: a collector host that hangs.
+func silentAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l.Addr().String()
+}
+
+func TestSeveralCollectorsTheFirstThatAnswersIsUsed(t *testing.T) {
+	live := liveCollector(t)
+	down := testkit.FreeAddr(t)
+	hung := silentAddr(t)
+	for name, args := range map[string][]string{
+		"comma":          {"runs", "--json", "--collector", down + "," + live},
+		"repeated":       {"runs", "--json", "--collector", down, "--collector", live},
+		"hung then live": {"runs", "--json", "--collector", hung + "," + live, "--connect-timeout", "300ms"},
+	} {
+		start := time.Now()
+		out, errOut, err := runSplit(t, nil, args...)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", name, err, errOut)
+		}
+		if !strings.Contains(out, `"run-a"`) {
+			t.Errorf("%s: runs from the live collector missing:\n%s", name, out)
+		}
+		if errOut != "" {
+			t.Errorf("%s: stderr without -v: %q", name, errOut)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%s: took %v", name, d)
+		}
+	}
+	out, _, err := runSplit(t, map[string]string{EnvCollector: down + "," + live}, "runs", "--json")
+	if err != nil || !strings.Contains(out, `"run-a"`) {
+		t.Errorf("$%s with two addresses: %v\n%s", EnvCollector, err, out)
+	}
+}
+
+func TestSeveralCollectorsVerboseSaysWhichOnStderrOnly(t *testing.T) {
+	live := liveCollector(t)
+	down := testkit.FreeAddr(t)
+	out, errOut, err := runSplit(t, nil, "runs", "--json", "-v", "--collector", down+","+live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(errOut, "collector "+live+" (the first of") || !strings.Contains(errOut, down+" refused") {
+		t.Errorf("-v stderr does not say which collector answered and which did not:\n%s", errOut)
+	}
+	if strings.Contains(out, live) || strings.Contains(out, down) {
+		t.Errorf("stdout names a collector (it must stay parseable JSON):\n%s", out)
+	}
+}
+
+func TestSeveralCollectorsNoneAnswersNamesEach(t *testing.T) {
+	down, hung := testkit.FreeAddr(t), silentAddr(t)
+	_, _, err := runSplit(t, nil, "runs", "--collector", down+","+hung, "--connect-timeout", "200ms")
+	if err == nil {
+		t.Fatal("no error with no collector up")
+	}
+	for _, want := range []string{"no collector answered", down + " refused", hung + " did not answer within 200ms"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if _, _, err := runSplit(t, nil, "runs", "--collector", down+",http://x:1"); err == nil || !strings.Contains(err.Error(), "is a URL") {
+		t.Errorf("a malformed second address: %v", err)
+	}
+}
