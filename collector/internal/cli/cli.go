@@ -170,8 +170,8 @@ type clientFlags struct {
 	connectTimeout time.Duration
 	verbose        bool
 	timeout        time.Duration
-	security clientSecurity
-	getenv   func(string) string
+	security       clientSecurity
+	getenv         func(string) string
 }
 
 // call dials the collector and runs fn with a query client under the timeout.
