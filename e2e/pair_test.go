@@ -1,0 +1,100 @@
+package e2e
+
+// A collector pair (docs/deploy.md): the agent streams every batch to two
+// collectors, each acking on its own. One killed mid-run, or both down for
+// a while, and afterwards both hold the whole run and report the same.
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// pairAgent starts an agent that streams to both collectors.
+func pairAgent(t *testing.T, a, b *faultCluster, gpuSpec string) (sock string, p *proc) {
+	t.Helper()
+	sock = filepath.Join(t.TempDir(), "agent.sock")
+	p = startProc(t, "trainmeter-agent", "--collector", a.addr+","+b.addr, "--socket", sock, "--node", "n",
+		"--gpu", gpuSpec, "--spool", filepath.Join(t.TempDir(), "spool"), "--warmup", "30s", "--shutdown-timeout", "2s")
+	a.eventually("agent socket", func() bool {
+		select {
+		case <-p.done:
+			t.Fatalf("agent exited:\n%s", p.log())
+		default:
+		}
+		_, err := os.Stat(sock)
+		return err == nil
+	})
+	return sock, p
+}
+
+// samePairReport checks both collectors hold the run as a fault-free run
+// gives it, and that `report --json` says exactly the same on both.
+func samePairReport(t *testing.T, a, b *faultCluster, run string, tokens int) {
+	t.Helper()
+	a.waitEnded(run)
+	b.waitEnded(run)
+	checkExact(t, a.csvRow(run), tokens, 2, 300)
+	checkExact(t, b.csvRow(run), tokens, 2, 300)
+	ja, jb := a.cli("report", run, "--json"), b.cli("report", run, "--json")
+	if ja != jb {
+		t.Errorf("report --json differs between the pair:\n--- %s\n%s\n--- %s\n%s", a.addr, ja, b.addr, jb)
+	}
+}
+
+// One of the pair is killed (SIGKILL) in the middle of a run and started
+// again on its database: the other carries on meanwhile, the agent's spool
+// keeps what the killed one missed, and afterwards both report the run
+// identically. While it is down the CLI, given both, answers from the other.
+func TestPairOneKilledMidRunBothReportTheSame(t *testing.T) {
+	t.Parallel()
+	a, b := newFaultCluster(t), newFaultCluster(t)
+	sock, _ := pairAgent(t, a, b, "replay:"+writeTrace(t, 2, 300, 300, 120))
+	tr := dialTrainer(t, sock)
+	tr.send(`{"event":"run_start","run_id":"r","gpus":[0,1],"warmup_s":1}`)
+	sent := steps(tr, "r", 1, 20, 512)
+	b.col.stop(syscall.SIGKILL)
+	sent += steps(tr, "r", 21, 15, 512)
+
+	// The CLI given both, the killed one first, uses the other.
+	cmd := exec.Command(filepath.Join(binDir, "trainmeter"), "report", "r", "--json", "-v", "--collector", b.addr+","+a.addr)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("report with one of the pair down: %v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "collector "+a.addr+" (the first of") || !strings.Contains(stdout.String(), `"run_id": "r"`) {
+		t.Errorf("report with one of the pair down: stderr %q\nstdout %s", stderr.String(), stdout.String())
+	}
+
+	b.startCollector()
+	sent += steps(tr, "r", 36, 15, 512)
+	tr.send(`{"event":"run_end","run_id":"r"}`)
+	tr.sync()
+	samePairReport(t, a, b, "r", sent)
+}
+
+// Both collectors are down for a while mid-run (stopped, started again):
+// the agent keeps every batch for both, and nothing is lost on either.
+func TestPairBothDownNothingLost(t *testing.T) {
+	t.Parallel()
+	a, b := newFaultCluster(t), newFaultCluster(t)
+	sock, _ := pairAgent(t, a, b, "replay:"+writeTrace(t, 2, 300, 300, 120))
+	tr := dialTrainer(t, sock)
+	tr.send(`{"event":"run_start","run_id":"r","gpus":[0,1],"warmup_s":1}`)
+	sent := steps(tr, "r", 1, 15, 512)
+	a.col.stop(syscall.SIGTERM)
+	sent += steps(tr, "r", 16, 5, 512)
+	b.col.stop(syscall.SIGKILL)
+	sent += steps(tr, "r", 21, 20, 512)
+	a.startCollector()
+	b.startCollector()
+	sent += steps(tr, "r", 41, 10, 512)
+	tr.send(`{"event":"run_end","run_id":"r"}`)
+	tr.sync()
+	samePairReport(t, a, b, "r", sent)
+}
