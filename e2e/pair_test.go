@@ -12,10 +12,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // pairAgent starts an agent that streams to both collectors.
-func pairAgent(t *testing.T, a, b *faultCluster, gpuSpec string) (sock string, p *proc) {
+func pairAgent(t *testing.T, a, b *cluster, gpuSpec string) (sock string, p *proc) {
 	t.Helper()
 	sock = filepath.Join(t.TempDir(), "agent.sock")
 	p = startProc(t, "trainmeter-agent", "--collector", a.addr+","+b.addr, "--socket", sock, "--node", "n",
@@ -53,7 +54,7 @@ func samePairReport(t *testing.T, a, b *faultCluster, run string, tokens int) {
 func TestPairOneKilledMidRunBothReportTheSame(t *testing.T) {
 	t.Parallel()
 	a, b := newFaultCluster(t), newFaultCluster(t)
-	sock, _ := pairAgent(t, a, b, "replay:"+writeTrace(t, 2, 300, 300, 120))
+	sock, _ := pairAgent(t, a.cluster, b.cluster, "replay:"+writeTrace(t, 2, 300, 300, 120))
 	tr := dialTrainer(t, sock)
 	tr.send(`{"event":"run_start","run_id":"r","gpus":[0,1],"warmup_s":1}`)
 	sent := steps(tr, "r", 1, 20, 512)
@@ -83,7 +84,7 @@ func TestPairOneKilledMidRunBothReportTheSame(t *testing.T) {
 func TestPairBothDownNothingLost(t *testing.T) {
 	t.Parallel()
 	a, b := newFaultCluster(t), newFaultCluster(t)
-	sock, _ := pairAgent(t, a, b, "replay:"+writeTrace(t, 2, 300, 300, 120))
+	sock, _ := pairAgent(t, a.cluster, b.cluster, "replay:"+writeTrace(t, 2, 300, 300, 120))
 	tr := dialTrainer(t, sock)
 	tr.send(`{"event":"run_start","run_id":"r","gpus":[0,1],"warmup_s":1}`)
 	sent := steps(tr, "r", 1, 15, 512)
@@ -97,4 +98,49 @@ func TestPairBothDownNothingLost(t *testing.T) {
 	tr.send(`{"event":"run_end","run_id":"r"}`)
 	tr.sync()
 	samePairReport(t, a, b, "r", sent)
+}
+
+// Both of a pair run the same stop budget on the same batches, so both tell
+// the agent to stop the run (their reasons may differ in the percentage):
+// the trainer is told once.
+func TestPairStopReachesTheTrainerOnce(t *testing.T) {
+	t.Parallel()
+	// 2 sim GPUs at $144/GPU-hour cost $0.08/s: $0.20 is spent in about 3 s.
+	a, b := startCollector(t, "--gpu-price-per-hour", "144"), startCollector(t, "--gpu-price-per-hour", "144")
+	for _, c := range []*cluster{a, b} {
+		c.cli("budget", "set", "team:pair-stop", "0.20", "--policy", "stop")
+	}
+	sock, _ := pairAgent(t, a, b, "sim:2")
+	a.waitStreaming("n")
+	b.waitStreaming("n")
+	tr := dialTrainer(t, sock)
+	tr.send(`{"event":"run_start","run_id":"s","gpus":[0,1],"team":"pair-stop"}`)
+	stops, deadline := 0, time.Now().Add(40*time.Second)
+	var firstStop time.Time
+	for step := 1; time.Now().Before(deadline); step++ {
+		tr.send(`{"event":"step","run_id":"s","step":%d,"tokens":100}`, step)
+		_ = tr.conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		line, err := tr.rd.ReadString('\n')
+		if err != nil {
+			if firstStop.IsZero() || time.Since(firstStop) < 5*time.Second {
+				continue // a timeout: nothing from the agent this step
+			}
+			break
+		}
+		if strings.Contains(line, `"event":"stop"`) {
+			stops++
+			if firstStop.IsZero() {
+				firstStop = time.Now()
+			}
+		}
+	}
+	if stops != 1 {
+		t.Fatalf("the trainer was told to stop %d times, want once", stops)
+	}
+	// Both did send it: the second was dropped as the first's duplicate.
+	for _, c := range []*cluster{a, b} {
+		if out := c.cli("alerts", "--kind", "budget"); !strings.Contains(out, "team:pair-stop") {
+			t.Errorf("collector %s fired no budget alert:\n%s", c.addr, out)
+		}
+	}
 }
