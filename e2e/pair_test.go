@@ -107,9 +107,8 @@ func TestPairStopReachesTheTrainerOnce(t *testing.T) {
 	t.Parallel()
 	// 2 sim GPUs at $144/GPU-hour cost $0.08/s: $0.20 is spent in about 3 s.
 	a, b := startCollector(t, "--gpu-price-per-hour", "144"), startCollector(t, "--gpu-price-per-hour", "144")
-	for _, c := range []*cluster{a, b} {
-		c.cli("budget", "set", "team:pair-stop", "0.20", "--policy", "stop")
-	}
+	// Given both, the CLI sets the budget on each.
+	a.cli("budget", "set", "team:pair-stop", "0.20", "--policy", "stop", "--collector", a.addr+","+b.addr)
 	sock, _ := pairAgent(t, a, b, "sim:2")
 	a.waitStreaming("n")
 	b.waitStreaming("n")

@@ -119,7 +119,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 			if !(amount > 0) || math.IsInf(amount, 0) {
 				return negativeBudget(args[1])
 			}
-			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+			return cf.callEach(cmd, "budget set", func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewBudgetServiceClient(conn).SetBudget(ctx, &trainmeterv1.SetBudgetRequest{Scope: args[0], LimitUsd: amount, Period: period, Policy: policy})
 				if err != nil {
 					return err
@@ -158,7 +158,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 		Short: "Delete the budget of a scope",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+			return cf.callEach(cmd, "budget delete", func(ctx context.Context, conn *grpc.ClientConn) error {
 				_, err := trainmeterv1.NewBudgetServiceClient(conn).DeleteBudget(ctx, &trainmeterv1.DeleteBudgetRequest{Scope: args[0], Period: delPeriod})
 				if err == nil {
 					fmt.Fprintf(cmd.OutOrStdout(), "budget %s deleted\n", args[0])

@@ -12,11 +12,55 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
 )
+
+// callEach runs a command that changes what a collector holds (a budget,
+// a deletion) on every --collector address in turn, so that both of a pair
+// keep the same budgets and runs; what it prints is shown for the first.
+// One that fails does not stop the others; the error names which collectors
+// have the change and which do not.
+func (cf *clientFlags) callEach(cmd *cobra.Command, what string, fn func(context.Context, *grpc.ClientConn) error) error {
+	addrs := cf.collectorAddrs()
+	if len(addrs) == 1 {
+		return cf.callConn(cmd, fn)
+	}
+	if err := cf.checkAddrs(); err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	defer cmd.SetOut(out)
+	var done, failed []string
+	var errs []error
+	for _, a := range addrs {
+		one := *cf
+		one.addrs = []string{a}
+		if len(done) > 0 {
+			cmd.SetOut(io.Discard)
+		}
+		if err := one.callConn(cmd, fn); err != nil {
+			failed = append(failed, a)
+			errs = append(errs, err)
+			continue
+		}
+		done = append(done, a)
+		if cf.verbose {
+			fmt.Fprintf(cmd.ErrOrStderr(), "trainmeter: %s done on collector %s\n", what, a)
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	if len(done) == 0 {
+		return errors.Join(errs...)
+	}
+	return fmt.Errorf("%s done on %s but not on %s: %w; run it again with --collector %s once it answers, so that the pair agrees",
+		what, strings.Join(done, ", "), strings.Join(failed, ", "), errors.Join(errs...), strings.Join(failed, ","))
+}
 
 // defaultConnectTimeout: a collector of a pair that has not connected in
 // this long is taken as down. A collector that is up answers a connection in

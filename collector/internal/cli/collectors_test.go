@@ -93,3 +93,40 @@ func TestSeveralCollectorsNoneAnswersNamesEach(t *testing.T) {
 		t.Errorf("a malformed second address: %v", err)
 	}
 }
+
+// A change (budget set, budget delete, delete-run) goes to every collector
+// of a pair, so that both keep the same budgets; it is printed once, and one
+// collector being down is said, with what to run when it is back.
+func TestSeveralCollectorsChangesGoToEach(t *testing.T) {
+	a, b := liveCollector(t), liveCollector(t)
+	out, errOut, err := runSplit(t, nil, "budget", "set", "team:nlp", "100", "--collector", a+","+b)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errOut)
+	}
+	if strings.Count(out, "team:nlp") != 1 {
+		t.Errorf("budget set printed %d times:\n%s", strings.Count(out, "team:nlp"), out)
+	}
+	for _, addr := range []string{a, b} {
+		if got, _, err := runSplit(t, nil, "budget", "--json", "--collector", addr); err != nil || !strings.Contains(got, `"team:nlp"`) {
+			t.Errorf("collector %s lacks the budget: %v\n%s", addr, err, got)
+		}
+	}
+	if _, _, err := runSplit(t, nil, "delete-run", "run-a", "--yes", "--collector", a+","+b); err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{a, b} {
+		if got, _, _ := runSplit(t, nil, "runs", "--json", "--collector", addr); strings.Contains(got, `"run-a"`) {
+			t.Errorf("collector %s still has the deleted run", addr)
+		}
+	}
+
+	down := testkit.FreeAddr(t)
+	_, _, err = runSplit(t, nil, "budget", "set", "team:cv", "50", "--collector", a+","+down)
+	if err == nil || !strings.Contains(err.Error(), "budget set done on "+a+" but not on "+down) ||
+		!strings.Contains(err.Error(), "--collector "+down+" once it answers") {
+		t.Errorf("budget set with one of the pair down: %v", err)
+	}
+	if got, _, _ := runSplit(t, nil, "budget", "--json", "--collector", a); !strings.Contains(got, `"team:cv"`) {
+		t.Errorf("the collector that is up did not get the budget:\n%s", got)
+	}
+}
