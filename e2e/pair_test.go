@@ -13,14 +13,16 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/trainmeter/trainmeter/internal/testkit"
 )
 
 // pairAgent starts an agent that streams to both collectors.
-func pairAgent(t *testing.T, a, b *cluster, gpuSpec string) (sock string, p *proc) {
+func pairAgent(t *testing.T, a, b *cluster, gpuSpec string, extra ...string) (sock string, p *proc) {
 	t.Helper()
 	sock = filepath.Join(t.TempDir(), "agent.sock")
-	p = startProc(t, "trainmeter-agent", "--collector", a.addr+","+b.addr, "--socket", sock, "--node", "n",
-		"--gpu", gpuSpec, "--spool", filepath.Join(t.TempDir(), "spool"), "--warmup", "30s", "--shutdown-timeout", "2s")
+	p = startProc(t, "trainmeter-agent", append([]string{"--collector", a.addr + "," + b.addr, "--socket", sock, "--node", "n",
+		"--gpu", gpuSpec, "--spool", filepath.Join(t.TempDir(), "spool"), "--warmup", "30s", "--shutdown-timeout", "2s"}, extra...)...)
 	a.eventually("agent socket", func() bool {
 		select {
 		case <-p.done:
@@ -54,12 +56,24 @@ func samePairReport(t *testing.T, a, b *faultCluster, run string, tokens int) {
 func TestPairOneKilledMidRunBothReportTheSame(t *testing.T) {
 	t.Parallel()
 	a, b := newFaultCluster(t), newFaultCluster(t)
-	sock, _ := pairAgent(t, a.cluster, b.cluster, "replay:"+writeTrace(t, 2, 300, 300, 120))
+	status := testkit.FreeAddr(t)
+	sock, _ := pairAgent(t, a.cluster, b.cluster, "replay:"+writeTrace(t, 2, 300, 300, 120), "--status-listen", status)
 	tr := dialTrainer(t, sock)
 	tr.send(`{"event":"run_start","run_id":"r","gpus":[0,1],"warmup_s":1}`)
 	sent := steps(tr, "r", 1, 20, 512)
 	b.col.stop(syscall.SIGKILL)
 	sent += steps(tr, "r", 21, 15, 512)
+
+	// The agent's status shows each collector: a keeps up, b's batches wait.
+	a.eventually("agent status: a connected and caught up, b down with batches pending", func() bool {
+		cs, _ := statusOf(t, status)["collectors"].([]any)
+		if len(cs) != 2 {
+			t.Fatalf("status collectors %v, want two", cs)
+		}
+		ca, cb := cs[0].(map[string]any), cs[1].(map[string]any)
+		return ca["collector"] == a.addr && ca["connected"] == true && ca["batches_pending"].(float64) <= 1 &&
+			cb["collector"] == b.addr && cb["connected"] == false && cb["batches_pending"].(float64) >= 3
+	})
 
 	// The CLI given both, the killed one first, uses the other.
 	cmd := exec.Command(filepath.Join(binDir, "trainmeter"), "report", "r", "--json", "-v", "--collector", b.addr+","+a.addr)
