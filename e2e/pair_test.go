@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -150,10 +151,31 @@ func TestPairStopReachesTheTrainerOnce(t *testing.T) {
 	if stops != 1 {
 		t.Fatalf("the trainer was told to stop %d times, want once", stops)
 	}
-	// Both did send it: the second was dropped as the first's duplicate.
-	for _, c := range []*cluster{a, b} {
-		if out := c.cli("alerts", "--kind", "budget"); !strings.Contains(out, "team:pair-stop") {
-			t.Errorf("collector %s fired no budget alert:\n%s", c.addr, out)
+	// Both fired the exceeded alert, under the same id (one budget id on
+	// both, set by the CLI): a webhook receiver gets the same
+	// Idempotency-Key from each.
+	exceeded := func(c *cluster) string {
+		var resp struct {
+			Alerts []struct {
+				ID        string  `json:"id"`
+				Scope     string  `json:"scope"`
+				Threshold float64 `json:"threshold"`
+				Projected bool    `json:"projected"`
+			} `json:"alerts"`
 		}
+		out := c.cli("alerts", "--kind", "budget", "--json")
+		if err := json.Unmarshal([]byte(out), &resp); err != nil {
+			t.Fatalf("alerts --json: %v\n%s", err, out)
+		}
+		for _, al := range resp.Alerts {
+			if al.Scope == "team:pair-stop" && al.Threshold == 1 && !al.Projected {
+				return al.ID
+			}
+		}
+		t.Errorf("collector %s fired no exceeded alert:\n%s", c.addr, out)
+		return ""
+	}
+	if ia, ib := exceeded(a), exceeded(b); ia != ib {
+		t.Errorf("the pair's exceeded alerts have ids %q and %q, want one", ia, ib)
 	}
 }

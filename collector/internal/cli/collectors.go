@@ -58,9 +58,22 @@ func (cf *clientFlags) callEach(cmd *cobra.Command, what string, fn func(context
 	if len(done) == 0 {
 		return errors.Join(errs...)
 	}
-	return fmt.Errorf("%s done on %s but not on %s: %w; run it again with --collector %s once it answers, so that the pair agrees",
-		what, strings.Join(done, ", "), strings.Join(failed, ", "), errors.Join(errs...), strings.Join(failed, ","))
+	return &partialError{what: what, done: done, failed: failed, err: errors.Join(errs...)}
 }
+
+// partialError: a change reached some collectors of a pair, not all.
+type partialError struct {
+	what         string
+	done, failed []string
+	err          error
+}
+
+func (e *partialError) Error() string {
+	return fmt.Sprintf("%s done on %s but not on %s: %v; run it again with --collector %s once it answers, so that the pair agrees",
+		e.what, strings.Join(e.done, ", "), strings.Join(e.failed, ", "), e.err, strings.Join(e.failed, ","))
+}
+
+func (e *partialError) Unwrap() error { return e.err }
 
 // defaultConnectTimeout: a collector of a pair that has not connected in
 // this long is taken as down. A collector that is up answers a connection in

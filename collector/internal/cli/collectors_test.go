@@ -130,3 +130,27 @@ func TestSeveralCollectorsChangesGoToEach(t *testing.T) {
 		t.Errorf("the collector that is up did not get the budget:\n%s", got)
 	}
 }
+
+// Set on a pair, a budget has one id on both, so their alerts for it carry
+// the same ids (and webhooks the same Idempotency-Key).
+func TestSeveralCollectorsBudgetHasOneIDOnBoth(t *testing.T) {
+	a, b := liveCollector(t), liveCollector(t)
+	if _, errOut, err := runSplit(t, nil, "budget", "set", "model:tiny", "10", "--collector", a+","+b); err != nil {
+		t.Fatalf("%v\n%s", err, errOut)
+	}
+	ids := map[string]bool{}
+	for _, addr := range []string{a, b} {
+		out, _, err := runSplit(t, nil, "budget", "--json", "--collector", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := strings.Index(out, `"id": "`)
+		if i < 0 {
+			t.Fatalf("no budget id in:\n%s", out)
+		}
+		ids[out[i:i+len(`"id": "`)+16]] = true
+	}
+	if len(ids) != 1 {
+		t.Errorf("the pair names the budget differently: %v", ids)
+	}
+}

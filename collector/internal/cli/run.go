@@ -171,12 +171,20 @@ the command still runs, unmeasured.`,
 			}
 			o.collectors = len(cf.addrs)
 			o.plan = func(req *trainmeterv1.PlanRunRequest) (*trainmeterv1.PlanRunResponse, error) {
+				// Both of a pair keep the cap, so either stops the run.
 				var resp *trainmeterv1.PlanRunResponse
-				err := cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
-					var err error
-					resp, err = trainmeterv1.NewBudgetServiceClient(conn).PlanRun(ctx, req)
+				err := cf.callEach(cmd, "plan", func(ctx context.Context, conn *grpc.ClientConn) error {
+					r, err := trainmeterv1.NewBudgetServiceClient(conn).PlanRun(ctx, req)
+					if err == nil && resp == nil {
+						resp = r
+					}
 					return err
 				})
+				if pe := (*partialError)(nil); errors.As(err, &pe) {
+					fmt.Fprintf(o.stderr, "trainmeter: the run's plan (--max-cost, --tokens) is kept by %s only: %s did not take it (%v); it will not stop the run\n",
+						strings.Join(pe.done, ", "), strings.Join(pe.failed, ", "), pe.err)
+					return resp, nil
+				}
 				return resp, err
 			}
 			if err := refuseEndedRun(cmd.Context(), o); err != nil {
