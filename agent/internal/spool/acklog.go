@@ -19,7 +19,7 @@ func (s *Spool) loadAcks() error {
 		return fmt.Errorf("spool: %w", err)
 	}
 	bad := 0
-	cursorNow := s.cursorRemap()
+	cursorNow := s.before
 	before := map[*record]uint8{} // acks by the previous list's index
 	beforeAll := uint8(1)<<max(len(s.loadedNames), 1) - 1
 	for off := 0; off+ackEntry <= len(data); off += ackEntry {

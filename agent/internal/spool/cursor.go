@@ -154,8 +154,7 @@ func (c *Cursor) Stats() CursorStats {
 // process before (the state's collector names), to this spool's, or -1 when
 // that collector is no longer configured. A spool from before names were
 // kept, or one opened without names, maps index to index.
-func (s *Spool) cursorRemap() [MaxCollectors]int {
-	var m [MaxCollectors]int
+func (s *Spool) cursorRemap() (m [MaxCollectors]int, remapped bool) {
 	for i := range m {
 		m[i] = -1
 	}
@@ -164,18 +163,65 @@ func (s *Spool) cursorRemap() [MaxCollectors]int {
 		for i := range n {
 			m[i] = i
 		}
-		return m
+		return m, false
 	}
 	for old, name := range s.loadedNames {
 		if old < MaxCollectors {
 			m[old] = slices.Index(s.names, name)
+			remapped = remapped || m[old] != old
 		}
 	}
 	if !slices.Equal(s.loadedNames, s.names) {
 		s.log.Info("spool: the collector list changed; acks are kept per collector name, and a new collector gets the batches still pending for any of them",
 			"before", s.loadedNames, "now", s.names)
 	}
-	return m
+	return m, remapped
+}
+
+// noCollector is a mask no cursor matches: a record meant only for
+// collectors no longer configured.
+const noCollector = 1 << 31
+
+// maskNow translates a mask written by the previous process (its cursor
+// indices) to this one's; ok is false when none of its collectors is left.
+func (s *Spool) maskNow(old uint32) (mask uint32, ok bool) {
+	if !s.remapped || old == 0 {
+		return old, true
+	}
+	var m uint8
+	for i := range MaxCollectors {
+		if old&(1<<i) != 0 && s.before[i] >= 0 {
+			m |= 1 << s.before[i]
+		}
+	}
+	if m == 0 {
+		return 0, false
+	}
+	if m == s.all {
+		return 0, true
+	}
+	return uint32(m), true
+}
+
+// fromBefore translates the masks of a batch written before this open.
+func (s *Spool) fromBefore(b *trainmeterv1.Batch) {
+	if !s.remapped || b.Seq >= s.openSeq {
+		return
+	}
+	for _, l := range b.Losses {
+		if m, ok := s.maskNow(l.SpoolCollectors); ok {
+			l.SpoolCollectors = m
+		} else {
+			l.SpoolCollectors = noCollector
+		}
+	}
+	for _, e := range b.RunEvents {
+		if m, ok := s.maskNow(e.SpoolCollectors); ok {
+			e.SpoolCollectors = m
+		} else {
+			e.SpoolCollectors = noCollector
+		}
+	}
 }
 
 // narrow restricts a record meant for have (0: every collector) to the

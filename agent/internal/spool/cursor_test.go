@@ -240,3 +240,47 @@ func TestPairSpoolRefusesABadCollectorList(t *testing.T) {
 		}
 	}
 }
+
+// Loss records meant for one collector keep going to that collector after
+// a restart with the list in the other order, or with it removed.
+func TestPairSpoolLossesFollowTheCollectorAcrossARestart(t *testing.T) {
+	dir := t.TempDir()
+	s := openPair(t, dir, 32<<10, 4<<10, "a:1", "b:1")
+	for i := 1; i <= 800; i++ {
+		mustAppend(t, s, batch(i, "r"))
+		s.Cursor(0).Ack(uint64(i)) // b lags
+	}
+	if s.Stats().Dropped == 0 {
+		t.Fatal("nothing dropped")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lost := func(bs []*trainmeterv1.Batch) (n uint64) {
+		for _, b := range bs {
+			for _, l := range b.Losses {
+				n += l.Batches
+			}
+		}
+		return n
+	}
+
+	s = openPair(t, dir, 32<<10, 4<<10, "b:1", "a:1")
+	mustAppend(t, s, batch(801, "r")) // carries the pending report, if any
+	forB, forA := readAll(t, s.Cursor(0)), readAll(t, s.Cursor(1))
+	if got := lost(forB); got == 0 {
+		t.Error("b, now first, is told of no loss")
+	}
+	if got := lost(forA); got != 0 {
+		t.Errorf("a, now second, is told of %d lost batches it had", got)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s = openPair(t, dir, 32<<10, 4<<10, "a:1")
+	defer s.Close()
+	if got := lost(readAll(t, s.Cursor(0))); got != 0 {
+		t.Errorf("with b removed, a is told of %d lost batches that were b's", got)
+	}
+}

@@ -41,6 +41,8 @@ func (s *Spool) load() error {
 	}
 	s.bootID = s.ensureBootID(bootID)
 	s.restoreSeq(st, lastSeq)
+	s.openSeq = s.nextSeq
+	s.before, s.remapped = s.cursorRemap()
 	s.restorePendingLosses(st, lastSeq)
 	// Everything present may have been sent by the previous process.
 	for _, r := range s.bySeq {
@@ -189,20 +191,29 @@ func (s *Spool) restorePendingLosses(st *stateJSON, lastSeq uint64) {
 	if st == nil || st.BootID != s.bootID || (lastSeq >= st.NextSeq && lastSeq != 0) {
 		return
 	}
+	// Masks are in the previous process's cursor indices.
 	for _, raw := range st.Losses {
 		if l := decodeLoss(raw); l != nil {
-			s.losses[lossKey(l.RunId, l.SpoolCollectors)] = l
+			if m, ok := s.maskNow(l.SpoolCollectors); ok {
+				s.mergeLoss(l.RunId, m, l.Batches, l.Tokens, l.EnergyJ, l.GpuSeconds, l.Reason)
+			}
 		}
 	}
 	for _, raw := range st.SeqLosses {
 		if l := decodeLoss(raw); l != nil {
-			s.seqLosses = append(s.seqLosses, l)
+			if m, ok := s.maskNow(l.SpoolCollectors); ok {
+				l.SpoolCollectors = m
+				s.seqLosses = append(s.seqLosses, l)
+			}
 		}
 	}
 	for _, e := range st.Events {
 		ev := &trainmeterv1.RunEvent{}
 		if proto.Unmarshal(e, ev) == nil {
-			s.events = append(s.events, ev)
+			if m, ok := s.maskNow(ev.SpoolCollectors); ok {
+				ev.SpoolCollectors = m
+				s.events = append(s.events, ev)
+			}
 		}
 	}
 }

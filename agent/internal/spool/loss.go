@@ -34,7 +34,9 @@ func (s *Spool) evictOldest(reason string) {
 		droppedBytes += int(r.size)
 		var b *trainmeterv1.Batch
 		if ferr == nil {
-			b, _ = readRecord(f, r)
+			if b, _ = readRecord(f, r); b != nil {
+				s.fromBefore(b)
+			}
 		}
 		if b == nil {
 			s.log.Error("spool: a dropped batch could not be read back; its loss is unknown", "seq", r.seq)

@@ -219,6 +219,12 @@ type Spool struct {
 	cursorStats [MaxCollectors]CursorStats
 	// pendingFor[i] counts the records held that collector i has not acked.
 	pendingFor [MaxCollectors]int
+	// before maps the previous process's cursor indices to this one's (-1:
+	// gone); remapped when that is not the identity. Masks written then
+	// (records below openSeq, the state's pending report) are translated.
+	before   [MaxCollectors]int
+	remapped bool
+	openSeq  uint64
 }
 
 // Open opens or creates the spool in dir, bounded to maxBytes (0: DefaultMaxBytes).
@@ -471,6 +477,9 @@ func (s *Spool) rejectLocked(i int, seq uint64, reason string) {
 		return
 	}
 	b, rerr := s.readLocked(r)
+	if rerr == nil {
+		s.fromBefore(b)
+	}
 	// Out of the spool first: the state write below may drop old segments
 	// to make room, and must not count this batch a second time.
 	if s.ackLocked(i, seq) {
@@ -537,6 +546,9 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 				continue
 			}
 			b, err := readRecord(f, r)
+			if err == nil {
+				s.fromBefore(b)
+			}
 			if err != nil {
 				s.log.Error("spool: a held batch no longer reads back; dropping it (loss unknown)", "seq", r.seq, "err", err)
 				s.unpend(r)
