@@ -2,12 +2,18 @@ package cli
 
 import (
 	"bytes"
+	"context"
+	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/trainmeter/trainmeter/collector/internal/server"
+	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	"github.com/trainmeter/trainmeter/internal/testkit"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func runSplit(t *testing.T, env map[string]string, args ...string) (stdout, stderr string, err error) {
@@ -152,5 +158,47 @@ func TestSeveralCollectorsBudgetHasOneIDOnBoth(t *testing.T) {
 	}
 	if len(ids) != 1 {
 		t.Errorf("the pair names the budget differently: %v", ids)
+	}
+}
+
+// trainmeter run's live status, given a pair, moves to the other collector
+// when the one it used stops answering.
+func TestRunStatusMovesToTheOtherCollectorOfAPair(t *testing.T) {
+	first := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 2, Now: tu.Now},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := first.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	stopFirst := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = first.Shutdown(ctx)
+	}
+	defer stopFirst()
+	second := liveCollector(t) // holds run-a
+	var errOut bytes.Buffer
+	cf := &clientFlags{addrs: []string{first.Addr().String(), second}, connectTimeout: time.Second,
+		getenv: func(string) string { return "" }}
+	o := &runOptions{runID: "run-a", collectors: 2, stderr: &errOut}
+	o.query = func() (trainmeterv1.QueryServiceClient, func(), error) {
+		conn, err := cf.dial(context.Background(), o.stderr)
+		if err != nil {
+			return nil, nil, err
+		}
+		return trainmeterv1.NewQueryServiceClient(conn), func() { conn.Close() }, nil
+	}
+	s := newStatus(o, true)
+	defer func() { s.close() }()
+	if cf.addr != first.Addr().String() {
+		t.Fatalf("status uses %s, want the first collector", cf.addr)
+	}
+	stopFirst()
+	s.poll()
+	if out := errOut.String(); !strings.Contains(out, "trainmeter run-a") || strings.Contains(out, "waiting for the collector") ||
+		strings.Contains(out, "cannot reach") {
+		t.Errorf("status after the first collector stopped:\n%s", out)
+	}
+	if cf.addr != second {
+		t.Errorf("status uses %s, want the second collector %s", cf.addr, second)
 	}
 }
