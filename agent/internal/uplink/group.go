@@ -19,6 +19,7 @@ import (
 type Group struct {
 	spool *spool.Spool
 	ups   []*Uplink
+	log   *slog.Logger
 }
 
 // NewGroup builds one uplink per address over sp, whose cursors must be the
@@ -38,7 +39,7 @@ func NewGroup(sp *spool.Spool, addrs []string, base Config, onAdvisory func(coll
 	if base.Logger == nil {
 		base.Logger = slog.New(slog.DiscardHandler)
 	}
-	g := &Group{spool: sp}
+	g := &Group{spool: sp, log: base.Logger}
 	for i, addr := range addrs {
 		cfg := base
 		cfg.Address, cfg.Spool, cfg.Cursor = addr, sp, i
@@ -67,7 +68,7 @@ func (g *Group) Uplinks() []*Uplink { return g.ups }
 // never waits for the network.
 func (g *Group) Enqueue(b *trainmeterv1.Batch) {
 	if err := g.spool.Append(b); err != nil {
-		g.ups[0].cfg.Logger.Error("uplink: batch not spooled", "err", err)
+		g.log.Error("uplink: batch not spooled", "err", err)
 	}
 	for _, u := range g.ups {
 		u.enqueued()
