@@ -179,3 +179,30 @@ func TestPairStopReachesTheTrainerOnce(t *testing.T) {
 		t.Errorf("the pair's exceeded alerts have ids %q and %q, want one", ia, ib)
 	}
 }
+
+// doctor checks each collector of a pair and fails naming the one that is
+// down.
+func TestPairDoctorChecksEachCollector(t *testing.T) {
+	t.Parallel()
+	a, b := startCollector(t), startCollector(t)
+	spoolDir := filepath.Join(t.TempDir(), "spool")
+	// The later --collector (the pair) wins over the one startAgent gives.
+	sock := a.startAgent("doc-pair", "sim:1", "--spool", spoolDir, "--collector", a.addr+","+b.addr)
+	a.waitStreaming("doc-pair")
+	b.waitStreaming("doc-pair")
+	args := []string{"--gpu", "sim:1", "--socket", sock, "--node", "doc-pair", "--spool", spoolDir}
+	out, code := doctor(t, append(args, "--collector", a.addr+","+b.addr)...)
+	if code != 0 {
+		t.Fatalf("exit %d with both up:\n%s", code, out)
+	}
+	for _, addr := range []string{a.addr, b.addr} {
+		if !strings.Contains(out, "TCP connection to "+addr) {
+			t.Errorf("doctor did not check %s:\n%s", addr, out)
+		}
+	}
+	down := testkit.FreeAddr(t)
+	out, code = doctor(t, append(args, "--collector", a.addr+","+down)...)
+	if code != 1 || !strings.Contains(out, "cannot connect to "+down) || !strings.Contains(out, "TCP connection to "+a.addr) {
+		t.Errorf("exit %d with one of the pair down, want 1 naming it:\n%s", code, out)
+	}
+}
