@@ -284,3 +284,33 @@ func TestPairSpoolLossesFollowTheCollectorAcrossARestart(t *testing.T) {
 		t.Errorf("with b removed, a is told of %d lost batches that were b's", got)
 	}
 }
+
+// Opened without a list (trainmeter-agent doctor does), a pair's spool keeps
+// both collectors' acks: the agent started afterwards still owes the
+// lagging collector what it had not acked.
+func TestPairSpoolOpenedWithoutAListKeepsEveryCollectorsAcks(t *testing.T) {
+	dir := t.TempDir()
+	s := openPair(t, dir, 0, 4<<10, "a:1", "b:1")
+	for i := 1; i <= 5; i++ {
+		mustAppend(t, s, batch(i, "r"))
+		s.Cursor(0).Ack(uint64(i))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, dir, 0, 4<<10)
+	if s.Len() != 5 || s.Cursors() != 2 {
+		t.Errorf("opened without a list: %d held, %d cursors; want 5 and 2", s.Len(), s.Cursors())
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openPair(t, dir, 0, 4<<10, "a:1", "b:1")
+	defer s.Close()
+	if got := seqs(readAll(t, s.Cursor(1))); !slices.Equal(got, []uint64{1, 2, 3, 4, 5}) {
+		t.Errorf("b reads %v after a look without a list, want 1..5", got)
+	}
+	if got := readAll(t, s.Cursor(0)); len(got) != 0 {
+		t.Errorf("a reads %v, want nothing", seqs(got))
+	}
+}

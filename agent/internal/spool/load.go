@@ -24,6 +24,12 @@ func (s *Spool) load() error {
 	st := s.loadState()
 	if st != nil {
 		s.loadedNames = st.Collectors
+		if len(s.names) == 0 && len(st.Collectors) > 0 && checkCollectors(st.Collectors) == nil {
+			// Opened without a collector list (the doctor): keep the
+			// spool's, so that no collector's acks are rewritten away.
+			s.names = append([]string(nil), st.Collectors...)
+			s.all = uint8(1)<<len(s.names) - 1
+		}
 	}
 	_ = removeTemps(s.dir)
 

@@ -124,7 +124,8 @@ type Options struct {
 	// os.OpenFile.
 	OpenFile func(name string, flag int, perm os.FileMode) (WriteFile, error)
 	// Collectors names the collectors, one cursor each, in the agent's
-	// --collector order (at most MaxCollectors); nil: one unnamed cursor.
+	// --collector order (at most MaxCollectors); nil: the spool's own list
+	// (a tool that only looks, such as the doctor), else one unnamed cursor.
 	// The names are persisted, so that a reordered or changed list keeps
 	// each collector's acks.
 	Collectors []string
