@@ -70,7 +70,7 @@ func newRootCmdWith(o *options) *cobra.Command {
 func bindFlags(cmd *cobra.Command, o *options) {
 	f := cmd.Flags()
 	f.StringVar(&o.configFile, "config", "", "YAML config file (flags given on the command line override it)")
-	f.StringVar(&o.cfg.Collector, "collector", o.cfg.Collector, "collector address HOST:PORT")
+	f.StringVar(&o.cfg.Collector, "collector", o.cfg.Collector, "collector address HOST:PORT; a pair: A,B (every batch goes to both, docs/deploy.md)")
 	f.StringVar(&o.cfg.Socket, "socket", o.cfg.Socket, "trainer Unix socket path")
 	f.StringVar(&o.cfg.SocketGroup, "socket-group", o.cfg.SocketGroup, "group that owns the socket (mode 0660)")
 	f.StringVar(&o.cfg.Node, "node", o.cfg.Node, "node name (default: hostname)")

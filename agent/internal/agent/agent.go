@@ -42,7 +42,10 @@ type Agent struct {
 
 	ledger *ledger.Ledger
 	sock   *trainersock.Server
-	up     *uplink.Uplink
+	// up streams to the collector, or to each of a pair (one cursor each).
+	up *uplink.Group
+	// advised deduplicates advice and stop sent by both of a pair.
+	advised *adviceDedup
 	// spool keeps batches until acked; it owns the boot id and seqs.
 	spool *spool.Spool
 	// lastStateErr rate-limits warnings about the ledger state file.
@@ -109,7 +112,7 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	a.ledger = ledger.New(lcfg)
 	a.openHostEnergy(nil)
 
-	sp, err := spool.Open(cfg.Spool, cfg.SpoolMaxBytes, logger)
+	sp, err := spool.OpenWith(cfg.Spool, cfg.SpoolMaxBytes, spool.Options{Logger: logger, Collectors: cfg.Collectors()})
 	if err != nil {
 		return nil, err
 	}
@@ -129,21 +132,20 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	a.sock = sock
 
 	ucfg := uplink.Config{
-		Address:    cfg.Collector,
-		Spool:      a.spool,
-		Hello:      a.hello(),
-		OnAdvisory: a.advise,
-		Logger:     logger,
-		Clock:      clk,
+		Hello:  a.hello(),
+		Logger: logger,
+		Clock:  clk,
 	}
 	if err := securityConfig(cfg, &ucfg, logger); err != nil {
 		return nil, err
 	}
-	up, err := uplink.New(ucfg)
+	a.advised = newAdviceDedup(clk)
+	up, err := uplink.NewGroup(a.spool, cfg.Collectors(), ucfg, a.adviseFrom)
 	if err != nil {
 		return nil, err
 	}
 	a.up = up
+	a.self.watchCollectors(len(up.Uplinks()), clk.Now())
 	built = true
 	return a, nil
 }
@@ -311,8 +313,7 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	close(a.stopLoop)
 	<-a.loopDone
 	if err := a.up.Flush(ctx); err != nil {
-		st := a.up.Stats()
-		errs = append(errs, fmt.Errorf("uplink: %d batches not acked at shutdown: %w", st.Pending, err))
+		errs = append(errs, fmt.Errorf("uplink: batches not acked at shutdown: %w", err))
 	}
 	if err := a.up.Shutdown(ctx); err != nil {
 		errs = append(errs, err)
@@ -332,6 +333,16 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 
 // UplinkStats exposes the uplink's counters (for tests and self-metrics).
 func (a *Agent) UplinkStats() uplink.Stats { return a.up.Stats() }
+
+// adviseFrom passes an advisory from the collector-th collector on to the
+// run's trainers, unless the other of a pair already sent the same.
+func (a *Agent) adviseFrom(collector int, adv *trainmeterv1.Advisory) {
+	if !a.advised.first(collector, adv) {
+		a.log.Debug("advisory already delivered from the other collector; not repeated", "run_id", adv.RunId, "collector", collector)
+		return
+	}
+	a.advise(adv)
+}
 
 func (a *Agent) advise(adv *trainmeterv1.Advisory) {
 	var line []byte

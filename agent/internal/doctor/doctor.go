@@ -167,7 +167,12 @@ func Run(ctx context.Context, o Options) *Report {
 	checkGPU(o, r)
 	checkRAPL(o, r)
 	checkSocket(ctx, o, r)
-	checkCollector(ctx, o, r)
+	// A pair: each collector is checked on its own (the lines name it).
+	for _, addr := range cfg.Collectors() {
+		one := o
+		one.Config.Collector = addr
+		checkCollector(ctx, one, r)
+	}
 	checkSpool(o, r)
 	return r
 }

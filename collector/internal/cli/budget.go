@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/collector/internal/budget"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/money"
@@ -142,8 +143,14 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 			if !(amount > 0) || math.IsInf(amount, 0) {
 				return negativeBudget(args[1])
 			}
-			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
-				resp, err := trainmeterv1.NewBudgetServiceClient(conn).SetBudget(ctx, &trainmeterv1.SetBudgetRequest{Scope: args[0], LimitUsd: amount, Period: period, Policy: policy})
+			// One id on every collector of a pair: their alerts for it
+			// then carry the same ids.
+			id := ""
+			if len(cf.collectorAddrs()) > 1 {
+				id = budget.NewBudgetID()
+			}
+			return cf.callEach(cmd, "budget set", func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := trainmeterv1.NewBudgetServiceClient(conn).SetBudget(ctx, &trainmeterv1.SetBudgetRequest{Scope: args[0], LimitUsd: amount, Period: period, Policy: policy, BudgetId: id})
 				if err != nil {
 					return err
 				}
@@ -181,7 +188,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 		Short: "Delete the budget of a scope",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+			return cf.callEach(cmd, "budget delete", func(ctx context.Context, conn *grpc.ClientConn) error {
 				_, err := trainmeterv1.NewBudgetServiceClient(conn).DeleteBudget(ctx, &trainmeterv1.DeleteBudgetRequest{Scope: args[0], Period: delPeriod})
 				if err == nil {
 					fmt.Fprintf(cmd.OutOrStdout(), "budget %s deleted\n", args[0])

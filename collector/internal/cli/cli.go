@@ -80,7 +80,10 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 		newRecommendCommand(cf), newBudgetCommand(cf), newAlertsCommand(cf), newForecastCommand(cf), newPricesCommand(cf),
 		newEstimateCommand(cf), newCompareCommand(cf)} {
 		// Persistent, so that `export csv` inherits them.
-		c.PersistentFlags().StringVar(&cf.addr, "collector", defaultAddr, "collector address HOST:PORT (default from $"+EnvCollector+")")
+		c.PersistentFlags().StringSliceVar(&cf.addrs, "collector", strings.Split(defaultAddr, ","),
+			"collector address HOST:PORT; several (repeat, or A,B: a pair) are tried in order and the first that answers is used (default from $"+EnvCollector+")")
+		c.PersistentFlags().DurationVar(&cf.connectTimeout, "connect-timeout", defaultConnectTimeout, "with several --collector addresses: how long to wait for one to answer before trying the next")
+		c.PersistentFlags().BoolVarP(&cf.verbose, "verbose", "v", false, "say on stderr which collector answered")
 		c.PersistentFlags().DurationVar(&cf.timeout, "timeout", 10*time.Second, "deadline for the request")
 		cf.security.addFlags(c.PersistentFlags())
 		root.AddCommand(c)
@@ -165,10 +168,15 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 }
 
 type clientFlags struct {
-	addr     string
-	timeout  time.Duration
-	security clientSecurity
-	getenv   func(string) string
+	// addrs are the --collector addresses; addr is the one in use (the
+	// first that answered), named in errors.
+	addrs          []string
+	addr           string
+	connectTimeout time.Duration
+	verbose        bool
+	timeout        time.Duration
+	security       clientSecurity
+	getenv         func(string) string
 }
 
 // call dials the collector and runs fn with a query client under the timeout.
@@ -180,19 +188,15 @@ func (cf *clientFlags) call(cmd *cobra.Command, fn func(context.Context, trainme
 
 // callConn is call for commands that use more than the QueryService.
 func (cf *clientFlags) callConn(cmd *cobra.Command, fn func(context.Context, *grpc.ClientConn) error) error {
-	dialOpts, err := cf.security.dialOptions(cf.addr, cf.getenv)
-	if err != nil {
-		return err
-	}
-	conn, err := grpc.NewClient(cf.addr, dialOpts...)
-	if err != nil {
-		return fmt.Errorf("collector address %q: %w", cf.addr, err)
-	}
-	defer conn.Close()
 	ctx := cmd.Context()
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	conn, err := cf.dial(ctx, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
 	if cf.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cf.timeout)

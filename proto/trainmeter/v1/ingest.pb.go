@@ -968,9 +968,15 @@ type DataLoss struct {
 	// was sent at least once but never acked: the collector may have applied
 	// it (the ack was lost), so it ignores the record if it holds that batch.
 	// Zero: batches that were never sent, certainly lost.
-	Seq           uint64 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Seq uint64 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`
+	// --- collector pair (i21-pair, 700–749) ---
+	// Only inside an agent's spool: the collectors of its --collector list
+	// (bit i = the i-th) this record is for, because the others had already
+	// acked the dropped batch; 0: all of them. The agent clears it before
+	// sending, so a collector never sees it set.
+	SpoolCollectors uint32 `protobuf:"varint,700,opt,name=spool_collectors,json=spoolCollectors,proto3" json:"spool_collectors,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DataLoss) Reset() {
@@ -1048,6 +1054,13 @@ func (x *DataLoss) GetReason() string {
 func (x *DataLoss) GetSeq() uint64 {
 	if x != nil {
 		return x.Seq
+	}
+	return 0
+}
+
+func (x *DataLoss) GetSpoolCollectors() uint32 {
+	if x != nil {
+		return x.SpoolCollectors
 	}
 	return 0
 }
@@ -1741,9 +1754,13 @@ type RunEvent struct {
 	//	*RunEvent_RunStart
 	//	*RunEvent_RunEnd
 	//	*RunEvent_Eval
-	Event         isRunEvent_Event `protobuf_oneof:"event"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Event isRunEvent_Event `protobuf_oneof:"event"`
+	// --- collector pair (i21-pair, 700–749) ---
+	// Only inside an agent's spool, on an event carried from a dropped batch:
+	// as DataLoss.spool_collectors. Cleared before sending.
+	SpoolCollectors uint32 `protobuf:"varint,700,opt,name=spool_collectors,json=spoolCollectors,proto3" json:"spool_collectors,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RunEvent) Reset() {
@@ -1808,6 +1825,13 @@ func (x *RunEvent) GetEval() *Eval {
 		}
 	}
 	return nil
+}
+
+func (x *RunEvent) GetSpoolCollectors() uint32 {
+	if x != nil {
+		return x.SpoolCollectors
+	}
+	return 0
 }
 
 type isRunEvent_Event interface {
@@ -2942,7 +2966,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\tt_unix_ns\x18\x02 \x03(\x06R\atUnixNs\x12\x17\n" +
 	"\apower_w\x18\x03 \x03(\x02R\x06powerW\x12'\n" +
 	"\x0futilization_pct\x18\x04 \x03(\x02R\x0eutilizationPct\x12&\n" +
-	"\x0fmemory_used_mib\x18\x05 \x03(\x02R\rmemoryUsedMib\"\xb9\x01\n" +
+	"\x0fmemory_used_mib\x18\x05 \x03(\x02R\rmemoryUsedMib\"\xe5\x01\n" +
 	"\bDataLoss\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\x04R\abatches\x12\x16\n" +
@@ -2951,7 +2975,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\vgpu_seconds\x18\x05 \x01(\x01R\n" +
 	"gpuSeconds\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x10\n" +
-	"\x03seq\x18\a \x01(\x04R\x03seq\"\xb7\t\n" +
+	"\x03seq\x18\a \x01(\x04R\x03seq\x12*\n" +
+	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectors\"\xb7\t\n" +
 	"\tGpuWindow\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\rR\x03gpu\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12(\n" +
@@ -3034,11 +3059,12 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x13energy_integrated_j\x18\x04 \x01(\x01R\x11energyIntegratedJ\x12\x1f\n" +
 	"\vgpu_seconds\x18\x05 \x01(\x01R\n" +
 	"gpuSeconds\x12,\n" +
-	"\x12shared_gpu_seconds\x18\x06 \x01(\x01R\x10sharedGpuSeconds\"\xa8\x01\n" +
+	"\x12shared_gpu_seconds\x18\x06 \x01(\x01R\x10sharedGpuSeconds\"\xd4\x01\n" +
 	"\bRunEvent\x126\n" +
 	"\trun_start\x18\x01 \x01(\v2\x17.trainmeter.v1.RunStartH\x00R\brunStart\x120\n" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
-	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04evalB\a\n" +
+	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04eval\x12*\n" +
+	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectorsB\a\n" +
 	"\x05event\"\xae\a\n" +
 	"\bRunStart\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
