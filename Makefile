@@ -78,6 +78,8 @@ fuzz-short:
 	$(GO) test -run='^$$' -fuzz='^FuzzOpenSegmentTail$$' -fuzztime=$(FUZZTIME) ./agent/internal/spool
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./pkg/gpu/replay
 	$(GO) test -run='^$$' -fuzz='^FuzzParsePriceList$$' -fuzztime=$(FUZZTIME) ./pkg/prices
+	$(GO) test -run='^$$' -fuzz='^FuzzProviderAnswers$$' -fuzztime=$(FUZZTIME) ./pkg/prices
+	$(GO) test -run='^$$' -fuzz='^FuzzParseAnswer$$' -fuzztime=$(FUZZTIME) ./collector/internal/carbonwatch
 
 test: fmt-check vet staticcheck proto-check test-go accuracy-check fuzz-short test-python test-e2e
 
@@ -115,17 +117,19 @@ PREFIX ?= /usr
 BINDIR ?= $(PREFIX)/bin
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 SYSCONFDIR ?= /etc
 DESTDIR ?=
 
 install: build
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(SYSCONFDIR)/trainmeter
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(SYSCONFDIR)/trainmeter
 	install -m 0755 $(BIN)/trainmeter-agent $(BIN)/trainmeter $(DESTDIR)$(BINDIR)/
 	for u in trainmeter-agent.service trainmeter.service; do \
 		sed 's|/usr/bin/|$(BINDIR)/|g' deploy/systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u.tmp && \
 		chmod 0644 $(DESTDIR)$(UNITDIR)/$$u.tmp && mv $(DESTDIR)$(UNITDIR)/$$u.tmp $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
 	done
 	install -m 0644 deploy/sysusers.d/trainmeter.conf $(DESTDIR)$(SYSUSERSDIR)/trainmeter.conf
+	install -m 0644 deploy/tmpfiles.d/trainmeter-rapl.conf $(DESTDIR)$(TMPFILESDIR)/trainmeter-rapl.conf
 	@for f in agent.yaml collector.env; do \
 		if [ -e $(DESTDIR)$(SYSCONFDIR)/trainmeter/$$f ]; then echo "install: keeping existing $(DESTDIR)$(SYSCONFDIR)/trainmeter/$$f"; \
 		else install -m 0644 deploy/etc/trainmeter/$$f $(DESTDIR)$(SYSCONFDIR)/trainmeter/$$f || exit 1; fi; \
@@ -136,7 +140,7 @@ install: build
 		getent passwd trainmeter >/dev/null || useradd --system --gid trainmeter --no-create-home \
 			--home-dir /var/lib/trainmeter --shell /usr/sbin/nologin --comment "trainmeter daemons" trainmeter; fi && \
 		getent passwd trainmeter && \
-		if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi && \
+		if [ -d /run/systemd/system ]; then systemctl daemon-reload && (systemd-tmpfiles --create $(TMPFILESDIR)/trainmeter-rapl.conf || true); fi && \
 		echo "install: done; edit $(SYSCONFDIR)/trainmeter/agent.yaml, then: systemctl enable --now trainmeter-agent"; \
 	fi
 
@@ -144,7 +148,7 @@ install: build
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/trainmeter-agent $(DESTDIR)$(BINDIR)/trainmeter \
 		$(DESTDIR)$(UNITDIR)/trainmeter-agent.service $(DESTDIR)$(UNITDIR)/trainmeter.service \
-		$(DESTDIR)$(SYSUSERSDIR)/trainmeter.conf
+		$(DESTDIR)$(SYSUSERSDIR)/trainmeter.conf $(DESTDIR)$(TMPFILESDIR)/trainmeter-rapl.conf
 	@echo "uninstall: kept $(DESTDIR)$(SYSCONFDIR)/trainmeter, /var/lib/trainmeter and the trainmeter user"
 
 # dist/trainmeter_$(VERSION)_amd64.deb with nfpm (pinned in tools/go.mod):

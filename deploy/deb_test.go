@@ -27,6 +27,7 @@ var debFiles = map[string]os.FileMode{
 	"/usr/lib/systemd/system/trainmeter-agent.service": 0o644,
 	"/usr/lib/systemd/system/trainmeter.service":       0o644,
 	"/usr/lib/sysusers.d/trainmeter.conf":              0o644,
+	"/usr/lib/tmpfiles.d/trainmeter-rapl.conf":         0o644,
 	"/etc/trainmeter/agent.yaml":                       0o644,
 	"/etc/trainmeter/collector.env":                    0o644,
 }
@@ -207,6 +208,23 @@ func passwdEntry(t *testing.T, root, name string) (uid, gid int, line string) {
 	return 0, 0, ""
 }
 
+// groupID is group name's gid in root's /etc/group.
+func groupID(t *testing.T, root, name string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "etc/group"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Split(l, ":"); len(f) == 4 && f[0] == name {
+			gid, _ := strconv.Atoi(f[2])
+			return gid
+		}
+	}
+	t.Fatalf("no group %s in %s/etc/group", name, root)
+	return 0
+}
+
 // TestDebInstallsIntoThrowawayRoot builds the .deb, installs it with
 // `dpkg --root` into two throwaway roots (the postinst creating the user
 // with groupadd/useradd in one, systemd-sysusers in the other), checks
@@ -292,6 +310,15 @@ func checkInstalled(t *testing.T, root string) {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("%s lacks %q", u, want)
 		}
+	}
+	// The installed tmpfiles rule, found by name as the unit's ExecStartPre
+	// runs it, lets the installed group read the RAPL counters.
+	if tf, err := exec.LookPath("systemd-tmpfiles"); err == nil {
+		fakeSysfs(t, root)
+		if out, err := exec.Command(tf, "--root="+root, "--create", "trainmeter-rapl.conf").CombinedOutput(); err != nil {
+			t.Errorf("systemd-tmpfiles --create trainmeter-rapl.conf in the root: %v\n%s", err, out)
+		}
+		checkRAPLAccess(t, root, groupID(t, root, "trainmeter"))
 	}
 	// No systemd runs in the root: the postinst must not have enabled anything.
 	if _, err := os.Stat(filepath.Join(root, "etc/systemd/system/multi-user.target.wants")); err == nil {

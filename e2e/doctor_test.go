@@ -83,13 +83,16 @@ func TestDoctorOnALiveNodePasses(t *testing.T) {
 	sock := c.startAgent("doc-node", "sim:2", "--spool", spoolDir)
 	c.waitStreaming("doc-node")
 
-	out, code := doctor(t, "--gpu", "sim:2", "--socket", sock, "--collector", c.addr, "--node", "doc-node", "--spool", spoolDir)
+	// a node with RAPL, as pkg/rapl's fixture of a two-socket server
+	rapl := "../pkg/rapl/testdata/two-sockets"
+	out, code := doctor(t, "--gpu", "sim:2", "--socket", sock, "--collector", c.addr, "--node", "doc-node", "--spool", spoolDir, "--sysfs-root", rapl)
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
 	for _, want := range []string{
 		"OK    backend", "simulated GPUs (sim:2", "OK    gpu 1 ", "a running agent (pid ", "answers SERVING",
 		`accepts batches from node "doc-node" without a token`, "in use by a running agent (locked)", "checks OK.",
+		"OK    rapl ", "2 socket(s) read: intel-rapl:0/package-0", "OK    dram ",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -97,7 +100,7 @@ func TestDoctorOnALiveNodePasses(t *testing.T) {
 	}
 	t.Logf("doctor on a live node:\n%s", out)
 
-	out, code = doctor(t, "--gpu", "sim:2", "--socket", sock, "--collector", c.addr, "--node", "doc-node", "--spool", spoolDir, "--json")
+	out, code = doctor(t, "--gpu", "sim:2", "--socket", sock, "--collector", c.addr, "--node", "doc-node", "--spool", spoolDir, "--sysfs-root", rapl, "--json")
 	var rep doctorReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 || !rep.OK {
 		t.Fatalf("--json: exit %d, %v:\n%s", code, err, out)

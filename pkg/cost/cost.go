@@ -62,8 +62,21 @@ type Config struct {
 	// EnergyIncluded: the GPU price includes power (cloud rentals), so
 	// energy costs nothing extra.
 	EnergyIncluded bool
-	// GridGCO2PerKWh is the carbon intensity of the grid.
+	// GridGCO2PerKWh is the carbon intensity of the grid: the flat factor,
+	// and the fallback for energy no carbon source covers.
 	GridGCO2PerKWh float64
+	// Carbon by the hour (docs/costs.md, "CO2"): Carbon gives the
+	// intensity where and when energy was consumed (the file, a live
+	// source, or both chained); CarbonFile is the file alone (the
+	// optimizer's schedule); a node's zone is CarbonNodeZones[node], else
+	// CarbonZone, else the file's only zone.
+	Carbon          CarbonSource
+	CarbonFile      *CarbonFile
+	CarbonZone      string
+	CarbonNodeZones map[string]string
+	// CarbonLive: Carbon includes a live source, which can answer for any
+	// zone (without one, a zone must be in the file).
+	CarbonLive bool
 	// Owned prices owned GPUs from their purchase (amortized); nil: none.
 	Owned *OwnedHardware
 	// PUE multiplies the measured GPU energy into the facility energy that
@@ -111,6 +124,7 @@ func (c Config) Validate() error {
 	if c.EnergyIncluded && (c.Tariff != nil || c.EnergyPricePerKWh > 0) {
 		errs = append(errs, errors.New("energy is included in the GPU price: an energy price or tariff makes no sense with it"))
 	}
+	errs = append(errs, c.validateCarbon()...)
 	if c.Tariff != nil && c.Tariff.loc == nil {
 		if err := c.Tariff.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("tariff: %w", err))
@@ -226,6 +240,51 @@ func (c Config) EnergyCost(byBand map[string]float64, totalJ float64) (usd float
 		return usd, []BandCost{{Band: "flat", KWh: kwh, USDPerKWh: c.EnergyPricePerKWh, USD: usd}}, true
 	}
 	return 0, nil, false
+}
+
+func (c Config) validateCarbon() []error {
+	var errs []error
+	if c.CarbonFile != nil && c.CarbonFile.compiled == nil {
+		if err := c.CarbonFile.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("carbon file: %w", err))
+		}
+	}
+	zones := map[string]string{}
+	if c.CarbonZone != "" {
+		zones["default carbon zone"] = c.CarbonZone
+	}
+	for n, z := range c.CarbonNodeZones {
+		if n == "" {
+			errs = append(errs, fmt.Errorf("carbon zone %q of an empty node name", z))
+		}
+		zones[fmt.Sprintf("node %s's carbon zone", n)] = z
+	}
+	for _, what := range sortedKeys(zones) {
+		z := zones[what]
+		if err := ValidZoneName(z); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+			continue
+		}
+		if c.Carbon == nil {
+			errs = append(errs, fmt.Errorf("%s %q: no carbon source (give --carbon-file or --carbon-api)", what, z))
+			continue
+		}
+		if !c.CarbonLive && c.CarbonFile != nil {
+			if _, ok := c.CarbonFile.Zones[z]; !ok {
+				errs = append(errs, fmt.Errorf("%s %q is not in the carbon file (zones: %s)", what, z, strings.Join(c.CarbonFile.ZoneNames(), ", ")))
+			}
+		}
+	}
+	return errs
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // CO2Kg is the CO2 of energyKWh of GPU energy at the configured grid

@@ -8,9 +8,12 @@ import "time"
 
 // Device describes one GPU as the backend found it at start.
 type Device struct {
-	Index       int
-	UUID        string
-	Name        string
+	Index int
+	UUID  string
+	Name  string
+	// Vendor is "nvidia", "amd", or "" where the backend does not say
+	// (simulated GPUs, a replay trace without a vendor column).
+	Vendor      string
 	MemTotalMiB uint64
 	PowerLimitW float64
 	// HasEnergyCounter is true when the backend exposes a cumulative energy

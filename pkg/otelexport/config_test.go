@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func TestValidate(t *testing.T) {
@@ -69,6 +71,27 @@ func TestVendor(t *testing.T) {
 	} {
 		if got := Vendor(model); got != want {
 			t.Errorf("Vendor(%q) = %q, want %q", model, got, want)
+		}
+	}
+}
+
+// The vendor the agent names wins over the guess from the model name (a
+// replayed AMD trace is "Replay GPU"; an AMD card without a FRU name is
+// named by its PCI id).
+func TestGPUVendorFromTheAgent(t *testing.T) {
+	cases := []struct {
+		info *trainmeterv1.GpuInfo
+		want string
+	}{
+		{&trainmeterv1.GpuInfo{Name: "Replay GPU", Vendor: "amd"}, "AMD"},
+		{&trainmeterv1.GpuInfo{Name: "AMD GPU [1002:7551]", Vendor: "amd"}, "AMD"},
+		{&trainmeterv1.GpuInfo{Name: "Replay GPU", Vendor: "nvidia"}, "NVIDIA"},
+		{&trainmeterv1.GpuInfo{Name: "NVIDIA H100 80GB HBM3"}, "NVIDIA"},
+		{&trainmeterv1.GpuInfo{Name: "Replay GPU"}, "unknown"},
+	}
+	for _, c := range cases {
+		if got := gpuVendor(c.info); got != c.want {
+			t.Errorf("gpuVendor(%v) = %q, want %q", c.info, got, c.want)
 		}
 	}
 }

@@ -246,12 +246,24 @@ func (g *GPUMetrics) snapshot() []gpuSnapshot {
 			attribute.String(AttrNode, s.node),
 		}
 		if info != nil && info.GetName() != "" {
-			attrs = append(attrs, attribute.String(AttrHWModel, info.GetName()), attribute.String(AttrHWVendor, Vendor(info.GetName())))
+			attrs = append(attrs, attribute.String(AttrHWModel, info.GetName()), attribute.String(AttrHWVendor, gpuVendor(info)))
 		}
 		snap.attrs = attribute.NewSet(attrs...)
 		out = append(out, snap)
 	}
 	return out
+}
+
+// gpuVendor is the vendor the agent's backend named, else a guess from the
+// model name (agents before GpuInfo.vendor, simulated GPUs).
+func gpuVendor(info *trainmeterv1.GpuInfo) string {
+	switch info.GetVendor() {
+	case "nvidia":
+		return "NVIDIA"
+	case "amd":
+		return "AMD"
+	}
+	return Vendor(info.GetName())
 }
 
 // Vendor guesses the GPU vendor from its model name (NVML reports names such

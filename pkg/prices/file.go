@@ -17,7 +17,8 @@ import (
 // a header row naming at least gpu_name and a price column (dph_total or
 // usd_per_hour: the offer's total $/h; or usd_per_gpu_hour), and
 // optionally num_gpus (default 1), gpu_ram (MB), reliability,
-// dlperf_per_dphtotal, inet_down, geolocation, id, provider.
+// dlperf_per_dphtotal, inet_down, geolocation (or region), id, provider,
+// spot (true/false, or the pricing: spot/on-demand; default on-demand).
 type File struct {
 	Path string
 }
@@ -113,6 +114,16 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 			return v, nil
 		}
 		o := Offer{ID: get("id"), Provider: get("provider"), GPUName: get("gpu_name"), Location: get("geolocation")}
+		if o.Location == "" {
+			o.Location = get("region")
+		}
+		switch strings.ToLower(get("spot")) {
+		case "", "false", "0", "no", "on-demand":
+		case "true", "1", "yes", "spot":
+			o.Spot = true
+		default:
+			return nil, fmt.Errorf("line %d: spot %q: want true or false", line, get("spot"))
+		}
 		if o.Provider == "" {
 			o.Provider = provider
 		}

@@ -58,3 +58,47 @@ func FuzzParsePriceList(f *testing.F) {
 		}
 	})
 }
+
+// FuzzProviderAnswers feeds arbitrary bytes, as a provider's API might
+// answer, to the Lambda, RunPod and Azure parsers. None may panic; each
+// returns an error or offers that pass Validate, with its provider, and a
+// skipped count >= 0.
+func FuzzProviderAnswers(f *testing.F) {
+	for _, name := range []string{"lambda_instance_types.json", "runpod_gpu_types.json", "azure_page1.json", "azure_page2.json"} {
+		b, err := os.ReadFile("testdata/" + name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte(`{"data":{"x":{"instance_type":{"price_cents_per_hour":1e308,"specs":{"gpus":1e-9}}}}}`))
+	f.Add([]byte(`{"data":{"gpuTypes":[{"displayName":"H100","securePrice":-1,"lowestPrice":{"stockStatus":"High"}}]}}`))
+	f.Add([]byte(`{"Items":[{"armSkuName":"Standard_NC6s_v3","retailPrice":1e400,"unitOfMeasure":"1 Hour","type":"Consumption","armRegionName":"x"}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		check := func(parser, provider string, offers []Offer, skipped int, err error) {
+			if err != nil {
+				if strings.TrimSpace(err.Error()) == "" {
+					t.Fatalf("%s: empty error", parser)
+				}
+				return
+			}
+			if skipped < 0 {
+				t.Fatalf("%s: skipped %d", parser, skipped)
+			}
+			for _, o := range offers {
+				if err := o.Validate(); err != nil {
+					t.Fatalf("%s returned an invalid offer: %v", parser, err)
+				}
+				if p := o.PerGPUHour(); !(p > 0) || math.IsInf(p, 0) || o.Provider != provider {
+					t.Fatalf("%s: offer %+v", parser, o)
+				}
+			}
+		}
+		offers, skipped, err := ParseLambdaInstanceTypes(body, "lambda")
+		check("lambda", "lambda", offers, skipped, err)
+		offers, skipped, err = ParseRunPodGPUTypes(body, "runpod")
+		check("runpod", "runpod", offers, skipped, err)
+		offers, skipped, _, err = ParseAzureRetailPage(body, "azure")
+		check("azure", "azure", offers, skipped, err)
+	})
+}

@@ -179,3 +179,48 @@ func (q GPUModel) score(c GPUModel) int {
 	}
 	return s
 }
+
+// multiForm are the GPU models sold in more than one form factor (SXM,
+// PCIe, NVL): only for them the form factor is part of the model.
+var multiForm = map[string]bool{"p100": true, "v100": true, "a100": true, "a800": true, "h100": true, "h800": true, "h200": true}
+
+// CanonicalGPUName is the name offers of one GPU model are grouped and
+// shown under, whichever provider lists them and however it spells the
+// model: the model's tokens as ParseGPUModel reads them, in their order,
+// upper-cased, and for a model sold in several form factors (A100, H100,
+// H200, V100, …) its form: "SXM" when the name states SXM or none (the
+// Matcher's rule), else "PCIE" or "NVL". Memory sizes are left out, as
+// vast.ai's names leave them out (its "A100 SXM4" is the 40 and the 80 GB
+// card). So vast.ai's "H100 SXM", Lambda's "H100 (80 GB SXM5)", RunPod's
+// "H100 SXM" and NVML's "NVIDIA H100 80GB HBM3" are all "H100 SXM";
+// "A10 (24 GB PCIe)" and "NVIDIA A10" are "A10"; "NVIDIA GeForce RTX 4090"
+// is "RTX 4090". A name with no model token is returned trimmed.
+func CanonicalGPUName(name string) string {
+	var tokens []string
+	form := ""
+	f := strings.FieldsFunc(name, isSep)
+	for i := 0; i < len(f); i++ {
+		t := strings.ToLower(f[i])
+		switch {
+		case vendorWords[t], memTypeRe.MatchString(t), memSizeRe.MatchString(t):
+		case isDigits(t) && i+1 < len(f) && (strings.EqualFold(f[i+1], "gb") || strings.EqualFold(f[i+1], "gib")):
+			i++
+		case sxmRe.MatchString(t):
+			form = "SXM"
+		case t == "pcie" || t == "nvl":
+			form = strings.ToUpper(t)
+		default:
+			tokens = append(tokens, strings.ToUpper(t))
+		}
+	}
+	if len(tokens) == 0 {
+		return strings.TrimSpace(name)
+	}
+	if len(tokens) == 1 && multiForm[strings.ToLower(tokens[0])] {
+		if form == "" {
+			form = "SXM"
+		}
+		tokens = append(tokens, form)
+	}
+	return strings.Join(tokens, " ")
+}

@@ -75,3 +75,38 @@ func TestMatchPrefersStatedAttributes(t *testing.T) {
 		t.Errorf("parsed %+v", g)
 	}
 }
+
+// TestCanonicalGPUName: the providers' spellings of one GPU model are one
+// name, and models that differ stay apart.
+func TestCanonicalGPUName(t *testing.T) {
+	for name, want := range map[string]string{
+		"H100 SXM":                "H100 SXM",
+		"H100 (80 GB SXM5)":       "H100 SXM",
+		"NVIDIA H100 80GB HBM3":   "H100 SXM",
+		"h100":                    "H100 SXM",
+		"H100 PCIe":               "H100 PCIE",
+		"NVIDIA H100 NVL":         "H100 NVL",
+		"A100 SXM4":               "A100 SXM",
+		"A100 (40 GB SXM4)":       "A100 SXM",
+		"NVIDIA A100 80GB PCIe":   "A100 PCIE",
+		"A10 (24 GB PCIe)":        "A10",
+		"NVIDIA A10":              "A10",
+		"NVIDIA GeForce RTX 4090": "RTX 4090",
+		"Tesla V100 (16 GB)":      "V100 SXM",
+		"Tesla V100-PCIE-16GB":    "V100 PCIE",
+		"RTX 6000 Ada Generation": "RTX 6000 ADA",
+		"GH200 (96 GB)":           "GH200",
+		"L40S":                    "L40S",
+		"NVIDIA A10G":             "A10G",
+		"Q RTX 8000":              "RTX 8000",
+		"NVIDIA":                  "NVIDIA",
+		" MI300X ":                "MI300X",
+	} {
+		if got := CanonicalGPUName(name); got != want {
+			t.Errorf("CanonicalGPUName(%q) = %q, want %q", name, got, want)
+		}
+		if got := CanonicalGPUName(want); got != want {
+			t.Errorf("CanonicalGPUName(%q) = %q: not idempotent", want, got)
+		}
+	}
+}

@@ -1,8 +1,11 @@
-// Package prices fetches GPU rental prices (a vast.ai offers client, or a
-// CSV/JSON price list), and computes what the collector shows and alerts on:
-// per-model cheapest and median prices, trends, price-change alerts against a
-// trailing average, and ranked recommendations. Everything here but the
-// clients is pure: functions of offers and price series.
+// Package prices fetches GPU rental prices (clients of vast.ai's offers,
+// Lambda's instance types, RunPod's GPU types and Azure's retail prices, or
+// a CSV/JSON price list), and computes what the collector shows and alerts
+// on: per-model cheapest and median prices (on-demand and spot apart, over
+// every provider under one canonical model name), trends, price-change
+// alerts against a trailing average, and ranked recommendations.
+// Everything here but the clients is pure: functions of offers and price
+// series.
 package prices
 
 import (
@@ -30,8 +33,23 @@ type Offer struct {
 	// DLPerfPerUSD is the provider's deep-learning performance per $/h
 	// (vast.ai's dlperf_per_dphtotal); 0 = unknown.
 	DLPerfPerUSD float64 `json:"dlperf_per_usd,omitempty"`
+	// Location is where the offer runs, as the provider names it: a region
+	// (Lambda's "us-east-1", Azure's armRegionName "eastus") or vast.ai's
+	// geolocation ("Texas, US"); empty where the provider says none
+	// (RunPod's GPU types).
 	Location     string  `json:"location,omitempty"`
 	InetDownMbps float64 `json:"inet_down_mbps,omitempty"`
+	// Spot: the offer is interruptible (spot, low priority, community
+	// spot); its price is kept apart from the on-demand prices.
+	Spot bool `json:"spot,omitempty"`
+}
+
+// Pricing names the offer's kind of price: "spot" or "on-demand".
+func (o Offer) Pricing() string {
+	if o.Spot {
+		return "spot"
+	}
+	return "on-demand"
 }
 
 // PerGPUHour is the offer's price per GPU-hour.
@@ -71,6 +89,24 @@ type Provider interface {
 	Offers(ctx context.Context) ([]Offer, error)
 }
 
+// CountingProvider is a Provider that also says how many entries of its
+// answer it skipped because they could not be priced (a missing price, no
+// GPU count, a field of the wrong type): the rest of the answer is kept.
+type CountingProvider interface {
+	Provider
+	FetchOffers(ctx context.Context) (offers []Offer, skipped int, err error)
+}
+
+// FetchOffers asks p for its offers, with the skipped count where p
+// counts them.
+func FetchOffers(ctx context.Context, p Provider) ([]Offer, int, error) {
+	if c, ok := p.(CountingProvider); ok {
+		return c.FetchOffers(ctx)
+	}
+	offers, err := p.Offers(ctx)
+	return offers, 0, err
+}
+
 // Key is how GPU model names are matched: case-insensitively, with runs of
 // spaces, dashes and underscores as one space ("RTX_4090" = "rtx 4090").
 func Key(gpuName string) string {
@@ -78,35 +114,101 @@ func Key(gpuName string) string {
 	return strings.Join(f, " ")
 }
 
-// ModelPrice is one GPU model's price at one fetch.
+// ModelPrice is one GPU model's price at one fetch, over all providers.
+// On-demand and spot offers are kept apart: Cheapest, Median, Offers and
+// CheapestOffer are the on-demand offers' (the price a run is charged and
+// alerts follow), the Spot fields the interruptible offers'.
 type ModelPrice struct {
+	// GPUName is the model's canonical name (CanonicalGPUName).
 	GPUName string `json:"gpu_name"`
-	// Cheapest and Median per-GPU $/h over the model's offers.
+	// Cheapest and Median per-GPU $/h over the model's on-demand offers
+	// (0 when it has none).
 	Cheapest float64 `json:"cheapest"`
 	Median   float64 `json:"median"`
 	Offers   int     `json:"offers"`
-	// CheapestOffer is the offer with the cheapest per-GPU price.
+	// CheapestOffer is the on-demand offer with the cheapest per-GPU price.
 	CheapestOffer Offer `json:"cheapest_offer"`
+	// CheapestSpot, MedianSpot and SpotOffers: the same over spot offers.
+	CheapestSpot      float64 `json:"cheapest_spot,omitempty"`
+	MedianSpot        float64 `json:"median_spot,omitempty"`
+	SpotOffers        int     `json:"spot_offers,omitempty"`
+	CheapestSpotOffer Offer   `json:"cheapest_spot_offer,omitzero"`
+	// Providers is the same per provider (its offers of this model only).
+	Providers map[string]ProviderPrice `json:"providers,omitempty"`
 }
 
-// ByModel groups valid offers by GPU model (Key); invalid offers are skipped.
+// ProviderPrice is one provider's prices of one GPU model at one fetch,
+// per GPU-hour.
+type ProviderPrice struct {
+	Cheapest     float64 `json:"cheapest,omitempty"`
+	Median       float64 `json:"median,omitempty"`
+	Offers       int     `json:"offers,omitempty"`
+	CheapestSpot float64 `json:"cheapest_spot,omitempty"`
+	MedianSpot   float64 `json:"median_spot,omitempty"`
+	SpotOffers   int     `json:"spot_offers,omitempty"`
+}
+
+// ModelKey is the key offers of gpuName are grouped under: the key of its
+// canonical name, so that vast.ai's "H100 SXM", Lambda's "H100 (80 GB
+// SXM5)" and NVML's "NVIDIA H100 80GB HBM3" are one model.
+func ModelKey(gpuName string) string { return Key(CanonicalGPUName(gpuName)) }
+
+// stats of offers sorted by per-GPU price.
+func stats(sorted []Offer) (cheapest, med float64) {
+	if len(sorted) == 0 {
+		return 0, 0
+	}
+	ps := make([]float64, len(sorted))
+	for i, o := range sorted {
+		ps[i] = o.PerGPUHour()
+	}
+	return ps[0], median(ps)
+}
+
+// ByModel groups valid offers by GPU model (ModelKey); invalid offers are
+// skipped.
 func ByModel(offers []Offer) map[string]ModelPrice {
 	groups := map[string][]Offer{}
 	for _, o := range offers {
 		if o.Validate() != nil {
 			continue
 		}
-		k := Key(o.GPUName)
+		k := ModelKey(o.GPUName)
 		groups[k] = append(groups[k], o)
 	}
 	out := make(map[string]ModelPrice, len(groups))
 	for k, g := range groups {
 		sort.SliceStable(g, func(i, j int) bool { return g[i].PerGPUHour() < g[j].PerGPUHour() })
-		ps := make([]float64, len(g))
-		for i, o := range g {
-			ps[i] = o.PerGPUHour()
+		var onDemand, spot []Offer
+		byProvider := map[string][2][]Offer{}
+		for _, o := range g {
+			i := 0
+			if o.Spot {
+				spot = append(spot, o)
+				i = 1
+			} else {
+				onDemand = append(onDemand, o)
+			}
+			pg := byProvider[o.Provider]
+			pg[i] = append(pg[i], o)
+			byProvider[o.Provider] = pg
 		}
-		out[k] = ModelPrice{GPUName: g[0].GPUName, Cheapest: ps[0], Median: median(ps), Offers: len(g), CheapestOffer: g[0]}
+		mp := ModelPrice{GPUName: CanonicalGPUName(g[0].GPUName), Offers: len(onDemand), SpotOffers: len(spot), Providers: map[string]ProviderPrice{}}
+		mp.Cheapest, mp.Median = stats(onDemand)
+		mp.CheapestSpot, mp.MedianSpot = stats(spot)
+		if len(onDemand) > 0 {
+			mp.CheapestOffer = onDemand[0]
+		}
+		if len(spot) > 0 {
+			mp.CheapestSpotOffer = spot[0]
+		}
+		for name, pg := range byProvider {
+			pp := ProviderPrice{Offers: len(pg[0]), SpotOffers: len(pg[1])}
+			pp.Cheapest, pp.Median = stats(pg[0])
+			pp.CheapestSpot, pp.MedianSpot = stats(pg[1])
+			mp.Providers[name] = pp
+		}
+		out[k] = mp
 	}
 	return out
 }
@@ -123,11 +225,11 @@ func median(sorted []float64) float64 {
 	return (sorted[n/2-1] + sorted[n/2]) / 2
 }
 
-// Cheapest returns the offer of gpuName (matched by Key) with the lowest
-// per-GPU price.
+// Cheapest returns the on-demand offer of gpuName (matched by ModelKey)
+// with the lowest per-GPU price, whichever provider it comes from.
 func Cheapest(offers []Offer, gpuName string) (Offer, bool) {
-	mp, ok := ByModel(offers)[Key(gpuName)]
-	return mp.CheapestOffer, ok
+	mp, ok := ByModel(offers)[ModelKey(gpuName)]
+	return mp.CheapestOffer, ok && mp.Offers > 0
 }
 
 // Weights of a recommendation score; they are normalised to sum to 1.
@@ -158,7 +260,7 @@ type Scored struct {
 func Recommend(offers []Offer, gpuName string, w Weights, minReliability float64) []Scored {
 	var cand []Offer
 	for _, o := range offers {
-		if o.Validate() != nil || (gpuName != "" && Key(o.GPUName) != Key(gpuName)) {
+		if o.Validate() != nil || (gpuName != "" && ModelKey(o.GPUName) != ModelKey(gpuName)) {
 			continue
 		}
 		if minReliability > 0 && o.Reliability < minReliability {

@@ -219,6 +219,13 @@ func TestPriceListCSVAndJSON(t *testing.T) {
 			t.Errorf("price list %q: error %v, want %q", list, err, want)
 		}
 	}
+	spot, err := ParsePriceList([]byte("gpu_name,usd_per_gpu_hour,spot,region\nL40S,0.5,true,eastus\nL40S,0.9,on-demand,\n"), "file")
+	if err != nil || !spot[0].Spot || spot[0].Location != "eastus" || spot[1].Spot {
+		t.Errorf("spot and region columns: %+v %v", spot, err)
+	}
+	if _, err := ParsePriceList([]byte("gpu_name,usd_per_gpu_hour,spot\nL40S,0.5,maybe\n"), "file"); err == nil || !strings.Contains(err.Error(), `line 2: spot "maybe"`) {
+		t.Errorf("spot maybe: %v", err)
+	}
 	per, err := ParsePriceList([]byte("gpu_name,num_gpus,usd_per_gpu_hour\nL40S,4,0.9\n"), "file")
 	if err != nil || per[0].USDPerHour != 3.6 || per[0].PerGPUHour() != 0.9 {
 		t.Errorf("per-GPU column: %+v %v", per, err)

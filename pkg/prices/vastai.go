@@ -1,13 +1,13 @@
 package prices
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -140,6 +140,12 @@ func (e *HTTPError) Error() string {
 // exponential backoff and jitter, waiting at least what Retry-After says
 // (up to MaxRetryAfter).
 func (v *VastAI) Offers(ctx context.Context) ([]Offer, error) {
+	offers, _, err := v.FetchOffers(ctx)
+	return offers, err
+}
+
+// FetchOffers implements CountingProvider.
+func (v *VastAI) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 	base := strings.TrimRight(v.BaseURL, "/")
 	if base == "" {
 		base = DefaultVastAIURL
@@ -149,69 +155,22 @@ func (v *VastAI) Offers(ctx context.Context) ([]Offer, error) {
 		q = DefaultVastAIQuery
 	}
 	u := base + "/api/v0/bundles/?q=" + url.QueryEscape(q)
-	client := v.Client
-	if client == nil {
-		client = &http.Client{Timeout: 30 * time.Second}
-	}
-	attempts := v.MaxAttempts
-	if attempts <= 0 {
-		attempts = 5
-	}
-	maxBackoff := v.MaxBackoff
-	if maxBackoff <= 0 {
-		maxBackoff = time.Minute
-	}
-	maxRetryAfter := v.MaxRetryAfter
-	if maxRetryAfter <= 0 {
-		maxRetryAfter = DefaultMaxRetryAfter
-	}
-	sleep := v.Sleep
-	if sleep == nil {
-		sleep = sleepCtx
-	}
-	backoff := time.Second
-	var lastErr error
-	for attempt := 1; ; attempt++ {
-		offers, retryAfter, err := v.fetchOnce(ctx, client, u)
-		if err == nil {
-			return offers, nil
+	opts := HTTPOptions{Client: v.Client, MaxAttempts: v.MaxAttempts, MaxBackoff: v.MaxBackoff, MaxRetryAfter: v.MaxRetryAfter, Sleep: v.Sleep}
+	body, err := opts.get(ctx, "vast.ai offers from "+base, func(ctx context.Context) (*http.Request, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		if err != nil {
+			return nil, err
 		}
-		lastErr = err
-		var he *HTTPError
-		retryable := errors.As(err, &he) && (he.Status == http.StatusTooManyRequests || he.Status >= 500)
-		if !retryable || attempt >= attempts || ctx.Err() != nil {
-			break
+		req.Header.Set("Accept", "application/json")
+		if v.APIKey != "" {
+			req.Header.Set("Authorization", "Bearer "+v.APIKey)
 		}
-		wait := backoff/2 + rand.N(backoff/2+1) // jitter in [b/2, b], b <= maxBackoff
-		wait = max(wait, min(retryAfter, maxRetryAfter))
-		if err := sleep(ctx, wait); err != nil {
-			return nil, fmt.Errorf("vast.ai offers: %w (after %v)", err, lastErr)
-		}
-		backoff = min(2*backoff, maxBackoff)
-	}
-	return nil, fmt.Errorf("vast.ai offers from %s: %w", base, lastErr)
-}
-
-func (v *VastAI) fetchOnce(ctx context.Context, client *http.Client, u string) ([]Offer, time.Duration, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		return req, nil
+	})
 	if err != nil {
 		return nil, 0, err
 	}
-	req.Header.Set("Accept", "application/json")
-	if v.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+v.APIKey)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return nil, retryAfter(resp.Header.Get("Retry-After")), &HTTPError{Status: resp.StatusCode, Body: strings.TrimSpace(string(body))}
-	}
-	offers, _, err := ParseVastAIOffers(resp.Body, v.Name())
-	return offers, 0, err
+	return ParseVastAIOffers(bytes.NewReader(body), v.Name())
 }
 
 // retryAfter parses a Retry-After header (seconds or an HTTP date).

@@ -71,6 +71,16 @@ const (
 // catalog of the collector; nil: only the runs' own prices are used).
 type PriceCatalog = cost.PriceCatalog
 
+// OfferCatalog is a PriceCatalog that also says where its current price
+// of a GPU model is offered (the collector's catalog merges several
+// providers): the compute-tier advice then names it.
+type OfferCatalog interface {
+	PriceCatalog
+	// CurrentOffer describes the offer CurrentPrice is the price of:
+	// its provider and, when known, its region ("lambda, us-east-1").
+	CurrentOffer(gpuName string) (where string, ok bool)
+}
+
 // Run is one run as the rules see it.
 type Run struct {
 	Report *trainmeterv1.RunReport
@@ -90,6 +100,9 @@ type Options struct {
 	// Targets: when non-empty, only recommendations about these runs (cross-
 	// run rules still read every run of the model).
 	Targets []string
+	// Schedule: the carbon schedule and tariff the "run it at" rule moves
+	// repeated runs in (zero: the rule is off).
+	Schedule ScheduleInputs
 }
 
 func (o Options) withDefaults() Options {
@@ -132,6 +145,11 @@ func Recommend(runs []Run, o Options) []*trainmeterv1.Recommendation {
 		}
 	}
 	for _, rec := range Power(runs) {
+		if o.anyTarget(rec.RunIds) {
+			out = append(out, rec)
+		}
+	}
+	for _, rec := range Schedule(runs, o.Schedule) {
 		if o.anyTarget(rec.RunIds) {
 			out = append(out, rec)
 		}
@@ -548,11 +566,17 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 			if bestSrc == "catalog" {
 				source = "the catalog's current prices"
 			}
+			where := ""
+			if oc, ok := cat.(OfferCatalog); ok && bestSrc == "catalog" {
+				if w, ok := oc.CurrentOffer(best.name); ok && w != "" {
+					where = fmt.Sprintf("; %s at %s/GPU-h from %s", best.name, money.Rate(best.catPrice), w)
+				}
+			}
 			out = append(out, &trainmeterv1.Recommendation{
 				Kind:  KindComputeTier,
 				Title: fmt.Sprintf("Run %s on %s instead of %s: %.0f%% cheaper per unit of throughput", model, best.name, t.name, 100*bestGap),
-				Action: fmt.Sprintf("Move %s from %s to %s (%s vs %s per Mtok at measured throughput)",
-					model, t.name, best.name, money.Rate(alt*1e6/3600), money.Rate(cur*1e6/3600)),
+				Action: fmt.Sprintf("Move %s from %s to %s (%s vs %s per Mtok at measured throughput%s)",
+					model, t.name, best.name, money.Rate(alt*1e6/3600), money.Rate(cur*1e6/3600), where),
 				SavingsUsd: bestGap * t.costUSD, SavingsJ: savedJ,
 				Confidence: math.Min(0.9, 0.6+0.1*float64(min(t.n, best.n))),
 				Risks:      risks,

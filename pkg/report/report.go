@@ -69,6 +69,10 @@ var header = []string{
 	"avg_power_total_W", "peak_power_total_W",
 	// stated uncertainty of energy_J, ± % (docs/accuracy.md)
 	"energy_uncertainty_pct",
+	// host energy from RAPL, whole run (docs/measurement.md, "Host energy (CPU and DRAM)")
+	"cpu_energy_J", "dram_energy_J", "node_energy_J",
+	// carbon by the hour (docs/costs.md, "CO2")
+	"co2_gco2_per_kwh", "co2_source", "carbon_zone",
 }
 
 // Header returns the CSV header row.
@@ -305,6 +309,13 @@ func Row(r *RunReport) []string {
 		fOK(AvgPowerTotal(r)),
 		fOK(PeakPowerTotal(r)),
 		opt(r.EnergyUncertaintyPct, F),
+		opt(r.CpuEnergyJ, F),
+		opt(r.DramEnergyJ, F),
+		opt(r.NodeEnergyJ, F),
+
+		fIf(r.GetHasCo2(), r.GetCo2Gco2PerKwh()),
+		r.GetCo2Source(),
+		r.GetCarbonZone(),
 	}
 }
 
@@ -664,6 +675,8 @@ func WriteReport(w io.Writer, r *RunReport) error {
 		line("note", "%s", "part of the energy is estimated, not measured: a GPU that stopped reporting (its counter energy replaced by its sampled power, or its time a gap), a cut past a GPU's newest reading, or an agent restart without a counter")
 	}
 
+	writeHostEnergy(&b, line, r)
+
 	b.WriteString("power (all GPUs summed)\n")
 	avgTotal, hasAvgTotal := AvgPowerTotal(r)
 	peakTotal, hasPeakTotal := PeakPowerTotal(r)
@@ -677,7 +690,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	line("mean", "%s MiB", dash(k.vram, "%.0f", r.GetVramAvgMb()))
 
 	writeCost(&b, line, r, k)
-	line("CO2", "%s", dashS(r.GetHasCo2(), fmt.Sprintf("%.4g kg", r.GetCo2Kg())))
+	writeCO2(line, r)
 
 	if r.StepsPerS != nil || r.FlopsTotal != nil {
 		b.WriteString("compute\n")
@@ -710,4 +723,23 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeHostEnergy writes the run's CPU and DRAM energy (RAPL) and the
+// node total, when a node measured them.
+func writeHostEnergy(b *strings.Builder, line func(string, string, ...any), r *RunReport) {
+	if r.CpuEnergyJ == nil {
+		return
+	}
+	b.WriteString("host energy (CPU packages and DRAM, RAPL; whole run, the run's share of its nodes)\n")
+	line("cpu", "%.1f J", r.GetCpuEnergyJ())
+	if r.DramEnergyJ != nil {
+		line("dram", "%.1f J", r.GetDramEnergyJ())
+	} else {
+		line("dram", "%s", "- (no DRAM domain on the nodes: not in node energy)")
+	}
+	line("node", "%.1f J = GPUs %.1f J + cpu + dram", r.GetNodeEnergyJ(), r.GetEnergyTotalJ())
+	if m := r.GetHostEnergySplit(); m != "" && m != "exclusive" {
+		line("split", "%s (the node's host energy shared with other runs)", m)
+	}
 }

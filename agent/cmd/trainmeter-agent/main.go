@@ -70,16 +70,18 @@ func newRootCmdWith(o *options) *cobra.Command {
 func bindFlags(cmd *cobra.Command, o *options) {
 	f := cmd.Flags()
 	f.StringVar(&o.configFile, "config", "", "YAML config file (flags given on the command line override it)")
-	f.StringVar(&o.cfg.Collector, "collector", o.cfg.Collector, "collector address HOST:PORT")
+	f.StringVar(&o.cfg.Collector, "collector", o.cfg.Collector, "collector address HOST:PORT; a pair: A,B (every batch goes to both, docs/deploy.md)")
 	f.StringVar(&o.cfg.Socket, "socket", o.cfg.Socket, "trainer Unix socket path")
 	f.StringVar(&o.cfg.SocketGroup, "socket-group", o.cfg.SocketGroup, "group that owns the socket (mode 0660)")
 	f.StringVar(&o.cfg.Node, "node", o.cfg.Node, "node name (default: hostname)")
-	f.StringVar(&o.cfg.GPU, "gpu", o.cfg.GPU, "GPU backend: nvml, sim:N, replay:FILE, or auto (nvml if a GPU is found)")
+	f.StringVar(&o.cfg.GPU, "gpu", o.cfg.GPU, "GPU backend: nvml, amd, sim:N, replay:FILE, or auto (nvml if a GPU is found, else amd if AMD GPUs and no NVIDIA GPU are found)")
+	f.StringVar(&o.cfg.SysfsRoot, "sysfs-root", o.cfg.SysfsRoot, "root of the sysfs tree (tests point it at a fixture)")
+	f.StringVar(&o.cfg.ProcfsRoot, "procfs-root", o.cfg.ProcfsRoot, "root of the procfs tree (tests point it at a fixture)")
 	f.DurationVar(&o.cfg.Interval, "interval", o.cfg.Interval, "GPU sampling interval")
 	f.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "default warmup excluded from efficiency figures (runs naming none; ends at this or --warmup-steps, whichever comes first)")
 	f.Uint64Var(&o.cfg.WarmupSteps, "warmup-steps", o.cfg.WarmupSteps, "the default warmup also ends at the run's N-th step, if before --warmup (0: --warmup alone)")
 	f.DurationVar(&o.cfg.RejoinGrace, "rejoin-grace", o.cfg.RejoinGrace, "after an agent restart, how long a resumed run waits for a rank to reconnect")
-	f.DurationVar(&o.cfg.HostInterval, "host-interval", o.cfg.HostInterval, "host RAM/CPU sampling interval")
+	f.DurationVar(&o.cfg.HostInterval, "host-interval", o.cfg.HostInterval, "host RAM/CPU and RAPL CPU/DRAM energy sampling interval")
 	f.StringVar(&o.cfg.HostReplay, "host-replay", o.cfg.HostReplay, "play a host RAM/CPU trace (CSV, docs/replay-format.md) instead of reading the host")
 	f.BoolVar(&o.cfg.RawSamples, "raw-samples", o.cfg.RawSamples, "also send every raw GPU sample (not only the 1 s summaries) to the collector")
 	f.StringVar(&o.cfg.Spool, "spool", o.cfg.Spool, "directory that keeps batches until the collector acks them")
@@ -151,6 +153,8 @@ func overlayFlags(cmd *cobra.Command, dst *agent.Config, flags agent.Config) {
 	set("socket-group", func() { dst.SocketGroup = flags.SocketGroup })
 	set("node", func() { dst.Node = flags.Node })
 	set("gpu", func() { dst.GPU = flags.GPU })
+	set("sysfs-root", func() { dst.SysfsRoot = flags.SysfsRoot })
+	set("procfs-root", func() { dst.ProcfsRoot = flags.ProcfsRoot })
 	set("interval", func() { dst.Interval = flags.Interval })
 	set("warmup", func() { dst.Warmup = flags.Warmup })
 	set("warmup-steps", func() { dst.WarmupSteps = flags.WarmupSteps })
@@ -182,7 +186,7 @@ func run(cfg agent.Config, shutdownTimeout time.Duration) error {
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
-	backend, err := gpuopen.Open(cfg.GPU, logger)
+	backend, err := gpuopen.OpenWith(cfg.GPU, gpuopen.Options{Logger: logger, SysfsRoot: cfg.SysfsRoot, ProcfsRoot: cfg.ProcfsRoot})
 	if err != nil {
 		return err
 	}

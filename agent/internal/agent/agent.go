@@ -42,7 +42,10 @@ type Agent struct {
 
 	ledger *ledger.Ledger
 	sock   *trainersock.Server
-	up     *uplink.Uplink
+	// up streams to the collector, or to each of a pair (one cursor each).
+	up *uplink.Group
+	// advised deduplicates advice and stop sent by both of a pair.
+	advised *adviceDedup
 	// spool keeps batches until acked; it owns the boot id and seqs.
 	spool *spool.Spool
 	// lastStateErr rate-limits warnings about the ledger state file.
@@ -75,6 +78,10 @@ type Agent struct {
 	lastUsePoll time.Time
 	lastUseErr  time.Time
 
+	// Host CPU/DRAM energy from RAPL (hostenergy.go); its reader is nil
+	// when the node has no readable counters.
+	hostEnergy *hostEnergy
+
 	// Direct OTel export (otel.go); nil when off.
 	otel       *otelexport.Exporter
 	gpuMetrics *otelexport.GPUMetrics
@@ -103,8 +110,9 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	}
 	lcfg.ProcessAttribution = a.initAttribution(backend)
 	a.ledger = ledger.New(lcfg)
+	a.openHostEnergy(nil)
 
-	sp, err := spool.Open(cfg.Spool, cfg.SpoolMaxBytes, logger)
+	sp, err := spool.OpenWith(cfg.Spool, cfg.SpoolMaxBytes, spool.Options{Logger: logger, Collectors: cfg.Collectors()})
 	if err != nil {
 		return nil, err
 	}
@@ -124,21 +132,20 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	a.sock = sock
 
 	ucfg := uplink.Config{
-		Address:    cfg.Collector,
-		Spool:      a.spool,
-		Hello:      a.hello(),
-		OnAdvisory: a.advise,
-		Logger:     logger,
-		Clock:      clk,
+		Hello:  a.hello(),
+		Logger: logger,
+		Clock:  clk,
 	}
 	if err := securityConfig(cfg, &ucfg, logger); err != nil {
 		return nil, err
 	}
-	up, err := uplink.New(ucfg)
+	a.advised = newAdviceDedup(clk)
+	up, err := uplink.NewGroup(a.spool, cfg.Collectors(), ucfg, a.adviseFrom)
 	if err != nil {
 		return nil, err
 	}
 	a.up = up
+	a.self.watchCollectors(len(up.Uplinks()), clk.Now())
 	built = true
 	return a, nil
 }
@@ -151,10 +158,12 @@ func (a *Agent) hello() *trainmeterv1.Hello {
 		GpuBackend:   a.cfg.GPU,
 		StartedAt:    timestamppb.New(a.clock.Now()),
 	}
+	h.HostEnergyStatus, _ = a.hostEnergyStatus()
 	for _, d := range a.backend.Devices() {
 		h.Gpus = append(h.Gpus, &trainmeterv1.GpuInfo{
 			Index: uint32(d.Index), Uuid: d.UUID, Name: d.Name, MemoryTotalMib: d.MemTotalMiB,
 			PowerLimitW: d.PowerLimitW, HasEnergyCounter: d.HasEnergyCounter, HasInstantPower: d.HasInstantPower,
+			Vendor: d.Vendor,
 		})
 	}
 	return h
@@ -187,6 +196,14 @@ func (a *Agent) Start(ctx context.Context) error {
 		go func() {
 			defer a.wg.Done()
 			a.hostLoop(ctx, t)
+		}()
+	}
+	if a.hostEnergy.reader != nil {
+		t := a.clock.NewTicker(a.cfg.HostInterval)
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			pollEvery(ctx, t, a.pollHostEnergy)
 		}()
 	}
 	if a.initSharing() {
@@ -296,8 +313,7 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	close(a.stopLoop)
 	<-a.loopDone
 	if err := a.up.Flush(ctx); err != nil {
-		st := a.up.Stats()
-		errs = append(errs, fmt.Errorf("uplink: %d batches not acked at shutdown: %w", st.Pending, err))
+		errs = append(errs, fmt.Errorf("uplink: batches not acked at shutdown: %w", err))
 	}
 	if err := a.up.Shutdown(ctx); err != nil {
 		errs = append(errs, err)
@@ -317,6 +333,16 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 
 // UplinkStats exposes the uplink's counters (for tests and self-metrics).
 func (a *Agent) UplinkStats() uplink.Stats { return a.up.Stats() }
+
+// adviseFrom passes an advisory from the collector-th collector on to the
+// run's trainers, unless the other of a pair already sent the same.
+func (a *Agent) adviseFrom(collector int, adv *trainmeterv1.Advisory) {
+	if !a.advised.first(collector, adv) {
+		a.log.Debug("advisory already delivered from the other collector; not repeated", "run_id", adv.RunId, "collector", collector)
+		return
+	}
+	a.advise(adv)
+}
 
 func (a *Agent) advise(adv *trainmeterv1.Advisory) {
 	var line []byte

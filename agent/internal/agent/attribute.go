@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -32,7 +33,7 @@ const maxTreeDepth = 1024
 // process tree. Backends without a lister (the simulator, whose GPUs run
 // no processes, and replay) leave runs on every GPU.
 func (a *Agent) initAttribution(backend gpu.Backend) bool {
-	a.procRoot = "/proc"
+	a.procRoot = cmp.Or(a.cfg.ProcfsRoot, "/proc")
 	pl, ok := backend.(gpu.ProcessLister)
 	if !ok {
 		return false

@@ -20,7 +20,7 @@ func securityConfig(cfg Config, u *uplink.Config, log *slog.Logger) error {
 	}
 	if cfg.TokenFile != "" {
 		// Validate refused a token over plaintext to another machine.
-		tok, err := tlsfiles.TokenFromFile(cfg.TokenFile, !secure && tlsfiles.IsLoopback(cfg.Collector), log)
+		tok, err := tlsfiles.TokenFromFile(cfg.TokenFile, !secure && allLoopback(cfg.Collectors()), log)
 		if err != nil {
 			return err
 		}
@@ -36,4 +36,15 @@ func allowedUIDs(cfg Config) []uint32 {
 		return nil
 	}
 	return append([]uint32{0}, cfg.AllowedUIDs...)
+}
+
+// allLoopback: every collector is on this machine (a token may then go
+// without TLS).
+func allLoopback(addrs []string) bool {
+	for _, a := range addrs {
+		if !tlsfiles.IsLoopback(a) {
+			return false
+		}
+	}
+	return true
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
@@ -26,7 +27,7 @@ func (a *Agent) initSharing() bool {
 	if pu, ok := a.backend.(gpu.ProcessUsageReader); ok {
 		a.procUse = pu
 		if a.procRoot == "" {
-			a.procRoot = "/proc"
+			a.procRoot = cmp.Or(a.cfg.ProcfsRoot, "/proc")
 		}
 		return true
 	}

@@ -39,9 +39,11 @@ type selfStats struct {
 	lateTicks    atomic.Uint64 // ticks that came more than one period late
 	skippedTicks atomic.Uint64 // periods with no tick at all (the ticker dropped them)
 
-	lastTick      atomic.Int64 // unix ns of the previous tick
-	lastGoodRead  atomic.Int64 // unix ns of the last tick with at least one GPU read
-	lastConnected atomic.Int64 // unix ns when the uplink was last seen connected
+	lastTick     atomic.Int64 // unix ns of the previous tick
+	lastGoodRead atomic.Int64 // unix ns of the last tick with at least one GPU read
+	// lastConnected[i]: unix ns when the i-th collector's uplink was last
+	// seen connected.
+	lastConnected []atomic.Int64
 	lastSummary   atomic.Int64 // unix ns of the last summary log line
 
 	jitter *selfmetrics.Ring // |tick gap − interval| of the last jitterTicks ticks
@@ -51,9 +53,16 @@ func newSelfStats(now time.Time) *selfStats {
 	s := &selfStats{started: now, jitter: selfmetrics.NewRing(jitterTicks)}
 	// A fresh agent is healthy until the thresholds pass without a success.
 	s.lastGoodRead.Store(now.UnixNano())
-	s.lastConnected.Store(now.UnixNano())
 	s.lastSummary.Store(now.UnixNano())
 	return s
+}
+
+// watchCollectors starts the reachability clocks of n collectors at now.
+func (s *selfStats) watchCollectors(n int, now time.Time) {
+	s.lastConnected = make([]atomic.Int64, n)
+	for i := range s.lastConnected {
+		s.lastConnected[i].Store(now.UnixNano())
+	}
 }
 
 // tick records one sampling tick. It must not allocate: it runs every 50 ms.
@@ -101,10 +110,24 @@ type Status struct {
 	Problems []string       `json:"problems"`
 	Sampling SamplingStatus `json:"sampling"`
 	Uplink   UplinkStatus   `json:"uplink"`
-	Socket   SocketStatus   `json:"socket"`
+	// Collectors has one entry per collector of --collector (two for a
+	// pair): each one's stream, acks and backlog.
+	Collectors []CollectorStatus `json:"collectors"`
+	Socket     SocketStatus      `json:"socket"`
 	// ActiveRuns are the runs the ledger has open (ended ones until their
 	// last window is out).
 	ActiveRuns int `json:"active_runs"`
+	// HostEnergy is the RAPL (CPU/DRAM energy) reader's state.
+	HostEnergy HostEnergyStatus `json:"host_energy"`
+}
+
+// HostEnergyStatus says whether the node's RAPL counters are read.
+type HostEnergyStatus struct {
+	// Status is "ok: N socket(s), package and dram", "permission denied:
+	// ...", "no RAPL counters: ...", "error: ...".
+	Status string `json:"status"`
+	// Reads counts the reads of every package and dram counter.
+	Reads uint64 `json:"reads"`
 }
 
 // SamplingStatus describes the 50 ms GPU sampling loop.
@@ -126,7 +149,26 @@ type SamplingStatus struct {
 	LastGoodReadS float64 `json:"last_good_read_age_s"`
 }
 
-// UplinkStatus mirrors uplink.Stats.
+// CollectorStatus is one collector's uplink.
+type CollectorStatus struct {
+	Collector string `json:"collector"`
+	Connected bool   `json:"connected"`
+	Connects  uint64 `json:"connects"`
+	// UnreachableS is how long this collector has been unreachable (0 when
+	// connected).
+	UnreachableS float64 `json:"unreachable_s"`
+	Sent         uint64  `json:"batches_sent"`
+	Acked        uint64  `json:"batches_acked"`
+	Rejected     uint64  `json:"batches_rejected"`
+	// Pending is how many spooled batches this collector has not acked.
+	Pending int `json:"batches_pending"`
+}
+
+// UplinkStatus mirrors uplink.Stats, over all collectors: Sent, Acked,
+// Rejected and Connects are summed over them, Connected is whether every
+// collector is, UnreachableS the longest any has been unreachable, and
+// Pending the batches the spool holds until every collector has acked them.
+// With one collector they are its own.
 type UplinkStatus struct {
 	Collector string `json:"collector"`
 	Connected bool   `json:"connected"`
@@ -165,9 +207,6 @@ func (a *Agent) Status() Status {
 	s := a.self
 	q := s.jitter.Quantiles(0.5, 0.99, 1)
 	up := a.up.Stats()
-	if up.Connected {
-		s.lastConnected.Store(now.UnixNano())
-	}
 	sock := a.sock.Stats()
 	st := Status{
 		Node:    a.cfg.Node,
@@ -195,17 +234,28 @@ func (a *Agent) Status() Status {
 		},
 		ActiveRuns: len(a.ledger.ActiveRuns()),
 	}
+	st.HostEnergy.Status, st.HostEnergy.Reads = a.hostEnergyStatus()
 	st.Sampling.SamplesMissed = st.Sampling.ReadFailures + st.Sampling.SkippedTicks
-	if !up.Connected {
-		st.Uplink.UnreachableS = now.Sub(time.Unix(0, s.lastConnected.Load())).Seconds()
-	}
 	st.Problems = []string{}
 	if age := now.Sub(time.Unix(0, s.lastGoodRead.Load())); age > HealthMaxReadAge {
 		st.Problems = append(st.Problems, fmt.Sprintf("no GPU read succeeded for %s (limit %s)", age.Round(time.Millisecond), HealthMaxReadAge))
 	}
-	if d := time.Duration(st.Uplink.UnreachableS * float64(time.Second)); d > HealthMaxUnreachable {
-		st.Problems = append(st.Problems, fmt.Sprintf("collector %s unreachable for %s (limit %s); %s pending",
-			a.cfg.Collector, d.Round(time.Second), HealthMaxUnreachable, plural.N(up.Pending, "batch")))
+	st.Collectors = []CollectorStatus{}
+	for i, u := range a.up.Uplinks() {
+		us := u.Stats()
+		cs := CollectorStatus{Collector: u.Address(), Connected: us.Connected, Connects: us.Connects,
+			Sent: us.Sent, Acked: us.Acked, Rejected: us.Rejected, Pending: us.Pending}
+		if us.Connected {
+			s.lastConnected[i].Store(now.UnixNano())
+		} else {
+			cs.UnreachableS = now.Sub(time.Unix(0, s.lastConnected[i].Load())).Seconds()
+		}
+		st.Uplink.UnreachableS = max(st.Uplink.UnreachableS, cs.UnreachableS)
+		if d := time.Duration(cs.UnreachableS * float64(time.Second)); d > HealthMaxUnreachable {
+			st.Problems = append(st.Problems, fmt.Sprintf("collector %s unreachable for %s (limit %s); %s pending",
+				cs.Collector, d.Round(time.Second), HealthMaxUnreachable, plural.N(cs.Pending, "batch")))
+		}
+		st.Collectors = append(st.Collectors, cs)
 	}
 	st.Healthy = len(st.Problems) == 0
 	return st
@@ -227,14 +277,16 @@ func (a *Agent) SocketStats() trainersock.Stats { return a.sock.Stats() }
 // logs the periodic summary.
 func (a *Agent) afterBatches(now time.Time) {
 	s := a.self
-	up := a.up.Stats()
-	if up.Connected {
-		s.lastConnected.Store(now.UnixNano())
+	for i, u := range a.up.Uplinks() {
+		if u.Connected() {
+			s.lastConnected[i].Store(now.UnixNano())
+		}
 	}
 	if now.Sub(time.Unix(0, s.lastSummary.Load())) < summaryEvery {
 		return
 	}
 	s.lastSummary.Store(now.UnixNano())
+	up := a.up.Stats()
 	q := s.jitter.Quantiles(0.99)
 	a.log.Info("agent status",
 		"samples", s.samplesTaken.Load(),

@@ -5,8 +5,10 @@
 package agentconfig
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"time"
@@ -14,7 +16,6 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
-	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	"github.com/trainmeter/trainmeter/pkg/trainerwire"
@@ -22,7 +23,9 @@ import (
 
 // Config is the agent's configuration; the YAML file and the flags fill it.
 type Config struct {
-	// Collector is the collector's HOST:PORT.
+	// Collector is the collector's HOST:PORT, or a collector pair's
+	// "A,B" (comma-separated; in YAML also a list): every batch goes to
+	// each (Collectors, docs/deploy.md).
 	Collector string `yaml:"collector"`
 	// Socket is the trainer socket path.
 	Socket string `yaml:"socket"`
@@ -31,8 +34,17 @@ type Config struct {
 	SocketGroup string `yaml:"socket_group"`
 	// Node names this box; default: the hostname.
 	Node string `yaml:"node"`
-	// GPU is the backend: nvml, sim:N, replay:FILE, or auto (nvml if found).
+	// GPU is the backend: nvml, amd, sim:N, replay:FILE, or auto (nvml if
+	// found, else amd if AMD GPUs and no NVIDIA GPU are found).
 	GPU string `yaml:"gpu"`
+	// SysfsRoot is the root of the sysfs tree (default /sys): the amd
+	// backend's and auto's cards, and RAPL under class/powercap (empty in a
+	// programmatic config: host energy off); tests point it at a fixture.
+	SysfsRoot string `yaml:"sysfs_root"`
+	// ProcfsRoot is the root of the procfs tree (default /proc): process
+	// trees, their CPU time, and AMD per-process usage (fdinfo); tests point
+	// it at a fixture.
+	ProcfsRoot string `yaml:"procfs_root"`
 	// Interval is the GPU sampling period.
 	Interval time.Duration `yaml:"interval"`
 	// Warmup is excluded from efficiency figures unless run_start says
@@ -42,7 +54,7 @@ type Config struct {
 	// WarmupSteps ends the default warmup at the run's N-th step when that
 	// comes before Warmup (0: Warmup alone).
 	WarmupSteps uint64 `yaml:"warmup_steps"`
-	// HostInterval is the host (RAM, CPU) sampling period.
+	// HostInterval is the host (RAM, CPU, RAPL energy) sampling period.
 	HostInterval time.Duration `yaml:"host_interval"`
 	// HostReplay, when set, plays a host trace (RAM, CPUs; pkg/host Replay,
 	// docs/replay-format.md) instead of reading the real host: for tests and
@@ -103,6 +115,8 @@ func DefaultConfig() Config {
 		Collector:     "127.0.0.1:7433",
 		Socket:        trainerwire.DefaultSocket,
 		GPU:           "auto",
+		SysfsRoot:     "/sys",
+		ProcfsRoot:    "/proc",
 		Interval:      50 * time.Millisecond,
 		Warmup:        60 * time.Second,
 		WarmupSteps:   DefaultWarmupSteps,
@@ -122,7 +136,15 @@ func LoadConfigFile(path string, cfg *Config) error {
 		return fmt.Errorf("config: %w", err)
 	}
 	defer f.Close()
-	dec := yaml.NewDecoder(f)
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	data, err = collectorListAsString(data)
+	if err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(cfg); err != nil {
 		return fmt.Errorf("config %s: %w", path, err)
@@ -133,9 +155,7 @@ func LoadConfigFile(path string, cfg *Config) error {
 // Validate reports every problem with the configuration at once.
 func (c *Config) Validate() error {
 	var errs []error
-	if err := collectoraddr.Check(c.Collector); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, c.validateCollectors()...)
 	if c.Socket == "" {
 		errs = append(errs, errors.New("socket path is empty"))
 	}
@@ -155,8 +175,12 @@ func (c *Config) Validate() error {
 	if err := c.TLSOptions().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.TokenFile != "" && !c.TLSOptions().Enabled() && c.Collector != "" && !tlsfiles.IsLoopback(c.Collector) {
-		errs = append(errs, fmt.Errorf("token_file: a token is only sent over TLS to a collector that is not on this machine (%s): set tls_ca", c.Collector))
+	if c.TokenFile != "" && !c.TLSOptions().Enabled() {
+		for _, addr := range c.Collectors() {
+			if addr != "" && !tlsfiles.IsLoopback(addr) {
+				errs = append(errs, fmt.Errorf("token_file: a token is only sent over TLS to a collector that is not on this machine (%s): set tls_ca", addr))
+			}
+		}
 	}
 	if c.StatusListen != "" {
 		if _, _, err := net.SplitHostPort(c.StatusListen); err != nil {

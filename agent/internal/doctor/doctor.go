@@ -1,9 +1,10 @@
 // Package doctor implements `trainmeter-agent doctor`: checks, in plain
 // words, of everything that makes the numbers missing or zero — the GPU
 // backend (NVML, driver, each GPU's power and energy fields and a live
-// reading, MIG), the trainer socket, the collector (reachability, health,
-// TLS, the ingest token) and the spool. Each check is one line with a status
-// (OK, WARN, FAIL) and, where something is off, a hint.
+// reading, MIG), the RAPL counters of the host energy, the trainer socket,
+// the collector (reachability, health, TLS, the ingest token) and the
+// spool. Each check is one line with a status (OK, WARN, FAIL) and, where
+// something is off, a hint.
 //
 // Nothing here is on the agent's hot path, and nothing it does changes the
 // state of a running agent or of the collector: the socket probe sends one
@@ -24,6 +25,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
+	"github.com/trainmeter/trainmeter/pkg/rapl"
 )
 
 // Status is a check's verdict.
@@ -110,6 +112,29 @@ type Options struct {
 	Gap time.Duration
 	// Timeout bounds each network check; default 5 s.
 	Timeout time.Duration
+	// Now and Wait are the clock of the live GPU reads of the amd backend
+	// (default time.Now, time.Sleep); tests move the fixture's counters in
+	// Wait.
+	Now  func() time.Time
+	Wait func(time.Duration)
+	// RAPLReadFile reads the RAPL files; nil: os.ReadFile. Tests refuse
+	// reads with it, which root's file modes cannot.
+	RAPLReadFile rapl.ReadFileFunc
+}
+
+func (o Options) now() time.Time {
+	if o.Now == nil {
+		return time.Now()
+	}
+	return o.Now()
+}
+
+func (o Options) wait(d time.Duration) {
+	if o.Wait == nil {
+		time.Sleep(d)
+		return
+	}
+	o.Wait(d)
 }
 
 // Run runs every check and returns the report. It does not fail: problems
@@ -140,8 +165,14 @@ func Run(ctx context.Context, o Options) *Report {
 		r.add(SectionConfig, "config", OK, "valid ("+src+")", "")
 	}
 	checkGPU(o, r)
+	checkRAPL(o, r)
 	checkSocket(ctx, o, r)
-	checkCollector(ctx, o, r)
+	// A pair: each collector is checked on its own (the lines name it).
+	for _, addr := range cfg.Collectors() {
+		one := o
+		one.Config.Collector = addr
+		checkCollector(ctx, one, r)
+	}
 	checkSpool(o, r)
 	return r
 }
@@ -197,6 +228,8 @@ func (r *Report) sectionNote(section string) string {
 		return " (" + r.Collector + ")"
 	case SectionSpool:
 		return " (" + r.Spool + ")"
+	case SectionHostEnergy:
+		return " (RAPL: cpu_energy_J, dram_energy_J)"
 	}
 	return ""
 }

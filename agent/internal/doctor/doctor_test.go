@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -495,15 +496,20 @@ func TestRunAndOutput(t *testing.T) {
 	startSocket(t, trainersock.Config{Path: sock})
 	cfg := agentconfig.DefaultConfig()
 	cfg.GPU, cfg.Socket, cfg.Collector, cfg.Node, cfg.Spool = "sim:1", sock, addr, "node-1", filepath.Join(dir, "spool")
+	cfg.SysfsRoot = "../../../pkg/rapl/testdata/two-sockets"
 	r := Run(context.Background(), Options{Config: cfg, Gap: 10 * time.Millisecond})
 	if !r.OK || r.Count(Fail) != 0 || r.Count(Warn) != 0 {
 		t.Fatalf("report: %+v", r.Checks)
+	}
+	hostChecks := 2 // rapl, dram; and, as root, whether the service group can read them
+	if os.Geteuid() == 0 {
+		hostChecks = 3
 	}
 	var txt bytes.Buffer
 	if err := r.WriteText(&txt); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"\ngpu (--gpu sim:1)\n", "\nsocket (" + sock + ")\n", "  OK    connect ", "all 12 checks OK."} {
+	for _, s := range []string{"\ngpu (--gpu sim:1)\n", "\nsocket (" + sock + ")\n", "  OK    connect ", "\nhost energy (RAPL: cpu_energy_J, dram_energy_J)\n", fmt.Sprintf("all %d checks OK.", 12+hostChecks)} {
 		if !strings.Contains(txt.String(), s) {
 			t.Errorf("text report lacks %q:\n%s", s, txt.String())
 		}

@@ -20,7 +20,15 @@ func checkGPU(o Options, r *Report) {
 		return
 	}
 	switch sp.Kind {
-	case gpuopen.KindNVML, gpuopen.KindAuto:
+	case gpuopen.KindAMD:
+		checkAMD(o, false, r)
+	case gpuopen.KindAuto:
+		if autoPicksAMD(o) {
+			checkAMD(o, true, r)
+			return
+		}
+		checkNVML(o, sp, r)
+	case gpuopen.KindNVML:
 		checkNVML(o, sp, r)
 	default:
 		checkSimulated(o, sp, r)

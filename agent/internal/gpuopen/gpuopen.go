@@ -5,11 +5,15 @@
 //	nvml         real GPUs through NVML (fails if NVML does not initialise)
 //	sim:N        N simulated GPUs (1..64), seed 1; sim:N:SEED picks the seed;
 //	             a bare "sim" means sim:2
+//	amd          AMD GPUs through the amdgpu driver's sysfs files (pkg/gpu/amdgpu)
 //	replay:FILE  play the CSV trace FILE in real time (docs/replay-format.md)
-//	auto or ""   nvml if it initialises, else an error naming --gpu sim:2
+//	auto or ""   nvml if it initialises; else amd when amdgpu cards are found
+//	             and no NVIDIA GPU is on the PCI bus; else an error naming
+//	             --gpu sim:2
 package gpuopen
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -19,6 +23,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/trainmeter/trainmeter/pkg/gpu"
+	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu"
+	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdsmi"
 	"github.com/trainmeter/trainmeter/pkg/gpu/nvmlgpu"
 	"github.com/trainmeter/trainmeter/pkg/gpu/replay"
 	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
@@ -31,6 +37,7 @@ type Kind string
 const (
 	KindAuto   Kind = "auto"
 	KindNVML   Kind = "nvml"
+	KindAMD    Kind = "amd"
 	KindSim    Kind = "sim"
 	KindReplay Kind = "replay"
 )
@@ -42,7 +49,7 @@ const MaxSimGPUs = 64
 const DefaultSimSeed = 1
 
 // Usage describes the accepted specs, for flag help.
-const Usage = "GPU backend: nvml, sim:N (N simulated GPUs, 1..64), replay:FILE (CSV trace), or auto (nvml if it initialises)"
+const Usage = "GPU backend: nvml, amd, sim:N (N simulated GPUs, 1..64), replay:FILE (CSV trace), or auto (nvml if it initialises, else amd if amdgpu cards and no NVIDIA GPU are found)"
 
 // Spec is a parsed --gpu value.
 type Spec struct {
@@ -69,6 +76,11 @@ func ParseSpec(spec string) (Spec, error) {
 			return Spec{}, fmt.Errorf("--gpu %q: nvml takes no argument (%s)", spec, Usage)
 		}
 		return Spec{Kind: KindNVML}, nil
+	case string(KindAMD):
+		if hasArg {
+			return Spec{}, fmt.Errorf("--gpu %q: amd takes no argument (%s)", spec, Usage)
+		}
+		return Spec{Kind: KindAMD}, nil
 	case string(KindSim):
 		if !hasArg {
 			return Spec{Kind: KindSim, N: 2, Seed: DefaultSimSeed}, nil
@@ -106,12 +118,28 @@ func ParseSpec(spec string) (Spec, error) {
 // newNVML returns the NVML library handle; tests replace it with a mock.
 var newNVML = func() nvml.Interface { return nvml.New() }
 
-// Open parses spec and opens the backend it names.
+// Options are what opening a backend needs besides the spec.
+type Options struct {
+	Logger *slog.Logger
+	// SysfsRoot and ProcfsRoot are where the amd backend (and auto's look
+	// for AMD and NVIDIA cards) reads sysfs and procfs; default /sys, /proc.
+	SysfsRoot  string
+	ProcfsRoot string
+}
+
+// Open parses spec and opens the backend it names, on the real /sys and
+// /proc.
 func Open(spec string, logger *slog.Logger) (gpu.Backend, error) {
+	return OpenWith(spec, Options{Logger: logger})
+}
+
+// OpenWith parses spec and opens the backend it names.
+func OpenWith(spec string, o Options) (gpu.Backend, error) {
 	sp, err := ParseSpec(spec)
 	if err != nil {
 		return nil, err
 	}
+	logger := o.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -131,16 +159,46 @@ func Open(spec string, logger *slog.Logger) (gpu.Backend, error) {
 		return b, nil
 	case KindNVML:
 		return openNVML(logger)
+	case KindAMD:
+		return openAMD(o, logger)
 	default: // auto
 		b, err := openNVML(logger)
-		if err != nil {
-			if !strings.Contains(err.Error(), "--gpu sim:2") {
-				err = fmt.Errorf("%w; to run without a GPU use --gpu sim:2", err)
-			}
-			return nil, fmt.Errorf("--gpu auto: no usable NVIDIA GPU: %w", err)
+		if err == nil {
+			return b, nil
 		}
-		return b, nil
+		sysfs := cmp.Or(o.SysfsRoot, "/sys")
+		cards, _ := amdgpu.FindCards(sysfs)
+		switch {
+		case len(cards) > 0 && !amdgpu.HasNVIDIA(sysfs):
+			logger.Info("gpu backend: auto found no NVIDIA GPU and picked amd", "amd_cards", len(cards), "nvml", err.Error())
+			return openAMD(o, logger)
+		case len(cards) > 0:
+			return nil, fmt.Errorf("--gpu auto: this node has NVIDIA and AMD GPUs and NVML does not work (%w); fix the NVIDIA driver, or measure the AMD GPUs alone with --gpu amd", err)
+		}
+		if !strings.Contains(err.Error(), "--gpu sim:2") {
+			err = fmt.Errorf("%w; to run without a GPU use --gpu sim:2", err)
+		}
+		return nil, fmt.Errorf("--gpu auto: no usable NVIDIA GPU and no AMD GPU: %w", err)
 	}
+}
+
+func openAMD(o Options, logger *slog.Logger) (gpu.Backend, error) {
+	opt := amdgpu.Options{SysfsRoot: o.SysfsRoot, ProcfsRoot: o.ProcfsRoot, Logger: logger}
+	if lib, err := amdsmi.Open(""); err == nil {
+		logger.Info("amd-smi: loaded; cards it knows take their energy counter from it", "lib", lib.Path(), "gpus", lib.GPUs())
+		opt.SMI = lib
+	} else {
+		logger.Info("amd-smi: not loaded; energy from the amdgpu sysfs files alone", "err", err.Error())
+	}
+	b, err := amdgpu.New(opt)
+	if err != nil {
+		if opt.SMI != nil {
+			opt.SMI.(*amdsmi.Lib).Close()
+		}
+		return nil, err
+	}
+	logger.Info("gpu backend: amd", "gpus", len(b.Devices()))
+	return b, nil
 }
 
 func openNVML(logger *slog.Logger) (gpu.Backend, error) {

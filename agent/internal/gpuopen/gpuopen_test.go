@@ -11,6 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
+	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu"
 	"github.com/trainmeter/trainmeter/pkg/gpu/nvmlgpu"
 	"github.com/trainmeter/trainmeter/pkg/gpu/replay"
 	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
@@ -25,6 +26,8 @@ func TestParseSpec(t *testing.T) {
 		{"auto", Spec{Kind: KindAuto}},
 		{" AUTO ", Spec{Kind: KindAuto}},
 		{"nvml", Spec{Kind: KindNVML}},
+		{"amd", Spec{Kind: KindAMD}},
+		{"AMD", Spec{Kind: KindAMD}},
 		{"sim", Spec{Kind: KindSim, N: 2, Seed: 1}},
 		{"sim:1", Spec{Kind: KindSim, N: 1, Seed: 1}},
 		{"sim:64", Spec{Kind: KindSim, N: 64, Seed: 1}},
@@ -49,6 +52,7 @@ func TestParseSpec(t *testing.T) {
 		{"replay", "needs a trace file"},
 		{"nvml:0", "nvml takes no argument"},
 		{"auto:1", "auto takes no argument"},
+		{"amd:0", "amd takes no argument"},
 		{"cuda", `unknown backend "cuda"`},
 		{"gpu0", "unknown backend"},
 	}
@@ -107,8 +111,9 @@ func TestOpenAutoWithoutNVML(t *testing.T) {
 	s := dgxa100.New()
 	s.InitFunc = func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
 	withNVML(t, s)
+	noAMD := Options{SysfsRoot: t.TempDir()}
 	for _, spec := range []string{"", "auto"} {
-		_, err := Open(spec, nil)
+		_, err := OpenWith(spec, noAMD)
 		if err == nil || !strings.Contains(err.Error(), "--gpu sim:2") || !errors.Is(err, nvmlgpu.ErrNoNVML) {
 			t.Fatalf("Open(%q) err = %v", spec, err)
 		}
@@ -123,7 +128,7 @@ func TestOpenAutoWithoutNVML(t *testing.T) {
 
 	// other init failures also point at sim
 	s.InitFunc = func() nvml.Return { return nvml.ERROR_NO_PERMISSION }
-	if _, err := Open("auto", nil); err == nil || !strings.Contains(err.Error(), "--gpu sim:2") {
+	if _, err := OpenWith("auto", noAMD); err == nil || !strings.Contains(err.Error(), "--gpu sim:2") {
 		t.Fatalf("Open(auto) err = %v", err)
 	}
 }
@@ -160,5 +165,41 @@ func TestReplayAnchoredAtAnInstant(t *testing.T) {
 	}
 	if _, err := ParseSpec("replay:x.csv@soon"); err == nil || !strings.Contains(err.Error(), "Unix seconds") {
 		t.Errorf("bad anchor accepted: %v", err)
+	}
+}
+
+const amdFixtures = "../../../pkg/gpu/amdgpu/testdata"
+
+func TestOpenAMD(t *testing.T) {
+	b, err := OpenWith("amd", Options{SysfsRoot: filepath.Join(amdFixtures, "mi300x", "sys"), ProcfsRoot: filepath.Join(amdFixtures, "mi300x", "proc")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, ok := b.(*amdgpu.Backend); !ok || len(b.Devices()) != 2 || b.Devices()[0].Vendor != "amd" {
+		t.Fatalf("%T %+v", b, b.Devices())
+	}
+	if _, err := OpenWith("amd", Options{SysfsRoot: t.TempDir()}); err == nil || !errors.Is(err, amdgpu.ErrNoAMD) || !strings.Contains(err.Error(), "--gpu sim:2") {
+		t.Fatalf("amd without cards: err = %v", err)
+	}
+}
+
+// auto picks amd when NVML finds nothing and the node has AMD cards and no
+// NVIDIA GPU; with an NVIDIA GPU on the bus it refuses to guess.
+func TestOpenAutoPicksAMDOnlyWithoutNVIDIA(t *testing.T) {
+	s := dgxa100.New()
+	s.InitFunc = func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
+	withNVML(t, s)
+	b, err := OpenWith("auto", Options{SysfsRoot: filepath.Join(amdFixtures, "rx7900xtx", "sys")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if _, ok := b.(*amdgpu.Backend); !ok {
+		t.Fatalf("auto opened %T, want the amd backend", b)
+	}
+	_, err = OpenWith("auto", Options{SysfsRoot: filepath.Join(amdFixtures, "nvidia-and-amd", "sys")})
+	if err == nil || !strings.Contains(err.Error(), "--gpu amd") || !errors.Is(err, nvmlgpu.ErrNoNVML) {
+		t.Fatalf("NVIDIA and AMD, NVML broken: err = %v", err)
 	}
 }

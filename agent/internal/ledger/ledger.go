@@ -128,6 +128,9 @@ type Ledger struct {
 	ended        map[string]EndedRun
 	endedOrder   []string
 	endedVersion uint64
+
+	// hostEnergy is the host (RAPL) energy split between runs (hostenergy.go).
+	hostEnergy hostState
 }
 
 type gpuAcc struct {
@@ -378,6 +381,7 @@ func (l *Ledger) closeWindow() *trainmeterv1.Batch {
 		l.rawAtStart[i], l.rawAtStartOK[i] = l.rawAt(i, we, c)
 	}
 	l.bookDowntime(b, ws)
+	b.HostEnergy = l.takeHostEnergy()
 	b.RunEvents = l.pending
 	l.pending = nil
 

@@ -238,6 +238,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 	}
 	l.runs[ev.Run] = r
 	l.order = append(l.order, ev.Run)
+	l.trackHostRun(r)
 	l.pending = append(l.pending, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_RunStart{RunStart: l.runStartEvent(now, p, ev, r, gpus)}})
 	l.cfg.Logger.Info("run started", "run_id", ev.Run, "gpus", gpus, "pid", p.PID, "warmup", r.warmup, "warmup_steps", r.warmupSteps)
 	return nil

@@ -19,13 +19,33 @@ func (s *Spool) loadAcks() error {
 		return fmt.Errorf("spool: %w", err)
 	}
 	bad := 0
+	cursorNow := s.before
+	before := map[*record]uint8{} // acks by the previous list's index
+	beforeAll := uint8(1)<<max(len(s.loadedNames), 1) - 1
 	for off := 0; off+ackEntry <= len(data); off += ackEntry {
 		e := data[off : off+ackEntry]
-		if crc32.Checksum(e[:9], castagnoli) != binary.LittleEndian.Uint32(e[9:]) || e[0] != ackKindAck {
+		if crc32.Checksum(e[:9], castagnoli) != binary.LittleEndian.Uint32(e[9:]) || e[0] < ackKindAck || e[0] >= ackKindAck+MaxCollectors {
 			bad++
 			continue
 		}
-		if r := s.bySeq[binary.LittleEndian.Uint64(e[1:9])]; r != nil && !r.acked && !r.gone {
+		r := s.bySeq[binary.LittleEndian.Uint64(e[1:9])]
+		if r == nil || r.acked || r.gone {
+			continue
+		}
+		old := e[0] - ackKindAck
+		before[r] |= 1 << old
+		if i := cursorNow[old]; i >= 0 {
+			r.ackedBy |= 1 << i
+		}
+	}
+	// A record every collector of the previous list had acked stays done,
+	// for a collector added since too: it gets what is still pending, not
+	// history.
+	for r, m := range before {
+		if m&beforeAll == beforeAll {
+			r.ackedBy = s.all
+		}
+		if r.ackedBy&s.all == s.all {
 			r.acked = true
 			s.segOf[r].live--
 		}
@@ -48,9 +68,11 @@ func (s *Spool) rewriteAcks() error {
 	n := 0
 	for _, g := range s.segs {
 		for _, r := range g.recs {
-			if r.acked {
-				buf = appendAck(buf, r.seq)
-				n++
+			for i := range max(len(s.names), 1) {
+				if r.ackedBy&(1<<i) != 0 {
+					buf = appendAck(buf, i, r.seq)
+					n++
+				}
 			}
 		}
 	}
@@ -67,9 +89,9 @@ func (s *Spool) rewriteAcks() error {
 	return nil
 }
 
-func appendAck(b []byte, seq uint64) []byte {
+func appendAck(b []byte, cursor int, seq uint64) []byte {
 	start := len(b)
-	b = append(b, ackKindAck)
+	b = append(b, ackKindAck+byte(cursor))
 	b = binary.LittleEndian.AppendUint64(b, seq)
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli))
 }

@@ -22,6 +22,15 @@ import (
 
 func (s *Spool) load() error {
 	st := s.loadState()
+	if st != nil {
+		s.loadedNames = st.Collectors
+		if len(s.names) == 0 && len(st.Collectors) > 0 && checkCollectors(st.Collectors) == nil {
+			// Opened without a collector list (the doctor): keep the
+			// spool's, so that no collector's acks are rewritten away.
+			s.names = append([]string(nil), st.Collectors...)
+			s.all = uint8(1)<<len(s.names) - 1
+		}
+	}
 	_ = removeTemps(s.dir)
 
 	found, err := s.listSegments()
@@ -38,6 +47,8 @@ func (s *Spool) load() error {
 	}
 	s.bootID = s.ensureBootID(bootID)
 	s.restoreSeq(st, lastSeq)
+	s.openSeq = s.nextSeq
+	s.before, s.remapped = s.cursorRemap()
 	s.restorePendingLosses(st, lastSeq)
 	// Everything present may have been sent by the previous process.
 	for _, r := range s.bySeq {
@@ -46,6 +57,7 @@ func (s *Spool) load() error {
 	if err := s.loadAcks(); err != nil {
 		return err
 	}
+	s.countPending()
 	for s.bytes > s.effMax && len(s.segs) > 0 {
 		s.log.Warn("spool: larger than its bound at open; dropping the oldest segment", "bytes", s.bytes, "max_bytes", s.effMax)
 		s.evictOldest("spool full")
@@ -185,20 +197,29 @@ func (s *Spool) restorePendingLosses(st *stateJSON, lastSeq uint64) {
 	if st == nil || st.BootID != s.bootID || (lastSeq >= st.NextSeq && lastSeq != 0) {
 		return
 	}
+	// Masks are in the previous process's cursor indices.
 	for _, raw := range st.Losses {
 		if l := decodeLoss(raw); l != nil {
-			s.losses[l.RunId] = l
+			if m, ok := s.maskNow(l.SpoolCollectors); ok {
+				s.mergeLoss(l.RunId, m, l.Batches, l.Tokens, l.EnergyJ, l.GpuSeconds, l.Reason)
+			}
 		}
 	}
 	for _, raw := range st.SeqLosses {
 		if l := decodeLoss(raw); l != nil {
-			s.seqLosses = append(s.seqLosses, l)
+			if m, ok := s.maskNow(l.SpoolCollectors); ok {
+				l.SpoolCollectors = m
+				s.seqLosses = append(s.seqLosses, l)
+			}
 		}
 	}
 	for _, e := range st.Events {
 		ev := &trainmeterv1.RunEvent{}
 		if proto.Unmarshal(e, ev) == nil {
-			s.events = append(s.events, ev)
+			if m, ok := s.maskNow(ev.SpoolCollectors); ok {
+				ev.SpoolCollectors = m
+				s.events = append(s.events, ev)
+			}
 		}
 	}
 }

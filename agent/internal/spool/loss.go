@@ -24,6 +24,7 @@ func (s *Spool) evictOldest(reason string) {
 	}
 	g := s.segs[0]
 	var dropped, droppedBytes int
+	var lagging uint8 // the collectors that lose something
 	f, ferr := os.Open(g.path)
 	for _, r := range g.recs {
 		if r.acked || r.gone {
@@ -33,13 +34,18 @@ func (s *Spool) evictOldest(reason string) {
 		droppedBytes += int(r.size)
 		var b *trainmeterv1.Batch
 		if ferr == nil {
-			b, _ = readRecord(f, r)
+			if b, _ = readRecord(f, r); b != nil {
+				s.fromBefore(b)
+			}
 		}
 		if b == nil {
 			s.log.Error("spool: a dropped batch could not be read back; its loss is unknown", "seq", r.seq)
 			continue
 		}
-		s.account(b, reason, r.sent || r.doubt, true)
+		// Only the collectors that had not acked it lose it.
+		forMask := s.all &^ r.ackedBy
+		lagging |= forMask
+		s.account(b, reason, r.sent || r.doubt, true, forMask)
 	}
 	if f != nil {
 		_ = f.Close()
@@ -48,7 +54,7 @@ func (s *Spool) evictOldest(reason string) {
 	s.stats.DroppedBytes += uint64(droppedBytes)
 	if dropped > 0 {
 		s.log.Warn("spool: dropped the oldest batches to make room", "reason", reason, "batches", dropped,
-			"bytes", droppedBytes, "first_seq", g.first, "dropped_total", s.stats.Dropped)
+			"bytes", droppedBytes, "first_seq", g.first, "dropped_total", s.stats.Dropped, "lost_for", s.maskNames(lagging))
 	}
 	if i := slices.Index(s.segs, g); i >= 0 {
 		s.removeSegment(i)
@@ -62,7 +68,7 @@ func (s *Spool) dropUnwritten(b *trainmeterv1.Batch, own []*trainmeterv1.DataLos
 	b.RunEvents = ownEvents
 	s.stats.Dropped++
 	s.stats.DroppedBytes += uint64(size)
-	s.account(b, reason, false, true)
+	s.account(b, reason, false, true, s.all)
 	s.log.Error(err.Error(), "runs_affected", runIDs(b))
 	if werr := s.writeState(); werr != nil {
 		s.log.Error("spool: writing the state file", "err", werr)
@@ -95,27 +101,41 @@ func (s *Spool) takeLossesPreview() []*trainmeterv1.DataLoss {
 	return out
 }
 
-// account adds what batch b held to the pending loss report. inDoubt: b was
-// sent and may have been applied; it gets its own record with its seq.
-// carry: b's run events go on with the next batch.
-func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry bool) {
-	// Loss records b already carried (from earlier drops) are lost with it.
+// account adds what batch b held to the pending loss report of the
+// collectors in forMask (the others had acked b). inDoubt: b was sent and may
+// have been applied; it gets its own record with its seq. carry: b's run
+// events go on with the next batch.
+func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry bool, forMask uint8) {
+	// Loss records b already carried (from earlier drops) are lost with it,
+	// for those of their collectors that lose b.
 	for _, l := range b.GetLosses() {
-		if l.GetSeq() != 0 && len(s.seqLosses) < maxPerSeqRec {
-			s.seqLosses = append(s.seqLosses, proto.Clone(l).(*trainmeterv1.DataLoss))
+		m, ok := s.narrow(l.GetSpoolCollectors(), forMask)
+		if !ok {
 			continue
 		}
-		s.mergeLoss(l.GetRunId(), l.GetBatches(), l.GetTokens(), l.GetEnergyJ(), l.GetGpuSeconds(), l.GetReason())
+		if l.GetSeq() != 0 && len(s.seqLosses) < maxPerSeqRec {
+			c := proto.Clone(l).(*trainmeterv1.DataLoss)
+			c.SpoolCollectors = m
+			s.seqLosses = append(s.seqLosses, c)
+			continue
+		}
+		s.mergeLoss(l.GetRunId(), m, l.GetBatches(), l.GetTokens(), l.GetEnergyJ(), l.GetGpuSeconds(), l.GetReason())
 	}
 	if carry {
 		for _, e := range b.GetRunEvents() {
+			m, ok := s.narrow(e.GetSpoolCollectors(), forMask)
+			if !ok {
+				continue
+			}
 			if len(s.events) >= maxCarriedEvents {
 				s.log.Error("spool: too many run events carried from dropped batches; dropping one", "event", e.String())
 				continue
 			}
+			e.SpoolCollectors = m
 			s.events = append(s.events, e)
 		}
 	}
+	own, _ := s.narrow(0, forMask)
 	type acc struct {
 		tokens      uint64
 		energy, gpu float64
@@ -145,10 +165,10 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 		a := per[id]
 		if inDoubt && len(s.seqLosses) < maxPerSeqRec {
 			s.seqLosses = append(s.seqLosses, &trainmeterv1.DataLoss{RunId: id, Batches: 1, Tokens: a.tokens,
-				EnergyJ: a.energy, GpuSeconds: a.gpu, Reason: reason, Seq: b.GetSeq()})
+				EnergyJ: a.energy, GpuSeconds: a.gpu, Reason: reason, Seq: b.GetSeq(), SpoolCollectors: own})
 			continue
 		}
-		s.mergeLoss(id, 1, a.tokens, a.energy, a.gpu, reason)
+		s.mergeLoss(id, own, 1, a.tokens, a.energy, a.gpu, reason)
 	}
 }
 
@@ -167,11 +187,12 @@ func plausibleWindow(w *trainmeterv1.RunWindow) bool {
 	return true
 }
 
-func (s *Spool) mergeLoss(run string, batches, tokens uint64, energy, gpu float64, reason string) {
-	l := s.losses[run]
+func (s *Spool) mergeLoss(run string, collectors uint32, batches, tokens uint64, energy, gpu float64, reason string) {
+	k := lossKey(run, collectors)
+	l := s.losses[k]
 	if l == nil {
-		l = &trainmeterv1.DataLoss{RunId: run}
-		s.losses[run] = l
+		l = &trainmeterv1.DataLoss{RunId: run, SpoolCollectors: collectors}
+		s.losses[k] = l
 	}
 	l.Batches += batches
 	l.Tokens += tokens

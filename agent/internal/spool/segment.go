@@ -160,6 +160,9 @@ func (s *Spool) write(seq uint64, data []byte) error {
 	r := &record{seq: seq, off: g.size, size: int64(len(data))}
 	g.recs = append(g.recs, r)
 	g.live++
+	for i := range s.Cursors() {
+		s.pendingFor[i]++
+	}
 	g.size += int64(len(data))
 	s.bytes += int64(len(data))
 	s.bySeq[seq] = r
@@ -228,6 +231,7 @@ func (s *Spool) removeSegment(i int) {
 		s.active = nil
 	}
 	for _, r := range g.recs {
+		s.unpend(r)
 		delete(s.bySeq, r.seq)
 		delete(s.segOf, r)
 	}

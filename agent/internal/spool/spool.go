@@ -7,7 +7,8 @@
 //	state        boot id, next seq, pending loss report (JSON + CRC32C line),
 //	             replaced atomically (write temp, fsync, rename, fsync dir)
 //	acks         append-only log of acked seqs: 13-byte entries
-//	             [kind u8][seq u64 LE][crc32c u32 LE], compacted on segment removal
+//	             [kind u8][seq u64 LE][crc32c u32 LE], compacted on segment removal;
+//	             kind 'A'+i: the i-th collector acked seq (cursor.go)
 //	seg-<first seq, 20 digits>.tms
 //	             segment: header [magic "TMSPOOL1"][boot id len u16][boot id]
 //	             [crc32c u32], then records [len u32][crc32c u32][seq u64][Batch proto],
@@ -18,6 +19,15 @@
 // current one reaches the segment size (4 MiB, less for small spools). Acked
 // seqs are kept in memory and in the ack log; a segment whose records are all
 // acked (or dropped) is deleted whole.
+//
+// # Several collectors
+//
+// An agent with a collector pair (--collector A,B) has one cursor per
+// collector over the same records (cursor.go): a batch is written once,
+// each collector's acks are kept apart, and a record is held until every
+// collector has acked it. The byte bound is the whole spool's; when it is
+// reached the oldest segment goes as below, and its loss is reported only to
+// the collectors that had not acked its batches.
 //
 // # Durability
 //
@@ -113,6 +123,12 @@ type Options struct {
 	// OpenFile opens segments and the state file for writing; default
 	// os.OpenFile.
 	OpenFile func(name string, flag int, perm os.FileMode) (WriteFile, error)
+	// Collectors names the collectors, one cursor each, in the agent's
+	// --collector order (at most MaxCollectors); nil: the spool's own list
+	// (a tool that only looks, such as the doctor), else one unnamed cursor.
+	// The names are persisted, so that a reordered or changed list keeps
+	// each collector's acks.
+	Collectors []string
 }
 
 // Stats are the spool's self-metrics. Counters are since Open.
@@ -148,10 +164,12 @@ type record struct {
 	seq   uint64
 	off   int64 // of the record header
 	size  int64 // header + payload
-	acked bool
-	sent  bool // handed to the uplink at least once (possibly applied)
-	doubt bool // present at open: a previous process may have sent it
-	gone  bool // dropped or unreadable
+	acked bool  // by every collector: the record is done
+	// ackedBy has bit i set once the i-th collector acked the record.
+	ackedBy uint8
+	sent    bool // handed to the uplink at least once (possibly applied)
+	doubt   bool // present at open: a previous process may have sent it
+	gone    bool // dropped or unreadable
 }
 
 type segment struct {
@@ -193,6 +211,21 @@ type Spool struct {
 	losses       map[string]*trainmeterv1.DataLoss // aggregated, certain
 	seqLosses    []*trainmeterv1.DataLoss          // per batch, in doubt
 	events       []*trainmeterv1.RunEvent          // carried from dropped batches
+
+	// Cursors (cursor.go): names as configured, the mask of all of them,
+	// the names the state file had at open, and per-cursor counters.
+	names       []string
+	all         uint8
+	loadedNames []string
+	cursorStats [MaxCollectors]CursorStats
+	// pendingFor[i] counts the records held that collector i has not acked.
+	pendingFor [MaxCollectors]int
+	// before maps the previous process's cursor indices to this one's (-1:
+	// gone); remapped when that is not the identity. Masks written then
+	// (records below openSeq, the state's pending report) are translated.
+	before   [MaxCollectors]int
+	remapped bool
+	openSeq  uint64
 }
 
 // Open opens or creates the spool in dir, bounded to maxBytes (0: DefaultMaxBytes).
@@ -210,6 +243,9 @@ func OpenWith(dir string, maxBytes int64, o Options) (*Spool, error) {
 	}
 	if maxBytes < MinMaxBytes {
 		return nil, fmt.Errorf("spool: max bytes %d is below the minimum %d", maxBytes, MinMaxBytes)
+	}
+	if err := checkCollectors(o.Collectors); err != nil {
+		return nil, err
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -234,7 +270,9 @@ func OpenWith(dir string, maxBytes int64, o Options) (*Spool, error) {
 		dir: dir, maxBytes: maxBytes, segBytes: seg, cfgSegBytes: seg, log: o.Logger, openFile: o.OpenFile, lock: lock,
 		effMax: maxBytes, bySeq: map[uint64]*record{}, segOf: map[*record]*segment{},
 		losses: map[string]*trainmeterv1.DataLoss{},
+		names:  append([]string(nil), o.Collectors...),
 	}
+	s.all = uint8(1)<<max(len(s.names), 1) - 1
 	if err := s.load(); err != nil {
 		unlockDir(lock)
 		return nil, err
@@ -387,22 +425,31 @@ func (s *Spool) Append(b *trainmeterv1.Batch) error {
 
 // ---- ack, reject, read ----
 
-// Ack marks seq delivered. Unknown seqs (already acked or dropped) are ignored.
-func (s *Spool) Ack(seq uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ackLocked(seq) {
-		s.stats.Acked++
-	}
-}
+// Ack marks seq delivered to the first (with one collector: the) collector.
+// Unknown seqs (already acked or dropped) are ignored.
+func (s *Spool) Ack(seq uint64) { s.Cursor(0).Ack(seq) }
 
-func (s *Spool) ackLocked(seq uint64) bool {
+// ackLocked records that collector i acked seq; the record is done once
+// every collector has.
+func (s *Spool) ackLocked(i int, seq uint64) bool {
 	if s.closed {
 		return false
 	}
 	r := s.bySeq[seq]
-	if r == nil || r.acked || r.gone {
+	bit := uint8(1) << i
+	if r == nil || r.acked || r.gone || r.ackedBy&bit != 0 {
 		return false
+	}
+	r.ackedBy |= bit
+	s.pendingFor[i]--
+	if s.ackf != nil {
+		if _, err := s.ackf.Write(appendAck(nil, i, seq)); err != nil {
+			s.log.Warn("spool: appending to the ack log (the batch may be re-sent after a restart)", "seq", seq, "err", err)
+		}
+		s.ackLogN++
+	}
+	if r.ackedBy&s.all != s.all {
+		return true
 	}
 	r.acked = true
 	s.segOf[r].live--
@@ -413,12 +460,6 @@ func (s *Spool) ackLocked(seq uint64) bool {
 		s.effMax = s.maxBytes
 		s.segBytes = s.cfgSegBytes
 	}
-	if s.ackf != nil {
-		if _, err := s.ackf.Write(appendAck(nil, seq)); err != nil {
-			s.log.Warn("spool: appending to the ack log (the batch may be re-sent after a restart)", "seq", seq, "err", err)
-		}
-		s.ackLogN++
-	}
 	if s.removeDeadSegments() && s.ackLogN > 4096 {
 		if err := s.rewriteAcks(); err != nil {
 			s.log.Error("spool: compacting the ack log", "err", err)
@@ -427,25 +468,29 @@ func (s *Spool) ackLocked(seq uint64) bool {
 	return true
 }
 
-// Reject drops seq for good (the collector refused it) and reports its
-// loss like a dropped batch.
-func (s *Spool) Reject(seq uint64, reason string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// Reject drops seq for good for the first (with one collector: the)
+// collector, which refused it, and reports its loss like a dropped batch.
+func (s *Spool) Reject(seq uint64, reason string) { s.Cursor(0).Reject(seq, reason) }
+
+func (s *Spool) rejectLocked(i int, seq uint64, reason string) {
 	r := s.bySeq[seq]
-	if s.closed || r == nil || r.acked || r.gone {
+	if s.closed || r == nil || r.acked || r.gone || r.ackedBy&(1<<i) != 0 {
 		return
 	}
 	b, rerr := s.readLocked(r)
+	if rerr == nil {
+		s.fromBefore(b)
+	}
 	// Out of the spool first: the state write below may drop old segments
 	// to make room, and must not count this batch a second time.
-	if s.ackLocked(seq) {
+	if s.ackLocked(i, seq) {
 		s.stats.Rejected++
+		s.cursorStats[i].Rejected++
 	}
 	if rerr == nil {
-		// The collector stored nothing of it: certainly lost.
+		// The collector stored nothing of it: certainly lost there.
 		// Its events are not carried on: they may be what was refused.
-		s.account(b, "rejected: "+reason, false, false)
+		s.account(b, "rejected: "+reason, false, false, 1<<i)
 		if err := s.writeState(); err != nil {
 			s.log.Error("spool: writing the state file", "err", err)
 		}
@@ -454,13 +499,7 @@ func (s *Spool) Reject(seq uint64, reason string) {
 
 // MarkSent records that seq went out on a stream, so that if it is dropped
 // later its loss is reported as in doubt (the collector may hold it).
-func (s *Spool) MarkSent(seq uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if r := s.bySeq[seq]; r != nil {
-		r.sent = true
-	}
-}
+func (s *Spool) MarkSent(seq uint64) { s.Cursor(0).MarkSent(seq) }
 
 // FlushPending makes sure a pending loss report (and run events carried from
 // dropped batches) is in the spool, not only in memory: when one is waiting
@@ -477,11 +516,14 @@ func (s *Spool) FlushPending(now time.Time) error {
 	return s.Append(&trainmeterv1.Batch{WindowStart: ts, WindowEnd: ts})
 }
 
-// ReadAfter returns up to n unacked batches with seq > after, in seq order.
-// A record that no longer reads back (CRC) is dropped and counted.
+// ReadAfter returns up to n batches with seq > after that the first (with
+// one collector: the) collector has not acked, in seq order. A record that
+// no longer reads back (CRC) is dropped and counted.
 func (s *Spool) ReadAfter(after uint64, n int) ([]*trainmeterv1.Batch, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	return s.Cursor(0).ReadAfter(after, n)
+}
+
+func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Batch, error) {
 	if s.closed {
 		return nil, ErrClosed
 	}
@@ -501,12 +543,16 @@ func (s *Spool) ReadAfter(after uint64, n int) ([]*trainmeterv1.Batch, error) {
 			if len(out) >= n {
 				break
 			}
-			if r.seq <= after || r.acked || r.gone {
+			if r.seq <= after || r.acked || r.gone || r.ackedBy&(1<<i) != 0 {
 				continue
 			}
 			b, err := readRecord(f, r)
+			if err == nil {
+				s.fromBefore(b)
+			}
 			if err != nil {
 				s.log.Error("spool: a held batch no longer reads back; dropping it (loss unknown)", "seq", r.seq, "err", err)
+				s.unpend(r)
 				r.gone = true
 				g.live--
 				s.stats.Dropped++
@@ -514,14 +560,14 @@ func (s *Spool) ReadAfter(after uint64, n int) ([]*trainmeterv1.Batch, error) {
 				s.stats.CorruptRecords++
 				continue
 			}
-			out = append(out, b)
+			out = append(out, s.forCollector(b, i))
 		}
 		_ = f.Close()
 	}
 	return out, nil
 }
 
-// Unacked returns every batch held and not acked, in seq order.
+// Unacked returns every batch held and not acked by the first collector, in seq order.
 func (s *Spool) Unacked() ([]*trainmeterv1.Batch, error) { return s.ReadAfter(0, int(^uint(0)>>1)) }
 
 func (s *Spool) readLocked(r *record) (*trainmeterv1.Batch, error) {

@@ -30,6 +30,9 @@ type stateJSON struct {
 	Losses      []json.RawMessage `json:"losses,omitempty"` // protojson-free: see lossJSON
 	SeqLosses   []json.RawMessage `json:"seq_losses,omitempty"`
 	Events      [][]byte          `json:"events,omitempty"` // RunEvent protos
+	// Collectors names the cursors, in ack-log order (cursor.go); absent in
+	// a spool written before collector pairs: one cursor.
+	Collectors []string `json:"collectors,omitempty"`
 }
 
 type lossJSON struct {
@@ -40,6 +43,8 @@ type lossJSON struct {
 	GPUSeconds float64 `json:"gpu_seconds"`
 	Reason     string  `json:"reason"`
 	Seq        uint64  `json:"seq,omitempty"`
+	// Collectors is DataLoss.spool_collectors: 0, all of them.
+	Collectors uint32 `json:"collectors,omitempty"`
 }
 
 func decodeLoss(raw json.RawMessage) *trainmeterv1.DataLoss {
@@ -48,12 +53,12 @@ func decodeLoss(raw json.RawMessage) *trainmeterv1.DataLoss {
 		return nil
 	}
 	return &trainmeterv1.DataLoss{RunId: l.RunID, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
-		GpuSeconds: l.GPUSeconds, Reason: l.Reason, Seq: l.Seq}
+		GpuSeconds: l.GPUSeconds, Reason: l.Reason, Seq: l.Seq, SpoolCollectors: l.Collectors}
 }
 
 func encodeLoss(l *trainmeterv1.DataLoss) json.RawMessage {
 	b, _ := json.Marshal(lossJSON{RunID: l.RunId, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
-		GPUSeconds: l.GpuSeconds, Reason: l.Reason, Seq: l.Seq})
+		GPUSeconds: l.GpuSeconds, Reason: l.Reason, Seq: l.Seq, Collectors: l.SpoolCollectors})
 	return b
 }
 
@@ -148,7 +153,7 @@ func (s *Spool) writeStateOnce() error {
 	if s.reserved <= s.nextSeq {
 		s.reserved = s.nextSeq + seqReserve
 	}
-	st := stateJSON{Version: 1, BootID: s.bootID, NextSeq: s.nextSeq, SeqReserved: s.reserved}
+	st := stateJSON{Version: 1, BootID: s.bootID, NextSeq: s.nextSeq, SeqReserved: s.reserved, Collectors: s.names}
 	for _, id := range sortedKeys(s.losses) {
 		st.Losses = append(st.Losses, encodeLoss(s.losses[id]))
 	}

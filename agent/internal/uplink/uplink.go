@@ -3,6 +3,11 @@
 // until the collector acks it; unacked batches are re-sent after a reconnect
 // and after an agent restart. Delivery is at-least-once; the collector
 // deduplicates by (node, boot, seq), the boot id being the spool's.
+//
+// With a collector pair (Group) there is one Uplink per collector, each on
+// its own cursor of the one spool: every batch goes to each collector, each
+// acks on its own, and a collector that is down holds up neither the other
+// nor the agent.
 package uplink
 
 import (
@@ -36,6 +41,9 @@ type Config struct {
 	// is held and drops (and reports) the oldest when full. The uplink does
 	// not close it.
 	Spool *spool.Spool
+	// Cursor is which of the spool's cursors (collectors) this uplink
+	// serves; 0 with a single collector.
+	Cursor int
 	// MinBackoff and MaxBackoff bound the jittered exponential reconnect delay.
 	MinBackoff, MaxBackoff time.Duration
 	// OnAdvisory receives advisories the collector sends down.
@@ -67,6 +75,7 @@ type Stats struct {
 type Uplink struct {
 	cfg  Config
 	conn *grpc.ClientConn
+	cur  *spool.Cursor
 
 	mu      sync.Mutex
 	stats   Stats
@@ -93,6 +102,9 @@ func New(cfg Config) (*Uplink, error) {
 	if cfg.Spool == nil {
 		return nil, errors.New("uplink: no spool")
 	}
+	if cfg.Cursor < 0 || cfg.Cursor >= cfg.Spool.Cursors() {
+		return nil, fmt.Errorf("uplink: cursor %d, but the spool has %d", cfg.Cursor, cfg.Spool.Cursors())
+	}
 	if cfg.MinBackoff <= 0 {
 		cfg.MinBackoff = 250 * time.Millisecond
 	}
@@ -118,7 +130,7 @@ func New(cfg Config) (*Uplink, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Uplink{cfg: cfg, conn: conn, notify: make(chan struct{}, 1), drained: make(chan struct{}),
+	return &Uplink{cfg: cfg, conn: conn, cur: cfg.Spool.Cursor(cfg.Cursor), notify: make(chan struct{}, 1), drained: make(chan struct{}),
 		retryNow: make(chan struct{}, 1)}, nil
 }
 
@@ -131,6 +143,11 @@ func (u *Uplink) Enqueue(b *trainmeterv1.Batch) {
 	if err := u.cfg.Spool.Append(b); err != nil {
 		u.cfg.Logger.Error("uplink: batch not spooled", "err", err)
 	}
+	u.enqueued()
+}
+
+// enqueued counts a batch put in the spool and wakes the sender.
+func (u *Uplink) enqueued() {
 	u.mu.Lock()
 	u.stats.Enqueued++
 	u.mu.Unlock()
@@ -144,20 +161,34 @@ func (u *Uplink) notifySender() {
 	}
 }
 
-// Stats returns a snapshot of the self-metrics.
+// Connected reports whether a stream to the collector is open now.
+func (u *Uplink) Connected() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.stats.Connected
+}
+
+// Address is the collector this uplink streams to.
+func (u *Uplink) Address() string { return u.cfg.Address }
+
+// Stats returns a snapshot of the self-metrics: Pending, Acked and Rejected
+// are this collector's; SpoolBytes, Dropped and DroppedBytes the spool's.
 func (u *Uplink) Stats() Stats {
 	sp := u.cfg.Spool.Stats()
+	cs := u.cur.Stats()
+	pending := u.cur.Len()
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	s := u.stats
-	s.Pending = sp.Unacked
+	s.Pending = pending
 	s.SpoolBytes = sp.Bytes
-	s.Acked, s.Rejected = sp.Acked, sp.Rejected
+	s.Acked, s.Rejected = cs.Acked, cs.Rejected
 	s.Dropped, s.DroppedBytes = sp.Dropped, sp.DroppedBytes
 	return s
 }
 
-// Flush waits until every spooled batch is acked (or dropped), or ctx ends.
+// Flush waits until this collector has acked every spooled batch (or it
+// was dropped), or ctx ends.
 // What is not acked stays in the spool for the next start.
 func (u *Uplink) Flush(ctx context.Context) error {
 	// A loss report waiting for a next batch gets one now.
@@ -176,7 +207,7 @@ func (u *Uplink) Flush(ctx context.Context) error {
 		u.mu.Lock()
 		ch := u.drained
 		u.mu.Unlock()
-		if u.cfg.Spool.Len() == 0 {
+		if u.cur.Len() == 0 {
 			return nil
 		}
 		select {
@@ -311,7 +342,7 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 				}
 				// Marked before the send: once it may be on the wire, a drop
 				// of it is reported as in doubt.
-				u.cfg.Spool.MarkSent(b.Seq)
+				u.cur.MarkSent(b.Seq)
 				if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Batch{Batch: b}}); err != nil {
 					return false, streamErr(err, recvErr)
 				}
@@ -358,7 +389,7 @@ func streamErr(err error, recvErr <-chan error) error {
 }
 
 func (u *Uplink) unsent(after uint64) []*trainmeterv1.Batch {
-	bs, err := u.cfg.Spool.ReadAfter(after, sendChunk)
+	bs, err := u.cur.ReadAfter(after, sendChunk)
 	if err != nil {
 		u.cfg.Logger.Error("uplink: reading the spool", "err", err)
 	}
@@ -368,11 +399,11 @@ func (u *Uplink) unsent(after uint64) []*trainmeterv1.Batch {
 // remove takes an acked (reason == "") or rejected batch out of the spool.
 func (u *Uplink) remove(seq uint64, rejectReason string) {
 	if rejectReason != "" {
-		u.cfg.Spool.Reject(seq, rejectReason)
+		u.cur.Reject(seq, rejectReason)
 	} else {
-		u.cfg.Spool.Ack(seq)
+		u.cur.Ack(seq)
 	}
-	if u.cfg.Spool.Len() == 0 {
+	if u.cur.Len() == 0 {
 		u.mu.Lock()
 		close(u.drained)
 		u.drained = make(chan struct{})

@@ -8,18 +8,20 @@ import (
 )
 
 // The collector runs on machines without GPUs or drivers, often as a static
-// binary: it must not link NVML, nor need cgo.
+// binary: it must not link NVML or AMD SMI (nor the AMD sysfs backend), nor
+// need cgo.
 func TestCollectorDoesNotImportNVMLOrNeedCgo(t *testing.T) {
 	deps := goList(t, "github.com/trainmeter/trainmeter/collector/cmd/trainmeter")
 	for _, d := range deps {
-		if strings.Contains(d, "go-nvml") || strings.HasSuffix(d, "/pkg/gpu/nvmlgpu") || strings.HasSuffix(d, "/agent/internal/gpuopen") {
+		if strings.Contains(d, "go-nvml") || strings.HasSuffix(d, "/pkg/gpu/nvmlgpu") || strings.HasSuffix(d, "/agent/internal/gpuopen") ||
+			strings.Contains(d, "/pkg/gpu/amdgpu") {
 			t.Errorf("collector imports %s", d)
 		}
 	}
 	// Positive control: the same check sees NVML in the agent.
 	agent := strings.Join(goList(t, "github.com/trainmeter/trainmeter/agent/cmd/trainmeter-agent"), "\n")
-	if !strings.Contains(agent, "github.com/NVIDIA/go-nvml/pkg/nvml") {
-		t.Error("dependency listing did not find go-nvml in the agent; the check above proves nothing")
+	if !strings.Contains(agent, "github.com/NVIDIA/go-nvml/pkg/nvml") || !strings.Contains(agent, "/pkg/gpu/amdgpu/amdsmi") {
+		t.Error("dependency listing did not find go-nvml and amdsmi in the agent; the check above proves nothing")
 	}
 
 	cmd := exec.Command("go", "build", "-o", os.DevNull, "github.com/trainmeter/trainmeter/collector/cmd/trainmeter")

@@ -112,6 +112,13 @@ type EnergyBands interface {
 	Split(start, end time.Time, joules float64, add func(band string, joules float64))
 }
 
+// CarbonBooker books a window's energy to the carbon intensity in force
+// on node's grid over [start, end) (cost.Config does): add is called with
+// each part's key (cost.CarbonKey) and joules.
+type CarbonBooker interface {
+	BookCarbon(node string, start, end time.Time, joules float64, add func(key string, joules float64))
+}
+
 // Metadata mirrors trainmeterv1.RunMetadata.
 type Metadata struct {
 	Model        string `json:"model,omitempty"`
@@ -217,6 +224,10 @@ type State struct {
 	// EnergyByBand is EnergyTotal booked to the tariff band in force when it
 	// was consumed (only while a time-of-use tariff is configured).
 	EnergyByBand map[string]float64 `json:"energy_by_band,omitempty"`
+	// CarbonByBand is EnergyTotal booked to the carbon intensity in force
+	// where and when it was consumed (cost.CarbonKey keys; only while a
+	// carbon source is configured).
+	CarbonByBand map[string]float64 `json:"carbon_by_band,omitempty"`
 
 	Tokens          uint64  `json:"tokens,omitempty"`
 	TokensMeasured  uint64  `json:"tokens_measured,omitempty"`
@@ -274,6 +285,15 @@ type State struct {
 	PauseStarts []int64 `json:"pause_starts,omitempty"`
 	PauseEnds   []int64 `json:"pause_ends,omitempty"`
 
+	// Host energy (RAPL): the run's shares of its nodes' CPU package and
+	// DRAM energy (AddHostEnergy), whether any came, and the split rules
+	// seen.
+	HostCPUEnergyJ  float64  `json:"host_cpu_energy_j,omitempty"`
+	HostDRAMEnergyJ float64  `json:"host_dram_energy_j,omitempty"`
+	HasHostCPU      bool     `json:"has_host_cpu,omitempty"`
+	HasHostDRAM     bool     `json:"has_host_dram,omitempty"`
+	HostSplits      []string `json:"host_splits,omitempty"`
+
 	// Bookkeeping for the store (codec.go), not part of the figures:
 	// whether the node states are stored apart, and which changed since
 	// they were last taken for writing.
@@ -297,6 +317,23 @@ func (s *State) AddLoss(node string, l *trainmeterv1.DataLoss) {
 			continue
 		}
 		s.LostReasons = append(s.LostReasons, r)
+	}
+}
+
+// AddHostEnergy folds the run's share of one of node's host energy
+// intervals (Batch.host_energy): cpu_energy_J and dram_energy_J are the sums
+// of these shares over the run's nodes.
+func (s *State) AddHostEnergy(node string, h *trainmeterv1.HostEnergy, share *trainmeterv1.HostEnergyShare) {
+	s.node(node)
+	s.HostCPUEnergyJ += share.GetCpuEnergyJ()
+	s.HasHostCPU = true
+	if h.GetDramOk() {
+		s.HostDRAMEnergyJ += share.GetDramEnergyJ()
+		s.HasHostDRAM = true
+	}
+	if m := share.GetSplit(); m != "" && !slices.Contains(s.HostSplits, m) {
+		s.HostSplits = append(s.HostSplits, m)
+		slices.Sort(s.HostSplits)
 	}
 }
 
@@ -484,6 +521,13 @@ func (s *State) AddWindow(node string, w *trainmeterv1.RunWindow) { s.AddWindowB
 // AddWindowBanded folds a RunWindow from node and, when bands is not nil,
 // books its energy to the tariff bands in force over the window.
 func (s *State) AddWindowBanded(node string, w *trainmeterv1.RunWindow, bands EnergyBands) {
+	s.AddWindowBooked(node, w, bands, nil)
+}
+
+// AddWindowBooked folds a RunWindow from node and books its energy to the
+// tariff bands (bands) and carbon intensities (carbon) in force over the
+// window, each when not nil.
+func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands EnergyBands, carbon CarbonBooker) {
 	n := s.node(node)
 	start, end := nanos(w.GetStart()), nanos(w.GetEnd())
 	if !s.HasWindow || start < s.WindowStart {
@@ -508,6 +552,16 @@ func (s *State) AddWindowBanded(node string, w *trainmeterv1.RunWindow, bands En
 			to = from // booked whole at its start's band; ingest never lets one through
 		}
 		bands.Split(from, to, energy, func(b string, j float64) { s.EnergyByBand[b] += j })
+	}
+	if carbon != nil && energy > 0 {
+		if s.CarbonByBand == nil {
+			s.CarbonByBand = map[string]float64{}
+		}
+		from, to := time.Unix(0, start), time.Unix(0, end)
+		if to.Sub(from) > MaxBandedWindow {
+			to = from
+		}
+		carbon.BookCarbon(node, from, to, energy, func(k string, j float64) { s.CarbonByBand[k] += j })
 	}
 	n.GPUSeconds += w.GetGpuSeconds()
 	s.GapS += w.GetGapS()
@@ -786,9 +840,13 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 		}
 	}
 	r.Pue = p.EffectivePUE()
-	if co2, ok := p.CO2Kg(r.EnergyKwh); ok {
+	if co2, bands, ok := p.CO2(s.CarbonByBand, s.EnergyTotal); ok {
 		r.HasCo2 = true
 		r.Co2Kg = co2
+		for _, b := range bands {
+			r.Co2Bands = append(r.Co2Bands, &trainmeterv1.CarbonBand{Zone: b.Zone, Source: b.Source, Kwh: b.KWh, Gco2PerKwh: b.GPerKWh, Co2Kg: b.Kg})
+		}
+		r.Co2Gco2PerKwh, r.Co2Source, r.CarbonZone = cost.CO2Summary(bands)
 	}
 	s.derived(r, measuredS)
 
@@ -810,7 +868,24 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.MaxSharingRuns = s.MaxSharingRuns
 	r.User, r.Uid, r.HasUid = s.User, s.UID, s.HasUID
 	r.LostReasons = s.LossReasons()
+	s.hostEnergy(r)
 	return r
+}
+
+// hostEnergy sets the run's CPU, DRAM and node energy: node energy is the
+// GPUs' whole-run energy plus CPU plus DRAM, known only where the CPU's is.
+func (s *State) hostEnergy(r *trainmeterv1.RunReport) {
+	if !s.HasHostCPU {
+		return
+	}
+	r.CpuEnergyJ = ptr(s.HostCPUEnergyJ)
+	node := r.EnergyTotalJ + s.HostCPUEnergyJ
+	if s.HasHostDRAM {
+		r.DramEnergyJ = ptr(s.HostDRAMEnergyJ)
+		node += s.HostDRAMEnergyJ
+	}
+	r.NodeEnergyJ = ptr(node)
+	r.HostEnergySplit = ShareMethod(s.HostSplits)
 }
 
 // priceCompute sets cost_usd (GPU-hours × price) and where the price came

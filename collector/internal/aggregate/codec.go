@@ -170,6 +170,7 @@ func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 		EnergyEstimated:  s.EnergyEstimated,
 		GapS:             s.GapS,
 		EnergyByBand:     s.EnergyByBand,
+		CarbonByBand:     s.CarbonByBand,
 		Tokens:           s.Tokens,
 		TokensMeasured:   s.TokensMeasured,
 		Steps:            s.Steps,
@@ -206,6 +207,12 @@ func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 		User:             s.User,
 		Uid:              s.UID,
 		HasUid:           s.HasUID,
+
+		HostCpuEnergyJ:  s.HostCPUEnergyJ,
+		HostDramEnergyJ: s.HostDRAMEnergyJ,
+		HasHostCpu:      s.HasHostCPU,
+		HasHostDram:     s.HasHostDRAM,
+		HostSplits:      s.HostSplits,
 	}
 	if withNodes && len(s.Nodes) > 0 {
 		a.Nodes = make(map[string]*storev1.Node, len(s.Nodes))
@@ -273,6 +280,7 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 		EnergyEstimated:  a.GetEnergyEstimated(),
 		GapS:             a.GetGapS(),
 		EnergyByBand:     a.GetEnergyByBand(),
+		CarbonByBand:     a.GetCarbonByBand(),
 		Tokens:           a.GetTokens(),
 		TokensMeasured:   a.GetTokensMeasured(),
 		Steps:            a.GetSteps(),
@@ -309,6 +317,12 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 		User:             a.GetUser(),
 		UID:              a.GetUid(),
 		HasUID:           a.GetHasUid(),
+
+		HostCPUEnergyJ:  a.GetHostCpuEnergyJ(),
+		HostDRAMEnergyJ: a.GetHostDramEnergyJ(),
+		HasHostCPU:      a.GetHasHostCpu(),
+		HasHostDRAM:     a.GetHasHostDram(),
+		HostSplits:      a.GetHostSplits(),
 	}
 	s.nodesApart = a.GetNodesApart()
 	if len(a.GetNodes()) > 0 {

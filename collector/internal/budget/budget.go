@@ -320,14 +320,18 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	return lifecycle.Wait(ctx, m.done, "budget evaluation")
 }
 
-// Set creates or replaces the budget of (scope, period).
+// Set creates or replaces the budget of (scope, period). b.ID, when set,
+// is kept (a pair's collectors get the same id from the CLI); else a random
+// one is picked.
 func (m *Manager) Set(b Budget) (Budget, error) {
 	if err := b.Normalize(); err != nil {
 		return Budget{}, err
 	}
-	var id [8]byte
-	_, _ = rand.Read(id[:])
-	b.ID = hex.EncodeToString(id[:])
+	if b.ID == "" {
+		b.ID = NewBudgetID()
+	} else if !validBudgetID(b.ID) {
+		return Budget{}, fmt.Errorf("budget id %q: want 16 lowercase hex digits", b.ID)
+	}
 	b.Created = m.cfg.Clock.Now().UTC()
 	v, err := json.Marshal(b)
 	if err != nil {
@@ -695,4 +699,23 @@ func (m *Manager) Statuses() ([]Status, error) {
 // Proto converts a budget for the API.
 func (b Budget) Proto() *trainmeterv1.Budget {
 	return &trainmeterv1.Budget{Id: b.ID, Scope: b.Scope, Period: b.Period, LimitUsd: b.LimitUSD, Policy: b.Policy, Created: timestamppb.New(b.Created)}
+}
+
+// NewBudgetID is a random budget id: 16 lowercase hex digits.
+func NewBudgetID() string {
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return hex.EncodeToString(id[:])
+}
+
+func validBudgetID(id string) bool {
+	if len(id) != 16 {
+		return false
+	}
+	for _, c := range id {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }

@@ -24,7 +24,7 @@ func NewService(m *Manager) *Service { return &Service{m: m} }
 
 // SetBudget implements BudgetService.
 func (s *Service) SetBudget(_ context.Context, req *trainmeterv1.SetBudgetRequest) (*trainmeterv1.SetBudgetResponse, error) {
-	b, err := s.m.Set(Budget{Scope: req.GetScope(), Period: req.GetPeriod(), LimitUSD: req.GetLimitUsd(), Policy: req.GetPolicy()})
+	b, err := s.m.Set(Budget{ID: req.GetBudgetId(), Scope: req.GetScope(), Period: req.GetPeriod(), LimitUSD: req.GetLimitUsd(), Policy: req.GetPolicy()})
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}

@@ -13,23 +13,32 @@ import (
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/collector/internal/budget"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/money"
+	"github.com/trainmeter/trainmeter/pkg/prices"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // EnvVastAIKey names the environment variable with the vast.ai API key,
-// used when --vastai-key-file is not given.
-const EnvVastAIKey = "TRAINMETER_VASTAI_KEY"
+// used when --vastai-key-file is not given; EnvLambdaKey and EnvRunPodKey
+// the same for Lambda and RunPod.
+const (
+	EnvVastAIKey = "TRAINMETER_VASTAI_KEY"
+	EnvLambdaKey = "TRAINMETER_LAMBDA_KEY"
+	EnvRunPodKey = "TRAINMETER_RUNPOD_KEY"
+)
 
 // budgetServeFlags are `serve`'s budget, webhook and price flags.
 type budgetServeFlags struct {
 	cfg     *server.Config
 	keyFile string
-	retries int
+	// lambdaKeyFile and runpodKeyFile: the other providers' key files.
+	lambdaKeyFile, runpodKeyFile string
+	retries                      int
 }
 
 func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.Config) *budgetServeFlags {
@@ -38,9 +47,15 @@ func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.Config) *budgetServeFlags
 	f.IntVar(&b.retries, "webhook-retries", 7, "retries of a failed alert delivery per webhook (network errors, 5xx and 429; with backoff)")
 	f.DurationVar(&cfg.Budget.EvalInterval, "budget-eval-interval", time.Second, "how often budgets are evaluated after runs changed")
 	f.StringVar(&cfg.Budget.Timezone, "budget-timezone", "UTC", "time zone of the calendar months of monthly budgets (IANA name)")
-	f.StringVar(&cfg.Prices.Provider, "price-provider", "", "GPU price source: vastai or file (empty: none)")
+	f.StringVar(&cfg.Prices.Provider, "price-provider", "", "GPU price sources, comma-separated: vastai, lambda, runpod, azure, file (empty: none)")
 	f.StringVar(&cfg.Prices.VastAIURL, "vastai-url", "", "vast.ai API base URL (default https://console.vast.ai)")
 	f.StringVar(&b.keyFile, "vastai-key-file", "", "file with the vast.ai API key (default $"+EnvVastAIKey+"; optional)")
+	f.StringVar(&cfg.Prices.LambdaURL, "lambda-url", "", "Lambda cloud API base URL (default "+prices.DefaultLambdaURL+")")
+	f.StringVar(&b.lambdaKeyFile, "lambda-key-file", "", "file with the Lambda API key (default $"+EnvLambdaKey+"; needed by --price-provider lambda)")
+	f.StringVar(&cfg.Prices.RunPodURL, "runpod-url", "", "RunPod GraphQL endpoint (default "+prices.DefaultRunPodURL+")")
+	f.StringVar(&b.runpodKeyFile, "runpod-key-file", "", "file with the RunPod API key (default $"+EnvRunPodKey+"; needed by --price-provider runpod)")
+	f.StringVar(&cfg.Prices.AzureURL, "azure-url", "", "Azure retail prices API base URL (default "+prices.DefaultAzureURL+"; no key)")
+	f.StringSliceVar(&cfg.Prices.AzureRegions, "azure-regions", nil, "Azure regions (armRegionName, comma-separated: eastus,westeurope) to price; default every region")
 	f.StringVar(&cfg.Prices.File, "price-file", "", "CSV or JSON price list for --price-provider file")
 	f.DurationVar(&cfg.Prices.FetchInterval, "price-fetch-interval", time.Hour, "how often prices are fetched, the first time at start (0: only by `trainmeter prices fetch`)")
 	return b
@@ -53,14 +68,23 @@ func (b *budgetServeFlags) load(getenv func(string) string) error {
 		return fmt.Errorf("--webhook-retries must be >= 0, got %d", b.retries)
 	}
 	b.cfg.Alerts.Webhook.MaxAttempts = b.retries + 1
-	if b.keyFile != "" {
-		k, err := tlsfiles.ReadSecretFile(b.keyFile)
-		if err != nil {
-			return fmt.Errorf("--vastai-key-file: %w", err)
+	for _, k := range []struct {
+		file, flag, env string
+		key             *string
+	}{
+		{b.keyFile, "--vastai-key-file", EnvVastAIKey, &b.cfg.Prices.VastAIKey},
+		{b.lambdaKeyFile, "--lambda-key-file", EnvLambdaKey, &b.cfg.Prices.LambdaKey},
+		{b.runpodKeyFile, "--runpod-key-file", EnvRunPodKey, &b.cfg.Prices.RunPodKey},
+	} {
+		if k.file != "" {
+			v, err := tlsfiles.ReadSecretFile(k.file)
+			if err != nil {
+				return fmt.Errorf("%s: %w", k.flag, err)
+			}
+			*k.key = v
+		} else if getenv != nil {
+			*k.key = strings.TrimSpace(getenv(k.env))
 		}
-		b.cfg.Prices.VastAIKey = k
-	} else if getenv != nil {
-		b.cfg.Prices.VastAIKey = strings.TrimSpace(getenv(EnvVastAIKey))
 	}
 	return nil
 }
@@ -119,8 +143,14 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 			if !(amount > 0) || math.IsInf(amount, 0) {
 				return negativeBudget(args[1])
 			}
-			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
-				resp, err := trainmeterv1.NewBudgetServiceClient(conn).SetBudget(ctx, &trainmeterv1.SetBudgetRequest{Scope: args[0], LimitUsd: amount, Period: period, Policy: policy})
+			// One id on every collector of a pair: their alerts for it
+			// then carry the same ids.
+			id := ""
+			if len(cf.collectorAddrs()) > 1 {
+				id = budget.NewBudgetID()
+			}
+			return cf.callEach(cmd, "budget set", func(ctx context.Context, conn *grpc.ClientConn) error {
+				resp, err := trainmeterv1.NewBudgetServiceClient(conn).SetBudget(ctx, &trainmeterv1.SetBudgetRequest{Scope: args[0], LimitUsd: amount, Period: period, Policy: policy, BudgetId: id})
 				if err != nil {
 					return err
 				}
@@ -158,7 +188,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 		Short: "Delete the budget of a scope",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+			return cf.callEach(cmd, "budget delete", func(ctx context.Context, conn *grpc.ClientConn) error {
 				_, err := trainmeterv1.NewBudgetServiceClient(conn).DeleteBudget(ctx, &trainmeterv1.DeleteBudgetRequest{Scope: args[0], Period: delPeriod})
 				if err == nil {
 					fmt.Fprintf(cmd.OutOrStdout(), "budget %s deleted\n", args[0])

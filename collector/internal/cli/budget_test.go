@@ -94,8 +94,18 @@ func TestBudgetCommands(t *testing.T) {
 		t.Fatalf("prices import: %q %v", out, err)
 	}
 	out, err = run(t, env, "prices", "--gpu", "rtx_4090")
-	if err != nil || !regexp.MustCompile(`RTX 4090 +0\.380 +0\.410 +2`).MatchString(out) || !strings.Contains(out, "recommended RTX 4090 offers") {
+	if err != nil || !regexp.MustCompile(`RTX 4090 +0\.380 +lambda +0\.410 +2 +- +0 `).MatchString(out) || !strings.Contains(out, "recommended RTX 4090 offers") {
 		t.Errorf("prices --gpu rtx_4090:\n%s %v", out, err)
+	}
+	// --provider narrows the catalog to one provider's offers: the list
+	// names lambda, runpod and coreweave.
+	out, err = run(t, env, "prices", "--provider", "runpod")
+	if err != nil || !regexp.MustCompile(`RTX 4090 +0\.440 +runpod +0\.440 +1 `).MatchString(out) || strings.Contains(out, "H100") ||
+		!regexp.MustCompile(`(?m)^runpod +1 +0 +\S+ +imported$`).MatchString(out) {
+		t.Errorf("prices --provider runpod:\n%s %v", out, err)
+	}
+	if _, err := run(t, env, "prices", "--provider", "vastai"); err == nil || !strings.Contains(err.Error(), "providers with offers: coreweave, lambda, runpod") {
+		t.Errorf("prices --provider vastai without its offers: %v", err)
 	}
 	bad := t.TempDir() + "/bad.csv"
 	if err := os.WriteFile(bad, []byte("gpu_name,dph_total\nA100,free\n"), 0o644); err != nil {
@@ -115,6 +125,10 @@ func TestServeBudgetFlags(t *testing.T) {
 		{"--price-fetch-interval", "-1h"},
 		{"--vastai-key-file", "/nonexistent/key"},
 		{"--webhook-retries", "-1"},
+		{"--price-provider", "vastai,lambda"}, // no Lambda key
+		{"--price-provider", "runpod"},        // no RunPod key
+		{"--price-provider", "lambda", "--lambda-key-file", "/nonexistent/key"},
+		{"--price-provider", "vastai,vastai"},
 	} {
 		if _, err := run(t, nil, append([]string{"serve", "--data", t.TempDir()}, args...)...); err == nil {
 			t.Errorf("serve %v accepted", args)

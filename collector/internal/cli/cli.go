@@ -80,7 +80,10 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 		newRecommendCommand(cf), newBudgetCommand(cf), newAlertsCommand(cf), newForecastCommand(cf), newPricesCommand(cf),
 		newEstimateCommand(cf), newCompareCommand(cf)} {
 		// Persistent, so that `export csv` inherits them.
-		c.PersistentFlags().StringVar(&cf.addr, "collector", defaultAddr, "collector address HOST:PORT (default from $"+EnvCollector+")")
+		c.PersistentFlags().StringSliceVar(&cf.addrs, "collector", strings.Split(defaultAddr, ","),
+			"collector address HOST:PORT; several (repeat, or A,B: a pair) are tried in order and the first that answers is used (default from $"+EnvCollector+")")
+		c.PersistentFlags().DurationVar(&cf.connectTimeout, "connect-timeout", defaultConnectTimeout, "with several --collector addresses: how long to wait for one to answer before trying the next")
+		c.PersistentFlags().BoolVarP(&cf.verbose, "verbose", "v", false, "say on stderr which collector answered")
 		c.PersistentFlags().DurationVar(&cf.timeout, "timeout", 10*time.Second, "deadline for the request")
 		cf.security.addFlags(c.PersistentFlags())
 		root.AddCommand(c)
@@ -102,6 +105,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	var shutdownTimeout time.Duration
 	var budgetFlags *budgetServeFlags
 	var costFlags costServeFlags
+	var carbonFlags carbonServeFlags
 	var otelFlags *otelexport.Flags
 	c := &cobra.Command{
 		Use:   "serve",
@@ -117,6 +121,9 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 				return err
 			}
 			if err := costFlags.apply(&cfg); err != nil {
+				return err
+			}
+			if err := carbonFlags.apply(&cfg, getenv); err != nil {
 				return err
 			}
 			if err := otelFlags.Apply(); err != nil {
@@ -142,8 +149,9 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	f.StringVar(&cfg.DataDir, "data", "./trainmeter-data", "data directory (BadgerDB)")
 	f.Float64Var(&cfg.GPUPricePerHour, "gpu-price-per-hour", 0, "default $ per GPU-hour for runs that send none (0 = unknown)")
 	f.Float64Var(&cfg.EnergyPricePerKWh, "energy-price-kwh", 0, "energy price in $ per kWh (0 = unknown)")
-	f.Float64Var(&cfg.GridGCO2PerKWh, "grid-gco2-kwh", 0, "grid carbon intensity in gCO2 per kWh (0 = unknown)")
+	f.Float64Var(&cfg.GridGCO2PerKWh, "grid-gco2-kwh", 0, "grid carbon intensity in gCO2 per kWh (0 = unknown); with --carbon-file or --carbon-api, for the energy they do not cover")
 	costFlags.add(f, &cfg)
+	carbonFlags.add(f, &cfg)
 	f.DurationVar(&cfg.GCInterval, "gc-interval", 5*time.Minute, "value-log GC interval (0 disables)")
 	f.DurationVar(&cfg.RawRetention, "raw-retention", 0, "drop raw records (GPU/host windows, raw samples, run windows/events) older than this, e.g. 720h; run aggregates are kept (0: keep all)")
 	f.StringVar(&cfg.StatusListen, "status-listen", "", "serve GET /healthz and GET /status on HOST:PORT (empty: off)")
@@ -162,10 +170,15 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 }
 
 type clientFlags struct {
-	addr     string
-	timeout  time.Duration
-	security clientSecurity
-	getenv   func(string) string
+	// addrs are the --collector addresses; addr is the one in use (the
+	// first that answered), named in errors.
+	addrs          []string
+	addr           string
+	connectTimeout time.Duration
+	verbose        bool
+	timeout        time.Duration
+	security       clientSecurity
+	getenv         func(string) string
 }
 
 // call dials the collector and runs fn with a query client under the timeout.
@@ -177,19 +190,15 @@ func (cf *clientFlags) call(cmd *cobra.Command, fn func(context.Context, trainme
 
 // callConn is call for commands that use more than the QueryService.
 func (cf *clientFlags) callConn(cmd *cobra.Command, fn func(context.Context, *grpc.ClientConn) error) error {
-	dialOpts, err := cf.security.dialOptions(cf.addr, cf.getenv)
-	if err != nil {
-		return err
-	}
-	conn, err := grpc.NewClient(cf.addr, dialOpts...)
-	if err != nil {
-		return fmt.Errorf("collector address %q: %w", cf.addr, err)
-	}
-	defer conn.Close()
 	ctx := cmd.Context()
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	conn, err := cf.dial(ctx, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
 	if cf.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cf.timeout)
@@ -573,6 +582,9 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 					gpus := fmt.Sprint(len(n.GetGpus()))
 					if len(names) > 0 && names[0] != "" {
 						gpus += " x " + names[0]
+					}
+					if v := nodeVendors(n.GetGpus()); v != "" {
+						gpus += " (" + v + ")"
 					}
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", n.GetNode(), st, gpus, seen, n.GetLastSeq(), n.GetBootId())
 				}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"text/tabwriter"
 
@@ -27,16 +28,55 @@ func trend(ts []*trainmeterv1.PriceTrend, window string) string {
 	return "-"
 }
 
+// rate writes a $/GPU-hour figure, "-" when there is none.
+func rate(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", v)
+}
+
+// writeProviderStatus writes how each provider's catalog stands.
+func writeProviderStatus(w io.Writer, ps []*trainmeterv1.PriceProviderStatus) error {
+	if len(ps) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROVIDER\tOFFERS\tSKIPPED\tFETCHED\tLATEST FETCH")
+	for _, p := range ps {
+		fetched, state := "never", "ok"
+		if p.GetFetched() != nil {
+			fetched = report.Time(p.GetFetched().AsTime())
+		}
+		if p.GetImported() {
+			state = "imported"
+		}
+		if p.GetError() != "" {
+			state = "failed"
+			if p.GetErrorTime() != nil {
+				state += " " + report.Time(p.GetErrorTime().AsTime())
+			}
+			state += ": " + p.GetError()
+			if p.GetOffers() > 0 {
+				state += " (offers of " + fetched + " kept)"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", p.GetProvider(), p.GetOffers(), p.GetSkipped(), fetched, state)
+	}
+	return tw.Flush()
+}
+
 func newPricesCommand(cf *clientFlags) *cobra.Command {
 	var asJSON bool
-	var gpu string
+	var gpu, provider string
 	c := &cobra.Command{
 		Use:   "prices",
-		Short: "GPU rental prices per model: cheapest and median $/GPU-hour, trends; --gpu MODEL adds recommended offers",
+		Short: "GPU rental prices per model over every provider: cheapest and median on-demand $/GPU-hour, spot, trends; --gpu MODEL adds recommended offers",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
-				resp, err := trainmeterv1.NewPriceServiceClient(conn).ListPrices(ctx, &trainmeterv1.ListPricesRequest{Gpu: gpu})
+				resp, err := trainmeterv1.NewPriceServiceClient(conn).ListPrices(ctx, &trainmeterv1.ListPricesRequest{Gpu: gpu, Provider: provider})
 				if err != nil {
 					return err
 				}
@@ -46,13 +86,19 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 				w := cmd.OutOrStdout()
 				if len(resp.GetGpus()) == 0 {
 					fmt.Fprintln(w, "no prices yet (trainmeter prices fetch)")
-					return nil
+					return writeProviderStatus(w, resp.GetProviders())
 				}
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "GPU\tCHEAPEST $/GPU-H\tMEDIAN $/GPU-H\tOFFERS\t24H\t7D\t30D\tFETCHED")
+				// On-demand and spot apart; trends are of the on-demand median.
+				fmt.Fprintln(tw, "GPU\tCHEAPEST ON-DEMAND $/GPU-H\tPROVIDER\tMEDIAN ON-DEMAND $/GPU-H\tON-DEMAND OFFERS\tCHEAPEST SPOT $/GPU-H\tSPOT OFFERS\t24H\t7D\t30D\tFETCHED")
 				for _, g := range resp.GetGpus() {
-					fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%d\t%s\t%s\t%s\t%s\n", g.GetGpuName(), g.GetCheapestUsdPerGpuHour(), g.GetMedianUsdPerGpuHour(),
-						g.GetOffers(), trend(g.GetTrends(), "24h"), trend(g.GetTrends(), "7d"), trend(g.GetTrends(), "30d"),
+					prov := g.GetCheapest().GetProvider()
+					if prov == "" {
+						prov = "-"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", g.GetGpuName(), rate(g.GetCheapestUsdPerGpuHour()), prov,
+						rate(g.GetMedianUsdPerGpuHour()), g.GetOffers(), rate(g.GetCheapestSpotUsdPerGpuHour()), g.GetSpotOffers(),
+						trend(g.GetTrends(), "24h"), trend(g.GetTrends(), "7d"), trend(g.GetTrends(), "30d"),
 						report.Time(g.GetFetched().AsTime()))
 				}
 				if err := tw.Flush(); err != nil {
@@ -64,24 +110,29 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 					}
 					fmt.Fprintf(w, "\nrecommended %s offers (score weighs price 0.4, reliability 0.3, perf per dollar 0.3):\n", g.GetGpuName())
 					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "SCORE\tOFFER\tPROVIDER\tGPUS\t$/H\t$/GPU-H\tRELIABILITY\tDLPERF/$\tLOCATION")
+					fmt.Fprintln(tw, "SCORE\tOFFER\tPROVIDER\tPRICING\tGPUS\t$/H\t$/GPU-H\tRELIABILITY\tDLPERF/$\tREGION")
 					for _, o := range g.GetRecommended() {
-						fmt.Fprintf(tw, "%.3f\t%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%s\n", o.GetScore(), o.GetId(), o.GetProvider(), o.GetNumGpus(),
+						pricing := "on-demand"
+						if o.GetSpot() {
+							pricing = "spot"
+						}
+						fmt.Fprintf(tw, "%.3f\t%s\t%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%s\n", o.GetScore(), o.GetId(), o.GetProvider(), pricing, o.GetNumGpus(),
 							o.GetUsdPerHour(), o.GetUsdPerGpuHour(), o.GetReliability(), o.GetDlperfPerUsd(), o.GetLocation())
 					}
 					if err := tw.Flush(); err != nil {
 						return err
 					}
 				}
-				return nil
+				return writeProviderStatus(w, resp.GetProviders())
 			})
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	c.Flags().StringVar(&gpu, "gpu", "", "one GPU model, as the provider or NVML names it (\"RTX 4090\", \"NVIDIA GeForce RTX 4090\"), with recommended offers")
+	c.Flags().StringVar(&provider, "provider", "", "only this provider's offers and trends (vastai, lambda, runpod, azure, file, or an imported list's provider)")
 	fetch := &cobra.Command{
 		Use:   "fetch",
-		Short: "Fetch prices from the collector's provider now",
+		Short: "Fetch prices from the collector's providers now (a provider that fails keeps its last good offers)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
@@ -92,8 +143,8 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 				if asJSON {
 					return writeProtoJSON(cmd.OutOrStdout(), resp)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "fetched %s of %s, %s\n", plural.N(resp.GetOffers(), "offer"), plural.N(resp.GetGpuModels(), "GPU model"), plural.N(resp.GetAlerts(), "price alert"))
-				return nil
+				fmt.Fprintf(cmd.OutOrStdout(), "fetched %s of %s (the whole catalog), %s\n", plural.N(resp.GetOffers(), "offer"), plural.N(resp.GetGpuModels(), "GPU model"), plural.N(resp.GetAlerts(), "price alert"))
+				return writeProviderStatus(cmd.OutOrStdout(), resp.GetProviders())
 			})
 		},
 	}
@@ -116,6 +167,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 				req.Offers = append(req.Offers, &trainmeterv1.PriceOffer{
 					Id: o.ID, Provider: o.Provider, GpuName: o.GPUName, NumGpus: uint32(o.NumGPUs), GpuRamGb: o.GPURAMGB,
 					UsdPerHour: o.USDPerHour, Reliability: o.Reliability, DlperfPerUsd: o.DLPerfPerUSD, Location: o.Location, InetDownMbps: o.InetDownMbps,
+					Spot: o.Spot,
 				})
 			}
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {

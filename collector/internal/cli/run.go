@@ -23,7 +23,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
-	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
 	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	"github.com/trainmeter/trainmeter/pkg/trainerwire"
@@ -52,6 +51,10 @@ func (e *ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Code
 // runOptions is what `trainmeter run` was asked to do.
 type runOptions struct {
 	socket, runID string
+	// collectors is how many --collector addresses were given: with more
+	// than one, the live status moves to another when its collector stops
+	// answering.
+	collectors int
 	// resume continues a run that has ended (run_start resume=true).
 	resume      bool
 	start       trainerwire.RunStart // run_start metadata the user gave
@@ -142,8 +145,8 @@ the command still runs, unmeasured.`,
 			}
 			// A malformed address is a typo to fix now, not a collector that
 			// is down (then the run is still measured, and reported later).
-			if err := collectoraddr.Check(cf.addr); err != nil {
-				return fmt.Errorf("%w (--collector or $%s)", err, EnvCollector)
+			if err := cf.checkAddrs(); err != nil {
+				return err
 			}
 			if o.statusEvery <= 0 {
 				return fmt.Errorf("--status-every %v: must be positive", o.statusEvery)
@@ -160,23 +163,28 @@ the command still runs, unmeasured.`,
 			o.stdin, o.stdout, o.stderr = cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr()
 			o.tty = isTerminal(o.stderr)
 			o.query = func() (trainmeterv1.QueryServiceClient, func(), error) {
-				opts, err := cf.security.dialOptions(cf.addr, cf.getenv)
-				if err != nil {
-					return nil, nil, err
-				}
-				conn, err := grpc.NewClient(cf.addr, opts...)
+				conn, err := cf.dial(context.Background(), o.stderr)
 				if err != nil {
 					return nil, nil, err
 				}
 				return trainmeterv1.NewQueryServiceClient(conn), func() { conn.Close() }, nil
 			}
+			o.collectors = len(cf.addrs)
 			o.plan = func(req *trainmeterv1.PlanRunRequest) (*trainmeterv1.PlanRunResponse, error) {
+				// Both of a pair keep the cap, so either stops the run.
 				var resp *trainmeterv1.PlanRunResponse
-				err := cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
-					var err error
-					resp, err = trainmeterv1.NewBudgetServiceClient(conn).PlanRun(ctx, req)
+				err := cf.callEach(cmd, "plan", func(ctx context.Context, conn *grpc.ClientConn) error {
+					r, err := trainmeterv1.NewBudgetServiceClient(conn).PlanRun(ctx, req)
+					if err == nil && resp == nil {
+						resp = r
+					}
 					return err
 				})
+				if pe := (*partialError)(nil); errors.As(err, &pe) {
+					fmt.Fprintf(o.stderr, "trainmeter: the run's plan (--max-cost, --tokens) is kept by %s only: %s did not take it (%v); it will not stop the run\n",
+						strings.Join(pe.done, ", "), strings.Join(pe.failed, ", "), pe.err)
+					return resp, nil
+				}
 				return resp, err
 			}
 			if err := refuseEndedRun(cmd.Context(), o); err != nil {

@@ -113,6 +113,14 @@ func (s *runStatus) get(timeout time.Duration) (*trainmeterv1.RunReport, error) 
 
 func (s *runStatus) poll() {
 	r, err := s.get(2 * time.Second)
+	if c := status.Code(err); s.o.collectors > 1 && (c == codes.Unavailable || c == codes.DeadlineExceeded) {
+		// One of a pair went down: ask the first that answers now.
+		if q, closeConn, derr := s.o.query(); derr == nil {
+			s.close()
+			s.q, s.close = q, closeConn
+			r, err = s.get(2 * time.Second)
+		}
+	}
 	if err != nil {
 		if status.Code(err) != codes.NotFound { // NotFound: no batch of the run arrived yet
 			s.warnOnce("cannot reach the collector for the live status (%v); the command keeps running", err)

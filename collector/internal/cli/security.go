@@ -86,7 +86,8 @@ agents send for it afterwards (its trainers are not stopped). On a terminal it a
 for confirmation (--yes skips the question).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
+			return cf.callEach(cmd, "delete-run", func(ctx context.Context, conn *grpc.ClientConn) error {
+				c := trainmeterv1.NewQueryServiceClient(conn)
 				if !yes && isTerminalReader(cmd.InOrStdin()) {
 					what := "run " + args[0]
 					if r, err := c.GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: args[0]}); err == nil {
@@ -98,6 +99,7 @@ for confirmation (--yes skips the question).`,
 					if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
 						return errors.New("not deleted")
 					}
+					yes = true // asked once, for every collector of a pair
 				}
 				resp, err := c.DeleteRun(ctx, &trainmeterv1.DeleteRunRequest{RunId: args[0], Force: force})
 				if err != nil {

@@ -141,12 +141,30 @@ func writeUsageTable(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintln(out, "\nnode totals (all GPUs of the node, over the period; idle = no run on the GPU)")
-	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tGPU-HOURS\tENERGY kWh\tIDLE GPU-HOURS\tIDLE ENERGY kWh")
+	// Host (CPU package + DRAM, RAPL) columns only where a node measured
+	// it, so GPU-only fleets read as before.
+	host := false
 	for _, n := range resp.GetNodes() {
-		fmt.Fprintf(tw, "%s\t%.4f\t%.6f\t%.4f\t%.6f\n", n.GetNode(), n.GetGpuSeconds()/3600, n.GetEnergyJ()/3.6e6,
+		host = host || n.GetHostEnergyJ() > 0
+	}
+	if host {
+		fmt.Fprintln(out, "\nnode totals (all GPUs of the node, over the period; idle = no run on the GPU; host = CPU packages + DRAM (RAPL), idle host = no run on the node)")
+	} else {
+		fmt.Fprintln(out, "\nnode totals (all GPUs of the node, over the period; idle = no run on the GPU)")
+	}
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	if host {
+		fmt.Fprintln(tw, "NODE\tGPU-HOURS\tENERGY kWh\tIDLE GPU-HOURS\tIDLE ENERGY kWh\tHOST (CPU+DRAM) kWh\tIDLE HOST kWh")
+	} else {
+		fmt.Fprintln(tw, "NODE\tGPU-HOURS\tENERGY kWh\tIDLE GPU-HOURS\tIDLE ENERGY kWh")
+	}
+	for _, n := range resp.GetNodes() {
+		fmt.Fprintf(tw, "%s\t%.4f\t%.6f\t%.4f\t%.6f", n.GetNode(), n.GetGpuSeconds()/3600, n.GetEnergyJ()/3.6e6,
 			n.GetIdleGpuSeconds()/3600, n.GetIdleEnergyJ()/3.6e6)
+		if host {
+			fmt.Fprintf(tw, "\t%.6f\t%.6f", n.GetHostEnergyJ()/3.6e6, n.GetIdleHostEnergyJ()/3.6e6)
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }

@@ -97,6 +97,15 @@ func FuzzAggregate(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	// Carbon by the hour: node-0 in a zone of the file, node-1 in none
+	// (its energy at the flat fallback).
+	carbon, err := cost.ParseCarbonFile([]byte(`{zones: {DE: {timezone: Europe/Berlin, default: 380, rules: [{days: [weekdays], from: "11:00", to: "16:00", gco2_kwh: 240}]}}}`))
+	if err != nil {
+		f.Fatal(err)
+	}
+	pricing := aggregate.Pricing{GPUPricePerHour: 2.5, Tariff: tariff, GridGCO2PerKWh: 400,
+		PriorityMultipliers: map[string]float64{"high": 1.5},
+		Carbon:              cost.CarbonChain{carbon}, CarbonFile: carbon, CarbonNodeZones: map[string]string{"node-0": "DE"}}
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var b trainmeterv1.Batch
 		if proto.Unmarshal(raw, &b) != nil || ValidateBatch(&b) != nil {
@@ -122,11 +131,9 @@ func FuzzAggregate(f *testing.F) {
 				}
 			}
 			for _, w := range b.GetRunWindows() {
-				state(w.GetRunId()).AddWindowBanded(node, w, tariff)
+				state(w.GetRunId()).AddWindowBooked(node, w, tariff, pricing)
 			}
 		}
-		pricing := aggregate.Pricing{GPUPricePerHour: 2.5, Tariff: tariff, GridGCO2PerKWh: 400,
-			PriorityMultipliers: map[string]float64{"high": 1.5}}
 		for id, s := range states {
 			before := s.Report(pricing)
 			checkReport(t, id, before)

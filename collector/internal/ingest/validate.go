@@ -180,6 +180,9 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 	if err := validateRawSamples(b); err != nil {
 		return err
 	}
+	if err := validateHostEnergy(b); err != nil {
+		return err
+	}
 	if h := b.GetHost(); h != nil {
 		if err := phys("host.memory_used_mib", h.GetMemoryUsedMib(), "host.memory_total_mib", h.GetMemoryTotalMib(),
 			"host.cpu_pct", h.GetCpuPct()); err != nil {

@@ -108,7 +108,8 @@ func (s *Service) Recommend(_ context.Context, req *trainmeterv1.RecommendReques
 		}
 		runs = append(runs, r)
 	}
-	recs := recommend.Recommend(runs, recommend.Options{Catalog: s.catalog, Targets: req.GetRunIds()})
+	recs := recommend.Recommend(runs, recommend.Options{Catalog: s.catalog, Targets: req.GetRunIds(),
+		Schedule: recommend.ScheduleInputs{Carbon: s.pricing.CarbonFile, Tariff: s.pricing.Tariff, PUE: s.pricing.EffectivePUE()}})
 	for _, r := range runs {
 		id := r.Report.GetRunId()
 		if len(req.GetRunIds()) > 0 && !contains(req.GetRunIds(), id) {

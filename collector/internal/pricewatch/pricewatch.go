@@ -1,7 +1,9 @@
-// Package pricewatch fetches GPU offers from a provider on a schedule,
-// keeps each GPU model's price history in the store, raises price alerts
-// (drops and surges against the trailing average), and answers price
-// queries: the PriceService and the cost model's PriceCatalog.
+// Package pricewatch fetches GPU offers from one or several providers on a
+// schedule, keeps each provider's last good catalog and each GPU model's
+// price history (over all providers, with a per-provider breakdown) in the
+// store, raises price alerts (drops and surges against the trailing
+// average), and answers price queries: the PriceService and the cost
+// model's PriceCatalog.
 package pricewatch
 
 import (
@@ -29,8 +31,10 @@ import (
 // and "%2F" (so that one model's prefix "MODEL/" is never the start of
 // another's: "a100/" is not "a100/80gb/"), and UNIXNANOS has 20 digits (so
 // keys sort by time) → prices.ModelPrice JSON with the time;
-// "price-offers" holds the latest fetch's offers under "latest", and
-// "price-state" each model's alert state (normal, drop, surge).
+// "price-offers" holds every provider's last good catalog under "catalogs"
+// (versions with one provider kept one under "latest", read once when
+// "catalogs" is absent), and "price-state" each model's alert state
+// (normal, drop, surge).
 const (
 	NSPrices     = "prices"
 	NSOffers     = "price-offers"
@@ -77,25 +81,73 @@ type point struct {
 	prices.ModelPrice
 }
 
-type snapshot struct {
+// legacySnapshot is the one-provider catalog of earlier versions.
+type legacySnapshot struct {
 	Provider string         `json:"provider"`
 	Time     time.Time      `json:"t"`
 	Offers   []prices.Offer `json:"offers"`
 }
 
+// catalog is one provider's last good answer and how its latest fetch
+// went.
+type catalog struct {
+	Provider string `json:"provider"`
+	// Time of the answer the offers come from.
+	Time   time.Time      `json:"t"`
+	Offers []prices.Offer `json:"offers"`
+	// Skipped entries of that answer (could not be priced).
+	Skipped int `json:"skipped,omitempty"`
+	// Imported: recorded by `trainmeter prices import`, not fetched; kept
+	// beside the fetched providers' catalogs until an import of the same
+	// provider (or a fetch of a configured provider of that name) replaces
+	// it.
+	Imported bool `json:"imported,omitempty"`
+	// LastError of the latest fetch, when it failed (the offers are then
+	// the last good answer's), and when.
+	LastError     string    `json:"last_error,omitempty"`
+	LastErrorTime time.Time `json:"last_error_t,omitzero"`
+}
+
+// snapshot is the merged catalog: every provider's.
+type snapshot struct {
+	// Time of the latest fetch or import recorded.
+	Time     time.Time `json:"t"`
+	Catalogs []catalog `json:"catalogs"`
+}
+
+// offers of every catalog.
+func (s snapshot) offers() []prices.Offer {
+	var out []prices.Offer
+	for _, c := range s.Catalogs {
+		out = append(out, c.Offers...)
+	}
+	return out
+}
+
+func (s snapshot) catalog(provider string) (catalog, bool) {
+	for _, c := range s.Catalogs {
+		if c.Provider == provider {
+			return c, true
+		}
+	}
+	return catalog{}, false
+}
+
 // Watcher fetches and keeps prices.
 type Watcher struct {
-	cfg      Config
-	provider prices.Provider
-	store    Store
-	rec      *alert.Recorder
-	log      *slog.Logger
+	cfg       Config
+	providers []prices.Provider
+	store     Store
+	rec       *alert.Recorder
+	log       *slog.Logger
 
 	fetchMu sync.Mutex // one fetch at a time
 
 	mu     sync.Mutex
 	latest snapshot
-	byKey  map[string]prices.ModelPrice
+	// all is latest's offers, byKey their prices by model.
+	all   []prices.Offer
+	byKey map[string]prices.ModelPrice
 	// match finds a GPU name's model among byKey's keys; resolved
 	// remembers its answers ("": no match) until the next fetch.
 	match    *prices.Matcher
@@ -105,9 +157,10 @@ type Watcher struct {
 	done chan struct{}
 }
 
-// New returns a watcher; provider may be nil (no fetching, history and
-// queries only); rec may be nil (no alerts).
-func New(cfg Config, provider prices.Provider, st Store, rec *alert.Recorder, log *slog.Logger) *Watcher {
+// New returns a watcher over the providers (fetched together, each
+// keeping its last good catalog); none: no fetching, history, imports and
+// queries only. rec may be nil (no alerts).
+func New(cfg Config, providers []prices.Provider, st Store, rec *alert.Recorder, log *slog.Logger) *Watcher {
 	if cfg.Rule == (prices.AlertRule{}) {
 		cfg.Rule = prices.DefaultAlertRule
 	}
@@ -117,25 +170,31 @@ func New(cfg Config, provider prices.Provider, st Store, rec *alert.Recorder, lo
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w := &Watcher{cfg: cfg, provider: provider, store: st, rec: rec, log: log, byKey: map[string]prices.ModelPrice{}}
-	if b, err := st.GetRecord(NSOffers, "latest"); err == nil {
+	w := &Watcher{cfg: cfg, providers: providers, store: st, rec: rec, log: log, byKey: map[string]prices.ModelPrice{}}
+	if b, err := st.GetRecord(NSOffers, "catalogs"); err == nil {
 		var s snapshot
 		if json.Unmarshal(b, &s) == nil {
 			w.setLatest(s)
+		}
+	} else if b, err := st.GetRecord(NSOffers, "latest"); err == nil {
+		var l legacySnapshot
+		if json.Unmarshal(b, &l) == nil {
+			w.setLatest(snapshot{Time: l.Time, Catalogs: []catalog{{Provider: l.Provider, Time: l.Time, Offers: l.Offers}}})
 		}
 	}
 	return w
 }
 
 func (w *Watcher) setLatest(s snapshot) {
-	by := prices.ByModel(s.Offers)
+	all := s.offers()
+	by := prices.ByModel(all)
 	keys := make([]string, 0, len(by))
 	for k := range by {
 		keys = append(keys, k)
 	}
 	m := prices.NewMatcher(keys)
 	w.mu.Lock()
-	w.latest, w.byKey, w.match, w.resolved = s, by, m, map[string]string{}
+	w.latest, w.all, w.byKey, w.match, w.resolved = s, all, by, m, map[string]string{}
 	w.mu.Unlock()
 }
 
@@ -159,19 +218,20 @@ func (w *Watcher) modelKey(gpuName string) (string, bool) {
 	return k, k != ""
 }
 
-// Provider names the provider ("" if none).
+// Provider names the configured providers, comma-separated ("" if none).
 func (w *Watcher) Provider() string {
-	if w.provider == nil {
-		return ""
+	names := make([]string, len(w.providers))
+	for i, p := range w.providers {
+		names[i] = p.Name()
 	}
-	return w.provider.Name()
+	return strings.Join(names, ",")
 }
 
 // Start fetches on the schedule until Shutdown (nothing without a provider
 // or an interval): once at once (in the background, so that a slow
 // provider does not hold up the collector's start), then every interval.
 func (w *Watcher) Start(context.Context) error {
-	if w.provider == nil || w.cfg.Interval <= 0 {
+	if len(w.providers) == 0 || w.cfg.Interval <= 0 {
 		return nil
 	}
 	stop, done := make(chan struct{}), make(chan struct{})
@@ -190,8 +250,21 @@ func (w *Watcher) Start(context.Context) error {
 			}
 		}()
 		fetch := func() {
-			if _, err := w.Fetch(ctx); err != nil && ctx.Err() == nil {
-				w.log.Warn("scheduled price fetch failed", "provider", w.provider.Name(), "err", err)
+			res, err := w.Fetch(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				w.log.Warn("scheduled price fetch failed", "providers", w.Provider(), "err", err)
+				return
+			}
+			for _, p := range res.Providers {
+				if p.Err != "" {
+					w.log.Warn("scheduled price fetch failed; its last good offers are kept", "provider", p.Provider, "err", p.Err, "kept_offers", p.Offers)
+				}
+				if p.Skipped > 0 {
+					w.log.Warn("price fetch skipped offers that could not be priced", "provider", p.Provider, "skipped", p.Skipped)
+				}
 			}
 		}
 		fetch()
@@ -220,53 +293,250 @@ func (w *Watcher) Shutdown(ctx context.Context) error {
 
 // FetchResult says what a fetch did.
 type FetchResult struct {
+	// Offers and Models in the catalog after the fetch (every provider's,
+	// a failed provider's last good offers included); Alerts fired.
 	Offers, Models, Alerts int
+	// Providers: how each provider's fetch went.
+	Providers []ProviderResult
+}
+
+// ProviderResult is one provider's part of a fetch.
+type ProviderResult struct {
+	Provider string
+	// Offers of the provider in the catalog now: from this fetch, or its
+	// last good one when this one failed.
+	Offers int
+	// Skipped entries of the answer that could not be priced.
+	Skipped int
+	// Fetched is when the provider's offers were fetched (zero: never).
+	Fetched time.Time
+	// Err is why this fetch failed ("" if it did not).
+	Err string
 }
 
 // ErrNoProvider: the collector has no price provider configured.
-var ErrNoProvider = errors.New("no price provider configured: start the collector with `trainmeter serve --price-provider vastai` " +
-	"(API key in $TRAINMETER_VASTAI_KEY or --vastai-key-file) or `--price-provider file --price-file FILE`, " +
-	"or load a price list now with `trainmeter prices import FILE`")
+var ErrNoProvider = errors.New("no price provider configured: start the collector with `trainmeter serve --price-provider vastai,lambda,runpod,azure` " +
+	"(any of them; keys in $TRAINMETER_VASTAI_KEY, $TRAINMETER_LAMBDA_KEY, $TRAINMETER_RUNPOD_KEY or --vastai-key-file, --lambda-key-file, --runpod-key-file) " +
+	"or `--price-provider file --price-file FILE`, or load a price list now with `trainmeter prices import FILE`")
 
-// Fetch gets offers now, records each model's price point, and fires the
-// price alerts due.
+type fetched struct {
+	offers  []prices.Offer
+	skipped int
+	err     error
+}
+
+// Fetch gets offers from every provider now (together), records each
+// model's price point over all of them, and fires the price alerts due. A
+// provider whose fetch fails (down, rate-limited past its retries, an
+// answer that is not its API's, or no offer that can be priced) keeps its
+// last good catalog and its error is in the result; only when every
+// provider fails is the fetch an error, and nothing is recorded.
 func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
-	if w.provider == nil {
+	if len(w.providers) == 0 {
 		return FetchResult{}, ErrNoProvider
 	}
 	w.fetchMu.Lock()
 	defer w.fetchMu.Unlock()
-	offers, err := w.provider.Offers(ctx)
-	if err != nil {
-		return FetchResult{}, err
+	pctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		// A provider still retrying when the caller's deadline nears
+		// (`prices fetch --timeout`) fails alone: the answers that came
+		// are recorded in the time left.
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithTimeout(ctx, time.Until(dl)*9/10)
+		defer cancel()
 	}
-	if len(offers) == 0 {
-		// Keep the last prices rather than record an empty market.
-		return FetchResult{}, fmt.Errorf("%s returned no offers", w.provider.Name())
+	got := make([]fetched, len(w.providers))
+	var wg sync.WaitGroup
+	for i, p := range w.providers {
+		wg.Go(func() {
+			offers, skipped, err := prices.FetchOffers(pctx, p)
+			if err == nil && len(offers) == 0 {
+				err = fmt.Errorf("%s returned no offers that can be priced (%s skipped)", p.Name(), plural.N(skipped, "entry"))
+			}
+			for j := range offers {
+				if offers[j].Provider == "" {
+					offers[j].Provider = p.Name()
+				}
+			}
+			got[i] = fetched{offers, skipped, err}
+		})
 	}
+	wg.Wait()
 	now := w.cfg.Clock.Now().UTC()
-	return w.Record(ctx, now, offers)
+	w.mu.Lock()
+	prev := w.latest
+	w.mu.Unlock()
+	var next snapshot
+	configured := map[string]bool{}
+	var errs []error
+	for i, p := range w.providers {
+		configured[p.Name()] = true
+		g := got[i]
+		if g.err == nil {
+			next.Catalogs = append(next.Catalogs, catalog{Provider: p.Name(), Time: now, Offers: g.offers, Skipped: g.skipped})
+			continue
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", p.Name(), g.err))
+		c, _ := prev.catalog(p.Name()) // keep the last good answer
+		c.Provider, c.Imported, c.LastError, c.LastErrorTime = p.Name(), false, g.err.Error(), now
+		next.Catalogs = append(next.Catalogs, c)
+	}
+	if len(errs) == len(w.providers) {
+		// Nothing new: keep the catalog as it is, errors aside (the
+		// status shows them).
+		w.setErrors(now, next.Catalogs)
+		return FetchResult{Providers: w.results()}, errors.Join(errs...)
+	}
+	for _, c := range prev.Catalogs {
+		if c.Imported && !configured[c.Provider] {
+			next.Catalogs = append(next.Catalogs, c)
+		}
+	}
+	next.Time = now
+	return w.commit(ctx, next)
 }
 
-// Import records offers from elsewhere (a price list sent by the CLI) as a
-// fetch at the clock's now.
+// setErrors records the failed fetch's errors on the catalogs (offers
+// unchanged).
+func (w *Watcher) setErrors(now time.Time, failed []catalog) {
+	w.mu.Lock()
+	s := w.latest
+	w.mu.Unlock()
+	cats := append([]catalog(nil), s.Catalogs...)
+	for _, f := range failed {
+		found := false
+		for i := range cats {
+			if cats[i].Provider == f.Provider {
+				cats[i].LastError, cats[i].LastErrorTime, found = f.LastError, f.LastErrorTime, true
+			}
+		}
+		if !found {
+			cats = append(cats, f)
+		}
+	}
+	s.Catalogs = cats
+	if b, err := json.Marshal(s); err == nil {
+		_ = w.store.PutRecord(NSOffers, "catalogs", b)
+	}
+	w.setLatest(s)
+}
+
+// results is how each catalog stands.
+func (w *Watcher) results() []ProviderResult {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]ProviderResult, 0, len(w.latest.Catalogs))
+	for _, c := range w.latest.Catalogs {
+		out = append(out, ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError})
+	}
+	return out
+}
+
+// ProviderStatus is how one provider's catalog stands.
+type ProviderStatus struct {
+	ProviderResult
+	// Imported: the catalog came from `trainmeter prices import`.
+	Imported bool
+	// ErrTime is when Err happened.
+	ErrTime time.Time
+}
+
+// Status is how every provider's catalog stands, configured providers
+// first, in their order.
+func (w *Watcher) Status() []ProviderStatus {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []ProviderStatus
+	seen := map[string]bool{}
+	add := func(c catalog) {
+		seen[c.Provider] = true
+		r := ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError}
+		out = append(out, ProviderStatus{ProviderResult: r, Imported: c.Imported, ErrTime: c.LastErrorTime})
+	}
+	for _, p := range w.providers {
+		if c, ok := w.latest.catalog(p.Name()); ok {
+			add(c)
+		} else {
+			add(catalog{Provider: p.Name()})
+		}
+	}
+	for _, c := range w.latest.Catalogs {
+		if !seen[c.Provider] {
+			add(c)
+		}
+	}
+	return out
+}
+
+// Import records offers from elsewhere (a price list sent by the CLI) at
+// the clock's now: they replace the catalogs of the providers they name
+// (offers without a provider are "import"s) and stay beside the fetched
+// providers' until another import of the same provider (or, for a
+// configured provider, its next fetch).
 func (w *Watcher) Import(ctx context.Context, offers []prices.Offer) (FetchResult, error) {
 	w.fetchMu.Lock()
 	defer w.fetchMu.Unlock()
-	return w.Record(ctx, w.cfg.Clock.Now().UTC(), offers)
+	now := w.cfg.Clock.Now().UTC()
+	imported := groupByProvider(offers, now)
+	w.mu.Lock()
+	prev := w.latest
+	w.mu.Unlock()
+	next := snapshot{Time: now}
+	names := map[string]bool{}
+	for i := range imported {
+		imported[i].Imported = true
+		names[imported[i].Provider] = true
+	}
+	for _, c := range prev.Catalogs {
+		if !names[c.Provider] {
+			next.Catalogs = append(next.Catalogs, c)
+		}
+	}
+	next.Catalogs = append(next.Catalogs, imported...)
+	return w.commit(ctx, next)
 }
 
-// Record stores one fetch's offers taken at now (Fetch calls it; tests
-// call it to feed a series).
+// groupByProvider makes one catalog per provider of offers.
+func groupByProvider(offers []prices.Offer, now time.Time) []catalog {
+	var out []catalog
+	idx := map[string]int{}
+	for _, o := range offers {
+		if o.Provider == "" {
+			o.Provider = "import"
+		}
+		i, ok := idx[o.Provider]
+		if !ok {
+			i = len(out)
+			idx[o.Provider] = i
+			out = append(out, catalog{Provider: o.Provider, Time: now})
+		}
+		out[i].Offers = append(out[i].Offers, o)
+	}
+	return out
+}
+
+// Record stores offers taken at now as the whole catalog, one per
+// provider they name (tests call it to feed a series).
 func (w *Watcher) Record(ctx context.Context, now time.Time, offers []prices.Offer) (FetchResult, error) {
+	return w.commit(ctx, snapshot{Time: now, Catalogs: groupByProvider(offers, now)})
+}
+
+// commit stores the merged catalog s, records each model's price point
+// over all its offers and fires the alerts due.
+func (w *Watcher) commit(ctx context.Context, s snapshot) (FetchResult, error) {
+	now := s.Time
+	offers := s.offers()
 	by := prices.ByModel(offers)
 	res := FetchResult{Offers: len(offers), Models: len(by)}
-	snap := snapshot{Provider: w.Provider(), Time: now, Offers: offers}
-	b, err := json.Marshal(snap)
+	for _, c := range s.Catalogs {
+		res.Providers = append(res.Providers, ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError})
+	}
+	b, err := json.Marshal(s)
 	if err != nil {
 		return res, err
 	}
-	if err := w.store.PutRecord(NSOffers, "latest", b); err != nil {
+	if err := w.store.PutRecord(NSOffers, "catalogs", b); err != nil {
 		return res, err
 	}
 	keys := make([]string, 0, len(by))
@@ -282,17 +552,21 @@ func (w *Watcher) Record(ctx context.Context, now time.Time, offers []prices.Off
 			errs = append(errs, err)
 			continue
 		}
-		p := prices.Point{Time: now, USD: mp.Median}
-		prev := prices.StateNormal
-		if b, err := w.store.GetRecord(NSPriceState, k); err == nil {
-			prev = string(b)
-		}
-		c := w.cfg.Rule.Check(toPoints(hist), p, prev)
 		pb, _ := json.Marshal(point{Time: now, ModelPrice: mp})
 		if err := w.store.PutRecord(NSPrices, histKey(k, now), pb); err != nil {
 			errs = append(errs, err)
 			continue
 		}
+		w.prune(k, now.Add(-Retention))
+		if mp.Offers == 0 {
+			continue // spot offers only: no on-demand price to judge
+		}
+		p := prices.Point{Time: now, USD: mp.Median}
+		prev := prices.StateNormal
+		if b, err := w.store.GetRecord(NSPriceState, k); err == nil {
+			prev = string(b)
+		}
+		c := w.cfg.Rule.Check(toPoints(hist, ""), p, prev)
 		if c.State != prev {
 			_ = w.store.PutRecord(NSPriceState, k, []byte(c.State))
 		}
@@ -303,9 +577,8 @@ func (w *Watcher) Record(ctx context.Context, now time.Time, offers []prices.Off
 				res.Alerts++
 			}
 		}
-		w.prune(k, now.Add(-Retention))
 	}
-	w.setLatest(snap)
+	w.setLatest(s)
 	return res, errors.Join(errs...)
 }
 
@@ -314,11 +587,18 @@ func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c pr
 	if c.State == prices.StateSurge {
 		sev, what = alert.SeverityWarning, "surged"
 	}
+	onDemandProviders := 0
+	for _, pp := range mp.Providers {
+		if pp.Offers > 0 {
+			onDemandProviders++
+		}
+	}
 	a := alert.Alert{
 		Kind: alert.KindPrice, Severity: sev, Scope: mp.GPUName, Threshold: c.Change, Time: now,
 		GPUName: mp.GPUName, PriceUSDPerHour: mp.Median, ReferenceUSDPerHour: c.Reference, Change: c.Change,
-		Message: fmt.Sprintf("%s price %s %+.1f%%: median %s/GPU-h vs %s trailing %s average (cheapest %s, %s)",
-			mp.GPUName, what, 100*c.Change, money.Rate(mp.Median), money.Rate(c.Reference), windowLabel(w.cfg.Rule.Window), money.Rate(mp.Cheapest), plural.N(mp.Offers, "offer")),
+		Message: fmt.Sprintf("%s price %s %+.1f%%: median %s/GPU-h vs %s trailing %s average (on-demand, %s of %s; cheapest %s from %s)",
+			mp.GPUName, what, 100*c.Change, money.Rate(mp.Median), money.Rate(c.Reference), windowLabel(w.cfg.Rule.Window),
+			plural.N(mp.Offers, "offer"), plural.N(onDemandProviders, "provider"), money.Rate(mp.Cheapest), mp.CheapestOffer.Provider),
 	}
 	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", alert.KindPrice, k, now.UnixNano()), a)
 }
@@ -412,25 +692,51 @@ func (w *Watcher) prune(k string, before time.Time) {
 	}
 }
 
-func toPoints(h []point) []prices.Point {
-	out := make([]prices.Point, len(h))
-	for i, p := range h {
-		out[i] = prices.Point{Time: p.Time, USD: p.Median}
+// toPoints is the on-demand median series of all providers (provider
+// "") or of one; fetches without an on-demand offer there are no point.
+func toPoints(h []point, provider string) []prices.Point {
+	out := make([]prices.Point, 0, len(h))
+	for _, p := range h {
+		usd := p.Median
+		if provider != "" {
+			usd = p.Providers[provider].Median
+		}
+		if usd > 0 {
+			out = append(out, prices.Point{Time: p.Time, USD: usd})
+		}
 	}
 	return out
 }
 
-// CurrentPrice is the cheapest current per-GPU $/h for a GPU model, found
-// by prices.Matcher (NVML's "NVIDIA H100 80GB HBM3" is priced as vast.ai's
-// "H100 SXM"); the cost model's PriceCatalog.
+// CurrentPrice is the cheapest current on-demand per-GPU $/h for a GPU
+// model over every provider's catalog, found by prices.Matcher (NVML's
+// "NVIDIA H100 80GB HBM3" is priced as "H100 SXM"); the cost model's
+// PriceCatalog. Spot prices are not a run's price: a model offered only
+// as spot has none.
 func (w *Watcher) CurrentPrice(gpuName string) (float64, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	k, ok := w.modelKey(gpuName)
-	if !ok {
+	if !ok || w.byKey[k].Offers == 0 {
 		return 0, false
 	}
 	return w.byKey[k].Cheapest, true
+}
+
+// CurrentOffer says where CurrentPrice's offer is: its provider, and its
+// region when the provider names one (recommend.OfferCatalog).
+func (w *Watcher) CurrentOffer(gpuName string) (string, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k, ok := w.modelKey(gpuName)
+	if !ok || w.byKey[k].Offers == 0 {
+		return "", false
+	}
+	o := w.byKey[k].CheapestOffer
+	if o.Location != "" {
+		return o.Provider + ", " + o.Location, true
+	}
+	return o.Provider, true
 }
 
 // Windows are the trend windows shown.
@@ -448,16 +754,35 @@ type ModelView struct {
 }
 
 // View returns the latest prices of every model (gpu empty) or one model
-// (found by prices.Matcher, with recommendations), with trends over 24 h, 7 d and 30 d of the
-// median price.
-func (w *Watcher) View(gpu string, recommend int) ([]ModelView, error) {
+// (found by prices.Matcher, with recommendations), with trends over 24 h,
+// 7 d and 30 d of the on-demand median price; over every provider's
+// offers, or provider's only (provider non-empty).
+func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error) {
 	w.mu.Lock()
-	latest, by := w.latest, w.byKey
+	latest, all, by := w.latest, w.all, w.byKey
 	k, found := w.modelKey(gpu)
 	w.mu.Unlock()
+	fetchedAt := latest.Time
+	if provider != "" {
+		c, ok := latest.catalog(provider)
+		if !ok || len(c.Offers) == 0 {
+			var have []string
+			for _, c := range latest.Catalogs {
+				if len(c.Offers) > 0 {
+					have = append(have, c.Provider)
+				}
+			}
+			sort.Strings(have)
+			return nil, fmt.Errorf("no offers from provider %q in the catalog (providers with offers: %s)", provider, orNone(have))
+		}
+		all, by, fetchedAt = c.Offers, prices.ByModel(c.Offers), c.Time
+	}
 	var keys []string
 	if gpu != "" {
-		if !found {
+		if _, ok := by[k]; !found || !ok {
+			if provider != "" {
+				return nil, fmt.Errorf("no offers for GPU %q from provider %q", gpu, provider)
+			}
 			return nil, fmt.Errorf("no offers for GPU %q in the latest fetch", gpu)
 		}
 		keys = []string{k}
@@ -474,16 +799,23 @@ func (w *Watcher) View(gpu string, recommend int) ([]ModelView, error) {
 		if err != nil {
 			return nil, err
 		}
-		pts := toPoints(hist)
-		v := ModelView{ModelPrice: by[k], Fetched: latest.Time, Trends: map[string]prices.Trend{}}
+		pts := toPoints(hist, provider)
+		v := ModelView{ModelPrice: by[k], Fetched: fetchedAt, Trends: map[string]prices.Trend{}}
 		for _, win := range Windows {
 			v.Trends[win.Name] = prices.TrendOver(pts, now, win.D)
 		}
 		if gpu != "" && recommend > 0 {
-			rec := prices.Recommend(latest.Offers, k, prices.DefaultWeights, 0)
+			rec := prices.Recommend(all, k, prices.DefaultWeights, 0)
 			v.Recommended = rec[:min(recommend, len(rec))]
 		}
 		out = append(out, v)
 	}
 	return out, nil
+}
+
+func orNone(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
 }

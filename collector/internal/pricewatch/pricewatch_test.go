@@ -92,7 +92,7 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 		t.Fatalf("%d price alerts (%v)", len(listed), err)
 	}
 	if a := listed[0]; a.GPUName != "RTX 4090" || a.Severity != alert.SeverityInfo || a.Change > -0.12 || a.ReferenceUSDPerHour <= a.PriceUSDPerHour ||
-		!strings.Contains(a.Message, "RTX 4090 price dropped -12.9%: median $0.352/GPU-h vs $0.404 trailing 24 h average") {
+		!strings.Contains(a.Message, "RTX 4090 price dropped -12.9%: median $0.352/GPU-h vs $0.404 trailing 24 h average (on-demand, 3 offers of 1 provider; cheapest $0.308 from vastai)") {
 		t.Errorf("drop alert %+v", a)
 	}
 	if a := listed[1]; a.Severity != alert.SeverityWarning || a.Change < 0.25 {
@@ -115,7 +115,7 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 		t.Errorf("still high after a restart: %d alerts (%v), want none", res.Alerts, err)
 	}
 	clk.Advance(8 * time.Hour)
-	views, err := w.View("RTX 4090", 2)
+	views, err := w.View("RTX 4090", "", 2)
 	if err != nil || len(views) != 1 {
 		t.Fatal(views, err)
 	}
@@ -123,7 +123,7 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 	if tr.Points != 9 || math.Abs(tr.Change-0.24) > 1e-9 || len(views[0].Recommended) != 2 {
 		t.Errorf("view %+v", views[0])
 	}
-	if _, err := w.View("B200", 0); err == nil {
+	if _, err := w.View("B200", "", 0); err == nil {
 		t.Error("view of a GPU without offers")
 	}
 	if _, err := w.Fetch(ctx); !errors.Is(err, ErrNoProvider) {
@@ -157,15 +157,17 @@ func TestCurrentPriceOfNVMLNames(t *testing.T) {
 			t.Errorf("CurrentPrice(%q) = %v %v, want %v", name, p, ok, want)
 		}
 	}
-	v, err := w.View("NVIDIA GeForce RTX 4090", 5)
+	v, err := w.View("NVIDIA GeForce RTX 4090", "", 5)
 	if err != nil || len(v) != 1 || v[0].GPUName != "RTX 4090" || len(v[0].Recommended) != 3 {
 		t.Errorf("view of NVML's RTX 4090: %+v %v", v, err)
 	}
 }
 
-// TestHistoryOfModelsWithSlashes: "A100/80GB" and "A100" keep separate
-// histories (no false drop alert on A100 from the dearer model's points),
-// also for points stored unescaped by earlier versions.
+// TestHistoryOfModelsWithSlashes: a model's history is not mixed with
+// the points of a longer model whose key starts with its key and a slash,
+// as versions before the escaping (and before canonical names) stored
+// "l40/48gb" unescaped; those points still expire. (A slash in an offer's
+// name now only separates words: "L40/48GB" is the L40.)
 func TestHistoryOfModelsWithSlashes(t *testing.T) {
 	st := openStore(t, t.TempDir())
 	defer st.Close()
@@ -173,13 +175,13 @@ func TestHistoryOfModelsWithSlashes(t *testing.T) {
 	w := New(Config{}, nil, st, rec, quiet())
 	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
 	offers := []prices.Offer{
-		{ID: "1", GPUName: "A100", NumGPUs: 1, USDPerHour: 1},
-		{ID: "2", GPUName: "A100/80GB", NumGPUs: 1, USDPerHour: 2},
+		{ID: "1", GPUName: "L40", NumGPUs: 1, USDPerHour: 1},
+		{ID: "2", GPUName: "L40/48GB", NumGPUs: 1, USDPerHour: 1},
 	}
 	for i := range 5 {
 		res, err := w.Record(context.Background(), t0.Add(time.Duration(i)*time.Hour), offers)
-		if err != nil || res.Alerts != 0 {
-			t.Fatalf("fetch %d: %d alerts (%v), want none: the prices did not move", i, res.Alerts, err)
+		if err != nil || res.Alerts != 0 || res.Models != 1 {
+			t.Fatalf("fetch %d: %d models, %d alerts (%v), want one model and no alert: the prices did not move", i, res.Models, res.Alerts, err)
 		}
 	}
 	check := func(k string, n int, usd float64) {
@@ -194,19 +196,18 @@ func TestHistoryOfModelsWithSlashes(t *testing.T) {
 			}
 		}
 	}
-	check("a100", 5, 1)
-	check("a100/80gb", 5, 2)
+	check("l40", 5, 1)
 
-	// A point of "a100/80gb" as versions before the escaping stored it.
+	// A point of "l40/48gb" as versions before the escaping stored it.
 	legacy := t0.Add(-time.Hour)
-	b, _ := json.Marshal(point{Time: legacy, ModelPrice: prices.ModelPrice{GPUName: "A100/80GB", Median: 2, Cheapest: 2, Offers: 1}})
-	if err := st.PutRecord(NSPrices, fmt.Sprintf("a100/80gb/%020d", legacy.UnixNano()), b); err != nil {
+	b, _ := json.Marshal(point{Time: legacy, ModelPrice: prices.ModelPrice{GPUName: "L40/48GB", Median: 2, Cheapest: 2, Offers: 1}})
+	if err := st.PutRecord(NSPrices, fmt.Sprintf("l40/48gb/%020d", legacy.UnixNano()), b); err != nil {
 		t.Fatal(err)
 	}
-	check("a100", 5, 1)
-	check("a100/80gb", 6, 2)
-	w.prune("a100/80gb", t0)
-	check("a100/80gb", 5, 2)
+	check("l40", 5, 1)
+	check("l40/48gb", 1, 2)
+	w.prune("l40/48gb", t0)
+	check("l40/48gb", 0, 2)
 }
 
 // TestScheduledFetch: with a file provider, the watcher fetches at start,
@@ -223,7 +224,7 @@ func TestScheduledFetch(t *testing.T) {
 	}
 	write("gpu_name,num_gpus,dph_total\nL40S,2,1.8\n")
 	clk := clock.NewFake(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))
-	w := New(Config{Clock: clk, Interval: time.Hour}, &prices.File{Path: path}, st, nil, quiet())
+	w := New(Config{Clock: clk, Interval: time.Hour}, []prices.Provider{&prices.File{Path: path}}, st, nil, quiet())
 	// fetched waits until the n-th fetch has completed: it recorded its
 	// point and set the price (the last thing a fetch does), so the file
 	// may be rewritten and the history read.

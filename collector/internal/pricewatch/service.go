@@ -3,6 +3,8 @@ package pricewatch
 import (
 	"context"
 	"errors"
+	"sort"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -25,22 +27,52 @@ func offerProto(o prices.Offer, score float64) *trainmeterv1.PriceOffer {
 	return &trainmeterv1.PriceOffer{
 		Id: o.ID, Provider: o.Provider, GpuName: o.GPUName, NumGpus: uint32(o.NumGPUs), GpuRamGb: o.GPURAMGB,
 		UsdPerHour: o.USDPerHour, UsdPerGpuHour: o.PerGPUHour(), Reliability: o.Reliability, DlperfPerUsd: o.DLPerfPerUSD,
-		Location: o.Location, InetDownMbps: o.InetDownMbps, Score: score,
+		Location: o.Location, InetDownMbps: o.InetDownMbps, Score: score, Spot: o.Spot,
 	}
+}
+
+func statusProto(p ProviderResult, imported bool, errTime time.Time) *trainmeterv1.PriceProviderStatus {
+	s := &trainmeterv1.PriceProviderStatus{Provider: p.Provider, Offers: uint32(p.Offers), Skipped: uint32(p.Skipped), Error: p.Err, Imported: imported}
+	if !p.Fetched.IsZero() {
+		s.Fetched = timestamppb.New(p.Fetched)
+	}
+	if !errTime.IsZero() {
+		s.ErrorTime = timestamppb.New(errTime)
+	}
+	return s
+}
+
+func (s *Service) statuses() []*trainmeterv1.PriceProviderStatus {
+	var out []*trainmeterv1.PriceProviderStatus
+	for _, st := range s.w.Status() {
+		out = append(out, statusProto(st.ProviderResult, st.Imported, st.ErrTime))
+	}
+	return out
 }
 
 // ListPrices implements PriceService.
 func (s *Service) ListPrices(_ context.Context, req *trainmeterv1.ListPricesRequest) (*trainmeterv1.ListPricesResponse, error) {
-	views, err := s.w.View(req.GetGpu(), 5)
+	views, err := s.w.View(req.GetGpu(), req.GetProvider(), 5)
 	if err != nil {
 		return nil, status.Error(codes.NotFound, err.Error())
 	}
-	resp := &trainmeterv1.ListPricesResponse{Provider: s.w.Provider()}
+	resp := &trainmeterv1.ListPricesResponse{Provider: s.w.Provider(), Providers: s.statuses()}
 	for _, v := range views {
 		g := &trainmeterv1.GpuPrice{
 			GpuName: v.GPUName, CheapestUsdPerGpuHour: v.Cheapest, MedianUsdPerGpuHour: v.Median, Offers: uint32(v.Offers),
-			Fetched: timestamppb.New(v.Fetched), Cheapest: offerProto(v.CheapestOffer, 0),
+			Fetched:                   timestamppb.New(v.Fetched),
+			CheapestSpotUsdPerGpuHour: v.CheapestSpot, MedianSpotUsdPerGpuHour: v.MedianSpot, SpotOffers: uint32(v.SpotOffers),
 		}
+		if v.Offers > 0 {
+			g.Cheapest = offerProto(v.CheapestOffer, 0)
+		}
+		if v.SpotOffers > 0 {
+			g.CheapestSpot = offerProto(v.CheapestSpotOffer, 0)
+		}
+		for name := range v.Providers {
+			g.Providers = append(g.Providers, name)
+		}
+		sort.Strings(g.Providers)
 		for _, win := range Windows {
 			t := v.Trends[win.Name]
 			g.Trends = append(g.Trends, &trainmeterv1.PriceTrend{Window: win.Name, Change: t.Change, MinUsd: t.Min, MaxUsd: t.Max, MeanUsd: t.Mean, Points: uint32(t.Points)})
@@ -62,7 +94,11 @@ func (s *Service) FetchPrices(ctx context.Context, _ *trainmeterv1.FetchPricesRe
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "price fetch from %s: %v", s.w.Provider(), err)
 	}
-	return &trainmeterv1.FetchPricesResponse{Offers: uint32(res.Offers), GpuModels: uint32(res.Models), Alerts: uint32(res.Alerts)}, nil
+	resp := &trainmeterv1.FetchPricesResponse{Offers: uint32(res.Offers), GpuModels: uint32(res.Models), Alerts: uint32(res.Alerts)}
+	for _, p := range res.Providers {
+		resp.Providers = append(resp.Providers, statusProto(p, false, time.Time{}))
+	}
+	return resp, nil
 }
 
 // MaxImportOffers bounds one import.
@@ -78,7 +114,7 @@ func (s *Service) ImportPrices(ctx context.Context, req *trainmeterv1.ImportPric
 		off := prices.Offer{
 			ID: o.GetId(), Provider: o.GetProvider(), GPUName: o.GetGpuName(), NumGPUs: int(o.GetNumGpus()), GPURAMGB: o.GetGpuRamGb(),
 			USDPerHour: o.GetUsdPerHour(), Reliability: o.GetReliability(), DLPerfPerUSD: o.GetDlperfPerUsd(),
-			Location: o.GetLocation(), InetDownMbps: o.GetInetDownMbps(),
+			Location: o.GetLocation(), InetDownMbps: o.GetInetDownMbps(), Spot: o.GetSpot(),
 		}
 		if off.Provider == "" {
 			off.Provider = "import"

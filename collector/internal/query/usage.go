@@ -182,6 +182,10 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 				add(keysFor(node, gw.GetGpu(), true, nil), node, "", idleS, idleE, 0, node, gpuNames[node])
 			}
 		}
+		for _, h := range b.GetHostEnergy() {
+			n.HostEnergyJ += h.GetCpuEnergyJ() + h.GetDramEnergyJ()
+			n.IdleHostEnergyJ += h.GetIdleCpuEnergyJ() + h.GetIdleDramEnergyJ()
+		}
 		return nil
 	}, func(runID, node string, w *trainmeterv1.RunWindow) error {
 		r := byRun[runID]

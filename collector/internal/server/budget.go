@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
@@ -47,11 +49,23 @@ func (c AlertConfig) Validate() error { return c.Webhook.Validate() }
 
 // PriceConfig configures where GPU prices come from (docs/budgets.md).
 type PriceConfig struct {
-	// Provider: "" (none), "vastai" or "file".
+	// Provider: "" (none), or one or several of PriceProviders,
+	// comma-separated ("vastai,lambda,runpod,azure"), fetched together.
 	Provider string
 	// VastAIURL is the vast.ai API base URL ("": prices.DefaultVastAIURL);
 	// VastAIKey its optional bearer key.
 	VastAIURL, VastAIKey string
+	// LambdaURL is Lambda's API base URL ("": prices.DefaultLambdaURL);
+	// LambdaKey its API key (required).
+	LambdaURL, LambdaKey string
+	// RunPodURL is RunPod's GraphQL endpoint ("": prices.DefaultRunPodURL);
+	// RunPodKey its API key (required).
+	RunPodURL, RunPodKey string
+	// AzureURL is Azure's retail prices API base URL ("":
+	// prices.DefaultAzureURL); AzureRegions keeps to these armRegionNames
+	// (none: every region).
+	AzureURL     string
+	AzureRegions []string
 	// File is the CSV or JSON price list of the file provider.
 	File string
 	// FetchInterval between scheduled fetches (the first at start); 0: on
@@ -59,17 +73,51 @@ type PriceConfig struct {
 	FetchInterval time.Duration
 }
 
+// PriceProviders are the names --price-provider takes.
+var PriceProviders = []string{"vastai", "lambda", "runpod", "azure", "file"}
+
+// providerNames splits Provider into names ("" gives none).
+func (c PriceConfig) providerNames() []string {
+	var out []string
+	for _, n := range strings.Split(c.Provider, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (c PriceConfig) has(name string) bool {
+	return slices.Contains(c.providerNames(), name)
+}
+
 // Validate checks the config.
 func (c PriceConfig) Validate() error {
 	var errs []error
-	switch c.Provider {
-	case "", "vastai":
-	case "file":
-		if c.File == "" {
-			errs = append(errs, errors.New("--price-provider file needs --price-file"))
+	seen := map[string]bool{}
+	for _, n := range c.providerNames() {
+		if seen[n] {
+			errs = append(errs, fmt.Errorf("price provider %q given twice", n))
+			continue
 		}
-	default:
-		errs = append(errs, fmt.Errorf("price provider %q: want vastai or file", c.Provider))
+		seen[n] = true
+		switch n {
+		case "vastai", "azure":
+		case "lambda":
+			if c.LambdaKey == "" {
+				errs = append(errs, errors.New("--price-provider lambda needs Lambda's API key: --lambda-key-file FILE or $TRAINMETER_LAMBDA_KEY"))
+			}
+		case "runpod":
+			if c.RunPodKey == "" {
+				errs = append(errs, errors.New("--price-provider runpod needs RunPod's API key: --runpod-key-file FILE or $TRAINMETER_RUNPOD_KEY"))
+			}
+		case "file":
+			if c.File == "" {
+				errs = append(errs, errors.New("--price-provider file needs --price-file"))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("price provider %q: want one or several of %s, comma-separated", n, strings.Join(PriceProviders, ", ")))
+		}
 	}
 	if c.FetchInterval < 0 {
 		errs = append(errs, fmt.Errorf("price fetch interval must be >= 0, got %v", c.FetchInterval))
@@ -82,7 +130,7 @@ func (c PriceConfig) Validate() error {
 // otherwise show only as failed fetches. The file provider re-reads the
 // file at each fetch; what it holds is checked then.
 func (c PriceConfig) checkFiles() error {
-	if c.Provider != "file" {
+	if !c.has("file") {
 		return nil
 	}
 	f, err := os.Open(c.File)
@@ -96,14 +144,24 @@ func (c PriceConfig) checkFiles() error {
 	return nil
 }
 
-func (c PriceConfig) provider() prices.Provider {
-	switch c.Provider {
-	case "vastai":
-		return &prices.VastAI{BaseURL: c.VastAIURL, APIKey: c.VastAIKey}
-	case "file":
-		return &prices.File{Path: c.File}
+// providers are the configured providers, in the order given.
+func (c PriceConfig) providers() []prices.Provider {
+	var out []prices.Provider
+	for _, n := range c.providerNames() {
+		switch n {
+		case "vastai":
+			out = append(out, &prices.VastAI{BaseURL: c.VastAIURL, APIKey: c.VastAIKey})
+		case "lambda":
+			out = append(out, &prices.Lambda{BaseURL: c.LambdaURL, APIKey: c.LambdaKey})
+		case "runpod":
+			out = append(out, &prices.RunPod{URL: c.RunPodURL, APIKey: c.RunPodKey})
+		case "azure":
+			out = append(out, &prices.Azure{BaseURL: c.AzureURL, Regions: c.AzureRegions})
+		case "file":
+			out = append(out, &prices.File{Path: c.File})
+		}
 	}
-	return nil
+	return out
 }
 
 // Budgets returns the budget manager (budget use for metrics), nil before

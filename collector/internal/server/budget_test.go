@@ -64,8 +64,16 @@ func TestBudgetServiceWired(t *testing.T) {
 }
 
 func TestBudgetConfigValidate(t *testing.T) {
+	for _, ok := range []string{"", "vastai", "vastai,lambda,runpod,azure", " azure , vastai "} {
+		c := server.Config{Listen: "127.0.0.1:0", DataDir: "d", Prices: server.PriceConfig{Provider: ok, LambdaKey: "k", RunPodKey: "k"}}
+		if err := c.Validate(); err != nil {
+			t.Errorf("--price-provider %q: %v", ok, err)
+		}
+	}
 	for _, c := range []server.Config{
 		{Prices: server.PriceConfig{Provider: "aws"}}, {Prices: server.PriceConfig{Provider: "file"}},
+		{Prices: server.PriceConfig{Provider: "vastai,aws"}}, {Prices: server.PriceConfig{Provider: "vastai,vastai"}},
+		{Prices: server.PriceConfig{Provider: "vastai,lambda"}}, {Prices: server.PriceConfig{Provider: "runpod"}},
 		{Budget: server.BudgetConfig{Timezone: "Nowhere/Land"}},
 		{Budget: server.BudgetConfig{EvalInterval: -time.Second}}, {Prices: server.PriceConfig{FetchInterval: -time.Second}},
 		{Alerts: server.AlertConfig{Webhook: alert.WebhookConfig{URLs: []string{"not a url"}}}},

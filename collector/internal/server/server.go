@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sort"
 	"sync"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/auth"
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/carbonwatch"
 	"github.com/trainmeter/trainmeter/collector/internal/console"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
 	"github.com/trainmeter/trainmeter/collector/internal/optimizer"
@@ -63,8 +65,11 @@ type Config struct {
 	GPUPricePerHour float64
 	// EnergyPricePerKWh is the flat energy tariff; 0 = unknown.
 	EnergyPricePerKWh float64
-	// GridGCO2PerKWh is the grid carbon intensity; 0 = unknown.
+	// GridGCO2PerKWh is the grid carbon intensity; 0 = unknown. With a
+	// carbon source it is the fallback for energy the source does not cover.
 	GridGCO2PerKWh float64
+	// Carbon is the carbon intensity by the hour (docs/costs.md, "CO2").
+	Carbon CarbonConfig
 	// Tariff is a time-of-use energy tariff (instead of EnergyPricePerKWh);
 	// EnergyIncluded says the GPU price includes power. NodeGPUPricePerHour,
 	// PriceCatalog and PriorityMultipliers: see cost.Config.
@@ -119,6 +124,41 @@ type Config struct {
 	UIListenDefault bool
 }
 
+// CarbonConfig is where the grid's carbon intensity by the hour comes
+// from, and which zone each node draws from.
+type CarbonConfig struct {
+	// File: intensity by weekday and time of day per zone; nil: none.
+	File *cost.CarbonFile
+	// API: the live ElectricityMaps-shaped source (BaseURL "" = none); its
+	// Zones are filled from Zone and NodeZones. Asked first; the file
+	// covers the hours it lacks, then --grid-gco2-kwh.
+	API carbonwatch.Config
+	// Zone of every node not in NodeZones ("" = the file's only zone).
+	Zone      string
+	NodeZones map[string]string
+}
+
+// liveZones are the zones the live source is asked for: every zone a
+// node can be in (the default zone is the file's only zone when not given).
+func (c CarbonConfig) liveZones() []string {
+	set := map[string]bool{}
+	switch {
+	case c.Zone != "":
+		set[c.Zone] = true
+	case c.File != nil && len(c.File.Zones) == 1:
+		set[c.File.ZoneNames()[0]] = true
+	}
+	for _, z := range c.NodeZones {
+		set[z] = true
+	}
+	zones := make([]string, 0, len(set))
+	for z := range set {
+		zones = append(zones, z)
+	}
+	sort.Strings(zones)
+	return zones
+}
+
 // TLSOptions returns the TLS file settings.
 func (c Config) TLSOptions() tlsfiles.ServerOptions {
 	return tlsfiles.ServerOptions{CertFile: c.TLSCertFile, KeyFile: c.TLSKeyFile, ClientCAFile: c.TLSClientCAFile}
@@ -143,6 +183,13 @@ func (c Config) Validate() error {
 	if err := c.Pricing().Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.Carbon.API.Enabled() {
+		api := c.Carbon.API
+		api.Zones = c.Carbon.liveZones()
+		if err := api.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.GCInterval < 0 {
 		errs = append(errs, fmt.Errorf("gc interval must be >= 0, got %v", c.GCInterval))
 	}
@@ -166,20 +213,40 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Pricing returns the cost settings for reports.
-func (c Config) Pricing() aggregate.Pricing {
-	return aggregate.Pricing{
+// Pricing returns the cost settings for reports. A live carbon source is
+// only known once the collector runs (pricingWith); here it answers for no
+// hour.
+func (c Config) Pricing() aggregate.Pricing { return c.pricingWith(nil) }
+
+func (c Config) pricingWith(live cost.CarbonSource) aggregate.Pricing {
+	p := aggregate.Pricing{
 		GPUPricePerHour: c.GPUPricePerHour, EnergyPricePerKWh: c.EnergyPricePerKWh, GridGCO2PerKWh: c.GridGCO2PerKWh,
 		Tariff: c.Tariff, EnergyIncluded: c.EnergyIncluded, NodeGPUPricePerHour: c.NodeGPUPricePerHour,
 		Catalog: c.PriceCatalog, PriorityMultipliers: c.PriorityMultipliers,
 		Owned: c.OwnedHardware, PUE: c.PUE,
+		CarbonFile: c.Carbon.File, CarbonZone: c.Carbon.Zone, CarbonNodeZones: c.Carbon.NodeZones,
+		CarbonLive: c.Carbon.API.Enabled(),
 	}
+	var chain cost.CarbonChain
+	if live != nil {
+		chain = append(chain, live)
+	}
+	if c.Carbon.File != nil {
+		chain = append(chain, c.Carbon.File)
+	}
+	if c.Carbon.API.Enabled() || c.Carbon.File != nil {
+		p.Carbon = chain
+	}
+	return p
 }
 
 // storeOptions: with a raw retention, dedup marks are kept a day longer than
 // the oldest batch ingest accepts, so no replay can be applied twice.
-func (s *Server) storeOptions() store.Options {
+func (s *Server) storeOptions(pricing aggregate.Pricing) store.Options {
 	o := store.Options{Logger: s.log, RawRetention: s.cfg.RawRetention, Now: s.cfg.Now}
+	if pricing.Carbon != nil {
+		o.Carbon = pricing
+	}
 	if s.cfg.Tariff != nil {
 		o.EnergyBands = s.cfg.Tariff
 	}
@@ -203,6 +270,7 @@ type Server struct {
 	budgets  *budget.Manager
 	webhooks *alert.Webhooks
 	prices   *pricewatch.Watcher
+	carbon   *carbonwatch.Watcher // nil without a live carbon source
 	grpc     *grpc.Server
 	health   *health.Server
 	lis      net.Listener
@@ -259,7 +327,23 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		}
 	}()
 
-	st, err := store.Open(s.cfg.DataDir, s.storeOptions())
+	// The live carbon source books energy as it is stored, so it exists
+	// before the store; it fetches once started with the other loops.
+	var carbon *carbonwatch.Watcher
+	if s.cfg.Carbon.API.Enabled() {
+		api := s.cfg.Carbon.API
+		api.Zones = s.cfg.Carbon.liveZones()
+		if api.Clock == nil {
+			api.Clock = s.cfg.Clock
+		}
+		carbon = carbonwatch.New(api, s.log)
+	}
+	var live cost.CarbonSource
+	if carbon != nil {
+		live = carbon
+	}
+	pricing := s.cfg.pricingWith(live)
+	st, err := store.Open(s.cfg.DataDir, s.storeOptions(pricing))
 	if err != nil {
 		return err
 	}
@@ -295,9 +379,8 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if exp != nil {
 		sinks = append(sinks, otelAlerts{telemetry.NewAlertLog(exp, s.cfg.Now)})
 	}
-	prices := pricewatch.New(pricewatch.Config{Interval: s.cfg.Prices.FetchInterval, Clock: s.cfg.Clock}, s.cfg.Prices.provider(), st,
+	prices := pricewatch.New(pricewatch.Config{Interval: s.cfg.Prices.FetchInterval, Clock: s.cfg.Clock}, s.cfg.Prices.providers(), st,
 		&alert.Recorder{Store: st, Sink: sinks}, s.log)
-	pricing := s.cfg.Pricing()
 	if pricing.Catalog == nil {
 		// Without a configured catalog, the collector's own GPU price
 		// history is the catalog.
@@ -345,6 +428,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	var loops []lifecycle.Component
 	gc := &store.GC{Store: st, Interval: s.cfg.GCInterval, Clock: s.cfg.Clock}
 	components := []lifecycle.Component{gc, adv, webhooks, budgets, prices}
+	if carbon != nil {
+		components = append(components, carbon)
+	}
 	ui, err := s.newConsole(authz, services)
 	if err != nil {
 		return err
@@ -370,6 +456,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	go s.logSummary(time.Minute, s.summaryStop)
 	s.store, s.ingest, s.grpc, s.health, s.lis = st, ing, gs, hs, lis
 	s.advisor, s.budgets, s.webhooks, s.prices, s.telemetry, s.loops = adv, budgets, webhooks, prices, tel, loops
+	s.carbon = carbon
 	s.ui = ui
 	s.served = make(chan struct{})
 	s.started = true

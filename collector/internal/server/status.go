@@ -5,6 +5,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/trainmeter/trainmeter/collector/internal/carbonwatch"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
 	"github.com/trainmeter/trainmeter/pkg/selfmetrics"
 )
@@ -16,6 +17,8 @@ type Status struct {
 	Problems []string     `json:"problems"`
 	Ingest   ingest.Stats `json:"ingest"`
 	Alerts   AlertStatus  `json:"alerts"`
+	// Carbon: the live carbon source's fetches (absent without one).
+	Carbon *carbonwatch.Stats `json:"carbon,omitempty"`
 }
 
 // AlertStatus is where budget evaluation and alert delivery stand.
@@ -32,7 +35,7 @@ type AlertStatus struct {
 // (unhealthy) before Start.
 func (s *Server) Status() Status {
 	s.mu.Lock()
-	ing, started, stopped, t0, budgets, webhooks := s.ingest, s.started, s.stopped, s.startedAt, s.budgets, s.webhooks
+	ing, started, stopped, t0, budgets, webhooks, carbon := s.ingest, s.started, s.stopped, s.startedAt, s.budgets, s.webhooks, s.carbon
 	s.mu.Unlock()
 	st := Status{Problems: []string{}}
 	switch {
@@ -45,6 +48,10 @@ func (s *Server) Status() Status {
 	st.UptimeS = time.Since(t0).Seconds()
 	st.Ingest = ing.Stats()
 	st.Alerts = AlertStatus{BudgetEvaluations: budgets.Evaluations(), WebhooksBusy: webhooks.Busy()}
+	if carbon != nil {
+		cs := carbon.Stats()
+		st.Carbon = &cs
+	}
 	if st.Ingest.StoreFailing {
 		st.Problems = append(st.Problems, fmt.Sprintf("store writes failing since %s (%d errors)",
 			st.Ingest.LastStoreError.Format(time.RFC3339), st.Ingest.StoreErrors))

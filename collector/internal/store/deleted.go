@@ -80,6 +80,13 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) *trainmeterv1.Batch {
 			hit = true
 		}
 	}
+	for _, h := range b.GetHostEnergy() {
+		for _, sh := range h.GetRuns() {
+			if _, ok := s.deleted.at[sh.GetRunId()]; ok {
+				hit = true
+			}
+		}
+	}
 	if !hit {
 		return b
 	}
@@ -108,6 +115,16 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) *trainmeterv1.Batch {
 		if keep(eventRun(e), aggregate.EventTime(e).AsTime().UnixNano()) {
 			nb.RunEvents = append(nb.RunEvents, e)
 		}
+	}
+	// A deleted run's host energy parts go (the node's totals keep them).
+	for _, h := range nb.HostEnergy {
+		kept := h.Runs[:0]
+		for _, sh := range h.Runs {
+			if keep(sh.GetRunId(), h.GetEnd().AsTime().UnixNano()) {
+				kept = append(kept, sh)
+			}
+		}
+		h.Runs = kept
 	}
 	nb.Losses = nb.Losses[:0]
 	for _, l := range b.GetLosses() {

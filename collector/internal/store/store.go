@@ -67,6 +67,7 @@ type Store struct {
 	log    *slog.Logger
 	now    func() time.Time
 	bands  aggregate.EnergyBands
+	carbon aggregate.CarbonBooker
 	stripe [lockStripes]sync.Mutex
 
 	// Group commit (commit.go): ApplyBatch hands its batch to the committer,
@@ -92,6 +93,10 @@ type Options struct {
 	// EnergyBands, when set, books each window's energy to the tariff band
 	// in force (aggregate.State.EnergyByBand); nil: no time-of-use tariff.
 	EnergyBands aggregate.EnergyBands
+	// Carbon, when set, books each window's energy to the carbon intensity
+	// in force on its node's grid (aggregate.State.CarbonByBand); nil: no
+	// carbon source.
+	Carbon aggregate.CarbonBooker
 	// RawRetention, when positive, is how long raw records (GPU and host
 	// windows, raw samples, run windows and events) are kept: they are
 	// written with that TTL and badger drops them at compaction. Run
@@ -150,7 +155,7 @@ func Open(dir string, o Options) (s *Store, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
 	}
-	s = &Store{db: db, log: log, now: now, bands: o.EnergyBands, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, applyCh: make(chan *applyReq), quit: make(chan struct{}),
+	s = &Store{db: db, log: log, now: now, bands: o.EnergyBands, carbon: o.Carbon, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, applyCh: make(chan *applyReq), quit: make(chan struct{}),
 		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize, db)}
 	if err := s.loadTombstones(); err != nil {
 		db.Close()
@@ -318,6 +323,11 @@ func batchRuns(b *trainmeterv1.Batch) []string {
 	for _, l := range b.GetLosses() {
 		set[l.GetRunId()] = true
 	}
+	for _, h := range b.GetHostEnergy() {
+		for _, sh := range h.GetRuns() {
+			set[sh.GetRunId()] = true
+		}
+	}
 	out := make([]string, 0, len(set))
 	for r := range set {
 		out = append(out, r)
@@ -398,8 +408,9 @@ func rawRecords(node string, b *trainmeterv1.Batch) ([]kv, error) {
 	// The node's GPU and host windows are one record: one key per batch
 	// rather than one per GPU (every key costs a skiplist insert and its
 	// share of flushes and compactions; docs/benchmarks.md).
-	if len(b.GetGpuWindows()) > 0 || b.GetHost() != nil {
-		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost()}
+	if len(b.GetGpuWindows()) > 0 || b.GetHost() != nil || len(b.GetHostEnergy()) > 0 {
+		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost(),
+			HostEnergy: b.GetHostEnergy()}
 		if err := add(be64(tkey(append(key("r/", node), 0), b.GetWindowStart()), seq), nw); err != nil {
 			return nil, err
 		}
@@ -451,11 +462,18 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		}
 	}
 	for _, w := range b.GetRunWindows() {
-		aggs[w.GetRunId()].AddWindowBanded(node, w, s.bands)
+		aggs[w.GetRunId()].AddWindowBooked(node, w, s.bands, s.carbon)
 	}
 	for _, e := range b.GetRunEvents() {
 		if ev := e.GetEval(); ev != nil {
 			aggs[ev.GetRunId()].AddEval(node, ev)
+		}
+	}
+	// A run's last host energy interval may come a batch after its end:
+	// it is folded whenever it comes (the run's figures, not its end).
+	for _, h := range b.GetHostEnergy() {
+		for _, sh := range h.GetRuns() {
+			aggs[sh.GetRunId()].AddHostEnergy(node, h, sh)
 		}
 	}
 	for _, e := range b.GetRunEvents() {

@@ -143,7 +143,7 @@ func (b *Backend) enumerate() error {
 		if ret != nvml.SUCCESS {
 			return fmt.Errorf("nvml: gpu %d (%s): name: %v", i, uuid, ret)
 		}
-		d := gpu.Device{Index: i, UUID: uuid, Name: name}
+		d := gpu.Device{Index: i, UUID: uuid, Name: name, Vendor: "nvidia"}
 		if mem, ret := h.GetMemoryInfo(); ret == nvml.SUCCESS {
 			d.MemTotalMiB = mem.Total / mib
 		} else {

@@ -8,12 +8,14 @@
 package replay
 
 import (
+	"cmp"
 	"encoding/csv"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,6 +43,16 @@ const (
 	ColRunSMPrefix  = "run_sm_pct:"
 	ColRunMemPrefix = "run_mem_mib:"
 )
+
+// Optional per-GPU identity columns: the first non-empty cell of a GPU
+// names it; a GPU's later rows may repeat it or leave it empty.
+const (
+	ColVendor = "vendor" // nvidia or amd
+	ColName   = "name"   // the GPU's model name
+)
+
+// Vendors a trace may name.
+var Vendors = []string{"nvidia", "amd"}
 
 // Columns is the required header, in the order the docs and examples use.
 var Columns = []string{ColTime, ColGPU, ColPower, ColEnergy, ColMemUsed, ColMemTotal, ColUtil}
@@ -135,6 +147,9 @@ func Parse(r io.Reader) (*Backend, error) {
 		idx[k] = i
 	}
 
+	vendorCol, hasVendor := col[ColVendor]
+	nameCol, hasName := col[ColName]
+	var vendors, names []string // per GPU
 	var rows [][]row
 	firstLine := map[int]int{}
 	for {
@@ -231,6 +246,37 @@ func Parse(r io.Reader) (*Backend, error) {
 
 		for len(rows) <= g {
 			rows = append(rows, nil)
+			vendors, names = append(vendors, ""), append(names, "")
+		}
+		ident := func(has bool, i int, what string, dst *string, norm func(string) (string, error)) error {
+			if !has || i >= len(rec) {
+				return nil
+			}
+			v := strings.TrimSpace(rec[i])
+			if v == "" {
+				return nil
+			}
+			v, err := norm(v)
+			if err != nil {
+				return bad("%s = %q: %v", what, rec[i], err)
+			}
+			if *dst != "" && *dst != v {
+				return bad("gpu %d: %s %q differs from its earlier %q (one GPU, one %s)", g, what, v, *dst, what)
+			}
+			*dst = v
+			return nil
+		}
+		if err := ident(hasVendor, vendorCol, ColVendor, &vendors[g], func(v string) (string, error) {
+			v = strings.ToLower(v)
+			if !slices.Contains(Vendors, v) {
+				return "", fmt.Errorf("want one of %s", strings.Join(Vendors, ", "))
+			}
+			return v, nil
+		}); err != nil {
+			return nil, err
+		}
+		if err := ident(hasName, nameCol, ColName, &names[g], func(v string) (string, error) { return v, nil }); err != nil {
+			return nil, err
 		}
 		if n := len(rows[g]); n > 0 && rw.at < rows[g][n-1].at {
 			return nil, bad("gpu %d: time_s %v is before the previous row's %v (times must not decrease per GPU)",
@@ -267,7 +313,8 @@ func Parse(r io.Reader) (*Backend, error) {
 		b.devs[g] = gpu.Device{
 			Index:            g,
 			UUID:             fmt.Sprintf("GPU-replay-%d", g),
-			Name:             "Replay GPU",
+			Name:             cmp.Or(names[g], "Replay GPU"),
+			Vendor:           vendors[g],
 			MemTotalMiB:      uint64(math.Round(rs[0].memTotal)),
 			HasEnergyCounter: has,
 			HasInstantPower:  true,

@@ -267,3 +267,28 @@ func TestPerRunColumns(t *testing.T) {
 		}
 	}
 }
+
+func TestVendorAndNameColumns(t *testing.T) {
+	const h = "time_s,gpu,power_w,energy_j,memory_used_mib,memory_total_mib,utilization_pct,vendor,name\n"
+	b := mustParse(t, h+
+		"0,0,700,100,1,196608,90,AMD,AMD Instinct MI300X\n"+
+		"0,1,300,,1,24576,90,,\n"+
+		"0.1,0,700,170,1,196608,90,,\n"+
+		"0.1,1,300,,1,24576,90,amd,\n")
+	d := b.Devices()
+	if d[0].Vendor != "amd" || d[0].Name != "AMD Instinct MI300X" || d[1].Vendor != "amd" || d[1].Name != "Replay GPU" {
+		t.Errorf("devices = %+v", d)
+	}
+	if d := mustParse(t, header+"0,0,1,1,1,80,1\n").Devices()[0]; d.Vendor != "" || d.Name != "Replay GPU" {
+		t.Errorf("a trace without the columns: %+v", d)
+	}
+	for in, want := range map[string]string{
+		h + "0,0,1,1,1,80,1,intel,\n":                         `line 2: vendor = "intel": want one of nvidia, amd`,
+		h + "0,0,1,1,1,80,1,amd,\n0.1,0,1,1,1,80,1,nvidia,\n": `line 3: gpu 0: vendor "nvidia" differs from its earlier "amd"`,
+		h + "0,0,1,1,1,80,1,amd,A\n0.1,0,1,1,1,80,1,,B\n":     `line 3: gpu 0: name "B" differs`,
+	} {
+		if _, err := Parse(strings.NewReader(in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("err = %v, want %q", err, want)
+		}
+	}
+}

@@ -217,8 +217,14 @@ type SetBudgetRequest struct {
 	Scope    string                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
 	LimitUsd float64                `protobuf:"fixed64,2,opt,name=limit_usd,json=limitUsd,proto3" json:"limit_usd,omitempty"`
 	// Empty: "total".
-	Period        string `protobuf:"bytes,3,opt,name=period,proto3" json:"period,omitempty"`
-	Policy        string `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
+	Period string `protobuf:"bytes,3,opt,name=period,proto3" json:"period,omitempty"`
+	Policy string `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
+	// --- collector pair (i21-pair, 700–749) ---
+	// The budget's id (16 lowercase hex digits), given by a client that sets
+	// the same budget on both collectors of a pair, so that both name it, and
+	// the alerts it fires, alike (webhooks get the same Idempotency-Key from
+	// both). Empty: the collector picks a random one.
+	BudgetId      string `protobuf:"bytes,700,opt,name=budget_id,json=budgetId,proto3" json:"budget_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -277,6 +283,13 @@ func (x *SetBudgetRequest) GetPeriod() string {
 func (x *SetBudgetRequest) GetPolicy() string {
 	if x != nil {
 		return x.Policy
+	}
+	return ""
+}
+
+func (x *SetBudgetRequest) GetBudgetId() string {
+	if x != nil {
+		return x.BudgetId
 	}
 	return ""
 }
@@ -1240,12 +1253,13 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\x05ratio\x18\x05 \x01(\x01R\x05ratio\x12'\n" +
 	"\x0fprojected_ratio\x18\x06 \x01(\x01R\x0eprojectedRatio\x12\x12\n" +
 	"\x04runs\x18\a \x01(\rR\x04runs\x12\x1b\n" +
-	"\tlive_runs\x18\b \x01(\rR\bliveRuns\"u\n" +
+	"\tlive_runs\x18\b \x01(\rR\bliveRuns\"\x93\x01\n" +
 	"\x10SetBudgetRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x1b\n" +
 	"\tlimit_usd\x18\x02 \x01(\x01R\blimitUsd\x12\x16\n" +
 	"\x06period\x18\x03 \x01(\tR\x06period\x12\x16\n" +
-	"\x06policy\x18\x04 \x01(\tR\x06policy\"B\n" +
+	"\x06policy\x18\x04 \x01(\tR\x06policy\x12\x1c\n" +
+	"\tbudget_id\x18\xbc\x05 \x01(\tR\bbudgetId\"B\n" +
 	"\x11SetBudgetResponse\x12-\n" +
 	"\x06budget\x18\x01 \x01(\v2\x15.trainmeter.v1.BudgetR\x06budget\"C\n" +
 	"\x13DeleteBudgetRequest\x12\x14\n" +

@@ -255,15 +255,19 @@ func (*StreamResponse_Reject) isStreamResponse_Msg() {}
 // Hello identifies the node and the boot of the agent; (node, boot_id, seq)
 // identifies a batch for deduplication.
 type Hello struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	BootId        string                 `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
-	AgentVersion  string                 `protobuf:"bytes,3,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
-	Gpus          []*GpuInfo             `protobuf:"bytes,4,rep,name=gpus,proto3" json:"gpus,omitempty"`
-	GpuBackend    string                 `protobuf:"bytes,5,opt,name=gpu_backend,json=gpuBackend,proto3" json:"gpu_backend,omitempty"`
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Node         string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	BootId       string                 `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	AgentVersion string                 `protobuf:"bytes,3,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	Gpus         []*GpuInfo             `protobuf:"bytes,4,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	GpuBackend   string                 `protobuf:"bytes,5,opt,name=gpu_backend,json=gpuBackend,proto3" json:"gpu_backend,omitempty"`
+	StartedAt    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// --- host energy (RAPL; i20-rapl) ---
+	// Whether the agent reads the node's RAPL counters, in words: "ok: 2
+	// sockets, package and dram", "permission denied: ...", "no RAPL ...".
+	HostEnergyStatus string `protobuf:"bytes,650,opt,name=host_energy_status,json=hostEnergyStatus,proto3" json:"host_energy_status,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -338,6 +342,13 @@ func (x *Hello) GetStartedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Hello) GetHostEnergyStatus() string {
+	if x != nil {
+		return x.HostEnergyStatus
+	}
+	return ""
+}
+
 type GpuInfo struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Index            uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
@@ -347,8 +358,12 @@ type GpuInfo struct {
 	PowerLimitW      float64                `protobuf:"fixed64,5,opt,name=power_limit_w,json=powerLimitW,proto3" json:"power_limit_w,omitempty"`
 	HasEnergyCounter bool                   `protobuf:"varint,6,opt,name=has_energy_counter,json=hasEnergyCounter,proto3" json:"has_energy_counter,omitempty"`
 	HasInstantPower  bool                   `protobuf:"varint,7,opt,name=has_instant_power,json=hasInstantPower,proto3" json:"has_instant_power,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// --- AMD GPUs (issue 20; field numbers 600-649) ---
+	// The GPU's vendor as the agent's backend names it: "nvidia", "amd", or
+	// empty (simulated GPUs, a replay trace without a vendor column).
+	Vendor        string `protobuf:"bytes,600,opt,name=vendor,proto3" json:"vendor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GpuInfo) Reset() {
@@ -430,6 +445,13 @@ func (x *GpuInfo) GetHasInstantPower() bool {
 	return false
 }
 
+func (x *GpuInfo) GetVendor() string {
+	if x != nil {
+		return x.Vendor
+	}
+	return ""
+}
+
 // Batch carries one sampling window (normally 1 s) of one node.
 type Batch struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -448,7 +470,13 @@ type Batch struct {
 	// Raw GPU samples of the window, one entry per GPU, only from an agent
 	// asked for them (trainmeter-agent --raw-samples); the summaries above
 	// are sent either way.
-	RawSamples    []*RawSamples `protobuf:"bytes,9,rep,name=raw_samples,json=rawSamples,proto3" json:"raw_samples,omitempty"`
+	RawSamples []*RawSamples `protobuf:"bytes,9,rep,name=raw_samples,json=rawSamples,proto3" json:"raw_samples,omitempty"`
+	// --- host energy (RAPL; i20-rapl) ---
+	// The node's CPU package and DRAM energy over the intervals between two
+	// reads of its RAPL counters that ended in this window (usually one),
+	// each split between the runs on the node: docs/measurement.md, "Host
+	// energy (CPU and DRAM)".
+	HostEnergy    []*HostEnergy `protobuf:"bytes,650,rep,name=host_energy,json=hostEnergy,proto3" json:"host_energy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -546,6 +574,303 @@ func (x *Batch) GetRawSamples() []*RawSamples {
 	return nil
 }
 
+func (x *Batch) GetHostEnergy() []*HostEnergy {
+	if x != nil {
+		return x.HostEnergy
+	}
+	return nil
+}
+
+// HostEnergy is the node's CPU and DRAM energy between two reads of its
+// RAPL counters, over [start, end), and its split between the runs that
+// were on the node meanwhile: for cpu and dram alike, Σ runs + idle = the
+// node's energy.
+type HostEnergy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Start *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start,proto3" json:"start,omitempty"`
+	End   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=end,proto3" json:"end,omitempty"`
+	// Σ over sockets of the package domains (J): cores, caches, uncore.
+	CpuEnergyJ float64 `protobuf:"fixed64,3,opt,name=cpu_energy_j,json=cpuEnergyJ,proto3" json:"cpu_energy_j,omitempty"`
+	// Σ over sockets of the dram domains (J); valid when dram_ok (a node
+	// without a dram domain, most AMD CPUs, has none).
+	DramEnergyJ float64 `protobuf:"fixed64,4,opt,name=dram_energy_j,json=dramEnergyJ,proto3" json:"dram_energy_j,omitempty"`
+	DramOk      bool    `protobuf:"varint,5,opt,name=dram_ok,json=dramOk,proto3" json:"dram_ok,omitempty"`
+	// Every zone's energy over the interval, core/uncore/psys included
+	// (which are parts or supersets of the sums above, never added to them).
+	Zones []*RaplZoneEnergy  `protobuf:"bytes,6,rep,name=zones,proto3" json:"zones,omitempty"`
+	Runs  []*HostEnergyShare `protobuf:"bytes,7,rep,name=runs,proto3" json:"runs,omitempty"`
+	// What no run was on the node for: the node's idle host energy.
+	IdleCpuEnergyJ  float64 `protobuf:"fixed64,8,opt,name=idle_cpu_energy_j,json=idleCpuEnergyJ,proto3" json:"idle_cpu_energy_j,omitempty"`
+	IdleDramEnergyJ float64 `protobuf:"fixed64,9,opt,name=idle_dram_energy_j,json=idleDramEnergyJ,proto3" json:"idle_dram_energy_j,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *HostEnergy) Reset() {
+	*x = HostEnergy{}
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostEnergy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostEnergy) ProtoMessage() {}
+
+func (x *HostEnergy) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostEnergy.ProtoReflect.Descriptor instead.
+func (*HostEnergy) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *HostEnergy) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *HostEnergy) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+func (x *HostEnergy) GetCpuEnergyJ() float64 {
+	if x != nil {
+		return x.CpuEnergyJ
+	}
+	return 0
+}
+
+func (x *HostEnergy) GetDramEnergyJ() float64 {
+	if x != nil {
+		return x.DramEnergyJ
+	}
+	return 0
+}
+
+func (x *HostEnergy) GetDramOk() bool {
+	if x != nil {
+		return x.DramOk
+	}
+	return false
+}
+
+func (x *HostEnergy) GetZones() []*RaplZoneEnergy {
+	if x != nil {
+		return x.Zones
+	}
+	return nil
+}
+
+func (x *HostEnergy) GetRuns() []*HostEnergyShare {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+func (x *HostEnergy) GetIdleCpuEnergyJ() float64 {
+	if x != nil {
+		return x.IdleCpuEnergyJ
+	}
+	return 0
+}
+
+func (x *HostEnergy) GetIdleDramEnergyJ() float64 {
+	if x != nil {
+		return x.IdleDramEnergyJ
+	}
+	return 0
+}
+
+// RaplZoneEnergy is one powercap RAPL zone's energy over an interval.
+type RaplZoneEnergy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The package the zone belongs to; -1 for psys.
+	Socket int32 `protobuf:"varint,1,opt,name=socket,proto3" json:"socket,omitempty"`
+	// package, dram, core, uncore, psys ("" for a name the agent does not know).
+	Domain string `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"`
+	// The kernel's zone name (package-0, dram, ...).
+	Name          string  `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	EnergyJ       float64 `protobuf:"fixed64,4,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RaplZoneEnergy) Reset() {
+	*x = RaplZoneEnergy{}
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RaplZoneEnergy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RaplZoneEnergy) ProtoMessage() {}
+
+func (x *RaplZoneEnergy) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RaplZoneEnergy.ProtoReflect.Descriptor instead.
+func (*RaplZoneEnergy) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RaplZoneEnergy) GetSocket() int32 {
+	if x != nil {
+		return x.Socket
+	}
+	return 0
+}
+
+func (x *RaplZoneEnergy) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *RaplZoneEnergy) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RaplZoneEnergy) GetEnergyJ() float64 {
+	if x != nil {
+		return x.EnergyJ
+	}
+	return 0
+}
+
+// HostEnergyShare is one run's part of a HostEnergy interval.
+type HostEnergyShare struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	RunId      string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	CpuEnergyJ float64                `protobuf:"fixed64,2,opt,name=cpu_energy_j,json=cpuEnergyJ,proto3" json:"cpu_energy_j,omitempty"`
+	// Set when the interval's dram_ok.
+	DramEnergyJ float64 `protobuf:"fixed64,3,opt,name=dram_energy_j,json=dramEnergyJ,proto3" json:"dram_energy_j,omitempty"`
+	// The run's fraction of the interval's energy (0..1).
+	Share float64 `protobuf:"fixed64,4,opt,name=share,proto3" json:"share,omitempty"`
+	// How the time the run shared the node was split: "exclusive" (it was
+	// the only run), "cpu_time" (by its processes' CPU time), "equal" (CPU
+	// time unknown for a run), or "mixed" when the interval had several.
+	Split string `protobuf:"bytes,5,opt,name=split,proto3" json:"split,omitempty"`
+	// CPU seconds of the run's process tree over the interval, when read
+	// (only while two or more runs are on the node).
+	CpuS          float64 `protobuf:"fixed64,6,opt,name=cpu_s,json=cpuS,proto3" json:"cpu_s,omitempty"`
+	HasCpuS       bool    `protobuf:"varint,7,opt,name=has_cpu_s,json=hasCpuS,proto3" json:"has_cpu_s,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostEnergyShare) Reset() {
+	*x = HostEnergyShare{}
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostEnergyShare) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostEnergyShare) ProtoMessage() {}
+
+func (x *HostEnergyShare) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostEnergyShare.ProtoReflect.Descriptor instead.
+func (*HostEnergyShare) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *HostEnergyShare) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *HostEnergyShare) GetCpuEnergyJ() float64 {
+	if x != nil {
+		return x.CpuEnergyJ
+	}
+	return 0
+}
+
+func (x *HostEnergyShare) GetDramEnergyJ() float64 {
+	if x != nil {
+		return x.DramEnergyJ
+	}
+	return 0
+}
+
+func (x *HostEnergyShare) GetShare() float64 {
+	if x != nil {
+		return x.Share
+	}
+	return 0
+}
+
+func (x *HostEnergyShare) GetSplit() string {
+	if x != nil {
+		return x.Split
+	}
+	return ""
+}
+
+func (x *HostEnergyShare) GetCpuS() float64 {
+	if x != nil {
+		return x.CpuS
+	}
+	return 0
+}
+
+func (x *HostEnergyShare) GetHasCpuS() bool {
+	if x != nil {
+		return x.HasCpuS
+	}
+	return false
+}
+
 // RawSamples are one GPU's samples over a batch window, column by column
 // (packed: about 16 bytes a sample). All columns have the length of
 // t_unix_ns, except that utilization_pct and memory_used_mib may be empty
@@ -564,7 +889,7 @@ type RawSamples struct {
 
 func (x *RawSamples) Reset() {
 	*x = RawSamples{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +901,7 @@ func (x *RawSamples) String() string {
 func (*RawSamples) ProtoMessage() {}
 
 func (x *RawSamples) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +914,7 @@ func (x *RawSamples) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RawSamples.ProtoReflect.Descriptor instead.
 func (*RawSamples) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{5}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RawSamples) GetGpu() uint32 {
@@ -643,14 +968,20 @@ type DataLoss struct {
 	// was sent at least once but never acked: the collector may have applied
 	// it (the ack was lost), so it ignores the record if it holds that batch.
 	// Zero: batches that were never sent, certainly lost.
-	Seq           uint64 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Seq uint64 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`
+	// --- collector pair (i21-pair, 700–749) ---
+	// Only inside an agent's spool: the collectors of its --collector list
+	// (bit i = the i-th) this record is for, because the others had already
+	// acked the dropped batch; 0: all of them. The agent clears it before
+	// sending, so a collector never sees it set.
+	SpoolCollectors uint32 `protobuf:"varint,700,opt,name=spool_collectors,json=spoolCollectors,proto3" json:"spool_collectors,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DataLoss) Reset() {
 	*x = DataLoss{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +993,7 @@ func (x *DataLoss) String() string {
 func (*DataLoss) ProtoMessage() {}
 
 func (x *DataLoss) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +1006,7 @@ func (x *DataLoss) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataLoss.ProtoReflect.Descriptor instead.
 func (*DataLoss) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{6}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DataLoss) GetRunId() string {
@@ -723,6 +1054,13 @@ func (x *DataLoss) GetReason() string {
 func (x *DataLoss) GetSeq() uint64 {
 	if x != nil {
 		return x.Seq
+	}
+	return 0
+}
+
+func (x *DataLoss) GetSpoolCollectors() uint32 {
+	if x != nil {
+		return x.SpoolCollectors
 	}
 	return 0
 }
@@ -779,7 +1117,7 @@ type GpuWindow struct {
 
 func (x *GpuWindow) Reset() {
 	*x = GpuWindow{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -791,7 +1129,7 @@ func (x *GpuWindow) String() string {
 func (*GpuWindow) ProtoMessage() {}
 
 func (x *GpuWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -804,7 +1142,7 @@ func (x *GpuWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuWindow.ProtoReflect.Descriptor instead.
 func (*GpuWindow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{7}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GpuWindow) GetGpu() uint32 {
@@ -1072,7 +1410,7 @@ type RunWindow struct {
 
 func (x *RunWindow) Reset() {
 	*x = RunWindow{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1422,7 @@ func (x *RunWindow) String() string {
 func (*RunWindow) ProtoMessage() {}
 
 func (x *RunWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1435,7 @@ func (x *RunWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWindow.ProtoReflect.Descriptor instead.
 func (*RunWindow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{8}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RunWindow) GetRunId() string {
@@ -1339,7 +1677,7 @@ type GpuShare struct {
 
 func (x *GpuShare) Reset() {
 	*x = GpuShare{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1689,7 @@ func (x *GpuShare) String() string {
 func (*GpuShare) ProtoMessage() {}
 
 func (x *GpuShare) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1702,7 @@ func (x *GpuShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuShare.ProtoReflect.Descriptor instead.
 func (*GpuShare) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{9}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GpuShare) GetGpu() uint32 {
@@ -1416,14 +1754,18 @@ type RunEvent struct {
 	//	*RunEvent_RunStart
 	//	*RunEvent_RunEnd
 	//	*RunEvent_Eval
-	Event         isRunEvent_Event `protobuf_oneof:"event"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Event isRunEvent_Event `protobuf_oneof:"event"`
+	// --- collector pair (i21-pair, 700–749) ---
+	// Only inside an agent's spool, on an event carried from a dropped batch:
+	// as DataLoss.spool_collectors. Cleared before sending.
+	SpoolCollectors uint32 `protobuf:"varint,700,opt,name=spool_collectors,json=spoolCollectors,proto3" json:"spool_collectors,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1777,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1790,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{10}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RunEvent) GetEvent() isRunEvent_Event {
@@ -1483,6 +1825,13 @@ func (x *RunEvent) GetEval() *Eval {
 		}
 	}
 	return nil
+}
+
+func (x *RunEvent) GetSpoolCollectors() uint32 {
+	if x != nil {
+		return x.SpoolCollectors
+	}
+	return 0
 }
 
 type isRunEvent_Event interface {
@@ -1550,7 +1899,7 @@ type RunStart struct {
 
 func (x *RunStart) Reset() {
 	*x = RunStart{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1911,7 @@ func (x *RunStart) String() string {
 func (*RunStart) ProtoMessage() {}
 
 func (x *RunStart) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1924,7 @@ func (x *RunStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStart.ProtoReflect.Descriptor instead.
 func (*RunStart) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{11}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RunStart) GetRunId() string {
@@ -1775,7 +2124,7 @@ type RunMetadata struct {
 
 func (x *RunMetadata) Reset() {
 	*x = RunMetadata{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1787,7 +2136,7 @@ func (x *RunMetadata) String() string {
 func (*RunMetadata) ProtoMessage() {}
 
 func (x *RunMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1800,7 +2149,7 @@ func (x *RunMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunMetadata.ProtoReflect.Descriptor instead.
 func (*RunMetadata) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{12}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunMetadata) GetModel() string {
@@ -1921,7 +2270,7 @@ type RunEnd struct {
 
 func (x *RunEnd) Reset() {
 	*x = RunEnd{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1933,7 +2282,7 @@ func (x *RunEnd) String() string {
 func (*RunEnd) ProtoMessage() {}
 
 func (x *RunEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1946,7 +2295,7 @@ func (x *RunEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEnd.ProtoReflect.Descriptor instead.
 func (*RunEnd) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{13}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunEnd) GetRunId() string {
@@ -2009,7 +2358,7 @@ type Eval struct {
 
 func (x *Eval) Reset() {
 	*x = Eval{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2021,7 +2370,7 @@ func (x *Eval) String() string {
 func (*Eval) ProtoMessage() {}
 
 func (x *Eval) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2034,7 +2383,7 @@ func (x *Eval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eval.ProtoReflect.Descriptor instead.
 func (*Eval) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{14}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Eval) GetRunId() string {
@@ -2112,7 +2461,7 @@ type HostWindow struct {
 
 func (x *HostWindow) Reset() {
 	*x = HostWindow{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2124,7 +2473,7 @@ func (x *HostWindow) String() string {
 func (*HostWindow) ProtoMessage() {}
 
 func (x *HostWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2137,7 +2486,7 @@ func (x *HostWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostWindow.ProtoReflect.Descriptor instead.
 func (*HostWindow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{15}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HostWindow) GetMemoryUsedMib() float64 {
@@ -2177,7 +2526,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2189,7 +2538,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2202,7 +2551,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{16}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -2224,7 +2573,7 @@ type Reject struct {
 
 func (x *Reject) Reset() {
 	*x = Reject{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2236,7 +2585,7 @@ func (x *Reject) String() string {
 func (*Reject) ProtoMessage() {}
 
 func (x *Reject) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2249,7 +2598,7 @@ func (x *Reject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reject.ProtoReflect.Descriptor instead.
 func (*Reject) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{17}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Reject) GetSeq() uint64 {
@@ -2280,7 +2629,7 @@ type Advisory struct {
 
 func (x *Advisory) Reset() {
 	*x = Advisory{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2292,7 +2641,7 @@ func (x *Advisory) String() string {
 func (*Advisory) ProtoMessage() {}
 
 func (x *Advisory) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2305,7 +2654,7 @@ func (x *Advisory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Advisory.ProtoReflect.Descriptor instead.
 func (*Advisory) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{18}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Advisory) GetRunId() string {
@@ -2365,7 +2714,7 @@ type Stop struct {
 
 func (x *Stop) Reset() {
 	*x = Stop{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2377,7 +2726,7 @@ func (x *Stop) String() string {
 func (*Stop) ProtoMessage() {}
 
 func (x *Stop) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2390,7 +2739,7 @@ func (x *Stop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stop.ProtoReflect.Descriptor instead.
 func (*Stop) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{19}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Stop) GetReason() string {
@@ -2430,7 +2779,7 @@ type DataloaderAdvice struct {
 
 func (x *DataloaderAdvice) Reset() {
 	*x = DataloaderAdvice{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[20]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2442,7 +2791,7 @@ func (x *DataloaderAdvice) String() string {
 func (*DataloaderAdvice) ProtoMessage() {}
 
 func (x *DataloaderAdvice) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[20]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2455,7 +2804,7 @@ func (x *DataloaderAdvice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataloaderAdvice.ProtoReflect.Descriptor instead.
 func (*DataloaderAdvice) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{20}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DataloaderAdvice) GetNumWorkers() uint32 {
@@ -2548,7 +2897,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x03ack\x18\x01 \x01(\v2\x12.trainmeter.v1.AckH\x00R\x03ack\x125\n" +
 	"\badvisory\x18\x02 \x01(\v2\x17.trainmeter.v1.AdvisoryH\x00R\badvisory\x12/\n" +
 	"\x06reject\x18\x03 \x01(\v2\x15.trainmeter.v1.RejectH\x00R\x06rejectB\x05\n" +
-	"\x03msg\"\xe1\x01\n" +
+	"\x03msg\"\x90\x02\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12#\n" +
@@ -2557,7 +2906,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\vgpu_backend\x18\x05 \x01(\tR\n" +
 	"gpuBackend\x129\n" +
 	"\n" +
-	"started_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xef\x01\n" +
+	"started_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12-\n" +
+	"\x12host_energy_status\x18\x8a\x05 \x01(\tR\x10hostEnergyStatus\"\x88\x02\n" +
 	"\aGpuInfo\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x12\n" +
@@ -2565,7 +2915,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x10memory_total_mib\x18\x04 \x01(\x04R\x0ememoryTotalMib\x12\"\n" +
 	"\rpower_limit_w\x18\x05 \x01(\x01R\vpowerLimitW\x12,\n" +
 	"\x12has_energy_counter\x18\x06 \x01(\bR\x10hasEnergyCounter\x12*\n" +
-	"\x11has_instant_power\x18\a \x01(\bR\x0fhasInstantPower\"\xdd\x03\n" +
+	"\x11has_instant_power\x18\a \x01(\bR\x0fhasInstantPower\x12\x17\n" +
+	"\x06vendor\x18\xd8\x04 \x01(\tR\x06vendor\"\x9a\x04\n" +
 	"\x05Batch\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -2580,14 +2931,42 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x04host\x18\a \x01(\v2\x19.trainmeter.v1.HostWindowR\x04host\x12/\n" +
 	"\x06losses\x18\b \x03(\v2\x17.trainmeter.v1.DataLossR\x06losses\x12:\n" +
 	"\vraw_samples\x18\t \x03(\v2\x19.trainmeter.v1.RawSamplesR\n" +
-	"rawSamples\"\xa4\x01\n" +
+	"rawSamples\x12;\n" +
+	"\vhost_energy\x18\x8a\x05 \x03(\v2\x19.trainmeter.v1.HostEnergyR\n" +
+	"hostEnergy\"\x8c\x03\n" +
+	"\n" +
+	"HostEnergy\x120\n" +
+	"\x05start\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
+	"\x03end\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12 \n" +
+	"\fcpu_energy_j\x18\x03 \x01(\x01R\n" +
+	"cpuEnergyJ\x12\"\n" +
+	"\rdram_energy_j\x18\x04 \x01(\x01R\vdramEnergyJ\x12\x17\n" +
+	"\adram_ok\x18\x05 \x01(\bR\x06dramOk\x123\n" +
+	"\x05zones\x18\x06 \x03(\v2\x1d.trainmeter.v1.RaplZoneEnergyR\x05zones\x122\n" +
+	"\x04runs\x18\a \x03(\v2\x1e.trainmeter.v1.HostEnergyShareR\x04runs\x12)\n" +
+	"\x11idle_cpu_energy_j\x18\b \x01(\x01R\x0eidleCpuEnergyJ\x12+\n" +
+	"\x12idle_dram_energy_j\x18\t \x01(\x01R\x0fidleDramEnergyJ\"o\n" +
+	"\x0eRaplZoneEnergy\x12\x16\n" +
+	"\x06socket\x18\x01 \x01(\x05R\x06socket\x12\x16\n" +
+	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x19\n" +
+	"\benergy_j\x18\x04 \x01(\x01R\aenergyJ\"\xcb\x01\n" +
+	"\x0fHostEnergyShare\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12 \n" +
+	"\fcpu_energy_j\x18\x02 \x01(\x01R\n" +
+	"cpuEnergyJ\x12\"\n" +
+	"\rdram_energy_j\x18\x03 \x01(\x01R\vdramEnergyJ\x12\x14\n" +
+	"\x05share\x18\x04 \x01(\x01R\x05share\x12\x14\n" +
+	"\x05split\x18\x05 \x01(\tR\x05split\x12\x13\n" +
+	"\x05cpu_s\x18\x06 \x01(\x01R\x04cpuS\x12\x1a\n" +
+	"\thas_cpu_s\x18\a \x01(\bR\ahasCpuS\"\xa4\x01\n" +
 	"\n" +
 	"RawSamples\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\rR\x03gpu\x12\x1a\n" +
 	"\tt_unix_ns\x18\x02 \x03(\x06R\atUnixNs\x12\x17\n" +
 	"\apower_w\x18\x03 \x03(\x02R\x06powerW\x12'\n" +
 	"\x0futilization_pct\x18\x04 \x03(\x02R\x0eutilizationPct\x12&\n" +
-	"\x0fmemory_used_mib\x18\x05 \x03(\x02R\rmemoryUsedMib\"\xb9\x01\n" +
+	"\x0fmemory_used_mib\x18\x05 \x03(\x02R\rmemoryUsedMib\"\xe5\x01\n" +
 	"\bDataLoss\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\x04R\abatches\x12\x16\n" +
@@ -2596,7 +2975,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\vgpu_seconds\x18\x05 \x01(\x01R\n" +
 	"gpuSeconds\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x10\n" +
-	"\x03seq\x18\a \x01(\x04R\x03seq\"\xb7\t\n" +
+	"\x03seq\x18\a \x01(\x04R\x03seq\x12*\n" +
+	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectors\"\xb7\t\n" +
 	"\tGpuWindow\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\rR\x03gpu\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12(\n" +
@@ -2679,11 +3059,12 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x13energy_integrated_j\x18\x04 \x01(\x01R\x11energyIntegratedJ\x12\x1f\n" +
 	"\vgpu_seconds\x18\x05 \x01(\x01R\n" +
 	"gpuSeconds\x12,\n" +
-	"\x12shared_gpu_seconds\x18\x06 \x01(\x01R\x10sharedGpuSeconds\"\xa8\x01\n" +
+	"\x12shared_gpu_seconds\x18\x06 \x01(\x01R\x10sharedGpuSeconds\"\xd4\x01\n" +
 	"\bRunEvent\x126\n" +
 	"\trun_start\x18\x01 \x01(\v2\x17.trainmeter.v1.RunStartH\x00R\brunStart\x120\n" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
-	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04evalB\a\n" +
+	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04eval\x12*\n" +
+	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectorsB\a\n" +
 	"\x05event\"\xae\a\n" +
 	"\bRunStart\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
@@ -2809,7 +3190,7 @@ func file_trainmeter_v1_ingest_proto_rawDescGZIP() []byte {
 }
 
 var file_trainmeter_v1_ingest_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_trainmeter_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_trainmeter_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_trainmeter_v1_ingest_proto_goTypes = []any{
 	(Phase)(0),                    // 0: trainmeter.v1.Phase
 	(*StreamRequest)(nil),         // 1: trainmeter.v1.StreamRequest
@@ -2817,63 +3198,71 @@ var file_trainmeter_v1_ingest_proto_goTypes = []any{
 	(*Hello)(nil),                 // 3: trainmeter.v1.Hello
 	(*GpuInfo)(nil),               // 4: trainmeter.v1.GpuInfo
 	(*Batch)(nil),                 // 5: trainmeter.v1.Batch
-	(*RawSamples)(nil),            // 6: trainmeter.v1.RawSamples
-	(*DataLoss)(nil),              // 7: trainmeter.v1.DataLoss
-	(*GpuWindow)(nil),             // 8: trainmeter.v1.GpuWindow
-	(*RunWindow)(nil),             // 9: trainmeter.v1.RunWindow
-	(*GpuShare)(nil),              // 10: trainmeter.v1.GpuShare
-	(*RunEvent)(nil),              // 11: trainmeter.v1.RunEvent
-	(*RunStart)(nil),              // 12: trainmeter.v1.RunStart
-	(*RunMetadata)(nil),           // 13: trainmeter.v1.RunMetadata
-	(*RunEnd)(nil),                // 14: trainmeter.v1.RunEnd
-	(*Eval)(nil),                  // 15: trainmeter.v1.Eval
-	(*HostWindow)(nil),            // 16: trainmeter.v1.HostWindow
-	(*Ack)(nil),                   // 17: trainmeter.v1.Ack
-	(*Reject)(nil),                // 18: trainmeter.v1.Reject
-	(*Advisory)(nil),              // 19: trainmeter.v1.Advisory
-	(*Stop)(nil),                  // 20: trainmeter.v1.Stop
-	(*DataloaderAdvice)(nil),      // 21: trainmeter.v1.DataloaderAdvice
-	nil,                           // 22: trainmeter.v1.RunStart.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*HostEnergy)(nil),            // 6: trainmeter.v1.HostEnergy
+	(*RaplZoneEnergy)(nil),        // 7: trainmeter.v1.RaplZoneEnergy
+	(*HostEnergyShare)(nil),       // 8: trainmeter.v1.HostEnergyShare
+	(*RawSamples)(nil),            // 9: trainmeter.v1.RawSamples
+	(*DataLoss)(nil),              // 10: trainmeter.v1.DataLoss
+	(*GpuWindow)(nil),             // 11: trainmeter.v1.GpuWindow
+	(*RunWindow)(nil),             // 12: trainmeter.v1.RunWindow
+	(*GpuShare)(nil),              // 13: trainmeter.v1.GpuShare
+	(*RunEvent)(nil),              // 14: trainmeter.v1.RunEvent
+	(*RunStart)(nil),              // 15: trainmeter.v1.RunStart
+	(*RunMetadata)(nil),           // 16: trainmeter.v1.RunMetadata
+	(*RunEnd)(nil),                // 17: trainmeter.v1.RunEnd
+	(*Eval)(nil),                  // 18: trainmeter.v1.Eval
+	(*HostWindow)(nil),            // 19: trainmeter.v1.HostWindow
+	(*Ack)(nil),                   // 20: trainmeter.v1.Ack
+	(*Reject)(nil),                // 21: trainmeter.v1.Reject
+	(*Advisory)(nil),              // 22: trainmeter.v1.Advisory
+	(*Stop)(nil),                  // 23: trainmeter.v1.Stop
+	(*DataloaderAdvice)(nil),      // 24: trainmeter.v1.DataloaderAdvice
+	nil,                           // 25: trainmeter.v1.RunStart.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
 }
 var file_trainmeter_v1_ingest_proto_depIdxs = []int32{
 	3,  // 0: trainmeter.v1.StreamRequest.hello:type_name -> trainmeter.v1.Hello
 	5,  // 1: trainmeter.v1.StreamRequest.batch:type_name -> trainmeter.v1.Batch
-	17, // 2: trainmeter.v1.StreamResponse.ack:type_name -> trainmeter.v1.Ack
-	19, // 3: trainmeter.v1.StreamResponse.advisory:type_name -> trainmeter.v1.Advisory
-	18, // 4: trainmeter.v1.StreamResponse.reject:type_name -> trainmeter.v1.Reject
+	20, // 2: trainmeter.v1.StreamResponse.ack:type_name -> trainmeter.v1.Ack
+	22, // 3: trainmeter.v1.StreamResponse.advisory:type_name -> trainmeter.v1.Advisory
+	21, // 4: trainmeter.v1.StreamResponse.reject:type_name -> trainmeter.v1.Reject
 	4,  // 5: trainmeter.v1.Hello.gpus:type_name -> trainmeter.v1.GpuInfo
-	23, // 6: trainmeter.v1.Hello.started_at:type_name -> google.protobuf.Timestamp
-	23, // 7: trainmeter.v1.Batch.window_start:type_name -> google.protobuf.Timestamp
-	23, // 8: trainmeter.v1.Batch.window_end:type_name -> google.protobuf.Timestamp
-	8,  // 9: trainmeter.v1.Batch.gpu_windows:type_name -> trainmeter.v1.GpuWindow
-	9,  // 10: trainmeter.v1.Batch.run_windows:type_name -> trainmeter.v1.RunWindow
-	11, // 11: trainmeter.v1.Batch.run_events:type_name -> trainmeter.v1.RunEvent
-	16, // 12: trainmeter.v1.Batch.host:type_name -> trainmeter.v1.HostWindow
-	7,  // 13: trainmeter.v1.Batch.losses:type_name -> trainmeter.v1.DataLoss
-	6,  // 14: trainmeter.v1.Batch.raw_samples:type_name -> trainmeter.v1.RawSamples
-	23, // 15: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
-	23, // 16: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
-	0,  // 17: trainmeter.v1.RunWindow.phase:type_name -> trainmeter.v1.Phase
-	10, // 18: trainmeter.v1.RunWindow.gpu_shares:type_name -> trainmeter.v1.GpuShare
-	12, // 19: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
-	14, // 20: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
-	15, // 21: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
-	23, // 22: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
-	13, // 23: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
-	22, // 24: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
-	23, // 25: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
-	23, // 26: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
-	23, // 27: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
-	20, // 28: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
-	21, // 29: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
-	1,  // 30: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
-	2,  // 31: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
-	31, // [31:32] is the sub-list for method output_type
-	30, // [30:31] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	26, // 6: trainmeter.v1.Hello.started_at:type_name -> google.protobuf.Timestamp
+	26, // 7: trainmeter.v1.Batch.window_start:type_name -> google.protobuf.Timestamp
+	26, // 8: trainmeter.v1.Batch.window_end:type_name -> google.protobuf.Timestamp
+	11, // 9: trainmeter.v1.Batch.gpu_windows:type_name -> trainmeter.v1.GpuWindow
+	12, // 10: trainmeter.v1.Batch.run_windows:type_name -> trainmeter.v1.RunWindow
+	14, // 11: trainmeter.v1.Batch.run_events:type_name -> trainmeter.v1.RunEvent
+	19, // 12: trainmeter.v1.Batch.host:type_name -> trainmeter.v1.HostWindow
+	10, // 13: trainmeter.v1.Batch.losses:type_name -> trainmeter.v1.DataLoss
+	9,  // 14: trainmeter.v1.Batch.raw_samples:type_name -> trainmeter.v1.RawSamples
+	6,  // 15: trainmeter.v1.Batch.host_energy:type_name -> trainmeter.v1.HostEnergy
+	26, // 16: trainmeter.v1.HostEnergy.start:type_name -> google.protobuf.Timestamp
+	26, // 17: trainmeter.v1.HostEnergy.end:type_name -> google.protobuf.Timestamp
+	7,  // 18: trainmeter.v1.HostEnergy.zones:type_name -> trainmeter.v1.RaplZoneEnergy
+	8,  // 19: trainmeter.v1.HostEnergy.runs:type_name -> trainmeter.v1.HostEnergyShare
+	26, // 20: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
+	26, // 21: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
+	0,  // 22: trainmeter.v1.RunWindow.phase:type_name -> trainmeter.v1.Phase
+	13, // 23: trainmeter.v1.RunWindow.gpu_shares:type_name -> trainmeter.v1.GpuShare
+	15, // 24: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
+	17, // 25: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
+	18, // 26: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
+	26, // 27: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
+	16, // 28: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
+	25, // 29: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
+	26, // 30: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
+	26, // 31: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
+	26, // 32: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
+	23, // 33: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
+	24, // 34: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
+	1,  // 35: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
+	2,  // 36: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
+	36, // [36:37] is the sub-list for method output_type
+	35, // [35:36] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_ingest_proto_init() }
@@ -2890,12 +3279,12 @@ func file_trainmeter_v1_ingest_proto_init() {
 		(*StreamResponse_Advisory)(nil),
 		(*StreamResponse_Reject)(nil),
 	}
-	file_trainmeter_v1_ingest_proto_msgTypes[10].OneofWrappers = []any{
+	file_trainmeter_v1_ingest_proto_msgTypes[13].OneofWrappers = []any{
 		(*RunEvent_RunStart)(nil),
 		(*RunEvent_RunEnd)(nil),
 		(*RunEvent_Eval)(nil),
 	}
-	file_trainmeter_v1_ingest_proto_msgTypes[18].OneofWrappers = []any{
+	file_trainmeter_v1_ingest_proto_msgTypes[21].OneofWrappers = []any{
 		(*Advisory_Stop)(nil),
 		(*Advisory_Dataloader)(nil),
 	}
@@ -2905,7 +3294,7 @@ func file_trainmeter_v1_ingest_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_ingest_proto_rawDesc), len(file_trainmeter_v1_ingest_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

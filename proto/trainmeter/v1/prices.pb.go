@@ -37,7 +37,12 @@ type PriceOffer struct {
 	Location      string  `protobuf:"bytes,10,opt,name=location,proto3" json:"location,omitempty"`
 	InetDownMbps  float64 `protobuf:"fixed64,11,opt,name=inet_down_mbps,json=inetDownMbps,proto3" json:"inet_down_mbps,omitempty"`
 	// Recommendation score in [0, 1] (higher is better).
-	Score         float64 `protobuf:"fixed64,12,opt,name=score,proto3" json:"score,omitempty"`
+	Score float64 `protobuf:"fixed64,12,opt,name=score,proto3" json:"score,omitempty"`
+	// Price providers (issue 23): location above is the provider's region
+	// (Lambda's and Azure's region names, vast.ai's geolocation; empty for
+	// RunPod).
+	// spot: an interruptible offer (spot, low priority); false: on-demand.
+	Spot          bool `protobuf:"varint,800,opt,name=spot,proto3" json:"spot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -156,6 +161,13 @@ func (x *PriceOffer) GetScore() float64 {
 	return 0
 }
 
+func (x *PriceOffer) GetSpot() bool {
+	if x != nil {
+		return x.Spot
+	}
+	return false
+}
+
 type PriceTrend struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "24h", "7d", "30d".
@@ -252,8 +264,17 @@ type GpuPrice struct {
 	Trends                []*PriceTrend          `protobuf:"bytes,6,rep,name=trends,proto3" json:"trends,omitempty"`
 	Cheapest              *PriceOffer            `protobuf:"bytes,7,opt,name=cheapest,proto3" json:"cheapest,omitempty"`
 	Recommended           []*PriceOffer          `protobuf:"bytes,8,rep,name=recommended,proto3" json:"recommended,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Price providers (issue 23). The fields above are over on-demand
+	// offers (of every provider, or of ListPricesRequest.provider); spot
+	// offers are kept apart here (0 and empty without spot offers).
+	CheapestSpotUsdPerGpuHour float64     `protobuf:"fixed64,800,opt,name=cheapest_spot_usd_per_gpu_hour,json=cheapestSpotUsdPerGpuHour,proto3" json:"cheapest_spot_usd_per_gpu_hour,omitempty"`
+	MedianSpotUsdPerGpuHour   float64     `protobuf:"fixed64,801,opt,name=median_spot_usd_per_gpu_hour,json=medianSpotUsdPerGpuHour,proto3" json:"median_spot_usd_per_gpu_hour,omitempty"`
+	SpotOffers                uint32      `protobuf:"varint,802,opt,name=spot_offers,json=spotOffers,proto3" json:"spot_offers,omitempty"`
+	CheapestSpot              *PriceOffer `protobuf:"bytes,803,opt,name=cheapest_spot,json=cheapestSpot,proto3" json:"cheapest_spot,omitempty"`
+	// providers with offers of this model, sorted.
+	Providers     []string `protobuf:"bytes,804,rep,name=providers,proto3" json:"providers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GpuPrice) Reset() {
@@ -342,18 +363,155 @@ func (x *GpuPrice) GetRecommended() []*PriceOffer {
 	return nil
 }
 
+func (x *GpuPrice) GetCheapestSpotUsdPerGpuHour() float64 {
+	if x != nil {
+		return x.CheapestSpotUsdPerGpuHour
+	}
+	return 0
+}
+
+func (x *GpuPrice) GetMedianSpotUsdPerGpuHour() float64 {
+	if x != nil {
+		return x.MedianSpotUsdPerGpuHour
+	}
+	return 0
+}
+
+func (x *GpuPrice) GetSpotOffers() uint32 {
+	if x != nil {
+		return x.SpotOffers
+	}
+	return 0
+}
+
+func (x *GpuPrice) GetCheapestSpot() *PriceOffer {
+	if x != nil {
+		return x.CheapestSpot
+	}
+	return nil
+}
+
+func (x *GpuPrice) GetProviders() []string {
+	if x != nil {
+		return x.Providers
+	}
+	return nil
+}
+
+// PriceProviderStatus is how one price provider's catalog stands.
+type PriceProviderStatus struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Provider string                 `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
+	// Offers of the provider in the catalog: from its latest fetch, or its
+	// last good one when that failed.
+	Offers uint32 `protobuf:"varint,2,opt,name=offers,proto3" json:"offers,omitempty"`
+	// Entries of that answer skipped because they could not be priced.
+	Skipped uint32 `protobuf:"varint,3,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	// When the offers were fetched (unset: never).
+	Fetched *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=fetched,proto3" json:"fetched,omitempty"`
+	// Why the latest fetch failed (empty: it did not), and when.
+	Error     string                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	ErrorTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=error_time,json=errorTime,proto3" json:"error_time,omitempty"`
+	// The catalog came from `trainmeter prices import`.
+	Imported      bool `protobuf:"varint,7,opt,name=imported,proto3" json:"imported,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PriceProviderStatus) Reset() {
+	*x = PriceProviderStatus{}
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PriceProviderStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PriceProviderStatus) ProtoMessage() {}
+
+func (x *PriceProviderStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PriceProviderStatus.ProtoReflect.Descriptor instead.
+func (*PriceProviderStatus) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PriceProviderStatus) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
+func (x *PriceProviderStatus) GetOffers() uint32 {
+	if x != nil {
+		return x.Offers
+	}
+	return 0
+}
+
+func (x *PriceProviderStatus) GetSkipped() uint32 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
+}
+
+func (x *PriceProviderStatus) GetFetched() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Fetched
+	}
+	return nil
+}
+
+func (x *PriceProviderStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *PriceProviderStatus) GetErrorTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ErrorTime
+	}
+	return nil
+}
+
+func (x *PriceProviderStatus) GetImported() bool {
+	if x != nil {
+		return x.Imported
+	}
+	return false
+}
+
 type ListPricesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty: every GPU model (no recommendations); set: that model, matched
 	// case-insensitively, with its recommended offers.
-	Gpu           string `protobuf:"bytes,1,opt,name=gpu,proto3" json:"gpu,omitempty"`
+	Gpu string `protobuf:"bytes,1,opt,name=gpu,proto3" json:"gpu,omitempty"`
+	// Price providers (issue 23): only this provider's offers ("vastai",
+	// "lambda", "runpod", "azure", "file", or an imported list's provider).
+	Provider      string `protobuf:"bytes,800,opt,name=provider,proto3" json:"provider,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListPricesRequest) Reset() {
 	*x = ListPricesRequest{}
-	mi := &file_trainmeter_v1_prices_proto_msgTypes[3]
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -365,7 +523,7 @@ func (x *ListPricesRequest) String() string {
 func (*ListPricesRequest) ProtoMessage() {}
 
 func (x *ListPricesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_prices_proto_msgTypes[3]
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -378,7 +536,7 @@ func (x *ListPricesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPricesRequest.ProtoReflect.Descriptor instead.
 func (*ListPricesRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{3}
+	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListPricesRequest) GetGpu() string {
@@ -388,17 +546,27 @@ func (x *ListPricesRequest) GetGpu() string {
 	return ""
 }
 
+func (x *ListPricesRequest) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
 type ListPricesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Gpus          []*GpuPrice            `protobuf:"bytes,1,rep,name=gpus,proto3" json:"gpus,omitempty"`
-	Provider      string                 `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Gpus  []*GpuPrice            `protobuf:"bytes,1,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	// The configured providers, comma-separated.
+	Provider string `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
+	// Price providers (issue 23): each provider's catalog.
+	Providers     []*PriceProviderStatus `protobuf:"bytes,800,rep,name=providers,proto3" json:"providers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListPricesResponse) Reset() {
 	*x = ListPricesResponse{}
-	mi := &file_trainmeter_v1_prices_proto_msgTypes[4]
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -410,7 +578,7 @@ func (x *ListPricesResponse) String() string {
 func (*ListPricesResponse) ProtoMessage() {}
 
 func (x *ListPricesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_prices_proto_msgTypes[4]
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -423,7 +591,7 @@ func (x *ListPricesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPricesResponse.ProtoReflect.Descriptor instead.
 func (*ListPricesResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{4}
+	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListPricesResponse) GetGpus() []*GpuPrice {
@@ -440,6 +608,13 @@ func (x *ListPricesResponse) GetProvider() string {
 	return ""
 }
 
+func (x *ListPricesResponse) GetProviders() []*PriceProviderStatus {
+	if x != nil {
+		return x.Providers
+	}
+	return nil
+}
+
 type FetchPricesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -448,7 +623,7 @@ type FetchPricesRequest struct {
 
 func (x *FetchPricesRequest) Reset() {
 	*x = FetchPricesRequest{}
-	mi := &file_trainmeter_v1_prices_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -460,7 +635,7 @@ func (x *FetchPricesRequest) String() string {
 func (*FetchPricesRequest) ProtoMessage() {}
 
 func (x *FetchPricesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_prices_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -473,21 +648,25 @@ func (x *FetchPricesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchPricesRequest.ProtoReflect.Descriptor instead.
 func (*FetchPricesRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{5}
+	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{6}
 }
 
 type FetchPricesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Offers        uint32                 `protobuf:"varint,1,opt,name=offers,proto3" json:"offers,omitempty"`
-	GpuModels     uint32                 `protobuf:"varint,2,opt,name=gpu_models,json=gpuModels,proto3" json:"gpu_models,omitempty"`
-	Alerts        uint32                 `protobuf:"varint,3,opt,name=alerts,proto3" json:"alerts,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Offers and GPU models in the catalog after the fetch (a failed
+	// provider's last good offers included).
+	Offers    uint32 `protobuf:"varint,1,opt,name=offers,proto3" json:"offers,omitempty"`
+	GpuModels uint32 `protobuf:"varint,2,opt,name=gpu_models,json=gpuModels,proto3" json:"gpu_models,omitempty"`
+	Alerts    uint32 `protobuf:"varint,3,opt,name=alerts,proto3" json:"alerts,omitempty"`
+	// Price providers (issue 23): how each provider's fetch went.
+	Providers     []*PriceProviderStatus `protobuf:"bytes,800,rep,name=providers,proto3" json:"providers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FetchPricesResponse) Reset() {
 	*x = FetchPricesResponse{}
-	mi := &file_trainmeter_v1_prices_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -499,7 +678,7 @@ func (x *FetchPricesResponse) String() string {
 func (*FetchPricesResponse) ProtoMessage() {}
 
 func (x *FetchPricesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_prices_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -512,7 +691,7 @@ func (x *FetchPricesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchPricesResponse.ProtoReflect.Descriptor instead.
 func (*FetchPricesResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{6}
+	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *FetchPricesResponse) GetOffers() uint32 {
@@ -536,6 +715,13 @@ func (x *FetchPricesResponse) GetAlerts() uint32 {
 	return 0
 }
 
+func (x *FetchPricesResponse) GetProviders() []*PriceProviderStatus {
+	if x != nil {
+		return x.Providers
+	}
+	return nil
+}
+
 type ImportPricesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Offers        []*PriceOffer          `protobuf:"bytes,1,rep,name=offers,proto3" json:"offers,omitempty"`
@@ -545,7 +731,7 @@ type ImportPricesRequest struct {
 
 func (x *ImportPricesRequest) Reset() {
 	*x = ImportPricesRequest{}
-	mi := &file_trainmeter_v1_prices_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -557,7 +743,7 @@ func (x *ImportPricesRequest) String() string {
 func (*ImportPricesRequest) ProtoMessage() {}
 
 func (x *ImportPricesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_prices_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -570,7 +756,7 @@ func (x *ImportPricesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportPricesRequest.ProtoReflect.Descriptor instead.
 func (*ImportPricesRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{7}
+	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ImportPricesRequest) GetOffers() []*PriceOffer {
@@ -591,7 +777,7 @@ type ImportPricesResponse struct {
 
 func (x *ImportPricesResponse) Reset() {
 	*x = ImportPricesResponse{}
-	mi := &file_trainmeter_v1_prices_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +789,7 @@ func (x *ImportPricesResponse) String() string {
 func (*ImportPricesResponse) ProtoMessage() {}
 
 func (x *ImportPricesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_prices_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_prices_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +802,7 @@ func (x *ImportPricesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportPricesResponse.ProtoReflect.Descriptor instead.
 func (*ImportPricesResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{8}
+	return file_trainmeter_v1_prices_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ImportPricesResponse) GetOffers() uint32 {
@@ -644,7 +830,7 @@ var File_trainmeter_v1_prices_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_prices_proto_rawDesc = "" +
 	"\n" +
-	"\x1atrainmeter/v1/prices.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf7\x02\n" +
+	"\x1atrainmeter/v1/prices.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x03\n" +
 	"\n" +
 	"PriceOffer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
@@ -661,7 +847,8 @@ const file_trainmeter_v1_prices_proto_rawDesc = "" +
 	"\blocation\x18\n" +
 	" \x01(\tR\blocation\x12$\n" +
 	"\x0einet_down_mbps\x18\v \x01(\x01R\finetDownMbps\x12\x14\n" +
-	"\x05score\x18\f \x01(\x01R\x05score\"\xa1\x01\n" +
+	"\x05score\x18\f \x01(\x01R\x05score\x12\x13\n" +
+	"\x04spot\x18\xa0\x06 \x01(\bR\x04spot\"\xa1\x01\n" +
 	"\n" +
 	"PriceTrend\x12\x16\n" +
 	"\x06window\x18\x01 \x01(\tR\x06window\x12\x16\n" +
@@ -669,7 +856,7 @@ const file_trainmeter_v1_prices_proto_rawDesc = "" +
 	"\amin_usd\x18\x03 \x01(\x01R\x06minUsd\x12\x17\n" +
 	"\amax_usd\x18\x04 \x01(\x01R\x06maxUsd\x12\x19\n" +
 	"\bmean_usd\x18\x05 \x01(\x01R\ameanUsd\x12\x16\n" +
-	"\x06points\x18\x06 \x01(\rR\x06points\"\x8a\x03\n" +
+	"\x06points\x18\x06 \x01(\rR\x06points\"\x90\x05\n" +
 	"\bGpuPrice\x12\x19\n" +
 	"\bgpu_name\x18\x01 \x01(\tR\agpuName\x128\n" +
 	"\x19cheapest_usd_per_gpu_hour\x18\x02 \x01(\x01R\x15cheapestUsdPerGpuHour\x124\n" +
@@ -678,18 +865,36 @@ const file_trainmeter_v1_prices_proto_rawDesc = "" +
 	"\afetched\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\afetched\x121\n" +
 	"\x06trends\x18\x06 \x03(\v2\x19.trainmeter.v1.PriceTrendR\x06trends\x125\n" +
 	"\bcheapest\x18\a \x01(\v2\x19.trainmeter.v1.PriceOfferR\bcheapest\x12;\n" +
-	"\vrecommended\x18\b \x03(\v2\x19.trainmeter.v1.PriceOfferR\vrecommended\"%\n" +
+	"\vrecommended\x18\b \x03(\v2\x19.trainmeter.v1.PriceOfferR\vrecommended\x12B\n" +
+	"\x1echeapest_spot_usd_per_gpu_hour\x18\xa0\x06 \x01(\x01R\x19cheapestSpotUsdPerGpuHour\x12>\n" +
+	"\x1cmedian_spot_usd_per_gpu_hour\x18\xa1\x06 \x01(\x01R\x17medianSpotUsdPerGpuHour\x12 \n" +
+	"\vspot_offers\x18\xa2\x06 \x01(\rR\n" +
+	"spotOffers\x12?\n" +
+	"\rcheapest_spot\x18\xa3\x06 \x01(\v2\x19.trainmeter.v1.PriceOfferR\fcheapestSpot\x12\x1d\n" +
+	"\tproviders\x18\xa4\x06 \x03(\tR\tproviders\"\x86\x02\n" +
+	"\x13PriceProviderStatus\x12\x1a\n" +
+	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x16\n" +
+	"\x06offers\x18\x02 \x01(\rR\x06offers\x12\x18\n" +
+	"\askipped\x18\x03 \x01(\rR\askipped\x124\n" +
+	"\afetched\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\afetched\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x129\n" +
+	"\n" +
+	"error_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\terrorTime\x12\x1a\n" +
+	"\bimported\x18\a \x01(\bR\bimported\"B\n" +
 	"\x11ListPricesRequest\x12\x10\n" +
-	"\x03gpu\x18\x01 \x01(\tR\x03gpu\"]\n" +
+	"\x03gpu\x18\x01 \x01(\tR\x03gpu\x12\x1b\n" +
+	"\bprovider\x18\xa0\x06 \x01(\tR\bprovider\"\xa0\x01\n" +
 	"\x12ListPricesResponse\x12+\n" +
 	"\x04gpus\x18\x01 \x03(\v2\x17.trainmeter.v1.GpuPriceR\x04gpus\x12\x1a\n" +
-	"\bprovider\x18\x02 \x01(\tR\bprovider\"\x14\n" +
-	"\x12FetchPricesRequest\"d\n" +
+	"\bprovider\x18\x02 \x01(\tR\bprovider\x12A\n" +
+	"\tproviders\x18\xa0\x06 \x03(\v2\".trainmeter.v1.PriceProviderStatusR\tproviders\"\x14\n" +
+	"\x12FetchPricesRequest\"\xa7\x01\n" +
 	"\x13FetchPricesResponse\x12\x16\n" +
 	"\x06offers\x18\x01 \x01(\rR\x06offers\x12\x1d\n" +
 	"\n" +
 	"gpu_models\x18\x02 \x01(\rR\tgpuModels\x12\x16\n" +
-	"\x06alerts\x18\x03 \x01(\rR\x06alerts\"H\n" +
+	"\x06alerts\x18\x03 \x01(\rR\x06alerts\x12A\n" +
+	"\tproviders\x18\xa0\x06 \x03(\v2\".trainmeter.v1.PriceProviderStatusR\tproviders\"H\n" +
 	"\x13ImportPricesRequest\x121\n" +
 	"\x06offers\x18\x01 \x03(\v2\x19.trainmeter.v1.PriceOfferR\x06offers\"e\n" +
 	"\x14ImportPricesResponse\x12\x16\n" +
@@ -715,37 +920,43 @@ func file_trainmeter_v1_prices_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_prices_proto_rawDescData
 }
 
-var file_trainmeter_v1_prices_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_trainmeter_v1_prices_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_trainmeter_v1_prices_proto_goTypes = []any{
 	(*PriceOffer)(nil),            // 0: trainmeter.v1.PriceOffer
 	(*PriceTrend)(nil),            // 1: trainmeter.v1.PriceTrend
 	(*GpuPrice)(nil),              // 2: trainmeter.v1.GpuPrice
-	(*ListPricesRequest)(nil),     // 3: trainmeter.v1.ListPricesRequest
-	(*ListPricesResponse)(nil),    // 4: trainmeter.v1.ListPricesResponse
-	(*FetchPricesRequest)(nil),    // 5: trainmeter.v1.FetchPricesRequest
-	(*FetchPricesResponse)(nil),   // 6: trainmeter.v1.FetchPricesResponse
-	(*ImportPricesRequest)(nil),   // 7: trainmeter.v1.ImportPricesRequest
-	(*ImportPricesResponse)(nil),  // 8: trainmeter.v1.ImportPricesResponse
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*PriceProviderStatus)(nil),   // 3: trainmeter.v1.PriceProviderStatus
+	(*ListPricesRequest)(nil),     // 4: trainmeter.v1.ListPricesRequest
+	(*ListPricesResponse)(nil),    // 5: trainmeter.v1.ListPricesResponse
+	(*FetchPricesRequest)(nil),    // 6: trainmeter.v1.FetchPricesRequest
+	(*FetchPricesResponse)(nil),   // 7: trainmeter.v1.FetchPricesResponse
+	(*ImportPricesRequest)(nil),   // 8: trainmeter.v1.ImportPricesRequest
+	(*ImportPricesResponse)(nil),  // 9: trainmeter.v1.ImportPricesResponse
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
 }
 var file_trainmeter_v1_prices_proto_depIdxs = []int32{
-	9, // 0: trainmeter.v1.GpuPrice.fetched:type_name -> google.protobuf.Timestamp
-	1, // 1: trainmeter.v1.GpuPrice.trends:type_name -> trainmeter.v1.PriceTrend
-	0, // 2: trainmeter.v1.GpuPrice.cheapest:type_name -> trainmeter.v1.PriceOffer
-	0, // 3: trainmeter.v1.GpuPrice.recommended:type_name -> trainmeter.v1.PriceOffer
-	2, // 4: trainmeter.v1.ListPricesResponse.gpus:type_name -> trainmeter.v1.GpuPrice
-	0, // 5: trainmeter.v1.ImportPricesRequest.offers:type_name -> trainmeter.v1.PriceOffer
-	3, // 6: trainmeter.v1.PriceService.ListPrices:input_type -> trainmeter.v1.ListPricesRequest
-	5, // 7: trainmeter.v1.PriceService.FetchPrices:input_type -> trainmeter.v1.FetchPricesRequest
-	7, // 8: trainmeter.v1.PriceService.ImportPrices:input_type -> trainmeter.v1.ImportPricesRequest
-	4, // 9: trainmeter.v1.PriceService.ListPrices:output_type -> trainmeter.v1.ListPricesResponse
-	6, // 10: trainmeter.v1.PriceService.FetchPrices:output_type -> trainmeter.v1.FetchPricesResponse
-	8, // 11: trainmeter.v1.PriceService.ImportPrices:output_type -> trainmeter.v1.ImportPricesResponse
-	9, // [9:12] is the sub-list for method output_type
-	6, // [6:9] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	10, // 0: trainmeter.v1.GpuPrice.fetched:type_name -> google.protobuf.Timestamp
+	1,  // 1: trainmeter.v1.GpuPrice.trends:type_name -> trainmeter.v1.PriceTrend
+	0,  // 2: trainmeter.v1.GpuPrice.cheapest:type_name -> trainmeter.v1.PriceOffer
+	0,  // 3: trainmeter.v1.GpuPrice.recommended:type_name -> trainmeter.v1.PriceOffer
+	0,  // 4: trainmeter.v1.GpuPrice.cheapest_spot:type_name -> trainmeter.v1.PriceOffer
+	10, // 5: trainmeter.v1.PriceProviderStatus.fetched:type_name -> google.protobuf.Timestamp
+	10, // 6: trainmeter.v1.PriceProviderStatus.error_time:type_name -> google.protobuf.Timestamp
+	2,  // 7: trainmeter.v1.ListPricesResponse.gpus:type_name -> trainmeter.v1.GpuPrice
+	3,  // 8: trainmeter.v1.ListPricesResponse.providers:type_name -> trainmeter.v1.PriceProviderStatus
+	3,  // 9: trainmeter.v1.FetchPricesResponse.providers:type_name -> trainmeter.v1.PriceProviderStatus
+	0,  // 10: trainmeter.v1.ImportPricesRequest.offers:type_name -> trainmeter.v1.PriceOffer
+	4,  // 11: trainmeter.v1.PriceService.ListPrices:input_type -> trainmeter.v1.ListPricesRequest
+	6,  // 12: trainmeter.v1.PriceService.FetchPrices:input_type -> trainmeter.v1.FetchPricesRequest
+	8,  // 13: trainmeter.v1.PriceService.ImportPrices:input_type -> trainmeter.v1.ImportPricesRequest
+	5,  // 14: trainmeter.v1.PriceService.ListPrices:output_type -> trainmeter.v1.ListPricesResponse
+	7,  // 15: trainmeter.v1.PriceService.FetchPrices:output_type -> trainmeter.v1.FetchPricesResponse
+	9,  // 16: trainmeter.v1.PriceService.ImportPrices:output_type -> trainmeter.v1.ImportPricesResponse
+	14, // [14:17] is the sub-list for method output_type
+	11, // [11:14] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_prices_proto_init() }
@@ -759,7 +970,7 @@ func file_trainmeter_v1_prices_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_prices_proto_rawDesc), len(file_trainmeter_v1_prices_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

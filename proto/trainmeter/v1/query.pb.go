@@ -223,8 +223,13 @@ type NodeUsage struct {
 	EnergyJ        float64                `protobuf:"fixed64,3,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
 	IdleGpuSeconds float64                `protobuf:"fixed64,4,opt,name=idle_gpu_seconds,json=idleGpuSeconds,proto3" json:"idle_gpu_seconds,omitempty"`
 	IdleEnergyJ    float64                `protobuf:"fixed64,5,opt,name=idle_energy_j,json=idleEnergyJ,proto3" json:"idle_energy_j,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// --- host energy (RAPL; i20-rapl) ---
+	// The node's CPU package + DRAM energy over the period (J), and the part
+	// no run was on the node for.
+	HostEnergyJ     float64 `protobuf:"fixed64,650,opt,name=host_energy_j,json=hostEnergyJ,proto3" json:"host_energy_j,omitempty"`
+	IdleHostEnergyJ float64 `protobuf:"fixed64,651,opt,name=idle_host_energy_j,json=idleHostEnergyJ,proto3" json:"idle_host_energy_j,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *NodeUsage) Reset() {
@@ -288,6 +293,20 @@ func (x *NodeUsage) GetIdleGpuSeconds() float64 {
 func (x *NodeUsage) GetIdleEnergyJ() float64 {
 	if x != nil {
 		return x.IdleEnergyJ
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetHostEnergyJ() float64 {
+	if x != nil {
+		return x.HostEnergyJ
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetIdleHostEnergyJ() float64 {
+	if x != nil {
+		return x.IdleHostEnergyJ
 	}
 	return 0
 }
@@ -1043,8 +1062,32 @@ type RunReport struct {
 	// the board's gain (about ±5 %, not correctable by software). Unset when
 	// the run has no measured window.
 	EnergyUncertaintyPct *float64 `protobuf:"fixed64,90,opt,name=energy_uncertainty_pct,json=energyUncertaintyPct,proto3,oneof" json:"energy_uncertainty_pct,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// --- host energy (RAPL; i20-rapl) ---
+	// The run's share of its nodes' CPU package and DRAM energy (J), whole
+	// run, all its nodes: unset when no node measured it (no RAPL, or the
+	// counters not readable). node_energy_j = energy_total_j (GPUs, whole
+	// run) + cpu_energy_j + dram_energy_j (0 where a node has no DRAM
+	// domain); unset without cpu_energy_j. host_energy_split: "exclusive",
+	// "cpu_time", "equal" or "mixed" (docs/measurement.md).
+	CpuEnergyJ      *float64 `protobuf:"fixed64,650,opt,name=cpu_energy_j,json=cpuEnergyJ,proto3,oneof" json:"cpu_energy_j,omitempty"`
+	DramEnergyJ     *float64 `protobuf:"fixed64,651,opt,name=dram_energy_j,json=dramEnergyJ,proto3,oneof" json:"dram_energy_j,omitempty"`
+	NodeEnergyJ     *float64 `protobuf:"fixed64,652,opt,name=node_energy_j,json=nodeEnergyJ,proto3,oneof" json:"node_energy_j,omitempty"`
+	HostEnergySplit string   `protobuf:"bytes,653,opt,name=host_energy_split,json=hostEnergySplit,proto3" json:"host_energy_split,omitempty"`
+	// --- carbon by the hour (i23-carbon; docs/costs.md, "CO2") ---
+	// co2_kg split by the carbon intensity the run's energy was consumed
+	// at, per zone and source (facility energy: GPU energy × PUE).
+	Co2Bands []*CarbonBand `protobuf:"bytes,850,rep,name=co2_bands,json=co2Bands,proto3" json:"co2_bands,omitempty"`
+	// The run's energy-weighted grid intensity, gCO2/kWh: co2_kg × 1000 /
+	// (energy_kwh × pue). Set with co2_kg.
+	Co2Gco2PerKwh float64 `protobuf:"fixed64,851,opt,name=co2_gco2_per_kwh,json=co2Gco2PerKwh,proto3" json:"co2_gco2_per_kwh,omitempty"`
+	// Where the intensities came from: "flat" (--grid-gco2-kwh), "file"
+	// (--carbon-file), "live" (--carbon-api), or "mixed"; "" without CO2.
+	Co2Source string `protobuf:"bytes,852,opt,name=co2_source,json=co2Source,proto3" json:"co2_source,omitempty"`
+	// The carbon zone that most of the run's energy was consumed in ("" when
+	// no node had one).
+	CarbonZone    string `protobuf:"bytes,853,opt,name=carbon_zone,json=carbonZone,proto3" json:"carbon_zone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
@@ -1700,6 +1743,143 @@ func (x *RunReport) GetEnergyUncertaintyPct() float64 {
 	return 0
 }
 
+func (x *RunReport) GetCpuEnergyJ() float64 {
+	if x != nil && x.CpuEnergyJ != nil {
+		return *x.CpuEnergyJ
+	}
+	return 0
+}
+
+func (x *RunReport) GetDramEnergyJ() float64 {
+	if x != nil && x.DramEnergyJ != nil {
+		return *x.DramEnergyJ
+	}
+	return 0
+}
+
+func (x *RunReport) GetNodeEnergyJ() float64 {
+	if x != nil && x.NodeEnergyJ != nil {
+		return *x.NodeEnergyJ
+	}
+	return 0
+}
+
+func (x *RunReport) GetHostEnergySplit() string {
+	if x != nil {
+		return x.HostEnergySplit
+	}
+	return ""
+}
+
+func (x *RunReport) GetCo2Bands() []*CarbonBand {
+	if x != nil {
+		return x.Co2Bands
+	}
+	return nil
+}
+
+func (x *RunReport) GetCo2Gco2PerKwh() float64 {
+	if x != nil {
+		return x.Co2Gco2PerKwh
+	}
+	return 0
+}
+
+func (x *RunReport) GetCo2Source() string {
+	if x != nil {
+		return x.Co2Source
+	}
+	return ""
+}
+
+func (x *RunReport) GetCarbonZone() string {
+	if x != nil {
+		return x.CarbonZone
+	}
+	return ""
+}
+
+// CarbonBand is the part of a run's energy consumed at one carbon
+// intensity in one zone (i23-carbon).
+type CarbonBand struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's carbon zone ("" for energy that no zone covered).
+	Zone string `protobuf:"bytes,1,opt,name=zone,proto3" json:"zone,omitempty"`
+	// "file", "live", or "flat" (the --grid-gco2-kwh fallback).
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// Facility energy (GPU energy × PUE), kWh.
+	Kwh           float64 `protobuf:"fixed64,3,opt,name=kwh,proto3" json:"kwh,omitempty"`
+	Gco2PerKwh    float64 `protobuf:"fixed64,4,opt,name=gco2_per_kwh,json=gco2PerKwh,proto3" json:"gco2_per_kwh,omitempty"`
+	Co2Kg         float64 `protobuf:"fixed64,5,opt,name=co2_kg,json=co2Kg,proto3" json:"co2_kg,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CarbonBand) Reset() {
+	*x = CarbonBand{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CarbonBand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CarbonBand) ProtoMessage() {}
+
+func (x *CarbonBand) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CarbonBand.ProtoReflect.Descriptor instead.
+func (*CarbonBand) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CarbonBand) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+func (x *CarbonBand) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *CarbonBand) GetKwh() float64 {
+	if x != nil {
+		return x.Kwh
+	}
+	return 0
+}
+
+func (x *CarbonBand) GetGco2PerKwh() float64 {
+	if x != nil {
+		return x.Gco2PerKwh
+	}
+	return 0
+}
+
+func (x *CarbonBand) GetCo2Kg() float64 {
+	if x != nil {
+		return x.Co2Kg
+	}
+	return 0
+}
+
 // Range is a figure with its uncertainty band: mid is the median of the
 // past runs' figure, low and high the best and worst of them.
 type Range struct {
@@ -1713,7 +1893,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1725,7 +1905,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1738,7 +1918,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Range) GetLow() float64 {
@@ -1797,7 +1977,7 @@ type RunEstimate struct {
 
 func (x *RunEstimate) Reset() {
 	*x = RunEstimate{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +1989,7 @@ func (x *RunEstimate) String() string {
 func (*RunEstimate) ProtoMessage() {}
 
 func (x *RunEstimate) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +2002,7 @@ func (x *RunEstimate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEstimate.ProtoReflect.Descriptor instead.
 func (*RunEstimate) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunEstimate) GetModel() string {
@@ -1964,7 +2144,7 @@ type EnergyBandCost struct {
 
 func (x *EnergyBandCost) Reset() {
 	*x = EnergyBandCost{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1976,7 +2156,7 @@ func (x *EnergyBandCost) String() string {
 func (*EnergyBandCost) ProtoMessage() {}
 
 func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1989,7 +2169,7 @@ func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnergyBandCost.ProtoReflect.Descriptor instead.
 func (*EnergyBandCost) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EnergyBandCost) GetBand() string {
@@ -2038,7 +2218,7 @@ type CompareRequest struct {
 
 func (x *CompareRequest) Reset() {
 	*x = CompareRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2050,7 +2230,7 @@ func (x *CompareRequest) String() string {
 func (*CompareRequest) ProtoMessage() {}
 
 func (x *CompareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2063,7 +2243,7 @@ func (x *CompareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareRequest.ProtoReflect.Descriptor instead.
 func (*CompareRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{19}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CompareRequest) GetRunIds() []string {
@@ -2113,7 +2293,7 @@ type CompareStat struct {
 
 func (x *CompareStat) Reset() {
 	*x = CompareStat{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2125,7 +2305,7 @@ func (x *CompareStat) String() string {
 func (*CompareStat) ProtoMessage() {}
 
 func (x *CompareStat) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2138,7 +2318,7 @@ func (x *CompareStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareStat.ProtoReflect.Descriptor instead.
 func (*CompareStat) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{20}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CompareStat) GetMean() float64 {
@@ -2206,7 +2386,7 @@ type CompareGroup struct {
 
 func (x *CompareGroup) Reset() {
 	*x = CompareGroup{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2218,7 +2398,7 @@ func (x *CompareGroup) String() string {
 func (*CompareGroup) ProtoMessage() {}
 
 func (x *CompareGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2231,7 +2411,7 @@ func (x *CompareGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareGroup.ProtoReflect.Descriptor instead.
 func (*CompareGroup) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{21}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CompareGroup) GetKey() string {
@@ -2328,7 +2508,7 @@ type CompareDiff struct {
 
 func (x *CompareDiff) Reset() {
 	*x = CompareDiff{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2340,7 +2520,7 @@ func (x *CompareDiff) String() string {
 func (*CompareDiff) ProtoMessage() {}
 
 func (x *CompareDiff) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2353,7 +2533,7 @@ func (x *CompareDiff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareDiff.ProtoReflect.Descriptor instead.
 func (*CompareDiff) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{22}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CompareDiff) GetValue() float64 {
@@ -2417,7 +2597,7 @@ type CompareRow struct {
 
 func (x *CompareRow) Reset() {
 	*x = CompareRow{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2609,7 @@ func (x *CompareRow) String() string {
 func (*CompareRow) ProtoMessage() {}
 
 func (x *CompareRow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2622,7 @@ func (x *CompareRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareRow.ProtoReflect.Descriptor instead.
 func (*CompareRow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{23}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CompareRow) GetKey() string {
@@ -2503,7 +2683,7 @@ type CompareResponse struct {
 
 func (x *CompareResponse) Reset() {
 	*x = CompareResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2515,7 +2695,7 @@ func (x *CompareResponse) String() string {
 func (*CompareResponse) ProtoMessage() {}
 
 func (x *CompareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2528,7 +2708,7 @@ func (x *CompareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareResponse.ProtoReflect.Descriptor instead.
 func (*CompareResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{24}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CompareResponse) GetBy() string {
@@ -2584,7 +2764,7 @@ type TimelineRequest struct {
 
 func (x *TimelineRequest) Reset() {
 	*x = TimelineRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2596,7 +2776,7 @@ func (x *TimelineRequest) String() string {
 func (*TimelineRequest) ProtoMessage() {}
 
 func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2609,7 +2789,7 @@ func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineRequest.ProtoReflect.Descriptor instead.
 func (*TimelineRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{25}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TimelineRequest) GetRunId() string {
@@ -2662,7 +2842,7 @@ type TimelineSeries struct {
 
 func (x *TimelineSeries) Reset() {
 	*x = TimelineSeries{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2674,7 +2854,7 @@ func (x *TimelineSeries) String() string {
 func (*TimelineSeries) ProtoMessage() {}
 
 func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2687,7 +2867,7 @@ func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineSeries.ProtoReflect.Descriptor instead.
 func (*TimelineSeries) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{26}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TimelineSeries) GetName() string {
@@ -2740,7 +2920,7 @@ type TimelineEvent struct {
 
 func (x *TimelineEvent) Reset() {
 	*x = TimelineEvent{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2752,7 +2932,7 @@ func (x *TimelineEvent) String() string {
 func (*TimelineEvent) ProtoMessage() {}
 
 func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2765,7 +2945,7 @@ func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineEvent.ProtoReflect.Descriptor instead.
 func (*TimelineEvent) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{27}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TimelineEvent) GetTime() *timestamppb.Timestamp {
@@ -2811,7 +2991,7 @@ type TimelineResponse struct {
 
 func (x *TimelineResponse) Reset() {
 	*x = TimelineResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2823,7 +3003,7 @@ func (x *TimelineResponse) String() string {
 func (*TimelineResponse) ProtoMessage() {}
 
 func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2836,7 +3016,7 @@ func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineResponse.ProtoReflect.Descriptor instead.
 func (*TimelineResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{28}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *TimelineResponse) GetRunId() string {
@@ -2903,14 +3083,16 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\fenergy_share\x18\t \x01(\x01R\venergyShare\x12!\n" +
 	"\fprice_source\x18\n" +
 	" \x01(\tR\vpriceSource\x12\x12\n" +
-	"\x04runs\x18\v \x01(\rR\x04runs\"\xa9\x01\n" +
+	"\x04runs\x18\v \x01(\rR\x04runs\"\xfc\x01\n" +
 	"\tNodeUsage\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vgpu_seconds\x18\x02 \x01(\x01R\n" +
 	"gpuSeconds\x12\x19\n" +
 	"\benergy_j\x18\x03 \x01(\x01R\aenergyJ\x12(\n" +
 	"\x10idle_gpu_seconds\x18\x04 \x01(\x01R\x0eidleGpuSeconds\x12\"\n" +
-	"\ridle_energy_j\x18\x05 \x01(\x01R\vidleEnergyJ\"\xe0\x01\n" +
+	"\ridle_energy_j\x18\x05 \x01(\x01R\vidleEnergyJ\x12#\n" +
+	"\rhost_energy_j\x18\x8a\x05 \x01(\x01R\vhostEnergyJ\x12,\n" +
+	"\x12idle_host_energy_j\x18\x8b\x05 \x01(\x01R\x0fidleHostEnergyJ\"\xe0\x01\n" +
 	"\rUsageResponse\x12\x0e\n" +
 	"\x02by\x18\x01 \x03(\tR\x02by\x12+\n" +
 	"\x04rows\x18\x02 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
@@ -2944,7 +3126,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\x85\x1c\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\x88\x1f\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -3049,7 +3231,18 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"maxCostUsd\x88\x01\x01\x127\n" +
 	"\bestimate\x18\xcb\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\x12&\n" +
 	"\x0eestimate_error\x18\xcc\x01 \x01(\tR\restimateError\x129\n" +
-	"\x16energy_uncertainty_pct\x18Z \x01(\x01H\x10R\x14energyUncertaintyPct\x88\x01\x01\x1a9\n" +
+	"\x16energy_uncertainty_pct\x18Z \x01(\x01H\x10R\x14energyUncertaintyPct\x88\x01\x01\x12&\n" +
+	"\fcpu_energy_j\x18\x8a\x05 \x01(\x01H\x11R\n" +
+	"cpuEnergyJ\x88\x01\x01\x12(\n" +
+	"\rdram_energy_j\x18\x8b\x05 \x01(\x01H\x12R\vdramEnergyJ\x88\x01\x01\x12(\n" +
+	"\rnode_energy_j\x18\x8c\x05 \x01(\x01H\x13R\vnodeEnergyJ\x88\x01\x01\x12+\n" +
+	"\x11host_energy_split\x18\x8d\x05 \x01(\tR\x0fhostEnergySplit\x127\n" +
+	"\tco2_bands\x18\xd2\x06 \x03(\v2\x19.trainmeter.v1.CarbonBandR\bco2Bands\x12(\n" +
+	"\x10co2_gco2_per_kwh\x18\xd3\x06 \x01(\x01R\rco2Gco2PerKwh\x12\x1e\n" +
+	"\n" +
+	"co2_source\x18\xd4\x06 \x01(\tR\tco2Source\x12 \n" +
+	"\vcarbon_zone\x18\xd5\x06 \x01(\tR\n" +
+	"carbonZone\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
@@ -3070,7 +3263,18 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04_mfuB\x0e\n" +
 	"\f_j_per_pflopB\x0f\n" +
 	"\r_max_cost_usdB\x19\n" +
-	"\x17_energy_uncertainty_pct\"?\n" +
+	"\x17_energy_uncertainty_pctB\x0f\n" +
+	"\r_cpu_energy_jB\x10\n" +
+	"\x0e_dram_energy_jB\x10\n" +
+	"\x0e_node_energy_j\"\x83\x01\n" +
+	"\n" +
+	"CarbonBand\x12\x12\n" +
+	"\x04zone\x18\x01 \x01(\tR\x04zone\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x10\n" +
+	"\x03kwh\x18\x03 \x01(\x01R\x03kwh\x12 \n" +
+	"\fgco2_per_kwh\x18\x04 \x01(\x01R\n" +
+	"gco2PerKwh\x12\x15\n" +
+	"\x06co2_kg\x18\x05 \x01(\x01R\x05co2Kg\"?\n" +
 	"\x05Range\x12\x10\n" +
 	"\x03low\x18\x01 \x01(\x01R\x03low\x12\x10\n" +
 	"\x03mid\x18\x02 \x01(\x01R\x03mid\x12\x12\n" +
@@ -3200,7 +3404,7 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*UsageRequest)(nil),          // 0: trainmeter.v1.UsageRequest
 	(*UsageRow)(nil),              // 1: trainmeter.v1.UsageRow
@@ -3218,91 +3422,93 @@ var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*ListNodesResponse)(nil),     // 13: trainmeter.v1.ListNodesResponse
 	(*NodeStatus)(nil),            // 14: trainmeter.v1.NodeStatus
 	(*RunReport)(nil),             // 15: trainmeter.v1.RunReport
-	(*Range)(nil),                 // 16: trainmeter.v1.Range
-	(*RunEstimate)(nil),           // 17: trainmeter.v1.RunEstimate
-	(*EnergyBandCost)(nil),        // 18: trainmeter.v1.EnergyBandCost
-	(*CompareRequest)(nil),        // 19: trainmeter.v1.CompareRequest
-	(*CompareStat)(nil),           // 20: trainmeter.v1.CompareStat
-	(*CompareGroup)(nil),          // 21: trainmeter.v1.CompareGroup
-	(*CompareDiff)(nil),           // 22: trainmeter.v1.CompareDiff
-	(*CompareRow)(nil),            // 23: trainmeter.v1.CompareRow
-	(*CompareResponse)(nil),       // 24: trainmeter.v1.CompareResponse
-	(*TimelineRequest)(nil),       // 25: trainmeter.v1.TimelineRequest
-	(*TimelineSeries)(nil),        // 26: trainmeter.v1.TimelineSeries
-	(*TimelineEvent)(nil),         // 27: trainmeter.v1.TimelineEvent
-	(*TimelineResponse)(nil),      // 28: trainmeter.v1.TimelineResponse
-	nil,                           // 29: trainmeter.v1.RunReport.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(*GpuInfo)(nil),               // 31: trainmeter.v1.GpuInfo
-	(*RunMetadata)(nil),           // 32: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 33: trainmeter.v1.Eval
+	(*CarbonBand)(nil),            // 16: trainmeter.v1.CarbonBand
+	(*Range)(nil),                 // 17: trainmeter.v1.Range
+	(*RunEstimate)(nil),           // 18: trainmeter.v1.RunEstimate
+	(*EnergyBandCost)(nil),        // 19: trainmeter.v1.EnergyBandCost
+	(*CompareRequest)(nil),        // 20: trainmeter.v1.CompareRequest
+	(*CompareStat)(nil),           // 21: trainmeter.v1.CompareStat
+	(*CompareGroup)(nil),          // 22: trainmeter.v1.CompareGroup
+	(*CompareDiff)(nil),           // 23: trainmeter.v1.CompareDiff
+	(*CompareRow)(nil),            // 24: trainmeter.v1.CompareRow
+	(*CompareResponse)(nil),       // 25: trainmeter.v1.CompareResponse
+	(*TimelineRequest)(nil),       // 26: trainmeter.v1.TimelineRequest
+	(*TimelineSeries)(nil),        // 27: trainmeter.v1.TimelineSeries
+	(*TimelineEvent)(nil),         // 28: trainmeter.v1.TimelineEvent
+	(*TimelineResponse)(nil),      // 29: trainmeter.v1.TimelineResponse
+	nil,                           // 30: trainmeter.v1.RunReport.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*GpuInfo)(nil),               // 32: trainmeter.v1.GpuInfo
+	(*RunMetadata)(nil),           // 33: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 34: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
-	30, // 0: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
-	30, // 1: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
+	31, // 0: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
+	31, // 1: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
 	1,  // 2: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
 	2,  // 3: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
-	30, // 4: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
-	30, // 5: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
+	31, // 4: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
+	31, // 5: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
 	15, // 6: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
 	15, // 7: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
 	15, // 8: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
 	14, // 9: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	31, // 10: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	30, // 11: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	32, // 12: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	30, // 13: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	30, // 14: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	33, // 15: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	29, // 16: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
-	18, // 17: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
-	17, // 18: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
-	16, // 19: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
-	16, // 20: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
-	16, // 21: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
-	16, // 22: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
-	30, // 23: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
-	20, // 24: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
-	20, // 25: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
-	20, // 26: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
-	20, // 27: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
-	20, // 28: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
-	22, // 29: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
-	22, // 30: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
-	22, // 31: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	22, // 32: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	22, // 33: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	21, // 34: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
-	23, // 35: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
-	30, // 36: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
-	30, // 37: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
-	30, // 38: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
-	26, // 39: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
-	27, // 40: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
-	30, // 41: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
-	30, // 42: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
-	30, // 43: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
-	4,  // 44: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	6,  // 45: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	8,  // 46: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	12, // 47: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	10, // 48: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	19, // 49: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
-	25, // 50: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
-	0,  // 51: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
-	5,  // 52: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	7,  // 53: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	9,  // 54: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	13, // 55: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	11, // 56: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	24, // 57: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
-	28, // 58: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
-	3,  // 59: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
-	52, // [52:60] is the sub-list for method output_type
-	44, // [44:52] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	32, // 10: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	31, // 11: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	33, // 12: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	31, // 13: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	31, // 14: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	34, // 15: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	30, // 16: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	19, // 17: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
+	18, // 18: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
+	16, // 19: trainmeter.v1.RunReport.co2_bands:type_name -> trainmeter.v1.CarbonBand
+	17, // 20: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
+	17, // 21: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
+	17, // 22: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
+	17, // 23: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
+	31, // 24: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
+	21, // 25: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
+	21, // 26: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
+	21, // 27: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
+	21, // 28: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
+	21, // 29: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
+	23, // 30: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
+	23, // 31: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
+	23, // 32: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	23, // 33: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	23, // 34: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	22, // 35: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
+	24, // 36: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
+	31, // 37: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
+	31, // 38: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
+	31, // 39: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
+	27, // 40: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
+	28, // 41: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
+	31, // 42: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
+	31, // 43: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
+	31, // 44: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
+	4,  // 45: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	6,  // 46: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	8,  // 47: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	12, // 48: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	10, // 49: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	20, // 50: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
+	26, // 51: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
+	0,  // 52: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
+	5,  // 53: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	7,  // 54: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	9,  // 55: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	13, // 56: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	11, // 57: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	25, // 58: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
+	29, // 59: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
+	3,  // 60: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
+	53, // [53:61] is the sub-list for method output_type
+	45, // [45:53] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -3318,7 +3524,7 @@ func file_trainmeter_v1_query_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

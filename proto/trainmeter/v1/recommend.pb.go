@@ -80,7 +80,7 @@ func (x *RecommendRequest) GetMinConfidence() float64 {
 type Recommendation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "batch_size", "early_stopping", "epoch_count", "dataset_size",
-	// "compute_tier", "power", "dataloader".
+	// "compute_tier", "power", "dataloader", "schedule".
 	Kind   string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	Title  string `protobuf:"bytes,2,opt,name=title,proto3" json:"title,omitempty"`
 	Action string `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
@@ -93,7 +93,11 @@ type Recommendation struct {
 	RunIds []string `protobuf:"bytes,8,rep,name=run_ids,json=runIds,proto3" json:"run_ids,omitempty"`
 	Model  string   `protobuf:"bytes,9,opt,name=model,proto3" json:"model,omitempty"`
 	// How the figures were reached (formula with the numbers).
-	Evidence      string `protobuf:"bytes,10,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	Evidence string `protobuf:"bytes,10,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	// --- carbon by the hour (i23-carbon) ---
+	// Estimated CO2 saved (the "schedule" kind: per run moved to the
+	// recommended hours), kg; 0 when the rule does not change CO2.
+	SavingsCo2Kg  float64 `protobuf:"fixed64,850,opt,name=savings_co2_kg,json=savingsCo2Kg,proto3" json:"savings_co2_kg,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -196,6 +200,13 @@ func (x *Recommendation) GetEvidence() string {
 		return x.Evidence
 	}
 	return ""
+}
+
+func (x *Recommendation) GetSavingsCo2Kg() float64 {
+	if x != nil {
+		return x.SavingsCo2Kg
+	}
+	return 0
 }
 
 type RecommendResponse struct {
@@ -637,7 +648,7 @@ const file_trainmeter_v1_recommend_proto_rawDesc = "" +
 	"\x1dtrainmeter/v1/recommend.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"R\n" +
 	"\x10RecommendRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\x12%\n" +
-	"\x0emin_confidence\x18\x02 \x01(\x01R\rminConfidence\"\x91\x02\n" +
+	"\x0emin_confidence\x18\x02 \x01(\x01R\rminConfidence\"\xb8\x02\n" +
 	"\x0eRecommendation\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05title\x18\x02 \x01(\tR\x05title\x12\x16\n" +
@@ -652,7 +663,8 @@ const file_trainmeter_v1_recommend_proto_rawDesc = "" +
 	"\arun_ids\x18\b \x03(\tR\x06runIds\x12\x14\n" +
 	"\x05model\x18\t \x01(\tR\x05model\x12\x1a\n" +
 	"\bevidence\x18\n" +
-	" \x01(\tR\bevidence\"\xb0\x01\n" +
+	" \x01(\tR\bevidence\x12%\n" +
+	"\x0esavings_co2_kg\x18\xd2\x06 \x01(\x01R\fsavingsCo2Kg\"\xb0\x01\n" +
 	"\x11RecommendResponse\x12G\n" +
 	"\x0frecommendations\x18\x01 \x03(\v2\x1d.trainmeter.v1.RecommendationR\x0frecommendations\x12*\n" +
 	"\x11total_savings_usd\x18\x02 \x01(\x01R\x0ftotalSavingsUsd\x12&\n" +

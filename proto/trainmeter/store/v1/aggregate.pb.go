@@ -91,8 +91,22 @@ type Aggregate struct {
 	User             string   `protobuf:"bytes,61,opt,name=user,proto3" json:"user,omitempty"`
 	Uid              uint32   `protobuf:"varint,62,opt,name=uid,proto3" json:"uid,omitempty"`
 	HasUid           bool     `protobuf:"varint,63,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// --- host energy (RAPL; i20-rapl) ---
+	// Σ of the run's HostEnergyShare parts from every node (J), whether any
+	// came (with DRAM), and the split rules seen.
+	HostCpuEnergyJ  float64  `protobuf:"fixed64,650,opt,name=host_cpu_energy_j,json=hostCpuEnergyJ,proto3" json:"host_cpu_energy_j,omitempty"`
+	HostDramEnergyJ float64  `protobuf:"fixed64,651,opt,name=host_dram_energy_j,json=hostDramEnergyJ,proto3" json:"host_dram_energy_j,omitempty"`
+	HasHostCpu      bool     `protobuf:"varint,652,opt,name=has_host_cpu,json=hasHostCpu,proto3" json:"has_host_cpu,omitempty"`
+	HasHostDram     bool     `protobuf:"varint,653,opt,name=has_host_dram,json=hasHostDram,proto3" json:"has_host_dram,omitempty"`
+	HostSplits      []string `protobuf:"bytes,654,rep,name=host_splits,json=hostSplits,proto3" json:"host_splits,omitempty"`
+	// --- carbon by the hour (i23-carbon; docs/costs.md, "CO2") ---
+	// energy_total booked, as it arrives, to the carbon intensity in force
+	// where and when it was consumed: key "ZONE|SOURCE|GCO2_PER_KWH"
+	// (cost.CarbonKey), value joules. Source "flat" (no intensity value)
+	// is energy no source covered, priced at the flat factor at report time.
+	CarbonByBand  map[string]float64 `protobuf:"bytes,850,rep,name=carbon_by_band,json=carbonByBand,proto3" json:"carbon_by_band,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -557,6 +571,48 @@ func (x *Aggregate) GetHasUid() bool {
 		return x.HasUid
 	}
 	return false
+}
+
+func (x *Aggregate) GetHostCpuEnergyJ() float64 {
+	if x != nil {
+		return x.HostCpuEnergyJ
+	}
+	return 0
+}
+
+func (x *Aggregate) GetHostDramEnergyJ() float64 {
+	if x != nil {
+		return x.HostDramEnergyJ
+	}
+	return 0
+}
+
+func (x *Aggregate) GetHasHostCpu() bool {
+	if x != nil {
+		return x.HasHostCpu
+	}
+	return false
+}
+
+func (x *Aggregate) GetHasHostDram() bool {
+	if x != nil {
+		return x.HasHostDram
+	}
+	return false
+}
+
+func (x *Aggregate) GetHostSplits() []string {
+	if x != nil {
+		return x.HostSplits
+	}
+	return nil
+}
+
+func (x *Aggregate) GetCarbonByBand() map[string]float64 {
+	if x != nil {
+		return x.CarbonByBand
+	}
+	return nil
 }
 
 type Metadata struct {
@@ -1125,7 +1181,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xc1\x13\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\x9f\x16\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1204,7 +1260,15 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x10max_sharing_runs\x18< \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
 	"\x04user\x18= \x01(\tR\x04user\x12\x10\n" +
 	"\x03uid\x18> \x01(\rR\x03uid\x12\x17\n" +
-	"\ahas_uid\x18? \x01(\bR\x06hasUid\x1aS\n" +
+	"\ahas_uid\x18? \x01(\bR\x06hasUid\x12*\n" +
+	"\x11host_cpu_energy_j\x18\x8a\x05 \x01(\x01R\x0ehostCpuEnergyJ\x12,\n" +
+	"\x12host_dram_energy_j\x18\x8b\x05 \x01(\x01R\x0fhostDramEnergyJ\x12!\n" +
+	"\fhas_host_cpu\x18\x8c\x05 \x01(\bR\n" +
+	"hasHostCpu\x12#\n" +
+	"\rhas_host_dram\x18\x8d\x05 \x01(\bR\vhasHostDram\x12 \n" +
+	"\vhost_splits\x18\x8e\x05 \x03(\tR\n" +
+	"hostSplits\x12W\n" +
+	"\x0ecarbon_by_band\x18\xd2\x06 \x03(\v20.trainmeter.store.v1.Aggregate.CarbonByBandEntryR\fcarbonByBand\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
@@ -1214,7 +1278,10 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1aX\n" +
 	"\tGpusEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x125\n" +
-	"\x05value\x18\x02 \x01(\v2\x1f.trainmeter.store.v1.GpuIndicesR\x05value:\x028\x01J\x04\b'\x10(\"\x98\x03\n" +
+	"\x05value\x18\x02 \x01(\v2\x1f.trainmeter.store.v1.GpuIndicesR\x05value:\x028\x01\x1a?\n" +
+	"\x11CarbonByBandEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01J\x04\b'\x10(\"\x98\x03\n" +
 	"\bMetadata\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x18\n" +
@@ -1296,7 +1363,7 @@ func file_trainmeter_store_v1_aggregate_proto_rawDescGZIP() []byte {
 	return file_trainmeter_store_v1_aggregate_proto_rawDescData
 }
 
-var file_trainmeter_store_v1_aggregate_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_trainmeter_store_v1_aggregate_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_trainmeter_store_v1_aggregate_proto_goTypes = []any{
 	(*Aggregate)(nil),  // 0: trainmeter.store.v1.Aggregate
 	(*Metadata)(nil),   // 1: trainmeter.store.v1.Metadata
@@ -1307,23 +1374,25 @@ var file_trainmeter_store_v1_aggregate_proto_goTypes = []any{
 	nil,                // 6: trainmeter.store.v1.Aggregate.NodesEntry
 	nil,                // 7: trainmeter.store.v1.Aggregate.EnergyByBandEntry
 	nil,                // 8: trainmeter.store.v1.Aggregate.GpusEntry
-	nil,                // 9: trainmeter.store.v1.Plan.LabelsEntry
+	nil,                // 9: trainmeter.store.v1.Aggregate.CarbonByBandEntry
+	nil,                // 10: trainmeter.store.v1.Plan.LabelsEntry
 }
 var file_trainmeter_store_v1_aggregate_proto_depIdxs = []int32{
-	1, // 0: trainmeter.store.v1.Aggregate.metadata:type_name -> trainmeter.store.v1.Metadata
-	2, // 1: trainmeter.store.v1.Aggregate.plan:type_name -> trainmeter.store.v1.Plan
-	6, // 2: trainmeter.store.v1.Aggregate.nodes:type_name -> trainmeter.store.v1.Aggregate.NodesEntry
-	7, // 3: trainmeter.store.v1.Aggregate.energy_by_band:type_name -> trainmeter.store.v1.Aggregate.EnergyByBandEntry
-	8, // 4: trainmeter.store.v1.Aggregate.gpus:type_name -> trainmeter.store.v1.Aggregate.GpusEntry
-	5, // 5: trainmeter.store.v1.Aggregate.evals:type_name -> trainmeter.store.v1.Eval
-	9, // 6: trainmeter.store.v1.Plan.labels:type_name -> trainmeter.store.v1.Plan.LabelsEntry
-	3, // 7: trainmeter.store.v1.Aggregate.NodesEntry.value:type_name -> trainmeter.store.v1.Node
-	4, // 8: trainmeter.store.v1.Aggregate.GpusEntry.value:type_name -> trainmeter.store.v1.GpuIndices
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	1,  // 0: trainmeter.store.v1.Aggregate.metadata:type_name -> trainmeter.store.v1.Metadata
+	2,  // 1: trainmeter.store.v1.Aggregate.plan:type_name -> trainmeter.store.v1.Plan
+	6,  // 2: trainmeter.store.v1.Aggregate.nodes:type_name -> trainmeter.store.v1.Aggregate.NodesEntry
+	7,  // 3: trainmeter.store.v1.Aggregate.energy_by_band:type_name -> trainmeter.store.v1.Aggregate.EnergyByBandEntry
+	8,  // 4: trainmeter.store.v1.Aggregate.gpus:type_name -> trainmeter.store.v1.Aggregate.GpusEntry
+	5,  // 5: trainmeter.store.v1.Aggregate.evals:type_name -> trainmeter.store.v1.Eval
+	9,  // 6: trainmeter.store.v1.Aggregate.carbon_by_band:type_name -> trainmeter.store.v1.Aggregate.CarbonByBandEntry
+	10, // 7: trainmeter.store.v1.Plan.labels:type_name -> trainmeter.store.v1.Plan.LabelsEntry
+	3,  // 8: trainmeter.store.v1.Aggregate.NodesEntry.value:type_name -> trainmeter.store.v1.Node
+	4,  // 9: trainmeter.store.v1.Aggregate.GpusEntry.value:type_name -> trainmeter.store.v1.GpuIndices
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_store_v1_aggregate_proto_init() }
@@ -1337,7 +1406,7 @@ func file_trainmeter_store_v1_aggregate_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_store_v1_aggregate_proto_rawDesc), len(file_trainmeter_store_v1_aggregate_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

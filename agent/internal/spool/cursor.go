@@ -1,0 +1,296 @@
+package spool
+
+// Cursors: one per collector of a pair (or more) over the same records.
+// Each collector's acks are kept apart (record.ackedBy, ack-log kind
+// 'A'+i); a record is done, and its segment may go, once every collector
+// has acked it. A record dropped to make room is lost only for the
+// collectors that had not acked it: the loss records and carried run events
+// say which (DataLoss/RunEvent.spool_collectors, a bit per cursor), and
+// ReadAfter gives each collector only its own, with the mask cleared.
+
+import (
+	"fmt"
+	"slices"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// MaxCollectors is how many collectors (cursors) one spool serves.
+const MaxCollectors = 8
+
+// CursorStats are one collector's counters since Open.
+type CursorStats struct {
+	Acked, Rejected uint64
+}
+
+// Cursor is one collector's view of the spool: what it has not acked.
+// It is safe for concurrent use.
+type Cursor struct {
+	s *Spool
+	i int
+}
+
+func checkCollectors(names []string) error {
+	if len(names) > MaxCollectors {
+		return fmt.Errorf("spool: %d collectors; at most %d", len(names), MaxCollectors)
+	}
+	for i, n := range names {
+		if slices.Contains(names[:i], n) {
+			return fmt.Errorf("spool: collector %q is named twice", n)
+		}
+	}
+	return nil
+}
+
+// Cursors is the number of collectors the spool serves.
+func (s *Spool) Cursors() int { return max(len(s.names), 1) }
+
+// Cursor returns the i-th collector's cursor (0 ≤ i < Cursors()).
+func (s *Spool) Cursor(i int) *Cursor {
+	if i < 0 || i >= s.Cursors() {
+		panic(fmt.Sprintf("spool: cursor %d of %d", i, s.Cursors()))
+	}
+	return &Cursor{s: s, i: i}
+}
+
+// Name is the collector's name as given in Options.Collectors ("" if none).
+func (c *Cursor) Name() string {
+	if c.i < len(c.s.names) {
+		return c.s.names[c.i]
+	}
+	return ""
+}
+
+// Ack marks seq delivered to this collector. Unknown seqs (already acked or
+// dropped) are ignored.
+func (c *Cursor) Ack(seq uint64) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ackLocked(c.i, seq) {
+		s.stats.Acked++
+		s.cursorStats[c.i].Acked++
+	}
+}
+
+// Reject drops seq for this collector for good (it refused the batch) and
+// reports the loss to it alone; the other collectors still get the batch.
+func (c *Cursor) Reject(seq uint64, reason string) {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	c.s.rejectLocked(c.i, seq, reason)
+}
+
+// MarkSent records that seq went out on a stream, so that if it is dropped
+// later its loss is reported as in doubt (a collector may hold it).
+func (c *Cursor) MarkSent(seq uint64) {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if r := c.s.bySeq[seq]; r != nil {
+		r.sent = true
+	}
+}
+
+// ReadAfter returns up to n batches with seq > after that this collector has
+// not acked, in seq order, each carrying only the loss records and carried
+// run events meant for this collector.
+func (c *Cursor) ReadAfter(after uint64, n int) ([]*trainmeterv1.Batch, error) {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	return c.s.readAfterLocked(c.i, after, n)
+}
+
+// Len is the number of batches held that this collector has not acked.
+func (c *Cursor) Len() int {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	return c.s.pendingFor[c.i]
+}
+
+// countPending sets pendingFor from the records (at open; afterwards it is
+// kept up to date as records come, are acked and go).
+func (s *Spool) countPending() {
+	s.pendingFor = [MaxCollectors]int{}
+	for _, g := range s.segs {
+		for _, r := range g.recs {
+			s.pend(r)
+		}
+	}
+}
+
+// unpend takes a record that goes (dropped, unreadable) off the pending
+// count of every collector that had not acked it.
+func (s *Spool) unpend(r *record) {
+	if r.acked || r.gone {
+		return
+	}
+	for i := range s.Cursors() {
+		if r.ackedBy&(1<<i) == 0 {
+			s.pendingFor[i]--
+		}
+	}
+}
+
+// pend counts a record held on every collector that has not acked it.
+func (s *Spool) pend(r *record) {
+	if r.acked || r.gone {
+		return
+	}
+	for i := range s.Cursors() {
+		if r.ackedBy&(1<<i) == 0 {
+			s.pendingFor[i]++
+		}
+	}
+}
+
+// Stats returns this collector's counters.
+func (c *Cursor) Stats() CursorStats {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	return c.s.cursorStats[c.i]
+}
+
+// cursorRemap maps the cursor index of each ack-log kind, as written by the
+// process before (the state's collector names), to this spool's, or -1 when
+// that collector is no longer configured. A spool from before names were
+// kept, or one opened without names, maps index to index.
+func (s *Spool) cursorRemap() (m [MaxCollectors]int, remapped bool) {
+	for i := range m {
+		m[i] = -1
+	}
+	n := s.Cursors()
+	if len(s.loadedNames) == 0 || len(s.names) == 0 {
+		for i := range n {
+			m[i] = i
+		}
+		return m, false
+	}
+	for old, name := range s.loadedNames {
+		if old < MaxCollectors {
+			m[old] = slices.Index(s.names, name)
+			remapped = remapped || m[old] != old
+		}
+	}
+	if !slices.Equal(s.loadedNames, s.names) {
+		s.log.Info("spool: the collector list changed; acks are kept per collector name, and a new collector gets the batches still pending for any of them",
+			"before", s.loadedNames, "now", s.names)
+	}
+	return m, remapped
+}
+
+// noCollector is a mask no cursor matches: a record meant only for
+// collectors no longer configured.
+const noCollector = 1 << 31
+
+// maskNow translates a mask written by the previous process (its cursor
+// indices) to this one's; ok is false when none of its collectors is left.
+func (s *Spool) maskNow(old uint32) (mask uint32, ok bool) {
+	if !s.remapped || old == 0 {
+		return old, true
+	}
+	var m uint8
+	for i := range MaxCollectors {
+		if old&(1<<i) != 0 && s.before[i] >= 0 {
+			m |= 1 << s.before[i]
+		}
+	}
+	if m == 0 {
+		return 0, false
+	}
+	if m == s.all {
+		return 0, true
+	}
+	return uint32(m), true
+}
+
+// fromBefore translates the masks of a batch written before this open.
+func (s *Spool) fromBefore(b *trainmeterv1.Batch) {
+	if !s.remapped || b.Seq >= s.openSeq {
+		return
+	}
+	for _, l := range b.Losses {
+		if m, ok := s.maskNow(l.SpoolCollectors); ok {
+			l.SpoolCollectors = m
+		} else {
+			l.SpoolCollectors = noCollector
+		}
+	}
+	for _, e := range b.RunEvents {
+		if m, ok := s.maskNow(e.SpoolCollectors); ok {
+			e.SpoolCollectors = m
+		} else {
+			e.SpoolCollectors = noCollector
+		}
+	}
+}
+
+// narrow restricts a record meant for have (0: every collector) to the
+// collectors in to. ok is false when none is left; 0 again means all.
+func (s *Spool) narrow(have uint32, to uint8) (mask uint32, ok bool) {
+	eff := s.all
+	if have != 0 {
+		eff = uint8(have) & s.all
+	}
+	m := eff & to
+	if m == 0 {
+		return 0, false
+	}
+	if m == s.all {
+		return 0, true
+	}
+	return uint32(m), true
+}
+
+// forCollector keeps only the loss records and carried events of b meant
+// for collector i, and clears their masks: a collector never sees one.
+func (s *Spool) forCollector(b *trainmeterv1.Batch, i int) *trainmeterv1.Batch {
+	bit := uint32(1) << i
+	for _, l := range b.Losses {
+		if l.SpoolCollectors != 0 {
+			b.Losses = slices.DeleteFunc(b.Losses, func(l *trainmeterv1.DataLoss) bool {
+				return l.SpoolCollectors != 0 && l.SpoolCollectors&bit == 0
+			})
+			break
+		}
+	}
+	for _, l := range b.Losses {
+		l.SpoolCollectors = 0
+	}
+	for _, e := range b.RunEvents {
+		if e.SpoolCollectors != 0 {
+			b.RunEvents = slices.DeleteFunc(b.RunEvents, func(e *trainmeterv1.RunEvent) bool {
+				return e.SpoolCollectors != 0 && e.SpoolCollectors&bit == 0
+			})
+			break
+		}
+	}
+	for _, e := range b.RunEvents {
+		e.SpoolCollectors = 0
+	}
+	return b
+}
+
+// maskNames names the collectors in mask, for logs.
+func (s *Spool) maskNames(mask uint8) []string {
+	var out []string
+	for i := range s.Cursors() {
+		if mask&(1<<i) == 0 {
+			continue
+		}
+		if i < len(s.names) {
+			out = append(out, s.names[i])
+		} else {
+			out = append(out, "collector")
+		}
+	}
+	return out
+}
+
+// lossKey keys the pending aggregated loss records: per run and per set of
+// collectors it is for.
+func lossKey(run string, collectors uint32) string {
+	if collectors == 0 {
+		return run
+	}
+	return fmt.Sprintf("%s\x00%d", run, collectors)
+}

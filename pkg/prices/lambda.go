@@ -1,0 +1,159 @@
+package prices
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"sort"
+	"strings"
+)
+
+// DefaultLambdaURL is Lambda's cloud API server.
+const DefaultLambdaURL = "https://cloud.lambda.ai"
+
+// Lambda fetches Lambda Cloud's on-demand instance types from
+// GET {BaseURL}/api/v1/instance-types, whose answer is
+//
+//	{"data": {"gpu_8x_h100_sxm5": {"instance_type": {"name", "description",
+//	  "gpu_description", "price_cents_per_hour", "specs": {"vcpus",
+//	  "memory_gib", "storage_gib", "gpus"}},
+//	  "regions_with_capacity_available": [{"name", "description"}]}, ...}}
+//
+// Each instance type gives one offer per region with capacity now (an
+// instance type without capacity gives none); the offer's price is
+// price_cents_per_hour / 100 for all specs.gpus GPUs, so its per-GPU price
+// is that divided by specs.gpus. The GPU model is gpu_description ("H100
+// (80 GB SXM5)"), else description without its "8x " count.
+type Lambda struct {
+	// BaseURL of the API (DefaultLambdaURL if empty).
+	BaseURL string
+	// APIKey is sent as "Authorization: Bearer KEY" (Lambda's API needs
+	// one).
+	APIKey string
+	HTTPOptions
+}
+
+// Name implements Provider.
+func (*Lambda) Name() string { return "lambda" }
+
+// Offers implements Provider.
+func (l *Lambda) Offers(ctx context.Context) ([]Offer, error) {
+	offers, _, err := l.FetchOffers(ctx)
+	return offers, err
+}
+
+// FetchOffers implements CountingProvider.
+func (l *Lambda) FetchOffers(ctx context.Context) ([]Offer, int, error) {
+	base := strings.TrimRight(l.BaseURL, "/")
+	if base == "" {
+		base = DefaultLambdaURL
+	}
+	body, err := l.get(ctx, "Lambda instance types from "+base, func(ctx context.Context) (*http.Request, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/instance-types", nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Accept", "application/json")
+		if l.APIKey != "" {
+			req.Header.Set("Authorization", "Bearer "+l.APIKey)
+		}
+		return req, nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return ParseLambdaInstanceTypes(body, l.Name())
+}
+
+type lambdaInstanceType struct {
+	InstanceType struct {
+		Name              string   `json:"name"`
+		Description       string   `json:"description"`
+		GPUDescription    string   `json:"gpu_description"`
+		PriceCentsPerHour *float64 `json:"price_cents_per_hour"`
+		Specs             struct {
+			GPUs float64 `json:"gpus"`
+		} `json:"specs"`
+	} `json:"instance_type"`
+	Regions []struct {
+		Name        string `json:"name"`
+		Description string `json:"description"`
+	} `json:"regions_with_capacity_available"`
+}
+
+// ParseLambdaInstanceTypes decodes Lambda's instance-types answer (see
+// Lambda). An instance type that cannot be priced (no price, no whole
+// number of GPUs >= 1, no GPU name, a field of the wrong type) is skipped
+// and counted; an answer without a "data" object is an error.
+func ParseLambdaInstanceTypes(body []byte, provider string) (offers []Offer, skipped int, err error) {
+	var doc struct {
+		Data map[string]json.RawMessage `json:"data"`
+	}
+	if err := json.Unmarshal(body, &doc); err != nil {
+		return nil, 0, fmt.Errorf("Lambda instance types: %w", err)
+	}
+	if doc.Data == nil {
+		return nil, 0, errors.New(`Lambda instance types: no "data" object`)
+	}
+	names := make([]string, 0, len(doc.Data))
+	for k := range doc.Data {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		var it lambdaInstanceType
+		if err := json.Unmarshal(doc.Data[k], &it); err != nil {
+			skipped++
+			continue
+		}
+		t := it.InstanceType
+		gpu := strings.TrimSpace(t.GPUDescription)
+		if gpu == "" {
+			gpu = strings.TrimSpace(stripCount(t.Description))
+		}
+		n := 0
+		if g := t.Specs.GPUs; g == math.Trunc(g) && g >= 1 && g <= math.MaxInt32 {
+			n = int(g)
+		}
+		price := 0.0
+		if t.PriceCentsPerHour != nil {
+			price = *t.PriceCentsPerHour / 100
+		}
+		name := t.Name
+		if name == "" {
+			name = k
+		}
+		o := Offer{ID: name, Provider: provider, GPUName: gpu, NumGPUs: n, USDPerHour: price, GPURAMGB: float64(ParseGPUModel(gpu).MemGB)}
+		if o.Validate() != nil {
+			skipped++
+			continue
+		}
+		for _, r := range it.Regions {
+			if strings.TrimSpace(r.Name) == "" {
+				continue
+			}
+			ro := o
+			ro.ID, ro.Location = name+"@"+r.Name, r.Name
+			offers = append(offers, ro)
+		}
+	}
+	return offers, skipped, nil
+}
+
+// stripCount drops a leading "8x " from a description ("8x H100 (80 GB
+// SXM5)").
+func stripCount(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, ' '); i > 1 && (s[i-1] == 'x' || s[i-1] == 'X') && isDigits(s[:i-1]) {
+		return s[i+1:]
+	}
+	return s
+}
+
+var (
+	_ CountingProvider = (*Lambda)(nil)
+	_ CountingProvider = (*VastAI)(nil)
+)

@@ -1,0 +1,161 @@
+package prices
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// DefaultRunPodURL is RunPod's GraphQL endpoint.
+const DefaultRunPodURL = "https://api.runpod.io/graphql"
+
+// RunPodQuery asks for every GPU type's prices and stock.
+const RunPodQuery = `query { gpuTypes { id displayName memoryInGb securePrice communityPrice secureSpotPrice communitySpotPrice ` +
+	`lowestPrice(input:{gpuCount:1}) { minimumBidPrice uninterruptablePrice stockStatus } } }`
+
+// RunPod fetches RunPod's GPU types by POSTing RunPodQuery to its GraphQL
+// endpoint, whose answer is {"data": {"gpuTypes": [{"id", "displayName",
+// "memoryInGb", "securePrice", "communityPrice", "secureSpotPrice",
+// "communitySpotPrice", "lowestPrice": {"minimumBidPrice",
+// "uninterruptablePrice", "stockStatus"}}, ...]}} ({"errors": [...]} when
+// the query fails). RunPod prices one GPU for an hour; a GPU type gives up
+// to four offers of one GPU: Secure Cloud and Community Cloud, each
+// on-demand (securePrice, communityPrice) and spot (secureSpotPrice,
+// communitySpotPrice), those with a price > 0. A GPU type whose
+// lowestPrice.stockStatus is empty or null is out of stock and gives none.
+type RunPod struct {
+	// URL of the GraphQL endpoint (DefaultRunPodURL if empty).
+	URL string
+	// APIKey is sent as "Authorization: Bearer KEY" (not in the URL, where
+	// error messages and proxies would show it).
+	APIKey string
+	HTTPOptions
+}
+
+// Name implements Provider.
+func (*RunPod) Name() string { return "runpod" }
+
+// Offers implements Provider.
+func (r *RunPod) Offers(ctx context.Context) ([]Offer, error) {
+	offers, _, err := r.FetchOffers(ctx)
+	return offers, err
+}
+
+// FetchOffers implements CountingProvider.
+func (r *RunPod) FetchOffers(ctx context.Context) ([]Offer, int, error) {
+	u := r.URL
+	if u == "" {
+		u = DefaultRunPodURL
+	}
+	q, _ := json.Marshal(map[string]string{"query": RunPodQuery})
+	body, err := r.get(ctx, "RunPod GPU types from "+u, func(ctx context.Context) (*http.Request, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(q))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json")
+		if r.APIKey != "" {
+			req.Header.Set("Authorization", "Bearer "+r.APIKey)
+		}
+		return req, nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return ParseRunPodGPUTypes(body, r.Name())
+}
+
+type runpodGPUType struct {
+	ID                 string   `json:"id"`
+	DisplayName        string   `json:"displayName"`
+	MemoryInGb         float64  `json:"memoryInGb"`
+	SecurePrice        *float64 `json:"securePrice"`
+	CommunityPrice     *float64 `json:"communityPrice"`
+	SecureSpotPrice    *float64 `json:"secureSpotPrice"`
+	CommunitySpotPrice *float64 `json:"communitySpotPrice"`
+	LowestPrice        *struct {
+		StockStatus *string `json:"stockStatus"`
+	} `json:"lowestPrice"`
+}
+
+// ParseRunPodGPUTypes decodes RunPod's gpuTypes answer (see RunPod). A GPU
+// type that cannot be read (a field of the wrong type, no name, a negative
+// or non-finite price) is skipped and counted; an answer
+// with GraphQL errors or without data.gpuTypes is an error.
+func ParseRunPodGPUTypes(body []byte, provider string) (offers []Offer, skipped int, err error) {
+	var doc struct {
+		Data *struct {
+			GPUTypes *[]json.RawMessage `json:"gpuTypes"`
+		} `json:"data"`
+		Errors []struct {
+			Message string `json:"message"`
+		} `json:"errors"`
+	}
+	if err := json.Unmarshal(body, &doc); err != nil {
+		return nil, 0, fmt.Errorf("RunPod GPU types: %w", err)
+	}
+	if len(doc.Errors) > 0 {
+		msgs := make([]string, len(doc.Errors))
+		for i, e := range doc.Errors {
+			msgs[i] = e.Message
+		}
+		return nil, 0, fmt.Errorf("RunPod GPU types: GraphQL errors: %s", strings.Join(msgs, "; "))
+	}
+	if doc.Data == nil || doc.Data.GPUTypes == nil {
+		return nil, 0, errors.New("RunPod GPU types: no data.gpuTypes array")
+	}
+	for _, raw := range *doc.Data.GPUTypes {
+		var g runpodGPUType
+		if err := json.Unmarshal(raw, &g); err != nil {
+			skipped++
+			continue
+		}
+		name := strings.TrimSpace(g.DisplayName)
+		if name == "" {
+			name = strings.TrimSpace(g.ID)
+		}
+		id := g.ID
+		if id == "" {
+			id = name
+		}
+		var these []Offer
+		bad := false
+		for _, p := range []struct {
+			price *float64
+			cloud string
+			spot  bool
+		}{{g.SecurePrice, "secure", false}, {g.CommunityPrice, "community", false}, {g.SecureSpotPrice, "secure", true}, {g.CommunitySpotPrice, "community", true}} {
+			if p.price == nil || *p.price == 0 {
+				continue // not offered in that cloud
+			}
+			o := Offer{ID: id + " " + p.cloud, Provider: provider, GPUName: name, NumGPUs: 1, GPURAMGB: g.MemoryInGb, USDPerHour: *p.price, Spot: p.spot}
+			if p.spot {
+				o.ID += " spot"
+			}
+			if o.Validate() != nil {
+				bad = true
+				break
+			}
+			these = append(these, o)
+		}
+		if bad {
+			skipped++
+			continue
+		}
+		if len(these) == 0 {
+			continue // a type no cloud offers
+		}
+		if g.LowestPrice == nil || g.LowestPrice.StockStatus == nil || strings.TrimSpace(*g.LowestPrice.StockStatus) == "" {
+			continue // out of stock: not rentable now
+		}
+		offers = append(offers, these...)
+	}
+	return offers, skipped, nil
+}
+
+var _ CountingProvider = (*RunPod)(nil)
