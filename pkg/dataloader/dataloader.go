@@ -77,6 +77,9 @@ type Config struct {
 	Interval             uint64  // steps between evaluations
 	NumWorkers           int     // what the loader starts with
 	PrefetchFactor       int
+	// HasNumWorkers: NumWorkers was given, so 0 is a setting (loading in the
+	// training process, the loader most in need of workers), not "unset".
+	HasNumWorkers bool
 }
 
 // WithDefaults fills zero fields.
@@ -90,7 +93,7 @@ func (c Config) WithDefaults() Config {
 	if c.Interval == 0 {
 		c.Interval = DefaultInterval
 	}
-	if c.NumWorkers <= 0 {
+	if c.NumWorkers < 0 || (c.NumWorkers == 0 && !c.HasNumWorkers) {
 		c.NumWorkers = DefaultNumWorkers
 	}
 	if c.PrefetchFactor <= 0 {
@@ -227,6 +230,17 @@ func (a *Advisor) Config() Config { return a.cfg }
 // run_start's, then the last advice committed (delivered; it assumes the
 // trainer applies it at its next epoch).
 func (a *Advisor) Current() (numWorkers, prefetchFactor int) { return a.workers, a.prefetch }
+
+// InForce returns the settings the loader runs with now: those before the
+// last change while it is pending (delivered, but the trainer applies it
+// at its next epoch boundary), else Current. Call it before EpochBoundary
+// to learn what the epoch that boundary ends ran with.
+func (a *Advisor) InForce() (numWorkers, prefetchFactor int) {
+	if a.adjustments > 0 && !a.boundarySince {
+		return a.prevWorkers, a.prevPrefetch
+	}
+	return a.workers, a.prefetch
+}
 
 // Adjustments is how many changes were committed (delivered) so far.
 func (a *Advisor) Adjustments() int { return a.adjustments }

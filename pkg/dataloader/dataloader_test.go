@@ -57,6 +57,36 @@ func TestWorkersStayWithinCPUsPerRank(t *testing.T) {
 	}
 }
 
+// A loader started with num_workers=0 (loading in the training process)
+// on a 2-CPU host: the bound is 1 worker, and 0→1 is the change that pays.
+// The same run without num_workers is assumed at 2 workers, over the bound.
+func TestZeroWorkersGivenIsASettingNotTheDefault(t *testing.T) {
+	iv := dataBound()
+	iv.CPUCount, iv.LocalRanks = 2, 1
+	a := NewAdvisor(Config{NumWorkers: 0, HasNumWorkers: true, PrefetchFactor: 2})
+	if w, _ := a.Current(); w != 0 {
+		t.Fatalf("current workers %d, want the 0 given", w)
+	}
+	evaluate(a, iv)
+	adv := evaluate(a, iv)
+	if !adv.Changed || adv.FromNumWorkers != 0 || adv.NumWorkers != 1 || adv.MaxWorkers != 1 {
+		t.Fatalf("%+v, want num_workers 0→1 (bound 1)", adv)
+	}
+	if w, p := a.InForce(); w != 0 || p != 2 {
+		t.Errorf("in force before the epoch boundary: %d/%d, want 0/2 (the change is pending)", w, p)
+	}
+	a.EpochBoundary()
+	if w, p := a.InForce(); w != 1 || p != adv.PrefetchFactor {
+		t.Errorf("in force after the epoch boundary: %d/%d, want 1/%d", w, p, adv.PrefetchFactor)
+	}
+
+	unset := NewAdvisor(Config{PrefetchFactor: 2})
+	evaluate(unset, iv)
+	if adv := evaluate(unset, iv); adv.FromNumWorkers != DefaultNumWorkers || adv.NumWorkers != DefaultNumWorkers {
+		t.Errorf("num_workers not given: %+v, want the default %d kept (over the bound)", adv, DefaultNumWorkers)
+	}
+}
+
 func TestGPUBoundRunIsLeftAlone(t *testing.T) {
 	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
 	iv := Interval{Steps: 50, DataWaitS: 0.05, ComputeS: 5, GPUUtilization: 0.98, HasGPUUtilization: true, RAMUsage: 0.4, HasRAM: true, CPUCount: 32, LocalRanks: 1}

@@ -298,7 +298,9 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 		rs.MaxRamUsage = *ev.MaxRAMUsage
 	}
 	if ev.NumWorkers != nil {
-		rs.NumWorkers = uint32(*ev.NumWorkers)
+		// has_num_workers: 0 workers is a setting the advisor must start
+		// from, not "not given".
+		rs.NumWorkers, rs.HasNumWorkers = uint32(*ev.NumWorkers), true
 	}
 	if ev.PrefetchFactor != nil {
 		rs.PrefetchFactor = uint32(*ev.PrefetchFactor)

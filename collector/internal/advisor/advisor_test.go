@@ -478,3 +478,90 @@ func TestEpochStepsComeFromTheEvalsRankSteps(t *testing.T) {
 		t.Errorf("epoch steps %v, want [20 20 8] (8 partial)", got)
 	}
 }
+
+// A loader started with num_workers=0 on a 2-CPU host is advised 0→1 (the
+// CPU bound), applied at the first epoch boundary; the epochs' throughput
+// comes from the windows wholly inside each (the one the eval falls in
+// counts in neither), and the history and the next-run recommendation
+// show the measured speedup beside the expected gain.
+func TestZeroWorkersRunGetsOneWorkerAndTheMeasuredGain(t *testing.T) {
+	r := newRig(t)
+	twoCPUs := &trainmeterv1.HostWindow{MemoryUsedMib: 0.3 * 64000, MemoryTotalMib: 64000, CpuCount: 2}
+	slow := func(sec float64) *trainmeterv1.RunWindow { return window("z", sec, 10, 0.5, 0.5, 50) }
+	fast := func(sec float64) *trainmeterv1.RunWindow {
+		w := window("z", sec, 20, 0.1, 0.9, 90)
+		w.Tokens, w.TokensMeasured = 2000, 2000
+		return w
+	}
+	st := start("z", 0, 2, 10)
+	st.GetRunStart().HasNumWorkers = true
+	r.apply(0, slow(0), twoCPUs, st)
+	r.apply(1, slow(1), twoCPUs)
+	sent := r.rec.all()
+	if len(sent) != 1 {
+		t.Fatalf("sent %d advisories, want 1", len(sent))
+	}
+	if d := sent[0].GetDataloader(); d.FromNumWorkers != 0 || d.NumWorkers != 1 || d.MaxWorkers != 1 {
+		t.Fatalf("advice %v, want num_workers 0→1 (bound 1 on 2 CPUs)", d)
+	}
+	r.apply(2, slow(2), twoCPUs, eval("z", 2.5, 1)) // [2, 3) straddles the boundary
+	r.apply(3, fast(3), twoCPUs)
+	r.apply(4, fast(4), twoCPUs)
+	r.apply(5, fast(5), twoCPUs, testutil.End("z", 6))
+
+	h, err := History(r.st, "z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Epochs) != 2 {
+		t.Fatalf("epochs %v", h.Epochs)
+	}
+	e1, e2 := h.Epochs[0], h.Epochs[1]
+	if e1.RanNumWorkers != 0 || e1.NumWorkers != 1 || e1.MeasuredTokens != 2000 || e1.MeasuredS != 2 || e1.TokensPerS != 1000 {
+		t.Errorf("epoch 1 %v: want run with 0 workers (1 at its end), 2000 tokens in 2 s", e1)
+	}
+	if e2.RanNumWorkers != 1 || !e2.Partial || e2.MeasuredTokens != 6000 || e2.MeasuredS != 3 || e2.TokensPerS != 2000 {
+		t.Errorf("epoch 2 %v: want run with 1 worker, 6000 tokens in 3 s", e2)
+	}
+	if len(h.Changes) != 1 {
+		t.Fatalf("changes %v, want one", h.Changes)
+	}
+	c := h.Changes[0]
+	if c.AppliedAfterEpoch != 1 || !c.AppliedAt.AsTime().Equal(testutil.TS(2.5).AsTime()) || c.FromNumWorkers != 0 || c.NumWorkers != 1 ||
+		c.TokensPerSBefore != 1000 || c.TokensPerSAfter != 2000 || c.MeasuredSpeedup != 2 ||
+		c.Classification != "data-bound" || c.ExpectedGain != 0.5 || !slices.Equal(c.Nodes, []string{"n1"}) {
+		t.Errorf("change %v", c)
+	}
+	run, err := r.st.GetRun("z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := run.Report(aggregate.Pricing{})
+	dl := DataloaderRecommendation(rep, h)
+	if dl == nil || dl.Confidence != 0.8 || !strings.Contains(dl.Evidence, "1000 tok/s with num_workers 0") ||
+		!strings.Contains(dl.Evidence, "2000 tok/s with 1") || !strings.Contains(dl.Evidence, "×2.00") {
+		t.Fatalf("recommendation %v, want the measured speedup", dl)
+	}
+	if want := 0.5 * rep.GetTotalCostUsd(); rep.GetTotalCostUsd() <= 0 || dl.SavingsUsd != want {
+		t.Errorf("savings $%v, want half of the run's $%v (twice as fast)", dl.SavingsUsd, rep.GetTotalCostUsd())
+	}
+}
+
+// After a collector restart the advisor rebuilds a live run's state from
+// the stored plan: num_workers 0 given stays 0, not the default 2.
+func TestZeroWorkersSurvivesTheStoredPlan(t *testing.T) {
+	r := newRig(t)
+	st := start("p", 0, 2, 10)
+	st.GetRunStart().HasNumWorkers = true
+	// The start is in the store but this advisor never saw it.
+	if _, err := r.st.ApplyBatch("n1", "boot", testutil.Batch(100, 0, nil, st)); err != nil {
+		t.Fatal(err)
+	}
+	twoCPUs := &trainmeterv1.HostWindow{MemoryUsedMib: 0.3 * 64000, MemoryTotalMib: 64000, CpuCount: 2}
+	r.apply(1, window("p", 1, 10, 0.5, 0.5, 50), twoCPUs)
+	r.apply(2, window("p", 2, 10, 0.5, 0.5, 50), twoCPUs)
+	sent := r.rec.all()
+	if len(sent) != 1 || sent[0].GetDataloader().GetFromNumWorkers() != 0 || sent[0].GetDataloader().GetNumWorkers() != 1 {
+		t.Fatalf("advice %v, want num_workers 0→1", sent)
+	}
+}

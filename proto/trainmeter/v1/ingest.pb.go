@@ -1543,7 +1543,12 @@ type RunStart struct {
 	Resume bool `protobuf:"varint,24,opt,name=resume,proto3" json:"resume,omitempty"`
 	// --- who ran it ---
 	// The user name of uid on the agent's host ("" when it has none).
-	User          string `protobuf:"bytes,25,opt,name=user,proto3" json:"user,omitempty"`
+	User string `protobuf:"bytes,25,opt,name=user,proto3" json:"user,omitempty"`
+	// --- dataloader advice that pays (issue 19) ---
+	// The trainer gave num_workers: 0 is then a setting (the loader loads in
+	// the training process), not "not given" (the advisor assumes 2). Agents
+	// before this field: num_workers 0 means not given.
+	HasNumWorkers bool `protobuf:"varint,550,opt,name=has_num_workers,json=hasNumWorkers,proto3" json:"has_num_workers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1751,6 +1756,13 @@ func (x *RunStart) GetUser() string {
 		return x.User
 	}
 	return ""
+}
+
+func (x *RunStart) GetHasNumWorkers() bool {
+	if x != nil {
+		return x.HasNumWorkers
+	}
+	return false
 }
 
 type RunMetadata struct {
@@ -2684,7 +2696,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\trun_start\x18\x01 \x01(\v2\x17.trainmeter.v1.RunStartH\x00R\brunStart\x120\n" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
 	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04evalB\a\n" +
-	"\x05event\"\xae\a\n" +
+	"\x05event\"\xd7\a\n" +
 	"\bRunStart\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x126\n" +
@@ -2712,7 +2724,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\rmax_ram_usage\x18\x16 \x01(\x01R\vmaxRamUsage\x12/\n" +
 	"\x13adjustment_interval\x18\x17 \x01(\x04R\x12adjustmentInterval\x12\x16\n" +
 	"\x06resume\x18\x18 \x01(\bR\x06resume\x12\x12\n" +
-	"\x04user\x18\x19 \x01(\tR\x04user\x1a9\n" +
+	"\x04user\x18\x19 \x01(\tR\x04user\x12'\n" +
+	"\x0fhas_num_workers\x18\xa6\x04 \x01(\bR\rhasNumWorkers\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\x03\n" +
