@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -493,6 +494,12 @@ func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 	}
 	if ev.Accuracy != nil {
 		e.Accuracy, e.HasAccuracy = *ev.Accuracy, true
+	}
+	if ev.NumWorkers != nil {
+		e.HasLoader, e.LoaderNumWorkers = true, uint32(min(*ev.NumWorkers, math.MaxUint32))
+		if ev.PrefetchFactor != nil {
+			e.LoaderPrefetchFactor = uint32(min(*ev.PrefetchFactor, math.MaxUint32))
+		}
 	}
 	l.pending = append(l.pending, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: e}})
 	return nil

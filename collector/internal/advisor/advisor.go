@@ -258,7 +258,7 @@ func configFromStart(rs *trainmeterv1.RunStart) dataloader.Config {
 	return dataloader.Config{
 		TargetGPUUtilization: rs.GetTargetGpuUtilization(), MaxRAMUsage: rs.GetMaxRamUsage(),
 		Interval: rs.GetAdjustmentInterval(), NumWorkers: int(rs.GetNumWorkers()), PrefetchFactor: int(rs.GetPrefetchFactor()),
-		HasNumWorkers: rs.GetHasNumWorkers(),
+		HasNumWorkers: rs.GetHasNumWorkers(), Epochs: rs.GetPlannedEpochs() > 0,
 	}
 }
 
@@ -266,7 +266,7 @@ func configFromPlan(p aggregate.Plan) dataloader.Config {
 	return dataloader.Config{
 		TargetGPUUtilization: p.TargetGPUUtilization, MaxRAMUsage: p.MaxRAMUsage,
 		Interval: p.AdjustmentInterval, NumWorkers: int(p.NumWorkers), PrefetchFactor: int(p.PrefetchFactor),
-		HasNumWorkers: p.HasNumWorkers,
+		HasNumWorkers: p.HasNumWorkers, Epochs: p.PlannedEpochs > 0,
 	}
 }
 
@@ -286,7 +286,7 @@ func (a *Advisor) state(run, node string, start *trainmeterv1.RunStart) *runStat
 	}
 	if err := cfg.WithDefaults().Validate(); err != nil {
 		a.log.Warn("dataloader advice: bad targets in run_start; using defaults", "run_id", run, "err", err)
-		cfg = dataloader.Config{NumWorkers: cfg.NumWorkers, PrefetchFactor: cfg.PrefetchFactor, HasNumWorkers: cfg.HasNumWorkers}
+		cfg = dataloader.Config{NumWorkers: cfg.NumWorkers, PrefetchFactor: cfg.PrefetchFactor, HasNumWorkers: cfg.HasNumWorkers, Epochs: cfg.Epochs}
 	}
 	s := &runState{adv: dataloader.NewAdvisor(cfg)}
 	a.runs[k] = s
@@ -337,9 +337,18 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 			s.epoch.measuredS -= w.secs
 		}
 		s.lastCounted, s.measuredFrom = nil, at
-		// What the epoch ran with: a change still pending is applied by the
-		// trainer at this boundary, after the epoch.
+		// What the epoch ran with: what the trainer says, else what the
+		// advisor believes (a change still pending is applied by the trainer
+		// at this boundary, after the epoch). A report also corrects the
+		// advisor's baseline where its belief was wrong.
 		ranW, ranP := s.adv.InForce()
+		if e.GetHasLoader() {
+			ranW = int(e.GetLoaderNumWorkers())
+			if p := e.GetLoaderPrefetchFactor(); p > 0 {
+				ranP = int(p)
+			}
+			s.adv.Rebase(ranW, int(e.GetLoaderPrefetchFactor()))
+		}
 		if s.adv.EpochBoundary() {
 			// The trainer applies the last change now: the interval so far
 			// measured the old settings.
@@ -352,7 +361,7 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 			steps = float64(rs - s.evalSteps)
 			s.evalSteps = rs
 		}
-		a.closeEpoch(run, node, s, epoch, steps, false, at, ranW, ranP, recs)
+		a.closeEpoch(run, node, s, epoch, steps, false, at, ranW, ranP, e.GetHasLoader(), recs)
 	}
 }
 
@@ -429,7 +438,7 @@ func (a *Advisor) process(it item) {
 				// run_end comes with the run's last window: every step is in.
 				if rest := s.step - s.closedSteps; rest >= 0.5 {
 					ranW, ranP := s.adv.InForce()
-					a.closeEpoch(k.run, it.node, s, s.lastEval+1, rest, true, ev.RunEnd.GetTime().AsTime(), ranW, ranP, recs)
+					a.closeEpoch(k.run, it.node, s, s.lastEval+1, rest, true, ev.RunEnd.GetTime().AsTime(), ranW, ranP, false, recs)
 				}
 				a.forget(k)
 			}
@@ -518,7 +527,7 @@ func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map
 	}
 }
 
-func (a *Advisor) closeEpoch(run, node string, s *runState, epoch int64, steps float64, partial bool, at time.Time, ranW, ranP int, recs map[string][]byte) {
+func (a *Advisor) closeEpoch(run, node string, s *runState, epoch int64, steps float64, partial bool, at time.Time, ranW, ranP int, reported bool, recs map[string][]byte) {
 	w, p := s.adv.Current()
 	steps = max(0, steps)
 	s.closedSteps += steps
@@ -526,7 +535,7 @@ func (a *Advisor) closeEpoch(run, node string, s *runState, epoch int64, steps f
 		Node: node, Epoch: epoch, Partial: partial, Adjustments: s.epoch.adjustments,
 		NumWorkers: uint32(w), PrefetchFactor: uint32(p), Steps: uint64(math.Round(steps)),
 		AvgGpuUtilization: -1, AvgRamUsage: -1,
-		RanNumWorkers: uint32(ranW), RanPrefetchFactor: uint32(ranP), End: timestamppb.New(at),
+		RanNumWorkers: uint32(ranW), RanPrefetchFactor: uint32(ranP), RanReported: reported, End: timestamppb.New(at),
 		MeasuredTokens: s.epoch.measuredTokens, MeasuredS: s.epoch.measuredS, TokensPerS: -1,
 	}
 	if s.epoch.measuredS > 0 {

@@ -18,7 +18,8 @@ import (
 // whole windows after warmup in those epochs. The nodes that applied a
 // change at the same epoch are one change; their rates add up (all the
 // run's GPUs). Epoch records from before ran_* (ran_prefetch_factor 0)
-// are skipped: what they ran with is not known.
+// are skipped: what they ran with is not known; so are those with the
+// advisor's belief where the trainer reported others.
 func Changes(h *trainmeterv1.DataloaderHistoryResponse) []*trainmeterv1.DataloaderChange {
 	type stretch struct {
 		workers, prefetch uint32
@@ -38,9 +39,19 @@ func Changes(h *trainmeterv1.DataloaderHistoryResponse) []*trainmeterv1.Dataload
 		}
 		*rate = max(*rate, 0) + float64(tokens)/secs
 	}
+	// Where the trainer reported what its epochs ran with, only its reports
+	// count: the advisor's belief could differ from them (advice applied
+	// relative to the real loader) and show a change that never happened.
+	reported := false
+	for _, e := range h.GetEpochs() {
+		reported = reported || e.GetRanReported()
+	}
 	byNode := map[string][]*trainmeterv1.DataloaderEpoch{}
 	var nodes []string
 	for _, e := range h.GetEpochs() {
+		if reported && !e.GetRanReported() {
+			continue
+		}
 		if _, ok := byNode[e.GetNode()]; !ok {
 			nodes = append(nodes, e.GetNode())
 		}

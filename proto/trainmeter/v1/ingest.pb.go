@@ -2014,9 +2014,17 @@ type Eval struct {
 	// eval (0: none, or an agent before this field). The difference between
 	// two evals is the epoch's steps exactly, where the 1 s windows would put
 	// the steps of the eval's second in the wrong epoch.
-	RankSteps     uint64 `protobuf:"varint,300,opt,name=rank_steps,json=rankSteps,proto3" json:"rank_steps,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RankSteps uint64 `protobuf:"varint,300,opt,name=rank_steps,json=rankSteps,proto3" json:"rank_steps,omitempty"`
+	// --- dataloader advice that pays (issue 19) ---
+	// The DataLoader settings the epoch this eval closes ran with, as the
+	// trainer reported them (has_loader): what the advisor measures each
+	// epoch's throughput against, rather than what it believes the trainer
+	// applied. loader_prefetch_factor 0: not reported (no workers).
+	HasLoader            bool   `protobuf:"varint,550,opt,name=has_loader,json=hasLoader,proto3" json:"has_loader,omitempty"`
+	LoaderNumWorkers     uint32 `protobuf:"varint,551,opt,name=loader_num_workers,json=loaderNumWorkers,proto3" json:"loader_num_workers,omitempty"`
+	LoaderPrefetchFactor uint32 `protobuf:"varint,552,opt,name=loader_prefetch_factor,json=loaderPrefetchFactor,proto3" json:"loader_prefetch_factor,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Eval) Reset() {
@@ -2108,6 +2116,27 @@ func (x *Eval) GetHasEpoch() bool {
 func (x *Eval) GetRankSteps() uint64 {
 	if x != nil {
 		return x.RankSteps
+	}
+	return 0
+}
+
+func (x *Eval) GetHasLoader() bool {
+	if x != nil {
+		return x.HasLoader
+	}
+	return false
+}
+
+func (x *Eval) GetLoaderNumWorkers() uint32 {
+	if x != nil {
+		return x.LoaderNumWorkers
+	}
+	return 0
+}
+
+func (x *Eval) GetLoaderPrefetchFactor() uint32 {
+	if x != nil {
+		return x.LoaderPrefetchFactor
 	}
 	return 0
 }
@@ -2754,7 +2783,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"warmup_end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1d\n" +
 	"\n" +
-	"end_status\x18\x05 \x01(\tR\tendStatus\"\x9c\x02\n" +
+	"end_status\x18\x05 \x01(\tR\tendStatus\"\xa2\x03\n" +
 	"\x04Eval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
@@ -2766,7 +2795,11 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\fhas_accuracy\x18\a \x01(\bR\vhasAccuracy\x12\x1b\n" +
 	"\thas_epoch\x18\b \x01(\bR\bhasEpoch\x12\x1e\n" +
 	"\n" +
-	"rank_steps\x18\xac\x02 \x01(\x04R\trankSteps\"\x94\x01\n" +
+	"rank_steps\x18\xac\x02 \x01(\x04R\trankSteps\x12\x1e\n" +
+	"\n" +
+	"has_loader\x18\xa6\x04 \x01(\bR\thasLoader\x12-\n" +
+	"\x12loader_num_workers\x18\xa7\x04 \x01(\rR\x10loaderNumWorkers\x125\n" +
+	"\x16loader_prefetch_factor\x18\xa8\x04 \x01(\rR\x14loaderPrefetchFactor\"\x94\x01\n" +
 	"\n" +
 	"HostWindow\x12&\n" +
 	"\x0fmemory_used_mib\x18\x01 \x01(\x01R\rmemoryUsedMib\x12(\n" +

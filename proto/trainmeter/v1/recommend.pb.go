@@ -491,7 +491,11 @@ type DataloaderEpoch struct {
 	MeasuredS      float64 `protobuf:"fixed64,553,opt,name=measured_s,json=measuredS,proto3" json:"measured_s,omitempty"`
 	TokensPerS     float64 `protobuf:"fixed64,554,opt,name=tokens_per_s,json=tokensPerS,proto3" json:"tokens_per_s,omitempty"`
 	// When the epoch ended (the eval; run_end for a partial one).
-	End           *timestamppb.Timestamp `protobuf:"bytes,555,opt,name=end,proto3" json:"end,omitempty"`
+	End *timestamppb.Timestamp `protobuf:"bytes,555,opt,name=end,proto3" json:"end,omitempty"`
+	// ran_* come from the trainer (its eval said what the epoch ran with);
+	// false: the advisor's belief (advice applied at the first epoch
+	// boundary after it was delivered).
+	RanReported   bool `protobuf:"varint,556,opt,name=ran_reported,json=ranReported,proto3" json:"ran_reported,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -638,6 +642,13 @@ func (x *DataloaderEpoch) GetEnd() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *DataloaderEpoch) GetRanReported() bool {
+	if x != nil {
+		return x.RanReported
+	}
+	return false
+}
+
 type DataloaderHistoryResponse struct {
 	state       protoimpl.MessageState  `protogen:"open.v1"`
 	Evaluations []*DataloaderEvaluation `protobuf:"bytes,1,rep,name=evaluations,proto3" json:"evaluations,omitempty"`
@@ -745,7 +756,7 @@ const file_trainmeter_v1_recommend_proto_rawDesc = "" +
 	" \x01(\x01R\rdataWaitShare\x12'\n" +
 	"\x0fgpu_utilization\x18\v \x01(\x01R\x0egpuUtilization\x12\x1b\n" +
 	"\tram_usage\x18\f \x01(\x01R\bramUsage\x12#\n" +
-	"\rexpected_gain\x18\r \x01(\x01R\fexpectedGain\"\xc9\x04\n" +
+	"\rexpected_gain\x18\r \x01(\x01R\fexpectedGain\"\xed\x04\n" +
 	"\x0fDataloaderEpoch\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12\x18\n" +
@@ -766,7 +777,8 @@ const file_trainmeter_v1_recommend_proto_rawDesc = "" +
 	"measured_s\x18\xa9\x04 \x01(\x01R\tmeasuredS\x12!\n" +
 	"\ftokens_per_s\x18\xaa\x04 \x01(\x01R\n" +
 	"tokensPerS\x12-\n" +
-	"\x03end\x18\xab\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\"\xd6\x01\n" +
+	"\x03end\x18\xab\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\"\n" +
+	"\fran_reported\x18\xac\x04 \x01(\bR\vranReported\"\xd6\x01\n" +
 	"\x19DataloaderHistoryResponse\x12E\n" +
 	"\vevaluations\x18\x01 \x03(\v2#.trainmeter.v1.DataloaderEvaluationR\vevaluations\x126\n" +
 	"\x06epochs\x18\x02 \x03(\v2\x1e.trainmeter.v1.DataloaderEpochR\x06epochs\x12:\n" +
