@@ -2,6 +2,7 @@ package advisor
 
 import (
 	"sort"
+	"time"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -96,9 +97,14 @@ func Changes(h *trainmeterv1.DataloaderHistoryResponse) []*trainmeterv1.Dataload
 			c.MeasuredSBefore = max(c.MeasuredSBefore, before.secs)
 			c.MeasuredSAfter = max(c.MeasuredSAfter, after.secs)
 			// The advice behind it: the last one delivered to the node
-			// before the boundary.
+			// before the boundary. An evaluation is stamped with the end of
+			// its 1 s window, which may hold the boundary too (the window
+			// is judged before the eval in it), hence the second of slack;
+			// the next change cannot come that soon (it needs two fresh
+			// evaluations after the boundary).
+			upTo := c.GetAppliedAt().AsTime().Add(time.Second)
 			for _, ev := range h.GetEvaluations() {
-				if ev.GetNode() == node && ev.GetChanged() && ev.GetDelivered() && !ev.GetTime().AsTime().After(c.GetAppliedAt().AsTime()) {
+				if ev.GetNode() == node && ev.GetChanged() && ev.GetDelivered() && ev.GetTime().AsTime().Before(upTo) {
 					c.Classification, c.ExpectedGain = ev.GetClassification(), ev.GetExpectedGain()
 				}
 			}
