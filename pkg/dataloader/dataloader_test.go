@@ -291,3 +291,53 @@ func TestWaitLongerThanComputeAtHighUtilisationGetsMorePrefetchOnly(t *testing.T
 		t.Errorf("reason %q", adv.Reason)
 	}
 }
+
+// A run that announced epochs applies advice only at an epoch boundary: a
+// change stays pending however many evaluations pass, so a second advice
+// never supersedes a first that the trainer has not applied. A run that
+// announced none falls back to the cooldown of evaluations.
+func TestRunWithEpochsHoldsAChangeUntilTheBoundary(t *testing.T) {
+	held := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2, Epochs: true})
+	fallback := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2})
+	var heldChanges, fallbackChanges int
+	for range 3 * CooldownEvaluations {
+		if evaluate(held, dataBound()).Changed {
+			heldChanges++
+		}
+		if evaluate(fallback, dataBound()).Changed {
+			fallbackChanges++
+		}
+	}
+	if heldChanges != 1 || fallbackChanges < 2 {
+		t.Fatalf("changes without a boundary: %d with epochs (want 1), %d without (want the cooldown's)", heldChanges, fallbackChanges)
+	}
+	held.EpochBoundary()
+	evaluate(held, dataBound())
+	if !evaluate(held, dataBound()).Changed {
+		t.Error("no change after the boundary and two fresh evaluations")
+	}
+}
+
+// The trainer's report of its loader corrects the advisor's baseline, but
+// not while a change is pending (the report predates it).
+func TestRebaseTakesTheReportedLoader(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2, Epochs: true})
+	a.Rebase(8, 4)
+	if w, p := a.Current(); w != 8 || p != 4 {
+		t.Fatalf("current %d/%d, want the reported 8/4", w, p)
+	}
+	evaluate(a, dataBound())
+	adv := evaluate(a, dataBound())
+	if !adv.Changed || adv.FromNumWorkers != 8 || adv.NumWorkers != 12 {
+		t.Fatalf("%+v, want 8→12 from the reported loader", adv)
+	}
+	a.Rebase(8, 4) // the epoch that ends now ran with 8/4: the change is pending
+	if w, _ := a.Current(); w != 12 {
+		t.Errorf("a report before the pending change moved the baseline to %d", w)
+	}
+	a.EpochBoundary()
+	a.Rebase(10, 0) // applied relative to something else; no prefetch reported
+	if w, p := a.Current(); w != 10 || p != adv.PrefetchFactor {
+		t.Errorf("current %d/%d, want 10 workers and the believed prefetch %d", w, p, adv.PrefetchFactor)
+	}
+}

@@ -565,3 +565,32 @@ func TestZeroWorkersSurvivesTheStoredPlan(t *testing.T) {
 		t.Fatalf("advice %v, want num_workers 0→1", sent)
 	}
 }
+
+// What the trainer reports its epochs ran with wins over the advisor's
+// belief: a run that sent no num_workers (assumed 2) but whose eval says
+// its first epoch ran with 0 workers is measured and advised from 0.
+func TestReportedLoaderSettingsWin(t *testing.T) {
+	r := newRig(t)
+	twoCPUs := &trainmeterv1.HostWindow{MemoryUsedMib: 0.3 * 64000, MemoryTotalMib: 64000, CpuCount: 2}
+	gpuBound := func(sec float64) *trainmeterv1.RunWindow { return window("b", sec, 10, 0.01, 1, 98) }
+	st := start("b", 0, 0, 10)
+	st.GetRunStart().PlannedEpochs = 3
+	r.apply(0, gpuBound(0), twoCPUs, st)
+	r.apply(1, gpuBound(1), twoCPUs)
+	ev := eval("b", 2.5, 1)
+	ev.GetEval().HasLoader = true // num_workers 0, no prefetch (no workers)
+	r.apply(2, gpuBound(2), twoCPUs, ev)
+	r.apply(3, window("b", 3, 10, 0.5, 0.5, 50), twoCPUs)
+	r.apply(4, window("b", 4, 10, 0.5, 0.5, 50), twoCPUs)
+	sent := r.rec.all()
+	if len(sent) != 1 || sent[0].GetDataloader().GetFromNumWorkers() != 0 || sent[0].GetDataloader().GetNumWorkers() != 1 {
+		t.Fatalf("advice %v, want num_workers 0→1 from the reported loader", sent)
+	}
+	h, err := History(r.st, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := h.Epochs[0]; !e.RanReported || e.RanNumWorkers != 0 || e.RanPrefetchFactor != 2 || e.TokensPerS != 1000 {
+		t.Errorf("epoch 1 %v: want reported 0 workers (believed prefetch 2), 1000 tok/s", e)
+	}
+}
