@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,14 +15,36 @@ import (
 )
 
 // adviceLM is train_torch.py's tiny LM, a little wider than tinyLM so that
-// a step is a measurable ~15 ms of CPU: the loader's per-item delay below
-// (16 items × 1.25 ms) is then about 1.5× a step's compute. Loading in the
-// training process (num_workers=0) a step costs both; with one worker the
-// loading overlaps the compute, and the step costs the larger of the two.
-// The gain stays ≥ 1.5× while the compute is between half and twice the
-// loading, i.e. on an idle machine and under a 3× CPU slowdown alike.
+// a step is a measurable CPU cost (about 15 ms on the 2-CPU development
+// machine).
 var adviceLM = []string{"--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "32", "--vocab", "128",
 	"--batch-size", "16", "--precision", "fp32", "--warmup-s", "0"}
+
+const adviceBatch = 16
+
+// itemDelayForThisMachine sizes the dataset's per-item delay so that
+// loading a batch takes as long as a training step computes here: loading
+// in the training process (num_workers=0) a step costs both; with one
+// worker the loading overlaps the compute and a step costs the larger of
+// the two, so the gain is ×2 when they are equal and stays ≥ ×1.5 while the
+// compute is within half and twice the loading. A fixed delay would fail
+// that on a CPU twice as fast (or slow) as the one it was tuned on. The
+// compute is measured with the same loop, briefly, without an agent.
+func itemDelayForThisMachine(t *testing.T, py string) float64 {
+	t.Helper()
+	cmd := exec.Command(py, append([]string{repoPath(t, "clients/python/examples/train_torch.py"),
+		"--socket", t.TempDir() + "/no-agent.sock", "--steps", "60", "--epochs", "1", "--num-workers", "0"}, adviceLM...)...)
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1", "TRAINMETER_RUN_ID=")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("calibration run: %v\n%s", err, out)
+	}
+	s := parseSummary(t, string(out))
+	stepMs := 1000 * s.compute / float64(s.steps)
+	delay := min(max(stepMs/adviceBatch, 0.25), 20)
+	t.Logf("compute %.1f ms per step here: item delay %.2f ms (%.1f ms per batch of %d)", stepMs, delay, delay*adviceBatch, adviceBatch)
+	return delay
+}
 
 // Advice that pays, through every real part: a PyTorch loop started with
 // num_workers=0 under a real agent (--gpu sim:1) and collector is judged
@@ -33,19 +56,20 @@ var adviceLM = []string{"--d-model", "32", "--layers", "1", "--heads", "2", "--s
 // was applied, and the measured gain.
 func TestTorchAdviceThatPays(t *testing.T) {
 	py := torchPython(t)
+	itemDelay := itemDelayForThisMachine(t, py)
 	c := startCollector(t)
 	sock := c.startAgent("advice-node", "sim:1")
 	c.waitStreaming("advice-node")
 
-	// 2 epochs of 250 steps, an evaluation every 20 steps (about one per
+	// 2 epochs of 250 steps, an evaluation every 20 steps (under one per
 	// 1 s batch): the advice is confirmed early in epoch 1 and applied at
-	// its end; about 8 s + 5 s of training.
+	// its end; about 8 s + 4 s of training here.
 	const run = "advice-pays"
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, py, append([]string{repoPath(t, "clients/python/examples/train_torch.py"),
 		"--socket", sock, "--run-id", run, "--steps", "500", "--epochs", "2", "--num-workers", "0",
-		"--item-delay-ms", "1.25", "--adjustment-interval", "20"}, adviceLM...)...)
+		"--item-delay-ms", strconv.FormatFloat(itemDelay, 'f', 3, 64), "--adjustment-interval", "20"}, adviceLM...)...)
 	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1", "TRAINMETER_RUN_ID=")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
