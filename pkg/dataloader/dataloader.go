@@ -230,7 +230,8 @@ func (a *Advisor) EpochBoundary() (applied bool) {
 // loader without workers) keeps the believed prefetch. A change still
 // pending is left alone: the report predates it.
 func (a *Advisor) Rebase(numWorkers, prefetchFactor int) {
-	if a.adjustments > 0 && !a.boundarySince || numWorkers < 0 {
+	pending := a.adjustments > 0 && !a.boundarySince
+	if pending || numWorkers < 0 {
 		return
 	}
 	a.workers, a.prevWorkers = numWorkers, numWorkers

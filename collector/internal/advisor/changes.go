@@ -18,7 +18,7 @@ import (
 // ones (up to the next change or the run's end): tokens ÷ seconds of the
 // whole windows after warmup in those epochs. The nodes that applied a
 // change at the same epoch are one change; their rates add up (all the
-// run's GPUs). Epoch records from before ran_* (ran_prefetch_factor 0)
+// run's GPUs), and a side one of them did not measure is unknown (-1). Epoch records from before ran_* (ran_prefetch_factor 0)
 // are skipped: what they ran with is not known; so are those with the
 // advisor's belief where the trainer reported others.
 func Changes(h *trainmeterv1.DataloaderHistoryResponse) []*trainmeterv1.DataloaderChange {
@@ -33,9 +33,13 @@ func Changes(h *trainmeterv1.DataloaderHistoryResponse) []*trainmeterv1.Dataload
 		fromW, fromP, toW, toP uint32
 	}
 	merged := map[mergeKey]*trainmeterv1.DataloaderChange{}
+	// A side some node did not measure is unknown: the others' rates alone
+	// would not be the run's.
+	unmeasured := map[*float64]bool{}
 	var order []mergeKey
 	addRate := func(rate *float64, tokens uint64, secs float64) {
-		if secs <= 0 {
+		if secs <= 0 || unmeasured[rate] {
+			*rate, unmeasured[rate] = -1, true
 			return
 		}
 		*rate = max(*rate, 0) + float64(tokens)/secs

@@ -1734,7 +1734,7 @@ type DataloaderChange struct {
 	// run's GPUs (each node's tokens ÷ seconds of its whole windows, summed
 	// over the nodes), in the epochs run with the settings before the change
 	// (back to the previous change) and after it (up to the next change or
-	// the run's end). -1: no whole window measured on that side (yet).
+	// the run's end). -1: a node measured no whole window on that side (yet).
 	TokensPerSBefore float64 `protobuf:"fixed64,9,opt,name=tokens_per_s_before,json=tokensPerSBefore,proto3" json:"tokens_per_s_before,omitempty"`
 	TokensPerSAfter  float64 `protobuf:"fixed64,10,opt,name=tokens_per_s_after,json=tokensPerSAfter,proto3" json:"tokens_per_s_after,omitempty"`
 	// Seconds of windows behind each figure (the longest over the nodes).
