@@ -125,6 +125,9 @@ func TestTorchAdviceThatPays(t *testing.T) {
 		ch.TokensPerSBefore != e1.TokensPerS || ch.TokensPerSAfter != e2.TokensPerS {
 		t.Errorf("change %v, want epoch 1's %.0f tok/s → epoch 2's %.0f tok/s, num_workers 0→%d", ch, e1.TokensPerS, e2.TokensPerS, e2.RanNumWorkers)
 	}
+	if !ch.Reported {
+		t.Errorf("change %v not marked as reported by the trainer", ch)
+	}
 	if ch.MeasuredSpeedup < 1.5 {
 		t.Errorf("measured speedup ×%.2f (%.0f → %.0f tok/s), want at least ×1.5", ch.MeasuredSpeedup, ch.TokensPerSBefore, ch.TokensPerSAfter)
 	}

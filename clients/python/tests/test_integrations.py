@@ -706,7 +706,7 @@ class TestHF(Base):
                  "compute_s": 1.0},
                 {"event": "step", "run_id": "hf1", "step": 2, "tokens": 4096, "tokens_total": 8192, "samples": 32,
                  "data_wait_s": 0.25, "compute_s": 1.0},
-                {"event": "eval", "run_id": "hf1", "epoch": 1, "val_loss": 1.5, "accuracy": 0.5},
+                {"event": "eval", "run_id": "hf1", "epoch": 1, "val_loss": 1.5, "accuracy": 0.5, "num_workers": 6},
                 {"event": "run_end", "run_id": "hf1"},
             ],
         )
@@ -897,7 +897,8 @@ class TestLightning(Base):
                  "data_wait_s": 0.5, "compute_s": 2.0, "loss": 2.0},
                 {"event": "step", "run_id": "pl1", "step": 2, "tokens": 64, "tokens_total": 128, "samples": 4,
                  "data_wait_s": 1.0, "compute_s": 2.0, "loss": 0.0},
-                {"event": "eval", "run_id": "pl1", "epoch": 1, "val_loss": 1.25, "accuracy": 0.75},
+                {"event": "eval", "run_id": "pl1", "epoch": 1, "val_loss": 1.25, "accuracy": 0.75, "num_workers": 4,
+                 "prefetch_factor": 2},
                 {"event": "step", "run_id": "pl1", "step": 2, "tokens": 32, "tokens_total": 160, "samples": 2,
                  "compute_s": 1.0, "loss": 3.0},
                 {"event": "run_end", "run_id": "pl1"},

@@ -134,6 +134,11 @@ type runState struct {
 	// that boundary and counts in neither epoch.
 	lastCounted  *countedWindow
 	measuredFrom time.Time
+	// reportedW / reportedP: the loader the trainer reported at the last
+	// boundary, still in force (reportedOK) when no change was applied
+	// there; the partial epoch at run_end then ran with it.
+	reportedW, reportedP int
+	reportedOK           bool
 }
 
 // Advisor is the live dataloader advisor.
@@ -342,14 +347,17 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 		// at this boundary, after the epoch). A report also corrects the
 		// advisor's baseline where its belief was wrong.
 		ranW, ranP := s.adv.InForce()
+		s.reportedOK = e.GetHasLoader()
 		if e.GetHasLoader() {
 			ranW = int(e.GetLoaderNumWorkers())
 			if p := e.GetLoaderPrefetchFactor(); p > 0 {
 				ranP = int(p)
 			}
+			s.reportedW, s.reportedP = ranW, ranP
 			s.adv.Rebase(ranW, int(e.GetLoaderPrefetchFactor()))
 		}
 		if s.adv.EpochBoundary() {
+			s.reportedOK = false // the trainer switches now, to settings it has not reported yet
 			// The trainer applies the last change now: the interval so far
 			// measured the old settings.
 			s.resetInterval()
@@ -438,7 +446,10 @@ func (a *Advisor) process(it item) {
 				// run_end comes with the run's last window: every step is in.
 				if rest := s.step - s.closedSteps; rest >= 0.5 {
 					ranW, ranP := s.adv.InForce()
-					a.closeEpoch(k.run, it.node, s, s.lastEval+1, rest, true, ev.RunEnd.GetTime().AsTime(), ranW, ranP, false, recs)
+					if s.reportedOK {
+						ranW, ranP = s.reportedW, s.reportedP
+					}
+					a.closeEpoch(k.run, it.node, s, s.lastEval+1, rest, true, ev.RunEnd.GetTime().AsTime(), ranW, ranP, s.reportedOK, recs)
 				}
 				a.forget(k)
 			}
@@ -655,11 +666,14 @@ func DataloaderRecommendation(r *trainmeterv1.RunReport, h *trainmeterv1.Dataloa
 }
 
 // measuredSpeedup: the first applied change (its throughput before) and the
-// last one (after), when both were measured.
+// last one (after), when both were measured and the trainer reported its
+// settings (a change only assumed applied may never have happened: its
+// "gain" would be noise).
 func measuredSpeedup(cs []*trainmeterv1.DataloaderChange) (before, after *trainmeterv1.DataloaderChange, ok bool) {
 	if len(cs) == 0 {
 		return nil, nil, false
 	}
 	before, after = cs[0], cs[len(cs)-1]
-	return before, after, before.GetTokensPerSBefore() > 0 && after.GetTokensPerSAfter() > 0
+	return before, after, before.GetReported() && after.GetReported() &&
+		before.GetTokensPerSBefore() > 0 && after.GetTokensPerSAfter() > 0
 }

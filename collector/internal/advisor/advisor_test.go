@@ -504,31 +504,43 @@ func TestZeroWorkersRunGetsOneWorkerAndTheMeasuredGain(t *testing.T) {
 	if d := sent[0].GetDataloader(); d.FromNumWorkers != 0 || d.NumWorkers != 1 || d.MaxWorkers != 1 {
 		t.Fatalf("advice %v, want num_workers 0→1 (bound 1 on 2 CPUs)", d)
 	}
-	r.apply(2, slow(2), twoCPUs, eval("z", 2.5, 1)) // [2, 3) straddles the boundary
+	// The trainer's evals say what each epoch ran with (the Python client
+	// adds it); the partial epoch at run_end ran with epoch 2's settings,
+	// no change having been applied since.
+	e1 := eval("z", 2.5, 1) // in [2, 3): that window straddles the boundary
+	e1.GetEval().HasLoader = true
+	e2 := eval("z", 4.5, 2)
+	e2.GetEval().HasLoader, e2.GetEval().LoaderNumWorkers, e2.GetEval().LoaderPrefetchFactor = true, 1, 3
+	r.apply(2, slow(2), twoCPUs, e1)
 	r.apply(3, fast(3), twoCPUs)
-	r.apply(4, fast(4), twoCPUs)
-	r.apply(5, fast(5), twoCPUs, testutil.End("z", 6))
+	r.apply(4, fast(4), twoCPUs, e2)
+	r.apply(5, fast(5), twoCPUs)
+	r.apply(6, fast(6), twoCPUs, testutil.End("z", 7))
 
 	h, err := History(r.st, "z")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(h.Epochs) != 2 {
+	if len(h.Epochs) != 3 {
 		t.Fatalf("epochs %v", h.Epochs)
 	}
-	e1, e2 := h.Epochs[0], h.Epochs[1]
-	if e1.RanNumWorkers != 0 || e1.NumWorkers != 1 || e1.MeasuredTokens != 2000 || e1.MeasuredS != 2 || e1.TokensPerS != 1000 {
-		t.Errorf("epoch 1 %v: want run with 0 workers (1 at its end), 2000 tokens in 2 s", e1)
+	ep1, ep2, ep3 := h.Epochs[0], h.Epochs[1], h.Epochs[2]
+	if !ep1.RanReported || ep1.RanNumWorkers != 0 || ep1.RanPrefetchFactor != 2 || ep1.NumWorkers != 1 ||
+		ep1.MeasuredTokens != 2000 || ep1.MeasuredS != 2 || ep1.TokensPerS != 1000 {
+		t.Errorf("epoch 1 %v: want run with 0 workers (1 at its end), 2000 tokens in 2 s", ep1)
 	}
-	if e2.RanNumWorkers != 1 || !e2.Partial || e2.MeasuredTokens != 6000 || e2.MeasuredS != 3 || e2.TokensPerS != 2000 {
-		t.Errorf("epoch 2 %v: want run with 1 worker, 6000 tokens in 3 s", e2)
+	if !ep2.RanReported || ep2.RanNumWorkers != 1 || ep2.MeasuredTokens != 2000 || ep2.MeasuredS != 1 || ep2.TokensPerS != 2000 {
+		t.Errorf("epoch 2 %v: want run with 1 worker, 2000 tokens in 1 s (the windows of its evals straddle)", ep2)
+	}
+	if !ep3.RanReported || !ep3.Partial || ep3.RanNumWorkers != 1 || ep3.MeasuredTokens != 4000 || ep3.MeasuredS != 2 {
+		t.Errorf("partial epoch 3 %v: want run with epoch 2's reported loader, 4000 tokens in 2 s", ep3)
 	}
 	if len(h.Changes) != 1 {
 		t.Fatalf("changes %v, want one", h.Changes)
 	}
 	c := h.Changes[0]
 	if c.AppliedAfterEpoch != 1 || !c.AppliedAt.AsTime().Equal(testutil.TS(2.5).AsTime()) || c.FromNumWorkers != 0 || c.NumWorkers != 1 ||
-		c.TokensPerSBefore != 1000 || c.TokensPerSAfter != 2000 || c.MeasuredSpeedup != 2 ||
+		c.TokensPerSBefore != 1000 || c.TokensPerSAfter != 2000 || c.MeasuredSpeedup != 2 || !c.Reported || c.MeasuredSAfter != 3 ||
 		c.Classification != "data-bound" || c.ExpectedGain != 0.5 || !slices.Equal(c.Nodes, []string{"n1"}) {
 		t.Errorf("change %v", c)
 	}

@@ -90,7 +90,7 @@ func Changes(h *trainmeterv1.DataloaderHistoryResponse) []*trainmeterv1.Dataload
 					AppliedAfterEpoch: k.epoch, AppliedAt: before.last.GetEnd(),
 					FromNumWorkers: before.workers, FromPrefetchFactor: before.prefetch,
 					NumWorkers: after.workers, PrefetchFactor: after.prefetch,
-					TokensPerSBefore: -1, TokensPerSAfter: -1, MeasuredSpeedup: -1,
+					TokensPerSBefore: -1, TokensPerSAfter: -1, MeasuredSpeedup: -1, Reported: reported,
 				}
 				merged[k] = c
 				order = append(order, k)

@@ -41,7 +41,7 @@ func TestChangesAcrossNodes(t *testing.T) {
 	c := cs[0]
 	if c.AppliedAfterEpoch != 1 || c.FromNumWorkers != 0 || c.NumWorkers != 1 || c.FromPrefetchFactor != 2 || c.PrefetchFactor != 4 ||
 		c.TokensPerSBefore != 1500 || c.TokensPerSAfter != 3500 || c.MeasuredSBefore != 4 || c.MeasuredSAfter != 6 ||
-		!slices.Equal(c.Nodes, []string{"a", "b"}) || c.Classification != "data-bound" || c.ExpectedGain != 0.5 {
+		!slices.Equal(c.Nodes, []string{"a", "b"}) || c.Classification != "data-bound" || c.ExpectedGain != 0.5 || !c.Reported {
 		t.Errorf("change %v", c)
 	}
 	if want := 3500.0 / 1500; c.MeasuredSpeedup != want {

@@ -162,6 +162,11 @@ func writeDataloaderChanges(w io.Writer, cs []*trainmeterv1.DataloaderChange) {
 			// Winning back the whole data-wait share g makes steps 1/(1-g) faster.
 			expected = fmt.Sprintf("up to ×%.2f (data wait %.0f%%)", 1/(1-g), 100*g)
 		}
+		if !c.GetReported() {
+			// The trainer did not say what its loader ran with: the advisor
+			// took the advice as applied.
+			expected += " (assumed applied: the trainer reports no loader settings)"
+		}
 		fmt.Fprintf(tw, "  %d\t%s\t%d→%d\t%d→%d\t%s\t%s\t%s\t%s\n", c.GetAppliedAfterEpoch(), at,
 			c.GetFromNumWorkers(), c.GetNumWorkers(), c.GetFromPrefetchFactor(), c.GetPrefetchFactor(),
 			tokPerS(c.GetTokensPerSBefore()), tokPerS(c.GetTokensPerSAfter()), measured, expected)

@@ -171,8 +171,8 @@ func TestRecommendRunPrintsItsDataloaderEpochs(t *testing.T) {
 	// last one came with the run's last epoch and was never applied), with
 	// the advice's expected gain; no throughput was measured.
 	for _, row := range []string{
-		"2 2025-03-01T12:00:21Z 2→3 2→3 - - - up to ×2.00 (data wait 50%)",
-		"4 2025-03-01T12:00:23Z 3→5 3→4 - - - up to ×2.00 (data wait 50%)",
+		"2 2025-03-01T12:00:21Z 2→3 2→3 - - - up to ×2.00 (data wait 50%) (assumed applied: the trainer reports no loader settings)",
+		"4 2025-03-01T12:00:23Z 3→5 3→4 - - - up to ×2.00 (data wait 50%) (assumed applied: the trainer reports no loader settings)",
 	} {
 		found := false
 		for _, l := range lines {

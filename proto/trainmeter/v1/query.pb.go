@@ -1744,7 +1744,12 @@ type DataloaderChange struct {
 	// unknown).
 	MeasuredSpeedup float64 `protobuf:"fixed64,13,opt,name=measured_speedup,json=measuredSpeedup,proto3" json:"measured_speedup,omitempty"`
 	// The nodes that applied it.
-	Nodes         []string `protobuf:"bytes,14,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Nodes []string `protobuf:"bytes,14,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The settings on both sides are the trainer's (its evals said what each
+	// epoch ran with). False: the advisor's belief (advice taken as applied
+	// at the boundary after its delivery), from a trainer that does not
+	// report its loader and may never have applied it.
+	Reported      bool `protobuf:"varint,15,opt,name=reported,proto3" json:"reported,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1875,6 +1880,13 @@ func (x *DataloaderChange) GetNodes() []string {
 		return x.Nodes
 	}
 	return nil
+}
+
+func (x *DataloaderChange) GetReported() bool {
+	if x != nil {
+		return x.Reported
+	}
+	return false
 }
 
 // Range is a figure with its uncertainty band: mid is the median of the
@@ -3248,7 +3260,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04_mfuB\x0e\n" +
 	"\f_j_per_pflopB\x0f\n" +
 	"\r_max_cost_usdB\x19\n" +
-	"\x17_energy_uncertainty_pct\"\xe3\x04\n" +
+	"\x17_energy_uncertainty_pct\"\xff\x04\n" +
 	"\x10DataloaderChange\x12.\n" +
 	"\x13applied_after_epoch\x18\x01 \x01(\x03R\x11appliedAfterEpoch\x129\n" +
 	"\n" +
@@ -3266,7 +3278,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x11measured_s_before\x18\v \x01(\x01R\x0fmeasuredSBefore\x12(\n" +
 	"\x10measured_s_after\x18\f \x01(\x01R\x0emeasuredSAfter\x12)\n" +
 	"\x10measured_speedup\x18\r \x01(\x01R\x0fmeasuredSpeedup\x12\x14\n" +
-	"\x05nodes\x18\x0e \x03(\tR\x05nodes\"?\n" +
+	"\x05nodes\x18\x0e \x03(\tR\x05nodes\x12\x1a\n" +
+	"\breported\x18\x0f \x01(\bR\breported\"?\n" +
 	"\x05Range\x12\x10\n" +
 	"\x03low\x18\x01 \x01(\x01R\x03low\x12\x10\n" +
 	"\x03mid\x18\x02 \x01(\x01R\x03mid\x12\x12\n" +
