@@ -123,15 +123,15 @@ func writeDataloaderSection(ctx context.Context, w io.Writer, conn *grpc.ClientC
 	}
 	if len(h.GetEpochs()) > 0 {
 		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  node\tepoch\tsteps\tadjustments\tworkers\tprefetch\tavg GPU\tavg RAM\tdata wait\ttok/s (node, after warmup)")
+		fmt.Fprintln(tw, "  node\tepoch\tsteps\tadjustments\tworkers\tprefetch\tavg GPU\tavg RAM\tdata wait\tran with\ttok/s (node, after warmup)")
 		for _, e := range h.GetEpochs() {
 			ep := fmt.Sprint(e.GetEpoch())
 			if e.GetPartial() {
 				ep += " (partial)"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", e.GetNode(), ep, e.GetSteps(), e.GetAdjustments(),
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", e.GetNode(), ep, e.GetSteps(), e.GetAdjustments(),
 				e.GetNumWorkers(), e.GetPrefetchFactor(), pct(e.GetAvgGpuUtilization()), pct(e.GetAvgRamUsage()), pct(e.GetDataWaitShare()),
-				epochTokPerS(e))
+				ranWith(e), epochTokPerS(e))
 		}
 		tw.Flush()
 	}
@@ -172,6 +172,16 @@ func writeDataloaderChanges(w io.Writer, cs []*trainmeterv1.DataloaderChange) {
 			tokPerS(c.GetTokensPerSBefore()), tokPerS(c.GetTokensPerSAfter()), measured, expected)
 	}
 	tw.Flush()
+}
+
+// ranWith is the loader an epoch ran with, workers/prefetch (workers and
+// prefetch before it are those in force at its end: a change delivered
+// during the epoch shows there, yet applies only after it).
+func ranWith(e *trainmeterv1.DataloaderEpoch) string {
+	if e.GetRanPrefetchFactor() == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d", e.GetRanNumWorkers(), e.GetRanPrefetchFactor())
 }
 
 // epochTokPerS: records from collectors before the epoch's throughput

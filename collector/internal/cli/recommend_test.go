@@ -142,20 +142,22 @@ func TestRecommendRunPrintsItsDataloaderEpochs(t *testing.T) {
 		t.Fatalf("recommend loader:\n%s", out)
 	}
 	// The per-epoch table: node, epoch, steps, adjustments, workers,
-	// prefetch, avg GPU, avg RAM, data wait, tok/s. Every window here holds
+	// prefetch (in force at its end), avg GPU, avg RAM, data wait, the
+	// loader it ran with (a change applies after the epoch it was
+	// delivered in), tok/s. Every window here holds
 	// an epoch boundary, so no epoch has a whole window to measure.
 	want := [][]string{
-		{"gpu-box-3", "1", "10", "0", "2", "2", "50%", "2%", "50%", "-"},
-		{"gpu-box-3", "2", "10", "1", "3", "3", "50%", "2%", "50%", "-"},
-		{"gpu-box-3", "3", "10", "0", "3", "3", "50%", "2%", "50%", "-"},
-		{"gpu-box-3", "4", "10", "1", "5", "4", "50%", "2%", "50%", "-"},
-		{"gpu-box-3", "5", "10", "0", "5", "4", "50%", "2%", "50%", "-"},
-		{"gpu-box-3", "6", "10", "1", "8", "5", "50%", "2%", "50%", "-"},
+		{"gpu-box-3", "1", "10", "0", "2", "2", "50%", "2%", "50%", "2/2", "-"},
+		{"gpu-box-3", "2", "10", "1", "3", "3", "50%", "2%", "50%", "2/2", "-"},
+		{"gpu-box-3", "3", "10", "0", "3", "3", "50%", "2%", "50%", "3/3", "-"},
+		{"gpu-box-3", "4", "10", "1", "5", "4", "50%", "2%", "50%", "3/3", "-"},
+		{"gpu-box-3", "5", "10", "0", "5", "4", "50%", "2%", "50%", "5/4", "-"},
+		{"gpu-box-3", "6", "10", "1", "8", "5", "50%", "2%", "50%", "5/4", "-"},
 	}
 	lines := strings.Split(out, "\n")
 	at := -1
 	for i, l := range lines {
-		if strings.Fields(l) != nil && strings.Join(strings.Fields(l), " ") == "node epoch steps adjustments workers prefetch avg GPU avg RAM data wait tok/s (node, after warmup)" {
+		if strings.Fields(l) != nil && strings.Join(strings.Fields(l), " ") == "node epoch steps adjustments workers prefetch avg GPU avg RAM data wait ran with tok/s (node, after warmup)" {
 			at = i
 		}
 	}
