@@ -63,9 +63,9 @@ func TestTorchAdviceThatPays(t *testing.T) {
 	sock := c.startAgent("advice-node", "sim:1")
 	c.waitStreaming("advice-node")
 
-	// 2 epochs of 250 steps, an evaluation every 20 steps (under one per
+	// 2 epochs of 250 steps, an evaluation every 20 steps (about one per
 	// 1 s batch): the advice is confirmed early in epoch 1 and applied at
-	// its end; about 8 s + 4 s of training here.
+	// its end; about 12 s + 6 s of training here.
 	const run = "advice-pays"
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
