@@ -43,7 +43,7 @@ func itemDelayForThisMachine(t *testing.T, py string) float64 {
 	}
 	s := parseSummary(t, string(out))
 	stepMs := 1000 * s.compute / float64(s.steps)
-	delay := min(max(stepMs/adviceBatch, 0.25), 20)
+	delay := min(max(stepMs/adviceBatch, 0.25), 50)
 	t.Logf("compute %.1f ms per step here: item delay %.2f ms (%.1f ms per batch of %d)", stepMs, delay, delay*adviceBatch, adviceBatch)
 	return delay
 }
