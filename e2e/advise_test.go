@@ -403,8 +403,9 @@ func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
 // AdaptiveLoader over a DataLoader stand-in (no torch needed) whose steps
 // wait for data as long as they compute; it prints the adjustments the
 // loader applied at epoch boundaries. Its run_start does not say what the
-// loader has (8 workers, prefetch 4): the collector assumes 2 / 2, and its
-// data-bound advice (2→3, 2→3) must still mean more, not fewer, workers.
+// loader has (8 workers, prefetch 4): the collector assumes 2 / 2 until an
+// eval reports the loader (the AdaptiveLoader tells the run), and its
+// data-bound advice must mean more, not fewer, workers either way.
 const pythonAdaptiveTrainer = `
 import json, sys, time
 sys.path.insert(0, "../clients/python")
@@ -466,13 +467,23 @@ func TestPythonAdaptiveLoaderAppliesLiveAdviceAtEpochBoundary(t *testing.T) {
 		t.Fatal("the AdaptiveLoader applied no advice")
 	}
 	a := res.Adjustments[0]
-	// The advice says 2→3 workers and 2→3 prefetch from the assumed 2/2;
-	// on the real 8/4 loader that is ×1.5: 12 workers, prefetch 6.
-	if a.Epoch < 2 || a.NumWorkers != 12 || a.PrefetchFactor != 6 || a.Classification != "data-bound" {
-		t.Errorf("first adjustment %+v, want workers 8→12, prefetch 4→6 (data-bound) at an epoch ≥ 2", a)
+	// Which baseline the advice had depends on whether an eval reporting
+	// the loader reached the advisor before the advice's second
+	// confirmation (steps and evals share 1 s batches); both must give the
+	// real loader 12 workers.
+	wantPrefetch := 0
+	switch adv := res.LastAdvice; {
+	case adv["from_num_workers"] == 2.0 && adv["from_prefetch_factor"] == 2.0 && adv["num_workers"] == 3.0 && adv["prefetch_factor"] == 3.0:
+		// 2→3 and 2→3 from the assumed 2/2: ×1.5 on the real 8/4.
+		wantPrefetch = 6
+	case adv["from_num_workers"] == 8.0 && adv["from_prefetch_factor"] == 4.0 && adv["num_workers"] == 12.0 && adv["prefetch_factor"] == 5.0:
+		// From the loader the evals reported: 8→12 and 4→5, as is.
+		wantPrefetch = 5
+	default:
+		t.Errorf("advice %v, want 2→3, 2→3 from the assumed 2/2 or 8→12, 4→5 from the reported 8/4", adv)
 	}
-	if res.LastAdvice["num_workers"] != 3.0 || res.LastAdvice["from_num_workers"] != 2.0 || res.LastAdvice["from_prefetch_factor"] != 2.0 {
-		t.Errorf("advice %v, want 3 workers from the assumed 2/2", res.LastAdvice)
+	if a.Epoch < 2 || a.NumWorkers != 12 || a.PrefetchFactor != wantPrefetch || a.Classification != "data-bound" {
+		t.Errorf("first adjustment %+v, want workers 8→12, prefetch 4→%d (data-bound) at an epoch ≥ 2", a, wantPrefetch)
 	}
 	if res.LastAdvice["expected_gain"] == nil || res.LastAdvice["gpu_utilization"] == nil {
 		t.Errorf("advice figures missing in the client: %v", res.LastAdvice)

@@ -77,6 +77,14 @@ type Config struct {
 	Interval             uint64  // steps between evaluations
 	NumWorkers           int     // what the loader starts with
 	PrefetchFactor       int
+	// HasNumWorkers: NumWorkers was given, so 0 is a setting (loading in the
+	// training process, the loader most in need of workers), not "unset".
+	HasNumWorkers bool
+	// Epochs: the run has epochs (it announced planned_epochs): its trainer
+	// applies advice only at an epoch boundary, so a change stays pending
+	// until one, however many evaluations pass. A run that has reported a
+	// boundary is treated so too.
+	Epochs bool
 }
 
 // WithDefaults fills zero fields.
@@ -90,7 +98,7 @@ func (c Config) WithDefaults() Config {
 	if c.Interval == 0 {
 		c.Interval = DefaultInterval
 	}
-	if c.NumWorkers <= 0 {
+	if c.NumWorkers < 0 || (c.NumWorkers == 0 && !c.HasNumWorkers) {
 		c.NumWorkers = DefaultNumWorkers
 	}
 	if c.PrefetchFactor <= 0 {
@@ -197,6 +205,7 @@ type Advisor struct {
 	lastChangeEval int
 	adjustments    int
 	boundarySince  bool // an epoch boundary passed since the last change
+	sawBoundary    bool // the run has reported an epoch boundary
 }
 
 // EpochBoundary tells the advisor the run finished an epoch (an eval
@@ -210,8 +219,25 @@ func (a *Advisor) EpochBoundary() (applied bool) {
 		a.lastClass, a.streak = Unknown, 0
 		applied = true
 	}
-	a.boundarySince = true
+	a.boundarySince, a.sawBoundary = true, true
 	return applied
+}
+
+// Rebase takes the loader settings the trainer reported as the advisor's
+// own (the baseline of the next change), where they differ from what it
+// believed: a loader whose advice was applied relative to settings other
+// than the run_start's, or not at all. prefetchFactor 0 (not reported, a
+// loader without workers) keeps the believed prefetch. A change still
+// pending is left alone: the report predates it.
+func (a *Advisor) Rebase(numWorkers, prefetchFactor int) {
+	pending := a.adjustments > 0 && !a.boundarySince
+	if pending || numWorkers < 0 {
+		return
+	}
+	a.workers, a.prevWorkers = numWorkers, numWorkers
+	if prefetchFactor > 0 {
+		a.prefetch, a.prevPrefetch = prefetchFactor, prefetchFactor
+	}
 }
 
 // NewAdvisor returns an advisor for a run with cfg (defaults applied).
@@ -227,6 +253,17 @@ func (a *Advisor) Config() Config { return a.cfg }
 // run_start's, then the last advice committed (delivered; it assumes the
 // trainer applies it at its next epoch).
 func (a *Advisor) Current() (numWorkers, prefetchFactor int) { return a.workers, a.prefetch }
+
+// InForce returns the settings the loader runs with now: those before the
+// last change while it is pending (delivered, but the trainer applies it
+// at its next epoch boundary), else Current. Call it before EpochBoundary
+// to learn what the epoch that boundary ends ran with.
+func (a *Advisor) InForce() (numWorkers, prefetchFactor int) {
+	if a.adjustments > 0 && !a.boundarySince {
+		return a.prevWorkers, a.prevPrefetch
+	}
+	return a.workers, a.prefetch
+}
 
 // Adjustments is how many changes were committed (delivered) so far.
 func (a *Advisor) Adjustments() int { return a.adjustments }
@@ -263,7 +300,8 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 	}
 	// The last change is pending while the trainer has not passed an epoch
 	// boundary (nor the cooldown) since it was sent.
-	pending := a.adjustments > 0 && !a.boundarySince && a.evaluations-a.lastChangeEval < CooldownEvaluations
+	pending := a.adjustments > 0 && !a.boundarySince &&
+		(a.cfg.Epochs || a.sawBoundary || a.evaluations-a.lastChangeEval < CooldownEvaluations)
 	// A memory-bound reduction does not wait for a pending increase to be
 	// applied: it replaces it, so it starts from the settings still in force.
 	replacing := class == MemoryBound && pending && a.lastDirection > 0

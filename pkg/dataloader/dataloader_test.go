@@ -57,6 +57,36 @@ func TestWorkersStayWithinCPUsPerRank(t *testing.T) {
 	}
 }
 
+// A loader started with num_workers=0 (loading in the training process)
+// on a 2-CPU host: the bound is 1 worker, and 0→1 is the change that pays.
+// The same run without num_workers is assumed at 2 workers, over the bound.
+func TestZeroWorkersGivenIsASettingNotTheDefault(t *testing.T) {
+	iv := dataBound()
+	iv.CPUCount, iv.LocalRanks = 2, 1
+	a := NewAdvisor(Config{NumWorkers: 0, HasNumWorkers: true, PrefetchFactor: 2})
+	if w, _ := a.Current(); w != 0 {
+		t.Fatalf("current workers %d, want the 0 given", w)
+	}
+	evaluate(a, iv)
+	adv := evaluate(a, iv)
+	if !adv.Changed || adv.FromNumWorkers != 0 || adv.NumWorkers != 1 || adv.MaxWorkers != 1 {
+		t.Fatalf("%+v, want num_workers 0→1 (bound 1)", adv)
+	}
+	if w, p := a.InForce(); w != 0 || p != 2 {
+		t.Errorf("in force before the epoch boundary: %d/%d, want 0/2 (the change is pending)", w, p)
+	}
+	a.EpochBoundary()
+	if w, p := a.InForce(); w != 1 || p != adv.PrefetchFactor {
+		t.Errorf("in force after the epoch boundary: %d/%d, want 1/%d", w, p, adv.PrefetchFactor)
+	}
+
+	unset := NewAdvisor(Config{PrefetchFactor: 2})
+	evaluate(unset, iv)
+	if adv := evaluate(unset, iv); adv.FromNumWorkers != DefaultNumWorkers || adv.NumWorkers != DefaultNumWorkers {
+		t.Errorf("num_workers not given: %+v, want the default %d kept (over the bound)", adv, DefaultNumWorkers)
+	}
+}
+
 func TestGPUBoundRunIsLeftAlone(t *testing.T) {
 	a := NewAdvisor(Config{NumWorkers: 4, PrefetchFactor: 2})
 	iv := Interval{Steps: 50, DataWaitS: 0.05, ComputeS: 5, GPUUtilization: 0.98, HasGPUUtilization: true, RAMUsage: 0.4, HasRAM: true, CPUCount: 32, LocalRanks: 1}
@@ -259,5 +289,55 @@ func TestWaitLongerThanComputeAtHighUtilisationGetsMorePrefetchOnly(t *testing.T
 	}
 	if !strings.Contains(adv.Reason, "prefetch_factor 2→4") || strings.Contains(adv.Reason, "num_workers") {
 		t.Errorf("reason %q", adv.Reason)
+	}
+}
+
+// A run that announced epochs applies advice only at an epoch boundary: a
+// change stays pending however many evaluations pass, so a second advice
+// never supersedes a first that the trainer has not applied. A run that
+// announced none falls back to the cooldown of evaluations.
+func TestRunWithEpochsHoldsAChangeUntilTheBoundary(t *testing.T) {
+	held := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2, Epochs: true})
+	fallback := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2})
+	var heldChanges, fallbackChanges int
+	for range 3 * CooldownEvaluations {
+		if evaluate(held, dataBound()).Changed {
+			heldChanges++
+		}
+		if evaluate(fallback, dataBound()).Changed {
+			fallbackChanges++
+		}
+	}
+	if heldChanges != 1 || fallbackChanges < 2 {
+		t.Fatalf("changes without a boundary: %d with epochs (want 1), %d without (want the cooldown's)", heldChanges, fallbackChanges)
+	}
+	held.EpochBoundary()
+	evaluate(held, dataBound())
+	if !evaluate(held, dataBound()).Changed {
+		t.Error("no change after the boundary and two fresh evaluations")
+	}
+}
+
+// The trainer's report of its loader corrects the advisor's baseline, but
+// not while a change is pending (the report predates it).
+func TestRebaseTakesTheReportedLoader(t *testing.T) {
+	a := NewAdvisor(Config{NumWorkers: 2, PrefetchFactor: 2, Epochs: true})
+	a.Rebase(8, 4)
+	if w, p := a.Current(); w != 8 || p != 4 {
+		t.Fatalf("current %d/%d, want the reported 8/4", w, p)
+	}
+	evaluate(a, dataBound())
+	adv := evaluate(a, dataBound())
+	if !adv.Changed || adv.FromNumWorkers != 8 || adv.NumWorkers != 12 {
+		t.Fatalf("%+v, want 8→12 from the reported loader", adv)
+	}
+	a.Rebase(8, 4) // the epoch that ends now ran with 8/4: the change is pending
+	if w, _ := a.Current(); w != 12 {
+		t.Errorf("a report before the pending change moved the baseline to %d", w)
+	}
+	a.EpochBoundary()
+	a.Rebase(10, 0) // applied relative to something else; no prefetch reported
+	if w, p := a.Current(); w != 10 || p != adv.PrefetchFactor {
+		t.Errorf("current %d/%d, want 10 workers and the believed prefetch %d", w, p, adv.PrefetchFactor)
 	}
 }

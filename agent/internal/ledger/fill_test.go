@@ -27,7 +27,7 @@ func TestAttributedRunIsFilledByTheJoiningClient(t *testing.T) {
 	peer2 := Peer{ConnID: 2, PID: 101, UID: 1000}
 	script := &trainerproto.RunStart{Run: "a", ClientID: "py", Model: "sim-model", Dataset: "synthetic",
 		BatchSize: ptr(int64(4)), SeqLen: ptr(int64(2048)), Params: ptr(uint64(124_000_000)),
-		Labels: map[string]string{"team": "vision", "exp": "7"}}
+		NumWorkers: ptr(int64(0)), Labels: map[string]string{"team": "vision", "exp": "7"}}
 	err := r.l.StartRun(r.now, peer2, script)
 	var mc *MetadataConflict
 	if !errors.As(err, &mc) {
@@ -74,6 +74,11 @@ func TestAttributedRunIsFilledByTheJoiningClient(t *testing.T) {
 	m := filled.Metadata
 	if m.Model != "cli-model" || m.BatchSize != 16 || m.Dataset != "synthetic" || !m.HasSeqLen || m.SeqLen != 2048 || filled.Params != 124_000_000 {
 		t.Errorf("filled metadata %+v params %d", m, filled.Params)
+	}
+	// num_workers 0 is a setting (the advisor starts from it), so the copy
+	// says it was given.
+	if first.HasNumWorkers || !filled.HasNumWorkers || filled.NumWorkers != 0 {
+		t.Errorf("num_workers: first given %v, filled %d given %v; want the script's 0, given", first.HasNumWorkers, filled.NumWorkers, filled.HasNumWorkers)
 	}
 	if filled.Labels["team"] != "nlp" || filled.Labels["exp"] != "7" {
 		t.Errorf("filled labels %v, want the wrapper's team and the script's exp", filled.Labels)

@@ -3,6 +3,7 @@ package ledger
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -479,6 +480,35 @@ func TestEvalSaysWhetherItHasAnEpoch(t *testing.T) {
 	}
 	if len(got) != 2 || !got[0].HasEpoch || got[0].Epoch != 0 || got[1].HasEpoch {
 		t.Fatalf("evals %v, want epoch 0 given, then none", got)
+	}
+}
+
+// An eval says which loader settings its epoch ran with; 0 workers is a
+// setting, and a loader without prefetch (no workers) leaves it 0.
+func TestEvalCarriesTheLoaderSettings(t *testing.T) {
+	r := newRig(t, []float64{100}, []float64{100}, 0)
+	r.advance(time.Second)
+	_ = r.l.StartRun(r.at(0), peer1, &trainerproto.RunStart{Run: "e"})
+	for _, ev := range []*trainerproto.Eval{
+		{Run: "e", Epoch: ptr(int64(1)), NumWorkers: ptr(int64(0))},
+		{Run: "e", Epoch: ptr(int64(2)), NumWorkers: ptr(int64(1)), PrefetchFactor: ptr(int64(4))},
+		{Run: "e", Epoch: ptr(int64(3))},
+	} {
+		if err := r.l.Eval(r.at(0), peer1, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.advance(2 * time.Second)
+	var got []string
+	for _, b := range r.batches {
+		for _, e := range b.RunEvents {
+			if ev := e.GetEval(); ev != nil {
+				got = append(got, fmt.Sprintf("%v %d %d", ev.HasLoader, ev.LoaderNumWorkers, ev.LoaderPrefetchFactor))
+			}
+		}
+	}
+	if want := []string{"true 0 0", "true 1 4", "false 0 0"}; !slices.Equal(got, want) {
+		t.Errorf("evals' loader settings %q, want %q", got, want)
 	}
 }
 

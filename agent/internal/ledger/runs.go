@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -299,7 +300,9 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 		rs.MaxRamUsage = *ev.MaxRAMUsage
 	}
 	if ev.NumWorkers != nil {
-		rs.NumWorkers = uint32(*ev.NumWorkers)
+		// has_num_workers: 0 workers is a setting the advisor must start
+		// from, not "not given".
+		rs.NumWorkers, rs.HasNumWorkers = uint32(*ev.NumWorkers), true
 	}
 	if ev.PrefetchFactor != nil {
 		rs.PrefetchFactor = uint32(*ev.PrefetchFactor)
@@ -492,6 +495,12 @@ func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 	}
 	if ev.Accuracy != nil {
 		e.Accuracy, e.HasAccuracy = *ev.Accuracy, true
+	}
+	if ev.NumWorkers != nil {
+		e.HasLoader, e.LoaderNumWorkers = true, uint32(min(*ev.NumWorkers, math.MaxUint32))
+		if ev.PrefetchFactor != nil {
+			e.LoaderPrefetchFactor = uint32(min(*ev.PrefetchFactor, math.MaxUint32))
+		}
 	}
 	l.pending = append(l.pending, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: e}})
 	return nil

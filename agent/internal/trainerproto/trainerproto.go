@@ -137,6 +137,9 @@ type Eval struct {
 	Run               string
 	Epoch             *int64
 	ValLoss, Accuracy *float64
+	// NumWorkers / PrefetchFactor: the DataLoader settings the epoch ran
+	// with (the advisor measures each epoch's throughput against them).
+	NumWorkers, PrefetchFactor *int64
 }
 
 // RunEnd is the "run_end" event.
@@ -598,6 +601,15 @@ func (d *decoder) eval(run string) (Event, error) {
 	}
 	if e.Accuracy, err = d.float("accuracy", true); err != nil {
 		return nil, err
+	}
+	if e.NumWorkers, err = d.int("num_workers", true); err != nil {
+		return nil, err
+	}
+	if e.PrefetchFactor, err = d.int("prefetch_factor", true); err != nil {
+		return nil, err
+	}
+	if e.PrefetchFactor != nil && e.NumWorkers == nil {
+		return nil, d.fieldErr("prefetch_factor", "needs num_workers (the loader settings are reported together)")
 	}
 	return e, nil
 }

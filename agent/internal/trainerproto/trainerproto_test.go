@@ -79,6 +79,16 @@ func TestParseValid(t *testing.T) {
 			want: &Eval{Run: "r1", Epoch: i64(1), ValLoss: f64(1.93), Accuracy: f64(0.71)},
 		},
 		{
+			name: "eval with the loader settings its epoch ran with",
+			line: `{"event":"eval","run_id":"r1","epoch":2,"num_workers":0}`,
+			want: &Eval{Run: "r1", Epoch: i64(2), NumWorkers: i64(0)},
+		},
+		{
+			name: "eval with workers and prefetch",
+			line: `{"event":"eval","run_id":"r1","num_workers":3,"prefetch_factor":4}`,
+			want: &Eval{Run: "r1", NumWorkers: i64(3), PrefetchFactor: i64(4)},
+		},
+		{
 			name: "design run_end",
 			line: `{"event":"run_end","run_id":"r1"}` + "\n",
 			want: &RunEnd{Run: "r1"},
@@ -181,6 +191,8 @@ func TestParseErrors(t *testing.T) {
 		{"epoch fraction", `{"event":"eval","run_id":"r","epoch":1.5}`, ErrKindField, "eval: epoch must be a non-negative integer"},
 		{"val_loss string", `{"event":"eval","run_id":"r","val_loss":"x"}`, ErrKindField, "eval: val_loss must be a finite number"},
 		{"accuracy negative", `{"event":"eval","run_id":"r","accuracy":-1}`, ErrKindField, "eval: accuracy must be a finite non-negative number"},
+		{"eval num_workers negative", `{"event":"eval","run_id":"r","num_workers":-1}`, ErrKindField, "eval: num_workers must be a non-negative integer"},
+		{"eval prefetch alone", `{"event":"eval","run_id":"r","prefetch_factor":2}`, ErrKindField, "eval: prefetch_factor needs num_workers (the loader settings are reported together)"},
 		// run_end
 		{"status not string", `{"event":"run_end","run_id":"r","status":1}`, ErrKindField, "run_end: status must be a string"},
 		{"status too long", `{"event":"run_end","run_id":"r","status":"` + long(1025) + `"}`, ErrKindField, "run_end: status too long: 1025 bytes > 1024"},

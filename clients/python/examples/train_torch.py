@@ -168,6 +168,9 @@ def main(argv=None):
         num_workers=num_workers,
         prefetch_factor=prefetch,
         planned_steps=args.steps,
+        # Announcing epochs tells the advisor this loop applies advice only at
+        # epoch boundaries: it holds a change until one (docs/recommendations.md).
+        planned_epochs=args.epochs,
         adjustment_interval=args.adjustment_interval,
         torch_version=torch.__version__,
     ) as run:

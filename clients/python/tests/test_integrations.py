@@ -207,6 +207,41 @@ class AdviceRun:
         return dict(self.latest) if self.latest is not None else None
 
 
+class TestEvalReportsTheLoader(Base):
+    """eval() says which DataLoader settings the epoch ran with: those of the
+    loader the TimedLoader / AdaptiveLoader iterated, not a rebuilt one that
+    has not run yet (the collector measures each epoch's throughput against
+    them, docs/recommendations.md)."""
+
+    def test_eval_carries_the_settings_the_epoch_ran_with(self):
+        a = self.agent()
+        run = self.start(run_id="ev")
+        timed = trainmeter.TimedLoader(FakeDataLoader(list(range(3)), num_workers=0), run=run)
+        run.eval(epoch=0)  # no epoch iterated yet: nothing to report
+        list(timed)
+        run.eval(epoch=1, val_loss=1.5)
+        rebuilt = trainmeter.rebuild_dataloader(timed, num_workers=2, prefetch_factor=4)
+        run.eval(epoch=1)  # rebuilt but not iterated: still epoch 1's loader
+        list(rebuilt)
+        run.eval(epoch=2)
+        run.eval(epoch=2, num_workers=7)  # the caller's own value wins
+        al = trainmeter.AdaptiveLoader(FakeDataLoader(list(range(3)), num_workers=3, prefetch_factor=5), run)
+        list(al)
+        run.eval(epoch=3)
+        run.end()
+        self.assertTrue(a.wait_eof(0))
+        evals = [{k: v for k, v in e.items() if k in ("epoch", "num_workers", "prefetch_factor", "val_loss")}
+                 for e in a.events(0) if e["event"] == "eval"]
+        self.assertEqual(evals, [
+            {"epoch": 0},
+            {"epoch": 1, "num_workers": 0, "val_loss": 1.5},
+            {"epoch": 1, "num_workers": 0},
+            {"epoch": 2, "num_workers": 2, "prefetch_factor": 4},
+            {"epoch": 2, "num_workers": 7},
+            {"epoch": 3, "num_workers": 3, "prefetch_factor": 5},
+        ])
+
+
 class TestAdaptiveLoader(unittest.TestCase):
     def test_applies_advice_at_the_next_epoch_only(self):
         run = AdviceRun()
@@ -671,7 +706,7 @@ class TestHF(Base):
                  "compute_s": 1.0},
                 {"event": "step", "run_id": "hf1", "step": 2, "tokens": 4096, "tokens_total": 8192, "samples": 32,
                  "data_wait_s": 0.25, "compute_s": 1.0},
-                {"event": "eval", "run_id": "hf1", "epoch": 1, "val_loss": 1.5, "accuracy": 0.5},
+                {"event": "eval", "run_id": "hf1", "epoch": 1, "val_loss": 1.5, "accuracy": 0.5, "num_workers": 6},
                 {"event": "run_end", "run_id": "hf1"},
             ],
         )
@@ -862,7 +897,8 @@ class TestLightning(Base):
                  "data_wait_s": 0.5, "compute_s": 2.0, "loss": 2.0},
                 {"event": "step", "run_id": "pl1", "step": 2, "tokens": 64, "tokens_total": 128, "samples": 4,
                  "data_wait_s": 1.0, "compute_s": 2.0, "loss": 0.0},
-                {"event": "eval", "run_id": "pl1", "epoch": 1, "val_loss": 1.25, "accuracy": 0.75},
+                {"event": "eval", "run_id": "pl1", "epoch": 1, "val_loss": 1.25, "accuracy": 0.75, "num_workers": 4,
+                 "prefetch_factor": 2},
                 {"event": "step", "run_id": "pl1", "step": 2, "tokens": 32, "tokens_total": 160, "samples": 2,
                  "compute_s": 1.0, "loss": 3.0},
                 {"event": "run_end", "run_id": "pl1"},

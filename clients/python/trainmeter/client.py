@@ -222,6 +222,10 @@ class Run:
             self._start_event.get("cuda_visible_devices")
         )
         self._loader: Any = None
+        # The DataLoader settings of the last epoch a TimedLoader /
+        # AdaptiveLoader iterated: eval() reports them (what the epoch ran
+        # with), so the collector measures each epoch against the real loader.
+        self._loader_settings: Optional[Dict[str, int]] = None
         self._end_event: Dict[str, Any] = {"event": "run_end", "run_id": self.run_id}
 
         self._q: "queue.Queue[Any]" = queue.Queue(maxsize=max(1, int(queue_size)))
@@ -327,11 +331,20 @@ class Run:
             self._count_caller_drop()
 
     def eval(self, epoch: Optional[int] = None, **metrics: Any) -> None:
-        """Report an evaluation, e.g. ``run.eval(epoch=1, val_loss=1.93, accuracy=0.71)``."""
+        """Report an evaluation, e.g. ``run.eval(epoch=1, val_loss=1.93, accuracy=0.71)``.
+
+        When a :class:`trainmeter.TimedLoader` or :class:`trainmeter.AdaptiveLoader`
+        of this run has iterated an epoch, the eval also carries the
+        ``num_workers`` / ``prefetch_factor`` that epoch ran with (unless given
+        here), so the collector's per-epoch throughput and the measured gain of
+        an applied advice name the loader's real settings."""
         try:
             ev: Dict[str, Any] = {"event": "eval", "run_id": self.run_id}
             if epoch is not None:
                 ev["epoch"] = epoch
+            settings = self._loader_settings
+            if settings is not None and "num_workers" not in metrics:
+                ev.update(settings)
             for k, v in metrics.items():
                 if v is not None and k not in ("event", "run_id"):
                     ev[k] = v
@@ -383,6 +396,22 @@ class Run:
         ``attach_loader(None)`` detaches. Returns ``loader``."""
         self._loader = loader
         return loader
+
+    def note_loader(self, loader: Any) -> None:
+        """Record the settings of the DataLoader an epoch is starting with (the
+        loader wrappers call it at each ``iter()``); the next :meth:`eval`
+        reports them. Never raises."""
+        try:
+            nw = getattr(loader, "num_workers", None)
+            if isinstance(nw, bool) or not isinstance(nw, int) or nw < 0:
+                return
+            settings = {"num_workers": nw}
+            pf = getattr(loader, "prefetch_factor", None)
+            if nw > 0 and isinstance(pf, int) and not isinstance(pf, bool) and pf > 0:
+                settings["prefetch_factor"] = pf
+            self._loader_settings = settings
+        except Exception:
+            pass
 
     def should_stop(self) -> bool:
         """True once the agent has sent a ``stop`` event for this run (e.g. budget exceeded)."""

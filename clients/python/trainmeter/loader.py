@@ -78,6 +78,7 @@ class TimedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         it = iter(self.loader)
+        _note_loader(self.run, self.loader)
         self._handed = None
         self._mark = None
         self._acc_wait = 0.0
@@ -147,6 +148,20 @@ class TimedLoader:
 
 
 # ------------------------------------------------------------------ rebuild
+
+def _note_loader(run: Any, loader: Any) -> None:
+    """Tell the run which DataLoader settings the epoch starting now runs
+    with (its next eval reports them); the innermost loader's settings."""
+    note = getattr(run, "note_loader", None)
+    if note is None:
+        return
+    while isinstance(loader, (TimedLoader, AdaptiveLoader)):
+        loader = loader.loader
+    try:
+        note(loader)
+    except Exception:
+        pass
+
 
 _COPY_ATTRS = ("collate_fn", "pin_memory", "timeout", "worker_init_fn", "generator", "pin_memory_device", "in_order")
 _WORKER_ONLY = ("persistent_workers", "multiprocessing_context")
@@ -387,7 +402,9 @@ class AdaptiveLoader:
     def __iter__(self) -> Iterator[Any]:
         self.epoch += 1  # the epoch that starts now (1-based)
         self.maybe_rebuild()
-        return iter(self.loader)
+        it = iter(self.loader)
+        _note_loader(self.run, self.loader)
+        return it
 
     def __len__(self) -> int:
         return len(self.loader)

@@ -61,6 +61,9 @@ type Sender interface {
 // runWindow is what the advisor keeps of one RunWindow.
 type runWindow struct {
 	run               string
+	start             time.Time
+	measured          bool // after warmup
+	tokens            uint64
 	steps             uint64
 	dataWait, compute float64
 	utilSum           float64
@@ -89,6 +92,18 @@ type epochAcc struct {
 	ramSum            float64
 	ramN              uint64
 	adjustments       uint32
+	// measuredTokens / measuredS: the node's windows after warmup that lie
+	// wholly inside the epoch, for its throughput.
+	measuredTokens uint64
+	measuredS      float64
+}
+
+// countedWindow is the last window counted in the epoch's throughput: an
+// eval inside it takes it out again (it straddles the boundary).
+type countedWindow struct {
+	end    time.Time
+	tokens uint64
+	secs   float64
 }
 
 type runState struct {
@@ -114,6 +129,16 @@ type runState struct {
 	// the wrong epoch (20 steps per epoch shown as 22 and 18).
 	closedSteps float64
 	evalSteps   uint64
+	// lastCounted is the last window added to the epoch's throughput;
+	// measuredFrom the last boundary: a window starting before it straddles
+	// that boundary and counts in neither epoch.
+	lastCounted  *countedWindow
+	measuredFrom time.Time
+	// reportedW / reportedP: the loader the trainer reported at the last
+	// boundary, still in force (reportedOK) when no change was applied
+	// there; the partial epoch at run_end then ran with it.
+	reportedW, reportedP int
+	reportedOK           bool
 }
 
 // Advisor is the live dataloader advisor.
@@ -199,7 +224,8 @@ func (a *Advisor) Observe(node string, b *trainmeterv1.Batch) {
 	it := item{node: node, end: b.GetWindowEnd().AsTime(), host: b.GetHost()}
 	for _, w := range b.GetRunWindows() {
 		it.windows = append(it.windows, runWindow{
-			run: w.GetRunId(), steps: w.GetSteps(), dataWait: w.GetDataWaitS(), compute: w.GetComputeS(),
+			run: w.GetRunId(), start: w.GetStart().AsTime(), measured: w.GetPhase() == trainmeterv1.Phase_PHASE_MEASURED, tokens: w.GetTokens(),
+			steps: w.GetSteps(), dataWait: w.GetDataWaitS(), compute: w.GetComputeS(),
 			utilSum: w.GetUtilizationSumPct(), utilN: utilSamples(w), gpus: len(w.GetGpus()), stepRanks: int(w.GetStepRanks()), end: w.GetEnd().AsTime(),
 		})
 	}
@@ -237,6 +263,7 @@ func configFromStart(rs *trainmeterv1.RunStart) dataloader.Config {
 	return dataloader.Config{
 		TargetGPUUtilization: rs.GetTargetGpuUtilization(), MaxRAMUsage: rs.GetMaxRamUsage(),
 		Interval: rs.GetAdjustmentInterval(), NumWorkers: int(rs.GetNumWorkers()), PrefetchFactor: int(rs.GetPrefetchFactor()),
+		HasNumWorkers: rs.GetHasNumWorkers(), Epochs: rs.GetPlannedEpochs() > 0,
 	}
 }
 
@@ -244,6 +271,7 @@ func configFromPlan(p aggregate.Plan) dataloader.Config {
 	return dataloader.Config{
 		TargetGPUUtilization: p.TargetGPUUtilization, MaxRAMUsage: p.MaxRAMUsage,
 		Interval: p.AdjustmentInterval, NumWorkers: int(p.NumWorkers), PrefetchFactor: int(p.PrefetchFactor),
+		HasNumWorkers: p.HasNumWorkers, Epochs: p.PlannedEpochs > 0,
 	}
 }
 
@@ -263,7 +291,7 @@ func (a *Advisor) state(run, node string, start *trainmeterv1.RunStart) *runStat
 	}
 	if err := cfg.WithDefaults().Validate(); err != nil {
 		a.log.Warn("dataloader advice: bad targets in run_start; using defaults", "run_id", run, "err", err)
-		cfg = dataloader.Config{NumWorkers: cfg.NumWorkers, PrefetchFactor: cfg.PrefetchFactor}
+		cfg = dataloader.Config{NumWorkers: cfg.NumWorkers, PrefetchFactor: cfg.PrefetchFactor, HasNumWorkers: cfg.HasNumWorkers, Epochs: cfg.Epochs}
 	}
 	s := &runState{adv: dataloader.NewAdvisor(cfg)}
 	a.runs[k] = s
@@ -308,7 +336,28 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 		}
 		s.lastEval = epoch
 		s.boundaries++
+		at := e.GetTime().AsTime()
+		if w := s.lastCounted; w != nil && w.end.After(at) {
+			s.epoch.measuredTokens -= w.tokens
+			s.epoch.measuredS -= w.secs
+		}
+		s.lastCounted, s.measuredFrom = nil, at
+		// What the epoch ran with: what the trainer says, else what the
+		// advisor believes (a change still pending is applied by the trainer
+		// at this boundary, after the epoch). A report also corrects the
+		// advisor's baseline where its belief was wrong.
+		ranW, ranP := s.adv.InForce()
+		s.reportedOK = e.GetHasLoader()
+		if e.GetHasLoader() {
+			ranW = int(e.GetLoaderNumWorkers())
+			if p := e.GetLoaderPrefetchFactor(); p > 0 {
+				ranP = int(p)
+			}
+			s.reportedW, s.reportedP = ranW, ranP
+			s.adv.Rebase(ranW, int(e.GetLoaderPrefetchFactor()))
+		}
 		if s.adv.EpochBoundary() {
+			s.reportedOK = false // the trainer switches now, to settings it has not reported yet
 			// The trainer applies the last change now: the interval so far
 			// measured the old settings.
 			s.resetInterval()
@@ -320,7 +369,7 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 			steps = float64(rs - s.evalSteps)
 			s.evalSteps = rs
 		}
-		a.closeEpoch(run, node, s, epoch, steps, false, e.GetTime().AsTime(), recs)
+		a.closeEpoch(run, node, s, epoch, steps, false, at, ranW, ranP, e.GetHasLoader(), recs)
 	}
 }
 
@@ -346,6 +395,7 @@ func (a *Advisor) process(it item) {
 	for _, w := range it.windows {
 		s := a.state(w.run, it.node, nil)
 		s.lastSeen = it.end
+		s.countThroughput(w)
 		if hasRAM && w.steps > 0 {
 			s.epoch.ramSum += ram
 			s.epoch.ramN++
@@ -395,7 +445,11 @@ func (a *Advisor) process(it item) {
 			if s := a.runs[k]; s != nil {
 				// run_end comes with the run's last window: every step is in.
 				if rest := s.step - s.closedSteps; rest >= 0.5 {
-					a.closeEpoch(k.run, it.node, s, s.lastEval+1, rest, true, ev.RunEnd.GetTime().AsTime(), recs)
+					ranW, ranP := s.adv.InForce()
+					if s.reportedOK {
+						ranW, ranP = s.reportedW, s.reportedP
+					}
+					a.closeEpoch(k.run, it.node, s, s.lastEval+1, rest, true, ev.RunEnd.GetTime().AsTime(), ranW, ranP, s.reportedOK, recs)
 				}
 				a.forget(k)
 			}
@@ -414,6 +468,19 @@ func (a *Advisor) process(it item) {
 			a.log.Warn("dataloader advice: cannot store history", "err", err)
 		}
 	}
+}
+
+// countThroughput adds a window after warmup to the epoch's throughput,
+// unless it began before the last epoch boundary (it ran partly in the
+// previous epoch, maybe with other loader settings).
+func (s *runState) countThroughput(w runWindow) {
+	secs := w.end.Sub(w.start).Seconds()
+	if !w.measured || secs <= 0 || w.start.Before(s.measuredFrom) {
+		return
+	}
+	s.epoch.measuredTokens += w.tokens
+	s.epoch.measuredS += secs
+	s.lastCounted = &countedWindow{end: w.end, tokens: w.tokens, secs: secs}
 }
 
 func hostFigures(h *trainmeterv1.HostWindow) (ram float64, ok bool, cpus int) {
@@ -471,7 +538,7 @@ func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map
 	}
 }
 
-func (a *Advisor) closeEpoch(run, node string, s *runState, epoch int64, steps float64, partial bool, at time.Time, recs map[string][]byte) {
+func (a *Advisor) closeEpoch(run, node string, s *runState, epoch int64, steps float64, partial bool, at time.Time, ranW, ranP int, reported bool, recs map[string][]byte) {
 	w, p := s.adv.Current()
 	steps = max(0, steps)
 	s.closedSteps += steps
@@ -479,6 +546,11 @@ func (a *Advisor) closeEpoch(run, node string, s *runState, epoch int64, steps f
 		Node: node, Epoch: epoch, Partial: partial, Adjustments: s.epoch.adjustments,
 		NumWorkers: uint32(w), PrefetchFactor: uint32(p), Steps: uint64(math.Round(steps)),
 		AvgGpuUtilization: -1, AvgRamUsage: -1,
+		RanNumWorkers: uint32(ranW), RanPrefetchFactor: uint32(ranP), RanReported: reported, End: timestamppb.New(at),
+		MeasuredTokens: s.epoch.measuredTokens, MeasuredS: s.epoch.measuredS, TokensPerS: -1,
+	}
+	if s.epoch.measuredS > 0 {
+		e.TokensPerS = float64(s.epoch.measuredTokens) / s.epoch.measuredS
 	}
 	if s.epoch.utilN > 0 {
 		e.AvgGpuUtilization = s.epoch.utilSum / float64(s.epoch.utilN) / 100
@@ -527,16 +599,22 @@ func History(st Store, run string) (*trainmeterv1.DataloaderHistoryResponse, err
 		}
 		return true, nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	out.Changes = Changes(out)
+	return out, nil
 }
 
 // DataloaderRecommendation turns a run's live advice history into a
 // recommendation for its next run: start with the last advised settings
 // (advice that reached the node; undelivered proposals are ignored).
-// Savings = expected gain (data-wait share when the first change was
-// advised) × the run's cost, i.e. the share of its step time spent
-// waiting; confidence 0.6 (the gain is an upper bound: the loader may not
-// make up the whole wait).
+// Where the collector measured the run's throughput before the first
+// applied change and after the last one (h.Changes), the savings are the
+// time that speedup saves, cost × (1 − before ÷ after), confidence 0.8;
+// else they are the expected gain (data-wait share when the first change
+// was advised) × the run's cost, confidence 0.6 (an upper bound: the
+// loader may not make up the whole wait).
 func DataloaderRecommendation(r *trainmeterv1.RunReport, h *trainmeterv1.DataloaderHistoryResponse) *trainmeterv1.Recommendation {
 	var first, last *trainmeterv1.DataloaderEvaluation
 	for _, e := range h.GetEvaluations() {
@@ -561,14 +639,41 @@ func DataloaderRecommendation(r *trainmeterv1.RunReport, h *trainmeterv1.Dataloa
 			reasons = append(reasons, fmt.Sprintf("step %d %s: workers %d prefetch %d", e.GetStep(), e.GetClassification(), e.GetNumWorkers(), e.GetPrefetchFactor()))
 		}
 	}
+	evidence := fmt.Sprintf("data wait %.0f%% of step time when first advised, expected gain %.0f%%; advice: %s",
+		100*first.GetDataWaitShare(), 100*gain, strings.Join(reasons, "; "))
+	share, confidence := gain, 0.6
+	if before, after, ok := measuredSpeedup(h.GetChanges()); ok {
+		speedup := after.GetTokensPerSAfter() / before.GetTokensPerSBefore()
+		share, confidence = max(0, 1-1/speedup), 0.8
+		evidence += fmt.Sprintf("; measured (after warmup, all GPUs): %.0f tok/s with num_workers %d, prefetch_factor %d before, %.0f tok/s with %d, %d after (×%.2f)",
+			before.GetTokensPerSBefore(), before.GetFromNumWorkers(), before.GetFromPrefetchFactor(),
+			after.GetTokensPerSAfter(), after.GetNumWorkers(), after.GetPrefetchFactor(), speedup)
+		risks[len(risks)-1] = "the speedup was measured on one run: another host or dataset may differ"
+		if speedup < 1 {
+			risks[len(risks)-1] = "the change made this run slower: keep the old settings"
+		}
+	}
 	return &trainmeterv1.Recommendation{
 		Kind:       "dataloader",
 		Title:      fmt.Sprintf("Start %s with num_workers=%d, prefetch_factor=%d", r.GetRunId(), last.GetNumWorkers(), last.GetPrefetchFactor()),
 		Action:     fmt.Sprintf("DataLoader(num_workers=%d, prefetch_factor=%d) from the first epoch (%s)", last.GetNumWorkers(), last.GetPrefetchFactor(), last.GetClassification()),
-		SavingsUsd: gain * r.GetTotalCostUsd(), SavingsJ: gain * r.GetEnergyTotalJ(), Confidence: 0.6,
-		Risks:  risks,
-		RunIds: []string{r.GetRunId()}, Model: r.GetMetadata().GetModel(),
-		Evidence: fmt.Sprintf("data wait %.0f%% of step time when first advised, expected gain %.0f%%; advice: %s",
-			100*first.GetDataWaitShare(), 100*gain, strings.Join(reasons, "; ")),
+		SavingsUsd: share * r.GetTotalCostUsd(), SavingsJ: share * r.GetEnergyTotalJ(), Confidence: confidence,
+		Risks:    risks,
+		RunIds:   []string{r.GetRunId()},
+		Model:    r.GetMetadata().GetModel(),
+		Evidence: evidence,
 	}
+}
+
+// measuredSpeedup: the first applied change (its throughput before) and the
+// last one (after), when both were measured and the trainer reported its
+// settings (a change only assumed applied may never have happened: its
+// "gain" would be noise).
+func measuredSpeedup(cs []*trainmeterv1.DataloaderChange) (before, after *trainmeterv1.DataloaderChange, ok bool) {
+	if len(cs) == 0 {
+		return nil, nil, false
+	}
+	before, after = cs[0], cs[len(cs)-1]
+	return before, after, before.GetReported() && after.GetReported() &&
+		before.GetTokensPerSBefore() > 0 && after.GetTokensPerSAfter() > 0
 }

@@ -478,3 +478,131 @@ func TestEpochStepsComeFromTheEvalsRankSteps(t *testing.T) {
 		t.Errorf("epoch steps %v, want [20 20 8] (8 partial)", got)
 	}
 }
+
+// A loader started with num_workers=0 on a 2-CPU host is advised 0→1 (the
+// CPU bound), applied at the first epoch boundary; the epochs' throughput
+// comes from the windows wholly inside each (the one the eval falls in
+// counts in neither), and the history and the next-run recommendation
+// show the measured speedup beside the expected gain.
+func TestZeroWorkersRunGetsOneWorkerAndTheMeasuredGain(t *testing.T) {
+	r := newRig(t)
+	twoCPUs := &trainmeterv1.HostWindow{MemoryUsedMib: 0.3 * 64000, MemoryTotalMib: 64000, CpuCount: 2}
+	slow := func(sec float64) *trainmeterv1.RunWindow { return window("z", sec, 10, 0.5, 0.5, 50) }
+	fast := func(sec float64) *trainmeterv1.RunWindow {
+		w := window("z", sec, 20, 0.1, 0.9, 90)
+		w.Tokens, w.TokensMeasured = 2000, 2000
+		return w
+	}
+	st := start("z", 0, 2, 10)
+	st.GetRunStart().HasNumWorkers = true
+	r.apply(0, slow(0), twoCPUs, st)
+	r.apply(1, slow(1), twoCPUs)
+	sent := r.rec.all()
+	if len(sent) != 1 {
+		t.Fatalf("sent %d advisories, want 1", len(sent))
+	}
+	if d := sent[0].GetDataloader(); d.FromNumWorkers != 0 || d.NumWorkers != 1 || d.MaxWorkers != 1 {
+		t.Fatalf("advice %v, want num_workers 0→1 (bound 1 on 2 CPUs)", d)
+	}
+	// The trainer's evals say what each epoch ran with (the Python client
+	// adds it); the partial epoch at run_end ran with epoch 2's settings,
+	// no change having been applied since.
+	e1 := eval("z", 2.5, 1) // in [2, 3): that window straddles the boundary
+	e1.GetEval().HasLoader = true
+	e2 := eval("z", 4.5, 2)
+	e2.GetEval().HasLoader, e2.GetEval().LoaderNumWorkers, e2.GetEval().LoaderPrefetchFactor = true, 1, 3
+	r.apply(2, slow(2), twoCPUs, e1)
+	r.apply(3, fast(3), twoCPUs)
+	r.apply(4, fast(4), twoCPUs, e2)
+	r.apply(5, fast(5), twoCPUs)
+	r.apply(6, fast(6), twoCPUs, testutil.End("z", 7))
+
+	h, err := History(r.st, "z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Epochs) != 3 {
+		t.Fatalf("epochs %v", h.Epochs)
+	}
+	ep1, ep2, ep3 := h.Epochs[0], h.Epochs[1], h.Epochs[2]
+	if !ep1.RanReported || ep1.RanNumWorkers != 0 || ep1.RanPrefetchFactor != 2 || ep1.NumWorkers != 1 ||
+		ep1.MeasuredTokens != 2000 || ep1.MeasuredS != 2 || ep1.TokensPerS != 1000 {
+		t.Errorf("epoch 1 %v: want run with 0 workers (1 at its end), 2000 tokens in 2 s", ep1)
+	}
+	if !ep2.RanReported || ep2.RanNumWorkers != 1 || ep2.MeasuredTokens != 2000 || ep2.MeasuredS != 1 || ep2.TokensPerS != 2000 {
+		t.Errorf("epoch 2 %v: want run with 1 worker, 2000 tokens in 1 s (the windows of its evals straddle)", ep2)
+	}
+	if !ep3.RanReported || !ep3.Partial || ep3.RanNumWorkers != 1 || ep3.MeasuredTokens != 4000 || ep3.MeasuredS != 2 {
+		t.Errorf("partial epoch 3 %v: want run with epoch 2's reported loader, 4000 tokens in 2 s", ep3)
+	}
+	if len(h.Changes) != 1 {
+		t.Fatalf("changes %v, want one", h.Changes)
+	}
+	c := h.Changes[0]
+	if c.AppliedAfterEpoch != 1 || !c.AppliedAt.AsTime().Equal(testutil.TS(2.5).AsTime()) || c.FromNumWorkers != 0 || c.NumWorkers != 1 ||
+		c.TokensPerSBefore != 1000 || c.TokensPerSAfter != 2000 || c.MeasuredSpeedup != 2 || !c.Reported || c.MeasuredSAfter != 3 ||
+		c.Classification != "data-bound" || c.ExpectedGain != 0.5 || !slices.Equal(c.Nodes, []string{"n1"}) {
+		t.Errorf("change %v", c)
+	}
+	run, err := r.st.GetRun("z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := run.Report(aggregate.Pricing{})
+	dl := DataloaderRecommendation(rep, h)
+	if dl == nil || dl.Confidence != 0.8 || !strings.Contains(dl.Evidence, "1000 tok/s with num_workers 0") ||
+		!strings.Contains(dl.Evidence, "2000 tok/s with 1") || !strings.Contains(dl.Evidence, "×2.00") {
+		t.Fatalf("recommendation %v, want the measured speedup", dl)
+	}
+	if want := 0.5 * rep.GetTotalCostUsd(); rep.GetTotalCostUsd() <= 0 || dl.SavingsUsd != want {
+		t.Errorf("savings $%v, want half of the run's $%v (twice as fast)", dl.SavingsUsd, rep.GetTotalCostUsd())
+	}
+}
+
+// After a collector restart the advisor rebuilds a live run's state from
+// the stored plan: num_workers 0 given stays 0, not the default 2.
+func TestZeroWorkersSurvivesTheStoredPlan(t *testing.T) {
+	r := newRig(t)
+	st := start("p", 0, 2, 10)
+	st.GetRunStart().HasNumWorkers = true
+	// The start is in the store but this advisor never saw it.
+	if _, err := r.st.ApplyBatch("n1", "boot", testutil.Batch(100, 0, nil, st)); err != nil {
+		t.Fatal(err)
+	}
+	twoCPUs := &trainmeterv1.HostWindow{MemoryUsedMib: 0.3 * 64000, MemoryTotalMib: 64000, CpuCount: 2}
+	r.apply(1, window("p", 1, 10, 0.5, 0.5, 50), twoCPUs)
+	r.apply(2, window("p", 2, 10, 0.5, 0.5, 50), twoCPUs)
+	sent := r.rec.all()
+	if len(sent) != 1 || sent[0].GetDataloader().GetFromNumWorkers() != 0 || sent[0].GetDataloader().GetNumWorkers() != 1 {
+		t.Fatalf("advice %v, want num_workers 0→1", sent)
+	}
+}
+
+// What the trainer reports its epochs ran with wins over the advisor's
+// belief: a run that sent no num_workers (assumed 2) but whose eval says
+// its first epoch ran with 0 workers is measured and advised from 0.
+func TestReportedLoaderSettingsWin(t *testing.T) {
+	r := newRig(t)
+	twoCPUs := &trainmeterv1.HostWindow{MemoryUsedMib: 0.3 * 64000, MemoryTotalMib: 64000, CpuCount: 2}
+	gpuBound := func(sec float64) *trainmeterv1.RunWindow { return window("b", sec, 10, 0.01, 1, 98) }
+	st := start("b", 0, 0, 10)
+	st.GetRunStart().PlannedEpochs = 3
+	r.apply(0, gpuBound(0), twoCPUs, st)
+	r.apply(1, gpuBound(1), twoCPUs)
+	ev := eval("b", 2.5, 1)
+	ev.GetEval().HasLoader = true // num_workers 0, no prefetch (no workers)
+	r.apply(2, gpuBound(2), twoCPUs, ev)
+	r.apply(3, window("b", 3, 10, 0.5, 0.5, 50), twoCPUs)
+	r.apply(4, window("b", 4, 10, 0.5, 0.5, 50), twoCPUs)
+	sent := r.rec.all()
+	if len(sent) != 1 || sent[0].GetDataloader().GetFromNumWorkers() != 0 || sent[0].GetDataloader().GetNumWorkers() != 1 {
+		t.Fatalf("advice %v, want num_workers 0→1 from the reported loader", sent)
+	}
+	h, err := History(r.st, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := h.Epochs[0]; !e.RanReported || e.RanNumWorkers != 0 || e.RanPrefetchFactor != 2 || e.TokensPerS != 1000 {
+		t.Errorf("epoch 1 %v: want reported 0 workers (believed prefetch 2), 1000 tok/s", e)
+	}
+}

@@ -153,6 +153,9 @@ type Plan struct {
 	TargetGPUUtilization float64           `json:"target_gpu_utilization,omitempty"`
 	MaxRAMUsage          float64           `json:"max_ram_usage,omitempty"`
 	AdjustmentInterval   uint64            `json:"adjustment_interval,omitempty"`
+	// HasNumWorkers: the run_start gave num_workers, so 0 is a setting
+	// (the loader runs in the training process), not "not given".
+	HasNumWorkers bool `json:"has_num_workers,omitempty"`
 }
 
 // NodeState is one node's part in the run. Times are Unix nanoseconds.
@@ -414,7 +417,7 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 		Params: ev.GetParams(), DatasetSize: ev.GetDatasetSize(),
 		NumWorkers: ev.GetNumWorkers(), PrefetchFactor: ev.GetPrefetchFactor(),
 		TargetGPUUtilization: ev.GetTargetGpuUtilization(), MaxRAMUsage: ev.GetMaxRamUsage(),
-		AdjustmentInterval: ev.GetAdjustmentInterval(),
+		AdjustmentInterval: ev.GetAdjustmentInterval(), HasNumWorkers: hasNumWorkers(ev),
 	}
 	if l := ev.GetLabels(); len(l) > 0 {
 		s.Plan.Labels = make(map[string]string, len(l))
@@ -422,6 +425,12 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 			s.Plan.Labels[k] = v
 		}
 	}
+}
+
+// hasNumWorkers: the start gave num_workers. Agents before
+// has_num_workers could not say 0, so for them a non-zero count is given.
+func hasNumWorkers(ev *trainmeterv1.RunStart) bool {
+	return ev.GetHasNumWorkers() || ev.GetNumWorkers() > 0
 }
 
 // fillStart sets the metadata and plan fields the run's start left unset
@@ -465,10 +474,13 @@ func (s *State) fillStart(ev *trainmeterv1.RunStart) {
 	for _, f := range []struct {
 		dst *uint32
 		got uint32
-	}{{&p.NumWorkers, ev.GetNumWorkers()}, {&p.PrefetchFactor, ev.GetPrefetchFactor()}} {
+	}{{&p.PrefetchFactor, ev.GetPrefetchFactor()}} {
 		if *f.dst == 0 {
 			*f.dst = f.got
 		}
+	}
+	if !p.HasNumWorkers && hasNumWorkers(ev) {
+		p.NumWorkers, p.HasNumWorkers = ev.GetNumWorkers(), true
 	}
 	for _, f := range []struct {
 		dst *float64

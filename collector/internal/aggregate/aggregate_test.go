@@ -410,9 +410,40 @@ func TestPlanComesFromTheWinningStartAndSurvivesSerialisation(t *testing.T) {
 	}
 	want := Plan{BudgetScope: "llama", PlannedSteps: 5000, PlannedTokens: 1 << 30, PlannedEpochs: 3,
 		Params: 8e9, DatasetSize: 50000, NumWorkers: 6, PrefetchFactor: 2, TargetGPUUtilization: 0.9,
-		MaxRAMUsage: 0.7, AdjustmentInterval: 25, Labels: map[string]string{"team": "nlp", "priority": "high"}}
+		MaxRAMUsage: 0.7, AdjustmentInterval: 25, Labels: map[string]string{"team": "nlp", "priority": "high"},
+		HasNumWorkers: true} // an agent before has_num_workers: a non-zero count is given
 	if !reflect.DeepEqual(got.Plan, want) {
 		t.Fatalf("plan\n got %+v\nwant %+v", got.Plan, want)
+	}
+}
+
+// num_workers 0 given (the loader loads in the training process) is a
+// setting the advisor must start from: it survives the store, and a
+// repeated start that gives it fills a run that lacked it, 0 included.
+func TestZeroNumWorkersGivenIsKept(t *testing.T) {
+	s := New("r1")
+	s.AddStart("a", &trainmeterv1.RunStart{RunId: "r1", Time: ts(0), NumWorkers: 0, HasNumWorkers: true, PrefetchFactor: 2})
+	b, err := s.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Unmarshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Plan.HasNumWorkers || got.Plan.NumWorkers != 0 {
+		t.Errorf("after the store: num_workers %d given %v, want 0 given", got.Plan.NumWorkers, got.Plan.HasNumWorkers)
+	}
+
+	filled := New("r2")
+	filled.AddStart("a", &trainmeterv1.RunStart{RunId: "r2", Time: ts(0)})
+	if filled.Plan.HasNumWorkers {
+		t.Fatal("a start without num_workers gave it")
+	}
+	filled.AddStart("a", &trainmeterv1.RunStart{RunId: "r2", Time: ts(0), NumWorkers: 0, HasNumWorkers: true})
+	filled.AddStart("a", &trainmeterv1.RunStart{RunId: "r2", Time: ts(0), NumWorkers: 4, HasNumWorkers: true})
+	if !filled.Plan.HasNumWorkers || filled.Plan.NumWorkers != 0 {
+		t.Errorf("filled: num_workers %d given %v, want the first copy's 0", filled.Plan.NumWorkers, filled.Plan.HasNumWorkers)
 	}
 }
 

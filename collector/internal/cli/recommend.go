@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -126,16 +127,80 @@ func writeDataloaderSection(ctx context.Context, w io.Writer, conn *grpc.ClientC
 	}
 	if len(h.GetEpochs()) > 0 {
 		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  node\tepoch\tsteps\tadjustments\tworkers\tprefetch\tavg GPU\tavg RAM\tdata wait")
+		fmt.Fprintln(tw, "  node\tepoch\tsteps\tadjustments\tworkers\tprefetch\tavg GPU\tavg RAM\tdata wait\tran with\ttok/s (node, after warmup)")
 		for _, e := range h.GetEpochs() {
 			ep := fmt.Sprint(e.GetEpoch())
 			if e.GetPartial() {
 				ep += " (partial)"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", e.GetNode(), ep, e.GetSteps(), e.GetAdjustments(),
-				e.GetNumWorkers(), e.GetPrefetchFactor(), pct(e.GetAvgGpuUtilization()), pct(e.GetAvgRamUsage()), pct(e.GetDataWaitShare()))
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", e.GetNode(), ep, e.GetSteps(), e.GetAdjustments(),
+				e.GetNumWorkers(), e.GetPrefetchFactor(), pct(e.GetAvgGpuUtilization()), pct(e.GetAvgRamUsage()), pct(e.GetDataWaitShare()),
+				ranWith(e), epochTokPerS(e))
 		}
 		tw.Flush()
 	}
+	writeDataloaderChanges(w, h.GetChanges())
 	return nil
+}
+
+// writeDataloaderChanges lists the loader changes the trainer applied, with
+// the throughput measured before and after each beside the expected gain.
+func writeDataloaderChanges(w io.Writer, cs []*trainmeterv1.DataloaderChange) {
+	if len(cs) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "  applied (at the epoch boundary after the advice; tok/s after warmup, all the run's GPUs, measured by the collector):")
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  after epoch\tat\tworkers\tprefetch\ttok/s before\ttok/s after\tmeasured gain\texpected gain")
+	for _, c := range cs {
+		at := "-"
+		if c.GetAppliedAt() != nil {
+			at = c.GetAppliedAt().AsTime().UTC().Format(time.RFC3339)
+		}
+		measured := "-"
+		if sp := c.GetMeasuredSpeedup(); sp > 0 {
+			measured = fmt.Sprintf("×%.2f (%+.0f%% tok/s)", sp, 100*(sp-1))
+		}
+		expected := "-"
+		if g := c.GetExpectedGain(); g > 0 && g < 1 {
+			// Winning back the whole data-wait share g makes steps 1/(1-g) faster.
+			expected = fmt.Sprintf("up to ×%.2f (data wait %.0f%%)", 1/(1-g), 100*g)
+		}
+		if !c.GetReported() {
+			// The trainer did not say what its loader ran with: the advisor
+			// took the advice as applied.
+			expected += " (assumed applied: the trainer reports no loader settings)"
+		}
+		fmt.Fprintf(tw, "  %d\t%s\t%d→%d\t%d→%d\t%s\t%s\t%s\t%s\n", c.GetAppliedAfterEpoch(), at,
+			c.GetFromNumWorkers(), c.GetNumWorkers(), c.GetFromPrefetchFactor(), c.GetPrefetchFactor(),
+			tokPerS(c.GetTokensPerSBefore()), tokPerS(c.GetTokensPerSAfter()), measured, expected)
+	}
+	tw.Flush()
+}
+
+// ranWith is the loader an epoch ran with, workers/prefetch (workers and
+// prefetch before it are those in force at its end: a change delivered
+// during the epoch shows there, yet applies only after it).
+func ranWith(e *trainmeterv1.DataloaderEpoch) string {
+	if e.GetRanPrefetchFactor() == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d", e.GetRanNumWorkers(), e.GetRanPrefetchFactor())
+}
+
+// epochTokPerS: records from collectors before the epoch's throughput
+// (ran_prefetch_factor 0) have none.
+func epochTokPerS(e *trainmeterv1.DataloaderEpoch) string {
+	if e.GetRanPrefetchFactor() == 0 {
+		return "-"
+	}
+	return tokPerS(e.GetTokensPerS())
+}
+
+// tokPerS shows a throughput; negative means not measured.
+func tokPerS(v float64) string {
+	if v < 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", v)
 }

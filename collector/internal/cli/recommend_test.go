@@ -142,19 +142,22 @@ func TestRecommendRunPrintsItsDataloaderEpochs(t *testing.T) {
 		t.Fatalf("recommend loader:\n%s", out)
 	}
 	// The per-epoch table: node, epoch, steps, adjustments, workers,
-	// prefetch, avg GPU, avg RAM, data wait.
+	// prefetch (in force at its end), avg GPU, avg RAM, data wait, the
+	// loader it ran with (a change applies after the epoch it was
+	// delivered in), tok/s. Every window here holds
+	// an epoch boundary, so no epoch has a whole window to measure.
 	want := [][]string{
-		{"gpu-box-3", "1", "10", "0", "2", "2", "50%", "2%", "50%"},
-		{"gpu-box-3", "2", "10", "1", "3", "3", "50%", "2%", "50%"},
-		{"gpu-box-3", "3", "10", "0", "3", "3", "50%", "2%", "50%"},
-		{"gpu-box-3", "4", "10", "1", "5", "4", "50%", "2%", "50%"},
-		{"gpu-box-3", "5", "10", "0", "5", "4", "50%", "2%", "50%"},
-		{"gpu-box-3", "6", "10", "1", "8", "5", "50%", "2%", "50%"},
+		{"gpu-box-3", "1", "10", "0", "2", "2", "50%", "2%", "50%", "2/2", "-"},
+		{"gpu-box-3", "2", "10", "1", "3", "3", "50%", "2%", "50%", "2/2", "-"},
+		{"gpu-box-3", "3", "10", "0", "3", "3", "50%", "2%", "50%", "3/3", "-"},
+		{"gpu-box-3", "4", "10", "1", "5", "4", "50%", "2%", "50%", "3/3", "-"},
+		{"gpu-box-3", "5", "10", "0", "5", "4", "50%", "2%", "50%", "5/4", "-"},
+		{"gpu-box-3", "6", "10", "1", "8", "5", "50%", "2%", "50%", "5/4", "-"},
 	}
 	lines := strings.Split(out, "\n")
 	at := -1
 	for i, l := range lines {
-		if strings.Fields(l) != nil && strings.Join(strings.Fields(l), " ") == "node epoch steps adjustments workers prefetch avg GPU avg RAM data wait" {
+		if strings.Fields(l) != nil && strings.Join(strings.Fields(l), " ") == "node epoch steps adjustments workers prefetch avg GPU avg RAM data wait ran with tok/s (node, after warmup)" {
 			at = i
 		}
 	}
@@ -164,6 +167,21 @@ func TestRecommendRunPrintsItsDataloaderEpochs(t *testing.T) {
 	for i, w := range want {
 		if got := strings.Fields(lines[at+1+i]); strings.Join(got, " ") != strings.Join(w, " ") {
 			t.Errorf("epoch row %d: %q, want %q", i+1, got, w)
+		}
+	}
+	// The changes applied (at the boundary after each delivered advice; the
+	// last one came with the run's last epoch and was never applied), with
+	// the advice's expected gain; no throughput was measured.
+	for _, row := range []string{
+		"2 2025-03-01T12:00:21Z 2→3 2→3 - - - up to ×2.00 (data wait 50%) (assumed applied: the trainer reports no loader settings)",
+		"4 2025-03-01T12:00:23Z 3→5 3→4 - - - up to ×2.00 (data wait 50%) (assumed applied: the trainer reports no loader settings)",
+	} {
+		found := false
+		for _, l := range lines {
+			found = found || strings.Join(strings.Fields(l), " ") == row
+		}
+		if !found {
+			t.Errorf("no applied change %q in:\n%s", row, out)
 		}
 	}
 }

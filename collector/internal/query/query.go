@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/collector/internal/advisor"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/internal/plural"
@@ -133,7 +134,26 @@ func (s *Server) GetRun(_ context.Context, req *trainmeterv1.GetRunRequest) (*tr
 	if err := s.setEfficiency([]*trainmeterv1.RunReport{r}, false); err != nil {
 		return nil, err
 	}
+	if err := s.attachDataloaderChanges(r); err != nil {
+		return nil, err
+	}
 	return &trainmeterv1.GetRunResponse{Run: r}, nil
+}
+
+// attachDataloaderChanges adds the loader changes applied on the live
+// advisor's advice, with their measured gain, to one run's report (only
+// GetRun: the history is a scan per run, too dear for every row of a list).
+func (s *Server) attachDataloaderChanges(r *trainmeterv1.RunReport) error {
+	st, ok := s.store.(advisor.Store)
+	if !ok {
+		return nil
+	}
+	h, err := advisor.History(st, r.GetRunId())
+	if err != nil {
+		return s.storeErr(err)
+	}
+	r.DataloaderChanges = h.GetChanges()
+	return nil
 }
 
 // setEfficiency fills efficiency_score, which compares a run with every run

@@ -1892,7 +1892,12 @@ type RunStart struct {
 	Resume bool `protobuf:"varint,24,opt,name=resume,proto3" json:"resume,omitempty"`
 	// --- who ran it ---
 	// The user name of uid on the agent's host ("" when it has none).
-	User          string `protobuf:"bytes,25,opt,name=user,proto3" json:"user,omitempty"`
+	User string `protobuf:"bytes,25,opt,name=user,proto3" json:"user,omitempty"`
+	// --- dataloader advice that pays (issue 19) ---
+	// The trainer gave num_workers: 0 is then a setting (the loader loads in
+	// the training process), not "not given" (the advisor assumes 2). Agents
+	// before this field: num_workers 0 means not given.
+	HasNumWorkers bool `protobuf:"varint,550,opt,name=has_num_workers,json=hasNumWorkers,proto3" json:"has_num_workers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2100,6 +2105,13 @@ func (x *RunStart) GetUser() string {
 		return x.User
 	}
 	return ""
+}
+
+func (x *RunStart) GetHasNumWorkers() bool {
+	if x != nil {
+		return x.HasNumWorkers
+	}
+	return false
 }
 
 type RunMetadata struct {
@@ -2351,9 +2363,17 @@ type Eval struct {
 	// eval (0: none, or an agent before this field). The difference between
 	// two evals is the epoch's steps exactly, where the 1 s windows would put
 	// the steps of the eval's second in the wrong epoch.
-	RankSteps     uint64 `protobuf:"varint,300,opt,name=rank_steps,json=rankSteps,proto3" json:"rank_steps,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RankSteps uint64 `protobuf:"varint,300,opt,name=rank_steps,json=rankSteps,proto3" json:"rank_steps,omitempty"`
+	// --- dataloader advice that pays (issue 19) ---
+	// The DataLoader settings the epoch this eval closes ran with, as the
+	// trainer reported them (has_loader): what the advisor measures each
+	// epoch's throughput against, rather than what it believes the trainer
+	// applied. loader_prefetch_factor 0: not reported (no workers).
+	HasLoader            bool   `protobuf:"varint,550,opt,name=has_loader,json=hasLoader,proto3" json:"has_loader,omitempty"`
+	LoaderNumWorkers     uint32 `protobuf:"varint,551,opt,name=loader_num_workers,json=loaderNumWorkers,proto3" json:"loader_num_workers,omitempty"`
+	LoaderPrefetchFactor uint32 `protobuf:"varint,552,opt,name=loader_prefetch_factor,json=loaderPrefetchFactor,proto3" json:"loader_prefetch_factor,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Eval) Reset() {
@@ -2445,6 +2465,27 @@ func (x *Eval) GetHasEpoch() bool {
 func (x *Eval) GetRankSteps() uint64 {
 	if x != nil {
 		return x.RankSteps
+	}
+	return 0
+}
+
+func (x *Eval) GetHasLoader() bool {
+	if x != nil {
+		return x.HasLoader
+	}
+	return false
+}
+
+func (x *Eval) GetLoaderNumWorkers() uint32 {
+	if x != nil {
+		return x.LoaderNumWorkers
+	}
+	return 0
+}
+
+func (x *Eval) GetLoaderPrefetchFactor() uint32 {
+	if x != nil {
+		return x.LoaderPrefetchFactor
 	}
 	return 0
 }
@@ -3065,7 +3106,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
 	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04eval\x12*\n" +
 	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectorsB\a\n" +
-	"\x05event\"\xae\a\n" +
+	"\x05event\"\xd7\a\n" +
 	"\bRunStart\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x126\n" +
@@ -3093,7 +3134,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\rmax_ram_usage\x18\x16 \x01(\x01R\vmaxRamUsage\x12/\n" +
 	"\x13adjustment_interval\x18\x17 \x01(\x04R\x12adjustmentInterval\x12\x16\n" +
 	"\x06resume\x18\x18 \x01(\bR\x06resume\x12\x12\n" +
-	"\x04user\x18\x19 \x01(\tR\x04user\x1a9\n" +
+	"\x04user\x18\x19 \x01(\tR\x04user\x12'\n" +
+	"\x0fhas_num_workers\x18\xa6\x04 \x01(\bR\rhasNumWorkers\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\x03\n" +
@@ -3122,7 +3164,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"warmup_end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1d\n" +
 	"\n" +
-	"end_status\x18\x05 \x01(\tR\tendStatus\"\x9c\x02\n" +
+	"end_status\x18\x05 \x01(\tR\tendStatus\"\xa2\x03\n" +
 	"\x04Eval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
@@ -3134,7 +3176,11 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\fhas_accuracy\x18\a \x01(\bR\vhasAccuracy\x12\x1b\n" +
 	"\thas_epoch\x18\b \x01(\bR\bhasEpoch\x12\x1e\n" +
 	"\n" +
-	"rank_steps\x18\xac\x02 \x01(\x04R\trankSteps\"\x94\x01\n" +
+	"rank_steps\x18\xac\x02 \x01(\x04R\trankSteps\x12\x1e\n" +
+	"\n" +
+	"has_loader\x18\xa6\x04 \x01(\bR\thasLoader\x12-\n" +
+	"\x12loader_num_workers\x18\xa7\x04 \x01(\rR\x10loaderNumWorkers\x125\n" +
+	"\x16loader_prefetch_factor\x18\xa8\x04 \x01(\rR\x14loaderPrefetchFactor\"\x94\x01\n" +
 	"\n" +
 	"HostWindow\x12&\n" +
 	"\x0fmemory_used_mib\x18\x01 \x01(\x01R\rmemoryUsedMib\x12(\n" +

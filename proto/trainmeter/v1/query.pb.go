@@ -1085,9 +1085,14 @@ type RunReport struct {
 	Co2Source string `protobuf:"bytes,852,opt,name=co2_source,json=co2Source,proto3" json:"co2_source,omitempty"`
 	// The carbon zone that most of the run's energy was consumed in ("" when
 	// no node had one).
-	CarbonZone    string `protobuf:"bytes,853,opt,name=carbon_zone,json=carbonZone,proto3" json:"carbon_zone,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CarbonZone string `protobuf:"bytes,853,opt,name=carbon_zone,json=carbonZone,proto3" json:"carbon_zone,omitempty"`
+	// --- dataloader advice that pays (issue 19) ---
+	// The dataloader changes the trainer applied on the advisor's advice, with
+	// the throughput the collector measured before and after each
+	// (docs/recommendations.md).
+	DataloaderChanges []*DataloaderChange `protobuf:"bytes,550,rep,name=dataloader_changes,json=dataloaderChanges,proto3" json:"dataloader_changes,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
@@ -1799,6 +1804,13 @@ func (x *RunReport) GetCarbonZone() string {
 	return ""
 }
 
+func (x *RunReport) GetDataloaderChanges() []*DataloaderChange {
+	if x != nil {
+		return x.DataloaderChanges
+	}
+	return nil
+}
+
 // CarbonBand is the part of a run's energy consumed at one carbon
 // intensity in one zone (i23-carbon).
 type CarbonBand struct {
@@ -1880,6 +1892,183 @@ func (x *CarbonBand) GetCo2Kg() float64 {
 	return 0
 }
 
+// DataloaderChange is one change of a run's DataLoader settings made on the
+// live advisor's advice, and what it did to the run's throughput. The
+// trainer applies advice at its next epoch boundary, so the change is taken
+// to be applied at the first boundary after the advice was delivered.
+type DataloaderChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Epochs completed when it was applied: epoch applied_after_epoch + 1 is
+	// the first that ran with the new settings.
+	AppliedAfterEpoch  int64                  `protobuf:"varint,1,opt,name=applied_after_epoch,json=appliedAfterEpoch,proto3" json:"applied_after_epoch,omitempty"`
+	AppliedAt          *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=applied_at,json=appliedAt,proto3" json:"applied_at,omitempty"`
+	FromNumWorkers     uint32                 `protobuf:"varint,3,opt,name=from_num_workers,json=fromNumWorkers,proto3" json:"from_num_workers,omitempty"`
+	FromPrefetchFactor uint32                 `protobuf:"varint,4,opt,name=from_prefetch_factor,json=fromPrefetchFactor,proto3" json:"from_prefetch_factor,omitempty"`
+	NumWorkers         uint32                 `protobuf:"varint,5,opt,name=num_workers,json=numWorkers,proto3" json:"num_workers,omitempty"`
+	PrefetchFactor     uint32                 `protobuf:"varint,6,opt,name=prefetch_factor,json=prefetchFactor,proto3" json:"prefetch_factor,omitempty"`
+	// The advice behind it: its class and expected gain (the data-wait share
+	// when advised, the most a faster loader can win back: an upper bound).
+	Classification string  `protobuf:"bytes,7,opt,name=classification,proto3" json:"classification,omitempty"`
+	ExpectedGain   float64 `protobuf:"fixed64,8,opt,name=expected_gain,json=expectedGain,proto3" json:"expected_gain,omitempty"`
+	// The throughput the collector measured, tok/s after warmup over all the
+	// run's GPUs (each node's tokens ÷ seconds of its whole windows, summed
+	// over the nodes), in the epochs run with the settings before the change
+	// (back to the previous change) and after it (up to the next change or
+	// the run's end). -1: a node measured no whole window on that side (yet).
+	TokensPerSBefore float64 `protobuf:"fixed64,9,opt,name=tokens_per_s_before,json=tokensPerSBefore,proto3" json:"tokens_per_s_before,omitempty"`
+	TokensPerSAfter  float64 `protobuf:"fixed64,10,opt,name=tokens_per_s_after,json=tokensPerSAfter,proto3" json:"tokens_per_s_after,omitempty"`
+	// Seconds of windows behind each figure (the longest over the nodes).
+	MeasuredSBefore float64 `protobuf:"fixed64,11,opt,name=measured_s_before,json=measuredSBefore,proto3" json:"measured_s_before,omitempty"`
+	MeasuredSAfter  float64 `protobuf:"fixed64,12,opt,name=measured_s_after,json=measuredSAfter,proto3" json:"measured_s_after,omitempty"`
+	// tokens_per_s_after ÷ tokens_per_s_before: the measured speedup (-1
+	// unknown).
+	MeasuredSpeedup float64 `protobuf:"fixed64,13,opt,name=measured_speedup,json=measuredSpeedup,proto3" json:"measured_speedup,omitempty"`
+	// The nodes that applied it.
+	Nodes []string `protobuf:"bytes,14,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The settings on both sides are the trainer's (its evals said what each
+	// epoch ran with). False: the advisor's belief (advice taken as applied
+	// at the boundary after its delivery), from a trainer that does not
+	// report its loader and may never have applied it.
+	Reported      bool `protobuf:"varint,15,opt,name=reported,proto3" json:"reported,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataloaderChange) Reset() {
+	*x = DataloaderChange{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataloaderChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataloaderChange) ProtoMessage() {}
+
+func (x *DataloaderChange) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataloaderChange.ProtoReflect.Descriptor instead.
+func (*DataloaderChange) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DataloaderChange) GetAppliedAfterEpoch() int64 {
+	if x != nil {
+		return x.AppliedAfterEpoch
+	}
+	return 0
+}
+
+func (x *DataloaderChange) GetAppliedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AppliedAt
+	}
+	return nil
+}
+
+func (x *DataloaderChange) GetFromNumWorkers() uint32 {
+	if x != nil {
+		return x.FromNumWorkers
+	}
+	return 0
+}
+
+func (x *DataloaderChange) GetFromPrefetchFactor() uint32 {
+	if x != nil {
+		return x.FromPrefetchFactor
+	}
+	return 0
+}
+
+func (x *DataloaderChange) GetNumWorkers() uint32 {
+	if x != nil {
+		return x.NumWorkers
+	}
+	return 0
+}
+
+func (x *DataloaderChange) GetPrefetchFactor() uint32 {
+	if x != nil {
+		return x.PrefetchFactor
+	}
+	return 0
+}
+
+func (x *DataloaderChange) GetClassification() string {
+	if x != nil {
+		return x.Classification
+	}
+	return ""
+}
+
+func (x *DataloaderChange) GetExpectedGain() float64 {
+	if x != nil {
+		return x.ExpectedGain
+	}
+	return 0
+}
+
+func (x *DataloaderChange) GetTokensPerSBefore() float64 {
+	if x != nil {
+		return x.TokensPerSBefore
+	}
+	return 0
+}
+
+func (x *DataloaderChange) GetTokensPerSAfter() float64 {
+	if x != nil {
+		return x.TokensPerSAfter
+	}
+	return 0
+}
+
+func (x *DataloaderChange) GetMeasuredSBefore() float64 {
+	if x != nil {
+		return x.MeasuredSBefore
+	}
+	return 0
+}
+
+func (x *DataloaderChange) GetMeasuredSAfter() float64 {
+	if x != nil {
+		return x.MeasuredSAfter
+	}
+	return 0
+}
+
+func (x *DataloaderChange) GetMeasuredSpeedup() float64 {
+	if x != nil {
+		return x.MeasuredSpeedup
+	}
+	return 0
+}
+
+func (x *DataloaderChange) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *DataloaderChange) GetReported() bool {
+	if x != nil {
+		return x.Reported
+	}
+	return false
+}
+
 // Range is a figure with its uncertainty band: mid is the median of the
 // past runs' figure, low and high the best and worst of them.
 type Range struct {
@@ -1893,7 +2082,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1905,7 +2094,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1918,7 +2107,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Range) GetLow() float64 {
@@ -1977,7 +2166,7 @@ type RunEstimate struct {
 
 func (x *RunEstimate) Reset() {
 	*x = RunEstimate{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1989,7 +2178,7 @@ func (x *RunEstimate) String() string {
 func (*RunEstimate) ProtoMessage() {}
 
 func (x *RunEstimate) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2002,7 +2191,7 @@ func (x *RunEstimate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEstimate.ProtoReflect.Descriptor instead.
 func (*RunEstimate) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RunEstimate) GetModel() string {
@@ -2144,7 +2333,7 @@ type EnergyBandCost struct {
 
 func (x *EnergyBandCost) Reset() {
 	*x = EnergyBandCost{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2345,7 @@ func (x *EnergyBandCost) String() string {
 func (*EnergyBandCost) ProtoMessage() {}
 
 func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2358,7 @@ func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnergyBandCost.ProtoReflect.Descriptor instead.
 func (*EnergyBandCost) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{19}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EnergyBandCost) GetBand() string {
@@ -2218,7 +2407,7 @@ type CompareRequest struct {
 
 func (x *CompareRequest) Reset() {
 	*x = CompareRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2230,7 +2419,7 @@ func (x *CompareRequest) String() string {
 func (*CompareRequest) ProtoMessage() {}
 
 func (x *CompareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2243,7 +2432,7 @@ func (x *CompareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareRequest.ProtoReflect.Descriptor instead.
 func (*CompareRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{20}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CompareRequest) GetRunIds() []string {
@@ -2293,7 +2482,7 @@ type CompareStat struct {
 
 func (x *CompareStat) Reset() {
 	*x = CompareStat{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2494,7 @@ func (x *CompareStat) String() string {
 func (*CompareStat) ProtoMessage() {}
 
 func (x *CompareStat) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2507,7 @@ func (x *CompareStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareStat.ProtoReflect.Descriptor instead.
 func (*CompareStat) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{21}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CompareStat) GetMean() float64 {
@@ -2386,7 +2575,7 @@ type CompareGroup struct {
 
 func (x *CompareGroup) Reset() {
 	*x = CompareGroup{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2398,7 +2587,7 @@ func (x *CompareGroup) String() string {
 func (*CompareGroup) ProtoMessage() {}
 
 func (x *CompareGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2411,7 +2600,7 @@ func (x *CompareGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareGroup.ProtoReflect.Descriptor instead.
 func (*CompareGroup) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{22}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CompareGroup) GetKey() string {
@@ -2508,7 +2697,7 @@ type CompareDiff struct {
 
 func (x *CompareDiff) Reset() {
 	*x = CompareDiff{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2520,7 +2709,7 @@ func (x *CompareDiff) String() string {
 func (*CompareDiff) ProtoMessage() {}
 
 func (x *CompareDiff) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2533,7 +2722,7 @@ func (x *CompareDiff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareDiff.ProtoReflect.Descriptor instead.
 func (*CompareDiff) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{23}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CompareDiff) GetValue() float64 {
@@ -2597,7 +2786,7 @@ type CompareRow struct {
 
 func (x *CompareRow) Reset() {
 	*x = CompareRow{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2798,7 @@ func (x *CompareRow) String() string {
 func (*CompareRow) ProtoMessage() {}
 
 func (x *CompareRow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2811,7 @@ func (x *CompareRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareRow.ProtoReflect.Descriptor instead.
 func (*CompareRow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{24}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CompareRow) GetKey() string {
@@ -2683,7 +2872,7 @@ type CompareResponse struct {
 
 func (x *CompareResponse) Reset() {
 	*x = CompareResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2695,7 +2884,7 @@ func (x *CompareResponse) String() string {
 func (*CompareResponse) ProtoMessage() {}
 
 func (x *CompareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2708,7 +2897,7 @@ func (x *CompareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareResponse.ProtoReflect.Descriptor instead.
 func (*CompareResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{25}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CompareResponse) GetBy() string {
@@ -2764,7 +2953,7 @@ type TimelineRequest struct {
 
 func (x *TimelineRequest) Reset() {
 	*x = TimelineRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2776,7 +2965,7 @@ func (x *TimelineRequest) String() string {
 func (*TimelineRequest) ProtoMessage() {}
 
 func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2789,7 +2978,7 @@ func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineRequest.ProtoReflect.Descriptor instead.
 func (*TimelineRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{26}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TimelineRequest) GetRunId() string {
@@ -2842,7 +3031,7 @@ type TimelineSeries struct {
 
 func (x *TimelineSeries) Reset() {
 	*x = TimelineSeries{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2854,7 +3043,7 @@ func (x *TimelineSeries) String() string {
 func (*TimelineSeries) ProtoMessage() {}
 
 func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2867,7 +3056,7 @@ func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineSeries.ProtoReflect.Descriptor instead.
 func (*TimelineSeries) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{27}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TimelineSeries) GetName() string {
@@ -2920,7 +3109,7 @@ type TimelineEvent struct {
 
 func (x *TimelineEvent) Reset() {
 	*x = TimelineEvent{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2932,7 +3121,7 @@ func (x *TimelineEvent) String() string {
 func (*TimelineEvent) ProtoMessage() {}
 
 func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2945,7 +3134,7 @@ func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineEvent.ProtoReflect.Descriptor instead.
 func (*TimelineEvent) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{28}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *TimelineEvent) GetTime() *timestamppb.Timestamp {
@@ -2991,7 +3180,7 @@ type TimelineResponse struct {
 
 func (x *TimelineResponse) Reset() {
 	*x = TimelineResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3003,7 +3192,7 @@ func (x *TimelineResponse) String() string {
 func (*TimelineResponse) ProtoMessage() {}
 
 func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3016,7 +3205,7 @@ func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineResponse.ProtoReflect.Descriptor instead.
 func (*TimelineResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{29}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *TimelineResponse) GetRunId() string {
@@ -3126,7 +3315,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\x88\x1f\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xd9\x1f\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -3242,7 +3431,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\n" +
 	"co2_source\x18\xd4\x06 \x01(\tR\tco2Source\x12 \n" +
 	"\vcarbon_zone\x18\xd5\x06 \x01(\tR\n" +
-	"carbonZone\x1a9\n" +
+	"carbonZone\x12O\n" +
+	"\x12dataloader_changes\x18\xa6\x04 \x03(\v2\x1f.trainmeter.v1.DataloaderChangeR\x11dataloaderChanges\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
@@ -3274,7 +3464,26 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x03kwh\x18\x03 \x01(\x01R\x03kwh\x12 \n" +
 	"\fgco2_per_kwh\x18\x04 \x01(\x01R\n" +
 	"gco2PerKwh\x12\x15\n" +
-	"\x06co2_kg\x18\x05 \x01(\x01R\x05co2Kg\"?\n" +
+	"\x06co2_kg\x18\x05 \x01(\x01R\x05co2Kg\"\xff\x04\n" +
+	"\x10DataloaderChange\x12.\n" +
+	"\x13applied_after_epoch\x18\x01 \x01(\x03R\x11appliedAfterEpoch\x129\n" +
+	"\n" +
+	"applied_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tappliedAt\x12(\n" +
+	"\x10from_num_workers\x18\x03 \x01(\rR\x0efromNumWorkers\x120\n" +
+	"\x14from_prefetch_factor\x18\x04 \x01(\rR\x12fromPrefetchFactor\x12\x1f\n" +
+	"\vnum_workers\x18\x05 \x01(\rR\n" +
+	"numWorkers\x12'\n" +
+	"\x0fprefetch_factor\x18\x06 \x01(\rR\x0eprefetchFactor\x12&\n" +
+	"\x0eclassification\x18\a \x01(\tR\x0eclassification\x12#\n" +
+	"\rexpected_gain\x18\b \x01(\x01R\fexpectedGain\x12-\n" +
+	"\x13tokens_per_s_before\x18\t \x01(\x01R\x10tokensPerSBefore\x12+\n" +
+	"\x12tokens_per_s_after\x18\n" +
+	" \x01(\x01R\x0ftokensPerSAfter\x12*\n" +
+	"\x11measured_s_before\x18\v \x01(\x01R\x0fmeasuredSBefore\x12(\n" +
+	"\x10measured_s_after\x18\f \x01(\x01R\x0emeasuredSAfter\x12)\n" +
+	"\x10measured_speedup\x18\r \x01(\x01R\x0fmeasuredSpeedup\x12\x14\n" +
+	"\x05nodes\x18\x0e \x03(\tR\x05nodes\x12\x1a\n" +
+	"\breported\x18\x0f \x01(\bR\breported\"?\n" +
 	"\x05Range\x12\x10\n" +
 	"\x03low\x18\x01 \x01(\x01R\x03low\x12\x10\n" +
 	"\x03mid\x18\x02 \x01(\x01R\x03mid\x12\x12\n" +
@@ -3404,7 +3613,7 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*UsageRequest)(nil),          // 0: trainmeter.v1.UsageRequest
 	(*UsageRow)(nil),              // 1: trainmeter.v1.UsageRow
@@ -3423,92 +3632,95 @@ var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*NodeStatus)(nil),            // 14: trainmeter.v1.NodeStatus
 	(*RunReport)(nil),             // 15: trainmeter.v1.RunReport
 	(*CarbonBand)(nil),            // 16: trainmeter.v1.CarbonBand
-	(*Range)(nil),                 // 17: trainmeter.v1.Range
-	(*RunEstimate)(nil),           // 18: trainmeter.v1.RunEstimate
-	(*EnergyBandCost)(nil),        // 19: trainmeter.v1.EnergyBandCost
-	(*CompareRequest)(nil),        // 20: trainmeter.v1.CompareRequest
-	(*CompareStat)(nil),           // 21: trainmeter.v1.CompareStat
-	(*CompareGroup)(nil),          // 22: trainmeter.v1.CompareGroup
-	(*CompareDiff)(nil),           // 23: trainmeter.v1.CompareDiff
-	(*CompareRow)(nil),            // 24: trainmeter.v1.CompareRow
-	(*CompareResponse)(nil),       // 25: trainmeter.v1.CompareResponse
-	(*TimelineRequest)(nil),       // 26: trainmeter.v1.TimelineRequest
-	(*TimelineSeries)(nil),        // 27: trainmeter.v1.TimelineSeries
-	(*TimelineEvent)(nil),         // 28: trainmeter.v1.TimelineEvent
-	(*TimelineResponse)(nil),      // 29: trainmeter.v1.TimelineResponse
-	nil,                           // 30: trainmeter.v1.RunReport.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
-	(*GpuInfo)(nil),               // 32: trainmeter.v1.GpuInfo
-	(*RunMetadata)(nil),           // 33: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 34: trainmeter.v1.Eval
+	(*DataloaderChange)(nil),      // 17: trainmeter.v1.DataloaderChange
+	(*Range)(nil),                 // 18: trainmeter.v1.Range
+	(*RunEstimate)(nil),           // 19: trainmeter.v1.RunEstimate
+	(*EnergyBandCost)(nil),        // 20: trainmeter.v1.EnergyBandCost
+	(*CompareRequest)(nil),        // 21: trainmeter.v1.CompareRequest
+	(*CompareStat)(nil),           // 22: trainmeter.v1.CompareStat
+	(*CompareGroup)(nil),          // 23: trainmeter.v1.CompareGroup
+	(*CompareDiff)(nil),           // 24: trainmeter.v1.CompareDiff
+	(*CompareRow)(nil),            // 25: trainmeter.v1.CompareRow
+	(*CompareResponse)(nil),       // 26: trainmeter.v1.CompareResponse
+	(*TimelineRequest)(nil),       // 27: trainmeter.v1.TimelineRequest
+	(*TimelineSeries)(nil),        // 28: trainmeter.v1.TimelineSeries
+	(*TimelineEvent)(nil),         // 29: trainmeter.v1.TimelineEvent
+	(*TimelineResponse)(nil),      // 30: trainmeter.v1.TimelineResponse
+	nil,                           // 31: trainmeter.v1.RunReport.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*GpuInfo)(nil),               // 33: trainmeter.v1.GpuInfo
+	(*RunMetadata)(nil),           // 34: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 35: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
-	31, // 0: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
-	31, // 1: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
+	32, // 0: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
+	32, // 1: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
 	1,  // 2: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
 	2,  // 3: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
-	31, // 4: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
-	31, // 5: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
+	32, // 4: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
+	32, // 5: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
 	15, // 6: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
 	15, // 7: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
 	15, // 8: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
 	14, // 9: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	32, // 10: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	31, // 11: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	33, // 12: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	31, // 13: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	31, // 14: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	34, // 15: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	30, // 16: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
-	19, // 17: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
-	18, // 18: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
+	33, // 10: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	32, // 11: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	34, // 12: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	32, // 13: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	32, // 14: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	35, // 15: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	31, // 16: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	20, // 17: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
+	19, // 18: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
 	16, // 19: trainmeter.v1.RunReport.co2_bands:type_name -> trainmeter.v1.CarbonBand
-	17, // 20: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
-	17, // 21: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
-	17, // 22: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
-	17, // 23: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
-	31, // 24: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
-	21, // 25: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
-	21, // 26: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
-	21, // 27: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
-	21, // 28: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
-	21, // 29: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
-	23, // 30: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
-	23, // 31: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
-	23, // 32: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	23, // 33: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	23, // 34: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	22, // 35: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
-	24, // 36: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
-	31, // 37: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
-	31, // 38: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
-	31, // 39: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
-	27, // 40: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
-	28, // 41: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
-	31, // 42: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
-	31, // 43: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
-	31, // 44: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
-	4,  // 45: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	6,  // 46: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	8,  // 47: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	12, // 48: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	10, // 49: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	20, // 50: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
-	26, // 51: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
-	0,  // 52: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
-	5,  // 53: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	7,  // 54: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	9,  // 55: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	13, // 56: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	11, // 57: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	25, // 58: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
-	29, // 59: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
-	3,  // 60: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
-	53, // [53:61] is the sub-list for method output_type
-	45, // [45:53] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	17, // 20: trainmeter.v1.RunReport.dataloader_changes:type_name -> trainmeter.v1.DataloaderChange
+	32, // 21: trainmeter.v1.DataloaderChange.applied_at:type_name -> google.protobuf.Timestamp
+	18, // 22: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
+	18, // 23: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
+	18, // 24: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
+	18, // 25: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
+	32, // 26: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
+	22, // 27: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
+	22, // 28: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
+	22, // 29: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
+	22, // 30: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
+	22, // 31: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
+	24, // 32: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
+	24, // 33: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
+	24, // 34: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	24, // 35: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	24, // 36: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	23, // 37: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
+	25, // 38: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
+	32, // 39: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
+	32, // 40: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
+	32, // 41: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
+	28, // 42: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
+	29, // 43: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
+	32, // 44: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
+	32, // 45: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
+	32, // 46: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
+	4,  // 47: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	6,  // 48: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	8,  // 49: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	12, // 50: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	10, // 51: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	21, // 52: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
+	27, // 53: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
+	0,  // 54: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
+	5,  // 55: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	7,  // 56: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	9,  // 57: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	13, // 58: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	11, // 59: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	26, // 60: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
+	30, // 61: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
+	3,  // 62: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
+	55, // [55:63] is the sub-list for method output_type
+	47, // [47:55] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -3524,7 +3736,7 @@ func file_trainmeter_v1_query_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -484,7 +484,29 @@ type DataloaderEpoch struct {
 	AvgRamUsage       float64 `protobuf:"fixed64,8,opt,name=avg_ram_usage,json=avgRamUsage,proto3" json:"avg_ram_usage,omitempty"`
 	DataWaitShare     float64 `protobuf:"fixed64,9,opt,name=data_wait_share,json=dataWaitShare,proto3" json:"data_wait_share,omitempty"`
 	// Optimizer steps in the epoch on the node, per rank.
-	Steps         uint64 `protobuf:"varint,10,opt,name=steps,proto3" json:"steps,omitempty"`
+	Steps uint64 `protobuf:"varint,10,opt,name=steps,proto3" json:"steps,omitempty"`
+	// --- measured throughput per epoch (issue 19, advice that pays) ---
+	// The settings the loader ran with during the epoch, as the advisor
+	// knows them: a change delivered during the epoch is applied by the
+	// trainer at its end, so it shows from the next epoch on (num_workers /
+	// prefetch_factor above are those in force at its end). 0 / 0 in records
+	// written before these fields (a prefetch_factor is never 0).
+	RanNumWorkers     uint32 `protobuf:"varint,550,opt,name=ran_num_workers,json=ranNumWorkers,proto3" json:"ran_num_workers,omitempty"`
+	RanPrefetchFactor uint32 `protobuf:"varint,551,opt,name=ran_prefetch_factor,json=ranPrefetchFactor,proto3" json:"ran_prefetch_factor,omitempty"`
+	// Tokens and seconds of the node's windows of the run that lie wholly
+	// inside the epoch and after warmup (a window across an epoch boundary
+	// counts in neither epoch), and their ratio: this node's throughput over
+	// the epoch, after warmup, all the run's GPUs on the node, tok/s (-1: no
+	// whole window).
+	MeasuredTokens uint64  `protobuf:"varint,552,opt,name=measured_tokens,json=measuredTokens,proto3" json:"measured_tokens,omitempty"`
+	MeasuredS      float64 `protobuf:"fixed64,553,opt,name=measured_s,json=measuredS,proto3" json:"measured_s,omitempty"`
+	TokensPerS     float64 `protobuf:"fixed64,554,opt,name=tokens_per_s,json=tokensPerS,proto3" json:"tokens_per_s,omitempty"`
+	// When the epoch ended (the eval; run_end for a partial one).
+	End *timestamppb.Timestamp `protobuf:"bytes,555,opt,name=end,proto3" json:"end,omitempty"`
+	// ran_* come from the trainer (its eval said what the epoch ran with);
+	// false: the advisor's belief (advice applied at the first epoch
+	// boundary after it was delivered).
+	RanReported   bool `protobuf:"varint,556,opt,name=ran_reported,json=ranReported,proto3" json:"ran_reported,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -589,10 +611,63 @@ func (x *DataloaderEpoch) GetSteps() uint64 {
 	return 0
 }
 
+func (x *DataloaderEpoch) GetRanNumWorkers() uint32 {
+	if x != nil {
+		return x.RanNumWorkers
+	}
+	return 0
+}
+
+func (x *DataloaderEpoch) GetRanPrefetchFactor() uint32 {
+	if x != nil {
+		return x.RanPrefetchFactor
+	}
+	return 0
+}
+
+func (x *DataloaderEpoch) GetMeasuredTokens() uint64 {
+	if x != nil {
+		return x.MeasuredTokens
+	}
+	return 0
+}
+
+func (x *DataloaderEpoch) GetMeasuredS() float64 {
+	if x != nil {
+		return x.MeasuredS
+	}
+	return 0
+}
+
+func (x *DataloaderEpoch) GetTokensPerS() float64 {
+	if x != nil {
+		return x.TokensPerS
+	}
+	return 0
+}
+
+func (x *DataloaderEpoch) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+func (x *DataloaderEpoch) GetRanReported() bool {
+	if x != nil {
+		return x.RanReported
+	}
+	return false
+}
+
 type DataloaderHistoryResponse struct {
-	state         protoimpl.MessageState  `protogen:"open.v1"`
-	Evaluations   []*DataloaderEvaluation `protobuf:"bytes,1,rep,name=evaluations,proto3" json:"evaluations,omitempty"`
-	Epochs        []*DataloaderEpoch      `protobuf:"bytes,2,rep,name=epochs,proto3" json:"epochs,omitempty"`
+	state       protoimpl.MessageState  `protogen:"open.v1"`
+	Evaluations []*DataloaderEvaluation `protobuf:"bytes,1,rep,name=evaluations,proto3" json:"evaluations,omitempty"`
+	Epochs      []*DataloaderEpoch      `protobuf:"bytes,2,rep,name=epochs,proto3" json:"epochs,omitempty"`
+	// --- advice that pays (issue 19) ---
+	// The changes the trainer applied, with the throughput measured before
+	// and after each (from the epochs above).
+	Changes       []*DataloaderChange `protobuf:"bytes,550,rep,name=changes,proto3" json:"changes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -641,11 +716,18 @@ func (x *DataloaderHistoryResponse) GetEpochs() []*DataloaderEpoch {
 	return nil
 }
 
+func (x *DataloaderHistoryResponse) GetChanges() []*DataloaderChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
 var File_trainmeter_v1_recommend_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_recommend_proto_rawDesc = "" +
 	"\n" +
-	"\x1dtrainmeter/v1/recommend.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"R\n" +
+	"\x1dtrainmeter/v1/recommend.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19trainmeter/v1/query.proto\"R\n" +
 	"\x10RecommendRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\x12%\n" +
 	"\x0emin_confidence\x18\x02 \x01(\x01R\rminConfidence\"\xb8\x02\n" +
@@ -686,7 +768,7 @@ const file_trainmeter_v1_recommend_proto_rawDesc = "" +
 	" \x01(\x01R\rdataWaitShare\x12'\n" +
 	"\x0fgpu_utilization\x18\v \x01(\x01R\x0egpuUtilization\x12\x1b\n" +
 	"\tram_usage\x18\f \x01(\x01R\bramUsage\x12#\n" +
-	"\rexpected_gain\x18\r \x01(\x01R\fexpectedGain\"\xd3\x02\n" +
+	"\rexpected_gain\x18\r \x01(\x01R\fexpectedGain\"\xed\x04\n" +
 	"\x0fDataloaderEpoch\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12\x18\n" +
@@ -699,10 +781,20 @@ const file_trainmeter_v1_recommend_proto_rawDesc = "" +
 	"\ravg_ram_usage\x18\b \x01(\x01R\vavgRamUsage\x12&\n" +
 	"\x0fdata_wait_share\x18\t \x01(\x01R\rdataWaitShare\x12\x14\n" +
 	"\x05steps\x18\n" +
-	" \x01(\x04R\x05steps\"\x9a\x01\n" +
+	" \x01(\x04R\x05steps\x12'\n" +
+	"\x0fran_num_workers\x18\xa6\x04 \x01(\rR\rranNumWorkers\x12/\n" +
+	"\x13ran_prefetch_factor\x18\xa7\x04 \x01(\rR\x11ranPrefetchFactor\x12(\n" +
+	"\x0fmeasured_tokens\x18\xa8\x04 \x01(\x04R\x0emeasuredTokens\x12\x1e\n" +
+	"\n" +
+	"measured_s\x18\xa9\x04 \x01(\x01R\tmeasuredS\x12!\n" +
+	"\ftokens_per_s\x18\xaa\x04 \x01(\x01R\n" +
+	"tokensPerS\x12-\n" +
+	"\x03end\x18\xab\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\"\n" +
+	"\fran_reported\x18\xac\x04 \x01(\bR\vranReported\"\xd6\x01\n" +
 	"\x19DataloaderHistoryResponse\x12E\n" +
 	"\vevaluations\x18\x01 \x03(\v2#.trainmeter.v1.DataloaderEvaluationR\vevaluations\x126\n" +
-	"\x06epochs\x18\x02 \x03(\v2\x1e.trainmeter.v1.DataloaderEpochR\x06epochs2\xca\x01\n" +
+	"\x06epochs\x18\x02 \x03(\v2\x1e.trainmeter.v1.DataloaderEpochR\x06epochs\x12:\n" +
+	"\achanges\x18\xa6\x04 \x03(\v2\x1f.trainmeter.v1.DataloaderChangeR\achanges2\xca\x01\n" +
 	"\x10RecommendService\x12N\n" +
 	"\tRecommend\x12\x1f.trainmeter.v1.RecommendRequest\x1a .trainmeter.v1.RecommendResponse\x12f\n" +
 	"\x11DataloaderHistory\x12'.trainmeter.v1.DataloaderHistoryRequest\x1a(.trainmeter.v1.DataloaderHistoryResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
@@ -729,21 +821,24 @@ var file_trainmeter_v1_recommend_proto_goTypes = []any{
 	(*DataloaderEpoch)(nil),           // 5: trainmeter.v1.DataloaderEpoch
 	(*DataloaderHistoryResponse)(nil), // 6: trainmeter.v1.DataloaderHistoryResponse
 	(*timestamppb.Timestamp)(nil),     // 7: google.protobuf.Timestamp
+	(*DataloaderChange)(nil),          // 8: trainmeter.v1.DataloaderChange
 }
 var file_trainmeter_v1_recommend_proto_depIdxs = []int32{
 	1, // 0: trainmeter.v1.RecommendResponse.recommendations:type_name -> trainmeter.v1.Recommendation
 	7, // 1: trainmeter.v1.DataloaderEvaluation.time:type_name -> google.protobuf.Timestamp
-	4, // 2: trainmeter.v1.DataloaderHistoryResponse.evaluations:type_name -> trainmeter.v1.DataloaderEvaluation
-	5, // 3: trainmeter.v1.DataloaderHistoryResponse.epochs:type_name -> trainmeter.v1.DataloaderEpoch
-	0, // 4: trainmeter.v1.RecommendService.Recommend:input_type -> trainmeter.v1.RecommendRequest
-	3, // 5: trainmeter.v1.RecommendService.DataloaderHistory:input_type -> trainmeter.v1.DataloaderHistoryRequest
-	2, // 6: trainmeter.v1.RecommendService.Recommend:output_type -> trainmeter.v1.RecommendResponse
-	6, // 7: trainmeter.v1.RecommendService.DataloaderHistory:output_type -> trainmeter.v1.DataloaderHistoryResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	7, // 2: trainmeter.v1.DataloaderEpoch.end:type_name -> google.protobuf.Timestamp
+	4, // 3: trainmeter.v1.DataloaderHistoryResponse.evaluations:type_name -> trainmeter.v1.DataloaderEvaluation
+	5, // 4: trainmeter.v1.DataloaderHistoryResponse.epochs:type_name -> trainmeter.v1.DataloaderEpoch
+	8, // 5: trainmeter.v1.DataloaderHistoryResponse.changes:type_name -> trainmeter.v1.DataloaderChange
+	0, // 6: trainmeter.v1.RecommendService.Recommend:input_type -> trainmeter.v1.RecommendRequest
+	3, // 7: trainmeter.v1.RecommendService.DataloaderHistory:input_type -> trainmeter.v1.DataloaderHistoryRequest
+	2, // 8: trainmeter.v1.RecommendService.Recommend:output_type -> trainmeter.v1.RecommendResponse
+	6, // 9: trainmeter.v1.RecommendService.DataloaderHistory:output_type -> trainmeter.v1.DataloaderHistoryResponse
+	8, // [8:10] is the sub-list for method output_type
+	6, // [6:8] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_recommend_proto_init() }
@@ -751,6 +846,7 @@ func file_trainmeter_v1_recommend_proto_init() {
 	if File_trainmeter_v1_recommend_proto != nil {
 		return
 	}
+	file_trainmeter_v1_query_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -328,10 +328,20 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
             metrics = metrics or {}
             acc = metrics.get("eval_accuracy", metrics.get("accuracy"))
             ep = scalar(getattr(state, "epoch", None))
+            # The Trainer's loader never changes: saying so lets the collector
+            # label each epoch's throughput with it (and not take advice as applied).
+            nw = integer(_safe(args, "dataloader_num_workers"))
+            pf = integer(_safe(args, "dataloader_prefetch_factor"))
+            loader = {}
+            if nw is not None and nw >= 0:
+                loader["num_workers"] = nw
+                if nw > 0 and pf is not None and pf > 0:
+                    loader["prefetch_factor"] = pf
             self.run.eval(
                 epoch=int(ep + 1e-6) if ep is not None and ep >= 0 else None,
                 val_loss=scalar(metrics.get("eval_loss")),
                 accuracy=scalar(acc),
+                **loader,
             )
         except Exception:
             log.debug("trainmeter: on_evaluate failed", exc_info=True)

@@ -197,6 +197,26 @@ def _batch_samples(batch: Any) -> Optional[int]:
     return None
 
 
+def _loader_settings(trainer: Any) -> Dict[str, int]:
+    """num_workers / prefetch_factor of the train dataloader, for eval: the
+    collector labels each epoch's throughput with the loader it ran with."""
+    out: Dict[str, int] = {}
+    try:
+        dl = getattr(trainer, "train_dataloader", None)
+        if dl is None or callable(dl):  # Lightning 1.x had a method here
+            return out
+        nw = integer(getattr(dl, "num_workers", None))
+        if nw is None or nw < 0:
+            return out
+        out["num_workers"] = nw
+        pf = integer(getattr(dl, "prefetch_factor", None))
+        if nw > 0 and pf is not None and pf > 0:
+            out["prefetch_factor"] = pf
+    except Exception:
+        return {}
+    return out
+
+
 class TrainmeterCallback:
     """Report a Lightning ``Trainer.fit`` run to the trainmeter agent.
 
@@ -419,6 +439,7 @@ class TrainmeterCallback:
                 epoch=_epochs_completed(trainer),
                 val_loss=_first_metric(metrics, VAL_LOSS_KEYS),
                 accuracy=_first_metric(metrics, ACCURACY_KEYS),
+                **_loader_settings(trainer),
             )
         except Exception:
             log.debug("trainmeter: on_validation_end failed", exc_info=True)

@@ -777,8 +777,11 @@ type Plan struct {
 	TargetGpuUtilization float64                `protobuf:"fixed64,10,opt,name=target_gpu_utilization,json=targetGpuUtilization,proto3" json:"target_gpu_utilization,omitempty"`
 	MaxRamUsage          float64                `protobuf:"fixed64,11,opt,name=max_ram_usage,json=maxRamUsage,proto3" json:"max_ram_usage,omitempty"`
 	AdjustmentInterval   uint64                 `protobuf:"varint,12,opt,name=adjustment_interval,json=adjustmentInterval,proto3" json:"adjustment_interval,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// --- dataloader advice that pays (issue 19) ---
+	// num_workers was given (0 included); false: the advisor assumes its default.
+	HasNumWorkers bool `protobuf:"varint,550,opt,name=has_num_workers,json=hasNumWorkers,proto3" json:"has_num_workers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Plan) Reset() {
@@ -893,6 +896,13 @@ func (x *Plan) GetAdjustmentInterval() uint64 {
 		return x.AdjustmentInterval
 	}
 	return 0
+}
+
+func (x *Plan) GetHasNumWorkers() bool {
+	if x != nil {
+		return x.HasNumWorkers
+	}
+	return false
 }
 
 type Node struct {
@@ -1299,7 +1309,7 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x0ehas_batch_size\x18\v \x01(\bR\fhasBatchSize\x12$\n" +
 	"\x0ehas_grad_accum\x18\f \x01(\bR\fhasGradAccum\x12\x1e\n" +
 	"\vhas_seq_len\x18\r \x01(\bR\thasSeqLen\x12\x19\n" +
-	"\bhas_seed\x18\x0e \x01(\bR\ahasSeed\"\xa6\x04\n" +
+	"\bhas_seed\x18\x0e \x01(\bR\ahasSeed\"\xcf\x04\n" +
 	"\x04Plan\x12!\n" +
 	"\fbudget_scope\x18\x01 \x01(\tR\vbudgetScope\x12=\n" +
 	"\x06labels\x18\x02 \x03(\v2%.trainmeter.store.v1.Plan.LabelsEntryR\x06labels\x12#\n" +
@@ -1314,7 +1324,8 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x16target_gpu_utilization\x18\n" +
 	" \x01(\x01R\x14targetGpuUtilization\x12\"\n" +
 	"\rmax_ram_usage\x18\v \x01(\x01R\vmaxRamUsage\x12/\n" +
-	"\x13adjustment_interval\x18\f \x01(\x04R\x12adjustmentInterval\x1a9\n" +
+	"\x13adjustment_interval\x18\f \x01(\x04R\x12adjustmentInterval\x12'\n" +
+	"\x0fhas_num_workers\x18\xa6\x04 \x01(\bR\rhasNumWorkers\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x03\n" +
