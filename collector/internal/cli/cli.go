@@ -144,6 +144,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	f.Float64Var(&cfg.GridGCO2PerKWh, "grid-gco2-kwh", 0, "grid carbon intensity in gCO2 per kWh (0 = unknown)")
 	costFlags.add(f, &cfg)
 	f.DurationVar(&cfg.GCInterval, "gc-interval", 5*time.Minute, "value-log GC interval (0 disables)")
+	f.DurationVar(&cfg.CommitWindow, "commit-window", server.DefaultCommitWindow, "how long a batch waits for others to share its durable commit (acks up to this much later; fewer syncs per batch: docs/benchmarks.md); 0: commit at once")
 	f.DurationVar(&cfg.RawRetention, "raw-retention", 0, "drop raw records (GPU/host windows, raw samples, run windows/events) older than this, e.g. 720h; run aggregates are kept (0: keep all)")
 	f.StringVar(&cfg.StatusListen, "status-listen", "", "serve GET /healthz and GET /status on HOST:PORT (empty: off)")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
