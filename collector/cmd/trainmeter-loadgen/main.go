@@ -28,6 +28,12 @@ import (
 )
 
 func main() {
+	// The floor the agent is compared with (agent mode): this program
+	// re-executed as a Go process that only ticks.
+	if len(os.Args) == 3 && os.Args[1] == bareTickerArg {
+		bareTicker(os.Args[2])
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "trainmeter-loadgen:", err)
 		os.Exit(1)
