@@ -209,25 +209,18 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 	// A worker receives, applies and acks batches on its own: a batch then
 	// costs no goroutine handoff between arriving and being handled (one
 	// wakeup per batch less; docs/benchmarks.md). This goroutine sends the
-	// advisories, rare, and ends the stream when the collector closes.
-	// Sends of the two are serialized, and none happens once this handler
-	// has returned.
+	// advisories, rare, and ends the stream when the collector closes. mu
+	// serializes the two's sends, and once this handler has returned the
+	// worker handles nothing more (the store may be closing): the handler
+	// waits for a batch in hand, not for one still to come.
 	var (
-		sendMu   sync.Mutex
+		mu       sync.Mutex
 		returned bool
 	)
-	send := func(r *trainmeterv1.StreamResponse) error {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		if returned {
-			return status.Error(codes.Canceled, "stream ended")
-		}
-		return stream.Send(r)
-	}
 	defer func() {
-		sendMu.Lock()
+		mu.Lock()
 		returned = true
-		sendMu.Unlock()
+		mu.Unlock()
 	}()
 	workerDone := make(chan error, 1)
 	go func() {
@@ -241,16 +234,27 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 				workerDone <- err
 				return
 			}
+			mu.Lock()
+			if returned {
+				mu.Unlock()
+				return
+			}
 			resp, err := s.handle(log, node, boot, m)
 			if err == nil {
-				err = send(resp)
+				err = stream.Send(resp)
 			}
+			mu.Unlock()
 			if err != nil {
 				workerDone <- err
 				return
 			}
 		}
 	}()
+	sendAdvisory := func(adv *trainmeterv1.Advisory) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return stream.Send(&trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Advisory{Advisory: adv}})
+	}
 
 	for {
 		select {
@@ -259,7 +263,7 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
 		case adv := <-sess.adv:
-			if err := send(&trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Advisory{Advisory: adv}}); err != nil {
+			if err := sendAdvisory(adv); err != nil {
 				return err
 			}
 		case err := <-workerDone:
