@@ -100,6 +100,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	cfg := server.Config{}
 	var level string
 	var shutdownTimeout time.Duration
+	var memoryLimitMiB int64
 	var budgetFlags *budgetServeFlags
 	var costFlags costServeFlags
 	var otelFlags *otelexport.Flags
@@ -113,6 +114,9 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			if err := applyMemoryLimit(memoryLimitMiB, getenv, log); err != nil {
+				return err
+			}
 			if err := budgetFlags.load(getenv); err != nil {
 				return err
 			}
@@ -144,6 +148,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	f.Float64Var(&cfg.GridGCO2PerKWh, "grid-gco2-kwh", 0, "grid carbon intensity in gCO2 per kWh (0 = unknown)")
 	costFlags.add(f, &cfg)
 	f.DurationVar(&cfg.GCInterval, "gc-interval", 5*time.Minute, "value-log GC interval (0 disables)")
+	f.Int64Var(&memoryLimitMiB, "memory-limit-mib", defaultMemoryLimitMiB, "soft memory limit of the Go heap in MiB: garbage is collected more often near it, and it is exceeded when live data needs more (0: none; GOMEMLIMIT wins)")
 	f.DurationVar(&cfg.CommitWindow, "commit-window", server.DefaultCommitWindow, "how long a batch waits for others to share its durable commit (acks up to this much later; fewer syncs per batch: docs/benchmarks.md); 0: commit at once")
 	f.DurationVar(&cfg.RawRetention, "raw-retention", 0, "drop raw records (GPU/host windows, raw samples, run windows/events) older than this, e.g. 720h; run aggregates are kept (0: keep all)")
 	f.StringVar(&cfg.StatusListen, "status-listen", "", "serve GET /healthz and GET /status on HOST:PORT (empty: off)")
