@@ -57,6 +57,12 @@ const DefaultListen = "127.0.0.1:7433"
 // sending once a second does not notice.
 const DefaultCommitWindow = 10 * time.Millisecond
 
+// Flow-control windows of the gRPC server (fixed: see grpc.NewServer below).
+const (
+	streamWindow = 64<<10 - 1 // HTTP/2's default
+	connWindow   = 1 << 20
+)
+
 // Config is the collector's configuration.
 type Config struct {
 	// Listen is the host:port to listen on (port 0 picks a free one).
@@ -325,6 +331,15 @@ func (s *Server) Start(ctx context.Context) (err error) {
 
 	gs := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
+		// Fixed flow-control windows: with the default dynamic ones gRPC
+		// probes the bandwidth-delay product with a PING on data it
+		// receives, which for agents' small 1 s batches meant PING frames
+		// and window updates written and read beside most acks
+		// (docs/benchmarks.md). The stream window stays the default 64 KiB
+		// (what one stream may have in flight); a connection's is larger so
+		// it is replenished less often.
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	}, opts...)...)
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
