@@ -37,6 +37,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/collector/internal/telemetry"
+	"github.com/trainmeter/trainmeter/internal/flowcontrol"
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/cost"
@@ -56,12 +57,6 @@ const DefaultListen = "127.0.0.1:7433"
 // (docs/benchmarks.md) for about 10 ms more ack latency, which an agent
 // sending once a second does not notice.
 const DefaultCommitWindow = 10 * time.Millisecond
-
-// Flow-control windows of the gRPC server (fixed: see grpc.NewServer below).
-const (
-	streamWindow = 64<<10 - 1 // HTTP/2's default
-	connWindow   = 1 << 20
-)
 
 // Config is the collector's configuration.
 type Config struct {
@@ -329,19 +324,12 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	qs := query.New(st, ing, pricing)
 	qs.SetPlans(budgets)
 
-	gs := grpc.NewServer(append([]grpc.ServerOption{
+	// Fixed flow-control windows: no bandwidth-probing PING and window
+	// update beside each agent's batch (package flowcontrol).
+	gs := grpc.NewServer(append(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
-		// Fixed flow-control windows: with the default dynamic ones gRPC
-		// probes the bandwidth-delay product with a PING on data it
-		// receives, which for agents' small 1 s batches meant PING frames
-		// and window updates written and read beside most acks
-		// (docs/benchmarks.md). The stream window stays the default 64 KiB
-		// (what one stream may have in flight); a connection's is larger so
-		// it is replenished less often.
-		grpc.InitialWindowSize(streamWindow),
-		grpc.InitialConnWindowSize(connWindow),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	}, opts...)...)
+	}, flowcontrol.ServerOptions()...), opts...)...)
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	trainmeterv1.RegisterQueryServiceServer(gs, qs)
 	trainmeterv1.RegisterRecommendServiceServer(gs, optimizer.NewService(st, pricing, pricing.Catalog))
