@@ -333,3 +333,34 @@ func TestCommitWindowGroupsConcurrentBatchesAndAnswersAfterCommit(t *testing.T) 
 		t.Errorf("no window, sequential batches: %+v, want 3 commits of 1", got)
 	}
 }
+
+// A batch holds its node's lock stripe until its commit is durable, commit
+// window included, so nodes sharing a stripe commit one after the other.
+// Many nodes arriving together must still share one or two commits, not
+// queue up behind each other a window at a time.
+func TestManyNodesWithinOneWindowAreNotSerializedByLockStripes(t *testing.T) {
+	const nodes = 200
+	s, err := Open(t.TempDir(), Options{Logger: quiet(), CommitWindow: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now()
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for n := 0; n < nodes; n++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			if _, err := s.ApplyBatch(fmt.Sprintf("node-%d", n), "boot", loadgen.MakeBatch(1, now, time.Second, fmt.Sprintf("run-%d", n), 8, true)); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if got := s.CommitStats(); got.Batches != nodes || got.Commits > 2 {
+		t.Errorf("commit stats %+v: %d nodes arriving together took more than 2 commits", got, nodes)
+	}
+}
