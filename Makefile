@@ -92,19 +92,29 @@ staticcheck:
 # the real binaries: collector ingest (with the OpenTelemetry Collector side
 # by side when scripts/otelcol-build.sh has one cached or OTELCOL=path),
 # raw samples, and the agent (CPU, memory, tick jitter, trainer socket).
+# The ratios of issue 21 are printed by the load generator itself: the
+# collector's GPU-samples per CPU-second against the OTel Collector's at
+# 1,000 and 3,000 agents ("ratio trainmeter/otelcol"), and the agent's CPU
+# and context switches against a bare Go 50 ms ticker run beside it
+# ("ratio_agent/bare_go_ticker", "ratio_switches"), sampling only and with
+# one trainer stepping 10 times a second. AGENT_DURATION is longer because
+# CPU time comes in 10 ms ticks and the bare ticker uses a few per second.
 BENCH_PKGS := ./pkg/energy ./agent/internal/spool ./agent/internal/trainerproto ./collector/internal/aggregate \
 	./collector/internal/store ./collector/internal/server
 # The web console's pages at scale (docs/benchmarks.md, "Web console").
 BENCH_PKGS += ./collector/internal/console
 BENCHTIME ?= 1s
 LOADGEN_DURATION ?= 10s
+AGENT_DURATION ?= 60s
 OTELCOL ?= $(shell scripts/otelcol-build.sh --cached-only 2>/dev/null)
 bench: build
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(BENCH_PKGS)
-	$(BIN)/trainmeter-loadgen --collector-bin $(BIN)/trainmeter --agents 100,1000 --duration $(LOADGEN_DURATION) \
+	$(BIN)/trainmeter-loadgen --collector-bin $(BIN)/trainmeter --agents 100,1000,3000 --duration $(LOADGEN_DURATION) \
 		--export-bin $(BIN)/trainmeter $(if $(OTELCOL),--otelcol-bin $(OTELCOL))
 	$(BIN)/trainmeter-loadgen --collector-bin $(BIN)/trainmeter --agents 500 --raw-samples 250 --duration $(LOADGEN_DURATION) --probes 0
-	$(BIN)/trainmeter-loadgen --collector-bin $(BIN)/trainmeter --agent-bin $(BIN)/trainmeter-agent --duration $(LOADGEN_DURATION)
+	$(BIN)/trainmeter-loadgen --collector-bin $(BIN)/trainmeter --agent-bin $(BIN)/trainmeter-agent --duration $(AGENT_DURATION) --ranks 0
+	$(BIN)/trainmeter-loadgen --collector-bin $(BIN)/trainmeter --agent-bin $(BIN)/trainmeter-agent --duration $(AGENT_DURATION) \
+		--ranks 1 --step-every 100ms
 	$(BIN)/trainmeter-loadgen --collector-bin $(BIN)/trainmeter --agent-bin $(BIN)/trainmeter-agent --duration $(LOADGEN_DURATION) \
 		--ranks 64 --step-every 0
 

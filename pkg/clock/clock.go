@@ -117,6 +117,20 @@ func (f *Fake) Waiters() int {
 	return len(f.afters)
 }
 
+// Tickers is how many tickers are running (made and not stopped): each is
+// a timer the real clock would wake its owner for.
+func (f *Fake) Tickers() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, t := range f.tickers {
+		if !t.isStopped() {
+			n++
+		}
+	}
+	return n
+}
+
 // Advance moves the clock forward by d, delivering every tick and firing
 // every After that falls due, in time order.
 func (f *Fake) Advance(d time.Duration) {

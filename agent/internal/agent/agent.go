@@ -190,14 +190,9 @@ func (a *Agent) Start(ctx context.Context) error {
 		return err
 	}
 	ctx, a.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	if a.host != nil {
-		t := a.clock.NewTicker(a.cfg.HostInterval)
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			a.hostLoop(ctx, t)
-		}()
-	}
+	// RAPL keeps a ticker of its own (1 s): a read can take milliseconds
+	// (each zone's file, and /proc while runs share the node), which the
+	// 50 ms GPU loop must not wait for. Only nodes with readable RAPL have it.
 	if a.hostEnergy.reader != nil {
 		t := a.clock.NewTicker(a.cfg.HostInterval)
 		a.wg.Add(1)
@@ -235,6 +230,11 @@ func (a *Agent) sampleLoop(t clock.Ticker) {
 	defer t.Stop()
 	samples := make([]gpu.Sample, len(a.backend.Devices()))
 	failing := make([]bool, len(samples))
+	// The host is sampled on this loop's ticks, not on a ticker of its own:
+	// every timer is a wakeup of the process (and of the Go runtime's
+	// threads), which is most of what an idle agent costs
+	// (docs/benchmarks.md).
+	var nextHost time.Time
 	for {
 		select {
 		case <-a.stopLoop:
@@ -257,6 +257,11 @@ func (a *Agent) sampleLoop(t clock.Ticker) {
 			a.checkpoint(now)
 			a.afterBatches(now)
 		}
+		// After the GPUs, so that reading /proc never delays a GPU sample.
+		if a.host != nil && !now.Before(nextHost) {
+			a.sampleHost()
+			nextHost = now.Add(a.cfg.HostInterval)
+		}
 	}
 }
 
@@ -277,21 +282,13 @@ func (a *Agent) logGPUFailures(samples []gpu.Sample, failing []bool) {
 	}
 }
 
-func (a *Agent) hostLoop(ctx context.Context, t clock.Ticker) {
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
-		r, err := a.host.Read()
-		if err != nil {
-			a.log.Debug("host read failed", "err", err)
-			continue
-		}
-		a.ledger.SetHost(&trainmeterv1.HostWindow{MemoryUsedMib: r.MemUsedMiB, MemoryTotalMib: r.MemTotalMiB, CpuPct: r.CPUPct, CpuCount: uint32(r.CPUCount)})
+func (a *Agent) sampleHost() {
+	r, err := a.host.Read()
+	if err != nil {
+		a.log.Debug("host read failed", "err", err)
+		return
 	}
+	a.ledger.SetHost(&trainmeterv1.HostWindow{MemoryUsedMib: r.MemUsedMiB, MemoryTotalMib: r.MemTotalMiB, CpuPct: r.CPUPct, CpuCount: uint32(r.CPUCount)})
 }
 
 // Shutdown closes the trainer socket (ending the runs it carried), keeps

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
+	"github.com/trainmeter/trainmeter/internal/flowcontrol"
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -121,7 +122,8 @@ func New(cfg Config) (*Uplink, error) {
 	if creds == nil {
 		creds = insecure.NewCredentials()
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	// Fixed flow-control windows: no PING after every ack (package flowcontrol).
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, flowcontrol.DialOptions()...)
 	if cfg.Token != nil {
 		opts = append(opts, grpc.WithPerRPCCredentials(cfg.Token))
 	}

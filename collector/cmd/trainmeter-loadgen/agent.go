@@ -60,6 +60,41 @@ type agentStatus struct {
 	} `json:"socket"`
 }
 
+// bareTickerArg re-executes the load generator as the bare ticker.
+const bareTickerArg = "__bare-ticker"
+
+// bareTicker is the floor of a Go sampler: a 50 ms (the agent's interval)
+// time.Ticker and nothing else, the cost of being woken by the Go runtime
+// 20 times a second. Its loop body is empty on purpose.
+func bareTicker(interval string) {
+	d, err := time.ParseDuration(interval)
+	if err != nil || d <= 0 {
+		fmt.Fprintln(os.Stderr, "bare ticker: bad interval", interval)
+		os.Exit(2)
+	}
+	t := time.NewTicker(d)
+	for range t.C {
+	}
+}
+
+// startBareTicker starts the floor next to the agent, at the same
+// interval and under the same prefix (nice).
+func (ab agentBench) startBareTicker() (*exec.Cmd, chan struct{}, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, nil, err
+	}
+	args := append(strings.Fields(ab.prefix), self, bareTickerArg, ab.interval.String())
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	return cmd, done, nil
+}
+
 func (ab agentBench) run(ctx context.Context, dir string) error {
 	c, err := startCollector(ctx, ab.collectorBin, filepath.Join(dir, "collector"))
 	if err != nil {
@@ -140,6 +175,15 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 		}()
 	}
 
+	bare, bareDone, err := ab.startBareTicker()
+	if err != nil {
+		return fmt.Errorf("bare ticker: %w", err)
+	}
+	defer func() {
+		_ = bare.Process.Kill()
+		<-bareDone
+	}()
+
 	// Let the agent settle (runs started, first batches), then measure.
 	time.Sleep(3 * time.Second)
 	var st0 agentStatus
@@ -150,6 +194,12 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
+	bareCPU0, err := loadgen.ProcCPU(bare.Process.Pid)
+	if err != nil {
+		return err
+	}
+	sw0, _ := loadgen.ProcSwitches(pid)
+	bareSw0, _ := loadgen.ProcSwitches(bare.Process.Pid)
 	t0 := time.Now()
 	var rss []float64
 	var p99Max, jitMax float64
@@ -173,6 +223,9 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 	}
 	elapsed := time.Since(t0)
 	cpu1, _ := loadgen.ProcCPU(pid)
+	bareCPU1, _ := loadgen.ProcCPU(bare.Process.Pid)
+	sw1, _ := loadgen.ProcSwitches(pid)
+	bareSw1, _ := loadgen.ProcSwitches(bare.Process.Pid)
 	if err := getStatus(statusAddr, &st); err != nil {
 		return err
 	}
@@ -185,6 +238,18 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 		rss[0], rss[len(rss)-1], maxOf(rss), st.Sampling.Ticks-st0.Sampling.Ticks, st.Sampling.LateTicks-st0.Sampling.LateTicks,
 		st.Sampling.SkippedTicks-st0.Sampling.SkippedTicks, p99Max, jitMax, st.Uplink.Acked-st0.Uplink.Acked, st.Uplink.Rejected,
 		events, float64(events)/elapsed.Seconds(), float64(events)/max((cpu1-cpu0).Seconds(), 1e-9), sent.Load())
+	barePct := 100 * (bareCPU1 - bareCPU0).Seconds() / elapsed.Seconds()
+	line += fmt.Sprintf(" bare_go_ticker_cpu=%.2fs (%.3f%% of one core)", (bareCPU1 - bareCPU0).Seconds(), barePct)
+	if barePct > 0 {
+		line += fmt.Sprintf(" ratio_agent/bare_go_ticker=%.2f", cpuPct/barePct)
+	}
+	// Context switches are counted exactly, where CPU time comes in 10 ms
+	// ticks: at 0.2 % of a core a minute is only a dozen of them.
+	wps, bareWps := float64(sw1-sw0)/elapsed.Seconds(), float64(bareSw1-bareSw0)/elapsed.Seconds()
+	line += fmt.Sprintf(" agent_switches/s=%.1f bare_go_ticker_switches/s=%.1f", wps, bareWps)
+	if bareWps > 0 {
+		line += fmt.Sprintf(" ratio_switches=%.2f", wps/bareWps)
+	}
 	if len(st.Socket.ParseErrors) > 0 {
 		line += fmt.Sprintf(" parse_errors=%v", st.Socket.ParseErrors)
 	}

@@ -28,6 +28,12 @@ import (
 )
 
 func main() {
+	// The floor the agent is compared with (agent mode): this program
+	// re-executed as a Go process that only ticks.
+	if len(os.Args) == 3 && os.Args[1] == bareTickerArg {
+		bareTicker(os.Args[2])
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "trainmeter-loadgen:", err)
 		os.Exit(1)
@@ -37,6 +43,7 @@ func main() {
 func run() error {
 	var (
 		addr, bin, dataRoot, agentsL, gpusL, runsL, exportBin, otelBin string
+		collectorArgs                                                  string
 		pid, conns, raw                                                int
 		interval, duration                                             time.Duration
 		probes                                                         int
@@ -45,6 +52,7 @@ func run() error {
 	flag.StringVar(&addr, "collector", "", "load a running collector at HOST:PORT")
 	flag.IntVar(&pid, "pid", 0, "with --collector: its process id, for CPU time and memory")
 	flag.StringVar(&bin, "collector-bin", "", "start this trainmeter binary (`serve`) afresh for every load point")
+	flag.StringVar(&collectorArgs, "collector-args", "", `with --collector-bin: extra `+"`serve`"+` arguments, e.g. "--commit-window 0" (A/B of a setting)`)
 	flag.StringVar(&dataRoot, "data-root", "", "with --collector-bin: where the data directories go (default: a temp dir, removed)")
 	flag.StringVar(&agentsL, "agents", "100", "simulated agents (list)")
 	flag.StringVar(&gpusL, "gpus", "8", "GPUs per agent (list)")
@@ -113,7 +121,7 @@ func run() error {
 				point++
 				cfg := loadgen.Config{Addr: addr, Agents: a, GPUs: g, Runs: r, Interval: interval, Duration: duration,
 					Conns: conns, PID: pid, RunPrefix: fmt.Sprintf("p%d-", point), RawSamples: raw}
-				res, err := onePoint(ctx, cfg, bin, filepath.Join(dataRoot, strconv.Itoa(point)), probes, exportBin)
+				res, err := onePoint(ctx, cfg, bin, strings.Fields(collectorArgs), filepath.Join(dataRoot, strconv.Itoa(point)), probes, exportBin)
 				if err != nil {
 					return err
 				}
@@ -134,9 +142,9 @@ func run() error {
 	return nil
 }
 
-func onePoint(ctx context.Context, cfg loadgen.Config, bin, dataDir string, probes int, exportBin string) (loadgen.Result, error) {
+func onePoint(ctx context.Context, cfg loadgen.Config, bin string, binArgs []string, dataDir string, probes int, exportBin string) (loadgen.Result, error) {
 	if bin != "" {
-		c, err := startCollector(ctx, bin, dataDir)
+		c, err := startCollector(ctx, bin, dataDir, binArgs...)
 		if err != nil {
 			return loadgen.Result{}, err
 		}
@@ -248,12 +256,12 @@ type collector struct {
 	done chan struct{}
 }
 
-func startCollector(ctx context.Context, bin, dataDir string) (*collector, error) {
+func startCollector(ctx context.Context, bin, dataDir string, extra ...string) (*collector, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	return startProcess(ctx, addr, bin, "serve", "--listen", addr, "--data", dataDir, "--log-level", "warn")
+	return startProcess(ctx, addr, bin, append([]string{"serve", "--listen", addr, "--data", dataDir, "--log-level", "warn"}, extra...)...)
 }
 
 // startProcess starts bin with args and waits until it listens on addr.

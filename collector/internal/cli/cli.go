@@ -103,6 +103,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	cfg := server.Config{}
 	var level string
 	var shutdownTimeout time.Duration
+	var memoryLimitMiB int64
 	var budgetFlags *budgetServeFlags
 	var costFlags costServeFlags
 	var carbonFlags carbonServeFlags
@@ -117,6 +118,9 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			if err := applyMemoryLimit(memoryLimitMiB, getenv, log); err != nil {
+				return err
+			}
 			if err := budgetFlags.load(getenv); err != nil {
 				return err
 			}
@@ -153,6 +157,8 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	costFlags.add(f, &cfg)
 	carbonFlags.add(f, &cfg)
 	f.DurationVar(&cfg.GCInterval, "gc-interval", 5*time.Minute, "value-log GC interval (0 disables)")
+	f.Int64Var(&memoryLimitMiB, "memory-limit-mib", defaultMemoryLimitMiB, "soft memory limit of the Go heap in MiB: garbage is collected more often near it, and it is exceeded when live data needs more (0: none; GOMEMLIMIT wins)")
+	f.DurationVar(&cfg.CommitWindow, "commit-window", server.DefaultCommitWindow, "how long a batch waits for others to share its durable commit (acks up to this much later; fewer syncs per batch: docs/benchmarks.md); 0: commit at once")
 	f.DurationVar(&cfg.RawRetention, "raw-retention", 0, "drop raw records (GPU/host windows, raw samples, run windows/events) older than this, e.g. 720h; run aggregates are kept (0: keep all)")
 	f.StringVar(&cfg.StatusListen, "status-listen", "", "serve GET /healthz and GET /status on HOST:PORT (empty: off)")
 	f.StringVar(&cfg.UIListen, "ui-listen", server.DefaultUIListen, "serve the web console on HOST:PORT (empty: off); same TLS and read token as the query API (docs/console.md)")

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/internal/flowcontrol"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -173,7 +174,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	conns := make([]*grpc.ClientConn, nconn)
 	for i := range conns {
-		c, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		// Like the agent's uplink (and, for the OTLP comparison, the same
+		// for the OTel Collector's clients).
+		c, err := grpc.NewClient(cfg.Addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, flowcontrol.DialOptions()...)...)
 		if err != nil {
 			return Result{}, err
 		}

@@ -61,3 +61,36 @@ func ProcRSS(pid int) (float64, error) {
 	}
 	return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
 }
+
+// ProcSwitches returns the context switches (voluntary and involuntary) of
+// every thread of process pid so far: how often it was put to sleep and
+// woken, which is what a process that ticks pays for (docs/benchmarks.md).
+// Threads that have exited are not counted (Go rarely ends one).
+func ProcSwitches(pid int) (uint64, error) {
+	if pid == 0 {
+		return 0, nil
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue // the thread ended meanwhile
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			for _, p := range []string{"voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"} {
+				if rest, ok := strings.CutPrefix(line, p); ok {
+					v, err := strconv.ParseUint(strings.TrimSpace(rest), 10, 64)
+					if err != nil {
+						return 0, fmt.Errorf("/proc/%d/task/%s/status: %v", pid, t.Name(), err)
+					}
+					n += v
+				}
+			}
+		}
+	}
+	return n, nil
+}

@@ -282,3 +282,85 @@ func TestNodeStatesApartReadBackAsCommitted(t *testing.T) {
 		t.Fatalf("run-1 with two nodes: err %v, %d nodes (apart %v), node-new GPUs %v", err, len(got.Nodes), got.NodesApart(), got.GPUs["node-new"])
 	}
 }
+
+// With a commit window, batches that arrive within it share one commit, and
+// each caller is answered only once its batch is committed (readable from
+// the database, not from the committer's cache).
+func TestCommitWindowGroupsConcurrentBatchesAndAnswersAfterCommit(t *testing.T) {
+	const nodes = 16
+	s, err := Open(t.TempDir(), Options{Logger: quiet(), CommitWindow: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now()
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for n := 0; n < nodes; n++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			run := fmt.Sprintf("run-%d", n)
+			<-start
+			if _, err := s.ApplyBatch(fmt.Sprintf("node-%d", n), "boot", loadgen.MakeBatch(1, now, time.Second, run, 8, true)); err != nil {
+				t.Error(err)
+				return
+			}
+			err := s.db.View(func(txn *badger.Txn) error {
+				_, err := txn.Get(aggKey(run))
+				return err
+			})
+			if err != nil {
+				t.Errorf("%s: answered before its aggregate was committed: %v", run, err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if got := s.CommitStats(); got != (CommitStats{Commits: 1, Batches: nodes}) {
+		t.Errorf("commit stats %+v, want all %d batches in one commit", got, nodes)
+	}
+
+	// Without a window, a batch nobody else is waiting with commits alone.
+	solo := open(t, t.TempDir())
+	defer solo.Close()
+	for i := 1; i <= 3; i++ {
+		if _, err := solo.ApplyBatch("node", "boot", loadgen.MakeBatch(uint64(i), now.Add(time.Duration(i)*time.Second), time.Second, "r", 8, i == 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := solo.CommitStats(); got != (CommitStats{Commits: 3, Batches: 3}) {
+		t.Errorf("no window, sequential batches: %+v, want 3 commits of 1", got)
+	}
+}
+
+// A batch holds its node's lock stripe until its commit is durable, commit
+// window included, so nodes sharing a stripe commit one after the other.
+// Many nodes arriving together must still share one or two commits, not
+// queue up behind each other a window at a time.
+func TestManyNodesWithinOneWindowAreNotSerializedByLockStripes(t *testing.T) {
+	const nodes = 200
+	s, err := Open(t.TempDir(), Options{Logger: quiet(), CommitWindow: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now()
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for n := 0; n < nodes; n++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			if _, err := s.ApplyBatch(fmt.Sprintf("node-%d", n), "boot", loadgen.MakeBatch(1, now, time.Second, fmt.Sprintf("run-%d", n), 8, true)); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if got := s.CommitStats(); got.Batches != nodes || got.Commits > 2 {
+		t.Errorf("commit stats %+v: %d nodes arriving together took more than 2 commits", got, nodes)
+	}
+}

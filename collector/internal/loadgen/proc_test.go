@@ -1,0 +1,55 @@
+package loadgen
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"testing"
+)
+
+// A child that blocks reading a pipe and is woken by each line (it echoes
+// each back before waiting for the next) is switched out and in once per
+// line: the count, over all the process's threads, grows by about that.
+func TestProcSwitchesCountsAProcessWakeups(t *testing.T) {
+	cmd := exec.Command("sh", "-c", `while read line; do echo "$line"; done`)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo := bufio.NewReader(stdout)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := ProcSwitches(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50; i++ {
+		if _, err := stdin.Write([]byte("x\n")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := echo.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Counted before the child exits: then /proc has no threads of it.
+	after, err := ProcSwitches(cmd.Process.Pid)
+	stdin.Close()
+	_ = cmd.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after < before+50 {
+		t.Errorf("switches %d -> %d after 50 wakeups", before, after)
+	}
+	if _, err := ProcSwitches(1 << 30); err == nil {
+		t.Error("no error for a process that does not exist")
+	}
+	if n, err := ProcSwitches(os.Getpid()); err != nil || n == 0 {
+		t.Errorf("own process: %d, %v", n, err)
+	}
+}
