@@ -98,12 +98,11 @@ type Watcher struct {
 	cfg Config
 	log *slog.Logger
 
-	mu      sync.RWMutex
-	hours   map[string]map[int64]float64 // zone → Unix hour start (s) → gCO2/kWh
-	stats   Stats
-	stop    chan struct{}
-	done    chan struct{}
-	sleepFn func(ctx context.Context, d time.Duration) error
+	mu       sync.RWMutex
+	hours    map[string]map[int64]float64 // zone → Unix hour start (s) → gCO2/kWh
+	stats    Stats
+	schedule *lifecycle.Periodic
+	sleepFn  func(ctx context.Context, d time.Duration) error
 }
 
 // Stats says what the fetches did (the collector's GET /status "carbon").
@@ -143,7 +142,7 @@ func New(cfg Config, log *slog.Logger) *Watcher {
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{Timeout: 30 * time.Second}
 	}
-	w := &Watcher{cfg: cfg, log: log, hours: map[string]map[int64]float64{}}
+	w := &Watcher{cfg: cfg, log: log, hours: map[string]map[int64]float64{}, schedule: lifecycle.NewPeriodic("carbon watcher")}
 	w.sleepFn = func(ctx context.Context, d time.Duration) error {
 		select {
 		case <-ctx.Done():
@@ -161,48 +160,18 @@ func (w *Watcher) Start(context.Context) error {
 	if !w.cfg.Enabled() {
 		return nil
 	}
-	stop, done := make(chan struct{}), make(chan struct{})
-	w.stop, w.done = stop, done
-	t := w.cfg.Clock.NewTicker(w.cfg.Interval)
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		defer close(done)
-		defer t.Stop()
-		defer cancel()
-		go func() { // cancels a fetch in flight when stopped
-			select {
-			case <-stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-		fetch := func() {
-			if err := w.Fetch(ctx); err != nil && ctx.Err() == nil {
-				w.log.Warn("carbon intensity fetch failed; hours it does not cover take the last intensity up to "+w.cfg.Carry.String()+" old, else --grid-gco2-kwh", "err", err)
-			}
+	w.schedule.Start(w.cfg.Clock, w.cfg.Interval, func(ctx context.Context) {
+		if err := w.Fetch(ctx); err != nil && ctx.Err() == nil {
+			w.log.Warn("carbon intensity fetch failed; hours it does not cover take the last intensity up to "+w.cfg.Carry.String()+" old, else --grid-gco2-kwh", "err", err)
 		}
-		fetch()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C():
-				fetch()
-			}
-		}
-	}()
+	})
 	return nil
 }
 
 // Shutdown stops the schedule (a fetch in flight is cancelled) and waits
 // for it until ctx ends.
 func (w *Watcher) Shutdown(ctx context.Context) error {
-	if w.stop == nil {
-		return nil
-	}
-	close(w.stop)
-	w.stop = nil
-	return lifecycle.Wait(ctx, w.done, "carbon watcher")
+	return w.schedule.Shutdown(ctx)
 }
 
 // Stats returns what the fetches did so far.
