@@ -13,7 +13,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"sort"
@@ -22,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/trainmeter/trainmeter/internal/httpretry"
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/cost"
@@ -261,30 +261,22 @@ func (e *HTTPError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Status,
 // Retry-After asks, in seconds, up to the cap).
 func (w *Watcher) get(ctx context.Context, path, zone string) ([]point, int, error) {
 	u := strings.TrimRight(w.cfg.BaseURL, "/") + path + "?zone=" + url.QueryEscape(zone)
-	backoff := time.Second
-	var lastErr error
-	for attempt := 1; ; attempt++ {
-		pts, sk, retryAfter, err := w.getOnce(ctx, u, zone)
-		if err == nil {
-			return pts, sk, nil
-		}
-		lastErr = err
-		var he *HTTPError
-		retryable := !errors.As(err, &he) || he.Status == http.StatusTooManyRequests || he.Status >= 500
-		var bad *BadAnswerError
-		if errors.As(err, &bad) {
-			retryable = false
-		}
-		if !retryable || attempt >= maxAttempts || ctx.Err() != nil {
-			return nil, 0, fmt.Errorf("%s: %w", u, lastErr)
-		}
-		wait := backoff/2 + rand.N(backoff/2+1)
-		wait = max(wait, min(retryAfter, maxBackoff))
-		if err := w.sleepFn(ctx, wait); err != nil {
-			return nil, 0, fmt.Errorf("%s: %w (after %v)", u, err, lastErr)
-		}
-		backoff = min(2*backoff, maxBackoff)
+	var pts []point
+	var skipped int
+	err := httpretry.Do(ctx, u, httpretry.Policy{Attempts: maxAttempts, MaxBackoff: maxBackoff, MaxRetryAfter: maxBackoff, Sleep: w.sleepFn},
+		func(ctx context.Context) (time.Duration, bool, error) {
+			var retryAfter time.Duration
+			var err error
+			pts, skipped, retryAfter, err = w.getOnce(ctx, u, zone)
+			var he *HTTPError
+			var bad *BadAnswerError
+			retryable := (!errors.As(err, &he) || he.Status == http.StatusTooManyRequests || he.Status >= 500) && !errors.As(err, &bad)
+			return retryAfter, retryable, err
+		})
+	if err != nil {
+		return nil, 0, err
 	}
+	return pts, skipped, nil
 }
 
 // BadAnswerError: the API answered 2xx with something that is not its
