@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -36,15 +38,7 @@ func TestCompareMatchesReports(t *testing.T) {
 		}
 		tr.sync()
 	}
-	reports := map[string]map[string]any{}
-	for run := range backends {
-		c.waitEnded(run)
-		var m map[string]any
-		if err := json.Unmarshal([]byte(c.cli("report", run, "--json")), &m); err != nil {
-			t.Fatal(err)
-		}
-		reports[run] = m
-	}
+	reports := c.endedReports(slices.Collect(maps.Keys(backends))...)
 	var cmp struct {
 		Baseline string `json:"baseline"`
 		Groups   []struct {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -183,15 +185,7 @@ func TestConsoleInChromium(t *testing.T) {
 		}
 		tr.sync()
 	}
-	reports := map[string]map[string]any{}
-	for run := range backends {
-		c.waitEnded(run)
-		var m map[string]any
-		if err := json.Unmarshal([]byte(c.cli("report", run, "--json")), &m); err != nil {
-			t.Fatal(err)
-		}
-		reports[run] = m
-	}
+	reports := c.endedReports(slices.Collect(maps.Keys(backends))...)
 	c.cli("budget", "set", "model:ui-model", "50")
 
 	// Screenshots: under the test's temp dir; TRAINMETER_SCREENSHOT_DIR

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/csv"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -137,6 +138,22 @@ func (c *cluster) waitEnded(run string) *trainmeterv1.RunReport {
 		return r.Ended
 	})
 	return r
+}
+
+// endedReports waits until each run has ended and returns its `trainmeter
+// report RUN --json`, decoded as the CLI prints it, by run.
+func (c *cluster) endedReports(runs ...string) map[string]map[string]any {
+	c.t.Helper()
+	out := map[string]map[string]any{}
+	for _, run := range runs {
+		c.waitEnded(run)
+		var m map[string]any
+		if err := json.Unmarshal([]byte(c.cli("report", run, "--json")), &m); err != nil {
+			c.t.Fatalf("report %s --json: %v", run, err)
+		}
+		out[run] = m
+	}
+	return out
 }
 
 // cli runs the trainmeter CLI against this collector and returns stdout.

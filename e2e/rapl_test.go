@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -189,5 +190,55 @@ func TestRAPLHostEnergyThroughAgentAndCollector(t *testing.T) {
 	}
 	if out := c.cli("usage", "--since", "1h"); !strings.Contains(out, "HOST (CPU+DRAM) kWh") {
 		t.Errorf("usage has no host energy column:\n%s", out)
+	}
+}
+
+// `trainmeter nodes` (and --json) shows each node's host-energy status as
+// its agent says it in its hello and on its GET /status: a node whose RAPL
+// counters are read, and one without them.
+func TestNodesShowHostEnergyStatus(t *testing.T) {
+	c := startCollector(t)
+	n := newRAPLNode(t)
+	c.startAgent("rapl-node", "sim:1", "--sysfs-root", n.sysfs, "--procfs-root", n.procfs, "--status-listen", n.status)
+	bareStatus := testkit.FreeAddr(t)
+	c.startAgent("bare-node", "sim:1", "--sysfs-root", t.TempDir(), "--procfs-root", t.TempDir(), "--status-listen", bareStatus)
+	c.waitStreaming("rapl-node")
+	c.waitStreaming("bare-node")
+	agentSays := map[string]string{}
+	for node, addr := range map[string]string{"rapl-node": n.status, "bare-node": bareStatus} {
+		he, _ := statusOf(t, addr)["host_energy"].(map[string]any)
+		agentSays[node], _ = he["status"].(string)
+	}
+	if agentSays["rapl-node"] != "ok: 2 socket(s), package and dram" || agentSays["bare-node"] == "" || strings.HasPrefix(agentSays["bare-node"], "ok") {
+		t.Fatalf("setup: the agents' host energy statuses %q", agentSays)
+	}
+
+	var nodes struct {
+		Nodes []struct {
+			Node             string `json:"node"`
+			HostEnergyStatus string `json:"host_energy_status"`
+		} `json:"nodes"`
+	}
+	if err := json.Unmarshal([]byte(c.cli("nodes", "--json")), &nodes); err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes.Nodes) != 2 {
+		t.Fatalf("nodes --json: %+v", nodes)
+	}
+	for _, nd := range nodes.Nodes {
+		if nd.HostEnergyStatus != agentSays[nd.Node] {
+			t.Errorf("nodes --json: %s's host_energy_status %q, its agent says %q", nd.Node, nd.HostEnergyStatus, agentSays[nd.Node])
+		}
+	}
+	out := c.cli("nodes")
+	if !strings.Contains(out, "HOST ENERGY (RAPL)") {
+		t.Errorf("trainmeter nodes has no host energy column:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		for node, says := range agentSays {
+			if strings.HasPrefix(line, node+" ") && !strings.HasSuffix(line, says) {
+				t.Errorf("trainmeter nodes: %s's row does not end with %q:\n%s", node, says, out)
+			}
+		}
 	}
 }

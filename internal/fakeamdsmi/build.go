@@ -4,13 +4,9 @@
 package fakeamdsmi
 
 import (
-	"errors"
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strings"
+
+	"github.com/trainmeter/trainmeter/internal/cbuild"
 )
 
 // LibName is the file name the agent dlopens.
@@ -23,18 +19,13 @@ const ConfigEnv = "FAKEAMDSMI_CONFIG"
 // Build compiles the fake library into dir/libamd_smi.so with $CC (else
 // cc) and returns its path.
 func Build(dir string) (string, error) {
-	_, self, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("fakeamdsmi: cannot find its own source")
-	}
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
+	src, err := cbuild.CallerDir()
+	if err != nil {
+		return "", err
 	}
 	out := filepath.Join(dir, LibName)
-	cmd := exec.Command(cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", out, filepath.Join(filepath.Dir(self), "lib", "fakeamdsmi.c"))
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("fakeamdsmi: %s: %w\n%s", strings.Join(cmd.Args, " "), err, b)
+	if err := cbuild.SharedLib("fakeamdsmi", out, filepath.Join(src, "lib", "fakeamdsmi.c")); err != nil {
+		return "", err
 	}
 	return out, nil
 }

@@ -1,13 +1,13 @@
 package fakenvml
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
+
+	"github.com/trainmeter/trainmeter/internal/cbuild"
 )
 
 // LibName is the file name go-nvml dlopens.
@@ -21,32 +21,25 @@ const ConfigEnv = "FAKENVML_CONFIG"
 // LD_LIBRARY_PATH. It compiles against the nvml.h of the go-nvml version in
 // go.mod, so the signatures and structs are the ones the agent is built with.
 func Build(dir string) (string, error) {
-	_, self, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("fakenvml: cannot find its own source")
+	src, err := cbuild.CallerDir()
+	if err != nil {
+		return "", err
 	}
-	src := filepath.Dir(self)
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/NVIDIA/go-nvml").Output()
 	if err != nil {
 		return "", fmt.Errorf("fakenvml: locating go-nvml's nvml.h: %w", err)
 	}
 	header := filepath.Join(strings.TrimSpace(string(out)), "pkg", "nvml")
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
-	}
 	// Export only the NVML entry points: the sensor model's symbols must not
 	// clash with the copy compiled into a test binary through cgo.
 	exports := filepath.Join(dir, "fakenvml.map")
 	if err := os.WriteFile(exports, []byte("{ global: nvml*; local: *; };\n"), 0o644); err != nil {
 		return "", err
 	}
-	cmd := exec.Command(cc, "-shared", "-fPIC", "-O2", "-Wall", "-Wl,--version-script="+exports,
+	if err := cbuild.SharedLib("fakenvml", filepath.Join(dir, LibName), "-Wl,--version-script="+exports,
 		"-DNVML_NO_UNVERSIONED_FUNC_DEFS=1", "-I", header,
-		"-o", filepath.Join(dir, LibName),
-		filepath.Join(src, "lib", "fakenvml.c"), filepath.Join(src, "sensor.c"), "-lm")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("fakenvml: %s: %w\n%s", strings.Join(cmd.Args, " "), err, b)
+		filepath.Join(src, "lib", "fakenvml.c"), filepath.Join(src, "sensor.c"), "-lm"); err != nil {
+		return "", err
 	}
 	return dir, nil
 }

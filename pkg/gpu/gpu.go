@@ -4,7 +4,10 @@
 // (a CSV trace played in real time).
 package gpu
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Device describes one GPU as the backend found it at start.
 type Device struct {
@@ -107,4 +110,26 @@ type ProcessUsageReader interface {
 // so that the split of a shared GPU can be tested end to end.
 type RunUsageReader interface {
 	RunUsage(index int, now time.Time) map[string]ProcessUse
+}
+
+// ReadEach is the loop every hardware backend's Read shares: it resets
+// each dst[i] to GPU i at now, lets read fill it, and returns an error
+// only when no GPU gave any value (the first GPU's error, prefixed with
+// the backend's name), so one bad card never hides the others' figures.
+func ReadEach(backend string, now time.Time, dst []Sample, read func(i int, s *Sample)) error {
+	anyOK := false
+	var firstErr error
+	for i := range dst {
+		s := &dst[i]
+		*s = Sample{Index: i, ReadAt: now}
+		read(i, s)
+		anyOK = anyOK || s.PowerOK || s.EnergyOK || s.MemOK || s.UtilOK
+		if firstErr == nil {
+			firstErr = s.Err
+		}
+	}
+	if !anyOK && firstErr != nil {
+		return fmt.Errorf("%s: no GPU could be read: %w", backend, firstErr)
+	}
+	return nil
 }

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/trainmeter/trainmeter/internal/httpretry"
 )
 
 // HTTPOptions are how the HTTP providers (vast.ai, Lambda, RunPod, Azure)
@@ -57,27 +58,18 @@ func (o HTTPOptions) get(ctx context.Context, what string, newReq func(context.C
 	if sleep == nil {
 		sleep = sleepCtx
 	}
-	backoff := time.Second
-	var lastErr error
-	for attempt := 1; ; attempt++ {
-		body, retryAfter, err := o.once(ctx, client, newReq)
-		if err == nil {
-			return body, nil
-		}
-		lastErr = err
-		var he *HTTPError
-		retryable := errors.As(err, &he) && (he.Status == http.StatusTooManyRequests || he.Status >= 500)
-		if !retryable || attempt >= attempts || ctx.Err() != nil {
-			break
-		}
-		wait := backoff/2 + rand.N(backoff/2+1) // jitter in [b/2, b], b <= maxBackoff
-		wait = max(wait, min(retryAfter, maxRetryAfter))
-		if err := sleep(ctx, wait); err != nil {
-			return nil, fmt.Errorf("%s: %w (after %v)", what, err, lastErr)
-		}
-		backoff = min(2*backoff, maxBackoff)
+	var body []byte
+	err := httpretry.Do(ctx, what, httpretry.Policy{Attempts: attempts, MaxBackoff: maxBackoff, MaxRetryAfter: maxRetryAfter, Sleep: sleep},
+		func(ctx context.Context) (time.Duration, bool, error) {
+			b, retryAfter, err := o.once(ctx, client, newReq)
+			body = b
+			var he *HTTPError
+			return retryAfter, errors.As(err, &he) && (he.Status == http.StatusTooManyRequests || he.Status >= 500), err
+		})
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("%s: %w", what, lastErr)
+	return body, nil
 }
 
 func (o HTTPOptions) once(ctx context.Context, client *http.Client, newReq func(context.Context) (*http.Request, error)) ([]byte, time.Duration, error) {

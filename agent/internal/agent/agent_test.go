@@ -28,6 +28,22 @@ type recorder struct {
 	advise  chan *trainmeterv1.Advisory
 }
 
+// startRecorder serves a recorder as the collector's IngestService on
+// loopback, a real gRPC server with opts, until the test ends.
+func startRecorder(t *testing.T, opts ...grpc.ServerOption) (rec *recorder, addr string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec = &recorder{advise: make(chan *trainmeterv1.Advisory, 1)}
+	srv := grpc.NewServer(opts...)
+	trainmeterv1.RegisterIngestServiceServer(srv, rec)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return rec, lis.Addr().String()
+}
+
 func (r *recorder) Stream(s trainmeterv1.IngestService_StreamServer) error {
 	if _, err := s.Recv(); err != nil {
 		return err
@@ -125,19 +141,11 @@ func (tr *trainer) readLine() string {
 }
 
 func TestAgentSamplesOnTheInjectedClockAndShipsRuns(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{advise: make(chan *trainmeterv1.Advisory, 1)}
-	srv := grpc.NewServer()
-	trainmeterv1.RegisterIngestServiceServer(srv, rec)
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
+	rec, collectorAddr := startRecorder(t)
 
 	fake := clock.NewFake(time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC))
 	cfg := DefaultConfig()
-	cfg.Collector = lis.Addr().String()
+	cfg.Collector = collectorAddr
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
 	cfg.Spool = filepath.Join(t.TempDir(), "spool")
 	cfg.Node = "test-node"

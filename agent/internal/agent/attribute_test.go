@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,11 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
-	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // listingSim is a simulated backend whose GPUs report compute processes.
@@ -77,15 +73,7 @@ func TestInTreeWalksProcFixture(t *testing.T) {
 }
 
 func TestAgentAttributesGPUsOfTheProcessTree(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{advise: make(chan *trainmeterv1.Advisory, 1)}
-	srv := grpc.NewServer()
-	trainmeterv1.RegisterIngestServiceServer(srv, rec)
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
+	rec, collectorAddr := startRecorder(t)
 
 	self := os.Getpid()
 	// self -> 5001 (the command) -> 5002 (a worker on GPU 1); 6000 is
@@ -94,7 +82,7 @@ func TestAgentAttributesGPUsOfTheProcessTree(t *testing.T) {
 	backend := &listingSim{Backend: simgpu.New(2, 1), pids: map[int][]uint32{}}
 	fake := clock.NewFake(time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC))
 	cfg := DefaultConfig()
-	cfg.Collector = lis.Addr().String()
+	cfg.Collector = collectorAddr
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
 	cfg.Spool = filepath.Join(t.TempDir(), "spool")
 	cfg.Node = "test-node"

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,13 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/pkg/rapl"
-	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // raplFixture copies pkg/rapl's two-socket tree; set writes a counter the
@@ -106,21 +102,13 @@ func waitReads(t *testing.T, a *Agent, n uint64) {
 // run's share: exactly the counters' difference while a run is alone, by
 // its process tree's CPU time while two share the node.
 func TestAgentShipsHostEnergyFromRAPLFixture(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{advise: make(chan *trainmeterv1.Advisory, 1)}
-	srv := grpc.NewServer()
-	trainmeterv1.RegisterIngestServiceServer(srv, rec)
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
+	rec, collectorAddr := startRecorder(t)
 
 	fx := newRAPLFixture(t)
 	proc := t.TempDir()
 	fake := clock.NewFake(time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC))
 	cfg := DefaultConfig()
-	cfg.Collector = lis.Addr().String()
+	cfg.Collector = collectorAddr
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
 	cfg.Spool = filepath.Join(t.TempDir(), "spool")
 	cfg.Node = "test-node"

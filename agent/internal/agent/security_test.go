@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,7 +21,6 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
-	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 type lockedBuf struct {
@@ -81,21 +79,13 @@ func TestAgentSendsTokenOverMTLSAndNeverLogsIt(t *testing.T) {
 		}
 		return h(srv, ss)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{advise: make(chan *trainmeterv1.Advisory, 1)}
-	srv := grpc.NewServer(grpc.Creds(creds), grpc.StreamInterceptor(check))
-	trainmeterv1.RegisterIngestServiceServer(srv, rec)
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
+	_, collectorAddr := startRecorder(t, grpc.Creds(creds), grpc.StreamInterceptor(check))
 
 	logs := &lockedBuf{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	fake := clock.NewFake(time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC))
 	cfg := DefaultConfig()
-	cfg.Collector = "localhost:" + strings.Split(lis.Addr().String(), ":")[1]
+	cfg.Collector = "localhost:" + strings.Split(collectorAddr, ":")[1]
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
 	cfg.Spool = filepath.Join(t.TempDir(), "spool")
 	cfg.Node = "node-1"

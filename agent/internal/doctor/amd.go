@@ -53,13 +53,7 @@ func checkAMD(o Options, auto bool, r *Report) {
 	}
 	r.add(SectionGPU, "amdgpu", OK, msg, "")
 
-	first := make([]gpu.Sample, len(devs))
-	second := make([]gpu.Sample, len(devs))
-	t0 := o.now()
-	err1 := b.Read(t0, first)
-	o.wait(o.Gap)
-	t1 := o.now()
-	err2 := b.Read(t1, second)
+	first, second, gap, readErr := o.readTwice(b, len(devs))
 	for i, d := range devs {
 		name := fmt.Sprintf("gpu %d", d.Index)
 		src := b.Sources(i)
@@ -73,14 +67,14 @@ func checkAMD(o Options, auto bool, r *Report) {
 		if src.Metrics != "" {
 			desc = append(desc, "gpu_metrics v"+src.Metrics)
 		}
-		if err := firstErr(err1, err2, first[i].Err, second[i].Err); err != nil {
+		if err := firstErr(readErr, first[i].Err, second[i].Err); err != nil {
 			r.add(SectionGPU, name, Fail, strings.Join(desc, ", ")+": cannot be read: "+err.Error(),
 				"the amdgpu sysfs files are world-readable, so \"operation not permitted\" comes from the driver: the card is runtime-suspended (idle, powered off: cat /sys/class/drm/"+src.Card+"/device/power/runtime_status) or in reset; \"permission denied\" means a restricted /sys (container, SELinux/AppArmor profile)")
 			continue
 		}
 		r.add(SectionGPU, name, OK, strings.Join(desc, ", "), "")
 		hasPower := amdPowerCheck(name, src, second[i], d.HasEnergyCounter, r)
-		amdEnergyCheck(name, src, first[i], second[i], t1.Sub(t0), hasPower, r)
+		amdEnergyCheck(name, src, first[i], second[i], gap, hasPower, r)
 	}
 	amdSMICheck(b, lib, smiErr, r)
 	amdProcessCheck(procfs, r)

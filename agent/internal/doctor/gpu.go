@@ -169,18 +169,12 @@ func checkSimulated(o Options, sp gpuopen.Spec, r *Report) {
 	default:
 		r.add(SectionGPU, "backend", OK, fmt.Sprintf("replay of %s (%s): the numbers are a recorded trace, not measured", sp.Path, plural(len(devs), "GPU")), "")
 	}
-	first := make([]gpu.Sample, len(devs))
-	second := make([]gpu.Sample, len(devs))
-	t0 := time.Now()
-	err1 := b.Read(t0, first)
-	time.Sleep(o.Gap)
-	t1 := time.Now()
-	err2 := b.Read(t1, second)
+	first, second, gap, readErr := o.readTwice(b, len(devs))
 	for i, d := range devs {
 		name := fmt.Sprintf("gpu %d", d.Index)
 		desc := fmt.Sprintf("%s, %s, %d MiB, power limit %.0f W", d.Name, d.UUID, d.MemTotalMiB, d.PowerLimitW)
-		if err1 != nil || err2 != nil {
-			r.add(SectionGPU, name, Fail, desc+": cannot be read: "+firstErr(err1, err2).Error(), "")
+		if readErr != nil {
+			r.add(SectionGPU, name, Fail, desc+": cannot be read: "+readErr.Error(), "")
 			continue
 		}
 		a, b := first[i], second[i]
@@ -189,7 +183,7 @@ func checkSimulated(o Options, sp gpuopen.Spec, r *Report) {
 			live = append(live, fmt.Sprintf("power %.1f W", b.PowerW))
 		}
 		if a.EnergyOK && b.EnergyOK {
-			live = append(live, fmt.Sprintf("energy %.3f J, +%.3f J in %v", b.EnergyJ, b.EnergyJ-a.EnergyJ, t1.Sub(t0).Round(time.Millisecond)))
+			live = append(live, fmt.Sprintf("energy %.3f J, +%.3f J in %v", b.EnergyJ, b.EnergyJ-a.EnergyJ, gap.Round(time.Millisecond)))
 		}
 		if b.MemOK {
 			live = append(live, fmt.Sprintf("memory %.0f/%.0f MiB", b.MemUsedMiB, b.MemTotalMiB))
@@ -203,6 +197,20 @@ func checkSimulated(o Options, sp gpuopen.Spec, r *Report) {
 			r.add(SectionGPU, name, OK, desc+"; "+strings.Join(live, ", "), "")
 		}
 	}
+}
+
+// readTwice reads the n GPUs of b twice, o.Gap apart, as the checks judge a
+// backend on: a counter that moves and power that is live, not one read.
+// gap is the time between the reads; err the first read's error, else the
+// second's.
+func (o Options) readTwice(b gpu.Backend, n int) (first, second []gpu.Sample, gap time.Duration, err error) {
+	first, second = make([]gpu.Sample, n), make([]gpu.Sample, n)
+	t0 := o.now()
+	err1 := b.Read(t0, first)
+	o.wait(o.Gap)
+	t1 := o.now()
+	err2 := b.Read(t1, second)
+	return first, second, t1.Sub(t0), firstErr(err1, err2)
 }
 
 func firstErr(errs ...error) error {

@@ -13,7 +13,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"sort"
@@ -22,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/trainmeter/trainmeter/internal/httpretry"
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/cost"
@@ -98,12 +98,11 @@ type Watcher struct {
 	cfg Config
 	log *slog.Logger
 
-	mu      sync.RWMutex
-	hours   map[string]map[int64]float64 // zone → Unix hour start (s) → gCO2/kWh
-	stats   Stats
-	stop    chan struct{}
-	done    chan struct{}
-	sleepFn func(ctx context.Context, d time.Duration) error
+	mu       sync.RWMutex
+	hours    map[string]map[int64]float64 // zone → Unix hour start (s) → gCO2/kWh
+	stats    Stats
+	schedule *lifecycle.Periodic
+	sleepFn  func(ctx context.Context, d time.Duration) error
 }
 
 // Stats says what the fetches did (the collector's GET /status "carbon").
@@ -143,7 +142,7 @@ func New(cfg Config, log *slog.Logger) *Watcher {
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{Timeout: 30 * time.Second}
 	}
-	w := &Watcher{cfg: cfg, log: log, hours: map[string]map[int64]float64{}}
+	w := &Watcher{cfg: cfg, log: log, hours: map[string]map[int64]float64{}, schedule: lifecycle.NewPeriodic("carbon watcher")}
 	w.sleepFn = func(ctx context.Context, d time.Duration) error {
 		select {
 		case <-ctx.Done():
@@ -161,48 +160,18 @@ func (w *Watcher) Start(context.Context) error {
 	if !w.cfg.Enabled() {
 		return nil
 	}
-	stop, done := make(chan struct{}), make(chan struct{})
-	w.stop, w.done = stop, done
-	t := w.cfg.Clock.NewTicker(w.cfg.Interval)
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		defer close(done)
-		defer t.Stop()
-		defer cancel()
-		go func() { // cancels a fetch in flight when stopped
-			select {
-			case <-stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-		fetch := func() {
-			if err := w.Fetch(ctx); err != nil && ctx.Err() == nil {
-				w.log.Warn("carbon intensity fetch failed; hours it does not cover take the last intensity up to "+w.cfg.Carry.String()+" old, else --grid-gco2-kwh", "err", err)
-			}
+	w.schedule.Start(w.cfg.Clock, w.cfg.Interval, func(ctx context.Context) {
+		if err := w.Fetch(ctx); err != nil && ctx.Err() == nil {
+			w.log.Warn("carbon intensity fetch failed; hours it does not cover take the last intensity up to "+w.cfg.Carry.String()+" old, else --grid-gco2-kwh", "err", err)
 		}
-		fetch()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C():
-				fetch()
-			}
-		}
-	}()
+	})
 	return nil
 }
 
 // Shutdown stops the schedule (a fetch in flight is cancelled) and waits
 // for it until ctx ends.
 func (w *Watcher) Shutdown(ctx context.Context) error {
-	if w.stop == nil {
-		return nil
-	}
-	close(w.stop)
-	w.stop = nil
-	return lifecycle.Wait(ctx, w.done, "carbon watcher")
+	return w.schedule.Shutdown(ctx)
 }
 
 // Stats returns what the fetches did so far.
@@ -292,30 +261,22 @@ func (e *HTTPError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Status,
 // Retry-After asks, in seconds, up to the cap).
 func (w *Watcher) get(ctx context.Context, path, zone string) ([]point, int, error) {
 	u := strings.TrimRight(w.cfg.BaseURL, "/") + path + "?zone=" + url.QueryEscape(zone)
-	backoff := time.Second
-	var lastErr error
-	for attempt := 1; ; attempt++ {
-		pts, sk, retryAfter, err := w.getOnce(ctx, u, zone)
-		if err == nil {
-			return pts, sk, nil
-		}
-		lastErr = err
-		var he *HTTPError
-		retryable := !errors.As(err, &he) || he.Status == http.StatusTooManyRequests || he.Status >= 500
-		var bad *BadAnswerError
-		if errors.As(err, &bad) {
-			retryable = false
-		}
-		if !retryable || attempt >= maxAttempts || ctx.Err() != nil {
-			return nil, 0, fmt.Errorf("%s: %w", u, lastErr)
-		}
-		wait := backoff/2 + rand.N(backoff/2+1)
-		wait = max(wait, min(retryAfter, maxBackoff))
-		if err := w.sleepFn(ctx, wait); err != nil {
-			return nil, 0, fmt.Errorf("%s: %w (after %v)", u, err, lastErr)
-		}
-		backoff = min(2*backoff, maxBackoff)
+	var pts []point
+	var skipped int
+	err := httpretry.Do(ctx, u, httpretry.Policy{Attempts: maxAttempts, MaxBackoff: maxBackoff, MaxRetryAfter: maxBackoff, Sleep: w.sleepFn},
+		func(ctx context.Context) (time.Duration, bool, error) {
+			var retryAfter time.Duration
+			var err error
+			pts, skipped, retryAfter, err = w.getOnce(ctx, u, zone)
+			var he *HTTPError
+			var bad *BadAnswerError
+			retryable := (!errors.As(err, &he) || he.Status == http.StatusTooManyRequests || he.Status >= 500) && !errors.As(err, &bad)
+			return retryAfter, retryable, err
+		})
+	if err != nil {
+		return nil, 0, err
 	}
+	return pts, skipped, nil
 }
 
 // BadAnswerError: the API answered 2xx with something that is not its

@@ -7,6 +7,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -571,7 +572,7 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 					return nil
 				}
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NODE\tSTATUS\tGPUS\tLAST SEEN\tLAST SEQ\tBOOT")
+				fmt.Fprintln(tw, "NODE\tSTATUS\tGPUS\tLAST SEEN\tLAST SEQ\tBOOT\tHOST ENERGY (RAPL)")
 				for _, n := range nodes {
 					st := "disconnected"
 					if n.GetConnected() {
@@ -592,7 +593,9 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 					if v := nodeVendors(n.GetGpus()); v != "" {
 						gpus += " (" + v + ")"
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", n.GetNode(), st, gpus, seen, n.GetLastSeq(), n.GetBootId())
+					// Last: the agent's words can be long ("permission denied: ...").
+					hostEnergy := cmp.Or(n.GetHostEnergyStatus(), "-")
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.GetNode(), st, gpus, seen, n.GetLastSeq(), n.GetBootId(), hostEnergy)
 				}
 				return tw.Flush()
 			})

@@ -85,6 +85,31 @@ func fetch(b *testing.B, url string) int {
 	return int(n)
 }
 
+// benchPage is a page a benchmark asks for: its metrics are named by name.
+type benchPage struct{ name, path string }
+
+// measurePages asks for every page in turn each iteration, as a browser
+// does, and reports each one's size (NAME-bytes) and wall time (NAME-ms),
+// and the CPU time of all of them (cpu-ms/op, the collector's and the
+// client's: the figure a busy neighbour moves least).
+func measurePages(b *testing.B, base string, pages ...benchPage) {
+	size := make([]int, len(pages))
+	took := make([]time.Duration, len(pages))
+	cpu0 := cpuTime(b)
+	for b.Loop() {
+		for i, p := range pages {
+			t0 := time.Now()
+			size[i] = fetch(b, base+p.path)
+			took[i] += time.Since(t0)
+		}
+	}
+	for i, p := range pages {
+		b.ReportMetric(float64(size[i]), p.name+"-bytes")
+		b.ReportMetric(float64(took[i].Milliseconds())/float64(b.N), p.name+"-ms")
+	}
+	b.ReportMetric(float64((cpuTime(b)-cpu0).Milliseconds())/float64(b.N), "cpu-ms/op")
+}
+
 // BenchmarkRunsPage: the Runs page of a collector with 10,000 runs (8 GPUs
 // each; 9,980 ended, 20 live with a power sparkline each), over HTTP on
 // loopback as a browser asks for it: the page, and the table body its
@@ -104,22 +129,7 @@ func BenchmarkRunsPage(b *testing.B) {
 		}
 		return batch
 	})
-	base := serve(b, dir, func() time.Time { return now })
-	var page, rows int
-	var pageT, rowsT time.Duration
-	cpu0 := cpuTime(b)
-	for b.Loop() {
-		t0 := time.Now()
-		page = fetch(b, base+"/runs")
-		t1 := time.Now()
-		rows = fetch(b, base+"/runs/rows")
-		pageT, rowsT = pageT+t1.Sub(t0), rowsT+time.Since(t1)
-	}
-	b.ReportMetric(float64(page), "page-bytes")
-	b.ReportMetric(float64(rows), "rows-bytes")
-	b.ReportMetric(float64(pageT.Milliseconds())/float64(b.N), "page-ms")
-	b.ReportMetric(float64(rowsT.Milliseconds())/float64(b.N), "rows-ms")
-	b.ReportMetric(float64((cpuTime(b)-cpu0).Milliseconds())/float64(b.N), "cpu-ms/op")
+	measurePages(b, serve(b, dir, func() time.Time { return now }), benchPage{"page", "/runs"}, benchPage{"rows", "/runs/rows"})
 }
 
 // BenchmarkRunPage24h: the Run page of a 24 h run of 8 GPUs on one node
@@ -128,50 +138,16 @@ func BenchmarkRunsPage(b *testing.B) {
 // charts draw (every series, at most 2,000 points each); ns/op is both,
 // page-ms and timeline-ms each.
 func BenchmarkRunPage24h(b *testing.B) {
-	const windows, workers = 24 * 3600, 24
 	dir := b.TempDir()
-	t0 := time.Now().Add(-25 * time.Hour).Truncate(time.Second)
 	st, err := store.Open(dir, store.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
-	// One node, one sequence: batches of the same node from several
-	// goroutines, each its own hours (as BenchmarkTimeline24h).
-	errs := make(chan error, workers)
-	for w := range workers {
-		go func() {
-			for s := w * windows / workers; s < (w+1)*windows/workers; s++ {
-				batch := loadgen.MakeBatch(uint64(s+1), t0.Add(time.Duration(s+1)*time.Second), time.Second, "day", 8, s == 0)
-				if _, err := st.ApplyBatch("node-1", "boot", batch); err != nil {
-					errs <- err
-					return
-				}
-			}
-			errs <- nil
-		}()
-	}
-	for range workers {
-		if err := <-errs; err != nil {
-			b.Fatal(err)
-		}
+	if err := loadgen.StoreRun(st, "day", time.Now().Add(-25*time.Hour).Truncate(time.Second), 24*3600, 8, 24); err != nil {
+		b.Fatal(err)
 	}
 	if err := st.Close(); err != nil {
 		b.Fatal(err)
 	}
-	base := serve(b, dir, nil)
-	var page, data int
-	var pageT, dataT time.Duration
-	cpu0 := cpuTime(b)
-	for b.Loop() {
-		t0 := time.Now()
-		page = fetch(b, base+"/runs/day")
-		t1 := time.Now()
-		data = fetch(b, base+"/api/runs/day/timeline")
-		pageT, dataT = pageT+t1.Sub(t0), dataT+time.Since(t1)
-	}
-	b.ReportMetric(float64(page), "page-bytes")
-	b.ReportMetric(float64(data), "timeline-bytes")
-	b.ReportMetric(float64(pageT.Milliseconds())/float64(b.N), "page-ms")
-	b.ReportMetric(float64(dataT.Milliseconds())/float64(b.N), "timeline-ms")
-	b.ReportMetric(float64((cpuTime(b)-cpu0).Milliseconds())/float64(b.N), "cpu-ms/op")
+	measurePages(b, serve(b, dir, nil), benchPage{"page", "/runs/day"}, benchPage{"timeline", "/api/runs/day/timeline"})
 }

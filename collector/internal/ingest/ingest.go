@@ -39,11 +39,13 @@ type session struct {
 }
 
 type nodeState struct {
-	boot     string
-	gpus     []*trainmeterv1.GpuInfo
-	lastSeen time.Time
-	lastSeq  uint64
-	sessions []*session // oldest first
+	boot string
+	gpus []*trainmeterv1.GpuInfo
+	// hostEnergy is the hello's host_energy_status.
+	hostEnergy string
+	lastSeen   time.Time
+	lastSeq    uint64
+	sessions   []*session // oldest first
 }
 
 // Server is the IngestService implementation.
@@ -118,7 +120,7 @@ func (s *Server) Nodes() []*trainmeterv1.NodeStatus {
 	defer s.mu.Unlock()
 	out := make([]*trainmeterv1.NodeStatus, 0, len(s.nodes))
 	for name, n := range s.nodes {
-		ns := &trainmeterv1.NodeStatus{Node: name, BootId: n.boot, Gpus: n.gpus, LastSeq: n.lastSeq, Connected: len(n.sessions) > 0}
+		ns := &trainmeterv1.NodeStatus{Node: name, BootId: n.boot, Gpus: n.gpus, LastSeq: n.lastSeq, Connected: len(n.sessions) > 0, HostEnergyStatus: n.hostEnergy}
 		if !n.lastSeen.IsZero() {
 			ns.LastSeen = timestamppb.New(n.lastSeen)
 		}
@@ -141,6 +143,7 @@ func (s *Server) register(h *trainmeterv1.Hello) *session {
 	}
 	n.boot = h.GetBootId()
 	n.gpus = h.GetGpus()
+	n.hostEnergy = h.GetHostEnergyStatus()
 	n.lastSeen = s.now()
 	s.nextID++
 	sess := &session{id: s.nextID, adv: make(chan *trainmeterv1.Advisory, advisoryQueue)}

@@ -466,3 +466,36 @@ func AddRawSamples(b *trainmeterv1.Batch, n int) {
 		b.RawSamples = append(b.RawSamples, r)
 	}
 }
+
+// BatchApplier is what StoreRun needs of the collector's store
+// (store.Store.ApplyBatch, what ingest calls).
+type BatchApplier interface {
+	ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error)
+}
+
+// StoreRun stores run as one agent of gpus GPUs ("node-1", one boot, one
+// sequence) would have sent it: a batch a second for seconds seconds from
+// t0 (the first one starts the run). Batches go in from workers
+// goroutines at once, each its own span of the run (the store's group
+// commit writes those waiting in one transaction), so a day's run takes
+// seconds to store, not minutes.
+func StoreRun(st BatchApplier, run string, t0 time.Time, seconds, gpus, workers int) error {
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			for s := w * seconds / workers; s < (w+1)*seconds/workers; s++ {
+				batch := MakeBatch(uint64(s+1), t0.Add(time.Duration(s+1)*time.Second), time.Second, run, gpus, s == 0)
+				if _, err := st.ApplyBatch("node-1", "boot", batch); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	var errList []error
+	for range workers {
+		errList = append(errList, <-errs)
+	}
+	return errors.Join(errList...)
+}

@@ -153,8 +153,7 @@ type Watcher struct {
 	match    *prices.Matcher
 	resolved map[string]string
 
-	stop chan struct{}
-	done chan struct{}
+	schedule *lifecycle.Periodic
 }
 
 // New returns a watcher over the providers (fetched together, each
@@ -170,7 +169,7 @@ func New(cfg Config, providers []prices.Provider, st Store, rec *alert.Recorder,
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w := &Watcher{cfg: cfg, providers: providers, store: st, rec: rec, log: log, byKey: map[string]prices.ModelPrice{}}
+	w := &Watcher{cfg: cfg, providers: providers, store: st, rec: rec, log: log, byKey: map[string]prices.ModelPrice{}, schedule: lifecycle.NewPeriodic("price watcher")}
 	if b, err := st.GetRecord(NSOffers, "catalogs"); err == nil {
 		var s snapshot
 		if json.Unmarshal(b, &s) == nil {
@@ -234,61 +233,31 @@ func (w *Watcher) Start(context.Context) error {
 	if len(w.providers) == 0 || w.cfg.Interval <= 0 {
 		return nil
 	}
-	stop, done := make(chan struct{}), make(chan struct{})
-	w.stop, w.done = stop, done
-	t := w.cfg.Clock.NewTicker(w.cfg.Interval)
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		defer close(done)
-		defer t.Stop()
-		defer cancel()
-		go func() { // cancels a fetch in flight when stopped
-			select {
-			case <-stop:
-				cancel()
-			case <-ctx.Done():
+	w.schedule.Start(w.cfg.Clock, w.cfg.Interval, func(ctx context.Context) {
+		res, err := w.Fetch(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			w.log.Warn("scheduled price fetch failed", "providers", w.Provider(), "err", err)
+			return
+		}
+		for _, p := range res.Providers {
+			if p.Err != "" {
+				w.log.Warn("scheduled price fetch failed; its last good offers are kept", "provider", p.Provider, "err", p.Err, "kept_offers", p.Offers)
 			}
-		}()
-		fetch := func() {
-			res, err := w.Fetch(ctx)
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil {
-				w.log.Warn("scheduled price fetch failed", "providers", w.Provider(), "err", err)
-				return
-			}
-			for _, p := range res.Providers {
-				if p.Err != "" {
-					w.log.Warn("scheduled price fetch failed; its last good offers are kept", "provider", p.Provider, "err", p.Err, "kept_offers", p.Offers)
-				}
-				if p.Skipped > 0 {
-					w.log.Warn("price fetch skipped offers that could not be priced", "provider", p.Provider, "skipped", p.Skipped)
-				}
+			if p.Skipped > 0 {
+				w.log.Warn("price fetch skipped offers that could not be priced", "provider", p.Provider, "skipped", p.Skipped)
 			}
 		}
-		fetch()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C():
-				fetch()
-			}
-		}
-	}()
+	})
 	return nil
 }
 
 // Shutdown stops the schedule (an ongoing fetch is cancelled) and waits
 // for it until ctx ends.
 func (w *Watcher) Shutdown(ctx context.Context) error {
-	if w.stop == nil {
-		return nil
-	}
-	close(w.stop)
-	w.stop = nil
-	return lifecycle.Wait(ctx, w.done, "price watcher")
+	return w.schedule.Shutdown(ctx)
 }
 
 // FetchResult says what a fetch did.

@@ -228,6 +228,7 @@ func (s *Server) ListNodes(context.Context, *trainmeterv1.ListNodesRequest) (*tr
 				if len(l.GetGpus()) > 0 {
 					n.Gpus = l.GetGpus()
 				}
+				n.HostEnergyStatus = l.GetHostEnergyStatus()
 			}
 		}
 	}

@@ -26,27 +26,8 @@ func BenchmarkTimeline24h(b *testing.B) {
 	}
 	defer st.Close()
 	t0 := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
-	// Batches are stored from several goroutines at once (the store's group
-	// commit writes those waiting in one transaction), each goroutine its
-	// own hours: the setup takes seconds, not minutes.
-	const workers = 24
-	errs := make(chan error, workers)
-	for w := range workers {
-		go func() {
-			for s := w * windows / workers; s < (w+1)*windows/workers; s++ {
-				batch := loadgen.MakeBatch(uint64(s+1), t0.Add(time.Duration(s+1)*time.Second), time.Second, "day", 8, s == 0)
-				if _, err := st.ApplyBatch("node-1", "boot", batch); err != nil {
-					errs <- err
-					return
-				}
-			}
-			errs <- nil
-		}()
-	}
-	for range workers {
-		if err := <-errs; err != nil {
-			b.Fatal(err)
-		}
+	if err := loadgen.StoreRun(st, "day", t0, windows, 8, 24); err != nil {
+		b.Fatal(err)
 	}
 	srv := query.New(st, nil, aggregate.Pricing{})
 	req := &trainmeterv1.TimelineRequest{RunId: "day"}

@@ -570,7 +570,8 @@ func getNode(txn *badger.Txn, node string) (*trainmeterv1.NodeStatus, error) {
 	return ns, err
 }
 
-// PutHello records a node's hello (boot, GPUs) in its status.
+// PutHello records a node's hello (boot, GPUs, host energy status) in its
+// status.
 func (s *Store) PutHello(h *trainmeterv1.Hello) error {
 	unlock := s.lockRuns(h.GetNode(), nil)
 	defer unlock()
@@ -593,6 +594,7 @@ func (s *Store) PutHello(h *trainmeterv1.Hello) error {
 			}
 			ns.BootId = h.GetBootId()
 			ns.Gpus = h.GetGpus()
+			ns.HostEnergyStatus = h.GetHostEnergyStatus()
 			ns.LastSeen = timestamppb.New(s.now())
 			v, err := proto.Marshal(ns)
 			if err != nil {

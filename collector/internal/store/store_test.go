@@ -240,7 +240,7 @@ func TestNodeStatusIsWrittenEveryFewSecondsAndOnClose(t *testing.T) {
 	now = now.Add(time.Second)
 	apply(s, 4)
 	// A hello reads the stored status: it gets the newest first.
-	if err := s.PutHello(&trainmeterv1.Hello{Node: "n1", BootId: "boot"}); err != nil {
+	if err := s.PutHello(&trainmeterv1.Hello{Node: "n1", BootId: "boot", HostEnergyStatus: "ok: 1 socket(s), package"}); err != nil {
 		t.Fatal(err)
 	}
 	if seq, _ := stored(s); seq != 4 {
@@ -258,6 +258,12 @@ func TestNodeStatusIsWrittenEveryFewSecondsAndOnClose(t *testing.T) {
 	defer s.Close()
 	if seq, seen := stored(s); seq != 5 || !seen.Equal(now) {
 		t.Fatalf("after Close: last seq %d seen %v, want 5 at %v", seq, seen, now)
+	}
+	// The hello's host energy status outlives the committer's rewrites and
+	// a restart: `trainmeter nodes` shows it for an agent that is away.
+	nodes, err := s.Nodes()
+	if err != nil || len(nodes) != 1 || nodes[0].GetHostEnergyStatus() != "ok: 1 socket(s), package" {
+		t.Fatalf("after Close: nodes %v %v, want n1 with its host energy status", nodes, err)
 	}
 }
 

@@ -333,21 +333,7 @@ func (b *Backend) Read(now time.Time, dst []gpu.Sample) error {
 	if b.closed {
 		return errors.New("amdgpu: Read after Close")
 	}
-	anyOK := false
-	var firstErr error
-	for i, d := range b.gpus {
-		s := &dst[i]
-		*s = gpu.Sample{Index: i, ReadAt: now}
-		b.read(i, d, now, s)
-		anyOK = anyOK || s.PowerOK || s.EnergyOK || s.MemOK || s.UtilOK
-		if firstErr == nil {
-			firstErr = s.Err
-		}
-	}
-	if !anyOK && firstErr != nil {
-		return fmt.Errorf("amdgpu: no GPU could be read: %w", firstErr)
-	}
-	return nil
+	return gpu.ReadEach("amdgpu", now, dst, func(i int, s *gpu.Sample) { b.read(i, b.gpus[i], now, s) })
 }
 
 func (b *Backend) read(i int, d *device, now time.Time, s *gpu.Sample) {

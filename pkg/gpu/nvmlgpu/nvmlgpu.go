@@ -242,21 +242,7 @@ func (b *Backend) Read(now time.Time, dst []gpu.Sample) error {
 	if b.closed {
 		return errors.New("nvmlgpu: Read after Close")
 	}
-	anyOK := false
-	var firstErr error
-	for i, d := range b.gpus {
-		s := &dst[i]
-		*s = gpu.Sample{Index: i, ReadAt: now}
-		d.read(i, s)
-		anyOK = anyOK || s.PowerOK || s.EnergyOK || s.MemOK || s.UtilOK
-		if firstErr == nil {
-			firstErr = s.Err
-		}
-	}
-	if !anyOK && firstErr != nil {
-		return fmt.Errorf("nvmlgpu: no GPU could be read: %w", firstErr)
-	}
-	return nil
+	return gpu.ReadEach("nvmlgpu", now, dst, func(i int, s *gpu.Sample) { b.gpus[i].read(i, s) })
 }
 
 // read fills s from GPU i. It never panics on NVML errors; the first error

@@ -834,15 +834,21 @@ func (x *ListNodesResponse) GetNodes() []*NodeStatus {
 }
 
 type NodeStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	BootId        string                 `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
-	Gpus          []*GpuInfo             `protobuf:"bytes,3,rep,name=gpus,proto3" json:"gpus,omitempty"`
-	LastSeen      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
-	LastSeq       uint64                 `protobuf:"varint,5,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
-	Connected     bool                   `protobuf:"varint,6,opt,name=connected,proto3" json:"connected,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Node      string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	BootId    string                 `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	Gpus      []*GpuInfo             `protobuf:"bytes,3,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	LastSeen  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
+	LastSeq   uint64                 `protobuf:"varint,5,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	Connected bool                   `protobuf:"varint,6,opt,name=connected,proto3" json:"connected,omitempty"`
+	// --- host energy status (cleanup branch) ---
+	// Hello.host_energy_status of the node's latest hello: whether its agent
+	// reads the node's RAPL counters, in words ("ok: 2 socket(s), package
+	// and dram", "permission denied: ..."); "" from an agent that predates
+	// host energy.
+	HostEnergyStatus string `protobuf:"bytes,900,opt,name=host_energy_status,json=hostEnergyStatus,proto3" json:"host_energy_status,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -915,6 +921,13 @@ func (x *NodeStatus) GetConnected() bool {
 		return x.Connected
 	}
 	return false
+}
+
+func (x *NodeStatus) GetHostEnergyStatus() string {
+	if x != nil {
+		return x.HostEnergyStatus
+	}
+	return ""
 }
 
 // RunReport is a run's figures as the CSV contract defines them.
@@ -3307,7 +3320,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x0frecords_deleted\x18\x01 \x01(\x04R\x0erecordsDeleted\"\x12\n" +
 	"\x10ListNodesRequest\"D\n" +
 	"\x11ListNodesResponse\x12/\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x19.trainmeter.v1.NodeStatusR\x05nodes\"\xd7\x01\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x19.trainmeter.v1.NodeStatusR\x05nodes\"\x86\x02\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x17\n" +
@@ -3315,7 +3328,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x03(\v2\x16.trainmeter.v1.GpuInfoR\x04gpus\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
-	"\tconnected\x18\x06 \x01(\bR\tconnected\"\xd9\x1f\n" +
+	"\tconnected\x18\x06 \x01(\bR\tconnected\x12-\n" +
+	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\xd9\x1f\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
