@@ -137,6 +137,9 @@ type device struct {
 	src            Sources
 	// vramTotalMiB is read once: the board's VRAM does not change.
 	vramTotalMiB float64
+	// The files read at every tick, joined once at probe (powerPath: the
+	// hwmon file of powerInput or powerAverage, else "").
+	metricsPath, powerPath, vramUsedPath, busyPath string
 
 	// The accumulator's wrap state: prevRaw is the last raw value,
 	// wraps*2^32 is added to raw values since the last wrap.
@@ -208,7 +211,10 @@ func New(opt Options) (*Backend, error) {
 }
 
 func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
-	dev := &device{card: c, src: Sources{Card: c.Name, PCI: c.PCI}}
+	dev := &device{card: c, src: Sources{Card: c.Name, PCI: c.PCI},
+		metricsPath:  filepath.Join(c.Dir, "gpu_metrics"),
+		vramUsedPath: filepath.Join(c.Dir, "mem_info_vram_used"),
+		busyPath:     filepath.Join(c.Dir, "gpu_busy_percent")}
 	d := gpu.Device{Index: i, Vendor: "amd", Name: cardName(c), UUID: cardUUID(c)}
 	if v, err := readUint(filepath.Join(c.Dir, "mem_info_vram_total")); err == nil {
 		d.MemTotalMiB = v >> 20
@@ -225,15 +231,16 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 			f    powerFile
 			name string
 		}{{powerInput, "power1_input"}, {powerAverage, "power1_average"}} {
-			if _, err := os.Stat(filepath.Join(c.Hwmon, p.name)); err == nil {
-				dev.power, dev.src.Power = p.f, "hwmon "+p.name
+			path := filepath.Join(c.Hwmon, p.name)
+			if _, err := os.Stat(path); err == nil {
+				dev.power, dev.powerPath, dev.src.Power = p.f, path, "hwmon "+p.name
 				break
 			}
 		}
 	} else {
 		dev.src.PowerError = "no hwmon directory with power1_input or power1_average under " + filepath.Join(c.Dir, "hwmon")
 	}
-	if raw, err := os.ReadFile(filepath.Join(c.Dir, "gpu_metrics")); err != nil {
+	if raw, err := os.ReadFile(dev.metricsPath); err != nil {
 		dev.src.MetricsError = err.Error()
 		// Present but unreadable now (runtime suspend, reset): what the
 		// table holds is found at the first read that succeeds.
@@ -345,21 +352,21 @@ func (b *Backend) read(i int, d *device, now time.Time, s *gpu.Sample) {
 	var m Metrics
 	metricsOK := false
 	if d.metricsPending {
-		if raw, err := os.ReadFile(filepath.Join(d.card.Dir, "gpu_metrics")); err == nil {
-			if m, err := ParseMetrics(raw); err == nil {
-				d.useMetrics(m)
+		if raw, err := os.ReadFile(d.metricsPath); err == nil {
+			if pm, err := ParseMetrics(raw); err == nil {
+				d.useMetrics(pm)
+				m, metricsOK = pm, true
 				d.src.Counter = d.counter
 				if d.counter && d.chk.state == CheckNoCounter {
 					d.chk.state = CheckPending
 				}
-				b.log.Info("amdgpu: gpu_metrics readable now", "gpu", i, "card", d.card.Name, "version", m.Version(), "energy_counter", d.src.CounterSource)
+				b.log.Info("amdgpu: gpu_metrics readable now", "gpu", i, "card", d.card.Name, "version", pm.Version(), "energy_counter", d.src.CounterSource)
 			} else {
 				d.metricsPending, d.src.MetricsError = false, err.Error()
 			}
 		}
-	}
-	if d.metricsOK {
-		if raw, err := os.ReadFile(filepath.Join(d.card.Dir, "gpu_metrics")); err != nil {
+	} else if d.metricsOK {
+		if raw, err := os.ReadFile(d.metricsPath); err != nil {
 			fail(err)
 		} else if m, err = ParseMetrics(raw); err != nil {
 			fail(err)
@@ -369,11 +376,7 @@ func (b *Backend) read(i int, d *device, now time.Time, s *gpu.Sample) {
 	}
 	switch d.power {
 	case powerInput, powerAverage:
-		name := "power1_input"
-		if d.power == powerAverage {
-			name = "power1_average"
-		}
-		if uw, err := readUint(filepath.Join(d.card.Hwmon, name)); err != nil {
+		if uw, err := readUint(d.powerPath); err != nil {
 			fail(err)
 		} else {
 			s.PowerW, s.PowerOK = float64(uw)/1e6, true
@@ -411,12 +414,12 @@ func (b *Backend) read(i int, d *device, now time.Time, s *gpu.Sample) {
 			}
 		}
 	}
-	if v, err := readUint(filepath.Join(d.card.Dir, "mem_info_vram_used")); err == nil {
+	if v, err := readUint(d.vramUsedPath); err == nil {
 		s.MemUsedMiB, s.MemTotalMiB, s.MemOK = float64(v)/(1<<20), d.vramTotalMiB, true
 	} else if !os.IsNotExist(err) {
 		fail(err)
 	}
-	if v, err := readUint(filepath.Join(d.card.Dir, "gpu_busy_percent")); err == nil && v <= 100 {
+	if v, err := readUint(d.busyPath); err == nil && v <= 100 {
 		s.UtilPct, s.UtilOK = float64(v), true
 	} else if metricsOK && m.GfxBusyOK {
 		s.UtilPct, s.UtilOK = m.GfxBusyPct, true
