@@ -555,25 +555,23 @@ func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands En
 		energy = w.GetEnergyCounterJ()
 	}
 	s.EnergyTotal += energy
-	if bands != nil && energy > 0 {
-		if s.EnergyByBand == nil {
-			s.EnergyByBand = map[string]float64{}
-		}
+	if (bands != nil || carbon != nil) && energy > 0 {
 		from, to := time.Unix(0, start), time.Unix(0, end)
 		if to.Sub(from) > MaxBandedWindow {
 			to = from // booked whole at its start's band; ingest never lets one through
 		}
-		bands.Split(from, to, energy, func(b string, j float64) { s.EnergyByBand[b] += j })
-	}
-	if carbon != nil && energy > 0 {
-		if s.CarbonByBand == nil {
-			s.CarbonByBand = map[string]float64{}
+		if bands != nil {
+			if s.EnergyByBand == nil {
+				s.EnergyByBand = map[string]float64{}
+			}
+			bands.Split(from, to, energy, func(b string, j float64) { s.EnergyByBand[b] += j })
 		}
-		from, to := time.Unix(0, start), time.Unix(0, end)
-		if to.Sub(from) > MaxBandedWindow {
-			to = from
+		if carbon != nil {
+			if s.CarbonByBand == nil {
+				s.CarbonByBand = map[string]float64{}
+			}
+			carbon.BookCarbon(node, from, to, energy, func(k string, j float64) { s.CarbonByBand[k] += j })
 		}
-		carbon.BookCarbon(node, from, to, energy, func(k string, j float64) { s.CarbonByBand[k] += j })
 	}
 	n.GPUSeconds += w.GetGpuSeconds()
 	s.GapS += w.GetGapS()
