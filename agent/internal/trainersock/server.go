@@ -364,7 +364,7 @@ func (s *Server) uidAllowed(uid int32) bool {
 func (s *Server) readLoop(c *conn) {
 	defer s.wg.Done()
 	limit := s.cfg.MaxLineBytes
-	br := bufio.NewReaderSize(c.nc, readBufSize)
+	br := bufio.NewReaderSize(newSocketReader(c.nc), readBufSize)
 	var (
 		lineNo  int
 		buf     []byte // assembles lines longer than the bufio buffer
