@@ -6,7 +6,6 @@ package spool
 import (
 	"errors"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -25,7 +24,7 @@ func (s *Spool) evictOldest(reason string) {
 	g := s.segs[0]
 	var dropped, droppedBytes int
 	var lagging uint8 // the collectors that lose something
-	f, ferr := os.Open(g.path)
+	rd := s.reader(g)
 	for _, r := range g.recs {
 		if r.acked || r.gone {
 			continue
@@ -33,10 +32,8 @@ func (s *Spool) evictOldest(reason string) {
 		dropped++
 		droppedBytes += int(r.size)
 		var b *trainmeterv1.Batch
-		if ferr == nil {
-			if b, _ = readRecord(f, r); b != nil {
-				s.fromBefore(b)
-			}
+		if b, _ = rd.read(r); b != nil {
+			s.fromBefore(b)
 		}
 		if b == nil {
 			s.log.Error("spool: a dropped batch could not be read back; its loss is unknown", "seq", r.seq)
@@ -47,9 +44,7 @@ func (s *Spool) evictOldest(reason string) {
 		lagging |= forMask
 		s.account(b, reason, r.sent || r.doubt, true, forMask)
 	}
-	if f != nil {
-		_ = f.Close()
-	}
+	rd.close()
 	s.stats.Dropped += uint64(dropped)
 	s.stats.DroppedBytes += uint64(droppedBytes)
 	if dropped > 0 {

@@ -158,6 +158,7 @@ func (s *Spool) write(seq uint64, data []byte) error {
 		return err
 	}
 	r := &record{seq: seq, off: g.size, size: int64(len(data))}
+	s.remember(r, data)
 	g.recs = append(g.recs, r)
 	g.live++
 	for i := range s.Cursors() {
@@ -201,23 +202,6 @@ func (s *Spool) startSegment(seq uint64) error {
 	return nil
 }
 
-func readRecord(f io.ReaderAt, r *record) (*trainmeterv1.Batch, error) {
-	buf := make([]byte, r.size)
-	if _, err := f.ReadAt(buf, r.off); err != nil {
-		return nil, err
-	}
-	if int64(binary.LittleEndian.Uint32(buf[0:4]))+recHeader != r.size ||
-		crc32.Checksum(buf[8:], castagnoli) != binary.LittleEndian.Uint32(buf[4:8]) ||
-		binary.LittleEndian.Uint64(buf[8:16]) != r.seq {
-		return nil, errors.New("record changed on disk (bad length, CRC or seq)")
-	}
-	b := &trainmeterv1.Batch{}
-	if err := proto.Unmarshal(buf[recHeader:], b); err != nil {
-		return nil, err
-	}
-	return b, nil
-}
-
 // removeSegment deletes segs[i]. The in-memory lists change first, so a
 // state write that makes room on a full disk (and so removes another
 // segment) sees them consistent. The state is written before the file goes
@@ -231,6 +215,7 @@ func (s *Spool) removeSegment(i int) {
 		s.active = nil
 	}
 	for _, r := range g.recs {
+		s.forget(r)
 		s.unpend(r)
 		delete(s.bySeq, r.seq)
 		delete(s.segOf, r)

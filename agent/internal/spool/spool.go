@@ -129,6 +129,12 @@ type Options struct {
 	// The names are persisted, so that a reordered or changed list keeps
 	// each collector's acks.
 	Collectors []string
+	// OpenRead opens a segment to read back records the in-memory tail
+	// does not hold (tail.go); default os.Open. Tests count the opens.
+	OpenRead func(name string) (ReadFile, error)
+	// TailBytes bounds the in-memory tail of recently appended records;
+	// 0: DefaultTailBytes; negative: no tail, every read from the file.
+	TailBytes int64
 }
 
 // Stats are the spool's self-metrics. Counters are since Open.
@@ -170,6 +176,8 @@ type record struct {
 	sent    bool // handed to the uplink at least once (possibly applied)
 	doubt   bool // present at open: a previous process may have sent it
 	gone    bool // dropped or unreadable
+	// data is the encoded record while the in-memory tail holds it (tail.go).
+	data []byte
 }
 
 type segment struct {
@@ -190,6 +198,7 @@ type Spool struct {
 	cfgSegBytes int64
 	log         *slog.Logger
 	openFile    func(string, int, os.FileMode) (WriteFile, error)
+	openRead    func(string) (ReadFile, error)
 	lock        *os.File
 
 	mu       sync.Mutex
@@ -211,6 +220,12 @@ type Spool struct {
 	losses       map[string]*trainmeterv1.DataLoss // aggregated, certain
 	seqLosses    []*trainmeterv1.DataLoss          // per batch, in doubt
 	events       []*trainmeterv1.RunEvent          // carried from dropped batches
+
+	// The in-memory tail (tail.go): records holding their bytes, oldest
+	// first, their total, and its bound (<= 0: none).
+	tail      []*record
+	tailBytes int64
+	tailMax   int64
 
 	// Cursors (cursor.go): names as configured, the mask of all of them,
 	// the names the state file had at open, and per-cursor counters.
@@ -255,6 +270,12 @@ func OpenWith(dir string, maxBytes int64, o Options) (*Spool, error) {
 			return os.OpenFile(name, flag, perm)
 		}
 	}
+	if o.OpenRead == nil {
+		o.OpenRead = openReadFile
+	}
+	if o.TailBytes == 0 {
+		o.TailBytes = DefaultTailBytes
+	}
 	seg := o.SegmentBytes
 	if seg <= 0 {
 		seg = min(DefaultSegmentBytes, max(maxBytes/16, 4<<10))
@@ -267,8 +288,9 @@ func OpenWith(dir string, maxBytes int64, o Options) (*Spool, error) {
 		return nil, fmt.Errorf("spool %s: %w", dir, err)
 	}
 	s := &Spool{
-		dir: dir, maxBytes: maxBytes, segBytes: seg, cfgSegBytes: seg, log: o.Logger, openFile: o.OpenFile, lock: lock,
-		effMax: maxBytes, bySeq: map[uint64]*record{}, segOf: map[*record]*segment{},
+		dir: dir, maxBytes: maxBytes, segBytes: seg, cfgSegBytes: seg, log: o.Logger, openFile: o.OpenFile, openRead: o.OpenRead, lock: lock,
+		tailMax: o.TailBytes,
+		effMax:  maxBytes, bySeq: map[uint64]*record{}, segOf: map[*record]*segment{},
 		losses: map[string]*trainmeterv1.DataLoss{},
 		names:  append([]string(nil), o.Collectors...),
 	}
@@ -452,6 +474,7 @@ func (s *Spool) ackLocked(i int, seq uint64) bool {
 		return true
 	}
 	r.acked = true
+	s.forget(r)
 	s.segOf[r].live--
 	if s.effMax < s.maxBytes && s.unackedLocked() == 0 {
 		// The collector took everything: the pressure that filled the
@@ -535,10 +558,7 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 		if len(g.recs) == 0 || g.live == 0 || g.recs[len(g.recs)-1].seq <= after {
 			continue
 		}
-		f, err := os.Open(g.path)
-		if err != nil {
-			return out, fmt.Errorf("spool: %w", err)
-		}
+		rd := s.reader(g)
 		for _, r := range g.recs {
 			if len(out) >= n {
 				break
@@ -546,13 +566,17 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 			if r.seq <= after || r.acked || r.gone || r.ackedBy&(1<<i) != 0 {
 				continue
 			}
-			b, err := readRecord(f, r)
+			b, err := rd.read(r)
+			if err != nil && rd.openFailed() {
+				return out, fmt.Errorf("spool: %w", err)
+			}
 			if err == nil {
 				s.fromBefore(b)
 			}
 			if err != nil {
 				s.log.Error("spool: a held batch no longer reads back; dropping it (loss unknown)", "seq", r.seq, "err", err)
 				s.unpend(r)
+				s.forget(r)
 				r.gone = true
 				g.live--
 				s.stats.Dropped++
@@ -562,7 +586,7 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 			}
 			out = append(out, s.forCollector(b, i))
 		}
-		_ = f.Close()
+		rd.close()
 	}
 	return out, nil
 }
@@ -571,13 +595,9 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 func (s *Spool) Unacked() ([]*trainmeterv1.Batch, error) { return s.ReadAfter(0, int(^uint(0)>>1)) }
 
 func (s *Spool) readLocked(r *record) (*trainmeterv1.Batch, error) {
-	g := s.segOf[r]
-	f, err := os.Open(g.path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return readRecord(f, r)
+	rd := s.reader(s.segOf[r])
+	defer rd.close()
+	return rd.read(r)
 }
 
 // Close fsyncs and closes the spool. The data stays for the next Open.
@@ -588,6 +608,7 @@ func (s *Spool) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.dropTail()
 	var errs []error
 	if s.active != nil {
 		errs = append(errs, s.active.Sync(), s.active.Close())
@@ -616,6 +637,7 @@ func (s *Spool) abandon() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
+	s.dropTail()
 	if s.active != nil {
 		_ = s.active.Close()
 		s.active = nil

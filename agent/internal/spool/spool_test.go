@@ -531,7 +531,9 @@ func TestENOSPCDropsOldestRetriesAndNeverFails(t *testing.T) {
 			dir := t.TempDir()
 			const capacity = 20 << 10
 			lg, logs := testLogger(t)
-			s, err := OpenWith(dir, 1<<30, Options{Logger: lg, SegmentBytes: 4 << 10,
+			// No in-memory tail: the check below reads every held record
+			// back from its file, where a torn one would show.
+			s, err := OpenWith(dir, 1<<30, Options{Logger: lg, SegmentBytes: 4 << 10, TailBytes: -1,
 				OpenFile: func(name string, flag int, perm os.FileMode) (WriteFile, error) {
 					f, err := os.OpenFile(name, flag, perm)
 					if err != nil {

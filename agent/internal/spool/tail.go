@@ -1,0 +1,137 @@
+package spool
+
+// The in-memory tail: the encoded bytes of the records this process
+// appended most recently, so that the uplink sends a batch appended a moment
+// ago without opening its segment again. Each open of a segment is a run of
+// system calls (openat, fcntl, epoll_ctl, pread, close), and every system
+// call wakes the Go runtime's sysmon thread, which is most of what an idle
+// agent costs (docs/benchmarks.md, "Issue 21").
+//
+// The tail holds only records written successfully by this process, so a
+// record in it is byte for byte what is on disk; records it no longer holds
+// (evicted, or found at open) are read from the file, where a damaged record
+// is still detected. A record leaves the tail when it is acked by every
+// collector, dropped, or removed with its segment, and the oldest go first
+// once the tail is over its bound.
+
+import (
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"io"
+	"os"
+
+	"google.golang.org/protobuf/proto"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// DefaultTailBytes bounds the in-memory tail: 4 MiB, one default segment.
+// At 1,498 bytes per 1 s batch of an 8-GPU node (DefaultMaxBytes) that is
+// about 47 minutes of batches, so a collector that is back within that
+// (a restart, a network blip) gets its backlog from memory too, and the
+// agent's memory grows by at most 4 MiB. Steady state needs one record.
+const DefaultTailBytes int64 = 4 << 20
+
+// maxTailRecords bounds the tail's index too: records released out of order
+// (a pair where one collector lags) stay in it until they reach its front.
+const maxTailRecords = 4096
+
+// ReadFile is what the spool reads segments through; *os.File satisfies it.
+type ReadFile interface {
+	io.ReaderAt
+	io.Closer
+}
+
+func openReadFile(name string) (ReadFile, error) { return os.Open(name) }
+
+// remember puts a record just written into the tail.
+func (s *Spool) remember(r *record, data []byte) {
+	if s.tailMax <= 0 {
+		return
+	}
+	r.data = data
+	s.tailBytes += int64(len(data))
+	s.tail = append(s.tail, r)
+	for len(s.tail) > 0 && (s.tail[0].data == nil || s.tailBytes > s.tailMax || len(s.tail) > maxTailRecords) {
+		s.forget(s.tail[0])
+		s.tail[0] = nil
+		s.tail = s.tail[1:]
+	}
+}
+
+// forget releases a record's bytes from the tail; it is read from its
+// segment from now on, if at all.
+func (s *Spool) forget(r *record) {
+	if r.data != nil {
+		s.tailBytes -= int64(len(r.data))
+		r.data = nil
+	}
+}
+
+// segReader reads one segment's records, from the tail where it holds them,
+// else from the file, opened once for the whole loop and only if needed.
+type segReader struct {
+	s   *Spool
+	g   *segment
+	f   ReadFile
+	err error
+}
+
+func (s *Spool) reader(g *segment) *segReader { return &segReader{s: s, g: g} }
+
+func (rd *segReader) read(r *record) (*trainmeterv1.Batch, error) {
+	if r.data != nil {
+		return decodeRecord(r.data, r)
+	}
+	if rd.f == nil && rd.err == nil {
+		rd.f, rd.err = rd.s.openRead(rd.g.path)
+	}
+	if rd.err != nil {
+		return nil, rd.err
+	}
+	return readRecord(rd.f, r)
+}
+
+// openFailed reports whether the segment file could not be opened (as
+// opposed to one record not reading back).
+func (rd *segReader) openFailed() bool { return rd.err != nil }
+
+func (rd *segReader) close() {
+	if rd.f != nil {
+		_ = rd.f.Close()
+		rd.f = nil
+	}
+}
+
+func readRecord(f io.ReaderAt, r *record) (*trainmeterv1.Batch, error) {
+	buf := make([]byte, r.size)
+	if _, err := f.ReadAt(buf, r.off); err != nil {
+		return nil, err
+	}
+	return decodeRecord(buf, r)
+}
+
+// decodeRecord checks a record's framing against what the spool knows of it
+// (length, CRC, seq) and decodes its batch.
+func decodeRecord(buf []byte, r *record) (*trainmeterv1.Batch, error) {
+	if int64(len(buf)) != r.size || len(buf) < recHeader ||
+		int64(binary.LittleEndian.Uint32(buf[0:4]))+recHeader != r.size ||
+		crc32.Checksum(buf[8:], castagnoli) != binary.LittleEndian.Uint32(buf[4:8]) ||
+		binary.LittleEndian.Uint64(buf[8:16]) != r.seq {
+		return nil, errors.New("record changed on disk (bad length, CRC or seq)")
+	}
+	b := &trainmeterv1.Batch{}
+	if err := proto.Unmarshal(buf[recHeader:], b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// dropTail releases the whole tail (the spool is closing).
+func (s *Spool) dropTail() {
+	for _, r := range s.tail {
+		s.forget(r)
+	}
+	s.tail = nil
+}
