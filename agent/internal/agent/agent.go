@@ -54,6 +54,10 @@ type Agent struct {
 	// (endedFile); endedSavedOK whether any was.
 	endedSaved   uint64
 	endedSavedOK bool
+	// state holds the ledger's checkpoints (stateslots.go);
+	// legacyStateGone is set once the file of an older agent is removed.
+	state           *stateSlots
+	legacyStateGone bool
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -121,6 +125,7 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	built := false
 	defer func() {
 		if !built {
+			_ = a.state.close()
 			_ = sp.Close()
 		}
 	}()
@@ -309,6 +314,10 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	}
 	close(a.stopLoop)
 	<-a.loopDone
+	// The loop wrote the last checkpoint.
+	if err := a.state.close(); err != nil {
+		errs = append(errs, fmt.Errorf("ledger state: %w", err))
+	}
 	if err := a.up.Flush(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("uplink: batches not acked at shutdown: %w", err))
 	}

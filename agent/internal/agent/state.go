@@ -11,24 +11,26 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 )
 
-// stateFile sits in the spool directory: the ledger's snapshot after the last
-// closed window, so a restarted agent (kill -9 included) can resume its runs.
-const stateFile = "ledger-state.json"
+// legacyStateFile is where agents before the state slots (stateslots.go)
+// kept the ledger's snapshot, replaced by write-then-rename every second. It
+// is still read when no slot holds a checkpoint (the first start after an
+// upgrade), and removed once a slot is written.
+const legacyStateFile = "ledger-state.json"
 
 // endedFile holds the ids of the runs that ended on this node, so that a
 // restarted agent still refuses their reuse (ledger/lifecycle.go). Apart
-// from stateFile: up to 4096 ids are too many to rewrite every second, and
-// they change only when a run ends.
+// from the ledger state: up to 4096 ids are too many to rewrite every
+// second, and they change only when a run ends.
 const endedFile = "ended-runs.json"
 
 func (a *Agent) endedPath() string { return filepath.Join(a.cfg.Spool, endedFile) }
 
-func (a *Agent) statePath() string { return filepath.Join(a.cfg.Spool, stateFile) }
+func (a *Agent) legacyStatePath() string { return filepath.Join(a.cfg.Spool, legacyStateFile) }
 
-// restoreLedger brings back the runs of the previous process, if any. A
-// missing file is a clean start; an unreadable one is reported and ignored:
-// the runs it held are then ended at the collector by nobody, and show as
-// not ended there.
+// restoreLedger brings back the runs of the previous process, if any, from
+// the newest valid state slot, else from the legacy file. No checkpoint is
+// a clean start; an unreadable one is reported and ignored: the runs it held
+// are then ended at the collector by nobody, and show as not ended there.
 func (a *Agent) restoreLedger() {
 	if b, err := os.ReadFile(a.endedPath()); err == nil {
 		var ended []ledger.EndedRun
@@ -39,32 +41,68 @@ func (a *Agent) restoreLedger() {
 			a.endedSavedOK = true
 		}
 	}
-	b, err := os.ReadFile(a.statePath())
-	if errors.Is(err, fs.ErrNotExist) {
-		return
+	if a.state == nil {
+		a.state = newStateSlots(a.cfg.Spool, nil)
+	}
+	b, from, problems := a.state.load()
+	var bad []string
+	for _, p := range problems {
+		if !p.empty {
+			bad = append(bad, a.state.path(p.slot))
+			a.log.Warn("ledger state slot unreadable (a write torn by a kill -9 or a crash, or damage); not used",
+				"file", a.state.path(p.slot), "err", p.err)
+		}
+	}
+	file := a.legacyStatePath()
+	if from >= 0 {
+		file = a.state.path(from)
+		if len(bad) > 0 {
+			a.log.Warn("resuming from the readable ledger state slot; if the other was the newer (a write torn by a kill -9), this checkpoint is one second older than the last", "file", file)
+		}
+	} else {
+		var err error
+		b, err = os.ReadFile(file)
+		if errors.Is(err, fs.ErrNotExist) {
+			if len(bad) > 0 {
+				a.log.Error("no ledger state slot is readable; starting afresh: runs of the previous agent are not resumed", "files", bad)
+			}
+			return
+		}
+		if err != nil {
+			a.log.Error("cannot resume runs from the previous agent's state; starting afresh", "file", file, "err", err)
+			return
+		}
 	}
 	var s ledger.Snapshot
-	if err == nil {
-		err = json.Unmarshal(b, &s)
-	}
+	err := json.Unmarshal(b, &s)
 	if err == nil {
 		err = a.ledger.Restore(a.clock.Now(), s, a.cfg.RejoinGrace)
 	}
 	if err != nil {
-		a.log.Error("cannot resume runs from the previous agent's state; starting afresh", "file", a.statePath(), "err", err)
+		a.log.Error("cannot resume runs from the previous agent's state; starting afresh", "file", file, "err", err)
 		return
 	}
 	if len(s.Runs) > 0 {
-		a.log.Info("resuming runs after an agent restart", "runs", len(s.Runs), "checkpoint", s.Time, "down_for", a.clock.Now().Sub(s.Time))
+		a.log.Info("resuming runs after an agent restart", "runs", len(s.Runs), "checkpoint", s.Time, "down_for", a.clock.Now().Sub(s.Time), "file", file)
 	}
 }
 
 // checkpoint persists the ledger's snapshot after the batches of a closed
-// window were handed to the spool. Write-then-rename keeps the file whole
-// through a kill -9 (the page cache survives a killed process; fsync is left
-// out on purpose: it would cost a disk flush every second).
+// window were handed to the spool, into the older state slot. No fsync, on
+// purpose: the page cache survives a killed process, and a flush every
+// second would cost more than the state is worth after a power loss.
 func (a *Agent) checkpoint(now time.Time) {
-	err := writeJSONFile(a.statePath(), a.ledger.Snapshot())
+	b, err := json.Marshal(a.ledger.Snapshot())
+	if err == nil {
+		err = a.state.write(b)
+	}
+	if err == nil && !a.legacyStateGone {
+		// The slots now hold a newer checkpoint than an old agent's file.
+		if rerr := os.Remove(a.legacyStatePath()); rerr == nil || errors.Is(rerr, fs.ErrNotExist) {
+			a.legacyStateGone = true
+			_ = os.Remove(a.legacyStatePath() + ".tmp") // left by a kill -9 mid-write
+		}
+	}
 	if ended, v := a.ledger.EndedRuns(); err == nil && (v != a.endedSaved || !a.endedSavedOK) && (len(ended) > 0 || a.endedSavedOK) {
 		if err = writeJSONFile(a.endedPath(), ended); err == nil {
 			a.endedSaved, a.endedSavedOK = v, true
@@ -72,7 +110,7 @@ func (a *Agent) checkpoint(now time.Time) {
 	}
 	if err != nil && now.Sub(a.lastStateErr) > time.Minute {
 		a.lastStateErr = now
-		a.log.Warn("cannot save ledger state; a restart now would lose the open runs' downtime", "file", a.statePath(), "err", err)
+		a.log.Warn("cannot save ledger state; a restart now would lose the open runs' downtime", "dir", a.cfg.Spool, "err", err)
 	}
 }
 
