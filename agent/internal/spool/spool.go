@@ -15,10 +15,18 @@
 //	             the CRC covering seq and payload; all integers little-endian
 //	lock         flock'd while a spool is open, so two agents cannot share it
 //
+// (The agent keeps its ledger state beside these, in ledger-state.0 and
+// ledger-state.1, and its ended run ids in ended-runs.json; the spool does
+// not read them.)
+//
 // Records are appended to the newest segment; a new segment starts once the
 // current one reaches the segment size (4 MiB, less for small spools). Acked
 // seqs are kept in memory and in the ack log; a segment whose records are all
 // acked (or dropped) is deleted whole.
+//
+// The records this process appended last are also kept in memory, up to
+// DefaultTailBytes (tail.go), and read back from there: sending a batch
+// appended a moment ago opens no file.
 //
 // # Several collectors
 //
