@@ -187,6 +187,9 @@ func (ss *stateSlots) write(payload []byte) error {
 }
 
 func (ss *stateSlots) close() error {
+	if ss == nil {
+		return nil
+	}
 	var errs []error
 	for i, f := range ss.files {
 		if f != nil {
