@@ -53,3 +53,51 @@ func TestProcSwitchesCountsAProcessWakeups(t *testing.T) {
 		t.Errorf("own process: %d, %v", n, err)
 	}
 }
+
+// A child that burns CPU for a while has at least that much run time in
+// schedstat, and the reading is finer than a scheduler tick: a second
+// reading after a little more work is larger.
+func TestProcRunTimeIsTheThreadsTimeOnCPU(t *testing.T) {
+	cmd := exec.Command("sh", "-c", `while read line; do i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo done; done`)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := bufio.NewReader(stdout)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); _ = cmd.Wait() }()
+	work := func() {
+		if _, err := stdin.Write([]byte("x\n")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := out.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r0, err := ProcRunTime(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	work()
+	r1, err := ProcRunTime(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	work()
+	r2, err := ProcRunTime(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(r0 < r1 && r1 < r2) {
+		t.Errorf("run time did not grow with work: %v, %v, %v", r0, r1, r2)
+	}
+	if _, err := ProcRunTime(1 << 30); err == nil {
+		t.Error("no error for a process that does not exist")
+	}
+}
