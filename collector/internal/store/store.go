@@ -396,7 +396,9 @@ func eventRun(e *trainmeterv1.RunEvent) string {
 
 // ApplyBatch stores a (validated) batch from node/boot and folds it into the
 // run aggregates, all in one transaction. If the batch was applied before
-// (same node, boot and seq) it returns duplicate=true and changes nothing.
+// (same node, boot and seq; found by its GPU/host record, also the same
+// window start: an agent re-sends a batch as it spooled it and never reuses
+// a seq) it returns duplicate=true and changes nothing.
 // When it returns nil error the batch is durable.
 //
 // Concurrent calls are committed together (group commit, see commit.go):
