@@ -162,6 +162,10 @@ func (a *Agent) hello() *trainmeterv1.Hello {
 		AgentVersion: Version,
 		GpuBackend:   a.cfg.GPU,
 		StartedAt:    timestamppb.New(a.clock.Now()),
+		// The spool's in-doubt loss records name their batch's window
+		// (DataLoss.window_start), so the collector needs no dedup mark
+		// per batch to check them.
+		LossWindowStart: true,
 	}
 	h.HostEnergyStatus, _ = a.hostEnergyStatus()
 	for _, d := range a.backend.Devices() {

@@ -159,8 +159,11 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 	for _, id := range order {
 		a := per[id]
 		if inDoubt && len(s.seqLosses) < maxPerSeqRec {
+			// With its window start the collector finds the batch by its
+			// GPU/host record, which is all it keeps of most batches.
 			s.seqLosses = append(s.seqLosses, &trainmeterv1.DataLoss{RunId: id, Batches: 1, Tokens: a.tokens,
-				EnergyJ: a.energy, GpuSeconds: a.gpu, Reason: reason, Seq: b.GetSeq(), SpoolCollectors: own})
+				EnergyJ: a.energy, GpuSeconds: a.gpu, Reason: reason, Seq: b.GetSeq(), SpoolCollectors: own,
+				WindowStart: b.GetWindowStart()})
 			continue
 		}
 		s.mergeLoss(id, own, 1, a.tokens, a.energy, a.gpu, reason)

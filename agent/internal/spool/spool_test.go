@@ -279,6 +279,9 @@ func TestDroppedSentBatchIsReportedInDoubtWithItsSeq(t *testing.T) {
 	}
 	if len(doubt) != 1 || doubt[0].Seq != 1 || doubt[0].Tokens != 1 {
 		t.Errorf("in-doubt loss records %v, want one for seq 1", doubt)
+	} else if !proto.Equal(doubt[0].WindowStart, batch(1, "r").WindowStart) {
+		// The collector finds the batch by (window_start, seq).
+		t.Errorf("in-doubt loss record's window_start %v, want batch 1's %v", doubt[0].WindowStart, batch(1, "r").WindowStart)
 	}
 	if len(certain) == 0 || certain[0].Batches < 1 {
 		t.Errorf("certain loss records %v", certain)
@@ -784,5 +787,20 @@ func TestFlushPendingCarriesTheLastLossReport(t *testing.T) {
 	got := unacked(t, s)
 	if len(got) != 1 || len(got[0].Losses) != 1 || got[0].Losses[0].Tokens != 9 || got[0].WindowStart == nil {
 		t.Errorf("carrier batch %v", got)
+	}
+}
+
+// A pending in-doubt loss record keeps its window_start across a restart
+// (the state file).
+func TestInDoubtLossKeepsItsWindowStartInTheStateFile(t *testing.T) {
+	ws := timestamppb.New(t0.Add(1500 * time.Millisecond))
+	l := &trainmeterv1.DataLoss{RunId: "r", Batches: 1, Tokens: 5, Reason: "spool full", Seq: 7, WindowStart: ws, SpoolCollectors: 2}
+	got := decodeLoss(encodeLoss(l))
+	if !proto.Equal(got, l) {
+		t.Errorf("decoded %v, want %v", got, l)
+	}
+	old := decodeLoss([]byte(`{"run_id":"r","batches":1,"tokens":5,"energy_j":0,"gpu_seconds":0,"reason":"x","seq":7}`))
+	if old == nil || old.WindowStart != nil || old.Seq != 7 {
+		t.Errorf("state from before window_start: %v", old)
 	}
 }

@@ -13,8 +13,10 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -45,6 +47,9 @@ type lossJSON struct {
 	Seq        uint64  `json:"seq,omitempty"`
 	// Collectors is DataLoss.spool_collectors: 0, all of them.
 	Collectors uint32 `json:"collectors,omitempty"`
+	// WindowStart is DataLoss.window_start (with Seq); absent in state
+	// written before it.
+	WindowStart *time.Time `json:"window_start,omitempty"`
 }
 
 func decodeLoss(raw json.RawMessage) *trainmeterv1.DataLoss {
@@ -52,13 +57,22 @@ func decodeLoss(raw json.RawMessage) *trainmeterv1.DataLoss {
 	if json.Unmarshal(raw, &l) != nil {
 		return nil
 	}
-	return &trainmeterv1.DataLoss{RunId: l.RunID, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
+	d := &trainmeterv1.DataLoss{RunId: l.RunID, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
 		GpuSeconds: l.GPUSeconds, Reason: l.Reason, Seq: l.Seq, SpoolCollectors: l.Collectors}
+	if l.WindowStart != nil {
+		d.WindowStart = timestamppb.New(*l.WindowStart)
+	}
+	return d
 }
 
 func encodeLoss(l *trainmeterv1.DataLoss) json.RawMessage {
-	b, _ := json.Marshal(lossJSON{RunID: l.RunId, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
-		GPUSeconds: l.GpuSeconds, Reason: l.Reason, Seq: l.Seq, Collectors: l.SpoolCollectors})
+	j := lossJSON{RunID: l.RunId, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
+		GPUSeconds: l.GpuSeconds, Reason: l.Reason, Seq: l.Seq, Collectors: l.SpoolCollectors}
+	if l.WindowStart != nil {
+		ws := l.WindowStart.AsTime()
+		j.WindowStart = &ws
+	}
+	b, _ := json.Marshal(j)
 	return b
 }
 

@@ -26,7 +26,7 @@ import (
 
 // Store is what the ingest server needs from the store.
 type Store interface {
-	ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error)
+	ApplyBatchFrom(sender store.Sender, b *trainmeterv1.Batch) (duplicate bool, err error)
 	PutHello(h *trainmeterv1.Hello) error
 }
 
@@ -198,6 +198,10 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 		return status.Errorf(codes.InvalidArgument, "bad hello: %v", err)
 	}
 	node, boot := hello.GetNode(), hello.GetBootId()
+	// An agent that does not say its loss records name their batch's
+	// window (older versions) keeps a dedup mark per batch: those records
+	// can find a batch by nothing else.
+	sender := store.Sender{Node: node, Boot: boot, LegacyLosses: !hello.GetLossWindowStart()}
 	log := s.log.With("node", node, "boot", boot)
 	if err := s.store.PutHello(hello); err != nil {
 		log.Error("store hello", "err", err)
@@ -242,7 +246,7 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 				mu.Unlock()
 				return
 			}
-			resp, err := s.handle(log, node, boot, m)
+			resp, err := s.handle(log, sender, m)
 			if err == nil {
 				err = stream.Send(resp)
 			}
@@ -277,7 +281,8 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 
 // handle processes one message after the Hello and returns the response to
 // send, or an error that ends the stream.
-func (s *Server) handle(log *slog.Logger, node, boot string, m *trainmeterv1.StreamRequest) (*trainmeterv1.StreamResponse, error) {
+func (s *Server) handle(log *slog.Logger, sender store.Sender, m *trainmeterv1.StreamRequest) (*trainmeterv1.StreamResponse, error) {
+	node, boot := sender.Node, sender.Boot
 	if m.GetHello() != nil {
 		return nil, status.Error(codes.InvalidArgument, "hello sent twice on one stream")
 	}
@@ -298,7 +303,7 @@ func (s *Server) handle(log *slog.Logger, node, boot string, m *trainmeterv1.Str
 		return reject(b.GetSeq(), err.Error()), nil
 	}
 	t0 := time.Now()
-	dup, err := s.store.ApplyBatch(node, boot, b)
+	dup, err := s.store.ApplyBatchFrom(sender, b)
 	if errors.Is(err, store.ErrBatchTooLarge) {
 		s.counters.rejected.Add(1)
 		s.noteSeq(log, node, boot, b.GetSeq())

@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// gated wraps the real store: ApplyBatch waits for gate (if set) and fails
+// gated wraps the real store: ApplyBatchFrom waits for gate (if set) and fails
 // with fail (if set) before touching the store.
 type gated struct {
 	*store.Store
@@ -38,7 +38,7 @@ type gated struct {
 	fail    error
 }
 
-func (g *gated) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (bool, error) {
+func (g *gated) ApplyBatchFrom(sender store.Sender, b *trainmeterv1.Batch) (bool, error) {
 	if g.entered != nil {
 		g.entered <- struct{}{}
 	}
@@ -48,7 +48,7 @@ func (g *gated) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (bool, erro
 	if g.fail != nil {
 		return false, g.fail
 	}
-	return g.Store.ApplyBatch(node, boot, b)
+	return g.Store.ApplyBatchFrom(sender, b)
 }
 
 func serve(t *testing.T, st Store) (*Server, *grpc.ClientConn) {

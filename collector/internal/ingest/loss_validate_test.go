@@ -15,7 +15,7 @@ func TestLossRecordsAreValidated(t *testing.T) {
 	base := func(l *trainmeterv1.DataLoss) *trainmeterv1.Batch {
 		return &trainmeterv1.Batch{Seq: 1, WindowStart: now, WindowEnd: now, Losses: []*trainmeterv1.DataLoss{l}}
 	}
-	if err := ValidateBatch(base(&trainmeterv1.DataLoss{RunId: "r", Batches: 2, Tokens: 10, EnergyJ: 1, GpuSeconds: 2, Reason: "spool full", Seq: 3})); err != nil {
+	if err := ValidateBatch(base(&trainmeterv1.DataLoss{RunId: "r", Batches: 2, Tokens: 10, EnergyJ: 1, GpuSeconds: 2, Reason: "spool full", Seq: 3, WindowStart: now})); err != nil {
 		t.Errorf("good loss record rejected: %v", err)
 	}
 	for _, tc := range []struct {
@@ -28,6 +28,7 @@ func TestLossRecordsAreValidated(t *testing.T) {
 		{&trainmeterv1.DataLoss{RunId: "r", GpuSeconds: -1}, "gpu_seconds is negative"},
 		{&trainmeterv1.DataLoss{RunId: "r", Tokens: math.MaxUint64}, "tokens"},
 		{&trainmeterv1.DataLoss{RunId: "r", Reason: "\xff"}, "reason is not valid UTF-8"},
+		{&trainmeterv1.DataLoss{RunId: "r", Seq: 3, WindowStart: &timestamppb.Timestamp{Seconds: 1, Nanos: -1}}, "window_start"},
 	} {
 		err := ValidateBatch(base(tc.l))
 		if err == nil || !strings.Contains(err.Error(), "losses[0]") || !strings.Contains(err.Error(), tc.want) {

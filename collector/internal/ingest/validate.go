@@ -419,5 +419,11 @@ func validateLoss(l *trainmeterv1.DataLoss) error {
 	if l.GetBatches() > 1<<40 {
 		return fmt.Errorf("batches (%d) more than %d", l.GetBatches(), uint64(1<<40))
 	}
+	// Only read with a seq (the one batch's window); checked either way.
+	if l.GetWindowStart() != nil {
+		if err := validTime("window_start", l.GetWindowStart()); err != nil {
+			return err
+		}
+	}
 	return phys("energy_j", l.GetEnergyJ(), "gpu_seconds", l.GetGpuSeconds())
 }

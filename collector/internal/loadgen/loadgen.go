@@ -294,7 +294,8 @@ func (a *simAgent) loop(ctx context.Context, conn *grpc.ClientConn, ready *sync.
 	}
 	boot := fmt.Sprintf("boot-%d", time.Now().UnixNano())
 	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: &trainmeterv1.Hello{
-		Node: node, BootId: boot, AgentVersion: "loadgen", Gpus: gpus, GpuBackend: "sim", StartedAt: timestamppb.Now()}}}); err != nil {
+		Node: node, BootId: boot, AgentVersion: "loadgen", Gpus: gpus, GpuBackend: "sim", StartedAt: timestamppb.Now(),
+		LossWindowStart: true}}}); err != nil { // as the current agent says (its batches need no dedup mark)
 		st.err = err
 		return
 	}

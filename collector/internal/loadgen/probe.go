@@ -35,7 +35,7 @@ func Visibility(ctx context.Context, addr, id string) (time.Duration, error) {
 	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: &trainmeterv1.Hello{
 		Node: node, BootId: id, AgentVersion: "loadgen", GpuBackend: "sim",
 		Gpus:      []*trainmeterv1.GpuInfo{{Index: 0, Name: "Sim H100", MemoryTotalMib: 81559, HasEnergyCounter: true}},
-		StartedAt: timestamppb.Now()}}}); err != nil {
+		StartedAt: timestamppb.Now(), LossWindowStart: true}}}); err != nil {
 		return 0, err
 	}
 	q := trainmeterv1.NewQueryServiceClient(conn)

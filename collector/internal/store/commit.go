@@ -42,10 +42,11 @@ import (
 const maxGroup = 256
 
 type applyReq struct {
-	node, boot string
-	b          *trainmeterv1.Batch
-	runs       []string
-	raw        []kv // encoded by the caller
+	node, boot   string
+	legacyLosses bool // Sender.LegacyLosses
+	b            *trainmeterv1.Batch
+	runs         []string
+	raw          []kv // encoded by the caller
 
 	dup  bool
 	err  error
@@ -359,35 +360,126 @@ type nodeEntry struct {
 
 	pending bool // saved in the transaction now being committed
 
-	// Every batch of boot seqBoot applied so far has seq <= maxSeq (when
-	// seqKnown), so a higher seq is new without looking up its dedup mark:
-	// agents number their batches upwards, and that lookup was a read per
-	// batch through every memtable and level.
-	seqKnown bool
-	seqBoot  string
-	maxSeq   uint64
+	// What the node's records say of boot seqBoot (when seqKnown), so that
+	// most batches are known new without a lookup (a read per batch
+	// through every memtable and level): agents number their batches
+	// upwards. Every batch of seqBoot applied so far that has a b/ mark,
+	// or whose r/ record starts in [scanFrom, scanTo], has seq <= maxSeq.
+	// foreignTo: the latest start of an r/ record of another boot in that
+	// span (when foreign), which a batch of seqBoot may land on.
+	seqKnown         bool
+	seqBoot          string
+	maxSeq           uint64
+	scanFrom, scanTo uint64 // startVal
+	foreign          bool
+	foreignTo        uint64
 }
 
-// applied reports whether the batch (boot, seq), whose dedup mark is dk,
-// was applied before, and notes it as applied when it was not (the caller
-// applies it in txn; a failed commit drops the entry, see finish).
-func (e *nodeEntry) applied(txn *badger.Txn, boot string, seq uint64, dk []byte) (bool, error) {
+// recordScanLimit bounds the r/ records one cold node entry reads. Normally
+// there are none or a few past the batch that makes it (the batches applied
+// but not acked before a collector restart); past the limit (a boot replayed
+// from far back) the batches beyond are looked up one by one.
+const recordScanLimit = 256
+
+// applied reports whether the batch (boot, seq) starting at start, whose b/
+// mark is dk and r/ key rk (nil: it has no r/ record), was applied before,
+// and notes it as applied when it was not (the caller applies it in txn; a
+// failed commit drops the entry, see finish). displaced is the boot of an
+// r/ record at rk of another boot, which the batch's record replaces.
+//
+// Why "seq > maxSeq, start in [scanFrom, scanTo] ⇒ new" is exact: had the
+// batch been applied before the scan, its b/ mark would be in the b/ scan or
+// its r/ record, at start within the span, in the r/ scan, either raising
+// maxSeq to seq or above; applied since, it went through this entry, which
+// raised maxSeq (a batch of another boot rescans; a failed commit, a
+// collector restart or an eviction from the cache starts a new entry). No
+// order of start and seq is assumed: a batch outside the span (a clock
+// stepped back) is looked up.
+func (e *nodeEntry) applied(txn *badger.Txn, boot string, seq, start uint64, dk, rk []byte) (dup bool, displaced string, err error) {
 	if !e.seqKnown || e.seqBoot != boot {
-		max, err := maxAppliedSeq(txn, e.ns.GetNode(), boot)
-		if err != nil {
-			return false, err
+		if err := e.scan(txn, boot, start); err != nil {
+			return false, "", err
 		}
-		e.seqKnown, e.seqBoot, e.maxSeq = true, boot, max
 	}
-	if seq <= e.maxSeq {
-		if _, err := txn.Get(dk); err == nil {
-			return true, nil
-		} else if !errors.Is(err, badger.ErrKeyNotFound) {
-			return false, err
+	if seq > e.maxSeq && start >= e.scanFrom && start <= e.scanTo {
+		if rk != nil && e.foreign && start <= e.foreignTo {
+			stored, found, err := recordBoot(txn, rk)
+			if err != nil {
+				return false, "", err
+			}
+			if found && stored == boot {
+				return true, "", nil // not possible by the above; never apply twice
+			}
+			displaced = stored
 		}
+		e.maxSeq = seq
+		return false, displaced, nil
+	}
+	if found, err := exists(txn, dk); found || err != nil {
+		return found, "", err
+	}
+	if rk != nil {
+		stored, found, err := recordBoot(txn, rk)
+		if err != nil {
+			return false, "", err
+		}
+		if found && stored == boot {
+			return true, "", nil
+		}
+		displaced = stored // "" (none, or from an earlier version, which has its mark)
 	}
 	e.maxSeq = max(e.maxSeq, seq)
-	return false, nil
+	return false, displaced, nil
+}
+
+// scan sets the entry for boot from the node's records: the highest seq
+// with a b/ mark, and the r/ records from start on (to the end of the node's
+// records, or recordScanLimit of them).
+func (e *nodeEntry) scan(txn *badger.Txn, boot string, start uint64) error {
+	node := e.ns.GetNode()
+	marked, err := maxAppliedSeq(txn, node, boot)
+	if err != nil {
+		return err
+	}
+	e.seqKnown, e.seqBoot, e.maxSeq = false, boot, marked
+	e.scanFrom, e.scanTo, e.foreign, e.foreignTo = start, math.MaxUint64, false, 0
+	prefix := gpuPrefix(node)
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+	defer it.Close()
+	read := 0
+	for it.Seek(be64(append([]byte(nil), prefix...), start)); it.Valid(); it.Next() {
+		k := it.Item().Key()
+		if len(k) != len(prefix)+16 {
+			return fmt.Errorf("store: malformed r/ key %q", k)
+		}
+		at, seq := binary.BigEndian.Uint64(k[len(prefix):]), binary.BigEndian.Uint64(k[len(prefix)+8:])
+		if read == recordScanLimit {
+			// Covered: every record before this one.
+			if at == 0 || at-1 < start {
+				e.scanFrom, e.scanTo = 1, 0 // an empty span
+			} else {
+				e.scanTo = at - 1
+			}
+			break
+		}
+		read++
+		var stored string
+		if err := it.Item().Value(func(v []byte) error {
+			var err error
+			stored, err = storedBoot(v)
+			return err
+		}); err != nil {
+			return err
+		}
+		switch {
+		case stored == boot:
+			e.maxSeq = max(e.maxSeq, seq)
+		case stored != "":
+			e.foreign, e.foreignTo = true, max(e.foreignTo, at)
+		}
+	}
+	e.seqKnown = true
+	return nil
 }
 
 // maxAppliedSeq is the highest seq with a dedup mark for (node, boot), 0 if

@@ -22,7 +22,7 @@ func TestLossReportsMarkTheRunIncompleteAndSkipBatchesThatArrived(t *testing.T) 
 	b := batch(3, "r", 5, 300, 30)
 	b.Losses = []*trainmeterv1.DataLoss{
 		{RunId: "r", Batches: 2, Tokens: 700, EnergyJ: 70, GpuSeconds: 2, Reason: "spool full"},
-		{RunId: "r", Batches: 1, Tokens: 200, EnergyJ: 20, GpuSeconds: 1, Reason: "spool full", Seq: 2},
+		{RunId: "r", Batches: 1, Tokens: 200, EnergyJ: 20, GpuSeconds: 1, Reason: "spool full", Seq: 2, WindowStart: ts(1)},
 		{RunId: "r", Batches: 1, Tokens: 50, EnergyJ: 5, GpuSeconds: 1, Reason: "disk full", Seq: 9},
 	}
 	if _, err := s.ApplyBatch("n", "b", b); err != nil {

@@ -5,7 +5,9 @@
 // id can never be a prefix of another's series; times and sequence numbers are
 // fixed-width big-endian so keys sort chronologically:
 //
-//	b/<node>\0<boot>\0<seq:8>                      dedup mark of an applied batch
+//	b/<node>\0<boot>\0<seq:8>                      dedup mark of an applied batch that has no
+//	                                               r/ record, or whose r/ record may expire
+//	                                               before the mark would (see below)
 //	a/<run_id>                                     run aggregate (proto storev1.Aggregate; JSON
 //	                                               from earlier versions; see aggregate.State)
 //	an/<run_id>\0<node>                            a node's state in that run, once the run has
@@ -13,11 +15,23 @@
 //	w/<run_id>\0<node>\0<start:8><seq:8><i:4>      raw RunWindow (proto)
 //	v/<run_id>\0<node>\0<time:8><seq:8><i:4>       raw RunEvent (proto)
 //	r/<node>\0<start:8><seq:8>                     raw GpuWindows + HostWindow of a batch
-//	                                               (proto Batch holding only those and the window)
+//	                                               (proto Batch holding only those, the window
+//	                                               and stored_boot_id, the sender's boot)
 //	s/<node>\0<start:8><seq:8>                     raw samples of a batch (proto Batch holding
 //	                                               only raw_samples and the window)
 //	n/<node>                                       NodeStatus (proto; connected is not stored)
 //	x/<namespace>\0<key>                           the collector's own records (records.go)
+//
+// Deduplication: a batch (node, boot, seq) was applied when its b/ mark
+// exists, or when its r/ record (node, window_start, seq: all in the batch)
+// holds stored_boot_id == boot. A batch with an r/ record writes no b/ mark
+// when that record lives at least as long as a mark would (RawRetention 0,
+// or ≥ DedupRetention) and its sender's loss records name their batch's
+// window (Hello.loss_window_start): one key a batch fewer. r/ records
+// without stored_boot_id come from earlier versions, which wrote a b/ mark
+// for every batch; they are not taken for any batch (their marks are). An
+// r/ record replaced by a batch of another boot at the same start and seq
+// leaves a b/ mark for the batch it held. See commit.go, nodeEntry.applied.
 //
 // Writes use SyncWrites, so a batch is durable when ApplyBatch returns nil.
 // Concurrent ApplyBatch calls share one transaction and one sync (group
@@ -39,6 +53,7 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -291,6 +306,23 @@ func dedupKey(node, boot string, seq uint64) []byte {
 	return be64(append(key("b/", node, boot), 0), seq)
 }
 
+// startVal is a window start as its 8 key bytes read (tkey).
+func startVal(ts *timestamppb.Timestamp) uint64 {
+	return binary.BigEndian.Uint64(tkey(nil, ts))
+}
+
+func gpuPrefix(node string) []byte { return append(key("r/", node), 0) }
+
+// gpuKey is the r/ key of node's batch seq starting at start (startVal).
+func gpuKey(node string, start, seq uint64) []byte {
+	return be64(be64(gpuPrefix(node), start), seq)
+}
+
+// hasRecord: the batch has an r/ record (rawRecords).
+func hasRecord(b *trainmeterv1.Batch) bool {
+	return len(b.GetGpuWindows()) > 0 || b.GetHost() != nil || len(b.GetHostEnergy()) > 0
+}
+
 func aggKey(run string) []byte { return key("a/", run) }
 
 // A run's node states, when its aggregate keeps them apart
@@ -364,23 +396,45 @@ func eventRun(e *trainmeterv1.RunEvent) string {
 
 // ApplyBatch stores a (validated) batch from node/boot and folds it into the
 // run aggregates, all in one transaction. If the batch was applied before
-// (same node, boot and seq) it returns duplicate=true and changes nothing.
+// (same node, boot and seq; found by its GPU/host record, also the same
+// window start: an agent re-sends a batch as it spooled it and never reuses
+// a seq) it returns duplicate=true and changes nothing.
 // When it returns nil error the batch is durable.
 //
 // Concurrent calls are committed together (group commit, see commit.go):
 // one transaction and one sync for every batch waiting, each caller
 // answered only once the commit that holds its batch is durable.
+//
+// ApplyBatch is ApplyBatchFrom for a current agent (Sender.LegacyLosses
+// false).
 func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error) {
+	return s.ApplyBatchFrom(Sender{Node: node, Boot: boot}, b)
+}
+
+// Sender is who sent a batch: the node and its agent's boot (from the
+// stream's Hello), and what that agent's loss records can be checked by.
+type Sender struct {
+	Node, Boot string
+	// LegacyLosses: the agent's in-doubt loss records do not name their
+	// batch's window start (its Hello lacks loss_window_start: an agent
+	// from before that field). Its batches keep a b/ mark, the only thing
+	// such a record can find them by.
+	LegacyLosses bool
+}
+
+// ApplyBatchFrom is ApplyBatch for a batch from sender.
+func (s *Store) ApplyBatchFrom(sender Sender, b *trainmeterv1.Batch) (duplicate bool, err error) {
+	node, boot := sender.Node, sender.Boot
 	// The node's lock keeps its batches and hellos in order; its runs are
 	// the committer's alone (commit.go).
 	unlock := s.lockRuns(node, nil)
 	defer unlock()
 	b = s.dropDeleted(b)
-	raw, err := rawRecords(node, b)
+	raw, err := rawRecords(node, boot, b)
 	if err != nil {
 		return false, err
 	}
-	req := &applyReq{node: node, boot: boot, b: b, runs: batchRuns(b), raw: raw, done: make(chan struct{})}
+	req := &applyReq{node: node, boot: boot, legacyLosses: sender.LegacyLosses, b: b, runs: batchRuns(b), raw: raw, done: make(chan struct{})}
 	select {
 	case s.applyCh <- req:
 		<-req.done
@@ -399,7 +453,7 @@ func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate 
 type kv struct{ k, v []byte }
 
 // rawRecords encodes a batch's raw records under their keys.
-func rawRecords(node string, b *trainmeterv1.Batch) ([]kv, error) {
+func rawRecords(node, boot string, b *trainmeterv1.Batch) ([]kv, error) {
 	seq := b.GetSeq()
 	out := make([]kv, 0, len(b.GetRunWindows())+len(b.GetRunEvents())+len(b.GetGpuWindows())+1)
 	add := func(k []byte, m proto.Message) error {
@@ -422,10 +476,12 @@ func rawRecords(node string, b *trainmeterv1.Batch) ([]kv, error) {
 	// The node's GPU and host windows are one record: one key per batch
 	// rather than one per GPU (every key costs a skiplist insert and its
 	// share of flushes and compactions; docs/benchmarks.md).
-	if len(b.GetGpuWindows()) > 0 || b.GetHost() != nil || len(b.GetHostEnergy()) > 0 {
+	// It also carries the sender's boot (never the received batch's
+	// stored_boot_id): with its key it identifies the batch (deduplication).
+	if hasRecord(b) {
 		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost(),
-			HostEnergy: b.GetHostEnergy()}
-		if err := add(be64(tkey(append(key("r/", node), 0), b.GetWindowStart()), seq), nw); err != nil {
+			HostEnergy: b.GetHostEnergy(), StoredBootId: boot}
+		if err := add(gpuKey(node, startVal(b.GetWindowStart()), seq), nw); err != nil {
 			return nil, err
 		}
 	}
@@ -449,12 +505,26 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	if err != nil {
 		return false, err
 	}
-	dk := dedupKey(node, boot, b.GetSeq())
-	if dup, err := ne.applied(txn, boot, b.GetSeq(), dk); dup || err != nil {
+	seq, start := b.GetSeq(), startVal(b.GetWindowStart())
+	dk := dedupKey(node, boot, seq)
+	var rk []byte
+	if hasRecord(b) {
+		rk = gpuKey(node, start, seq)
+	}
+	dup, displaced, err := ne.applied(txn, boot, seq, start, dk, rk)
+	if dup || err != nil {
 		return dup, err
 	}
 	for _, rec := range r.raw {
 		if err := s.setTTL(txn, rec.k, rec.v, s.rawTTL); err != nil {
+			return false, err
+		}
+	}
+	if displaced != "" {
+		// Our r/ record replaces one of another boot with the same start
+		// and seq (a clock stepped back across boots): that batch keeps
+		// its deduplication as a mark.
+		if err := s.setTTL(txn, dedupKey(node, displaced, seq), nil, s.dedupTTL); err != nil {
 			return false, err
 		}
 	}
@@ -500,10 +570,12 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	// of it was lost.
 	for _, l := range b.GetLosses() {
 		if l.GetSeq() != 0 {
-			if _, err := txn.Get(dedupKey(node, boot, l.GetSeq())); err == nil {
-				continue
-			} else if !errors.Is(err, badger.ErrKeyNotFound) {
+			held, err := holdsLost(txn, node, boot, l)
+			if err != nil {
 				return false, err
+			}
+			if held {
+				continue
 			}
 		}
 		aggs[l.GetRunId()].AddLoss(node, l)
@@ -513,7 +585,83 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	ns.BootId = boot
 	ns.LastSeq = b.GetSeq()
 	ns.LastSeen = timestamppb.New(s.now())
+	if rk != nil && !r.legacyLosses && s.recordOutlivesMark() {
+		return false, nil // the r/ record is the mark
+	}
 	return false, s.setTTL(txn, dk, nil, s.dedupTTL)
+}
+
+// recordOutlivesMark: an r/ record lives at least as long as a b/ mark
+// would (both written now), so it can stand in for one.
+func (s *Store) recordOutlivesMark() bool {
+	return s.rawTTL == 0 || (s.dedupTTL > 0 && s.rawTTL >= s.dedupTTL)
+}
+
+// holdsLost reports whether the one batch of an in-doubt loss record
+// (l.seq, of boot) was applied after all: by its b/ mark, or by its r/
+// record when the record names the batch's window_start. A record without
+// window_start comes from an agent that sends no Hello.loss_window_start,
+// whose batches all have marks (Sender.LegacyLosses).
+func holdsLost(txn *badger.Txn, node, boot string, l *trainmeterv1.DataLoss) (bool, error) {
+	if found, err := exists(txn, dedupKey(node, boot, l.GetSeq())); found || err != nil {
+		return found, err
+	}
+	if l.GetWindowStart() == nil {
+		return false, nil
+	}
+	stored, found, err := recordBoot(txn, gpuKey(node, startVal(l.GetWindowStart()), l.GetSeq()))
+	return found && stored == boot, err
+}
+
+func exists(txn *badger.Txn, k []byte) (bool, error) {
+	_, err := txn.Get(k)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// recordBoot returns the stored_boot_id of the r/ record at k ("" for a
+// record from an earlier version) and whether there is one.
+func recordBoot(txn *badger.Txn, k []byte) (boot string, found bool, err error) {
+	item, err := txn.Get(k)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	err = item.Value(func(v []byte) error {
+		boot, err = storedBoot(v)
+		return err
+	})
+	return boot, err == nil, err
+}
+
+// storedBoot reads stored_boot_id out of an encoded r/ record without
+// decoding the rest (it is read for every record a cold node scans).
+func storedBoot(v []byte) (string, error) {
+	const field = 950 // Batch.stored_boot_id
+	for len(v) > 0 {
+		num, typ, n := protowire.ConsumeTag(v)
+		if n < 0 {
+			return "", fmt.Errorf("store: malformed r/ record: %w", protowire.ParseError(n))
+		}
+		v = v[n:]
+		if num == field && typ == protowire.BytesType {
+			s, m := protowire.ConsumeString(v)
+			if m < 0 {
+				return "", fmt.Errorf("store: malformed r/ record: %w", protowire.ParseError(m))
+			}
+			return s, nil
+		}
+		m := protowire.ConsumeFieldValue(num, typ, v)
+		if m < 0 {
+			return "", fmt.Errorf("store: malformed r/ record: %w", protowire.ParseError(m))
+		}
+		v = v[m:]
+	}
+	return "", nil
 }
 
 // setTTL writes k=v, expiring ttl after the store clock's now when ttl is

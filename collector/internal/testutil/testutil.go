@@ -42,8 +42,18 @@ type Agent struct {
 	cancel context.CancelFunc
 }
 
-// Connect opens a stream and sends Hello for node/boot.
+// Connect opens a stream and sends Hello for node/boot (as an agent from
+// before Hello.loss_window_start).
 func Connect(t testing.TB, conn *grpc.ClientConn, node, boot string) *Agent {
+	t.Helper()
+	return ConnectHello(t, conn, &trainmeterv1.Hello{
+		Node: node, BootId: boot, AgentVersion: "test", GpuBackend: "sim",
+		Gpus: []*trainmeterv1.GpuInfo{{Index: 0, Name: "Sim GPU", MemoryTotalMib: 81559, HasEnergyCounter: true}},
+	})
+}
+
+// ConnectHello opens a stream and sends h.
+func ConnectHello(t testing.TB, conn *grpc.ClientConn, h *trainmeterv1.Hello) *Agent {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	s, err := trainmeterv1.NewIngestServiceClient(conn).Stream(ctx)
@@ -53,10 +63,7 @@ func Connect(t testing.TB, conn *grpc.ClientConn, node, boot string) *Agent {
 	}
 	a := &Agent{t: t, Stream: s, cancel: cancel}
 	t.Cleanup(a.Close)
-	if err := s.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: &trainmeterv1.Hello{
-		Node: node, BootId: boot, AgentVersion: "test", GpuBackend: "sim",
-		Gpus: []*trainmeterv1.GpuInfo{{Index: 0, Name: "Sim GPU", MemoryTotalMib: 81559, HasEnergyCounter: true}},
-	}}}); err != nil {
+	if err := s.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: h}}); err != nil {
 		t.Fatal(err)
 	}
 	return a

@@ -266,8 +266,15 @@ type Hello struct {
 	// Whether the agent reads the node's RAPL counters, in words: "ok: 2
 	// sockets, package and dram", "permission denied: ...", "no RAPL ...".
 	HostEnergyStatus string `protobuf:"bytes,650,opt,name=host_energy_status,json=hostEnergyStatus,proto3" json:"host_energy_status,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// --- dedup folded into the GPU/host record (dedup-fold, 950–959) ---
+	// The agent fills DataLoss.window_start in every in-doubt loss record
+	// (seq set). The collector then keeps a batch's deduplication in its
+	// GPU/host record alone; for an agent without it (older versions) it
+	// also writes a separate dedup mark, which is all such a loss record can
+	// be checked against (docs/reliability.md, "Deduplication").
+	LossWindowStart bool `protobuf:"varint,950,opt,name=loss_window_start,json=lossWindowStart,proto3" json:"loss_window_start,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -347,6 +354,13 @@ func (x *Hello) GetHostEnergyStatus() string {
 		return x.HostEnergyStatus
 	}
 	return ""
+}
+
+func (x *Hello) GetLossWindowStart() bool {
+	if x != nil {
+		return x.LossWindowStart
+	}
+	return false
 }
 
 type GpuInfo struct {
@@ -476,7 +490,14 @@ type Batch struct {
 	// reads of its RAPL counters that ended in this window (usually one),
 	// each split between the runs on the node: docs/measurement.md, "Host
 	// energy (CPU and DRAM)".
-	HostEnergy    []*HostEnergy `protobuf:"bytes,650,rep,name=host_energy,json=hostEnergy,proto3" json:"host_energy,omitempty"`
+	HostEnergy []*HostEnergy `protobuf:"bytes,650,rep,name=host_energy,json=hostEnergy,proto3" json:"host_energy,omitempty"`
+	// --- store-only (dedup-fold, 950–959) ---
+	// Only in the collector's stored r/ record (the GPU/host windows of a
+	// batch): the boot id of the agent that sent the batch, so that record
+	// also tells that (node, boot, seq) was applied. Agents never set it; the
+	// collector ignores it on a received batch (the store writes the stream's
+	// boot id there).
+	StoredBootId  string `protobuf:"bytes,950,opt,name=stored_boot_id,json=storedBootId,proto3" json:"stored_boot_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -579,6 +600,13 @@ func (x *Batch) GetHostEnergy() []*HostEnergy {
 		return x.HostEnergy
 	}
 	return nil
+}
+
+func (x *Batch) GetStoredBootId() string {
+	if x != nil {
+		return x.StoredBootId
+	}
+	return ""
 }
 
 // HostEnergy is the node's CPU and DRAM energy between two reads of its
@@ -975,8 +1003,13 @@ type DataLoss struct {
 	// acked the dropped batch; 0: all of them. The agent clears it before
 	// sending, so a collector never sees it set.
 	SpoolCollectors uint32 `protobuf:"varint,700,opt,name=spool_collectors,json=spoolCollectors,proto3" json:"spool_collectors,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// --- dedup folded into the GPU/host record (dedup-fold, 950–959) ---
+	// With seq: the window_start of that one batch, so the collector can find
+	// it by its GPU/host record (node, window_start, seq). Unset with seq 0,
+	// and in records from agents before this field.
+	WindowStart   *timestamppb.Timestamp `protobuf:"bytes,950,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DataLoss) Reset() {
@@ -1063,6 +1096,13 @@ func (x *DataLoss) GetSpoolCollectors() uint32 {
 		return x.SpoolCollectors
 	}
 	return 0
+}
+
+func (x *DataLoss) GetWindowStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WindowStart
+	}
+	return nil
 }
 
 // GpuWindow summarises one GPU over the batch window.
@@ -2938,7 +2978,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x03ack\x18\x01 \x01(\v2\x12.trainmeter.v1.AckH\x00R\x03ack\x125\n" +
 	"\badvisory\x18\x02 \x01(\v2\x17.trainmeter.v1.AdvisoryH\x00R\badvisory\x12/\n" +
 	"\x06reject\x18\x03 \x01(\v2\x15.trainmeter.v1.RejectH\x00R\x06rejectB\x05\n" +
-	"\x03msg\"\x90\x02\n" +
+	"\x03msg\"\xbd\x02\n" +
 	"\x05Hello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12#\n" +
@@ -2948,7 +2988,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"gpuBackend\x129\n" +
 	"\n" +
 	"started_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12-\n" +
-	"\x12host_energy_status\x18\x8a\x05 \x01(\tR\x10hostEnergyStatus\"\x88\x02\n" +
+	"\x12host_energy_status\x18\x8a\x05 \x01(\tR\x10hostEnergyStatus\x12+\n" +
+	"\x11loss_window_start\x18\xb6\a \x01(\bR\x0flossWindowStart\"\x88\x02\n" +
 	"\aGpuInfo\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x12\n" +
@@ -2957,7 +2998,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\rpower_limit_w\x18\x05 \x01(\x01R\vpowerLimitW\x12,\n" +
 	"\x12has_energy_counter\x18\x06 \x01(\bR\x10hasEnergyCounter\x12*\n" +
 	"\x11has_instant_power\x18\a \x01(\bR\x0fhasInstantPower\x12\x17\n" +
-	"\x06vendor\x18\xd8\x04 \x01(\tR\x06vendor\"\x9a\x04\n" +
+	"\x06vendor\x18\xd8\x04 \x01(\tR\x06vendor\"\xc1\x04\n" +
 	"\x05Batch\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -2974,7 +3015,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\vraw_samples\x18\t \x03(\v2\x19.trainmeter.v1.RawSamplesR\n" +
 	"rawSamples\x12;\n" +
 	"\vhost_energy\x18\x8a\x05 \x03(\v2\x19.trainmeter.v1.HostEnergyR\n" +
-	"hostEnergy\"\x8c\x03\n" +
+	"hostEnergy\x12%\n" +
+	"\x0estored_boot_id\x18\xb6\a \x01(\tR\fstoredBootId\"\x8c\x03\n" +
 	"\n" +
 	"HostEnergy\x120\n" +
 	"\x05start\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -3007,7 +3049,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\tt_unix_ns\x18\x02 \x03(\x06R\atUnixNs\x12\x17\n" +
 	"\apower_w\x18\x03 \x03(\x02R\x06powerW\x12'\n" +
 	"\x0futilization_pct\x18\x04 \x03(\x02R\x0eutilizationPct\x12&\n" +
-	"\x0fmemory_used_mib\x18\x05 \x03(\x02R\rmemoryUsedMib\"\xe5\x01\n" +
+	"\x0fmemory_used_mib\x18\x05 \x03(\x02R\rmemoryUsedMib\"\xa5\x02\n" +
 	"\bDataLoss\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\x04R\abatches\x12\x16\n" +
@@ -3017,7 +3059,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"gpuSeconds\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x10\n" +
 	"\x03seq\x18\a \x01(\x04R\x03seq\x12*\n" +
-	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectors\"\xb7\t\n" +
+	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectors\x12>\n" +
+	"\fwindow_start\x18\xb6\a \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\"\xb7\t\n" +
 	"\tGpuWindow\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\rR\x03gpu\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12(\n" +
@@ -3287,28 +3330,29 @@ var file_trainmeter_v1_ingest_proto_depIdxs = []int32{
 	26, // 17: trainmeter.v1.HostEnergy.end:type_name -> google.protobuf.Timestamp
 	7,  // 18: trainmeter.v1.HostEnergy.zones:type_name -> trainmeter.v1.RaplZoneEnergy
 	8,  // 19: trainmeter.v1.HostEnergy.runs:type_name -> trainmeter.v1.HostEnergyShare
-	26, // 20: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
-	26, // 21: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
-	0,  // 22: trainmeter.v1.RunWindow.phase:type_name -> trainmeter.v1.Phase
-	13, // 23: trainmeter.v1.RunWindow.gpu_shares:type_name -> trainmeter.v1.GpuShare
-	15, // 24: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
-	17, // 25: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
-	18, // 26: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
-	26, // 27: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
-	16, // 28: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
-	25, // 29: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
-	26, // 30: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
-	26, // 31: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
-	26, // 32: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
-	23, // 33: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
-	24, // 34: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
-	1,  // 35: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
-	2,  // 36: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
-	36, // [36:37] is the sub-list for method output_type
-	35, // [35:36] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	26, // 20: trainmeter.v1.DataLoss.window_start:type_name -> google.protobuf.Timestamp
+	26, // 21: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
+	26, // 22: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
+	0,  // 23: trainmeter.v1.RunWindow.phase:type_name -> trainmeter.v1.Phase
+	13, // 24: trainmeter.v1.RunWindow.gpu_shares:type_name -> trainmeter.v1.GpuShare
+	15, // 25: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
+	17, // 26: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
+	18, // 27: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
+	26, // 28: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
+	16, // 29: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
+	25, // 30: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
+	26, // 31: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
+	26, // 32: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
+	26, // 33: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
+	23, // 34: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
+	24, // 35: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
+	1,  // 36: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
+	2,  // 37: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
+	37, // [37:38] is the sub-list for method output_type
+	36, // [36:37] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_ingest_proto_init() }
