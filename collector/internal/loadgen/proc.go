@@ -67,67 +67,66 @@ func ProcRSS(pid int) (float64, error) {
 // woken, which is what a process that ticks pays for (docs/benchmarks.md).
 // Threads that have exited are not counted (Go rarely ends one).
 func ProcSwitches(pid int) (uint64, error) {
-	if pid == 0 {
-		return 0, nil
-	}
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return 0, err
-	}
 	var n uint64
-	for _, t := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
-		if err != nil {
-			continue // the thread ended meanwhile
-		}
+	err := eachThread(pid, "status", func(tid string, b []byte) error {
 		for _, line := range strings.Split(string(b), "\n") {
 			for _, p := range []string{"voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"} {
 				if rest, ok := strings.CutPrefix(line, p); ok {
 					v, err := strconv.ParseUint(strings.TrimSpace(rest), 10, 64)
 					if err != nil {
-						return 0, fmt.Errorf("/proc/%d/task/%s/status: %v", pid, t.Name(), err)
+						return fmt.Errorf("/proc/%d/task/%s/status: %v", pid, tid, err)
 					}
 					n += v
 				}
 			}
 		}
-	}
-	return n, nil
+		return nil
+	})
+	return n, err
 }
 
 // ProcRunTime returns the time every thread of process pid has spent on a
-// CPU so far, in nanoseconds, from /proc/PID/task/*/schedstat (the
-// scheduler's own account; needs CONFIG_SCHED_INFO). Unlike the tick-sampled
-// utime+stime of ProcCPU (4–10 ms granularity, and biased for a process
+// CPU so far, from /proc/PID/task/*/schedstat (the scheduler's own account,
+// in nanoseconds; needs CONFIG_SCHED_INFO). Unlike the tick-sampled
+// utime+stime of ProcCPU (4–10 ms granularity, and uneven for a process
 // that wakes in step with the timer tick) it is exact, which is what a ratio
 // between two processes using 0.3 % of a core needs. Threads that have
 // exited are not counted.
 func ProcRunTime(pid int) (time.Duration, error) {
-	if pid == 0 {
-		return 0, nil
-	}
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return 0, err
-	}
 	var ns uint64
-	for _, t := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
-		if err != nil {
-			if os.IsNotExist(err) {
-				continue // the thread ended meanwhile
-			}
-			return 0, err
-		}
+	err := eachThread(pid, "schedstat", func(tid string, b []byte) error {
 		f := strings.Fields(string(b))
 		if len(f) < 1 {
-			return 0, fmt.Errorf("/proc/%d/task/%s/schedstat: empty", pid, t.Name())
+			return fmt.Errorf("/proc/%d/task/%s/schedstat: empty", pid, tid)
 		}
 		v, err := strconv.ParseUint(f[0], 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("/proc/%d/task/%s/schedstat: %v", pid, t.Name(), err)
+			return fmt.Errorf("/proc/%d/task/%s/schedstat: %v", pid, tid, err)
 		}
 		ns += v
+		return nil
+	})
+	return time.Duration(ns), err
+}
+
+// eachThread calls fn with /proc/PID/task/TID/name of every thread of
+// process pid (none for pid 0), skipping threads that end meanwhile.
+func eachThread(pid int, name string, fn func(tid string, b []byte) error) error {
+	if pid == 0 {
+		return nil
 	}
-	return time.Duration(ns), nil
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/%s", pid, t.Name(), name))
+		if err != nil {
+			continue // the thread ended meanwhile
+		}
+		if err := fn(t.Name(), b); err != nil {
+			return err
+		}
+	}
+	return nil
 }
