@@ -245,25 +245,15 @@ func (s *Spool) narrow(have uint32, to uint8) (mask uint32, ok bool) {
 // for collector i, and clears their masks: a collector never sees one.
 func (s *Spool) forCollector(b *trainmeterv1.Batch, i int) *trainmeterv1.Batch {
 	bit := uint32(1) << i
-	for _, l := range b.Losses {
-		if l.SpoolCollectors != 0 {
-			b.Losses = slices.DeleteFunc(b.Losses, func(l *trainmeterv1.DataLoss) bool {
-				return l.SpoolCollectors != 0 && l.SpoolCollectors&bit == 0
-			})
-			break
-		}
-	}
+	b.Losses = slices.DeleteFunc(b.Losses, func(l *trainmeterv1.DataLoss) bool {
+		return l.SpoolCollectors != 0 && l.SpoolCollectors&bit == 0
+	})
 	for _, l := range b.Losses {
 		l.SpoolCollectors = 0
 	}
-	for _, e := range b.RunEvents {
-		if e.SpoolCollectors != 0 {
-			b.RunEvents = slices.DeleteFunc(b.RunEvents, func(e *trainmeterv1.RunEvent) bool {
-				return e.SpoolCollectors != 0 && e.SpoolCollectors&bit == 0
-			})
-			break
-		}
-	}
+	b.RunEvents = slices.DeleteFunc(b.RunEvents, func(e *trainmeterv1.RunEvent) bool {
+		return e.SpoolCollectors != 0 && e.SpoolCollectors&bit == 0
+	})
 	for _, e := range b.RunEvents {
 		e.SpoolCollectors = 0
 	}
