@@ -120,25 +120,18 @@ func (s *Spool) countPending() {
 
 // unpend takes a record that goes (dropped, unreadable) off the pending
 // count of every collector that had not acked it.
-func (s *Spool) unpend(r *record) {
-	if r.acked || r.gone {
-		return
-	}
-	for i := range s.Cursors() {
-		if r.ackedBy&(1<<i) == 0 {
-			s.pendingFor[i]--
-		}
-	}
-}
+func (s *Spool) unpend(r *record) { s.addPending(r, -1) }
 
 // pend counts a record held on every collector that has not acked it.
-func (s *Spool) pend(r *record) {
+func (s *Spool) pend(r *record) { s.addPending(r, 1) }
+
+func (s *Spool) addPending(r *record, d int) {
 	if r.acked || r.gone {
 		return
 	}
 	for i := range s.Cursors() {
 		if r.ackedBy&(1<<i) == 0 {
-			s.pendingFor[i]++
+			s.pendingFor[i] += d
 		}
 	}
 }
