@@ -187,6 +187,12 @@ func (s *Spool) maskNow(old uint32) (mask uint32, ok bool) {
 			m |= 1 << s.before[i]
 		}
 	}
+	return s.maskOf(m)
+}
+
+// maskOf turns a set of this spool's collectors into a record's mask: ok is
+// false when the set is empty; 0 means all of them.
+func (s *Spool) maskOf(m uint8) (mask uint32, ok bool) {
 	if m == 0 {
 		return 0, false
 	}
@@ -224,14 +230,7 @@ func (s *Spool) narrow(have uint32, to uint8) (mask uint32, ok bool) {
 	if have != 0 {
 		eff = uint8(have) & s.all
 	}
-	m := eff & to
-	if m == 0 {
-		return 0, false
-	}
-	if m == s.all {
-		return 0, true
-	}
-	return uint32(m), true
+	return s.maskOf(eff & to)
 }
 
 // forCollector keeps only the loss records and carried events of b meant
