@@ -120,25 +120,18 @@ func (s *Spool) countPending() {
 
 // unpend takes a record that goes (dropped, unreadable) off the pending
 // count of every collector that had not acked it.
-func (s *Spool) unpend(r *record) {
-	if r.acked || r.gone {
-		return
-	}
-	for i := range s.Cursors() {
-		if r.ackedBy&(1<<i) == 0 {
-			s.pendingFor[i]--
-		}
-	}
-}
+func (s *Spool) unpend(r *record) { s.addPending(r, -1) }
 
 // pend counts a record held on every collector that has not acked it.
-func (s *Spool) pend(r *record) {
+func (s *Spool) pend(r *record) { s.addPending(r, 1) }
+
+func (s *Spool) addPending(r *record, d int) {
 	if r.acked || r.gone {
 		return
 	}
 	for i := range s.Cursors() {
 		if r.ackedBy&(1<<i) == 0 {
-			s.pendingFor[i]++
+			s.pendingFor[i] += d
 		}
 	}
 }
@@ -194,6 +187,12 @@ func (s *Spool) maskNow(old uint32) (mask uint32, ok bool) {
 			m |= 1 << s.before[i]
 		}
 	}
+	return s.maskOf(m)
+}
+
+// maskOf turns a set of this spool's collectors into a record's mask: ok is
+// false when the set is empty; 0 means all of them.
+func (s *Spool) maskOf(m uint8) (mask uint32, ok bool) {
 	if m == 0 {
 		return 0, false
 	}
@@ -231,39 +230,22 @@ func (s *Spool) narrow(have uint32, to uint8) (mask uint32, ok bool) {
 	if have != 0 {
 		eff = uint8(have) & s.all
 	}
-	m := eff & to
-	if m == 0 {
-		return 0, false
-	}
-	if m == s.all {
-		return 0, true
-	}
-	return uint32(m), true
+	return s.maskOf(eff & to)
 }
 
 // forCollector keeps only the loss records and carried events of b meant
 // for collector i, and clears their masks: a collector never sees one.
 func (s *Spool) forCollector(b *trainmeterv1.Batch, i int) *trainmeterv1.Batch {
 	bit := uint32(1) << i
-	for _, l := range b.Losses {
-		if l.SpoolCollectors != 0 {
-			b.Losses = slices.DeleteFunc(b.Losses, func(l *trainmeterv1.DataLoss) bool {
-				return l.SpoolCollectors != 0 && l.SpoolCollectors&bit == 0
-			})
-			break
-		}
-	}
+	b.Losses = slices.DeleteFunc(b.Losses, func(l *trainmeterv1.DataLoss) bool {
+		return l.SpoolCollectors != 0 && l.SpoolCollectors&bit == 0
+	})
 	for _, l := range b.Losses {
 		l.SpoolCollectors = 0
 	}
-	for _, e := range b.RunEvents {
-		if e.SpoolCollectors != 0 {
-			b.RunEvents = slices.DeleteFunc(b.RunEvents, func(e *trainmeterv1.RunEvent) bool {
-				return e.SpoolCollectors != 0 && e.SpoolCollectors&bit == 0
-			})
-			break
-		}
-	}
+	b.RunEvents = slices.DeleteFunc(b.RunEvents, func(e *trainmeterv1.RunEvent) bool {
+		return e.SpoolCollectors != 0 && e.SpoolCollectors&bit == 0
+	})
 	for _, e := range b.RunEvents {
 		e.SpoolCollectors = 0
 	}

@@ -161,9 +161,7 @@ func (s *Spool) write(seq uint64, data []byte) error {
 	s.remember(r, data)
 	g.recs = append(g.recs, r)
 	g.live++
-	for i := range s.Cursors() {
-		s.pendingFor[i]++
-	}
+	s.pend(r)
 	g.size += int64(len(data))
 	s.bytes += int64(len(data))
 	s.bySeq[seq] = r

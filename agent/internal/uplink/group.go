@@ -80,14 +80,9 @@ func (g *Group) Enqueue(b *trainmeterv1.Batch) {
 // what the spool holds until every collector has acked it; Connected is
 // whether every collector is. With one collector they are its own.
 func (g *Group) Stats() Stats {
-	var s Stats
-	for i, u := range g.ups {
+	s := g.ups[0].Stats()
+	for _, u := range g.ups[1:] {
 		us := u.Stats()
-		if i == 0 {
-			s = us
-			s.Sent, s.Acked, s.Rejected, s.Connects = 0, 0, 0, 0
-			s.Connected = true
-		}
 		s.Sent += us.Sent
 		s.Acked += us.Acked
 		s.Rejected += us.Rejected
