@@ -233,7 +233,9 @@ func (c Config) CarbonZoneOf(node string) string {
 		return c.CarbonZone
 	}
 	if c.CarbonFile != nil && len(c.CarbonFile.Zones) == 1 {
-		return c.CarbonFile.ZoneNames()[0]
+		for z := range c.CarbonFile.Zones { // the only one: nothing to sort per window
+			return z
+		}
 	}
 	return ""
 }
