@@ -165,14 +165,7 @@ func (f *CarbonFile) Validate() error {
 }
 
 // ZoneNames lists the file's zones, sorted.
-func (f *CarbonFile) ZoneNames() []string {
-	names := make([]string, 0, len(f.Zones))
-	for n := range f.Zones {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func (f *CarbonFile) ZoneNames() []string { return sortedKeys(f.Zones) }
 
 // Schedule is zone's schedule as a tariff whose bands are intensities
 // (gCO2/kWh); false for a zone the file does not have.
@@ -240,7 +233,9 @@ func (c Config) CarbonZoneOf(node string) string {
 		return c.CarbonZone
 	}
 	if c.CarbonFile != nil && len(c.CarbonFile.Zones) == 1 {
-		return c.CarbonFile.ZoneNames()[0]
+		for z := range c.CarbonFile.Zones { // the only one: nothing to sort per window
+			return z
+		}
 	}
 	return ""
 }

@@ -116,6 +116,13 @@ func isSep(r rune) bool {
 
 // ParseGPUModel reads a GPU name for matching (the rules are Matcher's).
 func ParseGPUModel(name string) GPUModel {
+	m := parseGPUName(name)
+	sort.Strings(m.Tokens)
+	return m
+}
+
+// parseGPUName is ParseGPUModel with the tokens in the name's order.
+func parseGPUName(name string) GPUModel {
 	var m GPUModel
 	f := strings.FieldsFunc(strings.ToLower(name), isSep)
 	for i := 0; i < len(f); i++ {
@@ -135,7 +142,6 @@ func ParseGPUModel(name string) GPUModel {
 			m.Tokens = append(m.Tokens, t)
 		}
 	}
-	sort.Strings(m.Tokens)
 	return m
 }
 
@@ -196,31 +202,16 @@ var multiForm = map[string]bool{"p100": true, "v100": true, "a100": true, "a800"
 // "A10 (24 GB PCIe)" and "NVIDIA A10" are "A10"; "NVIDIA GeForce RTX 4090"
 // is "RTX 4090". A name with no model token is returned trimmed.
 func CanonicalGPUName(name string) string {
-	var tokens []string
-	form := ""
-	f := strings.FieldsFunc(name, isSep)
-	for i := 0; i < len(f); i++ {
-		t := strings.ToLower(f[i])
-		switch {
-		case vendorWords[t], memTypeRe.MatchString(t), memSizeRe.MatchString(t):
-		case isDigits(t) && i+1 < len(f) && (strings.EqualFold(f[i+1], "gb") || strings.EqualFold(f[i+1], "gib")):
-			i++
-		case sxmRe.MatchString(t):
-			form = "SXM"
-		case t == "pcie" || t == "nvl":
-			form = strings.ToUpper(t)
-		default:
-			tokens = append(tokens, strings.ToUpper(t))
-		}
-	}
-	if len(tokens) == 0 {
+	m := parseGPUName(name)
+	if len(m.Tokens) == 0 {
 		return strings.TrimSpace(name)
 	}
-	if len(tokens) == 1 && multiForm[strings.ToLower(tokens[0])] {
+	if len(m.Tokens) == 1 && multiForm[m.Tokens[0]] {
+		form := m.Form
 		if form == "" {
-			form = "SXM"
+			form = "sxm"
 		}
-		tokens = append(tokens, form)
+		m.Tokens = append(m.Tokens, form)
 	}
-	return strings.Join(tokens, " ")
+	return strings.ToUpper(strings.Join(m.Tokens, " "))
 }

@@ -124,6 +124,11 @@ func (s snapshot) offers() []prices.Offer {
 	return out
 }
 
+// result is how the catalog stands, as a fetch reports it.
+func (c catalog) result() ProviderResult {
+	return ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError}
+}
+
 func (s snapshot) catalog(provider string) (catalog, bool) {
 	for _, c := range s.Catalogs {
 		if c.Provider == provider {
@@ -397,7 +402,7 @@ func (w *Watcher) results() []ProviderResult {
 	defer w.mu.Unlock()
 	out := make([]ProviderResult, 0, len(w.latest.Catalogs))
 	for _, c := range w.latest.Catalogs {
-		out = append(out, ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError})
+		out = append(out, c.result())
 	}
 	return out
 }
@@ -420,8 +425,7 @@ func (w *Watcher) Status() []ProviderStatus {
 	seen := map[string]bool{}
 	add := func(c catalog) {
 		seen[c.Provider] = true
-		r := ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError}
-		out = append(out, ProviderStatus{ProviderResult: r, Imported: c.Imported, ErrTime: c.LastErrorTime})
+		out = append(out, ProviderStatus{ProviderResult: c.result(), Imported: c.Imported, ErrTime: c.LastErrorTime})
 	}
 	for _, p := range w.providers {
 		if c, ok := w.latest.catalog(p.Name()); ok {
@@ -499,7 +503,7 @@ func (w *Watcher) commit(ctx context.Context, s snapshot) (FetchResult, error) {
 	by := prices.ByModel(offers)
 	res := FetchResult{Offers: len(offers), Models: len(by)}
 	for _, c := range s.Catalogs {
-		res.Providers = append(res.Providers, ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError})
+		res.Providers = append(res.Providers, c.result())
 	}
 	b, err := json.Marshal(s)
 	if err != nil {
