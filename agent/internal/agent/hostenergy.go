@@ -86,14 +86,7 @@ func (a *Agent) pollHostEnergy() {
 	}
 	now := a.clock.Now()
 	rd, _ := he.reader.Read()
-	// Only the zones summed matter: a core, uncore or psys zone that fails
-	// to read loses nothing of cpu_energy_J or dram_energy_J.
-	var err error
-	for _, z := range rd.Zones {
-		if z.Err != nil && (z.Domain == rapl.DomainPackage || z.Domain == rapl.DomainDRAM) {
-			err = errors.Join(err, z.Err)
-		}
-	}
+	err := rd.SummedErr()
 	if _, cpuOK := rd.Sum(rapl.DomainPackage); err == nil && !cpuOK {
 		err = errors.New("no package zone")
 	}

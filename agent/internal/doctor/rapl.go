@@ -61,13 +61,7 @@ func checkRAPL(o Options, r *Report) {
 // count, as the agent's (core, uncore and psys are never summed).
 func summedRead(reader *rapl.Reader) (rapl.Reading, error) {
 	rd, _ := reader.Read()
-	var err error
-	for _, z := range rd.Zones {
-		if z.Err != nil && (z.Domain == rapl.DomainPackage || z.Domain == rapl.DomainDRAM) {
-			err = errors.Join(err, z.Err)
-		}
-	}
-	return rd, err
+	return rd, rd.SummedErr()
 }
 
 func firstLine(err error) string {
