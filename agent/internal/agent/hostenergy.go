@@ -1,11 +1,9 @@
 package agent
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -207,21 +205,11 @@ func treeCPU(procRoot string, runs []ledger.SharedRun) map[string]float64 {
 	return out
 }
 
-// readProcStat reads ppid and the CPU times from procRoot/PID/stat, whose
-// fields are counted from the last ')' (the command name may hold spaces
-// and parentheses).
+// readProcStat reads ppid and the CPU times from procRoot/PID/stat.
 func readProcStat(procRoot string, pid int) (procStat, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	f, err := statFields(procRoot, pid, 15) // state(3) ppid(4) ... utime(14) stime(15) cutime(16) cstime(17)
 	if err != nil {
 		return procStat{}, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return procStat{}, fmt.Errorf("%d/stat: no command name", pid)
-	}
-	f := bytes.Fields(b[i+1:]) // state(3) ppid(4) ... utime(14) stime(15) cutime(16) cstime(17)
-	if len(f) < 15 {
-		return procStat{}, fmt.Errorf("%d/stat: too short", pid)
 	}
 	ppid, err := strconv.Atoi(string(f[1]))
 	if err != nil {
