@@ -213,6 +213,19 @@ func (r Reading) Sum(domain string) (joules float64, ok bool) {
 	return float64(uj) / 1e6, n > 0
 }
 
+// SummedErr joins this read's errors of the package and dram zones: those
+// summed into the CPU and DRAM energy. A core, uncore or psys zone that
+// fails to read loses nothing of them.
+func (r Reading) SummedErr() error {
+	var err error
+	for _, z := range r.Zones {
+		if z.Err != nil && (z.Domain == DomainPackage || z.Domain == DomainDRAM) {
+			err = errors.Join(err, z.Err)
+		}
+	}
+	return err
+}
+
 // Reader turns the zones' counters into energy since its first read. It is
 // safe for concurrent use.
 type Reader struct {

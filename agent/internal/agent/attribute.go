@@ -139,21 +139,31 @@ func inTree(procRoot string, pid, root int, ppids map[int]int) bool {
 	return false
 }
 
-// readPPID returns the parent PID from /proc/PID/stat. The command name
-// (field 2) is in parentheses and may itself hold spaces and ')', so the
-// fields are counted from the last ')'.
+// readPPID returns the parent PID from /proc/PID/stat.
 func readPPID(procRoot string, pid int) (int, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	f, err := statFields(procRoot, pid, 2)
 	if err != nil {
 		return 0, err
 	}
+	return strconv.Atoi(string(f[1]))
+}
+
+// statFields reads procRoot/PID/stat and returns its fields from the
+// state on (f[0] is field 3, state; f[1] ppid; ...), at least n of them.
+// The command name (field 2) is in parentheses and may itself hold spaces
+// and ')', so the fields are counted from the last ')'.
+func statFields(procRoot string, pid, n int) ([][]byte, error) {
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return nil, err
+	}
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("%d/stat: no command name", pid)
+		return nil, fmt.Errorf("%d/stat: no command name", pid)
 	}
-	f := bytes.Fields(b[i+1:]) // state, ppid, ...
-	if len(f) < 2 {
-		return 0, fmt.Errorf("%d/stat: too short", pid)
+	f := bytes.Fields(b[i+1:])
+	if len(f) < n {
+		return nil, fmt.Errorf("%d/stat: too short", pid)
 	}
-	return strconv.Atoi(string(f[1]))
+	return f, nil
 }

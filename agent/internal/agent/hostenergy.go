@@ -1,11 +1,9 @@
 package agent
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -86,14 +84,7 @@ func (a *Agent) pollHostEnergy() {
 	}
 	now := a.clock.Now()
 	rd, _ := he.reader.Read()
-	// Only the zones summed matter: a core, uncore or psys zone that fails
-	// to read loses nothing of cpu_energy_J or dram_energy_J.
-	var err error
-	for _, z := range rd.Zones {
-		if z.Err != nil && (z.Domain == rapl.DomainPackage || z.Domain == rapl.DomainDRAM) {
-			err = errors.Join(err, z.Err)
-		}
-	}
+	err := rd.SummedErr()
 	if _, cpuOK := rd.Sum(rapl.DomainPackage); err == nil && !cpuOK {
 		err = errors.New("no package zone")
 	}
@@ -214,21 +205,11 @@ func treeCPU(procRoot string, runs []ledger.SharedRun) map[string]float64 {
 	return out
 }
 
-// readProcStat reads ppid and the CPU times from procRoot/PID/stat, whose
-// fields are counted from the last ')' (the command name may hold spaces
-// and parentheses).
+// readProcStat reads ppid and the CPU times from procRoot/PID/stat.
 func readProcStat(procRoot string, pid int) (procStat, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	f, err := statFields(procRoot, pid, 15) // state(3) ppid(4) ... utime(14) stime(15) cutime(16) cstime(17)
 	if err != nil {
 		return procStat{}, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return procStat{}, fmt.Errorf("%d/stat: no command name", pid)
-	}
-	f := bytes.Fields(b[i+1:]) // state(3) ppid(4) ... utime(14) stime(15) cutime(16) cstime(17)
-	if len(f) < 15 {
-		return procStat{}, fmt.Errorf("%d/stat: too short", pid)
 	}
 	ppid, err := strconv.Atoi(string(f[1]))
 	if err != nil {

@@ -25,11 +25,7 @@ func checkRAPL(o Options, r *Report) {
 	if root == "" {
 		return
 	}
-	readFile := o.RAPLReadFile
-	if readFile == nil {
-		readFile = os.ReadFile
-	}
-	reader, err := rapl.Open(root, readFile)
+	reader, err := rapl.Open(root, o.RAPLReadFile)
 	if errors.Is(err, rapl.ErrNoPowercap) {
 		r.add(SectionHostEnergy, "rapl", Warn, fmt.Sprintf("no RAPL counters under %s/class/powercap: cpu_energy_J, dram_energy_J and node_energy_J will stay empty", root),
 			"a virtual machine or a CPU without RAPL has none; on bare metal load the driver (`sudo modprobe intel_rapl_common`; AMD CPUs need Linux 5.8 or later)")
@@ -61,13 +57,7 @@ func checkRAPL(o Options, r *Report) {
 // count, as the agent's (core, uncore and psys are never summed).
 func summedRead(reader *rapl.Reader) (rapl.Reading, error) {
 	rd, _ := reader.Read()
-	var err error
-	for _, z := range rd.Zones {
-		if z.Err != nil && (z.Domain == rapl.DomainPackage || z.Domain == rapl.DomainDRAM) {
-			err = errors.Join(err, z.Err)
-		}
-	}
-	return rd, err
+	return rd, rd.SummedErr()
 }
 
 func firstLine(err error) string {

@@ -23,11 +23,12 @@ import (
 // CPU packages and the DRAM alike.
 
 // Host energy split rules, as HostEnergyShare.split and the report's
-// host_energy_split.
+// host_energy_split: the GPU split's names where the rule is the same, so
+// combineMethods names a run's rules for an interval as it does for a window.
 const (
-	HostSplitExclusive = "exclusive"
+	HostSplitExclusive = ShareExclusive
 	HostSplitCPUTime   = "cpu_time"
-	HostSplitEqual     = "equal"
+	HostSplitEqual     = ShareEqual
 )
 
 // HostZone is one RAPL zone's energy since the reader's first read.
@@ -190,7 +191,7 @@ func (l *Ledger) hostInterval(p, q *HostPoint) *trainmeterv1.HostEnergy {
 	for _, id := range order {
 		pt := parts[id]
 		s := &trainmeterv1.HostEnergyShare{RunId: id, Share: pt.share, CpuEnergyJ: h.CpuEnergyJ * pt.share,
-			Split: combineHostSplits(pt.methods)}
+			Split: combineMethods(pt.methods)}
 		if h.DramOk {
 			s.DramEnergyJ = h.DramEnergyJ * pt.share
 		}
@@ -239,21 +240,4 @@ func hostWeights(on []*run, p, q *HostPoint) ([]float64, string) {
 		ws[i] = 1 / float64(len(on))
 	}
 	return ws, HostSplitEqual
-}
-
-// combineHostSplits names the rules used for one run in one interval.
-func combineHostSplits(ms []string) string {
-	var shared []string
-	for _, m := range ms {
-		if m != HostSplitExclusive {
-			shared = appendNew(shared, m)
-		}
-	}
-	switch len(shared) {
-	case 0:
-		return HostSplitExclusive
-	case 1:
-		return shared[0]
-	}
-	return ShareMixed
 }

@@ -77,12 +77,11 @@ type CheckState string
 
 // Check states.
 const (
-	CheckNoCounter CheckState = "no counter"    // the card has no usable accumulator
-	CheckPending   CheckState = "pending"       // still within CheckSpan
-	CheckAgreed    CheckState = "agreed"        // counter trusted
-	CheckNoPower   CheckState = "no power"      // nothing to check against; counter trusted
-	CheckDisagreed CheckState = "disagreed"     // counter dropped, energy from power
-	CheckReset     CheckState = "reset in span" // the counter went back during the check; dropped
+	CheckNoCounter CheckState = "no counter" // the card has no usable accumulator
+	CheckPending   CheckState = "pending"    // still within CheckSpan
+	CheckAgreed    CheckState = "agreed"     // counter trusted
+	CheckNoPower   CheckState = "no power"   // nothing to check against; counter trusted
+	CheckDisagreed CheckState = "disagreed"  // counter dropped, energy from power
 )
 
 // CounterCheck is a card's counter check: the counter's and the power

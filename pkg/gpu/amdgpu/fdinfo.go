@@ -40,8 +40,7 @@ type clientSeen struct {
 }
 
 // scanClients lists the amdgpu DRM clients of every process under procfs,
-// one per client id (the lowest pid that holds it), or only pid's when
-// pid > 0.
+// one per client id (the lowest pid that holds it).
 func scanClients(procfs string) ([]drmClient, error) {
 	ents, err := os.ReadDir(procfs)
 	if err != nil {

@@ -38,18 +38,10 @@ type Metrics struct {
 	// GfxBusyPct is average_gfx_activity (%).
 	GfxBusyPct float64
 	GfxBusyOK  bool
-
-	// TimestampNs is system_clock_counter: ns on the kernel's boot clock,
-	// stamped by the driver when the file is read (so it dates the read,
-	// not the firmware's measurement).
-	TimestampNs uint64
 }
 
 // EnergyUnitJ is the unit of energy_accumulator: 2^-16 J.
 const EnergyUnitJ = 1.0 / 65536
-
-// EnergyJ is the accumulator in joules (exact: the unit is a power of two).
-func (m Metrics) EnergyJ() float64 { return float64(m.EnergyRaw) * EnergyUnitJ }
 
 // Version is "format.content", as the kernel names the layouts.
 func (m Metrics) Version() string {
@@ -61,7 +53,7 @@ func (m Metrics) Version() string {
 // only one the kernel calls "not naturally aligned", and it still is at
 // the fields read here).
 type layout struct {
-	minSize     int // bytes up to the last field read
+	minSize     int // bytes up to the last field read or written (system_clock_counter)
 	energyOff   int // -1: no energy_accumulator
 	energyBits  int
 	powerOff    int
@@ -131,9 +123,6 @@ func ParseMetrics(b []byte) (Metrics, error) {
 	}
 	if v := binary.LittleEndian.Uint16(b[l.gfxOff:]); v != ^uint16(0) && v <= 100 {
 		m.GfxBusyPct, m.GfxBusyOK = float64(v), true
-	}
-	if v := binary.LittleEndian.Uint64(b[l.timestampAt:]); v != ^uint64(0) {
-		m.TimestampNs = v
 	}
 	if !m.PowerOK {
 		m.PowerW = 0
