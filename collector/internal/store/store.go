@@ -603,14 +603,25 @@ func (s *Store) recordOutlivesMark() bool {
 // window_start comes from an agent that sends no Hello.loss_window_start,
 // whose batches all have marks (Sender.LegacyLosses).
 func holdsLost(txn *badger.Txn, node, boot string, l *trainmeterv1.DataLoss) (bool, error) {
-	if found, err := exists(txn, dedupKey(node, boot, l.GetSeq())); found || err != nil {
-		return found, err
+	var rk []byte
+	if l.GetWindowStart() != nil {
+		rk = gpuKey(node, startVal(l.GetWindowStart()), l.GetSeq())
 	}
-	if l.GetWindowStart() == nil {
-		return false, nil
+	held, _, err := lookupApplied(txn, boot, dedupKey(node, boot, l.GetSeq()), rk)
+	return held, err
+}
+
+// lookupApplied reports whether the batch of boot whose b/ mark is dk and
+// r/ key rk (nil: none to look at) was applied: by its mark, or by its r/
+// record (recordAt).
+func lookupApplied(txn *badger.Txn, boot string, dk, rk []byte) (applied bool, other string, err error) {
+	if found, err := exists(txn, dk); found || err != nil {
+		return found, "", err
 	}
-	stored, found, err := recordBoot(txn, gpuKey(node, startVal(l.GetWindowStart()), l.GetSeq()))
-	return found && stored == boot, err
+	if rk == nil {
+		return false, "", nil
+	}
+	return recordAt(txn, boot, rk)
 }
 
 func exists(txn *badger.Txn, k []byte) (bool, error) {
@@ -621,21 +632,34 @@ func exists(txn *badger.Txn, k []byte) (bool, error) {
 	return err == nil, err
 }
 
-// recordBoot returns the stored_boot_id of the r/ record at k ("" for a
-// record from an earlier version) and whether there is one.
-func recordBoot(txn *badger.Txn, k []byte) (boot string, found bool, err error) {
+// recordAt reports whether the r/ record at k is from boot (the batch it
+// keys was applied); other is the boot of a record from another boot (""
+// when there is none, or it is from an earlier version).
+func recordAt(txn *badger.Txn, boot string, k []byte) (fromBoot bool, other string, err error) {
 	item, err := txn.Get(k)
 	if errors.Is(err, badger.ErrKeyNotFound) {
-		return "", false, nil
+		return false, "", nil
 	}
 	if err != nil {
-		return "", false, err
+		return false, "", err
 	}
+	stored, err := itemBoot(item)
+	if err != nil {
+		return false, "", err
+	}
+	if stored == boot {
+		return true, "", nil
+	}
+	return false, stored, nil
+}
+
+// itemBoot is storedBoot of an r/ record's item.
+func itemBoot(item *badger.Item) (boot string, err error) {
 	err = item.Value(func(v []byte) error {
 		boot, err = storedBoot(v)
 		return err
 	})
-	return boot, err == nil, err
+	return boot, err
 }
 
 // storedBoot reads stored_boot_id out of an encoded r/ record without
