@@ -42,11 +42,10 @@ import (
 const maxGroup = 256
 
 type applyReq struct {
-	node, boot   string
-	legacyLosses bool // Sender.LegacyLosses
-	b            *trainmeterv1.Batch
-	runs         []string
-	raw          []kv // encoded by the caller
+	sender Sender
+	b      *trainmeterv1.Batch
+	runs   []string
+	raw    []kv // encoded by the caller
 
 	dup  bool
 	err  error

@@ -434,7 +434,7 @@ func (s *Store) ApplyBatchFrom(sender Sender, b *trainmeterv1.Batch) (duplicate 
 	if err != nil {
 		return false, err
 	}
-	req := &applyReq{node: node, boot: boot, legacyLosses: sender.LegacyLosses, b: b, runs: batchRuns(b), raw: raw, done: make(chan struct{})}
+	req := &applyReq{sender: sender, b: b, runs: batchRuns(b), raw: raw, done: make(chan struct{})}
 	select {
 	case s.applyCh <- req:
 		<-req.done
@@ -500,7 +500,7 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) ([]kv, error) {
 // aggregates and node statuses (written by the caller, once per group). It
 // returns duplicate=true, writing nothing, for a batch applied before.
 func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error) {
-	node, boot, b, runs := r.node, r.boot, r.b, r.runs
+	node, boot, b, runs := r.sender.Node, r.sender.Boot, r.b, r.runs
 	ne, err := g.nodeEntry(txn, node)
 	if err != nil {
 		return false, err
@@ -585,7 +585,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	ns.BootId = boot
 	ns.LastSeq = b.GetSeq()
 	ns.LastSeen = timestamppb.New(s.now())
-	if rk != nil && !r.legacyLosses && s.recordOutlivesMark() {
+	if rk != nil && !r.sender.LegacyLosses && s.recordOutlivesMark() {
 		return false, nil // the r/ record is the mark
 	}
 	return false, s.setTTL(txn, dk, nil, s.dedupTTL)
