@@ -45,7 +45,8 @@ type applyReq struct {
 	sender Sender
 	b      *trainmeterv1.Batch
 	runs   []string
-	raw    []kv // encoded by the caller
+	raw    []kv   // encoded by the caller
+	rk     []byte // the batch's r/ key, nil when it has no r/ record
 
 	dup  bool
 	err  error

@@ -430,11 +430,11 @@ func (s *Store) ApplyBatchFrom(sender Sender, b *trainmeterv1.Batch) (duplicate 
 	unlock := s.lockRuns(node, nil)
 	defer unlock()
 	b = s.dropDeleted(b)
-	raw, err := rawRecords(node, boot, b)
+	raw, rk, err := rawRecords(node, boot, b)
 	if err != nil {
 		return false, err
 	}
-	req := &applyReq{sender: sender, b: b, runs: batchRuns(b), raw: raw, done: make(chan struct{})}
+	req := &applyReq{sender: sender, b: b, runs: batchRuns(b), raw: raw, rk: rk, done: make(chan struct{})}
 	select {
 	case s.applyCh <- req:
 		<-req.done
@@ -452,10 +452,11 @@ func (s *Store) ApplyBatchFrom(sender Sender, b *trainmeterv1.Batch) (duplicate 
 // before the committer writes it.
 type kv struct{ k, v []byte }
 
-// rawRecords encodes a batch's raw records under their keys.
-func rawRecords(node, boot string, b *trainmeterv1.Batch) ([]kv, error) {
+// rawRecords encodes a batch's raw records under their keys, and returns
+// the key of its r/ record (nil: it has none).
+func rawRecords(node, boot string, b *trainmeterv1.Batch) (out []kv, rk []byte, err error) {
 	seq := b.GetSeq()
-	out := make([]kv, 0, len(b.GetRunWindows())+len(b.GetRunEvents())+len(b.GetGpuWindows())+1)
+	out = make([]kv, 0, len(b.GetRunWindows())+len(b.GetRunEvents())+len(b.GetGpuWindows())+1)
 	add := func(k []byte, m proto.Message) error {
 		v, err := proto.Marshal(m)
 		out = append(out, kv{k, v})
@@ -464,13 +465,13 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) ([]kv, error) {
 	for i, w := range b.GetRunWindows() {
 		k := tkey(append(key("w/", w.GetRunId(), node), 0), w.GetStart())
 		if err := add(be32(be64(k, seq), uint32(i)), w); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	for i, e := range b.GetRunEvents() {
 		k := tkey(append(key("v/", eventRun(e), node), 0), aggregate.EventTime(e))
 		if err := add(be32(be64(k, seq), uint32(i)), e); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	// The node's GPU and host windows are one record: one key per batch
@@ -481,8 +482,9 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) ([]kv, error) {
 	if hasRecord(b) {
 		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost(),
 			HostEnergy: b.GetHostEnergy(), StoredBootId: boot}
-		if err := add(gpuKey(node, startVal(b.GetWindowStart()), seq), nw); err != nil {
-			return nil, err
+		rk = gpuKey(node, startVal(b.GetWindowStart()), seq)
+		if err := add(rk, nw); err != nil {
+			return nil, nil, err
 		}
 	}
 	// Raw samples (only from agents asked for them): one record per batch,
@@ -490,10 +492,10 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) ([]kv, error) {
 	if len(b.GetRawSamples()) > 0 {
 		raw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), RawSamples: b.GetRawSamples()}
 		if err := add(be64(tkey(append(key("s/", node), 0), b.GetWindowStart()), seq), raw); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return out, nil
+	return out, rk, nil
 }
 
 // applyTo writes a batch's records into txn and folds it into the group's
@@ -505,12 +507,8 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	if err != nil {
 		return false, err
 	}
-	seq, start := b.GetSeq(), startVal(b.GetWindowStart())
+	seq, start, rk := b.GetSeq(), startVal(b.GetWindowStart()), r.rk
 	dk := dedupKey(node, boot, seq)
-	var rk []byte
-	if hasRecord(b) {
-		rk = gpuKey(node, start, seq)
-	}
 	dup, displaced, err := ne.applied(txn, boot, seq, start, dk, rk)
 	if dup || err != nil {
 		return dup, err
