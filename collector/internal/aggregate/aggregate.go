@@ -427,10 +427,14 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	}
 }
 
-// hasNumWorkers: the start gave num_workers. Agents before
-// has_num_workers could not say 0, so for them a non-zero count is given.
-func hasNumWorkers(ev *trainmeterv1.RunStart) bool {
-	return ev.GetHasNumWorkers() || ev.GetNumWorkers() > 0
+// hasNumWorkers: the start (or a stored plan) gave num_workers. Agents and
+// aggregates before has_num_workers could not say 0, so for them a non-zero
+// count is given.
+func hasNumWorkers(p interface {
+	GetHasNumWorkers() bool
+	GetNumWorkers() uint32
+}) bool {
+	return p.GetHasNumWorkers() || p.GetNumWorkers() > 0
 }
 
 // fillStart sets the metadata and plan fields the run's start left unset

@@ -263,7 +263,7 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 			PlannedTokens: p.GetPlannedTokens(), PlannedEpochs: p.GetPlannedEpochs(), Params: p.GetParams(),
 			DatasetSize: p.GetDatasetSize(), NumWorkers: p.GetNumWorkers(), PrefetchFactor: p.GetPrefetchFactor(),
 			TargetGPUUtilization: p.GetTargetGpuUtilization(), MaxRAMUsage: p.GetMaxRamUsage(),
-			AdjustmentInterval: p.GetAdjustmentInterval(), HasNumWorkers: p.GetHasNumWorkers() || p.GetNumWorkers() > 0,
+			AdjustmentInterval: p.GetAdjustmentInterval(), HasNumWorkers: hasNumWorkers(p),
 		},
 		HasWindow:        a.GetHasWindow(),
 		WindowStart:      a.GetWindowStart(),

@@ -173,6 +173,13 @@ func (c CarbonConfig) liveZones() []string {
 	return zones
 }
 
+// liveAPI is API asked for liveZones.
+func (c CarbonConfig) liveAPI() carbonwatch.Config {
+	api := c.API
+	api.Zones = c.liveZones()
+	return api
+}
+
 // TLSOptions returns the TLS file settings.
 func (c Config) TLSOptions() tlsfiles.ServerOptions {
 	return tlsfiles.ServerOptions{CertFile: c.TLSCertFile, KeyFile: c.TLSKeyFile, ClientCAFile: c.TLSClientCAFile}
@@ -198,9 +205,7 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if c.Carbon.API.Enabled() {
-		api := c.Carbon.API
-		api.Zones = c.Carbon.liveZones()
-		if err := api.Validate(); err != nil {
+		if err := c.Carbon.liveAPI().Validate(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -348,8 +353,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	// before the store; it fetches once started with the other loops.
 	var carbon *carbonwatch.Watcher
 	if s.cfg.Carbon.API.Enabled() {
-		api := s.cfg.Carbon.API
-		api.Zones = s.cfg.Carbon.liveZones()
+		api := s.cfg.Carbon.liveAPI()
 		if api.Clock == nil {
 			api.Clock = s.cfg.Clock
 		}

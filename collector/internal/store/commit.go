@@ -42,11 +42,11 @@ import (
 const maxGroup = 256
 
 type applyReq struct {
-	node, boot   string
-	legacyLosses bool // Sender.LegacyLosses
-	b            *trainmeterv1.Batch
-	runs         []string
-	raw          []kv // encoded by the caller
+	sender Sender
+	b      *trainmeterv1.Batch
+	runs   []string
+	raw    []kv   // encoded by the caller
+	rk     []byte // the batch's r/ key, nil when it has no r/ record
 
 	dup  bool
 	err  error
@@ -403,30 +403,17 @@ func (e *nodeEntry) applied(txn *badger.Txn, boot string, seq, start uint64, dk,
 	}
 	if seq > e.maxSeq && start >= e.scanFrom && start <= e.scanTo {
 		if rk != nil && e.foreign && start <= e.foreignTo {
-			stored, found, err := recordBoot(txn, rk)
-			if err != nil {
-				return false, "", err
+			// dup is not possible by the above; never apply twice.
+			if dup, displaced, err = recordAt(txn, boot, rk); dup || err != nil {
+				return dup, "", err
 			}
-			if found && stored == boot {
-				return true, "", nil // not possible by the above; never apply twice
-			}
-			displaced = stored
 		}
 		e.maxSeq = seq
 		return false, displaced, nil
 	}
-	if found, err := exists(txn, dk); found || err != nil {
-		return found, "", err
-	}
-	if rk != nil {
-		stored, found, err := recordBoot(txn, rk)
-		if err != nil {
-			return false, "", err
-		}
-		if found && stored == boot {
-			return true, "", nil
-		}
-		displaced = stored // "" (none, or from an earlier version, which has its mark)
+	// displaced: "" when none, or from an earlier version, which has its mark.
+	if dup, displaced, err = lookupApplied(txn, boot, dk, rk); dup || err != nil {
+		return dup, "", err
 	}
 	e.maxSeq = max(e.maxSeq, seq)
 	return false, displaced, nil
@@ -463,12 +450,8 @@ func (e *nodeEntry) scan(txn *badger.Txn, boot string, start uint64) error {
 			break
 		}
 		read++
-		var stored string
-		if err := it.Item().Value(func(v []byte) error {
-			var err error
-			stored, err = storedBoot(v)
-			return err
-		}); err != nil {
+		stored, err := itemBoot(it.Item())
+		if err != nil {
 			return err
 		}
 		switch {

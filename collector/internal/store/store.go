@@ -430,11 +430,11 @@ func (s *Store) ApplyBatchFrom(sender Sender, b *trainmeterv1.Batch) (duplicate 
 	unlock := s.lockRuns(node, nil)
 	defer unlock()
 	b = s.dropDeleted(b)
-	raw, err := rawRecords(node, boot, b)
+	raw, rk, err := rawRecords(node, boot, b)
 	if err != nil {
 		return false, err
 	}
-	req := &applyReq{node: node, boot: boot, legacyLosses: sender.LegacyLosses, b: b, runs: batchRuns(b), raw: raw, done: make(chan struct{})}
+	req := &applyReq{sender: sender, b: b, runs: batchRuns(b), raw: raw, rk: rk, done: make(chan struct{})}
 	select {
 	case s.applyCh <- req:
 		<-req.done
@@ -452,10 +452,11 @@ func (s *Store) ApplyBatchFrom(sender Sender, b *trainmeterv1.Batch) (duplicate 
 // before the committer writes it.
 type kv struct{ k, v []byte }
 
-// rawRecords encodes a batch's raw records under their keys.
-func rawRecords(node, boot string, b *trainmeterv1.Batch) ([]kv, error) {
+// rawRecords encodes a batch's raw records under their keys, and returns
+// the key of its r/ record (nil: it has none).
+func rawRecords(node, boot string, b *trainmeterv1.Batch) (out []kv, rk []byte, err error) {
 	seq := b.GetSeq()
-	out := make([]kv, 0, len(b.GetRunWindows())+len(b.GetRunEvents())+len(b.GetGpuWindows())+1)
+	out = make([]kv, 0, len(b.GetRunWindows())+len(b.GetRunEvents())+len(b.GetGpuWindows())+1)
 	add := func(k []byte, m proto.Message) error {
 		v, err := proto.Marshal(m)
 		out = append(out, kv{k, v})
@@ -464,13 +465,13 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) ([]kv, error) {
 	for i, w := range b.GetRunWindows() {
 		k := tkey(append(key("w/", w.GetRunId(), node), 0), w.GetStart())
 		if err := add(be32(be64(k, seq), uint32(i)), w); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	for i, e := range b.GetRunEvents() {
 		k := tkey(append(key("v/", eventRun(e), node), 0), aggregate.EventTime(e))
 		if err := add(be32(be64(k, seq), uint32(i)), e); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	// The node's GPU and host windows are one record: one key per batch
@@ -481,8 +482,9 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) ([]kv, error) {
 	if hasRecord(b) {
 		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost(),
 			HostEnergy: b.GetHostEnergy(), StoredBootId: boot}
-		if err := add(gpuKey(node, startVal(b.GetWindowStart()), seq), nw); err != nil {
-			return nil, err
+		rk = gpuKey(node, startVal(b.GetWindowStart()), seq)
+		if err := add(rk, nw); err != nil {
+			return nil, nil, err
 		}
 	}
 	// Raw samples (only from agents asked for them): one record per batch,
@@ -490,27 +492,23 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) ([]kv, error) {
 	if len(b.GetRawSamples()) > 0 {
 		raw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), RawSamples: b.GetRawSamples()}
 		if err := add(be64(tkey(append(key("s/", node), 0), b.GetWindowStart()), seq), raw); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return out, nil
+	return out, rk, nil
 }
 
 // applyTo writes a batch's records into txn and folds it into the group's
 // aggregates and node statuses (written by the caller, once per group). It
 // returns duplicate=true, writing nothing, for a batch applied before.
 func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error) {
-	node, boot, b, runs := r.node, r.boot, r.b, r.runs
+	node, boot, b, runs := r.sender.Node, r.sender.Boot, r.b, r.runs
 	ne, err := g.nodeEntry(txn, node)
 	if err != nil {
 		return false, err
 	}
-	seq, start := b.GetSeq(), startVal(b.GetWindowStart())
+	seq, start, rk := b.GetSeq(), startVal(b.GetWindowStart()), r.rk
 	dk := dedupKey(node, boot, seq)
-	var rk []byte
-	if hasRecord(b) {
-		rk = gpuKey(node, start, seq)
-	}
 	dup, displaced, err := ne.applied(txn, boot, seq, start, dk, rk)
 	if dup || err != nil {
 		return dup, err
@@ -585,7 +583,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	ns.BootId = boot
 	ns.LastSeq = b.GetSeq()
 	ns.LastSeen = timestamppb.New(s.now())
-	if rk != nil && !r.legacyLosses && s.recordOutlivesMark() {
+	if rk != nil && !r.sender.LegacyLosses && s.recordOutlivesMark() {
 		return false, nil // the r/ record is the mark
 	}
 	return false, s.setTTL(txn, dk, nil, s.dedupTTL)
@@ -603,14 +601,25 @@ func (s *Store) recordOutlivesMark() bool {
 // window_start comes from an agent that sends no Hello.loss_window_start,
 // whose batches all have marks (Sender.LegacyLosses).
 func holdsLost(txn *badger.Txn, node, boot string, l *trainmeterv1.DataLoss) (bool, error) {
-	if found, err := exists(txn, dedupKey(node, boot, l.GetSeq())); found || err != nil {
-		return found, err
+	var rk []byte
+	if l.GetWindowStart() != nil {
+		rk = gpuKey(node, startVal(l.GetWindowStart()), l.GetSeq())
 	}
-	if l.GetWindowStart() == nil {
-		return false, nil
+	held, _, err := lookupApplied(txn, boot, dedupKey(node, boot, l.GetSeq()), rk)
+	return held, err
+}
+
+// lookupApplied reports whether the batch of boot whose b/ mark is dk and
+// r/ key rk (nil: none to look at) was applied: by its mark, or by its r/
+// record (recordAt).
+func lookupApplied(txn *badger.Txn, boot string, dk, rk []byte) (applied bool, other string, err error) {
+	if found, err := exists(txn, dk); found || err != nil {
+		return found, "", err
 	}
-	stored, found, err := recordBoot(txn, gpuKey(node, startVal(l.GetWindowStart()), l.GetSeq()))
-	return found && stored == boot, err
+	if rk == nil {
+		return false, "", nil
+	}
+	return recordAt(txn, boot, rk)
 }
 
 func exists(txn *badger.Txn, k []byte) (bool, error) {
@@ -621,21 +630,34 @@ func exists(txn *badger.Txn, k []byte) (bool, error) {
 	return err == nil, err
 }
 
-// recordBoot returns the stored_boot_id of the r/ record at k ("" for a
-// record from an earlier version) and whether there is one.
-func recordBoot(txn *badger.Txn, k []byte) (boot string, found bool, err error) {
+// recordAt reports whether the r/ record at k is from boot (the batch it
+// keys was applied); other is the boot of a record from another boot (""
+// when there is none, or it is from an earlier version).
+func recordAt(txn *badger.Txn, boot string, k []byte) (fromBoot bool, other string, err error) {
 	item, err := txn.Get(k)
 	if errors.Is(err, badger.ErrKeyNotFound) {
-		return "", false, nil
+		return false, "", nil
 	}
 	if err != nil {
-		return "", false, err
+		return false, "", err
 	}
+	stored, err := itemBoot(item)
+	if err != nil {
+		return false, "", err
+	}
+	if stored == boot {
+		return true, "", nil
+	}
+	return false, stored, nil
+}
+
+// itemBoot is storedBoot of an r/ record's item.
+func itemBoot(item *badger.Item) (boot string, err error) {
 	err = item.Value(func(v []byte) error {
 		boot, err = storedBoot(v)
 		return err
 	})
-	return boot, err == nil, err
+	return boot, err
 }
 
 // storedBoot reads stored_boot_id out of an encoded r/ record without
