@@ -68,18 +68,24 @@ test-e2e: build
 
 # A short run of every fuzz target (the committed corpora in testdata/fuzz
 # always run as plain tests in test-go). -fuzz takes one package and one
-# target at a time. FUZZTIME=1m make fuzz-short fuzzes longer.
-FUZZTIME ?= 5s
+# target at a time. The budgets are counts of inputs, not durations: with a
+# duration, Go 1.26's fuzz coordinator can fail a target with a bare "context
+# deadline exceeded" when a worker is mid-input at the deadline
+# (go.dev/issue/75804, fixed in Go 1.27). Each count is about 5 s of fuzzing
+# on 2 cores. FUZZTIME=1m (or =1000000x) make fuzz-short fuzzes longer.
+FUZZTIME ?=
+FUZZ_BUDGET = $(or $(FUZZTIME),$(1))
 fuzz-short:
-	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./agent/internal/trainerproto
-	$(GO) test -run='^$$' -fuzz='^FuzzFlatPath$$' -fuzztime=$(FUZZTIME) ./agent/internal/trainerproto
-	$(GO) test -run='^$$' -fuzz='^FuzzValidateBatch$$' -fuzztime=$(FUZZTIME) ./collector/internal/ingest
-	$(GO) test -run='^$$' -fuzz='^FuzzAggregate$$' -fuzztime=$(FUZZTIME) ./collector/internal/ingest
-	$(GO) test -run='^$$' -fuzz='^FuzzOpenSegmentTail$$' -fuzztime=$(FUZZTIME) ./agent/internal/spool
-	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./pkg/gpu/replay
-	$(GO) test -run='^$$' -fuzz='^FuzzParsePriceList$$' -fuzztime=$(FUZZTIME) ./pkg/prices
-	$(GO) test -run='^$$' -fuzz='^FuzzProviderAnswers$$' -fuzztime=$(FUZZTIME) ./pkg/prices
-	$(GO) test -run='^$$' -fuzz='^FuzzParseAnswer$$' -fuzztime=$(FUZZTIME) ./collector/internal/carbonwatch
+	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(call FUZZ_BUDGET,200000x) ./agent/internal/trainerproto
+	$(GO) test -run='^$$' -fuzz='^FuzzFlatPath$$' -fuzztime=$(call FUZZ_BUDGET,200000x) ./agent/internal/trainerproto
+	$(GO) test -run='^$$' -fuzz='^FuzzValidateBatch$$' -fuzztime=$(call FUZZ_BUDGET,60000x) ./collector/internal/ingest
+	$(GO) test -run='^$$' -fuzz='^FuzzAggregate$$' -fuzztime=$(call FUZZ_BUDGET,60000x) ./collector/internal/ingest
+	$(GO) test -run='^$$' -fuzz='^FuzzOpenSegmentTail$$' -fuzztime=$(call FUZZ_BUDGET,1500x) ./agent/internal/spool
+	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(call FUZZ_BUDGET,200000x) ./pkg/gpu/replay
+	$(GO) test -run='^$$' -fuzz='^FuzzParseMetrics$$' -fuzztime=$(call FUZZ_BUDGET,300000x) ./pkg/gpu/amdgpu
+	$(GO) test -run='^$$' -fuzz='^FuzzParsePriceList$$' -fuzztime=$(call FUZZ_BUDGET,60000x) ./pkg/prices
+	$(GO) test -run='^$$' -fuzz='^FuzzProviderAnswers$$' -fuzztime=$(call FUZZ_BUDGET,80000x) ./pkg/prices
+	$(GO) test -run='^$$' -fuzz='^FuzzParseAnswer$$' -fuzztime=$(call FUZZ_BUDGET,50000x) ./collector/internal/carbonwatch
 
 test: fmt-check vet staticcheck proto-check test-go accuracy-check fuzz-short test-python test-e2e
 
