@@ -67,6 +67,9 @@ func malformed(seq uint64) []struct {
 	})
 	add("empty event", "empty event", func(b *trainmeterv1.Batch) { b.RunEvents = append(b.RunEvents, &trainmeterv1.RunEvent{}) })
 	add("eval Inf accuracy", "eval.accuracy is not finite", func(b *trainmeterv1.Batch) { b.RunEvents[1].GetEval().Accuracy = math.Inf(1) })
+	// Found by FuzzAggregate in CI: the agent refuses a negative accuracy, a
+	// collector took one from any other sender and reported it.
+	add("eval negative accuracy", "eval.accuracy is negative", func(b *trainmeterv1.Batch) { b.RunEvents[1].GetEval().Accuracy = -2.4e-240 })
 	add("run_start NaN warmup", "run_start.warmup_s is not finite", func(b *trainmeterv1.Batch) { b.RunEvents[0].GetRunStart().WarmupS = math.NaN() })
 	add("run_start notes 5 KB", "run_start.notes is 5000 bytes", func(b *trainmeterv1.Batch) {
 		b.RunEvents[0].GetRunStart().Metadata.Notes = strings.Repeat("n", 5000)

@@ -390,7 +390,9 @@ func validateEvent(e *trainmeterv1.RunEvent) error {
 		if err := finite("eval.val_loss", ev.Eval.GetValLoss()); err != nil {
 			return err
 		}
-		return finite("eval.accuracy", ev.Eval.GetAccuracy())
+		// As the agent's socket parser: finite and >= 0 (a fraction or a
+		// percentage; the collector does not know which).
+		return phys("eval.accuracy", ev.Eval.GetAccuracy())
 	default:
 		return fmt.Errorf("empty event")
 	}
