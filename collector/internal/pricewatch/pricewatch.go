@@ -94,10 +94,10 @@ func ValidateSchedule(interval, maxOfferAge time.Duration) error {
 		errs = append(errs, fmt.Errorf("price fetch interval must be >= 0, got %v", interval))
 	}
 	if maxOfferAge < 0 {
-		errs = append(errs, fmt.Errorf("price max offer age must be >= 0 (0: max(%v, 3 × the fetch interval)), got %v", MinDefaultMaxOfferAge, maxOfferAge))
+		errs = append(errs, fmt.Errorf("price max offer age (--price-max-age) must be >= 0 (0: max(%v, 3 × the fetch interval)), got %v", MinDefaultMaxOfferAge, maxOfferAge))
 	}
 	if maxOfferAge > 0 && interval > 0 && maxOfferAge <= interval {
-		errs = append(errs, fmt.Errorf("price max offer age %v must be longer than the fetch interval %v: every catalog would be stale before its next fetch", maxOfferAge, interval))
+		errs = append(errs, fmt.Errorf("price max offer age (--price-max-age) %v must be longer than the fetch interval (--price-fetch-interval) %v: every catalog would be stale before its next fetch", maxOfferAge, interval))
 	}
 	return errors.Join(errs...)
 }
