@@ -161,7 +161,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 				if asJSON {
 					return writeProtoJSON(cmd.OutOrStdout(), resp)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "fetched %s of %s (the whole catalog), %s\n", plural.N(resp.GetOffers(), "offer"), plural.N(resp.GetGpuModels(), "GPU model"), plural.N(resp.GetAlerts(), "price alert"))
+				fmt.Fprintf(cmd.OutOrStdout(), "fetched: %s of %s in the whole catalog (stale catalogs not counted), %s\n", plural.N(resp.GetOffers(), "current offer"), plural.N(resp.GetGpuModels(), "GPU model"), plural.N(resp.GetAlerts(), "price alert"))
 				return writeProviderStatus(cmd.OutOrStdout(), resp.GetProviders(), 0)
 			})
 		},

@@ -696,8 +696,8 @@ func (*FetchPricesRequest) Descriptor() ([]byte, []int) {
 
 type FetchPricesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Offers and GPU models in the catalog after the fetch (a failed
-	// provider's last good offers included).
+	// Offers and GPU models current in the catalog after the fetch (a
+	// failed provider's last good offers included until they are stale).
 	Offers    uint32 `protobuf:"varint,1,opt,name=offers,proto3" json:"offers,omitempty"`
 	GpuModels uint32 `protobuf:"varint,2,opt,name=gpu_models,json=gpuModels,proto3" json:"gpu_models,omitempty"`
 	Alerts    uint32 `protobuf:"varint,3,opt,name=alerts,proto3" json:"alerts,omitempty"`
