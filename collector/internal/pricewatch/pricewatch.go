@@ -820,9 +820,9 @@ func toPoints(h []point, provider string) []prices.Point {
 }
 
 // CurrentPrice is the cheapest current on-demand per-GPU $/h for a GPU
-// model over every provider's catalog that is not stale, found by prices.Matcher (NVML's
-// "NVIDIA H100 80GB HBM3" is priced as "H100 SXM"); the cost model's
-// PriceCatalog. Spot prices are not a run's price: a model offered only
+// model over every provider's catalog that is not stale, found by
+// prices.Matcher (NVML's "NVIDIA H100 80GB HBM3" is priced as "H100
+// SXM"); the cost model's PriceCatalog. Spot prices are not a run's price: a model offered only
 // as spot has none.
 func (w *Watcher) CurrentPrice(gpuName string) (float64, bool) {
 	w.mu.Lock()
