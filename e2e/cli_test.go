@@ -61,6 +61,8 @@ func TestCLIErrorsSayWhatToDo(t *testing.T) {
 			[]string{`collector address "http://` + c.addr + `" is a URL`, "without http://, e.g. " + c.addr}},
 		{"prices fetch without provider", []string{"prices", "fetch"},
 			[]string{"no price provider configured", "trainmeter serve --price-provider vastai", "--price-file FILE", "trainmeter prices import FILE"}},
+		{"max offer age not longer than the fetch interval", []string{"serve", "--data", filepath.Join(t.TempDir(), "data"), "--price-max-age", "30m"},
+			[]string{"--price-max-age", "30m0s must be longer than the fetch interval (--price-fetch-interval) 1h0m0s"}},
 		{"export json", []string{"export", "json"},
 			[]string{`unknown export format "json"`, "knows csv", "trainmeter runs --json"}},
 		{"export without format", []string{"export"},

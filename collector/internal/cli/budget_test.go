@@ -101,7 +101,7 @@ func TestBudgetCommands(t *testing.T) {
 	// names lambda, runpod and coreweave.
 	out, err = run(t, env, "prices", "--provider", "runpod")
 	if err != nil || !regexp.MustCompile(`RTX 4090 +0\.440 +runpod +0\.440 +1 `).MatchString(out) || strings.Contains(out, "H100") ||
-		!regexp.MustCompile(`(?m)^runpod +1 +0 +\S+ +imported$`).MatchString(out) {
+		!regexp.MustCompile(`(?m)^runpod +1 +0 +\S+ +[0-9.]+s +imported$`).MatchString(out) {
 		t.Errorf("prices --provider runpod:\n%s %v", out, err)
 	}
 	if _, err := run(t, env, "prices", "--provider", "vastai"); err == nil || !strings.Contains(err.Error(), "providers with offers: coreweave, lambda, runpod") {
@@ -123,6 +123,8 @@ func TestServeBudgetFlags(t *testing.T) {
 		{"--webhook", "ftp://example.com/x"},
 		{"--budget-timezone", "Mars/Olympus"},
 		{"--price-fetch-interval", "-1h"},
+		{"--price-max-age", "-1h"},
+		{"--price-max-age", "30m"}, // shorter than the hourly fetch
 		{"--vastai-key-file", "/nonexistent/key"},
 		{"--webhook-retries", "-1"},
 		{"--price-provider", "vastai,lambda"}, // no Lambda key

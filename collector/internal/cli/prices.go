@@ -36,18 +36,21 @@ func rate(v float64) string {
 	return fmt.Sprintf("%.3f", v)
 }
 
-// writeProviderStatus writes how each provider's catalog stands.
-func writeProviderStatus(w io.Writer, ps []*trainmeterv1.PriceProviderStatus) error {
+// writeProviderStatus writes how each provider's catalog stands; maxAgeS
+// is the collector's max offer age (0: not told), said when a catalog is
+// stale.
+func writeProviderStatus(w io.Writer, ps []*trainmeterv1.PriceProviderStatus, maxAgeS float64) error {
 	if len(ps) == 0 {
 		return nil
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PROVIDER\tOFFERS\tSKIPPED\tFETCHED\tLATEST FETCH")
+	fmt.Fprintln(tw, "PROVIDER\tOFFERS\tSKIPPED\tFETCHED\tAGE\tLATEST FETCH")
+	anyStale := false
 	for _, p := range ps {
-		fetched, state := "never", "ok"
+		fetched, age, state := "never", "-", "ok"
 		if p.GetFetched() != nil {
-			fetched = report.Time(p.GetFetched().AsTime())
+			fetched, age = report.Time(p.GetFetched().AsTime()), report.Duration(p.GetAgeS())
 		}
 		if p.GetImported() {
 			state = "imported"
@@ -58,13 +61,23 @@ func writeProviderStatus(w io.Writer, ps []*trainmeterv1.PriceProviderStatus) er
 				state += " " + report.Time(p.GetErrorTime().AsTime())
 			}
 			state += ": " + p.GetError()
-			if p.GetOffers() > 0 {
+			if p.GetOffers() > 0 && !p.GetStale() {
 				state += " (offers of " + fetched + " kept)"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", p.GetProvider(), p.GetOffers(), p.GetSkipped(), fetched, state)
+		if p.GetStale() {
+			anyStale = true
+			state = "STALE, in no current price; " + state
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", p.GetProvider(), p.GetOffers(), p.GetSkipped(), fetched, age, state)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if anyStale && maxAgeS > 0 {
+		fmt.Fprintf(w, "STALE: offers older than the max offer age, %s (serve --price-max-age), while the provider's fetches fail\n", report.Duration(maxAgeS))
+	}
+	return nil
 }
 
 func newPricesCommand(cf *clientFlags) *cobra.Command {
@@ -84,9 +97,14 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 					return writeProtoJSON(cmd.OutOrStdout(), resp)
 				}
 				w := cmd.OutOrStdout()
+				if warn := resp.GetWarning(); warn != "" {
+					fmt.Fprintln(w, "warning:", warn)
+				}
 				if len(resp.GetGpus()) == 0 {
-					fmt.Fprintln(w, "no prices yet (trainmeter prices fetch)")
-					return writeProviderStatus(w, resp.GetProviders())
+					if resp.GetWarning() == "" {
+						fmt.Fprintln(w, "no prices yet (trainmeter prices fetch)")
+					}
+					return writeProviderStatus(w, resp.GetProviders(), resp.GetMaxOfferAgeS())
 				}
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 				// On-demand and spot apart; trends are of the on-demand median.
@@ -123,7 +141,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 						return err
 					}
 				}
-				return writeProviderStatus(w, resp.GetProviders())
+				return writeProviderStatus(w, resp.GetProviders(), resp.GetMaxOfferAgeS())
 			})
 		},
 	}
@@ -143,8 +161,8 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 				if asJSON {
 					return writeProtoJSON(cmd.OutOrStdout(), resp)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "fetched %s of %s (the whole catalog), %s\n", plural.N(resp.GetOffers(), "offer"), plural.N(resp.GetGpuModels(), "GPU model"), plural.N(resp.GetAlerts(), "price alert"))
-				return writeProviderStatus(cmd.OutOrStdout(), resp.GetProviders())
+				fmt.Fprintf(cmd.OutOrStdout(), "fetched: %s of %s in the whole catalog (stale catalogs not counted), %s\n", plural.N(resp.GetOffers(), "current offer"), plural.N(resp.GetGpuModels(), "GPU model"), plural.N(resp.GetAlerts(), "price alert"))
+				return writeProviderStatus(cmd.OutOrStdout(), resp.GetProviders(), 0)
 			})
 		},
 	}

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	"github.com/trainmeter/trainmeter/internal/testkit"
+	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -571,5 +573,38 @@ func TestPricesPage(t *testing.T) {
 		if _, body := get(t, nil, c.base+"/prices?gpu=H100+SXM"); !strings.Contains(body, "Recommended offers") {
 			t.Error("?gpu= does not list the recommended offers")
 		}
+	}
+}
+
+// TestPricesPageWithEveryCatalogStale: when the only provider has failed
+// for longer than the max offer age, the Prices page says that every
+// catalog is stale instead of "No prices yet".
+func TestPricesPageWithEveryCatalogStale(t *testing.T) {
+	list := filepath.Join(t.TempDir(), "prices.csv")
+	if err := os.WriteFile(list, []byte("gpu_name,num_gpus,dph_total\nL40S,2,1.8\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewFake(time.Now())
+	c := startCollector(t, func(cfg *server.Config) {
+		cfg.Clock = clk
+		cfg.Prices = server.PriceConfig{Provider: "file", File: list, MaxOfferAge: time.Hour}
+	})
+	ps := trainmeterv1.NewPriceServiceClient(tu.Dial(t, c.srv.Addr().String()))
+	if _, err := ps.FetchPrices(t.Context(), &trainmeterv1.FetchPricesRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, body := get(t, nil, c.base+"/prices"); !strings.Contains(body, "L40S") || strings.Contains(body, "warning:") {
+		t.Fatalf("prices after a good fetch:\n%s", body)
+	}
+	if err := os.WriteFile(list, []byte("gpu_name,dph_total\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Hour)
+	if _, err := ps.FetchPrices(t.Context(), &trainmeterv1.FetchPricesRequest{}); err == nil {
+		t.Fatal("a fetch of an empty price list succeeded")
+	}
+	_, body := get(t, nil, c.base+"/prices")
+	if !strings.Contains(body, "warning: every price catalog is stale") || strings.Contains(body, "No prices yet") || strings.Contains(body, ">L40S<") {
+		t.Errorf("prices with every catalog stale:\n%s", body)
 	}
 }

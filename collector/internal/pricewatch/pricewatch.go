@@ -53,17 +53,53 @@ type Config struct {
 	Rule prices.AlertRule
 	// Clock; nil: the wall clock.
 	Clock clock.Clock
+	// MaxOfferAge: a fetched catalog whose last good answer is older is
+	// stale: still listed, but no current price; 0:
+	// DefaultMaxOfferAge(Interval).
+	MaxOfferAge time.Duration
+}
+
+// MinDefaultMaxOfferAge is the floor of DefaultMaxOfferAge: GPU rental
+// prices move over days, the shortest trend and the alert window are 24 h,
+// and a provider's maintenance or rate-limit of a few hours should not
+// flip run costs between market and configured prices; a day-old answer
+// is no longer what anyone calls today's price.
+const MinDefaultMaxOfferAge = 24 * time.Hour
+
+// DefaultMaxOfferAge is the max offer age when none is configured: three
+// fetch intervals (two scheduled fetches in a row may fail before a
+// catalog goes stale), at least MinDefaultMaxOfferAge.
+func DefaultMaxOfferAge(interval time.Duration) time.Duration {
+	return max(MinDefaultMaxOfferAge, 3*interval)
 }
 
 // Validate checks the config.
 func (c Config) Validate() error {
-	if c.Interval < 0 {
-		return fmt.Errorf("price fetch interval must be >= 0, got %v", c.Interval)
-	}
+	return errors.Join(ValidateSchedule(c.Interval, c.MaxOfferAge), c.validateRule())
+}
+
+func (c Config) validateRule() error {
 	if c.Rule != (prices.AlertRule{}) {
 		return c.Rule.Validate()
 	}
 	return nil
+}
+
+// ValidateSchedule checks a fetch interval and a max offer age (0: the
+// default) together: a max age no longer than the interval would make
+// every catalog stale before its next scheduled fetch.
+func ValidateSchedule(interval, maxOfferAge time.Duration) error {
+	var errs []error
+	if interval < 0 {
+		errs = append(errs, fmt.Errorf("price fetch interval must be >= 0, got %v", interval))
+	}
+	if maxOfferAge < 0 {
+		errs = append(errs, fmt.Errorf("price max offer age (--price-max-age) must be >= 0 (0: max(%v, 3 × the fetch interval)), got %v", MinDefaultMaxOfferAge, maxOfferAge))
+	}
+	if maxOfferAge > 0 && interval > 0 && maxOfferAge <= interval {
+		errs = append(errs, fmt.Errorf("price max offer age (--price-max-age) %v must be longer than the fetch interval (--price-fetch-interval) %v: every catalog would be stale before its next fetch", maxOfferAge, interval))
+	}
+	return errors.Join(errs...)
 }
 
 // Store is the part of the collector store the watcher needs.
@@ -108,6 +144,21 @@ type catalog struct {
 	LastErrorTime time.Time `json:"last_error_t,omitzero"`
 }
 
+// expires is when the catalog stops counting as current (zero: never: an
+// imported list is the user's own data, replaced only by another import,
+// and a provider never fetched has no offers to age).
+func (c catalog) expires(maxAge time.Duration) time.Time {
+	if c.Imported || c.Time.IsZero() {
+		return time.Time{}
+	}
+	return c.Time.Add(maxAge)
+}
+
+func (c catalog) staleAt(now time.Time, maxAge time.Duration) bool {
+	exp := c.expires(maxAge)
+	return !exp.IsZero() && now.After(exp)
+}
+
 // snapshot is the merged catalog: every provider's.
 type snapshot struct {
 	// Time of the latest fetch or import recorded.
@@ -115,18 +166,24 @@ type snapshot struct {
 	Catalogs []catalog `json:"catalogs"`
 }
 
-// offers of every catalog.
-func (s snapshot) offers() []prices.Offer {
+// currentOffers are the offers of every catalog not stale at now.
+func (s snapshot) currentOffers(now time.Time, maxAge time.Duration) []prices.Offer {
 	var out []prices.Offer
 	for _, c := range s.Catalogs {
-		out = append(out, c.Offers...)
+		if !c.staleAt(now, maxAge) {
+			out = append(out, c.Offers...)
+		}
 	}
 	return out
 }
 
-// result is how the catalog stands, as a fetch reports it.
-func (c catalog) result() ProviderResult {
-	return ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError}
+// result is how the catalog stands at now, as a fetch reports it.
+func (c catalog) result(now time.Time, maxAge time.Duration) ProviderResult {
+	r := ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError, Stale: c.staleAt(now, maxAge)}
+	if !c.Time.IsZero() {
+		r.Age = max(0, now.Sub(c.Time))
+	}
+	return r
 }
 
 func (s snapshot) catalog(provider string) (catalog, bool) {
@@ -150,13 +207,21 @@ type Watcher struct {
 
 	mu     sync.Mutex
 	latest snapshot
-	// all is latest's offers, byKey their prices by model.
+	// all is latest's current offers (of the catalogs not stale), byKey
+	// their prices by model.
 	all   []prices.Offer
 	byKey map[string]prices.ModelPrice
 	// match finds a GPU name's model among byKey's keys; resolved
 	// remembers its answers ("": no match) until the next fetch.
 	match    *prices.Matcher
 	resolved map[string]string
+	// nextStale is when the next current catalog goes stale (zero:
+	// none will), so that all and byKey are rebuilt then, not per query;
+	// stale names the catalogs with offers judged stale, and allStale
+	// says none with offers is current (both to log the changes once).
+	nextStale time.Time
+	stale     map[string]bool
+	allStale  bool
 
 	schedule *lifecycle.Periodic
 }
@@ -170,6 +235,9 @@ func New(cfg Config, providers []prices.Provider, st Store, rec *alert.Recorder,
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
+	}
+	if cfg.MaxOfferAge <= 0 {
+		cfg.MaxOfferAge = DefaultMaxOfferAge(cfg.Interval)
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -190,17 +258,75 @@ func New(cfg Config, providers []prices.Provider, st Store, rec *alert.Recorder,
 }
 
 func (w *Watcher) setLatest(s snapshot) {
-	all := s.offers()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.latest = s
+	w.rebuild(w.cfg.Clock.Now())
+}
+
+// rebuild sets the current offers from latest's catalogs not stale at now
+// and logs the catalogs that went stale since the last rebuild. Call with
+// mu held.
+func (w *Watcher) rebuild(now time.Time) {
+	maxAge := w.cfg.MaxOfferAge
+	all := w.latest.currentOffers(now, maxAge)
+	var next time.Time
+	stale := map[string]bool{}
+	for _, c := range w.latest.Catalogs {
+		if c.staleAt(now, maxAge) {
+			if len(c.Offers) > 0 {
+				stale[c.Provider] = true
+				if !w.stale[c.Provider] {
+					w.log.Warn("price catalog is stale: its offers no longer count as current prices", "provider", c.Provider,
+						"fetched", c.Time, "age", now.Sub(c.Time).Round(time.Second), "max_age", maxAge, "last_error", c.LastError)
+				}
+			}
+		} else if exp := c.expires(maxAge); !exp.IsZero() && (next.IsZero() || exp.Before(next)) {
+			next = exp
+		}
+	}
+	allStale := len(stale) > 0 && len(all) == 0
+	if allStale && !w.allStale {
+		w.log.Warn(allStaleWarning(maxAge))
+	}
 	by := prices.ByModel(all)
 	keys := make([]string, 0, len(by))
 	for k := range by {
 		keys = append(keys, k)
 	}
-	m := prices.NewMatcher(keys)
-	w.mu.Lock()
-	w.latest, w.all, w.byKey, w.match, w.resolved = s, all, by, m, map[string]string{}
-	w.mu.Unlock()
+	w.all, w.byKey, w.match, w.resolved = all, by, prices.NewMatcher(keys), map[string]string{}
+	w.nextStale, w.stale, w.allStale = next, stale, allStale
 }
+
+// refresh rebuilds the current offers when a catalog has gone stale
+// since the last rebuild. Call with mu held.
+func (w *Watcher) refresh() time.Time {
+	now := w.cfg.Clock.Now()
+	if !w.nextStale.IsZero() && now.After(w.nextStale) {
+		w.rebuild(now)
+	}
+	return now
+}
+
+func allStaleWarning(maxAge time.Duration) string {
+	return fmt.Sprintf("every price catalog is stale (its last good answer is older than the max offer age, %v): there is no current GPU price, "+
+		"so runs are priced as without a catalog (run_start, node, owned hardware, then --gpu-price-per-hour) until a fetch succeeds", maxAge)
+}
+
+// StaleWarning says that every catalog with offers is stale ("" when one
+// is current, or none has offers).
+func (w *Watcher) StaleWarning() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.refresh()
+	if !w.allStale {
+		return ""
+	}
+	return allStaleWarning(w.cfg.MaxOfferAge)
+}
+
+// MaxOfferAge is the age past which a fetched catalog is stale.
+func (w *Watcher) MaxOfferAge() time.Duration { return w.cfg.MaxOfferAge }
 
 // maxResolved bounds the remembered GPU names (a few per cluster).
 const maxResolved = 1024
@@ -248,8 +374,13 @@ func (w *Watcher) Start(context.Context) error {
 			return
 		}
 		for _, p := range res.Providers {
-			if p.Err != "" {
-				w.log.Warn("scheduled price fetch failed; its last good offers are kept", "provider", p.Provider, "err", p.Err, "kept_offers", p.Offers)
+			switch {
+			case p.Err != "" && p.Stale:
+				w.log.Warn("scheduled price fetch failed; its last good offers are stale and count in no current price", "provider", p.Provider, "err", p.Err,
+					"stale_offers", p.Offers, "age", p.Age.Round(time.Second), "max_age", w.cfg.MaxOfferAge)
+			case p.Err != "":
+				w.log.Warn("scheduled price fetch failed; its last good offers are kept", "provider", p.Provider, "err", p.Err, "kept_offers", p.Offers,
+					"age", p.Age.Round(time.Second), "max_age", w.cfg.MaxOfferAge)
 			}
 			if p.Skipped > 0 {
 				w.log.Warn("price fetch skipped offers that could not be priced", "provider", p.Provider, "skipped", p.Skipped)
@@ -267,8 +398,9 @@ func (w *Watcher) Shutdown(ctx context.Context) error {
 
 // FetchResult says what a fetch did.
 type FetchResult struct {
-	// Offers and Models in the catalog after the fetch (every provider's,
-	// a failed provider's last good offers included); Alerts fired.
+	// Offers and Models current after the fetch (every provider's, a
+	// failed provider's last good offers included while not stale);
+	// Alerts fired.
 	Offers, Models, Alerts int
 	// Providers: how each provider's fetch went.
 	Providers []ProviderResult
@@ -286,6 +418,10 @@ type ProviderResult struct {
 	Fetched time.Time
 	// Err is why this fetch failed ("" if it did not).
 	Err string
+	// Stale: the offers are older than the max offer age, so none of them
+	// is a current price; Age is theirs when the result was made.
+	Stale bool
+	Age   time.Duration
 }
 
 // ErrNoProvider: the collector has no price provider configured.
@@ -360,7 +496,7 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 		// Nothing new: keep the catalog as it is, errors aside (the
 		// status shows them).
 		w.setErrors(now, next.Catalogs)
-		return FetchResult{Providers: w.results()}, errors.Join(errs...)
+		return FetchResult{Providers: w.results(now)}, errors.Join(errs...)
 	}
 	for _, c := range prev.Catalogs {
 		if c.Imported && !configured[c.Provider] {
@@ -396,13 +532,13 @@ func (w *Watcher) setErrors(now time.Time, failed []catalog) {
 	w.setLatest(s)
 }
 
-// results is how each catalog stands.
-func (w *Watcher) results() []ProviderResult {
+// results is how each catalog stands at now.
+func (w *Watcher) results(now time.Time) []ProviderResult {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	out := make([]ProviderResult, 0, len(w.latest.Catalogs))
 	for _, c := range w.latest.Catalogs {
-		out = append(out, c.result())
+		out = append(out, c.result(now, w.cfg.MaxOfferAge))
 	}
 	return out
 }
@@ -421,11 +557,12 @@ type ProviderStatus struct {
 func (w *Watcher) Status() []ProviderStatus {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	now := w.refresh()
 	var out []ProviderStatus
 	seen := map[string]bool{}
 	add := func(c catalog) {
 		seen[c.Provider] = true
-		out = append(out, ProviderStatus{ProviderResult: c.result(), Imported: c.Imported, ErrTime: c.LastErrorTime})
+		out = append(out, ProviderStatus{ProviderResult: c.result(now, w.cfg.MaxOfferAge), Imported: c.Imported, ErrTime: c.LastErrorTime})
 	}
 	for _, p := range w.providers {
 		if c, ok := w.latest.catalog(p.Name()); ok {
@@ -496,14 +633,15 @@ func (w *Watcher) Record(ctx context.Context, now time.Time, offers []prices.Off
 }
 
 // commit stores the merged catalog s, records each model's price point
-// over all its offers and fires the alerts due.
+// over its offers current at s.Time (a stale catalog's week-old price is
+// not what was seen then) and fires the alerts due.
 func (w *Watcher) commit(ctx context.Context, s snapshot) (FetchResult, error) {
 	now := s.Time
-	offers := s.offers()
+	offers := s.currentOffers(now, w.cfg.MaxOfferAge)
 	by := prices.ByModel(offers)
 	res := FetchResult{Offers: len(offers), Models: len(by)}
 	for _, c := range s.Catalogs {
-		res.Providers = append(res.Providers, c.result())
+		res.Providers = append(res.Providers, c.result(now, w.cfg.MaxOfferAge))
 	}
 	b, err := json.Marshal(s)
 	if err != nil {
@@ -682,13 +820,14 @@ func toPoints(h []point, provider string) []prices.Point {
 }
 
 // CurrentPrice is the cheapest current on-demand per-GPU $/h for a GPU
-// model over every provider's catalog, found by prices.Matcher (NVML's
-// "NVIDIA H100 80GB HBM3" is priced as "H100 SXM"); the cost model's
-// PriceCatalog. Spot prices are not a run's price: a model offered only
+// model over every provider's catalog that is not stale, found by
+// prices.Matcher (NVML's "NVIDIA H100 80GB HBM3" is priced as "H100
+// SXM"); the cost model's PriceCatalog. Spot prices are not a run's price: a model offered only
 // as spot has none.
 func (w *Watcher) CurrentPrice(gpuName string) (float64, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.refresh()
 	k, ok := w.modelKey(gpuName)
 	if !ok || w.byKey[k].Offers == 0 {
 		return 0, false
@@ -701,6 +840,7 @@ func (w *Watcher) CurrentPrice(gpuName string) (float64, bool) {
 func (w *Watcher) CurrentOffer(gpuName string) (string, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.refresh()
 	k, ok := w.modelKey(gpuName)
 	if !ok || w.byKey[k].Offers == 0 {
 		return "", false
@@ -732,12 +872,23 @@ type ModelView struct {
 // offers, or provider's only (provider non-empty).
 func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error) {
 	w.mu.Lock()
+	now := w.refresh()
 	latest, all, by := w.latest, w.all, w.byKey
 	k, found := w.modelKey(gpu)
+	stale := make([]string, 0, len(w.stale))
+	for p := range w.stale {
+		stale = append(stale, p)
+	}
 	w.mu.Unlock()
+	sort.Strings(stale)
+	maxAge := w.cfg.MaxOfferAge
 	fetchedAt := latest.Time
 	if provider != "" {
 		c, ok := latest.catalog(provider)
+		if ok && len(c.Offers) > 0 && c.staleAt(now, maxAge) {
+			return nil, fmt.Errorf("the catalog of provider %q is stale: its last good answer (%s) is %v old, older than the max offer age %v, so its offers are no current prices%s",
+				provider, c.Time.UTC().Format(time.RFC3339), now.Sub(c.Time).Round(time.Second), maxAge, lastError(c))
+		}
 		if !ok || len(c.Offers) == 0 {
 			var have []string
 			for _, c := range latest.Catalogs {
@@ -756,6 +907,9 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 			if provider != "" {
 				return nil, fmt.Errorf("no offers for GPU %q from provider %q", gpu, provider)
 			}
+			if len(stale) > 0 {
+				return nil, fmt.Errorf("no current offers for GPU %q (the stale catalogs of %s, older than the max offer age %v, do not count)", gpu, strings.Join(stale, ", "), maxAge)
+			}
 			return nil, fmt.Errorf("no offers for GPU %q in the latest fetch", gpu)
 		}
 		keys = []string{k}
@@ -765,7 +919,6 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 		}
 		sort.Strings(keys)
 	}
-	now := w.cfg.Clock.Now()
 	var out []ModelView
 	for _, k := range keys {
 		hist, err := w.history(k, now.Add(-Retention))
@@ -784,6 +937,13 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 		out = append(out, v)
 	}
 	return out, nil
+}
+
+func lastError(c catalog) string {
+	if c.LastError == "" {
+		return ""
+	}
+	return " (last error: " + c.LastError + ")"
 }
 
 func orNone(names []string) string {

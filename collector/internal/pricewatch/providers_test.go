@@ -3,6 +3,7 @@ package pricewatch
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/pkg/clock"
+	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/prices"
 	"github.com/trainmeter/trainmeter/pkg/recommend"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -25,6 +27,7 @@ const (
 	answerOK        = iota
 	answerDown      // 503, every time
 	answerMalformed // 200 with a body that is not the API's
+	answerBroken    // 500, every time (an API that changed or broke)
 )
 
 // fakeProvider serves a provider's documented answer from the fixture
@@ -48,6 +51,9 @@ func newFakeProvider(t *testing.T, fixture string, rewrite func(srvURL string, b
 			return
 		case answerMalformed:
 			w.Write([]byte("<html><body>maintenance</body></html>"))
+			return
+		case answerBroken:
+			http.Error(w, "internal error", http.StatusInternalServerError)
 			return
 		}
 		b := body
@@ -404,5 +410,217 @@ func TestImportBesideFetchedProviders(t *testing.T) {
 	}
 	if _, err := w.View("", "coreweave", 0); err != nil {
 		t.Errorf("the imported list after a restart and a fetch: %v", err)
+	}
+}
+
+// statusOf is provider's entry of the watcher's status.
+func statusOf(t *testing.T, w *Watcher, provider string) ProviderStatus {
+	t.Helper()
+	for _, s := range w.Status() {
+		if s.Provider == provider {
+			return s
+		}
+	}
+	t.Fatalf("no status for provider %s", provider)
+	return ProviderStatus{}
+}
+
+// TestStaleProviderStopsCountingAsCurrent: a provider whose API fails (HTTP
+// 500) keeps its last good offers for a blip, but once they are older than
+// the max offer age (the default: 24 h at an hourly fetch) they are no
+// current price, cheapest offer, run cost or compute-tier price; they stay
+// listed, marked stale with their age and the last error, their history
+// as it was. A restarted watcher judges staleness from the stored answer's
+// time, not its uptime; a provider that answers again is current again;
+// with every catalog stale, the warning says so and the cost model prices
+// runs as with no catalog.
+func TestStaleProviderStopsCountingAsCurrent(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	f := newFourProviders(t)
+	list := f.list[:3] // vastai, lambda, runpod
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	clk := clock.NewFake(t0)
+	cfg := Config{Clock: clk, Interval: time.Hour}
+	w := New(cfg, list, st, nil, quiet())
+	if w.MaxOfferAge() != 24*time.Hour {
+		t.Fatalf("default max offer age at an hourly fetch: %v, want 24h", w.MaxOfferAge())
+	}
+	ctx := context.Background()
+	if _, err := w.Fetch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	market := cost.Config{Catalog: w, GPUPricePerHour: 1.5}
+	if p, src, _ := market.GPUPrice(0, "", "NVIDIA A10"); p != 0.75 || src != cost.SourceCatalog {
+		t.Fatalf("A10 run price %v from %s, want Lambda's 0.75 from the catalog", p, src)
+	}
+	f.lambda.mode.Store(answerBroken)
+	f.runpod.mode.Store(answerBroken)
+
+	// A blip: an hour later the last good offers still count.
+	clk.Advance(time.Hour)
+	if _, err := w.Fetch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := w.CurrentPrice("NVIDIA A10"); !ok || p != 0.75 {
+		t.Errorf("A10 an hour into Lambda's outage: %v %v, want its last good 0.75", p, ok)
+	}
+	if s := statusOf(t, w, "lambda"); s.Stale || s.Age != time.Hour {
+		t.Errorf("lambda an hour into its outage: %+v, want not stale, 1h old", s)
+	}
+
+	// Past the max age: Lambda's and RunPod's offers are no current price.
+	clk.Advance(24 * time.Hour)
+	res, err := w.Fetch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := providerResult(t, res, "lambda"); !l.Stale || l.Age != 25*time.Hour || !strings.Contains(l.Err, "HTTP 500") {
+		t.Errorf("lambda in the fetch result: %+v, want stale, 25h old, HTTP 500", l)
+	}
+	if res.Offers != 6 {
+		t.Errorf("%d current offers after the fetch, want vast.ai's 6", res.Offers)
+	}
+	if p, ok := w.CurrentPrice("NVIDIA A10"); ok {
+		t.Errorf("A10 priced at Lambda's 25 h old %v", p)
+	}
+	if p, src, _ := market.GPUPrice(0, "", "NVIDIA A10"); p != 1.5 || src != cost.SourceFlag {
+		t.Errorf("A10 run price %v from %s, want --gpu-price-per-hour's 1.5", p, src)
+	}
+	if p, ok := w.CurrentPrice("NVIDIA GeForce RTX 4090"); !ok || p != 0.35 {
+		t.Errorf("RTX 4090 %v %v, want vast.ai's 0.35, not RunPod's stale 0.34", p, ok)
+	}
+	if where, ok := w.CurrentOffer("NVIDIA GeForce RTX 4090"); !ok || !strings.HasPrefix(where, "vastai") {
+		t.Errorf("RTX 4090's offer at %q", where)
+	}
+	if c, ok := prices.Cheapest(w.all, "RTX 4090"); !ok || c.Provider != "vastai" {
+		t.Errorf("cheapest RTX 4090 %+v", c)
+	}
+	run := func(id, gpu string, tokPerS, usd float64) recommend.Run {
+		return recommend.Run{Report: &trainmeterv1.RunReport{RunId: id, Metadata: &trainmeterv1.RunMetadata{Model: "m"}, GpuName: gpu, Gpus: 1,
+			TokPerS: tokPerS, CostUsd: usd, TotalCostUsd: usd, GpuPricePerHour: 3}}
+	}
+	recs := recommend.ComputeTier([]recommend.Run{run("h", "NVIDIA H100 80GB HBM3", 1000, 10), run("r", "NVIDIA GeForce RTX 4090", 300, 2)}, w)
+	if len(recs) != 1 || !strings.Contains(recs[0].Action, "NVIDIA GeForce RTX 4090 at $0.35/GPU-h from vastai") {
+		t.Errorf("compute-tier advice with RunPod stale: %v", recs)
+	}
+	lambda := statusOf(t, w, "lambda")
+	if !lambda.Stale || lambda.Offers != 4 || lambda.Age != 25*time.Hour || !lambda.Fetched.Equal(t0) || !strings.Contains(lambda.Err, "HTTP 500") {
+		t.Errorf("lambda listed as %+v, want its 4 offers of %v, stale, 25h old, with the error", lambda, t0)
+	}
+	if v := statusOf(t, w, "vastai"); v.Stale || v.Age != 0 {
+		t.Errorf("vastai %+v", v)
+	}
+	if _, err := w.View("", "lambda", 0); err == nil || !strings.Contains(err.Error(), "stale") || !strings.Contains(err.Error(), "25h0m0s old") {
+		t.Errorf("prices --provider lambda: %v, want its staleness", err)
+	}
+	if _, err := w.View("NVIDIA A10", "", 0); err == nil || !strings.Contains(err.Error(), "stale catalogs of lambda, runpod") {
+		t.Errorf("prices --gpu A10: %v", err)
+	}
+	if hist, _ := w.history("a10", time.Time{}); len(hist) != 2 || !hist[1].Time.Equal(t0.Add(time.Hour)) {
+		t.Errorf("A10 history %+v, want the 2 points seen while Lambda was current, no new one", hist)
+	}
+	svc := NewService(w)
+	list1, err := svc.ListPrices(ctx, &trainmeterv1.ListPricesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list1.GetMaxOfferAgeS() != 86400 || list1.GetWarning() != "" {
+		t.Errorf("max offer age %v s, warning %q", list1.GetMaxOfferAgeS(), list1.GetWarning())
+	}
+	for _, p := range list1.GetProviders() {
+		if want := p.GetProvider() != "vastai"; p.GetStale() != want || (want && p.GetAgeS() != 25*3600) {
+			t.Errorf("PriceService lists %v", p)
+		}
+	}
+	for _, g := range list1.GetGpus() {
+		if g.GetGpuName() == "A10" {
+			t.Errorf("PriceService lists Lambda's stale A10 as a current price: %v", g)
+		}
+	}
+
+	// Restarted: the stored answer's time says stale, at once, and says so
+	// in the log.
+	var logged strings.Builder
+	w = New(cfg, list, st, nil, slog.New(slog.NewTextHandler(&logged, nil)))
+	if p, ok := w.CurrentPrice("NVIDIA A10"); ok {
+		t.Errorf("A10 priced at %v after a restart", p)
+	}
+	if s := statusOf(t, w, "lambda"); !s.Stale || s.Age != 25*time.Hour {
+		t.Errorf("lambda after a restart %+v", s)
+	}
+	if !strings.Contains(logged.String(), "price catalog is stale") || !strings.Contains(logged.String(), "provider=lambda") {
+		t.Errorf("no stale warning logged at start:\n%s", logged.String())
+	}
+
+	// Lambda answers again: current again.
+	f.lambda.mode.Store(answerOK)
+	clk.Advance(time.Hour)
+	if _, err := w.Fetch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := w.CurrentPrice("NVIDIA A10"); !ok || p != 0.75 {
+		t.Errorf("A10 after Lambda came back: %v %v", p, ok)
+	}
+	if s := statusOf(t, w, "lambda"); s.Stale || s.Err != "" || s.Age != 0 {
+		t.Errorf("lambda after it came back %+v", s)
+	}
+
+	// Every provider down past the max age: said, and priced as without
+	// a catalog (the flag, or no price).
+	for _, p := range []*fakeProvider{f.vast, f.lambda} {
+		p.mode.Store(answerBroken)
+	}
+	clk.Advance(25 * time.Hour)
+	if _, err := w.Fetch(ctx); err == nil {
+		t.Error("a fetch with every provider down succeeded")
+	}
+	if !strings.Contains(logged.String(), "every price catalog is stale") {
+		t.Errorf("no warning logged with every catalog stale:\n%s", logged.String())
+	}
+	list2, err := NewService(w).ListPrices(ctx, &trainmeterv1.ListPricesRequest{})
+	if err != nil || len(list2.GetGpus()) != 0 || !strings.Contains(list2.GetWarning(), "every price catalog is stale") {
+		t.Errorf("prices with every catalog stale: %v %v", list2, err)
+	}
+	none := cost.Config{GPUPricePerHour: 1.5}
+	for _, gpu := range []string{"NVIDIA H100 80GB HBM3", "NVIDIA A10"} {
+		p, src, ok := cost.Config{Catalog: w, GPUPricePerHour: 1.5}.GPUPrice(0, "", gpu)
+		if wp, wsrc, wok := none.GPUPrice(0, "", gpu); p != wp || src != wsrc || ok != wok {
+			t.Errorf("%s with every catalog stale: %v %s %v, want as without a catalog: %v %s %v", gpu, p, src, ok, wp, wsrc, wok)
+		}
+		if _, _, ok := (cost.Config{Catalog: w}).GPUPrice(0, "", gpu); ok {
+			t.Errorf("%s priced with every catalog stale and no flag", gpu)
+		}
+	}
+}
+
+// TestImportedCatalogNeverStale: a price list imported by the user is
+// their own data, not a fetch that failed: it counts as current however
+// old, beside a fetched catalog that has gone stale.
+func TestImportedCatalogNeverStale(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	f := newFourProviders(t)
+	clk := clock.NewFake(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))
+	w := New(Config{Clock: clk, MaxOfferAge: 2 * time.Hour}, f.list[1:2], st, nil, quiet()) // lambda
+	ctx := context.Background()
+	if _, err := w.Fetch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Import(ctx, []prices.Offer{{ID: "cw-1", Provider: "coreweave", GPUName: "H100 SXM", NumGPUs: 8, USDPerHour: 16}}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(30 * 24 * time.Hour)
+	if p, ok := w.CurrentPrice("NVIDIA H100 80GB HBM3"); !ok || p != 2 {
+		t.Errorf("H100 %v %v, want the 30 days old import's $2, not Lambda's stale $2.99", p, ok)
+	}
+	if _, ok := w.CurrentPrice("NVIDIA A10"); ok {
+		t.Error("Lambda's 30 days old A10 is a current price")
+	}
+	if s := statusOf(t, w, "coreweave"); s.Stale || !s.Imported || s.Age != 30*24*time.Hour {
+		t.Errorf("imported coreweave %+v", s)
+	}
+	if w.StaleWarning() != "" {
+		t.Errorf("warning %q with a current import", w.StaleWarning())
 	}
 }

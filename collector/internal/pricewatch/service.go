@@ -32,7 +32,8 @@ func offerProto(o prices.Offer, score float64) *trainmeterv1.PriceOffer {
 }
 
 func statusProto(p ProviderResult, imported bool, errTime time.Time) *trainmeterv1.PriceProviderStatus {
-	s := &trainmeterv1.PriceProviderStatus{Provider: p.Provider, Offers: uint32(p.Offers), Skipped: uint32(p.Skipped), Error: p.Err, Imported: imported}
+	s := &trainmeterv1.PriceProviderStatus{Provider: p.Provider, Offers: uint32(p.Offers), Skipped: uint32(p.Skipped), Error: p.Err, Imported: imported,
+		Stale: p.Stale, AgeS: p.Age.Seconds()}
 	if !p.Fetched.IsZero() {
 		s.Fetched = timestamppb.New(p.Fetched)
 	}
@@ -56,7 +57,8 @@ func (s *Service) ListPrices(_ context.Context, req *trainmeterv1.ListPricesRequ
 	if err != nil {
 		return nil, status.Error(codes.NotFound, err.Error())
 	}
-	resp := &trainmeterv1.ListPricesResponse{Provider: s.w.Provider(), Providers: s.statuses()}
+	resp := &trainmeterv1.ListPricesResponse{Provider: s.w.Provider(), Providers: s.statuses(),
+		MaxOfferAgeS: s.w.MaxOfferAge().Seconds(), Warning: s.w.StaleWarning()}
 	for _, v := range views {
 		g := &trainmeterv1.GpuPrice{
 			GpuName: v.GPUName, CheapestUsdPerGpuHour: v.Cheapest, MedianUsdPerGpuHour: v.Median, Offers: uint32(v.Offers),

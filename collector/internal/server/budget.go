@@ -71,6 +71,10 @@ type PriceConfig struct {
 	// FetchInterval between scheduled fetches (the first at start); 0: on
 	// demand only.
 	FetchInterval time.Duration
+	// MaxOfferAge: a fetched catalog whose last good answer is older is
+	// stale, no current price (docs/costs.md); 0:
+	// pricewatch.DefaultMaxOfferAge(FetchInterval).
+	MaxOfferAge time.Duration
 }
 
 // PriceProviders are the names --price-provider takes.
@@ -119,8 +123,8 @@ func (c PriceConfig) Validate() error {
 			errs = append(errs, fmt.Errorf("price provider %q: want one or several of %s, comma-separated", n, strings.Join(PriceProviders, ", ")))
 		}
 	}
-	if c.FetchInterval < 0 {
-		errs = append(errs, fmt.Errorf("price fetch interval must be >= 0, got %v", c.FetchInterval))
+	if err := pricewatch.ValidateSchedule(c.FetchInterval, c.MaxOfferAge); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -70,12 +70,16 @@ func TestBudgetConfigValidate(t *testing.T) {
 			t.Errorf("--price-provider %q: %v", ok, err)
 		}
 	}
+	if err := (server.PriceConfig{FetchInterval: time.Hour, MaxOfferAge: 2 * time.Hour}).Validate(); err != nil {
+		t.Errorf("a max offer age of two fetch intervals: %v", err)
+	}
 	for _, c := range []server.Config{
 		{Prices: server.PriceConfig{Provider: "aws"}}, {Prices: server.PriceConfig{Provider: "file"}},
 		{Prices: server.PriceConfig{Provider: "vastai,aws"}}, {Prices: server.PriceConfig{Provider: "vastai,vastai"}},
 		{Prices: server.PriceConfig{Provider: "vastai,lambda"}}, {Prices: server.PriceConfig{Provider: "runpod"}},
 		{Budget: server.BudgetConfig{Timezone: "Nowhere/Land"}},
 		{Budget: server.BudgetConfig{EvalInterval: -time.Second}}, {Prices: server.PriceConfig{FetchInterval: -time.Second}},
+		{Prices: server.PriceConfig{MaxOfferAge: -time.Second}}, {Prices: server.PriceConfig{FetchInterval: time.Hour, MaxOfferAge: time.Hour}},
 		{Alerts: server.AlertConfig{Webhook: alert.WebhookConfig{URLs: []string{"not a url"}}}},
 	} {
 		c.Listen, c.DataDir = "127.0.0.1:0", "d"

@@ -400,7 +400,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	if exp != nil {
 		sinks = append(sinks, otelAlerts{telemetry.NewAlertLog(exp, s.cfg.Now)})
 	}
-	prices := pricewatch.New(pricewatch.Config{Interval: s.cfg.Prices.FetchInterval, Clock: s.cfg.Clock}, s.cfg.Prices.providers(), st,
+	prices := pricewatch.New(pricewatch.Config{Interval: s.cfg.Prices.FetchInterval, MaxOfferAge: s.cfg.Prices.MaxOfferAge, Clock: s.cfg.Clock}, s.cfg.Prices.providers(), st,
 		&alert.Recorder{Store: st, Sink: sinks}, s.log)
 	if pricing.Catalog == nil {
 		// Without a configured catalog, the collector's own GPU price

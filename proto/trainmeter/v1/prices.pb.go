@@ -413,7 +413,15 @@ type PriceProviderStatus struct {
 	Error     string                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
 	ErrorTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=error_time,json=errorTime,proto3" json:"error_time,omitempty"`
 	// The catalog came from `trainmeter prices import`.
-	Imported      bool `protobuf:"varint,7,opt,name=imported,proto3" json:"imported,omitempty"`
+	Imported bool `protobuf:"varint,7,opt,name=imported,proto3" json:"imported,omitempty"`
+	// Offer age (price-age): the catalog's last good answer is older than
+	// the collector's max offer age (ListPricesResponse.max_offer_age_s), so
+	// its offers are listed but count in no current price, cheapest offer,
+	// run cost or recommendation. Imported catalogs never go stale.
+	Stale bool `protobuf:"varint,1000,opt,name=stale,proto3" json:"stale,omitempty"`
+	// Age of the last good answer when the collector answered, in seconds
+	// (0 when never fetched).
+	AgeS          float64 `protobuf:"fixed64,1001,opt,name=age_s,json=ageS,proto3" json:"age_s,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -497,6 +505,20 @@ func (x *PriceProviderStatus) GetImported() bool {
 	return false
 }
 
+func (x *PriceProviderStatus) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+func (x *PriceProviderStatus) GetAgeS() float64 {
+	if x != nil {
+		return x.AgeS
+	}
+	return 0
+}
+
 type ListPricesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty: every GPU model (no recommendations); set: that model, matched
@@ -559,7 +581,14 @@ type ListPricesResponse struct {
 	// The configured providers, comma-separated.
 	Provider string `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
 	// Price providers (issue 23): each provider's catalog.
-	Providers     []*PriceProviderStatus `protobuf:"bytes,800,rep,name=providers,proto3" json:"providers,omitempty"`
+	Providers []*PriceProviderStatus `protobuf:"bytes,800,rep,name=providers,proto3" json:"providers,omitempty"`
+	// Offer age (price-age): a fetched catalog whose last good answer is
+	// older than this many seconds is stale (trainmeter serve
+	// --price-max-age).
+	MaxOfferAgeS float64 `protobuf:"fixed64,1000,opt,name=max_offer_age_s,json=maxOfferAgeS,proto3" json:"max_offer_age_s,omitempty"`
+	// Set when every catalog with offers is stale: there is no current
+	// price, and the cost model prices runs as without a catalog.
+	Warning       string `protobuf:"bytes,1001,opt,name=warning,proto3" json:"warning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -615,6 +644,20 @@ func (x *ListPricesResponse) GetProviders() []*PriceProviderStatus {
 	return nil
 }
 
+func (x *ListPricesResponse) GetMaxOfferAgeS() float64 {
+	if x != nil {
+		return x.MaxOfferAgeS
+	}
+	return 0
+}
+
+func (x *ListPricesResponse) GetWarning() string {
+	if x != nil {
+		return x.Warning
+	}
+	return ""
+}
+
 type FetchPricesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -653,8 +696,8 @@ func (*FetchPricesRequest) Descriptor() ([]byte, []int) {
 
 type FetchPricesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Offers and GPU models in the catalog after the fetch (a failed
-	// provider's last good offers included).
+	// Offers and GPU models current in the catalog after the fetch (a
+	// failed provider's last good offers included until they are stale).
 	Offers    uint32 `protobuf:"varint,1,opt,name=offers,proto3" json:"offers,omitempty"`
 	GpuModels uint32 `protobuf:"varint,2,opt,name=gpu_models,json=gpuModels,proto3" json:"gpu_models,omitempty"`
 	Alerts    uint32 `protobuf:"varint,3,opt,name=alerts,proto3" json:"alerts,omitempty"`
@@ -871,7 +914,7 @@ const file_trainmeter_v1_prices_proto_rawDesc = "" +
 	"\vspot_offers\x18\xa2\x06 \x01(\rR\n" +
 	"spotOffers\x12?\n" +
 	"\rcheapest_spot\x18\xa3\x06 \x01(\v2\x19.trainmeter.v1.PriceOfferR\fcheapestSpot\x12\x1d\n" +
-	"\tproviders\x18\xa4\x06 \x03(\tR\tproviders\"\x86\x02\n" +
+	"\tproviders\x18\xa4\x06 \x03(\tR\tproviders\"\xb3\x02\n" +
 	"\x13PriceProviderStatus\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x16\n" +
 	"\x06offers\x18\x02 \x01(\rR\x06offers\x12\x18\n" +
@@ -880,14 +923,18 @@ const file_trainmeter_v1_prices_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x129\n" +
 	"\n" +
 	"error_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\terrorTime\x12\x1a\n" +
-	"\bimported\x18\a \x01(\bR\bimported\"B\n" +
+	"\bimported\x18\a \x01(\bR\bimported\x12\x15\n" +
+	"\x05stale\x18\xe8\a \x01(\bR\x05stale\x12\x14\n" +
+	"\x05age_s\x18\xe9\a \x01(\x01R\x04ageS\"B\n" +
 	"\x11ListPricesRequest\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\tR\x03gpu\x12\x1b\n" +
-	"\bprovider\x18\xa0\x06 \x01(\tR\bprovider\"\xa0\x01\n" +
+	"\bprovider\x18\xa0\x06 \x01(\tR\bprovider\"\xe3\x01\n" +
 	"\x12ListPricesResponse\x12+\n" +
 	"\x04gpus\x18\x01 \x03(\v2\x17.trainmeter.v1.GpuPriceR\x04gpus\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12A\n" +
-	"\tproviders\x18\xa0\x06 \x03(\v2\".trainmeter.v1.PriceProviderStatusR\tproviders\"\x14\n" +
+	"\tproviders\x18\xa0\x06 \x03(\v2\".trainmeter.v1.PriceProviderStatusR\tproviders\x12&\n" +
+	"\x0fmax_offer_age_s\x18\xe8\a \x01(\x01R\fmaxOfferAgeS\x12\x19\n" +
+	"\awarning\x18\xe9\a \x01(\tR\awarning\"\x14\n" +
 	"\x12FetchPricesRequest\"\xa7\x01\n" +
 	"\x13FetchPricesResponse\x12\x16\n" +
 	"\x06offers\x18\x01 \x01(\rR\x06offers\x12\x1d\n" +
