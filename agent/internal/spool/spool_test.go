@@ -804,3 +804,118 @@ func TestInDoubtLossKeepsItsWindowStartInTheStateFile(t *testing.T) {
 		t.Errorf("state from before window_start: %v", old)
 	}
 }
+
+// withHost gives b one RAPL interval: cpu and dram J for each of runs, and
+// idle J the node spent with no run.
+func withHost(b *trainmeterv1.Batch, cpu, dram, idle float64, runs ...string) *trainmeterv1.Batch {
+	h := &trainmeterv1.HostEnergy{Start: b.WindowStart, End: b.WindowEnd, DramOk: true,
+		CpuEnergyJ: cpu*float64(len(runs)) + idle, DramEnergyJ: dram * float64(len(runs)), IdleCpuEnergyJ: idle}
+	for _, r := range runs {
+		h.Runs = append(h.Runs, &trainmeterv1.HostEnergyShare{RunId: r, CpuEnergyJ: cpu, DramEnergyJ: dram,
+			Share: 1 / float64(len(runs)), Split: "equal"})
+	}
+	b.HostEnergy = append(b.HostEnergy, h)
+	return b
+}
+
+// pendingLosses is every loss record the spool holds: on the batches it
+// keeps and not yet carried.
+func pendingLosses(t *testing.T, s *Spool) []*trainmeterv1.DataLoss {
+	t.Helper()
+	var out []*trainmeterv1.DataLoss
+	for _, b := range unacked(t, s) {
+		out = append(out, b.Losses...)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append(out, s.takeLossesPreview()...)
+}
+
+// A dropped batch's CPU+DRAM shares are lost with it, per run, like its GPU
+// energy: held + lost host energy is what was appended.
+func TestFullSpoolAccountsTheDroppedHostEnergyPerRun(t *testing.T) {
+	s := open(t, t.TempDir(), 32<<10, 4<<10)
+	defer s.Close()
+	const n = 400
+	appended := map[string]float64{}
+	for i := 1; i <= n; i++ {
+		b := withHost(batch(i, "a", "b"), float64(i), 0.5, 3, "a", "b")
+		if i%50 == 0 {
+			// Run c's last host interval, a batch after its last window.
+			b = withHost(b, 0, 0, 0)
+			b.HostEnergy[1].Runs = []*trainmeterv1.HostEnergyShare{{RunId: "c", CpuEnergyJ: 2, DramEnergyJ: 1, Share: 1, Split: "exclusive"}}
+			appended["c"] += 3
+		}
+		appended["a"] += float64(i) + 0.5
+		appended["b"] += float64(i) + 0.5
+		mustAppend(t, s, b)
+	}
+	if s.Stats().Dropped == 0 {
+		t.Fatal("nothing dropped: the test needs a smaller spool")
+	}
+	held := map[string]float64{}
+	for _, b := range unacked(t, s) {
+		for _, h := range b.HostEnergy {
+			for _, sh := range h.Runs {
+				held[sh.RunId] += sh.CpuEnergyJ + sh.DramEnergyJ
+			}
+		}
+	}
+	lost := map[string]float64{}
+	var lostBatches = map[string]uint64{}
+	for _, l := range pendingLosses(t, s) {
+		lost[l.RunId] += l.HostEnergyJ
+		lostBatches[l.RunId] += l.Batches
+	}
+	for run, want := range appended {
+		if got := held[run] + lost[run]; math.Abs(got-want) > 1e-6 {
+			t.Errorf("run %s: held %.1f + lost %.1f J host energy = %.1f, appended %.1f", run, held[run], lost[run], got, want)
+		}
+	}
+	if lost["a"] == 0 || lost["c"] == 0 {
+		t.Errorf("no host energy reported lost: %v", lost)
+	}
+	if lostBatches["a"] != s.Stats().Dropped {
+		t.Errorf("run a lost %d batches, %d dropped", lostBatches["a"], s.Stats().Dropped)
+	}
+}
+
+// An in-doubt loss (the batch was sent, never acked) carries the batch's
+// host energy in its own record, and a pending one keeps it in the state
+// file across a restart.
+func TestInDoubtAndPendingLossesKeepTheirHostEnergy(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, 16<<10, 4<<10)
+	mustAppend(t, s, withHost(batch(1, "r"), 7, 2, 0, "r"))
+	s.MarkSent(1)
+	for i := 2; s.Stats().Dropped < 2; i++ {
+		mustAppend(t, s, withHost(batch(i, "r"), 1, 0, 0, "r"))
+	}
+	var doubt *trainmeterv1.DataLoss
+	var certain float64
+	for _, l := range pendingLosses(t, s) {
+		if l.Seq == 1 {
+			doubt = l
+		} else {
+			certain += l.HostEnergyJ
+		}
+	}
+	if doubt == nil || doubt.HostEnergyJ != 9 {
+		t.Errorf("in-doubt loss record of seq 1 %v, want host_energy_j 9", doubt)
+	}
+	if certain == 0 {
+		t.Error("the batches dropped unsent carry no host energy")
+	}
+
+	s.Reject(s.Stats().Dropped+1, "bad")
+	s.abandon()
+	s = open(t, dir, 0, 0)
+	defer s.Close()
+	var after float64
+	for _, l := range pendingLosses(t, s) {
+		after += l.HostEnergyJ
+	}
+	if want := 9 + certain + 1; math.Abs(after-want) > 1e-9 {
+		t.Errorf("after a restart the pending loss records hold %.1f J host energy, want %.1f", after, want)
+	}
+}

@@ -50,6 +50,9 @@ type lossJSON struct {
 	// WindowStart is DataLoss.window_start (with Seq); absent in state
 	// written before it.
 	WindowStart *time.Time `json:"window_start,omitempty"`
+	// HostEnergyJ is DataLoss.host_energy_j; absent in state written
+	// before it.
+	HostEnergyJ float64 `json:"host_energy_j,omitempty"`
 }
 
 func decodeLoss(raw json.RawMessage) *trainmeterv1.DataLoss {
@@ -58,7 +61,7 @@ func decodeLoss(raw json.RawMessage) *trainmeterv1.DataLoss {
 		return nil
 	}
 	d := &trainmeterv1.DataLoss{RunId: l.RunID, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
-		GpuSeconds: l.GPUSeconds, Reason: l.Reason, Seq: l.Seq, SpoolCollectors: l.Collectors}
+		GpuSeconds: l.GPUSeconds, Reason: l.Reason, Seq: l.Seq, SpoolCollectors: l.Collectors, HostEnergyJ: l.HostEnergyJ}
 	if l.WindowStart != nil {
 		d.WindowStart = timestamppb.New(*l.WindowStart)
 	}
@@ -67,7 +70,7 @@ func decodeLoss(raw json.RawMessage) *trainmeterv1.DataLoss {
 
 func encodeLoss(l *trainmeterv1.DataLoss) json.RawMessage {
 	j := lossJSON{RunID: l.RunId, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
-		GPUSeconds: l.GpuSeconds, Reason: l.Reason, Seq: l.Seq, Collectors: l.SpoolCollectors}
+		GPUSeconds: l.GpuSeconds, Reason: l.Reason, Seq: l.Seq, Collectors: l.SpoolCollectors, HostEnergyJ: l.HostEnergyJ}
 	if l.WindowStart != nil {
 		ws := l.WindowStart.AsTime()
 		j.WindowStart = &ws

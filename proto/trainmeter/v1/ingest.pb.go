@@ -1007,7 +1007,14 @@ type DataLoss struct {
 	// With seq: the window_start of that one batch, so the collector can find
 	// it by its GPU/host record (node, window_start, seq). Unset with seq 0,
 	// and in records from agents before this field.
-	WindowStart   *timestamppb.Timestamp `protobuf:"bytes,950,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	WindowStart *timestamppb.Timestamp `protobuf:"bytes,950,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	// --- host energy of dropped batches (loss-host, 1050–1099) ---
+	// The run's CPU+DRAM energy (J, RAPL) in the dropped batches: the sum of
+	// their HostEnergyShare parts for the run (cpu_energy_j + dram_energy_j),
+	// like energy_j for its GPUs. A batch that carried only a host share of
+	// the run (its last interval, after its end) counts in batches too. 0
+	// from agents before this field, and on nodes without RAPL.
+	HostEnergyJ   float64 `protobuf:"fixed64,1050,opt,name=host_energy_j,json=hostEnergyJ,proto3" json:"host_energy_j,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1103,6 +1110,13 @@ func (x *DataLoss) GetWindowStart() *timestamppb.Timestamp {
 		return x.WindowStart
 	}
 	return nil
+}
+
+func (x *DataLoss) GetHostEnergyJ() float64 {
+	if x != nil {
+		return x.HostEnergyJ
+	}
+	return 0
 }
 
 // GpuWindow summarises one GPU over the batch window.
@@ -3049,7 +3063,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\tt_unix_ns\x18\x02 \x03(\x06R\atUnixNs\x12\x17\n" +
 	"\apower_w\x18\x03 \x03(\x02R\x06powerW\x12'\n" +
 	"\x0futilization_pct\x18\x04 \x03(\x02R\x0eutilizationPct\x12&\n" +
-	"\x0fmemory_used_mib\x18\x05 \x03(\x02R\rmemoryUsedMib\"\xa5\x02\n" +
+	"\x0fmemory_used_mib\x18\x05 \x03(\x02R\rmemoryUsedMib\"\xca\x02\n" +
 	"\bDataLoss\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\x04R\abatches\x12\x16\n" +
@@ -3060,7 +3074,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x10\n" +
 	"\x03seq\x18\a \x01(\x04R\x03seq\x12*\n" +
 	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectors\x12>\n" +
-	"\fwindow_start\x18\xb6\a \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\"\xb7\t\n" +
+	"\fwindow_start\x18\xb6\a \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x12#\n" +
+	"\rhost_energy_j\x18\x9a\b \x01(\x01R\vhostEnergyJ\"\xb7\t\n" +
 	"\tGpuWindow\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\rR\x03gpu\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12(\n" +

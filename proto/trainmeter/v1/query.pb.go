@@ -1104,8 +1104,13 @@ type RunReport struct {
 	// the throughput the collector measured before and after each
 	// (docs/recommendations.md).
 	DataloaderChanges []*DataloaderChange `protobuf:"bytes,550,rep,name=dataloader_changes,json=dataloaderChanges,proto3" json:"dataloader_changes,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// --- host energy of dropped batches (loss-host, 1050–1099) ---
+	// The run's CPU+DRAM energy (J, RAPL) in batches an agent dropped: like
+	// lost_energy_j for its GPUs, missing from cpu_energy_j, dram_energy_j
+	// and node_energy_j (docs/reliability.md).
+	LostHostEnergyJ float64 `protobuf:"fixed64,1050,opt,name=lost_host_energy_j,json=lostHostEnergyJ,proto3" json:"lost_host_energy_j,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
@@ -1822,6 +1827,13 @@ func (x *RunReport) GetDataloaderChanges() []*DataloaderChange {
 		return x.DataloaderChanges
 	}
 	return nil
+}
+
+func (x *RunReport) GetLostHostEnergyJ() float64 {
+	if x != nil {
+		return x.LostHostEnergyJ
+	}
+	return 0
 }
 
 // CarbonBand is the part of a run's energy consumed at one carbon
@@ -3329,7 +3341,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
 	"\tconnected\x18\x06 \x01(\bR\tconnected\x12-\n" +
-	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\xd9\x1f\n" +
+	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\x87 \n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -3446,7 +3458,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"co2_source\x18\xd4\x06 \x01(\tR\tco2Source\x12 \n" +
 	"\vcarbon_zone\x18\xd5\x06 \x01(\tR\n" +
 	"carbonZone\x12O\n" +
-	"\x12dataloader_changes\x18\xa6\x04 \x03(\v2\x1f.trainmeter.v1.DataloaderChangeR\x11dataloaderChanges\x1a9\n" +
+	"\x12dataloader_changes\x18\xa6\x04 \x03(\v2\x1f.trainmeter.v1.DataloaderChangeR\x11dataloaderChanges\x12,\n" +
+	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
