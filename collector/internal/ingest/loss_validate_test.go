@@ -26,6 +26,8 @@ func TestLossRecordsAreValidated(t *testing.T) {
 		{&trainmeterv1.DataLoss{RunId: "r", EnergyJ: math.NaN()}, "energy_j is not finite"},
 		{&trainmeterv1.DataLoss{RunId: "r", EnergyJ: math.Inf(1)}, "energy_j is not finite"},
 		{&trainmeterv1.DataLoss{RunId: "r", GpuSeconds: -1}, "gpu_seconds is negative"},
+		{&trainmeterv1.DataLoss{RunId: "r", HostEnergyJ: math.NaN()}, "host_energy_j is not finite"},
+		{&trainmeterv1.DataLoss{RunId: "r", HostEnergyJ: -1}, "host_energy_j is negative"},
 		{&trainmeterv1.DataLoss{RunId: "r", Tokens: math.MaxUint64}, "tokens"},
 		{&trainmeterv1.DataLoss{RunId: "r", Reason: "\xff"}, "reason is not valid UTF-8"},
 		{&trainmeterv1.DataLoss{RunId: "r", Seq: 3, WindowStart: &timestamppb.Timestamp{Seconds: 1, Nanos: -1}}, "window_start"},

@@ -425,5 +425,5 @@ func validateLoss(l *trainmeterv1.DataLoss) error {
 			return err
 		}
 	}
-	return phys("energy_j", l.GetEnergyJ(), "gpu_seconds", l.GetGpuSeconds())
+	return phys("energy_j", l.GetEnergyJ(), "gpu_seconds", l.GetGpuSeconds(), "host_energy_j", l.GetHostEnergyJ())
 }
