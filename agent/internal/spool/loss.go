@@ -103,7 +103,7 @@ func (s *Spool) takeLossesPreview() []*trainmeterv1.DataLoss {
 func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry bool, forMask uint8) {
 	// Loss records b already carried (from earlier drops) are lost with it,
 	// for those of their collectors that lose b.
-	for _, l := range b.GetLosses() {
+	for _, l := range slices.Concat(b.GetLosses(), b.GetNodeLosses()) {
 		m, ok := s.narrow(l.GetSpoolCollectors(), forMask)
 		if !ok {
 			continue
@@ -168,6 +168,13 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 			lossOf(sh.GetRunId()).HostEnergyJ += sh.GetCpuEnergyJ() + sh.GetDramEnergyJ()
 		}
 	}
+	// The node's record (run id "") goes the same ways as the runs'.
+	if n := nodeLoss(b, reason); n != nil {
+		per[""] = n
+		order = append(order, "")
+	} else {
+		s.log.Error("spool: a dropped batch's GPU or host energy is malformed; the node's loss is not reported", "seq", b.GetSeq())
+	}
 	for _, id := range order {
 		l := per[id]
 		if inDoubt && len(s.seqLosses) < maxPerSeqRec {
@@ -179,6 +186,32 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 		}
 		s.mergeLoss(id, own, l)
 	}
+}
+
+// nodeLoss is what b held for the node as a whole: every GPU's energy and
+// time (runs + idle, downtime bridged included, as the collector's usage
+// adds them up) and the CPU+DRAM energy, each with its idle part; nil when
+// a figure is not a plausible one.
+func nodeLoss(b *trainmeterv1.Batch, reason string) *trainmeterv1.DataLoss {
+	l := &trainmeterv1.DataLoss{Batches: 1, Reason: reason, FirstWindowStart: b.GetWindowStart()}
+	for _, gw := range b.GetGpuWindows() {
+		e, idle := gw.GetEnergyIntegratedJ(), gw.GetIdleEnergyIntegratedJ()
+		if gw.GetCounterOk() {
+			e, idle = gw.GetEnergyCounterJ(), gw.GetIdleEnergyCounterJ()
+		}
+		l.EnergyJ += e + gw.GetDowntimeEnergyCounterJ()
+		l.IdleEnergyJ += idle + gw.GetDowntimeIdleEnergyCounterJ()
+		l.GpuSeconds += gw.GetGpuSeconds() + gw.GetDowntimeGpuSeconds()
+		l.IdleGpuSeconds += gw.GetIdleGpuSeconds() + gw.GetDowntimeIdleGpuSeconds()
+	}
+	for _, h := range b.GetHostEnergy() {
+		l.HostEnergyJ += h.GetCpuEnergyJ() + h.GetDramEnergyJ()
+		l.IdleHostEnergyJ += h.GetIdleCpuEnergyJ() + h.GetIdleDramEnergyJ()
+	}
+	if !plausibleLoss("node", l.EnergyJ, l.IdleEnergyJ, l.GpuSeconds, l.IdleGpuSeconds, l.HostEnergyJ, l.IdleHostEnergyJ) {
+		return nil
+	}
+	return l
 }
 
 // plausibleWindow keeps a loss record from carrying what the collector
@@ -217,7 +250,27 @@ func (s *Spool) mergeLoss(run string, collectors uint32, add *trainmeterv1.DataL
 	l.EnergyJ += add.GetEnergyJ()
 	l.GpuSeconds += add.GetGpuSeconds()
 	l.HostEnergyJ += add.GetHostEnergyJ()
+	l.IdleEnergyJ += add.GetIdleEnergyJ()
+	l.IdleGpuSeconds += add.GetIdleGpuSeconds()
+	l.IdleHostEnergyJ += add.GetIdleHostEnergyJ()
+	if f := add.GetFirstWindowStart(); f != nil && (l.FirstWindowStart == nil || f.AsTime().Before(l.FirstWindowStart.AsTime())) {
+		l.FirstWindowStart = f
+	}
 	l.Reason = addReason(l.Reason, add.GetReason())
+}
+
+// attachLosses puts the pending loss records on b after own (the records
+// b came with): the runs' in losses, the node's (run id "") in node_losses.
+func (s *Spool) attachLosses(b *trainmeterv1.Batch, own []*trainmeterv1.DataLoss) {
+	b.Losses = append([]*trainmeterv1.DataLoss(nil), own...)
+	b.NodeLosses = nil
+	for _, l := range s.takeLossesPreview() {
+		if l.GetRunId() == "" {
+			b.NodeLosses = append(b.NodeLosses, l)
+		} else {
+			b.Losses = append(b.Losses, l)
+		}
+	}
 }
 
 func addReason(have, r string) string {

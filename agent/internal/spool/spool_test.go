@@ -3,9 +3,11 @@ package spool
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -196,11 +198,10 @@ func account(t *testing.T, s *Spool) totals {
 		}
 	}
 	s.mu.Lock()
-	for _, l := range s.losses {
-		tt.lostTokens += l.Tokens
-		tt.lostBatches += l.Batches
-	}
-	for _, l := range s.seqLosses {
+	for _, l := range slices.Concat(slices.Collect(maps.Values(s.losses)), s.seqLosses) {
+		if l.RunId == "" {
+			continue // the node's record: its batches are every dropped one
+		}
 		tt.lostTokens += l.Tokens
 		tt.lostBatches += l.Batches
 	}
@@ -819,12 +820,17 @@ func withHost(b *trainmeterv1.Batch, cpu, dram, idle float64, runs ...string) *t
 }
 
 // pendingLosses is every loss record the spool holds: on the batches it
-// keeps and not yet carried.
+// keeps and not yet carried; the node's have an empty run id.
 func pendingLosses(t *testing.T, s *Spool) []*trainmeterv1.DataLoss {
 	t.Helper()
 	var out []*trainmeterv1.DataLoss
 	for _, b := range unacked(t, s) {
-		out = append(out, b.Losses...)
+		for _, l := range b.NodeLosses {
+			if l.RunId != "" {
+				t.Errorf("a node loss record names run %q", l.RunId)
+			}
+		}
+		out = append(append(out, b.Losses...), b.NodeLosses...)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -894,6 +900,9 @@ func TestInDoubtAndPendingLossesKeepTheirHostEnergy(t *testing.T) {
 	var doubt *trainmeterv1.DataLoss
 	var certain float64
 	for _, l := range pendingLosses(t, s) {
+		if l.RunId == "" {
+			continue
+		}
 		if l.Seq == 1 {
 			doubt = l
 		} else {
@@ -913,9 +922,146 @@ func TestInDoubtAndPendingLossesKeepTheirHostEnergy(t *testing.T) {
 	defer s.Close()
 	var after float64
 	for _, l := range pendingLosses(t, s) {
-		after += l.HostEnergyJ
+		if l.RunId != "" {
+			after += l.HostEnergyJ
+		}
 	}
 	if want := 9 + certain + 1; math.Abs(after-want) > 1e-9 {
 		t.Errorf("after a restart the pending loss records hold %.1f J host energy, want %.1f", after, want)
+	}
+}
+
+// withGPU gives b one GPU's window: busy J and s for the runs, idle J and s
+// for no run.
+func withGPU(b *trainmeterv1.Batch, busy, idle, busyS, idleS float64) *trainmeterv1.Batch {
+	b.GpuWindows = append(b.GpuWindows, &trainmeterv1.GpuWindow{Gpu: 0, CounterOk: true,
+		EnergyCounterJ: busy + idle, IdleEnergyCounterJ: idle, GpuSeconds: busyS + idleS, IdleGpuSeconds: idleS})
+	return b
+}
+
+// nodeFigures are a node's totals and idle parts.
+type nodeFigures struct{ energy, idleEnergy, gpuS, idleGPUS, host, idleHost float64 }
+
+func (n *nodeFigures) addLoss(l *trainmeterv1.DataLoss) {
+	n.energy += l.EnergyJ
+	n.idleEnergy += l.IdleEnergyJ
+	n.gpuS += l.GpuSeconds
+	n.idleGPUS += l.IdleGpuSeconds
+	n.host += l.HostEnergyJ
+	n.idleHost += l.IdleHostEnergyJ
+}
+
+func (n *nodeFigures) addBatch(b *trainmeterv1.Batch) {
+	for _, gw := range b.GpuWindows {
+		n.energy += gw.EnergyCounterJ
+		n.idleEnergy += gw.IdleEnergyCounterJ
+		n.gpuS += gw.GpuSeconds
+		n.idleGPUS += gw.IdleGpuSeconds
+	}
+	for _, h := range b.HostEnergy {
+		n.host += h.CpuEnergyJ + h.DramEnergyJ
+		n.idleHost += h.IdleCpuEnergyJ + h.IdleDramEnergyJ
+	}
+}
+
+// The node's part of dropped batches (every GPU's energy and time, its
+// CPU+DRAM, with their idle parts) is reported in node loss records, so
+// held + lost is what was appended for the node too; a batch with no run
+// at all (an idle node) is reported as well.
+func TestFullSpoolAccountsTheDroppedNodeTotalsAndIdle(t *testing.T) {
+	s := open(t, t.TempDir(), 32<<10, 4<<10)
+	defer s.Close()
+	const n = 400
+	var appended nodeFigures
+	for i := 1; i <= n; i++ {
+		runs := []string{"a"}
+		if i%3 == 0 {
+			runs = nil // nothing ran: all idle
+		}
+		b := withGPU(withHost(batch(i, runs...), 2, 1, 4, runs...), float64(len(runs))*100, 30, float64(len(runs))*0.7, 0.3)
+		appended.addBatch(b)
+		mustAppend(t, s, b)
+	}
+	dropped := s.Stats().Dropped
+	if dropped == 0 {
+		t.Fatal("nothing dropped: the test needs a smaller spool")
+	}
+	var held, lost nodeFigures
+	var lostBatches uint64
+	first := t0.Add(time.Hour)
+	for _, b := range unacked(t, s) {
+		held.addBatch(b)
+		for _, l := range b.Losses {
+			if l.RunId == "" {
+				t.Errorf("a node loss record among the runs' losses: %v", l)
+			}
+		}
+	}
+	for _, l := range pendingLosses(t, s) {
+		if l.RunId != "" {
+			continue
+		}
+		lost.addLoss(l)
+		lostBatches += l.Batches
+		if l.FirstWindowStart == nil {
+			t.Errorf("node loss record without first_window_start: %v", l)
+		} else if ft := l.FirstWindowStart.AsTime(); ft.Before(first) {
+			first = ft
+		}
+	}
+	near := func(what string, held, lost, want float64) {
+		t.Helper()
+		if math.Abs(held+lost-want) > 1e-6 || lost == 0 {
+			t.Errorf("node %s: held %.2f + lost %.2f = %.2f, appended %.2f", what, held, lost, held+lost, want)
+		}
+	}
+	near("GPU energy", held.energy, lost.energy, appended.energy)
+	near("idle GPU energy", held.idleEnergy, lost.idleEnergy, appended.idleEnergy)
+	near("GPU-seconds", held.gpuS, lost.gpuS, appended.gpuS)
+	near("idle GPU-seconds", held.idleGPUS, lost.idleGPUS, appended.idleGPUS)
+	near("host energy", held.host, lost.host, appended.host)
+	near("idle host energy", held.idleHost, lost.idleHost, appended.idleHost)
+	if lostBatches != dropped {
+		t.Errorf("node loss records count %d batches, %d dropped", lostBatches, dropped)
+	}
+	if !first.Equal(batch(1).WindowStart.AsTime()) {
+		t.Errorf("earliest first_window_start %v, want the first dropped batch's %v", first, batch(1).WindowStart.AsTime())
+	}
+}
+
+// An in-doubt drop (sent, never acked) gives the node its own record with
+// the batch's seq and window start, like the runs', and a pending node
+// record keeps its figures in the state file.
+func TestNodeLossInDoubtAndAcrossARestart(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, 16<<10, 4<<10)
+	mustAppend(t, s, withGPU(withHost(batch(1, "r"), 7, 2, 5, "r"), 100, 20, 0.5, 0.5))
+	s.MarkSent(1)
+	for i := 2; s.Stats().Dropped < 2; i++ {
+		mustAppend(t, s, withGPU(batch(i, "r"), 100, 20, 0.5, 0.5))
+	}
+	var doubt *trainmeterv1.DataLoss
+	for _, l := range pendingLosses(t, s) {
+		if l.RunId == "" && l.Seq == 1 {
+			doubt = l
+		}
+	}
+	want := &trainmeterv1.DataLoss{Batches: 1, EnergyJ: 120, IdleEnergyJ: 20, GpuSeconds: 1, IdleGpuSeconds: 0.5,
+		HostEnergyJ: 14, IdleHostEnergyJ: 5, Reason: "spool full", Seq: 1, WindowStart: batch(1).WindowStart, FirstWindowStart: batch(1).WindowStart}
+	if !proto.Equal(doubt, want) {
+		t.Errorf("the node's in-doubt record of seq 1:\n%v\nwant\n%v", doubt, want)
+	}
+	s.Reject(s.Stats().Dropped+1, "bad")
+	s.abandon()
+	s = open(t, dir, 0, 0)
+	defer s.Close()
+	var node nodeFigures
+	for _, l := range pendingLosses(t, s) {
+		if l.RunId == "" && l.Seq == 0 {
+			node.addLoss(l)
+		}
+	}
+	if node.energy == 0 || node.idleEnergy == 0 || node.idleGPUS == 0 || node.energy != 120*float64(int(node.gpuS)) {
+		t.Errorf("after a restart the node's pending records hold %+v", node)
 	}
 }
