@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/trainmeter/trainmeter/internal/testkit"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -195,7 +196,9 @@ func lossRun(t *testing.T, spoolDir string, gpus int, down time.Duration, extra 
 	extra = append(extra, "--sysfs-root", rapl.sysfs, "--procfs-root", rapl.procfs, "--shutdown-timeout", "35s")
 	sock, agent := fc.agentWith("n", fmt.Sprintf("sim:%d", gpus), spoolDir, extra...)
 	tr := dialTrainer(t, sock)
-	tr.send(`{"event":"run_start","run_id":"r","warmup_s":0}`)
+	// On GPU 0 only: the others idle, so the node's dropped batches hold
+	// idle GPU energy besides the run's.
+	tr.send(`{"event":"run_start","run_id":"r","warmup_s":0,"gpus":[0]}`)
 	tr.sync()
 	// 10 J of CPU package and 1 J of DRAM per step: at most 110 J a second.
 	var hostJ float64
@@ -250,6 +253,27 @@ func lossRun(t *testing.T, spoolDir string, gpus int, down time.Duration, extra 
 	}
 	if out := fc.cli("report", "r"); !strings.Contains(out, "INCOMPLETE: ") || !strings.Contains(out, " J host energy (CPU+DRAM), ") {
 		t.Errorf("report does not say INCOMPLETE: with the host energy lost:\n%s", out)
+	}
+	// The node's side (trainmeter usage): the same batches dropped, and
+	// the run's lost part plus the node's lost idle part is the node's
+	// lost total, for GPU and host energy alike (runs + idle = node).
+	var usage trainmeterv1.UsageResponse
+	if err := protojson.Unmarshal([]byte(fc.cli("usage", "--json")), &usage); err != nil || len(usage.GetNodes()) != 1 {
+		t.Fatalf("usage --json: %v, nodes %v", err, usage.GetNodes())
+	}
+	nu := usage.GetNodes()[0]
+	t.Logf("node n lost %d batches: GPU %.1f J (idle %.1f J), host %.1f J (idle %.1f J)", nu.GetLostBatches(),
+		nu.GetLostEnergyJ(), nu.GetLostIdleEnergyJ(), nu.GetLostHostEnergyJ(), nu.GetLostIdleHostEnergyJ())
+	if nu.GetLostIdleEnergyJ() <= 0 {
+		t.Errorf("the node's dropped batches hold no idle GPU energy: %v", nu)
+	}
+	if nu.GetLostBatches() < r.LostBatches {
+		t.Errorf("node lost %d batches, fewer than its run's %d", nu.GetLostBatches(), r.LostBatches)
+	}
+	within(t, "node's lost GPU energy − its idle part", nu.GetLostEnergyJ()-nu.GetLostIdleEnergyJ(), r.LostEnergyJ, 1e-6)
+	within(t, "node's lost host energy − its idle part", nu.GetLostHostEnergyJ()-nu.GetLostIdleHostEnergyJ(), r.GetLostHostEnergyJ(), 1e-6)
+	if out := fc.cli("usage"); !strings.Contains(out, "INCOMPLETE: dropped on the agents") || !strings.Contains(out, "IDLE HOST kWh") {
+		t.Errorf("usage does not show the node's dropped batches:\n%s", out)
 	}
 	if !strings.Contains(agent.log(), "dropped the oldest batches") {
 		t.Errorf("agent log says nothing about dropping")
