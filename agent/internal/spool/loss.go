@@ -59,7 +59,8 @@ func (s *Spool) evictOldest(reason string) {
 // dropUnwritten counts a batch that never reached the disk. Its seq is
 // reused by the next batch, so no gap appears for it.
 func (s *Spool) dropUnwritten(b *trainmeterv1.Batch, own []*trainmeterv1.DataLoss, ownEvents []*trainmeterv1.RunEvent, size int64, reason string, err error) error {
-	b.Losses = own
+	// The pending records it was to carry are still pending: not lost with it.
+	b.Losses, b.NodeLosses = own, nil
 	b.RunEvents = ownEvents
 	s.stats.Dropped++
 	s.stats.DroppedBytes += uint64(size)

@@ -1065,3 +1065,24 @@ func TestNodeLossInDoubtAndAcrossARestart(t *testing.T) {
 		t.Errorf("after a restart the node's pending records hold %+v", node)
 	}
 }
+
+// A batch too big for the whole spool is dropped unwritten: the node's and
+// runs' pending records it was to carry stay pending once, not twice.
+func TestUnwrittenBatchDoesNotCountThePendingRecordsAgain(t *testing.T) {
+	s := open(t, t.TempDir(), MinMaxBytes, 0)
+	defer s.Close()
+	mustAppend(t, s, withGPU(batch(1, "r"), 100, 20, 0.5, 0.5))
+	s.Reject(1, "bad") // pending: r's record and the node's, one batch each
+	huge := withGPU(batch(2, "r"), 100, 20, 0.5, 0.5)
+	huge.RawSamples = []*trainmeterv1.RawSamples{{Gpu: 0, TUnixNs: make([]uint64, MinMaxBytes/4)}}
+	if err := s.Append(huge); err == nil {
+		t.Fatal("a batch bigger than the spool was kept")
+	}
+	batches := map[string]uint64{}
+	for _, l := range pendingLosses(t, s) {
+		batches[l.RunId] += l.Batches
+	}
+	if batches["r"] != 2 || batches[""] != 2 {
+		t.Errorf("pending records count %d batches for r and %d for the node, want 2 and 2", batches["r"], batches[""])
+	}
+}

@@ -451,11 +451,13 @@ func validateNodeLoss(l *trainmeterv1.DataLoss) error {
 	if l.GetBatches() > 1<<40 {
 		return fmt.Errorf("batches (%d) more than %d", l.GetBatches(), uint64(1<<40))
 	}
-	for what, ts := range map[string]*timestamppb.Timestamp{"window_start": l.GetWindowStart(), "first_window_start": l.GetFirstWindowStart()} {
-		if ts == nil {
-			continue
+	if l.GetWindowStart() != nil {
+		if err := validTime("window_start", l.GetWindowStart()); err != nil {
+			return err
 		}
-		if err := validTime(what, ts); err != nil {
+	}
+	if l.GetFirstWindowStart() != nil {
+		if err := validTime("first_window_start", l.GetFirstWindowStart()); err != nil {
 			return err
 		}
 	}
