@@ -170,7 +170,8 @@ type Stats struct {
 	CorruptRecords uint64
 	CorruptBytes   uint64
 	StateCorrupt   bool
-	// PendingLosses is how many runs' loss records wait for the next batch.
+	// PendingLosses is how many loss records (the runs' and the node's) wait
+	// for the next batch.
 	PendingLosses int
 }
 
