@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/trainmeter/trainmeter/internal/testkit"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -143,8 +144,16 @@ func checkExact(t *testing.T, row map[string]string, tokens int, gpus int, power
 
 // steps sends n steps of tokens each, 100 ms apart, and returns the tokens.
 func steps(tr *trainer, run string, from, n, tokens int) int {
+	return stepsWith(tr, run, from, n, tokens, nil)
+}
+
+// stepsWith is steps calling each (unless nil) before every step.
+func stepsWith(tr *trainer, run string, from, n, tokens int, each func()) int {
 	for i := from; i < from+n; i++ {
 		time.Sleep(100 * time.Millisecond)
+		if each != nil {
+			each()
+		}
 		tr.send(`{"event":"step","run_id":%q,"step":%d,"tokens":%d}`, run, i, tokens)
 	}
 	tr.sync()
@@ -178,17 +187,31 @@ func TestFaultCollectorDownFor5s(t *testing.T) { collectorOutage(t, syscall.SIGT
 
 // lossRun runs r with the collector down long enough that the agent's spool
 // (bounded by flags, or by a small disk) must drop batches, and checks the
-// run is reported incomplete by exactly what was dropped.
+// run is reported incomplete by exactly what was dropped. The node has
+// RAPL counters (a fixture) that rise only while r runs, so its host
+// energy is lost with the dropped batches too.
 func lossRun(t *testing.T, spoolDir string, gpus int, down time.Duration, extra ...string) {
 	fc := newFaultCluster(t)
-	sock, agent := fc.agentWith("n", fmt.Sprintf("sim:%d", gpus), spoolDir, append(extra, "--shutdown-timeout", "35s")...)
+	rapl := newRAPLNode(t)
+	extra = append(extra, "--sysfs-root", rapl.sysfs, "--procfs-root", rapl.procfs, "--shutdown-timeout", "35s")
+	sock, agent := fc.agentWith("n", fmt.Sprintf("sim:%d", gpus), spoolDir, extra...)
 	tr := dialTrainer(t, sock)
-	tr.send(`{"event":"run_start","run_id":"r","warmup_s":0}`)
-	sent := steps(tr, "r", 1, 20, 1000)
+	// On GPU 0 only: the others idle, so the node's dropped batches hold
+	// idle GPU energy besides the run's.
+	tr.send(`{"event":"run_start","run_id":"r","warmup_s":0,"gpus":[0]}`)
+	tr.sync()
+	// 10 J of CPU package and 1 J of DRAM per step: at most 110 J a second.
+	var hostJ float64
+	burn := func() {
+		rapl.add("intel-rapl:0", 10)
+		rapl.add("intel-rapl:0:0", 1)
+		hostJ += 11
+	}
+	sent := stepsWith(tr, "r", 1, 20, 1000, burn)
 	fc.col.stop(syscall.SIGTERM)
-	sent += steps(tr, "r", 21, int(down/(100*time.Millisecond)), 1000)
+	sent += stepsWith(tr, "r", 21, int(down/(100*time.Millisecond)), 1000, burn)
 	fc.startCollector()
-	sent += steps(tr, "r", 1000, 10, 1000)
+	sent += stepsWith(tr, "r", 1000, 10, 1000, burn)
 	tr.send(`{"event":"run_end","run_id":"r"}`)
 	tr.sync()
 	// A graceful stop flushes: once the agent is gone every batch it kept,
@@ -214,8 +237,43 @@ func lossRun(t *testing.T, spoolDir string, gpus int, down time.Duration, extra 
 	if r.LostEnergyJ <= 0 {
 		t.Errorf("lost_energy_J %v", r.LostEnergyJ)
 	}
-	if out := fc.cli("report", "r"); !strings.Contains(out, "INCOMPLETE: ") {
-		t.Errorf("report does not say INCOMPLETE:\n%s", out)
+	// The host energy of the dropped batches is counted lost, not gone:
+	// what arrived plus what was lost is all the counters rose by while
+	// the run was on, less at most the parts of the two intervals around
+	// its start and end that the run was not on the node for (1 s each,
+	// up to 110 J; 2 s allowed for a slow read).
+	host := r.GetCpuEnergyJ() + r.GetDramEnergyJ()
+	t.Logf("host energy: the counters rose by %.0f J; %.1f J arrived, %.1f J lost", hostJ, host, r.GetLostHostEnergyJ())
+	if r.GetLostHostEnergyJ() <= 0 || num(t, row, "lost_host_energy_J") != r.GetLostHostEnergyJ() {
+		t.Errorf("lost_host_energy_J %v (CSV %q), want > 0", r.GetLostHostEnergyJ(), row["lost_host_energy_J"])
+	}
+	if got := host + r.GetLostHostEnergyJ(); got > hostJ+1e-6 || got < hostJ-4*110 {
+		t.Errorf("host energy %.1f J arrived + %.1f J lost = %.1f J, want the %.0f J the counters rose by (at most 440 J less)",
+			host, r.GetLostHostEnergyJ(), got, hostJ)
+	}
+	if out := fc.cli("report", "r"); !strings.Contains(out, "INCOMPLETE: ") || !strings.Contains(out, " J host energy (CPU+DRAM), ") {
+		t.Errorf("report does not say INCOMPLETE: with the host energy lost:\n%s", out)
+	}
+	// The node's side (trainmeter usage): the same batches dropped, and
+	// the run's lost part plus the node's lost idle part is the node's
+	// lost total, for GPU and host energy alike (runs + idle = node).
+	var usage trainmeterv1.UsageResponse
+	if err := protojson.Unmarshal([]byte(fc.cli("usage", "--json")), &usage); err != nil || len(usage.GetNodes()) != 1 {
+		t.Fatalf("usage --json: %v, nodes %v", err, usage.GetNodes())
+	}
+	nu := usage.GetNodes()[0]
+	t.Logf("node n lost %d batches: GPU %.1f J (idle %.1f J), host %.1f J (idle %.1f J)", nu.GetLostBatches(),
+		nu.GetLostEnergyJ(), nu.GetLostIdleEnergyJ(), nu.GetLostHostEnergyJ(), nu.GetLostIdleHostEnergyJ())
+	if nu.GetLostIdleEnergyJ() <= 0 {
+		t.Errorf("the node's dropped batches hold no idle GPU energy: %v", nu)
+	}
+	if nu.GetLostBatches() < r.LostBatches {
+		t.Errorf("node lost %d batches, fewer than its run's %d", nu.GetLostBatches(), r.LostBatches)
+	}
+	within(t, "node's lost GPU energy − its idle part", nu.GetLostEnergyJ()-nu.GetLostIdleEnergyJ(), r.LostEnergyJ, 1e-6)
+	within(t, "node's lost host energy − its idle part", nu.GetLostHostEnergyJ()-nu.GetLostIdleHostEnergyJ(), r.GetLostHostEnergyJ(), 1e-6)
+	if out := fc.cli("usage"); !strings.Contains(out, "INCOMPLETE: dropped on the agents") || !strings.Contains(out, "IDLE HOST kWh") {
+		t.Errorf("usage does not show the node's dropped batches:\n%s", out)
 	}
 	if !strings.Contains(agent.log(), "dropped the oldest batches") {
 		t.Errorf("agent log says nothing about dropping")

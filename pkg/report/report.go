@@ -73,6 +73,9 @@ var header = []string{
 	"cpu_energy_J", "dram_energy_J", "node_energy_J",
 	// carbon by the hour (docs/costs.md, "CO2")
 	"co2_gco2_per_kwh", "co2_source", "carbon_zone",
+	// the runs' host energy (CPU+DRAM) in batches dropped on an agent, next
+	// to lost_energy_J (GPUs); last, so the columns before keep their places
+	"lost_host_energy_J",
 }
 
 // Header returns the CSV header row.
@@ -316,6 +319,8 @@ func Row(r *RunReport) []string {
 		fIf(r.GetHasCo2(), r.GetCo2Gco2PerKwh()),
 		r.GetCo2Source(),
 		r.GetCarbonZone(),
+
+		fIf(r.CpuEnergyJ != nil || r.GetLostHostEnergyJ() > 0, r.GetLostHostEnergyJ()),
 	}
 }
 
@@ -351,8 +356,12 @@ func Incomplete(r *RunReport) string {
 	if r.GetLostBatches() == 1 {
 		were = "was"
 	}
-	return fmt.Sprintf("INCOMPLETE: %s of this run %s dropped on an agent%s; missing from the figures: %d tokens, %s J, %.4g GPU-hours",
-		plural.N(r.GetLostBatches(), "batch"), were, why, r.GetLostTokens(), F(r.GetLostEnergyJ()), r.GetLostGpuSeconds()/3600)
+	host := ""
+	if lh := r.GetLostHostEnergyJ(); lh > 0 {
+		host = ", " + F(lh) + " J host energy (CPU+DRAM)"
+	}
+	return fmt.Sprintf("INCOMPLETE: %s of this run %s dropped on an agent%s; missing from the figures: %d tokens, %s J GPU energy%s, %.4g GPU-hours",
+		plural.N(r.GetLostBatches(), "batch"), were, why, r.GetLostTokens(), F(r.GetLostEnergyJ()), host, r.GetLostGpuSeconds()/3600)
 }
 
 // WriteCSV writes the header and one row per run.

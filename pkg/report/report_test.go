@@ -223,7 +223,31 @@ func TestIncompleteRunIsMarked(t *testing.T) {
 	if err := WriteReport(&buf, r); err != nil {
 		t.Fatal(err)
 	}
-	want := "INCOMPLETE: 12 batches of this run were dropped on an agent (spool full); missing from the figures: 65536 tokens, 7200.5 J, 0.006667 GPU-hours"
+	want := "INCOMPLETE: 12 batches of this run were dropped on an agent (spool full); missing from the figures: 65536 tokens, 7200.5 J GPU energy, 0.006667 GPU-hours"
+	if lines := strings.Split(buf.String(), "\n"); len(lines) < 2 || lines[1] != want {
+		t.Errorf("report starts:\n%s\nwant line 2: %s", buf.String()[:min(300, buf.Len())], want)
+	}
+
+	// The dropped batches' host energy (the run's CPU+DRAM share), named as such.
+	// Empty where no node measured host energy (unknown, not 0), 0 where
+	// one did and none of it was lost.
+	if c := cell(t, r, "lost_host_energy_J"); c != "" {
+		t.Errorf("lost_host_energy_J %q without host energy measured, want empty", c)
+	}
+	cpu := 5.0
+	r.CpuEnergyJ = &cpu
+	if c := cell(t, r, "lost_host_energy_J"); c != "0" {
+		t.Errorf("lost_host_energy_J %q without host energy lost, want 0", c)
+	}
+	r.LostHostEnergyJ = 310.25
+	if c := cell(t, r, "lost_host_energy_J"); c != "310.25" {
+		t.Errorf("lost_host_energy_J %q, want 310.25", c)
+	}
+	buf.Reset()
+	if err := WriteReport(&buf, r); err != nil {
+		t.Fatal(err)
+	}
+	want = "INCOMPLETE: 12 batches of this run were dropped on an agent (spool full); missing from the figures: 65536 tokens, 7200.5 J GPU energy, 310.25 J host energy (CPU+DRAM), 0.006667 GPU-hours"
 	if lines := strings.Split(buf.String(), "\n"); len(lines) < 2 || lines[1] != want {
 		t.Errorf("report starts:\n%s\nwant line 2: %s", buf.String()[:min(300, buf.Len())], want)
 	}

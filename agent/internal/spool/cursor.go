@@ -207,7 +207,7 @@ func (s *Spool) fromBefore(b *trainmeterv1.Batch) {
 	if !s.remapped || b.Seq >= s.openSeq {
 		return
 	}
-	for _, l := range b.Losses {
+	for _, l := range slices.Concat(b.Losses, b.NodeLosses) {
 		if m, ok := s.maskNow(l.SpoolCollectors); ok {
 			l.SpoolCollectors = m
 		} else {
@@ -237,10 +237,10 @@ func (s *Spool) narrow(have uint32, to uint8) (mask uint32, ok bool) {
 // for collector i, and clears their masks: a collector never sees one.
 func (s *Spool) forCollector(b *trainmeterv1.Batch, i int) *trainmeterv1.Batch {
 	bit := uint32(1) << i
-	b.Losses = slices.DeleteFunc(b.Losses, func(l *trainmeterv1.DataLoss) bool {
-		return l.SpoolCollectors != 0 && l.SpoolCollectors&bit == 0
-	})
-	for _, l := range b.Losses {
+	notFor := func(l *trainmeterv1.DataLoss) bool { return l.SpoolCollectors != 0 && l.SpoolCollectors&bit == 0 }
+	b.Losses = slices.DeleteFunc(b.Losses, notFor)
+	b.NodeLosses = slices.DeleteFunc(b.NodeLosses, notFor)
+	for _, l := range slices.Concat(b.Losses, b.NodeLosses) {
 		l.SpoolCollectors = 0
 	}
 	b.RunEvents = slices.DeleteFunc(b.RunEvents, func(e *trainmeterv1.RunEvent) bool {

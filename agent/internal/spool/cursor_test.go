@@ -165,15 +165,15 @@ func TestPairSpoolFullDropsOnlyForTheLaggingCollector(t *testing.T) {
 	if len(forA) != 1 || forA[0].Seq != n {
 		t.Fatalf("a reads %v, want only the newest batch %d", seqs(forA), n)
 	}
-	if len(forA[0].Losses) != 0 || len(forA[0].RunEvents) != 0 {
-		t.Errorf("a, which acked every dropped batch, is sent losses %v and events %v", forA[0].Losses, forA[0].RunEvents)
+	if len(forA[0].Losses) != 0 || len(forA[0].NodeLosses) != 0 || len(forA[0].RunEvents) != 0 {
+		t.Errorf("a, which acked every dropped batch, is sent losses %v, node losses %v and events %v", forA[0].Losses, forA[0].NodeLosses, forA[0].RunEvents)
 	}
 
 	forB := readAll(t, b)
 	if uint64(len(forB))+st.Dropped != n {
 		t.Fatalf("b: held %d + dropped %d != %d appended", len(forB), st.Dropped, n)
 	}
-	var held, lost, lostBatches uint64
+	var held, lost, lostBatches, nodeLostBatches uint64
 	starts := 0
 	for _, x := range forB {
 		for _, w := range x.RunWindows {
@@ -183,6 +183,9 @@ func TestPairSpoolFullDropsOnlyForTheLaggingCollector(t *testing.T) {
 			lost += l.Tokens
 			lostBatches += l.Batches
 		}
+		for _, l := range x.NodeLosses {
+			nodeLostBatches += l.Batches
+		}
 		for _, e := range x.RunEvents {
 			if e.GetRunStart() != nil {
 				starts++
@@ -191,6 +194,10 @@ func TestPairSpoolFullDropsOnlyForTheLaggingCollector(t *testing.T) {
 	}
 	s.mu.Lock()
 	for _, l := range s.losses { // the newest drops wait for the next batch
+		if l.RunId == "" {
+			nodeLostBatches += l.Batches
+			continue
+		}
 		lost += l.Tokens
 		lostBatches += l.Batches
 	}
@@ -205,6 +212,9 @@ func TestPairSpoolFullDropsOnlyForTheLaggingCollector(t *testing.T) {
 	}
 	if starts != 1 {
 		t.Errorf("b is carried %d run_starts of the dropped first batch, want 1", starts)
+	}
+	if nodeLostBatches != st.Dropped {
+		t.Errorf("b: the node's loss records count %d batches, %d dropped", nodeLostBatches, st.Dropped)
 	}
 }
 

@@ -201,7 +201,7 @@ func (s *Spool) restorePendingLosses(st *stateJSON, lastSeq uint64) {
 	for _, raw := range st.Losses {
 		if l := decodeLoss(raw); l != nil {
 			if m, ok := s.maskNow(l.SpoolCollectors); ok {
-				s.mergeLoss(l.RunId, m, l.Batches, l.Tokens, l.EnergyJ, l.GpuSeconds, l.Reason)
+				s.mergeLoss(l.RunId, m, l)
 			}
 		}
 	}

@@ -59,7 +59,8 @@ func (s *Spool) evictOldest(reason string) {
 // dropUnwritten counts a batch that never reached the disk. Its seq is
 // reused by the next batch, so no gap appears for it.
 func (s *Spool) dropUnwritten(b *trainmeterv1.Batch, own []*trainmeterv1.DataLoss, ownEvents []*trainmeterv1.RunEvent, size int64, reason string, err error) error {
-	b.Losses = own
+	// The pending records it was to carry are still pending: not lost with it.
+	b.Losses, b.NodeLosses = own, nil
 	b.RunEvents = ownEvents
 	s.stats.Dropped++
 	s.stats.DroppedBytes += uint64(size)
@@ -103,7 +104,7 @@ func (s *Spool) takeLossesPreview() []*trainmeterv1.DataLoss {
 func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry bool, forMask uint8) {
 	// Loss records b already carried (from earlier drops) are lost with it,
 	// for those of their collectors that lose b.
-	for _, l := range b.GetLosses() {
+	for _, l := range slices.Concat(b.GetLosses(), b.GetNodeLosses()) {
 		m, ok := s.narrow(l.GetSpoolCollectors(), forMask)
 		if !ok {
 			continue
@@ -114,7 +115,7 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 			s.seqLosses = append(s.seqLosses, c)
 			continue
 		}
-		s.mergeLoss(l.GetRunId(), m, l.GetBatches(), l.GetTokens(), l.GetEnergyJ(), l.GetGpuSeconds(), l.GetReason())
+		s.mergeLoss(l.GetRunId(), m, l)
 	}
 	if carry {
 		for _, e := range b.GetRunEvents() {
@@ -131,53 +132,104 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 		}
 	}
 	own, _ := s.narrow(0, forMask)
-	type acc struct {
-		tokens      uint64
-		energy, gpu float64
-	}
-	per := map[string]*acc{}
+	per := map[string]*trainmeterv1.DataLoss{}
 	var order []string
+	lossOf := func(id string) *trainmeterv1.DataLoss {
+		l := per[id]
+		if l == nil {
+			l = &trainmeterv1.DataLoss{RunId: id, Batches: 1, Reason: reason}
+			per[id] = l
+			order = append(order, id)
+		}
+		return l
+	}
 	for _, w := range b.GetRunWindows() {
 		if !plausibleWindow(w) {
 			s.log.Error("spool: a dropped window is malformed; its loss is not reported", "seq", b.GetSeq(), "run_id", w.GetRunId())
 			continue
 		}
-		a := per[w.GetRunId()]
-		if a == nil {
-			a = &acc{}
-			per[w.GetRunId()] = a
-			order = append(order, w.GetRunId())
-		}
-		a.tokens += w.GetTokens()
+		l := lossOf(w.GetRunId())
+		l.Tokens += w.GetTokens()
 		e := w.GetEnergyIntegratedJ()
 		if w.GetCounterOk() {
 			e = w.GetEnergyCounterJ()
 		}
-		a.energy += e
-		a.gpu += w.GetGpuSeconds()
+		l.EnergyJ += e
+		l.GpuSeconds += w.GetGpuSeconds()
+	}
+	// The runs' CPU+DRAM shares go with the batch too. A run's last host
+	// interval may come a batch after its end, so a share alone makes a
+	// loss record of the run.
+	for _, h := range b.GetHostEnergy() {
+		for _, sh := range h.GetRuns() {
+			if !plausibleShare(sh) {
+				s.log.Error("spool: a dropped host energy share is malformed; its loss is not reported", "seq", b.GetSeq(), "run_id", sh.GetRunId())
+				continue
+			}
+			lossOf(sh.GetRunId()).HostEnergyJ += sh.GetCpuEnergyJ() + sh.GetDramEnergyJ()
+		}
+	}
+	// The node's record (run id "") goes the same ways as the runs'.
+	if n := nodeLoss(b, reason); n != nil {
+		per[""] = n
+		order = append(order, "")
+	} else {
+		s.log.Error("spool: a dropped batch's GPU or host energy is malformed; the node's loss is not reported", "seq", b.GetSeq())
 	}
 	for _, id := range order {
-		a := per[id]
+		l := per[id]
 		if inDoubt && len(s.seqLosses) < maxPerSeqRec {
 			// With its window start the collector finds the batch by its
 			// GPU/host record, which is all it keeps of most batches.
-			s.seqLosses = append(s.seqLosses, &trainmeterv1.DataLoss{RunId: id, Batches: 1, Tokens: a.tokens,
-				EnergyJ: a.energy, GpuSeconds: a.gpu, Reason: reason, Seq: b.GetSeq(), SpoolCollectors: own,
-				WindowStart: b.GetWindowStart()})
+			l.Seq, l.SpoolCollectors, l.WindowStart = b.GetSeq(), own, b.GetWindowStart()
+			s.seqLosses = append(s.seqLosses, l)
 			continue
 		}
-		s.mergeLoss(id, own, 1, a.tokens, a.energy, a.gpu, reason)
+		s.mergeLoss(id, own, l)
 	}
+}
+
+// nodeLoss is what b held for the node as a whole: every GPU's energy and
+// time (runs + idle, downtime bridged included, as the collector's usage
+// adds them up) and the CPU+DRAM energy, each with its idle part; nil when
+// a figure is not a plausible one.
+func nodeLoss(b *trainmeterv1.Batch, reason string) *trainmeterv1.DataLoss {
+	l := &trainmeterv1.DataLoss{Batches: 1, Reason: reason, FirstWindowStart: b.GetWindowStart()}
+	for _, gw := range b.GetGpuWindows() {
+		e, idle := gw.GetEnergyIntegratedJ(), gw.GetIdleEnergyIntegratedJ()
+		if gw.GetCounterOk() {
+			e, idle = gw.GetEnergyCounterJ(), gw.GetIdleEnergyCounterJ()
+		}
+		l.EnergyJ += e + gw.GetDowntimeEnergyCounterJ()
+		l.IdleEnergyJ += idle + gw.GetDowntimeIdleEnergyCounterJ()
+		l.GpuSeconds += gw.GetGpuSeconds() + gw.GetDowntimeGpuSeconds()
+		l.IdleGpuSeconds += gw.GetIdleGpuSeconds() + gw.GetDowntimeIdleGpuSeconds()
+	}
+	for _, h := range b.GetHostEnergy() {
+		l.HostEnergyJ += h.GetCpuEnergyJ() + h.GetDramEnergyJ()
+		l.IdleHostEnergyJ += h.GetIdleCpuEnergyJ() + h.GetIdleDramEnergyJ()
+	}
+	if !plausibleLoss("node", l.EnergyJ, l.IdleEnergyJ, l.GpuSeconds, l.IdleGpuSeconds, l.HostEnergyJ, l.IdleHostEnergyJ) {
+		return nil
+	}
+	return l
 }
 
 // plausibleWindow keeps a loss record from carrying what the collector
 // would refuse (and so from getting the next batch rejected too).
 func plausibleWindow(w *trainmeterv1.RunWindow) bool {
-	id := w.GetRunId()
+	return plausibleLoss(w.GetRunId(), w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ(), w.GetGpuSeconds())
+}
+
+func plausibleShare(sh *trainmeterv1.HostEnergyShare) bool {
+	return plausibleLoss(sh.GetRunId(), sh.GetCpuEnergyJ(), sh.GetDramEnergyJ())
+}
+
+func plausibleLoss(id string, figures ...float64) bool {
 	if id == "" || len(id) > 256 || !utf8.ValidString(id) || strings.ContainsRune(id, 0) {
 		return false
 	}
-	for _, v := range []float64{w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ(), w.GetGpuSeconds()} {
+	for _, v := range figures {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 			return false
 		}
@@ -185,18 +237,41 @@ func plausibleWindow(w *trainmeterv1.RunWindow) bool {
 	return true
 }
 
-func (s *Spool) mergeLoss(run string, collectors uint32, batches, tokens uint64, energy, gpu float64, reason string) {
+// mergeLoss adds the figures and reason of add to the pending loss record
+// of run for collectors.
+func (s *Spool) mergeLoss(run string, collectors uint32, add *trainmeterv1.DataLoss) {
 	k := lossKey(run, collectors)
 	l := s.losses[k]
 	if l == nil {
 		l = &trainmeterv1.DataLoss{RunId: run, SpoolCollectors: collectors}
 		s.losses[k] = l
 	}
-	l.Batches += batches
-	l.Tokens += tokens
-	l.EnergyJ += energy
-	l.GpuSeconds += gpu
-	l.Reason = addReason(l.Reason, reason)
+	l.Batches += add.GetBatches()
+	l.Tokens += add.GetTokens()
+	l.EnergyJ += add.GetEnergyJ()
+	l.GpuSeconds += add.GetGpuSeconds()
+	l.HostEnergyJ += add.GetHostEnergyJ()
+	l.IdleEnergyJ += add.GetIdleEnergyJ()
+	l.IdleGpuSeconds += add.GetIdleGpuSeconds()
+	l.IdleHostEnergyJ += add.GetIdleHostEnergyJ()
+	if f := add.GetFirstWindowStart(); f != nil && (l.FirstWindowStart == nil || f.AsTime().Before(l.FirstWindowStart.AsTime())) {
+		l.FirstWindowStart = f
+	}
+	l.Reason = addReason(l.Reason, add.GetReason())
+}
+
+// attachLosses puts the pending loss records on b after own (the records
+// b came with): the runs' in losses, the node's (run id "") in node_losses.
+func (s *Spool) attachLosses(b *trainmeterv1.Batch, own []*trainmeterv1.DataLoss) {
+	b.Losses = append([]*trainmeterv1.DataLoss(nil), own...)
+	b.NodeLosses = nil
+	for _, l := range s.takeLossesPreview() {
+		if l.GetRunId() == "" {
+			b.NodeLosses = append(b.NodeLosses, l)
+		} else {
+			b.Losses = append(b.Losses, l)
+		}
+	}
 }
 
 func addReason(have, r string) string {

@@ -170,7 +170,8 @@ type Stats struct {
 	CorruptRecords uint64
 	CorruptBytes   uint64
 	StateCorrupt   bool
-	// PendingLosses is how many runs' loss records wait for the next batch.
+	// PendingLosses is how many loss records (the runs' and the node's) wait
+	// for the next batch.
 	PendingLosses int
 }
 
@@ -378,7 +379,7 @@ func (s *Spool) Append(b *trainmeterv1.Batch) error {
 	var data []byte
 	dropped := false
 	for {
-		b.Losses = append(append([]*trainmeterv1.DataLoss(nil), own...), s.takeLossesPreview()...)
+		s.attachLosses(b, own)
 		b.RunEvents = append(append([]*trainmeterv1.RunEvent(nil), s.events...), ownEvents...)
 		var err error
 		data, err = encodeRecord(b)
@@ -419,7 +420,7 @@ func (s *Spool) Append(b *trainmeterv1.Batch) error {
 		if len(s.segs) > 0 {
 			s.evictOldest("disk full")
 			// The batch now carries the new loss records too.
-			b.Losses = append(append([]*trainmeterv1.DataLoss(nil), own...), s.takeLossesPreview()...)
+			s.attachLosses(b, own)
 			b.RunEvents = append(append([]*trainmeterv1.RunEvent(nil), s.events...), ownEvents...)
 			if data, err = encodeRecord(b); err == nil {
 				if err = s.write(seq, data); err != nil {

@@ -3,9 +3,11 @@ package spool
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -196,11 +198,10 @@ func account(t *testing.T, s *Spool) totals {
 		}
 	}
 	s.mu.Lock()
-	for _, l := range s.losses {
-		tt.lostTokens += l.Tokens
-		tt.lostBatches += l.Batches
-	}
-	for _, l := range s.seqLosses {
+	for _, l := range slices.Concat(slices.Collect(maps.Values(s.losses)), s.seqLosses) {
+		if l.RunId == "" {
+			continue // the node's record: its batches are every dropped one
+		}
 		tt.lostTokens += l.Tokens
 		tt.lostBatches += l.Batches
 	}
@@ -802,5 +803,286 @@ func TestInDoubtLossKeepsItsWindowStartInTheStateFile(t *testing.T) {
 	old := decodeLoss([]byte(`{"run_id":"r","batches":1,"tokens":5,"energy_j":0,"gpu_seconds":0,"reason":"x","seq":7}`))
 	if old == nil || old.WindowStart != nil || old.Seq != 7 {
 		t.Errorf("state from before window_start: %v", old)
+	}
+}
+
+// withHost gives b one RAPL interval: cpu and dram J for each of runs, and
+// idle J the node spent with no run.
+func withHost(b *trainmeterv1.Batch, cpu, dram, idle float64, runs ...string) *trainmeterv1.Batch {
+	h := &trainmeterv1.HostEnergy{Start: b.WindowStart, End: b.WindowEnd, DramOk: true,
+		CpuEnergyJ: cpu*float64(len(runs)) + idle, DramEnergyJ: dram * float64(len(runs)), IdleCpuEnergyJ: idle}
+	for _, r := range runs {
+		h.Runs = append(h.Runs, &trainmeterv1.HostEnergyShare{RunId: r, CpuEnergyJ: cpu, DramEnergyJ: dram,
+			Share: 1 / float64(len(runs)), Split: "equal"})
+	}
+	b.HostEnergy = append(b.HostEnergy, h)
+	return b
+}
+
+// pendingLosses is every loss record the spool holds: on the batches it
+// keeps and not yet carried; the node's have an empty run id.
+func pendingLosses(t *testing.T, s *Spool) []*trainmeterv1.DataLoss {
+	t.Helper()
+	var out []*trainmeterv1.DataLoss
+	for _, b := range unacked(t, s) {
+		for _, l := range b.NodeLosses {
+			if l.RunId != "" {
+				t.Errorf("a node loss record names run %q", l.RunId)
+			}
+		}
+		out = append(append(out, b.Losses...), b.NodeLosses...)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append(out, s.takeLossesPreview()...)
+}
+
+// A dropped batch's CPU+DRAM shares are lost with it, per run, like its GPU
+// energy: held + lost host energy is what was appended.
+func TestFullSpoolAccountsTheDroppedHostEnergyPerRun(t *testing.T) {
+	s := open(t, t.TempDir(), 32<<10, 4<<10)
+	defer s.Close()
+	const n = 400
+	appended := map[string]float64{}
+	for i := 1; i <= n; i++ {
+		b := withHost(batch(i, "a", "b"), float64(i), 0.5, 3, "a", "b")
+		if i%50 == 0 {
+			// Run c's last host interval, a batch after its last window.
+			b = withHost(b, 0, 0, 0)
+			b.HostEnergy[1].Runs = []*trainmeterv1.HostEnergyShare{{RunId: "c", CpuEnergyJ: 2, DramEnergyJ: 1, Share: 1, Split: "exclusive"}}
+			appended["c"] += 3
+		}
+		appended["a"] += float64(i) + 0.5
+		appended["b"] += float64(i) + 0.5
+		mustAppend(t, s, b)
+	}
+	if s.Stats().Dropped == 0 {
+		t.Fatal("nothing dropped: the test needs a smaller spool")
+	}
+	held := map[string]float64{}
+	for _, b := range unacked(t, s) {
+		for _, h := range b.HostEnergy {
+			for _, sh := range h.Runs {
+				held[sh.RunId] += sh.CpuEnergyJ + sh.DramEnergyJ
+			}
+		}
+	}
+	lost := map[string]float64{}
+	var lostBatches = map[string]uint64{}
+	for _, l := range pendingLosses(t, s) {
+		lost[l.RunId] += l.HostEnergyJ
+		lostBatches[l.RunId] += l.Batches
+	}
+	for run, want := range appended {
+		if got := held[run] + lost[run]; math.Abs(got-want) > 1e-6 {
+			t.Errorf("run %s: held %.1f + lost %.1f J host energy = %.1f, appended %.1f", run, held[run], lost[run], got, want)
+		}
+	}
+	if lost["a"] == 0 || lost["c"] == 0 {
+		t.Errorf("no host energy reported lost: %v", lost)
+	}
+	if lostBatches["a"] != s.Stats().Dropped {
+		t.Errorf("run a lost %d batches, %d dropped", lostBatches["a"], s.Stats().Dropped)
+	}
+}
+
+// An in-doubt loss (the batch was sent, never acked) carries the batch's
+// host energy in its own record, and a pending one keeps it in the state
+// file across a restart.
+func TestInDoubtAndPendingLossesKeepTheirHostEnergy(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, 16<<10, 4<<10)
+	mustAppend(t, s, withHost(batch(1, "r"), 7, 2, 0, "r"))
+	s.MarkSent(1)
+	for i := 2; s.Stats().Dropped < 2; i++ {
+		mustAppend(t, s, withHost(batch(i, "r"), 1, 0, 0, "r"))
+	}
+	var doubt *trainmeterv1.DataLoss
+	var certain float64
+	for _, l := range pendingLosses(t, s) {
+		if l.RunId == "" {
+			continue
+		}
+		if l.Seq == 1 {
+			doubt = l
+		} else {
+			certain += l.HostEnergyJ
+		}
+	}
+	if doubt == nil || doubt.HostEnergyJ != 9 {
+		t.Errorf("in-doubt loss record of seq 1 %v, want host_energy_j 9", doubt)
+	}
+	if certain == 0 {
+		t.Error("the batches dropped unsent carry no host energy")
+	}
+
+	s.Reject(s.Stats().Dropped+1, "bad")
+	s.abandon()
+	s = open(t, dir, 0, 0)
+	defer s.Close()
+	var after float64
+	for _, l := range pendingLosses(t, s) {
+		if l.RunId != "" {
+			after += l.HostEnergyJ
+		}
+	}
+	if want := 9 + certain + 1; math.Abs(after-want) > 1e-9 {
+		t.Errorf("after a restart the pending loss records hold %.1f J host energy, want %.1f", after, want)
+	}
+}
+
+// withGPU gives b one GPU's window: busy J and s for the runs, idle J and s
+// for no run.
+func withGPU(b *trainmeterv1.Batch, busy, idle, busyS, idleS float64) *trainmeterv1.Batch {
+	b.GpuWindows = append(b.GpuWindows, &trainmeterv1.GpuWindow{Gpu: 0, CounterOk: true,
+		EnergyCounterJ: busy + idle, IdleEnergyCounterJ: idle, GpuSeconds: busyS + idleS, IdleGpuSeconds: idleS})
+	return b
+}
+
+// nodeFigures are a node's totals and idle parts.
+type nodeFigures struct{ energy, idleEnergy, gpuS, idleGPUS, host, idleHost float64 }
+
+func (n *nodeFigures) addLoss(l *trainmeterv1.DataLoss) {
+	n.energy += l.EnergyJ
+	n.idleEnergy += l.IdleEnergyJ
+	n.gpuS += l.GpuSeconds
+	n.idleGPUS += l.IdleGpuSeconds
+	n.host += l.HostEnergyJ
+	n.idleHost += l.IdleHostEnergyJ
+}
+
+func (n *nodeFigures) addBatch(b *trainmeterv1.Batch) {
+	for _, gw := range b.GpuWindows {
+		n.energy += gw.EnergyCounterJ
+		n.idleEnergy += gw.IdleEnergyCounterJ
+		n.gpuS += gw.GpuSeconds
+		n.idleGPUS += gw.IdleGpuSeconds
+	}
+	for _, h := range b.HostEnergy {
+		n.host += h.CpuEnergyJ + h.DramEnergyJ
+		n.idleHost += h.IdleCpuEnergyJ + h.IdleDramEnergyJ
+	}
+}
+
+// The node's part of dropped batches (every GPU's energy and time, its
+// CPU+DRAM, with their idle parts) is reported in node loss records, so
+// held + lost is what was appended for the node too; a batch with no run
+// at all (an idle node) is reported as well.
+func TestFullSpoolAccountsTheDroppedNodeTotalsAndIdle(t *testing.T) {
+	s := open(t, t.TempDir(), 32<<10, 4<<10)
+	defer s.Close()
+	const n = 400
+	var appended nodeFigures
+	for i := 1; i <= n; i++ {
+		runs := []string{"a"}
+		if i%3 == 0 {
+			runs = nil // nothing ran: all idle
+		}
+		b := withGPU(withHost(batch(i, runs...), 2, 1, 4, runs...), float64(len(runs))*100, 30, float64(len(runs))*0.7, 0.3)
+		appended.addBatch(b)
+		mustAppend(t, s, b)
+	}
+	dropped := s.Stats().Dropped
+	if dropped == 0 {
+		t.Fatal("nothing dropped: the test needs a smaller spool")
+	}
+	var held, lost nodeFigures
+	var lostBatches uint64
+	first := t0.Add(time.Hour)
+	for _, b := range unacked(t, s) {
+		held.addBatch(b)
+		for _, l := range b.Losses {
+			if l.RunId == "" {
+				t.Errorf("a node loss record among the runs' losses: %v", l)
+			}
+		}
+	}
+	for _, l := range pendingLosses(t, s) {
+		if l.RunId != "" {
+			continue
+		}
+		lost.addLoss(l)
+		lostBatches += l.Batches
+		if l.FirstWindowStart == nil {
+			t.Errorf("node loss record without first_window_start: %v", l)
+		} else if ft := l.FirstWindowStart.AsTime(); ft.Before(first) {
+			first = ft
+		}
+	}
+	near := func(what string, held, lost, want float64) {
+		t.Helper()
+		if math.Abs(held+lost-want) > 1e-6 || lost == 0 {
+			t.Errorf("node %s: held %.2f + lost %.2f = %.2f, appended %.2f", what, held, lost, held+lost, want)
+		}
+	}
+	near("GPU energy", held.energy, lost.energy, appended.energy)
+	near("idle GPU energy", held.idleEnergy, lost.idleEnergy, appended.idleEnergy)
+	near("GPU-seconds", held.gpuS, lost.gpuS, appended.gpuS)
+	near("idle GPU-seconds", held.idleGPUS, lost.idleGPUS, appended.idleGPUS)
+	near("host energy", held.host, lost.host, appended.host)
+	near("idle host energy", held.idleHost, lost.idleHost, appended.idleHost)
+	if lostBatches != dropped {
+		t.Errorf("node loss records count %d batches, %d dropped", lostBatches, dropped)
+	}
+	if !first.Equal(batch(1).WindowStart.AsTime()) {
+		t.Errorf("earliest first_window_start %v, want the first dropped batch's %v", first, batch(1).WindowStart.AsTime())
+	}
+}
+
+// An in-doubt drop (sent, never acked) gives the node its own record with
+// the batch's seq and window start, like the runs', and a pending node
+// record keeps its figures in the state file.
+func TestNodeLossInDoubtAndAcrossARestart(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, 16<<10, 4<<10)
+	mustAppend(t, s, withGPU(withHost(batch(1, "r"), 7, 2, 5, "r"), 100, 20, 0.5, 0.5))
+	s.MarkSent(1)
+	for i := 2; s.Stats().Dropped < 2; i++ {
+		mustAppend(t, s, withGPU(batch(i, "r"), 100, 20, 0.5, 0.5))
+	}
+	var doubt *trainmeterv1.DataLoss
+	for _, l := range pendingLosses(t, s) {
+		if l.RunId == "" && l.Seq == 1 {
+			doubt = l
+		}
+	}
+	want := &trainmeterv1.DataLoss{Batches: 1, EnergyJ: 120, IdleEnergyJ: 20, GpuSeconds: 1, IdleGpuSeconds: 0.5,
+		HostEnergyJ: 14, IdleHostEnergyJ: 5, Reason: "spool full", Seq: 1, WindowStart: batch(1).WindowStart, FirstWindowStart: batch(1).WindowStart}
+	if !proto.Equal(doubt, want) {
+		t.Errorf("the node's in-doubt record of seq 1:\n%v\nwant\n%v", doubt, want)
+	}
+	s.Reject(s.Stats().Dropped+1, "bad")
+	s.abandon()
+	s = open(t, dir, 0, 0)
+	defer s.Close()
+	var node nodeFigures
+	for _, l := range pendingLosses(t, s) {
+		if l.RunId == "" && l.Seq == 0 {
+			node.addLoss(l)
+		}
+	}
+	if node.energy == 0 || node.idleEnergy == 0 || node.idleGPUS == 0 || node.energy != 120*float64(int(node.gpuS)) {
+		t.Errorf("after a restart the node's pending records hold %+v", node)
+	}
+}
+
+// A batch too big for the whole spool is dropped unwritten: the node's and
+// runs' pending records it was to carry stay pending once, not twice.
+func TestUnwrittenBatchDoesNotCountThePendingRecordsAgain(t *testing.T) {
+	s := open(t, t.TempDir(), MinMaxBytes, 0)
+	defer s.Close()
+	mustAppend(t, s, withGPU(batch(1, "r"), 100, 20, 0.5, 0.5))
+	s.Reject(1, "bad") // pending: r's record and the node's, one batch each
+	huge := withGPU(batch(2, "r"), 100, 20, 0.5, 0.5)
+	huge.RawSamples = []*trainmeterv1.RawSamples{{Gpu: 0, TUnixNs: make([]uint64, MinMaxBytes/4)}}
+	if err := s.Append(huge); err == nil {
+		t.Fatal("a batch bigger than the spool was kept")
+	}
+	batches := map[string]uint64{}
+	for _, l := range pendingLosses(t, s) {
+		batches[l.RunId] += l.Batches
+	}
+	if batches["r"] != 2 || batches[""] != 2 {
+		t.Errorf("pending records count %d batches for r and %d for the node, want 2 and 2", batches["r"], batches[""])
 	}
 }

@@ -50,6 +50,15 @@ type lossJSON struct {
 	// WindowStart is DataLoss.window_start (with Seq); absent in state
 	// written before it.
 	WindowStart *time.Time `json:"window_start,omitempty"`
+	// HostEnergyJ is DataLoss.host_energy_j; absent in state written
+	// before it.
+	HostEnergyJ float64 `json:"host_energy_j,omitempty"`
+	// The node's record (RunID ""): DataLoss.idle_* and
+	// first_window_start.
+	IdleEnergyJ      float64    `json:"idle_energy_j,omitempty"`
+	IdleGPUSeconds   float64    `json:"idle_gpu_seconds,omitempty"`
+	IdleHostEnergyJ  float64    `json:"idle_host_energy_j,omitempty"`
+	FirstWindowStart *time.Time `json:"first_window_start,omitempty"`
 }
 
 func decodeLoss(raw json.RawMessage) *trainmeterv1.DataLoss {
@@ -58,19 +67,28 @@ func decodeLoss(raw json.RawMessage) *trainmeterv1.DataLoss {
 		return nil
 	}
 	d := &trainmeterv1.DataLoss{RunId: l.RunID, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
-		GpuSeconds: l.GPUSeconds, Reason: l.Reason, Seq: l.Seq, SpoolCollectors: l.Collectors}
+		GpuSeconds: l.GPUSeconds, Reason: l.Reason, Seq: l.Seq, SpoolCollectors: l.Collectors, HostEnergyJ: l.HostEnergyJ,
+		IdleEnergyJ: l.IdleEnergyJ, IdleGpuSeconds: l.IdleGPUSeconds, IdleHostEnergyJ: l.IdleHostEnergyJ}
 	if l.WindowStart != nil {
 		d.WindowStart = timestamppb.New(*l.WindowStart)
+	}
+	if l.FirstWindowStart != nil {
+		d.FirstWindowStart = timestamppb.New(*l.FirstWindowStart)
 	}
 	return d
 }
 
 func encodeLoss(l *trainmeterv1.DataLoss) json.RawMessage {
 	j := lossJSON{RunID: l.RunId, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
-		GPUSeconds: l.GpuSeconds, Reason: l.Reason, Seq: l.Seq, Collectors: l.SpoolCollectors}
+		GPUSeconds: l.GpuSeconds, Reason: l.Reason, Seq: l.Seq, Collectors: l.SpoolCollectors, HostEnergyJ: l.HostEnergyJ,
+		IdleEnergyJ: l.IdleEnergyJ, IdleGPUSeconds: l.IdleGpuSeconds, IdleHostEnergyJ: l.IdleHostEnergyJ}
 	if l.WindowStart != nil {
 		ws := l.WindowStart.AsTime()
 		j.WindowStart = &ws
+	}
+	if l.FirstWindowStart != nil {
+		fw := l.FirstWindowStart.AsTime()
+		j.FirstWindowStart = &fw
 	}
 	b, _ := json.Marshal(j)
 	return b

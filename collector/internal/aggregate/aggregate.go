@@ -55,9 +55,11 @@
 //     window with the latest end that has has_loss.
 //   - incomplete: an agent reported data it had to drop (Batch.losses: spool
 //     or disk full, a rejected batch); lost_batches, lost_tokens,
-//     lost_energy_j and lost_gpu_seconds are the sums of those reports. The
-//     figures above exclude the lost data: tokens_processed + lost_tokens is
-//     what the trainers reported.
+//     lost_energy_j, lost_gpu_seconds and lost_host_energy_j (the runs'
+//     CPU+DRAM share) are the sums of those reports. The figures above
+//     exclude the lost data: tokens_processed + lost_tokens is what the
+//     trainers reported, cpu_energy_j + dram_energy_j + lost_host_energy_j
+//     the run's host energy.
 //
 // Folding is order-independent (up to floating-point summation order) as
 // long as each node's own windows arrive in that node's order, which the
@@ -265,12 +267,14 @@ type State struct {
 	LastLossBy string  `json:"last_loss_by,omitempty"`
 
 	// Data dropped on agents (see AddLoss).
-	Incomplete     bool     `json:"incomplete,omitempty"`
-	LostBatches    uint64   `json:"lost_batches,omitempty"`
-	LostTokens     uint64   `json:"lost_tokens,omitempty"`
-	LostEnergyJ    float64  `json:"lost_energy_j,omitempty"`
-	LostGPUSeconds float64  `json:"lost_gpu_seconds,omitempty"`
-	LostReasons    []string `json:"lost_reasons,omitempty"`
+	Incomplete     bool    `json:"incomplete,omitempty"`
+	LostBatches    uint64  `json:"lost_batches,omitempty"`
+	LostTokens     uint64  `json:"lost_tokens,omitempty"`
+	LostEnergyJ    float64 `json:"lost_energy_j,omitempty"`
+	LostGPUSeconds float64 `json:"lost_gpu_seconds,omitempty"`
+	// The runs' CPU+DRAM share (RAPL) of the dropped batches, J.
+	LostHostEnergyJ float64  `json:"lost_host_energy_j,omitempty"`
+	LostReasons     []string `json:"lost_reasons,omitempty"`
 
 	// Shared GPUs (RunWindow.shared_gpu_seconds, share_method,
 	// max_sharing_runs): GPU-seconds spent sharing, the split rules seen,
@@ -315,6 +319,7 @@ func (s *State) AddLoss(node string, l *trainmeterv1.DataLoss) {
 	s.LostTokens += l.GetTokens()
 	s.LostEnergyJ += l.GetEnergyJ()
 	s.LostGPUSeconds += l.GetGpuSeconds()
+	s.LostHostEnergyJ += l.GetHostEnergyJ()
 	for _, r := range strings.Split(l.GetReason(), "; ") {
 		if r == "" || r == "…" || slices.Contains(s.LostReasons, r) || len(s.LostReasons) >= maxLostReasons {
 			continue
@@ -877,6 +882,7 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.LostTokens = s.LostTokens
 	r.LostEnergyJ = s.LostEnergyJ
 	r.LostGpuSeconds = s.LostGPUSeconds
+	r.LostHostEnergyJ = s.LostHostEnergyJ
 	r.GpuShareMethod = ShareMethod(s.ShareMethods)
 	r.SharedGpuS = s.SharedGPUSeconds
 	r.MaxSharingRuns = s.MaxSharingRuns

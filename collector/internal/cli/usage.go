@@ -166,5 +166,41 @@ func writeUsageTable(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error
 		}
 		fmt.Fprintln(tw)
 	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return writeUsageLost(cmd, resp, host)
+}
+
+// writeUsageLost lists what the nodes' agents had to drop (full spool or
+// disk, rejected batches), which the figures above do not hold; only when
+// some node lost something.
+func writeUsageLost(cmd *cobra.Command, resp *trainmeterv1.UsageResponse, host bool) error {
+	var lost []*trainmeterv1.NodeUsage
+	for _, n := range resp.GetNodes() {
+		if n.GetLostBatches() > 0 {
+			lost = append(lost, n)
+		}
+		host = host || n.GetLostHostEnergyJ() > 0
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	out := cmd.OutOrStdout()
+	fmt.Fprintln(out, "\nINCOMPLETE: dropped on the agents, not in the figures above (node total = above + dropped; the runs' parts are in their reports' lost_* figures)")
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	head := "NODE\tBATCHES\tGPU-HOURS\tENERGY kWh\tIDLE GPU-HOURS\tIDLE ENERGY kWh"
+	if host {
+		head += "\tHOST (CPU+DRAM) kWh\tIDLE HOST kWh"
+	}
+	fmt.Fprintln(tw, head)
+	for _, n := range lost {
+		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.6f\t%.4f\t%.6f", n.GetNode(), n.GetLostBatches(), n.GetLostGpuSeconds()/3600,
+			n.GetLostEnergyJ()/3.6e6, n.GetLostIdleGpuSeconds()/3600, n.GetLostIdleEnergyJ()/3.6e6)
+		if host {
+			fmt.Fprintf(tw, "\t%.6f\t%.6f", n.GetLostHostEnergyJ()/3.6e6, n.GetLostIdleHostEnergyJ()/3.6e6)
+		}
+		fmt.Fprintln(tw)
+	}
 	return tw.Flush()
 }

@@ -177,6 +177,14 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 			return fmt.Errorf("losses[%d]: %w", i, err)
 		}
 	}
+	if n := len(b.GetNodeLosses()); n > MaxLosses {
+		return fmt.Errorf("%d node loss records, more than %d", n, MaxLosses)
+	}
+	for i, l := range b.GetNodeLosses() {
+		if err := validateNodeLoss(l); err != nil {
+			return fmt.Errorf("node_losses[%d]: %w", i, err)
+		}
+	}
 	if err := validateRawSamples(b); err != nil {
 		return err
 	}
@@ -427,5 +435,34 @@ func validateLoss(l *trainmeterv1.DataLoss) error {
 			return err
 		}
 	}
-	return phys("energy_j", l.GetEnergyJ(), "gpu_seconds", l.GetGpuSeconds())
+	return phys("energy_j", l.GetEnergyJ(), "gpu_seconds", l.GetGpuSeconds(), "host_energy_j", l.GetHostEnergyJ())
+}
+
+// validateNodeLoss checks a node's DataLoss record (Batch.node_losses): no
+// run, and its idle parts and first window start as well.
+func validateNodeLoss(l *trainmeterv1.DataLoss) error {
+	if l == nil {
+		return fmt.Errorf("is null")
+	}
+	if l.GetRunId() != "" {
+		return fmt.Errorf("run_id %q is set (a node's record has none)", l.GetRunId())
+	}
+	if err := validText("reason", l.GetReason()); err != nil {
+		return err
+	}
+	if l.GetBatches() > 1<<40 {
+		return fmt.Errorf("batches (%d) more than %d", l.GetBatches(), uint64(1<<40))
+	}
+	if l.GetWindowStart() != nil {
+		if err := validTime("window_start", l.GetWindowStart()); err != nil {
+			return err
+		}
+	}
+	if l.GetFirstWindowStart() != nil {
+		if err := validTime("first_window_start", l.GetFirstWindowStart()); err != nil {
+			return err
+		}
+	}
+	return phys("energy_j", l.GetEnergyJ(), "gpu_seconds", l.GetGpuSeconds(), "host_energy_j", l.GetHostEnergyJ(),
+		"idle_energy_j", l.GetIdleEnergyJ(), "idle_gpu_seconds", l.GetIdleGpuSeconds(), "idle_host_energy_j", l.GetIdleHostEnergyJ())
 }

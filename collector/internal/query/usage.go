@@ -186,6 +186,17 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			n.HostEnergyJ += h.GetCpuEnergyJ() + h.GetDramEnergyJ()
 			n.IdleHostEnergyJ += h.GetIdleCpuEnergyJ() + h.GetIdleDramEnergyJ()
 		}
+		// Dropped on the agent: beside the node's figures, never in them
+		// (nor in the rows, whose runs carry their own lost_* figures).
+		for _, l := range b.GetNodeLosses() {
+			n.LostBatches += l.GetBatches()
+			n.LostGpuSeconds += l.GetGpuSeconds()
+			n.LostEnergyJ += l.GetEnergyJ()
+			n.LostHostEnergyJ += l.GetHostEnergyJ()
+			n.LostIdleGpuSeconds += l.GetIdleGpuSeconds()
+			n.LostIdleEnergyJ += l.GetIdleEnergyJ()
+			n.LostIdleHostEnergyJ += l.GetIdleHostEnergyJ()
+		}
 		return nil
 	}, func(runID, node string, w *trainmeterv1.RunWindow) error {
 		r := byRun[runID]

@@ -149,3 +149,54 @@ func TestUsageRowsAddUpToTheNodes(t *testing.T) {
 		t.Errorf("bad --by: %v", err)
 	}
 }
+
+// A node whose agent dropped batches: usage shows what they held for the
+// node (every GPU, CPU+DRAM, with the idle parts) beside its totals, once
+// (a re-sent carrier, an in-doubt record of a batch that arrived: not
+// again), in the period the dropped data began in.
+func TestUsageShowsTheNodesDroppedBatches(t *testing.T) {
+	srv := start(t, server.Config{})
+	conn := tu.Dial(t, srv.Addr().String())
+	q := trainmeterv1.NewQueryServiceClient(conn)
+	n := tu.Connect(t, conn, "node-1", "boot-a")
+	n.MustAck(usageBatch(1, 0, ""))
+	// Batches 2..4 (seconds 1..3) were dropped; 2 and 3 for sure, 4 after
+	// it was sent, and the in-doubt record of batch 1, which arrived.
+	carrier := usageBatch(5, 4, "")
+	carrier.NodeLosses = []*trainmeterv1.DataLoss{
+		{Batches: 2, EnergyJ: 1200, GpuSeconds: 4, HostEnergyJ: 90, IdleEnergyJ: 600, IdleGpuSeconds: 2, IdleHostEnergyJ: 30,
+			Reason: "spool full", FirstWindowStart: tu.TS(1)},
+		{Batches: 1, EnergyJ: 600, GpuSeconds: 2, HostEnergyJ: 45, IdleEnergyJ: 300, IdleGpuSeconds: 1, IdleHostEnergyJ: 15,
+			Reason: "spool full", Seq: 4, WindowStart: tu.TS(3), FirstWindowStart: tu.TS(3)},
+		{Batches: 1, EnergyJ: 600, GpuSeconds: 2, HostEnergyJ: 45, IdleEnergyJ: 300, IdleGpuSeconds: 1, IdleHostEnergyJ: 15,
+			Reason: "spool full", Seq: 1, WindowStart: tu.TS(0), FirstWindowStart: tu.TS(0)},
+	}
+	n.MustAck(carrier)
+	n.MustAck(carrier) // re-sent: deduplicated with the batch
+
+	usage := func(req *trainmeterv1.UsageRequest) *trainmeterv1.NodeUsage {
+		t.Helper()
+		resp, err := q.Usage(t.Context(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetNodes()) != 1 {
+			t.Fatalf("nodes %v", resp.GetNodes())
+		}
+		return resp.GetNodes()[0]
+	}
+	got := usage(&trainmeterv1.UsageRequest{})
+	if got.GetLostBatches() != 3 || got.GetLostEnergyJ() != 1800 || got.GetLostGpuSeconds() != 6 || got.GetLostHostEnergyJ() != 135 ||
+		got.GetLostIdleEnergyJ() != 900 || got.GetLostIdleGpuSeconds() != 3 || got.GetLostIdleHostEnergyJ() != 45 {
+		t.Errorf("node's lost figures: %v", got)
+	}
+	// The figures themselves are what arrived: batches 1 and 5.
+	if got.GetEnergyJ() != 1200 || got.GetGpuSeconds() != 4 {
+		t.Errorf("node totals %v J, %v GPU-s; want the 1200 and 4 that arrived", got.GetEnergyJ(), got.GetGpuSeconds())
+	}
+	// From second 2 on: only the loss that began at second 3.
+	got = usage(&trainmeterv1.UsageRequest{Since: tu.TS(2)})
+	if got.GetLostBatches() != 1 || got.GetLostEnergyJ() != 600 || got.GetLostIdleHostEnergyJ() != 15 {
+		t.Errorf("since second 2, the node's lost figures: %v", got)
+	}
+}

@@ -19,6 +19,9 @@
 //	                                               and stored_boot_id, the sender's boot)
 //	s/<node>\0<start:8><seq:8>                     raw samples of a batch (proto Batch holding
 //	                                               only raw_samples and the window)
+//	nl/<node>\0<start:8><seq:8>                    the node loss records a batch carried, those
+//	                                               not of a batch held (proto Batch holding only
+//	                                               node_losses and the window); expire like r/
 //	n/<node>                                       NodeStatus (proto; connected is not stored)
 //	x/<namespace>\0<key>                           the collector's own records (records.go)
 //
@@ -40,6 +43,7 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -313,6 +317,12 @@ func startVal(ts *timestamppb.Timestamp) uint64 {
 
 func gpuPrefix(node string) []byte { return append(key("r/", node), 0) }
 
+// nodeLossKey is the nl/ key of the node loss records carried by node's
+// batch seq starting at start (startVal).
+func nodeLossKey(node string, start, seq uint64) []byte {
+	return be64(be64(append(key("nl/", node), 0), start), seq)
+}
+
 // gpuKey is the r/ key of node's batch seq starting at start (startVal).
 func gpuKey(node string, start, seq uint64) []byte {
 	return be64(be64(gpuPrefix(node), start), seq)
@@ -577,6 +587,30 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 			}
 		}
 		aggs[l.GetRunId()].AddLoss(node, l)
+	}
+	// The node's part of dropped batches, by the same rule, kept for usage
+	// under the batch that carried it.
+	var nodeLosses []*trainmeterv1.DataLoss
+	for _, l := range b.GetNodeLosses() {
+		if l.GetSeq() != 0 {
+			held, err := holdsLost(txn, node, boot, l)
+			if err != nil {
+				return false, err
+			}
+			if held {
+				continue
+			}
+		}
+		nodeLosses = append(nodeLosses, l)
+	}
+	if len(nodeLosses) > 0 {
+		v, err := proto.Marshal(&trainmeterv1.Batch{WindowStart: b.GetWindowStart(), NodeLosses: nodeLosses})
+		if err != nil {
+			return false, err
+		}
+		if err := s.setTTL(txn, nodeLossKey(node, start, seq), v, s.rawTTL); err != nil {
+			return false, err
+		}
 	}
 	// Node status.
 	ns := ne.ns
@@ -1115,9 +1149,10 @@ func (s *Store) NodeGPUWindows(node string, from, to time.Time) ([]*trainmeterv1
 }
 
 // UsageScan calls gpu for every stored GPU-window record (a Batch holding
-// the window, its GPU windows and host) and run for every stored RunWindow
-// whose start is in [since, until) (zero times: unbounded), with the node
-// (and run) from the key. Raw records expire with RawRetention, so usage
+// the window, its GPU windows and host), then for the node loss records
+// (a Batch holding only node_losses: scanNodeLosses), and run for every
+// stored RunWindow whose start is in [since, until) (zero times:
+// unbounded), with the node (and run) from the key. Raw records expire with RawRetention, so usage
 // reaches back that far at most.
 func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *trainmeterv1.Batch) error,
 	run func(runID, node string, w *trainmeterv1.RunWindow) error) error {
@@ -1127,6 +1162,9 @@ func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *train
 	}
 	return s.db.View(func(txn *badger.Txn) error {
 		if err := scanGPUWindows(txn, in, gpu); err != nil {
+			return err
+		}
+		if err := scanNodeLosses(txn, in, gpu); err != nil {
 			return err
 		}
 		wit := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("w/"), PrefetchValues: true})
@@ -1154,6 +1192,40 @@ func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *train
 		}
 		return nil
 	})
+}
+
+// scanNodeLosses calls gpu with a Batch holding only node_losses: the
+// node's loss records whose dropped data began in the period (by
+// first_window_start; the one batch's window_start, or the carrier's,
+// where a record has none).
+func scanNodeLosses(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu func(node string, b *trainmeterv1.Batch) error) error {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("nl/"), PrefetchValues: true})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		k := it.Item().Key()
+		if len(k) < 3+1+16 {
+			continue
+		}
+		node := string(k[3 : len(k)-17])
+		b := &trainmeterv1.Batch{}
+		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
+			return err
+		}
+		kept := &trainmeterv1.Batch{WindowStart: b.GetWindowStart()}
+		for _, l := range b.GetNodeLosses() {
+			at := cmp.Or(l.GetFirstWindowStart(), l.GetWindowStart(), b.GetWindowStart())
+			if in(at) {
+				kept.NodeLosses = append(kept.NodeLosses, l)
+			}
+		}
+		if len(kept.NodeLosses) == 0 {
+			continue
+		}
+		if err := gpu(node, kept); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func scanGPUWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu func(node string, b *trainmeterv1.Batch) error) error {

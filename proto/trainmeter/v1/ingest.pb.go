@@ -497,7 +497,14 @@ type Batch struct {
 	// also tells that (node, boot, seq) was applied. Agents never set it; the
 	// collector ignores it on a received batch (the store writes the stream's
 	// boot id there).
-	StoredBootId  string `protobuf:"bytes,950,opt,name=stored_boot_id,json=storedBootId,proto3" json:"stored_boot_id,omitempty"`
+	StoredBootId string `protobuf:"bytes,950,opt,name=stored_boot_id,json=storedBootId,proto3" json:"stored_boot_id,omitempty"`
+	// --- the node's part of dropped batches (loss-host, 1050–1099) ---
+	// What dropped batches held for the node as a whole, beside the per-run
+	// records in losses: run_id empty, energy_j and gpu_seconds every GPU's
+	// (runs + idle, downtime bridged included), host_energy_j the node's CPU
+	// + DRAM, and the idle_* parts of them no run was on the node for; seq
+	// and window_start as in losses. Collectors before this field ignore it.
+	NodeLosses    []*DataLoss `protobuf:"bytes,1050,rep,name=node_losses,json=nodeLosses,proto3" json:"node_losses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -607,6 +614,13 @@ func (x *Batch) GetStoredBootId() string {
 		return x.StoredBootId
 	}
 	return ""
+}
+
+func (x *Batch) GetNodeLosses() []*DataLoss {
+	if x != nil {
+		return x.NodeLosses
+	}
+	return nil
 }
 
 // HostEnergy is the node's CPU and DRAM energy between two reads of its
@@ -1007,9 +1021,24 @@ type DataLoss struct {
 	// With seq: the window_start of that one batch, so the collector can find
 	// it by its GPU/host record (node, window_start, seq). Unset with seq 0,
 	// and in records from agents before this field.
-	WindowStart   *timestamppb.Timestamp `protobuf:"bytes,950,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	WindowStart *timestamppb.Timestamp `protobuf:"bytes,950,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	// --- host energy of dropped batches (loss-host, 1050–1099) ---
+	// The run's CPU+DRAM energy (J, RAPL) in the dropped batches: the sum of
+	// their HostEnergyShare parts for the run (cpu_energy_j + dram_energy_j),
+	// like energy_j for its GPUs. A batch that carried only a host share of
+	// the run (its last interval, after its end) counts in batches too. 0
+	// from agents before this field, and on nodes without RAPL.
+	HostEnergyJ float64 `protobuf:"fixed64,1050,opt,name=host_energy_j,json=hostEnergyJ,proto3" json:"host_energy_j,omitempty"`
+	// Only in node_losses: the idle parts (no run on the GPU, or the node)
+	// of energy_j, gpu_seconds and host_energy_j.
+	IdleEnergyJ     float64 `protobuf:"fixed64,1051,opt,name=idle_energy_j,json=idleEnergyJ,proto3" json:"idle_energy_j,omitempty"`
+	IdleGpuSeconds  float64 `protobuf:"fixed64,1052,opt,name=idle_gpu_seconds,json=idleGpuSeconds,proto3" json:"idle_gpu_seconds,omitempty"`
+	IdleHostEnergyJ float64 `protobuf:"fixed64,1053,opt,name=idle_host_energy_j,json=idleHostEnergyJ,proto3" json:"idle_host_energy_j,omitempty"`
+	// Only in node_losses: the earliest window start of the dropped batches
+	// the record sums, the time usage --since/--until counts it at.
+	FirstWindowStart *timestamppb.Timestamp `protobuf:"bytes,1054,opt,name=first_window_start,json=firstWindowStart,proto3" json:"first_window_start,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *DataLoss) Reset() {
@@ -1101,6 +1130,41 @@ func (x *DataLoss) GetSpoolCollectors() uint32 {
 func (x *DataLoss) GetWindowStart() *timestamppb.Timestamp {
 	if x != nil {
 		return x.WindowStart
+	}
+	return nil
+}
+
+func (x *DataLoss) GetHostEnergyJ() float64 {
+	if x != nil {
+		return x.HostEnergyJ
+	}
+	return 0
+}
+
+func (x *DataLoss) GetIdleEnergyJ() float64 {
+	if x != nil {
+		return x.IdleEnergyJ
+	}
+	return 0
+}
+
+func (x *DataLoss) GetIdleGpuSeconds() float64 {
+	if x != nil {
+		return x.IdleGpuSeconds
+	}
+	return 0
+}
+
+func (x *DataLoss) GetIdleHostEnergyJ() float64 {
+	if x != nil {
+		return x.IdleHostEnergyJ
+	}
+	return 0
+}
+
+func (x *DataLoss) GetFirstWindowStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstWindowStart
 	}
 	return nil
 }
@@ -2998,7 +3062,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\rpower_limit_w\x18\x05 \x01(\x01R\vpowerLimitW\x12,\n" +
 	"\x12has_energy_counter\x18\x06 \x01(\bR\x10hasEnergyCounter\x12*\n" +
 	"\x11has_instant_power\x18\a \x01(\bR\x0fhasInstantPower\x12\x17\n" +
-	"\x06vendor\x18\xd8\x04 \x01(\tR\x06vendor\"\xc1\x04\n" +
+	"\x06vendor\x18\xd8\x04 \x01(\tR\x06vendor\"\xfc\x04\n" +
 	"\x05Batch\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -3016,7 +3080,9 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"rawSamples\x12;\n" +
 	"\vhost_energy\x18\x8a\x05 \x03(\v2\x19.trainmeter.v1.HostEnergyR\n" +
 	"hostEnergy\x12%\n" +
-	"\x0estored_boot_id\x18\xb6\a \x01(\tR\fstoredBootId\"\x8c\x03\n" +
+	"\x0estored_boot_id\x18\xb6\a \x01(\tR\fstoredBootId\x129\n" +
+	"\vnode_losses\x18\x9a\b \x03(\v2\x17.trainmeter.v1.DataLossR\n" +
+	"nodeLosses\"\x8c\x03\n" +
 	"\n" +
 	"HostEnergy\x120\n" +
 	"\x05start\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -3049,7 +3115,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\tt_unix_ns\x18\x02 \x03(\x06R\atUnixNs\x12\x17\n" +
 	"\apower_w\x18\x03 \x03(\x02R\x06powerW\x12'\n" +
 	"\x0futilization_pct\x18\x04 \x03(\x02R\x0eutilizationPct\x12&\n" +
-	"\x0fmemory_used_mib\x18\x05 \x03(\x02R\rmemoryUsedMib\"\xa5\x02\n" +
+	"\x0fmemory_used_mib\x18\x05 \x03(\x02R\rmemoryUsedMib\"\x93\x04\n" +
 	"\bDataLoss\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\x04R\abatches\x12\x16\n" +
@@ -3060,7 +3126,12 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x10\n" +
 	"\x03seq\x18\a \x01(\x04R\x03seq\x12*\n" +
 	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectors\x12>\n" +
-	"\fwindow_start\x18\xb6\a \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\"\xb7\t\n" +
+	"\fwindow_start\x18\xb6\a \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x12#\n" +
+	"\rhost_energy_j\x18\x9a\b \x01(\x01R\vhostEnergyJ\x12#\n" +
+	"\ridle_energy_j\x18\x9b\b \x01(\x01R\vidleEnergyJ\x12)\n" +
+	"\x10idle_gpu_seconds\x18\x9c\b \x01(\x01R\x0eidleGpuSeconds\x12,\n" +
+	"\x12idle_host_energy_j\x18\x9d\b \x01(\x01R\x0fidleHostEnergyJ\x12I\n" +
+	"\x12first_window_start\x18\x9e\b \x01(\v2\x1a.google.protobuf.TimestampR\x10firstWindowStart\"\xb7\t\n" +
 	"\tGpuWindow\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\rR\x03gpu\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12(\n" +
@@ -3326,33 +3397,35 @@ var file_trainmeter_v1_ingest_proto_depIdxs = []int32{
 	10, // 13: trainmeter.v1.Batch.losses:type_name -> trainmeter.v1.DataLoss
 	9,  // 14: trainmeter.v1.Batch.raw_samples:type_name -> trainmeter.v1.RawSamples
 	6,  // 15: trainmeter.v1.Batch.host_energy:type_name -> trainmeter.v1.HostEnergy
-	26, // 16: trainmeter.v1.HostEnergy.start:type_name -> google.protobuf.Timestamp
-	26, // 17: trainmeter.v1.HostEnergy.end:type_name -> google.protobuf.Timestamp
-	7,  // 18: trainmeter.v1.HostEnergy.zones:type_name -> trainmeter.v1.RaplZoneEnergy
-	8,  // 19: trainmeter.v1.HostEnergy.runs:type_name -> trainmeter.v1.HostEnergyShare
-	26, // 20: trainmeter.v1.DataLoss.window_start:type_name -> google.protobuf.Timestamp
-	26, // 21: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
-	26, // 22: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
-	0,  // 23: trainmeter.v1.RunWindow.phase:type_name -> trainmeter.v1.Phase
-	13, // 24: trainmeter.v1.RunWindow.gpu_shares:type_name -> trainmeter.v1.GpuShare
-	15, // 25: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
-	17, // 26: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
-	18, // 27: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
-	26, // 28: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
-	16, // 29: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
-	25, // 30: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
-	26, // 31: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
-	26, // 32: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
-	26, // 33: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
-	23, // 34: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
-	24, // 35: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
-	1,  // 36: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
-	2,  // 37: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
-	37, // [37:38] is the sub-list for method output_type
-	36, // [36:37] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	10, // 16: trainmeter.v1.Batch.node_losses:type_name -> trainmeter.v1.DataLoss
+	26, // 17: trainmeter.v1.HostEnergy.start:type_name -> google.protobuf.Timestamp
+	26, // 18: trainmeter.v1.HostEnergy.end:type_name -> google.protobuf.Timestamp
+	7,  // 19: trainmeter.v1.HostEnergy.zones:type_name -> trainmeter.v1.RaplZoneEnergy
+	8,  // 20: trainmeter.v1.HostEnergy.runs:type_name -> trainmeter.v1.HostEnergyShare
+	26, // 21: trainmeter.v1.DataLoss.window_start:type_name -> google.protobuf.Timestamp
+	26, // 22: trainmeter.v1.DataLoss.first_window_start:type_name -> google.protobuf.Timestamp
+	26, // 23: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
+	26, // 24: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
+	0,  // 25: trainmeter.v1.RunWindow.phase:type_name -> trainmeter.v1.Phase
+	13, // 26: trainmeter.v1.RunWindow.gpu_shares:type_name -> trainmeter.v1.GpuShare
+	15, // 27: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
+	17, // 28: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
+	18, // 29: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
+	26, // 30: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
+	16, // 31: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
+	25, // 32: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
+	26, // 33: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
+	26, // 34: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
+	26, // 35: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
+	23, // 36: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
+	24, // 37: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
+	1,  // 38: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
+	2,  // 39: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
+	39, // [39:40] is the sub-list for method output_type
+	38, // [38:39] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_ingest_proto_init() }

@@ -228,8 +228,21 @@ type NodeUsage struct {
 	// no run was on the node for.
 	HostEnergyJ     float64 `protobuf:"fixed64,650,opt,name=host_energy_j,json=hostEnergyJ,proto3" json:"host_energy_j,omitempty"`
 	IdleHostEnergyJ float64 `protobuf:"fixed64,651,opt,name=idle_host_energy_j,json=idleHostEnergyJ,proto3" json:"idle_host_energy_j,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// --- the node's part of dropped batches (loss-host, 1050–1099) ---
+	// What batches the node's agent had to drop held (Batch.node_losses whose
+	// first window lies in the period), not in the figures above: the node's
+	// whole total is energy_j + lost_energy_j, and so on; lost_idle_* are the
+	// parts of them no run was on the node for (the runs' parts are their
+	// lost_* figures).
+	LostBatches         uint64  `protobuf:"varint,1050,opt,name=lost_batches,json=lostBatches,proto3" json:"lost_batches,omitempty"`
+	LostGpuSeconds      float64 `protobuf:"fixed64,1051,opt,name=lost_gpu_seconds,json=lostGpuSeconds,proto3" json:"lost_gpu_seconds,omitempty"`
+	LostEnergyJ         float64 `protobuf:"fixed64,1052,opt,name=lost_energy_j,json=lostEnergyJ,proto3" json:"lost_energy_j,omitempty"`
+	LostHostEnergyJ     float64 `protobuf:"fixed64,1053,opt,name=lost_host_energy_j,json=lostHostEnergyJ,proto3" json:"lost_host_energy_j,omitempty"`
+	LostIdleGpuSeconds  float64 `protobuf:"fixed64,1054,opt,name=lost_idle_gpu_seconds,json=lostIdleGpuSeconds,proto3" json:"lost_idle_gpu_seconds,omitempty"`
+	LostIdleEnergyJ     float64 `protobuf:"fixed64,1055,opt,name=lost_idle_energy_j,json=lostIdleEnergyJ,proto3" json:"lost_idle_energy_j,omitempty"`
+	LostIdleHostEnergyJ float64 `protobuf:"fixed64,1056,opt,name=lost_idle_host_energy_j,json=lostIdleHostEnergyJ,proto3" json:"lost_idle_host_energy_j,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *NodeUsage) Reset() {
@@ -307,6 +320,55 @@ func (x *NodeUsage) GetHostEnergyJ() float64 {
 func (x *NodeUsage) GetIdleHostEnergyJ() float64 {
 	if x != nil {
 		return x.IdleHostEnergyJ
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetLostBatches() uint64 {
+	if x != nil {
+		return x.LostBatches
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetLostGpuSeconds() float64 {
+	if x != nil {
+		return x.LostGpuSeconds
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetLostEnergyJ() float64 {
+	if x != nil {
+		return x.LostEnergyJ
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetLostHostEnergyJ() float64 {
+	if x != nil {
+		return x.LostHostEnergyJ
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetLostIdleGpuSeconds() float64 {
+	if x != nil {
+		return x.LostIdleGpuSeconds
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetLostIdleEnergyJ() float64 {
+	if x != nil {
+		return x.LostIdleEnergyJ
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetLostIdleHostEnergyJ() float64 {
+	if x != nil {
+		return x.LostIdleHostEnergyJ
 	}
 	return 0
 }
@@ -1104,8 +1166,13 @@ type RunReport struct {
 	// the throughput the collector measured before and after each
 	// (docs/recommendations.md).
 	DataloaderChanges []*DataloaderChange `protobuf:"bytes,550,rep,name=dataloader_changes,json=dataloaderChanges,proto3" json:"dataloader_changes,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// --- host energy of dropped batches (loss-host, 1050–1099) ---
+	// The run's CPU+DRAM energy (J, RAPL) in batches an agent dropped: like
+	// lost_energy_j for its GPUs, missing from cpu_energy_j, dram_energy_j
+	// and node_energy_j (docs/reliability.md).
+	LostHostEnergyJ float64 `protobuf:"fixed64,1050,opt,name=lost_host_energy_j,json=lostHostEnergyJ,proto3" json:"lost_host_energy_j,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
@@ -1822,6 +1889,13 @@ func (x *RunReport) GetDataloaderChanges() []*DataloaderChange {
 		return x.DataloaderChanges
 	}
 	return nil
+}
+
+func (x *RunReport) GetLostHostEnergyJ() float64 {
+	if x != nil {
+		return x.LostHostEnergyJ
+	}
+	return 0
 }
 
 // CarbonBand is the part of a run's energy consumed at one carbon
@@ -3285,7 +3359,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\fenergy_share\x18\t \x01(\x01R\venergyShare\x12!\n" +
 	"\fprice_source\x18\n" +
 	" \x01(\tR\vpriceSource\x12\x12\n" +
-	"\x04runs\x18\v \x01(\rR\x04runs\"\xfc\x01\n" +
+	"\x04runs\x18\v \x01(\rR\x04runs\"\xb7\x04\n" +
 	"\tNodeUsage\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vgpu_seconds\x18\x02 \x01(\x01R\n" +
@@ -3294,7 +3368,14 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x10idle_gpu_seconds\x18\x04 \x01(\x01R\x0eidleGpuSeconds\x12\"\n" +
 	"\ridle_energy_j\x18\x05 \x01(\x01R\vidleEnergyJ\x12#\n" +
 	"\rhost_energy_j\x18\x8a\x05 \x01(\x01R\vhostEnergyJ\x12,\n" +
-	"\x12idle_host_energy_j\x18\x8b\x05 \x01(\x01R\x0fidleHostEnergyJ\"\xe0\x01\n" +
+	"\x12idle_host_energy_j\x18\x8b\x05 \x01(\x01R\x0fidleHostEnergyJ\x12\"\n" +
+	"\flost_batches\x18\x9a\b \x01(\x04R\vlostBatches\x12)\n" +
+	"\x10lost_gpu_seconds\x18\x9b\b \x01(\x01R\x0elostGpuSeconds\x12#\n" +
+	"\rlost_energy_j\x18\x9c\b \x01(\x01R\vlostEnergyJ\x12,\n" +
+	"\x12lost_host_energy_j\x18\x9d\b \x01(\x01R\x0flostHostEnergyJ\x122\n" +
+	"\x15lost_idle_gpu_seconds\x18\x9e\b \x01(\x01R\x12lostIdleGpuSeconds\x12,\n" +
+	"\x12lost_idle_energy_j\x18\x9f\b \x01(\x01R\x0flostIdleEnergyJ\x125\n" +
+	"\x17lost_idle_host_energy_j\x18\xa0\b \x01(\x01R\x13lostIdleHostEnergyJ\"\xe0\x01\n" +
 	"\rUsageResponse\x12\x0e\n" +
 	"\x02by\x18\x01 \x03(\tR\x02by\x12+\n" +
 	"\x04rows\x18\x02 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
@@ -3329,7 +3410,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
 	"\tconnected\x18\x06 \x01(\bR\tconnected\x12-\n" +
-	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\xd9\x1f\n" +
+	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\x87 \n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -3446,7 +3527,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"co2_source\x18\xd4\x06 \x01(\tR\tco2Source\x12 \n" +
 	"\vcarbon_zone\x18\xd5\x06 \x01(\tR\n" +
 	"carbonZone\x12O\n" +
-	"\x12dataloader_changes\x18\xa6\x04 \x03(\v2\x1f.trainmeter.v1.DataloaderChangeR\x11dataloaderChanges\x1a9\n" +
+	"\x12dataloader_changes\x18\xa6\x04 \x03(\v2\x1f.trainmeter.v1.DataloaderChangeR\x11dataloaderChanges\x12,\n" +
+	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +

@@ -104,9 +104,12 @@ type Aggregate struct {
 	// where and when it was consumed: key "ZONE|SOURCE|GCO2_PER_KWH"
 	// (cost.CarbonKey), value joules. Source "flat" (no intensity value)
 	// is energy no source covered, priced at the flat factor at report time.
-	CarbonByBand  map[string]float64 `protobuf:"bytes,850,rep,name=carbon_by_band,json=carbonByBand,proto3" json:"carbon_by_band,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CarbonByBand map[string]float64 `protobuf:"bytes,850,rep,name=carbon_by_band,json=carbonByBand,proto3" json:"carbon_by_band,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	// --- host energy of dropped batches (loss-host, 1050–1099) ---
+	// Σ of the run's DataLoss.host_energy_j (J).
+	LostHostEnergyJ float64 `protobuf:"fixed64,1050,opt,name=lost_host_energy_j,json=lostHostEnergyJ,proto3" json:"lost_host_energy_j,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -613,6 +616,13 @@ func (x *Aggregate) GetCarbonByBand() map[string]float64 {
 		return x.CarbonByBand
 	}
 	return nil
+}
+
+func (x *Aggregate) GetLostHostEnergyJ() float64 {
+	if x != nil {
+		return x.LostHostEnergyJ
+	}
+	return 0
 }
 
 type Metadata struct {
@@ -1191,7 +1201,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\x9f\x16\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xcd\x16\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1278,7 +1288,8 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\rhas_host_dram\x18\x8d\x05 \x01(\bR\vhasHostDram\x12 \n" +
 	"\vhost_splits\x18\x8e\x05 \x03(\tR\n" +
 	"hostSplits\x12W\n" +
-	"\x0ecarbon_by_band\x18\xd2\x06 \x03(\v20.trainmeter.store.v1.Aggregate.CarbonByBandEntryR\fcarbonByBand\x1aS\n" +
+	"\x0ecarbon_by_band\x18\xd2\x06 \x03(\v20.trainmeter.store.v1.Aggregate.CarbonByBandEntryR\fcarbonByBand\x12,\n" +
+	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
