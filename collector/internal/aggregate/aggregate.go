@@ -28,7 +28,7 @@
 //     energy_method = "counter" | "integrated" | "mixed" over measured windows
 //     ("" without measured windows). energy_disagreement_pct = 100 × (Σ counter
 //     − Σ integrated) / Σ counter over measured windows with counter_ok (0 if
-//     none). energy_estimated = any window estimated; gap_s = Σ gap_s.
+//     none, or if Σ counter < 1 J). energy_estimated = any window estimated; gap_s = Σ gap_s.
 //   - avg_power_W = energy_J / (wall_s − warmup_s); 0 when that is ≤ 0.
 //   - peak_power_W: per node, a window's peak_power_w; across nodes, per
 //     1-second bucket (window start truncated to the second) each node's max
@@ -801,7 +801,10 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	default:
 		r.EnergyMethod = "mixed"
 	}
-	if s.CounterWindows > 0 && s.CounterSumOK != 0 {
+	// Against less than a joule of counter energy a percentage says nothing
+	// and can overflow (FuzzAggregate: 9e-308 J counted, 4e9 J integrated
+	// gave -Inf).
+	if s.CounterWindows > 0 && s.CounterSumOK >= minDisagreementBaseJ {
 		r.EnergyDisagreementPct = 100 * (s.CounterSumOK - s.IntegratedSumOK) / s.CounterSumOK
 	}
 	r.EnergyEstimated = s.EnergyEstimated
@@ -1119,3 +1122,7 @@ func ShareMethod(methods []string) string {
 	}
 	return ""
 }
+
+// minDisagreementBaseJ is the least counter energy energy_disagreement_pct
+// is taken against.
+const minDisagreementBaseJ = 1.0

@@ -31,6 +31,15 @@ func seedBatches() map[string]*trainmeterv1.Batch {
 		"valid_empty":      tu.Batch(4, 3, nil),
 		"valid_two_starts": tu.Batch(5, 4, nil, tu.Start("a", 4, "m"), tu.Start("b", 4.2, "m2")),
 	}
+	// Loss records of dropped batches: a run's (with its host energy) and
+	// the node's (with the idle parts), one of them in doubt.
+	lost := tu.Batch(6, 5, []*trainmeterv1.RunWindow{tu.Window("r1", 5, 10, 20)})
+	lost.Losses = []*trainmeterv1.DataLoss{{RunId: "r1", Batches: 2, Tokens: 100, EnergyJ: 500, GpuSeconds: 2, HostEnergyJ: 80, Reason: "spool full"}}
+	lost.NodeLosses = []*trainmeterv1.DataLoss{
+		{Batches: 2, EnergyJ: 700, IdleEnergyJ: 200, GpuSeconds: 4, IdleGpuSeconds: 2, HostEnergyJ: 120, IdleHostEnergyJ: 40, Reason: "spool full", FirstWindowStart: tu.TS(2)},
+		{Batches: 1, EnergyJ: 300, GpuSeconds: 2, Reason: "spool full", Seq: 4, WindowStart: tu.TS(3)},
+	}
+	seeds["valid_losses"] = lost
 	for name, b := range tu.Invalid(9) {
 		seeds["invalid_"+name] = b
 	}
