@@ -109,6 +109,30 @@ func (f *Fake) AwaitWaiters(ctx context.Context, n int) error {
 	}
 }
 
+// AdvanceToNextWaiter advances the clock to the earliest pending After's
+// time, firing it (and the tickers due by then), and reports whether one
+// was pending. Advance by a fixed step would also fire an After that the
+// woken code registers meanwhile if it falls within the step (as a real
+// clock would); this lets exactly one wait pass, which a test counting
+// retries needs.
+func (f *Fake) AdvanceToNextWaiter() bool {
+	f.mu.Lock()
+	if len(f.afters) == 0 {
+		f.mu.Unlock()
+		return false
+	}
+	next := f.afters[0].at
+	for _, a := range f.afters[1:] {
+		if a.at.Before(next) {
+			next = a.at
+		}
+	}
+	d := next.Sub(f.now)
+	f.mu.Unlock()
+	f.Advance(d)
+	return true
+}
+
 // Waiters is how many After channels have not fired yet: a test advances
 // once the code under test is waiting, instead of sleeping.
 func (f *Fake) Waiters() int {

@@ -144,3 +144,35 @@ func TestRealClock(t *testing.T) {
 	defer tk.Stop()
 	<-tk.C()
 }
+
+// A retry loop woken by one wait may register its next before the test's
+// Advance returns; AdvanceToNextWaiter ends exactly one wait.
+func TestAdvanceToNextWaiterEndsOneWait(t *testing.T) {
+	f := NewFake(start)
+	if f.AdvanceToNextWaiter() {
+		t.Fatal("advanced with nothing waiting")
+	}
+	first, second := f.After(5*time.Millisecond), f.After(8*time.Millisecond)
+	if !f.AdvanceToNextWaiter() {
+		t.Fatal("did not advance with two waiting")
+	}
+	select {
+	case at := <-first:
+		if !at.Equal(start.Add(5 * time.Millisecond)) {
+			t.Errorf("first fired at %v, want start+5ms", at)
+		}
+	default:
+		t.Fatal("the earliest wait did not end")
+	}
+	select {
+	case <-second:
+		t.Fatal("the later wait ended too")
+	default:
+	}
+	if got := f.Now(); !got.Equal(start.Add(5 * time.Millisecond)) {
+		t.Errorf("now %v, want start+5ms", got)
+	}
+	if n := f.Waiters(); n != 1 {
+		t.Errorf("%d waiters, want 1", n)
+	}
+}
