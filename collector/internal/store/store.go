@@ -1199,18 +1199,7 @@ func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *train
 // first_window_start; the one batch's window_start, or the carrier's,
 // where a record has none).
 func scanNodeLosses(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu func(node string, b *trainmeterv1.Batch) error) error {
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("nl/"), PrefetchValues: true})
-	defer it.Close()
-	for it.Rewind(); it.Valid(); it.Next() {
-		k := it.Item().Key()
-		if len(k) < 3+1+16 {
-			continue
-		}
-		node := string(k[3 : len(k)-17])
-		b := &trainmeterv1.Batch{}
-		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
-			return err
-		}
+	return scanNodeBatches(txn, "nl/", func(node string, b *trainmeterv1.Batch) error {
 		kept := &trainmeterv1.Batch{WindowStart: b.GetWindowStart()}
 		for _, l := range b.GetNodeLosses() {
 			at := cmp.Or(l.GetFirstWindowStart(), l.GetWindowStart(), b.GetWindowStart())
@@ -1219,32 +1208,37 @@ func scanNodeLosses(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu f
 			}
 		}
 		if len(kept.NodeLosses) == 0 {
-			continue
+			return nil
 		}
-		if err := gpu(node, kept); err != nil {
-			return err
-		}
-	}
-	return nil
+		return gpu(node, kept)
+	})
 }
 
 func scanGPUWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu func(node string, b *trainmeterv1.Batch) error) error {
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("r/"), PrefetchValues: true})
+	return scanNodeBatches(txn, "r/", func(node string, b *trainmeterv1.Batch) error {
+		if !in(b.GetWindowStart()) {
+			return nil
+		}
+		return gpu(node, b)
+	})
+}
+
+// scanNodeBatches calls f with every Batch stored under prefix with a
+// <prefix><node>\0<start:8><seq:8> key (r/, nl/), and the node.
+func scanNodeBatches(txn *badger.Txn, prefix string, f func(node string, b *trainmeterv1.Batch) error) error {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(prefix), PrefetchValues: true})
 	defer it.Close()
 	for it.Rewind(); it.Valid(); it.Next() {
 		k := it.Item().Key()
-		if len(k) < 2+1+16 {
+		if len(k) < len(prefix)+1+16 {
 			continue
 		}
-		node := string(k[2 : len(k)-17])
+		node := string(k[len(prefix) : len(k)-17])
 		b := &trainmeterv1.Batch{}
 		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
 			return err
 		}
-		if !in(b.GetWindowStart()) {
-			continue
-		}
-		if err := gpu(node, b); err != nil {
+		if err := f(node, b); err != nil {
 			return err
 		}
 	}
