@@ -52,12 +52,14 @@ accuracy-check:
 # The torch tests (tests_torch) run with the first interpreter that can import
 # torch (scripts/torch-python.sh); without one they are skipped, unless
 # TRAINMETER_REQUIRE_TORCH=1 or CI=true (set in CI), where that fails.
+# A suite's output is cut to its summary when it passes and shown whole when
+# it fails (scripts/quiet-unless-failed.sh).
 test-python:
-	cd clients/python && python3 -m unittest discover -s tests -v 2>&1 | tail -5; test $${PIPESTATUS[0]} -eq 0
+	cd clients/python && ../../scripts/quiet-unless-failed.sh 5 python3 -m unittest discover -s tests -v
 	@if py=$$(scripts/torch-python.sh); then \
 		echo "test-python: torch tests with $$py"; \
-		cd clients/python && $$py -m unittest discover -s tests_torch -v 2>&1 | tail -5; test $${PIPESTATUS[0]} -eq 0 && \
-		$$py -m unittest discover -s tests -k real_torch 2>&1 | tail -3; test $${PIPESTATUS[0]} -eq 0; \
+		cd clients/python && ../../scripts/quiet-unless-failed.sh 5 $$py -m unittest discover -s tests_torch -v && \
+		../../scripts/quiet-unless-failed.sh 3 $$py -m unittest discover -s tests -k real_torch; \
 	elif [ "$${TRAINMETER_REQUIRE_TORCH:-}" = 1 ] || [ "$${CI:-}" = true ]; then \
 		echo "test-python: no python can import torch (apt-get install python3-torch)"; exit 1; \
 	else echo "test-python: SKIPPING the torch tests: no python can import torch (apt-get install python3-torch)"; fi
