@@ -127,6 +127,11 @@ func TestStalePricesAcrossBinaries(t *testing.T) {
 		c.cliFails("prices", "fetch")
 		return c.pricesJSON().Warning != ""
 	})
+	// The collector answered: its providers failed, it is not unreachable.
+	if stderr := c.cliFails("prices", "fetch"); strings.Contains(stderr, "cannot reach the collector") ||
+		!strings.Contains(stderr, "collector at "+c.addr+": price fetch from vastai,file: ") || !strings.Contains(stderr, "(retry later)") {
+		t.Errorf("prices fetch with every provider failing: %s", stderr)
+	}
 	if table := c.cli("prices"); !strings.Contains(table, "warning: every price catalog is stale") || strings.Contains(table, "no prices yet") {
 		t.Errorf("prices with every catalog stale:\n%s", table)
 	}

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/collector/internal/rpcerr"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/internal/plural"
@@ -226,6 +227,9 @@ func (cf *clientFlags) explain(err error) error {
 	case codes.NotFound:
 		return errors.New(st.Message())
 	case codes.Unavailable:
+		if rpcerr.FromUpstream(st) { // the collector answered: a service behind it failed
+			return fmt.Errorf("collector at %s: %s (retry later)", cf.addr, st.Message())
+		}
 		return fmt.Errorf("cannot reach the collector at %s (is `trainmeter serve` running? set --collector or $%s): %s", cf.addr, EnvCollector, st.Message())
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("the collector at %s did not answer within %v", cf.addr, cf.timeout)

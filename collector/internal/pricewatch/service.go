@@ -3,6 +3,7 @@ package pricewatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/collector/internal/rpcerr"
 	"github.com/trainmeter/trainmeter/pkg/prices"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -94,7 +96,8 @@ func (s *Service) FetchPrices(ctx context.Context, _ *trainmeterv1.FetchPricesRe
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "price fetch from %s: %v", s.w.Provider(), err)
+		// Marked: the CLI must not say it cannot reach the collector.
+		return nil, rpcerr.UpstreamUnavailable(fmt.Sprintf("price fetch from %s: %v", s.w.Provider(), err))
 	}
 	resp := &trainmeterv1.FetchPricesResponse{Offers: uint32(res.Offers), GpuModels: uint32(res.Models), Alerts: uint32(res.Alerts)}
 	for _, p := range res.Providers {
