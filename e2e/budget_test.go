@@ -17,30 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/trainmeter/trainmeter/internal/testkit"
-	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
-
-// collectorAt starts a collector on addr with data dir data (so that a test
-// can restart it on the same data) and returns it with its process.
-func collectorAt(t *testing.T, addr, data string, extra ...string) (*cluster, *exec.Cmd) {
-	t.Helper()
-	cmd := daemon(t, "trainmeter", append([]string{"serve", "--listen", addr, "--data", data}, extra...)...)
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	c := &cluster{t: t, addr: addr, q: trainmeterv1.NewQueryServiceClient(conn)}
-	c.eventually("collector answering", func() bool {
-		_, err := c.q.ListRuns(t.Context(), &trainmeterv1.ListRunsRequest{})
-		return err == nil
-	})
-	return c, cmd
-}
 
 // stopDaemon stops a daemon started by daemon() and waits until it is gone.
 func stopDaemon(c *cluster, cmd *exec.Cmd) {

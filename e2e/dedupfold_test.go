@@ -2,13 +2,10 @@ package e2e
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/dgraph-io/badger/v4"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/trainmeter/trainmeter/internal/testkit"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -20,28 +17,16 @@ import (
 // directory holds their r/ records and no b/ dedup mark (one each before).
 func TestAgentBatchesAreStoredWithoutASeparateDedupMark(t *testing.T) {
 	t.Parallel()
-	addr := testkit.FreeAddr(t)
 	data := filepath.Join(t.TempDir(), "data")
-	collector := daemon(t, "trainmeter", "serve", "--listen", addr, "--data", data)
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	c := &cluster{t: t, addr: addr, q: trainmeterv1.NewQueryServiceClient(conn)}
-	c.eventually("collector answering", func() bool {
-		_, err := c.q.ListRuns(context.Background(), &trainmeterv1.ListRunsRequest{})
-		return err == nil
-	})
+	c, collector := collectorAt(t, testkit.FreeAddr(t), data)
 	c.startAgent("fold-node", "sim:2")
 	c.eventually("5 batches acked", func() bool {
 		resp, err := c.q.ListNodes(context.Background(), &trainmeterv1.ListNodesRequest{})
 		return err == nil && len(resp.Nodes) == 1 && resp.Nodes[0].LastSeq >= 5
 	})
-	if err := collector.Process.Signal(os.Interrupt); err != nil {
-		t.Fatal(err)
-	}
+	stopDaemon(c, collector)
 	var db *badger.DB
+	var err error
 	c.eventually("the collector's data directory free", func() bool {
 		db, err = badger.Open(badger.DefaultOptions(data).WithReadOnly(true).WithLogger(nil))
 		return err == nil

@@ -59,10 +59,11 @@ type cluster struct {
 	q    trainmeterv1.QueryServiceClient
 }
 
-func startCollector(t *testing.T, extra ...string) *cluster {
+// collectorAt starts a collector on addr with data dir data (so that a test
+// can restart it on the same data) and returns it with its process.
+func collectorAt(t *testing.T, addr, data string, extra ...string) (*cluster, *exec.Cmd) {
 	t.Helper()
-	addr := testkit.FreeAddr(t)
-	daemon(t, "trainmeter", append([]string{"serve", "--listen", addr, "--data", filepath.Join(t.TempDir(), "data")}, extra...)...)
+	cmd := daemon(t, "trainmeter", append([]string{"serve", "--listen", addr, "--data", data}, extra...)...)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -70,9 +71,15 @@ func startCollector(t *testing.T, extra ...string) *cluster {
 	t.Cleanup(func() { conn.Close() })
 	c := &cluster{t: t, addr: addr, q: trainmeterv1.NewQueryServiceClient(conn)}
 	c.eventually("collector answering", func() bool {
-		_, err := c.q.ListRuns(context.Background(), &trainmeterv1.ListRunsRequest{})
+		_, err := c.q.ListRuns(t.Context(), &trainmeterv1.ListRunsRequest{})
 		return err == nil
 	})
+	return c, cmd
+}
+
+func startCollector(t *testing.T, extra ...string) *cluster {
+	t.Helper()
+	c, _ := collectorAt(t, testkit.FreeAddr(t), filepath.Join(t.TempDir(), "data"), extra...)
 	return c
 }
 
