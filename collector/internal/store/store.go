@@ -576,32 +576,18 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	// Data the agent's spool dropped. A record with a seq is one batch the
 	// agent sent but never saw acked: if it was applied after all, nothing
 	// of it was lost.
-	for _, l := range b.GetLosses() {
-		if l.GetSeq() != 0 {
-			held, err := holdsLost(txn, node, boot, l)
-			if err != nil {
-				return false, err
-			}
-			if held {
-				continue
-			}
-		}
+	runLosses, err := notHeld(txn, node, boot, b.GetLosses())
+	if err != nil {
+		return false, err
+	}
+	for _, l := range runLosses {
 		aggs[l.GetRunId()].AddLoss(node, l)
 	}
 	// The node's part of dropped batches, by the same rule, kept for usage
 	// under the batch that carried it.
-	var nodeLosses []*trainmeterv1.DataLoss
-	for _, l := range b.GetNodeLosses() {
-		if l.GetSeq() != 0 {
-			held, err := holdsLost(txn, node, boot, l)
-			if err != nil {
-				return false, err
-			}
-			if held {
-				continue
-			}
-		}
-		nodeLosses = append(nodeLosses, l)
+	nodeLosses, err := notHeld(txn, node, boot, b.GetNodeLosses())
+	if err != nil {
+		return false, err
 	}
 	if len(nodeLosses) > 0 {
 		v, err := proto.Marshal(&trainmeterv1.Batch{WindowStart: b.GetWindowStart(), NodeLosses: nodeLosses})
@@ -627,6 +613,25 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 // would (both written now), so it can stand in for one.
 func (s *Store) recordOutlivesMark() bool {
 	return s.rawTTL == 0 || (s.dedupTTL > 0 && s.rawTTL >= s.dedupTTL)
+}
+
+// notHeld are the loss records of ls that count: all but those of one
+// batch (seq set) that the store holds after all (holdsLost).
+func notHeld(txn *badger.Txn, node, boot string, ls []*trainmeterv1.DataLoss) ([]*trainmeterv1.DataLoss, error) {
+	var out []*trainmeterv1.DataLoss
+	for _, l := range ls {
+		if l.GetSeq() != 0 {
+			held, err := holdsLost(txn, node, boot, l)
+			if err != nil {
+				return nil, err
+			}
+			if held {
+				continue
+			}
+		}
+		out = append(out, l)
+	}
+	return out, nil
 }
 
 // holdsLost reports whether the one batch of an in-doubt loss record
