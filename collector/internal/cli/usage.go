@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"fmt"
 	"github.com/trainmeter/trainmeter/pkg/money"
+	"io"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -153,18 +154,11 @@ func writeUsageTable(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error
 		fmt.Fprintln(out, "\nnode totals (all GPUs of the node, over the period; idle = no run on the GPU)")
 	}
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	if host {
-		fmt.Fprintln(tw, "NODE\tGPU-HOURS\tENERGY kWh\tIDLE GPU-HOURS\tIDLE ENERGY kWh\tHOST (CPU+DRAM) kWh\tIDLE HOST kWh")
-	} else {
-		fmt.Fprintln(tw, "NODE\tGPU-HOURS\tENERGY kWh\tIDLE GPU-HOURS\tIDLE ENERGY kWh")
-	}
+	fmt.Fprintln(tw, "NODE\t"+nodeFiguresHead(host))
 	for _, n := range resp.GetNodes() {
-		fmt.Fprintf(tw, "%s\t%.4f\t%.6f\t%.4f\t%.6f", n.GetNode(), n.GetGpuSeconds()/3600, n.GetEnergyJ()/3.6e6,
-			n.GetIdleGpuSeconds()/3600, n.GetIdleEnergyJ()/3.6e6)
-		if host {
-			fmt.Fprintf(tw, "\t%.6f\t%.6f", n.GetHostEnergyJ()/3.6e6, n.GetIdleHostEnergyJ()/3.6e6)
-		}
-		fmt.Fprintln(tw)
+		fmt.Fprintf(tw, "%s\t", n.GetNode())
+		writeNodeFigures(tw, host, n.GetGpuSeconds(), n.GetEnergyJ(), n.GetIdleGpuSeconds(), n.GetIdleEnergyJ(),
+			n.GetHostEnergyJ(), n.GetIdleHostEnergyJ())
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -189,18 +183,29 @@ func writeUsageLost(cmd *cobra.Command, resp *trainmeterv1.UsageResponse, host b
 	out := cmd.OutOrStdout()
 	fmt.Fprintln(out, "\nINCOMPLETE: dropped on the agents, not in the figures above (node total = above + dropped; the runs' parts are in their reports' lost_* figures)")
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	head := "NODE\tBATCHES\tGPU-HOURS\tENERGY kWh\tIDLE GPU-HOURS\tIDLE ENERGY kWh"
-	if host {
-		head += "\tHOST (CPU+DRAM) kWh\tIDLE HOST kWh"
-	}
-	fmt.Fprintln(tw, head)
+	fmt.Fprintln(tw, "NODE\tBATCHES\t"+nodeFiguresHead(host))
 	for _, n := range lost {
-		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.6f\t%.4f\t%.6f", n.GetNode(), n.GetLostBatches(), n.GetLostGpuSeconds()/3600,
-			n.GetLostEnergyJ()/3.6e6, n.GetLostIdleGpuSeconds()/3600, n.GetLostIdleEnergyJ()/3.6e6)
-		if host {
-			fmt.Fprintf(tw, "\t%.6f\t%.6f", n.GetLostHostEnergyJ()/3.6e6, n.GetLostIdleHostEnergyJ()/3.6e6)
-		}
-		fmt.Fprintln(tw)
+		fmt.Fprintf(tw, "%s\t%d\t", n.GetNode(), n.GetLostBatches())
+		writeNodeFigures(tw, host, n.GetLostGpuSeconds(), n.GetLostEnergyJ(), n.GetLostIdleGpuSeconds(), n.GetLostIdleEnergyJ(),
+			n.GetLostHostEnergyJ(), n.GetLostIdleHostEnergyJ())
 	}
 	return tw.Flush()
+}
+
+// nodeFiguresHead names writeNodeFigures' columns.
+func nodeFiguresHead(host bool) string {
+	if host {
+		return "GPU-HOURS\tENERGY kWh\tIDLE GPU-HOURS\tIDLE ENERGY kWh\tHOST (CPU+DRAM) kWh\tIDLE HOST kWh"
+	}
+	return "GPU-HOURS\tENERGY kWh\tIDLE GPU-HOURS\tIDLE ENERGY kWh"
+}
+
+// writeNodeFigures ends a node's row of a usage node table: its GPU time
+// and energy, their idle parts and, with host, its CPU+DRAM energy.
+func writeNodeFigures(w io.Writer, host bool, gpuS, energyJ, idleGPUS, idleJ, hostJ, idleHostJ float64) {
+	fmt.Fprintf(w, "%.4f\t%.6f\t%.4f\t%.6f", gpuS/3600, energyJ/3.6e6, idleGPUS/3600, idleJ/3.6e6)
+	if host {
+		fmt.Fprintf(w, "\t%.6f\t%.6f", hostJ/3.6e6, idleHostJ/3.6e6)
+	}
+	fmt.Fprintln(w)
 }
