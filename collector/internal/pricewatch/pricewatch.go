@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -875,12 +877,8 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 	now := w.refresh()
 	latest, all, by := w.latest, w.all, w.byKey
 	k, found := w.modelKey(gpu)
-	stale := make([]string, 0, len(w.stale))
-	for p := range w.stale {
-		stale = append(stale, p)
-	}
+	stale := slices.Sorted(maps.Keys(w.stale))
 	w.mu.Unlock()
-	sort.Strings(stale)
 	maxAge := w.cfg.MaxOfferAge
 	fetchedAt := latest.Time
 	if provider != "" {
