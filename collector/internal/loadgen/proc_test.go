@@ -7,11 +7,11 @@ import (
 	"testing"
 )
 
-// A child that blocks reading a pipe and is woken by each line (it echoes
-// each back before waiting for the next) is switched out and in once per
-// line: the count, over all the process's threads, grows by about that.
-func TestProcSwitchesCountsAProcessWakeups(t *testing.T) {
-	cmd := exec.Command("sh", "-c", `while read line; do echo "$line"; done`)
+// lineChild starts `sh -c script`, which answers every line it reads with
+// one line: poke sends a line and waits for the answer; stop ends it.
+func lineChild(t *testing.T, script string) (pid int, poke, stop func()) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", script)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -20,26 +20,38 @@ func TestProcSwitchesCountsAProcessWakeups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	echo := bufio.NewReader(stdout)
+	answers := bufio.NewReader(stdout)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	before, err := ProcSwitches(cmd.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 50; i++ {
+	poke = func() {
 		if _, err := stdin.Write([]byte("x\n")); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := echo.ReadString('\n'); err != nil {
+		if _, err := answers.ReadString('\n'); err != nil {
 			t.Fatal(err)
 		}
 	}
+	stop = func() { stdin.Close(); _ = cmd.Wait() }
+	return cmd.Process.Pid, poke, stop
+}
+
+// A child that blocks reading a pipe and is woken by each line (it echoes
+// each back before waiting for the next) is switched out and in once per
+// line: the count, over all the process's threads, grows by about that.
+func TestProcSwitchesCountsAProcessWakeups(t *testing.T) {
+	pid, echo, stop := lineChild(t, `while read line; do echo "$line"; done`)
+	before, err := ProcSwitches(pid)
+	if err != nil {
+		stop()
+		t.Fatal(err)
+	}
+	for i := 0; i < 50; i++ {
+		echo()
+	}
 	// Counted before the child exits: then /proc has no threads of it.
-	after, err := ProcSwitches(cmd.Process.Pid)
-	stdin.Close()
-	_ = cmd.Wait()
+	after, err := ProcSwitches(pid)
+	stop()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,39 +70,19 @@ func TestProcSwitchesCountsAProcessWakeups(t *testing.T) {
 // schedstat, and the reading is finer than a scheduler tick: a second
 // reading after a little more work is larger.
 func TestProcRunTimeIsTheThreadsTimeOnCPU(t *testing.T) {
-	cmd := exec.Command("sh", "-c", `while read line; do i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo done; done`)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := bufio.NewReader(stdout)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { stdin.Close(); _ = cmd.Wait() }()
-	work := func() {
-		if _, err := stdin.Write([]byte("x\n")); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := out.ReadString('\n'); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r0, err := ProcRunTime(cmd.Process.Pid)
+	pid, work, stop := lineChild(t, `while read line; do i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo done; done`)
+	defer stop()
+	r0, err := ProcRunTime(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	work()
-	r1, err := ProcRunTime(cmd.Process.Pid)
+	r1, err := ProcRunTime(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	work()
-	r2, err := ProcRunTime(cmd.Process.Pid)
+	r2, err := ProcRunTime(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
