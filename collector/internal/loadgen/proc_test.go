@@ -2,9 +2,12 @@ package loadgen
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
+	"time"
 )
 
 // lineChild starts `sh -c script`, which answers every line it reads with
@@ -36,22 +39,49 @@ func lineChild(t *testing.T, script string) (pid int, poke, stop func()) {
 	return cmd.Process.Pid, poke, stop
 }
 
+// waitAsleep waits until process pid is in state S (sleeping): a process
+// seen asleep has been switched out since it last ran.
+func waitAsleep(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(b)
+		if f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]); len(f) > 0 && f[0] == "S" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d not asleep after 10 s: %s", pid, s)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
 // A child that blocks reading a pipe and is woken by each line (it echoes
 // each back before waiting for the next) is switched out and in once per
-// line: the count, over all the process's threads, grows by about that.
+// line: the count, over all the process's threads, grows by at least that.
+// Each line is sent only once the child is seen asleep again: a line that
+// arrives while the child is still running (on a busy machine, before it
+// reached its first read, or between its echo and its next read) is read
+// without a switch, which made the count one short in a CI run.
 func TestProcSwitchesCountsAProcessWakeups(t *testing.T) {
 	pid, echo, stop := lineChild(t, `while read line; do echo "$line"; done`)
+	defer stop()
+	echo()
+	waitAsleep(t, pid)
 	before, err := ProcSwitches(pid)
 	if err != nil {
-		stop()
 		t.Fatal(err)
 	}
 	for i := 0; i < 50; i++ {
 		echo()
+		waitAsleep(t, pid)
 	}
 	// Counted before the child exits: then /proc has no threads of it.
 	after, err := ProcSwitches(pid)
-	stop()
 	if err != nil {
 		t.Fatal(err)
 	}
