@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,6 +29,7 @@ type collector struct {
 	mu       sync.Mutex
 	hellos   int
 	got      []uint64
+	losses   []*trainmeterv1.DataLoss
 	reject   map[uint64]bool
 	cutAfter int // cut the stream once after this many batches (0 = never)
 	advise   *trainmeterv1.Advisory
@@ -53,6 +55,7 @@ func (c *collector) Stream(s trainmeterv1.IngestService_StreamServer) error {
 		seq := m.GetBatch().Seq
 		c.mu.Lock()
 		c.got = append(c.got, seq)
+		c.losses = append(c.losses, m.GetBatch().GetLosses()...)
 		cut := c.cutAfter > 0 && len(c.got) == c.cutAfter
 		rej := c.reject[seq]
 		c.mu.Unlock()
@@ -344,12 +347,27 @@ func TestOversizedBatchIsDroppedNotResentForever(t *testing.T) {
 	u, stop := start(t, Config{Address: serve(t, c)})
 	defer stop()
 	huge := &trainmeterv1.Batch{RunEvents: []*trainmeterv1.RunEvent{{Event: &trainmeterv1.RunEvent_RunStart{RunStart: &trainmeterv1.RunStart{
-		RunId: "r", Labels: map[string]string{"pad": strings.Repeat("x", MaxBatchBytes)}}}}}}
+		RunId: "r", Labels: map[string]string{"pad": strings.Repeat("x", MaxBatchBytes)}}}}},
+		RunWindows: []*trainmeterv1.RunWindow{{RunId: "r", Tokens: 512}}}
 	u.Enqueue(huge)
 	u.Enqueue(&trainmeterv1.Batch{})
 	flush(t, u)
+	// The huge batch's loss report rides on the next batch spooled after the
+	// sender dropped it: the second batch, the one Flush appends for a
+	// pending report, or (dropped after that) the third.
+	u.Enqueue(&trainmeterv1.Batch{})
+	flush(t, u)
 	st := u.Stats()
-	if st.Rejected != 1 || st.Acked != 1 {
-		t.Errorf("stats %+v, want the huge batch rejected locally and the next one acked", st)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st.Rejected != 1 || st.Acked != uint64(len(c.got)) {
+		t.Errorf("stats %+v, collector got %v: want the huge batch rejected locally and every batch sent acked", st, c.got)
+	}
+	if slices.Contains(c.got, huge.Seq) || !slices.Contains(c.got, huge.Seq+1) || !slices.Contains(c.got, huge.Seq+2) {
+		t.Errorf("collector got seqs %v, want the two after the huge %d and not it", c.got, huge.Seq)
+	}
+	if len(c.losses) != 1 || c.losses[0].GetRunId() != "r" || c.losses[0].GetBatches() != 1 || c.losses[0].GetTokens() != 512 ||
+		!strings.Contains(c.losses[0].GetReason(), "exceeds the") {
+		t.Errorf("loss records %v, want the huge batch's run reported lost once (got %v, stats %+v)", c.losses, c.got, st)
 	}
 }
