@@ -27,6 +27,17 @@ const (
 	DefaultHistory = 30 * time.Second
 )
 
+// MaxPowerW bounds what one GPU can draw: a power reading above it, or a
+// counter increase above MaxPowerW × max(interval, 1 s), is a garbled
+// reading (a driver glitch, an all-ones value), not energy. The largest
+// accelerators draw under 3 kW; the bound is far enough above that no real
+// reading comes near it. The 1 s floor: the counter advances in steps
+// (about every 100 ms on NVIDIA), so two reads a millisecond apart can
+// straddle a whole step. A garbled figure kept would be reported as energy,
+// or, past the collector's limit on a figure, get the node's whole batch
+// refused.
+const MaxPowerW = 20_000
+
 // Options tune a Meter. The zero value gives the defaults.
 type Options struct {
 	// MaxGap: power samples further apart than this are not integrated
@@ -84,6 +95,7 @@ type Stats struct {
 	Gaps          int // power intervals longer than MaxGap
 	GapS          float64
 	Invalid       int // NaN or infinite readings, dropped
+	Implausible   int // readings beyond MaxPowerW (power, or counter increase), dropped
 }
 
 type powerPoint struct {
@@ -165,6 +177,10 @@ func (m *Meter) observePower(t time.Time, p float64) {
 		m.stats.Invalid++
 		return
 	}
+	if p < 0 || p > MaxPowerW {
+		m.stats.Implausible++
+		return
+	}
 	tn := m.rel(t)
 	pts := m.power.live()
 	if len(pts) == 0 {
@@ -215,6 +231,12 @@ func (m *Meter) observeCounter(t time.Time, c float64) {
 		return
 	}
 	d := c - last.c
+	if d > MaxPowerW*max(seconds(tn-last.t), 1) {
+		// Not kept: the next reading is taken against the last good one,
+		// so a single garbled value costs nothing.
+		m.stats.Implausible++
+		return
+	}
 	if d < 0 {
 		// The counter counts mJ since the driver loaded in 64 bits, so it
 		// never wraps in practice: a decrease means the driver reloaded.
