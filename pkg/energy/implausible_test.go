@@ -16,7 +16,7 @@ import (
 func TestGarbledReadingsAreDropped(t *testing.T) {
 	const w = 300.0
 	garbled := map[int]func(s *gpu.Sample){
-		40: func(s *gpu.Sample) { s.EnergyJ = 1.8e13 },             // counter spike, back at the next update
+		40: func(s *gpu.Sample) { s.EnergyJ = 1.8e13 },              // counter spike, back at the next update
 		60: func(s *gpu.Sample) { s.PowerW = math.MaxUint32 / 1e3 }, // all-ones mW
 		61: func(s *gpu.Sample) { s.PowerW = -5 },
 	}
