@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/trainmeter/trainmeter/internal/batchcheck"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -226,11 +227,11 @@ func plausibleShare(sh *trainmeterv1.HostEnergyShare) bool {
 }
 
 func plausibleLoss(id string, figures ...float64) bool {
-	if id == "" || len(id) > 256 || !utf8.ValidString(id) || strings.ContainsRune(id, 0) {
+	if batchcheck.ID("run_id", id) != nil {
 		return false
 	}
 	for _, v := range figures {
-		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > batchcheck.MaxPhys {
 			return false
 		}
 	}
@@ -262,15 +263,22 @@ func (s *Spool) mergeLoss(run string, collectors uint32, add *trainmeterv1.DataL
 
 // attachLosses puts the pending loss records on b after own (the records
 // b came with): the runs' in losses, the node's (run id "") in node_losses.
+// A record the collector would refuse is left out: the refusal would take
+// the whole batch, and the records it carried would go on with the next
+// batch to be refused again, so that no batch got through any more.
 func (s *Spool) attachLosses(b *trainmeterv1.Batch, own []*trainmeterv1.DataLoss) {
-	b.Losses = append([]*trainmeterv1.DataLoss(nil), own...)
+	b.Losses = nil
 	b.NodeLosses = nil
-	for _, l := range s.takeLossesPreview() {
+	for _, l := range slices.Concat(own, s.takeLossesPreview()) {
+		check, to := batchcheck.Loss, &b.Losses
 		if l.GetRunId() == "" {
-			b.NodeLosses = append(b.NodeLosses, l)
-		} else {
-			b.Losses = append(b.Losses, l)
+			check, to = batchcheck.NodeLoss, &b.NodeLosses
 		}
+		if err := check(l); err != nil {
+			s.log.Error("spool: a loss record is not one a collector accepts; it is not reported", "run_id", l.GetRunId(), "err", err)
+			continue
+		}
+		*to = append(*to, l)
 	}
 }
 
@@ -290,8 +298,15 @@ func addReason(have, r string) string {
 	if len(parts) >= maxReasons {
 		return have + "; …"
 	}
+	// Valid UTF-8 and cut at a rune: a reason the collector cannot store
+	// gets the batch carrying it refused (attachLosses).
+	r = strings.ToValidUTF8(r, "\uFFFD")
 	if len(r) > 200 {
-		r = r[:200]
+		cut := 200
+		for cut > 0 && !utf8.RuneStart(r[cut]) {
+			cut--
+		}
+		r = r[:cut]
 	}
 	return strings.Join(append(parts, r), "; ")
 }

@@ -3,19 +3,18 @@ package ingest
 import (
 	"fmt"
 	"math"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/internal/batchcheck"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Limits on one batch.
 const (
-	MaxIDBytes    = 256
+	MaxIDBytes    = batchcheck.MaxIDBytes
 	MaxRunWindows = 10000
 	MaxRunEvents  = 10000
 	MaxGPUWindows = 10000
@@ -23,10 +22,8 @@ const (
 	// (an agent at 10 ms with 64 GPUs sends 6,400 a second).
 	MaxRawSamples    = 1 << 20
 	MaxLabels        = 256
-	MaxMetadataBytes = 4096
-	// MaxPhys caps every physical figure (J, W, MiB, %, s) in a batch, so no
-	// sum the aggregate folds can overflow to ±Inf (which JSON cannot store).
-	MaxPhys = 1e12
+	MaxMetadataBytes = batchcheck.MaxMetadataBytes
+	MaxPhys          = batchcheck.MaxPhys
 	// MaxWindowTokens caps tokens per run window (2^48), so run totals cannot
 	// wrap around uint64.
 	MaxWindowTokens = 1 << 48
@@ -38,59 +35,6 @@ const (
 	// MaxEventSkew after it (events that arrive while a window settles).
 	MaxEventSkew = 10 * time.Minute
 )
-
-// validID checks a node, boot or run id: non-empty, at most MaxIDBytes,
-// valid UTF-8, no NUL (the store uses NUL as its key separator).
-func validID(what, s string) error {
-	switch {
-	case s == "":
-		return fmt.Errorf("%s is empty", what)
-	case len(s) > MaxIDBytes:
-		return fmt.Errorf("%s is %d bytes, more than %d", what, len(s), MaxIDBytes)
-	case !utf8.ValidString(s):
-		return fmt.Errorf("%s is not valid UTF-8", what)
-	case strings.ContainsRune(s, 0):
-		return fmt.Errorf("%s contains a NUL byte", what)
-	}
-	return nil
-}
-
-func validText(what, s string) error {
-	if len(s) > MaxMetadataBytes {
-		return fmt.Errorf("%s is %d bytes, more than %d", what, len(s), MaxMetadataBytes)
-	}
-	if !utf8.ValidString(s) {
-		return fmt.Errorf("%s is not valid UTF-8", what)
-	}
-	return nil
-}
-
-func validTime(what string, t *timestamppb.Timestamp) error {
-	if t == nil {
-		return fmt.Errorf("%s is missing", what)
-	}
-	if err := t.CheckValid(); err != nil {
-		return fmt.Errorf("%s: %v", what, err)
-	}
-	return nil
-}
-
-// phys checks physical quantities: finite and >= 0.
-func phys(pairs ...any) error {
-	for i := 0; i+1 < len(pairs); i += 2 {
-		name, v := pairs[i].(string), pairs[i+1].(float64)
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return fmt.Errorf("%s is not finite (%v)", name, v)
-		}
-		if v < 0 {
-			return fmt.Errorf("%s is negative (%v)", name, v)
-		}
-		if v > MaxPhys {
-			return fmt.Errorf("%s is implausibly large (%v > %g)", name, v, MaxPhys)
-		}
-	}
-	return nil
-}
 
 // inWindow checks that t lies within the batch window widened by MaxEventSkew.
 func inWindow(what string, t *timestamppb.Timestamp, b *trainmeterv1.Batch) error {
@@ -112,10 +56,10 @@ func finite(name string, v float64) error {
 }
 
 func validateHello(h *trainmeterv1.Hello) error {
-	if err := validID("hello.node", h.GetNode()); err != nil {
+	if err := batchcheck.ID("hello.node", h.GetNode()); err != nil {
 		return err
 	}
-	return validID("hello.boot_id", h.GetBootId())
+	return batchcheck.ID("hello.boot_id", h.GetBootId())
 }
 
 // ValidateBatch checks a batch before anything of it is stored. The error
@@ -124,10 +68,10 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 	if b.GetSeq() == 0 {
 		return fmt.Errorf("seq must be > 0")
 	}
-	if err := validTime("window_start", b.GetWindowStart()); err != nil {
+	if err := batchcheck.Time("window_start", b.GetWindowStart()); err != nil {
 		return err
 	}
-	if err := validTime("window_end", b.GetWindowEnd()); err != nil {
+	if err := batchcheck.Time("window_end", b.GetWindowEnd()); err != nil {
 		return err
 	}
 	if b.GetWindowEnd().AsTime().Before(b.GetWindowStart().AsTime()) {
@@ -173,7 +117,7 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 		return fmt.Errorf("%d loss records, more than %d", n, MaxLosses)
 	}
 	for i, l := range b.GetLosses() {
-		if err := validateLoss(l); err != nil {
+		if err := batchcheck.Loss(l); err != nil {
 			return fmt.Errorf("losses[%d]: %w", i, err)
 		}
 	}
@@ -181,7 +125,7 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 		return fmt.Errorf("%d node loss records, more than %d", n, MaxLosses)
 	}
 	for i, l := range b.GetNodeLosses() {
-		if err := validateNodeLoss(l); err != nil {
+		if err := batchcheck.NodeLoss(l); err != nil {
 			return fmt.Errorf("node_losses[%d]: %w", i, err)
 		}
 	}
@@ -192,7 +136,7 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 		return err
 	}
 	if h := b.GetHost(); h != nil {
-		if err := phys("host.memory_used_mib", h.GetMemoryUsedMib(), "host.memory_total_mib", h.GetMemoryTotalMib(),
+		if err := batchcheck.Phys("host.memory_used_mib", h.GetMemoryUsedMib(), "host.memory_total_mib", h.GetMemoryTotalMib(),
 			"host.cpu_pct", h.GetCpuPct()); err != nil {
 			return err
 		}
@@ -260,10 +204,10 @@ func validateGPUWindow(g *trainmeterv1.GpuWindow) error {
 	if g == nil {
 		return fmt.Errorf("is null")
 	}
-	if err := validText("uuid", g.GetUuid()); err != nil {
+	if err := batchcheck.Text("uuid", g.GetUuid()); err != nil {
 		return err
 	}
-	return phys("energy_counter_j", g.GetEnergyCounterJ(), "energy_integrated_j", g.GetEnergyIntegratedJ(),
+	return batchcheck.Phys("energy_counter_j", g.GetEnergyCounterJ(), "energy_integrated_j", g.GetEnergyIntegratedJ(),
 		"power_avg_w", g.GetPowerAvgW(), "power_max_w", g.GetPowerMaxW(), "power_last_w", g.GetPowerLastW(),
 		"gap_s", g.GetGapS(), "memory_used_max_mib", g.GetMemoryUsedMaxMib(),
 		"memory_used_avg_mib", g.GetMemoryUsedAvgMib(), "memory_total_mib", g.GetMemoryTotalMib(),
@@ -280,13 +224,13 @@ func validateRunWindow(w *trainmeterv1.RunWindow) error {
 	if w == nil {
 		return fmt.Errorf("is null")
 	}
-	if err := validID("run_id", w.GetRunId()); err != nil {
+	if err := batchcheck.ID("run_id", w.GetRunId()); err != nil {
 		return err
 	}
-	if err := validTime("start", w.GetStart()); err != nil {
+	if err := batchcheck.Time("start", w.GetStart()); err != nil {
 		return err
 	}
-	if err := validTime("end", w.GetEnd()); err != nil {
+	if err := batchcheck.Time("end", w.GetEnd()); err != nil {
 		return err
 	}
 	if w.GetEnd().AsTime().Before(w.GetStart().AsTime()) {
@@ -303,7 +247,7 @@ func validateRunWindow(w *trainmeterv1.RunWindow) error {
 	if w.GetTokensMeasured() > w.GetTokens() {
 		return fmt.Errorf("tokens_measured (%d) > tokens (%d)", w.GetTokensMeasured(), w.GetTokens())
 	}
-	if err := phys("energy_counter_j", w.GetEnergyCounterJ(), "energy_integrated_j", w.GetEnergyIntegratedJ(),
+	if err := batchcheck.Phys("energy_counter_j", w.GetEnergyCounterJ(), "energy_integrated_j", w.GetEnergyIntegratedJ(),
 		"gap_s", w.GetGapS(), "peak_power_w", w.GetPeakPowerW(), "vram_peak_mib", w.GetVramPeakMib(),
 		"vram_sum_mib", w.GetVramSumMib(), "gpu_seconds", w.GetGpuSeconds(), "data_wait_s", w.GetDataWaitS(),
 		"compute_s", w.GetComputeS(), "utilization_sum_pct", w.GetUtilizationSumPct(),
@@ -319,7 +263,7 @@ func validateRunWindow(w *trainmeterv1.RunWindow) error {
 		return fmt.Errorf("%d gpu_shares, at most %d", len(w.GetGpuShares()), MaxGPUWindows)
 	}
 	for i, sh := range w.GetGpuShares() {
-		if err := phys(fmt.Sprintf("gpu_shares[%d].energy_counter_j", i), sh.GetEnergyCounterJ(),
+		if err := batchcheck.Phys(fmt.Sprintf("gpu_shares[%d].energy_counter_j", i), sh.GetEnergyCounterJ(),
 			fmt.Sprintf("gpu_shares[%d].energy_integrated_j", i), sh.GetEnergyIntegratedJ(),
 			fmt.Sprintf("gpu_shares[%d].gpu_seconds", i), sh.GetGpuSeconds(),
 			fmt.Sprintf("gpu_shares[%d].shared_gpu_seconds", i), sh.GetSharedGpuSeconds()); err != nil {
@@ -333,16 +277,16 @@ func validateEvent(e *trainmeterv1.RunEvent) error {
 	switch ev := e.GetEvent().(type) {
 	case *trainmeterv1.RunEvent_RunStart:
 		s := ev.RunStart
-		if err := validID("run_start.run_id", s.GetRunId()); err != nil {
+		if err := batchcheck.ID("run_start.run_id", s.GetRunId()); err != nil {
 			return err
 		}
-		if err := validTime("run_start.time", s.GetTime()); err != nil {
+		if err := batchcheck.Time("run_start.time", s.GetTime()); err != nil {
 			return err
 		}
-		if err := phys("run_start.warmup_s", s.GetWarmupS(), "run_start.gpu_price_per_hour", s.GetGpuPricePerHour()); err != nil {
+		if err := batchcheck.Phys("run_start.warmup_s", s.GetWarmupS(), "run_start.gpu_price_per_hour", s.GetGpuPricePerHour()); err != nil {
 			return err
 		}
-		if err := validText("run_start.user", s.GetUser()); err != nil {
+		if err := batchcheck.Text("run_start.user", s.GetUser()); err != nil {
 			return err
 		}
 		for _, f := range []struct {
@@ -360,7 +304,7 @@ func validateEvent(e *trainmeterv1.RunEvent) error {
 			"gpu_name", s.GetGpuName(), "budget_scope", s.GetBudgetScope(),
 		}
 		for i := 0; i < len(texts); i += 2 {
-			if err := validText("run_start."+texts[i], texts[i+1]); err != nil {
+			if err := batchcheck.Text("run_start."+texts[i], texts[i+1]); err != nil {
 				return err
 			}
 		}
@@ -368,31 +312,31 @@ func validateEvent(e *trainmeterv1.RunEvent) error {
 			return fmt.Errorf("run_start.labels: %d labels, more than %d", len(s.GetLabels()), MaxLabels)
 		}
 		for k, v := range s.GetLabels() {
-			if err := validText("run_start.labels key", k); err != nil {
+			if err := batchcheck.Text("run_start.labels key", k); err != nil {
 				return err
 			}
-			if err := validText("run_start.labels["+k+"]", v); err != nil {
+			if err := batchcheck.Text("run_start.labels["+k+"]", v); err != nil {
 				return err
 			}
 		}
 	case *trainmeterv1.RunEvent_RunEnd:
-		if err := validID("run_end.run_id", ev.RunEnd.GetRunId()); err != nil {
+		if err := batchcheck.ID("run_end.run_id", ev.RunEnd.GetRunId()); err != nil {
 			return err
 		}
-		if err := validTime("run_end.time", ev.RunEnd.GetTime()); err != nil {
+		if err := batchcheck.Time("run_end.time", ev.RunEnd.GetTime()); err != nil {
 			return err
 		}
 		if w := ev.RunEnd.GetWarmupEnd(); w != nil {
-			if err := validTime("run_end.warmup_end", w); err != nil {
+			if err := batchcheck.Time("run_end.warmup_end", w); err != nil {
 				return err
 			}
 		}
-		return validText("run_end.reason", ev.RunEnd.GetReason())
+		return batchcheck.Text("run_end.reason", ev.RunEnd.GetReason())
 	case *trainmeterv1.RunEvent_Eval:
-		if err := validID("eval.run_id", ev.Eval.GetRunId()); err != nil {
+		if err := batchcheck.ID("eval.run_id", ev.Eval.GetRunId()); err != nil {
 			return err
 		}
-		if err := validTime("eval.time", ev.Eval.GetTime()); err != nil {
+		if err := batchcheck.Time("eval.time", ev.Eval.GetTime()); err != nil {
 			return err
 		}
 		if err := finite("eval.val_loss", ev.Eval.GetValLoss()); err != nil {
@@ -400,7 +344,7 @@ func validateEvent(e *trainmeterv1.RunEvent) error {
 		}
 		// As the agent's socket parser: finite and >= 0 (a fraction or a
 		// percentage; the collector does not know which).
-		return phys("eval.accuracy", ev.Eval.GetAccuracy())
+		return batchcheck.Phys("eval.accuracy", ev.Eval.GetAccuracy())
 	default:
 		return fmt.Errorf("empty event")
 	}
@@ -410,59 +354,3 @@ func validateEvent(e *trainmeterv1.RunEvent) error {
 // MaxLosses bounds the loss records in one batch (the agent sends one per
 // run plus one per in-doubt batch, at most 4,096 of those).
 const MaxLosses = 10000
-
-// validateLoss checks a DataLoss record (the agent's spool dropped data).
-func validateLoss(l *trainmeterv1.DataLoss) error {
-	if l == nil {
-		return fmt.Errorf("is null")
-	}
-	if err := validID("run_id", l.GetRunId()); err != nil {
-		return err
-	}
-	if err := validText("reason", l.GetReason()); err != nil {
-		return err
-	}
-	// Caps that keep run totals from wrapping around uint64.
-	if l.GetTokens() > 1<<56 {
-		return fmt.Errorf("tokens (%d) more than %d", l.GetTokens(), uint64(1<<56))
-	}
-	if l.GetBatches() > 1<<40 {
-		return fmt.Errorf("batches (%d) more than %d", l.GetBatches(), uint64(1<<40))
-	}
-	// Only read with a seq (the one batch's window); checked either way.
-	if l.GetWindowStart() != nil {
-		if err := validTime("window_start", l.GetWindowStart()); err != nil {
-			return err
-		}
-	}
-	return phys("energy_j", l.GetEnergyJ(), "gpu_seconds", l.GetGpuSeconds(), "host_energy_j", l.GetHostEnergyJ())
-}
-
-// validateNodeLoss checks a node's DataLoss record (Batch.node_losses): no
-// run, and its idle parts and first window start as well.
-func validateNodeLoss(l *trainmeterv1.DataLoss) error {
-	if l == nil {
-		return fmt.Errorf("is null")
-	}
-	if l.GetRunId() != "" {
-		return fmt.Errorf("run_id %q is set (a node's record has none)", l.GetRunId())
-	}
-	if err := validText("reason", l.GetReason()); err != nil {
-		return err
-	}
-	if l.GetBatches() > 1<<40 {
-		return fmt.Errorf("batches (%d) more than %d", l.GetBatches(), uint64(1<<40))
-	}
-	if l.GetWindowStart() != nil {
-		if err := validTime("window_start", l.GetWindowStart()); err != nil {
-			return err
-		}
-	}
-	if l.GetFirstWindowStart() != nil {
-		if err := validTime("first_window_start", l.GetFirstWindowStart()); err != nil {
-			return err
-		}
-	}
-	return phys("energy_j", l.GetEnergyJ(), "gpu_seconds", l.GetGpuSeconds(), "host_energy_j", l.GetHostEnergyJ(),
-		"idle_energy_j", l.GetIdleEnergyJ(), "idle_gpu_seconds", l.GetIdleGpuSeconds(), "idle_host_energy_j", l.GetIdleHostEnergyJ())
-}

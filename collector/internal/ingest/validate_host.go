@@ -3,6 +3,7 @@ package ingest
 import (
 	"fmt"
 
+	"github.com/trainmeter/trainmeter/internal/batchcheck"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -38,10 +39,10 @@ func validateOneHostEnergy(h *trainmeterv1.HostEnergy, b *trainmeterv1.Batch) er
 	if h == nil {
 		return fmt.Errorf("is null")
 	}
-	if err := validTime("start", h.GetStart()); err != nil {
+	if err := batchcheck.Time("start", h.GetStart()); err != nil {
 		return err
 	}
-	if err := validTime("end", h.GetEnd()); err != nil {
+	if err := batchcheck.Time("end", h.GetEnd()); err != nil {
 		return err
 	}
 	if !h.GetStart().AsTime().Before(h.GetEnd().AsTime()) {
@@ -53,7 +54,7 @@ func validateOneHostEnergy(h *trainmeterv1.HostEnergy, b *trainmeterv1.Batch) er
 	if err := inWindow("end", h.GetEnd(), b); err != nil {
 		return err
 	}
-	if err := phys("cpu_energy_j", h.GetCpuEnergyJ(), "dram_energy_j", h.GetDramEnergyJ(),
+	if err := batchcheck.Phys("cpu_energy_j", h.GetCpuEnergyJ(), "dram_energy_j", h.GetDramEnergyJ(),
 		"idle_cpu_energy_j", h.GetIdleCpuEnergyJ(), "idle_dram_energy_j", h.GetIdleDramEnergyJ()); err != nil {
 		return err
 	}
@@ -61,10 +62,10 @@ func validateOneHostEnergy(h *trainmeterv1.HostEnergy, b *trainmeterv1.Batch) er
 		return fmt.Errorf("%d zones, more than %d", n, MaxRAPLZones)
 	}
 	for j, z := range h.GetZones() {
-		if err := phys(fmt.Sprintf("zones[%d].energy_j", j), z.GetEnergyJ()); err != nil {
+		if err := batchcheck.Phys(fmt.Sprintf("zones[%d].energy_j", j), z.GetEnergyJ()); err != nil {
 			return err
 		}
-		if err := validText(fmt.Sprintf("zones[%d].name", j), z.GetName()); err != nil {
+		if err := batchcheck.Text(fmt.Sprintf("zones[%d].name", j), z.GetName()); err != nil {
 			return err
 		}
 	}
@@ -73,17 +74,17 @@ func validateOneHostEnergy(h *trainmeterv1.HostEnergy, b *trainmeterv1.Batch) er
 	}
 	cpu, dram := h.GetIdleCpuEnergyJ(), h.GetIdleDramEnergyJ()
 	for j, s := range h.GetRuns() {
-		if err := validID(fmt.Sprintf("runs[%d].run_id", j), s.GetRunId()); err != nil {
+		if err := batchcheck.ID(fmt.Sprintf("runs[%d].run_id", j), s.GetRunId()); err != nil {
 			return err
 		}
-		if err := phys(fmt.Sprintf("runs[%d].cpu_energy_j", j), s.GetCpuEnergyJ(), fmt.Sprintf("runs[%d].dram_energy_j", j), s.GetDramEnergyJ(),
+		if err := batchcheck.Phys(fmt.Sprintf("runs[%d].cpu_energy_j", j), s.GetCpuEnergyJ(), fmt.Sprintf("runs[%d].dram_energy_j", j), s.GetDramEnergyJ(),
 			fmt.Sprintf("runs[%d].share", j), s.GetShare(), fmt.Sprintf("runs[%d].cpu_s", j), s.GetCpuS()); err != nil {
 			return err
 		}
 		if s.GetShare() > 1+hostEnergyTolerance {
 			return fmt.Errorf("runs[%d].share %v is more than 1", j, s.GetShare())
 		}
-		if err := validText(fmt.Sprintf("runs[%d].split", j), s.GetSplit()); err != nil {
+		if err := batchcheck.Text(fmt.Sprintf("runs[%d].split", j), s.GetSplit()); err != nil {
 			return err
 		}
 		cpu += s.GetCpuEnergyJ()
