@@ -15,12 +15,23 @@ import (
 // advances at counterW (which may disagree with the power column).
 func writeTrace(t *testing.T, gpus int, powerW, counterW float64, seconds float64) string {
 	t.Helper()
+	return writeGarbledTrace(t, gpus, powerW, counterW, seconds, 0)
+}
+
+// writeGarbledTrace is writeTrace with GPU 0's counter garbled (1.8e13 J,
+// as a driver glitch gives) for one row every garbleEvery rows (0: none).
+func writeGarbledTrace(t *testing.T, gpus int, powerW, counterW float64, seconds float64, garbleEvery int) string {
+	t.Helper()
 	var b strings.Builder
 	b.WriteString("time_s,gpu,power_w,energy_j,memory_used_mib,memory_total_mib,utilization_pct\n")
 	for i := 0; float64(i)*0.1 <= seconds; i++ {
 		ts := float64(i) * 0.1
 		for g := 0; g < gpus; g++ {
-			fmt.Fprintf(&b, "%.1f,%d,%g,%.3f,%d,81559,95\n", ts, g, powerW, 5e5+counterW*ts, 30000+1000*g)
+			e := 5e5 + counterW*ts
+			if g == 0 && garbleEvery > 0 && i > 0 && i%garbleEvery == 0 {
+				e = 1.8e13
+			}
+			fmt.Fprintf(&b, "%.1f,%d,%g,%.3f,%d,81559,95\n", ts, g, powerW, e, 30000+1000*g)
 		}
 	}
 	path := filepath.Join(t.TempDir(), "trace.csv")
@@ -45,15 +56,21 @@ func TestReplayedPowerGivesExactRunFigures(t *testing.T) {
 		powerW, counterW   float64
 		wantMethod         string
 		wantEnergyW, intgW float64 // per GPU
+		garbleEvery        int     // rows; 0: no garbled counter readings
 	}{
-		{"constant power, counter agrees", 300, 300, "counter", 300, 300},
-		{"counter disagrees with power", 300, 330, "counter", 330, 300},
+		{"constant power, counter agrees", 300, 300, "counter", 300, 300, 0},
+		{"counter disagrees with power", 300, 330, "counter", 330, 300, 0},
+		// A garbled reading is dropped by the agent. Before, it became the
+		// run's energy, the collector refused the batch, and every batch
+		// after it (the refused one's loss record went on with each): the
+		// run never ended at the collector.
+		{"a garbled counter reading every 1.5 s", 300, 300, "counter", 300, 300, 15},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			c := startCollector(t)
-			sock := c.startAgent("replay-node", "replay:"+writeTrace(t, 2, tc.powerW, tc.counterW, 60), "--warmup", "30s")
+			sock := c.startAgent("replay-node", "replay:"+writeGarbledTrace(t, 2, tc.powerW, tc.counterW, 60, tc.garbleEvery), "--warmup", "30s")
 			// A run that starts before the GPUs' first counter point has its
 			// first segment measured by power alone (docs/measurement.md).
 			c.waitStreaming("replay-node")
@@ -85,6 +102,9 @@ func TestReplayedPowerGivesExactRunFigures(t *testing.T) {
 			}
 			within(t, "vram_peak_MB", num(t, row, "vram_peak_MB"), 31000, 0)
 			within(t, "vram_avg_MB", num(t, row, "vram_avg_MB"), 30500, 1e-9)
+			if row["complete"] != "yes" || row["lost_batches"] != "0" {
+				t.Errorf("complete %q lost_batches %q, want yes and 0", row["complete"], row["lost_batches"])
+			}
 		})
 	}
 }
