@@ -144,9 +144,12 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 		}
 		return l
 	}
+	// A garbled figure (NaN, negative, past the collector's limit) is left
+	// out of the record, which still reports the batch lost for the run.
+	garbled := false
 	for _, w := range b.GetRunWindows() {
-		if !plausibleWindow(w) {
-			s.log.Error("spool: a dropped window is malformed; its loss is not reported", "seq", b.GetSeq(), "run_id", w.GetRunId())
+		if batchcheck.ID("run_id", w.GetRunId()) != nil {
+			s.log.Error("spool: a dropped window's run id is malformed; its loss is not reported", "seq", b.GetSeq())
 			continue
 		}
 		l := lossOf(w.GetRunId())
@@ -155,27 +158,36 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 		if w.GetCounterOk() {
 			e = w.GetEnergyCounterJ()
 		}
-		l.EnergyJ += e
-		l.GpuSeconds += w.GetGpuSeconds()
+		if plausible(e, w.GetGpuSeconds()) {
+			l.EnergyJ += e
+			l.GpuSeconds += w.GetGpuSeconds()
+		} else {
+			garbled = true
+		}
 	}
 	// The runs' CPU+DRAM shares go with the batch too. A run's last host
 	// interval may come a batch after its end, so a share alone makes a
 	// loss record of the run.
 	for _, h := range b.GetHostEnergy() {
 		for _, sh := range h.GetRuns() {
-			if !plausibleShare(sh) {
-				s.log.Error("spool: a dropped host energy share is malformed; its loss is not reported", "seq", b.GetSeq(), "run_id", sh.GetRunId())
+			if batchcheck.ID("run_id", sh.GetRunId()) != nil {
+				s.log.Error("spool: a dropped host energy share's run id is malformed; its loss is not reported", "seq", b.GetSeq())
 				continue
 			}
-			lossOf(sh.GetRunId()).HostEnergyJ += sh.GetCpuEnergyJ() + sh.GetDramEnergyJ()
+			l := lossOf(sh.GetRunId())
+			if plausible(sh.GetCpuEnergyJ(), sh.GetDramEnergyJ()) {
+				l.HostEnergyJ += sh.GetCpuEnergyJ() + sh.GetDramEnergyJ()
+			} else {
+				garbled = true
+			}
 		}
 	}
 	// The node's record (run id "") goes the same ways as the runs'.
-	if n := nodeLoss(b, reason); n != nil {
-		per[""] = n
-		order = append(order, "")
-	} else {
-		s.log.Error("spool: a dropped batch's GPU or host energy is malformed; the node's loss is not reported", "seq", b.GetSeq())
+	node, nodeGarbled := nodeLoss(b, reason)
+	per[""] = node
+	order = append(order, "")
+	if garbled || nodeGarbled {
+		s.log.Error("spool: a dropped batch has garbled figures; its loss is reported without them", "seq", b.GetSeq())
 	}
 	for _, id := range order {
 		l := per[id]
@@ -192,44 +204,43 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 
 // nodeLoss is what b held for the node as a whole: every GPU's energy and
 // time (runs + idle, downtime bridged included, as the collector's usage
-// adds them up) and the CPU+DRAM energy, each with its idle part; nil when
-// a figure is not a plausible one.
-func nodeLoss(b *trainmeterv1.Batch, reason string) *trainmeterv1.DataLoss {
-	l := &trainmeterv1.DataLoss{Batches: 1, Reason: reason, FirstWindowStart: b.GetWindowStart()}
+// adds them up) and the CPU+DRAM energy, each with its idle part. A GPU's
+// or the host's garbled figures are left out (garbled says so).
+func nodeLoss(b *trainmeterv1.Batch, reason string) (l *trainmeterv1.DataLoss, garbled bool) {
+	l = &trainmeterv1.DataLoss{Batches: 1, Reason: reason, FirstWindowStart: b.GetWindowStart()}
 	for _, gw := range b.GetGpuWindows() {
 		e, idle := gw.GetEnergyIntegratedJ(), gw.GetIdleEnergyIntegratedJ()
 		if gw.GetCounterOk() {
 			e, idle = gw.GetEnergyCounterJ(), gw.GetIdleEnergyCounterJ()
 		}
-		l.EnergyJ += e + gw.GetDowntimeEnergyCounterJ()
-		l.IdleEnergyJ += idle + gw.GetDowntimeIdleEnergyCounterJ()
-		l.GpuSeconds += gw.GetGpuSeconds() + gw.GetDowntimeGpuSeconds()
-		l.IdleGpuSeconds += gw.GetIdleGpuSeconds() + gw.GetDowntimeIdleGpuSeconds()
+		e += gw.GetDowntimeEnergyCounterJ()
+		idle += gw.GetDowntimeIdleEnergyCounterJ()
+		secs := gw.GetGpuSeconds() + gw.GetDowntimeGpuSeconds()
+		idleSecs := gw.GetIdleGpuSeconds() + gw.GetDowntimeIdleGpuSeconds()
+		if plausible(e, idle, secs, idleSecs) {
+			l.EnergyJ += e
+			l.IdleEnergyJ += idle
+			l.GpuSeconds += secs
+			l.IdleGpuSeconds += idleSecs
+		} else {
+			garbled = true
+		}
 	}
 	for _, h := range b.GetHostEnergy() {
-		l.HostEnergyJ += h.GetCpuEnergyJ() + h.GetDramEnergyJ()
-		l.IdleHostEnergyJ += h.GetIdleCpuEnergyJ() + h.GetIdleDramEnergyJ()
+		e, idle := h.GetCpuEnergyJ()+h.GetDramEnergyJ(), h.GetIdleCpuEnergyJ()+h.GetIdleDramEnergyJ()
+		if plausible(e, idle) {
+			l.HostEnergyJ += e
+			l.IdleHostEnergyJ += idle
+		} else {
+			garbled = true
+		}
 	}
-	if !plausibleLoss("node", l.EnergyJ, l.IdleEnergyJ, l.GpuSeconds, l.IdleGpuSeconds, l.HostEnergyJ, l.IdleHostEnergyJ) {
-		return nil
-	}
-	return l
+	return l, garbled
 }
 
-// plausibleWindow keeps a loss record from carrying what the collector
-// would refuse (and so from getting the next batch rejected too).
-func plausibleWindow(w *trainmeterv1.RunWindow) bool {
-	return plausibleLoss(w.GetRunId(), w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ(), w.GetGpuSeconds())
-}
-
-func plausibleShare(sh *trainmeterv1.HostEnergyShare) bool {
-	return plausibleLoss(sh.GetRunId(), sh.GetCpuEnergyJ(), sh.GetDramEnergyJ())
-}
-
-func plausibleLoss(id string, figures ...float64) bool {
-	if batchcheck.ID("run_id", id) != nil {
-		return false
-	}
+// plausible says whether figures may go in a loss record: ones the
+// collector refuses would get the batch carrying the record refused.
+func plausible(figures ...float64) bool {
 	for _, v := range figures {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > batchcheck.MaxPhys {
 			return false
