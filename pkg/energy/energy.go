@@ -27,17 +27,6 @@ const (
 	DefaultHistory = 30 * time.Second
 )
 
-// MaxPowerW bounds what one GPU can draw: a power reading above it, or a
-// counter increase above MaxPowerW × max(interval, 1 s), is a garbled
-// reading (a driver glitch, an all-ones value), not energy. The largest
-// accelerators draw under 3 kW; the bound is far enough above that no real
-// reading comes near it. The 1 s floor: the counter advances in steps
-// (about every 100 ms on NVIDIA), so two reads a millisecond apart can
-// straddle a whole step. A garbled figure kept would be reported as energy,
-// or, past the collector's limit on a figure, get the node's whole batch
-// refused.
-const MaxPowerW = 20_000
-
 // Options tune a Meter. The zero value gives the defaults.
 type Options struct {
 	// MaxGap: power samples further apart than this are not integrated
@@ -95,7 +84,7 @@ type Stats struct {
 	Gaps          int // power intervals longer than MaxGap
 	GapS          float64
 	Invalid       int // NaN or infinite readings, dropped
-	Implausible   int // readings beyond MaxPowerW (power, or counter increase), dropped
+	Implausible   int // readings beyond gpu.MaxPowerW (power, or counter increase), dropped
 }
 
 type powerPoint struct {
@@ -177,7 +166,7 @@ func (m *Meter) observePower(t time.Time, p float64) {
 		m.stats.Invalid++
 		return
 	}
-	if p < 0 || p > MaxPowerW {
+	if p < 0 || p > gpu.MaxPowerW {
 		m.stats.Implausible++
 		return
 	}
@@ -231,9 +220,13 @@ func (m *Meter) observeCounter(t time.Time, c float64) {
 		return
 	}
 	d := c - last.c
-	if d > MaxPowerW*max(seconds(tn-last.t), 1) {
-		// Not kept: the next reading is taken against the last good one,
-		// so a single garbled value costs nothing.
+	if d > gpu.MaxPowerW*max(seconds(tn-last.t), 1) {
+		// A garbled reading, not energy: kept, it would be reported as the
+		// run's energy, or, past the collector's limit on a figure, get the
+		// node's whole batch refused. The next reading is taken against the
+		// last good one, so a single garbled value costs nothing. The 1 s
+		// floor: the counter advances in steps (about every 100 ms on
+		// NVIDIA), so two reads a millisecond apart can straddle a step.
 		m.stats.Implausible++
 		return
 	}

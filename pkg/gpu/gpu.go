@@ -6,6 +6,7 @@ package gpu
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -55,6 +56,42 @@ type Sample struct {
 	// Err is the first error reading this GPU this tick, if any; the fields
 	// whose OK flag is set are still valid.
 	Err error
+}
+
+// MaxPowerW bounds what one GPU can draw. The largest accelerators draw
+// under 3 kW; a reading above the bound is a garbled one (a driver glitch,
+// an all-ones value such as 4,294,967 W from 0xFFFFFFFF mW), not a figure.
+const MaxPowerW = 20_000
+
+// maxMemMiB bounds a memory reading (1 EiB): past it, a garbled value.
+const maxMemMiB = 1 << 40
+
+// DropGarbled clears the OK flag of the readings no GPU can give: NaN or
+// infinite values, negative ones, power above MaxPowerW, utilization above
+// 100 %, memory above 1 EiB (an all-ones byte count). A garbled reading then
+// counts as a missing one (a gap) instead of a figure: one all-ones power
+// value would otherwise be a run's peak power. It returns how many it
+// cleared. A garbled energy counter reading needs the previous one to be
+// told apart (pkg/energy does).
+func (s *Sample) DropGarbled() (dropped int) {
+	bad := func(v, max float64) bool { return !(v >= 0 && v <= max) } // NaN too
+	if s.PowerOK && bad(s.PowerW, MaxPowerW) {
+		s.PowerOK = false
+		dropped++
+	}
+	if s.EnergyOK && bad(s.EnergyJ, math.MaxFloat64) {
+		s.EnergyOK = false
+		dropped++
+	}
+	if s.MemOK && (bad(s.MemTotalMiB, maxMemMiB) || bad(s.MemUsedMiB, maxMemMiB)) {
+		s.MemOK = false
+		dropped++
+	}
+	if s.UtilOK && bad(s.UtilPct, 100) {
+		s.UtilOK = false
+		dropped++
+	}
+	return dropped
 }
 
 // Backend is a set of GPUs that can be read once per tick.

@@ -64,6 +64,9 @@ type Agent struct {
 	// loopDone is closed when the sampling loop has stopped.
 	loopDone chan struct{}
 	stopLoop chan struct{}
+	// garbledLogAt is the count of garbled GPU readings logged next (the
+	// sampling loop's own).
+	garbledLogAt uint64
 
 	// Self-observability (status.go).
 	self      *selfStats
@@ -100,7 +103,7 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 		logger = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{cfg: cfg, backend: backend, clock: clk, host: hostSampler, log: logger,
-		loopDone: make(chan struct{}), stopLoop: make(chan struct{}), self: newSelfStats(clk.Now())}
+		loopDone: make(chan struct{}), stopLoop: make(chan struct{}), garbledLogAt: 1, self: newSelfStats(clk.Now())}
 	lcfg := ledger.Config{
 		Devices:            backend.Devices(),
 		DefaultWarmup:      cfg.Warmup,
@@ -258,6 +261,7 @@ func (a *Agent) sampleLoop(t clock.Ticker) {
 		a.logGPUFailures(samples, failing)
 		a.self.tick(now, a.cfg.Interval, samples, err)
 		batches := a.ledger.Tick(now, samples)
+		a.logGarbled()
 		for _, b := range batches {
 			a.gpuMetrics.Batch(a.cfg.Node, b)
 			a.up.Enqueue(b)
@@ -288,6 +292,21 @@ func (a *Agent) logGPUFailures(samples []gpu.Sample, failing []bool) {
 			failing[i] = false
 			a.log.Info("GPU reads again", "gpu", i)
 		}
+	}
+}
+
+// logGarbled logs the GPU readings dropped as ones no GPU gives at the
+// 1st, 10th, 100th, … such reading: a driver that garbles a reading every
+// tick must not flood the log.
+func (a *Agent) logGarbled() {
+	n := a.ledger.GarbledReadings()
+	if n < a.garbledLogAt {
+		return
+	}
+	a.log.Warn("GPU readings dropped as ones no GPU gives (NaN, negative, power above 20 kW, an all-ones value); each counts as a missing reading",
+		"total", n)
+	for a.garbledLogAt <= n {
+		a.garbledLogAt *= 10
 	}
 }
 

@@ -74,3 +74,58 @@ func TestGPUReadFailureLoggedOnce(t *testing.T) {
 		t.Errorf("%d recovery lines, want 1:\n%s", n, out)
 	}
 }
+
+// garbling is a backend whose GPU 0 reads an all-ones power value while on.
+type garbling struct {
+	gpu.Backend
+	on atomic.Bool
+}
+
+func (b *garbling) Read(now time.Time, dst []gpu.Sample) error {
+	err := b.Backend.Read(now, dst)
+	if b.on.Load() {
+		dst[0].PowerW = 4294967.295
+	}
+	return err
+}
+
+// Garbled readings are logged at the 1st, 10th, 100th…, not at every tick.
+func TestGarbledReadingsLoggedSparingly(t *testing.T) {
+	fake := clock.NewFake(time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC))
+	backend := &garbling{Backend: simgpu.New(2, 1)}
+	var logs testkit.Buffer
+	cfg := DefaultConfig()
+	cfg.Collector = "127.0.0.1:1"
+	cfg.Socket = t.TempDir() + "/agent.sock"
+	cfg.Spool = t.TempDir() + "/spool"
+	cfg.Node = "garbling-node"
+	cfg.GPU = "sim:2"
+	a, err := New(cfg, backend, fake, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx)
+	}()
+	tick := func(n int) {
+		base := a.self.ticks.Load()
+		for range n {
+			fake.Advance(50 * time.Millisecond)
+		}
+		waitTicks(t, a, base+uint64(n))
+	}
+	tick(3)
+	backend.on.Store(true)
+	tick(30)
+	backend.on.Store(false)
+	tick(3)
+	out := logs.String()
+	if n := strings.Count(out, "GPU readings dropped"); n != 2 || !strings.Contains(out, "total=1\n") || !strings.Contains(out, "total=10\n") {
+		t.Errorf("%d lines for 30 garbled readings, want 2 (the 1st and the 10th):\n%s", n, out)
+	}
+}

@@ -85,6 +85,7 @@ type Ledger struct {
 	mu       sync.Mutex
 	meters   []*energy.Meter
 	last     []gpu.Sample
+	garbled  uint64 // readings dropped as ones no GPU gives (gpu.Sample.DropGarbled)
 	started  bool
 	winStart time.Time
 	winEnd   time.Time
@@ -202,6 +203,7 @@ func (l *Ledger) Tick(now time.Time, samples []gpu.Sample) []*trainmeterv1.Batch
 			break
 		}
 		s := samples[i]
+		l.garbled += uint64(s.DropGarbled())
 		l.meters[i].Observe(s)
 		l.last[i] = s
 		if s.EnergyOK && !l.firstRawOK[i] {
@@ -667,4 +669,12 @@ func (l *Ledger) Members(id string) []uint64 {
 
 func errorf(event, format string, args ...any) error {
 	return fmt.Errorf(event+": "+format, args...)
+}
+
+// GarbledReadings counts the GPU readings dropped so far as ones no GPU
+// gives (NaN, negative, an all-ones value): each counts as a missing one.
+func (l *Ledger) GarbledReadings() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.garbled
 }

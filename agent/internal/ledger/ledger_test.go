@@ -28,6 +28,8 @@ type rig struct {
 	counterT []time.Time
 	batches  []*trainmeterv1.Batch
 	noUtil   map[int]bool // GPUs that report no utilisation (MIG)
+	ticks    int
+	garble   func(tick int, s *gpu.Sample) // optional: spoil a reading
 }
 
 func newRig(t *testing.T, powerW, counterW []float64, warmup time.Duration) *rig {
@@ -61,7 +63,11 @@ func (r *rig) advance(d time.Duration) {
 				EnergyJ: r.counterJ[i], EnergyAt: r.counterT[i], EnergyOK: true,
 				MemUsedMiB: 1000 * float64(i+1), MemTotalMiB: 80000, MemOK: true,
 				UtilPct: 90, UtilOK: !r.noUtil[i]}
+			if r.garble != nil {
+				r.garble(r.ticks, &samples[i])
+			}
 		}
+		r.ticks++
 		r.batches = append(r.batches, r.l.Tick(r.now, samples)...)
 	}
 }
