@@ -31,36 +31,43 @@ func (b *oneLost) Read(now time.Time, dst []gpu.Sample) error {
 
 // A GPU that stops reading is logged once, not at every 50 ms tick, and once
 // more when it reads again.
-func TestGPUReadFailureLoggedOnce(t *testing.T) {
+// loggingAgent starts an agent on backend (2 simulated GPUs, a collector
+// that never answers) on a fake clock, and returns its log and a function
+// that runs n ticks and waits until the loop has taken them.
+func loggingAgent(t *testing.T, backend gpu.Backend) (logs *testkit.Buffer, tick func(n int)) {
+	t.Helper()
 	fake := clock.NewFake(time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC))
-	backend := &oneLost{Backend: simgpu.New(2, 1)}
-	var logs testkit.Buffer
+	logs = &testkit.Buffer{}
 	cfg := DefaultConfig()
 	cfg.Collector = "127.0.0.1:1"
 	cfg.Socket = t.TempDir() + "/agent.sock"
 	cfg.Spool = t.TempDir() + "/spool"
-	cfg.Node = "lost-node"
+	cfg.Node = "test-node"
 	cfg.GPU = "sim:2"
-	a, err := New(cfg, backend, fake, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	a, err := New(cfg, backend, fake, nil, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = a.Shutdown(ctx) // the collector is unreachable: nothing is acked
-	}()
-
-	tick := func(n int) {
+	})
+	return logs, func(n int) {
 		base := a.self.ticks.Load()
 		for range n {
 			fake.Advance(50 * time.Millisecond)
 		}
 		waitTicks(t, a, base+uint64(n))
 	}
+}
+
+func TestGPUReadFailureLoggedOnce(t *testing.T) {
+	backend := &oneLost{Backend: simgpu.New(2, 1)}
+	logs, tick := loggingAgent(t, backend)
 	tick(5)
 	backend.lost.Store(true)
 	tick(20)
@@ -91,34 +98,8 @@ func (b *garbling) Read(now time.Time, dst []gpu.Sample) error {
 
 // Garbled readings are logged at the 1st, 10th, 100th…, not at every tick.
 func TestGarbledReadingsLoggedSparingly(t *testing.T) {
-	fake := clock.NewFake(time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC))
 	backend := &garbling{Backend: simgpu.New(2, 1)}
-	var logs testkit.Buffer
-	cfg := DefaultConfig()
-	cfg.Collector = "127.0.0.1:1"
-	cfg.Socket = t.TempDir() + "/agent.sock"
-	cfg.Spool = t.TempDir() + "/spool"
-	cfg.Node = "garbling-node"
-	cfg.GPU = "sim:2"
-	a, err := New(cfg, backend, fake, nil, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = a.Shutdown(ctx)
-	}()
-	tick := func(n int) {
-		base := a.self.ticks.Load()
-		for range n {
-			fake.Advance(50 * time.Millisecond)
-		}
-		waitTicks(t, a, base+uint64(n))
-	}
+	logs, tick := loggingAgent(t, backend)
 	tick(3)
 	backend.on.Store(true)
 	tick(30)
