@@ -29,8 +29,6 @@ func (b *oneLost) Read(now time.Time, dst []gpu.Sample) error {
 	return err
 }
 
-// A GPU that stops reading is logged once, not at every 50 ms tick, and once
-// more when it reads again.
 // loggingAgent starts an agent on backend (2 simulated GPUs, a collector
 // that never answers) on a fake clock, and returns its log and a function
 // that runs n ticks and waits until the loop has taken them.
@@ -65,6 +63,8 @@ func loggingAgent(t *testing.T, backend gpu.Backend) (logs *testkit.Buffer, tick
 	}
 }
 
+// A GPU that stops reading is logged once, not at every 50 ms tick, and once
+// more when it reads again.
 func TestGPUReadFailureLoggedOnce(t *testing.T) {
 	backend := &oneLost{Backend: simgpu.New(2, 1)}
 	logs, tick := loggingAgent(t, backend)
