@@ -10,16 +10,19 @@ import (
 )
 
 // Readings no GPU gives (an all-ones power value, NaN, a memory byte count
-// of all ones, 10^9 % utilization) count as missing ones: the run's peak
-// power, VRAM and energy are what the GPUs did. Before, one all-ones power
-// reading was the run's peak power (4.3 MW) and entered its power average.
+// of all ones, 10^9 % utilization, a counter leap of 1.8e13 J) count as
+// missing ones: the run's peak power, VRAM and energy are what the GPUs
+// did, and each is counted. Before, one all-ones power reading was the
+// run's peak power (4.3 MW) and entered its power average.
 func TestGarbledReadingsAreNotFigures(t *testing.T) {
 	r := newRig(t, []float64{300, 300}, []float64{300, 300}, 0)
 	r.garble = func(tick int, s *gpu.Sample) {
 		if s.Index != 0 || tick%7 != 3 {
 			return
 		}
-		switch tick % 4 {
+		switch tick % 5 {
+		case 4:
+			s.EnergyJ = 1.8e13
 		case 0:
 			s.PowerW = math.MaxUint32 / 1e3
 		case 1:

@@ -672,9 +672,14 @@ func errorf(event, format string, args ...any) error {
 }
 
 // GarbledReadings counts the GPU readings dropped so far as ones no GPU
-// gives (NaN, negative, an all-ones value): each counts as a missing one.
+// gives (NaN, negative, an all-ones value, a counter that leaps by more
+// than a GPU can draw): each counts as a missing one.
 func (l *Ledger) GarbledReadings() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.garbled
+	n := l.garbled
+	for _, m := range l.meters {
+		n += uint64(m.Stats().Implausible)
+	}
+	return n
 }
