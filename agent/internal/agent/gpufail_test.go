@@ -32,7 +32,7 @@ func (b *oneLost) Read(now time.Time, dst []gpu.Sample) error {
 // loggingAgent starts an agent on backend (2 simulated GPUs, a collector
 // that never answers) on a fake clock, and returns its log and a function
 // that runs n ticks and waits until the loop has taken them.
-func loggingAgent(t *testing.T, backend gpu.Backend) (logs *testkit.Buffer, tick func(n int)) {
+func loggingAgent(t *testing.T, backend gpu.Backend) (a *Agent, logs *testkit.Buffer, tick func(n int)) {
 	t.Helper()
 	fake := clock.NewFake(time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC))
 	logs = &testkit.Buffer{}
@@ -54,7 +54,7 @@ func loggingAgent(t *testing.T, backend gpu.Backend) (logs *testkit.Buffer, tick
 		defer cancel()
 		_ = a.Shutdown(ctx) // the collector is unreachable: nothing is acked
 	})
-	return logs, func(n int) {
+	return a, logs, func(n int) {
 		base := a.self.ticks.Load()
 		for range n {
 			fake.Advance(50 * time.Millisecond)
@@ -67,7 +67,7 @@ func loggingAgent(t *testing.T, backend gpu.Backend) (logs *testkit.Buffer, tick
 // more when it reads again.
 func TestGPUReadFailureLoggedOnce(t *testing.T) {
 	backend := &oneLost{Backend: simgpu.New(2, 1)}
-	logs, tick := loggingAgent(t, backend)
+	_, logs, tick := loggingAgent(t, backend)
 	tick(5)
 	backend.lost.Store(true)
 	tick(20)
@@ -99,7 +99,7 @@ func (b *garbling) Read(now time.Time, dst []gpu.Sample) error {
 // Garbled readings are logged at the 1st, 10th, 100th…, not at every tick.
 func TestGarbledReadingsLoggedSparingly(t *testing.T) {
 	backend := &garbling{Backend: simgpu.New(2, 1)}
-	logs, tick := loggingAgent(t, backend)
+	a, logs, tick := loggingAgent(t, backend)
 	tick(3)
 	backend.on.Store(true)
 	tick(30)
@@ -108,5 +108,8 @@ func TestGarbledReadingsLoggedSparingly(t *testing.T) {
 	out := logs.String()
 	if n := strings.Count(out, "GPU readings dropped"); n != 2 || !strings.Contains(out, "total=1\n") || !strings.Contains(out, "total=10\n") {
 		t.Errorf("%d lines for 30 garbled readings, want 2 (the 1st and the 10th):\n%s", n, out)
+	}
+	if n := a.Status().Sampling.GarbledReadings; n != 30 {
+		t.Errorf("status garbled_readings %d, want 30", n)
 	}
 }

@@ -138,15 +138,18 @@ type SamplingStatus struct {
 	SamplesTaken uint64  `json:"samples_taken"`
 	// SamplesMissed = ReadFailures + SkippedTicks: ticks whose GPU read failed
 	// plus sampling periods that had no tick because the loop ran late.
-	SamplesMissed uint64  `json:"samples_missed"`
-	ReadFailures  uint64  `json:"read_failures"`
-	LateTicks     uint64  `json:"late_ticks"`
-	SkippedTicks  uint64  `json:"skipped_ticks"`
-	JitterP50Ms   float64 `json:"tick_jitter_p50_ms"`
-	JitterP99Ms   float64 `json:"tick_jitter_p99_ms"`
-	JitterMaxMs   float64 `json:"tick_jitter_max_ms"`
-	JitterTicks   int     `json:"tick_jitter_window"`
-	LastGoodReadS float64 `json:"last_good_read_age_s"`
+	SamplesMissed uint64 `json:"samples_missed"`
+	ReadFailures  uint64 `json:"read_failures"`
+	// GarbledReadings: GPU readings dropped as ones no GPU gives (NaN,
+	// negative, an all-ones value, a counter leap); each counts as missing.
+	GarbledReadings uint64  `json:"garbled_readings"`
+	LateTicks       uint64  `json:"late_ticks"`
+	SkippedTicks    uint64  `json:"skipped_ticks"`
+	JitterP50Ms     float64 `json:"tick_jitter_p50_ms"`
+	JitterP99Ms     float64 `json:"tick_jitter_p99_ms"`
+	JitterMaxMs     float64 `json:"tick_jitter_max_ms"`
+	JitterTicks     int     `json:"tick_jitter_window"`
+	LastGoodReadS   float64 `json:"last_good_read_age_s"`
 }
 
 // CollectorStatus is one collector's uplink.
@@ -213,18 +216,19 @@ func (a *Agent) Status() Status {
 		Version: Version,
 		UptimeS: now.Sub(s.started).Seconds(),
 		Sampling: SamplingStatus{
-			IntervalMs:    selfmetrics.Millis(a.cfg.Interval),
-			GPUs:          len(a.backend.Devices()),
-			Ticks:         s.ticks.Load(),
-			SamplesTaken:  s.samplesTaken.Load(),
-			ReadFailures:  s.readFailures.Load(),
-			LateTicks:     s.lateTicks.Load(),
-			SkippedTicks:  s.skippedTicks.Load(),
-			JitterP50Ms:   selfmetrics.Millis(q[0]),
-			JitterP99Ms:   selfmetrics.Millis(q[1]),
-			JitterMaxMs:   selfmetrics.Millis(q[2]),
-			JitterTicks:   int(min(s.jitter.Count(), jitterTicks)),
-			LastGoodReadS: now.Sub(time.Unix(0, s.lastGoodRead.Load())).Seconds(),
+			IntervalMs:      selfmetrics.Millis(a.cfg.Interval),
+			GPUs:            len(a.backend.Devices()),
+			Ticks:           s.ticks.Load(),
+			SamplesTaken:    s.samplesTaken.Load(),
+			ReadFailures:    s.readFailures.Load(),
+			GarbledReadings: a.ledger.GarbledReadings(),
+			LateTicks:       s.lateTicks.Load(),
+			SkippedTicks:    s.skippedTicks.Load(),
+			JitterP50Ms:     selfmetrics.Millis(q[0]),
+			JitterP99Ms:     selfmetrics.Millis(q[1]),
+			JitterMaxMs:     selfmetrics.Millis(q[2]),
+			JitterTicks:     int(min(s.jitter.Count(), jitterTicks)),
+			LastGoodReadS:   now.Sub(time.Unix(0, s.lastGoodRead.Load())).Seconds(),
 		},
 		Uplink: uplinkStatus(a.cfg.Collector, up),
 		Socket: SocketStatus{
