@@ -5,7 +5,6 @@ package spool
 
 import (
 	"errors"
-	"math"
 	"slices"
 	"strings"
 	"syscall"
@@ -239,10 +238,11 @@ func nodeLoss(b *trainmeterv1.Batch, reason string) (l *trainmeterv1.DataLoss, g
 }
 
 // plausible says whether figures may go in a loss record: ones the
-// collector refuses would get the batch carrying the record refused.
+// collector refuses (batchcheck.Phys) would get the batch carrying the
+// record refused.
 func plausible(figures ...float64) bool {
 	for _, v := range figures {
-		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > batchcheck.MaxPhys {
+		if batchcheck.Phys("figure", v) != nil {
 			return false
 		}
 	}
