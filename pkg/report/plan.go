@@ -2,6 +2,7 @@ package report
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,8 +24,26 @@ func PriceSourceWords(src string) string {
 		return "flag (serve --gpu-price-per-hour)"
 	case "mixed":
 		return "mixed (nodes priced by different rules)"
+	case "repriced":
+		return "repriced (trainmeter reprice)"
 	}
 	return src
+}
+
+// writeReprice says when the run's booked cost was last changed by
+// `trainmeter reprice`, from what and why (docs/costs.md, "Locked prices").
+func writeReprice(line func(string, string, ...any), r *RunReport) {
+	if r.GetRepricedAt() == nil {
+		return
+	}
+	was := "no cost"
+	if r.PreviousTotalCostUsd != nil {
+		was = money.USD(r.GetPreviousTotalCostUsd()) + " total"
+		if r.PreviousCostUsd != nil {
+			was += ", GPU " + money.USD(r.GetPreviousCostUsd())
+		}
+	}
+	line("repriced", "%s (was %s): %s", r.GetRepricedAt().AsTime().UTC().Format(TimeFormat), was, strconv.Quote(r.GetRepriceReason()))
 }
 
 // writePlan adds what the run was started with: its cost cap, and the

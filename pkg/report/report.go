@@ -76,6 +76,8 @@ var header = []string{
 	// the runs' host energy (CPU+DRAM) in batches dropped on an agent, next
 	// to lost_energy_J (GPUs); last, so the columns before keep their places
 	"lost_host_energy_J",
+	// locked prices: the run's latest reprice (docs/costs.md, "Locked prices")
+	"repriced_at", "previous_cost_usd", "previous_total_cost_usd", "reprice_reason",
 }
 
 // Header returns the CSV header row.
@@ -321,7 +323,20 @@ func Row(r *RunReport) []string {
 		r.GetCarbonZone(),
 
 		fIf(r.CpuEnergyJ != nil || r.GetLostHostEnergyJ() > 0, r.GetLostHostEnergyJ()),
+
+		repricedAt(r),
+		opt(r.PreviousCostUsd, F),
+		opt(r.PreviousTotalCostUsd, F),
+		r.GetRepriceReason(),
 	}
+}
+
+// repricedAt is when the run was last repriced (RFC 3339), "" if never.
+func repricedAt(r *RunReport) string {
+	if t := r.GetRepricedAt(); t != nil {
+		return t.AsTime().UTC().Format(time.RFC3339Nano)
+	}
+	return ""
 }
 
 func fOK(v float64, ok bool) string { return fIf(ok, v) }
@@ -569,6 +584,7 @@ func writeCost(b *strings.Builder, line func(label, format string, args ...any),
 		line("energy cost", "%s", "- (no energy price)")
 	}
 	line("total", "%s", dashS(priced, total))
+	writeReprice(line, r)
 	writePlan(line, r)
 	if !r.GetEnded() && r.GetProjectionBasis() != "" {
 		line("projected", "%s at completion (%.1f%% of planned %s done)", dashS(priced, money.USD(r.GetProjectedCostUsd())),

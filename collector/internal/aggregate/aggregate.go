@@ -50,7 +50,8 @@
 //   - gpus = distinct (node, gpu index) in the windows' gpus; nodes = distinct
 //     nodes that sent anything for the run; gpu_name from the winning RunStart.
 //   - gpu_hours = Σ gpu_seconds / 3600 (warmup included: you pay for it).
-//   - cost: see Pricing and Report.
+//   - cost: booked as windows are folded, at the prices then in force, and
+//     changed only by Reprice (booking.go); see Pricing and Report.
 //   - evals sorted by time (arrival order for equal times); last_loss from the
 //     window with the latest end that has has_loss.
 //   - incomplete: an agent reported data it had to drop (Batch.losses: spool
@@ -300,6 +301,10 @@ type State struct {
 	HasHostCPU      bool     `json:"has_host_cpu,omitempty"`
 	HasHostDRAM     bool     `json:"has_host_dram,omitempty"`
 	HostSplits      []string `json:"host_splits,omitempty"`
+
+	// Booked is the cost booked at the prices in force as windows were
+	// folded (booking.go): what the report's costs are.
+	Booked Booking `json:"booked"`
 
 	// Bookkeeping for the store (codec.go), not part of the figures:
 	// whether the node states are stored apart, and which changed since
@@ -842,17 +847,18 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	}
 
 	r.GpuHours = s.GPUSeconds / 3600
-	s.priceCompute(p, r)
-	r.EnergyKwh = s.EnergyTotal / 3.6e6
-	if usd, bands, ok := p.EnergyCost(s.EnergyByBand, s.EnergyTotal); ok {
-		r.HasEnergyCost = true
-		r.EnergyCostUsd = usd
-		r.EnergyIncluded = p.EnergyIncluded
-		for _, b := range bands {
-			r.EnergyBands = append(r.EnergyBands, &trainmeterv1.EnergyBandCost{Band: b.Band, Kwh: b.KWh, UsdPerKwh: b.USDPerKWh, CostUsd: b.USD})
-		}
+	if !s.bookedCompute(p, r) {
+		s.priceCompute(p, r)
 	}
-	r.PriorityMultiplier = p.PriorityMultiplier(s.Plan.Labels)
+	r.EnergyKwh = s.EnergyTotal / 3.6e6
+	if !s.bookedEnergy(p, r) {
+		s.energyNow(p, r)
+	}
+	r.PriorityMultiplier = s.Booked.PriorityMultiplier
+	if r.PriorityMultiplier == 0 {
+		r.PriorityMultiplier = p.PriorityMultiplier(s.Plan.Labels)
+	}
+	s.reprice(r)
 	r.TotalCostUsd = r.CostUsd*r.PriorityMultiplier + r.EnergyCostUsd
 	r.BudgetScope = s.Plan.BudgetScope
 	if len(s.Plan.Labels) > 0 {
@@ -912,7 +918,7 @@ func (s *State) hostEnergy(r *trainmeterv1.RunReport) {
 }
 
 // priceCompute sets cost_usd (GPU-hours × price) and where the price came
-// from. Each node's GPU-seconds are priced at that node's price (the
+// from, at p's prices now: for a run with no GPU time booked (bookedCompute). Each node's GPU-seconds are priced at that node's price (the
 // run_start price for all, else the node's configured price, else the
 // catalog's, else the default); GPU-seconds folded before the aggregate kept
 // them per node are priced at the starting node's. A run with any GPU-time
@@ -962,6 +968,20 @@ func (s *State) priceCompute(p Pricing, r *trainmeterv1.RunReport) {
 	r.GpuPriceSource = cost.LegacySource(source)
 	if r.GpuHours > 0 {
 		r.GpuPricePerHour = usd / r.GpuHours // the GPU-time-weighted mean
+	}
+}
+
+// energyNow prices the run's energy at p: for a run with no energy booked.
+func (s *State) energyNow(p Pricing, r *trainmeterv1.RunReport) {
+	usd, bands, ok := p.EnergyCost(s.EnergyByBand, s.EnergyTotal)
+	if !ok {
+		return
+	}
+	r.HasEnergyCost = true
+	r.EnergyCostUsd = usd
+	r.EnergyIncluded = p.EnergyIncluded
+	for _, b := range bands {
+		r.EnergyBands = append(r.EnergyBands, &trainmeterv1.EnergyBandCost{Band: b.Band, Kwh: b.KWh, UsdPerKwh: b.USDPerKWh, CostUsd: b.USD})
 	}
 }
 

@@ -7,7 +7,7 @@
 //     token on the ingest stream, and the Hello it sends must name that node
 //     (one node cannot report as another);
 //   - read: one token for the query RPCs that only read;
-//   - admin: one token for everything, including admin RPCs (DeleteRun).
+//   - admin: one token for everything, including admin RPCs (DeleteRun, Reprice).
 //
 // Every method has a role in methodRoles. Health checks and server
 // reflection are open (load balancers, grpcurl list). A method that is not in
@@ -66,6 +66,7 @@ var methodRoles = map[string]Role{
 	trainmeterv1.QueryService_Compare_FullMethodName:    RoleRead,
 	trainmeterv1.QueryService_Timeline_FullMethodName:   RoleRead,
 	trainmeterv1.QueryService_DeleteRun_FullMethodName:  RoleAdmin,
+	trainmeterv1.QueryService_Reprice_FullMethodName:    RoleAdmin,
 
 	trainmeterv1.RecommendService_Recommend_FullMethodName:         RoleRead,
 	trainmeterv1.RecommendService_DataloaderHistory_FullMethodName: RoleRead,

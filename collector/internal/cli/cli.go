@@ -78,7 +78,7 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 	if defaultAddr == "" {
 		defaultAddr = server.DefaultListen
 	}
-	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newSummaryCommand(cf), newModelCommand(cf), newExportCommand(cf), newNodesCommand(cf), newUsageCommand(cf), newDeleteRunCommand(cf), newRunCommand(cf),
+	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newSummaryCommand(cf), newModelCommand(cf), newExportCommand(cf), newNodesCommand(cf), newUsageCommand(cf), newDeleteRunCommand(cf), newRepriceCommand(cf), newRunCommand(cf),
 		newRecommendCommand(cf), newBudgetCommand(cf), newAlertsCommand(cf), newForecastCommand(cf), newPricesCommand(cf),
 		newEstimateCommand(cf), newCompareCommand(cf)} {
 		// Persistent, so that `export csv` inherits them.

@@ -4,6 +4,7 @@ package query
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sort"
 
 	"google.golang.org/grpc"
@@ -42,6 +43,7 @@ type Server struct {
 	live    Live
 	pricing aggregate.Pricing
 	plans   Plans
+	log     *slog.Logger // SetLogger; nil discards
 }
 
 // Plans adds to a report what its run was started with (cost cap,

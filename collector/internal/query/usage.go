@@ -34,6 +34,24 @@ func usagePrice(p aggregate.Pricing, runStartPrice float64, node, gpuName string
 	return p.GPUPrice(runStartPrice, node, gpuName)
 }
 
+// locked is the price a record was stored with (RunWindow, Batch:
+// locked_*); priced false: stored unpriced, priced when read.
+type locked struct {
+	priced, hasGPUPrice, hasEnergyPrice bool
+	usdPerGPUHour, usdPerJoule          float64
+	source                              string
+}
+
+func lockOfWindow(w *trainmeterv1.RunWindow) locked {
+	return locked{priced: w.GetPriceLocked(), hasGPUPrice: w.LockedUsdPerGpuHour != nil, hasEnergyPrice: w.LockedUsdPerJoule != nil,
+		usdPerGPUHour: w.GetLockedUsdPerGpuHour(), usdPerJoule: w.GetLockedUsdPerJoule(), source: w.GetLockedPriceSource()}
+}
+
+func lockOfBatch(b *trainmeterv1.Batch) locked {
+	return locked{priced: b.GetPriceLocked(), hasGPUPrice: b.LockedUsdPerGpuHour != nil, hasEnergyPrice: b.LockedUsdPerJoule != nil,
+		usdPerGPUHour: b.GetLockedUsdPerGpuHour(), usdPerJoule: b.GetLockedUsdPerJoule(), source: b.GetLockedPriceSource()}
+}
+
 func checkBy(by []string) error {
 	for _, b := range by {
 		switch {
@@ -103,7 +121,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			}
 		}
 	}
-	add := func(keys []string, idleNode, runID string, gpuS, energyJ, runPrice float64, node, gpuName string) {
+	add := func(keys []string, idleNode, runID string, gpuS, energyJ, runPrice float64, node, gpuName string, lock locked) {
 		k := strings.Join(keys, "\x00") + "\x00" + idleNode
 		a := groups[k]
 		if a == nil {
@@ -118,6 +136,11 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		}
 		price, src, ok := usagePrice(s.pricing, runPrice, node, gpuName)
 		energyUSD, _, eok := s.pricing.EnergyCost(nil, energyJ)
+		if lock.priced {
+			// Priced as stored (docs/costs.md, "Locked prices").
+			price, src, ok = lock.usdPerGPUHour, lock.source, lock.hasGPUPrice
+			energyUSD, eok = energyJ*lock.usdPerJoule, lock.hasEnergyPrice
+		}
 		if !ok && !eok {
 			a.row.HasCost = false
 			return
@@ -179,7 +202,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			n.IdleGpuSeconds += idleS
 			n.IdleEnergyJ += idleE
 			if idleS > 0 || idleE > 0 {
-				add(keysFor(node, gw.GetGpu(), true, nil), node, "", idleS, idleE, 0, node, gpuNames[node])
+				add(keysFor(node, gw.GetGpu(), true, nil), node, "", idleS, idleE, 0, node, gpuNames[node], lockOfBatch(b))
 			}
 		}
 		for _, h := range b.GetHostEnergy() {
@@ -216,12 +239,12 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 				g = w.GetGpus()[0]
 			}
 			add(keysFor(node, g, has, r), "", runID, w.GetGpuSeconds(),
-				windowEnergy(w.GetCounterOk(), w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ()), price, node, name)
+				windowEnergy(w.GetCounterOk(), w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
 			return nil
 		}
 		for _, sh := range shares {
 			add(keysFor(node, sh.GetGpu(), true, r), "", runID, sh.GetGpuSeconds(),
-				windowEnergy(w.GetCounterOk(), sh.GetEnergyCounterJ(), sh.GetEnergyIntegratedJ()), price, node, name)
+				windowEnergy(w.GetCounterOk(), sh.GetEnergyCounterJ(), sh.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
 		}
 		return nil
 	})

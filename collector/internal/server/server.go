@@ -407,6 +407,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		// history is the catalog.
 		pricing.Catalog = prices
 	}
+	// Windows are booked at the prices in force when they are stored
+	// (docs/costs.md, "Locked prices"); ingest is not served yet.
+	st.SetPricer(pricing)
 	loc, _ := time.LoadLocation(s.cfg.Budget.Timezone) // checked by Validate
 	report := func(a *aggregate.State) *trainmeterv1.RunReport { return a.Report(pricing) }
 	budgets := budget.New(budget.Config{EvalInterval: s.cfg.Budget.EvalInterval, Location: loc, Clock: s.cfg.Clock}, st, report, ing, sinks, s.log)
@@ -426,6 +429,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	ing.OnApplied(budgets.OnApplied)
 	qs := query.New(st, ing, pricing)
 	qs.SetPlans(budgets)
+	qs.SetLogger(s.log)
 
 	// Fixed flow-control windows: no bandwidth-probing PING and window
 	// update beside each agent's batch (package flowcontrol).

@@ -51,6 +51,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -91,6 +92,7 @@ type Store struct {
 	now    func() time.Time
 	bands  aggregate.EnergyBands
 	carbon aggregate.CarbonBooker
+	pricer atomic.Pointer[pricerBox] // SetPricer; nil: windows are not priced as stored
 	stripe [lockStripes]sync.Mutex
 
 	// Group commit (commit.go): ApplyBatch hands its batch to the committer,
@@ -440,6 +442,7 @@ func (s *Store) ApplyBatchFrom(sender Sender, b *trainmeterv1.Batch) (duplicate 
 	unlock := s.lockRuns(node, nil)
 	defer unlock()
 	b = s.dropDeleted(b)
+	b = clearLocked(b)
 	raw, rk, err := rawRecords(node, boot, b)
 	if err != nil {
 		return false, err
@@ -463,7 +466,8 @@ func (s *Store) ApplyBatchFrom(sender Sender, b *trainmeterv1.Batch) (duplicate 
 type kv struct{ k, v []byte }
 
 // rawRecords encodes a batch's raw records under their keys, and returns
-// the key of its r/ record (nil: it has none).
+// the key of its r/ record (nil: it has none). The run windows come first,
+// in the batch's order (applyTo stamps them with their prices).
 func rawRecords(node, boot string, b *trainmeterv1.Batch) (out []kv, rk []byte, err error) {
 	seq := b.GetSeq()
 	out = make([]kv, 0, len(b.GetRunWindows())+len(b.GetRunEvents())+len(b.GetGpuWindows())+1)
@@ -523,11 +527,6 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	if dup || err != nil {
 		return dup, err
 	}
-	for _, rec := range r.raw {
-		if err := s.setTTL(txn, rec.k, rec.v, s.rawTTL); err != nil {
-			return false, err
-		}
-	}
 	if displaced != "" {
 		// Our r/ record replaces one of another boot with the same start
 		// and seq (a clock stepped back across boots): that batch keeps
@@ -553,8 +552,38 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 			aggs[ev.GetRunId()].AddStart(node, ev)
 		}
 	}
-	for _, w := range b.GetRunWindows() {
-		aggs[w.GetRunId()].AddWindowBooked(node, w, s.bands, s.carbon)
+	// Each window's cost is booked at the prices in force now, and its raw
+	// record carries them (usage rows are priced from it).
+	pricer := s.Pricer()
+	nodeGPU := nodeGPUName(ne.ns)
+	raw := r.raw
+	if pricer != nil {
+		raw = slices.Clone(raw)
+	}
+	for i, w := range b.GetRunWindows() {
+		st := aggs[w.GetRunId()]
+		st.AddWindowBooked(node, w, s.bands, s.carbon)
+		if pricer != nil {
+			stamp := &trainmeterv1.RunWindow{}
+			st.BookPrice(node, w, pricer, nodeGPU).Stamp(stamp)
+			if raw[i], err = appendStamp(raw[i], stamp); err != nil {
+				return false, err
+			}
+		}
+	}
+	if pricer != nil && rk != nil {
+		for i := range raw {
+			if bytes.Equal(raw[i].k, rk) {
+				if raw[i], err = appendStamp(raw[i], idleStamp(pricer, node, nodeGPU, b)); err != nil {
+					return false, err
+				}
+			}
+		}
+	}
+	for _, rec := range raw {
+		if err := s.setTTL(txn, rec.k, rec.v, s.rawTTL); err != nil {
+			return false, err
+		}
 	}
 	for _, e := range b.GetRunEvents() {
 		if ev := e.GetEval(); ev != nil {

@@ -498,6 +498,19 @@ type Batch struct {
 	// collector ignores it on a received batch (the store writes the stream's
 	// boot id there).
 	StoredBootId string `protobuf:"bytes,950,opt,name=stored_boot_id,json=storedBootId,proto3" json:"stored_boot_id,omitempty"`
+	// --- store-only: the prices locked at ingest (pricelock, 410–429) ---
+	// Only in the collector's stored r/ record: the prices in force when the
+	// batch was stored, for its idle GPU time and energy (docs/costs.md,
+	// "Locked prices"). Agents never set them; the collector clears them on a
+	// received batch. price_locked: the collector priced the record (false:
+	// a store without pricing, whose rows are priced when read).
+	PriceLocked bool `protobuf:"varint,410,opt,name=price_locked,json=priceLocked,proto3" json:"price_locked,omitempty"`
+	// $/GPU-hour of the node's GPUs then; unset: none was known.
+	LockedUsdPerGpuHour *float64 `protobuf:"fixed64,411,opt,name=locked_usd_per_gpu_hour,json=lockedUsdPerGpuHour,proto3,oneof" json:"locked_usd_per_gpu_hour,omitempty"`
+	LockedPriceSource   string   `protobuf:"bytes,412,opt,name=locked_price_source,json=lockedPriceSource,proto3" json:"locked_price_source,omitempty"`
+	// USD per joule of GPU energy over the batch's window (PUE and the
+	// tariff band in force included); unset: no energy price was known.
+	LockedUsdPerJoule *float64 `protobuf:"fixed64,413,opt,name=locked_usd_per_joule,json=lockedUsdPerJoule,proto3,oneof" json:"locked_usd_per_joule,omitempty"`
 	// --- the node's part of dropped batches (loss-host, 1050–1099) ---
 	// What dropped batches held for the node as a whole, beside the per-run
 	// records in losses: run_id empty, energy_j and gpu_seconds every GPU's
@@ -614,6 +627,34 @@ func (x *Batch) GetStoredBootId() string {
 		return x.StoredBootId
 	}
 	return ""
+}
+
+func (x *Batch) GetPriceLocked() bool {
+	if x != nil {
+		return x.PriceLocked
+	}
+	return false
+}
+
+func (x *Batch) GetLockedUsdPerGpuHour() float64 {
+	if x != nil && x.LockedUsdPerGpuHour != nil {
+		return *x.LockedUsdPerGpuHour
+	}
+	return 0
+}
+
+func (x *Batch) GetLockedPriceSource() string {
+	if x != nil {
+		return x.LockedPriceSource
+	}
+	return ""
+}
+
+func (x *Batch) GetLockedUsdPerJoule() float64 {
+	if x != nil && x.LockedUsdPerJoule != nil {
+		return *x.LockedUsdPerJoule
+	}
+	return 0
 }
 
 func (x *Batch) GetNodeLosses() []*DataLoss {
@@ -1507,9 +1548,19 @@ type RunWindow struct {
 	ShareMethod      string  `protobuf:"bytes,30,opt,name=share_method,json=shareMethod,proto3" json:"share_method,omitempty"`
 	MaxSharingRuns   uint32  `protobuf:"varint,31,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
 	// The share per GPU (for usage by GPU).
-	GpuShares     []*GpuShare `protobuf:"bytes,32,rep,name=gpu_shares,json=gpuShares,proto3" json:"gpu_shares,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	GpuShares []*GpuShare `protobuf:"bytes,32,rep,name=gpu_shares,json=gpuShares,proto3" json:"gpu_shares,omitempty"`
+	// --- store-only: the prices locked at ingest (pricelock, 410–429) ---
+	// Only in the collector's stored w/ record: the prices the window was
+	// booked at (docs/costs.md, "Locked prices"), as Batch.price_locked and
+	// its locked_* fields, for the run on this node; `trainmeter reprice`
+	// rewrites them. Agents never set them; the collector clears them on a
+	// received batch.
+	PriceLocked         bool     `protobuf:"varint,410,opt,name=price_locked,json=priceLocked,proto3" json:"price_locked,omitempty"`
+	LockedUsdPerGpuHour *float64 `protobuf:"fixed64,411,opt,name=locked_usd_per_gpu_hour,json=lockedUsdPerGpuHour,proto3,oneof" json:"locked_usd_per_gpu_hour,omitempty"`
+	LockedPriceSource   string   `protobuf:"bytes,412,opt,name=locked_price_source,json=lockedPriceSource,proto3" json:"locked_price_source,omitempty"`
+	LockedUsdPerJoule   *float64 `protobuf:"fixed64,413,opt,name=locked_usd_per_joule,json=lockedUsdPerJoule,proto3,oneof" json:"locked_usd_per_joule,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *RunWindow) Reset() {
@@ -1764,6 +1815,34 @@ func (x *RunWindow) GetGpuShares() []*GpuShare {
 		return x.GpuShares
 	}
 	return nil
+}
+
+func (x *RunWindow) GetPriceLocked() bool {
+	if x != nil {
+		return x.PriceLocked
+	}
+	return false
+}
+
+func (x *RunWindow) GetLockedUsdPerGpuHour() float64 {
+	if x != nil && x.LockedUsdPerGpuHour != nil {
+		return *x.LockedUsdPerGpuHour
+	}
+	return 0
+}
+
+func (x *RunWindow) GetLockedPriceSource() string {
+	if x != nil {
+		return x.LockedPriceSource
+	}
+	return ""
+}
+
+func (x *RunWindow) GetLockedUsdPerJoule() float64 {
+	if x != nil && x.LockedUsdPerJoule != nil {
+		return *x.LockedUsdPerJoule
+	}
+	return 0
 }
 
 // GpuShare is one run's share of one GPU over a RunWindow.
@@ -3062,7 +3141,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\rpower_limit_w\x18\x05 \x01(\x01R\vpowerLimitW\x12,\n" +
 	"\x12has_energy_counter\x18\x06 \x01(\bR\x10hasEnergyCounter\x12*\n" +
 	"\x11has_instant_power\x18\a \x01(\bR\x0fhasInstantPower\x12\x17\n" +
-	"\x06vendor\x18\xd8\x04 \x01(\tR\x06vendor\"\xfc\x04\n" +
+	"\x06vendor\x18\xd8\x04 \x01(\tR\x06vendor\"\xf9\x06\n" +
 	"\x05Batch\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12=\n" +
 	"\fwindow_start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x129\n" +
@@ -3080,9 +3159,15 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"rawSamples\x12;\n" +
 	"\vhost_energy\x18\x8a\x05 \x03(\v2\x19.trainmeter.v1.HostEnergyR\n" +
 	"hostEnergy\x12%\n" +
-	"\x0estored_boot_id\x18\xb6\a \x01(\tR\fstoredBootId\x129\n" +
+	"\x0estored_boot_id\x18\xb6\a \x01(\tR\fstoredBootId\x12\"\n" +
+	"\fprice_locked\x18\x9a\x03 \x01(\bR\vpriceLocked\x12:\n" +
+	"\x17locked_usd_per_gpu_hour\x18\x9b\x03 \x01(\x01H\x00R\x13lockedUsdPerGpuHour\x88\x01\x01\x12/\n" +
+	"\x13locked_price_source\x18\x9c\x03 \x01(\tR\x11lockedPriceSource\x125\n" +
+	"\x14locked_usd_per_joule\x18\x9d\x03 \x01(\x01H\x01R\x11lockedUsdPerJoule\x88\x01\x01\x129\n" +
 	"\vnode_losses\x18\x9a\b \x03(\v2\x17.trainmeter.v1.DataLossR\n" +
-	"nodeLosses\"\x8c\x03\n" +
+	"nodeLossesB\x1a\n" +
+	"\x18_locked_usd_per_gpu_hourB\x17\n" +
+	"\x15_locked_usd_per_joule\"\x8c\x03\n" +
 	"\n" +
 	"HostEnergy\x120\n" +
 	"\x05start\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -3165,7 +3250,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x1edowntime_idle_energy_counter_j\x18\x19 \x01(\x01R\x1adowntimeIdleEnergyCounterJ\x122\n" +
 	"\x15reclaimed_gpu_seconds\x18\x1a \x01(\x01R\x13reclaimedGpuSeconds\x12;\n" +
 	"\x1areclaimed_energy_counter_j\x18\x1b \x01(\x01R\x17reclaimedEnergyCounterJ\x12A\n" +
-	"\x1dreclaimed_energy_integrated_j\x18\x1c \x01(\x01R\x1areclaimedEnergyIntegratedJ\"\x92\t\n" +
+	"\x1dreclaimed_energy_integrated_j\x18\x1c \x01(\x01R\x1areclaimedEnergyIntegratedJ\"\x8f\v\n" +
 	"\tRunWindow\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -3205,7 +3290,13 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\fshare_method\x18\x1e \x01(\tR\vshareMethod\x12(\n" +
 	"\x10max_sharing_runs\x18\x1f \x01(\rR\x0emaxSharingRuns\x126\n" +
 	"\n" +
-	"gpu_shares\x18  \x03(\v2\x17.trainmeter.v1.GpuShareR\tgpuShares\"\xe4\x01\n" +
+	"gpu_shares\x18  \x03(\v2\x17.trainmeter.v1.GpuShareR\tgpuShares\x12\"\n" +
+	"\fprice_locked\x18\x9a\x03 \x01(\bR\vpriceLocked\x12:\n" +
+	"\x17locked_usd_per_gpu_hour\x18\x9b\x03 \x01(\x01H\x00R\x13lockedUsdPerGpuHour\x88\x01\x01\x12/\n" +
+	"\x13locked_price_source\x18\x9c\x03 \x01(\tR\x11lockedPriceSource\x125\n" +
+	"\x14locked_usd_per_joule\x18\x9d\x03 \x01(\x01H\x01R\x11lockedUsdPerJoule\x88\x01\x01B\x1a\n" +
+	"\x18_locked_usd_per_gpu_hourB\x17\n" +
+	"\x15_locked_usd_per_joule\"\xe4\x01\n" +
 	"\bGpuShare\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\rR\x03gpu\x12(\n" +
 	"\x10energy_counter_j\x18\x02 \x01(\x01R\x0eenergyCounterJ\x12\x1d\n" +
@@ -3442,6 +3533,8 @@ func file_trainmeter_v1_ingest_proto_init() {
 		(*StreamResponse_Advisory)(nil),
 		(*StreamResponse_Reject)(nil),
 	}
+	file_trainmeter_v1_ingest_proto_msgTypes[4].OneofWrappers = []any{}
+	file_trainmeter_v1_ingest_proto_msgTypes[11].OneofWrappers = []any{}
 	file_trainmeter_v1_ingest_proto_msgTypes[13].OneofWrappers = []any{
 		(*RunEvent_RunStart)(nil),
 		(*RunEvent_RunEnd)(nil),

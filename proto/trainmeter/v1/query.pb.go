@@ -22,6 +22,192 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type RepriceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One run (all of its GPU time), or, with since, the GPU time of every
+	// run in windows that start at or after since. Exactly one of the two.
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Since *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=since,proto3" json:"since,omitempty"`
+	// The new price, USD per GPU-hour (> 0).
+	UsdPerGpuHour float64 `protobuf:"fixed64,3,opt,name=usd_per_gpu_hour,json=usdPerGpuHour,proto3" json:"usd_per_gpu_hour,omitempty"`
+	// Why: kept on each run repriced (required).
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepriceRequest) Reset() {
+	*x = RepriceRequest{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepriceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepriceRequest) ProtoMessage() {}
+
+func (x *RepriceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepriceRequest.ProtoReflect.Descriptor instead.
+func (*RepriceRequest) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RepriceRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *RepriceRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *RepriceRequest) GetUsdPerGpuHour() float64 {
+	if x != nil {
+		return x.UsdPerGpuHour
+	}
+	return 0
+}
+
+func (x *RepriceRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type RepriceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runs repriced, with their compute cost before and after.
+	Runs          []*RepricedRun `protobuf:"bytes,1,rep,name=runs,proto3" json:"runs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepriceResponse) Reset() {
+	*x = RepriceResponse{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepriceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepriceResponse) ProtoMessage() {}
+
+func (x *RepriceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepriceResponse.ProtoReflect.Descriptor instead.
+func (*RepriceResponse) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RepriceResponse) GetRuns() []*RepricedRun {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+type RepricedRun struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	RunId           string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	PreviousCostUsd float64                `protobuf:"fixed64,2,opt,name=previous_cost_usd,json=previousCostUsd,proto3" json:"previous_cost_usd,omitempty"`
+	CostUsd         float64                `protobuf:"fixed64,3,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	// GPU-seconds the new price applies to.
+	GpuSeconds    float64 `protobuf:"fixed64,4,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepricedRun) Reset() {
+	*x = RepricedRun{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepricedRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepricedRun) ProtoMessage() {}
+
+func (x *RepricedRun) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepricedRun.ProtoReflect.Descriptor instead.
+func (*RepricedRun) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RepricedRun) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *RepricedRun) GetPreviousCostUsd() float64 {
+	if x != nil {
+		return x.PreviousCostUsd
+	}
+	return 0
+}
+
+func (x *RepricedRun) GetCostUsd() float64 {
+	if x != nil {
+		return x.CostUsd
+	}
+	return 0
+}
+
+func (x *RepricedRun) GetGpuSeconds() float64 {
+	if x != nil {
+		return x.GpuSeconds
+	}
+	return 0
+}
+
 type UsageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The period, [since, until); unset: from the first / to the last record.
@@ -35,7 +221,7 @@ type UsageRequest struct {
 
 func (x *UsageRequest) Reset() {
 	*x = UsageRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -47,7 +233,7 @@ func (x *UsageRequest) String() string {
 func (*UsageRequest) ProtoMessage() {}
 
 func (x *UsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[0]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -60,7 +246,7 @@ func (x *UsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
 func (*UsageRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{0}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *UsageRequest) GetSince() *timestamppb.Timestamp {
@@ -109,7 +295,7 @@ type UsageRow struct {
 
 func (x *UsageRow) Reset() {
 	*x = UsageRow{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -121,7 +307,7 @@ func (x *UsageRow) String() string {
 func (*UsageRow) ProtoMessage() {}
 
 func (x *UsageRow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[1]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -134,7 +320,7 @@ func (x *UsageRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRow.ProtoReflect.Descriptor instead.
 func (*UsageRow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{1}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *UsageRow) GetKeys() []string {
@@ -247,7 +433,7 @@ type NodeUsage struct {
 
 func (x *NodeUsage) Reset() {
 	*x = NodeUsage{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -259,7 +445,7 @@ func (x *NodeUsage) String() string {
 func (*NodeUsage) ProtoMessage() {}
 
 func (x *NodeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[2]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -272,7 +458,7 @@ func (x *NodeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
 func (*NodeUsage) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{2}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *NodeUsage) GetNode() string {
@@ -386,7 +572,7 @@ type UsageResponse struct {
 
 func (x *UsageResponse) Reset() {
 	*x = UsageResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -398,7 +584,7 @@ func (x *UsageResponse) String() string {
 func (*UsageResponse) ProtoMessage() {}
 
 func (x *UsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[3]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -411,7 +597,7 @@ func (x *UsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
 func (*UsageResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{3}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *UsageResponse) GetBy() []string {
@@ -459,7 +645,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +657,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[4]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +670,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{4}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListRunsRequest) GetRunIds() []string {
@@ -503,7 +689,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +701,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[5]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +714,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{5}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListRunsResponse) GetRuns() []*RunReport {
@@ -547,7 +733,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +745,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[6]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +758,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{6}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -591,7 +777,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +789,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +802,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetRunResponse) GetRun() *RunReport {
@@ -635,7 +821,7 @@ type ExportRunsRequest struct {
 
 func (x *ExportRunsRequest) Reset() {
 	*x = ExportRunsRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -647,7 +833,7 @@ func (x *ExportRunsRequest) String() string {
 func (*ExportRunsRequest) ProtoMessage() {}
 
 func (x *ExportRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -660,7 +846,7 @@ func (x *ExportRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRunsRequest.ProtoReflect.Descriptor instead.
 func (*ExportRunsRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExportRunsRequest) GetRunIds() []string {
@@ -679,7 +865,7 @@ type ExportRunsResponse struct {
 
 func (x *ExportRunsResponse) Reset() {
 	*x = ExportRunsResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -691,7 +877,7 @@ func (x *ExportRunsResponse) String() string {
 func (*ExportRunsResponse) ProtoMessage() {}
 
 func (x *ExportRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -704,7 +890,7 @@ func (x *ExportRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRunsResponse.ProtoReflect.Descriptor instead.
 func (*ExportRunsResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExportRunsResponse) GetRun() *RunReport {
@@ -728,7 +914,7 @@ type DeleteRunRequest struct {
 
 func (x *DeleteRunRequest) Reset() {
 	*x = DeleteRunRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +926,7 @@ func (x *DeleteRunRequest) String() string {
 func (*DeleteRunRequest) ProtoMessage() {}
 
 func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +939,7 @@ func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteRunRequest) GetRunId() string {
@@ -780,7 +966,7 @@ type DeleteRunResponse struct {
 
 func (x *DeleteRunResponse) Reset() {
 	*x = DeleteRunResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +978,7 @@ func (x *DeleteRunResponse) String() string {
 func (*DeleteRunResponse) ProtoMessage() {}
 
 func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +991,7 @@ func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteRunResponse) GetRecordsDeleted() uint64 {
@@ -823,7 +1009,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -835,7 +1021,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -848,7 +1034,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{15}
 }
 
 type ListNodesResponse struct {
@@ -860,7 +1046,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +1058,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +1071,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{13}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -915,7 +1101,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1113,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1126,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{14}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -1171,13 +1357,22 @@ type RunReport struct {
 	// lost_energy_j for its GPUs, missing from cpu_energy_j, dram_energy_j
 	// and node_energy_j (docs/reliability.md).
 	LostHostEnergyJ float64 `protobuf:"fixed64,1050,opt,name=lost_host_energy_j,json=lostHostEnergyJ,proto3" json:"lost_host_energy_j,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// --- locked prices (pricelock, 410–429) ---
+	// Costs are booked at the prices in force when the usage happened and
+	// change only by `trainmeter reprice` (docs/costs.md, "Locked prices").
+	// The latest reprice of the run: when, its compute cost (cost_usd) and
+	// total cost (total_cost_usd) just before, and why. Unset: never repriced.
+	RepricedAt           *timestamppb.Timestamp `protobuf:"bytes,410,opt,name=repriced_at,json=repricedAt,proto3" json:"repriced_at,omitempty"`
+	PreviousCostUsd      *float64               `protobuf:"fixed64,411,opt,name=previous_cost_usd,json=previousCostUsd,proto3,oneof" json:"previous_cost_usd,omitempty"`
+	PreviousTotalCostUsd *float64               `protobuf:"fixed64,412,opt,name=previous_total_cost_usd,json=previousTotalCostUsd,proto3,oneof" json:"previous_total_cost_usd,omitempty"`
+	RepriceReason        string                 `protobuf:"bytes,413,opt,name=reprice_reason,json=repriceReason,proto3" json:"reprice_reason,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
 	*x = RunReport{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1384,7 @@ func (x *RunReport) String() string {
 func (*RunReport) ProtoMessage() {}
 
 func (x *RunReport) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1397,7 @@ func (x *RunReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunReport.ProtoReflect.Descriptor instead.
 func (*RunReport) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{15}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunReport) GetRunId() string {
@@ -1898,6 +2093,34 @@ func (x *RunReport) GetLostHostEnergyJ() float64 {
 	return 0
 }
 
+func (x *RunReport) GetRepricedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RepricedAt
+	}
+	return nil
+}
+
+func (x *RunReport) GetPreviousCostUsd() float64 {
+	if x != nil && x.PreviousCostUsd != nil {
+		return *x.PreviousCostUsd
+	}
+	return 0
+}
+
+func (x *RunReport) GetPreviousTotalCostUsd() float64 {
+	if x != nil && x.PreviousTotalCostUsd != nil {
+		return *x.PreviousTotalCostUsd
+	}
+	return 0
+}
+
+func (x *RunReport) GetRepriceReason() string {
+	if x != nil {
+		return x.RepriceReason
+	}
+	return ""
+}
+
 // CarbonBand is the part of a run's energy consumed at one carbon
 // intensity in one zone (i23-carbon).
 type CarbonBand struct {
@@ -1916,7 +2139,7 @@ type CarbonBand struct {
 
 func (x *CarbonBand) Reset() {
 	*x = CarbonBand{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1928,7 +2151,7 @@ func (x *CarbonBand) String() string {
 func (*CarbonBand) ProtoMessage() {}
 
 func (x *CarbonBand) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1941,7 +2164,7 @@ func (x *CarbonBand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CarbonBand.ProtoReflect.Descriptor instead.
 func (*CarbonBand) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CarbonBand) GetZone() string {
@@ -2023,7 +2246,7 @@ type DataloaderChange struct {
 
 func (x *DataloaderChange) Reset() {
 	*x = DataloaderChange{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2035,7 +2258,7 @@ func (x *DataloaderChange) String() string {
 func (*DataloaderChange) ProtoMessage() {}
 
 func (x *DataloaderChange) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2048,7 +2271,7 @@ func (x *DataloaderChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataloaderChange.ProtoReflect.Descriptor instead.
 func (*DataloaderChange) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DataloaderChange) GetAppliedAfterEpoch() int64 {
@@ -2169,7 +2392,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2181,7 +2404,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2194,7 +2417,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Range) GetLow() float64 {
@@ -2253,7 +2476,7 @@ type RunEstimate struct {
 
 func (x *RunEstimate) Reset() {
 	*x = RunEstimate{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2488,7 @@ func (x *RunEstimate) String() string {
 func (*RunEstimate) ProtoMessage() {}
 
 func (x *RunEstimate) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2501,7 @@ func (x *RunEstimate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEstimate.ProtoReflect.Descriptor instead.
 func (*RunEstimate) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{19}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RunEstimate) GetModel() string {
@@ -2420,7 +2643,7 @@ type EnergyBandCost struct {
 
 func (x *EnergyBandCost) Reset() {
 	*x = EnergyBandCost{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2432,7 +2655,7 @@ func (x *EnergyBandCost) String() string {
 func (*EnergyBandCost) ProtoMessage() {}
 
 func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2445,7 +2668,7 @@ func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnergyBandCost.ProtoReflect.Descriptor instead.
 func (*EnergyBandCost) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{20}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EnergyBandCost) GetBand() string {
@@ -2494,7 +2717,7 @@ type CompareRequest struct {
 
 func (x *CompareRequest) Reset() {
 	*x = CompareRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2506,7 +2729,7 @@ func (x *CompareRequest) String() string {
 func (*CompareRequest) ProtoMessage() {}
 
 func (x *CompareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2519,7 +2742,7 @@ func (x *CompareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareRequest.ProtoReflect.Descriptor instead.
 func (*CompareRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{21}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CompareRequest) GetRunIds() []string {
@@ -2569,7 +2792,7 @@ type CompareStat struct {
 
 func (x *CompareStat) Reset() {
 	*x = CompareStat{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2581,7 +2804,7 @@ func (x *CompareStat) String() string {
 func (*CompareStat) ProtoMessage() {}
 
 func (x *CompareStat) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2594,7 +2817,7 @@ func (x *CompareStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareStat.ProtoReflect.Descriptor instead.
 func (*CompareStat) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{22}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CompareStat) GetMean() float64 {
@@ -2662,7 +2885,7 @@ type CompareGroup struct {
 
 func (x *CompareGroup) Reset() {
 	*x = CompareGroup{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2674,7 +2897,7 @@ func (x *CompareGroup) String() string {
 func (*CompareGroup) ProtoMessage() {}
 
 func (x *CompareGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2687,7 +2910,7 @@ func (x *CompareGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareGroup.ProtoReflect.Descriptor instead.
 func (*CompareGroup) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{23}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CompareGroup) GetKey() string {
@@ -2784,7 +3007,7 @@ type CompareDiff struct {
 
 func (x *CompareDiff) Reset() {
 	*x = CompareDiff{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2796,7 +3019,7 @@ func (x *CompareDiff) String() string {
 func (*CompareDiff) ProtoMessage() {}
 
 func (x *CompareDiff) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2809,7 +3032,7 @@ func (x *CompareDiff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareDiff.ProtoReflect.Descriptor instead.
 func (*CompareDiff) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{24}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CompareDiff) GetValue() float64 {
@@ -2873,7 +3096,7 @@ type CompareRow struct {
 
 func (x *CompareRow) Reset() {
 	*x = CompareRow{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2885,7 +3108,7 @@ func (x *CompareRow) String() string {
 func (*CompareRow) ProtoMessage() {}
 
 func (x *CompareRow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2898,7 +3121,7 @@ func (x *CompareRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareRow.ProtoReflect.Descriptor instead.
 func (*CompareRow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{25}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CompareRow) GetKey() string {
@@ -2959,7 +3182,7 @@ type CompareResponse struct {
 
 func (x *CompareResponse) Reset() {
 	*x = CompareResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2971,7 +3194,7 @@ func (x *CompareResponse) String() string {
 func (*CompareResponse) ProtoMessage() {}
 
 func (x *CompareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2984,7 +3207,7 @@ func (x *CompareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareResponse.ProtoReflect.Descriptor instead.
 func (*CompareResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{26}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CompareResponse) GetBy() string {
@@ -3040,7 +3263,7 @@ type TimelineRequest struct {
 
 func (x *TimelineRequest) Reset() {
 	*x = TimelineRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3052,7 +3275,7 @@ func (x *TimelineRequest) String() string {
 func (*TimelineRequest) ProtoMessage() {}
 
 func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3065,7 +3288,7 @@ func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineRequest.ProtoReflect.Descriptor instead.
 func (*TimelineRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{27}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *TimelineRequest) GetRunId() string {
@@ -3118,7 +3341,7 @@ type TimelineSeries struct {
 
 func (x *TimelineSeries) Reset() {
 	*x = TimelineSeries{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3130,7 +3353,7 @@ func (x *TimelineSeries) String() string {
 func (*TimelineSeries) ProtoMessage() {}
 
 func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3143,7 +3366,7 @@ func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineSeries.ProtoReflect.Descriptor instead.
 func (*TimelineSeries) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{28}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TimelineSeries) GetName() string {
@@ -3196,7 +3419,7 @@ type TimelineEvent struct {
 
 func (x *TimelineEvent) Reset() {
 	*x = TimelineEvent{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3208,7 +3431,7 @@ func (x *TimelineEvent) String() string {
 func (*TimelineEvent) ProtoMessage() {}
 
 func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3221,7 +3444,7 @@ func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineEvent.ProtoReflect.Descriptor instead.
 func (*TimelineEvent) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{29}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TimelineEvent) GetTime() *timestamppb.Timestamp {
@@ -3267,7 +3490,7 @@ type TimelineResponse struct {
 
 func (x *TimelineResponse) Reset() {
 	*x = TimelineResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3502,7 @@ func (x *TimelineResponse) String() string {
 func (*TimelineResponse) ProtoMessage() {}
 
 func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3515,7 @@ func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineResponse.ProtoReflect.Descriptor instead.
 func (*TimelineResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{30}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *TimelineResponse) GetRunId() string {
@@ -3341,7 +3564,20 @@ var File_trainmeter_v1_query_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\n" +
-	"\x19trainmeter/v1/query.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1atrainmeter/v1/ingest.proto\"\x82\x01\n" +
+	"\x19trainmeter/v1/query.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1atrainmeter/v1/ingest.proto\"\x9a\x01\n" +
+	"\x0eRepriceRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x120\n" +
+	"\x05since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12'\n" +
+	"\x10usd_per_gpu_hour\x18\x03 \x01(\x01R\rusdPerGpuHour\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"A\n" +
+	"\x0fRepriceResponse\x12.\n" +
+	"\x04runs\x18\x01 \x03(\v2\x1a.trainmeter.v1.RepricedRunR\x04runs\"\x8c\x01\n" +
+	"\vRepricedRun\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12*\n" +
+	"\x11previous_cost_usd\x18\x02 \x01(\x01R\x0fpreviousCostUsd\x12\x19\n" +
+	"\bcost_usd\x18\x03 \x01(\x01R\acostUsd\x12\x1f\n" +
+	"\vgpu_seconds\x18\x04 \x01(\x01R\n" +
+	"gpuSeconds\"\x82\x01\n" +
 	"\fUsageRequest\x120\n" +
 	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
 	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x0e\n" +
@@ -3410,7 +3646,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
 	"\tconnected\x18\x06 \x01(\bR\tconnected\x12-\n" +
-	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\x87 \n" +
+	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\x8e\"\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -3528,7 +3764,12 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\vcarbon_zone\x18\xd5\x06 \x01(\tR\n" +
 	"carbonZone\x12O\n" +
 	"\x12dataloader_changes\x18\xa6\x04 \x03(\v2\x1f.trainmeter.v1.DataloaderChangeR\x11dataloaderChanges\x12,\n" +
-	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x1a9\n" +
+	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x12<\n" +
+	"\vrepriced_at\x18\x9a\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"repricedAt\x120\n" +
+	"\x11previous_cost_usd\x18\x9b\x03 \x01(\x01H\x14R\x0fpreviousCostUsd\x88\x01\x01\x12;\n" +
+	"\x17previous_total_cost_usd\x18\x9c\x03 \x01(\x01H\x15R\x14previousTotalCostUsd\x88\x01\x01\x12&\n" +
+	"\x0ereprice_reason\x18\x9d\x03 \x01(\tR\rrepriceReason\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
@@ -3552,7 +3793,9 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x17_energy_uncertainty_pctB\x0f\n" +
 	"\r_cpu_energy_jB\x10\n" +
 	"\x0e_dram_energy_jB\x10\n" +
-	"\x0e_node_energy_j\"\x83\x01\n" +
+	"\x0e_node_energy_jB\x14\n" +
+	"\x12_previous_cost_usdB\x1a\n" +
+	"\x18_previous_total_cost_usd\"\x83\x01\n" +
 	"\n" +
 	"CarbonBand\x12\x12\n" +
 	"\x04zone\x18\x01 \x01(\tR\x04zone\x12\x16\n" +
@@ -3685,7 +3928,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\n" +
 	"warmup_end\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x120\n" +
 	"\x05start\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
-	"\x03end\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x03end2\xf2\x04\n" +
+	"\x03end\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x03end2\xbc\x05\n" +
 	"\fQueryService\x12K\n" +
 	"\bListRuns\x12\x1e.trainmeter.v1.ListRunsRequest\x1a\x1f.trainmeter.v1.ListRunsResponse\x12E\n" +
 	"\x06GetRun\x12\x1c.trainmeter.v1.GetRunRequest\x1a\x1d.trainmeter.v1.GetRunResponse\x12S\n" +
@@ -3695,7 +3938,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\tDeleteRun\x12\x1f.trainmeter.v1.DeleteRunRequest\x1a .trainmeter.v1.DeleteRunResponse\x12H\n" +
 	"\aCompare\x12\x1d.trainmeter.v1.CompareRequest\x1a\x1e.trainmeter.v1.CompareResponse\x12K\n" +
 	"\bTimeline\x12\x1e.trainmeter.v1.TimelineRequest\x1a\x1f.trainmeter.v1.TimelineResponse\x12B\n" +
-	"\x05Usage\x12\x1b.trainmeter.v1.UsageRequest\x1a\x1c.trainmeter.v1.UsageResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
+	"\x05Usage\x12\x1b.trainmeter.v1.UsageRequest\x1a\x1c.trainmeter.v1.UsageResponse\x12H\n" +
+	"\aReprice\x12\x1d.trainmeter.v1.RepriceRequest\x1a\x1e.trainmeter.v1.RepriceResponseBCZAgithub.com/trainmeter/trainmeter/proto/trainmeter/v1;trainmeterv1b\x06proto3"
 
 var (
 	file_trainmeter_v1_query_proto_rawDescOnce sync.Once
@@ -3709,114 +3953,122 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_trainmeter_v1_query_proto_goTypes = []any{
-	(*UsageRequest)(nil),          // 0: trainmeter.v1.UsageRequest
-	(*UsageRow)(nil),              // 1: trainmeter.v1.UsageRow
-	(*NodeUsage)(nil),             // 2: trainmeter.v1.NodeUsage
-	(*UsageResponse)(nil),         // 3: trainmeter.v1.UsageResponse
-	(*ListRunsRequest)(nil),       // 4: trainmeter.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 5: trainmeter.v1.ListRunsResponse
-	(*GetRunRequest)(nil),         // 6: trainmeter.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 7: trainmeter.v1.GetRunResponse
-	(*ExportRunsRequest)(nil),     // 8: trainmeter.v1.ExportRunsRequest
-	(*ExportRunsResponse)(nil),    // 9: trainmeter.v1.ExportRunsResponse
-	(*DeleteRunRequest)(nil),      // 10: trainmeter.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 11: trainmeter.v1.DeleteRunResponse
-	(*ListNodesRequest)(nil),      // 12: trainmeter.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),     // 13: trainmeter.v1.ListNodesResponse
-	(*NodeStatus)(nil),            // 14: trainmeter.v1.NodeStatus
-	(*RunReport)(nil),             // 15: trainmeter.v1.RunReport
-	(*CarbonBand)(nil),            // 16: trainmeter.v1.CarbonBand
-	(*DataloaderChange)(nil),      // 17: trainmeter.v1.DataloaderChange
-	(*Range)(nil),                 // 18: trainmeter.v1.Range
-	(*RunEstimate)(nil),           // 19: trainmeter.v1.RunEstimate
-	(*EnergyBandCost)(nil),        // 20: trainmeter.v1.EnergyBandCost
-	(*CompareRequest)(nil),        // 21: trainmeter.v1.CompareRequest
-	(*CompareStat)(nil),           // 22: trainmeter.v1.CompareStat
-	(*CompareGroup)(nil),          // 23: trainmeter.v1.CompareGroup
-	(*CompareDiff)(nil),           // 24: trainmeter.v1.CompareDiff
-	(*CompareRow)(nil),            // 25: trainmeter.v1.CompareRow
-	(*CompareResponse)(nil),       // 26: trainmeter.v1.CompareResponse
-	(*TimelineRequest)(nil),       // 27: trainmeter.v1.TimelineRequest
-	(*TimelineSeries)(nil),        // 28: trainmeter.v1.TimelineSeries
-	(*TimelineEvent)(nil),         // 29: trainmeter.v1.TimelineEvent
-	(*TimelineResponse)(nil),      // 30: trainmeter.v1.TimelineResponse
-	nil,                           // 31: trainmeter.v1.RunReport.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
-	(*GpuInfo)(nil),               // 33: trainmeter.v1.GpuInfo
-	(*RunMetadata)(nil),           // 34: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 35: trainmeter.v1.Eval
+	(*RepriceRequest)(nil),        // 0: trainmeter.v1.RepriceRequest
+	(*RepriceResponse)(nil),       // 1: trainmeter.v1.RepriceResponse
+	(*RepricedRun)(nil),           // 2: trainmeter.v1.RepricedRun
+	(*UsageRequest)(nil),          // 3: trainmeter.v1.UsageRequest
+	(*UsageRow)(nil),              // 4: trainmeter.v1.UsageRow
+	(*NodeUsage)(nil),             // 5: trainmeter.v1.NodeUsage
+	(*UsageResponse)(nil),         // 6: trainmeter.v1.UsageResponse
+	(*ListRunsRequest)(nil),       // 7: trainmeter.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 8: trainmeter.v1.ListRunsResponse
+	(*GetRunRequest)(nil),         // 9: trainmeter.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 10: trainmeter.v1.GetRunResponse
+	(*ExportRunsRequest)(nil),     // 11: trainmeter.v1.ExportRunsRequest
+	(*ExportRunsResponse)(nil),    // 12: trainmeter.v1.ExportRunsResponse
+	(*DeleteRunRequest)(nil),      // 13: trainmeter.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 14: trainmeter.v1.DeleteRunResponse
+	(*ListNodesRequest)(nil),      // 15: trainmeter.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),     // 16: trainmeter.v1.ListNodesResponse
+	(*NodeStatus)(nil),            // 17: trainmeter.v1.NodeStatus
+	(*RunReport)(nil),             // 18: trainmeter.v1.RunReport
+	(*CarbonBand)(nil),            // 19: trainmeter.v1.CarbonBand
+	(*DataloaderChange)(nil),      // 20: trainmeter.v1.DataloaderChange
+	(*Range)(nil),                 // 21: trainmeter.v1.Range
+	(*RunEstimate)(nil),           // 22: trainmeter.v1.RunEstimate
+	(*EnergyBandCost)(nil),        // 23: trainmeter.v1.EnergyBandCost
+	(*CompareRequest)(nil),        // 24: trainmeter.v1.CompareRequest
+	(*CompareStat)(nil),           // 25: trainmeter.v1.CompareStat
+	(*CompareGroup)(nil),          // 26: trainmeter.v1.CompareGroup
+	(*CompareDiff)(nil),           // 27: trainmeter.v1.CompareDiff
+	(*CompareRow)(nil),            // 28: trainmeter.v1.CompareRow
+	(*CompareResponse)(nil),       // 29: trainmeter.v1.CompareResponse
+	(*TimelineRequest)(nil),       // 30: trainmeter.v1.TimelineRequest
+	(*TimelineSeries)(nil),        // 31: trainmeter.v1.TimelineSeries
+	(*TimelineEvent)(nil),         // 32: trainmeter.v1.TimelineEvent
+	(*TimelineResponse)(nil),      // 33: trainmeter.v1.TimelineResponse
+	nil,                           // 34: trainmeter.v1.RunReport.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
+	(*GpuInfo)(nil),               // 36: trainmeter.v1.GpuInfo
+	(*RunMetadata)(nil),           // 37: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 38: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
-	32, // 0: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
-	32, // 1: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
-	1,  // 2: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
-	2,  // 3: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
-	32, // 4: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
-	32, // 5: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
-	15, // 6: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
-	15, // 7: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
-	15, // 8: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
-	14, // 9: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	33, // 10: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	32, // 11: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	34, // 12: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	32, // 13: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	32, // 14: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	35, // 15: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	31, // 16: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
-	20, // 17: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
-	19, // 18: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
-	16, // 19: trainmeter.v1.RunReport.co2_bands:type_name -> trainmeter.v1.CarbonBand
-	17, // 20: trainmeter.v1.RunReport.dataloader_changes:type_name -> trainmeter.v1.DataloaderChange
-	32, // 21: trainmeter.v1.DataloaderChange.applied_at:type_name -> google.protobuf.Timestamp
-	18, // 22: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
-	18, // 23: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
-	18, // 24: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
-	18, // 25: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
-	32, // 26: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
-	22, // 27: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
-	22, // 28: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
-	22, // 29: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
-	22, // 30: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
-	22, // 31: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
-	24, // 32: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
-	24, // 33: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
-	24, // 34: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	24, // 35: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	24, // 36: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	23, // 37: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
-	25, // 38: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
-	32, // 39: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
-	32, // 40: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
-	32, // 41: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
-	28, // 42: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
-	29, // 43: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
-	32, // 44: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
-	32, // 45: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
-	32, // 46: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
-	4,  // 47: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	6,  // 48: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	8,  // 49: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	12, // 50: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	10, // 51: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	21, // 52: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
-	27, // 53: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
-	0,  // 54: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
-	5,  // 55: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	7,  // 56: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	9,  // 57: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	13, // 58: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	11, // 59: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	26, // 60: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
-	30, // 61: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
-	3,  // 62: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
-	55, // [55:63] is the sub-list for method output_type
-	47, // [47:55] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	35, // 0: trainmeter.v1.RepriceRequest.since:type_name -> google.protobuf.Timestamp
+	2,  // 1: trainmeter.v1.RepriceResponse.runs:type_name -> trainmeter.v1.RepricedRun
+	35, // 2: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
+	35, // 3: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
+	4,  // 4: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
+	5,  // 5: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
+	35, // 6: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
+	35, // 7: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
+	18, // 8: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
+	18, // 9: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
+	18, // 10: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
+	17, // 11: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
+	36, // 12: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	35, // 13: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	37, // 14: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	35, // 15: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	35, // 16: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	38, // 17: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	34, // 18: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	23, // 19: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
+	22, // 20: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
+	19, // 21: trainmeter.v1.RunReport.co2_bands:type_name -> trainmeter.v1.CarbonBand
+	20, // 22: trainmeter.v1.RunReport.dataloader_changes:type_name -> trainmeter.v1.DataloaderChange
+	35, // 23: trainmeter.v1.RunReport.repriced_at:type_name -> google.protobuf.Timestamp
+	35, // 24: trainmeter.v1.DataloaderChange.applied_at:type_name -> google.protobuf.Timestamp
+	21, // 25: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
+	21, // 26: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
+	21, // 27: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
+	21, // 28: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
+	35, // 29: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
+	25, // 30: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
+	25, // 31: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
+	25, // 32: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
+	25, // 33: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
+	25, // 34: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
+	27, // 35: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
+	27, // 36: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
+	27, // 37: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	27, // 38: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	27, // 39: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	26, // 40: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
+	28, // 41: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
+	35, // 42: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
+	35, // 43: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
+	35, // 44: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
+	31, // 45: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
+	32, // 46: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
+	35, // 47: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
+	35, // 48: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
+	35, // 49: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
+	7,  // 50: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	9,  // 51: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	11, // 52: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	15, // 53: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	13, // 54: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	24, // 55: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
+	30, // 56: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
+	3,  // 57: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
+	0,  // 58: trainmeter.v1.QueryService.Reprice:input_type -> trainmeter.v1.RepriceRequest
+	8,  // 59: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	10, // 60: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	12, // 61: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	16, // 62: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	14, // 63: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	29, // 64: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
+	33, // 65: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
+	6,  // 66: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
+	1,  // 67: trainmeter.v1.QueryService.Reprice:output_type -> trainmeter.v1.RepriceResponse
+	59, // [59:68] is the sub-list for method output_type
+	50, // [50:59] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -3825,14 +4077,14 @@ func file_trainmeter_v1_query_proto_init() {
 		return
 	}
 	file_trainmeter_v1_ingest_proto_init()
-	file_trainmeter_v1_query_proto_msgTypes[15].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

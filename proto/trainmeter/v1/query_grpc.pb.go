@@ -27,6 +27,7 @@ const (
 	QueryService_Compare_FullMethodName    = "/trainmeter.v1.QueryService/Compare"
 	QueryService_Timeline_FullMethodName   = "/trainmeter.v1.QueryService/Timeline"
 	QueryService_Usage_FullMethodName      = "/trainmeter.v1.QueryService/Usage"
+	QueryService_Reprice_FullMethodName    = "/trainmeter.v1.QueryService/Reprice"
 )
 
 // QueryServiceClient is the client API for QueryService service.
@@ -55,6 +56,12 @@ type QueryServiceClient interface {
 	// Usage is showback: the nodes' GPU time, energy and cost over a period,
 	// grouped, with each node's idle share (docs/costs.md, "Usage").
 	Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error)
+	// --- locked prices (pricelock) ---
+	// Reprice sets the GPU price of ended usage already booked: a run's, or
+	// every run's since a time (admin only when the collector has tokens).
+	// It is the only way a booked cost changes (docs/costs.md, "Locked
+	// prices"); each run keeps when, from what and why.
+	Reprice(ctx context.Context, in *RepriceRequest, opts ...grpc.CallOption) (*RepriceResponse, error)
 }
 
 type queryServiceClient struct {
@@ -154,6 +161,16 @@ func (c *queryServiceClient) Usage(ctx context.Context, in *UsageRequest, opts .
 	return out, nil
 }
 
+func (c *queryServiceClient) Reprice(ctx context.Context, in *RepriceRequest, opts ...grpc.CallOption) (*RepriceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RepriceResponse)
+	err := c.cc.Invoke(ctx, QueryService_Reprice_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QueryServiceServer is the server API for QueryService service.
 // All implementations must embed UnimplementedQueryServiceServer
 // for forward compatibility.
@@ -180,6 +197,12 @@ type QueryServiceServer interface {
 	// Usage is showback: the nodes' GPU time, energy and cost over a period,
 	// grouped, with each node's idle share (docs/costs.md, "Usage").
 	Usage(context.Context, *UsageRequest) (*UsageResponse, error)
+	// --- locked prices (pricelock) ---
+	// Reprice sets the GPU price of ended usage already booked: a run's, or
+	// every run's since a time (admin only when the collector has tokens).
+	// It is the only way a booked cost changes (docs/costs.md, "Locked
+	// prices"); each run keeps when, from what and why.
+	Reprice(context.Context, *RepriceRequest) (*RepriceResponse, error)
 	mustEmbedUnimplementedQueryServiceServer()
 }
 
@@ -213,6 +236,9 @@ func (UnimplementedQueryServiceServer) Timeline(context.Context, *TimelineReques
 }
 func (UnimplementedQueryServiceServer) Usage(context.Context, *UsageRequest) (*UsageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Usage not implemented")
+}
+func (UnimplementedQueryServiceServer) Reprice(context.Context, *RepriceRequest) (*RepriceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reprice not implemented")
 }
 func (UnimplementedQueryServiceServer) mustEmbedUnimplementedQueryServiceServer() {}
 func (UnimplementedQueryServiceServer) testEmbeddedByValue()                      {}
@@ -372,6 +398,24 @@ func _QueryService_Usage_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _QueryService_Reprice_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RepriceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueryServiceServer).Reprice(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QueryService_Reprice_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueryServiceServer).Reprice(ctx, req.(*RepriceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // QueryService_ServiceDesc is the grpc.ServiceDesc for QueryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -406,6 +450,10 @@ var QueryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Usage",
 			Handler:    _QueryService_Usage_Handler,
+		},
+		{
+			MethodName: "Reprice",
+			Handler:    _QueryService_Reprice_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

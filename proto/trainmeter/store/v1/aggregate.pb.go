@@ -108,8 +108,33 @@ type Aggregate struct {
 	// --- host energy of dropped batches (loss-host, 1050–1099) ---
 	// Σ of the run's DataLoss.host_energy_j (J).
 	LostHostEnergyJ float64 `protobuf:"fixed64,1050,opt,name=lost_host_energy_j,json=lostHostEnergyJ,proto3" json:"lost_host_energy_j,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// --- locked prices (pricelock, 410–429) ---
+	// The cost booked as windows were folded, at the prices then in force
+	// (aggregate.State, "Locked prices"): GPU-seconds booked (priced or
+	// not), those with no price, their USD and price sources; energy booked
+	// (J), that with no energy price, its USD, and per band J and USD; J
+	// booked while the GPU price included energy; the priority multiplier
+	// locked at the first booked window (0: none yet).
+	LockedGpuSeconds   float64            `protobuf:"fixed64,410,opt,name=locked_gpu_seconds,json=lockedGpuSeconds,proto3" json:"locked_gpu_seconds,omitempty"`
+	UnpricedGpuSeconds float64            `protobuf:"fixed64,411,opt,name=unpriced_gpu_seconds,json=unpricedGpuSeconds,proto3" json:"unpriced_gpu_seconds,omitempty"`
+	ComputeUsd         float64            `protobuf:"fixed64,412,opt,name=compute_usd,json=computeUsd,proto3" json:"compute_usd,omitempty"`
+	PriceSources       []string           `protobuf:"bytes,413,rep,name=price_sources,json=priceSources,proto3" json:"price_sources,omitempty"`
+	LockedEnergyJ      float64            `protobuf:"fixed64,414,opt,name=locked_energy_j,json=lockedEnergyJ,proto3" json:"locked_energy_j,omitempty"`
+	UnpricedEnergyJ    float64            `protobuf:"fixed64,415,opt,name=unpriced_energy_j,json=unpricedEnergyJ,proto3" json:"unpriced_energy_j,omitempty"`
+	EnergyUsd          float64            `protobuf:"fixed64,416,opt,name=energy_usd,json=energyUsd,proto3" json:"energy_usd,omitempty"`
+	LockedBandJ        map[string]float64 `protobuf:"bytes,417,rep,name=locked_band_j,json=lockedBandJ,proto3" json:"locked_band_j,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	LockedBandUsd      map[string]float64 `protobuf:"bytes,418,rep,name=locked_band_usd,json=lockedBandUsd,proto3" json:"locked_band_usd,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	IncludedEnergyJ    float64            `protobuf:"fixed64,419,opt,name=included_energy_j,json=includedEnergyJ,proto3" json:"included_energy_j,omitempty"`
+	PriorityMultiplier float64            `protobuf:"fixed64,420,opt,name=priority_multiplier,json=priorityMultiplier,proto3" json:"priority_multiplier,omitempty"`
+	// The latest reprice: when (Unix ns), the costs before (unset: the run
+	// had no such cost), why.
+	Repriced             bool     `protobuf:"varint,421,opt,name=repriced,proto3" json:"repriced,omitempty"`
+	RepricedAt           int64    `protobuf:"varint,422,opt,name=repriced_at,json=repricedAt,proto3" json:"repriced_at,omitempty"`
+	PreviousCostUsd      *float64 `protobuf:"fixed64,423,opt,name=previous_cost_usd,json=previousCostUsd,proto3,oneof" json:"previous_cost_usd,omitempty"`
+	PreviousTotalCostUsd *float64 `protobuf:"fixed64,424,opt,name=previous_total_cost_usd,json=previousTotalCostUsd,proto3,oneof" json:"previous_total_cost_usd,omitempty"`
+	RepriceReason        string   `protobuf:"bytes,425,opt,name=reprice_reason,json=repriceReason,proto3" json:"reprice_reason,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -623,6 +648,118 @@ func (x *Aggregate) GetLostHostEnergyJ() float64 {
 		return x.LostHostEnergyJ
 	}
 	return 0
+}
+
+func (x *Aggregate) GetLockedGpuSeconds() float64 {
+	if x != nil {
+		return x.LockedGpuSeconds
+	}
+	return 0
+}
+
+func (x *Aggregate) GetUnpricedGpuSeconds() float64 {
+	if x != nil {
+		return x.UnpricedGpuSeconds
+	}
+	return 0
+}
+
+func (x *Aggregate) GetComputeUsd() float64 {
+	if x != nil {
+		return x.ComputeUsd
+	}
+	return 0
+}
+
+func (x *Aggregate) GetPriceSources() []string {
+	if x != nil {
+		return x.PriceSources
+	}
+	return nil
+}
+
+func (x *Aggregate) GetLockedEnergyJ() float64 {
+	if x != nil {
+		return x.LockedEnergyJ
+	}
+	return 0
+}
+
+func (x *Aggregate) GetUnpricedEnergyJ() float64 {
+	if x != nil {
+		return x.UnpricedEnergyJ
+	}
+	return 0
+}
+
+func (x *Aggregate) GetEnergyUsd() float64 {
+	if x != nil {
+		return x.EnergyUsd
+	}
+	return 0
+}
+
+func (x *Aggregate) GetLockedBandJ() map[string]float64 {
+	if x != nil {
+		return x.LockedBandJ
+	}
+	return nil
+}
+
+func (x *Aggregate) GetLockedBandUsd() map[string]float64 {
+	if x != nil {
+		return x.LockedBandUsd
+	}
+	return nil
+}
+
+func (x *Aggregate) GetIncludedEnergyJ() float64 {
+	if x != nil {
+		return x.IncludedEnergyJ
+	}
+	return 0
+}
+
+func (x *Aggregate) GetPriorityMultiplier() float64 {
+	if x != nil {
+		return x.PriorityMultiplier
+	}
+	return 0
+}
+
+func (x *Aggregate) GetRepriced() bool {
+	if x != nil {
+		return x.Repriced
+	}
+	return false
+}
+
+func (x *Aggregate) GetRepricedAt() int64 {
+	if x != nil {
+		return x.RepricedAt
+	}
+	return 0
+}
+
+func (x *Aggregate) GetPreviousCostUsd() float64 {
+	if x != nil && x.PreviousCostUsd != nil {
+		return *x.PreviousCostUsd
+	}
+	return 0
+}
+
+func (x *Aggregate) GetPreviousTotalCostUsd() float64 {
+	if x != nil && x.PreviousTotalCostUsd != nil {
+		return *x.PreviousTotalCostUsd
+	}
+	return 0
+}
+
+func (x *Aggregate) GetRepriceReason() string {
+	if x != nil {
+		return x.RepriceReason
+	}
+	return ""
 }
 
 type Metadata struct {
@@ -1201,7 +1338,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xcd\x16\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\x88\x1e\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1289,7 +1426,26 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\vhost_splits\x18\x8e\x05 \x03(\tR\n" +
 	"hostSplits\x12W\n" +
 	"\x0ecarbon_by_band\x18\xd2\x06 \x03(\v20.trainmeter.store.v1.Aggregate.CarbonByBandEntryR\fcarbonByBand\x12,\n" +
-	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x1aS\n" +
+	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x12-\n" +
+	"\x12locked_gpu_seconds\x18\x9a\x03 \x01(\x01R\x10lockedGpuSeconds\x121\n" +
+	"\x14unpriced_gpu_seconds\x18\x9b\x03 \x01(\x01R\x12unpricedGpuSeconds\x12 \n" +
+	"\vcompute_usd\x18\x9c\x03 \x01(\x01R\n" +
+	"computeUsd\x12$\n" +
+	"\rprice_sources\x18\x9d\x03 \x03(\tR\fpriceSources\x12'\n" +
+	"\x0flocked_energy_j\x18\x9e\x03 \x01(\x01R\rlockedEnergyJ\x12+\n" +
+	"\x11unpriced_energy_j\x18\x9f\x03 \x01(\x01R\x0funpricedEnergyJ\x12\x1e\n" +
+	"\n" +
+	"energy_usd\x18\xa0\x03 \x01(\x01R\tenergyUsd\x12T\n" +
+	"\rlocked_band_j\x18\xa1\x03 \x03(\v2/.trainmeter.store.v1.Aggregate.LockedBandJEntryR\vlockedBandJ\x12Z\n" +
+	"\x0flocked_band_usd\x18\xa2\x03 \x03(\v21.trainmeter.store.v1.Aggregate.LockedBandUsdEntryR\rlockedBandUsd\x12+\n" +
+	"\x11included_energy_j\x18\xa3\x03 \x01(\x01R\x0fincludedEnergyJ\x120\n" +
+	"\x13priority_multiplier\x18\xa4\x03 \x01(\x01R\x12priorityMultiplier\x12\x1b\n" +
+	"\brepriced\x18\xa5\x03 \x01(\bR\brepriced\x12 \n" +
+	"\vrepriced_at\x18\xa6\x03 \x01(\x03R\n" +
+	"repricedAt\x120\n" +
+	"\x11previous_cost_usd\x18\xa7\x03 \x01(\x01H\x00R\x0fpreviousCostUsd\x88\x01\x01\x12;\n" +
+	"\x17previous_total_cost_usd\x18\xa8\x03 \x01(\x01H\x01R\x14previousTotalCostUsd\x88\x01\x01\x12&\n" +
+	"\x0ereprice_reason\x18\xa9\x03 \x01(\tR\rrepriceReason\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
@@ -1302,7 +1458,15 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x1f.trainmeter.store.v1.GpuIndicesR\x05value:\x028\x01\x1a?\n" +
 	"\x11CarbonByBandEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01J\x04\b'\x10(\"\x98\x03\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a>\n" +
+	"\x10LockedBandJEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a@\n" +
+	"\x12LockedBandUsdEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\x14\n" +
+	"\x12_previous_cost_usdB\x1a\n" +
+	"\x18_previous_total_cost_usdJ\x04\b'\x10(\"\x98\x03\n" +
 	"\bMetadata\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x18\n" +
@@ -1385,7 +1549,7 @@ func file_trainmeter_store_v1_aggregate_proto_rawDescGZIP() []byte {
 	return file_trainmeter_store_v1_aggregate_proto_rawDescData
 }
 
-var file_trainmeter_store_v1_aggregate_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_trainmeter_store_v1_aggregate_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_trainmeter_store_v1_aggregate_proto_goTypes = []any{
 	(*Aggregate)(nil),  // 0: trainmeter.store.v1.Aggregate
 	(*Metadata)(nil),   // 1: trainmeter.store.v1.Metadata
@@ -1397,7 +1561,9 @@ var file_trainmeter_store_v1_aggregate_proto_goTypes = []any{
 	nil,                // 7: trainmeter.store.v1.Aggregate.EnergyByBandEntry
 	nil,                // 8: trainmeter.store.v1.Aggregate.GpusEntry
 	nil,                // 9: trainmeter.store.v1.Aggregate.CarbonByBandEntry
-	nil,                // 10: trainmeter.store.v1.Plan.LabelsEntry
+	nil,                // 10: trainmeter.store.v1.Aggregate.LockedBandJEntry
+	nil,                // 11: trainmeter.store.v1.Aggregate.LockedBandUsdEntry
+	nil,                // 12: trainmeter.store.v1.Plan.LabelsEntry
 }
 var file_trainmeter_store_v1_aggregate_proto_depIdxs = []int32{
 	1,  // 0: trainmeter.store.v1.Aggregate.metadata:type_name -> trainmeter.store.v1.Metadata
@@ -1407,14 +1573,16 @@ var file_trainmeter_store_v1_aggregate_proto_depIdxs = []int32{
 	8,  // 4: trainmeter.store.v1.Aggregate.gpus:type_name -> trainmeter.store.v1.Aggregate.GpusEntry
 	5,  // 5: trainmeter.store.v1.Aggregate.evals:type_name -> trainmeter.store.v1.Eval
 	9,  // 6: trainmeter.store.v1.Aggregate.carbon_by_band:type_name -> trainmeter.store.v1.Aggregate.CarbonByBandEntry
-	10, // 7: trainmeter.store.v1.Plan.labels:type_name -> trainmeter.store.v1.Plan.LabelsEntry
-	3,  // 8: trainmeter.store.v1.Aggregate.NodesEntry.value:type_name -> trainmeter.store.v1.Node
-	4,  // 9: trainmeter.store.v1.Aggregate.GpusEntry.value:type_name -> trainmeter.store.v1.GpuIndices
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	10, // 7: trainmeter.store.v1.Aggregate.locked_band_j:type_name -> trainmeter.store.v1.Aggregate.LockedBandJEntry
+	11, // 8: trainmeter.store.v1.Aggregate.locked_band_usd:type_name -> trainmeter.store.v1.Aggregate.LockedBandUsdEntry
+	12, // 9: trainmeter.store.v1.Plan.labels:type_name -> trainmeter.store.v1.Plan.LabelsEntry
+	3,  // 10: trainmeter.store.v1.Aggregate.NodesEntry.value:type_name -> trainmeter.store.v1.Node
+	4,  // 11: trainmeter.store.v1.Aggregate.GpusEntry.value:type_name -> trainmeter.store.v1.GpuIndices
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_store_v1_aggregate_proto_init() }
@@ -1422,13 +1590,14 @@ func file_trainmeter_store_v1_aggregate_proto_init() {
 	if File_trainmeter_store_v1_aggregate_proto != nil {
 		return
 	}
+	file_trainmeter_store_v1_aggregate_proto_msgTypes[0].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_store_v1_aggregate_proto_rawDesc), len(file_trainmeter_store_v1_aggregate_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,199 @@
+package store
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Locked prices (docs/costs.md): each window is priced as it is stored, at
+// the prices in force then, and its records carry those prices: the run's
+// aggregate books the cost (aggregate.State.BookPrice), the run window's
+// w/ record and the batch's r/ record (idle GPU time) carry the price
+// (RunWindow, Batch: locked_*). Only Reprice changes a booked price.
+
+type pricerBox struct{ p aggregate.Pricer }
+
+// SetPricer sets the prices windows are booked at from now on (the
+// collector's cost configuration, whose catalog follows the price list).
+// Call it before serving ingest; without it windows are stored unpriced
+// and priced when read.
+func (s *Store) SetPricer(p aggregate.Pricer) { s.pricer.Store(&pricerBox{p}) }
+
+// Pricer returns what SetPricer set, or nil.
+func (s *Store) Pricer() aggregate.Pricer {
+	if b := s.pricer.Load(); b != nil {
+		return b.p
+	}
+	return nil
+}
+
+// nodeGPUName is the name of a node's GPUs from its hello (the last one's,
+// as usage rows name them).
+func nodeGPUName(ns *trainmeterv1.NodeStatus) string {
+	name := ""
+	for _, g := range ns.GetGpus() {
+		name = g.GetName()
+	}
+	return name
+}
+
+// appendStamp appends the encoded stamp to a record's encoding: protobuf
+// merges the concatenation, so the stamp's fields are set in the record
+// without decoding it. The record was encoded with no locked_* field set
+// (clearLocked), so nothing of it is left to override.
+func appendStamp(rec kv, stamp proto.Message) (kv, error) {
+	b, err := proto.Marshal(stamp)
+	if err != nil {
+		return rec, err
+	}
+	v := make([]byte, 0, len(rec.v)+len(b))
+	return kv{rec.k, append(append(v, rec.v...), b...)}, nil
+}
+
+// idleStamp is the price of node's idle GPU time and energy in b's window,
+// for its r/ record.
+func idleStamp(p aggregate.Pricer, node, gpu string, b *trainmeterv1.Batch) *trainmeterv1.Batch {
+	st := &trainmeterv1.Batch{PriceLocked: true}
+	if price, src, ok := p.GPUPrice(0, node, gpu); ok {
+		st.LockedUsdPerGpuHour, st.LockedPriceSource = &price, src
+	}
+	from, to := b.GetWindowStart().AsTime(), b.GetWindowEnd().AsTime()
+	if to.Sub(from) > aggregate.MaxBandedWindow {
+		to = from
+	}
+	var perJ float64
+	if _, ok := p.EnergyRate(from, to, func(_ string, _, usd float64) { perJ += usd }); ok {
+		st.LockedUsdPerJoule = &perJ
+	}
+	return st
+}
+
+// clearLocked returns b without prices in the fields only the store sets
+// (a copy when it had any).
+func clearLocked(b *trainmeterv1.Batch) *trainmeterv1.Batch {
+	set := b.GetPriceLocked() || b.LockedUsdPerGpuHour != nil || b.LockedUsdPerJoule != nil || b.GetLockedPriceSource() != ""
+	for _, w := range b.GetRunWindows() {
+		set = set || w.GetPriceLocked() || w.LockedUsdPerGpuHour != nil || w.LockedUsdPerJoule != nil || w.GetLockedPriceSource() != ""
+	}
+	if !set {
+		return b
+	}
+	b = proto.CloneOf(b)
+	b.PriceLocked, b.LockedUsdPerGpuHour, b.LockedPriceSource, b.LockedUsdPerJoule = false, nil, "", nil
+	for _, w := range b.GetRunWindows() {
+		w.PriceLocked, w.LockedUsdPerGpuHour, w.LockedPriceSource, w.LockedUsdPerJoule = false, nil, "", nil
+	}
+	return b
+}
+
+// Reprice books the GPU time of run id at usdPerHour: all of it (since
+// zero), or that of its windows that start at or after since. previous
+// is what the run's report is made with (its cost before the change is
+// kept). It rewrites the prices in the run's stored windows, then the
+// aggregate, and returns what changed. Writes wait meanwhile.
+func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason string, report func(*aggregate.State) *trainmeterv1.RunReport) (before, after *trainmeterv1.RunReport, ch aggregate.Repricing, err error) {
+	unlock := s.lockRuns("", []string{id})
+	defer unlock()
+	s.aggMu.Lock()
+	defer s.aggMu.Unlock()
+	s.aggs.drop(id)
+	var st *aggregate.State
+	if err := s.db.View(func(txn *badger.Txn) error {
+		st, err = getAgg(txn, id)
+		return err
+	}); err != nil {
+		return nil, nil, ch, err
+	}
+	ch = aggregate.Repricing{At: s.now().UnixNano(), USDPerGPUHour: usdPerHour, Reason: reason, Whole: since.IsZero()}
+	// The windows: read, then rewritten in chunks (a long run has more
+	// than one transaction holds).
+	type rec struct {
+		k         []byte
+		v         []byte
+		expiresAt uint64
+	}
+	var recs []rec
+	prefix := append(key("w/", id), 0)
+	err = s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			item := it.Item()
+			var w trainmeterv1.RunWindow
+			if err := item.Value(func(v []byte) error { return proto.Unmarshal(v, &w) }); err != nil {
+				return fmt.Errorf("run %q window: %w", id, err)
+			}
+			if !since.IsZero() && w.GetStart().AsTime().Before(since) {
+				continue
+			}
+			gs := w.GetGpuSeconds()
+			ch.GPUSeconds += gs
+			switch {
+			case !w.GetPriceLocked():
+				ch.UnbookedS += gs
+			case w.LockedUsdPerGpuHour == nil:
+				ch.UnpricedS += gs
+			default:
+				ch.BookedUSD += gs / 3600 * w.GetLockedUsdPerGpuHour()
+			}
+			w.PriceLocked = true
+			w.LockedUsdPerGpuHour, w.LockedPriceSource = &usdPerHour, "repriced"
+			v, err := proto.Marshal(&w)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, rec{item.KeyCopy(nil), v, item.ExpiresAt()})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, ch, err
+	}
+	if !ch.Whole && ch.GPUSeconds == 0 {
+		return nil, nil, ch, nil // nothing of the run since then
+	}
+	for len(recs) > 0 {
+		n := min(len(recs), deleteChunk)
+		err := s.db.Update(func(txn *badger.Txn) error {
+			for _, r := range recs[:n] {
+				e := badger.NewEntry(r.k, r.v)
+				e.ExpiresAt = r.expiresAt
+				if err := txn.SetEntry(e); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, nil, ch, err
+		}
+		recs = recs[n:]
+	}
+	before = report(st)
+	st.Reprice(before, ch)
+	after = report(st)
+	err = s.db.Update(func(txn *badger.Txn) error {
+		if len(st.Nodes) <= 1 && !st.NodesApart() {
+			v, err := st.Marshal()
+			if err != nil {
+				return err
+			}
+			return txn.Set(aggKey(id), v)
+		}
+		v, err := st.MarshalApart()
+		if err != nil {
+			return err
+		}
+		return txn.Set(aggKey(id), v) // the node states did not change
+	})
+	if err != nil {
+		return nil, nil, ch, err
+	}
+	return before, after, ch, nil
+}
