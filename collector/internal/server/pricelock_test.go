@@ -137,4 +137,94 @@ func TestEndedRunKeepsItsPrice(t *testing.T) {
 	if after := readLockFigures(t, srv2.Addr().String()); !after.same(before) {
 		t.Errorf("a restart with other prices re-priced ended usage:\n before %+v\n after  %+v", before, after)
 	}
+
+	// reprice is the explicit correction: run r at $0.90/GPU-hour.
+	conn2 := tu.Dial(t, srv2.Addr().String())
+	q := trainmeterv1.NewQueryServiceClient(conn2)
+	for _, bad := range []*trainmeterv1.RepriceRequest{
+		{RunId: "r", UsdPerGpuHour: 0.9},                 // no reason
+		{RunId: "r", UsdPerGpuHour: -1, Reason: "x"},     // bad price
+		{UsdPerGpuHour: 0.9, Reason: "x"},                // neither run nor since
+		{RunId: "nope", UsdPerGpuHour: 0.9, Reason: "x"}, // unknown run
+	} {
+		if _, err := q.Reprice(t.Context(), bad); err == nil {
+			t.Errorf("reprice %v accepted", bad)
+		}
+	}
+	resp, err := q.Reprice(t.Context(), &trainmeterv1.RepriceRequest{RunId: "r", UsdPerGpuHour: 0.9, Reason: "contract price from March"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetRuns()) != 1 || !sameMoney(resp.GetRuns()[0].GetPreviousCostUsd(), before.costR) {
+		t.Errorf("reprice response %v", resp)
+	}
+	r := getRun(t, q, "r")
+	if want := 2.0 / 3600 * 0.9; !sameMoney(r.GetCostUsd(), want) || r.GetPriceSource() != "repriced" {
+		t.Errorf("repriced run: cost $%v from %q, want $%v from \"repriced\"", r.GetCostUsd(), r.GetPriceSource(), want)
+	}
+	if r.GetRepricedAt() == nil || r.PreviousCostUsd == nil || !sameMoney(r.GetPreviousCostUsd(), before.costR) ||
+		!sameMoney(r.GetPreviousTotalCostUsd(), before.totalR) || r.GetRepriceReason() != "contract price from March" {
+		t.Errorf("repriced run: repriced_at %v, previous cost %v / %v, reason %q; want them set (previous $%v / $%v)",
+			r.GetRepricedAt(), r.PreviousCostUsd, r.PreviousTotalCostUsd, r.GetRepriceReason(), before.costR, before.totalR)
+	}
+	// The energy booked is not touched; run f and the idle rows neither.
+	if want := 2.0/3600*0.9 + 600/3.6e6*0.36; !sameMoney(r.GetTotalCostUsd(), want) {
+		t.Errorf("repriced run: total $%v, want $%v", r.GetTotalCostUsd(), want)
+	}
+	after := readLockFigures(t, srv2.Addr().String())
+	if !sameMoney(after.costF, before.costF) || !sameMoney(after.idle, before.idle) {
+		t.Errorf("reprice of r changed f or the idle rows: before %+v after %+v", before, after)
+	}
+	// Usage's run rows follow the reprice: runs + idle still add up.
+	u, err := q.Usage(t.Context(), &trainmeterv1.UsageRequest{By: []string{"model"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runsUSD float64
+	for _, row := range u.GetRows() {
+		if !row.GetIdle() {
+			runsUSD += row.GetCostUsd()
+		}
+	}
+	if want := after.totalR + after.totalF; !sameMoney(runsUSD, want) {
+		t.Errorf("usage run rows $%v, want the runs' total $%v", runsUSD, want)
+	}
+}
+
+// TestLiveRunCrossingAPriceChange: a run's windows before a new price list
+// are booked at the old price, those after at the new one.
+func TestLiveRunCrossingAPriceChange(t *testing.T) {
+	srv := start(t, server.Config{})
+	conn := tu.Dial(t, srv.Addr().String())
+	prices := trainmeterv1.NewPriceServiceClient(conn)
+	set := func(perGPU float64) {
+		t.Helper()
+		if _, err := prices.ImportPrices(t.Context(), &trainmeterv1.ImportPricesRequest{Offers: []*trainmeterv1.PriceOffer{
+			{GpuName: "H100 SXM", NumGpus: 1, UsdPerHour: perGPU},
+		}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(3.6)
+	a := tu.ConnectHello(t, conn, &trainmeterv1.Hello{Node: "node-1", BootId: "boot", Gpus: []*trainmeterv1.GpuInfo{{Index: 0, Name: lockGPU}, {Index: 1, Name: lockGPU}}})
+	a.MustAck(lockBatch(1, 0, "r", lockStart("r", 0, lockGPU)))
+	a.MustAck(lockBatch(2, 1, "r"))
+	set(0.36)
+	a.MustAck(lockBatch(3, 2, "r"))
+	q := trainmeterv1.NewQueryServiceClient(conn)
+	r := getRun(t, q, "r")
+	if want := 2.0/3600*3.6 + 1.0/3600*0.36; r.GetEnded() || !sameMoney(r.GetCostUsd(), want) || r.GetPriceSource() != "catalog" {
+		t.Errorf("live run across a price change: cost $%v from %q, want $%v (2 s at $3.60, 1 s at $0.36) from the catalog", r.GetCostUsd(), r.GetPriceSource(), want)
+	}
+	// Its usage rows agree, and so do the idle ones.
+	u, err := q.Usage(t.Context(), &trainmeterv1.UsageRequest{By: []string{"node"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range u.GetRows() {
+		want := 2.0/3600*3.6 + 1.0/3600*0.36
+		if !sameMoney(row.GetCostUsd(), want) {
+			t.Errorf("usage row %v (idle %v): $%v, want $%v", row.GetKeys(), row.GetIdle(), row.GetCostUsd(), want)
+		}
+	}
 }
