@@ -108,8 +108,16 @@ type Aggregate struct {
 	// --- host energy of dropped batches (loss-host, 1050–1099) ---
 	// Σ of the run's DataLoss.host_energy_j (J).
 	LostHostEnergyJ float64 `protobuf:"fixed64,1050,opt,name=lost_host_energy_j,json=lostHostEnergyJ,proto3" json:"lost_host_energy_j,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// --- energy coverage after warmup (rates; 430-439) ---
+	// Over measured windows: their seconds (each node's windows summed), the
+	// part of those seconds without energy (a window without a counter, its
+	// gap_s share), and the tokens_measured of the part with energy, step
+	// events only (tokens_recovered have no time within the run).
+	MeasuredSpanS  float64 `protobuf:"fixed64,430,opt,name=measured_span_s,json=measuredSpanS,proto3" json:"measured_span_s,omitempty"`
+	UncoveredSpanS float64 `protobuf:"fixed64,431,opt,name=uncovered_span_s,json=uncoveredSpanS,proto3" json:"uncovered_span_s,omitempty"`
+	CoveredTokens  float64 `protobuf:"fixed64,432,opt,name=covered_tokens,json=coveredTokens,proto3" json:"covered_tokens,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -621,6 +629,27 @@ func (x *Aggregate) GetCarbonByBand() map[string]float64 {
 func (x *Aggregate) GetLostHostEnergyJ() float64 {
 	if x != nil {
 		return x.LostHostEnergyJ
+	}
+	return 0
+}
+
+func (x *Aggregate) GetMeasuredSpanS() float64 {
+	if x != nil {
+		return x.MeasuredSpanS
+	}
+	return 0
+}
+
+func (x *Aggregate) GetUncoveredSpanS() float64 {
+	if x != nil {
+		return x.UncoveredSpanS
+	}
+	return 0
+}
+
+func (x *Aggregate) GetCoveredTokens() float64 {
+	if x != nil {
+		return x.CoveredTokens
 	}
 	return 0
 }
@@ -1201,7 +1230,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xcd\x16\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xc9\x17\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1289,7 +1318,10 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\vhost_splits\x18\x8e\x05 \x03(\tR\n" +
 	"hostSplits\x12W\n" +
 	"\x0ecarbon_by_band\x18\xd2\x06 \x03(\v20.trainmeter.store.v1.Aggregate.CarbonByBandEntryR\fcarbonByBand\x12,\n" +
-	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x1aS\n" +
+	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x12'\n" +
+	"\x0fmeasured_span_s\x18\xae\x03 \x01(\x01R\rmeasuredSpanS\x12)\n" +
+	"\x10uncovered_span_s\x18\xaf\x03 \x01(\x01R\x0euncoveredSpanS\x12&\n" +
+	"\x0ecovered_tokens\x18\xb0\x03 \x01(\x01R\rcoveredTokens\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
