@@ -51,9 +51,8 @@
 //   - tokens_processed = Σ tokens; tokens_measured = Σ tokens_measured; steps,
 //     data_wait_s, compute_s are sums over all windows.
 //   - tok_per_s = tokens_measured / (wall_s − warmup_s); J_per_token =
-//     energy_J / tokens_measured, or, when energy_coverage < 1, energy_J
-//     over the tokens of step events in the covered part of the windows
-//     (unset when tokens_measured = 0).
+//     energy_J / (tokens_measured × energy_coverage) (unset when
+//     tokens_measured = 0).
 //   - vram_peak_MB = max vram_peak_mib over all windows; vram_avg_MB =
 //     Σ vram_sum_mib / Σ vram_samples.
 //   - gpus = distinct (node, gpu index) in the windows' gpus; nodes = distinct
@@ -311,11 +310,9 @@ type State struct {
 	HostSplits      []string `json:"host_splits,omitempty"`
 
 	// Energy coverage after warmup (measured windows): their seconds, each
-	// node's summed; the part of those without energy; the tokens_measured
-	// of the part with energy, from step events only (see coverage).
+	// node's summed, and the part of those without energy.
 	MeasuredSpanS  float64 `json:"measured_span_s,omitempty"`
 	UncoveredSpanS float64 `json:"uncovered_span_s,omitempty"`
-	CoveredTokens  float64 `json:"covered_tokens,omitempty"`
 
 	// Bookkeeping for the store (codec.go), not part of the figures:
 	// whether the node states are stored apart, and which changed since
@@ -657,12 +654,8 @@ func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands En
 		s.IntegratedSumOK += w.GetEnergyIntegratedJ()
 	}
 	span := max(0, float64(end-start)/1e9)
-	uncovered := uncoveredShare(w) * span
 	s.MeasuredSpanS += span
-	s.UncoveredSpanS += uncovered
-	if stepped := w.GetTokensMeasured() - min(w.GetTokensMeasured(), w.GetTokensRecovered()); span > 0 {
-		s.CoveredTokens += float64(stepped) * (1 - uncovered/span)
-	}
+	s.UncoveredSpanS += uncoveredShare(w) * span
 	s.addPeak(node, bucket, w.GetPeakPowerW())
 }
 
@@ -977,12 +970,12 @@ func (s *State) rates(r *trainmeterv1.RunReport, measuredS float64) knownRates {
 		return k
 	}
 	k.period = true
-	// Tokens over the time with energy: from step events, unless all the
-	// time had energy (then the recovered tokens belong with it too).
-	tokens := float64(s.TokensMeasured)
-	if coverage < 1 {
-		tokens = s.CoveredTokens
-	}
+	// The tokens of the time with energy: tokens_measured × coverage. The
+	// tokens a rank's tokens_total credits after a restart arrive in a
+	// window after the gap, not in the time they were processed, so which
+	// window holds a token says little there; the share of the time does.
+	// J/token is then avg_power_w / tok_per_s.
+	tokens := float64(s.TokensMeasured) * coverage
 	k.energy = s.MeasuredWindows > 0 && measuredS*coverage >= MinRateS
 	k.tokens = s.TokensMeasured > 0
 	if k.tokens {

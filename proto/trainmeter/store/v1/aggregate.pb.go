@@ -109,13 +109,11 @@ type Aggregate struct {
 	// Σ of the run's DataLoss.host_energy_j (J).
 	LostHostEnergyJ float64 `protobuf:"fixed64,1050,opt,name=lost_host_energy_j,json=lostHostEnergyJ,proto3" json:"lost_host_energy_j,omitempty"`
 	// --- energy coverage after warmup (rates; 430-439) ---
-	// Over measured windows: their seconds (each node's windows summed), the
-	// part of those seconds without energy (a window without a counter, its
-	// gap_s share), and the tokens_measured of the part with energy, step
-	// events only (tokens_recovered have no time within the run).
+	// Over measured windows: their seconds (each node's windows summed) and
+	// the part of those seconds without energy (a window without a counter:
+	// its gap_s share).
 	MeasuredSpanS  float64 `protobuf:"fixed64,430,opt,name=measured_span_s,json=measuredSpanS,proto3" json:"measured_span_s,omitempty"`
 	UncoveredSpanS float64 `protobuf:"fixed64,431,opt,name=uncovered_span_s,json=uncoveredSpanS,proto3" json:"uncovered_span_s,omitempty"`
-	CoveredTokens  float64 `protobuf:"fixed64,432,opt,name=covered_tokens,json=coveredTokens,proto3" json:"covered_tokens,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -643,13 +641,6 @@ func (x *Aggregate) GetMeasuredSpanS() float64 {
 func (x *Aggregate) GetUncoveredSpanS() float64 {
 	if x != nil {
 		return x.UncoveredSpanS
-	}
-	return 0
-}
-
-func (x *Aggregate) GetCoveredTokens() float64 {
-	if x != nil {
-		return x.CoveredTokens
 	}
 	return 0
 }
@@ -1230,7 +1221,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xc9\x17\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xa1\x17\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1320,8 +1311,7 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x0ecarbon_by_band\x18\xd2\x06 \x03(\v20.trainmeter.store.v1.Aggregate.CarbonByBandEntryR\fcarbonByBand\x12,\n" +
 	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x12'\n" +
 	"\x0fmeasured_span_s\x18\xae\x03 \x01(\x01R\rmeasuredSpanS\x12)\n" +
-	"\x10uncovered_span_s\x18\xaf\x03 \x01(\x01R\x0euncoveredSpanS\x12&\n" +
-	"\x0ecovered_tokens\x18\xb0\x03 \x01(\x01R\rcoveredTokens\x1aS\n" +
+	"\x10uncovered_span_s\x18\xaf\x03 \x01(\x01R\x0euncoveredSpanS\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
