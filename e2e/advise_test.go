@@ -369,14 +369,14 @@ func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
 	}
 	perThroughput := func(id string) float64 {
 		r := reps[id]
-		return r.GpuPricePerHour * float64(r.Gpus) / r.TokPerS
+		return r.GpuPricePerHour * float64(r.Gpus) / r.GetTokPerS()
 	}
 	gap30 := 1 - perThroughput("m30-replay")/perThroughput("m30-sim")
 	gap10 := 1 - perThroughput("m10-replay")/perThroughput("m10-sim")
 	t.Logf("measured cost-per-throughput gaps: m30 %.1f%%, m10 %.1f%%", 100*gap30, 100*gap10)
 	if gap30 < 0.25 || gap30 > 0.35 || gap10 < 0.05 || gap10 > 0.15 {
 		t.Fatalf("setup: gaps %.3f and %.3f, want ≈0.30 and ≈0.10 (throughputs %v %v %v %v)", gap30, gap10,
-			reps["m30-sim"].TokPerS, reps["m30-replay"].TokPerS, reps["m10-sim"].TokPerS, reps["m10-replay"].TokPerS)
+			reps["m30-sim"].GetTokPerS(), reps["m30-replay"].GetTokPerS(), reps["m10-sim"].GetTokPerS(), reps["m10-replay"].GetTokPerS())
 	}
 	resp, err := c.recommendClient().Recommend(context.Background(), &trainmeterv1.RecommendRequest{})
 	if err != nil {

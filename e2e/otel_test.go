@@ -108,8 +108,8 @@ func TestOTLPExportReachesARealOTelCollector(t *testing.T) {
 	tr.send(`{"event":"run_end","run_id":"otel-run"}`)
 	tr.sync()
 	rep := c.waitEnded("otel-run")
-	if rep.JPerToken <= 0 || rep.TokensProcessed != 30*512 {
-		t.Fatalf("collector report: J/token %v tokens %d", rep.JPerToken, rep.TokensProcessed)
+	if rep.GetJPerToken() <= 0 || rep.TokensProcessed != 30*512 {
+		t.Fatalf("collector report: J/token %v tokens %d", rep.GetJPerToken(), rep.TokensProcessed)
 	}
 
 	// Exports are cumulative snapshots: wait for one taken after the run's
@@ -119,7 +119,7 @@ func TestOTLPExportReachesARealOTelCollector(t *testing.T) {
 		pts = oc.Metrics(t)
 		final := false
 		for _, p := range oteltest.Latest(withService(pts, "trainmeter-collector"), "trainmeter.run.energy_per_token") {
-			final = final || (p.Attrs["trainmeter.run.id"] == "otel-run" && p.Value == rep.JPerToken)
+			final = final || (p.Attrs["trainmeter.run.id"] == "otel-run" && p.Value == rep.GetJPerToken())
 		}
 		return final && energySpan(pts, "trainmeter-collector") >= 10*time.Second && energySpan(pts, "trainmeter-agent") >= 10*time.Second
 	})
@@ -157,9 +157,9 @@ func TestOTLPExportReachesARealOTelCollector(t *testing.T) {
 	want := map[string]float64{
 		"trainmeter.run.tokens":             float64(rep.TokensProcessed),
 		"trainmeter.run.energy":             rep.EnergyTotalJ,
-		"trainmeter.run.energy_per_token":   rep.JPerToken,
-		"trainmeter.run.throughput":         rep.TokPerS,
-		"trainmeter.run.power":              rep.AvgPowerW,
+		"trainmeter.run.energy_per_token":   rep.GetJPerToken(),
+		"trainmeter.run.throughput":         rep.GetTokPerS(),
+		"trainmeter.run.power":              rep.GetAvgPowerW(),
 		"trainmeter.run.cost_usd":           rep.TotalCostUsd,
 		"trainmeter.run.projected_cost_usd": rep.ProjectedCostUsd,
 		"trainmeter.run.data_wait_ratio":    rep.DataWaitS / (rep.DataWaitS + rep.ComputeS),

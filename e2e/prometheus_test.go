@@ -82,12 +82,12 @@ scrape_configs:
 	var jptS, tpsS []oteltest.PromSample
 	oteltest.Eventually(t, 60*time.Second, "Prometheus to have the run's final J/token and tokens/s", func() bool {
 		jptS, tpsS = query(jpt), query(tps)
-		return len(jptS) == 1 && near(jptS[0].Value, rep.JPerToken, 1e-9) && len(tpsS) == 1 && near(tpsS[0].Value, rep.TokPerS, 1e-9)
+		return len(jptS) == 1 && near(jptS[0].Value, rep.GetJPerToken(), 1e-9) && len(tpsS) == 1 && near(tpsS[0].Value, rep.GetTokPerS(), 1e-9)
 	})
 	if l := jptS[0].Labels; l["trainmeter_run_model"] != "llama-prom" || l["trainmeter_run_backend"] != "torch" {
 		t.Errorf("J/token series labels %v", l)
 	}
-	t.Logf("J/token in Prometheus %v, collector report %v", jptS[0].Value, rep.JPerToken)
+	t.Logf("J/token in Prometheus %v, collector report %v", jptS[0].Value, rep.GetJPerToken())
 	checkWorkload(t, "Prometheus", tpsS[0].Value, jptS[0].Value, 512, period, 600)
 
 	for _, job := range []string{"trainmeter", "trainmeter-agent"} {
@@ -104,8 +104,8 @@ scrape_configs:
 	}
 	// J/token is also the run's power ÷ its throughput (both after warmup):
 	// the exported gauges agree with each other in PromQL.
-	if s := query(`sum by (trainmeter_run_id) (trainmeter_run_power_watts{trainmeter_run_id="prom-run"}) / sum by (trainmeter_run_id) (trainmeter_run_throughput_per_second{trainmeter_run_id="prom-run"})`); len(s) != 1 || !near(s[0].Value, rep.JPerToken, 1e-6) {
-		t.Errorf("power / throughput = %v, want J/token %v", s, rep.JPerToken)
+	if s := query(`sum by (trainmeter_run_id) (trainmeter_run_power_watts{trainmeter_run_id="prom-run"}) / sum by (trainmeter_run_id) (trainmeter_run_throughput_per_second{trainmeter_run_id="prom-run"})`); len(s) != 1 || !near(s[0].Value, rep.GetJPerToken(), 1e-6) {
+		t.Errorf("power / throughput = %v, want J/token %v", s, rep.GetJPerToken())
 	}
 	scraped, sourced := oteltest.DashboardMetrics(t)
 	for _, name := range scraped {

@@ -74,7 +74,7 @@ func TestExamplePipelineToPrometheusRemoteWrite(t *testing.T) {
 	oteltest.Eventually(t, 90*time.Second, "the run's final J/token and tokens/s in Prometheus via remote-write", func() bool {
 		jptS = query(jpt)
 		tpsS = query(`trainmeter_run_throughput_per_second{trainmeter_run_id="rw-run",job="trainmeter-collector"}`)
-		return len(jptS) == 1 && near(jptS[0].Value, rep.JPerToken, 1e-9) && len(tpsS) == 1 && near(tpsS[0].Value, rep.TokPerS, 1e-9)
+		return len(jptS) == 1 && near(jptS[0].Value, rep.GetJPerToken(), 1e-9) && len(tpsS) == 1 && near(tpsS[0].Value, rep.GetTokPerS(), 1e-9)
 	})
 	checkWorkload(t, "remote-write", tpsS[0].Value, jptS[0].Value, 512, period, 600)
 	power := query(`hw_power_watts{trainmeter_node="rw-node",hw_type="gpu"}`)

@@ -2,6 +2,7 @@ package compare
 
 import (
 	"errors"
+	"google.golang.org/protobuf/proto"
 	"math"
 	"strings"
 	"testing"
@@ -10,7 +11,7 @@ import (
 )
 
 func run(id, backend string, jpt, tps float64, gpu string) *trainmeterv1.RunReport {
-	return &trainmeterv1.RunReport{RunId: id, Ended: true, JPerToken: jpt, TokPerS: tps, VramPeakMb: 1000, GpuName: gpu, Nodes: 1,
+	return &trainmeterv1.RunReport{RunId: id, Ended: true, JPerToken: proto.Float64(jpt), TokPerS: proto.Float64(tps), VramPeakMb: 1000, GpuName: gpu, Nodes: 1,
 		Metadata: &trainmeterv1.RunMetadata{Model: "m", Backend: backend, BatchSize: 8, HasBatchSize: true}}
 }
 

@@ -112,6 +112,17 @@ type LoadSetter interface {
 	SetLoad(index int, load float64)
 }
 
+// CounterResumer is implemented by simulated backends, whose energy
+// counter lives in the agent's process: a restarted agent hands them the
+// counter its predecessor read last, so that the counter goes on counting
+// across the restart as a real GPU's does (it counts from the driver's
+// load, not from the agent's start) and the agent can bridge the downtime.
+type CounterResumer interface {
+	// ResumeCounter continues GPU index's counter from counterJ, read at
+	// at; called before the first Read. An index out of range is ignored.
+	ResumeCounter(index int, counterJ float64, at time.Time)
+}
+
 // ProcessLister is implemented by backends that can list the PIDs running
 // compute work on a GPU (NVML's running compute processes). The agent calls it
 // at most once a second: in NVML it costs milliseconds.

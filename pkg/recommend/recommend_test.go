@@ -1,6 +1,7 @@
 package recommend
 
 import (
+	"google.golang.org/protobuf/proto"
 	"math"
 	"strings"
 	"testing"
@@ -10,7 +11,7 @@ import (
 
 func report(id, model, gpu string, cost, energyJ, tokPerS float64) *trainmeterv1.RunReport {
 	return &trainmeterv1.RunReport{RunId: id, Metadata: &trainmeterv1.RunMetadata{Model: model}, GpuName: gpu, Gpus: 1,
-		TotalCostUsd: cost, CostUsd: cost, EnergyTotalJ: energyJ, EnergyJ: energyJ, TokPerS: tokPerS, GpuPricePerHour: 2}
+		TotalCostUsd: cost, CostUsd: cost, EnergyTotalJ: energyJ, EnergyJ: energyJ, TokPerS: proto.Float64(tokPerS), GpuPricePerHour: 2}
 }
 
 func withEvals(r *trainmeterv1.RunReport, loss, acc []float64) *trainmeterv1.RunReport {
@@ -166,8 +167,8 @@ func TestComputeTierEnergy(t *testing.T) {
 	a := report("a", "m", "A100", 10, 0, 1000)
 	b := report("b", "m", "H100", 10, 0, 2000)
 	b.GpuPricePerHour = 3
-	a.JPerToken, a.TokensMeasured = 0.5, 1e6
-	b.JPerToken, b.TokensMeasured = 0.3, 2e6
+	a.JPerToken, a.TokensMeasured = proto.Float64(0.5), 1e6
+	b.JPerToken, b.TokensMeasured = proto.Float64(0.3), 2e6
 	recs := ComputeTier([]Run{{Report: a}, {Report: b}}, nil)
 	if len(recs) != 1 {
 		t.Fatalf("%v", recs)
@@ -175,7 +176,7 @@ func TestComputeTierEnergy(t *testing.T) {
 	approx(t, "savings J", recs[0].SavingsJ, (0.5-0.3)*1e6)
 	// The cheaper GPU takes more energy per token: no joules saved, and the
 	// risks say so.
-	b.JPerToken = 0.6
+	b.JPerToken = proto.Float64(0.6)
 	recs = ComputeTier([]Run{{Report: a}, {Report: b}}, nil)
 	if len(recs) != 1 || recs[0].SavingsJ != 0 || !strings.Contains(strings.Join(recs[0].Risks, ";"), "20% more energy per token") {
 		t.Errorf("%v", recs)
@@ -208,10 +209,10 @@ func TestBatchSize(t *testing.T) {
 
 func TestPowerFromMeasuredPair(t *testing.T) {
 	hi := report("hi", "m", "g", 10, 0, 1000)
-	hi.AvgPowerW, hi.JPerToken, hi.TokensMeasured = 700, 0.7, 1e6
+	hi.AvgPowerW, hi.JPerToken, hi.TokensMeasured = proto.Float64(700), proto.Float64(0.7), 1e6
 	hi.HasEnergyCost, hi.EnergyKwh, hi.EnergyCostUsd = true, 1, 0.2
 	lo := report("lo", "m", "g", 10, 0, 950)
-	lo.AvgPowerW, lo.JPerToken = 560, 0.59
+	lo.AvgPowerW, lo.JPerToken = proto.Float64(560), proto.Float64(0.59)
 	recs := Power([]Run{{Report: hi}, {Report: lo}})
 	if len(recs) != 1 || recs[0].RunIds[0] != "hi" || recs[0].Confidence != 0.6 {
 		t.Fatalf("%v", recs)
@@ -219,7 +220,7 @@ func TestPowerFromMeasuredPair(t *testing.T) {
 	approx(t, "savings J", recs[0].SavingsJ, (0.7-0.59)*1e6)
 	// The heuristic needs a known power limit and a busy GPU.
 	h := report("h", "m2", "g", 10, 3.6e6, 1000)
-	h.AvgPowerW, h.JPerToken = 650, 1
+	h.AvgPowerW, h.JPerToken = proto.Float64(650), proto.Float64(1)
 	recs = Power([]Run{{Report: h, GPUPowerLimitW: 700}})
 	if len(recs) != 1 || recs[0].Confidence != 0.3 {
 		t.Fatalf("heuristic: %v", recs)
@@ -315,20 +316,22 @@ func TestPowerComparesOnlyLikeRuns(t *testing.T) {
 		r.Metadata.BatchSize, r.Metadata.HasBatchSize = 32, true
 		r.Metadata.SeqLen, r.Metadata.HasSeqLen = 2048, true
 		r.Metadata.Precision = "bf16"
-		r.AvgPowerW, r.JPerToken, r.TokensMeasured = 2*powerPerGPU, jPerToken, 1e6
+		r.AvgPowerW, r.JPerToken, r.TokensMeasured = proto.Float64(2*powerPerGPU), proto.Float64(jPerToken), 1e6
 		return r
 	}
 	hi := like("hi", 700, 0.7, 2000)
 	for name, change := range map[string]func(r *trainmeterv1.RunReport){
 		"batch size": func(r *trainmeterv1.RunReport) { r.Metadata.BatchSize = 64 },
-		"world size": func(r *trainmeterv1.RunReport) { r.Gpus, r.TokPerS, r.AvgPowerW = 4, 4000, 4*560 },
-		"nodes":      func(r *trainmeterv1.RunReport) { r.Nodes = 2 },
-		"seq len":    func(r *trainmeterv1.RunReport) { r.Metadata.HasSeqLen = false },
-		"precision":  func(r *trainmeterv1.RunReport) { r.Metadata.Precision = "fp16" },
-		"model":      func(r *trainmeterv1.RunReport) { r.Metadata.Model = "llama-2" },
-		"GPU model":  func(r *trainmeterv1.RunReport) { r.GpuName = "A100" },
+		"world size": func(r *trainmeterv1.RunReport) {
+			r.Gpus, r.TokPerS, r.AvgPowerW = 4, proto.Float64(4000), proto.Float64(4*560)
+		},
+		"nodes":     func(r *trainmeterv1.RunReport) { r.Nodes = 2 },
+		"seq len":   func(r *trainmeterv1.RunReport) { r.Metadata.HasSeqLen = false },
+		"precision": func(r *trainmeterv1.RunReport) { r.Metadata.Precision = "fp16" },
+		"model":     func(r *trainmeterv1.RunReport) { r.Metadata.Model = "llama-2" },
+		"GPU model": func(r *trainmeterv1.RunReport) { r.GpuName = "A100" },
 		"both (issue)": func(r *trainmeterv1.RunReport) {
-			r.Metadata.BatchSize, r.Gpus, r.TokPerS, r.AvgPowerW = 64, 4, 4400, 4*560
+			r.Metadata.BatchSize, r.Gpus, r.TokPerS, r.AvgPowerW = 64, 4, proto.Float64(4400), proto.Float64(4*560)
 		},
 	} {
 		lo := like("lo", 560, 0.59, 2100) // lower power and faster

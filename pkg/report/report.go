@@ -78,6 +78,9 @@ var header = []string{
 	"lost_host_energy_J",
 	// locked prices: the run's latest reprice (docs/costs.md, "Locked prices")
 	"repriced_at", "previous_cost_usd", "previous_total_cost_usd", "reprice_reason",
+	// why a rate after warmup is empty, and the share of the time after
+	// warmup with energy (docs/measurement.md, "Rates after warmup")
+	"rates_unavailable", "energy_coverage",
 }
 
 // Header returns the CSV header row.
@@ -200,6 +203,8 @@ func humanTime(r *RunReport, end bool) string {
 // known tells which figures of r are defined.
 type known struct {
 	times, measured, period, perToken, vram, counter, usdPerMtok, dataShare bool
+	// The rates after warmup the collector knows (set, not null).
+	tokPerS, jPerToken, avgPower bool
 }
 
 func knownOf(r *RunReport) known {
@@ -212,6 +217,9 @@ func knownOf(r *RunReport) known {
 		usdPerMtok: r.GetTokensProcessed() > 0 &&
 			(r.GetHasCost() || r.GetHasEnergyCost()),
 		dataShare: r.GetDataWaitS()+r.GetComputeS() > 0,
+		tokPerS:   r.TokPerS != nil,
+		jPerToken: r.JPerToken != nil,
+		avgPower:  r.AvgPowerW != nil,
 	}
 	k.period = k.times && r.GetWallS()-r.GetWarmupS() > 0
 	return k
@@ -226,7 +234,7 @@ func Row(r *RunReport) []string {
 		share = r.GetDataWaitS() / (r.GetDataWaitS() + r.GetComputeS())
 	}
 	jpt, e10k := "", ""
-	if k.perToken {
+	if k.jPerToken {
 		jpt, e10k = G9(r.GetJPerToken()), G9(r.GetJPerToken()*10000)
 	}
 	priced := r.GetHasCost() || r.GetHasEnergyCost()
@@ -236,9 +244,9 @@ func Row(r *RunReport) []string {
 		fIf(k.times, r.GetWallS()),
 		fIf(k.times, r.GetWarmupS()),
 		fIf(k.measured, r.GetEnergyJ()),
-		fIf(k.measured && k.period, r.GetAvgPowerW()),
+		opt(r.AvgPowerW, F),
 		fIf(k.measured, r.GetPeakPowerW()),
-		fIf(k.period, r.GetTokPerS()),
+		opt(r.TokPerS, F),
 		jpt,
 		e10k,
 		fIf(k.vram, r.GetVramPeakMb()),
@@ -266,7 +274,7 @@ func Row(r *RunReport) []string {
 		fIf(r.GetHasCost(), r.GetCostUsd()),
 		F(r.GetEnergyKwh()),
 		fIf(r.GetHasEnergyCost(), r.GetEnergyCostUsd()),
-		fIf(k.usdPerMtok, r.GetUsdPerMtok()),
+		fIf(k.usdPerMtok && r.UsdPerMtok != nil, r.GetUsdPerMtok()),
 		fIf(r.GetHasCo2(), r.GetCo2Kg()),
 
 		fIf(r.GetHasCost(), r.GetGpuPricePerHour()),
@@ -328,6 +336,8 @@ func Row(r *RunReport) []string {
 		opt(r.PreviousCostUsd, F),
 		opt(r.PreviousTotalCostUsd, F),
 		r.GetRepriceReason(),
+		r.GetRatesUnavailable(),
+		opt(r.EnergyCoverage, F),
 	}
 }
 
@@ -453,10 +463,13 @@ func WriteTable(w io.Writer, runs []*RunReport) error {
 	fmt.Fprintln(tw, "RUN\tMODEL\tBACKEND\tSTATUS\tSTART\tWALL\tTOKENS\tTOK/S\tJ/TOKEN\tAVG W\tENERGY kJ\tVRAM PEAK MiB\tCOST $")
 	fmt.Fprintln(tw, strings.Join(tableScopes, "\t"))
 	inWarmup := 0
+	var noRates []string
 	for _, r := range runs {
 		k := knownOf(r)
 		if NeverLeftWarmup(r) {
 			inWarmup++
+		} else if why := r.GetRatesUnavailable(); why != "" {
+			noRates = append(noRates, r.GetRunId()+": "+why)
 		}
 		avg, hasAvg := AvgPowerTotal(r)
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
@@ -467,8 +480,8 @@ func WriteTable(w io.Writer, runs []*RunReport) error {
 			orDash(humanTime(r, false)),
 			dashS(k.times, Duration(r.GetWallS())),
 			Count(r.GetTokensProcessed()),
-			dash(k.period, "%.0f", r.GetTokPerS()),
-			dash(k.perToken, "%.4g", r.GetJPerToken()),
+			dash(k.tokPerS, "%.0f", r.GetTokPerS()),
+			dash(k.jPerToken, "%.4g", r.GetJPerToken()),
 			dash(hasAvg, "%.0f", avg),
 			dash(k.times, "%.1f", r.GetEnergyTotalJ()/1000),
 			dash(k.vram, "%.0f", r.GetVramPeakMb()),
@@ -479,10 +492,36 @@ func WriteTable(w io.Writer, runs []*RunReport) error {
 		return err
 	}
 	if inWarmup > 0 {
-		_, err := fmt.Fprintf(w, "TOK/S and J/TOKEN are - for %s that never left the warmup: %s\n", plural.N(inWarmup, "run"), WarmupHint)
+		if _, err := fmt.Fprintf(w, "TOK/S and J/TOKEN are - for %s that never left the warmup: %s\n", plural.N(inWarmup, "run"), WarmupHint); err != nil {
+			return err
+		}
+	}
+	if len(noRates) > 0 {
+		_, err := fmt.Fprintf(w, "rates after warmup unknown (rates_unavailable): %s\n", strings.Join(noRates, ", "))
 		return err
 	}
 	return nil
+}
+
+// RatesUnavailable explains RunReport.rates_unavailable in words; "" when
+// every rate after warmup is known.
+func RatesUnavailable(r *RunReport) string {
+	switch why := r.GetRatesUnavailable(); why {
+	case "":
+		return ""
+	case "in_warmup":
+		return "in_warmup: no time after warmup yet, so no rate after warmup"
+	case "too_short":
+		return fmt.Sprintf("too_short: %s after warmup, under the 1 s a rate needs", Duration(max(0, r.GetWallS()-r.GetWarmupS())))
+	case "too_few_steps":
+		return "too_few_steps: under the 2 steps after warmup a rate needs"
+	case "no_tokens":
+		return "no_tokens: no tokens reported after warmup, so no tok/s or J/token"
+	case "no_energy":
+		return "no_energy: under 1 s after warmup with measured energy, so no J/token or power after warmup"
+	default:
+		return why
+	}
 }
 
 // WarmupHint says how to set the warmup; shown where efficiency figures
@@ -668,6 +707,8 @@ func WriteReport(w io.Writer, r *RunReport) error {
 		}
 		line("note", "%s: tok/s, J/token and the after-warmup energy and power are unknown;", what)
 		line("", "%s", WarmupHint)
+	} else if why := RatesUnavailable(r); why != "" {
+		line("rates unknown", "%s", why)
 	}
 	if k.dataShare {
 		line("data wait", "%.1f%% of step time (%s waiting, %s computing; whole run, all ranks)",
@@ -680,7 +721,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	b.WriteString("tokens (all ranks)\n")
 	line("whole run", "%d in %s", r.GetTokensProcessed(), plural.N(r.GetSteps(), "step"))
 	line("after warmup", "%d", r.GetTokensMeasured())
-	line("throughput", "%s tok/s after warmup", dash(k.period, "%.1f", r.GetTokPerS()))
+	line("throughput", "%s tok/s after warmup", dash(k.tokPerS, "%.1f", r.GetTokPerS()))
 	if r.GetHasLoss() {
 		line("last loss", "%.4g", r.GetLastLoss())
 	}
@@ -688,7 +729,10 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	b.WriteString("energy (all GPUs)\n")
 	line("whole run", "%.1f J = %.6g kWh", r.GetEnergyTotalJ(), r.GetEnergyKwh())
 	line("after warmup", "%s J (%s)", dash(k.measured, "%.1f", r.GetEnergyJ()), orDash(r.GetEnergyMethod()))
-	line("per token", "%s J after warmup (E10k %s J)", dash(k.perToken, "%.6g", r.GetJPerToken()), dash(k.perToken, "%.6g", r.GetJPerToken()*10000))
+	line("per token", "%s J after warmup (E10k %s J)", dash(k.jPerToken, "%.6g", r.GetJPerToken()), dash(k.jPerToken, "%.6g", r.GetJPerToken()*10000))
+	if c := r.EnergyCoverage; c != nil && *c < 1 {
+		line("energy coverage", "%.1f%% of the time after warmup had measured energy; J/token and power after warmup are over that part", 100**c)
+	}
 	line("integrated", "%s J after warmup", dash(k.measured, "%.1f", r.GetEnergyJIntegrated()))
 	if k.counter {
 		line("counter vs integ.", "%+.2f%%", r.GetEnergyDisagreementPct())
@@ -706,7 +750,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	avgTotal, hasAvgTotal := AvgPowerTotal(r)
 	peakTotal, hasPeakTotal := PeakPowerTotal(r)
 	line("average", "%s W whole run, %s W after warmup", dash(hasAvgTotal, "%.1f", avgTotal),
-		dash(k.measured && k.period, "%.1f", r.GetAvgPowerW()))
+		dash(k.avgPower, "%.1f", r.GetAvgPowerW()))
 	line("peak", "%s W whole run, %s W after warmup", dash(hasPeakTotal, "%.1f", peakTotal),
 		dash(k.measured, "%.1f", r.GetPeakPowerW()))
 

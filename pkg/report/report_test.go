@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/csv"
 	"flag"
+	"google.golang.org/protobuf/proto"
 	"math"
 	"os"
 	"path/filepath"
@@ -31,11 +32,11 @@ func fullRun() *RunReport {
 		},
 		TokensProcessed: 1_310_720, TokensMeasured: 1_048_576, WallS: 600.5, WarmupS: 60,
 		EnergyJ: 216000.123456789, EnergyTotalJ: 240000, EnergyJIntegrated: 214000,
-		EnergyMethod: "counter", AvgPowerW: 399.6, PeakPowerW: 700.25, TokPerS: 1940.0111,
-		JPerToken: 216000.123456789 / 1_048_576, VramPeakMb: 70123, VramAvgMb: 65000.5,
+		EnergyMethod: "counter", AvgPowerW: proto.Float64(399.6), PeakPowerW: 700.25, TokPerS: proto.Float64(1940.0111),
+		JPerToken: proto.Float64(216000.123456789 / 1_048_576), VramPeakMb: 70123, VramAvgMb: 65000.5,
 		Gpus: 2, Nodes: 1, GpuName: "NVIDIA H100 80GB HBM3", GpuHours: 600.5 * 2 / 3600,
 		CostUsd: 600.5 * 2 / 3600 * 2.1, EnergyKwh: 240000 / 3.6e6, EnergyCostUsd: 240000 / 3.6e6 * 0.3,
-		UsdPerMtok: 0.5, Co2Kg: 240000 / 3.6e6 * 0.4,
+		UsdPerMtok: proto.Float64(0.5), Co2Kg: 240000 / 3.6e6 * 0.4,
 		Start: timestamppb.New(t0), End: timestamppb.New(t0.Add(600500 * time.Millisecond)), Ended: true, EndStatus: "ok",
 		Steps: 20, DataWaitS: 12, ComputeS: 588, GapS: 0.25, EnergyDisagreementPct: 0.926,
 		GpuPricePerHour: 2.1, HasCost: true, HasEnergyCost: true, HasCo2: true,
@@ -66,14 +67,15 @@ func sparseRun() *RunReport {
 		Metadata:        &trainmeterv1.RunMetadata{Model: "tiny"},
 		TokensProcessed: 4096, WallS: 12, WarmupS: 12, EnergyTotalJ: 1234.5,
 		Gpus: 1, Nodes: 1, GpuHours: 12.0 / 3600, EnergyKwh: 1234.5 / 3.6e6,
-		JPerToken: math.NaN(), Start: timestamppb.New(t0), End: timestamppb.New(t0.Add(12 * time.Second)),
+		JPerToken: proto.Float64(math.NaN()), Start: timestamppb.New(t0), End: timestamppb.New(t0.Add(12 * time.Second)),
+		RatesUnavailable: "in_warmup",
 	}
 }
 
 func tinyRun() *RunReport {
 	r := fullRun()
 	r.RunId = "tiny-jpt"
-	r.JPerToken = 1.234567891234e-7
+	r.JPerToken = proto.Float64(1.234567891234e-7)
 	r.EnergyMethod = "integrated"
 	r.HasCost, r.HasEnergyCost, r.HasCo2 = false, false, false
 	r.Metadata = nil

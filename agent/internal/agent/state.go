@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/pkg/gpu"
 )
 
 // legacyStateFile is where agents before the state slots (stateslots.go)
@@ -81,6 +82,16 @@ func (a *Agent) restoreLedger() {
 	if err != nil {
 		a.log.Error("cannot resume runs from the previous agent's state; starting afresh", "file", file, "err", err)
 		return
+	}
+	if cr, ok := a.backend.(gpu.CounterResumer); ok {
+		// A simulated GPU's counter lives in this process: continue it
+		// from the checkpoint, as a real one kept counting meanwhile.
+		devs := a.backend.Devices()
+		for i, g := range s.GPUs {
+			if i < len(devs) && g.CounterOK && g.UUID == devs[i].UUID {
+				cr.ResumeCounter(i, g.CounterJ, s.Time)
+			}
+		}
 	}
 	if len(s.Runs) > 0 {
 		a.log.Info("resuming runs after an agent restart", "runs", len(s.Runs), "checkpoint", s.Time, "down_for", a.clock.Now().Sub(s.Time), "file", file)

@@ -29,7 +29,14 @@
 //     ("" without measured windows). energy_disagreement_pct = 100 × (Σ counter
 //     − Σ integrated) / Σ counter over measured windows with counter_ok (0 if
 //     none, or if Σ counter < 1 J). energy_estimated = any window estimated; gap_s = Σ gap_s.
-//   - avg_power_W = energy_J / (wall_s − warmup_s); 0 when that is ≤ 0.
+//   - rates after warmup (avg_power_W, tok_per_s, J_per_token, steps_per_s
+//     and what derives from them) need wall_s − warmup_s ≥ MinRateS and
+//     MinRateSteps steps after warmup; otherwise they are unset and
+//     rates_unavailable says why (see rates).
+//   - energy_coverage = 1 − uncovered / Σ measured window seconds, a
+//     window's uncovered part being the gap share of its GPUs' time when
+//     its counter did not cover it (uncoveredShare).
+//   - avg_power_W = energy_J / ((wall_s − warmup_s) × energy_coverage).
 //   - peak_power_W: per node, a window's peak_power_w; across nodes, per
 //     1-second bucket (window start truncated to the second) each node's max
 //     in the bucket is summed, and the result is the max over buckets.
@@ -44,7 +51,8 @@
 //   - tokens_processed = Σ tokens; tokens_measured = Σ tokens_measured; steps,
 //     data_wait_s, compute_s are sums over all windows.
 //   - tok_per_s = tokens_measured / (wall_s − warmup_s); J_per_token =
-//     energy_J / tokens_measured (0 and undefined when tokens_measured = 0).
+//     energy_J / (tokens_measured × energy_coverage) (unset when
+//     tokens_measured = 0).
 //   - vram_peak_MB = max vram_peak_mib over all windows; vram_avg_MB =
 //     Σ vram_sum_mib / Σ vram_samples.
 //   - gpus = distinct (node, gpu index) in the windows' gpus; nodes = distinct
@@ -305,6 +313,10 @@ type State struct {
 	// Booked is the cost booked at the prices in force as windows were
 	// folded (booking.go): what the report's costs are.
 	Booked Booking `json:"booked"`
+	// Energy coverage after warmup (measured windows): their seconds, each
+	// node's summed, and the part of those without energy.
+	MeasuredSpanS  float64 `json:"measured_span_s,omitempty"`
+	UncoveredSpanS float64 `json:"uncovered_span_s,omitempty"`
 
 	// Bookkeeping for the store (codec.go), not part of the figures:
 	// whether the node states are stored apart, and which changed since
@@ -645,7 +657,25 @@ func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands En
 		s.CounterSumOK += w.GetEnergyCounterJ()
 		s.IntegratedSumOK += w.GetEnergyIntegratedJ()
 	}
+	span := max(0, float64(end-start)/1e9)
+	s.MeasuredSpanS += span
+	s.UncoveredSpanS += uncoveredShare(w) * span
 	s.addPeak(node, bucket, w.GetPeakPowerW())
+}
+
+// uncoveredShare is the part (0-1) of a window's time whose energy it does
+// not hold: none when its counter covered every GPU; otherwise the share of
+// its GPUs' time that was a gap (no power samples to integrate, no counter:
+// an agent's downtime it could not bridge, a GPU that stopped answering).
+func uncoveredShare(w *trainmeterv1.RunWindow) float64 {
+	if w.GetCounterOk() && !w.GetEnergyEstimated() {
+		return 0
+	}
+	span := w.GetEnd().AsTime().Sub(w.GetStart().AsTime()).Seconds() * float64(max(1, len(w.GetGpus())))
+	if span <= 0 || w.GetGapS() <= 0 {
+		return 0
+	}
+	return min(1, w.GetGapS()/span)
 }
 
 func floorDiv(a, b int64) int64 {
@@ -813,10 +843,7 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 		r.EnergyDisagreementPct = 100 * (s.CounterSumOK - s.IntegratedSumOK) / s.CounterSumOK
 	}
 	r.EnergyEstimated = s.EnergyEstimated
-	if measuredS > 0 {
-		r.AvgPowerW = r.EnergyJ / measuredS
-		r.TokPerS = float64(s.TokensMeasured) / measuredS
-	}
+	rates := s.rates(r, measuredS)
 	r.PeakPowerW = s.Peak()
 	// The whole run's power does not depend on the warmup: a run that never
 	// left it still shows what it drew.
@@ -828,9 +855,6 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 		warmupPeak += n.WarmupPeak
 	}
 	r.PeakPowerTotalW = max(r.PeakPowerW, warmupPeak)
-	if s.TokensMeasured > 0 {
-		r.JPerToken = r.EnergyJ / float64(s.TokensMeasured)
-	}
 	r.VramPeakMb = s.VRAMPeak
 	if s.VRAMSamples > 0 {
 		r.VramAvgMb = s.VRAMSum / float64(s.VRAMSamples)
@@ -876,7 +900,7 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 		}
 		r.Co2Gco2PerKwh, r.Co2Source, r.CarbonZone = cost.CO2Summary(bands)
 	}
-	s.derived(r, measuredS)
+	s.derived(r, measuredS, rates)
 
 	for _, e := range s.Evals {
 		r.Evals = append(r.Evals, &trainmeterv1.Eval{
@@ -899,6 +923,82 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.LostReasons = s.LossReasons()
 	s.hostEnergy(r)
 	return r
+}
+
+// The reasons a rate after warmup is unknown (RunReport.rates_unavailable,
+// docs/measurement.md "Rates").
+const (
+	// Every rate is unknown.
+	RatesInWarmup    = "in_warmup"     // no measured window
+	RatesTooShort    = "too_short"     // under MinRateS after warmup
+	RatesTooFewSteps = "too_few_steps" // under MinRateSteps after warmup
+	// Some are.
+	RatesNoTokens = "no_tokens" // no tokens after warmup: tok/s and per-token figures
+	RatesNoEnergy = "no_energy" // under MinRateS after warmup with energy: power and per-token figures
+)
+
+// A rate after warmup needs at least MinRateS seconds and MinRateSteps step
+// events after warmup: over less, one step more or less moves it by
+// anything (a run 0.1 s past its warmup reported 1,869 tok/s for a trainer
+// steady at 1,000).
+const (
+	MinRateS     = 1.0
+	MinRateSteps = 2
+)
+
+// knownRates says which rates after warmup are known.
+type knownRates struct {
+	period, tokens, energy bool
+}
+
+// rates sets the rates after warmup (tok/s, J/token, average power), the
+// energy coverage and rates_unavailable. J/token and average power are
+// taken over the part of the time after warmup whose energy was measured:
+// with a part missing (an agent restart the counter could not bridge), all
+// the tokens over part of the energy would understate J/token by that part.
+func (s *State) rates(r *trainmeterv1.RunReport, measuredS float64) knownRates {
+	var k knownRates
+	coverage := 1.0
+	if s.HasMeasured && s.MeasuredSpanS > 0 {
+		coverage = max(0, 1-s.UncoveredSpanS/s.MeasuredSpanS)
+		r.EnergyCoverage = ptr(coverage)
+	}
+	switch {
+	case !s.HasMeasured || measuredS <= 0:
+		r.RatesUnavailable = RatesInWarmup
+		return k
+	case measuredS < MinRateS:
+		r.RatesUnavailable = RatesTooShort
+		return k
+	case s.StepsMeasured < MinRateSteps:
+		r.RatesUnavailable = RatesTooFewSteps
+		return k
+	}
+	k.period = true
+	// The tokens of the time with energy: tokens_measured × coverage. The
+	// tokens a rank's tokens_total credits after a restart arrive in a
+	// window after the gap, not in the time they were processed, so which
+	// window holds a token says little there; the share of the time does.
+	// J/token is then avg_power_w / tok_per_s.
+	tokens := float64(s.TokensMeasured) * coverage
+	k.energy = s.MeasuredWindows > 0 && measuredS*coverage >= MinRateS
+	k.tokens = s.TokensMeasured > 0
+	if k.tokens {
+		r.TokPerS = ptr(float64(s.TokensMeasured) / measuredS)
+	}
+	if k.energy {
+		r.AvgPowerW = ptr(s.EnergyMeasured / (measuredS * coverage))
+		if k.tokens && tokens >= 1 {
+			r.JPerToken = ptr(s.EnergyMeasured / tokens)
+		}
+	}
+	switch {
+	case !k.tokens:
+		r.RatesUnavailable = RatesNoTokens
+	case r.JPerToken == nil:
+		r.RatesUnavailable = RatesNoEnergy
+	}
+	return k
 }
 
 // hostEnergy sets the run's CPU, DRAM and node energy: node energy is the
@@ -1016,13 +1116,16 @@ func (s *State) lastAccuracy() (float64, bool) {
 
 // derived fills the per-unit costs, the forecast and the throughput and
 // compute report (docs/costs.md).
-func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64) {
+func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64, k knownRates) {
 	total := r.TotalCostUsd
 	priced := (r.HasCost || r.HasEnergyCost) && total > 0
 	pl := s.Plan
 	r.Samples = s.Samples
 	if s.Tokens > 0 && (r.HasCost || r.HasEnergyCost) {
-		r.UsdPerMtok = total / float64(s.Tokens) * 1e6
+		r.UsdPerMtok = ptr(total / float64(s.Tokens) * 1e6)
+	}
+	if !k.period {
+		measuredS = 0 // no rate after warmup is known
 	}
 	if priced && s.Samples > 0 {
 		r.UsdPerSample = ptr(total / float64(s.Samples))
@@ -1057,7 +1160,7 @@ func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64) {
 		var rate float64
 		switch {
 		case prog.Basis == "tokens":
-			rate = r.TokPerS
+			rate = r.GetTokPerS()
 		case prog.Basis == "steps":
 			rate = stepsPerS
 		case pl.DatasetSize > 0 && measuredS > 0:
@@ -1091,11 +1194,12 @@ func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64) {
 			r.FlopsPerStep = ptr(cost.TrainingFLOPs(params, float64(s.Tokens)/float64(s.Steps)))
 		}
 	}
-	if hasPeak && r.TokPerS > 0 && r.Gpus > 0 {
-		r.Mfu = ptr(cost.TrainingFLOPs(params, r.TokPerS) / (float64(r.Gpus) * peak * 1e12))
+	if hasPeak && r.GetTokPerS() > 0 && r.Gpus > 0 {
+		r.Mfu = ptr(cost.TrainingFLOPs(params, r.GetTokPerS()) / (float64(r.Gpus) * peak * 1e12))
 	}
-	if s.TokensMeasured > 0 && s.HasMeasured {
-		r.JPerPflop = ptr(s.EnergyMeasured / (cost.TrainingFLOPs(params, float64(s.TokensMeasured)) / 1e15))
+	if r.JPerToken != nil {
+		// J per token over FLOPs per token: the same energy coverage.
+		r.JPerPflop = ptr(r.GetJPerToken() / (cost.TrainingFLOPs(params, 1) / 1e15))
 	}
 }
 

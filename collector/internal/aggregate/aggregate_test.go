@@ -166,10 +166,10 @@ func TestReport(t *testing.T) {
 			checkF("energy", r.EnergyJ, w.energy)
 			checkF("energy_total", r.EnergyTotalJ, w.total)
 			checkF("energy_integrated", r.EnergyJIntegrated, w.integ)
-			checkF("avg_power", r.AvgPowerW, w.avgP)
+			checkF("avg_power", r.GetAvgPowerW(), w.avgP)
 			checkF("peak", r.PeakPowerW, w.peak)
-			checkF("tok_per_s", r.TokPerS, w.tokS)
-			checkF("J_per_token", r.JPerToken, w.jpt)
+			checkF("tok_per_s", r.GetTokPerS(), w.tokS)
+			checkF("J_per_token", r.GetJPerToken(), w.jpt)
 			checkF("disagreement", r.EnergyDisagreementPct, w.disagree)
 			checkF("gpu_hours", r.GpuHours, w.gpuHours)
 			checkF("cost", r.CostUsd, w.cost)
@@ -205,8 +205,8 @@ func TestCostEnergyCO2(t *testing.T) {
 	if !r.HasEnergyCost || r.EnergyKwh != 1 || r.EnergyCostUsd != 0.25 {
 		t.Errorf("energy cost = %v %v %v", r.HasEnergyCost, r.EnergyKwh, r.EnergyCostUsd)
 	}
-	if r.UsdPerMtok != 4.25 {
-		t.Errorf("usd_per_mtok = %v, want 4.25", r.UsdPerMtok)
+	if r.GetUsdPerMtok() != 4.25 {
+		t.Errorf("usd_per_mtok = %v, want 4.25", r.GetUsdPerMtok())
 	}
 	if !r.HasCo2 || r.Co2Kg != 0.4 {
 		t.Errorf("co2 = %v %v", r.HasCo2, r.Co2Kg)
@@ -218,8 +218,8 @@ func TestCostEnergyCO2(t *testing.T) {
 	}
 	// No price anywhere: unknown.
 	s.GPUPricePerHour = 0
-	if r := s.Report(Pricing{}); r.HasCost || r.CostUsd != 0 || r.UsdPerMtok != 0 {
-		t.Errorf("no price: %v %v %v", r.HasCost, r.CostUsd, r.UsdPerMtok)
+	if r := s.Report(Pricing{}); r.HasCost || r.CostUsd != 0 || r.UsdPerMtok != nil {
+		t.Errorf("no price: %v %v %v", r.HasCost, r.CostUsd, r.GetUsdPerMtok())
 	}
 }
 
@@ -272,8 +272,8 @@ func TestOrderIndependentAndSerialisable(t *testing.T) {
 		got.EnergyJ, want.EnergyJ = round9(got.EnergyJ), round9(want.EnergyJ)
 		got.EnergyTotalJ, want.EnergyTotalJ = round9(got.EnergyTotalJ), round9(want.EnergyTotalJ)
 		got.EnergyJIntegrated, want.EnergyJIntegrated = round9(got.EnergyJIntegrated), round9(want.EnergyJIntegrated)
-		got.AvgPowerW, want.AvgPowerW = round9(got.AvgPowerW), round9(want.AvgPowerW)
-		got.JPerToken, want.JPerToken = round9(got.JPerToken), round9(want.JPerToken)
+		got.AvgPowerW, want.AvgPowerW = round9p(got.AvgPowerW), round9p(want.AvgPowerW)
+		got.JPerToken, want.JPerToken = round9p(got.JPerToken), round9p(want.JPerToken)
 		got.EnergyDisagreementPct, want.EnergyDisagreementPct = round9(got.EnergyDisagreementPct), round9(want.EnergyDisagreementPct)
 		if !proto.Equal(got, want) {
 			t.Fatalf("trial %d: report differs:\n got %v\nwant %v", trial, got, want)
@@ -282,6 +282,14 @@ func TestOrderIndependentAndSerialisable(t *testing.T) {
 }
 
 func round9(v float64) float64 { return float64(int64(v*1e6+0.5)) / 1e6 }
+
+func round9p(v *float64) *float64 {
+	if v == nil {
+		return nil
+	}
+	r := round9(*v)
+	return &r
+}
 
 func fold2(s *State, e ev) *State {
 	switch {

@@ -218,6 +218,8 @@ func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 		LostReasons:          s.LostReasons,
 		PauseStarts:          s.PauseStarts,
 		PauseEnds:            s.PauseEnds,
+		MeasuredSpanS:        s.MeasuredSpanS,
+		UncoveredSpanS:       s.UncoveredSpanS,
 
 		SharedGpuSeconds: s.SharedGPUSeconds,
 		ShareMethods:     s.ShareMethods,
@@ -336,9 +338,11 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 			Repriced:           a.GetRepriced(), RepricedAt: a.GetRepricedAt(), PreviousCostUSD: a.PreviousCostUsd,
 			PreviousTotalCostUSD: a.PreviousTotalCostUsd, RepriceReason: a.GetRepriceReason(),
 		},
-		LostReasons: a.GetLostReasons(),
-		PauseStarts: a.GetPauseStarts(),
-		PauseEnds:   a.GetPauseEnds(),
+		LostReasons:    a.GetLostReasons(),
+		PauseStarts:    a.GetPauseStarts(),
+		PauseEnds:      a.GetPauseEnds(),
+		MeasuredSpanS:  a.GetMeasuredSpanS(),
+		UncoveredSpanS: a.GetUncoveredSpanS(),
 
 		SharedGPUSeconds: a.GetSharedGpuSeconds(),
 		ShareMethods:     a.GetShareMethods(),

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"google.golang.org/protobuf/proto"
 	"math"
 	"regexp"
 	"strings"
@@ -220,7 +221,7 @@ func checkNumbers(t *testing.T, path string, md protoreflect.MessageDescriptor, 
 
 func TestProtoJSONNumbersNestedAndNonFinite(t *testing.T) {
 	nan := math.NaN()
-	r := &trainmeterv1.RunReport{RunId: "r", TokensProcessed: 1 << 60, AvgPowerW: math.Inf(1), Mfu: &nan,
+	r := &trainmeterv1.RunReport{RunId: "r", TokensProcessed: 1 << 60, AvgPowerW: proto.Float64(math.Inf(1)), Mfu: &nan,
 		Evals: []*trainmeterv1.Eval{{RunId: "r", Epoch: 3, HasEpoch: true}}}
 	b, err := protoJSON(r)
 	if err != nil {

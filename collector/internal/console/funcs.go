@@ -22,6 +22,8 @@ import (
 var funcs = template.FuncMap{
 	"num":        num,
 	"val":        val,
+	"optnum":     optNum,
+	"optval":     optVal,
 	"pct":        func(v float64) string { return num(v*100) + " %" },
 	"signed":     func(v float64) string { return fmt.Sprintf("%+.1f%%", v) },
 	"usd":        func(v float64) string { return "$" + num(v) },
@@ -67,6 +69,22 @@ func num(v float64) string {
 
 // val is v at full precision, as encoding/json writes a float64.
 func val(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+// optNum is num of an optional figure; "-" when it is unknown.
+func optNum(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return num(*v)
+}
+
+// optVal is val of an optional figure; "" when it is unknown.
+func optVal(v *float64) string {
+	if v == nil {
+		return ""
+	}
+	return val(*v)
+}
 
 func pvalue(d *trainmeterv1.CompareDiff) string {
 	if !d.GetHasPValue() {

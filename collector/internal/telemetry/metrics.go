@@ -108,11 +108,15 @@ func (t *Telemetry) registerRuns(m metric.Meter) error {
 			opt := metric.WithAttributeSet(runAttrs(r))
 			o.ObserveInt64(tokens, int64(r.GetTokensProcessed()), opt)
 			o.ObserveFloat64(energy, r.GetEnergyTotalJ(), opt)
-			if r.GetTokensMeasured() > 0 {
+			// A rate the collector does not know (rates_unavailable) is
+			// not observed: no point, never a 0.
+			if r.JPerToken != nil {
 				o.ObserveFloat64(jpt, r.GetJPerToken(), opt)
+			}
+			if r.TokPerS != nil {
 				o.ObserveFloat64(tps, r.GetTokPerS(), opt)
 			}
-			if r.GetEnergyJ() > 0 {
+			if r.AvgPowerW != nil {
 				o.ObserveFloat64(power, r.GetAvgPowerW(), opt)
 			}
 			if r.GetHasCost() || r.GetHasEnergyCost() {

@@ -43,8 +43,8 @@ const (
 )
 
 // Backend is a set of simulated GPUs. It implements gpu.Backend,
-// gpu.LoadSetter (not gpu.ProcessLister: its GPUs run no processes). It
-// is safe for concurrent use.
+// gpu.LoadSetter, gpu.CounterResumer (not gpu.ProcessLister: its GPUs run
+// no processes). It is safe for concurrent use.
 type Backend struct {
 	mu   sync.Mutex
 	devs []gpu.Device
@@ -72,6 +72,10 @@ type simState struct {
 	counterK  int64 // grid index of the exposed value
 	counterJ  float64
 	counterAt time.Time
+
+	// resumeAt is when integJ was read by a previous backend
+	// (ResumeCounter); zero when not resumed.
+	resumeAt time.Time
 }
 
 // counterBaseJ is where the simulated counters start: like a real driver that
@@ -137,6 +141,19 @@ func (b *Backend) SetLoad(index int, load float64) {
 	b.st[index].load = load
 }
 
+// ResumeCounter implements gpu.CounterResumer. Between at and the first
+// Read the board is counted at its idle power: no agent drove its load
+// meanwhile. Once read, a backend's counter is not moved.
+func (b *Backend) ResumeCounter(index int, counterJ float64, at time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if index < 0 || index >= len(b.st) || b.st[index].started || math.IsNaN(counterJ) || math.IsInf(counterJ, 0) || counterJ < 0 {
+		return
+	}
+	b.st[index].integJ = counterJ
+	b.st[index].resumeAt = at
+}
+
 // Close implements gpu.Backend.
 func (b *Backend) Close() error { return nil }
 
@@ -183,6 +200,9 @@ func (s *simState) step(index int, readAt time.Time) gpu.Sample {
 	}
 
 	if !s.started {
+		if !s.resumeAt.IsZero() && now.After(s.resumeAt) {
+			s.integJ += s.idleW * now.Sub(s.resumeAt).Seconds()
+		}
 		s.started = true
 		s.t0 = now
 		s.counterK = 0
@@ -237,4 +257,6 @@ func decay(dt, tau time.Duration) float64 {
 var (
 	_ gpu.Backend    = (*Backend)(nil)
 	_ gpu.LoadSetter = (*Backend)(nil)
+
+	_ gpu.CounterResumer = (*Backend)(nil)
 )

@@ -258,3 +258,33 @@ func TestConcurrentSetLoad(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// A restarted agent builds a new backend; its counter goes on from the
+// value the previous one read (as a real GPU's counter keeps counting
+// while no agent runs), at idle power over the downtime (nothing drove the
+// simulated load meanwhile), so the agent can bridge the downtime.
+func TestCounterKeepsCountingAcrossAgentRestart(t *testing.T) {
+	first := New(2, 7)
+	first.SetLoad(0, 1)
+	reads := run(t, first, 50*time.Millisecond, 41) // 2 s busy on GPU 0
+	last := reads[len(reads)-1]
+
+	second := New(2, 7)
+	var _ gpu.CounterResumer = second
+	for i, s := range last {
+		second.ResumeCounter(i, s.EnergyJ, s.EnergyAt)
+	}
+	down := 5 * time.Second
+	at := last[0].EnergyAt.Add(down)
+	dst := make([]gpu.Sample, 2)
+	if err := second.Read(at, dst); err != nil {
+		t.Fatal(err)
+	}
+	for i := range dst {
+		want := last[i].EnergyJ + second.IdlePowerW(i)*down.Seconds()
+		if dst[i].EnergyJ < last[i].EnergyJ || math.Abs(dst[i].EnergyJ-want) > 1e-6 {
+			t.Errorf("GPU %d: counter after the restart %v J, before %v J: want %v J (idle power over the %v down)",
+				i, dst[i].EnergyJ, last[i].EnergyJ, want, down)
+		}
+	}
+}

@@ -1180,31 +1180,34 @@ func (x *NodeStatus) GetHostEnergyStatus() string {
 
 // RunReport is a run's figures as the CSV contract defines them.
 type RunReport struct {
-	state                 protoimpl.MessageState `protogen:"open.v1"`
-	RunId                 string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Metadata              *RunMetadata           `protobuf:"bytes,2,opt,name=metadata,proto3" json:"metadata,omitempty"`
-	TokensProcessed       uint64                 `protobuf:"varint,3,opt,name=tokens_processed,json=tokensProcessed,proto3" json:"tokens_processed,omitempty"`
-	TokensMeasured        uint64                 `protobuf:"varint,4,opt,name=tokens_measured,json=tokensMeasured,proto3" json:"tokens_measured,omitempty"`
-	WallS                 float64                `protobuf:"fixed64,5,opt,name=wall_s,json=wallS,proto3" json:"wall_s,omitempty"`
-	WarmupS               float64                `protobuf:"fixed64,6,opt,name=warmup_s,json=warmupS,proto3" json:"warmup_s,omitempty"`
-	EnergyJ               float64                `protobuf:"fixed64,7,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
-	EnergyTotalJ          float64                `protobuf:"fixed64,8,opt,name=energy_total_j,json=energyTotalJ,proto3" json:"energy_total_j,omitempty"`
-	EnergyJIntegrated     float64                `protobuf:"fixed64,9,opt,name=energy_j_integrated,json=energyJIntegrated,proto3" json:"energy_j_integrated,omitempty"`
-	EnergyMethod          string                 `protobuf:"bytes,10,opt,name=energy_method,json=energyMethod,proto3" json:"energy_method,omitempty"`
-	AvgPowerW             float64                `protobuf:"fixed64,11,opt,name=avg_power_w,json=avgPowerW,proto3" json:"avg_power_w,omitempty"`
-	PeakPowerW            float64                `protobuf:"fixed64,12,opt,name=peak_power_w,json=peakPowerW,proto3" json:"peak_power_w,omitempty"`
-	TokPerS               float64                `protobuf:"fixed64,13,opt,name=tok_per_s,json=tokPerS,proto3" json:"tok_per_s,omitempty"`
-	JPerToken             float64                `protobuf:"fixed64,14,opt,name=j_per_token,json=jPerToken,proto3" json:"j_per_token,omitempty"`
-	VramPeakMb            float64                `protobuf:"fixed64,15,opt,name=vram_peak_mb,json=vramPeakMb,proto3" json:"vram_peak_mb,omitempty"`
-	VramAvgMb             float64                `protobuf:"fixed64,16,opt,name=vram_avg_mb,json=vramAvgMb,proto3" json:"vram_avg_mb,omitempty"`
-	Gpus                  uint32                 `protobuf:"varint,17,opt,name=gpus,proto3" json:"gpus,omitempty"`
-	Nodes                 uint32                 `protobuf:"varint,18,opt,name=nodes,proto3" json:"nodes,omitempty"`
-	GpuName               string                 `protobuf:"bytes,19,opt,name=gpu_name,json=gpuName,proto3" json:"gpu_name,omitempty"`
-	GpuHours              float64                `protobuf:"fixed64,20,opt,name=gpu_hours,json=gpuHours,proto3" json:"gpu_hours,omitempty"`
-	CostUsd               float64                `protobuf:"fixed64,21,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
-	EnergyKwh             float64                `protobuf:"fixed64,22,opt,name=energy_kwh,json=energyKwh,proto3" json:"energy_kwh,omitempty"`
-	EnergyCostUsd         float64                `protobuf:"fixed64,23,opt,name=energy_cost_usd,json=energyCostUsd,proto3" json:"energy_cost_usd,omitempty"`
-	UsdPerMtok            float64                `protobuf:"fixed64,24,opt,name=usd_per_mtok,json=usdPerMtok,proto3" json:"usd_per_mtok,omitempty"`
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	RunId             string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Metadata          *RunMetadata           `protobuf:"bytes,2,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	TokensProcessed   uint64                 `protobuf:"varint,3,opt,name=tokens_processed,json=tokensProcessed,proto3" json:"tokens_processed,omitempty"`
+	TokensMeasured    uint64                 `protobuf:"varint,4,opt,name=tokens_measured,json=tokensMeasured,proto3" json:"tokens_measured,omitempty"`
+	WallS             float64                `protobuf:"fixed64,5,opt,name=wall_s,json=wallS,proto3" json:"wall_s,omitempty"`
+	WarmupS           float64                `protobuf:"fixed64,6,opt,name=warmup_s,json=warmupS,proto3" json:"warmup_s,omitempty"`
+	EnergyJ           float64                `protobuf:"fixed64,7,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
+	EnergyTotalJ      float64                `protobuf:"fixed64,8,opt,name=energy_total_j,json=energyTotalJ,proto3" json:"energy_total_j,omitempty"`
+	EnergyJIntegrated float64                `protobuf:"fixed64,9,opt,name=energy_j_integrated,json=energyJIntegrated,proto3" json:"energy_j_integrated,omitempty"`
+	EnergyMethod      string                 `protobuf:"bytes,10,opt,name=energy_method,json=energyMethod,proto3" json:"energy_method,omitempty"`
+	// avg_power_w, tok_per_s, j_per_token: after warmup; unset when unknown
+	// (rates_unavailable says why).
+	AvgPowerW     *float64 `protobuf:"fixed64,11,opt,name=avg_power_w,json=avgPowerW,proto3,oneof" json:"avg_power_w,omitempty"`
+	PeakPowerW    float64  `protobuf:"fixed64,12,opt,name=peak_power_w,json=peakPowerW,proto3" json:"peak_power_w,omitempty"`
+	TokPerS       *float64 `protobuf:"fixed64,13,opt,name=tok_per_s,json=tokPerS,proto3,oneof" json:"tok_per_s,omitempty"`
+	JPerToken     *float64 `protobuf:"fixed64,14,opt,name=j_per_token,json=jPerToken,proto3,oneof" json:"j_per_token,omitempty"`
+	VramPeakMb    float64  `protobuf:"fixed64,15,opt,name=vram_peak_mb,json=vramPeakMb,proto3" json:"vram_peak_mb,omitempty"`
+	VramAvgMb     float64  `protobuf:"fixed64,16,opt,name=vram_avg_mb,json=vramAvgMb,proto3" json:"vram_avg_mb,omitempty"`
+	Gpus          uint32   `protobuf:"varint,17,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	Nodes         uint32   `protobuf:"varint,18,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	GpuName       string   `protobuf:"bytes,19,opt,name=gpu_name,json=gpuName,proto3" json:"gpu_name,omitempty"`
+	GpuHours      float64  `protobuf:"fixed64,20,opt,name=gpu_hours,json=gpuHours,proto3" json:"gpu_hours,omitempty"`
+	CostUsd       float64  `protobuf:"fixed64,21,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	EnergyKwh     float64  `protobuf:"fixed64,22,opt,name=energy_kwh,json=energyKwh,proto3" json:"energy_kwh,omitempty"`
+	EnergyCostUsd float64  `protobuf:"fixed64,23,opt,name=energy_cost_usd,json=energyCostUsd,proto3" json:"energy_cost_usd,omitempty"`
+	// Whole run's cost ÷ all tokens; unset without tokens or a price.
+	UsdPerMtok            *float64               `protobuf:"fixed64,24,opt,name=usd_per_mtok,json=usdPerMtok,proto3,oneof" json:"usd_per_mtok,omitempty"`
 	Co2Kg                 float64                `protobuf:"fixed64,25,opt,name=co2_kg,json=co2Kg,proto3" json:"co2_kg,omitempty"`
 	Start                 *timestamppb.Timestamp `protobuf:"bytes,26,opt,name=start,proto3" json:"start,omitempty"`
 	End                   *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=end,proto3" json:"end,omitempty"`
@@ -1366,8 +1369,19 @@ type RunReport struct {
 	PreviousCostUsd      *float64               `protobuf:"fixed64,411,opt,name=previous_cost_usd,json=previousCostUsd,proto3,oneof" json:"previous_cost_usd,omitempty"`
 	PreviousTotalCostUsd *float64               `protobuf:"fixed64,412,opt,name=previous_total_cost_usd,json=previousTotalCostUsd,proto3,oneof" json:"previous_total_cost_usd,omitempty"`
 	RepriceReason        string                 `protobuf:"bytes,413,opt,name=reprice_reason,json=repriceReason,proto3" json:"reprice_reason,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// --- rates after warmup (430-439; docs/measurement.md, "Rates") ---
+	// Why a rate after warmup is unset: "in_warmup" (no measured window),
+	// "too_short" (under 1 s after warmup), "too_few_steps" (under 2 steps
+	// after warmup): every rate unset; "no_tokens": tok_per_s, j_per_token,
+	// mfu, j_per_pflop unset; "no_energy" (under 1 s after warmup with
+	// energy): avg_power_w, j_per_token, j_per_pflop unset. "" when all are set.
+	RatesUnavailable string `protobuf:"bytes,430,opt,name=rates_unavailable,json=ratesUnavailable,proto3" json:"rates_unavailable,omitempty"`
+	// Fraction (0-1) of the after-warmup window-seconds (each node's windows
+	// summed) whose GPU energy was measured; avg_power_w and j_per_token are
+	// taken over that part only. Unset without a measured window.
+	EnergyCoverage *float64 `protobuf:"fixed64,431,opt,name=energy_coverage,json=energyCoverage,proto3,oneof" json:"energy_coverage,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RunReport) Reset() {
@@ -1471,8 +1485,8 @@ func (x *RunReport) GetEnergyMethod() string {
 }
 
 func (x *RunReport) GetAvgPowerW() float64 {
-	if x != nil {
-		return x.AvgPowerW
+	if x != nil && x.AvgPowerW != nil {
+		return *x.AvgPowerW
 	}
 	return 0
 }
@@ -1485,15 +1499,15 @@ func (x *RunReport) GetPeakPowerW() float64 {
 }
 
 func (x *RunReport) GetTokPerS() float64 {
-	if x != nil {
-		return x.TokPerS
+	if x != nil && x.TokPerS != nil {
+		return *x.TokPerS
 	}
 	return 0
 }
 
 func (x *RunReport) GetJPerToken() float64 {
-	if x != nil {
-		return x.JPerToken
+	if x != nil && x.JPerToken != nil {
+		return *x.JPerToken
 	}
 	return 0
 }
@@ -1562,8 +1576,8 @@ func (x *RunReport) GetEnergyCostUsd() float64 {
 }
 
 func (x *RunReport) GetUsdPerMtok() float64 {
-	if x != nil {
-		return x.UsdPerMtok
+	if x != nil && x.UsdPerMtok != nil {
+		return *x.UsdPerMtok
 	}
 	return 0
 }
@@ -2119,6 +2133,20 @@ func (x *RunReport) GetRepriceReason() string {
 		return x.RepriceReason
 	}
 	return ""
+}
+
+func (x *RunReport) GetRatesUnavailable() string {
+	if x != nil {
+		return x.RatesUnavailable
+	}
+	return ""
+}
+
+func (x *RunReport) GetEnergyCoverage() float64 {
+	if x != nil && x.EnergyCoverage != nil {
+		return *x.EnergyCoverage
+	}
+	return 0
 }
 
 // CarbonBand is the part of a run's energy consumed at one carbon
@@ -3646,7 +3674,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
 	"\tconnected\x18\x06 \x01(\bR\tconnected\x12-\n" +
-	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\x8e\"\n" +
+	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\xd2#\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -3658,12 +3686,12 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x0eenergy_total_j\x18\b \x01(\x01R\fenergyTotalJ\x12.\n" +
 	"\x13energy_j_integrated\x18\t \x01(\x01R\x11energyJIntegrated\x12#\n" +
 	"\renergy_method\x18\n" +
-	" \x01(\tR\fenergyMethod\x12\x1e\n" +
-	"\vavg_power_w\x18\v \x01(\x01R\tavgPowerW\x12 \n" +
+	" \x01(\tR\fenergyMethod\x12#\n" +
+	"\vavg_power_w\x18\v \x01(\x01H\x00R\tavgPowerW\x88\x01\x01\x12 \n" +
 	"\fpeak_power_w\x18\f \x01(\x01R\n" +
-	"peakPowerW\x12\x1a\n" +
-	"\ttok_per_s\x18\r \x01(\x01R\atokPerS\x12\x1e\n" +
-	"\vj_per_token\x18\x0e \x01(\x01R\tjPerToken\x12 \n" +
+	"peakPowerW\x12\x1f\n" +
+	"\ttok_per_s\x18\r \x01(\x01H\x01R\atokPerS\x88\x01\x01\x12#\n" +
+	"\vj_per_token\x18\x0e \x01(\x01H\x02R\tjPerToken\x88\x01\x01\x12 \n" +
 	"\fvram_peak_mb\x18\x0f \x01(\x01R\n" +
 	"vramPeakMb\x12\x1e\n" +
 	"\vvram_avg_mb\x18\x10 \x01(\x01R\tvramAvgMb\x12\x12\n" +
@@ -3674,9 +3702,9 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\bcost_usd\x18\x15 \x01(\x01R\acostUsd\x12\x1d\n" +
 	"\n" +
 	"energy_kwh\x18\x16 \x01(\x01R\tenergyKwh\x12&\n" +
-	"\x0fenergy_cost_usd\x18\x17 \x01(\x01R\renergyCostUsd\x12 \n" +
-	"\fusd_per_mtok\x18\x18 \x01(\x01R\n" +
-	"usdPerMtok\x12\x15\n" +
+	"\x0fenergy_cost_usd\x18\x17 \x01(\x01R\renergyCostUsd\x12%\n" +
+	"\fusd_per_mtok\x18\x18 \x01(\x01H\x03R\n" +
+	"usdPerMtok\x88\x01\x01\x12\x15\n" +
 	"\x06co2_kg\x18\x19 \x01(\x01R\x05co2Kg\x120\n" +
 	"\x05start\x18\x1a \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
 	"\x03end\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\x14\n" +
@@ -3712,26 +3740,26 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x0fenergy_included\x186 \x01(\bR\x0eenergyIncluded\x12@\n" +
 	"\fenergy_bands\x187 \x03(\v2\x1d.trainmeter.v1.EnergyBandCostR\venergyBands\x12\x18\n" +
 	"\asamples\x188 \x01(\x04R\asamples\x12)\n" +
-	"\x0eusd_per_sample\x189 \x01(\x01H\x00R\fusdPerSample\x88\x01\x01\x12$\n" +
-	"\vepochs_done\x18: \x01(\x01H\x01R\n" +
+	"\x0eusd_per_sample\x189 \x01(\x01H\x04R\fusdPerSample\x88\x01\x01\x12$\n" +
+	"\vepochs_done\x18: \x01(\x01H\x05R\n" +
 	"epochsDone\x88\x01\x01\x12'\n" +
-	"\rusd_per_epoch\x18; \x01(\x01H\x02R\vusdPerEpoch\x88\x01\x01\x12,\n" +
-	"\x0faccuracy_points\x18< \x01(\x01H\x03R\x0eaccuracyPoints\x88\x01\x01\x128\n" +
-	"\x16usd_per_accuracy_point\x18= \x01(\x01H\x04R\x13usdPerAccuracyPoint\x88\x01\x01\x12.\n" +
-	"\x10efficiency_score\x18> \x01(\x01H\x05R\x0fefficiencyScore\x88\x01\x01\x12)\n" +
+	"\rusd_per_epoch\x18; \x01(\x01H\x06R\vusdPerEpoch\x88\x01\x01\x12,\n" +
+	"\x0faccuracy_points\x18< \x01(\x01H\aR\x0eaccuracyPoints\x88\x01\x01\x128\n" +
+	"\x16usd_per_accuracy_point\x18= \x01(\x01H\bR\x13usdPerAccuracyPoint\x88\x01\x01\x12.\n" +
+	"\x10efficiency_score\x18> \x01(\x01H\tR\x0fefficiencyScore\x88\x01\x01\x12)\n" +
 	"\x10projection_basis\x18? \x01(\tR\x0fprojectionBasis\x12\x1f\n" +
-	"\bprogress\x18@ \x01(\x01H\x06R\bprogress\x88\x01\x01\x12#\n" +
-	"\vsteps_per_s\x18A \x01(\x01H\aR\tstepsPerS\x88\x01\x01\x12\x1c\n" +
-	"\aepoch_s\x18B \x01(\x01H\bR\x06epochS\x88\x01\x01\x12#\n" +
-	"\vest_total_s\x18C \x01(\x01H\tR\testTotalS\x88\x01\x01\x12)\n" +
-	"\x0eflops_per_step\x18D \x01(\x01H\n" +
-	"R\fflopsPerStep\x88\x01\x01\x12$\n" +
-	"\vflops_total\x18E \x01(\x01H\vR\n" +
+	"\bprogress\x18@ \x01(\x01H\n" +
+	"R\bprogress\x88\x01\x01\x12#\n" +
+	"\vsteps_per_s\x18A \x01(\x01H\vR\tstepsPerS\x88\x01\x01\x12\x1c\n" +
+	"\aepoch_s\x18B \x01(\x01H\fR\x06epochS\x88\x01\x01\x12#\n" +
+	"\vest_total_s\x18C \x01(\x01H\rR\testTotalS\x88\x01\x01\x12)\n" +
+	"\x0eflops_per_step\x18D \x01(\x01H\x0eR\fflopsPerStep\x88\x01\x01\x12$\n" +
+	"\vflops_total\x18E \x01(\x01H\x0fR\n" +
 	"flopsTotal\x88\x01\x01\x12$\n" +
-	"\vpeak_tflops\x18F \x01(\x01H\fR\n" +
+	"\vpeak_tflops\x18F \x01(\x01H\x10R\n" +
 	"peakTflops\x88\x01\x01\x12\x15\n" +
-	"\x03mfu\x18G \x01(\x01H\rR\x03mfu\x88\x01\x01\x12#\n" +
-	"\vj_per_pflop\x18H \x01(\x01H\x0eR\tjPerPflop\x88\x01\x01\x12(\n" +
+	"\x03mfu\x18G \x01(\x01H\x11R\x03mfu\x88\x01\x01\x12#\n" +
+	"\vj_per_pflop\x18H \x01(\x01H\x12R\tjPerPflop\x88\x01\x01\x12(\n" +
 	"\x10gpu_share_method\x18L \x01(\tR\x0egpuShareMethod\x12 \n" +
 	"\fshared_gpu_s\x18M \x01(\x01R\n" +
 	"sharedGpuS\x12(\n" +
@@ -3747,15 +3775,15 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x12peak_power_total_w\x18\xad\x02 \x01(\x01R\x0fpeakPowerTotalW\x12\"\n" +
 	"\fprice_source\x18\xc8\x01 \x01(\tR\vpriceSource\x12\x11\n" +
 	"\x03pue\x18\xc9\x01 \x01(\x01R\x03pue\x12&\n" +
-	"\fmax_cost_usd\x18\xca\x01 \x01(\x01H\x0fR\n" +
+	"\fmax_cost_usd\x18\xca\x01 \x01(\x01H\x13R\n" +
 	"maxCostUsd\x88\x01\x01\x127\n" +
 	"\bestimate\x18\xcb\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\x12&\n" +
 	"\x0eestimate_error\x18\xcc\x01 \x01(\tR\restimateError\x129\n" +
-	"\x16energy_uncertainty_pct\x18Z \x01(\x01H\x10R\x14energyUncertaintyPct\x88\x01\x01\x12&\n" +
-	"\fcpu_energy_j\x18\x8a\x05 \x01(\x01H\x11R\n" +
+	"\x16energy_uncertainty_pct\x18Z \x01(\x01H\x14R\x14energyUncertaintyPct\x88\x01\x01\x12&\n" +
+	"\fcpu_energy_j\x18\x8a\x05 \x01(\x01H\x15R\n" +
 	"cpuEnergyJ\x88\x01\x01\x12(\n" +
-	"\rdram_energy_j\x18\x8b\x05 \x01(\x01H\x12R\vdramEnergyJ\x88\x01\x01\x12(\n" +
-	"\rnode_energy_j\x18\x8c\x05 \x01(\x01H\x13R\vnodeEnergyJ\x88\x01\x01\x12+\n" +
+	"\rdram_energy_j\x18\x8b\x05 \x01(\x01H\x16R\vdramEnergyJ\x88\x01\x01\x12(\n" +
+	"\rnode_energy_j\x18\x8c\x05 \x01(\x01H\x17R\vnodeEnergyJ\x88\x01\x01\x12+\n" +
 	"\x11host_energy_split\x18\x8d\x05 \x01(\tR\x0fhostEnergySplit\x127\n" +
 	"\tco2_bands\x18\xd2\x06 \x03(\v2\x19.trainmeter.v1.CarbonBandR\bco2Bands\x12(\n" +
 	"\x10co2_gco2_per_kwh\x18\xd3\x06 \x01(\x01R\rco2Gco2PerKwh\x12\x1e\n" +
@@ -3767,12 +3795,19 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x12<\n" +
 	"\vrepriced_at\x18\x9a\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"repricedAt\x120\n" +
-	"\x11previous_cost_usd\x18\x9b\x03 \x01(\x01H\x14R\x0fpreviousCostUsd\x88\x01\x01\x12;\n" +
-	"\x17previous_total_cost_usd\x18\x9c\x03 \x01(\x01H\x15R\x14previousTotalCostUsd\x88\x01\x01\x12&\n" +
-	"\x0ereprice_reason\x18\x9d\x03 \x01(\tR\rrepriceReason\x1a9\n" +
+	"\x11previous_cost_usd\x18\x9b\x03 \x01(\x01H\x18R\x0fpreviousCostUsd\x88\x01\x01\x12;\n" +
+	"\x17previous_total_cost_usd\x18\x9c\x03 \x01(\x01H\x19R\x14previousTotalCostUsd\x88\x01\x01\x12&\n" +
+	"\x0ereprice_reason\x18\x9d\x03 \x01(\tR\rrepriceReason\x12,\n" +
+	"\x11rates_unavailable\x18\xae\x03 \x01(\tR\x10ratesUnavailable\x12-\n" +
+	"\x0fenergy_coverage\x18\xaf\x03 \x01(\x01H\x1aR\x0eenergyCoverage\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x0e\n" +
+	"\f_avg_power_wB\f\n" +
+	"\n" +
+	"_tok_per_sB\x0e\n" +
+	"\f_j_per_tokenB\x0f\n" +
+	"\r_usd_per_mtokB\x11\n" +
 	"\x0f_usd_per_sampleB\x0e\n" +
 	"\f_epochs_doneB\x10\n" +
 	"\x0e_usd_per_epochB\x12\n" +
@@ -3795,7 +3830,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x0e_dram_energy_jB\x10\n" +
 	"\x0e_node_energy_jB\x14\n" +
 	"\x12_previous_cost_usdB\x1a\n" +
-	"\x18_previous_total_cost_usd\"\x83\x01\n" +
+	"\x18_previous_total_cost_usdB\x12\n" +
+	"\x10_energy_coverage\"\x83\x01\n" +
 	"\n" +
 	"CarbonBand\x12\x12\n" +
 	"\x04zone\x18\x01 \x01(\tR\x04zone\x12\x16\n" +

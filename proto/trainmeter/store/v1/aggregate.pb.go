@@ -133,8 +133,14 @@ type Aggregate struct {
 	PreviousCostUsd      *float64 `protobuf:"fixed64,423,opt,name=previous_cost_usd,json=previousCostUsd,proto3,oneof" json:"previous_cost_usd,omitempty"`
 	PreviousTotalCostUsd *float64 `protobuf:"fixed64,424,opt,name=previous_total_cost_usd,json=previousTotalCostUsd,proto3,oneof" json:"previous_total_cost_usd,omitempty"`
 	RepriceReason        string   `protobuf:"bytes,425,opt,name=reprice_reason,json=repriceReason,proto3" json:"reprice_reason,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// --- energy coverage after warmup (rates; 430-439) ---
+	// Over measured windows: their seconds (each node's windows summed) and
+	// the part of those seconds without energy (a window without a counter:
+	// its gap_s share).
+	MeasuredSpanS  float64 `protobuf:"fixed64,430,opt,name=measured_span_s,json=measuredSpanS,proto3" json:"measured_span_s,omitempty"`
+	UncoveredSpanS float64 `protobuf:"fixed64,431,opt,name=uncovered_span_s,json=uncoveredSpanS,proto3" json:"uncovered_span_s,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -762,6 +768,20 @@ func (x *Aggregate) GetRepriceReason() string {
 	return ""
 }
 
+func (x *Aggregate) GetMeasuredSpanS() float64 {
+	if x != nil {
+		return x.MeasuredSpanS
+	}
+	return 0
+}
+
+func (x *Aggregate) GetUncoveredSpanS() float64 {
+	if x != nil {
+		return x.UncoveredSpanS
+	}
+	return 0
+}
+
 type Metadata struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -1338,7 +1358,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\x88\x1e\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xdc\x1e\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1445,7 +1465,9 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"repricedAt\x120\n" +
 	"\x11previous_cost_usd\x18\xa7\x03 \x01(\x01H\x00R\x0fpreviousCostUsd\x88\x01\x01\x12;\n" +
 	"\x17previous_total_cost_usd\x18\xa8\x03 \x01(\x01H\x01R\x14previousTotalCostUsd\x88\x01\x01\x12&\n" +
-	"\x0ereprice_reason\x18\xa9\x03 \x01(\tR\rrepriceReason\x1aS\n" +
+	"\x0ereprice_reason\x18\xa9\x03 \x01(\tR\rrepriceReason\x12'\n" +
+	"\x0fmeasured_span_s\x18\xae\x03 \x01(\x01R\rmeasuredSpanS\x12)\n" +
+	"\x10uncovered_span_s\x18\xaf\x03 \x01(\x01R\x0euncoveredSpanS\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
