@@ -76,6 +76,9 @@ var header = []string{
 	// the runs' host energy (CPU+DRAM) in batches dropped on an agent, next
 	// to lost_energy_J (GPUs); last, so the columns before keep their places
 	"lost_host_energy_J",
+	// the cause of a failed end, as the trainer gave it (docs/measurement.md,
+	// "End status")
+	"end_error",
 }
 
 // Header returns the CSV header row.
@@ -321,6 +324,8 @@ func Row(r *RunReport) []string {
 		r.GetCarbonZone(),
 
 		fIf(r.CpuEnergyJ != nil || r.GetLostHostEnergyJ() > 0, r.GetLostHostEnergyJ()),
+
+		r.GetEndError(),
 	}
 }
 
@@ -614,6 +619,10 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 	if st := r.GetEndStatus(); st != "" && st != "ended" && r.GetEnded() {
 		fmt.Fprintf(&b, "run %s (ended: %s)\n", r.GetRunId(), r.GetEndStatus())
+		if cause := r.GetEndError(); cause != "" {
+			// Quoted: a newline or a terminal escape in it stays visible text.
+			line("cause", "%s", strconv.Quote(cause))
+		}
 	} else {
 		fmt.Fprintf(&b, "run %s (%s)\n", r.GetRunId(), Status(r))
 	}
