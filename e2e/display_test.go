@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -150,21 +151,24 @@ func TestRunShorterThanTheWarmupShowsItsPower(t *testing.T) {
 	if got, _ := strconv.ParseFloat(m[1], 64); math.Abs(got-total) > 0.051 || math.Abs(total-measured) < 0.1 {
 		t.Errorf("runs ENERGY kJ %v, want the whole run's %.3f (after warmup: %.3f)", got, total, measured)
 	}
-	// A run of a fraction of a cent: its cost lines add up as printed (they
-	// showed gpu $0.01 + energy $0.0005 = total $0.0122).
+	// A run of a fraction of a cent: each cost line is its own figure
+	// rounded (they were back-solved to fit the total), and the total says
+	// "rounded" when the lines shown do not add up to it.
 	rep := c.cli("report", "sim3")
-	var cents [3]int64
-	var decimals [3]int
-	for i, label := range []string{"gpu cost", "energy cost", "total"} {
-		m := regexp.MustCompile(`(?m)^\s+` + label + `:\s+\$(\d+)\.(\d+)\s`).FindStringSubmatch(rep)
+	var shown [3]string
+	for i, col := range []string{"cost_usd", "energy_cost_usd", "total_cost_usd"} {
+		label := []string{"gpu cost", "energy cost", "total"}[i]
+		m := regexp.MustCompile(`(?m)^\s+` + label + `:\s+(\$\d+\.\d+)(\s|$)`).FindStringSubmatch(rep)
 		if m == nil {
 			t.Fatalf("no plain dollar amount on the %q line:\n%s", label, rep)
 		}
-		cents[i], _ = strconv.ParseInt(m[1]+m[2], 10, 64)
-		decimals[i] = len(m[2])
+		shown[i] = m[1]
+		if want := money.Amount(num(t, row, col)); shown[i] != want {
+			t.Errorf("%s %s, want %s = %s rounded on its own:\n%s", label, shown[i], col, want, rep)
+		}
 	}
-	if cents[0]+cents[1] != cents[2] || decimals[0] != decimals[2] || decimals[1] != decimals[2] || cents[2] == 0 {
-		t.Errorf("gpu cost + energy cost != total as printed:\n%s", rep)
+	if rounded := strings.Contains(rep, "total:             "+shown[2]+" (rounded)"); rounded == money.AddsUp(shown[2], shown[0], shown[1]) {
+		t.Errorf("%s + %s vs total %s: rounded note %v:\n%s", shown[0], shown[1], shown[2], rounded, rep)
 	}
 
 	sum := c.cli("summary")

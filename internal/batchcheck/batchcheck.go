@@ -20,6 +20,9 @@ import (
 const (
 	MaxIDBytes       = 256
 	MaxMetadataBytes = 4096
+	// MaxEndErrorBytes bounds RunEnd.end_error, the cause of a failed end
+	// (the agent cuts a trainer's longer one at a character boundary).
+	MaxEndErrorBytes = 1024
 	// MaxPhys caps every physical figure (J, W, MiB, %, s) in a batch, so no
 	// sum the collector folds can overflow to ±Inf (which JSON cannot store).
 	MaxPhys = 1e12
@@ -49,6 +52,18 @@ func ID(what, s string) error {
 func Text(what, s string) error {
 	if len(s) > MaxMetadataBytes {
 		return fmt.Errorf("%s is %d bytes, more than %d", what, len(s), MaxMetadataBytes)
+	}
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%s is not valid UTF-8", what)
+	}
+	return nil
+}
+
+// EndError checks a run's end cause: at most MaxEndErrorBytes of valid
+// UTF-8.
+func EndError(what, s string) error {
+	if len(s) > MaxEndErrorBytes {
+		return fmt.Errorf("%s is %d bytes, more than %d", what, len(s), MaxEndErrorBytes)
 	}
 	if !utf8.ValidString(s) {
 		return fmt.Errorf("%s is not valid UTF-8", what)

@@ -5,22 +5,29 @@
 //
 // Amounts show at least 3 significant digits of the largest amount shown
 // with them (at least cents, at most 9 decimals), so a $0.0049 run is not
-// "$0.00"; amounts shown together share their decimals; parts are rounded
-// so that they add up to the total on screen; nothing is ever written with
+// "$0.00"; amounts compared side by side share their decimals (USDs). The
+// lines of a bill (a report's GPU cost, energy cost, bands and total) are
+// each rounded on their own to two significant digits, at least cents
+// (Amount), never back-solved to fit a total; a total its shown lines do
+// not add up to is marked "rounded" (AddsUp). Nothing is ever written with
 // an exponent. Unit prices ($ per GPU-hour, per Mtok, per sample) are rates,
 // not amounts: 4 significant digits (Rate).
 package money
 
 import (
 	"math"
-	"sort"
+	"math/big"
 	"strconv"
+	"strings"
 )
 
 const (
 	minDecimals = 2 // cents
 	maxDecimals = 9
 	sigDigits   = 3
+	// amountDigits: the significant digits of an amount rounded on its own
+	// (Amount).
+	amountDigits = 2
 )
 
 // Decimals returns the decimals that show the largest |v| of vs with at
@@ -72,51 +79,56 @@ func USDs(vs ...float64) []string {
 	return out
 }
 
-// Split writes a total and the parts that sum to it with the same
-// decimals, rounding the parts so that they add up to the total as shown
-// (largest remainder): each part is within one unit of its last digit, the
-// total is rounded as it is. With a negative part each is rounded alone.
-func Split(total float64, parts ...float64) (string, []string) {
-	return SplitDecimals(Decimals(append([]float64{total}, parts...)...), total, parts...)
+// AmountDecimals is the decimals that show |v|'s first two significant
+// digits, at least cents and at most 9: 3 for $0.09563, 5 for $0.00047, 2
+// for $12.345.
+func AmountDecimals(v float64) int {
+	if v == 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return minDecimals
+	}
+	d := amountDigits - 1 - int(math.Floor(math.Log10(math.Abs(v))))
+	return min(maxDecimals, max(minDecimals, d))
 }
 
-// SplitDecimals is Split with the decimals given: for a part that is itself
-// split further below (a tariff's bands), in the decimals of its block.
-func SplitDecimals(d int, total float64, parts ...float64) (string, []string) {
-	out := make([]string, len(parts))
-	scale := math.Pow10(d)
-	units := make([]float64, len(parts))
-	var sum float64
-	negative := total < 0
-	for i, p := range parts {
-		if p < 0 || math.IsNaN(p) || math.IsInf(p, 0) {
-			negative = true
+// Amount writes one amount of a list whose lines are each rounded on their
+// own, never to fit a sum: "$0.096", "$0.00047", "$12.35". Where the
+// amounts shown do not add up to the total shown, the total says so
+// (AddsUp).
+func Amount(v float64) string { return Fixed(v, AmountDecimals(v)) }
+
+// AddsUp reports whether the amounts parts, as Fixed writes them, add up
+// exactly to total as written; false when any is not a plain amount ("-").
+func AddsUp(total string, parts ...string) bool {
+	want, ok := parse(total)
+	if !ok {
+		return false
+	}
+	sum := new(big.Rat)
+	for _, p := range parts {
+		v, ok := parse(p)
+		if !ok {
+			return false
 		}
-		units[i] = math.Floor(p * scale)
-		sum += units[i]
+		sum.Add(sum, v)
 	}
-	if negative {
-		for i, p := range parts {
-			out[i] = Fixed(p, d)
-		}
-		return Fixed(total, d), out
+	return sum.Cmp(want) == 0
+}
+
+// parse reads an amount Fixed wrote ("$0.096", "-$1.50") exactly.
+func parse(s string) (*big.Rat, bool) {
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	if !strings.HasPrefix(s, "$") {
+		return nil, false
 	}
-	left := int(math.Round(total*scale) - sum)
-	order := make([]int, len(parts))
-	for i := range order {
-		order[i] = i
+	v, ok := new(big.Rat).SetString(s[1:])
+	if !ok {
+		return nil, false
 	}
-	sort.SliceStable(order, func(a, b int) bool {
-		ra, rb := parts[order[a]]*scale-units[order[a]], parts[order[b]]*scale-units[order[b]]
-		return ra > rb
-	})
-	for k := 0; k < left && k < len(order); k++ {
-		units[order[k]]++
+	if neg {
+		v.Neg(v)
 	}
-	for i := range parts {
-		out[i] = Fixed(units[i]/scale, d)
-	}
-	return Fixed(total, d), out
+	return v, true
 }
 
 // Rate writes a unit price with 4 significant digits and no exponent:

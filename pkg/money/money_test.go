@@ -1,12 +1,6 @@
 package money
 
-import (
-	"math"
-	"math/rand/v2"
-	"strconv"
-	"strings"
-	"testing"
-)
+import "testing"
 
 func TestUSDShowsSmallAmounts(t *testing.T) {
 	for _, tc := range []struct {
@@ -47,44 +41,43 @@ func TestUSDsShareDecimals(t *testing.T) {
 	}
 }
 
-func dollars(t *testing.T, s string) (int64, int) {
-	t.Helper()
-	s = strings.TrimPrefix(s, "$")
-	dec := len(s) - strings.IndexByte(s, '.') - 1
-	n, err := strconv.ParseInt(strings.Replace(s, ".", "", 1), 10, 64)
-	if err != nil {
-		t.Fatalf("%q: %v", s, err)
+// TestAmountShowsTwoSignificantDigits: each amount is rounded on its own,
+// to its first two significant digits and at least cents.
+func TestAmountShowsTwoSignificantDigits(t *testing.T) {
+	for _, tc := range []struct {
+		v    float64
+		want string
+	}{
+		{0, "$0.00"},
+		{0.09563, "$0.096"},
+		{0.00047, "$0.00047"},
+		{0.0004999, "$0.00050"},
+		{12.345678, "$12.35"},
+		{0.5, "$0.50"},
+		{1234.5, "$1234.50"},
+		{-0.0123, "-$0.012"},
+		{1e-12, "$0.000000000"},
+	} {
+		if got := Amount(tc.v); got != tc.want {
+			t.Errorf("Amount(%v) = %q, want %q", tc.v, got, tc.want)
+		}
 	}
-	return n, dec
 }
 
-// TestSplitPartsAddUpToTheTotalAsShown: the issue's $0.01 + $0.0005 =
-// $0.0122, and random splits.
-func TestSplitPartsAddUpToTheTotalAsShown(t *testing.T) {
-	total, parts := Split(0.01174+0.00054, 0.01174, 0.00054)
-	if total != "$0.0123" || parts[0] != "$0.0118" || parts[1] != "$0.0005" {
-		t.Errorf("Split = %s %v, want $0.0123 [$0.0118 $0.0005]", total, parts)
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	for range 10000 {
-		ps := make([]float64, 1+rng.IntN(4))
-		sum := 0.0
-		for i := range ps {
-			ps[i] = math.Pow(10, rng.Float64()*8-5)
-			sum += ps[i]
-		}
-		ts, shown := Split(sum, ps...)
-		want, d := dollars(t, ts)
-		var got int64
-		for _, s := range shown {
-			n, pd := dollars(t, s)
-			if pd != d {
-				t.Fatalf("%s and %s: different decimals", ts, s)
-			}
-			got += n
-		}
-		if got != want {
-			t.Fatalf("parts %v of %v shown as %v sum to %d, total shown %s", ps, sum, shown, got, ts)
+func TestAddsUpComparesTheShownAmounts(t *testing.T) {
+	for _, tc := range []struct {
+		total string
+		parts []string
+		want  bool
+	}{
+		{"$1.07", []string{"$1.05", "$0.020"}, true},
+		{"$0.096", []string{"$0.096", "$0.00047"}, false},
+		{"$0.10", []string{"$0.096", "$0.0040"}, true},
+		{"-$0.010", []string{"$0.010", "-$0.020"}, true},
+		{"-", []string{"$0.010"}, false},
+	} {
+		if got := AddsUp(tc.total, tc.parts...); got != tc.want {
+			t.Errorf("AddsUp(%s, %v) = %v, want %v", tc.total, tc.parts, got, tc.want)
 		}
 	}
 }

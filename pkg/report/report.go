@@ -81,6 +81,9 @@ var header = []string{
 	// why a rate after warmup is empty, and the share of the time after
 	// warmup with energy (docs/measurement.md, "Rates after warmup")
 	"rates_unavailable", "energy_coverage",
+	// the cause of a failed end, as the trainer gave it (docs/measurement.md,
+	// "End status")
+	"end_error",
 }
 
 // Header returns the CSV header row.
@@ -338,6 +341,7 @@ func Row(r *RunReport) []string {
 		r.GetRepriceReason(),
 		r.GetRatesUnavailable(),
 		opt(r.EnergyCoverage, F),
+		r.GetEndError(),
 	}
 }
 
@@ -573,28 +577,30 @@ func optDur(v *float64) string {
 	return Duration(*v)
 }
 
-// writeCost writes the report's cost lines: the whole run, money in one
-// format (pkg/money) whose parts add up to the total as printed.
+// writeCost writes the report's cost lines: the whole run, each line its
+// own value rounded (money.Amount), never fitted to the total; a sum its
+// shown lines do not add up to says "(rounded)" (docs/costs.md, "How money
+// is shown").
 func writeCost(b *strings.Builder, line func(label, format string, args ...any), r *RunReport, k known) {
 	b.WriteString("cost (whole run)\n")
 	line("gpu hours", "%.4g", r.GetGpuHours())
 	priced := r.GetHasCost() || r.GetHasEnergyCost()
-	// The GPU part is what the total holds of it: the GPU cost times the
+	// The GPU line is what the total holds of it: the GPU cost times the
 	// priority multiplier.
 	energyPart := 0.0
 	if r.GetHasEnergyCost() && !r.GetEnergyIncluded() {
 		energyPart = r.GetEnergyCostUsd()
 	}
-	gpuPart := r.GetTotalCostUsd() - energyPart
-	d := money.Decimals(r.GetTotalCostUsd(), gpuPart, energyPart)
-	total, parts := money.SplitDecimals(d, r.GetTotalCostUsd(), gpuPart, energyPart)
+	var shown []string // the amounts on the lines the total sums
 	mult := r.GetPriorityMultiplier()
 	if r.GetHasCost() {
+		gpu := money.Amount(r.GetTotalCostUsd() - energyPart)
+		shown = append(shown, gpu)
 		at := "at " + money.Rate(r.GetGpuPricePerHour()) + "/GPU-hour"
 		if mult != 1 && mult != 0 {
 			at = fmt.Sprintf("%s × %.4g priority", at, mult)
 		}
-		line("gpu cost", "%s %s", parts[0], at)
+		line("gpu cost", "%s %s", gpu, at)
 	} else {
 		line("gpu cost", "%s", "- (no GPU price)")
 	}
@@ -608,21 +614,22 @@ func writeCost(b *strings.Builder, line func(label, format string, args ...any),
 	case r.GetEnergyIncluded():
 		line("energy cost", "%s", "included in the GPU price")
 	case r.GetHasEnergyCost():
-		line("energy cost", "%s", parts[1])
-		if bands := r.GetEnergyBands(); len(bands) > 0 {
-			amounts := make([]float64, len(bands))
-			for i, eb := range bands {
-				amounts[i] = eb.GetCostUsd()
-			}
-			_, shown := money.SplitDecimals(d, energyPart, amounts...)
-			for i, eb := range bands {
-				line("  band "+eb.GetBand(), "%.6g kWh at %s/kWh = %s", eb.GetKwh(), money.Rate(eb.GetUsdPerKwh()), shown[i])
-			}
+		energy := money.Amount(energyPart)
+		shown = append(shown, energy)
+		bands := r.GetEnergyBands()
+		bandShown := make([]string, len(bands))
+		for i, eb := range bands {
+			bandShown[i] = money.Amount(eb.GetCostUsd())
+		}
+		line("energy cost", "%s%s", energy, roundedNote(len(bands) > 0, energy, bandShown))
+		for i, eb := range bands {
+			line("  band "+eb.GetBand(), "%.6g kWh at %s/kWh = %s", eb.GetKwh(), money.Rate(eb.GetUsdPerKwh()), bandShown[i])
 		}
 	default:
 		line("energy cost", "%s", "- (no energy price)")
 	}
-	line("total", "%s", dashS(priced, total))
+	total := money.Amount(r.GetTotalCostUsd())
+	line("total", "%s", dashS(priced, total+roundedNote(true, total, shown)))
 	writeReprice(line, r)
 	writePlan(line, r)
 	if !r.GetEnded() && r.GetProjectionBasis() != "" {
@@ -644,6 +651,15 @@ func writeCost(b *strings.Builder, line func(label, format string, args ...any),
 	}
 }
 
+// roundedNote is " (rounded)" where the amounts shown as parts do not add
+// up to the total shown, "" otherwise or when there are no parts to sum.
+func roundedNote(hasParts bool, total string, parts []string) string {
+	if !hasParts || money.AddsUp(total, parts...) {
+		return ""
+	}
+	return " (rounded)"
+}
+
 // WriteReport writes a readable multi-line report of one run.
 func WriteReport(w io.Writer, r *RunReport) error {
 	k := knownOf(r)
@@ -657,6 +673,10 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 	if st := r.GetEndStatus(); st != "" && st != "ended" && r.GetEnded() {
 		fmt.Fprintf(&b, "run %s (ended: %s)\n", r.GetRunId(), r.GetEndStatus())
+		if cause := r.GetEndError(); cause != "" {
+			// Quoted: a newline or a terminal escape in it stays visible text.
+			line("cause", "%s", strconv.Quote(cause))
+		}
 	} else {
 		fmt.Fprintf(&b, "run %s (%s)\n", r.GetRunId(), Status(r))
 	}

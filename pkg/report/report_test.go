@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -277,10 +278,11 @@ func costLine(t *testing.T, report, label string) (int64, int) {
 	return 0, 0
 }
 
-// TestReportCostPartsAddUpToTheTotalAsPrinted: the issue's "gpu cost: $0.01
-// + energy cost: $0.0005 = total: $0.0122", and costs over six orders of
-// magnitude, with and without a priority multiplier.
-func TestReportCostPartsAddUpToTheTotalAsPrinted(t *testing.T) {
+// TestReportCostLinesAreTheirOwnValues: over costs of six orders of
+// magnitude, with and without a priority multiplier, each cost line is its
+// own value rounded (money.Amount) and the total says "rounded" exactly
+// when the lines shown do not add up to it.
+func TestReportCostLinesAreTheirOwnValues(t *testing.T) {
 	for _, gpuHours := range []float64{0.00001, 0.0055, 0.02, 0.7, 3, 41, 1234} {
 		for _, mult := range []float64{1, 1.5} {
 			r := fullRun()
@@ -294,14 +296,15 @@ func TestReportCostPartsAddUpToTheTotalAsPrinted(t *testing.T) {
 			if err := WriteReport(&b, r); err != nil {
 				t.Fatal(err)
 			}
-			gpu, d1 := costLine(t, b.String(), "gpu cost")
-			energy, d2 := costLine(t, b.String(), "energy cost")
-			total, d3 := costLine(t, b.String(), "total")
-			if d1 != d2 || d2 != d3 || gpu+energy != total {
-				t.Errorf("%v GPU-hours ×%v: gpu %d + energy %d != total %d (decimals %d %d %d) in\n%s", gpuHours, mult, gpu, energy, total, d1, d2, d3, b.String())
+			gpu := strings.Fields(moneyLine(t, b.String(), "gpu cost"))[0]
+			energy := strings.Fields(moneyLine(t, b.String(), "energy cost"))[0]
+			total := moneyLine(t, b.String(), "total")
+			shown := strings.Fields(total)[0]
+			if gpu != money.Amount(r.CostUsd*mult) || energy != money.Amount(r.EnergyCostUsd) || shown != money.Amount(r.TotalCostUsd) {
+				t.Errorf("%v GPU-hours ×%v: gpu %s energy %s total %s, want each its own value rounded in\n%s", gpuHours, mult, gpu, energy, shown, b.String())
 			}
-			if total == 0 {
-				t.Errorf("%v GPU-hours: total $%.9f printed as 0", gpuHours, r.TotalCostUsd)
+			if rounded := strings.Contains(total, "(rounded)"); rounded == money.AddsUp(shown, gpu, energy) {
+				t.Errorf("%v GPU-hours ×%v: %s + %s vs total %q: rounded note %v", gpuHours, mult, gpu, energy, total, rounded)
 			}
 		}
 	}

@@ -60,6 +60,9 @@ type RunEnd struct {
 	Event  string `json:"event"` // EventRunEnd
 	RunID  string `json:"run_id"`
 	Status string `json:"status"`
+	// Error is the cause of a failed end (an exception, "Type: message");
+	// the agent keeps at most 1024 bytes of it.
+	Error string `json:"error,omitempty"`
 }
 
 // ErrorLine is the agent's error line.

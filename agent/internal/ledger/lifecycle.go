@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 )
 
 // Run lifecycle: how a run ended, and what a run_start for an ended run
@@ -86,6 +88,29 @@ func (r *run) finalStatus() string {
 		}
 	}
 	return st
+}
+
+// endCause is the cause of a rank's failed end: run_end's error; else a
+// free-text status that was mapped to "error" ("RuntimeError", "it
+// broke"), which names the cause itself.
+func endCause(ev *trainerproto.RunEnd) string {
+	if ev.Error != "" {
+		return ev.Error
+	}
+	if s := strings.TrimSpace(ev.Status); normalizeStatus(s) == StatusError && !strings.EqualFold(s, StatusError) {
+		return s
+	}
+	return ""
+}
+
+// endError is the cause that goes with the run's end status: the error of
+// the rank whose status it is; none when the run ended otherwise (ok,
+// stopped on request, lost).
+func (r *run) endError() string {
+	if r.endStatus == "" || r.endStatus != r.rankStatus {
+		return ""
+	}
+	return r.rankError
 }
 
 // StopRequested records that the collector asked the run to stop (a Stop

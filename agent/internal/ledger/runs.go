@@ -49,7 +49,9 @@ type run struct {
 	// The end status (lifecycle.go): rankStatus is the first status of a
 	// rank's run_end that was not ok; anyRunEnd is whether any rank sent
 	// run_end; stopCause is set once the collector asked the run to stop.
+	// rankError is the cause that rank sent with rankStatus.
 	rankStatus string
+	rankError  string
 	anyRunEnd  bool
 	stopCause  string
 	endStatus  string
@@ -125,7 +127,8 @@ func (r *run) gpusAt(t time.Time) []int {
 }
 
 func (r *run) endEvent() *trainmeterv1.RunEvent {
-	e := &trainmeterv1.RunEnd{RunId: r.id, Time: timestamppb.New(r.end), Reason: r.endReason, EndStatus: r.endStatus}
+	e := &trainmeterv1.RunEnd{RunId: r.id, Time: timestamppb.New(r.end), Reason: r.endReason, EndStatus: r.endStatus,
+		EndError: r.endError()}
 	if !r.warmupEnd.IsZero() && !r.warmupEnd.After(r.end) {
 		e.WarmupEnd = timestamppb.New(r.warmupEnd)
 	}
@@ -524,7 +527,7 @@ func (l *Ledger) EndRun(now time.Time, p Peer, ev *trainerproto.RunEnd) error {
 	}
 	r.anyRunEnd = true
 	if st := normalizeStatus(ev.Status); st != StatusOK && r.rankStatus == "" {
-		r.rankStatus = st
+		r.rankStatus, r.rankError = st, endCause(ev)
 	}
 	l.leave(now, r, p.ConnID, reason)
 	return nil

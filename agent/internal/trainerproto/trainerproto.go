@@ -24,8 +24,13 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/trainmeter/trainmeter/internal/batchcheck"
 	"github.com/trainmeter/trainmeter/pkg/trainerwire"
 )
+
+// MaxEndErrorBytes bounds run_end's "error": a longer one is cut there, at
+// a character boundary (a failing trainer is not refused its end).
+const MaxEndErrorBytes = batchcheck.MaxEndErrorBytes
 
 // Event names, as carried in the "event" key (pkg/trainerwire, shared
 // with `trainmeter run`).
@@ -146,6 +151,10 @@ type Eval struct {
 type RunEnd struct {
 	Run    string
 	Status string // optional "status" key; "" when absent
+	// Error is the optional "error" key, the cause of a failure (an
+	// exception, "Type: message") as given, cut to MaxEndErrorBytes at a
+	// character boundary; "" when absent.
+	Error string
 }
 
 // Kind implements Event.
@@ -620,7 +629,25 @@ func (d *decoder) runEnd(run string) (Event, error) {
 	if e.Status, err = d.str("status", MaxMetadataBytes); err != nil {
 		return nil, err
 	}
+	if e.Error, err = d.str("error", math.MaxInt); err != nil {
+		return nil, err
+	}
+	e.Error = CutUTF8(e.Error, MaxEndErrorBytes)
 	return e, nil
+}
+
+// CutUTF8 is s cut to at most max bytes, at a character boundary.
+func CutUTF8(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	// s[cut] is the first byte left out: while it continues a character,
+	// that character is left out whole.
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }
 
 // kindOf classifies a raw JSON value by its first byte: '"', '{', '[', 't',

@@ -235,7 +235,24 @@ class TestProtocol(Base):
             with self.start(run_id="cm2") as run2:
                 raise RuntimeError("boom")
         self.assertTrue(a.wait_lines(1, 2))
-        self.assertEqual(a.events(1)[-1], {"event": "run_end", "run_id": "cm2", "status": "error", "error": "RuntimeError"})
+        self.assertEqual(a.events(1)[-1], {"event": "run_end", "run_id": "cm2", "status": "error", "error": "RuntimeError: boom"})
+
+    def test_exception_cause_is_sent_bounded(self):
+        # The exception as the agent keeps it: module.Type: message, at most
+        # 1024 bytes of UTF-8 cut at a character boundary.
+        a = self.agent()
+        oom = type("OutOfMemoryError", (RuntimeError,), {"__module__": "torch.cuda"})
+        with self.assertRaises(RuntimeError):
+            with self.start(run_id="oom") as run:
+                raise oom("CUDA out of memory. " + "é" * 600)
+        self.assertTrue(a.wait_lines(0, 2))
+        end = a.events(0)[-1]
+        self.assertEqual(end["status"], "error")
+        cause = end["error"]
+        self.assertTrue(cause.startswith("torch.cuda.OutOfMemoryError: CUDA out of memory. é"), cause[:60])
+        self.assertLessEqual(len(cause.encode("utf-8")), 1024)
+        self.assertGreaterEqual(len(cause.encode("utf-8")), 1023)
+        self.assertEqual(trainmeter.client.describe_exception(KeyError, KeyError()), "KeyError")
 
     def test_calls_after_end_are_noops(self):
         a = self.agent()

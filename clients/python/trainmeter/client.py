@@ -79,6 +79,31 @@ def _env_int(name: str) -> Optional[int]:
         return None
 
 
+_MAX_END_ERROR_BYTES = 1024  # the agent keeps at most this much of run_end's error
+
+
+def describe_exception(exc_type: Any, exc: Any = None) -> str:
+    """The cause run_end carries for an exception: ``module.Type: message``.
+
+    No module for builtins (``RuntimeError: boom``), no ``: message`` when
+    the message is empty. Cut to 1024 bytes of UTF-8 at a character
+    boundary, as the agent would.
+    """
+    name = getattr(exc_type, "__qualname__", None) or getattr(exc_type, "__name__", None) or str(exc_type)
+    module = getattr(exc_type, "__module__", None)
+    if module and module != "builtins":
+        name = module + "." + name
+    try:
+        msg = str(exc) if exc is not None else ""
+    except Exception:
+        msg = ""
+    text = name + ": " + msg if msg else name
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= _MAX_END_ERROR_BYTES:
+        return text
+    return raw[:_MAX_END_ERROR_BYTES].decode("utf-8", "ignore")
+
+
 def _generate_run_id() -> str:
     host = socket.gethostname().split(".")[0] or "host"
     return "%s-%s-%d-%s" % (
@@ -451,7 +476,7 @@ class Run:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None and not issubclass(exc_type, (GeneratorExit,)):
-            self.end(status="error", error=exc_type.__name__)
+            self.end(status="error", error=describe_exception(exc_type, exc))
         else:
             self.end()
         return False

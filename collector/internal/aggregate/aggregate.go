@@ -190,6 +190,8 @@ type NodeState struct {
 	// EndStatus is the end status of the node's latest RunEnd (ok, error,
 	// exit N, signal NAME, stopped: cause, lost); "" from older agents.
 	EndStatus string `json:"end_status,omitempty"`
+	// EndError is that RunEnd's cause of a failed end (RunEnd.end_error).
+	EndError string `json:"end_error,omitempty"`
 }
 
 func (n *NodeState) ended() bool { return n.HasEnd && n.EndMax >= n.StartMax }
@@ -533,7 +535,7 @@ func (s *State) AddEnd(node string, ev *trainmeterv1.RunEnd) {
 	n := s.node(node)
 	if !n.HasEnd || t >= n.EndMax {
 		n.EndMax = t
-		n.EndStatus = ev.GetEndStatus()
+		n.EndStatus, n.EndError = ev.GetEndStatus(), ev.GetEndError()
 	}
 	n.HasEnd = true
 	s.foldBuckets()
@@ -759,8 +761,15 @@ func (s *State) pausedBefore(t int64) int64 {
 // status that is not ok, else ok; "ended" when no agent sent one (agents
 // before end statuses); "" while the run is live.
 func (s *State) EndStatus() string {
+	st, _ := s.endStatusError()
+	return st
+}
+
+// endStatusError is EndStatus and the cause that came with it: the
+// EndError of the node whose status it is ("" for ok, ended and live).
+func (s *State) endStatusError() (string, string) {
 	if !s.Ended() {
-		return ""
+		return "", ""
 	}
 	names := make([]string, 0, len(s.Nodes))
 	for name, n := range s.Nodes {
@@ -771,15 +780,16 @@ func (s *State) EndStatus() string {
 	sort.Strings(names)
 	status := "ended"
 	for _, name := range names {
-		switch st := s.Nodes[name].EndStatus; st {
+		n := s.Nodes[name]
+		switch st := n.EndStatus; st {
 		case "":
 		case "ok":
 			status = st
 		default:
-			return st
+			return st, n.EndError
 		}
 	}
-	return status
+	return status, ""
 }
 
 // Report computes the run's figures with the collector's pricing.
@@ -804,7 +814,7 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 		r.PausedS = float64(s.pausedBefore(end)) / 1e9
 		r.WallS = max(0, float64(end-start)/1e9-r.PausedS)
 	}
-	r.EndStatus = s.EndStatus()
+	r.EndStatus, r.EndError = s.endStatusError()
 	r.Resumes = uint32(len(s.PauseStarts))
 	if s.HasMeasured {
 		r.WarmupS = max(0, float64(s.FirstMeasured-start-s.pausedBefore(s.FirstMeasured))/1e9)

@@ -386,6 +386,7 @@ func nodeToProto(n *NodeState) *storev1.Node {
 		Started: n.Started, StartMin: n.StartMin, StartMax: n.StartMax, HasEnd: n.HasEnd,
 		EndMax: n.EndMax, Watermark: n.Watermark, HasWindow: n.HasWindow, GpuSeconds: n.GPUSeconds,
 		PeakSeconds: n.PeakSeconds, PeakWatts: n.PeakWatts, WarmupPeak: n.WarmupPeak, EndStatus: n.EndStatus,
+		EndError: n.EndError,
 	}
 }
 
@@ -395,6 +396,7 @@ func nodeFromProto(n *storev1.Node) *NodeState {
 		HasEnd: n.GetHasEnd(), EndMax: n.GetEndMax(), Watermark: n.GetWatermark(),
 		HasWindow: n.GetHasWindow(), GPUSeconds: n.GetGpuSeconds(),
 		PeakSeconds: n.GetPeakSeconds(), PeakWatts: n.GetPeakWatts(), WarmupPeak: n.GetWarmupPeak(), EndStatus: n.GetEndStatus(),
+		EndError: n.GetEndError(),
 	}
 }
 

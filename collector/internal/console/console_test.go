@@ -44,6 +44,7 @@ const (
 	evilModel = `m<script>alert('model')</script>`
 	evilNote  = `<script>alert("note")</script>`
 	evilLabel = `"><script>alert(3)</script>`
+	evilError = `torch.cuda.OutOfMemoryError: <script>alert("oom")</script>`
 )
 
 type collector struct {
@@ -91,7 +92,11 @@ func (c *collector) seed(t *testing.T) {
 				evs = append(evs, start)
 			}
 			if s == 4 {
-				evs = append(evs, tu.End(run, 5))
+				end := tu.End(run, 5)
+				if i == 0 { // the first run failed, with a cause
+					end.GetRunEnd().EndStatus, end.GetRunEnd().EndError = "error", evilError
+				}
+				evs = append(evs, end)
 			}
 			a.MustAck(tu.Batch(seq, float64(s), []*trainmeterv1.RunWindow{w}, evs...))
 		}
@@ -175,7 +180,7 @@ func TestPagesEscapeTrainerValues(t *testing.T) {
 			t.Errorf("GET %s: %s\n%s", p, resp.Status, body)
 			continue
 		}
-		for _, evil := range []string{evilRun, evilRun2, evilModel, evilNote, evilLabel, "<img", `alert("`} {
+		for _, evil := range []string{evilRun, evilRun2, evilModel, evilNote, evilLabel, evilError, "<img", `alert("`} {
 			if strings.Contains(body, evil) {
 				t.Errorf("GET %s: the raw trainer value %q is in the page", p, evil)
 			}
@@ -184,8 +189,13 @@ func TestPagesEscapeTrainerValues(t *testing.T) {
 			t.Errorf("GET %s: markup that could run a script: %q", p, bad)
 		}
 	}
-	// The values are there, escaped, where a user reads them.
+	// The values are there, escaped, where a user reads them; the failed
+	// run's cause once in its summary and once in the report's fields.
 	_, body := get(t, nil, c.base+runPath(evilRun))
+	if want := `<code id="end-error">torch.cuda.OutOfMemoryError: &lt;script&gt;alert(&#34;oom&#34;)&lt;/script&gt;</code>`; !strings.Contains(body, want) ||
+		!strings.Contains(body, `data-name="end_error"`) {
+		t.Errorf("run page lacks the escaped end error %s or its report field", want)
+	}
 	for _, want := range []string{`r&lt;script&gt;alert(&#34;run&#34;)&lt;/script&gt;&#39;&#34;`, `&lt;script&gt;alert(&#34;note&#34;)&lt;/script&gt;`, `team=&#34;&gt;&lt;script&gt;alert(3)&lt;/script&gt;`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("run page lacks the escaped %s", want)

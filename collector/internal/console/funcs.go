@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
+	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -26,7 +27,8 @@ var funcs = template.FuncMap{
 	"optval":     optVal,
 	"pct":        func(v float64) string { return num(v*100) + " %" },
 	"signed":     func(v float64) string { return fmt.Sprintf("%+.1f%%", v) },
-	"usd":        func(v float64) string { return "$" + num(v) },
+	"usd":        money.Amount, // an amount, rounded as `trainmeter report` rounds it
+	"rate":       money.Rate,   // a unit price ($ per GPU-hour)
 	"when":       when,
 	"ago":        ago,
 	"mib":        func(mib uint64) string { return strconv.FormatUint(mib, 10) },

@@ -18,8 +18,8 @@ func TestRunPageShowsTheReprice(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, body := get(t, nil, c.base+runPath(evilRun))
-	// 5 GPU-seconds at the flag's $2/GPU-hour before.
-	for _, want := range []string{`id="repriced"`, "Repriced 2", "cost was $0.002778 total, GPU $0.002778", `&lt;script&gt;alert(&#34;note&#34;)&lt;/script&gt;`} {
+	// 5 GPU-seconds at the flag's $2/GPU-hour before ($0.002778, shown to two significant digits).
+	for _, want := range []string{`id="repriced"`, "Repriced 2", "cost was $0.0028 total, GPU $0.0028", `&lt;script&gt;alert(&#34;note&#34;)&lt;/script&gt;`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("run page lacks %q", want)
 		}

@@ -81,6 +81,12 @@ func malformed(seq uint64) []struct {
 		}
 		b.RunEvents[0].GetRunStart().Labels = l
 	})
+	end := func(b *trainmeterv1.Batch, cause string) {
+		b.RunEvents = append(b.RunEvents, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_RunEnd{RunEnd: &trainmeterv1.RunEnd{
+			RunId: "r", Time: tu.TS(0.75), EndStatus: "error", EndError: cause}}})
+	}
+	add("run_end error 2 KB", "run_end.end_error is 2000 bytes, more than 1024", func(b *trainmeterv1.Batch) { end(b, strings.Repeat("e", 2000)) })
+	add("run_end error invalid UTF-8", "run_end.end_error is not valid UTF-8", func(b *trainmeterv1.Batch) { end(b, "OOM\xff") })
 	add("host NaN cpu", "host.cpu_pct is not finite", func(b *trainmeterv1.Batch) { b.Host.CpuPct = math.NaN() })
 	add("10001 gpu windows", "10001 gpu windows", func(b *trainmeterv1.Batch) {
 		for len(b.GpuWindows) <= MaxGPUWindows {
@@ -95,12 +101,18 @@ func TestMalformedBatchesAreRejectedFieldByField(t *testing.T) {
 	ing, conn := serve(t, st)
 	a := tu.Connect(t, conn, "n1", "boot")
 	rows := malformed(1)
+	skipped := 0
 	for _, r := range rows {
-		if err := ValidateBatch(r.b); err == nil {
+		err := ValidateBatch(r.b)
+		if err == nil {
 			t.Errorf("%s: ValidateBatch accepted it", r.name)
 			continue
 		}
+		if !strings.Contains(err.Error(), r.want) {
+			t.Errorf("%s: ValidateBatch: %v, want it to contain %q", r.name, err, r.want)
+		}
 		if strings.Contains(r.want, "UTF-8") || r.name == "null gpu window" {
+			skipped++
 			// Not sendable as such: Go's gRPC client refuses invalid UTF-8 in
 			// proto3 strings, and a nil element goes on the wire as an empty
 			// (valid) message. ValidateBatch still guards them.
@@ -116,7 +128,7 @@ func TestMalformedBatchesAreRejectedFieldByField(t *testing.T) {
 	}
 	a.MustAck(tu.Batch(1, 0, []*trainmeterv1.RunWindow{tu.Window("r", 0, 10, 5)}, tu.Start("r", 0, "m")))
 	s := ing.Stats()
-	if s.Rejected != uint64(len(rows)-3) || s.Applied != 1 || s.SeqGaps != 0 {
+	if s.Rejected != uint64(len(rows)-skipped) || s.Applied != 1 || s.SeqGaps != 0 {
 		t.Errorf("stats %+v, want %d rejected, 1 applied, no gap", s, len(rows))
 	}
 }

@@ -331,6 +331,9 @@ func validateEvent(e *trainmeterv1.RunEvent) error {
 				return err
 			}
 		}
+		if err := batchcheck.EndError("run_end.end_error", ev.RunEnd.GetEndError()); err != nil {
+			return err
+		}
 		return batchcheck.Text("run_end.reason", ev.RunEnd.GetReason())
 	case *trainmeterv1.RunEvent_Eval:
 		if err := batchcheck.ID("eval.run_id", ev.Eval.GetRunId()); err != nil {

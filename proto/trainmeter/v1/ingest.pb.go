@@ -2458,7 +2458,13 @@ type RunEnd struct {
 	// stopped: <cause> (budget, max-cost, ...), lost (no rank ended it:
 	// trainers vanished, or the agent's restart grace expired). Empty from
 	// agents before this field.
-	EndStatus     string `protobuf:"bytes,5,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
+	EndStatus string `protobuf:"bytes,5,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
+	// The cause of a failed end: the error (an exception, "Type: message")
+	// that the rank whose status end_status is sent with it in run_end, as
+	// given, at most 1024 bytes of valid UTF-8 (the agent cuts a longer one
+	// at a character boundary). Empty when the run ended ok, was stopped, or
+	// no cause was sent.
+	EndError      string `protobuf:"bytes,440,opt,name=end_error,json=endError,proto3" json:"end_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2524,6 +2530,13 @@ func (x *RunEnd) GetReason() string {
 func (x *RunEnd) GetEndStatus() string {
 	if x != nil {
 		return x.EndStatus
+	}
+	return ""
+}
+
+func (x *RunEnd) GetEndError() string {
+	if x != nil {
+		return x.EndError
 	}
 	return ""
 }
@@ -3361,7 +3374,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x0ehas_batch_size\x18\v \x01(\bR\fhasBatchSize\x12$\n" +
 	"\x0ehas_grad_accum\x18\f \x01(\bR\fhasGradAccum\x12\x1e\n" +
 	"\vhas_seq_len\x18\r \x01(\bR\thasSeqLen\x12\x19\n" +
-	"\bhas_seed\x18\x0e \x01(\bR\ahasSeed\"\xc1\x01\n" +
+	"\bhas_seed\x18\x0e \x01(\bR\ahasSeed\"\xdf\x01\n" +
 	"\x06RunEnd\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x129\n" +
@@ -3369,7 +3382,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"warmup_end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1d\n" +
 	"\n" +
-	"end_status\x18\x05 \x01(\tR\tendStatus\"\xa2\x03\n" +
+	"end_status\x18\x05 \x01(\tR\tendStatus\x12\x1c\n" +
+	"\tend_error\x18\xb8\x03 \x01(\tR\bendError\"\xa2\x03\n" +
 	"\x04Eval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +

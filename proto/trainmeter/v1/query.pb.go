@@ -1294,6 +1294,10 @@ type RunReport struct {
 	// not ok). "" while the run is live; "ended" for a run whose agents sent
 	// no status (before this field).
 	EndStatus string `protobuf:"bytes,73,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
+	// The cause that came with end_status (RunEnd.end_error of the node
+	// whose status it is): an exception as the trainer sent it, at most 1024
+	// bytes. Empty when none was sent or the run did not fail.
+	EndError string `protobuf:"bytes,440,opt,name=end_error,json=endError,proto3" json:"end_error,omitempty"`
 	// Seconds between an end and a resume, excluded from wall_s, warmup_s and
 	// every rate (docs/measurement.md). 0 for a run never resumed.
 	PausedS float64 `protobuf:"fixed64,74,opt,name=paused_s,json=pausedS,proto3" json:"paused_s,omitempty"`
@@ -1963,6 +1967,13 @@ func (x *RunReport) GetHasUid() bool {
 func (x *RunReport) GetEndStatus() string {
 	if x != nil {
 		return x.EndStatus
+	}
+	return ""
+}
+
+func (x *RunReport) GetEndError() string {
+	if x != nil {
+		return x.EndError
 	}
 	return ""
 }
@@ -3674,7 +3685,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
 	"\tconnected\x18\x06 \x01(\bR\tconnected\x12-\n" +
-	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\xd2#\n" +
+	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\xf0#\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -3768,7 +3779,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x03uid\x18P \x01(\rR\x03uid\x12\x17\n" +
 	"\ahas_uid\x18Q \x01(\bR\x06hasUid\x12\x1d\n" +
 	"\n" +
-	"end_status\x18I \x01(\tR\tendStatus\x12\x19\n" +
+	"end_status\x18I \x01(\tR\tendStatus\x12\x1c\n" +
+	"\tend_error\x18\xb8\x03 \x01(\tR\bendError\x12\x19\n" +
 	"\bpaused_s\x18J \x01(\x01R\apausedS\x12\x18\n" +
 	"\aresumes\x18K \x01(\rR\aresumes\x12*\n" +
 	"\x11avg_power_total_w\x18\xac\x02 \x01(\x01R\x0eavgPowerTotalW\x12,\n" +

@@ -453,6 +453,8 @@ class TrainmeterCallback:
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         try:
-            self._end(status="error", error=type(exception).__name__)
+            from ..client import describe_exception
+
+            self._end(status="error", error=describe_exception(type(exception), exception))
         except Exception:
             pass

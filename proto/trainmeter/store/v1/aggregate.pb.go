@@ -1090,6 +1090,8 @@ type Node struct {
 	// --- run lifecycle ---
 	// RunEnd.end_status of the node's latest RunEnd.
 	EndStatus string `protobuf:"bytes,12,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
+	// RunEnd.end_error of that RunEnd.
+	EndError string `protobuf:"bytes,440,opt,name=end_error,json=endError,proto3" json:"end_error,omitempty"`
 	// --- whole-run power ---
 	// Highest window peak (W) of the node's warmup windows.
 	WarmupPeak    float64 `protobuf:"fixed64,300,opt,name=warmup_peak,json=warmupPeak,proto3" json:"warmup_peak,omitempty"`
@@ -1207,6 +1209,13 @@ func (x *Node) GetGpus() []uint32 {
 func (x *Node) GetEndStatus() string {
 	if x != nil {
 		return x.EndStatus
+	}
+	return ""
+}
+
+func (x *Node) GetEndError() string {
+	if x != nil {
+		return x.EndError
 	}
 	return ""
 }
@@ -1525,7 +1534,7 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x0fhas_num_workers\x18\xa6\x04 \x01(\bR\rhasNumWorkers\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x03\n" +
 	"\x04Node\x12\x18\n" +
 	"\astarted\x18\x01 \x01(\bR\astarted\x12\x1b\n" +
 	"\tstart_min\x18\x02 \x01(\x03R\bstartMin\x12\x1b\n" +
@@ -1543,7 +1552,8 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	" \x03(\x01R\tpeakWatts\x12\x12\n" +
 	"\x04gpus\x18\v \x03(\rR\x04gpus\x12\x1d\n" +
 	"\n" +
-	"end_status\x18\f \x01(\tR\tendStatus\x12 \n" +
+	"end_status\x18\f \x01(\tR\tendStatus\x12\x1c\n" +
+	"\tend_error\x18\xb8\x03 \x01(\tR\bendError\x12 \n" +
 	"\vwarmup_peak\x18\xac\x02 \x01(\x01R\n" +
 	"warmupPeak\"&\n" +
 	"\n" +
