@@ -38,9 +38,9 @@ func writeReprice(line func(string, string, ...any), r *RunReport) {
 	}
 	was := "no cost"
 	if r.PreviousTotalCostUsd != nil {
-		was = money.USD(r.GetPreviousTotalCostUsd()) + " total"
+		was = money.Amount(r.GetPreviousTotalCostUsd()) + " total"
 		if r.PreviousCostUsd != nil {
-			was += ", GPU " + money.USD(r.GetPreviousCostUsd())
+			was += ", GPU " + money.Amount(r.GetPreviousCostUsd())
 		}
 	}
 	line("repriced", "%s (was %s): %s", r.GetRepricedAt().AsTime().UTC().Format(TimeFormat), was, strconv.Quote(r.GetRepriceReason()))
