@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -379,5 +380,93 @@ func TestUsageRowsAddUpAcrossGPUSharesAndDowntime(t *testing.T) {
 				t.Errorf("node-2's idle: %v", r)
 			}
 		}
+	}
+}
+
+// Deleting a run removes its record, not the energy its node used: usage
+// keeps the run's GPU time, energy and cost as a "(deleted)" row, so the
+// rows still add up to the nodes, and the node's dollars are what they
+// were. Both ways of deleting: an ended run (narrow), and a live run
+// (wide, --force) whose agent goes on sending its windows afterwards.
+func TestUsageKeepsDeletedRunsAsDeletedRows(t *testing.T) {
+	srv := start(t, server.Config{GPUPricePerHour: usageGPUPrice, EnergyPricePerKWh: usageEnergyPrice})
+	conn := tu.Dial(t, srv.Addr().String())
+	q := trainmeterv1.NewQueryServiceClient(conn)
+	n1 := tu.Connect(t, conn, "node-1", "boot-a")
+	first := wideBatch(1, 0, "narrow")
+	first.RunEvents = []*trainmeterv1.RunEvent{startAs("wide", 0, "llama", "alice", "nlp"), startAs("narrow", 0, "bert", "bob", "")}
+	n1.MustAck(first)
+	n1.MustAck(wideBatch(2, 1, "narrow"))
+	third := wideBatch(3, 2, "narrow")
+	third.RunEvents = []*trainmeterv1.RunEvent{tu.End("narrow", 3)}
+	n1.MustAck(third)
+	// node-2 keeps its run.
+	n2 := tu.Connect(t, conn, "node-2", "boot-b")
+	kept := usageBatch(1, 0, "kept")
+	kept.RunEvents = []*trainmeterv1.RunEvent{startAs("a", 0, "llama", "alice", "nlp"), startAs("b", 0, "llama", "bob", ""), startAs("kept", 0, "bert", "carol", "")}
+	n2.MustAck(kept)
+
+	usage := func(by ...string) *trainmeterv1.UsageResponse {
+		t.Helper()
+		resp, err := q.Usage(t.Context(), &trainmeterv1.UsageRequest{By: by})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	nodeUSD := func(resp *trainmeterv1.UsageResponse) map[string]float64 {
+		out := map[string]float64{}
+		for _, r := range resp.GetRows() {
+			out[usageNodeOf(resp, r)] += r.GetCostUsd()
+		}
+		return out
+	}
+	before := nodeUSD(usage("node"))
+
+	if _, err := q.DeleteRun(t.Context(), &trainmeterv1.DeleteRunRequest{RunId: "narrow"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.DeleteRun(t.Context(), &trainmeterv1.DeleteRunRequest{RunId: "wide", Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	after := nodeUSD(usage("node"))
+	for n, usd := range before {
+		if math.Abs(after[n]-usd) > 1e-12 {
+			t.Errorf("%s's rows $%.9f after the deletes, $%.9f before", n, after[n], usd)
+		}
+	}
+	// wide's agent goes on: a second more of it after its deletion.
+	n1.MustAck(wideBatch(4, 3, ""))
+
+	for _, by := range [][]string{{"node"}, {"gpu"}, {"model"}, {"user"}, {"label:team"}, {"node", "user"}} {
+		checkUsageConserved(t, usage(by...))
+	}
+	// The deleted rows: narrow's 3 s of half GPU 0, wide's 4 s of half GPU
+	// 0 and all GPU 1; no row names either run.
+	deleted := func(by string) map[string]*trainmeterv1.UsageRow {
+		out := map[string]*trainmeterv1.UsageRow{}
+		for _, r := range usage(by).GetRows() {
+			if r.GetDeleted() {
+				out[strings.Join(r.GetKeys(), "|")] = r
+			} else if !r.GetIdle() && r.GetKeys()[0] == "node-1" {
+				t.Errorf("by %s: a run's row on node-1: %v", by, r)
+			}
+		}
+		return out
+	}
+	want := func(by, key string, s, j float64, runs uint32) {
+		t.Helper()
+		r := deleted(by)[key]
+		if r == nil || math.Abs(r.GetGpuSeconds()-s) > 1e-9 || math.Abs(r.GetEnergyJ()-j) > 1e-6 || r.GetRuns() != runs || r.GetIdle() ||
+			math.Abs(r.GetCostUsd()-(s/3600*usageGPUPrice+j/3.6e6*usageEnergyPrice)) > 1e-12 {
+			t.Errorf("by %s: deleted row %q %v; want %g GPU-s, %g J, %d runs", by, key, r, s, j, runs)
+		}
+	}
+	want("node", "node-1", 7.5, 1850, 2)
+	want("gpu", "node-1/0", 3.5, 1050, 2)
+	want("gpu", "node-1/1", 4, 800, 1)
+	want("user", query.DeletedKey, 7.5, 1850, 2)
+	if d := deleted("node"); len(d) != 1 {
+		t.Errorf("deleted rows by node: %v", d)
 	}
 }
