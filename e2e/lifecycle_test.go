@@ -213,12 +213,25 @@ func lineHas(out, id, status string) bool {
 // TestDeleteLiveRun (issue 15 item 9): delete-run refuses a run that is
 // still running; --force deletes it, and the batches its agent sends
 // afterwards do not bring it back (before: a zombie without metadata,
-// running for ever).
+// running for ever). The deleted runs' usage stays: usage --by node's rows
+// (runs, idle, deleted) still add up to the node in GPU-seconds, joules and
+// dollars (before: short by the deleted runs').
 func TestDeleteLiveRun(t *testing.T) {
 	t.Parallel()
-	c := startCollector(t)
+	c := startCollector(t, "--gpu-price-per-hour", "3.6", "--energy-price-kwh", "0.2")
 	sock := c.startAgent("del-node", "sim:1")
 	c.waitStreaming("del-node")
+
+	// An ended run, deleted as ended runs are.
+	gone := dialTrainer(t, sock)
+	gone.send(`{"event":"run_start","run_id":"gone","model":"m","warmup_s":0}`)
+	gone.runSteps("gone", 10, 100, 50*time.Millisecond)
+	gone.send(`{"event":"run_end","run_id":"gone"}`)
+	gone.sync()
+	c.waitEnded("gone")
+	if out := c.cli("delete-run", "gone"); !strings.Contains(out, "deleted run gone") {
+		t.Fatalf("delete-run gone: %s", out)
+	}
 
 	tr := dialTrainer(t, sock)
 	tr.send(`{"event":"run_start","run_id":"live","model":"m","warmup_s":0}`)
@@ -251,6 +264,31 @@ func TestDeleteLiveRun(t *testing.T) {
 	}
 	if runs := c.cli("runs"); strings.Contains(runs, "live") {
 		t.Errorf("runs lists the deleted run:\n%s", runs)
+	}
+
+	var u usageJSON
+	if err := json.Unmarshal([]byte(c.cli("usage", "--by", "node", "--json")), &u); err != nil {
+		t.Fatal(err)
+	}
+	checkConserved(t, u, 3.6, 0.2)
+	var deleted, runs int
+	for _, r := range u.Rows {
+		switch {
+		case r.Deleted:
+			deleted++
+			// gone's 0.5 s, and live's from before its deletion to its end.
+			if r.Keys[0] != "del-node" || r.Runs != 2 || r.GPUSeconds < 0.5 || r.EnergyJ <= 0 {
+				t.Errorf("deleted row %+v", r)
+			}
+		case !r.Idle:
+			runs++
+		}
+	}
+	if deleted != 1 || runs != 0 {
+		t.Errorf("usage rows: %d deleted, %d of runs; want 1, 0: %+v", deleted, runs, u.Rows)
+	}
+	if table := c.cli("usage"); !strings.Contains(table, "del-node (deleted)") {
+		t.Errorf("usage table without the deleted row:\n%s", table)
 	}
 }
 

@@ -65,16 +65,55 @@ type usageJSON struct {
 		Keys       []string `json:"keys"`
 		IdleNode   string   `json:"idle_node"`
 		Idle       bool     `json:"idle"`
+		Deleted    bool     `json:"deleted"`
 		GPUSeconds float64  `json:"gpu_seconds"`
 		EnergyJ    float64  `json:"energy_j"`
+		CostUSD    float64  `json:"cost_usd"`
 		Runs       uint32   `json:"runs"`
 	} `json:"rows"`
 	Nodes []struct {
 		Node       string  `json:"node"`
 		GPUSeconds float64 `json:"gpu_seconds"`
 		EnergyJ    float64 `json:"energy_j"`
+		IdleS      float64 `json:"idle_gpu_seconds"`
 		IdleJ      float64 `json:"idle_energy_j"`
 	} `json:"nodes"`
+}
+
+// checkConserved: usage --by node's rows of each node (its runs, idle and
+// deleted runs) add up to the node's GPU-seconds, energy and, at one GPU
+// price ($/h) and energy price ($/kWh), dollars; its idle rows to its idle
+// figures.
+func checkConserved(t *testing.T, u usageJSON, gpuPrice, energyPrice float64) {
+	t.Helper()
+	type fig struct{ s, j, usd, idleS, idleJ float64 }
+	rows := map[string]*fig{}
+	for _, r := range u.Rows {
+		node := r.IdleNode
+		if !r.Idle {
+			node = r.Keys[0]
+		}
+		if rows[node] == nil {
+			rows[node] = &fig{}
+		}
+		f := rows[node]
+		f.s, f.j, f.usd = f.s+r.GPUSeconds, f.j+r.EnergyJ, f.usd+r.CostUSD
+		if r.Idle {
+			f.idleS, f.idleJ = f.idleS+r.GPUSeconds, f.idleJ+r.EnergyJ
+		}
+	}
+	for _, n := range u.Nodes {
+		f := rows[n.Node]
+		if f == nil {
+			t.Errorf("usage: no rows of node %s", n.Node)
+			continue
+		}
+		within(t, n.Node+"'s rows (GPU-s)", f.s, n.GPUSeconds, 1e-9)
+		within(t, n.Node+"'s rows (J)", f.j, n.EnergyJ, 1e-9)
+		within(t, n.Node+"'s rows ($)", f.usd, n.GPUSeconds/3600*gpuPrice+n.EnergyJ/3.6e6*energyPrice, 1e-9)
+		within(t, n.Node+"'s idle rows (GPU-s)", f.idleS, n.IdleS, 1e-9)
+		within(t, n.Node+"'s idle rows (J)", f.idleJ, n.IdleJ, 1e-9)
+	}
 }
 
 // The issue's case: two runs on one replayed 300 W GPU stepping together
@@ -153,6 +192,7 @@ func TestSharedGPUIsBilledOnce(t *testing.T) {
 			}
 		}
 	}
+	checkConserved(t, u, 3.6, 0)
 	within(t, "eq-node's energy (J) = counter difference", nodeJ, 300*10, 0.005)
 	within(t, "eq-node's runs + idle (J)", rowsJ, 300*10, 0.005)
 	if idleJ < 300 {
@@ -167,7 +207,7 @@ func TestSharedGPUIsBilledOnce(t *testing.T) {
 		}
 	}
 	csvOut := c.cli("usage", "--by", "user", "--csv")
-	if !strings.HasPrefix(csvOut, "user,idle_node,runs,gpu_hours,energy_kWh,cost_usd,gpu_share,energy_share,price_source\n") ||
+	if !strings.HasPrefix(csvOut, "user,idle_node,runs,gpu_hours,energy_kWh,cost_usd,gpu_share,energy_share,price_source,deleted\n") ||
 		!strings.Contains(csvOut, "(idle),eq-node,0,") {
 		t.Errorf("usage --csv:\n%s", csvOut)
 	}
@@ -182,7 +222,7 @@ func TestAgentRestartWhileTwoRunsShareAGPU(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 not installed")
 	}
-	c := startCollector(t)
+	c := startCollector(t, "--gpu-price-per-hour", "3.6", "--energy-price-kwh", "0.2")
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "agent.sock")
 	anchor := strconv.FormatFloat(float64(time.Now().UnixNano())/1e9, 'f', 3, 64)
@@ -227,11 +267,13 @@ func TestAgentRestartWhileTwoRunsShareAGPU(t *testing.T) {
 		t.Errorf("kshare-a: share method %q, max sharing %d", ra.GpuShareMethod, ra.MaxSharingRuns)
 	}
 	// The node's stored figures through the restart: runs + idle = its
-	// energy (the downtime included), and its runs' rows are the runs.
+	// GPU-seconds, energy and dollars (the downtime included), and its
+	// runs' rows are the runs.
 	var u usageJSON
 	if err := json.Unmarshal([]byte(c.cli("usage", "--json")), &u); err != nil {
 		t.Fatal(err)
 	}
+	checkConserved(t, u, 3.6, 0.2)
 	var rowsJ, runsJ float64
 	for _, r := range u.Rows {
 		rowsJ += r.EnergyJ

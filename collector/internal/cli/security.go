@@ -82,7 +82,9 @@ func newDeleteRunCommand(cf *clientFlags) *cobra.Command {
 		Short: "Delete a run's figures and raw data from the collector (needs the admin token when the collector has tokens)",
 		Long: `Delete a run's figures and raw data from the collector. A run that is still
 running is refused: --force ends it at the collector first and drops the data its
-agents send for it afterwards (its trainers are not stopped). On a terminal it asks
+agents send for it afterwards (its trainers are not stopped). The GPU time, energy
+and cost of the run stay in 'trainmeter usage' as a "(deleted)" row that names no
+run: its nodes used them, and the rows add up to the nodes. On a terminal it asks
 for confirmation (--yes skips the question).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

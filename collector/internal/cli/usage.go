@@ -7,6 +7,7 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/money"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -36,8 +37,10 @@ func newUsageCommand(cf *clientFlags) *cobra.Command {
 		Long: `usage is showback: over [--since, --until) it sums the nodes' GPU time, energy
 and cost by the groups named with --by (node, gpu, model, user, label:KEY;
 repeatable, default node). Each node has an "(idle)" row for GPU time no run
-used; runs without the label (or model, or user) are "(unlabeled)". The rows
-add up to the nodes' totals, shown below them. Shared GPUs are split between
+used; runs without the label (or model, or user) are "(unlabeled)"; runs
+deleted since (delete-run) are "(deleted)" rows, for their nodes used that
+GPU time and energy. The rows add up to the nodes' totals, shown below them,
+in GPU-hours, energy and cost. Shared GPUs are split between
 their runs (docs/measurement.md); the cost is GPU time at the node's GPU price
 plus energy at the energy price (docs/costs.md).`,
 		Args: cobra.NoArgs,
@@ -79,18 +82,23 @@ plus energy at the energy price (docs/costs.md).`,
 
 // usageKeys are a row's group keys as the table shows them: an idle row
 // names its node, and is marked idle where it is grouped by node or GPU
-// (its keys are then the node's or the GPU's own).
+// (its keys are then the node's or the GPU's own); a deleted runs' row is
+// marked deleted there (elsewhere its keys say "(deleted)").
 func usageKeys(resp *trainmeterv1.UsageResponse, r *trainmeterv1.UsageRow) []string {
 	keys := append([]string(nil), r.GetKeys()...)
-	if !r.GetIdle() {
-		return keys
-	}
 	byHardware := slices.Contains(resp.GetBy(), "node") || slices.Contains(resp.GetBy(), "gpu")
-	for i := range keys {
-		if byHardware {
-			keys[i] += " (idle)"
-		} else {
-			keys[i] += " " + r.GetIdleNode()
+	switch {
+	case r.GetDeleted() && byHardware:
+		for i := range keys {
+			keys[i] += " (deleted)"
+		}
+	case r.GetIdle():
+		for i := range keys {
+			if byHardware {
+				keys[i] += " (idle)"
+			} else {
+				keys[i] += " " + r.GetIdleNode()
+			}
 		}
 	}
 	return keys
@@ -98,7 +106,7 @@ func usageKeys(resp *trainmeterv1.UsageResponse, r *trainmeterv1.UsageRow) []str
 
 func writeUsageCSV(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error {
 	w := csv.NewWriter(cmd.OutOrStdout())
-	head := append(append([]string(nil), resp.GetBy()...), "idle_node", "runs", "gpu_hours", "energy_kWh", "cost_usd", "gpu_share", "energy_share", "price_source")
+	head := append(append([]string(nil), resp.GetBy()...), "idle_node", "runs", "gpu_hours", "energy_kWh", "cost_usd", "gpu_share", "energy_share", "price_source", "deleted")
 	if err := w.Write(head); err != nil {
 		return err
 	}
@@ -109,7 +117,7 @@ func writeUsageCSV(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error {
 		}
 		row := append(append([]string(nil), r.GetKeys()...), r.GetIdleNode(), fmt.Sprint(r.GetRuns()),
 			report.F(r.GetGpuSeconds()/3600), report.F(r.GetEnergyJ()/3.6e6), cost,
-			report.F(r.GetGpuShare()), report.F(r.GetEnergyShare()), r.GetPriceSource())
+			report.F(r.GetGpuShare()), report.F(r.GetEnergyShare()), r.GetPriceSource(), strconv.FormatBool(r.GetDeleted()))
 		if err := w.Write(row); err != nil {
 			return err
 		}
@@ -141,6 +149,9 @@ func writeUsageTable(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if slices.ContainsFunc(resp.GetRows(), (*trainmeterv1.UsageRow).GetDeleted) {
+		fmt.Fprintln(out, "(deleted): runs deleted since (delete-run); their nodes used that GPU time and energy, so it stays here")
 	}
 	// Host (CPU package + DRAM, RAPL) columns only where a node measured
 	// it, so GPU-only fleets read as before.

@@ -1,6 +1,7 @@
 package query
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sort"
@@ -12,18 +13,21 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // UsageStore is the store's raw scan that Usage needs.
 type UsageStore interface {
 	UsageScan(since, until time.Time, gpu func(node string, b *trainmeterv1.Batch) error,
-		run func(runID, node string, w *trainmeterv1.RunWindow) error) error
+		run func(runID, node string, w *trainmeterv1.RunWindow) error,
+		deleted func(node string, d *storev1.DeletedRunWindow) error) error
 }
 
-// Idle and unlabeled group names in usage rows.
+// Idle, deleted and unlabeled group names in usage rows.
 const (
 	IdleKey      = "(idle)"
+	DeletedKey   = "(deleted)"
 	UnlabeledKey = "(unlabeled)"
 )
 
@@ -79,8 +83,9 @@ type usageAcc struct {
 }
 
 // Usage implements QueryService.Usage: GPU time, energy and cost over a
-// period, grouped, with an idle row per node; the rows add up to the nodes'
-// totals (their GPU-window figures plus any agent downtime bridged).
+// period, grouped, with an idle row per node and rows for deleted runs; the
+// rows add up to the nodes' totals (their GPU-window figures plus any agent
+// downtime bridged).
 func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trainmeterv1.UsageResponse, error) {
 	us, ok := s.store.(UsageStore)
 	if !ok {
@@ -121,11 +126,13 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			}
 		}
 	}
-	add := func(keys []string, idleNode, runID string, gpuS, energyJ, runPrice float64, node, gpuName string, lock locked) {
-		k := strings.Join(keys, "\x00") + "\x00" + idleNode
+	// A deleted run's windows are rows of their own ("(deleted)"): the
+	// node used that GPU time and energy.
+	add := func(keys []string, idleNode string, deleted bool, runID string, gpuS, energyJ, runPrice float64, node, gpuName string, lock locked) {
+		k := strings.Join(keys, "\x00") + "\x00" + idleNode + "\x00" + strconv.FormatBool(deleted)
 		a := groups[k]
 		if a == nil {
-			a = &usageAcc{row: &trainmeterv1.UsageRow{Keys: keys, IdleNode: idleNode, Idle: idleNode != "", HasCost: true},
+			a = &usageAcc{row: &trainmeterv1.UsageRow{Keys: keys, IdleNode: idleNode, Idle: idleNode != "", Deleted: deleted, HasCost: true},
 				runs: map[string]struct{}{}, sources: map[string]struct{}{}}
 			groups[k] = a
 		}
@@ -150,7 +157,9 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			a.sources[src] = struct{}{}
 		}
 	}
-	keysFor := func(node string, gpu uint32, hasGPU bool, r *aggregate.State) []string {
+	// keysFor is the keys of a row of run r; none (IdleKey, DeletedKey)
+	// where there is no run to group by.
+	keysFor := func(node string, gpu uint32, hasGPU bool, r *aggregate.State, none string) []string {
 		keys := make([]string, len(by))
 		for i, b := range by {
 			switch {
@@ -162,7 +171,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 					keys[i] = node + "/?"
 				}
 			case r == nil:
-				keys[i] = IdleKey
+				keys[i] = none
 			case b == "model":
 				keys[i] = r.Metadata.Model
 				if keys[i] == "" {
@@ -202,7 +211,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			n.IdleGpuSeconds += idleS
 			n.IdleEnergyJ += idleE
 			if idleS > 0 || idleE > 0 {
-				add(keysFor(node, gw.GetGpu(), true, nil), node, "", idleS, idleE, 0, node, gpuNames[node], lockOfBatch(b))
+				add(keysFor(node, gw.GetGpu(), true, nil, IdleKey), node, false, "", idleS, idleE, 0, node, gpuNames[node], lockOfBatch(b))
 			}
 		}
 		for _, h := range b.GetHostEnergy() {
@@ -238,13 +247,33 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			if has {
 				g = w.GetGpus()[0]
 			}
-			add(keysFor(node, g, has, r), "", runID, w.GetGpuSeconds(),
+			add(keysFor(node, g, has, r, IdleKey), "", false, runID, w.GetGpuSeconds(),
 				windowEnergy(w.GetCounterOk(), w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
 			return nil
 		}
 		for _, sh := range shares {
-			add(keysFor(node, sh.GetGpu(), true, r), "", runID, sh.GetGpuSeconds(),
+			add(keysFor(node, sh.GetGpu(), true, r, IdleKey), "", false, runID, sh.GetGpuSeconds(),
 				windowEnergy(w.GetCounterOk(), sh.GetEnergyCounterJ(), sh.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
+		}
+		return nil
+	}, func(node string, d *storev1.DeletedRunWindow) error {
+		// As a run's window above, at the run's own price; counted by
+		// its deletion, the run having no name any more.
+		w, run := d.GetWindow(), "deleted:"+strconv.FormatUint(d.GetDeletion(), 16)
+		name := cmp.Or(d.GetGpuName(), gpuNames[node])
+		shares := w.GetGpuShares()
+		if len(shares) == 0 {
+			g, has := uint32(0), len(w.GetGpus()) == 1
+			if has {
+				g = w.GetGpus()[0]
+			}
+			add(keysFor(node, g, has, nil, DeletedKey), "", true, run, w.GetGpuSeconds(),
+				windowEnergy(w.GetCounterOk(), w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ()), d.GetGpuPricePerHour(), node, name, lockOfWindow(w))
+			return nil
+		}
+		for _, sh := range shares {
+			add(keysFor(node, sh.GetGpu(), true, nil, DeletedKey), "", true, run, sh.GetGpuSeconds(),
+				windowEnergy(w.GetCounterOk(), sh.GetEnergyCounterJ(), sh.GetEnergyIntegratedJ()), d.GetGpuPricePerHour(), node, name, lockOfWindow(w))
 		}
 		return nil
 	})
@@ -284,10 +313,14 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		}
 		out.Rows = append(out.Rows, a.row)
 	}
+	// Runs, then deleted runs, then idle.
 	sort.Slice(out.Rows, func(i, j int) bool {
 		a, b := out.Rows[i], out.Rows[j]
 		if a.GetIdle() != b.GetIdle() {
 			return !a.GetIdle()
+		}
+		if a.GetDeleted() != b.GetDeleted() {
+			return !a.GetDeleted()
 		}
 		if ka, kb := strings.Join(a.GetKeys(), "\x00"), strings.Join(b.GetKeys(), "\x00"); ka != kb {
 			return ka < kb

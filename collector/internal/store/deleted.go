@@ -1,12 +1,19 @@
 package store
 
 import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
 	"strconv"
+	"strings"
 	"sync"
 
+	"github.com/dgraph-io/badger/v4"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -19,41 +26,224 @@ import (
 const deletedNS = "deleted-runs"
 
 type tombstones struct {
-	mu sync.Mutex
-	at map[string]int64 // run id -> deletion time, Unix ns
+	mu  sync.Mutex
+	at  map[string]int64    // run id -> deletion time, Unix ns
+	del map[string]deletion // run id -> its deletion, for its later windows
+}
+
+// A deletion is what a deleted run's windows keep (DeletedRunWindow): the
+// GPU time and energy stay in usage as "(deleted)", priced as the run was.
+type deletion struct {
+	id      uint64
+	price   float64 // the run's own GPU price per hour; 0: none
+	gpuName string
+}
+
+// newDeletion is the deletion of run id: a random id, and the run's price
+// and GPU name from its aggregate (none when it is gone: a delete
+// interrupted and done again).
+func (s *Store) newDeletion(id string) (deletion, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return deletion{}, err
+	}
+	d := deletion{id: binary.BigEndian.Uint64(b[:])}
+	st, err := s.GetRun(id)
+	switch {
+	case err == nil:
+		d.price, d.gpuName = st.GPUPricePerHour, st.GPUName
+	case !errors.Is(err, ErrNotFound):
+		return d, err
+	}
+	return d, nil
+}
+
+// A tombstone's value is "<deleted at, Unix ns> <deletion id> <price> <GPU
+// name>"; earlier versions wrote the time alone.
+func (d deletion) tombstone(at int64) []byte {
+	return []byte(strconv.FormatInt(at, 10) + " " + strconv.FormatUint(d.id, 10) + " " +
+		strconv.FormatFloat(d.price, 'g', -1, 64) + " " + d.gpuName)
+}
+
+func parseTombstone(v string) (at int64, d deletion, ok bool) {
+	f := strings.SplitN(v, " ", 4)
+	at, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return 0, d, false
+	}
+	if len(f) == 4 {
+		d.id, _ = strconv.ParseUint(f[1], 10, 64)
+		d.price, _ = strconv.ParseFloat(f[2], 64)
+		d.gpuName = f[3]
+	}
+	return at, d, true
 }
 
 func (s *Store) loadTombstones() error {
 	s.deleted.at = map[string]int64{}
+	s.deleted.del = map[string]deletion{}
 	return s.ScanRecords(deletedNS, "", func(k string, v []byte) (bool, error) {
-		if ns, err := strconv.ParseInt(string(v), 10, 64); err == nil {
-			s.deleted.at[k] = ns
+		if at, d, ok := parseTombstone(string(v)); ok {
+			s.deleted.at[k] = at
+			s.deleted.del[k] = d
 		}
 		return true, nil
 	})
 }
 
 // DeleteLiveRun ends a run that has not ended at the collector and deletes
-// it: data of the run in batches that arrive later is dropped, until a
-// run_start after now reuses the id.
+// it: data of the run in batches that arrive later is dropped (its windows
+// kept as the deleted run's usage), until a run_start after now reuses the
+// id.
 func (s *Store) DeleteLiveRun(id string) (records int, err error) {
+	d, err := s.newDeletion(id)
+	if err != nil {
+		return 0, err
+	}
 	at := s.now().UnixNano()
-	if err := s.PutRecord(deletedNS, id, []byte(strconv.FormatInt(at, 10))); err != nil {
+	if err := s.PutRecord(deletedNS, id, d.tombstone(at)); err != nil {
 		return 0, err
 	}
 	s.deleted.mu.Lock()
 	s.deleted.at[id] = at
+	s.deleted.del[id] = d
 	s.deleted.mu.Unlock()
-	return s.DeleteRun(id)
+	return s.deleteRun(id, d)
+}
+
+// deletedWindow is a run window of a deleted run dropped from a batch:
+// its index in the batch and its run's deletion.
+type deletedWindow struct {
+	i int
+	w *trainmeterv1.RunWindow
+	d deletion
+}
+
+// Deleted runs' windows: dw/<node>\0<start:8><seq:8><i:4><deletion:8>
+// (DeletedRunWindow), the start, seq and index of the run window they were.
+func deletedWindowKey(node string, startSeqI []byte, deletion uint64) []byte {
+	return be64(append(append(key("dw/", node), 0), startSeqI...), deletion)
+}
+
+func deletedRecord(w *trainmeterv1.RunWindow, d deletion) ([]byte, error) {
+	w = proto.Clone(w).(*trainmeterv1.RunWindow)
+	w.RunId = ""
+	return proto.Marshal(&storev1.DeletedRunWindow{Window: w, Deletion: d.id, GpuPricePerHour: d.price, GpuName: d.gpuName})
+}
+
+// appendDeletedRecords adds the dw/ records of a batch's windows dropped
+// as a deleted run's to its raw records (written, like them, once).
+func appendDeletedRecords(out []kv, node string, seq uint64, gone []deletedWindow) ([]kv, error) {
+	for _, g := range gone {
+		v, err := deletedRecord(g.w, g.d)
+		if err != nil {
+			return nil, err
+		}
+		k := deletedWindowKey(node, be32(be64(tkey(nil, g.w.GetStart()), seq), uint32(g.i)), g.d.id)
+		out = append(out, kv{k, v})
+	}
+	return out, nil
+}
+
+// moveChunk bounds the windows one transaction of moveRunWindows moves.
+const moveChunk = 2000
+
+// moveRunWindows turns run id's windows (w/) into the deleted run's (dw/):
+// the node used that GPU time and energy, and usage keeps showing it. Each
+// record keeps its expiry (RawRetention), as the node's own records do.
+// It returns how many windows it moved.
+func (s *Store) moveRunWindows(id string, d deletion) (moved int, err error) {
+	prefix := append(key("w/", id), 0)
+	for {
+		type rec struct {
+			k, v      []byte
+			expiresAt uint64
+		}
+		var recs []rec
+		err := s.db.View(func(txn *badger.Txn) error {
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
+			defer it.Close()
+			for it.Rewind(); it.Valid() && len(recs) < moveChunk; it.Next() {
+				v, err := it.Item().ValueCopy(nil)
+				if err != nil {
+					return err
+				}
+				recs = append(recs, rec{it.Item().KeyCopy(nil), v, it.Item().ExpiresAt()})
+			}
+			return nil
+		})
+		if err != nil || len(recs) == 0 {
+			return moved, err
+		}
+		err = s.db.Update(func(txn *badger.Txn) error {
+			for _, r := range recs {
+				// <prefix><node>\0<start:8><seq:8><i:4>
+				rest := r.k[len(prefix):]
+				if len(rest) < 21 {
+					if err := txn.Delete(r.k); err != nil {
+						return err
+					}
+					continue
+				}
+				w := &trainmeterv1.RunWindow{}
+				if err := proto.Unmarshal(r.v, w); err != nil {
+					return err
+				}
+				v, err := deletedRecord(w, d)
+				if err != nil {
+					return err
+				}
+				e := badger.NewEntry(deletedWindowKey(string(rest[:len(rest)-21]), rest[len(rest)-20:], d.id), v)
+				e.ExpiresAt = r.expiresAt
+				if err := txn.SetEntry(e); err != nil {
+					return err
+				}
+				if err := txn.Delete(r.k); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return moved, err
+		}
+		moved += len(recs)
+	}
+}
+
+// scanDeletedWindows calls f for every deleted run's window whose start is
+// in the period.
+func scanDeletedWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, f func(node string, d *storev1.DeletedRunWindow) error) error {
+	const prefix = "dw/"
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(prefix), PrefetchValues: true})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		k := it.Item().Key()
+		if len(k) < len(prefix)+1+28 {
+			continue
+		}
+		d := &storev1.DeletedRunWindow{}
+		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, d) }); err != nil {
+			return err
+		}
+		if !in(d.GetWindow().GetStart()) {
+			continue
+		}
+		if err := f(string(k[len(prefix):len(k)-29]), d); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // dropDeleted returns b without the records of runs deleted while live (a
-// copy; b itself is left as it is), or b when it has none.
-func (s *Store) dropDeleted(b *trainmeterv1.Batch) *trainmeterv1.Batch {
+// copy; b itself is left as it is), or b when it has none, and the run
+// windows it dropped (kept as the deleted runs' usage).
+func (s *Store) dropDeleted(b *trainmeterv1.Batch) (*trainmeterv1.Batch, []deletedWindow) {
 	s.deleted.mu.Lock()
 	defer s.deleted.mu.Unlock()
 	if len(s.deleted.at) == 0 {
-		return b
+		return b, nil
 	}
 	// A run_start after the deletion starts the id afresh: records from
 	// that run_start on are kept.
@@ -88,10 +278,15 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) *trainmeterv1.Batch {
 		}
 	}
 	if !hit {
-		return b
+		return b, nil
 	}
+	// The deletions of the runs whose ids start afresh here, for their
+	// windows before that start.
+	del := map[string]deletion{}
 	for id := range keepFrom {
+		del[id] = s.deleted.del[id]
 		delete(s.deleted.at, id)
+		delete(s.deleted.del, id)
 		if err := s.DeleteRecord(deletedNS, id); err != nil {
 			s.log.Warn("store: clearing the deletion mark of a reused run id", "run_id", id, "err", err)
 		}
@@ -105,9 +300,16 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) *trainmeterv1.Batch {
 	}
 	nb := proto.Clone(b).(*trainmeterv1.Batch)
 	nb.RunWindows = nb.RunWindows[:0]
-	for _, w := range b.GetRunWindows() {
+	var gone []deletedWindow
+	for i, w := range b.GetRunWindows() {
 		if keep(w.GetRunId(), w.GetStart().AsTime().UnixNano()) {
 			nb.RunWindows = append(nb.RunWindows, w)
+		} else {
+			d, ok := s.deleted.del[w.GetRunId()]
+			if !ok {
+				d = del[w.GetRunId()]
+			}
+			gone = append(gone, deletedWindow{i: i, w: w, d: d})
 		}
 	}
 	nb.RunEvents = nb.RunEvents[:0]
@@ -132,5 +334,5 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) *trainmeterv1.Batch {
 			nb.Losses = append(nb.Losses, l)
 		}
 	}
-	return nb
+	return nb, gone
 }

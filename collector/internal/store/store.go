@@ -14,6 +14,8 @@
 //	                                               two nodes (storev1.Node; Aggregate.nodes_apart)
 //	w/<run_id>\0<node>\0<start:8><seq:8><i:4>      raw RunWindow (proto)
 //	v/<run_id>\0<node>\0<time:8><seq:8><i:4>       raw RunEvent (proto)
+//	dw/<node>\0<start:8><seq:8><i:4><deletion:8>   a deleted run's RunWindow, naming no run
+//	                                               (storev1.DeletedRunWindow; deleted.go)
 //	r/<node>\0<start:8><seq:8>                     raw GpuWindows + HostWindow of a batch
 //	                                               (proto Batch holding only those, the window
 //	                                               and stored_boot_id, the sender's boot)
@@ -66,6 +68,7 @@ import (
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/clock"
+	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -441,9 +444,12 @@ func (s *Store) ApplyBatchFrom(sender Sender, b *trainmeterv1.Batch) (duplicate 
 	// the committer's alone (commit.go).
 	unlock := s.lockRuns(node, nil)
 	defer unlock()
-	b = s.dropDeleted(b)
+	b, gone := s.dropDeleted(b)
 	b = clearLocked(b)
 	raw, rk, err := rawRecords(node, boot, b)
+	if err == nil {
+		raw, err = appendDeletedRecords(raw, node, b.GetSeq(), gone)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -850,10 +856,20 @@ func (s *Store) PutHello(h *trainmeterv1.Hello) error {
 const deleteChunk = 10000
 
 // DeleteRun removes a run: its aggregate (first, so the run disappears from
-// queries at once) and its raw windows and events. It returns how many raw
-// records were deleted, or ErrNotFound when the run is unknown. Batches of
-// the run that arrive later (a run still reporting) start it again.
+// queries at once) and its raw windows and events. Its windows become the
+// deleted run's (dw/, naming no run): the GPU time and energy its nodes
+// used stay in usage. It returns how many raw records were deleted, or
+// ErrNotFound when the run is unknown. Batches of the run that arrive later
+// (a run still reporting) start it again.
 func (s *Store) DeleteRun(id string) (records int, err error) {
+	d, err := s.newDeletion(id)
+	if err != nil {
+		return 0, err
+	}
+	return s.deleteRun(id, d)
+}
+
+func (s *Store) deleteRun(id string, d deletion) (records int, err error) {
 	unlock := s.lockRuns("", []string{id})
 	defer unlock()
 	found := false
@@ -881,12 +897,14 @@ func (s *Store) DeleteRun(id string) (records int, err error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, prefix := range [][]byte{append(key("w/", id), 0), append(key("v/", id), 0)} {
-		n, err := s.deletePrefix(prefix)
-		records += n
-		if err != nil {
-			return records, err
-		}
+	records, err = s.moveRunWindows(id, d)
+	if err != nil {
+		return records, err
+	}
+	n, err := s.deletePrefix(append(key("v/", id), 0))
+	records += n
+	if err != nil {
+		return records, err
 	}
 	if !found && records == 0 {
 		return 0, ErrNotFound
@@ -1184,12 +1202,13 @@ func (s *Store) NodeGPUWindows(node string, from, to time.Time) ([]*trainmeterv1
 
 // UsageScan calls gpu for every stored GPU-window record (a Batch holding
 // the window, its GPU windows and host), then for the node loss records
-// (a Batch holding only node_losses: scanNodeLosses), and run for every
-// stored RunWindow whose start is in [since, until) (zero times:
-// unbounded), with the node (and run) from the key. Raw records expire with RawRetention, so usage
-// reaches back that far at most.
+// (a Batch holding only node_losses: scanNodeLosses), run for every
+// stored RunWindow and deleted for every deleted run's window whose start
+// is in [since, until) (zero times: unbounded), with the node (and run)
+// from the key, all from one snapshot. Raw records expire with
+// RawRetention, so usage reaches back that far at most.
 func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *trainmeterv1.Batch) error,
-	run func(runID, node string, w *trainmeterv1.RunWindow) error) error {
+	run func(runID, node string, w *trainmeterv1.RunWindow) error, deleted func(node string, d *storev1.DeletedRunWindow) error) error {
 	in := func(ts *timestamppb.Timestamp) bool {
 		t := ts.AsTime()
 		return (since.IsZero() || !t.Before(since)) && (until.IsZero() || t.Before(until))
@@ -1224,7 +1243,7 @@ func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *train
 				return err
 			}
 		}
-		return nil
+		return scanDeletedWindows(txn, in, deleted)
 	})
 }
 

@@ -288,7 +288,13 @@ type UsageRow struct {
 	// Where the GPU price came from (cost: run_start, node, catalog, flag, or mixed).
 	PriceSource string `protobuf:"bytes,10,opt,name=price_source,json=priceSource,proto3" json:"price_source,omitempty"`
 	// Runs in the group.
-	Runs          uint32 `protobuf:"varint,11,opt,name=runs,proto3" json:"runs,omitempty"`
+	Runs uint32 `protobuf:"varint,11,opt,name=runs,proto3" json:"runs,omitempty"`
+	// --- deleted runs (450-459) ---
+	// GPU time and energy of runs deleted since (delete-run): the node used
+	// them, so they stay in usage, in rows of their own that name no run.
+	// Its keys are the node or GPU where grouped by them, else "(deleted)";
+	// runs counts the deleted runs. idle is false.
+	Deleted       bool `protobuf:"varint,450,opt,name=deleted,proto3" json:"deleted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -398,6 +404,13 @@ func (x *UsageRow) GetRuns() uint32 {
 		return x.Runs
 	}
 	return 0
+}
+
+func (x *UsageRow) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
 }
 
 // NodeUsage is one node's own totals over the period: the GPUs' energy
@@ -3620,7 +3633,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\fUsageRequest\x120\n" +
 	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
 	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x0e\n" +
-	"\x02by\x18\x03 \x03(\tR\x02by\"\xb8\x02\n" +
+	"\x02by\x18\x03 \x03(\tR\x02by\"\xd3\x02\n" +
 	"\bUsageRow\x12\x12\n" +
 	"\x04keys\x18\x01 \x03(\tR\x04keys\x12\x1b\n" +
 	"\tidle_node\x18\x02 \x01(\tR\bidleNode\x12\x12\n" +
@@ -3634,7 +3647,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\fenergy_share\x18\t \x01(\x01R\venergyShare\x12!\n" +
 	"\fprice_source\x18\n" +
 	" \x01(\tR\vpriceSource\x12\x12\n" +
-	"\x04runs\x18\v \x01(\rR\x04runs\"\xb7\x04\n" +
+	"\x04runs\x18\v \x01(\rR\x04runs\x12\x19\n" +
+	"\adeleted\x18\xc2\x03 \x01(\bR\adeleted\"\xb7\x04\n" +
 	"\tNodeUsage\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vgpu_seconds\x18\x02 \x01(\x01R\n" +
