@@ -214,6 +214,7 @@ func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 		HasHostCpu:      s.HasHostCPU,
 		HasHostDram:     s.HasHostDRAM,
 		HostSplits:      s.HostSplits,
+		RefusedStarts:   s.RefusedStarts,
 	}
 	if withNodes && len(s.Nodes) > 0 {
 		a.Nodes = make(map[string]*storev1.Node, len(s.Nodes))
@@ -325,6 +326,7 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 		HasHostCPU:      a.GetHasHostCpu(),
 		HasHostDRAM:     a.GetHasHostDram(),
 		HostSplits:      a.GetHostSplits(),
+		RefusedStarts:   a.GetRefusedStarts(),
 	}
 	s.nodesApart = a.GetNodesApart()
 	if len(a.GetNodes()) > 0 {

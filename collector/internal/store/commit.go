@@ -48,9 +48,10 @@ type applyReq struct {
 	raw    []kv   // encoded by the caller
 	rk     []byte // the batch's r/ key, nil when it has no r/ record
 
-	dup  bool
-	err  error
-	done chan struct{}
+	dup     bool
+	refused []Refusal // starts refused, records dropped (refused.go)
+	err     error
+	done    chan struct{}
 }
 
 func (s *Store) committer() {

@@ -108,8 +108,14 @@ type Aggregate struct {
 	// --- host energy of dropped batches (loss-host, 1050–1099) ---
 	// Σ of the run's DataLoss.host_energy_j (J).
 	LostHostEnergyJ float64 `protobuf:"fixed64,1050,opt,name=lost_host_energy_j,json=lostHostEnergyJ,proto3" json:"lost_host_energy_j,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// --- run ids reused across nodes (400-409) ---
+	// Starts the collector refused (the run had ended on every node, and
+	// they did not ask to resume): node -> RunStart.time (Unix ns) of the
+	// refused start. The node's records of the run from then on are dropped,
+	// until it sends a start that is accepted.
+	RefusedStarts map[string]int64 `protobuf:"bytes,400,rep,name=refused_starts,json=refusedStarts,proto3" json:"refused_starts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -623,6 +629,13 @@ func (x *Aggregate) GetLostHostEnergyJ() float64 {
 		return x.LostHostEnergyJ
 	}
 	return 0
+}
+
+func (x *Aggregate) GetRefusedStarts() map[string]int64 {
+	if x != nil {
+		return x.RefusedStarts
+	}
+	return nil
 }
 
 type Metadata struct {
@@ -1201,7 +1214,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xcd\x16\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xea\x17\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1289,7 +1302,8 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\vhost_splits\x18\x8e\x05 \x03(\tR\n" +
 	"hostSplits\x12W\n" +
 	"\x0ecarbon_by_band\x18\xd2\x06 \x03(\v20.trainmeter.store.v1.Aggregate.CarbonByBandEntryR\fcarbonByBand\x12,\n" +
-	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x1aS\n" +
+	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x12Y\n" +
+	"\x0erefused_starts\x18\x90\x03 \x03(\v21.trainmeter.store.v1.Aggregate.RefusedStartsEntryR\rrefusedStarts\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
@@ -1302,7 +1316,10 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x1f.trainmeter.store.v1.GpuIndicesR\x05value:\x028\x01\x1a?\n" +
 	"\x11CarbonByBandEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01J\x04\b'\x10(\"\x98\x03\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a@\n" +
+	"\x12RefusedStartsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01J\x04\b'\x10(\"\x98\x03\n" +
 	"\bMetadata\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x18\n" +
@@ -1385,7 +1402,7 @@ func file_trainmeter_store_v1_aggregate_proto_rawDescGZIP() []byte {
 	return file_trainmeter_store_v1_aggregate_proto_rawDescData
 }
 
-var file_trainmeter_store_v1_aggregate_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_trainmeter_store_v1_aggregate_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_trainmeter_store_v1_aggregate_proto_goTypes = []any{
 	(*Aggregate)(nil),  // 0: trainmeter.store.v1.Aggregate
 	(*Metadata)(nil),   // 1: trainmeter.store.v1.Metadata
@@ -1397,7 +1414,8 @@ var file_trainmeter_store_v1_aggregate_proto_goTypes = []any{
 	nil,                // 7: trainmeter.store.v1.Aggregate.EnergyByBandEntry
 	nil,                // 8: trainmeter.store.v1.Aggregate.GpusEntry
 	nil,                // 9: trainmeter.store.v1.Aggregate.CarbonByBandEntry
-	nil,                // 10: trainmeter.store.v1.Plan.LabelsEntry
+	nil,                // 10: trainmeter.store.v1.Aggregate.RefusedStartsEntry
+	nil,                // 11: trainmeter.store.v1.Plan.LabelsEntry
 }
 var file_trainmeter_store_v1_aggregate_proto_depIdxs = []int32{
 	1,  // 0: trainmeter.store.v1.Aggregate.metadata:type_name -> trainmeter.store.v1.Metadata
@@ -1407,14 +1425,15 @@ var file_trainmeter_store_v1_aggregate_proto_depIdxs = []int32{
 	8,  // 4: trainmeter.store.v1.Aggregate.gpus:type_name -> trainmeter.store.v1.Aggregate.GpusEntry
 	5,  // 5: trainmeter.store.v1.Aggregate.evals:type_name -> trainmeter.store.v1.Eval
 	9,  // 6: trainmeter.store.v1.Aggregate.carbon_by_band:type_name -> trainmeter.store.v1.Aggregate.CarbonByBandEntry
-	10, // 7: trainmeter.store.v1.Plan.labels:type_name -> trainmeter.store.v1.Plan.LabelsEntry
-	3,  // 8: trainmeter.store.v1.Aggregate.NodesEntry.value:type_name -> trainmeter.store.v1.Node
-	4,  // 9: trainmeter.store.v1.Aggregate.GpusEntry.value:type_name -> trainmeter.store.v1.GpuIndices
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	10, // 7: trainmeter.store.v1.Aggregate.refused_starts:type_name -> trainmeter.store.v1.Aggregate.RefusedStartsEntry
+	11, // 8: trainmeter.store.v1.Plan.labels:type_name -> trainmeter.store.v1.Plan.LabelsEntry
+	3,  // 9: trainmeter.store.v1.Aggregate.NodesEntry.value:type_name -> trainmeter.store.v1.Node
+	4,  // 10: trainmeter.store.v1.Aggregate.GpusEntry.value:type_name -> trainmeter.store.v1.GpuIndices
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_store_v1_aggregate_proto_init() }
@@ -1428,7 +1447,7 @@ func file_trainmeter_store_v1_aggregate_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_store_v1_aggregate_proto_rawDesc), len(file_trainmeter_store_v1_aggregate_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
