@@ -140,12 +140,15 @@ func (s *State) RefusalReason() string {
 		}
 	}
 	sort.Strings(nodes)
-	where := strings.Join(nodes, ", ")
-	if len(nodes) > 3 {
-		where = strings.Join(nodes[:3], ", ") + fmt.Sprintf(" and %d more", len(nodes)-3)
+	where := "node " + strings.Join(nodes, ", ")
+	switch {
+	case len(nodes) > 3:
+		where = "nodes " + strings.Join(nodes[:3], ", ") + fmt.Sprintf(" and %d more", len(nodes)-3)
+	case len(nodes) > 1:
+		where = "nodes " + strings.Join(nodes, ", ")
 	}
 	st := s.EndStatus()
-	return fmt.Sprintf("run_start: run %q already ended at %s on node %s (%s); "+
+	return fmt.Sprintf("run_start: run %q already ended at %s on %s (%s); "+
 		"to start a new run use a new run_id, or to continue this one send resume=true "+
 		"(Python: trainmeter.start(..., resume=True); trainmeter run --resume)",
 		s.RunID, time.Unix(0, s.endNanos()).UTC().Format(time.RFC3339), where, st)
