@@ -301,10 +301,9 @@ type State struct {
 	HasHostDRAM     bool     `json:"has_host_dram,omitempty"`
 	HostSplits      []string `json:"host_splits,omitempty"`
 
-	// RefusedStarts are the starts the collector refused (membership.go):
-	// node -> the refused RunStart's time, Unix ns. None of the figures
-	// reads it.
-	RefusedStarts map[string]int64 `json:"refused_starts,omitempty"`
+	// RefusedStarts are the starts the collector refused, by node
+	// (membership.go). None of the figures reads them.
+	RefusedStarts map[string]RefusedStart `json:"refused_starts,omitempty"`
 
 	// Bookkeeping for the store (codec.go), not part of the figures:
 	// whether the node states are stored apart, and which changed since

@@ -214,7 +214,12 @@ func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 		HasHostCpu:      s.HasHostCPU,
 		HasHostDram:     s.HasHostDRAM,
 		HostSplits:      s.HostSplits,
-		RefusedStarts:   s.RefusedStarts,
+	}
+	if len(s.RefusedStarts) > 0 {
+		a.RefusedStarts = make(map[string]*storev1.RefusedStart, len(s.RefusedStarts))
+		for node, r := range s.RefusedStarts {
+			a.RefusedStarts[node] = &storev1.RefusedStart{First: r.First, Latest: r.Latest}
+		}
 	}
 	if withNodes && len(s.Nodes) > 0 {
 		a.Nodes = make(map[string]*storev1.Node, len(s.Nodes))
@@ -326,7 +331,12 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 		HasHostCPU:      a.GetHasHostCpu(),
 		HasHostDRAM:     a.GetHasHostDram(),
 		HostSplits:      a.GetHostSplits(),
-		RefusedStarts:   a.GetRefusedStarts(),
+	}
+	if len(a.GetRefusedStarts()) > 0 {
+		s.RefusedStarts = make(map[string]RefusedStart, len(a.GetRefusedStarts()))
+		for node, r := range a.GetRefusedStarts() {
+			s.RefusedStarts[node] = RefusedStart{First: r.GetFirst(), Latest: r.GetLatest()}
+		}
 	}
 	s.nodesApart = a.GetNodesApart()
 	if len(a.GetNodes()) > 0 {

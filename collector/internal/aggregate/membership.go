@@ -65,17 +65,28 @@ func (s *State) Admit(node string, ev *trainmeterv1.RunStart) Admission {
 	a := s.admission(t, ev.GetResume() || ev.GetResumeRequested())
 	if a == AdmitRefused {
 		if s.RefusedStarts == nil {
-			s.RefusedStarts = map[string]int64{}
+			s.RefusedStarts = map[string]RefusedStart{}
 		}
-		if at, ok := s.RefusedStarts[node]; !ok || t < at {
-			s.RefusedStarts[node] = t
+		r, ok := s.RefusedStarts[node]
+		if !ok {
+			r = RefusedStart{First: t, Latest: t}
 		}
+		r.First, r.Latest = min(r.First, t), max(r.Latest, t)
+		s.RefusedStarts[node] = r
 		return a
 	}
-	if at, ok := s.RefusedStarts[node]; ok && t > at {
+	if r, ok := s.RefusedStarts[node]; ok && t > r.Latest {
 		delete(s.RefusedStarts, node)
 	}
 	return a
+}
+
+// RefusedStart is a node's refused starts of a run (Unix ns): its records
+// of the run from First on are dropped; Latest is the start its agent's
+// run has now, which a refusal sent to the agent names.
+type RefusedStart struct {
+	First  int64 `json:"first"`
+	Latest int64 `json:"latest"`
 }
 
 func (s *State) admission(t int64, resume bool) Admission {
@@ -114,19 +125,19 @@ func (s *State) LiveOn(node string) bool {
 	return n != nil && n.Started && !n.ended()
 }
 
-// RefusedOn returns the time (Unix ns) of node's refused start of the run,
-// if its records are being dropped.
-func (s *State) RefusedOn(node string) (int64, bool) {
-	at, ok := s.RefusedStarts[node]
-	return at, ok
+// RefusedOn returns node's refused starts of the run, if its records are
+// being dropped.
+func (s *State) RefusedOn(node string) (RefusedStart, bool) {
+	r, ok := s.RefusedStarts[node]
+	return r, ok
 }
 
 // Keeps reports whether a record of the run from node at t (Unix ns: a
 // window's end, an event's time, a host energy interval's end) is folded:
-// false from a refused start of that node on.
+// false from the node's first refused start on.
 func (s *State) Keeps(node string, t int64) bool {
-	at, ok := s.RefusedStarts[node]
-	return !ok || t < at
+	r, ok := s.RefusedStarts[node]
+	return !ok || t < r.First
 }
 
 // RefusalReason is the error line a trainer whose start was refused gets:

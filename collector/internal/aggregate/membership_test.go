@@ -25,11 +25,38 @@ func TestAdmitJoinsWhileLiveAndRefusesAfterTheEnd(t *testing.T) {
 	if a := s.Admit("b", start("b", 10.5, "m", 0).s); a != AdmitRefused {
 		t.Fatalf("a start after every node ended: %v", a)
 	}
-	if at, ok := s.RefusedOn("b"); !ok || s.Keeps("b", at) || !s.Keeps("b", at-1) || !s.Keeps("a", at+1) {
-		t.Fatalf("refusal of b at %d (%v): keeps %v before, %v from it", at, ok, s.Keeps("b", at-1), s.Keeps("b", at))
+	r, ok := s.RefusedOn("b")
+	if at := r.First; !ok || r.Latest != at || s.Keeps("b", at) || !s.Keeps("b", at-1) || !s.Keeps("a", at+1) {
+		t.Fatalf("refusal of b %+v (%v): keeps %v before, %v from it", r, ok, s.Keeps("b", at-1), s.Keeps("b", at))
+	}
+	// A second refused attempt: records still dropped from the first, the
+	// agent told of the latest.
+	if a := s.Admit("b", start("b", 20, "m", 0).s); a != AdmitRefused {
+		t.Fatalf("a second start after the end: %v", a)
+	}
+	if r2, _ := s.RefusedOn("b"); r2.First != r.First || r2.Latest != nanos(start("b", 20, "m", 0).s.GetTime()) {
+		t.Fatalf("after a second refused start: %+v, want first %d and the new latest", r2, r.First)
 	}
 	if !strings.Contains(s.RefusalReason(), `run "r" already ended at `) || !strings.Contains(s.RefusalReason(), "on node a (ok)") {
 		t.Errorf("reason %q", s.RefusalReason())
+	}
+	// The refusal survives the store's encoding, whole and apart.
+	back, err := Unmarshal(mustEncode(t, s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	apart, err := s.MarshalApart()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back2, err := Unmarshal(apart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []*State{back, back2} {
+		if got, _ := b.RefusedOn("b"); got.First != r.First || got.Latest <= r.Latest {
+			t.Fatalf("decoded refusal %+v", got)
+		}
 	}
 	resumed := start("b", 30, "m", 0)
 	resumed.s.ResumeRequested = true

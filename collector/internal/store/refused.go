@@ -50,8 +50,8 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, node string, b *trainm
 		if r := refused[st.RunID]; r != nil {
 			return r
 		}
-		at, _ := st.RefusedOn(node)
-		r := &Refusal{RunID: st.RunID, Start: at, Reason: st.RefusalReason()}
+		rs, _ := st.RefusedOn(node)
+		r := &Refusal{RunID: st.RunID, Start: rs.Latest, Reason: st.RefusalReason()}
 		refused[st.RunID] = r
 		order = append(order, st.RunID)
 		return r
