@@ -381,9 +381,9 @@ func nanos(ts *timestamppb.Timestamp) int64 {
 func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	t := nanos(ev.GetTime())
 	if s.Ended() {
-		// A run_start after the whole run ended reopens it: with resume
-		// (the agent refuses it otherwise), or from an agent that forgot
-		// the run. Either way the time in between is not run time.
+		// A run_start after the whole run ended reopens it only with
+		// resume (the store refuses it otherwise: State.Admit). The time
+		// in between is not run time.
 		if end := s.endNanos(); t > end {
 			s.PauseStarts = append(s.PauseStarts, end)
 			s.PauseEnds = append(s.PauseEnds, t)
