@@ -338,8 +338,8 @@ func (s *Server) handle(log *slog.Logger, sender store.Sender, m *trainmeterv1.S
 	out := make([]*trainmeterv1.StreamResponse, 0, len(applied.Refused)+1)
 	for _, r := range applied.Refused {
 		s.counters.refusedStarts.Add(1)
-		log.Warn("run_start refused or its records dropped: the run had ended on every node",
-			"run_id", r.RunID, "seq", b.GetSeq(), "dropped_records", r.Records)
+		// The store logged the refusal itself; a repeat is routine.
+		log.Debug("refusal sent to the agent", "run_id", r.RunID, "seq", b.GetSeq(), "dropped_records", r.Records)
 		out = append(out, &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Advisory{Advisory: &trainmeterv1.Advisory{
 			RunId: r.RunID,
 			Advice: &trainmeterv1.Advisory_StartRefused{StartRefused: &trainmeterv1.StartRefused{
