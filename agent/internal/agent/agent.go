@@ -379,6 +379,9 @@ func (a *Agent) advise(adv *trainmeterv1.Advisory) {
 	case *trainmeterv1.Advisory_Stop:
 		a.ledger.StopRequested(adv.RunId, x.Stop.Reason)
 		line = trainerproto.StopLine(adv.RunId, x.Stop.Reason)
+	case *trainmeterv1.Advisory_StartRefused:
+		a.refused(adv.RunId, x.StartRefused)
+		return
 	case *trainmeterv1.Advisory_Dataloader:
 		d := x.Dataloader
 		if d.Classification == "" { // a collector without the figures
@@ -395,6 +398,26 @@ func (a *Agent) advise(adv *trainmeterv1.Advisory) {
 	for _, c := range a.ledger.Members(adv.RunId) {
 		if !a.sock.Send(c, line) {
 			a.log.Warn("advisory dropped: trainer connection gone or not reading", "run_id", adv.RunId, "conn", c)
+		}
+	}
+}
+
+// refused acts on the collector's refusal of a run's start: the run is
+// dropped from the ledger (nothing more of it is sent) and its trainers on
+// this node get the collector's reason as an error line, as they would the
+// agent's own refusal. A refusal repeated (by the other collector of a
+// pair, or with a later batch) finds no such run and changes nothing.
+func (a *Agent) refused(id string, r *trainmeterv1.StartRefused) {
+	conns, dropped := a.ledger.Refuse(id, r.GetStart().AsTime())
+	if !dropped {
+		a.log.Debug("refusal for a run no longer on this node (already dropped, or ended)", "run_id", id)
+		return
+	}
+	a.log.Warn("the collector refused the run's start", "run_id", id, "reason", r.GetReason(), "trainers", len(conns))
+	line := trainerproto.ErrorLine(r.GetReason(), 0)
+	for _, c := range conns {
+		if !a.sock.Send(c, line) {
+			a.log.Warn("refusal not passed to the trainer: connection gone or not reading", "run_id", id, "conn", c)
 		}
 	}
 }

@@ -202,6 +202,10 @@ type SocketStatus struct {
 	RepliesSent   uint64            `json:"replies_sent"`
 	RepliesDrop   uint64            `json:"replies_dropped"`
 	WriteStalls   uint64            `json:"write_stalls"`
+	// RefusedEvents counts the events of trainers whose run the collector
+	// refused (an id that had ended on every node), dropped without an
+	// answer each (ledger.Refuse).
+	RefusedEvents uint64 `json:"refused_run_events"`
 }
 
 // Status returns the agent's self-metrics and health now.
@@ -235,6 +239,7 @@ func (a *Agent) Status() Status {
 			ConnsActive: sock.ConnsActive, ConnsAccepted: sock.ConnsAccepted, ConnsRejected: sock.ConnsRejected,
 			Lines: sock.Lines, Events: sock.Events, ParseErrors: sock.ParseErrors, HandlerErrors: sock.HandlerErrors,
 			TooLong: sock.TooLong, RepliesSent: sock.Sent, RepliesDrop: sock.Dropped, WriteStalls: sock.WriteStalls,
+			RefusedEvents: a.ledger.RefusedEvents(),
 		},
 		ActiveRuns: len(a.ledger.ActiveRuns()),
 	}

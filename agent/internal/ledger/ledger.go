@@ -132,6 +132,11 @@ type Ledger struct {
 
 	// hostEnergy is the host (RAPL) energy split between runs (hostenergy.go).
 	hostEnergy hostState
+
+	// Runs the collector refused, and the trainer events dropped for them
+	// since (refused.go).
+	refused       refusedConns
+	refusedEvents uint64
 }
 
 type gpuAcc struct {

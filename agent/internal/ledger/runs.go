@@ -141,6 +141,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.open(now)
+	l.leaveRefused(ev.Run, p.ConnID) // a new attempt, decided afresh
 	gpus, explicit, err := l.resolveGPUs(ev)
 	if err != nil {
 		return err
@@ -277,6 +278,10 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 		BudgetScope: ev.BudgetScope,
 		Labels:      ev.Labels,
 		Resume:      r.resume,
+		// Also when this node did not see the run end: it may have ended
+		// on another node, and the collector then takes the start as a
+		// resume rather than refusing it.
+		ResumeRequested: ev.Resume,
 	}
 	if ev.GPUPricePerHour != nil {
 		rs.GpuPricePerHour = *ev.GPUPricePerHour
@@ -407,6 +412,9 @@ func union(a, b []int) ([]int, bool) {
 func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.droppedRefused(ev.Run, p.ConnID) {
+		return nil
+	}
 	r, err := l.liveRunOf("step", ev.Run, p)
 	if err != nil {
 		return err
@@ -485,6 +493,9 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.droppedRefused(ev.Run, p.ConnID) {
+		return nil
+	}
 	r, err := l.liveRunOf("eval", ev.Run, p)
 	if err != nil {
 		return err
@@ -514,6 +525,10 @@ func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 func (l *Ledger) EndRun(now time.Time, p Peer, ev *trainerproto.RunEnd) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.droppedRefused(ev.Run, p.ConnID) {
+		l.leaveRefused(ev.Run, p.ConnID)
+		return nil
+	}
 	r, err := l.liveRunOf("run_end", ev.Run, p)
 	if err != nil {
 		return err
@@ -537,6 +552,9 @@ func (l *Ledger) EndRun(now time.Time, p Peer, ev *trainerproto.RunEnd) error {
 func (l *Ledger) Disconnected(now time.Time, p Peer) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	for id := range l.refused {
+		l.leaveRefused(id, p.ConnID)
+	}
 	for _, id := range l.order {
 		r := l.runs[id]
 		if _, ok := r.members[p.ConnID]; ok && !r.ended {

@@ -319,6 +319,9 @@ type State struct {
 	// node's summed, and the part of those without energy.
 	MeasuredSpanS  float64 `json:"measured_span_s,omitempty"`
 	UncoveredSpanS float64 `json:"uncovered_span_s,omitempty"`
+	// RefusedStarts are the starts the collector refused, by node
+	// (membership.go). None of the figures reads them.
+	RefusedStarts map[string]RefusedStart `json:"refused_starts,omitempty"`
 
 	// Bookkeeping for the store (codec.go), not part of the figures:
 	// whether the node states are stored apart, and which changed since
@@ -396,9 +399,9 @@ func nanos(ts *timestamppb.Timestamp) int64 {
 func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	t := nanos(ev.GetTime())
 	if s.Ended() {
-		// A run_start after the whole run ended reopens it: with resume
-		// (the agent refuses it otherwise), or from an agent that forgot
-		// the run. Either way the time in between is not run time.
+		// A run_start after the whole run ended reopens it only with
+		// resume (the store refuses it otherwise: State.Admit). The time
+		// in between is not run time.
 		if end := s.endNanos(); t > end {
 			s.PauseStarts = append(s.PauseStarts, end)
 			s.PauseEnds = append(s.PauseEnds, t)

@@ -234,6 +234,12 @@ func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 		HasHostDram:     s.HasHostDRAM,
 		HostSplits:      s.HostSplits,
 	}
+	if len(s.RefusedStarts) > 0 {
+		a.RefusedStarts = make(map[string]*storev1.RefusedStart, len(s.RefusedStarts))
+		for node, r := range s.RefusedStarts {
+			a.RefusedStarts[node] = &storev1.RefusedStart{First: r.First, Latest: r.Latest}
+		}
+	}
 	if withNodes && len(s.Nodes) > 0 {
 		a.Nodes = make(map[string]*storev1.Node, len(s.Nodes))
 		for name, n := range s.Nodes {
@@ -356,6 +362,12 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 		HasHostCPU:      a.GetHasHostCpu(),
 		HasHostDRAM:     a.GetHasHostDram(),
 		HostSplits:      a.GetHostSplits(),
+	}
+	if len(a.GetRefusedStarts()) > 0 {
+		s.RefusedStarts = make(map[string]RefusedStart, len(a.GetRefusedStarts()))
+		for node, r := range a.GetRefusedStarts() {
+			s.RefusedStarts[node] = RefusedStart{First: r.GetFirst(), Latest: r.GetLatest()}
+		}
 	}
 	s.nodesApart = a.GetNodesApart()
 	if len(a.GetNodes()) > 0 {

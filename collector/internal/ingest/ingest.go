@@ -26,7 +26,7 @@ import (
 
 // Store is what the ingest server needs from the store.
 type Store interface {
-	ApplyBatchFrom(sender store.Sender, b *trainmeterv1.Batch) (duplicate bool, err error)
+	ApplyBatchResult(sender store.Sender, b *trainmeterv1.Batch) (store.Applied, error)
 	PutHello(h *trainmeterv1.Hello) error
 }
 
@@ -246,8 +246,11 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 				mu.Unlock()
 				return
 			}
-			resp, err := s.handle(log, sender, m)
-			if err == nil {
+			resps, err := s.handle(log, sender, m)
+			for _, resp := range resps {
+				if err != nil {
+					break
+				}
 				err = stream.Send(resp)
 			}
 			mu.Unlock()
@@ -279,9 +282,9 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 	}
 }
 
-// handle processes one message after the Hello and returns the response to
-// send, or an error that ends the stream.
-func (s *Server) handle(log *slog.Logger, sender store.Sender, m *trainmeterv1.StreamRequest) (*trainmeterv1.StreamResponse, error) {
+// handle processes one message after the Hello and returns the responses to
+// send, in order, or an error that ends the stream.
+func (s *Server) handle(log *slog.Logger, sender store.Sender, m *trainmeterv1.StreamRequest) ([]*trainmeterv1.StreamResponse, error) {
 	node, boot := sender.Node, sender.Boot
 	if m.GetHello() != nil {
 		return nil, status.Error(codes.InvalidArgument, "hello sent twice on one stream")
@@ -303,7 +306,8 @@ func (s *Server) handle(log *slog.Logger, sender store.Sender, m *trainmeterv1.S
 		return reject(b.GetSeq(), err.Error()), nil
 	}
 	t0 := time.Now()
-	dup, err := s.store.ApplyBatchFrom(sender, b)
+	applied, err := s.store.ApplyBatchResult(sender, b)
+	dup := applied.Duplicate
 	if errors.Is(err, store.ErrBatchTooLarge) {
 		s.counters.rejected.Add(1)
 		s.noteSeq(log, node, boot, b.GetSeq())
@@ -329,11 +333,25 @@ func (s *Server) handle(log *slog.Logger, sender store.Sender, m *trainmeterv1.S
 		}
 	}
 	s.seen(node, b.GetSeq())
-	return &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Ack{Ack: &trainmeterv1.Ack{Seq: b.GetSeq()}}}, nil
+	// A refused start goes back on this stream, before the batch's ack:
+	// the agent tells the run's trainers and stops booking the run.
+	out := make([]*trainmeterv1.StreamResponse, 0, len(applied.Refused)+1)
+	for _, r := range applied.Refused {
+		s.counters.refusedStarts.Add(1)
+		// The store logged the refusal itself; a repeat is routine.
+		log.Debug("refusal sent to the agent", "run_id", r.RunID, "seq", b.GetSeq(), "dropped_records", r.Records)
+		out = append(out, &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Advisory{Advisory: &trainmeterv1.Advisory{
+			RunId: r.RunID,
+			Advice: &trainmeterv1.Advisory_StartRefused{StartRefused: &trainmeterv1.StartRefused{
+				Reason: r.Reason, Start: timestamppb.New(time.Unix(0, r.Start))}},
+		}}})
+	}
+	out = append(out, &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Ack{Ack: &trainmeterv1.Ack{Seq: b.GetSeq()}}})
+	return out, nil
 }
 
-func reject(seq uint64, reason string) *trainmeterv1.StreamResponse {
-	return &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Reject{Reject: &trainmeterv1.Reject{Seq: seq, Reason: reason}}}
+func reject(seq uint64, reason string) []*trainmeterv1.StreamResponse {
+	return []*trainmeterv1.StreamResponse{{Msg: &trainmeterv1.StreamResponse_Reject{Reject: &trainmeterv1.Reject{Seq: seq, Reason: reason}}}}
 }
 
 // noteSeq counts and logs a sequence gap (seqs the collector never saw from

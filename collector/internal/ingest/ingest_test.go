@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// gated wraps the real store: ApplyBatchFrom waits for gate (if set) and fails
+// gated wraps the real store: ApplyBatchResult waits for gate (if set) and fails
 // with fail (if set) before touching the store.
 type gated struct {
 	*store.Store
@@ -38,7 +38,7 @@ type gated struct {
 	fail    error
 }
 
-func (g *gated) ApplyBatchFrom(sender store.Sender, b *trainmeterv1.Batch) (bool, error) {
+func (g *gated) ApplyBatchResult(sender store.Sender, b *trainmeterv1.Batch) (store.Applied, error) {
 	if g.entered != nil {
 		g.entered <- struct{}{}
 	}
@@ -46,9 +46,9 @@ func (g *gated) ApplyBatchFrom(sender store.Sender, b *trainmeterv1.Batch) (bool
 		<-g.gate
 	}
 	if g.fail != nil {
-		return false, g.fail
+		return store.Applied{}, g.fail
 	}
-	return g.Store.ApplyBatchFrom(sender, b)
+	return g.Store.ApplyBatchResult(sender, b)
 }
 
 func serve(t *testing.T, st Store) (*Server, *grpc.ClientConn) {

@@ -54,6 +54,7 @@ func CheckBatchTime(b *trainmeterv1.Batch, now time.Time) error {
 // counters are the ingest server's self-metrics; the zero value is ready.
 type counters struct {
 	streams, applied, duplicate, rejected, rejectedTime, storeErrors, seqGaps, seqMissing atomic.Uint64
+	refusedStarts                                                                         atomic.Uint64
 	lastStoreErr                                                                          atomic.Int64 // unix ns of the last failed store write
 	lastStoreOK                                                                           atomic.Int64 // unix ns of the last successful one
 
@@ -118,6 +119,10 @@ type Stats struct {
 	// RejectedTime counts the rejects for the time bounds (part of Rejected).
 	RejectedTime uint64 `json:"batches_rejected_time"`
 	StoreErrors  uint64 `json:"store_errors"`
+	// RefusedStarts counts the refusals sent to agents: run starts refused
+	// because the run had ended on every node, and batches whose records
+	// of such a start's run were dropped.
+	RefusedStarts uint64 `json:"refused_starts"`
 	// SeqGaps counts batches that arrived more than one past the highest seq
 	// seen from their node's boot; SeqMissing the seqs skipped over. Gaps are
 	// legitimate after an agent's spool overflowed; they are logged.
@@ -143,7 +148,8 @@ func (s *Server) Stats() Stats {
 	st := Stats{
 		Streams: c.streams.Load(), Applied: c.applied.Load(), Duplicate: c.duplicate.Load(),
 		Rejected: c.rejected.Load(), RejectedTime: c.rejectedTime.Load(), StoreErrors: c.storeErrors.Load(),
-		SeqGaps: c.seqGaps.Load(), SeqMissing: c.seqMissing.Load(), SeqGapsPerNode: map[string]uint64{},
+		RefusedStarts: c.refusedStarts.Load(),
+		SeqGaps:       c.seqGaps.Load(), SeqMissing: c.seqMissing.Load(), SeqGapsPerNode: map[string]uint64{},
 		StoreWriteP50Ms: selfmetrics.Millis(q[0]), StoreWriteP99Ms: selfmetrics.Millis(q[1]),
 		StoreWriteMaxMs: selfmetrics.Millis(q[2]), StoreWrites: lat.Count(),
 	}

@@ -45,12 +45,14 @@ type applyReq struct {
 	sender Sender
 	b      *trainmeterv1.Batch
 	runs   []string
-	raw    []kv   // encoded by the caller
-	rk     []byte // the batch's r/ key, nil when it has no r/ record
+	raw    []kv            // encoded by the caller
+	rk     []byte          // the batch's r/ key, nil when it has no r/ record
+	gone   []deletedWindow // windows of deleted runs, kept as dw/ records (deleted.go)
 
-	dup  bool
-	err  error
-	done chan struct{}
+	dup     bool
+	refused []Refusal // starts refused, records dropped (refused.go)
+	err     error
+	done    chan struct{}
 }
 
 func (s *Store) committer() {

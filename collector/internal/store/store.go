@@ -439,6 +439,14 @@ type Sender struct {
 
 // ApplyBatchFrom is ApplyBatch for a batch from sender.
 func (s *Store) ApplyBatchFrom(sender Sender, b *trainmeterv1.Batch) (duplicate bool, err error) {
+	a, err := s.ApplyBatchResult(sender, b)
+	return a.Duplicate, err
+}
+
+// ApplyBatchResult is ApplyBatchFrom that also says which of the batch's
+// run starts were refused (refused.go), for the ingest stream to tell the
+// agent.
+func (s *Store) ApplyBatchResult(sender Sender, b *trainmeterv1.Batch) (a Applied, err error) {
 	node, boot := sender.Node, sender.Boot
 	// The node's lock keeps its batches and hellos in order; its runs are
 	// the committer's alone (commit.go).
@@ -451,20 +459,23 @@ func (s *Store) ApplyBatchFrom(sender Sender, b *trainmeterv1.Batch) (duplicate 
 		raw, err = appendDeletedRecords(raw, node, b.GetSeq(), gone)
 	}
 	if err != nil {
-		return false, err
+		return Applied{}, err
 	}
-	req := &applyReq{sender: sender, b: b, runs: batchRuns(b), raw: raw, rk: rk, done: make(chan struct{})}
+	req := &applyReq{sender: sender, b: b, runs: batchRuns(b), raw: raw, rk: rk, gone: gone, done: make(chan struct{})}
 	select {
 	case s.applyCh <- req:
 		<-req.done
-		duplicate, err = req.dup, req.err
+		a, err = Applied{Duplicate: req.dup}, req.err
+		if err == nil {
+			a.Refused = req.refused
+		}
 	case <-s.quit:
-		return false, errors.New("store: closed")
+		return Applied{}, errors.New("store: closed")
 	}
 	if errors.Is(err, badger.ErrTxnTooBig) {
 		err = fmt.Errorf("%w: %v", ErrBatchTooLarge, err)
 	}
-	return duplicate, err
+	return a, err
 }
 
 // kv is one raw record, encoded by the caller's goroutine (in parallel)
@@ -529,9 +540,25 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	}
 	seq, start, rk := b.GetSeq(), startVal(b.GetWindowStart()), r.rk
 	dk := dedupKey(node, boot, seq)
+	r.refused = nil
 	dup, displaced, err := ne.applied(txn, boot, seq, start, dk, rk)
 	if dup || err != nil {
 		return dup, err
+	}
+	raw := r.raw
+	nb, refused, err := s.admitBatch(txn, g, node, b, runs)
+	if err != nil {
+		return false, err
+	}
+	if nb != b {
+		// Records of refused starts dropped: the raw records are the kept ones.
+		b, runs, r.refused = nb, batchRuns(nb), refused
+		if raw, _, err = rawRecords(node, boot, b); err == nil {
+			raw, err = appendDeletedRecords(raw, node, seq, r.gone)
+		}
+		if err != nil {
+			return false, err
+		}
 	}
 	if displaced != "" {
 		// Our r/ record replaces one of another boot with the same start
@@ -562,7 +589,6 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	// record carries them (usage rows are priced from it).
 	pricer := s.Pricer()
 	nodeGPU := nodeGPUName(ne.ns)
-	raw := r.raw
 	if pricer != nil {
 		raw = slices.Clone(raw)
 	}

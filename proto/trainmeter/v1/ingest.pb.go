@@ -2081,8 +2081,15 @@ type RunStart struct {
 	// the training process), not "not given" (the advisor assumes 2). Agents
 	// before this field: num_workers 0 means not given.
 	HasNumWorkers bool `protobuf:"varint,550,opt,name=has_num_workers,json=hasNumWorkers,proto3" json:"has_num_workers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// --- run ids reused across nodes (400-409) ---
+	// The trainer sent resume=true. resume above is set only when this node
+	// saw the run end; resume_requested also when it did not (the run may
+	// have ended on another node): the collector accepts a start after the
+	// run ended on every node only with one of the two
+	// (docs/protocol.md, "Joining a run from several nodes").
+	ResumeRequested bool `protobuf:"varint,400,opt,name=resume_requested,json=resumeRequested,proto3" json:"resume_requested,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RunStart) Reset() {
@@ -2293,6 +2300,13 @@ func (x *RunStart) GetUser() string {
 func (x *RunStart) GetHasNumWorkers() bool {
 	if x != nil {
 		return x.HasNumWorkers
+	}
+	return false
+}
+
+func (x *RunStart) GetResumeRequested() bool {
+	if x != nil {
+		return x.ResumeRequested
 	}
 	return false
 }
@@ -2859,6 +2873,7 @@ type Advisory struct {
 	//
 	//	*Advisory_Stop
 	//	*Advisory_Dataloader
+	//	*Advisory_StartRefused
 	Advice        isAdvisory_Advice `protobuf_oneof:"advice"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2926,6 +2941,15 @@ func (x *Advisory) GetDataloader() *DataloaderAdvice {
 	return nil
 }
 
+func (x *Advisory) GetStartRefused() *StartRefused {
+	if x != nil {
+		if x, ok := x.Advice.(*Advisory_StartRefused); ok {
+			return x.StartRefused
+		}
+	}
+	return nil
+}
+
 type isAdvisory_Advice interface {
 	isAdvisory_Advice()
 }
@@ -2938,9 +2962,79 @@ type Advisory_Dataloader struct {
 	Dataloader *DataloaderAdvice `protobuf:"bytes,3,opt,name=dataloader,proto3,oneof"`
 }
 
+type Advisory_StartRefused struct {
+	// --- run ids reused across nodes (400-409) ---
+	StartRefused *StartRefused `protobuf:"bytes,400,opt,name=start_refused,json=startRefused,proto3,oneof"`
+}
+
 func (*Advisory_Stop) isAdvisory_Advice() {}
 
 func (*Advisory_Dataloader) isAdvisory_Advice() {}
+
+func (*Advisory_StartRefused) isAdvisory_Advice() {}
+
+// StartRefused tells the agent that the collector refused a run_start of
+// the run: the run had ended on every node it ran on, and the start did
+// not ask to resume. The agent passes reason to the run's trainers on the
+// node as an error line and stops booking that run (its later windows and
+// events would be dropped by the collector anyway). The collector sends it
+// on the stream that carried the refused start, before that batch's ack,
+// and again with any later batch of the node whose records of the run it
+// dropped; an agent acts on it once.
+type StartRefused struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The error line's text: "run_start: run \"X\" already ended at ...".
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// RunStart.time of the refused start: the agent refuses its run only if
+	// it started at this time (not a later resume of the same id).
+	Start         *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRefused) Reset() {
+	*x = StartRefused{}
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRefused) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRefused) ProtoMessage() {}
+
+func (x *StartRefused) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRefused.ProtoReflect.Descriptor instead.
+func (*StartRefused) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *StartRefused) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *StartRefused) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
 
 type Stop struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2951,7 +3045,7 @@ type Stop struct {
 
 func (x *Stop) Reset() {
 	*x = Stop{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[22]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2963,7 +3057,7 @@ func (x *Stop) String() string {
 func (*Stop) ProtoMessage() {}
 
 func (x *Stop) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[22]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2976,7 +3070,7 @@ func (x *Stop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stop.ProtoReflect.Descriptor instead.
 func (*Stop) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{22}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Stop) GetReason() string {
@@ -3016,7 +3110,7 @@ type DataloaderAdvice struct {
 
 func (x *DataloaderAdvice) Reset() {
 	*x = DataloaderAdvice{}
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[23]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3028,7 +3122,7 @@ func (x *DataloaderAdvice) String() string {
 func (*DataloaderAdvice) ProtoMessage() {}
 
 func (x *DataloaderAdvice) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_ingest_proto_msgTypes[23]
+	mi := &file_trainmeter_v1_ingest_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3041,7 +3135,7 @@ func (x *DataloaderAdvice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataloaderAdvice.ProtoReflect.Descriptor instead.
 func (*DataloaderAdvice) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{23}
+	return file_trainmeter_v1_ingest_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DataloaderAdvice) GetNumWorkers() uint32 {
@@ -3324,7 +3418,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
 	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04eval\x12*\n" +
 	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectorsB\a\n" +
-	"\x05event\"\xd7\a\n" +
+	"\x05event\"\x83\b\n" +
 	"\bRunStart\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x126\n" +
@@ -3353,7 +3447,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x13adjustment_interval\x18\x17 \x01(\x04R\x12adjustmentInterval\x12\x16\n" +
 	"\x06resume\x18\x18 \x01(\bR\x06resume\x12\x12\n" +
 	"\x04user\x18\x19 \x01(\tR\x04user\x12'\n" +
-	"\x0fhas_num_workers\x18\xa6\x04 \x01(\bR\rhasNumWorkers\x1a9\n" +
+	"\x0fhas_num_workers\x18\xa6\x04 \x01(\bR\rhasNumWorkers\x12*\n" +
+	"\x10resume_requested\x18\x90\x03 \x01(\bR\x0fresumeRequested\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\x03\n" +
@@ -3410,14 +3505,18 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\"2\n" +
 	"\x06Reject\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x99\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xde\x01\n" +
 	"\bAdvisory\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12)\n" +
 	"\x04stop\x18\x02 \x01(\v2\x13.trainmeter.v1.StopH\x00R\x04stop\x12A\n" +
 	"\n" +
 	"dataloader\x18\x03 \x01(\v2\x1f.trainmeter.v1.DataloaderAdviceH\x00R\n" +
-	"dataloaderB\b\n" +
-	"\x06advice\"\x1e\n" +
+	"dataloader\x12C\n" +
+	"\rstart_refused\x18\x90\x03 \x01(\v2\x1b.trainmeter.v1.StartRefusedH\x00R\fstartRefusedB\b\n" +
+	"\x06advice\"X\n" +
+	"\fStartRefused\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x120\n" +
+	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\"\x1e\n" +
 	"\x04Stop\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xac\x03\n" +
 	"\x10DataloaderAdvice\x12\x1f\n" +
@@ -3455,7 +3554,7 @@ func file_trainmeter_v1_ingest_proto_rawDescGZIP() []byte {
 }
 
 var file_trainmeter_v1_ingest_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_trainmeter_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_trainmeter_v1_ingest_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_trainmeter_v1_ingest_proto_goTypes = []any{
 	(Phase)(0),                    // 0: trainmeter.v1.Phase
 	(*StreamRequest)(nil),         // 1: trainmeter.v1.StreamRequest
@@ -3480,10 +3579,11 @@ var file_trainmeter_v1_ingest_proto_goTypes = []any{
 	(*Ack)(nil),                   // 20: trainmeter.v1.Ack
 	(*Reject)(nil),                // 21: trainmeter.v1.Reject
 	(*Advisory)(nil),              // 22: trainmeter.v1.Advisory
-	(*Stop)(nil),                  // 23: trainmeter.v1.Stop
-	(*DataloaderAdvice)(nil),      // 24: trainmeter.v1.DataloaderAdvice
-	nil,                           // 25: trainmeter.v1.RunStart.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
+	(*StartRefused)(nil),          // 23: trainmeter.v1.StartRefused
+	(*Stop)(nil),                  // 24: trainmeter.v1.Stop
+	(*DataloaderAdvice)(nil),      // 25: trainmeter.v1.DataloaderAdvice
+	nil,                           // 26: trainmeter.v1.RunStart.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
 }
 var file_trainmeter_v1_ingest_proto_depIdxs = []int32{
 	3,  // 0: trainmeter.v1.StreamRequest.hello:type_name -> trainmeter.v1.Hello
@@ -3492,9 +3592,9 @@ var file_trainmeter_v1_ingest_proto_depIdxs = []int32{
 	22, // 3: trainmeter.v1.StreamResponse.advisory:type_name -> trainmeter.v1.Advisory
 	21, // 4: trainmeter.v1.StreamResponse.reject:type_name -> trainmeter.v1.Reject
 	4,  // 5: trainmeter.v1.Hello.gpus:type_name -> trainmeter.v1.GpuInfo
-	26, // 6: trainmeter.v1.Hello.started_at:type_name -> google.protobuf.Timestamp
-	26, // 7: trainmeter.v1.Batch.window_start:type_name -> google.protobuf.Timestamp
-	26, // 8: trainmeter.v1.Batch.window_end:type_name -> google.protobuf.Timestamp
+	27, // 6: trainmeter.v1.Hello.started_at:type_name -> google.protobuf.Timestamp
+	27, // 7: trainmeter.v1.Batch.window_start:type_name -> google.protobuf.Timestamp
+	27, // 8: trainmeter.v1.Batch.window_end:type_name -> google.protobuf.Timestamp
 	11, // 9: trainmeter.v1.Batch.gpu_windows:type_name -> trainmeter.v1.GpuWindow
 	12, // 10: trainmeter.v1.Batch.run_windows:type_name -> trainmeter.v1.RunWindow
 	14, // 11: trainmeter.v1.Batch.run_events:type_name -> trainmeter.v1.RunEvent
@@ -3503,34 +3603,36 @@ var file_trainmeter_v1_ingest_proto_depIdxs = []int32{
 	9,  // 14: trainmeter.v1.Batch.raw_samples:type_name -> trainmeter.v1.RawSamples
 	6,  // 15: trainmeter.v1.Batch.host_energy:type_name -> trainmeter.v1.HostEnergy
 	10, // 16: trainmeter.v1.Batch.node_losses:type_name -> trainmeter.v1.DataLoss
-	26, // 17: trainmeter.v1.HostEnergy.start:type_name -> google.protobuf.Timestamp
-	26, // 18: trainmeter.v1.HostEnergy.end:type_name -> google.protobuf.Timestamp
+	27, // 17: trainmeter.v1.HostEnergy.start:type_name -> google.protobuf.Timestamp
+	27, // 18: trainmeter.v1.HostEnergy.end:type_name -> google.protobuf.Timestamp
 	7,  // 19: trainmeter.v1.HostEnergy.zones:type_name -> trainmeter.v1.RaplZoneEnergy
 	8,  // 20: trainmeter.v1.HostEnergy.runs:type_name -> trainmeter.v1.HostEnergyShare
-	26, // 21: trainmeter.v1.DataLoss.window_start:type_name -> google.protobuf.Timestamp
-	26, // 22: trainmeter.v1.DataLoss.first_window_start:type_name -> google.protobuf.Timestamp
-	26, // 23: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
-	26, // 24: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
+	27, // 21: trainmeter.v1.DataLoss.window_start:type_name -> google.protobuf.Timestamp
+	27, // 22: trainmeter.v1.DataLoss.first_window_start:type_name -> google.protobuf.Timestamp
+	27, // 23: trainmeter.v1.RunWindow.start:type_name -> google.protobuf.Timestamp
+	27, // 24: trainmeter.v1.RunWindow.end:type_name -> google.protobuf.Timestamp
 	0,  // 25: trainmeter.v1.RunWindow.phase:type_name -> trainmeter.v1.Phase
 	13, // 26: trainmeter.v1.RunWindow.gpu_shares:type_name -> trainmeter.v1.GpuShare
 	15, // 27: trainmeter.v1.RunEvent.run_start:type_name -> trainmeter.v1.RunStart
 	17, // 28: trainmeter.v1.RunEvent.run_end:type_name -> trainmeter.v1.RunEnd
 	18, // 29: trainmeter.v1.RunEvent.eval:type_name -> trainmeter.v1.Eval
-	26, // 30: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
+	27, // 30: trainmeter.v1.RunStart.time:type_name -> google.protobuf.Timestamp
 	16, // 31: trainmeter.v1.RunStart.metadata:type_name -> trainmeter.v1.RunMetadata
-	25, // 32: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
-	26, // 33: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
-	26, // 34: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
-	26, // 35: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
-	23, // 36: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
-	24, // 37: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
-	1,  // 38: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
-	2,  // 39: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
-	39, // [39:40] is the sub-list for method output_type
-	38, // [38:39] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	26, // 32: trainmeter.v1.RunStart.labels:type_name -> trainmeter.v1.RunStart.LabelsEntry
+	27, // 33: trainmeter.v1.RunEnd.time:type_name -> google.protobuf.Timestamp
+	27, // 34: trainmeter.v1.RunEnd.warmup_end:type_name -> google.protobuf.Timestamp
+	27, // 35: trainmeter.v1.Eval.time:type_name -> google.protobuf.Timestamp
+	24, // 36: trainmeter.v1.Advisory.stop:type_name -> trainmeter.v1.Stop
+	25, // 37: trainmeter.v1.Advisory.dataloader:type_name -> trainmeter.v1.DataloaderAdvice
+	23, // 38: trainmeter.v1.Advisory.start_refused:type_name -> trainmeter.v1.StartRefused
+	27, // 39: trainmeter.v1.StartRefused.start:type_name -> google.protobuf.Timestamp
+	1,  // 40: trainmeter.v1.IngestService.Stream:input_type -> trainmeter.v1.StreamRequest
+	2,  // 41: trainmeter.v1.IngestService.Stream:output_type -> trainmeter.v1.StreamResponse
+	41, // [41:42] is the sub-list for method output_type
+	40, // [40:41] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_ingest_proto_init() }
@@ -3557,6 +3659,7 @@ func file_trainmeter_v1_ingest_proto_init() {
 	file_trainmeter_v1_ingest_proto_msgTypes[21].OneofWrappers = []any{
 		(*Advisory_Stop)(nil),
 		(*Advisory_Dataloader)(nil),
+		(*Advisory_StartRefused)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3564,7 +3667,7 @@ func file_trainmeter_v1_ingest_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_ingest_proto_rawDesc), len(file_trainmeter_v1_ingest_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

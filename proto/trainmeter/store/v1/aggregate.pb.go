@@ -139,8 +139,13 @@ type Aggregate struct {
 	// its gap_s share).
 	MeasuredSpanS  float64 `protobuf:"fixed64,430,opt,name=measured_span_s,json=measuredSpanS,proto3" json:"measured_span_s,omitempty"`
 	UncoveredSpanS float64 `protobuf:"fixed64,431,opt,name=uncovered_span_s,json=uncoveredSpanS,proto3" json:"uncovered_span_s,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// --- run ids reused across nodes (400-409) ---
+	// Starts the collector refused (the run had ended on every node, and
+	// they did not ask to resume), by node. The node's records of the run
+	// from the first on are dropped, until it sends a start that is accepted.
+	RefusedStarts map[string]*RefusedStart `protobuf:"bytes,400,rep,name=refused_starts,json=refusedStarts,proto3" json:"refused_starts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Aggregate) Reset() {
@@ -782,6 +787,68 @@ func (x *Aggregate) GetUncoveredSpanS() float64 {
 	return 0
 }
 
+func (x *Aggregate) GetRefusedStarts() map[string]*RefusedStart {
+	if x != nil {
+		return x.RefusedStarts
+	}
+	return nil
+}
+
+// RefusedStart is a node's refused starts of a run: the RunStart.time (Unix
+// ns) of the first, from which its records are dropped, and of the latest,
+// the start its agent's run has now.
+type RefusedStart struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	First         int64                  `protobuf:"varint,1,opt,name=first,proto3" json:"first,omitempty"`
+	Latest        int64                  `protobuf:"varint,2,opt,name=latest,proto3" json:"latest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RefusedStart) Reset() {
+	*x = RefusedStart{}
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RefusedStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RefusedStart) ProtoMessage() {}
+
+func (x *RefusedStart) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RefusedStart.ProtoReflect.Descriptor instead.
+func (*RefusedStart) Descriptor() ([]byte, []int) {
+	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RefusedStart) GetFirst() int64 {
+	if x != nil {
+		return x.First
+	}
+	return 0
+}
+
+func (x *RefusedStart) GetLatest() int64 {
+	if x != nil {
+		return x.Latest
+	}
+	return 0
+}
+
 type Metadata struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -804,7 +871,7 @@ type Metadata struct {
 
 func (x *Metadata) Reset() {
 	*x = Metadata{}
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[1]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +883,7 @@ func (x *Metadata) String() string {
 func (*Metadata) ProtoMessage() {}
 
 func (x *Metadata) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[1]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +896,7 @@ func (x *Metadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metadata.ProtoReflect.Descriptor instead.
 func (*Metadata) Descriptor() ([]byte, []int) {
-	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{1}
+	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Metadata) GetModel() string {
@@ -953,7 +1020,7 @@ type Plan struct {
 
 func (x *Plan) Reset() {
 	*x = Plan{}
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[2]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1032,7 @@ func (x *Plan) String() string {
 func (*Plan) ProtoMessage() {}
 
 func (x *Plan) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[2]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1045,7 @@ func (x *Plan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plan.ProtoReflect.Descriptor instead.
 func (*Plan) Descriptor() ([]byte, []int) {
-	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{2}
+	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Plan) GetBudgetScope() string {
@@ -1101,7 +1168,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[3]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1113,7 +1180,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[3]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1126,7 +1193,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{3}
+	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Node) GetStarted() bool {
@@ -1236,7 +1303,7 @@ type GpuIndices struct {
 
 func (x *GpuIndices) Reset() {
 	*x = GpuIndices{}
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[4]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1315,7 @@ func (x *GpuIndices) String() string {
 func (*GpuIndices) ProtoMessage() {}
 
 func (x *GpuIndices) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[4]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1328,7 @@ func (x *GpuIndices) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuIndices.ProtoReflect.Descriptor instead.
 func (*GpuIndices) Descriptor() ([]byte, []int) {
-	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{4}
+	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GpuIndices) GetIndices() []uint32 {
@@ -1286,7 +1353,7 @@ type Eval struct {
 
 func (x *Eval) Reset() {
 	*x = Eval{}
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[5]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1365,7 @@ func (x *Eval) String() string {
 func (*Eval) ProtoMessage() {}
 
 func (x *Eval) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[5]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1378,7 @@ func (x *Eval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eval.ProtoReflect.Descriptor instead.
 func (*Eval) Descriptor() ([]byte, []int) {
-	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{5}
+	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Eval) GetNode() string {
@@ -1367,7 +1434,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xdc\x1e\n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\x9c \n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1476,7 +1543,8 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x17previous_total_cost_usd\x18\xa8\x03 \x01(\x01H\x01R\x14previousTotalCostUsd\x88\x01\x01\x12&\n" +
 	"\x0ereprice_reason\x18\xa9\x03 \x01(\tR\rrepriceReason\x12'\n" +
 	"\x0fmeasured_span_s\x18\xae\x03 \x01(\x01R\rmeasuredSpanS\x12)\n" +
-	"\x10uncovered_span_s\x18\xaf\x03 \x01(\x01R\x0euncoveredSpanS\x1aS\n" +
+	"\x10uncovered_span_s\x18\xaf\x03 \x01(\x01R\x0euncoveredSpanS\x12Y\n" +
+	"\x0erefused_starts\x18\x90\x03 \x03(\v21.trainmeter.store.v1.Aggregate.RefusedStartsEntryR\rrefusedStarts\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
@@ -1495,9 +1563,15 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a@\n" +
 	"\x12LockedBandUsdEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1ac\n" +
+	"\x12RefusedStartsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x127\n" +
+	"\x05value\x18\x02 \x01(\v2!.trainmeter.store.v1.RefusedStartR\x05value:\x028\x01B\x14\n" +
 	"\x12_previous_cost_usdB\x1a\n" +
-	"\x18_previous_total_cost_usdJ\x04\b'\x10(\"\x98\x03\n" +
+	"\x18_previous_total_cost_usdJ\x04\b'\x10(\"<\n" +
+	"\fRefusedStart\x12\x14\n" +
+	"\x05first\x18\x01 \x01(\x03R\x05first\x12\x16\n" +
+	"\x06latest\x18\x02 \x01(\x03R\x06latest\"\x98\x03\n" +
 	"\bMetadata\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x18\n" +
@@ -1581,40 +1655,44 @@ func file_trainmeter_store_v1_aggregate_proto_rawDescGZIP() []byte {
 	return file_trainmeter_store_v1_aggregate_proto_rawDescData
 }
 
-var file_trainmeter_store_v1_aggregate_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_trainmeter_store_v1_aggregate_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_trainmeter_store_v1_aggregate_proto_goTypes = []any{
-	(*Aggregate)(nil),  // 0: trainmeter.store.v1.Aggregate
-	(*Metadata)(nil),   // 1: trainmeter.store.v1.Metadata
-	(*Plan)(nil),       // 2: trainmeter.store.v1.Plan
-	(*Node)(nil),       // 3: trainmeter.store.v1.Node
-	(*GpuIndices)(nil), // 4: trainmeter.store.v1.GpuIndices
-	(*Eval)(nil),       // 5: trainmeter.store.v1.Eval
-	nil,                // 6: trainmeter.store.v1.Aggregate.NodesEntry
-	nil,                // 7: trainmeter.store.v1.Aggregate.EnergyByBandEntry
-	nil,                // 8: trainmeter.store.v1.Aggregate.GpusEntry
-	nil,                // 9: trainmeter.store.v1.Aggregate.CarbonByBandEntry
-	nil,                // 10: trainmeter.store.v1.Aggregate.LockedBandJEntry
-	nil,                // 11: trainmeter.store.v1.Aggregate.LockedBandUsdEntry
-	nil,                // 12: trainmeter.store.v1.Plan.LabelsEntry
+	(*Aggregate)(nil),    // 0: trainmeter.store.v1.Aggregate
+	(*RefusedStart)(nil), // 1: trainmeter.store.v1.RefusedStart
+	(*Metadata)(nil),     // 2: trainmeter.store.v1.Metadata
+	(*Plan)(nil),         // 3: trainmeter.store.v1.Plan
+	(*Node)(nil),         // 4: trainmeter.store.v1.Node
+	(*GpuIndices)(nil),   // 5: trainmeter.store.v1.GpuIndices
+	(*Eval)(nil),         // 6: trainmeter.store.v1.Eval
+	nil,                  // 7: trainmeter.store.v1.Aggregate.NodesEntry
+	nil,                  // 8: trainmeter.store.v1.Aggregate.EnergyByBandEntry
+	nil,                  // 9: trainmeter.store.v1.Aggregate.GpusEntry
+	nil,                  // 10: trainmeter.store.v1.Aggregate.CarbonByBandEntry
+	nil,                  // 11: trainmeter.store.v1.Aggregate.LockedBandJEntry
+	nil,                  // 12: trainmeter.store.v1.Aggregate.LockedBandUsdEntry
+	nil,                  // 13: trainmeter.store.v1.Aggregate.RefusedStartsEntry
+	nil,                  // 14: trainmeter.store.v1.Plan.LabelsEntry
 }
 var file_trainmeter_store_v1_aggregate_proto_depIdxs = []int32{
-	1,  // 0: trainmeter.store.v1.Aggregate.metadata:type_name -> trainmeter.store.v1.Metadata
-	2,  // 1: trainmeter.store.v1.Aggregate.plan:type_name -> trainmeter.store.v1.Plan
-	6,  // 2: trainmeter.store.v1.Aggregate.nodes:type_name -> trainmeter.store.v1.Aggregate.NodesEntry
-	7,  // 3: trainmeter.store.v1.Aggregate.energy_by_band:type_name -> trainmeter.store.v1.Aggregate.EnergyByBandEntry
-	8,  // 4: trainmeter.store.v1.Aggregate.gpus:type_name -> trainmeter.store.v1.Aggregate.GpusEntry
-	5,  // 5: trainmeter.store.v1.Aggregate.evals:type_name -> trainmeter.store.v1.Eval
-	9,  // 6: trainmeter.store.v1.Aggregate.carbon_by_band:type_name -> trainmeter.store.v1.Aggregate.CarbonByBandEntry
-	10, // 7: trainmeter.store.v1.Aggregate.locked_band_j:type_name -> trainmeter.store.v1.Aggregate.LockedBandJEntry
-	11, // 8: trainmeter.store.v1.Aggregate.locked_band_usd:type_name -> trainmeter.store.v1.Aggregate.LockedBandUsdEntry
-	12, // 9: trainmeter.store.v1.Plan.labels:type_name -> trainmeter.store.v1.Plan.LabelsEntry
-	3,  // 10: trainmeter.store.v1.Aggregate.NodesEntry.value:type_name -> trainmeter.store.v1.Node
-	4,  // 11: trainmeter.store.v1.Aggregate.GpusEntry.value:type_name -> trainmeter.store.v1.GpuIndices
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	2,  // 0: trainmeter.store.v1.Aggregate.metadata:type_name -> trainmeter.store.v1.Metadata
+	3,  // 1: trainmeter.store.v1.Aggregate.plan:type_name -> trainmeter.store.v1.Plan
+	7,  // 2: trainmeter.store.v1.Aggregate.nodes:type_name -> trainmeter.store.v1.Aggregate.NodesEntry
+	8,  // 3: trainmeter.store.v1.Aggregate.energy_by_band:type_name -> trainmeter.store.v1.Aggregate.EnergyByBandEntry
+	9,  // 4: trainmeter.store.v1.Aggregate.gpus:type_name -> trainmeter.store.v1.Aggregate.GpusEntry
+	6,  // 5: trainmeter.store.v1.Aggregate.evals:type_name -> trainmeter.store.v1.Eval
+	10, // 6: trainmeter.store.v1.Aggregate.carbon_by_band:type_name -> trainmeter.store.v1.Aggregate.CarbonByBandEntry
+	11, // 7: trainmeter.store.v1.Aggregate.locked_band_j:type_name -> trainmeter.store.v1.Aggregate.LockedBandJEntry
+	12, // 8: trainmeter.store.v1.Aggregate.locked_band_usd:type_name -> trainmeter.store.v1.Aggregate.LockedBandUsdEntry
+	13, // 9: trainmeter.store.v1.Aggregate.refused_starts:type_name -> trainmeter.store.v1.Aggregate.RefusedStartsEntry
+	14, // 10: trainmeter.store.v1.Plan.labels:type_name -> trainmeter.store.v1.Plan.LabelsEntry
+	4,  // 11: trainmeter.store.v1.Aggregate.NodesEntry.value:type_name -> trainmeter.store.v1.Node
+	5,  // 12: trainmeter.store.v1.Aggregate.GpusEntry.value:type_name -> trainmeter.store.v1.GpuIndices
+	1,  // 13: trainmeter.store.v1.Aggregate.RefusedStartsEntry.value:type_name -> trainmeter.store.v1.RefusedStart
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_store_v1_aggregate_proto_init() }
@@ -1629,7 +1707,7 @@ func file_trainmeter_store_v1_aggregate_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_store_v1_aggregate_proto_rawDesc), len(file_trainmeter_store_v1_aggregate_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

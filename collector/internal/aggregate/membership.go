@@ -1,0 +1,166 @@
+package aggregate
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Membership: which nodes take part in a run, whether it is live there, and
+// which starts the collector refused (docs/protocol.md, "Joining a run from
+// several nodes"). All of it is here, read from the node states
+// (NodeState.Started, ended) and RefusedStarts, so that a rule about what a
+// node may send for a run asks these methods and nothing else.
+//
+// The rule: a run_start from any node joins the run while the run is live
+// on at least one node, at any time (ranks of one launch start seconds
+// apart; an elastic job adds a node later). Live is judged by the agents'
+// clocks: a start whose time is at or before the run's end (the latest
+// run_end of every node) joins even when it arrives after that end (its
+// batch was in flight). Once every node that started the run has ended it,
+// a start later than that end reopens the run only if it asks to resume
+// (RunStart.resume or resume_requested); otherwise it is refused, and the
+// node's records of the run from that start on are dropped (Keeps) until
+// the node sends a start that is accepted.
+
+// Admission is what a RunStart does to a run.
+type Admission int
+
+const (
+	// AdmitNew starts the run: nothing of it was started before.
+	AdmitNew Admission = iota
+	// AdmitJoin joins a live run (another rank, on this node or another).
+	AdmitJoin
+	// AdmitResume reopens a run that had ended on every node, with resume:
+	// the time in between is a pause.
+	AdmitResume
+	// AdmitRefused: the run had ended on every node and the start did not
+	// ask to resume.
+	AdmitRefused
+)
+
+func (a Admission) String() string {
+	switch a {
+	case AdmitNew:
+		return "new"
+	case AdmitJoin:
+		return "join"
+	case AdmitResume:
+		return "resume"
+	case AdmitRefused:
+		return "refused"
+	}
+	return fmt.Sprintf("Admission(%d)", int(a))
+}
+
+// Admit decides what ev, a RunStart from node, does to the run, and
+// records a refusal (RefusedStarts); an accepted start from a node clears
+// that node's refusal. It does not fold ev: the caller calls AddStart for
+// an accepted one.
+func (s *State) Admit(node string, ev *trainmeterv1.RunStart) Admission {
+	t := nanos(ev.GetTime())
+	a := s.admission(t, ev.GetResume() || ev.GetResumeRequested())
+	if a == AdmitRefused {
+		if s.RefusedStarts == nil {
+			s.RefusedStarts = map[string]RefusedStart{}
+		}
+		r, ok := s.RefusedStarts[node]
+		if !ok {
+			r = RefusedStart{First: t, Latest: t}
+		}
+		r.First, r.Latest = min(r.First, t), max(r.Latest, t)
+		s.RefusedStarts[node] = r
+		return a
+	}
+	if r, ok := s.RefusedStarts[node]; ok && t > r.Latest {
+		delete(s.RefusedStarts, node)
+	}
+	return a
+}
+
+// RefusedStart is a node's refused starts of a run (Unix ns): its records
+// of the run from First on are dropped; Latest is the start its agent's
+// run has now, which a refusal sent to the agent names.
+type RefusedStart struct {
+	First  int64 `json:"first"`
+	Latest int64 `json:"latest"`
+}
+
+func (s *State) admission(t int64, resume bool) Admission {
+	if !s.StartedAnywhere() {
+		return AdmitNew
+	}
+	if !s.Ended() || t <= s.endNanos() {
+		return AdmitJoin
+	}
+	if resume {
+		return AdmitResume
+	}
+	return AdmitRefused
+}
+
+// StartedAnywhere reports whether some node sent a RunStart for the run.
+func (s *State) StartedAnywhere() bool {
+	for _, n := range s.Nodes {
+		if n.Started {
+			return true
+		}
+	}
+	return false
+}
+
+// StartedOn reports whether node sent an accepted RunStart for the run.
+func (s *State) StartedOn(node string) bool {
+	n := s.Nodes[node]
+	return n != nil && n.Started
+}
+
+// LiveOn reports whether the run is live on node: started there and not
+// ended since its latest start.
+func (s *State) LiveOn(node string) bool {
+	n := s.Nodes[node]
+	return n != nil && n.Started && !n.ended()
+}
+
+// RefusedOn returns node's refused starts of the run, if its records are
+// being dropped.
+func (s *State) RefusedOn(node string) (RefusedStart, bool) {
+	r, ok := s.RefusedStarts[node]
+	return r, ok
+}
+
+// Keeps reports whether a record of the run from node at t (Unix ns: a
+// window's end, an event's time, a host energy interval's end) is folded:
+// false from the node's first refused start on.
+func (s *State) Keeps(node string, t int64) bool {
+	r, ok := s.RefusedStarts[node]
+	return !ok || t < r.First
+}
+
+// RefusalReason is the error line a trainer whose start was refused gets:
+// like the agent's for a run that ended on its own node, naming where and
+// when the run ended and both ways on.
+func (s *State) RefusalReason() string {
+	var nodes []string
+	for name, n := range s.Nodes {
+		if n.Started {
+			nodes = append(nodes, name)
+		}
+	}
+	sort.Strings(nodes)
+	where := "node " + strings.Join(nodes, ", ")
+	switch {
+	case len(nodes) > 3:
+		where = "nodes " + strings.Join(nodes[:3], ", ") + fmt.Sprintf(" and %d more", len(nodes)-3)
+	case len(nodes) > 1:
+		where = "nodes " + strings.Join(nodes, ", ")
+	}
+	st := s.EndStatus()
+	return fmt.Sprintf("run_start: run %q already ended at %s on %s (%s); "+
+		"to start a new run use a new run_id, or to continue this one send resume=true "+
+		"(Python: trainmeter.start(..., resume=True); trainmeter run --resume)",
+		s.RunID, time.Unix(0, s.endNanos()).UTC().Format(time.RFC3339), where, st)
+}
