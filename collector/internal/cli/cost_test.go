@@ -288,3 +288,30 @@ func TestImportedPriceListIsTheCatalog(t *testing.T) {
 	}
 	near(t, "cost_usd (1 GPU-second at $3600/h)", r.CostUSD, 1)
 }
+
+// TestPricesWithoutProviderSuggestsImport: `prices` on a collector with no
+// price provider points at what works there (`prices import`, or serve
+// --price-provider), not at `prices fetch`, which fails without one.
+func TestPricesWithoutProviderSuggestsImport(t *testing.T) {
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := srv.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	addr := srv.Addr().String()
+	out, err := run(t, nil, "prices", "--collector", addr)
+	if err != nil {
+		t.Fatalf("prices: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "prices fetch") || !strings.Contains(out, "trainmeter prices import FILE") || !strings.Contains(out, "--price-provider") {
+		t.Errorf("prices without a provider says:\n%s\nwant a pointer to prices import and --price-provider, not prices fetch", out)
+	}
+	if _, err := run(t, nil, "prices", "fetch", "--collector", addr); err == nil {
+		t.Error("prices fetch without a provider succeeded; the hint above relies on it failing")
+	}
+}

@@ -101,7 +101,13 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 					fmt.Fprintln(w, "warning:", warn)
 				}
 				if len(resp.GetGpus()) == 0 {
-					if resp.GetWarning() == "" {
+					switch {
+					case resp.GetWarning() != "":
+					case resp.GetProvider() == "":
+						// prices fetch has nothing to fetch from here.
+						fmt.Fprintln(w, "no prices: the collector has no price provider; load a price list with `trainmeter prices import FILE`, "+
+							"or start it with `trainmeter serve --price-provider vastai,lambda,runpod,azure` (or `--price-provider file --price-file FILE`)")
+					default:
 						fmt.Fprintln(w, "no prices yet (trainmeter prices fetch)")
 					}
 					return writeProviderStatus(w, resp.GetProviders(), resp.GetMaxOfferAgeS())
