@@ -140,8 +140,8 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 						if o.GetSpot() {
 							pricing = "spot"
 						}
-						fmt.Fprintf(tw, "%.3f\t%s\t%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%s\n", o.GetScore(), o.GetId(), o.GetProvider(), pricing, o.GetNumGpus(),
-							o.GetUsdPerHour(), o.GetUsdPerGpuHour(), o.GetReliability(), o.GetDlperfPerUsd(), o.GetLocation())
+						fmt.Fprintf(tw, "%.3f\t%s\t%s\t%s\t%d\t%.3f\t%.3f\t%s\t%.1f\t%s\n", o.GetScore(), o.GetId(), o.GetProvider(), pricing, o.GetNumGpus(),
+							o.GetUsdPerHour(), o.GetUsdPerGpuHour(), optF(o.Reliability, "%.3f"), o.GetDlperfPerUsd(), o.GetLocation())
 					}
 					if err := tw.Flush(); err != nil {
 						return err
