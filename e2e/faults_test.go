@@ -288,11 +288,21 @@ func TestFaultSpoolFullDropsOldestAndMarksRunIncomplete(t *testing.T) {
 	lossRun(t, filepath.Join(t.TempDir(), "spool"), 2, 8*time.Second, "--spool-max-bytes", "4096")
 }
 
+// noTmpfs skips TestFaultSpoolDiskFull, or fails it where CI requires it.
+func noTmpfs(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("TRAINMETER_REQUIRE_TMPFS") == "1" {
+		t.Fatalf("%s (TRAINMETER_REQUIRE_TMPFS=1)", why)
+	}
+	t.Skipf("skipped: %s (set TRAINMETER_REQUIRE_TMPFS=1 to fail instead)", why)
+}
+
 // (d) The spool lies on a 16 KiB tmpfs: writes fail with ENOSPC, handled
-// like a full spool (needs root to mount).
+// like a full spool (needs root to mount). Where it cannot mount one it
+// skips, or fails under TRAINMETER_REQUIRE_TMPFS=1 (.ci/run sets it).
 func TestFaultSpoolDiskFull(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("skipped: mounting a tmpfs for a real full disk needs root (run the e2e tests as root to include it)")
+		noTmpfs(t, "mounting a tmpfs for a real full disk needs root (run the e2e tests as root to include it)")
 	}
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "spool")
@@ -300,7 +310,7 @@ func TestFaultSpoolDiskFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("skipped: cannot mount a tmpfs here: %v %s", err, out)
+		noTmpfs(t, fmt.Sprintf("cannot mount a tmpfs here: %v: %s", err, strings.TrimSpace(string(out))))
 	}
 	// Cleanups run last-registered first: the agent (started below) stops,
 	// then this unmounts, then the temp dir is removed.

@@ -73,3 +73,25 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("ratio interval [%v, %v] %v does not hold 2", lo, hi, ok)
 	}
 }
+
+// TestWelchDFByHand: Welch–Satterthwaite degrees of freedom on a small
+// example worked by hand, independent of TestWelchAgainstScipy's data.
+// a = 1..5: mean 3, s² = 10/4 = 2.5, s²/n = 1/2. b = 10, 20, 30: mean 20,
+// s² = 200/2 = 100, s²/n = 100/3.
+// df = (1/2 + 100/3)² / ((1/2)²/4 + (100/3)²/2) = (41209/36) / (80009/144)
+// = 164836/80009 ≈ 2.0602. And with equal variances of the mean and equal
+// n, df = 2(n−1) (the pooled test's df).
+func TestWelchDFByHand(t *testing.T) {
+	a, b := Summarize([]float64{1, 2, 3, 4, 5}), Summarize([]float64{10, 20, 30})
+	if math.Abs(a.varMean()-0.5) > 1e-12 || math.Abs(b.varMean()-100.0/3) > 1e-12 {
+		t.Fatalf("variances of the means %v, %v; want 1/2, 100/3", a.varMean(), b.varMean())
+	}
+	if df, want := welchDF(a.varMean(), b.varMean(), a.N, b.N), 164836.0/80009; math.Abs(df-want) > 1e-12 {
+		t.Errorf("df = %v, want 164836/80009 = %v", df, want)
+	}
+	for _, n := range []int{2, 5, 30} {
+		if df := welchDF(0.7, 0.7, n, n); math.Abs(df-float64(2*(n-1))) > 1e-12 {
+			t.Errorf("equal variances, n = %d each: df = %v, want %d", n, df, 2*(n-1))
+		}
+	}
+}

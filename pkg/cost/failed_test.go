@@ -26,3 +26,35 @@ func TestModelsLeaveFailedRunsOutOfBaselineAndBest(t *testing.T) {
 		t.Errorf("the failed run has a gain: %v", *m.PerRun[0].GainPoints)
 	}
 }
+
+// Of two equally accurate runs the cheaper is the best, whichever came
+// first; a run whose cost is not known never wins a tie.
+func TestModelsBestTieGoesToTheCheaperRun(t *testing.T) {
+	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	mk := func(id string, min int, usd, acc float64) *trainmeterv1.RunReport {
+		return &trainmeterv1.RunReport{
+			RunId: id, Metadata: &trainmeterv1.RunMetadata{Model: "m"}, Start: timestamppb.New(at.Add(time.Duration(min) * time.Minute)),
+			Ended: true, EndStatus: "ok", TotalCostUsd: usd, HasCost: usd > 0, AccuracyPoints: &acc,
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		runs []*trainmeterv1.RunReport
+		best string
+		usd  float64 // best run's $ per point
+	}{
+		{"costly first", []*trainmeterv1.RunReport{mk("base", 0, 5, 50), mk("costly", 1, 30, 80), mk("cheap", 2, 10, 80)}, "cheap", 10.0 / 80},
+		{"cheap first", []*trainmeterv1.RunReport{mk("base", 0, 5, 50), mk("cheap", 1, 10, 80), mk("costly", 2, 30, 80)}, "cheap", 10.0 / 80},
+		{"unknown cost first", []*trainmeterv1.RunReport{mk("base", 0, 5, 50), mk("unpriced", 1, 0, 80), mk("cheap", 2, 10, 80)}, "cheap", 10.0 / 80},
+		{"more accurate wins at any cost", []*trainmeterv1.RunReport{mk("base", 0, 5, 50), mk("cheap", 1, 10, 80), mk("costly", 2, 30, 81)}, "costly", 30.0 / 81},
+	} {
+		m := Models(tc.runs)[0]
+		if m.Best != tc.best || m.BestUSDPerPoint == nil || *m.BestUSDPerPoint != tc.usd {
+			var got any = m.BestUSDPerPoint
+			if m.BestUSDPerPoint != nil {
+				got = *m.BestUSDPerPoint
+			}
+			t.Errorf("%s: best %q ($/point %v), want %q ($/point %v)", tc.name, m.Best, got, tc.best, tc.usd)
+		}
+	}
+}

@@ -62,7 +62,9 @@ type ModelROI struct {
 	// Baseline is the first run (by start) with accuracy and cost.
 	Baseline       string   `json:"baseline,omitempty"`
 	BaselinePoints *float64 `json:"baseline_points,omitempty"`
-	// Best is the run with the most accuracy points.
+	// Best is the run with the most accuracy points; of equally accurate
+	// runs, the one that cost less (a run whose cost is not known never wins
+	// a tie), then the earliest.
 	Best       string   `json:"best,omitempty"`
 	BestPoints *float64 `json:"best_points,omitempty"`
 	// BestUSDPerPoint is the best run's cost per accuracy point.
@@ -79,6 +81,12 @@ type ModelROI struct {
 }
 
 func ptr(v float64) *float64 { return &v }
+
+// cheaper reports whether r cost less than b: r's cost is known (> 0) and
+// b's is not, or is higher.
+func cheaper(r, b *trainmeterv1.RunReport) bool {
+	return r.GetTotalCostUsd() > 0 && (b.GetTotalCostUsd() <= 0 || r.GetTotalCostUsd() < b.GetTotalCostUsd())
+}
 
 // Models groups reports by model (sorted by name; runs by start time) and
 // computes each model's cost and ROI.
@@ -111,7 +119,7 @@ func modelROI(model string, runs []*trainmeterv1.RunReport) ModelROI {
 	m := ModelROI{Model: model, Runs: len(runs)}
 	var tokens uint64
 	priced := false
-	base := -1
+	base, best := -1, -1
 	for i, r := range runs {
 		m.GPUHours += r.GetGpuHours()
 		m.EnergyKWh += r.GetEnergyKwh()
@@ -125,7 +133,9 @@ func modelROI(model string, runs []*trainmeterv1.RunReport) ModelROI {
 		if _, ok := pointsPerUSD(r); ok && base < 0 {
 			base = i
 		}
-		if r.AccuracyPoints != nil && (m.BestPoints == nil || r.GetAccuracyPoints() > *m.BestPoints) {
+		if r.AccuracyPoints != nil && (best < 0 || r.GetAccuracyPoints() > *m.BestPoints ||
+			r.GetAccuracyPoints() == *m.BestPoints && cheaper(r, runs[best])) {
+			best = i
 			m.Best, m.BestPoints = r.GetRunId(), ptr(r.GetAccuracyPoints())
 			m.BestUSDPerPoint = nil
 			if r.GetTotalCostUsd() > 0 && r.GetAccuracyPoints() > 0 {

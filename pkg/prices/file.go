@@ -143,8 +143,12 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 		if ram, err = num("gpu_ram", 0); err != nil {
 			return nil, err
 		}
-		if o.Reliability, err = num("reliability", 0); err != nil {
-			return nil, err
+		if get("reliability") != "" {
+			r, err := num("reliability", 0)
+			if err != nil {
+				return nil, err
+			}
+			o.Reliability = &r
 		}
 		if o.DLPerfPerUSD, err = num("dlperf_per_dphtotal", 0); err != nil {
 			return nil, err

@@ -46,7 +46,10 @@ func FuzzParsePriceList(f *testing.F) {
 			if p := o.PerGPUHour(); !(p > 0) || math.IsInf(p, 0) {
 				t.Fatalf("offer %q: %v $/GPU-hour", o.ID, p)
 			}
-			for name, v := range map[string]float64{"gpu_ram_gb": o.GPURAMGB, "reliability": o.Reliability,
+			if r := o.Reliability; r != nil && !(*r >= 0 && *r <= 1) {
+				t.Fatalf("offer %q: reliability %v", o.ID, *r)
+			}
+			for name, v := range map[string]float64{"gpu_ram_gb": o.GPURAMGB,
 				"dlperf_per_usd": o.DLPerfPerUSD, "inet_down_mbps": o.InetDownMbps} {
 				if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 					t.Fatalf("offer %q: %s = %v", o.ID, name, v)

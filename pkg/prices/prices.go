@@ -28,8 +28,8 @@ type Offer struct {
 	// USDPerHour is the price of the whole offer (all its GPUs).
 	USDPerHour float64 `json:"usd_per_hour"`
 	// Reliability in [0, 1] as the provider estimates it (vast.ai's
-	// reliability2); 0 = unknown.
-	Reliability float64 `json:"reliability,omitempty"`
+	// reliability2); nil: unknown (the provider or the list gives none).
+	Reliability *float64 `json:"reliability,omitempty"`
 	// DLPerfPerUSD is the provider's deep-learning performance per $/h
 	// (vast.ai's dlperf_per_dphtotal); 0 = unknown.
 	DLPerfPerUSD float64 `json:"dlperf_per_usd,omitempty"`
@@ -69,8 +69,8 @@ func (o Offer) Validate() error {
 		return fmt.Errorf("offer %q (%s): num_gpus %d", o.ID, o.GPUName, o.NumGPUs)
 	case !(o.USDPerHour > 0) || math.IsInf(o.USDPerHour, 0):
 		return fmt.Errorf("offer %q (%s): price %v $/h", o.ID, o.GPUName, o.USDPerHour)
-	case o.Reliability < 0 || o.Reliability > 1 || math.IsNaN(o.Reliability):
-		return fmt.Errorf("offer %q (%s): reliability %v not in [0, 1]", o.ID, o.GPUName, o.Reliability)
+	case o.Reliability != nil && !(*o.Reliability >= 0 && *o.Reliability <= 1):
+		return fmt.Errorf("offer %q (%s): reliability %v not in [0, 1]", o.ID, o.GPUName, *o.Reliability)
 	case o.DLPerfPerUSD < 0 || math.IsNaN(o.DLPerfPerUSD) || math.IsInf(o.DLPerfPerUSD, 0):
 		return fmt.Errorf("offer %q (%s): dlperf_per_dphtotal %v", o.ID, o.GPUName, o.DLPerfPerUSD)
 	case o.GPURAMGB < 0 || math.IsNaN(o.GPURAMGB) || math.IsInf(o.GPURAMGB, 0):
@@ -255,15 +255,17 @@ type Scored struct {
 //	+ w.PerfPerDollar·(its dlperf per $ / the best dlperf per $)
 //
 // with the weights normalised to sum 1, so the score is in [0, 1]; an
-// unknown reliability or dlperf counts 0. Offers below minReliability are
-// left out (0 keeps all).
+// unknown dlperf counts 0. An offer whose reliability is unknown is scored
+// on the other two terms alone (their weights normalised to sum 1): it is
+// neither ranked as unreliable nor as reliable. Offers not known to reach
+// minReliability are left out (0 keeps all).
 func Recommend(offers []Offer, gpuName string, w Weights, minReliability float64) []Scored {
 	var cand []Offer
 	for _, o := range offers {
 		if o.Validate() != nil || (gpuName != "" && ModelKey(o.GPUName) != ModelKey(gpuName)) {
 			continue
 		}
-		if minReliability > 0 && o.Reliability < minReliability {
+		if minReliability > 0 && (o.Reliability == nil || *o.Reliability < minReliability) {
 			continue
 		}
 		cand = append(cand, o)
@@ -282,11 +284,20 @@ func Recommend(offers []Offer, gpuName string, w Weights, minReliability float64
 	}
 	out := make([]Scored, len(cand))
 	for i, o := range cand {
-		s := w.Price*(minPrice/o.PerGPUHour()) + w.Reliability*o.Reliability
+		s, of := w.Price*(minPrice/o.PerGPUHour()), sum
 		if maxPerf > 0 {
 			s += w.PerfPerDollar * (o.DLPerfPerUSD / maxPerf)
 		}
-		out[i] = Scored{Offer: o, Score: s / sum}
+		if o.Reliability != nil {
+			s += w.Reliability * *o.Reliability
+		} else {
+			of -= w.Reliability
+		}
+		score := 0.0 // reliability is all the weights ask about, and unknown
+		if of > 0 {
+			score = s / of
+		}
+		out[i] = Scored{Offer: o, Score: score}
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].Score != out[j].Score {

@@ -138,11 +138,11 @@ func TestParseVastAIFixture(t *testing.T) {
 	}
 	o := offers[1]
 	if o.ID != "13011702" || o.GPUName != "RTX 4090" || o.NumGPUs != 2 || o.USDPerHour != 0.84 || o.PerGPUHour() != 0.42 ||
-		o.Reliability != 0.9962 || o.DLPerfPerUSD != 140.95 || o.Location != "Norway, NO" || o.InetDownMbps != 1422.9 || math.Abs(o.GPURAMGB-23.99) > 0.01 {
+		o.Reliability == nil || *o.Reliability != 0.9962 || o.DLPerfPerUSD != 140.95 || o.Location != "Norway, NO" || o.InetDownMbps != 1422.9 || math.Abs(o.GPURAMGB-23.99) > 0.01 {
 		t.Errorf("offer %+v", o)
 	}
-	if offers[5].Reliability != 0.9872 {
-		t.Errorf("reliability without reliability2: %v", offers[5].Reliability)
+	if r := offers[5].Reliability; r == nil || *r != 0.9872 {
+		t.Errorf("reliability without reliability2: %v", r)
 	}
 	by := ByModel(offers)
 	mp := by["rtx 4090"]

@@ -70,12 +70,9 @@ type vastOffer struct {
 }
 
 func (v vastOffer) offer(provider string) Offer {
-	rel := 0.0
-	switch {
-	case v.Reliability2 != nil:
-		rel = *v.Reliability2
-	case v.Reliability != nil:
-		rel = *v.Reliability
+	rel := v.Reliability2
+	if rel == nil {
+		rel = v.Reliability
 	}
 	n := 0 // a fraction of GPUs cannot be priced per GPU: skipped
 	if v.NumGPUs == math.Trunc(v.NumGPUs) && v.NumGPUs >= 1 && v.NumGPUs <= math.MaxInt32 {

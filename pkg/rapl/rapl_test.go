@@ -146,6 +146,40 @@ func TestWrapAround(t *testing.T) {
 	}
 }
 
+// TestCounterResetWithoutKnownRange: a counter lower than at the previous
+// read, where max_energy_range_uj could not be read, is a reset (say, the
+// driver reloaded): the energy counts from 0 to the new value, no wrap and
+// no underflow of new − previous.
+func TestCounterResetWithoutKnownRange(t *testing.T) {
+	root := copyTree(t, "wrap")
+	if err := os.Remove(filepath.Join(root, "class", "powercap", "intel-rapl:0", "max_energy_range_uj")); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if z := r.Zones()[0]; z.Domain != DomainPackage || z.MaxRangeUJ != 0 {
+		t.Fatalf("zone 0: %+v, want the package with no known range", z)
+	}
+	if _, err := r.Read(); err != nil { // package at 262143000000
+		t.Fatal(err)
+	}
+	setCounter(t, root, "intel-rapl:0", 500_000) // reset, then 0.5 J
+	rd, err := r.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j, _ := rd.Sum(DomainPackage); j != 0.5 || rd.Zones[0].Wraps != 0 {
+		t.Fatalf("package across the reset: %v J, %d wraps; want 0.5 J, 0 wraps", j, rd.Zones[0].Wraps)
+	}
+	setCounter(t, root, "intel-rapl:0", 1_750_000) // and on from there
+	rd, _ = r.Read()
+	if j, _ := rd.Sum(DomainPackage); j != 1.75 || rd.Zones[0].Wraps != 0 {
+		t.Fatalf("after the reset: %v J, %d wraps; want 1.75 J, 0 wraps", j, rd.Zones[0].Wraps)
+	}
+}
+
 // energy_uj is root-only on current kernels. As root (CI) a mode does not
 // stop a read, so the refusal is injected there; otherwise the file's mode
 // is really 000.

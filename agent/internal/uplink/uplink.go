@@ -45,7 +45,9 @@ type Config struct {
 	// Cursor is which of the spool's cursors (collectors) this uplink
 	// serves; 0 with a single collector.
 	Cursor int
-	// MinBackoff and MaxBackoff bound the jittered exponential reconnect delay.
+	// MinBackoff and MaxBackoff bound the reconnect delay: its step doubles
+	// from MinBackoff (0: 250 ms) to MaxBackoff (0: DefaultMaxBackoff), and
+	// each delay is uniform in [step/2, step].
 	MinBackoff, MaxBackoff time.Duration
 	// OnAdvisory receives advisories the collector sends down.
 	OnAdvisory func(*trainmeterv1.Advisory)
@@ -74,7 +76,9 @@ type Stats struct {
 
 // Uplink owns the stream to the collector.
 type Uplink struct {
-	cfg  Config
+	cfg      Config
+	dialOpts []grpc.DialOption
+	// conn is replaced by the stream loop before each reconnect attempt.
 	conn *grpc.ClientConn
 	cur  *spool.Cursor
 
@@ -91,6 +95,11 @@ type Uplink struct {
 	runDone   chan struct{}
 	closeConn sync.Once
 }
+
+// DefaultMaxBackoff is the longest wait between reconnect attempts when
+// Config.MaxBackoff is not set: data flows again within about that long of
+// the collector listening after an outage of any length.
+const DefaultMaxBackoff = 4 * time.Second
 
 // sendChunk is how many batches are read from the spool at a time.
 const sendChunk = 256
@@ -110,7 +119,7 @@ func New(cfg Config) (*Uplink, error) {
 		cfg.MinBackoff = 250 * time.Millisecond
 	}
 	if cfg.MaxBackoff <= 0 {
-		cfg.MaxBackoff = 30 * time.Second
+		cfg.MaxBackoff = DefaultMaxBackoff
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -132,7 +141,7 @@ func New(cfg Config) (*Uplink, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Uplink{cfg: cfg, conn: conn, cur: cfg.Spool.Cursor(cfg.Cursor), notify: make(chan struct{}, 1), drained: make(chan struct{}),
+	return &Uplink{cfg: cfg, dialOpts: opts, conn: conn, cur: cfg.Spool.Cursor(cfg.Cursor), notify: make(chan struct{}, 1), drained: make(chan struct{}),
 		retryNow: make(chan struct{}, 1)}, nil
 }
 
@@ -266,9 +275,10 @@ func (u *Uplink) run(ctx context.Context) {
 			backoff = u.cfg.MinBackoff
 		}
 		u.cfg.Logger.Warn("uplink: collector stream ended, reconnecting", "collector", u.cfg.Address, "err", err, "retry_in", backoff)
-		// Jitter (a delay uniform in [backoff/2, 3·backoff/2)) keeps a fleet
-		// of agents from reconnecting in lockstep after a collector restart.
-		delay := time.Duration(rand.Int64N(int64(backoff))) + backoff/2
+		// Jitter (a delay uniform in [backoff/2, backoff]) keeps a fleet of
+		// agents from reconnecting in lockstep after a collector restart;
+		// no delay exceeds MaxBackoff.
+		delay := backoff/2 + time.Duration(rand.Int64N(int64(backoff-backoff/2)+1))
 		select {
 		case <-u.cfg.Clock.After(delay):
 		case <-u.retryNow:
@@ -276,7 +286,23 @@ func (u *Uplink) run(ctx context.Context) {
 			return
 		}
 		backoff = min(backoff*2, u.cfg.MaxBackoff)
+		u.redial()
 	}
+}
+
+// redial gives the next attempt a new connection. On the old one gRPC's
+// own reconnect backoff (growing to 2 min while the collector is down)
+// fails streams at once until its next try, however long the collector has
+// been back; a new connection tries at once, so the loop's backoff alone
+// paces the attempts.
+func (u *Uplink) redial() {
+	conn, err := grpc.NewClient(u.cfg.Address, u.dialOpts...)
+	if err != nil {
+		u.cfg.Logger.Error("uplink: new connection to the collector", "collector", u.cfg.Address, "err", err)
+		return
+	}
+	u.conn.Close()
+	u.conn = conn
 }
 
 // session runs one stream. It reports whether any batch was acked on it.

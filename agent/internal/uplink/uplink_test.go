@@ -371,3 +371,67 @@ func TestOversizedBatchIsDroppedNotResentForever(t *testing.T) {
 		t.Errorf("loss records %v, want the huge batch's run reported lost once (got %v, stats %+v)", c.losses, c.got, st)
 	}
 }
+
+// TestDeliversWithin5sOfCollectorReturning: after a long outage (the
+// reconnect step at its cap) the agent's data reaches a collector within
+// 5 s of it listening again, on the injected clock. Neither the uplink's
+// own backoff nor gRPC's connection backoff may hold it back longer.
+func TestDeliversWithin5sOfCollectorReturning(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	fake := clock.NewFake(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	sp := openSpool(t, 0)
+	// The default backoff bounds, as the agent runs with them.
+	u, err := New(Config{Address: addr, Spool: sp, Clock: fake, Hello: &trainmeterv1.Hello{Node: "n1", BootId: sp.BootID()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := u.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
+	u.Enqueue(&trainmeterv1.Batch{Seq: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// Twenty failed attempts: the step is at its cap by then.
+	for range 20 {
+		if err := fake.AwaitWaiters(ctx, 1); err != nil {
+			t.Fatalf("the uplink never backed off: %v", err)
+		}
+		fake.AdvanceToNextWaiter()
+	}
+	if err := fake.AwaitWaiters(ctx, 1); err != nil {
+		t.Fatalf("the uplink never backed off: %v", err)
+	}
+	lis, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("port %s was taken meanwhile: %v", addr, err)
+	}
+	back := fake.Now()
+	c := &collector{}
+	srv := grpc.NewServer()
+	trainmeterv1.RegisterIngestServiceServer(srv, c)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	for u.Stats().Acked < 1 {
+		if ctx.Err() != nil {
+			t.Fatalf("nothing acked %v after the collector came back (stats %+v)", fake.Now().Sub(back), u.Stats())
+		}
+		if fake.Waiters() > 0 {
+			fake.AdvanceToNextWaiter()
+			continue
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if took := fake.Now().Sub(back); took > 5*time.Second {
+		t.Errorf("first ack %v after the collector listened again, want ≤ 5 s", took)
+	}
+}

@@ -204,6 +204,10 @@ type Manager struct {
 	// runs that ended (not read again).
 	capStopped map[string]bool
 	capDone    map[string]bool
+	// capTouched holds the runs batches touched since their caps were last
+	// checked; capNow (capacity 1) wakes the loop to check them.
+	capTouched map[string]struct{}
+	capNow     chan struct{}
 	pricing    cost.Config
 	changed    map[string]struct{} // runs touched by batches since the last load
 
@@ -238,7 +242,7 @@ func New(cfg Config, st Store, report func(*aggregate.State) *trainmeterv1.RunRe
 	}
 	m := &Manager{cfg: cfg, store: st, report: report, advise: advise, rec: &alert.Recorder{Store: st, Sink: sink}, log: log,
 		dirty: make(chan struct{}, 1), stopped: map[string]bool{}, changed: map[string]struct{}{},
-		capStopped: map[string]bool{}, capDone: map[string]bool{}}
+		capStopped: map[string]bool{}, capDone: map[string]bool{}, capTouched: map[string]struct{}{}, capNow: make(chan struct{}, 1)}
 	m.MarkDirty()
 	return m
 }
@@ -274,15 +278,23 @@ func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 	for _, l := range b.GetLosses() {
 		m.changed[l.GetRunId()] = struct{}{}
 	}
+	for _, w := range b.GetRunWindows() {
+		m.capTouched[w.GetRunId()] = struct{}{}
+	}
 	m.mu.Unlock()
 	m.MarkDirty()
+	select {
+	case m.capNow <- struct{}{}:
+	default:
+	}
 }
 
 // FullReload is how often evaluation reads every run again rather than only
 // those batches touched.
 const FullReload = 5 * time.Minute
 
-// Start evaluates on a ticker until Shutdown.
+// Start evaluates on a ticker until Shutdown, and checks the --max-cost
+// caps of the runs in each applied batch as soon as it is applied.
 func (m *Manager) Start(context.Context) error {
 	stop, done := make(chan struct{}), make(chan struct{})
 	m.stop, m.done = stop, done
@@ -294,6 +306,13 @@ func (m *Manager) Start(context.Context) error {
 			select {
 			case <-stop:
 				return
+			case <-m.capNow:
+				m.evalMu.Lock()
+				err := m.evaluateCapsOf(context.Background())
+				m.evalMu.Unlock()
+				if err != nil {
+					m.log.Warn("max-cost check failed", "err", err)
+				}
 			case <-t.C():
 				select {
 				case <-m.dirty:

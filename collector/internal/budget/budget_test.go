@@ -379,6 +379,13 @@ func (a *advisor) Advise(node string, adv *trainmeterv1.Advisory) bool {
 	return true
 }
 
+// stops is a copy of the advisories taken so far.
+func (a *advisor) stops() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.got...)
+}
+
 func TestStopPolicy(t *testing.T) {
 	st := openStore(t, t.TempDir())
 	defer st.Close()

@@ -175,67 +175,106 @@ func (m *Manager) evaluateCaps(ctx context.Context) error {
 	}
 	var errs []error
 	for _, p := range plans {
+		if err := m.checkCap(ctx, p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// evaluateCapsOf checks the caps of the runs batches touched since the last
+// call: the manager's loop calls it as soon as a batch is applied, so a run
+// is told to stop at the first batch that takes it to its cap rather than
+// at the next evaluation tick.
+func (m *Manager) evaluateCapsOf(ctx context.Context) error {
+	m.mu.Lock()
+	runs := m.capTouched
+	m.capTouched = map[string]struct{}{}
+	m.mu.Unlock()
+	var errs []error
+	for id := range runs {
 		m.mu.Lock()
-		done := m.capDone[p.RunID]
+		done := m.capDone[id]
 		m.mu.Unlock()
 		if done {
 			continue
 		}
-		states, err := m.store.ListRuns([]string{p.RunID})
-		var nf *store.NotFoundError
-		if errors.As(err, &nf) || errors.Is(err, store.ErrNotFound) || len(states) == 0 {
-			continue // not started yet
-		}
+		p, ok, err := m.Plan(id)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		s := states[0]
-		r := m.report(s)
-		if r.GetEnded() {
-			m.mu.Lock()
-			m.capDone[p.RunID] = true
-			for n := range s.Nodes {
-				delete(m.capStopped, p.RunID+"\x00"+n)
-			}
-			m.mu.Unlock()
+		if !ok || p.MaxCostUSD <= 0 {
 			continue
 		}
-		spent := r.GetTotalCostUsd()
-		if spent < p.MaxCostUSD {
-			continue
-		}
-		now := m.cfg.Clock.Now().UTC()
-		amounts := money.USDs(p.MaxCostUSD, spent) // as `budget` and its alerts round
-		a := alert.Alert{
-			Kind: KindMaxCost, Severity: alert.SeverityExceeded, Scope: "run:" + p.RunID, Threshold: 1,
-			SpentUSD: spent, BudgetUSD: p.MaxCostUSD, Time: now, RunIDs: []string{p.RunID},
-			Message: fmt.Sprintf("run %s reached its max-cost %s (%s spent): its ranks are told to stop", p.RunID, amounts[0], amounts[1]),
-		}
-		if fired, err := m.rec.Fire(ctx, KindMaxCost+"/"+p.RunID, a); err != nil {
+		if err := m.checkCap(ctx, p); err != nil {
 			errs = append(errs, err)
-		} else if fired {
-			m.log.Warn("max-cost reached", "run", p.RunID, "spent", spent, "max_cost", p.MaxCostUSD)
-		}
-		if m.advise == nil {
-			continue
-		}
-		reason := fmt.Sprintf("%s %s reached (%s spent)", MaxCostReasonPrefix, amounts[0], amounts[1])
-		for n := range s.Nodes {
-			k := p.RunID + "\x00" + n
-			m.mu.Lock()
-			told := m.capStopped[k]
-			m.mu.Unlock()
-			if told {
-				continue
-			}
-			if m.advise.Advise(n, &trainmeterv1.Advisory{RunId: p.RunID, Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: reason}}}) {
-				m.mu.Lock()
-				m.capStopped[k] = true
-				m.mu.Unlock()
-				m.log.Warn("stop advisory sent", "run", p.RunID, "node", n, "reason", reason)
-			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkCap fires the max-cost alert of run p and tells its nodes to stop it
+// once its total cost reached the cap.
+func (m *Manager) checkCap(ctx context.Context, p RunPlan) error {
+	m.mu.Lock()
+	done := m.capDone[p.RunID]
+	m.mu.Unlock()
+	if done {
+		return nil
+	}
+	states, err := m.store.ListRuns([]string{p.RunID})
+	var nf *store.NotFoundError
+	if errors.As(err, &nf) || errors.Is(err, store.ErrNotFound) || len(states) == 0 {
+		return nil // not started yet
+	}
+	if err != nil {
+		return err
+	}
+	s := states[0]
+	r := m.report(s)
+	if r.GetEnded() {
+		m.mu.Lock()
+		m.capDone[p.RunID] = true
+		for n := range s.Nodes {
+			delete(m.capStopped, p.RunID+"\x00"+n)
+		}
+		m.mu.Unlock()
+		return nil
+	}
+	spent := r.GetTotalCostUsd()
+	if spent < p.MaxCostUSD {
+		return nil
+	}
+	now := m.cfg.Clock.Now().UTC()
+	amounts := money.USDs(p.MaxCostUSD, spent) // as `budget` and its alerts round
+	a := alert.Alert{
+		Kind: KindMaxCost, Severity: alert.SeverityExceeded, Scope: "run:" + p.RunID, Threshold: 1,
+		SpentUSD: spent, BudgetUSD: p.MaxCostUSD, Time: now, RunIDs: []string{p.RunID},
+		Message: fmt.Sprintf("run %s reached its max-cost %s (%s spent): its ranks are told to stop", p.RunID, amounts[0], amounts[1]),
+	}
+	fired, err := m.rec.Fire(ctx, KindMaxCost+"/"+p.RunID, a)
+	if fired {
+		m.log.Warn("max-cost reached", "run", p.RunID, "spent", spent, "max_cost", p.MaxCostUSD)
+	}
+	if m.advise == nil {
+		return err
+	}
+	reason := fmt.Sprintf("%s %s reached (%s spent)", MaxCostReasonPrefix, amounts[0], amounts[1])
+	for n := range s.Nodes {
+		k := p.RunID + "\x00" + n
+		m.mu.Lock()
+		told := m.capStopped[k]
+		m.mu.Unlock()
+		if told {
+			continue
+		}
+		if m.advise.Advise(n, &trainmeterv1.Advisory{RunId: p.RunID, Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: reason}}}) {
+			m.mu.Lock()
+			m.capStopped[k] = true
+			m.mu.Unlock()
+			m.log.Warn("stop advisory sent", "run", p.RunID, "node", n, "reason", reason)
+		}
+	}
+	return err
 }

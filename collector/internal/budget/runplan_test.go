@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
@@ -66,6 +67,41 @@ func TestMaxCostStopsAndAlerts(t *testing.T) {
 	listed, err := m.Recorder().List(KindMaxCost)
 	if err != nil || len(listed) != 1 || listed[0].Scope != "run:capped" {
 		t.Errorf("stored max-cost alerts %+v, %v", listed, err)
+	}
+}
+
+// TestMaxCostCheckedOnEveryBatch: the manager's own loop tells a capped run
+// to stop as soon as the batch that takes it to its cap is applied, without
+// waiting for its evaluation tick (the clock never moves here).
+func TestMaxCostCheckedOnEveryBatch(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	adv := &advisor{refused: map[string]bool{"n1": true}} // n1 takes the first advisory
+	m := New(Config{Clock: clock.NewFake(tu.Now()), EvalInterval: time.Hour}, st, report, adv, nil, quiet())
+	if _, _, err := m.PlanRun("capped", 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
+	f := &feeder{t: t, st: st, m: m}
+	f.run("n1", "capped", "m", "", nil, 0, 2, false) // $2 of $3
+	time.Sleep(50 * time.Millisecond)
+	if got := adv.stops(); len(got) != 0 {
+		t.Fatalf("under the cap: advisories %v", got)
+	}
+	f.run("n1", "capped", "m", "", nil, 2, 3, false) // $3 of $3
+	deadline := time.Now().Add(5 * time.Second)
+	for len(adv.stops()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := adv.stops(); len(got) != 1 || !strings.HasPrefix(got[0], "n1 capped: max-cost $3.00 reached") {
+		t.Fatalf("advisories %v, want a max-cost stop right after the batch that reached the cap", got)
 	}
 }
 

@@ -57,7 +57,7 @@ func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.Config) *budgetServeFlags
 	f.StringVar(&cfg.Prices.AzureURL, "azure-url", "", "Azure retail prices API base URL (default "+prices.DefaultAzureURL+"; no key)")
 	f.StringSliceVar(&cfg.Prices.AzureRegions, "azure-regions", nil, "Azure regions (armRegionName, comma-separated: eastus,westeurope) to price; default every region")
 	f.StringVar(&cfg.Prices.File, "price-file", "", "CSV or JSON price list for --price-provider file")
-	f.DurationVar(&cfg.Prices.FetchInterval, "price-fetch-interval", time.Hour, "how often prices are fetched, the first time at start (0: only by `trainmeter prices fetch`)")
+	f.DurationVar(&cfg.Prices.FetchInterval, "price-fetch-interval", time.Hour, "how often prices are fetched, the first time at start (0: only by \"trainmeter prices fetch\")")
 	f.DurationVar(&cfg.Prices.MaxOfferAge, "price-max-age", 0, "a provider's offers older than this (its fetches failing) are stale: listed, but no current price (0: max(24h, 3 × --price-fetch-interval); imported lists never go stale)")
 	return b
 }

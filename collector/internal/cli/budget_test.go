@@ -82,7 +82,7 @@ func TestBudgetCommands(t *testing.T) {
 	if _, err := run(t, env, "budget", "delete", "model:llama-3-8b", "--period", "month"); err == nil || !strings.Contains(err.Error(), "no such budget") {
 		t.Errorf("second delete: %v", err)
 	}
-	if out, err := run(t, env, "prices"); err != nil || !strings.Contains(out, "no prices yet") {
+	if out, err := run(t, env, "prices"); err != nil || !strings.Contains(out, "no prices: the collector has no price provider") {
 		t.Errorf("prices without a provider: %q %v", out, err)
 	}
 	if _, err := run(t, env, "prices", "fetch"); err == nil || !strings.Contains(err.Error(), "no price provider") {

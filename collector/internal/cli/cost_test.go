@@ -288,3 +288,89 @@ func TestImportedPriceListIsTheCatalog(t *testing.T) {
 	}
 	near(t, "cost_usd (1 GPU-second at $3600/h)", r.CostUSD, 1)
 }
+
+// TestPricesWithoutProviderSuggestsImport: `prices` on a collector with no
+// price provider points at what works there (`prices import`, or serve
+// --price-provider), not at `prices fetch`, which fails without one.
+func TestPricesWithoutProviderSuggestsImport(t *testing.T) {
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := srv.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	addr := srv.Addr().String()
+	out, err := run(t, nil, "prices", "--collector", addr)
+	if err != nil {
+		t.Fatalf("prices: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "prices fetch") || !strings.Contains(out, "trainmeter prices import FILE") || !strings.Contains(out, "--price-provider") {
+		t.Errorf("prices without a provider says:\n%s\nwant a pointer to prices import and --price-provider, not prices fetch", out)
+	}
+	if _, err := run(t, nil, "prices", "fetch", "--collector", addr); err == nil {
+		t.Error("prices fetch without a provider succeeded; the hint above relies on it failing")
+	}
+}
+
+// TestImportedOfferWithoutReliability: an imported offer with no
+// reliability has none (null in --json, "-" in the table) and is not
+// ranked as an unreliable one: cheaper than an offer of reliability 0.5, it
+// is recommended first.
+func TestImportedOfferWithoutReliability(t *testing.T) {
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := srv.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	addr := srv.Addr().String()
+	list := filepath.Join(t.TempDir(), "prices.csv")
+	if err := os.WriteFile(list, []byte("id,gpu_name,num_gpus,dph_total,reliability\nnorel,Sim GPU,1,1.00,\nhalf,Sim GPU,1,1.20,0.5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, nil, "prices", "import", list, "--collector", addr); err != nil {
+		t.Fatalf("prices import: %v\n%s", err, out)
+	}
+	out, err := run(t, nil, "prices", "--gpu", "Sim GPU", "--json", "--collector", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resp struct {
+		Gpus []struct {
+			Recommended []map[string]any `json:"recommended"`
+		} `json:"gpus"`
+	}
+	if err := json.Unmarshal([]byte(out), &resp); err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Gpus) != 1 || len(resp.Gpus[0].Recommended) != 2 {
+		t.Fatalf("prices --json: %s", out)
+	}
+	first, second := resp.Gpus[0].Recommended[0], resp.Gpus[0].Recommended[1]
+	if first["id"] != "norel" || second["id"] != "half" {
+		t.Errorf("recommended %v then %v, want norel (cheaper, reliability unknown) then half", first["id"], second["id"])
+	}
+	if v := first["reliability"]; v != nil {
+		t.Errorf("norel's reliability is %v in --json, want null", v)
+	}
+	if second["reliability"] != 0.5 {
+		t.Errorf("half's reliability %v, want 0.5", second["reliability"])
+	}
+	text, err := run(t, nil, "prices", "--gpu", "Sim GPU", "--collector", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if f := strings.Fields(line); len(f) > 7 && f[1] == "norel" && f[7] != "-" {
+			t.Errorf("norel's RELIABILITY column shows %q, want -:\n%s", f[7], text)
+		}
+	}
+}

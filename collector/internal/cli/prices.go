@@ -101,7 +101,13 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 					fmt.Fprintln(w, "warning:", warn)
 				}
 				if len(resp.GetGpus()) == 0 {
-					if resp.GetWarning() == "" {
+					switch {
+					case resp.GetWarning() != "":
+					case resp.GetProvider() == "":
+						// prices fetch has nothing to fetch from here.
+						fmt.Fprintln(w, "no prices: the collector has no price provider; load a price list with `trainmeter prices import FILE`, "+
+							"or start it with `trainmeter serve --price-provider vastai,lambda,runpod,azure` (or `--price-provider file --price-file FILE`)")
+					default:
 						fmt.Fprintln(w, "no prices yet (trainmeter prices fetch)")
 					}
 					return writeProviderStatus(w, resp.GetProviders(), resp.GetMaxOfferAgeS())
@@ -134,8 +140,8 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 						if o.GetSpot() {
 							pricing = "spot"
 						}
-						fmt.Fprintf(tw, "%.3f\t%s\t%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%s\n", o.GetScore(), o.GetId(), o.GetProvider(), pricing, o.GetNumGpus(),
-							o.GetUsdPerHour(), o.GetUsdPerGpuHour(), o.GetReliability(), o.GetDlperfPerUsd(), o.GetLocation())
+						fmt.Fprintf(tw, "%.3f\t%s\t%s\t%s\t%d\t%.3f\t%.3f\t%s\t%.1f\t%s\n", o.GetScore(), o.GetId(), o.GetProvider(), pricing, o.GetNumGpus(),
+							o.GetUsdPerHour(), o.GetUsdPerGpuHour(), optF(o.Reliability, "%.3f"), o.GetDlperfPerUsd(), o.GetLocation())
 					}
 					if err := tw.Flush(); err != nil {
 						return err

@@ -60,7 +60,10 @@ type runOptions struct {
 	start       trainerwire.RunStart // run_start metadata the user gave
 	statusEvery time.Duration        // plain status lines when not a terminal
 	reportWait  time.Duration        // how long to wait for the collector to see the end
-	tty         bool                 // rewrite one status line in place
+	tty         bool                 // a live line on the terminal's bottom row
+	// termSize is the terminal's rows and columns (ok false: not known);
+	// with tty, the live line keeps the bottom row to itself.
+	termSize func() (rows, cols int, ok bool)
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -161,7 +164,11 @@ the command still runs, unmeasured.`,
 				o.runID = newRunID(args[0])
 			}
 			o.stdin, o.stdout, o.stderr = cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr()
-			o.tty = isTerminal(o.stderr)
+			if f, ok := o.stderr.(*os.File); ok && isTerminal(f) {
+				o.termSize = func() (int, int, bool) { return termSize(f) }
+				// A live line needs the terminal's size; without it, plain lines.
+				_, _, o.tty = o.termSize()
+			}
 			o.query = func() (trainmeterv1.QueryServiceClient, func(), error) {
 				conn, err := cf.dial(context.Background(), o.stderr)
 				if err != nil {

@@ -16,8 +16,11 @@ import (
 )
 
 // runStatus shows a running command's figures from the collector's GetRun:
-// one line rewritten in place every second on a terminal, else a plain line
-// every --status-every; and the run's report at the end.
+// on a terminal, one line redrawn every second on the bottom row, which a
+// scroll region over the rows above keeps to itself (the command writes
+// straight to the terminal, and its output scrolls above, never onto that
+// row); else a plain line every --status-every; and the run's report at
+// the end.
 type runStatus struct {
 	o       *runOptions
 	started time.Time
@@ -30,9 +33,11 @@ type runStatus struct {
 	close func()
 	err   error // dialling the collector failed
 
-	mu        sync.Mutex
-	warned    bool
-	shown     bool    // a status line is on the terminal
+	mu     sync.Mutex
+	warned bool
+	// rows is the terminal height the scroll region was set for (0: not
+	// set): rows 1..rows−1 scroll, row rows holds the live line.
+	rows      int
 	lastE     float64 // energy_total_j and wall_s at the previous poll
 	lastWall  float64
 	lastPower float64
@@ -79,12 +84,39 @@ func (s *runStatus) run() (stop func()) {
 		close(done)
 		wg.Wait()
 		s.mu.Lock()
-		if s.shown {
-			fmt.Fprint(s.o.stderr, "\r\033[K")
-			s.shown = false
+		if s.rows > 0 {
+			// Clear the live line and give the whole screen back to
+			// scrolling; the cursor stays where the command left it.
+			fmt.Fprintf(s.o.stderr, "\0337\033[%d;1H\033[K\033[r\0338", s.rows)
+			s.rows = 0
 		}
 		s.mu.Unlock()
 	}
+}
+
+// drawLive draws line on the terminal's bottom row, first setting the
+// scroll region above it (again after a resize). The cursor is saved and
+// restored around each draw, so the command's output goes on where it was.
+// Called with s.mu held.
+func (s *runStatus) drawLive(line string) {
+	rows, cols, ok := s.o.termSize()
+	if !ok || rows < 2 || cols < 2 {
+		return
+	}
+	switch {
+	case s.rows == 0:
+		// A new line first, so that the cursor, even on the bottom row, is
+		// inside the region once it is set (setting it homes the cursor:
+		// saved and restored around it, then moved back up into the region).
+		fmt.Fprintf(s.o.stderr, "\n\0337\033[1;%dr\0338\033[1A", rows-1)
+	case s.rows != rows:
+		fmt.Fprintf(s.o.stderr, "\0337\033[1;%dr\0338", rows-1)
+	}
+	s.rows = rows
+	if r := []rune(line); len(r) > cols-1 {
+		line = string(r[:cols-1]) // a wrapped line would scroll the whole screen
+	}
+	fmt.Fprintf(s.o.stderr, "\0337\033[%d;1H\033[K%s\0338", rows, line)
 }
 
 func (s *runStatus) warnOnce(format string, args ...any) {
@@ -94,10 +126,6 @@ func (s *runStatus) warnOnce(format string, args ...any) {
 		return
 	}
 	s.warned = true
-	if s.shown {
-		fmt.Fprint(s.o.stderr, "\r\033[K")
-		s.shown = false
-	}
 	fmt.Fprintf(s.o.stderr, "trainmeter: "+format+"\n", args...)
 }
 
@@ -131,8 +159,7 @@ func (s *runStatus) poll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.o.tty {
-		fmt.Fprint(s.o.stderr, "\r\033[K"+line)
-		s.shown = true
+		s.drawLive(line)
 	} else {
 		fmt.Fprintln(s.o.stderr, line)
 	}

@@ -29,3 +29,12 @@ func isTTY(f *os.File) bool {
 	_, _, e := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), uintptr(syscall.TCGETS), uintptr(unsafe.Pointer(&t)))
 	return e == 0
 }
+
+// termSize is the terminal's rows and columns (TIOCGWINSZ).
+func termSize(f *os.File) (rows, cols int, ok bool) {
+	var ws struct{ Row, Col, X, Y uint16 }
+	if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), uintptr(syscall.TIOCGWINSZ), uintptr(unsafe.Pointer(&ws))); e != 0 {
+		return 0, 0, false
+	}
+	return int(ws.Row), int(ws.Col), ws.Row > 0 && ws.Col > 0
+}

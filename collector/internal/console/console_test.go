@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"golang.org/x/net/html"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/console"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
@@ -557,8 +558,8 @@ func TestPricesPage(t *testing.T) {
 	c := startCollector(t, nil)
 	ps := trainmeterv1.NewPriceServiceClient(tu.Dial(t, c.srv.Addr().String()))
 	if _, err := ps.ImportPrices(t.Context(), &trainmeterv1.ImportPricesRequest{Offers: []*trainmeterv1.PriceOffer{
-		{Id: "o1", Provider: "p1", GpuName: "H100 SXM", NumGpus: 8, UsdPerHour: 28.8, Reliability: 0.99, Location: "EU"},
-		{Id: "o2", Provider: `<b>p</b>`, GpuName: "H100 SXM", NumGpus: 1, UsdPerHour: 1.9, Reliability: 0.95, Location: "US"},
+		{Id: "o1", Provider: "p1", GpuName: "H100 SXM", NumGpus: 8, UsdPerHour: 28.8, Reliability: proto.Float64(0.99), Location: "EU"},
+		{Id: "o2", Provider: `<b>p</b>`, GpuName: "H100 SXM", NumGpus: 1, UsdPerHour: 1.9, Location: "US"}, // reliability unknown
 		{Id: "o3", Provider: "p2", GpuName: "A100 SXM4", NumGpus: 1, UsdPerHour: 1.1},
 	}}); err != nil {
 		t.Fatal(err)
@@ -580,8 +581,12 @@ func TestPricesPage(t *testing.T) {
 		}
 	}
 	if len(g.GetRecommended()) > 0 {
-		if _, body := get(t, nil, c.base+"/prices?gpu=H100+SXM"); !strings.Contains(body, "Recommended offers") {
+		_, body := get(t, nil, c.base+"/prices?gpu=H100+SXM")
+		if !strings.Contains(body, "Recommended offers") {
 			t.Error("?gpu= does not list the recommended offers")
+		}
+		if !strings.Contains(body, "reliability 0.99,") || !strings.Contains(body, "reliability -,") {
+			t.Errorf("recommended offers: want reliability 0.99 for o1 and - (unknown) for o2:\n%s", body)
 		}
 	}
 }

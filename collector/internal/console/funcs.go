@@ -32,7 +32,7 @@ var funcs = template.FuncMap{
 	"when":       when,
 	"ago":        ago,
 	"mib":        func(mib uint64) string { return strconv.FormatUint(mib, 10) },
-	"version":    func() string { return url.QueryEscape(buildinfo.Version()) },
+	"version":    func() string { return version() },
 	"pvalue":     pvalue,
 	"barw":       barWidth,
 	"add":        func(a, b int) int { return a + b },
@@ -55,6 +55,11 @@ var funcs = template.FuncMap{
 		return num(*p)
 	},
 }
+
+// version is the binary's version (a test sets another). Templates use it
+// as it is: html/template encodes it where it goes into a URL, so it must
+// not be encoded here too.
+var version = buildinfo.Version
 
 // num rounds to 4 significant digits, as the CLI's tables do.
 func num(v float64) string {

@@ -118,7 +118,7 @@ func (s *Service) ImportPrices(ctx context.Context, req *trainmeterv1.ImportPric
 	for i, o := range req.GetOffers() {
 		off := prices.Offer{
 			ID: o.GetId(), Provider: o.GetProvider(), GPUName: o.GetGpuName(), NumGPUs: int(o.GetNumGpus()), GPURAMGB: o.GetGpuRamGb(),
-			USDPerHour: o.GetUsdPerHour(), Reliability: o.GetReliability(), DLPerfPerUSD: o.GetDlperfPerUsd(),
+			USDPerHour: o.GetUsdPerHour(), Reliability: o.Reliability, DLPerfPerUSD: o.GetDlperfPerUsd(),
 			Location: o.GetLocation(), InetDownMbps: o.GetInetDownMbps(), Spot: o.GetSpot(),
 		}
 		if off.Provider == "" {

@@ -32,10 +32,12 @@ type PriceOffer struct {
 	// Total $/h of the offer, and per GPU.
 	UsdPerHour    float64 `protobuf:"fixed64,6,opt,name=usd_per_hour,json=usdPerHour,proto3" json:"usd_per_hour,omitempty"`
 	UsdPerGpuHour float64 `protobuf:"fixed64,7,opt,name=usd_per_gpu_hour,json=usdPerGpuHour,proto3" json:"usd_per_gpu_hour,omitempty"`
-	Reliability   float64 `protobuf:"fixed64,8,opt,name=reliability,proto3" json:"reliability,omitempty"`
-	DlperfPerUsd  float64 `protobuf:"fixed64,9,opt,name=dlperf_per_usd,json=dlperfPerUsd,proto3" json:"dlperf_per_usd,omitempty"`
-	Location      string  `protobuf:"bytes,10,opt,name=location,proto3" json:"location,omitempty"`
-	InetDownMbps  float64 `protobuf:"fixed64,11,opt,name=inet_down_mbps,json=inetDownMbps,proto3" json:"inet_down_mbps,omitempty"`
+	// Reliability in [0, 1] as the provider estimates it; absent: unknown
+	// (the provider or the imported list gives none).
+	Reliability  *float64 `protobuf:"fixed64,8,opt,name=reliability,proto3,oneof" json:"reliability,omitempty"`
+	DlperfPerUsd float64  `protobuf:"fixed64,9,opt,name=dlperf_per_usd,json=dlperfPerUsd,proto3" json:"dlperf_per_usd,omitempty"`
+	Location     string   `protobuf:"bytes,10,opt,name=location,proto3" json:"location,omitempty"`
+	InetDownMbps float64  `protobuf:"fixed64,11,opt,name=inet_down_mbps,json=inetDownMbps,proto3" json:"inet_down_mbps,omitempty"`
 	// Recommendation score in [0, 1] (higher is better).
 	Score float64 `protobuf:"fixed64,12,opt,name=score,proto3" json:"score,omitempty"`
 	// Price providers (issue 23): location above is the provider's region
@@ -127,8 +129,8 @@ func (x *PriceOffer) GetUsdPerGpuHour() float64 {
 }
 
 func (x *PriceOffer) GetReliability() float64 {
-	if x != nil {
-		return x.Reliability
+	if x != nil && x.Reliability != nil {
+		return *x.Reliability
 	}
 	return 0
 }
@@ -873,7 +875,7 @@ var File_trainmeter_v1_prices_proto protoreflect.FileDescriptor
 
 const file_trainmeter_v1_prices_proto_rawDesc = "" +
 	"\n" +
-	"\x1atrainmeter/v1/prices.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x03\n" +
+	"\x1atrainmeter/v1/prices.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa1\x03\n" +
 	"\n" +
 	"PriceOffer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
@@ -884,14 +886,15 @@ const file_trainmeter_v1_prices_proto_rawDesc = "" +
 	"gpu_ram_gb\x18\x05 \x01(\x01R\bgpuRamGb\x12 \n" +
 	"\fusd_per_hour\x18\x06 \x01(\x01R\n" +
 	"usdPerHour\x12'\n" +
-	"\x10usd_per_gpu_hour\x18\a \x01(\x01R\rusdPerGpuHour\x12 \n" +
-	"\vreliability\x18\b \x01(\x01R\vreliability\x12$\n" +
+	"\x10usd_per_gpu_hour\x18\a \x01(\x01R\rusdPerGpuHour\x12%\n" +
+	"\vreliability\x18\b \x01(\x01H\x00R\vreliability\x88\x01\x01\x12$\n" +
 	"\x0edlperf_per_usd\x18\t \x01(\x01R\fdlperfPerUsd\x12\x1a\n" +
 	"\blocation\x18\n" +
 	" \x01(\tR\blocation\x12$\n" +
 	"\x0einet_down_mbps\x18\v \x01(\x01R\finetDownMbps\x12\x14\n" +
 	"\x05score\x18\f \x01(\x01R\x05score\x12\x13\n" +
-	"\x04spot\x18\xa0\x06 \x01(\bR\x04spot\"\xa1\x01\n" +
+	"\x04spot\x18\xa0\x06 \x01(\bR\x04spotB\x0e\n" +
+	"\f_reliability\"\xa1\x01\n" +
 	"\n" +
 	"PriceTrend\x12\x16\n" +
 	"\x06window\x18\x01 \x01(\tR\x06window\x12\x16\n" +
@@ -1011,6 +1014,7 @@ func file_trainmeter_v1_prices_proto_init() {
 	if File_trainmeter_v1_prices_proto != nil {
 		return
 	}
+	file_trainmeter_v1_prices_proto_msgTypes[0].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
