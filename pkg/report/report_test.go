@@ -8,7 +8,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -254,28 +253,6 @@ func TestIncompleteRunIsMarked(t *testing.T) {
 	if lines := strings.Split(buf.String(), "\n"); len(lines) < 2 || lines[1] != want {
 		t.Errorf("report starts:\n%s\nwant line 2: %s", buf.String()[:min(300, buf.Len())], want)
 	}
-}
-
-// costLine returns the dollar amount printed on a report line, in units of
-// its last digit, and its number of decimals.
-func costLine(t *testing.T, report, label string) (int64, int) {
-	t.Helper()
-	for _, l := range strings.Split(report, "\n") {
-		l = strings.TrimSpace(l)
-		if !strings.HasPrefix(l, label+":") {
-			continue
-		}
-		f := strings.Fields(strings.TrimPrefix(l, label+":"))
-		amount := strings.TrimPrefix(f[0], "$")
-		dot := strings.IndexByte(amount, '.')
-		n, err := strconv.ParseInt(strings.Replace(amount, ".", "", 1), 10, 64)
-		if err != nil || dot < 0 || strings.ContainsAny(amount, "eE") {
-			t.Fatalf("%s: %q is no plain dollar amount", label, l)
-		}
-		return n, len(amount) - dot - 1
-	}
-	t.Fatalf("no %q line in\n%s", label, report)
-	return 0, 0
 }
 
 // TestReportCostLinesAreTheirOwnValues: over costs of six orders of
