@@ -43,6 +43,9 @@ type Config struct {
 	// PrometheusListen, when set (HOST:PORT), serves GET /metrics in the
 	// Prometheus text format.
 	PrometheusListen string `yaml:"prometheus_listen"`
+	// PrometheusGate, when set, keeps the series it names private to the
+	// scrapes it authorizes (set by the program, not configuration).
+	PrometheusGate *PrometheusGate `yaml:"-"`
 }
 
 // Enabled reports whether anything is exported.

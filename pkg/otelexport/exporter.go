@@ -128,7 +128,14 @@ func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Ex
 			return nil, fmt.Errorf("prometheus listen on %s: %w", cfg.PrometheusListen, err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+		serve := func(g prometheus.Gatherer) http.Handler {
+			return promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)})
+		}
+		if cfg.PrometheusGate != nil {
+			mux.Handle("GET /metrics", cfg.PrometheusGate.handler(reg, serve))
+		} else {
+			mux.Handle("GET /metrics", serve(reg))
+		}
 		e.promLn = ln
 		e.promSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		e.served = make(chan struct{})
