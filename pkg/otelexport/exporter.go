@@ -143,6 +143,13 @@ func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Ex
 	// OTLP last: nothing above can fail after its exporters (and their
 	// connections) exist.
 	if cfg.Endpoint != "" {
+		// The headers file's headers join Headers (Validate read it).
+		if cfg.Headers, err = cfg.AllHeaders(); err != nil {
+			if e.promLn != nil {
+				e.promLn.Close()
+			}
+			return nil, err
+		}
 		tlsCfg, err := cfg.tlsConfig()
 		if err == nil {
 			var mexp sdkmetric.Exporter

@@ -181,6 +181,7 @@ func overlayFlags(cmd *cobra.Command, dst *agent.Config, flags agent.Config) {
 	set("otlp-insecure", func() { dst.OTel.Insecure = flags.OTel.Insecure })
 	set("otlp-ca", func() { dst.OTel.CAFile = flags.OTel.CAFile })
 	set("otlp-header", func() { dst.OTel.Headers = flags.OTel.Headers })
+	set("otlp-headers-file", func() { dst.OTel.HeadersFile = flags.OTel.HeadersFile })
 	set("otlp-interval", func() { dst.OTel.Interval = flags.OTel.Interval })
 	set("prometheus-listen", func() { dst.OTel.PrometheusListen = flags.OTel.PrometheusListen })
 }
