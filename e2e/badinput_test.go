@@ -134,7 +134,9 @@ func TestThousandConcurrentClients(t *testing.T) {
 	t.Parallel()
 	c := startCollector(t)
 	status := testkit.FreeAddr(t)
-	sock := c.startAgent("node", "sim:1", "--status-listen", status)
+	// Every client is this test's uid: the per-uid cap (default 64,
+	// docs/security.md) is raised to let all 1,000 in.
+	sock := c.startAgent("node", "sim:1", "--status-listen", status, "--socket-max-conns-per-uid", "1000")
 	const clients, steps = 1000, 3
 	// Phase 1: every client joins and reports its steps; phase 2 (once all
 	// have joined, so the run cannot end early): every client ends.

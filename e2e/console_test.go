@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -16,10 +18,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/trainmeter/trainmeter/internal/testkit"
+	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -358,4 +364,122 @@ func sameNumber(t *testing.T, what, page string, want any) {
 func jsonText(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// TestConsoleLoginInChromium: the console's login, driven by headless
+// Chromium against the real collector with a read token. "next" points at
+// another host the test owns as /%09/HOST/pwned: the form posts it back with
+// the TAB decoded, and Chromium drops a TAB from a URL, so a redirect to
+// "/\t/HOST/pwned" is one to "//HOST/pwned".
+//
+// From another site (login CSRF, as an attacker's page would do it): a page
+// of another origin that posts the attacker's token and that next to
+// /login is refused with 403; the browser has no console cookie and never
+// asks the other host for /pwned.
+//
+// From the console's own form (a victim following a crafted link): the
+// login succeeds and the browser lands on the console's /runs, not on the
+// other host.
+func TestConsoleLoginInChromium(t *testing.T) {
+	exe := chromiumPath(t)
+	dir := t.TempDir()
+	const readTok = "e2e-console-read-token-51c2"
+	readFile := filepath.Join(dir, "read.token")
+	if err := os.WriteFile(readFile, []byte(readTok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ui := testkit.FreeAddr(t)
+	creds, _ := tlsfiles.StaticToken(readTok, true)
+	startSecureCollector(t, []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(creds)},
+		"--ui-listen", ui, "--read-token-file", readFile)
+	base := "http://" + ui
+
+	// The other site: records every request; /csrf is a page that posts
+	// the attacker's token to the console's login as soon as it loads.
+	var mu sync.Mutex
+	var evilHits []string
+	var next string
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		evilHits = append(evilHits, r.URL.Path)
+		mu.Unlock()
+		if r.URL.Path == "/csrf" {
+			fmt.Fprintf(w, `<!doctype html><form id="f" method="post" action="%s/login"><input name="token" value="%s"><input name="next" value="%s"></form><script>document.getElementById("f").submit()</script>`,
+				base, readTok, strings.ReplaceAll(next, "%09", "&#9;"))
+			return
+		}
+		fmt.Fprint(w, "<!doctype html><p id=evil>the other host</p>")
+	}))
+	t.Cleanup(evil.Close)
+	next = "/%09/" + strings.TrimPrefix(evil.URL, "http://") + "/pwned"
+	hits := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(evilHits)
+	}
+
+	b := newBrowser(t, exe)
+	cookies := func() []string {
+		ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+		defer cancel()
+		res, err := chromedp.Call(ctx, network.GetCookies, network.GetCookiesParams{URLs: []string{base + "/"}})
+		if err != nil {
+			t.Fatalf("cookies: %v", err)
+		}
+		var out []string
+		for _, c := range res.Cookies {
+			out = append(out, c.Name)
+		}
+		return out
+	}
+	// settle waits until the tab is on a page other than from (a URL
+	// prefix), then a little longer for a redirect to go on elsewhere,
+	// and returns where it is and what it shows.
+	settle := func(from string) (string, string) {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			loc := eval[string](t, b, `document.location.href`)
+			if !strings.HasPrefix(loc, from) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		time.Sleep(500 * time.Millisecond)
+		return eval[string](t, b, `document.location.href`), eval[string](t, b, `document.body ? document.body.innerText : ""`)
+	}
+
+	// From another site.
+	b.do(t, "open the other site's page", chromedp.Navigate(evil.URL+"/csrf"))
+	loc, body := settle(evil.URL + "/csrf")
+	if u, err := url.Parse(loc); err != nil || u.Host != ui || !strings.Contains(body, "cross-site request refused") {
+		t.Errorf("a login posted from another site with next=%s: the browser is at %q showing %q, want the console's refusal", next, loc, body)
+	}
+	if c := cookies(); slices.Contains(c, "trainmeter_token") {
+		t.Errorf("a login posted from another site set the console's cookie: %v", c)
+	}
+	if h := hits(); slices.Contains(h, "/pwned") {
+		t.Errorf("a login posted from another site sent the browser to the other host: it was asked for %v", h)
+	}
+	b.problems() // the refusal's 403 is reported as a failed load
+
+	// From the console's own form.
+	b.do(t, "log in with next="+next,
+		chromedp.Navigate(base+"/login?next="+next),
+		chromedp.WaitVisible(chromedp.CSS(`input[name="token"]`)),
+		chromedp.SetValue(chromedp.CSS(`input[name="token"]`), readTok),
+		chromedp.Submit(chromedp.CSS(`form.login`)),
+	)
+	loc, _ = settle(base + "/login")
+	if u, err := url.Parse(loc); err != nil || u.Host != ui || u.Path != "/runs" {
+		t.Errorf("after login with next=%s the browser is at %q, want the console's /runs", next, loc)
+	}
+	if h := hits(); slices.Contains(h, "/pwned") {
+		t.Errorf("the login sent the browser to the other host: it was asked for %v", h)
+	}
+	if c := cookies(); !slices.Contains(c, "trainmeter_token") {
+		t.Errorf("the login form with the read token set no cookie: %v", c)
+	}
+	if p := b.problems(); len(p) > 0 {
+		t.Errorf("login pages reported:\n  %s", strings.Join(p, "\n  "))
+	}
 }

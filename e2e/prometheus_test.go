@@ -11,12 +11,17 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/trainmeter/trainmeter/internal/oteltest"
 	"github.com/trainmeter/trainmeter/internal/testkit"
+	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 )
 
 // TestPrometheusScrapesTrainmeter has a real Prometheus (Debian package)
-// scrape `trainmeter serve --prometheus-listen` during a replayed 300 W
+// scrape `trainmeter serve --prometheus-listen` (with the collector's read
+// token, which the run-level series need) during a replayed 300 W
 // workload and asks it, with promtool, for the run's J/token and the GPUs'
 // power; every name the Grafana dashboard may use must be there too.
 func TestPrometheusScrapesTrainmeter(t *testing.T) {
@@ -24,24 +29,35 @@ func TestPrometheusScrapesTrainmeter(t *testing.T) {
 	prometheus := oteltest.Tool(t, "prometheus")
 	promtool := oteltest.Tool(t, "promtool")
 	metricsAddr := testkit.FreeAddr(t)
-	c := startCollector(t, "--prometheus-listen", metricsAddr, "--gpu-price-per-hour", "2")
+	// The run-level series are for the read token (docs/otel.md): the
+	// collector has one, and Prometheus scrapes with it.
+	dir := t.TempDir()
+	const readTok = "e2e-prometheus-read-token-7d1e"
+	readFile := filepath.Join(dir, "read.token")
+	if err := os.WriteFile(readFile, []byte(readTok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	creds, _ := tlsfiles.StaticToken(readTok, true)
+	c, _ := startSecureCollector(t, []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(creds)},
+		"--prometheus-listen", metricsAddr, "--gpu-price-per-hour", "2", "--read-token-file", readFile)
 	// The agent also serves its own GPUs directly (no collector in between).
 	agentMetricsAddr := testkit.FreeAddr(t)
 	sock := c.startAgent("prom-node", "replay:"+writeTrace(t, 2, 300, 300, 120), "--warmup", "30s", "--prometheus-listen", agentMetricsAddr)
 	c.waitStreaming("prom-node")
 
-	dir := t.TempDir()
 	cfg := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`global:
   scrape_interval: 1s
 scrape_configs:
   - job_name: trainmeter
+    authorization:
+      credentials_file: %q
     static_configs:
       - targets: [%q]
   - job_name: trainmeter-agent
     static_configs:
       - targets: [%q]
-`, metricsAddr, agentMetricsAddr)), 0o644); err != nil {
+`, readFile, metricsAddr, agentMetricsAddr)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	promAddr := testkit.FreeAddr(t)
@@ -67,7 +83,9 @@ scrape_configs:
 	}
 	defer func() {
 		if t.Failed() {
-			if resp, err := http.Get("http://" + metricsAddr + "/metrics"); err == nil {
+			req, _ := http.NewRequest(http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
+			req.Header.Set("Authorization", "Bearer "+readTok)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
 				b, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
 				t.Logf("--- trainmeter /metrics ---\n%s", b)
@@ -111,6 +129,16 @@ scrape_configs:
 	for _, name := range scraped {
 		if s := query(fmt.Sprintf(`count(%s{job="trainmeter"})`, name)); len(s) != 1 || s[0].Value < 1 {
 			t.Errorf("Prometheus has no series %s (deploy/grafana/metrics.txt lists it)", name)
+		}
+	}
+	// Without the token a scrape gets the node-level series only.
+	if resp, err := http.Get("http://" + metricsAddr + "/metrics"); err != nil {
+		t.Error(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), "prom-run") || strings.Contains(string(b), "llama-prom") || !strings.Contains(string(b), "hw_power_watts{") {
+			t.Errorf("/metrics without the read token shows the run or lacks the GPUs:\n%s", b)
 		}
 	}
 	// What the collector-down alert reads on this path besides `up`.

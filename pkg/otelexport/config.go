@@ -38,11 +38,18 @@ type Config struct {
 	CAFile string `yaml:"ca_file"`
 	// Headers go with every export request (e.g. an auth token).
 	Headers map[string]string `yaml:"headers"`
+	// HeadersFile holds more headers, KEY=VALUE a line (blank lines and
+	// # comments skipped), read at start: secrets stay off the command
+	// line. Headers wins for a name in both.
+	HeadersFile string `yaml:"headers_file"`
 	// Interval is the OTLP push period (default DefaultInterval).
 	Interval time.Duration `yaml:"interval"`
 	// PrometheusListen, when set (HOST:PORT), serves GET /metrics in the
 	// Prometheus text format.
 	PrometheusListen string `yaml:"prometheus_listen"`
+	// PrometheusGate, when set, keeps the series it names private to the
+	// scrapes it authorizes (set by the program, not configuration).
+	PrometheusGate *PrometheusGate `yaml:"-"`
 }
 
 // Enabled reports whether anything is exported.
@@ -71,7 +78,7 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.Endpoint); err != nil {
 			errs = append(errs, fmt.Errorf("otlp endpoint %q: want HOST:PORT: %v", c.Endpoint, err))
 		}
-	} else if c.Insecure || c.CAFile != "" || len(c.Headers) > 0 || c.Protocol != "" {
+	} else if c.Insecure || c.CAFile != "" || len(c.Headers) > 0 || c.HeadersFile != "" || c.Protocol != "" {
 		errs = append(errs, errors.New("otlp settings given without an otlp endpoint"))
 	}
 	switch c.Protocol {
@@ -87,7 +94,11 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("otlp CA file: %v", err))
 		}
 	}
-	for k := range c.Headers {
+	headers, err := c.AllHeaders()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for k := range headers {
 		if k == "" || strings.ContainsAny(k, " \t\r\n:") {
 			errs = append(errs, fmt.Errorf("otlp header name %q is not a valid header name", k))
 		}
@@ -118,7 +129,8 @@ func BindFlags(fs *pflag.FlagSet, cfg *Config) *Flags {
 	fs.StringVar(&cfg.Protocol, "otlp-protocol", cfg.Protocol, "OTLP protocol: grpc or http (default grpc)")
 	fs.BoolVar(&cfg.Insecure, "otlp-insecure", cfg.Insecure, "OTLP without TLS")
 	fs.StringVar(&cfg.CAFile, "otlp-ca", cfg.CAFile, "verify the OTLP receiver's certificate with this PEM CA bundle")
-	fs.StringArrayVar(&f.headers, "otlp-header", nil, "header KEY=VALUE sent with every OTLP request (repeatable)")
+	fs.StringArrayVar(&f.headers, "otlp-header", nil, "header KEY=VALUE sent with every OTLP request (repeatable; visible in ps: prefer --otlp-headers-file for secrets)")
+	fs.StringVar(&cfg.HeadersFile, "otlp-headers-file", cfg.HeadersFile, "file of headers KEY=VALUE, one a line, sent with every OTLP request (keeps tokens off the command line)")
 	fs.DurationVar(&cfg.Interval, "otlp-interval", cfg.Interval, "OTLP push interval (default 15s)")
 	fs.StringVar(&cfg.PrometheusListen, "prometheus-listen", cfg.PrometheusListen, "serve Prometheus GET /metrics on HOST:PORT (empty: off)")
 	return f
@@ -152,6 +164,34 @@ func ParseHeaders(kvs []string) (map[string]string, error) {
 		if !ok || k == "" {
 			return nil, fmt.Errorf("otlp header %q: want KEY=VALUE", kv)
 		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// AllHeaders is the headers every export sends: HeadersFile's, then
+// Headers over them (a header given directly wins).
+func (c Config) AllHeaders() (map[string]string, error) {
+	out := map[string]string{}
+	if c.HeadersFile != "" {
+		b, err := os.ReadFile(c.HeadersFile)
+		if err != nil {
+			return nil, fmt.Errorf("otlp headers file: %w", err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			line = strings.TrimSpace(line)
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			k, v, ok := strings.Cut(line, "=")
+			if k = strings.TrimSpace(k); !ok || k == "" {
+				// The line is not quoted: it may hold the secret.
+				return nil, fmt.Errorf("otlp headers file %s line %d: want KEY=VALUE", c.HeadersFile, i+1)
+			}
+			out[k] = strings.TrimSpace(v)
+		}
+	}
+	for k, v := range c.Headers {
 		out[k] = v
 	}
 	return out, nil

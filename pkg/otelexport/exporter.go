@@ -128,7 +128,14 @@ func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Ex
 			return nil, fmt.Errorf("prometheus listen on %s: %w", cfg.PrometheusListen, err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+		serve := func(g prometheus.Gatherer) http.Handler {
+			return promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)})
+		}
+		if cfg.PrometheusGate != nil {
+			mux.Handle("GET /metrics", cfg.PrometheusGate.handler(reg, serve))
+		} else {
+			mux.Handle("GET /metrics", serve(reg))
+		}
 		e.promLn = ln
 		e.promSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		e.served = make(chan struct{})
@@ -136,6 +143,13 @@ func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Ex
 	// OTLP last: nothing above can fail after its exporters (and their
 	// connections) exist.
 	if cfg.Endpoint != "" {
+		// The headers file's headers join Headers (Validate read it).
+		if cfg.Headers, err = cfg.AllHeaders(); err != nil {
+			if e.promLn != nil {
+				e.promLn.Close()
+			}
+			return nil, err
+		}
 		tlsCfg, err := cfg.tlsConfig()
 		if err == nil {
 			var mexp sdkmetric.Exporter

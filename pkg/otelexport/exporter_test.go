@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -156,6 +157,75 @@ func TestOTLPGRPCHeadersAreSent(t *testing.T) {
 		}
 		if got := md.Get("x-tenant"); len(got) != 1 || got[0] != "ml" {
 			t.Errorf("x-tenant metadata %v, want ml", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no OTLP/gRPC export arrived")
+	}
+}
+
+// Headers can come from a file (--otlp-headers-file, headers_file:), so a
+// secret is not on the command line: KEY=VALUE lines, blank lines and #
+// comments skipped; a header given directly wins over the file's. A missing
+// or malformed file refuses the start, naming the file and line.
+func TestOTLPHeadersFromFile(t *testing.T) {
+	dir := t.TempDir()
+	file := dir + "/otlp-headers"
+	if err := os.WriteFile(file, []byte("# the receiver's token\nAuthorization=Bearer from-file\n\nX-Tenant = file-tenant\nX-Scope=a=b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Config{HeadersFile: file, Headers: map[string]string{"X-Tenant": "flag-tenant"}}.AllHeaders()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"Authorization": "Bearer from-file", "X-Tenant": "flag-tenant", "X-Scope": "a=b"}
+	if len(got) != len(want) {
+		t.Errorf("headers %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("header %s = %q, want %q", k, got[k], v)
+		}
+	}
+
+	bad := dir + "/bad"
+	if err := os.WriteFile(bad, []byte("Authorization=x\nno equals sign\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for cfg, msg := range map[*Config]string{
+		{Endpoint: "127.0.0.1:4317", HeadersFile: bad}:              bad + " line 2",
+		{Endpoint: "127.0.0.1:4317", HeadersFile: dir + "/missing"}: "missing",
+		{HeadersFile: file, PrometheusListen: "127.0.0.1:0"}:        "without an otlp endpoint",
+	} {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("Validate(%+v) = %v, want an error naming %q", *cfg, err, msg)
+		}
+	}
+
+	// And they go out with the exports.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	rec := &metricsRecorder{md: make(chan metadata.MD, 16)}
+	colmetricspb.RegisterMetricsServiceServer(srv, rec)
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+	ctx := context.Background()
+	e, err := Start(ctx, Config{Endpoint: ln.Addr().String(), Insecure: true, HeadersFile: file}, testResource, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Shutdown(ctx)
+	c, _ := e.Meter().Int64Counter("test.file_headers")
+	c.Add(ctx, 1)
+	if err := e.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case md := <-rec.md:
+		if got := md.Get("authorization"); len(got) != 1 || got[0] != "Bearer from-file" {
+			t.Errorf("authorization metadata %v, want the file's", got)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no OTLP/gRPC export arrived")

@@ -21,7 +21,7 @@ func TestEveryFlagIsHonouredWithConfig(t *testing.T) {
 	// A value that differs from the default and parses, by flag type.
 	values := map[string]string{
 		"string": "flag-value", "duration": "7s", "uint64": "12345", "int64": "123456789",
-		"bool": "true", "uintSlice": "4242", "stringArray": "x-flag=1", "stringSlice": "x-flag=1",
+		"bool": "true", "uintSlice": "4242", "int": "7", "stringArray": "x-flag=1", "stringSlice": "x-flag=1",
 	}
 	fileOnly := load(t, "--config", path)
 	seen := 0

@@ -94,6 +94,8 @@ func bindFlags(cmd *cobra.Command, o *options) {
 	f.StringVar(&o.cfg.TLSKey, "tls-key", o.cfg.TLSKey, "private key of --tls-cert")
 	f.StringVar(&o.cfg.TLSServerName, "tls-server-name", o.cfg.TLSServerName, "name to check in the collector's certificate (implies TLS)")
 	f.StringVar(&o.cfg.TokenFile, "token-file", o.cfg.TokenFile, "file with this node's ingest token (needs TLS unless the collector is on loopback)")
+	f.IntVar(&o.cfg.SocketMaxConnsPerUID, "socket-max-conns-per-uid", o.cfg.SocketMaxConnsPerUID, "trainer-socket connections one uid may hold open; more from that uid are refused")
+	f.DurationVar(&o.cfg.SocketIdleTimeout, "socket-idle-timeout", o.cfg.SocketIdleTimeout, "close a trainer-socket connection that sends no run_start this long after connecting (0: never)")
 	f.UintSliceVar(&o.allowUIDs, "allow-uid", nil, "uid allowed to report on the socket (repeatable; root always is; none: socket permissions decide)")
 	o.otelFlags = otelexport.BindFlags(f, &o.cfg.OTel)
 }
@@ -172,11 +174,14 @@ func overlayFlags(cmd *cobra.Command, dst *agent.Config, flags agent.Config) {
 	set("tls-server-name", func() { dst.TLSServerName = flags.TLSServerName })
 	set("token-file", func() { dst.TokenFile = flags.TokenFile })
 	set("allow-uid", func() { dst.AllowedUIDs = flags.AllowedUIDs })
+	set("socket-max-conns-per-uid", func() { dst.SocketMaxConnsPerUID = flags.SocketMaxConnsPerUID })
+	set("socket-idle-timeout", func() { dst.SocketIdleTimeout = flags.SocketIdleTimeout })
 	set("otlp-endpoint", func() { dst.OTel.Endpoint = flags.OTel.Endpoint })
 	set("otlp-protocol", func() { dst.OTel.Protocol = flags.OTel.Protocol })
 	set("otlp-insecure", func() { dst.OTel.Insecure = flags.OTel.Insecure })
 	set("otlp-ca", func() { dst.OTel.CAFile = flags.OTel.CAFile })
 	set("otlp-header", func() { dst.OTel.Headers = flags.OTel.Headers })
+	set("otlp-headers-file", func() { dst.OTel.HeadersFile = flags.OTel.HeadersFile })
 	set("otlp-interval", func() { dst.OTel.Interval = flags.OTel.Interval })
 	set("prometheus-listen", func() { dst.OTel.PrometheusListen = flags.OTel.PrometheusListen })
 }

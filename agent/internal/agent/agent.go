@@ -133,7 +133,8 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 		}
 	}()
 
-	sock, err := trainersock.New(trainersock.Config{Path: cfg.Socket, Group: cfg.SocketGroup, AllowedUIDs: allowedUIDs(cfg)}, handler{a}, logger)
+	sock, err := trainersock.New(trainersock.Config{Path: cfg.Socket, Group: cfg.SocketGroup, AllowedUIDs: allowedUIDs(cfg),
+		MaxConnsPerUID: cfg.SocketMaxConnsPerUID, IdleTimeout: socketIdleTimeout(cfg.SocketIdleTimeout), Clock: clk}, handler{a}, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -467,3 +468,12 @@ func (h handler) Disconnected(p trainersock.Peer) {
 }
 
 var _ lifecycle.Component = (*Agent)(nil)
+
+// socketIdleTimeout maps the configuration's "0: never" to trainersock's
+// "negative: off" (its zero is the default).
+func socketIdleTimeout(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}

@@ -191,9 +191,15 @@ type UplinkStatus struct {
 
 // SocketStatus mirrors trainersock.Stats.
 type SocketStatus struct {
-	ConnsActive   int               `json:"conns_active"`
-	ConnsAccepted uint64            `json:"conns_accepted"`
-	ConnsRejected uint64            `json:"conns_rejected"`
+	ConnsActive   int    `json:"conns_active"`
+	ConnsAccepted uint64 `json:"conns_accepted"`
+	ConnsRejected uint64 `json:"conns_rejected"`
+	// ConnsRejectedBy splits ConnsRejected by reason: max_conns,
+	// uid_conns, uid_not_allowed, no_peer_cred.
+	ConnsRejectedBy map[string]uint64 `json:"conns_rejected_by"`
+	// IdleClosed counts connections closed for sending no run_start
+	// within the idle timeout.
+	IdleClosed    uint64            `json:"conns_idle_closed"`
 	Lines         uint64            `json:"lines"`
 	Events        uint64            `json:"events"`
 	ParseErrors   map[string]uint64 `json:"parse_errors"`
@@ -237,6 +243,7 @@ func (a *Agent) Status() Status {
 		Uplink: uplinkStatus(a.cfg.Collector, up),
 		Socket: SocketStatus{
 			ConnsActive: sock.ConnsActive, ConnsAccepted: sock.ConnsAccepted, ConnsRejected: sock.ConnsRejected,
+			ConnsRejectedBy: sock.Rejected, IdleClosed: sock.IdleClosed,
 			Lines: sock.Lines, Events: sock.Events, ParseErrors: sock.ParseErrors, HandlerErrors: sock.HandlerErrors,
 			TooLong: sock.TooLong, RepliesSent: sock.Sent, RepliesDrop: sock.Dropped, WriteStalls: sock.WriteStalls,
 			RefusedEvents: a.ledger.RefusedEvents(),

@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	"github.com/trainmeter/trainmeter/pkg/trainerwire"
@@ -92,6 +93,14 @@ type Config struct {
 	// AllowedUIDs, when not empty, are the uids allowed to report on the
 	// trainer socket (root always is); empty: whoever can open the socket.
 	AllowedUIDs []uint32 `yaml:"allowed_uids"`
+	// SocketMaxConnsPerUID caps the trainer-socket connections one uid may
+	// hold open; more from that uid are refused, so one user's connections
+	// cannot lock the others out. Default 64.
+	SocketMaxConnsPerUID int `yaml:"socket_max_conns_per_uid"`
+	// SocketIdleTimeout closes a trainer-socket connection that has sent
+	// no accepted run_start this long after connecting. Default 30 s; 0:
+	// never.
+	SocketIdleTimeout time.Duration `yaml:"socket_idle_timeout"`
 	// OTel, when set, exports this node's GPUs (hw.* metrics) directly over
 	// OTLP and/or Prometheus, without the collector (docs/otel.md).
 	OTel otelexport.Config `yaml:"otel"`
@@ -125,6 +134,9 @@ func DefaultConfig() Config {
 		SpoolMaxBytes: DefaultSpoolMaxBytes,
 		RejoinGrace:   ledger.DefaultRejoinGrace,
 		LogLevel:      "info",
+
+		SocketMaxConnsPerUID: trainersock.DefaultMaxConnsPerUID,
+		SocketIdleTimeout:    trainersock.DefaultIdleTimeout,
 	}
 }
 
@@ -169,6 +181,12 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("host_interval %v: must be positive", c.HostInterval))
 	}
 	errs = append(errs, c.validateSpool()...)
+	if c.SocketMaxConnsPerUID < 1 {
+		errs = append(errs, fmt.Errorf("socket_max_conns_per_uid %d: want at least 1", c.SocketMaxConnsPerUID))
+	}
+	if c.SocketIdleTimeout < 0 {
+		errs = append(errs, fmt.Errorf("socket_idle_timeout %v: must not be negative (0: never)", c.SocketIdleTimeout))
+	}
 	if c.RejoinGrace < 0 {
 		errs = append(errs, fmt.Errorf("rejoin_grace %v: must not be negative", c.RejoinGrace))
 	}

@@ -31,15 +31,26 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // Defaults for Config's zero values.
 const (
-	DefaultMode         os.FileMode = 0o660
-	DefaultMaxLineBytes             = 1 << 20
-	DefaultMaxConns                 = 4096
-	DefaultWriteQueue               = 64
-	DefaultWriteTimeout             = 5 * time.Second
+	DefaultMode           os.FileMode = 0o660
+	DefaultMaxLineBytes               = 1 << 20
+	DefaultMaxConns                   = 4096
+	DefaultWriteQueue                 = 64
+	DefaultWriteTimeout               = 5 * time.Second
+	DefaultMaxConnsPerUID             = 64
+	DefaultIdleTimeout                = 30 * time.Second
+)
+
+// Reasons a connection is refused, the keys of Stats.Rejected.
+const (
+	RejectMaxConns      = "max_conns"       // MaxConns connections were open
+	RejectUIDConns      = "uid_conns"       // MaxConnsPerUID connections of its uid were open
+	RejectUIDNotAllowed = "uid_not_allowed" // its uid is not in AllowedUIDs
+	RejectNoPeerCred    = "no_peer_cred"    // SO_PEERCRED could not be read: the uid is unknown
 )
 
 const (
@@ -89,13 +100,26 @@ type Config struct {
 	// to connect (the agent adds root). Others get one error line and are
 	// closed. Empty: the socket file's permissions decide.
 	AllowedUIDs []uint32
+	// MaxConnsPerUID caps the connections one uid (SO_PEERCRED) may hold
+	// open; more from that uid are refused, so a tenant that opens many
+	// connections only uses up its own share and other uids still get in.
+	// Default 64 (a node's trainers are a process per GPU, plus tools).
+	MaxConnsPerUID int
+	// IdleTimeout closes a connection that has not had a run_start
+	// accepted this long after it connected, so connections that never
+	// report free their uid's share. A connection with a started run is
+	// never timed out (a run may be quiet between steps). Default 30 s;
+	// negative: off.
+	IdleTimeout time.Duration
+	// Clock times IdleTimeout; the wall clock if nil.
+	Clock clock.Clock
 }
 
 // Stats are the server's counters since Start.
 type Stats struct {
 	ConnsActive   int    // connections open now
 	ConnsAccepted uint64 // connections accepted
-	ConnsRejected uint64 // connections refused because MaxConns were open
+	ConnsRejected uint64 // connections refused, for any reason in Rejected
 	UIDRejected   uint64 // connections refused because their uid is not in AllowedUIDs
 	Lines         uint64 // non-blank inbound lines, valid or not (too long included)
 	Events        uint64 // valid events passed to the Handler
@@ -108,6 +132,12 @@ type Stats struct {
 	Sent          uint64 // outbound lines written
 	Dropped       uint64 // outbound lines dropped: queue full or client gone
 	WriteStalls   uint64 // writes that hit WriteTimeout
+	// Rejected counts refused connections by reason (RejectMaxConns,
+	// RejectUIDConns, RejectUIDNotAllowed, RejectNoPeerCred); they sum to
+	// ConnsRejected.
+	Rejected map[string]uint64
+	// IdleClosed counts connections closed by IdleTimeout.
+	IdleClosed uint64
 }
 
 const (
@@ -127,15 +157,18 @@ type Server struct {
 	ln       *net.UnixListener
 	sockInfo os.FileInfo // the socket file we created, to remove only ours
 	conns    map[uint64]*conn
+	perUID   map[int32]int // open connections per peer uid
 	quit     chan struct{}
 
 	nextID atomic.Uint64
 	wg     sync.WaitGroup
 
 	accepted, rejected, lines, events, handlerErrs, tooLong,
-	sent, dropped, stalls, uidRejected atomic.Uint64
+	sent, dropped, stalls, uidRejected, idleClosed atomic.Uint64
 	perrMu      sync.Mutex
 	parseErrors map[string]uint64
+	rejectMu    sync.Mutex
+	rejectedBy  map[string]uint64
 }
 
 type conn struct {
@@ -144,6 +177,9 @@ type conn struct {
 	out        chan []byte
 	done       chan struct{} // closed by the reader when it stops reading
 	writerDone chan struct{} // closed by the writer when it exits
+	started    chan struct{} // closed when a run_start is accepted
+	startOnce  sync.Once
+	idle       <-chan time.Time // fires IdleTimeout after accept; nil: no timeout
 }
 
 // New checks cfg and returns a Server; nothing is opened until Start. A nil
@@ -173,6 +209,15 @@ func New(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout
 	}
+	if cfg.MaxConnsPerUID <= 0 {
+		cfg.MaxConnsPerUID = DefaultMaxConnsPerUID
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -181,8 +226,10 @@ func New(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 		h:           h,
 		log:         logger.With("component", "trainersock"),
 		conns:       make(map[uint64]*conn),
+		perUID:      make(map[int32]int),
 		quit:        make(chan struct{}),
 		parseErrors: make(map[string]uint64),
+		rejectedBy:  make(map[string]uint64),
 	}, nil
 }
 
@@ -304,15 +351,17 @@ func (s *Server) acceptLoop(ln *net.UnixListener) {
 func (s *Server) serve(nc *net.UnixConn) {
 	p := Peer{ConnID: s.nextID.Add(1)}
 	var err error
-	if p.PID, p.UID, p.GID, err = peerCred(nc); err != nil {
-		s.log.Warn("SO_PEERCRED failed", "conn", p.ConnID, "err", err)
+	if p.PID, p.UID, p.GID, err = readPeerCred(nc); err != nil {
+		// Without the peer's uid neither the allow-list, the per-uid cap
+		// nor the runs' ownership can be applied: refuse.
+		s.log.Warn("SO_PEERCRED failed: refusing the connection", "conn", p.ConnID, "err", err)
+		s.refuse(nc, RejectNoPeerCred, "the agent cannot tell who connected (SO_PEERCRED failed): refused")
+		return
 	}
 	if !s.uidAllowed(p.UID) {
 		s.uidRejected.Add(1)
 		s.log.Warn("refusing a trainer whose uid is not allowed", "uid", p.UID, "pid", p.PID)
-		nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-		nc.Write(trainerproto.ErrorLine(fmt.Sprintf("uid %d is not allowed to report to this agent", p.UID), 0))
-		nc.Close()
+		s.refuse(nc, RejectUIDNotAllowed, fmt.Sprintf("uid %d is not allowed to report to this agent", p.UID))
 		return
 	}
 	s.mu.Lock()
@@ -323,11 +372,14 @@ func (s *Server) serve(nc *net.UnixConn) {
 	}
 	if len(s.conns) >= s.cfg.MaxConns {
 		s.mu.Unlock()
-		s.rejected.Add(1)
-		s.log.Warn("too many connections, refusing", "limit", s.cfg.MaxConns, "pid", p.PID)
-		nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-		nc.Write(trainerproto.ErrorLine(fmt.Sprintf("too many connections (limit %d)", s.cfg.MaxConns), 0))
-		nc.Close()
+		s.log.Warn("too many connections, refusing", "limit", s.cfg.MaxConns, "pid", p.PID, "uid", p.UID)
+		s.refuse(nc, RejectMaxConns, fmt.Sprintf("too many connections (limit %d)", s.cfg.MaxConns))
+		return
+	}
+	if s.perUID[p.UID] >= s.cfg.MaxConnsPerUID {
+		s.mu.Unlock()
+		s.log.Warn("too many connections from one uid, refusing", "uid", p.UID, "limit", s.cfg.MaxConnsPerUID, "pid", p.PID)
+		s.refuse(nc, RejectUIDConns, fmt.Sprintf("too many connections from uid %d (limit %d)", p.UID, s.cfg.MaxConnsPerUID))
 		return
 	}
 	c := &conn{
@@ -336,14 +388,54 @@ func (s *Server) serve(nc *net.UnixConn) {
 		out:        make(chan []byte, s.cfg.WriteQueue),
 		done:       make(chan struct{}),
 		writerDone: make(chan struct{}),
+		started:    make(chan struct{}),
+	}
+	if s.cfg.IdleTimeout > 0 {
+		c.idle = s.cfg.Clock.After(s.cfg.IdleTimeout)
 	}
 	s.conns[p.ConnID] = c
+	s.perUID[p.UID]++
 	s.wg.Add(2)
+	if c.idle != nil {
+		s.wg.Add(1)
+		go s.watchIdle(c)
+	}
 	s.mu.Unlock()
 	s.accepted.Add(1)
 	s.log.Debug("trainer connected", "conn", p.ConnID, "pid", p.PID, "uid", p.UID, "gid", p.GID)
 	go s.writeLoop(c)
 	go s.readLoop(c)
+}
+
+// watchIdle ends c when IdleTimeout passes before a run_start is accepted:
+// it queues an error line and shuts the socket's reading side, so the
+// reader drains what is buffered, sees EOF and tears the connection down
+// as for a client that hung up (the writer flushes the line first). This
+// holds for a client that sends lines but never reads its replies too.
+func (s *Server) watchIdle(c *conn) {
+	defer s.wg.Done()
+	select {
+	case <-c.idle:
+	case <-c.started:
+		return
+	case <-c.done:
+		return
+	}
+	s.idleClosed.Add(1)
+	s.log.Info("closing a trainer connection that sent no run_start", "conn", c.peer.ConnID, "uid", c.peer.UID, "pid", c.peer.PID, "after", s.cfg.IdleTimeout)
+	s.reply(c, trainerproto.ErrorLine(fmt.Sprintf("no run_start within %s: closing", s.cfg.IdleTimeout), 0))
+	_ = c.nc.CloseRead()
+}
+
+// refuse answers one error line and closes nc, counting why.
+func (s *Server) refuse(nc *net.UnixConn, reason, msg string) {
+	s.rejected.Add(1)
+	s.rejectMu.Lock()
+	s.rejectedBy[reason]++
+	s.rejectMu.Unlock()
+	nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	nc.Write(trainerproto.ErrorLine(msg, 0))
+	nc.Close()
 }
 
 // uidAllowed checks uid against AllowedUIDs (empty: any).
@@ -460,6 +552,10 @@ func (s *Server) handleLine(c *conn, lineNo int, line []byte, tooLong bool, n in
 	if err := s.h.Handle(c.peer, ev); err != nil {
 		s.handlerErrs.Add(1)
 		s.reply(c, trainerproto.ErrorLine(err.Error(), lineNo))
+		return
+	}
+	if _, ok := ev.(*trainerproto.RunStart); ok {
+		c.startOnce.Do(func() { close(c.started) })
 	}
 }
 
@@ -477,6 +573,9 @@ func (s *Server) reply(c *conn, line []byte) {
 func (s *Server) teardown(c *conn) {
 	s.mu.Lock()
 	delete(s.conns, c.peer.ConnID) // no Send can queue after this
+	if s.perUID[c.peer.UID]--; s.perUID[c.peer.UID] <= 0 {
+		delete(s.perUID, c.peer.UID)
+	}
 	s.mu.Unlock()
 	close(c.done)
 	// Let the writer flush what is queued (e.g. the error for the last line
@@ -648,6 +747,12 @@ func (s *Server) Stats() Stats {
 		pe[k] = v
 	}
 	s.perrMu.Unlock()
+	s.rejectMu.Lock()
+	rej := make(map[string]uint64, len(s.rejectedBy))
+	for k, v := range s.rejectedBy {
+		rej[k] = v
+	}
+	s.rejectMu.Unlock()
 	return Stats{
 		ConnsActive:   active,
 		ConnsAccepted: s.accepted.Load(),
@@ -661,7 +766,13 @@ func (s *Server) Stats() Stats {
 		Sent:          s.sent.Load(),
 		Dropped:       s.dropped.Load(),
 		WriteStalls:   s.stalls.Load(),
+		Rejected:      rej,
+		IdleClosed:    s.idleClosed.Load(),
 	}
 }
 
 var _ lifecycle.Component = (*Server)(nil)
+
+// readPeerCred reads a connection's credentials; tests replace it to
+// make the read fail.
+var readPeerCred = peerCred

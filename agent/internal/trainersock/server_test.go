@@ -361,8 +361,8 @@ func TestLinesLongerThanReadBuffer(t *testing.T) {
 
 func TestConcurrentClients(t *testing.T) {
 	rec := newRecorder()
-	s := start(t, Config{}, rec)
 	const clients, steps = 200, 100
+	s := start(t, Config{MaxConnsPerUID: clients}, rec) // every client is this test's uid
 	var wg sync.WaitGroup
 	errs := make(chan error, clients)
 	for i := 0; i < clients; i++ {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -39,11 +40,14 @@ type budgetServeFlags struct {
 	// lambdaKeyFile and runpodKeyFile: the other providers' key files.
 	lambdaKeyFile, runpodKeyFile string
 	retries                      int
+	// webhookFiles hold webhook URLs, one a line.
+	webhookFiles []string
 }
 
 func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.Config) *budgetServeFlags {
 	b := &budgetServeFlags{cfg: cfg}
-	f.StringArrayVar(&cfg.Alerts.Webhook.URLs, "webhook", nil, "POST every alert as JSON to this URL (repeatable)")
+	f.StringArrayVar(&cfg.Alerts.Webhook.URLs, "webhook", nil, "POST every alert as JSON to this URL (repeatable; visible in ps: a URL with a secret goes in --webhook-url-file)")
+	f.StringArrayVar(&b.webhookFiles, "webhook-url-file", nil, "file of webhook URLs, one a line (# comments), each as --webhook; keeps secrets in URLs off the command line (repeatable)")
 	f.IntVar(&b.retries, "webhook-retries", 7, "retries of a failed alert delivery per webhook (network errors, 5xx and 429; with backoff)")
 	f.DurationVar(&cfg.Budget.EvalInterval, "budget-eval-interval", time.Second, "how often budgets are evaluated after runs changed")
 	f.StringVar(&cfg.Budget.Timezone, "budget-timezone", "UTC", "time zone of the calendar months of monthly budgets (IANA name)")
@@ -69,6 +73,13 @@ func (b *budgetServeFlags) load(getenv func(string) string) error {
 		return fmt.Errorf("--webhook-retries must be >= 0, got %d", b.retries)
 	}
 	b.cfg.Alerts.Webhook.MaxAttempts = b.retries + 1
+	for _, f := range b.webhookFiles {
+		urls, err := readWebhookFile(f)
+		if err != nil {
+			return err
+		}
+		b.cfg.Alerts.Webhook.URLs = append(b.cfg.Alerts.Webhook.URLs, urls...)
+	}
 	for _, k := range []struct {
 		file, flag, env string
 		key             *string
@@ -88,6 +99,26 @@ func (b *budgetServeFlags) load(getenv func(string) string) error {
 		}
 	}
 	return nil
+}
+
+// readWebhookFile reads webhook URLs, one a line; blank lines and lines
+// starting with # are skipped. Errors name the file, never a URL (it may
+// hold a secret).
+func readWebhookFile(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--webhook-url-file: %w", err)
+	}
+	var urls []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			urls = append(urls, line)
+		}
+	}
+	if len(urls) == 0 {
+		return nil, fmt.Errorf("--webhook-url-file %s: no URL in it", path)
+	}
+	return urls, nil
 }
 
 func newBudgetCommand(cf *clientFlags) *cobra.Command {

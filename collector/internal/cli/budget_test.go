@@ -4,9 +4,14 @@ import (
 	"encoding/json"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/trainmeter/trainmeter/collector/internal/server"
 )
 
 func TestBudgetCommands(t *testing.T) {
@@ -134,6 +139,40 @@ func TestServeBudgetFlags(t *testing.T) {
 	} {
 		if _, err := run(t, nil, append([]string{"serve", "--data", t.TempDir()}, args...)...); err == nil {
 			t.Errorf("serve %v accepted", args)
+		}
+	}
+}
+
+// TestWebhookURLFile: --webhook-url-file reads webhook URLs (one a line,
+// blank lines and # comments skipped) so a URL with a secret in it is not
+// on the command line; they join --webhook's. A missing file, or one with a
+// URL that is not http(s), refuses the start.
+func TestWebhookURLFile(t *testing.T) {
+	dir := t.TempDir()
+	file := dir + "/webhook.url"
+	if err := os.WriteFile(file, []byte("# Slack\nhttps://hooks.example/services/T0/B0/s3cret\n\nhttps://alice:pw@alerts.example/in\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg server.Config
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	b := addBudgetServeFlags(fs, &cfg)
+	if err := fs.Parse([]string{"--webhook", "https://plain.example/x", "--webhook-url-file", file}); err != nil {
+		t.Fatalf("%v (want --webhook-url-file)", err)
+	}
+	if err := b.load(nil); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"https://plain.example/x", "https://hooks.example/services/T0/B0/s3cret", "https://alice:pw@alerts.example/in"}
+	if !slices.Equal(cfg.Alerts.Webhook.URLs, want) {
+		t.Errorf("webhook URLs %q, want %q", cfg.Alerts.Webhook.URLs, want)
+	}
+	ftp := dir + "/ftp.url"
+	if err := os.WriteFile(ftp, []byte("ftp://example.com/x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{dir + "/missing", ftp} {
+		if _, err := run(t, nil, "serve", "--data", t.TempDir(), "--webhook-url-file", f); err == nil {
+			t.Errorf("serve --webhook-url-file %s accepted", f)
 		}
 	}
 }

@@ -174,6 +174,7 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	budgetFlags = addBudgetServeFlags(f, &cfg)
 	otelFlags = otelexport.BindFlags(f, &cfg.OTel)
+	f.BoolVar(&cfg.PrometheusRunMetrics, "prometheus-run-metrics", false, "show the run-level series of /metrics (run ids, models, budget scopes) to every scrape; default: only to scrapes with the read or admin token (docs/otel.md)")
 	return c
 }
 

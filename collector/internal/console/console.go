@@ -28,6 +28,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/auth"
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
+	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -58,15 +59,18 @@ type Config struct {
 	// Now is the clock for "last seen", sparkline windows and usage
 	// periods; time.Now if nil.
 	Now func() time.Time
+	// Clock times the failed-login limit; the wall clock if nil.
+	Clock clock.Clock
 }
 
 var _ lifecycle.Component = (*Console)(nil)
 
 // Console serves the web console; a lifecycle.Component.
 type Console struct {
-	cfg Config
-	log *slog.Logger
-	h   http.Handler
+	cfg    Config
+	log    *slog.Logger
+	h      http.Handler
+	logins *loginLimiter
 
 	mu      sync.Mutex
 	lis     net.Listener
@@ -88,7 +92,7 @@ func New(cfg Config, log *slog.Logger) (*Console, error) {
 	if s.Query == nil || s.Budgets == nil || s.Prices == nil || s.Recommend == nil {
 		return nil, errors.New("console: every service is needed")
 	}
-	c := &Console{cfg: cfg, log: log}
+	c := &Console{cfg: cfg, log: log, logins: newLoginLimiter(cfg.Clock)}
 	h, err := c.routes()
 	if err != nil {
 		return nil, err

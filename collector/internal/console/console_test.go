@@ -242,7 +242,7 @@ func TestSecurityHeaders(t *testing.T) {
 		if strings.Contains(csp, "unsafe") {
 			t.Errorf("GET %s: CSP allows unsafe: %q", p, csp)
 		}
-		if resp.Header.Get("X-Content-Type-Options") != "nosniff" || resp.Header.Get("X-Frame-Options") != "DENY" || resp.Header.Get("Referrer-Policy") != "no-referrer" {
+		if resp.Header.Get("X-Content-Type-Options") != "nosniff" || resp.Header.Get("X-Frame-Options") != "DENY" || resp.Header.Get("Referrer-Policy") != "same-origin" {
 			t.Errorf("GET %s: headers %v", p, resp.Header)
 		}
 	}
@@ -370,7 +370,7 @@ func TestConsoleTokens(t *testing.T) {
 	}
 	resp.Body.Close()
 	ck := resp.Header.Get("Set-Cookie")
-	if resp.Header.Get("Location") != "/runs" || !strings.Contains(ck, "HttpOnly") || !strings.Contains(ck, "SameSite=Strict") {
+	if resp.Header.Get("Location") != "/" || !strings.Contains(ck, "HttpOnly") || !strings.Contains(ck, "SameSite=Strict") {
 		t.Errorf("login: %s → %q, cookie %q (want a local redirect and an HttpOnly SameSite=Strict cookie)", resp.Status, resp.Header.Get("Location"), ck)
 	}
 	resp, err = browser.PostForm(c.base+"/login", url.Values{"token": {"read-tok-1"}, "next": {"/nodes"}})

@@ -60,16 +60,33 @@ type loginData struct {
 }
 
 func (p *pages) login(w http.ResponseWriter, r *http.Request) {
-	p.render(w, http.StatusOK, "login.html", page{Title: "Log in", Data: loginData{Next: localPath(r.URL.Query().Get("next"))}})
+	p.render(w, http.StatusOK, "login.html", page{Title: "Log in", Data: loginData{Next: safeNext(r.URL.Query().Get("next"))}})
 }
 
+// loginPost sets the login cookie for a read or admin token: only from the
+// console's own pages (sameOrigin), with failed tries limited per client
+// (loginLimiter), and back to a path on this console (safeNext).
 func (p *pages) loginPost(w http.ResponseWriter, r *http.Request) {
+	if err := sameOrigin(r); err != nil {
+		http.Error(w, err.Error(), http.StatusForbidden)
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
 	tok := strings.TrimSpace(r.PostFormValue("token"))
-	next := localPath(r.PostFormValue("next"))
+	next := safeNext(r.PostFormValue("next"))
 	a := p.c.cfg.Auth
 	if a.QueryTokens() {
+		client := clientOf(r)
+		if d := p.c.logins.wait(client); d > 0 {
+			s := retryAfter(d)
+			w.Header().Set("Retry-After", strconv.Itoa(s))
+			p.render(w, http.StatusTooManyRequests, "login.html", page{Title: "Log in", Data: loginData{Next: next,
+				Error: fmt.Sprintf("Too many failed logins from this address: try again in %d s.", s)}})
+			return
+		}
 		if err := a.Authorize(r.Context(), authMethod, tok); err != nil || tok == "" {
+			p.c.logins.fail(client)
+			p.c.log.Warn("console login refused", "client", client)
 			p.render(w, http.StatusUnauthorized, "login.html", page{Title: "Log in", Data: loginData{Next: next, Error: "That token is not a read or admin token of this collector."}})
 			return
 		}
@@ -79,17 +96,12 @@ func (p *pages) loginPost(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *pages) logout(w http.ResponseWriter, r *http.Request) {
+	if err := sameOrigin(r); err != nil {
+		http.Error(w, err.Error(), http.StatusForbidden)
+		return
+	}
 	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, Secure: p.c.cfg.TLS.Enabled(), SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
-}
-
-// localPath keeps a redirect target on this console ("/runs?x"), never
-// another host ("//evil", "https://...").
-func localPath(s string) string {
-	if !strings.HasPrefix(s, "/") || strings.HasPrefix(s, "//") || strings.HasPrefix(s, "/\\") {
-		return "/runs"
-	}
-	return s
 }
 
 // --- Runs ---

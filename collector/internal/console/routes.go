@@ -70,14 +70,18 @@ func parseTemplates() (*template.Template, error) {
 	return template.New("").Funcs(funcs).ParseFS(templateFS, "templates/*.html")
 }
 
-// headers sets the security headers on every answer.
+// headers sets the security headers on every answer. Referrer-Policy is
+// same-origin, not no-referrer: under no-referrer a browser sends
+// "Origin: null" with the console's own login form, and the login's
+// cross-site check (sameOrigin) needs the real origin; nothing goes to
+// another site either way.
 func headers(hsts bool, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hd := w.Header()
 		hd.Set("Content-Security-Policy", CSP)
 		hd.Set("X-Content-Type-Options", "nosniff")
 		hd.Set("X-Frame-Options", "DENY")
-		hd.Set("Referrer-Policy", "no-referrer")
+		hd.Set("Referrer-Policy", "same-origin")
 		hd.Set("Cross-Origin-Opener-Policy", "same-origin")
 		hd.Set("Cross-Origin-Resource-Policy", "same-origin")
 		hd.Set("Permissions-Policy", "camera=(), microphone=(), geolocation=()")

@@ -128,6 +128,11 @@ type Config struct {
 	// OTel is the OpenTelemetry export (OTLP push, Prometheus /metrics);
 	// the zero value exports nothing (docs/otel.md).
 	OTel otelexport.Config
+	// PrometheusRunMetrics shows the run-level series of /metrics (run
+	// ids, models, budget scopes: telemetry.PrivateAttributes) to every
+	// scrape. Off (default): only scrapes with the read or admin token
+	// (Authorization: Bearer) see them; node-level series are open.
+	PrometheusRunMetrics bool
 
 	// --- web console (console.go, docs/console.md) ---
 	// UIListen is the web console's HOST:PORT; empty: no console.
@@ -385,7 +390,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	var exp *otelexport.Exporter
 	if s.cfg.OTel.Enabled() {
 		res := otelexport.Resource{ServiceName: "trainmeter-collector", InstanceID: instanceID(lis.Addr())}
-		if exp, err = otelexport.Start(ctx, s.cfg.OTel, res, s.log); err != nil {
+		if exp, err = otelexport.Start(ctx, s.otelConfig(authz), res, s.log); err != nil {
 			return fmt.Errorf("otel export: %w", err)
 		}
 		undo = append(undo, func() { _ = exp.Shutdown(ctx) })
@@ -499,6 +504,22 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		s.log.Warn("serving plaintext gRPC on a non-loopback address: data (and tokens) travel unencrypted; set --tls-cert and --tls-key", "addr", lis.Addr().String())
 	}
 	return nil
+}
+
+// otelConfig is the OTel export configuration with the /metrics gate:
+// run-level series only for scrapes with the read or admin token, unless
+// PrometheusRunMetrics opens them.
+func (s *Server) otelConfig(a *auth.Auth) otelexport.Config {
+	cfg := s.cfg.OTel
+	if cfg.PrometheusListen == "" || s.cfg.PrometheusRunMetrics {
+		return cfg
+	}
+	method := trainmeterv1.QueryService_ListRuns_FullMethodName
+	cfg.PrometheusGate = &otelexport.PrometheusGate{
+		PrivateAttributes: telemetry.PrivateAttributes,
+		Authorized:        func(r *http.Request) bool { return a.ReadRequest(r, method) },
+	}
+	return cfg
 }
 
 // securityOptions builds the TLS credentials and the token interceptors;

@@ -44,6 +44,14 @@ const (
 	descriptionRunWindowBound = " (recently active runs only: docs/otel.md)"
 )
 
+// PrivateAttributes are the attributes that say whose work a series is
+// about: a run's id, model, backend, budget scope and GPU model, and a
+// budget's scope and period. /metrics serves the series carrying any of
+// them only to scrapes with the read or admin token, unless the collector
+// opts in (docs/otel.md, docs/security.md); OTLP push is not affected (it
+// goes where the operator configured it, with its headers).
+var PrivateAttributes = []string{AttrRunID, AttrRunModel, AttrRunBackend, AttrRunBudgetScope, AttrRunGPUModel, AttrBudgetScope, AttrBudgetPeriod}
+
 // register creates every instrument and its callback.
 func (t *Telemetry) register(m metric.Meter) error {
 	inventory := func() map[string][]*trainmeterv1.GpuInfo {
