@@ -27,7 +27,9 @@ func TestCompareMatchesReports(t *testing.T) {
 		for gpu, run := range pair {
 			tr.send(`{"event":"run_start","run_id":%q,"model":"cmp-model","backend":%q,"gpus":[%d],"warmup_s":0.3,"seq_len":512,"dataset":"d"}`, run, backends[run], gpu)
 		}
-		for i := 1; i <= 20; i++ {
+		// 30 steps 60 ms apart: over 1 s after the 0.3 s warmup, which a
+		// rate after warmup needs (docs/measurement.md).
+		for i := 1; i <= 30; i++ {
 			time.Sleep(60 * time.Millisecond)
 			// The unsloth runs do twice the tokens per step: faster.
 			tr.send(`{"event":"step","run_id":%q,"step":%d,"tokens":%d,"compute_s":0.05,"data_wait_s":0.01}`, pair[0], i, 1000+10*i)

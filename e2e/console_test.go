@@ -180,7 +180,9 @@ func TestConsoleInChromium(t *testing.T) {
 		for gpu, run := range pair {
 			tr.send(`{"event":"run_start","run_id":%q,"model":"ui-model","backend":%q,"gpus":[%d],"warmup_s":0.3,"seq_len":512,"dataset":"d","notes":"<script>alert('notes')</script>","labels":{"team":"\"><script>alert(1)</script>"}}`, run, backends[run], gpu)
 		}
-		for i := 1; i <= 15; i++ {
+		// 30 steps 60 ms apart: over 1 s after the 0.3 s warmup, which a
+		// rate after warmup needs (docs/measurement.md).
+		for i := 1; i <= 30; i++ {
 			time.Sleep(60 * time.Millisecond)
 			tr.send(`{"event":"step","run_id":%q,"step":%d,"tokens":%d,"compute_s":0.05,"data_wait_s":0.01}`, pair[0], i, 1000+10*i)
 			tr.send(`{"event":"step","run_id":%q,"step":%d,"tokens":%d,"compute_s":0.05,"data_wait_s":0.01}`, pair[1], i, 2000+10*i)

@@ -44,7 +44,7 @@ func writeGarbledTrace(t *testing.T, gpus int, powerW, counterW float64, seconds
 func within(t *testing.T, what string, got, want, rel float64) {
 	t.Helper()
 	if math.Abs(got-want) > rel*math.Abs(want) {
-		t.Errorf("%s = %.4f, want %.4f ± %.2g%%", what, got, want, rel*100)
+		t.Errorf("%s = %.12f, want %.12f ± %.2g%%", what, got, want, rel*100)
 	} else {
 		t.Logf("%s = %.4f (want %.4f, off by %.3f%%)", what, got, want, 100*math.Abs(got-want)/math.Abs(want))
 	}
