@@ -164,3 +164,30 @@ func (s *State) RefusalReason() string {
 		"(Python: trainmeter.start(..., resume=True); trainmeter run --resume)",
 		s.RunID, time.Unix(0, s.endNanos()).UTC().Format(time.RFC3339), where, st)
 }
+
+// Admission is what ev, a RunStart, would do to the run, without recording
+// anything (Admit records).
+func (s *State) Admission(ev *trainmeterv1.RunStart) Admission {
+	return s.admission(nanos(ev.GetTime()), ev.GetResume() || ev.GetResumeRequested())
+}
+
+// EndedOn returns the latest end of the run on node (Unix ns) when the run
+// has ended there since the node's latest start.
+func (s *State) EndedOn(node string) (int64, bool) {
+	n := s.Nodes[node]
+	if n == nil || !n.Started || !n.ended() {
+		return 0, false
+	}
+	return n.EndMax, true
+}
+
+// LiveNodes lists the nodes the run is live on.
+func (s *State) LiveNodes() []string {
+	var out []string
+	for name := range s.Nodes {
+		if s.LiveOn(name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
