@@ -367,8 +367,14 @@ func (s *Server) handle(log *slog.Logger, sender store.Sender, m *trainmeterv1.S
 		log.Debug("duplicate batch acked again", "seq", b.GetSeq())
 	} else {
 		s.counters.applied.Add(1)
+		// Observers (budgets, the advisor, metrics) see what was applied:
+		// never the records the store refused.
+		seen := b
+		if applied.Batch != nil {
+			seen = applied.Batch
+		}
 		for _, o := range s.observers {
-			o(node, b)
+			o(node, seen)
 		}
 	}
 	s.seen(node, b.GetSeq())

@@ -52,6 +52,7 @@ type applyReq struct {
 	dup     bool
 	refused []Refusal // starts refused, records dropped (refused.go)
 	dropped []Refusal // records the node may not send, dropped (authorize.go)
+	applied *trainmeterv1.Batch // the batch less what was dropped; nil: nothing was
 	err     error
 	done    chan struct{}
 }

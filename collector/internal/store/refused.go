@@ -42,6 +42,9 @@ type Applied struct {
 	// Dropped lists, per run, the batch's records the node may not send
 	// (authorize.go): dropped, the rest of the batch applied.
 	Dropped []Refusal
+	// Batch is the batch as applied when records were dropped from it (nil
+	// when none were): what observers of applied batches are to see.
+	Batch *trainmeterv1.Batch
 }
 
 // admitBatch decides the batch's run starts (membership, then the node's

@@ -476,7 +476,7 @@ func (s *Store) ApplyBatchResult(sender Sender, b *trainmeterv1.Batch) (a Applie
 		<-req.done
 		a, err = Applied{Duplicate: req.dup}, req.err
 		if err == nil {
-			a.Refused, a.Dropped = req.refused, req.dropped
+			a.Refused, a.Dropped, a.Batch = req.refused, req.dropped, req.applied
 		}
 	case <-s.quit:
 		return Applied{}, errors.New("store: closed")
@@ -549,7 +549,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	}
 	seq, start, rk := b.GetSeq(), startVal(b.GetWindowStart()), r.rk
 	dk := dedupKey(node, boot, seq)
-	r.refused, r.dropped = nil, nil
+	r.refused, r.dropped, r.applied = nil, nil, nil
 	dup, displaced, err := ne.applied(txn, boot, seq, start, dk, rk)
 	if dup || err != nil {
 		return dup, err
@@ -562,7 +562,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	if nb != b {
 		// Records of refused starts, and records the node may not send,
 		// dropped: the raw records are the kept ones.
-		b, runs, r.refused, r.dropped = nb, batchRuns(nb), refused, dropped
+		b, runs, r.refused, r.dropped, r.applied = nb, batchRuns(nb), refused, dropped, nb
 		if raw, _, err = rawRecords(node, boot, b); err == nil {
 			raw, err = appendDeletedRecords(raw, node, seq, r.gone)
 		}
