@@ -218,7 +218,7 @@ func (s *Server) Stats() Stats {
 		Streams: c.streams.Load(), Applied: c.applied.Load(), Duplicate: c.duplicate.Load(),
 		Rejected: c.rejected.Load(), RejectedTime: c.rejectedTime.Load(), StoreErrors: c.storeErrors.Load(),
 		RefusedStarts: c.refusedStarts.Load(), RefusedRecords: c.refusedRecords.Load(), RefusedRecordsPerNode: map[string]uint64{},
-		SeqGaps:       c.seqGaps.Load(), SeqMissing: c.seqMissing.Load(), SeqGapsPerNode: map[string]uint64{},
+		SeqGaps: c.seqGaps.Load(), SeqMissing: c.seqMissing.Load(), SeqGapsPerNode: map[string]uint64{},
 		StoreWriteP50Ms: selfmetrics.Millis(q[0]), StoreWriteP99Ms: selfmetrics.Millis(q[1]),
 		StoreWriteMaxMs: selfmetrics.Millis(q[2]), StoreWrites: lat.Count(),
 	}

@@ -108,7 +108,7 @@ func TestAnotherNodesRecordsOfAnEndedRunAreDropped(t *testing.T) {
 func TestOwnRecordsWithinTheEndGraceAreKept(t *testing.T) {
 	s := open(t, t.TempDir())
 	defer s.Close()
-	endedVictim(t, s) // ended at second 4
+	endedVictim(t, s)                                               // ended at second 4
 	a := applyResult(t, s, "node1", batch(4, "victim", 4, 100, 50)) // ends at 5: within the grace
 	if len(a.Dropped) != 0 {
 		t.Fatalf("the end's window was dropped: %+v", a.Dropped)

@@ -50,8 +50,8 @@ type applyReq struct {
 	gone   []deletedWindow // windows of deleted runs, kept as dw/ records (deleted.go)
 
 	dup     bool
-	refused []Refusal // starts refused, records dropped (refused.go)
-	dropped []Refusal // records the node may not send, dropped (authorize.go)
+	refused []Refusal           // starts refused, records dropped (refused.go)
+	dropped []Refusal           // records the node may not send, dropped (authorize.go)
 	applied *trainmeterv1.Batch // the batch less what was dropped; nil: nothing was
 	err     error
 	done    chan struct{}
