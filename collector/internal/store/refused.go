@@ -81,7 +81,7 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node st
 			wasLive := g.liveOn(node, id)
 			a := aggregate.AdmitNew
 			if st != nil {
-				a = st.Admission(ev.RunStart)
+				a = st.Admission(node, ev.RunStart)
 			}
 			if !wasLive && a != aggregate.AdmitRefused && !started[id] {
 				if why := g.capRefusal(node, id, a == aggregate.AdmitNew); why != "" {
