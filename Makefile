@@ -82,6 +82,7 @@ fuzz-short:
 	$(GO) test -run='^$$' -fuzz='^FuzzFlatPath$$' -fuzztime=$(call FUZZ_BUDGET,200000x) ./agent/internal/trainerproto
 	$(GO) test -run='^$$' -fuzz='^FuzzValidateBatch$$' -fuzztime=$(call FUZZ_BUDGET,60000x) ./collector/internal/ingest
 	$(GO) test -run='^$$' -fuzz='^FuzzAggregate$$' -fuzztime=$(call FUZZ_BUDGET,60000x) ./collector/internal/ingest
+	$(GO) test -run='^$$' -fuzz='^FuzzForeignNodeCannotChangeOtherRuns$$' -fuzztime=$(call FUZZ_BUDGET,1500x) ./collector/internal/ingest
 	$(GO) test -run='^$$' -fuzz='^FuzzOpenSegmentTail$$' -fuzztime=$(call FUZZ_BUDGET,1500x) ./agent/internal/spool
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(call FUZZ_BUDGET,200000x) ./pkg/gpu/replay
 	$(GO) test -run='^$$' -fuzz='^FuzzParseMetrics$$' -fuzztime=$(call FUZZ_BUDGET,300000x) ./pkg/gpu/amdgpu

@@ -20,8 +20,11 @@ import (
 // apart; an elastic job adds a node later). Live is judged by the agents'
 // clocks: a start whose time is at or before the run's end (the latest
 // run_end of every node) joins even when it arrives after that end (its
-// batch was in flight). Once every node that started the run has ended it,
-// a start later than that end reopens the run only if it asks to resume
+// batch was in flight) — from a node that took part in the run; a node
+// that never started it cannot join a run that has ended everywhere by
+// dating its start back (docs/security.md). Once every node that started
+// the run has ended it, a start later than that end reopens the run only if
+// it asks to resume
 // (RunStart.resume or resume_requested); otherwise it is refused, and the
 // node's records of the run from that start on are dropped (Keeps) until
 // the node sends a start that is accepted.
@@ -62,7 +65,7 @@ func (a Admission) String() string {
 // an accepted one.
 func (s *State) Admit(node string, ev *trainmeterv1.RunStart) Admission {
 	t := nanos(ev.GetTime())
-	a := s.admission(t, ev.GetResume() || ev.GetResumeRequested())
+	a := s.admission(node, t, ev.GetResume() || ev.GetResumeRequested())
 	if a == AdmitRefused {
 		if s.RefusedStarts == nil {
 			s.RefusedStarts = map[string]RefusedStart{}
@@ -89,11 +92,11 @@ type RefusedStart struct {
 	Latest int64 `json:"latest"`
 }
 
-func (s *State) admission(t int64, resume bool) Admission {
+func (s *State) admission(node string, t int64, resume bool) Admission {
 	if !s.StartedAnywhere() {
 		return AdmitNew
 	}
-	if !s.Ended() || t <= s.endNanos() {
+	if !s.Ended() || (t <= s.endNanos() && s.StartedOn(node)) {
 		return AdmitJoin
 	}
 	if resume {
@@ -163,4 +166,31 @@ func (s *State) RefusalReason() string {
 		"to start a new run use a new run_id, or to continue this one send resume=true "+
 		"(Python: trainmeter.start(..., resume=True); trainmeter run --resume)",
 		s.RunID, time.Unix(0, s.endNanos()).UTC().Format(time.RFC3339), where, st)
+}
+
+// Admission is what ev, a RunStart, would do to the run, without recording
+// anything (Admit records).
+func (s *State) Admission(node string, ev *trainmeterv1.RunStart) Admission {
+	return s.admission(node, nanos(ev.GetTime()), ev.GetResume() || ev.GetResumeRequested())
+}
+
+// EndedOn returns the latest end of the run on node (Unix ns) when the run
+// has ended there since the node's latest start.
+func (s *State) EndedOn(node string) (int64, bool) {
+	n := s.Nodes[node]
+	if n == nil || !n.Started || !n.ended() {
+		return 0, false
+	}
+	return n.EndMax, true
+}
+
+// LiveNodes lists the nodes the run is live on.
+func (s *State) LiveNodes() []string {
+	var out []string
+	for name := range s.Nodes {
+		if s.LiveOn(name) {
+			out = append(out, name)
+		}
+	}
+	return out
 }

@@ -6,7 +6,8 @@ import (
 )
 
 // The admission rule: a start joins while the run is live on some node, or
-// when it is timestamped at or before the run's end; after every node
+// when it is timestamped at or before the run's end and comes from a node
+// that took part in the run; after every node
 // ended, it is refused unless it asks to resume; an accepted start from a
 // refused node lifts its refusal.
 func TestAdmitJoinsWhileLiveAndRefusesAfterTheEnd(t *testing.T) {
@@ -19,8 +20,11 @@ func TestAdmitJoinsWhileLiveAndRefusesAfterTheEnd(t *testing.T) {
 		t.Fatalf("a second node while live: %v", a)
 	}
 	s.AddEnd("a", endWith("a", 10, "ok").e)
-	if a := s.Admit("b", start("b", 9, "m", 0).s); a != AdmitJoin {
-		t.Fatalf("a start from before the end, arriving after it: %v", a)
+	if a := s.Admission("c", start("c", 9, "m", 0).s); a != AdmitRefused {
+		t.Fatalf("a start from before the end, arriving after it, from a node that never started the run: %v", a)
+	}
+	if a := s.Admit("a", start("a", 9, "m", 0).s); a != AdmitJoin {
+		t.Fatalf("a start from before the end, arriving after it, from a node of the run: %v", a)
 	}
 	if a := s.Admit("b", start("b", 10.5, "m", 0).s); a != AdmitRefused {
 		t.Fatalf("a start after every node ended: %v", a)

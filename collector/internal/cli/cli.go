@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/collector/internal/ingest"
 	"github.com/trainmeter/trainmeter/collector/internal/rpcerr"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
@@ -161,6 +162,9 @@ func newServeCommand(getenv func(string) string) *cobra.Command {
 	f.DurationVar(&cfg.GCInterval, "gc-interval", 5*time.Minute, "value-log GC interval (0 disables)")
 	f.Int64Var(&memoryLimitMiB, "memory-limit-mib", defaultMemoryLimitMiB, "soft memory limit of the Go heap in MiB: garbage is collected more often near it, and it is exceeded when live data needs more (0: none; GOMEMLIMIT wins)")
 	f.DurationVar(&cfg.CommitWindow, "commit-window", server.DefaultCommitWindow, "how long a batch waits for others to share its durable commit (acks up to this much later; fewer syncs per batch: docs/benchmarks.md); 0: commit at once")
+	f.IntVar(&cfg.MaxLiveRunsPerNode, "max-live-runs-per-node", server.DefaultMaxLiveRunsPerNode, "refuse a run_start that would make more runs live on one node at once (docs/security.md)")
+	f.IntVar(&cfg.MaxNewRunsPerMinute, "max-new-runs-per-minute", server.DefaultMaxNewRunsPerMinute, "refuse a node's run_start of a new run id beyond this many a minute (docs/security.md)")
+	f.IntVar(&cfg.MaxBatchRunRecords, "max-batch-run-records", ingest.DefaultMaxBatchRunRecords, "reject a batch with more records naming a run (windows, events, loss records, host energy shares) than this (docs/security.md)")
 	f.DurationVar(&cfg.RawRetention, "raw-retention", 0, "drop raw records (GPU/host windows, raw samples, run windows/events) older than this, e.g. 720h; run aggregates are kept (0: keep all)")
 	f.StringVar(&cfg.StatusListen, "status-listen", "", "serve GET /healthz and GET /status on HOST:PORT (empty: off)")
 	f.StringVar(&cfg.UIListen, "ui-listen", server.DefaultUIListen, "serve the web console on HOST:PORT (empty: off); same TLS and read token as the query API (docs/console.md)")

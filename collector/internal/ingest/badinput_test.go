@@ -176,7 +176,7 @@ func TestSequenceGapIsAcceptedCountedPerNode(t *testing.T) {
 	ing, conn := serve(t, st)
 	a := tu.Connect(t, conn, "n1", "boot-1")
 	for _, seq := range []uint64{1, 2, 5, 3, 6, 10} { // 3..4 and 7..9 missing; 3 is a late resend
-		a.MustAck(tu.Batch(seq, float64(seq), []*trainmeterv1.RunWindow{tu.Window("r", float64(seq), 100, 1)}))
+		a.MustAck(tu.Batch(seq, float64(seq), []*trainmeterv1.RunWindow{tu.Window("r", float64(seq), 100, 1)}, tu.Start("r", 0, "m")))
 	}
 	b := tu.Connect(t, conn, "n2", "boot-x")
 	b.MustAck(tu.Batch(7, 1, nil)) // the first batch seen from a boot is never a gap

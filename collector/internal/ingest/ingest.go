@@ -9,6 +9,7 @@ package ingest
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sort"
@@ -66,6 +67,34 @@ type Server struct {
 	counters counters // self-metrics (stats.go)
 
 	observers []BatchObserver // set before serving (OnApplied); read-only after
+
+	// maxBatchRunRecords bounds the records naming a run in one batch
+	// (SetMaxBatchRunRecords); 0: DefaultMaxBatchRunRecords.
+	maxBatchRunRecords int
+}
+
+// DefaultMaxBatchRunRecords is `serve --max-batch-run-records`'s default:
+// run windows, run events, loss records and host energy run shares in one
+// batch together. An agent's batch holds one second: about one window, one
+// loss record and one host share per live run (256 at most by default,
+// store.Limits), and the events of that second.
+const DefaultMaxBatchRunRecords = 20000
+
+// SetMaxBatchRunRecords sets the bound on the records naming a run in one
+// batch; a batch with more is rejected whole. Call it before serving.
+func (s *Server) SetMaxBatchRunRecords(n int) {
+	if n > 0 {
+		s.maxBatchRunRecords = n
+	}
+}
+
+// runRecords counts a batch's records that name a run.
+func runRecords(b *trainmeterv1.Batch) int {
+	n := len(b.GetRunWindows()) + len(b.GetRunEvents()) + len(b.GetLosses())
+	for _, h := range b.GetHostEnergy() {
+		n += len(h.GetRuns())
+	}
+	return n
 }
 
 // BatchObserver is told of every batch the store has durably applied for
@@ -295,6 +324,16 @@ func (s *Server) handle(log *slog.Logger, sender store.Sender, m *trainmeterv1.S
 	}
 	err := ValidateBatch(b)
 	if err == nil {
+		limit := s.maxBatchRunRecords
+		if limit <= 0 {
+			limit = DefaultMaxBatchRunRecords
+		}
+		if n := runRecords(b); n > limit {
+			err = fmt.Errorf("%d records naming a run (run windows, run events, loss records, host energy shares), more than %d in one batch "+
+				"(trainmeter serve --max-batch-run-records)", n, limit)
+		}
+	}
+	if err == nil {
 		if err = CheckBatchTime(b, s.now()); err != nil {
 			s.counters.rejectedTime.Add(1)
 		}
@@ -328,13 +367,20 @@ func (s *Server) handle(log *slog.Logger, sender store.Sender, m *trainmeterv1.S
 		log.Debug("duplicate batch acked again", "seq", b.GetSeq())
 	} else {
 		s.counters.applied.Add(1)
+		// Observers (budgets, the advisor, metrics) see what was applied:
+		// never the records the store refused.
+		seen := b
+		if applied.Batch != nil {
+			seen = applied.Batch
+		}
 		for _, o := range s.observers {
-			o(node, b)
+			o(node, seen)
 		}
 	}
 	s.seen(node, b.GetSeq())
 	// A refused start goes back on this stream, before the batch's ack:
 	// the agent tells the run's trainers and stops booking the run.
+	s.noteDropped(log, node, applied)
 	out := make([]*trainmeterv1.StreamResponse, 0, len(applied.Refused)+1)
 	for _, r := range applied.Refused {
 		s.counters.refusedStarts.Add(1)

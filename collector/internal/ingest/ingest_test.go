@@ -161,7 +161,7 @@ func TestRejectsStoreNothingAndStreamContinues(t *testing.T) {
 		t.Fatalf("rejected batches stored runs: %d %v", len(runs), err)
 	}
 	// The same seq, now valid, is applied: the rejects left no dedup mark.
-	a.MustAck(tu.Batch(seq, 0, []*trainmeterv1.RunWindow{tu.Window("r", 0, 7, 1)}))
+	a.MustAck(tu.Batch(seq, 0, []*trainmeterv1.RunWindow{tu.Window("r", 0, 7, 1)}, tu.Start("r", 0, "m")))
 	s, err := st.GetRun("r")
 	if err != nil || s.Report(aggregate.Pricing{}).TokensProcessed != 7 {
 		t.Fatalf("valid batch after rejects: %v", err)

@@ -2,11 +2,13 @@ package ingest
 
 import (
 	"fmt"
+	"log/slog"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/pkg/selfmetrics"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -63,6 +65,66 @@ type counters struct {
 
 	gapMu sync.Mutex
 	gaps  map[string]*gapState // by node
+
+	refusedRecords atomic.Uint64
+	dropMu         sync.Mutex
+	drops          map[string]*dropState // by node
+}
+
+// dropState is a node's records refused by the store (not started there,
+// ended there, implausible energy, over a limit) and its log throttle.
+type dropState struct {
+	records uint64
+	// unlogged: records refused since the last log line; loggedAt: when.
+	unlogged uint64
+	loggedAt time.Time
+}
+
+// dropLogEvery: a node's refused records are logged at most this often,
+// with the count since the line before (a hostile node would otherwise
+// write a line per record).
+const dropLogEvery = 10 * time.Second
+
+// noteDropped counts the records of a batch the store refused, per node,
+// and logs them at most every dropLogEvery per node.
+func (s *Server) noteDropped(log *slog.Logger, node string, a store.Applied) {
+	var n uint64
+	var first *store.Refusal
+	for _, list := range [][]store.Refusal{a.Dropped, a.Refused} {
+		for i := range list {
+			n += uint64(list[i].Records)
+			if first == nil && list[i].Records > 0 {
+				first = &list[i]
+			}
+		}
+	}
+	if n == 0 {
+		return
+	}
+	c := &s.counters
+	c.refusedRecords.Add(n)
+	now := s.now()
+	c.dropMu.Lock()
+	if c.drops == nil {
+		c.drops = map[string]*dropState{}
+	}
+	d := c.drops[node]
+	if d == nil {
+		d = &dropState{}
+		c.drops[node] = d
+	}
+	d.records += n
+	d.unlogged += n
+	logIt := d.loggedAt.IsZero() || now.Sub(d.loggedAt) >= dropLogEvery
+	count := d.unlogged
+	if logIt {
+		d.unlogged, d.loggedAt = 0, now
+	}
+	c.dropMu.Unlock()
+	if logIt {
+		log.Warn("records refused: the node may not send them (docs/security.md); dropped, the rest of the batch applied",
+			"refused_records", count, "run_id", first.RunID, "reason", first.Reason, "refused_records_total", d.records)
+	}
 }
 
 type gapState struct {
@@ -123,6 +185,13 @@ type Stats struct {
 	// because the run had ended on every node, and batches whose records
 	// of such a start's run were dropped.
 	RefusedStarts uint64 `json:"refused_starts"`
+	// RefusedRecords counts the records naming a run that the store
+	// dropped from batches it applied: the node did not start the run, or
+	// sent them past its end there, or a window's energy was more than its
+	// GPUs can draw, or its start was refused (docs/security.md);
+	// RefusedRecordsPerNode by node.
+	RefusedRecords        uint64            `json:"refused_records"`
+	RefusedRecordsPerNode map[string]uint64 `json:"refused_records_per_node"`
 	// SeqGaps counts batches that arrived more than one past the highest seq
 	// seen from their node's boot; SeqMissing the seqs skipped over. Gaps are
 	// legitimate after an agent's spool overflowed; they are logged.
@@ -148,8 +217,8 @@ func (s *Server) Stats() Stats {
 	st := Stats{
 		Streams: c.streams.Load(), Applied: c.applied.Load(), Duplicate: c.duplicate.Load(),
 		Rejected: c.rejected.Load(), RejectedTime: c.rejectedTime.Load(), StoreErrors: c.storeErrors.Load(),
-		RefusedStarts: c.refusedStarts.Load(),
-		SeqGaps:       c.seqGaps.Load(), SeqMissing: c.seqMissing.Load(), SeqGapsPerNode: map[string]uint64{},
+		RefusedStarts: c.refusedStarts.Load(), RefusedRecords: c.refusedRecords.Load(), RefusedRecordsPerNode: map[string]uint64{},
+		SeqGaps: c.seqGaps.Load(), SeqMissing: c.seqMissing.Load(), SeqGapsPerNode: map[string]uint64{},
 		StoreWriteP50Ms: selfmetrics.Millis(q[0]), StoreWriteP99Ms: selfmetrics.Millis(q[1]),
 		StoreWriteMaxMs: selfmetrics.Millis(q[2]), StoreWrites: lat.Count(),
 	}
@@ -164,6 +233,11 @@ func (s *Server) Stats() Stats {
 		}
 	}
 	c.gapMu.Unlock()
+	c.dropMu.Lock()
+	for n, d := range c.drops {
+		st.RefusedRecordsPerNode[n] = d.records
+	}
+	c.dropMu.Unlock()
 	s.mu.Lock()
 	st.KnownNodes = len(s.nodes)
 	for _, n := range s.nodes {

@@ -64,6 +64,15 @@ const DefaultListen = "127.0.0.1:7433"
 // (256 batches) before the window ends, so it costs them no latency.
 const DefaultCommitWindow = 100 * time.Millisecond
 
+// Defaults of `serve --max-live-runs-per-node` and
+// `--max-new-runs-per-minute`: far above a real node (a node of 8 GPUs
+// runs a few trainings at once, and a sweep starts a few a minute), low
+// enough that one node's token cannot fill the collector's memory with runs.
+const (
+	DefaultMaxLiveRunsPerNode  = 256
+	DefaultMaxNewRunsPerMinute = 600
+)
+
 // Config is the collector's configuration.
 type Config struct {
 	// Listen is the host:port to listen on (port 0 picks a free one).
@@ -102,6 +111,13 @@ type Config struct {
 	// commit with it (store.Options.CommitWindow): acks come up to this much
 	// later, and each commit's sync is shared by every batch in it.
 	CommitWindow time.Duration
+	// Bounds per node (docs/security.md): the runs live on one node at
+	// once, the new runs one node starts a minute (store.Limits), and the
+	// records naming a run in one batch (ingest.DefaultMaxBatchRunRecords).
+	// 0: the store's "no bound" and the ingest default; serve's flags
+	// default to DefaultMaxLiveRunsPerNode, DefaultMaxNewRunsPerMinute and
+	// ingest.DefaultMaxBatchRunRecords.
+	MaxLiveRunsPerNode, MaxNewRunsPerMinute, MaxBatchRunRecords int
 	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
 	// over plain HTTP (docs/observability.md).
 	StatusListen string
@@ -220,6 +236,10 @@ func (c Config) Validate() error {
 	if c.CommitWindow < 0 || c.CommitWindow > time.Second {
 		errs = append(errs, fmt.Errorf("commit window must be between 0 and 1s, got %v", c.CommitWindow))
 	}
+	if c.MaxLiveRunsPerNode < 0 || c.MaxNewRunsPerMinute < 0 || c.MaxBatchRunRecords < 0 {
+		errs = append(errs, fmt.Errorf("per-node limits must be >= 0 (live runs %d, new runs a minute %d, run records a batch %d)",
+			c.MaxLiveRunsPerNode, c.MaxNewRunsPerMinute, c.MaxBatchRunRecords))
+	}
 	if c.RawRetention < 0 {
 		errs = append(errs, fmt.Errorf("raw retention must be >= 0, got %v", c.RawRetention))
 	}
@@ -270,7 +290,8 @@ func (c Config) pricingWith(live cost.CarbonSource) aggregate.Pricing {
 // storeOptions: with a raw retention, dedup marks are kept a day longer than
 // the oldest batch ingest accepts, so no replay can be applied twice.
 func (s *Server) storeOptions(pricing aggregate.Pricing) store.Options {
-	o := store.Options{Logger: s.log, RawRetention: s.cfg.RawRetention, CommitWindow: s.cfg.CommitWindow, Now: s.cfg.Now}
+	o := store.Options{Logger: s.log, RawRetention: s.cfg.RawRetention, CommitWindow: s.cfg.CommitWindow, Now: s.cfg.Now,
+		Limits: store.Limits{MaxLiveRunsPerNode: s.cfg.MaxLiveRunsPerNode, MaxNewRunsPerMinute: s.cfg.MaxNewRunsPerMinute}}
 	if pricing.Carbon != nil {
 		o.Carbon = pricing
 	}
@@ -386,6 +407,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	undo = append(undo, func() { lis.Close() })
 	ing := ingest.New(st, s.log)
 	ing.SetClock(s.cfg.Now)
+	ing.SetMaxBatchRunRecords(s.cfg.MaxBatchRunRecords)
 
 	var exp *otelexport.Exporter
 	if s.cfg.OTel.Enabled() {

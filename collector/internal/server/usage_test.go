@@ -66,7 +66,9 @@ func TestUsageRowsAddUpToTheNodes(t *testing.T) {
 	n1.MustAck(usageBatch(2, 1, ""))
 	n2 := tu.Connect(t, conn, "node-2", "boot-b")
 	b := usageBatch(1, 1, "c")
-	b.RunEvents = []*trainmeterv1.RunEvent{startAs("a", 1, "llama", "alice", "nlp"), startAs("c", 1, "bert", "carol", "vision")}
+	// node-2 runs ranks of a and b (they share its GPU 0) and all of c.
+	b.RunEvents = []*trainmeterv1.RunEvent{startAs("a", 1, "llama", "alice", "nlp"), startAs("b", 1, "llama", "bob", ""),
+		startAs("c", 1, "bert", "carol", "vision")}
 	n2.MustAck(b)
 
 	usage := func(by ...string) *trainmeterv1.UsageResponse {

@@ -50,7 +50,9 @@ type applyReq struct {
 	gone   []deletedWindow // windows of deleted runs, kept as dw/ records (deleted.go)
 
 	dup     bool
-	refused []Refusal // starts refused, records dropped (refused.go)
+	refused []Refusal           // starts refused, records dropped (refused.go)
+	dropped []Refusal           // records the node may not send, dropped (authorize.go)
+	applied *trainmeterv1.Batch // the batch less what was dropped; nil: nothing was
 	err     error
 	done    chan struct{}
 }
@@ -164,14 +166,48 @@ type groupAggs struct {
 	nodes     map[string]*nodeEntry
 	nodeOrder []string
 	sizes     map[string]int // encoded aggregate sizes, for the cache
+
+	// peeked: aggregates read but not (yet) changed by the group, which
+	// are not written back (a refused record never makes an aggregate).
+	peeked map[string]*aggregate.State
+	// The group's changes to the live index (limits.go): which runs went
+	// live or stopped being live on which node, the net change per node,
+	// and the new runs each node started.
+	live      map[liveKey]bool
+	liveDelta map[string]int
+	newRuns   map[string]int
+	now       time.Time
 }
 
 func newGroupAggs(s *Store) *groupAggs {
-	return &groupAggs{s: s, state: map[string]*aggregate.State{}, nodes: map[string]*nodeEntry{}, sizes: map[string]int{}}
+	return &groupAggs{s: s, state: map[string]*aggregate.State{}, nodes: map[string]*nodeEntry{}, sizes: map[string]int{},
+		peeked: map[string]*aggregate.State{}, live: map[liveKey]bool{}, liveDelta: map[string]int{}, newRuns: map[string]int{}, now: s.now()}
 }
 
 func (g *groupAggs) get(txn *badger.Txn, run string) (*aggregate.State, error) {
 	if st := g.state[run]; st != nil {
+		return st, nil
+	}
+	st, err := g.peek(txn, run)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		st = aggregate.New(run)
+	}
+	delete(g.peeked, run)
+	g.state[run] = st
+	g.order = append(g.order, run)
+	return st, nil
+}
+
+// peek returns the run's aggregate as the group has it, nil when there is
+// none, without making it one the group writes.
+func (g *groupAggs) peek(txn *badger.Txn, run string) (*aggregate.State, error) {
+	if st := g.state[run]; st != nil {
+		return st, nil
+	}
+	if st, ok := g.peeked[run]; ok {
 		return st, nil
 	}
 	st := g.s.aggs.get(run)
@@ -179,14 +215,13 @@ func (g *groupAggs) get(txn *badger.Txn, run string) (*aggregate.State, error) {
 		var err error
 		st, err = getAgg(txn, run)
 		if errors.Is(err, ErrNotFound) {
-			st, err = aggregate.New(run), nil
+			st, err = nil, nil
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
-	g.state[run] = st
-	g.order = append(g.order, run)
+	g.peeked[run] = st
 	return st, nil
 }
 
@@ -260,6 +295,9 @@ func (g *groupAggs) write(txn *badger.Txn) error {
 // the transaction committed (err nil); otherwise the in-memory copies are
 // ahead of the database and are dropped.
 func (g *groupAggs) finish(err error) {
+	if err == nil {
+		g.commitLive()
+	}
 	for _, r := range g.order {
 		if err == nil {
 			g.s.aggs.put(r, g.state[r], g.sizes[r])

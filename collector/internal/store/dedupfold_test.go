@@ -59,7 +59,7 @@ func TestBatchWritesThreeKeysAndResendsAreStillDuplicates(t *testing.T) {
 	s := open(t, dir)
 	n := Sender{Node: "n", Boot: "b1"}
 	for seq := uint64(1); seq <= 10; seq++ {
-		applyWant(t, s, n, batch(seq, "r", int(seq), 10, 1), false)
+		applyWant(t, s, n, batch(seq, "r", int(seq), 10, 1, runStart("r", 0)), false)
 	}
 	got := keysByPrefix(t, s, "b/", "r/", "w/", "a/")
 	if got["b/"] != 0 || got["r/"] != 10 || got["w/"] != 10 || got["a/"] != 1 {
@@ -136,7 +136,7 @@ func TestOldLayoutStillDeduplicates(t *testing.T) {
 	s := open(t, dir)
 	old := Sender{Node: "n", Boot: "b1", LegacyLosses: true} // writes the marks
 	for seq := uint64(1); seq <= 5; seq++ {
-		applyWant(t, s, old, batch(seq, "r", int(seq), 10, 1), false)
+		applyWant(t, s, old, batch(seq, "r", int(seq), 10, 1, runStart("r", 0)), false)
 	}
 	// Strip the boot from the r/ records, as the earlier version wrote them.
 	err := s.db.Update(func(txn *badger.Txn) error {
@@ -192,7 +192,7 @@ func TestNewBootIsNotTakenForDuplicatesAndOldBootResendsStillAre(t *testing.T) {
 	s := open(t, dir)
 	b1, b2 := Sender{Node: "n", Boot: "b1"}, Sender{Node: "n", Boot: "b2"}
 	for seq := uint64(1); seq <= 5; seq++ {
-		applyWant(t, s, b1, batch(seq, "r", int(seq), 10, 1), false)
+		applyWant(t, s, b1, batch(seq, "r", int(seq), 10, 1, runStart("r", 0)), false)
 	}
 	for seq := uint64(1); seq <= 3; seq++ {
 		applyWant(t, s, b2, batch(seq, "r", 100+int(seq), 10, 1), false)
@@ -227,7 +227,7 @@ func TestResendAfterTheClockSteppedBackIsADuplicate(t *testing.T) {
 	n := Sender{Node: "n", Boot: "b"}
 	starts := map[uint64]int{1: 100, 2: 101, 3: 102, 4: 50, 5: 51}
 	for seq := uint64(1); seq <= 5; seq++ {
-		applyWant(t, s, n, batch(seq, "r", starts[seq], 10, 1), false)
+		applyWant(t, s, n, batch(seq, "r", starts[seq], 10, 1, runStart("r", 0)), false)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -250,7 +250,7 @@ func TestRecordReplacedByAnotherBootKeepsItsBatchADuplicate(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)
 	b1, b2 := Sender{Node: "n", Boot: "b1"}, Sender{Node: "n", Boot: "b2"}
-	applyWant(t, s, b1, batch(1, "r", 10, 10, 1), false)
+	applyWant(t, s, b1, batch(1, "r", 10, 10, 1, runStart("r", 0)), false)
 	applyWant(t, s, b1, batch(2, "r", 11, 10, 1), false)
 	applyWant(t, s, b2, batch(1, "r", 10, 10, 1), false) // the boot changes: a scan that sees b1's records
 	applyWant(t, s, b1, batch(1, "r", 10, 10, 1), true)
@@ -277,7 +277,7 @@ func TestColdEntryWithMoreRecordsThanOneScanReads(t *testing.T) {
 	n := Sender{Node: "n", Boot: "b"}
 	last := uint64(recordScanLimit + 20)
 	for seq := uint64(1); seq <= last; seq++ {
-		applyWant(t, s, n, batch(seq, "r", int(seq), 10, 1), false)
+		applyWant(t, s, n, batch(seq, "r", int(seq), 10, 1, runStart("r", 0)), false)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)

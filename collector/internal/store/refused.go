@@ -36,14 +36,23 @@ type Applied struct {
 	// Duplicate: the batch was applied before; nothing changed.
 	Duplicate bool
 	// Refused lists the runs whose start the batch carried was refused, or
-	// whose records from a refused start on it carried were dropped.
+	// whose records from a refused start on it carried were dropped: what
+	// the agent is told (StartRefused).
 	Refused []Refusal
+	// Dropped lists, per run, the batch's records the node may not send
+	// (authorize.go): dropped, the rest of the batch applied.
+	Dropped []Refusal
+	// Batch is the batch as applied when records were dropped from it (nil
+	// when none were): what observers of applied batches are to see.
+	Batch *trainmeterv1.Batch
 }
 
-// admitBatch decides the batch's run starts and drops the records of
-// refused ones; it returns the batch to apply (b itself when nothing is
-// dropped, else a copy) and the refusals.
-func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, node string, b *trainmeterv1.Batch, runs []string) (*trainmeterv1.Batch, []Refusal, error) {
+// admitBatch decides the batch's run starts (membership, then the node's
+// limits), drops the records the node may not send (authorize.go) and
+// those of refused starts; it returns the batch to apply (b itself when
+// nothing is dropped, else a copy), the refusals to tell the agent, and the
+// other dropped records by run.
+func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node string, b *trainmeterv1.Batch, runs []string) (*trainmeterv1.Batch, []Refusal, []Refusal, error) {
 	refused := map[string]*Refusal{}
 	var order []string
 	refuse := func(st *aggregate.State) *Refusal {
@@ -56,67 +65,140 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, node string, b *trainm
 		order = append(order, st.RunID)
 		return r
 	}
+	started := map[string]bool{} // runs with an accepted start in the batch
+	capped := map[string]bool{}  // runs whose start the limits refused
 	for _, e := range b.GetRunEvents() {
-		ev := e.GetRunStart()
-		if ev == nil {
-			continue
-		}
-		st, err := g.get(txn, ev.GetRunId())
-		if err != nil {
-			return nil, nil, err
-		}
-		if st.Admit(node, ev) == aggregate.AdmitRefused {
-			s.log.Warn("run_start refused: the run had ended on every node", "run_id", ev.GetRunId(), "node", node,
-				"start", ev.GetTime().AsTime())
-			refuse(st)
+		switch ev := e.GetEvent().(type) {
+		case *trainmeterv1.RunEvent_RunStart:
+			id := ev.RunStart.GetRunId()
+			if capped[id] {
+				continue
+			}
+			st, err := g.peek(txn, id)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			wasLive := g.liveOn(node, id)
+			a := aggregate.AdmitNew
+			if st != nil {
+				a = st.Admission(node, ev.RunStart)
+			}
+			if !wasLive && a != aggregate.AdmitRefused && !started[id] {
+				if why := g.capRefusal(node, id, a == aggregate.AdmitNew); why != "" {
+					capped[id] = true
+					refused[id] = &Refusal{RunID: id, Start: nanosOf(ev.RunStart.GetTime()), Reason: why}
+					order = append(order, id)
+					continue
+				}
+			}
+			if st, err = g.get(txn, id); err != nil {
+				return nil, nil, nil, err
+			}
+			if st.Admit(node, ev.RunStart) == aggregate.AdmitRefused {
+				s.log.Warn("run_start refused: the run had ended on every node", "run_id", id, "node", node,
+					"start", ev.RunStart.GetTime().AsTime())
+				refuse(st)
+				continue
+			}
+			if !started[id] && a == aggregate.AdmitNew {
+				g.newRuns[node]++
+			}
+			started[id] = true
+			g.setLive(node, id, true)
+		case *trainmeterv1.RunEvent_RunEnd:
+			// An end frees its run's place for the batch's later starts;
+			// the group's view is set from the folded aggregate after.
+			if id := ev.RunEnd.GetRunId(); g.liveOn(node, id) {
+				g.setLive(node, id, false)
+			}
 		}
 	}
 	marked := map[string]*aggregate.State{}
 	for _, id := range runs {
-		st, err := g.get(txn, id)
+		st, err := g.peek(txn, id)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
+		}
+		if st == nil {
+			continue
 		}
 		if _, ok := st.RefusedOn(node); ok {
 			marked[id] = st
 		}
 	}
-	if len(marked) == 0 {
-		return b, nil, nil
+	az := newAuthorizer(node, nodeGPUs(ne), started, func(id string) *aggregate.State {
+		st, _ := g.peek(txn, id) // read above, or by the starts: no error now
+		return st
+	})
+	dropped := map[string]*Refusal{}
+	var dropOrder []string
+	if len(marked) == 0 && len(refused) == 0 && az.allowsAll(b) {
+		return b, nil, nil, nil
 	}
-	keep := func(run string, t int64) bool {
-		st := marked[run]
-		return st == nil || st.Keeps(node, t)
+	// keep reports whether the run's record at t (with energy checked for
+	// a window) is applied, counting it where it is not.
+	keep := func(run string, t int64, w *trainmeterv1.RunWindow) bool {
+		if capped[run] && !started[run] {
+			refused[run].Records++ // a start refused by the limits
+			return false
+		}
+		if st := marked[run]; st != nil && !st.Keeps(node, t) {
+			refuse(st).Records++
+			return false
+		}
+		why := az.check(run, t, w)
+		if why == "" {
+			return true
+		}
+		d := dropped[run]
+		if d == nil {
+			d = &Refusal{RunID: run, Reason: why}
+			dropped[run] = d
+			dropOrder = append(dropOrder, run)
+		}
+		d.Records++
+		return false
 	}
-	drop := func(run string) { refuse(marked[run]).Records++ }
 
 	nb := proto.Clone(b).(*trainmeterv1.Batch)
 	nb.RunWindows = nb.RunWindows[:0]
 	for _, w := range b.GetRunWindows() {
-		if keep(w.GetRunId(), nanosOf(w.GetEnd())) {
+		if keep(w.GetRunId(), nanosOf(w.GetEnd()), w) {
 			nb.RunWindows = append(nb.RunWindows, w)
 			continue
 		}
-		drop(w.GetRunId())
-		bookIdle(nb.GpuWindows, w)
+		if plausible(w) {
+			bookIdle(nb.GpuWindows, w)
+		}
 	}
 	nb.RunEvents = nb.RunEvents[:0]
 	for _, e := range b.GetRunEvents() {
 		id := eventRun(e)
-		if keep(id, nanosOf(aggregate.EventTime(e))) {
-			nb.RunEvents = append(nb.RunEvents, e)
+		t := nanosOf(aggregate.EventTime(e))
+		if e.GetRunStart() == nil {
+			if keep(id, t, nil) {
+				nb.RunEvents = append(nb.RunEvents, e)
+			}
 			continue
 		}
-		drop(id)
+		switch st := marked[id]; {
+		case started[id]:
+			nb.RunEvents = append(nb.RunEvents, e)
+		case capped[id]:
+			refused[id].Records++
+		case st != nil && !st.Keeps(node, t):
+			refuse(st).Records++
+		default:
+			nb.RunEvents = append(nb.RunEvents, e)
+		}
 	}
 	for _, h := range nb.HostEnergy {
 		kept := h.Runs[:0]
 		for _, sh := range h.Runs {
-			if keep(sh.GetRunId(), nanosOf(h.GetEnd())) {
+			if keep(sh.GetRunId(), nanosOf(h.GetEnd()), nil) {
 				kept = append(kept, sh)
 				continue
 			}
-			drop(sh.GetRunId())
 			h.IdleCpuEnergyJ += sh.GetCpuEnergyJ()
 			h.IdleDramEnergyJ += sh.GetDramEnergyJ()
 		}
@@ -124,19 +206,29 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, node string, b *trainm
 	}
 	// A loss record of the run from a node whose start was refused is of
 	// the refused part (the node's agent had the run from that start on).
+	// Otherwise a node's loss record of a run it started is kept whenever
+	// it comes: the agent reports what its spool dropped once it can,
+	// maybe long after the run ended.
 	nb.Losses = nb.Losses[:0]
 	for _, l := range b.GetLosses() {
-		if marked[l.GetRunId()] == nil {
-			nb.Losses = append(nb.Losses, l)
+		id := l.GetRunId()
+		if st := marked[id]; st != nil {
+			refuse(st).Records++
 			continue
 		}
-		drop(l.GetRunId())
+		if keep(id, lossTime, nil) {
+			nb.Losses = append(nb.Losses, l)
+		}
 	}
 	out := make([]Refusal, 0, len(order))
 	for _, id := range order {
 		out = append(out, *refused[id])
 	}
-	return nb, out, nil
+	var drops []Refusal
+	for _, id := range dropOrder {
+		drops = append(drops, *dropped[id])
+	}
+	return nb, out, drops, nil
 }
 
 func nanosOf(ts *timestamppb.Timestamp) int64 { return ts.AsTime().UnixNano() }

@@ -113,6 +113,9 @@ type Store struct {
 	commitWindow     time.Duration // Options.CommitWindow
 	commits          atomic.Uint64 // groups committed (CommitStats)
 	committedBatches atomic.Uint64
+
+	limits Limits     // Options.Limits
+	live   *liveIndex // runs live per node, new-run buckets (limits.go)
 }
 
 // Options configures Open.
@@ -141,6 +144,8 @@ type Options struct {
 	// batches to commit with it in one transaction and one sync (group
 	// commit, commit.go). 0 commits only what is already waiting.
 	CommitWindow time.Duration
+	// Limits bounds the runs one node may start (limits.go); zero: none.
+	Limits Limits
 }
 
 // Validate checks the options.
@@ -151,7 +156,7 @@ func (o Options) Validate() error {
 	if o.RawRetention < 0 || o.DedupRetention < 0 {
 		return fmt.Errorf("store: retention must be >= 0 (raw %v, dedup %v)", o.RawRetention, o.DedupRetention)
 	}
-	return nil
+	return o.Limits.Validate()
 }
 
 type badgerLogger struct{ l *slog.Logger }
@@ -194,10 +199,14 @@ func Open(dir string, o Options) (s *Store, err error) {
 		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
 	}
 	s = &Store{db: db, log: log, now: now, bands: o.EnergyBands, carbon: o.Carbon, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, commitWindow: o.CommitWindow, applyCh: make(chan *applyReq), quit: make(chan struct{}),
-		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize, db)}
+		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize, db), limits: o.Limits}
 	if err := s.loadTombstones(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("store: read deleted runs: %w", err)
+	}
+	if s.live, err = loadLiveIndex(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: read live runs: %w", err)
 	}
 	go s.committer()
 	return s, nil
@@ -467,7 +476,7 @@ func (s *Store) ApplyBatchResult(sender Sender, b *trainmeterv1.Batch) (a Applie
 		<-req.done
 		a, err = Applied{Duplicate: req.dup}, req.err
 		if err == nil {
-			a.Refused = req.refused
+			a.Refused, a.Dropped, a.Batch = req.refused, req.dropped, req.applied
 		}
 	case <-s.quit:
 		return Applied{}, errors.New("store: closed")
@@ -540,19 +549,20 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	}
 	seq, start, rk := b.GetSeq(), startVal(b.GetWindowStart()), r.rk
 	dk := dedupKey(node, boot, seq)
-	r.refused = nil
+	r.refused, r.dropped, r.applied = nil, nil, nil
 	dup, displaced, err := ne.applied(txn, boot, seq, start, dk, rk)
 	if dup || err != nil {
 		return dup, err
 	}
 	raw := r.raw
-	nb, refused, err := s.admitBatch(txn, g, node, b, runs)
+	nb, refused, dropped, err := s.admitBatch(txn, g, ne, node, b, runs)
 	if err != nil {
 		return false, err
 	}
 	if nb != b {
-		// Records of refused starts dropped: the raw records are the kept ones.
-		b, runs, r.refused = nb, batchRuns(nb), refused
+		// Records of refused starts, and records the node may not send,
+		// dropped: the raw records are the kept ones.
+		b, runs, r.refused, r.dropped, r.applied = nb, batchRuns(nb), refused, dropped, nb
 		if raw, _, err = rawRecords(node, boot, b); err == nil {
 			raw, err = appendDeletedRecords(raw, node, seq, r.gone)
 		}
@@ -659,6 +669,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 			return false, err
 		}
 	}
+	g.noteLive(node, runs)
 	// Node status.
 	ns := ne.ns
 	ns.BootId = boot
@@ -902,6 +913,7 @@ func (s *Store) deleteRun(id string, d deletion) (records int, err error) {
 	// The committer writes aggregates; keep it out while this one goes.
 	s.aggMu.Lock()
 	s.aggs.drop(id)
+	s.live.dropRun(id)
 	// The node states go before the aggregate that points to them, so that
 	// an interrupted delete leaves a run to delete again, never node states
 	// that a new run of the same id would read as its own.

@@ -185,7 +185,7 @@ func TestKeysDoNotCollide(t *testing.T) {
 	defer s.Close()
 	// "a" is a prefix of "a/b": their series must stay apart.
 	for i, run := range []string{"a", "a/b", "a\u00e9"} {
-		if _, err := s.ApplyBatch("n", "b", batch(uint64(i+1), run, i, uint64(i+1), 1)); err != nil {
+		if _, err := s.ApplyBatch("n", "b", batch(uint64(i+1), run, i, uint64(i+1), 1, runStart(run, i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -275,7 +275,7 @@ func TestDedupBelowAndAboveTheHighestSeq(t *testing.T) {
 	s := open(t, dir)
 	want := func(s *Store, boot string, seq uint64, dup bool) {
 		t.Helper()
-		got, err := s.ApplyBatch("n1", boot, batch(seq, "r1", int(seq), 10, 1))
+		got, err := s.ApplyBatch("n1", boot, batch(seq, "r1", int(seq), 10, 1, runStart("r1", 0)))
 		if err != nil || got != dup {
 			t.Fatalf("%s seq %d: duplicate=%v err=%v, want duplicate=%v", boot, seq, got, err, dup)
 		}
