@@ -697,8 +697,20 @@ func (x *Alert) GetRunIds() []string {
 
 type ListAlertsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Empty: all kinds.
-	Kind          string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// Empty: all kinds. Alerts are ordered as the collector recorded them
+	// (by time, then id).
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// --- pagination (490-499; AIP-158) ---
+	// At most this many alerts in the response (0: 1,000; more than 1,000 is
+	// taken as 1,000). The collector may return fewer (it also ends a page
+	// before the page's encoded size passes 2 MiB), and a page may be
+	// empty while next_page_token is set: a client pages on until
+	// next_page_token is empty.
+	PageSize int32 `protobuf:"varint,490,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous response, for the page after it; empty
+	// for the first page. Opaque; it holds only for the same request (the
+	// same kind) and is refused (InvalidArgument) otherwise.
+	PageToken     string `protobuf:"bytes,491,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -740,9 +752,27 @@ func (x *ListAlertsRequest) GetKind() string {
 	return ""
 }
 
+func (x *ListAlertsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAlertsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListAlertsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Alerts        []*Alert               `protobuf:"bytes,1,rep,name=alerts,proto3" json:"alerts,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Alerts []*Alert               `protobuf:"bytes,1,rep,name=alerts,proto3" json:"alerts,omitempty"`
+	// --- pagination (490-499) ---
+	// Set when there are more alerts: pass it as page_token for the next page.
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,490,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -782,6 +812,13 @@ func (x *ListAlertsResponse) GetAlerts() []*Alert {
 		return x.Alerts
 	}
 	return nil
+}
+
+func (x *ListAlertsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type ForecastRequest struct {
@@ -1290,11 +1327,15 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\x12price_usd_per_hour\x18\x0f \x01(\x01R\x0fpriceUsdPerHour\x123\n" +
 	"\x16reference_usd_per_hour\x18\x10 \x01(\x01R\x13referenceUsdPerHour\x12\x16\n" +
 	"\x06change\x18\x11 \x01(\x01R\x06change\x12\x17\n" +
-	"\arun_ids\x18\x12 \x03(\tR\x06runIds\"'\n" +
+	"\arun_ids\x18\x12 \x03(\tR\x06runIds\"e\n" +
 	"\x11ListAlertsRequest\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\"B\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1c\n" +
+	"\tpage_size\x18\xea\x03 \x01(\x05R\bpageSize\x12\x1e\n" +
+	"\n" +
+	"page_token\x18\xeb\x03 \x01(\tR\tpageToken\"k\n" +
 	"\x12ListAlertsResponse\x12,\n" +
-	"\x06alerts\x18\x01 \x03(\v2\x14.trainmeter.v1.AlertR\x06alerts\"U\n" +
+	"\x06alerts\x18\x01 \x03(\v2\x14.trainmeter.v1.AlertR\x06alerts\x12'\n" +
+	"\x0fnext_page_token\x18\xea\x03 \x01(\tR\rnextPageToken\"U\n" +
 	"\x0fForecastRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04runs\x18\x02 \x01(\rR\x04runs\x12\x18\n" +
