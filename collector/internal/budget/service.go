@@ -168,12 +168,12 @@ func (s *Service) PlanRun(_ context.Context, req *trainmeterv1.PlanRunRequest) (
 		x := estimateRequest(req.GetEstimate())
 		er = &x
 	}
-	e, estErr, err := s.m.PlanRun(req.GetRunId(), req.GetMaxCostUsd(), er)
+	key, e, estErr, err := s.m.PlanRun(req.GetRunId(), req.GetMaxCostUsd(), er)
 	if errors.Is(err, ErrRunStarted) {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	return &trainmeterv1.PlanRunResponse{Estimate: e, EstimateError: estErr}, nil
+	return &trainmeterv1.PlanRunResponse{Estimate: e, EstimateError: estErr, PlanKey: key}, nil
 }

@@ -594,7 +594,8 @@ func (a *agentLink) end(status string) {
 const maxCostPrefix = "max-cost"
 
 // planRun sends the run's cap and estimate request to the collector before
-// the command starts, and shows the estimate. Nothing here stops the
+// the command starts, keeps the plan's key for the run's run_start, and
+// shows the estimate. Nothing here stops the
 // command from running: an unreachable collector only means no cap and no
 // estimate, which it says.
 func planRun(o *runOptions, warn func(string, ...any)) {
@@ -610,6 +611,8 @@ func planRun(o *runOptions, warn func(string, ...any)) {
 		}
 		return
 	}
+	// The plan applies only to the run whose run_start presents its key.
+	o.start.PlanKey = resp.GetPlanKey()
 	if e := resp.GetEstimate(); e != nil {
 		writeEstimate(o.stderr, e)
 		if o.maxCost > 0 && e.GetHasCost() && e.GetCostUsd().GetMid() > o.maxCost {

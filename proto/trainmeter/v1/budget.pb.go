@@ -1221,6 +1221,11 @@ type PlanRunResponse struct {
 	// could be made (estimate_error says why).
 	Estimate      *RunEstimate `protobuf:"bytes,1,opt,name=estimate,proto3" json:"estimate,omitempty"`
 	EstimateError string       `protobuf:"bytes,2,opt,name=estimate_error,json=estimateError,proto3" json:"estimate_error,omitempty"`
+	// --- caps belong to their run (490-499) ---
+	// The plan's key, a secret of 128 random bits: the plan applies to the
+	// run only when the run's run_start presents it (RunStart.plan_key);
+	// trainmeter run passes it to its run_start.
+	PlanKey       string `protobuf:"bytes,490,opt,name=plan_key,json=planKey,proto3" json:"plan_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1265,6 +1270,13 @@ func (x *PlanRunResponse) GetEstimate() *RunEstimate {
 func (x *PlanRunResponse) GetEstimateError() string {
 	if x != nil {
 		return x.EstimateError
+	}
+	return ""
+}
+
+func (x *PlanRunResponse) GetPlanKey() string {
+	if x != nil {
+		return x.PlanKey
 	}
 	return ""
 }
@@ -1371,10 +1383,11 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12 \n" +
 	"\fmax_cost_usd\x18\x02 \x01(\x01R\n" +
 	"maxCostUsd\x12:\n" +
-	"\bestimate\x18\x03 \x01(\v2\x1e.trainmeter.v1.EstimateRequestR\bestimate\"p\n" +
+	"\bestimate\x18\x03 \x01(\v2\x1e.trainmeter.v1.EstimateRequestR\bestimate\"\x8c\x01\n" +
 	"\x0fPlanRunResponse\x126\n" +
 	"\bestimate\x18\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\x12%\n" +
-	"\x0eestimate_error\x18\x02 \x01(\tR\restimateError2\xc5\x04\n" +
+	"\x0eestimate_error\x18\x02 \x01(\tR\restimateError\x12\x1a\n" +
+	"\bplan_key\x18\xea\x03 \x01(\tR\aplanKey2\xc5\x04\n" +
 	"\rBudgetService\x12N\n" +
 	"\tSetBudget\x12\x1f.trainmeter.v1.SetBudgetRequest\x1a .trainmeter.v1.SetBudgetResponse\x12W\n" +
 	"\fDeleteBudget\x12\".trainmeter.v1.DeleteBudgetRequest\x1a#.trainmeter.v1.DeleteBudgetResponse\x12T\n" +
