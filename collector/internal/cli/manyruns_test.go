@@ -18,7 +18,7 @@ import (
 // manyRunsCollector is a real collector (gRPC on loopback, BadgerDB in a
 // temp dir) whose store holds n ended runs, written to the store before it
 // serves (ingesting them through the stream would take minutes): nodes of
-// 1,000 runs each, run-000000 ... in run id order, started a second apart.
+// 100 runs each, run-000000 ... in run id order, started a second apart.
 func manyRunsCollector(t *testing.T, n int) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -26,7 +26,7 @@ func manyRunsCollector(t *testing.T, n int) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const perBatch = 1000
+	const perBatch = 100
 	for first := 0; first < n; first += perBatch {
 		var windows []*trainmeterv1.RunWindow
 		var events []*trainmeterv1.RunEvent
@@ -38,7 +38,7 @@ func manyRunsCollector(t *testing.T, n int) string {
 		}
 		b := tu.Batch(1, 0, windows, events...)
 		b.WindowEnd = tu.TS(perBatch + 1)
-		if _, err := st.ApplyBatch(fmt.Sprintf("node-%03d", first/perBatch), "boot", b); err != nil {
+		if _, err := st.ApplyBatch(fmt.Sprintf("node-%04d", first/perBatch), "boot", b); err != nil {
 			t.Fatalf("seeding runs %d..: %v", first, err)
 		}
 	}
