@@ -134,8 +134,11 @@ type Budget struct {
 }
 
 // Fits adds m to the page if it fits the byte budget.
-func (b *Budget) Fits(m proto.Message) bool {
-	sz := proto.Size(m) + 8 // the field's tag and length
+func (b *Budget) Fits(m proto.Message) bool { return b.FitsSize(proto.Size(m)) }
+
+// FitsSize is Fits for an item of sz bytes (proto.Size).
+func (b *Budget) FitsSize(sz int) bool {
+	sz += 8 // the field's tag and length
 	if b.n > 0 && b.bytes+sz > MaxBytes {
 		return false
 	}

@@ -5,11 +5,15 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"sort"
+	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/advisor"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
@@ -131,6 +135,23 @@ func (s *Server) runsAfter(after string, limit int) ([]*aggregate.State, error) 
 	return all[i:min(len(all), i+limit)], nil
 }
 
+// eachOnAllCores calls fn(0) ... fn(n-1) on all cores: a page's reports
+// are independent of each other.
+func eachOnAllCores(n int, fn func(i int)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := min(runtime.GOMAXPROCS(0), (n+63)/64); w > 0; w-- {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				fn(i)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 // maxBestModels bounds the per-model bests a page token carries; a listing
 // of more models reads every run again on each page that scores runs.
 const maxBestModels = 1000
@@ -170,12 +191,11 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 	if err != nil {
 		return nil, s.storeErr(err)
 	}
-	runs := make([]*trainmeterv1.RunReport, 0, len(sts))
-	for _, st := range sts {
-		r := st.Report(s.pricing)
-		s.attachPlan(r)
-		runs = append(runs, r)
-	}
+	runs := make([]*trainmeterv1.RunReport, len(sts))
+	eachOnAllCores(len(sts), func(i int) {
+		runs[i] = sts[i].Report(s.pricing)
+		s.attachPlan(runs[i])
+	})
 	first := req.GetPageToken() == ""
 	switch {
 	case tok.HasBest:
@@ -190,9 +210,11 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 		tok.Best, tok.HasBest = cost.BestPointsPerUSD(s.plainReports(all)), true
 	}
 	cost.SetEfficiencyBest(runs, tok.Best)
+	sizes := make([]int, len(runs))
+	eachOnAllCores(len(runs), func(i int) { sizes[i] = proto.Size(runs[i]) })
 	var b page.Budget
 	n := 0
-	for n < len(runs) && b.Fits(runs[n]) {
+	for n < len(runs) && b.FitsSize(sizes[n]) {
 		n++
 	}
 	if n < len(runs) {
