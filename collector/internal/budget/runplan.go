@@ -69,9 +69,24 @@ func keyHash(key string) string {
 	return hex.EncodeToString(h[:])
 }
 
-// MaxPlanKeyLen bounds the plan key a run_start presents (PlanRun's keys
-// are 32 hex digits).
-const MaxPlanKeyLen = 128
+// MinPlanKeyLen and MaxPlanKeyLen bound a plan key (the collector's own
+// are 32 hex digits): short keys could be guessed.
+const (
+	MinPlanKeyLen = 16
+	MaxPlanKeyLen = 128
+)
+
+func validPlanKey(k string) bool {
+	if len(k) < MinPlanKeyLen || len(k) > MaxPlanKeyLen {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] <= ' ' || k[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
 
 // ErrRunStarted: a plan was asked for a run the collector already has.
 var ErrRunStarted = errors.New("run already started")
@@ -115,12 +130,12 @@ func (m *Manager) Estimate(req cost.EstimateRequest) (*trainmeterv1.RunEstimate,
 }
 
 // PlanRun keeps a run's cap and, when est is set, the estimate made now,
-// under a new random key: the plan applies to the run only when a start of
+// under key (the caller's secret; "": a new random one, returned): the plan applies to the run only when a start of
 // the run presents that key (RunStart.plan_key), so that whoever plans a
 // run id they do not start caps nothing. A failed estimate does not fail
 // the plan (the cap still holds): its error is returned as estErr and kept
 // with the run.
-func (m *Manager) PlanRun(runID string, maxCostUSD float64, est *cost.EstimateRequest) (key string, e *trainmeterv1.RunEstimate, estErr string, err error) {
+func (m *Manager) PlanRun(runID, key string, maxCostUSD float64, est *cost.EstimateRequest) (_ string, e *trainmeterv1.RunEstimate, estErr string, err error) {
 	switch {
 	case runID == "" || len(runID) > MaxRunIDLen || strings.ContainsRune(runID, 0):
 		return "", nil, "", fmt.Errorf("run id: want 1 to %d bytes, no NUL", MaxRunIDLen)
@@ -128,17 +143,21 @@ func (m *Manager) PlanRun(runID string, maxCostUSD float64, est *cost.EstimateRe
 		return "", nil, "", fmt.Errorf("max cost must be a finite number of USD >= 0, got %v", maxCostUSD)
 	case maxCostUSD == 0 && est == nil:
 		return "", nil, "", errors.New("nothing to plan: give a max cost, an estimate request, or both")
+	case key != "" && !validPlanKey(key):
+		return "", nil, "", fmt.Errorf("plan key: want %d to %d bytes of printable ASCII (a random secret; empty: the collector makes one)", MinPlanKeyLen, MaxPlanKeyLen)
 	}
 	// Only a run not started yet: a cap is set by whoever starts the run, and
 	// the read token that PlanRun needs must not stop other people's runs.
 	if states, err := m.store.ListRuns([]string{runID}); err == nil && len(states) > 0 {
 		return "", nil, "", fmt.Errorf("%w: run %q has already started (a cap and an estimate are set before the run starts; use a new run id)", ErrRunStarted, runID)
 	}
-	var raw [16]byte
-	if _, err := rand.Read(raw[:]); err != nil {
-		return "", nil, "", fmt.Errorf("plan key: %w", err)
+	if key == "" {
+		var raw [16]byte
+		if _, err := rand.Read(raw[:]); err != nil {
+			return "", nil, "", fmt.Errorf("plan key: %w", err)
+		}
+		key = hex.EncodeToString(raw[:])
 	}
-	key = hex.EncodeToString(raw[:])
 	p := RunPlan{RunID: runID, MaxCostUSD: maxCostUSD, Created: m.cfg.Clock.Now().UTC(), KeyHash: keyHash(key)}
 	if est != nil {
 		e, err = m.Estimate(*est)
@@ -169,7 +188,7 @@ func (m *Manager) bindPlans() error {
 	m.mu.Unlock()
 	var errs []error
 	for _, ps := range starts {
-		if len(ps.key) > MaxPlanKeyLen {
+		if !validPlanKey(ps.key) {
 			continue
 		}
 		pk := ps.run + "\x00" + keyHash(ps.key)

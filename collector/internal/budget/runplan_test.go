@@ -26,7 +26,7 @@ func TestMaxCostStopsAndAlerts(t *testing.T) {
 	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, adv, sink, quiet())
 	f := &feeder{t: t, st: st, m: m, keys: map[string]string{}}
 	for _, id := range []string{"capped", "ended"} {
-		key, _, _, err := m.PlanRun(id, 3, nil)
+		key, _, _, err := m.PlanRun(id, "", 3, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,7 +80,7 @@ func TestMaxCostCheckedOnEveryBatch(t *testing.T) {
 	defer st.Close()
 	adv := &advisor{refused: map[string]bool{"n1": true}} // n1 takes the first advisory
 	m := New(Config{Clock: clock.NewFake(tu.Now()), EvalInterval: time.Hour}, st, report, adv, nil, quiet())
-	key, _, _, err := m.PlanRun("capped", 3, nil)
+	key, _, _, err := m.PlanRun("capped", "", 3, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,19 +113,21 @@ func TestPlanRunRefusesBadInput(t *testing.T) {
 	defer st.Close()
 	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, nil, nil, quiet())
 	for _, tc := range []struct {
-		id   string
-		cap  float64
-		want string
-	}{{"", 1, "run id"}, {"r", -1, "max cost"}, {"r", 0, "nothing to plan"}} {
-		if _, _, _, err := m.PlanRun(tc.id, tc.cap, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("PlanRun(%q, %v): %v, want an error about %s", tc.id, tc.cap, err, tc.want)
+		id, key string
+		cap     float64
+		want    string
+	}{{"", "", 1, "run id"}, {"r", "", -1, "max cost"}, {"r", "", 0, "nothing to plan"},
+		{"r", "short", 1, "plan key: want 16 to 128 bytes"}, {"r", "0123456789abcdef\n", 1, "plan key"},
+		{"r", strings.Repeat("k", 129), 1, "plan key"}} {
+		if _, _, _, err := m.PlanRun(tc.id, tc.key, tc.cap, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("PlanRun(%q, %q, %v): %v, want an error about %s", tc.id, tc.key, tc.cap, err, tc.want)
 		}
 	}
 	// A running run cannot be capped after the fact (PlanRun needs only the
 	// read token).
 	f := &feeder{t: t, st: st, m: m}
 	f.run("n1", "running", "m", "", nil, 0, 1, false)
-	if _, _, _, err := m.PlanRun("running", 1, nil); !errors.Is(err, ErrRunStarted) {
+	if _, _, _, err := m.PlanRun("running", "", 1, nil); !errors.Is(err, ErrRunStarted) {
 		t.Errorf("PlanRun of a started run: %v, want ErrRunStarted", err)
 	}
 	if _, ok, _ := m.Plan("running"); ok {
@@ -143,7 +145,7 @@ func TestPlanKeepsEstimate(t *testing.T) {
 	m.SetPricing(pricing)
 	f := &feeder{t: t, st: st, m: m}
 	f.run("n1", "past", "m", "", nil, 0, 10, true) // 100 tok/s on 1 GPU, 50 J/tok... $1/s
-	key, e, estErr, err := m.PlanRun("next", 50, &cost.EstimateRequest{Model: "m", Tokens: 2000})
+	key, e, estErr, err := m.PlanRun("next", "", 50, &cost.EstimateRequest{Model: "m", Tokens: 2000})
 	if err != nil || estErr != "" || e == nil {
 		t.Fatalf("PlanRun: %v %q %v", e, estErr, err)
 	}
@@ -165,7 +167,7 @@ func TestPlanKeepsEstimate(t *testing.T) {
 	if r.GetEstimate().GetCostUsd().GetMid() != e.GetCostUsd().GetMid() || r.GetMaxCostUsd() != 50 || r.GetTotalCostUsd() != 4 {
 		t.Errorf("report estimate %v max %v total %v", r.GetEstimate(), r.GetMaxCostUsd(), r.GetTotalCostUsd())
 	}
-	if key, _, estErr, err = m.PlanRun("other", 5, &cost.EstimateRequest{Model: "unknown", Tokens: 10}); err != nil || !strings.Contains(estErr, "no ended runs") {
+	if key, _, estErr, err = m.PlanRun("other", "", 5, &cost.EstimateRequest{Model: "unknown", Tokens: 10}); err != nil || !strings.Contains(estErr, "no ended runs") {
 		t.Errorf("estimate of a model without runs: %q %v", estErr, err)
 	}
 	f.keys["other"] = key
@@ -187,7 +189,7 @@ func TestPlanOfAnotherNotApplied(t *testing.T) {
 	adv := &advisor{refused: map[string]bool{}}
 	sink := &collected{}
 	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, adv, sink, quiet())
-	if _, _, _, err := m.PlanRun("victim", 0.5, nil); err != nil {
+	if _, _, _, err := m.PlanRun("victim", "", 0.5, nil); err != nil {
 		t.Fatal(err)
 	}
 	f := &feeder{t: t, st: st, m: m, keys: map[string]string{}}
@@ -215,14 +217,16 @@ func TestOwnPlanWinsOverAnother(t *testing.T) {
 	defer st.Close()
 	adv := &advisor{refused: map[string]bool{}}
 	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, adv, nil, quiet())
-	if _, _, _, err := m.PlanRun("job", 0.5, nil); err != nil { // another's
+	if _, _, _, err := m.PlanRun("job", "", 0.5, nil); err != nil { // another's
 		t.Fatal(err)
 	}
-	own, _, _, err := m.PlanRun("job", 100, nil)
-	if err != nil {
-		t.Fatal(err)
+	// The client's own key (trainmeter run sends the same to both
+	// collectors of a pair).
+	own, _, _, err := m.PlanRun("job", "0123456789abcdef-own", 100, nil)
+	if err != nil || own != "0123456789abcdef-own" {
+		t.Fatalf("PlanRun with the client's key: %q, %v", own, err)
 	}
-	other, _, _, err := m.PlanRun("job-2", 0.5, nil)
+	other, _, _, err := m.PlanRun("job-2", "", 0.5, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

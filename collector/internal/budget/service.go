@@ -168,7 +168,7 @@ func (s *Service) PlanRun(_ context.Context, req *trainmeterv1.PlanRunRequest) (
 		x := estimateRequest(req.GetEstimate())
 		er = &x
 	}
-	key, e, estErr, err := s.m.PlanRun(req.GetRunId(), req.GetMaxCostUsd(), er)
+	key, e, estErr, err := s.m.PlanRun(req.GetRunId(), req.GetPlanKey(), req.GetMaxCostUsd(), er)
 	if errors.Is(err, ErrRunStarted) {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}

@@ -1159,7 +1159,14 @@ type PlanRunRequest struct {
 	// 0: no cap.
 	MaxCostUsd float64 `protobuf:"fixed64,2,opt,name=max_cost_usd,json=maxCostUsd,proto3" json:"max_cost_usd,omitempty"`
 	// Set: estimate this run (model and tokens needed) and keep the estimate.
-	Estimate      *EstimateRequest `protobuf:"bytes,3,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	Estimate *EstimateRequest `protobuf:"bytes,3,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	// --- caps belong to their run (490-499) ---
+	// The plan's key, a secret the client chose (16 to 128 bytes, printable
+	// ASCII): the plan applies to the run only when the run's run_start
+	// presents it (RunStart.plan_key). trainmeter run sends 32 random hex
+	// digits, the same to both collectors of a pair. Empty: the collector
+	// makes one and returns it.
+	PlanKey       string `protobuf:"bytes,490,opt,name=plan_key,json=planKey,proto3" json:"plan_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1215,6 +1222,13 @@ func (x *PlanRunRequest) GetEstimate() *EstimateRequest {
 	return nil
 }
 
+func (x *PlanRunRequest) GetPlanKey() string {
+	if x != nil {
+		return x.PlanKey
+	}
+	return ""
+}
+
 type PlanRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The estimate kept with the run, unset when none was asked for or none
@@ -1222,9 +1236,9 @@ type PlanRunResponse struct {
 	Estimate      *RunEstimate `protobuf:"bytes,1,opt,name=estimate,proto3" json:"estimate,omitempty"`
 	EstimateError string       `protobuf:"bytes,2,opt,name=estimate_error,json=estimateError,proto3" json:"estimate_error,omitempty"`
 	// --- caps belong to their run (490-499) ---
-	// The plan's key, a secret of 128 random bits: the plan applies to the
-	// run only when the run's run_start presents it (RunStart.plan_key);
-	// trainmeter run passes it to its run_start.
+	// The plan's key (the request's, or 128 random bits the collector made):
+	// the plan applies to the run only when the run's run_start presents it
+	// (RunStart.plan_key); trainmeter run passes it to its run_start.
 	PlanKey       string `protobuf:"bytes,490,opt,name=plan_key,json=planKey,proto3" json:"plan_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1378,12 +1392,13 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\x03gpu\x18\x03 \x01(\tR\x03gpu\x12\x12\n" +
 	"\x04gpus\x18\x04 \x01(\rR\x04gpus\"J\n" +
 	"\x10EstimateResponse\x126\n" +
-	"\bestimate\x18\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\"\x85\x01\n" +
+	"\bestimate\x18\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\"\xa1\x01\n" +
 	"\x0ePlanRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12 \n" +
 	"\fmax_cost_usd\x18\x02 \x01(\x01R\n" +
 	"maxCostUsd\x12:\n" +
-	"\bestimate\x18\x03 \x01(\v2\x1e.trainmeter.v1.EstimateRequestR\bestimate\"\x8c\x01\n" +
+	"\bestimate\x18\x03 \x01(\v2\x1e.trainmeter.v1.EstimateRequestR\bestimate\x12\x1a\n" +
+	"\bplan_key\x18\xea\x03 \x01(\tR\aplanKey\"\x8c\x01\n" +
 	"\x0fPlanRunResponse\x126\n" +
 	"\bestimate\x18\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\x12%\n" +
 	"\x0eestimate_error\x18\x02 \x01(\tR\restimateError\x12\x1a\n" +
