@@ -105,3 +105,33 @@ func TestPlanRunOfAnotherCapsNothing(t *testing.T) {
 		t.Errorf("own capped run ended %q with max cost %v, want stopped: max-cost at $1", r.GetEndStatus(), r.GetMaxCostUsd())
 	}
 }
+
+// TestPairMaxCostBoundOnBoth: `trainmeter run --max-cost` given a pair sends
+// one plan key to both collectors, and its run_start presents it to both:
+// each applies the cap (shows it in the report, fires the max-cost alert).
+func TestPairMaxCostBoundOnBoth(t *testing.T) {
+	t.Parallel()
+	// $3,600 a GPU-hour: $1 a second on the one sim GPU.
+	a, b := startCollector(t, "--gpu-price-per-hour", "3600"), startCollector(t, "--gpu-price-per-hour", "3600")
+	sock, _ := pairAgent(t, a, b, "sim:1")
+	a.waitStreaming("n")
+	b.waitStreaming("n")
+	cmd := exec.Command(filepath.Join(binDir, "trainmeter"), "run", "--socket", sock, "--collector", a.addr+","+b.addr,
+		"--run-id", "pair-capped", "--max-cost", "1", "--stop-grace", "2s", "--", "sleep", "60")
+	var errb strings.Builder
+	cmd.Stderr = &errb
+	_ = cmd.Run()
+	if !strings.Contains(errb.String(), "max-cost $1.00 reached") {
+		t.Errorf("trainmeter run was not stopped by its cap; stderr:\n%s", errb.String())
+	}
+	for _, c := range []*cluster{a, b} {
+		r := c.waitEnded("pair-capped")
+		if r.GetMaxCostUsd() != 1 {
+			t.Errorf("collector %s: max cost %v, want the run's $1 plan applied", c.addr, r.MaxCostUsd)
+		}
+		c.eventually("max-cost alert on "+c.addr, func() bool {
+			out := c.cli("alerts", "--kind", "max-cost", "--json")
+			return strings.Contains(out, `"scope": "run:pair-capped"`)
+		})
+	}
+}
