@@ -20,6 +20,12 @@ func pointsPerUSD(r *trainmeterv1.RunReport) (float64, bool) {
 // model in all (which should hold every run of those models). A run
 // without accuracy or cost has no score.
 func SetEfficiency(reports, all []*trainmeterv1.RunReport) {
+	SetEfficiencyBest(reports, BestPointsPerUSD(all))
+}
+
+// BestPointsPerUSD is, per model, the most accuracy points per dollar of
+// the runs in all that did not fail: what SetEfficiencyBest scores against.
+func BestPointsPerUSD(all []*trainmeterv1.RunReport) map[string]float64 {
 	best := map[string]float64{}
 	for _, r := range all {
 		if report.Failed(r) {
@@ -29,6 +35,12 @@ func SetEfficiency(reports, all []*trainmeterv1.RunReport) {
 			best[r.GetMetadata().GetModel()] = v
 		}
 	}
+	return best
+}
+
+// SetEfficiencyBest is SetEfficiency against the per-model bests of
+// BestPointsPerUSD.
+func SetEfficiencyBest(reports []*trainmeterv1.RunReport, best map[string]float64) {
 	for _, r := range reports {
 		v, ok := pointsPerUSD(r)
 		b := best[r.GetMetadata().GetModel()]

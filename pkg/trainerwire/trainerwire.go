@@ -48,7 +48,7 @@ var runStartKeys = map[string]bool{
 	"target_gpu_utilization": true, "max_ram_usage": true, "adjustment_interval": true,
 	"gpu_price_per_hour": true, "budget_scope": true,
 	"rank": true, "world_size": true, "local_rank": true, "client_id": true,
-	"attribute_pid": true, "resume": true,
+	"attribute_pid": true, "resume": true, "plan_key": true,
 }
 
 // IsRunStartKey says whether run_start reads key itself (so it cannot be a
@@ -85,21 +85,24 @@ type StopLine struct {
 // script's client may fill them). Labels go on the wire as extra scalar
 // keys (docs/protocol.md); a label named like a field is an error.
 type RunStart struct {
-	RunID        string            `json:"run_id"`
-	ClientID     string            `json:"client_id,omitempty"`
-	AttributePID int               `json:"attribute_pid,omitempty"`
-	Resume       bool              `json:"resume,omitempty"`
-	Model        string            `json:"model,omitempty"`
-	Dataset      string            `json:"dataset,omitempty"`
-	Backend      string            `json:"backend,omitempty"`
-	Optimizer    string            `json:"optimizer,omitempty"`
-	Precision    string            `json:"precision,omitempty"`
-	Notes        string            `json:"notes,omitempty"`
-	BatchSize    *int64            `json:"batch_size,omitempty"`
-	SeqLen       *int64            `json:"seq_len,omitempty"`
-	WarmupS      *float64          `json:"warmup_s,omitempty"`
-	BudgetScope  string            `json:"budget_scope,omitempty"`
-	Labels       map[string]string `json:"-"`
+	RunID        string   `json:"run_id"`
+	ClientID     string   `json:"client_id,omitempty"`
+	AttributePID int      `json:"attribute_pid,omitempty"`
+	Resume       bool     `json:"resume,omitempty"`
+	Model        string   `json:"model,omitempty"`
+	Dataset      string   `json:"dataset,omitempty"`
+	Backend      string   `json:"backend,omitempty"`
+	Optimizer    string   `json:"optimizer,omitempty"`
+	Precision    string   `json:"precision,omitempty"`
+	Notes        string   `json:"notes,omitempty"`
+	BatchSize    *int64   `json:"batch_size,omitempty"`
+	SeqLen       *int64   `json:"seq_len,omitempty"`
+	WarmupS      *float64 `json:"warmup_s,omitempty"`
+	BudgetScope  string   `json:"budget_scope,omitempty"`
+	// PlanKey is the key PlanRun returned for the run's --max-cost plan:
+	// the collector applies the plan only to a run whose start presents it.
+	PlanKey string            `json:"plan_key,omitempty"`
+	Labels  map[string]string `json:"-"`
 }
 
 // MarshalJSON writes the line's object: "event", the fields, then the labels.

@@ -55,6 +55,7 @@ func fillFrom(dst, ev *trainerproto.RunStart) (filled bool, conflicts []string) 
 		{"backend", &dst.Backend, ev.Backend, true}, {"optimizer", &dst.Optimizer, ev.Optimizer, true},
 		{"precision", &dst.Precision, ev.Precision, true}, {"notes", &dst.Notes, ev.Notes, false},
 		{"budget_scope", &dst.BudgetScope, ev.BudgetScope, false},
+		{"plan_key", &dst.PlanKey, ev.PlanKey, false},
 	}
 	for _, s := range strs {
 		switch {

@@ -276,6 +276,7 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 		Uid:         uint32(p.UID),
 		User:        l.userName(p.UID),
 		BudgetScope: ev.BudgetScope,
+		PlanKey:     ev.PlanKey,
 		Labels:      ev.Labels,
 		Resume:      r.resume,
 		// Also when this node did not see the run end: it may have ended

@@ -102,6 +102,9 @@ type RunStart struct {
 
 	GPUPricePerHour *float64
 	BudgetScope     string
+	// PlanKey is the key of the run's plan (trainmeter run --max-cost),
+	// passed on to the collector, which applies the plan only then.
+	PlanKey string
 
 	Rank, WorldSize, LocalRank *int64
 
@@ -434,7 +437,7 @@ func (d *decoder) runStart(run string) (Event, error) {
 		{"model", &e.Model}, {"dataset", &e.Dataset}, {"backend", &e.Backend},
 		{"optimizer", &e.Optimizer}, {"precision", &e.Precision}, {"notes", &e.Notes},
 		{"cuda_visible_devices", &e.CUDAVisibleDevices}, {"budget_scope", &e.BudgetScope},
-		{"client_id", &e.ClientID},
+		{"client_id", &e.ClientID}, {"plan_key", &e.PlanKey},
 	} {
 		if *f.dst, err = d.str(f.key, MaxMetadataBytes); err != nil {
 			return nil, err

@@ -313,3 +313,19 @@ func TestOutboundLines(t *testing.T) {
 		}
 	}
 }
+
+// TestParsePlanKey: run_start's plan_key is the run's plan key, never a
+// label (labels show in reports; the key must not).
+func TestParsePlanKey(t *testing.T) {
+	ev, err := Parse([]byte(`{"event":"run_start","run_id":"r","plan_key":"0123456789abcdef0123456789abcdef","team":"nlp"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := ev.(*RunStart)
+	if rs.PlanKey != "0123456789abcdef0123456789abcdef" {
+		t.Errorf("plan key %q", rs.PlanKey)
+	}
+	if _, ok := rs.Labels["plan_key"]; ok || rs.Labels["team"] != "nlp" {
+		t.Errorf("labels %v: want team only", rs.Labels)
+	}
+}

@@ -208,6 +208,9 @@ type Manager struct {
 	// checked; capNow (capacity 1) wakes the loop to check them.
 	capTouched map[string]struct{}
 	capNow     chan struct{}
+	// planStarts are the run starts with a plan key since plans were last
+	// bound (bindPlans).
+	planStarts []planStart
 	pricing    cost.Config
 	changed    map[string]struct{} // runs touched by batches since the last load
 
@@ -269,6 +272,10 @@ func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 		switch ev := e.GetEvent().(type) {
 		case *trainmeterv1.RunEvent_RunStart:
 			m.changed[ev.RunStart.GetRunId()] = struct{}{}
+			if k := ev.RunStart.GetPlanKey(); k != "" && len(m.planStarts) < maxPlanStarts {
+				m.planStarts = append(m.planStarts, planStart{run: ev.RunStart.GetRunId(), key: k})
+				m.capTouched[ev.RunStart.GetRunId()] = struct{}{}
+			}
 		case *trainmeterv1.RunEvent_RunEnd:
 			m.changed[ev.RunEnd.GetRunId()] = struct{}{}
 		case *trainmeterv1.RunEvent_Eval:

@@ -84,6 +84,8 @@ type feeder struct {
 	// planned is the planned_steps of the runs it starts (one step a
 	// window); 0: none.
 	planned uint64
+	// keys are the plan keys the runs' starts present (run id → key).
+	keys map[string]string
 }
 
 func (f *feeder) run(node, run, model, scope string, labels map[string]string, from, to int, end bool) {
@@ -96,6 +98,7 @@ func (f *feeder) run(node, run, model, scope string, labels map[string]string, f
 			ev.GetRunStart().BudgetScope = scope
 			ev.GetRunStart().Labels = labels
 			ev.GetRunStart().PlannedSteps = f.planned
+			ev.GetRunStart().PlanKey = f.keys[run]
 			evs = append(evs, ev)
 		}
 		if end && s == to-1 {

@@ -2,6 +2,9 @@ package budget
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,8 +23,19 @@ import (
 )
 
 // NSRunPlans is the store namespace of what runs were started with: their
-// cost cap and estimate (key: run id).
+// cost cap and estimate (key: run id). A plan is here only once a start of
+// its run presented its key.
 const NSRunPlans = "runplans"
+
+// NSPendingPlans holds the plans PlanRun made that no start of their run
+// presented yet (key: run id, NUL, the SHA-256 of the plan key, in hex).
+// Anyone with the read token may add one for any run id; only the one whose
+// key the run's start presents is ever applied.
+const NSPendingPlans = "runplans-pending"
+
+// PendingPlanTTL is how long a plan waits for its run's start: trainmeter
+// run plans right before it starts the command.
+const PendingPlanTTL = 24 * time.Hour
 
 // KindMaxCost is the alert of a run that reached its --max-cost cap.
 const KindMaxCost = "max-cost"
@@ -38,6 +52,40 @@ type RunPlan struct {
 	Estimate      []byte    `json:"estimate,omitempty"`
 	EstimateError string    `json:"estimate_error,omitempty"`
 	Created       time.Time `json:"created"`
+	// KeyHash is the SHA-256 (hex) of the plan key PlanRun returned; the
+	// run's start presented it when the plan is in NSRunPlans.
+	KeyHash string `json:"key_hash,omitempty"`
+}
+
+// maxPlanStarts bounds the starts with a plan key waiting for bindPlans,
+// which the manager's loop runs after every applied batch.
+const maxPlanStarts = 10000
+
+// planStart is a run's start that presented a plan key.
+type planStart struct{ run, key string }
+
+func keyHash(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(h[:])
+}
+
+// MinPlanKeyLen and MaxPlanKeyLen bound a plan key (the collector's own
+// are 32 hex digits): short keys could be guessed.
+const (
+	MinPlanKeyLen = 16
+	MaxPlanKeyLen = 128
+)
+
+func validPlanKey(k string) bool {
+	if len(k) < MinPlanKeyLen || len(k) > MaxPlanKeyLen {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] <= ' ' || k[i] > '~' {
+			return false
+		}
+	}
+	return true
 }
 
 // ErrRunStarted: a plan was asked for a run the collector already has.
@@ -81,44 +129,111 @@ func (m *Manager) Estimate(req cost.EstimateRequest) (*trainmeterv1.RunEstimate,
 	return est, nil
 }
 
-// PlanRun keeps a run's cap and, when est is set, the estimate made now. A
-// failed estimate does not fail the plan (the cap still holds): its error
-// is returned as estErr and kept with the run.
-func (m *Manager) PlanRun(runID string, maxCostUSD float64, est *cost.EstimateRequest) (e *trainmeterv1.RunEstimate, estErr string, err error) {
+// PlanRun keeps a run's cap and, when est is set, the estimate made now,
+// under key (the caller's secret; "": a new random one, returned): the plan applies to the run only when a start of
+// the run presents that key (RunStart.plan_key), so that whoever plans a
+// run id they do not start caps nothing. A failed estimate does not fail
+// the plan (the cap still holds): its error is returned as estErr and kept
+// with the run.
+func (m *Manager) PlanRun(runID, key string, maxCostUSD float64, est *cost.EstimateRequest) (_ string, e *trainmeterv1.RunEstimate, estErr string, err error) {
 	switch {
 	case runID == "" || len(runID) > MaxRunIDLen || strings.ContainsRune(runID, 0):
-		return nil, "", fmt.Errorf("run id: want 1 to %d bytes, no NUL", MaxRunIDLen)
+		return "", nil, "", fmt.Errorf("run id: want 1 to %d bytes, no NUL", MaxRunIDLen)
 	case math.IsNaN(maxCostUSD) || math.IsInf(maxCostUSD, 0) || maxCostUSD < 0:
-		return nil, "", fmt.Errorf("max cost must be a finite number of USD >= 0, got %v", maxCostUSD)
+		return "", nil, "", fmt.Errorf("max cost must be a finite number of USD >= 0, got %v", maxCostUSD)
 	case maxCostUSD == 0 && est == nil:
-		return nil, "", errors.New("nothing to plan: give a max cost, an estimate request, or both")
+		return "", nil, "", errors.New("nothing to plan: give a max cost, an estimate request, or both")
+	case key != "" && !validPlanKey(key):
+		return "", nil, "", fmt.Errorf("plan key: want %d to %d bytes of printable ASCII (a random secret; empty: the collector makes one)", MinPlanKeyLen, MaxPlanKeyLen)
 	}
 	// Only a run not started yet: a cap is set by whoever starts the run, and
 	// the read token that PlanRun needs must not stop other people's runs.
 	if states, err := m.store.ListRuns([]string{runID}); err == nil && len(states) > 0 {
-		return nil, "", fmt.Errorf("%w: run %q has already started (a cap and an estimate are set before the run starts; use a new run id)", ErrRunStarted, runID)
+		return "", nil, "", fmt.Errorf("%w: run %q has already started (a cap and an estimate are set before the run starts; use a new run id)", ErrRunStarted, runID)
 	}
-	p := RunPlan{RunID: runID, MaxCostUSD: maxCostUSD, Created: m.cfg.Clock.Now().UTC()}
+	if key == "" {
+		var raw [16]byte
+		if _, err := rand.Read(raw[:]); err != nil {
+			return "", nil, "", fmt.Errorf("plan key: %w", err)
+		}
+		key = hex.EncodeToString(raw[:])
+	}
+	p := RunPlan{RunID: runID, MaxCostUSD: maxCostUSD, Created: m.cfg.Clock.Now().UTC(), KeyHash: keyHash(key)}
 	if est != nil {
 		e, err = m.Estimate(*est)
 		if err != nil {
 			p.EstimateError = err.Error()
 		} else if p.Estimate, err = proto.Marshal(e); err != nil {
-			return nil, "", err
+			return "", nil, "", err
 		}
 	}
 	v, err := json.Marshal(p)
 	if err != nil {
-		return nil, "", err
+		return "", nil, "", err
 	}
-	if err := m.store.PutRecord(NSRunPlans, runID, v); err != nil {
-		return nil, "", err
+	if err := m.store.PutRecord(NSPendingPlans, runID+"\x00"+p.KeyHash, v); err != nil {
+		return "", nil, "", err
 	}
+	return key, e, p.EstimateError, nil
+}
+
+// bindPlans applies the pending plans whose keys the run starts of applied
+// batches presented: each becomes its run's plan, unless the run has one
+// already (its first start's). A key that matches no plan of its run is
+// ignored.
+func (m *Manager) bindPlans() error {
 	m.mu.Lock()
-	delete(m.capDone, runID)
+	starts := m.planStarts
+	m.planStarts = nil
 	m.mu.Unlock()
-	m.MarkDirty()
-	return e, p.EstimateError, nil
+	var errs []error
+	for _, ps := range starts {
+		if !validPlanKey(ps.key) {
+			continue
+		}
+		pk := ps.run + "\x00" + keyHash(ps.key)
+		v, err := m.store.GetRecord(NSPendingPlans, pk)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if _, ok, err := m.Plan(ps.run); err != nil || ok {
+			errs = append(errs, err)
+			continue
+		}
+		if err := m.store.PutRecord(NSRunPlans, ps.run, v); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, m.store.DeleteRecord(NSPendingPlans, pk))
+		m.mu.Lock()
+		delete(m.capDone, ps.run)
+		m.capTouched[ps.run] = struct{}{}
+		m.mu.Unlock()
+		m.MarkDirty()
+	}
+	return errors.Join(errs...)
+}
+
+// sweepPendingPlans deletes the pending plans older than PendingPlanTTL.
+func (m *Manager) sweepPendingPlans() error {
+	cutoff := m.cfg.Clock.Now().Add(-PendingPlanTTL)
+	var old []string
+	err := m.store.ScanRecords(NSPendingPlans, "", func(k string, v []byte) (bool, error) {
+		var p RunPlan
+		if json.Unmarshal(v, &p) != nil || p.Created.Before(cutoff) {
+			old = append(old, k)
+		}
+		return true, nil
+	})
+	errs := []error{err}
+	for _, k := range old {
+		errs = append(errs, m.store.DeleteRecord(NSPendingPlans, k))
+	}
+	return errors.Join(errs...)
 }
 
 // Plan returns the plan of a run, if it has one.
@@ -162,6 +277,7 @@ func (m *Manager) AttachPlan(r *trainmeterv1.RunReport) {
 // take the advisory is asked again at the next evaluation. Runs that ended
 // are not read again.
 func (m *Manager) evaluateCaps(ctx context.Context) error {
+	bindErr := errors.Join(m.bindPlans(), m.sweepPendingPlans())
 	var plans []RunPlan
 	err := m.store.ScanRecords(NSRunPlans, "", func(_ string, v []byte) (bool, error) {
 		var p RunPlan
@@ -173,7 +289,7 @@ func (m *Manager) evaluateCaps(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
+	errs := []error{bindErr}
 	for _, p := range plans {
 		if err := m.checkCap(ctx, p); err != nil {
 			errs = append(errs, err)
@@ -187,11 +303,12 @@ func (m *Manager) evaluateCaps(ctx context.Context) error {
 // is told to stop at the first batch that takes it to its cap rather than
 // at the next evaluation tick.
 func (m *Manager) evaluateCapsOf(ctx context.Context) error {
+	bindErr := m.bindPlans()
 	m.mu.Lock()
 	runs := m.capTouched
 	m.capTouched = map[string]struct{}{}
 	m.mu.Unlock()
-	var errs []error
+	errs := []error{bindErr}
 	for id := range runs {
 		m.mu.Lock()
 		done := m.capDone[id]

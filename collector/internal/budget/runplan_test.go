@@ -24,12 +24,14 @@ func TestMaxCostStopsAndAlerts(t *testing.T) {
 	adv := &advisor{refused: map[string]bool{}}
 	sink := &collected{}
 	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, adv, sink, quiet())
+	f := &feeder{t: t, st: st, m: m, keys: map[string]string{}}
 	for _, id := range []string{"capped", "ended"} {
-		if _, _, err := m.PlanRun(id, 3, nil); err != nil {
+		key, _, _, err := m.PlanRun(id, "", 3, nil)
+		if err != nil {
 			t.Fatal(err)
 		}
+		f.keys[id] = key
 	}
-	f := &feeder{t: t, st: st, m: m}
 	f.run("n1", "capped", "m", "", nil, 0, 2, false)
 	f.run("n1", "free", "m", "", nil, 0, 9, false)
 	f.run("n1", "ended", "m", "", nil, 0, 5, true)
@@ -78,7 +80,8 @@ func TestMaxCostCheckedOnEveryBatch(t *testing.T) {
 	defer st.Close()
 	adv := &advisor{refused: map[string]bool{"n1": true}} // n1 takes the first advisory
 	m := New(Config{Clock: clock.NewFake(tu.Now()), EvalInterval: time.Hour}, st, report, adv, nil, quiet())
-	if _, _, err := m.PlanRun("capped", 3, nil); err != nil {
+	key, _, _, err := m.PlanRun("capped", "", 3, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Start(context.Background()); err != nil {
@@ -89,7 +92,7 @@ func TestMaxCostCheckedOnEveryBatch(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	f := &feeder{t: t, st: st, m: m}
+	f := &feeder{t: t, st: st, m: m, keys: map[string]string{"capped": key}}
 	f.run("n1", "capped", "m", "", nil, 0, 2, false) // $2 of $3
 	time.Sleep(50 * time.Millisecond)
 	if got := adv.stops(); len(got) != 0 {
@@ -110,19 +113,21 @@ func TestPlanRunRefusesBadInput(t *testing.T) {
 	defer st.Close()
 	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, nil, nil, quiet())
 	for _, tc := range []struct {
-		id   string
-		cap  float64
-		want string
-	}{{"", 1, "run id"}, {"r", -1, "max cost"}, {"r", 0, "nothing to plan"}} {
-		if _, _, err := m.PlanRun(tc.id, tc.cap, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("PlanRun(%q, %v): %v, want an error about %s", tc.id, tc.cap, err, tc.want)
+		id, key string
+		cap     float64
+		want    string
+	}{{"", "", 1, "run id"}, {"r", "", -1, "max cost"}, {"r", "", 0, "nothing to plan"},
+		{"r", "short", 1, "plan key: want 16 to 128 bytes"}, {"r", "0123456789abcdef\n", 1, "plan key"},
+		{"r", strings.Repeat("k", 129), 1, "plan key"}} {
+		if _, _, _, err := m.PlanRun(tc.id, tc.key, tc.cap, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("PlanRun(%q, %q, %v): %v, want an error about %s", tc.id, tc.key, tc.cap, err, tc.want)
 		}
 	}
 	// A running run cannot be capped after the fact (PlanRun needs only the
 	// read token).
 	f := &feeder{t: t, st: st, m: m}
 	f.run("n1", "running", "m", "", nil, 0, 1, false)
-	if _, _, err := m.PlanRun("running", 1, nil); !errors.Is(err, ErrRunStarted) {
+	if _, _, _, err := m.PlanRun("running", "", 1, nil); !errors.Is(err, ErrRunStarted) {
 		t.Errorf("PlanRun of a started run: %v, want ErrRunStarted", err)
 	}
 	if _, ok, _ := m.Plan("running"); ok {
@@ -140,7 +145,7 @@ func TestPlanKeepsEstimate(t *testing.T) {
 	m.SetPricing(pricing)
 	f := &feeder{t: t, st: st, m: m}
 	f.run("n1", "past", "m", "", nil, 0, 10, true) // 100 tok/s on 1 GPU, 50 J/tok... $1/s
-	e, estErr, err := m.PlanRun("next", 50, &cost.EstimateRequest{Model: "m", Tokens: 2000})
+	key, e, estErr, err := m.PlanRun("next", "", 50, &cost.EstimateRequest{Model: "m", Tokens: 2000})
 	if err != nil || estErr != "" || e == nil {
 		t.Fatalf("PlanRun: %v %q %v", e, estErr, err)
 	}
@@ -148,7 +153,11 @@ func TestPlanKeepsEstimate(t *testing.T) {
 	if got := e.GetCostUsd().GetMid(); got < 19.999 || got > 20.001 || e.GetWallS().GetMid() != 20 {
 		t.Errorf("estimate cost %v wall %v, want $20 and 20 s", got, e.GetWallS().GetMid())
 	}
+	f.keys = map[string]string{"next": key}
 	f.run("n1", "next", "m", "", nil, 0, 4, false)
+	if err := m.Evaluate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	states, err := st.ListRuns([]string{"next"})
 	if err != nil {
 		t.Fatal(err)
@@ -158,10 +167,84 @@ func TestPlanKeepsEstimate(t *testing.T) {
 	if r.GetEstimate().GetCostUsd().GetMid() != e.GetCostUsd().GetMid() || r.GetMaxCostUsd() != 50 || r.GetTotalCostUsd() != 4 {
 		t.Errorf("report estimate %v max %v total %v", r.GetEstimate(), r.GetMaxCostUsd(), r.GetTotalCostUsd())
 	}
-	if _, estErr, err = m.PlanRun("other", 5, &cost.EstimateRequest{Model: "unknown", Tokens: 10}); err != nil || !strings.Contains(estErr, "no ended runs") {
+	if key, _, estErr, err = m.PlanRun("other", "", 5, &cost.EstimateRequest{Model: "unknown", Tokens: 10}); err != nil || !strings.Contains(estErr, "no ended runs") {
 		t.Errorf("estimate of a model without runs: %q %v", estErr, err)
+	}
+	f.keys["other"] = key
+	f.run("n1", "other", "m", "", nil, 0, 1, false)
+	if err := m.Evaluate(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	if p, ok, _ := m.Plan("other"); !ok || p.MaxCostUSD != 5 {
 		t.Errorf("plan of other %+v %v: the cap must hold without an estimate", p, ok)
+	}
+}
+
+// TestPlanOfAnotherNotApplied: a plan made for a run id by someone who does
+// not start that run (PlanRun needs only the read token, and run ids are
+// predictable) caps nothing: the run's start does not present its key.
+func TestPlanOfAnotherNotApplied(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	adv := &advisor{refused: map[string]bool{}}
+	sink := &collected{}
+	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, adv, sink, quiet())
+	if _, _, _, err := m.PlanRun("victim", "", 0.5, nil); err != nil {
+		t.Fatal(err)
+	}
+	f := &feeder{t: t, st: st, m: m, keys: map[string]string{}}
+	f.run("n1", "victim", "m", "", nil, 0, 5, false) // $5, its start presents no key
+	for range 2 {
+		if err := m.Evaluate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(adv.got) != 0 || len(sink.alerts) != 0 {
+		t.Fatalf("a plan the run's start did not present: advisories %v, alerts %+v", adv.got, sink.alerts)
+	}
+	r := &trainmeterv1.RunReport{RunId: "victim"}
+	m.AttachPlan(r)
+	if r.MaxCostUsd != nil {
+		t.Fatalf("the victim's report shows a max cost of %v", *r.MaxCostUsd)
+	}
+}
+
+// TestOwnPlanWinsOverAnother: when someone else planned the run id too
+// (a lower cap), the run's start presents its own key and gets its own
+// plan; a start presenting a key of no plan of its run gets none.
+func TestOwnPlanWinsOverAnother(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	adv := &advisor{refused: map[string]bool{}}
+	m := New(Config{Clock: clock.NewFake(tu.Now())}, st, report, adv, nil, quiet())
+	if _, _, _, err := m.PlanRun("job", "", 0.5, nil); err != nil { // another's
+		t.Fatal(err)
+	}
+	// The client's own key (trainmeter run sends the same to both
+	// collectors of a pair).
+	own, _, _, err := m.PlanRun("job", "0123456789abcdef-own", 100, nil)
+	if err != nil || own != "0123456789abcdef-own" {
+		t.Fatalf("PlanRun with the client's key: %q, %v", own, err)
+	}
+	other, _, _, err := m.PlanRun("job-2", "", 0.5, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &feeder{t: t, st: st, m: m, keys: map[string]string{"job": own, "wrong": other}}
+	f.run("n1", "job", "m", "", nil, 0, 5, false)
+	f.run("n1", "wrong", "m", "", nil, 0, 5, false) // job-2's key on another run
+	for range 2 {
+		if err := m.Evaluate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(adv.got) != 0 {
+		t.Fatalf("advisories %v, want none: job's own cap is $100", adv.got)
+	}
+	if p, ok, _ := m.Plan("job"); !ok || p.MaxCostUSD != 100 {
+		t.Errorf("job's plan %+v %v, want its own $100", p, ok)
+	}
+	if _, ok, _ := m.Plan("wrong"); ok {
+		t.Errorf("a run presenting another run's key got a plan")
 	}
 }

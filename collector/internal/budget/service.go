@@ -3,12 +3,15 @@ package budget
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sort"
 	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
+	"github.com/trainmeter/trainmeter/collector/internal/page"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -66,15 +69,54 @@ func (s *Service) ListAlerts(_ context.Context, req *trainmeterv1.ListAlertsRequ
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "alert kind %q: want budget, price or max-cost", req.GetKind())
 	}
+	size, err := page.Size(req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	fp := page.Request("ListAlerts", req.GetKind())
+	tok, err := page.Decode(req.GetPageToken(), fp)
+	if err != nil {
+		return nil, err
+	}
 	alerts, err := s.m.Recorder().List(req.GetKind())
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
+	// Pages go by (time, id), which an alert recorded later does not move
+	// ahead of a page already read unless it is back-dated.
+	keys := make([]string, len(alerts))
+	for i, a := range alerts {
+		keys[i] = alertKey(a)
+	}
+	order := make([]int, len(alerts))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(i, j int) bool { return keys[order[i]] < keys[order[j]] })
+	i := 0
+	if req.GetPageToken() != "" {
+		i = sort.Search(len(order), func(i int) bool { return keys[order[i]] > tok.After })
+	}
 	resp := &trainmeterv1.ListAlertsResponse{}
-	for _, a := range alerts {
-		resp.Alerts = append(resp.Alerts, a.Proto())
+	var b page.Budget
+	last := ""
+	for ; i < len(order); i++ {
+		a := alerts[order[i]].Proto()
+		if len(resp.Alerts) >= size || !b.Fits(a) {
+			break
+		}
+		resp.Alerts, last = append(resp.Alerts, a), keys[order[i]]
+	}
+	if i < len(order) {
+		resp.NextPageToken = page.Encode(page.Token{Req: fp, After: last})
 	}
 	return resp, nil
+}
+
+// alertKey orders alerts by time (Unix ns, zero-padded so that the keys
+// sort as the times do), then id.
+func alertKey(a alert.Alert) string {
+	return fmt.Sprintf("%020d\x00%s", max(0, a.Time.UnixNano()), a.ID)
 }
 
 // Forecast implements BudgetService.
@@ -126,12 +168,12 @@ func (s *Service) PlanRun(_ context.Context, req *trainmeterv1.PlanRunRequest) (
 		x := estimateRequest(req.GetEstimate())
 		er = &x
 	}
-	e, estErr, err := s.m.PlanRun(req.GetRunId(), req.GetMaxCostUsd(), er)
+	key, e, estErr, err := s.m.PlanRun(req.GetRunId(), req.GetPlanKey(), req.GetMaxCostUsd(), er)
 	if errors.Is(err, ErrRunStarted) {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	return &trainmeterv1.PlanRunResponse{Estimate: e, EstimateError: estErr}, nil
+	return &trainmeterv1.PlanRunResponse{Estimate: e, EstimateError: estErr, PlanKey: key}, nil
 }

@@ -248,10 +248,11 @@ func newAlertsCommand(cf *clientFlags) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
-				resp, err := trainmeterv1.NewBudgetServiceClient(conn).ListAlerts(ctx, &trainmeterv1.ListAlertsRequest{Kind: kind})
+				alerts, err := allAlerts(ctx, trainmeterv1.NewBudgetServiceClient(conn), kind)
 				if err != nil {
 					return err
 				}
+				resp := &trainmeterv1.ListAlertsResponse{Alerts: alerts}
 				if asJSON {
 					return writeProtoJSON(cmd.OutOrStdout(), resp)
 				}

@@ -271,19 +271,19 @@ func newRunsCommand(cf *clientFlags) *cobra.Command {
 				return fmt.Errorf("--status %q: want running, ended, failed, or an end status (ok, error, exit, exit N, signal, signal NAME, stopped, stopped: CAUSE, lost)", f.status)
 			}
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
-				resp, err := c.ListRuns(ctx, &trainmeterv1.ListRunsRequest{})
+				all, err := allRuns(ctx, c)
 				if err != nil {
 					return err
 				}
-				runs := f.apply(resp.GetRuns())
+				runs := f.apply(all)
 				if asJSON {
 					return writeProtoJSON(cmd.OutOrStdout(), &trainmeterv1.ListRunsResponse{Runs: runs})
 				}
 				if len(runs) == 0 {
-					if len(resp.GetRuns()) == 0 {
+					if len(all) == 0 {
 						fmt.Fprintln(cmd.OutOrStdout(), "no runs yet")
 					} else {
-						fmt.Fprintf(cmd.OutOrStdout(), "no runs match the filters (%s stored)\n", plural.N(len(resp.GetRuns()), "run"))
+						fmt.Fprintf(cmd.OutOrStdout(), "no runs match the filters (%s stored)\n", plural.N(len(all), "run"))
 					}
 					return nil
 				}
@@ -567,14 +567,13 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
-				resp, err := c.ListNodes(ctx, &trainmeterv1.ListNodesRequest{})
+				nodes, err := allNodes(ctx, c)
 				if err != nil {
 					return err
 				}
-				nodes := resp.GetNodes()
 				sort.Slice(nodes, func(i, j int) bool { return nodes[i].GetNode() < nodes[j].GetNode() })
 				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), resp)
+					return writeProtoJSON(cmd.OutOrStdout(), &trainmeterv1.ListNodesResponse{Nodes: nodes})
 				}
 				if len(nodes) == 0 {
 					fmt.Fprintln(cmd.OutOrStdout(), "no nodes yet")

@@ -89,8 +89,8 @@ func writeJSON(w io.Writer, v any) error {
 func (cf *clientFlags) listRuns(cmd *cobra.Command) ([]*trainmeterv1.RunReport, error) {
 	var runs []*trainmeterv1.RunReport
 	err := cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
-		resp, err := c.ListRuns(ctx, &trainmeterv1.ListRunsRequest{})
-		runs = resp.GetRuns()
+		var err error
+		runs, err = allRuns(ctx, c)
 		return err
 	})
 	return runs, err

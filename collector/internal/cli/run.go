@@ -594,14 +594,20 @@ func (a *agentLink) end(status string) {
 const maxCostPrefix = "max-cost"
 
 // planRun sends the run's cap and estimate request to the collector before
-// the command starts, and shows the estimate. Nothing here stops the
+// the command starts, keeps the plan's key for the run's run_start, and
+// shows the estimate. Nothing here stops the
 // command from running: an unreachable collector only means no cap and no
 // estimate, which it says.
 func planRun(o *runOptions, warn func(string, ...any)) {
 	if o.plan == nil || (o.maxCost <= 0 && o.estimate == nil) {
 		return
 	}
-	resp, err := o.plan(&trainmeterv1.PlanRunRequest{RunId: o.runID, MaxCostUsd: o.maxCost, Estimate: o.estimate})
+	// The plan applies only to the run whose run_start presents its key; one
+	// key for every collector of a pair, each of which keeps the plan.
+	raw := make([]byte, 16)
+	_, _ = rand.Read(raw)
+	key := hex.EncodeToString(raw)
+	resp, err := o.plan(&trainmeterv1.PlanRunRequest{RunId: o.runID, MaxCostUsd: o.maxCost, Estimate: o.estimate, PlanKey: key})
 	if err != nil {
 		if o.maxCost > 0 {
 			warn("could not set --max-cost at the collector (%v): the run is NOT capped", err)
@@ -610,6 +616,7 @@ func planRun(o *runOptions, warn func(string, ...any)) {
 		}
 		return
 	}
+	o.start.PlanKey = key
 	if e := resp.GetEstimate(); e != nil {
 		writeEstimate(o.stderr, e)
 		if o.maxCost > 0 && e.GetHasCost() && e.GetCostUsd().GetMid() > o.maxCost {

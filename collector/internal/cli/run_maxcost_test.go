@@ -103,7 +103,7 @@ func TestPlanRunAtStart(t *testing.T) {
 	var got *trainmeterv1.PlanRunRequest
 	o.plan = func(req *trainmeterv1.PlanRunRequest) (*trainmeterv1.PlanRunResponse, error) {
 		got = req
-		return &trainmeterv1.PlanRunResponse{Estimate: &trainmeterv1.RunEstimate{Model: "m", Tokens: 1000, Gpus: 1, BasedOn: []string{"a"}, HasCost: true,
+		return &trainmeterv1.PlanRunResponse{PlanKey: req.GetPlanKey(), Estimate: &trainmeterv1.RunEstimate{Model: "m", Tokens: 1000, Gpus: 1, BasedOn: []string{"a"}, HasCost: true,
 			CostUsd: &trainmeterv1.Range{Low: 12, Mid: 15, High: 20}, WallS: &trainmeterv1.Range{}, GpuHours: &trainmeterv1.Range{}, EnergyKwh: &trainmeterv1.Range{}}}, nil
 	}
 	planRun(o, func(f string, a ...any) {
@@ -111,6 +111,13 @@ func TestPlanRunAtStart(t *testing.T) {
 	})
 	if got.GetRunId() != "r1" || got.GetMaxCostUsd() != 10 || got.GetEstimate().GetTokens() != 1000 {
 		t.Errorf("PlanRun request %v", got)
+	}
+	// The plan applies only to the run whose run_start presents its key.
+	if len(got.GetPlanKey()) != 32 {
+		t.Errorf("plan key %q, want 32 random hex digits", got.GetPlanKey())
+	}
+	if line := string(newAgentLink(o, func(string, ...any) {}).start0); !strings.Contains(line, `"plan_key":"`+got.GetPlanKey()+`"`) {
+		t.Errorf("run_start %s does not present the plan key", line)
 	}
 	for _, want := range []string{"cost        $15.00 ($12.00 to $20.00)", "the estimate ($15.00) is above --max-cost ($10.00)", "run r1 is capped at $10.00"} {
 		if !strings.Contains(errb.String(), want) {

@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	pg "github.com/trainmeter/trainmeter/collector/internal/page"
 	"github.com/trainmeter/trainmeter/internal/protojsonout"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -180,14 +181,14 @@ type runsData struct {
 // runsData lists the runs matching f, live runs first, newest first, one
 // page of them, with a power sparkline for each live run on the page.
 func (p *pages) runsData(ctx context.Context, f runsFilter) (*runsData, error) {
-	resp, err := p.c.cfg.Services.Query.ListRuns(ctx, &trainmeterv1.ListRunsRequest{})
+	runs, err := p.allRuns(ctx)
 	if err != nil {
 		return nil, err
 	}
-	d := &runsData{Filter: f, Total: len(resp.GetRuns())}
+	d := &runsData{Filter: f, Total: len(runs)}
 	models, backends := map[string]bool{}, map[string]bool{}
 	var match []*trainmeterv1.RunReport
-	for _, r := range resp.GetRuns() {
+	for _, r := range runs {
 		models[r.GetMetadata().GetModel()] = true
 		backends[r.GetMetadata().GetBackend()] = true
 		if !r.GetEnded() {
@@ -452,13 +453,13 @@ var compareKeys = []string{"backend", "batch_size", "precision", "gpu_name", "da
 func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	d := &compareData{Form: compareForm{Runs: q.Get("runs"), Model: q.Get("model"), By: q.Get("by"), Baseline: q.Get("baseline")}, ByKeys: compareKeys}
-	runs, err := p.c.cfg.Services.Query.ListRuns(r.Context(), &trainmeterv1.ListRunsRequest{})
+	runs, err := p.allRuns(r.Context())
 	if err != nil {
 		p.fail(w, r, "compare", err)
 		return
 	}
 	models := map[string]bool{}
-	for _, run := range runs.GetRuns() {
+	for _, run := range runs {
 		if m := run.GetMetadata().GetModel(); m != "" {
 			models[m] = true
 		}
@@ -523,12 +524,14 @@ func (p *pages) budgets(w http.ResponseWriter, r *http.Request) {
 		p.fail(w, r, "budgets", err)
 		return
 	}
-	a, err := p.c.cfg.Services.Budgets.ListAlerts(r.Context(), &trainmeterv1.ListAlertsRequest{})
+	alerts, err := pg.All(func(tok string) ([]*trainmeterv1.Alert, string, error) {
+		a, err := p.c.cfg.Services.Budgets.ListAlerts(r.Context(), &trainmeterv1.ListAlertsRequest{PageToken: tok})
+		return a.GetAlerts(), a.GetNextPageToken(), err
+	})
 	if err != nil {
 		p.fail(w, r, "budgets", err)
 		return
 	}
-	alerts := a.GetAlerts()
 	// Newest first, and a page's worth: the CLI's `alerts` has them all.
 	slices.SortStableFunc(alerts, func(x, y *trainmeterv1.Alert) int { return y.GetTime().AsTime().Compare(x.GetTime().AsTime()) })
 	alerts = alerts[:min(len(alerts), 200)]
@@ -580,7 +583,10 @@ type nodeRow struct {
 }
 
 func (p *pages) nodes(w http.ResponseWriter, r *http.Request) {
-	resp, err := p.c.cfg.Services.Query.ListNodes(r.Context(), &trainmeterv1.ListNodesRequest{})
+	nodes, err := pg.All(func(tok string) ([]*trainmeterv1.NodeStatus, string, error) {
+		resp, err := p.c.cfg.Services.Query.ListNodes(r.Context(), &trainmeterv1.ListNodesRequest{PageToken: tok})
+		return resp.GetNodes(), resp.GetNextPageToken(), err
+	})
 	if err != nil {
 		p.fail(w, r, "nodes", err)
 		return
@@ -594,7 +600,7 @@ func (p *pages) nodes(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	var rows []nodeRow
-	for _, n := range resp.GetNodes() {
+	for _, n := range nodes {
 		row := nodeRow{N: n, U: usage[n.GetNode()]}
 		if row.U.GetGpuSeconds() > 0 {
 			row.Idle, row.Has = row.U.GetIdleGpuSeconds()/row.U.GetGpuSeconds(), true
@@ -616,4 +622,13 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// allRuns is every run, read from ListRuns a page at a time, in run id
+// order (the pages sort them as they show them).
+func (p *pages) allRuns(ctx context.Context) ([]*trainmeterv1.RunReport, error) {
+	return pg.All(func(tok string) ([]*trainmeterv1.RunReport, string, error) {
+		resp, err := p.c.cfg.Services.Query.ListRuns(ctx, &trainmeterv1.ListRunsRequest{PageToken: tok})
+		return resp.GetRuns(), resp.GetNextPageToken(), err
+	})
 }

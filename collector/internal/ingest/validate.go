@@ -301,7 +301,7 @@ func validateEvent(e *trainmeterv1.RunEvent) error {
 		texts := []string{
 			"model", m.GetModel(), "dataset", m.GetDataset(), "backend", m.GetBackend(),
 			"optimizer", m.GetOptimizer(), "precision", m.GetPrecision(), "notes", m.GetNotes(),
-			"gpu_name", s.GetGpuName(), "budget_scope", s.GetBudgetScope(),
+			"gpu_name", s.GetGpuName(), "budget_scope", s.GetBudgetScope(), "plan_key", s.GetPlanKey(),
 		}
 		for i := 0; i < len(texts); i += 2 {
 			if err := batchcheck.Text("run_start."+texts[i], texts[i+1]); err != nil {

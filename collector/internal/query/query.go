@@ -5,14 +5,19 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"sort"
+	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/advisor"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/page"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/compare"
@@ -110,13 +115,125 @@ func (s *Server) reports(ids []string) ([]*trainmeterv1.RunReport, error) {
 	return out, nil
 }
 
-// ListRuns implements QueryService.ListRuns.
-func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) (*trainmeterv1.ListRunsResponse, error) {
-	runs, err := s.reports(req.GetRunIds())
+// RunPager is a store that reads one page of every run, in run id order
+// (store.Store); without it each page of a listing reads every run.
+type RunPager interface {
+	RunsAfter(after string, limit int) ([]*aggregate.State, error)
+}
+
+// runsAfter is at most limit runs after run id after, in run id order.
+func (s *Server) runsAfter(after string, limit int) ([]*aggregate.State, error) {
+	if p, ok := s.store.(RunPager); ok {
+		return p.RunsAfter(after, limit)
+	}
+	all, err := s.store.ListRuns(nil)
 	if err != nil {
 		return nil, err
 	}
-	return &trainmeterv1.ListRunsResponse{Runs: runs}, nil
+	sort.Slice(all, func(i, j int) bool { return all[i].RunID < all[j].RunID })
+	i := sort.Search(len(all), func(i int) bool { return all[i].RunID > after })
+	return all[i:min(len(all), i+limit)], nil
+}
+
+// eachOnAllCores calls fn(0) ... fn(n-1) on all cores: a page's reports
+// are independent of each other.
+func eachOnAllCores(n int, fn func(i int)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := min(runtime.GOMAXPROCS(0), (n+63)/64); w > 0; w-- {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				fn(i)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// maxBestModels bounds the per-model bests a page token carries; a listing
+// of more models reads every run again on each page that scores runs.
+const maxBestModels = 1000
+
+// ListRuns implements QueryService.ListRuns, a page at a time: every run in
+// run id order, or the runs the request names in its order.
+func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) (*trainmeterv1.ListRunsResponse, error) {
+	size, err := page.Size(req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	ids := req.GetRunIds()
+	for _, id := range ids {
+		if id == "" {
+			return nil, status.Error(codes.InvalidArgument, "empty run id")
+		}
+	}
+	fp := page.Request("ListRuns", ids...)
+	tok, err := page.Decode(req.GetPageToken(), fp)
+	if err != nil {
+		return nil, err
+	}
+	var sts []*aggregate.State
+	var more bool
+	if len(ids) > 0 {
+		if tok.After != "" || tok.Offset > len(ids) {
+			return nil, page.Invalid(req.GetPageToken(), "is past the end of run_ids")
+		}
+		end := min(len(ids), tok.Offset+size)
+		sts, err = s.store.ListRuns(ids[tok.Offset:end])
+		more = end < len(ids)
+	} else {
+		sts, err = s.runsAfter(tok.After, size+1)
+		more = len(sts) > size
+		sts = sts[:min(len(sts), size)]
+	}
+	if err != nil {
+		return nil, s.storeErr(err)
+	}
+	runs := make([]*trainmeterv1.RunReport, len(sts))
+	eachOnAllCores(len(sts), func(i int) {
+		runs[i] = sts[i].Report(s.pricing)
+		s.attachPlan(runs[i])
+	})
+	first := req.GetPageToken() == ""
+	switch {
+	case tok.HasBest:
+	case len(ids) == 0 && first && !more:
+		// One page holds every run: it is its own comparison.
+		tok.Best, tok.HasBest = cost.BestPointsPerUSD(runs), true
+	case needEfficiency(runs):
+		all, err := s.store.ListRuns(nil)
+		if err != nil {
+			return nil, s.storeErr(err)
+		}
+		tok.Best, tok.HasBest = cost.BestPointsPerUSD(s.plainReports(all)), true
+	}
+	cost.SetEfficiencyBest(runs, tok.Best)
+	sizes := make([]int, len(runs))
+	eachOnAllCores(len(runs), func(i int) { sizes[i] = proto.Size(runs[i]) })
+	var b page.Budget
+	n := 0
+	for n < len(runs) && b.FitsSize(sizes[n]) {
+		n++
+	}
+	if n < len(runs) {
+		more, runs = true, runs[:n]
+	}
+	resp := &trainmeterv1.ListRunsResponse{Runs: runs}
+	if more {
+		next := page.Token{Req: fp, Best: tok.Best, HasBest: tok.HasBest && len(tok.Best) <= maxBestModels}
+		if !next.HasBest {
+			next.Best = nil
+		}
+		if len(ids) > 0 {
+			next.Offset = tok.Offset + len(runs)
+		} else {
+			next.After = runs[len(runs)-1].GetRunId()
+		}
+		resp.NextPageToken = page.Encode(next)
+	}
+	return resp, nil
 }
 
 // GetRun implements QueryService.GetRun.
@@ -158,14 +275,31 @@ func (s *Server) attachDataloaderChanges(r *trainmeterv1.RunReport) error {
 	return nil
 }
 
+// needEfficiency is whether any of reports has an efficiency score to
+// compute (accuracy and a cost).
+func needEfficiency(reports []*trainmeterv1.RunReport) bool {
+	for _, r := range reports {
+		if r.AccuracyPoints != nil && r.GetTotalCostUsd() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// plainReports is the reports of sts without their plans: what efficiency
+// scores compare.
+func (s *Server) plainReports(sts []*aggregate.State) []*trainmeterv1.RunReport {
+	out := make([]*trainmeterv1.RunReport, 0, len(sts))
+	for _, st := range sts {
+		out = append(out, st.Report(s.pricing))
+	}
+	return out
+}
+
 // setEfficiency fills efficiency_score, which compares a run with every run
 // of its model: when reports is not already every run, all runs are read.
 func (s *Server) setEfficiency(reports []*trainmeterv1.RunReport, complete bool) error {
-	need := false
-	for _, r := range reports {
-		need = need || (r.AccuracyPoints != nil && r.GetTotalCostUsd() > 0)
-	}
-	if !need {
+	if !needEfficiency(reports) {
 		return nil
 	}
 	all := reports
@@ -174,10 +308,7 @@ func (s *Server) setEfficiency(reports []*trainmeterv1.RunReport, complete bool)
 		if err != nil {
 			return s.storeErr(err)
 		}
-		all = make([]*trainmeterv1.RunReport, 0, len(sts))
-		for _, st := range sts {
-			all = append(all, st.Report(s.pricing))
-		}
+		all = s.plainReports(sts)
 	}
 	cost.SetEfficiency(reports, all)
 	return nil
@@ -199,7 +330,17 @@ func (s *Server) ExportRuns(req *trainmeterv1.ExportRunsRequest, stream grpc.Ser
 
 // ListNodes implements QueryService.ListNodes: the stored status of every
 // node, with connected (and fresher last_seen/last_seq) from the ingest server.
-func (s *Server) ListNodes(context.Context, *trainmeterv1.ListNodesRequest) (*trainmeterv1.ListNodesResponse, error) {
+// Nodes are ordered by name, a page at a time.
+func (s *Server) ListNodes(_ context.Context, req *trainmeterv1.ListNodesRequest) (*trainmeterv1.ListNodesResponse, error) {
+	size, err := page.Size(req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	fp := page.Request("ListNodes")
+	tok, err := page.Decode(req.GetPageToken(), fp)
+	if err != nil {
+		return nil, err
+	}
 	stored, err := s.store.Nodes()
 	if err != nil {
 		return nil, s.storeErr(err)
@@ -239,7 +380,19 @@ func (s *Server) ListNodes(context.Context, *trainmeterv1.ListNodesRequest) (*tr
 		out = append(out, n)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].GetNode() < out[j].GetNode() })
-	return &trainmeterv1.ListNodesResponse{Nodes: out}, nil
+	i := 0
+	if req.GetPageToken() != "" {
+		i = sort.Search(len(out), func(i int) bool { return out[i].GetNode() > tok.After })
+	}
+	resp := &trainmeterv1.ListNodesResponse{}
+	var b page.Budget
+	for ; i < len(out) && len(resp.Nodes) < size && b.Fits(out[i]); i++ {
+		resp.Nodes = append(resp.Nodes, out[i])
+	}
+	if i < len(out) {
+		resp.NextPageToken = page.Encode(page.Token{Req: fp, After: resp.Nodes[len(resp.Nodes)-1].GetNode()})
+	}
+	return resp, nil
 }
 
 // DeleteRun implements QueryService.DeleteRun (an admin RPC).

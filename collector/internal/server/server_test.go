@@ -131,7 +131,7 @@ func TestIngestAndQuery(t *testing.T) {
 		t.Errorf("ended %v model %q method %q has_cost %v", r.GetEnded(), r.GetMetadata().GetModel(), r.GetEnergyMethod(), r.GetHasCost())
 	}
 
-	// ListRuns: all, ordered by start; and by id.
+	// ListRuns: all, ordered by run id; and by id.
 	lr, err := q.ListRuns(t.Context(), &trainmeterv1.ListRunsRequest{})
 	if err != nil || len(lr.GetRuns()) != 2 || lr.GetRuns()[0].GetRunId() != "run-1" {
 		t.Fatalf("ListRuns: %v %v", lr, err)

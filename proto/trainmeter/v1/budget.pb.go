@@ -697,8 +697,20 @@ func (x *Alert) GetRunIds() []string {
 
 type ListAlertsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Empty: all kinds.
-	Kind          string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// Empty: all kinds. Alerts are ordered as the collector recorded them
+	// (by time, then id).
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// --- pagination (490-499; AIP-158) ---
+	// At most this many alerts in the response (0: 1,000; more than 1,000 is
+	// taken as 1,000). The collector may return fewer (it also ends a page
+	// before the page's encoded size passes 2 MiB), and a page may be
+	// empty while next_page_token is set: a client pages on until
+	// next_page_token is empty.
+	PageSize int32 `protobuf:"varint,490,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous response, for the page after it; empty
+	// for the first page. Opaque; it holds only for the same request (the
+	// same kind) and is refused (InvalidArgument) otherwise.
+	PageToken     string `protobuf:"bytes,491,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -740,9 +752,27 @@ func (x *ListAlertsRequest) GetKind() string {
 	return ""
 }
 
+func (x *ListAlertsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAlertsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListAlertsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Alerts        []*Alert               `protobuf:"bytes,1,rep,name=alerts,proto3" json:"alerts,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Alerts []*Alert               `protobuf:"bytes,1,rep,name=alerts,proto3" json:"alerts,omitempty"`
+	// --- pagination (490-499) ---
+	// Set when there are more alerts: pass it as page_token for the next page.
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,490,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -782,6 +812,13 @@ func (x *ListAlertsResponse) GetAlerts() []*Alert {
 		return x.Alerts
 	}
 	return nil
+}
+
+func (x *ListAlertsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type ForecastRequest struct {
@@ -1122,7 +1159,14 @@ type PlanRunRequest struct {
 	// 0: no cap.
 	MaxCostUsd float64 `protobuf:"fixed64,2,opt,name=max_cost_usd,json=maxCostUsd,proto3" json:"max_cost_usd,omitempty"`
 	// Set: estimate this run (model and tokens needed) and keep the estimate.
-	Estimate      *EstimateRequest `protobuf:"bytes,3,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	Estimate *EstimateRequest `protobuf:"bytes,3,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	// --- caps belong to their run (490-499) ---
+	// The plan's key, a secret the client chose (16 to 128 bytes, printable
+	// ASCII): the plan applies to the run only when the run's run_start
+	// presents it (RunStart.plan_key). trainmeter run sends 32 random hex
+	// digits, the same to both collectors of a pair. Empty: the collector
+	// makes one and returns it.
+	PlanKey       string `protobuf:"bytes,490,opt,name=plan_key,json=planKey,proto3" json:"plan_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1178,12 +1222,24 @@ func (x *PlanRunRequest) GetEstimate() *EstimateRequest {
 	return nil
 }
 
+func (x *PlanRunRequest) GetPlanKey() string {
+	if x != nil {
+		return x.PlanKey
+	}
+	return ""
+}
+
 type PlanRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The estimate kept with the run, unset when none was asked for or none
 	// could be made (estimate_error says why).
 	Estimate      *RunEstimate `protobuf:"bytes,1,opt,name=estimate,proto3" json:"estimate,omitempty"`
 	EstimateError string       `protobuf:"bytes,2,opt,name=estimate_error,json=estimateError,proto3" json:"estimate_error,omitempty"`
+	// --- caps belong to their run (490-499) ---
+	// The plan's key (the request's, or 128 random bits the collector made):
+	// the plan applies to the run only when the run's run_start presents it
+	// (RunStart.plan_key); trainmeter run passes it to its run_start.
+	PlanKey       string `protobuf:"bytes,490,opt,name=plan_key,json=planKey,proto3" json:"plan_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1228,6 +1284,13 @@ func (x *PlanRunResponse) GetEstimate() *RunEstimate {
 func (x *PlanRunResponse) GetEstimateError() string {
 	if x != nil {
 		return x.EstimateError
+	}
+	return ""
+}
+
+func (x *PlanRunResponse) GetPlanKey() string {
+	if x != nil {
+		return x.PlanKey
 	}
 	return ""
 }
@@ -1290,11 +1353,15 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\x12price_usd_per_hour\x18\x0f \x01(\x01R\x0fpriceUsdPerHour\x123\n" +
 	"\x16reference_usd_per_hour\x18\x10 \x01(\x01R\x13referenceUsdPerHour\x12\x16\n" +
 	"\x06change\x18\x11 \x01(\x01R\x06change\x12\x17\n" +
-	"\arun_ids\x18\x12 \x03(\tR\x06runIds\"'\n" +
+	"\arun_ids\x18\x12 \x03(\tR\x06runIds\"e\n" +
 	"\x11ListAlertsRequest\x12\x12\n" +
-	"\x04kind\x18\x01 \x01(\tR\x04kind\"B\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1c\n" +
+	"\tpage_size\x18\xea\x03 \x01(\x05R\bpageSize\x12\x1e\n" +
+	"\n" +
+	"page_token\x18\xeb\x03 \x01(\tR\tpageToken\"k\n" +
 	"\x12ListAlertsResponse\x12,\n" +
-	"\x06alerts\x18\x01 \x03(\v2\x14.trainmeter.v1.AlertR\x06alerts\"U\n" +
+	"\x06alerts\x18\x01 \x03(\v2\x14.trainmeter.v1.AlertR\x06alerts\x12'\n" +
+	"\x0fnext_page_token\x18\xea\x03 \x01(\tR\rnextPageToken\"U\n" +
 	"\x0fForecastRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04runs\x18\x02 \x01(\rR\x04runs\x12\x18\n" +
@@ -1325,15 +1392,17 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\x03gpu\x18\x03 \x01(\tR\x03gpu\x12\x12\n" +
 	"\x04gpus\x18\x04 \x01(\rR\x04gpus\"J\n" +
 	"\x10EstimateResponse\x126\n" +
-	"\bestimate\x18\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\"\x85\x01\n" +
+	"\bestimate\x18\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\"\xa1\x01\n" +
 	"\x0ePlanRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12 \n" +
 	"\fmax_cost_usd\x18\x02 \x01(\x01R\n" +
 	"maxCostUsd\x12:\n" +
-	"\bestimate\x18\x03 \x01(\v2\x1e.trainmeter.v1.EstimateRequestR\bestimate\"p\n" +
+	"\bestimate\x18\x03 \x01(\v2\x1e.trainmeter.v1.EstimateRequestR\bestimate\x12\x1a\n" +
+	"\bplan_key\x18\xea\x03 \x01(\tR\aplanKey\"\x8c\x01\n" +
 	"\x0fPlanRunResponse\x126\n" +
 	"\bestimate\x18\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\x12%\n" +
-	"\x0eestimate_error\x18\x02 \x01(\tR\restimateError2\xc5\x04\n" +
+	"\x0eestimate_error\x18\x02 \x01(\tR\restimateError\x12\x1a\n" +
+	"\bplan_key\x18\xea\x03 \x01(\tR\aplanKey2\xc5\x04\n" +
 	"\rBudgetService\x12N\n" +
 	"\tSetBudget\x12\x1f.trainmeter.v1.SetBudgetRequest\x1a .trainmeter.v1.SetBudgetResponse\x12W\n" +
 	"\fDeleteBudget\x12\".trainmeter.v1.DeleteBudgetRequest\x1a#.trainmeter.v1.DeleteBudgetResponse\x12T\n" +

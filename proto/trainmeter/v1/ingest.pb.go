@@ -2088,8 +2088,15 @@ type RunStart struct {
 	// run ended on every node only with one of the two
 	// (docs/protocol.md, "Joining a run from several nodes").
 	ResumeRequested bool `protobuf:"varint,400,opt,name=resume_requested,json=resumeRequested,proto3" json:"resume_requested,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// --- caps belong to their run (490-499) ---
+	// The plan key PlanRun returned for this run (trainmeter run --max-cost
+	// passes it in run_start's plan_key): the collector applies a run's cap
+	// and estimate only when one of the run's starts presents the key of
+	// that plan, so that a plan made by someone else for the same run id
+	// caps nothing (docs/budgets.md).
+	PlanKey       string `protobuf:"bytes,490,opt,name=plan_key,json=planKey,proto3" json:"plan_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunStart) Reset() {
@@ -2309,6 +2316,13 @@ func (x *RunStart) GetResumeRequested() bool {
 		return x.ResumeRequested
 	}
 	return false
+}
+
+func (x *RunStart) GetPlanKey() string {
+	if x != nil {
+		return x.PlanKey
+	}
+	return ""
 }
 
 type RunMetadata struct {
@@ -3418,7 +3432,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
 	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04eval\x12*\n" +
 	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectorsB\a\n" +
-	"\x05event\"\x83\b\n" +
+	"\x05event\"\x9f\b\n" +
 	"\bRunStart\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x126\n" +
@@ -3448,7 +3462,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x06resume\x18\x18 \x01(\bR\x06resume\x12\x12\n" +
 	"\x04user\x18\x19 \x01(\tR\x04user\x12'\n" +
 	"\x0fhas_num_workers\x18\xa6\x04 \x01(\bR\rhasNumWorkers\x12*\n" +
-	"\x10resume_requested\x18\x90\x03 \x01(\bR\x0fresumeRequested\x1a9\n" +
+	"\x10resume_requested\x18\x90\x03 \x01(\bR\x0fresumeRequested\x12\x1a\n" +
+	"\bplan_key\x18\xea\x03 \x01(\tR\aplanKey\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\x03\n" +

@@ -650,8 +650,20 @@ func (x *UsageResponse) GetUntil() *timestamppb.Timestamp {
 
 type ListRunsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Empty: all runs.
-	RunIds        []string `protobuf:"bytes,1,rep,name=run_ids,json=runIds,proto3" json:"run_ids,omitempty"`
+	// Empty: all runs, ordered by run id (byte order), a page at a time.
+	// Set: these runs, in this order, a page at a time.
+	RunIds []string `protobuf:"bytes,1,rep,name=run_ids,json=runIds,proto3" json:"run_ids,omitempty"`
+	// --- pagination (490-499; AIP-158) ---
+	// At most this many runs in the response (0: 1,000; more than 1,000 is
+	// taken as 1,000). The collector may return fewer (it also ends a page
+	// before the page's encoded size passes 2 MiB), and a page may be
+	// empty while next_page_token is set: a client pages on until
+	// next_page_token is empty.
+	PageSize int32 `protobuf:"varint,490,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous response, for the page after it; empty
+	// for the first page. Opaque; it holds only for the same request (the
+	// same run_ids) and is refused (InvalidArgument) otherwise.
+	PageToken     string `protobuf:"bytes,491,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -693,9 +705,27 @@ func (x *ListRunsRequest) GetRunIds() []string {
 	return nil
 }
 
+func (x *ListRunsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRunsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListRunsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Runs          []*RunReport           `protobuf:"bytes,1,rep,name=runs,proto3" json:"runs,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Runs  []*RunReport           `protobuf:"bytes,1,rep,name=runs,proto3" json:"runs,omitempty"`
+	// --- pagination (490-499) ---
+	// Set when there are more runs: pass it as page_token for the next page.
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,490,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -735,6 +765,13 @@ func (x *ListRunsResponse) GetRuns() []*RunReport {
 		return x.Runs
 	}
 	return nil
+}
+
+func (x *ListRunsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetRunRequest struct {
@@ -1015,7 +1052,19 @@ func (x *DeleteRunResponse) GetRecordsDeleted() uint64 {
 }
 
 type ListNodesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Nodes are ordered by name.
+	// --- pagination (490-499; AIP-158) ---
+	// At most this many nodes in the response (0: 1,000; more than 1,000 is
+	// taken as 1,000). The collector may return fewer (it also ends a page
+	// before the page's encoded size passes 2 MiB), and a page may be
+	// empty while next_page_token is set: a client pages on until
+	// next_page_token is empty.
+	PageSize int32 `protobuf:"varint,490,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous response, for the page after it; empty
+	// for the first page. Opaque; it holds only for the same request (the
+	// same request) and is refused (InvalidArgument) otherwise.
+	PageToken     string `protobuf:"bytes,491,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1050,9 +1099,27 @@ func (*ListNodesRequest) Descriptor() ([]byte, []int) {
 	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{15}
 }
 
+func (x *ListNodesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListNodesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListNodesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Nodes         []*NodeStatus          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Nodes []*NodeStatus          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// --- pagination (490-499) ---
+	// Set when there are more nodes: pass it as page_token for the next page.
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,490,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1092,6 +1159,13 @@ func (x *ListNodesResponse) GetNodes() []*NodeStatus {
 		return x.Nodes
 	}
 	return nil
+}
+
+func (x *ListNodesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type NodeStatus struct {
@@ -3670,11 +3744,15 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04rows\x18\x02 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
 	"\x05nodes\x18\x03 \x03(\v2\x18.trainmeter.v1.NodeUsageR\x05nodes\x120\n" +
 	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
-	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"*\n" +
+	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"h\n" +
 	"\x0fListRunsRequest\x12\x17\n" +
-	"\arun_ids\x18\x01 \x03(\tR\x06runIds\"@\n" +
+	"\arun_ids\x18\x01 \x03(\tR\x06runIds\x12\x1c\n" +
+	"\tpage_size\x18\xea\x03 \x01(\x05R\bpageSize\x12\x1e\n" +
+	"\n" +
+	"page_token\x18\xeb\x03 \x01(\tR\tpageToken\"i\n" +
 	"\x10ListRunsResponse\x12,\n" +
-	"\x04runs\x18\x01 \x03(\v2\x18.trainmeter.v1.RunReportR\x04runs\"&\n" +
+	"\x04runs\x18\x01 \x03(\v2\x18.trainmeter.v1.RunReportR\x04runs\x12'\n" +
+	"\x0fnext_page_token\x18\xea\x03 \x01(\tR\rnextPageToken\"&\n" +
 	"\rGetRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"<\n" +
 	"\x0eGetRunResponse\x12*\n" +
@@ -3687,10 +3765,14 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"<\n" +
 	"\x11DeleteRunResponse\x12'\n" +
-	"\x0frecords_deleted\x18\x01 \x01(\x04R\x0erecordsDeleted\"\x12\n" +
-	"\x10ListNodesRequest\"D\n" +
+	"\x0frecords_deleted\x18\x01 \x01(\x04R\x0erecordsDeleted\"P\n" +
+	"\x10ListNodesRequest\x12\x1c\n" +
+	"\tpage_size\x18\xea\x03 \x01(\x05R\bpageSize\x12\x1e\n" +
+	"\n" +
+	"page_token\x18\xeb\x03 \x01(\tR\tpageToken\"m\n" +
 	"\x11ListNodesResponse\x12/\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x19.trainmeter.v1.NodeStatusR\x05nodes\"\x86\x02\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x19.trainmeter.v1.NodeStatusR\x05nodes\x12'\n" +
+	"\x0fnext_page_token\x18\xea\x03 \x01(\tR\rnextPageToken\"\x86\x02\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x17\n" +

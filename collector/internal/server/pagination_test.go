@@ -1,0 +1,134 @@
+package server_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/trainmeter/trainmeter/collector/internal/server"
+	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// TestListRunsPages: ListRuns pages through every run in run id order,
+// each once, with a run added mid-listing neither repeated nor shifting
+// the pages; a token is refused (InvalidArgument, saying what to do) when
+// it is not one issued for the same request.
+func TestListRunsPages(t *testing.T) {
+	srv := start(t, server.Config{GPUPricePerHour: 2})
+	conn := tu.Dial(t, srv.Addr().String())
+	q := trainmeterv1.NewQueryServiceClient(conn)
+	a := tu.Connect(t, conn, "node-1", "boot")
+	var want []string
+	for i := range 25 {
+		id := fmt.Sprintf("run-%02d", i)
+		want = append(want, id)
+		a.MustAck(tu.Batch(uint64(i+1), float64(i), []*trainmeterv1.RunWindow{tu.Window(id, float64(i), 10, 5)}, tu.Start(id, float64(i), "m")))
+	}
+
+	var got []string
+	tok, pages := "", 0
+	for {
+		resp, err := q.ListRuns(t.Context(), &trainmeterv1.ListRunsRequest{PageSize: 10, PageToken: tok})
+		if err != nil {
+			t.Fatalf("page %d: %v", pages+1, err)
+		}
+		pages++
+		if len(resp.GetRuns()) > 10 {
+			t.Fatalf("page %d has %d runs, asked for 10", pages, len(resp.GetRuns()))
+		}
+		for _, r := range resp.GetRuns() {
+			got = append(got, r.GetRunId())
+		}
+		if pages == 1 {
+			// Added behind the cursor: not in this listing, nothing repeated.
+			a.MustAck(tu.Batch(100, 30, []*trainmeterv1.RunWindow{tu.Window("run-00a", 30, 10, 5)}, tu.Start("run-00a", 30, "m")))
+		}
+		if tok = resp.GetNextPageToken(); tok == "" {
+			break
+		}
+	}
+	if pages != 3 || strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("%d pages of %v, want 3 pages of %v", pages, got, want)
+	}
+
+	// The runs a request names page in its order.
+	ids := []string{"run-07", "run-03", "run-20", "run-00a", "run-11"}
+	got, tok = nil, ""
+	for {
+		resp, err := q.ListRuns(t.Context(), &trainmeterv1.ListRunsRequest{RunIds: ids, PageSize: 2, PageToken: tok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range resp.GetRuns() {
+			got = append(got, r.GetRunId())
+		}
+		if tok = resp.GetNextPageToken(); tok == "" {
+			break
+		}
+	}
+	if strings.Join(got, " ") != strings.Join(ids, " ") {
+		t.Fatalf("named runs paged as %v, want %v", got, ids)
+	}
+
+	first, err := q.ListRuns(t.Context(), &trainmeterv1.ListRunsRequest{PageSize: 5})
+	if err != nil || first.GetNextPageToken() == "" {
+		t.Fatalf("first page: %v, %v", first, err)
+	}
+	nodes, err := q.ListNodes(t.Context(), &trainmeterv1.ListNodesRequest{})
+	if err != nil || len(nodes.GetNodes()) != 1 || nodes.GetNextPageToken() != "" {
+		t.Fatalf("ListNodes: %v, %v", nodes, err)
+	}
+	for name, req := range map[string]*trainmeterv1.ListRunsRequest{
+		"garbage":            {PageToken: "not-a-token"},
+		"not base64 JSON":    {PageToken: "eyJ2Ijo5fQ"}, // {"v":9}
+		"for other run ids":  {RunIds: []string{"run-01"}, PageToken: first.GetNextPageToken()},
+		"negative page size": {PageSize: -1},
+	} {
+		_, err := q.ListRuns(t.Context(), req)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+			continue
+		}
+		msg := status.Convert(err).Message()
+		if !strings.Contains(msg, "page_") {
+			t.Errorf("%s: message %q does not name the page field", name, msg)
+		}
+		if strings.Contains(msg, "page_token") && !strings.Contains(msg, "next_page_token of the previous response") {
+			t.Errorf("%s: message %q does not say what to pass", name, msg)
+		}
+	}
+	// A ListRuns token is not a ListNodes token.
+	if _, err := q.ListNodes(t.Context(), &trainmeterv1.ListNodesRequest{PageToken: first.GetNextPageToken()}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("ListNodes with a ListRuns token: %v, want InvalidArgument", err)
+	}
+}
+
+// TestListNodesPages: ListNodes pages by node name.
+func TestListNodesPages(t *testing.T) {
+	srv := start(t, server.Config{GPUPricePerHour: 2})
+	conn := tu.Dial(t, srv.Addr().String())
+	q := trainmeterv1.NewQueryServiceClient(conn)
+	for _, n := range []string{"node-c", "node-a", "node-b"} {
+		a := tu.Connect(t, conn, n, "boot")
+		a.MustAck(tu.Batch(1, 0, nil))
+	}
+	var got []string
+	tok := ""
+	for i := 0; ; i++ {
+		resp, err := q.ListNodes(t.Context(), &trainmeterv1.ListNodesRequest{PageSize: 1, PageToken: tok})
+		if err != nil || len(resp.GetNodes()) != 1 {
+			t.Fatalf("page %d: %v, %v", i+1, resp, err)
+		}
+		got = append(got, resp.GetNodes()[0].GetNode())
+		if tok = resp.GetNextPageToken(); tok == "" {
+			break
+		}
+	}
+	if strings.Join(got, " ") != "node-a node-b node-c" {
+		t.Fatalf("nodes paged as %v", got)
+	}
+}
