@@ -57,7 +57,9 @@ func TestMaxCostStopsAndAlerts(t *testing.T) {
 	}
 	// A second node joining the run is told too; the alert stays one.
 	f.seq++
-	b := tu.Batch(f.seq, 3, []*trainmeterv1.RunWindow{tu.Window("capped", 3, 100, 50)})
+	join := tu.Start("capped", 3, "m") // a node sends only for runs it started
+	join.GetRunStart().PlanKey = f.keys["capped"]
+	b := tu.Batch(f.seq, 3, []*trainmeterv1.RunWindow{tu.Window("capped", 3, 100, 50)}, join)
 	if _, err := st.ApplyBatch("n2", "boot", b); err != nil {
 		t.Fatal(err)
 	}
