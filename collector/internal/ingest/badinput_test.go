@@ -37,6 +37,7 @@ func malformed(seq uint64) []struct {
 	w := func(b *trainmeterv1.Batch) *trainmeterv1.RunWindow { return b.RunWindows[0] }
 	g := func(b *trainmeterv1.Batch) *trainmeterv1.GpuWindow { return b.GpuWindows[0] }
 	add("seq 0", "seq must be > 0", func(b *trainmeterv1.Batch) { b.Seq = 0 })
+	add("seq 2^64-1", "seq 18446744073709551615 is implausibly large", func(b *trainmeterv1.Batch) { b.Seq = math.MaxUint64 })
 	add("no window_start", "window_start is missing", func(b *trainmeterv1.Batch) { b.WindowStart = nil })
 	add("invalid timestamp", "window_end", func(b *trainmeterv1.Batch) { b.WindowEnd = &timestamppb.Timestamp{Seconds: 1, Nanos: 2e9} })
 	add("window backwards", "window_end is before window_start", func(b *trainmeterv1.Batch) { b.WindowEnd = tu.TS(-1) })

@@ -340,7 +340,10 @@ func (s *Server) handle(log *slog.Logger, sender store.Sender, m *trainmeterv1.S
 	}
 	if err != nil {
 		s.counters.rejected.Add(1)
-		s.noteSeq(log, node, boot, b.GetSeq())
+		if seq := b.GetSeq(); seq > 0 && seq <= maxSeq {
+			// A seq out of range says nothing of the node's gaps.
+			s.noteSeq(log, node, boot, seq)
+		}
 		log.Warn("batch rejected", "seq", b.GetSeq(), "reason", err.Error())
 		return reject(b.GetSeq(), err.Error()), nil
 	}

@@ -62,11 +62,20 @@ func validateHello(h *trainmeterv1.Hello) error {
 	return batchcheck.ID("hello.boot_id", h.GetBootId())
 }
 
+// maxSeq is the largest batch seq the collector takes.
+const maxSeq = 1 << 53
+
 // ValidateBatch checks a batch before anything of it is stored. The error
 // text is what the agent gets in the Reject.
 func ValidateBatch(b *trainmeterv1.Batch) error {
 	if b.GetSeq() == 0 {
 		return fmt.Errorf("seq must be > 0")
+	}
+	// An agent counts seqs up from 1, one per batch (a second each): 2^53 is
+	// hundreds of millions of years away, and a seq near 2^64 can only come
+	// from a broken or hostile sender (seq+1 would wrap).
+	if b.GetSeq() > maxSeq {
+		return fmt.Errorf("seq %d is implausibly large (> 2^53)", b.GetSeq())
 	}
 	if err := batchcheck.Time("window_start", b.GetWindowStart()); err != nil {
 		return err
