@@ -322,6 +322,9 @@ type State struct {
 	// RefusedStarts are the starts the collector refused, by node
 	// (membership.go). None of the figures reads them.
 	RefusedStarts map[string]RefusedStart `json:"refused_starts,omitempty"`
+	// EndedSeenAt is when the collector first held the run ended on every
+	// node (Unix ns, its own clock; 0 while live): bounds late joins.
+	EndedSeenAt int64 `json:"ended_seen_at,omitempty"`
 
 	// Bookkeeping for the store (codec.go), not part of the figures:
 	// whether the node states are stored apart, and which changed since

@@ -234,6 +234,7 @@ func (s *State) toProto(withNodes bool) *storev1.Aggregate {
 		HasHostDram:     s.HasHostDRAM,
 		HostSplits:      s.HostSplits,
 	}
+	a.EndedSeenAt = s.EndedSeenAt
 	if len(s.RefusedStarts) > 0 {
 		a.RefusedStarts = make(map[string]*storev1.RefusedStart, len(s.RefusedStarts))
 		for node, r := range s.RefusedStarts {
@@ -363,6 +364,7 @@ func (s *State) fromProto(a *storev1.Aggregate) {
 		HasHostDRAM:     a.GetHasHostDram(),
 		HostSplits:      a.GetHostSplits(),
 	}
+	s.EndedSeenAt = a.GetEndedSeenAt()
 	if len(a.GetRefusedStarts()) > 0 {
 		s.RefusedStarts = make(map[string]RefusedStart, len(a.GetRefusedStarts()))
 		for node, r := range a.GetRefusedStarts() {

@@ -28,6 +28,12 @@ import (
 // (RunStart.resume or resume_requested); otherwise it is refused, and the
 // node's records of the run from that start on are dropped (Keeps) until
 // the node sends a start that is accepted.
+//
+// A start dated at or before the end that arrives after it joins from a
+// node that took part, and from another node only within LateJoinGrace of
+// the collector first holding the run ended everywhere (EndedSeenAt): long
+// enough for a rank whose batch was in flight, too short for a node to date
+// a start back and write into a run that ended long ago.
 
 // Admission is what a RunStart does to a run.
 type Admission int
@@ -63,9 +69,9 @@ func (a Admission) String() string {
 // records a refusal (RefusedStarts); an accepted start from a node clears
 // that node's refusal. It does not fold ev: the caller calls AddStart for
 // an accepted one.
-func (s *State) Admit(node string, ev *trainmeterv1.RunStart) Admission {
+func (s *State) Admit(node string, ev *trainmeterv1.RunStart, now time.Time) Admission {
 	t := nanos(ev.GetTime())
-	a := s.admission(node, t, ev.GetResume() || ev.GetResumeRequested())
+	a := s.admission(node, t, ev.GetResume() || ev.GetResumeRequested(), now)
 	if a == AdmitRefused {
 		if s.RefusedStarts == nil {
 			s.RefusedStarts = map[string]RefusedStart{}
@@ -92,12 +98,24 @@ type RefusedStart struct {
 	Latest int64 `json:"latest"`
 }
 
-func (s *State) admission(node string, t int64, resume bool) Admission {
+// LateJoinGrace is how long after the collector first holds a run ended on
+// every node a start dated before that end still joins from a node that
+// had not started it.
+const LateJoinGrace = 30 * time.Second
+
+func (s *State) admission(node string, t int64, resume bool, now time.Time) Admission {
 	if !s.StartedAnywhere() {
 		return AdmitNew
 	}
-	if !s.Ended() || (t <= s.endNanos() && s.StartedOn(node)) {
+	if !s.Ended() {
 		return AdmitJoin
+	}
+	if t <= s.endNanos() {
+		// EndedSeenAt 0: the end was folded in this commit, not stamped yet.
+		inFlight := s.EndedSeenAt == 0 || now.UnixNano()-s.EndedSeenAt <= int64(LateJoinGrace)
+		if s.StartedOn(node) || inFlight {
+			return AdmitJoin
+		}
 	}
 	if resume {
 		return AdmitResume
@@ -170,8 +188,19 @@ func (s *State) RefusalReason() string {
 
 // Admission is what ev, a RunStart, would do to the run, without recording
 // anything (Admit records).
-func (s *State) Admission(node string, ev *trainmeterv1.RunStart) Admission {
-	return s.admission(node, nanos(ev.GetTime()), ev.GetResume() || ev.GetResumeRequested())
+func (s *State) Admission(node string, ev *trainmeterv1.RunStart, now time.Time) Admission {
+	return s.admission(node, nanos(ev.GetTime()), ev.GetResume() || ev.GetResumeRequested(), now)
+}
+
+// NoteEnded keeps when the collector first held the run ended on every node
+// (now, its own clock), or clears it while the run is live again.
+func (s *State) NoteEnded(now time.Time) {
+	switch {
+	case !s.Ended():
+		s.EndedSeenAt = 0
+	case s.EndedSeenAt == 0:
+		s.EndedSeenAt = now.UnixNano()
+	}
 }
 
 // EndedOn returns the latest end of the run on node (Unix ns) when the run

@@ -3,30 +3,39 @@ package aggregate
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // The admission rule: a start joins while the run is live on some node, or
 // when it is timestamped at or before the run's end and comes from a node
-// that took part in the run; after every node
+// that took part in the run, or arrives within LateJoinGrace of the
+// collector holding the run ended (a rank whose batch was in flight); after every node
 // ended, it is refused unless it asks to resume; an accepted start from a
 // refused node lifts its refusal.
 func TestAdmitJoinsWhileLiveAndRefusesAfterTheEnd(t *testing.T) {
 	s := New("r")
-	if a := s.Admit("a", start("a", 0, "m", 0).s); a != AdmitNew {
+	var live time.Time // while live, the arrival time does not matter
+	if a := s.Admit("a", start("a", 0, "m", 0).s, live); a != AdmitNew {
 		t.Fatalf("first start: %v", a)
 	}
 	s.AddStart("a", start("a", 0, "m", 0).s)
-	if a := s.Admit("b", start("b", 2, "m", 0).s); a != AdmitJoin {
+	if a := s.Admit("b", start("b", 2, "m", 0).s, live); a != AdmitJoin {
 		t.Fatalf("a second node while live: %v", a)
 	}
 	s.AddEnd("a", endWith("a", 10, "ok").e)
-	if a := s.Admission("c", start("c", 9, "m", 0).s); a != AdmitRefused {
-		t.Fatalf("a start from before the end, arriving after it, from a node that never started the run: %v", a)
+	seen := time.Unix(0, s.endNanos()).Add(time.Second)
+	s.NoteEnded(seen)
+	late := seen.Add(LateJoinGrace + time.Second)
+	if a := s.Admission("c", start("c", 9, "m", 0).s, seen.Add(LateJoinGrace)); a != AdmitJoin {
+		t.Fatalf("a start from before the end, arriving within the grace after it, from a node that never started the run: %v", a)
 	}
-	if a := s.Admit("a", start("a", 9, "m", 0).s); a != AdmitJoin {
+	if a := s.Admission("c", start("c", 9, "m", 0).s, late); a != AdmitRefused {
+		t.Fatalf("a start from before the end, arriving past the grace, from a node that never started the run: %v", a)
+	}
+	if a := s.Admit("a", start("a", 9, "m", 0).s, late); a != AdmitJoin {
 		t.Fatalf("a start from before the end, arriving after it, from a node of the run: %v", a)
 	}
-	if a := s.Admit("b", start("b", 10.5, "m", 0).s); a != AdmitRefused {
+	if a := s.Admit("b", start("b", 10.5, "m", 0).s, seen); a != AdmitRefused {
 		t.Fatalf("a start after every node ended: %v", a)
 	}
 	r, ok := s.RefusedOn("b")
@@ -35,7 +44,7 @@ func TestAdmitJoinsWhileLiveAndRefusesAfterTheEnd(t *testing.T) {
 	}
 	// A second refused attempt: records still dropped from the first, the
 	// agent told of the latest.
-	if a := s.Admit("b", start("b", 20, "m", 0).s); a != AdmitRefused {
+	if a := s.Admit("b", start("b", 20, "m", 0).s, late); a != AdmitRefused {
 		t.Fatalf("a second start after the end: %v", a)
 	}
 	if r2, _ := s.RefusedOn("b"); r2.First != r.First || r2.Latest != nanos(start("b", 20, "m", 0).s.GetTime()) {
@@ -64,7 +73,7 @@ func TestAdmitJoinsWhileLiveAndRefusesAfterTheEnd(t *testing.T) {
 	}
 	resumed := start("b", 30, "m", 0)
 	resumed.s.ResumeRequested = true
-	if a := s.Admit("b", resumed.s); a != AdmitResume {
+	if a := s.Admit("b", resumed.s, late); a != AdmitResume {
 		t.Fatalf("a resume from another node: %v", a)
 	}
 	if _, ok := s.RefusedOn("b"); ok {

@@ -81,7 +81,7 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node st
 			wasLive := g.liveOn(node, id)
 			a := aggregate.AdmitNew
 			if st != nil {
-				a = st.Admission(node, ev.RunStart)
+				a = st.Admission(node, ev.RunStart, g.now)
 			}
 			if !wasLive && a != aggregate.AdmitRefused && !started[id] {
 				if why := g.capRefusal(node, id, a == aggregate.AdmitNew); why != "" {
@@ -94,7 +94,7 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node st
 			if st, err = g.get(txn, id); err != nil {
 				return nil, nil, nil, err
 			}
-			if st.Admit(node, ev.RunStart) == aggregate.AdmitRefused {
+			if st.Admit(node, ev.RunStart, g.now) == aggregate.AdmitRefused {
 				s.log.Warn("run_start refused: the run had ended on every node", "run_id", id, "node", node,
 					"start", ev.RunStart.GetTime().AsTime())
 				refuse(st)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -179,7 +180,9 @@ func TestResumeOnAnotherNodeIsAccepted(t *testing.T) {
 // the run is live on box1; and a start timestamped before the run's end
 // joins even when its batch arrives after box1's end (it was in flight).
 func TestRanksStartingApartOnTwoNodesJoinOneRun(t *testing.T) {
-	s, err := Open(t.TempDir(), Options{Logger: quiet(), Now: func() time.Time { return t0.Add(time.Minute) }})
+	var now atomic.Int64 // the collector's clock
+	now.Store(t0.Add(time.Minute).UnixNano())
+	s, err := Open(t.TempDir(), Options{Logger: quiet(), Now: func() time.Time { return time.Unix(0, now.Load()) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,14 +214,26 @@ func TestRanksStartingApartOnTwoNodesJoinOneRun(t *testing.T) {
 			r.GetNodes(), r.GetTokensProcessed(), r.GetEnded(), r.GetResumes())
 	}
 
-	// box3's start dated 5 s arrives after the run ended at 10 s on
-	// box1, the only node that took part: refused (a node cannot join an
-	// ended run by dating its start back), the run unchanged.
+	// box3's start dated 5 s arrives after the run ended at 10 s on box1,
+	// within aggregate.LateJoinGrace of the collector seeing that end: a
+	// rank whose batch was in flight joins.
 	runOn(t, s, "box1", 100, "k", 0, 10, 100, nil)
+	now.Add(int64(aggregate.LateJoinGrace - time.Second))
 	runOn(t, s, "box3", 1, "k", 5, 10, 100, nil)
 	st, _ = s.GetRun("k")
+	if r := st.Report(aggregate.Pricing{}); r.GetNodes() != 2 || r.GetTokensProcessed() != 1500 || r.GetResumes() != 0 {
+		t.Fatalf("a start from before the end, arriving within the grace, from another node: nodes %d tokens %d resumes %d; want 2, 1500, 0",
+			r.GetNodes(), r.GetTokensProcessed(), r.GetResumes())
+	}
+
+	// box4's start dated 5 s arrives past the grace: refused (a node cannot
+	// join an ended run by dating its start back), the run unchanged.
+	runOn(t, s, "box1", 200, "m", 0, 10, 100, nil)
+	now.Add(int64(aggregate.LateJoinGrace + time.Second))
+	runOn(t, s, "box4", 1, "m", 5, 10, 100, nil)
+	st, _ = s.GetRun("m")
 	if r := st.Report(aggregate.Pricing{}); r.GetNodes() != 1 || r.GetTokensProcessed() != 1000 || r.GetResumes() != 0 {
-		t.Fatalf("a start from before the end, arriving after it, from another node: nodes %d tokens %d resumes %d; want 1, 1000, 0",
+		t.Fatalf("a start from before the end, arriving past the grace, from another node: nodes %d tokens %d resumes %d; want 1, 1000, 0",
 			r.GetNodes(), r.GetTokensProcessed(), r.GetResumes())
 	}
 }

@@ -644,6 +644,9 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 			aggs[ev.GetRunId()].AddEnd(node, ev)
 		}
 	}
+	for _, st := range aggs {
+		st.NoteEnded(g.now)
+	}
 	// Data the agent's spool dropped. A record with a seq is one batch the
 	// agent sent but never saw acked: if it was applied after all, nothing
 	// of it was lost.

@@ -144,6 +144,10 @@ type Aggregate struct {
 	// they did not ask to resume), by node. The node's records of the run
 	// from the first on are dropped, until it sends a start that is accepted.
 	RefusedStarts map[string]*RefusedStart `protobuf:"bytes,400,rep,name=refused_starts,json=refusedStarts,proto3" json:"refused_starts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// When the collector first held the run ended on every node (Unix ns, its
+	// own clock; 0 while live): a late join from a node that had not started
+	// the run is accepted only within aggregate.LateJoinGrace of it.
+	EndedSeenAt   int64 `protobuf:"varint,401,opt,name=ended_seen_at,json=endedSeenAt,proto3" json:"ended_seen_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -794,6 +798,13 @@ func (x *Aggregate) GetRefusedStarts() map[string]*RefusedStart {
 	return nil
 }
 
+func (x *Aggregate) GetEndedSeenAt() int64 {
+	if x != nil {
+		return x.EndedSeenAt
+	}
+	return 0
+}
+
 // RefusedStart is a node's refused starts of a run: the RunStart.time (Unix
 // ns) of the first, from which its records are dropped, and of the latest,
 // the start its agent's run has now.
@@ -1434,7 +1445,7 @@ var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\x9c \n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xc1 \n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
@@ -1544,7 +1555,8 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x0ereprice_reason\x18\xa9\x03 \x01(\tR\rrepriceReason\x12'\n" +
 	"\x0fmeasured_span_s\x18\xae\x03 \x01(\x01R\rmeasuredSpanS\x12)\n" +
 	"\x10uncovered_span_s\x18\xaf\x03 \x01(\x01R\x0euncoveredSpanS\x12Y\n" +
-	"\x0erefused_starts\x18\x90\x03 \x03(\v21.trainmeter.store.v1.Aggregate.RefusedStartsEntryR\rrefusedStarts\x1aS\n" +
+	"\x0erefused_starts\x18\x90\x03 \x03(\v21.trainmeter.store.v1.Aggregate.RefusedStartsEntryR\rrefusedStarts\x12#\n" +
+	"\rended_seen_at\x18\x91\x03 \x01(\x03R\vendedSeenAt\x1aS\n" +
 	"\n" +
 	"NodesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
