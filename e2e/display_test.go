@@ -152,8 +152,8 @@ func TestRunShorterThanTheWarmupShowsItsPower(t *testing.T) {
 		t.Errorf("runs ENERGY kJ %v, want the whole run's %.3f (after warmup: %.3f)", got, total, measured)
 	}
 	// A run of a fraction of a cent: each cost line is its own figure
-	// rounded (they were back-solved to fit the total), and the total says
-	// "rounded" when the lines shown do not add up to it.
+	// rounded, and the total says "rounded" when the lines shown do not add
+	// up to it.
 	rep := c.cli("report", "sim3")
 	// Against report --json's full figures: the CSV's 6 decimals are too
 	// few to round a figure of 1e-4 dollars to two significant digits.

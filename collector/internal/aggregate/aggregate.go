@@ -1034,7 +1034,8 @@ func (s *State) hostEnergy(r *trainmeterv1.RunReport) {
 }
 
 // priceCompute sets cost_usd (GPU-hours × price) and where the price came
-// from, at p's prices now: for a run with no GPU time booked (bookedCompute). Each node's GPU-seconds are priced at that node's price (the
+// from, at p's prices now: for a run with no GPU time booked (bookedCompute).
+// Each node's GPU-seconds are priced at that node's price (the
 // run_start price for all, else the node's configured price, else the
 // catalog's, else the default); GPU-seconds folded before the aggregate kept
 // them per node are priced at the starting node's. A run with any GPU-time

@@ -59,7 +59,7 @@ func (s *Store) newDeletion(id string) (deletion, error) {
 }
 
 // A tombstone's value is "<deleted at, Unix ns> <deletion id> <price> <GPU
-// name>"; earlier versions wrote the time alone.
+// name>".
 func (d deletion) tombstone(at int64) []byte {
 	return []byte(strconv.FormatInt(at, 10) + " " + strconv.FormatUint(d.id, 10) + " " +
 		strconv.FormatFloat(d.price, 'g', -1, 64) + " " + d.gpuName)
@@ -67,15 +67,16 @@ func (d deletion) tombstone(at int64) []byte {
 
 func parseTombstone(v string) (at int64, d deletion, ok bool) {
 	f := strings.SplitN(v, " ", 4)
+	if len(f) != 4 {
+		return 0, d, false
+	}
 	at, err := strconv.ParseInt(f[0], 10, 64)
 	if err != nil {
 		return 0, d, false
 	}
-	if len(f) == 4 {
-		d.id, _ = strconv.ParseUint(f[1], 10, 64)
-		d.price, _ = strconv.ParseFloat(f[2], 64)
-		d.gpuName = f[3]
-	}
+	d.id, _ = strconv.ParseUint(f[1], 10, 64)
+	d.price, _ = strconv.ParseFloat(f[2], 64)
+	d.gpuName = f[3]
 	return at, d, true
 }
 
