@@ -19,7 +19,7 @@ import (
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// Scenario tests of issue 5 (docs/recommendations.md), through the real
+// Scenario tests of the advice (docs/recommendations.md), through the real
 // binaries: replay GPU traces set the GPU utilisation, a host replay trace
 // (--host-replay) sets the host RAM and CPU count, and a scripted trainer
 // speaks the socket protocol and reads the advice lines back.

@@ -270,7 +270,7 @@ func TestStopBudgetStopsTrainer(t *testing.T) {
 	if r.TotalCostUsd < 0.2 || r.Labels["team"] != "e2e-stop" {
 		t.Errorf("run cost %v labels %v", r.TotalCostUsd, r.Labels)
 	}
-	// Issue 15 item 2: the stop is the run's end status.
+	// The stop is the run's end status.
 	if r.EndStatus != "stopped: budget" || c.csvRow("s1")["end_status"] != "stopped: budget" {
 		t.Errorf("end status %q, want stopped: budget", r.EndStatus)
 	}

@@ -41,7 +41,7 @@ func TestVersionFlags(t *testing.T) {
 
 // TestCLIErrorsSayWhatToDo: each mistake of a first hour with the CLI
 // exits 1 with an error that says what to type instead, through the real
-// binary (export json used to print the help and exit 0).
+// binary (never the help with exit 0, which a script takes for success).
 func TestCLIErrorsSayWhatToDo(t *testing.T) {
 	c := startCollector(t) // no price provider
 	env := []string{"TRAINMETER_COLLECTOR=" + c.addr}

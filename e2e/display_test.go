@@ -15,8 +15,7 @@ import (
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// Issue 15, items 3-6: what the figures shown mean, through the real
-// binaries.
+// What the figures shown mean, through the real binaries.
 
 // TestEpochTableCountsEachEpochsSteps: 20 steps per epoch, the evals falling
 // inside a second (an epoch lasts 0.6 s), must show 20 per epoch and the
@@ -137,8 +136,8 @@ func TestRunShorterThanTheWarmupShowsItsPower(t *testing.T) {
 			row["tok_per_s"], row["J_per_token"], row["warmup_s"])
 	}
 
-	// `runs` ENERGY is the whole run, as `summary`'s energy is (it was the
-	// after-warmup energy under the same word), and its header says so.
+	// `runs` ENERGY is the whole run, as `summary`'s energy is (one word,
+	// one quantity: not the after-warmup energy), and its header says so.
 	runs = c.cli("runs")
 	if !strings.Contains(runs, "ENERGY kJ") || !strings.Contains(runs, "whole run, all GPUs") || !strings.Contains(runs, "VRAM PEAK MiB") {
 		t.Errorf("runs header does not name ENERGY's scope and unit:\n%s", runs)

@@ -51,7 +51,7 @@ func (c *cluster) getRun(id string) *trainmeterv1.RunReport {
 	return resp.GetRun()
 }
 
-// TestReusedRunIDRefusedAndResumed (issue 15 item 1): the README snippet run
+// TestReusedRunIDRefusedAndResumed: the README snippet run
 // a second time is refused with an error that names both ways on, and
 // changes nothing; resume=True continues the run, and the pause between its
 // end and the resume counts in no rate. `trainmeter run` on an ended run id
@@ -151,7 +151,7 @@ with trainmeter.start(run_id=sys.argv[1], socket_path=sys.argv[2], warmup_s=0) a
     raise RuntimeError("loss is NaN")
 `
 
-// TestEndStatusShown (issue 15 item 2): how each run ended is stored and
+// TestEndStatusShown: how each run ended is stored and
 // shown in runs, report, report --json and the CSV.
 func TestEndStatusShown(t *testing.T) {
 	t.Parallel()
@@ -210,12 +210,11 @@ func lineHas(out, id, status string) bool {
 	return false
 }
 
-// TestDeleteLiveRun (issue 15 item 9): delete-run refuses a run that is
-// still running; --force deletes it, and the batches its agent sends
-// afterwards do not bring it back (before: a zombie without metadata,
-// running for ever). The deleted runs' usage stays: usage --by node's rows
-// (runs, idle, deleted) still add up to the node in GPU-seconds, joules and
-// dollars (before: short by the deleted runs').
+// TestDeleteLiveRun: delete-run refuses a run that is still running;
+// --force deletes it, and the batches its agent sends afterwards do not
+// bring it back (no run without metadata that runs for ever). The deleted
+// runs' usage stays: usage --by node's rows (runs, idle, deleted) still add
+// up to the node in GPU-seconds, joules and dollars, deleted runs included.
 func TestDeleteLiveRun(t *testing.T) {
 	t.Parallel()
 	c := startCollector(t, "--gpu-price-per-hour", "3.6", "--energy-price-kwh", "0.2")

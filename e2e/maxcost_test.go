@@ -83,7 +83,7 @@ gpus:
 	if r.GetWallS() > 30 {
 		t.Errorf("capped run went on for %v s: not stopped", r.GetWallS())
 	}
-	// Issue 15 item 2: the cap is the run's end status.
+	// The cap is the run's end status.
 	if r.GetEndStatus() != "stopped: max-cost" {
 		t.Errorf("capped run: end status %q, want stopped: max-cost", r.GetEndStatus())
 	}

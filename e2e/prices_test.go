@@ -57,7 +57,7 @@ func newFakePriceAPI(t *testing.T, fixture string, want func(*http.Request) bool
 	return f
 }
 
-// TestPricesFromSeveralProviders (issue 23 item 1): one collector fetches
+// TestPricesFromSeveralProviders: one collector fetches
 // from Lambda (rate-limited once), RunPod and Azure (two pages) — local
 // servers answering each API's documented shape — while vast.ai cannot be
 // reached. The catalog holds every answering provider's offers with

@@ -7,7 +7,7 @@
 // sends one small batch a second and gets one small ack back, so each was
 // followed by a PING and its answer and a window update: three frames and
 // two more wakeups of each process where one frame is needed
-// (docs/benchmarks.md, "Issue 21"). Fixed windows turn the estimation off.
+// (docs/benchmarks.md, appendix, "Third round"). Fixed windows turn the estimation off.
 package flowcontrol
 
 import "google.golang.org/grpc"

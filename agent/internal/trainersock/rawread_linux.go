@@ -17,7 +17,7 @@ import (
 // wakes the runtime's sysmon thread when the process was idle and resets it
 // to 20 µs polling, so each trainer step (one line, one read and one read
 // that finds nothing) cost the agent ~14 context switches instead of ~2
-// (docs/benchmarks.md, "Issue 21"). A read of a non-blocking socket never
+// (docs/benchmarks.md, appendix, "Third round"). A read of a non-blocking socket never
 // blocks, which is the case syscall.RawSyscall is for; RawConn.Read still
 // parks the goroutine on the netpoller when there is nothing to read, and
 // still honours Close and deadlines.

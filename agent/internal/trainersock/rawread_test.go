@@ -18,7 +18,7 @@ import (
 // Reading a trainer's lines must not go through the Go runtime's system
 // call path: every such call wakes the runtime's sysmon thread on an idle
 // agent and sets it polling every 20 µs, which made each trainer step cost
-// the agent ~14 context switches (docs/benchmarks.md, "Issue 21"). The
+// the agent ~14 context switches (docs/benchmarks.md, appendix, "Third round"). The
 // execution tracer records every goroutine that enters that path
 // (GoRunning → GoSyscall) with its stack; the reader goroutine must never
 // appear there, one line at a time or many at once.
