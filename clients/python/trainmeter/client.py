@@ -6,9 +6,11 @@ a Unix stream socket (docs/protocol.md in the trainmeter repository).
 
 Guarantees:
 
-* Nothing in the public API blocks on I/O or raises into the training loop.
-  ``step()`` / ``eval()`` build a small dict and ``put_nowait`` it on a bounded
-  queue; all socket work happens on one daemon thread.
+* Nothing in the public API blocks on I/O or raises into the training loop;
+  ``start()`` raises only for a programming error (an unknown keyword, a bad
+  label). ``step()`` / ``eval()`` build a small dict and ``put_nowait`` it on a
+  bounded queue; all socket work happens on one daemon thread, which sleeps
+  until there is work.
 * If the agent is absent, restarting, or not reading, events are dropped and
   counted (``Run.stats()``), never buffered without bound. An agent that cannot
   be reached at the first try, or that answers run_start with an error, gets one
