@@ -52,7 +52,7 @@ for i in range(1, 21):
     if control.should_log:
         call("on_log", logs={"loss": round(3.0 - 0.1 * i, 4), "learning_rate": 1e-4})
 call("on_train_end")
-print("errors", cb.run.stats()["errors_from_agent"])
+print("errors", cb.run.stats().errors_from_agent)
 `
 
 // TestHFCallbackFillsFLOPsAndLoss: the HF callback's run has the model's

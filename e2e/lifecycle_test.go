@@ -27,7 +27,7 @@ for step in range(1, steps + 1):
     time.sleep(0.05)
     run.step(step=step, tokens=1000, data_wait_s=0.01, compute_s=0.04, loss=1.0)
 run.end()
-print(json.dumps([e.get("error", "") for e in run.errors()]))
+print(json.dumps([e.error for e in run.errors()]))
 `
 
 func runPython(t *testing.T, script string, args ...string) (string, error) {

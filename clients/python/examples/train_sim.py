@@ -23,13 +23,7 @@ except ImportError:  # run from a checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import trainmeter
 
-
-# run_start keys this script sets itself (a --label cannot override them).
-_OWN_KEYS = {
-    "run_id", "socket_path", "model", "dataset", "backend", "optimizer", "batch_size", "grad_accum", "seq_len",
-    "precision", "seed", "notes", "warmup_s", "gpus", "num_workers", "prefetch_factor", "planned_steps",
-    "gpu_price_per_hour", "budget_scope", "event",
-}
+from trainmeter.metadata import METADATA_KEYS, PROTOCOL_KEYS  # noqa: E402
 
 
 def parse_gpus(s):
@@ -68,15 +62,15 @@ def main(argv=None):
     p.add_argument("--prefetch-factor", type=int, default=None)
     p.add_argument("--budget-scope", default=None, help="the budget this run counts against (see docs/budgets.md)")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra run_start key, e.g. team=nlp (a label budgets can match); repeatable")
+                   help="a label of the run, e.g. team=nlp (budgets can match labels); repeatable")
     args = p.parse_args(argv)
     labels = {}
     for kv in args.label:
         k, sep, v = kv.partition("=")
         if not sep or not k:
             p.error("--label %r: want KEY=VALUE" % kv)
-        if k in _OWN_KEYS:
-            p.error("--label %s: %s is a run_start key of its own; use its option" % (kv, k))
+        if k in METADATA_KEYS or k in PROTOCOL_KEYS:
+            p.error("--label %s: %s is a run_start field, not a label" % (kv, k))
         labels[k] = v
 
     step_time = max(1e-4, args.step_time)
@@ -110,7 +104,7 @@ def main(argv=None):
         planned_steps=planned_steps,
         gpu_price_per_hour=args.gpu_price_per_hour,
         budget_scope=args.budget_scope,
-        **labels
+        labels=labels,
     )
 
     steps = 0
@@ -153,7 +147,7 @@ def main(argv=None):
                     last_advice = adv
                     print(
                         "train_sim: advice: num_workers=%s prefetch_factor=%s (%s)"
-                        % (adv.get("num_workers"), adv.get("prefetch_factor"), adv.get("reason", "")),
+                        % (adv.num_workers, adv.prefetch_factor, adv.reason),
                         flush=True,
                     )
         else:
@@ -172,9 +166,9 @@ def main(argv=None):
             steps,
             tokens,
             time.monotonic() - t0,
-            st["sent"],
-            st["dropped"],
-            st["errors_from_agent"],
+            st.sent,
+            st.dropped,
+            st.errors_from_agent,
             (" stopped=%r" % stopped) if stopped else "",
         ),
         flush=True,

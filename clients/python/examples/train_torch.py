@@ -172,7 +172,7 @@ def main(argv=None):
         # epoch boundaries: it holds a change until one (docs/recommendations.md).
         planned_epochs=args.epochs,
         adjustment_interval=args.adjustment_interval,
-        torch_version=torch.__version__,
+        labels={"torch_version": torch.__version__},
     ) as run:
         step = tokens_total = 0
         data_wait_total = compute_total = 0.0
@@ -227,7 +227,7 @@ def main(argv=None):
         dist.destroy_process_group()
     # Whole run, this rank: what it reported (tokens; the loader's data wait and compute, s).
     print("train_torch: rank=%d steps=%d tokens=%d data_wait_s=%.6f compute_s=%.6f run=%s sent=%d dropped=%d"
-          % (rank, step, tokens_total, data_wait_total, compute_total, run.run_id, st["sent"], st["dropped"]),
+          % (rank, step, tokens_total, data_wait_total, compute_total, run.run_id, st.sent, st.dropped),
           flush=True)
     return 0
 

@@ -1,10 +1,13 @@
+import inspect
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from unittest import mock
@@ -18,6 +21,7 @@ if HERE not in sys.path:
 
 import trainmeter  # noqa: E402
 from fakeagent import FakeAgent, strict_loads  # noqa: E402
+from trainmeter.metadata import METADATA_KEYS, PROTOCOL_KEYS  # noqa: E402
 
 ENV_KEYS = ("TRAINMETER_SOCKET", "TRAINMETER_RUN_ID", "CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -112,9 +116,9 @@ class TestProtocol(Base):
             ],
         )
         st = run.stats()
-        self.assertEqual(st["sent"], 4)
-        self.assertEqual(st["dropped"], 0)
-        self.assertEqual(st["reconnects"], 0)
+        self.assertEqual(st.sent, 4)
+        self.assertEqual(st.dropped, 0)
+        self.assertEqual(st.reconnects, 0)
 
     def test_many_steps_tokens_add_up(self):
         a = self.agent()
@@ -129,7 +133,7 @@ class TestProtocol(Base):
         self.assertEqual(sum(e["tokens"] for e in steps), 50000)
         self.assertEqual(evs[0]["event"], "run_start")
         self.assertEqual(evs[-1], {"event": "run_end", "run_id": "r2"})
-        self.assertEqual(run.stats()["sent"], 502)
+        self.assertEqual(run.stats().sent, 502)
 
     def test_none_values_not_sent_and_extras(self):
         a = self.agent()
@@ -156,7 +160,7 @@ class TestProtocol(Base):
         evs = a.events(0)
         self.assertEqual(evs[1], {"event": "step", "run_id": "r4", "step": 1, "tokens": 10, "tokens_total": 10, "data_wait_s": 0.1})
         self.assertEqual(evs[2], {"event": "eval", "run_id": "r4", "epoch": 1, "accuracy": 0.5})
-        self.assertEqual(run.stats()["nonfinite_dropped"], 3)
+        self.assertEqual(run.stats().nonfinite_dropped, 3)
 
     def test_numpy_like_and_unserialisable_values_do_not_raise(self):
         class Scalar:  # stands in for a 0-d tensor / numpy scalar
@@ -279,9 +283,9 @@ class TestNeverBlocks(Base):
         self.assertLess(t_steps, 0.9)
         self.assertLess(t_all, 0.9)
         st = run.stats()
-        self.assertEqual(st["sent"], 0)
-        self.assertEqual(st["dropped"], 1002)  # 1000 steps + eval + run_end
-        self.assertFalse(st["connected"])
+        self.assertEqual(st.sent, 0)
+        self.assertEqual(st.dropped, 1002)  # 1000 steps + eval + run_end
+        self.assertFalse(st.connected)
 
     def test_agent_absent_default_backoff_end_is_fast(self):
         # With the default 1-5 s backoff, end() must still return at once.
@@ -302,9 +306,9 @@ class TestNeverBlocks(Base):
         self.assertLess(time.monotonic() - t0, 0.9)  # the 5 s backoff never reached step()
         run.end(timeout=0.3)
         st = run.stats()
-        self.assertEqual(st["sent"], 0)
-        self.assertGreater(st["dropped_queue_full"], 0)
-        self.assertEqual(st["dropped"], 5001)
+        self.assertEqual(st.sent, 0)
+        self.assertGreater(st.dropped_queue_full, 0)
+        self.assertEqual(st.dropped, 5001)
 
     def test_agent_never_reads(self):
         a = self.agent(read=False)
@@ -327,10 +331,10 @@ class TestNeverBlocks(Base):
         run.end()
         self.assertLess(time.monotonic() - t1, 3.0)  # end_timeout is 0.5 s; a wedge would be forever
         st = run.stats()
-        self.assertGreater(st["dropped"], 0)
-        self.assertGreaterEqual(st["connects"], 1)
+        self.assertGreater(st.dropped, 0)
+        self.assertGreaterEqual(st.connects, 1)
         # the send timeout made it give up on the wedged connection and reconnect
-        self.assertGreaterEqual(st["reconnects"], 1)
+        self.assertGreaterEqual(st.reconnects, 1)
         self.assertTrue(a.wait_conns(2))
 
 
@@ -349,9 +353,9 @@ class TestAgentToClient(Base):
         # advice / stop for another run on the same connection are ignored
         a.send({"event": "stop", "run_id": "other", "reason": "not me"})
         self.assertTrue(wait_until(lambda: run.advice() is not None))
-        self.assertEqual(run.advice(), adv)
-        self.assertTrue(wait_until(lambda: run.stats()["errors_from_agent"] == 1))
-        self.assertEqual(run.errors()[-1]["line"], 3)
+        self.assertEqual(run.advice(), trainmeter.Advice(kind="dataloader", num_workers=10, prefetch_factor=4, reason="data wait 30%"))
+        self.assertTrue(wait_until(lambda: run.stats().errors_from_agent == 1))
+        self.assertEqual(run.errors()[-1].line, 3)
         time.sleep(0.05)
         self.assertFalse(run.should_stop())
 
@@ -359,7 +363,7 @@ class TestAgentToClient(Base):
         a.conns[0]["sock"].sendall(b"not json\n\n[1,2]\n")
         adv2 = dict(adv, num_workers=12)
         a.send(adv2)
-        self.assertTrue(wait_until(lambda: (run.advice() or {}).get("num_workers") == 12))
+        self.assertTrue(wait_until(lambda: getattr(run.advice(), "num_workers", None) == 12))
 
         a.send({"event": "stop", "run_id": "r1", "reason": "budget llama-3-8b exceeded (100%)"})
         self.assertTrue(wait_until(run.should_stop))
@@ -400,7 +404,7 @@ class TestSpeaksUp(Base):
             a.send(refusal)
             a.send({"event": "error", "error": "step: run \"r1\" not started on this connection", "line": 2})
             a.send(refusal)
-            self.assertTrue(wait_until(lambda: run.stats()["errors_from_agent"] == 3))
+            self.assertTrue(wait_until(lambda: run.stats().errors_from_agent == 3))
             run.step(tokens=1)  # still never raises
             run.end()
         warnings = [r.getMessage() for r in logs.records if r.levelname == "WARNING"]
@@ -424,7 +428,7 @@ class TestReconnect(Base):
         run.step(step=1, tokens=10)
         self.assertTrue(a.wait_lines(0, 2))
         a.close()  # agent goes away
-        self.assertTrue(wait_until(lambda: not run.stats()["connected"]))
+        self.assertTrue(wait_until(lambda: not run.stats().connected))
         for i in range(20):  # dropped while the agent is down
             run.step(step=2 + i, tokens=10)
             time.sleep(0.005)
@@ -432,7 +436,7 @@ class TestReconnect(Base):
         b = self.agent()  # agent restarts on the same path
         self.assertTrue(b.wait_conns(1))
         self.assertTrue(b.wait_lines(0, 1))
-        self.assertTrue(wait_until(lambda: run.stats()["connected"]))
+        self.assertTrue(wait_until(lambda: run.stats().connected))
         run.step(step=100, tokens=10)
         run.end()
         self.assertTrue(b.wait_lines(0, 3))
@@ -444,15 +448,15 @@ class TestReconnect(Base):
         self.assertEqual(evs[-2], {"event": "step", "run_id": "rc", "step": 100, "tokens": 10, "tokens_total": 220})
         self.assertEqual(evs[-1], {"event": "run_end", "run_id": "rc"})
         st = run.stats()
-        self.assertEqual(st["reconnects"], 1)
-        self.assertGreater(st["dropped"], 0)
+        self.assertEqual(st.reconnects, 1)
+        self.assertGreater(st.dropped, 0)
         # 22 steps + run_end + run_start on each of the 2 connections
-        self.assertEqual(st["sent"] + st["dropped"], 22 + 1 + 2)
+        self.assertEqual(st.sent + st.dropped, 22 + 1 + 2)
 
     def test_agent_appears_later(self):
         run = self.start(run_id="late", model="m")
         run.step(step=1, tokens=1)
-        self.assertTrue(wait_until(lambda: run.stats()["dropped"] == 1))
+        self.assertTrue(wait_until(lambda: run.stats().dropped == 1))
         a = self.agent()
         self.assertTrue(a.wait_lines(0, 1))
         run.step(step=2, tokens=1)
@@ -538,6 +542,103 @@ class TestExamples(Base):
             cfile=os.path.join(self.dir, "train_torch.pyc"),
             doraise=True,
         )
+
+
+class TestTypedStart(Base):
+    """start() takes the run metadata as typed keywords, exactly
+    METADATA_KEYS, and free labels in labels={...}."""
+
+    CLIENT_OPTIONS = ("labels", "queue_size", "send_timeout", "connect_timeout", "reconnect_min_s",
+                      "reconnect_max_s", "end_timeout", "max_buffer_bytes", "gpu_uuids", "client_id")
+
+    def test_signature_is_metadata_keys(self):
+        params = inspect.signature(trainmeter.start).parameters
+        self.assertEqual(list(params)[:2], ["run_id", "socket_path"])
+        kw = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        self.assertEqual(tuple(n for n in kw if n not in self.CLIENT_OPTIONS), METADATA_KEYS)
+        self.assertEqual(kw[len(METADATA_KEYS):], list(self.CLIENT_OPTIONS))
+        self.assertFalse(any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()))
+        for n in METADATA_KEYS:
+            self.assertIsNone(params[n].default, n)  # None: not sent
+
+    def test_metadata_keys_are_the_agents(self):
+        # The keys the agent's run_start reads (pkg/trainerwire) are
+        # METADATA_KEYS plus the ones the client fills itself.
+        src = os.path.join(PKG_ROOT, "..", "..", "pkg", "trainerwire", "trainerwire.go")
+        try:
+            with open(src) as f:
+                m = re.search(r"var runStartKeys = map\[string\]bool\{(.*?)\n\}", f.read(), re.S)
+        except OSError:
+            m = None
+        if m is None:
+            self.skipTest("no runStartKeys table in %s" % src)
+        go = set(re.findall(r'"(\w+)":\s*true', m.group(1)))
+        self.assertEqual(go, set(METADATA_KEYS) | set(PROTOCOL_KEYS))
+        self.assertEqual(len(METADATA_KEYS), len(set(METADATA_KEYS)))
+
+    def test_unknown_keyword_raises_at_start(self):
+        threads = threading.active_count()
+        with self.assertRaisesRegex(TypeError, "batch_sise"):
+            trainmeter.start(run_id="typo", socket_path=self.sock, batch_sise=8)
+        with self.assertRaisesRegex(TypeError, "batch_sise"):
+            trainmeter.Run(run_id="typo", socket_path=self.sock, metadata={"batch_sise": 8})
+        self.assertEqual(threading.active_count(), threads)  # nothing was started
+
+    def test_callbacks_refuse_unknown_keywords_when_created(self):
+        from trainmeter.integrations import hf, lightning
+
+        for cb in (hf.TrainmeterCallback, lightning.TrainmeterCallback):
+            with self.assertRaisesRegex(TypeError, "batch_sise"):
+                cb(run_id="typo", batch_sise=8)
+            cb(run_id="ok", batch_size=8, labels={"team": "nlp"})
+
+    def test_labels_sent_as_keys_of_their_own(self):
+        a = self.agent()
+        run = self.start(run_id="lb", model="m", batch_size=8, labels={"team": "nlp", "priority": "high", "n": 3,
+                                                                        "on": True, "gone": None})
+        run.end()
+        self.assertTrue(a.wait_eof(0))
+        ev = a.events(0)[0]
+        self.assertTrue(ev.pop("client_id"))
+        self.assertEqual(ev, {"event": "run_start", "run_id": "lb", "model": "m", "batch_size": 8, "team": "nlp",
+                              "priority": "high", "n": 3, "on": True})
+
+    def test_bad_labels_raise(self):
+        for labels, exc in (({"model": "x"}, ValueError), ({"client_id": "x"}, ValueError), ({"run_id": "x"}, ValueError),
+                            ({"team": ["a"]}, TypeError), ({"team": {"a": 1}}, TypeError), ({1: "x"}, TypeError),
+                            (["team"], TypeError)):
+            with self.assertRaises(exc, msg=repr(labels)):
+                trainmeter.start(run_id="bad", socket_path=self.sock, labels=labels)
+
+    def test_public_names(self):
+        for name in trainmeter.__all__:
+            self.assertTrue(hasattr(trainmeter, name), name)
+        self.assertNotIn("encode_event", trainmeter.__all__)
+        self.assertTrue(os.path.exists(os.path.join(PKG_ROOT, "trainmeter", "py.typed")))
+        with open(os.path.join(PKG_ROOT, "pyproject.toml")) as f:
+            self.assertIn('trainmeter = ["py.typed"]', f.read())
+
+
+class TestSenderBlocks(Base):
+    def test_idle_sender_does_not_wake(self):
+        a = self.agent()
+        run = self.start(run_id="idle")
+        run.step(step=1, tokens=1)
+        self.assertTrue(a.wait_lines(0, 2))
+        self.assertTrue(wait_until(lambda: run.stats().sent == 2 and run._waiting))
+        before = run._wakeups
+        time.sleep(0.2)  # the old loop polled every 20 ms: 10 passes here
+        self.assertEqual(run._wakeups, before)
+        # Work wakes it at once, and an advice from the agent too.
+        run.step(step=2, tokens=1)
+        self.assertTrue(a.wait_lines(0, 3, timeout=1))
+        a.send({"event": "advice", "run_id": "idle", "kind": "dataloader", "num_workers": 3, "prefetch_factor": 2})
+        self.assertTrue(wait_until(lambda: run.advice() is not None, timeout=1))
+        t0 = time.monotonic()
+        run.end()
+        self.assertLess(time.monotonic() - t0, 0.5)
+        self.assertTrue(a.wait_eof(0))
+        self.assertEqual([e["event"] for e in a.events(0)], ["run_start", "step", "step", "run_end"])
 
 
 if __name__ == "__main__":

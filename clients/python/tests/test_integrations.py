@@ -261,7 +261,7 @@ class TestAdaptiveLoader(unittest.TestCase):
         self.assertEqual((al.loader.num_workers, al.loader.prefetch_factor, al.batch_size), (3, 3, 4))
         self.assertEqual(al.adjustments, [{"epoch": 3, "num_workers": 3, "prefetch_factor": 3,
                                            "reason": "data-bound", "classification": "data-bound"}])
-        self.assertEqual(al.last_advice["expected_gain"], 0.5)
+        self.assertEqual(al.last_advice.expected_gain, 0.5)
         # The same advice again is not re-applied.
         second = al.loader
         list(al)
@@ -304,21 +304,21 @@ class TestAdaptiveLoader(unittest.TestCase):
         self.assertIs(al.loader, first)
         self.assertEqual(al.adjustments, [])
         # Going the advised way, the absolute values are kept.
-        self.assertEqual(trainmeter.advised_settings(
+        self.assertEqual(tl.advised_settings(
             {"kind": "dataloader", "num_workers": 10, "prefetch_factor": 3, "classification": "data-bound"}, 8, 4), (10, None))
 
     def test_advised_settings_when_the_loader_matches_the_baseline(self):
         adv = {"kind": "dataloader", "num_workers": 6, "prefetch_factor": 3, "from_num_workers": 4,
                "from_prefetch_factor": 2, "classification": "data-bound", "max_workers": 15}
-        self.assertEqual(trainmeter.advised_settings(adv, 4, 2), (6, 3))
+        self.assertEqual(tl.advised_settings(adv, 4, 2), (6, 3))
         # From no workers (PyTorch keeps prefetch_factor None then: 2 with workers).
         adv = dict(adv, num_workers=1, from_num_workers=0, prefetch_factor=3, from_prefetch_factor=2)
-        self.assertEqual(trainmeter.advised_settings(adv, 0, None), (1, 3))
+        self.assertEqual(tl.advised_settings(adv, 0, None), (1, 3))
         # Memory-bound down to no workers.
         adv = {"kind": "dataloader", "num_workers": 0, "prefetch_factor": 1, "from_num_workers": 1,
                "from_prefetch_factor": 1, "classification": "memory-bound"}
-        self.assertEqual(trainmeter.advised_settings(adv, 1, 1), (0, 1))
-        self.assertEqual(trainmeter.advised_settings(None, 1, 1), (None, None))
+        self.assertEqual(tl.advised_settings(adv, 1, 1), (0, 1))
+        self.assertEqual(tl.advised_settings(None, 1, 1), (None, None))
 
     def test_broken_run_never_raises(self):
         class Broken:
@@ -945,10 +945,24 @@ class TestLightning(Base):
         self.assertEqual([e["event"] for e in evs], ["run_start", "step", "step", "run_end"])
         self.assertEqual(evs[-1], {"event": "run_end", "run_id": "pl2", "status": "error", "error": "KeyboardInterrupt"})
 
+    def test_tokens_per_step_counts_optimizer_steps(self):
+        # The same option, and meaning, as the HF callback's: this rank's
+        # tokens per optimizer step, whatever the micro-batches.
+        a = self.agent()
+        cb = lightning.TrainmeterCallback(run_id="pl5", socket_path=self.sock, tokens_per_step=100, reconnect_min_s=0.05)
+        cb._clock = Clock()
+        trainer = FakeTrainer()  # 2 micro-batches per optimizer step
+        cb.on_train_start(trainer, NS(hparams={}))
+        self.runs.append(cb.run)
+        self.run_batches(cb, trainer, cb._clock, 5)  # 2 steps and half of a third
+        cb.on_train_end(trainer, NS(hparams={}))
+        self.assertTrue(a.wait_eof(0))
+        self.assertEqual([e["tokens"] for e in a.events(0) if e["event"] == "step"], [100, 100, 50])
+
     def test_params_and_logged_loss(self):
         a = self.agent()
         clk = Clock()
-        cb = lightning.TrainmeterCallback(run_id="pl3", socket_path=self.sock, tokens_per_batch=10, reconnect_min_s=0.05)
+        cb = lightning.TrainmeterCallback(run_id="pl3", socket_path=self.sock, tokens_per_step=10, reconnect_min_s=0.05)
         cb._clock = clk
         trainer = FakeTrainer(accumulate_grad_batches=1)
         module = Module(1000, 24)
@@ -1035,7 +1049,7 @@ class TestLightningImportOrder(unittest.TestCase):
         self.check("""
             from trainmeter.integrations.lightning import TrainmeterCallback
             import pytorch_lightning as pl
-            cb = TrainmeterCallback(tokens_per_batch=8)
+            cb = TrainmeterCallback(tokens_per_step=8)
             assert isinstance(cb, pl.Callback), type(cb).__mro__
             assert isinstance(cb, TrainmeterCallback)
             assert type(cb).on_train_start is TrainmeterCallback.on_train_start  # our hooks, not the no-ops
@@ -1043,7 +1057,7 @@ class TestLightningImportOrder(unittest.TestCase):
             assert "lightning.pytorch" not in sys.modules  # the other flavour is not imported for nothing
             import copy, pickle
             for twin in (pickle.loads(pickle.dumps(cb)), copy.deepcopy(cb)):
-                assert isinstance(twin, pl.Callback) and twin.tokens_per_batch == 8, twin
+                assert isinstance(twin, pl.Callback) and twin.tokens_per_step == 8, twin
         """)
 
     def test_lightning_first_and_both(self):

@@ -6,9 +6,11 @@ a Unix stream socket (docs/protocol.md in the trainmeter repository).
 
 Guarantees:
 
-* Nothing in the public API blocks on I/O or raises into the training loop.
-  ``step()`` / ``eval()`` build a small dict and ``put_nowait`` it on a bounded
-  queue; all socket work happens on one daemon thread.
+* Nothing in the public API blocks on I/O or raises into the training loop;
+  ``start()`` raises only for a programming error (an unknown keyword, a bad
+  label). ``step()`` / ``eval()`` build a small dict and ``put_nowait`` it on a
+  bounded queue; all socket work happens on one daemon thread, which sleeps
+  until there is work.
 * If the agent is absent, restarting, or not reading, events are dropped and
   counted (``Run.stats()``), never buffered without bound. An agent that cannot
   be reached at the first try, or that answers run_start with an error, gets one
@@ -24,6 +26,7 @@ from __future__ import annotations
 import atexit
 import collections
 import errno
+import inspect
 import json
 import logging
 import math
@@ -35,17 +38,14 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Deque, Dict, List, Optional
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Deque, Dict, List, Optional, Sequence, Union
 
 from . import dist as _dist
+from .metadata import METADATA_KEYS, PROTOCOL_KEYS
 
-__all__ = [
-    "DEFAULT_SOCKET",
-    "ENV_SOCKET",
-    "ENV_RUN_ID",
-    "Run",
-    "start",
-]
+__all__ = ["Advice", "AgentError", "Run", "Stats", "start"]
 
 log = logging.getLogger("trainmeter")
 
@@ -53,7 +53,6 @@ DEFAULT_SOCKET = "/run/trainmeter/agent.sock"
 ENV_SOCKET = "TRAINMETER_SOCKET"
 ENV_RUN_ID = "TRAINMETER_RUN_ID"
 
-# Client options accepted by start(); every other keyword goes into run_start.
 _DEFAULT_QUEUE_SIZE = 10_000
 _DEFAULT_SEND_TIMEOUT_S = 5.0
 _DEFAULT_CONNECT_TIMEOUT_S = 1.0
@@ -64,9 +63,84 @@ _DEFAULT_MAX_BUFFER_BYTES = 256 * 1024
 
 _MAX_IN_LINE = 1 << 20  # longest line accepted from the agent
 _KEEP_ERRORS = 10
-_POLL_S = 0.02  # sender loop poll interval when idle
 
 _END = object()  # queue marker: run_end was requested (payload in Run._end_event)
+
+
+def _count(v: Any) -> Optional[int]:
+    """A non-negative int from a JSON value; None for anything else."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _share(v: Any) -> Optional[float]:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The agent's latest ``advice`` line for a run (docs/protocol.md): the
+    DataLoader settings to apply at the next epoch, and the figures behind
+    them. ``prefetch_factor`` 0: nothing advised for it (``num_workers`` 0 is
+    a setting: loading in the training process). What the line did not carry
+    is None."""
+
+    kind: str
+    num_workers: Optional[int]
+    prefetch_factor: int
+    reason: str = ""
+    classification: Optional[str] = None  # "data-bound", "memory-bound"
+    data_wait_share: Optional[float] = None
+    gpu_utilization: Optional[float] = None
+    ram_usage: Optional[float] = None
+    expected_gain: Optional[float] = None  # share of step time the change aims to win back
+    max_workers: Optional[int] = None  # the CPU bound
+    from_num_workers: Optional[int] = None  # the settings the advice was computed from
+    from_prefetch_factor: Optional[int] = None
+
+    @classmethod
+    def from_line(cls, line: Mapping) -> "Advice":
+        """An advice line (a decoded JSON object) as an Advice; keys it does not
+        know are ignored, values of the wrong type read as absent."""
+        kind = line.get("kind")
+        cls_ = line.get("classification")
+        return cls(
+            kind=kind if isinstance(kind, str) else "dataloader",
+            num_workers=_count(line.get("num_workers")),
+            prefetch_factor=_count(line.get("prefetch_factor")) or 0,
+            reason=str(line.get("reason") or ""),
+            classification=cls_ if isinstance(cls_, str) else None,
+            data_wait_share=_share(line.get("data_wait_share")),
+            gpu_utilization=_share(line.get("gpu_utilization")),
+            ram_usage=_share(line.get("ram_usage")),
+            expected_gain=_share(line.get("expected_gain")),
+            max_workers=_count(line.get("max_workers")),
+            from_num_workers=_count(line.get("from_num_workers")),
+            from_prefetch_factor=_count(line.get("from_prefetch_factor")),
+        )
+
+
+@dataclass(frozen=True)
+class AgentError:
+    """An ``error`` line from the agent: what it refused, and on which line of
+    the connection (None when it did not say)."""
+
+    error: str
+    line: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What a run's client has done so far (:meth:`Run.stats`)."""
+
+    sent: int  # lines written to the agent
+    dropped: int  # events lost: agent absent or not reading, queue full, end timeout
+    dropped_queue_full: int  # of dropped: refused at step()/eval() because the queue was full
+    errors_from_agent: int
+    reconnects: int
+    connects: int
+    connected: bool
+    nonfinite_dropped: int  # NaN / inf values left out of events
+    queued: int
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -102,6 +176,28 @@ def describe_exception(exc_type: Any, exc: Any = None) -> str:
     if len(raw) <= _MAX_END_ERROR_BYTES:
         return text
     return raw[:_MAX_END_ERROR_BYTES].decode("utf-8", "ignore")
+
+
+def _check_labels(labels: Optional[Mapping]) -> Dict[str, Any]:
+    """The labels to send (None values left out); TypeError / ValueError for
+    what cannot be a label: a key run_start reads itself (pass it as its
+    keyword), a key that is not a string, a list or object value."""
+    out: Dict[str, Any] = {}
+    if labels is None:
+        return out
+    if not isinstance(labels, Mapping):
+        raise TypeError("trainmeter: labels must be a mapping of name to value, not %s" % type(labels).__name__)
+    for k, v in labels.items():
+        if not isinstance(k, str) or not k:
+            raise TypeError("trainmeter: label name %r: want a non-empty string" % (k,))
+        if k in METADATA_KEYS or k in PROTOCOL_KEYS:
+            raise ValueError("trainmeter: label %r is a run_start field, not a label%s"
+                             % (k, "; pass %s=... to start()" % k if k in METADATA_KEYS else ""))
+        if isinstance(v, (Mapping, list, tuple, set, frozenset)):
+            raise TypeError("trainmeter: label %r: want a string, number or bool, not %s" % (k, type(v).__name__))
+        if v is not None:
+            out[k] = v
+    return out
 
 
 def _generate_run_id() -> str:
@@ -197,9 +293,11 @@ class _Conn:
 class Run:
     """A training run reporting to the local trainmeter agent.
 
-    Create with :func:`trainmeter.start`. All methods are thread-safe, never
-    raise, and never block on I/O (except :meth:`end`, which waits at most its
-    timeout for the queue to flush).
+    Create with :func:`trainmeter.start`, which takes the metadata as typed
+    keywords. The constructor raises only on a programming error (a metadata
+    key that does not exist, a label that is not one); after it, all methods
+    are thread-safe, never raise, and never block on I/O (except :meth:`end`,
+    which waits at most its timeout for the queue to flush).
     """
 
     def __init__(
@@ -207,6 +305,8 @@ class Run:
         run_id: Optional[str] = None,
         socket_path: Optional[str] = None,
         *,
+        metadata: Optional[Mapping] = None,
+        labels: Optional[Mapping] = None,
         queue_size: int = _DEFAULT_QUEUE_SIZE,
         send_timeout: float = _DEFAULT_SEND_TIMEOUT_S,
         connect_timeout: float = _DEFAULT_CONNECT_TIMEOUT_S,
@@ -215,8 +315,14 @@ class Run:
         end_timeout: float = _DEFAULT_END_TIMEOUT_S,
         max_buffer_bytes: int = _DEFAULT_MAX_BUFFER_BYTES,
         gpu_uuids: bool = True,
-        **metadata: Any,
+        client_id: Optional[str] = None,
     ) -> None:
+        metadata = dict(metadata or {})
+        unknown = sorted(set(metadata) - set(METADATA_KEYS))
+        if unknown:
+            raise TypeError("trainmeter: unknown run metadata %s (known: %s; other keys go in labels={...})"
+                            % (", ".join(map(repr, unknown)), ", ".join(METADATA_KEYS)))
+        labels = _check_labels(labels)
         explicit_id = run_id or os.environ.get(ENV_RUN_ID)
         derived_id = None
         if not explicit_id:
@@ -239,7 +345,7 @@ class Run:
         self._max_buffer = max(4096, int(max_buffer_bytes))
 
         self._gpu_uuids = bool(gpu_uuids)
-        self._start_event = self._build_run_start(metadata)
+        self._start_event = self._build_run_start(metadata, labels, client_id)
         self._start_line, removed = encode_event(self._start_event)
         # CUDA_VISIBLE_DEVICES -> GPU UUIDs (sent as "gpus") is resolved on the
         # sender thread (it may run nvidia-smi), before the first connection.
@@ -262,6 +368,20 @@ class Run:
         self._tokens_total = 0
         self._ended = False
         self._abort = threading.Event()  # sender must exit now
+        # The sender blocks in select() on the agent's socket and on this
+        # pair until there is work; a caller that queues an event while it
+        # waits (_waiting) wakes it with a byte. Without a pair (no file
+        # descriptors left) it polls.
+        self._waiting = False
+        self._wakeups = 0  # sender loop passes, for tests: none while idle
+        try:
+            self._wake_r: Optional[socket.socket]
+            self._wake_w: Optional[socket.socket]
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+        except OSError:
+            self._wake_r = self._wake_w = None
         self._connected = False
 
         # Counters. *_caller are written by caller threads (under _lock);
@@ -272,8 +392,8 @@ class Run:
         self._nonfinite = removed
         self._connects = 0
         self._errors_from_agent = 0
-        self._errors: Deque[Dict[str, Any]] = collections.deque(maxlen=_KEEP_ERRORS)
-        self._advice: Optional[Dict[str, Any]] = None
+        self._errors: Deque[AgentError] = collections.deque(maxlen=_KEEP_ERRORS)
+        self._advice: Optional[Advice] = None
         self._stop = threading.Event()
         self._connect_error: Optional[str] = None
         self._warned_run_start = False
@@ -399,17 +519,18 @@ class Run:
                     break
                 except queue.Full:
                     if time.monotonic() >= deadline:
-                        self._abort.set()
+                        self._stop_sender()
                         break
                     time.sleep(0.005)
+            self._wake()
             self._thread.join(max(0.0, deadline - time.monotonic()))
             if self._thread.is_alive():
-                self._abort.set()
+                self._stop_sender()
                 self._thread.join(0.2)
             if not self._thread.is_alive():
                 self._drain_drop()  # e.g. the marker put after the sender exited
         except Exception:
-            self._abort.set()
+            self._stop_sender()
         finally:
             _live_runs.discard(self)
 
@@ -442,30 +563,29 @@ class Run:
         """True once the agent has sent a ``stop`` event for this run (e.g. budget exceeded)."""
         return self._stop.is_set()
 
-    def advice(self) -> Optional[Dict[str, Any]]:
-        """Latest ``advice`` event from the agent for this run (a dict), or None."""
-        a = self._advice
-        return dict(a) if a is not None else None
+    def advice(self) -> Optional[Advice]:
+        """The agent's latest advice for this run, or None."""
+        return self._advice
 
-    def errors(self) -> List[Dict[str, Any]]:
-        """The last few ``error`` events the agent sent back (oldest first)."""
-        return [dict(e) for e in list(self._errors)]
+    def errors(self) -> List[AgentError]:
+        """The last few errors the agent sent back (oldest first)."""
+        return list(self._errors)
 
-    def stats(self) -> Dict[str, Any]:
-        """Counters: sent, dropped, errors_from_agent, reconnects, connected, ..."""
+    def stats(self) -> Stats:
+        """What this run's client has sent, dropped and heard so far."""
         with self._lock:
             dropped_caller = self._dropped_caller
-        return {
-            "sent": self._sent,
-            "dropped": self._dropped + dropped_caller,
-            "dropped_queue_full": dropped_caller,
-            "errors_from_agent": self._errors_from_agent,
-            "reconnects": max(0, self._connects - 1),
-            "connects": self._connects,
-            "connected": self._connected,
-            "nonfinite_dropped": self._nonfinite,
-            "queued": self._q.qsize(),
-        }
+        return Stats(
+            sent=self._sent,
+            dropped=self._dropped + dropped_caller,
+            dropped_queue_full=dropped_caller,
+            errors_from_agent=self._errors_from_agent,
+            reconnects=max(0, self._connects - 1),
+            connects=self._connects,
+            connected=self._connected,
+            nonfinite_dropped=self._nonfinite,
+            queued=self._q.qsize(),
+        )
 
     @property
     def ended(self) -> bool:
@@ -486,14 +606,16 @@ class Run:
 
     # ------------------------------------------------------------------ internals
 
-    def _build_run_start(self, metadata: Dict[str, Any]) -> Dict[str, Any]:
+    def _build_run_start(self, metadata: Dict[str, Any], labels: Dict[str, Any],
+                         client_id: Optional[str]) -> Dict[str, Any]:
         ev: Dict[str, Any] = {"event": "run_start", "run_id": self.run_id}
-        for k, v in metadata.items():
-            if v is not None and k not in ("event", "run_id"):
-                ev[k] = v
+        for k in METADATA_KEYS:
+            if metadata.get(k) is not None:
+                ev[k] = metadata[k]
+        ev.update(labels)  # the wire carries labels as keys of their own
         # Identifies this process to the agent across reconnects and agent
         # restarts, so tokens_total can be matched to what it already counted.
-        ev.setdefault("client_id", uuid.uuid4().hex)
+        ev["client_id"] = client_id or uuid.uuid4().hex
         cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
         if cvd is not None and "cuda_visible_devices" not in ev:
             ev["cuda_visible_devices"] = cvd
@@ -534,6 +656,23 @@ class Run:
             self._q.put_nowait(ev)
         except queue.Full:
             self._count_caller_drop()
+            return
+        self._wake()
+
+    def _wake(self, force: bool = False) -> None:
+        """Wake the sender if it is blocked. It sets _waiting before it looks
+        at the queue a last time, and a caller looks at _waiting after its
+        put: one of the two always sees the other."""
+        if (self._waiting or force) and self._wake_w is not None:
+            self._waiting = False
+            try:
+                self._wake_w.send(b"\0")
+            except OSError:  # full: a wake is pending anyway
+                pass
+
+    def _stop_sender(self) -> None:
+        self._abort.set()
+        self._wake(force=True)
 
     # ---- sender thread
 
@@ -572,6 +711,11 @@ class Run:
             self._connected = False
             # Anything left in the queue is lost.
             self._drain_drop()
+            # The sender exits only after end(): no caller wakes it any more
+            # (and a closed socket has fd -1, so a late _wake() fails cleanly).
+            for s in (self._wake_r, self._wake_w):
+                if s is not None:
+                    s.close()
 
     def _drain_drop(self) -> bool:
         """Drop everything queued; return True if the end marker was seen."""
@@ -593,8 +737,9 @@ class Run:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
+            self._wakeups += 1
             try:
-                item = self._q.get(timeout=min(left, 0.25))
+                item = self._q.get(timeout=left)
             except queue.Empty:
                 continue
             self._dropped += 1  # an undeliverable run_end counts as dropped too
@@ -719,14 +864,34 @@ class Run:
                     self._append(conn, item)
             if ending and not conn.out:
                 return True
-            # 2. Wait for readability / writability.
-            idle = not conn.out and self._q.empty()
+            # 2. Wait for work: a line from the agent, room for what is
+            # buffered, a queued event (a byte on the wake pair), or the send
+            # deadline of what is buffered.
+            self._waiting = True
+            if (not ending and not self._q.empty()) or self._abort.is_set():
+                timeout: Optional[float] = 0.0
+            elif conn.out:
+                timeout = max(0.0, conn.last_progress + self._send_timeout - time.monotonic())
+            else:
+                timeout = None
+            if self._wake_r is None:
+                timeout = min(timeout, 0.02) if timeout is not None else 0.02
+            waits = [sock] if self._wake_r is None else [sock, self._wake_r]
+            self._wakeups += 1
             try:
-                r, w, _ = select.select([sock], [sock] if conn.out else [], [], _POLL_S if idle else 0.005)
+                r, w, _ = select.select(waits, [sock] if conn.out else [], [], timeout)
             except (OSError, ValueError):
                 return self._broken(conn, "select failed", ending)
+            finally:
+                self._waiting = False
+            if self._wake_r is not None and self._wake_r in r:
+                try:
+                    while self._wake_r.recv(4096):
+                        pass
+                except OSError:  # drained
+                    pass
             # 3. Read what the agent wrote back.
-            if r:
+            if sock in r:
                 try:
                     data = sock.recv(65536)
                 except (BlockingIOError, InterruptedError):
@@ -797,11 +962,13 @@ class Run:
             return
         if kind == "error":
             self._errors_from_agent += 1
-            self._errors.append(msg)
-            log.debug("trainmeter: agent error: %s (line %s)", msg.get("error"), msg.get("line"))
             text = str(msg.get("error", ""))
+            line = msg.get("line")
+            line = line if isinstance(line, int) and not isinstance(line, bool) else None
+            self._errors.append(AgentError(error=text, line=line))
+            log.debug("trainmeter: agent error: %s (line %s)", text, line)
             # run_start is line 1 of every connection.
-            if (msg.get("line") == 1 or text.startswith("run_start")) and not self._warned_run_start:
+            if (line == 1 or text.startswith("run_start")) and not self._warned_run_start:
                 self._warned_run_start = True
                 if text.startswith("run_start: joined run"):
                     log.warning("trainmeter: agent: %s", text)
@@ -813,7 +980,7 @@ class Run:
                         text,
                     )
         elif kind == "advice":
-            self._advice = msg
+            self._advice = Advice.from_line(msg)
             log.debug("trainmeter: advice from agent: %s", msg)
         elif kind == "stop":
             reason = msg.get("reason")
@@ -854,30 +1021,100 @@ def _end_live_runs() -> None:  # pragma: no cover - exercised at interpreter exi
 def start(
     run_id: Optional[str] = None,
     socket_path: Optional[str] = None,
-    **kwargs: Any,
+    *,
+    model: Optional[str] = None,
+    dataset: Optional[str] = None,
+    backend: Optional[str] = None,
+    optimizer: Optional[str] = None,
+    batch_size: Optional[int] = None,
+    grad_accum: Optional[int] = None,
+    seq_len: Optional[int] = None,
+    precision: Optional[str] = None,
+    seed: Optional[int] = None,
+    notes: Optional[str] = None,
+    warmup_s: Optional[float] = None,
+    warmup_steps: Optional[int] = None,
+    gpus: Optional[Sequence[Union[int, str]]] = None,
+    cuda_visible_devices: Optional[str] = None,
+    num_workers: Optional[int] = None,
+    prefetch_factor: Optional[int] = None,
+    planned_steps: Optional[int] = None,
+    planned_tokens: Optional[int] = None,
+    planned_epochs: Optional[int] = None,
+    params: Optional[int] = None,
+    dataset_size: Optional[int] = None,
+    target_gpu_utilization: Optional[float] = None,
+    max_ram_usage: Optional[float] = None,
+    adjustment_interval: Optional[int] = None,
+    gpu_price_per_hour: Optional[float] = None,
+    budget_scope: Optional[str] = None,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    local_rank: Optional[int] = None,
+    resume: Optional[bool] = None,
+    attribute_pid: Optional[int] = None,
+    plan_key: Optional[str] = None,
+    labels: Optional[Mapping] = None,
+    queue_size: int = _DEFAULT_QUEUE_SIZE,
+    send_timeout: float = _DEFAULT_SEND_TIMEOUT_S,
+    connect_timeout: float = _DEFAULT_CONNECT_TIMEOUT_S,
+    reconnect_min_s: float = _DEFAULT_RECONNECT_MIN_S,
+    reconnect_max_s: float = _DEFAULT_RECONNECT_MAX_S,
+    end_timeout: float = _DEFAULT_END_TIMEOUT_S,
+    max_buffer_bytes: int = _DEFAULT_MAX_BUFFER_BYTES,
+    gpu_uuids: bool = True,
+    client_id: Optional[str] = None,
 ) -> Run:
     """Start reporting a run and return its :class:`Run`.
 
     ``run_id``: argument, else env ``TRAINMETER_RUN_ID``, else generated.
     ``socket_path``: argument, else env ``TRAINMETER_SOCKET``, else
-    ``/run/trainmeter/agent.sock``.
+    ``/run/trainmeter/agent.sock``. With several ranks (``WORLD_SIZE`` > 1)
+    and no run id given, every rank derives the same id (see
+    :func:`trainmeter.dist.derive_run_id`).
+
+    Run metadata (``model`` … ``plan_key``: the keys of ``run_start``,
+    docs/protocol.md) is sent as given; keywords left as None are not sent.
+    ``rank`` / ``world_size`` / ``local_rank`` and ``cuda_visible_devices``
+    default to ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` and
+    ``CUDA_VISIBLE_DEVICES``. ``resume=True`` continues a run that has ended;
+    without it the agent refuses an ended run id (see ``errors()``), so a
+    script run twice with a fixed ``run_id`` never reopens the first run by
+    accident. ``labels``: free labels of the run (``{"team": "nlp"}``; string,
+    number or bool values).
+
+    A keyword that is not one of these raises ``TypeError`` here (a typo such
+    as ``batch_sise=8`` must not become a label); so does a label named like
+    a metadata keyword (``ValueError``). Nothing else ever raises: an agent
+    that is absent or refuses the run costs a WARNING, not the training.
 
     Client options (not sent): ``queue_size`` (10000), ``send_timeout`` (5 s
     without write progress before the connection is dropped), ``connect_timeout``
     (1 s), ``reconnect_min_s`` / ``reconnect_max_s`` (1 s / 5 s backoff),
     ``end_timeout`` (2 s), ``max_buffer_bytes`` (256 KiB per connection),
     ``gpu_uuids`` (True: when ``gpus`` is not given, send ``CUDA_VISIBLE_DEVICES``
-    mapped to GPU UUIDs as ``gpus`` if that mapping is unambiguous).
-
-    With several ranks (``WORLD_SIZE`` > 1) and no run id given, every rank
-    derives the same id (see :func:`trainmeter.dist.derive_run_id`).
-
-    Every other keyword (model, dataset, backend, optimizer, batch_size,
-    grad_accum, seq_len, precision, seed, notes, warmup_s, gpus, ...) is sent in
-    ``run_start`` as is; keys whose value is None are left out.
-
-    ``resume=True`` continues a run that has ended; without it the agent
-    refuses an ended run id (see ``errors()``), so a script run twice with a
-    fixed ``run_id`` never reopens the first run by accident.
+    mapped to GPU UUIDs as ``gpus`` if that mapping is unambiguous),
+    ``client_id`` (this process's id to the agent; a fresh random one by default).
     """
-    return Run(run_id=run_id, socket_path=socket_path, **kwargs)
+    given = locals()
+    return Run(
+        run_id=run_id,
+        socket_path=socket_path,
+        metadata={k: given[k] for k in METADATA_KEYS},
+        labels=labels,
+        queue_size=queue_size,
+        send_timeout=send_timeout,
+        connect_timeout=connect_timeout,
+        reconnect_min_s=reconnect_min_s,
+        reconnect_max_s=reconnect_max_s,
+        end_timeout=end_timeout,
+        max_buffer_bytes=max_buffer_bytes,
+        gpu_uuids=gpu_uuids,
+        client_id=client_id,
+    )
+
+
+def check_start_kwargs(kwargs: Mapping) -> None:
+    """Raise ``TypeError`` for a keyword :func:`start` does not take (the
+    framework callbacks check theirs when created, not when training starts)."""
+    inspect.signature(start).bind(**kwargs)

@@ -17,6 +17,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
+from .client import Advice
+
 log = logging.getLogger("trainmeter")
 
 __all__ = ["TimedLoader", "AdaptiveLoader", "rebuild_dataloader", "advised_settings", "count_tokens"]
@@ -167,20 +169,12 @@ _COPY_ATTRS = ("collate_fn", "pin_memory", "timeout", "worker_init_fn", "generat
 _WORKER_ONLY = ("persistent_workers", "multiprocessing_context")
 
 
-def _advised(advice: Any, key: str) -> Optional[int]:
-    if not isinstance(advice, Mapping):
-        return None
-    kind = advice.get("kind", "dataloader")
-    if kind not in (None, "dataloader"):
-        return None
-    v = advice.get(key)
-    if isinstance(v, bool) or v is None:
-        return None
-    try:
-        v = int(v)
-    except (TypeError, ValueError):
-        return None
-    return v if v >= 0 else None
+def _as_advice(advice: Any) -> Optional[Advice]:
+    """An Advice (``run.advice()``), or an advice line as a dict, as an
+    Advice; None for anything else."""
+    if isinstance(advice, Mapping):
+        advice = Advice.from_line(advice)
+    return advice if isinstance(advice, Advice) else None
 
 
 # PyTorch's prefetch_factor when the loader has workers and set none; the
@@ -207,9 +201,10 @@ def _scale(real: int, frm: int, to: Optional[int], floor: int, cap: Optional[int
 
 
 def advised_settings(advice: Any, num_workers: int, prefetch_factor: Optional[int]) -> Tuple[Optional[int], Optional[int]]:
-    """The ``(num_workers, prefetch_factor)`` an ``advice`` line means for a
-    loader that really has ``num_workers`` / ``prefetch_factor`` (None: that
-    setting is not advised).
+    """The ``(num_workers, prefetch_factor)`` an advice (an :class:`Advice`,
+    ``run.advice()``, or an advice line as a dict) means for a loader that
+    really has ``num_workers`` / ``prefetch_factor`` (None: that setting is
+    not advised).
 
     The agent's advice carries absolute settings computed from what the
     collector believes the loader has (the run_start's ``num_workers`` /
@@ -218,35 +213,33 @@ def advised_settings(advice: Any, num_workers: int, prefetch_factor: Optional[in
     loader differs, the change is applied relative to it: the same ratio
     (``from`` 2 → 3 on a loader at 8 gives 12), in the same direction, capped
     by ``max_workers`` and prefetch 8 on an increase, at least 1 prefetch and
-    0 workers on a decrease. Advice without ``from_*`` (older collectors) is
-    taken as absolute, except that a value going against its
-    ``classification`` (fewer workers for a data-bound run, more for a
-    memory-bound one) is refused.
+    0 workers on a decrease. Advice without ``from_*`` is taken as
+    absolute, except that a value going against its ``classification``
+    (fewer workers for a data-bound run, more for a memory-bound one) is
+    refused.
     """
-    if not isinstance(advice, Mapping):
+    advice = _as_advice(advice)
+    if advice is None or advice.kind != "dataloader":
         return None, None
-    to_nw = _advised(advice, "num_workers")
-    to_pf = _advised(advice, "prefetch_factor")
-    if to_pf is not None and to_pf <= 0:  # 0: nothing advised (the agent always sends the key)
-        to_pf = None
+    to_nw = advice.num_workers
+    to_pf = advice.prefetch_factor or None  # 0: nothing advised (the agent always sends the key)
     real_nw = num_workers or 0
     real_pf = prefetch_factor if prefetch_factor else _DEFAULT_PREFETCH
-    from_nw = _advised(advice, "from_num_workers")
-    from_pf = _advised(advice, "from_prefetch_factor")
+    from_nw, from_pf = advice.from_num_workers, advice.from_prefetch_factor
     if from_nw is not None and from_pf:  # the baseline the advice was computed from
-        cap = _advised(advice, "max_workers") or None
+        cap = advice.max_workers or None
         nw = _scale(real_nw, from_nw, to_nw, 0, cap) if to_nw is not None else None
         pf = _scale(real_pf, from_pf, to_pf, 1, _MAX_PREFETCH) if to_pf is not None else None
         return nw, pf
-    direction = {"data-bound": 1, "memory-bound": -1}.get(advice.get("classification"), 0)
+    direction = {"data-bound": 1, "memory-bound": -1}.get(advice.classification or "", 0)
     nw, pf = to_nw, to_pf
     if direction and nw is not None and (nw - real_nw) * direction < 0:
         log.warning("trainmeter: ignoring advised num_workers=%s: the loader has %s and the run is %s",
-                    nw, real_nw, advice.get("classification"))
+                    nw, real_nw, advice.classification)
         nw = None
     if direction and pf is not None and (pf - real_pf) * direction < 0:
         log.warning("trainmeter: ignoring advised prefetch_factor=%s: the loader has %s and the run is %s",
-                    pf, real_pf, advice.get("classification"))
+                    pf, real_pf, advice.classification)
         pf = None
     return nw, pf
 
@@ -373,13 +366,13 @@ class AdaptiveLoader:
         self.run = run
         self.epoch = 0
         self.adjustments: list = []
-        self.last_advice: Optional[Dict[str, Any]] = None
-        self._applied: Optional[Dict[str, Any]] = None
+        self.last_advice: Optional[Advice] = None
+        self._applied: Optional[Advice] = None
 
     def maybe_rebuild(self) -> bool:
         """Apply the run's latest unapplied advice now; True if the loader changed."""
         try:
-            advice = self.run.advice() if self.run is not None else None
+            advice = _as_advice(self.run.advice() if self.run is not None else None)
         except Exception:
             advice = None
         if not advice or advice == self._applied:
@@ -394,8 +387,8 @@ class AdaptiveLoader:
             "epoch": self.epoch,
             "num_workers": getattr(new, "num_workers", None),
             "prefetch_factor": getattr(new, "prefetch_factor", None),
-            "reason": advice.get("reason"),
-            "classification": advice.get("classification"),
+            "reason": advice.reason,
+            "classification": advice.classification,
         })
         return True
 

@@ -55,6 +55,7 @@ import time
 from typing import Any, Callable, Dict, Optional, Union
 
 from ._common import integer, param_count, scalar, share
+from ..client import check_start_kwargs
 
 log = logging.getLogger("trainmeter")
 
@@ -106,7 +107,8 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
     ``f(args, state)``), ``count_input_tokens`` (turn on the Trainer's token
     counter; default True), ``stop_on_advisory`` (default True), and any
     :func:`trainmeter.start` keyword (``run_id``, ``socket_path``, ``model``,
-    ``gpu_price_per_hour``, …), which overrides what is read from the Trainer.
+    ``gpu_price_per_hour``, …), which overrides what is read from the Trainer
+    (an unknown one raises ``TypeError`` here).
     """
 
     def __init__(
@@ -117,6 +119,7 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
         stop_on_advisory: bool = True,
         **start_kwargs: Any,
     ) -> None:
+        check_start_kwargs(start_kwargs)
         try:
             super().__init__()
         except Exception:

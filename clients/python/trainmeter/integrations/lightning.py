@@ -3,7 +3,7 @@
 ::
 
     from trainmeter.integrations.lightning import TrainmeterCallback
-    trainer = L.Trainer(..., callbacks=[TrainmeterCallback(tokens_per_batch=16 * 2048)])
+    trainer = L.Trainer(..., callbacks=[TrainmeterCallback(tokens_per_step=16 * 2048)])
 
 Imports may come in any order: each callback, when created, is an instance
 of a subclass of ``TrainmeterCallback`` and of the ``Callback`` of every
@@ -43,8 +43,11 @@ What it reports:
   callback started.
 * A ``stop`` from the agent sets ``trainer.should_stop = True``.
 
-Tokens per batch, in order: ``tokens_fn(batch)``; ``tokens_per_batch`` (int);
-else :func:`trainmeter.count_tokens` on a dict-like batch (elements of
+Tokens, in order: ``tokens_fn(batch)`` on each batch; ``tokens_per_step``
+(int: this rank's tokens per optimizer step, as for the Hugging Face
+callback; a step cut short by the end of training counts its share of the
+``accumulate_grad_batches`` micro-batches); else
+:func:`trainmeter.count_tokens` on a dict-like batch (elements of
 ``input_ids``, never waiting for the GPU; ``non_padding=True`` sums
 ``attention_mask`` instead); else 0 with a warning, once. Every rank reports
 its own batches.
@@ -61,6 +64,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._common import integer, param_count, scalar
+from ..client import check_start_kwargs
 from ..loader import count_tokens
 
 log = logging.getLogger("trainmeter")
@@ -221,10 +225,10 @@ class TrainmeterCallback:
     """Report a Lightning ``Trainer.fit`` run to the trainmeter agent.
 
     Parameters: ``run`` (an existing :class:`trainmeter.Run`; the callback then
-    never ends it), ``tokens_fn`` (``f(batch) -> int``), ``tokens_per_batch``,
+    never ends it), ``tokens_fn`` (``f(batch) -> int``), ``tokens_per_step``,
     ``non_padding`` (count ``attention_mask`` ones), ``stop_on_advisory``
     (default True), and any :func:`trainmeter.start` keyword, which overrides
-    what is read from the trainer.
+    what is read from the trainer (an unknown one raises ``TypeError`` here).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -247,11 +251,12 @@ class TrainmeterCallback:
         self,
         run: Any = None,
         tokens_fn: Optional[Callable[[Any], int]] = None,
-        tokens_per_batch: Optional[int] = None,
+        tokens_per_step: Optional[int] = None,
         non_padding: bool = False,
         stop_on_advisory: bool = True,
         **start_kwargs: Any,
     ) -> None:
+        check_start_kwargs(start_kwargs)
         try:
             super().__init__()
         except Exception:
@@ -259,7 +264,7 @@ class TrainmeterCallback:
         self.run = run
         self._own_run = run is None
         self.tokens_fn = tokens_fn
-        self.tokens_per_batch = tokens_per_batch
+        self.tokens_per_step = tokens_per_step
         self.non_padding = non_padding
         self.stop_on_advisory = stop_on_advisory
         self.start_kwargs = start_kwargs
@@ -332,8 +337,6 @@ class TrainmeterCallback:
             if self.tokens_fn is not None:
                 v = integer(self.tokens_fn(batch))
                 return v if v is not None and v >= 0 else 0
-            if self.tokens_per_batch is not None:
-                return max(0, int(self.tokens_per_batch))
             v = count_tokens(batch, non_padding=self.non_padding)
             if v is not None:
                 return v
@@ -344,7 +347,7 @@ class TrainmeterCallback:
             self._warned_tokens = True
             log.warning(
                 "trainmeter: cannot count tokens of this batch type; give "
-                "TrainmeterCallback(tokens_fn=...) or tokens_per_batch=...; reporting tokens=0"
+                "TrainmeterCallback(tokens_fn=...) or tokens_per_step=...; reporting tokens=0"
             )
         return 0
 
@@ -353,9 +356,13 @@ class TrainmeterCallback:
         if not acc or self.run is None:
             return
         loss, self._loss = self._loss, None
+        tokens = acc.get("tokens", 0)
+        if self._fixed_tokens():
+            ga = max(1, integer(getattr(trainer, "accumulate_grad_batches", None)) or 1)
+            tokens = max(0, int(self.tokens_per_step)) * min(acc.get("batches", 0), ga) // ga
         self.run.step(
             step=integer(getattr(trainer, "global_step", None)),
-            tokens=acc.get("tokens", 0),
+            tokens=tokens,
             samples=acc.get("samples"),
             data_wait_s=acc.get("wait"),
             compute_s=acc.get("compute"),
@@ -369,6 +376,9 @@ class TrainmeterCallback:
                 trainer.should_stop = True
             except Exception:
                 pass
+
+    def _fixed_tokens(self) -> bool:
+        return self.tokens_fn is None and self.tokens_per_step is not None
 
     def _add(self, key: str, v: Any) -> None:
         if v is not None:
@@ -408,7 +418,9 @@ class TrainmeterCallback:
             if self._batch_began is not None:
                 self._add("compute", max(0.0, now - self._batch_began))
             self._batch_began = None
-            self._add("tokens", self._tokens(batch))
+            self._add("batches", 1)
+            if not self._fixed_tokens():
+                self._add("tokens", self._tokens(batch))
             self._add("samples", _batch_samples(batch))
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
             if loss is None:  # manual optimisation, or a step that returned nothing
