@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"gopkg.in/yaml.v3"
 
 	"github.com/trainmeter/trainmeter/collector/internal/collectorconfig"
 )
@@ -166,4 +167,28 @@ func TestConfigDocListsEveryKeyAndFlag(t *testing.T) {
 			t.Errorf("docs/config.md does not name the flag `--%s`", f.Name)
 		}
 	})
+}
+
+// The Kubernetes ConfigMap's collector.yaml passes the same check.
+func TestKubernetesCollectorYAML(t *testing.T) {
+	b, err := os.ReadFile("../../../deploy/kubernetes/collector.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm struct {
+		Kind string
+		Data map[string]string
+	}
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if err := yaml.Unmarshal([]byte(doc), &cm); err == nil && cm.Kind == "ConfigMap" {
+			break
+		}
+	}
+	c, err := resolve(t, write(t, cm.Data["collector.yaml"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Check(func(string) string { return "" }); err != nil || c.Store.Data != "/var/lib/trainmeter/data" {
+		t.Fatalf("ConfigMap collector.yaml: %v (data %q)", err, c.Store.Data)
+	}
 }
