@@ -149,7 +149,7 @@ install: build
 	done
 	install -m 0644 deploy/sysusers.d/trainmeter.conf $(DESTDIR)$(SYSUSERSDIR)/trainmeter.conf
 	install -m 0644 deploy/tmpfiles.d/trainmeter-rapl.conf $(DESTDIR)$(TMPFILESDIR)/trainmeter-rapl.conf
-	@for f in agent.yaml collector.env; do \
+	@for f in agent.yaml collector.yaml; do \
 		if [ -e $(DESTDIR)$(SYSCONFDIR)/trainmeter/$$f ]; then echo "install: keeping existing $(DESTDIR)$(SYSCONFDIR)/trainmeter/$$f"; \
 		else install -m 0644 deploy/etc/trainmeter/$$f $(DESTDIR)$(SYSCONFDIR)/trainmeter/$$f || exit 1; fi; \
 	done

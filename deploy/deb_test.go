@@ -29,7 +29,7 @@ var debFiles = map[string]os.FileMode{
 	"/usr/lib/sysusers.d/trainmeter.conf":              0o644,
 	"/usr/lib/tmpfiles.d/trainmeter-rapl.conf":         0o644,
 	"/etc/trainmeter/agent.yaml":                       0o644,
-	"/etc/trainmeter/collector.env":                    0o644,
+	"/etc/trainmeter/collector.yaml":                   0o644,
 }
 
 // debTestPrereqs skips (or, with TRAINMETER_REQUIRE_DEB_TEST set, as .ci/run
@@ -297,14 +297,14 @@ func checkInstalled(t *testing.T, root string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []string{"/etc/trainmeter/agent.yaml", "/etc/trainmeter/collector.env"} {
+	for _, c := range []string{"/etc/trainmeter/agent.yaml", "/etc/trainmeter/collector.yaml"} {
 		if !strings.Contains(string(conff), c+"\n") {
 			t.Errorf("%s is not a conffile:\n%s", c, conff)
 		}
 	}
 	for u, want := range map[string]string{
 		"trainmeter-agent.service": "ExecStart=/usr/bin/trainmeter-agent --config /etc/trainmeter/agent.yaml\n",
-		"trainmeter.service":       "ExecStart=/usr/bin/trainmeter serve --data /var/lib/trainmeter/data $TRAINMETER_SERVE_ARGS\n",
+		"trainmeter.service":       "ExecStart=/usr/bin/trainmeter serve --config /etc/trainmeter/collector.yaml\n",
 	} {
 		b, _ := os.ReadFile(filepath.Join(root, "usr/lib/systemd/system", u))
 		if !strings.Contains(string(b), want) {
@@ -362,7 +362,12 @@ func runInstalled(t *testing.T, root string) {
 
 	grpcAddr, colStatus, agentStatus := testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)
 	var colLog, agentLog bytes.Buffer
-	col := chroot(ctx, root, uid, gid, "/usr/bin/trainmeter", "serve", "--data", "/var/lib/trainmeter/data",
+	// The installed collector.yaml passes --check there, and the collector
+	// runs from it, as the unit runs it (flags: free ports).
+	if out, err := chroot(ctx, root, uid, gid, "/usr/bin/trainmeter", "serve", "--config", "/etc/trainmeter/collector.yaml", "--check").CombinedOutput(); err != nil {
+		t.Fatalf("serve --check of the installed collector.yaml: %v\n%s", err, out)
+	}
+	col := chroot(ctx, root, uid, gid, "/usr/bin/trainmeter", "serve", "--config", "/etc/trainmeter/collector.yaml",
 		"--listen", grpcAddr, "--status-listen", colStatus)
 	col.Stdout, col.Stderr = &colLog, &colLog
 	if err := col.Start(); err != nil {

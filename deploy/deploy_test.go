@@ -115,7 +115,8 @@ func TestSystemdUnitsAreHardened(t *testing.T) {
 		"trainmeter-agent.service": append(common, "RuntimeDirectory=trainmeter", "DeviceAllow=char-nvidia* rw",
 			"DeviceAllow=/dev/nvidiactl rw", "DeviceAllow=/dev/nvidia-uvm rw", "Nice=-20\n",
 			"ExecStart=/usr/bin/trainmeter-agent --config /etc/trainmeter/agent.yaml"),
-		"trainmeter.service": append(common, "LimitNOFILE=65536", "PrivateDevices=yes", "ExecStart=/usr/bin/trainmeter serve"),
+		"trainmeter.service": append(common, "LimitNOFILE=65536", "PrivateDevices=yes",
+			"ExecStart=/usr/bin/trainmeter serve --config /etc/trainmeter/collector.yaml\n"),
 	}
 	for u, keys := range want {
 		b, err := os.ReadFile(filepath.Join("systemd", u))

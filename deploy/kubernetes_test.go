@@ -106,14 +106,15 @@ func flagValues(c any) map[string]string {
 
 func TestKubernetesManifests(t *testing.T) {
 	m := loadManifests(t)
-	for _, k := range []string{"Namespace/trainmeter", "ConfigMap/trainmeter-agent", "DaemonSet/trainmeter-agent",
+	for _, k := range []string{"Namespace/trainmeter", "ConfigMap/trainmeter-agent", "ConfigMap/trainmeter-collector", "DaemonSet/trainmeter-agent",
 		"Deployment/trainmeter-collector", "Service/trainmeter-collector", "PersistentVolumeClaim/trainmeter-data"} {
 		if m[k] == nil {
 			t.Fatalf("missing %s", k)
 		}
 	}
 
-	// Collector: 1 replica, PVC at the --data parent, probes on --status-listen's port.
+	// Collector: 1 replica, its config the ConfigMap's collector.yaml, PVC
+	// at store.data's parent, probes on server.status_listen's port.
 	dep := m["Deployment/trainmeter-collector"]
 	if r, _ := get(dep, "spec", "replicas").(int); r != 1 {
 		t.Errorf("collector replicas %v, want 1", get(dep, "spec", "replicas"))
@@ -123,14 +124,38 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	pod := get(dep, "spec", "template", "spec")
 	col := get(pod, "containers", "0")
-	flags := flagValues(col)
 	if get(col, "args", "0") != "serve" {
 		t.Errorf("collector args must start with serve: %v", get(col, "args"))
 	}
+	if flagValues(col)["--config"] != "/etc/trainmeter/collector.yaml" {
+		t.Errorf("collector args lack --config=/etc/trainmeter/collector.yaml: %v", get(col, "args"))
+	}
+	configMount := ""
+	for _, vm := range get(col, "volumeMounts").([]any) {
+		for _, v := range get(pod, "volumes").([]any) {
+			if get(v, "name") == get(vm, "name") && str(get(v, "configMap", "name")) == "trainmeter-collector" {
+				configMount = str(get(vm, "mountPath"))
+			}
+		}
+	}
+	if configMount != "/etc/trainmeter" {
+		t.Errorf("ConfigMap trainmeter-collector mounted at %q, want /etc/trainmeter", configMount)
+	}
+	var colCfg struct {
+		Server struct {
+			Listen       string
+			StatusListen string `yaml:"status_listen"`
+		}
+		Store struct{ Data string }
+	}
+	if err := yaml.Unmarshal([]byte(str(get(m["ConfigMap/trainmeter-collector"], "data", "collector.yaml"))), &colCfg); err != nil {
+		t.Fatalf("ConfigMap collector.yaml: %v", err)
+	}
+	flags := map[string]string{"--listen": colCfg.Server.Listen, "--status-listen": colCfg.Server.StatusListen, "--data": colCfg.Store.Data}
 	listenPort := after(flags["--listen"])
 	statusPort := after(flags["--status-listen"])
 	if listenPort == "" || statusPort == "" || flags["--data"] == "" {
-		t.Fatalf("collector needs --listen, --status-listen and --data: %v", flags)
+		t.Fatalf("collector.yaml needs server.listen, server.status_listen and store.data: %v", flags)
 	}
 	ports := map[string]string{} // container port name -> number
 	for _, p := range get(col, "ports").([]any) {

@@ -15,9 +15,9 @@ import (
 // to overlayFlags would be silently dropped whenever --config is used.
 func TestEveryFlagIsHonouredWithConfig(t *testing.T) {
 	path := writeConfig(t, "collector: 127.0.0.1:1\n")
-	// Not configuration: the file itself, and how long shutdown may take
+	// Not configuration: the file itself, --check, and how long shutdown may take
 	// (an option of the process, kept beside the config).
-	notConfig := map[string]bool{"config": true, "shutdown-timeout": true}
+	notConfig := map[string]bool{"config": true, "check": true, "shutdown-timeout": true}
 	// A value that differs from the default and parses, by flag type.
 	values := map[string]string{
 		"string": "flag-value", "duration": "7s", "uint64": "12345", "int64": "123456789",

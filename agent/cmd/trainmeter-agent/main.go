@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,6 +35,7 @@ func main() {
 type options struct {
 	cfg             agent.Config
 	configFile      string
+	check           bool
 	shutdownTimeout time.Duration
 	allowUIDs       []uint
 	otelFlags       *otelexport.Flags
@@ -56,10 +58,15 @@ func newRootCmdWith(o *options) *cobra.Command {
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
+			if o.check {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: OK\n", cmp.Or(o.configFile, "flags"))
+				return nil
+			}
 			return run(cfg, o.shutdownTimeout)
 		},
 	}
 	bindFlags(cmd, o)
+	cmd.Flags().BoolVar(&o.check, "check", false, "validate the config file and flags, print OK and exit (1 and every problem when invalid)")
 	cmd.AddCommand(newDoctorCmd(nil))
 	cmd.AddCommand(newValidateCmd(nil))
 	return cmd

@@ -92,3 +92,30 @@ func TestDoctorSharesTheAgentsFlagsAndConfig(t *testing.T) {
 		t.Errorf("doctor ran with %+v", rep)
 	}
 }
+
+// --check validates the file and the flags and exits: OK and nil for the
+// shipped /etc/trainmeter/agent.yaml, every problem for a bad one; it
+// starts nothing (no GPU is opened).
+func TestCheckValidatesAndExits(t *testing.T) {
+	check := func(args ...string) (string, error) {
+		cmd := newRootCmd()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetArgs(append([]string{"--check"}, args...))
+		err := cmd.Execute()
+		return out.String(), err
+	}
+	shipped := "../../../deploy/etc/trainmeter/agent.yaml"
+	if out, err := check("--config", shipped); err != nil || out != shipped+": OK\n" {
+		t.Fatalf("shipped agent.yaml: %q, %v", out, err)
+	}
+	out, err := check("--config", writeConfig(t, "interval: 0s\nlog_level: loud\n"), "--socket-max-conns-per-uid", "0")
+	for _, want := range []string{"interval 0s", "log_level \"loud\"", "socket_max_conns_per_uid 0"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("check of a bad config: %v, want %q", err, want)
+		}
+	}
+	if strings.Contains(out, "OK") {
+		t.Errorf("a bad config printed %q", out)
+	}
+}

@@ -4,122 +4,19 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
-	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/money"
-	"github.com/trainmeter/trainmeter/pkg/prices"
 	"github.com/trainmeter/trainmeter/pkg/report"
-	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
-
-// EnvVastAIKey names the environment variable with the vast.ai API key,
-// used when --vastai-key-file is not given; EnvLambdaKey and EnvRunPodKey
-// the same for Lambda and RunPod.
-const (
-	EnvVastAIKey = "TRAINMETER_VASTAI_KEY"
-	EnvLambdaKey = "TRAINMETER_LAMBDA_KEY"
-	EnvRunPodKey = "TRAINMETER_RUNPOD_KEY"
-)
-
-// budgetServeFlags are `serve`'s budget, webhook and price flags.
-type budgetServeFlags struct {
-	cfg     *server.Config
-	keyFile string
-	// lambdaKeyFile and runpodKeyFile: the other providers' key files.
-	lambdaKeyFile, runpodKeyFile string
-	retries                      int
-	// webhookFiles hold webhook URLs, one a line.
-	webhookFiles []string
-}
-
-func addBudgetServeFlags(f *pflag.FlagSet, cfg *server.Config) *budgetServeFlags {
-	b := &budgetServeFlags{cfg: cfg}
-	f.StringArrayVar(&cfg.Alerts.Webhook.URLs, "webhook", nil, "POST every alert as JSON to this URL (repeatable; visible in ps: a URL with a secret goes in --webhook-url-file)")
-	f.StringArrayVar(&b.webhookFiles, "webhook-url-file", nil, "file of webhook URLs, one a line (# comments), each as --webhook; keeps secrets in URLs off the command line (repeatable)")
-	f.IntVar(&b.retries, "webhook-retries", 7, "retries of a failed alert delivery per webhook (network errors, 5xx and 429; with backoff)")
-	f.DurationVar(&cfg.Budget.EvalInterval, "budget-eval-interval", time.Second, "how often budgets are evaluated after runs changed")
-	f.StringVar(&cfg.Budget.Timezone, "budget-timezone", "UTC", "time zone of the calendar months of monthly budgets (IANA name)")
-	f.StringVar(&cfg.Prices.Provider, "price-provider", "", "GPU price sources, comma-separated: vastai, lambda, runpod, azure, file (empty: none)")
-	f.StringVar(&cfg.Prices.VastAIURL, "vastai-url", "", "vast.ai API base URL (default https://console.vast.ai)")
-	f.StringVar(&b.keyFile, "vastai-key-file", "", "file with the vast.ai API key (default $"+EnvVastAIKey+"; optional)")
-	f.StringVar(&cfg.Prices.LambdaURL, "lambda-url", "", "Lambda cloud API base URL (default "+prices.DefaultLambdaURL+")")
-	f.StringVar(&b.lambdaKeyFile, "lambda-key-file", "", "file with the Lambda API key (default $"+EnvLambdaKey+"; needed by --price-provider lambda)")
-	f.StringVar(&cfg.Prices.RunPodURL, "runpod-url", "", "RunPod GraphQL endpoint (default "+prices.DefaultRunPodURL+")")
-	f.StringVar(&b.runpodKeyFile, "runpod-key-file", "", "file with the RunPod API key (default $"+EnvRunPodKey+"; needed by --price-provider runpod)")
-	f.StringVar(&cfg.Prices.AzureURL, "azure-url", "", "Azure retail prices API base URL (default "+prices.DefaultAzureURL+"; no key)")
-	f.StringSliceVar(&cfg.Prices.AzureRegions, "azure-regions", nil, "Azure regions (armRegionName, comma-separated: eastus,westeurope) to price; default every region")
-	f.StringVar(&cfg.Prices.File, "price-file", "", "CSV or JSON price list for --price-provider file")
-	f.DurationVar(&cfg.Prices.FetchInterval, "price-fetch-interval", time.Hour, "how often prices are fetched, the first time at start (0: only by \"trainmeter prices fetch\")")
-	f.DurationVar(&cfg.Prices.MaxOfferAge, "price-max-age", 0, "a provider's offers older than this (its fetches failing) are stale: listed, but no current price (0: max(24h, 3 × --price-fetch-interval); imported lists never go stale)")
-	return b
-}
-
-// load reads the vast.ai key (file, else environment) and sets what the
-// flags imply.
-func (b *budgetServeFlags) load(getenv func(string) string) error {
-	if b.retries < 0 {
-		return fmt.Errorf("--webhook-retries must be >= 0, got %d", b.retries)
-	}
-	b.cfg.Alerts.Webhook.MaxAttempts = b.retries + 1
-	for _, f := range b.webhookFiles {
-		urls, err := readWebhookFile(f)
-		if err != nil {
-			return err
-		}
-		b.cfg.Alerts.Webhook.URLs = append(b.cfg.Alerts.Webhook.URLs, urls...)
-	}
-	for _, k := range []struct {
-		file, flag, env string
-		key             *string
-	}{
-		{b.keyFile, "--vastai-key-file", EnvVastAIKey, &b.cfg.Prices.VastAIKey},
-		{b.lambdaKeyFile, "--lambda-key-file", EnvLambdaKey, &b.cfg.Prices.LambdaKey},
-		{b.runpodKeyFile, "--runpod-key-file", EnvRunPodKey, &b.cfg.Prices.RunPodKey},
-	} {
-		if k.file != "" {
-			v, err := tlsfiles.ReadSecretFile(k.file)
-			if err != nil {
-				return fmt.Errorf("%s: %w", k.flag, err)
-			}
-			*k.key = v
-		} else if getenv != nil {
-			*k.key = strings.TrimSpace(getenv(k.env))
-		}
-	}
-	return nil
-}
-
-// readWebhookFile reads webhook URLs, one a line; blank lines and lines
-// starting with # are skipped. Errors name the file, never a URL (it may
-// hold a secret).
-func readWebhookFile(path string) ([]string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--webhook-url-file: %w", err)
-	}
-	var urls []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
-			urls = append(urls, line)
-		}
-	}
-	if len(urls) == 0 {
-		return nil, fmt.Errorf("--webhook-url-file %s: no URL in it", path)
-	}
-	return urls, nil
-}
 
 func newBudgetCommand(cf *clientFlags) *cobra.Command {
 	var asJSON bool

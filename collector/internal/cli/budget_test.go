@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/collector/internal/collectorconfig"
 )
 
 func TestBudgetCommands(t *testing.T) {
@@ -153,13 +153,14 @@ func TestWebhookURLFile(t *testing.T) {
 	if err := os.WriteFile(file, []byte("# Slack\nhttps://hooks.example/services/T0/B0/s3cret\n\nhttps://alice:pw@alerts.example/in\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var cfg server.Config
+	conf := collectorconfig.Default()
 	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
-	b := addBudgetServeFlags(fs, &cfg)
+	collectorconfig.BindFlags(fs, &conf)
 	if err := fs.Parse([]string{"--webhook", "https://plain.example/x", "--webhook-url-file", file}); err != nil {
 		t.Fatalf("%v (want --webhook-url-file)", err)
 	}
-	if err := b.load(nil); err != nil {
+	cfg, err := conf.ServerConfig(nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"https://plain.example/x", "https://hooks.example/services/T0/B0/s3cret", "https://alice:pw@alerts.example/in"}

@@ -29,7 +29,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/trainmeter/trainmeter/collector/internal/ingest"
+	"github.com/trainmeter/trainmeter/collector/internal/collectorconfig"
 	"github.com/trainmeter/trainmeter/collector/internal/rpcerr"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
@@ -94,91 +94,54 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 	return root
 }
 
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, fmt.Errorf("log level %q: want debug, info, warn or error", s)
-	}
-	return l, nil
-}
-
 func newServeCommand(getenv func(string) string) *cobra.Command {
-	cfg := server.Config{}
-	var level string
-	var shutdownTimeout time.Duration
-	var memoryLimitMiB int64
-	var budgetFlags *budgetServeFlags
-	var costFlags costServeFlags
-	var carbonFlags carbonServeFlags
+	cfg := collectorconfig.Default()
+	var configFile string
+	var check bool
 	var otelFlags *otelexport.Flags
 	c := &cobra.Command{
 		Use:   "serve",
-		Short: "Run the collector",
-		Args:  cobra.NoArgs,
+		Short: "Run the collector (--config collector.yaml; flags given override the file)",
+		Long: `Run the collector. Its configuration is collector.yaml (--config; every key in
+docs/config.md); a flag given on the command line overrides the file's key.
+--check validates the file and the flags, reads the files they name, prints OK
+and exits 0, or lists every problem and exits 1.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			lvl, err := parseLevel(level)
-			if err != nil {
-				return err
-			}
-			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
-			if err := applyMemoryLimit(memoryLimitMiB, getenv, log); err != nil {
-				return err
-			}
-			if err := budgetFlags.load(getenv); err != nil {
-				return err
-			}
-			if err := costFlags.apply(&cfg); err != nil {
-				return err
-			}
-			if err := carbonFlags.apply(&cfg, getenv); err != nil {
-				return err
-			}
+			ferr := collectorconfig.Resolve(cmd.Flags(), configFile, &cfg)
 			if err := otelFlags.Apply(); err != nil {
+				ferr = errors.Join(ferr, err)
+			}
+			sc, err := cfg.Check(getenv)
+			if err = errors.Join(ferr, err); err != nil {
 				return err
 			}
-			cfg.UIListenDefault = !cmd.Flags().Changed("ui-listen")
-			if err := cfg.Validate(); err != nil {
+			sc.UIListenDefault = sc.UIListenDefault && !cmd.Flags().Changed("ui-listen")
+			if check {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: OK\n", cmp.Or(configFile, "flags"))
+				return nil
+			}
+			var lvl slog.Level
+			_ = lvl.UnmarshalText([]byte(cfg.Server.LogLevel)) // checked above
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			if err := applyMemoryLimit(cfg.Server.MemoryLimitMiB, getenv, log); err != nil {
 				return err
 			}
-			srv := server.New(cfg, log)
+			srv := server.New(sc, log)
 			if err := srv.Start(cmd.Context()); err != nil {
 				return err
 			}
 			<-cmd.Context().Done()
 			log.Info("shutting down")
-			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout)
 			defer cancel()
 			return srv.Shutdown(ctx)
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&cfg.Listen, "listen", server.DefaultListen, "address to listen on HOST:PORT")
-	f.StringVar(&cfg.DataDir, "data", "./trainmeter-data", "data directory (BadgerDB)")
-	f.Float64Var(&cfg.GPUPricePerHour, "gpu-price-per-hour", 0, "default $ per GPU-hour for runs that send none (0 = unknown)")
-	f.Float64Var(&cfg.EnergyPricePerKWh, "energy-price-kwh", 0, "energy price in $ per kWh (0 = unknown)")
-	f.Float64Var(&cfg.GridGCO2PerKWh, "grid-gco2-kwh", 0, "grid carbon intensity in gCO2 per kWh (0 = unknown); with --carbon-file or --carbon-api, for the energy they do not cover")
-	costFlags.add(f, &cfg)
-	carbonFlags.add(f, &cfg)
-	f.DurationVar(&cfg.GCInterval, "gc-interval", 5*time.Minute, "value-log GC interval (0 disables)")
-	f.Int64Var(&memoryLimitMiB, "memory-limit-mib", defaultMemoryLimitMiB, "soft memory limit of the Go heap in MiB: garbage is collected more often near it, and it is exceeded when live data needs more (0: none; GOMEMLIMIT wins)")
-	f.DurationVar(&cfg.CommitWindow, "commit-window", server.DefaultCommitWindow, "how long a batch waits for others to share its durable commit (acks up to this much later; fewer syncs per batch: docs/benchmarks.md); 0: commit at once")
-	f.IntVar(&cfg.MaxLiveRunsPerNode, "max-live-runs-per-node", server.DefaultMaxLiveRunsPerNode, "refuse a run_start that would make more runs live on one node at once (docs/security.md)")
-	f.IntVar(&cfg.MaxNewRunsPerMinute, "max-new-runs-per-minute", server.DefaultMaxNewRunsPerMinute, "refuse a node's run_start of a new run id beyond this many a minute (docs/security.md)")
-	f.IntVar(&cfg.MaxBatchRunRecords, "max-batch-run-records", ingest.DefaultMaxBatchRunRecords, "reject a batch with more records naming a run (windows, events, loss records, host energy shares) than this (docs/security.md)")
-	f.DurationVar(&cfg.RawRetention, "raw-retention", 0, "drop raw records (GPU/host windows, raw samples, run windows/events) older than this, e.g. 720h; run aggregates are kept (0: keep all)")
-	f.StringVar(&cfg.StatusListen, "status-listen", "", "serve GET /healthz and GET /status on HOST:PORT (empty: off)")
-	f.StringVar(&cfg.UIListen, "ui-listen", server.DefaultUIListen, "serve the web console on HOST:PORT (empty: off); same TLS and read token as the query API (docs/console.md)")
-	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
-	f.StringVar(&cfg.TLSCertFile, "tls-cert", "", "serve TLS with this PEM certificate (chain); re-read when it changes")
-	f.StringVar(&cfg.TLSKeyFile, "tls-key", "", "PEM private key of --tls-cert")
-	f.StringVar(&cfg.TLSClientCAFile, "tls-client-ca", "", "require client certificates signed by this PEM CA bundle (mTLS)")
-	f.StringVar(&cfg.IngestTokensFile, "ingest-tokens", "", "YAML file of node: token; agents must send their node's token")
-	f.StringVar(&cfg.ReadTokenFile, "read-token-file", "", "file with the token for read-only query RPCs")
-	f.StringVar(&cfg.AdminTokenFile, "admin-token-file", "", "file with the admin token (all query RPCs, DeleteRun)")
-	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
-	budgetFlags = addBudgetServeFlags(f, &cfg)
-	otelFlags = otelexport.BindFlags(f, &cfg.OTel)
-	f.BoolVar(&cfg.PrometheusRunMetrics, "prometheus-run-metrics", false, "show the run-level series of /metrics (run ids, models, budget scopes) to every scrape; default: only to scrapes with the read or admin token (docs/otel.md)")
+	f.StringVar(&configFile, "config", "", "YAML config file (docs/config.md); flags given on the command line override it")
+	f.BoolVar(&check, "check", false, "validate the config file and flags, print OK and exit (1 and every problem when invalid)")
+	otelFlags = collectorconfig.BindFlags(f, &cfg)
 	return c
 }
 

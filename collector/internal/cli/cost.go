@@ -9,73 +9,13 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
-	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
-
-// costServeFlags are `serve`'s cost model flags that need parsing.
-type costServeFlags struct {
-	tariffFile string
-	nodePrices []string
-	priorities []string
-	ownedFile  string
-	pue        float64
-}
-
-func (f *costServeFlags) add(fs *pflag.FlagSet, cfg *server.Config) {
-	fs.StringVar(&f.tariffFile, "tariff", "", "time-of-use energy tariff (YAML, docs/costs.md); instead of --energy-price-kwh")
-	fs.BoolVar(&cfg.EnergyIncluded, "energy-included", false, "the GPU price includes power (cloud rentals): energy cost is 0")
-	fs.StringArrayVar(&f.nodePrices, "node-gpu-price", nil, "NODE=USD: $ per GPU-hour of NODE's GPUs when run_start gives none (repeatable)")
-	fs.StringVar(&f.ownedFile, "owned-hardware", "", "owned GPUs priced from their purchase, and the PUE (YAML, docs/costs.md)")
-	fs.Float64Var(&f.pue, "pue", 0, "power usage effectiveness (>= 1): energy cost and CO2 are of GPU energy × PUE (default: the --owned-hardware file's, else 1)")
-	fs.StringArrayVar(&f.priorities, "priority-multiplier", nil, "PRIORITY=X: compute cost multiplier for runs whose priority label is PRIORITY (repeatable)")
-}
-
-func (f *costServeFlags) apply(cfg *server.Config) error {
-	if f.tariffFile != "" {
-		t, err := cost.LoadTariff(f.tariffFile)
-		if err != nil {
-			return err
-		}
-		cfg.Tariff = t
-	}
-	if f.ownedFile != "" {
-		o, err := cost.LoadOwnedHardware(f.ownedFile)
-		if err != nil {
-			return fmt.Errorf("--owned-hardware: %w", err)
-		}
-		cfg.OwnedHardware, cfg.PUE = o, o.PUE
-	}
-	if f.pue != 0 {
-		cfg.PUE = f.pue // the flag wins over the file
-	}
-	parse := func(flag string, vals []string) (map[string]float64, error) {
-		if len(vals) == 0 {
-			return nil, nil
-		}
-		m := map[string]float64{}
-		for _, v := range vals {
-			k, x, err := cost.ParseKeyFloat(v)
-			if err != nil {
-				return nil, fmt.Errorf("--%s %w", flag, err)
-			}
-			m[k] = x
-		}
-		return m, nil
-	}
-	var err error
-	if cfg.NodeGPUPricePerHour, err = parse("node-gpu-price", f.nodePrices); err != nil {
-		return err
-	}
-	cfg.PriorityMultipliers, err = parse("priority-multiplier", f.priorities)
-	return err
-}
 
 // writeReportJSON writes the whole report.
 func writeReportJSON(w io.Writer, r *trainmeterv1.RunReport) error { return writeProtoJSON(w, r) }

@@ -6,12 +6,6 @@ import (
 	"runtime/debug"
 )
 
-// defaultMemoryLimitMiB is `serve --memory-limit-mib`'s default. Without a
-// limit the Go heap grows to twice its live data before a collection, which
-// at 10,000 agents put the collector at 1.3–1.7 GiB resident for about
-// 0.7 GiB of live data (docs/benchmarks.md).
-const defaultMemoryLimitMiB = 768
-
 // applyMemoryLimit sets the Go runtime's soft memory limit: the collector
 // collects garbage more often as its heap nears it, and exceeds it when its
 // live data needs more (it is not a cap that fails allocations). GOMEMLIMIT,
