@@ -3,8 +3,7 @@
 // (collector/internal/store) implements it; a second implementation must
 // pass the conformance suite in storage/storagetest.
 //
-// What every implementation guarantees (docs/architecture.md, "The store
-// seam"):
+// What every implementation guarantees (docs/storage.md):
 //
 //   - A batch is applied exactly once per (node, boot, seq): a batch
 //     applied before changes nothing and is reported Duplicate, across
