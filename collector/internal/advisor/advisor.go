@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/pkg/dataloader"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 
@@ -45,13 +46,6 @@ const (
 	idleAfter  = time.Hour
 	sweepEvery = time.Minute
 )
-
-// Store is what the advisor needs from the store.
-type Store interface {
-	GetRun(id string) (*aggregate.State, error)
-	PutRecords(ns string, kv map[string][]byte) error
-	ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (bool, error)) error
-}
 
 // Sender sends an advisory down a node's stream (ingest.Server.Advise).
 type Sender interface {
@@ -143,7 +137,7 @@ type runState struct {
 
 // Advisor is the live dataloader advisor.
 type Advisor struct {
-	st   Store
+	st   storage.Store
 	send Sender
 	log  *slog.Logger
 
@@ -166,7 +160,7 @@ type Advisor struct {
 
 // New returns an advisor; Start it, and register Observe with the ingest
 // server's OnApplied.
-func New(st Store, send Sender, log *slog.Logger) *Advisor {
+func New(st storage.Store, send Sender, log *slog.Logger) *Advisor {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -579,7 +573,7 @@ func epochKey(run, node string, epoch int64, at time.Time) string {
 }
 
 // History reads a run's stored evaluations and epochs.
-func History(st Store, run string) (*trainmeterv1.DataloaderHistoryResponse, error) {
+func History(st storage.Store, run string) (*trainmeterv1.DataloaderHistoryResponse, error) {
 	out := &trainmeterv1.DataloaderHistoryResponse{}
 	err := st.ScanRecords(Namespace, run+"\x00", func(k string, v []byte) (bool, error) {
 		rest := k[len(run)+1:]

@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -93,15 +94,9 @@ func (s Sinks) Alert(ctx context.Context, a Alert) {
 	}
 }
 
-// Store is the part of the store alerts need.
-type Store interface {
-	PutRecordIfAbsent(ns, k string, v []byte) (bool, error)
-	ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (bool, error)) error
-}
-
 // Recorder stores alerts once and tells the sinks of new ones.
 type Recorder struct {
-	Store Store
+	Store storage.Records
 	Sink  Sink
 }
 

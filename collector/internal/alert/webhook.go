@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
@@ -84,19 +85,12 @@ func (c WebhookConfig) withDefaults() WebhookConfig {
 	return c
 }
 
-// PendingStore is the part of the store the sender needs.
-type PendingStore interface {
-	PutRecord(ns, k string, v []byte) error
-	DeleteRecord(ns, k string) error
-	ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (bool, error)) error
-}
-
 // Webhooks POSTs alerts to URLs: one goroutine and one bounded queue per
 // URL (a slow receiver delays only itself), retries with capped exponential
 // backoff and jitter. Alert never blocks.
 type Webhooks struct {
 	cfg    WebhookConfig
-	store  PendingStore
+	store  storage.Records
 	log    *slog.Logger
 	client *http.Client
 	hooks  []*hook
@@ -118,7 +112,7 @@ type hook struct {
 
 // NewWebhooks returns a sender; store may be nil (no redelivery after a
 // restart).
-func NewWebhooks(cfg WebhookConfig, store PendingStore, log *slog.Logger) *Webhooks {
+func NewWebhooks(cfg WebhookConfig, store storage.Records, log *slog.Logger) *Webhooks {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}

@@ -24,7 +24,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
-	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/money"
@@ -153,15 +153,6 @@ func PeriodKey(period string, start time.Time, loc *time.Location) string {
 	return start.In(loc).Format("2006-01")
 }
 
-// Store is the part of the collector store the manager needs.
-type Store interface {
-	alert.Store
-	PutRecord(ns, k string, v []byte) error
-	GetRecord(ns, k string) ([]byte, error)
-	DeleteRecord(ns, k string) error
-	ListRuns(ids []string) ([]*aggregate.State, error)
-}
-
 // Advisor sends an advisory down to a node's agent (ingest.Server).
 type Advisor interface {
 	Advise(node string, adv *trainmeterv1.Advisory) bool
@@ -189,7 +180,7 @@ func (c Config) Validate() error {
 // Manager owns the budgets.
 type Manager struct {
 	cfg    Config
-	store  Store
+	store  storage.Store
 	report func(*aggregate.State) *trainmeterv1.RunReport
 	advise Advisor
 	rec    *alert.Recorder
@@ -230,7 +221,7 @@ type Manager struct {
 // New returns a manager. report turns a run's state into its report (the
 // collector's pricing); advise may be nil (no stop advisories); sink may be
 // nil.
-func New(cfg Config, st Store, report func(*aggregate.State) *trainmeterv1.RunReport, advise Advisor, sink alert.Sink, log *slog.Logger) *Manager {
+func New(cfg Config, st storage.Store, report func(*aggregate.State) *trainmeterv1.RunReport, advise Advisor, sink alert.Sink, log *slog.Logger) *Manager {
 	if cfg.EvalInterval == 0 {
 		cfg.EvalInterval = time.Second
 	}
@@ -379,7 +370,7 @@ func (m *Manager) Delete(scope, period string) error {
 		period = PeriodTotal
 	}
 	k := budgetKey(period, strings.TrimSpace(scope))
-	if _, err := m.store.GetRecord(NSBudgets, k); errors.Is(err, store.ErrNotFound) {
+	if _, err := m.store.GetRecord(NSBudgets, k); errors.Is(err, storage.ErrNotFound) {
 		return fmt.Errorf("%w: %s (%s)", ErrNoBudget, scope, period)
 	} else if err != nil {
 		return err

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
-	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -193,7 +193,7 @@ func (m *Manager) bindPlans() error {
 		}
 		pk := ps.run + "\x00" + keyHash(ps.key)
 		v, err := m.store.GetRecord(NSPendingPlans, pk)
-		if errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, storage.ErrNotFound) {
 			continue
 		}
 		if err != nil {
@@ -239,7 +239,7 @@ func (m *Manager) sweepPendingPlans() error {
 // Plan returns the plan of a run, if it has one.
 func (m *Manager) Plan(runID string) (RunPlan, bool, error) {
 	v, err := m.store.GetRecord(NSRunPlans, runID)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, storage.ErrNotFound) {
 		return RunPlan{}, false, nil
 	}
 	if err != nil {
@@ -341,8 +341,8 @@ func (m *Manager) checkCap(ctx context.Context, p RunPlan) error {
 		return nil
 	}
 	states, err := m.store.ListRuns([]string{p.RunID})
-	var nf *store.NotFoundError
-	if errors.As(err, &nf) || errors.Is(err, store.ErrNotFound) || len(states) == 0 {
+	var nf *storage.NotFoundError
+	if errors.As(err, &nf) || errors.Is(err, storage.ErrNotFound) || len(states) == 0 {
 		return nil // not started yet
 	}
 	if err != nil {

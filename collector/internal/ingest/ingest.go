@@ -21,15 +21,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
-
-// Store is what the ingest server needs from the store.
-type Store interface {
-	ApplyBatchResult(sender store.Sender, b *trainmeterv1.Batch) (store.Applied, error)
-	PutHello(h *trainmeterv1.Hello) error
-}
 
 // advisoryQueue is how many advisories may wait for one stream.
 const advisoryQueue = 64
@@ -53,7 +47,7 @@ type nodeState struct {
 type Server struct {
 	trainmeterv1.UnimplementedIngestServiceServer
 
-	store Store
+	store storage.Ingester
 	log   *slog.Logger
 	now   func() time.Time
 
@@ -107,7 +101,7 @@ type BatchObserver func(node string, b *trainmeterv1.Batch)
 func (s *Server) OnApplied(o BatchObserver) { s.observers = append(s.observers, o) }
 
 // New returns an ingest server over st. A nil log discards its logs.
-func New(st Store, log *slog.Logger) *Server {
+func New(st storage.Ingester, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -230,7 +224,7 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 	// An agent that does not say its loss records name their batch's
 	// window (older versions) keeps a dedup mark per batch: those records
 	// can find a batch by nothing else.
-	sender := store.Sender{Node: node, Boot: boot, LegacyLosses: !hello.GetLossWindowStart()}
+	sender := storage.Sender{Node: node, Boot: boot, LegacyLosses: !hello.GetLossWindowStart()}
 	log := s.log.With("node", node, "boot", boot)
 	if err := s.store.PutHello(hello); err != nil {
 		log.Error("store hello", "err", err)
@@ -313,7 +307,7 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 
 // handle processes one message after the Hello and returns the responses to
 // send, in order, or an error that ends the stream.
-func (s *Server) handle(log *slog.Logger, sender store.Sender, m *trainmeterv1.StreamRequest) ([]*trainmeterv1.StreamResponse, error) {
+func (s *Server) handle(log *slog.Logger, sender storage.Sender, m *trainmeterv1.StreamRequest) ([]*trainmeterv1.StreamResponse, error) {
 	node, boot := sender.Node, sender.Boot
 	if m.GetHello() != nil {
 		return nil, status.Error(codes.InvalidArgument, "hello sent twice on one stream")
@@ -350,7 +344,7 @@ func (s *Server) handle(log *slog.Logger, sender store.Sender, m *trainmeterv1.S
 	t0 := time.Now()
 	applied, err := s.store.ApplyBatchResult(sender, b)
 	dup := applied.Duplicate
-	if errors.Is(err, store.ErrBatchTooLarge) {
+	if errors.Is(err, storage.ErrBatchTooLarge) {
 		s.counters.rejected.Add(1)
 		s.noteSeq(log, node, boot, b.GetSeq())
 		log.Warn("batch rejected", "seq", b.GetSeq(), "reason", err.Error())

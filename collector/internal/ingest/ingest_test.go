@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	"github.com/trainmeter/trainmeter/internal/testkit"
@@ -51,7 +52,7 @@ func (g *gated) ApplyBatchResult(sender store.Sender, b *trainmeterv1.Batch) (st
 	return g.Store.ApplyBatchResult(sender, b)
 }
 
-func serve(t *testing.T, st Store) (*Server, *grpc.ClientConn) {
+func serve(t *testing.T, st storage.Ingester) (*Server, *grpc.ClientConn) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

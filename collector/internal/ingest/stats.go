@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/pkg/selfmetrics"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -87,10 +87,10 @@ const dropLogEvery = 10 * time.Second
 
 // noteDropped counts the records of a batch the store refused, per node,
 // and logs them at most every dropLogEvery per node.
-func (s *Server) noteDropped(log *slog.Logger, node string, a store.Applied) {
+func (s *Server) noteDropped(log *slog.Logger, node string, a storage.Applied) {
 	var n uint64
-	var first *store.Refusal
-	for _, list := range [][]store.Refusal{a.Dropped, a.Refused} {
+	var first *storage.Refusal
+	for _, list := range [][]storage.Refusal{a.Dropped, a.Refused} {
 		for i := range list {
 			n += uint64(list[i].Records)
 			if first == nil && list[i].Records > 0 {

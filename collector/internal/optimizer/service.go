@@ -15,39 +15,32 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/advisor"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
-	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/recommend"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// ServiceStore is what the recommendation service reads.
-type ServiceStore interface {
-	advisor.Store
-	ListRuns(ids []string) ([]*aggregate.State, error)
-	Nodes() ([]*trainmeterv1.NodeStatus, error)
-}
-
 // Service implements RecommendService.
 type Service struct {
 	trainmeterv1.UnimplementedRecommendServiceServer
-	st      ServiceStore
+	st      storage.Store
 	pricing aggregate.Pricing
 	catalog recommend.PriceCatalog
 }
 
 // NewService returns the recommendation service. catalog may be nil.
-func NewService(st ServiceStore, p aggregate.Pricing, catalog recommend.PriceCatalog) *Service {
+func NewService(st storage.Store, p aggregate.Pricing, catalog recommend.PriceCatalog) *Service {
 	return &Service{st: st, pricing: p, catalog: catalog}
 }
 
 func storeErr(err error) error {
-	var nf *store.NotFoundError
+	var nf *storage.NotFoundError
 	if errors.As(err, &nf) {
 		return status.Errorf(codes.NotFound, "unknown %s: %q", plural.Noun(int64(len(nf.IDs)), "run"), nf.IDs)
 	}
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, storage.ErrNotFound) {
 		return status.Error(codes.NotFound, "run not found")
 	}
 	return status.Errorf(codes.Internal, "store: %v", err)
@@ -143,7 +136,7 @@ func (s *Service) DataloaderHistory(_ context.Context, req *trainmeterv1.Dataloa
 		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
 	}
 	if _, err := s.st.GetRun(req.GetRunId()); err != nil {
-		if errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, storage.ErrNotFound) {
 			return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
 		}
 		return nil, storeErr(err)

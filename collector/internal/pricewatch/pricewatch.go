@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/money"
@@ -102,15 +103,6 @@ func ValidateSchedule(interval, maxOfferAge time.Duration) error {
 		errs = append(errs, fmt.Errorf("price max offer age (--price-max-age) %v must be longer than the fetch interval (--price-fetch-interval) %v: every catalog would be stale before its next fetch", maxOfferAge, interval))
 	}
 	return errors.Join(errs...)
-}
-
-// Store is the part of the collector store the watcher needs.
-type Store interface {
-	PutRecord(ns, k string, v []byte) error
-	PutRecords(ns string, kv map[string][]byte) error
-	GetRecord(ns, k string) ([]byte, error)
-	DeleteRecord(ns, k string) error
-	ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (bool, error)) error
 }
 
 // point is one stored history entry.
@@ -201,7 +193,7 @@ func (s snapshot) catalog(provider string) (catalog, bool) {
 type Watcher struct {
 	cfg       Config
 	providers []prices.Provider
-	store     Store
+	store     storage.Records
 	rec       *alert.Recorder
 	log       *slog.Logger
 
@@ -231,7 +223,7 @@ type Watcher struct {
 // New returns a watcher over the providers (fetched together, each
 // keeping its last good catalog); none: no fetching, history, imports and
 // queries only. rec may be nil (no alerts).
-func New(cfg Config, providers []prices.Provider, st Store, rec *alert.Recorder, log *slog.Logger) *Watcher {
+func New(cfg Config, providers []prices.Provider, st storage.Records, rec *alert.Recorder, log *slog.Logger) *Watcher {
 	if cfg.Rule == (prices.AlertRule{}) {
 		cfg.Rule = prices.DefaultAlertRule
 	}

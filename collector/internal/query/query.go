@@ -18,23 +18,12 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/advisor"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/page"
-	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/compare"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
-
-// Store is what the query service reads.
-type Store interface {
-	GetRun(id string) (*aggregate.State, error)
-	ListRuns(ids []string) ([]*aggregate.State, error)
-	Nodes() ([]*trainmeterv1.NodeStatus, error)
-	DeleteRun(id string) (int, error)
-	// DeleteLiveRun deletes a run that has not ended and drops its later
-	// data (a zombie otherwise: store/deleted.go).
-	DeleteLiveRun(id string) (int, error)
-}
 
 // Live tells which nodes have an open ingest stream (the ingest server).
 type Live interface {
@@ -44,7 +33,7 @@ type Live interface {
 // Server is the QueryService implementation.
 type Server struct {
 	trainmeterv1.UnimplementedQueryServiceServer
-	store   Store
+	store   storage.Store
 	live    Live
 	pricing aggregate.Pricing
 	plans   Plans
@@ -67,16 +56,16 @@ func (s *Server) attachPlan(r *trainmeterv1.RunReport) {
 }
 
 // New returns a query server. live may be nil (no node is then connected).
-func New(st Store, live Live, p aggregate.Pricing) *Server {
+func New(st storage.Store, live Live, p aggregate.Pricing) *Server {
 	return &Server{store: st, live: live, pricing: p}
 }
 
 func (s *Server) storeErr(err error) error {
-	var nf *store.NotFoundError
+	var nf *storage.NotFoundError
 	switch {
 	case errors.As(err, &nf):
 		return status.Errorf(codes.NotFound, "unknown %s: %q", plural.Noun(int64(len(nf.IDs)), "run"), nf.IDs)
-	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, storage.ErrNotFound):
 		return status.Error(codes.NotFound, "run not found")
 	}
 	return status.Errorf(codes.Internal, "store: %v", err)
@@ -113,26 +102,6 @@ func (s *Server) reports(ids []string) ([]*trainmeterv1.RunReport, error) {
 		})
 	}
 	return out, nil
-}
-
-// RunPager is a store that reads one page of every run, in run id order
-// (store.Store); without it each page of a listing reads every run.
-type RunPager interface {
-	RunsAfter(after string, limit int) ([]*aggregate.State, error)
-}
-
-// runsAfter is at most limit runs after run id after, in run id order.
-func (s *Server) runsAfter(after string, limit int) ([]*aggregate.State, error) {
-	if p, ok := s.store.(RunPager); ok {
-		return p.RunsAfter(after, limit)
-	}
-	all, err := s.store.ListRuns(nil)
-	if err != nil {
-		return nil, err
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i].RunID < all[j].RunID })
-	i := sort.Search(len(all), func(i int) bool { return all[i].RunID > after })
-	return all[i:min(len(all), i+limit)], nil
 }
 
 // eachOnAllCores calls fn(0) ... fn(n-1) on all cores: a page's reports
@@ -184,7 +153,7 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 		sts, err = s.store.ListRuns(ids[tok.Offset:end])
 		more = end < len(ids)
 	} else {
-		sts, err = s.runsAfter(tok.After, size+1)
+		sts, err = s.store.RunsAfter(tok.After, size+1)
 		more = len(sts) > size
 		sts = sts[:min(len(sts), size)]
 	}
@@ -242,7 +211,7 @@ func (s *Server) GetRun(_ context.Context, req *trainmeterv1.GetRunRequest) (*tr
 		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
 	}
 	st, err := s.store.GetRun(req.GetRunId())
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, storage.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
 	}
 	if err != nil {
@@ -263,11 +232,7 @@ func (s *Server) GetRun(_ context.Context, req *trainmeterv1.GetRunRequest) (*tr
 // advisor's advice, with their measured gain, to one run's report (only
 // GetRun: the history is a scan per run, too dear for every row of a list).
 func (s *Server) attachDataloaderChanges(r *trainmeterv1.RunReport) error {
-	st, ok := s.store.(advisor.Store)
-	if !ok {
-		return nil
-	}
-	h, err := advisor.History(st, r.GetRunId())
+	h, err := advisor.History(s.store, r.GetRunId())
 	if err != nil {
 		return s.storeErr(err)
 	}
@@ -401,7 +366,7 @@ func (s *Server) DeleteRun(_ context.Context, req *trainmeterv1.DeleteRunRequest
 		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
 	}
 	st, err := s.store.GetRun(req.GetRunId())
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err != nil && !errors.Is(err, storage.ErrNotFound) {
 		return nil, s.storeErr(err)
 	}
 	del := s.store.DeleteRun
@@ -413,7 +378,7 @@ func (s *Server) DeleteRun(_ context.Context, req *trainmeterv1.DeleteRunRequest
 		del = s.store.DeleteLiveRun
 	}
 	n, err := del(req.GetRunId())
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, storage.ErrNotFound) {
 		return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
 	}
 	if err != nil {

@@ -13,14 +13,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
-	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
-
-// RepriceStore is the store's reprice (store.Store.Reprice).
-type RepriceStore interface {
-	Reprice(id string, since time.Time, usdPerHour float64, reason string, report func(*aggregate.State) *trainmeterv1.RunReport) (before, after *trainmeterv1.RunReport, ch aggregate.Repricing, err error)
-}
 
 // MaxRepriceReason bounds the reason kept on each repriced run (bytes).
 const MaxRepriceReason = 512
@@ -32,10 +27,6 @@ func (s *Server) SetLogger(l *slog.Logger) { s.log = l }
 // booked GPU cost changes (docs/costs.md, "Locked prices"). Each run
 // repriced is logged and keeps when, its cost before and why.
 func (s *Server) Reprice(_ context.Context, req *trainmeterv1.RepriceRequest) (*trainmeterv1.RepriceResponse, error) {
-	rs, ok := s.store.(RepriceStore)
-	if !ok {
-		return nil, status.Error(codes.Unimplemented, "this collector's store cannot reprice")
-	}
 	price, reason := req.GetUsdPerGpuHour(), strings.TrimSpace(req.GetReason())
 	hasRun, hasSince := req.GetRunId() != "", req.GetSince() != nil
 	switch {
@@ -69,8 +60,8 @@ func (s *Server) Reprice(_ context.Context, req *trainmeterv1.RepriceRequest) (*
 	report := func(st *aggregate.State) *trainmeterv1.RunReport { return st.Report(s.pricing) }
 	resp := &trainmeterv1.RepriceResponse{}
 	for _, id := range ids {
-		before, after, ch, err := rs.Reprice(id, since, price, reason, report)
-		if errors.Is(err, store.ErrNotFound) {
+		before, after, ch, err := s.store.Reprice(id, since, price, reason, report)
+		if errors.Is(err, storage.ErrNotFound) {
 			return nil, status.Errorf(codes.NotFound, "run %q not found", id)
 		}
 		if err != nil {

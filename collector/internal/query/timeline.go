@@ -15,7 +15,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/advisor"
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
-	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -25,11 +25,6 @@ const DefaultTimelinePoints = 2000
 
 // minTimelinePoints keeps min/max downsampling meaningful.
 const minTimelinePoints = 10
-
-type timelineStore interface {
-	RunTimeline(runID string) ([]store.NodeWindow, []store.NodeEvent, error)
-	NodeGPUWindows(node string, from, to time.Time) ([]*trainmeterv1.Batch, error)
-}
 
 // nodeSpan is where and on which GPUs a run ran on one node.
 type nodeSpan struct {
@@ -62,18 +57,14 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	if maxPts < minTimelinePoints {
 		return nil, status.Errorf(codes.InvalidArgument, "max_points %d: want at least %d", maxPts, minTimelinePoints)
 	}
-	ts, ok := s.store.(timelineStore)
-	if !ok {
-		return nil, status.Error(codes.Unimplemented, "this store keeps no timelines")
-	}
 	agg, err := s.store.GetRun(req.GetRunId())
 	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, storage.ErrNotFound) {
 			return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
 		}
 		return nil, s.storeErr(err)
 	}
-	ws, es, err := ts.RunTimeline(req.GetRunId())
+	ws, es, err := s.store.RunTimeline(req.GetRunId())
 	if err != nil {
 		return nil, s.storeErr(err)
 	}
@@ -207,7 +198,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		if !perGPU {
 			continue
 		}
-		gpuSeries, err := gpuPower(ts, n, spans[n])
+		gpuSeries, err := gpuPower(s.store, n, spans[n])
 		if err != nil {
 			return nil, s.storeErr(err)
 		}
@@ -330,7 +321,7 @@ func downsample(t []int64, v []float64, maxPts int) ([]int64, []float64) {
 // gpuPower is the power of each of the run's GPUs on a node, from the
 // node's GPU windows (one a second, whole GPU: a GPU shared by two runs
 // shows both runs' draw).
-func gpuPower(ts timelineStore, node string, sp *nodeSpan) ([]*series, error) {
+func gpuPower(ts storage.Windows, node string, sp *nodeSpan) ([]*series, error) {
 	if sp == nil || len(sp.gpus) == 0 {
 		return nil, nil
 	}
@@ -370,35 +361,31 @@ func gpuPower(ts timelineStore, node string, sp *nodeSpan) ([]*series, error) {
 // alerts on the run's GPU model while it ran.
 func (s *Server) recordedEvents(run, gpuName string, first, last time.Time) ([]*trainmeterv1.TimelineEvent, error) {
 	var out []*trainmeterv1.TimelineEvent
-	if st, ok := s.store.(advisor.Store); ok {
-		h, err := advisor.History(st, run)
-		if err != nil {
-			return nil, err
-		}
-		for _, e := range h.GetEvaluations() {
-			if !e.GetChanged() {
-				continue
-			}
-			state := "sent"
-			if !e.GetDelivered() {
-				state = "not delivered"
-			}
-			out = append(out, &trainmeterv1.TimelineEvent{Time: e.GetTime(), Kind: "advice", Node: e.GetNode(),
-				Text: fmt.Sprintf("dataloader advice %s: num_workers %d, prefetch_factor %d (%s)", state, e.GetNumWorkers(), e.GetPrefetchFactor(), e.GetReason())})
-		}
+	h, err := advisor.History(s.store, run)
+	if err != nil {
+		return nil, err
 	}
-	if st, ok := s.store.(alert.Store); ok {
-		alerts, err := (&alert.Recorder{Store: st}).List("")
-		if err != nil {
-			return nil, err
+	for _, e := range h.GetEvaluations() {
+		if !e.GetChanged() {
+			continue
 		}
-		for _, a := range alerts {
-			switch {
-			case a.Kind == alert.KindBudget && slices.Contains(a.RunIDs, run):
-				out = append(out, &trainmeterv1.TimelineEvent{Time: timestamppb.New(a.Time), Kind: "budget_alert", Text: a.Message})
-			case a.Kind == alert.KindPrice && gpuName != "" && a.GPUName == gpuName && !first.IsZero() && !a.Time.Before(first) && !a.Time.After(last):
-				out = append(out, &trainmeterv1.TimelineEvent{Time: timestamppb.New(a.Time), Kind: "price_alert", Text: a.Message})
-			}
+		state := "sent"
+		if !e.GetDelivered() {
+			state = "not delivered"
+		}
+		out = append(out, &trainmeterv1.TimelineEvent{Time: e.GetTime(), Kind: "advice", Node: e.GetNode(),
+			Text: fmt.Sprintf("dataloader advice %s: num_workers %d, prefetch_factor %d (%s)", state, e.GetNumWorkers(), e.GetPrefetchFactor(), e.GetReason())})
+	}
+	alerts, err := (&alert.Recorder{Store: s.store}).List("")
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range alerts {
+		switch {
+		case a.Kind == alert.KindBudget && slices.Contains(a.RunIDs, run):
+			out = append(out, &trainmeterv1.TimelineEvent{Time: timestamppb.New(a.Time), Kind: "budget_alert", Text: a.Message})
+		case a.Kind == alert.KindPrice && gpuName != "" && a.GPUName == gpuName && !first.IsZero() && !a.Time.Before(first) && !a.Time.After(last):
+			out = append(out, &trainmeterv1.TimelineEvent{Time: timestamppb.New(a.Time), Kind: "price_alert", Text: a.Message})
 		}
 	}
 	return out, nil

@@ -17,13 +17,6 @@ import (
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// UsageStore is the store's raw scan that Usage needs.
-type UsageStore interface {
-	UsageScan(since, until time.Time, gpu func(node string, b *trainmeterv1.Batch) error,
-		run func(runID, node string, w *trainmeterv1.RunWindow) error,
-		deleted func(node string, d *storev1.DeletedRunWindow) error) error
-}
-
 // Idle, deleted and unlabeled group names in usage rows.
 const (
 	IdleKey      = "(idle)"
@@ -87,10 +80,6 @@ type usageAcc struct {
 // rows add up to the nodes' totals (their GPU-window figures plus any agent
 // downtime bridged).
 func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trainmeterv1.UsageResponse, error) {
-	us, ok := s.store.(UsageStore)
-	if !ok {
-		return nil, status.Error(codes.Unimplemented, "this collector's store cannot scan usage")
-	}
 	by := req.GetBy()
 	if len(by) == 0 {
 		by = []string{"node"}
@@ -196,7 +185,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		}
 		return keys
 	}
-	err = us.UsageScan(since, until, func(node string, b *trainmeterv1.Batch) error {
+	err = s.store.UsageScan(since, until, func(node string, b *trainmeterv1.Batch) error {
 		n := nodes[node]
 		if n == nil {
 			n = &trainmeterv1.NodeUsage{Node: node}

@@ -21,32 +21,6 @@ import (
 // (no run the collector accepted was on those GPUs), so usage rows still
 // add up to the node.
 
-// Refusal is a start the store refused, or a refused start whose node sent
-// more records of the run (dropped): what the agent is to be told.
-type Refusal struct {
-	RunID  string
-	Start  int64 // the refused RunStart's time, Unix ns
-	Reason string
-	// Records is the number of the batch's records of the run dropped.
-	Records int
-}
-
-// Applied is the outcome of ApplyBatchResult.
-type Applied struct {
-	// Duplicate: the batch was applied before; nothing changed.
-	Duplicate bool
-	// Refused lists the runs whose start the batch carried was refused, or
-	// whose records from a refused start on it carried were dropped: what
-	// the agent is told (StartRefused).
-	Refused []Refusal
-	// Dropped lists, per run, the batch's records the node may not send
-	// (authorize.go): dropped, the rest of the batch applied.
-	Dropped []Refusal
-	// Batch is the batch as applied when records were dropped from it (nil
-	// when none were): what observers of applied batches are to see.
-	Batch *trainmeterv1.Batch
-}
-
 // admitBatch decides the batch's run starts (membership, then the node's
 // limits), drops the records the node may not send (authorize.go) and
 // those of refused starts; it returns the batch to apply (b itself when

@@ -66,18 +66,10 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
-	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
-
-// ErrNotFound is returned for an unknown run.
-var ErrNotFound = errors.New("not found")
-
-// ErrBatchTooLarge is returned when a batch does not fit in one transaction;
-// retrying it cannot succeed.
-var ErrBatchTooLarge = errors.New("batch too large for one transaction")
 
 const (
 	maxConflictRetries = 20
@@ -433,17 +425,6 @@ func eventRun(e *trainmeterv1.RunEvent) string {
 // false).
 func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error) {
 	return s.ApplyBatchFrom(Sender{Node: node, Boot: boot}, b)
-}
-
-// Sender is who sent a batch: the node and its agent's boot (from the
-// stream's Hello), and what that agent's loss records can be checked by.
-type Sender struct {
-	Node, Boot string
-	// LegacyLosses: the agent's in-doubt loss records do not name their
-	// batch's window start (its Hello lacks loss_window_start: an agent
-	// from before that field). Its batches keep a b/ mark, the only thing
-	// such a record can find them by.
-	LegacyLosses bool
 }
 
 // ApplyBatchFrom is ApplyBatch for a batch from sender.
@@ -995,16 +976,6 @@ func (s *Store) GetRun(id string) (*aggregate.State, error) {
 	return st, err
 }
 
-// NotFoundError names the unknown run ids of a ListRuns call.
-type NotFoundError struct{ IDs []string }
-
-func (e *NotFoundError) Error() string {
-	return fmt.Sprintf("unknown %s: %q", plural.Noun(int64(len(e.IDs)), "run"), e.IDs)
-}
-
-// Unwrap makes errors.Is(err, ErrNotFound) true.
-func (e *NotFoundError) Unwrap() error { return ErrNotFound }
-
 // ListRuns returns the aggregates of the given runs, in that order, or of all
 // runs (ordered by run id) when ids is empty. Unknown ids give a
 // *NotFoundError (and no runs).
@@ -1164,18 +1135,6 @@ func (s *Store) RawSamples(node string) ([]*trainmeterv1.Batch, error) {
 	return out, err
 }
 
-// NodeWindow is a stored run window with the node that sent it.
-type NodeWindow struct {
-	Node   string
-	Window *trainmeterv1.RunWindow
-}
-
-// NodeEvent is a stored run event with the node that sent it.
-type NodeEvent struct {
-	Node  string
-	Event *trainmeterv1.RunEvent
-}
-
 // RunTimeline returns a run's raw windows and events with their nodes, per
 // node in time order (the timeline query).
 func (s *Store) RunTimeline(runID string) ([]NodeWindow, []NodeEvent, error) {
@@ -1201,14 +1160,14 @@ func (s *Store) RunTimeline(runID string) ([]NodeWindow, []NodeEvent, error) {
 		}
 		if err := scan(append(key("w/", runID), 0), func(node string, v []byte) error {
 			w := &trainmeterv1.RunWindow{}
-			ws = append(ws, NodeWindow{node, w})
+			ws = append(ws, NodeWindow{Node: node, Window: w})
 			return proto.Unmarshal(v, w)
 		}); err != nil {
 			return err
 		}
 		return scan(append(key("v/", runID), 0), func(node string, v []byte) error {
 			e := &trainmeterv1.RunEvent{}
-			es = append(es, NodeEvent{node, e})
+			es = append(es, NodeEvent{Node: node, Event: e})
 			return proto.Unmarshal(v, e)
 		})
 	})

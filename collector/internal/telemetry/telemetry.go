@@ -19,7 +19,7 @@ import (
 	otellog "go.opentelemetry.io/otel/log"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
-	"github.com/trainmeter/trainmeter/collector/internal/store"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -31,11 +31,6 @@ const (
 	DefaultRunWindow = 15 * time.Minute
 	DefaultMaxRuns   = 200
 )
-
-// Runs is what telemetry reads run aggregates from (the store).
-type Runs interface {
-	ListRuns(ids []string) ([]*aggregate.State, error)
-}
 
 // Nodes reports the connected agents and their GPUs (the ingest server).
 type Nodes interface {
@@ -93,7 +88,7 @@ type Options struct {
 	// through it while the components that feed Budgets and Recommendations
 	// are built.
 	Exporter *otelexport.Exporter
-	Runs     Runs
+	Runs     storage.Runs
 	Nodes    Nodes
 	Pricing  aggregate.Pricing
 	// Now is the collector's clock (time.Now if nil).
@@ -267,7 +262,7 @@ func (t *Telemetry) reports() ([]*trainmeterv1.RunReport, error) {
 		return nil, nil
 	}
 	sts, err := t.o.Runs.ListRuns(ids)
-	var nf *store.NotFoundError
+	var nf *storage.NotFoundError
 	if errors.As(err, &nf) {
 		t.forget(nf.IDs)
 		if ids = t.exportedRuns(); len(ids) == 0 {

@@ -1,0 +1,411 @@
+// Package storagetest is the conformance suite every storage.Store passes:
+// run it from the implementation's tests with a func that opens an empty
+// store.
+package storagetest
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
+	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Reopener is a store that can be closed and opened again on its data (a
+// collector restart). Reopen returns the store opened again; the Reopen
+// subtest runs only for stores that are Reopeners.
+type Reopener interface {
+	storage.Store
+	Reopen(t *testing.T) storage.Store
+}
+
+// Run runs the suite. open returns an empty store for one subtest and
+// closes it when the subtest ends (t.Cleanup).
+func Run(t *testing.T, open func(t *testing.T) storage.Store) {
+	for _, c := range []struct {
+		name string
+		fn   func(*testing.T, storage.Store)
+	}{
+		{"ApplyOnce", applyOnce},
+		{"ConcurrentDuplicates", concurrentDuplicates},
+		{"RunOnTwoNodes", runOnTwoNodes},
+		{"UsageAndDelete", usageAndDelete},
+		{"DeleteLiveRun", deleteLiveRun},
+		{"Pages", pages},
+		{"Records", records},
+		{"Reprice", reprice},
+		{"Reopen", reopen},
+	} {
+		t.Run(c.name, func(t *testing.T) { c.fn(t, open(t)) })
+	}
+}
+
+func apply(t *testing.T, st storage.Store, node, boot string, b *trainmeterv1.Batch) storage.Applied {
+	t.Helper()
+	a, err := st.ApplyBatchResult(storage.Sender{Node: node, Boot: boot}, b)
+	if err != nil {
+		t.Fatalf("apply %s/%s/%d: %v", node, boot, b.GetSeq(), err)
+	}
+	return a
+}
+
+// runBatch is batch seq of run over [sec, sec+1) on GPU 0: a window of
+// tokens and energy J (the GPU drew 100 J, the rest idle), with events.
+func runBatch(seq uint64, run string, sec float64, tokens uint64, energy float64, events ...*trainmeterv1.RunEvent) *trainmeterv1.Batch {
+	return tu.Batch(seq, sec, []*trainmeterv1.RunWindow{tu.Window(run, sec, tokens, energy)}, events...)
+}
+
+func report(t *testing.T, st storage.Store, run string) *trainmeterv1.RunReport {
+	t.Helper()
+	s, err := st.GetRun(run)
+	if err != nil {
+		t.Fatalf("run %q: %v", run, err)
+	}
+	return s.Report(aggregate.Pricing{})
+}
+
+// wantRun checks a run's tokens, nodes and stored windows and events.
+func wantRun(t *testing.T, st storage.Store, run string, tokens uint64, nodes, windows, events int) {
+	t.Helper()
+	r := report(t, st, run)
+	if r.GetTokensProcessed() != tokens || int(r.GetNodes()) != nodes {
+		t.Errorf("run %q: tokens %d nodes %d, want %d and %d", run, r.GetTokensProcessed(), r.GetNodes(), tokens, nodes)
+	}
+	ws, es, err := st.RunTimeline(run)
+	if err != nil || len(ws) != windows || len(es) != events {
+		t.Errorf("run %q timeline: %d windows %d events (%v), want %d and %d", run, len(ws), len(es), err, windows, events)
+	}
+}
+
+// usage sums a UsageScan over [since, until): GPU energy per node, run
+// window energy per run, and deleted runs' window energy per node.
+type usage struct {
+	node, run, deleted map[string]float64
+	gpuRecords         int
+}
+
+func scan(t *testing.T, st storage.Store, since, until time.Time) usage {
+	t.Helper()
+	u := usage{node: map[string]float64{}, run: map[string]float64{}, deleted: map[string]float64{}}
+	err := st.UsageScan(since, until, func(node string, b *trainmeterv1.Batch) error {
+		if len(b.GetGpuWindows()) > 0 {
+			u.gpuRecords++
+		}
+		for _, g := range b.GetGpuWindows() {
+			u.node[node] += g.GetEnergyCounterJ()
+		}
+		return nil
+	}, func(run, _ string, w *trainmeterv1.RunWindow) error {
+		u.run[run] += w.GetEnergyCounterJ()
+		return nil
+	}, func(node string, d *storev1.DeletedRunWindow) error {
+		u.deleted[node] += d.GetWindow().GetEnergyCounterJ()
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("usage scan: %v", err)
+	}
+	return u
+}
+
+// applyOnce: a batch is applied once per (node, boot, seq); the same seq
+// from another boot is another batch.
+func applyOnce(t *testing.T, st storage.Store) {
+	if err := st.PutHello(&trainmeterv1.Hello{Node: "n1", BootId: "boot1", Gpus: []*trainmeterv1.GpuInfo{{Index: 0, Name: "Sim GPU"}}}); err != nil {
+		t.Fatal(err)
+	}
+	b := runBatch(1, "r", 0, 100, 50, tu.Start("r", 0, "m"))
+	if a := apply(t, st, "n1", "boot1", b); a.Duplicate {
+		t.Fatal("first apply reported duplicate")
+	}
+	for i := range 2 {
+		if a := apply(t, st, "n1", "boot1", runBatch(1, "r", 0, 100, 50, tu.Start("r", 0, "m"))); !a.Duplicate {
+			t.Fatalf("resend %d of the same (node, boot, seq) not reported duplicate", i+1)
+		}
+	}
+	if a := apply(t, st, "n1", "boot2", runBatch(1, "r", 1, 100, 50)); a.Duplicate {
+		t.Fatal("seq 1 of another boot reported duplicate")
+	}
+	wantRun(t, st, "r", 200, 1, 2, 1)
+	if u := scan(t, st, time.Time{}, time.Time{}); u.gpuRecords != 2 || u.node["n1"] != 200 || u.run["r"] != 100 {
+		t.Errorf("usage: %d GPU records, node %v J, run %v J; want 2, 200 and 100", u.gpuRecords, u.node["n1"], u.run["r"])
+	}
+	gw, err := st.NodeGPUWindows("n1", tu.T0.Add(-time.Hour), tu.T0.Add(time.Hour))
+	if err != nil || len(gw) != 2 {
+		t.Errorf("GPU windows of n1: %d (%v), want 2", len(gw), err)
+	}
+	ns, err := st.Nodes()
+	if err != nil || len(ns) != 1 || ns[0].GetNode() != "n1" || len(ns[0].GetGpus()) != 1 || ns[0].GetGpus()[0].GetName() != "Sim GPU" {
+		t.Errorf("nodes: %v (%v), want n1 with its hello's GPU", ns, err)
+	}
+}
+
+// concurrentDuplicates: one batch sent at once by several streams (an
+// agent reconnecting to another collector) is applied exactly once.
+func concurrentDuplicates(t *testing.T, st storage.Store) {
+	const senders = 8
+	var wg sync.WaitGroup
+	applied := make(chan bool, senders)
+	for range senders {
+		wg.Go(func() {
+			a, err := st.ApplyBatchResult(storage.Sender{Node: "n1", Boot: "b"}, runBatch(1, "r", 0, 100, 50, tu.Start("r", 0, "m")))
+			if err != nil {
+				t.Error(err)
+			}
+			applied <- err == nil && !a.Duplicate
+		})
+	}
+	wg.Wait()
+	close(applied)
+	n := 0
+	for ok := range applied {
+		if ok {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d of %d concurrent sends applied, want 1", n, senders)
+	}
+	wantRun(t, st, "r", 100, 1, 1, 1)
+}
+
+// runOnTwoNodes: one run's windows from two nodes add up in its
+// aggregate, and each stays with its node.
+func runOnTwoNodes(t *testing.T, st storage.Store) {
+	for _, node := range []string{"n1", "n2"} {
+		apply(t, st, node, "b", runBatch(1, "shared", 0, 10, 5, tu.Start("shared", 0, "m")))
+		apply(t, st, node, "b", runBatch(2, "shared", 1, 20, 5))
+	}
+	wantRun(t, st, "shared", 60, 2, 4, 2)
+	if r := report(t, st, "shared"); r.GetGpus() != 2 {
+		t.Errorf("gpus %d, want 2 (GPU 0 of each node)", r.GetGpus())
+	}
+	ws, _, err := st.RunTimeline("shared")
+	if err != nil {
+		t.Fatal(err)
+	}
+	per := map[string]uint64{}
+	for _, w := range ws {
+		per[w.Node] += w.Window.GetTokens()
+	}
+	if per["n1"] != 30 || per["n2"] != 30 {
+		t.Errorf("tokens per node %v, want 30 each", per)
+	}
+	u := scan(t, st, time.Time{}, time.Time{})
+	if u.node["n1"] != 200 || u.node["n2"] != 200 || u.run["shared"] != 20 {
+		t.Errorf("usage: nodes %v, run %v J; want 200 J a node and 20 J", u.node, u.run["shared"])
+	}
+}
+
+// usageAndDelete: usage scans by window start; a deleted run leaves
+// queries but not usage (its windows become the deleted run's), so runs +
+// deleted + idle still add up to the node.
+func usageAndDelete(t *testing.T, st storage.Store) {
+	apply(t, st, "n1", "b", runBatch(1, "gone", 0, 10, 60, tu.Start("gone", 0, "m")))
+	apply(t, st, "n1", "b", runBatch(2, "gone", 1, 10, 60, tu.End("gone", 2)))
+	apply(t, st, "n1", "b", runBatch(3, "kept", 2, 10, 30, tu.Start("kept", 2, "m")))
+	before := scan(t, st, time.Time{}, time.Time{})
+	if before.node["n1"] != 300 || before.run["gone"] != 120 || before.run["kept"] != 30 || before.deleted["n1"] != 0 {
+		t.Fatalf("usage before delete: %+v", before)
+	}
+	if u := scan(t, st, tu.T0.Add(time.Second), tu.T0.Add(2*time.Second)); u.node["n1"] != 100 || u.run["gone"] != 60 || u.run["kept"] != 0 {
+		t.Errorf("usage of [1 s, 2 s): %+v, want one second's windows", u)
+	}
+	n, err := st.DeleteRun("gone")
+	if err != nil || n == 0 {
+		t.Fatalf("delete: %d records, %v", n, err)
+	}
+	if _, err := st.GetRun("gone"); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("deleted run: %v, want ErrNotFound", err)
+	}
+	if ws, es, err := st.RunTimeline("gone"); err != nil || len(ws)+len(es) != 0 {
+		t.Errorf("deleted run's timeline: %d windows %d events (%v)", len(ws), len(es), err)
+	}
+	if runs, err := st.ListRuns(nil); err != nil || len(runs) != 1 || runs[0].RunID != "kept" {
+		t.Errorf("runs after delete: %v (%v), want only kept", runs, err)
+	}
+	after := scan(t, st, time.Time{}, time.Time{})
+	if after.node["n1"] != 300 || after.run["gone"] != 0 || after.run["kept"] != 30 || after.deleted["n1"] != 120 {
+		t.Errorf("usage after delete: %+v, want the node's 300 J with gone's 120 J deleted", after)
+	}
+	if _, err := st.DeleteRun("gone"); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("second delete: %v, want ErrNotFound", err)
+	}
+}
+
+// deleteLiveRun: a run deleted while live stays deleted when its node
+// sends more of it; the later windows count as the deleted run's.
+func deleteLiveRun(t *testing.T, st storage.Store) {
+	apply(t, st, "n1", "b", runBatch(1, "live", 0, 10, 60, tu.Start("live", 0, "m")))
+	if _, err := st.DeleteLiveRun("live"); err != nil {
+		t.Fatal(err)
+	}
+	if a := apply(t, st, "n1", "b", runBatch(2, "live", 1, 10, 60)); a.Duplicate {
+		t.Fatal("next batch reported duplicate")
+	}
+	if _, err := st.GetRun("live"); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("run after its next batch: %v, want ErrNotFound", err)
+	}
+	if u := scan(t, st, time.Time{}, time.Time{}); u.node["n1"] != 200 || u.run["live"] != 0 || u.deleted["n1"] != 120 {
+		t.Errorf("usage: %+v, want 200 J on the node, 120 J deleted", u)
+	}
+}
+
+// pages: runs list by id; a page starts after a cursor id, run or not.
+func pages(t *testing.T, st storage.Store) {
+	for i, id := range []string{"c", "a", "e", "b", "d"} {
+		apply(t, st, "n1", "b", runBatch(uint64(i+1), id, float64(i), 1, 1, tu.Start(id, float64(i), "m")))
+	}
+	ids := func(ss []*aggregate.State, err error) string {
+		if err != nil {
+			return err.Error()
+		}
+		out := ""
+		for _, s := range ss {
+			out += s.RunID
+		}
+		return out
+	}
+	for _, c := range []struct {
+		after string
+		limit int
+		want  string
+	}{{"", 2, "ab"}, {"b", 2, "cd"}, {"d", 2, "e"}, {"e", 2, ""}, {"bb", 2, "cd"}, {"", 0, ""}, {"", 10, "abcde"}} {
+		if got := ids(st.RunsAfter(c.after, c.limit)); got != c.want {
+			t.Errorf("RunsAfter(%q, %d) = %q, want %q", c.after, c.limit, got, c.want)
+		}
+	}
+	if got := ids(st.ListRuns(nil)); got != "abcde" {
+		t.Errorf("ListRuns(nil) = %q, want by id", got)
+	}
+	if got := ids(st.ListRuns([]string{"e", "a"})); got != "ea" {
+		t.Errorf("ListRuns(e, a) = %q, want in the order asked", got)
+	}
+	var nf *storage.NotFoundError
+	if _, err := st.ListRuns([]string{"a", "nope"}); !errors.As(err, &nf) || !slices.Equal(nf.IDs, []string{"nope"}) || !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("ListRuns with an unknown id: %v, want a NotFoundError naming it", err)
+	}
+	if _, err := st.GetRun("nope"); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("GetRun(nope): %v, want ErrNotFound", err)
+	}
+}
+
+// records: namespaced documents in key order.
+func records(t *testing.T, st storage.Store) {
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(st.PutRecord("ns", "b", []byte("2")))
+	must(st.PutRecords("ns", map[string][]byte{"a": []byte("1"), "c": []byte("3"), "x": []byte("9")}))
+	must(st.PutRecord("other", "a", []byte("other")))
+	if won, err := st.PutRecordIfAbsent("ns", "a", []byte("new")); won || err != nil {
+		t.Errorf("PutRecordIfAbsent over a record: %v %v, want false", won, err)
+	}
+	if won, err := st.PutRecordIfAbsent("ns", "d", []byte("4")); !won || err != nil {
+		t.Errorf("PutRecordIfAbsent: %v %v, want true", won, err)
+	}
+	if v, err := st.GetRecord("ns", "a"); err != nil || string(v) != "1" {
+		t.Errorf("GetRecord(ns, a) = %q %v, want 1", v, err)
+	}
+	must(st.DeleteRecord("ns", "x"))
+	must(st.DeleteRecord("ns", "never"))
+	if _, err := st.GetRecord("ns", "x"); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("deleted record: %v, want ErrNotFound", err)
+	}
+	got := ""
+	must(st.ScanRecords("ns", "", func(k string, v []byte) (bool, error) {
+		got += k + "=" + string(v) + " "
+		return k != "c", nil
+	}))
+	if got != "a=1 b=2 c=3 " {
+		t.Errorf("scan until c: %q", got)
+	}
+	got = ""
+	must(st.ScanRecords("other", "a", func(k string, v []byte) (bool, error) {
+		got += k + "=" + string(v)
+		return true, nil
+	}))
+	if got != "a=other" {
+		t.Errorf("scan of another namespace: %q", got)
+	}
+	errStop := errors.New("stop")
+	if err := st.ScanRecords("ns", "", func(string, []byte) (bool, error) { return true, errStop }); !errors.Is(err, errStop) {
+		t.Errorf("scan's error: %v, want fn's", err)
+	}
+}
+
+// reprice: a run's windows from a time on are booked at a new price.
+func reprice(t *testing.T, st storage.Store) {
+	for i := range 3 {
+		var evs []*trainmeterv1.RunEvent
+		if i == 0 {
+			evs = append(evs, tu.Start("r", 0, "m"))
+		}
+		apply(t, st, "n1", "b", runBatch(uint64(i+1), "r", float64(i), 10, 10, evs...))
+	}
+	rep := func(s *aggregate.State) *trainmeterv1.RunReport { return s.Report(aggregate.Pricing{}) }
+	before, after, ch, err := st.Reprice("r", tu.T0.Add(time.Second), 3600, "contract", rep)
+	if err != nil || before == nil || after == nil || ch.GPUSeconds != 2 {
+		t.Fatalf("reprice: before %v after %v, %v GPU-s (%v); want 2 GPU-s", before != nil, after != nil, ch.GPUSeconds, err)
+	}
+	ws, _, err := st.RunTimeline("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	priced := ""
+	for _, w := range ws {
+		priced += fmt.Sprint(w.Window.GetPriceLocked() && w.Window.GetLockedUsdPerGpuHour() == 3600, " ")
+	}
+	if priced != "false true true " {
+		t.Errorf("windows at the new price: %s, want the last two", priced)
+	}
+	if _, after, _, err := st.Reprice("r", tu.T0.Add(time.Hour), 1, "later", rep); err != nil || after != nil {
+		t.Errorf("reprice after the run: %v (%v), want nothing", after, err)
+	}
+	if _, _, _, err := st.Reprice("nope", time.Time{}, 1, "x", rep); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("reprice of an unknown run: %v, want ErrNotFound", err)
+	}
+}
+
+// reopen: what was committed is there after a restart, and a batch
+// applied before stays applied.
+func reopen(t *testing.T, st storage.Store) {
+	r, ok := st.(Reopener)
+	if !ok {
+		t.Skip("the store cannot be reopened")
+	}
+	apply(t, st, "n1", "b", runBatch(1, "r", 0, 100, 50, tu.Start("r", 0, "m")))
+	apply(t, st, "n2", "b", runBatch(1, "r", 0, 100, 50, tu.Start("r", 0, "m")))
+	apply(t, st, "n1", "b", runBatch(2, "gone", 1, 1, 10, tu.Start("gone", 1, "m"), tu.End("gone", 2)))
+	if _, err := st.DeleteRun("gone"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutRecord("ns", "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	want := scan(t, st, time.Time{}, time.Time{})
+	st = r.Reopen(t)
+	if a := apply(t, st, "n1", "b", runBatch(1, "r", 0, 100, 50, tu.Start("r", 0, "m"))); !a.Duplicate {
+		t.Error("a batch applied before the restart applied again")
+	}
+	wantRun(t, st, "r", 200, 2, 2, 2)
+	if _, err := st.GetRun("gone"); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("deleted run after restart: %v", err)
+	}
+	if v, err := st.GetRecord("ns", "k"); err != nil || string(v) != "v" {
+		t.Errorf("record after restart: %q %v", v, err)
+	}
+	if got := scan(t, st, time.Time{}, time.Time{}); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("usage after restart %+v, want %+v", got, want)
+	}
+}
