@@ -64,8 +64,8 @@ func TestBudgetCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	var f struct {
-		MeanRunUsd         float64 `json:"mean_run_usd"`
-		ExpectedUsd        float64 `json:"expected_usd"`
+		MeanRunUsd         float64  `json:"mean_run_usd"`
+		ExpectedUsd        float64  `json:"expected_usd"`
 		BudgetUsd          *float64 `json:"budget_usd"`
 		OverageProbability float64  `json:"overage_probability"`
 	}
