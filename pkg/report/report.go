@@ -41,7 +41,7 @@ import (
 type RunReport = trainmeterv1.RunReport
 
 // Field is one figure of a run: a CSV column, and what the runs table and
-// the OTel run metrics show of it.
+// the readable report show of it.
 type Field struct {
 	Name  string // the CSV column
 	Unit  string // "" for text, counts, flags and times
@@ -55,16 +55,10 @@ type Field struct {
 
 // Scopes (docs/measurement.md, "What each figure holds").
 const (
-	run        = "whole run"
-	runGPUs    = "whole run, all GPUs"
-	runRanks   = "whole run, all ranks"
-	runPerGPU  = "whole run, per GPU"
-	runNodes   = "whole run, all its nodes"
-	warm       = "after warmup"
-	warmGPUs   = "after warmup, all GPUs"
-	warmRanks  = "after warmup, all ranks"
-	perToken   = "J/{token}"
-	usdPerUnit = "USD/{unit}"
+	run, runGPUs, runRanks    = "whole run", "whole run, all GPUs", "whole run, all ranks"
+	runPerGPU, runNodes       = "whole run, per GPU", "whole run, all its nodes"
+	warm, warmGPUs, warmRanks = "after warmup", "after warmup, all GPUs", "after warmup, all ranks"
+	perToken, usdPerUnit      = "J/{token}", "USD/{unit}"
 )
 
 // fields are the CSV's columns in order: run_id, the contract columns, the
@@ -89,25 +83,18 @@ var fields = []Field{
 	{Name: "batch_size"}, {Name: "grad_accum"}, {Name: "seq_len"}, {Name: "precision"},
 	{Name: "seed"}, {Name: "notes"},
 	// required extras
-	{Name: "tokens_measured", Unit: "{token}", Scope: warmRanks},
-	{Name: "energy_total_J", Unit: "J", Scope: runGPUs},
+	{Name: "tokens_measured", Unit: "{token}", Scope: warmRanks}, {Name: "energy_total_J", Unit: "J", Scope: runGPUs},
 	{"energy_J_integrated", "J", warmGPUs, func(r *RunReport) any { return when(measured(r), r.GetEnergyJIntegrated()) }, false},
 	{Name: "energy_method", Scope: warm},
 	{Name: "gpus", Scope: run}, {Name: "nodes", Scope: run}, {Name: "gpu_name", Scope: run},
-	{Name: "gpu_hours", Unit: "h", Scope: runGPUs},
-	{Name: "cost_usd", Unit: "USD", Scope: runGPUs},
-	{Name: "energy_kWh", Unit: "kWh", Scope: runGPUs},
-	{Name: "energy_cost_usd", Unit: "USD", Scope: runGPUs},
-	{Name: "usd_per_mtok", Unit: "USD/M{token}", Scope: run},
-	{Name: "co2_kg", Unit: "kg", Scope: runGPUs},
+	{Name: "gpu_hours", Unit: "h", Scope: runGPUs}, {Name: "cost_usd", Unit: "USD", Scope: runGPUs},
+	{Name: "energy_kWh", Unit: "kWh", Scope: runGPUs}, {Name: "energy_cost_usd", Unit: "USD", Scope: runGPUs},
+	{Name: "usd_per_mtok", Unit: "USD/M{token}", Scope: run}, {Name: "co2_kg", Unit: "kg", Scope: runGPUs},
 	// further extras
 	{Name: "gpu_price_per_hour", Unit: "USD/h", Scope: run},
 	{"energy_disagreement_pct", "%", warm, func(r *RunReport) any { return when(hasCounter(r), r.GetEnergyDisagreementPct()) }, false},
-	{Name: "energy_estimated", Scope: run},
-	{Name: "gap_s", Unit: "s", Scope: run},
-	{Name: "steps", Scope: runRanks},
-	{Name: "data_wait_s", Unit: "s", Scope: runRanks},
-	{Name: "compute_s", Unit: "s", Scope: runRanks},
+	{Name: "energy_estimated", Scope: run}, {Name: "gap_s", Unit: "s", Scope: run}, {Name: "steps", Scope: runRanks},
+	{Name: "data_wait_s", Unit: "s", Scope: runRanks}, {Name: "compute_s", Unit: "s", Scope: runRanks},
 	{"data_wait_share", "1", runRanks, dataWaitShare, false},
 	{Name: "last_loss", Scope: run},
 	{"evals", "", run, func(r *RunReport) any { return uint64(len(r.GetEvals())) }, false},
@@ -116,26 +103,16 @@ var fields = []Field{
 	{"end_time", "", "", func(r *RunReport) any { return at(r.GetEnd()) }, false},
 	// data dropped on an agent (spool or disk full, rejected batch)
 	{"complete", "", runNodes, func(r *RunReport) any { return Complete(r) }, false},
-	{Name: "lost_batches", Scope: runNodes},
-	{Name: "lost_tokens", Unit: "{token}", Scope: runNodes},
-	{Name: "lost_energy_J", Unit: "J", Scope: runNodes},
+	{Name: "lost_batches", Scope: runNodes}, {Name: "lost_tokens", Unit: "{token}", Scope: runNodes}, {Name: "lost_energy_J", Unit: "J", Scope: runNodes},
 	// cost model and throughput/compute report (docs/costs.md)
-	{Name: "total_cost_usd", Unit: "USD", Scope: run},
-	{Name: "projected_cost_usd", Unit: "USD", Scope: run},
+	{Name: "total_cost_usd", Unit: "USD", Scope: run}, {Name: "projected_cost_usd", Unit: "USD", Scope: run},
 	{"priority_multiplier", "1", run, func(r *RunReport) any { return when(r.GetPriorityMultiplier() > 0, r.GetPriorityMultiplier()) }, false},
-	{Name: "usd_per_sample", Unit: usdPerUnit, Scope: run, g9: true},
-	{Name: "epochs_done", Scope: run},
-	{Name: "usd_per_epoch", Unit: usdPerUnit, Scope: run, g9: true},
-	{Name: "accuracy_points", Scope: run},
-	{Name: "usd_per_accuracy_point", Unit: usdPerUnit, Scope: run, g9: true},
-	{Name: "efficiency_score", Unit: "1", Scope: run},
-	{Name: "steps_per_s", Unit: "1/s", Scope: warmRanks},
-	{Name: "epoch_s", Unit: "s", Scope: warm},
-	{Name: "est_total_s", Unit: "s", Scope: run},
-	{Name: "flops_per_step", Unit: "FLOP", Scope: run, g9: true},
-	{Name: "flops_total", Unit: "FLOP", Scope: run, g9: true},
-	{Name: "peak_TFLOPS", Unit: "TFLOP/s", Scope: "per GPU"},
-	{Name: "mfu", Unit: "1", Scope: warmGPUs},
+	{Name: "usd_per_sample", Unit: usdPerUnit, Scope: run, g9: true}, {Name: "epochs_done", Scope: run},
+	{Name: "usd_per_epoch", Unit: usdPerUnit, Scope: run, g9: true}, {Name: "accuracy_points", Scope: run},
+	{Name: "usd_per_accuracy_point", Unit: usdPerUnit, Scope: run, g9: true}, {Name: "efficiency_score", Unit: "1", Scope: run},
+	{Name: "steps_per_s", Unit: "1/s", Scope: warmRanks}, {Name: "epoch_s", Unit: "s", Scope: warm}, {Name: "est_total_s", Unit: "s", Scope: run},
+	{Name: "flops_per_step", Unit: "FLOP", Scope: run, g9: true}, {Name: "flops_total", Unit: "FLOP", Scope: run, g9: true},
+	{Name: "peak_TFLOPS", Unit: "TFLOP/s", Scope: "per GPU"}, {Name: "mfu", Unit: "1", Scope: warmGPUs},
 	{Name: "J_per_PFLOP", Unit: "J/PFLOP", Scope: warmGPUs, g9: true},
 	// run lifecycle (docs/measurement.md, "End status")
 	{Name: "end_status", Scope: run},
@@ -150,27 +127,20 @@ var fields = []Field{
 	// stated uncertainty of energy_J, ± % (docs/accuracy.md)
 	{Name: "energy_uncertainty_pct", Unit: "%", Scope: warmGPUs},
 	// host energy from RAPL (docs/measurement.md, "Host energy (CPU and DRAM)")
-	{Name: "cpu_energy_J", Unit: "J", Scope: runNodes},
-	{Name: "dram_energy_J", Unit: "J", Scope: runNodes},
-	{Name: "node_energy_J", Unit: "J", Scope: runNodes},
+	{Name: "cpu_energy_J", Unit: "J", Scope: runNodes}, {Name: "dram_energy_J", Unit: "J", Scope: runNodes}, {Name: "node_energy_J", Unit: "J", Scope: runNodes},
 	// carbon by the hour (docs/costs.md, "CO2")
-	{Name: "co2_gco2_per_kwh", Unit: "g/kWh", Scope: runGPUs},
-	{Name: "co2_source", Scope: run},
-	{Name: "carbon_zone", Scope: run},
+	{Name: "co2_gco2_per_kwh", Unit: "g/kWh", Scope: runGPUs}, {Name: "co2_source", Scope: run}, {Name: "carbon_zone", Scope: run},
 	// the run's host energy (CPU+DRAM) in batches dropped on an agent:
 	// empty where no node measured host energy, 0 where none was lost
 	{"lost_host_energy_J", "J", runNodes, func(r *RunReport) any {
 		return when(r.CpuEnergyJ != nil || r.GetLostHostEnergyJ() > 0, r.GetLostHostEnergyJ())
 	}, false},
 	// locked prices: the run's latest reprice (docs/costs.md, "Locked prices")
-	{Name: "repriced_at"},
-	{Name: "previous_cost_usd", Unit: "USD", Scope: run},
-	{Name: "previous_total_cost_usd", Unit: "USD", Scope: run},
-	{Name: "reprice_reason"},
+	{Name: "repriced_at"}, {Name: "previous_cost_usd", Unit: "USD", Scope: run},
+	{Name: "previous_total_cost_usd", Unit: "USD", Scope: run}, {Name: "reprice_reason"},
 	// why a rate after warmup is empty, and the share of the time after
 	// warmup with energy (docs/measurement.md, "Rates after warmup")
-	{Name: "rates_unavailable", Scope: warm},
-	{Name: "energy_coverage", Unit: "1", Scope: warmGPUs},
+	{Name: "rates_unavailable", Scope: warm}, {Name: "energy_coverage", Unit: "1", Scope: warmGPUs},
 	// the cause of a failed end, as the trainer gave it (docs/measurement.md,
 	// "End status")
 	{Name: "end_error", Scope: run},
@@ -232,9 +202,6 @@ func protoValue(name string) func(*RunReport) any {
 		return v.String()
 	}
 }
-
-// Fields returns the run's fields in CSV order.
-func Fields() []Field { return append([]Field(nil), fields...) }
 
 // Header returns the CSV header row.
 func Header() []string { return append([]string(nil), header...) }
@@ -298,26 +265,6 @@ const TimeFormat = time.RFC3339
 
 // Time formats t for human output (TimeFormat).
 func Time(t time.Time) string { return t.UTC().Format(TimeFormat) }
-
-// dur is the named field's seconds as a Duration; "" when unknown.
-func dur(r *RunReport, name string) string {
-	if v, known := byName[name].Value(r).(float64); known {
-		return Duration(v)
-	}
-	return ""
-}
-
-// humanTime is the run's start or end for human output; "" when unknown.
-func humanTime(r *RunReport, end bool) string {
-	t := r.GetStart()
-	if end {
-		t = r.GetEnd()
-	}
-	if t == nil {
-		return ""
-	}
-	return Time(t.AsTime())
-}
 
 // when is v where ok, else unknown (nil).
 func when(ok bool, v any) any {
@@ -466,15 +413,24 @@ func Count(v uint64) string {
 	return strconv.FormatUint(v, 10)
 }
 
-// Show is r's figure of the field called name in format, "-" when it is
+// figure is r's figure of the field called name in format, "-" when it is
 // unknown (or empty text).
-func Show(r *RunReport, name, format string) string {
+func figure(r *RunReport, name, format string) string {
+	return showWith(r, name, func(v any) string { return fmt.Sprintf(format, v) })
+}
+
+// showWith is r's figure of the field called name as show shows it; "-"
+// when it is unknown.
+func showWith(r *RunReport, name string, show func(any) string) string {
 	v := byName[name].Value(r)
 	if unknown(v) {
 		return "-"
 	}
-	return fmt.Sprintf(format, v)
+	return show(v)
 }
+
+func asDuration(v any) string { return Duration(v.(float64)) }
+func asTime(v any) string     { return Time(v.(time.Time)) }
 
 func unknown(v any) bool {
 	x, isFloat := v.(float64)
@@ -498,8 +454,8 @@ var tableColumns = []struct {
 	{"MODEL", "model", nil},
 	{"BACKEND", "backend", nil},
 	{"STATUS", "status", func(r *RunReport, _ any) string { return EndStatus(r) }},
-	{"START", "start_time", func(_ *RunReport, v any) string { return Time(v.(time.Time)) }},
-	{"WALL", "wall_s", func(_ *RunReport, v any) string { return Duration(v.(float64)) }},
+	{"START", "start_time", func(_ *RunReport, v any) string { return asTime(v) }},
+	{"WALL", "wall_s", func(_ *RunReport, v any) string { return asDuration(v) }},
 	{"TOKENS", "tokens_processed", func(_ *RunReport, v any) string { return Count(v.(uint64)) }},
 	{"TOK/S", "tok_per_s", sprintf("%.0f")},
 	{"J/TOKEN", "J_per_token", sprintf("%.4g")},
@@ -611,20 +567,6 @@ func dashS(ok bool, s string) string {
 		return "-"
 	}
 	return s
-}
-
-func optS(v *float64, format string) string {
-	if v == nil || !finite(*v) {
-		return "-"
-	}
-	return fmt.Sprintf(format, *v)
-}
-
-func optDur(v *float64) string {
-	if v == nil {
-		return "-"
-	}
-	return Duration(*v)
 }
 
 // writeCost writes the report's cost lines: the whole run, each line its
@@ -739,10 +681,10 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	line("backend", "%s", orDash(m.GetBackend()))
 	line("optimizer", "%s", orDash(m.GetOptimizer()))
 	line("precision", "%s", orDash(m.GetPrecision()))
-	line("batch size", "%s", Show(r, "batch_size", "%d"))
-	line("grad accum", "%s", Show(r, "grad_accum", "%d"))
-	line("seq len", "%s", Show(r, "seq_len", "%d"))
-	line("seed", "%s", Show(r, "seed", "%d"))
+	line("batch size", "%s", figure(r, "batch_size", "%d"))
+	line("grad accum", "%s", figure(r, "grad_accum", "%d"))
+	line("seq len", "%s", figure(r, "seq_len", "%d"))
+	line("seed", "%s", figure(r, "seed", "%d"))
 	if m.GetNotes() != "" {
 		line("notes", "%s", m.GetNotes())
 	}
@@ -758,17 +700,17 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 
 	b.WriteString("time\n")
-	line("start", "%s", orDash(humanTime(r, false)))
+	line("start", "%s", showWith(r, "start_time", asTime))
 	endLabel := "end"
 	if !r.GetEnded() {
 		endLabel = "last data"
 	}
-	line(endLabel, "%s", orDash(humanTime(r, true)))
-	line("wall", "%s (whole run)", orDash(dur(r, "wall_s")))
+	line(endLabel, "%s", showWith(r, "end_time", asTime))
+	line("wall", "%s (whole run)", showWith(r, "wall_s", asDuration))
 	if r.GetResumes() > 0 {
 		line("paused", "%s between an end and a resume (%s; not run time, in no rate)", Duration(r.GetPausedS()), plural.N(r.GetResumes(), "resume"))
 	}
-	line("warmup", "%s (excluded from the after-warmup figures)", orDash(dur(r, "warmup_s")))
+	line("warmup", "%s (excluded from the after-warmup figures)", showWith(r, "warmup_s", asDuration))
 	if NeverLeftWarmup(r) {
 		what := "the run never left its warmup"
 		if !r.GetEnded() {
@@ -790,19 +732,19 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	b.WriteString("tokens (all ranks)\n")
 	line("whole run", "%d in %s", r.GetTokensProcessed(), plural.N(r.GetSteps(), "step"))
 	line("after warmup", "%d", r.GetTokensMeasured())
-	line("throughput", "%s tok/s after warmup", Show(r, "tok_per_s", "%.1f"))
+	line("throughput", "%s tok/s after warmup", figure(r, "tok_per_s", "%.1f"))
 	if r.LastLoss != nil {
 		line("last loss", "%.4g", r.GetLastLoss())
 	}
 
 	b.WriteString("energy (all GPUs)\n")
 	line("whole run", "%.1f J = %.6g kWh", r.GetEnergyTotalJ(), r.GetEnergyKwh())
-	line("after warmup", "%s J (%s)", Show(r, "energy_J", "%.1f"), orDash(r.GetEnergyMethod()))
-	line("per token", "%s J after warmup (E10k %s J)", Show(r, "J_per_token", "%.6g"), Show(r, "E10k_J", "%.6g"))
+	line("after warmup", "%s J (%s)", figure(r, "energy_J", "%.1f"), orDash(r.GetEnergyMethod()))
+	line("per token", "%s J after warmup (E10k %s J)", figure(r, "J_per_token", "%.6g"), figure(r, "E10k_J", "%.6g"))
 	if c := r.EnergyCoverage; c != nil && *c < 1 {
 		line("energy coverage", "%.1f%% of the time after warmup had measured energy; J/token and power after warmup are over that part", 100**c)
 	}
-	line("integrated", "%s J after warmup", Show(r, "energy_J_integrated", "%.1f"))
+	line("integrated", "%s J after warmup", figure(r, "energy_J_integrated", "%.1f"))
 	if hasCounter(r) {
 		line("counter vs integ.", "%+.2f%%", r.GetEnergyDisagreementPct())
 	}
@@ -816,26 +758,26 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	writeHostEnergy(&b, line, r)
 
 	b.WriteString("power (all GPUs summed)\n")
-	line("average", "%s W whole run, %s W after warmup", Show(r, "avg_power_total_W", "%.1f"), Show(r, "avg_power_W", "%.1f"))
-	line("peak", "%s W whole run, %s W after warmup", Show(r, "peak_power_total_W", "%.1f"), Show(r, "peak_power_W", "%.1f"))
+	line("average", "%s W whole run, %s W after warmup", figure(r, "avg_power_total_W", "%.1f"), figure(r, "avg_power_W", "%.1f"))
+	line("peak", "%s W whole run, %s W after warmup", figure(r, "peak_power_total_W", "%.1f"), figure(r, "peak_power_W", "%.1f"))
 
 	b.WriteString("vram (per GPU, whole run)\n")
-	line("peak", "%s MiB (the highest on any one GPU)", Show(r, "vram_peak_MB", "%.0f"))
-	line("mean", "%s MiB", Show(r, "vram_avg_MB", "%.0f"))
+	line("peak", "%s MiB (the highest on any one GPU)", figure(r, "vram_peak_MB", "%.0f"))
+	line("mean", "%s MiB", figure(r, "vram_avg_MB", "%.0f"))
 
 	writeCost(&b, line, r)
 	writeCO2(line, r)
 
 	if r.StepsPerS != nil || r.FlopsTotal != nil {
 		b.WriteString("compute\n")
-		line("steps/s", "%s", optS(r.StepsPerS, "%.4g"))
-		line("time per epoch", "%s", optDur(r.EpochS))
-		line("est. total time", "%s", optDur(r.EstTotalS))
-		line("FLOPs per step", "%s", optS(r.FlopsPerStep, "%.4g"))
-		line("FLOPs total", "%s", optS(r.FlopsTotal, "%.4g"))
-		line("MFU", "%s", optS(r.Mfu, "%.4f"))
-		line("peak per GPU", "%s TFLOPS", optS(r.PeakTflops, "%.4g"))
-		line("J per PFLOP", "%s", optS(r.JPerPflop, "%.4g"))
+		line("steps/s", "%s", figure(r, "steps_per_s", "%.4g"))
+		line("time per epoch", "%s", showWith(r, "epoch_s", asDuration))
+		line("est. total time", "%s", showWith(r, "est_total_s", asDuration))
+		line("FLOPs per step", "%s", figure(r, "flops_per_step", "%.4g"))
+		line("FLOPs total", "%s", figure(r, "flops_total", "%.4g"))
+		line("MFU", "%s", figure(r, "mfu", "%.4f"))
+		line("peak per GPU", "%s TFLOPS", figure(r, "peak_TFLOPS", "%.4g"))
+		line("J per PFLOP", "%s", figure(r, "J_per_PFLOP", "%.4g"))
 	}
 
 	if len(r.GetEvals()) > 0 {
