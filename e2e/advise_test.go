@@ -287,11 +287,11 @@ func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
 	tr.send(`{"event":"run_end","run_id":"es"}`)
 	tr.sync()
 	rep := c.waitEnded("es")
-	if rep.TotalCostUsd <= 0 || rep.EnergyTotalJ <= 0 {
-		t.Fatalf("run has no cost/energy: $%v %v J", rep.TotalCostUsd, rep.EnergyTotalJ)
+	if rep.GetTotalCostUsd() <= 0 || rep.EnergyTotalJ <= 0 {
+		t.Fatalf("run has no cost/energy: $%v %v J", rep.GetTotalCostUsd(), rep.EnergyTotalJ)
 	}
-	if rep.EnergyCostUsd != 0 {
-		t.Fatalf("setup: the run has an energy cost ($%v); the hand computation counts GPU-hours only", rep.EnergyCostUsd)
+	if rep.GetEnergyCostUsd() != 0 {
+		t.Fatalf("setup: the run has an energy cost ($%v); the hand computation counts GPU-hours only", rep.GetEnergyCostUsd())
 	}
 	resp, err := c.recommendClient().Recommend(context.Background(), &trainmeterv1.RecommendRequest{RunIds: []string{"es"}})
 	if err != nil {
@@ -312,8 +312,8 @@ func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
 	if !strings.Contains(es.Title, "epoch 5") || math.Abs(es.Confidence-0.9) > 1e-9 {
 		t.Errorf("title %q confidence %v", es.Title, es.Confidence)
 	}
-	if resp.TotalSavingsUsd < es.SavingsUsd || resp.TotalSavingsUsd > rep.TotalCostUsd {
-		t.Errorf("total savings $%v: below one recommendation's $%v or above the run's cost $%v", resp.TotalSavingsUsd, es.SavingsUsd, rep.TotalCostUsd)
+	if resp.TotalSavingsUsd < es.SavingsUsd || resp.TotalSavingsUsd > rep.GetTotalCostUsd() {
+		t.Errorf("total savings $%v: below one recommendation's $%v or above the run's cost $%v", resp.TotalSavingsUsd, es.SavingsUsd, rep.GetTotalCostUsd())
 	}
 	out := c.cli("recommend", "es", "--min-confidence", "0.9")
 	if !strings.Contains(out, "[early_stopping]") || !strings.Contains(out, money.USD(es.SavingsUsd)) || !strings.Contains(out, "total potential savings") {
@@ -369,7 +369,7 @@ func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
 	}
 	perThroughput := func(id string) float64 {
 		r := reps[id]
-		return r.GpuPricePerHour * float64(r.Gpus) / r.GetTokPerS()
+		return r.GetGpuPricePerHour() * float64(r.Gpus) / r.GetTokPerS()
 	}
 	gap30 := 1 - perThroughput("m30-replay")/perThroughput("m30-sim")
 	gap10 := 1 - perThroughput("m10-replay")/perThroughput("m10-sim")
@@ -389,7 +389,7 @@ func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
 	if !strings.Contains(tier.Title, "on Replay GPU instead of Simulated H100") || len(tier.RunIds) != 1 || tier.RunIds[0] != "m30-sim" {
 		t.Errorf("m30 tier recommendation %v", tier)
 	}
-	within(t, "m30 tier savings $", tier.SavingsUsd, gap30*reps["m30-sim"].CostUsd, 1e-9)
+	within(t, "m30 tier savings $", tier.SavingsUsd, gap30*reps["m30-sim"].GetCostUsd(), 1e-9)
 	if r := findRec(resp.Recommendations, "compute_tier", "m10"); r != nil {
 		t.Errorf("a 10 %% gap gave a compute-tier recommendation: %v", r)
 	}

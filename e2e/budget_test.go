@@ -124,8 +124,8 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 		t.Fatalf("a budget without the stop policy stopped the run: %s", out)
 	}
 	r := c.waitEnded("b1")
-	if r.TotalCostUsd < 0.8 || r.BudgetScope != "e2e-team-budget" {
-		t.Fatalf("run cost $%v scope %q: want more than the $0.80 budget", r.TotalCostUsd, r.BudgetScope)
+	if r.GetTotalCostUsd() < 0.8 || r.BudgetScope != "e2e-team-budget" {
+		t.Fatalf("run cost $%v scope %q: want more than the $0.80 budget", r.GetTotalCostUsd(), r.BudgetScope)
 	}
 	want := []string{"0.5/actual", "0.75/actual", "0.9/actual", "1/actual", "0.5/projected", "0.75/projected", "0.9/projected", "1/projected"}
 	c.eventually("all 8 alerts at the receiver", func() bool {
@@ -165,8 +165,8 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 			spent, _ := a["spent_usd"].(float64)
 			limit, _ := a["budget_usd"].(float64)
 			th, _ := a["threshold"].(float64)
-			if limit != 0.8 || spent/limit < th || (kind == "actual" && spent > r.TotalCostUsd+1e-9) {
-				t.Errorf("%s alert at %v: spent_usd %v of budget_usd %v (run's final cost %v)", kind, th, spent, limit, r.TotalCostUsd)
+			if limit != 0.8 || spent/limit < th || (kind == "actual" && spent > r.GetTotalCostUsd()+1e-9) {
+				t.Errorf("%s alert at %v: spent_usd %v of budget_usd %v (run's final cost %v)", kind, th, spent, limit, r.GetTotalCostUsd())
 			}
 		}
 	}
@@ -221,8 +221,8 @@ func TestBudgetAlertsReachWebhookOnce(t *testing.T) {
 	if err := json.Unmarshal([]byte(c.cli("budget", "--json")), &st); err != nil {
 		t.Fatal(err)
 	}
-	if len(st.Budgets) != 1 || st.Budgets[0].Runs != 1 || math.Abs(st.Budgets[0].SpentUsd-r.TotalCostUsd) > 1e-9 || st.Budgets[0].Ratio < 1 {
-		t.Errorf("budget status %+v, run cost %v", st, r.TotalCostUsd)
+	if len(st.Budgets) != 1 || st.Budgets[0].Runs != 1 || math.Abs(st.Budgets[0].SpentUsd-r.GetTotalCostUsd()) > 1e-9 || st.Budgets[0].Ratio < 1 {
+		t.Errorf("budget status %+v, run cost %v", st, r.GetTotalCostUsd())
 	}
 	if table := c.cli("budget"); !strings.Contains(table, "e2e-team-budget") || !strings.Contains(table, "alert") {
 		t.Errorf("budget table:\n%s", table)
@@ -267,8 +267,8 @@ func TestStopBudgetStopsTrainer(t *testing.T) {
 		t.Errorf("trainer ran %v (%s steps): the stop came too late", took, m[1])
 	}
 	r := c.waitEnded("s1")
-	if r.TotalCostUsd < 0.2 || r.Labels["team"] != "e2e-stop" {
-		t.Errorf("run cost %v labels %v", r.TotalCostUsd, r.Labels)
+	if r.GetTotalCostUsd() < 0.2 || r.Labels["team"] != "e2e-stop" {
+		t.Errorf("run cost %v labels %v", r.GetTotalCostUsd(), r.Labels)
 	}
 	// The stop is the run's end status.
 	if r.EndStatus != "stopped: budget" || c.csvRow("s1")["end_status"] != "stopped: budget" {

@@ -85,7 +85,7 @@ func TestCompareMatchesReports(t *testing.T) {
 		closeRel(g.Key+" tok/s", g.TokPerS["mean"].(float64), mean(g.RunIDs, "tok_per_s"))
 		closeRel(g.Key+" VRAM peak", g.VramPeakMb["mean"].(float64), mean(g.RunIDs, "vram_peak_mb"))
 		closeRel(g.Key+" E10k_J", g.E10kJ["mean"].(float64), mean(g.RunIDs, "j_per_token")*1e4)
-		if g.JPerToken["has_interval"] != true {
+		if g.JPerToken["ci_low"] == nil {
 			t.Errorf("group %s: two runs, no interval: %v", g.Key, g.JPerToken)
 		}
 	}

@@ -114,8 +114,8 @@ func TestCostColumnsFlatTariff(t *testing.T) {
 	// The columns agree with each other to the CSV's rounding.
 	closeTo(t, "total = 2 × cost + energy", num(t, row, "total_cost_usd"), 2*num(t, row, "cost_usd")+num(t, row, "energy_cost_usd"), 3e-6)
 	closeTo(t, "gpu_price_per_hour", num(t, row, "gpu_price_per_hour"), 3.6, 1e-6)
-	if row["gpu_price_source"] != "default" || row["priority_multiplier"] != "2" {
-		t.Errorf("gpu_price_source %q priority_multiplier %q", row["gpu_price_source"], row["priority_multiplier"])
+	if row["price_source"] != "flag" || row["priority_multiplier"] != "2" {
+		t.Errorf("price_source %q priority_multiplier %q", row["price_source"], row["priority_multiplier"])
 	}
 	// Ended, and all 20480 planned tokens done: the projection is the total.
 	if row["projected_cost_usd"] != row["total_cost_usd"] || row["status"] != "ended" {
@@ -172,8 +172,8 @@ func TestCostColumnsTimeOfUseAcrossTheSwitch(t *testing.T) {
 	within(t, "energy_cost_usd", num(t, row, "energy_cost_usd"), energyUSD, costTol)
 	within(t, "cost_usd at the node's price", num(t, row, "cost_usd"), costGPUs*end.Sub(start).Seconds()/3600*7.2, costTol)
 	within(t, "total_cost_usd", num(t, row, "total_cost_usd"), costGPUs*end.Sub(start).Seconds()/3600*7.2+energyUSD, costTol)
-	if row["gpu_price_source"] != "node" || row["gpu_price_per_hour"] != "7.2" {
-		t.Errorf("gpu_price_source %q gpu_price_per_hour %q, want node and 7.2", row["gpu_price_source"], row["gpu_price_per_hour"])
+	if row["price_source"] != "node" || row["gpu_price_per_hour"] != "7.2" {
+		t.Errorf("price_source %q gpu_price_per_hour %q, want node and 7.2", row["price_source"], row["gpu_price_per_hour"])
 	}
 	closeTo(t, "total = cost + energy", num(t, row, "total_cost_usd"), num(t, row, "cost_usd")+num(t, row, "energy_cost_usd"), 2e-6)
 

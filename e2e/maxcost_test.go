@@ -40,8 +40,8 @@ gpus:
 		t.Fatalf("past run: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 	past := c.csvRow("past")
-	if past["price_source"] != "amortized" || past["gpu_price_source"] != "amortized" || num(t, past, "gpu_price_per_hour") != 900 {
-		t.Errorf("past run priced %s / %s at %s, want amortized at 900", past["price_source"], past["gpu_price_source"], past["gpu_price_per_hour"])
+	if past["price_source"] != "amortized" || num(t, past, "gpu_price_per_hour") != 900 {
+		t.Errorf("past run priced %s at %s, want amortized at 900", past["price_source"], past["gpu_price_per_hour"])
 	}
 	if got, want := num(t, past, "energy_cost_usd"), num(t, past, "energy_kWh")*1.5*0.2; math.Abs(got-want) > 1e-6 {
 		t.Errorf("energy_cost_usd %v, want energy_kWh × PUE 1.5 × $0.2 = %v", got, want)

@@ -160,8 +160,8 @@ func TestOTLPExportReachesARealOTelCollector(t *testing.T) {
 		"trainmeter.run.energy_per_token":   rep.GetJPerToken(),
 		"trainmeter.run.throughput":         rep.GetTokPerS(),
 		"trainmeter.run.power":              rep.GetAvgPowerW(),
-		"trainmeter.run.cost_usd":           rep.TotalCostUsd,
-		"trainmeter.run.projected_cost_usd": rep.ProjectedCostUsd,
+		"trainmeter.run.cost_usd":           rep.GetTotalCostUsd(),
+		"trainmeter.run.projected_cost_usd": rep.GetProjectedCostUsd(),
 		"trainmeter.run.data_wait_ratio":    rep.DataWaitS / (rep.DataWaitS + rep.ComputeS),
 		"trainmeter.run.active":             0,
 	}

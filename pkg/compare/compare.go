@@ -246,7 +246,7 @@ func summarize(runs []*trainmeterv1.RunReport) figures {
 		if r.GetVramPeakMb() > 0 {
 			vram = append(vram, r.GetVramPeakMb())
 		}
-		if (r.GetHasCost() || r.GetHasEnergyCost()) && r.GetUsdPerMtok() > 0 {
+		if r.GetUsdPerMtok() > 0 {
 			usd = append(usd, r.GetUsdPerMtok())
 		}
 	}
@@ -254,7 +254,11 @@ func summarize(runs []*trainmeterv1.RunReport) figures {
 }
 
 func stat(s Summary) *trainmeterv1.CompareStat {
-	return &trainmeterv1.CompareStat{Mean: s.Mean, HasInterval: s.HasInterval, CiLow: s.Low, CiHigh: s.High, Stddev: s.SD, N: uint32(s.N)}
+	st := &trainmeterv1.CompareStat{Mean: s.Mean, Stddev: s.SD, N: uint32(s.N)}
+	if s.HasInterval {
+		st.CiLow, st.CiHigh = &s.Low, &s.High
+	}
+	return st
 }
 
 func (f figures) proto(g group) *trainmeterv1.CompareGroup {
@@ -293,16 +297,16 @@ func ratio(a, b Summary, saving bool) *trainmeterv1.CompareDiff {
 	}
 	d := &trainmeterv1.CompareDiff{Value: a.Mean / b.Mean}
 	if lo, hi, ok := RatioInterval(a, b); ok {
-		d.HasInterval, d.CiLow, d.CiHigh = true, lo, hi
+		if saving {
+			lo, hi = (1-hi)*100, (1-lo)*100
+		}
+		d.CiLow, d.CiHigh = &lo, &hi
 	}
 	if p, ok := Welch(a, b); ok {
-		d.HasPValue, d.PValue = true, p
+		d.PValue = &p
 	}
 	if saving {
 		d.Value = (1 - d.Value) * 100
-		if d.HasInterval {
-			d.CiLow, d.CiHigh = (1-d.CiHigh)*100, (1-d.CiLow)*100
-		}
 	}
 	return d
 }

@@ -28,7 +28,7 @@ func TestCompareByBackend(t *testing.T) {
 		t.Fatalf("%v", resp)
 	}
 	bnb := resp.GetGroups()[0].GetJPerToken()
-	if bnb.GetN() != 3 || math.Abs(bnb.GetMean()-2) > 1e-12 || !bnb.GetHasInterval() {
+	if bnb.GetN() != 3 || math.Abs(bnb.GetMean()-2) > 1e-12 || bnb.CiLow == nil {
 		t.Errorf("bnb J/token %v", bnb)
 	}
 	var uns *trainmeterv1.CompareRow
@@ -46,7 +46,7 @@ func TestCompareByBackend(t *testing.T) {
 		t.Errorf("unsloth row %v", uns)
 	}
 	e := uns.GetEnergySavingPct()
-	if !e.GetHasInterval() || e.GetCiLow() > 45 || e.GetCiHigh() < 45 || !e.GetHasPValue() || e.GetPValue() <= 0 || e.GetPValue() > 0.05 {
+	if e.CiLow == nil || e.GetCiLow() > 45 || e.GetCiHigh() < 45 || e.PValue == nil || e.GetPValue() <= 0 || e.GetPValue() > 0.05 {
 		t.Errorf("energy saving %v: want an interval around 45 and p < 0.05", e)
 	}
 	if uns.GetCostSavingPct() != nil {
@@ -59,7 +59,7 @@ func TestCompareByBackend(t *testing.T) {
 		}
 	}
 	for _, r := range resp.GetRows() {
-		if r.GetKey() == "other" && (r.GetSpeedup().GetHasInterval() || r.GetSpeedup().GetHasPValue()) {
+		if r.GetKey() == "other" && (r.GetSpeedup().CiLow != nil || r.GetSpeedup().PValue != nil) {
 			t.Errorf("one-run group has an interval or p-value: %v", r)
 		}
 	}

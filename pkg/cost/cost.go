@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // PriceCatalog knows the current market price of a GPU model (the budget
@@ -29,17 +31,21 @@ const (
 	SourceCatalog   = "catalog"
 	SourceFlag      = "flag"
 	SourceMixed     = "mixed"
-	// SourceDefault is what the older gpu_price_source column says for
-	// SourceFlag; it keeps that column's values for existing readers.
-	SourceDefault = "default"
 )
 
-// LegacySource is src as the gpu_price_source column names it.
-func LegacySource(src string) string {
-	if src == SourceFlag {
-		return SourceDefault
+// Failed reports whether the run ended in failure (error, a non-zero exit,
+// a signal, lost): its figures describe a partial run, so forecasts, ROI,
+// the optimizer and baselines leave it out. A run stopped on request
+// (stopped: budget) did what it was asked and is not failed.
+func Failed(r *trainmeterv1.RunReport) bool {
+	if !r.GetEnded() {
+		return false
 	}
-	return src
+	switch st := r.GetEndStatus(); {
+	case st == "", st == "ok", st == "ended", strings.HasPrefix(st, "stopped"):
+		return false
+	}
+	return true
 }
 
 // PriorityLabel is the run_start key whose value selects the multiplier.

@@ -212,11 +212,19 @@ func rep(id, model string, at int, usd float64, acc *float64, tokens uint64) *tr
 	return &trainmeterv1.RunReport{
 		RunId: id, Metadata: &trainmeterv1.RunMetadata{Model: model},
 		Start:        timestamppb.New(time.Date(2026, 1, 1, at, 0, 0, 0, time.UTC)),
-		TotalCostUsd: usd, HasCost: usd > 0, AccuracyPoints: acc, TokensProcessed: tokens, GpuHours: usd / 2,
+		TotalCostUsd: priced(usd), AccuracyPoints: acc, TokensProcessed: tokens, GpuHours: usd / 2,
 	}
 }
 
 func f(v float64) *float64 { return &v }
+
+// priced is usd as a run's cost: unset (no price) when not above 0.
+func priced(usd float64) *float64 {
+	if usd <= 0 {
+		return nil
+	}
+	return &usd
+}
 
 func TestModelsROIAndEfficiency(t *testing.T) {
 	runs := []*trainmeterv1.RunReport{

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/trainmeter/trainmeter/pkg/prices"
-	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -30,7 +29,7 @@ var ErrNoEstimateHistory = errors.New("no ended runs with tokens and energy to e
 func usable(r *trainmeterv1.RunReport, model string) bool {
 	return r.GetEnded() && r.GetMetadata().GetModel() == model && !r.GetIncomplete() &&
 		r.GetTokensProcessed() > 0 && r.GetGpuHours() > 0 && r.GetEnergyTotalJ() > 0 &&
-		!report.Failed(r)
+		!Failed(r)
 }
 
 // Estimate gives the time, energy and cost of a run of req.Model over
@@ -102,22 +101,25 @@ func (c Config) Estimate(history []*trainmeterv1.RunReport, req EstimateRequest)
 	est.EnergyKwh = &trainmeterv1.Range{Low: n * lo / 3.6e6, Mid: n * mid / 3.6e6, High: n * hi / 3.6e6}
 
 	price, source, priced := c.estimatePrice(runs, req.GPU)
-	est.GpuPricePerHour, est.PriceSource = price, source
+	est.PriceSource = source
+	if priced {
+		est.GpuPricePerHour = &price
+	}
+	energyPriced := false
 	energyUSD := func(kwh float64) float64 {
 		usd, _, ok := c.EnergyCost(nil, kwh*3.6e6)
-		if !ok {
-			return 0
-		}
-		est.HasEnergyCost = true
+		energyPriced = ok
 		return usd
 	}
 	cost := func(gpuH, kwh float64) float64 { return gpuH*price + energyUSD(kwh) }
-	est.CostUsd = &trainmeterv1.Range{
+	costs := &trainmeterv1.Range{
 		Low:  cost(est.GpuHours.Low, est.EnergyKwh.Low),
 		Mid:  cost(est.GpuHours.Mid, est.EnergyKwh.Mid),
 		High: cost(est.GpuHours.High, est.EnergyKwh.High),
 	}
-	est.HasCost = priced || est.HasEnergyCost
+	if priced || energyPriced {
+		est.CostUsd = costs
+	}
 
 	if !est.SameGpu {
 		est.Notes = append(est.Notes, fmt.Sprintf("no past runs of %s on %s: time and energy are as measured on %s (another GPU's speed is not modelled); only the price is %s's",
@@ -126,7 +128,7 @@ func (c Config) Estimate(history []*trainmeterv1.RunReport, req EstimateRequest)
 	if len(runs) == 1 {
 		est.Notes = append(est.Notes, "from 1 past run: no spread to show (low = mid = high)")
 	}
-	if !est.HasCost {
+	if est.CostUsd == nil {
 		est.Notes = append(est.Notes, "no GPU or energy price configured: no cost")
 	}
 	return est, nil
@@ -142,7 +144,7 @@ func (c Config) estimatePrice(runs []*trainmeterv1.RunReport, gpu string) (float
 	var usd, hours float64
 	source := ""
 	for _, r := range runs {
-		if !r.GetHasCost() {
+		if r.CostUsd == nil {
 			continue
 		}
 		usd += r.GetCostUsd()

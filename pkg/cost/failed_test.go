@@ -15,7 +15,7 @@ func TestModelsLeaveFailedRunsOutOfBaselineAndBest(t *testing.T) {
 	mk := func(id string, min int, status string, acc float64) *trainmeterv1.RunReport {
 		return &trainmeterv1.RunReport{
 			RunId: id, Metadata: &trainmeterv1.RunMetadata{Model: "m"}, Start: timestamppb.New(at.Add(time.Duration(min) * time.Minute)),
-			Ended: true, EndStatus: status, TotalCostUsd: 10, HasCost: true, AccuracyPoints: &acc,
+			Ended: true, EndStatus: status, TotalCostUsd: f(10), AccuracyPoints: &acc,
 		}
 	}
 	m := Models([]*trainmeterv1.RunReport{mk("crashed", 0, "exit 1", 90), mk("a", 1, "ok", 60), mk("b", 2, "stopped: budget", 70)})[0]
@@ -34,7 +34,7 @@ func TestModelsBestTieGoesToTheCheaperRun(t *testing.T) {
 	mk := func(id string, min int, usd, acc float64) *trainmeterv1.RunReport {
 		return &trainmeterv1.RunReport{
 			RunId: id, Metadata: &trainmeterv1.RunMetadata{Model: "m"}, Start: timestamppb.New(at.Add(time.Duration(min) * time.Minute)),
-			Ended: true, EndStatus: "ok", TotalCostUsd: usd, HasCost: usd > 0, AccuracyPoints: &acc,
+			Ended: true, EndStatus: "ok", TotalCostUsd: priced(usd), AccuracyPoints: &acc,
 		}
 	}
 	for _, tc := range []struct {
@@ -56,5 +56,24 @@ func TestModelsBestTieGoesToTheCheaperRun(t *testing.T) {
 			}
 			t.Errorf("%s: best %q ($/point %v), want %q ($/point %v)", tc.name, m.Best, got, tc.best, tc.usd)
 		}
+	}
+}
+
+// TestFailed: an end in error, a non-zero exit, a signal or lost is a
+// failure; an ok end, a stop on request and a live run are not.
+func TestFailed(t *testing.T) {
+	r := &trainmeterv1.RunReport{Ended: true, EndStatus: "signal SIGTERM"}
+	if !Failed(r) {
+		t.Errorf("Failed %v", Failed(r))
+	}
+	for st, failed := range map[string]bool{"ok": false, "ended": false, "": false, "stopped: budget": false, "error": true, "exit 2": true, "lost": true} {
+		r.EndStatus = st
+		if Failed(r) != failed {
+			t.Errorf("%q: failed %v, want %v", st, Failed(r), failed)
+		}
+	}
+	r.Ended = false
+	if Failed(r) {
+		t.Errorf("live run: failed %v", Failed(r))
 	}
 }

@@ -59,9 +59,6 @@ func TestOwnedHardwareAmortisedPrice(t *testing.T) {
 			t.Errorf("GPUPrice(%v, %q, %q) = %v %s %v, want %v %s", tc.runStart, tc.node, tc.gpu, p, src, ok, tc.want, tc.src)
 		}
 	}
-	if LegacySource(SourceFlag) != SourceDefault || LegacySource(SourceAmortized) != SourceAmortized {
-		t.Error("gpu_price_source keeps 'default' for the flag's price")
-	}
 }
 
 // TestPUE: energy cost and CO2 are of GPU energy × PUE; 0 means 1.
@@ -120,7 +117,7 @@ func TestOwnedHardwareErrors(t *testing.T) {
 func pastRun(id, model, gpu string, gpus uint32, tokens uint64, gpuHours, energyJ, costUSD float64) *trainmeterv1.RunReport {
 	return &trainmeterv1.RunReport{
 		RunId: id, Metadata: &trainmeterv1.RunMetadata{Model: model}, GpuName: gpu, Gpus: gpus, Ended: true,
-		TokensProcessed: tokens, GpuHours: gpuHours, EnergyTotalJ: energyJ, HasCost: costUSD > 0, CostUsd: costUSD,
+		TokensProcessed: tokens, GpuHours: gpuHours, EnergyTotalJ: energyJ, CostUsd: priced(costUSD),
 		PriceSource: SourceFlag,
 	}
 }
@@ -174,8 +171,8 @@ func TestEstimate(t *testing.T) {
 	// Price: the past runs' $8 over 4 GPU-hours; energy at $0.36/kWh.
 	near("price", e.GetGpuPricePerHour(), 2)
 	near("cost.mid", e.GetCostUsd().GetMid(), 4*2+6e6/3.6e6*0.36)
-	if !e.GetHasCost() || e.GetPriceSource() != SourceFlag {
-		t.Errorf("has_cost %v source %q", e.GetHasCost(), e.GetPriceSource())
+	if e.CostUsd == nil || e.GetPriceSource() != SourceFlag {
+		t.Errorf("cost %v source %q", e.GetCostUsd(), e.GetPriceSource())
 	}
 
 	// Four GPUs: the same GPU-hours in half the time.

@@ -3,7 +3,6 @@ package cost
 import (
 	"sort"
 
-	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -28,7 +27,7 @@ func SetEfficiency(reports, all []*trainmeterv1.RunReport) {
 func BestPointsPerUSD(all []*trainmeterv1.RunReport) map[string]float64 {
 	best := map[string]float64{}
 	for _, r := range all {
-		if report.Failed(r) {
+		if Failed(r) {
 			continue
 		}
 		if v, ok := pointsPerUSD(r); ok && v > best[r.GetMetadata().GetModel()] {
@@ -85,7 +84,7 @@ type ModelROI struct {
 	// the baseline: what the model's further runs bought per dollar.
 	ROI    *float64 `json:"roi_points_per_usd,omitempty"`
 	PerRun []RunROI `json:"per_run,omitempty"`
-	// FailedRuns counts the model's runs that failed (report.Failed): their
+	// FailedRuns counts the model's runs that failed (Failed): their
 	// cost is in the totals and in what the runs after the baseline cost,
 	// but they are never the baseline, the best, nor given a gain.
 	FailedRuns int      `json:"failed_runs"`
@@ -137,8 +136,8 @@ func modelROI(model string, runs []*trainmeterv1.RunReport) ModelROI {
 		m.EnergyKWh += r.GetEnergyKwh()
 		m.TotalCostUSD += r.GetTotalCostUsd()
 		tokens += r.GetTokensProcessed()
-		priced = priced || r.GetHasCost() || r.GetHasEnergyCost()
-		if report.Failed(r) {
+		priced = priced || r.TotalCostUsd != nil
+		if Failed(r) {
 			m.FailedRuns++
 			continue
 		}
@@ -169,7 +168,7 @@ func modelROI(model string, runs []*trainmeterv1.RunReport) ModelROI {
 		rr := RunROI{RunID: r.GetRunId(), TotalCostUSD: r.GetTotalCostUsd(), AccuracyPoints: r.AccuracyPoints}
 		if base >= 0 && i > base {
 			after += r.GetTotalCostUsd()
-			if r.AccuracyPoints != nil && !report.Failed(r) {
+			if r.AccuracyPoints != nil && !Failed(r) {
 				gain := r.GetAccuracyPoints() - basePts
 				rr.GainPoints = ptr(gain)
 				if r.GetTotalCostUsd() > 0 {

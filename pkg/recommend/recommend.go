@@ -775,7 +775,7 @@ func throughputChange(slow float64) string {
 }
 
 func kwhPrice(r *trainmeterv1.RunReport) float64 {
-	if r.GetHasEnergyCost() && r.GetEnergyKwh() > 0 {
+	if r.EnergyCostUsd != nil && r.GetEnergyKwh() > 0 {
 		return r.GetEnergyCostUsd() / r.GetEnergyKwh()
 	}
 	return 0

@@ -11,7 +11,7 @@ import (
 
 func report(id, model, gpu string, cost, energyJ, tokPerS float64) *trainmeterv1.RunReport {
 	return &trainmeterv1.RunReport{RunId: id, Metadata: &trainmeterv1.RunMetadata{Model: model}, GpuName: gpu, Gpus: 1,
-		TotalCostUsd: cost, CostUsd: cost, EnergyTotalJ: energyJ, EnergyJ: energyJ, TokPerS: proto.Float64(tokPerS), GpuPricePerHour: 2}
+		TotalCostUsd: proto.Float64(cost), CostUsd: proto.Float64(cost), EnergyTotalJ: energyJ, EnergyJ: energyJ, TokPerS: proto.Float64(tokPerS), GpuPricePerHour: proto.Float64(2)}
 }
 
 func withEvals(r *trainmeterv1.RunReport, loss, acc []float64) *trainmeterv1.RunReport {
@@ -138,7 +138,7 @@ func (c catalog) CurrentPrice(g string) (float64, bool) { p, ok := c[g]; return 
 func TestComputeTierGapAndCatalog(t *testing.T) {
 	a := report("a", "m", "A100", 10, 0, 1000) // $2/h / 1000 tok/s
 	b := report("b", "m", "H100", 10, 0, 2000)
-	b.GpuPricePerHour = 3 // $3/h / 2000 tok/s: 25 % cheaper per throughput
+	b.GpuPricePerHour = proto.Float64(3) // $3/h / 2000 tok/s: 25 % cheaper per throughput
 	runs := []Run{{Report: a}, {Report: b}}
 	recs := ComputeTier(runs, nil)
 	if len(recs) != 1 || !strings.Contains(recs[0].Title, "on H100 instead of A100") {
@@ -166,7 +166,7 @@ func TestComputeTierGapAndCatalog(t *testing.T) {
 func TestComputeTierEnergy(t *testing.T) {
 	a := report("a", "m", "A100", 10, 0, 1000)
 	b := report("b", "m", "H100", 10, 0, 2000)
-	b.GpuPricePerHour = 3
+	b.GpuPricePerHour = proto.Float64(3)
 	a.JPerToken, a.TokensMeasured = proto.Float64(0.5), 1e6
 	b.JPerToken, b.TokensMeasured = proto.Float64(0.3), 2e6
 	recs := ComputeTier([]Run{{Report: a}, {Report: b}}, nil)
@@ -210,7 +210,7 @@ func TestBatchSize(t *testing.T) {
 func TestPowerFromMeasuredPair(t *testing.T) {
 	hi := report("hi", "m", "g", 10, 0, 1000)
 	hi.AvgPowerW, hi.JPerToken, hi.TokensMeasured = proto.Float64(700), proto.Float64(0.7), 1e6
-	hi.HasEnergyCost, hi.EnergyKwh, hi.EnergyCostUsd = true, 1, 0.2
+	hi.EnergyKwh, hi.EnergyCostUsd = 1, proto.Float64(0.2)
 	lo := report("lo", "m", "g", 10, 0, 950)
 	lo.AvgPowerW, lo.JPerToken = proto.Float64(560), proto.Float64(0.59)
 	recs := Power([]Run{{Report: hi}, {Report: lo}})
@@ -237,7 +237,7 @@ func TestFilterAndTargets(t *testing.T) {
 		{Report: withEvals(report("r1", "m", "g", 10, 1000, 1), []float64{2, 2, 2, 2}, nil), PlannedEpochs: 10},
 		{Report: withEvals(report("r2", "m", "g", 20, 1000, 1), []float64{2, 2, 2, 2}, nil), PlannedEpochs: 10},
 	}
-	runs[0].Report.ProjectedCostUsd, runs[1].Report.ProjectedCostUsd = 25, 50
+	runs[0].Report.ProjectedCostUsd, runs[1].Report.ProjectedCostUsd = proto.Float64(25), proto.Float64(50)
 	all := Recommend(runs, Options{})
 	if len(all) != 2 || all[0].RunIds[0] != "r2" {
 		t.Fatalf("sorted by savings: %v", all)
@@ -289,7 +289,7 @@ func TestTotalCountsOverlappingSavingsOnceAndNeverExceedsTheCost(t *testing.T) {
 	approx(t, "capped total $", usd, 10)
 	// A live run is capped by its projected cost.
 	live := Run{Report: report("l", "m", "g", 10, 1000, 1)}
-	live.Report.ProjectedCostUsd = 40
+	live.Report.ProjectedCostUsd = proto.Float64(40)
 	usd, j = Total([]*trainmeterv1.Recommendation{rec(KindEarlyStopping, 30, 3000, "l"), rec(KindComputeTier, 20, 0, "l")}, []Run{live})
 	approx(t, "live total $", usd, 40*(1-(1-0.75)*(1-0.5)))
 	approx(t, "live total J", j, 3000)

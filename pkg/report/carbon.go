@@ -12,7 +12,7 @@ var carbonSourceWords = map[string]string{
 // writeCO2 writes the run's CO2 and, when it was not all at the flat
 // factor, its split by zone and intensity (facility energy).
 func writeCO2(line func(label, format string, args ...any), r *RunReport) {
-	if !r.GetHasCo2() {
+	if r.Co2Kg == nil {
 		line("CO2", "%s", "-")
 		return
 	}

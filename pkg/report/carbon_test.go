@@ -10,7 +10,7 @@ import (
 // The report splits CO2 by zone and intensity when it was not all at the
 // flat factor; a flat-only run keeps its one line.
 func TestReportCO2Split(t *testing.T) {
-	r := &trainmeterv1.RunReport{RunId: "r", Ended: true, HasCo2: true, Co2Kg: 0.0133, Co2Gco2PerKwh: 295.6, Co2Source: "mixed", CarbonZone: "DE",
+	r := &trainmeterv1.RunReport{RunId: "r", Ended: true, Co2Kg: f64(0.0133), Co2Gco2PerKwh: f64(295.6), Co2Source: "mixed", CarbonZone: "DE",
 		Co2Bands: []*trainmeterv1.CarbonBand{
 			{Zone: "DE", Source: "live", Kwh: 0.0157, Gco2PerKwh: 100, Co2Kg: 0.00157},
 			{Zone: "DE", Source: "flat", Kwh: 0.0294, Gco2PerKwh: 400, Co2Kg: 0.0118},
@@ -28,7 +28,7 @@ func TestReportCO2Split(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}
 	}
-	flat := &trainmeterv1.RunReport{RunId: "f", HasCo2: true, Co2Kg: 0.5, Co2Source: "flat",
+	flat := &trainmeterv1.RunReport{RunId: "f", Co2Kg: f64(0.5), Co2Source: "flat",
 		Co2Bands: []*trainmeterv1.CarbonBand{{Source: "flat", Kwh: 1.25, Gco2PerKwh: 400, Co2Kg: 0.5}}}
 	b.Reset()
 	if err := WriteReport(&b, flat); err != nil {

@@ -16,10 +16,10 @@ func pennyRun() *RunReport {
 	r.RunId = "penny"
 	r.PriorityMultiplier = 1
 	r.GpuHours = 0.09563 / 2.1
-	r.CostUsd = 0.09563
-	r.EnergyKwh, r.EnergyCostUsd = 0.0015667, 0.00047
+	r.CostUsd = f64(0.09563)
+	r.EnergyKwh, r.EnergyCostUsd = 0.0015667, f64(0.00047)
 	r.EnergyBands = []*trainmeterv1.EnergyBandCost{{Band: "peak", Kwh: 0.0015667, UsdPerKwh: 0.3, CostUsd: 0.00047}}
-	r.TotalCostUsd = 0.09563 + 0.00047
+	r.TotalCostUsd = f64(0.09563 + 0.00047)
 	r.ProjectedCostUsd = r.TotalCostUsd
 	r.StepsPerS, r.FlopsTotal, r.Evals = nil, nil, nil
 	return r

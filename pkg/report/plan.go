@@ -64,7 +64,7 @@ func writePlan(line func(string, string, ...any), r *RunReport) {
 	if len(e.GetBasedOn()) == 1 {
 		runs = "run"
 	}
-	if e.GetHasCost() {
+	if c != nil {
 		band := money.USDs(c.GetMid(), c.GetLow(), c.GetHigh())
 		line("estimate", "%s (band %s to %s) for %d tokens on %d GPU(s), from %d past %s", band[0], band[1], band[2],
 			e.GetTokens(), e.GetGpus(), len(e.GetBasedOn()), runs)
@@ -73,7 +73,7 @@ func writePlan(line func(string, string, ...any), r *RunReport) {
 	}
 	line("  est. time", "%s (%s to %s)", DurS(w.GetMid()), DurS(w.GetLow()), DurS(w.GetHigh()))
 	line("  est. energy", "%.4g kWh (%.4g to %.4g)", k.GetMid(), k.GetLow(), k.GetHigh())
-	if e.GetHasCost() && (r.GetHasCost() || r.GetHasEnergyCost()) && c.GetMid() > 0 {
+	if r.TotalCostUsd != nil && c.GetMid() > 0 {
 		what := "cost so far"
 		if r.GetEnded() {
 			what = "final cost"

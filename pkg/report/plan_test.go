@@ -12,10 +12,10 @@ import (
 func TestReportShowsEstimateAndFinal(t *testing.T) {
 	maxCost := 10.0
 	r := &RunReport{
-		RunId: "r", Ended: true, HasCost: true, CostUsd: 6, TotalCostUsd: 6, GpuHours: 3, GpuPricePerHour: 2,
+		RunId: "r", Ended: true, CostUsd: f64(6), TotalCostUsd: f64(6), GpuHours: 3, GpuPricePerHour: f64(2),
 		PriceSource: "amortized", Pue: 1.3, MaxCostUsd: &maxCost,
 		Estimate: &trainmeterv1.RunEstimate{
-			Model: "m", Tokens: 1000, Gpus: 2, BasedOn: []string{"a", "b"}, HasCost: true,
+			Model: "m", Tokens: 1000, Gpus: 2, BasedOn: []string{"a", "b"},
 			CostUsd:   &trainmeterv1.Range{Low: 4, Mid: 5, High: 8},
 			WallS:     &trainmeterv1.Range{Low: 60, Mid: 90, High: 330},
 			EnergyKwh: &trainmeterv1.Range{Low: 1, Mid: 1.5, High: 2},

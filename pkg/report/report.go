@@ -1,15 +1,16 @@
 // Package report renders run reports: the CSV contract (docs/measurement.md,
-// "Per-run figures"), a table for terminals and a readable per-run report.
+// "Per-run figures"), a table for terminals and a readable per-run report,
+// all from one table of the run's fields (Fields).
 //
 // CSV rules:
 //   - Columns are exactly Header(), in that order: run_id, the contract
 //     columns, the metadata columns, the required extras, then further extras.
 //     New columns are only ever appended.
-//   - An unknown value is an empty cell, never 0, NaN or Inf: metadata ints
-//     without their has_ flag, costs without a price, J_per_token/E10k_J
-//     without measured tokens, rates without a measured period, energy figures
-//     of the measured period when the run has no measured window yet, VRAM when
-//     no memory sample arrived, and any non-finite value.
+//   - An unknown value is an empty cell, never 0, NaN or Inf: an unset
+//     optional field (metadata ints not given, costs without a price, rates
+//     without a measured period), energy figures of the measured period when
+//     the run has no measured window yet, VRAM when no memory sample arrived,
+//     and any non-finite value.
 //   - Floats are rounded to 6 decimals and written with
 //     strconv.FormatFloat(v, 'f', -1, 64) (no exponent, no trailing zeros).
 //     J_per_token, E10k_J, the per-unit costs (usd_per_sample, _epoch,
@@ -28,6 +29,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -36,54 +40,167 @@ import (
 // RunReport is the report message the collector produces.
 type RunReport = trainmeterv1.RunReport
 
-var header = []string{
-	"run_id",
+// Field is one figure of a run: a CSV column, and what the runs table and
+// the readable report show of it.
+type Field struct {
+	Name  string // the CSV column
+	Unit  string // "" for text, counts, flags and times
+	Scope string // the part of the run it covers (docs/measurement.md)
+	// Value is the figure: a float64, uint64, int64, string, bool or
+	// time.Time; nil when unknown. Nil in the table: the RunReport (or
+	// RunMetadata) field of the same name, case aside, read by reflection.
+	Value func(*RunReport) any
+	g9    bool // written to 9 significant digits rather than 6 decimals
+}
+
+// Scopes (docs/measurement.md, "What each figure holds").
+const (
+	run, runGPUs, runRanks    = "whole run", "whole run, all GPUs", "whole run, all ranks"
+	runPerGPU, runNodes       = "whole run, per GPU", "whole run, all its nodes"
+	warm, warmGPUs, warmRanks = "after warmup", "after warmup, all GPUs", "after warmup, all ranks"
+	perToken, usdPerUnit      = "J/{token}", "USD/{unit}"
+)
+
+// fields are the CSV's columns in order: run_id, the contract columns, the
+// metadata, the required extras, then further extras. New columns are only
+// ever appended.
+var fields = []Field{
+	{Name: "run_id"},
 	// contract columns
-	"tokens_processed", "wall_s", "warmup_s", "energy_J", "avg_power_W", "peak_power_W",
-	"tok_per_s", "J_per_token", "E10k_J", "vram_peak_MB", "vram_avg_MB",
+	{Name: "tokens_processed", Unit: "{token}", Scope: runRanks},
+	{"wall_s", "s", run, func(r *RunReport) any { return when(hasTimes(r), r.GetWallS()) }, false},
+	{"warmup_s", "s", run, func(r *RunReport) any { return when(hasTimes(r), r.GetWarmupS()) }, false},
+	{"energy_J", "J", warmGPUs, func(r *RunReport) any { return when(measured(r), r.GetEnergyJ()) }, false},
+	{Name: "avg_power_W", Unit: "W", Scope: warmGPUs},
+	{"peak_power_W", "W", warmGPUs, func(r *RunReport) any { return when(measured(r), r.GetPeakPowerW()) }, false},
+	{Name: "tok_per_s", Unit: "{token}/s", Scope: warmRanks},
+	{Name: "J_per_token", Unit: perToken, Scope: warmGPUs, g9: true},
+	{"E10k_J", "J/(10000 {token})", warmGPUs, func(r *RunReport) any { return scaled(r.JPerToken, 1e4) }, true},
+	{"vram_peak_MB", "MiB", runPerGPU, func(r *RunReport) any { return when(hasVRAM(r), r.GetVramPeakMb()) }, false},
+	{"vram_avg_MB", "MiB", runPerGPU, func(r *RunReport) any { return when(hasVRAM(r), r.GetVramAvgMb()) }, false},
 	// metadata
-	"model", "dataset", "backend", "optimizer", "batch_size", "grad_accum", "seq_len",
-	"precision", "seed", "notes",
+	{Name: "model"}, {Name: "dataset"}, {Name: "backend"}, {Name: "optimizer"},
+	{Name: "batch_size"}, {Name: "grad_accum"}, {Name: "seq_len"}, {Name: "precision"},
+	{Name: "seed"}, {Name: "notes"},
 	// required extras
-	"tokens_measured", "energy_total_J", "energy_J_integrated", "energy_method", "gpus",
-	"nodes", "gpu_name", "gpu_hours", "cost_usd", "energy_kWh", "energy_cost_usd",
-	"usd_per_mtok", "co2_kg",
+	{Name: "tokens_measured", Unit: "{token}", Scope: warmRanks}, {Name: "energy_total_J", Unit: "J", Scope: runGPUs},
+	{"energy_J_integrated", "J", warmGPUs, func(r *RunReport) any { return when(measured(r), r.GetEnergyJIntegrated()) }, false},
+	{Name: "energy_method", Scope: warm},
+	{Name: "gpus", Scope: run}, {Name: "nodes", Scope: run}, {Name: "gpu_name", Scope: run},
+	{Name: "gpu_hours", Unit: "h", Scope: runGPUs}, {Name: "cost_usd", Unit: "USD", Scope: runGPUs},
+	{Name: "energy_kWh", Unit: "kWh", Scope: runGPUs}, {Name: "energy_cost_usd", Unit: "USD", Scope: runGPUs},
+	{Name: "usd_per_mtok", Unit: "USD/M{token}", Scope: run}, {Name: "co2_kg", Unit: "kg", Scope: runGPUs},
 	// further extras
-	"gpu_price_per_hour", "energy_disagreement_pct", "energy_estimated", "gap_s", "steps",
-	"data_wait_s", "compute_s", "data_wait_share", "last_loss", "evals", "status",
-	"start_time", "end_time",
+	{Name: "gpu_price_per_hour", Unit: "USD/h", Scope: run},
+	{"energy_disagreement_pct", "%", warm, func(r *RunReport) any { return when(hasCounter(r), r.GetEnergyDisagreementPct()) }, false},
+	{Name: "energy_estimated", Scope: run}, {Name: "gap_s", Unit: "s", Scope: run}, {Name: "steps", Scope: runRanks},
+	{Name: "data_wait_s", Unit: "s", Scope: runRanks}, {Name: "compute_s", Unit: "s", Scope: runRanks},
+	{"data_wait_share", "1", runRanks, dataWaitShare, false},
+	{Name: "last_loss", Scope: run},
+	{"evals", "", run, func(r *RunReport) any { return uint64(len(r.GetEvals())) }, false},
+	{"status", "", "", func(r *RunReport) any { return Status(r) }, false},
+	{"start_time", "", "", func(r *RunReport) any { return at(r.GetStart()) }, false},
+	{"end_time", "", "", func(r *RunReport) any { return at(r.GetEnd()) }, false},
 	// data dropped on an agent (spool or disk full, rejected batch)
-	"complete", "lost_batches", "lost_tokens", "lost_energy_J",
+	{"complete", "", runNodes, func(r *RunReport) any { return Complete(r) }, false},
+	{Name: "lost_batches", Scope: runNodes}, {Name: "lost_tokens", Unit: "{token}", Scope: runNodes}, {Name: "lost_energy_J", Unit: "J", Scope: runNodes},
 	// cost model and throughput/compute report (docs/costs.md)
-	"total_cost_usd", "projected_cost_usd", "priority_multiplier", "gpu_price_source",
-	"usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points", "usd_per_accuracy_point",
-	"efficiency_score", "steps_per_s", "epoch_s", "est_total_s", "flops_per_step", "flops_total",
-	"peak_TFLOPS", "mfu", "J_per_PFLOP",
+	{Name: "total_cost_usd", Unit: "USD", Scope: run}, {Name: "projected_cost_usd", Unit: "USD", Scope: run},
+	{"priority_multiplier", "1", run, func(r *RunReport) any { return when(r.GetPriorityMultiplier() > 0, r.GetPriorityMultiplier()) }, false},
+	{Name: "usd_per_sample", Unit: usdPerUnit, Scope: run, g9: true}, {Name: "epochs_done", Scope: run},
+	{Name: "usd_per_epoch", Unit: usdPerUnit, Scope: run, g9: true}, {Name: "accuracy_points", Scope: run},
+	{Name: "usd_per_accuracy_point", Unit: usdPerUnit, Scope: run, g9: true}, {Name: "efficiency_score", Unit: "1", Scope: run},
+	{Name: "steps_per_s", Unit: "1/s", Scope: warmRanks}, {Name: "epoch_s", Unit: "s", Scope: warm}, {Name: "est_total_s", Unit: "s", Scope: run},
+	{Name: "flops_per_step", Unit: "FLOP", Scope: run, g9: true}, {Name: "flops_total", Unit: "FLOP", Scope: run, g9: true},
+	{Name: "peak_TFLOPS", Unit: "TFLOP/s", Scope: "per GPU"}, {Name: "mfu", Unit: "1", Scope: warmGPUs},
+	{Name: "J_per_PFLOP", Unit: "J/PFLOP", Scope: warmGPUs, g9: true},
 	// run lifecycle (docs/measurement.md, "End status")
-	"end_status",
+	{Name: "end_status", Scope: run},
 	// shared GPUs (docs/measurement.md, "Shared GPUs and idle")
-	"gpu_share_method", "shared_gpu_s",
+	{Name: "gpu_share_method", Scope: run},
+	{"shared_gpu_s", "s", runGPUs, func(r *RunReport) any { return when(r.GetGpuShareMethod() != "", r.GetSharedGpuS()) }, false},
 	// where the GPU-hour price came from (docs/costs.md)
-	"price_source",
+	{Name: "price_source", Scope: run},
 	// whole-run power, warmup included (docs/measurement.md)
-	"avg_power_total_W", "peak_power_total_W",
+	{"avg_power_total_W", "W", runGPUs, func(r *RunReport) any { return ok(AvgPowerTotal(r)) }, false},
+	{"peak_power_total_W", "W", runGPUs, func(r *RunReport) any { return ok(PeakPowerTotal(r)) }, false},
 	// stated uncertainty of energy_J, ± % (docs/accuracy.md)
-	"energy_uncertainty_pct",
-	// host energy from RAPL, whole run (docs/measurement.md, "Host energy (CPU and DRAM)")
-	"cpu_energy_J", "dram_energy_J", "node_energy_J",
+	{Name: "energy_uncertainty_pct", Unit: "%", Scope: warmGPUs},
+	// host energy from RAPL (docs/measurement.md, "Host energy (CPU and DRAM)")
+	{Name: "cpu_energy_J", Unit: "J", Scope: runNodes}, {Name: "dram_energy_J", Unit: "J", Scope: runNodes}, {Name: "node_energy_J", Unit: "J", Scope: runNodes},
 	// carbon by the hour (docs/costs.md, "CO2")
-	"co2_gco2_per_kwh", "co2_source", "carbon_zone",
-	// the runs' host energy (CPU+DRAM) in batches dropped on an agent, next
-	// to lost_energy_J (GPUs); last, so the columns before keep their places
-	"lost_host_energy_J",
+	{Name: "co2_gco2_per_kwh", Unit: "g/kWh", Scope: runGPUs}, {Name: "co2_source", Scope: run}, {Name: "carbon_zone", Scope: run},
+	// the run's host energy (CPU+DRAM) in batches dropped on an agent:
+	// empty where no node measured host energy, 0 where none was lost
+	{"lost_host_energy_J", "J", runNodes, func(r *RunReport) any {
+		return when(r.CpuEnergyJ != nil || r.GetLostHostEnergyJ() > 0, r.GetLostHostEnergyJ())
+	}, false},
 	// locked prices: the run's latest reprice (docs/costs.md, "Locked prices")
-	"repriced_at", "previous_cost_usd", "previous_total_cost_usd", "reprice_reason",
+	{Name: "repriced_at"}, {Name: "previous_cost_usd", Unit: "USD", Scope: run},
+	{Name: "previous_total_cost_usd", Unit: "USD", Scope: run}, {Name: "reprice_reason"},
 	// why a rate after warmup is empty, and the share of the time after
 	// warmup with energy (docs/measurement.md, "Rates after warmup")
-	"rates_unavailable", "energy_coverage",
+	{Name: "rates_unavailable", Scope: warm}, {Name: "energy_coverage", Unit: "1", Scope: warmGPUs},
 	// the cause of a failed end, as the trainer gave it (docs/measurement.md,
 	// "End status")
-	"end_error",
+	{Name: "end_error", Scope: run},
+}
+
+var (
+	header = make([]string, len(fields))
+	byName = make(map[string]*Field, len(fields))
+)
+
+func init() {
+	for i := range fields {
+		f := &fields[i]
+		header[i], byName[f.Name] = f.Name, f
+		if f.Value == nil {
+			f.Value = protoValue(f.Name)
+		}
+	}
+}
+
+// protoValue reads the RunReport field, else the RunMetadata field, whose
+// name is name in lower case. An unset field with presence is unknown, and
+// so is one whose message has a has_<name> flag that is not set.
+func protoValue(name string) func(*RunReport) any {
+	name = strings.ToLower(name)
+	inMeta := false
+	md := (*RunReport)(nil).ProtoReflect().Descriptor()
+	fd := md.Fields().ByName(protoreflect.Name(name))
+	if fd == nil {
+		inMeta, md = true, (*trainmeterv1.RunMetadata)(nil).ProtoReflect().Descriptor()
+		if fd = md.Fields().ByName(protoreflect.Name(name)); fd == nil {
+			panic("report: no RunReport or RunMetadata field " + name)
+		}
+	}
+	flag := md.Fields().ByName(protoreflect.Name("has_" + name))
+	return func(r *RunReport) any {
+		var m protoreflect.Message = r.ProtoReflect()
+		if inMeta {
+			m = r.GetMetadata().ProtoReflect()
+		}
+		if fd.HasPresence() && !m.Has(fd) || flag != nil && !m.Get(flag).Bool() {
+			return nil
+		}
+		v := m.Get(fd)
+		switch fd.Kind() {
+		case protoreflect.DoubleKind, protoreflect.FloatKind:
+			return v.Float()
+		case protoreflect.Uint32Kind, protoreflect.Uint64Kind:
+			return v.Uint()
+		case protoreflect.Int32Kind, protoreflect.Int64Kind:
+			return v.Int()
+		case protoreflect.BoolKind:
+			return v.Bool()
+		case protoreflect.MessageKind:
+			if ts, isTime := v.Message().Interface().(*timestamppb.Timestamp); isTime {
+				return ts.AsTime()
+			}
+		}
+		return v.String()
+	}
 }
 
 // Header returns the CSV header row.
@@ -108,21 +225,6 @@ func EndStatus(r *RunReport) string {
 		return "ended"
 	}
 	return r.GetEndStatus()
-}
-
-// Failed reports whether the run ended in failure (error, a non-zero exit,
-// a signal, lost): its figures describe a partial run, so forecasts, ROI,
-// the optimizer and baselines leave it out. A run stopped on request
-// (stopped: budget) did what it was asked and is not failed.
-func Failed(r *RunReport) bool {
-	if !r.GetEnded() {
-		return false
-	}
-	switch st := r.GetEndStatus(); {
-	case st == "", st == "ok", st == "ended", strings.HasPrefix(st, "stopped"):
-		return false
-	}
-	return true
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
@@ -154,33 +256,6 @@ func G9(v float64) string {
 	return strconv.FormatFloat(v, 'f', -1, 64)
 }
 
-func fIf(ok bool, v float64) string {
-	if !ok {
-		return ""
-	}
-	return F(v)
-}
-
-func iIf(ok bool, v int64) string {
-	if !ok {
-		return ""
-	}
-	return strconv.FormatInt(v, 10)
-}
-
-func u(v uint64) string { return strconv.FormatUint(v, 10) }
-
-func tm(r *RunReport, end bool) string {
-	t := r.GetStart()
-	if end {
-		t = r.GetEnd()
-	}
-	if t == nil {
-		return ""
-	}
-	return t.AsTime().UTC().Format(time.RFC3339Nano)
-}
-
 // TimeFormat is the one format of times in human output (tables, reports,
 // alerts): RFC 3339 in UTC to the second, e.g. 2025-03-01T12:00:00Z. UTC,
 // so that what one user pastes reads the same to a colleague elsewhere and
@@ -191,176 +266,72 @@ const TimeFormat = time.RFC3339
 // Time formats t for human output (TimeFormat).
 func Time(t time.Time) string { return t.UTC().Format(TimeFormat) }
 
-// humanTime is the run's start or end for human output; "" when unknown.
-func humanTime(r *RunReport, end bool) string {
-	t := r.GetStart()
-	if end {
-		t = r.GetEnd()
+// when is v where ok, else unknown (nil).
+func when(ok bool, v any) any {
+	if !ok {
+		return nil
 	}
+	return v
+}
+
+func ok(v float64, known bool) any { return when(known, v) }
+
+// scaled is *v × k; nil when v is.
+func scaled(v *float64, k float64) any {
+	if v == nil {
+		return nil
+	}
+	return *v * k
+}
+
+func at(t *timestamppb.Timestamp) any {
 	if t == nil {
-		return ""
+		return nil
 	}
-	return Time(t.AsTime())
+	return t.AsTime()
 }
 
-// known tells which figures of r are defined.
-type known struct {
-	times, measured, period, perToken, vram, counter, usdPerMtok, dataShare bool
-	// The rates after warmup the collector knows (set, not null).
-	tokPerS, jPerToken, avgPower bool
+func hasTimes(r *RunReport) bool { return r.GetStart() != nil }
+func measured(r *RunReport) bool { return r.GetEnergyMethod() != "" }
+func hasVRAM(r *RunReport) bool  { return r.GetVramPeakMb() > 0 || r.GetVramAvgMb() > 0 }
+func hasCounter(r *RunReport) bool {
+	return r.GetEnergyMethod() == "counter" || r.GetEnergyMethod() == "mixed"
 }
 
-func knownOf(r *RunReport) known {
-	k := known{
-		times:    r.GetStart() != nil,
-		measured: r.GetEnergyMethod() != "",
-		perToken: r.GetTokensMeasured() > 0 && r.GetEnergyMethod() != "",
-		vram:     r.GetVramPeakMb() > 0 || r.GetVramAvgMb() > 0,
-		counter:  r.GetEnergyMethod() == "counter" || r.GetEnergyMethod() == "mixed",
-		usdPerMtok: r.GetTokensProcessed() > 0 &&
-			(r.GetHasCost() || r.GetHasEnergyCost()),
-		dataShare: r.GetDataWaitS()+r.GetComputeS() > 0,
-		tokPerS:   r.TokPerS != nil,
-		jPerToken: r.JPerToken != nil,
-		avgPower:  r.AvgPowerW != nil,
-	}
-	k.period = k.times && r.GetWallS()-r.GetWarmupS() > 0
-	return k
+func dataWaitShare(r *RunReport) any {
+	step := r.GetDataWaitS() + r.GetComputeS()
+	return when(step > 0, r.GetDataWaitS()/step)
 }
 
-// Row returns the CSV row of r, matching Header().
-func Row(r *RunReport) []string {
-	k := knownOf(r)
-	m := r.GetMetadata()
-	share := 0.0
-	if k.dataShare {
-		share = r.GetDataWaitS() / (r.GetDataWaitS() + r.GetComputeS())
-	}
-	jpt, e10k := "", ""
-	if k.jPerToken {
-		jpt, e10k = G9(r.GetJPerToken()), G9(r.GetJPerToken()*10000)
-	}
-	priced := r.GetHasCost() || r.GetHasEnergyCost()
-	return []string{
-		r.GetRunId(),
-		u(r.GetTokensProcessed()),
-		fIf(k.times, r.GetWallS()),
-		fIf(k.times, r.GetWarmupS()),
-		fIf(k.measured, r.GetEnergyJ()),
-		opt(r.AvgPowerW, F),
-		fIf(k.measured, r.GetPeakPowerW()),
-		opt(r.TokPerS, F),
-		jpt,
-		e10k,
-		fIf(k.vram, r.GetVramPeakMb()),
-		fIf(k.vram, r.GetVramAvgMb()),
-
-		m.GetModel(),
-		m.GetDataset(),
-		m.GetBackend(),
-		m.GetOptimizer(),
-		iIf(m.GetHasBatchSize(), m.GetBatchSize()),
-		iIf(m.GetHasGradAccum(), m.GetGradAccum()),
-		iIf(m.GetHasSeqLen(), m.GetSeqLen()),
-		m.GetPrecision(),
-		iIf(m.GetHasSeed(), m.GetSeed()),
-		m.GetNotes(),
-
-		u(r.GetTokensMeasured()),
-		F(r.GetEnergyTotalJ()),
-		fIf(k.measured, r.GetEnergyJIntegrated()),
-		r.GetEnergyMethod(),
-		u(uint64(r.GetGpus())),
-		u(uint64(r.GetNodes())),
-		r.GetGpuName(),
-		F(r.GetGpuHours()),
-		fIf(r.GetHasCost(), r.GetCostUsd()),
-		F(r.GetEnergyKwh()),
-		fIf(r.GetHasEnergyCost(), r.GetEnergyCostUsd()),
-		fIf(k.usdPerMtok && r.UsdPerMtok != nil, r.GetUsdPerMtok()),
-		fIf(r.GetHasCo2(), r.GetCo2Kg()),
-
-		fIf(r.GetHasCost(), r.GetGpuPricePerHour()),
-		fIf(k.counter, r.GetEnergyDisagreementPct()),
-		strconv.FormatBool(r.GetEnergyEstimated()),
-		F(r.GetGapS()),
-		u(r.GetSteps()),
-		F(r.GetDataWaitS()),
-		F(r.GetComputeS()),
-		fIf(k.dataShare, share),
-		fIf(r.GetHasLoss(), r.GetLastLoss()),
-		strconv.Itoa(len(r.GetEvals())),
-		Status(r),
-		tm(r, false),
-		tm(r, true),
-
-		Complete(r),
-		u(r.GetLostBatches()),
-		u(r.GetLostTokens()),
-		F(r.GetLostEnergyJ()),
-
-		fIf(priced, r.GetTotalCostUsd()),
-		fIf(priced, r.GetProjectedCostUsd()),
-		fIf(r.GetPriorityMultiplier() > 0, r.GetPriorityMultiplier()),
-		r.GetGpuPriceSource(),
-		opt(r.UsdPerSample, G9),
-		opt(r.EpochsDone, F),
-		opt(r.UsdPerEpoch, G9),
-		opt(r.AccuracyPoints, F),
-		opt(r.UsdPerAccuracyPoint, G9),
-		opt(r.EfficiencyScore, F),
-		opt(r.StepsPerS, F),
-		opt(r.EpochS, F),
-		opt(r.EstTotalS, F),
-		opt(r.FlopsPerStep, G9),
-		opt(r.FlopsTotal, G9),
-		opt(r.PeakTflops, F),
-		opt(r.Mfu, F),
-		opt(r.JPerPflop, G9),
-
-		r.GetEndStatus(),
-		r.GetGpuShareMethod(),
-		fIf(r.GetGpuShareMethod() != "", r.GetSharedGpuS()),
-		r.GetPriceSource(),
-		fOK(AvgPowerTotal(r)),
-		fOK(PeakPowerTotal(r)),
-		opt(r.EnergyUncertaintyPct, F),
-		opt(r.CpuEnergyJ, F),
-		opt(r.DramEnergyJ, F),
-		opt(r.NodeEnergyJ, F),
-
-		fIf(r.GetHasCo2(), r.GetCo2Gco2PerKwh()),
-		r.GetCo2Source(),
-		r.GetCarbonZone(),
-
-		fIf(r.CpuEnergyJ != nil || r.GetLostHostEnergyJ() > 0, r.GetLostHostEnergyJ()),
-
-		repricedAt(r),
-		opt(r.PreviousCostUsd, F),
-		opt(r.PreviousTotalCostUsd, F),
-		r.GetRepriceReason(),
-		r.GetRatesUnavailable(),
-		opt(r.EnergyCoverage, F),
-		r.GetEndError(),
-	}
-}
-
-// repricedAt is when the run was last repriced (RFC 3339), "" if never.
-func repricedAt(r *RunReport) string {
-	if t := r.GetRepricedAt(); t != nil {
-		return t.AsTime().UTC().Format(time.RFC3339Nano)
+// Cell is f's value of r as the CSV writes it; "" when unknown.
+func (f Field) Cell(r *RunReport) string {
+	switch v := f.Value(r).(type) {
+	case float64:
+		if f.g9 {
+			return G9(v)
+		}
+		return F(v)
+	case uint64:
+		return strconv.FormatUint(v, 10)
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case bool:
+		return strconv.FormatBool(v)
+	case string:
+		return v
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano)
 	}
 	return ""
 }
 
-func fOK(v float64, ok bool) string { return fIf(ok, v) }
-
-// opt formats an optional figure; "" when it is unknown.
-func opt(v *float64, format func(float64) string) string {
-	if v == nil {
-		return ""
+// Row returns the CSV row of r, matching Header().
+func Row(r *RunReport) []string {
+	row := make([]string, len(fields))
+	for i, f := range fields {
+		row[i] = f.Cell(r)
 	}
-	return format(*v)
+	return row
 }
 
 // Complete is "no" when an agent dropped some of the run's data (the
@@ -442,11 +413,28 @@ func Count(v uint64) string {
 	return strconv.FormatUint(v, 10)
 }
 
-func dash(ok bool, format string, v float64) string {
-	if !ok || !finite(v) {
+// figure is r's figure of the field called name in format, "-" when it is
+// unknown (or empty text).
+func figure(r *RunReport, name, format string) string {
+	return showWith(r, name, func(v any) string { return fmt.Sprintf(format, v) })
+}
+
+// showWith is r's figure of the field called name as show shows it; "-"
+// when it is unknown.
+func showWith(r *RunReport, name string, show func(any) string) string {
+	v := byName[name].Value(r)
+	if unknown(v) {
 		return "-"
 	}
-	return fmt.Sprintf(format, v)
+	return show(v)
+}
+
+func asDuration(v any) string { return Duration(v.(float64)) }
+func asTime(v any) string     { return Time(v.(time.Time)) }
+
+func unknown(v any) bool {
+	x, isFloat := v.(float64)
+	return v == nil || v == "" || isFloat && !finite(x)
 }
 
 func orDash(s string) string {
@@ -456,41 +444,59 @@ func orDash(s string) string {
 	return s
 }
 
-// tableScopes is the runs table's second header line: each column's scope
-// (docs/measurement.md, "What each figure holds").
-var tableScopes = []string{"", "", "", "", "", "whole run", "whole run", "after warmup", "after warmup",
-	"whole run, all GPUs", "whole run, all GPUs", "per GPU", "whole run"}
+// tableColumns are the runs table's columns: the title, the field whose
+// figure it shows (its scope is the second header line), and how.
+var tableColumns = []struct {
+	title, field string
+	show         func(r *RunReport, v any) string // v known; nil: as fmt.Sprint
+}{
+	{"RUN", "run_id", nil},
+	{"MODEL", "model", nil},
+	{"BACKEND", "backend", nil},
+	{"STATUS", "status", func(r *RunReport, _ any) string { return EndStatus(r) }},
+	{"START", "start_time", func(_ *RunReport, v any) string { return asTime(v) }},
+	{"WALL", "wall_s", func(_ *RunReport, v any) string { return asDuration(v) }},
+	{"TOKENS", "tokens_processed", func(_ *RunReport, v any) string { return Count(v.(uint64)) }},
+	{"TOK/S", "tok_per_s", sprintf("%.0f")},
+	{"J/TOKEN", "J_per_token", sprintf("%.4g")},
+	{"AVG W", "avg_power_total_W", sprintf("%.0f")},
+	{"ENERGY kJ", "energy_total_J", func(_ *RunReport, v any) string { return fmt.Sprintf("%.1f", v.(float64)/1000) }},
+	{"VRAM PEAK MiB", "vram_peak_MB", sprintf("%.0f")},
+	{"COST $", "total_cost_usd", func(_ *RunReport, v any) string { return strings.TrimPrefix(money.USD(v.(float64)), "$") }},
+}
+
+func sprintf(format string) func(*RunReport, any) string {
+	return func(_ *RunReport, v any) string { return fmt.Sprintf(format, v) }
+}
 
 // WriteTable writes a one-line-per-run table for terminals.
 func WriteTable(w io.Writer, runs []*RunReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tMODEL\tBACKEND\tSTATUS\tSTART\tWALL\tTOKENS\tTOK/S\tJ/TOKEN\tAVG W\tENERGY kJ\tVRAM PEAK MiB\tCOST $")
-	fmt.Fprintln(tw, strings.Join(tableScopes, "\t"))
+	titles, scopes, cells := make([]string, len(tableColumns)), make([]string, len(tableColumns)), make([]string, len(tableColumns))
+	for i, c := range tableColumns {
+		titles[i], scopes[i] = c.title, byName[c.field].Scope
+	}
+	fmt.Fprintln(tw, strings.Join(titles, "\t"))
+	fmt.Fprintln(tw, strings.Join(scopes, "\t"))
 	inWarmup := 0
 	var noRates []string
 	for _, r := range runs {
-		k := knownOf(r)
 		if NeverLeftWarmup(r) {
 			inWarmup++
 		} else if why := r.GetRatesUnavailable(); why != "" {
 			noRates = append(noRates, r.GetRunId()+": "+why)
 		}
-		avg, hasAvg := AvgPowerTotal(r)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			r.GetRunId(),
-			orDash(r.GetMetadata().GetModel()),
-			orDash(r.GetMetadata().GetBackend()),
-			EndStatus(r),
-			orDash(humanTime(r, false)),
-			dashS(k.times, Duration(r.GetWallS())),
-			Count(r.GetTokensProcessed()),
-			dash(k.tokPerS, "%.0f", r.GetTokPerS()),
-			dash(k.jPerToken, "%.4g", r.GetJPerToken()),
-			dash(hasAvg, "%.0f", avg),
-			dash(k.times, "%.1f", r.GetEnergyTotalJ()/1000),
-			dash(k.vram, "%.0f", r.GetVramPeakMb()),
-			dashS(r.GetHasCost() || r.GetHasEnergyCost(), strings.TrimPrefix(money.USD(r.GetTotalCostUsd()), "$")),
-		)
+		for i, c := range tableColumns {
+			switch v := byName[c.field].Value(r); {
+			case unknown(v):
+				cells[i] = "-"
+			case c.show == nil:
+				cells[i] = fmt.Sprint(v)
+			default:
+				cells[i] = c.show(r, v)
+			}
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -563,37 +569,23 @@ func dashS(ok bool, s string) string {
 	return s
 }
 
-func optS(v *float64, format string) string {
-	if v == nil || !finite(*v) {
-		return "-"
-	}
-	return fmt.Sprintf(format, *v)
-}
-
-func optDur(v *float64) string {
-	if v == nil {
-		return "-"
-	}
-	return Duration(*v)
-}
-
 // writeCost writes the report's cost lines: the whole run, each line its
 // own value rounded (money.Amount), never fitted to the total; a sum its
 // shown lines do not add up to says "(rounded)" (docs/costs.md, "How money
 // is shown").
-func writeCost(b *strings.Builder, line func(label, format string, args ...any), r *RunReport, k known) {
+func writeCost(b *strings.Builder, line func(label, format string, args ...any), r *RunReport) {
 	b.WriteString("cost (whole run)\n")
 	line("gpu hours", "%.4g", r.GetGpuHours())
-	priced := r.GetHasCost() || r.GetHasEnergyCost()
+	priced := r.TotalCostUsd != nil
 	// The GPU line is what the total holds of it: the GPU cost times the
 	// priority multiplier.
 	energyPart := 0.0
-	if r.GetHasEnergyCost() && !r.GetEnergyIncluded() {
+	if !r.GetEnergyIncluded() {
 		energyPart = r.GetEnergyCostUsd()
 	}
 	var shown []string // the amounts on the lines the total sums
 	mult := r.GetPriorityMultiplier()
-	if r.GetHasCost() {
+	if r.CostUsd != nil {
 		gpu := money.Amount(r.GetTotalCostUsd() - energyPart)
 		shown = append(shown, gpu)
 		at := "at " + money.Rate(r.GetGpuPricePerHour()) + "/GPU-hour"
@@ -613,7 +605,7 @@ func writeCost(b *strings.Builder, line func(label, format string, args ...any),
 	switch {
 	case r.GetEnergyIncluded():
 		line("energy cost", "%s", "included in the GPU price")
-	case r.GetHasEnergyCost():
+	case r.EnergyCostUsd != nil:
 		energy := money.Amount(energyPart)
 		shown = append(shown, energy)
 		bands := r.GetEnergyBands()
@@ -636,7 +628,7 @@ func writeCost(b *strings.Builder, line func(label, format string, args ...any),
 		line("projected", "%s at completion (%.1f%% of planned %s done)", dashS(priced, money.USD(r.GetProjectedCostUsd())),
 			100*r.GetProgress(), r.GetProjectionBasis())
 	}
-	line("$ per Mtok", "%s (whole run's cost ÷ all tokens)", dashS(k.usdPerMtok, money.Rate(r.GetUsdPerMtok())))
+	line("$ per Mtok", "%s (whole run's cost ÷ all tokens)", dashS(r.UsdPerMtok != nil, money.Rate(r.GetUsdPerMtok())))
 	if r.UsdPerSample != nil {
 		line("$ per sample", "%s", money.Rate(r.GetUsdPerSample()))
 	}
@@ -662,7 +654,6 @@ func roundedNote(hasParts bool, total string, parts []string) string {
 
 // WriteReport writes a readable multi-line report of one run.
 func WriteReport(w io.Writer, r *RunReport) error {
-	k := knownOf(r)
 	m := r.GetMetadata()
 	var b strings.Builder
 	line := func(label, format string, args ...any) {
@@ -690,15 +681,15 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	line("backend", "%s", orDash(m.GetBackend()))
 	line("optimizer", "%s", orDash(m.GetOptimizer()))
 	line("precision", "%s", orDash(m.GetPrecision()))
-	line("batch size", "%s", orDash(iIf(m.GetHasBatchSize(), m.GetBatchSize())))
-	line("grad accum", "%s", orDash(iIf(m.GetHasGradAccum(), m.GetGradAccum())))
-	line("seq len", "%s", orDash(iIf(m.GetHasSeqLen(), m.GetSeqLen())))
-	line("seed", "%s", orDash(iIf(m.GetHasSeed(), m.GetSeed())))
+	line("batch size", "%s", figure(r, "batch_size", "%d"))
+	line("grad accum", "%s", figure(r, "grad_accum", "%d"))
+	line("seq len", "%s", figure(r, "seq_len", "%d"))
+	line("seed", "%s", figure(r, "seed", "%d"))
 	if m.GetNotes() != "" {
 		line("notes", "%s", m.GetNotes())
 	}
 	line("hardware", "%s on %s %s", plural.N(r.GetGpus(), "GPU"), plural.N(r.GetNodes(), "node"), orDash(r.GetGpuName()))
-	if r.GetHasUid() {
+	if r.Uid != nil {
 		line("user", "%s (uid %d)", orDash(r.GetUser()), r.GetUid())
 	}
 	if n := r.GetMaxSharingRuns(); n > 1 {
@@ -709,17 +700,17 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 
 	b.WriteString("time\n")
-	line("start", "%s", orDash(humanTime(r, false)))
+	line("start", "%s", showWith(r, "start_time", asTime))
 	endLabel := "end"
 	if !r.GetEnded() {
 		endLabel = "last data"
 	}
-	line(endLabel, "%s", orDash(humanTime(r, true)))
-	line("wall", "%s (whole run)", dashS(k.times, Duration(r.GetWallS())))
+	line(endLabel, "%s", showWith(r, "end_time", asTime))
+	line("wall", "%s (whole run)", showWith(r, "wall_s", asDuration))
 	if r.GetResumes() > 0 {
 		line("paused", "%s between an end and a resume (%s; not run time, in no rate)", Duration(r.GetPausedS()), plural.N(r.GetResumes(), "resume"))
 	}
-	line("warmup", "%s (excluded from the after-warmup figures)", dashS(k.times, Duration(r.GetWarmupS())))
+	line("warmup", "%s (excluded from the after-warmup figures)", showWith(r, "warmup_s", asDuration))
 	if NeverLeftWarmup(r) {
 		what := "the run never left its warmup"
 		if !r.GetEnded() {
@@ -730,7 +721,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	} else if why := RatesUnavailable(r); why != "" {
 		line("rates unknown", "%s", why)
 	}
-	if k.dataShare {
+	if r.GetDataWaitS()+r.GetComputeS() > 0 {
 		line("data wait", "%.1f%% of step time (%s waiting, %s computing; whole run, all ranks)",
 			100*r.GetDataWaitS()/(r.GetDataWaitS()+r.GetComputeS()), Duration(r.GetDataWaitS()), Duration(r.GetComputeS()))
 	}
@@ -741,20 +732,20 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	b.WriteString("tokens (all ranks)\n")
 	line("whole run", "%d in %s", r.GetTokensProcessed(), plural.N(r.GetSteps(), "step"))
 	line("after warmup", "%d", r.GetTokensMeasured())
-	line("throughput", "%s tok/s after warmup", dash(k.tokPerS, "%.1f", r.GetTokPerS()))
-	if r.GetHasLoss() {
+	line("throughput", "%s tok/s after warmup", figure(r, "tok_per_s", "%.1f"))
+	if r.LastLoss != nil {
 		line("last loss", "%.4g", r.GetLastLoss())
 	}
 
 	b.WriteString("energy (all GPUs)\n")
 	line("whole run", "%.1f J = %.6g kWh", r.GetEnergyTotalJ(), r.GetEnergyKwh())
-	line("after warmup", "%s J (%s)", dash(k.measured, "%.1f", r.GetEnergyJ()), orDash(r.GetEnergyMethod()))
-	line("per token", "%s J after warmup (E10k %s J)", dash(k.jPerToken, "%.6g", r.GetJPerToken()), dash(k.jPerToken, "%.6g", r.GetJPerToken()*10000))
+	line("after warmup", "%s J (%s)", figure(r, "energy_J", "%.1f"), orDash(r.GetEnergyMethod()))
+	line("per token", "%s J after warmup (E10k %s J)", figure(r, "J_per_token", "%.6g"), figure(r, "E10k_J", "%.6g"))
 	if c := r.EnergyCoverage; c != nil && *c < 1 {
 		line("energy coverage", "%.1f%% of the time after warmup had measured energy; J/token and power after warmup are over that part", 100**c)
 	}
-	line("integrated", "%s J after warmup", dash(k.measured, "%.1f", r.GetEnergyJIntegrated()))
-	if k.counter {
+	line("integrated", "%s J after warmup", figure(r, "energy_J_integrated", "%.1f"))
+	if hasCounter(r) {
 		line("counter vs integ.", "%+.2f%%", r.GetEnergyDisagreementPct())
 	}
 	if r.EnergyUncertaintyPct != nil {
@@ -767,30 +758,26 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	writeHostEnergy(&b, line, r)
 
 	b.WriteString("power (all GPUs summed)\n")
-	avgTotal, hasAvgTotal := AvgPowerTotal(r)
-	peakTotal, hasPeakTotal := PeakPowerTotal(r)
-	line("average", "%s W whole run, %s W after warmup", dash(hasAvgTotal, "%.1f", avgTotal),
-		dash(k.avgPower, "%.1f", r.GetAvgPowerW()))
-	line("peak", "%s W whole run, %s W after warmup", dash(hasPeakTotal, "%.1f", peakTotal),
-		dash(k.measured, "%.1f", r.GetPeakPowerW()))
+	line("average", "%s W whole run, %s W after warmup", figure(r, "avg_power_total_W", "%.1f"), figure(r, "avg_power_W", "%.1f"))
+	line("peak", "%s W whole run, %s W after warmup", figure(r, "peak_power_total_W", "%.1f"), figure(r, "peak_power_W", "%.1f"))
 
 	b.WriteString("vram (per GPU, whole run)\n")
-	line("peak", "%s MiB (the highest on any one GPU)", dash(k.vram, "%.0f", r.GetVramPeakMb()))
-	line("mean", "%s MiB", dash(k.vram, "%.0f", r.GetVramAvgMb()))
+	line("peak", "%s MiB (the highest on any one GPU)", figure(r, "vram_peak_MB", "%.0f"))
+	line("mean", "%s MiB", figure(r, "vram_avg_MB", "%.0f"))
 
-	writeCost(&b, line, r, k)
+	writeCost(&b, line, r)
 	writeCO2(line, r)
 
 	if r.StepsPerS != nil || r.FlopsTotal != nil {
 		b.WriteString("compute\n")
-		line("steps/s", "%s", optS(r.StepsPerS, "%.4g"))
-		line("time per epoch", "%s", optDur(r.EpochS))
-		line("est. total time", "%s", optDur(r.EstTotalS))
-		line("FLOPs per step", "%s", optS(r.FlopsPerStep, "%.4g"))
-		line("FLOPs total", "%s", optS(r.FlopsTotal, "%.4g"))
-		line("MFU", "%s", optS(r.Mfu, "%.4f"))
-		line("peak per GPU", "%s TFLOPS", optS(r.PeakTflops, "%.4g"))
-		line("J per PFLOP", "%s", optS(r.JPerPflop, "%.4g"))
+		line("steps/s", "%s", figure(r, "steps_per_s", "%.4g"))
+		line("time per epoch", "%s", showWith(r, "epoch_s", asDuration))
+		line("est. total time", "%s", showWith(r, "est_total_s", asDuration))
+		line("FLOPs per step", "%s", figure(r, "flops_per_step", "%.4g"))
+		line("FLOPs total", "%s", figure(r, "flops_total", "%.4g"))
+		line("MFU", "%s", figure(r, "mfu", "%.4f"))
+		line("peak per GPU", "%s TFLOPS", figure(r, "peak_TFLOPS", "%.4g"))
+		line("J per PFLOP", "%s", figure(r, "J_per_PFLOP", "%.4g"))
 	}
 
 	if len(r.GetEvals()) > 0 {

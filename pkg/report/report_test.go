@@ -35,16 +35,16 @@ func fullRun() *RunReport {
 		EnergyMethod: "counter", AvgPowerW: proto.Float64(399.6), PeakPowerW: 700.25, TokPerS: proto.Float64(1940.0111),
 		JPerToken: proto.Float64(216000.123456789 / 1_048_576), VramPeakMb: 70123, VramAvgMb: 65000.5,
 		Gpus: 2, Nodes: 1, GpuName: "NVIDIA H100 80GB HBM3", GpuHours: 600.5 * 2 / 3600,
-		CostUsd: 600.5 * 2 / 3600 * 2.1, EnergyKwh: 240000 / 3.6e6, EnergyCostUsd: 240000 / 3.6e6 * 0.3,
-		UsdPerMtok: proto.Float64(0.5), Co2Kg: 240000 / 3.6e6 * 0.4,
+		CostUsd: f64(600.5 * 2 / 3600 * 2.1), EnergyKwh: 240000 / 3.6e6, EnergyCostUsd: f64(240000 / 3.6e6 * 0.3),
+		UsdPerMtok: proto.Float64(0.5), Co2Kg: f64(240000 / 3.6e6 * 0.4), Co2Gco2PerKwh: f64(400),
 		Start: timestamppb.New(t0), End: timestamppb.New(t0.Add(600500 * time.Millisecond)), Ended: true, EndStatus: "ok",
 		Steps: 20, DataWaitS: 12, ComputeS: 588, GapS: 0.25, EnergyDisagreementPct: 0.926,
-		GpuPricePerHour: 2.1, HasCost: true, HasEnergyCost: true, HasCo2: true,
-		Evals:   []*trainmeterv1.Eval{{Epoch: 1, ValLoss: 1.93, HasValLoss: true, Accuracy: 0.71, HasAccuracy: true, Time: timestamppb.New(t0.Add(5 * time.Minute))}},
-		HasLoss: true, LastLoss: 2.3125,
-		TotalCostUsd:       600.5*2/3600*2.1*1.5 + 240000/3.6e6*0.3,
-		ProjectedCostUsd:   600.5*2/3600*2.1*1.5 + 240000/3.6e6*0.3,
-		PriorityMultiplier: 1.5, GpuPriceSource: "run_start", PriceSource: "run_start",
+		GpuPricePerHour:    f64(2.1),
+		Evals:              []*trainmeterv1.Eval{{Epoch: 1, ValLoss: 1.93, HasValLoss: true, Accuracy: 0.71, HasAccuracy: true, Time: timestamppb.New(t0.Add(5 * time.Minute))}},
+		LastLoss:           f64(2.3125),
+		TotalCostUsd:       f64(600.5*2/3600*2.1*1.5 + 240000/3.6e6*0.3),
+		ProjectedCostUsd:   f64(600.5*2/3600*2.1*1.5 + 240000/3.6e6*0.3),
+		PriorityMultiplier: 1.5, PriceSource: "run_start",
 		EnergyBands: []*trainmeterv1.EnergyBandCost{
 			{Band: "offpeak", Kwh: 0.025, UsdPerKwh: 0.12, CostUsd: 0.003},
 			{Band: "peak", Kwh: 240000/3.6e6 - 0.025, UsdPerKwh: 0.3, CostUsd: (240000/3.6e6 - 0.025) * 0.3},
@@ -77,7 +77,8 @@ func tinyRun() *RunReport {
 	r.RunId = "tiny-jpt"
 	r.JPerToken = proto.Float64(1.234567891234e-7)
 	r.EnergyMethod = "integrated"
-	r.HasCost, r.HasEnergyCost, r.HasCo2 = false, false, false
+	// No price and no carbon intensity: the cost and CO2 figures are unset.
+	r.CostUsd, r.EnergyCostUsd, r.GpuPricePerHour, r.TotalCostUsd, r.ProjectedCostUsd, r.UsdPerMtok, r.Co2Kg, r.Co2Gco2PerKwh = nil, nil, nil, nil, nil, nil, nil, nil
 	r.Metadata = nil
 	r.EndStatus = "exit 3"
 	return r
@@ -162,7 +163,7 @@ func TestUnknownsAreEmpty(t *testing.T) {
 		"E10k_J", "vram_peak_MB", "vram_avg_MB", "batch_size", "grad_accum", "seq_len", "seed",
 		"energy_J_integrated", "cost_usd", "energy_cost_usd", "usd_per_mtok", "co2_kg",
 		"energy_disagreement_pct", "data_wait_share", "last_loss", "total_cost_usd", "projected_cost_usd",
-		"gpu_price_source", "usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points",
+		"usd_per_sample", "epochs_done", "usd_per_epoch", "accuracy_points",
 		"usd_per_accuracy_point", "efficiency_score", "steps_per_s", "epoch_s", "est_total_s",
 		"flops_per_step", "flops_total", "peak_TFLOPS", "mfu", "J_per_PFLOP", "peak_power_total_W"} {
 		if got := cell(t, r, col); got != "" {
@@ -265,10 +266,10 @@ func TestReportCostLinesAreTheirOwnValues(t *testing.T) {
 			r := fullRun()
 			r.EnergyBands = nil
 			r.GpuHours = gpuHours
-			r.CostUsd = gpuHours * 2.1
-			r.EnergyCostUsd = gpuHours * 0.0917
+			r.CostUsd = f64(gpuHours * 2.1)
+			r.EnergyCostUsd = f64(gpuHours * 0.0917)
 			r.PriorityMultiplier = mult
-			r.TotalCostUsd = r.CostUsd*mult + r.EnergyCostUsd
+			r.TotalCostUsd = f64(r.GetCostUsd()*mult + r.GetEnergyCostUsd())
 			var b bytes.Buffer
 			if err := WriteReport(&b, r); err != nil {
 				t.Fatal(err)
@@ -277,7 +278,7 @@ func TestReportCostLinesAreTheirOwnValues(t *testing.T) {
 			energy := strings.Fields(moneyLine(t, b.String(), "energy cost"))[0]
 			total := moneyLine(t, b.String(), "total")
 			shown := strings.Fields(total)[0]
-			if gpu != money.Amount(r.CostUsd*mult) || energy != money.Amount(r.EnergyCostUsd) || shown != money.Amount(r.TotalCostUsd) {
+			if gpu != money.Amount(r.GetCostUsd()*mult) || energy != money.Amount(r.GetEnergyCostUsd()) || shown != money.Amount(r.GetTotalCostUsd()) {
 				t.Errorf("%v GPU-hours ×%v: gpu %s energy %s total %s, want each its own value rounded in\n%s", gpuHours, mult, gpu, energy, shown, b.String())
 			}
 			if rounded := strings.Contains(total, "(rounded)"); rounded == money.AddsUp(shown, gpu, energy) {

@@ -899,7 +899,9 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 		r.PriorityMultiplier = p.PriorityMultiplier(s.Plan.Labels)
 	}
 	s.reprice(r)
-	r.TotalCostUsd = r.CostUsd*r.PriorityMultiplier + r.EnergyCostUsd
+	if r.CostUsd != nil || r.EnergyCostUsd != nil {
+		r.TotalCostUsd = ptr(r.GetCostUsd()*r.PriorityMultiplier + r.GetEnergyCostUsd())
+	}
 	r.BudgetScope = s.Plan.BudgetScope
 	if len(s.Plan.Labels) > 0 {
 		r.Labels = make(map[string]string, len(s.Plan.Labels))
@@ -909,12 +911,13 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	}
 	r.Pue = p.EffectivePUE()
 	if co2, bands, ok := p.CO2(s.CarbonByBand, s.EnergyTotal); ok {
-		r.HasCo2 = true
-		r.Co2Kg = co2
+		r.Co2Kg = &co2
 		for _, b := range bands {
 			r.Co2Bands = append(r.Co2Bands, &trainmeterv1.CarbonBand{Zone: b.Zone, Source: b.Source, Kwh: b.KWh, Gco2PerKwh: b.GPerKWh, Co2Kg: b.Kg})
 		}
-		r.Co2Gco2PerKwh, r.Co2Source, r.CarbonZone = cost.CO2Summary(bands)
+		var g float64
+		g, r.Co2Source, r.CarbonZone = cost.CO2Summary(bands)
+		r.Co2Gco2PerKwh = &g
 	}
 	s.derived(r, measuredS, rates)
 
@@ -924,8 +927,9 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 			ValLoss: e.ValLoss, Accuracy: e.Accuracy, HasValLoss: e.HasValLoss, HasAccuracy: e.HasAccuracy,
 		})
 	}
-	r.HasLoss = s.HasLoss
-	r.LastLoss = s.LastLoss
+	if s.HasLoss {
+		r.LastLoss = ptr(s.LastLoss)
+	}
 	r.Incomplete = s.Incomplete
 	r.LostBatches = s.LostBatches
 	r.LostTokens = s.LostTokens
@@ -935,7 +939,11 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.GpuShareMethod = ShareMethod(s.ShareMethods)
 	r.SharedGpuS = s.SharedGPUSeconds
 	r.MaxSharingRuns = s.MaxSharingRuns
-	r.User, r.Uid, r.HasUid = s.User, s.UID, s.HasUID
+	r.User = s.User
+	if s.HasUID {
+		uid := s.UID
+		r.Uid = &uid
+	}
 	r.LostReasons = s.LossReasons()
 	s.hostEnergy(r)
 	return r
@@ -1061,7 +1069,7 @@ func (s *State) priceCompute(p Pricing, r *trainmeterv1.RunReport) {
 	if rest := s.GPUSeconds - perNode; rest > 1e-9*max(1, s.GPUSeconds) || len(shares) == 0 {
 		shares = append(shares, share{s.StartNode, max(0, rest)})
 	}
-	var usd float64
+	var usd, first float64
 	source := ""
 	for _, sh := range shares {
 		price, src, ok := p.GPUPrice(s.GPUPricePerHour, sh.node, s.GPUName)
@@ -1075,17 +1083,16 @@ func (s *State) priceCompute(p Pricing, r *trainmeterv1.RunReport) {
 		case source != src:
 			source = cost.SourceMixed
 		}
-		if r.GpuPricePerHour == 0 {
-			r.GpuPricePerHour = price
+		if first == 0 {
+			first = price
 		}
 	}
-	r.HasCost = true
-	r.CostUsd = usd
+	r.CostUsd = &usd
 	r.PriceSource = source
-	r.GpuPriceSource = cost.LegacySource(source)
 	if r.GpuHours > 0 {
-		r.GpuPricePerHour = usd / r.GpuHours // the GPU-time-weighted mean
+		first = usd / r.GpuHours // the GPU-time-weighted mean
 	}
+	r.GpuPricePerHour = &first
 }
 
 // energyNow prices the run's energy at p: for a run with no energy booked.
@@ -1094,8 +1101,7 @@ func (s *State) energyNow(p Pricing, r *trainmeterv1.RunReport) {
 	if !ok {
 		return
 	}
-	r.HasEnergyCost = true
-	r.EnergyCostUsd = usd
+	r.EnergyCostUsd = &usd
 	r.EnergyIncluded = p.EnergyIncluded
 	for _, b := range bands {
 		r.EnergyBands = append(r.EnergyBands, &trainmeterv1.EnergyBandCost{Band: b.Band, Kwh: b.KWh, UsdPerKwh: b.USDPerKWh, CostUsd: b.USD})
@@ -1134,11 +1140,11 @@ func (s *State) lastAccuracy() (float64, bool) {
 // derived fills the per-unit costs, the forecast and the throughput and
 // compute report (docs/costs.md).
 func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64, k knownRates) {
-	total := r.TotalCostUsd
-	priced := (r.HasCost || r.HasEnergyCost) && total > 0
+	total := r.GetTotalCostUsd()
+	priced := total > 0
 	pl := s.Plan
 	r.Samples = s.Samples
-	if s.Tokens > 0 && (r.HasCost || r.HasEnergyCost) {
+	if s.Tokens > 0 && r.TotalCostUsd != nil {
 		r.UsdPerMtok = ptr(total / float64(s.Tokens) * 1e6)
 	}
 	if !k.period {
@@ -1168,7 +1174,7 @@ func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64, k knownRat
 		r.StepsPerS = ptr(stepsPerS)
 	}
 
-	r.ProjectedCostUsd = total
+	projected := total
 	prog, hasPlan := cost.PlanProgress(s.Tokens, pl.PlannedTokens, s.Steps, pl.PlannedSteps, epochs, pl.PlannedEpochs)
 	if hasPlan {
 		r.ProjectionBasis = prog.Basis
@@ -1185,11 +1191,14 @@ func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64, k knownRat
 		case pl.PlannedSteps > 0:
 			rate = stepsPerS * float64(pl.PlannedEpochs) / float64(pl.PlannedSteps)
 		}
-		projected, remaining := cost.Forecast(prog, rate, r.WallS, total, r.Ended)
-		r.ProjectedCostUsd = projected
+		var remaining float64
+		projected, remaining = cost.Forecast(prog, rate, r.WallS, total, r.Ended)
 		if r.Start != nil {
 			r.EstTotalS = ptr(r.WallS + remaining)
 		}
+	}
+	if r.TotalCostUsd != nil {
+		r.ProjectedCostUsd = &projected
 	}
 	switch {
 	case pl.DatasetSize > 0 && s.SamplesMeasured > 0 && measuredS > 0:

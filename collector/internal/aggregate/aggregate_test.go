@@ -172,7 +172,7 @@ func TestReport(t *testing.T) {
 			checkF("J_per_token", r.GetJPerToken(), w.jpt)
 			checkF("disagreement", r.EnergyDisagreementPct, w.disagree)
 			checkF("gpu_hours", r.GpuHours, w.gpuHours)
-			checkF("cost", r.CostUsd, w.cost)
+			checkF("cost", r.GetCostUsd(), w.cost)
 			if r.EnergyMethod != w.method {
 				t.Errorf("method = %q, want %q", r.EnergyMethod, w.method)
 			}
@@ -182,8 +182,8 @@ func TestReport(t *testing.T) {
 			if r.Gpus != w.gpus || r.Nodes != w.nodes {
 				t.Errorf("gpus/nodes = %d/%d, want %d/%d", r.Gpus, r.Nodes, w.gpus, w.nodes)
 			}
-			if r.Ended != w.ended || r.HasCost != w.hasCost {
-				t.Errorf("ended/has_cost = %v/%v, want %v/%v", r.Ended, r.HasCost, w.ended, w.hasCost)
+			if r.Ended != w.ended || (r.CostUsd != nil) != w.hasCost {
+				t.Errorf("ended/cost = %v/%v, want %v/has cost %v", r.Ended, r.CostUsd, w.ended, w.hasCost)
 			}
 			if r.GetMetadata().GetModel() != w.model {
 				t.Errorf("model = %q, want %q", r.GetMetadata().GetModel(), w.model)
@@ -199,27 +199,27 @@ func TestCostEnergyCO2(t *testing.T) {
 		end("a", 3600),
 	})
 	r := s.Report(Pricing{GPUPricePerHour: 2, EnergyPricePerKWh: 0.25, GridGCO2PerKWh: 400})
-	if !r.HasCost || r.CostUsd != 4 || r.GpuHours != 2 || r.GpuPricePerHour != 2 {
-		t.Errorf("cost = %v %v %v %v", r.HasCost, r.CostUsd, r.GpuHours, r.GpuPricePerHour)
+	if r.CostUsd == nil || r.GetCostUsd() != 4 || r.GpuHours != 2 || r.GetGpuPricePerHour() != 2 {
+		t.Errorf("cost = %v %v %v", r.CostUsd, r.GpuHours, r.GpuPricePerHour)
 	}
-	if !r.HasEnergyCost || r.EnergyKwh != 1 || r.EnergyCostUsd != 0.25 {
-		t.Errorf("energy cost = %v %v %v", r.HasEnergyCost, r.EnergyKwh, r.EnergyCostUsd)
+	if r.EnergyCostUsd == nil || r.EnergyKwh != 1 || r.GetEnergyCostUsd() != 0.25 {
+		t.Errorf("energy cost = %v %v", r.EnergyKwh, r.EnergyCostUsd)
 	}
 	if r.GetUsdPerMtok() != 4.25 {
 		t.Errorf("usd_per_mtok = %v, want 4.25", r.GetUsdPerMtok())
 	}
-	if !r.HasCo2 || r.Co2Kg != 0.4 {
-		t.Errorf("co2 = %v %v", r.HasCo2, r.Co2Kg)
+	if r.Co2Kg == nil || r.GetCo2Kg() != 0.4 {
+		t.Errorf("co2 = %v", r.Co2Kg)
 	}
 	// run_start price wins over the configured default.
 	s.GPUPricePerHour = 3
-	if r := s.Report(Pricing{GPUPricePerHour: 2}); r.CostUsd != 6 || r.HasEnergyCost || r.HasCo2 {
+	if r := s.Report(Pricing{GPUPricePerHour: 2}); r.GetCostUsd() != 6 || r.EnergyCostUsd != nil || r.Co2Kg != nil {
 		t.Errorf("run_start price: cost = %v", r.CostUsd)
 	}
 	// No price anywhere: unknown.
 	s.GPUPricePerHour = 0
-	if r := s.Report(Pricing{}); r.HasCost || r.CostUsd != 0 || r.UsdPerMtok != nil {
-		t.Errorf("no price: %v %v %v", r.HasCost, r.CostUsd, r.GetUsdPerMtok())
+	if r := s.Report(Pricing{}); r.CostUsd != nil || r.UsdPerMtok != nil {
+		t.Errorf("no price: %v %v", r.CostUsd, r.GetUsdPerMtok())
 	}
 }
 
@@ -388,8 +388,8 @@ func TestLastLossAndVRAM(t *testing.T) {
 	s.AddWindow("a", w2)
 	s.AddWindow("a", w1)
 	r := s.Report(Pricing{})
-	if !r.HasLoss || r.LastLoss != 2.0 {
-		t.Errorf("last loss = %v %v", r.HasLoss, r.LastLoss)
+	if r.LastLoss == nil || r.GetLastLoss() != 2.0 {
+		t.Errorf("last loss = %v", r.LastLoss)
 	}
 	if r.VramPeakMb != 5000 || r.VramAvgMb != 9000.0/4 {
 		t.Errorf("vram = %v %v", r.VramPeakMb, r.VramAvgMb)

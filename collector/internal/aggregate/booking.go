@@ -180,8 +180,7 @@ func (s *State) bookedCompute(p Pricing, r *trainmeterv1.RunReport) bool {
 			sources = slices.Insert(sources, i, src)
 		}
 	}
-	r.HasCost = true
-	r.CostUsd = usd
+	r.CostUsd = &usd
 	switch len(sources) {
 	case 0:
 	case 1:
@@ -189,9 +188,8 @@ func (s *State) bookedCompute(p Pricing, r *trainmeterv1.RunReport) bool {
 	default:
 		r.PriceSource = cost.SourceMixed
 	}
-	r.GpuPriceSource = cost.LegacySource(r.PriceSource)
 	if r.GpuHours > 0 {
-		r.GpuPricePerHour = usd / r.GpuHours // the GPU-time-weighted mean
+		r.GpuPricePerHour = ptr(usd / r.GpuHours) // the GPU-time-weighted mean
 	}
 	return true
 }
@@ -221,8 +219,7 @@ func (s *State) bookedEnergy(p Pricing, r *trainmeterv1.RunReport) bool {
 			bandUSD[bc.Band] += bc.USD
 		}
 	}
-	r.HasEnergyCost = true
-	r.EnergyCostUsd = usd
+	r.EnergyCostUsd = &usd
 	r.EnergyIncluded = b.IncludedEnergyJ > 0 && len(bandJ) == 0
 	names := make([]string, 0, len(bandJ))
 	for n := range bandJ {
@@ -297,10 +294,10 @@ func (s *State) Reprice(previous *trainmeterv1.RunReport, r Repricing) {
 	}
 	b.Repriced, b.RepricedAt, b.RepriceReason = true, r.At, r.Reason
 	b.PreviousCostUSD, b.PreviousTotalCostUSD = nil, nil
-	if previous.GetHasCost() {
+	if previous.CostUsd != nil {
 		b.PreviousCostUSD = ptr(previous.GetCostUsd())
 	}
-	if previous.GetHasCost() || previous.GetHasEnergyCost() {
+	if previous.TotalCostUsd != nil {
 		b.PreviousTotalCostUSD = ptr(previous.GetTotalCostUsd())
 	}
 }

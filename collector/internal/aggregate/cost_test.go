@@ -84,8 +84,8 @@ func TestReportCostModel(t *testing.T) {
 	total := compute*1.5 + energy
 	approx(t, "cost_usd", r.GetCostUsd(), compute)
 	approx(t, "gpu_price_per_hour (GPU-time-weighted)", r.GetGpuPricePerHour(), compute/(300.0/3600))
-	if r.GetGpuPriceSource() != cost.SourceMixed || r.GetPriorityMultiplier() != 1.5 {
-		t.Errorf("source %q multiplier %v", r.GetGpuPriceSource(), r.GetPriorityMultiplier())
+	if r.GetPriceSource() != cost.SourceMixed || r.GetPriorityMultiplier() != 1.5 {
+		t.Errorf("source %q multiplier %v", r.GetPriceSource(), r.GetPriorityMultiplier())
 	}
 	approx(t, "energy_cost_usd", r.GetEnergyCostUsd(), energy)
 	approx(t, "total_cost_usd", r.GetTotalCostUsd(), total)
@@ -128,7 +128,7 @@ func TestReportCostModel(t *testing.T) {
 
 func TestReportCostWithoutPricesOrPlan(t *testing.T) {
 	r := costRun(nil).Report(Pricing{})
-	if r.GetHasCost() || r.GetHasEnergyCost() || r.GetTotalCostUsd() != 0 || r.UsdPerSample != nil || r.UsdPerAccuracyPoint != nil {
+	if r.CostUsd != nil || r.EnergyCostUsd != nil || r.TotalCostUsd != nil || r.UsdPerSample != nil || r.UsdPerAccuracyPoint != nil {
 		t.Errorf("costs without prices: %v", r)
 	}
 	if r.GetPriorityMultiplier() != 1 {
@@ -136,7 +136,7 @@ func TestReportCostWithoutPricesOrPlan(t *testing.T) {
 	}
 	// A node without a price makes the compute cost unknown, not partial.
 	r = costRun(nil).Report(Pricing{NodeGPUPricePerHour: map[string]float64{"a": 3}})
-	if r.GetHasCost() {
+	if r.CostUsd != nil {
 		t.Errorf("node b has no price, yet cost %v", r.GetCostUsd())
 	}
 }
@@ -150,7 +150,7 @@ func TestTariffAddedLaterPricesUnbookedEnergyAtDefault(t *testing.T) {
 	r := costRun(nil).Report(Pricing{Tariff: tariff})
 	approx(t, "energy cost", r.GetEnergyCostUsd(), 2400*0.1/3.6e6)
 	r = costRun(nil).Report(Pricing{EnergyIncluded: true, GPUPricePerHour: 2})
-	if !r.GetEnergyIncluded() || r.GetEnergyCostUsd() != 0 || !r.GetHasEnergyCost() {
+	if !r.GetEnergyIncluded() || r.GetEnergyCostUsd() != 0 || r.EnergyCostUsd == nil {
 		t.Errorf("energy included: %v %v", r.GetEnergyIncluded(), r.GetEnergyCostUsd())
 	}
 	approx(t, "total = compute × priority (no multiplier configured)", r.GetTotalCostUsd(), 300.0/3600*2)
@@ -168,8 +168,8 @@ func TestReportOwnedHardware(t *testing.T) {
 	r := costRun(nil).Report(p)
 	// a: 26,280 / (3 × 8,760) = $1/GPU-hour; b: its H100's 8,760 / 8,760 = $1.
 	approx(t, "cost_usd", r.GetCostUsd(), 300.0/3600*1)
-	if r.GetPriceSource() != cost.SourceAmortized || r.GetGpuPriceSource() != cost.SourceAmortized || r.GetPue() != 1.5 {
-		t.Errorf("price_source %q gpu_price_source %q pue %v", r.GetPriceSource(), r.GetGpuPriceSource(), r.GetPue())
+	if r.GetPriceSource() != cost.SourceAmortized || r.GetPue() != 1.5 {
+		t.Errorf("price_source %q pue %v", r.GetPriceSource(), r.GetPue())
 	}
 	approx(t, "energy_kWh", r.GetEnergyKwh(), 2400/3.6e6)
 	approx(t, "energy_cost_usd", r.GetEnergyCostUsd(), 2400/3.6e6*1.5*0.2)
@@ -181,7 +181,7 @@ func TestReportOwnedHardware(t *testing.T) {
 		t.Errorf("a amortized, b by the flag: price_source %q, want mixed", r.GetPriceSource())
 	}
 	p.Owned = nil
-	if r = costRun(nil).Report(p); r.GetPriceSource() != cost.SourceFlag || r.GetGpuPriceSource() != cost.SourceDefault {
-		t.Errorf("flag price: price_source %q gpu_price_source %q", r.GetPriceSource(), r.GetGpuPriceSource())
+	if r = costRun(nil).Report(p); r.GetPriceSource() != cost.SourceFlag {
+		t.Errorf("flag price: price_source %q", r.GetPriceSource())
 	}
 }

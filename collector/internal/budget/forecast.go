@@ -7,7 +7,7 @@ import (
 	"sort"
 	"strings"
 
-	runreport "github.com/trainmeter/trainmeter/pkg/report"
+	"github.com/trainmeter/trainmeter/pkg/cost"
 )
 
 // DefaultForecastHistory is how many ended runs a forecast learns from.
@@ -60,8 +60,8 @@ func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
 	for _, x := range runs {
 		// A cost is a GPU-hour price or an energy price (a run priced by
 		// energy only has a total cost too).
-		if x.r.GetEnded() && x.r.GetMetadata().GetModel() == model && (x.r.GetHasCost() || x.r.GetHasEnergyCost()) {
-			if runreport.Failed(x.r) {
+		if x.r.GetEnded() && x.r.GetMetadata().GetModel() == model && x.r.TotalCostUsd != nil {
+			if cost.Failed(x.r) {
 				failed++
 				continue
 			}

@@ -136,9 +136,8 @@ func (s *Service) Forecast(_ context.Context, req *trainmeterv1.ForecastRequest)
 		ExpectedUsd: f.ExpectedUSD, StddevUsd: f.StddevSumUSD, FailedLeftOut: uint32(f.FailedLeftOut),
 	}
 	if f.Budget != nil {
-		resp.HasBudget = true
-		resp.BudgetScope, resp.BudgetPeriod, resp.BudgetUsd = f.Budget.Scope, f.Budget.Period, f.Budget.LimitUSD
-		resp.RemainingUsd, resp.OverageProbability = f.RemainingUSD, f.OverageProbability
+		resp.BudgetScope, resp.BudgetPeriod, resp.BudgetUsd = f.Budget.Scope, f.Budget.Period, &f.Budget.LimitUSD
+		resp.RemainingUsd, resp.OverageProbability = &f.RemainingUSD, &f.OverageProbability
 	}
 	return resp, nil
 }

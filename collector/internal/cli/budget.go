@@ -202,7 +202,7 @@ func newForecastCommand(cf *clientFlags) *cobra.Command {
 				usd := func(v float64) string { return money.Fixed(v, d) }
 				fmt.Fprintf(w, "  per run     %s ± %s\n", usd(f.GetMeanRunUsd()), usd(f.GetStddevRunUsd()))
 				fmt.Fprintf(w, "  expected    %s ± %s\n", usd(f.GetExpectedUsd()), usd(f.GetStddevUsd()))
-				if !f.GetHasBudget() {
+				if f.BudgetUsd == nil {
 					fmt.Fprintln(w, "  budget      none covers this model")
 					return nil
 				}

@@ -64,15 +64,15 @@ func TestBudgetCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	var f struct {
-		MeanRunUsd         float64 `json:"mean_run_usd"`
-		ExpectedUsd        float64 `json:"expected_usd"`
-		HasBudget          bool    `json:"has_budget"`
-		OverageProbability float64 `json:"overage_probability"`
+		MeanRunUsd         float64  `json:"mean_run_usd"`
+		ExpectedUsd        float64  `json:"expected_usd"`
+		BudgetUsd          *float64 `json:"budget_usd"`
+		OverageProbability float64  `json:"overage_probability"`
 	}
 	if err := json.Unmarshal([]byte(out), &f); err != nil {
 		t.Fatal(err)
 	}
-	if f.MeanRunUsd <= 0 || f.ExpectedUsd != 3*f.MeanRunUsd || !f.HasBudget || f.OverageProbability != 1 {
+	if f.MeanRunUsd <= 0 || f.ExpectedUsd != 3*f.MeanRunUsd || f.BudgetUsd == nil || f.OverageProbability != 1 {
 		t.Errorf("forecast %s", out)
 	}
 	if _, err := run(t, env, "forecast", "tiny", "3"); err == nil || !strings.Contains(err.Error(), "no ended runs") {

@@ -34,6 +34,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/internal/plural"
+	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -279,7 +280,7 @@ func statusMatches(r *trainmeterv1.RunReport, want string) bool {
 	case "running", "ended":
 		return report.Status(r) == want
 	case "failed":
-		return report.Failed(r)
+		return cost.Failed(r)
 	case "exit", "signal":
 		return r.GetEnded() && strings.HasPrefix(r.GetEndStatus(), want+" ")
 	case "stopped":

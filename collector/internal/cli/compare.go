@@ -61,7 +61,7 @@ func meanCI(s *trainmeterv1.CompareStat) string {
 	switch {
 	case s.GetN() == 0:
 		return "-"
-	case !s.GetHasInterval():
+	case s.CiLow == nil:
 		return sig(s.GetMean(), 4) + " (n=1)"
 	}
 	return sig(s.GetMean(), 4) + " ± " + sig((s.GetCiHigh()-s.GetCiLow())/2, 2)
@@ -96,10 +96,10 @@ func diffCell(d *trainmeterv1.CompareDiff, pct bool) string {
 		return fmt.Sprintf("%.3fx", v)
 	}
 	s := f(d.GetValue())
-	if d.GetHasInterval() {
+	if d.CiLow != nil {
 		s += fmt.Sprintf(" [%s, %s]", f(d.GetCiLow()), f(d.GetCiHigh()))
 	}
-	if d.GetHasPValue() {
+	if d.PValue != nil {
 		s += fmt.Sprintf(" p=%.3g", d.GetPValue())
 	}
 	return s
@@ -168,9 +168,9 @@ func writeCompareCSV(w io.Writer, r *trainmeterv1.CompareResponse) error {
 			cells := []string{"", "", "", strconv.Itoa(int(s.GetN()))}
 			if s.GetN() > 0 {
 				cells[0] = num(s.GetMean())
-			}
-			if s.GetHasInterval() {
-				cells[1], cells[2] = num(s.GetCiLow()), num(s.GetCiHigh())
+				if s.CiLow != nil {
+					cells[1], cells[2] = num(s.GetCiLow()), num(s.GetCiHigh())
+				}
 			}
 			rec = append(rec, cells...)
 		}
@@ -179,10 +179,10 @@ func writeCompareCSV(w io.Writer, r *trainmeterv1.CompareResponse) error {
 			cells := []string{"", "", "", ""}
 			if d != nil {
 				cells[0] = num(d.GetValue())
-				if d.GetHasInterval() {
+				if d.CiLow != nil {
 					cells[1], cells[2] = num(d.GetCiLow()), num(d.GetCiHigh())
 				}
-				if d.GetHasPValue() {
+				if d.PValue != nil {
 					cells[3] = num(d.GetPValue())
 				}
 			}

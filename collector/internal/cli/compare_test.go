@@ -68,17 +68,16 @@ func TestCompareCommand(t *testing.T) {
 			Key       string   `json:"key"`
 			RunIDs    []string `json:"run_ids"`
 			JPerToken struct {
-				Mean, CiLow, CiHigh float64
-				HasInterval         bool `json:"has_interval"`
+				Mean  float64
+				CiLow *float64 `json:"ci_low"`
 			} `json:"j_per_token"`
 			TokPerS struct{ Mean float64 } `json:"tok_per_s"`
 		} `json:"groups"`
 		Rows []struct {
 			Key             string `json:"key"`
 			EnergySavingPct struct {
-				Value   float64 `json:"value"`
-				PValue  float64 `json:"p_value"`
-				HasPVal bool    `json:"has_p_value"`
+				Value  float64  `json:"value"`
+				PValue *float64 `json:"p_value"`
 			} `json:"energy_saving_pct"`
 			Speedup struct {
 				Value float64 `json:"value"`
@@ -109,7 +108,7 @@ func TestCompareCommand(t *testing.T) {
 	}
 	jb, ju := mean([]string{"b1", "b2", "b3"}, "j_per_token"), mean([]string{"u1", "u2"}, "j_per_token")
 	tb, tu2 := mean([]string{"b1", "b2", "b3"}, "tok_per_s"), mean([]string{"u1", "u2"}, "tok_per_s")
-	if g := cmp.Groups[0]; strings.Join(g.RunIDs, ",") != "b1,b2,b3" || math.Abs(g.JPerToken.Mean-jb) > 1e-9 || !g.JPerToken.HasInterval {
+	if g := cmp.Groups[0]; strings.Join(g.RunIDs, ",") != "b1,b2,b3" || math.Abs(g.JPerToken.Mean-jb) > 1e-9 || g.JPerToken.CiLow == nil {
 		t.Errorf("bnb group %+v, want J/token mean %v from the reports", g, jb)
 	}
 	if g := cmp.Groups[1]; math.Abs(g.JPerToken.Mean-ju) > 1e-9 || math.Abs(g.TokPerS.Mean-tu2) > 1e-9 {
@@ -119,8 +118,8 @@ func TestCompareCommand(t *testing.T) {
 	if math.Abs(row.EnergySavingPct.Value-(1-ju/jb)*100) > 1e-9 || math.Abs(row.Speedup.Value-tu2/tb) > 1e-9 {
 		t.Errorf("row %+v, want saving %v %% speedup %v", row, (1-ju/jb)*100, tu2/tb)
 	}
-	if !row.EnergySavingPct.HasPVal || row.EnergySavingPct.PValue > 0.01 {
-		t.Errorf("energy saving p-value %v: two clearly apart groups", row.EnergySavingPct.PValue)
+	if p := row.EnergySavingPct.PValue; p == nil || *p > 0.01 {
+		t.Errorf("energy saving p-value %v: two clearly apart groups", p)
 	}
 
 	table, err := run(t, nil, "compare", "b1", "u1", "--collector", addr)

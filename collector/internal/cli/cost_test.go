@@ -159,7 +159,7 @@ func TestReportJSON(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	for k, want := range map[string]any{
-		"run_id": "bert-1", "total_cost_usd": 4.0, "energy_included": true, "gpu_price_source": "default",
+		"run_id": "bert-1", "total_cost_usd": 4.0, "energy_included": true, "price_source": "flag",
 		"accuracy_points": 80.0, "usd_per_accuracy_point": 0.05, "efficiency_score": (80.0 / 4) / (70.0 / 2),
 		"energy_cost_usd": 0.0, "ended": true, "usd_per_epoch": 4.0, "epochs_done": 1.0,
 	} {
@@ -233,7 +233,7 @@ func TestCatalogPriceReachesTheReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	var r struct {
-		Source  string  `json:"gpu_price_source"`
+		Source  string  `json:"price_source"`
 		Price   float64 `json:"gpu_price_per_hour"`
 		CostUSD float64 `json:"cost_usd"`
 	}
@@ -275,7 +275,7 @@ func TestImportedPriceListIsTheCatalog(t *testing.T) {
 		t.Fatal(err)
 	}
 	var r struct {
-		Source  string  `json:"gpu_price_source"`
+		Source  string  `json:"price_source"`
 		Price   float64 `json:"gpu_price_per_hour"`
 		CostUSD float64 `json:"cost_usd"`
 	}

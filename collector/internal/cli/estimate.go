@@ -72,7 +72,7 @@ func writeEstimate(w io.Writer, e *trainmeterv1.RunEstimate) {
 	fmt.Fprintf(w, "  wall time   %s (%s to %s)\n", durS(wall.GetMid()), durS(wall.GetLow()), durS(wall.GetHigh()))
 	fmt.Fprintf(w, "  GPU-hours   %.4g (%.4g to %.4g), all GPUs\n", gh.GetMid(), gh.GetLow(), gh.GetHigh())
 	fmt.Fprintf(w, "  energy      %.4g kWh (%.4g to %.4g), GPU energy, all GPUs\n", kwh.GetMid(), kwh.GetLow(), kwh.GetHigh())
-	if e.GetHasCost() {
+	if c != nil {
 		band := money.USDs(c.GetMid(), c.GetLow(), c.GetHigh())
 		fmt.Fprintf(w, "  cost        %s (%s to %s)\n", band[0], band[1], band[2])
 	} else {

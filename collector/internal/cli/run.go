@@ -619,7 +619,7 @@ func planRun(o *runOptions, warn func(string, ...any)) {
 	o.start.PlanKey = key
 	if e := resp.GetEstimate(); e != nil {
 		writeEstimate(o.stderr, e)
-		if o.maxCost > 0 && e.GetHasCost() && e.GetCostUsd().GetMid() > o.maxCost {
+		if o.maxCost > 0 && e.CostUsd != nil && e.GetCostUsd().GetMid() > o.maxCost {
 			amounts := money.USDs(e.GetCostUsd().GetMid(), o.maxCost)
 			warn("the estimate (%s) is above --max-cost (%s): the run will likely be stopped before it finishes", amounts[0], amounts[1])
 		}

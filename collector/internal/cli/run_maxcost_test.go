@@ -103,7 +103,7 @@ func TestPlanRunAtStart(t *testing.T) {
 	var got *trainmeterv1.PlanRunRequest
 	o.plan = func(req *trainmeterv1.PlanRunRequest) (*trainmeterv1.PlanRunResponse, error) {
 		got = req
-		return &trainmeterv1.PlanRunResponse{PlanKey: req.GetPlanKey(), Estimate: &trainmeterv1.RunEstimate{Model: "m", Tokens: 1000, Gpus: 1, BasedOn: []string{"a"}, HasCost: true,
+		return &trainmeterv1.PlanRunResponse{PlanKey: req.GetPlanKey(), Estimate: &trainmeterv1.RunEstimate{Model: "m", Tokens: 1000, Gpus: 1, BasedOn: []string{"a"},
 			CostUsd: &trainmeterv1.Range{Low: 12, Mid: 15, High: 20}, WallS: &trainmeterv1.Range{}, GpuHours: &trainmeterv1.Range{}, EnergyKwh: &trainmeterv1.Range{}}}, nil
 	}
 	planRun(o, func(f string, a ...any) {

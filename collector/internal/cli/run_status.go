@@ -208,7 +208,7 @@ func (s *runStatus) line(elapsed time.Duration, r *trainmeterv1.RunReport) strin
 // costSoFar is the run's total cost (compute × priority + energy,
 // docs/costs.md), where the collector knows a price.
 func costSoFar(r *trainmeterv1.RunReport) (float64, bool) {
-	return r.GetTotalCostUsd(), r.GetHasCost() || r.GetHasEnergyCost()
+	return r.GetTotalCostUsd(), r.TotalCostUsd != nil
 }
 
 func fmtElapsed(d time.Duration) string {

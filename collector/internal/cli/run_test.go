@@ -217,13 +217,13 @@ func TestRunStatusLine(t *testing.T) {
 	if got := s.line(3*time.Second, r); got != "trainmeter r | 0:03 | - W | 1.0 kJ | 500 tok | 2 J/tok" {
 		t.Errorf("first line %q", got)
 	}
-	r = &trainmeterv1.RunReport{EnergyTotalJ: 3000, WallS: 4, TokensProcessed: 1000, CostUsd: 0.5, HasCost: true,
-		EnergyCostUsd: 0.25, HasEnergyCost: true, TotalCostUsd: 0.75, Ended: true}
+	r = &trainmeterv1.RunReport{EnergyTotalJ: 3000, WallS: 4, TokensProcessed: 1000, CostUsd: ptrF(0.5),
+		EnergyCostUsd: ptrF(0.25), TotalCostUsd: ptrF(0.75), Ended: true}
 	if got := s.line(3725*time.Second, r); got != "trainmeter r | 1:02:05 | 1000 W | 3.0 kJ | 1000 tok | 3 J/tok | $0.750" {
 		t.Errorf("second line %q", got)
 	}
 	// A live run with a plan shows its projected cost.
-	r.Ended, r.ProjectionBasis, r.ProjectedCostUsd = false, "tokens", 3
+	r.Ended, r.ProjectionBasis, r.ProjectedCostUsd = false, "tokens", ptrF(3)
 	if got := s.line(3725*time.Second, r); got != "trainmeter r | 1:02:05 | 1000 W | 3.0 kJ | 1000 tok | 3 J/tok | $0.75 (→ $3.00)" {
 		t.Errorf("projected line %q", got)
 	}
@@ -247,3 +247,5 @@ func TestRunRefusesRunStartKeysAsLabels(t *testing.T) {
 		}
 	}
 }
+
+func ptrF(v float64) *float64 { return &v }

@@ -112,7 +112,7 @@ func writeUsageCSV(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error {
 	}
 	for _, r := range resp.GetRows() {
 		cost := ""
-		if r.GetHasCost() {
+		if r.CostUsd != nil {
 			cost = report.F(r.GetCostUsd())
 		}
 		row := append(append([]string(nil), r.GetKeys()...), r.GetIdleNode(), fmt.Sprint(r.GetRuns()),
@@ -141,7 +141,7 @@ func writeUsageTable(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error
 	fmt.Fprintln(tw, strings.Join(head, "\t"))
 	for _, r := range resp.GetRows() {
 		cost := "-"
-		if r.GetHasCost() {
+		if r.CostUsd != nil {
 			cost = money.USD(r.GetCostUsd())
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.6f\t%s\t%.1f%%\t%.1f%%\n", strings.Join(usageKeys(resp, r), "\t"), r.GetRuns(),

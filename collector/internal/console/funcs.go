@@ -94,7 +94,7 @@ func optVal(v *float64) string {
 }
 
 func pvalue(d *trainmeterv1.CompareDiff) string {
-	if !d.GetHasPValue() {
+	if d.PValue == nil {
 		return "-"
 	}
 	return strconv.FormatFloat(d.GetPValue(), 'g', 3, 64)

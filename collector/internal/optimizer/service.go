@@ -17,8 +17,8 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/internal/plural"
+	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/recommend"
-	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -81,7 +81,7 @@ func (s *Service) Recommend(_ context.Context, req *trainmeterv1.RecommendReques
 	runs := make([]recommend.Run, 0, len(all))
 	for _, st := range all {
 		r := recommend.Run{Report: st.Report(s.pricing), PlannedEpochs: st.Plan.PlannedEpochs, DatasetSize: st.Plan.DatasetSize}
-		if report.Failed(r.Report) {
+		if cost.Failed(r.Report) {
 			// A run that failed (error, non-zero exit, signal, lost) stopped
 			// part-way for reasons of its own: neither a baseline for others
 			// nor worth advice on how to finish.

@@ -326,7 +326,7 @@ func TestComputeTierAcrossProviders(t *testing.T) {
 	}
 	run := func(id, gpu string, tokPerS, cost float64) recommend.Run {
 		return recommend.Run{Report: &trainmeterv1.RunReport{RunId: id, Metadata: &trainmeterv1.RunMetadata{Model: "m"}, GpuName: gpu, Gpus: 1,
-			TokPerS: proto.Float64(tokPerS), CostUsd: cost, TotalCostUsd: cost, GpuPricePerHour: 3}}
+			TokPerS: proto.Float64(tokPerS), CostUsd: proto.Float64(cost), TotalCostUsd: proto.Float64(cost), GpuPricePerHour: proto.Float64(3)}}
 	}
 	recs := recommend.ComputeTier([]recommend.Run{run("h", "NVIDIA H100 80GB HBM3", 1000, 10), run("r", "NVIDIA GeForce RTX 4090", 300, 2)}, w)
 	if len(recs) != 1 {
@@ -499,7 +499,7 @@ func TestStaleProviderStopsCountingAsCurrent(t *testing.T) {
 	}
 	run := func(id, gpu string, tokPerS, usd float64) recommend.Run {
 		return recommend.Run{Report: &trainmeterv1.RunReport{RunId: id, Metadata: &trainmeterv1.RunMetadata{Model: "m"}, GpuName: gpu, Gpus: 1,
-			TokPerS: proto.Float64(tokPerS), CostUsd: usd, TotalCostUsd: usd, GpuPricePerHour: 3}}
+			TokPerS: proto.Float64(tokPerS), CostUsd: proto.Float64(usd), TotalCostUsd: proto.Float64(usd), GpuPricePerHour: proto.Float64(3)}}
 	}
 	recs := recommend.ComputeTier([]recommend.Run{run("h", "NVIDIA H100 80GB HBM3", 1000, 10), run("r", "NVIDIA GeForce RTX 4090", 300, 2)}, w)
 	if len(recs) != 1 || !strings.Contains(recs[0].Action, "NVIDIA GeForce RTX 4090 at $0.35/GPU-h from vastai") {

@@ -73,6 +73,10 @@ type usageAcc struct {
 	row     *trainmeterv1.UsageRow
 	runs    map[string]struct{}
 	sources map[string]struct{}
+	// cost is the sum of the priced parts; unpriced: a part had no price,
+	// so the row's cost is unknown.
+	cost     float64
+	unpriced bool
 }
 
 // Usage implements QueryService.Usage: GPU time, energy and cost over a
@@ -121,7 +125,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		k := strings.Join(keys, "\x00") + "\x00" + idleNode + "\x00" + strconv.FormatBool(deleted)
 		a := groups[k]
 		if a == nil {
-			a = &usageAcc{row: &trainmeterv1.UsageRow{Keys: keys, IdleNode: idleNode, Idle: idleNode != "", Deleted: deleted, HasCost: true},
+			a = &usageAcc{row: &trainmeterv1.UsageRow{Keys: keys, IdleNode: idleNode, Idle: idleNode != "", Deleted: deleted},
 				runs: map[string]struct{}{}, sources: map[string]struct{}{}}
 			groups[k] = a
 		}
@@ -138,10 +142,10 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			energyUSD, eok = energyJ*lock.usdPerJoule, lock.hasEnergyPrice
 		}
 		if !ok && !eok {
-			a.row.HasCost = false
+			a.unpriced = true
 			return
 		}
-		a.row.CostUsd += gpuS/3600*price + energyUSD
+		a.cost += gpuS/3600*price + energyUSD
 		if ok {
 			a.sources[src] = struct{}{}
 		}
@@ -297,8 +301,8 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		default:
 			a.row.PriceSource = "mixed"
 		}
-		if !a.row.GetHasCost() {
-			a.row.CostUsd = 0
+		if !a.unpriced {
+			a.row.CostUsd = &a.cost
 		}
 		out.Rows = append(out.Rows, a.row)
 	}

@@ -135,14 +135,14 @@ func TestCatalogPricesNVMLNamedRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep := r.GetRun(); rep.GetGpuPriceSource() != "catalog" || rep.GetGpuPricePerHour() != 3.6 {
-		t.Errorf("run on %s: price %v from %q, want $3.60 (H100 SXM) from the catalog", rep.GetGpuName(), rep.GetGpuPricePerHour(), rep.GetGpuPriceSource())
+	if rep := r.GetRun(); rep.GetPriceSource() != "catalog" || rep.GetGpuPricePerHour() != 3.6 {
+		t.Errorf("run on %s: price %v from %q, want $3.60 (H100 SXM) from the catalog", rep.GetGpuName(), rep.GetGpuPricePerHour(), rep.GetPriceSource())
 	}
 	r, err = q.GetRun(t.Context(), &trainmeterv1.GetRunRequest{RunId: "a10g"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep := r.GetRun(); rep.GetHasCost() || rep.GetGpuPriceSource() != "" {
-		t.Errorf("run on %s priced at %v from %q, want no price", rep.GetGpuName(), rep.GetGpuPricePerHour(), rep.GetGpuPriceSource())
+	if rep := r.GetRun(); rep.CostUsd != nil || rep.GetPriceSource() != "" {
+		t.Errorf("run on %s priced at %v from %q, want no price", rep.GetGpuName(), rep.GetGpuPricePerHour(), rep.GetPriceSource())
 	}
 }

@@ -48,8 +48,8 @@ func readLockFigures(t *testing.T, addr string) lockFigures {
 	q := trainmeterv1.NewQueryServiceClient(conn)
 	var f lockFigures
 	r := getRun(t, q, "r")
-	if !r.GetEnded() || !r.GetHasCost() || !r.GetHasEnergyCost() {
-		t.Fatalf("run r: ended %v, has cost %v, has energy cost %v", r.GetEnded(), r.GetHasCost(), r.GetHasEnergyCost())
+	if !r.GetEnded() || r.CostUsd == nil || r.EnergyCostUsd == nil {
+		t.Fatalf("run r: ended %v, cost %v, energy cost %v", r.GetEnded(), r.CostUsd, r.EnergyCostUsd)
 	}
 	f.costR, f.totalR, f.sourceR = r.GetCostUsd(), r.GetTotalCostUsd(), r.GetPriceSource()
 	fr := getRun(t, q, "f")

@@ -127,8 +127,8 @@ func TestIngestAndQuery(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, gw[0], gw[1])
 		}
 	}
-	if !r.GetEnded() || r.GetMetadata().GetModel() != "llama" || r.GetEnergyMethod() != "counter" || !r.GetHasCost() {
-		t.Errorf("ended %v model %q method %q has_cost %v", r.GetEnded(), r.GetMetadata().GetModel(), r.GetEnergyMethod(), r.GetHasCost())
+	if !r.GetEnded() || r.GetMetadata().GetModel() != "llama" || r.GetEnergyMethod() != "counter" || r.CostUsd == nil {
+		t.Errorf("ended %v model %q method %q cost %v", r.GetEnded(), r.GetMetadata().GetModel(), r.GetEnergyMethod(), r.CostUsd)
 	}
 
 	// ListRuns: all, ordered by run id; and by id.

@@ -241,7 +241,7 @@ func checkUsageConserved(t *testing.T, resp *trainmeterv1.UsageResponse) {
 	var all, allNodes fig
 	perNode := false
 	for _, r := range resp.GetRows() {
-		if !r.GetHasCost() {
+		if r.CostUsd == nil {
 			t.Errorf("by %v: row %v has no cost", resp.GetBy(), r.GetKeys())
 		}
 		all.s += r.GetGpuSeconds()

@@ -127,7 +127,7 @@ func (t *Telemetry) registerRuns(m metric.Meter) error {
 			if r.AvgPowerW != nil {
 				o.ObserveFloat64(power, r.GetAvgPowerW(), opt)
 			}
-			if r.GetHasCost() || r.GetHasEnergyCost() {
+			if r.TotalCostUsd != nil {
 				o.ObserveFloat64(cost, r.GetTotalCostUsd(), opt)
 				o.ObserveFloat64(projected, r.GetProjectedCostUsd(), opt)
 			}

@@ -893,14 +893,14 @@ type ForecastResponse struct {
 	// Expected cost of the N runs and its standard deviation.
 	ExpectedUsd float64 `protobuf:"fixed64,6,opt,name=expected_usd,json=expectedUsd,proto3" json:"expected_usd,omitempty"`
 	StddevUsd   float64 `protobuf:"fixed64,7,opt,name=stddev_usd,json=stddevUsd,proto3" json:"stddev_usd,omitempty"`
-	// The budget that covers the model (empty if none) and what is left of it.
-	BudgetScope  string  `protobuf:"bytes,8,opt,name=budget_scope,json=budgetScope,proto3" json:"budget_scope,omitempty"`
-	BudgetPeriod string  `protobuf:"bytes,9,opt,name=budget_period,json=budgetPeriod,proto3" json:"budget_period,omitempty"`
-	BudgetUsd    float64 `protobuf:"fixed64,10,opt,name=budget_usd,json=budgetUsd,proto3" json:"budget_usd,omitempty"`
-	RemainingUsd float64 `protobuf:"fixed64,11,opt,name=remaining_usd,json=remainingUsd,proto3" json:"remaining_usd,omitempty"`
-	HasBudget    bool    `protobuf:"varint,12,opt,name=has_budget,json=hasBudget,proto3" json:"has_budget,omitempty"`
+	// The budget that covers the model (empty if none) and what is left of
+	// it; the figures unset when no budget covers it.
+	BudgetScope  string   `protobuf:"bytes,8,opt,name=budget_scope,json=budgetScope,proto3" json:"budget_scope,omitempty"`
+	BudgetPeriod string   `protobuf:"bytes,9,opt,name=budget_period,json=budgetPeriod,proto3" json:"budget_period,omitempty"`
+	BudgetUsd    *float64 `protobuf:"fixed64,10,opt,name=budget_usd,json=budgetUsd,proto3,oneof" json:"budget_usd,omitempty"`
+	RemainingUsd *float64 `protobuf:"fixed64,11,opt,name=remaining_usd,json=remainingUsd,proto3,oneof" json:"remaining_usd,omitempty"`
 	// P(cost of the N runs > remaining budget), normal approximation.
-	OverageProbability float64 `protobuf:"fixed64,13,opt,name=overage_probability,json=overageProbability,proto3" json:"overage_probability,omitempty"`
+	OverageProbability *float64 `protobuf:"fixed64,13,opt,name=overage_probability,json=overageProbability,proto3,oneof" json:"overage_probability,omitempty"`
 	// --- run lifecycle ---
 	// The model's ended runs left out because they failed (end status
 	// error, exit N, signal NAME or lost).
@@ -1003,29 +1003,22 @@ func (x *ForecastResponse) GetBudgetPeriod() string {
 }
 
 func (x *ForecastResponse) GetBudgetUsd() float64 {
-	if x != nil {
-		return x.BudgetUsd
+	if x != nil && x.BudgetUsd != nil {
+		return *x.BudgetUsd
 	}
 	return 0
 }
 
 func (x *ForecastResponse) GetRemainingUsd() float64 {
-	if x != nil {
-		return x.RemainingUsd
+	if x != nil && x.RemainingUsd != nil {
+		return *x.RemainingUsd
 	}
 	return 0
 }
 
-func (x *ForecastResponse) GetHasBudget() bool {
-	if x != nil {
-		return x.HasBudget
-	}
-	return false
-}
-
 func (x *ForecastResponse) GetOverageProbability() float64 {
-	if x != nil {
-		return x.OverageProbability
+	if x != nil && x.OverageProbability != nil {
+		return *x.OverageProbability
 	}
 	return 0
 }
@@ -1365,7 +1358,7 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\x0fForecastRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04runs\x18\x02 \x01(\rR\x04runs\x12\x18\n" +
-	"\ahistory\x18\x03 \x01(\rR\ahistory\"\xe5\x03\n" +
+	"\ahistory\x18\x03 \x01(\rR\ahistory\"\x8e\x04\n" +
 	"\x10ForecastResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
 	"\x04runs\x18\x02 \x01(\rR\x04runs\x12\x19\n" +
@@ -1377,15 +1370,16 @@ const file_trainmeter_v1_budget_proto_rawDesc = "" +
 	"\n" +
 	"stddev_usd\x18\a \x01(\x01R\tstddevUsd\x12!\n" +
 	"\fbudget_scope\x18\b \x01(\tR\vbudgetScope\x12#\n" +
-	"\rbudget_period\x18\t \x01(\tR\fbudgetPeriod\x12\x1d\n" +
+	"\rbudget_period\x18\t \x01(\tR\fbudgetPeriod\x12\"\n" +
 	"\n" +
 	"budget_usd\x18\n" +
-	" \x01(\x01R\tbudgetUsd\x12#\n" +
-	"\rremaining_usd\x18\v \x01(\x01R\fremainingUsd\x12\x1d\n" +
-	"\n" +
-	"has_budget\x18\f \x01(\bR\thasBudget\x12/\n" +
-	"\x13overage_probability\x18\r \x01(\x01R\x12overageProbability\x12&\n" +
-	"\x0ffailed_left_out\x18\x0e \x01(\rR\rfailedLeftOut\"e\n" +
+	" \x01(\x01H\x00R\tbudgetUsd\x88\x01\x01\x12(\n" +
+	"\rremaining_usd\x18\v \x01(\x01H\x01R\fremainingUsd\x88\x01\x01\x124\n" +
+	"\x13overage_probability\x18\r \x01(\x01H\x02R\x12overageProbability\x88\x01\x01\x12&\n" +
+	"\x0ffailed_left_out\x18\x0e \x01(\rR\rfailedLeftOutB\r\n" +
+	"\v_budget_usdB\x10\n" +
+	"\x0e_remaining_usdB\x16\n" +
+	"\x14_overage_probability\"e\n" +
 	"\x0fEstimateRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x04R\x06tokens\x12\x10\n" +
@@ -1484,6 +1478,7 @@ func file_trainmeter_v1_budget_proto_init() {
 		return
 	}
 	file_trainmeter_v1_query_proto_init()
+	file_trainmeter_v1_budget_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

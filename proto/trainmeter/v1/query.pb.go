@@ -279,9 +279,9 @@ type UsageRow struct {
 	Idle       bool    `protobuf:"varint,3,opt,name=idle,proto3" json:"idle,omitempty"`
 	GpuSeconds float64 `protobuf:"fixed64,4,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
 	EnergyJ    float64 `protobuf:"fixed64,5,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
-	// GPU time at the node's GPU price plus energy at the energy price.
-	CostUsd float64 `protobuf:"fixed64,6,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
-	HasCost bool    `protobuf:"varint,7,opt,name=has_cost,json=hasCost,proto3" json:"has_cost,omitempty"`
+	// GPU time at the node's GPU price plus energy at the energy price;
+	// unset when a run or node in the group has no price.
+	CostUsd *float64 `protobuf:"fixed64,6,opt,name=cost_usd,json=costUsd,proto3,oneof" json:"cost_usd,omitempty"`
 	// Share of the total GPU-seconds and of the total energy (0-1).
 	GpuShare    float64 `protobuf:"fixed64,8,opt,name=gpu_share,json=gpuShare,proto3" json:"gpu_share,omitempty"`
 	EnergyShare float64 `protobuf:"fixed64,9,opt,name=energy_share,json=energyShare,proto3" json:"energy_share,omitempty"`
@@ -365,17 +365,10 @@ func (x *UsageRow) GetEnergyJ() float64 {
 }
 
 func (x *UsageRow) GetCostUsd() float64 {
-	if x != nil {
-		return x.CostUsd
+	if x != nil && x.CostUsd != nil {
+		return *x.CostUsd
 	}
 	return 0
-}
-
-func (x *UsageRow) GetHasCost() bool {
-	if x != nil {
-		return x.HasCost
-	}
-	return false
 }
 
 func (x *UsageRow) GetGpuShare() float64 {
@@ -1280,22 +1273,25 @@ type RunReport struct {
 	EnergyMethod      string                 `protobuf:"bytes,10,opt,name=energy_method,json=energyMethod,proto3" json:"energy_method,omitempty"`
 	// avg_power_w, tok_per_s, j_per_token: after warmup; unset when unknown
 	// (rates_unavailable says why).
-	AvgPowerW     *float64 `protobuf:"fixed64,11,opt,name=avg_power_w,json=avgPowerW,proto3,oneof" json:"avg_power_w,omitempty"`
-	PeakPowerW    float64  `protobuf:"fixed64,12,opt,name=peak_power_w,json=peakPowerW,proto3" json:"peak_power_w,omitempty"`
-	TokPerS       *float64 `protobuf:"fixed64,13,opt,name=tok_per_s,json=tokPerS,proto3,oneof" json:"tok_per_s,omitempty"`
-	JPerToken     *float64 `protobuf:"fixed64,14,opt,name=j_per_token,json=jPerToken,proto3,oneof" json:"j_per_token,omitempty"`
-	VramPeakMb    float64  `protobuf:"fixed64,15,opt,name=vram_peak_mb,json=vramPeakMb,proto3" json:"vram_peak_mb,omitempty"`
-	VramAvgMb     float64  `protobuf:"fixed64,16,opt,name=vram_avg_mb,json=vramAvgMb,proto3" json:"vram_avg_mb,omitempty"`
-	Gpus          uint32   `protobuf:"varint,17,opt,name=gpus,proto3" json:"gpus,omitempty"`
-	Nodes         uint32   `protobuf:"varint,18,opt,name=nodes,proto3" json:"nodes,omitempty"`
-	GpuName       string   `protobuf:"bytes,19,opt,name=gpu_name,json=gpuName,proto3" json:"gpu_name,omitempty"`
-	GpuHours      float64  `protobuf:"fixed64,20,opt,name=gpu_hours,json=gpuHours,proto3" json:"gpu_hours,omitempty"`
-	CostUsd       float64  `protobuf:"fixed64,21,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
-	EnergyKwh     float64  `protobuf:"fixed64,22,opt,name=energy_kwh,json=energyKwh,proto3" json:"energy_kwh,omitempty"`
-	EnergyCostUsd float64  `protobuf:"fixed64,23,opt,name=energy_cost_usd,json=energyCostUsd,proto3" json:"energy_cost_usd,omitempty"`
+	AvgPowerW  *float64 `protobuf:"fixed64,11,opt,name=avg_power_w,json=avgPowerW,proto3,oneof" json:"avg_power_w,omitempty"`
+	PeakPowerW float64  `protobuf:"fixed64,12,opt,name=peak_power_w,json=peakPowerW,proto3" json:"peak_power_w,omitempty"`
+	TokPerS    *float64 `protobuf:"fixed64,13,opt,name=tok_per_s,json=tokPerS,proto3,oneof" json:"tok_per_s,omitempty"`
+	JPerToken  *float64 `protobuf:"fixed64,14,opt,name=j_per_token,json=jPerToken,proto3,oneof" json:"j_per_token,omitempty"`
+	VramPeakMb float64  `protobuf:"fixed64,15,opt,name=vram_peak_mb,json=vramPeakMb,proto3" json:"vram_peak_mb,omitempty"`
+	VramAvgMb  float64  `protobuf:"fixed64,16,opt,name=vram_avg_mb,json=vramAvgMb,proto3" json:"vram_avg_mb,omitempty"`
+	Gpus       uint32   `protobuf:"varint,17,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	Nodes      uint32   `protobuf:"varint,18,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	GpuName    string   `protobuf:"bytes,19,opt,name=gpu_name,json=gpuName,proto3" json:"gpu_name,omitempty"`
+	GpuHours   float64  `protobuf:"fixed64,20,opt,name=gpu_hours,json=gpuHours,proto3" json:"gpu_hours,omitempty"`
+	// GPU time at its price; unset without a GPU price.
+	CostUsd   *float64 `protobuf:"fixed64,21,opt,name=cost_usd,json=costUsd,proto3,oneof" json:"cost_usd,omitempty"`
+	EnergyKwh float64  `protobuf:"fixed64,22,opt,name=energy_kwh,json=energyKwh,proto3" json:"energy_kwh,omitempty"`
+	// Unset without an energy price.
+	EnergyCostUsd *float64 `protobuf:"fixed64,23,opt,name=energy_cost_usd,json=energyCostUsd,proto3,oneof" json:"energy_cost_usd,omitempty"`
 	// Whole run's cost ÷ all tokens; unset without tokens or a price.
-	UsdPerMtok            *float64               `protobuf:"fixed64,24,opt,name=usd_per_mtok,json=usdPerMtok,proto3,oneof" json:"usd_per_mtok,omitempty"`
-	Co2Kg                 float64                `protobuf:"fixed64,25,opt,name=co2_kg,json=co2Kg,proto3" json:"co2_kg,omitempty"`
+	UsdPerMtok *float64 `protobuf:"fixed64,24,opt,name=usd_per_mtok,json=usdPerMtok,proto3,oneof" json:"usd_per_mtok,omitempty"`
+	// Unset without a carbon intensity.
+	Co2Kg                 *float64               `protobuf:"fixed64,25,opt,name=co2_kg,json=co2Kg,proto3,oneof" json:"co2_kg,omitempty"`
 	Start                 *timestamppb.Timestamp `protobuf:"bytes,26,opt,name=start,proto3" json:"start,omitempty"`
 	End                   *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=end,proto3" json:"end,omitempty"`
 	Ended                 bool                   `protobuf:"varint,28,opt,name=ended,proto3" json:"ended,omitempty"`
@@ -1305,13 +1301,11 @@ type RunReport struct {
 	GapS                  float64                `protobuf:"fixed64,32,opt,name=gap_s,json=gapS,proto3" json:"gap_s,omitempty"`
 	EnergyDisagreementPct float64                `protobuf:"fixed64,33,opt,name=energy_disagreement_pct,json=energyDisagreementPct,proto3" json:"energy_disagreement_pct,omitempty"`
 	EnergyEstimated       bool                   `protobuf:"varint,34,opt,name=energy_estimated,json=energyEstimated,proto3" json:"energy_estimated,omitempty"`
-	GpuPricePerHour       float64                `protobuf:"fixed64,35,opt,name=gpu_price_per_hour,json=gpuPricePerHour,proto3" json:"gpu_price_per_hour,omitempty"`
-	HasCost               bool                   `protobuf:"varint,36,opt,name=has_cost,json=hasCost,proto3" json:"has_cost,omitempty"`
-	HasEnergyCost         bool                   `protobuf:"varint,37,opt,name=has_energy_cost,json=hasEnergyCost,proto3" json:"has_energy_cost,omitempty"`
-	HasCo2                bool                   `protobuf:"varint,38,opt,name=has_co2,json=hasCo2,proto3" json:"has_co2,omitempty"`
-	Evals                 []*Eval                `protobuf:"bytes,39,rep,name=evals,proto3" json:"evals,omitempty"`
-	LastLoss              float64                `protobuf:"fixed64,40,opt,name=last_loss,json=lastLoss,proto3" json:"last_loss,omitempty"`
-	HasLoss               bool                   `protobuf:"varint,41,opt,name=has_loss,json=hasLoss,proto3" json:"has_loss,omitempty"`
+	// The GPU-time-weighted mean $/GPU-hour; set with cost_usd.
+	GpuPricePerHour *float64 `protobuf:"fixed64,35,opt,name=gpu_price_per_hour,json=gpuPricePerHour,proto3,oneof" json:"gpu_price_per_hour,omitempty"`
+	Evals           []*Eval  `protobuf:"bytes,39,rep,name=evals,proto3" json:"evals,omitempty"`
+	// The loss of the latest window that had one; unset when none had.
+	LastLoss *float64 `protobuf:"fixed64,40,opt,name=last_loss,json=lastLoss,proto3,oneof" json:"last_loss,omitempty"`
 	// Some of the run's data was dropped on an agent (spool full, disk full,
 	// rejected batch) and the figures above miss exactly the lost_* amounts.
 	Incomplete     bool    `protobuf:"varint,42,opt,name=incomplete,proto3" json:"incomplete,omitempty"`
@@ -1322,19 +1316,18 @@ type RunReport struct {
 	// Why data was lost ("spool full", "disk full", "rejected: ...").
 	LostReasons []string `protobuf:"bytes,47,rep,name=lost_reasons,json=lostReasons,proto3" json:"lost_reasons,omitempty"`
 	// What budgets count: compute cost (with the priority multiplier) plus
-	// energy cost, in USD (docs/costs.md).
-	TotalCostUsd float64 `protobuf:"fixed64,48,opt,name=total_cost_usd,json=totalCostUsd,proto3" json:"total_cost_usd,omitempty"`
+	// energy cost, in USD (docs/costs.md). Set when cost_usd or
+	// energy_cost_usd is.
+	TotalCostUsd *float64 `protobuf:"fixed64,48,opt,name=total_cost_usd,json=totalCostUsd,proto3,oneof" json:"total_cost_usd,omitempty"`
 	// The run's total cost at completion: for a live run, forecast from its
-	// measured rate and its plan; for an ended run, total_cost_usd.
-	ProjectedCostUsd float64           `protobuf:"fixed64,49,opt,name=projected_cost_usd,json=projectedCostUsd,proto3" json:"projected_cost_usd,omitempty"`
+	// measured rate and its plan; for an ended run, total_cost_usd. Set with
+	// total_cost_usd.
+	ProjectedCostUsd *float64          `protobuf:"fixed64,49,opt,name=projected_cost_usd,json=projectedCostUsd,proto3,oneof" json:"projected_cost_usd,omitempty"`
 	BudgetScope      string            `protobuf:"bytes,50,opt,name=budget_scope,json=budgetScope,proto3" json:"budget_scope,omitempty"`
 	Labels           map[string]string `protobuf:"bytes,51,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Cost model (docs/costs.md). A field that is not set is unknown.
 	// The multiplier applied to the compute cost, from the run's priority label.
 	PriorityMultiplier float64 `protobuf:"fixed64,52,opt,name=priority_multiplier,json=priorityMultiplier,proto3" json:"priority_multiplier,omitempty"`
-	// Where the GPU-hour price came from: run_start, node, catalog, default,
-	// mixed (nodes priced differently), or "" (no price).
-	GpuPriceSource string `protobuf:"bytes,53,opt,name=gpu_price_source,json=gpuPriceSource,proto3" json:"gpu_price_source,omitempty"`
 	// The cloud price includes power: energy cost is 0 by configuration.
 	EnergyIncluded bool `protobuf:"varint,54,opt,name=energy_included,json=energyIncluded,proto3" json:"energy_included,omitempty"`
 	// Energy of the whole run per tariff band, priced.
@@ -1372,10 +1365,10 @@ type RunReport struct {
 	GpuShareMethod string  `protobuf:"bytes,76,opt,name=gpu_share_method,json=gpuShareMethod,proto3" json:"gpu_share_method,omitempty"`
 	SharedGpuS     float64 `protobuf:"fixed64,77,opt,name=shared_gpu_s,json=sharedGpuS,proto3" json:"shared_gpu_s,omitempty"`
 	MaxSharingRuns uint32  `protobuf:"varint,78,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
-	// The user that started the run on its first node (uid; name on that host).
-	User   string `protobuf:"bytes,79,opt,name=user,proto3" json:"user,omitempty"`
-	Uid    uint32 `protobuf:"varint,80,opt,name=uid,proto3" json:"uid,omitempty"`
-	HasUid bool   `protobuf:"varint,81,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
+	// The user that started the run on its first node (uid; name on that
+	// host); uid unset when no node knew it.
+	User string  `protobuf:"bytes,79,opt,name=user,proto3" json:"user,omitempty"`
+	Uid  *uint32 `protobuf:"varint,80,opt,name=uid,proto3,oneof" json:"uid,omitempty"`
 	// --- run lifecycle ---
 	// How the run ended (RunEnd.end_status; across nodes, the first that is
 	// not ok). "" while the run is live; "ended" for a run whose agents sent
@@ -1400,7 +1393,7 @@ type RunReport struct {
 	// --- price source, owned hardware, estimate and cost cap ---
 	// Where the GPU-hour price came from: run_start, node, amortized, catalog,
 	// flag (--gpu-price-per-hour), mixed (nodes priced differently), or ""
-	// (no price). gpu_price_source says the same, with "default" for "flag".
+	// (no price).
 	PriceSource string `protobuf:"bytes,200,opt,name=price_source,json=priceSource,proto3" json:"price_source,omitempty"`
 	// The PUE that multiplied the run's energy for energy cost and CO2 (1:
 	// none configured).
@@ -1434,7 +1427,7 @@ type RunReport struct {
 	Co2Bands []*CarbonBand `protobuf:"bytes,850,rep,name=co2_bands,json=co2Bands,proto3" json:"co2_bands,omitempty"`
 	// The run's energy-weighted grid intensity, gCO2/kWh: co2_kg × 1000 /
 	// (energy_kwh × pue). Set with co2_kg.
-	Co2Gco2PerKwh float64 `protobuf:"fixed64,851,opt,name=co2_gco2_per_kwh,json=co2Gco2PerKwh,proto3" json:"co2_gco2_per_kwh,omitempty"`
+	Co2Gco2PerKwh *float64 `protobuf:"fixed64,851,opt,name=co2_gco2_per_kwh,json=co2Gco2PerKwh,proto3,oneof" json:"co2_gco2_per_kwh,omitempty"`
 	// Where the intensities came from: "flat" (--grid-gco2-kwh), "file"
 	// (--carbon-file), "live" (--carbon-api), or "mixed"; "" without CO2.
 	Co2Source string `protobuf:"bytes,852,opt,name=co2_source,json=co2Source,proto3" json:"co2_source,omitempty"`
@@ -1646,8 +1639,8 @@ func (x *RunReport) GetGpuHours() float64 {
 }
 
 func (x *RunReport) GetCostUsd() float64 {
-	if x != nil {
-		return x.CostUsd
+	if x != nil && x.CostUsd != nil {
+		return *x.CostUsd
 	}
 	return 0
 }
@@ -1660,8 +1653,8 @@ func (x *RunReport) GetEnergyKwh() float64 {
 }
 
 func (x *RunReport) GetEnergyCostUsd() float64 {
-	if x != nil {
-		return x.EnergyCostUsd
+	if x != nil && x.EnergyCostUsd != nil {
+		return *x.EnergyCostUsd
 	}
 	return 0
 }
@@ -1674,8 +1667,8 @@ func (x *RunReport) GetUsdPerMtok() float64 {
 }
 
 func (x *RunReport) GetCo2Kg() float64 {
-	if x != nil {
-		return x.Co2Kg
+	if x != nil && x.Co2Kg != nil {
+		return *x.Co2Kg
 	}
 	return 0
 }
@@ -1744,31 +1737,10 @@ func (x *RunReport) GetEnergyEstimated() bool {
 }
 
 func (x *RunReport) GetGpuPricePerHour() float64 {
-	if x != nil {
-		return x.GpuPricePerHour
+	if x != nil && x.GpuPricePerHour != nil {
+		return *x.GpuPricePerHour
 	}
 	return 0
-}
-
-func (x *RunReport) GetHasCost() bool {
-	if x != nil {
-		return x.HasCost
-	}
-	return false
-}
-
-func (x *RunReport) GetHasEnergyCost() bool {
-	if x != nil {
-		return x.HasEnergyCost
-	}
-	return false
-}
-
-func (x *RunReport) GetHasCo2() bool {
-	if x != nil {
-		return x.HasCo2
-	}
-	return false
 }
 
 func (x *RunReport) GetEvals() []*Eval {
@@ -1779,17 +1751,10 @@ func (x *RunReport) GetEvals() []*Eval {
 }
 
 func (x *RunReport) GetLastLoss() float64 {
-	if x != nil {
-		return x.LastLoss
+	if x != nil && x.LastLoss != nil {
+		return *x.LastLoss
 	}
 	return 0
-}
-
-func (x *RunReport) GetHasLoss() bool {
-	if x != nil {
-		return x.HasLoss
-	}
-	return false
 }
 
 func (x *RunReport) GetIncomplete() bool {
@@ -1835,15 +1800,15 @@ func (x *RunReport) GetLostReasons() []string {
 }
 
 func (x *RunReport) GetTotalCostUsd() float64 {
-	if x != nil {
-		return x.TotalCostUsd
+	if x != nil && x.TotalCostUsd != nil {
+		return *x.TotalCostUsd
 	}
 	return 0
 }
 
 func (x *RunReport) GetProjectedCostUsd() float64 {
-	if x != nil {
-		return x.ProjectedCostUsd
+	if x != nil && x.ProjectedCostUsd != nil {
+		return *x.ProjectedCostUsd
 	}
 	return 0
 }
@@ -1867,13 +1832,6 @@ func (x *RunReport) GetPriorityMultiplier() float64 {
 		return x.PriorityMultiplier
 	}
 	return 0
-}
-
-func (x *RunReport) GetGpuPriceSource() string {
-	if x != nil {
-		return x.GpuPriceSource
-	}
-	return ""
 }
 
 func (x *RunReport) GetEnergyIncluded() bool {
@@ -2038,17 +1996,10 @@ func (x *RunReport) GetUser() string {
 }
 
 func (x *RunReport) GetUid() uint32 {
-	if x != nil {
-		return x.Uid
+	if x != nil && x.Uid != nil {
+		return *x.Uid
 	}
 	return 0
-}
-
-func (x *RunReport) GetHasUid() bool {
-	if x != nil {
-		return x.HasUid
-	}
-	return false
 }
 
 func (x *RunReport) GetEndStatus() string {
@@ -2171,8 +2122,8 @@ func (x *RunReport) GetCo2Bands() []*CarbonBand {
 }
 
 func (x *RunReport) GetCo2Gco2PerKwh() float64 {
-	if x != nil {
-		return x.Co2Gco2PerKwh
+	if x != nil && x.Co2Gco2PerKwh != nil {
+		return *x.Co2Gco2PerKwh
 	}
 	return 0
 }
@@ -2584,15 +2535,16 @@ type RunEstimate struct {
 	// GPU's; its speed is not modelled).
 	SameGpu bool `protobuf:"varint,7,opt,name=same_gpu,json=sameGpu,proto3" json:"same_gpu,omitempty"`
 	// Whole-run figures, warmup included.
-	WallS           *Range  `protobuf:"bytes,8,opt,name=wall_s,json=wallS,proto3" json:"wall_s,omitempty"`
-	GpuHours        *Range  `protobuf:"bytes,9,opt,name=gpu_hours,json=gpuHours,proto3" json:"gpu_hours,omitempty"`
-	EnergyKwh       *Range  `protobuf:"bytes,10,opt,name=energy_kwh,json=energyKwh,proto3" json:"energy_kwh,omitempty"`
-	CostUsd         *Range  `protobuf:"bytes,11,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
-	HasCost         bool    `protobuf:"varint,12,opt,name=has_cost,json=hasCost,proto3" json:"has_cost,omitempty"`
-	GpuPricePerHour float64 `protobuf:"fixed64,13,opt,name=gpu_price_per_hour,json=gpuPricePerHour,proto3" json:"gpu_price_per_hour,omitempty"`
-	PriceSource     string  `protobuf:"bytes,14,opt,name=price_source,json=priceSource,proto3" json:"price_source,omitempty"`
-	HasEnergyCost   bool    `protobuf:"varint,15,opt,name=has_energy_cost,json=hasEnergyCost,proto3" json:"has_energy_cost,omitempty"`
-	Pue             float64 `protobuf:"fixed64,16,opt,name=pue,proto3" json:"pue,omitempty"`
+	WallS     *Range `protobuf:"bytes,8,opt,name=wall_s,json=wallS,proto3" json:"wall_s,omitempty"`
+	GpuHours  *Range `protobuf:"bytes,9,opt,name=gpu_hours,json=gpuHours,proto3" json:"gpu_hours,omitempty"`
+	EnergyKwh *Range `protobuf:"bytes,10,opt,name=energy_kwh,json=energyKwh,proto3" json:"energy_kwh,omitempty"`
+	// GPU time at gpu_price_per_hour plus energy at the energy price; unset
+	// when neither price is known.
+	CostUsd *Range `protobuf:"bytes,11,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	// Unset without a GPU price.
+	GpuPricePerHour *float64 `protobuf:"fixed64,13,opt,name=gpu_price_per_hour,json=gpuPricePerHour,proto3,oneof" json:"gpu_price_per_hour,omitempty"`
+	PriceSource     string   `protobuf:"bytes,14,opt,name=price_source,json=priceSource,proto3" json:"price_source,omitempty"`
+	Pue             float64  `protobuf:"fixed64,16,opt,name=pue,proto3" json:"pue,omitempty"`
 	// Caveats in words (a different GPU, a single past run).
 	Notes         []string               `protobuf:"bytes,17,rep,name=notes,proto3" json:"notes,omitempty"`
 	Made          *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=made,proto3" json:"made,omitempty"`
@@ -2707,16 +2659,9 @@ func (x *RunEstimate) GetCostUsd() *Range {
 	return nil
 }
 
-func (x *RunEstimate) GetHasCost() bool {
-	if x != nil {
-		return x.HasCost
-	}
-	return false
-}
-
 func (x *RunEstimate) GetGpuPricePerHour() float64 {
-	if x != nil {
-		return x.GpuPricePerHour
+	if x != nil && x.GpuPricePerHour != nil {
+		return *x.GpuPricePerHour
 	}
 	return 0
 }
@@ -2726,13 +2671,6 @@ func (x *RunEstimate) GetPriceSource() string {
 		return x.PriceSource
 	}
 	return ""
-}
-
-func (x *RunEstimate) GetHasEnergyCost() bool {
-	if x != nil {
-		return x.HasEnergyCost
-	}
-	return false
 }
 
 func (x *RunEstimate) GetPue() float64 {
@@ -2904,10 +2842,9 @@ func (x *CompareRequest) GetBaseline() string {
 type CompareStat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Mean  float64                `protobuf:"fixed64,1,opt,name=mean,proto3" json:"mean,omitempty"`
-	// False with fewer than two runs with the figure: no interval.
-	HasInterval bool    `protobuf:"varint,2,opt,name=has_interval,json=hasInterval,proto3" json:"has_interval,omitempty"`
-	CiLow       float64 `protobuf:"fixed64,3,opt,name=ci_low,json=ciLow,proto3" json:"ci_low,omitempty"`
-	CiHigh      float64 `protobuf:"fixed64,4,opt,name=ci_high,json=ciHigh,proto3" json:"ci_high,omitempty"`
+	// Unset with fewer than two runs with the figure: no interval.
+	CiLow  *float64 `protobuf:"fixed64,3,opt,name=ci_low,json=ciLow,proto3,oneof" json:"ci_low,omitempty"`
+	CiHigh *float64 `protobuf:"fixed64,4,opt,name=ci_high,json=ciHigh,proto3,oneof" json:"ci_high,omitempty"`
 	// Sample standard deviation (n-1); 0 with one run.
 	Stddev float64 `protobuf:"fixed64,5,opt,name=stddev,proto3" json:"stddev,omitempty"`
 	// Runs that have the figure (a run without a price has no $/Mtok).
@@ -2953,23 +2890,16 @@ func (x *CompareStat) GetMean() float64 {
 	return 0
 }
 
-func (x *CompareStat) GetHasInterval() bool {
-	if x != nil {
-		return x.HasInterval
-	}
-	return false
-}
-
 func (x *CompareStat) GetCiLow() float64 {
-	if x != nil {
-		return x.CiLow
+	if x != nil && x.CiLow != nil {
+		return *x.CiLow
 	}
 	return 0
 }
 
 func (x *CompareStat) GetCiHigh() float64 {
-	if x != nil {
-		return x.CiHigh
+	if x != nil && x.CiHigh != nil {
+		return *x.CiHigh
 	}
 	return 0
 }
@@ -3120,13 +3050,12 @@ func (x *CompareGroup) GetDatasets() []string {
 // its 95 % interval and Welch's t-test p-value (two-sided, on the runs'
 // values of the underlying figure).
 type CompareDiff struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Value         float64                `protobuf:"fixed64,1,opt,name=value,proto3" json:"value,omitempty"`
-	HasInterval   bool                   `protobuf:"varint,2,opt,name=has_interval,json=hasInterval,proto3" json:"has_interval,omitempty"`
-	CiLow         float64                `protobuf:"fixed64,3,opt,name=ci_low,json=ciLow,proto3" json:"ci_low,omitempty"`
-	CiHigh        float64                `protobuf:"fixed64,4,opt,name=ci_high,json=ciHigh,proto3" json:"ci_high,omitempty"`
-	HasPValue     bool                   `protobuf:"varint,5,opt,name=has_p_value,json=hasPValue,proto3" json:"has_p_value,omitempty"`
-	PValue        float64                `protobuf:"fixed64,6,opt,name=p_value,json=pValue,proto3" json:"p_value,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Value float64                `protobuf:"fixed64,1,opt,name=value,proto3" json:"value,omitempty"`
+	// Unset where a group has too few runs for them.
+	CiLow         *float64 `protobuf:"fixed64,3,opt,name=ci_low,json=ciLow,proto3,oneof" json:"ci_low,omitempty"`
+	CiHigh        *float64 `protobuf:"fixed64,4,opt,name=ci_high,json=ciHigh,proto3,oneof" json:"ci_high,omitempty"`
+	PValue        *float64 `protobuf:"fixed64,6,opt,name=p_value,json=pValue,proto3,oneof" json:"p_value,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3168,37 +3097,23 @@ func (x *CompareDiff) GetValue() float64 {
 	return 0
 }
 
-func (x *CompareDiff) GetHasInterval() bool {
-	if x != nil {
-		return x.HasInterval
-	}
-	return false
-}
-
 func (x *CompareDiff) GetCiLow() float64 {
-	if x != nil {
-		return x.CiLow
+	if x != nil && x.CiLow != nil {
+		return *x.CiLow
 	}
 	return 0
 }
 
 func (x *CompareDiff) GetCiHigh() float64 {
-	if x != nil {
-		return x.CiHigh
+	if x != nil && x.CiHigh != nil {
+		return *x.CiHigh
 	}
 	return 0
 }
 
-func (x *CompareDiff) GetHasPValue() bool {
-	if x != nil {
-		return x.HasPValue
-	}
-	return false
-}
-
 func (x *CompareDiff) GetPValue() float64 {
-	if x != nil {
-		return x.PValue
+	if x != nil && x.PValue != nil {
+		return *x.PValue
 	}
 	return 0
 }
@@ -3707,22 +3622,22 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\fUsageRequest\x120\n" +
 	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
 	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x0e\n" +
-	"\x02by\x18\x03 \x03(\tR\x02by\"\xd3\x02\n" +
+	"\x02by\x18\x03 \x03(\tR\x02by\"\xca\x02\n" +
 	"\bUsageRow\x12\x12\n" +
 	"\x04keys\x18\x01 \x03(\tR\x04keys\x12\x1b\n" +
 	"\tidle_node\x18\x02 \x01(\tR\bidleNode\x12\x12\n" +
 	"\x04idle\x18\x03 \x01(\bR\x04idle\x12\x1f\n" +
 	"\vgpu_seconds\x18\x04 \x01(\x01R\n" +
 	"gpuSeconds\x12\x19\n" +
-	"\benergy_j\x18\x05 \x01(\x01R\aenergyJ\x12\x19\n" +
-	"\bcost_usd\x18\x06 \x01(\x01R\acostUsd\x12\x19\n" +
-	"\bhas_cost\x18\a \x01(\bR\ahasCost\x12\x1b\n" +
+	"\benergy_j\x18\x05 \x01(\x01R\aenergyJ\x12\x1e\n" +
+	"\bcost_usd\x18\x06 \x01(\x01H\x00R\acostUsd\x88\x01\x01\x12\x1b\n" +
 	"\tgpu_share\x18\b \x01(\x01R\bgpuShare\x12!\n" +
 	"\fenergy_share\x18\t \x01(\x01R\venergyShare\x12!\n" +
 	"\fprice_source\x18\n" +
 	" \x01(\tR\vpriceSource\x12\x12\n" +
 	"\x04runs\x18\v \x01(\rR\x04runs\x12\x19\n" +
-	"\adeleted\x18\xc2\x03 \x01(\bR\adeleted\"\xb7\x04\n" +
+	"\adeleted\x18\xc2\x03 \x01(\bR\adeletedB\v\n" +
+	"\t_cost_usd\"\xb7\x04\n" +
 	"\tNodeUsage\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vgpu_seconds\x18\x02 \x01(\x01R\n" +
@@ -3781,7 +3696,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
 	"\tconnected\x18\x06 \x01(\bR\tconnected\x12-\n" +
-	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\xf0#\n" +
+	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\xfb#\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -3805,14 +3720,14 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x04gpus\x18\x11 \x01(\rR\x04gpus\x12\x14\n" +
 	"\x05nodes\x18\x12 \x01(\rR\x05nodes\x12\x19\n" +
 	"\bgpu_name\x18\x13 \x01(\tR\agpuName\x12\x1b\n" +
-	"\tgpu_hours\x18\x14 \x01(\x01R\bgpuHours\x12\x19\n" +
-	"\bcost_usd\x18\x15 \x01(\x01R\acostUsd\x12\x1d\n" +
+	"\tgpu_hours\x18\x14 \x01(\x01R\bgpuHours\x12\x1e\n" +
+	"\bcost_usd\x18\x15 \x01(\x01H\x03R\acostUsd\x88\x01\x01\x12\x1d\n" +
 	"\n" +
-	"energy_kwh\x18\x16 \x01(\x01R\tenergyKwh\x12&\n" +
-	"\x0fenergy_cost_usd\x18\x17 \x01(\x01R\renergyCostUsd\x12%\n" +
-	"\fusd_per_mtok\x18\x18 \x01(\x01H\x03R\n" +
-	"usdPerMtok\x88\x01\x01\x12\x15\n" +
-	"\x06co2_kg\x18\x19 \x01(\x01R\x05co2Kg\x120\n" +
+	"energy_kwh\x18\x16 \x01(\x01R\tenergyKwh\x12+\n" +
+	"\x0fenergy_cost_usd\x18\x17 \x01(\x01H\x04R\renergyCostUsd\x88\x01\x01\x12%\n" +
+	"\fusd_per_mtok\x18\x18 \x01(\x01H\x05R\n" +
+	"usdPerMtok\x88\x01\x01\x12\x1a\n" +
+	"\x06co2_kg\x18\x19 \x01(\x01H\x06R\x05co2Kg\x88\x01\x01\x120\n" +
 	"\x05start\x18\x1a \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
 	"\x03end\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\x14\n" +
 	"\x05ended\x18\x1c \x01(\bR\x05ended\x12\x14\n" +
@@ -3821,14 +3736,10 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\tcompute_s\x18\x1f \x01(\x01R\bcomputeS\x12\x13\n" +
 	"\x05gap_s\x18  \x01(\x01R\x04gapS\x126\n" +
 	"\x17energy_disagreement_pct\x18! \x01(\x01R\x15energyDisagreementPct\x12)\n" +
-	"\x10energy_estimated\x18\" \x01(\bR\x0fenergyEstimated\x12+\n" +
-	"\x12gpu_price_per_hour\x18# \x01(\x01R\x0fgpuPricePerHour\x12\x19\n" +
-	"\bhas_cost\x18$ \x01(\bR\ahasCost\x12&\n" +
-	"\x0fhas_energy_cost\x18% \x01(\bR\rhasEnergyCost\x12\x17\n" +
-	"\ahas_co2\x18& \x01(\bR\x06hasCo2\x12)\n" +
-	"\x05evals\x18' \x03(\v2\x13.trainmeter.v1.EvalR\x05evals\x12\x1b\n" +
-	"\tlast_loss\x18( \x01(\x01R\blastLoss\x12\x19\n" +
-	"\bhas_loss\x18) \x01(\bR\ahasLoss\x12\x1e\n" +
+	"\x10energy_estimated\x18\" \x01(\bR\x0fenergyEstimated\x120\n" +
+	"\x12gpu_price_per_hour\x18# \x01(\x01H\aR\x0fgpuPricePerHour\x88\x01\x01\x12)\n" +
+	"\x05evals\x18' \x03(\v2\x13.trainmeter.v1.EvalR\x05evals\x12 \n" +
+	"\tlast_loss\x18( \x01(\x01H\bR\blastLoss\x88\x01\x01\x12\x1e\n" +
 	"\n" +
 	"incomplete\x18* \x01(\bR\n" +
 	"incomplete\x12!\n" +
@@ -3837,43 +3748,41 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"lostTokens\x12\"\n" +
 	"\rlost_energy_j\x18- \x01(\x01R\vlostEnergyJ\x12(\n" +
 	"\x10lost_gpu_seconds\x18. \x01(\x01R\x0elostGpuSeconds\x12!\n" +
-	"\flost_reasons\x18/ \x03(\tR\vlostReasons\x12$\n" +
-	"\x0etotal_cost_usd\x180 \x01(\x01R\ftotalCostUsd\x12,\n" +
-	"\x12projected_cost_usd\x181 \x01(\x01R\x10projectedCostUsd\x12!\n" +
+	"\flost_reasons\x18/ \x03(\tR\vlostReasons\x12)\n" +
+	"\x0etotal_cost_usd\x180 \x01(\x01H\tR\ftotalCostUsd\x88\x01\x01\x121\n" +
+	"\x12projected_cost_usd\x181 \x01(\x01H\n" +
+	"R\x10projectedCostUsd\x88\x01\x01\x12!\n" +
 	"\fbudget_scope\x182 \x01(\tR\vbudgetScope\x12<\n" +
 	"\x06labels\x183 \x03(\v2$.trainmeter.v1.RunReport.LabelsEntryR\x06labels\x12/\n" +
-	"\x13priority_multiplier\x184 \x01(\x01R\x12priorityMultiplier\x12(\n" +
-	"\x10gpu_price_source\x185 \x01(\tR\x0egpuPriceSource\x12'\n" +
+	"\x13priority_multiplier\x184 \x01(\x01R\x12priorityMultiplier\x12'\n" +
 	"\x0fenergy_included\x186 \x01(\bR\x0eenergyIncluded\x12@\n" +
 	"\fenergy_bands\x187 \x03(\v2\x1d.trainmeter.v1.EnergyBandCostR\venergyBands\x12\x18\n" +
 	"\asamples\x188 \x01(\x04R\asamples\x12)\n" +
-	"\x0eusd_per_sample\x189 \x01(\x01H\x04R\fusdPerSample\x88\x01\x01\x12$\n" +
-	"\vepochs_done\x18: \x01(\x01H\x05R\n" +
+	"\x0eusd_per_sample\x189 \x01(\x01H\vR\fusdPerSample\x88\x01\x01\x12$\n" +
+	"\vepochs_done\x18: \x01(\x01H\fR\n" +
 	"epochsDone\x88\x01\x01\x12'\n" +
-	"\rusd_per_epoch\x18; \x01(\x01H\x06R\vusdPerEpoch\x88\x01\x01\x12,\n" +
-	"\x0faccuracy_points\x18< \x01(\x01H\aR\x0eaccuracyPoints\x88\x01\x01\x128\n" +
-	"\x16usd_per_accuracy_point\x18= \x01(\x01H\bR\x13usdPerAccuracyPoint\x88\x01\x01\x12.\n" +
-	"\x10efficiency_score\x18> \x01(\x01H\tR\x0fefficiencyScore\x88\x01\x01\x12)\n" +
+	"\rusd_per_epoch\x18; \x01(\x01H\rR\vusdPerEpoch\x88\x01\x01\x12,\n" +
+	"\x0faccuracy_points\x18< \x01(\x01H\x0eR\x0eaccuracyPoints\x88\x01\x01\x128\n" +
+	"\x16usd_per_accuracy_point\x18= \x01(\x01H\x0fR\x13usdPerAccuracyPoint\x88\x01\x01\x12.\n" +
+	"\x10efficiency_score\x18> \x01(\x01H\x10R\x0fefficiencyScore\x88\x01\x01\x12)\n" +
 	"\x10projection_basis\x18? \x01(\tR\x0fprojectionBasis\x12\x1f\n" +
-	"\bprogress\x18@ \x01(\x01H\n" +
-	"R\bprogress\x88\x01\x01\x12#\n" +
-	"\vsteps_per_s\x18A \x01(\x01H\vR\tstepsPerS\x88\x01\x01\x12\x1c\n" +
-	"\aepoch_s\x18B \x01(\x01H\fR\x06epochS\x88\x01\x01\x12#\n" +
-	"\vest_total_s\x18C \x01(\x01H\rR\testTotalS\x88\x01\x01\x12)\n" +
-	"\x0eflops_per_step\x18D \x01(\x01H\x0eR\fflopsPerStep\x88\x01\x01\x12$\n" +
-	"\vflops_total\x18E \x01(\x01H\x0fR\n" +
+	"\bprogress\x18@ \x01(\x01H\x11R\bprogress\x88\x01\x01\x12#\n" +
+	"\vsteps_per_s\x18A \x01(\x01H\x12R\tstepsPerS\x88\x01\x01\x12\x1c\n" +
+	"\aepoch_s\x18B \x01(\x01H\x13R\x06epochS\x88\x01\x01\x12#\n" +
+	"\vest_total_s\x18C \x01(\x01H\x14R\testTotalS\x88\x01\x01\x12)\n" +
+	"\x0eflops_per_step\x18D \x01(\x01H\x15R\fflopsPerStep\x88\x01\x01\x12$\n" +
+	"\vflops_total\x18E \x01(\x01H\x16R\n" +
 	"flopsTotal\x88\x01\x01\x12$\n" +
-	"\vpeak_tflops\x18F \x01(\x01H\x10R\n" +
+	"\vpeak_tflops\x18F \x01(\x01H\x17R\n" +
 	"peakTflops\x88\x01\x01\x12\x15\n" +
-	"\x03mfu\x18G \x01(\x01H\x11R\x03mfu\x88\x01\x01\x12#\n" +
-	"\vj_per_pflop\x18H \x01(\x01H\x12R\tjPerPflop\x88\x01\x01\x12(\n" +
+	"\x03mfu\x18G \x01(\x01H\x18R\x03mfu\x88\x01\x01\x12#\n" +
+	"\vj_per_pflop\x18H \x01(\x01H\x19R\tjPerPflop\x88\x01\x01\x12(\n" +
 	"\x10gpu_share_method\x18L \x01(\tR\x0egpuShareMethod\x12 \n" +
 	"\fshared_gpu_s\x18M \x01(\x01R\n" +
 	"sharedGpuS\x12(\n" +
 	"\x10max_sharing_runs\x18N \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
-	"\x04user\x18O \x01(\tR\x04user\x12\x10\n" +
-	"\x03uid\x18P \x01(\rR\x03uid\x12\x17\n" +
-	"\ahas_uid\x18Q \x01(\bR\x06hasUid\x12\x1d\n" +
+	"\x04user\x18O \x01(\tR\x04user\x12\x15\n" +
+	"\x03uid\x18P \x01(\rH\x1aR\x03uid\x88\x01\x01\x12\x1d\n" +
 	"\n" +
 	"end_status\x18I \x01(\tR\tendStatus\x12\x1c\n" +
 	"\tend_error\x18\xb8\x03 \x01(\tR\bendError\x12\x19\n" +
@@ -3883,18 +3792,18 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x12peak_power_total_w\x18\xad\x02 \x01(\x01R\x0fpeakPowerTotalW\x12\"\n" +
 	"\fprice_source\x18\xc8\x01 \x01(\tR\vpriceSource\x12\x11\n" +
 	"\x03pue\x18\xc9\x01 \x01(\x01R\x03pue\x12&\n" +
-	"\fmax_cost_usd\x18\xca\x01 \x01(\x01H\x13R\n" +
+	"\fmax_cost_usd\x18\xca\x01 \x01(\x01H\x1bR\n" +
 	"maxCostUsd\x88\x01\x01\x127\n" +
 	"\bestimate\x18\xcb\x01 \x01(\v2\x1a.trainmeter.v1.RunEstimateR\bestimate\x12&\n" +
 	"\x0eestimate_error\x18\xcc\x01 \x01(\tR\restimateError\x129\n" +
-	"\x16energy_uncertainty_pct\x18Z \x01(\x01H\x14R\x14energyUncertaintyPct\x88\x01\x01\x12&\n" +
-	"\fcpu_energy_j\x18\x8a\x05 \x01(\x01H\x15R\n" +
+	"\x16energy_uncertainty_pct\x18Z \x01(\x01H\x1cR\x14energyUncertaintyPct\x88\x01\x01\x12&\n" +
+	"\fcpu_energy_j\x18\x8a\x05 \x01(\x01H\x1dR\n" +
 	"cpuEnergyJ\x88\x01\x01\x12(\n" +
-	"\rdram_energy_j\x18\x8b\x05 \x01(\x01H\x16R\vdramEnergyJ\x88\x01\x01\x12(\n" +
-	"\rnode_energy_j\x18\x8c\x05 \x01(\x01H\x17R\vnodeEnergyJ\x88\x01\x01\x12+\n" +
+	"\rdram_energy_j\x18\x8b\x05 \x01(\x01H\x1eR\vdramEnergyJ\x88\x01\x01\x12(\n" +
+	"\rnode_energy_j\x18\x8c\x05 \x01(\x01H\x1fR\vnodeEnergyJ\x88\x01\x01\x12+\n" +
 	"\x11host_energy_split\x18\x8d\x05 \x01(\tR\x0fhostEnergySplit\x127\n" +
-	"\tco2_bands\x18\xd2\x06 \x03(\v2\x19.trainmeter.v1.CarbonBandR\bco2Bands\x12(\n" +
-	"\x10co2_gco2_per_kwh\x18\xd3\x06 \x01(\x01R\rco2Gco2PerKwh\x12\x1e\n" +
+	"\tco2_bands\x18\xd2\x06 \x03(\v2\x19.trainmeter.v1.CarbonBandR\bco2Bands\x12-\n" +
+	"\x10co2_gco2_per_kwh\x18\xd3\x06 \x01(\x01H R\rco2Gco2PerKwh\x88\x01\x01\x12\x1e\n" +
 	"\n" +
 	"co2_source\x18\xd4\x06 \x01(\tR\tco2Source\x12 \n" +
 	"\vcarbon_zone\x18\xd5\x06 \x01(\tR\n" +
@@ -3903,19 +3812,27 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x12<\n" +
 	"\vrepriced_at\x18\x9a\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"repricedAt\x120\n" +
-	"\x11previous_cost_usd\x18\x9b\x03 \x01(\x01H\x18R\x0fpreviousCostUsd\x88\x01\x01\x12;\n" +
-	"\x17previous_total_cost_usd\x18\x9c\x03 \x01(\x01H\x19R\x14previousTotalCostUsd\x88\x01\x01\x12&\n" +
+	"\x11previous_cost_usd\x18\x9b\x03 \x01(\x01H!R\x0fpreviousCostUsd\x88\x01\x01\x12;\n" +
+	"\x17previous_total_cost_usd\x18\x9c\x03 \x01(\x01H\"R\x14previousTotalCostUsd\x88\x01\x01\x12&\n" +
 	"\x0ereprice_reason\x18\x9d\x03 \x01(\tR\rrepriceReason\x12,\n" +
 	"\x11rates_unavailable\x18\xae\x03 \x01(\tR\x10ratesUnavailable\x12-\n" +
-	"\x0fenergy_coverage\x18\xaf\x03 \x01(\x01H\x1aR\x0eenergyCoverage\x88\x01\x01\x1a9\n" +
+	"\x0fenergy_coverage\x18\xaf\x03 \x01(\x01H#R\x0eenergyCoverage\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x0e\n" +
 	"\f_avg_power_wB\f\n" +
 	"\n" +
 	"_tok_per_sB\x0e\n" +
-	"\f_j_per_tokenB\x0f\n" +
-	"\r_usd_per_mtokB\x11\n" +
+	"\f_j_per_tokenB\v\n" +
+	"\t_cost_usdB\x12\n" +
+	"\x10_energy_cost_usdB\x0f\n" +
+	"\r_usd_per_mtokB\t\n" +
+	"\a_co2_kgB\x15\n" +
+	"\x13_gpu_price_per_hourB\f\n" +
+	"\n" +
+	"_last_lossB\x11\n" +
+	"\x0f_total_cost_usdB\x15\n" +
+	"\x13_projected_cost_usdB\x11\n" +
 	"\x0f_usd_per_sampleB\x0e\n" +
 	"\f_epochs_doneB\x10\n" +
 	"\x0e_usd_per_epochB\x12\n" +
@@ -3931,12 +3848,14 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\f_flops_totalB\x0e\n" +
 	"\f_peak_tflopsB\x06\n" +
 	"\x04_mfuB\x0e\n" +
-	"\f_j_per_pflopB\x0f\n" +
+	"\f_j_per_pflopB\x06\n" +
+	"\x04_uidB\x0f\n" +
 	"\r_max_cost_usdB\x19\n" +
 	"\x17_energy_uncertainty_pctB\x0f\n" +
 	"\r_cpu_energy_jB\x10\n" +
 	"\x0e_dram_energy_jB\x10\n" +
-	"\x0e_node_energy_jB\x14\n" +
+	"\x0e_node_energy_jB\x13\n" +
+	"\x11_co2_gco2_per_kwhB\x14\n" +
 	"\x12_previous_cost_usdB\x1a\n" +
 	"\x18_previous_total_cost_usdB\x12\n" +
 	"\x10_energy_coverage\"\x83\x01\n" +
@@ -3970,7 +3889,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x05Range\x12\x10\n" +
 	"\x03low\x18\x01 \x01(\x01R\x03low\x12\x10\n" +
 	"\x03mid\x18\x02 \x01(\x01R\x03mid\x12\x12\n" +
-	"\x04high\x18\x03 \x01(\x01R\x04high\"\xe9\x04\n" +
+	"\x04high\x18\x03 \x01(\x01R\x04high\"\xc2\x04\n" +
 	"\vRunEstimate\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x04R\x06tokens\x12\x10\n" +
@@ -3985,14 +3904,13 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\n" +
 	"energy_kwh\x18\n" +
 	" \x01(\v2\x14.trainmeter.v1.RangeR\tenergyKwh\x12/\n" +
-	"\bcost_usd\x18\v \x01(\v2\x14.trainmeter.v1.RangeR\acostUsd\x12\x19\n" +
-	"\bhas_cost\x18\f \x01(\bR\ahasCost\x12+\n" +
-	"\x12gpu_price_per_hour\x18\r \x01(\x01R\x0fgpuPricePerHour\x12!\n" +
-	"\fprice_source\x18\x0e \x01(\tR\vpriceSource\x12&\n" +
-	"\x0fhas_energy_cost\x18\x0f \x01(\bR\rhasEnergyCost\x12\x10\n" +
+	"\bcost_usd\x18\v \x01(\v2\x14.trainmeter.v1.RangeR\acostUsd\x120\n" +
+	"\x12gpu_price_per_hour\x18\r \x01(\x01H\x00R\x0fgpuPricePerHour\x88\x01\x01\x12!\n" +
+	"\fprice_source\x18\x0e \x01(\tR\vpriceSource\x12\x10\n" +
 	"\x03pue\x18\x10 \x01(\x01R\x03pue\x12\x14\n" +
 	"\x05notes\x18\x11 \x03(\tR\x05notes\x12.\n" +
-	"\x04made\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\x04made\"q\n" +
+	"\x04made\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\x04madeB\x15\n" +
+	"\x13_gpu_price_per_hour\"q\n" +
 	"\x0eEnergyBandCost\x12\x12\n" +
 	"\x04band\x18\x01 \x01(\tR\x04band\x12\x10\n" +
 	"\x03kwh\x18\x02 \x01(\x01R\x03kwh\x12\x1e\n" +
@@ -4002,14 +3920,16 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x0e\n" +
 	"\x02by\x18\x03 \x01(\tR\x02by\x12\x1a\n" +
-	"\bbaseline\x18\x04 \x01(\tR\bbaseline\"\x9a\x01\n" +
+	"\bbaseline\x18\x04 \x01(\tR\bbaseline\"\x98\x01\n" +
 	"\vCompareStat\x12\x12\n" +
-	"\x04mean\x18\x01 \x01(\x01R\x04mean\x12!\n" +
-	"\fhas_interval\x18\x02 \x01(\bR\vhasInterval\x12\x15\n" +
-	"\x06ci_low\x18\x03 \x01(\x01R\x05ciLow\x12\x17\n" +
-	"\aci_high\x18\x04 \x01(\x01R\x06ciHigh\x12\x16\n" +
+	"\x04mean\x18\x01 \x01(\x01R\x04mean\x12\x1a\n" +
+	"\x06ci_low\x18\x03 \x01(\x01H\x00R\x05ciLow\x88\x01\x01\x12\x1c\n" +
+	"\aci_high\x18\x04 \x01(\x01H\x01R\x06ciHigh\x88\x01\x01\x12\x16\n" +
 	"\x06stddev\x18\x05 \x01(\x01R\x06stddev\x12\f\n" +
-	"\x01n\x18\x06 \x01(\rR\x01n\"\xd1\x03\n" +
+	"\x01n\x18\x06 \x01(\rR\x01nB\t\n" +
+	"\a_ci_lowB\n" +
+	"\n" +
+	"\b_ci_high\"\xd1\x03\n" +
 	"\fCompareGroup\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x17\n" +
 	"\arun_ids\x18\x02 \x03(\tR\x06runIds\x12:\n" +
@@ -4025,14 +3945,17 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"nodeCounts\x12\x19\n" +
 	"\bseq_lens\x18\n" +
 	" \x03(\x03R\aseqLens\x12\x1a\n" +
-	"\bdatasets\x18\v \x03(\tR\bdatasets\"\xaf\x01\n" +
+	"\bdatasets\x18\v \x03(\tR\bdatasets\"\x9e\x01\n" +
 	"\vCompareDiff\x12\x14\n" +
-	"\x05value\x18\x01 \x01(\x01R\x05value\x12!\n" +
-	"\fhas_interval\x18\x02 \x01(\bR\vhasInterval\x12\x15\n" +
-	"\x06ci_low\x18\x03 \x01(\x01R\x05ciLow\x12\x17\n" +
-	"\aci_high\x18\x04 \x01(\x01R\x06ciHigh\x12\x1e\n" +
-	"\vhas_p_value\x18\x05 \x01(\bR\thasPValue\x12\x17\n" +
-	"\ap_value\x18\x06 \x01(\x01R\x06pValue\"\xeb\x02\n" +
+	"\x05value\x18\x01 \x01(\x01R\x05value\x12\x1a\n" +
+	"\x06ci_low\x18\x03 \x01(\x01H\x00R\x05ciLow\x88\x01\x01\x12\x1c\n" +
+	"\aci_high\x18\x04 \x01(\x01H\x01R\x06ciHigh\x88\x01\x01\x12\x1c\n" +
+	"\ap_value\x18\x06 \x01(\x01H\x02R\x06pValue\x88\x01\x01B\t\n" +
+	"\a_ci_lowB\n" +
+	"\n" +
+	"\b_ci_highB\n" +
+	"\n" +
+	"\b_p_value\"\xeb\x02\n" +
 	"\n" +
 	"CompareRow\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12E\n" +
@@ -4221,7 +4144,11 @@ func file_trainmeter_v1_query_proto_init() {
 		return
 	}
 	file_trainmeter_v1_ingest_proto_init()
+	file_trainmeter_v1_query_proto_msgTypes[4].OneofWrappers = []any{}
 	file_trainmeter_v1_query_proto_msgTypes[18].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[22].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[25].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[27].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
