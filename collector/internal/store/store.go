@@ -26,6 +26,7 @@
 //	                                               node_losses and the window); expire like r/
 //	n/<node>                                       NodeStatus (proto; connected is not stored)
 //	x/<namespace>\0<key>                           the collector's own records (records.go)
+//	m/format                                       the layout's version (formatVersion)
 //
 // Deduplication: a batch (node, boot, seq) was applied when its b/ mark
 // exists, or when its r/ record (node, window_start, seq: all in the batch)
@@ -55,6 +56,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -198,6 +200,10 @@ func Open(dir string, o Options) (s *Store, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
 	}
+	if err := checkFormat(db, dir); err != nil {
+		db.Close()
+		return nil, err
+	}
 	s = &Store{db: db, log: log, now: now, bands: o.EnergyBands, carbon: o.Carbon, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, commitWindow: o.CommitWindow, applyCh: make(chan *applyReq), quit: make(chan struct{}),
 		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize, db), limits: o.Limits}
 	if err := s.loadTombstones(); err != nil {
@@ -210,6 +216,43 @@ func Open(dir string, o Options) (s *Store, err error) {
 	}
 	go s.committer()
 	return s, nil
+}
+
+// formatVersion is the layout of keys and values this package reads and
+// writes. A data directory records its version under formatKey when it is
+// created; one of another version, or holding data without one, is refused:
+// nothing reads a layout but the trainmeter that wrote it.
+const formatVersion = 1
+
+var formatKey = []byte("m/format")
+
+// checkFormat stamps an empty database with formatVersion and checks that
+// any other holds it.
+func checkFormat(db *badger.DB, dir string) error {
+	return db.Update(func(txn *badger.Txn) error {
+		item, err := txn.Get(formatKey)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			it := txn.NewIterator(badger.IteratorOptions{})
+			it.Rewind()
+			empty := !it.Valid()
+			it.Close()
+			if !empty {
+				return fmt.Errorf("store: data dir %s holds data but no store format (this trainmeter reads format %d): move it aside or run the trainmeter that wrote it", dir, formatVersion)
+			}
+			return txn.Set(formatKey, []byte(strconv.Itoa(formatVersion)))
+		}
+		if err != nil {
+			return fmt.Errorf("store: read the format of %s: %w", dir, err)
+		}
+		v, err := item.ValueCopy(nil)
+		if err != nil {
+			return fmt.Errorf("store: read the format of %s: %w", dir, err)
+		}
+		if string(v) != strconv.Itoa(formatVersion) {
+			return fmt.Errorf("store: data dir %s has store format %s, this trainmeter reads %d: move it aside or run the trainmeter that wrote it", dir, v, formatVersion)
+		}
+		return nil
+	})
 }
 
 // Close stops the committer and closes the database (shut a GC down first).
