@@ -451,7 +451,6 @@ func (e *nodeEntry) applied(txn *badger.Txn, boot string, seq, start uint64, dk,
 		e.maxSeq = seq
 		return false, displaced, nil
 	}
-	// displaced: "" when none, or from an earlier version, which has its mark.
 	if dup, displaced, err = lookupApplied(txn, boot, dk, rk); dup || err != nil {
 		return dup, "", err
 	}
@@ -497,7 +496,7 @@ func (e *nodeEntry) scan(txn *badger.Txn, boot string, start uint64) error {
 		switch {
 		case stored == boot:
 			e.maxSeq = max(e.maxSeq, seq)
-		case stored != "":
+		default:
 			e.foreign, e.foreignTo = true, max(e.foreignTo, at)
 		}
 	}

@@ -8,8 +8,8 @@
 //	b/<node>\0<boot>\0<seq:8>                      dedup mark of an applied batch that has no
 //	                                               r/ record, or whose r/ record may expire
 //	                                               before the mark would (see below)
-//	a/<run_id>                                     run aggregate (proto storev1.Aggregate; JSON
-//	                                               from earlier versions; see aggregate.State)
+//	a/<run_id>                                     run aggregate (proto storev1.Aggregate; see
+//	                                               aggregate.State)
 //	an/<run_id>\0<node>                            a node's state in that run, once the run has
 //	                                               two nodes (storev1.Node; Aggregate.nodes_apart)
 //	w/<run_id>\0<node>\0<start:8><seq:8><i:4>      raw RunWindow (proto)
@@ -32,12 +32,10 @@
 // exists, or when its r/ record (node, window_start, seq: all in the batch)
 // holds stored_boot_id == boot. A batch with an r/ record writes no b/ mark
 // when that record lives at least as long as a mark would (RawRetention 0,
-// or ≥ DedupRetention) and its sender's loss records name their batch's
-// window (Hello.loss_window_start): one key a batch fewer. r/ records
-// without stored_boot_id come from earlier versions, which wrote a b/ mark
-// for every batch; they are not taken for any batch (their marks are). An
-// r/ record replaced by a batch of another boot at the same start and seq
-// leaves a b/ mark for the batch it held. See commit.go, nodeEntry.applied.
+// or ≥ DedupRetention): one key a batch fewer. An r/ record replaced by a
+// batch of another boot at the same start and seq leaves a b/ mark for the
+// batch it held. An in-doubt loss record names its batch's window start, so
+// it finds the batch by either. See commit.go, nodeEntry.applied.
 //
 // Writes use SyncWrites, so a batch is durable when ApplyBatch returns nil.
 // Concurrent ApplyBatch calls share one transaction and one sync (group
@@ -471,22 +469,14 @@ func eventRun(e *trainmeterv1.RunEvent) string {
 // Concurrent calls are committed together (group commit, see commit.go):
 // one transaction and one sync for every batch waiting, each caller
 // answered only once the commit that holds its batch is durable.
-//
-// ApplyBatch is ApplyBatchFrom for a current agent (Sender.LegacyLosses
-// false).
 func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error) {
 	return s.ApplyBatchFrom(Sender{Node: node, Boot: boot}, b)
 }
 
 // Sender is who sent a batch: the node and its agent's boot (from the
-// stream's Hello), and what that agent's loss records can be checked by.
+// stream's Hello).
 type Sender struct {
 	Node, Boot string
-	// LegacyLosses: the agent's in-doubt loss records do not name their
-	// batch's window start (its Hello lacks loss_window_start: an agent
-	// from before that field). Its batches keep a b/ mark, the only thing
-	// such a record can find them by.
-	LegacyLosses bool
 }
 
 // ApplyBatchFrom is ApplyBatch for a batch from sender.
@@ -721,7 +711,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	ns.BootId = boot
 	ns.LastSeq = b.GetSeq()
 	ns.LastSeen = timestamppb.New(s.now())
-	if rk != nil && !r.sender.LegacyLosses && s.recordOutlivesMark() {
+	if rk != nil && s.recordOutlivesMark() {
 		return false, nil // the r/ record is the mark
 	}
 	return false, s.setTTL(txn, dk, nil, s.dedupTTL)
@@ -754,9 +744,7 @@ func notHeld(txn *badger.Txn, node, boot string, ls []*trainmeterv1.DataLoss) ([
 
 // holdsLost reports whether the one batch of an in-doubt loss record
 // (l.seq, of boot) was applied after all: by its b/ mark, or by its r/
-// record when the record names the batch's window_start. A record without
-// window_start comes from an agent that sends no Hello.loss_window_start,
-// whose batches all have marks (Sender.LegacyLosses).
+// record at the batch's window_start.
 func holdsLost(txn *badger.Txn, node, boot string, l *trainmeterv1.DataLoss) (bool, error) {
 	var rk []byte
 	if l.GetWindowStart() != nil {
@@ -789,7 +777,7 @@ func exists(txn *badger.Txn, k []byte) (bool, error) {
 
 // recordAt reports whether the r/ record at k is from boot (the batch it
 // keys was applied); other is the boot of a record from another boot (""
-// when there is none, or it is from an earlier version).
+// when there is none).
 func recordAt(txn *badger.Txn, boot string, k []byte) (fromBoot bool, other string, err error) {
 	item, err := txn.Get(k)
 	if errors.Is(err, badger.ErrKeyNotFound) {
