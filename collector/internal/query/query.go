@@ -130,8 +130,8 @@ func (s *Server) runsAfter(after string, limit int) ([]*aggregate.State, error) 
 	if err != nil {
 		return nil, err
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].RunID < all[j].RunID })
-	i := sort.Search(len(all), func(i int) bool { return all[i].RunID > after })
+	sort.Slice(all, func(i, j int) bool { return all[i].RunId < all[j].RunId })
+	i := sort.Search(len(all), func(i int) bool { return all[i].RunId > after })
 	return all[i:min(len(all), i+limit)], nil
 }
 

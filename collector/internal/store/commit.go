@@ -250,7 +250,7 @@ func (g *groupAggs) nodeEntry(txn *badger.Txn, node string) (*nodeEntry, error) 
 func (g *groupAggs) write(txn *badger.Txn) error {
 	for _, r := range g.order {
 		st := g.state[r]
-		if len(st.Nodes) <= 1 && !st.NodesApart() {
+		if len(st.Nodes) <= 1 && !st.GetNodesApart() {
 			// One node (most runs): one value, as cheap as it gets.
 			v, err := st.Marshal()
 			if err != nil {

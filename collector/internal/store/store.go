@@ -857,7 +857,7 @@ func getAgg(txn *badger.Txn, run string) (*aggregate.State, error) {
 		st, err = aggregate.Unmarshal(v)
 		return err
 	})
-	if err != nil || !st.NodesApart() {
+	if err != nil || !st.GetNodesApart() {
 		return st, err
 	}
 	prefix := aggNodesPrefix(run)
@@ -1087,7 +1087,7 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 				defer wg.Done()
 				for i := int(next.Add(1)) - 1; i < len(vals); i = int(next.Add(1)) - 1 {
 					out[i], errs[i] = aggregate.Unmarshal(vals[i])
-					if errs[i] != nil || !out[i].NodesApart() {
+					if errs[i] != nil || !out[i].GetNodesApart() {
 						continue
 					}
 					for _, n := range nodes[string(keys[i][2:])] {
