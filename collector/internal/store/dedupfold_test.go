@@ -210,13 +210,13 @@ func TestRecordReplacedByAnotherBootKeepsItsBatchADuplicate(t *testing.T) {
 	}
 }
 
-// More r/ records past the batch that makes a cold entry than one scan
-// reads: those beyond are looked up, not assumed new.
+// Many r/ records past the first re-sent batch after a reopen: each re-send
+// is found, and the next batch is new.
 func TestColdEntryWithMoreRecordsThanOneScanReads(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)
 	n := Sender{Node: "n", Boot: "b"}
-	last := uint64(recordScanLimit + 20)
+	last := uint64(276)
 	for seq := uint64(1); seq <= last; seq++ {
 		applyWant(t, s, n, batch(seq, "r", int(seq), 10, 1, runStart("r", 0)), false)
 	}

@@ -35,7 +35,7 @@
 // or ≥ DedupRetention): one key a batch fewer. An r/ record replaced by a
 // batch of another boot at the same start and seq leaves a b/ mark for the
 // batch it held. An in-doubt loss record names its batch's window start, so
-// it finds the batch by either. See commit.go, nodeEntry.applied.
+// it finds the batch by either (lookupApplied).
 //
 // Writes use SyncWrites, so a batch is durable when ApplyBatch returns nil.
 // Concurrent ApplyBatch calls share one transaction and one sync (group
@@ -583,7 +583,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	seq, start, rk := b.GetSeq(), startVal(b.GetWindowStart()), r.rk
 	dk := dedupKey(node, boot, seq)
 	r.refused, r.dropped, r.applied = nil, nil, nil
-	dup, displaced, err := ne.applied(txn, boot, seq, start, dk, rk)
+	dup, displaced, err := lookupApplied(txn, boot, dk, rk)
 	if dup || err != nil {
 		return dup, err
 	}
