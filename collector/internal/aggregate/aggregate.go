@@ -768,9 +768,9 @@ func (s *State) hostEnergy(r *trainmeterv1.RunReport) {
 // from, at p's prices now: for a run with no GPU time booked (bookedCompute).
 // Each node's GPU-seconds are priced at that node's price (the
 // run_start price for all, else the node's configured price, else the
-// catalog's, else the default); GPU-seconds folded before the aggregate kept
-// them per node are priced at the starting node's. A run with any GPU-time
-// that has no price has no compute cost.
+// catalog's, else the default); a run with no GPU time yet gets the starting
+// node's price. A run with any GPU-time that has no price has no compute
+// cost.
 func (s *State) priceCompute(p Pricing, r *trainmeterv1.RunReport) {
 	names := make([]string, 0, len(s.Nodes))
 	for name, n := range s.Nodes {
@@ -783,14 +783,12 @@ func (s *State) priceCompute(p Pricing, r *trainmeterv1.RunReport) {
 		node    string
 		seconds float64
 	}
-	shares := make([]share, 0, len(names)+1)
-	var perNode float64
+	shares := make([]share, 0, max(1, len(names)))
 	for _, name := range names {
 		shares = append(shares, share{name, s.Nodes[name].GpuSeconds})
-		perNode += s.Nodes[name].GpuSeconds
 	}
-	if rest := s.GpuSeconds - perNode; rest > 1e-9*max(1, s.GpuSeconds) || len(shares) == 0 {
-		shares = append(shares, share{s.StartNode, max(0, rest)})
+	if len(shares) == 0 {
+		shares = append(shares, share{s.StartNode, 0})
 	}
 	var usd float64
 	source := ""
