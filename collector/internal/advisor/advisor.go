@@ -22,7 +22,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/pkg/dataloader"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -261,14 +260,6 @@ func configFromStart(rs *trainmeterv1.RunStart) dataloader.Config {
 	}
 }
 
-func configFromPlan(p aggregate.Plan) dataloader.Config {
-	return dataloader.Config{
-		TargetGPUUtilization: p.TargetGPUUtilization, MaxRAMUsage: p.MaxRAMUsage,
-		Interval: p.AdjustmentInterval, NumWorkers: int(p.NumWorkers), PrefetchFactor: int(p.PrefetchFactor),
-		HasNumWorkers: p.HasNumWorkers, Epochs: p.PlannedEpochs > 0,
-	}
-}
-
 // state returns the (run, node) state, creating it from the run's plan in
 // the store (a run whose run_start this advisor did not see, e.g. after a
 // collector restart).
@@ -281,7 +272,7 @@ func (a *Advisor) state(run, node string, start *trainmeterv1.RunStart) *runStat
 	if start != nil {
 		cfg = configFromStart(start)
 	} else if st, err := a.st.GetRun(run); err == nil {
-		cfg = configFromPlan(st.Plan)
+		cfg = configFromStart(st.GetRunStart())
 	}
 	if err := cfg.WithDefaults().Validate(); err != nil {
 		a.log.Warn("dataloader advice: bad targets in run_start; using defaults", "run_id", run, "err", err)

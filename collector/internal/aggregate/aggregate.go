@@ -1,7 +1,7 @@
 // Package aggregate folds a run's events and windows, from any number of
 // nodes, into the per-run figures of the CSV contract (docs/measurement.md,
-// "Per-run figures"). It is pure: no I/O, no clock. The state is a plain Go struct,
-// stored as protobuf (codec.go) next to the raw records.
+// "Per-run figures"). It is pure: no I/O, no clock. The state is its stored
+// protobuf (storev1.Aggregate, codec.go), kept next to the raw records.
 //
 // Definitions, as implemented (they are the contract):
 //
@@ -83,10 +83,13 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/energy"
+	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -130,207 +133,20 @@ type CarbonBooker interface {
 	BookCarbon(node string, start, end time.Time, joules float64, add func(key string, joules float64))
 }
 
-// Metadata mirrors trainmeterv1.RunMetadata.
-type Metadata struct {
-	Model        string `json:"model,omitempty"`
-	Dataset      string `json:"dataset,omitempty"`
-	Backend      string `json:"backend,omitempty"`
-	Optimizer    string `json:"optimizer,omitempty"`
-	BatchSize    int64  `json:"batch_size,omitempty"`
-	GradAccum    int64  `json:"grad_accum,omitempty"`
-	SeqLen       int64  `json:"seq_len,omitempty"`
-	Precision    string `json:"precision,omitempty"`
-	Seed         int64  `json:"seed,omitempty"`
-	Notes        string `json:"notes,omitempty"`
-	HasBatchSize bool   `json:"has_batch_size,omitempty"`
-	HasGradAccum bool   `json:"has_grad_accum,omitempty"`
-	HasSeqLen    bool   `json:"has_seq_len,omitempty"`
-	HasSeed      bool   `json:"has_seed,omitempty"`
-}
-
-// Plan is what the winning RunStart says about the run beyond its metadata:
-// where its cost is booked, what it will process, and the dataloader it
-// started with. Zero means not given.
-type Plan struct {
-	BudgetScope          string            `json:"budget_scope,omitempty"`
-	Labels               map[string]string `json:"labels,omitempty"`
-	PlannedSteps         uint64            `json:"planned_steps,omitempty"`
-	PlannedTokens        uint64            `json:"planned_tokens,omitempty"`
-	PlannedEpochs        uint64            `json:"planned_epochs,omitempty"`
-	Params               uint64            `json:"params,omitempty"`
-	DatasetSize          uint64            `json:"dataset_size,omitempty"`
-	NumWorkers           uint32            `json:"num_workers,omitempty"`
-	PrefetchFactor       uint32            `json:"prefetch_factor,omitempty"`
-	TargetGPUUtilization float64           `json:"target_gpu_utilization,omitempty"`
-	MaxRAMUsage          float64           `json:"max_ram_usage,omitempty"`
-	AdjustmentInterval   uint64            `json:"adjustment_interval,omitempty"`
-	// HasNumWorkers: the run_start gave num_workers, so 0 is a setting
-	// (the loader runs in the training process), not "not given".
-	HasNumWorkers bool `json:"has_num_workers,omitempty"`
-}
-
 // NodeState is one node's part in the run. Times are Unix nanoseconds.
-type NodeState struct {
-	Started   bool  `json:"started,omitempty"`
-	StartMin  int64 `json:"start_min,omitempty"`
-	StartMax  int64 `json:"start_max,omitempty"`
-	HasEnd    bool  `json:"has_end,omitempty"`
-	EndMax    int64 `json:"end_max,omitempty"`
-	Watermark int64 `json:"watermark,omitempty"` // newest peak bucket (s) seen from this node
-	HasWindow bool  `json:"has_window,omitempty"`
-	// GPUSeconds of this node's windows, priced at the node's price.
-	GPUSeconds float64 `json:"gpu_seconds,omitempty"`
-	// The node's open peak buckets: the highest measured window peak (W)
-	// in each Unix second, seconds ascending (peak.go).
-	PeakSeconds []int64   `json:"peak_seconds,omitempty"`
-	PeakWatts   []float64 `json:"peak_watts,omitempty"`
-	// WarmupPeak is the highest peak of the node's warmup windows (W), for
-	// the whole run's peak (peak_power_total_W).
-	WarmupPeak float64 `json:"warmup_peak,omitempty"`
-	// EndStatus is the end status of the node's latest RunEnd (ok, error,
-	// exit N, signal NAME, stopped: cause, lost); "" from older agents.
-	EndStatus string `json:"end_status,omitempty"`
-	// EndError is that RunEnd's cause of a failed end (RunEnd.end_error).
-	EndError string `json:"end_error,omitempty"`
-}
+type NodeState = storev1.Node
 
-func (n *NodeState) ended() bool { return n.HasEnd && n.EndMax >= n.StartMax }
+func nodeEnded(n *NodeState) bool { return n.HasEnd && n.EndMax >= n.StartMax }
 
-// EvalRecord is one eval event.
-type EvalRecord struct {
-	Node        string  `json:"node"`
-	Time        int64   `json:"time"`
-	Epoch       int64   `json:"epoch,omitempty"`
-	ValLoss     float64 `json:"val_loss,omitempty"`
-	Accuracy    float64 `json:"accuracy,omitempty"`
-	HasValLoss  bool    `json:"has_val_loss,omitempty"`
-	HasAccuracy bool    `json:"has_accuracy,omitempty"`
-}
-
-// State is a run's aggregate. All fields are exported for serialisation;
-// use the methods to change it.
+// State is a run's aggregate: the stored message itself (storev1.Aggregate,
+// whose comments define each field), folded by the methods here, and what
+// the store needs to know of it beyond that. Use the methods to change it.
 type State struct {
-	RunID string `json:"run_id"`
+	*storev1.Aggregate
 
-	// The winning RunStart.
-	HasStart        bool     `json:"has_start,omitempty"`
-	StartNode       string   `json:"start_node,omitempty"`
-	Start           int64    `json:"start,omitempty"`
-	Metadata        Metadata `json:"metadata"`
-	GPUName         string   `json:"gpu_name,omitempty"`
-	GPUPricePerHour float64  `json:"gpu_price_per_hour,omitempty"`
-	Plan            Plan     `json:"plan"`
-
-	Nodes map[string]*NodeState `json:"nodes"`
-
-	HasWindow        bool    `json:"has_window,omitempty"`
-	WindowStart      int64   `json:"window_start,omitempty"`
-	WindowEnd        int64   `json:"window_end,omitempty"`
-	HasMeasured      bool    `json:"has_measured,omitempty"`
-	FirstMeasured    int64   `json:"first_measured,omitempty"`
-	MeasuredWindows  int64   `json:"measured_windows,omitempty"`
-	CounterWindows   int64   `json:"counter_windows,omitempty"` // measured with counter_ok
-	EnergyMeasured   float64 `json:"energy_measured,omitempty"`
-	EnergyTotal      float64 `json:"energy_total,omitempty"`
-	EnergyIntegrated float64 `json:"energy_integrated,omitempty"` // measured, integrated
-	CounterSumOK     float64 `json:"counter_sum_ok,omitempty"`    // measured, counter_ok: counter
-	IntegratedSumOK  float64 `json:"integrated_sum_ok,omitempty"` // measured, counter_ok: integrated
-	EnergyEstimated  bool    `json:"energy_estimated,omitempty"`
-	GapS             float64 `json:"gap_s,omitempty"`
-	// EnergyByBand is EnergyTotal booked to the tariff band in force when it
-	// was consumed (only while a time-of-use tariff is configured).
-	EnergyByBand map[string]float64 `json:"energy_by_band,omitempty"`
-	// CarbonByBand is EnergyTotal booked to the carbon intensity in force
-	// where and when it was consumed (cost.CarbonKey keys; only while a
-	// carbon source is configured).
-	CarbonByBand map[string]float64 `json:"carbon_by_band,omitempty"`
-
-	Tokens          uint64  `json:"tokens,omitempty"`
-	TokensMeasured  uint64  `json:"tokens_measured,omitempty"`
-	Steps           uint64  `json:"steps,omitempty"`
-	Samples         uint64  `json:"samples,omitempty"`
-	StepsMeasured   uint64  `json:"steps_measured,omitempty"`
-	SamplesMeasured uint64  `json:"samples_measured,omitempty"`
-	DataWaitS       float64 `json:"data_wait_s,omitempty"`
-	ComputeS        float64 `json:"compute_s,omitempty"`
-	GPUSeconds      float64 `json:"gpu_seconds,omitempty"`
-
-	VRAMPeak    float64 `json:"vram_peak,omitempty"`
-	VRAMSum     float64 `json:"vram_sum,omitempty"`
-	VRAMSamples uint64  `json:"vram_samples,omitempty"`
-
-	// GPUs is the set of GPU indices seen per node.
-	GPUs map[string][]uint32 `json:"gpus,omitempty"`
-
-	// Peak: the max over folded buckets; the open buckets are the nodes'
-	// PeakSeconds/PeakWatts (peak.go).
-	PeakFolded   float64 `json:"peak_folded,omitempty"`
-	MaxBucket    int64   `json:"max_bucket,omitempty"`
-	HasMaxBucket bool    `json:"has_max_bucket,omitempty"`
-	FoldedUpTo   int64   `json:"folded_up_to,omitempty"` // buckets < this are folded
-	HasFolded    bool    `json:"has_folded,omitempty"`
-
-	Evals []EvalRecord `json:"evals,omitempty"`
-
-	HasLoss    bool    `json:"has_loss,omitempty"`
-	LastLoss   float64 `json:"last_loss,omitempty"`
-	LastLossAt int64   `json:"last_loss_at,omitempty"`
-	LastLossBy string  `json:"last_loss_by,omitempty"`
-
-	// Data dropped on agents (see AddLoss).
-	Incomplete     bool    `json:"incomplete,omitempty"`
-	LostBatches    uint64  `json:"lost_batches,omitempty"`
-	LostTokens     uint64  `json:"lost_tokens,omitempty"`
-	LostEnergyJ    float64 `json:"lost_energy_j,omitempty"`
-	LostGPUSeconds float64 `json:"lost_gpu_seconds,omitempty"`
-	// The runs' CPU+DRAM share (RAPL) of the dropped batches, J.
-	LostHostEnergyJ float64  `json:"lost_host_energy_j,omitempty"`
-	LostReasons     []string `json:"lost_reasons,omitempty"`
-
-	// Shared GPUs (RunWindow.shared_gpu_seconds, share_method,
-	// max_sharing_runs): GPU-seconds spent sharing, the split rules seen,
-	// the most runs on one of the run's GPUs at once.
-	SharedGPUSeconds float64  `json:"shared_gpu_seconds,omitempty"`
-	ShareMethods     []string `json:"share_methods,omitempty"`
-	MaxSharingRuns   uint32   `json:"max_sharing_runs,omitempty"`
-	// The user of the winning RunStart (uid, and its name on that host).
-	User   string `json:"user,omitempty"`
-	UID    uint32 `json:"uid,omitempty"`
-	HasUID bool   `json:"has_uid,omitempty"`
-	// Pauses of a resumed run: [PauseStarts[i], PauseEnds[i]) is the time
-	// from the run's end to a run_start that reopened it, excluded from
-	// wall_s, warmup_s and every rate.
-	PauseStarts []int64 `json:"pause_starts,omitempty"`
-	PauseEnds   []int64 `json:"pause_ends,omitempty"`
-
-	// Host energy (RAPL): the run's shares of its nodes' CPU package and
-	// DRAM energy (AddHostEnergy), whether any came, and the split rules
-	// seen.
-	HostCPUEnergyJ  float64  `json:"host_cpu_energy_j,omitempty"`
-	HostDRAMEnergyJ float64  `json:"host_dram_energy_j,omitempty"`
-	HasHostCPU      bool     `json:"has_host_cpu,omitempty"`
-	HasHostDRAM     bool     `json:"has_host_dram,omitempty"`
-	HostSplits      []string `json:"host_splits,omitempty"`
-
-	// Booked is the cost booked at the prices in force as windows were
-	// folded (booking.go): what the report's costs are.
-	Booked Booking `json:"booked"`
-	// Energy coverage after warmup (measured windows): their seconds, each
-	// node's summed, and the part of those without energy.
-	MeasuredSpanS  float64 `json:"measured_span_s,omitempty"`
-	UncoveredSpanS float64 `json:"uncovered_span_s,omitempty"`
-	// RefusedStarts are the starts the collector refused, by node
-	// (membership.go). None of the figures reads them.
-	RefusedStarts map[string]RefusedStart `json:"refused_starts,omitempty"`
-	// EndedSeenAt is when the collector first held the run ended on every
-	// node (Unix ns, its own clock; 0 while live): bounds late joins.
-	EndedSeenAt int64 `json:"ended_seen_at,omitempty"`
-
-	// Bookkeeping for the store (codec.go), not part of the figures:
-	// whether the node states are stored apart, and which changed since
-	// they were last taken for writing.
-	nodesApart bool
-	changed    map[string]struct{}
+	// The nodes whose state changed since they were last taken for writing
+	// apart (codec.go).
+	changed map[string]struct{}
 }
 
 // maxLostReasons bounds the distinct loss reasons kept per run.
@@ -343,7 +159,7 @@ func (s *State) AddLoss(node string, l *trainmeterv1.DataLoss) {
 	s.LostBatches += l.GetBatches()
 	s.LostTokens += l.GetTokens()
 	s.LostEnergyJ += l.GetEnergyJ()
-	s.LostGPUSeconds += l.GetGpuSeconds()
+	s.LostGpuSeconds += l.GetGpuSeconds()
 	s.LostHostEnergyJ += l.GetHostEnergyJ()
 	for _, r := range strings.Split(l.GetReason(), "; ") {
 		if r == "" || r == "…" || slices.Contains(s.LostReasons, r) || len(s.LostReasons) >= maxLostReasons {
@@ -358,11 +174,11 @@ func (s *State) AddLoss(node string, l *trainmeterv1.DataLoss) {
 // of these shares over the run's nodes.
 func (s *State) AddHostEnergy(node string, h *trainmeterv1.HostEnergy, share *trainmeterv1.HostEnergyShare) {
 	s.node(node)
-	s.HostCPUEnergyJ += share.GetCpuEnergyJ()
-	s.HasHostCPU = true
+	s.HostCpuEnergyJ += share.GetCpuEnergyJ()
+	s.HasHostCpu = true
 	if h.GetDramOk() {
-		s.HostDRAMEnergyJ += share.GetDramEnergyJ()
-		s.HasHostDRAM = true
+		s.HostDramEnergyJ += share.GetDramEnergyJ()
+		s.HasHostDram = true
 	}
 	if m := share.GetSplit(); m != "" && !slices.Contains(s.HostSplits, m) {
 		s.HostSplits = append(s.HostSplits, m)
@@ -375,7 +191,7 @@ func (s *State) LossReasons() []string { return append([]string(nil), s.LostReas
 
 // New returns an empty aggregate for runID.
 func New(runID string) *State {
-	return &State{RunID: runID, Nodes: map[string]*NodeState{}}
+	return &State{Aggregate: &storev1.Aggregate{RunId: runID, Nodes: map[string]*NodeState{}}}
 }
 
 func (s *State) node(name string) *NodeState {
@@ -430,109 +246,44 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	s.HasStart = true
 	s.Start = t
 	s.StartNode = node
-	m := ev.GetMetadata()
-	s.Metadata = Metadata{
-		Model: m.GetModel(), Dataset: m.GetDataset(), Backend: m.GetBackend(),
-		Optimizer: m.GetOptimizer(), BatchSize: m.GetBatchSize(), GradAccum: m.GetGradAccum(),
-		SeqLen: m.GetSeqLen(), Precision: m.GetPrecision(), Seed: m.GetSeed(), Notes: m.GetNotes(),
-		HasBatchSize: m.GetHasBatchSize(), HasGradAccum: m.GetHasGradAccum(),
-		HasSeqLen: m.GetHasSeqLen(), HasSeed: m.GetHasSeed(),
-	}
-	s.GPUName = ev.GetGpuName()
-	s.GPUPricePerHour = ev.GetGpuPricePerHour()
-	s.User, s.UID, s.HasUID = ev.GetUser(), ev.GetUid(), true
-	s.Plan = Plan{
-		BudgetScope: ev.GetBudgetScope(), PlannedSteps: ev.GetPlannedSteps(),
-		PlannedTokens: ev.GetPlannedTokens(), PlannedEpochs: ev.GetPlannedEpochs(),
-		Params: ev.GetParams(), DatasetSize: ev.GetDatasetSize(),
-		NumWorkers: ev.GetNumWorkers(), PrefetchFactor: ev.GetPrefetchFactor(),
-		TargetGPUUtilization: ev.GetTargetGpuUtilization(), MaxRAMUsage: ev.GetMaxRamUsage(),
-		AdjustmentInterval: ev.GetAdjustmentInterval(), HasNumWorkers: hasNumWorkers(ev),
-	}
-	if l := ev.GetLabels(); len(l) > 0 {
-		s.Plan.Labels = make(map[string]string, len(l))
-		for k, v := range l {
-			s.Plan.Labels[k] = v
-		}
-	}
+	s.RunStart = proto.Clone(ev).(*trainmeterv1.RunStart)
+	s.RunStart.Gpus, s.RunStart.GpuUuids = nil, nil // the node's, not the run's
 }
 
-// hasNumWorkers: the start (or a stored plan) gave num_workers. Agents and
-// aggregates before has_num_workers could not say 0, so for them a non-zero
-// count is given.
-func hasNumWorkers(p interface {
-	GetHasNumWorkers() bool
-	GetNumWorkers() uint32
-}) bool {
-	return p.GetHasNumWorkers() || p.GetNumWorkers() > 0
-}
-
-// fillStart sets the metadata and plan fields the run's start left unset
-// from a later copy of the same start.
+// fillStart sets the fields the run's start left unset from a later copy
+// of the same start.
 func (s *State) fillStart(ev *trainmeterv1.RunStart) {
-	m, md := ev.GetMetadata(), &s.Metadata
-	for _, f := range []struct {
-		dst *string
-		got string
-	}{{&md.Model, m.GetModel()}, {&md.Dataset, m.GetDataset()}, {&md.Backend, m.GetBackend()},
-		{&md.Optimizer, m.GetOptimizer()}, {&md.Precision, m.GetPrecision()}, {&md.Notes, m.GetNotes()},
-		{&s.GPUName, ev.GetGpuName()}, {&s.Plan.BudgetScope, ev.GetBudgetScope()}} {
-		if *f.dst == "" {
-			*f.dst = f.got
+	fillUnset(s.RunStart.ProtoReflect(), ev.ProtoReflect())
+}
+
+// fillUnset sets each field of dst that is unset from src, recursively in
+// messages both have; a map gets the keys it lacks, a list is left as it
+// is. A field x whose sibling has_x is set in dst counts as set (0 given).
+func fillUnset(dst, src protoreflect.Message) {
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsMap():
+			m := dst.Mutable(fd).Map()
+			v.Map().Range(func(k protoreflect.MapKey, e protoreflect.Value) bool {
+				if !m.Has(k) {
+					m.Set(k, e)
+				}
+				return true
+			})
+		case fd.IsList():
+		case fd.Message() != nil && dst.Has(fd):
+			fillUnset(dst.Mutable(fd).Message(), v.Message())
+		case !dst.Has(fd) && !hasFlag(dst, fd):
+			dst.Set(fd, v)
 		}
-	}
-	for _, f := range []struct {
-		dst    *int64
-		has    *bool
-		got    int64
-		gotSet bool
-	}{{&md.BatchSize, &md.HasBatchSize, m.GetBatchSize(), m.GetHasBatchSize()},
-		{&md.GradAccum, &md.HasGradAccum, m.GetGradAccum(), m.GetHasGradAccum()},
-		{&md.SeqLen, &md.HasSeqLen, m.GetSeqLen(), m.GetHasSeqLen()},
-		{&md.Seed, &md.HasSeed, m.GetSeed(), m.GetHasSeed()}} {
-		if !*f.has && f.gotSet {
-			*f.dst, *f.has = f.got, true
-		}
-	}
-	p := &s.Plan
-	for _, f := range []struct {
-		dst *uint64
-		got uint64
-	}{{&p.PlannedSteps, ev.GetPlannedSteps()}, {&p.PlannedTokens, ev.GetPlannedTokens()},
-		{&p.PlannedEpochs, ev.GetPlannedEpochs()}, {&p.Params, ev.GetParams()}, {&p.DatasetSize, ev.GetDatasetSize()},
-		{&p.AdjustmentInterval, ev.GetAdjustmentInterval()}} {
-		if *f.dst == 0 {
-			*f.dst = f.got
-		}
-	}
-	for _, f := range []struct {
-		dst *uint32
-		got uint32
-	}{{&p.PrefetchFactor, ev.GetPrefetchFactor()}} {
-		if *f.dst == 0 {
-			*f.dst = f.got
-		}
-	}
-	if !p.HasNumWorkers && hasNumWorkers(ev) {
-		p.NumWorkers, p.HasNumWorkers = ev.GetNumWorkers(), true
-	}
-	for _, f := range []struct {
-		dst *float64
-		got float64
-	}{{&s.GPUPricePerHour, ev.GetGpuPricePerHour()}, {&p.TargetGPUUtilization, ev.GetTargetGpuUtilization()},
-		{&p.MaxRAMUsage, ev.GetMaxRamUsage()}} {
-		if *f.dst == 0 {
-			*f.dst = f.got
-		}
-	}
-	for k, v := range ev.GetLabels() {
-		if _, have := p.Labels[k]; !have {
-			if p.Labels == nil {
-				p.Labels = map[string]string{}
-			}
-			p.Labels[k] = v
-		}
-	}
+		return true
+	})
+}
+
+// hasFlag: m's bool field has_<fd> is true.
+func hasFlag(m protoreflect.Message, fd protoreflect.FieldDescriptor) bool {
+	f := m.Descriptor().Fields().ByName("has_" + fd.Name())
+	return f != nil && f.Kind() == protoreflect.BoolKind && m.Get(f).Bool()
 }
 
 // AddEnd folds a RunEnd from node.
@@ -550,15 +301,9 @@ func (s *State) AddEnd(node string, ev *trainmeterv1.RunEnd) {
 // AddEval folds an Eval from node. Evals are kept sorted by time.
 func (s *State) AddEval(node string, ev *trainmeterv1.Eval) {
 	s.node(node)
-	r := EvalRecord{
-		Node: node, Time: nanos(ev.GetTime()), Epoch: ev.GetEpoch(),
-		ValLoss: ev.GetValLoss(), Accuracy: ev.GetAccuracy(),
-		HasValLoss: ev.GetHasValLoss(), HasAccuracy: ev.GetHasAccuracy(),
-	}
-	i := sort.Search(len(s.Evals), func(i int) bool { return s.Evals[i].Time > r.Time })
-	s.Evals = append(s.Evals, EvalRecord{})
-	copy(s.Evals[i+1:], s.Evals[i:])
-	s.Evals[i] = r
+	t := nanos(ev.GetTime())
+	i := sort.Search(len(s.Evals), func(i int) bool { return nanos(s.Evals[i].GetTime()) > t })
+	s.Evals = slices.Insert(s.Evals, i, proto.Clone(ev).(*trainmeterv1.Eval))
 }
 
 // AddWindow folds a RunWindow from node.
@@ -607,7 +352,7 @@ func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands En
 			carbon.BookCarbon(node, from, to, energy, func(k string, j float64) { s.CarbonByBand[k] += j })
 		}
 	}
-	n.GPUSeconds += w.GetGpuSeconds()
+	n.GpuSeconds += w.GetGpuSeconds()
 	s.GapS += w.GetGapS()
 	if w.GetEnergyEstimated() {
 		s.EnergyEstimated = true
@@ -618,18 +363,18 @@ func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands En
 	s.Samples += w.GetSamples()
 	s.DataWaitS += w.GetDataWaitS()
 	s.ComputeS += w.GetComputeS()
-	s.GPUSeconds += w.GetGpuSeconds()
-	s.SharedGPUSeconds += w.GetSharedGpuSeconds()
+	s.GpuSeconds += w.GetGpuSeconds()
+	s.SharedGpuSeconds += w.GetSharedGpuSeconds()
 	s.MaxSharingRuns = max(s.MaxSharingRuns, w.GetMaxSharingRuns())
 	if m := w.GetShareMethod(); m != "" && !slices.Contains(s.ShareMethods, m) {
 		s.ShareMethods = append(s.ShareMethods, m)
 		slices.Sort(s.ShareMethods)
 	}
-	if w.GetVramPeakMib() > s.VRAMPeak {
-		s.VRAMPeak = w.GetVramPeakMib()
+	if w.GetVramPeakMib() > s.VramPeak {
+		s.VramPeak = w.GetVramPeakMib()
 	}
-	s.VRAMSum += w.GetVramSumMib()
-	s.VRAMSamples += w.GetVramSamples()
+	s.VramSum += w.GetVramSumMib()
+	s.VramSamples += w.GetVramSamples()
 	for _, g := range w.GetGpus() {
 		s.addGPU(node, g)
 	}
@@ -662,8 +407,8 @@ func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands En
 	s.EnergyIntegrated += w.GetEnergyIntegratedJ()
 	if w.GetCounterOk() {
 		s.CounterWindows++
-		s.CounterSumOK += w.GetEnergyCounterJ()
-		s.IntegratedSumOK += w.GetEnergyIntegratedJ()
+		s.CounterSumOk += w.GetEnergyCounterJ()
+		s.IntegratedSumOk += w.GetEnergyIntegratedJ()
 	}
 	span := max(0, float64(end-start)/1e9)
 	s.MeasuredSpanS += span
@@ -695,19 +440,10 @@ func floorDiv(a, b int64) int64 {
 }
 
 func (s *State) addGPU(node string, g uint32) {
-	s.markChanged(node) // a node stored apart carries its GPUs
-	if s.GPUs == nil {
-		s.GPUs = map[string][]uint32{}
+	n := s.node(node) // a node stored apart carries its GPUs
+	if i, found := slices.BinarySearch(n.Gpus, g); !found {
+		n.Gpus = slices.Insert(n.Gpus, i, g)
 	}
-	list := s.GPUs[node]
-	i := sort.Search(len(list), func(i int) bool { return list[i] >= g })
-	if i < len(list) && list[i] == g {
-		return
-	}
-	list = append(list, 0)
-	copy(list[i+1:], list[i:])
-	list[i] = g
-	s.GPUs[node] = list
 }
 
 // Ended reports whether every node that sent a RunStart has ended it.
@@ -718,7 +454,7 @@ func (s *State) Ended() bool {
 			continue
 		}
 		started = true
-		if !n.ended() {
+		if !nodeEnded(n) {
 			return false
 		}
 	}
@@ -800,13 +536,11 @@ func (s *State) endStatusError() (string, string) {
 
 // Report computes the run's figures with the collector's pricing.
 func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
-	r := &trainmeterv1.RunReport{RunId: s.RunID}
-	m := s.Metadata
-	r.Metadata = &trainmeterv1.RunMetadata{
-		Model: m.Model, Dataset: m.Dataset, Backend: m.Backend, Optimizer: m.Optimizer,
-		BatchSize: m.BatchSize, GradAccum: m.GradAccum, SeqLen: m.SeqLen, Precision: m.Precision,
-		Seed: m.Seed, Notes: m.Notes, HasBatchSize: m.HasBatchSize, HasGradAccum: m.HasGradAccum,
-		HasSeqLen: m.HasSeqLen, HasSeed: m.HasSeed,
+	r := &trainmeterv1.RunReport{RunId: s.RunId}
+	start0 := s.GetRunStart()
+	r.Metadata = &trainmeterv1.RunMetadata{}
+	if m := start0.GetMetadata(); m != nil {
+		r.Metadata = proto.Clone(m).(*trainmeterv1.RunMetadata)
 	}
 	start, hasStart := s.StartNanos()
 	end := s.endNanos()
@@ -855,8 +589,8 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	// Against less than a joule of counter energy a percentage says nothing
 	// and can overflow (FuzzAggregate: 9e-308 J counted, 4e9 J integrated
 	// gave -Inf).
-	if s.CounterWindows > 0 && s.CounterSumOK >= minDisagreementBaseJ {
-		r.EnergyDisagreementPct = 100 * (s.CounterSumOK - s.IntegratedSumOK) / s.CounterSumOK
+	if s.CounterWindows > 0 && s.CounterSumOk >= minDisagreementBaseJ {
+		r.EnergyDisagreementPct = 100 * (s.CounterSumOk - s.IntegratedSumOk) / s.CounterSumOk
 	}
 	r.EnergyEstimated = s.EnergyEstimated
 	rates := s.rates(r, measuredS)
@@ -871,22 +605,22 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 		warmupPeak += n.WarmupPeak
 	}
 	r.PeakPowerTotalW = max(r.PeakPowerW, warmupPeak)
-	r.VramPeakMb = s.VRAMPeak
-	if s.VRAMSamples > 0 {
-		r.VramAvgMb = s.VRAMSum / float64(s.VRAMSamples)
+	r.VramPeakMb = s.VramPeak
+	if s.VramSamples > 0 {
+		r.VramAvgMb = s.VramSum / float64(s.VramSamples)
 	}
 	var gpus uint32
-	for _, l := range s.GPUs {
-		gpus += uint32(len(l))
+	for _, n := range s.Nodes {
+		gpus += uint32(len(n.Gpus))
 	}
 	r.Gpus = gpus
 	r.Nodes = uint32(len(s.Nodes))
-	r.GpuName = s.GPUName
+	r.GpuName = start0.GetGpuName()
 	if u := energy.UncertaintyPct(r.EnergyMethod, r.GpuName, measuredS); !math.IsNaN(u) {
 		r.EnergyUncertaintyPct = &u
 	}
 
-	r.GpuHours = s.GPUSeconds / 3600
+	r.GpuHours = s.GpuSeconds / 3600
 	if !s.bookedCompute(p, r) {
 		s.priceCompute(p, r)
 	}
@@ -894,18 +628,18 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	if !s.bookedEnergy(p, r) {
 		s.energyNow(p, r)
 	}
-	r.PriorityMultiplier = s.Booked.PriorityMultiplier
+	r.PriorityMultiplier = s.GetBooked().GetPriorityMultiplier()
 	if r.PriorityMultiplier == 0 {
-		r.PriorityMultiplier = p.PriorityMultiplier(s.Plan.Labels)
+		r.PriorityMultiplier = p.PriorityMultiplier(start0.GetLabels())
 	}
 	s.reprice(r)
 	if r.CostUsd != nil || r.EnergyCostUsd != nil {
 		r.TotalCostUsd = ptr(r.GetCostUsd()*r.PriorityMultiplier + r.GetEnergyCostUsd())
 	}
-	r.BudgetScope = s.Plan.BudgetScope
-	if len(s.Plan.Labels) > 0 {
-		r.Labels = make(map[string]string, len(s.Plan.Labels))
-		for k, v := range s.Plan.Labels {
+	r.BudgetScope = start0.GetBudgetScope()
+	if l := start0.GetLabels(); len(l) > 0 {
+		r.Labels = make(map[string]string, len(l))
+		for k, v := range l {
 			r.Labels[k] = v
 		}
 	}
@@ -922,10 +656,7 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	s.derived(r, measuredS, rates)
 
 	for _, e := range s.Evals {
-		r.Evals = append(r.Evals, &trainmeterv1.Eval{
-			RunId: s.RunID, Time: timestamppb.New(time.Unix(0, e.Time).UTC()), Epoch: e.Epoch,
-			ValLoss: e.ValLoss, Accuracy: e.Accuracy, HasValLoss: e.HasValLoss, HasAccuracy: e.HasAccuracy,
-		})
+		r.Evals = append(r.Evals, proto.Clone(e).(*trainmeterv1.Eval))
 	}
 	if s.HasLoss {
 		r.LastLoss = ptr(s.LastLoss)
@@ -934,15 +665,14 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.LostBatches = s.LostBatches
 	r.LostTokens = s.LostTokens
 	r.LostEnergyJ = s.LostEnergyJ
-	r.LostGpuSeconds = s.LostGPUSeconds
+	r.LostGpuSeconds = s.LostGpuSeconds
 	r.LostHostEnergyJ = s.LostHostEnergyJ
 	r.GpuShareMethod = ShareMethod(s.ShareMethods)
-	r.SharedGpuS = s.SharedGPUSeconds
+	r.SharedGpuS = s.SharedGpuSeconds
 	r.MaxSharingRuns = s.MaxSharingRuns
-	r.User = s.User
-	if s.HasUID {
-		uid := s.UID
-		r.Uid = &uid
+	r.User = start0.GetUser()
+	if start0 != nil {
+		r.Uid = ptr32(start0.GetUid())
 	}
 	r.LostReasons = s.LossReasons()
 	s.hostEnergy(r)
@@ -1028,14 +758,14 @@ func (s *State) rates(r *trainmeterv1.RunReport, measuredS float64) knownRates {
 // hostEnergy sets the run's CPU, DRAM and node energy: node energy is the
 // GPUs' whole-run energy plus CPU plus DRAM, known only where the CPU's is.
 func (s *State) hostEnergy(r *trainmeterv1.RunReport) {
-	if !s.HasHostCPU {
+	if !s.HasHostCpu {
 		return
 	}
-	r.CpuEnergyJ = ptr(s.HostCPUEnergyJ)
-	node := r.EnergyTotalJ + s.HostCPUEnergyJ
-	if s.HasHostDRAM {
-		r.DramEnergyJ = ptr(s.HostDRAMEnergyJ)
-		node += s.HostDRAMEnergyJ
+	r.CpuEnergyJ = ptr(s.HostCpuEnergyJ)
+	node := r.EnergyTotalJ + s.HostCpuEnergyJ
+	if s.HasHostDram {
+		r.DramEnergyJ = ptr(s.HostDramEnergyJ)
+		node += s.HostDramEnergyJ
 	}
 	r.NodeEnergyJ = ptr(node)
 	r.HostEnergySplit = ShareMethod(s.HostSplits)
@@ -1045,13 +775,13 @@ func (s *State) hostEnergy(r *trainmeterv1.RunReport) {
 // from, at p's prices now: for a run with no GPU time booked (bookedCompute).
 // Each node's GPU-seconds are priced at that node's price (the
 // run_start price for all, else the node's configured price, else the
-// catalog's, else the default); GPU-seconds folded before the aggregate kept
-// them per node are priced at the starting node's. A run with any GPU-time
-// that has no price has no compute cost.
+// catalog's, else the default); a run with no GPU time yet gets the starting
+// node's price. A run with any GPU-time that has no price has no compute
+// cost.
 func (s *State) priceCompute(p Pricing, r *trainmeterv1.RunReport) {
 	names := make([]string, 0, len(s.Nodes))
 	for name, n := range s.Nodes {
-		if n.GPUSeconds > 0 {
+		if n.GpuSeconds > 0 {
 			names = append(names, name)
 		}
 	}
@@ -1060,19 +790,17 @@ func (s *State) priceCompute(p Pricing, r *trainmeterv1.RunReport) {
 		node    string
 		seconds float64
 	}
-	shares := make([]share, 0, len(names)+1)
-	var perNode float64
+	shares := make([]share, 0, max(1, len(names)))
 	for _, name := range names {
-		shares = append(shares, share{name, s.Nodes[name].GPUSeconds})
-		perNode += s.Nodes[name].GPUSeconds
+		shares = append(shares, share{name, s.Nodes[name].GpuSeconds})
 	}
-	if rest := s.GPUSeconds - perNode; rest > 1e-9*max(1, s.GPUSeconds) || len(shares) == 0 {
-		shares = append(shares, share{s.StartNode, max(0, rest)})
+	if len(shares) == 0 {
+		shares = append(shares, share{s.StartNode, 0})
 	}
 	var usd, first float64
 	source := ""
 	for _, sh := range shares {
-		price, src, ok := p.GPUPrice(s.GPUPricePerHour, sh.node, s.GPUName)
+		price, src, ok := p.GPUPrice(s.GetRunStart().GetGpuPricePerHour(), sh.node, s.GetRunStart().GetGpuName())
 		if !ok {
 			return
 		}
@@ -1110,19 +838,21 @@ func (s *State) energyNow(p Pricing, r *trainmeterv1.RunReport) {
 
 func ptr(v float64) *float64 { return &v }
 
+func ptr32(v uint32) *uint32 { return &v }
+
 // epochsDone is samples / dataset_size, else steps × planned_epochs /
 // planned_steps, else the latest eval's epoch.
 func (s *State) epochsDone() (float64, bool) {
-	pl := s.Plan
+	pl := s.GetRunStart()
 	switch {
-	case pl.DatasetSize > 0 && s.Samples > 0:
-		return float64(s.Samples) / float64(pl.DatasetSize), true
-	case pl.PlannedEpochs > 0 && pl.PlannedSteps > 0 && s.Steps > 0:
-		return float64(s.Steps) * float64(pl.PlannedEpochs) / float64(pl.PlannedSteps), true
+	case pl.GetDatasetSize() > 0 && s.Samples > 0:
+		return float64(s.Samples) / float64(pl.GetDatasetSize()), true
+	case pl.GetPlannedEpochs() > 0 && pl.GetPlannedSteps() > 0 && s.Steps > 0:
+		return float64(s.Steps) * float64(pl.GetPlannedEpochs()) / float64(pl.GetPlannedSteps()), true
 	}
 	var e int64
 	for _, ev := range s.Evals {
-		e = max(e, ev.Epoch)
+		e = max(e, ev.GetEpoch())
 	}
 	return float64(e), e > 0
 }
@@ -1130,8 +860,8 @@ func (s *State) epochsDone() (float64, bool) {
 // lastAccuracy is the accuracy of the latest eval that has one.
 func (s *State) lastAccuracy() (float64, bool) {
 	for i := len(s.Evals) - 1; i >= 0; i-- {
-		if s.Evals[i].HasAccuracy {
-			return s.Evals[i].Accuracy, true
+		if s.Evals[i].GetHasAccuracy() {
+			return s.Evals[i].GetAccuracy(), true
 		}
 	}
 	return 0, false
@@ -1142,7 +872,7 @@ func (s *State) lastAccuracy() (float64, bool) {
 func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64, k knownRates) {
 	total := r.GetTotalCostUsd()
 	priced := total > 0
-	pl := s.Plan
+	pl := s.GetRunStart()
 	r.Samples = s.Samples
 	if s.Tokens > 0 && r.TotalCostUsd != nil {
 		r.UsdPerMtok = ptr(total / float64(s.Tokens) * 1e6)
@@ -1175,7 +905,7 @@ func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64, k knownRat
 	}
 
 	projected := total
-	prog, hasPlan := cost.PlanProgress(s.Tokens, pl.PlannedTokens, s.Steps, pl.PlannedSteps, epochs, pl.PlannedEpochs)
+	prog, hasPlan := cost.PlanProgress(s.Tokens, pl.GetPlannedTokens(), s.Steps, pl.GetPlannedSteps(), epochs, pl.GetPlannedEpochs())
 	if hasPlan {
 		r.ProjectionBasis = prog.Basis
 		r.Progress = ptr(prog.Fraction())
@@ -1186,10 +916,10 @@ func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64, k knownRat
 			rate = r.GetTokPerS()
 		case prog.Basis == "steps":
 			rate = stepsPerS
-		case pl.DatasetSize > 0 && measuredS > 0:
-			rate = float64(s.SamplesMeasured) / measuredS / float64(pl.DatasetSize)
-		case pl.PlannedSteps > 0:
-			rate = stepsPerS * float64(pl.PlannedEpochs) / float64(pl.PlannedSteps)
+		case pl.GetDatasetSize() > 0 && measuredS > 0:
+			rate = float64(s.SamplesMeasured) / measuredS / float64(pl.GetDatasetSize())
+		case pl.GetPlannedSteps() > 0:
+			rate = stepsPerS * float64(pl.GetPlannedEpochs()) / float64(pl.GetPlannedSteps())
 		}
 		var remaining float64
 		projected, remaining = cost.Forecast(prog, rate, r.WallS, total, r.Ended)
@@ -1201,19 +931,19 @@ func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64, k knownRat
 		r.ProjectedCostUsd = &projected
 	}
 	switch {
-	case pl.DatasetSize > 0 && s.SamplesMeasured > 0 && measuredS > 0:
-		r.EpochS = ptr(float64(pl.DatasetSize) / (float64(s.SamplesMeasured) / measuredS))
-	case pl.PlannedEpochs > 0 && pl.PlannedSteps > 0 && stepsPerS > 0:
-		r.EpochS = ptr(float64(pl.PlannedSteps) / float64(pl.PlannedEpochs) / stepsPerS)
+	case pl.GetDatasetSize() > 0 && s.SamplesMeasured > 0 && measuredS > 0:
+		r.EpochS = ptr(float64(pl.GetDatasetSize()) / (float64(s.SamplesMeasured) / measuredS))
+	case pl.GetPlannedEpochs() > 0 && pl.GetPlannedSteps() > 0 && stepsPerS > 0:
+		r.EpochS = ptr(float64(pl.GetPlannedSteps()) / float64(pl.GetPlannedEpochs()) / stepsPerS)
 	}
-	peak, hasPeak := cost.PeakTFLOPS(s.GPUName, s.Metadata.Precision)
+	peak, hasPeak := cost.PeakTFLOPS(s.GetRunStart().GetGpuName(), s.GetRunStart().GetMetadata().GetPrecision())
 	if hasPeak {
 		r.PeakTflops = ptr(peak)
 	}
-	if pl.Params == 0 {
+	if pl.GetParams() == 0 {
 		return
 	}
-	params := float64(pl.Params)
+	params := float64(pl.GetParams())
 	if s.Tokens > 0 {
 		r.FlopsTotal = ptr(cost.TrainingFLOPs(params, float64(s.Tokens)))
 		if s.Steps > 0 {

@@ -2,7 +2,6 @@ package aggregate
 
 import (
 	"math/rand"
-	"reflect"
 	"strconv"
 	"testing"
 	"time"
@@ -212,12 +211,12 @@ func TestCostEnergyCO2(t *testing.T) {
 		t.Errorf("co2 = %v", r.Co2Kg)
 	}
 	// run_start price wins over the configured default.
-	s.GPUPricePerHour = 3
+	s.RunStart.GpuPricePerHour = 3
 	if r := s.Report(Pricing{GPUPricePerHour: 2}); r.GetCostUsd() != 6 || r.EnergyCostUsd != nil || r.Co2Kg != nil {
 		t.Errorf("run_start price: cost = %v", r.CostUsd)
 	}
 	// No price anywhere: unknown.
-	s.GPUPricePerHour = 0
+	s.RunStart.GpuPricePerHour = 0
 	if r := s.Report(Pricing{}); r.CostUsd != nil || r.UsdPerMtok != nil {
 		t.Errorf("no price: %v %v", r.CostUsd, r.GetUsdPerMtok())
 	}
@@ -401,7 +400,7 @@ func TestPlanComesFromTheWinningStartAndSurvivesSerialisation(t *testing.T) {
 	late := &trainmeterv1.RunStart{RunId: "r1", Time: ts(5), BudgetScope: "late", PlannedTokens: 1,
 		Labels: map[string]string{"team": "other"}}
 	early := &trainmeterv1.RunStart{RunId: "r1", Time: ts(1), BudgetScope: "llama", PlannedSteps: 5000,
-		PlannedTokens: 1 << 30, PlannedEpochs: 3, Params: 8e9, DatasetSize: 50000, NumWorkers: 6,
+		PlannedTokens: 1 << 30, PlannedEpochs: 3, Params: 8e9, DatasetSize: 50000, NumWorkers: 6, HasNumWorkers: true,
 		PrefetchFactor: 2, TargetGpuUtilization: 0.9, MaxRamUsage: 0.7, AdjustmentInterval: 25,
 		Labels: map[string]string{"team": "nlp", "priority": "high"}}
 	s.AddStart("b", late)
@@ -416,12 +415,12 @@ func TestPlanComesFromTheWinningStartAndSurvivesSerialisation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Plan{BudgetScope: "llama", PlannedSteps: 5000, PlannedTokens: 1 << 30, PlannedEpochs: 3,
-		Params: 8e9, DatasetSize: 50000, NumWorkers: 6, PrefetchFactor: 2, TargetGPUUtilization: 0.9,
-		MaxRAMUsage: 0.7, AdjustmentInterval: 25, Labels: map[string]string{"team": "nlp", "priority": "high"},
-		HasNumWorkers: true} // an agent before has_num_workers: a non-zero count is given
-	if !reflect.DeepEqual(got.Plan, want) {
-		t.Fatalf("plan\n got %+v\nwant %+v", got.Plan, want)
+	want := &trainmeterv1.RunStart{RunId: "r1", Time: ts(1), BudgetScope: "llama", PlannedSteps: 5000, PlannedTokens: 1 << 30, PlannedEpochs: 3,
+		Params: 8e9, DatasetSize: 50000, NumWorkers: 6, PrefetchFactor: 2, TargetGpuUtilization: 0.9,
+		MaxRamUsage: 0.7, AdjustmentInterval: 25, Labels: map[string]string{"team": "nlp", "priority": "high"},
+		HasNumWorkers: true}
+	if !proto.Equal(got.RunStart, want) {
+		t.Fatalf("plan\n got %v\nwant %v", got.RunStart, want)
 	}
 }
 
@@ -439,19 +438,19 @@ func TestZeroNumWorkersGivenIsKept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !got.Plan.HasNumWorkers || got.Plan.NumWorkers != 0 {
-		t.Errorf("after the store: num_workers %d given %v, want 0 given", got.Plan.NumWorkers, got.Plan.HasNumWorkers)
+	if !got.RunStart.HasNumWorkers || got.RunStart.NumWorkers != 0 {
+		t.Errorf("after the store: num_workers %d given %v, want 0 given", got.RunStart.NumWorkers, got.RunStart.HasNumWorkers)
 	}
 
 	filled := New("r2")
 	filled.AddStart("a", &trainmeterv1.RunStart{RunId: "r2", Time: ts(0)})
-	if filled.Plan.HasNumWorkers {
+	if filled.RunStart.HasNumWorkers {
 		t.Fatal("a start without num_workers gave it")
 	}
 	filled.AddStart("a", &trainmeterv1.RunStart{RunId: "r2", Time: ts(0), NumWorkers: 0, HasNumWorkers: true})
 	filled.AddStart("a", &trainmeterv1.RunStart{RunId: "r2", Time: ts(0), NumWorkers: 4, HasNumWorkers: true})
-	if !filled.Plan.HasNumWorkers || filled.Plan.NumWorkers != 0 {
-		t.Errorf("filled: num_workers %d given %v, want the first copy's 0", filled.Plan.NumWorkers, filled.Plan.HasNumWorkers)
+	if !filled.RunStart.HasNumWorkers || filled.RunStart.NumWorkers != 0 {
+		t.Errorf("filled: num_workers %d given %v, want the first copy's 0", filled.RunStart.NumWorkers, filled.RunStart.HasNumWorkers)
 	}
 }
 
@@ -545,12 +544,12 @@ func TestRepeatedStartFillsMissingMetadata(t *testing.T) {
 	s.AddStart("a", &trainmeterv1.RunStart{RunId: "r1", Time: ts(0), Params: 7e9, GpuName: "H100",
 		Metadata: &trainmeterv1.RunMetadata{Model: "sim-model", Dataset: "synthetic", BatchSize: 4, HasBatchSize: true},
 		Labels:   map[string]string{"team": "vision", "exp": "7"}})
-	m := s.Metadata
+	m := s.RunStart.Metadata
 	if m.Model != "cli-model" || m.Dataset != "synthetic" || !m.HasBatchSize || m.BatchSize != 4 {
 		t.Errorf("metadata %+v: want the first start's model, the filled dataset and batch size", m)
 	}
-	if s.Plan.Params != 7e9 || s.GPUName != "H100" || s.Plan.Labels["team"] != "nlp" || s.Plan.Labels["exp"] != "7" {
-		t.Errorf("params %d gpu %q labels %v", s.Plan.Params, s.GPUName, s.Plan.Labels)
+	if s.RunStart.Params != 7e9 || s.GetRunStart().GetGpuName() != "H100" || s.RunStart.Labels["team"] != "nlp" || s.RunStart.Labels["exp"] != "7" {
+		t.Errorf("params %d gpu %q labels %v", s.RunStart.Params, s.GetRunStart().GetGpuName(), s.RunStart.Labels)
 	}
 	if r := s.Report(Pricing{}); r.Ended || r.WallS != 1 {
 		t.Errorf("the repeated start moved the run: ended %v wall %v", r.Ended, r.WallS)

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/pkg/cost"
+	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -28,36 +29,12 @@ type Pricer interface {
 	PriorityMultiplier(labels map[string]string) float64
 }
 
-// Booking is the cost booked as windows were folded with a Pricer.
-// GPU-seconds and joules booked without a price are counted apart: a run
-// with any of them has no compute (or energy) cost, as when it was booked.
-type Booking struct {
-	// GPU time booked (priced or not), of it without a price, the USD of
-	// the priced part and where its prices came from (sorted).
-	GPUSeconds         float64  `json:"gpu_seconds,omitempty"`
-	UnpricedGPUSeconds float64  `json:"unpriced_gpu_seconds,omitempty"`
-	ComputeUSD         float64  `json:"compute_usd,omitempty"`
-	PriceSources       []string `json:"price_sources,omitempty"`
-	// GPU energy booked (J, as measured), of it without an energy price,
-	// the USD of the rest; per tariff band ("flat" for a flat price) the
-	// facility joules (PUE included) and their USD; joules booked while
-	// the GPU price included energy.
-	EnergyJ         float64            `json:"energy_j,omitempty"`
-	UnpricedEnergyJ float64            `json:"unpriced_energy_j,omitempty"`
-	EnergyUSD       float64            `json:"energy_usd,omitempty"`
-	BandJ           map[string]float64 `json:"band_j,omitempty"`
-	BandUSD         map[string]float64 `json:"band_usd,omitempty"`
-	IncludedEnergyJ float64            `json:"included_energy_j,omitempty"`
-	// PriorityMultiplier of the run's labels, locked at the first window
-	// booked after its run_start; 0: none locked yet.
-	PriorityMultiplier float64 `json:"priority_multiplier,omitempty"`
-	// The latest Reprice: when (Unix ns), the run's compute and total cost
-	// just before (nil: the run had none), and why.
-	Repriced             bool     `json:"repriced,omitempty"`
-	RepricedAt           int64    `json:"repriced_at,omitempty"`
-	PreviousCostUSD      *float64 `json:"previous_cost_usd,omitempty"`
-	PreviousTotalCostUSD *float64 `json:"previous_total_cost_usd,omitempty"`
-	RepriceReason        string   `json:"reprice_reason,omitempty"`
+// booked is the run's booking, made on first use.
+func (s *State) booked() *storev1.Booking {
+	if s.Booked == nil {
+		s.Booked = &storev1.Booking{}
+	}
+	return s.Booked
 }
 
 // WindowPrice is what a window was booked at, for its stored record
@@ -96,25 +73,25 @@ func windowSpan(w *trainmeterv1.RunWindow) (time.Time, time.Time) {
 // (AddWindowBooked), at p's prices now, and returns them. nodeGPU names the
 // node's GPU for a run whose run_start named none.
 func (s *State) BookPrice(node string, w *trainmeterv1.RunWindow, p Pricer, nodeGPU string) WindowPrice {
-	b := &s.Booked
+	b := s.booked()
 	var wp WindowPrice
 	if b.PriorityMultiplier == 0 && s.HasStart {
-		b.PriorityMultiplier = p.PriorityMultiplier(s.Plan.Labels)
+		b.PriorityMultiplier = p.PriorityMultiplier(s.GetRunStart().GetLabels())
 	}
-	gpuName := s.GPUName
+	gpuName := s.GetRunStart().GetGpuName()
 	if gpuName == "" {
 		gpuName = nodeGPU
 	}
 	gs := w.GetGpuSeconds()
-	b.GPUSeconds += gs
-	if price, src, ok := p.GPUPrice(s.GPUPricePerHour, node, gpuName); ok {
+	b.GpuSeconds += gs
+	if price, src, ok := p.GPUPrice(s.GetRunStart().GetGpuPricePerHour(), node, gpuName); ok {
 		wp.HasGPUPrice, wp.USDPerGPUHour, wp.Source = true, price, src
-		b.ComputeUSD += gs / 3600 * price
+		b.ComputeUsd += gs / 3600 * price
 		if gs > 0 {
-			b.addSource(src)
+			addSource(b, src)
 		}
 	} else {
-		b.UnpricedGPUSeconds += gs
+		b.UnpricedGpuSeconds += gs
 	}
 
 	energy := w.GetEnergyIntegratedJ()
@@ -128,10 +105,10 @@ func (s *State) BookPrice(node string, w *trainmeterv1.RunWindow, p Pricer, node
 		perJ += usd
 		if energy > 0 {
 			if b.BandJ == nil {
-				b.BandJ, b.BandUSD = map[string]float64{}, map[string]float64{}
+				b.BandJ, b.BandUsd = map[string]float64{}, map[string]float64{}
 			}
 			b.BandJ[band] += j * energy
-			b.BandUSD[band] += usd * energy
+			b.BandUsd[band] += usd * energy
 		}
 	})
 	switch {
@@ -142,12 +119,12 @@ func (s *State) BookPrice(node string, w *trainmeterv1.RunWindow, p Pricer, node
 		b.IncludedEnergyJ += energy
 	default:
 		wp.HasEnergyPrice, wp.USDPerJoule = true, perJ
-		b.EnergyUSD += energy * perJ
+		b.EnergyUsd += energy * perJ
 	}
 	return wp
 }
 
-func (b *Booking) addSource(src string) {
+func addSource(b *storev1.Booking, src string) {
 	if i, found := slices.BinarySearch(b.PriceSources, src); !found {
 		b.PriceSources = slices.Insert(b.PriceSources, i, src)
 	}
@@ -160,18 +137,18 @@ func tiny(part, whole float64) bool { return part <= 1e-9*math.Max(1, whole) }
 // was booked (a run with no GPU time yet, or folded without a Pricer),
 // whose cost is priced now (priceCompute).
 func (s *State) bookedCompute(p Pricing, r *trainmeterv1.RunReport) bool {
-	b := &s.Booked
-	if b.GPUSeconds == 0 && !b.Repriced {
+	b := s.GetBooked()
+	if b == nil || (b.GpuSeconds == 0 && !b.Repriced) {
 		return false
 	}
-	if !tiny(b.UnpricedGPUSeconds, s.GPUSeconds) {
+	if !tiny(b.UnpricedGpuSeconds, s.GpuSeconds) {
 		return true // some GPU time had no price when it was booked
 	}
-	usd := b.ComputeUSD
+	usd := b.ComputeUsd
 	sources := slices.Clone(b.PriceSources)
-	if rest := s.GPUSeconds - b.GPUSeconds; !tiny(rest, s.GPUSeconds) {
+	if rest := s.GpuSeconds - b.GpuSeconds; !tiny(rest, s.GpuSeconds) {
 		// Folded before the store priced windows: priced now.
-		price, src, ok := p.GPUPrice(s.GPUPricePerHour, s.StartNode, s.GPUName)
+		price, src, ok := p.GPUPrice(s.GetRunStart().GetGpuPricePerHour(), s.StartNode, s.GetRunStart().GetGpuName())
 		if !ok {
 			return true
 		}
@@ -197,15 +174,15 @@ func (s *State) bookedCompute(p Pricing, r *trainmeterv1.RunReport) bool {
 // bookedEnergy sets the energy cost from the booked energy cost; false when
 // no energy was booked (priced now by the caller).
 func (s *State) bookedEnergy(p Pricing, r *trainmeterv1.RunReport) bool {
-	b := &s.Booked
-	if b.EnergyJ == 0 {
+	b := s.GetBooked()
+	if b == nil || b.EnergyJ == 0 {
 		return false
 	}
 	if !tiny(b.UnpricedEnergyJ, s.EnergyTotal) {
 		return true
 	}
-	usd := b.EnergyUSD
-	bandJ, bandUSD := b.BandJ, b.BandUSD
+	usd := b.EnergyUsd
+	bandJ, bandUSD := b.BandJ, b.BandUsd
 	if rest := s.EnergyTotal - b.EnergyJ; !tiny(rest, s.EnergyTotal) {
 		// Folded before the store priced windows: priced now.
 		restUSD, bands, ok := p.EnergyCost(nil, rest)
@@ -247,15 +224,15 @@ func maps2(m map[string]float64) map[string]float64 {
 
 // reprice sets the report's reprice fields.
 func (s *State) reprice(r *trainmeterv1.RunReport) {
-	b := &s.Booked
-	if !b.Repriced {
+	b := s.GetBooked()
+	if !b.GetRepriced() {
 		return
 	}
 	r.RepricedAt = timestamppb.New(time.Unix(0, b.RepricedAt).UTC())
-	if v := b.PreviousCostUSD; v != nil {
+	if v := b.PreviousCostUsd; v != nil {
 		r.PreviousCostUsd = ptr(*v)
 	}
-	if v := b.PreviousTotalCostUSD; v != nil {
+	if v := b.PreviousTotalCostUsd; v != nil {
 		r.PreviousTotalCostUsd = ptr(*v)
 	}
 	r.RepriceReason = b.RepriceReason
@@ -279,25 +256,25 @@ type Repricing struct {
 // just before (its cost_usd and total_cost_usd are kept as the previous
 // cost).
 func (s *State) Reprice(previous *trainmeterv1.RunReport, r Repricing) {
-	b := &s.Booked
+	b := s.booked()
 	if r.Whole {
-		b.GPUSeconds, b.UnpricedGPUSeconds = s.GPUSeconds, 0
-		b.ComputeUSD = s.GPUSeconds / 3600 * r.USDPerGPUHour
+		b.GpuSeconds, b.UnpricedGpuSeconds = s.GpuSeconds, 0
+		b.ComputeUsd = s.GpuSeconds / 3600 * r.USDPerGPUHour
 		b.PriceSources = []string{cost.SourceRepriced}
 	} else {
-		b.GPUSeconds += r.UnbookedS
-		b.UnpricedGPUSeconds = max(0, b.UnpricedGPUSeconds-r.UnpricedS)
-		b.ComputeUSD += r.GPUSeconds/3600*r.USDPerGPUHour - r.BookedUSD
+		b.GpuSeconds += r.UnbookedS
+		b.UnpricedGpuSeconds = max(0, b.UnpricedGpuSeconds-r.UnpricedS)
+		b.ComputeUsd += r.GPUSeconds/3600*r.USDPerGPUHour - r.BookedUSD
 		if r.GPUSeconds > 0 {
-			b.addSource(cost.SourceRepriced)
+			addSource(b, cost.SourceRepriced)
 		}
 	}
 	b.Repriced, b.RepricedAt, b.RepriceReason = true, r.At, r.Reason
-	b.PreviousCostUSD, b.PreviousTotalCostUSD = nil, nil
+	b.PreviousCostUsd, b.PreviousTotalCostUsd = nil, nil
 	if previous.CostUsd != nil {
-		b.PreviousCostUSD = ptr(previous.GetCostUsd())
+		b.PreviousCostUsd = ptr(previous.GetCostUsd())
 	}
 	if previous.TotalCostUsd != nil {
-		b.PreviousTotalCostUSD = ptr(previous.GetTotalCostUsd())
+		b.PreviousTotalCostUsd = ptr(previous.GetTotalCostUsd())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -74,14 +75,13 @@ func (s *State) Admit(node string, ev *trainmeterv1.RunStart, now time.Time) Adm
 	a := s.admission(node, t, ev.GetResume() || ev.GetResumeRequested(), now)
 	if a == AdmitRefused {
 		if s.RefusedStarts == nil {
-			s.RefusedStarts = map[string]RefusedStart{}
+			s.RefusedStarts = map[string]*RefusedStart{}
 		}
-		r, ok := s.RefusedStarts[node]
-		if !ok {
-			r = RefusedStart{First: t, Latest: t}
+		r := &RefusedStart{First: t, Latest: t}
+		if was, ok := s.RefusedStarts[node]; ok {
+			r.First, r.Latest = min(was.First, t), max(was.Latest, t)
 		}
-		r.First, r.Latest = min(r.First, t), max(r.Latest, t)
-		s.RefusedStarts[node] = r
+		s.RefusedStarts[node] = r // a new one: RefusedOn's results stay as they were
 		return a
 	}
 	if r, ok := s.RefusedStarts[node]; ok && t > r.Latest {
@@ -93,10 +93,7 @@ func (s *State) Admit(node string, ev *trainmeterv1.RunStart, now time.Time) Adm
 // RefusedStart is a node's refused starts of a run (Unix ns): its records
 // of the run from First on are dropped; Latest is the start its agent's
 // run has now, which a refusal sent to the agent names.
-type RefusedStart struct {
-	First  int64 `json:"first"`
-	Latest int64 `json:"latest"`
-}
+type RefusedStart = storev1.RefusedStart
 
 // LateJoinGrace is how long after the collector first holds a run ended on
 // every node a start dated before that end still joins from a node that
@@ -143,12 +140,12 @@ func (s *State) StartedOn(node string) bool {
 // ended since its latest start.
 func (s *State) LiveOn(node string) bool {
 	n := s.Nodes[node]
-	return n != nil && n.Started && !n.ended()
+	return n != nil && n.Started && !nodeEnded(n)
 }
 
 // RefusedOn returns node's refused starts of the run, if its records are
 // being dropped.
-func (s *State) RefusedOn(node string) (RefusedStart, bool) {
+func (s *State) RefusedOn(node string) (*RefusedStart, bool) {
 	r, ok := s.RefusedStarts[node]
 	return r, ok
 }
@@ -183,7 +180,7 @@ func (s *State) RefusalReason() string {
 	return fmt.Sprintf("run_start: run %q already ended at %s on %s (%s); "+
 		"to start a new run use a new run_id, or to continue this one send resume=true "+
 		"(Python: trainmeter.start(..., resume=True); trainmeter run --resume)",
-		s.RunID, time.Unix(0, s.endNanos()).UTC().Format(time.RFC3339), where, st)
+		s.RunId, time.Unix(0, s.endNanos()).UTC().Format(time.RFC3339), where, st)
 }
 
 // Admission is what ev, a RunStart, would do to the run, without recording
@@ -207,7 +204,7 @@ func (s *State) NoteEnded(now time.Time) {
 // has ended there since the node's latest start.
 func (s *State) EndedOn(node string) (int64, bool) {
 	n := s.Nodes[node]
-	if n == nil || !n.Started || !n.ended() {
+	if n == nil || !n.Started || !nodeEnded(n) {
 		return 0, false
 	}
 	return n.EndMax, true

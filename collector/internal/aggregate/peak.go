@@ -63,7 +63,7 @@ func (s *State) foldBuckets() {
 	// that has not ended is past b, or b < MaxBucket-PeakMaxLag.
 	minActive := int64(math.MaxInt64)
 	for _, n := range s.Nodes {
-		if n.ended() {
+		if nodeEnded(n) {
 			continue
 		}
 		if !n.HasWindow {

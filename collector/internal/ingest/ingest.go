@@ -221,10 +221,7 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 		return status.Errorf(codes.InvalidArgument, "bad hello: %v", err)
 	}
 	node, boot := hello.GetNode(), hello.GetBootId()
-	// An agent that does not say its loss records name their batch's
-	// window (older versions) keeps a dedup mark per batch: those records
-	// can find a batch by nothing else.
-	sender := storage.Sender{Node: node, Boot: boot, LegacyLosses: !hello.GetLossWindowStart()}
+	sender := storage.Sender{Node: node, Boot: boot}
 	log := s.log.With("node", node, "boot", boot)
 	if err := s.store.PutHello(hello); err != nil {
 		log.Error("store hello", "err", err)

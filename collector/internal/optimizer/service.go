@@ -80,15 +80,15 @@ func (s *Service) Recommend(_ context.Context, req *trainmeterv1.RecommendReques
 	}
 	runs := make([]recommend.Run, 0, len(all))
 	for _, st := range all {
-		r := recommend.Run{Report: st.Report(s.pricing), PlannedEpochs: st.Plan.PlannedEpochs, DatasetSize: st.Plan.DatasetSize}
+		r := recommend.Run{Report: st.Report(s.pricing), PlannedEpochs: st.GetRunStart().GetPlannedEpochs(), DatasetSize: st.GetRunStart().GetDatasetSize()}
 		if cost.Failed(r.Report) {
 			// A run that failed (error, non-zero exit, signal, lost) stopped
 			// part-way for reasons of its own: neither a baseline for others
 			// nor worth advice on how to finish.
 			continue
 		}
-		for node, idx := range st.GPUs {
-			for _, i := range idx {
+		for node, ns := range st.Nodes {
+			for _, i := range ns.Gpus {
 				if g := gpuInfo[node][i]; g != nil {
 					if m := float64(g.GetMemoryTotalMib()); m > 0 && (r.GPUMemoryMiB == 0 || m < r.GPUMemoryMiB) {
 						r.GPUMemoryMiB = m

@@ -53,7 +53,7 @@ func (s *Server) Reprice(_ context.Context, req *trainmeterv1.RepriceRequest) (*
 		ids = ids[:0]
 		for _, st := range runs {
 			if st.HasWindow && st.WindowEnd > since.UnixNano() {
-				ids = append(ids, st.RunID)
+				ids = append(ids, st.RunId)
 			}
 		}
 	}

@@ -274,7 +274,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 			resp.Events = append(resp.Events, &trainmeterv1.TimelineEvent{Time: resp.WarmupEnd, Kind: "warmup_end", Text: "measured phase starts"})
 		}
 	}
-	recorded, err := s.recordedEvents(req.GetRunId(), agg.GPUName, first, last)
+	recorded, err := s.recordedEvents(req.GetRunId(), agg.GetRunStart().GetGpuName(), first, last)
 	if err != nil {
 		return nil, s.storeErr(err)
 	}

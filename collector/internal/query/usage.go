@@ -107,7 +107,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	}
 	byRun := make(map[string]*aggregate.State, len(runs))
 	for _, r := range runs {
-		byRun[r.RunID] = r
+		byRun[r.RunId] = r
 	}
 	groups := map[string]*usageAcc{}
 	nodes := map[string]*trainmeterv1.NodeUsage{}
@@ -166,21 +166,21 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			case r == nil:
 				keys[i] = none
 			case b == "model":
-				keys[i] = r.Metadata.Model
+				keys[i] = r.GetRunStart().GetMetadata().GetModel()
 				if keys[i] == "" {
 					keys[i] = UnlabeledKey
 				}
 			case b == "user":
 				switch {
-				case r.User != "":
-					keys[i] = r.User
-				case r.HasUID:
-					keys[i] = "uid " + strconv.Itoa(int(r.UID))
+				case r.GetRunStart().GetUser() != "":
+					keys[i] = r.GetRunStart().GetUser()
+				case r.GetRunStart() != nil:
+					keys[i] = "uid " + strconv.Itoa(int(r.GetRunStart().GetUid()))
 				default:
 					keys[i] = UnlabeledKey
 				}
 			default:
-				v, ok := r.Plan.Labels[strings.TrimPrefix(b, "label:")]
+				v, ok := r.GetRunStart().GetLabels()[strings.TrimPrefix(b, "label:")]
 				if !ok || v == "" {
 					v = UnlabeledKey
 				}
@@ -228,9 +228,9 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		var price float64
 		name := gpuNames[node]
 		if r != nil {
-			price = r.GPUPricePerHour
-			if r.GPUName != "" {
-				name = r.GPUName
+			price = r.GetRunStart().GetGpuPricePerHour()
+			if r.GetRunStart().GetGpuName() != "" {
+				name = r.GetRunStart().GetGpuName()
 			}
 		}
 		shares := w.GetGpuShares()

@@ -134,14 +134,9 @@ func (e *NotFoundError) Error() string {
 func (e *NotFoundError) Unwrap() error { return ErrNotFound }
 
 // Sender is who sent a batch: the node and its agent's boot (from the
-// stream's Hello), and what that agent's loss records can be checked by.
+// stream's Hello).
 type Sender struct {
 	Node, Boot string
-	// LegacyLosses: the agent's in-doubt loss records do not name their
-	// batch's window start (its Hello lacks loss_window_start: an agent
-	// from before that field). Its batches keep a b/ mark, the only thing
-	// such a record can find them by.
-	LegacyLosses bool
 }
 
 // Refusal is a start the store refused, or a refused start whose node sent

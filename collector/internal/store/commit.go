@@ -1,10 +1,7 @@
 package store
 
 import (
-	"encoding/binary"
 	"errors"
-	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -250,7 +247,7 @@ func (g *groupAggs) nodeEntry(txn *badger.Txn, node string) (*nodeEntry, error) 
 func (g *groupAggs) write(txn *badger.Txn) error {
 	for _, r := range g.order {
 		st := g.state[r]
-		if len(st.Nodes) <= 1 && !st.NodesApart() {
+		if len(st.Nodes) <= 1 && !st.GetNodesApart() {
 			// One node (most runs): one value, as cheap as it gets.
 			v, err := st.Marshal()
 			if err != nil {
@@ -399,127 +396,6 @@ type nodeEntry struct {
 	savedBoot string
 
 	pending bool // saved in the transaction now being committed
-
-	// What the node's records say of boot seqBoot (when seqKnown), so that
-	// most batches are known new without a lookup (a read per batch
-	// through every memtable and level): agents number their batches
-	// upwards. Every batch of seqBoot applied so far that has a b/ mark,
-	// or whose r/ record starts in [scanFrom, scanTo], has seq <= maxSeq.
-	// foreignTo: the latest start of an r/ record of another boot in that
-	// span (when foreign), which a batch of seqBoot may land on.
-	seqKnown         bool
-	seqBoot          string
-	maxSeq           uint64
-	scanFrom, scanTo uint64 // startVal
-	foreign          bool
-	foreignTo        uint64
-}
-
-// recordScanLimit bounds the r/ records one cold node entry reads. Normally
-// there are none or a few past the batch that makes it (the batches applied
-// but not acked before a collector restart); past the limit (a boot replayed
-// from far back) the batches beyond are looked up one by one.
-const recordScanLimit = 256
-
-// applied reports whether the batch (boot, seq) starting at start, whose b/
-// mark is dk and r/ key rk (nil: it has no r/ record), was applied before,
-// and notes it as applied when it was not (the caller applies it in txn; a
-// failed commit drops the entry, see finish). displaced is the boot of an
-// r/ record at rk of another boot, which the batch's record replaces.
-//
-// Why "seq > maxSeq, start in [scanFrom, scanTo] ⇒ new" is exact: had the
-// batch been applied before the scan, its b/ mark would be in the b/ scan or
-// its r/ record, at start within the span, in the r/ scan, either raising
-// maxSeq to seq or above; applied since, it went through this entry, which
-// raised maxSeq (a batch of another boot rescans; a failed commit, a
-// collector restart or an eviction from the cache starts a new entry). No
-// order of start and seq is assumed: a batch outside the span (a clock
-// stepped back) is looked up.
-func (e *nodeEntry) applied(txn *badger.Txn, boot string, seq, start uint64, dk, rk []byte) (dup bool, displaced string, err error) {
-	if !e.seqKnown || e.seqBoot != boot {
-		if err := e.scan(txn, boot, start); err != nil {
-			return false, "", err
-		}
-	}
-	if seq > e.maxSeq && start >= e.scanFrom && start <= e.scanTo {
-		if rk != nil && e.foreign && start <= e.foreignTo {
-			// dup is not possible by the above; never apply twice.
-			if dup, displaced, err = recordAt(txn, boot, rk); dup || err != nil {
-				return dup, "", err
-			}
-		}
-		e.maxSeq = seq
-		return false, displaced, nil
-	}
-	// displaced: "" when none, or from an earlier version, which has its mark.
-	if dup, displaced, err = lookupApplied(txn, boot, dk, rk); dup || err != nil {
-		return dup, "", err
-	}
-	e.maxSeq = max(e.maxSeq, seq)
-	return false, displaced, nil
-}
-
-// scan sets the entry for boot from the node's records: the highest seq
-// with a b/ mark, and the r/ records from start on (to the end of the node's
-// records, or recordScanLimit of them).
-func (e *nodeEntry) scan(txn *badger.Txn, boot string, start uint64) error {
-	node := e.ns.GetNode()
-	marked, err := maxAppliedSeq(txn, node, boot)
-	if err != nil {
-		return err
-	}
-	e.seqKnown, e.seqBoot, e.maxSeq = false, boot, marked
-	e.scanFrom, e.scanTo, e.foreign, e.foreignTo = start, math.MaxUint64, false, 0
-	prefix := gpuPrefix(node)
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
-	defer it.Close()
-	read := 0
-	for it.Seek(be64(append([]byte(nil), prefix...), start)); it.Valid(); it.Next() {
-		k := it.Item().Key()
-		if len(k) != len(prefix)+16 {
-			return fmt.Errorf("store: malformed r/ key %q", k)
-		}
-		at, seq := binary.BigEndian.Uint64(k[len(prefix):]), binary.BigEndian.Uint64(k[len(prefix)+8:])
-		if read == recordScanLimit {
-			// Covered: every record before this one.
-			if at == 0 || at-1 < start {
-				e.scanFrom, e.scanTo = 1, 0 // an empty span
-			} else {
-				e.scanTo = at - 1
-			}
-			break
-		}
-		read++
-		stored, err := itemBoot(it.Item())
-		if err != nil {
-			return err
-		}
-		switch {
-		case stored == boot:
-			e.maxSeq = max(e.maxSeq, seq)
-		case stored != "":
-			e.foreign, e.foreignTo = true, max(e.foreignTo, at)
-		}
-	}
-	e.seqKnown = true
-	return nil
-}
-
-// maxAppliedSeq is the highest seq with a dedup mark for (node, boot), 0 if
-// none (seqs start at 1).
-func maxAppliedSeq(txn *badger.Txn, node, boot string) (uint64, error) {
-	prefix := append(key("b/", node, boot), 0)
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, Reverse: true})
-	defer it.Close()
-	it.Seek(be64(append([]byte(nil), prefix...), math.MaxUint64))
-	if !it.Valid() {
-		return 0, nil
-	}
-	k := it.Item().Key()
-	if len(k) != len(prefix)+8 {
-		return 0, fmt.Errorf("store: malformed dedup key %q", k)
-	}
-	return binary.BigEndian.Uint64(k[len(prefix):]), nil
 }
 
 func (e *nodeEntry) due() bool {

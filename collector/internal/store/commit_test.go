@@ -221,28 +221,6 @@ func TestNodeStatesApartReadBackAsCommitted(t *testing.T) {
 	apply(0, perNode/2)
 	check("first half")
 
-	// run-0 as an earlier version stored it: one value, nodes inside.
-	st, err := s.GetRun("run-0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	full, err := st.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.aggMu.Lock()
-	s.aggs.drop("run-0")
-	if _, err := s.deletePrefix(aggNodesPrefix("run-0")); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Set(aggKey("run-0"), full) }); err != nil {
-		t.Fatal(err)
-	}
-	s.aggMu.Unlock()
-	if back, err := s.GetRun("run-0"); err != nil || back.NodesApart() || len(back.Nodes) != nodes/runs {
-		t.Fatalf("legacy form: err %v, apart %v, %d nodes", err, back.NodesApart(), len(back.Nodes))
-	}
-
 	apply(perNode/2, perNode)
 	check("second half")
 	if err := s.Close(); err != nil {
@@ -254,8 +232,8 @@ func TestNodeStatesApartReadBackAsCommitted(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !got.NodesApart() || len(got.Nodes) != nodes/runs {
-			t.Fatalf("after reopen run-%d: apart %v, %d nodes, %d tokens", r, got.NodesApart(), len(got.Nodes), got.Tokens)
+		if !got.GetNodesApart() || len(got.Nodes) != nodes/runs {
+			t.Fatalf("after reopen run-%d: apart %v, %d nodes, %d tokens", r, got.GetNodesApart(), len(got.Nodes), got.Tokens)
 		}
 	}
 	// Deleting a run takes its node states with it: a new run of the same
@@ -266,8 +244,8 @@ func TestNodeStatesApartReadBackAsCommitted(t *testing.T) {
 	if _, err := s.ApplyBatch("node-new", "boot", batch(1, 0)); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.GetRun("run-1"); err != nil || len(got.Nodes) != 1 || got.NodesApart() {
-		t.Fatalf("run-1 again after delete: err %v, %d nodes (apart %v), want only node-new, inside", err, len(got.Nodes), got.NodesApart())
+	if got, err := s.GetRun("run-1"); err != nil || len(got.Nodes) != 1 || got.GetNodesApart() {
+		t.Fatalf("run-1 again after delete: err %v, %d nodes (apart %v), want only node-new, inside", err, len(got.Nodes), got.GetNodesApart())
 	}
 	// A second node moves the node states apart, the first one included.
 	if _, err := s.ApplyBatch("node-second", "boot", batch(1, 0)); err != nil {
@@ -278,8 +256,8 @@ func TestNodeStatesApartReadBackAsCommitted(t *testing.T) {
 	}
 	s = open(t, dir)
 	defer s.Close()
-	if got, err := s.GetRun("run-1"); err != nil || len(got.Nodes) != 2 || !got.NodesApart() || len(got.GPUs["node-new"]) != 8 {
-		t.Fatalf("run-1 with two nodes: err %v, %d nodes (apart %v), node-new GPUs %v", err, len(got.Nodes), got.NodesApart(), got.GPUs["node-new"])
+	if got, err := s.GetRun("run-1"); err != nil || len(got.Nodes) != 2 || !got.GetNodesApart() || len(got.Nodes["node-new"].GetGpus()) != 8 {
+		t.Fatalf("run-1 with two nodes: err %v, %d nodes (apart %v), node-new GPUs %v", err, len(got.Nodes), got.GetNodesApart(), got.Nodes["node-new"].GetGpus())
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -89,9 +88,8 @@ func TestBatchWritesThreeKeysAndResendsAreStillDuplicates(t *testing.T) {
 	}
 }
 
-// Where the r/ record may expire before a mark would, where a batch has no
-// r/ record, and for an agent whose loss records cannot name a batch's
-// window, the b/ mark is still written.
+// Where the r/ record may expire before a mark would, and where a batch has
+// no r/ record, the b/ mark is still written.
 func TestDedupMarkStillWrittenWhereTheRecordCannotStandIn(t *testing.T) {
 	short, err := Open(t.TempDir(), Options{Logger: quiet(), RawRetention: time.Hour, DedupRetention: 24 * time.Hour})
 	if err != nil {
@@ -120,68 +118,11 @@ func TestDedupMarkStillWrittenWhereTheRecordCannotStandIn(t *testing.T) {
 	bare := batch(1, "r", 1, 10, 1)
 	bare.GpuWindows, bare.Host = nil, nil
 	applyWant(t, s, Sender{Node: "n", Boot: "b"}, bare, false)
-	applyWant(t, s, Sender{Node: "old", Boot: "b", LegacyLosses: true}, batch(1, "r", 1, 10, 1), false)
 	got := keysByPrefix(t, s, "b/", "r/")
-	if got["b/"] != 2 || got["r/"] != 1 {
-		t.Errorf("keys: %v, want 2 b/ (the batch without GPU/host windows, the older agent's) and 1 r/", got)
+	if got["b/"] != 1 || got["r/"] != 0 {
+		t.Errorf("keys: %v, want 1 b/ (the batch without GPU/host windows) and no r/", got)
 	}
 	applyWant(t, s, Sender{Node: "n", Boot: "b"}, bare, true)
-	applyWant(t, s, Sender{Node: "old", Boot: "b", LegacyLosses: true}, batch(1, "r", 1, 10, 1), true)
-}
-
-// A store written by an earlier version (a b/ mark per batch, r/ records
-// without a boot) still deduplicates, cold and warm.
-func TestOldLayoutStillDeduplicates(t *testing.T) {
-	dir := t.TempDir()
-	s := open(t, dir)
-	old := Sender{Node: "n", Boot: "b1", LegacyLosses: true} // writes the marks
-	for seq := uint64(1); seq <= 5; seq++ {
-		applyWant(t, s, old, batch(seq, "r", int(seq), 10, 1, runStart("r", 0)), false)
-	}
-	// Strip the boot from the r/ records, as the earlier version wrote them.
-	err := s.db.Update(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("r/")})
-		var keys, vals [][]byte
-		for it.Rewind(); it.Valid(); it.Next() {
-			b := &trainmeterv1.Batch{}
-			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
-				return err
-			}
-			b.StoredBootId = ""
-			v, err := proto.Marshal(b)
-			if err != nil {
-				return err
-			}
-			keys, vals = append(keys, it.Item().KeyCopy(nil)), append(vals, v)
-		}
-		it.Close()
-		for i := range keys {
-			if err := txn.Set(keys[i], vals[i]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s = open(t, dir)
-	defer s.Close()
-	cur := Sender{Node: "n", Boot: "b1"} // the same agent, upgraded
-	applyWant(t, s, cur, batch(3, "r", 3, 10, 1), true)
-	applyWant(t, s, cur, batch(5, "r", 5, 10, 1), true)
-	applyWant(t, s, cur, batch(6, "r", 6, 10, 1), false)
-	applyWant(t, s, cur, batch(1, "r", 1, 10, 1), true)
-	applyWant(t, s, cur, batch(6, "r", 6, 10, 1), true)
-	// Another boot's batch on a record without a boot is not taken for it.
-	applyWant(t, s, Sender{Node: "n", Boot: "b2"}, batch(2, "r", 2, 10, 1), false)
-	applyWant(t, s, cur, batch(2, "r", 2, 10, 1), true)
-	if got := tokens(t, s, "r"); got != 7*10 {
-		t.Errorf("tokens %d, want %d", got, 7*10)
-	}
 }
 
 // An agent restarted with a new boot numbers from 1 again: its batches are
@@ -269,13 +210,13 @@ func TestRecordReplacedByAnotherBootKeepsItsBatchADuplicate(t *testing.T) {
 	}
 }
 
-// More r/ records past the batch that makes a cold entry than one scan
-// reads: those beyond are looked up, not assumed new.
+// Many r/ records past the first re-sent batch after a reopen: each re-send
+// is found, and the next batch is new.
 func TestColdEntryWithMoreRecordsThanOneScanReads(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)
 	n := Sender{Node: "n", Boot: "b"}
-	last := uint64(recordScanLimit + 20)
+	last := uint64(276)
 	for seq := uint64(1); seq <= last; seq++ {
 		applyWant(t, s, n, batch(seq, "r", int(seq), 10, 1, runStart("r", 0)), false)
 	}
@@ -310,38 +251,33 @@ func TestReceivedStoredBootIDIsIgnored(t *testing.T) {
 }
 
 // An in-doubt loss record (seq set) is dropped when its batch was applied
-// and counted when it was not: found by its r/ record with window_start
-// (current agents), by its b/ mark without (older agents, whose batches
-// have marks).
+// and counted when it was not: found by its r/ record, or by its b/ mark
+// where the store keeps marks (raw records expiring before marks would).
 func TestInDoubtLossFoundByItsRecordOrItsMark(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		sender Sender
-		ws     bool
+		name string
+		o    Options
 	}{
-		{"current agent", Sender{Node: "n", Boot: "b"}, true},
-		{"older agent", Sender{Node: "n", Boot: "b", LegacyLosses: true}, false},
+		{"record", Options{}},
+		{"mark", Options{RawRetention: time.Hour, DedupRetention: 24 * time.Hour}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			s := open(t, dir)
-			applyWant(t, s, tc.sender, batch(1, "r", 1, 10, 1, runStart("r", 1)), false)
-			applyWant(t, s, tc.sender, batch(2, "r", 2, 10, 1), false)
+			sender := Sender{Node: "n", Boot: "b"}
+			s := openWith(t, dir, tc.o)
+			applyWant(t, s, sender, batch(1, "r", 1, 10, 1, runStart("r", 1)), false)
+			applyWant(t, s, sender, batch(2, "r", 2, 10, 1), false)
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			s = open(t, dir)
+			s = openWith(t, dir, tc.o)
 			defer s.Close()
 			loss := func(seq uint64, sec int) *trainmeterv1.DataLoss {
-				l := &trainmeterv1.DataLoss{RunId: "r", Batches: 1, Tokens: 10, EnergyJ: 1, GpuSeconds: 1, Reason: "spool full", Seq: seq}
-				if tc.ws {
-					l.WindowStart = ts(sec)
-				}
-				return l
+				return &trainmeterv1.DataLoss{RunId: "r", Batches: 1, Tokens: 10, EnergyJ: 1, GpuSeconds: 1, Reason: "spool full", Seq: seq, WindowStart: ts(sec)}
 			}
 			b := batch(5, "r", 5, 10, 1)
 			b.Losses = []*trainmeterv1.DataLoss{loss(2, 2), loss(3, 3)} // 2 applied, 3 not
-			applyWant(t, s, tc.sender, b, false)
+			applyWant(t, s, sender, b, false)
 			st, err := s.GetRun("r")
 			if err != nil {
 				t.Fatal(err)

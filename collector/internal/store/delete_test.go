@@ -27,7 +27,7 @@ func TestDeleteRunRemovesAggregateAndRawRecordsOnly(t *testing.T) {
 	if ws, _ := s.RunWindows("a"); len(ws) != 0 {
 		t.Errorf("%d windows of a left", len(ws))
 	}
-	if st, err := s.GetRun("ab"); err != nil || st.RunID != "ab" {
+	if st, err := s.GetRun("ab"); err != nil || st.RunId != "ab" {
 		t.Errorf("run ab: %v %v", st, err)
 	}
 	if ws, _ := s.RunWindows("ab"); len(ws) != 1 {

@@ -51,7 +51,7 @@ func (s *Store) newDeletion(id string) (deletion, error) {
 	st, err := s.GetRun(id)
 	switch {
 	case err == nil:
-		d.price, d.gpuName = st.GPUPricePerHour, st.GPUName
+		d.price, d.gpuName = st.GetRunStart().GetGpuPricePerHour(), st.GetRunStart().GetGpuName()
 	case !errors.Is(err, ErrNotFound):
 		return d, err
 	}

@@ -57,7 +57,7 @@ func TestDeletedLiveRunStaysDeleted(t *testing.T) {
 	}
 	apply(s, batch(5, "live", 20, 7, 100, startEv("live", 20)))
 	st, err := s.GetRun("live")
-	if err != nil || st.Tokens != 7 || st.Metadata.Model != "m" {
+	if err != nil || st.Tokens != 7 || st.GetRunStart().GetMetadata().GetModel() != "m" {
 		t.Fatalf("the id reused by a later run_start: %+v %v", st, err)
 	}
 }

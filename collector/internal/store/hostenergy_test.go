@@ -47,8 +47,8 @@ func TestHostEnergyFoldedAndDeletedRunsStayDeleted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !st.HasHostCPU || st.HostCPUEnergyJ != 40+30 || st.HostDRAMEnergyJ != 4+3 {
-		t.Fatalf("a's host energy: cpu %v dram %v (%v)", st.HostCPUEnergyJ, st.HostDRAMEnergyJ, st.HasHostCPU)
+	if !st.HasHostCpu || st.HostCpuEnergyJ != 40+30 || st.HostDramEnergyJ != 4+3 {
+		t.Fatalf("a's host energy: cpu %v dram %v (%v)", st.HostCpuEnergyJ, st.HostDramEnergyJ, st.HasHostCpu)
 	}
 	if _, err := s.GetRun("gone"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("the deleted run came back through its host energy: %v", err)

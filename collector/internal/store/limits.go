@@ -116,7 +116,7 @@ func loadLiveIndex(db *badger.DB) (*liveIndex, error) {
 			}); err != nil {
 				return fmt.Errorf("run %q: %w", run, err)
 			}
-			if st.NodesApart() {
+			if st.GetNodesApart() {
 				var err error
 				if st, err = getAgg(txn, run); err != nil {
 					return err

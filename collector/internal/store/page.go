@@ -57,7 +57,7 @@ func (s *Store) RunsAfter(after string, limit int) ([]*aggregate.State, error) {
 			if errs[i] != nil {
 				return fmt.Errorf("run %q: %w", ids[i], errs[i])
 			}
-			if !st.NodesApart() {
+			if !st.GetNodesApart() {
 				continue
 			}
 			// Badger iterators are not for concurrent use in one

@@ -42,17 +42,17 @@ func TestRunsAfterPagesListRuns(t *testing.T) {
 			break
 		}
 		paged = append(paged, page...)
-		after = page[len(page)-1].RunID
+		after = page[len(page)-1].RunId
 	}
 	if len(paged) != len(all) {
 		t.Fatalf("RunsAfter paged %d runs, ListRuns has %d", len(paged), len(all))
 	}
 	for i := range all {
-		if paged[i].RunID != fmt.Sprintf("r%d", i) {
-			t.Errorf("run %d of the pages is %s, want r%d", i, paged[i].RunID, i)
+		if paged[i].RunId != fmt.Sprintf("r%d", i) {
+			t.Errorf("run %d of the pages is %s, want r%d", i, paged[i].RunId, i)
 		}
 		if a, b := paged[i].Report(aggregate.Pricing{}), all[i].Report(aggregate.Pricing{}); !proto.Equal(a, b) {
-			t.Errorf("%s: the paged report differs from ListRuns':\n%v\n%v", all[i].RunID, a, b)
+			t.Errorf("%s: the paged report differs from ListRuns':\n%v\n%v", all[i].RunId, a, b)
 		}
 	}
 	if r3 := paged[3]; len(r3.Nodes) != 2 {

@@ -179,7 +179,7 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 	st.Reprice(before, ch)
 	after = report(st)
 	err = s.db.Update(func(txn *badger.Txn) error {
-		if len(st.Nodes) <= 1 && !st.NodesApart() {
+		if len(st.Nodes) <= 1 && !st.GetNodesApart() {
 			v, err := st.Marshal()
 			if err != nil {
 				return err

@@ -30,13 +30,13 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node st
 	refused := map[string]*Refusal{}
 	var order []string
 	refuse := func(st *aggregate.State) *Refusal {
-		if r := refused[st.RunID]; r != nil {
+		if r := refused[st.RunId]; r != nil {
 			return r
 		}
 		rs, _ := st.RefusedOn(node)
-		r := &Refusal{RunID: st.RunID, Start: rs.Latest, Reason: st.RefusalReason()}
-		refused[st.RunID] = r
-		order = append(order, st.RunID)
+		r := &Refusal{RunID: st.RunId, Start: rs.Latest, Reason: st.RefusalReason()}
+		refused[st.RunId] = r
+		order = append(order, st.RunId)
 		return r
 	}
 	started := map[string]bool{} // runs with an accepted start in the batch

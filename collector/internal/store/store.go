@@ -8,8 +8,8 @@
 //	b/<node>\0<boot>\0<seq:8>                      dedup mark of an applied batch that has no
 //	                                               r/ record, or whose r/ record may expire
 //	                                               before the mark would (see below)
-//	a/<run_id>                                     run aggregate (proto storev1.Aggregate; JSON
-//	                                               from earlier versions; see aggregate.State)
+//	a/<run_id>                                     run aggregate (proto storev1.Aggregate; see
+//	                                               aggregate.State)
 //	an/<run_id>\0<node>                            a node's state in that run, once the run has
 //	                                               two nodes (storev1.Node; Aggregate.nodes_apart)
 //	w/<run_id>\0<node>\0<start:8><seq:8><i:4>      raw RunWindow (proto)
@@ -26,17 +26,16 @@
 //	                                               node_losses and the window); expire like r/
 //	n/<node>                                       NodeStatus (proto; connected is not stored)
 //	x/<namespace>\0<key>                           the collector's own records (records.go)
+//	m/format                                       the layout's version (formatVersion)
 //
 // Deduplication: a batch (node, boot, seq) was applied when its b/ mark
 // exists, or when its r/ record (node, window_start, seq: all in the batch)
 // holds stored_boot_id == boot. A batch with an r/ record writes no b/ mark
 // when that record lives at least as long as a mark would (RawRetention 0,
-// or ≥ DedupRetention) and its sender's loss records name their batch's
-// window (Hello.loss_window_start): one key a batch fewer. r/ records
-// without stored_boot_id come from earlier versions, which wrote a b/ mark
-// for every batch; they are not taken for any batch (their marks are). An
-// r/ record replaced by a batch of another boot at the same start and seq
-// leaves a b/ mark for the batch it held. See commit.go, nodeEntry.applied.
+// or ≥ DedupRetention): one key a batch fewer. An r/ record replaced by a
+// batch of another boot at the same start and seq leaves a b/ mark for the
+// batch it held. An in-doubt loss record names its batch's window start, so
+// it finds the batch by either (lookupApplied).
 //
 // Writes use SyncWrites, so a batch is durable when ApplyBatch returns nil.
 // Concurrent ApplyBatch calls share one transaction and one sync (group
@@ -55,6 +54,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -190,6 +190,10 @@ func Open(dir string, o Options) (s *Store, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
 	}
+	if err := checkFormat(db, dir); err != nil {
+		db.Close()
+		return nil, err
+	}
 	s = &Store{db: db, log: log, now: now, bands: o.EnergyBands, carbon: o.Carbon, rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, commitWindow: o.CommitWindow, applyCh: make(chan *applyReq), quit: make(chan struct{}),
 		committerDone: make(chan struct{}), aggs: newAggCache(aggCacheBytes), nodes: newNodeCache(nodeCacheSize, db), limits: o.Limits}
 	if err := s.loadTombstones(); err != nil {
@@ -202,6 +206,43 @@ func Open(dir string, o Options) (s *Store, err error) {
 	}
 	go s.committer()
 	return s, nil
+}
+
+// formatVersion is the layout of keys and values this package reads and
+// writes. A data directory records its version under formatKey when it is
+// created; one of another version, or holding data without one, is refused:
+// nothing reads a layout but the trainmeter that wrote it.
+const formatVersion = 1
+
+var formatKey = []byte("m/format")
+
+// checkFormat stamps an empty database with formatVersion and checks that
+// any other holds it.
+func checkFormat(db *badger.DB, dir string) error {
+	return db.Update(func(txn *badger.Txn) error {
+		item, err := txn.Get(formatKey)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			it := txn.NewIterator(badger.IteratorOptions{})
+			it.Rewind()
+			empty := !it.Valid()
+			it.Close()
+			if !empty {
+				return fmt.Errorf("store: data dir %s holds data but no store format (this trainmeter reads format %d): move it aside or run the trainmeter that wrote it", dir, formatVersion)
+			}
+			return txn.Set(formatKey, []byte(strconv.Itoa(formatVersion)))
+		}
+		if err != nil {
+			return fmt.Errorf("store: read the format of %s: %w", dir, err)
+		}
+		v, err := item.ValueCopy(nil)
+		if err != nil {
+			return fmt.Errorf("store: read the format of %s: %w", dir, err)
+		}
+		if string(v) != strconv.Itoa(formatVersion) {
+			return fmt.Errorf("store: data dir %s has store format %s, this trainmeter reads %d: move it aside or run the trainmeter that wrote it", dir, v, formatVersion)
+		}
+		return nil
+	})
 }
 
 // Close stops the committer and closes the database (shut a GC down first).
@@ -420,9 +461,6 @@ func eventRun(e *trainmeterv1.RunEvent) string {
 // Concurrent calls are committed together (group commit, see commit.go):
 // one transaction and one sync for every batch waiting, each caller
 // answered only once the commit that holds its batch is durable.
-//
-// ApplyBatch is ApplyBatchFrom for a current agent (Sender.LegacyLosses
-// false).
 func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error) {
 	return s.ApplyBatchFrom(Sender{Node: node, Boot: boot}, b)
 }
@@ -531,7 +569,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	seq, start, rk := b.GetSeq(), startVal(b.GetWindowStart()), r.rk
 	dk := dedupKey(node, boot, seq)
 	r.refused, r.dropped, r.applied = nil, nil, nil
-	dup, displaced, err := ne.applied(txn, boot, seq, start, dk, rk)
+	dup, displaced, err := lookupApplied(txn, boot, dk, rk)
 	if dup || err != nil {
 		return dup, err
 	}
@@ -659,7 +697,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	ns.BootId = boot
 	ns.LastSeq = b.GetSeq()
 	ns.LastSeen = timestamppb.New(s.now())
-	if rk != nil && !r.sender.LegacyLosses && s.recordOutlivesMark() {
+	if rk != nil && s.recordOutlivesMark() {
 		return false, nil // the r/ record is the mark
 	}
 	return false, s.setTTL(txn, dk, nil, s.dedupTTL)
@@ -692,9 +730,7 @@ func notHeld(txn *badger.Txn, node, boot string, ls []*trainmeterv1.DataLoss) ([
 
 // holdsLost reports whether the one batch of an in-doubt loss record
 // (l.seq, of boot) was applied after all: by its b/ mark, or by its r/
-// record when the record names the batch's window_start. A record without
-// window_start comes from an agent that sends no Hello.loss_window_start,
-// whose batches all have marks (Sender.LegacyLosses).
+// record at the batch's window_start.
 func holdsLost(txn *badger.Txn, node, boot string, l *trainmeterv1.DataLoss) (bool, error) {
 	var rk []byte
 	if l.GetWindowStart() != nil {
@@ -727,7 +763,7 @@ func exists(txn *badger.Txn, k []byte) (bool, error) {
 
 // recordAt reports whether the r/ record at k is from boot (the batch it
 // keys was applied); other is the boot of a record from another boot (""
-// when there is none, or it is from an earlier version).
+// when there is none).
 func recordAt(txn *badger.Txn, boot string, k []byte) (fromBoot bool, other string, err error) {
 	item, err := txn.Get(k)
 	if errors.Is(err, badger.ErrKeyNotFound) {
@@ -807,7 +843,7 @@ func getAgg(txn *badger.Txn, run string) (*aggregate.State, error) {
 		st, err = aggregate.Unmarshal(v)
 		return err
 	})
-	if err != nil || !st.NodesApart() {
+	if err != nil || !st.GetNodesApart() {
 		return st, err
 	}
 	prefix := aggNodesPrefix(run)
@@ -1027,7 +1063,7 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 				defer wg.Done()
 				for i := int(next.Add(1)) - 1; i < len(vals); i = int(next.Add(1)) - 1 {
 					out[i], errs[i] = aggregate.Unmarshal(vals[i])
-					if errs[i] != nil || !out[i].NodesApart() {
+					if errs[i] != nil || !out[i].GetNodesApart() {
 						continue
 					}
 					for _, n := range nodes[string(keys[i][2:])] {

@@ -194,7 +194,7 @@ func TestKeysDoNotCollide(t *testing.T) {
 		t.Fatalf("windows of a: %v %v", ws, err)
 	}
 	all, err := s.ListRuns(nil)
-	if err != nil || len(all) != 3 || all[0].RunID != "a" {
+	if err != nil || len(all) != 3 || all[0].RunId != "a" {
 		t.Fatalf("ListRuns: %d %v", len(all), err)
 	}
 }

@@ -42,8 +42,7 @@ type Agent struct {
 	cancel context.CancelFunc
 }
 
-// Connect opens a stream and sends Hello for node/boot (as an agent from
-// before Hello.loss_window_start).
+// Connect opens a stream and sends Hello for node/boot.
 func Connect(t testing.TB, conn *grpc.ClientConn, node, boot string) *Agent {
 	t.Helper()
 	return ConnectHello(t, conn, &trainmeterv1.Hello{

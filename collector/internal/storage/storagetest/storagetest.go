@@ -228,7 +228,7 @@ func usageAndDelete(t *testing.T, st storage.Store) {
 	if ws, es, err := st.RunTimeline("gone"); err != nil || len(ws)+len(es) != 0 {
 		t.Errorf("deleted run's timeline: %d windows %d events (%v)", len(ws), len(es), err)
 	}
-	if runs, err := st.ListRuns(nil); err != nil || len(runs) != 1 || runs[0].RunID != "kept" {
+	if runs, err := st.ListRuns(nil); err != nil || len(runs) != 1 || runs[0].RunId != "kept" {
 		t.Errorf("runs after delete: %v (%v), want only kept", runs, err)
 	}
 	after := scan(t, st, time.Time{}, time.Time{})
@@ -269,7 +269,7 @@ func pages(t *testing.T, st storage.Store) {
 		}
 		out := ""
 		for _, s := range ss {
-			out += s.RunID
+			out += s.RunId
 		}
 		return out
 	}

@@ -7,6 +7,7 @@
 package storev1
 
 import (
+	v1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -22,76 +23,75 @@ const (
 )
 
 type Aggregate struct {
-	state            protoimpl.MessageState `protogen:"open.v1"`
-	RunId            string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	HasStart         bool                   `protobuf:"varint,2,opt,name=has_start,json=hasStart,proto3" json:"has_start,omitempty"`
-	StartNode        string                 `protobuf:"bytes,3,opt,name=start_node,json=startNode,proto3" json:"start_node,omitempty"`
-	Start            int64                  `protobuf:"varint,4,opt,name=start,proto3" json:"start,omitempty"`
-	Metadata         *Metadata              `protobuf:"bytes,5,opt,name=metadata,proto3" json:"metadata,omitempty"`
-	GpuName          string                 `protobuf:"bytes,6,opt,name=gpu_name,json=gpuName,proto3" json:"gpu_name,omitempty"`
-	GpuPricePerHour  float64                `protobuf:"fixed64,7,opt,name=gpu_price_per_hour,json=gpuPricePerHour,proto3" json:"gpu_price_per_hour,omitempty"`
-	Plan             *Plan                  `protobuf:"bytes,8,opt,name=plan,proto3" json:"plan,omitempty"`
-	Nodes            map[string]*Node       `protobuf:"bytes,9,rep,name=nodes,proto3" json:"nodes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	HasWindow        bool                   `protobuf:"varint,10,opt,name=has_window,json=hasWindow,proto3" json:"has_window,omitempty"`
-	WindowStart      int64                  `protobuf:"varint,11,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
-	WindowEnd        int64                  `protobuf:"varint,12,opt,name=window_end,json=windowEnd,proto3" json:"window_end,omitempty"`
-	HasMeasured      bool                   `protobuf:"varint,13,opt,name=has_measured,json=hasMeasured,proto3" json:"has_measured,omitempty"`
-	FirstMeasured    int64                  `protobuf:"varint,14,opt,name=first_measured,json=firstMeasured,proto3" json:"first_measured,omitempty"`
-	MeasuredWindows  int64                  `protobuf:"varint,15,opt,name=measured_windows,json=measuredWindows,proto3" json:"measured_windows,omitempty"`
-	CounterWindows   int64                  `protobuf:"varint,16,opt,name=counter_windows,json=counterWindows,proto3" json:"counter_windows,omitempty"`
-	EnergyMeasured   float64                `protobuf:"fixed64,17,opt,name=energy_measured,json=energyMeasured,proto3" json:"energy_measured,omitempty"`
-	EnergyTotal      float64                `protobuf:"fixed64,18,opt,name=energy_total,json=energyTotal,proto3" json:"energy_total,omitempty"`
-	EnergyIntegrated float64                `protobuf:"fixed64,19,opt,name=energy_integrated,json=energyIntegrated,proto3" json:"energy_integrated,omitempty"`
-	CounterSumOk     float64                `protobuf:"fixed64,20,opt,name=counter_sum_ok,json=counterSumOk,proto3" json:"counter_sum_ok,omitempty"`
-	IntegratedSumOk  float64                `protobuf:"fixed64,21,opt,name=integrated_sum_ok,json=integratedSumOk,proto3" json:"integrated_sum_ok,omitempty"`
-	EnergyEstimated  bool                   `protobuf:"varint,22,opt,name=energy_estimated,json=energyEstimated,proto3" json:"energy_estimated,omitempty"`
-	GapS             float64                `protobuf:"fixed64,23,opt,name=gap_s,json=gapS,proto3" json:"gap_s,omitempty"`
-	EnergyByBand     map[string]float64     `protobuf:"bytes,24,rep,name=energy_by_band,json=energyByBand,proto3" json:"energy_by_band,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
-	Tokens           uint64                 `protobuf:"varint,25,opt,name=tokens,proto3" json:"tokens,omitempty"`
-	TokensMeasured   uint64                 `protobuf:"varint,26,opt,name=tokens_measured,json=tokensMeasured,proto3" json:"tokens_measured,omitempty"`
-	Steps            uint64                 `protobuf:"varint,27,opt,name=steps,proto3" json:"steps,omitempty"`
-	Samples          uint64                 `protobuf:"varint,28,opt,name=samples,proto3" json:"samples,omitempty"`
-	StepsMeasured    uint64                 `protobuf:"varint,29,opt,name=steps_measured,json=stepsMeasured,proto3" json:"steps_measured,omitempty"`
-	SamplesMeasured  uint64                 `protobuf:"varint,30,opt,name=samples_measured,json=samplesMeasured,proto3" json:"samples_measured,omitempty"`
-	DataWaitS        float64                `protobuf:"fixed64,31,opt,name=data_wait_s,json=dataWaitS,proto3" json:"data_wait_s,omitempty"`
-	ComputeS         float64                `protobuf:"fixed64,32,opt,name=compute_s,json=computeS,proto3" json:"compute_s,omitempty"`
-	GpuSeconds       float64                `protobuf:"fixed64,33,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
-	VramPeak         float64                `protobuf:"fixed64,34,opt,name=vram_peak,json=vramPeak,proto3" json:"vram_peak,omitempty"`
-	VramSum          float64                `protobuf:"fixed64,35,opt,name=vram_sum,json=vramSum,proto3" json:"vram_sum,omitempty"`
-	VramSamples      uint64                 `protobuf:"varint,36,opt,name=vram_samples,json=vramSamples,proto3" json:"vram_samples,omitempty"`
-	Gpus             map[string]*GpuIndices `protobuf:"bytes,37,rep,name=gpus,proto3" json:"gpus,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	PeakFolded       float64                `protobuf:"fixed64,38,opt,name=peak_folded,json=peakFolded,proto3" json:"peak_folded,omitempty"`
-	MaxBucket        int64                  `protobuf:"varint,40,opt,name=max_bucket,json=maxBucket,proto3" json:"max_bucket,omitempty"`
-	HasMaxBucket     bool                   `protobuf:"varint,41,opt,name=has_max_bucket,json=hasMaxBucket,proto3" json:"has_max_bucket,omitempty"`
-	FoldedUpTo       int64                  `protobuf:"varint,42,opt,name=folded_up_to,json=foldedUpTo,proto3" json:"folded_up_to,omitempty"`
-	HasFolded        bool                   `protobuf:"varint,43,opt,name=has_folded,json=hasFolded,proto3" json:"has_folded,omitempty"`
-	Evals            []*Eval                `protobuf:"bytes,44,rep,name=evals,proto3" json:"evals,omitempty"`
-	HasLoss          bool                   `protobuf:"varint,45,opt,name=has_loss,json=hasLoss,proto3" json:"has_loss,omitempty"`
-	LastLoss         float64                `protobuf:"fixed64,46,opt,name=last_loss,json=lastLoss,proto3" json:"last_loss,omitempty"`
-	LastLossAt       int64                  `protobuf:"varint,47,opt,name=last_loss_at,json=lastLossAt,proto3" json:"last_loss_at,omitempty"`
-	LastLossBy       string                 `protobuf:"bytes,48,opt,name=last_loss_by,json=lastLossBy,proto3" json:"last_loss_by,omitempty"`
-	Incomplete       bool                   `protobuf:"varint,49,opt,name=incomplete,proto3" json:"incomplete,omitempty"`
-	LostBatches      uint64                 `protobuf:"varint,50,opt,name=lost_batches,json=lostBatches,proto3" json:"lost_batches,omitempty"`
-	LostTokens       uint64                 `protobuf:"varint,51,opt,name=lost_tokens,json=lostTokens,proto3" json:"lost_tokens,omitempty"`
-	LostEnergyJ      float64                `protobuf:"fixed64,52,opt,name=lost_energy_j,json=lostEnergyJ,proto3" json:"lost_energy_j,omitempty"`
-	LostGpuSeconds   float64                `protobuf:"fixed64,53,opt,name=lost_gpu_seconds,json=lostGpuSeconds,proto3" json:"lost_gpu_seconds,omitempty"`
-	LostReasons      []string               `protobuf:"bytes,54,rep,name=lost_reasons,json=lostReasons,proto3" json:"lost_reasons,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The winning RunStart (aggregate.State.AddStart): its time, node, and
+	// the start itself (its metadata, plan, price, user), less its GPUs,
+	// which are the node's.
+	HasStart  bool         `protobuf:"varint,2,opt,name=has_start,json=hasStart,proto3" json:"has_start,omitempty"`
+	StartNode string       `protobuf:"bytes,3,opt,name=start_node,json=startNode,proto3" json:"start_node,omitempty"`
+	Start     int64        `protobuf:"varint,4,opt,name=start,proto3" json:"start,omitempty"`
+	RunStart  *v1.RunStart `protobuf:"bytes,5,opt,name=run_start,json=runStart,proto3" json:"run_start,omitempty"`
+	// The node states, when the aggregate holds them (nodes_apart false).
+	Nodes            map[string]*Node   `protobuf:"bytes,9,rep,name=nodes,proto3" json:"nodes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	HasWindow        bool               `protobuf:"varint,10,opt,name=has_window,json=hasWindow,proto3" json:"has_window,omitempty"`
+	WindowStart      int64              `protobuf:"varint,11,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	WindowEnd        int64              `protobuf:"varint,12,opt,name=window_end,json=windowEnd,proto3" json:"window_end,omitempty"`
+	HasMeasured      bool               `protobuf:"varint,13,opt,name=has_measured,json=hasMeasured,proto3" json:"has_measured,omitempty"`
+	FirstMeasured    int64              `protobuf:"varint,14,opt,name=first_measured,json=firstMeasured,proto3" json:"first_measured,omitempty"`
+	MeasuredWindows  int64              `protobuf:"varint,15,opt,name=measured_windows,json=measuredWindows,proto3" json:"measured_windows,omitempty"`
+	CounterWindows   int64              `protobuf:"varint,16,opt,name=counter_windows,json=counterWindows,proto3" json:"counter_windows,omitempty"`
+	EnergyMeasured   float64            `protobuf:"fixed64,17,opt,name=energy_measured,json=energyMeasured,proto3" json:"energy_measured,omitempty"`
+	EnergyTotal      float64            `protobuf:"fixed64,18,opt,name=energy_total,json=energyTotal,proto3" json:"energy_total,omitempty"`
+	EnergyIntegrated float64            `protobuf:"fixed64,19,opt,name=energy_integrated,json=energyIntegrated,proto3" json:"energy_integrated,omitempty"`
+	CounterSumOk     float64            `protobuf:"fixed64,20,opt,name=counter_sum_ok,json=counterSumOk,proto3" json:"counter_sum_ok,omitempty"`
+	IntegratedSumOk  float64            `protobuf:"fixed64,21,opt,name=integrated_sum_ok,json=integratedSumOk,proto3" json:"integrated_sum_ok,omitempty"`
+	EnergyEstimated  bool               `protobuf:"varint,22,opt,name=energy_estimated,json=energyEstimated,proto3" json:"energy_estimated,omitempty"`
+	GapS             float64            `protobuf:"fixed64,23,opt,name=gap_s,json=gapS,proto3" json:"gap_s,omitempty"`
+	EnergyByBand     map[string]float64 `protobuf:"bytes,24,rep,name=energy_by_band,json=energyByBand,proto3" json:"energy_by_band,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	Tokens           uint64             `protobuf:"varint,25,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	TokensMeasured   uint64             `protobuf:"varint,26,opt,name=tokens_measured,json=tokensMeasured,proto3" json:"tokens_measured,omitempty"`
+	Steps            uint64             `protobuf:"varint,27,opt,name=steps,proto3" json:"steps,omitempty"`
+	Samples          uint64             `protobuf:"varint,28,opt,name=samples,proto3" json:"samples,omitempty"`
+	StepsMeasured    uint64             `protobuf:"varint,29,opt,name=steps_measured,json=stepsMeasured,proto3" json:"steps_measured,omitempty"`
+	SamplesMeasured  uint64             `protobuf:"varint,30,opt,name=samples_measured,json=samplesMeasured,proto3" json:"samples_measured,omitempty"`
+	DataWaitS        float64            `protobuf:"fixed64,31,opt,name=data_wait_s,json=dataWaitS,proto3" json:"data_wait_s,omitempty"`
+	ComputeS         float64            `protobuf:"fixed64,32,opt,name=compute_s,json=computeS,proto3" json:"compute_s,omitempty"`
+	GpuSeconds       float64            `protobuf:"fixed64,33,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	VramPeak         float64            `protobuf:"fixed64,34,opt,name=vram_peak,json=vramPeak,proto3" json:"vram_peak,omitempty"`
+	VramSum          float64            `protobuf:"fixed64,35,opt,name=vram_sum,json=vramSum,proto3" json:"vram_sum,omitempty"`
+	VramSamples      uint64             `protobuf:"varint,36,opt,name=vram_samples,json=vramSamples,proto3" json:"vram_samples,omitempty"`
+	PeakFolded       float64            `protobuf:"fixed64,38,opt,name=peak_folded,json=peakFolded,proto3" json:"peak_folded,omitempty"`
+	MaxBucket        int64              `protobuf:"varint,40,opt,name=max_bucket,json=maxBucket,proto3" json:"max_bucket,omitempty"`
+	HasMaxBucket     bool               `protobuf:"varint,41,opt,name=has_max_bucket,json=hasMaxBucket,proto3" json:"has_max_bucket,omitempty"`
+	FoldedUpTo       int64              `protobuf:"varint,42,opt,name=folded_up_to,json=foldedUpTo,proto3" json:"folded_up_to,omitempty"`
+	HasFolded        bool               `protobuf:"varint,43,opt,name=has_folded,json=hasFolded,proto3" json:"has_folded,omitempty"`
+	// Sorted by time (arrival order for equal times).
+	Evals          []*v1.Eval `protobuf:"bytes,44,rep,name=evals,proto3" json:"evals,omitempty"`
+	HasLoss        bool       `protobuf:"varint,45,opt,name=has_loss,json=hasLoss,proto3" json:"has_loss,omitempty"`
+	LastLoss       float64    `protobuf:"fixed64,46,opt,name=last_loss,json=lastLoss,proto3" json:"last_loss,omitempty"`
+	LastLossAt     int64      `protobuf:"varint,47,opt,name=last_loss_at,json=lastLossAt,proto3" json:"last_loss_at,omitempty"`
+	LastLossBy     string     `protobuf:"bytes,48,opt,name=last_loss_by,json=lastLossBy,proto3" json:"last_loss_by,omitempty"`
+	Incomplete     bool       `protobuf:"varint,49,opt,name=incomplete,proto3" json:"incomplete,omitempty"`
+	LostBatches    uint64     `protobuf:"varint,50,opt,name=lost_batches,json=lostBatches,proto3" json:"lost_batches,omitempty"`
+	LostTokens     uint64     `protobuf:"varint,51,opt,name=lost_tokens,json=lostTokens,proto3" json:"lost_tokens,omitempty"`
+	LostEnergyJ    float64    `protobuf:"fixed64,52,opt,name=lost_energy_j,json=lostEnergyJ,proto3" json:"lost_energy_j,omitempty"`
+	LostGpuSeconds float64    `protobuf:"fixed64,53,opt,name=lost_gpu_seconds,json=lostGpuSeconds,proto3" json:"lost_gpu_seconds,omitempty"`
+	LostReasons    []string   `protobuf:"bytes,54,rep,name=lost_reasons,json=lostReasons,proto3" json:"lost_reasons,omitempty"`
 	// The node states are not in `nodes` but each under a key of its own
 	// (collector/internal/store), so that a commit rewrites only the nodes it
-	// changed: a run over a thousand nodes made every commit rewrite ~1 MB.
+	// changed (docs/benchmarks.md, "Node states of a multi-node run stored
+	// apart").
 	NodesApart bool `protobuf:"varint,55,opt,name=nodes_apart,json=nodesApart,proto3" json:"nodes_apart,omitempty"`
 	// --- run lifecycle ---
 	// Pauses between the run's end and a resume, as [start, end) pairs.
 	PauseStarts []int64 `protobuf:"varint,56,rep,packed,name=pause_starts,json=pauseStarts,proto3" json:"pause_starts,omitempty"`
 	PauseEnds   []int64 `protobuf:"varint,57,rep,packed,name=pause_ends,json=pauseEnds,proto3" json:"pause_ends,omitempty"`
-	// --- sharing and who ran it ---
+	// --- sharing ---
 	SharedGpuSeconds float64  `protobuf:"fixed64,58,opt,name=shared_gpu_seconds,json=sharedGpuSeconds,proto3" json:"shared_gpu_seconds,omitempty"`
 	ShareMethods     []string `protobuf:"bytes,59,rep,name=share_methods,json=shareMethods,proto3" json:"share_methods,omitempty"`
 	MaxSharingRuns   uint32   `protobuf:"varint,60,opt,name=max_sharing_runs,json=maxSharingRuns,proto3" json:"max_sharing_runs,omitempty"`
-	User             string   `protobuf:"bytes,61,opt,name=user,proto3" json:"user,omitempty"`
-	Uid              uint32   `protobuf:"varint,62,opt,name=uid,proto3" json:"uid,omitempty"`
-	HasUid           bool     `protobuf:"varint,63,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
-	// --- host energy (RAPL; i20-rapl) ---
+	// --- host energy (RAPL) ---
 	// Σ of the run's HostEnergyShare parts from every node (J), whether any
 	// came (with DRAM), and the split rules seen.
 	HostCpuEnergyJ  float64  `protobuf:"fixed64,650,opt,name=host_cpu_energy_j,json=hostCpuEnergyJ,proto3" json:"host_cpu_energy_j,omitempty"`
@@ -99,47 +99,25 @@ type Aggregate struct {
 	HasHostCpu      bool     `protobuf:"varint,652,opt,name=has_host_cpu,json=hasHostCpu,proto3" json:"has_host_cpu,omitempty"`
 	HasHostDram     bool     `protobuf:"varint,653,opt,name=has_host_dram,json=hasHostDram,proto3" json:"has_host_dram,omitempty"`
 	HostSplits      []string `protobuf:"bytes,654,rep,name=host_splits,json=hostSplits,proto3" json:"host_splits,omitempty"`
-	// --- carbon by the hour (i23-carbon; docs/costs.md, "CO2") ---
+	// --- carbon by the hour (docs/costs.md, "CO2") ---
 	// energy_total booked, as it arrives, to the carbon intensity in force
 	// where and when it was consumed: key "ZONE|SOURCE|GCO2_PER_KWH"
 	// (cost.CarbonKey), value joules. Source "flat" (no intensity value)
 	// is energy no source covered, priced at the flat factor at report time.
 	CarbonByBand map[string]float64 `protobuf:"bytes,850,rep,name=carbon_by_band,json=carbonByBand,proto3" json:"carbon_by_band,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
-	// --- host energy of dropped batches (loss-host, 1050–1099) ---
+	// --- host energy of dropped batches ---
 	// Σ of the run's DataLoss.host_energy_j (J).
 	LostHostEnergyJ float64 `protobuf:"fixed64,1050,opt,name=lost_host_energy_j,json=lostHostEnergyJ,proto3" json:"lost_host_energy_j,omitempty"`
-	// --- locked prices (pricelock, 410–429) ---
 	// The cost booked as windows were folded, at the prices then in force
-	// (aggregate.State, "Locked prices"): GPU-seconds booked (priced or
-	// not), those with no price, their USD and price sources; energy booked
-	// (J), that with no energy price, its USD, and per band J and USD; J
-	// booked while the GPU price included energy; the priority multiplier
-	// locked at the first booked window (0: none yet).
-	LockedGpuSeconds   float64            `protobuf:"fixed64,410,opt,name=locked_gpu_seconds,json=lockedGpuSeconds,proto3" json:"locked_gpu_seconds,omitempty"`
-	UnpricedGpuSeconds float64            `protobuf:"fixed64,411,opt,name=unpriced_gpu_seconds,json=unpricedGpuSeconds,proto3" json:"unpriced_gpu_seconds,omitempty"`
-	ComputeUsd         float64            `protobuf:"fixed64,412,opt,name=compute_usd,json=computeUsd,proto3" json:"compute_usd,omitempty"`
-	PriceSources       []string           `protobuf:"bytes,413,rep,name=price_sources,json=priceSources,proto3" json:"price_sources,omitempty"`
-	LockedEnergyJ      float64            `protobuf:"fixed64,414,opt,name=locked_energy_j,json=lockedEnergyJ,proto3" json:"locked_energy_j,omitempty"`
-	UnpricedEnergyJ    float64            `protobuf:"fixed64,415,opt,name=unpriced_energy_j,json=unpricedEnergyJ,proto3" json:"unpriced_energy_j,omitempty"`
-	EnergyUsd          float64            `protobuf:"fixed64,416,opt,name=energy_usd,json=energyUsd,proto3" json:"energy_usd,omitempty"`
-	LockedBandJ        map[string]float64 `protobuf:"bytes,417,rep,name=locked_band_j,json=lockedBandJ,proto3" json:"locked_band_j,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
-	LockedBandUsd      map[string]float64 `protobuf:"bytes,418,rep,name=locked_band_usd,json=lockedBandUsd,proto3" json:"locked_band_usd,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
-	IncludedEnergyJ    float64            `protobuf:"fixed64,419,opt,name=included_energy_j,json=includedEnergyJ,proto3" json:"included_energy_j,omitempty"`
-	PriorityMultiplier float64            `protobuf:"fixed64,420,opt,name=priority_multiplier,json=priorityMultiplier,proto3" json:"priority_multiplier,omitempty"`
-	// The latest reprice: when (Unix ns), the costs before (unset: the run
-	// had no such cost), why.
-	Repriced             bool     `protobuf:"varint,421,opt,name=repriced,proto3" json:"repriced,omitempty"`
-	RepricedAt           int64    `protobuf:"varint,422,opt,name=repriced_at,json=repricedAt,proto3" json:"repriced_at,omitempty"`
-	PreviousCostUsd      *float64 `protobuf:"fixed64,423,opt,name=previous_cost_usd,json=previousCostUsd,proto3,oneof" json:"previous_cost_usd,omitempty"`
-	PreviousTotalCostUsd *float64 `protobuf:"fixed64,424,opt,name=previous_total_cost_usd,json=previousTotalCostUsd,proto3,oneof" json:"previous_total_cost_usd,omitempty"`
-	RepriceReason        string   `protobuf:"bytes,425,opt,name=reprice_reason,json=repriceReason,proto3" json:"reprice_reason,omitempty"`
-	// --- energy coverage after warmup (rates; 430-439) ---
+	// (aggregate/booking.go).
+	Booked *Booking `protobuf:"bytes,410,opt,name=booked,proto3" json:"booked,omitempty"`
+	// --- energy coverage after warmup (rates) ---
 	// Over measured windows: their seconds (each node's windows summed) and
 	// the part of those seconds without energy (a window without a counter:
 	// its gap_s share).
 	MeasuredSpanS  float64 `protobuf:"fixed64,430,opt,name=measured_span_s,json=measuredSpanS,proto3" json:"measured_span_s,omitempty"`
 	UncoveredSpanS float64 `protobuf:"fixed64,431,opt,name=uncovered_span_s,json=uncoveredSpanS,proto3" json:"uncovered_span_s,omitempty"`
-	// --- run ids reused across nodes (400-409) ---
+	// --- run ids reused across nodes ---
 	// Starts the collector refused (the run had ended on every node, and
 	// they did not ask to resume), by node. The node's records of the run
 	// from the first on are dropped, until it sends a start that is accepted.
@@ -210,30 +188,9 @@ func (x *Aggregate) GetStart() int64 {
 	return 0
 }
 
-func (x *Aggregate) GetMetadata() *Metadata {
+func (x *Aggregate) GetRunStart() *v1.RunStart {
 	if x != nil {
-		return x.Metadata
-	}
-	return nil
-}
-
-func (x *Aggregate) GetGpuName() string {
-	if x != nil {
-		return x.GpuName
-	}
-	return ""
-}
-
-func (x *Aggregate) GetGpuPricePerHour() float64 {
-	if x != nil {
-		return x.GpuPricePerHour
-	}
-	return 0
-}
-
-func (x *Aggregate) GetPlan() *Plan {
-	if x != nil {
-		return x.Plan
+		return x.RunStart
 	}
 	return nil
 }
@@ -434,13 +391,6 @@ func (x *Aggregate) GetVramSamples() uint64 {
 	return 0
 }
 
-func (x *Aggregate) GetGpus() map[string]*GpuIndices {
-	if x != nil {
-		return x.Gpus
-	}
-	return nil
-}
-
 func (x *Aggregate) GetPeakFolded() float64 {
 	if x != nil {
 		return x.PeakFolded
@@ -476,7 +426,7 @@ func (x *Aggregate) GetHasFolded() bool {
 	return false
 }
 
-func (x *Aggregate) GetEvals() []*Eval {
+func (x *Aggregate) GetEvals() []*v1.Eval {
 	if x != nil {
 		return x.Evals
 	}
@@ -595,27 +545,6 @@ func (x *Aggregate) GetMaxSharingRuns() uint32 {
 	return 0
 }
 
-func (x *Aggregate) GetUser() string {
-	if x != nil {
-		return x.User
-	}
-	return ""
-}
-
-func (x *Aggregate) GetUid() uint32 {
-	if x != nil {
-		return x.Uid
-	}
-	return 0
-}
-
-func (x *Aggregate) GetHasUid() bool {
-	if x != nil {
-		return x.HasUid
-	}
-	return false
-}
-
 func (x *Aggregate) GetHostCpuEnergyJ() float64 {
 	if x != nil {
 		return x.HostCpuEnergyJ
@@ -665,116 +594,11 @@ func (x *Aggregate) GetLostHostEnergyJ() float64 {
 	return 0
 }
 
-func (x *Aggregate) GetLockedGpuSeconds() float64 {
+func (x *Aggregate) GetBooked() *Booking {
 	if x != nil {
-		return x.LockedGpuSeconds
-	}
-	return 0
-}
-
-func (x *Aggregate) GetUnpricedGpuSeconds() float64 {
-	if x != nil {
-		return x.UnpricedGpuSeconds
-	}
-	return 0
-}
-
-func (x *Aggregate) GetComputeUsd() float64 {
-	if x != nil {
-		return x.ComputeUsd
-	}
-	return 0
-}
-
-func (x *Aggregate) GetPriceSources() []string {
-	if x != nil {
-		return x.PriceSources
+		return x.Booked
 	}
 	return nil
-}
-
-func (x *Aggregate) GetLockedEnergyJ() float64 {
-	if x != nil {
-		return x.LockedEnergyJ
-	}
-	return 0
-}
-
-func (x *Aggregate) GetUnpricedEnergyJ() float64 {
-	if x != nil {
-		return x.UnpricedEnergyJ
-	}
-	return 0
-}
-
-func (x *Aggregate) GetEnergyUsd() float64 {
-	if x != nil {
-		return x.EnergyUsd
-	}
-	return 0
-}
-
-func (x *Aggregate) GetLockedBandJ() map[string]float64 {
-	if x != nil {
-		return x.LockedBandJ
-	}
-	return nil
-}
-
-func (x *Aggregate) GetLockedBandUsd() map[string]float64 {
-	if x != nil {
-		return x.LockedBandUsd
-	}
-	return nil
-}
-
-func (x *Aggregate) GetIncludedEnergyJ() float64 {
-	if x != nil {
-		return x.IncludedEnergyJ
-	}
-	return 0
-}
-
-func (x *Aggregate) GetPriorityMultiplier() float64 {
-	if x != nil {
-		return x.PriorityMultiplier
-	}
-	return 0
-}
-
-func (x *Aggregate) GetRepriced() bool {
-	if x != nil {
-		return x.Repriced
-	}
-	return false
-}
-
-func (x *Aggregate) GetRepricedAt() int64 {
-	if x != nil {
-		return x.RepricedAt
-	}
-	return 0
-}
-
-func (x *Aggregate) GetPreviousCostUsd() float64 {
-	if x != nil && x.PreviousCostUsd != nil {
-		return *x.PreviousCostUsd
-	}
-	return 0
-}
-
-func (x *Aggregate) GetPreviousTotalCostUsd() float64 {
-	if x != nil && x.PreviousTotalCostUsd != nil {
-		return *x.PreviousTotalCostUsd
-	}
-	return 0
-}
-
-func (x *Aggregate) GetRepriceReason() string {
-	if x != nil {
-		return x.RepriceReason
-	}
-	return ""
 }
 
 func (x *Aggregate) GetMeasuredSpanS() float64 {
@@ -860,296 +684,6 @@ func (x *RefusedStart) GetLatest() int64 {
 	return 0
 }
 
-type Metadata struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	Dataset       string                 `protobuf:"bytes,2,opt,name=dataset,proto3" json:"dataset,omitempty"`
-	Backend       string                 `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
-	Optimizer     string                 `protobuf:"bytes,4,opt,name=optimizer,proto3" json:"optimizer,omitempty"`
-	BatchSize     int64                  `protobuf:"varint,5,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
-	GradAccum     int64                  `protobuf:"varint,6,opt,name=grad_accum,json=gradAccum,proto3" json:"grad_accum,omitempty"`
-	SeqLen        int64                  `protobuf:"varint,7,opt,name=seq_len,json=seqLen,proto3" json:"seq_len,omitempty"`
-	Precision     string                 `protobuf:"bytes,8,opt,name=precision,proto3" json:"precision,omitempty"`
-	Seed          int64                  `protobuf:"varint,9,opt,name=seed,proto3" json:"seed,omitempty"`
-	Notes         string                 `protobuf:"bytes,10,opt,name=notes,proto3" json:"notes,omitempty"`
-	HasBatchSize  bool                   `protobuf:"varint,11,opt,name=has_batch_size,json=hasBatchSize,proto3" json:"has_batch_size,omitempty"`
-	HasGradAccum  bool                   `protobuf:"varint,12,opt,name=has_grad_accum,json=hasGradAccum,proto3" json:"has_grad_accum,omitempty"`
-	HasSeqLen     bool                   `protobuf:"varint,13,opt,name=has_seq_len,json=hasSeqLen,proto3" json:"has_seq_len,omitempty"`
-	HasSeed       bool                   `protobuf:"varint,14,opt,name=has_seed,json=hasSeed,proto3" json:"has_seed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Metadata) Reset() {
-	*x = Metadata{}
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[2]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Metadata) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Metadata) ProtoMessage() {}
-
-func (x *Metadata) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[2]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Metadata.ProtoReflect.Descriptor instead.
-func (*Metadata) Descriptor() ([]byte, []int) {
-	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{2}
-}
-
-func (x *Metadata) GetModel() string {
-	if x != nil {
-		return x.Model
-	}
-	return ""
-}
-
-func (x *Metadata) GetDataset() string {
-	if x != nil {
-		return x.Dataset
-	}
-	return ""
-}
-
-func (x *Metadata) GetBackend() string {
-	if x != nil {
-		return x.Backend
-	}
-	return ""
-}
-
-func (x *Metadata) GetOptimizer() string {
-	if x != nil {
-		return x.Optimizer
-	}
-	return ""
-}
-
-func (x *Metadata) GetBatchSize() int64 {
-	if x != nil {
-		return x.BatchSize
-	}
-	return 0
-}
-
-func (x *Metadata) GetGradAccum() int64 {
-	if x != nil {
-		return x.GradAccum
-	}
-	return 0
-}
-
-func (x *Metadata) GetSeqLen() int64 {
-	if x != nil {
-		return x.SeqLen
-	}
-	return 0
-}
-
-func (x *Metadata) GetPrecision() string {
-	if x != nil {
-		return x.Precision
-	}
-	return ""
-}
-
-func (x *Metadata) GetSeed() int64 {
-	if x != nil {
-		return x.Seed
-	}
-	return 0
-}
-
-func (x *Metadata) GetNotes() string {
-	if x != nil {
-		return x.Notes
-	}
-	return ""
-}
-
-func (x *Metadata) GetHasBatchSize() bool {
-	if x != nil {
-		return x.HasBatchSize
-	}
-	return false
-}
-
-func (x *Metadata) GetHasGradAccum() bool {
-	if x != nil {
-		return x.HasGradAccum
-	}
-	return false
-}
-
-func (x *Metadata) GetHasSeqLen() bool {
-	if x != nil {
-		return x.HasSeqLen
-	}
-	return false
-}
-
-func (x *Metadata) GetHasSeed() bool {
-	if x != nil {
-		return x.HasSeed
-	}
-	return false
-}
-
-type Plan struct {
-	state                protoimpl.MessageState `protogen:"open.v1"`
-	BudgetScope          string                 `protobuf:"bytes,1,opt,name=budget_scope,json=budgetScope,proto3" json:"budget_scope,omitempty"`
-	Labels               map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	PlannedSteps         uint64                 `protobuf:"varint,3,opt,name=planned_steps,json=plannedSteps,proto3" json:"planned_steps,omitempty"`
-	PlannedTokens        uint64                 `protobuf:"varint,4,opt,name=planned_tokens,json=plannedTokens,proto3" json:"planned_tokens,omitempty"`
-	PlannedEpochs        uint64                 `protobuf:"varint,5,opt,name=planned_epochs,json=plannedEpochs,proto3" json:"planned_epochs,omitempty"`
-	Params               uint64                 `protobuf:"varint,6,opt,name=params,proto3" json:"params,omitempty"`
-	DatasetSize          uint64                 `protobuf:"varint,7,opt,name=dataset_size,json=datasetSize,proto3" json:"dataset_size,omitempty"`
-	NumWorkers           uint32                 `protobuf:"varint,8,opt,name=num_workers,json=numWorkers,proto3" json:"num_workers,omitempty"`
-	PrefetchFactor       uint32                 `protobuf:"varint,9,opt,name=prefetch_factor,json=prefetchFactor,proto3" json:"prefetch_factor,omitempty"`
-	TargetGpuUtilization float64                `protobuf:"fixed64,10,opt,name=target_gpu_utilization,json=targetGpuUtilization,proto3" json:"target_gpu_utilization,omitempty"`
-	MaxRamUsage          float64                `protobuf:"fixed64,11,opt,name=max_ram_usage,json=maxRamUsage,proto3" json:"max_ram_usage,omitempty"`
-	AdjustmentInterval   uint64                 `protobuf:"varint,12,opt,name=adjustment_interval,json=adjustmentInterval,proto3" json:"adjustment_interval,omitempty"`
-	// --- dataloader advice that pays (issue 19) ---
-	// num_workers was given (0 included); false: the advisor assumes its default.
-	HasNumWorkers bool `protobuf:"varint,550,opt,name=has_num_workers,json=hasNumWorkers,proto3" json:"has_num_workers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Plan) Reset() {
-	*x = Plan{}
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[3]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Plan) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Plan) ProtoMessage() {}
-
-func (x *Plan) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[3]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Plan.ProtoReflect.Descriptor instead.
-func (*Plan) Descriptor() ([]byte, []int) {
-	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{3}
-}
-
-func (x *Plan) GetBudgetScope() string {
-	if x != nil {
-		return x.BudgetScope
-	}
-	return ""
-}
-
-func (x *Plan) GetLabels() map[string]string {
-	if x != nil {
-		return x.Labels
-	}
-	return nil
-}
-
-func (x *Plan) GetPlannedSteps() uint64 {
-	if x != nil {
-		return x.PlannedSteps
-	}
-	return 0
-}
-
-func (x *Plan) GetPlannedTokens() uint64 {
-	if x != nil {
-		return x.PlannedTokens
-	}
-	return 0
-}
-
-func (x *Plan) GetPlannedEpochs() uint64 {
-	if x != nil {
-		return x.PlannedEpochs
-	}
-	return 0
-}
-
-func (x *Plan) GetParams() uint64 {
-	if x != nil {
-		return x.Params
-	}
-	return 0
-}
-
-func (x *Plan) GetDatasetSize() uint64 {
-	if x != nil {
-		return x.DatasetSize
-	}
-	return 0
-}
-
-func (x *Plan) GetNumWorkers() uint32 {
-	if x != nil {
-		return x.NumWorkers
-	}
-	return 0
-}
-
-func (x *Plan) GetPrefetchFactor() uint32 {
-	if x != nil {
-		return x.PrefetchFactor
-	}
-	return 0
-}
-
-func (x *Plan) GetTargetGpuUtilization() float64 {
-	if x != nil {
-		return x.TargetGpuUtilization
-	}
-	return 0
-}
-
-func (x *Plan) GetMaxRamUsage() float64 {
-	if x != nil {
-		return x.MaxRamUsage
-	}
-	return 0
-}
-
-func (x *Plan) GetAdjustmentInterval() uint64 {
-	if x != nil {
-		return x.AdjustmentInterval
-	}
-	return 0
-}
-
-func (x *Plan) GetHasNumWorkers() bool {
-	if x != nil {
-		return x.HasNumWorkers
-	}
-	return false
-}
-
 type Node struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Started    bool                   `protobuf:"varint,1,opt,name=started,proto3" json:"started,omitempty"`
@@ -1163,14 +697,12 @@ type Node struct {
 	// Open peak buckets: seconds ascending, and each one's peak.
 	PeakSeconds []int64   `protobuf:"varint,9,rep,packed,name=peak_seconds,json=peakSeconds,proto3" json:"peak_seconds,omitempty"`
 	PeakWatts   []float64 `protobuf:"fixed64,10,rep,packed,name=peak_watts,json=peakWatts,proto3" json:"peak_watts,omitempty"`
-	// The node's GPU indices (Aggregate.gpus), in a node stored apart only.
+	// The node's GPU indices seen in its windows, ascending.
 	Gpus []uint32 `protobuf:"varint,11,rep,packed,name=gpus,proto3" json:"gpus,omitempty"`
-	// --- run lifecycle ---
 	// RunEnd.end_status of the node's latest RunEnd.
 	EndStatus string `protobuf:"bytes,12,opt,name=end_status,json=endStatus,proto3" json:"end_status,omitempty"`
 	// RunEnd.end_error of that RunEnd.
 	EndError string `protobuf:"bytes,440,opt,name=end_error,json=endError,proto3" json:"end_error,omitempty"`
-	// --- whole-run power ---
 	// Highest window peak (W) of the node's warmup windows.
 	WarmupPeak    float64 `protobuf:"fixed64,300,opt,name=warmup_peak,json=warmupPeak,proto3" json:"warmup_peak,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1179,7 +711,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[4]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1191,7 +723,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[4]
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1204,7 +736,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{4}
+	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Node) GetStarted() bool {
@@ -1305,28 +837,57 @@ func (x *Node) GetWarmupPeak() float64 {
 	return 0
 }
 
-type GpuIndices struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Indices       []uint32               `protobuf:"varint,1,rep,packed,name=indices,proto3" json:"indices,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+// Booking is the cost booked as windows were folded with a Pricer
+// (aggregate/booking.go). GPU-seconds and joules booked without a price are
+// counted apart: a run with any of them has no compute (or energy) cost, as
+// when it was booked.
+type Booking struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// GPU time booked (priced or not), of it without a price, the USD of the
+	// priced part and where its prices came from (sorted).
+	GpuSeconds         float64  `protobuf:"fixed64,1,opt,name=gpu_seconds,json=gpuSeconds,proto3" json:"gpu_seconds,omitempty"`
+	UnpricedGpuSeconds float64  `protobuf:"fixed64,2,opt,name=unpriced_gpu_seconds,json=unpricedGpuSeconds,proto3" json:"unpriced_gpu_seconds,omitempty"`
+	ComputeUsd         float64  `protobuf:"fixed64,3,opt,name=compute_usd,json=computeUsd,proto3" json:"compute_usd,omitempty"`
+	PriceSources       []string `protobuf:"bytes,4,rep,name=price_sources,json=priceSources,proto3" json:"price_sources,omitempty"`
+	// GPU energy booked (J, as measured), of it without an energy price, the
+	// USD of the rest; per tariff band ("flat" for a flat price) the facility
+	// joules (PUE included) and their USD; joules booked while the GPU price
+	// included energy.
+	EnergyJ         float64            `protobuf:"fixed64,5,opt,name=energy_j,json=energyJ,proto3" json:"energy_j,omitempty"`
+	UnpricedEnergyJ float64            `protobuf:"fixed64,6,opt,name=unpriced_energy_j,json=unpricedEnergyJ,proto3" json:"unpriced_energy_j,omitempty"`
+	EnergyUsd       float64            `protobuf:"fixed64,7,opt,name=energy_usd,json=energyUsd,proto3" json:"energy_usd,omitempty"`
+	BandJ           map[string]float64 `protobuf:"bytes,8,rep,name=band_j,json=bandJ,proto3" json:"band_j,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	BandUsd         map[string]float64 `protobuf:"bytes,9,rep,name=band_usd,json=bandUsd,proto3" json:"band_usd,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	IncludedEnergyJ float64            `protobuf:"fixed64,10,opt,name=included_energy_j,json=includedEnergyJ,proto3" json:"included_energy_j,omitempty"`
+	// The priority multiplier of the run's labels, locked at the first window
+	// booked after its run_start; 0: none locked yet.
+	PriorityMultiplier float64 `protobuf:"fixed64,11,opt,name=priority_multiplier,json=priorityMultiplier,proto3" json:"priority_multiplier,omitempty"`
+	// The latest Reprice: when (Unix ns), the run's compute and total cost
+	// just before (unset: the run had none), and why.
+	Repriced             bool     `protobuf:"varint,12,opt,name=repriced,proto3" json:"repriced,omitempty"`
+	RepricedAt           int64    `protobuf:"varint,13,opt,name=repriced_at,json=repricedAt,proto3" json:"repriced_at,omitempty"`
+	PreviousCostUsd      *float64 `protobuf:"fixed64,14,opt,name=previous_cost_usd,json=previousCostUsd,proto3,oneof" json:"previous_cost_usd,omitempty"`
+	PreviousTotalCostUsd *float64 `protobuf:"fixed64,15,opt,name=previous_total_cost_usd,json=previousTotalCostUsd,proto3,oneof" json:"previous_total_cost_usd,omitempty"`
+	RepriceReason        string   `protobuf:"bytes,16,opt,name=reprice_reason,json=repriceReason,proto3" json:"reprice_reason,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
-func (x *GpuIndices) Reset() {
-	*x = GpuIndices{}
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[5]
+func (x *Booking) Reset() {
+	*x = Booking{}
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *GpuIndices) String() string {
+func (x *Booking) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*GpuIndices) ProtoMessage() {}
+func (*Booking) ProtoMessage() {}
 
-func (x *GpuIndices) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[5]
+func (x *Booking) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,125 +898,135 @@ func (x *GpuIndices) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use GpuIndices.ProtoReflect.Descriptor instead.
-func (*GpuIndices) Descriptor() ([]byte, []int) {
-	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{5}
+// Deprecated: Use Booking.ProtoReflect.Descriptor instead.
+func (*Booking) Descriptor() ([]byte, []int) {
+	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{3}
 }
 
-func (x *GpuIndices) GetIndices() []uint32 {
+func (x *Booking) GetGpuSeconds() float64 {
 	if x != nil {
-		return x.Indices
+		return x.GpuSeconds
+	}
+	return 0
+}
+
+func (x *Booking) GetUnpricedGpuSeconds() float64 {
+	if x != nil {
+		return x.UnpricedGpuSeconds
+	}
+	return 0
+}
+
+func (x *Booking) GetComputeUsd() float64 {
+	if x != nil {
+		return x.ComputeUsd
+	}
+	return 0
+}
+
+func (x *Booking) GetPriceSources() []string {
+	if x != nil {
+		return x.PriceSources
 	}
 	return nil
 }
 
-type Eval struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Time          int64                  `protobuf:"varint,2,opt,name=time,proto3" json:"time,omitempty"`
-	Epoch         int64                  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	ValLoss       float64                `protobuf:"fixed64,4,opt,name=val_loss,json=valLoss,proto3" json:"val_loss,omitempty"`
-	Accuracy      float64                `protobuf:"fixed64,5,opt,name=accuracy,proto3" json:"accuracy,omitempty"`
-	HasValLoss    bool                   `protobuf:"varint,6,opt,name=has_val_loss,json=hasValLoss,proto3" json:"has_val_loss,omitempty"`
-	HasAccuracy   bool                   `protobuf:"varint,7,opt,name=has_accuracy,json=hasAccuracy,proto3" json:"has_accuracy,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Eval) Reset() {
-	*x = Eval{}
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[6]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Eval) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Eval) ProtoMessage() {}
-
-func (x *Eval) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_store_v1_aggregate_proto_msgTypes[6]
+func (x *Booking) GetEnergyJ() float64 {
 	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
+		return x.EnergyJ
 	}
-	return mi.MessageOf(x)
+	return 0
 }
 
-// Deprecated: Use Eval.ProtoReflect.Descriptor instead.
-func (*Eval) Descriptor() ([]byte, []int) {
-	return file_trainmeter_store_v1_aggregate_proto_rawDescGZIP(), []int{6}
-}
-
-func (x *Eval) GetNode() string {
+func (x *Booking) GetUnpricedEnergyJ() float64 {
 	if x != nil {
-		return x.Node
+		return x.UnpricedEnergyJ
+	}
+	return 0
+}
+
+func (x *Booking) GetEnergyUsd() float64 {
+	if x != nil {
+		return x.EnergyUsd
+	}
+	return 0
+}
+
+func (x *Booking) GetBandJ() map[string]float64 {
+	if x != nil {
+		return x.BandJ
+	}
+	return nil
+}
+
+func (x *Booking) GetBandUsd() map[string]float64 {
+	if x != nil {
+		return x.BandUsd
+	}
+	return nil
+}
+
+func (x *Booking) GetIncludedEnergyJ() float64 {
+	if x != nil {
+		return x.IncludedEnergyJ
+	}
+	return 0
+}
+
+func (x *Booking) GetPriorityMultiplier() float64 {
+	if x != nil {
+		return x.PriorityMultiplier
+	}
+	return 0
+}
+
+func (x *Booking) GetRepriced() bool {
+	if x != nil {
+		return x.Repriced
+	}
+	return false
+}
+
+func (x *Booking) GetRepricedAt() int64 {
+	if x != nil {
+		return x.RepricedAt
+	}
+	return 0
+}
+
+func (x *Booking) GetPreviousCostUsd() float64 {
+	if x != nil && x.PreviousCostUsd != nil {
+		return *x.PreviousCostUsd
+	}
+	return 0
+}
+
+func (x *Booking) GetPreviousTotalCostUsd() float64 {
+	if x != nil && x.PreviousTotalCostUsd != nil {
+		return *x.PreviousTotalCostUsd
+	}
+	return 0
+}
+
+func (x *Booking) GetRepriceReason() string {
+	if x != nil {
+		return x.RepriceReason
 	}
 	return ""
-}
-
-func (x *Eval) GetTime() int64 {
-	if x != nil {
-		return x.Time
-	}
-	return 0
-}
-
-func (x *Eval) GetEpoch() int64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *Eval) GetValLoss() float64 {
-	if x != nil {
-		return x.ValLoss
-	}
-	return 0
-}
-
-func (x *Eval) GetAccuracy() float64 {
-	if x != nil {
-		return x.Accuracy
-	}
-	return 0
-}
-
-func (x *Eval) GetHasValLoss() bool {
-	if x != nil {
-		return x.HasValLoss
-	}
-	return false
-}
-
-func (x *Eval) GetHasAccuracy() bool {
-	if x != nil {
-		return x.HasAccuracy
-	}
-	return false
 }
 
 var File_trainmeter_store_v1_aggregate_proto protoreflect.FileDescriptor
 
 const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\n" +
-	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\"\xc1 \n" +
+	"#trainmeter/store/v1/aggregate.proto\x12\x13trainmeter.store.v1\x1a\x1atrainmeter/v1/ingest.proto\"\xe4\x16\n" +
 	"\tAggregate\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\thas_start\x18\x02 \x01(\bR\bhasStart\x12\x1d\n" +
 	"\n" +
 	"start_node\x18\x03 \x01(\tR\tstartNode\x12\x14\n" +
-	"\x05start\x18\x04 \x01(\x03R\x05start\x129\n" +
-	"\bmetadata\x18\x05 \x01(\v2\x1d.trainmeter.store.v1.MetadataR\bmetadata\x12\x19\n" +
-	"\bgpu_name\x18\x06 \x01(\tR\agpuName\x12+\n" +
-	"\x12gpu_price_per_hour\x18\a \x01(\x01R\x0fgpuPricePerHour\x12-\n" +
-	"\x04plan\x18\b \x01(\v2\x19.trainmeter.store.v1.PlanR\x04plan\x12?\n" +
+	"\x05start\x18\x04 \x01(\x03R\x05start\x124\n" +
+	"\trun_start\x18\x05 \x01(\v2\x17.trainmeter.v1.RunStartR\brunStart\x12?\n" +
 	"\x05nodes\x18\t \x03(\v2).trainmeter.store.v1.Aggregate.NodesEntryR\x05nodes\x12\x1d\n" +
 	"\n" +
 	"has_window\x18\n" +
@@ -1487,8 +1058,7 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"gpuSeconds\x12\x1b\n" +
 	"\tvram_peak\x18\" \x01(\x01R\bvramPeak\x12\x19\n" +
 	"\bvram_sum\x18# \x01(\x01R\avramSum\x12!\n" +
-	"\fvram_samples\x18$ \x01(\x04R\vvramSamples\x12<\n" +
-	"\x04gpus\x18% \x03(\v2(.trainmeter.store.v1.Aggregate.GpusEntryR\x04gpus\x12\x1f\n" +
+	"\fvram_samples\x18$ \x01(\x04R\vvramSamples\x12\x1f\n" +
 	"\vpeak_folded\x18& \x01(\x01R\n" +
 	"peakFolded\x12\x1d\n" +
 	"\n" +
@@ -1497,8 +1067,8 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\ffolded_up_to\x18* \x01(\x03R\n" +
 	"foldedUpTo\x12\x1d\n" +
 	"\n" +
-	"has_folded\x18+ \x01(\bR\thasFolded\x12/\n" +
-	"\x05evals\x18, \x03(\v2\x19.trainmeter.store.v1.EvalR\x05evals\x12\x19\n" +
+	"has_folded\x18+ \x01(\bR\thasFolded\x12)\n" +
+	"\x05evals\x18, \x03(\v2\x13.trainmeter.v1.EvalR\x05evals\x12\x19\n" +
 	"\bhas_loss\x18- \x01(\bR\ahasLoss\x12\x1b\n" +
 	"\tlast_loss\x18. \x01(\x01R\blastLoss\x12 \n" +
 	"\flast_loss_at\x18/ \x01(\x03R\n" +
@@ -1521,10 +1091,7 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"pause_ends\x189 \x03(\x03R\tpauseEnds\x12,\n" +
 	"\x12shared_gpu_seconds\x18: \x01(\x01R\x10sharedGpuSeconds\x12#\n" +
 	"\rshare_methods\x18; \x03(\tR\fshareMethods\x12(\n" +
-	"\x10max_sharing_runs\x18< \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
-	"\x04user\x18= \x01(\tR\x04user\x12\x10\n" +
-	"\x03uid\x18> \x01(\rR\x03uid\x12\x17\n" +
-	"\ahas_uid\x18? \x01(\bR\x06hasUid\x12*\n" +
+	"\x10max_sharing_runs\x18< \x01(\rR\x0emaxSharingRuns\x12*\n" +
 	"\x11host_cpu_energy_j\x18\x8a\x05 \x01(\x01R\x0ehostCpuEnergyJ\x12,\n" +
 	"\x12host_dram_energy_j\x18\x8b\x05 \x01(\x01R\x0fhostDramEnergyJ\x12!\n" +
 	"\fhas_host_cpu\x18\x8c\x05 \x01(\bR\n" +
@@ -1533,26 +1100,8 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\vhost_splits\x18\x8e\x05 \x03(\tR\n" +
 	"hostSplits\x12W\n" +
 	"\x0ecarbon_by_band\x18\xd2\x06 \x03(\v20.trainmeter.store.v1.Aggregate.CarbonByBandEntryR\fcarbonByBand\x12,\n" +
-	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x12-\n" +
-	"\x12locked_gpu_seconds\x18\x9a\x03 \x01(\x01R\x10lockedGpuSeconds\x121\n" +
-	"\x14unpriced_gpu_seconds\x18\x9b\x03 \x01(\x01R\x12unpricedGpuSeconds\x12 \n" +
-	"\vcompute_usd\x18\x9c\x03 \x01(\x01R\n" +
-	"computeUsd\x12$\n" +
-	"\rprice_sources\x18\x9d\x03 \x03(\tR\fpriceSources\x12'\n" +
-	"\x0flocked_energy_j\x18\x9e\x03 \x01(\x01R\rlockedEnergyJ\x12+\n" +
-	"\x11unpriced_energy_j\x18\x9f\x03 \x01(\x01R\x0funpricedEnergyJ\x12\x1e\n" +
-	"\n" +
-	"energy_usd\x18\xa0\x03 \x01(\x01R\tenergyUsd\x12T\n" +
-	"\rlocked_band_j\x18\xa1\x03 \x03(\v2/.trainmeter.store.v1.Aggregate.LockedBandJEntryR\vlockedBandJ\x12Z\n" +
-	"\x0flocked_band_usd\x18\xa2\x03 \x03(\v21.trainmeter.store.v1.Aggregate.LockedBandUsdEntryR\rlockedBandUsd\x12+\n" +
-	"\x11included_energy_j\x18\xa3\x03 \x01(\x01R\x0fincludedEnergyJ\x120\n" +
-	"\x13priority_multiplier\x18\xa4\x03 \x01(\x01R\x12priorityMultiplier\x12\x1b\n" +
-	"\brepriced\x18\xa5\x03 \x01(\bR\brepriced\x12 \n" +
-	"\vrepriced_at\x18\xa6\x03 \x01(\x03R\n" +
-	"repricedAt\x120\n" +
-	"\x11previous_cost_usd\x18\xa7\x03 \x01(\x01H\x00R\x0fpreviousCostUsd\x88\x01\x01\x12;\n" +
-	"\x17previous_total_cost_usd\x18\xa8\x03 \x01(\x01H\x01R\x14previousTotalCostUsd\x88\x01\x01\x12&\n" +
-	"\x0ereprice_reason\x18\xa9\x03 \x01(\tR\rrepriceReason\x12'\n" +
+	"\x12lost_host_energy_j\x18\x9a\b \x01(\x01R\x0flostHostEnergyJ\x125\n" +
+	"\x06booked\x18\x9a\x03 \x01(\v2\x1c.trainmeter.store.v1.BookingR\x06booked\x12'\n" +
 	"\x0fmeasured_span_s\x18\xae\x03 \x01(\x01R\rmeasuredSpanS\x12)\n" +
 	"\x10uncovered_span_s\x18\xaf\x03 \x01(\x01R\x0euncoveredSpanS\x12Y\n" +
 	"\x0erefused_starts\x18\x90\x03 \x03(\v21.trainmeter.store.v1.Aggregate.RefusedStartsEntryR\rrefusedStarts\x12#\n" +
@@ -1563,64 +1112,16 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x19.trainmeter.store.v1.NodeR\x05value:\x028\x01\x1a?\n" +
 	"\x11EnergyByBandEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1aX\n" +
-	"\tGpusEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x125\n" +
-	"\x05value\x18\x02 \x01(\v2\x1f.trainmeter.store.v1.GpuIndicesR\x05value:\x028\x01\x1a?\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a?\n" +
 	"\x11CarbonByBandEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a>\n" +
-	"\x10LockedBandJEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a@\n" +
-	"\x12LockedBandUsdEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1ac\n" +
 	"\x12RefusedStartsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x127\n" +
-	"\x05value\x18\x02 \x01(\v2!.trainmeter.store.v1.RefusedStartR\x05value:\x028\x01B\x14\n" +
-	"\x12_previous_cost_usdB\x1a\n" +
-	"\x18_previous_total_cost_usdJ\x04\b'\x10(\"<\n" +
+	"\x05value\x18\x02 \x01(\v2!.trainmeter.store.v1.RefusedStartR\x05value:\x028\x01J\x04\b'\x10(\"<\n" +
 	"\fRefusedStart\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\x03R\x05first\x12\x16\n" +
-	"\x06latest\x18\x02 \x01(\x03R\x06latest\"\x98\x03\n" +
-	"\bMetadata\x12\x14\n" +
-	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
-	"\adataset\x18\x02 \x01(\tR\adataset\x12\x18\n" +
-	"\abackend\x18\x03 \x01(\tR\abackend\x12\x1c\n" +
-	"\toptimizer\x18\x04 \x01(\tR\toptimizer\x12\x1d\n" +
-	"\n" +
-	"batch_size\x18\x05 \x01(\x03R\tbatchSize\x12\x1d\n" +
-	"\n" +
-	"grad_accum\x18\x06 \x01(\x03R\tgradAccum\x12\x17\n" +
-	"\aseq_len\x18\a \x01(\x03R\x06seqLen\x12\x1c\n" +
-	"\tprecision\x18\b \x01(\tR\tprecision\x12\x12\n" +
-	"\x04seed\x18\t \x01(\x03R\x04seed\x12\x14\n" +
-	"\x05notes\x18\n" +
-	" \x01(\tR\x05notes\x12$\n" +
-	"\x0ehas_batch_size\x18\v \x01(\bR\fhasBatchSize\x12$\n" +
-	"\x0ehas_grad_accum\x18\f \x01(\bR\fhasGradAccum\x12\x1e\n" +
-	"\vhas_seq_len\x18\r \x01(\bR\thasSeqLen\x12\x19\n" +
-	"\bhas_seed\x18\x0e \x01(\bR\ahasSeed\"\xcf\x04\n" +
-	"\x04Plan\x12!\n" +
-	"\fbudget_scope\x18\x01 \x01(\tR\vbudgetScope\x12=\n" +
-	"\x06labels\x18\x02 \x03(\v2%.trainmeter.store.v1.Plan.LabelsEntryR\x06labels\x12#\n" +
-	"\rplanned_steps\x18\x03 \x01(\x04R\fplannedSteps\x12%\n" +
-	"\x0eplanned_tokens\x18\x04 \x01(\x04R\rplannedTokens\x12%\n" +
-	"\x0eplanned_epochs\x18\x05 \x01(\x04R\rplannedEpochs\x12\x16\n" +
-	"\x06params\x18\x06 \x01(\x04R\x06params\x12!\n" +
-	"\fdataset_size\x18\a \x01(\x04R\vdatasetSize\x12\x1f\n" +
-	"\vnum_workers\x18\b \x01(\rR\n" +
-	"numWorkers\x12'\n" +
-	"\x0fprefetch_factor\x18\t \x01(\rR\x0eprefetchFactor\x124\n" +
-	"\x16target_gpu_utilization\x18\n" +
-	" \x01(\x01R\x14targetGpuUtilization\x12\"\n" +
-	"\rmax_ram_usage\x18\v \x01(\x01R\vmaxRamUsage\x12/\n" +
-	"\x13adjustment_interval\x18\f \x01(\x04R\x12adjustmentInterval\x12'\n" +
-	"\x0fhas_num_workers\x18\xa6\x04 \x01(\bR\rhasNumWorkers\x1a9\n" +
-	"\vLabelsEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x03\n" +
+	"\x06latest\x18\x02 \x01(\x03R\x06latest\"\x9f\x03\n" +
 	"\x04Node\x12\x18\n" +
 	"\astarted\x18\x01 \x01(\bR\astarted\x12\x1b\n" +
 	"\tstart_min\x18\x02 \x01(\x03R\bstartMin\x12\x1b\n" +
@@ -1641,19 +1142,38 @@ const file_trainmeter_store_v1_aggregate_proto_rawDesc = "" +
 	"end_status\x18\f \x01(\tR\tendStatus\x12\x1c\n" +
 	"\tend_error\x18\xb8\x03 \x01(\tR\bendError\x12 \n" +
 	"\vwarmup_peak\x18\xac\x02 \x01(\x01R\n" +
-	"warmupPeak\"&\n" +
+	"warmupPeak\"\xe4\x06\n" +
+	"\aBooking\x12\x1f\n" +
+	"\vgpu_seconds\x18\x01 \x01(\x01R\n" +
+	"gpuSeconds\x120\n" +
+	"\x14unpriced_gpu_seconds\x18\x02 \x01(\x01R\x12unpricedGpuSeconds\x12\x1f\n" +
+	"\vcompute_usd\x18\x03 \x01(\x01R\n" +
+	"computeUsd\x12#\n" +
+	"\rprice_sources\x18\x04 \x03(\tR\fpriceSources\x12\x19\n" +
+	"\benergy_j\x18\x05 \x01(\x01R\aenergyJ\x12*\n" +
+	"\x11unpriced_energy_j\x18\x06 \x01(\x01R\x0funpricedEnergyJ\x12\x1d\n" +
 	"\n" +
-	"GpuIndices\x12\x18\n" +
-	"\aindices\x18\x01 \x03(\rR\aindices\"\xc0\x01\n" +
-	"\x04Eval\x12\x12\n" +
-	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
-	"\x04time\x18\x02 \x01(\x03R\x04time\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x19\n" +
-	"\bval_loss\x18\x04 \x01(\x01R\avalLoss\x12\x1a\n" +
-	"\baccuracy\x18\x05 \x01(\x01R\baccuracy\x12 \n" +
-	"\fhas_val_loss\x18\x06 \x01(\bR\n" +
-	"hasValLoss\x12!\n" +
-	"\fhas_accuracy\x18\a \x01(\bR\vhasAccuracyBDZBgithub.com/trainmeter/trainmeter/proto/trainmeter/store/v1;storev1b\x06proto3"
+	"energy_usd\x18\a \x01(\x01R\tenergyUsd\x12>\n" +
+	"\x06band_j\x18\b \x03(\v2'.trainmeter.store.v1.Booking.BandJEntryR\x05bandJ\x12D\n" +
+	"\bband_usd\x18\t \x03(\v2).trainmeter.store.v1.Booking.BandUsdEntryR\abandUsd\x12*\n" +
+	"\x11included_energy_j\x18\n" +
+	" \x01(\x01R\x0fincludedEnergyJ\x12/\n" +
+	"\x13priority_multiplier\x18\v \x01(\x01R\x12priorityMultiplier\x12\x1a\n" +
+	"\brepriced\x18\f \x01(\bR\brepriced\x12\x1f\n" +
+	"\vrepriced_at\x18\r \x01(\x03R\n" +
+	"repricedAt\x12/\n" +
+	"\x11previous_cost_usd\x18\x0e \x01(\x01H\x00R\x0fpreviousCostUsd\x88\x01\x01\x12:\n" +
+	"\x17previous_total_cost_usd\x18\x0f \x01(\x01H\x01R\x14previousTotalCostUsd\x88\x01\x01\x12%\n" +
+	"\x0ereprice_reason\x18\x10 \x01(\tR\rrepriceReason\x1a8\n" +
+	"\n" +
+	"BandJEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a:\n" +
+	"\fBandUsdEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\x14\n" +
+	"\x12_previous_cost_usdB\x1a\n" +
+	"\x18_previous_total_cost_usdBDZBgithub.com/trainmeter/trainmeter/proto/trainmeter/store/v1;storev1b\x06proto3"
 
 var (
 	file_trainmeter_store_v1_aggregate_proto_rawDescOnce sync.Once
@@ -1667,44 +1187,38 @@ func file_trainmeter_store_v1_aggregate_proto_rawDescGZIP() []byte {
 	return file_trainmeter_store_v1_aggregate_proto_rawDescData
 }
 
-var file_trainmeter_store_v1_aggregate_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_trainmeter_store_v1_aggregate_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_trainmeter_store_v1_aggregate_proto_goTypes = []any{
 	(*Aggregate)(nil),    // 0: trainmeter.store.v1.Aggregate
 	(*RefusedStart)(nil), // 1: trainmeter.store.v1.RefusedStart
-	(*Metadata)(nil),     // 2: trainmeter.store.v1.Metadata
-	(*Plan)(nil),         // 3: trainmeter.store.v1.Plan
-	(*Node)(nil),         // 4: trainmeter.store.v1.Node
-	(*GpuIndices)(nil),   // 5: trainmeter.store.v1.GpuIndices
-	(*Eval)(nil),         // 6: trainmeter.store.v1.Eval
-	nil,                  // 7: trainmeter.store.v1.Aggregate.NodesEntry
-	nil,                  // 8: trainmeter.store.v1.Aggregate.EnergyByBandEntry
-	nil,                  // 9: trainmeter.store.v1.Aggregate.GpusEntry
-	nil,                  // 10: trainmeter.store.v1.Aggregate.CarbonByBandEntry
-	nil,                  // 11: trainmeter.store.v1.Aggregate.LockedBandJEntry
-	nil,                  // 12: trainmeter.store.v1.Aggregate.LockedBandUsdEntry
-	nil,                  // 13: trainmeter.store.v1.Aggregate.RefusedStartsEntry
-	nil,                  // 14: trainmeter.store.v1.Plan.LabelsEntry
+	(*Node)(nil),         // 2: trainmeter.store.v1.Node
+	(*Booking)(nil),      // 3: trainmeter.store.v1.Booking
+	nil,                  // 4: trainmeter.store.v1.Aggregate.NodesEntry
+	nil,                  // 5: trainmeter.store.v1.Aggregate.EnergyByBandEntry
+	nil,                  // 6: trainmeter.store.v1.Aggregate.CarbonByBandEntry
+	nil,                  // 7: trainmeter.store.v1.Aggregate.RefusedStartsEntry
+	nil,                  // 8: trainmeter.store.v1.Booking.BandJEntry
+	nil,                  // 9: trainmeter.store.v1.Booking.BandUsdEntry
+	(*v1.RunStart)(nil),  // 10: trainmeter.v1.RunStart
+	(*v1.Eval)(nil),      // 11: trainmeter.v1.Eval
 }
 var file_trainmeter_store_v1_aggregate_proto_depIdxs = []int32{
-	2,  // 0: trainmeter.store.v1.Aggregate.metadata:type_name -> trainmeter.store.v1.Metadata
-	3,  // 1: trainmeter.store.v1.Aggregate.plan:type_name -> trainmeter.store.v1.Plan
-	7,  // 2: trainmeter.store.v1.Aggregate.nodes:type_name -> trainmeter.store.v1.Aggregate.NodesEntry
-	8,  // 3: trainmeter.store.v1.Aggregate.energy_by_band:type_name -> trainmeter.store.v1.Aggregate.EnergyByBandEntry
-	9,  // 4: trainmeter.store.v1.Aggregate.gpus:type_name -> trainmeter.store.v1.Aggregate.GpusEntry
-	6,  // 5: trainmeter.store.v1.Aggregate.evals:type_name -> trainmeter.store.v1.Eval
-	10, // 6: trainmeter.store.v1.Aggregate.carbon_by_band:type_name -> trainmeter.store.v1.Aggregate.CarbonByBandEntry
-	11, // 7: trainmeter.store.v1.Aggregate.locked_band_j:type_name -> trainmeter.store.v1.Aggregate.LockedBandJEntry
-	12, // 8: trainmeter.store.v1.Aggregate.locked_band_usd:type_name -> trainmeter.store.v1.Aggregate.LockedBandUsdEntry
-	13, // 9: trainmeter.store.v1.Aggregate.refused_starts:type_name -> trainmeter.store.v1.Aggregate.RefusedStartsEntry
-	14, // 10: trainmeter.store.v1.Plan.labels:type_name -> trainmeter.store.v1.Plan.LabelsEntry
-	4,  // 11: trainmeter.store.v1.Aggregate.NodesEntry.value:type_name -> trainmeter.store.v1.Node
-	5,  // 12: trainmeter.store.v1.Aggregate.GpusEntry.value:type_name -> trainmeter.store.v1.GpuIndices
-	1,  // 13: trainmeter.store.v1.Aggregate.RefusedStartsEntry.value:type_name -> trainmeter.store.v1.RefusedStart
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	10, // 0: trainmeter.store.v1.Aggregate.run_start:type_name -> trainmeter.v1.RunStart
+	4,  // 1: trainmeter.store.v1.Aggregate.nodes:type_name -> trainmeter.store.v1.Aggregate.NodesEntry
+	5,  // 2: trainmeter.store.v1.Aggregate.energy_by_band:type_name -> trainmeter.store.v1.Aggregate.EnergyByBandEntry
+	11, // 3: trainmeter.store.v1.Aggregate.evals:type_name -> trainmeter.v1.Eval
+	6,  // 4: trainmeter.store.v1.Aggregate.carbon_by_band:type_name -> trainmeter.store.v1.Aggregate.CarbonByBandEntry
+	3,  // 5: trainmeter.store.v1.Aggregate.booked:type_name -> trainmeter.store.v1.Booking
+	7,  // 6: trainmeter.store.v1.Aggregate.refused_starts:type_name -> trainmeter.store.v1.Aggregate.RefusedStartsEntry
+	8,  // 7: trainmeter.store.v1.Booking.band_j:type_name -> trainmeter.store.v1.Booking.BandJEntry
+	9,  // 8: trainmeter.store.v1.Booking.band_usd:type_name -> trainmeter.store.v1.Booking.BandUsdEntry
+	2,  // 9: trainmeter.store.v1.Aggregate.NodesEntry.value:type_name -> trainmeter.store.v1.Node
+	1,  // 10: trainmeter.store.v1.Aggregate.RefusedStartsEntry.value:type_name -> trainmeter.store.v1.RefusedStart
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_store_v1_aggregate_proto_init() }
@@ -1712,14 +1226,14 @@ func file_trainmeter_store_v1_aggregate_proto_init() {
 	if File_trainmeter_store_v1_aggregate_proto != nil {
 		return
 	}
-	file_trainmeter_store_v1_aggregate_proto_msgTypes[0].OneofWrappers = []any{}
+	file_trainmeter_store_v1_aggregate_proto_msgTypes[3].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_store_v1_aggregate_proto_rawDesc), len(file_trainmeter_store_v1_aggregate_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
