@@ -4,16 +4,20 @@
 //
 // # Layout of the spool directory
 //
-//	state        boot id, next seq, pending loss report (JSON + CRC32C line),
-//	             replaced atomically (write temp, fsync, rename, fsync dir)
+//	state        format version, boot id, next seq, pending loss report
+//	             (JSON + CRC32C line), replaced atomically (write temp, fsync,
+//	             rename, fsync dir)
 //	acks         append-only log of acked seqs: 13-byte entries
 //	             [kind u8][seq u64 LE][crc32c u32 LE], compacted on segment removal;
 //	             kind 'A'+i: the i-th collector acked seq (cursor.go)
 //	seg-<first seq, 20 digits>.tms
-//	             segment: header [magic "TMSPOOL1"][boot id len u16][boot id]
+//	             segment: header [magic "TMSPOOL1", 1 the format version]
+//	             [boot id len u16][boot id]
 //	             [crc32c u32], then records [len u32][crc32c u32][seq u64][Batch proto],
 //	             the CRC covering seq and payload; all integers little-endian
 //	lock         flock'd while a spool is open, so two agents cannot share it
+//
+// A spool of another format version is refused (format.go), not read.
 //
 // (The agent keeps its ledger state beside these, in ledger-state.0 and
 // ledger-state.1, and its ended run ids in ended-runs.json; the spool does
@@ -93,8 +97,8 @@ const DefaultSegmentBytes int64 = 4 << 20
 const MinMaxBytes int64 = 4 << 10
 
 const (
-	segMagic     = "TMSPOOL1"
-	recHeader    = 16 // len u32, crc u32, seq u64
+	segMagic     = "TMSPOOL1" // its last byte: formatVersion's digit
+	recHeader    = 16         // len u32, crc u32, seq u64
 	maxRecord    = 64 << 20
 	ackEntry     = 13
 	ackKindAck   = 'A'
