@@ -7,6 +7,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -368,6 +369,55 @@ func TestFaultCorruptSpoolAtStart(t *testing.T) {
 		resp, err := fc.q.GetRun(context.Background(), &trainmeterv1.GetRunRequest{RunId: "before"})
 		return err == nil && resp.Run.TokensProcessed > 500
 	})
+}
+
+// (e2) The agent's spool was written by another spool format (a newer
+// agent's): the agent says which directory and file, and the way out, and
+// stays up without touching it, so that systemd does not restart it in a
+// loop; it exits cleanly when stopped.
+func TestFaultSpoolOfAnotherFormatAtStart(t *testing.T) {
+	t.Parallel()
+	spool := filepath.Join(t.TempDir(), "spool")
+	if err := os.MkdirAll(spool, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"version":2,"boot_id":"b"}`)
+	state := filepath.Join(spool, "state")
+	if err := os.WriteFile(state, fmt.Appendf(body, "\n%08x\n", crc32.Checksum(body, crc32.MakeTable(crc32.Castagnoli))), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(state)
+	p := startProc(t, "trainmeter-agent", "--collector", testkit.FreeAddr(t), "--socket", filepath.Join(t.TempDir(), "agent.sock"),
+		"--node", "n", "--gpu", "sim:1", "--spool", spool)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.log(), "move it aside") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no refusal logged:\n%s", p.log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	select {
+	case <-p.done:
+		t.Fatalf("the agent exited (a restart loop under systemd):\n%s", p.log())
+	default:
+	}
+	log := p.log()
+	for _, want := range []string{"spool dir " + spool, state, "spool format 2", "this agent reads 1", "run the agent that wrote it"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log does not say %q:\n%s", want, log)
+		}
+	}
+	p.stop(syscall.SIGTERM)
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("exit %d after SIGTERM, want 0", code)
+	}
+	if after, _ := os.ReadFile(state); string(after) != string(before) {
+		t.Errorf("the refused state file changed:\n%s", after)
+	}
+	if strings.Contains(log, "panic") {
+		t.Errorf("agent panicked:\n%s", log)
+	}
 }
 
 // (f) The collector's database directory is corrupt: a clear error and a

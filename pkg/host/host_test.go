@@ -10,6 +10,8 @@ import (
 
 	"github.com/shirou/gopsutil/v4/cpu"
 	"github.com/shirou/gopsutil/v4/mem"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 func TestRealRead(t *testing.T) {
@@ -98,8 +100,8 @@ func TestPartialFailure(t *testing.T) {
 }
 
 func TestReplayPlaysRowsInTime(t *testing.T) {
-	now := time.Unix(1000, 0)
-	r, err := ParseReplay(strings.NewReader("# host\ntime_s,memory_used_mib,memory_total_mib,cpu_count\n0,1000,2000,8\n2,1900,2000,8\n"), func() time.Time { return now })
+	clk := clock.NewFake(time.Unix(1000, 0))
+	r, err := ParseReplay(strings.NewReader("# host\ntime_s,memory_used_mib,memory_total_mib,cpu_count\n0,1000,2000,8\n2,1900,2000,8\n"), clk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +109,7 @@ func TestReplayPlaysRowsInTime(t *testing.T) {
 	if err != nil || got.MemUsedMiB != 1000 || got.MemTotalMiB != 2000 || got.CPUCount != 8 {
 		t.Fatalf("t=0: %+v %v", got, err)
 	}
-	now = now.Add(2500 * time.Millisecond)
+	clk.Advance(2500 * time.Millisecond)
 	if got, _ = r.Read(); got.MemUsedMiB != 1900 {
 		t.Fatalf("t=2.5: %+v", got)
 	}
@@ -121,7 +123,7 @@ func TestReplayRejectsBadTraces(t *testing.T) {
 		{"time_s,memory_used_mib,memory_total_mib\n0,11,10\n", "exceeds"},
 		{"time_s,memory_used_mib,memory_total_mib\n", "no rows"},
 	} {
-		_, err := ParseReplay(strings.NewReader(tc.in), time.Now)
+		_, err := ParseReplay(strings.NewReader(tc.in), clock.Real{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v, want %q", tc.in, err, tc.want)
 		}

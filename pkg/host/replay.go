@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // Replay plays a recorded or hand-written host trace back in real time,
@@ -23,9 +25,9 @@ import (
 // time_s, memory_used_mib, memory_total_mib (required), cpu_pct, cpu_count
 // (optional; an empty cell reads as 0). '#' lines are comments.
 type Replay struct {
-	rows []Reading
-	ts   []float64
-	now  func() time.Time
+	rows  []Reading
+	ts    []float64
+	clock clock.Clock
 
 	mu sync.Mutex
 	t0 time.Time
@@ -38,15 +40,15 @@ func OpenReplay(path string) (*Replay, error) {
 		return nil, err
 	}
 	defer f.Close()
-	r, err := ParseReplay(f, time.Now)
+	r, err := ParseReplay(f, clock.Real{})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return r, nil
 }
 
-// ParseReplay reads a host trace; now is the clock playback runs on.
-func ParseReplay(rd io.Reader, now func() time.Time) (*Replay, error) {
+// ParseReplay reads a host trace; clk is the clock playback runs on.
+func ParseReplay(rd io.Reader, clk clock.Clock) (*Replay, error) {
 	cr := csv.NewReader(rd)
 	cr.Comment = '#'
 	cr.FieldsPerRecord = -1
@@ -63,7 +65,7 @@ func ParseReplay(rd io.Reader, now func() time.Time) (*Replay, error) {
 			return nil, fmt.Errorf("host replay: header lacks column %q", need)
 		}
 	}
-	r := &Replay{now: now}
+	r := &Replay{clock: clk}
 	for {
 		rec, err := cr.Read()
 		if errors.Is(err, io.EOF) {
@@ -114,7 +116,7 @@ func ParseReplay(rd io.Reader, now func() time.Time) (*Replay, error) {
 // Read implements Sampler.
 func (r *Replay) Read() (Reading, error) {
 	r.mu.Lock()
-	now := r.now()
+	now := r.clock.Now()
 	if r.t0.IsZero() {
 		r.t0 = now
 	}

@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // Metric names of the OTel hardware semantic conventions (hw.*) that
@@ -48,7 +50,7 @@ const DefaultGPUEnergyTTL = 24 * time.Hour
 // GPUMetrics turns the agents' per-GPU batch windows into the hw.* metrics.
 // Feed it with Batch; the SDK reads it on every collection.
 type GPUMetrics struct {
-	now        func() time.Time
+	clock      clock.Clock
 	staleAfter time.Duration
 	energyTTL  time.Duration
 	inventory  func() map[string][]*trainmeterv1.GpuInfo
@@ -77,8 +79,8 @@ type gpuState struct {
 
 // GPUOptions configure NewGPUMetrics.
 type GPUOptions struct {
-	// Now is the clock for staleness (time.Now if nil).
-	Now func() time.Time
+	// Clock is the clock for staleness (the wall clock if nil).
+	Clock clock.Clock
 	// StaleAfter overrides DefaultGPUStaleAfter.
 	StaleAfter time.Duration
 	// EnergyTTL overrides DefaultGPUEnergyTTL (raised to StaleAfter if
@@ -91,9 +93,9 @@ type GPUOptions struct {
 
 // NewGPUMetrics registers the hw.* instruments on meter.
 func NewGPUMetrics(meter metric.Meter, o GPUOptions) (*GPUMetrics, error) {
-	g := &GPUMetrics{now: o.Now, staleAfter: o.StaleAfter, energyTTL: o.EnergyTTL, inventory: o.Inventory, gpus: map[gpuKey]*gpuState{}}
-	if g.now == nil {
-		g.now = time.Now
+	g := &GPUMetrics{clock: o.Clock, staleAfter: o.StaleAfter, energyTTL: o.EnergyTTL, inventory: o.Inventory, gpus: map[gpuKey]*gpuState{}}
+	if g.clock == nil {
+		g.clock = clock.Real{}
 	}
 	if g.staleAfter <= 0 {
 		g.staleAfter = DefaultGPUStaleAfter
@@ -155,7 +157,7 @@ func (g *GPUMetrics) Batch(node string, b *trainmeterv1.Batch) {
 	if g == nil || len(b.GetGpuWindows()) == 0 {
 		return
 	}
-	now := g.now()
+	now := g.clock.Now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, w := range b.GetGpuWindows() {
@@ -215,7 +217,7 @@ func (g *GPUMetrics) snapshot() []gpuSnapshot {
 	if g.inventory != nil {
 		inv = g.inventory()
 	}
-	now := g.now()
+	now := g.clock.Now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.pruneLocked(now)

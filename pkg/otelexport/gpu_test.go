@@ -35,7 +35,7 @@ func newGPUHarness(t *testing.T, inventory map[string][]*trainmeterv1.GpuInfo) *
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	o := GPUOptions{Now: clk.Now}
+	o := GPUOptions{Clock: clk}
 	if inventory != nil {
 		o.Inventory = func() map[string][]*trainmeterv1.GpuInfo { return inventory }
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/agent"
 	"github.com/trainmeter/trainmeter/agent/internal/gpuopen"
+	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/host"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
@@ -210,12 +211,19 @@ func run(cfg agent.Config, shutdownTimeout time.Duration) error {
 			return err
 		}
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	a, err := agent.New(cfg, backend, clock.Real{}, hostSampler, logger)
+	if fe := (*spool.FormatError)(nil); errors.As(err, &fe) {
+		// Restarting cannot cure it, and a failed exit would have systemd
+		// restart the agent every 2 s: say so once and wait to be stopped.
+		logger.Error("the agent is not running: it waits to be stopped", "err", err)
+		<-ctx.Done()
+		return nil
+	}
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	if err := a.Start(ctx); err != nil {
 		return err
 	}

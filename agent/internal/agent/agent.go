@@ -54,10 +54,8 @@ type Agent struct {
 	// (endedFile); endedSavedOK whether any was.
 	endedSaved   uint64
 	endedSavedOK bool
-	// state holds the ledger's checkpoints (stateslots.go);
-	// legacyStateGone is set once the file of an older agent is removed.
-	state           *stateSlots
-	legacyStateGone bool
+	// state holds the ledger's checkpoints (stateslots.go).
+	state *stateSlots
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -124,7 +122,6 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 		return nil, err
 	}
 	a.spool = sp
-	a.restoreLedger()
 	built := false
 	defer func() {
 		if !built {
@@ -132,6 +129,9 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 			_ = sp.Close()
 		}
 	}()
+	if err := a.restoreLedger(); err != nil {
+		return nil, err
+	}
 
 	sock, err := trainersock.New(trainersock.Config{Path: cfg.Socket, Group: cfg.SocketGroup, AllowedUIDs: allowedUIDs(cfg),
 		MaxConnsPerUID: cfg.SocketMaxConnsPerUID, IdleTimeout: socketIdleTimeout(cfg.SocketIdleTimeout), Clock: clk}, handler{a}, logger)

@@ -30,7 +30,7 @@ func TestSharedAMDGPUSplitByEngineTimeFromFdinfo(t *testing.T) {
 	}
 	client(11, 1, 10*time.Second)
 	client(21, 2, 10*time.Second)
-	backend, err := amdgpu.New(amdgpu.Options{SysfsRoot: "../../../pkg/gpu/amdgpu/testdata/mi300x/sys", ProcfsRoot: proc, Now: clk.Now})
+	backend, err := amdgpu.New(amdgpu.Options{SysfsRoot: "../../../pkg/gpu/amdgpu/testdata/mi300x/sys", ProcfsRoot: proc, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func (a *Agent) startOTel(ctx context.Context) error {
 	gpus := a.hello().GetGpus()
 	inventory := map[string][]*trainmeterv1.GpuInfo{a.cfg.Node: gpus}
 	gm, err := otelexport.NewGPUMetrics(exp.Meter(), otelexport.GPUOptions{
-		Now:       a.clock.Now,
+		Clock:     a.clock,
 		Inventory: func() map[string][]*trainmeterv1.GpuInfo { return inventory },
 	})
 	if err != nil {

@@ -2,8 +2,6 @@ package agent
 
 import (
 	"encoding/json"
-	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -11,12 +9,6 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 )
-
-// legacyStateFile is where agents before the state slots (stateslots.go)
-// kept the ledger's snapshot, replaced by write-then-rename every second. It
-// is still read when no slot holds a checkpoint (the first start after an
-// upgrade), and removed once a slot is written.
-const legacyStateFile = "ledger-state.json"
 
 // endedFile holds the ids of the runs that ended on this node, so that a
 // restarted agent still refuses their reuse (ledger/lifecycle.go). Apart
@@ -26,13 +18,12 @@ const endedFile = "ended-runs.json"
 
 func (a *Agent) endedPath() string { return filepath.Join(a.cfg.Spool, endedFile) }
 
-func (a *Agent) legacyStatePath() string { return filepath.Join(a.cfg.Spool, legacyStateFile) }
-
 // restoreLedger brings back the runs of the previous process, if any, from
-// the newest valid state slot, else from the legacy file. No checkpoint is
-// a clean start; an unreadable one is reported and ignored: the runs it held
-// are then ended at the collector by nobody, and show as not ended there.
-func (a *Agent) restoreLedger() {
+// the newest valid state slot. No checkpoint is a clean start; an
+// unreadable one is reported and ignored: the runs it held are then ended
+// at the collector by nobody, and show as not ended there. A state of
+// another format is refused (the error).
+func (a *Agent) restoreLedger() error {
 	if b, err := os.ReadFile(a.endedPath()); err == nil {
 		var ended []ledger.EndedRun
 		if err := json.Unmarshal(b, &ended); err != nil {
@@ -45,7 +36,10 @@ func (a *Agent) restoreLedger() {
 	if a.state == nil {
 		a.state = newStateSlots(a.cfg.Spool, nil)
 	}
-	b, from, problems := a.state.load()
+	b, from, problems, err := a.state.load()
+	if err != nil {
+		return err
+	}
 	var bad []string
 	for _, p := range problems {
 		if !p.empty {
@@ -54,34 +48,24 @@ func (a *Agent) restoreLedger() {
 				"file", a.state.path(p.slot), "err", p.err)
 		}
 	}
-	file := a.legacyStatePath()
-	if from >= 0 {
-		file = a.state.path(from)
+	if from < 0 {
 		if len(bad) > 0 {
-			a.log.Warn("resuming from the readable ledger state slot; if the other was the newer (a write torn by a kill -9), this checkpoint is one second older than the last", "file", file)
+			a.log.Error("no ledger state slot is readable; starting afresh: runs of the previous agent are not resumed", "files", bad)
 		}
-	} else {
-		var err error
-		b, err = os.ReadFile(file)
-		if errors.Is(err, fs.ErrNotExist) {
-			if len(bad) > 0 {
-				a.log.Error("no ledger state slot is readable; starting afresh: runs of the previous agent are not resumed", "files", bad)
-			}
-			return
-		}
-		if err != nil {
-			a.log.Error("cannot resume runs from the previous agent's state; starting afresh", "file", file, "err", err)
-			return
-		}
+		return nil
+	}
+	file := a.state.path(from)
+	if len(bad) > 0 {
+		a.log.Warn("resuming from the readable ledger state slot; if the other was the newer (a write torn by a kill -9), this checkpoint is one second older than the last", "file", file)
 	}
 	var s ledger.Snapshot
-	err := json.Unmarshal(b, &s)
+	err = json.Unmarshal(b, &s)
 	if err == nil {
 		err = a.ledger.Restore(a.clock.Now(), s, a.cfg.RejoinGrace)
 	}
 	if err != nil {
 		a.log.Error("cannot resume runs from the previous agent's state; starting afresh", "file", file, "err", err)
-		return
+		return nil
 	}
 	if cr, ok := a.backend.(gpu.CounterResumer); ok {
 		// A simulated GPU's counter lives in this process: continue it
@@ -96,6 +80,7 @@ func (a *Agent) restoreLedger() {
 	if len(s.Runs) > 0 {
 		a.log.Info("resuming runs after an agent restart", "runs", len(s.Runs), "checkpoint", s.Time, "down_for", a.clock.Now().Sub(s.Time), "file", file)
 	}
+	return nil
 }
 
 // checkpoint persists the ledger's snapshot after the batches of a closed
@@ -106,13 +91,6 @@ func (a *Agent) checkpoint(now time.Time) {
 	b, err := json.Marshal(a.ledger.Snapshot())
 	if err == nil {
 		err = a.state.write(b)
-	}
-	if err == nil && !a.legacyStateGone {
-		// The slots now hold a newer checkpoint than an old agent's file.
-		if rerr := os.Remove(a.legacyStatePath()); rerr == nil || errors.Is(rerr, fs.ErrNotExist) {
-			a.legacyStateGone = true
-			_ = os.Remove(a.legacyStatePath() + ".tmp") // left by a kill -9 mid-write
-		}
 	}
 	if ended, v := a.ledger.EndedRuns(); err == nil && (v != a.endedSaved || !a.endedSavedOK) && (len(ended) > 0 || a.endedSavedOK) {
 		if err = writeJSONFile(a.endedPath(), ended); err == nil {

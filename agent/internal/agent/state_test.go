@@ -1,7 +1,8 @@
 package agent
 
 import (
-	"encoding/json"
+	"encoding/binary"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/internal/testkit"
 	"github.com/trainmeter/trainmeter/pkg/clock"
@@ -57,7 +59,9 @@ func (r *stateRig) start(open func(string) (stateSlotFile, error)) {
 		ledger: ledger.New(ledger.Config{Devices: r.backend.Devices(), Logger: lg})}
 	r.t.Cleanup(func() { _ = r.a.state.close() })
 	r.fake.Advance(time.Second)
-	r.a.restoreLedger()
+	if err := r.a.restoreLedger(); err != nil {
+		r.t.Fatal(err)
+	}
 }
 
 func (r *stateRig) startRun(id string) {
@@ -108,9 +112,6 @@ func TestStateSlotsResumeRunsAfterRestart(t *testing.T) {
 	}
 	if strings.Contains(r.logs.String(), "level=WARN") || strings.Contains(r.logs.String(), "level=ERROR") {
 		t.Errorf("a clean restart logged a problem:\n%s", r.logs)
-	}
-	if _, err := os.Stat(filepath.Join(r.dir, legacyStateFile)); !os.IsNotExist(err) {
-		t.Errorf("%s exists: %v", legacyStateFile, err)
 	}
 }
 
@@ -188,41 +189,49 @@ func TestBothStateSlotsCorruptStartsClean(t *testing.T) {
 	}
 }
 
-func TestLegacyStateFileIsReadThenRemovedOnceASlotIsWritten(t *testing.T) {
-	dir := t.TempDir()
-	// An older agent left its snapshot as JSON, written with rename.
-	old := newStateRig(t, filepath.Join(dir, "old"), nil)
-	old.startRun("legacy-run")
-	old.window()
-	snap, err := json.Marshal(old.a.ledger.Snapshot())
+// A ledger state slot written by another state format (a newer agent's)
+// is refused: the error names the file, both formats and the way out, and
+// neither slot is touched, so the agent that wrote it can still resume.
+func TestRestoreRefusesAnotherStateFormat(t *testing.T) {
+	r := newStateRig(t, t.TempDir(), nil)
+	r.startRun("a")
+	r.window()
+	r.window()
+	newest := r.slot(r.newestSlot())
+	b, err := os.ReadFile(newest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	spool := filepath.Join(dir, "spool")
-	if err := os.MkdirAll(spool, 0o750); err != nil {
+	binary.LittleEndian.PutUint32(b[8:12], 2)
+	if err := os.WriteFile(newest, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	legacy := filepath.Join(spool, legacyStateFile)
-	if err := writeJSONFile(legacy, json.RawMessage(snap)); err != nil {
-		t.Fatal(err)
+	before := [2][]byte{}
+	for i := range before {
+		before[i], _ = os.ReadFile(r.slot(i))
 	}
-	r := newStateRigAt(t, spool, nil, old.fake)
-	if got := r.runs(); !slices.Equal(got, []string{"legacy-run"}) {
-		t.Fatalf("runs %v from the legacy file, want [legacy-run]\n%s", got, r.logs)
+	_ = r.a.state.close()
+	a := &Agent{cfg: r.a.cfg, clock: r.fake, log: r.a.log, state: newStateSlots(r.dir, nil),
+		ledger: ledger.New(ledger.Config{Devices: r.backend.Devices()})}
+	defer a.state.close()
+	err = a.restoreLedger()
+	var fe *spool.FormatError
+	if !errors.As(err, &fe) {
+		t.Fatalf("restore: %v, want a *spool.FormatError", err)
 	}
-	if !strings.Contains(r.logs.String(), legacyStateFile) {
-		t.Errorf("the resume does not name the file it came from:\n%s", r.logs)
+	for _, want := range []string{"ledger state " + newest, "ledger state format 2", "this agent reads 1",
+		"move it aside (the open runs it holds are not resumed) or run the agent that wrote it"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
 	}
-	if _, err := os.Stat(legacy); err != nil {
-		t.Errorf("legacy file gone before any slot was written: %v", err)
+	if runs := a.ledger.ActiveRuns(); len(runs) != 0 {
+		t.Errorf("runs %v resumed from a refused state", runs)
 	}
-	r.window()
-	if _, err := os.Stat(legacy); !os.IsNotExist(err) {
-		t.Errorf("legacy file still there after a slot was written: %v", err)
-	}
-	r.start(nil)
-	if got := r.runs(); !slices.Equal(got, []string{"legacy-run"}) {
-		t.Errorf("runs %v from the slots after the upgrade, want [legacy-run]\n%s", got, r.logs)
+	for i := range before {
+		if after, _ := os.ReadFile(r.slot(i)); string(after) != string(before[i]) {
+			t.Errorf("slot %d changed", i)
+		}
 	}
 }
 
@@ -284,7 +293,6 @@ func TestCheckpointIsOneWriteAtOnAFileKeptOpen(t *testing.T) {
 	if before.opens != 2 || before.writes != 0 {
 		t.Fatalf("at start: %d opens, %d writes; want both slots opened once, nothing written", before.opens, before.writes)
 	}
-	// The legacy file's removal is a one-time step on the first checkpoint.
 	r.window()
 	first := calls.snapshot()
 	const n = 10

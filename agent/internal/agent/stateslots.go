@@ -17,6 +17,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/trainmeter/trainmeter/agent/internal/spool"
 )
 
 // stateSlotNames are the two slot files in the spool directory.
@@ -25,6 +27,9 @@ var stateSlotNames = [2]string{"ledger-state.0", "ledger-state.1"}
 const (
 	stateSlotMagic   = "TMLEDGST"
 	stateSlotVersion = 1
+	// maxStateSlotVersion bounds the version field: beyond it the field is
+	// damage (the CRC of another format's header cannot be checked).
+	maxStateSlotVersion = 255
 	// stateSlotHeader: magic [8], version u32, seq u64, payload length u32,
 	// CRC32C u32 over the header's first 24 bytes and the payload; all
 	// little-endian.
@@ -93,7 +98,9 @@ type slotProblem struct {
 // load reads both slots and returns the payload of the newest valid one,
 // which slot it came from (-1: none), and what was wrong with the others.
 // The next write goes to the slot that does not hold the payload returned.
-func (ss *stateSlots) load() (payload []byte, from int, problems []slotProblem) {
+// A slot of another format version refuses the whole state (err, a
+// *spool.FormatError): the agent that wrote it may still resume from it.
+func (ss *stateSlots) load() (payload []byte, from int, problems []slotProblem, err error) {
 	from = -1
 	for i := range ss.files {
 		f, err := ss.file(i)
@@ -102,6 +109,11 @@ func (ss *stateSlots) load() (payload []byte, from int, problems []slotProblem) 
 			continue
 		}
 		p, seq, err := readStateSlot(f)
+		var other otherVersion
+		if errors.As(err, &other) {
+			return nil, -1, nil, &spool.FormatError{What: "ledger state " + ss.path(i), Format: "ledger state",
+				Have: uint32(other), Want: stateSlotVersion, Lost: "the open runs it holds are not resumed"}
+		}
 		if err != nil {
 			problems = append(problems, slotProblem{slot: i, empty: errors.Is(err, errSlotEmpty), err: err})
 			continue
@@ -114,10 +126,17 @@ func (ss *stateSlots) load() (payload []byte, from int, problems []slotProblem) 
 	if from == 0 {
 		ss.next = 1
 	}
-	return payload, from, problems
+	return payload, from, problems, nil
 }
 
 var errSlotEmpty = errors.New("empty")
+
+// otherVersion is a slot's format version when it is not stateSlotVersion.
+type otherVersion uint32
+
+func (v otherVersion) Error() string {
+	return fmt.Sprintf("format version %d, this agent reads %d", uint32(v), stateSlotVersion)
+}
 
 func readStateSlot(f io.ReaderAt) (payload []byte, seq uint64, err error) {
 	hdr := make([]byte, stateSlotHeader)
@@ -134,8 +153,11 @@ func readStateSlot(f io.ReaderAt) (payload []byte, seq uint64, err error) {
 	if string(hdr[:8]) != stateSlotMagic {
 		return nil, 0, errors.New("not a ledger state slot (bad magic)")
 	}
-	if v := binary.LittleEndian.Uint32(hdr[8:12]); v != stateSlotVersion {
-		return nil, 0, fmt.Errorf("format version %d, this agent reads %d", v, stateSlotVersion)
+	switch v := binary.LittleEndian.Uint32(hdr[8:12]); {
+	case v > maxStateSlotVersion:
+		return nil, 0, fmt.Errorf("format version field %d is damage, not a version", v)
+	case v != stateSlotVersion:
+		return nil, 0, otherVersion(v)
 	}
 	seq = binary.LittleEndian.Uint64(hdr[12:20])
 	size := binary.LittleEndian.Uint32(hdr[20:24])

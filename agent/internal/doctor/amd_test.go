@@ -10,6 +10,8 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdfixture"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 const amdTestdata = "../../../pkg/gpu/amdgpu/testdata"
@@ -30,16 +32,16 @@ func amdReport(t *testing.T, spec, name string, move func(sys string, gap time.D
 	}
 	cfg := agentconfig.DefaultConfig()
 	cfg.GPU, cfg.SysfsRoot, cfg.ProcfsRoot = spec, sys, proc
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	noNVML := func() nvml.Interface {
 		s := mockNVML()
 		s.InitFunc = func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
 		return s
 	}
 	o := Options{Config: cfg, NVML: noNVML, Gap: 200 * time.Millisecond,
-		Now: func() time.Time { return now },
+		Clock: clk,
 		Wait: func(d time.Duration) {
-			now = now.Add(d)
+			clk.Advance(d)
 			if move != nil {
 				move(sys, d)
 			}

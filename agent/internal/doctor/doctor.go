@@ -26,6 +26,8 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/pkg/rapl"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // Status is a check's verdict.
@@ -112,26 +114,26 @@ type Options struct {
 	Gap time.Duration
 	// Timeout bounds each network check; default 5 s.
 	Timeout time.Duration
-	// Now and Wait are the clock of the live GPU reads of the amd backend
-	// (default time.Now, time.Sleep); tests move the fixture's counters in
-	// Wait.
-	Now  func() time.Time
-	Wait func(time.Duration)
+	// Clock times the live GPU reads of the amd backend (default the wall
+	// clock); Wait waits between them (default: on Clock). Tests move the
+	// fixture's counters in Wait.
+	Clock clock.Clock
+	Wait  func(time.Duration)
 	// RAPLReadFile reads the RAPL files; nil: os.ReadFile. Tests refuse
 	// reads with it, which root's file modes cannot.
 	RAPLReadFile rapl.ReadFileFunc
 }
 
-func (o Options) now() time.Time {
-	if o.Now == nil {
-		return time.Now()
+func (o Options) clock() clock.Clock {
+	if o.Clock == nil {
+		return clock.Real{}
 	}
-	return o.Now()
+	return o.Clock
 }
 
 func (o Options) wait(d time.Duration) {
 	if o.Wait == nil {
-		time.Sleep(d)
+		<-o.clock().After(d)
 		return
 	}
 	o.Wait(d)

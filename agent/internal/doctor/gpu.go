@@ -205,10 +205,10 @@ func checkSimulated(o Options, sp gpuopen.Spec, r *Report) {
 // second's.
 func (o Options) readTwice(b gpu.Backend, n int) (first, second []gpu.Sample, gap time.Duration, err error) {
 	first, second = make([]gpu.Sample, n), make([]gpu.Sample, n)
-	t0 := o.now()
+	t0 := o.clock().Now()
 	err1 := b.Read(t0, first)
 	o.wait(o.Gap)
-	t1 := o.now()
+	t1 := o.clock().Now()
 	err2 := b.Read(t1, second)
 	return first, second, t1.Sub(t0), firstErr(err1, err2)
 }

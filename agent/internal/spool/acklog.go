@@ -1,7 +1,8 @@
 package spool
 
-// The ack log: 13-byte CRC-checked entries, replayed at open and compacted
-// whenever a segment goes.
+// Acks: a collector's ack of a record, and the ack log that keeps them
+// (13-byte CRC-checked entries), replayed at open and compacted whenever a
+// segment goes.
 
 import (
 	"encoding/binary"
@@ -11,6 +12,46 @@ import (
 	"os"
 	"path/filepath"
 )
+
+// ackLocked records that collector i acked seq; the record is done once
+// every collector has.
+func (s *Spool) ackLocked(i int, seq uint64) bool {
+	if s.closed {
+		return false
+	}
+	r := s.bySeq[seq]
+	bit := uint8(1) << i
+	if r == nil || r.acked || r.gone || r.ackedBy&bit != 0 {
+		return false
+	}
+	r.ackedBy |= bit
+	s.pendingFor[i]--
+	if s.ackf != nil {
+		if _, err := s.ackf.Write(appendAck(nil, i, seq)); err != nil {
+			s.log.Warn("spool: appending to the ack log (the batch may be re-sent after a restart)", "seq", seq, "err", err)
+		}
+		s.ackLogN++
+	}
+	if r.ackedBy&s.all != s.all {
+		return true
+	}
+	r.acked = true
+	s.forget(r)
+	s.segOf[r].live--
+	if s.effMax < s.maxBytes && s.unackedLocked() == 0 {
+		// The collector took everything: the pressure that filled the
+		// disk is over.
+		s.log.Info("spool: drained by the collector; restoring its byte bound after a full disk", "max_bytes", s.maxBytes)
+		s.effMax = s.maxBytes
+		s.segBytes = s.cfgSegBytes
+	}
+	if s.removeDeadSegments() && s.ackLogN > 4096 {
+		if err := s.rewriteAcks(); err != nil {
+			s.log.Error("spool: compacting the ack log", "err", err)
+		}
+	}
+	return true
+}
 
 func (s *Spool) loadAcks() error {
 	path := filepath.Join(s.dir, ackName)

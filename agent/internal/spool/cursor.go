@@ -145,8 +145,8 @@ func (c *Cursor) Stats() CursorStats {
 
 // cursorRemap maps the cursor index of each ack-log kind, as written by the
 // process before (the state's collector names), to this spool's, or -1 when
-// that collector is no longer configured. A spool from before names were
-// kept, or one opened without names, maps index to index.
+// that collector is no longer configured. A spool opened without names,
+// before or now, maps index to index.
 func (s *Spool) cursorRemap() (m [MaxCollectors]int, remapped bool) {
 	for i := range m {
 		m[i] = -1

@@ -107,7 +107,7 @@ func TestPairSpoolCursorsPersistAcrossRestartByName(t *testing.T) {
 	}
 }
 
-// A spool written before pairs (one unnamed cursor, kind-'A' acks) keeps its
+// A spool opened without names (one unnamed cursor, kind-'A' acks) keeps its
 // acks for the first collector of the new list; the collector added gets
 // what was still pending, not what the first had already stored.
 func TestPairSpoolKeepsASingleCollectorSpoolsAcks(t *testing.T) {

@@ -21,7 +21,10 @@ import (
 )
 
 func (s *Spool) load() error {
-	st := s.loadState()
+	st, err := s.loadState()
+	if err != nil {
+		return err
+	}
 	if st != nil {
 		s.loadedNames = st.Collectors
 		if len(s.names) == 0 && len(st.Collectors) > 0 && checkCollectors(st.Collectors) == nil {
@@ -76,19 +79,23 @@ func (s *Spool) load() error {
 }
 
 // loadState reads the state file; a corrupt one is counted and treated as
-// absent, since the segments can still name the boot id.
-func (s *Spool) loadState() *stateJSON {
+// absent, since the segments can still name the boot id. One of another
+// format is refused.
+func (s *Spool) loadState() (*stateJSON, error) {
 	path := filepath.Join(s.dir, stateName)
 	st, err := readState(path)
+	if err == nil && st.Version != formatVersion {
+		return nil, s.formatError(path, st.Version)
+	}
 	if err == nil {
-		return st
+		return st, nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
 		s.stats.StateCorrupt = true
 		s.log.Error("spool: state file is corrupt; recovering the boot id from the segments or starting a new one",
 			"file", path, "err", err)
 	}
-	return nil
+	return nil, nil
 }
 
 type segName struct {

@@ -325,3 +325,30 @@ func addReason(have, r string) string {
 func isNoSpace(err error) bool {
 	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
+
+// rejectLocked drops seq for collector i, which refused it, and reports
+// its loss to that collector.
+func (s *Spool) rejectLocked(i int, seq uint64, reason string) {
+	r := s.bySeq[seq]
+	if s.closed || r == nil || r.acked || r.gone || r.ackedBy&(1<<i) != 0 {
+		return
+	}
+	b, rerr := s.readLocked(r)
+	if rerr == nil {
+		s.fromBefore(b)
+	}
+	// Out of the spool first: the state write below may drop old segments
+	// to make room, and must not count this batch a second time.
+	if s.ackLocked(i, seq) {
+		s.stats.Rejected++
+		s.cursorStats[i].Rejected++
+	}
+	if rerr == nil {
+		// The collector stored nothing of it: certainly lost there.
+		// Its events are not carried on: they may be what was refused.
+		s.account(b, "rejected: "+reason, false, false, 1<<i)
+		if err := s.writeState(); err != nil {
+			s.log.Error("spool: writing the state file", "err", err)
+		}
+	}
+}

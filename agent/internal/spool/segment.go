@@ -55,6 +55,16 @@ func segHeader(boot string) []byte {
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
+// segVersion is the format version a segment's magic names, 0 when the
+// magic is not a spool's.
+func segVersion(data []byte) uint32 {
+	n := len(segMagic) - 1
+	if len(data) < len(segMagic) || string(data[:n]) != segMagic[:n] || data[n] < '1' || data[n] > '9' {
+		return 0
+	}
+	return uint32(data[n] - '0')
+}
+
 func parseSegHeader(data []byte) (boot string, size int, ok bool) {
 	if len(data) < len(segMagic)+2 || string(data[:len(segMagic)]) != segMagic {
 		return "", 0, false
@@ -73,6 +83,9 @@ func (s *Spool) readSegment(path string, first, prevSeq uint64, last bool) (*seg
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, "", fmt.Errorf("spool: %w", err)
+	}
+	if v := segVersion(data); v != 0 && v != formatVersion {
+		return nil, "", s.formatError(path, v)
 	}
 	boot, hdr, ok := parseSegHeader(data)
 	if !ok {

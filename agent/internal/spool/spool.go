@@ -4,16 +4,20 @@
 //
 // # Layout of the spool directory
 //
-//	state        boot id, next seq, pending loss report (JSON + CRC32C line),
-//	             replaced atomically (write temp, fsync, rename, fsync dir)
+//	state        format version, boot id, next seq, pending loss report
+//	             (JSON + CRC32C line), replaced atomically (write temp, fsync,
+//	             rename, fsync dir)
 //	acks         append-only log of acked seqs: 13-byte entries
 //	             [kind u8][seq u64 LE][crc32c u32 LE], compacted on segment removal;
 //	             kind 'A'+i: the i-th collector acked seq (cursor.go)
 //	seg-<first seq, 20 digits>.tms
-//	             segment: header [magic "TMSPOOL1"][boot id len u16][boot id]
+//	             segment: header [magic "TMSPOOL1", 1 the format version]
+//	             [boot id len u16][boot id]
 //	             [crc32c u32], then records [len u32][crc32c u32][seq u64][Batch proto],
 //	             the CRC covering seq and payload; all integers little-endian
 //	lock         flock'd while a spool is open, so two agents cannot share it
+//
+// A spool of another format version is refused (format.go), not read.
 //
 // (The agent keeps its ledger state beside these, in ledger-state.0 and
 // ledger-state.1, and its ended run ids in ended-runs.json; the spool does
@@ -93,8 +97,8 @@ const DefaultSegmentBytes int64 = 4 << 20
 const MinMaxBytes int64 = 4 << 10
 
 const (
-	segMagic     = "TMSPOOL1"
-	recHeader    = 16 // len u32, crc u32, seq u64
+	segMagic     = "TMSPOOL1" // its last byte: formatVersion's digit
+	recHeader    = 16         // len u32, crc u32, seq u64
 	maxRecord    = 64 << 20
 	ackEntry     = 13
 	ackKindAck   = 'A'
@@ -460,74 +464,9 @@ func (s *Spool) Append(b *trainmeterv1.Batch) error {
 // Unknown seqs (already acked or dropped) are ignored.
 func (s *Spool) Ack(seq uint64) { s.Cursor(0).Ack(seq) }
 
-// ackLocked records that collector i acked seq; the record is done once
-// every collector has.
-func (s *Spool) ackLocked(i int, seq uint64) bool {
-	if s.closed {
-		return false
-	}
-	r := s.bySeq[seq]
-	bit := uint8(1) << i
-	if r == nil || r.acked || r.gone || r.ackedBy&bit != 0 {
-		return false
-	}
-	r.ackedBy |= bit
-	s.pendingFor[i]--
-	if s.ackf != nil {
-		if _, err := s.ackf.Write(appendAck(nil, i, seq)); err != nil {
-			s.log.Warn("spool: appending to the ack log (the batch may be re-sent after a restart)", "seq", seq, "err", err)
-		}
-		s.ackLogN++
-	}
-	if r.ackedBy&s.all != s.all {
-		return true
-	}
-	r.acked = true
-	s.forget(r)
-	s.segOf[r].live--
-	if s.effMax < s.maxBytes && s.unackedLocked() == 0 {
-		// The collector took everything: the pressure that filled the
-		// disk is over.
-		s.log.Info("spool: drained by the collector; restoring its byte bound after a full disk", "max_bytes", s.maxBytes)
-		s.effMax = s.maxBytes
-		s.segBytes = s.cfgSegBytes
-	}
-	if s.removeDeadSegments() && s.ackLogN > 4096 {
-		if err := s.rewriteAcks(); err != nil {
-			s.log.Error("spool: compacting the ack log", "err", err)
-		}
-	}
-	return true
-}
-
 // Reject drops seq for good for the first (with one collector: the)
 // collector, which refused it, and reports its loss like a dropped batch.
 func (s *Spool) Reject(seq uint64, reason string) { s.Cursor(0).Reject(seq, reason) }
-
-func (s *Spool) rejectLocked(i int, seq uint64, reason string) {
-	r := s.bySeq[seq]
-	if s.closed || r == nil || r.acked || r.gone || r.ackedBy&(1<<i) != 0 {
-		return
-	}
-	b, rerr := s.readLocked(r)
-	if rerr == nil {
-		s.fromBefore(b)
-	}
-	// Out of the spool first: the state write below may drop old segments
-	// to make room, and must not count this batch a second time.
-	if s.ackLocked(i, seq) {
-		s.stats.Rejected++
-		s.cursorStats[i].Rejected++
-	}
-	if rerr == nil {
-		// The collector stored nothing of it: certainly lost there.
-		// Its events are not carried on: they may be what was refused.
-		s.account(b, "rejected: "+reason, false, false, 1<<i)
-		if err := s.writeState(); err != nil {
-			s.log.Error("spool: writing the state file", "err", err)
-		}
-	}
-}
 
 // MarkSent records that seq went out on a stream, so that if it is dropped
 // later its loss is reported as in doubt (the collector may hold it).
@@ -638,22 +577,4 @@ func (s *Spool) Close() error {
 	}
 	unlockDir(s.lock)
 	return errors.Join(errs...)
-}
-
-// abandon releases the spool's files the way a killed process would: no
-// fsync, no state write. Tests use it to simulate kill -9.
-func (s *Spool) abandon() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	s.dropTail()
-	if s.active != nil {
-		_ = s.active.Close()
-		s.active = nil
-	}
-	if s.ackf != nil {
-		_ = s.ackf.Close()
-		s.ackf = nil
-	}
-	unlockDir(s.lock)
 }

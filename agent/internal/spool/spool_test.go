@@ -69,6 +69,24 @@ func batch(i int, runs ...string) *trainmeterv1.Batch {
 	return b
 }
 
+// abandon releases the spool's files the way a killed process would: no
+// fsync, no state write. The tests use it to simulate kill -9.
+func (s *Spool) abandon() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	s.dropTail()
+	if s.active != nil {
+		_ = s.active.Close()
+		s.active = nil
+	}
+	if s.ackf != nil {
+		_ = s.ackf.Close()
+		s.ackf = nil
+	}
+	unlockDir(s.lock)
+}
+
 func mustAppend(t *testing.T, s *Spool, b *trainmeterv1.Batch) {
 	t.Helper()
 	if err := s.Append(b); err != nil {

@@ -22,7 +22,7 @@ import (
 )
 
 type stateJSON struct {
-	Version int    `json:"version"`
+	Version uint32 `json:"version"` // formatVersion
 	BootID  string `json:"boot_id"`
 	NextSeq uint64 `json:"next_seq"`
 	// SeqReserved: no seq at or above it was handed out. After data was
@@ -32,8 +32,8 @@ type stateJSON struct {
 	Losses      []json.RawMessage `json:"losses,omitempty"` // protojson-free: see lossJSON
 	SeqLosses   []json.RawMessage `json:"seq_losses,omitempty"`
 	Events      [][]byte          `json:"events,omitempty"` // RunEvent protos
-	// Collectors names the cursors, in ack-log order (cursor.go); absent in
-	// a spool written before collector pairs: one cursor.
+	// Collectors names the cursors, in ack-log order (cursor.go); absent
+	// when the spool was opened without names: one cursor.
 	Collectors []string `json:"collectors,omitempty"`
 }
 
@@ -47,11 +47,9 @@ type lossJSON struct {
 	Seq        uint64  `json:"seq,omitempty"`
 	// Collectors is DataLoss.spool_collectors: 0, all of them.
 	Collectors uint32 `json:"collectors,omitempty"`
-	// WindowStart is DataLoss.window_start (with Seq); absent in state
-	// written before it.
+	// WindowStart is DataLoss.window_start (with Seq).
 	WindowStart *time.Time `json:"window_start,omitempty"`
-	// HostEnergyJ is DataLoss.host_energy_j; absent in state written
-	// before it.
+	// HostEnergyJ is DataLoss.host_energy_j.
 	HostEnergyJ float64 `json:"host_energy_j,omitempty"`
 	// The node's record (RunID ""): DataLoss.idle_* and
 	// first_window_start.
@@ -114,7 +112,7 @@ func readState(path string) (*stateJSON, error) {
 	if err := json.Unmarshal(body, st); err != nil {
 		return nil, err
 	}
-	if st.BootID == "" {
+	if st.Version == formatVersion && st.BootID == "" {
 		return nil, errors.New("no boot id")
 	}
 	return st, nil
@@ -185,7 +183,7 @@ func (s *Spool) writeStateOnce() error {
 	if s.reserved <= s.nextSeq {
 		s.reserved = s.nextSeq + seqReserve
 	}
-	st := stateJSON{Version: 1, BootID: s.bootID, NextSeq: s.nextSeq, SeqReserved: s.reserved, Collectors: s.names}
+	st := stateJSON{Version: formatVersion, BootID: s.bootID, NextSeq: s.nextSeq, SeqReserved: s.reserved, Collectors: s.names}
 	for _, id := range sortedKeys(s.losses) {
 		st.Losses = append(st.Losses, encodeLoss(s.losses[id]))
 	}

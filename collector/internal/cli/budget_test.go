@@ -12,10 +12,14 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/trainmeter/trainmeter/collector/internal/collectorconfig"
+	"github.com/trainmeter/trainmeter/collector/internal/server"
+	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 )
 
 func TestBudgetCommands(t *testing.T) {
-	addr := liveCollector(t) // run-a: llama-3-8b, ended, 2 GPU-seconds at $2/h
+	clk := tu.Clock()
+	addr := liveCollectorWith(t, server.Config{Clock: clk, Budget: server.BudgetConfig{EvalInterval: 24 * time.Hour}}) // run-a: llama-3-8b, ended, 2 GPU-seconds at $2/h
+	clk.Advance(31 * 24 * time.Hour)                                                                                   // into the month after run-a's
 	env := map[string]string{EnvCollector: addr}
 	out, err := run(t, env, "budget")
 	if err != nil || !strings.Contains(out, "no budgets") {
@@ -42,7 +46,7 @@ func TestBudgetCommands(t *testing.T) {
 	if err != nil || !regexp.MustCompile(`model:llama-3-8b +total +\$0.00100 +\$0.00111 +111%`).MatchString(out) || !regexp.MustCompile(`\d{4}-\d{2} +\$5.00 +\$0.00 +0%`).MatchString(out) {
 		t.Errorf("budget table:\n%s %v", out, err)
 	}
-	// The collector's loop evaluates within about a second.
+	// The collector's loop evaluates once a day of its clock.
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		out, err = run(t, env, "alerts", "--kind", "budget")
@@ -52,6 +56,7 @@ func TestBudgetCommands(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("alerts:\n%s %v", out, err)
 		}
+		clk.Advance(24 * time.Hour)
 		time.Sleep(100 * time.Millisecond)
 	}
 	// The alerts round as `budget` does (issue 15: "spent $0.00 of $0.00

@@ -29,7 +29,15 @@ func TestMain(m *testing.M) {
 // liveCollector starts an in-process collector with one finished run.
 func liveCollector(t *testing.T) string {
 	t.Helper()
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 2, Now: tu.Now},
+	return liveCollectorWith(t, server.Config{Clock: tu.Clock()})
+}
+
+// liveCollectorWith is liveCollector with cfg's clock (which must stand
+// within ingest's time bounds of tu.T0) and budget settings.
+func liveCollectorWith(t *testing.T, cfg server.Config) string {
+	t.Helper()
+	cfg.Listen, cfg.DataDir, cfg.GPUPricePerHour = "127.0.0.1:0", t.TempDir(), 2
+	srv := server.New(cfg,
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)

@@ -164,7 +164,7 @@ func TestSeveralCollectorsBudgetHasOneIDOnBoth(t *testing.T) {
 // trainmeter run's live status, given a pair, moves to the other collector
 // when the one it used stops answering.
 func TestRunStatusMovesToTheOtherCollectorOfAPair(t *testing.T) {
-	first := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 2, Now: tu.Now},
+	first := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 2, Clock: tu.Clock()},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := first.Start(t.Context()); err != nil {
 		t.Fatal(err)

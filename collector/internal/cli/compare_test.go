@@ -20,7 +20,7 @@ import (
 // a temp dir) two backends' runs and checks that `compare` agrees with
 // `report --json` of the same runs.
 func TestCompareCommand(t *testing.T) {
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 3.6, Now: tu.Now},
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 3.6, Clock: tu.Clock()},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)

@@ -28,7 +28,7 @@ func evalEvent(run string, sec, acc float64) *trainmeterv1.RunEvent {
 // (4 s, 80 %), bert-2 (1 s, no eval), gpt-0 (3 s, 50 %).
 func costCollector(t *testing.T) string {
 	t.Helper()
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 3600, EnergyIncluded: true, Now: tu.Now},
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 3600, EnergyIncluded: true, Clock: tu.Clock()},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)
@@ -216,7 +216,7 @@ func (c fixedCatalog) CurrentPrice(gpu string) (float64, bool) {
 }
 
 func TestCatalogPriceReachesTheReport(t *testing.T) {
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 1, Now: tu.Now,
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), GPUPricePerHour: 1, Clock: tu.Clock(),
 		PriceCatalog: fixedCatalog{"Sim GPU", 7200}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)
@@ -250,7 +250,7 @@ func TestCatalogPriceReachesTheReport(t *testing.T) {
 // history: a price list imported through the real CLI prices a run whose
 // run_start and node have no price.
 func TestImportedPriceListIsTheCatalog(t *testing.T) {
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now},
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Clock: tu.Clock()},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)
@@ -293,7 +293,7 @@ func TestImportedPriceListIsTheCatalog(t *testing.T) {
 // price provider points at what works there (`prices import`, or serve
 // --price-provider), not at `prices fetch`, which fails without one.
 func TestPricesWithoutProviderSuggestsImport(t *testing.T) {
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now},
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Clock: tu.Clock()},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)
@@ -321,7 +321,7 @@ func TestPricesWithoutProviderSuggestsImport(t *testing.T) {
 // ranked as an unreliable one: cheaper than an offer of reliability 0.5, it
 // is recommended first.
 func TestImportedOfferWithoutReliability(t *testing.T) {
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now},
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Clock: tu.Clock()},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)

@@ -22,7 +22,7 @@ import (
 func manyRunsCollector(t *testing.T, n int) string {
 	t.Helper()
 	dir := t.TempDir()
-	st, err := store.Open(dir, store.Options{Now: tu.Now})
+	st, err := store.Open(dir, store.Options{Clock: tu.Clock()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func manyRunsCollector(t *testing.T, n int) string {
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: dir, GPUPricePerHour: 2, Now: tu.Now},
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: dir, GPUPricePerHour: 2, Clock: tu.Clock()},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)

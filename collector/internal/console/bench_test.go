@@ -16,6 +16,8 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // seedStore fills a BadgerDB in dir as agents would have (store.ApplyBatch
@@ -51,9 +53,9 @@ func seedStore(b *testing.B, dir string, workers, perWorker int, batch func(w, i
 
 // serve starts a real collector on dir with its console and returns the
 // console's base URL.
-func serve(b *testing.B, dir string, now func() time.Time) string {
+func serve(b *testing.B, dir string, clk clock.Clock) string {
 	b.Helper()
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", UIListen: "127.0.0.1:0", DataDir: dir, GPUPricePerHour: 2, Now: now}, slog.New(slog.DiscardHandler))
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", UIListen: "127.0.0.1:0", DataDir: dir, GPUPricePerHour: 2, Clock: clk}, slog.New(slog.DiscardHandler))
 	if err := srv.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
@@ -129,7 +131,7 @@ func BenchmarkRunsPage(b *testing.B) {
 		}
 		return batch
 	})
-	measurePages(b, serve(b, dir, func() time.Time { return now }), benchPage{"page", "/runs"}, benchPage{"rows", "/runs/rows"})
+	measurePages(b, serve(b, dir, clock.NewFake(now)), benchPage{"page", "/runs"}, benchPage{"rows", "/runs/rows"})
 }
 
 // BenchmarkRunPage24h: the Run page of a 24 h run of 8 GPUs on one node

@@ -56,10 +56,8 @@ type Config struct {
 	Auth *auth.Auth
 	// Services the pages read.
 	Services Services
-	// Now is the clock for "last seen", sparkline windows and usage
-	// periods; time.Now if nil.
-	Now func() time.Time
-	// Clock times the failed-login limit; the wall clock if nil.
+	// Clock is the clock for "last seen", sparkline windows, usage periods
+	// and the failed-login limit; the wall clock if nil.
 	Clock clock.Clock
 }
 
@@ -85,8 +83,8 @@ func New(cfg Config, log *slog.Logger) (*Console, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
 	}
 	s := cfg.Services
 	if s.Query == nil || s.Budgets == nil || s.Prices == nil || s.Recommend == nil {

@@ -55,7 +55,7 @@ type collector struct {
 
 func startCollector(t *testing.T, mod func(*server.Config)) *collector {
 	t.Helper()
-	cfg := server.Config{Listen: "127.0.0.1:0", UIListen: "127.0.0.1:0", DataDir: filepath.Join(t.TempDir(), "data"), Now: tu.Now, GPUPricePerHour: 2}
+	cfg := server.Config{Listen: "127.0.0.1:0", UIListen: "127.0.0.1:0", DataDir: filepath.Join(t.TempDir(), "data"), Clock: tu.Clock(), GPUPricePerHour: 2}
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -242,7 +242,7 @@ const sparkWindow = 10 * time.Minute
 // sparkline is the run's total power over its last sparkWindow, or nil
 // when it has no windows yet (or they cannot be read: the row still shows).
 func (p *pages) sparkline(ctx context.Context, r *trainmeterv1.RunReport) *sparkline {
-	from := p.c.cfg.Now().Add(-sparkWindow)
+	from := p.c.cfg.Clock.Now().Add(-sparkWindow)
 	if s := r.GetStart().AsTime(); s.After(from) {
 		from = s
 	}
@@ -591,7 +591,7 @@ func (p *pages) nodes(w http.ResponseWriter, r *http.Request) {
 		p.fail(w, r, "nodes", err)
 		return
 	}
-	now := p.c.cfg.Now()
+	now := p.c.cfg.Clock.Now()
 	usage := map[string]*trainmeterv1.NodeUsage{}
 	// Idle share where the usage can be computed; the nodes show without it.
 	if u, err := p.c.cfg.Services.Query.Usage(r.Context(), &trainmeterv1.UsageRequest{Since: timestamppb.New(now.Add(-idlePeriod)), Until: timestamppb.New(now)}); err == nil {

@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +10,8 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // FuzzForeignNodeCannotChangeOtherRuns: whatever valid batch node2 (a node
@@ -23,10 +24,9 @@ import (
 func FuzzForeignNodeCannotChangeOtherRuns(f *testing.F) {
 	addSeeds(f)
 	victims := []string{"r1", "r2", "a", "b"}
-	var now atomic.Int64
-	now.Store(tu.Now().UnixNano())
+	clk := clock.NewFake(tu.Now())
 	s, err := store.Open(f.TempDir(), store.Options{Limits: store.Limits{MaxLiveRunsPerNode: 16, MaxNewRunsPerMinute: 64},
-		Now: func() time.Time { return time.Unix(0, now.Load()) }})
+		Clock: clk})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func FuzzForeignNodeCannotChangeOtherRuns(f *testing.F) {
 		return out
 	}
 	want := reports()
-	now.Add(int64(aggregate.LateJoinGrace + time.Minute))
+	clk.Advance(aggregate.LateJoinGrace + time.Minute)
 	seq := uint64(0)
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var b trainmeterv1.Batch

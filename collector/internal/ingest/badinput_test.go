@@ -15,6 +15,8 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // malformed returns one batch per broken field, each otherwise valid, with a
@@ -138,7 +140,7 @@ func TestBatchTimeBounds(t *testing.T) {
 	now := tu.T0.Add(100 * 24 * time.Hour)
 	st := openStore(t)
 	ing, conn := serve(t, st)
-	ing.SetClock(func() time.Time { return now })
+	ing.SetClock(clock.NewFake(now))
 	a := tu.Connect(t, conn, "n1", "boot")
 	seq := uint64(0)
 	at := func(seq uint64, when time.Time) *trainmeterv1.Batch {
@@ -213,7 +215,7 @@ func TestOversizedMessageEndsTheStreamWithResourceExhausted(t *testing.T) {
 	}
 	st := openStore(t)
 	ing := New(st, quiet())
-	ing.SetClock(tu.Now)
+	ing.SetClock(tu.Clock())
 	gs := grpc.NewServer(grpc.MaxRecvMsgSize(1 << 20))
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	go gs.Serve(lis)

@@ -23,6 +23,8 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // advisoryQueue is how many advisories may wait for one stream.
@@ -49,7 +51,7 @@ type Server struct {
 
 	store storage.Ingester
 	log   *slog.Logger
-	now   func() time.Time
+	clock clock.Clock
 
 	mu     sync.Mutex
 	nextID uint64
@@ -105,7 +107,7 @@ func New(st storage.Ingester, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{store: st, log: log, now: time.Now, nodes: map[string]*nodeState{}, closed: make(chan struct{})}
+	return &Server{store: st, log: log, clock: clock.Real{}, nodes: map[string]*nodeState{}, closed: make(chan struct{})}
 }
 
 // Close ends every open stream with codes.Unavailable (so that a graceful
@@ -167,7 +169,7 @@ func (s *Server) register(h *trainmeterv1.Hello) *session {
 	n.boot = h.GetBootId()
 	n.gpus = h.GetGpus()
 	n.hostEnergy = h.GetHostEnergyStatus()
-	n.lastSeen = s.now()
+	n.lastSeen = s.clock.Now()
 	s.nextID++
 	sess := &session{id: s.nextID, adv: make(chan *trainmeterv1.Advisory, advisoryQueue)}
 	n.sessions = append(n.sessions, sess)
@@ -193,7 +195,7 @@ func (s *Server) seen(node string, seq uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if n := s.nodes[node]; n != nil {
-		n.lastSeen = s.now()
+		n.lastSeen = s.clock.Now()
 		n.lastSeq = seq
 	}
 }
@@ -325,7 +327,7 @@ func (s *Server) handle(log *slog.Logger, sender storage.Sender, m *trainmeterv1
 		}
 	}
 	if err == nil {
-		if err = CheckBatchTime(b, s.now()); err != nil {
+		if err = CheckBatchTime(b, s.clock.Now()); err != nil {
 			s.counters.rejectedTime.Add(1)
 		}
 	}

@@ -59,7 +59,7 @@ func serve(t *testing.T, st storage.Ingester) (*Server, *grpc.ClientConn) {
 		t.Fatal(err)
 	}
 	ing := New(st, quiet())
-	ing.SetClock(tu.Now) // the test batches are dated around tu.T0
+	ing.SetClock(tu.Clock()) // the test batches are dated around tu.T0
 	gs := grpc.NewServer()
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	go gs.Serve(lis)
@@ -222,7 +222,7 @@ func TestObserversSeeEachAppliedBatchOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	ing := New(st, quiet())
-	ing.SetClock(tu.Now)
+	ing.SetClock(tu.Clock())
 	var seen []uint64
 	var mu sync.Mutex
 	ing.OnApplied(func(node string, b *trainmeterv1.Batch) {

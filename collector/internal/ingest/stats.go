@@ -11,6 +11,8 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/pkg/selfmetrics"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // Time bounds on a batch's window, relative to the collector's clock.
@@ -31,10 +33,10 @@ const (
 const latencyWindow = 1024
 
 // SetClock sets the clock used for the batch time bounds and last-seen
-// times (time.Now by default). Call it before serving.
-func (s *Server) SetClock(now func() time.Time) {
-	if now != nil {
-		s.now = now
+// times (the wall clock by default). Call it before serving.
+func (s *Server) SetClock(clk clock.Clock) {
+	if clk != nil {
+		s.clock = clk
 	}
 }
 
@@ -103,7 +105,7 @@ func (s *Server) noteDropped(log *slog.Logger, node string, a storage.Applied) {
 	}
 	c := &s.counters
 	c.refusedRecords.Add(n)
-	now := s.now()
+	now := s.clock.Now()
 	c.dropMu.Lock()
 	if c.drops == nil {
 		c.drops = map[string]*dropState{}

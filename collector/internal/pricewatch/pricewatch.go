@@ -34,10 +34,8 @@ import (
 // and "%2F" (so that one model's prefix "MODEL/" is never the start of
 // another's: "a100/" is not "a100/80gb/"), and UNIXNANOS has 20 digits (so
 // keys sort by time) → prices.ModelPrice JSON with the time;
-// "price-offers" holds every provider's last good catalog under "catalogs"
-// (versions with one provider kept one under "latest", read once when
-// "catalogs" is absent), and "price-state" each model's alert state
-// (normal, drop, surge).
+// "price-offers" holds every provider's last good catalog under "catalogs",
+// and "price-state" each model's alert state (normal, drop, surge).
 const (
 	NSPrices     = "prices"
 	NSOffers     = "price-offers"
@@ -109,13 +107,6 @@ func ValidateSchedule(interval, maxOfferAge time.Duration) error {
 type point struct {
 	Time time.Time `json:"t"`
 	prices.ModelPrice
-}
-
-// legacySnapshot is the one-provider catalog of earlier versions.
-type legacySnapshot struct {
-	Provider string         `json:"provider"`
-	Time     time.Time      `json:"t"`
-	Offers   []prices.Offer `json:"offers"`
 }
 
 // catalog is one provider's last good answer and how its latest fetch
@@ -241,11 +232,6 @@ func New(cfg Config, providers []prices.Provider, st storage.Records, rec *alert
 		var s snapshot
 		if json.Unmarshal(b, &s) == nil {
 			w.setLatest(s)
-		}
-	} else if b, err := st.GetRecord(NSOffers, "latest"); err == nil {
-		var l legacySnapshot
-		if json.Unmarshal(b, &l) == nil {
-			w.setLatest(snapshot{Time: l.Time, Catalogs: []catalog{{Provider: l.Provider, Time: l.Time, Offers: l.Offers}}})
 		}
 	}
 	return w
@@ -728,47 +714,13 @@ func histKey(k string, t time.Time) string {
 	return fmt.Sprintf("%s%020d", histPrefix(k), t.UnixNano())
 }
 
-// histPrefixes are the prefixes model k's history is stored under: the
-// escaped one, and for a key that escaping changes the unescaped one of
-// versions before the escaping (their points expire with Retention).
-func histPrefixes(k string) []string {
-	if p := histPrefix(k); p != k+"/" {
-		return []string{p, k + "/"}
-	}
-	return []string{k + "/"}
-}
-
-// isHistTime says whether what follows a history prefix is a time (20
-// digits) rather than the rest of a longer model's unescaped key.
-func isHistTime(s string) bool {
-	if len(s) != 20 {
-		return false
-	}
-	for _, c := range s {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return true
-}
-
-// scanHistory calls fn with each stored point of model k, per prefix in
-// time order.
+// scanHistory calls fn with each stored point of model k, in time order.
 func (w *Watcher) scanHistory(k string, fn func(key string, p point, ok bool) bool) error {
-	for _, prefix := range histPrefixes(k) {
-		err := w.store.ScanRecords(NSPrices, prefix, func(key string, v []byte) (bool, error) {
-			if !isHistTime(key[len(prefix):]) {
-				return true, nil // another model's point (unescaped, before versions that escape)
-			}
-			var p point
-			ok := json.Unmarshal(v, &p) == nil
-			return fn(key, p, ok), nil
-		})
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return w.store.ScanRecords(NSPrices, histPrefix(k), func(key string, v []byte) (bool, error) {
+		var p point
+		ok := json.Unmarshal(v, &p) == nil
+		return fn(key, p, ok), nil
+	})
 }
 
 func (w *Watcher) history(k string, since time.Time) ([]point, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -164,10 +163,9 @@ func TestCurrentPriceOfNVMLNames(t *testing.T) {
 }
 
 // TestHistoryOfModelsWithSlashes: a model's history is not mixed with
-// the points of a longer model whose key starts with its key and a slash,
-// as versions before the escaping (and before canonical names) stored
-// "l40/48gb" unescaped; those points still expire. (A slash in an offer's
-// name now only separates words: "L40/48GB" is the L40.)
+// the points of a longer model whose key starts with its key and a slash
+// (keys are escaped), and those points expire. (A slash in an offer's name
+// only separates words: "L40/48GB" is the L40.)
 func TestHistoryOfModelsWithSlashes(t *testing.T) {
 	st := openStore(t, t.TempDir())
 	defer st.Close()
@@ -198,10 +196,10 @@ func TestHistoryOfModelsWithSlashes(t *testing.T) {
 	}
 	check("l40", 5, 1)
 
-	// A point of "l40/48gb" as versions before the escaping stored it.
-	legacy := t0.Add(-time.Hour)
-	b, _ := json.Marshal(point{Time: legacy, ModelPrice: prices.ModelPrice{GPUName: "L40/48GB", Median: 2, Cheapest: 2, Offers: 1}})
-	if err := st.PutRecord(NSPrices, fmt.Sprintf("l40/48gb/%020d", legacy.UnixNano()), b); err != nil {
+	// A point of the model "l40/48gb" (stored under its escaped key).
+	older := t0.Add(-time.Hour)
+	b, _ := json.Marshal(point{Time: older, ModelPrice: prices.ModelPrice{GPUName: "L40/48GB", Median: 2, Cheapest: 2, Offers: 1}})
+	if err := st.PutRecord(NSPrices, histKey("l40/48gb", older), b); err != nil {
 		t.Fatal(err)
 	}
 	check("l40", 5, 1)

@@ -18,7 +18,7 @@ import (
 )
 
 func startCollector(t testing.TB) string {
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now},
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Clock: tu.Clock()},
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := srv.Start(context.Background()); err != nil {
 		t.Fatal(err)

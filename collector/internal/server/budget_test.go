@@ -24,7 +24,8 @@ func (f sinkFunc) Alert(_ context.Context, a alert.Alert) { f(a) }
 func TestBudgetServiceWired(t *testing.T) {
 	var mu sync.Mutex
 	var got []alert.Alert
-	srv := start(t, server.Config{GPUPricePerHour: 3600, Budget: server.BudgetConfig{EvalInterval: 10 * time.Millisecond},
+	clk := tu.Clock() // the budget loop ticks as the test advances it
+	srv := start(t, server.Config{Clock: clk, GPUPricePerHour: 3600, Budget: server.BudgetConfig{EvalInterval: 10 * time.Millisecond},
 		Alerts: server.AlertConfig{Sinks: []alert.Sink{sinkFunc(func(a alert.Alert) { mu.Lock(); got = append(got, a); mu.Unlock() })}},
 	})
 	conn := tu.Dial(t, srv.Addr().String())
@@ -49,6 +50,7 @@ func TestBudgetServiceWired(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d alerts reached the sink, want 8 ($2 of $1.50)", n)
 		}
+		clk.Advance(10 * time.Millisecond)
 		time.Sleep(10 * time.Millisecond)
 	}
 	resp, err := bs.ListBudgets(t.Context(), &trainmeterv1.ListBudgetsRequest{})

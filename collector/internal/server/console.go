@@ -33,7 +33,7 @@ func (s *Server) newConsole(a *auth.Auth, services console.Services) (*console.C
 	if s.cfg.UIListen == "" {
 		return nil, nil
 	}
-	return console.New(console.Config{Listen: s.cfg.UIListen, TLS: s.cfg.TLSOptions(), Auth: a, Services: services, Now: s.cfg.Now, Clock: s.cfg.Clock}, s.log)
+	return console.New(console.Config{Listen: s.cfg.UIListen, TLS: s.cfg.TLSOptions(), Auth: a, Services: services, Clock: s.cfg.Clock}, s.log)
 }
 
 // startConsole starts ui. The default address taken (a second collector on

@@ -31,7 +31,7 @@ func TestOTelConfigIsValidated(t *testing.T) {
 // the collector applies shows up on /metrics (wired through the ingest
 // hook), and Shutdown closes the endpoint.
 func TestPrometheusEndpointServesAppliedBatches(t *testing.T) {
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now,
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Clock: tu.Clock(),
 		OTel: otelexport.Config{PrometheusListen: "127.0.0.1:0"}, PrometheusRunMetrics: true}, quiet())
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)
@@ -93,7 +93,7 @@ func TestPrometheusRunSeriesNeedTheReadToken(t *testing.T) {
 	}
 	run := func(cfg server.Config, node string) string {
 		t.Helper()
-		cfg.Listen, cfg.DataDir, cfg.Now = "127.0.0.1:0", t.TempDir(), tu.Now
+		cfg.Listen, cfg.DataDir, cfg.Clock = "127.0.0.1:0", t.TempDir(), tu.Clock()
 		cfg.OTel = otelexport.Config{PrometheusListen: "127.0.0.1:0"}
 		srv := start(t, cfg)
 		conn := tu.Dial(t, srv.Addr().String())

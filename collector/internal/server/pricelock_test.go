@@ -86,7 +86,7 @@ func (f lockFigures) same(g lockFigures) bool {
 // spent as they were.
 func TestEndedRunKeepsItsPrice(t *testing.T) {
 	dir := t.TempDir()
-	cfg := server.Config{Listen: "127.0.0.1:0", DataDir: dir, Now: tu.Now, GPUPricePerHour: 1.8, EnergyPricePerKWh: 0.36,
+	cfg := server.Config{Listen: "127.0.0.1:0", DataDir: dir, Clock: tu.Clock(), GPUPricePerHour: 1.8, EnergyPricePerKWh: 0.36,
 		Budget: server.BudgetConfig{EvalInterval: time.Hour}}
 	srv := server.New(cfg, quiet())
 	if err := srv.Start(t.Context()); err != nil {

@@ -56,7 +56,7 @@ func secured(t *testing.T) (srv *server.Server, files *tlstest.Files, dir string
 	writeFile(t, filepath.Join(dir, "admin"), tokAdmin+"\n")
 	log = &testkit.Buffer{}
 	cfg := server.Config{
-		Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, "data"), Now: tu.Now,
+		Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, "data"), Clock: tu.Clock(),
 		TLSCertFile: files.ServerCert, TLSKeyFile: files.ServerKey, TLSClientCAFile: files.CAFile,
 		IngestTokensFile: filepath.Join(dir, "ingest.yaml"),
 		ReadTokenFile:    filepath.Join(dir, "read"),

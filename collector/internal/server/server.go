@@ -121,10 +121,6 @@ type Config struct {
 	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
 	// over plain HTTP (docs/observability.md).
 	StatusListen string
-	// Now is the clock for the batch time bounds (ingest.CheckBatchTime),
-	// last-seen times (live and stored), deletion marks, OTel timestamps;
-	// time.Now if nil. Tests set it.
-	Now func() time.Time
 
 	// TLS: the server certificate and key, and optionally a client CA
 	// bundle (mTLS: a client certificate signed by it is required). Files
@@ -138,7 +134,9 @@ type Config struct {
 	Budget BudgetConfig
 	Alerts AlertConfig
 	Prices PriceConfig
-	// Clock of the budget evaluation, price fetch and webhook retry loops
+	// Clock of the batch time bounds (ingest.CheckBatchTime), last-seen
+	// times (live and stored), deletion marks, OTel timestamps, the console,
+	// and the budget evaluation, price fetch and webhook retry loops
 	// (Alerts.Webhook.Clock overrides it for webhooks); nil: the wall clock.
 	Clock clock.Clock
 	// OTel is the OpenTelemetry export (OTLP push, Prometheus /metrics);
@@ -290,7 +288,7 @@ func (c Config) pricingWith(live cost.CarbonSource) aggregate.Pricing {
 // storeOptions: with a raw retention, dedup marks are kept a day longer than
 // the oldest batch ingest accepts, so no replay can be applied twice.
 func (s *Server) storeOptions(pricing aggregate.Pricing) store.Options {
-	o := store.Options{Logger: s.log, RawRetention: s.cfg.RawRetention, CommitWindow: s.cfg.CommitWindow, Now: s.cfg.Now,
+	o := store.Options{Logger: s.log, RawRetention: s.cfg.RawRetention, CommitWindow: s.cfg.CommitWindow, Clock: s.cfg.Clock,
 		Limits: store.Limits{MaxLiveRunsPerNode: s.cfg.MaxLiveRunsPerNode, MaxNewRunsPerMinute: s.cfg.MaxNewRunsPerMinute}}
 	if pricing.Carbon != nil {
 		o.Carbon = pricing
@@ -406,7 +404,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	}
 	undo = append(undo, func() { lis.Close() })
 	ing := ingest.New(st, s.log)
-	ing.SetClock(s.cfg.Now)
+	ing.SetClock(s.cfg.Clock)
 	ing.SetMaxBatchRunRecords(s.cfg.MaxBatchRunRecords)
 
 	var exp *otelexport.Exporter
@@ -425,7 +423,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	webhooks := alert.NewWebhooks(webhookCfg, st, s.log)
 	sinks := append(alert.Sinks{webhooks}, s.cfg.Alerts.Sinks...)
 	if exp != nil {
-		sinks = append(sinks, otelAlerts{telemetry.NewAlertLog(exp, s.cfg.Now)})
+		sinks = append(sinks, otelAlerts{telemetry.NewAlertLog(exp, s.cfg.Clock)})
 	}
 	prices := pricewatch.New(pricewatch.Config{Interval: s.cfg.Prices.FetchInterval, MaxOfferAge: s.cfg.Prices.MaxOfferAge, Clock: s.cfg.Clock}, s.cfg.Prices.providers(), st,
 		&alert.Recorder{Store: st, Sink: sinks}, s.log)
@@ -445,7 +443,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 
 	var tel *telemetry.Telemetry
 	if exp != nil {
-		tel, err = telemetry.New(telemetry.Options{Exporter: exp, Runs: st, Nodes: ing, Pricing: pricing, Now: s.cfg.Now, Logger: s.log,
+		tel, err = telemetry.New(telemetry.Options{Exporter: exp, Runs: st, Nodes: ing, Pricing: pricing, Clock: s.cfg.Clock, Logger: s.log,
 			Budgets: budgetUse{budgets}, Recommendations: adv})
 		if err != nil {
 			return fmt.Errorf("otel export: %w", err)

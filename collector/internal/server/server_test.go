@@ -38,8 +38,8 @@ func start(t *testing.T, cfg server.Config) *server.Server {
 	if cfg.DataDir == "" {
 		cfg.DataDir = t.TempDir()
 	}
-	if cfg.Now == nil {
-		cfg.Now = tu.Now // the test batches are dated around tu.T0
+	if cfg.Clock == nil {
+		cfg.Clock = tu.Clock() // the test batches are dated around tu.T0
 	}
 	srv := server.New(cfg, quiet())
 	if err := srv.Start(t.Context()); err != nil {
@@ -194,7 +194,7 @@ func TestIngestAndQuery(t *testing.T) {
 
 func TestRestartKeepsData(t *testing.T) {
 	dir := t.TempDir()
-	cfg := server.Config{Listen: "127.0.0.1:0", DataDir: dir, Now: tu.Now}
+	cfg := server.Config{Listen: "127.0.0.1:0", DataDir: dir, Clock: tu.Clock()}
 	srv := server.New(cfg, quiet())
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)
@@ -294,7 +294,7 @@ func TestConfigValidate(t *testing.T) {
 // store stamps too (a node's last-seen time, kept across a restart), not
 // only of ingest's checks.
 func TestStoreRunsOnTheConfiguredClock(t *testing.T) {
-	cfg := server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now}
+	cfg := server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Clock: tu.Clock()}
 	srv := server.New(cfg, quiet())
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)
@@ -326,7 +326,7 @@ func TestNilLoggerDiscards(t *testing.T) {
 	prev := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
 	defer slog.SetDefault(prev)
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Now: tu.Now}, nil)
+	srv := server.New(server.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Clock: tu.Clock()}, nil)
 	if err := srv.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +350,7 @@ func TestFailedStartUndoesWhatItStarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	cfg := server.Config{Listen: testkit.FreeAddr(t), DataDir: t.TempDir(), Now: tu.Now, StatusListen: taken.Addr().String(),
+	cfg := server.Config{Listen: testkit.FreeAddr(t), DataDir: t.TempDir(), Clock: tu.Clock(), StatusListen: taken.Addr().String(),
 		Alerts: server.AlertConfig{Webhook: alert.WebhookConfig{URLs: []string{"http://127.0.0.1:9/hook"}}}}
 	if err := server.New(cfg, quiet()).Start(t.Context()); err == nil {
 		t.Fatal("start with a taken status address: no error")

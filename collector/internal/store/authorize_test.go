@@ -2,7 +2,6 @@ package store
 
 import (
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +9,8 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 func openWith(t *testing.T, dir string, o Options) *Store {
@@ -245,10 +246,8 @@ func TestLiveRunsPerNodeAreBounded(t *testing.T) {
 // over the minute); joins and re-starts of a node's own live runs are not
 // new.
 func TestNewRunsPerMinuteAreBounded(t *testing.T) {
-	var mu sync.Mutex
-	now := t0
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	s := openWith(t, t.TempDir(), Options{Now: clock, Limits: Limits{MaxNewRunsPerMinute: 2}})
+	clk := clock.NewFake(t0)
+	s := openWith(t, t.TempDir(), Options{Clock: clk, Limits: Limits{MaxNewRunsPerMinute: 2}})
 	defer s.Close()
 	a := applyResult(t, s, "n", startsBatch(1, 1, "a", "b", "c"))
 	if len(a.Refused) != 1 || a.Refused[0].RunID != "c" || !strings.Contains(a.Refused[0].Reason, "limit of 2 new runs a minute") {
@@ -257,9 +256,7 @@ func TestNewRunsPerMinuteAreBounded(t *testing.T) {
 	if a := applyResult(t, s, "n", startsBatch(2, 2, "a", "c")); len(a.Refused) != 1 || a.Refused[0].RunID != "c" {
 		t.Fatalf("refused %+v, want c again and a (live) accepted", a.Refused)
 	}
-	mu.Lock()
-	now = now.Add(30 * time.Second) // one run's worth refilled
-	mu.Unlock()
+	clk.Advance(30 * time.Second) // one run's worth refilled
 	if a := applyResult(t, s, "n", startsBatch(3, 3, "c", "d")); len(a.Refused) != 1 || a.Refused[0].RunID != "d" {
 		t.Fatalf("30 s later: refused %+v, want d only", a.Refused)
 	}

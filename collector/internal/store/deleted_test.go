@@ -7,6 +7,8 @@ import (
 
 	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 func startEv(run string, sec int) *trainmeterv1.RunEvent {
@@ -20,8 +22,8 @@ func startEv(run string, sec int) *trainmeterv1.RunEvent {
 // deletion starts the id afresh.
 func TestDeletedLiveRunStaysDeleted(t *testing.T) {
 	dir := t.TempDir()
-	clock := func() time.Time { return t0.Add(5 * time.Second) }
-	s, err := Open(dir, Options{Logger: quiet(), Now: clock})
+	clk := clock.NewFake(t0.Add(5 * time.Second))
+	s, err := Open(dir, Options{Logger: quiet(), Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +45,7 @@ func TestDeletedLiveRunStaysDeleted(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s, err = Open(dir, Options{Logger: quiet(), Now: clock})
+	s, err = Open(dir, Options{Logger: quiet(), Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,8 +85,8 @@ func usageOfDeleted(t *testing.T, s *Store) (out []*storev1.DeletedRunWindow, no
 // restart; the windows a live run's agent sends after its deletion too.
 func TestDeletedRunsWindowsStayAsUsage(t *testing.T) {
 	dir := t.TempDir()
-	clock := func() time.Time { return t0.Add(5 * time.Second) }
-	s, err := Open(dir, Options{Logger: quiet(), Now: clock})
+	clk := clock.NewFake(t0.Add(5 * time.Second))
+	s, err := Open(dir, Options{Logger: quiet(), Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +113,7 @@ func TestDeletedRunsWindowsStayAsUsage(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s, err = Open(dir, Options{Logger: quiet(), Now: clock})
+	s, err = Open(dir, Options{Logger: quiet(), Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}

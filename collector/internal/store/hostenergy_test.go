@@ -6,6 +6,8 @@ import (
 	"time"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 func hostPart(from, to int, cpu float64, runs ...string) *trainmeterv1.HostEnergy {
@@ -21,7 +23,7 @@ func hostPart(from, to int, cpu float64, runs ...string) *trainmeterv1.HostEnerg
 // come, its last one after the batch with its end included; a run deleted
 // while live does not come back through its host energy.
 func TestHostEnergyFoldedAndDeletedRunsStayDeleted(t *testing.T) {
-	s, err := Open(t.TempDir(), Options{Logger: quiet(), Now: func() time.Time { return t0.Add(5 * time.Second) }})
+	s, err := Open(t.TempDir(), Options{Logger: quiet(), Clock: clock.NewFake(t0.Add(5 * time.Second))})
 	if err != nil {
 		t.Fatal(err)
 	}

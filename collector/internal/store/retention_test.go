@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/loadgen"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // With a raw retention, raw records expire (badger TTL; they vanish from
@@ -17,7 +19,7 @@ func TestRawRetentionExpiresRawRecordsNotAggregates(t *testing.T) {
 	// with the wall clock when reading.)
 	written := time.Now().Add(-time.Minute)
 	s, err := Open(t.TempDir(), Options{Logger: quiet(), RawRetention: time.Second, DedupRetention: time.Hour,
-		Now: func() time.Time { return written }})
+		Clock: clock.NewFake(written)})
 	if err != nil {
 		t.Fatal(err)
 	}

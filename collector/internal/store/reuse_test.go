@@ -2,7 +2,6 @@ package store
 
 import (
 	"bytes"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +10,8 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 func endEv(run string, sec int) *trainmeterv1.RunEvent {
@@ -70,7 +71,7 @@ func runOn(t *testing.T, s *Store, node string, seq uint64, run string, from, to
 // summed, wall time across the gap). Now the start is refused and nothing
 // of box2's records reaches the ended run: its report is byte-identical.
 func TestRunIDReusedOnAnotherNodeAfterItEndedIsRefused(t *testing.T) {
-	s, err := Open(t.TempDir(), Options{Logger: quiet(), Now: func() time.Time { return t0.Add(time.Minute) }})
+	s, err := Open(t.TempDir(), Options{Logger: quiet(), Clock: clock.NewFake(t0.Add(time.Minute))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func TestRunIDReusedOnAnotherNodeAfterItEndedIsRefused(t *testing.T) {
 // records of the run were dropped. The dropped windows' GPU time is the
 // node's idle, so usage still adds up to the node.
 func TestRefusedStartIsReportedAndItsGPUTimeIsIdle(t *testing.T) {
-	s, err := Open(t.TempDir(), Options{Logger: quiet(), Now: func() time.Time { return t0.Add(time.Minute) }})
+	s, err := Open(t.TempDir(), Options{Logger: quiet(), Clock: clock.NewFake(t0.Add(time.Minute))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +159,7 @@ func TestRefusedStartIsReportedAndItsGPUTimeIsIdle(t *testing.T) {
 // A start that asks to resume is accepted from another node (resume_requested:
 // that node's agent did not see the run end), and reopens the run with a pause.
 func TestResumeOnAnotherNodeIsAccepted(t *testing.T) {
-	s, err := Open(t.TempDir(), Options{Logger: quiet(), Now: func() time.Time { return t0.Add(time.Minute) }})
+	s, err := Open(t.TempDir(), Options{Logger: quiet(), Clock: clock.NewFake(t0.Add(time.Minute))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,9 +181,8 @@ func TestResumeOnAnotherNodeIsAccepted(t *testing.T) {
 // the run is live on box1; and a start timestamped before the run's end
 // joins even when its batch arrives after box1's end (it was in flight).
 func TestRanksStartingApartOnTwoNodesJoinOneRun(t *testing.T) {
-	var now atomic.Int64 // the collector's clock
-	now.Store(t0.Add(time.Minute).UnixNano())
-	s, err := Open(t.TempDir(), Options{Logger: quiet(), Now: func() time.Time { return time.Unix(0, now.Load()) }})
+	clk := clock.NewFake(t0.Add(time.Minute)) // the collector's clock
+	s, err := Open(t.TempDir(), Options{Logger: quiet(), Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func TestRanksStartingApartOnTwoNodesJoinOneRun(t *testing.T) {
 	// within aggregate.LateJoinGrace of the collector seeing that end: a
 	// rank whose batch was in flight joins.
 	runOn(t, s, "box1", 100, "k", 0, 10, 100, nil)
-	now.Add(int64(aggregate.LateJoinGrace - time.Second))
+	clk.Advance(aggregate.LateJoinGrace - time.Second)
 	runOn(t, s, "box3", 1, "k", 5, 10, 100, nil)
 	st, _ = s.GetRun("k")
 	if r := st.Report(aggregate.Pricing{}); r.GetNodes() != 2 || r.GetTokensProcessed() != 1500 || r.GetResumes() != 0 {
@@ -229,7 +229,7 @@ func TestRanksStartingApartOnTwoNodesJoinOneRun(t *testing.T) {
 	// box4's start dated 5 s arrives past the grace: refused (a node cannot
 	// join an ended run by dating its start back), the run unchanged.
 	runOn(t, s, "box1", 200, "m", 0, 10, 100, nil)
-	now.Add(int64(aggregate.LateJoinGrace + time.Second))
+	clk.Advance(aggregate.LateJoinGrace + time.Second)
 	runOn(t, s, "box4", 1, "m", 5, 10, 100, nil)
 	st, _ = s.GetRun("m")
 	if r := st.Report(aggregate.Pricing{}); r.GetNodes() != 1 || r.GetTokensProcessed() != 1000 || r.GetResumes() != 0 {

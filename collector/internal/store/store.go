@@ -114,8 +114,9 @@ type Store struct {
 type Options struct {
 	// Logger receives badger's warnings and errors and the store's own logs.
 	Logger *slog.Logger
-	// Now is the clock for node last-seen times; time.Now if nil.
-	Now func() time.Time
+	// Clock is the clock for node last-seen times, deletion marks and raw
+	// record expiry; the wall clock if nil.
+	Clock clock.Clock
 	// EnergyBands, when set, books each window's energy to the tariff band
 	// in force (aggregate.State.EnergyByBand); nil: no time-of-use tariff.
 	EnergyBands aggregate.EnergyBands
@@ -173,9 +174,9 @@ func Open(dir string, o Options) (s *Store, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	now := o.Now
-	if now == nil {
-		now = time.Now
+	now := time.Now
+	if o.Clock != nil {
+		now = o.Clock.Now
 	}
 	opts := badger.DefaultOptions(dir).
 		WithSyncWrites(true).

@@ -18,6 +18,8 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/internal/testkit"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 func TestMain(m *testing.M) {
@@ -203,9 +205,8 @@ func TestKeysDoNotCollide(t *testing.T) {
 // and is complete again after Close and before a hello.
 func TestNodeStatusIsWrittenEveryFewSecondsAndOnClose(t *testing.T) {
 	dir := t.TempDir()
-	now := time.Unix(1_700_000_000, 0)
-	clock := func() time.Time { return now }
-	s, err := Open(dir, Options{Logger: quiet(), Now: clock})
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	s, err := Open(dir, Options{Logger: quiet(), Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,17 +228,17 @@ func TestNodeStatusIsWrittenEveryFewSecondsAndOnClose(t *testing.T) {
 	if seq, _ := stored(s); seq != 1 {
 		t.Fatalf("a new node's status is not stored at once: last seq %d", seq)
 	}
-	now = now.Add(time.Second)
+	clk.Advance(time.Second)
 	apply(s, 2)
 	if seq, _ := stored(s); seq != 1 {
 		t.Fatalf("status rewritten a second later: last seq %d, want still 1", seq)
 	}
-	now = now.Add(nodeStatusEvery)
+	clk.Advance(nodeStatusEvery)
 	apply(s, 3)
-	if seq, seen := stored(s); seq != 3 || !seen.Equal(now) {
-		t.Fatalf("after %v: last seq %d seen %v, want 3 at %v", nodeStatusEvery, seq, seen, now)
+	if seq, seen := stored(s); seq != 3 || !seen.Equal(clk.Now()) {
+		t.Fatalf("after %v: last seq %d seen %v, want 3 at %v", nodeStatusEvery, seq, seen, clk.Now())
 	}
-	now = now.Add(time.Second)
+	clk.Advance(time.Second)
 	apply(s, 4)
 	// A hello reads the stored status: it gets the newest first.
 	if err := s.PutHello(&trainmeterv1.Hello{Node: "n1", BootId: "boot", HostEnergyStatus: "ok: 1 socket(s), package"}); err != nil {
@@ -246,18 +247,18 @@ func TestNodeStatusIsWrittenEveryFewSecondsAndOnClose(t *testing.T) {
 	if seq, _ := stored(s); seq != 4 {
 		t.Fatalf("after a hello: last seq %d, want 4", seq)
 	}
-	now = now.Add(time.Second)
+	clk.Advance(time.Second)
 	apply(s, 5)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s, err = Open(dir, Options{Logger: quiet(), Now: clock})
+	s, err = Open(dir, Options{Logger: quiet(), Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if seq, seen := stored(s); seq != 5 || !seen.Equal(now) {
-		t.Fatalf("after Close: last seq %d seen %v, want 5 at %v", seq, seen, now)
+	if seq, seen := stored(s); seq != 5 || !seen.Equal(clk.Now()) {
+		t.Fatalf("after Close: last seq %d seen %v, want 5 at %v", seq, seen, clk.Now())
 	}
 	// The hello's host energy status outlives the committer's rewrites and
 	// a restart: `trainmeter nodes` shows it for an agent that is away.

@@ -61,7 +61,7 @@ func (t *Telemetry) register(m metric.Meter) error {
 		}
 		return out
 	}
-	gpus, err := otelexport.NewGPUMetrics(m, otelexport.GPUOptions{Now: t.o.Now, Inventory: inventory})
+	gpus, err := otelexport.NewGPUMetrics(m, otelexport.GPUOptions{Clock: t.o.Clock, Inventory: inventory})
 	if err != nil {
 		return err
 	}
@@ -157,7 +157,7 @@ func (t *Telemetry) registerAgents(m metric.Meter) error {
 		return err
 	}
 	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		now := t.o.Now()
+		now := t.o.Clock.Now()
 		for _, n := range t.o.Nodes.Nodes() {
 			opt := metric.WithAttributeSet(attribute.NewSet(attribute.String(AttrNode, n.GetNode())))
 			var c int64

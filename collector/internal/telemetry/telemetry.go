@@ -22,6 +22,8 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // Bounds on the runs exported (the cardinality of trainmeter.run.*): runs
@@ -91,8 +93,8 @@ type Options struct {
 	Runs     storage.Runs
 	Nodes    Nodes
 	Pricing  aggregate.Pricing
-	// Now is the collector's clock (time.Now if nil).
-	Now func() time.Time
+	// Clock is the collector's clock (the wall clock if nil).
+	Clock clock.Clock
 	// RunWindow and MaxRuns override the defaults above.
 	RunWindow time.Duration
 	MaxRuns   int
@@ -121,8 +123,8 @@ func New(o Options) (*Telemetry, error) {
 	if o.Exporter == nil || o.Runs == nil || o.Nodes == nil {
 		return nil, errors.New("telemetry: exporter, runs and nodes are required")
 	}
-	if o.Now == nil {
-		o.Now = time.Now
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
 	}
 	if o.RunWindow <= 0 {
 		o.RunWindow = DefaultRunWindow
@@ -134,7 +136,7 @@ func New(o Options) (*Telemetry, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	exp := o.Exporter
-	t := &Telemetry{o: o, log: o.Logger, exp: exp, alerts: NewAlertLog(exp, o.Now), recent: map[string]time.Time{}}
+	t := &Telemetry{o: o, log: o.Logger, exp: exp, alerts: NewAlertLog(exp, o.Clock), recent: map[string]time.Time{}}
 	if err := t.register(exp.Meter()); err != nil {
 		return nil, err
 	}
@@ -177,7 +179,7 @@ func (t *Telemetry) OnApplied(node string, b *trainmeterv1.Batch) {
 		return
 	}
 	t.gpus.Batch(node, b)
-	now := t.o.Now()
+	now := t.o.Clock.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	note := func(id string) {
@@ -211,7 +213,7 @@ func eventRun(e *trainmeterv1.RunEvent) string {
 // exportedRuns returns the ids of the runs to export (active within
 // RunWindow, the MaxRuns most recent), forgetting older ones.
 func (t *Telemetry) exportedRuns() []string {
-	now := t.o.Now()
+	now := t.o.Clock.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	type seen struct {
@@ -305,19 +307,19 @@ func (t *Telemetry) EmitAlert(ctx context.Context, a Alert) {
 // reads the budget and recommendation sources exists.
 type AlertLog struct {
 	logger otellog.Logger
-	now    func() time.Time
+	clock  clock.Clock
 }
 
-// NewAlertLog returns the alert log of exp; now nil: time.Now. A nil exp
-// gives a nil *AlertLog, which does nothing.
-func NewAlertLog(exp *otelexport.Exporter, now func() time.Time) *AlertLog {
+// NewAlertLog returns the alert log of exp; clk nil: the wall clock. A nil
+// exp gives a nil *AlertLog, which does nothing.
+func NewAlertLog(exp *otelexport.Exporter, clk clock.Clock) *AlertLog {
 	if exp == nil {
 		return nil
 	}
-	if now == nil {
-		now = time.Now
+	if clk == nil {
+		clk = clock.Real{}
 	}
-	return &AlertLog{logger: exp.Logger(), now: now}
+	return &AlertLog{logger: exp.Logger(), clock: clk}
 }
 
 // EmitAlert sends a as an OTel log record (nothing without OTLP).
@@ -325,7 +327,7 @@ func (l *AlertLog) EmitAlert(ctx context.Context, a Alert) {
 	if l == nil {
 		return
 	}
-	now := l.now()
+	now := l.clock.Now()
 	var r otellog.Record
 	r.SetEventName(EventAlert)
 	if a.Time.IsZero() {

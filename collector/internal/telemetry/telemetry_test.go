@@ -66,12 +66,12 @@ func (r *recs) Counts() map[string]int {
 	return out
 }
 
-func startTelemetry(t *testing.T, cfg otelexport.Config, now func() time.Time) (*Telemetry, *store.Store) {
+func startTelemetry(t *testing.T, cfg otelexport.Config, clk clock.Clock) (*Telemetry, *store.Store) {
 	t.Helper()
-	return startTelemetryWith(t, cfg, now, nil, nil)
+	return startTelemetryWith(t, cfg, clk, nil, nil)
 }
 
-func startTelemetryWith(t *testing.T, cfg otelexport.Config, now func() time.Time, b BudgetSource, r RecommendationSource) (*Telemetry, *store.Store) {
+func startTelemetryWith(t *testing.T, cfg otelexport.Config, clk clock.Clock, b BudgetSource, r RecommendationSource) (*Telemetry, *store.Store) {
 	t.Helper()
 	st, err := store.Open(t.TempDir(), store.Options{})
 	if err != nil {
@@ -82,7 +82,7 @@ func startTelemetryWith(t *testing.T, cfg otelexport.Config, now func() time.Tim
 	if err != nil {
 		t.Fatal(err)
 	}
-	tel, err := New(Options{Exporter: exp, Runs: st, Nodes: ingest.New(st, nil), Now: now, MaxRuns: 2, RunWindow: time.Minute,
+	tel, err := New(Options{Exporter: exp, Runs: st, Nodes: ingest.New(st, nil), Clock: clk, MaxRuns: 2, RunWindow: time.Minute,
 		Budgets: b, Recommendations: r})
 	if err != nil {
 		_ = exp.Shutdown(context.Background())
@@ -198,7 +198,7 @@ func runBatch(seq uint64, at time.Time, runs ...string) *trainmeterv1.Batch {
 // most MaxRuns of them, the most recently active first; deleted runs drop out.
 func TestRunCardinalityIsBounded(t *testing.T) {
 	clk := clock.NewFake(time.Now().Truncate(time.Second))
-	tel, st := startTelemetry(t, otelexport.Config{PrometheusListen: "127.0.0.1:0"}, clk.Now)
+	tel, st := startTelemetry(t, otelexport.Config{PrometheusListen: "127.0.0.1:0"}, clk)
 	apply := func(seq uint64, runs ...string) {
 		t.Helper()
 		b := runBatch(seq, clk.Now(), runs...)

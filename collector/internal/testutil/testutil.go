@@ -14,6 +14,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // T0 is the time all test batches are relative to.
@@ -169,6 +171,9 @@ func Invalid(seq uint64) map[string]*trainmeterv1.Batch {
 	}
 }
 
-// Now is a collector clock for tests: one minute after T0, so the batches
+// Now is a collector time for tests: one minute after T0, so the batches
 // built here pass the ingest time bounds (ingest.CheckBatchTime).
 func Now() time.Time { return T0.Add(time.Minute) }
+
+// Clock is a fake collector clock standing at Now.
+func Clock() *clock.Fake { return clock.NewFake(Now()) }

@@ -31,6 +31,8 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/pkg/gpu"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // Defaults of Options.
@@ -57,8 +59,9 @@ type Options struct {
 	// CheckSpan is how long the counter is compared with the power
 	// integral before it is trusted (default DefaultCheckSpan).
 	CheckSpan time.Duration
-	// Now is the clock of the per-process usage rates (default time.Now).
-	Now func() time.Time
+	// Clock is the clock of the per-process usage rates (default the wall
+	// clock).
+	Clock clock.Clock
 	// SMI, when set, is AMD SMI (package amdsmi, loaded where libamd_smi
 	// is installed): a card it gives a counter for takes its energy from
 	// it, in the library's own resolution, instead of from gpu_metrics.
@@ -186,8 +189,8 @@ func New(opt Options) (*Backend, error) {
 	if opt.CheckSpan <= 0 {
 		opt.CheckSpan = DefaultCheckSpan
 	}
-	if opt.Now == nil {
-		opt.Now = time.Now
+	if opt.Clock == nil {
+		opt.Clock = clock.Real{}
 	}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)

@@ -12,6 +12,8 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu"
 	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdfixture"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -26,9 +28,9 @@ func fixture(t *testing.T, name string) (sys, proc string) {
 	return filepath.Join(dir, "sys"), filepath.Join(dir, "proc")
 }
 
-func open(t *testing.T, sys, proc string, now func() time.Time) *amdgpu.Backend {
+func open(t *testing.T, sys, proc string, clk clock.Clock) *amdgpu.Backend {
 	t.Helper()
-	b, err := amdgpu.New(amdgpu.Options{SysfsRoot: sys, ProcfsRoot: proc, Now: now})
+	b, err := amdgpu.New(amdgpu.Options{SysfsRoot: sys, ProcfsRoot: proc, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,8 +308,8 @@ func TestCounterCheckedAgainstPower(t *testing.T) {
 
 func TestProcessUsageFromFdinfo(t *testing.T) {
 	sys, proc := fixture(t, "mi300x")
-	now := t0
-	b := open(t, sys, proc, func() time.Time { return now })
+	clk := clock.NewFake(t0)
+	b := open(t, sys, proc, clk)
 	pids, err := b.ComputePIDs(0)
 	if err != nil || len(pids) != 1 || pids[0] != 4242 {
 		t.Fatalf("card0 pids = %v, %v; want [4242] (4243 shares its client)", pids, err)
@@ -322,7 +324,7 @@ func TestProcessUsageFromFdinfo(t *testing.T) {
 	if p := u[4242]; !p.MemOK || p.MemMiB != 1024 || p.SMOK {
 		t.Errorf("first poll: %+v, want 1024 MiB and no rate yet", p)
 	}
-	now = now.Add(time.Second)
+	clk.Advance(time.Second)
 	if err := amdfixture.WriteClient(proc, amdfixture.Client{PID: 4242, FD: 5, PCI: "0000:0c:00.0", ClientID: 7, EngineNs: 5_500_000_000, VRAMKiB: 2 << 20}); err != nil {
 		t.Fatal(err)
 	}

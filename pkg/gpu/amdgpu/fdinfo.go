@@ -155,7 +155,7 @@ func (b *Backend) clientsOf(index int) (*device, []drmClient, error) {
 	if index < 0 || index >= len(b.gpus) {
 		return nil, nil, fmt.Errorf("amdgpu: no GPU %d", index)
 	}
-	now := b.opt.Now()
+	now := b.opt.Clock.Now()
 	all := b.scan
 	if b.scanAt.IsZero() || now.Sub(b.scanAt) >= scanReuse || now.Before(b.scanAt) {
 		var err error
@@ -200,7 +200,7 @@ func (b *Backend) ComputePIDs(index int) ([]uint32, error) {
 func (b *Backend) ProcessUsage(index int, _ time.Time) (map[uint32]gpu.ProcessUse, error) {
 	b.pmu.Lock()
 	defer b.pmu.Unlock()
-	now := b.opt.Now()
+	now := b.opt.Clock.Now()
 	d, cs, err := b.clientsOf(index)
 	if err != nil {
 		return nil, err

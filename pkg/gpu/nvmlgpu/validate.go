@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
 // ValidateOptions tunes Validate.
@@ -15,9 +17,8 @@ type ValidateOptions struct {
 	Duration time.Duration
 	// Interval between reads, as the agent's sampling; default 50 ms.
 	Interval time.Duration
-	// Now and Sleep default to the real clock (tests inject theirs).
-	Now   func() time.Time
-	Sleep func(time.Duration)
+	// Clock paces the reads; the wall clock if nil.
+	Clock clock.Clock
 }
 
 // Verdicts, worst last.
@@ -87,11 +88,8 @@ func Validate(lib nvml.Interface, o ValidateOptions) (ValidateReport, error) {
 	if o.Interval <= 0 {
 		o.Interval = 50 * time.Millisecond
 	}
-	if o.Now == nil {
-		o.Now = time.Now
-	}
-	if o.Sleep == nil {
-		o.Sleep = time.Sleep
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
 	}
 	rep := ValidateReport{DurationS: o.Duration.Seconds(), IntervalMs: float64(o.Interval) / float64(time.Millisecond)}
 	if ret := initReturn(lib); ret != nvml.SUCCESS {
@@ -118,16 +116,16 @@ func Validate(lib nvml.Interface, o ValidateOptions) (ValidateReport, error) {
 		}
 		obs[i] = &observer{g: g, h: h}
 	}
-	start := o.Now()
-	for next := start; o.Now().Sub(start) < o.Duration; {
+	start := o.Clock.Now()
+	for next := start; o.Clock.Now().Sub(start) < o.Duration; {
 		for _, ob := range obs {
 			if ob.h != nil {
 				ob.read()
 			}
 		}
 		next = next.Add(o.Interval)
-		if d := next.Sub(o.Now()); d > 0 {
-			o.Sleep(d)
+		if d := next.Sub(o.Clock.Now()); d > 0 {
+			<-o.Clock.After(d)
 		}
 	}
 	rep.Verdict = VerdictPass
