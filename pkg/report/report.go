@@ -19,6 +19,7 @@
 package report
 
 import (
+	"cmp"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -231,7 +232,7 @@ func knownOf(r *RunReport) known {
 // Row returns the CSV row of r, matching Header().
 func Row(r *RunReport) []string {
 	k := knownOf(r)
-	m := r.GetMetadata()
+	m := cmp.Or(r.GetMetadata(), &trainmeterv1.RunMetadata{}) // optional fields read below
 	share := 0.0
 	if k.dataShare {
 		share = r.GetDataWaitS() / (r.GetDataWaitS() + r.GetComputeS())
@@ -259,11 +260,11 @@ func Row(r *RunReport) []string {
 		m.GetDataset(),
 		m.GetBackend(),
 		m.GetOptimizer(),
-		iIf(m.GetHasBatchSize(), m.GetBatchSize()),
-		iIf(m.GetHasGradAccum(), m.GetGradAccum()),
-		iIf(m.GetHasSeqLen(), m.GetSeqLen()),
+		iIf(m.BatchSize != nil, m.GetBatchSize()),
+		iIf(m.GradAccum != nil, m.GetGradAccum()),
+		iIf(m.SeqLen != nil, m.GetSeqLen()),
 		m.GetPrecision(),
-		iIf(m.GetHasSeed(), m.GetSeed()),
+		iIf(m.Seed != nil, m.GetSeed()),
 		m.GetNotes(),
 
 		u(r.GetTokensMeasured()),
@@ -663,7 +664,7 @@ func roundedNote(hasParts bool, total string, parts []string) string {
 // WriteReport writes a readable multi-line report of one run.
 func WriteReport(w io.Writer, r *RunReport) error {
 	k := knownOf(r)
-	m := r.GetMetadata()
+	m := cmp.Or(r.GetMetadata(), &trainmeterv1.RunMetadata{}) // optional fields read below
 	var b strings.Builder
 	line := func(label, format string, args ...any) {
 		if label != "" { // "": a continuation line
@@ -690,10 +691,10 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	line("backend", "%s", orDash(m.GetBackend()))
 	line("optimizer", "%s", orDash(m.GetOptimizer()))
 	line("precision", "%s", orDash(m.GetPrecision()))
-	line("batch size", "%s", orDash(iIf(m.GetHasBatchSize(), m.GetBatchSize())))
-	line("grad accum", "%s", orDash(iIf(m.GetHasGradAccum(), m.GetGradAccum())))
-	line("seq len", "%s", orDash(iIf(m.GetHasSeqLen(), m.GetSeqLen())))
-	line("seed", "%s", orDash(iIf(m.GetHasSeed(), m.GetSeed())))
+	line("batch size", "%s", orDash(iIf(m.BatchSize != nil, m.GetBatchSize())))
+	line("grad accum", "%s", orDash(iIf(m.GradAccum != nil, m.GetGradAccum())))
+	line("seq len", "%s", orDash(iIf(m.SeqLen != nil, m.GetSeqLen())))
+	line("seed", "%s", orDash(iIf(m.Seed != nil, m.GetSeed())))
 	if m.GetNotes() != "" {
 		line("notes", "%s", m.GetNotes())
 	}
@@ -797,10 +798,10 @@ func WriteReport(w io.Writer, r *RunReport) error {
 		b.WriteString("evals\n")
 		for _, e := range r.GetEvals() {
 			parts := []string{fmt.Sprintf("epoch %d", e.GetEpoch())}
-			if e.GetHasValLoss() {
+			if e.ValLoss != nil {
 				parts = append(parts, fmt.Sprintf("val_loss %.4g", e.GetValLoss()))
 			}
-			if e.GetHasAccuracy() {
+			if e.Accuracy != nil {
 				parts = append(parts, fmt.Sprintf("accuracy %.4g", e.GetAccuracy()))
 			}
 			t := ""

@@ -72,13 +72,13 @@ func TestAttributedRunIsFilledByTheJoiningClient(t *testing.T) {
 		t.Errorf("filled copy at %v pid %d, want the original start %v pid %d", filled.Time.AsTime(), filled.Pid, start, peer1.PID)
 	}
 	m := filled.Metadata
-	if m.Model != "cli-model" || m.BatchSize != 16 || m.Dataset != "synthetic" || !m.HasSeqLen || m.SeqLen != 2048 || filled.Params != 124_000_000 {
+	if m.Model != "cli-model" || m.GetBatchSize() != 16 || m.Dataset != "synthetic" || m.SeqLen == nil || m.GetSeqLen() != 2048 || filled.Params != 124_000_000 {
 		t.Errorf("filled metadata %+v params %d", m, filled.Params)
 	}
 	// num_workers 0 is a setting (the advisor starts from it), so the copy
 	// says it was given.
-	if first.HasNumWorkers || !filled.HasNumWorkers || filled.NumWorkers != 0 {
-		t.Errorf("num_workers: first given %v, filled %d given %v; want the script's 0, given", first.HasNumWorkers, filled.NumWorkers, filled.HasNumWorkers)
+	if first.NumWorkers != nil || filled.NumWorkers == nil || filled.GetNumWorkers() != 0 {
+		t.Errorf("num_workers: first given %v, filled %d given %v; want the script's 0, given", first.NumWorkers != nil, filled.GetNumWorkers(), filled.NumWorkers != nil)
 	}
 	if filled.Labels["team"] != "nlp" || filled.Labels["exp"] != "7" {
 		t.Errorf("filled labels %v, want the wrapper's team and the script's exp", filled.Labels)

@@ -484,7 +484,7 @@ func TestEvalSaysWhetherItHasAnEpoch(t *testing.T) {
 			}
 		}
 	}
-	if len(got) != 2 || !got[0].HasEpoch || got[0].Epoch != 0 || got[1].HasEpoch {
+	if len(got) != 2 || got[0].Epoch == nil || got[0].GetEpoch() != 0 || got[1].Epoch != nil {
 		t.Fatalf("evals %v, want epoch 0 given, then none", got)
 	}
 }
@@ -509,7 +509,7 @@ func TestEvalCarriesTheLoaderSettings(t *testing.T) {
 	for _, b := range r.batches {
 		for _, e := range b.RunEvents {
 			if ev := e.GetEval(); ev != nil {
-				got = append(got, fmt.Sprintf("%v %d %d", ev.HasLoader, ev.LoaderNumWorkers, ev.LoaderPrefetchFactor))
+				got = append(got, fmt.Sprintf("%v %d %d", ev.LoaderNumWorkers != nil, ev.GetLoaderNumWorkers(), ev.LoaderPrefetchFactor))
 			}
 		}
 	}

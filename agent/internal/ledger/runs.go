@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
@@ -111,8 +112,7 @@ type stepStat struct {
 	recovered         uint64
 	tokens, samples   uint64
 	dataWait, compute float64
-	loss              float64
-	hasLoss           bool
+	loss              *float64 // nil: the step sent none
 }
 
 func (r *run) gpusAt(t time.Time) []int {
@@ -254,18 +254,7 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 		Model: ev.Model, Dataset: ev.Dataset, Backend: ev.Backend, Optimizer: ev.Optimizer,
 		Precision: ev.Precision, Notes: ev.Notes,
 	}
-	if ev.BatchSize != nil {
-		md.BatchSize, md.HasBatchSize = *ev.BatchSize, true
-	}
-	if ev.GradAccum != nil {
-		md.GradAccum, md.HasGradAccum = *ev.GradAccum, true
-	}
-	if ev.SeqLen != nil {
-		md.SeqLen, md.HasSeqLen = *ev.SeqLen, true
-	}
-	if ev.Seed != nil {
-		md.Seed, md.HasSeed = *ev.Seed, true
-	}
+	md.BatchSize, md.GradAccum, md.SeqLen, md.Seed = ev.BatchSize, ev.GradAccum, ev.SeqLen, ev.Seed
 	rs := &trainmeterv1.RunStart{
 		RunId:       ev.Run,
 		Time:        timestamppb.New(now),
@@ -311,7 +300,7 @@ func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart,
 	if ev.NumWorkers != nil {
 		// has_num_workers: 0 workers is a setting the advisor must start
 		// from, not "not given".
-		rs.NumWorkers, rs.HasNumWorkers = uint32(*ev.NumWorkers), true
+		rs.NumWorkers = proto.Uint32(uint32(*ev.NumWorkers))
 	}
 	if ev.PrefetchFactor != nil {
 		rs.PrefetchFactor = uint32(*ev.PrefetchFactor)
@@ -454,9 +443,7 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 	if ev.ComputeS != nil {
 		s.compute = *ev.ComputeS
 	}
-	if ev.Loss != nil {
-		s.loss, s.hasLoss = *ev.Loss, true
-	}
+	s.loss = ev.Loss
 	r.steps = append(r.steps, s)
 	r.stepEvents++
 	if r.rankSteps == nil {
@@ -502,17 +489,9 @@ func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 		return err
 	}
 	e := &trainmeterv1.Eval{RunId: ev.Run, Time: timestamppb.New(now), RankSteps: r.rankSteps[p.ConnID]}
-	if ev.Epoch != nil {
-		e.Epoch, e.HasEpoch = *ev.Epoch, true
-	}
-	if ev.ValLoss != nil {
-		e.ValLoss, e.HasValLoss = *ev.ValLoss, true
-	}
-	if ev.Accuracy != nil {
-		e.Accuracy, e.HasAccuracy = *ev.Accuracy, true
-	}
+	e.Epoch, e.ValLoss, e.Accuracy = ev.Epoch, ev.ValLoss, ev.Accuracy
 	if ev.NumWorkers != nil {
-		e.HasLoader, e.LoaderNumWorkers = true, uint32(min(*ev.NumWorkers, math.MaxUint32))
+		e.LoaderNumWorkers = proto.Uint32(uint32(min(*ev.NumWorkers, math.MaxUint32)))
 		if ev.PrefetchFactor != nil {
 			e.LoaderPrefetchFactor = uint32(min(*ev.PrefetchFactor, math.MaxUint32))
 		}

@@ -77,6 +77,7 @@
 package aggregate
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"sort"
@@ -430,13 +431,13 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	s.HasStart = true
 	s.Start = t
 	s.StartNode = node
-	m := ev.GetMetadata()
+	m := cmp.Or(ev.GetMetadata(), &trainmeterv1.RunMetadata{}) // optional fields read below
 	s.Metadata = Metadata{
 		Model: m.GetModel(), Dataset: m.GetDataset(), Backend: m.GetBackend(),
 		Optimizer: m.GetOptimizer(), BatchSize: m.GetBatchSize(), GradAccum: m.GetGradAccum(),
 		SeqLen: m.GetSeqLen(), Precision: m.GetPrecision(), Seed: m.GetSeed(), Notes: m.GetNotes(),
-		HasBatchSize: m.GetHasBatchSize(), HasGradAccum: m.GetHasGradAccum(),
-		HasSeqLen: m.GetHasSeqLen(), HasSeed: m.GetHasSeed(),
+		HasBatchSize: m.BatchSize != nil, HasGradAccum: m.GradAccum != nil,
+		HasSeqLen: m.SeqLen != nil, HasSeed: m.Seed != nil,
 	}
 	s.GPUName = ev.GetGpuName()
 	s.GPUPricePerHour = ev.GetGpuPricePerHour()
@@ -447,7 +448,7 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 		Params: ev.GetParams(), DatasetSize: ev.GetDatasetSize(),
 		NumWorkers: ev.GetNumWorkers(), PrefetchFactor: ev.GetPrefetchFactor(),
 		TargetGPUUtilization: ev.GetTargetGpuUtilization(), MaxRAMUsage: ev.GetMaxRamUsage(),
-		AdjustmentInterval: ev.GetAdjustmentInterval(), HasNumWorkers: hasNumWorkers(ev),
+		AdjustmentInterval: ev.GetAdjustmentInterval(), HasNumWorkers: ev.NumWorkers != nil,
 	}
 	if l := ev.GetLabels(); len(l) > 0 {
 		s.Plan.Labels = make(map[string]string, len(l))
@@ -457,9 +458,8 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	}
 }
 
-// hasNumWorkers: the start (or a stored plan) gave num_workers. Agents and
-// aggregates before has_num_workers could not say 0, so for them a non-zero
-// count is given.
+// hasNumWorkers: a stored plan gave num_workers. Aggregates before
+// has_num_workers could not say 0, so for them a non-zero count is given.
 func hasNumWorkers(p interface {
 	GetHasNumWorkers() bool
 	GetNumWorkers() uint32
@@ -470,7 +470,7 @@ func hasNumWorkers(p interface {
 // fillStart sets the metadata and plan fields the run's start left unset
 // from a later copy of the same start.
 func (s *State) fillStart(ev *trainmeterv1.RunStart) {
-	m, md := ev.GetMetadata(), &s.Metadata
+	m, md := cmp.Or(ev.GetMetadata(), &trainmeterv1.RunMetadata{}), &s.Metadata
 	for _, f := range []struct {
 		dst *string
 		got string
@@ -486,10 +486,10 @@ func (s *State) fillStart(ev *trainmeterv1.RunStart) {
 		has    *bool
 		got    int64
 		gotSet bool
-	}{{&md.BatchSize, &md.HasBatchSize, m.GetBatchSize(), m.GetHasBatchSize()},
-		{&md.GradAccum, &md.HasGradAccum, m.GetGradAccum(), m.GetHasGradAccum()},
-		{&md.SeqLen, &md.HasSeqLen, m.GetSeqLen(), m.GetHasSeqLen()},
-		{&md.Seed, &md.HasSeed, m.GetSeed(), m.GetHasSeed()}} {
+	}{{&md.BatchSize, &md.HasBatchSize, m.GetBatchSize(), m.BatchSize != nil},
+		{&md.GradAccum, &md.HasGradAccum, m.GetGradAccum(), m.GradAccum != nil},
+		{&md.SeqLen, &md.HasSeqLen, m.GetSeqLen(), m.SeqLen != nil},
+		{&md.Seed, &md.HasSeed, m.GetSeed(), m.Seed != nil}} {
 		if !*f.has && f.gotSet {
 			*f.dst, *f.has = f.got, true
 		}
@@ -513,7 +513,7 @@ func (s *State) fillStart(ev *trainmeterv1.RunStart) {
 			*f.dst = f.got
 		}
 	}
-	if !p.HasNumWorkers && hasNumWorkers(ev) {
+	if !p.HasNumWorkers && ev.NumWorkers != nil {
 		p.NumWorkers, p.HasNumWorkers = ev.GetNumWorkers(), true
 	}
 	for _, f := range []struct {
@@ -553,7 +553,7 @@ func (s *State) AddEval(node string, ev *trainmeterv1.Eval) {
 	r := EvalRecord{
 		Node: node, Time: nanos(ev.GetTime()), Epoch: ev.GetEpoch(),
 		ValLoss: ev.GetValLoss(), Accuracy: ev.GetAccuracy(),
-		HasValLoss: ev.GetHasValLoss(), HasAccuracy: ev.GetHasAccuracy(),
+		HasValLoss: ev.ValLoss != nil, HasAccuracy: ev.Accuracy != nil,
 	}
 	i := sort.Search(len(s.Evals), func(i int) bool { return s.Evals[i].Time > r.Time })
 	s.Evals = append(s.Evals, EvalRecord{})
@@ -633,7 +633,7 @@ func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands En
 	for _, g := range w.GetGpus() {
 		s.addGPU(node, g)
 	}
-	if w.GetHasLoss() && (!s.HasLoss || end > s.LastLossAt || (end == s.LastLossAt && node > s.LastLossBy)) {
+	if w.LastLoss != nil && (!s.HasLoss || end > s.LastLossAt || (end == s.LastLossAt && node > s.LastLossBy)) {
 		s.HasLoss = true
 		s.LastLoss = w.GetLastLoss()
 		s.LastLossAt = end
@@ -798,15 +798,23 @@ func (s *State) endStatusError() (string, string) {
 	return status, ""
 }
 
+// optional is v when ok, else nil (unset).
+func optional[T any](ok bool, v T) *T {
+	if !ok {
+		return nil
+	}
+	return &v
+}
+
 // Report computes the run's figures with the collector's pricing.
 func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r := &trainmeterv1.RunReport{RunId: s.RunID}
 	m := s.Metadata
 	r.Metadata = &trainmeterv1.RunMetadata{
 		Model: m.Model, Dataset: m.Dataset, Backend: m.Backend, Optimizer: m.Optimizer,
-		BatchSize: m.BatchSize, GradAccum: m.GradAccum, SeqLen: m.SeqLen, Precision: m.Precision,
-		Seed: m.Seed, Notes: m.Notes, HasBatchSize: m.HasBatchSize, HasGradAccum: m.HasGradAccum,
-		HasSeqLen: m.HasSeqLen, HasSeed: m.HasSeed,
+		BatchSize: optional(m.HasBatchSize, m.BatchSize), GradAccum: optional(m.HasGradAccum, m.GradAccum),
+		SeqLen: optional(m.HasSeqLen, m.SeqLen), Precision: m.Precision,
+		Seed: optional(m.HasSeed, m.Seed), Notes: m.Notes,
 	}
 	start, hasStart := s.StartNanos()
 	end := s.endNanos()
@@ -920,8 +928,8 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 
 	for _, e := range s.Evals {
 		r.Evals = append(r.Evals, &trainmeterv1.Eval{
-			RunId: s.RunID, Time: timestamppb.New(time.Unix(0, e.Time).UTC()), Epoch: e.Epoch,
-			ValLoss: e.ValLoss, Accuracy: e.Accuracy, HasValLoss: e.HasValLoss, HasAccuracy: e.HasAccuracy,
+			RunId: s.RunID, Time: timestamppb.New(time.Unix(0, e.Time).UTC()), Epoch: optional(e.Epoch != 0, e.Epoch),
+			ValLoss: optional(e.HasValLoss, e.ValLoss), Accuracy: optional(e.HasAccuracy, e.Accuracy),
 		})
 	}
 	r.HasLoss = s.HasLoss
