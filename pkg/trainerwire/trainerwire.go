@@ -2,14 +2,20 @@
 // (docs/trainer-protocol.md) that the agent, which serves the socket, and
 // `trainmeter run`, which speaks it as a client, share: event names, the
 // keys run_start reads itself, the environment variables and the default
-// socket path. It depends on the standard library only, so the collector's CLI can import it
-// without the agent's wiring (cgo, NVML). The agent's parser and line
-// builders are agent/internal/trainerproto.
+// socket path. It depends on the standard library and the generated proto
+// only, so the collector's CLI can import it without the agent's wiring
+// (cgo, NVML). The agent's parser and line builders are
+// agent/internal/trainerproto.
 package trainerwire
 
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Event names, as carried in the "event" key.
@@ -36,24 +42,67 @@ const (
 	EnvRunID  = "TRAINMETER_RUN_ID"
 )
 
-// runStartKeys are the keys run_start decodes itself; every other scalar key
-// becomes a label.
-var runStartKeys = map[string]bool{
-	"event": true, "run_id": true,
-	"model": true, "dataset": true, "backend": true, "optimizer": true, "precision": true, "notes": true,
-	"batch_size": true, "grad_accum": true, "seq_len": true, "seed": true,
-	"warmup_s": true, "warmup_steps": true, "gpus": true, "cuda_visible_devices": true,
-	"num_workers": true, "prefetch_factor": true, "planned_steps": true,
-	"planned_tokens": true, "planned_epochs": true, "params": true, "dataset_size": true,
-	"target_gpu_utilization": true, "max_ram_usage": true, "adjustment_interval": true,
-	"gpu_price_per_hour": true, "budget_scope": true,
-	"rank": true, "world_size": true, "local_rank": true, "client_id": true,
-	"attribute_pid": true, "resume": true, "plan_key": true,
+// The run_start keys come from the proto the agent passes the run on in,
+// trainmeterv1.RunStart: each field of its RunMetadata, and each of its
+// own fields but those the agent sets itself, is the key of the same name
+// (MetadataFields); besides, the control keys steer the agent. A key that
+// is neither becomes a label.
+
+// controlKeys are the run_start keys that steer the agent rather than
+// describe the run; the agent reads them itself (its decoder names each).
+var controlKeys = []string{"event", "run_id", "gpus", "cuda_visible_devices", "warmup_s", "warmup_steps",
+	"rank", "world_size", "local_rank", "client_id", "attribute_pid", "resume"}
+
+// agentSet are the fields of trainmeterv1.RunStart that no trainer key
+// sets: the agent fills them from its clock, the peer's credentials, its
+// GPUs and the control keys (labels: from the keys that are none of these).
+var agentSet = []protoreflect.Name{"run_id", "time", "metadata", "warmup_s", "warmup_steps", "gpus",
+	"gpu_uuids", "gpu_name", "pid", "uid", "labels", "resume", "user", "resume_requested"}
+
+var (
+	metadataFields = metadataFieldsOf((*trainmeterv1.RunStart)(nil).ProtoReflect().Descriptor())
+	runStartKeys   = func() []string {
+		keys := slices.Clone(controlKeys)
+		for _, fd := range metadataFields {
+			keys = append(keys, string(fd.Name()))
+		}
+		slices.Sort(keys)
+		return keys
+	}()
+)
+
+func metadataFieldsOf(rs protoreflect.MessageDescriptor) []protoreflect.FieldDescriptor {
+	var out []protoreflect.FieldDescriptor
+	add := func(fields protoreflect.FieldDescriptors, skip []protoreflect.Name) {
+		for i := range fields.Len() {
+			fd := fields.Get(i)
+			if !slices.Contains(skip, fd.Name()) && fd.Cardinality() != protoreflect.Repeated && fd.Message() == nil {
+				out = append(out, fd)
+			}
+		}
+	}
+	add(rs.Fields().ByName("metadata").Message().Fields(), nil)
+	add(rs.Fields(), agentSet)
+	return out
 }
+
+// MetadataFields are the fields of trainmeterv1.RunStart and of its
+// RunMetadata (ContainingMessage tells which) that the run_start key of
+// the same name sets, as the trainer sent it: singular scalars, in
+// declaration order, RunMetadata's first.
+func MetadataFields() []protoreflect.FieldDescriptor { return metadataFields }
+
+// RunStartKeys are the keys run_start reads itself, sorted: the control
+// keys and the metadata keys. A client may send any of them; every other
+// scalar key becomes a label.
+func RunStartKeys() []string { return slices.Clone(runStartKeys) }
 
 // IsRunStartKey says whether run_start reads key itself (so it cannot be a
 // label).
-func IsRunStartKey(key string) bool { return runStartKeys[key] }
+func IsRunStartKey(key string) bool {
+	_, ok := slices.BinarySearch(runStartKeys, key)
+	return ok
+}
 
 // RunEnd is the run_end line.
 type RunEnd struct {
