@@ -11,8 +11,8 @@ import (
 
 func TestRunStartSendsOnlyWhatWasGiven(t *testing.T) {
 	bs := int64(16)
-	b, err := json.Marshal(RunStart{RunID: "r1", ClientID: "c", AttributePID: 42, Model: "m", BatchSize: &bs,
-		Labels: map[string]string{"team": "nlp"}})
+	b, err := json.Marshal(RunStart{RunID: "r1", ClientID: "c", AttributePID: 42, Start: &trainmeterv1.RunStart{
+		Metadata: &trainmeterv1.RunMetadata{Model: "m", BatchSize: &bs}, Labels: map[string]string{"team": "nlp"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestRunStartSendsOnlyWhatWasGiven(t *testing.T) {
 }
 
 func TestRunStartRefusesALabelNamedLikeAField(t *testing.T) {
-	_, err := json.Marshal(RunStart{RunID: "r1", Labels: map[string]string{"model": "x"}})
+	_, err := json.Marshal(RunStart{RunID: "r1", Start: &trainmeterv1.RunStart{Labels: map[string]string{"model": "x"}}})
 	if err == nil || !strings.Contains(err.Error(), `"model" is a run_start field`) {
 		t.Fatalf("err %v", err)
 	}

@@ -51,7 +51,7 @@ func (c *MetadataConflict) StarterMessage() string {
 // (notes, seed, plan, labels, ...) dst's value is kept silently.
 func fillFrom(dst, ev *trainmeterv1.RunStart) (filled bool, conflicts []string) {
 	for _, fd := range trainerwire.MetadataFields() {
-		d, e := holder(dst, fd), holder(ev, fd)
+		d, e := trainerwire.Holder(dst, fd), trainerwire.Holder(ev, fd)
 		switch {
 		case !e.Has(fd):
 		case !d.Has(fd):
@@ -91,18 +91,7 @@ func conflict(have, got *trainmeterv1.RunMetadata) error {
 var notIdentifying = []protoreflect.Name{"seed", "notes"}
 
 func identifies(fd protoreflect.FieldDescriptor) bool {
-	return fd.ContainingMessage() == metadataDesc && !slices.Contains(notIdentifying, fd.Name())
-}
-
-var metadataDesc = (*trainmeterv1.RunMetadata)(nil).ProtoReflect().Descriptor()
-
-// holder is the message of rs that holds metadata field fd: rs itself or
-// its metadata (read-only and empty when rs has none).
-func holder(rs *trainmeterv1.RunStart, fd protoreflect.FieldDescriptor) protoreflect.Message {
-	if fd.ContainingMessage() == metadataDesc {
-		return rs.GetMetadata().ProtoReflect()
-	}
-	return rs.ProtoReflect()
+	return fd.ContainingMessage().Name() == "RunMetadata" && !slices.Contains(notIdentifying, fd.Name())
 }
 
 // show is v as a conflict names it: strings quoted, numbers as they are.

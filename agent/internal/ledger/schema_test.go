@@ -47,7 +47,7 @@ func metadataLine(t *testing.T, run string) ([]byte, *trainmeterv1.RunStart) {
 			t.Fatalf("%s: no test value for a %s field", fd.Name(), fd.Kind())
 		}
 		line[string(fd.Name())] = j
-		holder(want, fd).Set(fd, v)
+		trainerwire.Holder(want, fd).Set(fd, v)
 	}
 	b, err := json.Marshal(line)
 	if err != nil {
@@ -69,7 +69,7 @@ func parseStart(t *testing.T, line []byte) *trainerproto.RunStart {
 func sameMetadata(t *testing.T, what string, got, want *trainmeterv1.RunStart) {
 	t.Helper()
 	for _, fd := range trainerwire.MetadataFields() {
-		g, w := holder(got, fd), holder(want, fd)
+		g, w := trainerwire.Holder(got, fd), trainerwire.Holder(want, fd)
 		if g.Has(fd) != w.Has(fd) || !g.Get(fd).Equal(w.Get(fd)) {
 			t.Errorf("%s: %s = %v (set %v), want %v", what, fd.Name(), g.Get(fd), g.Has(fd), w.Get(fd))
 		}
@@ -127,7 +127,7 @@ func TestEveryMetadataFieldIsFilledByTheJoiningClient(t *testing.T) {
 	changed.Start.Metadata = &trainmeterv1.RunMetadata{}
 	for _, fd := range trainerwire.MetadataFields() {
 		if identifies(fd) {
-			g := holder(want, fd).Get(fd)
+			g := trainerwire.Holder(want, fd).Get(fd)
 			switch fd.Kind() {
 			case protoreflect.StringKind:
 				g = protoreflect.ValueOfString(g.String() + "-other")
@@ -142,7 +142,7 @@ func TestEveryMetadataFieldIsFilledByTheJoiningClient(t *testing.T) {
 			case protoreflect.BoolKind:
 				g = protoreflect.ValueOfBool(!g.Bool())
 			}
-			holder(changed.Start, fd).Set(fd, g)
+			trainerwire.Holder(changed.Start, fd).Set(fd, g)
 		}
 	}
 	err := r.l.StartRun(r.now, Peer{ConnID: 3, PID: 102, UID: 1000}, changed)

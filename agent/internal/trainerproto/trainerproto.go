@@ -338,6 +338,19 @@ func (d *decoder) uint(key string) (*uint64, error) {
 	return &v, nil
 }
 
+// bool decodes an optional true or false.
+func (d *decoder) bool(key string) (*bool, error) {
+	raw, ok := d.get(key)
+	if !ok || isNull(raw) {
+		return nil, nil
+	}
+	if k := kindOf(raw); k != 't' && k != 'f' {
+		return nil, d.fieldErr(key, "must be true or false")
+	}
+	v := kindOf(raw) == 't'
+	return &v, nil
+}
+
 // int decodes an optional integer that fits int64; nonNeg rejects negatives.
 func (d *decoder) int(key string, nonNeg bool) (*int64, error) {
 	raw, ok := d.get(key)
@@ -413,17 +426,9 @@ func (d *decoder) gpus() ([]string, error) {
 
 func (d *decoder) runStart(run string) (Event, error) {
 	e := &RunStart{Run: run, Start: &trainmeterv1.RunStart{Metadata: &trainmeterv1.RunMetadata{}}}
-	start, md := e.Start.ProtoReflect(), e.Start.Metadata.ProtoReflect()
 	for _, fd := range trainerwire.MetadataFields() {
-		v, ok, err := d.scalar(fd)
-		if err != nil {
+		if err := d.metadata(trainerwire.Holder(e.Start, fd), fd); err != nil {
 			return nil, err
-		}
-		if m := start; ok {
-			if fd.ContainingMessage() == md.Descriptor() {
-				m = md
-			}
-			m.Set(fd, v)
 		}
 	}
 	var err error
@@ -458,11 +463,11 @@ func (d *decoder) runStart(run string) (Event, error) {
 	if e.AttributePID != nil && (*e.AttributePID == 0 || *e.AttributePID > MaxPID) {
 		return nil, d.fieldErr("attribute_pid", "must be a process id from 1 to %d", MaxPID)
 	}
-	if raw, ok := d.get("resume"); ok && !isNull(raw) {
-		if err := json.Unmarshal(raw, &e.Resume); err != nil || kindOf(raw) == '"' {
-			return nil, d.fieldErr("resume", "must be true or false")
-		}
+	resume, err := d.bool("resume")
+	if err != nil {
+		return nil, err
 	}
+	e.Resume = resume != nil && *resume
 	if e.Start.Labels, err = d.labels(); err != nil {
 		return nil, err
 	}
@@ -470,82 +475,71 @@ func (d *decoder) runStart(run string) (Event, error) {
 }
 
 // metadataRules are the metadata keys whose values are narrower than their
-// proto kind. Every other number must be non-negative.
+// proto type allows; every other number must be non-negative.
 var metadataRules = map[string]struct {
 	signed bool
-	// check returns why v is refused, or "".
-	check func(v float64) string
+	ok     func(v float64) bool // nil: any value of the type
+	why    string               // the error when not ok
 }{
 	"seed":                   {signed: true},
-	"adjustment_interval":    {check: func(v float64) string { return unless(v > 0, "must be a positive number of steps") }},
-	"target_gpu_utilization": {check: fraction},
-	"max_ram_usage":          {check: fraction},
+	"adjustment_interval":    {ok: func(v float64) bool { return v > 0 }, why: "must be a positive number of steps"},
+	"target_gpu_utilization": {ok: fraction, why: "must be a fraction in (0, 1]"},
+	"max_ram_usage":          {ok: fraction, why: "must be a fraction in (0, 1]"},
 }
 
-func fraction(v float64) string { return unless(v > 0 && v <= 1, "must be a fraction in (0, 1]") }
+func fraction(v float64) bool { return v > 0 && v <= 1 }
 
-// unless is why when ok is false, else "".
-func unless(ok bool, why string) string {
-	if ok {
-		return ""
-	}
-	return why
-}
-
-// scalar decodes the metadata key of field fd by the field's kind; ok is
-// false when the key is absent or null.
-func (d *decoder) scalar(fd protoreflect.FieldDescriptor) (v protoreflect.Value, ok bool, err error) {
+// metadata decodes the metadata key named like field fd by the field's
+// kind, and sets the field of m when the key has a value (not null).
+func (d *decoder) metadata(m protoreflect.Message, fd protoreflect.FieldDescriptor) error {
 	key := string(fd.Name())
 	rule := metadataRules[key]
-	var num float64 // the value for rule.check
+	var v protoreflect.Value
+	var num float64 // the value rule.ok judges
 	switch fd.Kind() {
 	case protoreflect.StringKind:
 		s, err := d.str(key, MaxMetadataBytes)
-		return protoreflect.ValueOfString(s), s != "", err
+		if s != "" {
+			m.Set(fd, protoreflect.ValueOfString(s))
+		}
+		return err
 	case protoreflect.BoolKind:
-		raw, ok := d.get(key)
-		if !ok || isNull(raw) {
-			return v, false, nil
+		b, err := d.bool(key)
+		if b != nil {
+			m.Set(fd, protoreflect.ValueOfBool(*b))
 		}
-		if k := kindOf(raw); k != 't' && k != 'f' {
-			return v, false, d.fieldErr(key, "must be true or false")
-		}
-		return protoreflect.ValueOfBool(kindOf(raw) == 't'), true, nil
+		return err
 	case protoreflect.DoubleKind:
 		f, err := d.float(key, !rule.signed)
-		if f == nil || err != nil {
-			return v, false, err
+		if f == nil {
+			return err
 		}
 		v, num = protoreflect.ValueOfFloat64(*f), *f
 	case protoreflect.Int64Kind:
 		n, err := d.int(key, !rule.signed)
-		if n == nil || err != nil {
-			return v, false, err
+		if n == nil {
+			return err
 		}
 		v, num = protoreflect.ValueOfInt64(*n), float64(*n)
 	case protoreflect.Uint64Kind, protoreflect.Uint32Kind:
 		n, err := d.uint(key)
-		if n == nil || err != nil {
-			return v, false, err
+		if n == nil {
+			return err
 		}
-		if fd.Kind() == protoreflect.Uint32Kind {
+		if v, num = protoreflect.ValueOfUint64(*n), float64(*n); fd.Kind() == protoreflect.Uint32Kind {
 			if *n > math.MaxUint32 {
-				return v, false, d.fieldErr(key, "must be a non-negative integer")
+				return d.fieldErr(key, "must be a non-negative integer")
 			}
 			v = protoreflect.ValueOfUint32(uint32(*n))
-		} else {
-			v = protoreflect.ValueOfUint64(*n)
 		}
-		num = float64(*n)
 	default: // a kind no metadata field has yet: refused, never guessed
-		return v, false, d.fieldErr(key, "has a %s type the agent cannot decode", fd.Kind())
+		return d.fieldErr(key, "has a %s type the agent cannot decode", fd.Kind())
 	}
-	if rule.check != nil {
-		if why := rule.check(num); why != "" {
-			return v, false, d.fieldErr(key, "%s", why)
-		}
+	if rule.ok != nil && !rule.ok(num) {
+		return d.fieldErr(key, "%s", rule.why)
 	}
-	return v, true, nil
+	m.Set(fd, v)
+	return nil
 }
 
 func (d *decoder) labels() (map[string]string, error) {
