@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/internal/testkit"
@@ -189,7 +190,7 @@ func TestHostileNodeCannotChangeAnotherNodesRun(t *testing.T) {
 		b.RunWindows = append(b.RunWindows, hostileWindow("victim", 1e12))
 	}
 	b.RunEvents = append(b.RunEvents, endEvent("victim"),
-		&trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{RunId: "victim", Time: timestamppb.Now(), ValLoss: 9, HasValLoss: true}}})
+		&trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{RunId: "victim", Time: timestamppb.Now(), ValLoss: proto.Float64(9)}}})
 	b.Losses = append(b.Losses, &trainmeterv1.DataLoss{RunId: "victim", Batches: 5, EnergyJ: 1e9, GpuSeconds: 10, Reason: "spool full"})
 	if r := h.send(b); r != "" {
 		t.Fatalf("the batch was rejected whole (%s); its own records should be kept and the others dropped", r)

@@ -33,18 +33,18 @@ func invalid(f string, a ...any) error {
 // KeyOf returns run r's value of the grouping key by (see Keys; label:KEY
 // reads a label), and whether by is a known key.
 func KeyOf(r *trainmeterv1.RunReport, by string) (string, bool) {
-	m := r.GetMetadata()
+	m := cmp.Or(r.GetMetadata(), &trainmeterv1.RunMetadata{})
 	str := func(s string) string {
 		if s == "" {
 			return NoValue
 		}
 		return s
 	}
-	num := func(v int64, has bool) string {
-		if !has {
+	num := func(v *int64) string {
+		if v == nil {
 			return NoValue
 		}
-		return strconv.FormatInt(v, 10)
+		return strconv.FormatInt(*v, 10)
 	}
 	if k, ok := strings.CutPrefix(by, "label:"); ok {
 		if k == "" {
@@ -68,11 +68,11 @@ func KeyOf(r *trainmeterv1.RunReport, by string) (string, bool) {
 	case "gpu_name":
 		return str(r.GetGpuName()), true
 	case "batch_size":
-		return num(m.GetBatchSize(), m.GetHasBatchSize()), true
+		return num(m.BatchSize), true
 	case "seq_len":
-		return num(m.GetSeqLen(), m.GetHasSeqLen()), true
+		return num(m.SeqLen), true
 	case "grad_accum":
-		return num(m.GetGradAccum(), m.GetHasGradAccum()), true
+		return num(m.GradAccum), true
 	case "nodes":
 		return strconv.FormatUint(uint64(r.GetNodes()), 10), true
 	case "gpus":
@@ -271,10 +271,7 @@ func (f figures) proto(g group) *trainmeterv1.CompareGroup {
 		if !slices.Contains(out.NodeCounts, r.GetNodes()) {
 			out.NodeCounts = append(out.NodeCounts, r.GetNodes())
 		}
-		var seq int64 // 0: not given
-		if r.GetMetadata().GetHasSeqLen() {
-			seq = r.GetMetadata().GetSeqLen()
-		}
+		seq := r.GetMetadata().GetSeqLen() // 0: not given
 		if !slices.Contains(out.SeqLens, seq) {
 			out.SeqLens = append(out.SeqLens, seq)
 		}

@@ -2,17 +2,18 @@ package compare
 
 import (
 	"errors"
-	"google.golang.org/protobuf/proto"
 	"math"
 	"strings"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func run(id, backend string, jpt, tps float64, gpu string) *trainmeterv1.RunReport {
 	return &trainmeterv1.RunReport{RunId: id, Ended: true, JPerToken: proto.Float64(jpt), TokPerS: proto.Float64(tps), VramPeakMb: 1000, GpuName: gpu, Nodes: 1,
-		Metadata: &trainmeterv1.RunMetadata{Model: "m", Backend: backend, BatchSize: 8, HasBatchSize: true}}
+		Metadata: &trainmeterv1.RunMetadata{Model: "m", Backend: backend, BatchSize: proto.Int64(8)}}
 }
 
 func TestCompareByBackend(t *testing.T) {
@@ -102,7 +103,7 @@ func TestComparePickedRunsAndErrors(t *testing.T) {
 
 func TestGroupsSortNumerically(t *testing.T) {
 	a, b := run("a", "x", 1, 1, "g"), run("b", "x", 1, 1, "g")
-	a.Metadata.BatchSize, b.Metadata.BatchSize = 16, 8
+	a.Metadata.BatchSize, b.Metadata.BatchSize = proto.Int64(16), proto.Int64(8)
 	resp, err := Compare(&trainmeterv1.CompareRequest{By: "batch_size"}, []*trainmeterv1.RunReport{a, b})
 	if err != nil {
 		t.Fatal(err)

@@ -203,12 +203,12 @@ func epochs(r *trainmeterv1.RunReport) []epochPoint {
 			p = &epochPoint{epoch: e.GetEpoch()}
 			by[e.GetEpoch()] = p
 		}
-		if e.GetHasValLoss() {
+		if e.ValLoss != nil {
 			p.loss += e.GetValLoss()
 			p.nLoss++
 			p.hasLoss = true
 		}
-		if e.GetHasAccuracy() {
+		if e.Accuracy != nil {
 			p.acc += e.GetAccuracy()
 			p.nAcc++
 			p.hasAcc = true
@@ -597,7 +597,7 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 func BatchSize(r Run, all []Run) *trainmeterv1.Recommendation {
 	rep := r.Report
 	md := rep.GetMetadata()
-	if !md.GetHasBatchSize() || md.GetBatchSize() <= 0 || r.GPUMemoryMiB <= 0 || rep.GetVramPeakMb() <= 0 || rep.GetTokPerS() <= 0 {
+	if md.GetBatchSize() <= 0 || r.GPUMemoryMiB <= 0 || rep.GetVramPeakMb() <= 0 || rep.GetTokPerS() <= 0 {
 		return nil
 	}
 	headroom := 1 - rep.GetVramPeakMb()/r.GPUMemoryMiB
@@ -726,34 +726,34 @@ func Power(runs []Run) []*trainmeterv1.Recommendation {
 // run one rank per GPU). A field neither run reported matches (both
 // unknown); one reported by only one of them does not.
 func likeKey(r *trainmeterv1.RunReport) string {
-	m := r.GetMetadata()
-	opt := func(has bool, v int64) string {
-		if !has {
+	m := cmp.Or(r.GetMetadata(), &trainmeterv1.RunMetadata{})
+	opt := func(v *int64) string {
+		if v == nil {
 			return "?"
 		}
-		return fmt.Sprint(v)
+		return fmt.Sprint(*v)
 	}
-	return strings.Join([]string{m.GetModel(), r.GetGpuName(), opt(m.GetHasBatchSize(), m.GetBatchSize()),
-		opt(m.GetHasSeqLen(), m.GetSeqLen()), m.GetPrecision(), fmt.Sprint(r.GetGpus()), fmt.Sprint(r.GetNodes())}, "\x00")
+	return strings.Join([]string{m.GetModel(), r.GetGpuName(), opt(m.BatchSize),
+		opt(m.SeqLen), m.GetPrecision(), fmt.Sprint(r.GetGpus()), fmt.Sprint(r.GetNodes())}, "\x00")
 }
 
 // likeDescription says what the like runs share, for the evidence.
 func likeDescription(r *trainmeterv1.RunReport) string {
-	m := r.GetMetadata()
+	m := cmp.Or(r.GetMetadata(), &trainmeterv1.RunMetadata{})
 	orUnknown := func(s string) string {
 		if s == "" {
 			return "not reported"
 		}
 		return s
 	}
-	opt := func(has bool, v int64) string {
-		if !has {
+	opt := func(v *int64) string {
+		if v == nil {
 			return "not reported"
 		}
-		return fmt.Sprint(v)
+		return fmt.Sprint(*v)
 	}
 	return fmt.Sprintf("model %s, GPU %s, batch size %s, seq len %s, precision %s, world size %s on %s",
-		m.GetModel(), orUnknown(r.GetGpuName()), opt(m.GetHasBatchSize(), m.GetBatchSize()), opt(m.GetHasSeqLen(), m.GetSeqLen()),
+		m.GetModel(), orUnknown(r.GetGpuName()), opt(m.BatchSize), opt(m.SeqLen),
 		orUnknown(m.GetPrecision()), plural.N(r.GetGpus(), "GPU"), plural.N(r.GetNodes(), "node"))
 }
 

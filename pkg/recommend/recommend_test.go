@@ -1,10 +1,11 @@
 package recommend
 
 import (
-	"google.golang.org/protobuf/proto"
 	"math"
 	"strings"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -16,12 +17,12 @@ func report(id, model, gpu string, cost, energyJ, tokPerS float64) *trainmeterv1
 
 func withEvals(r *trainmeterv1.RunReport, loss, acc []float64) *trainmeterv1.RunReport {
 	for i := range max(len(loss), len(acc)) {
-		e := &trainmeterv1.Eval{RunId: r.RunId, Epoch: int64(i + 1)}
+		e := &trainmeterv1.Eval{RunId: r.RunId, Epoch: proto.Int64(int64(i + 1))}
 		if i < len(loss) {
-			e.ValLoss, e.HasValLoss = loss[i], true
+			e.ValLoss = proto.Float64(loss[i])
 		}
 		if i < len(acc) {
-			e.Accuracy, e.HasAccuracy = acc[i], true
+			e.Accuracy = proto.Float64(acc[i])
 		}
 		r.Evals = append(r.Evals, e)
 	}
@@ -185,7 +186,7 @@ func TestComputeTierEnergy(t *testing.T) {
 
 func TestBatchSize(t *testing.T) {
 	r := report("r", "m", "g", 10, 1000, 1000)
-	r.Metadata.BatchSize, r.Metadata.HasBatchSize = 8, true
+	r.Metadata.BatchSize = proto.Int64(8)
 	r.VramPeakMb = 20000
 	run := Run{Report: r, GPUMemoryMiB: 80000}
 	rec := BatchSize(run, []Run{run})
@@ -194,7 +195,7 @@ func TestBatchSize(t *testing.T) {
 	}
 	approx(t, "heuristic savings", rec.SavingsUsd, 10*(1-1/BatchAssumedSpeedup))
 	big := report("big", "m", "g", 10, 1000, 1250)
-	big.Metadata.BatchSize, big.Metadata.HasBatchSize = 16, true
+	big.Metadata.BatchSize = proto.Int64(16)
 	rec = BatchSize(run, []Run{run, {Report: big}})
 	if rec == nil || rec.Confidence != 0.75 {
 		t.Fatalf("measured: %v", rec)
@@ -313,25 +314,25 @@ func TestPowerComparesOnlyLikeRuns(t *testing.T) {
 	like := func(id string, powerPerGPU, jPerToken, tokPerS float64) *trainmeterv1.RunReport {
 		r := report(id, "llama", "H100", 10, 0, tokPerS)
 		r.Gpus, r.Nodes = 2, 1
-		r.Metadata.BatchSize, r.Metadata.HasBatchSize = 32, true
-		r.Metadata.SeqLen, r.Metadata.HasSeqLen = 2048, true
+		r.Metadata.BatchSize = proto.Int64(32)
+		r.Metadata.SeqLen = proto.Int64(2048)
 		r.Metadata.Precision = "bf16"
 		r.AvgPowerW, r.JPerToken, r.TokensMeasured = proto.Float64(2*powerPerGPU), proto.Float64(jPerToken), 1e6
 		return r
 	}
 	hi := like("hi", 700, 0.7, 2000)
 	for name, change := range map[string]func(r *trainmeterv1.RunReport){
-		"batch size": func(r *trainmeterv1.RunReport) { r.Metadata.BatchSize = 64 },
+		"batch size": func(r *trainmeterv1.RunReport) { r.Metadata.BatchSize = proto.Int64(64) },
 		"world size": func(r *trainmeterv1.RunReport) {
 			r.Gpus, r.TokPerS, r.AvgPowerW = 4, proto.Float64(4000), proto.Float64(4*560)
 		},
 		"nodes":     func(r *trainmeterv1.RunReport) { r.Nodes = 2 },
-		"seq len":   func(r *trainmeterv1.RunReport) { r.Metadata.HasSeqLen = false },
+		"seq len":   func(r *trainmeterv1.RunReport) { r.Metadata.SeqLen = nil },
 		"precision": func(r *trainmeterv1.RunReport) { r.Metadata.Precision = "fp16" },
 		"model":     func(r *trainmeterv1.RunReport) { r.Metadata.Model = "llama-2" },
 		"GPU model": func(r *trainmeterv1.RunReport) { r.GpuName = "A100" },
 		"both (issue)": func(r *trainmeterv1.RunReport) {
-			r.Metadata.BatchSize, r.Gpus, r.TokPerS, r.AvgPowerW = 64, 4, proto.Float64(4400), proto.Float64(4*560)
+			r.Metadata.BatchSize, r.Gpus, r.TokPerS, r.AvgPowerW = proto.Int64(64), 4, proto.Float64(4400), proto.Float64(4*560)
 		},
 	} {
 		lo := like("lo", 560, 0.59, 2100) // lower power and faster
@@ -343,7 +344,7 @@ func TestPowerComparesOnlyLikeRuns(t *testing.T) {
 	other := like("other", 690, 0.71, 1990)
 	lo := like("lo", 560, 0.59, 1950)
 	unlike := like("unlike", 500, 0.5, 2500)
-	unlike.Metadata.BatchSize = 128
+	unlike.Metadata.BatchSize = proto.Int64(128)
 	recs := Power([]Run{{Report: hi}, {Report: lo}, {Report: other}, {Report: unlike}})
 	if len(recs) != 2 {
 		t.Fatalf("want hi and other told to lower their limit, got %v", recs)

@@ -784,10 +784,10 @@ func WriteReport(w io.Writer, r *RunReport) error {
 		b.WriteString("evals\n")
 		for _, e := range r.GetEvals() {
 			parts := []string{fmt.Sprintf("epoch %d", e.GetEpoch())}
-			if e.GetHasValLoss() {
+			if e.ValLoss != nil {
 				parts = append(parts, fmt.Sprintf("val_loss %.4g", e.GetValLoss()))
 			}
-			if e.GetHasAccuracy() {
+			if e.Accuracy != nil {
 				parts = append(parts, fmt.Sprintf("accuracy %.4g", e.GetAccuracy()))
 			}
 			t := ""

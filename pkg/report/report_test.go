@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/csv"
 	"flag"
-	"google.golang.org/protobuf/proto"
 	"math"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/pkg/money"
@@ -27,8 +27,7 @@ func fullRun() *RunReport {
 		RunId: "llama-sft-1",
 		Metadata: &trainmeterv1.RunMetadata{
 			Model: "llama-3-8b", Dataset: "sft", Backend: "unsloth", Optimizer: "adamw_torch",
-			BatchSize: 8, GradAccum: 4, SeqLen: 2048, Precision: "bf16", Seed: 0, Notes: "lora r=32, \"quoted\"",
-			HasBatchSize: true, HasGradAccum: true, HasSeqLen: true, HasSeed: true,
+			BatchSize: proto.Int64(8), GradAccum: proto.Int64(4), SeqLen: proto.Int64(2048), Precision: "bf16", Seed: proto.Int64(0), Notes: "lora r=32, \"quoted\"",
 		},
 		TokensProcessed: 1_310_720, TokensMeasured: 1_048_576, WallS: 600.5, WarmupS: 60,
 		EnergyJ: 216000.123456789, EnergyTotalJ: 240000, EnergyJIntegrated: 214000,
@@ -40,7 +39,7 @@ func fullRun() *RunReport {
 		Start: timestamppb.New(t0), End: timestamppb.New(t0.Add(600500 * time.Millisecond)), Ended: true, EndStatus: "ok",
 		Steps: 20, DataWaitS: 12, ComputeS: 588, GapS: 0.25, EnergyDisagreementPct: 0.926,
 		GpuPricePerHour:    f64(2.1),
-		Evals:              []*trainmeterv1.Eval{{Epoch: 1, ValLoss: 1.93, HasValLoss: true, Accuracy: 0.71, HasAccuracy: true, Time: timestamppb.New(t0.Add(5 * time.Minute))}},
+		Evals:              []*trainmeterv1.Eval{{Epoch: proto.Int64(1), ValLoss: proto.Float64(1.93), Accuracy: proto.Float64(0.71), Time: timestamppb.New(t0.Add(5 * time.Minute))}},
 		LastLoss:           f64(2.3125),
 		TotalCostUsd:       f64(600.5*2/3600*2.1*1.5 + 240000/3.6e6*0.3),
 		ProjectedCostUsd:   f64(600.5*2/3600*2.1*1.5 + 240000/3.6e6*0.3),

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 )
 
@@ -50,11 +52,7 @@ func (ad *admission) allow(now time.Time, size int) bool {
 func eventSize(ev trainerproto.Event) int {
 	n := 64 + len(ev.RunID())
 	if s, ok := ev.(*trainerproto.RunStart); ok {
-		n += 128 + len(s.Model) + len(s.Dataset) + len(s.Backend) + len(s.Optimizer) + len(s.Precision) +
-			len(s.Notes) + len(s.BudgetScope) + 48*len(s.GPUs)
-		for k, v := range s.Labels {
-			n += len(k) + len(v) + 4
-		}
+		n += 128 + proto.Size(s.Start) + 48*len(s.GPUs)
 	}
 	return n
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func TestAdmissionBoundsEventsPerBatch(t *testing.T) {
@@ -27,9 +28,9 @@ func TestAdmissionBoundsEventsPerBatch(t *testing.T) {
 		t.Fatalf("10 ms refilled %d events, want 20", n)
 	}
 	// Big run_starts hit the byte budget first.
-	big := &trainerproto.RunStart{Run: "x", Labels: map[string]string{}}
+	big := &trainerproto.RunStart{Run: "x", Start: &trainmeterv1.RunStart{Labels: map[string]string{}}}
 	for i := 0; i < trainerproto.MaxLabels; i++ {
-		big.Labels[string(rune('A'+i))+"_key"] = string(make([]byte, trainerproto.MaxLabelBytes))
+		big.Start.Labels[string(rune('A'+i))+"_key"] = string(make([]byte, trainerproto.MaxLabelBytes))
 	}
 	var ad2 admission
 	n = 0

@@ -2,11 +2,16 @@ package ledger
 
 import (
 	"fmt"
-	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
+	"github.com/trainmeter/trainmeter/pkg/trainerwire"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // A run started by `trainmeter run` (attribute_pid) carries only the
@@ -39,80 +44,24 @@ func (c *MetadataConflict) StarterMessage() string {
 		strings.Join(c.Fields, ", "))
 }
 
-// fillFrom fills the fields of dst (the run's merged run_start) that are
-// unset from ev, and returns whether anything was filled and the
-// conflicts: fields both set to different values (dst's are kept). Only
-// the identifying fields conflict; for the others (notes, seed, plan,
-// labels, ...) dst's value is kept silently.
-func fillFrom(dst, ev *trainerproto.RunStart) (filled bool, conflicts []string) {
-	strs := []struct {
-		key      string
-		dst      *string
-		got      string
-		identity bool
-	}{
-		{"model", &dst.Model, ev.Model, true}, {"dataset", &dst.Dataset, ev.Dataset, true},
-		{"backend", &dst.Backend, ev.Backend, true}, {"optimizer", &dst.Optimizer, ev.Optimizer, true},
-		{"precision", &dst.Precision, ev.Precision, true}, {"notes", &dst.Notes, ev.Notes, false},
-		{"budget_scope", &dst.BudgetScope, ev.BudgetScope, false},
-		{"plan_key", &dst.PlanKey, ev.PlanKey, false},
-	}
-	for _, s := range strs {
+// fillFrom fills the metadata fields (trainerwire.MetadataFields) and
+// labels of dst (the run's merged run_start) that are unset from ev's, and
+// returns whether anything was filled and the conflicts: identifying
+// fields both set to different values (dst's are kept). For the others
+// (notes, seed, plan, labels, ...) dst's value is kept silently.
+func fillFrom(dst, ev *trainmeterv1.RunStart) (filled bool, conflicts []string) {
+	for _, fd := range trainerwire.MetadataFields() {
+		d, e := trainerwire.Holder(dst, fd), trainerwire.Holder(ev, fd)
 		switch {
-		case s.got == "":
-		case *s.dst == "":
-			*s.dst, filled = s.got, true
-		case *s.dst != s.got && s.identity:
-			conflicts = append(conflicts, fmt.Sprintf("%s %q (kept %q)", s.key, s.got, *s.dst))
+		case !e.Has(fd):
+		case !d.Has(fd):
+			d.Set(fd, e.Get(fd))
+			filled = true
+		case identifies(fd) && !d.Get(fd).Equal(e.Get(fd)):
+			conflicts = append(conflicts, fmt.Sprintf("%s %s (kept %s)", fd.Name(), show(e.Get(fd)), show(d.Get(fd))))
 		}
 	}
-	ints := []struct {
-		key      string
-		dst      **int64
-		got      *int64
-		identity bool
-	}{
-		{"batch_size", &dst.BatchSize, ev.BatchSize, true}, {"grad_accum", &dst.GradAccum, ev.GradAccum, true},
-		{"seq_len", &dst.SeqLen, ev.SeqLen, true}, {"seed", &dst.Seed, ev.Seed, false},
-		{"num_workers", &dst.NumWorkers, ev.NumWorkers, false}, {"prefetch_factor", &dst.PrefetchFactor, ev.PrefetchFactor, false},
-	}
-	for _, n := range ints {
-		switch {
-		case n.got == nil:
-		case *n.dst == nil:
-			v := *n.got
-			*n.dst, filled = &v, true
-		case **n.dst != *n.got && n.identity:
-			conflicts = append(conflicts, fmt.Sprintf("%s %s (kept %s)", n.key,
-				strconv.FormatInt(*n.got, 10), strconv.FormatInt(**n.dst, 10)))
-		}
-	}
-	for _, u := range []struct {
-		dst **uint64
-		got *uint64
-	}{
-		{&dst.PlannedSteps, ev.PlannedSteps}, {&dst.PlannedTokens, ev.PlannedTokens},
-		{&dst.PlannedEpochs, ev.PlannedEpochs}, {&dst.Params, ev.Params}, {&dst.DatasetSize, ev.DatasetSize},
-		{&dst.AdjustmentInterval, ev.AdjustmentInterval},
-	} {
-		if u.got != nil && *u.dst == nil {
-			v := *u.got
-			*u.dst, filled = &v, true
-		}
-	}
-	for _, f := range []struct {
-		dst **float64
-		got *float64
-	}{
-		{&dst.GPUPricePerHour, ev.GPUPricePerHour}, {&dst.TargetGPUUtilization, ev.TargetGPUUtilization},
-		{&dst.MaxRAMUsage, ev.MaxRAMUsage},
-	} {
-		if f.got != nil && *f.dst == nil {
-			v := *f.got
-			*f.dst, filled = &v, true
-		}
-	}
-	for k, v := range ev.Labels {
+	for k, v := range ev.GetLabels() {
 		if _, have := dst.Labels[k]; !have {
 			if dst.Labels == nil {
 				dst.Labels = map[string]string{}
@@ -123,11 +72,54 @@ func fillFrom(dst, ev *trainerproto.RunStart) (filled bool, conflicts []string) 
 	return filled, conflicts
 }
 
+// conflict reports the first identifying field that both the run's
+// metadata and a joining run_start's set, to different values. Fields
+// either side leaves out never conflict.
+func conflict(have, got *trainmeterv1.RunMetadata) error {
+	h, g := have.ProtoReflect(), got.ProtoReflect()
+	for _, fd := range trainerwire.MetadataFields() {
+		if identifies(fd) && h.Has(fd) && g.Has(fd) && !h.Get(fd).Equal(g.Get(fd)) {
+			return fmt.Errorf("%s %s != %s", fd.Name(), show(g.Get(fd)), show(h.Get(fd)))
+		}
+	}
+	return nil
+}
+
+// notIdentifying are the RunMetadata fields in which the ranks of one run
+// may differ (seed, notes); every other RunMetadata field identifies the
+// run (model, batch size, ...), and no RunStart field does.
+var notIdentifying = []protoreflect.Name{"seed", "notes"}
+
+func identifies(fd protoreflect.FieldDescriptor) bool {
+	return fd.ContainingMessage().Name() == "RunMetadata" && !slices.Contains(notIdentifying, fd.Name())
+}
+
+// show is v as a conflict names it: strings quoted, numbers as they are.
+func show(v protoreflect.Value) string {
+	if s, ok := v.Interface().(string); ok {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprint(v.Interface())
+}
+
+// startOf is a copy of ev's start (the trainer's metadata and labels), with
+// its metadata, never nil, so the agent may fill it.
+func startOf(ev *trainerproto.RunStart) *trainmeterv1.RunStart {
+	rs := &trainmeterv1.RunStart{}
+	if ev.Start != nil {
+		rs = proto.CloneOf(ev.Start)
+	}
+	if rs.Metadata == nil {
+		rs.Metadata = &trainmeterv1.RunMetadata{}
+	}
+	return rs
+}
+
 // starterCopy is the run_start a run started by `trainmeter run` keeps to
 // fill: a copy, so filling never touches the event the caller passed.
 func starterCopy(ev *trainerproto.RunStart) *trainerproto.RunStart {
 	cp := *ev
-	cp.Labels = maps.Clone(ev.Labels)
+	cp.Start = startOf(ev)
 	return &cp
 }
 

@@ -18,16 +18,16 @@ func TestAttributedRunIsFilledByTheJoiningClient(t *testing.T) {
 	r := attributedRig(t, false)
 	r.advance(time.Second)
 	start := r.now
-	wrapper := &trainerproto.RunStart{Run: "a", AttributePID: ptr(uint64(9)), ClientID: "tm-run", Model: "cli-model",
-		BatchSize: ptr(int64(16)), Labels: map[string]string{"team": "nlp"}}
+	wrapper := &trainerproto.RunStart{Run: "a", AttributePID: ptr(uint64(9)), ClientID: "tm-run", Start: &trainmeterv1.RunStart{
+		Metadata: &trainmeterv1.RunMetadata{Model: "cli-model", BatchSize: ptr(int64(16))}, Labels: map[string]string{"team": "nlp"}}}
 	if err := r.l.StartRun(start, peer1, wrapper); err != nil {
 		t.Fatal(err)
 	}
 	r.advance(time.Second)
 	peer2 := Peer{ConnID: 2, PID: 101, UID: 1000}
-	script := &trainerproto.RunStart{Run: "a", ClientID: "py", Model: "sim-model", Dataset: "synthetic",
-		BatchSize: ptr(int64(4)), SeqLen: ptr(int64(2048)), Params: ptr(uint64(124_000_000)),
-		NumWorkers: ptr(int64(0)), Labels: map[string]string{"team": "vision", "exp": "7"}}
+	script := &trainerproto.RunStart{Run: "a", ClientID: "py", Start: &trainmeterv1.RunStart{
+		Metadata: &trainmeterv1.RunMetadata{Model: "sim-model", Dataset: "synthetic", BatchSize: ptr(int64(4)), SeqLen: ptr(int64(2048))},
+		Params:   124_000_000, NumWorkers: ptr(uint32(0)), Labels: map[string]string{"team": "vision", "exp": "7"}}}
 	err := r.l.StartRun(r.now, peer2, script)
 	var mc *MetadataConflict
 	if !errors.As(err, &mc) {
@@ -39,11 +39,11 @@ func TestAttributedRunIsFilledByTheJoiningClient(t *testing.T) {
 	if !mc.StarterFound || mc.StarterConn != peer1.ConnID {
 		t.Errorf("starter conn %d found %v, want %d", mc.StarterConn, mc.StarterFound, peer1.ConnID)
 	}
-	if wrapper.Labels["exp"] != "" {
+	if wrapper.Start.Labels["exp"] != "" {
 		t.Error("filling changed the caller's run_start")
 	}
 	// A second rank that agrees with the merged metadata joins quietly.
-	if err := r.l.StartRun(r.now, Peer{ConnID: 3, PID: 102, UID: 1000}, &trainerproto.RunStart{Run: "a", Model: "cli-model", Dataset: "synthetic"}); err != nil {
+	if err := r.l.StartRun(r.now, Peer{ConnID: 3, PID: 102, UID: 1000}, &trainerproto.RunStart{Run: "a", Start: withMeta(&trainmeterv1.RunMetadata{Model: "cli-model", Dataset: "synthetic"})}); err != nil {
 		t.Errorf("agreeing join: %v", err)
 	}
 	// The conflicting client joined: it may end the run.
@@ -72,13 +72,13 @@ func TestAttributedRunIsFilledByTheJoiningClient(t *testing.T) {
 		t.Errorf("filled copy at %v pid %d, want the original start %v pid %d", filled.Time.AsTime(), filled.Pid, start, peer1.PID)
 	}
 	m := filled.Metadata
-	if m.Model != "cli-model" || m.BatchSize != 16 || m.Dataset != "synthetic" || !m.HasSeqLen || m.SeqLen != 2048 || filled.Params != 124_000_000 {
+	if m.Model != "cli-model" || m.GetBatchSize() != 16 || m.Dataset != "synthetic" || m.SeqLen == nil || m.GetSeqLen() != 2048 || filled.Params != 124_000_000 {
 		t.Errorf("filled metadata %+v params %d", m, filled.Params)
 	}
 	// num_workers 0 is a setting (the advisor starts from it), so the copy
 	// says it was given.
-	if first.HasNumWorkers || !filled.HasNumWorkers || filled.NumWorkers != 0 {
-		t.Errorf("num_workers: first given %v, filled %d given %v; want the script's 0, given", first.HasNumWorkers, filled.NumWorkers, filled.HasNumWorkers)
+	if first.NumWorkers != nil || filled.NumWorkers == nil || filled.GetNumWorkers() != 0 {
+		t.Errorf("num_workers: first given %v, filled %d given %v; want the script's 0, given", first.NumWorkers != nil, filled.GetNumWorkers(), filled.NumWorkers != nil)
 	}
 	if filled.Labels["team"] != "nlp" || filled.Labels["exp"] != "7" {
 		t.Errorf("filled labels %v, want the wrapper's team and the script's exp", filled.Labels)
@@ -89,12 +89,17 @@ func TestAttributedRunIsFilledByTheJoiningClient(t *testing.T) {
 func TestPlainRunStillRefusesConflictingRank(t *testing.T) {
 	r := attributedRig(t, false)
 	r.advance(time.Second)
-	if err := r.l.StartRun(r.now, peer1, &trainerproto.RunStart{Run: "p", Model: "a"}); err != nil {
+	if err := r.l.StartRun(r.now, peer1, &trainerproto.RunStart{Run: "p", Start: withMeta(&trainmeterv1.RunMetadata{Model: "a"})}); err != nil {
 		t.Fatal(err)
 	}
-	err := r.l.StartRun(r.now, Peer{ConnID: 2, UID: 1000}, &trainerproto.RunStart{Run: "p", Model: "b"})
+	err := r.l.StartRun(r.now, Peer{ConnID: 2, UID: 1000}, &trainerproto.RunStart{Run: "p", Start: withMeta(&trainmeterv1.RunMetadata{Model: "b"})})
 	var mc *MetadataConflict
 	if err == nil || errors.As(err, &mc) {
 		t.Fatalf("err = %v, want a refusal", err)
 	}
+}
+
+// withMeta is a run_start's Start carrying metadata md.
+func withMeta(md *trainmeterv1.RunMetadata) *trainmeterv1.RunStart {
+	return &trainmeterv1.RunStart{Metadata: md}
 }

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -198,7 +199,7 @@ func (l *Ledger) hostInterval(p, q *HostPoint) *trainmeterv1.HostEnergy {
 		c0, ok0 := p.RunCPU[id]
 		c1, ok1 := q.RunCPU[id]
 		if ok0 && ok1 {
-			s.CpuS, s.HasCpuS = max(0, c1-c0), true
+			s.CpuS = proto.Float64(max(0, c1-c0))
 		}
 		h.Runs = append(h.Runs, s)
 	}

@@ -157,8 +157,8 @@ func TestHostEnergySplitByCPUTimeBetweenOverlappingRuns(t *testing.T) {
 	var cpuS float64
 	for _, e := range h.intervals() {
 		for _, s := range e.Runs {
-			if s.RunId == "a" && s.HasCpuS {
-				cpuS += s.CpuS
+			if s.RunId == "a" && s.CpuS != nil {
+				cpuS += *s.CpuS
 			}
 		}
 	}

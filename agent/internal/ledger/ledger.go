@@ -636,8 +636,8 @@ func (l *Ledger) segment(occ [][]piece, r *run, a, b time.Time) *trainmeterv1.Ru
 		w.Samples += s.samples
 		w.DataWaitS += s.dataWait
 		w.ComputeS += s.compute
-		if s.hasLoss {
-			w.LastLoss, w.HasLoss = s.loss, true
+		if s.loss != nil {
+			w.LastLoss = s.loss
 		}
 		if _, live := r.stepping[s.conn]; !live && !slices.Contains(gone, s.conn) {
 			gone = append(gone, s.conn) // a rank that left after stepping here

@@ -414,8 +414,8 @@ func TestWindowWaitsForASlowCounter(t *testing.T) {
 func TestJoinWithConflictingMetadataIsRefusedAndChangesNothing(t *testing.T) {
 	r := newRig(t, []float64{100, 100}, []float64{100, 100}, 0)
 	r.advance(time.Second)
-	if err := r.l.StartRun(r.at(0), peer1, &trainerproto.RunStart{Run: "m", Model: "a", Backend: "torch",
-		BatchSize: ptr(int64(8)), GPUs: []string{"0"}}); err != nil {
+	if err := r.l.StartRun(r.at(0), peer1, &trainerproto.RunStart{Run: "m", GPUs: []string{"0"},
+		Start: withMeta(&trainmeterv1.RunMetadata{Model: "a", Backend: "torch", BatchSize: ptr(int64(8))})}); err != nil {
 		t.Fatal(err)
 	}
 	peer2 := Peer{ConnID: 2}
@@ -423,9 +423,9 @@ func TestJoinWithConflictingMetadataIsRefusedAndChangesNothing(t *testing.T) {
 		ev   *trainerproto.RunStart
 		want string
 	}{
-		{&trainerproto.RunStart{Run: "m", Model: "b", GPUs: []string{"1"}}, `run_start: metadata conflicts with run "m": model "b" != "a"`},
-		{&trainerproto.RunStart{Run: "m", Backend: "jax"}, `backend "jax" != "torch"`},
-		{&trainerproto.RunStart{Run: "m", Model: "a", BatchSize: ptr(int64(16))}, "batch_size 16 != 8"},
+		{&trainerproto.RunStart{Run: "m", Start: withMeta(&trainmeterv1.RunMetadata{Model: "b"}), GPUs: []string{"1"}}, `run_start: metadata conflicts with run "m": model "b" != "a"`},
+		{&trainerproto.RunStart{Run: "m", Start: withMeta(&trainmeterv1.RunMetadata{Backend: "jax"})}, `backend "jax" != "torch"`},
+		{&trainerproto.RunStart{Run: "m", Start: withMeta(&trainmeterv1.RunMetadata{Model: "a", BatchSize: ptr(int64(16))})}, "batch_size 16 != 8"},
 	}
 	for _, c := range cases {
 		if err := r.l.StartRun(r.at(0), peer2, c.ev); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -438,7 +438,7 @@ func TestJoinWithConflictingMetadataIsRefusedAndChangesNothing(t *testing.T) {
 		t.Errorf("run_end from the refused rank: %v", err)
 	}
 	// A rank that agrees, or leaves the fields out, joins.
-	if err := r.l.StartRun(r.at(0), Peer{ConnID: 3}, &trainerproto.RunStart{Run: "m", Model: "a", Dataset: "any", Notes: "rank 1", Seed: ptr(int64(7))}); err != nil {
+	if err := r.l.StartRun(r.at(0), Peer{ConnID: 3}, &trainerproto.RunStart{Run: "m", Start: withMeta(&trainmeterv1.RunMetadata{Model: "a", Dataset: "any", Notes: "rank 1", Seed: ptr(int64(7))})}); err != nil {
 		t.Errorf("agreeing join refused: %v", err)
 	}
 	_ = r.l.EndRun(r.at(0), peer1, &trainerproto.RunEnd{Run: "m"})
@@ -484,7 +484,7 @@ func TestEvalSaysWhetherItHasAnEpoch(t *testing.T) {
 			}
 		}
 	}
-	if len(got) != 2 || !got[0].HasEpoch || got[0].Epoch != 0 || got[1].HasEpoch {
+	if len(got) != 2 || got[0].Epoch == nil || got[0].GetEpoch() != 0 || got[1].Epoch != nil {
 		t.Fatalf("evals %v, want epoch 0 given, then none", got)
 	}
 }
@@ -509,7 +509,7 @@ func TestEvalCarriesTheLoaderSettings(t *testing.T) {
 	for _, b := range r.batches {
 		for _, e := range b.RunEvents {
 			if ev := e.GetEval(); ev != nil {
-				got = append(got, fmt.Sprintf("%v %d %d", ev.HasLoader, ev.LoaderNumWorkers, ev.LoaderPrefetchFactor))
+				got = append(got, fmt.Sprintf("%v %d %d", ev.LoaderNumWorkers != nil, ev.GetLoaderNumWorkers(), ev.LoaderPrefetchFactor))
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
@@ -61,7 +62,7 @@ type run struct {
 	// resume: the run_start that started this run asked to resume an
 	// ended one; its RunStart says so and it has no second warmup.
 	resume bool
-	meta   runMeta // of the run_start that started it; joins must agree
+	meta   *trainmeterv1.RunMetadata // of the run_start that started it; joins must agree
 	// attributePID, when > 0, is the root of the process tree whose GPUs
 	// the run is attributed (run_start attribute_pid; attribute.go).
 	attributePID int
@@ -111,8 +112,7 @@ type stepStat struct {
 	recovered         uint64
 	tokens, samples   uint64
 	dataWait, compute float64
-	loss              float64
-	hasLoss           bool
+	loss              *float64 // nil: the step sent none
 }
 
 func (r *run) gpusAt(t time.Time) []int {
@@ -183,8 +183,8 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		var filled bool
 		var conflicts []string
 		if r.starter != nil {
-			filled, conflicts = fillFrom(r.starter, ev)
-		} else if err := r.meta.conflict(ev); err != nil {
+			filled, conflicts = fillFrom(r.starter.Start, ev.Start)
+		} else if err := conflict(r.meta, ev.Start.GetMetadata()); err != nil {
 			return errorf("run_start", "metadata conflicts with run %q: %v", ev.Run, err)
 		}
 		r.members[p.ConnID] = rankKey(p, ev)
@@ -195,7 +195,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 			// the collector fills what its copy of the run lacks.
 			l.pending = append(l.pending, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_RunStart{
 				RunStart: l.runStartEvent(r.start, r.starterPeer, r.starter, r, r.gpuChanges[0].gpus)}})
-			l.cfg.Logger.Info("run metadata filled by the joining client", "run_id", r.id, "model", r.starter.Model)
+			l.cfg.Logger.Info("run metadata filled by the joining client", "run_id", r.id, "model", r.starter.Start.Metadata.Model)
 		}
 		var conflict error
 		if len(conflicts) > 0 {
@@ -227,7 +227,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		totals:      map[string]uint64{},
 		shipped:     map[string]uint64{},
 		gpuChanges:  []gpuSet{{at: now, gpus: gpus}},
-		meta:        metaOf(ev),
+		meta:        proto.CloneOf(ev.Start.GetMetadata()),
 	}
 	if ev.AttributePID != nil {
 		r.attributePID = int(*ev.AttributePID)
@@ -250,72 +250,15 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 }
 
 func (l *Ledger) runStartEvent(now time.Time, p Peer, ev *trainerproto.RunStart, r *run, gpus []int) *trainmeterv1.RunStart {
-	md := &trainmeterv1.RunMetadata{
-		Model: ev.Model, Dataset: ev.Dataset, Backend: ev.Backend, Optimizer: ev.Optimizer,
-		Precision: ev.Precision, Notes: ev.Notes,
-	}
-	if ev.BatchSize != nil {
-		md.BatchSize, md.HasBatchSize = *ev.BatchSize, true
-	}
-	if ev.GradAccum != nil {
-		md.GradAccum, md.HasGradAccum = *ev.GradAccum, true
-	}
-	if ev.SeqLen != nil {
-		md.SeqLen, md.HasSeqLen = *ev.SeqLen, true
-	}
-	if ev.Seed != nil {
-		md.Seed, md.HasSeed = *ev.Seed, true
-	}
-	rs := &trainmeterv1.RunStart{
-		RunId:       ev.Run,
-		Time:        timestamppb.New(now),
-		Metadata:    md,
-		WarmupS:     r.warmup.Seconds(),
-		WarmupSteps: r.warmupSteps,
-		Pid:         uint32(p.PID),
-		Uid:         uint32(p.UID),
-		User:        l.userName(p.UID),
-		BudgetScope: ev.BudgetScope,
-		PlanKey:     ev.PlanKey,
-		Labels:      ev.Labels,
-		Resume:      r.resume,
-		// Also when this node did not see the run end: it may have ended
-		// on another node, and the collector then takes the start as a
-		// resume rather than refusing it.
-		ResumeRequested: ev.Resume,
-	}
-	if ev.GPUPricePerHour != nil {
-		rs.GpuPricePerHour = *ev.GPUPricePerHour
-	}
-	if ev.PlannedSteps != nil {
-		rs.PlannedSteps = *ev.PlannedSteps
-	}
-	for _, f := range []struct {
-		src *uint64
-		dst *uint64
-	}{
-		{ev.PlannedTokens, &rs.PlannedTokens}, {ev.PlannedEpochs, &rs.PlannedEpochs},
-		{ev.Params, &rs.Params}, {ev.DatasetSize, &rs.DatasetSize},
-		{ev.AdjustmentInterval, &rs.AdjustmentInterval},
-	} {
-		if f.src != nil {
-			*f.dst = *f.src
-		}
-	}
-	if ev.TargetGPUUtilization != nil {
-		rs.TargetGpuUtilization = *ev.TargetGPUUtilization
-	}
-	if ev.MaxRAMUsage != nil {
-		rs.MaxRamUsage = *ev.MaxRAMUsage
-	}
-	if ev.NumWorkers != nil {
-		// has_num_workers: 0 workers is a setting the advisor must start
-		// from, not "not given".
-		rs.NumWorkers, rs.HasNumWorkers = uint32(*ev.NumWorkers), true
-	}
-	if ev.PrefetchFactor != nil {
-		rs.PrefetchFactor = uint32(*ev.PrefetchFactor)
-	}
+	rs := startOf(ev)
+	rs.RunId, rs.Time = ev.Run, timestamppb.New(now)
+	rs.WarmupS, rs.WarmupSteps = r.warmup.Seconds(), r.warmupSteps
+	rs.Pid, rs.Uid, rs.User = uint32(p.PID), uint32(p.UID), l.userName(p.UID)
+	rs.Resume = r.resume
+	// Also when this node did not see the run end: it may have ended on
+	// another node, and the collector then takes the start as a resume
+	// rather than refusing it.
+	rs.ResumeRequested = ev.Resume
 	for _, g := range gpus {
 		d := l.cfg.Devices[g]
 		rs.Gpus = append(rs.Gpus, uint32(g))
@@ -454,9 +397,7 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 	if ev.ComputeS != nil {
 		s.compute = *ev.ComputeS
 	}
-	if ev.Loss != nil {
-		s.loss, s.hasLoss = *ev.Loss, true
-	}
+	s.loss = ev.Loss
 	r.steps = append(r.steps, s)
 	r.stepEvents++
 	if r.rankSteps == nil {
@@ -502,17 +443,9 @@ func (l *Ledger) Eval(now time.Time, p Peer, ev *trainerproto.Eval) error {
 		return err
 	}
 	e := &trainmeterv1.Eval{RunId: ev.Run, Time: timestamppb.New(now), RankSteps: r.rankSteps[p.ConnID]}
-	if ev.Epoch != nil {
-		e.Epoch, e.HasEpoch = *ev.Epoch, true
-	}
-	if ev.ValLoss != nil {
-		e.ValLoss, e.HasValLoss = *ev.ValLoss, true
-	}
-	if ev.Accuracy != nil {
-		e.Accuracy, e.HasAccuracy = *ev.Accuracy, true
-	}
+	e.Epoch, e.ValLoss, e.Accuracy = ev.Epoch, ev.ValLoss, ev.Accuracy
 	if ev.NumWorkers != nil {
-		e.HasLoader, e.LoaderNumWorkers = true, uint32(min(*ev.NumWorkers, math.MaxUint32))
+		e.LoaderNumWorkers = proto.Uint32(uint32(min(*ev.NumWorkers, math.MaxUint32)))
 		if ev.PrefetchFactor != nil {
 			e.LoaderPrefetchFactor = uint32(min(*ev.PrefetchFactor, math.MaxUint32))
 		}

@@ -685,7 +685,7 @@ func realisticBatch(i int) *trainmeterv1.Batch {
 			PeakPowerW: 2793.6, VramPeakMib: 71234, VramSumMib: 5609872, VramSamples: 80, GpuSeconds: 4,
 			Tokens: 131072, TokensMeasured: 131072, Steps: 2, Samples: 64, DataWaitS: 0.024, ComputeS: 0.82,
 			UtilizationSumPct: 7800, Gpus: []uint32{uint32(4 * r), uint32(4*r + 1), uint32(4*r + 2), uint32(4*r + 3)},
-			LastLoss: 1.8734, HasLoss: true})
+			LastLoss: proto.Float64(1.8734)})
 	}
 	return b
 }

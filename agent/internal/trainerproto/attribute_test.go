@@ -14,8 +14,8 @@ func TestParseAttributePID(t *testing.T) {
 	if rs.AttributePID == nil || *rs.AttributePID != 4242 {
 		t.Fatalf("AttributePID = %v, want 4242", rs.AttributePID)
 	}
-	if rs.Labels != nil {
-		t.Fatalf("attribute_pid leaked into labels: %v", rs.Labels)
+	if rs.Start.Labels != nil {
+		t.Fatalf("attribute_pid leaked into labels: %v", rs.Start.Labels)
 	}
 	ev, err = Parse([]byte(`{"event":"run_start","run_id":"r","attribute_pid":null}`))
 	if err != nil || ev.(*RunStart).AttributePID != nil {

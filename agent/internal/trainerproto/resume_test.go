@@ -16,8 +16,8 @@ func TestParseResume(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", line, err)
 		}
-		if rs := ev.(*RunStart); rs.Resume != want || rs.Labels["resume"] != "" {
-			t.Errorf("%s: resume %v labels %v, want %v", line, rs.Resume, rs.Labels, want)
+		if rs := ev.(*RunStart); rs.Resume != want || rs.Start.Labels["resume"] != "" {
+			t.Errorf("%s: resume %v labels %v, want %v", line, rs.Resume, rs.Start.Labels, want)
 		}
 	}
 	for _, bad := range []string{`1`, `"yes"`, `[true]`} {

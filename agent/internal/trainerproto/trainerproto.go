@@ -24,8 +24,11 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/reflect/protoreflect"
+
 	"github.com/trainmeter/trainmeter/internal/batchcheck"
 	"github.com/trainmeter/trainmeter/pkg/trainerwire"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // MaxEndErrorBytes bounds run_end's "error": a longer one is cut there, at
@@ -69,42 +72,28 @@ type Event interface {
 	RunID() string
 }
 
-// RunStart is the "run_start" event. Pointer fields are nil when the key is
-// absent (or null).
+// RunStart is the "run_start" event: the run's metadata as the collector
+// gets it, and the control keys (trainerwire) that steer the agent.
+// Pointer fields are nil when the key is absent (or null).
 type RunStart struct {
 	Run string
 
-	Model, Dataset, Backend, Optimizer, Precision, Notes string
-
-	BatchSize, GradAccum, SeqLen, Seed *int64
-
-	WarmupS     *float64
-	WarmupSteps *uint64
+	// Start holds what the metadata keys (trainerwire.MetadataFields) said,
+	// in the fields of the same name, and the labels: every other scalar
+	// key (string, number, bool), stringified, numbers keeping their JSON
+	// text (unknown keys whose values are objects or arrays are ignored).
+	// The agent sets the rest of it. Parse always sets Start and its
+	// Metadata; nil means nothing was given.
+	Start *trainmeterv1.RunStart
 
 	// GPUs as sent: NVML indices ("0") or UUIDs ("GPU-..."); JSON integers
 	// become decimal strings.
 	GPUs               []string
 	CUDAVisibleDevices string
 
-	NumWorkers, PrefetchFactor *int64
-	PlannedSteps               *uint64
-
-	// The run's plan, for cost forecasts and recommendations: tokens and
-	// epochs it will process, model parameters (FLOPs = 6 × params × tokens),
-	// dataset size in samples.
-	PlannedTokens, PlannedEpochs, Params, DatasetSize *uint64
-
-	// Dataloader advice targets: GPU utilisation to aim for and the host RAM
-	// share not to exceed (both in (0, 1]), and how many steps between two
-	// evaluations of the advice.
-	TargetGPUUtilization, MaxRAMUsage *float64
-	AdjustmentInterval                *uint64
-
-	GPUPricePerHour *float64
-	BudgetScope     string
-	// PlanKey is the key of the run's plan (trainmeter run --max-cost),
-	// passed on to the collector, which applies the plan only then.
-	PlanKey string
+	// The run's warmup, when the trainer names it (else the agent's default).
+	WarmupS     *float64
+	WarmupSteps *uint64
 
 	Rank, WorldSize, LocalRank *int64
 
@@ -120,11 +109,6 @@ type RunStart struct {
 	// Resume asks to continue a run that has ended (resume=true): without
 	// it, run_start for an ended run is refused.
 	Resume bool
-
-	// Labels holds every other scalar key (string, number, bool),
-	// stringified; numbers keep their JSON text. Nil when there are none.
-	// Unknown keys whose values are objects or arrays are ignored.
-	Labels map[string]string
 }
 
 // Step is the "step" event.
@@ -354,6 +338,19 @@ func (d *decoder) uint(key string) (*uint64, error) {
 	return &v, nil
 }
 
+// bool decodes an optional true or false.
+func (d *decoder) bool(key string) (*bool, error) {
+	raw, ok := d.get(key)
+	if !ok || isNull(raw) {
+		return nil, nil
+	}
+	if k := kindOf(raw); k != 't' && k != 'f' {
+		return nil, d.fieldErr(key, "must be true or false")
+	}
+	v := kindOf(raw) == 't'
+	return &v, nil
+}
+
 // int decodes an optional integer that fits int64; nonNeg rejects negatives.
 func (d *decoder) int(key string, nonNeg bool) (*int64, error) {
 	raw, ok := d.get(key)
@@ -428,72 +425,34 @@ func (d *decoder) gpus() ([]string, error) {
 }
 
 func (d *decoder) runStart(run string) (Event, error) {
-	e := &RunStart{Run: run}
+	e := &RunStart{Run: run, Start: &trainmeterv1.RunStart{Metadata: &trainmeterv1.RunMetadata{}}}
+	for _, fd := range trainerwire.MetadataFields() {
+		if err := d.metadata(trainerwire.Holder(e.Start, fd), fd); err != nil {
+			return nil, err
+		}
+	}
 	var err error
 	for _, f := range []struct {
 		key string
 		dst *string
-	}{
-		{"model", &e.Model}, {"dataset", &e.Dataset}, {"backend", &e.Backend},
-		{"optimizer", &e.Optimizer}, {"precision", &e.Precision}, {"notes", &e.Notes},
-		{"cuda_visible_devices", &e.CUDAVisibleDevices}, {"budget_scope", &e.BudgetScope},
-		{"client_id", &e.ClientID}, {"plan_key", &e.PlanKey},
-	} {
+	}{{"cuda_visible_devices", &e.CUDAVisibleDevices}, {"client_id", &e.ClientID}} {
 		if *f.dst, err = d.str(f.key, MaxMetadataBytes); err != nil {
 			return nil, err
 		}
 	}
 	for _, f := range []struct {
-		key    string
-		dst    **int64
-		nonNeg bool
-	}{
-		{"batch_size", &e.BatchSize, true}, {"grad_accum", &e.GradAccum, true},
-		{"seq_len", &e.SeqLen, true}, {"seed", &e.Seed, false},
-		{"num_workers", &e.NumWorkers, true}, {"prefetch_factor", &e.PrefetchFactor, true},
-		{"rank", &e.Rank, true}, {"world_size", &e.WorldSize, true}, {"local_rank", &e.LocalRank, true},
-	} {
-		if *f.dst, err = d.int(f.key, f.nonNeg); err != nil {
+		key string
+		dst **int64
+	}{{"rank", &e.Rank}, {"world_size", &e.WorldSize}, {"local_rank", &e.LocalRank}} {
+		if *f.dst, err = d.int(f.key, true); err != nil {
 			return nil, err
 		}
 	}
 	if e.WarmupS, err = d.float("warmup_s", true); err != nil {
 		return nil, err
 	}
-	if e.GPUPricePerHour, err = d.float("gpu_price_per_hour", true); err != nil {
-		return nil, err
-	}
 	if e.WarmupSteps, err = d.uint("warmup_steps"); err != nil {
 		return nil, err
-	}
-	if e.PlannedSteps, err = d.uint("planned_steps"); err != nil {
-		return nil, err
-	}
-	for _, f := range []struct {
-		key string
-		dst **uint64
-	}{
-		{"planned_tokens", &e.PlannedTokens}, {"planned_epochs", &e.PlannedEpochs},
-		{"params", &e.Params}, {"dataset_size", &e.DatasetSize},
-		{"adjustment_interval", &e.AdjustmentInterval},
-	} {
-		if *f.dst, err = d.uint(f.key); err != nil {
-			return nil, err
-		}
-	}
-	if e.AdjustmentInterval != nil && *e.AdjustmentInterval == 0 {
-		return nil, d.fieldErr("adjustment_interval", "must be a positive number of steps")
-	}
-	for _, f := range []struct {
-		key string
-		dst **float64
-	}{{"target_gpu_utilization", &e.TargetGPUUtilization}, {"max_ram_usage", &e.MaxRAMUsage}} {
-		if *f.dst, err = d.float(f.key, true); err != nil {
-			return nil, err
-		}
-		if v := *f.dst; v != nil && (*v <= 0 || *v > 1) {
-			return nil, d.fieldErr(f.key, "must be a fraction in (0, 1]")
-		}
 	}
 	if e.GPUs, err = d.gpus(); err != nil {
 		return nil, err
@@ -504,15 +463,83 @@ func (d *decoder) runStart(run string) (Event, error) {
 	if e.AttributePID != nil && (*e.AttributePID == 0 || *e.AttributePID > MaxPID) {
 		return nil, d.fieldErr("attribute_pid", "must be a process id from 1 to %d", MaxPID)
 	}
-	if raw, ok := d.get("resume"); ok && !isNull(raw) {
-		if err := json.Unmarshal(raw, &e.Resume); err != nil || kindOf(raw) == '"' {
-			return nil, d.fieldErr("resume", "must be true or false")
-		}
+	resume, err := d.bool("resume")
+	if err != nil {
+		return nil, err
 	}
-	if e.Labels, err = d.labels(); err != nil {
+	e.Resume = resume != nil && *resume
+	if e.Start.Labels, err = d.labels(); err != nil {
 		return nil, err
 	}
 	return e, nil
+}
+
+// metadataRules are the metadata keys whose values are narrower than their
+// proto type allows; every other number must be non-negative.
+var metadataRules = map[string]struct {
+	signed bool
+	ok     func(v float64) bool // nil: any value of the type
+	why    string               // the error when not ok
+}{
+	"seed":                   {signed: true},
+	"adjustment_interval":    {ok: func(v float64) bool { return v > 0 }, why: "must be a positive number of steps"},
+	"target_gpu_utilization": {ok: fraction, why: "must be a fraction in (0, 1]"},
+	"max_ram_usage":          {ok: fraction, why: "must be a fraction in (0, 1]"},
+}
+
+func fraction(v float64) bool { return v > 0 && v <= 1 }
+
+// metadata decodes the metadata key named like field fd by the field's
+// kind, and sets the field of m when the key has a value (not null).
+func (d *decoder) metadata(m protoreflect.Message, fd protoreflect.FieldDescriptor) error {
+	key := string(fd.Name())
+	rule := metadataRules[key]
+	var v protoreflect.Value
+	var num float64 // the value rule.ok judges
+	switch fd.Kind() {
+	case protoreflect.StringKind:
+		s, err := d.str(key, MaxMetadataBytes)
+		if s != "" {
+			m.Set(fd, protoreflect.ValueOfString(s))
+		}
+		return err
+	case protoreflect.BoolKind:
+		b, err := d.bool(key)
+		if b != nil {
+			m.Set(fd, protoreflect.ValueOfBool(*b))
+		}
+		return err
+	case protoreflect.DoubleKind:
+		f, err := d.float(key, !rule.signed)
+		if f == nil {
+			return err
+		}
+		v, num = protoreflect.ValueOfFloat64(*f), *f
+	case protoreflect.Int64Kind:
+		n, err := d.int(key, !rule.signed)
+		if n == nil {
+			return err
+		}
+		v, num = protoreflect.ValueOfInt64(*n), float64(*n)
+	case protoreflect.Uint64Kind, protoreflect.Uint32Kind:
+		n, err := d.uint(key)
+		if n == nil {
+			return err
+		}
+		if v, num = protoreflect.ValueOfUint64(*n), float64(*n); fd.Kind() == protoreflect.Uint32Kind {
+			if *n > math.MaxUint32 {
+				return d.fieldErr(key, "must be a non-negative integer")
+			}
+			v = protoreflect.ValueOfUint32(uint32(*n))
+		}
+	default: // a kind no metadata field has yet: refused, never guessed
+		return d.fieldErr(key, "has a %s type the agent cannot decode", fd.Kind())
+	}
+	if rule.ok != nil && !rule.ok(num) {
+		return d.fieldErr(key, "%s", rule.why)
+	}
+	m.Set(fd, v)
+	return nil
 }
 
 func (d *decoder) labels() (map[string]string, error) {

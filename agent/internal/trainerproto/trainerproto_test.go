@@ -6,6 +6,10 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func u64(v uint64) *uint64   { return &v }
@@ -25,20 +29,23 @@ func TestParseValid(t *testing.T) {
  "seed":42,"notes":"lora r=32","warmup_s":60,"gpus":[0,1],"num_workers":6,"prefetch_factor":2,
  "planned_steps":5000,"gpu_price_per_hour":2.1,"budget_scope":"llama-3-8b"}`,
 			want: &RunStart{
-				Run: "r1", Model: "llama-3-8b", Dataset: "sft", Backend: "unsloth", Optimizer: "adamw_torch",
-				BatchSize: i64(8), GradAccum: i64(4), SeqLen: i64(2048), Precision: "bf16", Seed: i64(42),
-				Notes: "lora r=32", WarmupS: f64(60), GPUs: []string{"0", "1"}, NumWorkers: i64(6),
-				PrefetchFactor: i64(2), PlannedSteps: u64(5000), GPUPricePerHour: f64(2.1), BudgetScope: "llama-3-8b",
+				Run: "r1", Start: &trainmeterv1.RunStart{
+					Metadata: &trainmeterv1.RunMetadata{Model: "llama-3-8b", Dataset: "sft", Backend: "unsloth",
+						Optimizer: "adamw_torch", BatchSize: i64(8), GradAccum: i64(4), SeqLen: i64(2048),
+						Precision: "bf16", Seed: i64(42), Notes: "lora r=32"},
+					NumWorkers: proto.Uint32(6), PrefetchFactor: 2, PlannedSteps: 5000, GpuPricePerHour: 2.1,
+					BudgetScope: "llama-3-8b"},
+				WarmupS: f64(60), GPUs: []string{"0", "1"},
 			},
 		},
 		{
 			name: "run_start plan and dataloader targets",
 			line: `{"event":"run_start","run_id":"r","planned_tokens":1000000,"planned_epochs":3,"params":124000000,
  "dataset_size":50000,"target_gpu_utilization":0.9,"max_ram_usage":0.7,"adjustment_interval":25}`,
-			want: &RunStart{
-				Run: "r", PlannedTokens: u64(1000000), PlannedEpochs: u64(3), Params: u64(124000000),
-				DatasetSize: u64(50000), TargetGPUUtilization: f64(0.9), MaxRAMUsage: f64(0.7), AdjustmentInterval: u64(25),
-			},
+			want: &RunStart{Run: "r", Start: &trainmeterv1.RunStart{
+				PlannedTokens: 1000000, PlannedEpochs: 3, Params: 124000000,
+				DatasetSize: 50000, TargetGpuUtilization: 0.9, MaxRamUsage: 0.7, AdjustmentInterval: 25,
+			}},
 		},
 		{
 			name: "run_start minimal",
@@ -52,8 +59,9 @@ func TestParseValid(t *testing.T) {
  "lr":3e-4,"lora":true,"nested":{"a":1},"list":[1],"empty":null}`,
 			want: &RunStart{
 				Run: "r", GPUs: []string{"GPU-1a2b", "3"}, CUDAVisibleDevices: "0,1",
-				Rank: i64(1), WorldSize: i64(8), LocalRank: i64(1), Seed: i64(-7), WarmupSteps: u64(100),
-				Labels: map[string]string{"team": "nlp", "lr": "3e-4", "lora": "true"},
+				Rank: i64(1), WorldSize: i64(8), LocalRank: i64(1), WarmupSteps: u64(100),
+				Start: &trainmeterv1.RunStart{Metadata: &trainmeterv1.RunMetadata{Seed: i64(-7)},
+					Labels: map[string]string{"team": "nlp", "lr": "3e-4", "lora": "true"}},
 			},
 		},
 		{
@@ -109,6 +117,23 @@ func TestParseValid(t *testing.T) {
 			got, err := Parse([]byte(tt.line))
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
+			}
+			// The proto part by proto.Equal (an unset want is what Parse
+			// always sets: an empty start and metadata), the rest as is.
+			if rs, ok := tt.want.(*RunStart); ok {
+				want := *rs
+				if want.Start == nil {
+					want.Start = &trainmeterv1.RunStart{}
+				}
+				if want.Start.Metadata == nil {
+					want.Start.Metadata = &trainmeterv1.RunMetadata{}
+				}
+				gotRS := *got.(*RunStart)
+				if !proto.Equal(gotRS.Start, want.Start) {
+					t.Fatalf("start got  %v\nwant %v", gotRS.Start, want.Start)
+				}
+				gotRS.Start, want.Start = nil, nil
+				got, tt.want = &gotRS, &want
 			}
 			if !reflect.DeepEqual(got, tt.want) {
 				gj, _ := json.Marshal(got)
@@ -265,7 +290,7 @@ func TestParseLabelsBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(ev.(*RunStart).Labels); n != MaxLabels {
+	if n := len(ev.(*RunStart).Start.Labels); n != MaxLabels {
 		t.Fatalf("labels = %d, want %d", n, MaxLabels)
 	}
 }
@@ -280,7 +305,7 @@ func TestParseDoesNotRetainInput(t *testing.T) {
 		line[i] = 'Z'
 	}
 	rs := ev.(*RunStart)
-	if rs.Run != "abc" || rs.Model != "m" || rs.Labels["team"] != "t" || rs.GPUs[0] != "GPU-x" {
+	if rs.Run != "abc" || rs.Start.Metadata.Model != "m" || rs.Start.Labels["team"] != "t" || rs.GPUs[0] != "GPU-x" {
 		t.Fatalf("event changed with input: %#v", rs)
 	}
 }
@@ -322,10 +347,10 @@ func TestParsePlanKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	rs := ev.(*RunStart)
-	if rs.PlanKey != "0123456789abcdef0123456789abcdef" {
-		t.Errorf("plan key %q", rs.PlanKey)
+	if rs.Start.PlanKey != "0123456789abcdef0123456789abcdef" {
+		t.Errorf("plan key %q", rs.Start.PlanKey)
 	}
-	if _, ok := rs.Labels["plan_key"]; ok || rs.Labels["team"] != "nlp" {
-		t.Errorf("labels %v: want team only", rs.Labels)
+	if _, ok := rs.Start.Labels["plan_key"]; ok || rs.Start.Labels["team"] != "nlp" {
+		t.Errorf("labels %v: want team only", rs.Start.Labels)
 	}
 }

@@ -169,7 +169,7 @@ func TestEventsInOrderAndPeerCred(t *testing.T) {
 	testkit.Eventually(t, "53 events", func() bool { return rec.numEvents() == 53 })
 
 	evs := rec.snapshot()
-	if rs, ok := evs[0].ev.(*trainerproto.RunStart); !ok || rs.Model != "m" || rs.Labels["team"] != "nlp" || len(rs.GPUs) != 2 {
+	if rs, ok := evs[0].ev.(*trainerproto.RunStart); !ok || rs.Start.Metadata.Model != "m" || rs.Start.Labels["team"] != "nlp" || len(rs.GPUs) != 2 {
 		t.Fatalf("first event %#v", evs[0].ev)
 	}
 	for i := 1; i <= 50; i++ {
@@ -353,8 +353,8 @@ func TestLinesLongerThanReadBuffer(t *testing.T) {
 	testkit.Eventually(t, "2 events", func() bool { return rec.numEvents() == 2 })
 	for _, e := range rec.snapshot() {
 		rs := e.ev.(*trainerproto.RunStart)
-		if rs.Notes != notes || len(rs.Labels) != 60 {
-			t.Fatalf("run_start decoded wrongly: %d labels", len(rs.Labels))
+		if rs.Start.Metadata.Notes != notes || len(rs.Start.Labels) != 60 {
+			t.Fatalf("run_start decoded wrongly: %d labels", len(rs.Start.Labels))
 		}
 	}
 }

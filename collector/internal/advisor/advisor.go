@@ -256,7 +256,7 @@ func configFromStart(rs *trainmeterv1.RunStart) dataloader.Config {
 	return dataloader.Config{
 		TargetGPUUtilization: rs.GetTargetGpuUtilization(), MaxRAMUsage: rs.GetMaxRamUsage(),
 		Interval: rs.GetAdjustmentInterval(), NumWorkers: int(rs.GetNumWorkers()), PrefetchFactor: int(rs.GetPrefetchFactor()),
-		HasNumWorkers: rs.GetHasNumWorkers(), Epochs: rs.GetPlannedEpochs() > 0,
+		HasNumWorkers: rs.NumWorkers != nil, Epochs: rs.GetPlannedEpochs() > 0,
 	}
 }
 
@@ -332,8 +332,8 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 		// at this boundary, after the epoch). A report also corrects the
 		// advisor's baseline where its belief was wrong.
 		ranW, ranP := s.adv.InForce()
-		s.reportedOK = e.GetHasLoader()
-		if e.GetHasLoader() {
+		s.reportedOK = e.LoaderNumWorkers != nil
+		if s.reportedOK {
 			ranW = int(e.GetLoaderNumWorkers())
 			if p := e.GetLoaderPrefetchFactor(); p > 0 {
 				ranP = int(p)
@@ -354,13 +354,12 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 			steps = float64(rs - s.evalSteps)
 			s.evalSteps = rs
 		}
-		a.closeEpoch(run, node, s, epoch, steps, false, at, ranW, ranP, e.GetHasLoader(), recs)
+		a.closeEpoch(run, node, s, epoch, steps, false, at, ranW, ranP, e.LoaderNumWorkers != nil, recs)
 	}
 }
 
-// hasEpoch: the eval carries an epoch (agents before has_epoch sent only
-// the number; a non-zero one was given).
-func hasEpoch(e *trainmeterv1.Eval) bool { return e.GetHasEpoch() || e.GetEpoch() != 0 }
+// hasEpoch: the eval carries an epoch.
+func hasEpoch(e *trainmeterv1.Eval) bool { return e.Epoch != nil }
 
 // resetInterval starts a new evaluation interval.
 func (s *runState) resetInterval() {

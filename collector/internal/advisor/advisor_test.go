@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
@@ -100,7 +101,10 @@ func (r *rig) applyOn(node string, sec float64, w *trainmeterv1.RunWindow, host 
 func start(run string, workers, prefetch uint32, interval uint64) *trainmeterv1.RunEvent {
 	ev := testutil.Start(run, 0, "m")
 	rs := ev.GetRunStart()
-	rs.NumWorkers, rs.PrefetchFactor, rs.AdjustmentInterval = workers, prefetch, interval
+	rs.PrefetchFactor, rs.AdjustmentInterval = prefetch, interval
+	if workers > 0 {
+		rs.NumWorkers = proto.Uint32(workers)
+	}
 	rs.GpuPricePerHour = 3.6
 	return ev
 }
@@ -118,12 +122,12 @@ func host(usedShare float64) *trainmeterv1.HostWindow {
 }
 
 func eval(run string, sec float64, epoch int64) *trainmeterv1.RunEvent {
-	return &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{RunId: run, Time: testutil.TS(sec), Epoch: epoch, HasEpoch: true, ValLoss: 1, HasValLoss: true}}}
+	return &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{RunId: run, Time: testutil.TS(sec), Epoch: proto.Int64(epoch), ValLoss: proto.Float64(1)}}}
 }
 
 // evalNoEpoch is an eval event whose trainer sent no epoch.
 func evalNoEpoch(run string, sec float64) *trainmeterv1.RunEvent {
-	return &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{RunId: run, Time: testutil.TS(sec), ValLoss: 1, HasValLoss: true}}}
+	return &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{RunId: run, Time: testutil.TS(sec), ValLoss: proto.Float64(1)}}}
 }
 
 func TestDataBoundRunIsAdvisedAndHistoryKept(t *testing.T) {
@@ -494,7 +498,7 @@ func TestZeroWorkersRunGetsOneWorkerAndTheMeasuredGain(t *testing.T) {
 		return w
 	}
 	st := start("z", 0, 2, 10)
-	st.GetRunStart().HasNumWorkers = true
+	st.GetRunStart().NumWorkers = proto.Uint32(0)
 	r.apply(0, slow(0), twoCPUs, st)
 	r.apply(1, slow(1), twoCPUs)
 	sent := r.rec.all()
@@ -508,9 +512,9 @@ func TestZeroWorkersRunGetsOneWorkerAndTheMeasuredGain(t *testing.T) {
 	// adds it); the partial epoch at run_end ran with epoch 2's settings,
 	// no change having been applied since.
 	e1 := eval("z", 2.5, 1) // in [2, 3): that window straddles the boundary
-	e1.GetEval().HasLoader = true
+	e1.GetEval().LoaderNumWorkers = proto.Uint32(0)
 	e2 := eval("z", 4.5, 2)
-	e2.GetEval().HasLoader, e2.GetEval().LoaderNumWorkers, e2.GetEval().LoaderPrefetchFactor = true, 1, 3
+	e2.GetEval().LoaderNumWorkers, e2.GetEval().LoaderPrefetchFactor = proto.Uint32(1), 3
 	r.apply(2, slow(2), twoCPUs, e1)
 	r.apply(3, fast(3), twoCPUs)
 	r.apply(4, fast(4), twoCPUs, e2)
@@ -564,7 +568,7 @@ func TestZeroWorkersRunGetsOneWorkerAndTheMeasuredGain(t *testing.T) {
 func TestZeroWorkersSurvivesTheStoredPlan(t *testing.T) {
 	r := newRig(t)
 	st := start("p", 0, 2, 10)
-	st.GetRunStart().HasNumWorkers = true
+	st.GetRunStart().NumWorkers = proto.Uint32(0)
 	// The start is in the store but this advisor never saw it.
 	if _, err := r.st.ApplyBatch("n1", "boot", testutil.Batch(100, 0, nil, st)); err != nil {
 		t.Fatal(err)
@@ -590,7 +594,7 @@ func TestReportedLoaderSettingsWin(t *testing.T) {
 	r.apply(0, gpuBound(0), twoCPUs, st)
 	r.apply(1, gpuBound(1), twoCPUs)
 	ev := eval("b", 2.5, 1)
-	ev.GetEval().HasLoader = true // num_workers 0, no prefetch (no workers)
+	ev.GetEval().LoaderNumWorkers = proto.Uint32(0) // num_workers 0, no prefetch (no workers)
 	r.apply(2, gpuBound(2), twoCPUs, ev)
 	r.apply(3, window("b", 3, 10, 0.5, 0.5, 50), twoCPUs)
 	r.apply(4, window("b", 4, 10, 0.5, 0.5, 50), twoCPUs)

@@ -258,7 +258,7 @@ func (s *State) fillStart(ev *trainmeterv1.RunStart) {
 
 // fillUnset sets each field of dst that is unset from src, recursively in
 // messages both have; a map gets the keys it lacks, a list is left as it
-// is. A field x whose sibling has_x is set in dst counts as set (0 given).
+// is. Unset is proto presence: an optional field given as 0 is set.
 func fillUnset(dst, src protoreflect.Message) {
 	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		switch {
@@ -273,18 +273,13 @@ func fillUnset(dst, src protoreflect.Message) {
 		case fd.IsList():
 		case fd.Message() != nil && dst.Has(fd):
 			fillUnset(dst.Mutable(fd).Message(), v.Message())
-		case !dst.Has(fd) && !hasFlag(dst, fd):
+		case !dst.Has(fd):
 			dst.Set(fd, v)
 		}
 		return true
 	})
 }
 
-// hasFlag: m's bool field has_<fd> is true.
-func hasFlag(m protoreflect.Message, fd protoreflect.FieldDescriptor) bool {
-	f := m.Descriptor().Fields().ByName("has_" + fd.Name())
-	return f != nil && f.Kind() == protoreflect.BoolKind && m.Get(f).Bool()
-}
 
 // AddEnd folds a RunEnd from node.
 func (s *State) AddEnd(node string, ev *trainmeterv1.RunEnd) {
@@ -378,7 +373,7 @@ func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands En
 	for _, g := range w.GetGpus() {
 		s.addGPU(node, g)
 	}
-	if w.GetHasLoss() && (!s.HasLoss || end > s.LastLossAt || (end == s.LastLossAt && node > s.LastLossBy)) {
+	if w.LastLoss != nil && (!s.HasLoss || end > s.LastLossAt || (end == s.LastLossAt && node > s.LastLossBy)) {
 		s.HasLoss = true
 		s.LastLoss = w.GetLastLoss()
 		s.LastLossAt = end
@@ -532,6 +527,14 @@ func (s *State) endStatusError() (string, string) {
 		}
 	}
 	return status, ""
+}
+
+// optional is v when ok, else nil (unset).
+func optional[T any](ok bool, v T) *T {
+	if !ok {
+		return nil
+	}
+	return &v
 }
 
 // Report computes the run's figures with the collector's pricing.
@@ -860,7 +863,7 @@ func (s *State) epochsDone() (float64, bool) {
 // lastAccuracy is the accuracy of the latest eval that has one.
 func (s *State) lastAccuracy() (float64, bool) {
 	for i := len(s.Evals) - 1; i >= 0; i-- {
-		if s.Evals[i].GetHasAccuracy() {
+		if s.Evals[i].Accuracy != nil {
 			return s.Evals[i].GetAccuracy(), true
 		}
 	}

@@ -29,7 +29,7 @@ type ev struct {
 func start(node string, at float64, model string, price float64) ev {
 	return ev{node: node, s: &trainmeterv1.RunStart{
 		RunId: "r1", Time: ts(at), GpuName: "H100-" + model, GpuPricePerHour: price,
-		Metadata: &trainmeterv1.RunMetadata{Model: model, BatchSize: 8, HasBatchSize: true},
+		Metadata: &trainmeterv1.RunMetadata{Model: model, BatchSize: proto.Int64(8)},
 	}}
 }
 
@@ -231,8 +231,8 @@ func TestOrderIndependentAndSerialisable(t *testing.T) {
 			win("a", f, f+1, i >= 5, 100+f, 99+f, 300+f, 1000, 0),
 			win("b", f+0.2, f+1.2, i >= 5, 50, 51, 200-f, 500, 0, 1))
 	}
-	evs = append(evs, ev{node: "a", ev: &trainmeterv1.Eval{RunId: "r1", Time: ts(10), Epoch: 1}},
-		ev{node: "b", ev: &trainmeterv1.Eval{RunId: "r1", Time: ts(20), Epoch: 2}})
+	evs = append(evs, ev{node: "a", ev: &trainmeterv1.Eval{RunId: "r1", Time: ts(10), Epoch: proto.Int64(1)}},
+		ev{node: "b", ev: &trainmeterv1.Eval{RunId: "r1", Time: ts(20), Epoch: proto.Int64(2)}})
 	evs = append(evs, end("a", 30), end("b", 30.2))
 	want := fold(evs).Report(Pricing{})
 	if want.TokensProcessed != 45000 || want.PeakPowerW != 300+29+200-29 || !want.Ended || len(want.Evals) != 2 {
@@ -379,9 +379,9 @@ func TestEndedRunFoldsEveryBucket(t *testing.T) {
 
 func TestLastLossAndVRAM(t *testing.T) {
 	w1 := win("a", 0, 1, true, 1, 1, 1, 1, 0).w
-	w1.HasLoss, w1.LastLoss = true, 2.5
+	w1.LastLoss = proto.Float64(2.5)
 	w2 := win("a", 1, 2, true, 1, 1, 1, 1, 0).w
-	w2.HasLoss, w2.LastLoss = true, 2.0
+	w2.LastLoss = proto.Float64(2.0)
 	w2.VramPeakMib, w2.VramSumMib, w2.VramSamples = 5000, 7000, 2
 	s := New("r1")
 	s.AddWindow("a", w2)
@@ -400,7 +400,7 @@ func TestPlanComesFromTheWinningStartAndSurvivesSerialisation(t *testing.T) {
 	late := &trainmeterv1.RunStart{RunId: "r1", Time: ts(5), BudgetScope: "late", PlannedTokens: 1,
 		Labels: map[string]string{"team": "other"}}
 	early := &trainmeterv1.RunStart{RunId: "r1", Time: ts(1), BudgetScope: "llama", PlannedSteps: 5000,
-		PlannedTokens: 1 << 30, PlannedEpochs: 3, Params: 8e9, DatasetSize: 50000, NumWorkers: 6, HasNumWorkers: true,
+		PlannedTokens: 1 << 30, PlannedEpochs: 3, Params: 8e9, DatasetSize: 50000, NumWorkers: proto.Uint32(6),
 		PrefetchFactor: 2, TargetGpuUtilization: 0.9, MaxRamUsage: 0.7, AdjustmentInterval: 25,
 		Labels: map[string]string{"team": "nlp", "priority": "high"}}
 	s.AddStart("b", late)
@@ -416,9 +416,8 @@ func TestPlanComesFromTheWinningStartAndSurvivesSerialisation(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &trainmeterv1.RunStart{RunId: "r1", Time: ts(1), BudgetScope: "llama", PlannedSteps: 5000, PlannedTokens: 1 << 30, PlannedEpochs: 3,
-		Params: 8e9, DatasetSize: 50000, NumWorkers: 6, PrefetchFactor: 2, TargetGpuUtilization: 0.9,
-		MaxRamUsage: 0.7, AdjustmentInterval: 25, Labels: map[string]string{"team": "nlp", "priority": "high"},
-		HasNumWorkers: true}
+		Params: 8e9, DatasetSize: 50000, NumWorkers: proto.Uint32(6), PrefetchFactor: 2, TargetGpuUtilization: 0.9,
+		MaxRamUsage: 0.7, AdjustmentInterval: 25, Labels: map[string]string{"team": "nlp", "priority": "high"}}
 	if !proto.Equal(got.RunStart, want) {
 		t.Fatalf("plan\n got %v\nwant %v", got.RunStart, want)
 	}
@@ -429,7 +428,7 @@ func TestPlanComesFromTheWinningStartAndSurvivesSerialisation(t *testing.T) {
 // repeated start that gives it fills a run that lacked it, 0 included.
 func TestZeroNumWorkersGivenIsKept(t *testing.T) {
 	s := New("r1")
-	s.AddStart("a", &trainmeterv1.RunStart{RunId: "r1", Time: ts(0), NumWorkers: 0, HasNumWorkers: true, PrefetchFactor: 2})
+	s.AddStart("a", &trainmeterv1.RunStart{RunId: "r1", Time: ts(0), NumWorkers: proto.Uint32(0), PrefetchFactor: 2})
 	b, err := s.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -438,19 +437,19 @@ func TestZeroNumWorkersGivenIsKept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !got.RunStart.HasNumWorkers || got.RunStart.NumWorkers != 0 {
-		t.Errorf("after the store: num_workers %d given %v, want 0 given", got.RunStart.NumWorkers, got.RunStart.HasNumWorkers)
+	if got.RunStart.NumWorkers == nil || got.RunStart.GetNumWorkers() != 0 {
+		t.Errorf("after the store: num_workers %v, want 0 given", got.RunStart.NumWorkers)
 	}
 
 	filled := New("r2")
 	filled.AddStart("a", &trainmeterv1.RunStart{RunId: "r2", Time: ts(0)})
-	if filled.RunStart.HasNumWorkers {
+	if filled.RunStart.NumWorkers != nil {
 		t.Fatal("a start without num_workers gave it")
 	}
-	filled.AddStart("a", &trainmeterv1.RunStart{RunId: "r2", Time: ts(0), NumWorkers: 0, HasNumWorkers: true})
-	filled.AddStart("a", &trainmeterv1.RunStart{RunId: "r2", Time: ts(0), NumWorkers: 4, HasNumWorkers: true})
-	if !filled.RunStart.HasNumWorkers || filled.RunStart.NumWorkers != 0 {
-		t.Errorf("filled: num_workers %d given %v, want the first copy's 0", filled.RunStart.NumWorkers, filled.RunStart.HasNumWorkers)
+	filled.AddStart("a", &trainmeterv1.RunStart{RunId: "r2", Time: ts(0), NumWorkers: proto.Uint32(0)})
+	filled.AddStart("a", &trainmeterv1.RunStart{RunId: "r2", Time: ts(0), NumWorkers: proto.Uint32(4)})
+	if filled.RunStart.NumWorkers == nil || filled.RunStart.GetNumWorkers() != 0 {
+		t.Errorf("filled: num_workers %v, want the first copy's 0", filled.RunStart.NumWorkers)
 	}
 }
 
@@ -542,10 +541,10 @@ func TestRepeatedStartFillsMissingMetadata(t *testing.T) {
 	s.AddStart("b", &trainmeterv1.RunStart{RunId: "r1", Time: ts(0), Metadata: &trainmeterv1.RunMetadata{Dataset: "from-b"}})
 	s.AddStart("a", &trainmeterv1.RunStart{RunId: "r1", Time: ts(5), Metadata: &trainmeterv1.RunMetadata{Dataset: "later"}})
 	s.AddStart("a", &trainmeterv1.RunStart{RunId: "r1", Time: ts(0), Params: 7e9, GpuName: "H100",
-		Metadata: &trainmeterv1.RunMetadata{Model: "sim-model", Dataset: "synthetic", BatchSize: 4, HasBatchSize: true},
+		Metadata: &trainmeterv1.RunMetadata{Model: "sim-model", Dataset: "synthetic", BatchSize: proto.Int64(4)},
 		Labels:   map[string]string{"team": "vision", "exp": "7"}})
 	m := s.RunStart.Metadata
-	if m.Model != "cli-model" || m.Dataset != "synthetic" || !m.HasBatchSize || m.BatchSize != 4 {
+	if m.Model != "cli-model" || m.Dataset != "synthetic" || m.BatchSize == nil || m.GetBatchSize() != 4 {
 		t.Errorf("metadata %+v: want the first start's model, the filled dataset and batch size", m)
 	}
 	if s.RunStart.Params != 7e9 || s.GetRunStart().GetGpuName() != "H100" || s.RunStart.Labels["team"] != "nlp" || s.RunStart.Labels["exp"] != "7" {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -53,7 +55,7 @@ func costRun(bands EnergyBands) *State {
 	s.AddWindowBanded("a", &trainmeterv1.RunWindow{RunId: "r1", Start: ts(60), End: ts(120), Phase: trainmeterv1.Phase_PHASE_MEASURED,
 		EnergyCounterJ: 1200, CounterOk: true, GpuSeconds: 120, Gpus: []uint32{0, 1},
 		Tokens: 6000, TokensMeasured: 6000, Steps: 10, Samples: 100}, bands)
-	s.AddEval("a", &trainmeterv1.Eval{RunId: "r1", Time: ts(100), Epoch: 1, Accuracy: 0.8, HasAccuracy: true})
+	s.AddEval("a", &trainmeterv1.Eval{RunId: "r1", Time: ts(100), Epoch: proto.Int64(1), Accuracy: proto.Float64(0.8)})
 	return s
 }
 

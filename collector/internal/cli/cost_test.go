@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -19,7 +21,7 @@ import (
 
 func evalEvent(run string, sec, acc float64) *trainmeterv1.RunEvent {
 	return &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{
-		RunId: run, Time: tu.TS(sec), Epoch: 1, Accuracy: acc, HasAccuracy: true,
+		RunId: run, Time: tu.TS(sec), Epoch: proto.Int64(1), Accuracy: proto.Float64(acc),
 	}}}
 }
 

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -13,7 +15,7 @@ import (
 // evalEv is an eval event with a validation loss.
 func evalEv(run string, sec float64, epoch int64, loss float64) *trainmeterv1.RunEvent {
 	return &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{
-		RunId: run, Time: tu.TS(sec), Epoch: epoch, ValLoss: loss, HasValLoss: true}}}
+		RunId: run, Time: tu.TS(sec), Epoch: proto.Int64(epoch), ValLoss: proto.Float64(loss)}}}
 }
 
 func TestRecommend(t *testing.T) {
@@ -90,7 +92,7 @@ func TestRecommendRunPrintsItsDataloaderEpochs(t *testing.T) {
 	a := tu.Connect(t, tu.Dial(t, addr), "gpu-box-3", "boot")
 	start := tu.Start("loader", 20, "m")
 	rs := start.GetRunStart()
-	rs.NumWorkers, rs.PrefetchFactor, rs.AdjustmentInterval = 2, 2, 10
+	rs.NumWorkers, rs.PrefetchFactor, rs.AdjustmentInterval = proto.Uint32(2), 2, 10
 	// Six epochs of one batch each: 10 steps waiting as long as they
 	// compute, the GPU at 50 %, 16 CPUs, RAM at 1000 of 64000 MiB. Each
 	// second evaluation changes the settings; the first epoch boundary after

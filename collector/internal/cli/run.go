@@ -103,19 +103,20 @@ the command still runs, unmeasured.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := cmd.Flags()
-			o.start.Model, o.start.Dataset, o.start.Backend = model, dataset, backend
-			o.start.Optimizer, o.start.Precision, o.start.Notes = optimizer, precision, notes
+			md := &trainmeterv1.RunMetadata{Model: model, Dataset: dataset, Backend: backend,
+				Optimizer: optimizer, Precision: precision, Notes: notes}
+			o.start.Start = &trainmeterv1.RunStart{Metadata: md}
 			if f.Changed("batch-size") {
-				o.start.BatchSize = &batchSize
+				md.BatchSize = &batchSize
 			}
 			if f.Changed("seq-len") {
-				o.start.SeqLen = &seqLen
+				md.SeqLen = &seqLen
 			}
 			if f.Changed("budget-scope") {
 				if budgetScope == "" {
 					return errors.New("--budget-scope is empty: give the scope whose budget this run counts against, e.g. --budget-scope team-nlp (trainmeter budget set SCOPE USD)")
 				}
-				o.start.BudgetScope = budgetScope
+				o.start.Start.BudgetScope = budgetScope
 			}
 			lm, err := parseLabels("--label", labels)
 			if err != nil {
@@ -129,7 +130,7 @@ the command still runs, unmeasured.`,
 					return fmt.Errorf("--label %s=%s: %q is a run_start field, not a label; use its own flag (trainmeter run --help) or another key", k, v, k)
 				}
 			}
-			o.start.Labels = lm
+			o.start.Start.Labels = lm
 			if f.Changed("warmup") {
 				if warmup < 0 {
 					return fmt.Errorf("--warmup %v: must not be negative", warmup)
@@ -616,7 +617,10 @@ func planRun(o *runOptions, warn func(string, ...any)) {
 		}
 		return
 	}
-	o.start.PlanKey = key
+	if o.start.Start == nil {
+		o.start.Start = &trainmeterv1.RunStart{}
+	}
+	o.start.Start.PlanKey = key
 	if e := resp.GetEstimate(); e != nil {
 		writeEstimate(o.stderr, e)
 		if o.maxCost > 0 && e.CostUsd != nil && e.GetCostUsd().GetMid() > o.maxCost {

@@ -95,7 +95,7 @@ func testOptions(socket string) (*runOptions, *bytes.Buffer, *testkit.Buffer) {
 func TestRunPassesExitCodeAndStatus(t *testing.T) {
 	ag := newFakeAgent(t)
 	o, _, _ := testOptions(ag.path)
-	o.start.Model = "m"
+	o.start.Start = &trainmeterv1.RunStart{Metadata: &trainmeterv1.RunMetadata{Model: "m"}}
 	if code := runCommand(o, []string{"sh", "-c", "exit 3"}); code != 3 {
 		t.Fatalf("exit code %d, want 3", code)
 	}

@@ -3,13 +3,13 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
-	"google.golang.org/protobuf/proto"
 	"math"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
@@ -222,7 +222,7 @@ func checkNumbers(t *testing.T, path string, md protoreflect.MessageDescriptor, 
 func TestProtoJSONNumbersNestedAndNonFinite(t *testing.T) {
 	nan := math.NaN()
 	r := &trainmeterv1.RunReport{RunId: "r", TokensProcessed: 1 << 60, AvgPowerW: proto.Float64(math.Inf(1)), Mfu: &nan,
-		Evals: []*trainmeterv1.Eval{{RunId: "r", Epoch: 3, HasEpoch: true}}}
+		Evals: []*trainmeterv1.Eval{{RunId: "r", Epoch: proto.Int64(3)}}}
 	b, err := protoJSON(r)
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	"github.com/trainmeter/trainmeter/pkg/clock"
@@ -29,7 +31,7 @@ func (c *collector) seedPlateau(t *testing.T) {
 	for i, loss := range []float64{2, 1.5, 1.5, 1.5, 1.5, 1.5} {
 		sec := 10 + float64(i)
 		evs := []*trainmeterv1.RunEvent{{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{
-			RunId: evilRun, Time: tu.TS(sec + 0.5), Epoch: int64(i + 1), ValLoss: loss, HasValLoss: true}}}}
+			RunId: evilRun, Time: tu.TS(sec + 0.5), Epoch: proto.Int64(int64(i + 1)), ValLoss: proto.Float64(loss)}}}}
 		if i == 0 {
 			evs = append([]*trainmeterv1.RunEvent{start}, evs...)
 		}

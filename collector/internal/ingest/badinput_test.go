@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
@@ -59,7 +60,7 @@ func malformed(seq uint64) []struct {
 	add("run window 2^64-1 tokens", "more than 281474976710656 in one window", func(b *trainmeterv1.Batch) {
 		w(b).Tokens, w(b).TokensMeasured = math.MaxUint64, 0
 	})
-	add("run window NaN loss", "last_loss is not finite", func(b *trainmeterv1.Batch) { w(b).LastLoss = math.NaN() })
+	add("run window NaN loss", "last_loss is not finite", func(b *trainmeterv1.Batch) { w(b).LastLoss = proto.Float64(math.NaN()) })
 	add("run window negative gpu_seconds", "gpu_seconds is negative", func(b *trainmeterv1.Batch) { w(b).GpuSeconds = -1 })
 	add("run window ends before it starts", "end is before start", func(b *trainmeterv1.Batch) { w(b).End = tu.TS(-0.5) })
 	add("run window in 2100", "after the batch window", func(b *trainmeterv1.Batch) {
@@ -69,10 +70,10 @@ func malformed(seq uint64) []struct {
 		b.RunEvents[1].GetEval().Time = timestamppb.New(time.Unix(0, 0))
 	})
 	add("empty event", "empty event", func(b *trainmeterv1.Batch) { b.RunEvents = append(b.RunEvents, &trainmeterv1.RunEvent{}) })
-	add("eval Inf accuracy", "eval.accuracy is not finite", func(b *trainmeterv1.Batch) { b.RunEvents[1].GetEval().Accuracy = math.Inf(1) })
+	add("eval Inf accuracy", "eval.accuracy is not finite", func(b *trainmeterv1.Batch) { b.RunEvents[1].GetEval().Accuracy = proto.Float64(math.Inf(1)) })
 	// Found by FuzzAggregate in CI: the agent refuses a negative accuracy, a
 	// collector took one from any other sender and reported it.
-	add("eval negative accuracy", "eval.accuracy is negative", func(b *trainmeterv1.Batch) { b.RunEvents[1].GetEval().Accuracy = -2.4e-240 })
+	add("eval negative accuracy", "eval.accuracy is negative", func(b *trainmeterv1.Batch) { b.RunEvents[1].GetEval().Accuracy = proto.Float64(-2.4e-240) })
 	add("run_start NaN warmup", "run_start.warmup_s is not finite", func(b *trainmeterv1.Batch) { b.RunEvents[0].GetRunStart().WarmupS = math.NaN() })
 	add("run_start notes 5 KB", "run_start.notes is 5000 bytes", func(b *trainmeterv1.Batch) {
 		b.RunEvents[0].GetRunStart().Metadata.Notes = strings.Repeat("n", 5000)

@@ -21,7 +21,7 @@ import (
 // FuzzAggregate) holds the same; TRAINMETER_WRITE_CORPUS=1 go test -run
 // TestWriteFuzzCorpus ./collector/internal/ingest rewrites it.
 func seedBatches() map[string]*trainmeterv1.Batch {
-	eval := &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{RunId: "r1", Time: tu.TS(1.5), ValLoss: 1.9, HasValLoss: true}}}
+	eval := &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{RunId: "r1", Time: tu.TS(1.5), ValLoss: proto.Float64(1.9)}}}
 	warm := tu.Window("r1", 0, 100, 50)
 	warm.Phase, warm.TokensMeasured = trainmeterv1.Phase_PHASE_WARMUP, 0
 	seeds := map[string]*trainmeterv1.Batch{

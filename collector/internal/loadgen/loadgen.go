@@ -22,6 +22,7 @@ import (
 	colmetricspb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/internal/flowcontrol"
@@ -442,7 +443,7 @@ func MakeBatch(seq uint64, now time.Time, interval time.Duration, run string, gp
 		b.RunEvents = []*trainmeterv1.RunEvent{{Event: &trainmeterv1.RunEvent_RunStart{RunStart: &trainmeterv1.RunStart{
 			RunId: run, Time: timestamppb.New(start), GpuName: "Sim H100", Gpus: ids,
 			Metadata: &trainmeterv1.RunMetadata{Model: "llama-8b", Dataset: "c4", Backend: "torch", Precision: "bf16",
-				BatchSize: 16, HasBatchSize: true, SeqLen: 4096, HasSeqLen: true},
+				BatchSize: proto.Int64(16), SeqLen: proto.Int64(4096)},
 		}}}}
 	}
 	return b

@@ -254,10 +254,10 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 			e := ev.Eval
 			te.Kind, te.Time = "eval", e.GetTime()
 			te.Text = fmt.Sprintf("eval epoch %d", e.GetEpoch())
-			if e.GetHasValLoss() {
+			if e.ValLoss != nil {
 				te.Text += fmt.Sprintf(" val_loss %.4g", e.GetValLoss())
 			}
-			if e.GetHasAccuracy() {
+			if e.Accuracy != nil {
 				te.Text += fmt.Sprintf(" accuracy %.4g", e.GetAccuracy())
 			}
 		default:

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
@@ -66,7 +67,7 @@ func TestTimeline(t *testing.T) {
 			ev1, ev2 = []*trainmeterv1.RunEvent{tu.Start("r", 0, "m")}, []*trainmeterv1.RunEvent{tu.Start("r", 0, "m")}
 		case 30:
 			ev1 = []*trainmeterv1.RunEvent{{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{
-				RunId: "r", Time: tu.TS(30.5), Epoch: 1, HasEpoch: true, ValLoss: 2.5, HasValLoss: true}}}}
+				RunId: "r", Time: tu.TS(30.5), Epoch: proto.Int64(1), ValLoss: proto.Float64(2.5)}}}}
 		case secs - 1:
 			ev1, ev2 = []*trainmeterv1.RunEvent{tu.End("r", secs)}, []*trainmeterv1.RunEvent{tu.End("r", secs)}
 		}

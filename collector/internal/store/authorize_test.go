@@ -72,7 +72,7 @@ func TestAnotherNodesRecordsOfAnEndedRunAreDropped(t *testing.T) {
 		b.RunWindows = append(b.RunWindows, proto.Clone(b.RunWindows[0]).(*trainmeterv1.RunWindow))
 	}
 	b.RunEvents = append(b.RunEvents, endEv("victim", 6),
-		&trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{RunId: "victim", Time: ts(5), ValLoss: 1, HasValLoss: true}}})
+		&trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{RunId: "victim", Time: ts(5), ValLoss: proto.Float64(1)}}})
 	b.Losses = []*trainmeterv1.DataLoss{{RunId: "victim", Batches: 3, EnergyJ: 1e9, Reason: "spool full"}}
 	b.HostEnergy = []*trainmeterv1.HostEnergy{{Start: ts(5), End: ts(6), CpuEnergyJ: 10, Runs: []*trainmeterv1.HostEnergyShare{{RunId: "victim", CpuEnergyJ: 10}}}}
 	a := applyResult(t, s, "node2", b)

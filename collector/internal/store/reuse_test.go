@@ -21,7 +21,7 @@ func endEv(run string, sec int) *trainmeterv1.RunEvent {
 
 func evalEv(run string, sec int) *trainmeterv1.RunEvent {
 	return &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{
-		RunId: run, Time: ts(sec), Epoch: 1, HasEpoch: true, ValLoss: 0.5, HasValLoss: true}}}
+		RunId: run, Time: ts(sec), Epoch: proto.Int64(1), ValLoss: proto.Float64(0.5)}}}
 }
 
 // reportBytes is the run's report as the API gives it, encoded

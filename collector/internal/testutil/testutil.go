@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -134,7 +135,7 @@ func Batch(seq uint64, sec float64, windows []*trainmeterv1.RunWindow, events ..
 func Start(run string, sec float64, model string) *trainmeterv1.RunEvent {
 	return &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_RunStart{RunStart: &trainmeterv1.RunStart{
 		RunId: run, Time: TS(sec), GpuName: "Sim GPU", Gpus: []uint32{0},
-		Metadata: &trainmeterv1.RunMetadata{Model: model, Backend: "torch", Precision: "bf16", BatchSize: 8, HasBatchSize: true},
+		Metadata: &trainmeterv1.RunMetadata{Model: model, Backend: "torch", Precision: "bf16", BatchSize: proto.Int64(8)},
 	}}}
 }
 

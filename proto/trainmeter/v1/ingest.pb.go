@@ -867,10 +867,9 @@ type HostEnergyShare struct {
 	// the only run), "cpu_time" (by its processes' CPU time), "equal" (CPU
 	// time unknown for a run), or "mixed" when the interval had several.
 	Split string `protobuf:"bytes,5,opt,name=split,proto3" json:"split,omitempty"`
-	// CPU seconds of the run's process tree over the interval, when read
-	// (only while two or more runs are on the node).
-	CpuS          float64 `protobuf:"fixed64,6,opt,name=cpu_s,json=cpuS,proto3" json:"cpu_s,omitempty"`
-	HasCpuS       bool    `protobuf:"varint,7,opt,name=has_cpu_s,json=hasCpuS,proto3" json:"has_cpu_s,omitempty"`
+	// CPU seconds of the run's process tree over the interval; unset when
+	// not read (it is read only while two or more runs are on the node).
+	CpuS          *float64 `protobuf:"fixed64,6,opt,name=cpu_s,json=cpuS,proto3,oneof" json:"cpu_s,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -941,17 +940,10 @@ func (x *HostEnergyShare) GetSplit() string {
 }
 
 func (x *HostEnergyShare) GetCpuS() float64 {
-	if x != nil {
-		return x.CpuS
+	if x != nil && x.CpuS != nil {
+		return *x.CpuS
 	}
 	return 0
-}
-
-func (x *HostEnergyShare) GetHasCpuS() bool {
-	if x != nil {
-		return x.HasCpuS
-	}
-	return false
 }
 
 // RawSamples are one GPU's samples over a batch window, column by column
@@ -1518,8 +1510,8 @@ type RunWindow struct {
 	UtilizationSumPct float64  `protobuf:"fixed64,20,opt,name=utilization_sum_pct,json=utilizationSumPct,proto3" json:"utilization_sum_pct,omitempty"`
 	Gpus              []uint32 `protobuf:"varint,21,rep,packed,name=gpus,proto3" json:"gpus,omitempty"`
 	EnergyEstimated   bool     `protobuf:"varint,22,opt,name=energy_estimated,json=energyEstimated,proto3" json:"energy_estimated,omitempty"`
-	LastLoss          float64  `protobuf:"fixed64,23,opt,name=last_loss,json=lastLoss,proto3" json:"last_loss,omitempty"`
-	HasLoss           bool     `protobuf:"varint,24,opt,name=has_loss,json=hasLoss,proto3" json:"has_loss,omitempty"`
+	// The loss of the segment's last step that reported one; unset: none did.
+	LastLoss *float64 `protobuf:"fixed64,23,opt,name=last_loss,json=lastLoss,proto3,oneof" json:"last_loss,omitempty"`
 	// Tokens credited from a rank's cumulative tokens_total that no step event
 	// delivered (events lost while the agent restarted or the client dropped).
 	TokensRecovered uint64 `protobuf:"varint,25,opt,name=tokens_recovered,json=tokensRecovered,proto3" json:"tokens_recovered,omitempty"`
@@ -1748,17 +1740,10 @@ func (x *RunWindow) GetEnergyEstimated() bool {
 }
 
 func (x *RunWindow) GetLastLoss() float64 {
-	if x != nil {
-		return x.LastLoss
+	if x != nil && x.LastLoss != nil {
+		return *x.LastLoss
 	}
 	return 0
-}
-
-func (x *RunWindow) GetHasLoss() bool {
-	if x != nil {
-		return x.HasLoss
-	}
-	return false
 }
 
 func (x *RunWindow) GetTokensRecovered() uint64 {
@@ -2054,8 +2039,11 @@ type RunStart struct {
 	GpuPricePerHour float64                `protobuf:"fixed64,11,opt,name=gpu_price_per_hour,json=gpuPricePerHour,proto3" json:"gpu_price_per_hour,omitempty"`
 	BudgetScope     string                 `protobuf:"bytes,12,opt,name=budget_scope,json=budgetScope,proto3" json:"budget_scope,omitempty"`
 	PlannedSteps    uint64                 `protobuf:"varint,13,opt,name=planned_steps,json=plannedSteps,proto3" json:"planned_steps,omitempty"`
-	NumWorkers      uint32                 `protobuf:"varint,14,opt,name=num_workers,json=numWorkers,proto3" json:"num_workers,omitempty"`
-	PrefetchFactor  uint32                 `protobuf:"varint,15,opt,name=prefetch_factor,json=prefetchFactor,proto3" json:"prefetch_factor,omitempty"`
+	// The DataLoader's workers, when the trainer gave them: 0 is then a
+	// setting (the loader loads in the training process), not "not given"
+	// (the advisor assumes 2 when unset).
+	NumWorkers     *uint32 `protobuf:"varint,14,opt,name=num_workers,json=numWorkers,proto3,oneof" json:"num_workers,omitempty"`
+	PrefetchFactor uint32  `protobuf:"varint,15,opt,name=prefetch_factor,json=prefetchFactor,proto3" json:"prefetch_factor,omitempty"`
 	// Extra keys the trainer sent that trainmeter does not interpret.
 	Labels map[string]string `protobuf:"bytes,16,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The run's plan (0 = not given): tokens and epochs it will process,
@@ -2076,11 +2064,6 @@ type RunStart struct {
 	// --- who ran it ---
 	// The user name of uid on the agent's host ("" when it has none).
 	User string `protobuf:"bytes,25,opt,name=user,proto3" json:"user,omitempty"`
-	// --- dataloader advice that pays (issue 19) ---
-	// The trainer gave num_workers: 0 is then a setting (the loader loads in
-	// the training process), not "not given" (the advisor assumes 2). Agents
-	// before this field: num_workers 0 means not given.
-	HasNumWorkers bool `protobuf:"varint,550,opt,name=has_num_workers,json=hasNumWorkers,proto3" json:"has_num_workers,omitempty"`
 	// --- run ids reused across nodes (400-409) ---
 	// The trainer sent resume=true. resume above is set only when this node
 	// saw the run end; resume_requested also when it did not (the run may
@@ -2221,8 +2204,8 @@ func (x *RunStart) GetPlannedSteps() uint64 {
 }
 
 func (x *RunStart) GetNumWorkers() uint32 {
-	if x != nil {
-		return x.NumWorkers
+	if x != nil && x.NumWorkers != nil {
+		return *x.NumWorkers
 	}
 	return 0
 }
@@ -2304,13 +2287,6 @@ func (x *RunStart) GetUser() string {
 	return ""
 }
 
-func (x *RunStart) GetHasNumWorkers() bool {
-	if x != nil {
-		return x.HasNumWorkers
-	}
-	return false
-}
-
 func (x *RunStart) GetResumeRequested() bool {
 	if x != nil {
 		return x.ResumeRequested
@@ -2326,21 +2302,18 @@ func (x *RunStart) GetPlanKey() string {
 }
 
 type RunMetadata struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	Dataset       string                 `protobuf:"bytes,2,opt,name=dataset,proto3" json:"dataset,omitempty"`
-	Backend       string                 `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
-	Optimizer     string                 `protobuf:"bytes,4,opt,name=optimizer,proto3" json:"optimizer,omitempty"`
-	BatchSize     int64                  `protobuf:"varint,5,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
-	GradAccum     int64                  `protobuf:"varint,6,opt,name=grad_accum,json=gradAccum,proto3" json:"grad_accum,omitempty"`
-	SeqLen        int64                  `protobuf:"varint,7,opt,name=seq_len,json=seqLen,proto3" json:"seq_len,omitempty"`
-	Precision     string                 `protobuf:"bytes,8,opt,name=precision,proto3" json:"precision,omitempty"`
-	Seed          int64                  `protobuf:"varint,9,opt,name=seed,proto3" json:"seed,omitempty"`
-	Notes         string                 `protobuf:"bytes,10,opt,name=notes,proto3" json:"notes,omitempty"`
-	HasBatchSize  bool                   `protobuf:"varint,11,opt,name=has_batch_size,json=hasBatchSize,proto3" json:"has_batch_size,omitempty"`
-	HasGradAccum  bool                   `protobuf:"varint,12,opt,name=has_grad_accum,json=hasGradAccum,proto3" json:"has_grad_accum,omitempty"`
-	HasSeqLen     bool                   `protobuf:"varint,13,opt,name=has_seq_len,json=hasSeqLen,proto3" json:"has_seq_len,omitempty"`
-	HasSeed       bool                   `protobuf:"varint,14,opt,name=has_seed,json=hasSeed,proto3" json:"has_seed,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Model     string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Dataset   string                 `protobuf:"bytes,2,opt,name=dataset,proto3" json:"dataset,omitempty"`
+	Backend   string                 `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
+	Optimizer string                 `protobuf:"bytes,4,opt,name=optimizer,proto3" json:"optimizer,omitempty"`
+	// Unset: the trainer did not say.
+	BatchSize     *int64 `protobuf:"varint,5,opt,name=batch_size,json=batchSize,proto3,oneof" json:"batch_size,omitempty"`
+	GradAccum     *int64 `protobuf:"varint,6,opt,name=grad_accum,json=gradAccum,proto3,oneof" json:"grad_accum,omitempty"`
+	SeqLen        *int64 `protobuf:"varint,7,opt,name=seq_len,json=seqLen,proto3,oneof" json:"seq_len,omitempty"`
+	Precision     string `protobuf:"bytes,8,opt,name=precision,proto3" json:"precision,omitempty"`
+	Seed          *int64 `protobuf:"varint,9,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	Notes         string `protobuf:"bytes,10,opt,name=notes,proto3" json:"notes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2404,22 +2377,22 @@ func (x *RunMetadata) GetOptimizer() string {
 }
 
 func (x *RunMetadata) GetBatchSize() int64 {
-	if x != nil {
-		return x.BatchSize
+	if x != nil && x.BatchSize != nil {
+		return *x.BatchSize
 	}
 	return 0
 }
 
 func (x *RunMetadata) GetGradAccum() int64 {
-	if x != nil {
-		return x.GradAccum
+	if x != nil && x.GradAccum != nil {
+		return *x.GradAccum
 	}
 	return 0
 }
 
 func (x *RunMetadata) GetSeqLen() int64 {
-	if x != nil {
-		return x.SeqLen
+	if x != nil && x.SeqLen != nil {
+		return *x.SeqLen
 	}
 	return 0
 }
@@ -2432,8 +2405,8 @@ func (x *RunMetadata) GetPrecision() string {
 }
 
 func (x *RunMetadata) GetSeed() int64 {
-	if x != nil {
-		return x.Seed
+	if x != nil && x.Seed != nil {
+		return *x.Seed
 	}
 	return 0
 }
@@ -2443,34 +2416,6 @@ func (x *RunMetadata) GetNotes() string {
 		return x.Notes
 	}
 	return ""
-}
-
-func (x *RunMetadata) GetHasBatchSize() bool {
-	if x != nil {
-		return x.HasBatchSize
-	}
-	return false
-}
-
-func (x *RunMetadata) GetHasGradAccum() bool {
-	if x != nil {
-		return x.HasGradAccum
-	}
-	return false
-}
-
-func (x *RunMetadata) GetHasSeqLen() bool {
-	if x != nil {
-		return x.HasSeqLen
-	}
-	return false
-}
-
-func (x *RunMetadata) GetHasSeed() bool {
-	if x != nil {
-		return x.HasSeed
-	}
-	return false
 }
 
 // RunEnd is sent when the last rank on the node ended the run. warmup_end is
@@ -2573,15 +2518,13 @@ type Eval struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	Time  *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
-	// Epochs completed (1-based: 1 after the first epoch), when has_epoch.
-	Epoch       int64   `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	ValLoss     float64 `protobuf:"fixed64,4,opt,name=val_loss,json=valLoss,proto3" json:"val_loss,omitempty"`
-	Accuracy    float64 `protobuf:"fixed64,5,opt,name=accuracy,proto3" json:"accuracy,omitempty"`
-	HasValLoss  bool    `protobuf:"varint,6,opt,name=has_val_loss,json=hasValLoss,proto3" json:"has_val_loss,omitempty"`
-	HasAccuracy bool    `protobuf:"varint,7,opt,name=has_accuracy,json=hasAccuracy,proto3" json:"has_accuracy,omitempty"`
-	// The trainer sent an epoch (an eval without one is still an epoch
-	// boundary for the dataloader advisor, never a duplicate of epoch 0).
-	HasEpoch bool `protobuf:"varint,8,opt,name=has_epoch,json=hasEpoch,proto3" json:"has_epoch,omitempty"`
+	// Epochs completed (1-based: 1 after the first epoch); unset when the
+	// trainer sent none (such an eval is still an epoch boundary for the
+	// dataloader advisor, never a duplicate of epoch 0).
+	Epoch *int64 `protobuf:"varint,3,opt,name=epoch,proto3,oneof" json:"epoch,omitempty"`
+	// Unset: the trainer did not send it.
+	ValLoss  *float64 `protobuf:"fixed64,4,opt,name=val_loss,json=valLoss,proto3,oneof" json:"val_loss,omitempty"`
+	Accuracy *float64 `protobuf:"fixed64,5,opt,name=accuracy,proto3,oneof" json:"accuracy,omitempty"`
 	// --- per-epoch step counts ---
 	// Step events the sending rank had reported in the run when it sent the
 	// eval (0: none, or an agent before this field). The difference between
@@ -2590,12 +2533,11 @@ type Eval struct {
 	RankSteps uint64 `protobuf:"varint,300,opt,name=rank_steps,json=rankSteps,proto3" json:"rank_steps,omitempty"`
 	// --- dataloader advice that pays (issue 19) ---
 	// The DataLoader settings the epoch this eval closes ran with, as the
-	// trainer reported them (has_loader): what the advisor measures each
-	// epoch's throughput against, rather than what it believes the trainer
-	// applied. loader_prefetch_factor 0: not reported (no workers).
-	HasLoader            bool   `protobuf:"varint,550,opt,name=has_loader,json=hasLoader,proto3" json:"has_loader,omitempty"`
-	LoaderNumWorkers     uint32 `protobuf:"varint,551,opt,name=loader_num_workers,json=loaderNumWorkers,proto3" json:"loader_num_workers,omitempty"`
-	LoaderPrefetchFactor uint32 `protobuf:"varint,552,opt,name=loader_prefetch_factor,json=loaderPrefetchFactor,proto3" json:"loader_prefetch_factor,omitempty"`
+	// trainer reported them (loader_num_workers set): what the advisor
+	// measures each epoch's throughput against, rather than what it believes
+	// the trainer applied. loader_prefetch_factor 0: not reported (no workers).
+	LoaderNumWorkers     *uint32 `protobuf:"varint,551,opt,name=loader_num_workers,json=loaderNumWorkers,proto3,oneof" json:"loader_num_workers,omitempty"`
+	LoaderPrefetchFactor uint32  `protobuf:"varint,552,opt,name=loader_prefetch_factor,json=loaderPrefetchFactor,proto3" json:"loader_prefetch_factor,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
 }
@@ -2645,45 +2587,24 @@ func (x *Eval) GetTime() *timestamppb.Timestamp {
 }
 
 func (x *Eval) GetEpoch() int64 {
-	if x != nil {
-		return x.Epoch
+	if x != nil && x.Epoch != nil {
+		return *x.Epoch
 	}
 	return 0
 }
 
 func (x *Eval) GetValLoss() float64 {
-	if x != nil {
-		return x.ValLoss
+	if x != nil && x.ValLoss != nil {
+		return *x.ValLoss
 	}
 	return 0
 }
 
 func (x *Eval) GetAccuracy() float64 {
-	if x != nil {
-		return x.Accuracy
+	if x != nil && x.Accuracy != nil {
+		return *x.Accuracy
 	}
 	return 0
-}
-
-func (x *Eval) GetHasValLoss() bool {
-	if x != nil {
-		return x.HasValLoss
-	}
-	return false
-}
-
-func (x *Eval) GetHasAccuracy() bool {
-	if x != nil {
-		return x.HasAccuracy
-	}
-	return false
-}
-
-func (x *Eval) GetHasEpoch() bool {
-	if x != nil {
-		return x.HasEpoch
-	}
-	return false
 }
 
 func (x *Eval) GetRankSteps() uint64 {
@@ -2693,16 +2614,9 @@ func (x *Eval) GetRankSteps() uint64 {
 	return 0
 }
 
-func (x *Eval) GetHasLoader() bool {
-	if x != nil {
-		return x.HasLoader
-	}
-	return false
-}
-
 func (x *Eval) GetLoaderNumWorkers() uint32 {
-	if x != nil {
-		return x.LoaderNumWorkers
+	if x != nil && x.LoaderNumWorkers != nil {
+		return *x.LoaderNumWorkers
 	}
 	return 0
 }
@@ -3305,16 +3219,16 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x06socket\x18\x01 \x01(\x05R\x06socket\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x19\n" +
-	"\benergy_j\x18\x04 \x01(\x01R\aenergyJ\"\xcb\x01\n" +
+	"\benergy_j\x18\x04 \x01(\x01R\aenergyJ\"\xbe\x01\n" +
 	"\x0fHostEnergyShare\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12 \n" +
 	"\fcpu_energy_j\x18\x02 \x01(\x01R\n" +
 	"cpuEnergyJ\x12\"\n" +
 	"\rdram_energy_j\x18\x03 \x01(\x01R\vdramEnergyJ\x12\x14\n" +
 	"\x05share\x18\x04 \x01(\x01R\x05share\x12\x14\n" +
-	"\x05split\x18\x05 \x01(\tR\x05split\x12\x13\n" +
-	"\x05cpu_s\x18\x06 \x01(\x01R\x04cpuS\x12\x1a\n" +
-	"\thas_cpu_s\x18\a \x01(\bR\ahasCpuS\"\xa4\x01\n" +
+	"\x05split\x18\x05 \x01(\tR\x05split\x12\x18\n" +
+	"\x05cpu_s\x18\x06 \x01(\x01H\x00R\x04cpuS\x88\x01\x01B\b\n" +
+	"\x06_cpu_s\"\xa4\x01\n" +
 	"\n" +
 	"RawSamples\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\rR\x03gpu\x12\x1a\n" +
@@ -3371,7 +3285,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x1edowntime_idle_energy_counter_j\x18\x19 \x01(\x01R\x1adowntimeIdleEnergyCounterJ\x122\n" +
 	"\x15reclaimed_gpu_seconds\x18\x1a \x01(\x01R\x13reclaimedGpuSeconds\x12;\n" +
 	"\x1areclaimed_energy_counter_j\x18\x1b \x01(\x01R\x17reclaimedEnergyCounterJ\x12A\n" +
-	"\x1dreclaimed_energy_integrated_j\x18\x1c \x01(\x01R\x1areclaimedEnergyIntegratedJ\"\x8f\v\n" +
+	"\x1dreclaimed_energy_integrated_j\x18\x1c \x01(\x01R\x1areclaimedEnergyIntegratedJ\"\x87\v\n" +
 	"\tRunWindow\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -3399,9 +3313,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\tcompute_s\x18\x13 \x01(\x01R\bcomputeS\x12.\n" +
 	"\x13utilization_sum_pct\x18\x14 \x01(\x01R\x11utilizationSumPct\x12\x12\n" +
 	"\x04gpus\x18\x15 \x03(\rR\x04gpus\x12)\n" +
-	"\x10energy_estimated\x18\x16 \x01(\bR\x0fenergyEstimated\x12\x1b\n" +
-	"\tlast_loss\x18\x17 \x01(\x01R\blastLoss\x12\x19\n" +
-	"\bhas_loss\x18\x18 \x01(\bR\ahasLoss\x12)\n" +
+	"\x10energy_estimated\x18\x16 \x01(\bR\x0fenergyEstimated\x12 \n" +
+	"\tlast_loss\x18\x17 \x01(\x01H\x00R\blastLoss\x88\x01\x01\x12)\n" +
 	"\x10tokens_recovered\x18\x19 \x01(\x04R\x0ftokensRecovered\x12%\n" +
 	"\x0erestart_bridge\x18\x1a \x01(\bR\rrestartBridge\x12\x1d\n" +
 	"\n" +
@@ -3413,9 +3326,11 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\n" +
 	"gpu_shares\x18  \x03(\v2\x17.trainmeter.v1.GpuShareR\tgpuShares\x12\"\n" +
 	"\fprice_locked\x18\x9a\x03 \x01(\bR\vpriceLocked\x12:\n" +
-	"\x17locked_usd_per_gpu_hour\x18\x9b\x03 \x01(\x01H\x00R\x13lockedUsdPerGpuHour\x88\x01\x01\x12/\n" +
+	"\x17locked_usd_per_gpu_hour\x18\x9b\x03 \x01(\x01H\x01R\x13lockedUsdPerGpuHour\x88\x01\x01\x12/\n" +
 	"\x13locked_price_source\x18\x9c\x03 \x01(\tR\x11lockedPriceSource\x125\n" +
-	"\x14locked_usd_per_joule\x18\x9d\x03 \x01(\x01H\x01R\x11lockedUsdPerJoule\x88\x01\x01B\x1a\n" +
+	"\x14locked_usd_per_joule\x18\x9d\x03 \x01(\x01H\x02R\x11lockedUsdPerJoule\x88\x01\x01B\f\n" +
+	"\n" +
+	"_last_lossB\x1a\n" +
 	"\x18_locked_usd_per_gpu_hourB\x17\n" +
 	"\x15_locked_usd_per_joule\"\xe4\x01\n" +
 	"\bGpuShare\x12\x10\n" +
@@ -3432,7 +3347,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
 	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04eval\x12*\n" +
 	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectorsB\a\n" +
-	"\x05event\"\x9f\b\n" +
+	"\x05event\"\x8b\b\n" +
 	"\bRunStart\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x126\n" +
@@ -3447,9 +3362,9 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	" \x01(\rR\x03uid\x12+\n" +
 	"\x12gpu_price_per_hour\x18\v \x01(\x01R\x0fgpuPricePerHour\x12!\n" +
 	"\fbudget_scope\x18\f \x01(\tR\vbudgetScope\x12#\n" +
-	"\rplanned_steps\x18\r \x01(\x04R\fplannedSteps\x12\x1f\n" +
-	"\vnum_workers\x18\x0e \x01(\rR\n" +
-	"numWorkers\x12'\n" +
+	"\rplanned_steps\x18\r \x01(\x04R\fplannedSteps\x12$\n" +
+	"\vnum_workers\x18\x0e \x01(\rH\x00R\n" +
+	"numWorkers\x88\x01\x01\x12'\n" +
 	"\x0fprefetch_factor\x18\x0f \x01(\rR\x0eprefetchFactor\x12;\n" +
 	"\x06labels\x18\x10 \x03(\v2#.trainmeter.v1.RunStart.LabelsEntryR\x06labels\x12%\n" +
 	"\x0eplanned_tokens\x18\x11 \x01(\x04R\rplannedTokens\x12%\n" +
@@ -3460,31 +3375,32 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\rmax_ram_usage\x18\x16 \x01(\x01R\vmaxRamUsage\x12/\n" +
 	"\x13adjustment_interval\x18\x17 \x01(\x04R\x12adjustmentInterval\x12\x16\n" +
 	"\x06resume\x18\x18 \x01(\bR\x06resume\x12\x12\n" +
-	"\x04user\x18\x19 \x01(\tR\x04user\x12'\n" +
-	"\x0fhas_num_workers\x18\xa6\x04 \x01(\bR\rhasNumWorkers\x12*\n" +
+	"\x04user\x18\x19 \x01(\tR\x04user\x12*\n" +
 	"\x10resume_requested\x18\x90\x03 \x01(\bR\x0fresumeRequested\x12\x1a\n" +
 	"\bplan_key\x18\xea\x03 \x01(\tR\aplanKey\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x0e\n" +
+	"\f_num_workers\"\xdb\x02\n" +
 	"\vRunMetadata\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x18\n" +
 	"\abackend\x18\x03 \x01(\tR\abackend\x12\x1c\n" +
-	"\toptimizer\x18\x04 \x01(\tR\toptimizer\x12\x1d\n" +
+	"\toptimizer\x18\x04 \x01(\tR\toptimizer\x12\"\n" +
 	"\n" +
-	"batch_size\x18\x05 \x01(\x03R\tbatchSize\x12\x1d\n" +
+	"batch_size\x18\x05 \x01(\x03H\x00R\tbatchSize\x88\x01\x01\x12\"\n" +
 	"\n" +
-	"grad_accum\x18\x06 \x01(\x03R\tgradAccum\x12\x17\n" +
-	"\aseq_len\x18\a \x01(\x03R\x06seqLen\x12\x1c\n" +
-	"\tprecision\x18\b \x01(\tR\tprecision\x12\x12\n" +
-	"\x04seed\x18\t \x01(\x03R\x04seed\x12\x14\n" +
+	"grad_accum\x18\x06 \x01(\x03H\x01R\tgradAccum\x88\x01\x01\x12\x1c\n" +
+	"\aseq_len\x18\a \x01(\x03H\x02R\x06seqLen\x88\x01\x01\x12\x1c\n" +
+	"\tprecision\x18\b \x01(\tR\tprecision\x12\x17\n" +
+	"\x04seed\x18\t \x01(\x03H\x03R\x04seed\x88\x01\x01\x12\x14\n" +
 	"\x05notes\x18\n" +
-	" \x01(\tR\x05notes\x12$\n" +
-	"\x0ehas_batch_size\x18\v \x01(\bR\fhasBatchSize\x12$\n" +
-	"\x0ehas_grad_accum\x18\f \x01(\bR\fhasGradAccum\x12\x1e\n" +
-	"\vhas_seq_len\x18\r \x01(\bR\thasSeqLen\x12\x19\n" +
-	"\bhas_seed\x18\x0e \x01(\bR\ahasSeed\"\xdf\x01\n" +
+	" \x01(\tR\x05notesB\r\n" +
+	"\v_batch_sizeB\r\n" +
+	"\v_grad_accumB\n" +
+	"\n" +
+	"\b_seq_lenB\a\n" +
+	"\x05_seed\"\xdf\x01\n" +
 	"\x06RunEnd\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x129\n" +
@@ -3493,23 +3409,21 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1d\n" +
 	"\n" +
 	"end_status\x18\x05 \x01(\tR\tendStatus\x12\x1c\n" +
-	"\tend_error\x18\xb8\x03 \x01(\tR\bendError\"\xa2\x03\n" +
+	"\tend_error\x18\xb8\x03 \x01(\tR\bendError\"\xef\x02\n" +
 	"\x04Eval\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
-	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x19\n" +
-	"\bval_loss\x18\x04 \x01(\x01R\avalLoss\x12\x1a\n" +
-	"\baccuracy\x18\x05 \x01(\x01R\baccuracy\x12 \n" +
-	"\fhas_val_loss\x18\x06 \x01(\bR\n" +
-	"hasValLoss\x12!\n" +
-	"\fhas_accuracy\x18\a \x01(\bR\vhasAccuracy\x12\x1b\n" +
-	"\thas_epoch\x18\b \x01(\bR\bhasEpoch\x12\x1e\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x19\n" +
+	"\x05epoch\x18\x03 \x01(\x03H\x00R\x05epoch\x88\x01\x01\x12\x1e\n" +
+	"\bval_loss\x18\x04 \x01(\x01H\x01R\avalLoss\x88\x01\x01\x12\x1f\n" +
+	"\baccuracy\x18\x05 \x01(\x01H\x02R\baccuracy\x88\x01\x01\x12\x1e\n" +
 	"\n" +
-	"rank_steps\x18\xac\x02 \x01(\x04R\trankSteps\x12\x1e\n" +
-	"\n" +
-	"has_loader\x18\xa6\x04 \x01(\bR\thasLoader\x12-\n" +
-	"\x12loader_num_workers\x18\xa7\x04 \x01(\rR\x10loaderNumWorkers\x125\n" +
-	"\x16loader_prefetch_factor\x18\xa8\x04 \x01(\rR\x14loaderPrefetchFactor\"\x94\x01\n" +
+	"rank_steps\x18\xac\x02 \x01(\x04R\trankSteps\x122\n" +
+	"\x12loader_num_workers\x18\xa7\x04 \x01(\rH\x03R\x10loaderNumWorkers\x88\x01\x01\x125\n" +
+	"\x16loader_prefetch_factor\x18\xa8\x04 \x01(\rR\x14loaderPrefetchFactorB\b\n" +
+	"\x06_epochB\v\n" +
+	"\t_val_lossB\v\n" +
+	"\t_accuracyB\x15\n" +
+	"\x13_loader_num_workers\"\x94\x01\n" +
 	"\n" +
 	"HostWindow\x12&\n" +
 	"\x0fmemory_used_mib\x18\x01 \x01(\x01R\rmemoryUsedMib\x12(\n" +
@@ -3665,12 +3579,16 @@ func file_trainmeter_v1_ingest_proto_init() {
 		(*StreamResponse_Reject)(nil),
 	}
 	file_trainmeter_v1_ingest_proto_msgTypes[4].OneofWrappers = []any{}
+	file_trainmeter_v1_ingest_proto_msgTypes[7].OneofWrappers = []any{}
 	file_trainmeter_v1_ingest_proto_msgTypes[11].OneofWrappers = []any{}
 	file_trainmeter_v1_ingest_proto_msgTypes[13].OneofWrappers = []any{
 		(*RunEvent_RunStart)(nil),
 		(*RunEvent_RunEnd)(nil),
 		(*RunEvent_Eval)(nil),
 	}
+	file_trainmeter_v1_ingest_proto_msgTypes[14].OneofWrappers = []any{}
+	file_trainmeter_v1_ingest_proto_msgTypes[15].OneofWrappers = []any{}
+	file_trainmeter_v1_ingest_proto_msgTypes[17].OneofWrappers = []any{}
 	file_trainmeter_v1_ingest_proto_msgTypes[21].OneofWrappers = []any{
 		(*Advisory_Stop)(nil),
 		(*Advisory_Dataloader)(nil),
