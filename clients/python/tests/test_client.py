@@ -2,7 +2,6 @@ import inspect
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ if HERE not in sys.path:
 
 import trainmeter  # noqa: E402
 from fakeagent import FakeAgent, strict_loads  # noqa: E402
-from trainmeter.metadata import METADATA_KEYS, PROTOCOL_KEYS  # noqa: E402
+from trainmeter.metadata import METADATA_KEYS  # noqa: E402
 
 ENV_KEYS = ("TRAINMETER_SOCKET", "TRAINMETER_RUN_ID", "CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -560,21 +559,6 @@ class TestTypedStart(Base):
         self.assertFalse(any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()))
         for n in METADATA_KEYS:
             self.assertIsNone(params[n].default, n)  # None: not sent
-
-    def test_metadata_keys_are_the_agents(self):
-        # The keys the agent's run_start reads (pkg/trainerwire) are
-        # METADATA_KEYS plus the ones the client fills itself.
-        src = os.path.join(PKG_ROOT, "..", "..", "pkg", "trainerwire", "trainerwire.go")
-        try:
-            with open(src) as f:
-                m = re.search(r"var runStartKeys = map\[string\]bool\{(.*?)\n\}", f.read(), re.S)
-        except OSError:
-            m = None
-        if m is None:
-            self.skipTest("no runStartKeys table in %s" % src)
-        go = set(re.findall(r'"(\w+)":\s*true', m.group(1)))
-        self.assertEqual(go, set(METADATA_KEYS) | set(PROTOCOL_KEYS))
-        self.assertEqual(len(METADATA_KEYS), len(set(METADATA_KEYS)))
 
     def test_unknown_keyword_raises_at_start(self):
         threads = threading.active_count()
