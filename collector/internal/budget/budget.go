@@ -6,6 +6,7 @@
 package budget
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,7 +14,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -222,15 +225,9 @@ type Manager struct {
 // collector's pricing); advise may be nil (no stop advisories); sink may be
 // nil.
 func New(cfg Config, st storage.Store, report func(*aggregate.State) *trainmeterv1.RunReport, advise Advisor, sink alert.Sink, log *slog.Logger) *Manager {
-	if cfg.EvalInterval == 0 {
-		cfg.EvalInterval = time.Second
-	}
-	if cfg.Location == nil {
-		cfg.Location = time.UTC
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
+	cfg.EvalInterval = cmp.Or(cfg.EvalInterval, time.Second)
+	cfg.Location = cmp.Or(cfg.Location, time.UTC)
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -258,6 +255,7 @@ func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 	m.mu.Lock()
 	for _, w := range b.GetRunWindows() {
 		m.changed[w.GetRunId()] = struct{}{}
+		m.capTouched[w.GetRunId()] = struct{}{}
 	}
 	for _, e := range b.GetRunEvents() {
 		switch ev := e.GetEvent().(type) {
@@ -275,9 +273,6 @@ func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 	}
 	for _, l := range b.GetLosses() {
 		m.changed[l.GetRunId()] = struct{}{}
-	}
-	for _, w := range b.GetRunWindows() {
-		m.capTouched[w.GetRunId()] = struct{}{}
 	}
 	m.mu.Unlock()
 	m.MarkDirty()
@@ -487,15 +482,21 @@ type Status struct {
 func (s Status) Ratio() float64          { return s.SpentUSD / s.LimitUSD }
 func (s Status) ProjectedRatio() float64 { return s.ProjectedUSD / s.LimitUSD }
 
-// statuses computes each budget's use per period present among its runs
-// (the current period always present).
-func (m *Manager) statuses(budgets []Budget, runs []run) map[string][]*Status {
+// periods is one budget's use in each period present among its runs, by
+// period key, and in the current period (always present).
+type periods struct {
+	all []*Status
+	cur *Status
+}
+
+// statuses computes each budget's periods (out[i] is budgets[i]'s).
+func (m *Manager) statuses(budgets []Budget, runs []run) []periods {
 	now := m.cfg.Clock.Now()
-	out := map[string][]*Status{}
-	for _, b := range budgets {
-		byKey := map[string]*Status{}
+	out := make([]periods, len(budgets))
+	for i, b := range budgets {
 		cur := PeriodKey(b.Period, now, m.cfg.Location)
-		byKey[cur] = &Status{Budget: b, PeriodKey: cur}
+		out[i].cur = &Status{Budget: b, PeriodKey: cur}
+		byKey := map[string]*Status{cur: out[i].cur}
 		for _, x := range runs {
 			if !Matches(b.Scope, x.r) {
 				continue
@@ -515,13 +516,8 @@ func (m *Manager) statuses(budgets []Budget, runs []run) map[string][]*Status {
 				s.live = append(s.live, x)
 			}
 		}
-		keys := make([]string, 0, len(byKey))
-		for k := range byKey {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			out[b.ID] = append(out[b.ID], byKey[k])
+		for _, k := range slices.Sorted(maps.Keys(byKey)) {
+			out[i].all = append(out[i].all, byKey[k])
 		}
 	}
 	return out
@@ -546,7 +542,7 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 		m.changed = map[string]struct{}{}
 		m.mu.Unlock()
 		m.cache = nil
-		m.setUse(nil, nil)
+		m.setUse(nil)
 		return errors.Join(capErr, err)
 	}
 	runs, err := m.runs()
@@ -557,8 +553,8 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 	m.forgetStopped(runs)
 	now := m.cfg.Clock.Now().UTC()
 	var errs []error
-	for _, b := range budgets {
-		for _, s := range st[b.ID] {
+	for i, b := range budgets {
+		for _, s := range st[i].all {
 			for _, kind := range []bool{false, true} {
 				v := s.SpentUSD
 				if kind {
@@ -578,7 +574,7 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 			}
 		}
 	}
-	m.setUse(budgets, st)
+	m.setUse(st)
 	return errors.Join(append(errs, capErr)...)
 }
 
@@ -619,22 +615,25 @@ func (m *Manager) stopRuns(b Budget, s *Status) {
 	}
 	reason := fmt.Sprintf("budget %s exceeded (%.0f%%)", b.Scope, 100*s.Ratio())
 	for _, x := range s.live {
-		for _, n := range x.nodes {
-			k := x.r.GetRunId() + "\x00" + n
-			m.mu.Lock()
-			done := m.stopped[k]
-			m.mu.Unlock()
-			if done {
-				continue
-			}
-			ok := m.advise.Advise(n, &trainmeterv1.Advisory{RunId: x.r.GetRunId(), Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: reason}}})
-			if ok {
-				m.mu.Lock()
-				m.stopped[k] = true
-				m.mu.Unlock()
-				m.log.Warn("stop advisory sent", "run", x.r.GetRunId(), "node", n, "reason", reason)
-			}
+		m.tellStop(m.stopped, x.r.GetRunId(), x.nodes, reason)
+	}
+}
+
+// tellStop advises each node of run not marked in told to stop it, and
+// marks those that took the advisory (the others are asked again later).
+func (m *Manager) tellStop(told map[string]bool, run string, nodes []string, reason string) {
+	for _, n := range nodes {
+		k := run + "\x00" + n
+		m.mu.Lock()
+		done := told[k]
+		m.mu.Unlock()
+		if done || !m.advise.Advise(n, &trainmeterv1.Advisory{RunId: run, Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: reason}}}) {
+			continue
 		}
+		m.mu.Lock()
+		told[k] = true
+		m.mu.Unlock()
+		m.log.Warn("stop advisory sent", "run", run, "node", n, "reason", reason)
 	}
 }
 
@@ -664,16 +663,10 @@ type Use struct {
 	Projected     float64
 }
 
-func (m *Manager) setUse(budgets []Budget, st map[string][]*Status) {
-	now := m.cfg.Clock.Now()
+func (m *Manager) setUse(st []periods) {
 	var use []Use
-	for _, b := range budgets {
-		cur := PeriodKey(b.Period, now, m.cfg.Location)
-		for _, s := range st[b.ID] {
-			if s.PeriodKey == cur {
-				use = append(use, Use{Scope: b.Scope, Period: b.Period, Ratio: s.Ratio(), Projected: s.ProjectedRatio()})
-			}
-		}
+	for _, p := range st {
+		use = append(use, Use{Scope: p.cur.Scope, Period: p.cur.Period, Ratio: p.cur.Ratio(), Projected: p.cur.ProjectedRatio()})
 	}
 	m.mu.Lock()
 	m.use = use
@@ -699,16 +692,9 @@ func (m *Manager) Statuses() ([]Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := m.statuses(budgets, runs)
-	now := m.cfg.Clock.Now()
 	var out []Status
-	for _, b := range budgets {
-		cur := PeriodKey(b.Period, now, m.cfg.Location)
-		for _, s := range st[b.ID] {
-			if s.PeriodKey == cur {
-				out = append(out, *s)
-			}
-		}
+	for _, p := range m.statuses(budgets, runs) {
+		out = append(out, *p.cur)
 	}
 	return out, nil
 }
@@ -726,13 +712,5 @@ func NewBudgetID() string {
 }
 
 func validBudgetID(id string) bool {
-	if len(id) != 16 {
-		return false
-	}
-	for _, c := range id {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
+	return len(id) == 16 && strings.Trim(id, "0123456789abcdef") == ""
 }

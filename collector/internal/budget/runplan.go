@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -77,15 +79,7 @@ const (
 )
 
 func validPlanKey(k string) bool {
-	if len(k) < MinPlanKeyLen || len(k) > MaxPlanKeyLen {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		if k[i] <= ' ' || k[i] > '~' {
-			return false
-		}
-	}
-	return true
+	return len(k) >= MinPlanKeyLen && len(k) <= MaxPlanKeyLen && !strings.ContainsFunc(k, func(r rune) bool { return r <= ' ' || r > '~' })
 }
 
 // ErrRunStarted: a plan was asked for a run the collector already has.
@@ -310,12 +304,6 @@ func (m *Manager) evaluateCapsOf(ctx context.Context) error {
 	m.mu.Unlock()
 	errs := []error{bindErr}
 	for id := range runs {
-		m.mu.Lock()
-		done := m.capDone[id]
-		m.mu.Unlock()
-		if done {
-			continue
-		}
 		p, ok, err := m.Plan(id)
 		if err != nil {
 			errs = append(errs, err)
@@ -341,8 +329,7 @@ func (m *Manager) checkCap(ctx context.Context, p RunPlan) error {
 		return nil
 	}
 	states, err := m.store.ListRuns([]string{p.RunID})
-	var nf *storage.NotFoundError
-	if errors.As(err, &nf) || errors.Is(err, storage.ErrNotFound) || len(states) == 0 {
+	if errors.Is(err, storage.ErrNotFound) || len(states) == 0 {
 		return nil // not started yet
 	}
 	if err != nil {
@@ -378,20 +365,6 @@ func (m *Manager) checkCap(ctx context.Context, p RunPlan) error {
 		return err
 	}
 	reason := fmt.Sprintf("%s %s reached (%s spent)", MaxCostReasonPrefix, amounts[0], amounts[1])
-	for n := range s.Nodes {
-		k := p.RunID + "\x00" + n
-		m.mu.Lock()
-		told := m.capStopped[k]
-		m.mu.Unlock()
-		if told {
-			continue
-		}
-		if m.advise.Advise(n, &trainmeterv1.Advisory{RunId: p.RunID, Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: reason}}}) {
-			m.mu.Lock()
-			m.capStopped[k] = true
-			m.mu.Unlock()
-			m.log.Warn("stop advisory sent", "run", p.RunID, "node", n, "reason", reason)
-		}
-	}
+	m.tellStop(m.capStopped, p.RunID, slices.Sorted(maps.Keys(s.Nodes)), reason)
 	return err
 }
