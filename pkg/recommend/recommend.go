@@ -9,6 +9,7 @@ package recommend
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -134,24 +135,11 @@ func Recommend(runs []Run, o Options) []*trainmeterv1.Recommendation {
 			out = append(out, rec)
 		}
 	}
-	for _, rec := range ComputeTier(runs, o.Catalog) {
-		if o.anyTarget(rec.RunIds) {
-			out = append(out, rec)
-		}
-	}
-	for _, rec := range DatasetSize(runs) {
-		if o.anyTarget(rec.RunIds) {
-			out = append(out, rec)
-		}
-	}
-	for _, rec := range Power(runs) {
-		if o.anyTarget(rec.RunIds) {
-			out = append(out, rec)
-		}
-	}
-	for _, rec := range Schedule(runs, o.Schedule) {
-		if o.anyTarget(rec.RunIds) {
-			out = append(out, rec)
+	for _, recs := range [][]*trainmeterv1.Recommendation{ComputeTier(runs, o.Catalog), DatasetSize(runs), Power(runs), Schedule(runs, o.Schedule)} {
+		for _, rec := range recs {
+			if o.anyTarget(rec.RunIds) {
+				out = append(out, rec)
+			}
 		}
 	}
 	Sort(out)
@@ -175,15 +163,7 @@ func Sort(recs []*trainmeterv1.Recommendation) {
 func (o Options) target(id string) bool { return len(o.Targets) == 0 || slices.Contains(o.Targets, id) }
 
 func (o Options) anyTarget(ids []string) bool {
-	if len(o.Targets) == 0 {
-		return true
-	}
-	for _, id := range ids {
-		if slices.Contains(o.Targets, id) {
-			return true
-		}
-	}
-	return false
+	return len(o.Targets) == 0 || slices.ContainsFunc(ids, func(id string) bool { return slices.Contains(o.Targets, id) })
 }
 
 // epochPoint is one epoch's mean val_loss / accuracy over the evals that
@@ -259,12 +239,7 @@ func lastEpoch(r Run, done int64) (int64, string) {
 // max(planned, done). Nothing when that is 0 (an ended run that stopped at
 // its plateau).
 func EarlyStopping(r Run, patience int, minDelta float64) *trainmeterv1.Recommendation {
-	var pts []epochPoint
-	for _, p := range epochs(r.Report) {
-		if p.hasLoss {
-			pts = append(pts, p)
-		}
-	}
+	pts := slices.DeleteFunc(epochs(r.Report), func(p epochPoint) bool { return !p.hasLoss })
 	if len(pts) < patience+1 {
 		return nil
 	}
@@ -314,12 +289,7 @@ func EarlyStopping(r Run, patience int, minDelta float64) *trainmeterv1.Recommen
 // little. Savings = (last − knee) × cost per epoch, last as in EarlyStopping
 // (an ended run's epochs done, a live run's max(planned, done)).
 func EpochCount(r Run) *trainmeterv1.Recommendation {
-	var pts []epochPoint
-	for _, p := range epochs(r.Report) {
-		if p.hasAcc {
-			pts = append(pts, p)
-		}
-	}
+	pts := slices.DeleteFunc(epochs(r.Report), func(p epochPoint) bool { return !p.hasAcc })
 	if len(pts) < 3 {
 		return nil
 	}
@@ -369,24 +339,20 @@ func finalAccuracy(r *trainmeterv1.RunReport) (float64, bool) {
 	return 0, false
 }
 
-func groupByModel(runs []Run) map[string][]Run {
+// groupBy groups runs by key, leaving out those whose key is "".
+func groupBy(runs []Run, key func(Run) string) map[string][]Run {
 	out := map[string][]Run{}
 	for _, r := range runs {
-		if m := r.Report.GetMetadata().GetModel(); m != "" {
-			out[m] = append(out[m], r)
+		if k := key(r); k != "" {
+			out[k] = append(out[k], r)
 		}
 	}
 	return out
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
+func modelOf(r Run) string { return r.Report.GetMetadata().GetModel() }
+
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // DatasetSize: across the runs of one model on one dataset with a
 // dataset_size and a final accuracy, the smallest size whose accuracy is
@@ -395,13 +361,12 @@ func sortedKeys[V any](m map[string]V) []string {
 // size means nothing across datasets).
 func DatasetSize(runs []Run) []*trainmeterv1.Recommendation {
 	var out []*trainmeterv1.Recommendation
-	byModel := map[string][]Run{}
-	for _, r := range runs {
-		if m := r.Report.GetMetadata().GetModel(); m != "" {
-			k := m + "\x00" + r.Report.GetMetadata().GetDataset()
-			byModel[k] = append(byModel[k], r)
+	byModel := groupBy(runs, func(r Run) string {
+		if modelOf(r) == "" {
+			return ""
 		}
-	}
+		return modelOf(r) + "\x00" + r.Report.GetMetadata().GetDataset()
+	})
 	for _, key := range sortedKeys(byModel) {
 		model, dataset, _ := strings.Cut(key, "\x00")
 		of := ""
@@ -470,7 +435,7 @@ func DatasetSize(runs []Run) []*trainmeterv1.Recommendation {
 // cheaper GPU takes more energy per token (said in the risks).
 func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 	var out []*trainmeterv1.Recommendation
-	byModel := groupByModel(runs)
+	byModel := groupBy(runs, modelOf)
 	for _, model := range sortedKeys(byModel) {
 		type tier struct {
 			name     string
@@ -646,26 +611,19 @@ func BatchSize(r Run, all []Run) *trainmeterv1.Recommendation {
 func Power(runs []Run) []*trainmeterv1.Recommendation {
 	var out []*trainmeterv1.Recommendation
 	covered := map[string]bool{}
-	type group struct{ runs []Run }
-	groups := map[string]*group{}
-	for _, r := range runs {
-		rep := r.Report
-		if rep.GetJPerToken() <= 0 || rep.GetTokPerS() <= 0 || rep.GetGpus() == 0 || rep.GetMetadata().GetModel() == "" {
-			continue
+	groups := groupBy(runs, func(r Run) string {
+		if rep := r.Report; rep.GetJPerToken() <= 0 || rep.GetTokPerS() <= 0 || rep.GetGpus() == 0 || modelOf(r) == "" {
+			return ""
 		}
-		k := likeKey(rep)
-		if groups[k] == nil {
-			groups[k] = &group{}
-		}
-		groups[k].runs = append(groups[k].runs, r)
-	}
+		return likeKey(r.Report)
+	})
 	perGPU := func(r Run) float64 { return r.Report.GetAvgPowerW() / float64(r.Report.GetGpus()) }
 	for _, k := range sortedKeys(groups) {
 		g := groups[k]
-		for _, hi := range g.runs {
+		for _, hi := range g {
 			var bestLo *Run
-			for i := range g.runs {
-				lo := &g.runs[i]
+			for i := range g {
+				lo := &g[i]
 				if perGPU(*lo) >= perGPU(hi) {
 					continue
 				}
@@ -692,7 +650,7 @@ func Power(runs []Run) []*trainmeterv1.Recommendation {
 				Risks:  []string{"longer wall time (GPU-hours cost more than the energy saved when energy is cheap)", "trainmeter reports this; it never changes a power limit"},
 				RunIds: []string{h.GetRunId()}, Model: h.GetMetadata().GetModel(),
 				Evidence: fmt.Sprintf("J/token %.4g vs %.4g × %d tokens; compared like runs %s (%s)", h.GetJPerToken(), l.GetJPerToken(), h.GetTokensMeasured(),
-					strings.Join(runIDs(g.runs), ", "), likeDescription(h)),
+					strings.Join(runIDs(g), ", "), likeDescription(h)),
 			})
 		}
 	}

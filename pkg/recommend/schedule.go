@@ -74,14 +74,12 @@ func Schedule(runs []Run, in ScheduleInputs) []*trainmeterv1.Recommendation {
 	if pue < 1 || math.IsNaN(pue) || math.IsInf(pue, 0) {
 		pue = 1
 	}
-	byModel := map[string][]Run{}
-	for _, r := range runs {
-		rep := r.Report
-		if !rep.GetEnded() || rep.GetWallS() <= 0 || rep.GetEnergyTotalJ() <= 0 || rep.GetStart() == nil || rep.GetMetadata().GetModel() == "" {
-			continue
+	byModel := groupBy(runs, func(r Run) string {
+		if rep := r.Report; !rep.GetEnded() || rep.GetWallS() <= 0 || rep.GetEnergyTotalJ() <= 0 || rep.GetStart() == nil {
+			return ""
 		}
-		byModel[rep.GetMetadata().GetModel()] = append(byModel[rep.GetMetadata().GetModel()], r)
-	}
+		return modelOf(r)
+	})
 	var out []*trainmeterv1.Recommendation
 	for _, model := range sortedKeys(byModel) {
 		group := byModel[model]
@@ -200,12 +198,8 @@ func scheduleRecommendation(model string, group []Run, c scheduleChoice, objs []
 			effects = append(effects, fmt.Sprintf("energy cost %s → %s per run (%s)", money.USD(base), money.USD(moved), o.where))
 		}
 	}
-	ids := make([]string, len(group))
-	for i, r := range group {
-		ids[i] = r.Report.GetRunId()
-	}
 	rec.Evidence = fmt.Sprintf("repeated run: %d ended runs of %s (%s); the latest, %s, drew %.4g kWh (× PUE) over %s; moved to each whole hour of its day: %s",
-		len(group), model, strings.Join(ids, ", "), tmpl.GetRunId(), watts*d.Seconds()/3.6e6, d.Round(time.Second), strings.Join(effects, "; "))
+		len(group), model, strings.Join(runIDs(group), ", "), tmpl.GetRunId(), watts*d.Seconds()/3.6e6, d.Round(time.Second), strings.Join(effects, "; "))
 	return rec
 }
 
