@@ -331,43 +331,34 @@ func fairness(groups []*trainmeterv1.CompareGroup) []string {
 		}
 		out = append(out, fmt.Sprintf("unfair comparison: the runs differ in %s (%s)", what, strings.Join(parts, "; ")))
 	}
-	name := func(s string) string {
-		if s == "" {
-			return NoValue
-		}
-		return s
-	}
-	check("GPU model", func(g *trainmeterv1.CompareGroup) []string {
-		var s []string
-		for _, v := range g.GetGpuNames() {
-			s = append(s, name(v))
-		}
-		return s
-	})
+	check("GPU model", func(g *trainmeterv1.CompareGroup) []string { return words(g.GetGpuNames(), orNone) })
 	check("node count", func(g *trainmeterv1.CompareGroup) []string {
-		var s []string
-		for _, v := range g.GetNodeCounts() {
-			s = append(s, strconv.FormatUint(uint64(v), 10))
-		}
-		return s
+		return words(g.GetNodeCounts(), func(v uint32) string { return strconv.FormatUint(uint64(v), 10) })
 	})
 	check("sequence length", func(g *trainmeterv1.CompareGroup) []string {
-		var s []string
-		for _, v := range g.GetSeqLens() {
+		return words(g.GetSeqLens(), func(v int64) string {
 			if v == 0 {
-				s = append(s, NoValue)
-			} else {
-				s = append(s, strconv.FormatInt(v, 10))
+				return NoValue // not given
 			}
-		}
-		return s
+			return strconv.FormatInt(v, 10)
+		})
 	})
-	check("dataset", func(g *trainmeterv1.CompareGroup) []string {
-		var s []string
-		for _, v := range g.GetDatasets() {
-			s = append(s, name(v))
-		}
-		return s
-	})
+	check("dataset", func(g *trainmeterv1.CompareGroup) []string { return words(g.GetDatasets(), orNone) })
 	return out
+}
+
+func words[T any](vs []T, word func(T) string) []string {
+	var s []string
+	for _, v := range vs {
+		s = append(s, word(v))
+	}
+	return s
+}
+
+// orNone is s, or NoValue for "".
+func orNone(s string) string {
+	if s == "" {
+		return NoValue
+	}
+	return s
 }
