@@ -9,6 +9,7 @@
 package advisor
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -567,22 +568,19 @@ func epochKey(run, node string, epoch int64, at time.Time) string {
 func History(st storage.Store, run string) (*trainmeterv1.DataloaderHistoryResponse, error) {
 	out := &trainmeterv1.DataloaderHistoryResponse{}
 	err := st.ScanRecords(Namespace, run+"\x00", func(k string, v []byte) (bool, error) {
-		rest := k[len(run)+1:]
-		switch {
+		var m proto.Message
+		switch rest := k[len(run)+1:]; {
 		case len(rest) > 2 && rest[:2] == "e\x00":
 			e := &trainmeterv1.DataloaderEvaluation{}
-			if err := proto.Unmarshal(v, e); err != nil {
-				return false, err
-			}
-			out.Evaluations = append(out.Evaluations, e)
+			m, out.Evaluations = e, append(out.Evaluations, e)
 		case len(rest) > 2 && rest[:2] == "p\x00":
 			e := &trainmeterv1.DataloaderEpoch{}
-			if err := proto.Unmarshal(v, e); err != nil {
-				return false, err
-			}
-			out.Epochs = append(out.Epochs, e)
+			m, out.Epochs = e, append(out.Epochs, e)
+		default:
+			return true, nil
 		}
-		return true, nil
+		err := proto.Unmarshal(v, m)
+		return err == nil, err
 	})
 	if err != nil {
 		return nil, err
@@ -602,12 +600,11 @@ func History(st storage.Store, run string) (*trainmeterv1.DataloaderHistoryRespo
 // loader may not make up the whole wait).
 func DataloaderRecommendation(r *trainmeterv1.RunReport, h *trainmeterv1.DataloaderHistoryResponse) *trainmeterv1.Recommendation {
 	var first, last *trainmeterv1.DataloaderEvaluation
+	var reasons []string
 	for _, e := range h.GetEvaluations() {
 		if e.GetChanged() && e.GetDelivered() {
-			if first == nil {
-				first = e
-			}
-			last = e
+			first, last = cmp.Or(first, e), e
+			reasons = append(reasons, fmt.Sprintf("step %d %s: workers %d prefetch %d", e.GetStep(), e.GetClassification(), e.GetNumWorkers(), e.GetPrefetchFactor()))
 		}
 	}
 	if last == nil {
@@ -617,12 +614,6 @@ func DataloaderRecommendation(r *trainmeterv1.RunReport, h *trainmeterv1.Dataloa
 	risks := []string{"more workers and prefetch use more host RAM and CPU", "the expected gain is the data-wait share: an upper bound"}
 	if last.GetClassification() == "memory-bound" {
 		risks = []string{"less prefetch can expose data wait again", "the RAM may be used by something other than the loader"}
-	}
-	var reasons []string
-	for _, e := range h.GetEvaluations() {
-		if e.GetChanged() && e.GetDelivered() {
-			reasons = append(reasons, fmt.Sprintf("step %d %s: workers %d prefetch %d", e.GetStep(), e.GetClassification(), e.GetNumWorkers(), e.GetPrefetchFactor()))
-		}
 	}
 	evidence := fmt.Sprintf("data wait %.0f%% of step time when first advised, expected gain %.0f%%; advice: %s",
 		100*first.GetDataWaitShare(), 100*gain, strings.Join(reasons, "; "))
