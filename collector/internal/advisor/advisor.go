@@ -13,8 +13,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -306,12 +307,7 @@ func (a *Advisor) forget(k key) {
 // same epoch) is no boundary there; an eval without an epoch always is.
 func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 	run := e.GetRunId()
-	nodes := make([]string, 0, len(a.nodes[run]))
-	for n := range a.nodes[run] {
-		nodes = append(nodes, n)
-	}
-	sort.Strings(nodes)
-	for _, node := range nodes {
+	for _, node := range slices.Sorted(maps.Keys(a.nodes[run])) {
 		s := a.runs[key{run, node}]
 		epoch := s.lastEval + 1
 		if hasEpoch(e) {

@@ -17,7 +17,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -407,13 +406,8 @@ func (m *Manager) runs() ([]run, error) {
 	m.mu.Unlock()
 	full := m.cache == nil || now.Sub(m.lastFull) >= FullReload || now.Before(m.lastFull)
 	if !full && len(changed) > 0 {
-		ids := make([]string, 0, len(changed))
-		for id := range changed {
-			if id != "" {
-				ids = append(ids, id)
-			}
-		}
-		loaded, err := m.load(ids, now)
+		delete(changed, "")
+		loaded, err := m.load(slices.Collect(maps.Keys(changed)), now)
 		if err != nil {
 			full = true // a run deleted meanwhile, or a read error: read everything
 		}
@@ -437,12 +431,7 @@ func (m *Manager) runs() ([]run, error) {
 		}
 		m.lastFull = now
 	}
-	out := make([]run, 0, len(m.cache))
-	for _, x := range m.cache {
-		out = append(out, x)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].r.GetRunId() < out[j].r.GetRunId() })
-	return out, nil
+	return slices.SortedFunc(maps.Values(m.cache), func(a, b run) int { return strings.Compare(a.r.GetRunId(), b.r.GetRunId()) }), nil
 }
 
 // load reads runs (all if ids is empty) and reports them.
@@ -454,14 +443,10 @@ func (m *Manager) load(ids []string, now time.Time) ([]run, error) {
 	out := make([]run, 0, len(states))
 	for _, s := range states {
 		r := m.report(s)
-		x := run{r: r, start: now}
+		x := run{r: r, start: now, nodes: slices.Sorted(maps.Keys(s.Nodes))}
 		if r.GetStart() != nil {
 			x.start = r.GetStart().AsTime()
 		}
-		for n := range s.Nodes {
-			x.nodes = append(x.nodes, n)
-		}
-		sort.Strings(x.nodes)
 		out = append(out, x)
 	}
 	return out, nil
