@@ -87,9 +87,7 @@ func (b *Budget) Normalize() error {
 	case len(b.Scope) > MaxScopeLen || strings.ContainsRune(b.Scope, 0):
 		errs = append(errs, fmt.Errorf("budget scope: at most %d bytes, no NUL", MaxScopeLen))
 	default:
-		if err := checkScope(b.Scope); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, checkScope(b.Scope))
 	}
 	if b.Period != PeriodTotal && b.Period != PeriodMonth {
 		errs = append(errs, fmt.Errorf("budget period %q: want total or month", b.Period))
@@ -119,15 +117,10 @@ func checkScope(s string) error {
 
 func budgetKey(period, scope string) string { return period + "/" + scope }
 
-// Matches reports whether the scope covers the run:
-//
-//   - all runs
-//     model:NAME       runs whose metadata model is NAME
-//     team:X           runs with the label team=X
-//     label:KEY=VALUE  runs with the label KEY=VALUE
-//     anything else    runs whose run_start budget_scope is exactly that
-//
-// Comparisons are exact (case-sensitive).
+// Matches reports whether the scope covers the run: "*" all runs,
+// model:NAME the runs of that model, team:X those labelled team=X,
+// label:KEY=VALUE those with that label, anything else those whose run_start
+// budget_scope is exactly that. Comparisons are case-sensitive.
 func Matches(scope string, r *trainmeterv1.RunReport) bool {
 	switch {
 	case scope == "*":
@@ -331,9 +324,8 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	return lifecycle.Wait(ctx, m.done, "budget evaluation")
 }
 
-// Set creates or replaces the budget of (scope, period). b.ID, when set,
-// is kept (a pair's collectors get the same id from the CLI); else a random
-// one is picked.
+// Set creates or replaces the budget of (scope, period), keeping b.ID when
+// set (a pair's collectors get the same id from the CLI), else picking one.
 func (m *Manager) Set(b Budget) (Budget, error) {
 	if err := b.Normalize(); err != nil {
 		return Budget{}, err
@@ -512,8 +504,8 @@ func (m *Manager) statuses(budgets []Budget, runs []run) []periods {
 // built (failed ones included).
 func (m *Manager) Evaluations() uint64 { return m.evaluations.Load() }
 
-// Evaluate fires the alerts now due and sends stop advisories. Tests call
-// it directly; the loop calls it when runs or budgets changed.
+// Evaluate fires the alerts now due and sends stop advisories; the loop
+// calls it when runs or budgets changed.
 func (m *Manager) Evaluate(ctx context.Context) error {
 	m.evalMu.Lock()
 	defer m.evalMu.Unlock()
@@ -521,8 +513,7 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 	capErr := m.evaluateCaps(ctx)
 	budgets, err := m.Budgets()
 	if err != nil || len(budgets) == 0 {
-		// Nothing to watch: forget the runs (a budget set later reads
-		// them all).
+		// Nothing to watch: forget the runs (a later budget reads them all).
 		m.mu.Lock()
 		m.changed = map[string]struct{}{}
 		m.mu.Unlock()
@@ -549,9 +540,7 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 					if v/b.LimitUSD < th.Ratio {
 						break
 					}
-					if err := m.fire(ctx, s, th.Ratio, th.Severity, kind, v, now); err != nil {
-						errs = append(errs, err)
-					}
+					errs = append(errs, m.fire(ctx, s, th.Ratio, th.Severity, kind, v, now))
 				}
 			}
 			if b.Policy == PolicyStop && s.Ratio() >= 1 {
@@ -592,8 +581,7 @@ func periodLabel(period, key string) string {
 }
 
 // stopRuns tells the agents of each live run of an exceeded stop budget to
-// stop it; a node that did not take the advisory (disconnected, queue full)
-// is asked again at the next evaluation.
+// stop it.
 func (m *Manager) stopRuns(b Budget, s *Status) {
 	if m.advise == nil {
 		return
@@ -605,7 +593,8 @@ func (m *Manager) stopRuns(b Budget, s *Status) {
 }
 
 // tellStop advises each node of run not marked in told to stop it, and
-// marks those that took the advisory (the others are asked again later).
+// marks those that took the advisory; a node that did not (disconnected,
+// queue full) is asked again at the next evaluation.
 func (m *Manager) tellStop(told map[string]bool, run string, nodes []string, reason string) {
 	for _, n := range nodes {
 		k := run + "\x00" + n

@@ -124,11 +124,10 @@ func (m *Manager) Estimate(req cost.EstimateRequest) (*trainmeterv1.RunEstimate,
 }
 
 // PlanRun keeps a run's cap and, when est is set, the estimate made now,
-// under key (the caller's secret; "": a new random one, returned): the plan applies to the run only when a start of
-// the run presents that key (RunStart.plan_key), so that whoever plans a
-// run id they do not start caps nothing. A failed estimate does not fail
-// the plan (the cap still holds): its error is returned as estErr and kept
-// with the run.
+// under key (the caller's secret; "": a new random one, returned): the plan
+// applies only when a start of the run presents that key (RunStart.plan_key),
+// so whoever plans a run id they do not start caps nothing. A failed
+// estimate does not fail the plan: its error is returned as estErr and kept.
 func (m *Manager) PlanRun(runID, key string, maxCostUSD float64, est *cost.EstimateRequest) (_ string, e *trainmeterv1.RunEstimate, estErr string, err error) {
 	switch {
 	case runID == "" || len(runID) > MaxRunIDLen || strings.ContainsRune(runID, 0):
@@ -266,16 +265,14 @@ func (m *Manager) AttachPlan(r *trainmeterv1.RunReport) {
 	}
 }
 
-// evaluateCaps fires the max-cost alert of each live capped run whose total
-// cost reached its cap, and tells its nodes to stop it; a node that did not
-// take the advisory is asked again at the next evaluation. Runs that ended
-// are not read again.
+// evaluateCaps binds and sweeps the plans and checks the cap of every
+// capped run (checkCap).
 func (m *Manager) evaluateCaps(ctx context.Context) error {
 	bindErr := errors.Join(m.bindPlans(), m.sweepPendingPlans())
 	var plans []RunPlan
 	err := m.store.ScanRecords(NSRunPlans, "", func(_ string, v []byte) (bool, error) {
 		var p RunPlan
-		if json.Unmarshal(v, &p) == nil && p.MaxCostUSD > 0 {
+		if json.Unmarshal(v, &p) == nil {
 			plans = append(plans, p)
 		}
 		return true, nil
@@ -285,47 +282,38 @@ func (m *Manager) evaluateCaps(ctx context.Context) error {
 	}
 	errs := []error{bindErr}
 	for _, p := range plans {
-		if err := m.checkCap(ctx, p); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, m.checkCap(ctx, p))
 	}
 	return errors.Join(errs...)
 }
 
 // evaluateCapsOf checks the caps of the runs batches touched since the last
-// call: the manager's loop calls it as soon as a batch is applied, so a run
-// is told to stop at the first batch that takes it to its cap rather than
-// at the next evaluation tick.
+// call, as soon as a batch is applied: a run is told to stop at the first
+// batch that takes it to its cap, not at the next evaluation tick.
 func (m *Manager) evaluateCapsOf(ctx context.Context) error {
-	bindErr := m.bindPlans()
+	errs := []error{m.bindPlans()}
 	m.mu.Lock()
 	runs := m.capTouched
 	m.capTouched = map[string]struct{}{}
 	m.mu.Unlock()
-	errs := []error{bindErr}
 	for id := range runs {
 		p, ok, err := m.Plan(id)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+		if ok {
+			err = m.checkCap(ctx, p)
 		}
-		if !ok || p.MaxCostUSD <= 0 {
-			continue
-		}
-		if err := m.checkCap(ctx, p); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-// checkCap fires the max-cost alert of run p and tells its nodes to stop it
-// once its total cost reached the cap.
+// checkCap fires the max-cost alert of live run p and tells its nodes to
+// stop it once its total cost reached the cap (if it has one); a run that
+// ended is not read again.
 func (m *Manager) checkCap(ctx context.Context, p RunPlan) error {
 	m.mu.Lock()
 	done := m.capDone[p.RunID]
 	m.mu.Unlock()
-	if done {
+	if done || p.MaxCostUSD <= 0 {
 		return nil
 	}
 	states, err := m.store.ListRuns([]string{p.RunID})
