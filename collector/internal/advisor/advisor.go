@@ -1,11 +1,9 @@
-// Package advisor is the collector's live dataloader advisor. It watches every applied batch (the
-// ingest OnApplied hook), keeps per-(run, node) rolling figures, evaluates
-// the rules of pkg/dataloader every adjustment_interval steps, sends new
-// settings down the node's stream as a DataloaderAdvice (the agent turns it
-// into an "advice" line for the run's trainers), and records every
-// evaluation and per-epoch statistics in the store (namespace "advice") for
-// `trainmeter report` and `trainmeter recommend` (the RecommendService,
-// package optimizer, reads that history).
+// Package advisor is the collector's live dataloader advisor: it watches
+// every applied batch, keeps per-(run, node) figures, evaluates the rules of
+// pkg/dataloader every adjustment_interval steps, sends new settings down
+// the node's stream as a DataloaderAdvice, and records every evaluation and
+// per-epoch statistics in the store (namespace "advice"), which package
+// optimizer reads for `trainmeter report` and `trainmeter recommend`.
 package advisor
 
 import (
@@ -39,10 +37,8 @@ const Namespace = "advice"
 const queueLen = 1024
 
 // idleAfter: a (run, node) that sent nothing for this long (batch time) is
-// forgotten, so runs that never send run_end do not leak. The states are
-// swept for idle ones once per sweepEvery of batch time, not per batch: a
-// sweep visits every run, and per batch that made the advisor's cost grow
-// with the square of the runs (docs/benchmarks.md).
+// forgotten, so runs that never send run_end do not leak. The sweep visits
+// every run, so it runs once per sweepEvery of batch time, not per batch.
 const (
 	idleAfter  = time.Hour
 	sweepEvery = time.Minute
@@ -93,14 +89,6 @@ type epochAcc struct {
 	measuredS      float64
 }
 
-// countedWindow is the last window counted in the epoch's throughput: an
-// eval inside it takes it out again (it straddles the boundary).
-type countedWindow struct {
-	end    time.Time
-	tokens uint64
-	secs   float64
-}
-
 type runState struct {
 	adv *dataloader.Advisor
 	iv  dataloader.Interval
@@ -124,10 +112,11 @@ type runState struct {
 	// the wrong epoch (20 steps per epoch shown as 22 and 18).
 	closedSteps float64
 	evalSteps   uint64
-	// lastCounted is the last window added to the epoch's throughput;
-	// measuredFrom the last boundary: a window starting before it straddles
-	// that boundary and counts in neither epoch.
-	lastCounted  *countedWindow
+	// lastCounted is the last window added to the epoch's throughput (an
+	// eval inside it takes it out again); measuredFrom the last boundary: a
+	// window starting before it straddles that boundary and counts in
+	// neither epoch.
+	lastCounted  *runWindow
 	measuredFrom time.Time
 	// reportedW / reportedP: the loader the trainer reported at the last
 	// boundary, still in force (reportedOK) when no change was applied
@@ -321,7 +310,7 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 		at := e.GetTime().AsTime()
 		if w := s.lastCounted; w != nil && w.end.After(at) {
 			s.epoch.measuredTokens -= w.tokens
-			s.epoch.measuredS -= w.secs
+			s.epoch.measuredS -= w.end.Sub(w.start).Seconds()
 		}
 		s.lastCounted, s.measuredFrom = nil, at
 		// What the epoch ran with: what the trainer says, else what the
@@ -462,7 +451,7 @@ func (s *runState) countThroughput(w runWindow) {
 	}
 	s.epoch.measuredTokens += w.tokens
 	s.epoch.measuredS += secs
-	s.lastCounted = &countedWindow{end: w.end, tokens: w.tokens, secs: secs}
+	s.lastCounted = &w
 }
 
 func hostFigures(h *trainmeterv1.HostWindow) (ram float64, ok bool, cpus int) {
