@@ -1,9 +1,6 @@
-// Package recommend is the cost optimizer: pure rules over run reports that
-// say what to change to spend less — batch size, early stopping, epoch
-// count, dataset size, compute tier, power. Each recommendation carries a
-// title, the action, estimated savings in dollars and joules, a confidence
-// 0..1, the risks and the evidence (the numbers the rule used). The rules
-// and their thresholds are documented in docs/recommendations.md.
+// Package recommend holds the pure rules over run reports that say what to
+// change to spend less, each with its estimated savings, a confidence 0..1,
+// the risks and the evidence (docs/recommendations.md).
 package recommend
 
 import (
@@ -216,11 +213,9 @@ func costPerEpoch(r *trainmeterv1.RunReport, done int64) (usd, joules float64) {
 	return r.GetTotalCostUsd() / float64(done), r.GetEnergyTotalJ() / float64(done)
 }
 
-// lastEpoch is the epoch a run's spend counts to: for an ended run the
-// epochs it trained (done), for a live run the epochs it is planned to train
-// (max(planned, done)). Savings from training fewer epochs are the epochs
-// past a cut-off up to it: an ended run never spent its unplanned or
-// unreached epochs.
+// lastEpoch is the epoch a run's spend counts to, which savings from fewer
+// epochs count up to: an ended run's epochs done (it never spent unreached
+// ones), a live run's max(planned, done).
 func lastEpoch(r Run, done int64) (int64, string) {
 	if r.Report.GetEnded() {
 		return done, fmt.Sprintf("ended after %s", plural.N(done, "epoch"))
@@ -232,12 +227,8 @@ func lastEpoch(r Run, done int64) (int64, string) {
 }
 
 // EarlyStopping: validation loss has not improved by MinDelta (relative)
-// for patience evaluations. The run could stop at the epoch where patience
-// ran out; savings = (last − stop epoch) × cost per epoch, with cost per
-// epoch = total cost ÷ epochs done and last as lastEpoch says: an ended
-// run's epochs done (what it trained past the plateau), a live run's
-// max(planned, done). Nothing when that is 0 (an ended run that stopped at
-// its plateau).
+// for patience evaluations; the run could stop where patience ran out.
+// Savings = (lastEpoch − stop epoch) × total cost ÷ epochs done.
 func EarlyStopping(r Run, patience int, minDelta float64) *trainmeterv1.Recommendation {
 	pts := slices.DeleteFunc(epochs(r.Report), func(p epochPoint) bool { return !p.hasLoss })
 	if len(pts) < patience+1 {
@@ -286,8 +277,7 @@ func EarlyStopping(r Run, patience int, minDelta float64) *trainmeterv1.Recommen
 
 // EpochCount: the knee of a run's accuracy curve is the first epoch that
 // reaches KneeShare of the curve's total gain; the epochs after it bought
-// little. Savings = (last − knee) × cost per epoch, last as in EarlyStopping
-// (an ended run's epochs done, a live run's max(planned, done)).
+// little. Savings = (lastEpoch − knee) × cost per epoch.
 func EpochCount(r Run) *trainmeterv1.Recommendation {
 	pts := slices.DeleteFunc(epochs(r.Report), func(p epochPoint) bool { return !p.hasAcc })
 	if len(pts) < 3 {
@@ -423,16 +413,12 @@ func DatasetSize(runs []Run) []*trainmeterv1.Recommendation {
 }
 
 // ComputeTier: per model and GPU model, the cost per unit of throughput is
-// price per GPU-hour × GPUs ÷ tok/s (dollars per token-per-second, i.e.
-// proportional to $ per token), averaged over the model's runs on that
-// GPU. Two GPU models are compared on one price source: the catalog's
-// current prices when it has both, else the runs' own prices (never the
-// catalog's for one and the runs' for the other). A GPU model at least
-// TierMinGap cheaper than another (the cheapest such alternative) is
-// recommended to the runs on the dearer one; savings = their GPU cost ×
-// gap. Joules: (J/token on the dearer GPU − J/token on the cheaper) × the
-// dearer runs' measured tokens, when both were measured; 0 when the
-// cheaper GPU takes more energy per token (said in the risks).
+// price per GPU-hour × GPUs ÷ tok/s (∝ $ per token), averaged over the
+// runs. Two GPU models are compared on one price source: the catalog's when
+// it prices both, else the runs' own. The cheapest GPU model at least
+// TierMinGap cheaper is recommended to the runs on the dearer one; savings =
+// their GPU cost × gap, and (J/token difference) × their measured tokens
+// when both measured it and the cheaper takes less.
 func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 	var out []*trainmeterv1.Recommendation
 	byModel := groupBy(runs, modelOf)
@@ -555,10 +541,10 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 }
 
 // BatchSize: twice the run's VRAM peak stays under BatchMaxPeakShare of
-// the card, so a doubled batch fits (a pessimistic guess: the weights and
-// optimizer state do not double). The speedup is measured from another run of the same model
-// and GPU with that larger batch when there is one, else assumed
-// (BatchAssumedSpeedup, low confidence). Savings = cost × (1 − 1/speedup).
+// the card, so a doubled batch fits (pessimistic: the weights and optimizer
+// state do not double). The speedup is measured on another run of the model
+// and GPU at that batch, else assumed (BatchAssumedSpeedup, low
+// confidence). Savings = cost × (1 − 1/speedup).
 func BatchSize(r Run, all []Run) *trainmeterv1.Recommendation {
 	rep := r.Report
 	md := rep.GetMetadata()
@@ -596,18 +582,14 @@ func BatchSize(r Run, all []Run) *trainmeterv1.Recommendation {
 	}
 }
 
-// Power: among like runs (likeKey: same model, GPU model, batch size,
-// sequence length, precision and world size), a run at a lower average
-// power per GPU whose J/token is at least PowerMinSaving lower at no more
-// than PowerMaxSlowdown less throughput shows that a lower power limit
-// pays: recommended to the higher-power runs, savings_J = (J/token
-// difference) × their tokens, savings_usd = energy saved × their $/kWh −
-// the extra GPU-hours of the slowdown. The evidence names the like runs
-// compared. Runs that differ in any of those would compare the setting,
-// not the power: a larger batch or more GPUs changes both J/token and power
-// per GPU. Without such a pair, a heuristic (low confidence) for runs
-// averaging ≥ PowerBusyShare of a known power limit. trainmeter reports; it
-// never changes a limit.
+// Power: among like runs (likeKey; runs that differ in batch or world size
+// would compare the setting, not the power), a run at a lower power per GPU
+// whose J/token is at least PowerMinSaving lower for at most
+// PowerMaxSlowdown less throughput shows that a lower power limit pays for
+// the higher-power runs: savings_J = (J/token difference) × their tokens,
+// savings_usd = energy saved × their $/kWh − the slowdown's extra GPU cost.
+// Without such a pair, a heuristic (low confidence) for runs averaging ≥
+// PowerBusyShare of a known power limit.
 func Power(runs []Run) []*trainmeterv1.Recommendation {
 	var out []*trainmeterv1.Recommendation
 	covered := map[string]bool{}
@@ -770,16 +752,13 @@ func OverlapGroup(kind string) string {
 	return kind
 }
 
-// Total is the potential savings of recs without double counting, in
-// dollars and joules. Each recommendation's savings are booked to the runs
-// it is about: a dataset-size one to its largest-size run (the last of its
-// run_ids, whose cost it cuts), any other one about several runs in
-// proportion to their costs (energies). Per run, the recommendations of one
-// OverlapGroup count once, the largest; savings of different groups
-// compound, as independent cuts of what is left:
-// cost × (1 − Π (1 − group savings ÷ cost)), so a run's total never exceeds
-// its cost (energy); for a live run the cost is its projected cost at
-// completion when that is higher. Runs not in runs are summed as they are.
+// Total is the savings of recs without double counting, in dollars and
+// joules. Savings are booked to the runs they are about: a dataset-size
+// one's to its largest-size run (the last of its run_ids), others in
+// proportion to the runs' costs (energies). Per run, one OverlapGroup counts
+// once, its largest; groups compound as independent cuts, spend × (1 − Π (1
+// − group savings ÷ spend)), so a run's total never exceeds its spend.
+// Runs not in runs are summed as they are.
 func Total(recs []*trainmeterv1.Recommendation, runs []Run) (usd, joules float64) {
 	type claims struct{ usd, j map[string]float64 }
 	byRun := map[string]*claims{}

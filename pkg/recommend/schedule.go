@@ -55,17 +55,14 @@ func (o scheduleObjective) perRun(start time.Time, d time.Duration, watts float6
 	return v
 }
 
-// Schedule: for each model with at least ScheduleMinRuns ended runs (a
-// repeated run), its latest ended run is the template: its whole-run
-// facility energy (energy_total_J × PUE) spread evenly over its wall
-// time. Moved to start at each whole hour of the same local day (in the
-// schedule's time zone), the template's CO2 in its zone's carbon schedule
-// and its energy cost in the tariff are computed the same way; the hour
-// with the least CO2 (and the one with the least energy cost) is
-// recommended when it saves at least ScheduleMinSaving of the template at
-// its actual start, computed alike (so the share compares like with like,
-// not the file's typical day with the live intensity the run was booked
-// at). One recommendation per objective; one when both pick the same hour.
+// Schedule: for each model with at least ScheduleMinRuns ended runs, the
+// latest is the template: its facility energy (energy_total_J × PUE) spread
+// evenly over its wall time, moved to each whole hour of the same local day.
+// The hour with the least CO2 (zone schedule) and the one with the least
+// energy cost (tariff) are recommended when they save at least
+// ScheduleMinSaving of the template at its actual start, computed alike (the
+// typical day against itself, not against the live intensity the run was
+// booked at). One recommendation per objective, one if both pick an hour.
 func Schedule(runs []Run, in ScheduleInputs) []*trainmeterv1.Recommendation {
 	if in.Carbon == nil && in.Tariff == nil {
 		return nil
