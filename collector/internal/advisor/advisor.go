@@ -143,7 +143,6 @@ type Advisor struct {
 	lastSweep time.Time // batch time of the last idle sweep
 
 	skipped   atomic.Uint64
-	evaluated atomic.Uint64
 	sent      atomic.Uint64
 	processed chan struct{} // test hook: signalled after each item (nil: off)
 }
@@ -186,14 +185,6 @@ func (a *Advisor) Shutdown(ctx context.Context) error {
 	stopped := make(chan struct{})
 	go func() { a.wg.Wait(); close(stopped) }()
 	return lifecycle.Wait(ctx, stopped, "dataloader advisor")
-}
-
-// Stats are the advisor's counters.
-type Stats struct{ Skipped, Evaluated, Sent uint64 }
-
-// Stats returns the counters.
-func (a *Advisor) Stats() Stats {
-	return Stats{Skipped: a.skipped.Load(), Evaluated: a.evaluated.Load(), Sent: a.sent.Load()}
 }
 
 // Counts is how many recommendations the advisor has sent since it
@@ -470,7 +461,6 @@ func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map
 		s.iv.HasGPUUtilization = true
 	}
 	adv := s.adv.Evaluate(s.iv)
-	a.evaluated.Add(1)
 	s.resetInterval()
 	gpuUtil, ramUse := -1.0, -1.0
 	if adv.HasGPUUtilization {
