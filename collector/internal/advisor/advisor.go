@@ -272,11 +272,9 @@ func (a *Advisor) state(run, node string, start *trainmeterv1.RunStart) *runStat
 // forget drops a (run, node) state.
 func (a *Advisor) forget(k key) {
 	delete(a.runs, k)
-	if ns := a.nodes[k.run]; ns != nil {
-		delete(ns, k.node)
-		if len(ns) == 0 {
-			delete(a.nodes, k.run)
-		}
+	delete(a.nodes[k.run], k.node)
+	if len(a.nodes[k.run]) == 0 {
+		delete(a.nodes, k.run)
 	}
 }
 
