@@ -122,14 +122,10 @@ func Recommend(runs []Run, o Options) []*trainmeterv1.Recommendation {
 		if !o.target(r.Report.GetRunId()) {
 			continue
 		}
-		if rec := EarlyStopping(r, o.Patience, o.MinDelta); rec != nil {
-			out = append(out, rec)
-		}
-		if rec := EpochCount(r); rec != nil {
-			out = append(out, rec)
-		}
-		if rec := BatchSize(r, runs); rec != nil {
-			out = append(out, rec)
+		for _, rec := range []*trainmeterv1.Recommendation{EarlyStopping(r, o.Patience, o.MinDelta), EpochCount(r), BatchSize(r, runs)} {
+			if rec != nil {
+				out = append(out, rec)
+			}
 		}
 	}
 	for _, recs := range [][]*trainmeterv1.Recommendation{ComputeTier(runs, o.Catalog), DatasetSize(runs), Power(runs), Schedule(runs, o.Schedule)} {
@@ -425,7 +421,6 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 	for _, model := range sortedKeys(byModel) {
 		type tier struct {
 			name     string
-			n        int
 			runs     []string
 			thr      float64 // Σ GPUs ÷ tok/s over the runs
 			own      float64 // Σ own price × GPUs ÷ tok/s over the runs with a price
@@ -452,7 +447,6 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 				tiers[t.name] = t
 			}
 			perThr := float64(rep.GetGpus()) / rep.GetTokPerS()
-			t.n++
 			t.runs = append(t.runs, rep.GetRunId())
 			t.thr += perThr
 			if p := rep.GetGpuPricePerHour(); p > 0 {
@@ -469,7 +463,7 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 		costOf := func(t *tier, src string) (float64, bool) {
 			switch {
 			case src == "catalog" && t.catPrice > 0:
-				return t.catPrice * t.thr / float64(t.n), true
+				return t.catPrice * t.thr / float64(len(t.runs)), true
 			case src == "run" && t.ownN > 0:
 				return t.own / float64(t.ownN), true
 			}
@@ -529,11 +523,11 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 				Action: fmt.Sprintf("Move %s from %s to %s (%s vs %s per Mtok at measured throughput%s)",
 					model, t.name, best.name, money.Rate(alt*1e6/3600), money.Rate(cur*1e6/3600), where),
 				SavingsUsd: bestGap * t.costUSD, SavingsJ: savedJ,
-				Confidence: math.Min(0.9, 0.6+0.1*float64(min(t.n, best.n))),
+				Confidence: math.Min(0.9, 0.6+0.1*float64(min(len(t.runs), len(best.runs)))),
 				Risks:      risks,
 				RunIds:     t.runs, Model: model,
 				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s on %s: %s %.4g (%s), %s %.4g (%s); gap %.1f%% × GPU cost %s; %s",
-					source, t.name, cur, plural.N(t.n, "run"), best.name, alt, plural.N(best.n, "run"), 100*bestGap, money.USD(t.costUSD), energy),
+					source, t.name, cur, plural.N(len(t.runs), "run"), best.name, alt, plural.N(len(best.runs), "run"), 100*bestGap, money.USD(t.costUSD), energy),
 			})
 		}
 	}
