@@ -374,32 +374,20 @@ func DatasetSize(runs []Run) []*trainmeterv1.Recommendation {
 			continue
 		}
 		slices.SortFunc(pts, func(a, b pt) int { return cmp.Compare(a.size, b.size) })
-		best := 0.0
-		for _, p := range pts {
-			best = max(best, p.acc)
-		}
-		small := pts[0]
-		for _, p := range pts {
-			if p.acc >= DataSizeShare*best {
-				small = p
-				break
-			}
-		}
+		best := max(0, slices.MaxFunc(pts, func(a, b pt) int { return cmp.Compare(a.acc, b.acc) }).acc)
+		small := pts[max(0, slices.IndexFunc(pts, func(p pt) bool { return p.acc >= DataSizeShare*best }))]
 		large := pts[len(pts)-1]
 		if small.size >= large.size {
 			continue
 		}
 		frac := 1 - float64(small.size)/float64(large.size)
-		sizes := map[uint64]bool{}
-		for _, p := range pts {
-			sizes[p.size] = true
-		}
+		sizes := len(slices.CompactFunc(pts, func(a, b pt) bool { return a.size == b.size })) // pts is not read after this
 		out = append(out, &trainmeterv1.Recommendation{
 			Kind:       KindDatasetSize,
 			Title:      fmt.Sprintf("Train %s on %d samples%s instead of %d", model, small.size, of, large.size),
 			Action:     fmt.Sprintf("Use %d samples: accuracy %.4g is within %.0f%% of the best %.4g", small.size, small.acc, 100*DataSizeShare, best),
 			SavingsUsd: frac * large.run.Report.GetTotalCostUsd(), SavingsJ: frac * large.run.Report.GetEnergyTotalJ(),
-			Confidence: math.Min(0.8, 0.4+0.1*float64(len(sizes)-1)),
+			Confidence: math.Min(0.8, 0.4+0.1*float64(sizes-1)),
 			Risks:      []string{"rare cases in the dropped data may matter more than the mean accuracy shows"},
 			RunIds:     []string{small.run.Report.GetRunId(), large.run.Report.GetRunId()}, Model: model,
 			Evidence: fmt.Sprintf("cost of run %s %s × (1 − %d/%d)", large.run.Report.GetRunId(), money.USD(large.run.Report.GetTotalCostUsd()), small.size, large.size),
