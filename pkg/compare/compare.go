@@ -212,12 +212,10 @@ func groupRuns(by string, runs []*trainmeterv1.RunReport) ([]group, error) {
 		}
 		out[i].runs = append(out[i].runs, r)
 	}
-	numeric := true
-	for _, g := range out {
-		if _, err := strconv.ParseFloat(g.key, 64); err != nil {
-			numeric = false
-		}
-	}
+	numeric := !slices.ContainsFunc(out, func(g group) bool {
+		_, err := strconv.ParseFloat(g.key, 64)
+		return err != nil
+	})
 	slices.SortFunc(out, func(a, b group) int {
 		if numeric {
 			x, _ := strconv.ParseFloat(a.key, 64)
