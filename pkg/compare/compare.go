@@ -263,28 +263,26 @@ func (f figures) proto(g group) *trainmeterv1.CompareGroup {
 	out := &trainmeterv1.CompareGroup{Key: g.key, JPerToken: stat(f.jpt), TokPerS: stat(f.tps), E10KJ: stat(f.e10k), VramPeakMb: stat(f.vram), UsdPerMtok: stat(f.usd)}
 	for _, r := range g.runs {
 		out.RunIds = append(out.RunIds, r.GetRunId())
-		if !slices.Contains(out.GpuNames, r.GetGpuName()) {
-			out.GpuNames = append(out.GpuNames, r.GetGpuName())
-		}
-		if !slices.Contains(out.NodeCounts, r.GetNodes()) {
-			out.NodeCounts = append(out.NodeCounts, r.GetNodes())
-		}
+		out.GpuNames = append(out.GpuNames, r.GetGpuName())
+		out.NodeCounts = append(out.NodeCounts, r.GetNodes())
+		out.Datasets = append(out.Datasets, r.GetMetadata().GetDataset())
 		var seq int64 // 0: not given
 		if r.GetMetadata().GetHasSeqLen() {
 			seq = r.GetMetadata().GetSeqLen()
 		}
-		if !slices.Contains(out.SeqLens, seq) {
-			out.SeqLens = append(out.SeqLens, seq)
-		}
-		if ds := r.GetMetadata().GetDataset(); !slices.Contains(out.Datasets, ds) {
-			out.Datasets = append(out.Datasets, ds)
-		}
+		out.SeqLens = append(out.SeqLens, seq)
 	}
-	slices.Sort(out.GpuNames)
-	slices.Sort(out.NodeCounts)
-	slices.Sort(out.SeqLens)
-	slices.Sort(out.Datasets)
+	out.GpuNames = distinct(out.GpuNames)
+	out.NodeCounts = distinct(out.NodeCounts)
+	out.SeqLens = distinct(out.SeqLens)
+	out.Datasets = distinct(out.Datasets)
 	return out
+}
+
+// distinct sorts xs and drops its repeats.
+func distinct[T cmp.Ordered](xs []T) []T {
+	slices.Sort(xs)
+	return slices.Compact(xs)
 }
 
 // ratio is mean(a)/mean(b) with its interval and the p-value of a against
