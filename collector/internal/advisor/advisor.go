@@ -150,9 +150,7 @@ type Advisor struct {
 // New returns an advisor; Start it, and register Observe with the ingest
 // server's OnApplied.
 func New(st storage.Store, send Sender, log *slog.Logger) *Advisor {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	return &Advisor{st: st, send: send, log: log, queue: make(chan item, queueLen), done: make(chan struct{}), runs: map[key]*runState{},
 		nodes: map[string]map[string]struct{}{}}
 }

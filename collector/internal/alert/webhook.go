@@ -102,9 +102,7 @@ type hook struct {
 // NewWebhooks returns a sender; store may be nil (no redelivery after a
 // restart).
 func NewWebhooks(cfg WebhookConfig, store storage.Records, log *slog.Logger) *Webhooks {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	cfg = cfg.withDefaults()
 	w := &Webhooks{cfg: cfg, store: store, log: log, client: &http.Client{Timeout: cfg.Timeout}}
 	seen := map[string]bool{}

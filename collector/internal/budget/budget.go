@@ -74,9 +74,7 @@ const MaxScopeLen = 1024
 // Normalize fills defaults and checks the budget.
 func (b *Budget) Normalize() error {
 	b.Scope = strings.TrimSpace(b.Scope)
-	if b.Period == "" {
-		b.Period = PeriodTotal
-	}
+	b.Period = cmp.Or(b.Period, PeriodTotal)
 	if b.Policy == "alert" {
 		b.Policy = PolicyAlert
 	}
@@ -220,9 +218,7 @@ func New(cfg Config, st storage.Store, report func(*aggregate.State) *trainmeter
 	cfg.EvalInterval = cmp.Or(cfg.EvalInterval, time.Second)
 	cfg.Location = cmp.Or(cfg.Location, time.UTC)
 	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	m := &Manager{cfg: cfg, store: st, report: report, advise: advise, rec: &alert.Recorder{Store: st, Sink: sink}, log: log,
 		dirty: make(chan struct{}, 1), stopped: map[string]bool{}, changed: map[string]struct{}{},
 		capStopped: map[string]bool{}, capDone: map[string]bool{}, capTouched: map[string]struct{}{}, capNow: make(chan struct{}, 1)}
@@ -352,9 +348,7 @@ var ErrNoBudget = errors.New("no such budget")
 
 // Delete removes the budget of (scope, period).
 func (m *Manager) Delete(scope, period string) error {
-	if period == "" {
-		period = PeriodTotal
-	}
+	period = cmp.Or(period, PeriodTotal)
 	k := budgetKey(period, strings.TrimSpace(scope))
 	if _, err := m.store.GetRecord(NSBudgets, k); errors.Is(err, storage.ErrNotFound) {
 		return fmt.Errorf("%w: %s (%s)", ErrNoBudget, scope, period)
