@@ -212,12 +212,10 @@ func groupRuns(by string, runs []*trainmeterv1.RunReport) ([]group, error) {
 		}
 		out[i].runs = append(out[i].runs, r)
 	}
-	numeric := true
-	for _, g := range out {
-		if _, err := strconv.ParseFloat(g.key, 64); err != nil {
-			numeric = false
-		}
-	}
+	numeric := !slices.ContainsFunc(out, func(g group) bool {
+		_, err := strconv.ParseFloat(g.key, 64)
+		return err != nil
+	})
 	slices.SortFunc(out, func(a, b group) int {
 		if numeric {
 			x, _ := strconv.ParseFloat(a.key, 64)
@@ -265,25 +263,22 @@ func (f figures) proto(g group) *trainmeterv1.CompareGroup {
 	out := &trainmeterv1.CompareGroup{Key: g.key, JPerToken: stat(f.jpt), TokPerS: stat(f.tps), E10KJ: stat(f.e10k), VramPeakMb: stat(f.vram), UsdPerMtok: stat(f.usd)}
 	for _, r := range g.runs {
 		out.RunIds = append(out.RunIds, r.GetRunId())
-		if !slices.Contains(out.GpuNames, r.GetGpuName()) {
-			out.GpuNames = append(out.GpuNames, r.GetGpuName())
-		}
-		if !slices.Contains(out.NodeCounts, r.GetNodes()) {
-			out.NodeCounts = append(out.NodeCounts, r.GetNodes())
-		}
-		seq := r.GetMetadata().GetSeqLen() // 0: not given
-		if !slices.Contains(out.SeqLens, seq) {
-			out.SeqLens = append(out.SeqLens, seq)
-		}
-		if ds := r.GetMetadata().GetDataset(); !slices.Contains(out.Datasets, ds) {
-			out.Datasets = append(out.Datasets, ds)
-		}
+		out.GpuNames = append(out.GpuNames, r.GetGpuName())
+		out.NodeCounts = append(out.NodeCounts, r.GetNodes())
+		out.Datasets = append(out.Datasets, r.GetMetadata().GetDataset())
+		out.SeqLens = append(out.SeqLens, r.GetMetadata().GetSeqLen()) // 0: not given
 	}
-	slices.Sort(out.GpuNames)
-	slices.Sort(out.NodeCounts)
-	slices.Sort(out.SeqLens)
-	slices.Sort(out.Datasets)
+	out.GpuNames = distinct(out.GpuNames)
+	out.NodeCounts = distinct(out.NodeCounts)
+	out.SeqLens = distinct(out.SeqLens)
+	out.Datasets = distinct(out.Datasets)
 	return out
+}
+
+// distinct sorts xs and drops its repeats.
+func distinct[T cmp.Ordered](xs []T) []T {
+	slices.Sort(xs)
+	return slices.Compact(xs)
 }
 
 // ratio is mean(a)/mean(b) with its interval and the p-value of a against
@@ -328,43 +323,34 @@ func fairness(groups []*trainmeterv1.CompareGroup) []string {
 		}
 		out = append(out, fmt.Sprintf("unfair comparison: the runs differ in %s (%s)", what, strings.Join(parts, "; ")))
 	}
-	name := func(s string) string {
-		if s == "" {
-			return NoValue
-		}
-		return s
-	}
-	check("GPU model", func(g *trainmeterv1.CompareGroup) []string {
-		var s []string
-		for _, v := range g.GetGpuNames() {
-			s = append(s, name(v))
-		}
-		return s
-	})
+	check("GPU model", func(g *trainmeterv1.CompareGroup) []string { return words(g.GetGpuNames(), orNone) })
 	check("node count", func(g *trainmeterv1.CompareGroup) []string {
-		var s []string
-		for _, v := range g.GetNodeCounts() {
-			s = append(s, strconv.FormatUint(uint64(v), 10))
-		}
-		return s
+		return words(g.GetNodeCounts(), func(v uint32) string { return strconv.FormatUint(uint64(v), 10) })
 	})
 	check("sequence length", func(g *trainmeterv1.CompareGroup) []string {
-		var s []string
-		for _, v := range g.GetSeqLens() {
+		return words(g.GetSeqLens(), func(v int64) string {
 			if v == 0 {
-				s = append(s, NoValue)
-			} else {
-				s = append(s, strconv.FormatInt(v, 10))
+				return NoValue // not given
 			}
-		}
-		return s
+			return strconv.FormatInt(v, 10)
+		})
 	})
-	check("dataset", func(g *trainmeterv1.CompareGroup) []string {
-		var s []string
-		for _, v := range g.GetDatasets() {
-			s = append(s, name(v))
-		}
-		return s
-	})
+	check("dataset", func(g *trainmeterv1.CompareGroup) []string { return words(g.GetDatasets(), orNone) })
 	return out
+}
+
+func words[T any](vs []T, word func(T) string) []string {
+	var s []string
+	for _, v := range vs {
+		s = append(s, word(v))
+	}
+	return s
+}
+
+// orNone is s, or NoValue for "".
+func orNone(s string) string {
+	if s == "" {
+		return NoValue
+	}
+	return s
 }

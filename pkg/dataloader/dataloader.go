@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/trainmeter/trainmeter/internal/plural"
 )
@@ -368,7 +369,7 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 			adv.Reason = fmt.Sprintf("data-bound (%s) but num_workers is at the bound of %d (CPUs per local rank) and prefetch_factor at %d: speed up the dataset itself", figures, adv.MaxWorkers, MaxPrefetchFactor)
 			return adv
 		}
-		adv.Reason = fmt.Sprintf("data-bound (%s): %s", figures, joinAnd(what))
+		adv.Reason = fmt.Sprintf("data-bound (%s): %s", figures, strings.Join(what, " and "))
 	}
 	// Hysteresis.
 	need := ConfirmEvaluations
@@ -395,8 +396,6 @@ func (a *Advisor) Evaluate(iv Interval) Advice {
 	adv.NumWorkers, adv.PrefetchFactor = w, p
 	if dir > 0 {
 		adv.ExpectedGain = adv.DataWaitShare
-	} else {
-		adv.ExpectedGain = 0
 	}
 	return adv
 }
@@ -432,14 +431,4 @@ func (a *Advisor) figures(iv Interval) string {
 		s += fmt.Sprintf(", RAM %.0f%%", 100*iv.RAMUsage)
 	}
 	return s
-}
-
-func joinAnd(xs []string) string {
-	switch len(xs) {
-	case 0:
-		return ""
-	case 1:
-		return xs[0]
-	}
-	return xs[0] + " and " + xs[1]
 }

@@ -1,14 +1,12 @@
-// Package recommend is the cost optimizer: pure rules over run reports that
-// say what to change to spend less — batch size, early stopping, epoch
-// count, dataset size, compute tier, power. Each recommendation carries a
-// title, the action, estimated savings in dollars and joules, a confidence
-// 0..1, the risks and the evidence (the numbers the rule used). The rules
-// and their thresholds are documented in docs/recommendations.md.
+// Package recommend holds the pure rules over run reports that say what to
+// change to spend less, each with its estimated savings, a confidence 0..1,
+// the risks and the evidence (docs/recommendations.md).
 package recommend
 
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -124,34 +122,17 @@ func Recommend(runs []Run, o Options) []*trainmeterv1.Recommendation {
 		if !o.target(r.Report.GetRunId()) {
 			continue
 		}
-		if rec := EarlyStopping(r, o.Patience, o.MinDelta); rec != nil {
-			out = append(out, rec)
-		}
-		if rec := EpochCount(r); rec != nil {
-			out = append(out, rec)
-		}
-		if rec := BatchSize(r, runs); rec != nil {
-			out = append(out, rec)
+		for _, rec := range []*trainmeterv1.Recommendation{EarlyStopping(r, o.Patience, o.MinDelta), EpochCount(r), BatchSize(r, runs)} {
+			if rec != nil {
+				out = append(out, rec)
+			}
 		}
 	}
-	for _, rec := range ComputeTier(runs, o.Catalog) {
-		if o.anyTarget(rec.RunIds) {
-			out = append(out, rec)
-		}
-	}
-	for _, rec := range DatasetSize(runs) {
-		if o.anyTarget(rec.RunIds) {
-			out = append(out, rec)
-		}
-	}
-	for _, rec := range Power(runs) {
-		if o.anyTarget(rec.RunIds) {
-			out = append(out, rec)
-		}
-	}
-	for _, rec := range Schedule(runs, o.Schedule) {
-		if o.anyTarget(rec.RunIds) {
-			out = append(out, rec)
+	for _, recs := range [][]*trainmeterv1.Recommendation{ComputeTier(runs, o.Catalog), DatasetSize(runs), Power(runs), Schedule(runs, o.Schedule)} {
+		for _, rec := range recs {
+			if o.anyTarget(rec.RunIds) {
+				out = append(out, rec)
+			}
 		}
 	}
 	Sort(out)
@@ -175,15 +156,7 @@ func Sort(recs []*trainmeterv1.Recommendation) {
 func (o Options) target(id string) bool { return len(o.Targets) == 0 || slices.Contains(o.Targets, id) }
 
 func (o Options) anyTarget(ids []string) bool {
-	if len(o.Targets) == 0 {
-		return true
-	}
-	for _, id := range ids {
-		if slices.Contains(o.Targets, id) {
-			return true
-		}
-	}
-	return false
+	return len(o.Targets) == 0 || slices.ContainsFunc(ids, func(id string) bool { return slices.Contains(o.Targets, id) })
 }
 
 // epochPoint is one epoch's mean val_loss / accuracy over the evals that
@@ -236,11 +209,9 @@ func costPerEpoch(r *trainmeterv1.RunReport, done int64) (usd, joules float64) {
 	return r.GetTotalCostUsd() / float64(done), r.GetEnergyTotalJ() / float64(done)
 }
 
-// lastEpoch is the epoch a run's spend counts to: for an ended run the
-// epochs it trained (done), for a live run the epochs it is planned to train
-// (max(planned, done)). Savings from training fewer epochs are the epochs
-// past a cut-off up to it: an ended run never spent its unplanned or
-// unreached epochs.
+// lastEpoch is the epoch a run's spend counts to, which savings from fewer
+// epochs count up to: an ended run's epochs done (it never spent unreached
+// ones), a live run's max(planned, done).
 func lastEpoch(r Run, done int64) (int64, string) {
 	if r.Report.GetEnded() {
 		return done, fmt.Sprintf("ended after %s", plural.N(done, "epoch"))
@@ -252,19 +223,10 @@ func lastEpoch(r Run, done int64) (int64, string) {
 }
 
 // EarlyStopping: validation loss has not improved by MinDelta (relative)
-// for patience evaluations. The run could stop at the epoch where patience
-// ran out; savings = (last − stop epoch) × cost per epoch, with cost per
-// epoch = total cost ÷ epochs done and last as lastEpoch says: an ended
-// run's epochs done (what it trained past the plateau), a live run's
-// max(planned, done). Nothing when that is 0 (an ended run that stopped at
-// its plateau).
+// for patience evaluations; the run could stop where patience ran out.
+// Savings = (lastEpoch − stop epoch) × total cost ÷ epochs done.
 func EarlyStopping(r Run, patience int, minDelta float64) *trainmeterv1.Recommendation {
-	var pts []epochPoint
-	for _, p := range epochs(r.Report) {
-		if p.hasLoss {
-			pts = append(pts, p)
-		}
-	}
+	pts := slices.DeleteFunc(epochs(r.Report), func(p epochPoint) bool { return !p.hasLoss })
 	if len(pts) < patience+1 {
 		return nil
 	}
@@ -311,15 +273,9 @@ func EarlyStopping(r Run, patience int, minDelta float64) *trainmeterv1.Recommen
 
 // EpochCount: the knee of a run's accuracy curve is the first epoch that
 // reaches KneeShare of the curve's total gain; the epochs after it bought
-// little. Savings = (last − knee) × cost per epoch, last as in EarlyStopping
-// (an ended run's epochs done, a live run's max(planned, done)).
+// little. Savings = (lastEpoch − knee) × cost per epoch.
 func EpochCount(r Run) *trainmeterv1.Recommendation {
-	var pts []epochPoint
-	for _, p := range epochs(r.Report) {
-		if p.hasAcc {
-			pts = append(pts, p)
-		}
-	}
+	pts := slices.DeleteFunc(epochs(r.Report), func(p epochPoint) bool { return !p.hasAcc })
 	if len(pts) < 3 {
 		return nil
 	}
@@ -369,24 +325,20 @@ func finalAccuracy(r *trainmeterv1.RunReport) (float64, bool) {
 	return 0, false
 }
 
-func groupByModel(runs []Run) map[string][]Run {
+// groupBy groups runs by key, leaving out those whose key is "".
+func groupBy(runs []Run, key func(Run) string) map[string][]Run {
 	out := map[string][]Run{}
 	for _, r := range runs {
-		if m := r.Report.GetMetadata().GetModel(); m != "" {
-			out[m] = append(out[m], r)
+		if k := key(r); k != "" {
+			out[k] = append(out[k], r)
 		}
 	}
 	return out
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
+func modelOf(r Run) string { return r.Report.GetMetadata().GetModel() }
+
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // DatasetSize: across the runs of one model on one dataset with a
 // dataset_size and a final accuracy, the smallest size whose accuracy is
@@ -395,13 +347,12 @@ func sortedKeys[V any](m map[string]V) []string {
 // size means nothing across datasets).
 func DatasetSize(runs []Run) []*trainmeterv1.Recommendation {
 	var out []*trainmeterv1.Recommendation
-	byModel := map[string][]Run{}
-	for _, r := range runs {
-		if m := r.Report.GetMetadata().GetModel(); m != "" {
-			k := m + "\x00" + r.Report.GetMetadata().GetDataset()
-			byModel[k] = append(byModel[k], r)
+	byModel := groupBy(runs, func(r Run) string {
+		if modelOf(r) == "" {
+			return ""
 		}
-	}
+		return modelOf(r) + "\x00" + r.Report.GetMetadata().GetDataset()
+	})
 	for _, key := range sortedKeys(byModel) {
 		model, dataset, _ := strings.Cut(key, "\x00")
 		of := ""
@@ -423,32 +374,20 @@ func DatasetSize(runs []Run) []*trainmeterv1.Recommendation {
 			continue
 		}
 		slices.SortFunc(pts, func(a, b pt) int { return cmp.Compare(a.size, b.size) })
-		best := 0.0
-		for _, p := range pts {
-			best = max(best, p.acc)
-		}
-		small := pts[0]
-		for _, p := range pts {
-			if p.acc >= DataSizeShare*best {
-				small = p
-				break
-			}
-		}
+		best := max(0, slices.MaxFunc(pts, func(a, b pt) int { return cmp.Compare(a.acc, b.acc) }).acc)
+		small := pts[max(0, slices.IndexFunc(pts, func(p pt) bool { return p.acc >= DataSizeShare*best }))]
 		large := pts[len(pts)-1]
 		if small.size >= large.size {
 			continue
 		}
 		frac := 1 - float64(small.size)/float64(large.size)
-		sizes := map[uint64]bool{}
-		for _, p := range pts {
-			sizes[p.size] = true
-		}
+		sizes := len(slices.CompactFunc(pts, func(a, b pt) bool { return a.size == b.size })) // pts is not read after this
 		out = append(out, &trainmeterv1.Recommendation{
 			Kind:       KindDatasetSize,
 			Title:      fmt.Sprintf("Train %s on %d samples%s instead of %d", model, small.size, of, large.size),
 			Action:     fmt.Sprintf("Use %d samples: accuracy %.4g is within %.0f%% of the best %.4g", small.size, small.acc, 100*DataSizeShare, best),
 			SavingsUsd: frac * large.run.Report.GetTotalCostUsd(), SavingsJ: frac * large.run.Report.GetEnergyTotalJ(),
-			Confidence: math.Min(0.8, 0.4+0.1*float64(len(sizes)-1)),
+			Confidence: math.Min(0.8, 0.4+0.1*float64(sizes-1)),
 			Risks:      []string{"rare cases in the dropped data may matter more than the mean accuracy shows"},
 			RunIds:     []string{small.run.Report.GetRunId(), large.run.Report.GetRunId()}, Model: model,
 			Evidence: fmt.Sprintf("cost of run %s %s × (1 − %d/%d)", large.run.Report.GetRunId(), money.USD(large.run.Report.GetTotalCostUsd()), small.size, large.size),
@@ -458,23 +397,18 @@ func DatasetSize(runs []Run) []*trainmeterv1.Recommendation {
 }
 
 // ComputeTier: per model and GPU model, the cost per unit of throughput is
-// price per GPU-hour × GPUs ÷ tok/s (dollars per token-per-second, i.e.
-// proportional to $ per token), averaged over the model's runs on that
-// GPU. Two GPU models are compared on one price source: the catalog's
-// current prices when it has both, else the runs' own prices (never the
-// catalog's for one and the runs' for the other). A GPU model at least
-// TierMinGap cheaper than another (the cheapest such alternative) is
-// recommended to the runs on the dearer one; savings = their GPU cost ×
-// gap. Joules: (J/token on the dearer GPU − J/token on the cheaper) × the
-// dearer runs' measured tokens, when both were measured; 0 when the
-// cheaper GPU takes more energy per token (said in the risks).
+// price per GPU-hour × GPUs ÷ tok/s (∝ $ per token), averaged over the
+// runs. Two GPU models are compared on one price source: the catalog's when
+// it prices both, else the runs' own. The cheapest GPU model at least
+// TierMinGap cheaper is recommended to the runs on the dearer one; savings =
+// their GPU cost × gap, and (J/token difference) × their measured tokens
+// when both measured it and the cheaper takes less.
 func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 	var out []*trainmeterv1.Recommendation
-	byModel := groupByModel(runs)
+	byModel := groupBy(runs, modelOf)
 	for _, model := range sortedKeys(byModel) {
 		type tier struct {
 			name     string
-			n        int
 			runs     []string
 			thr      float64 // Σ GPUs ÷ tok/s over the runs
 			own      float64 // Σ own price × GPUs ÷ tok/s over the runs with a price
@@ -501,7 +435,6 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 				tiers[t.name] = t
 			}
 			perThr := float64(rep.GetGpus()) / rep.GetTokPerS()
-			t.n++
 			t.runs = append(t.runs, rep.GetRunId())
 			t.thr += perThr
 			if p := rep.GetGpuPricePerHour(); p > 0 {
@@ -518,7 +451,7 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 		costOf := func(t *tier, src string) (float64, bool) {
 			switch {
 			case src == "catalog" && t.catPrice > 0:
-				return t.catPrice * t.thr / float64(t.n), true
+				return t.catPrice * t.thr / float64(len(t.runs)), true
 			case src == "run" && t.ownN > 0:
 				return t.own / float64(t.ownN), true
 			}
@@ -578,11 +511,11 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 				Action: fmt.Sprintf("Move %s from %s to %s (%s vs %s per Mtok at measured throughput%s)",
 					model, t.name, best.name, money.Rate(alt*1e6/3600), money.Rate(cur*1e6/3600), where),
 				SavingsUsd: bestGap * t.costUSD, SavingsJ: savedJ,
-				Confidence: math.Min(0.9, 0.6+0.1*float64(min(t.n, best.n))),
+				Confidence: math.Min(0.9, 0.6+0.1*float64(min(len(t.runs), len(best.runs)))),
 				Risks:      risks,
 				RunIds:     t.runs, Model: model,
 				Evidence: fmt.Sprintf("$/(tok/s) = price × GPUs ÷ tok/s on %s: %s %.4g (%s), %s %.4g (%s); gap %.1f%% × GPU cost %s; %s",
-					source, t.name, cur, plural.N(t.n, "run"), best.name, alt, plural.N(best.n, "run"), 100*bestGap, money.USD(t.costUSD), energy),
+					source, t.name, cur, plural.N(len(t.runs), "run"), best.name, alt, plural.N(len(best.runs), "run"), 100*bestGap, money.USD(t.costUSD), energy),
 			})
 		}
 	}
@@ -590,10 +523,10 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 }
 
 // BatchSize: twice the run's VRAM peak stays under BatchMaxPeakShare of
-// the card, so a doubled batch fits (a pessimistic guess: the weights and
-// optimizer state do not double). The speedup is measured from another run of the same model
-// and GPU with that larger batch when there is one, else assumed
-// (BatchAssumedSpeedup, low confidence). Savings = cost × (1 − 1/speedup).
+// the card, so a doubled batch fits (pessimistic: the weights and optimizer
+// state do not double). The speedup is measured on another run of the model
+// and GPU at that batch, else assumed (BatchAssumedSpeedup, low
+// confidence). Savings = cost × (1 − 1/speedup).
 func BatchSize(r Run, all []Run) *trainmeterv1.Recommendation {
 	rep := r.Report
 	md := rep.GetMetadata()
@@ -631,41 +564,30 @@ func BatchSize(r Run, all []Run) *trainmeterv1.Recommendation {
 	}
 }
 
-// Power: among like runs (likeKey: same model, GPU model, batch size,
-// sequence length, precision and world size), a run at a lower average
-// power per GPU whose J/token is at least PowerMinSaving lower at no more
-// than PowerMaxSlowdown less throughput shows that a lower power limit
-// pays: recommended to the higher-power runs, savings_J = (J/token
-// difference) × their tokens, savings_usd = energy saved × their $/kWh −
-// the extra GPU-hours of the slowdown. The evidence names the like runs
-// compared. Runs that differ in any of those would compare the setting,
-// not the power: a larger batch or more GPUs changes both J/token and power
-// per GPU. Without such a pair, a heuristic (low confidence) for runs
-// averaging ≥ PowerBusyShare of a known power limit. trainmeter reports; it
-// never changes a limit.
+// Power: among like runs (likeKey; runs that differ in batch or world size
+// would compare the setting, not the power), a run at a lower power per GPU
+// whose J/token is at least PowerMinSaving lower for at most
+// PowerMaxSlowdown less throughput shows that a lower power limit pays for
+// the higher-power runs: savings_J = (J/token difference) × their tokens,
+// savings_usd = energy saved × their $/kWh − the slowdown's extra GPU cost.
+// Without such a pair, a heuristic (low confidence) for runs averaging ≥
+// PowerBusyShare of a known power limit.
 func Power(runs []Run) []*trainmeterv1.Recommendation {
 	var out []*trainmeterv1.Recommendation
 	covered := map[string]bool{}
-	type group struct{ runs []Run }
-	groups := map[string]*group{}
-	for _, r := range runs {
-		rep := r.Report
-		if rep.GetJPerToken() <= 0 || rep.GetTokPerS() <= 0 || rep.GetGpus() == 0 || rep.GetMetadata().GetModel() == "" {
-			continue
+	groups := groupBy(runs, func(r Run) string {
+		if rep := r.Report; rep.GetJPerToken() <= 0 || rep.GetTokPerS() <= 0 || rep.GetGpus() == 0 || modelOf(r) == "" {
+			return ""
 		}
-		k := likeKey(rep)
-		if groups[k] == nil {
-			groups[k] = &group{}
-		}
-		groups[k].runs = append(groups[k].runs, r)
-	}
+		return likeKey(r.Report)
+	})
 	perGPU := func(r Run) float64 { return r.Report.GetAvgPowerW() / float64(r.Report.GetGpus()) }
 	for _, k := range sortedKeys(groups) {
 		g := groups[k]
-		for _, hi := range g.runs {
+		for _, hi := range g {
 			var bestLo *Run
-			for i := range g.runs {
-				lo := &g.runs[i]
+			for i := range g {
+				lo := &g[i]
 				if perGPU(*lo) >= perGPU(hi) {
 					continue
 				}
@@ -692,7 +614,7 @@ func Power(runs []Run) []*trainmeterv1.Recommendation {
 				Risks:  []string{"longer wall time (GPU-hours cost more than the energy saved when energy is cheap)", "trainmeter reports this; it never changes a power limit"},
 				RunIds: []string{h.GetRunId()}, Model: h.GetMetadata().GetModel(),
 				Evidence: fmt.Sprintf("J/token %.4g vs %.4g × %d tokens; compared like runs %s (%s)", h.GetJPerToken(), l.GetJPerToken(), h.GetTokensMeasured(),
-					strings.Join(runIDs(g.runs), ", "), likeDescription(h)),
+					strings.Join(runIDs(g), ", "), likeDescription(h)),
 			})
 		}
 	}
@@ -812,16 +734,13 @@ func OverlapGroup(kind string) string {
 	return kind
 }
 
-// Total is the potential savings of recs without double counting, in
-// dollars and joules. Each recommendation's savings are booked to the runs
-// it is about: a dataset-size one to its largest-size run (the last of its
-// run_ids, whose cost it cuts), any other one about several runs in
-// proportion to their costs (energies). Per run, the recommendations of one
-// OverlapGroup count once, the largest; savings of different groups
-// compound, as independent cuts of what is left:
-// cost × (1 − Π (1 − group savings ÷ cost)), so a run's total never exceeds
-// its cost (energy); for a live run the cost is its projected cost at
-// completion when that is higher. Runs not in runs are summed as they are.
+// Total is the savings of recs without double counting, in dollars and
+// joules. Savings are booked to the runs they are about: a dataset-size
+// one's to its largest-size run (the last of its run_ids), others in
+// proportion to the runs' costs (energies). Per run, one OverlapGroup counts
+// once, its largest; groups compound as independent cuts, spend × (1 − Π (1
+// − group savings ÷ spend)), so a run's total never exceeds its spend.
+// Runs not in runs are summed as they are.
 func Total(recs []*trainmeterv1.Recommendation, runs []Run) (usd, joules float64) {
 	type claims struct{ usd, j map[string]float64 }
 	byRun := map[string]*claims{}

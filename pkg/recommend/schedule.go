@@ -55,17 +55,14 @@ func (o scheduleObjective) perRun(start time.Time, d time.Duration, watts float6
 	return v
 }
 
-// Schedule: for each model with at least ScheduleMinRuns ended runs (a
-// repeated run), its latest ended run is the template: its whole-run
-// facility energy (energy_total_J × PUE) spread evenly over its wall
-// time. Moved to start at each whole hour of the same local day (in the
-// schedule's time zone), the template's CO2 in its zone's carbon schedule
-// and its energy cost in the tariff are computed the same way; the hour
-// with the least CO2 (and the one with the least energy cost) is
-// recommended when it saves at least ScheduleMinSaving of the template at
-// its actual start, computed alike (so the share compares like with like,
-// not the file's typical day with the live intensity the run was booked
-// at). One recommendation per objective; one when both pick the same hour.
+// Schedule: for each model with at least ScheduleMinRuns ended runs, the
+// latest is the template: its facility energy (energy_total_J × PUE) spread
+// evenly over its wall time, moved to each whole hour of the same local day.
+// The hour with the least CO2 (zone schedule) and the one with the least
+// energy cost (tariff) are recommended when they save at least
+// ScheduleMinSaving of the template at its actual start, computed alike (the
+// typical day against itself, not against the live intensity the run was
+// booked at). One recommendation per objective, one if both pick an hour.
 func Schedule(runs []Run, in ScheduleInputs) []*trainmeterv1.Recommendation {
 	if in.Carbon == nil && in.Tariff == nil {
 		return nil
@@ -74,14 +71,12 @@ func Schedule(runs []Run, in ScheduleInputs) []*trainmeterv1.Recommendation {
 	if pue < 1 || math.IsNaN(pue) || math.IsInf(pue, 0) {
 		pue = 1
 	}
-	byModel := map[string][]Run{}
-	for _, r := range runs {
-		rep := r.Report
-		if !rep.GetEnded() || rep.GetWallS() <= 0 || rep.GetEnergyTotalJ() <= 0 || rep.GetStart() == nil || rep.GetMetadata().GetModel() == "" {
-			continue
+	byModel := groupBy(runs, func(r Run) string {
+		if rep := r.Report; !rep.GetEnded() || rep.GetWallS() <= 0 || rep.GetEnergyTotalJ() <= 0 || rep.GetStart() == nil {
+			return ""
 		}
-		byModel[rep.GetMetadata().GetModel()] = append(byModel[rep.GetMetadata().GetModel()], r)
-	}
+		return modelOf(r)
+	})
 	var out []*trainmeterv1.Recommendation
 	for _, model := range sortedKeys(byModel) {
 		group := byModel[model]
@@ -200,12 +195,8 @@ func scheduleRecommendation(model string, group []Run, c scheduleChoice, objs []
 			effects = append(effects, fmt.Sprintf("energy cost %s → %s per run (%s)", money.USD(base), money.USD(moved), o.where))
 		}
 	}
-	ids := make([]string, len(group))
-	for i, r := range group {
-		ids[i] = r.Report.GetRunId()
-	}
 	rec.Evidence = fmt.Sprintf("repeated run: %d ended runs of %s (%s); the latest, %s, drew %.4g kWh (× PUE) over %s; moved to each whole hour of its day: %s",
-		len(group), model, strings.Join(ids, ", "), tmpl.GetRunId(), watts*d.Seconds()/3.6e6, d.Round(time.Second), strings.Join(effects, "; "))
+		len(group), model, strings.Join(runIDs(group), ", "), tmpl.GetRunId(), watts*d.Seconds()/3.6e6, d.Round(time.Second), strings.Join(effects, "; "))
 	return rec
 }
 

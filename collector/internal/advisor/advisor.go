@@ -1,19 +1,19 @@
-// Package advisor is the collector's live dataloader advisor. It watches every applied batch (the
-// ingest OnApplied hook), keeps per-(run, node) rolling figures, evaluates
-// the rules of pkg/dataloader every adjustment_interval steps, sends new
-// settings down the node's stream as a DataloaderAdvice (the agent turns it
-// into an "advice" line for the run's trainers), and records every
-// evaluation and per-epoch statistics in the store (namespace "advice") for
-// `trainmeter report` and `trainmeter recommend` (the RecommendService,
-// package optimizer, reads that history).
+// Package advisor is the collector's live dataloader advisor: it watches
+// every applied batch, keeps per-(run, node) figures, evaluates the rules of
+// pkg/dataloader every adjustment_interval steps, sends new settings down
+// the node's stream as a DataloaderAdvice, and records every evaluation and
+// per-epoch statistics in the store (namespace "advice"), which package
+// optimizer reads for `trainmeter report` and `trainmeter recommend`.
 package advisor
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,10 +37,8 @@ const Namespace = "advice"
 const queueLen = 1024
 
 // idleAfter: a (run, node) that sent nothing for this long (batch time) is
-// forgotten, so runs that never send run_end do not leak. The states are
-// swept for idle ones once per sweepEvery of batch time, not per batch: a
-// sweep visits every run, and per batch that made the advisor's cost grow
-// with the square of the runs (docs/benchmarks.md).
+// forgotten, so runs that never send run_end do not leak. The sweep visits
+// every run, so it runs once per sweepEvery of batch time, not per batch.
 const (
 	idleAfter  = time.Hour
 	sweepEvery = time.Minute
@@ -91,14 +89,6 @@ type epochAcc struct {
 	measuredS      float64
 }
 
-// countedWindow is the last window counted in the epoch's throughput: an
-// eval inside it takes it out again (it straddles the boundary).
-type countedWindow struct {
-	end    time.Time
-	tokens uint64
-	secs   float64
-}
-
 type runState struct {
 	adv *dataloader.Advisor
 	iv  dataloader.Interval
@@ -122,10 +112,11 @@ type runState struct {
 	// the wrong epoch (20 steps per epoch shown as 22 and 18).
 	closedSteps float64
 	evalSteps   uint64
-	// lastCounted is the last window added to the epoch's throughput;
-	// measuredFrom the last boundary: a window starting before it straddles
-	// that boundary and counts in neither epoch.
-	lastCounted  *countedWindow
+	// lastCounted is the last window added to the epoch's throughput (an
+	// eval inside it takes it out again); measuredFrom the last boundary: a
+	// window starting before it straddles that boundary and counts in
+	// neither epoch.
+	lastCounted  *runWindow
 	measuredFrom time.Time
 	// reportedW / reportedP: the loader the trainer reported at the last
 	// boundary, still in force (reportedOK) when no change was applied
@@ -152,7 +143,6 @@ type Advisor struct {
 	lastSweep time.Time // batch time of the last idle sweep
 
 	skipped   atomic.Uint64
-	evaluated atomic.Uint64
 	sent      atomic.Uint64
 	processed chan struct{} // test hook: signalled after each item (nil: off)
 }
@@ -160,9 +150,7 @@ type Advisor struct {
 // New returns an advisor; Start it, and register Observe with the ingest
 // server's OnApplied.
 func New(st storage.Store, send Sender, log *slog.Logger) *Advisor {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	return &Advisor{st: st, send: send, log: log, queue: make(chan item, queueLen), done: make(chan struct{}), runs: map[key]*runState{},
 		nodes: map[string]map[string]struct{}{}}
 }
@@ -195,14 +183,6 @@ func (a *Advisor) Shutdown(ctx context.Context) error {
 	stopped := make(chan struct{})
 	go func() { a.wg.Wait(); close(stopped) }()
 	return lifecycle.Wait(ctx, stopped, "dataloader advisor")
-}
-
-// Stats are the advisor's counters.
-type Stats struct{ Skipped, Evaluated, Sent uint64 }
-
-// Stats returns the counters.
-func (a *Advisor) Stats() Stats {
-	return Stats{Skipped: a.skipped.Load(), Evaluated: a.evaluated.Load(), Sent: a.sent.Load()}
 }
 
 // Counts is how many recommendations the advisor has sent since it
@@ -290,11 +270,9 @@ func (a *Advisor) state(run, node string, start *trainmeterv1.RunStart) *runStat
 // forget drops a (run, node) state.
 func (a *Advisor) forget(k key) {
 	delete(a.runs, k)
-	if ns := a.nodes[k.run]; ns != nil {
-		delete(ns, k.node)
-		if len(ns) == 0 {
-			delete(a.nodes, k.run)
-		}
+	delete(a.nodes[k.run], k.node)
+	if len(a.nodes[k.run]) == 0 {
+		delete(a.nodes, k.run)
 	}
 }
 
@@ -305,12 +283,7 @@ func (a *Advisor) forget(k key) {
 // same epoch) is no boundary there; an eval without an epoch always is.
 func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 	run := e.GetRunId()
-	nodes := make([]string, 0, len(a.nodes[run]))
-	for n := range a.nodes[run] {
-		nodes = append(nodes, n)
-	}
-	sort.Strings(nodes)
-	for _, node := range nodes {
+	for _, node := range slices.Sorted(maps.Keys(a.nodes[run])) {
 		s := a.runs[key{run, node}]
 		epoch := s.lastEval + 1
 		if hasEpoch(e) {
@@ -324,7 +297,7 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 		at := e.GetTime().AsTime()
 		if w := s.lastCounted; w != nil && w.end.After(at) {
 			s.epoch.measuredTokens -= w.tokens
-			s.epoch.measuredS -= w.secs
+			s.epoch.measuredS -= w.end.Sub(w.start).Seconds()
 		}
 		s.lastCounted, s.measuredFrom = nil, at
 		// What the epoch ran with: what the trainer says, else what the
@@ -464,7 +437,7 @@ func (s *runState) countThroughput(w runWindow) {
 	}
 	s.epoch.measuredTokens += w.tokens
 	s.epoch.measuredS += secs
-	s.lastCounted = &countedWindow{end: w.end, tokens: w.tokens, secs: secs}
+	s.lastCounted = &w
 }
 
 func hostFigures(h *trainmeterv1.HostWindow) (ram float64, ok bool, cpus int) {
@@ -483,7 +456,6 @@ func (a *Advisor) evaluate(run, node string, s *runState, at time.Time, recs map
 		s.iv.HasGPUUtilization = true
 	}
 	adv := s.adv.Evaluate(s.iv)
-	a.evaluated.Add(1)
 	s.resetInterval()
 	gpuUtil, ramUse := -1.0, -1.0
 	if adv.HasGPUUtilization {
@@ -566,22 +538,19 @@ func epochKey(run, node string, epoch int64, at time.Time) string {
 func History(st storage.Store, run string) (*trainmeterv1.DataloaderHistoryResponse, error) {
 	out := &trainmeterv1.DataloaderHistoryResponse{}
 	err := st.ScanRecords(Namespace, run+"\x00", func(k string, v []byte) (bool, error) {
-		rest := k[len(run)+1:]
-		switch {
+		var m proto.Message
+		switch rest := k[len(run)+1:]; {
 		case len(rest) > 2 && rest[:2] == "e\x00":
 			e := &trainmeterv1.DataloaderEvaluation{}
-			if err := proto.Unmarshal(v, e); err != nil {
-				return false, err
-			}
-			out.Evaluations = append(out.Evaluations, e)
+			m, out.Evaluations = e, append(out.Evaluations, e)
 		case len(rest) > 2 && rest[:2] == "p\x00":
 			e := &trainmeterv1.DataloaderEpoch{}
-			if err := proto.Unmarshal(v, e); err != nil {
-				return false, err
-			}
-			out.Epochs = append(out.Epochs, e)
+			m, out.Epochs = e, append(out.Epochs, e)
+		default:
+			return true, nil
 		}
-		return true, nil
+		err := proto.Unmarshal(v, m)
+		return err == nil, err
 	})
 	if err != nil {
 		return nil, err
@@ -601,12 +570,11 @@ func History(st storage.Store, run string) (*trainmeterv1.DataloaderHistoryRespo
 // loader may not make up the whole wait).
 func DataloaderRecommendation(r *trainmeterv1.RunReport, h *trainmeterv1.DataloaderHistoryResponse) *trainmeterv1.Recommendation {
 	var first, last *trainmeterv1.DataloaderEvaluation
+	var reasons []string
 	for _, e := range h.GetEvaluations() {
 		if e.GetChanged() && e.GetDelivered() {
-			if first == nil {
-				first = e
-			}
-			last = e
+			first, last = cmp.Or(first, e), e
+			reasons = append(reasons, fmt.Sprintf("step %d %s: workers %d prefetch %d", e.GetStep(), e.GetClassification(), e.GetNumWorkers(), e.GetPrefetchFactor()))
 		}
 	}
 	if last == nil {
@@ -616,12 +584,6 @@ func DataloaderRecommendation(r *trainmeterv1.RunReport, h *trainmeterv1.Dataloa
 	risks := []string{"more workers and prefetch use more host RAM and CPU", "the expected gain is the data-wait share: an upper bound"}
 	if last.GetClassification() == "memory-bound" {
 		risks = []string{"less prefetch can expose data wait again", "the RAM may be used by something other than the loader"}
-	}
-	var reasons []string
-	for _, e := range h.GetEvaluations() {
-		if e.GetChanged() && e.GetDelivered() {
-			reasons = append(reasons, fmt.Sprintf("step %d %s: workers %d prefetch %d", e.GetStep(), e.GetClassification(), e.GetNumWorkers(), e.GetPrefetchFactor()))
-		}
 	}
 	evidence := fmt.Sprintf("data wait %.0f%% of step time when first advised, expected gain %.0f%%; advice: %s",
 		100*first.GetDataWaitShare(), 100*gain, strings.Join(reasons, "; "))

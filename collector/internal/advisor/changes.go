@@ -8,19 +8,13 @@ import (
 )
 
 // Changes finds, in a run's per-epoch records, the loader changes the
-// trainer applied (consecutive epochs that ran with different settings on
-// a node) and puts the throughput measured before each beside the
-// throughput after it: the measured gain, where the advice only had an
-// expected one.
-//
-// On a node, "before" is the stretch of epochs that ran with the old
-// settings (back to the previous change), "after" the stretch with the new
-// ones (up to the next change or the run's end): tokens ÷ seconds of the
-// whole windows after warmup in those epochs. The nodes that applied a
-// change at the same epoch are one change; their rates add up (all the
-// run's GPUs), and a side one of them did not measure is unknown (-1). Epoch records from before ran_* (ran_prefetch_factor 0)
-// are skipped: what they ran with is not known; so are those with the
-// advisor's belief where the trainer reported others.
+// trainer applied (consecutive epochs on a node that ran with different
+// settings) and the throughput measured before and after each: tokens ÷
+// seconds of the whole windows after warmup in the stretch of epochs with
+// the old settings and in the one with the new. Nodes that applied a change
+// at the same epoch are one change whose rates add up (all the run's GPUs).
+// Epochs whose settings are not known (ran_prefetch_factor 0) are skipped,
+// and so are the advisor's beliefs where the trainer reported its own.
 func Changes(h *trainmeterv1.DataloaderHistoryResponse) []*trainmeterv1.DataloaderChange {
 	type stretch struct {
 		workers, prefetch uint32

@@ -1,9 +1,7 @@
 // Package alert is the collector's alert record: what budgets, run cost caps
 // and price watching fire. A Recorder stores each alert once (by its dedup
 // key) and tells the sinks of new ones; Webhooks is the sink that POSTs them,
-// with retries that survive a restart. Budgets (package budget) and price
-// watching (package pricewatch) both fire through a Recorder and neither
-// depends on the other (docs/budgets.md).
+// with retries that survive a restart (docs/budgets.md).
 package alert
 
 import (
@@ -20,11 +18,9 @@ import (
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// NSAlerts is the store namespace of fired alerts. The key of an alert is
-// what makes it unique (budget id, period, kind, threshold; or GPU model and
-// fetch time), and an alert is stored with PutRecordIfAbsent: the write that
-// wins is the one firing, so an alert fires once, also across restarts and
-// concurrent evaluations.
+// NSAlerts is the store namespace of fired alerts, keyed by what makes an
+// alert unique; stored with PutRecordIfAbsent, an alert fires once, also
+// across restarts and concurrent evaluations.
 const NSAlerts = "alerts"
 
 // Alert kinds and severities.
@@ -75,9 +71,7 @@ func alertID(key string) string {
 	return hex.EncodeToString(h[:8])
 }
 
-// Sink is told of each alert once, after it is stored. It must not
-// block (queue and return). The webhook sender is one; an OpenTelemetry log
-// exporter can be another.
+// Sink is told of each alert once, after it is stored. It must not block.
 type Sink interface {
 	Alert(ctx context.Context, a Alert)
 }

@@ -2,6 +2,7 @@ package alert
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -64,24 +65,12 @@ func (c WebhookConfig) Validate() error {
 }
 
 func (c WebhookConfig) withDefaults() WebhookConfig {
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 8
-	}
-	if c.BaseBackoff == 0 {
-		c.BaseBackoff = time.Second
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = time.Minute
-	}
-	if c.Timeout == 0 {
-		c.Timeout = 10 * time.Second
-	}
-	if c.QueueSize == 0 {
-		c.QueueSize = 1000
-	}
-	if c.Clock == nil {
-		c.Clock = clock.Real{}
-	}
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, 8)
+	c.BaseBackoff = cmp.Or(c.BaseBackoff, time.Second)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, time.Minute)
+	c.Timeout = cmp.Or(c.Timeout, 10*time.Second)
+	c.QueueSize = cmp.Or(c.QueueSize, 1000)
+	c.Clock = cmp.Or[clock.Clock](c.Clock, clock.Real{})
 	return c
 }
 
@@ -113,9 +102,7 @@ type hook struct {
 // NewWebhooks returns a sender; store may be nil (no redelivery after a
 // restart).
 func NewWebhooks(cfg WebhookConfig, store storage.Records, log *slog.Logger) *Webhooks {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	cfg = cfg.withDefaults()
 	w := &Webhooks{cfg: cfg, store: store, log: log, client: &http.Client{Timeout: cfg.Timeout}}
 	seen := map[string]bool{}
@@ -142,12 +129,7 @@ func (w *Webhooks) Start(context.Context) error {
 			_ = w.store.ScanRecords(NSWebhookPending, h.tag, func(_ string, v []byte) (bool, error) {
 				var a Alert
 				if json.Unmarshal(v, &a) == nil {
-					w.busy.Add(1)
-					select {
-					case h.queue <- a:
-					default:
-						w.busy.Add(-1)
-					}
+					w.enqueue(h, a)
 				}
 				return true, nil
 			})
@@ -185,13 +167,21 @@ func (w *Webhooks) Alert(_ context.Context, a Alert) {
 				}
 			}
 		}
-		w.busy.Add(1)
-		select {
-		case h.queue <- a:
-		default:
-			w.busy.Add(-1)
+		if !w.enqueue(h, a) {
 			w.log.Error("webhook queue full: alert dropped", "url", h.logURL, "alert", a.ID, "message", a.Message)
 		}
+	}
+}
+
+// enqueue queues a for h unless its queue is full, counting it busy.
+func (w *Webhooks) enqueue(h *hook, a Alert) bool {
+	w.busy.Add(1)
+	select {
+	case h.queue <- a:
+		return true
+	default:
+		w.busy.Add(-1)
+		return false
 	}
 }
 

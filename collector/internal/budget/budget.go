@@ -6,6 +6,7 @@
 package budget
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,8 +14,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -72,9 +74,7 @@ const MaxScopeLen = 1024
 // Normalize fills defaults and checks the budget.
 func (b *Budget) Normalize() error {
 	b.Scope = strings.TrimSpace(b.Scope)
-	if b.Period == "" {
-		b.Period = PeriodTotal
-	}
+	b.Period = cmp.Or(b.Period, PeriodTotal)
 	if b.Policy == "alert" {
 		b.Policy = PolicyAlert
 	}
@@ -85,9 +85,7 @@ func (b *Budget) Normalize() error {
 	case len(b.Scope) > MaxScopeLen || strings.ContainsRune(b.Scope, 0):
 		errs = append(errs, fmt.Errorf("budget scope: at most %d bytes, no NUL", MaxScopeLen))
 	default:
-		if err := checkScope(b.Scope); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, checkScope(b.Scope))
 	}
 	if b.Period != PeriodTotal && b.Period != PeriodMonth {
 		errs = append(errs, fmt.Errorf("budget period %q: want total or month", b.Period))
@@ -117,15 +115,10 @@ func checkScope(s string) error {
 
 func budgetKey(period, scope string) string { return period + "/" + scope }
 
-// Matches reports whether the scope covers the run:
-//
-//   - all runs
-//     model:NAME       runs whose metadata model is NAME
-//     team:X           runs with the label team=X
-//     label:KEY=VALUE  runs with the label KEY=VALUE
-//     anything else    runs whose run_start budget_scope is exactly that
-//
-// Comparisons are exact (case-sensitive).
+// Matches reports whether the scope covers the run: "*" all runs,
+// model:NAME the runs of that model, team:X those labelled team=X,
+// label:KEY=VALUE those with that label, anything else those whose run_start
+// budget_scope is exactly that. Comparisons are case-sensitive.
 func Matches(scope string, r *trainmeterv1.RunReport) bool {
 	switch {
 	case scope == "*":
@@ -222,18 +215,10 @@ type Manager struct {
 // collector's pricing); advise may be nil (no stop advisories); sink may be
 // nil.
 func New(cfg Config, st storage.Store, report func(*aggregate.State) *trainmeterv1.RunReport, advise Advisor, sink alert.Sink, log *slog.Logger) *Manager {
-	if cfg.EvalInterval == 0 {
-		cfg.EvalInterval = time.Second
-	}
-	if cfg.Location == nil {
-		cfg.Location = time.UTC
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	cfg.EvalInterval = cmp.Or(cfg.EvalInterval, time.Second)
+	cfg.Location = cmp.Or(cfg.Location, time.UTC)
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	m := &Manager{cfg: cfg, store: st, report: report, advise: advise, rec: &alert.Recorder{Store: st, Sink: sink}, log: log,
 		dirty: make(chan struct{}, 1), stopped: map[string]bool{}, changed: map[string]struct{}{},
 		capStopped: map[string]bool{}, capDone: map[string]bool{}, capTouched: map[string]struct{}{}, capNow: make(chan struct{}, 1)}
@@ -258,6 +243,7 @@ func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 	m.mu.Lock()
 	for _, w := range b.GetRunWindows() {
 		m.changed[w.GetRunId()] = struct{}{}
+		m.capTouched[w.GetRunId()] = struct{}{}
 	}
 	for _, e := range b.GetRunEvents() {
 		switch ev := e.GetEvent().(type) {
@@ -275,9 +261,6 @@ func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 	}
 	for _, l := range b.GetLosses() {
 		m.changed[l.GetRunId()] = struct{}{}
-	}
-	for _, w := range b.GetRunWindows() {
-		m.capTouched[w.GetRunId()] = struct{}{}
 	}
 	m.mu.Unlock()
 	m.MarkDirty()
@@ -337,9 +320,8 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	return lifecycle.Wait(ctx, m.done, "budget evaluation")
 }
 
-// Set creates or replaces the budget of (scope, period). b.ID, when set,
-// is kept (a pair's collectors get the same id from the CLI); else a random
-// one is picked.
+// Set creates or replaces the budget of (scope, period), keeping b.ID when
+// set (a pair's collectors get the same id from the CLI), else picking one.
 func (m *Manager) Set(b Budget) (Budget, error) {
 	if err := b.Normalize(); err != nil {
 		return Budget{}, err
@@ -366,9 +348,7 @@ var ErrNoBudget = errors.New("no such budget")
 
 // Delete removes the budget of (scope, period).
 func (m *Manager) Delete(scope, period string) error {
-	if period == "" {
-		period = PeriodTotal
-	}
+	period = cmp.Or(period, PeriodTotal)
 	k := budgetKey(period, strings.TrimSpace(scope))
 	if _, err := m.store.GetRecord(NSBudgets, k); errors.Is(err, storage.ErrNotFound) {
 		return fmt.Errorf("%w: %s (%s)", ErrNoBudget, scope, period)
@@ -412,13 +392,8 @@ func (m *Manager) runs() ([]run, error) {
 	m.mu.Unlock()
 	full := m.cache == nil || now.Sub(m.lastFull) >= FullReload || now.Before(m.lastFull)
 	if !full && len(changed) > 0 {
-		ids := make([]string, 0, len(changed))
-		for id := range changed {
-			if id != "" {
-				ids = append(ids, id)
-			}
-		}
-		loaded, err := m.load(ids, now)
+		delete(changed, "")
+		loaded, err := m.load(slices.Collect(maps.Keys(changed)), now)
 		if err != nil {
 			full = true // a run deleted meanwhile, or a read error: read everything
 		}
@@ -442,12 +417,7 @@ func (m *Manager) runs() ([]run, error) {
 		}
 		m.lastFull = now
 	}
-	out := make([]run, 0, len(m.cache))
-	for _, x := range m.cache {
-		out = append(out, x)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].r.GetRunId() < out[j].r.GetRunId() })
-	return out, nil
+	return slices.SortedFunc(maps.Values(m.cache), func(a, b run) int { return strings.Compare(a.r.GetRunId(), b.r.GetRunId()) }), nil
 }
 
 // load reads runs (all if ids is empty) and reports them.
@@ -459,14 +429,10 @@ func (m *Manager) load(ids []string, now time.Time) ([]run, error) {
 	out := make([]run, 0, len(states))
 	for _, s := range states {
 		r := m.report(s)
-		x := run{r: r, start: now}
+		x := run{r: r, start: now, nodes: slices.Sorted(maps.Keys(s.Nodes))}
 		if r.GetStart() != nil {
 			x.start = r.GetStart().AsTime()
 		}
-		for n := range s.Nodes {
-			x.nodes = append(x.nodes, n)
-		}
-		sort.Strings(x.nodes)
 		out = append(out, x)
 	}
 	return out, nil
@@ -487,15 +453,21 @@ type Status struct {
 func (s Status) Ratio() float64          { return s.SpentUSD / s.LimitUSD }
 func (s Status) ProjectedRatio() float64 { return s.ProjectedUSD / s.LimitUSD }
 
-// statuses computes each budget's use per period present among its runs
-// (the current period always present).
-func (m *Manager) statuses(budgets []Budget, runs []run) map[string][]*Status {
+// periods is one budget's use in each period present among its runs, by
+// period key, and in the current period (always present).
+type periods struct {
+	all []*Status
+	cur *Status
+}
+
+// statuses computes each budget's periods (out[i] is budgets[i]'s).
+func (m *Manager) statuses(budgets []Budget, runs []run) []periods {
 	now := m.cfg.Clock.Now()
-	out := map[string][]*Status{}
-	for _, b := range budgets {
-		byKey := map[string]*Status{}
+	out := make([]periods, len(budgets))
+	for i, b := range budgets {
 		cur := PeriodKey(b.Period, now, m.cfg.Location)
-		byKey[cur] = &Status{Budget: b, PeriodKey: cur}
+		out[i].cur = &Status{Budget: b, PeriodKey: cur}
+		byKey := map[string]*Status{cur: out[i].cur}
 		for _, x := range runs {
 			if !Matches(b.Scope, x.r) {
 				continue
@@ -515,13 +487,8 @@ func (m *Manager) statuses(budgets []Budget, runs []run) map[string][]*Status {
 				s.live = append(s.live, x)
 			}
 		}
-		keys := make([]string, 0, len(byKey))
-		for k := range byKey {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			out[b.ID] = append(out[b.ID], byKey[k])
+		for _, k := range slices.Sorted(maps.Keys(byKey)) {
+			out[i].all = append(out[i].all, byKey[k])
 		}
 	}
 	return out
@@ -531,8 +498,8 @@ func (m *Manager) statuses(budgets []Budget, runs []run) map[string][]*Status {
 // built (failed ones included).
 func (m *Manager) Evaluations() uint64 { return m.evaluations.Load() }
 
-// Evaluate fires the alerts now due and sends stop advisories. Tests call
-// it directly; the loop calls it when runs or budgets changed.
+// Evaluate fires the alerts now due and sends stop advisories; the loop
+// calls it when runs or budgets changed.
 func (m *Manager) Evaluate(ctx context.Context) error {
 	m.evalMu.Lock()
 	defer m.evalMu.Unlock()
@@ -540,13 +507,12 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 	capErr := m.evaluateCaps(ctx)
 	budgets, err := m.Budgets()
 	if err != nil || len(budgets) == 0 {
-		// Nothing to watch: forget the runs (a budget set later reads
-		// them all).
+		// Nothing to watch: forget the runs (a later budget reads them all).
 		m.mu.Lock()
 		m.changed = map[string]struct{}{}
 		m.mu.Unlock()
 		m.cache = nil
-		m.setUse(nil, nil)
+		m.setUse(nil)
 		return errors.Join(capErr, err)
 	}
 	runs, err := m.runs()
@@ -557,8 +523,8 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 	m.forgetStopped(runs)
 	now := m.cfg.Clock.Now().UTC()
 	var errs []error
-	for _, b := range budgets {
-		for _, s := range st[b.ID] {
+	for i, b := range budgets {
+		for _, s := range st[i].all {
 			for _, kind := range []bool{false, true} {
 				v := s.SpentUSD
 				if kind {
@@ -568,9 +534,7 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 					if v/b.LimitUSD < th.Ratio {
 						break
 					}
-					if err := m.fire(ctx, s, th.Ratio, th.Severity, kind, v, now); err != nil {
-						errs = append(errs, err)
-					}
+					errs = append(errs, m.fire(ctx, s, th.Ratio, th.Severity, kind, v, now))
 				}
 			}
 			if b.Policy == PolicyStop && s.Ratio() >= 1 {
@@ -578,7 +542,7 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 			}
 		}
 	}
-	m.setUse(budgets, st)
+	m.setUse(st)
 	return errors.Join(append(errs, capErr)...)
 }
 
@@ -611,30 +575,33 @@ func periodLabel(period, key string) string {
 }
 
 // stopRuns tells the agents of each live run of an exceeded stop budget to
-// stop it; a node that did not take the advisory (disconnected, queue full)
-// is asked again at the next evaluation.
+// stop it.
 func (m *Manager) stopRuns(b Budget, s *Status) {
 	if m.advise == nil {
 		return
 	}
 	reason := fmt.Sprintf("budget %s exceeded (%.0f%%)", b.Scope, 100*s.Ratio())
 	for _, x := range s.live {
-		for _, n := range x.nodes {
-			k := x.r.GetRunId() + "\x00" + n
-			m.mu.Lock()
-			done := m.stopped[k]
-			m.mu.Unlock()
-			if done {
-				continue
-			}
-			ok := m.advise.Advise(n, &trainmeterv1.Advisory{RunId: x.r.GetRunId(), Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: reason}}})
-			if ok {
-				m.mu.Lock()
-				m.stopped[k] = true
-				m.mu.Unlock()
-				m.log.Warn("stop advisory sent", "run", x.r.GetRunId(), "node", n, "reason", reason)
-			}
+		m.tellStop(m.stopped, x.r.GetRunId(), x.nodes, reason)
+	}
+}
+
+// tellStop advises each node of run not marked in told to stop it, and
+// marks those that took the advisory; a node that did not (disconnected,
+// queue full) is asked again at the next evaluation.
+func (m *Manager) tellStop(told map[string]bool, run string, nodes []string, reason string) {
+	for _, n := range nodes {
+		k := run + "\x00" + n
+		m.mu.Lock()
+		done := told[k]
+		m.mu.Unlock()
+		if done || !m.advise.Advise(n, &trainmeterv1.Advisory{RunId: run, Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: reason}}}) {
+			continue
 		}
+		m.mu.Lock()
+		told[k] = true
+		m.mu.Unlock()
+		m.log.Warn("stop advisory sent", "run", run, "node", n, "reason", reason)
 	}
 }
 
@@ -664,16 +631,10 @@ type Use struct {
 	Projected     float64
 }
 
-func (m *Manager) setUse(budgets []Budget, st map[string][]*Status) {
-	now := m.cfg.Clock.Now()
+func (m *Manager) setUse(st []periods) {
 	var use []Use
-	for _, b := range budgets {
-		cur := PeriodKey(b.Period, now, m.cfg.Location)
-		for _, s := range st[b.ID] {
-			if s.PeriodKey == cur {
-				use = append(use, Use{Scope: b.Scope, Period: b.Period, Ratio: s.Ratio(), Projected: s.ProjectedRatio()})
-			}
-		}
+	for _, p := range st {
+		use = append(use, Use{Scope: p.cur.Scope, Period: p.cur.Period, Ratio: p.cur.Ratio(), Projected: p.cur.ProjectedRatio()})
 	}
 	m.mu.Lock()
 	m.use = use
@@ -699,16 +660,9 @@ func (m *Manager) Statuses() ([]Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := m.statuses(budgets, runs)
-	now := m.cfg.Clock.Now()
 	var out []Status
-	for _, b := range budgets {
-		cur := PeriodKey(b.Period, now, m.cfg.Location)
-		for _, s := range st[b.ID] {
-			if s.PeriodKey == cur {
-				out = append(out, *s)
-			}
-		}
+	for _, p := range m.statuses(budgets, runs) {
+		out = append(out, *p.cur)
 	}
 	return out, nil
 }
@@ -726,13 +680,5 @@ func NewBudgetID() string {
 }
 
 func validBudgetID(id string) bool {
-	if len(id) != 16 {
-		return false
-	}
-	for _, c := range id {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
+	return len(id) == 16 && strings.Trim(id, "0123456789abcdef") == ""
 }

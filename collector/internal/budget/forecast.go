@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/trainmeter/trainmeter/pkg/compare"
 	"github.com/trainmeter/trainmeter/pkg/cost"
 )
 
@@ -82,7 +83,8 @@ func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
 		f.BasedOn = append(f.BasedOn, x.r.GetRunId())
 		costs = append(costs, x.r.GetTotalCostUsd())
 	}
-	f.MeanUSD, f.StddevUSD = meanStd(costs)
+	sum := compare.Summarize(costs)
+	f.MeanUSD, f.StddevUSD = sum.Mean, sum.SD
 	f.ExpectedUSD = float64(n) * f.MeanUSD
 	f.StddevSumUSD = math.Sqrt(float64(n)) * f.StddevUSD
 
@@ -94,19 +96,11 @@ func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
 	// its latest run), the forecast is against the tightest: the one with
 	// the least left in its current period.
 	st := m.statuses(budgets, runs)
-	now := m.cfg.Clock.Now()
 	for i, b := range budgets {
 		if b.Scope != "model:"+model && !Matches(b.Scope, hist[0].r) {
 			continue
 		}
-		cur := PeriodKey(b.Period, now, m.cfg.Location)
-		used := 0.0
-		for _, s := range st[b.ID] {
-			if s.PeriodKey == cur {
-				used = s.ProjectedUSD
-			}
-		}
-		if left := b.LimitUSD - used; f.Budget == nil || left < f.RemainingUSD {
+		if left := b.LimitUSD - st[i].cur.ProjectedUSD; f.Budget == nil || left < f.RemainingUSD {
 			f.Budget, f.RemainingUSD = &budgets[i], left
 		}
 	}
@@ -114,21 +108,6 @@ func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
 		f.OverageProbability = overage(f.ExpectedUSD, f.StddevSumUSD, f.RemainingUSD)
 	}
 	return f, nil
-}
-
-func meanStd(xs []float64) (mean, std float64) {
-	for _, x := range xs {
-		mean += x
-	}
-	mean /= float64(len(xs))
-	if len(xs) < 2 {
-		return mean, 0
-	}
-	var ss float64
-	for _, x := range xs {
-		ss += (x - mean) * (x - mean)
-	}
-	return mean, math.Sqrt(ss / float64(len(xs)-1))
 }
 
 // overage is P(X > remaining) for X ~ normal(mean, sd).

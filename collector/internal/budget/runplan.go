@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -77,15 +79,7 @@ const (
 )
 
 func validPlanKey(k string) bool {
-	if len(k) < MinPlanKeyLen || len(k) > MaxPlanKeyLen {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		if k[i] <= ' ' || k[i] > '~' {
-			return false
-		}
-	}
-	return true
+	return len(k) >= MinPlanKeyLen && len(k) <= MaxPlanKeyLen && !strings.ContainsFunc(k, func(r rune) bool { return r <= ' ' || r > '~' })
 }
 
 // ErrRunStarted: a plan was asked for a run the collector already has.
@@ -130,11 +124,10 @@ func (m *Manager) Estimate(req cost.EstimateRequest) (*trainmeterv1.RunEstimate,
 }
 
 // PlanRun keeps a run's cap and, when est is set, the estimate made now,
-// under key (the caller's secret; "": a new random one, returned): the plan applies to the run only when a start of
-// the run presents that key (RunStart.plan_key), so that whoever plans a
-// run id they do not start caps nothing. A failed estimate does not fail
-// the plan (the cap still holds): its error is returned as estErr and kept
-// with the run.
+// under key (the caller's secret; "": a new random one, returned): the plan
+// applies only when a start of the run presents that key (RunStart.plan_key),
+// so whoever plans a run id they do not start caps nothing. A failed
+// estimate does not fail the plan: its error is returned as estErr and kept.
 func (m *Manager) PlanRun(runID, key string, maxCostUSD float64, est *cost.EstimateRequest) (_ string, e *trainmeterv1.RunEstimate, estErr string, err error) {
 	switch {
 	case runID == "" || len(runID) > MaxRunIDLen || strings.ContainsRune(runID, 0):
@@ -272,16 +265,14 @@ func (m *Manager) AttachPlan(r *trainmeterv1.RunReport) {
 	}
 }
 
-// evaluateCaps fires the max-cost alert of each live capped run whose total
-// cost reached its cap, and tells its nodes to stop it; a node that did not
-// take the advisory is asked again at the next evaluation. Runs that ended
-// are not read again.
+// evaluateCaps binds and sweeps the plans and checks the cap of every
+// capped run (checkCap).
 func (m *Manager) evaluateCaps(ctx context.Context) error {
 	bindErr := errors.Join(m.bindPlans(), m.sweepPendingPlans())
 	var plans []RunPlan
 	err := m.store.ScanRecords(NSRunPlans, "", func(_ string, v []byte) (bool, error) {
 		var p RunPlan
-		if json.Unmarshal(v, &p) == nil && p.MaxCostUSD > 0 {
+		if json.Unmarshal(v, &p) == nil {
 			plans = append(plans, p)
 		}
 		return true, nil
@@ -291,58 +282,42 @@ func (m *Manager) evaluateCaps(ctx context.Context) error {
 	}
 	errs := []error{bindErr}
 	for _, p := range plans {
-		if err := m.checkCap(ctx, p); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, m.checkCap(ctx, p))
 	}
 	return errors.Join(errs...)
 }
 
 // evaluateCapsOf checks the caps of the runs batches touched since the last
-// call: the manager's loop calls it as soon as a batch is applied, so a run
-// is told to stop at the first batch that takes it to its cap rather than
-// at the next evaluation tick.
+// call, as soon as a batch is applied: a run is told to stop at the first
+// batch that takes it to its cap, not at the next evaluation tick.
 func (m *Manager) evaluateCapsOf(ctx context.Context) error {
-	bindErr := m.bindPlans()
+	errs := []error{m.bindPlans()}
 	m.mu.Lock()
 	runs := m.capTouched
 	m.capTouched = map[string]struct{}{}
 	m.mu.Unlock()
-	errs := []error{bindErr}
 	for id := range runs {
-		m.mu.Lock()
-		done := m.capDone[id]
-		m.mu.Unlock()
-		if done {
-			continue
-		}
 		p, ok, err := m.Plan(id)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+		if ok {
+			err = m.checkCap(ctx, p)
 		}
-		if !ok || p.MaxCostUSD <= 0 {
-			continue
-		}
-		if err := m.checkCap(ctx, p); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-// checkCap fires the max-cost alert of run p and tells its nodes to stop it
-// once its total cost reached the cap.
+// checkCap fires the max-cost alert of live run p and tells its nodes to
+// stop it once its total cost reached the cap (if it has one); a run that
+// ended is not read again.
 func (m *Manager) checkCap(ctx context.Context, p RunPlan) error {
 	m.mu.Lock()
 	done := m.capDone[p.RunID]
 	m.mu.Unlock()
-	if done {
+	if done || p.MaxCostUSD <= 0 {
 		return nil
 	}
 	states, err := m.store.ListRuns([]string{p.RunID})
-	var nf *storage.NotFoundError
-	if errors.As(err, &nf) || errors.Is(err, storage.ErrNotFound) || len(states) == 0 {
+	if errors.Is(err, storage.ErrNotFound) || len(states) == 0 {
 		return nil // not started yet
 	}
 	if err != nil {
@@ -378,20 +353,6 @@ func (m *Manager) checkCap(ctx context.Context, p RunPlan) error {
 		return err
 	}
 	reason := fmt.Sprintf("%s %s reached (%s spent)", MaxCostReasonPrefix, amounts[0], amounts[1])
-	for n := range s.Nodes {
-		k := p.RunID + "\x00" + n
-		m.mu.Lock()
-		told := m.capStopped[k]
-		m.mu.Unlock()
-		if told {
-			continue
-		}
-		if m.advise.Advise(n, &trainmeterv1.Advisory{RunId: p.RunID, Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: reason}}}) {
-			m.mu.Lock()
-			m.capStopped[k] = true
-			m.mu.Unlock()
-			m.log.Warn("stop advisory sent", "run", p.RunID, "node", n, "reason", reason)
-		}
-	}
+	m.tellStop(m.capStopped, p.RunID, slices.Sorted(maps.Keys(s.Nodes)), reason)
 	return err
 }

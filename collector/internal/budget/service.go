@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -84,30 +85,22 @@ func (s *Service) ListAlerts(_ context.Context, req *trainmeterv1.ListAlertsRequ
 	}
 	// Pages go by (time, id), which an alert recorded later does not move
 	// ahead of a page already read unless it is back-dated.
-	keys := make([]string, len(alerts))
-	for i, a := range alerts {
-		keys[i] = alertKey(a)
-	}
-	order := make([]int, len(alerts))
-	for i := range order {
-		order[i] = i
-	}
-	sort.SliceStable(order, func(i, j int) bool { return keys[order[i]] < keys[order[j]] })
+	slices.SortStableFunc(alerts, func(a, b alert.Alert) int { return strings.Compare(alertKey(a), alertKey(b)) })
 	i := 0
 	if req.GetPageToken() != "" {
-		i = sort.Search(len(order), func(i int) bool { return keys[order[i]] > tok.After })
+		i = sort.Search(len(alerts), func(i int) bool { return alertKey(alerts[i]) > tok.After })
 	}
 	resp := &trainmeterv1.ListAlertsResponse{}
 	var b page.Budget
 	last := ""
-	for ; i < len(order); i++ {
-		a := alerts[order[i]].Proto()
+	for ; i < len(alerts); i++ {
+		a := alerts[i].Proto()
 		if len(resp.Alerts) >= size || !b.Fits(a) {
 			break
 		}
-		resp.Alerts, last = append(resp.Alerts, a), keys[order[i]]
+		resp.Alerts, last = append(resp.Alerts, a), alertKey(alerts[i])
 	}
-	if i < len(order) {
+	if i < len(alerts) {
 		resp.NextPageToken = page.Encode(page.Token{Req: fp, After: last})
 	}
 	return resp, nil

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -105,7 +106,7 @@ func (s *Service) Recommend(_ context.Context, req *trainmeterv1.RecommendReques
 		Schedule: recommend.ScheduleInputs{Carbon: s.pricing.CarbonFile, Tariff: s.pricing.Tariff, PUE: s.pricing.EffectivePUE()}})
 	for _, r := range runs {
 		id := r.Report.GetRunId()
-		if len(req.GetRunIds()) > 0 && !contains(req.GetRunIds(), id) {
+		if len(req.GetRunIds()) > 0 && !slices.Contains(req.GetRunIds(), id) {
 			continue
 		}
 		h, err := advisor.History(s.st, id)
@@ -119,15 +120,6 @@ func (s *Service) Recommend(_ context.Context, req *trainmeterv1.RecommendReques
 	recommend.Sort(recs)
 	kept, usd, j := recommend.Filter(recs, mc, runs)
 	return &trainmeterv1.RecommendResponse{Recommendations: kept, TotalSavingsUsd: usd, TotalSavingsJ: j}, nil
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }
 
 // DataloaderHistory implements RecommendService.DataloaderHistory.
