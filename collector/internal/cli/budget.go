@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -40,10 +41,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "SCOPE\tPERIOD\tBUDGET\tSPENT\tUSED\tPROJECTED\tPROJ USED\tRUNS\tLIVE\tPOLICY")
 				for _, b := range resp.GetBudgets() {
-					pol := b.GetBudget().GetPolicy()
-					if pol == "" {
-						pol = "alert"
-					}
+					pol := cmp.Or(b.GetBudget().GetPolicy(), "alert")
 					// The same rounding as the alerts (pkg/money): spent and
 					// budget in the decimals of the larger.
 					amounts := money.USDs(b.GetBudget().GetLimitUsd(), b.GetSpentUsd(), b.GetProjectedUsd())
@@ -84,10 +82,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 					return err
 				}
 				b := resp.GetBudget()
-				pol := b.GetPolicy()
-				if pol == "" {
-					pol = "alert"
-				}
+				pol := cmp.Or(b.GetPolicy(), "alert")
 				per := "in total"
 				if b.GetPeriod() == "month" {
 					per = "per calendar month"

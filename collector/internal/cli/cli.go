@@ -167,10 +167,7 @@ func (cf *clientFlags) call(cmd *cobra.Command, fn func(context.Context, trainme
 
 // callConn is call for commands that use more than the QueryService.
 func (cf *clientFlags) callConn(cmd *cobra.Command, fn func(context.Context, *grpc.ClientConn) error) error {
-	ctx := cmd.Context()
-	if ctx == nil {
-		ctx = context.Background()
-	}
+	ctx := cmd.Context() // cobra's Execute sets one
 	conn, err := cf.dial(ctx, cmd.ErrOrStderr())
 	if err != nil {
 		return err
@@ -299,6 +296,7 @@ type runFilter struct {
 
 func (f runFilter) apply(runs []*trainmeterv1.RunReport) []*trainmeterv1.RunReport {
 	var out []*trainmeterv1.RunReport
+runs:
 	for _, r := range runs {
 		if f.model != "" && r.GetMetadata().GetModel() != f.model {
 			continue
@@ -309,16 +307,12 @@ func (f runFilter) apply(runs []*trainmeterv1.RunReport) []*trainmeterv1.RunRepo
 		if !f.since.IsZero() && (r.GetStart() == nil || r.GetStart().AsTime().Before(f.since)) {
 			continue
 		}
-		match := true
 		for k, v := range f.labels {
 			if got, ok := r.GetLabels()[k]; !ok || got != v {
-				match = false
-				break
+				continue runs
 			}
 		}
-		if match {
-			out = append(out, r)
-		}
+		out = append(out, r)
 	}
 	return out
 }
@@ -378,7 +372,7 @@ func newReportCommand(cf *clientFlags) *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return writeReportJSON(cmd.OutOrStdout(), resp.GetRun())
+					return writeProtoJSON(cmd.OutOrStdout(), resp.GetRun())
 				}
 				if err := report.WriteReport(cmd.OutOrStdout(), resp.GetRun()); err != nil {
 					return err
@@ -494,33 +488,22 @@ func writeFileAtomic(path string, fn func(io.Writer) error) error {
 }
 
 func writeViaTemp(path string, fn func(io.Writer) error) error {
-	dir, base := ".", path
-	if i := strings.LastIndexByte(path, os.PathSeparator); i >= 0 {
-		dir, base = path[:i+1], path[i+1:]
-	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
 	}
-	tmp := f.Name()
-	if err := fn(f); err != nil {
-		f.Close()
-		os.Remove(tmp)
+	defer os.Remove(f.Name()) // once renamed, there is nothing left to remove
+	err = fn(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
+	if err := os.Chmod(f.Name(), 0o644); err != nil {
 		return err
 	}
-	if err := os.Chmod(tmp, 0o644); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
+	return os.Rename(f.Name(), path)
 }
 
 func newNodesCommand(cf *clientFlags) *cobra.Command {
@@ -554,13 +537,10 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 					if n.GetLastSeen() != nil {
 						seen = report.Time(n.GetLastSeen().AsTime())
 					}
-					var names []string
-					for _, g := range n.GetGpus() {
-						names = append(names, g.GetName())
-					}
-					gpus := fmt.Sprint(len(n.GetGpus()))
-					if len(names) > 0 && names[0] != "" {
-						gpus += " x " + names[0]
+					gs := n.GetGpus()
+					gpus := fmt.Sprint(len(gs))
+					if len(gs) > 0 && gs[0].GetName() != "" {
+						gpus += " x " + gs[0].GetName()
 					}
 					if v := nodeVendors(n.GetGpus()); v != "" {
 						gpus += " (" + v + ")"

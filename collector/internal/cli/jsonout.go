@@ -12,13 +12,10 @@ import (
 // writeProtoJSON is every command's --json (package protojsonout: field
 // names as in the .proto files and the CSV, every number a JSON number).
 func writeProtoJSON(w io.Writer, m proto.Message) error {
-	b, err := protoJSON(m)
+	b, err := protojsonout.Indented(m)
 	if err != nil {
 		return err
 	}
 	_, err = fmt.Fprintln(w, string(b))
 	return err
 }
-
-// protoJSON is writeProtoJSON's text, indented, without the newline.
-func protoJSON(m proto.Message) ([]byte, error) { return protojsonout.Indented(m) }

@@ -116,10 +116,7 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 				// On-demand and spot apart; trends are of the on-demand median.
 				fmt.Fprintln(tw, "GPU\tCHEAPEST ON-DEMAND $/GPU-H\tPROVIDER\tMEDIAN ON-DEMAND $/GPU-H\tON-DEMAND OFFERS\tCHEAPEST SPOT $/GPU-H\tSPOT OFFERS\t24H\t7D\t30D\tFETCHED")
 				for _, g := range resp.GetGpus() {
-					prov := g.GetCheapest().GetProvider()
-					if prov == "" {
-						prov = "-"
-					}
+					prov := orDash(g.GetCheapest().GetProvider())
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", g.GetGpuName(), rate(g.GetCheapestUsdPerGpuHour()), prov,
 						rate(g.GetMedianUsdPerGpuHour()), g.GetOffers(), rate(g.GetCheapestSpotUsdPerGpuHour()), g.GetSpotOffers(),
 						trend(g.GetTrends(), "24h"), trend(g.GetTrends(), "7d"), trend(g.GetTrends(), "30d"),

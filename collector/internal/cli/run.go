@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -154,17 +155,12 @@ the command still runs, unmeasured.`,
 			if o.statusEvery <= 0 {
 				return fmt.Errorf("--status-every %v: must be positive", o.statusEvery)
 			}
-			if o.socket == "" {
-				o.socket = cf.getenv(EnvSocket)
-			}
-			if o.socket == "" {
-				o.socket = DefaultSocket
-			}
+			o.socket = cmp.Or(o.socket, cf.getenv(EnvSocket), DefaultSocket)
 			if o.runID == "" {
 				o.runID = newRunID(args[0])
 			}
 			o.stdin, o.stdout, o.stderr = cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr()
-			if f, ok := o.stderr.(*os.File); ok && isTerminal(f) {
+			if f, ok := o.stderr.(*os.File); ok && isTTY(f) {
 				o.termSize = func() (int, int, bool) { return termSize(f) }
 				// A live line needs the terminal's size; without it, plain lines.
 				_, _, o.tty = o.termSize()
@@ -246,17 +242,6 @@ func newRunID(command string) string {
 	b := make([]byte, 2)
 	_, _ = rand.Read(b)
 	return fmt.Sprintf("%s-%s-%s", name, time.Now().Format("20060102-150405"), hex.EncodeToString(b))
-}
-
-// isTerminal reports whether w is a character device (a terminal; no
-// x/term needed for that).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // runCommand runs args as one run and returns the exit code to exit with.
@@ -423,9 +408,6 @@ func refuseEndedRun(ctx context.Context, o *runOptions) error {
 		return nil
 	}
 	defer closeConn()
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	resp, err := qc.GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: o.runID})
