@@ -233,22 +233,18 @@ func newRunsCommand(cf *clientFlags) *cobra.Command {
 			}
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
 				all, err := allRuns(ctx, c)
-				if err != nil {
-					return err
-				}
 				runs := f.apply(all)
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), &trainmeterv1.ListRunsResponse{Runs: runs})
-				}
-				if len(runs) == 0 {
-					if len(all) == 0 {
-						fmt.Fprintln(cmd.OutOrStdout(), "no runs yet")
-					} else {
-						fmt.Fprintf(cmd.OutOrStdout(), "no runs match the filters (%s stored)\n", plural.N(len(all), "run"))
+				return show(cmd.OutOrStdout(), asJSON, &trainmeterv1.ListRunsResponse{Runs: runs}, err, func(w io.Writer) error {
+					if len(runs) == 0 {
+						if len(all) == 0 {
+							fmt.Fprintln(w, "no runs yet")
+						} else {
+							fmt.Fprintf(w, "no runs match the filters (%s stored)\n", plural.N(len(all), "run"))
+						}
+						return nil
 					}
-					return nil
-				}
-				return report.WriteTable(cmd.OutOrStdout(), runs)
+					return report.WriteTable(w, runs)
+				})
 			})
 		},
 	}
@@ -368,16 +364,12 @@ func newReportCommand(cf *clientFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewQueryServiceClient(conn).GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: args[0]})
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), resp.GetRun())
-				}
-				if err := report.WriteReport(cmd.OutOrStdout(), resp.GetRun()); err != nil {
-					return err
-				}
-				return writeDataloaderSection(ctx, cmd.OutOrStdout(), conn, args[0])
+				return show(cmd.OutOrStdout(), asJSON, resp.GetRun(), err, func(w io.Writer) error {
+					if err := report.WriteReport(w, resp.GetRun()); err != nil {
+						return err
+					}
+					return writeDataloaderSection(ctx, w, conn, args[0])
+				})
 			})
 		},
 	}
@@ -515,41 +507,37 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
 				nodes, err := allNodes(ctx, c)
-				if err != nil {
-					return err
-				}
 				sort.Slice(nodes, func(i, j int) bool { return nodes[i].GetNode() < nodes[j].GetNode() })
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), &trainmeterv1.ListNodesResponse{Nodes: nodes})
-				}
-				if len(nodes) == 0 {
-					fmt.Fprintln(cmd.OutOrStdout(), "no nodes yet")
-					return nil
-				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NODE\tSTATUS\tGPUS\tLAST SEEN\tLAST SEQ\tBOOT\tHOST ENERGY (RAPL)")
-				for _, n := range nodes {
-					st := "disconnected"
-					if n.GetConnected() {
-						st = "connected"
+				return show(cmd.OutOrStdout(), asJSON, &trainmeterv1.ListNodesResponse{Nodes: nodes}, err, func(w io.Writer) error {
+					if len(nodes) == 0 {
+						fmt.Fprintln(w, "no nodes yet")
+						return nil
 					}
-					seen := "-"
-					if n.GetLastSeen() != nil {
-						seen = report.Time(n.GetLastSeen().AsTime())
+					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "NODE\tSTATUS\tGPUS\tLAST SEEN\tLAST SEQ\tBOOT\tHOST ENERGY (RAPL)")
+					for _, n := range nodes {
+						st := "disconnected"
+						if n.GetConnected() {
+							st = "connected"
+						}
+						seen := "-"
+						if n.GetLastSeen() != nil {
+							seen = report.Time(n.GetLastSeen().AsTime())
+						}
+						gs := n.GetGpus()
+						gpus := fmt.Sprint(len(gs))
+						if len(gs) > 0 && gs[0].GetName() != "" {
+							gpus += " x " + gs[0].GetName()
+						}
+						if v := nodeVendors(n.GetGpus()); v != "" {
+							gpus += " (" + v + ")"
+						}
+						// Last: the agent's words can be long ("permission denied: ...").
+						hostEnergy := cmp.Or(n.GetHostEnergyStatus(), "-")
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.GetNode(), st, gpus, seen, n.GetLastSeq(), n.GetBootId(), hostEnergy)
 					}
-					gs := n.GetGpus()
-					gpus := fmt.Sprint(len(gs))
-					if len(gs) > 0 && gs[0].GetName() != "" {
-						gpus += " x " + gs[0].GetName()
-					}
-					if v := nodeVendors(n.GetGpus()); v != "" {
-						gpus += " (" + v + ")"
-					}
-					// Last: the agent's words can be long ("permission denied: ...").
-					hostEnergy := cmp.Or(n.GetHostEnergyStatus(), "-")
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.GetNode(), st, gpus, seen, n.GetLastSeq(), n.GetBootId(), hostEnergy)
-				}
-				return tw.Flush()
+					return tw.Flush()
+				})
 			})
 		},
 	}

@@ -37,14 +37,10 @@ on it, else the past runs' speed stands and only the price changes.
 			}
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewBudgetServiceClient(conn).Estimate(ctx, req)
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), resp.GetEstimate())
-				}
-				writeEstimate(cmd.OutOrStdout(), resp.GetEstimate())
-				return nil
+				return show(cmd.OutOrStdout(), asJSON, resp.GetEstimate(), err, func(w io.Writer) error {
+					writeEstimate(w, resp.GetEstimate())
+					return nil
+				})
 			})
 		},
 	}

@@ -19,3 +19,15 @@ func writeProtoJSON(w io.Writer, m proto.Message) error {
 	_, err = fmt.Fprintln(w, string(b))
 	return err
 }
+
+// show prints a collector's answer resp (err: the call's error): as JSON
+// with --json, else with text.
+func show[M proto.Message](w io.Writer, asJSON bool, resp M, err error, text func(io.Writer) error) error {
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeProtoJSON(w, resp)
+	}
+	return text(w)
+}

@@ -35,20 +35,15 @@ func newRecommendCommand(cf *clientFlags) *cobra.Command {
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				rc := trainmeterv1.NewRecommendServiceClient(conn)
 				resp, err := rc.Recommend(ctx, &trainmeterv1.RecommendRequest{RunIds: args, MinConfidence: minConf})
-				if err != nil {
-					return err
-				}
-				out := cmd.OutOrStdout()
-				if asJSON {
-					return writeProtoJSON(out, resp)
-				}
-				writeRecommendations(out, resp, minConf)
-				for _, id := range args {
-					if err := writeDataloaderSection(ctx, out, conn, id); err != nil {
-						return err
+				return show(cmd.OutOrStdout(), asJSON, resp, err, func(w io.Writer) error {
+					writeRecommendations(w, resp, minConf)
+					for _, id := range args {
+						if err := writeDataloaderSection(ctx, w, conn, id); err != nil {
+							return err
+						}
 					}
-				}
-				return nil
+					return nil
+				})
 			})
 		},
 	}

@@ -59,16 +59,12 @@ plus energy at the energy price (docs/costs.md).`,
 			}
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
 				resp, err := c.Usage(ctx, &trainmeterv1.UsageRequest{Since: timestampOrNil(s), Until: timestampOrNil(u), By: by})
-				if err != nil {
-					return err
-				}
-				switch {
-				case asJSON:
-					return writeProtoJSON(cmd.OutOrStdout(), resp)
-				case asCSV:
-					return writeUsageCSV(cmd, resp)
-				}
-				return writeUsageTable(cmd, resp)
+				return show(cmd.OutOrStdout(), asJSON, resp, err, func(io.Writer) error {
+					if asCSV {
+						return writeUsageCSV(cmd, resp)
+					}
+					return writeUsageTable(cmd, resp)
+				})
 			})
 		},
 	}
