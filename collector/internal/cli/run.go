@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -85,7 +86,6 @@ type runOptions struct {
 
 func newRunCommand(cf *clientFlags) *cobra.Command {
 	o := &runOptions{tick: time.Second}
-	var model, dataset, backend, optimizer, precision, notes, budgetScope string
 	var labels []string
 	var batchSize, seqLen int64
 	var warmup time.Duration
@@ -104,19 +104,14 @@ the command still runs, unmeasured.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := cmd.Flags()
-			o.start.Model, o.start.Dataset, o.start.Backend = model, dataset, backend
-			o.start.Optimizer, o.start.Precision, o.start.Notes = optimizer, precision, notes
 			if f.Changed("batch-size") {
 				o.start.BatchSize = &batchSize
 			}
 			if f.Changed("seq-len") {
 				o.start.SeqLen = &seqLen
 			}
-			if f.Changed("budget-scope") {
-				if budgetScope == "" {
-					return errors.New("--budget-scope is empty: give the scope whose budget this run counts against, e.g. --budget-scope team-nlp (trainmeter budget set SCOPE USD)")
-				}
-				o.start.BudgetScope = budgetScope
+			if f.Changed("budget-scope") && o.start.BudgetScope == "" {
+				return errors.New("--budget-scope is empty: give the scope whose budget this run counts against, e.g. --budget-scope team-nlp (trainmeter budget set SCOPE USD)")
 			}
 			lm, err := parseLabels("--label", labels)
 			if err != nil {
@@ -142,10 +137,10 @@ the command still runs, unmeasured.`,
 				return fmt.Errorf("--max-cost %v: want a finite number of USD > 0", o.maxCost)
 			}
 			if tokens > 0 {
-				if model == "" {
+				if o.start.Model == "" {
 					return errors.New("--tokens needs --model: the estimate learns from the model's past runs")
 				}
-				o.estimate = &trainmeterv1.EstimateRequest{Model: model, Tokens: tokens, Gpus: gpus}
+				o.estimate = &trainmeterv1.EstimateRequest{Model: o.start.Model, Tokens: tokens, Gpus: gpus}
 			}
 			// A malformed address is a typo to fix now, not a collector that
 			// is down (then the run is still measured, and reported later).
@@ -207,16 +202,16 @@ the command still runs, unmeasured.`,
 	f.StringVar(&o.socket, "socket", "", "agent socket (default $"+EnvSocket+", else "+DefaultSocket+")")
 	f.StringVar(&o.runID, "run-id", "", "run id (default: generated from the command's name and the time)")
 	f.BoolVar(&o.resume, "resume", false, "continue the run --run-id names after it ended (the time in between is in no rate)")
-	f.StringVar(&model, "model", "", "model name")
-	f.StringVar(&dataset, "dataset", "", "dataset name")
-	f.StringVar(&backend, "backend", "", "training backend (e.g. unsloth, deepspeed)")
-	f.StringVar(&optimizer, "optimizer", "", "optimizer")
-	f.StringVar(&precision, "precision", "", "precision (e.g. bf16)")
+	f.StringVar(&o.start.Model, "model", "", "model name")
+	f.StringVar(&o.start.Dataset, "dataset", "", "dataset name")
+	f.StringVar(&o.start.Backend, "backend", "", "training backend (e.g. unsloth, deepspeed)")
+	f.StringVar(&o.start.Optimizer, "optimizer", "", "optimizer")
+	f.StringVar(&o.start.Precision, "precision", "", "precision (e.g. bf16)")
 	f.Int64Var(&batchSize, "batch-size", 0, "batch size")
 	f.Int64Var(&seqLen, "seq-len", 0, "sequence length")
-	f.StringVar(&notes, "notes", "", "free-form notes")
+	f.StringVar(&o.start.Notes, "notes", "", "free-form notes")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE of the run (repeatable), for budgets (label:KEY=VALUE) and runs --label")
-	f.StringVar(&budgetScope, "budget-scope", "", "the budget scope this run counts against (docs/budgets.md)")
+	f.StringVar(&o.start.BudgetScope, "budget-scope", "", "the budget scope this run counts against (docs/budgets.md)")
 	f.DurationVar(&warmup, "warmup", 0, "warmup to exclude from efficiency figures (default: the script's client's, else the agent's)")
 	f.DurationVar(&o.statusEvery, "status-every", 10*time.Second, "period of the status lines when stderr is not a terminal")
 	f.Float64Var(&o.maxCost, "max-cost", 0, "USD: the collector tells the run to stop (and alerts) when its total cost reaches this; trainmeter run then stops the command")
@@ -277,7 +272,7 @@ func runCommand(o *runOptions, args []string) int {
 	waited := make(chan error, 1)
 	go func() { waited <- child.Wait() }()
 
-	st := newStatus(o, ag.ok())
+	st := newStatus(o, ag.reachable.Load())
 	stopStatus := st.run()
 
 	var werr error
@@ -316,9 +311,9 @@ wait:
 	st.endSent = time.Now()
 	ag.end(status)
 	switch {
-	case ag.wasRefused():
+	case ag.refused.Load():
 		warn("run %s was not measured: the agent refused it (above)", o.runID)
-	case ag.ok():
+	case ag.reachable.Load():
 		st.final()
 	}
 	return code
@@ -361,16 +356,16 @@ type agentLink struct {
 	start0   []byte
 	clientID string
 
-	mu        sync.Mutex
-	conn      net.Conn
-	reachable bool
-	// refused: the agent refused run_start (an ended run id, too many
-	// runs): the command runs unmeasured and no report is printed.
-	refused bool
-	warned  bool
-	closed  bool
-	done    chan struct{}
-	wg      sync.WaitGroup
+	// reachable: run_start reached the agent. refused: the agent refused it
+	// (an ended run id, too many runs): the command runs unmeasured and no
+	// report is printed.
+	reachable, refused, warned atomic.Bool
+
+	mu     sync.Mutex
+	conn   net.Conn
+	closed bool
+	done   chan struct{}
+	wg     sync.WaitGroup
 	// stops carries a max-cost stop to the command's supervisor; one is
 	// enough (the agent may relay the advice again), so more are dropped.
 	stops chan string
@@ -386,12 +381,6 @@ func newAgentLink(o *runOptions, warn func(string, ...any)) *agentLink {
 	a.start0, _ = json.Marshal(ev)
 	a.start0 = append(a.start0, '\n')
 	return a
-}
-
-func (a *agentLink) wasRefused() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.refused
 }
 
 // refuseEndedRun refuses, before the command starts, a --run-id that names
@@ -418,13 +407,6 @@ func refuseEndedRun(ctx context.Context, o *runOptions) error {
 	return fmt.Errorf("run %q already ended at %s (%s): use a new --run-id (or none, to have one generated) for a new run, "+
 		"or add --resume to continue this one (the time in between counts in no rate)",
 		o.runID, r.GetEnd().AsTime().UTC().Format(time.RFC3339), report.EndStatus(r))
-}
-
-// ok reports whether run_start reached the agent.
-func (a *agentLink) ok() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.reachable
 }
 
 func (a *agentLink) start() {
@@ -454,8 +436,9 @@ func (a *agentLink) connect() error {
 		conn.Close()
 		return errors.New("closed")
 	}
-	a.conn, a.reachable = conn, true
+	a.conn = conn
 	a.mu.Unlock()
+	a.reachable.Store(true)
 	a.wg.Add(1)
 	go a.read(conn)
 	return nil
@@ -475,9 +458,7 @@ func (a *agentLink) read(conn net.Conn) {
 		case trainerwire.EventError:
 			a.warn("agent: %s", m.Error)
 			if strings.HasPrefix(m.Error, "run_start:") {
-				a.mu.Lock()
-				a.refused = true
-				a.mu.Unlock()
+				a.refused.Store(true)
 			}
 		case trainerwire.EventStop:
 			if a.o.maxCost > 0 && strings.HasPrefix(m.Reason, maxCostPrefix) {
@@ -523,11 +504,7 @@ func (a *agentLink) keep() {
 }
 
 func (a *agentLink) warnOnce(format string, args ...any) {
-	a.mu.Lock()
-	w := a.warned
-	a.warned = true
-	a.mu.Unlock()
-	if !w {
+	if a.warned.CompareAndSwap(false, true) {
 		a.warn(format, args...)
 	}
 }
@@ -549,7 +526,7 @@ func (a *agentLink) end(status string) {
 		_, err := conn.Write(line)
 		return err == nil
 	}
-	if a.ok() && !send() {
+	if a.reachable.Load() && !send() {
 		if a.connect() == nil {
 			send()
 		}
