@@ -26,26 +26,29 @@ func Indented(m proto.Message) ([]byte, error) {
 	return encode(v, "  ")
 }
 
-// Fields is m's top-level fields, each as compact JSON text (strings not
-// HTML-escaped), in .proto order.
-func Fields(m proto.Message) (names, values []string, err error) {
+// Field is one top-level field of a message: its .proto name and its value
+// as compact JSON text (strings not HTML-escaped).
+type Field struct{ Name, Value string }
+
+// Fields is m's top-level fields in .proto order.
+func Fields(m proto.Message) ([]Field, error) {
 	v, err := Value(m)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	obj, ok := v.(*orderedObject)
 	if !ok {
-		return nil, nil, nil
+		return nil, nil
 	}
+	var out []Field
 	for _, k := range obj.keys {
 		b, err := encode(obj.vals[k], "")
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		names = append(names, k)
-		values = append(values, string(b))
+		out = append(out, Field{k, string(b)})
 	}
-	return names, values, nil
+	return out, nil
 }
 
 // encode is v's JSON, indented by indent, strings not HTML-escaped, without

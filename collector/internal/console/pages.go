@@ -290,13 +290,9 @@ func (p *pages) runsRows(w http.ResponseWriter, r *http.Request) {
 type runData struct {
 	R      *trainmeterv1.RunReport
 	Status string
-	Fields []reportField
-}
-
-// reportField is one field of the run's report as `trainmeter report
-// --json` writes it (package protojsonout), in .proto order.
-type reportField struct {
-	Name, Value string
+	// Fields are the report's fields as `trainmeter report --json` writes
+	// them, in .proto order.
+	Fields []protojsonout.Field
 }
 
 func (p *pages) runData(ctx context.Context, id string) (*runData, error) {
@@ -305,15 +301,11 @@ func (p *pages) runData(ctx context.Context, id string) (*runData, error) {
 		return nil, err
 	}
 	r := resp.GetRun()
-	d := &runData{R: r, Status: runStatus(r)}
-	names, values, err := protojsonout.Fields(r)
+	fields, err := protojsonout.Fields(r)
 	if err != nil {
 		return nil, err
 	}
-	for i := range names {
-		d.Fields = append(d.Fields, reportField{Name: names[i], Value: values[i]})
-	}
-	return d, nil
+	return &runData{R: r, Status: runStatus(r), Fields: fields}, nil
 }
 
 func (p *pages) run(w http.ResponseWriter, r *http.Request) {
