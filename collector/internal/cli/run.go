@@ -412,10 +412,7 @@ func refuseEndedRun(ctx context.Context, o *runOptions) error {
 func (a *agentLink) start() {
 	if err := a.connect(); err != nil {
 		a.warnOnce("agent not reachable at %s (%v): running the command unmeasured", a.o.socket, err)
-		return
 	}
-	a.wg.Add(1)
-	go a.keep()
 }
 
 // connect dials the agent and sends run_start.
@@ -444,8 +441,9 @@ func (a *agentLink) connect() error {
 	return nil
 }
 
-// read shows the agent's error lines (e.g. a refused run_start) and notices
-// the connection closing.
+// read shows the agent's error lines (e.g. a refused run_start); when the
+// connection drops before end, it reconnects every 2 s (the new connection
+// has its own reader).
 func (a *agentLink) read(conn net.Conn) {
 	defer a.wg.Done()
 	sc := bufio.NewScanner(conn)
@@ -478,27 +476,18 @@ func (a *agentLink) read(conn net.Conn) {
 	closed := a.closed
 	a.mu.Unlock()
 	conn.Close()
-	if !closed {
-		a.warnOnce("lost the connection to the agent; reconnecting")
+	if closed {
+		return
 	}
-}
-
-// keep reconnects every 2 s while the connection is down, until end.
-func (a *agentLink) keep() {
-	defer a.wg.Done()
-	t := time.NewTicker(2 * time.Second)
-	defer t.Stop()
+	a.warnOnce("lost the connection to the agent; reconnecting")
 	for {
 		select {
 		case <-a.done:
 			return
-		case <-t.C:
+		case <-time.After(2 * time.Second):
 		}
-		a.mu.Lock()
-		down := a.conn == nil && !a.closed
-		a.mu.Unlock()
-		if down {
-			_ = a.connect()
+		if a.connect() == nil {
+			return
 		}
 	}
 }
