@@ -34,10 +34,8 @@ import (
 // `trainmeter run -- COMMAND`: zero-code measurement. It only speaks the
 // agent's socket protocol and the collector's query API (no NVML here).
 
-// Environment variables `trainmeter run` reads and passes to the command
-// (the Python client reads both), and the agent's socket when neither
-// --socket nor $TRAINMETER_SOCKET is set: the protocol's own
-// (pkg/trainerwire), shared with the agent.
+// The environment `trainmeter run` passes to the command (the Python client
+// reads both) and the agent's default socket, as the protocol defines them.
 const (
 	EnvSocket     = trainerwire.EnvSocket
 	EnvRunID      = trainerwire.EnvRunID
@@ -543,9 +541,8 @@ const maxCostPrefix = "max-cost"
 
 // planRun sends the run's cap and estimate request to the collector before
 // the command starts, keeps the plan's key for the run's run_start, and
-// shows the estimate. Nothing here stops the
-// command from running: an unreachable collector only means no cap and no
-// estimate, which it says.
+// shows the estimate. An unreachable collector only means no cap and no
+// estimate, which it says: the command runs regardless.
 func planRun(o *runOptions, warn func(string, ...any)) {
 	if o.plan == nil || (o.maxCost <= 0 && o.estimate == nil) {
 		return
