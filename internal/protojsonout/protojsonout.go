@@ -10,7 +10,6 @@ package protojsonout
 import (
 	"bytes"
 	"encoding/json"
-	"sort"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -24,38 +23,45 @@ func Indented(m proto.Message) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return encode(v, "  ")
+}
+
+// Field is one top-level field of a message: its .proto name and its value
+// as compact JSON text (strings not HTML-escaped).
+type Field struct{ Name, Value string }
+
+// Fields is m's top-level fields in .proto order.
+func Fields(m proto.Message) ([]Field, error) {
+	v, err := Value(m)
+	if err != nil {
+		return nil, err
+	}
+	obj, ok := v.(*orderedObject)
+	if !ok {
+		return nil, nil
+	}
+	var out []Field
+	for _, k := range obj.keys {
+		b, err := encode(obj.vals[k], "")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Field{k, string(b)})
+	}
+	return out, nil
+}
+
+// encode is v's JSON, indented by indent, strings not HTML-escaped, without
+// the encoder's trailing newline.
+func encode(v any, indent string) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
+	enc.SetIndent("", indent)
 	if err := enc.Encode(v); err != nil {
 		return nil, err
 	}
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil
-}
-
-// Fields is m's top-level fields, each as compact JSON text (strings not
-// HTML-escaped), in .proto order.
-func Fields(m proto.Message) (names, values []string, err error) {
-	v, err := Value(m)
-	if err != nil {
-		return nil, nil, err
-	}
-	obj, ok := v.(*orderedObject)
-	if !ok {
-		return nil, nil, nil
-	}
-	for _, k := range obj.keys {
-		var buf bytes.Buffer
-		enc := json.NewEncoder(&buf)
-		enc.SetEscapeHTML(false)
-		if err := enc.Encode(obj.vals[k]); err != nil {
-			return nil, nil, err
-		}
-		names = append(names, k)
-		values = append(values, string(bytes.TrimRight(buf.Bytes(), "\n")))
-	}
-	return names, values, nil
 }
 
 // Value is m as protojson writes it, decoded, with the numbers fixed: a
@@ -80,8 +86,9 @@ func fixMessage(md protoreflect.MessageDescriptor, v any) any {
 		return v // a well-known type written as a string (Timestamp, Duration)
 	}
 	out := &orderedObject{vals: obj}
+	// protojson writes exactly md's fields (EmitUnpopulated; no Any, Struct
+	// or extension in trainmeter's messages), so md's order covers every key.
 	fields := md.Fields()
-	seen := map[string]bool{}
 	for i := range fields.Len() {
 		fd := fields.Get(i)
 		val, ok := obj[string(fd.Name())]
@@ -94,7 +101,6 @@ func fixMessage(md protoreflect.MessageDescriptor, v any) any {
 			obj[string(fd.Name())], val = nil, nil
 		}
 		out.keys = append(out.keys, string(fd.Name()))
-		seen[string(fd.Name())] = true
 		if val == nil {
 			continue
 		}
@@ -115,14 +121,6 @@ func fixMessage(md protoreflect.MessageDescriptor, v any) any {
 			obj[string(fd.Name())] = fixScalar(fd, val)
 		}
 	}
-	var rest []string // none today; kept so that nothing protojson wrote is dropped
-	for k := range obj {
-		if !seen[k] {
-			rest = append(rest, k)
-		}
-	}
-	sort.Strings(rest)
-	out.keys = append(out.keys, rest...)
 	return out
 }
 

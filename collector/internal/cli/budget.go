@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
 	"strings"
@@ -27,31 +29,24 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewBudgetServiceClient(conn).ListBudgets(ctx, &trainmeterv1.ListBudgetsRequest{})
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), resp)
-				}
-				if len(resp.GetBudgets()) == 0 {
-					fmt.Fprintln(cmd.OutOrStdout(), "no budgets (trainmeter budget set SCOPE USD)")
-					return nil
-				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "SCOPE\tPERIOD\tBUDGET\tSPENT\tUSED\tPROJECTED\tPROJ USED\tRUNS\tLIVE\tPOLICY")
-				for _, b := range resp.GetBudgets() {
-					pol := b.GetBudget().GetPolicy()
-					if pol == "" {
-						pol = "alert"
+				return show(cmd.OutOrStdout(), asJSON, resp, err, func(w io.Writer) error {
+					if len(resp.GetBudgets()) == 0 {
+						fmt.Fprintln(w, "no budgets (trainmeter budget set SCOPE USD)")
+						return nil
 					}
-					// The same rounding as the alerts (pkg/money): spent and
-					// budget in the decimals of the larger.
-					amounts := money.USDs(b.GetBudget().GetLimitUsd(), b.GetSpentUsd(), b.GetProjectedUsd())
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", b.GetBudget().GetScope(), b.GetPeriodKey(),
-						amounts[0], amounts[1], pct(b.GetRatio()), amounts[2],
-						pct(b.GetProjectedRatio()), b.GetRuns(), b.GetLiveRuns(), pol)
-				}
-				return tw.Flush()
+					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "SCOPE\tPERIOD\tBUDGET\tSPENT\tUSED\tPROJECTED\tPROJ USED\tRUNS\tLIVE\tPOLICY")
+					for _, b := range resp.GetBudgets() {
+						pol := cmp.Or(b.GetBudget().GetPolicy(), "alert")
+						// The same rounding as the alerts (pkg/money): spent and
+						// budget in the decimals of the larger.
+						amounts := money.USDs(b.GetBudget().GetLimitUsd(), b.GetSpentUsd(), b.GetProjectedUsd())
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", b.GetBudget().GetScope(), b.GetPeriodKey(),
+							amounts[0], amounts[1], pct(b.GetRatio()), amounts[2],
+							pct(b.GetProjectedRatio()), b.GetRuns(), b.GetLiveRuns(), pol)
+					}
+					return tw.Flush()
+				})
 			})
 		},
 	}
@@ -84,10 +79,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 					return err
 				}
 				b := resp.GetBudget()
-				pol := b.GetPolicy()
-				if pol == "" {
-					pol = "alert"
-				}
+				pol := cmp.Or(b.GetPolicy(), "alert")
 				per := "in total"
 				if b.GetPeriod() == "month" {
 					per = "per calendar month"
@@ -146,23 +138,18 @@ func newAlertsCommand(cf *clientFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				alerts, err := allAlerts(ctx, trainmeterv1.NewBudgetServiceClient(conn), kind)
-				if err != nil {
-					return err
-				}
-				resp := &trainmeterv1.ListAlertsResponse{Alerts: alerts}
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), resp)
-				}
-				if len(resp.GetAlerts()) == 0 {
-					fmt.Fprintln(cmd.OutOrStdout(), "no alerts")
-					return nil
-				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "TIME\tKIND\tSEVERITY\tMESSAGE")
-				for _, a := range resp.GetAlerts() {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", report.Time(a.GetTime().AsTime()), a.GetKind(), a.GetSeverity(), a.GetMessage())
-				}
-				return tw.Flush()
+				return show(cmd.OutOrStdout(), asJSON, &trainmeterv1.ListAlertsResponse{Alerts: alerts}, err, func(w io.Writer) error {
+					if len(alerts) == 0 {
+						fmt.Fprintln(w, "no alerts")
+						return nil
+					}
+					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "TIME\tKIND\tSEVERITY\tMESSAGE")
+					for _, a := range alerts {
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", report.Time(a.GetTime().AsTime()), a.GetKind(), a.GetSeverity(), a.GetMessage())
+					}
+					return tw.Flush()
+				})
 			})
 		},
 	}
@@ -185,34 +172,29 @@ func newForecastCommand(cf *clientFlags) *cobra.Command {
 			}
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				f, err := trainmeterv1.NewBudgetServiceClient(conn).Forecast(ctx, &trainmeterv1.ForecastRequest{Model: args[0], Runs: uint32(n), History: history})
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), f)
-				}
-				w := cmd.OutOrStdout()
-				fmt.Fprintf(w, "model %s: %s more, based on the last %s (%s)\n", f.GetModel(), plural.N(f.GetRuns(), "run"), plural.N(len(f.GetBasedOn()), "ended run"), strings.Join(f.GetBasedOn(), ", "))
-				if n := f.GetFailedLeftOut(); n > 0 {
-					fmt.Fprintf(w, "  %s of the model left out (error, exit N, signal or lost)\n", plural.N(n, "failed run"))
-				}
-				// One set of decimals for the whole forecast (pkg/money),
-				// enough for its smallest figure: the cost of one run.
-				d := max(money.Decimals(f.GetMeanRunUsd()), money.Decimals(f.GetExpectedUsd()), money.Decimals(f.GetBudgetUsd()))
-				usd := func(v float64) string { return money.Fixed(v, d) }
-				fmt.Fprintf(w, "  per run     %s ± %s\n", usd(f.GetMeanRunUsd()), usd(f.GetStddevRunUsd()))
-				fmt.Fprintf(w, "  expected    %s ± %s\n", usd(f.GetExpectedUsd()), usd(f.GetStddevUsd()))
-				if f.BudgetUsd == nil {
-					fmt.Fprintln(w, "  budget      none covers this model")
+				return show(cmd.OutOrStdout(), asJSON, f, err, func(w io.Writer) error {
+					fmt.Fprintf(w, "model %s: %s more, based on the last %s (%s)\n", f.GetModel(), plural.N(f.GetRuns(), "run"), plural.N(len(f.GetBasedOn()), "ended run"), strings.Join(f.GetBasedOn(), ", "))
+					if n := f.GetFailedLeftOut(); n > 0 {
+						fmt.Fprintf(w, "  %s of the model left out (error, exit N, signal or lost)\n", plural.N(n, "failed run"))
+					}
+					// One set of decimals for the whole forecast (pkg/money),
+					// enough for its smallest figure: the cost of one run.
+					d := max(money.Decimals(f.GetMeanRunUsd()), money.Decimals(f.GetExpectedUsd()), money.Decimals(f.GetBudgetUsd()))
+					usd := func(v float64) string { return money.Fixed(v, d) }
+					fmt.Fprintf(w, "  per run     %s ± %s\n", usd(f.GetMeanRunUsd()), usd(f.GetStddevRunUsd()))
+					fmt.Fprintf(w, "  expected    %s ± %s\n", usd(f.GetExpectedUsd()), usd(f.GetStddevUsd()))
+					if f.BudgetUsd == nil {
+						fmt.Fprintln(w, "  budget      none covers this model")
+						return nil
+					}
+					left := usd(f.GetRemainingUsd()) + " left"
+					if f.GetRemainingUsd() < 0 {
+						left = "already over by " + usd(-f.GetRemainingUsd())
+					}
+					fmt.Fprintf(w, "  budget      %s (%s): %s, %s\n", f.GetBudgetScope(), f.GetBudgetPeriod(), usd(f.GetBudgetUsd()), left)
+					fmt.Fprintf(w, "  overage     %.0f%% risk of exceeding it\n", 100*f.GetOverageProbability())
 					return nil
-				}
-				left := usd(f.GetRemainingUsd()) + " left"
-				if f.GetRemainingUsd() < 0 {
-					left = "already over by " + usd(-f.GetRemainingUsd())
-				}
-				fmt.Fprintf(w, "  budget      %s (%s): %s, %s\n", f.GetBudgetScope(), f.GetBudgetPeriod(), usd(f.GetBudgetUsd()), left)
-				fmt.Fprintf(w, "  overage     %.0f%% risk of exceeding it\n", 100*f.GetOverageProbability())
-				return nil
+				})
 			})
 		},
 	}

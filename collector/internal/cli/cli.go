@@ -167,10 +167,7 @@ func (cf *clientFlags) call(cmd *cobra.Command, fn func(context.Context, trainme
 
 // callConn is call for commands that use more than the QueryService.
 func (cf *clientFlags) callConn(cmd *cobra.Command, fn func(context.Context, *grpc.ClientConn) error) error {
-	ctx := cmd.Context()
-	if ctx == nil {
-		ctx = context.Background()
-	}
+	ctx := cmd.Context() // cobra's Execute sets one
 	conn, err := cf.dial(ctx, cmd.ErrOrStderr())
 	if err != nil {
 		return err
@@ -236,22 +233,18 @@ func newRunsCommand(cf *clientFlags) *cobra.Command {
 			}
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
 				all, err := allRuns(ctx, c)
-				if err != nil {
-					return err
-				}
 				runs := f.apply(all)
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), &trainmeterv1.ListRunsResponse{Runs: runs})
-				}
-				if len(runs) == 0 {
-					if len(all) == 0 {
-						fmt.Fprintln(cmd.OutOrStdout(), "no runs yet")
-					} else {
-						fmt.Fprintf(cmd.OutOrStdout(), "no runs match the filters (%s stored)\n", plural.N(len(all), "run"))
+				return show(cmd.OutOrStdout(), asJSON, &trainmeterv1.ListRunsResponse{Runs: runs}, err, func(w io.Writer) error {
+					if len(runs) == 0 {
+						if len(all) == 0 {
+							fmt.Fprintln(w, "no runs yet")
+						} else {
+							fmt.Fprintf(w, "no runs match the filters (%s stored)\n", plural.N(len(all), "run"))
+						}
+						return nil
 					}
-					return nil
-				}
-				return report.WriteTable(cmd.OutOrStdout(), runs)
+					return report.WriteTable(w, runs)
+				})
 			})
 		},
 	}
@@ -299,6 +292,7 @@ type runFilter struct {
 
 func (f runFilter) apply(runs []*trainmeterv1.RunReport) []*trainmeterv1.RunReport {
 	var out []*trainmeterv1.RunReport
+runs:
 	for _, r := range runs {
 		if f.model != "" && r.GetMetadata().GetModel() != f.model {
 			continue
@@ -309,16 +303,12 @@ func (f runFilter) apply(runs []*trainmeterv1.RunReport) []*trainmeterv1.RunRepo
 		if !f.since.IsZero() && (r.GetStart() == nil || r.GetStart().AsTime().Before(f.since)) {
 			continue
 		}
-		match := true
 		for k, v := range f.labels {
 			if got, ok := r.GetLabels()[k]; !ok || got != v {
-				match = false
-				break
+				continue runs
 			}
 		}
-		if match {
-			out = append(out, r)
-		}
+		out = append(out, r)
 	}
 	return out
 }
@@ -374,16 +364,12 @@ func newReportCommand(cf *clientFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewQueryServiceClient(conn).GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: args[0]})
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return writeReportJSON(cmd.OutOrStdout(), resp.GetRun())
-				}
-				if err := report.WriteReport(cmd.OutOrStdout(), resp.GetRun()); err != nil {
-					return err
-				}
-				return writeDataloaderSection(ctx, cmd.OutOrStdout(), conn, args[0])
+				return show(cmd.OutOrStdout(), asJSON, resp.GetRun(), err, func(w io.Writer) error {
+					if err := report.WriteReport(w, resp.GetRun()); err != nil {
+						return err
+					}
+					return writeDataloaderSection(ctx, w, conn, args[0])
+				})
 			})
 		},
 	}
@@ -494,33 +480,22 @@ func writeFileAtomic(path string, fn func(io.Writer) error) error {
 }
 
 func writeViaTemp(path string, fn func(io.Writer) error) error {
-	dir, base := ".", path
-	if i := strings.LastIndexByte(path, os.PathSeparator); i >= 0 {
-		dir, base = path[:i+1], path[i+1:]
-	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
 	}
-	tmp := f.Name()
-	if err := fn(f); err != nil {
-		f.Close()
-		os.Remove(tmp)
+	defer os.Remove(f.Name()) // once renamed, there is nothing left to remove
+	err = fn(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
+	if err := os.Chmod(f.Name(), 0o644); err != nil {
 		return err
 	}
-	if err := os.Chmod(tmp, 0o644); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
+	return os.Rename(f.Name(), path)
 }
 
 func newNodesCommand(cf *clientFlags) *cobra.Command {
@@ -532,44 +507,37 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
 				nodes, err := allNodes(ctx, c)
-				if err != nil {
-					return err
-				}
 				sort.Slice(nodes, func(i, j int) bool { return nodes[i].GetNode() < nodes[j].GetNode() })
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), &trainmeterv1.ListNodesResponse{Nodes: nodes})
-				}
-				if len(nodes) == 0 {
-					fmt.Fprintln(cmd.OutOrStdout(), "no nodes yet")
-					return nil
-				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NODE\tSTATUS\tGPUS\tLAST SEEN\tLAST SEQ\tBOOT\tHOST ENERGY (RAPL)")
-				for _, n := range nodes {
-					st := "disconnected"
-					if n.GetConnected() {
-						st = "connected"
+				return show(cmd.OutOrStdout(), asJSON, &trainmeterv1.ListNodesResponse{Nodes: nodes}, err, func(w io.Writer) error {
+					if len(nodes) == 0 {
+						fmt.Fprintln(w, "no nodes yet")
+						return nil
 					}
-					seen := "-"
-					if n.GetLastSeen() != nil {
-						seen = report.Time(n.GetLastSeen().AsTime())
+					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "NODE\tSTATUS\tGPUS\tLAST SEEN\tLAST SEQ\tBOOT\tHOST ENERGY (RAPL)")
+					for _, n := range nodes {
+						st := "disconnected"
+						if n.GetConnected() {
+							st = "connected"
+						}
+						seen := "-"
+						if n.GetLastSeen() != nil {
+							seen = report.Time(n.GetLastSeen().AsTime())
+						}
+						gs := n.GetGpus()
+						gpus := fmt.Sprint(len(gs))
+						if len(gs) > 0 && gs[0].GetName() != "" {
+							gpus += " x " + gs[0].GetName()
+						}
+						if v := nodeVendors(n.GetGpus()); v != "" {
+							gpus += " (" + v + ")"
+						}
+						// Last: the agent's words can be long ("permission denied: ...").
+						hostEnergy := cmp.Or(n.GetHostEnergyStatus(), "-")
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.GetNode(), st, gpus, seen, n.GetLastSeq(), n.GetBootId(), hostEnergy)
 					}
-					var names []string
-					for _, g := range n.GetGpus() {
-						names = append(names, g.GetName())
-					}
-					gpus := fmt.Sprint(len(n.GetGpus()))
-					if len(names) > 0 && names[0] != "" {
-						gpus += " x " + names[0]
-					}
-					if v := nodeVendors(n.GetGpus()); v != "" {
-						gpus += " (" + v + ")"
-					}
-					// Last: the agent's words can be long ("permission denied: ...").
-					hostEnergy := cmp.Or(n.GetHostEnergyStatus(), "-")
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.GetNode(), st, gpus, seen, n.GetLastSeq(), n.GetBootId(), hostEnergy)
-				}
-				return tw.Flush()
+					return tw.Flush()
+				})
 			})
 		},
 	}

@@ -103,8 +103,7 @@ func (cf *clientFlags) checkAddrs() error {
 }
 
 // dial returns a connection to the first collector that answers. With one
-// address nothing is waited for: the request's own deadline and error
-// apply, as they always did.
+// address nothing is waited for: the request's own deadline and error apply.
 func (cf *clientFlags) dial(ctx context.Context, stderr io.Writer) (*grpc.ClientConn, error) {
 	addrs := cf.collectorAddrs()
 	cf.addr = addrs[0]

@@ -34,16 +34,12 @@ with a 95 % interval and Welch's t-test p-value (docs/console.md).`,
 			req.RunIds = args
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
 				resp, err := c.Compare(ctx, &req)
-				if err != nil {
-					return err
-				}
-				switch {
-				case asJSON:
-					return writeProtoJSON(cmd.OutOrStdout(), resp)
-				case asCSV:
-					return writeCompareCSV(cmd.OutOrStdout(), resp)
-				}
-				return writeCompareTable(cmd.OutOrStdout(), resp)
+				return show(cmd.OutOrStdout(), asJSON, resp, err, func(w io.Writer) error {
+					if asCSV {
+						return writeCompareCSV(w, resp)
+					}
+					return writeCompareTable(w, resp)
+				})
 			})
 		},
 	}

@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -16,9 +18,6 @@ import (
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
-
-// writeReportJSON writes the whole report.
-func writeReportJSON(w io.Writer, r *trainmeterv1.RunReport) error { return writeProtoJSON(w, r) }
 
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
@@ -73,12 +72,7 @@ func optF(p *float64, format string) string {
 	return fmt.Sprintf(format, *p)
 }
 
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
+func orDash(s string) string { return cmp.Or(s, "-") }
 
 // optRate shows an optional unit price in the one money format.
 func optRate(p *float64) string {
@@ -203,14 +197,9 @@ func newModelCommand(cf *clientFlags) *cobra.Command {
 			if !ok {
 				models := map[string]bool{}
 				for _, r := range runs {
-					models[r.GetMetadata().GetModel()] = true
+					models[fmt.Sprintf("%q", r.GetMetadata().GetModel())] = true
 				}
-				names := make([]string, 0, len(models))
-				for n := range models {
-					names = append(names, fmt.Sprintf("%q", n))
-				}
-				sort.Strings(names)
-				return fmt.Errorf("no runs of model %q (models with runs: %v)", args[0], names)
+				return fmt.Errorf("no runs of model %q (models with runs: %v)", args[0], slices.Sorted(maps.Keys(models)))
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {

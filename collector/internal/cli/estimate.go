@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -35,14 +37,10 @@ on it, else the past runs' speed stands and only the price changes.
 			}
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewBudgetServiceClient(conn).Estimate(ctx, req)
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), resp.GetEstimate())
-				}
-				writeEstimate(cmd.OutOrStdout(), resp.GetEstimate())
-				return nil
+				return show(cmd.OutOrStdout(), asJSON, resp.GetEstimate(), err, func(w io.Writer) error {
+					writeEstimate(w, resp.GetEstimate())
+					return nil
+				})
 			})
 		},
 	}
@@ -57,19 +55,12 @@ on it, else the past runs' speed stands and only the price changes.
 
 // writeEstimate prints an estimate: mid, then the band in parentheses.
 func writeEstimate(w io.Writer, e *trainmeterv1.RunEstimate) {
-	gpu := e.GetGpu()
-	if gpu == "" {
-		gpu = e.GetMeasuredOn()
-	}
-	runs := "runs"
-	if len(e.GetBasedOn()) == 1 {
-		runs = "run"
-	}
-	fmt.Fprintf(w, "estimate for %s: %d tokens on %d x %s, from %d past %s (%s)\n", e.GetModel(), e.GetTokens(), e.GetGpus(), gpu,
-		len(e.GetBasedOn()), runs, strings.Join(e.GetBasedOn(), ", "))
+	gpu := cmp.Or(e.GetGpu(), e.GetMeasuredOn())
+	fmt.Fprintf(w, "estimate for %s: %d tokens on %d x %s, from %s (%s)\n", e.GetModel(), e.GetTokens(), e.GetGpus(), gpu,
+		plural.N(len(e.GetBasedOn()), "past run"), strings.Join(e.GetBasedOn(), ", "))
 	fmt.Fprintf(w, "  (whole run, warmup included; mid = the median past run's pace, band = the best and worst run's)\n")
 	wall, gh, kwh, c := e.GetWallS(), e.GetGpuHours(), e.GetEnergyKwh(), e.GetCostUsd()
-	fmt.Fprintf(w, "  wall time   %s (%s to %s)\n", durS(wall.GetMid()), durS(wall.GetLow()), durS(wall.GetHigh()))
+	fmt.Fprintf(w, "  wall time   %s (%s to %s)\n", report.DurS(wall.GetMid()), report.DurS(wall.GetLow()), report.DurS(wall.GetHigh()))
 	fmt.Fprintf(w, "  GPU-hours   %.4g (%.4g to %.4g), all GPUs\n", gh.GetMid(), gh.GetLow(), gh.GetHigh())
 	fmt.Fprintf(w, "  energy      %.4g kWh (%.4g to %.4g), GPU energy, all GPUs\n", kwh.GetMid(), kwh.GetLow(), kwh.GetHigh())
 	if c != nil {
@@ -88,8 +79,6 @@ func writeEstimate(w io.Writer, e *trainmeterv1.RunEstimate) {
 		fmt.Fprintf(w, "  note        %s\n", n)
 	}
 }
-
-func durS(s float64) string { return report.DurS(s) }
 
 // tokenCount is a --tokens value: a whole number of tokens, written out or
 // in e-notation (2e9).

@@ -12,7 +12,7 @@ import (
 // writeProtoJSON is every command's --json (package protojsonout: field
 // names as in the .proto files and the CSV, every number a JSON number).
 func writeProtoJSON(w io.Writer, m proto.Message) error {
-	b, err := protoJSON(m)
+	b, err := protojsonout.Indented(m)
 	if err != nil {
 		return err
 	}
@@ -20,5 +20,14 @@ func writeProtoJSON(w io.Writer, m proto.Message) error {
 	return err
 }
 
-// protoJSON is writeProtoJSON's text, indented, without the newline.
-func protoJSON(m proto.Message) ([]byte, error) { return protojsonout.Indented(m) }
+// show prints a collector's answer resp (err: the call's error): as JSON
+// with --json, else with text.
+func show[M proto.Message](w io.Writer, asJSON bool, resp M, err error, text func(io.Writer) error) error {
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeProtoJSON(w, resp)
+	}
+	return text(w)
+}

@@ -1,8 +1,9 @@
 package cli
 
 import (
+	"cmp"
 	"context"
-	"sort"
+	"slices"
 
 	"github.com/trainmeter/trainmeter/collector/internal/page"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -16,12 +17,8 @@ func allRuns(ctx context.Context, c trainmeterv1.QueryServiceClient) ([]*trainme
 		resp, err := c.ListRuns(ctx, &trainmeterv1.ListRunsRequest{PageToken: tok})
 		return resp.GetRuns(), resp.GetNextPageToken(), err
 	})
-	sort.SliceStable(runs, func(i, j int) bool {
-		a, b := runs[i].GetStart().AsTime(), runs[j].GetStart().AsTime()
-		if !a.Equal(b) {
-			return a.Before(b)
-		}
-		return runs[i].GetRunId() < runs[j].GetRunId()
+	slices.SortStableFunc(runs, func(a, b *trainmeterv1.RunReport) int {
+		return cmp.Or(a.GetStart().AsTime().Compare(b.GetStart().AsTime()), cmp.Compare(a.GetRunId(), b.GetRunId()))
 	})
 	return runs, err
 }

@@ -90,64 +90,56 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewPriceServiceClient(conn).ListPrices(ctx, &trainmeterv1.ListPricesRequest{Gpu: gpu, Provider: provider})
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), resp)
-				}
-				w := cmd.OutOrStdout()
-				if warn := resp.GetWarning(); warn != "" {
-					fmt.Fprintln(w, "warning:", warn)
-				}
-				if len(resp.GetGpus()) == 0 {
-					switch {
-					case resp.GetWarning() != "":
-					case resp.GetProvider() == "":
-						// prices fetch has nothing to fetch from here.
-						fmt.Fprintln(w, "no prices: the collector has no price provider; load a price list with `trainmeter prices import FILE`, "+
-							"or start it with `trainmeter serve --price-provider vastai,lambda,runpod,azure` (or `--price-provider file --price-file FILE`)")
-					default:
-						fmt.Fprintln(w, "no prices yet (trainmeter prices fetch)")
+				return show(cmd.OutOrStdout(), asJSON, resp, err, func(w io.Writer) error {
+					if warn := resp.GetWarning(); warn != "" {
+						fmt.Fprintln(w, "warning:", warn)
 					}
-					return writeProviderStatus(w, resp.GetProviders(), resp.GetMaxOfferAgeS())
-				}
-				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-				// On-demand and spot apart; trends are of the on-demand median.
-				fmt.Fprintln(tw, "GPU\tCHEAPEST ON-DEMAND $/GPU-H\tPROVIDER\tMEDIAN ON-DEMAND $/GPU-H\tON-DEMAND OFFERS\tCHEAPEST SPOT $/GPU-H\tSPOT OFFERS\t24H\t7D\t30D\tFETCHED")
-				for _, g := range resp.GetGpus() {
-					prov := g.GetCheapest().GetProvider()
-					if prov == "" {
-						prov = "-"
-					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", g.GetGpuName(), rate(g.GetCheapestUsdPerGpuHour()), prov,
-						rate(g.GetMedianUsdPerGpuHour()), g.GetOffers(), rate(g.GetCheapestSpotUsdPerGpuHour()), g.GetSpotOffers(),
-						trend(g.GetTrends(), "24h"), trend(g.GetTrends(), "7d"), trend(g.GetTrends(), "30d"),
-						report.Time(g.GetFetched().AsTime()))
-				}
-				if err := tw.Flush(); err != nil {
-					return err
-				}
-				for _, g := range resp.GetGpus() {
-					if len(g.GetRecommended()) == 0 {
-						continue
-					}
-					fmt.Fprintf(w, "\nrecommended %s offers (score weighs price 0.4, reliability 0.3, perf per dollar 0.3):\n", g.GetGpuName())
-					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "SCORE\tOFFER\tPROVIDER\tPRICING\tGPUS\t$/H\t$/GPU-H\tRELIABILITY\tDLPERF/$\tREGION")
-					for _, o := range g.GetRecommended() {
-						pricing := "on-demand"
-						if o.GetSpot() {
-							pricing = "spot"
+					if len(resp.GetGpus()) == 0 {
+						switch {
+						case resp.GetWarning() != "":
+						case resp.GetProvider() == "":
+							// prices fetch has nothing to fetch from here.
+							fmt.Fprintln(w, "no prices: the collector has no price provider; load a price list with `trainmeter prices import FILE`, "+
+								"or start it with `trainmeter serve --price-provider vastai,lambda,runpod,azure` (or `--price-provider file --price-file FILE`)")
+						default:
+							fmt.Fprintln(w, "no prices yet (trainmeter prices fetch)")
 						}
-						fmt.Fprintf(tw, "%.3f\t%s\t%s\t%s\t%d\t%.3f\t%.3f\t%s\t%.1f\t%s\n", o.GetScore(), o.GetId(), o.GetProvider(), pricing, o.GetNumGpus(),
-							o.GetUsdPerHour(), o.GetUsdPerGpuHour(), optF(o.Reliability, "%.3f"), o.GetDlperfPerUsd(), o.GetLocation())
+						return writeProviderStatus(w, resp.GetProviders(), resp.GetMaxOfferAgeS())
+					}
+					tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+					// On-demand and spot apart; trends are of the on-demand median.
+					fmt.Fprintln(tw, "GPU\tCHEAPEST ON-DEMAND $/GPU-H\tPROVIDER\tMEDIAN ON-DEMAND $/GPU-H\tON-DEMAND OFFERS\tCHEAPEST SPOT $/GPU-H\tSPOT OFFERS\t24H\t7D\t30D\tFETCHED")
+					for _, g := range resp.GetGpus() {
+						prov := orDash(g.GetCheapest().GetProvider())
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", g.GetGpuName(), rate(g.GetCheapestUsdPerGpuHour()), prov,
+							rate(g.GetMedianUsdPerGpuHour()), g.GetOffers(), rate(g.GetCheapestSpotUsdPerGpuHour()), g.GetSpotOffers(),
+							trend(g.GetTrends(), "24h"), trend(g.GetTrends(), "7d"), trend(g.GetTrends(), "30d"),
+							report.Time(g.GetFetched().AsTime()))
 					}
 					if err := tw.Flush(); err != nil {
 						return err
 					}
-				}
-				return writeProviderStatus(w, resp.GetProviders(), resp.GetMaxOfferAgeS())
+					for _, g := range resp.GetGpus() {
+						if len(g.GetRecommended()) == 0 {
+							continue
+						}
+						fmt.Fprintf(w, "\nrecommended %s offers (score weighs price 0.4, reliability 0.3, perf per dollar 0.3):\n", g.GetGpuName())
+						tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+						fmt.Fprintln(tw, "SCORE\tOFFER\tPROVIDER\tPRICING\tGPUS\t$/H\t$/GPU-H\tRELIABILITY\tDLPERF/$\tREGION")
+						for _, o := range g.GetRecommended() {
+							pricing := "on-demand"
+							if o.GetSpot() {
+								pricing = "spot"
+							}
+							fmt.Fprintf(tw, "%.3f\t%s\t%s\t%s\t%d\t%.3f\t%.3f\t%s\t%.1f\t%s\n", o.GetScore(), o.GetId(), o.GetProvider(), pricing, o.GetNumGpus(),
+								o.GetUsdPerHour(), o.GetUsdPerGpuHour(), optF(o.Reliability, "%.3f"), o.GetDlperfPerUsd(), o.GetLocation())
+						}
+						if err := tw.Flush(); err != nil {
+							return err
+						}
+					}
+					return writeProviderStatus(w, resp.GetProviders(), resp.GetMaxOfferAgeS())
+				})
 			})
 		},
 	}
@@ -161,14 +153,10 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewPriceServiceClient(conn).FetchPrices(ctx, &trainmeterv1.FetchPricesRequest{})
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), resp)
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "fetched: %s of %s in the whole catalog (stale catalogs not counted), %s\n", plural.N(resp.GetOffers(), "current offer"), plural.N(resp.GetGpuModels(), "GPU model"), plural.N(resp.GetAlerts(), "price alert"))
-				return writeProviderStatus(cmd.OutOrStdout(), resp.GetProviders(), 0)
+				return show(cmd.OutOrStdout(), asJSON, resp, err, func(w io.Writer) error {
+					fmt.Fprintf(w, "fetched: %s of %s in the whole catalog (stale catalogs not counted), %s\n", plural.N(resp.GetOffers(), "current offer"), plural.N(resp.GetGpuModels(), "GPU model"), plural.N(resp.GetAlerts(), "price alert"))
+					return writeProviderStatus(w, resp.GetProviders(), 0)
+				})
 			})
 		},
 	}
@@ -196,14 +184,10 @@ func newPricesCommand(cf *clientFlags) *cobra.Command {
 			}
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				resp, err := trainmeterv1.NewPriceServiceClient(conn).ImportPrices(ctx, req)
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return writeProtoJSON(cmd.OutOrStdout(), resp)
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "imported %s of %s, %s\n", plural.N(resp.GetOffers(), "offer"), plural.N(resp.GetGpuModels(), "GPU model"), plural.N(resp.GetAlerts(), "price alert"))
-				return nil
+				return show(cmd.OutOrStdout(), asJSON, resp, err, func(w io.Writer) error {
+					fmt.Fprintf(w, "imported %s of %s, %s\n", plural.N(resp.GetOffers(), "offer"), plural.N(resp.GetGpuModels(), "GPU model"), plural.N(resp.GetAlerts(), "price alert"))
+					return nil
+				})
 			})
 		},
 	}

@@ -10,8 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/money"
@@ -35,20 +33,15 @@ func newRecommendCommand(cf *clientFlags) *cobra.Command {
 			return cf.callConn(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				rc := trainmeterv1.NewRecommendServiceClient(conn)
 				resp, err := rc.Recommend(ctx, &trainmeterv1.RecommendRequest{RunIds: args, MinConfidence: minConf})
-				if err != nil {
-					return err
-				}
-				out := cmd.OutOrStdout()
-				if asJSON {
-					return writeProtoJSON(out, resp)
-				}
-				writeRecommendations(out, resp, minConf)
-				for _, id := range args {
-					if err := writeDataloaderSection(ctx, out, conn, id); err != nil {
-						return err
+				return show(cmd.OutOrStdout(), asJSON, resp, err, func(w io.Writer) error {
+					writeRecommendations(w, resp, minConf)
+					for _, id := range args {
+						if err := writeDataloaderSection(ctx, w, conn, id); err != nil {
+							return err
+						}
 					}
-				}
-				return nil
+					return nil
+				})
 			})
 		},
 	}
@@ -93,12 +86,9 @@ func pct(v float64) string {
 }
 
 // writeDataloaderSection prints a run's live dataloader advice and per-epoch
-// statistics; nothing when the run has none or the collector predates them.
+// statistics; nothing when the run has none.
 func writeDataloaderSection(ctx context.Context, w io.Writer, conn *grpc.ClientConn, run string) error {
 	h, err := trainmeterv1.NewRecommendServiceClient(conn).DataloaderHistory(ctx, &trainmeterv1.DataloaderHistoryRequest{RunId: run})
-	if status.Code(err) == codes.Unimplemented {
-		return nil
-	}
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -17,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,10 +34,8 @@ import (
 // `trainmeter run -- COMMAND`: zero-code measurement. It only speaks the
 // agent's socket protocol and the collector's query API (no NVML here).
 
-// Environment variables `trainmeter run` reads and passes to the command
-// (the Python client reads both), and the agent's socket when neither
-// --socket nor $TRAINMETER_SOCKET is set: the protocol's own
-// (pkg/trainerwire), shared with the agent.
+// The environment `trainmeter run` passes to the command (the Python client
+// reads both) and the agent's default socket, as the protocol defines them.
 const (
 	EnvSocket     = trainerwire.EnvSocket
 	EnvRunID      = trainerwire.EnvRunID
@@ -84,7 +84,7 @@ type runOptions struct {
 
 func newRunCommand(cf *clientFlags) *cobra.Command {
 	o := &runOptions{tick: time.Second}
-	var model, dataset, backend, optimizer, precision, notes, budgetScope string
+	o.start.Start = &trainmeterv1.RunStart{Metadata: &trainmeterv1.RunMetadata{}} // the flags write into it
 	var labels []string
 	var batchSize, seqLen int64
 	var warmup time.Duration
@@ -103,20 +103,15 @@ the command still runs, unmeasured.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := cmd.Flags()
-			md := &trainmeterv1.RunMetadata{Model: model, Dataset: dataset, Backend: backend,
-				Optimizer: optimizer, Precision: precision, Notes: notes}
-			o.start.Start = &trainmeterv1.RunStart{Metadata: md}
+			md := o.start.Start.Metadata
 			if f.Changed("batch-size") {
 				md.BatchSize = &batchSize
 			}
 			if f.Changed("seq-len") {
 				md.SeqLen = &seqLen
 			}
-			if f.Changed("budget-scope") {
-				if budgetScope == "" {
-					return errors.New("--budget-scope is empty: give the scope whose budget this run counts against, e.g. --budget-scope team-nlp (trainmeter budget set SCOPE USD)")
-				}
-				o.start.Start.BudgetScope = budgetScope
+			if f.Changed("budget-scope") && o.start.Start.BudgetScope == "" {
+				return errors.New("--budget-scope is empty: give the scope whose budget this run counts against, e.g. --budget-scope team-nlp (trainmeter budget set SCOPE USD)")
 			}
 			lm, err := parseLabels("--label", labels)
 			if err != nil {
@@ -142,10 +137,10 @@ the command still runs, unmeasured.`,
 				return fmt.Errorf("--max-cost %v: want a finite number of USD > 0", o.maxCost)
 			}
 			if tokens > 0 {
-				if model == "" {
+				if md.Model == "" {
 					return errors.New("--tokens needs --model: the estimate learns from the model's past runs")
 				}
-				o.estimate = &trainmeterv1.EstimateRequest{Model: model, Tokens: tokens, Gpus: gpus}
+				o.estimate = &trainmeterv1.EstimateRequest{Model: md.Model, Tokens: tokens, Gpus: gpus}
 			}
 			// A malformed address is a typo to fix now, not a collector that
 			// is down (then the run is still measured, and reported later).
@@ -155,17 +150,12 @@ the command still runs, unmeasured.`,
 			if o.statusEvery <= 0 {
 				return fmt.Errorf("--status-every %v: must be positive", o.statusEvery)
 			}
-			if o.socket == "" {
-				o.socket = cf.getenv(EnvSocket)
-			}
-			if o.socket == "" {
-				o.socket = DefaultSocket
-			}
+			o.socket = cmp.Or(o.socket, cf.getenv(EnvSocket), DefaultSocket)
 			if o.runID == "" {
 				o.runID = newRunID(args[0])
 			}
 			o.stdin, o.stdout, o.stderr = cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr()
-			if f, ok := o.stderr.(*os.File); ok && isTerminal(f) {
+			if f, ok := o.stderr.(*os.File); ok && isTTY(f) {
 				o.termSize = func() (int, int, bool) { return termSize(f) }
 				// A live line needs the terminal's size; without it, plain lines.
 				_, _, o.tty = o.termSize()
@@ -212,16 +202,16 @@ the command still runs, unmeasured.`,
 	f.StringVar(&o.socket, "socket", "", "agent socket (default $"+EnvSocket+", else "+DefaultSocket+")")
 	f.StringVar(&o.runID, "run-id", "", "run id (default: generated from the command's name and the time)")
 	f.BoolVar(&o.resume, "resume", false, "continue the run --run-id names after it ended (the time in between is in no rate)")
-	f.StringVar(&model, "model", "", "model name")
-	f.StringVar(&dataset, "dataset", "", "dataset name")
-	f.StringVar(&backend, "backend", "", "training backend (e.g. unsloth, deepspeed)")
-	f.StringVar(&optimizer, "optimizer", "", "optimizer")
-	f.StringVar(&precision, "precision", "", "precision (e.g. bf16)")
+	f.StringVar(&o.start.Start.Metadata.Model, "model", "", "model name")
+	f.StringVar(&o.start.Start.Metadata.Dataset, "dataset", "", "dataset name")
+	f.StringVar(&o.start.Start.Metadata.Backend, "backend", "", "training backend (e.g. unsloth, deepspeed)")
+	f.StringVar(&o.start.Start.Metadata.Optimizer, "optimizer", "", "optimizer")
+	f.StringVar(&o.start.Start.Metadata.Precision, "precision", "", "precision (e.g. bf16)")
 	f.Int64Var(&batchSize, "batch-size", 0, "batch size")
 	f.Int64Var(&seqLen, "seq-len", 0, "sequence length")
-	f.StringVar(&notes, "notes", "", "free-form notes")
+	f.StringVar(&o.start.Start.Metadata.Notes, "notes", "", "free-form notes")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE of the run (repeatable), for budgets (label:KEY=VALUE) and runs --label")
-	f.StringVar(&budgetScope, "budget-scope", "", "the budget scope this run counts against (docs/budgets.md)")
+	f.StringVar(&o.start.Start.BudgetScope, "budget-scope", "", "the budget scope this run counts against (docs/budgets.md)")
 	f.DurationVar(&warmup, "warmup", 0, "warmup to exclude from efficiency figures (default: the script's client's, else the agent's)")
 	f.DurationVar(&o.statusEvery, "status-every", 10*time.Second, "period of the status lines when stderr is not a terminal")
 	f.Float64Var(&o.maxCost, "max-cost", 0, "USD: the collector tells the run to stop (and alerts) when its total cost reaches this; trainmeter run then stops the command")
@@ -247,17 +237,6 @@ func newRunID(command string) string {
 	b := make([]byte, 2)
 	_, _ = rand.Read(b)
 	return fmt.Sprintf("%s-%s-%s", name, time.Now().Format("20060102-150405"), hex.EncodeToString(b))
-}
-
-// isTerminal reports whether w is a character device (a terminal; no
-// x/term needed for that).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // runCommand runs args as one run and returns the exit code to exit with.
@@ -293,7 +272,7 @@ func runCommand(o *runOptions, args []string) int {
 	waited := make(chan error, 1)
 	go func() { waited <- child.Wait() }()
 
-	st := newStatus(o, ag.ok())
+	st := newStatus(o, ag.reachable.Load())
 	stopStatus := st.run()
 
 	var werr error
@@ -332,9 +311,9 @@ wait:
 	st.endSent = time.Now()
 	ag.end(status)
 	switch {
-	case ag.wasRefused():
+	case ag.refused.Load():
 		warn("run %s was not measured: the agent refused it (above)", o.runID)
-	case ag.ok():
+	case ag.reachable.Load():
 		st.final()
 	}
 	return code
@@ -377,16 +356,16 @@ type agentLink struct {
 	start0   []byte
 	clientID string
 
-	mu        sync.Mutex
-	conn      net.Conn
-	reachable bool
-	// refused: the agent refused run_start (an ended run id, too many
-	// runs): the command runs unmeasured and no report is printed.
-	refused bool
-	warned  bool
-	closed  bool
-	done    chan struct{}
-	wg      sync.WaitGroup
+	// reachable: run_start reached the agent. refused: the agent refused it
+	// (an ended run id, too many runs): the command runs unmeasured and no
+	// report is printed.
+	reachable, refused, warned atomic.Bool
+
+	mu     sync.Mutex
+	conn   net.Conn
+	closed bool
+	done   chan struct{}
+	wg     sync.WaitGroup
 	// stops carries a max-cost stop to the command's supervisor; one is
 	// enough (the agent may relay the advice again), so more are dropped.
 	stops chan string
@@ -404,12 +383,6 @@ func newAgentLink(o *runOptions, warn func(string, ...any)) *agentLink {
 	return a
 }
 
-func (a *agentLink) wasRefused() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.refused
-}
-
 // refuseEndedRun refuses, before the command starts, a --run-id that names
 // a run the collector has seen end, unless --resume: measuring it again
 // would reopen it (the agent refuses too, but only for runs it ended
@@ -424,9 +397,6 @@ func refuseEndedRun(ctx context.Context, o *runOptions) error {
 		return nil
 	}
 	defer closeConn()
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	resp, err := qc.GetRun(ctx, &trainmeterv1.GetRunRequest{RunId: o.runID})
@@ -439,20 +409,10 @@ func refuseEndedRun(ctx context.Context, o *runOptions) error {
 		o.runID, r.GetEnd().AsTime().UTC().Format(time.RFC3339), report.EndStatus(r))
 }
 
-// ok reports whether run_start reached the agent.
-func (a *agentLink) ok() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.reachable
-}
-
 func (a *agentLink) start() {
 	if err := a.connect(); err != nil {
 		a.warnOnce("agent not reachable at %s (%v): running the command unmeasured", a.o.socket, err)
-		return
 	}
-	a.wg.Add(1)
-	go a.keep()
 }
 
 // connect dials the agent and sends run_start.
@@ -473,15 +433,17 @@ func (a *agentLink) connect() error {
 		conn.Close()
 		return errors.New("closed")
 	}
-	a.conn, a.reachable = conn, true
+	a.conn = conn
 	a.mu.Unlock()
+	a.reachable.Store(true)
 	a.wg.Add(1)
 	go a.read(conn)
 	return nil
 }
 
-// read shows the agent's error lines (e.g. a refused run_start) and notices
-// the connection closing.
+// read shows the agent's error lines (e.g. a refused run_start); when the
+// connection drops before end, it reconnects every 2 s (the new connection
+// has its own reader).
 func (a *agentLink) read(conn net.Conn) {
 	defer a.wg.Done()
 	sc := bufio.NewScanner(conn)
@@ -494,9 +456,7 @@ func (a *agentLink) read(conn net.Conn) {
 		case trainerwire.EventError:
 			a.warn("agent: %s", m.Error)
 			if strings.HasPrefix(m.Error, "run_start:") {
-				a.mu.Lock()
-				a.refused = true
-				a.mu.Unlock()
+				a.refused.Store(true)
 			}
 		case trainerwire.EventStop:
 			if a.o.maxCost > 0 && strings.HasPrefix(m.Reason, maxCostPrefix) {
@@ -516,37 +476,24 @@ func (a *agentLink) read(conn net.Conn) {
 	closed := a.closed
 	a.mu.Unlock()
 	conn.Close()
-	if !closed {
-		a.warnOnce("lost the connection to the agent; reconnecting")
+	if closed {
+		return
 	}
-}
-
-// keep reconnects every 2 s while the connection is down, until end.
-func (a *agentLink) keep() {
-	defer a.wg.Done()
-	t := time.NewTicker(2 * time.Second)
-	defer t.Stop()
+	a.warnOnce("lost the connection to the agent; reconnecting")
 	for {
 		select {
 		case <-a.done:
 			return
-		case <-t.C:
+		case <-time.After(2 * time.Second):
 		}
-		a.mu.Lock()
-		down := a.conn == nil && !a.closed
-		a.mu.Unlock()
-		if down {
-			_ = a.connect()
+		if a.connect() == nil {
+			return
 		}
 	}
 }
 
 func (a *agentLink) warnOnce(format string, args ...any) {
-	a.mu.Lock()
-	w := a.warned
-	a.warned = true
-	a.mu.Unlock()
-	if !w {
+	if a.warned.CompareAndSwap(false, true) {
 		a.warn(format, args...)
 	}
 }
@@ -568,7 +515,7 @@ func (a *agentLink) end(status string) {
 		_, err := conn.Write(line)
 		return err == nil
 	}
-	if a.ok() && !send() {
+	if a.reachable.Load() && !send() {
 		if a.connect() == nil {
 			send()
 		}
@@ -596,9 +543,8 @@ const maxCostPrefix = "max-cost"
 
 // planRun sends the run's cap and estimate request to the collector before
 // the command starts, keeps the plan's key for the run's run_start, and
-// shows the estimate. Nothing here stops the
-// command from running: an unreachable collector only means no cap and no
-// estimate, which it says.
+// shows the estimate. An unreachable collector only means no cap and no
+// estimate, which it says: the command runs regardless.
 func planRun(o *runOptions, warn func(string, ...any)) {
 	if o.plan == nil || (o.maxCost <= 0 && o.estimate == nil) {
 		return

@@ -191,7 +191,9 @@ func (s *runStatus) line(elapsed time.Duration, r *trainmeterv1.RunReport) strin
 	if tok > 0 {
 		parts = append(parts, fmt.Sprintf("%.4g J/tok", e/float64(tok)))
 	}
-	if usd, ok := costSoFar(r); ok {
+	// The run's total cost (compute × priority + energy, docs/costs.md),
+	// where the collector knows a price.
+	if usd := r.GetTotalCostUsd(); r.TotalCostUsd != nil {
 		shown := money.USDs(usd, r.GetProjectedCostUsd(), r.GetMaxCostUsd())
 		s := shown[0]
 		if !r.GetEnded() && r.GetProjectionBasis() != "" && r.GetProjectedCostUsd() > usd {
@@ -203,12 +205,6 @@ func (s *runStatus) line(elapsed time.Duration, r *trainmeterv1.RunReport) strin
 		parts = append(parts, s)
 	}
 	return strings.Join(parts, " | ")
-}
-
-// costSoFar is the run's total cost (compute × priority + energy,
-// docs/costs.md), where the collector knows a price.
-func costSoFar(r *trainmeterv1.RunReport) (float64, bool) {
-	return r.GetTotalCostUsd(), r.TotalCostUsd != nil
 }
 
 func fmtElapsed(d time.Duration) string {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	"github.com/trainmeter/trainmeter/internal/protojsonout"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -223,7 +224,7 @@ func TestProtoJSONNumbersNestedAndNonFinite(t *testing.T) {
 	nan := math.NaN()
 	r := &trainmeterv1.RunReport{RunId: "r", TokensProcessed: 1 << 60, AvgPowerW: proto.Float64(math.Inf(1)), Mfu: &nan,
 		Evals: []*trainmeterv1.Eval{{RunId: "r", Epoch: proto.Int64(3)}}}
-	b, err := protoJSON(r)
+	b, err := protojsonout.Indented(r)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,19 +43,16 @@ func (s *clientSecurity) dialOptions(addr string, getenv func(string) string) ([
 	if err := collectoraddr.Check(addr); err != nil {
 		return nil, fmt.Errorf("%w (--collector or $%s)", err, EnvCollector)
 	}
-	var opts []grpc.DialOption
 	secure := s.tls.Enabled()
+	creds := insecure.NewCredentials()
+	var err error
 	if secure {
-		creds, err := tlsfiles.ClientCredentials(s.tls, nil)
-		if err != nil {
+		if creds, err = tlsfiles.ClientCredentials(s.tls, nil); err != nil {
 			return nil, err
 		}
-		opts = append(opts, grpc.WithTransportCredentials(creds))
-	} else {
-		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	var tok credentials.PerRPCCredentials
-	var err error
 	switch {
 	case s.tokenFile != "":
 		tok, err = tlsfiles.TokenFromFile(s.tokenFile, !secure && tlsfiles.IsLoopback(addr), nil)

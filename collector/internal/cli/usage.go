@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/csv"
 	"fmt"
-	"github.com/trainmeter/trainmeter/pkg/money"
 	"io"
 	"slices"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/pkg/money"
 	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -59,16 +59,12 @@ plus energy at the energy price (docs/costs.md).`,
 			}
 			return cf.call(cmd, func(ctx context.Context, c trainmeterv1.QueryServiceClient) error {
 				resp, err := c.Usage(ctx, &trainmeterv1.UsageRequest{Since: timestampOrNil(s), Until: timestampOrNil(u), By: by})
-				if err != nil {
-					return err
-				}
-				switch {
-				case asJSON:
-					return writeProtoJSON(cmd.OutOrStdout(), resp)
-				case asCSV:
-					return writeUsageCSV(cmd, resp)
-				}
-				return writeUsageTable(cmd, resp)
+				return show(cmd.OutOrStdout(), asJSON, resp, err, func(io.Writer) error {
+					if asCSV {
+						return writeUsageCSV(cmd, resp)
+					}
+					return writeUsageTable(cmd, resp)
+				})
 			})
 		},
 	}
@@ -155,10 +151,7 @@ func writeUsageTable(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error
 	}
 	// Host (CPU package + DRAM, RAPL) columns only where a node measured
 	// it, so GPU-only fleets read as before.
-	host := false
-	for _, n := range resp.GetNodes() {
-		host = host || n.GetHostEnergyJ() > 0
-	}
+	host := slices.ContainsFunc(resp.GetNodes(), func(n *trainmeterv1.NodeUsage) bool { return n.GetHostEnergyJ() > 0 })
 	if host {
 		fmt.Fprintln(out, "\nnode totals (all GPUs of the node, over the period; idle = no run on the GPU; host = CPU packages + DRAM (RAPL), idle host = no run on the node)")
 	} else {

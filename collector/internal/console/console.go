@@ -129,16 +129,13 @@ func (c *Console) Start(ctx context.Context) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(c.log.Handler(), slog.LevelWarn),
 	}
+	if tlsCfg != nil {
+		lis = tls.NewListener(lis, tlsCfg)
+	}
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
-		var err error
-		if tlsCfg != nil {
-			err = srv.Serve(tls.NewListener(lis, tlsCfg))
-		} else {
-			err = srv.Serve(lis)
-		}
-		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			c.log.Error("console serve", "err", err)
 		}
 	}()

@@ -48,12 +48,7 @@ var funcs = template.FuncMap{
 	"seg":        url.PathEscape,
 	"navItems":   func() []navItem { return nav },
 	"statuses":   func() []string { return []string{"", "live", "ended"} },
-	"optf": func(p *float64) string {
-		if p == nil {
-			return "-"
-		}
-		return num(*p)
-	},
+	"optf":       optNum,
 }
 
 // version is the binary's version (a test sets another). Templates use it
@@ -111,11 +106,7 @@ func ago(ts *timestamppb.Timestamp, now time.Time) string {
 	if ts == nil {
 		return "never"
 	}
-	d := now.Sub(ts.AsTime()).Round(time.Second)
-	if d < 0 {
-		d = 0
-	}
-	return d.String() + " ago"
+	return max(0, now.Sub(ts.AsTime()).Round(time.Second)).String() + " ago"
 }
 
 // barWidth is a bar's length in percent of the figure's largest value.
@@ -187,21 +178,6 @@ func newSparkline(s *trainmeterv1.TimelineSeries) *sparkline {
 	}
 	return &sparkline{Points: b.String(), Last: vs[len(vs)-1], Peak: hi}
 }
-
-// urlValues is url.Values that leaves out empty values.
-type urlValues struct{ url.Values }
-
-func (v *urlValues) add(k, s string) {
-	if s == "" {
-		return
-	}
-	if v.Values == nil {
-		v.Values = url.Values{}
-	}
-	v.Values.Add(k, s)
-}
-
-func (v urlValues) encode() string { return v.Values.Encode() }
 
 type navItem struct{ Path, Name string }
 

@@ -102,13 +102,6 @@ func (l *loginLimiter) fail(client string) {
 	b.tokens, b.at = max(0, b.refilled(now)-1), now
 }
 
-// tracked is how many buckets the limiter holds (tests).
-func (l *loginLimiter) tracked() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.clients)
-}
-
 // clientOf is the key a request's failed logins are counted under: the
 // peer's IPv4 address or IPv6 /64. A proxy in front makes every client
 // one; the limit then holds for all of them together.

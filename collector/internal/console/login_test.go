@@ -221,12 +221,12 @@ func TestLoginLimiterBounded(t *testing.T) {
 	for i := range loginClients + 100 {
 		l.fail("c" + string(rune(i)))
 	}
-	if n := l.tracked(); n > loginClients+1 {
+	if n := len(l.clients); n > loginClients+1 {
 		t.Errorf("tracking %d clients, want at most %d", n, loginClients+1)
 	}
 	clk.Advance(loginRefill * loginBurst)
 	l.fail("fresh")
-	if n := l.tracked(); n > 2 {
+	if n := len(l.clients); n > 2 {
 		t.Errorf("after a full refill, tracking %d clients, want the refilled ones forgotten", n)
 	}
 }

@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
+	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,6 +45,12 @@ func (p *pages) render(w http.ResponseWriter, code int, name string, pg page) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(code)
 	_, _ = w.Write(buf.Bytes())
+}
+
+// httpError answers a script's request (data, a fragment) that failed.
+func httpError(w http.ResponseWriter, err error) {
+	code, msg := httpStatus(err)
+	http.Error(w, msg, code)
 }
 
 func (p *pages) fail(w http.ResponseWriter, r *http.Request, nav string, err error) {
@@ -131,15 +139,8 @@ func (f runsFilter) match(r *trainmeterv1.RunReport) bool {
 	if f.Backend != "" && md.GetBackend() != f.Backend {
 		return false
 	}
-	switch f.Status {
-	case "live":
-		if r.GetEnded() {
-			return false
-		}
-	case "ended":
-		if !r.GetEnded() {
-			return false
-		}
+	if (f.Status == "live" && r.GetEnded()) || (f.Status == "ended" && !r.GetEnded()) {
+		return false
 	}
 	if f.Label != "" {
 		k, v, hasValue := strings.Cut(f.Label, "=")
@@ -154,12 +155,13 @@ func (f runsFilter) match(r *trainmeterv1.RunReport) bool {
 // Query is the filter as a query string (page left out); template.URL so
 // that html/template keeps its & and = in a link (url.Values encoded it).
 func (f runsFilter) Query() template.URL {
-	v := urlValues{}
-	v.add("model", f.Model)
-	v.add("backend", f.Backend)
-	v.add("label", f.Label)
-	v.add("status", f.Status)
-	return template.URL(v.encode())
+	v := url.Values{}
+	for k, s := range map[string]string{"model": f.Model, "backend": f.Backend, "label": f.Label, "status": f.Status} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	return template.URL(v.Encode()) // Encode sorts by key
 }
 
 type runRow struct {
@@ -206,10 +208,7 @@ func (p *pages) runsData(ctx context.Context, f runsFilter) (*runsData, error) {
 			}
 			return 1
 		}
-		if c := b.GetStart().AsTime().Compare(a.GetStart().AsTime()); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.GetRunId(), b.GetRunId())
+		return cmp.Or(b.GetStart().AsTime().Compare(a.GetStart().AsTime()), cmp.Compare(a.GetRunId(), b.GetRunId()))
 	})
 	d.Matching = len(match)
 	pages := max(1, (len(match)+runsPageSize-1)/runsPageSize)
@@ -280,8 +279,7 @@ func (p *pages) runs(w http.ResponseWriter, r *http.Request) {
 func (p *pages) runsRows(w http.ResponseWriter, r *http.Request) {
 	d, err := p.runsData(r.Context(), parseRunsFilter(r))
 	if err != nil {
-		code, msg := httpStatus(err)
-		http.Error(w, msg, code)
+		httpError(w, err)
 		return
 	}
 	p.render(w, http.StatusOK, "runs_rows", page{Data: d})
@@ -292,13 +290,9 @@ func (p *pages) runsRows(w http.ResponseWriter, r *http.Request) {
 type runData struct {
 	R      *trainmeterv1.RunReport
 	Status string
-	Fields []reportField
-}
-
-// reportField is one field of the run's report as `trainmeter report
-// --json` writes it (package protojsonout), in .proto order.
-type reportField struct {
-	Name, Value string
+	// Fields are the report's fields as `trainmeter report --json` writes
+	// them, in .proto order.
+	Fields []protojsonout.Field
 }
 
 func (p *pages) runData(ctx context.Context, id string) (*runData, error) {
@@ -307,15 +301,11 @@ func (p *pages) runData(ctx context.Context, id string) (*runData, error) {
 		return nil, err
 	}
 	r := resp.GetRun()
-	d := &runData{R: r, Status: runStatus(r)}
-	names, values, err := protojsonout.Fields(r)
+	fields, err := protojsonout.Fields(r)
 	if err != nil {
 		return nil, err
 	}
-	for i := range names {
-		d.Fields = append(d.Fields, reportField{Name: names[i], Value: values[i]})
-	}
-	return d, nil
+	return &runData{R: r, Status: runStatus(r), Fields: fields}, nil
 }
 
 func (p *pages) run(w http.ResponseWriter, r *http.Request) {
@@ -332,8 +322,7 @@ func (p *pages) run(w http.ResponseWriter, r *http.Request) {
 func (p *pages) runSummary(w http.ResponseWriter, r *http.Request) {
 	d, err := p.runData(r.Context(), r.PathValue("id"))
 	if err != nil {
-		code, msg := httpStatus(err)
-		http.Error(w, msg, code)
+		httpError(w, err)
 		return
 	}
 	p.render(w, http.StatusOK, "run_summary", page{Data: d})
@@ -387,14 +376,12 @@ func (p *pages) timeline(w http.ResponseWriter, r *http.Request) {
 	}
 	tl, err := p.c.cfg.Services.Query.Timeline(r.Context(), req)
 	if err != nil {
-		code, msg := httpStatus(err)
-		http.Error(w, msg, code)
+		httpError(w, err)
 		return
 	}
 	run, err := p.c.cfg.Services.Query.GetRun(r.Context(), &trainmeterv1.GetRunRequest{RunId: id})
 	if err != nil {
-		code, msg := httpStatus(err)
-		http.Error(w, msg, code)
+		httpError(w, err)
 		return
 	}
 	out := timelineJSON{RunID: tl.GetRunId(), StartMs: msPtr(tl.GetStart()), EndMs: msPtr(tl.GetEnd()), WarmupEndMs: msPtr(tl.GetWarmupEnd()),
@@ -460,9 +447,7 @@ func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
 	}
 	models := map[string]bool{}
 	for _, run := range runs {
-		if m := run.GetMetadata().GetModel(); m != "" {
-			models[m] = true
-		}
+		models[run.GetMetadata().GetModel()] = true
 	}
 	d.Models = sortedKeys(models)
 	code := http.StatusOK
@@ -613,15 +598,10 @@ func (p *pages) nodes(w http.ResponseWriter, r *http.Request) {
 	}{rows, now}})
 }
 
+// sortedKeys is m's keys but "", sorted.
 func sortedKeys(m map[string]bool) []string {
-	var out []string
-	for k := range m {
-		if k != "" {
-			out = append(out, k)
-		}
-	}
-	slices.Sort(out)
-	return out
+	delete(m, "")
+	return slices.Sorted(maps.Keys(m))
 }
 
 // allRuns is every run, read from ListRuns a page at a time, in run id

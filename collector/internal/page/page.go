@@ -78,20 +78,13 @@ func Decode(tok, req string) (Token, error) {
 	if tok == "" {
 		return Token{}, nil
 	}
-	bad := func(why string) (Token, error) { return Token{}, Invalid(tok, why) }
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	if err != nil {
-		return bad("is not a page token")
-	}
 	var t Token
-	if err := json.Unmarshal(b, &t); err != nil || t.V != version {
-		return bad("is not a page token")
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil || json.Unmarshal(b, &t) != nil || t.V != version || t.Offset < 0 {
+		return Token{}, Invalid(tok, "is not a page token")
 	}
 	if t.Req != req {
-		return bad("was issued for another request")
-	}
-	if t.Offset < 0 {
-		return bad("is not a page token")
+		return Token{}, Invalid(tok, "was issued for another request")
 	}
 	return t, nil
 }
