@@ -86,12 +86,6 @@ type Azure struct {
 // Name implements Provider.
 func (*Azure) Name() string { return "azure" }
 
-// Offers implements Provider.
-func (a *Azure) Offers(ctx context.Context) ([]Offer, error) {
-	offers, _, err := a.FetchOffers(ctx)
-	return offers, err
-}
-
 // AzureFilter is the OData $filter the provider sends: Consumption prices
 // of the VM sizes in AzureGPUSizes, in regions if any.
 func AzureFilter(regions []string) string {
@@ -111,7 +105,7 @@ func AzureFilter(regions []string) string {
 	return f
 }
 
-// FetchOffers implements CountingProvider.
+// FetchOffers implements Provider.
 func (a *Azure) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 	base := strings.TrimRight(a.BaseURL, "/")
 	if base == "" {
@@ -138,15 +132,7 @@ func (a *Azure) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 			// A link elsewhere is not followed: the answer is not the API's.
 			return nil, 0, fmt.Errorf("Azure retail prices: page %d: NextPageLink %q is not on %s", page, next, base)
 		}
-		link := next
-		body, err := a.get(ctx, fmt.Sprintf("Azure retail prices from %s, page %d", base, page), func(ctx context.Context) (*http.Request, error) {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, link, nil)
-			if err != nil {
-				return nil, err
-			}
-			req.Header.Set("Accept", "application/json")
-			return req, nil
-		})
+		body, err := a.get(ctx, fmt.Sprintf("Azure retail prices from %s, page %d", base, page), http.MethodGet, next, "", nil)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -245,5 +231,3 @@ func ParseAzureRetailPage(body []byte, provider string) (offers []Offer, skipped
 	}
 	return offers, skipped, next, nil
 }
-
-var _ CountingProvider = (*Azure)(nil)

@@ -26,17 +26,18 @@ type File struct {
 // Name implements Provider.
 func (*File) Name() string { return "file" }
 
-// Offers implements Provider.
-func (f *File) Offers(context.Context) ([]Offer, error) {
+// FetchOffers implements Provider; a list skips nothing (a row that
+// cannot be priced is an error).
+func (f *File) FetchOffers(context.Context) ([]Offer, int, error) {
 	b, err := os.ReadFile(f.Path)
 	if err != nil {
-		return nil, fmt.Errorf("price file: %w", err)
+		return nil, 0, fmt.Errorf("price file: %w", err)
 	}
 	offers, err := ParsePriceList(b, f.Name())
 	if err != nil {
-		return nil, fmt.Errorf("price file %s: %w", f.Path, err)
+		return nil, 0, fmt.Errorf("price file %s: %w", f.Path, err)
 	}
-	return offers, nil
+	return offers, 0, nil
 }
 
 // ParsePriceList parses a JSON or CSV price list (see File). Unlike the

@@ -39,29 +39,13 @@ type Lambda struct {
 // Name implements Provider.
 func (*Lambda) Name() string { return "lambda" }
 
-// Offers implements Provider.
-func (l *Lambda) Offers(ctx context.Context) ([]Offer, error) {
-	offers, _, err := l.FetchOffers(ctx)
-	return offers, err
-}
-
-// FetchOffers implements CountingProvider.
+// FetchOffers implements Provider.
 func (l *Lambda) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 	base := strings.TrimRight(l.BaseURL, "/")
 	if base == "" {
 		base = DefaultLambdaURL
 	}
-	body, err := l.get(ctx, "Lambda instance types from "+base, func(ctx context.Context) (*http.Request, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/instance-types", nil)
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Accept", "application/json")
-		if l.APIKey != "" {
-			req.Header.Set("Authorization", "Bearer "+l.APIKey)
-		}
-		return req, nil
-	})
+	body, err := l.get(ctx, "Lambda instance types from "+base, http.MethodGet, base+"/api/v1/instance-types", l.APIKey, nil)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -152,8 +136,3 @@ func stripCount(s string) string {
 	}
 	return s
 }
-
-var (
-	_ CountingProvider = (*Lambda)(nil)
-	_ CountingProvider = (*VastAI)(nil)
-)

@@ -85,26 +85,11 @@ func (o Offer) Validate() error {
 type Provider interface {
 	// Name is a short name for logs and alerts ("vastai", "file").
 	Name() string
-	// Offers returns the offers available now.
-	Offers(ctx context.Context) ([]Offer, error)
-}
-
-// CountingProvider is a Provider that also says how many entries of its
-// answer it skipped because they could not be priced (a missing price, no
-// GPU count, a field of the wrong type): the rest of the answer is kept.
-type CountingProvider interface {
-	Provider
+	// FetchOffers returns the offers available now, and how many entries
+	// of the answer it skipped because they could not be priced (a
+	// missing price, no GPU count, a field of the wrong type): the rest of
+	// the answer is kept.
 	FetchOffers(ctx context.Context) (offers []Offer, skipped int, err error)
-}
-
-// FetchOffers asks p for its offers, with the skipped count where p
-// counts them.
-func FetchOffers(ctx context.Context, p Provider) ([]Offer, int, error) {
-	if c, ok := p.(CountingProvider); ok {
-		return c.FetchOffers(ctx)
-	}
-	offers, err := p.Offers(ctx)
-	return offers, 0, err
 }
 
 // Key is how GPU model names are matched: case-insensitively, with runs of
@@ -223,13 +208,6 @@ func median(sorted []float64) float64 {
 		return sorted[n/2]
 	}
 	return (sorted[n/2-1] + sorted[n/2]) / 2
-}
-
-// Cheapest returns the on-demand offer of gpuName (matched by ModelKey)
-// with the lowest per-GPU price, whichever provider it comes from.
-func Cheapest(offers []Offer, gpuName string) (Offer, bool) {
-	mp, ok := ByModel(offers)[ModelKey(gpuName)]
-	return mp.CheapestOffer, ok && mp.Offers > 0
 }
 
 // Weights of a recommendation score; they are normalised to sum to 1.
@@ -427,16 +405,4 @@ func (r AlertRule) Check(history []Point, p Point, prev string) Change {
 	}
 	c.Fire = c.State != StateNormal && c.State != prev
 	return c
-}
-
-// Walk runs Check over a whole series (sorted by time) and returns the
-// verdict for each point.
-func (r AlertRule) Walk(series []Point) []Change {
-	out := make([]Change, len(series))
-	state := StateNormal
-	for i, p := range series {
-		out[i] = r.Check(series[:i], p, state)
-		state = out[i].State
-	}
-	return out
 }

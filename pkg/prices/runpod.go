@@ -1,7 +1,6 @@
 package prices
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -39,31 +38,14 @@ type RunPod struct {
 // Name implements Provider.
 func (*RunPod) Name() string { return "runpod" }
 
-// Offers implements Provider.
-func (r *RunPod) Offers(ctx context.Context) ([]Offer, error) {
-	offers, _, err := r.FetchOffers(ctx)
-	return offers, err
-}
-
-// FetchOffers implements CountingProvider.
+// FetchOffers implements Provider.
 func (r *RunPod) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 	u := r.URL
 	if u == "" {
 		u = DefaultRunPodURL
 	}
 	q, _ := json.Marshal(map[string]string{"query": RunPodQuery})
-	body, err := r.get(ctx, "RunPod GPU types from "+u, func(ctx context.Context) (*http.Request, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(q))
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json")
-		if r.APIKey != "" {
-			req.Header.Set("Authorization", "Bearer "+r.APIKey)
-		}
-		return req, nil
-	})
+	body, err := r.get(ctx, "RunPod GPU types from "+u, http.MethodPost, u, r.APIKey, q)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -157,5 +139,3 @@ func ParseRunPodGPUTypes(body []byte, provider string) (offers []Offer, skipped 
 	}
 	return offers, skipped, nil
 }
-
-var _ CountingProvider = (*RunPod)(nil)

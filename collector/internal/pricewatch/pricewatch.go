@@ -440,7 +440,7 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 	var wg sync.WaitGroup
 	for i, p := range w.providers {
 		wg.Go(func() {
-			offers, skipped, err := prices.FetchOffers(pctx, p)
+			offers, skipped, err := p.FetchOffers(pctx)
 			if err == nil && len(offers) == 0 {
 				err = fmt.Errorf("%s returned no offers that can be priced (%s skipped)", p.Name(), plural.N(skipped, "entry"))
 			}

@@ -94,7 +94,7 @@ func newFourProviders(t *testing.T) fourProviders {
 		return []byte(strings.Replace(string(body), `"{{NEXT}}"`, string(next), 1))
 	})
 	f.list = []prices.Provider{
-		&prices.VastAI{BaseURL: f.vast.srv.URL, MaxAttempts: 2, Sleep: noWait.Sleep},
+		&prices.VastAI{BaseURL: f.vast.srv.URL, HTTPOptions: noWait},
 		&prices.Lambda{BaseURL: f.lambda.srv.URL, APIKey: "k", HTTPOptions: noWait},
 		&prices.RunPod{URL: f.runpod.srv.URL + "/graphql", APIKey: "k", HTTPOptions: noWait},
 		&prices.Azure{BaseURL: f.azure.srv.URL, HTTPOptions: noWait},
@@ -167,7 +167,8 @@ func TestFetchSeveralProviders(t *testing.T) {
 		h.CheapestSpot != 1.75 || h.CheapestSpotOffer.Provider != "runpod" || h.CheapestOffer.Provider != "vastai" {
 		t.Errorf("H100 SXM over all providers: %+v", h)
 	}
-	c, ok := prices.Cheapest(w.all, "RTX 4090")
+	mp, ok := prices.ByModel(w.all)[prices.ModelKey("RTX 4090")]
+	c := mp.CheapestOffer
 	if !ok || c.Provider != "runpod" || c.Spot {
 		t.Errorf("cheapest RTX 4090 %+v", c)
 	}
@@ -494,7 +495,7 @@ func TestStaleProviderStopsCountingAsCurrent(t *testing.T) {
 	if where, ok := w.CurrentOffer("NVIDIA GeForce RTX 4090"); !ok || !strings.HasPrefix(where, "vastai") {
 		t.Errorf("RTX 4090's offer at %q", where)
 	}
-	if c, ok := prices.Cheapest(w.all, "RTX 4090"); !ok || c.Provider != "vastai" {
+	if c := prices.ByModel(w.all)[prices.ModelKey("RTX 4090")].CheapestOffer; c.Provider != "vastai" {
 		t.Errorf("cheapest RTX 4090 %+v", c)
 	}
 	run := func(id, gpu string, tokPerS, usd float64) recommend.Run {
