@@ -1,11 +1,13 @@
 package cost
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -119,7 +121,7 @@ func ValidZoneName(z string) error {
 
 func validIntensity(g float64) bool { return !math.IsNaN(g) && !math.IsInf(g, 0) && g >= 0 }
 
-// Validate checks the file and prepares it for SplitCarbon and IntensityAt.
+// Validate checks the file and prepares it for SplitCarbon and Schedule.
 func (f *CarbonFile) Validate() error {
 	var errs []error
 	if len(f.Zones) == 0 {
@@ -165,22 +167,13 @@ func (f *CarbonFile) Validate() error {
 }
 
 // ZoneNames lists the file's zones, sorted.
-func (f *CarbonFile) ZoneNames() []string { return sortedKeys(f.Zones) }
+func (f *CarbonFile) ZoneNames() []string { return slices.Sorted(maps.Keys(f.Zones)) }
 
 // Schedule is zone's schedule as a tariff whose bands are intensities
 // (gCO2/kWh); false for a zone the file does not have.
 func (f *CarbonFile) Schedule(zone string) (*Tariff, bool) {
 	t, ok := f.compiled[zone]
 	return t, ok
-}
-
-// IntensityAt is zone's intensity at at, gCO2/kWh.
-func (f *CarbonFile) IntensityAt(zone string, at time.Time) (float64, bool) {
-	t, ok := f.compiled[zone]
-	if !ok {
-		return 0, false
-	}
-	return t.Bands[t.BandAt(at)], true
 }
 
 // SplitCarbon implements CarbonSource: a zone the file has is covered at
@@ -314,15 +307,8 @@ func (c Config) CO2(byBand map[string]float64, totalJ float64) (kg float64, band
 		}
 		keys = append(keys, b)
 	}
-	sort.Slice(keys, func(i, j int) bool {
-		a, b := keys[i], keys[j]
-		if a.zone != b.zone {
-			return a.zone < b.zone
-		}
-		if a.source != b.source {
-			return a.source < b.source
-		}
-		return a.g < b.g
+	slices.SortFunc(keys, func(a, b k) int {
+		return cmp.Or(strings.Compare(a.zone, b.zone), strings.Compare(a.source, b.source), cmp.Compare(a.g, b.g))
 	})
 	for _, b := range keys {
 		kwh := perBand[b] * pue / 3.6e6
@@ -355,7 +341,7 @@ func CO2Summary(bands []CarbonBand) (gPerKWh float64, source, zone string) {
 		gPerKWh = kg * 1000 / kwh
 	}
 	best := -1.0
-	for _, z := range sortedKeys(byZone) {
+	for _, z := range slices.Sorted(maps.Keys(byZone)) {
 		if byZone[z] > best {
 			zone, best = z, byZone[z]
 		}

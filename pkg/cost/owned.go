@@ -3,9 +3,10 @@ package cost
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/trainmeter/trainmeter/pkg/prices"
@@ -90,12 +91,7 @@ func (o *OwnedHardware) Validate() error {
 		names = append(names, g.Model)
 		errs = append(errs, g.validate(what))
 	}
-	nodes := make([]string, 0, len(o.Nodes))
-	for n := range o.Nodes {
-		nodes = append(nodes, n)
-	}
-	sort.Strings(nodes)
-	for _, n := range nodes {
+	for _, n := range slices.Sorted(maps.Keys(o.Nodes)) {
 		g := o.Nodes[n]
 		switch {
 		case n == "":

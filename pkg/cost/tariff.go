@@ -8,7 +8,6 @@ import (
 	"math"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 	_ "time/tzdata" // tariffs name IANA zones; work on machines without zoneinfo
@@ -110,13 +109,6 @@ func parseYAML[T any, P interface {
 		return nil, err
 	}
 	return (*T)(v), nil
-}
-
-// FlatTariff is a one-band tariff at usdPerKWh.
-func FlatTariff(usdPerKWh float64) *Tariff {
-	t := &Tariff{Default: "flat", Bands: map[string]float64{"flat": usdPerKWh}}
-	_ = t.Validate()
-	return t
 }
 
 func parseClock(s string) (int, error) {
@@ -239,16 +231,6 @@ func (t *Tariff) BandAt(at time.Time) string {
 func (t *Tariff) Price(band string) (float64, bool) {
 	p, ok := t.Bands[band]
 	return p, ok
-}
-
-// BandNames lists the bands, sorted.
-func (t *Tariff) BandNames() []string {
-	names := make([]string, 0, len(t.Bands))
-	for n := range t.Bands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
 }
 
 // Split books joules consumed uniformly over [start, end) to the bands in

@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -82,12 +83,7 @@ func ParseLambdaInstanceTypes(body []byte, provider string) (offers []Offer, ski
 	if doc.Data == nil {
 		return nil, 0, errors.New(`Lambda instance types: no "data" object`)
 	}
-	names := make([]string, 0, len(doc.Data))
-	for k := range doc.Data {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
+	for _, k := range slices.Sorted(maps.Keys(doc.Data)) {
 		var it lambdaInstanceType
 		if err := json.Unmarshal(doc.Data[k], &it); err != nil {
 			skipped++

@@ -15,7 +15,6 @@ import (
 	"math"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -398,18 +397,6 @@ func (w *Watcher) lookup(zone string, hour int64) (float64, bool) {
 		}
 	}
 	return 0, false
-}
-
-// Hours lists zone's fetched hours, oldest first (for tests and status).
-func (w *Watcher) Hours(zone string) []time.Time {
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	hs := make([]time.Time, 0, len(w.hours[zone]))
-	for h := range w.hours[zone] {
-		hs = append(hs, time.Unix(h, 0).UTC())
-	}
-	sort.Slice(hs, func(i, j int) bool { return hs[i].Before(hs[j]) })
-	return hs
 }
 
 // SplitCarbon implements cost.CarbonSource: joules over [start, end) are

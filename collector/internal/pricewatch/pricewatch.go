@@ -270,11 +270,7 @@ func (w *Watcher) rebuild(now time.Time) {
 		w.log.Warn(allStaleWarning(maxAge))
 	}
 	by := prices.ByModel(all)
-	keys := make([]string, 0, len(by))
-	for k := range by {
-		keys = append(keys, k)
-	}
-	w.all, w.byKey, w.match, w.resolved = all, by, prices.NewMatcher(keys), map[string]string{}
+	w.all, w.byKey, w.match, w.resolved = all, by, prices.NewMatcher(slices.Collect(maps.Keys(by))), map[string]string{}
 	w.nextStale, w.stale, w.allStale = next, stale, allStale
 }
 
@@ -630,13 +626,8 @@ func (w *Watcher) commit(ctx context.Context, s snapshot) (FetchResult, error) {
 	if err := w.store.PutRecord(NSOffers, "catalogs", b); err != nil {
 		return res, err
 	}
-	keys := make([]string, 0, len(by))
-	for k := range by {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	var errs []error
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(by)) {
 		mp := by[k]
 		hist, err := w.history(k, now.Add(-Retention))
 		if err != nil {
@@ -856,10 +847,7 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 		}
 		keys = []string{k}
 	} else {
-		for k := range by {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
+		keys = slices.Sorted(maps.Keys(by))
 	}
 	var out []ModelView
 	for _, k := range keys {

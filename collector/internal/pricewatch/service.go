@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -73,10 +74,7 @@ func (s *Service) ListPrices(_ context.Context, req *trainmeterv1.ListPricesRequ
 		if v.SpotOffers > 0 {
 			g.CheapestSpot = offerProto(v.CheapestSpotOffer, 0)
 		}
-		for name := range v.Providers {
-			g.Providers = append(g.Providers, name)
-		}
-		sort.Strings(g.Providers)
+		g.Providers = slices.Sorted(maps.Keys(v.Providers))
 		for _, win := range Windows {
 			t := v.Trends[win.Name]
 			g.Trends = append(g.Trends, &trainmeterv1.PriceTrend{Window: win.Name, Change: t.Change, MinUsd: t.Min, MaxUsd: t.Max, MeanUsd: t.Mean, Points: uint32(t.Points)})
