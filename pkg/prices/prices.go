@@ -348,15 +348,6 @@ type AlertRule struct {
 // average of at least 3 earlier fetches.
 var DefaultAlertRule = AlertRule{Window: 24 * time.Hour, MinPoints: 3, Drop: 0.10, Surge: 0.20}
 
-// Validate checks the rule.
-func (r AlertRule) Validate() error {
-	if r.Window <= 0 || r.MinPoints < 1 || !(r.Drop > 0 && r.Drop < 1) || !(r.Surge > 0) {
-		return fmt.Errorf("price alert rule: window %v, min points %d, drop %v, surge %v: want window > 0, min points >= 1, 0 < drop < 1, surge > 0",
-			r.Window, r.MinPoints, r.Drop, r.Surge)
-	}
-	return nil
-}
-
 // Price states of a model.
 const (
 	StateNormal = "normal"

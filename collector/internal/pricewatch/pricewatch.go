@@ -50,8 +50,6 @@ type Config struct {
 	// Interval between scheduled fetches (the first at Start); 0: no
 	// schedule (fetch on demand).
 	Interval time.Duration
-	// Rule decides price alerts; zero: prices.DefaultAlertRule.
-	Rule prices.AlertRule
 	// Clock; nil: the wall clock.
 	Clock clock.Clock
 	// MaxOfferAge: a fetched catalog whose last good answer is older is
@@ -72,18 +70,6 @@ const MinDefaultMaxOfferAge = 24 * time.Hour
 // catalog goes stale), at least MinDefaultMaxOfferAge.
 func DefaultMaxOfferAge(interval time.Duration) time.Duration {
 	return max(MinDefaultMaxOfferAge, 3*interval)
-}
-
-// Validate checks the config.
-func (c Config) Validate() error {
-	return errors.Join(ValidateSchedule(c.Interval, c.MaxOfferAge), c.validateRule())
-}
-
-func (c Config) validateRule() error {
-	if c.Rule != (prices.AlertRule{}) {
-		return c.Rule.Validate()
-	}
-	return nil
 }
 
 // ValidateSchedule checks a fetch interval and a max offer age (0: the
@@ -215,9 +201,6 @@ type Watcher struct {
 // keeping its last good catalog); none: no fetching, history, imports and
 // queries only. rec may be nil (no alerts).
 func New(cfg Config, providers []prices.Provider, st storage.Records, rec *alert.Recorder, log *slog.Logger) *Watcher {
-	if cfg.Rule == (prices.AlertRule{}) {
-		cfg.Rule = prices.DefaultAlertRule
-	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
@@ -602,12 +585,6 @@ func groupByProvider(offers []prices.Offer, now time.Time) []catalog {
 	return out
 }
 
-// Record stores offers taken at now as the whole catalog, one per
-// provider they name (tests call it to feed a series).
-func (w *Watcher) Record(ctx context.Context, now time.Time, offers []prices.Offer) (FetchResult, error) {
-	return w.commit(ctx, snapshot{Time: now, Catalogs: groupByProvider(offers, now)})
-}
-
 // commit stores the merged catalog s, records each model's price point
 // over its offers current at s.Time (a stale catalog's week-old price is
 // not what was seen then) and fires the alerts due.
@@ -648,7 +625,7 @@ func (w *Watcher) commit(ctx context.Context, s snapshot) (FetchResult, error) {
 		if b, err := w.store.GetRecord(NSPriceState, k); err == nil {
 			prev = string(b)
 		}
-		c := w.cfg.Rule.Check(toPoints(hist, ""), p, prev)
+		c := prices.DefaultAlertRule.Check(toPoints(hist, ""), p, prev)
 		if c.State != prev {
 			_ = w.store.PutRecord(NSPriceState, k, []byte(c.State))
 		}
@@ -679,7 +656,7 @@ func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c pr
 		Kind: alert.KindPrice, Severity: sev, Scope: mp.GPUName, Threshold: c.Change, Time: now,
 		GPUName: mp.GPUName, PriceUSDPerHour: mp.Median, ReferenceUSDPerHour: c.Reference, Change: c.Change,
 		Message: fmt.Sprintf("%s price %s %+.1f%%: median %s/GPU-h vs %s trailing %s average (on-demand, %s of %s; cheapest %s from %s)",
-			mp.GPUName, what, 100*c.Change, money.Rate(mp.Median), money.Rate(c.Reference), windowLabel(w.cfg.Rule.Window),
+			mp.GPUName, what, 100*c.Change, money.Rate(mp.Median), money.Rate(c.Reference), fmt.Sprintf("%d h", prices.DefaultAlertRule.Window/time.Hour),
 			plural.N(mp.Offers, "offer"), plural.N(onDemandProviders, "provider"), money.Rate(mp.Cheapest), mp.CheapestOffer.Provider),
 	}
 	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", alert.KindPrice, k, now.UnixNano()), a)
@@ -689,17 +666,6 @@ var histEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
 // histPrefix is the key prefix of model k's history.
 func histPrefix(k string) string { return histEscaper.Replace(k) + "/" }
-
-// windowLabel writes a window for people: "24 h", "90 min".
-func windowLabel(d time.Duration) string {
-	switch {
-	case d > 0 && d%time.Hour == 0:
-		return fmt.Sprintf("%d h", d/time.Hour)
-	case d > 0 && d%time.Minute == 0:
-		return fmt.Sprintf("%d min", d/time.Minute)
-	}
-	return d.String()
-}
 
 func histKey(k string, t time.Time) string {
 	return fmt.Sprintf("%s%020d", histPrefix(k), t.UnixNano())

@@ -286,7 +286,7 @@ func TestAlertsAndTrendsAcrossProviders(t *testing.T) {
 	}
 	var alerts []int
 	for i, o := range [][]prices.Offer{offers(0.4, 0.4, 0.2), offers(0.4, 0.4, 0.1), offers(0.4, 0.4, 0.3), offers(0.4, 0.4, 0.05), offers(0.3, 0.3, 0.05), offers(0.3, 0.3, 0.05)} {
-		res, err := w.Record(context.Background(), t0.Add(time.Duration(i)*time.Hour), o)
+		res, err := record(context.Background(), w, t0.Add(time.Duration(i)*time.Hour), o)
 		if err != nil {
 			t.Fatal(err)
 		}
