@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -85,18 +84,7 @@ var ErrEmptyCarbonFile = errors.New("carbon file is empty")
 
 // LoadCarbonFile reads and validates a carbon intensity file (YAML).
 func LoadCarbonFile(path string) (*CarbonFile, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("carbon file: %w", err)
-	}
-	f, err := ParseCarbonFile(b)
-	if errors.Is(err, ErrEmptyCarbonFile) {
-		return nil, fmt.Errorf("%w: %s", err, path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("carbon file %s: %w", path, err)
-	}
-	return f, nil
+	return loadYAML[CarbonFile](path, "carbon file", ErrEmptyCarbonFile)
 }
 
 // ParseCarbonFile decodes a carbon file (unknown keys are errors) and

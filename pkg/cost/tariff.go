@@ -67,18 +67,7 @@ var dayNames = map[string][]time.Weekday{
 
 // LoadTariff reads and validates a tariff file (YAML).
 func LoadTariff(path string) (*Tariff, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("tariff: %w", err)
-	}
-	t, err := ParseTariff(b)
-	if errors.Is(err, ErrEmptyTariff) {
-		return nil, fmt.Errorf("%w: %s", err, path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("tariff %s: %w", path, err)
-	}
-	return t, nil
+	return loadYAML[Tariff](path, "tariff", ErrEmptyTariff)
 }
 
 // ErrEmptyTariff: the tariff has no YAML document (an empty file, or only
@@ -109,6 +98,26 @@ func parseYAML[T any, P interface {
 		return nil, err
 	}
 	return (*T)(v), nil
+}
+
+// loadYAML reads path and parses it with parseYAML; what names the file
+// in errors.
+func loadYAML[T any, P interface {
+	*T
+	Validate() error
+}](path, what string, empty error) (*T, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	v, err := parseYAML[T, P](b, empty)
+	if errors.Is(err, empty) {
+		return nil, fmt.Errorf("%w: %s", err, path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	return v, nil
 }
 
 func parseClock(s string) (int, error) {

@@ -39,10 +39,16 @@ func Decimals(vs ...float64) int {
 			largest = max(largest, math.Abs(v))
 		}
 	}
-	if largest == 0 {
+	return decimals(largest, sigDigits)
+}
+
+// decimals shows |v| with digits significant digits: at least cents, at
+// most 9 decimals.
+func decimals(v float64, digits int) int {
+	if v == 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 		return minDecimals
 	}
-	d := sigDigits - 1 - int(math.Floor(math.Log10(largest)))
+	d := digits - 1 - int(math.Floor(math.Log10(math.Abs(v))))
 	return min(maxDecimals, max(minDecimals, d))
 }
 
@@ -68,9 +74,7 @@ func USD(v float64) string { return Fixed(v, Decimals(v)) }
 func USDs(vs ...float64) []string {
 	d := Decimals(vs...)
 	for _, v := range vs {
-		if v != 0 && !math.IsNaN(v) && !math.IsInf(v, 0) {
-			d = max(d, min(maxDecimals, -int(math.Floor(math.Log10(math.Abs(v))))))
-		}
+		d = max(d, decimals(v, 1)) // its first digit
 	}
 	out := make([]string, len(vs))
 	for i, v := range vs {
@@ -79,22 +83,11 @@ func USDs(vs ...float64) []string {
 	return out
 }
 
-// AmountDecimals is the decimals that show |v|'s first two significant
-// digits, at least cents and at most 9: 3 for $0.09563, 5 for $0.00047, 2
-// for $12.345.
-func AmountDecimals(v float64) int {
-	if v == 0 || math.IsNaN(v) || math.IsInf(v, 0) {
-		return minDecimals
-	}
-	d := amountDigits - 1 - int(math.Floor(math.Log10(math.Abs(v))))
-	return min(maxDecimals, max(minDecimals, d))
-}
-
 // Amount writes one amount of a list whose lines are each rounded on their
 // own, never to fit a sum: "$0.096", "$0.00047", "$12.35". Where the
 // amounts shown do not add up to the total shown, the total says so
 // (AddsUp).
-func Amount(v float64) string { return Fixed(v, AmountDecimals(v)) }
+func Amount(v float64) string { return Fixed(v, decimals(v, amountDigits)) }
 
 // AddsUp reports whether the amounts parts, as Fixed writes them, add up
 // exactly to total as written; false when any is not a plain amount ("-").
