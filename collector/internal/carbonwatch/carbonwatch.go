@@ -378,14 +378,9 @@ func parseEntry(r json.RawMessage, zone string) (point, bool) {
 	return point{hour: t.Truncate(time.Hour).Unix(), g: g}, true
 }
 
-// Intensity is zone's intensity in the hour that contains at: the hour's
-// own, else the latest earlier hour's up to Carry older; false when none.
-func (w *Watcher) Intensity(zone string, at time.Time) (float64, bool) {
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	return w.lookup(zone, at.Truncate(time.Hour).Unix())
-}
-
+// lookup is zone's intensity in the hour starting at hour (Unix s): the
+// hour's own, else the latest earlier hour's up to Carry older; false when
+// none. Call with mu held.
 func (w *Watcher) lookup(zone string, hour int64) (float64, bool) {
 	m := w.hours[zone]
 	if g, ok := m[hour]; ok {
