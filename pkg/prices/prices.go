@@ -210,14 +210,14 @@ func median(sorted []float64) float64 {
 	return (sorted[n/2-1] + sorted[n/2]) / 2
 }
 
-// Weights of a recommendation score; they are normalised to sum to 1.
-type Weights struct {
-	Price, Reliability, PerfPerDollar float64
-}
-
-// DefaultWeights: price matters most, then reliability (a cheap machine
-// that disappears mid-run costs a restart), then performance per dollar.
-var DefaultWeights = Weights{Price: 0.4, Reliability: 0.3, PerfPerDollar: 0.3}
+// The recommendation score's weights (they sum to 1): price matters most,
+// then reliability (a cheap machine that disappears mid-run costs a
+// restart), then performance per dollar.
+const (
+	weightPrice       = 0.4
+	weightReliability = 0.3
+	weightPerf        = 0.3
+)
 
 // Scored is an offer with its recommendation score in [0, 1].
 type Scored struct {
@@ -228,32 +228,22 @@ type Scored struct {
 // Recommend ranks the valid offers of gpuName (all models if empty), best
 // first. Each offer scores
 //
-//	w.Price·(cheapest per-GPU price / its per-GPU price)
-//	+ w.Reliability·reliability
-//	+ w.PerfPerDollar·(its dlperf per $ / the best dlperf per $)
+//	0.4·(cheapest per-GPU price / its per-GPU price)
+//	+ 0.3·reliability
+//	+ 0.3·(its dlperf per $ / the best dlperf per $)
 //
-// with the weights normalised to sum 1, so the score is in [0, 1]; an
-// unknown dlperf counts 0. An offer whose reliability is unknown is scored
-// on the other two terms alone (their weights normalised to sum 1): it is
-// neither ranked as unreliable nor as reliable. Offers not known to reach
-// minReliability are left out (0 keeps all).
-func Recommend(offers []Offer, gpuName string, w Weights, minReliability float64) []Scored {
+// in [0, 1]; an unknown dlperf counts 0. An offer whose reliability is
+// unknown is scored on the other two terms alone (their weights scaled to
+// sum 1): it is neither ranked as unreliable nor as reliable.
+func Recommend(offers []Offer, gpuName string) []Scored {
 	var cand []Offer
 	for _, o := range offers {
-		if o.Validate() != nil || (gpuName != "" && ModelKey(o.GPUName) != ModelKey(gpuName)) {
-			continue
+		if o.Validate() == nil && (gpuName == "" || ModelKey(o.GPUName) == ModelKey(gpuName)) {
+			cand = append(cand, o)
 		}
-		if minReliability > 0 && (o.Reliability == nil || *o.Reliability < minReliability) {
-			continue
-		}
-		cand = append(cand, o)
 	}
 	if len(cand) == 0 {
 		return nil
-	}
-	sum := w.Price + w.Reliability + w.PerfPerDollar
-	if !(sum > 0) {
-		w, sum = DefaultWeights, 1
 	}
 	minPrice, maxPerf := math.Inf(1), 0.0
 	for _, o := range cand {
@@ -262,20 +252,16 @@ func Recommend(offers []Offer, gpuName string, w Weights, minReliability float64
 	}
 	out := make([]Scored, len(cand))
 	for i, o := range cand {
-		s, of := w.Price*(minPrice/o.PerGPUHour()), sum
+		s, of := weightPrice*(minPrice/o.PerGPUHour()), 1.0
 		if maxPerf > 0 {
-			s += w.PerfPerDollar * (o.DLPerfPerUSD / maxPerf)
+			s += weightPerf * (o.DLPerfPerUSD / maxPerf)
 		}
 		if o.Reliability != nil {
-			s += w.Reliability * *o.Reliability
+			s += weightReliability * *o.Reliability
 		} else {
-			of -= w.Reliability
+			of -= weightReliability
 		}
-		score := 0.0 // reliability is all the weights ask about, and unknown
-		if of > 0 {
-			score = s / of
-		}
-		out[i] = Scored{Offer: o, Score: score}
+		out[i] = Scored{Offer: o, Score: s / of}
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].Score != out[j].Score {

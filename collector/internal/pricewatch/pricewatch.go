@@ -827,7 +827,7 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 			v.Trends[win.Name] = prices.TrendOver(pts, now, win.D)
 		}
 		if gpu != "" && recommend > 0 {
-			rec := prices.Recommend(all, k, prices.DefaultWeights, 0)
+			rec := prices.Recommend(all, k)
 			v.Recommended = rec[:min(recommend, len(rec))]
 		}
 		out = append(out, v)
