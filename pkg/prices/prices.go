@@ -44,14 +44,6 @@ type Offer struct {
 	Spot bool `json:"spot,omitempty"`
 }
 
-// Pricing names the offer's kind of price: "spot" or "on-demand".
-func (o Offer) Pricing() string {
-	if o.Spot {
-		return "spot"
-	}
-	return "on-demand"
-}
-
 // PerGPUHour is the offer's price per GPU-hour.
 func (o Offer) PerGPUHour() float64 {
 	if o.NumGPUs <= 0 {

@@ -148,9 +148,10 @@ func (s snapshot) currentOffers(now time.Time, maxAge time.Duration) []prices.Of
 	return out
 }
 
-// result is how the catalog stands at now, as a fetch reports it.
+// result is how the catalog stands at now.
 func (c catalog) result(now time.Time, maxAge time.Duration) ProviderResult {
-	r := ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError, Stale: c.staleAt(now, maxAge)}
+	r := ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError, Stale: c.staleAt(now, maxAge),
+		Imported: c.Imported, ErrTime: c.LastErrorTime}
 	if !c.Time.IsZero() {
 		r.Age = max(0, now.Sub(c.Time))
 	}
@@ -381,6 +382,10 @@ type ProviderResult struct {
 	// is a current price; Age is theirs when the result was made.
 	Stale bool
 	Age   time.Duration
+	// Imported: the catalog came from `trainmeter prices import`.
+	Imported bool
+	// ErrTime is when Err happened.
+	ErrTime time.Time
 }
 
 // ErrNoProvider: the collector has no price provider configured.
@@ -502,26 +507,17 @@ func (w *Watcher) results(now time.Time) []ProviderResult {
 	return out
 }
 
-// ProviderStatus is how one provider's catalog stands.
-type ProviderStatus struct {
-	ProviderResult
-	// Imported: the catalog came from `trainmeter prices import`.
-	Imported bool
-	// ErrTime is when Err happened.
-	ErrTime time.Time
-}
-
 // Status is how every provider's catalog stands, configured providers
 // first, in their order.
-func (w *Watcher) Status() []ProviderStatus {
+func (w *Watcher) Status() []ProviderResult {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	now := w.refresh()
-	var out []ProviderStatus
+	var out []ProviderResult
 	seen := map[string]bool{}
 	add := func(c catalog) {
 		seen[c.Provider] = true
-		out = append(out, ProviderStatus{ProviderResult: c.result(now, w.cfg.MaxOfferAge), Imported: c.Imported, ErrTime: c.LastErrorTime})
+		out = append(out, c.result(now, w.cfg.MaxOfferAge))
 	}
 	for _, p := range w.providers {
 		if c, ok := w.latest.catalog(p.Name()); ok {

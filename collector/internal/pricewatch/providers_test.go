@@ -235,7 +235,7 @@ func TestProviderDownOrMalformedKeepsItsCatalog(t *testing.T) {
 	}
 	// The status survives a restart.
 	w2 := New(Config{Clock: clk}, f.list, st, nil, quiet())
-	var down ProviderStatus
+	var down ProviderResult
 	for _, s := range w2.Status() {
 		if s.Provider == "lambda" {
 			down = s
@@ -416,7 +416,7 @@ func TestImportBesideFetchedProviders(t *testing.T) {
 }
 
 // statusOf is provider's entry of the watcher's status.
-func statusOf(t *testing.T, w *Watcher, provider string) ProviderStatus {
+func statusOf(t *testing.T, w *Watcher, provider string) ProviderResult {
 	t.Helper()
 	for _, s := range w.Status() {
 		if s.Provider == provider {
@@ -424,7 +424,7 @@ func statusOf(t *testing.T, w *Watcher, provider string) ProviderStatus {
 		}
 	}
 	t.Fatalf("no status for provider %s", provider)
-	return ProviderStatus{}
+	return ProviderResult{}
 }
 
 // TestStaleProviderStopsCountingAsCurrent: a provider whose API fails (HTTP
