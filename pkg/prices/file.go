@@ -131,31 +131,23 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 		if o.ID == "" {
 			o.ID = fmt.Sprintf("line-%d", line)
 		}
-		var n, price, ram float64
+		var n, price, ram, rel float64
 		if n, err = num("num_gpus", 1); err != nil {
 			return nil, err
 		}
 		if n != math.Trunc(n) || n < 1 || n > math.MaxInt32 {
 			return nil, fmt.Errorf("line %d: num_gpus %q is not a whole number of GPUs >= 1", line, get("num_gpus"))
 		}
-		if price, err = num(priceCol, 0); err != nil {
-			return nil, err
-		}
-		if ram, err = num("gpu_ram", 0); err != nil {
-			return nil, err
-		}
-		if get("reliability") != "" {
-			r, err := num("reliability", 0)
-			if err != nil {
+		for _, f := range []struct {
+			name string
+			dst  *float64
+		}{{priceCol, &price}, {"gpu_ram", &ram}, {"reliability", &rel}, {"dlperf_per_dphtotal", &o.DLPerfPerUSD}, {"inet_down", &o.InetDownMbps}} {
+			if *f.dst, err = num(f.name, 0); err != nil {
 				return nil, err
 			}
-			o.Reliability = &r
 		}
-		if o.DLPerfPerUSD, err = num("dlperf_per_dphtotal", 0); err != nil {
-			return nil, err
-		}
-		if o.InetDownMbps, err = num("inet_down", 0); err != nil {
-			return nil, err
+		if get("reliability") != "" {
+			o.Reliability = &rel
 		}
 		o.NumGPUs, o.GPURAMGB, o.USDPerHour = int(n), ram/1024, price
 		if perGPU {
