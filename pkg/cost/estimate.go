@@ -1,6 +1,7 @@
 package cost
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -88,10 +89,7 @@ func (c Config) Estimate(history []*trainmeterv1.RunReport, req EstimateRequest)
 		names[r.GetGpuName()] = true
 	}
 	est.MeasuredOn = strings.Join(slices.Sorted(maps.Keys(names)), ", ")
-	est.Gpus = req.GPUs
-	if est.Gpus == 0 {
-		est.Gpus = uint32(math.Round(median(gpus)))
-	}
+	est.Gpus = cmp.Or(req.GPUs, uint32(math.Round(median(gpus))))
 	n := float64(req.Tokens)
 	// The fastest run gives the fewest GPU-hours.
 	lo, mid, hi := bandOf(tpgs)

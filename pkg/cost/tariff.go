@@ -2,6 +2,7 @@ package cost
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -140,10 +141,7 @@ func parseClock(s string) (int, error) {
 // be called (ParseTariff and LoadTariff do) before a hand-built tariff is used.
 func (t *Tariff) Validate() error {
 	var errs []error
-	zone := t.Zone
-	if zone == "" {
-		zone = "UTC"
-	}
+	zone := cmp.Or(t.Zone, "UTC")
 	loc, err := time.LoadLocation(zone)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("zone %q: %v", t.Zone, err))

@@ -2,6 +2,7 @@ package prices
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/csv"
 	"fmt"
@@ -115,9 +116,7 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 			return v, nil
 		}
 		o := Offer{ID: get("id"), Provider: get("provider"), GPUName: get("gpu_name"), Location: get("geolocation")}
-		if o.Location == "" {
-			o.Location = get("region")
-		}
+		o.Location = cmp.Or(o.Location, get("region"))
 		switch strings.ToLower(get("spot")) {
 		case "", "false", "0", "no", "on-demand":
 		case "true", "1", "yes", "spot":
@@ -125,12 +124,8 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 		default:
 			return nil, fmt.Errorf("line %d: spot %q: want true or false", line, get("spot"))
 		}
-		if o.Provider == "" {
-			o.Provider = provider
-		}
-		if o.ID == "" {
-			o.ID = fmt.Sprintf("line-%d", line)
-		}
+		o.Provider = cmp.Or(o.Provider, provider)
+		o.ID = cmp.Or(o.ID, fmt.Sprintf("line-%d", line))
 		var n, price, ram, rel float64
 		if n, err = num("num_gpus", 1); err != nil {
 			return nil, err

@@ -2,6 +2,7 @@ package prices
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,10 +57,7 @@ func (e *HTTPError) Error() string {
 // and 5xx, and returns the body of the first 2xx answer. what names the
 // provider in errors.
 func (o HTTPOptions) get(ctx context.Context, what, method, u, apiKey string, body []byte) ([]byte, error) {
-	client := o.Client
-	if client == nil {
-		client = &http.Client{Timeout: 30 * time.Second}
-	}
+	client := cmp.Or(o.Client, &http.Client{Timeout: 30 * time.Second})
 	p := httpretry.Policy{Attempts: o.MaxAttempts, MaxBackoff: o.MaxBackoff, MaxRetryAfter: o.MaxRetryAfter, Sleep: o.Sleep}
 	if p.Attempts <= 0 {
 		p.Attempts = 5

@@ -1,6 +1,7 @@
 package prices
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -42,10 +43,7 @@ func (*Lambda) Name() string { return "lambda" }
 
 // FetchOffers implements Provider.
 func (l *Lambda) FetchOffers(ctx context.Context) ([]Offer, int, error) {
-	base := strings.TrimRight(l.BaseURL, "/")
-	if base == "" {
-		base = DefaultLambdaURL
-	}
+	base := cmp.Or(strings.TrimRight(l.BaseURL, "/"), DefaultLambdaURL)
 	body, err := l.get(ctx, "Lambda instance types from "+base, http.MethodGet, base+"/api/v1/instance-types", l.APIKey, nil)
 	if err != nil {
 		return nil, 0, err
@@ -90,10 +88,7 @@ func ParseLambdaInstanceTypes(body []byte, provider string) (offers []Offer, ski
 			continue
 		}
 		t := it.InstanceType
-		gpu := strings.TrimSpace(t.GPUDescription)
-		if gpu == "" {
-			gpu = strings.TrimSpace(stripCount(t.Description))
-		}
+		gpu := cmp.Or(strings.TrimSpace(t.GPUDescription), strings.TrimSpace(stripCount(t.Description)))
 		n := 0
 		if g := t.Specs.GPUs; g == math.Trunc(g) && g >= 1 && g <= math.MaxInt32 {
 			n = int(g)
@@ -102,10 +97,7 @@ func ParseLambdaInstanceTypes(body []byte, provider string) (offers []Offer, ski
 		if t.PriceCentsPerHour != nil {
 			price = *t.PriceCentsPerHour / 100
 		}
-		name := t.Name
-		if name == "" {
-			name = k
-		}
+		name := cmp.Or(t.Name, k)
 		o := Offer{ID: name, Provider: provider, GPUName: gpu, NumGPUs: n, USDPerHour: price, GPURAMGB: float64(ParseGPUModel(gpu).MemGB)}
 		if o.Validate() != nil {
 			skipped++

@@ -1,6 +1,7 @@
 package prices
 
 import (
+	"cmp"
 	"regexp"
 	"sort"
 	"strconv"
@@ -207,10 +208,7 @@ func CanonicalGPUName(name string) string {
 		return strings.TrimSpace(name)
 	}
 	if len(m.Tokens) == 1 && multiForm[m.Tokens[0]] {
-		form := m.Form
-		if form == "" {
-			form = "sxm"
-		}
+		form := cmp.Or(m.Form, "sxm")
 		m.Tokens = append(m.Tokens, form)
 	}
 	return strings.ToUpper(strings.Join(m.Tokens, " "))

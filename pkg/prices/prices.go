@@ -9,6 +9,7 @@
 package prices
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -369,9 +370,7 @@ func (r AlertRule) Check(history []Point, p Point, prev string) Change {
 	case c.Change > r.Surge:
 		c.State = StateSurge
 	}
-	if prev == "" {
-		prev = StateNormal
-	}
+	prev = cmp.Or(prev, StateNormal)
 	c.Fire = c.State != StateNormal && c.State != prev
 	return c
 }

@@ -1,6 +1,7 @@
 package prices
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,10 +41,7 @@ func (*RunPod) Name() string { return "runpod" }
 
 // FetchOffers implements Provider.
 func (r *RunPod) FetchOffers(ctx context.Context) ([]Offer, int, error) {
-	u := r.URL
-	if u == "" {
-		u = DefaultRunPodURL
-	}
+	u := cmp.Or(r.URL, DefaultRunPodURL)
 	q, _ := json.Marshal(map[string]string{"query": RunPodQuery})
 	body, err := r.get(ctx, "RunPod GPU types from "+u, http.MethodPost, u, r.APIKey, q)
 	if err != nil {
@@ -97,14 +95,8 @@ func ParseRunPodGPUTypes(body []byte, provider string) (offers []Offer, skipped 
 			skipped++
 			continue
 		}
-		name := strings.TrimSpace(g.DisplayName)
-		if name == "" {
-			name = strings.TrimSpace(g.ID)
-		}
-		id := g.ID
-		if id == "" {
-			id = name
-		}
+		name := cmp.Or(strings.TrimSpace(g.DisplayName), strings.TrimSpace(g.ID))
+		id := cmp.Or(g.ID, name)
 		var these []Offer
 		bad := false
 		for _, p := range []struct {

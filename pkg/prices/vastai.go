@@ -2,6 +2,7 @@ package prices
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -54,10 +55,7 @@ type vastOffer struct {
 }
 
 func (v vastOffer) offer(provider string) Offer {
-	rel := v.Reliability2
-	if rel == nil {
-		rel = v.Reliability
-	}
+	rel := cmp.Or(v.Reliability2, v.Reliability)
 	n := 0 // a fraction of GPUs cannot be priced per GPU: skipped
 	if v.NumGPUs == math.Trunc(v.NumGPUs) && v.NumGPUs >= 1 && v.NumGPUs <= math.MaxInt32 {
 		n = int(v.NumGPUs)
@@ -109,14 +107,8 @@ func ParseVastAIOffers(r io.Reader, provider string) (offers []Offer, skipped in
 
 // FetchOffers implements Provider.
 func (v *VastAI) FetchOffers(ctx context.Context) ([]Offer, int, error) {
-	base := strings.TrimRight(v.BaseURL, "/")
-	if base == "" {
-		base = DefaultVastAIURL
-	}
-	q := v.Query
-	if q == "" {
-		q = DefaultVastAIQuery
-	}
+	base := cmp.Or(strings.TrimRight(v.BaseURL, "/"), DefaultVastAIURL)
+	q := cmp.Or(v.Query, DefaultVastAIQuery)
 	body, err := v.get(ctx, "vast.ai offers from "+base, http.MethodGet, base+"/api/v0/bundles/?q="+url.QueryEscape(q), v.APIKey, nil)
 	if err != nil {
 		return nil, 0, err

@@ -6,6 +6,7 @@
 package carbonwatch
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -126,21 +127,11 @@ type ZoneStats struct {
 
 // New returns a watcher; nothing is fetched before Start or Fetch.
 func New(cfg Config, log *slog.Logger) *Watcher {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Interval == 0 {
-		cfg.Interval = DefaultInterval
-	}
-	if cfg.Carry == 0 {
-		cfg.Carry = DefaultCarry
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Timeout: 30 * time.Second}
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
+	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
+	cfg.Carry = cmp.Or(cfg.Carry, DefaultCarry)
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
+	cfg.Client = cmp.Or(cfg.Client, &http.Client{Timeout: 30 * time.Second})
 	w := &Watcher{cfg: cfg, log: log, hours: map[string]map[int64]float64{}, schedule: lifecycle.NewPeriodic("carbon watcher")}
 	w.sleepFn = func(ctx context.Context, d time.Duration) error {
 		select {
@@ -233,12 +224,11 @@ func (w *Watcher) Fetch(ctx context.Context) error {
 	}
 	err := errors.Join(errs...)
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stats.LastError = ""
 	if err != nil {
 		w.stats.LastError = err.Error()
-	} else {
-		w.stats.LastError = ""
 	}
-	w.mu.Unlock()
 	return err
 }
 

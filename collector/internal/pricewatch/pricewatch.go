@@ -7,6 +7,7 @@
 package pricewatch
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -202,15 +203,11 @@ type Watcher struct {
 // keeping its last good catalog); none: no fetching, history, imports and
 // queries only. rec may be nil (no alerts).
 func New(cfg Config, providers []prices.Provider, st storage.Records, rec *alert.Recorder, log *slog.Logger) *Watcher {
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
 	if cfg.MaxOfferAge <= 0 {
 		cfg.MaxOfferAge = DefaultMaxOfferAge(cfg.Interval)
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	w := &Watcher{cfg: cfg, providers: providers, store: st, rec: rec, log: log, byKey: map[string]prices.ModelPrice{}, schedule: lifecycle.NewPeriodic("price watcher")}
 	if b, err := st.GetRecord(NSOffers, "catalogs"); err == nil {
 		var s snapshot
@@ -429,9 +426,7 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 				err = fmt.Errorf("%s returned no offers that can be priced (%s skipped)", p.Name(), plural.N(skipped, "entry"))
 			}
 			for j := range offers {
-				if offers[j].Provider == "" {
-					offers[j].Provider = p.Name()
-				}
+				offers[j].Provider = cmp.Or(offers[j].Provider, p.Name())
 			}
 			got[i] = fetched{offers, skipped, err}
 		})
@@ -567,9 +562,7 @@ func groupByProvider(offers []prices.Offer, now time.Time) []catalog {
 	var out []catalog
 	idx := map[string]int{}
 	for _, o := range offers {
-		if o.Provider == "" {
-			o.Provider = "import"
-		}
+		o.Provider = cmp.Or(o.Provider, "import")
 		i, ok := idx[o.Provider]
 		if !ok {
 			i = len(out)

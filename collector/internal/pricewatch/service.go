@@ -1,6 +1,7 @@
 package pricewatch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -115,9 +116,7 @@ func (s *Service) ImportPrices(ctx context.Context, req *trainmeterv1.ImportPric
 			USDPerHour: o.GetUsdPerHour(), Reliability: o.Reliability, DLPerfPerUSD: o.GetDlperfPerUsd(),
 			Location: o.GetLocation(), InetDownMbps: o.GetInetDownMbps(), Spot: o.GetSpot(),
 		}
-		if off.Provider == "" {
-			off.Provider = "import"
-		}
+		off.Provider = cmp.Or(off.Provider, "import")
 		if err := off.Validate(); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "offer %d: %v", i+1, err)
 		}
