@@ -42,14 +42,7 @@ const DefaultMaxRetryAfter = 10 * time.Minute
 const maxAnswerBytes = 256 << 20
 
 // HTTPError is a non-2xx answer.
-type HTTPError struct {
-	Status int
-	Body   string
-}
-
-func (e *HTTPError) Error() string {
-	return fmt.Sprintf("HTTP %d: %s", e.Status, e.Body)
-}
+type HTTPError = httpretry.HTTPError
 
 // get sends method u asking for JSON (body, when not nil, is a JSON
 // request body; apiKey, when set, goes in "Authorization: Bearer KEY",

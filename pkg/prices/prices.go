@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -256,11 +257,8 @@ func Recommend(offers []Offer, gpuName string) []Scored {
 		}
 		out[i] = Scored{Offer: o, Score: s / of}
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		if out[i].Score != out[j].Score {
-			return out[i].Score > out[j].Score
-		}
-		return out[i].PerGPUHour() < out[j].PerGPUHour()
+	slices.SortStableFunc(out, func(a, b Scored) int { // best score first, then cheapest
+		return cmp.Or(cmp.Compare(b.Score, a.Score), cmp.Compare(a.PerGPUHour(), b.PerGPUHour()))
 	})
 	return out
 }

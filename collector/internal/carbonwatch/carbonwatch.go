@@ -237,14 +237,6 @@ type point struct {
 	g    float64
 }
 
-// HTTPError is a non-2xx answer.
-type HTTPError struct {
-	Status int
-	Body   string
-}
-
-func (e *HTTPError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Status, e.Body) }
-
 // get fetches one endpoint for zone, retrying HTTP 429, 5xx and transport
 // errors with capped exponential backoff and jitter (at least what
 // Retry-After asks, in seconds, up to the cap).
@@ -257,7 +249,7 @@ func (w *Watcher) get(ctx context.Context, path, zone string) ([]point, int, err
 			var retryAfter time.Duration
 			var err error
 			pts, skipped, retryAfter, err = w.getOnce(ctx, u, zone)
-			var he *HTTPError
+			var he *httpretry.HTTPError
 			var bad *BadAnswerError
 			retryable := (!errors.As(err, &he) || he.Status == http.StatusTooManyRequests || he.Status >= 500) && !errors.As(err, &bad)
 			return retryAfter, retryable, err
@@ -303,7 +295,7 @@ func (w *Watcher) getOnce(ctx context.Context, u, zone string) ([]point, int, ti
 		if s, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("Retry-After"))); err == nil && s > 0 {
 			ra = time.Duration(s) * time.Second
 		}
-		return nil, 0, ra, &HTTPError{Status: resp.StatusCode, Body: strings.TrimSpace(string(body))}
+		return nil, 0, ra, &httpretry.HTTPError{Status: resp.StatusCode, Body: strings.TrimSpace(string(body))}
 	}
 	pts, skipped, err := parseAnswer(io.LimitReader(resp.Body, maxBody), zone)
 	return pts, skipped, 0, err

@@ -472,19 +472,14 @@ func (w *Watcher) setErrors(now time.Time, failed []catalog) {
 	w.mu.Lock()
 	s := w.latest
 	w.mu.Unlock()
-	cats := append([]catalog(nil), s.Catalogs...)
+	s.Catalogs = slices.Clone(s.Catalogs)
 	for _, f := range failed {
-		found := false
-		for i := range cats {
-			if cats[i].Provider == f.Provider {
-				cats[i].LastError, cats[i].LastErrorTime, found = f.LastError, f.LastErrorTime, true
-			}
-		}
-		if !found {
-			cats = append(cats, f)
+		if i := slices.IndexFunc(s.Catalogs, func(c catalog) bool { return c.Provider == f.Provider }); i >= 0 {
+			s.Catalogs[i].LastError, s.Catalogs[i].LastErrorTime = f.LastError, f.LastErrorTime
+		} else {
+			s.Catalogs = append(s.Catalogs, f)
 		}
 	}
-	s.Catalogs = cats
 	if b, err := json.Marshal(s); err == nil {
 		_ = w.store.PutRecord(NSOffers, "catalogs", b)
 	}
@@ -785,7 +780,10 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 				}
 			}
 			sort.Strings(have)
-			return nil, fmt.Errorf("no offers from provider %q in the catalog (providers with offers: %s)", provider, orNone(have))
+			if len(have) == 0 {
+				have = []string{"none"}
+			}
+			return nil, fmt.Errorf("no offers from provider %q in the catalog (providers with offers: %s)", provider, strings.Join(have, ", "))
 		}
 		all, by, fetchedAt = c.Offers, prices.ByModel(c.Offers), c.Time
 	}
@@ -829,11 +827,4 @@ func lastError(c catalog) string {
 		return ""
 	}
 	return " (last error: " + c.LastError + ")"
-}
-
-func orNone(names []string) string {
-	if len(names) == 0 {
-		return "none"
-	}
-	return strings.Join(names, ", ")
 }
