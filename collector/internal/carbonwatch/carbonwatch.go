@@ -328,12 +328,11 @@ func parseAnswer(r io.Reader, zone string) ([]point, int, error) {
 	var pts []point
 	skipped := 0
 	for _, r := range raw {
-		p, ok := parseEntry(r, zone)
-		if !ok {
+		if p, ok := parseEntry(r, zone); ok {
+			pts = append(pts, p)
+		} else {
 			skipped++
-			continue
 		}
-		pts = append(pts, p)
 	}
 	return pts, skipped, nil
 }
@@ -343,18 +342,12 @@ func parseAnswer(r io.Reader, zone string) ([]point, int, error) {
 // negative or non-finite one, or without a valid datetime is skipped.
 func parseEntry(r json.RawMessage, zone string) (point, bool) {
 	var e entry
-	if err := json.Unmarshal(r, &e); err != nil {
-		return point{}, false
-	}
-	if (e.Zone != "" && e.Zone != zone) || e.CarbonIntensity == nil {
+	if err := json.Unmarshal(r, &e); err != nil || (e.Zone != "" && e.Zone != zone) || e.CarbonIntensity == nil {
 		return point{}, false
 	}
 	g := *e.CarbonIntensity
-	if math.IsNaN(g) || math.IsInf(g, 0) || g < 0 {
-		return point{}, false
-	}
 	t, err := time.Parse(time.RFC3339Nano, e.Datetime)
-	if err != nil {
+	if err != nil || math.IsNaN(g) || math.IsInf(g, 0) || g < 0 {
 		return point{}, false
 	}
 	return point{hour: t.Truncate(time.Hour).Unix(), g: g}, true
