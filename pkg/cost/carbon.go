@@ -45,19 +45,11 @@ func (c CarbonChain) SplitCarbon(zone string, start, end time.Time, joules float
 	})
 }
 
-// CarbonFile is a schedule of grid carbon intensity by weekday and time of
-// day, per zone (docs/costs.md, "Carbon file"):
-//
-//	zones:
-//	  DE:
-//	    timezone: Europe/Berlin   # IANA zone the rules are written in (default UTC)
-//	    default: 380              # gCO2/kWh when no rule matches
-//	    rules:                    # first match wins; the tariff file's rules
-//	      - {days: [weekdays], from: "11:00", to: "16:00", gco2_kwh: 240}
-//
-// A zone's rules are the tariff's rules (days, from, to; wrapping past
-// midnight, DST on the local wall clock) with an intensity instead of a
-// band: each zone compiles to a Tariff whose bands are its intensities.
+// CarbonFile is a schedule of grid carbon intensity (gCO2/kWh) by weekday
+// and time of day, per zone (docs/costs.md, "Carbon file"). A zone's rules
+// are the tariff's rules (days, from, to; wrapping past midnight, DST on
+// the local wall clock) with an intensity instead of a band: each zone
+// compiles to a Tariff whose bands are its intensities.
 type CarbonFile struct {
 	Zones map[string]CarbonZone `yaml:"zones"`
 

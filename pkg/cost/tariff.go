@@ -18,14 +18,8 @@ import (
 
 // Tariff is a time-of-use energy tariff: named bands with a price each, and
 // rules that say which band is in force at a given local time of a given
-// weekday. A flat tariff is one band and no rules.
-//
-//	zone: Europe/Berlin      # IANA zone the rules are written in (default UTC)
-//	default: peak            # band when no rule matches
-//	bands: {peak: 0.30, offpeak: 0.12}
-//	rules:
-//	  - {days: [weekdays], from: "22:00", to: "06:00", band: offpeak}
-//	  - {days: [sat, sun], from: "00:00", to: "24:00", band: offpeak}
+// weekday, in the IANA zone Zone (default UTC); the file is docs/costs.md's
+// "Tariff file". A flat tariff is one band and no rules.
 //
 // Rules are tried in order; the first that covers the time wins. A rule
 // covers [from, to) on each of its days; when to <= from it wraps past

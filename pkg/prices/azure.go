@@ -56,15 +56,14 @@ var AzureGPUSizes = map[string]AzureGPUSize{
 }
 
 // Azure fetches the list prices of Azure's GPU VM sizes (AzureGPUSizes)
-// from the retail prices API, GET {BaseURL}/api/retail/prices?$filter=…,
-// following NextPageLink page after page (each page retried like any
-// request). The answer is {"Items": [{"armSkuName", "armRegionName",
-// "retailPrice", "unitOfMeasure", "skuName", "productName", "type",
-// ...}], "NextPageLink": URL or null}. An item is an offer when its type
-// is "Consumption", its unitOfMeasure "1 Hour", its productName not a
-// Windows one (Windows prices include the licence) and its armSkuName in
-// AzureGPUSizes; a skuName with "Spot" or "Low Priority" is spot. The
-// offer is the VM's retailPrice for all its GPUs, in its armRegionName.
+// from the retail prices API, GET {BaseURL}/api/retail/prices?$filter=…
+// ({"Items": [azureItem], "NextPageLink": URL or null}), following
+// NextPageLink page after page (each page retried like any request). An
+// item is an offer when its type is "Consumption", its unitOfMeasure
+// "1 Hour", its productName not a Windows one (Windows prices include the
+// licence) and its armSkuName in AzureGPUSizes; a skuName with "Spot" or
+// "Low Priority" is spot. The offer is the VM's retailPrice for all its
+// GPUs, in its armRegionName.
 type Azure struct {
 	// BaseURL of the API (DefaultAzureURL if empty).
 	BaseURL string

@@ -17,13 +17,7 @@ import (
 const DefaultLambdaURL = "https://cloud.lambda.ai"
 
 // Lambda fetches Lambda Cloud's on-demand instance types from
-// GET {BaseURL}/api/v1/instance-types, whose answer is
-//
-//	{"data": {"gpu_8x_h100_sxm5": {"instance_type": {"name", "description",
-//	  "gpu_description", "price_cents_per_hour", "specs": {"vcpus",
-//	  "memory_gib", "storage_gib", "gpus"}},
-//	  "regions_with_capacity_available": [{"name", "description"}]}, ...}}
-//
+// GET {BaseURL}/api/v1/instance-types ({"data": {NAME: lambdaInstanceType}}).
 // Each instance type gives one offer per region with capacity now (an
 // instance type without capacity gives none); the offer's price is
 // price_cents_per_hour / 100 for all specs.gpus GPUs, so its per-GPU price

@@ -18,11 +18,8 @@ const RunPodQuery = `query { gpuTypes { id displayName memoryInGb securePrice co
 	`lowestPrice(input:{gpuCount:1}) { minimumBidPrice uninterruptablePrice stockStatus } } }`
 
 // RunPod fetches RunPod's GPU types by POSTing RunPodQuery to its GraphQL
-// endpoint, whose answer is {"data": {"gpuTypes": [{"id", "displayName",
-// "memoryInGb", "securePrice", "communityPrice", "secureSpotPrice",
-// "communitySpotPrice", "lowestPrice": {"minimumBidPrice",
-// "uninterruptablePrice", "stockStatus"}}, ...]}} ({"errors": [...]} when
-// the query fails). RunPod prices one GPU for an hour; a GPU type gives up
+// endpoint ({"data": {"gpuTypes": [runpodGPUType]}}, or {"errors": [...]}
+// when the query fails). RunPod prices one GPU for an hour; a GPU type gives up
 // to four offers of one GPU: Secure Cloud and Community Cloud, each
 // on-demand (securePrice, communityPrice) and spot (secureSpotPrice,
 // communitySpotPrice), those with a price > 0. A GPU type whose
