@@ -401,7 +401,8 @@ type fetched struct {
 // provider whose fetch fails (down, rate-limited past its retries, an
 // answer that is not its API's, or no offer that can be priced) keeps its
 // last good catalog and its error is in the result; only when every
-// provider fails is the fetch an error, and nothing is recorded.
+// provider fails is the fetch an error (the errors go to Status), and
+// nothing is recorded.
 func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 	if len(w.providers) == 0 {
 		return FetchResult{}, ErrNoProvider
@@ -455,7 +456,7 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 		// Nothing new: keep the catalog as it is, errors aside (the
 		// status shows them).
 		w.setErrors(now, next.Catalogs)
-		return FetchResult{Providers: w.results(now)}, errors.Join(errs...)
+		return FetchResult{}, errors.Join(errs...)
 	}
 	for _, c := range prev.Catalogs {
 		if c.Imported && !configured[c.Provider] {
@@ -484,17 +485,6 @@ func (w *Watcher) setErrors(now time.Time, failed []catalog) {
 		_ = w.store.PutRecord(NSOffers, "catalogs", b)
 	}
 	w.setLatest(s)
-}
-
-// results is how each catalog stands at now.
-func (w *Watcher) results(now time.Time) []ProviderResult {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := make([]ProviderResult, 0, len(w.latest.Catalogs))
-	for _, c := range w.latest.Catalogs {
-		out = append(out, c.result(now, w.cfg.MaxOfferAge))
-	}
-	return out
 }
 
 // Status is how every provider's catalog stands, configured providers
