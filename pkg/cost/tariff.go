@@ -214,15 +214,10 @@ func (t *Tariff) BandAt(at time.Time) string {
 	day := lt.Weekday()
 	prev := (day + 6) % 7
 	for _, r := range t.compiled {
-		switch {
-		case !r.wraps:
-			if r.days[day] && minute >= r.from && minute < r.to {
-				return r.band
-			}
-		default:
-			if (r.days[day] && minute >= r.from) || (r.days[prev] && minute < r.to) {
-				return r.band
-			}
+		// A wrapping rule runs from its from on its days to its to on the day after.
+		today := r.days[day] && minute >= r.from && (r.wraps || minute < r.to)
+		if today || (r.wraps && r.days[prev] && minute < r.to) {
+			return r.band
 		}
 	}
 	return t.Default
