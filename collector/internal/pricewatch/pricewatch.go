@@ -759,8 +759,12 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 	if provider != "" {
 		c, ok := latest.catalog(provider)
 		if ok && len(c.Offers) > 0 && c.staleAt(now, maxAge) {
+			lastErr := ""
+			if c.LastError != "" {
+				lastErr = " (last error: " + c.LastError + ")"
+			}
 			return nil, fmt.Errorf("the catalog of provider %q is stale: its last good answer (%s) is %v old, older than the max offer age %v, so its offers are no current prices%s",
-				provider, c.Time.UTC().Format(time.RFC3339), now.Sub(c.Time).Round(time.Second), maxAge, lastError(c))
+				provider, c.Time.UTC().Format(time.RFC3339), now.Sub(c.Time).Round(time.Second), maxAge, lastErr)
 		}
 		if !ok || len(c.Offers) == 0 {
 			var have []string
@@ -777,7 +781,7 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 		}
 		all, by, fetchedAt = c.Offers, prices.ByModel(c.Offers), c.Time
 	}
-	var keys []string
+	keys := slices.Sorted(maps.Keys(by))
 	if gpu != "" {
 		if _, ok := by[k]; !found || !ok {
 			if provider != "" {
@@ -789,8 +793,6 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 			return nil, fmt.Errorf("no offers for GPU %q in the latest fetch", gpu)
 		}
 		keys = []string{k}
-	} else {
-		keys = slices.Sorted(maps.Keys(by))
 	}
 	var out []ModelView
 	for _, k := range keys {
@@ -810,11 +812,4 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 		out = append(out, v)
 	}
 	return out, nil
-}
-
-func lastError(c catalog) string {
-	if c.LastError == "" {
-		return ""
-	}
-	return " (last error: " + c.LastError + ")"
 }
