@@ -280,17 +280,13 @@ func (c Config) CO2(byBand map[string]float64, totalJ float64) (kg float64, band
 		}
 		perBand[k{"", CarbonSourceFlat, c.GridGCO2PerKWh}] = totalJ
 	}
-	keys := make([]k, 0, len(perBand))
-	for b := range perBand {
-		if b.source == CarbonSourceFlat && c.GridGCO2PerKWh <= 0 && perBand[b] > 0 {
-			return 0, nil, false
-		}
-		keys = append(keys, b)
-	}
-	slices.SortFunc(keys, func(a, b k) int {
+	keys := slices.SortedFunc(maps.Keys(perBand), func(a, b k) int {
 		return cmp.Or(strings.Compare(a.zone, b.zone), strings.Compare(a.source, b.source), cmp.Compare(a.g, b.g))
 	})
 	for _, b := range keys {
+		if b.source == CarbonSourceFlat && c.GridGCO2PerKWh <= 0 && perBand[b] > 0 {
+			return 0, nil, false
+		}
 		kwh := perBand[b] * pue / 3.6e6
 		bands = append(bands, CarbonBand{Zone: b.zone, Source: b.source, KWh: kwh, GPerKWh: b.g, Kg: kwh * b.g / 1000})
 		kg += kwh * b.g / 1000

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -215,11 +216,7 @@ func (w *Watcher) Fetch(ctx context.Context) error {
 			m[p.hour] = p.g
 		}
 		oldest := w.cfg.Clock.Now().Add(-Retention).Unix()
-		for h := range m {
-			if h < oldest {
-				delete(m, h)
-			}
-		}
+		maps.DeleteFunc(m, func(h int64, _ float64) bool { return h < oldest })
 		w.mu.Unlock()
 	}
 	err := errors.Join(errs...)
