@@ -1,17 +1,7 @@
-// Package money is the one way trainmeter shows dollar amounts to people:
-// the run report, runs, summary, model, budget, alerts, forecast,
-// recommend and `trainmeter run`'s status line (docs/costs.md, "How money
-// is shown"). The CSV and --json keep full precision; this is for text.
-//
-// Amounts show at least 3 significant digits of the largest amount shown
-// with them (at least cents, at most 9 decimals), so a $0.0049 run is not
-// "$0.00"; amounts compared side by side share their decimals (USDs). The
-// lines of a bill (a report's GPU cost, energy cost, bands and total) are
-// each rounded on their own to two significant digits, at least cents
-// (Amount), never back-solved to fit a total; a total its shown lines do
-// not add up to is marked "rounded" (AddsUp). Nothing is ever written with
-// an exponent. Unit prices ($ per GPU-hour, per Mtok, per sample) are rates,
-// not amounts: 4 significant digits (Rate).
+// Package money is the one way trainmeter shows dollar amounts to people
+// (docs/costs.md, "How money is shown"); the CSV and --json keep full
+// precision. Nothing is ever written with an exponent, and an amount
+// shows enough digits not to read as zero ($0.0049 is not "$0.00").
 package money
 
 import (
@@ -22,12 +12,10 @@ import (
 )
 
 const (
-	minDecimals = 2 // cents
-	maxDecimals = 9
-	sigDigits   = 3
-	// amountDigits: the significant digits of an amount rounded on its own
-	// (Amount).
-	amountDigits = 2
+	minDecimals  = 2 // cents
+	maxDecimals  = 9
+	sigDigits    = 3 // of the largest amount shown together (Decimals)
+	amountDigits = 2 // of an amount rounded on its own (Amount)
 )
 
 // Decimals returns the decimals that show the largest |v| of vs with at
