@@ -192,12 +192,9 @@ func ByModel(offers []Offer) map[string]ModelPrice {
 	return out
 }
 
-// median of sorted values.
+// median of sorted values (not empty).
 func median(sorted []float64) float64 {
 	n := len(sorted)
-	if n == 0 {
-		return 0
-	}
 	if n%2 == 1 {
 		return sorted[n/2]
 	}

@@ -390,12 +390,6 @@ var ErrNoProvider = errors.New("no price provider configured: start the collecto
 	"(any of them; keys in $TRAINMETER_VASTAI_KEY, $TRAINMETER_LAMBDA_KEY, $TRAINMETER_RUNPOD_KEY or --vastai-key-file, --lambda-key-file, --runpod-key-file) " +
 	"or `--price-provider file --price-file FILE`, or load a price list now with `trainmeter prices import FILE`")
 
-type fetched struct {
-	offers  []prices.Offer
-	skipped int
-	err     error
-}
-
 // Fetch gets offers from every provider now (together), records each
 // model's price point over all of them, and fires the price alerts due. A
 // provider whose fetch fails (down, rate-limited past its retries, an
@@ -418,7 +412,7 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 		pctx, cancel = context.WithTimeout(ctx, time.Until(dl)*9/10)
 		defer cancel()
 	}
-	got := make([]fetched, len(w.providers))
+	got, gotErr := make([]catalog, len(w.providers)), make([]error, len(w.providers))
 	var wg sync.WaitGroup
 	for i, p := range w.providers {
 		wg.Go(func() {
@@ -429,7 +423,7 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 			for j := range offers {
 				offers[j].Provider = cmp.Or(offers[j].Provider, p.Name())
 			}
-			got[i] = fetched{offers, skipped, err}
+			got[i], gotErr[i] = catalog{Provider: p.Name(), Offers: offers, Skipped: skipped}, err
 		})
 	}
 	wg.Wait()
@@ -442,14 +436,14 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 	var errs []error
 	for i, p := range w.providers {
 		configured[p.Name()] = true
-		g := got[i]
-		if g.err == nil {
-			next.Catalogs = append(next.Catalogs, catalog{Provider: p.Name(), Time: now, Offers: g.offers, Skipped: g.skipped})
+		if gotErr[i] == nil {
+			got[i].Time = now
+			next.Catalogs = append(next.Catalogs, got[i])
 			continue
 		}
-		errs = append(errs, fmt.Errorf("%s: %w", p.Name(), g.err))
+		errs = append(errs, fmt.Errorf("%s: %w", p.Name(), gotErr[i]))
 		c, _ := prev.catalog(p.Name()) // keep the last good answer
-		c.Provider, c.Imported, c.LastError, c.LastErrorTime = p.Name(), false, g.err.Error(), now
+		c.Provider, c.Imported, c.LastError, c.LastErrorTime = p.Name(), false, gotErr[i].Error(), now
 		next.Catalogs = append(next.Catalogs, c)
 	}
 	if len(errs) == len(w.providers) {
