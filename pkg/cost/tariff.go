@@ -234,10 +234,8 @@ func (t *Tariff) Price(band string) (float64, bool) {
 // contiguous stretch of one band. A window with end <= start is booked
 // whole at start's band.
 //
-// The band can only change at a rule edge (a from or to minute, or
-// midnight, when the weekday changes) or at a change of the zone's UTC
-// offset (DST). Split walks from edge to edge, so its work is a few steps per
-// day of the window, not one per minute.
+// Split walks from one possible band change to the next (nextEdge): a few
+// steps per day of the window, not one per minute.
 func (t *Tariff) Split(start, end time.Time, joules float64, add func(band string, joules float64)) {
 	if !end.After(start) {
 		add(t.BandAt(start), joules)

@@ -26,8 +26,7 @@ const DefaultLambdaURL = "https://cloud.lambda.ai"
 type Lambda struct {
 	// BaseURL of the API (DefaultLambdaURL if empty).
 	BaseURL string
-	// APIKey is sent as "Authorization: Bearer KEY" (Lambda's API needs
-	// one).
+	// APIKey is sent as a Bearer token (Lambda's API needs one).
 	APIKey string
 	HTTPOptions
 }

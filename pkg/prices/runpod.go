@@ -27,8 +27,7 @@ const RunPodQuery = `query { gpuTypes { id displayName memoryInGb securePrice co
 type RunPod struct {
 	// URL of the GraphQL endpoint (DefaultRunPodURL if empty).
 	URL string
-	// APIKey is sent as "Authorization: Bearer KEY" (not in the URL, where
-	// error messages and proxies would show it).
+	// APIKey is sent as a Bearer token (HTTPOptions.get).
 	APIKey string
 	HTTPOptions
 }
