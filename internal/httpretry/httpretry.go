@@ -11,6 +11,14 @@ import (
 	"time"
 )
 
+// HTTPError is a non-2xx answer: its status and the start of its body.
+type HTTPError struct {
+	Status int
+	Body   string
+}
+
+func (e *HTTPError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Status, e.Body) }
+
 // Policy bounds the retries.
 type Policy struct {
 	// Attempts in all, the first included (at least 1).

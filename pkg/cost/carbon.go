@@ -1,11 +1,12 @@
 package cost
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
-	"os"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,19 +45,11 @@ func (c CarbonChain) SplitCarbon(zone string, start, end time.Time, joules float
 	})
 }
 
-// CarbonFile is a schedule of grid carbon intensity by weekday and time of
-// day, per zone (docs/costs.md, "Carbon file"):
-//
-//	zones:
-//	  DE:
-//	    timezone: Europe/Berlin   # IANA zone the rules are written in (default UTC)
-//	    default: 380              # gCO2/kWh when no rule matches
-//	    rules:                    # first match wins; the tariff file's rules
-//	      - {days: [weekdays], from: "11:00", to: "16:00", gco2_kwh: 240}
-//
-// A zone's rules are the tariff's rules (days, from, to; wrapping past
-// midnight, DST on the local wall clock) with an intensity instead of a
-// band: each zone compiles to a Tariff whose bands are its intensities.
+// CarbonFile is a schedule of grid carbon intensity (gCO2/kWh) by weekday
+// and time of day, per zone (docs/costs.md, "Carbon file"). A zone's rules
+// are the tariff's rules (days, from, to; wrapping past midnight, DST on
+// the local wall clock) with an intensity instead of a band: each zone
+// compiles to a Tariff whose bands are its intensities.
 type CarbonFile struct {
 	Zones map[string]CarbonZone `yaml:"zones"`
 
@@ -83,18 +76,7 @@ var ErrEmptyCarbonFile = errors.New("carbon file is empty")
 
 // LoadCarbonFile reads and validates a carbon intensity file (YAML).
 func LoadCarbonFile(path string) (*CarbonFile, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("carbon file: %w", err)
-	}
-	f, err := ParseCarbonFile(b)
-	if errors.Is(err, ErrEmptyCarbonFile) {
-		return nil, fmt.Errorf("%w: %s", err, path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("carbon file %s: %w", path, err)
-	}
-	return f, nil
+	return loadYAML[CarbonFile](path, "carbon file", ErrEmptyCarbonFile)
 }
 
 // ParseCarbonFile decodes a carbon file (unknown keys are errors) and
@@ -119,7 +101,7 @@ func ValidZoneName(z string) error {
 
 func validIntensity(g float64) bool { return !math.IsNaN(g) && !math.IsInf(g, 0) && g >= 0 }
 
-// Validate checks the file and prepares it for SplitCarbon and IntensityAt.
+// Validate checks the file and prepares it for SplitCarbon and Schedule.
 func (f *CarbonFile) Validate() error {
 	var errs []error
 	if len(f.Zones) == 0 {
@@ -165,22 +147,13 @@ func (f *CarbonFile) Validate() error {
 }
 
 // ZoneNames lists the file's zones, sorted.
-func (f *CarbonFile) ZoneNames() []string { return sortedKeys(f.Zones) }
+func (f *CarbonFile) ZoneNames() []string { return slices.Sorted(maps.Keys(f.Zones)) }
 
 // Schedule is zone's schedule as a tariff whose bands are intensities
 // (gCO2/kWh); false for a zone the file does not have.
 func (f *CarbonFile) Schedule(zone string) (*Tariff, bool) {
 	t, ok := f.compiled[zone]
 	return t, ok
-}
-
-// IntensityAt is zone's intensity at at, gCO2/kWh.
-func (f *CarbonFile) IntensityAt(zone string, at time.Time) (float64, bool) {
-	t, ok := f.compiled[zone]
-	if !ok {
-		return 0, false
-	}
-	return t.Bands[t.BandAt(at)], true
 }
 
 // SplitCarbon implements CarbonSource: a zone the file has is covered at
@@ -307,24 +280,13 @@ func (c Config) CO2(byBand map[string]float64, totalJ float64) (kg float64, band
 		}
 		perBand[k{"", CarbonSourceFlat, c.GridGCO2PerKWh}] = totalJ
 	}
-	keys := make([]k, 0, len(perBand))
-	for b := range perBand {
+	keys := slices.SortedFunc(maps.Keys(perBand), func(a, b k) int {
+		return cmp.Or(strings.Compare(a.zone, b.zone), strings.Compare(a.source, b.source), cmp.Compare(a.g, b.g))
+	})
+	for _, b := range keys {
 		if b.source == CarbonSourceFlat && c.GridGCO2PerKWh <= 0 && perBand[b] > 0 {
 			return 0, nil, false
 		}
-		keys = append(keys, b)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		a, b := keys[i], keys[j]
-		if a.zone != b.zone {
-			return a.zone < b.zone
-		}
-		if a.source != b.source {
-			return a.source < b.source
-		}
-		return a.g < b.g
-	})
-	for _, b := range keys {
 		kwh := perBand[b] * pue / 3.6e6
 		bands = append(bands, CarbonBand{Zone: b.zone, Source: b.source, KWh: kwh, GPerKWh: b.g, Kg: kwh * b.g / 1000})
 		kg += kwh * b.g / 1000
@@ -355,7 +317,7 @@ func CO2Summary(bands []CarbonBand) (gPerKWh float64, source, zone string) {
 		gPerKWh = kg * 1000 / kwh
 	}
 	best := -1.0
-	for _, z := range sortedKeys(byZone) {
+	for _, z := range slices.Sorted(maps.Keys(byZone)) {
 		if byZone[z] > best {
 			zone, best = z, byZone[z]
 		}

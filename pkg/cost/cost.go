@@ -9,8 +9,9 @@ package cost
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -228,12 +229,7 @@ func (c Config) EnergyCost(byBand map[string]float64, totalJ float64) (usd float
 		if rest := totalJ - booked; rest > 1e-9*math.Max(1, totalJ) {
 			perBand[t.Default] += rest
 		}
-		names := make([]string, 0, len(perBand))
-		for b := range perBand {
-			names = append(names, b)
-		}
-		sort.Strings(names)
-		for _, b := range names {
+		for _, b := range slices.Sorted(maps.Keys(perBand)) {
 			kwh := perBand[b] / 3.6e6
 			p := t.Bands[b]
 			bands = append(bands, BandCost{Band: b, KWh: kwh, USDPerKWh: p, USD: kwh * p})
@@ -265,7 +261,7 @@ func (c Config) validateCarbon() []error {
 		}
 		zones[fmt.Sprintf("node %s's carbon zone", n)] = z
 	}
-	for _, what := range sortedKeys(zones) {
+	for _, what := range slices.Sorted(maps.Keys(zones)) {
 		z := zones[what]
 		if err := ValidZoneName(z); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", what, err))
@@ -282,15 +278,6 @@ func (c Config) validateCarbon() []error {
 		}
 	}
 	return errs
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // CO2Kg is the CO2 of energyKWh of GPU energy at the configured grid

@@ -1,10 +1,12 @@
 package cost
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/trainmeter/trainmeter/pkg/prices"
@@ -76,7 +78,7 @@ func (c Config) Estimate(history []*trainmeterv1.RunReport, req EstimateRequest)
 			est.SameGpu = false
 		}
 	}
-	sort.Slice(runs, func(i, j int) bool { return runs[i].GetRunId() < runs[j].GetRunId() })
+	slices.SortFunc(runs, func(a, b *trainmeterv1.RunReport) int { return strings.Compare(a.GetRunId(), b.GetRunId()) })
 	var tpgs, jpt, gpus []float64
 	names := map[string]bool{}
 	for _, r := range runs {
@@ -86,11 +88,8 @@ func (c Config) Estimate(history []*trainmeterv1.RunReport, req EstimateRequest)
 		gpus = append(gpus, float64(max(1, r.GetGpus())))
 		names[r.GetGpuName()] = true
 	}
-	est.MeasuredOn = joinKeys(names)
-	est.Gpus = req.GPUs
-	if est.Gpus == 0 {
-		est.Gpus = uint32(math.Round(median(gpus)))
-	}
+	est.MeasuredOn = strings.Join(slices.Sorted(maps.Keys(names)), ", ")
+	est.Gpus = cmp.Or(req.GPUs, uint32(math.Round(median(gpus))))
 	n := float64(req.Tokens)
 	// The fastest run gives the fewest GPU-hours.
 	lo, mid, hi := bandOf(tpgs)
@@ -164,26 +163,14 @@ func (c Config) estimatePrice(runs []*trainmeterv1.RunReport, gpu string) (float
 
 // bandOf is the min, median and max of xs (not empty).
 func bandOf(xs []float64) (lo, mid, hi float64) {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	return s[0], median(s), s[len(s)-1]
+	return slices.Min(xs), median(xs), slices.Max(xs)
 }
 
 func median(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
+	s := slices.Sorted(slices.Values(xs))
 	n := len(s)
 	if n%2 == 1 {
 		return s[n/2]
 	}
 	return (s[n/2-1] + s[n/2]) / 2
-}
-
-func joinKeys(m map[string]bool) string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return strings.Join(ks, ", ")
 }

@@ -3,9 +3,10 @@ package cost
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/trainmeter/trainmeter/pkg/prices"
@@ -19,17 +20,10 @@ import (
 const HoursPerYear = 8760
 
 // OwnedHardware prices owned GPUs from their purchase (straight-line
-// depreciation) and sets the PUE of the facility. Loaded from the file of
-// `trainmeter serve --owned-hardware`:
-//
-//	pue: 1.3                          # facility energy / IT energy, >= 1
-//	gpus:                             # per GPU model (matched like the price catalog)
-//	  - model: H100 SXM
-//	    purchase_usd: 30000           # per GPU, with its share of the server
-//	    lifetime_years: 4
-//	    residual_usd: 6000            # resale value at end of life
-//	nodes:                            # per node: wins over the model
-//	  gpu-07: {purchase_usd: 25000, lifetime_years: 5, residual_usd: 0}
+// depreciation) and sets the PUE of the facility (facility energy / IT
+// energy, >= 1): the file of `trainmeter serve --owned-hardware`
+// (docs/costs.md, "Owned hardware"). A node's entry wins over its GPU
+// model's (matched like the price catalog).
 type OwnedHardware struct {
 	PUE   float64             `yaml:"pue"`
 	GPUs  []OwnedGPU          `yaml:"gpus"`
@@ -90,12 +84,7 @@ func (o *OwnedHardware) Validate() error {
 		names = append(names, g.Model)
 		errs = append(errs, g.validate(what))
 	}
-	nodes := make([]string, 0, len(o.Nodes))
-	for n := range o.Nodes {
-		nodes = append(nodes, n)
-	}
-	sort.Strings(nodes)
-	for _, n := range nodes {
+	for _, n := range slices.Sorted(maps.Keys(o.Nodes)) {
 		g := o.Nodes[n]
 		switch {
 		case n == "":

@@ -71,7 +71,10 @@ func TestPUE(t *testing.T) {
 	if co2, _ := c.CO2Kg(1); math.Abs(co2-0.6) > 1e-12 {
 		t.Errorf("co2 %v kg, want 0.6", co2)
 	}
-	tar := FlatTariff(0.1)
+	tar, err := ParseTariff([]byte("default: flat\nbands: {flat: 0.1}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	c = Config{Tariff: tar, PUE: 2}
 	if usd, _, _ := c.EnergyCost(map[string]float64{"flat": 3.6e6}, 3.6e6); math.Abs(usd-0.2) > 1e-12 {
 		t.Errorf("tariff energy cost with PUE 2: %v, want 0.2", usd)

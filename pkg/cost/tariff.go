@@ -2,13 +2,13 @@ package cost
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 	_ "time/tzdata" // tariffs name IANA zones; work on machines without zoneinfo
@@ -18,14 +18,8 @@ import (
 
 // Tariff is a time-of-use energy tariff: named bands with a price each, and
 // rules that say which band is in force at a given local time of a given
-// weekday. A flat tariff is one band and no rules.
-//
-//	zone: Europe/Berlin      # IANA zone the rules are written in (default UTC)
-//	default: peak            # band when no rule matches
-//	bands: {peak: 0.30, offpeak: 0.12}
-//	rules:
-//	  - {days: [weekdays], from: "22:00", to: "06:00", band: offpeak}
-//	  - {days: [sat, sun], from: "00:00", to: "24:00", band: offpeak}
+// weekday, in the IANA zone Zone (default UTC); the file is docs/costs.md's
+// "Tariff file". A flat tariff is one band and no rules.
 //
 // Rules are tried in order; the first that covers the time wins. A rule
 // covers [from, to) on each of its days; when to <= from it wraps past
@@ -68,18 +62,7 @@ var dayNames = map[string][]time.Weekday{
 
 // LoadTariff reads and validates a tariff file (YAML).
 func LoadTariff(path string) (*Tariff, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("tariff: %w", err)
-	}
-	t, err := ParseTariff(b)
-	if errors.Is(err, ErrEmptyTariff) {
-		return nil, fmt.Errorf("%w: %s", err, path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("tariff %s: %w", path, err)
-	}
-	return t, nil
+	return loadYAML[Tariff](path, "tariff", ErrEmptyTariff)
 }
 
 // ErrEmptyTariff: the tariff has no YAML document (an empty file, or only
@@ -112,11 +95,24 @@ func parseYAML[T any, P interface {
 	return (*T)(v), nil
 }
 
-// FlatTariff is a one-band tariff at usdPerKWh.
-func FlatTariff(usdPerKWh float64) *Tariff {
-	t := &Tariff{Default: "flat", Bands: map[string]float64{"flat": usdPerKWh}}
-	_ = t.Validate()
-	return t
+// loadYAML reads path and parses it with parseYAML; what names the file
+// in errors.
+func loadYAML[T any, P interface {
+	*T
+	Validate() error
+}](path, what string, empty error) (*T, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	v, err := parseYAML[T, P](b, empty)
+	if errors.Is(err, empty) {
+		return nil, fmt.Errorf("%w: %s", err, path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	return v, nil
 }
 
 func parseClock(s string) (int, error) {
@@ -139,10 +135,7 @@ func parseClock(s string) (int, error) {
 // be called (ParseTariff and LoadTariff do) before a hand-built tariff is used.
 func (t *Tariff) Validate() error {
 	var errs []error
-	zone := t.Zone
-	if zone == "" {
-		zone = "UTC"
-	}
+	zone := cmp.Or(t.Zone, "UTC")
 	loc, err := time.LoadLocation(zone)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("zone %q: %v", t.Zone, err))
@@ -221,15 +214,10 @@ func (t *Tariff) BandAt(at time.Time) string {
 	day := lt.Weekday()
 	prev := (day + 6) % 7
 	for _, r := range t.compiled {
-		switch {
-		case !r.wraps:
-			if r.days[day] && minute >= r.from && minute < r.to {
-				return r.band
-			}
-		default:
-			if (r.days[day] && minute >= r.from) || (r.days[prev] && minute < r.to) {
-				return r.band
-			}
+		// A wrapping rule runs from its from on its days to its to on the day after.
+		today := r.days[day] && minute >= r.from && (r.wraps || minute < r.to)
+		if today || (r.wraps && r.days[prev] && minute < r.to) {
+			return r.band
 		}
 	}
 	return t.Default
@@ -241,25 +229,13 @@ func (t *Tariff) Price(band string) (float64, bool) {
 	return p, ok
 }
 
-// BandNames lists the bands, sorted.
-func (t *Tariff) BandNames() []string {
-	names := make([]string, 0, len(t.Bands))
-	for n := range t.Bands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
 // Split books joules consumed uniformly over [start, end) to the bands in
 // force, proportionally to the time spent in each: add is called once per
 // contiguous stretch of one band. A window with end <= start is booked
 // whole at start's band.
 //
-// The band can only change at a rule edge (a from or to minute, or
-// midnight, when the weekday changes) or at a change of the zone's UTC
-// offset (DST). Split walks from edge to edge, so its work is a few steps per
-// day of the window, not one per minute.
+// Split walks from one possible band change to the next (nextEdge): a few
+// steps per day of the window, not one per minute.
 func (t *Tariff) Split(start, end time.Time, joules float64, add func(band string, joules float64)) {
 	if !end.After(start) {
 		add(t.BandAt(start), joules)

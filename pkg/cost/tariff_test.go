@@ -161,9 +161,6 @@ func TestTariffValidation(t *testing.T) {
 	if _, err := LoadTariff(empty); err == nil || err.Error() != "tariff file is empty: "+empty {
 		t.Errorf("LoadTariff of an empty file: %v", err)
 	}
-	if ft := FlatTariff(0.25); ft.BandAt(time.Now()) != "flat" {
-		t.Error("flat tariff band")
-	}
 }
 
 // splitByMinute is the obvious reference: the band can only change at a
@@ -218,7 +215,7 @@ rules:
 					length = time.Duration(rng.Int64N(int64(3 * time.Second)))
 				}
 				got, want := split(tr, start, start.Add(length), 1000), splitByMinute(tr, start, start.Add(length), 1000)
-				for _, band := range tr.BandNames() {
+				for band := range tr.Bands {
 					if math.Abs(got[band]-want[band]) > 1e-6 {
 						t.Fatalf("%s %v + %v: band %s = %.9f, reference %.9f (got %v, want %v)", zone, start, length, band, got[band], want[band], got, want)
 					}

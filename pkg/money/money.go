@@ -1,17 +1,7 @@
-// Package money is the one way trainmeter shows dollar amounts to people:
-// the run report, runs, summary, model, budget, alerts, forecast,
-// recommend and `trainmeter run`'s status line (docs/costs.md, "How money
-// is shown"). The CSV and --json keep full precision; this is for text.
-//
-// Amounts show at least 3 significant digits of the largest amount shown
-// with them (at least cents, at most 9 decimals), so a $0.0049 run is not
-// "$0.00"; amounts compared side by side share their decimals (USDs). The
-// lines of a bill (a report's GPU cost, energy cost, bands and total) are
-// each rounded on their own to two significant digits, at least cents
-// (Amount), never back-solved to fit a total; a total its shown lines do
-// not add up to is marked "rounded" (AddsUp). Nothing is ever written with
-// an exponent. Unit prices ($ per GPU-hour, per Mtok, per sample) are rates,
-// not amounts: 4 significant digits (Rate).
+// Package money is the one way trainmeter shows dollar amounts to people
+// (docs/costs.md, "How money is shown"); the CSV and --json keep full
+// precision. Nothing is ever written with an exponent, and an amount
+// shows enough digits not to read as zero ($0.0049 is not "$0.00").
 package money
 
 import (
@@ -22,12 +12,10 @@ import (
 )
 
 const (
-	minDecimals = 2 // cents
-	maxDecimals = 9
-	sigDigits   = 3
-	// amountDigits: the significant digits of an amount rounded on its own
-	// (Amount).
-	amountDigits = 2
+	minDecimals  = 2 // cents
+	maxDecimals  = 9
+	sigDigits    = 3 // of the largest amount shown together (Decimals)
+	amountDigits = 2 // of an amount rounded on its own (Amount)
 )
 
 // Decimals returns the decimals that show the largest |v| of vs with at
@@ -39,10 +27,16 @@ func Decimals(vs ...float64) int {
 			largest = max(largest, math.Abs(v))
 		}
 	}
-	if largest == 0 {
+	return decimals(largest, sigDigits)
+}
+
+// decimals shows |v| with digits significant digits: at least cents, at
+// most 9 decimals.
+func decimals(v float64, digits int) int {
+	if v == 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 		return minDecimals
 	}
-	d := sigDigits - 1 - int(math.Floor(math.Log10(largest)))
+	d := digits - 1 - int(math.Floor(math.Log10(math.Abs(v))))
 	return min(maxDecimals, max(minDecimals, d))
 }
 
@@ -68,9 +62,7 @@ func USD(v float64) string { return Fixed(v, Decimals(v)) }
 func USDs(vs ...float64) []string {
 	d := Decimals(vs...)
 	for _, v := range vs {
-		if v != 0 && !math.IsNaN(v) && !math.IsInf(v, 0) {
-			d = max(d, min(maxDecimals, -int(math.Floor(math.Log10(math.Abs(v))))))
-		}
+		d = max(d, decimals(v, 1)) // its first digit
 	}
 	out := make([]string, len(vs))
 	for i, v := range vs {
@@ -79,22 +71,11 @@ func USDs(vs ...float64) []string {
 	return out
 }
 
-// AmountDecimals is the decimals that show |v|'s first two significant
-// digits, at least cents and at most 9: 3 for $0.09563, 5 for $0.00047, 2
-// for $12.345.
-func AmountDecimals(v float64) int {
-	if v == 0 || math.IsNaN(v) || math.IsInf(v, 0) {
-		return minDecimals
-	}
-	d := amountDigits - 1 - int(math.Floor(math.Log10(math.Abs(v))))
-	return min(maxDecimals, max(minDecimals, d))
-}
-
 // Amount writes one amount of a list whose lines are each rounded on their
 // own, never to fit a sum: "$0.096", "$0.00047", "$12.35". Where the
 // amounts shown do not add up to the total shown, the total says so
 // (AddsUp).
-func Amount(v float64) string { return Fixed(v, AmountDecimals(v)) }
+func Amount(v float64) string { return Fixed(v, decimals(v, amountDigits)) }
 
 // AddsUp reports whether the amounts parts, as Fixed writes them, add up
 // exactly to total as written; false when any is not a plain amount ("-").

@@ -1,6 +1,7 @@
 package prices
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,48 +32,38 @@ type AzureGPUSize struct {
 // NV36ads) cannot be priced per GPU and are left out, as are retired
 // series. docs/budgets.md lists the table.
 var AzureGPUSizes = map[string]AzureGPUSize{
-	// NCv3: V100 PCIe 16 GB.
-	"Standard_NC6s_v3":   {"V100 PCIe", 1, 16},
-	"Standard_NC12s_v3":  {"V100 PCIe", 2, 16},
-	"Standard_NC24s_v3":  {"V100 PCIe", 4, 16},
-	"Standard_NC24rs_v3": {"V100 PCIe", 4, 16},
-	// NDv2: V100 SXM2 32 GB.
-	"Standard_ND40rs_v2": {"V100 SXM2", 8, 32},
-	// NCasT4_v3: T4 16 GB.
-	"Standard_NC4as_T4_v3":  {"T4", 1, 16},
-	"Standard_NC8as_T4_v3":  {"T4", 1, 16},
-	"Standard_NC16as_T4_v3": {"T4", 1, 16},
-	"Standard_NC64as_T4_v3": {"T4", 4, 16},
-	// NC A100 v4: A100 PCIe 80 GB.
-	"Standard_NC24ads_A100_v4": {"A100 PCIe", 1, 80},
-	"Standard_NC48ads_A100_v4": {"A100 PCIe", 2, 80},
-	"Standard_NC96ads_A100_v4": {"A100 PCIe", 4, 80},
-	// ND A100 v4 (40 GB) and NDm A100 v4 (80 GB): A100 SXM4.
-	"Standard_ND96asr_v4":       {"A100 SXM4", 8, 40},
-	"Standard_ND96amsr_A100_v4": {"A100 SXM4", 8, 80},
-	// NCads H100 v5: H100 NVL 94 GB.
-	"Standard_NC40ads_H100_v5":  {"H100 NVL", 1, 94},
-	"Standard_NC80adis_H100_v5": {"H100 NVL", 2, 94},
-	// ND H100 v5 and ND H200 v5: SXM, 8 GPUs.
-	"Standard_ND96isr_H100_v5": {"H100 SXM", 8, 80},
-	"Standard_ND96isr_H200_v5": {"H200 SXM", 8, 141},
-	// ND MI300X v5: AMD Instinct MI300X 192 GB.
+	"Standard_NC6s_v3":           {"V100 PCIe", 1, 16},
+	"Standard_NC12s_v3":          {"V100 PCIe", 2, 16},
+	"Standard_NC24s_v3":          {"V100 PCIe", 4, 16},
+	"Standard_NC24rs_v3":         {"V100 PCIe", 4, 16},
+	"Standard_ND40rs_v2":         {"V100 SXM2", 8, 32},
+	"Standard_NC4as_T4_v3":       {"T4", 1, 16},
+	"Standard_NC8as_T4_v3":       {"T4", 1, 16},
+	"Standard_NC16as_T4_v3":      {"T4", 1, 16},
+	"Standard_NC64as_T4_v3":      {"T4", 4, 16},
+	"Standard_NC24ads_A100_v4":   {"A100 PCIe", 1, 80},
+	"Standard_NC48ads_A100_v4":   {"A100 PCIe", 2, 80},
+	"Standard_NC96ads_A100_v4":   {"A100 PCIe", 4, 80},
+	"Standard_ND96asr_v4":        {"A100 SXM4", 8, 40},
+	"Standard_ND96amsr_A100_v4":  {"A100 SXM4", 8, 80},
+	"Standard_NC40ads_H100_v5":   {"H100 NVL", 1, 94},
+	"Standard_NC80adis_H100_v5":  {"H100 NVL", 2, 94},
+	"Standard_ND96isr_H100_v5":   {"H100 SXM", 8, 80},
+	"Standard_ND96isr_H200_v5":   {"H200 SXM", 8, 141},
 	"Standard_ND96isr_MI300X_v5": {"MI300X", 8, 192},
-	// NVadsA10 v5 with whole GPUs: A10 24 GB.
-	"Standard_NV36ads_A10_v5": {"A10", 1, 24},
-	"Standard_NV72ads_A10_v5": {"A10", 2, 24},
+	"Standard_NV36ads_A10_v5":    {"A10", 1, 24},
+	"Standard_NV72ads_A10_v5":    {"A10", 2, 24},
 }
 
 // Azure fetches the list prices of Azure's GPU VM sizes (AzureGPUSizes)
-// from the retail prices API, GET {BaseURL}/api/retail/prices?$filter=…,
-// following NextPageLink page after page (each page retried like any
-// request). The answer is {"Items": [{"armSkuName", "armRegionName",
-// "retailPrice", "unitOfMeasure", "skuName", "productName", "type",
-// ...}], "NextPageLink": URL or null}. An item is an offer when its type
-// is "Consumption", its unitOfMeasure "1 Hour", its productName not a
-// Windows one (Windows prices include the licence) and its armSkuName in
-// AzureGPUSizes; a skuName with "Spot" or "Low Priority" is spot. The
-// offer is the VM's retailPrice for all its GPUs, in its armRegionName.
+// from the retail prices API, GET {BaseURL}/api/retail/prices?$filter=…
+// ({"Items": [azureItem], "NextPageLink": URL or null}), following
+// NextPageLink page after page (each page retried like any request). An
+// item is an offer when its type is "Consumption", its unitOfMeasure
+// "1 Hour", its productName not a Windows one (Windows prices include the
+// licence) and its armSkuName in AzureGPUSizes; a skuName with "Spot" or
+// "Low Priority" is spot. The offer is the VM's retailPrice for all its
+// GPUs, in its armRegionName.
 type Azure struct {
 	// BaseURL of the API (DefaultAzureURL if empty).
 	BaseURL string
@@ -85,12 +76,6 @@ type Azure struct {
 
 // Name implements Provider.
 func (*Azure) Name() string { return "azure" }
-
-// Offers implements Provider.
-func (a *Azure) Offers(ctx context.Context) ([]Offer, error) {
-	offers, _, err := a.FetchOffers(ctx)
-	return offers, err
-}
 
 // AzureFilter is the OData $filter the provider sends: Consumption prices
 // of the VM sizes in AzureGPUSizes, in regions if any.
@@ -111,12 +96,9 @@ func AzureFilter(regions []string) string {
 	return f
 }
 
-// FetchOffers implements CountingProvider.
+// FetchOffers implements Provider.
 func (a *Azure) FetchOffers(ctx context.Context) ([]Offer, int, error) {
-	base := strings.TrimRight(a.BaseURL, "/")
-	if base == "" {
-		base = DefaultAzureURL
-	}
+	base := cmp.Or(strings.TrimRight(a.BaseURL, "/"), DefaultAzureURL)
 	baseURL, err := url.Parse(base)
 	if err != nil {
 		return nil, 0, fmt.Errorf("Azure retail prices: base URL %q: %w", base, err)
@@ -138,15 +120,7 @@ func (a *Azure) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 			// A link elsewhere is not followed: the answer is not the API's.
 			return nil, 0, fmt.Errorf("Azure retail prices: page %d: NextPageLink %q is not on %s", page, next, base)
 		}
-		link := next
-		body, err := a.get(ctx, fmt.Sprintf("Azure retail prices from %s, page %d", base, page), func(ctx context.Context) (*http.Request, error) {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, link, nil)
-			if err != nil {
-				return nil, err
-			}
-			req.Header.Set("Accept", "application/json")
-			return req, nil
-		})
+		body, err := a.get(ctx, fmt.Sprintf("Azure retail prices from %s, page %d", base, page), http.MethodGet, next, "", nil)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -245,5 +219,3 @@ func ParseAzureRetailPage(body []byte, provider string) (offers []Offer, skipped
 	}
 	return offers, skipped, next, nil
 }
-
-var _ CountingProvider = (*Azure)(nil)

@@ -2,6 +2,7 @@ package prices
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/csv"
 	"fmt"
@@ -26,17 +27,18 @@ type File struct {
 // Name implements Provider.
 func (*File) Name() string { return "file" }
 
-// Offers implements Provider.
-func (f *File) Offers(context.Context) ([]Offer, error) {
+// FetchOffers implements Provider; a list skips nothing (a row that
+// cannot be priced is an error).
+func (f *File) FetchOffers(context.Context) ([]Offer, int, error) {
 	b, err := os.ReadFile(f.Path)
 	if err != nil {
-		return nil, fmt.Errorf("price file: %w", err)
+		return nil, 0, fmt.Errorf("price file: %w", err)
 	}
 	offers, err := ParsePriceList(b, f.Name())
 	if err != nil {
-		return nil, fmt.Errorf("price file %s: %w", f.Path, err)
+		return nil, 0, fmt.Errorf("price file %s: %w", f.Path, err)
 	}
-	return offers, nil
+	return offers, 0, nil
 }
 
 // ParsePriceList parses a JSON or CSV price list (see File). Unlike the
@@ -114,9 +116,7 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 			return v, nil
 		}
 		o := Offer{ID: get("id"), Provider: get("provider"), GPUName: get("gpu_name"), Location: get("geolocation")}
-		if o.Location == "" {
-			o.Location = get("region")
-		}
+		o.Location = cmp.Or(o.Location, get("region"))
 		switch strings.ToLower(get("spot")) {
 		case "", "false", "0", "no", "on-demand":
 		case "true", "1", "yes", "spot":
@@ -124,37 +124,25 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 		default:
 			return nil, fmt.Errorf("line %d: spot %q: want true or false", line, get("spot"))
 		}
-		if o.Provider == "" {
-			o.Provider = provider
-		}
-		if o.ID == "" {
-			o.ID = fmt.Sprintf("line-%d", line)
-		}
-		var n, price, ram float64
+		o.Provider = cmp.Or(o.Provider, provider)
+		o.ID = cmp.Or(o.ID, fmt.Sprintf("line-%d", line))
+		var n, price, ram, rel float64
 		if n, err = num("num_gpus", 1); err != nil {
 			return nil, err
 		}
 		if n != math.Trunc(n) || n < 1 || n > math.MaxInt32 {
 			return nil, fmt.Errorf("line %d: num_gpus %q is not a whole number of GPUs >= 1", line, get("num_gpus"))
 		}
-		if price, err = num(priceCol, 0); err != nil {
-			return nil, err
-		}
-		if ram, err = num("gpu_ram", 0); err != nil {
-			return nil, err
-		}
-		if get("reliability") != "" {
-			r, err := num("reliability", 0)
-			if err != nil {
+		for _, f := range []struct {
+			name string
+			dst  *float64
+		}{{priceCol, &price}, {"gpu_ram", &ram}, {"reliability", &rel}, {"dlperf_per_dphtotal", &o.DLPerfPerUSD}, {"inet_down", &o.InetDownMbps}} {
+			if *f.dst, err = num(f.name, 0); err != nil {
 				return nil, err
 			}
-			o.Reliability = &r
 		}
-		if o.DLPerfPerUSD, err = num("dlperf_per_dphtotal", 0); err != nil {
-			return nil, err
-		}
-		if o.InetDownMbps, err = num("inet_down", 0); err != nil {
-			return nil, err
+		if get("reliability") != "" {
+			o.Reliability = &rel
 		}
 		o.NumGPUs, o.GPURAMGB, o.USDPerHour = int(n), ram/1024, price
 		if perGPU {

@@ -1,12 +1,15 @@
 package prices
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,51 +35,60 @@ type HTTPOptions struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 }
 
+// DefaultMaxRetryAfter is the longest Retry-After the client honours.
+const DefaultMaxRetryAfter = 10 * time.Minute
+
 // maxAnswerBytes bounds one answer (or page) read from a provider.
 const maxAnswerBytes = 256 << 20
 
-// get sends the request newReq builds, again on 429 and 5xx, and returns
-// the body of the first 2xx answer. what names the provider in errors.
-func (o HTTPOptions) get(ctx context.Context, what string, newReq func(context.Context) (*http.Request, error)) ([]byte, error) {
-	client := o.Client
-	if client == nil {
-		client = &http.Client{Timeout: 30 * time.Second}
+// HTTPError is a non-2xx answer.
+type HTTPError = httpretry.HTTPError
+
+// get sends method u asking for JSON (body, when not nil, is a JSON
+// request body; apiKey, when set, goes in "Authorization: Bearer KEY",
+// never in the URL, where errors and proxies would show it), again on 429
+// and 5xx, and returns the body of the first 2xx answer. what names the
+// provider in errors.
+func (o HTTPOptions) get(ctx context.Context, what, method, u, apiKey string, body []byte) ([]byte, error) {
+	client := cmp.Or(o.Client, &http.Client{Timeout: 30 * time.Second})
+	p := httpretry.Policy{Attempts: o.MaxAttempts, MaxBackoff: o.MaxBackoff, MaxRetryAfter: o.MaxRetryAfter, Sleep: o.Sleep}
+	if p.Attempts <= 0 {
+		p.Attempts = 5
 	}
-	attempts := o.MaxAttempts
-	if attempts <= 0 {
-		attempts = 5
+	if p.MaxBackoff <= 0 {
+		p.MaxBackoff = time.Minute
 	}
-	maxBackoff := o.MaxBackoff
-	if maxBackoff <= 0 {
-		maxBackoff = time.Minute
+	if p.MaxRetryAfter <= 0 {
+		p.MaxRetryAfter = DefaultMaxRetryAfter
 	}
-	maxRetryAfter := o.MaxRetryAfter
-	if maxRetryAfter <= 0 {
-		maxRetryAfter = DefaultMaxRetryAfter
+	if p.Sleep == nil {
+		p.Sleep = sleepCtx
 	}
-	sleep := o.Sleep
-	if sleep == nil {
-		sleep = sleepCtx
-	}
-	var body []byte
-	err := httpretry.Do(ctx, what, httpretry.Policy{Attempts: attempts, MaxBackoff: maxBackoff, MaxRetryAfter: maxRetryAfter, Sleep: sleep},
-		func(ctx context.Context) (time.Duration, bool, error) {
-			b, retryAfter, err := o.once(ctx, client, newReq)
-			body = b
-			var he *HTTPError
-			return retryAfter, errors.As(err, &he) && (he.Status == http.StatusTooManyRequests || he.Status >= 500), err
-		})
+	var answer []byte
+	err := httpretry.Do(ctx, what, p, func(ctx context.Context) (time.Duration, bool, error) {
+		req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
+		if err != nil {
+			return 0, false, err
+		}
+		req.Header.Set("Accept", "application/json")
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if apiKey != "" {
+			req.Header.Set("Authorization", "Bearer "+apiKey)
+		}
+		b, retryAfter, err := once(client, req)
+		answer = b
+		var he *HTTPError
+		return retryAfter, errors.As(err, &he) && (he.Status == http.StatusTooManyRequests || he.Status >= 500), err
+	})
 	if err != nil {
 		return nil, err
 	}
-	return body, nil
+	return answer, nil
 }
 
-func (o HTTPOptions) once(ctx context.Context, client *http.Client, newReq func(context.Context) (*http.Request, error)) ([]byte, time.Duration, error) {
-	req, err := newReq(ctx)
-	if err != nil {
-		return nil, 0, err
-	}
+func once(client *http.Client, req *http.Request) ([]byte, time.Duration, error) {
 	resp, err := client.Do(req)
 	if err != nil {
 		// Without the URL: it can be long (vast.ai's query) and the
@@ -100,4 +112,27 @@ func (o HTTPOptions) once(ctx context.Context, client *http.Client, newReq func(
 		return nil, 0, fmt.Errorf("answer larger than %d MiB", maxAnswerBytes>>20)
 	}
 	return body, 0, nil
+}
+
+// retryAfter parses a Retry-After header (seconds or an HTTP date).
+func retryAfter(h string) time.Duration {
+	h = strings.TrimSpace(h)
+	if s, err := strconv.Atoi(h); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(h); err == nil {
+		return max(0, time.Until(t))
+	}
+	return 0
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -1,13 +1,15 @@
 package prices
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -15,13 +17,7 @@ import (
 const DefaultLambdaURL = "https://cloud.lambda.ai"
 
 // Lambda fetches Lambda Cloud's on-demand instance types from
-// GET {BaseURL}/api/v1/instance-types, whose answer is
-//
-//	{"data": {"gpu_8x_h100_sxm5": {"instance_type": {"name", "description",
-//	  "gpu_description", "price_cents_per_hour", "specs": {"vcpus",
-//	  "memory_gib", "storage_gib", "gpus"}},
-//	  "regions_with_capacity_available": [{"name", "description"}]}, ...}}
-//
+// GET {BaseURL}/api/v1/instance-types ({"data": {NAME: lambdaInstanceType}}).
 // Each instance type gives one offer per region with capacity now (an
 // instance type without capacity gives none); the offer's price is
 // price_cents_per_hour / 100 for all specs.gpus GPUs, so its per-GPU price
@@ -30,8 +26,7 @@ const DefaultLambdaURL = "https://cloud.lambda.ai"
 type Lambda struct {
 	// BaseURL of the API (DefaultLambdaURL if empty).
 	BaseURL string
-	// APIKey is sent as "Authorization: Bearer KEY" (Lambda's API needs
-	// one).
+	// APIKey is sent as a Bearer token (Lambda's API needs one).
 	APIKey string
 	HTTPOptions
 }
@@ -39,29 +34,10 @@ type Lambda struct {
 // Name implements Provider.
 func (*Lambda) Name() string { return "lambda" }
 
-// Offers implements Provider.
-func (l *Lambda) Offers(ctx context.Context) ([]Offer, error) {
-	offers, _, err := l.FetchOffers(ctx)
-	return offers, err
-}
-
-// FetchOffers implements CountingProvider.
+// FetchOffers implements Provider.
 func (l *Lambda) FetchOffers(ctx context.Context) ([]Offer, int, error) {
-	base := strings.TrimRight(l.BaseURL, "/")
-	if base == "" {
-		base = DefaultLambdaURL
-	}
-	body, err := l.get(ctx, "Lambda instance types from "+base, func(ctx context.Context) (*http.Request, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/instance-types", nil)
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Accept", "application/json")
-		if l.APIKey != "" {
-			req.Header.Set("Authorization", "Bearer "+l.APIKey)
-		}
-		return req, nil
-	})
+	base := cmp.Or(strings.TrimRight(l.BaseURL, "/"), DefaultLambdaURL)
+	body, err := l.get(ctx, "Lambda instance types from "+base, http.MethodGet, base+"/api/v1/instance-types", l.APIKey, nil)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -98,22 +74,14 @@ func ParseLambdaInstanceTypes(body []byte, provider string) (offers []Offer, ski
 	if doc.Data == nil {
 		return nil, 0, errors.New(`Lambda instance types: no "data" object`)
 	}
-	names := make([]string, 0, len(doc.Data))
-	for k := range doc.Data {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
+	for _, k := range slices.Sorted(maps.Keys(doc.Data)) {
 		var it lambdaInstanceType
 		if err := json.Unmarshal(doc.Data[k], &it); err != nil {
 			skipped++
 			continue
 		}
 		t := it.InstanceType
-		gpu := strings.TrimSpace(t.GPUDescription)
-		if gpu == "" {
-			gpu = strings.TrimSpace(stripCount(t.Description))
-		}
+		gpu := cmp.Or(strings.TrimSpace(t.GPUDescription), strings.TrimSpace(stripCount(t.Description)))
 		n := 0
 		if g := t.Specs.GPUs; g == math.Trunc(g) && g >= 1 && g <= math.MaxInt32 {
 			n = int(g)
@@ -122,10 +90,7 @@ func ParseLambdaInstanceTypes(body []byte, provider string) (offers []Offer, ski
 		if t.PriceCentsPerHour != nil {
 			price = *t.PriceCentsPerHour / 100
 		}
-		name := t.Name
-		if name == "" {
-			name = k
-		}
+		name := cmp.Or(t.Name, k)
 		o := Offer{ID: name, Provider: provider, GPUName: gpu, NumGPUs: n, USDPerHour: price, GPURAMGB: float64(ParseGPUModel(gpu).MemGB)}
 		if o.Validate() != nil {
 			skipped++
@@ -152,8 +117,3 @@ func stripCount(s string) string {
 	}
 	return s
 }
-
-var (
-	_ CountingProvider = (*Lambda)(nil)
-	_ CountingProvider = (*VastAI)(nil)
-)

@@ -1,7 +1,9 @@
 package prices
 
 import (
+	"cmp"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -106,13 +108,7 @@ var (
 	sxmRe       = regexp.MustCompile(`^sxm[0-9]?$`)
 )
 
-func isSep(r rune) bool {
-	switch r {
-	case ' ', '\t', '-', '_', '/', ',', '(', ')':
-		return true
-	}
-	return false
-}
+func isSep(r rune) bool { return strings.ContainsRune(" \t-_/,()", r) }
 
 // ParseGPUModel reads a GPU name for matching (the rules are Matcher's).
 func ParseGPUModel(name string) GPUModel {
@@ -145,25 +141,13 @@ func parseGPUName(name string) GPUModel {
 	return m
 }
 
-func isDigits(s string) bool {
-	for _, r := range s {
-		if r < '0' || r > '9' {
-			return false
-		}
-	}
-	return s != ""
-}
+func isDigits(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
 
 // score says whether the candidate c names the GPU that q names, and on
 // how many stated attributes they agree; -1: it does not.
 func (q GPUModel) score(c GPUModel) int {
-	if len(q.Tokens) == 0 || len(q.Tokens) != len(c.Tokens) {
+	if len(q.Tokens) == 0 || !slices.Equal(q.Tokens, c.Tokens) {
 		return -1
-	}
-	for i := range q.Tokens {
-		if q.Tokens[i] != c.Tokens[i] {
-			return -1
-		}
 	}
 	s := 0
 	switch {
@@ -207,10 +191,7 @@ func CanonicalGPUName(name string) string {
 		return strings.TrimSpace(name)
 	}
 	if len(m.Tokens) == 1 && multiForm[m.Tokens[0]] {
-		form := m.Form
-		if form == "" {
-			form = "sxm"
-		}
+		form := cmp.Or(m.Form, "sxm")
 		m.Tokens = append(m.Tokens, form)
 	}
 	return strings.ToUpper(strings.Join(m.Tokens, " "))

@@ -9,9 +9,11 @@
 package prices
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -42,14 +44,6 @@ type Offer struct {
 	// Spot: the offer is interruptible (spot, low priority, community
 	// spot); its price is kept apart from the on-demand prices.
 	Spot bool `json:"spot,omitempty"`
-}
-
-// Pricing names the offer's kind of price: "spot" or "on-demand".
-func (o Offer) Pricing() string {
-	if o.Spot {
-		return "spot"
-	}
-	return "on-demand"
 }
 
 // PerGPUHour is the offer's price per GPU-hour.
@@ -85,26 +79,11 @@ func (o Offer) Validate() error {
 type Provider interface {
 	// Name is a short name for logs and alerts ("vastai", "file").
 	Name() string
-	// Offers returns the offers available now.
-	Offers(ctx context.Context) ([]Offer, error)
-}
-
-// CountingProvider is a Provider that also says how many entries of its
-// answer it skipped because they could not be priced (a missing price, no
-// GPU count, a field of the wrong type): the rest of the answer is kept.
-type CountingProvider interface {
-	Provider
+	// FetchOffers returns the offers available now, and how many entries
+	// of the answer it skipped because they could not be priced (a
+	// missing price, no GPU count, a field of the wrong type): the rest of
+	// the answer is kept.
 	FetchOffers(ctx context.Context) (offers []Offer, skipped int, err error)
-}
-
-// FetchOffers asks p for its offers, with the skipped count where p
-// counts them.
-func FetchOffers(ctx context.Context, p Provider) ([]Offer, int, error) {
-	if c, ok := p.(CountingProvider); ok {
-		return c.FetchOffers(ctx)
-	}
-	offers, err := p.Offers(ctx)
-	return offers, 0, err
 }
 
 // Key is how GPU model names are matched: case-insensitively, with runs of
@@ -213,33 +192,23 @@ func ByModel(offers []Offer) map[string]ModelPrice {
 	return out
 }
 
-// median of sorted values.
+// median of sorted values (not empty).
 func median(sorted []float64) float64 {
 	n := len(sorted)
-	if n == 0 {
-		return 0
-	}
 	if n%2 == 1 {
 		return sorted[n/2]
 	}
 	return (sorted[n/2-1] + sorted[n/2]) / 2
 }
 
-// Cheapest returns the on-demand offer of gpuName (matched by ModelKey)
-// with the lowest per-GPU price, whichever provider it comes from.
-func Cheapest(offers []Offer, gpuName string) (Offer, bool) {
-	mp, ok := ByModel(offers)[ModelKey(gpuName)]
-	return mp.CheapestOffer, ok && mp.Offers > 0
-}
-
-// Weights of a recommendation score; they are normalised to sum to 1.
-type Weights struct {
-	Price, Reliability, PerfPerDollar float64
-}
-
-// DefaultWeights: price matters most, then reliability (a cheap machine
-// that disappears mid-run costs a restart), then performance per dollar.
-var DefaultWeights = Weights{Price: 0.4, Reliability: 0.3, PerfPerDollar: 0.3}
+// The recommendation score's weights (they sum to 1): price matters most,
+// then reliability (a cheap machine that disappears mid-run costs a
+// restart), then performance per dollar.
+const (
+	weightPrice       = 0.4
+	weightReliability = 0.3
+	weightPerf        = 0.3
+)
 
 // Scored is an offer with its recommendation score in [0, 1].
 type Scored struct {
@@ -250,32 +219,22 @@ type Scored struct {
 // Recommend ranks the valid offers of gpuName (all models if empty), best
 // first. Each offer scores
 //
-//	w.Price·(cheapest per-GPU price / its per-GPU price)
-//	+ w.Reliability·reliability
-//	+ w.PerfPerDollar·(its dlperf per $ / the best dlperf per $)
+//	0.4·(cheapest per-GPU price / its per-GPU price)
+//	+ 0.3·reliability
+//	+ 0.3·(its dlperf per $ / the best dlperf per $)
 //
-// with the weights normalised to sum 1, so the score is in [0, 1]; an
-// unknown dlperf counts 0. An offer whose reliability is unknown is scored
-// on the other two terms alone (their weights normalised to sum 1): it is
-// neither ranked as unreliable nor as reliable. Offers not known to reach
-// minReliability are left out (0 keeps all).
-func Recommend(offers []Offer, gpuName string, w Weights, minReliability float64) []Scored {
+// in [0, 1]; an unknown dlperf counts 0. An offer whose reliability is
+// unknown is scored on the other two terms alone (their weights scaled to
+// sum 1): it is neither ranked as unreliable nor as reliable.
+func Recommend(offers []Offer, gpuName string) []Scored {
 	var cand []Offer
 	for _, o := range offers {
-		if o.Validate() != nil || (gpuName != "" && ModelKey(o.GPUName) != ModelKey(gpuName)) {
-			continue
+		if o.Validate() == nil && (gpuName == "" || ModelKey(o.GPUName) == ModelKey(gpuName)) {
+			cand = append(cand, o)
 		}
-		if minReliability > 0 && (o.Reliability == nil || *o.Reliability < minReliability) {
-			continue
-		}
-		cand = append(cand, o)
 	}
 	if len(cand) == 0 {
 		return nil
-	}
-	sum := w.Price + w.Reliability + w.PerfPerDollar
-	if !(sum > 0) {
-		w, sum = DefaultWeights, 1
 	}
 	minPrice, maxPerf := math.Inf(1), 0.0
 	for _, o := range cand {
@@ -284,26 +243,19 @@ func Recommend(offers []Offer, gpuName string, w Weights, minReliability float64
 	}
 	out := make([]Scored, len(cand))
 	for i, o := range cand {
-		s, of := w.Price*(minPrice/o.PerGPUHour()), sum
+		s, of := weightPrice*(minPrice/o.PerGPUHour()), 1.0
 		if maxPerf > 0 {
-			s += w.PerfPerDollar * (o.DLPerfPerUSD / maxPerf)
+			s += weightPerf * (o.DLPerfPerUSD / maxPerf)
 		}
 		if o.Reliability != nil {
-			s += w.Reliability * *o.Reliability
+			s += weightReliability * *o.Reliability
 		} else {
-			of -= w.Reliability
+			of -= weightReliability
 		}
-		score := 0.0 // reliability is all the weights ask about, and unknown
-		if of > 0 {
-			score = s / of
-		}
-		out[i] = Scored{Offer: o, Score: score}
+		out[i] = Scored{Offer: o, Score: s / of}
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		if out[i].Score != out[j].Score {
-			return out[i].Score > out[j].Score
-		}
-		return out[i].PerGPUHour() < out[j].PerGPUHour()
+	slices.SortStableFunc(out, func(a, b Scored) int { // best score first, then cheapest
+		return cmp.Or(cmp.Compare(b.Score, a.Score), cmp.Compare(a.PerGPUHour(), b.PerGPUHour()))
 	})
 	return out
 }
@@ -370,15 +322,6 @@ type AlertRule struct {
 // average of at least 3 earlier fetches.
 var DefaultAlertRule = AlertRule{Window: 24 * time.Hour, MinPoints: 3, Drop: 0.10, Surge: 0.20}
 
-// Validate checks the rule.
-func (r AlertRule) Validate() error {
-	if r.Window <= 0 || r.MinPoints < 1 || !(r.Drop > 0 && r.Drop < 1) || !(r.Surge > 0) {
-		return fmt.Errorf("price alert rule: window %v, min points %d, drop %v, surge %v: want window > 0, min points >= 1, 0 < drop < 1, surge > 0",
-			r.Window, r.MinPoints, r.Drop, r.Surge)
-	}
-	return nil
-}
-
 // Price states of a model.
 const (
 	StateNormal = "normal"
@@ -422,21 +365,7 @@ func (r AlertRule) Check(history []Point, p Point, prev string) Change {
 	case c.Change > r.Surge:
 		c.State = StateSurge
 	}
-	if prev == "" {
-		prev = StateNormal
-	}
+	prev = cmp.Or(prev, StateNormal)
 	c.Fire = c.State != StateNormal && c.State != prev
 	return c
-}
-
-// Walk runs Check over a whole series (sorted by time) and returns the
-// verdict for each point.
-func (r AlertRule) Walk(series []Point) []Change {
-	out := make([]Change, len(series))
-	state := StateNormal
-	for i, p := range series {
-		out[i] = r.Check(series[:i], p, state)
-		state = out[i].State
-	}
-	return out
 }

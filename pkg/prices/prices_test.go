@@ -48,7 +48,12 @@ func loadSeries(t *testing.T, path string) []Point {
 // the 5 % move and the recovery do not.
 func TestAlertsOnFixtureSeries(t *testing.T) {
 	series := loadSeries(t, "testdata/rtx4090_series.csv")
-	got := DefaultAlertRule.Walk(series)
+	got := make([]Change, len(series))
+	state := StateNormal
+	for i, p := range series {
+		got[i] = DefaultAlertRule.Check(series[:i], p, state)
+		state = got[i].State
+	}
 	fired := map[int]Change{}
 	for i, c := range got {
 		if c.Fire {
@@ -152,32 +157,23 @@ func TestParseVastAIFixture(t *testing.T) {
 	if h := by["h100 sxm"]; h.Cheapest != 18.12/8 || h.Offers != 2 {
 		t.Errorf("H100: %+v", h)
 	}
-	if c, ok := Cheapest(offers, "h100-sxm"); !ok || c.ID != "13390116" {
-		t.Errorf("cheapest h100-sxm: %+v %v", c, ok)
+	if c := by[ModelKey("h100-sxm")].CheapestOffer; c.ID != "13390116" {
+		t.Errorf("cheapest h100-sxm: %+v", c)
 	}
-	if _, ok := Cheapest(offers, "B200"); ok {
+	if _, ok := by[ModelKey("B200")]; ok {
 		t.Error("cheapest of a model without offers")
 	}
 }
 
 func TestRecommend(t *testing.T) {
 	offers := fixtureOffers(t)
-	rec := Recommend(offers, "rtx 4090", DefaultWeights, 0)
+	rec := Recommend(offers, "rtx 4090")
 	if len(rec) != 3 {
 		t.Fatalf("%d recommendations", len(rec))
 	}
 	// The cheapest offer also has the best dlperf/$ and good reliability.
 	if rec[0].ID != "13254871" || rec[0].Score <= rec[1].Score || rec[0].Score > 1 {
 		t.Errorf("ranking %+v", rec)
-	}
-	// Unreliable offers can be filtered out.
-	if r := Recommend(offers, "rtx 4090", DefaultWeights, 0.95); len(r) != 2 {
-		t.Errorf("min reliability 0.95 kept %d offers", len(r))
-	}
-	// Reliability weight alone ranks by reliability.
-	r := Recommend(offers, "RTX 4090", Weights{Reliability: 1}, 0)
-	if r[0].ID != "13011702" || r[2].ID != "12880040" {
-		t.Errorf("by reliability: %v %v %v", r[0].ID, r[1].ID, r[2].ID)
 	}
 }
 
@@ -194,7 +190,7 @@ func TestPriceListCSVAndJSON(t *testing.T) {
 		t.Errorf("csv offers %+v", offers)
 	}
 	f := &File{Path: "testdata/vastai_offers.json"}
-	if _, err := f.Offers(context.Background()); err == nil || !strings.Contains(err.Error(), "1 offer(s)") {
+	if _, _, err := f.FetchOffers(context.Background()); err == nil || !strings.Contains(err.Error(), "1 offer(s)") {
 		t.Errorf("a hand-made list with an unpriceable offer: %v", err)
 	}
 	for _, bad := range []string{
@@ -262,12 +258,12 @@ func TestVastAIClient(t *testing.T) {
 	}))
 	defer srv.Close()
 	var waits []time.Duration
-	c := &VastAI{BaseURL: srv.URL + "/", APIKey: "k3y", Sleep: func(_ context.Context, d time.Duration) error {
+	c := &VastAI{BaseURL: srv.URL + "/", APIKey: "k3y", HTTPOptions: HTTPOptions{Sleep: func(_ context.Context, d time.Duration) error {
 		waits = append(waits, d)
 		return nil
-	}}
+	}}}
 	fail.Store(2)
-	offers, err := c.Offers(context.Background())
+	offers, _, err := c.FetchOffers(context.Background())
 	if err != nil || len(offers) != 6 {
 		t.Fatalf("offers %d, err %v", len(offers), err)
 	}
@@ -278,7 +274,7 @@ func TestVastAIClient(t *testing.T) {
 	calls.Store(0)
 	fail.Store(100)
 	c.MaxAttempts = 3
-	_, err = c.Offers(context.Background())
+	_, _, err = c.FetchOffers(context.Background())
 	var he *HTTPError
 	if !errors.As(err, &he) || he.Status != 429 || calls.Load() != 3 {
 		t.Errorf("err %v after %d calls", err, calls.Load())
@@ -287,7 +283,7 @@ func TestVastAIClient(t *testing.T) {
 	calls.Store(0)
 	fail.Store(0)
 	c.APIKey = "wrong"
-	if _, err := c.Offers(context.Background()); !errors.As(err, &he) || he.Status != 401 || calls.Load() != 1 {
+	if _, _, err := c.FetchOffers(context.Background()); !errors.As(err, &he) || he.Status != 401 || calls.Load() != 1 {
 		t.Errorf("401: err %v after %d calls", err, calls.Load())
 	}
 }
@@ -314,11 +310,11 @@ func TestVastAIRetryAfterBeyondBackoff(t *testing.T) {
 	}))
 	defer srv.Close()
 	var waits []time.Duration
-	c := &VastAI{BaseURL: srv.URL, Sleep: func(_ context.Context, d time.Duration) error {
+	c := &VastAI{BaseURL: srv.URL, HTTPOptions: HTTPOptions{Sleep: func(_ context.Context, d time.Duration) error {
 		waits = append(waits, d)
 		return nil
-	}}
-	if _, err := c.Offers(context.Background()); err != nil {
+	}}}
+	if _, _, err := c.FetchOffers(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if len(waits) != 2 || waits[0] != 300*time.Second || waits[1] != DefaultMaxRetryAfter {

@@ -290,16 +290,16 @@ func TestProvidersRetryRateLimits(t *testing.T) {
 	as, page2Calls, _ := azureServer(t, 2)
 	for _, tc := range []struct {
 		name  string
-		p     func(HTTPOptions) CountingProvider
+		p     func(HTTPOptions) Provider
 		calls *atomic.Int32
 	}{
-		{"lambda", func(o HTTPOptions) CountingProvider {
+		{"lambda", func(o HTTPOptions) Provider {
 			return &Lambda{BaseURL: ls.URL, APIKey: "lambda-key", HTTPOptions: o}
 		}, lcalls},
-		{"runpod", func(o HTTPOptions) CountingProvider {
+		{"runpod", func(o HTTPOptions) Provider {
 			return &RunPod{URL: rs.URL + "/graphql", APIKey: "runpod-key", HTTPOptions: o}
 		}, rcalls},
-		{"azure", func(o HTTPOptions) CountingProvider { return &Azure{BaseURL: as.URL, HTTPOptions: o} }, page2Calls},
+		{"azure", func(o HTTPOptions) Provider { return &Azure{BaseURL: as.URL, HTTPOptions: o} }, page2Calls},
 	} {
 		var waits []time.Duration
 		offers, _, err := tc.p(recordSleeps(&waits)).FetchOffers(context.Background())

@@ -21,7 +21,7 @@ func TestUnknownReliabilityIsNullAndUnranked(t *testing.T) {
 	if rel["unknown"] != nil || rel["half"] == nil || *rel["half"] != 0.5 || rel["zero"] == nil || *rel["zero"] != 0 {
 		t.Fatalf("reliabilities unknown %v, half %v, zero %v: want nil, 0.5, 0", rel["unknown"], rel["half"], rel["zero"])
 	}
-	rec := Recommend(offers, "X1", DefaultWeights, 0)
+	rec := Recommend(offers, "X1")
 	if len(rec) != 3 {
 		t.Fatalf("%d recommendations", len(rec))
 	}
@@ -35,10 +35,6 @@ func TestUnknownReliabilityIsNullAndUnranked(t *testing.T) {
 		if rec[i].ID != w.id || abs(rec[i].Score-w.score) > 1e-9 {
 			t.Errorf("rank %d: %s score %v, want %s score %v", i+1, rec[i].ID, rec[i].Score, w.id, w.score)
 		}
-	}
-	// A floor on reliability keeps only offers known to meet it.
-	if r := Recommend(offers, "X1", DefaultWeights, 0.4); len(r) != 1 || r[0].ID != "half" {
-		t.Errorf("min reliability 0.4 kept %v, want only half", r)
 	}
 }
 

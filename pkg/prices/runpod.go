@@ -1,7 +1,7 @@
 package prices
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,11 +18,8 @@ const RunPodQuery = `query { gpuTypes { id displayName memoryInGb securePrice co
 	`lowestPrice(input:{gpuCount:1}) { minimumBidPrice uninterruptablePrice stockStatus } } }`
 
 // RunPod fetches RunPod's GPU types by POSTing RunPodQuery to its GraphQL
-// endpoint, whose answer is {"data": {"gpuTypes": [{"id", "displayName",
-// "memoryInGb", "securePrice", "communityPrice", "secureSpotPrice",
-// "communitySpotPrice", "lowestPrice": {"minimumBidPrice",
-// "uninterruptablePrice", "stockStatus"}}, ...]}} ({"errors": [...]} when
-// the query fails). RunPod prices one GPU for an hour; a GPU type gives up
+// endpoint ({"data": {"gpuTypes": [runpodGPUType]}}, or {"errors": [...]}
+// when the query fails). RunPod prices one GPU for an hour; a GPU type gives up
 // to four offers of one GPU: Secure Cloud and Community Cloud, each
 // on-demand (securePrice, communityPrice) and spot (secureSpotPrice,
 // communitySpotPrice), those with a price > 0. A GPU type whose
@@ -30,8 +27,7 @@ const RunPodQuery = `query { gpuTypes { id displayName memoryInGb securePrice co
 type RunPod struct {
 	// URL of the GraphQL endpoint (DefaultRunPodURL if empty).
 	URL string
-	// APIKey is sent as "Authorization: Bearer KEY" (not in the URL, where
-	// error messages and proxies would show it).
+	// APIKey is sent as a Bearer token (HTTPOptions.get).
 	APIKey string
 	HTTPOptions
 }
@@ -39,31 +35,11 @@ type RunPod struct {
 // Name implements Provider.
 func (*RunPod) Name() string { return "runpod" }
 
-// Offers implements Provider.
-func (r *RunPod) Offers(ctx context.Context) ([]Offer, error) {
-	offers, _, err := r.FetchOffers(ctx)
-	return offers, err
-}
-
-// FetchOffers implements CountingProvider.
+// FetchOffers implements Provider.
 func (r *RunPod) FetchOffers(ctx context.Context) ([]Offer, int, error) {
-	u := r.URL
-	if u == "" {
-		u = DefaultRunPodURL
-	}
+	u := cmp.Or(r.URL, DefaultRunPodURL)
 	q, _ := json.Marshal(map[string]string{"query": RunPodQuery})
-	body, err := r.get(ctx, "RunPod GPU types from "+u, func(ctx context.Context) (*http.Request, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(q))
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json")
-		if r.APIKey != "" {
-			req.Header.Set("Authorization", "Bearer "+r.APIKey)
-		}
-		return req, nil
-	})
+	body, err := r.get(ctx, "RunPod GPU types from "+u, http.MethodPost, u, r.APIKey, q)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -115,14 +91,8 @@ func ParseRunPodGPUTypes(body []byte, provider string) (offers []Offer, skipped 
 			skipped++
 			continue
 		}
-		name := strings.TrimSpace(g.DisplayName)
-		if name == "" {
-			name = strings.TrimSpace(g.ID)
-		}
-		id := g.ID
-		if id == "" {
-			id = name
-		}
+		name := cmp.Or(strings.TrimSpace(g.DisplayName), strings.TrimSpace(g.ID))
+		id := cmp.Or(g.ID, name)
 		var these []Offer
 		bad := false
 		for _, p := range []struct {
@@ -157,5 +127,3 @@ func ParseRunPodGPUTypes(body []byte, provider string) (offers []Offer, skipped 
 	}
 	return offers, skipped, nil
 }
-
-var _ CountingProvider = (*RunPod)(nil)

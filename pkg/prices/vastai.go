@@ -2,6 +2,7 @@ package prices
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,9 +11,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
-	"time"
 )
 
 // DefaultVastAIURL is vast.ai's API server.
@@ -32,22 +31,8 @@ type VastAI struct {
 	APIKey string
 	// Query is the JSON search query; empty: rentable on-demand offers.
 	Query string
-	// Client is the HTTP client (a 30 s timeout one if nil).
-	Client *http.Client
-	// MaxAttempts on HTTP 429 and 5xx; 0: 5.
-	MaxAttempts int
-	// MaxBackoff caps the exponential backoff between attempts; 0: 60 s.
-	MaxBackoff time.Duration
-	// MaxRetryAfter caps the wait a Retry-After header asks for (a rate
-	// limit often asks for minutes); 0: 10 min.
-	MaxRetryAfter time.Duration
-	// Sleep waits between attempts (tests replace it); nil: a timer
-	// that ends early when ctx does.
-	Sleep func(ctx context.Context, d time.Duration) error
+	HTTPOptions
 }
-
-// DefaultMaxRetryAfter is the longest Retry-After the client honours.
-const DefaultMaxRetryAfter = 10 * time.Minute
 
 // DefaultVastAIQuery asks for rentable on-demand offers.
 const DefaultVastAIQuery = `{"rentable":{"eq":true},"rented":{"eq":false},"type":"on-demand","limit":1000}`
@@ -70,10 +55,7 @@ type vastOffer struct {
 }
 
 func (v vastOffer) offer(provider string) Offer {
-	rel := v.Reliability2
-	if rel == nil {
-		rel = v.Reliability
-	}
+	rel := cmp.Or(v.Reliability2, v.Reliability)
 	n := 0 // a fraction of GPUs cannot be priced per GPU: skipped
 	if v.NumGPUs == math.Trunc(v.NumGPUs) && v.NumGPUs >= 1 && v.NumGPUs <= math.MaxInt32 {
 		n = int(v.NumGPUs)
@@ -123,75 +105,13 @@ func ParseVastAIOffers(r io.Reader, provider string) (offers []Offer, skipped in
 	return offers, skipped, nil
 }
 
-// HTTPError is a non-2xx answer.
-type HTTPError struct {
-	Status int
-	Body   string
-}
-
-func (e *HTTPError) Error() string {
-	return fmt.Sprintf("HTTP %d: %s", e.Status, e.Body)
-}
-
-// Offers implements Provider. HTTP 429 and 5xx are retried with capped
-// exponential backoff and jitter, waiting at least what Retry-After says
-// (up to MaxRetryAfter).
-func (v *VastAI) Offers(ctx context.Context) ([]Offer, error) {
-	offers, _, err := v.FetchOffers(ctx)
-	return offers, err
-}
-
-// FetchOffers implements CountingProvider.
+// FetchOffers implements Provider.
 func (v *VastAI) FetchOffers(ctx context.Context) ([]Offer, int, error) {
-	base := strings.TrimRight(v.BaseURL, "/")
-	if base == "" {
-		base = DefaultVastAIURL
-	}
-	q := v.Query
-	if q == "" {
-		q = DefaultVastAIQuery
-	}
-	u := base + "/api/v0/bundles/?q=" + url.QueryEscape(q)
-	opts := HTTPOptions{Client: v.Client, MaxAttempts: v.MaxAttempts, MaxBackoff: v.MaxBackoff, MaxRetryAfter: v.MaxRetryAfter, Sleep: v.Sleep}
-	body, err := opts.get(ctx, "vast.ai offers from "+base, func(ctx context.Context) (*http.Request, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Accept", "application/json")
-		if v.APIKey != "" {
-			req.Header.Set("Authorization", "Bearer "+v.APIKey)
-		}
-		return req, nil
-	})
+	base := cmp.Or(strings.TrimRight(v.BaseURL, "/"), DefaultVastAIURL)
+	q := cmp.Or(v.Query, DefaultVastAIQuery)
+	body, err := v.get(ctx, "vast.ai offers from "+base, http.MethodGet, base+"/api/v0/bundles/?q="+url.QueryEscape(q), v.APIKey, nil)
 	if err != nil {
 		return nil, 0, err
 	}
 	return ParseVastAIOffers(bytes.NewReader(body), v.Name())
-}
-
-// retryAfter parses a Retry-After header (seconds or an HTTP date).
-func retryAfter(h string) time.Duration {
-	h = strings.TrimSpace(h)
-	if h == "" {
-		return 0
-	}
-	if s, err := strconv.Atoi(h); err == nil && s >= 0 {
-		return time.Duration(s) * time.Second
-	}
-	if t, err := http.ParseTime(h); err == nil {
-		return max(0, time.Until(t))
-	}
-	return 0
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

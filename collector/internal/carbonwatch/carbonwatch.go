@@ -6,16 +6,17 @@
 package carbonwatch
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,21 +128,11 @@ type ZoneStats struct {
 
 // New returns a watcher; nothing is fetched before Start or Fetch.
 func New(cfg Config, log *slog.Logger) *Watcher {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Interval == 0 {
-		cfg.Interval = DefaultInterval
-	}
-	if cfg.Carry == 0 {
-		cfg.Carry = DefaultCarry
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Timeout: 30 * time.Second}
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
+	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
+	cfg.Carry = cmp.Or(cfg.Carry, DefaultCarry)
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
+	cfg.Client = cmp.Or(cfg.Client, &http.Client{Timeout: 30 * time.Second})
 	w := &Watcher{cfg: cfg, log: log, hours: map[string]map[int64]float64{}, schedule: lifecycle.NewPeriodic("carbon watcher")}
 	w.sleepFn = func(ctx context.Context, d time.Duration) error {
 		select {
@@ -225,21 +216,16 @@ func (w *Watcher) Fetch(ctx context.Context) error {
 			m[p.hour] = p.g
 		}
 		oldest := w.cfg.Clock.Now().Add(-Retention).Unix()
-		for h := range m {
-			if h < oldest {
-				delete(m, h)
-			}
-		}
+		maps.DeleteFunc(m, func(h int64, _ float64) bool { return h < oldest })
 		w.mu.Unlock()
 	}
 	err := errors.Join(errs...)
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stats.LastError = ""
 	if err != nil {
 		w.stats.LastError = err.Error()
-	} else {
-		w.stats.LastError = ""
 	}
-	w.mu.Unlock()
 	return err
 }
 
@@ -247,14 +233,6 @@ type point struct {
 	hour int64
 	g    float64
 }
-
-// HTTPError is a non-2xx answer.
-type HTTPError struct {
-	Status int
-	Body   string
-}
-
-func (e *HTTPError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Status, e.Body) }
 
 // get fetches one endpoint for zone, retrying HTTP 429, 5xx and transport
 // errors with capped exponential backoff and jitter (at least what
@@ -268,7 +246,7 @@ func (w *Watcher) get(ctx context.Context, path, zone string) ([]point, int, err
 			var retryAfter time.Duration
 			var err error
 			pts, skipped, retryAfter, err = w.getOnce(ctx, u, zone)
-			var he *HTTPError
+			var he *httpretry.HTTPError
 			var bad *BadAnswerError
 			retryable := (!errors.As(err, &he) || he.Status == http.StatusTooManyRequests || he.Status >= 500) && !errors.As(err, &bad)
 			return retryAfter, retryable, err
@@ -314,7 +292,7 @@ func (w *Watcher) getOnce(ctx context.Context, u, zone string) ([]point, int, ti
 		if s, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("Retry-After"))); err == nil && s > 0 {
 			ra = time.Duration(s) * time.Second
 		}
-		return nil, 0, ra, &HTTPError{Status: resp.StatusCode, Body: strings.TrimSpace(string(body))}
+		return nil, 0, ra, &httpretry.HTTPError{Status: resp.StatusCode, Body: strings.TrimSpace(string(body))}
 	}
 	pts, skipped, err := parseAnswer(io.LimitReader(resp.Body, maxBody), zone)
 	return pts, skipped, 0, err
@@ -347,12 +325,11 @@ func parseAnswer(r io.Reader, zone string) ([]point, int, error) {
 	var pts []point
 	skipped := 0
 	for _, r := range raw {
-		p, ok := parseEntry(r, zone)
-		if !ok {
+		if p, ok := parseEntry(r, zone); ok {
+			pts = append(pts, p)
+		} else {
 			skipped++
-			continue
 		}
-		pts = append(pts, p)
 	}
 	return pts, skipped, nil
 }
@@ -362,31 +339,20 @@ func parseAnswer(r io.Reader, zone string) ([]point, int, error) {
 // negative or non-finite one, or without a valid datetime is skipped.
 func parseEntry(r json.RawMessage, zone string) (point, bool) {
 	var e entry
-	if err := json.Unmarshal(r, &e); err != nil {
-		return point{}, false
-	}
-	if (e.Zone != "" && e.Zone != zone) || e.CarbonIntensity == nil {
+	if err := json.Unmarshal(r, &e); err != nil || (e.Zone != "" && e.Zone != zone) || e.CarbonIntensity == nil {
 		return point{}, false
 	}
 	g := *e.CarbonIntensity
-	if math.IsNaN(g) || math.IsInf(g, 0) || g < 0 {
-		return point{}, false
-	}
 	t, err := time.Parse(time.RFC3339Nano, e.Datetime)
-	if err != nil {
+	if err != nil || math.IsNaN(g) || math.IsInf(g, 0) || g < 0 {
 		return point{}, false
 	}
 	return point{hour: t.Truncate(time.Hour).Unix(), g: g}, true
 }
 
-// Intensity is zone's intensity in the hour that contains at: the hour's
-// own, else the latest earlier hour's up to Carry older; false when none.
-func (w *Watcher) Intensity(zone string, at time.Time) (float64, bool) {
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	return w.lookup(zone, at.Truncate(time.Hour).Unix())
-}
-
+// lookup is zone's intensity in the hour starting at hour (Unix s): the
+// hour's own, else the latest earlier hour's up to Carry older; false when
+// none. Call with mu held.
 func (w *Watcher) lookup(zone string, hour int64) (float64, bool) {
 	m := w.hours[zone]
 	if g, ok := m[hour]; ok {
@@ -398,18 +364,6 @@ func (w *Watcher) lookup(zone string, hour int64) (float64, bool) {
 		}
 	}
 	return 0, false
-}
-
-// Hours lists zone's fetched hours, oldest first (for tests and status).
-func (w *Watcher) Hours(zone string) []time.Time {
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	hs := make([]time.Time, 0, len(w.hours[zone]))
-	for h := range w.hours[zone] {
-		hs = append(hs, time.Unix(h, 0).UTC())
-	}
-	sort.Slice(hs, func(i, j int) bool { return hs[i].Before(hs[j]) })
-	return hs
 }
 
 // SplitCarbon implements cost.CarbonSource: joules over [start, end) are

@@ -111,7 +111,7 @@ func TestFetchHistoryAndLatest(t *testing.T) {
 		{t0.Add(-150 * time.Minute), 0, false}, // 09:30: no earlier hour to carry
 		{t0.Add(-2*time.Hour + time.Minute), 500, true},
 	} {
-		if g, ok := w.Intensity("DE", c.at); ok != c.ok || g != c.want {
+		if g, ok := intensity(w, "DE", c.at); ok != c.ok || g != c.want {
 			t.Errorf("%v: %v %v, want %v %v", c.at, g, ok, c.want, c.ok)
 		}
 	}
@@ -188,7 +188,7 @@ func TestRetriesAndBadAnswers(t *testing.T) {
 	}
 	api.mu.Unlock()
 	for z, want := range map[string]float64{"DE": 100, "FR": 50} {
-		if g, ok := w.Intensity(z, t0); !ok || g != want {
+		if g, ok := intensity(w, z, t0); !ok || g != want {
 			t.Errorf("%s after a bad answer: %v %v, want the last good %v", z, g, ok, want)
 		}
 	}
@@ -223,7 +223,7 @@ func TestScheduleOnTheClock(t *testing.T) {
 	api.mu.Unlock()
 	clk.Advance(time.Hour) // the ticker exists once Start returned; the tick is delivered to the loop
 	testkit.Eventually(t, "the scheduled fetch", func() bool { return w.Stats().Fetches == 2 })
-	if g, ok := w.Intensity("DE", t0.Add(time.Hour)); !ok || g != 90 {
+	if g, ok := intensity(w, "DE", t0.Add(time.Hour)); !ok || g != 90 {
 		t.Errorf("after the tick: %v %v", g, ok)
 	}
 	if err := w.Shutdown(t.Context()); err != nil {
@@ -244,4 +244,11 @@ func TestConfigValidate(t *testing.T) {
 	if err := (Config{BaseURL: "https://api.electricitymap.org"}).Validate(); err == nil || !strings.Contains(err.Error(), "no zone") {
 		t.Errorf("no zone: %v", err)
 	}
+}
+
+// intensity is zone's intensity in the hour that contains at.
+func intensity(w *Watcher, zone string, at time.Time) (float64, bool) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.lookup(zone, at.Truncate(time.Hour).Unix())
 }

@@ -7,6 +7,7 @@
 package pricewatch
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -50,8 +51,6 @@ type Config struct {
 	// Interval between scheduled fetches (the first at Start); 0: no
 	// schedule (fetch on demand).
 	Interval time.Duration
-	// Rule decides price alerts; zero: prices.DefaultAlertRule.
-	Rule prices.AlertRule
 	// Clock; nil: the wall clock.
 	Clock clock.Clock
 	// MaxOfferAge: a fetched catalog whose last good answer is older is
@@ -72,18 +71,6 @@ const MinDefaultMaxOfferAge = 24 * time.Hour
 // catalog goes stale), at least MinDefaultMaxOfferAge.
 func DefaultMaxOfferAge(interval time.Duration) time.Duration {
 	return max(MinDefaultMaxOfferAge, 3*interval)
-}
-
-// Validate checks the config.
-func (c Config) Validate() error {
-	return errors.Join(ValidateSchedule(c.Interval, c.MaxOfferAge), c.validateRule())
-}
-
-func (c Config) validateRule() error {
-	if c.Rule != (prices.AlertRule{}) {
-		return c.Rule.Validate()
-	}
-	return nil
 }
 
 // ValidateSchedule checks a fetch interval and a max offer age (0: the
@@ -162,9 +149,10 @@ func (s snapshot) currentOffers(now time.Time, maxAge time.Duration) []prices.Of
 	return out
 }
 
-// result is how the catalog stands at now, as a fetch reports it.
+// result is how the catalog stands at now.
 func (c catalog) result(now time.Time, maxAge time.Duration) ProviderResult {
-	r := ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError, Stale: c.staleAt(now, maxAge)}
+	r := ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError, Stale: c.staleAt(now, maxAge),
+		Imported: c.Imported, ErrTime: c.LastErrorTime}
 	if !c.Time.IsZero() {
 		r.Age = max(0, now.Sub(c.Time))
 	}
@@ -215,18 +203,11 @@ type Watcher struct {
 // keeping its last good catalog); none: no fetching, history, imports and
 // queries only. rec may be nil (no alerts).
 func New(cfg Config, providers []prices.Provider, st storage.Records, rec *alert.Recorder, log *slog.Logger) *Watcher {
-	if cfg.Rule == (prices.AlertRule{}) {
-		cfg.Rule = prices.DefaultAlertRule
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
 	if cfg.MaxOfferAge <= 0 {
 		cfg.MaxOfferAge = DefaultMaxOfferAge(cfg.Interval)
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	w := &Watcher{cfg: cfg, providers: providers, store: st, rec: rec, log: log, byKey: map[string]prices.ModelPrice{}, schedule: lifecycle.NewPeriodic("price watcher")}
 	if b, err := st.GetRecord(NSOffers, "catalogs"); err == nil {
 		var s snapshot
@@ -270,11 +251,7 @@ func (w *Watcher) rebuild(now time.Time) {
 		w.log.Warn(allStaleWarning(maxAge))
 	}
 	by := prices.ByModel(all)
-	keys := make([]string, 0, len(by))
-	for k := range by {
-		keys = append(keys, k)
-	}
-	w.all, w.byKey, w.match, w.resolved = all, by, prices.NewMatcher(keys), map[string]string{}
+	w.all, w.byKey, w.match, w.resolved = all, by, prices.NewMatcher(slices.Collect(maps.Keys(by))), map[string]string{}
 	w.nextStale, w.stale, w.allStale = next, stale, allStale
 }
 
@@ -402,6 +379,10 @@ type ProviderResult struct {
 	// is a current price; Age is theirs when the result was made.
 	Stale bool
 	Age   time.Duration
+	// Imported: the catalog came from `trainmeter prices import`.
+	Imported bool
+	// ErrTime is when Err happened.
+	ErrTime time.Time
 }
 
 // ErrNoProvider: the collector has no price provider configured.
@@ -409,18 +390,13 @@ var ErrNoProvider = errors.New("no price provider configured: start the collecto
 	"(any of them; keys in $TRAINMETER_VASTAI_KEY, $TRAINMETER_LAMBDA_KEY, $TRAINMETER_RUNPOD_KEY or --vastai-key-file, --lambda-key-file, --runpod-key-file) " +
 	"or `--price-provider file --price-file FILE`, or load a price list now with `trainmeter prices import FILE`")
 
-type fetched struct {
-	offers  []prices.Offer
-	skipped int
-	err     error
-}
-
 // Fetch gets offers from every provider now (together), records each
 // model's price point over all of them, and fires the price alerts due. A
 // provider whose fetch fails (down, rate-limited past its retries, an
 // answer that is not its API's, or no offer that can be priced) keeps its
 // last good catalog and its error is in the result; only when every
-// provider fails is the fetch an error, and nothing is recorded.
+// provider fails is the fetch an error (the errors go to Status), and
+// nothing is recorded.
 func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 	if len(w.providers) == 0 {
 		return FetchResult{}, ErrNoProvider
@@ -436,20 +412,18 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 		pctx, cancel = context.WithTimeout(ctx, time.Until(dl)*9/10)
 		defer cancel()
 	}
-	got := make([]fetched, len(w.providers))
+	got, gotErr := make([]catalog, len(w.providers)), make([]error, len(w.providers))
 	var wg sync.WaitGroup
 	for i, p := range w.providers {
 		wg.Go(func() {
-			offers, skipped, err := prices.FetchOffers(pctx, p)
+			offers, skipped, err := p.FetchOffers(pctx)
 			if err == nil && len(offers) == 0 {
 				err = fmt.Errorf("%s returned no offers that can be priced (%s skipped)", p.Name(), plural.N(skipped, "entry"))
 			}
 			for j := range offers {
-				if offers[j].Provider == "" {
-					offers[j].Provider = p.Name()
-				}
+				offers[j].Provider = cmp.Or(offers[j].Provider, p.Name())
 			}
-			got[i] = fetched{offers, skipped, err}
+			got[i], gotErr[i] = catalog{Provider: p.Name(), Offers: offers, Skipped: skipped}, err
 		})
 	}
 	wg.Wait()
@@ -462,21 +436,21 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 	var errs []error
 	for i, p := range w.providers {
 		configured[p.Name()] = true
-		g := got[i]
-		if g.err == nil {
-			next.Catalogs = append(next.Catalogs, catalog{Provider: p.Name(), Time: now, Offers: g.offers, Skipped: g.skipped})
+		if gotErr[i] == nil {
+			got[i].Time = now
+			next.Catalogs = append(next.Catalogs, got[i])
 			continue
 		}
-		errs = append(errs, fmt.Errorf("%s: %w", p.Name(), g.err))
+		errs = append(errs, fmt.Errorf("%s: %w", p.Name(), gotErr[i]))
 		c, _ := prev.catalog(p.Name()) // keep the last good answer
-		c.Provider, c.Imported, c.LastError, c.LastErrorTime = p.Name(), false, g.err.Error(), now
+		c.Provider, c.Imported, c.LastError, c.LastErrorTime = p.Name(), false, gotErr[i].Error(), now
 		next.Catalogs = append(next.Catalogs, c)
 	}
 	if len(errs) == len(w.providers) {
 		// Nothing new: keep the catalog as it is, errors aside (the
 		// status shows them).
 		w.setErrors(now, next.Catalogs)
-		return FetchResult{Providers: w.results(now)}, errors.Join(errs...)
+		return FetchResult{}, errors.Join(errs...)
 	}
 	for _, c := range prev.Catalogs {
 		if c.Imported && !configured[c.Provider] {
@@ -493,56 +467,31 @@ func (w *Watcher) setErrors(now time.Time, failed []catalog) {
 	w.mu.Lock()
 	s := w.latest
 	w.mu.Unlock()
-	cats := append([]catalog(nil), s.Catalogs...)
+	s.Catalogs = slices.Clone(s.Catalogs)
 	for _, f := range failed {
-		found := false
-		for i := range cats {
-			if cats[i].Provider == f.Provider {
-				cats[i].LastError, cats[i].LastErrorTime, found = f.LastError, f.LastErrorTime, true
-			}
-		}
-		if !found {
-			cats = append(cats, f)
+		if i := slices.IndexFunc(s.Catalogs, func(c catalog) bool { return c.Provider == f.Provider }); i >= 0 {
+			s.Catalogs[i].LastError, s.Catalogs[i].LastErrorTime = f.LastError, f.LastErrorTime
+		} else {
+			s.Catalogs = append(s.Catalogs, f)
 		}
 	}
-	s.Catalogs = cats
 	if b, err := json.Marshal(s); err == nil {
 		_ = w.store.PutRecord(NSOffers, "catalogs", b)
 	}
 	w.setLatest(s)
 }
 
-// results is how each catalog stands at now.
-func (w *Watcher) results(now time.Time) []ProviderResult {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := make([]ProviderResult, 0, len(w.latest.Catalogs))
-	for _, c := range w.latest.Catalogs {
-		out = append(out, c.result(now, w.cfg.MaxOfferAge))
-	}
-	return out
-}
-
-// ProviderStatus is how one provider's catalog stands.
-type ProviderStatus struct {
-	ProviderResult
-	// Imported: the catalog came from `trainmeter prices import`.
-	Imported bool
-	// ErrTime is when Err happened.
-	ErrTime time.Time
-}
-
 // Status is how every provider's catalog stands, configured providers
 // first, in their order.
-func (w *Watcher) Status() []ProviderStatus {
+func (w *Watcher) Status() []ProviderResult {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	now := w.refresh()
-	var out []ProviderStatus
+	var out []ProviderResult
 	seen := map[string]bool{}
 	add := func(c catalog) {
 		seen[c.Provider] = true
-		out = append(out, ProviderStatus{ProviderResult: c.result(now, w.cfg.MaxOfferAge), Imported: c.Imported, ErrTime: c.LastErrorTime})
+		out = append(out, c.result(now, w.cfg.MaxOfferAge))
 	}
 	for _, p := range w.providers {
 		if c, ok := w.latest.catalog(p.Name()); ok {
@@ -592,9 +541,7 @@ func groupByProvider(offers []prices.Offer, now time.Time) []catalog {
 	var out []catalog
 	idx := map[string]int{}
 	for _, o := range offers {
-		if o.Provider == "" {
-			o.Provider = "import"
-		}
+		o.Provider = cmp.Or(o.Provider, "import")
 		i, ok := idx[o.Provider]
 		if !ok {
 			i = len(out)
@@ -604,12 +551,6 @@ func groupByProvider(offers []prices.Offer, now time.Time) []catalog {
 		out[i].Offers = append(out[i].Offers, o)
 	}
 	return out
-}
-
-// Record stores offers taken at now as the whole catalog, one per
-// provider they name (tests call it to feed a series).
-func (w *Watcher) Record(ctx context.Context, now time.Time, offers []prices.Offer) (FetchResult, error) {
-	return w.commit(ctx, snapshot{Time: now, Catalogs: groupByProvider(offers, now)})
 }
 
 // commit stores the merged catalog s, records each model's price point
@@ -630,13 +571,8 @@ func (w *Watcher) commit(ctx context.Context, s snapshot) (FetchResult, error) {
 	if err := w.store.PutRecord(NSOffers, "catalogs", b); err != nil {
 		return res, err
 	}
-	keys := make([]string, 0, len(by))
-	for k := range by {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	var errs []error
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(by)) {
 		mp := by[k]
 		hist, err := w.history(k, now.Add(-Retention))
 		if err != nil {
@@ -657,7 +593,7 @@ func (w *Watcher) commit(ctx context.Context, s snapshot) (FetchResult, error) {
 		if b, err := w.store.GetRecord(NSPriceState, k); err == nil {
 			prev = string(b)
 		}
-		c := w.cfg.Rule.Check(toPoints(hist, ""), p, prev)
+		c := prices.DefaultAlertRule.Check(toPoints(hist, ""), p, prev)
 		if c.State != prev {
 			_ = w.store.PutRecord(NSPriceState, k, []byte(c.State))
 		}
@@ -688,7 +624,7 @@ func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c pr
 		Kind: alert.KindPrice, Severity: sev, Scope: mp.GPUName, Threshold: c.Change, Time: now,
 		GPUName: mp.GPUName, PriceUSDPerHour: mp.Median, ReferenceUSDPerHour: c.Reference, Change: c.Change,
 		Message: fmt.Sprintf("%s price %s %+.1f%%: median %s/GPU-h vs %s trailing %s average (on-demand, %s of %s; cheapest %s from %s)",
-			mp.GPUName, what, 100*c.Change, money.Rate(mp.Median), money.Rate(c.Reference), windowLabel(w.cfg.Rule.Window),
+			mp.GPUName, what, 100*c.Change, money.Rate(mp.Median), money.Rate(c.Reference), fmt.Sprintf("%d h", prices.DefaultAlertRule.Window/time.Hour),
 			plural.N(mp.Offers, "offer"), plural.N(onDemandProviders, "provider"), money.Rate(mp.Cheapest), mp.CheapestOffer.Provider),
 	}
 	return w.rec.Fire(ctx, fmt.Sprintf("%s/%s/%020d", alert.KindPrice, k, now.UnixNano()), a)
@@ -698,17 +634,6 @@ var histEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
 // histPrefix is the key prefix of model k's history.
 func histPrefix(k string) string { return histEscaper.Replace(k) + "/" }
-
-// windowLabel writes a window for people: "24 h", "90 min".
-func windowLabel(d time.Duration) string {
-	switch {
-	case d > 0 && d%time.Hour == 0:
-		return fmt.Sprintf("%d h", d/time.Hour)
-	case d > 0 && d%time.Minute == 0:
-		return fmt.Sprintf("%d min", d/time.Minute)
-	}
-	return d.String()
-}
 
 func histKey(k string, t time.Time) string {
 	return fmt.Sprintf("%s%020d", histPrefix(k), t.UnixNano())
@@ -828,8 +753,12 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 	if provider != "" {
 		c, ok := latest.catalog(provider)
 		if ok && len(c.Offers) > 0 && c.staleAt(now, maxAge) {
+			lastErr := ""
+			if c.LastError != "" {
+				lastErr = " (last error: " + c.LastError + ")"
+			}
 			return nil, fmt.Errorf("the catalog of provider %q is stale: its last good answer (%s) is %v old, older than the max offer age %v, so its offers are no current prices%s",
-				provider, c.Time.UTC().Format(time.RFC3339), now.Sub(c.Time).Round(time.Second), maxAge, lastError(c))
+				provider, c.Time.UTC().Format(time.RFC3339), now.Sub(c.Time).Round(time.Second), maxAge, lastErr)
 		}
 		if !ok || len(c.Offers) == 0 {
 			var have []string
@@ -839,11 +768,14 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 				}
 			}
 			sort.Strings(have)
-			return nil, fmt.Errorf("no offers from provider %q in the catalog (providers with offers: %s)", provider, orNone(have))
+			if len(have) == 0 {
+				have = []string{"none"}
+			}
+			return nil, fmt.Errorf("no offers from provider %q in the catalog (providers with offers: %s)", provider, strings.Join(have, ", "))
 		}
 		all, by, fetchedAt = c.Offers, prices.ByModel(c.Offers), c.Time
 	}
-	var keys []string
+	keys := slices.Sorted(maps.Keys(by))
 	if gpu != "" {
 		if _, ok := by[k]; !found || !ok {
 			if provider != "" {
@@ -855,11 +787,6 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 			return nil, fmt.Errorf("no offers for GPU %q in the latest fetch", gpu)
 		}
 		keys = []string{k}
-	} else {
-		for k := range by {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
 	}
 	var out []ModelView
 	for _, k := range keys {
@@ -873,24 +800,10 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 			v.Trends[win.Name] = prices.TrendOver(pts, now, win.D)
 		}
 		if gpu != "" && recommend > 0 {
-			rec := prices.Recommend(all, k, prices.DefaultWeights, 0)
+			rec := prices.Recommend(all, k)
 			v.Recommended = rec[:min(recommend, len(rec))]
 		}
 		out = append(out, v)
 	}
 	return out, nil
-}
-
-func lastError(c catalog) string {
-	if c.LastError == "" {
-		return ""
-	}
-	return " (last error: " + c.LastError + ")"
-}
-
-func orNone(names []string) string {
-	if len(names) == 0 {
-		return "none"
-	}
-	return strings.Join(names, ", ")
 }

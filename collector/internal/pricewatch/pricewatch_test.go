@@ -77,7 +77,7 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 	ctx := context.Background()
 	var alerts []int
 	for i, f := range []float64{1, 1, 1, 1.05, 1, 0.88, 1, 1.25} {
-		res, err := w.Record(ctx, t0.Add(time.Duration(i)*time.Hour), scaled(base, f))
+		res, err := record(ctx, w, t0.Add(time.Duration(i)*time.Hour), scaled(base, f))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +109,7 @@ func TestRecordAlertsAndRestart(t *testing.T) {
 	if p, ok := w.CurrentPrice("H100 SXM"); !ok || p != 18.12/8 {
 		t.Errorf("after restart: H100 price %v %v", p, ok)
 	}
-	res, err := w.Record(ctx, t0.Add(8*time.Hour), scaled(base, 1.24))
+	res, err := record(ctx, w, t0.Add(8*time.Hour), scaled(base, 1.24))
 	if err != nil || res.Alerts != 0 {
 		t.Errorf("still high after a restart: %d alerts (%v), want none", res.Alerts, err)
 	}
@@ -140,7 +140,7 @@ func TestCurrentPriceOfNVMLNames(t *testing.T) {
 	if _, ok := w.CurrentPrice("NVIDIA H100 80GB HBM3"); ok {
 		t.Fatal("a price before any fetch")
 	}
-	if _, err := w.Record(context.Background(), time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), fixture(t)); err != nil {
+	if _, err := record(context.Background(), w, time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), fixture(t)); err != nil {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]float64{
@@ -177,7 +177,7 @@ func TestHistoryOfModelsWithSlashes(t *testing.T) {
 		{ID: "2", GPUName: "L40/48GB", NumGPUs: 1, USDPerHour: 1},
 	}
 	for i := range 5 {
-		res, err := w.Record(context.Background(), t0.Add(time.Duration(i)*time.Hour), offers)
+		res, err := record(context.Background(), w, t0.Add(time.Duration(i)*time.Hour), offers)
 		if err != nil || res.Alerts != 0 || res.Models != 1 {
 			t.Fatalf("fetch %d: %d models, %d alerts (%v), want one model and no alert: the prices did not move", i, res.Models, res.Alerts, err)
 		}
@@ -269,4 +269,10 @@ func TestScheduledFetch(t *testing.T) {
 	if p, _ := w.CurrentPrice("L40S"); p != 0.8 {
 		t.Errorf("an empty fetch changed the price to %v", p)
 	}
+}
+
+// record stores offers taken at now as the whole catalog, one per provider
+// they name.
+func record(ctx context.Context, w *Watcher, now time.Time, offers []prices.Offer) (FetchResult, error) {
+	return w.commit(ctx, snapshot{Time: now, Catalogs: groupByProvider(offers, now)})
 }

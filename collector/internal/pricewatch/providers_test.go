@@ -94,7 +94,7 @@ func newFourProviders(t *testing.T) fourProviders {
 		return []byte(strings.Replace(string(body), `"{{NEXT}}"`, string(next), 1))
 	})
 	f.list = []prices.Provider{
-		&prices.VastAI{BaseURL: f.vast.srv.URL, MaxAttempts: 2, Sleep: noWait.Sleep},
+		&prices.VastAI{BaseURL: f.vast.srv.URL, HTTPOptions: noWait},
 		&prices.Lambda{BaseURL: f.lambda.srv.URL, APIKey: "k", HTTPOptions: noWait},
 		&prices.RunPod{URL: f.runpod.srv.URL + "/graphql", APIKey: "k", HTTPOptions: noWait},
 		&prices.Azure{BaseURL: f.azure.srv.URL, HTTPOptions: noWait},
@@ -167,7 +167,8 @@ func TestFetchSeveralProviders(t *testing.T) {
 		h.CheapestSpot != 1.75 || h.CheapestSpotOffer.Provider != "runpod" || h.CheapestOffer.Provider != "vastai" {
 		t.Errorf("H100 SXM over all providers: %+v", h)
 	}
-	c, ok := prices.Cheapest(w.all, "RTX 4090")
+	mp, ok := prices.ByModel(w.all)[prices.ModelKey("RTX 4090")]
+	c := mp.CheapestOffer
 	if !ok || c.Provider != "runpod" || c.Spot {
 		t.Errorf("cheapest RTX 4090 %+v", c)
 	}
@@ -234,7 +235,7 @@ func TestProviderDownOrMalformedKeepsItsCatalog(t *testing.T) {
 	}
 	// The status survives a restart.
 	w2 := New(Config{Clock: clk}, f.list, st, nil, quiet())
-	var down ProviderStatus
+	var down ProviderResult
 	for _, s := range w2.Status() {
 		if s.Provider == "lambda" {
 			down = s
@@ -285,7 +286,7 @@ func TestAlertsAndTrendsAcrossProviders(t *testing.T) {
 	}
 	var alerts []int
 	for i, o := range [][]prices.Offer{offers(0.4, 0.4, 0.2), offers(0.4, 0.4, 0.1), offers(0.4, 0.4, 0.3), offers(0.4, 0.4, 0.05), offers(0.3, 0.3, 0.05), offers(0.3, 0.3, 0.05)} {
-		res, err := w.Record(context.Background(), t0.Add(time.Duration(i)*time.Hour), o)
+		res, err := record(context.Background(), w, t0.Add(time.Duration(i)*time.Hour), o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -415,7 +416,7 @@ func TestImportBesideFetchedProviders(t *testing.T) {
 }
 
 // statusOf is provider's entry of the watcher's status.
-func statusOf(t *testing.T, w *Watcher, provider string) ProviderStatus {
+func statusOf(t *testing.T, w *Watcher, provider string) ProviderResult {
 	t.Helper()
 	for _, s := range w.Status() {
 		if s.Provider == provider {
@@ -423,7 +424,7 @@ func statusOf(t *testing.T, w *Watcher, provider string) ProviderStatus {
 		}
 	}
 	t.Fatalf("no status for provider %s", provider)
-	return ProviderStatus{}
+	return ProviderResult{}
 }
 
 // TestStaleProviderStopsCountingAsCurrent: a provider whose API fails (HTTP
@@ -494,7 +495,7 @@ func TestStaleProviderStopsCountingAsCurrent(t *testing.T) {
 	if where, ok := w.CurrentOffer("NVIDIA GeForce RTX 4090"); !ok || !strings.HasPrefix(where, "vastai") {
 		t.Errorf("RTX 4090's offer at %q", where)
 	}
-	if c, ok := prices.Cheapest(w.all, "RTX 4090"); !ok || c.Provider != "vastai" {
+	if c := prices.ByModel(w.all)[prices.ModelKey("RTX 4090")].CheapestOffer; c.Provider != "vastai" {
 		t.Errorf("cheapest RTX 4090 %+v", c)
 	}
 	run := func(id, gpu string, tokPerS, usd float64) recommend.Run {

@@ -1,10 +1,12 @@
 package pricewatch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -33,24 +35,16 @@ func offerProto(o prices.Offer, score float64) *trainmeterv1.PriceOffer {
 	}
 }
 
-func statusProto(p ProviderResult, imported bool, errTime time.Time) *trainmeterv1.PriceProviderStatus {
-	s := &trainmeterv1.PriceProviderStatus{Provider: p.Provider, Offers: uint32(p.Offers), Skipped: uint32(p.Skipped), Error: p.Err, Imported: imported,
+func statusProto(p ProviderResult) *trainmeterv1.PriceProviderStatus {
+	s := &trainmeterv1.PriceProviderStatus{Provider: p.Provider, Offers: uint32(p.Offers), Skipped: uint32(p.Skipped), Error: p.Err, Imported: p.Imported,
 		Stale: p.Stale, AgeS: p.Age.Seconds()}
 	if !p.Fetched.IsZero() {
 		s.Fetched = timestamppb.New(p.Fetched)
 	}
-	if !errTime.IsZero() {
-		s.ErrorTime = timestamppb.New(errTime)
+	if !p.ErrTime.IsZero() {
+		s.ErrorTime = timestamppb.New(p.ErrTime)
 	}
 	return s
-}
-
-func (s *Service) statuses() []*trainmeterv1.PriceProviderStatus {
-	var out []*trainmeterv1.PriceProviderStatus
-	for _, st := range s.w.Status() {
-		out = append(out, statusProto(st.ProviderResult, st.Imported, st.ErrTime))
-	}
-	return out
 }
 
 // ListPrices implements PriceService.
@@ -59,8 +53,11 @@ func (s *Service) ListPrices(_ context.Context, req *trainmeterv1.ListPricesRequ
 	if err != nil {
 		return nil, status.Error(codes.NotFound, err.Error())
 	}
-	resp := &trainmeterv1.ListPricesResponse{Provider: s.w.Provider(), Providers: s.statuses(),
+	resp := &trainmeterv1.ListPricesResponse{Provider: s.w.Provider(),
 		MaxOfferAgeS: s.w.MaxOfferAge().Seconds(), Warning: s.w.StaleWarning()}
+	for _, st := range s.w.Status() {
+		resp.Providers = append(resp.Providers, statusProto(st))
+	}
 	for _, v := range views {
 		g := &trainmeterv1.GpuPrice{
 			GpuName: v.GPUName, CheapestUsdPerGpuHour: v.Cheapest, MedianUsdPerGpuHour: v.Median, Offers: uint32(v.Offers),
@@ -73,10 +70,7 @@ func (s *Service) ListPrices(_ context.Context, req *trainmeterv1.ListPricesRequ
 		if v.SpotOffers > 0 {
 			g.CheapestSpot = offerProto(v.CheapestSpotOffer, 0)
 		}
-		for name := range v.Providers {
-			g.Providers = append(g.Providers, name)
-		}
-		sort.Strings(g.Providers)
+		g.Providers = slices.Sorted(maps.Keys(v.Providers))
 		for _, win := range Windows {
 			t := v.Trends[win.Name]
 			g.Trends = append(g.Trends, &trainmeterv1.PriceTrend{Window: win.Name, Change: t.Change, MinUsd: t.Min, MaxUsd: t.Max, MeanUsd: t.Mean, Points: uint32(t.Points)})
@@ -101,7 +95,8 @@ func (s *Service) FetchPrices(ctx context.Context, _ *trainmeterv1.FetchPricesRe
 	}
 	resp := &trainmeterv1.FetchPricesResponse{Offers: uint32(res.Offers), GpuModels: uint32(res.Models), Alerts: uint32(res.Alerts)}
 	for _, p := range res.Providers {
-		resp.Providers = append(resp.Providers, statusProto(p, false, time.Time{}))
+		p.Imported, p.ErrTime = false, time.Time{} // ListPrices's status says these
+		resp.Providers = append(resp.Providers, statusProto(p))
 	}
 	return resp, nil
 }
@@ -121,9 +116,7 @@ func (s *Service) ImportPrices(ctx context.Context, req *trainmeterv1.ImportPric
 			USDPerHour: o.GetUsdPerHour(), Reliability: o.Reliability, DLPerfPerUSD: o.GetDlperfPerUsd(),
 			Location: o.GetLocation(), InetDownMbps: o.GetInetDownMbps(), Spot: o.GetSpot(),
 		}
-		if off.Provider == "" {
-			off.Provider = "import"
-		}
+		off.Provider = cmp.Or(off.Provider, "import")
 		if err := off.Validate(); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "offer %d: %v", i+1, err)
 		}
