@@ -150,7 +150,7 @@ func (a *authorizer) allowsAll(b *trainmeterv1.Batch) bool {
 		}
 	}
 	for _, e := range b.GetRunEvents() {
-		if e.GetRunStart() == nil && a.check(eventRun(e), nanosOf(aggregate.EventTime(e)), nil) != "" {
+		if e.GetRunStart() == nil && a.check(aggregate.EventRunID(e), nanosOf(aggregate.EventTime(e)), nil) != "" {
 			return false
 		}
 	}

@@ -247,25 +247,14 @@ func (g *groupAggs) nodeEntry(txn *badger.Txn, node string) (*nodeEntry, error) 
 func (g *groupAggs) write(txn *badger.Txn) error {
 	for _, r := range g.order {
 		st := g.state[r]
-		if len(st.Nodes) <= 1 && !st.GetNodesApart() {
-			// One node (most runs): one value, as cheap as it gets.
-			v, err := st.Marshal()
-			if err != nil {
-				return err
-			}
-			if err := txn.Set(aggKey(r), v); err != nil {
-				return err
-			}
-			st.ForgetChangedNodes()
-			g.sizes[r] = len(v)
-			continue
-		}
-		v, err := st.MarshalApart()
+		n, err := putAgg(txn, r, st)
 		if err != nil {
 			return err
 		}
-		if err := txn.Set(aggKey(r), v); err != nil {
-			return err
+		if !st.GetNodesApart() {
+			st.ForgetChangedNodes()
+			g.sizes[r] = n
+			continue
 		}
 		for _, name := range st.TakeChangedNodes() {
 			nv, err := st.MarshalNode(name)
@@ -276,7 +265,7 @@ func (g *groupAggs) write(txn *badger.Txn) error {
 				return err
 			}
 		}
-		g.sizes[r] = len(v) + len(st.Nodes)*encodedNodeEstimate
+		g.sizes[r] = n + len(st.Nodes)*encodedNodeEstimate
 	}
 	for _, n := range g.nodeOrder {
 		if e := g.nodes[n]; e.due() {
@@ -286,6 +275,21 @@ func (g *groupAggs) write(txn *badger.Txn) error {
 		}
 	}
 	return nil
+}
+
+// putAgg writes a run's aggregate, whole (one node, most runs: one value,
+// as cheap as it gets) or without its node states (MarshalApart: the
+// caller writes those that changed), and returns its encoded size.
+func putAgg(txn *badger.Txn, run string, st *aggregate.State) (int, error) {
+	marshal := st.MarshalApart
+	if len(st.Nodes) <= 1 && !st.GetNodesApart() {
+		marshal = st.Marshal
+	}
+	v, err := marshal()
+	if err != nil {
+		return 0, err
+	}
+	return len(v), txn.Set(aggKey(run), v)
 }
 
 // finish keeps the folded aggregates and node statuses in the caches when

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -156,23 +157,7 @@ const moveChunk = 2000
 func (s *Store) moveRunWindows(id string, d deletion) (moved int, err error) {
 	prefix := append(key("w/", id), 0)
 	for {
-		type rec struct {
-			k, v      []byte
-			expiresAt uint64
-		}
-		var recs []rec
-		err := s.db.View(func(txn *badger.Txn) error {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
-			defer it.Close()
-			for it.Rewind(); it.Valid() && len(recs) < moveChunk; it.Next() {
-				v, err := it.Item().ValueCopy(nil)
-				if err != nil {
-					return err
-				}
-				recs = append(recs, rec{it.Item().KeyCopy(nil), v, it.Item().ExpiresAt()})
-			}
-			return nil
-		})
+		recs, err := view(s, func(txn *badger.Txn) ([]rec, error) { return readRecs(txn, prefix, moveChunk, nil) })
 		if err != nil || len(recs) == 0 {
 			return moved, err
 		}
@@ -194,9 +179,7 @@ func (s *Store) moveRunWindows(id string, d deletion) (moved int, err error) {
 				if err != nil {
 					return err
 				}
-				e := badger.NewEntry(deletedWindowKey(string(rest[:len(rest)-21]), rest[len(rest)-20:], d.id), v)
-				e.ExpiresAt = r.expiresAt
-				if err := txn.SetEntry(e); err != nil {
+				if err := setExpiring(txn, rec{deletedWindowKey(string(rest[:len(rest)-21]), rest[len(rest)-20:], d.id), v, r.expiresAt}); err != nil {
 					return err
 				}
 				if err := txn.Delete(r.k); err != nil {
@@ -216,25 +199,16 @@ func (s *Store) moveRunWindows(id string, d deletion) (moved int, err error) {
 // in the period.
 func scanDeletedWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, f func(node string, d *storev1.DeletedRunWindow) error) error {
 	const prefix = "dw/"
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(prefix), PrefetchValues: true})
-	defer it.Close()
-	for it.Rewind(); it.Valid(); it.Next() {
-		k := it.Item().Key()
+	return scan(txn, under([]byte(prefix)), nil, func(k, v []byte) error {
 		if len(k) < len(prefix)+1+28 {
-			continue
+			return nil
 		}
 		d := &storev1.DeletedRunWindow{}
-		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, d) }); err != nil {
+		if err := proto.Unmarshal(v, d); err != nil || !in(d.GetWindow().GetStart()) {
 			return err
 		}
-		if !in(d.GetWindow().GetStart()) {
-			continue
-		}
-		if err := f(string(k[len(prefix):len(k)-29]), d); err != nil {
-			return err
-		}
-	}
-	return nil
+		return f(string(k[len(prefix):len(k)-29]), d)
+	})
 }
 
 // dropDeleted returns b without the records of runs deleted while live (a
@@ -246,40 +220,21 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) (*trainmeterv1.Batch, []delet
 	if len(s.deleted.at) == 0 {
 		return b, nil
 	}
+	gone := func(id string) bool {
+		_, ok := s.deleted.at[id]
+		return ok
+	}
+	if !slices.ContainsFunc(batchRuns(b), gone) {
+		return b, nil
+	}
 	// A run_start after the deletion starts the id afresh: records from
 	// that run_start on are kept.
 	keepFrom := map[string]int64{}
-	hit := false
 	for _, e := range b.GetRunEvents() {
-		id := eventRun(e)
-		at, ok := s.deleted.at[id]
-		if !ok {
-			continue
+		rs := e.GetRunStart()
+		if at, ok := s.deleted.at[rs.GetRunId()]; ok && rs != nil && nanosOf(rs.GetTime()) > at {
+			keepFrom[rs.GetRunId()] = nanosOf(rs.GetTime())
 		}
-		hit = true
-		if rs := e.GetRunStart(); rs != nil && rs.GetTime().AsTime().UnixNano() > at {
-			keepFrom[id] = rs.GetTime().AsTime().UnixNano()
-		}
-	}
-	for _, w := range b.GetRunWindows() {
-		if _, ok := s.deleted.at[w.GetRunId()]; ok {
-			hit = true
-		}
-	}
-	for _, l := range b.GetLosses() {
-		if _, ok := s.deleted.at[l.GetRunId()]; ok {
-			hit = true
-		}
-	}
-	for _, h := range b.GetHostEnergy() {
-		for _, sh := range h.GetRuns() {
-			if _, ok := s.deleted.at[sh.GetRunId()]; ok {
-				hit = true
-			}
-		}
-	}
-	if !hit {
-		return b, nil
 	}
 	// The deletions of the runs whose ids start afresh here, for their
 	// windows before that start.
@@ -293,15 +248,12 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) (*trainmeterv1.Batch, []delet
 		}
 	}
 	keep := func(id string, t int64) bool {
-		if _, gone := s.deleted.at[id]; !gone {
-			from, restarted := keepFrom[id]
-			return !restarted || t >= from
-		}
-		return false
+		from, restarted := keepFrom[id]
+		return !gone(id) && (!restarted || t >= from)
 	}
 	nb := proto.Clone(b).(*trainmeterv1.Batch)
 	nb.RunWindows = nb.RunWindows[:0]
-	var gone []deletedWindow
+	var dropped []deletedWindow
 	for i, w := range b.GetRunWindows() {
 		if keep(w.GetRunId(), w.GetStart().AsTime().UnixNano()) {
 			nb.RunWindows = append(nb.RunWindows, w)
@@ -310,12 +262,12 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) (*trainmeterv1.Batch, []delet
 			if !ok {
 				d = del[w.GetRunId()]
 			}
-			gone = append(gone, deletedWindow{i: i, w: w, d: d})
+			dropped = append(dropped, deletedWindow{i: i, w: w, d: d})
 		}
 	}
 	nb.RunEvents = nb.RunEvents[:0]
 	for _, e := range b.GetRunEvents() {
-		if keep(eventRun(e), aggregate.EventTime(e).AsTime().UnixNano()) {
+		if keep(aggregate.EventRunID(e), aggregate.EventTime(e).AsTime().UnixNano()) {
 			nb.RunEvents = append(nb.RunEvents, e)
 		}
 	}
@@ -331,9 +283,9 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) (*trainmeterv1.Batch, []delet
 	}
 	nb.Losses = nb.Losses[:0]
 	for _, l := range b.GetLosses() {
-		if _, gone := s.deleted.at[l.GetRunId()]; !gone {
+		if !gone(l.GetRunId()) {
 			nb.Losses = append(nb.Losses, l)
 		}
 	}
-	return nb, gone
+	return nb, dropped
 }

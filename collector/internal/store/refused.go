@@ -147,7 +147,7 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node st
 	}
 	nb.RunEvents = nb.RunEvents[:0]
 	for _, e := range b.GetRunEvents() {
-		id := eventRun(e)
+		id := aggregate.EventRunID(e)
 		t := nanosOf(aggregate.EventTime(e))
 		if e.GetRunStart() == nil {
 			if keep(id, t, nil) {

@@ -191,23 +191,11 @@ func (t *Telemetry) OnApplied(node string, b *trainmeterv1.Batch) {
 		note(w.GetRunId())
 	}
 	for _, e := range b.GetRunEvents() {
-		note(eventRun(e))
+		note(aggregate.EventRunID(e))
 	}
 	for _, l := range b.GetLosses() {
 		note(l.GetRunId())
 	}
-}
-
-func eventRun(e *trainmeterv1.RunEvent) string {
-	switch ev := e.GetEvent().(type) {
-	case *trainmeterv1.RunEvent_RunStart:
-		return ev.RunStart.GetRunId()
-	case *trainmeterv1.RunEvent_RunEnd:
-		return ev.RunEnd.GetRunId()
-	case *trainmeterv1.RunEvent_Eval:
-		return ev.Eval.GetRunId()
-	}
-	return ""
 }
 
 // exportedRuns returns the ids of the runs to export (active within
