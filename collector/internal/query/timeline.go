@@ -78,6 +78,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	if !from.IsZero() && !to.IsZero() && !to.After(from) {
 		return nil, status.Errorf(codes.InvalidArgument, "time range: to %v is not after from %v", to, from)
 	}
+	outside := func(t time.Time) bool { return (!from.IsZero() && t.Before(from)) || (!to.IsZero() && !t.Before(to)) }
 	resp := &trainmeterv1.TimelineResponse{RunId: req.GetRunId()}
 
 	all := map[int64]*bucket{}
@@ -97,7 +98,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		if w.GetPhase() == trainmeterv1.Phase_PHASE_MEASURED && (warmupEnd.IsZero() || st.Before(warmupEnd)) {
 			warmupEnd = st
 		}
-		if (!from.IsZero() && st.Before(from)) || (!to.IsZero() && !st.Before(to)) {
+		if outside(st) {
 			continue
 		}
 		sp := spans[nw.Node]
@@ -243,6 +244,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		})
 	}
 
+	var events []*trainmeterv1.TimelineEvent
 	for _, ne := range es {
 		te := &trainmeterv1.TimelineEvent{Node: ne.Node}
 		switch ev := ne.Event.GetEvent().(type) {
@@ -263,26 +265,20 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		default:
 			continue
 		}
-		if t := te.GetTime().AsTime(); (!from.IsZero() && t.Before(from)) || (!to.IsZero() && !t.Before(to)) {
-			continue
-		}
-		resp.Events = append(resp.Events, te)
+		events = append(events, te)
 	}
 	// After the run's own events: a run without warmup starts, then measures.
 	if resp.WarmupEnd != nil {
-		if t := warmupEnd; (from.IsZero() || !t.Before(from)) && (to.IsZero() || t.Before(to)) {
-			resp.Events = append(resp.Events, &trainmeterv1.TimelineEvent{Time: resp.WarmupEnd, Kind: "warmup_end", Text: "measured phase starts"})
-		}
+		events = append(events, &trainmeterv1.TimelineEvent{Time: resp.WarmupEnd, Kind: "warmup_end", Text: "measured phase starts"})
 	}
 	recorded, err := s.recordedEvents(req.GetRunId(), agg.GetRunStart().GetGpuName(), first, last)
 	if err != nil {
 		return nil, s.storeErr(err)
 	}
-	for _, te := range recorded {
-		if t := te.GetTime().AsTime(); (!from.IsZero() && t.Before(from)) || (!to.IsZero() && !t.Before(to)) {
-			continue
+	for _, te := range append(events, recorded...) {
+		if !outside(te.GetTime().AsTime()) {
+			resp.Events = append(resp.Events, te)
 		}
-		resp.Events = append(resp.Events, te)
 	}
 	slices.SortStableFunc(resp.Events, func(a, b *trainmeterv1.TimelineEvent) int { return a.GetTime().AsTime().Compare(b.GetTime().AsTime()) })
 	return resp, nil
