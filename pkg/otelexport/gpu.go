@@ -3,6 +3,7 @@ package otelexport
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -271,38 +272,19 @@ func gpuVendor(info *trainmeterv1.GpuInfo) string {
 // Vendor guesses the GPU vendor from its model name (NVML reports names such
 // as "NVIDIA H100 80GB HBM3"; older boards "Tesla V100-SXM2-16GB").
 func Vendor(model string) string {
-	m := strings.ToUpper(model)
+	words := strings.FieldsFunc(strings.ToUpper(model), func(c rune) bool {
+		return !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9')
+	})
 	for _, v := range []struct{ vendor, hints string }{
 		{"NVIDIA", "NVIDIA TESLA GEFORCE QUADRO RTX TITAN A100 H100 H200 B200 GB200 L40 L4 A10 A30 A40 T4 V100"},
 		{"AMD", "AMD RADEON INSTINCT MI300 MI250 MI210 MI100"},
 		{"Intel", "INTEL ARC GAUDI"},
 	} {
 		for _, h := range strings.Fields(v.hints) {
-			if containsWord(m, h) {
+			if slices.Contains(words, h) {
 				return v.vendor
 			}
 		}
 	}
 	return "unknown"
-}
-
-// containsWord reports whether w occurs in s delimited by non-alphanumerics.
-func containsWord(s, w string) bool {
-	for i := 0; ; {
-		j := strings.Index(s[i:], w)
-		if j < 0 {
-			return false
-		}
-		j += i
-		before := j == 0 || !isAlnum(s[j-1])
-		after := j+len(w) == len(s) || !isAlnum(s[j+len(w)])
-		if before && after {
-			return true
-		}
-		i = j + 1
-	}
-}
-
-func isAlnum(c byte) bool {
-	return c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z'
 }
