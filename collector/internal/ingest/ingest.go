@@ -332,22 +332,13 @@ func (s *Server) handle(log *slog.Logger, sender storage.Sender, m *trainmeterv1
 		}
 	}
 	if err != nil {
-		s.counters.rejected.Add(1)
-		if seq := b.GetSeq(); seq > 0 && seq <= maxSeq {
-			// A seq out of range says nothing of the node's gaps.
-			s.noteSeq(log, node, boot, seq)
-		}
-		log.Warn("batch rejected", "seq", b.GetSeq(), "reason", err.Error())
-		return reject(b.GetSeq(), err.Error()), nil
+		return s.reject(log, sender, b.GetSeq(), err), nil
 	}
 	t0 := time.Now()
 	applied, err := s.store.ApplyBatchResult(sender, b)
 	dup := applied.Duplicate
 	if errors.Is(err, storage.ErrBatchTooLarge) {
-		s.counters.rejected.Add(1)
-		s.noteSeq(log, node, boot, b.GetSeq())
-		log.Warn("batch rejected", "seq", b.GetSeq(), "reason", err.Error())
-		return reject(b.GetSeq(), err.Error()), nil
+		return s.reject(log, sender, b.GetSeq(), err), nil
 	}
 	if err != nil {
 		s.counters.storeErrors.Add(1)
@@ -392,8 +383,14 @@ func (s *Server) handle(log *slog.Logger, sender storage.Sender, m *trainmeterv1
 	return out, nil
 }
 
-func reject(seq uint64, reason string) []*trainmeterv1.StreamResponse {
-	return []*trainmeterv1.StreamResponse{{Msg: &trainmeterv1.StreamResponse_Reject{Reject: &trainmeterv1.Reject{Seq: seq, Reason: reason}}}}
+// reject counts and logs a rejected batch and answers it.
+func (s *Server) reject(log *slog.Logger, sender storage.Sender, seq uint64, err error) []*trainmeterv1.StreamResponse {
+	s.counters.rejected.Add(1)
+	if seq > 0 && seq <= maxSeq { // a seq out of range says nothing of the node's gaps
+		s.noteSeq(log, sender.Node, sender.Boot, seq)
+	}
+	log.Warn("batch rejected", "seq", seq, "reason", err.Error())
+	return []*trainmeterv1.StreamResponse{{Msg: &trainmeterv1.StreamResponse_Reject{Reject: &trainmeterv1.Reject{Seq: seq, Reason: err.Error()}}}}
 }
 
 // noteSeq counts and logs a sequence gap (seqs the collector never saw from
