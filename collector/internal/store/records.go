@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -111,27 +112,14 @@ func (s *Store) ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (b
 		return err
 	}
 	base := key("x/", ns, "")
-	prefix := append(append([]byte(nil), base...), keyPrefix...)
+	prefix := append(bytes.Clone(base), keyPrefix...)
 	return s.db.View(func(txn *badger.Txn) error {
-		opts := badger.DefaultIteratorOptions
-		opts.Prefix = prefix
-		it := txn.NewIterator(opts)
-		defer it.Close()
-		for it.Seek(prefix); it.ValidForPrefix(prefix); it.Next() {
-			item := it.Item()
-			var more bool
-			err := item.Value(func(v []byte) error {
-				var err error
-				more, err = fn(string(item.Key()[len(base):]), v)
-				return err
-			})
-			if err != nil {
-				return err
+		return scan(txn, badger.IteratorOptions{Prefix: prefix, PrefetchSize: 100}, nil, func(k, v []byte) error {
+			more, err := fn(string(k[len(base):]), v)
+			if err == nil && !more {
+				return errStop
 			}
-			if !more {
-				return nil
-			}
-		}
-		return nil
+			return err
+		})
 	})
 }

@@ -194,15 +194,16 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node st
 			nb.Losses = append(nb.Losses, l)
 		}
 	}
-	out := make([]Refusal, 0, len(order))
-	for _, id := range order {
-		out = append(out, *refused[id])
+	return nb, inOrder(order, refused), inOrder(dropOrder, dropped), nil
+}
+
+// inOrder is m's refusals in the order of ids.
+func inOrder(ids []string, m map[string]*Refusal) []Refusal {
+	var out []Refusal
+	for _, id := range ids {
+		out = append(out, *m[id])
 	}
-	var drops []Refusal
-	for _, id := range dropOrder {
-		drops = append(drops, *dropped[id])
-	}
-	return nb, out, drops, nil
+	return out
 }
 
 func nanosOf(ts *timestamppb.Timestamp) int64 { return ts.AsTime().UnixNano() }

@@ -53,7 +53,6 @@ import (
 	"log/slog"
 	"runtime"
 	"slices"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -390,21 +389,17 @@ func aggNodesPrefix(run string) []byte   { return append(key("an/", run), 0) }
 func nodeKey(node string) []byte         { return key("n/", node) }
 
 func (s *Store) lockRuns(node string, runs []string) func() {
-	idx := map[int]bool{}
 	h := func(v string) int {
 		f := fnv.New32a()
 		f.Write([]byte(v))
 		return int(f.Sum32() % lockStripes)
 	}
-	idx[h("node\x00"+node)] = true
+	order := []int{h("node\x00" + node)}
 	for _, r := range runs {
-		idx[h("run\x00"+r)] = true
+		order = append(order, h("run\x00"+r))
 	}
-	order := make([]int, 0, len(idx))
-	for i := range idx {
-		order = append(order, i)
-	}
-	sort.Ints(order)
+	slices.Sort(order)
+	order = slices.Compact(order)
 	for _, i := range order {
 		s.stripe[i].Lock()
 	}
@@ -417,27 +412,23 @@ func (s *Store) lockRuns(node string, runs []string) func() {
 
 // batchRuns lists the run ids a batch touches, sorted.
 func batchRuns(b *trainmeterv1.Batch) []string {
-	set := map[string]bool{}
+	var out []string
 	for _, w := range b.GetRunWindows() {
-		set[w.GetRunId()] = true
+		out = append(out, w.GetRunId())
 	}
 	for _, e := range b.GetRunEvents() {
-		set[aggregate.EventRunID(e)] = true
+		out = append(out, aggregate.EventRunID(e))
 	}
 	for _, l := range b.GetLosses() {
-		set[l.GetRunId()] = true
+		out = append(out, l.GetRunId())
 	}
 	for _, h := range b.GetHostEnergy() {
 		for _, sh := range h.GetRuns() {
-			set[sh.GetRunId()] = true
+			out = append(out, sh.GetRunId())
 		}
 	}
-	out := make([]string, 0, len(set))
-	for r := range set {
-		out = append(out, r)
-	}
-	sort.Strings(out)
-	return out
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // ApplyBatch stores a (validated) batch from node/boot and folds it into the
