@@ -1,6 +1,7 @@
 package otelexport
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -105,32 +106,26 @@ func NewGPUMetrics(meter metric.Meter, o GPUOptions) (*GPUMetrics, error) {
 		g.energyTTL = DefaultGPUEnergyTTL
 	}
 	g.energyTTL = max(g.energyTTL, g.staleAfter)
-	power, err := meter.Float64ObservableGauge(MetricHWPower, metric.WithUnit("W"),
+	var (
+		errs              [5]error
+		power, util       metric.Float64ObservableGauge
+		energy            metric.Float64ObservableCounter
+		memUsed, memLimit metric.Int64ObservableUpDownCounter
+	)
+	power, errs[0] = meter.Float64ObservableGauge(MetricHWPower, metric.WithUnit("W"),
 		metric.WithDescription("GPU power draw, averaged over the agent's last 1 s window"))
-	if err != nil {
-		return nil, err
-	}
-	energy, err := meter.Float64ObservableCounter(MetricHWEnergy, metric.WithUnit("J"),
+	energy, errs[1] = meter.Float64ObservableCounter(MetricHWEnergy, metric.WithUnit("J"),
 		metric.WithDescription("GPU energy consumed since the exporter started (hardware counter where available, else integrated power)"))
-	if err != nil {
-		return nil, err
-	}
-	util, err := meter.Float64ObservableGauge(MetricHWGPUUtilization, metric.WithUnit("1"),
+	util, errs[2] = meter.Float64ObservableGauge(MetricHWGPUUtilization, metric.WithUnit("1"),
 		metric.WithDescription("GPU utilization (0..1), averaged over the last window"))
-	if err != nil {
-		return nil, err
-	}
-	memUsed, err := meter.Int64ObservableUpDownCounter(MetricHWGPUMemoryUsage, metric.WithUnit("By"),
+	memUsed, errs[3] = meter.Int64ObservableUpDownCounter(MetricHWGPUMemoryUsage, metric.WithUnit("By"),
 		metric.WithDescription("GPU memory used, averaged over the last window"))
-	if err != nil {
-		return nil, err
-	}
-	memLimit, err := meter.Int64ObservableUpDownCounter(MetricHWGPUMemoryLimit, metric.WithUnit("By"),
+	memLimit, errs[4] = meter.Int64ObservableUpDownCounter(MetricHWGPUMemoryLimit, metric.WithUnit("By"),
 		metric.WithDescription("GPU memory size"))
-	if err != nil {
+	if err := cmp.Or(errs[:]...); err != nil {
 		return nil, err
 	}
-	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	_, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for _, s := range g.snapshot() {
 			opt := metric.WithAttributeSet(s.attrs)
 			o.ObserveFloat64(energy, s.energyJ, opt)

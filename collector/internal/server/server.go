@@ -220,13 +220,9 @@ func (c Config) Validate() error {
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("data directory is empty"))
 	}
-	if err := c.Pricing().Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, c.Pricing().Validate())
 	if c.Carbon.API.Enabled() {
-		if err := c.Carbon.liveAPI().Validate(); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, c.Carbon.liveAPI().Validate())
 	}
 	if c.GCInterval < 0 {
 		errs = append(errs, fmt.Errorf("gc interval must be >= 0, got %v", c.GCInterval))
@@ -241,20 +237,8 @@ func (c Config) Validate() error {
 	if c.RawRetention < 0 {
 		errs = append(errs, fmt.Errorf("raw retention must be >= 0, got %v", c.RawRetention))
 	}
-	if err := c.TLSOptions().Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	for _, err := range []error{c.Budget.Validate(), c.Alerts.Validate(), c.Prices.Validate()} {
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := c.OTel.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.validateUI(); err != nil {
-		errs = append(errs, err)
-	}
+	// errors.Join leaves out the nil ones.
+	errs = append(errs, c.TLSOptions().Validate(), c.Budget.Validate(), c.Alerts.Validate(), c.Prices.Validate(), c.OTel.Validate(), c.validateUI())
 	return errors.Join(errs...)
 }
 

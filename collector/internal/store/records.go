@@ -9,15 +9,7 @@ import (
 	"github.com/dgraph-io/badger/v4"
 )
 
-// Records are the collector's own small documents (budgets, alerts, price
-// history, advice history), kept next to the runs under
-//
-//	x/<namespace>\0<key>
-//
-// Namespaces are fixed names chosen by the packages that own them; keys sort
-// bytewise, so a package that wants chronological order encodes times
-// fixed-width. Values are opaque bytes (JSON or proto, the owner's choice).
-// Writes are durable when the call returns, like batches.
+// Records (storage.Records) are kept under x/<namespace>\0<key>.
 
 func recordKey(ns, k string) []byte { return key("x/", ns, k) }
 

@@ -11,15 +11,11 @@ import (
 
 // A run_start for a run that has ended on every node it ran on is refused
 // unless it asks to resume (aggregate.State.Admit; docs/protocol.md,
-// "Joining a run from several nodes"). The committer decides, on the
-// aggregates as the batches before have left them, so two nodes' batches
-// in one group are decided in the order they are applied. The refused
-// start, and the node's later records of the run, never reach the run's
-// aggregate or its raw records: the ended run's figures stay exactly as
-// they were. The GPU time and energy of the node's dropped windows are
-// booked to the node's idle, as the agent books them once it has been told
-// (no run the collector accepted was on those GPUs), so usage rows still
-// add up to the node.
+// "Joining a run from several nodes"). The refused start and the node's
+// later records of the run never reach the run: its figures stay as they
+// were. The GPU time and energy of the dropped windows are booked to the
+// node's idle, as the agent books them once told, so usage rows still add
+// up to the node.
 
 // admitBatch decides the batch's run starts (membership, then the node's
 // limits), drops the records the node may not send (authorize.go) and

@@ -37,9 +37,8 @@
 // batch it held. An in-doubt loss record names its batch's window start, so
 // it finds the batch by either (lookupApplied).
 //
-// Writes use SyncWrites, so a batch is durable when ApplyBatch returns nil.
-// Concurrent ApplyBatch calls share one transaction and one sync (group
-// commit, commit.go).
+// Writes use SyncWrites; concurrent batches share one transaction and one
+// sync (group commit, commit.go).
 package store
 
 import (
@@ -73,9 +72,8 @@ import (
 const (
 	maxConflictRetries = 20
 	// lockStripes: a node's batch holds its stripe until its commit is
-	// durable, commit window included, so nodes sharing a stripe wait for
-	// each other's commits; with 256 stripes 3,000 nodes were ~12 per
-	// stripe, at a 50 ms window 0.6 s of waiting a second (docs/benchmarks.md).
+	// durable, so nodes sharing a stripe wait for each other's commits
+	// (docs/benchmarks.md).
 	lockStripes = 1 << 14
 )
 
@@ -89,8 +87,7 @@ type Store struct {
 	pricer atomic.Pointer[pricerBox] // SetPricer; nil: windows are not priced as stored
 	stripe [lockStripes]sync.Mutex
 
-	// Group commit (commit.go): ApplyBatch hands its batch to the committer,
-	// which writes every batch waiting into one transaction.
+	// Group commit (commit.go).
 	applyCh       chan *applyReq
 	quit          chan struct{}
 	committerDone chan struct{}

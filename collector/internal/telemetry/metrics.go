@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"cmp"
 	"context"
 	"sort"
 
@@ -101,10 +102,8 @@ func (t *Telemetry) registerRuns(m metric.Meter) error {
 		metric.WithDescription("Share of step time spent waiting for the dataloader (0..1)"))
 	active, errs[8] = m.Int64ObservableGauge(MetricRunActive,
 		metric.WithDescription("1 while the run is going, 0 once it ended"))
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
+	if err := cmp.Or(errs[:]...); err != nil {
+		return err
 	}
 	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		reports, err := t.reports()
