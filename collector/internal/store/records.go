@@ -20,12 +20,11 @@ func checkNamespace(ns string) error {
 	return nil
 }
 
-// PutRecord writes one record.
+// PutRecord implements storage.Records (as do the methods below).
 func (s *Store) PutRecord(ns, k string, v []byte) error {
 	return s.PutRecords(ns, map[string][]byte{k: v})
 }
 
-// PutRecords writes several records of one namespace in one transaction.
 func (s *Store) PutRecords(ns string, kv map[string][]byte) error {
 	if err := checkNamespace(ns); err != nil {
 		return err
@@ -40,9 +39,8 @@ func (s *Store) PutRecords(ns string, kv map[string][]byte) error {
 	})
 }
 
-// PutRecordIfAbsent writes a record unless one exists under that key, and
-// reports whether it wrote. Two callers racing for one key: exactly one
-// wins (badger's optimistic transactions detect the conflict).
+// PutRecordIfAbsent: badger's optimistic transactions detect two callers
+// racing for one key.
 func (s *Store) PutRecordIfAbsent(ns, k string, v []byte) (bool, error) {
 	if err := checkNamespace(ns); err != nil {
 		return false, err
@@ -68,7 +66,6 @@ func (s *Store) PutRecordIfAbsent(ns, k string, v []byte) (bool, error) {
 	return false, fmt.Errorf("store: record %s/%s: too many conflicts", ns, k)
 }
 
-// GetRecord reads one record; ErrNotFound if there is none.
 func (s *Store) GetRecord(ns, k string) ([]byte, error) {
 	if err := checkNamespace(ns); err != nil {
 		return nil, err
@@ -88,7 +85,6 @@ func (s *Store) GetRecord(ns, k string) ([]byte, error) {
 	return out, err
 }
 
-// DeleteRecord removes a record (no error if there is none).
 func (s *Store) DeleteRecord(ns, k string) error {
 	if err := checkNamespace(ns); err != nil {
 		return err
@@ -96,9 +92,6 @@ func (s *Store) DeleteRecord(ns, k string) error {
 	return s.db.Update(func(txn *badger.Txn) error { return txn.Delete(recordKey(ns, k)) })
 }
 
-// ScanRecords calls fn for each record of ns whose key starts with
-// keyPrefix, in key order, until fn returns false or an error. The value is
-// only valid during the call.
 func (s *Store) ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (bool, error)) error {
 	if err := checkNamespace(ns); err != nil {
 		return err

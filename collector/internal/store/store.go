@@ -435,13 +435,9 @@ func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate 
 	return a.Duplicate, err
 }
 
-// ApplyBatchResult stores a batch from sender and folds it into the run
-// aggregates, and says which of its run starts were refused (refused.go).
-// If the batch was applied before (same node, boot and seq; found by its
-// GPU/host record, also the same window start: an agent re-sends a batch as
-// it spooled it and never reuses a seq) it returns Duplicate and changes
-// nothing. When it returns nil error the batch is durable; concurrent calls
-// share one transaction and one sync (group commit, commit.go).
+// ApplyBatchResult implements storage.Ingester; refused starts: refused.go.
+// A batch applied before is found by its b/ mark or its r/ record (an
+// agent re-sends a batch as it spooled it and never reuses a seq).
 func (s *Store) ApplyBatchResult(sender Sender, b *trainmeterv1.Batch) (a Applied, err error) {
 	node, boot := sender.Node, sender.Boot
 	// The node's lock keeps its batches and hellos in order; its runs are
@@ -474,8 +470,7 @@ func (s *Store) ApplyBatchResult(sender Sender, b *trainmeterv1.Batch) (a Applie
 	return a, err
 }
 
-// kv is one raw record, encoded by the caller's goroutine (in parallel)
-// before the committer writes it.
+// kv is one raw record, encoded by the caller's goroutine (in parallel).
 type kv struct{ k, v []byte }
 
 // rawRecords encodes a batch's raw records under their keys, and returns
@@ -501,11 +496,9 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) (out []kv, rk []byte, 
 			return nil, nil, err
 		}
 	}
-	// The node's GPU and host windows are one record: one key per batch
-	// rather than one per GPU (every key costs a skiplist insert and its
-	// share of flushes and compactions; docs/benchmarks.md).
-	// It also carries the sender's boot (never the received batch's
-	// stored_boot_id): with its key it identifies the batch (deduplication).
+	// The node's GPU and host windows are one record, one key per batch
+	// rather than per GPU (docs/benchmarks.md). It carries the sender's
+	// boot: with its key it identifies the batch (deduplication).
 	if hasRecord(b) {
 		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost(),
 			HostEnergy: b.GetHostEnergy(), StoredBootId: boot}
@@ -514,8 +507,7 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) (out []kv, rk []byte, 
 			return nil, nil, err
 		}
 	}
-	// Raw samples (only from agents asked for them): one record per batch,
-	// the columns as they came.
+	// Raw samples (only from agents asked for them): one record per batch.
 	if len(b.GetRawSamples()) > 0 {
 		raw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), RawSamples: b.GetRawSamples()}
 		if err := add(be64(tkey(append(key("s/", node), 0), b.GetWindowStart()), seq), raw); err != nil {
@@ -526,8 +518,7 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) (out []kv, rk []byte, 
 }
 
 // applyTo writes a batch's records into txn and folds it into the group's
-// aggregates and node statuses (written by the caller, once per group). It
-// returns duplicate=true, writing nothing, for a batch applied before.
+// aggregates and node statuses; it writes nothing for a duplicate.
 func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error) {
 	node, boot, b, runs := r.sender.Node, r.sender.Boot, r.b, r.runs
 	ne, err := g.nodeEntry(txn, node)
@@ -559,8 +550,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	}
 	if displaced != "" {
 		// Our r/ record replaces one of another boot with the same start
-		// and seq (a clock stepped back across boots): that batch keeps
-		// its deduplication as a mark.
+		// and seq: that batch keeps its deduplication as a mark.
 		if err := s.setTTL(txn, dedupKey(node, displaced, seq), nil, s.dedupTTL); err != nil {
 			return false, err
 		}
@@ -634,9 +624,8 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	for _, st := range aggs {
 		st.NoteEnded(g.now)
 	}
-	// Data the agent's spool dropped. A record with a seq is one batch the
-	// agent sent but never saw acked: if it was applied after all, nothing
-	// of it was lost.
+	// Data the agent's spool dropped; a record with a seq (a batch sent but
+	// never acked) counts only if that batch was not applied after all.
 	runLosses, err := notHeld(txn, node, boot, b.GetLosses())
 	if err != nil {
 		return false, err
@@ -644,8 +633,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	for _, l := range runLosses {
 		aggs[l.GetRunId()].AddLoss(node, l)
 	}
-	// The node's part of dropped batches, by the same rule, kept for usage
-	// under the batch that carried it.
+	// The node's part of dropped batches, by the same rule, for usage.
 	nodeLosses, err := notHeld(txn, node, boot, b.GetNodeLosses())
 	if err != nil {
 		return false, err
@@ -660,7 +648,6 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		}
 	}
 	g.noteLive(node, runs)
-	// Node status.
 	ns := ne.ns
 	ns.BootId = boot
 	ns.LastSeq = b.GetSeq()
@@ -709,8 +696,8 @@ func holdsLost(txn *badger.Txn, node, boot string, l *trainmeterv1.DataLoss) (bo
 }
 
 // lookupApplied reports whether the batch of boot whose b/ mark is dk and
-// r/ key rk (nil: none to look at) was applied: by its mark, or by its r/
-// record (recordAt).
+// r/ key rk (nil: none) was applied, and the boot of another boot's r/
+// record at rk ("" when none).
 func lookupApplied(txn *badger.Txn, boot string, dk, rk []byte) (applied bool, other string, err error) {
 	if found, err := exists(txn, dk); found || err != nil {
 		return found, "", err
@@ -718,7 +705,21 @@ func lookupApplied(txn *badger.Txn, boot string, dk, rk []byte) (applied bool, o
 	if rk == nil {
 		return false, "", nil
 	}
-	return recordAt(txn, boot, rk)
+	item, err := txn.Get(rk)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return false, "", nil
+	}
+	if err != nil {
+		return false, "", err
+	}
+	var stored string
+	if err := item.Value(func(v []byte) (err error) {
+		stored, err = storedBoot(v)
+		return err
+	}); err != nil || stored == boot {
+		return err == nil, "", err
+	}
+	return false, stored, nil
 }
 
 func exists(txn *badger.Txn, k []byte) (bool, error) {
@@ -727,36 +728,6 @@ func exists(txn *badger.Txn, k []byte) (bool, error) {
 		return false, nil
 	}
 	return err == nil, err
-}
-
-// recordAt reports whether the r/ record at k is from boot (the batch it
-// keys was applied); other is the boot of a record from another boot (""
-// when there is none).
-func recordAt(txn *badger.Txn, boot string, k []byte) (fromBoot bool, other string, err error) {
-	item, err := txn.Get(k)
-	if errors.Is(err, badger.ErrKeyNotFound) {
-		return false, "", nil
-	}
-	if err != nil {
-		return false, "", err
-	}
-	stored, err := itemBoot(item)
-	if err != nil {
-		return false, "", err
-	}
-	if stored == boot {
-		return true, "", nil
-	}
-	return false, stored, nil
-}
-
-// itemBoot is storedBoot of an r/ record's item.
-func itemBoot(item *badger.Item) (boot string, err error) {
-	err = item.Value(func(v []byte) error {
-		boot, err = storedBoot(v)
-		return err
-	})
-	return boot, err
 }
 
 // storedBoot reads stored_boot_id out of an encoded r/ record without
@@ -950,8 +921,7 @@ func getNode(txn *badger.Txn, node string) (*trainmeterv1.NodeStatus, error) {
 	return ns, err
 }
 
-// PutHello records a node's hello (boot, GPUs, host energy status) in its
-// status.
+// PutHello implements storage.Ingester.
 func (s *Store) PutHello(h *trainmeterv1.Hello) error {
 	unlock := s.lockRuns(h.GetNode(), nil)
 	defer unlock()
@@ -991,12 +961,9 @@ func (s *Store) PutHello(h *trainmeterv1.Hello) error {
 // deleteChunk bounds the keys one DeleteRun transaction removes.
 const deleteChunk = 10000
 
-// DeleteRun removes a run: its aggregate (first, so the run disappears from
-// queries at once) and its raw windows and events. Its windows become the
-// deleted run's (dw/, naming no run): the GPU time and energy its nodes
-// used stay in usage. It returns how many raw records were deleted, or
-// ErrNotFound when the run is unknown. Batches of the run that arrive later
-// (a run still reporting) start it again.
+// DeleteRun implements storage.Store: the aggregate goes first (the run
+// disappears from queries at once), then its windows become the deleted
+// run's (dw/) and its events go.
 func (s *Store) DeleteRun(id string) (records int, err error) {
 	d, err := s.newDeletion(id)
 	if err != nil {
@@ -1080,14 +1047,12 @@ func (s *Store) deletePrefix(prefix []byte) (deleted int, err error) {
 	}
 }
 
-// GetRun returns a run's aggregate, or ErrNotFound.
+// GetRun implements storage.Runs.
 func (s *Store) GetRun(id string) (*aggregate.State, error) {
 	return view(s, func(txn *badger.Txn) (*aggregate.State, error) { return getAgg(txn, id) })
 }
 
-// ListRuns returns the aggregates of the given runs, in that order, or of all
-// runs (ordered by run id) when ids is empty. Unknown ids give a
-// *NotFoundError (and no runs).
+// ListRuns implements storage.Runs.
 func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 	var out []*aggregate.State
 	err := s.db.View(func(txn *badger.Txn) error {
@@ -1152,8 +1117,7 @@ func allAggNodes(txn *badger.Txn) (map[string][]aggNode, error) {
 	return out, err
 }
 
-// Nodes returns every node's stored status, ordered by node name.
-// Connected is always false here: only the ingest server knows it.
+// Nodes implements storage.Runs.
 func (s *Store) Nodes() ([]*trainmeterv1.NodeStatus, error) {
 	return view(s, func(txn *badger.Txn) ([]*trainmeterv1.NodeStatus, error) {
 		return decodeAll[trainmeterv1.NodeStatus](txn, []byte("n/"))
@@ -1176,8 +1140,7 @@ func (s *Store) RawSamples(node string) ([]*trainmeterv1.Batch, error) {
 	})
 }
 
-// RunTimeline returns a run's raw windows and events with their nodes, per
-// node in time order (the timeline query).
+// RunTimeline implements storage.Windows.
 func (s *Store) RunTimeline(runID string) ([]NodeWindow, []NodeEvent, error) {
 	var ws []NodeWindow
 	var es []NodeEvent
@@ -1208,9 +1171,7 @@ func (s *Store) RunTimeline(runID string) ([]NodeWindow, []NodeEvent, error) {
 	return ws, es, err
 }
 
-// NodeGPUWindows returns a node's stored GPU windows (each a Batch holding
-// only its window, GPU windows and host window) whose window starts in
-// [from, to], in time order.
+// NodeGPUWindows implements storage.Windows.
 func (s *Store) NodeGPUWindows(node string, from, to time.Time) ([]*trainmeterv1.Batch, error) {
 	var out []*trainmeterv1.Batch
 	prefix := append(key("r/", node), 0)
@@ -1228,13 +1189,9 @@ func (s *Store) NodeGPUWindows(node string, from, to time.Time) ([]*trainmeterv1
 	return out, err
 }
 
-// UsageScan calls gpu for every stored GPU-window record (a Batch holding
-// the window, its GPU windows and host), then for the node loss records
-// (a Batch holding only node_losses: scanNodeLosses), run for every
-// stored RunWindow and deleted for every deleted run's window whose start
-// is in [since, until) (zero times: unbounded), with the node (and run)
-// from the key, all from one snapshot. Raw records expire with
-// RawRetention, so usage reaches back that far at most.
+// UsageScan implements storage.Windows: r/ records, then nl/ records
+// (scanNodeLosses), w/ and dw/ records, from one snapshot. Raw records
+// expire with RawRetention, so usage reaches back that far at most.
 func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *trainmeterv1.Batch) error,
 	run func(runID, node string, w *trainmeterv1.RunWindow) error, deleted func(node string, d *storev1.DeletedRunWindow) error) error {
 	in := func(ts *timestamppb.Timestamp) bool {
