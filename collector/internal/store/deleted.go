@@ -27,9 +27,8 @@ import (
 const deletedNS = "deleted-runs"
 
 type tombstones struct {
-	mu  sync.Mutex
-	at  map[string]int64    // run id -> deletion time, Unix ns
-	del map[string]deletion // run id -> its deletion, for its later windows
+	mu sync.Mutex
+	m  map[string]deletion // run id -> its deletion, for its later windows
 }
 
 // A deletion is what a deleted run's windows keep (DeletedRunWindow): the
@@ -38,6 +37,7 @@ type deletion struct {
 	id      uint64
 	price   float64 // the run's own GPU price per hour; 0: none
 	gpuName string
+	at      int64 // of a live run's deletion: when, Unix ns
 }
 
 // newDeletion is the deletion of run id: a random id, and the run's price
@@ -61,33 +61,31 @@ func (s *Store) newDeletion(id string) (deletion, error) {
 
 // A tombstone's value is "<deleted at, Unix ns> <deletion id> <price> <GPU
 // name>".
-func (d deletion) tombstone(at int64) []byte {
-	return []byte(strconv.FormatInt(at, 10) + " " + strconv.FormatUint(d.id, 10) + " " +
+func (d deletion) tombstone() []byte {
+	return []byte(strconv.FormatInt(d.at, 10) + " " + strconv.FormatUint(d.id, 10) + " " +
 		strconv.FormatFloat(d.price, 'g', -1, 64) + " " + d.gpuName)
 }
 
-func parseTombstone(v string) (at int64, d deletion, ok bool) {
+func parseTombstone(v string) (d deletion, ok bool) {
 	f := strings.SplitN(v, " ", 4)
 	if len(f) != 4 {
-		return 0, d, false
+		return d, false
 	}
-	at, err := strconv.ParseInt(f[0], 10, 64)
-	if err != nil {
-		return 0, d, false
+	var err error
+	if d.at, err = strconv.ParseInt(f[0], 10, 64); err != nil {
+		return d, false
 	}
 	d.id, _ = strconv.ParseUint(f[1], 10, 64)
 	d.price, _ = strconv.ParseFloat(f[2], 64)
 	d.gpuName = f[3]
-	return at, d, true
+	return d, true
 }
 
 func (s *Store) loadTombstones() error {
-	s.deleted.at = map[string]int64{}
-	s.deleted.del = map[string]deletion{}
+	s.deleted.m = map[string]deletion{}
 	return s.ScanRecords(deletedNS, "", func(k string, v []byte) (bool, error) {
-		if at, d, ok := parseTombstone(string(v)); ok {
-			s.deleted.at[k] = at
-			s.deleted.del[k] = d
+		if d, ok := parseTombstone(string(v)); ok {
+			s.deleted.m[k] = d
 		}
 		return true, nil
 	})
@@ -102,13 +100,12 @@ func (s *Store) DeleteLiveRun(id string) (records int, err error) {
 	if err != nil {
 		return 0, err
 	}
-	at := s.now().UnixNano()
-	if err := s.PutRecord(deletedNS, id, d.tombstone(at)); err != nil {
+	d.at = s.now().UnixNano()
+	if err := s.PutRecord(deletedNS, id, d.tombstone()); err != nil {
 		return 0, err
 	}
 	s.deleted.mu.Lock()
-	s.deleted.at[id] = at
-	s.deleted.del[id] = d
+	s.deleted.m[id] = d
 	s.deleted.mu.Unlock()
 	return s.deleteRun(id, d)
 }
@@ -217,11 +214,11 @@ func scanDeletedWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, f
 func (s *Store) dropDeleted(b *trainmeterv1.Batch) (*trainmeterv1.Batch, []deletedWindow) {
 	s.deleted.mu.Lock()
 	defer s.deleted.mu.Unlock()
-	if len(s.deleted.at) == 0 {
+	if len(s.deleted.m) == 0 {
 		return b, nil
 	}
 	gone := func(id string) bool {
-		_, ok := s.deleted.at[id]
+		_, ok := s.deleted.m[id]
 		return ok
 	}
 	if !slices.ContainsFunc(batchRuns(b), gone) {
@@ -232,7 +229,7 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) (*trainmeterv1.Batch, []delet
 	keepFrom := map[string]int64{}
 	for _, e := range b.GetRunEvents() {
 		rs := e.GetRunStart()
-		if at, ok := s.deleted.at[rs.GetRunId()]; ok && rs != nil && nanosOf(rs.GetTime()) > at {
+		if d, ok := s.deleted.m[rs.GetRunId()]; ok && rs != nil && nanosOf(rs.GetTime()) > d.at {
 			keepFrom[rs.GetRunId()] = nanosOf(rs.GetTime())
 		}
 	}
@@ -240,9 +237,8 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) (*trainmeterv1.Batch, []delet
 	// windows before that start.
 	del := map[string]deletion{}
 	for id := range keepFrom {
-		del[id] = s.deleted.del[id]
-		delete(s.deleted.at, id)
-		delete(s.deleted.del, id)
+		del[id] = s.deleted.m[id]
+		delete(s.deleted.m, id)
 		if err := s.DeleteRecord(deletedNS, id); err != nil {
 			s.log.Warn("store: clearing the deletion mark of a reused run id", "run_id", id, "err", err)
 		}
@@ -258,7 +254,7 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) (*trainmeterv1.Batch, []delet
 		if keep(w.GetRunId(), w.GetStart().AsTime().UnixNano()) {
 			nb.RunWindows = append(nb.RunWindows, w)
 		} else {
-			d, ok := s.deleted.del[w.GetRunId()]
+			d, ok := s.deleted.m[w.GetRunId()]
 			if !ok {
 				d = del[w.GetRunId()]
 			}
