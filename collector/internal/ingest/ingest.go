@@ -107,7 +107,7 @@ func New(st storage.Ingester, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{store: st, log: log, clock: clock.Real{}, nodes: map[string]*nodeState{}, closed: make(chan struct{})}
+	return &Server{store: st, log: log, clock: clock.Real{}, nodes: map[string]*nodeState{}, closed: make(chan struct{}), counters: newCounters()}
 }
 
 // Close ends every open stream with codes.Unavailable (so that a graceful
@@ -346,7 +346,7 @@ func (s *Server) handle(log *slog.Logger, sender storage.Sender, m *trainmeterv1
 		log.Error("store batch", "seq", b.GetSeq(), "err", err)
 		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
 	}
-	s.counters.latency().Observe(time.Since(t0))
+	s.counters.lat.Observe(time.Since(t0))
 	s.counters.lastStoreOK.Store(time.Now().UnixNano())
 	s.noteSeq(log, node, boot, b.GetSeq())
 	if dup {

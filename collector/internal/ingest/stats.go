@@ -55,15 +55,14 @@ func CheckBatchTime(b *trainmeterv1.Batch, now time.Time) error {
 	return nil
 }
 
-// counters are the ingest server's self-metrics; the zero value is ready.
+// counters are the ingest server's self-metrics (newCounters).
 type counters struct {
 	streams, applied, duplicate, rejected, rejectedTime, storeErrors, seqGaps, seqMissing atomic.Uint64
 	refusedStarts                                                                         atomic.Uint64
 	lastStoreErr                                                                          atomic.Int64 // unix ns of the last failed store write
 	lastStoreOK                                                                           atomic.Int64 // unix ns of the last successful one
 
-	latOnce sync.Once
-	lat     *selfmetrics.Ring
+	lat *selfmetrics.Ring
 
 	gapMu sync.Mutex
 	gaps  map[string]*gapState // by node
@@ -107,9 +106,6 @@ func (s *Server) noteDropped(log *slog.Logger, node string, a storage.Applied) {
 	c.refusedRecords.Add(n)
 	now := s.clock.Now()
 	c.dropMu.Lock()
-	if c.drops == nil {
-		c.drops = map[string]*dropState{}
-	}
 	d := c.drops[node]
 	if d == nil {
 		d = &dropState{}
@@ -136,9 +132,8 @@ type gapState struct {
 	missing uint64 // seqs skipped over by those gaps
 }
 
-func (c *counters) latency() *selfmetrics.Ring {
-	c.latOnce.Do(func() { c.lat = selfmetrics.NewRing(latencyWindow) })
-	return c.lat
+func newCounters() counters {
+	return counters{lat: selfmetrics.NewRing(latencyWindow), gaps: map[string]*gapState{}, drops: map[string]*dropState{}}
 }
 
 // answered notes that seq of node/boot got an ack or a reject and reports
@@ -148,9 +143,6 @@ func (c *counters) latency() *selfmetrics.Ring {
 func (c *counters) answered(node, boot string, seq uint64) uint64 {
 	c.gapMu.Lock()
 	defer c.gapMu.Unlock()
-	if c.gaps == nil {
-		c.gaps = map[string]*gapState{}
-	}
 	g := c.gaps[node]
 	if g == nil {
 		g = &gapState{}
@@ -214,15 +206,14 @@ type Stats struct {
 // Stats returns a snapshot of the self-metrics.
 func (s *Server) Stats() Stats {
 	c := &s.counters
-	lat := c.latency()
-	q := lat.Quantiles(0.5, 0.99, 1)
+	q := c.lat.Quantiles(0.5, 0.99, 1)
 	st := Stats{
 		Streams: c.streams.Load(), Applied: c.applied.Load(), Duplicate: c.duplicate.Load(),
 		Rejected: c.rejected.Load(), RejectedTime: c.rejectedTime.Load(), StoreErrors: c.storeErrors.Load(),
 		RefusedStarts: c.refusedStarts.Load(), RefusedRecords: c.refusedRecords.Load(), RefusedRecordsPerNode: map[string]uint64{},
 		SeqGaps: c.seqGaps.Load(), SeqMissing: c.seqMissing.Load(), SeqGapsPerNode: map[string]uint64{},
 		StoreWriteP50Ms: selfmetrics.Millis(q[0]), StoreWriteP99Ms: selfmetrics.Millis(q[1]),
-		StoreWriteMaxMs: selfmetrics.Millis(q[2]), StoreWrites: lat.Count(),
+		StoreWriteMaxMs: selfmetrics.Millis(q[2]), StoreWrites: c.lat.Count(),
 	}
 	if e := c.lastStoreErr.Load(); e != 0 {
 		st.LastStoreError = time.Unix(0, e).UTC()
