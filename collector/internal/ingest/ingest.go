@@ -70,10 +70,8 @@ type Server struct {
 }
 
 // DefaultMaxBatchRunRecords is `serve --max-batch-run-records`'s default:
-// run windows, run events, loss records and host energy run shares in one
-// batch together. An agent's batch holds one second: about one window, one
-// loss record and one host share per live run (256 at most by default,
-// store.Limits), and the events of that second.
+// run windows, events, loss records and host energy shares in one batch
+// together, far above an agent's second of at most 256 live runs.
 const DefaultMaxBatchRunRecords = 20000
 
 // SetMaxBatchRunRecords sets the bound on the records naming a run in one
@@ -235,13 +233,11 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 	log.Info("agent connected", "agent_version", hello.GetAgentVersion(), "gpus", len(hello.GetGpus()))
 	defer log.Info("agent disconnected")
 
-	// A worker receives, applies and acks batches on its own: a batch then
-	// costs no goroutine handoff between arriving and being handled (one
-	// wakeup per batch less; docs/benchmarks.md). This goroutine sends the
-	// advisories, rare, and ends the stream when the collector closes. mu
-	// serializes the two's sends, and once this handler has returned the
-	// worker handles nothing more (the store may be closing): the handler
-	// waits for a batch in hand, not for one still to come.
+	// A worker receives, applies and acks batches on its own: no goroutine
+	// handoff per batch (docs/benchmarks.md). This goroutine sends the rare
+	// advisories and ends the stream when the collector closes. mu
+	// serializes their sends; once this handler has returned the worker
+	// handles nothing more (the store may be closing).
 	var (
 		mu       sync.Mutex
 		returned bool
@@ -365,8 +361,7 @@ func (s *Server) handle(log *slog.Logger, sender storage.Sender, m *trainmeterv1
 		}
 	}
 	s.seen(node, b.GetSeq())
-	// A refused start goes back on this stream, before the batch's ack:
-	// the agent tells the run's trainers and stops booking the run.
+	// A refused start goes back before the batch's ack.
 	s.noteDropped(log, node, applied)
 	out := make([]*trainmeterv1.StreamResponse, 0, len(applied.Refused)+1)
 	for _, r := range applied.Refused {

@@ -16,14 +16,9 @@ import (
 )
 
 // Time bounds on a batch's window, relative to the collector's clock.
-//
-// MaxBatchAge is long on purpose: an agent replays its on-disk spool after an
-// outage, and days-old batches are legitimate. A batch older than this is
-// rejected (the agent drops it and counts it as rejected) rather than stored,
-// because it is either a badly wrong agent clock or data the collector's
-// retention would discard anyway. MaxBatchFuture is short: only clock skew
-// puts a window in the future, and a skewed agent would otherwise write its
-// runs at the wrong time for everyone.
+// MaxBatchAge is long: an agent replays its spool after an outage, and
+// days-old batches are legitimate. MaxBatchFuture is short: only clock skew
+// puts a window in the future.
 const (
 	MaxBatchFuture = 10 * time.Minute
 	MaxBatchAge    = 30 * 24 * time.Hour
@@ -82,8 +77,7 @@ type dropState struct {
 }
 
 // dropLogEvery: a node's refused records are logged at most this often,
-// with the count since the line before (a hostile node would otherwise
-// write a line per record).
+// with the count since the line before.
 const dropLogEvery = 10 * time.Second
 
 // noteDropped counts the records of a batch the store refused, per node,
@@ -175,20 +169,14 @@ type Stats struct {
 	// RejectedTime counts the rejects for the time bounds (part of Rejected).
 	RejectedTime uint64 `json:"batches_rejected_time"`
 	StoreErrors  uint64 `json:"store_errors"`
-	// RefusedStarts counts the refusals sent to agents: run starts refused
-	// because the run had ended on every node, and batches whose records
-	// of such a start's run were dropped.
+	// RefusedStarts counts the refusals sent to agents (StartRefused).
 	RefusedStarts uint64 `json:"refused_starts"`
 	// RefusedRecords counts the records naming a run that the store
-	// dropped from batches it applied: the node did not start the run, or
-	// sent them past its end there, or a window's energy was more than its
-	// GPUs can draw, or its start was refused (docs/security.md);
-	// RefusedRecordsPerNode by node.
+	// dropped from batches it applied (docs/security.md), also by node.
 	RefusedRecords        uint64            `json:"refused_records"`
 	RefusedRecordsPerNode map[string]uint64 `json:"refused_records_per_node"`
-	// SeqGaps counts batches that arrived more than one past the highest seq
-	// seen from their node's boot; SeqMissing the seqs skipped over. Gaps are
-	// legitimate after an agent's spool overflowed; they are logged.
+	// SeqGaps counts batches more than one past the highest seq seen from
+	// their node's boot; SeqMissing the seqs skipped over.
 	SeqGaps        uint64            `json:"seq_gaps"`
 	SeqMissing     uint64            `json:"seq_missing"`
 	SeqGapsPerNode map[string]uint64 `json:"seq_gaps_per_node"`

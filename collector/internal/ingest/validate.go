@@ -30,9 +30,8 @@ const (
 	// MaxBatchSpan caps window_end − window_start (agent windows are 1 s).
 	MaxBatchSpan = time.Hour
 	// A run window's or event's times may lie up to MaxBatchAge before its
-	// batch's window (an agent restarted after a crash bridges the downtime
-	// with a segment from its last checkpoint, or ends a run there) and up to
-	// MaxEventSkew after it (events that arrive while a window settles).
+	// batch's window (downtime bridged after a crash) and up to MaxEventSkew
+	// after it.
 	MaxEventSkew = 10 * time.Minute
 )
 
@@ -91,9 +90,8 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 	if b.GetSeq() == 0 {
 		return fmt.Errorf("seq must be > 0")
 	}
-	// An agent counts seqs up from 1, one per batch (a second each): 2^53 is
-	// hundreds of millions of years away, and a seq near 2^64 can only come
-	// from a broken or hostile sender (seq+1 would wrap).
+	// Seqs count up from 1, one a second: 2^53 is never reached by an
+	// agent, and a seq near 2^64 would wrap at seq+1.
 	if b.GetSeq() > maxSeq {
 		return fmt.Errorf("seq %d is implausibly large (> 2^53)", b.GetSeq())
 	}
