@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -68,13 +69,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	if err != nil {
 		return nil, s.storeErr(err)
 	}
-	from, to := time.Time{}, time.Time{}
-	if req.GetFrom() != nil {
-		from = req.GetFrom().AsTime()
-	}
-	if req.GetTo() != nil {
-		to = req.GetTo().AsTime()
-	}
+	from, to := timeOf(req.GetFrom()), timeOf(req.GetTo())
 	if !from.IsZero() && !to.IsZero() && !to.After(from) {
 		return nil, status.Errorf(codes.InvalidArgument, "time range: to %v is not after from %v", to, from)
 	}
@@ -184,11 +179,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		totalPower.t, totalPower.v = append(totalPower.t, k*1000), append(totalPower.v, p)
 	}
 	out = append(out, totalPower)
-	nodeNames := make([]string, 0, len(nodes))
-	for n := range nodes {
-		nodeNames = append(nodeNames, n)
-	}
-	slices.Sort(nodeNames)
+	nodeNames := slices.Sorted(maps.Keys(nodes))
 	// The per-GPU series read the node's GPU windows, the most expensive
 	// part of a timeline: only when asked for (or everything is).
 	perGPU := len(req.GetSeries()) == 0 || slices.ContainsFunc(req.GetSeries(), func(name string) bool {
@@ -231,12 +222,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		resp.Series = append(resp.Series, &trainmeterv1.TimelineSeries{Name: sr.name, Unit: sr.unit, TUnixMs: t, Values: v, SourcePoints: uint32(len(sr.t))})
 	}
 	if len(want) > 0 {
-		var unknown []string
-		for n := range want {
-			unknown = append(unknown, n)
-		}
-		slices.Sort(unknown)
-		return nil, status.Errorf(codes.InvalidArgument, "unknown series %s", strings.Join(unknown, ", "))
+		return nil, status.Errorf(codes.InvalidArgument, "unknown series %s", strings.Join(slices.Sorted(maps.Keys(want)), ", "))
 	}
 	if asked { // in the order asked for
 		slices.SortStableFunc(resp.Series, func(a, b *trainmeterv1.TimelineSeries) int {
@@ -327,11 +313,7 @@ func gpuPower(ts storage.Windows, node string, sp *nodeSpan) ([]*series, error) 
 	if err != nil {
 		return nil, err
 	}
-	idx := make([]uint32, 0, len(sp.gpus))
-	for g := range sp.gpus {
-		idx = append(idx, g)
-	}
-	slices.Sort(idx)
+	idx := slices.Sorted(maps.Keys(sp.gpus))
 	out := make([]*series, len(idx))
 	for i, g := range idx {
 		out[i] = &series{name: fmt.Sprintf("power_w:%s/gpu%d", node, g), unit: fmt.Sprintf("W (GPU %d of node %s, mean over each window)", g, node)}

@@ -84,13 +84,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	if err := checkBy(by); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	var since, until time.Time
-	if req.GetSince() != nil {
-		since = req.GetSince().AsTime()
-	}
-	if req.GetUntil() != nil {
-		until = req.GetUntil().AsTime()
-	}
+	since, until := timeOf(req.GetSince()), timeOf(req.GetUntil())
 	if !since.IsZero() && !until.IsZero() && !since.Before(until) {
 		return nil, status.Errorf(codes.InvalidArgument, "--since (%s) must be before --until (%s)", since.Format(time.RFC3339), until.Format(time.RFC3339))
 	}

@@ -12,10 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -165,12 +166,7 @@ func (c CarbonConfig) liveZones() []string {
 	for _, z := range c.NodeZones {
 		set[z] = true
 	}
-	zones := make([]string, 0, len(set))
-	for z := range set {
-		zones = append(zones, z)
-	}
-	sort.Strings(zones)
-	return zones
+	return slices.Sorted(maps.Keys(set))
 }
 
 // liveAPI is API asked for liveZones.

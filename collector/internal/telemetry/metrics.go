@@ -3,7 +3,8 @@ package telemetry
 import (
 	"cmp"
 	"context"
-	"sort"
+	"maps"
+	"slices"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -194,12 +195,7 @@ func (t *Telemetry) registerSources(m metric.Meter) error {
 		}
 		if rs != nil {
 			counts := rs.Counts()
-			kinds := make([]string, 0, len(counts))
-			for k := range counts {
-				kinds = append(kinds, k)
-			}
-			sort.Strings(kinds)
-			for _, k := range kinds {
+			for _, k := range slices.Sorted(maps.Keys(counts)) {
 				o.ObserveInt64(recs, int64(counts[k]), metric.WithAttributeSet(attribute.NewSet(attribute.String(AttrRecommendationKind, k))))
 			}
 		}

@@ -7,11 +7,13 @@
 package telemetry
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"net"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -216,12 +218,7 @@ func (t *Telemetry) exportedRuns() []string {
 		}
 		all = append(all, seen{id, at})
 	}
-	sort.Slice(all, func(i, j int) bool {
-		if !all[i].at.Equal(all[j].at) {
-			return all[i].at.After(all[j].at)
-		}
-		return all[i].id < all[j].id
-	})
+	slices.SortFunc(all, func(a, b seen) int { return cmp.Or(b.at.Compare(a.at), cmp.Compare(a.id, b.id)) })
 	if len(all) > t.o.MaxRuns {
 		for _, s := range all[t.o.MaxRuns:] {
 			delete(t.recent, s.id)
@@ -232,7 +229,7 @@ func (t *Telemetry) exportedRuns() []string {
 	for i, s := range all {
 		ids[i] = s.id
 	}
-	sort.Strings(ids)
+	slices.Sort(ids)
 	return ids
 }
 
@@ -328,13 +325,8 @@ func (l *AlertLog) EmitAlert(ctx context.Context, a Alert) {
 	r.SetSeverity(sev)
 	r.SetSeverityText(text)
 	r.SetBody(attribute.StringValue(a.Message))
-	keys := make([]string, 0, len(a.Attributes))
-	for k := range a.Attributes {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	r.AddAttributes(attribute.String(AttrAlertKind, a.Kind), attribute.String(AttrAlertScope, a.Scope))
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(a.Attributes)) {
 		r.AddAttributes(attribute.String("trainmeter.alert."+k, a.Attributes[k]))
 	}
 	l.logger.Emit(ctx, r)
