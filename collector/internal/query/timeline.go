@@ -36,6 +36,7 @@ type nodeSpan struct {
 // bucket is one second of a run (or of one of its nodes).
 type bucket struct {
 	energy, dur, tokens, wait, compute, vram float64
+	power                                    float64 // of all: the sum of its nodes' powers
 }
 
 type series struct {
@@ -168,17 +169,12 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	// Total power is the sum of the nodes' powers: each node's energy over
 	// the time it covered in that second (segments are cut at run start,
 	// warmup end and run end).
-	totalPower := &series{name: "power_w", unit: "W (the run's GPUs, all nodes)"}
-	for _, k := range secs {
-		var p float64
-		for _, m := range nodes {
-			if b := m[k]; b != nil {
-				p += power(b)
-			}
+	for _, m := range nodes {
+		for k, b := range m {
+			all[k].power += power(b)
 		}
-		totalPower.t, totalPower.v = append(totalPower.t, k*1000), append(totalPower.v, p)
 	}
-	out = append(out, totalPower)
+	out = append(out, mk("power_w", "W (the run's GPUs, all nodes)", func(b *bucket) (float64, bool) { return b.power, true }, all))
 	nodeNames := slices.Sorted(maps.Keys(nodes))
 	// The per-GPU series read the node's GPU windows, the most expensive
 	// part of a timeline: only when asked for (or everything is).
@@ -196,13 +192,11 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		}
 		out = append(out, gpuSeries...)
 	}
-	cum := &series{name: "energy_j", unit: "J, cumulative from the range's start, warmup included, all GPUs"}
 	var acc float64
-	for _, k := range secs {
-		acc += all[k].energy
-		cum.t, cum.v = append(cum.t, k*1000), append(cum.v, acc)
-	}
-	out = append(out, cum,
+	out = append(out, mk("energy_j", "J, cumulative from the range's start, warmup included, all GPUs", func(b *bucket) (float64, bool) {
+		acc += b.energy
+		return acc, true
+	}, all),
 		mk("tok_per_s", "tokens/s (all ranks; each point one second)", func(b *bucket) (float64, bool) { return b.tokens, true }, all),
 		mk("j_per_token", "J/token (per second, all GPUs)", func(b *bucket) (float64, bool) { return b.energy / b.tokens, b.tokens > 0 }, all),
 		mk("vram_peak_mib", "MiB (highest per-GPU memory used)", func(b *bucket) (float64, bool) { return b.vram, true }, all),
