@@ -91,10 +91,7 @@ func (s *Store) loadTombstones() error {
 	})
 }
 
-// DeleteLiveRun ends a run that has not ended at the collector and deletes
-// it: data of the run in batches that arrive later is dropped (its windows
-// kept as the deleted run's usage), until a run_start after now reuses the
-// id.
+// DeleteLiveRun implements storage.Store (tombstones above).
 func (s *Store) DeleteLiveRun(id string) (records int, err error) {
 	d, err := s.newDeletion(id)
 	if err != nil {
@@ -147,10 +144,8 @@ func appendDeletedRecords(out []kv, node string, seq uint64, gone []deletedWindo
 // moveChunk bounds the windows one transaction of moveRunWindows moves.
 const moveChunk = 2000
 
-// moveRunWindows turns run id's windows (w/) into the deleted run's (dw/):
-// the node used that GPU time and energy, and usage keeps showing it. Each
-// record keeps its expiry (RawRetention), as the node's own records do.
-// It returns how many windows it moved.
+// moveRunWindows turns run id's windows (w/) into the deleted run's (dw/),
+// each keeping its expiry, and returns how many it moved.
 func (s *Store) moveRunWindows(id string, d deletion) (moved int, err error) {
 	prefix := append(key("w/", id), 0)
 	for {

@@ -9,11 +9,9 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 )
 
-// Bounds per node (docs/security.md, "What a node's token can change"):
-// what one node can make the collector hold through real run starts.
-// Windows, events and loss records of runs the node did not start are
-// refused anyway (authorize.go), so these bound the runs a node can create
-// and keep open.
+// Bounds per node (docs/security.md, "What a node's token can change") on
+// the runs a node can create and keep open; records of runs it did not
+// start are refused anyway (authorize.go).
 
 // Limits bounds what one node may start. Zero: no bound.
 type Limits struct {

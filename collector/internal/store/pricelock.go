@@ -92,11 +92,8 @@ func clearLocked(b *trainmeterv1.Batch) *trainmeterv1.Batch {
 	return b
 }
 
-// Reprice books the GPU time of run id at usdPerHour: all of it (since
-// zero), or that of its windows that start at or after since. previous
-// is what the run's report is made with (its cost before the change is
-// kept). It rewrites the prices in the run's stored windows, then the
-// aggregate, and returns what changed. Writes wait meanwhile.
+// Reprice implements storage.Store: it rewrites the prices in the run's
+// stored windows, then the aggregate; writes wait meanwhile.
 func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason string, report func(*aggregate.State) *trainmeterv1.RunReport) (before, after *trainmeterv1.RunReport, ch aggregate.Repricing, err error) {
 	unlock := s.lockRuns("", []string{id})
 	defer unlock()
