@@ -79,11 +79,6 @@ type Alert struct {
 	Time time.Time
 }
 
-// AlertLogger emits alerts; *Telemetry implements it (nil-safe).
-type AlertLogger interface {
-	EmitAlert(ctx context.Context, a Alert)
-}
-
 // Options configure New.
 type Options struct {
 	// Exporter is the started OTel export (otelexport.Start) the figures go
@@ -109,11 +104,10 @@ type Options struct {
 
 // Telemetry is the collector's OTel export. A nil *Telemetry does nothing.
 type Telemetry struct {
-	o      Options
-	log    *slog.Logger
-	exp    *otelexport.Exporter
-	gpus   *otelexport.GPUMetrics
-	alerts *AlertLog
+	o    Options
+	log  *slog.Logger
+	exp  *otelexport.Exporter
+	gpus *otelexport.GPUMetrics
 
 	mu     sync.Mutex
 	recent map[string]time.Time // run id → when a batch last touched it
@@ -138,7 +132,7 @@ func New(o Options) (*Telemetry, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	exp := o.Exporter
-	t := &Telemetry{o: o, log: o.Logger, exp: exp, alerts: NewAlertLog(exp, o.Clock), recent: map[string]time.Time{}}
+	t := &Telemetry{o: o, log: o.Logger, exp: exp, recent: map[string]time.Time{}}
 	if err := t.register(exp.Meter()); err != nil {
 		return nil, err
 	}
@@ -279,14 +273,6 @@ func runAttrs(r *trainmeterv1.RunReport) attribute.Set {
 	)
 }
 
-// EmitAlert sends a as an OTel log record (nothing without OTLP).
-func (t *Telemetry) EmitAlert(ctx context.Context, a Alert) {
-	if t == nil {
-		return
-	}
-	t.alerts.EmitAlert(ctx, a)
-}
-
 // AlertLog sends alerts out as OTel log records through an exporter. It
 // needs only the exporter, so alerts can be wired before the Telemetry that
 // reads the budget and recommendation sources exists.
@@ -345,8 +331,3 @@ func severity(s string) (otellog.Severity, string) {
 	}
 	return otellog.SeverityInfo, "INFO"
 }
-
-var (
-	_ AlertLogger = (*Telemetry)(nil)
-	_ AlertLogger = (*AlertLog)(nil)
-)
