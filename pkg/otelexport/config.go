@@ -7,6 +7,7 @@ package otelexport
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"strings"
@@ -143,15 +144,10 @@ func (f *Flags) Apply() error {
 	if err != nil {
 		return err
 	}
-	if len(h) == 0 {
-		return nil
-	}
-	if f.cfg.Headers == nil {
+	if len(h) > 0 && f.cfg.Headers == nil {
 		f.cfg.Headers = map[string]string{}
 	}
-	for k, v := range h {
-		f.cfg.Headers[k] = v
-	}
+	maps.Copy(f.cfg.Headers, h)
 	return nil
 }
 
@@ -191,8 +187,6 @@ func (c Config) AllHeaders() (map[string]string, error) {
 			out[k] = strings.TrimSpace(v)
 		}
 	}
-	for k, v := range c.Headers {
-		out[k] = v
-	}
+	maps.Copy(out, c.Headers)
 	return out, nil
 }

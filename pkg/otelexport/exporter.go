@@ -144,20 +144,15 @@ func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Ex
 	// connections) exist.
 	if cfg.Endpoint != "" {
 		// The headers file's headers join Headers (Validate read it).
-		if cfg.Headers, err = cfg.AllHeaders(); err != nil {
-			if e.promLn != nil {
-				e.promLn.Close()
-			}
-			return nil, err
-		}
-		tlsCfg, err := cfg.tlsConfig()
+		cfg.Headers, err = cfg.AllHeaders()
+		var tlsCfg *tls.Config
 		if err == nil {
-			var mexp sdkmetric.Exporter
-			var lexp sdklog.Exporter
-			if mexp, lexp, err = cfg.otlpExporters(ctx, tlsCfg); err == nil {
-				mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(mexp, sdkmetric.WithInterval(cfg.interval()))))
-				lopts = append(lopts, sdklog.WithResource(rsc), sdklog.WithProcessor(sdklog.NewBatchProcessor(lexp, sdklog.WithExportInterval(time.Second))))
-			}
+			tlsCfg, err = cfg.tlsConfig()
+		}
+		var mexp sdkmetric.Exporter
+		var lexp sdklog.Exporter
+		if err == nil {
+			mexp, lexp, err = cfg.otlpExporters(ctx, tlsCfg)
 		}
 		if err != nil {
 			if e.promLn != nil {
@@ -165,6 +160,8 @@ func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Ex
 			}
 			return nil, err
 		}
+		mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(mexp, sdkmetric.WithInterval(cfg.interval()))))
+		lopts = append(lopts, sdklog.WithResource(rsc), sdklog.WithProcessor(sdklog.NewBatchProcessor(lexp, sdklog.WithExportInterval(time.Second))))
 	}
 	if e.promSrv != nil {
 		go func() {

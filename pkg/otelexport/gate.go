@@ -2,6 +2,7 @@ package otelexport
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,14 +33,9 @@ func (g *PrometheusGate) handler(reg prometheus.Gatherer, serve func(prometheus.
 		mfs, err := reg.Gather()
 		out := mfs[:0]
 		for _, mf := range mfs {
-			kept := mf.Metric[:0]
-			for _, m := range mf.Metric {
-				if !hasLabel(m, private) {
-					kept = append(kept, m)
-				}
-			}
-			if len(kept) > 0 {
-				mf.Metric = kept
+			if mf.Metric = slices.DeleteFunc(mf.Metric, func(m *dto.Metric) bool {
+				return slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return private[l.GetName()] })
+			}); len(mf.Metric) > 0 {
 				out = append(out, mf)
 			}
 		}
@@ -52,15 +48,6 @@ func (g *PrometheusGate) handler(reg prometheus.Gatherer, serve func(prometheus.
 		}
 		public.ServeHTTP(w, r)
 	})
-}
-
-func hasLabel(m *dto.Metric, names map[string]bool) bool {
-	for _, l := range m.GetLabel() {
-		if names[l.GetName()] {
-			return true
-		}
-	}
-	return false
 }
 
 // promName is an attribute key as a Prometheus label name.

@@ -1,8 +1,10 @@
 package otelexport
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -104,32 +106,26 @@ func NewGPUMetrics(meter metric.Meter, o GPUOptions) (*GPUMetrics, error) {
 		g.energyTTL = DefaultGPUEnergyTTL
 	}
 	g.energyTTL = max(g.energyTTL, g.staleAfter)
-	power, err := meter.Float64ObservableGauge(MetricHWPower, metric.WithUnit("W"),
+	var (
+		errs              [5]error
+		power, util       metric.Float64ObservableGauge
+		energy            metric.Float64ObservableCounter
+		memUsed, memLimit metric.Int64ObservableUpDownCounter
+	)
+	power, errs[0] = meter.Float64ObservableGauge(MetricHWPower, metric.WithUnit("W"),
 		metric.WithDescription("GPU power draw, averaged over the agent's last 1 s window"))
-	if err != nil {
-		return nil, err
-	}
-	energy, err := meter.Float64ObservableCounter(MetricHWEnergy, metric.WithUnit("J"),
+	energy, errs[1] = meter.Float64ObservableCounter(MetricHWEnergy, metric.WithUnit("J"),
 		metric.WithDescription("GPU energy consumed since the exporter started (hardware counter where available, else integrated power)"))
-	if err != nil {
-		return nil, err
-	}
-	util, err := meter.Float64ObservableGauge(MetricHWGPUUtilization, metric.WithUnit("1"),
+	util, errs[2] = meter.Float64ObservableGauge(MetricHWGPUUtilization, metric.WithUnit("1"),
 		metric.WithDescription("GPU utilization (0..1), averaged over the last window"))
-	if err != nil {
-		return nil, err
-	}
-	memUsed, err := meter.Int64ObservableUpDownCounter(MetricHWGPUMemoryUsage, metric.WithUnit("By"),
+	memUsed, errs[3] = meter.Int64ObservableUpDownCounter(MetricHWGPUMemoryUsage, metric.WithUnit("By"),
 		metric.WithDescription("GPU memory used, averaged over the last window"))
-	if err != nil {
-		return nil, err
-	}
-	memLimit, err := meter.Int64ObservableUpDownCounter(MetricHWGPUMemoryLimit, metric.WithUnit("By"),
+	memLimit, errs[4] = meter.Int64ObservableUpDownCounter(MetricHWGPUMemoryLimit, metric.WithUnit("By"),
 		metric.WithDescription("GPU memory size"))
-	if err != nil {
+	if err := cmp.Or(errs[:]...); err != nil {
 		return nil, err
 	}
-	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	_, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for _, s := range g.snapshot() {
 			opt := metric.WithAttributeSet(s.attrs)
 			o.ObserveFloat64(energy, s.energyJ, opt)
@@ -271,38 +267,19 @@ func gpuVendor(info *trainmeterv1.GpuInfo) string {
 // Vendor guesses the GPU vendor from its model name (NVML reports names such
 // as "NVIDIA H100 80GB HBM3"; older boards "Tesla V100-SXM2-16GB").
 func Vendor(model string) string {
-	m := strings.ToUpper(model)
+	words := strings.FieldsFunc(strings.ToUpper(model), func(c rune) bool {
+		return !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9')
+	})
 	for _, v := range []struct{ vendor, hints string }{
 		{"NVIDIA", "NVIDIA TESLA GEFORCE QUADRO RTX TITAN A100 H100 H200 B200 GB200 L40 L4 A10 A30 A40 T4 V100"},
 		{"AMD", "AMD RADEON INSTINCT MI300 MI250 MI210 MI100"},
 		{"Intel", "INTEL ARC GAUDI"},
 	} {
 		for _, h := range strings.Fields(v.hints) {
-			if containsWord(m, h) {
+			if slices.Contains(words, h) {
 				return v.vendor
 			}
 		}
 	}
 	return "unknown"
-}
-
-// containsWord reports whether w occurs in s delimited by non-alphanumerics.
-func containsWord(s, w string) bool {
-	for i := 0; ; {
-		j := strings.Index(s[i:], w)
-		if j < 0 {
-			return false
-		}
-		j += i
-		before := j == 0 || !isAlnum(s[j-1])
-		after := j+len(w) == len(s) || !isAlnum(s[j+len(w)])
-		if before && after {
-			return true
-		}
-		i = j + 1
-	}
-}
-
-func isAlnum(c byte) bool {
-	return c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z'
 }

@@ -975,6 +975,19 @@ func EventTime(e *trainmeterv1.RunEvent) *timestamppb.Timestamp {
 	return nil
 }
 
+// EventRunID is a run event's run id, whichever kind of event it is.
+func EventRunID(e *trainmeterv1.RunEvent) string {
+	switch ev := e.GetEvent().(type) {
+	case *trainmeterv1.RunEvent_RunStart:
+		return ev.RunStart.GetRunId()
+	case *trainmeterv1.RunEvent_RunEnd:
+		return ev.RunEnd.GetRunId()
+	case *trainmeterv1.RunEvent_Eval:
+		return ev.Eval.GetRunId()
+	}
+	return ""
+}
+
 // ShareMethod names how a run's GPUs were split over its windows: exclusive
 // when never shared, the one rule used when shared, mixed when several were
 // (docs/measurement.md, "Shared GPUs and idle"); "" for windows from agents

@@ -70,10 +70,8 @@ type Server struct {
 }
 
 // DefaultMaxBatchRunRecords is `serve --max-batch-run-records`'s default:
-// run windows, run events, loss records and host energy run shares in one
-// batch together. An agent's batch holds one second: about one window, one
-// loss record and one host share per live run (256 at most by default,
-// store.Limits), and the events of that second.
+// run windows, events, loss records and host energy shares in one batch
+// together, far above an agent's second of at most 256 live runs.
 const DefaultMaxBatchRunRecords = 20000
 
 // SetMaxBatchRunRecords sets the bound on the records naming a run in one
@@ -107,7 +105,7 @@ func New(st storage.Ingester, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{store: st, log: log, clock: clock.Real{}, nodes: map[string]*nodeState{}, closed: make(chan struct{})}
+	return &Server{store: st, log: log, clock: clock.Real{}, nodes: map[string]*nodeState{}, closed: make(chan struct{}), counters: newCounters()}
 }
 
 // Close ends every open stream with codes.Unavailable (so that a graceful
@@ -235,13 +233,11 @@ func (s *Server) Stream(stream grpc.BidiStreamingServer[trainmeterv1.StreamReque
 	log.Info("agent connected", "agent_version", hello.GetAgentVersion(), "gpus", len(hello.GetGpus()))
 	defer log.Info("agent disconnected")
 
-	// A worker receives, applies and acks batches on its own: a batch then
-	// costs no goroutine handoff between arriving and being handled (one
-	// wakeup per batch less; docs/benchmarks.md). This goroutine sends the
-	// advisories, rare, and ends the stream when the collector closes. mu
-	// serializes the two's sends, and once this handler has returned the
-	// worker handles nothing more (the store may be closing): the handler
-	// waits for a batch in hand, not for one still to come.
+	// A worker receives, applies and acks batches on its own: no goroutine
+	// handoff per batch (docs/benchmarks.md). This goroutine sends the rare
+	// advisories and ends the stream when the collector closes. mu
+	// serializes their sends; once this handler has returned the worker
+	// handles nothing more (the store may be closing).
 	var (
 		mu       sync.Mutex
 		returned bool
@@ -332,22 +328,13 @@ func (s *Server) handle(log *slog.Logger, sender storage.Sender, m *trainmeterv1
 		}
 	}
 	if err != nil {
-		s.counters.rejected.Add(1)
-		if seq := b.GetSeq(); seq > 0 && seq <= maxSeq {
-			// A seq out of range says nothing of the node's gaps.
-			s.noteSeq(log, node, boot, seq)
-		}
-		log.Warn("batch rejected", "seq", b.GetSeq(), "reason", err.Error())
-		return reject(b.GetSeq(), err.Error()), nil
+		return s.reject(log, sender, b.GetSeq(), err), nil
 	}
 	t0 := time.Now()
 	applied, err := s.store.ApplyBatchResult(sender, b)
 	dup := applied.Duplicate
 	if errors.Is(err, storage.ErrBatchTooLarge) {
-		s.counters.rejected.Add(1)
-		s.noteSeq(log, node, boot, b.GetSeq())
-		log.Warn("batch rejected", "seq", b.GetSeq(), "reason", err.Error())
-		return reject(b.GetSeq(), err.Error()), nil
+		return s.reject(log, sender, b.GetSeq(), err), nil
 	}
 	if err != nil {
 		s.counters.storeErrors.Add(1)
@@ -355,7 +342,7 @@ func (s *Server) handle(log *slog.Logger, sender storage.Sender, m *trainmeterv1
 		log.Error("store batch", "seq", b.GetSeq(), "err", err)
 		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
 	}
-	s.counters.latency().Observe(time.Since(t0))
+	s.counters.lat.Observe(time.Since(t0))
 	s.counters.lastStoreOK.Store(time.Now().UnixNano())
 	s.noteSeq(log, node, boot, b.GetSeq())
 	if dup {
@@ -374,8 +361,7 @@ func (s *Server) handle(log *slog.Logger, sender storage.Sender, m *trainmeterv1
 		}
 	}
 	s.seen(node, b.GetSeq())
-	// A refused start goes back on this stream, before the batch's ack:
-	// the agent tells the run's trainers and stops booking the run.
+	// A refused start goes back before the batch's ack.
 	s.noteDropped(log, node, applied)
 	out := make([]*trainmeterv1.StreamResponse, 0, len(applied.Refused)+1)
 	for _, r := range applied.Refused {
@@ -392,8 +378,14 @@ func (s *Server) handle(log *slog.Logger, sender storage.Sender, m *trainmeterv1
 	return out, nil
 }
 
-func reject(seq uint64, reason string) []*trainmeterv1.StreamResponse {
-	return []*trainmeterv1.StreamResponse{{Msg: &trainmeterv1.StreamResponse_Reject{Reject: &trainmeterv1.Reject{Seq: seq, Reason: reason}}}}
+// reject counts and logs a rejected batch and answers it.
+func (s *Server) reject(log *slog.Logger, sender storage.Sender, seq uint64, err error) []*trainmeterv1.StreamResponse {
+	s.counters.rejected.Add(1)
+	if seq > 0 && seq <= maxSeq { // a seq out of range says nothing of the node's gaps
+		s.noteSeq(log, sender.Node, sender.Boot, seq)
+	}
+	log.Warn("batch rejected", "seq", seq, "reason", err.Error())
+	return []*trainmeterv1.StreamResponse{{Msg: &trainmeterv1.StreamResponse_Reject{Reject: &trainmeterv1.Reject{Seq: seq, Reason: err.Error()}}}}
 }
 
 // noteSeq counts and logs a sequence gap (seqs the collector never saw from

@@ -16,14 +16,9 @@ import (
 )
 
 // Time bounds on a batch's window, relative to the collector's clock.
-//
-// MaxBatchAge is long on purpose: an agent replays its on-disk spool after an
-// outage, and days-old batches are legitimate. A batch older than this is
-// rejected (the agent drops it and counts it as rejected) rather than stored,
-// because it is either a badly wrong agent clock or data the collector's
-// retention would discard anyway. MaxBatchFuture is short: only clock skew
-// puts a window in the future, and a skewed agent would otherwise write its
-// runs at the wrong time for everyone.
+// MaxBatchAge is long: an agent replays its spool after an outage, and
+// days-old batches are legitimate. MaxBatchFuture is short: only clock skew
+// puts a window in the future.
 const (
 	MaxBatchFuture = 10 * time.Minute
 	MaxBatchAge    = 30 * 24 * time.Hour
@@ -55,15 +50,14 @@ func CheckBatchTime(b *trainmeterv1.Batch, now time.Time) error {
 	return nil
 }
 
-// counters are the ingest server's self-metrics; the zero value is ready.
+// counters are the ingest server's self-metrics (newCounters).
 type counters struct {
 	streams, applied, duplicate, rejected, rejectedTime, storeErrors, seqGaps, seqMissing atomic.Uint64
 	refusedStarts                                                                         atomic.Uint64
 	lastStoreErr                                                                          atomic.Int64 // unix ns of the last failed store write
 	lastStoreOK                                                                           atomic.Int64 // unix ns of the last successful one
 
-	latOnce sync.Once
-	lat     *selfmetrics.Ring
+	lat *selfmetrics.Ring
 
 	gapMu sync.Mutex
 	gaps  map[string]*gapState // by node
@@ -83,8 +77,7 @@ type dropState struct {
 }
 
 // dropLogEvery: a node's refused records are logged at most this often,
-// with the count since the line before (a hostile node would otherwise
-// write a line per record).
+// with the count since the line before.
 const dropLogEvery = 10 * time.Second
 
 // noteDropped counts the records of a batch the store refused, per node,
@@ -107,9 +100,6 @@ func (s *Server) noteDropped(log *slog.Logger, node string, a storage.Applied) {
 	c.refusedRecords.Add(n)
 	now := s.clock.Now()
 	c.dropMu.Lock()
-	if c.drops == nil {
-		c.drops = map[string]*dropState{}
-	}
 	d := c.drops[node]
 	if d == nil {
 		d = &dropState{}
@@ -136,9 +126,8 @@ type gapState struct {
 	missing uint64 // seqs skipped over by those gaps
 }
 
-func (c *counters) latency() *selfmetrics.Ring {
-	c.latOnce.Do(func() { c.lat = selfmetrics.NewRing(latencyWindow) })
-	return c.lat
+func newCounters() counters {
+	return counters{lat: selfmetrics.NewRing(latencyWindow), gaps: map[string]*gapState{}, drops: map[string]*dropState{}}
 }
 
 // answered notes that seq of node/boot got an ack or a reject and reports
@@ -148,9 +137,6 @@ func (c *counters) latency() *selfmetrics.Ring {
 func (c *counters) answered(node, boot string, seq uint64) uint64 {
 	c.gapMu.Lock()
 	defer c.gapMu.Unlock()
-	if c.gaps == nil {
-		c.gaps = map[string]*gapState{}
-	}
 	g := c.gaps[node]
 	if g == nil {
 		g = &gapState{}
@@ -183,20 +169,14 @@ type Stats struct {
 	// RejectedTime counts the rejects for the time bounds (part of Rejected).
 	RejectedTime uint64 `json:"batches_rejected_time"`
 	StoreErrors  uint64 `json:"store_errors"`
-	// RefusedStarts counts the refusals sent to agents: run starts refused
-	// because the run had ended on every node, and batches whose records
-	// of such a start's run were dropped.
+	// RefusedStarts counts the refusals sent to agents (StartRefused).
 	RefusedStarts uint64 `json:"refused_starts"`
 	// RefusedRecords counts the records naming a run that the store
-	// dropped from batches it applied: the node did not start the run, or
-	// sent them past its end there, or a window's energy was more than its
-	// GPUs can draw, or its start was refused (docs/security.md);
-	// RefusedRecordsPerNode by node.
+	// dropped from batches it applied (docs/security.md), also by node.
 	RefusedRecords        uint64            `json:"refused_records"`
 	RefusedRecordsPerNode map[string]uint64 `json:"refused_records_per_node"`
-	// SeqGaps counts batches that arrived more than one past the highest seq
-	// seen from their node's boot; SeqMissing the seqs skipped over. Gaps are
-	// legitimate after an agent's spool overflowed; they are logged.
+	// SeqGaps counts batches more than one past the highest seq seen from
+	// their node's boot; SeqMissing the seqs skipped over.
 	SeqGaps        uint64            `json:"seq_gaps"`
 	SeqMissing     uint64            `json:"seq_missing"`
 	SeqGapsPerNode map[string]uint64 `json:"seq_gaps_per_node"`
@@ -214,15 +194,14 @@ type Stats struct {
 // Stats returns a snapshot of the self-metrics.
 func (s *Server) Stats() Stats {
 	c := &s.counters
-	lat := c.latency()
-	q := lat.Quantiles(0.5, 0.99, 1)
+	q := c.lat.Quantiles(0.5, 0.99, 1)
 	st := Stats{
 		Streams: c.streams.Load(), Applied: c.applied.Load(), Duplicate: c.duplicate.Load(),
 		Rejected: c.rejected.Load(), RejectedTime: c.rejectedTime.Load(), StoreErrors: c.storeErrors.Load(),
 		RefusedStarts: c.refusedStarts.Load(), RefusedRecords: c.refusedRecords.Load(), RefusedRecordsPerNode: map[string]uint64{},
 		SeqGaps: c.seqGaps.Load(), SeqMissing: c.seqMissing.Load(), SeqGapsPerNode: map[string]uint64{},
 		StoreWriteP50Ms: selfmetrics.Millis(q[0]), StoreWriteP99Ms: selfmetrics.Millis(q[1]),
-		StoreWriteMaxMs: selfmetrics.Millis(q[2]), StoreWrites: lat.Count(),
+		StoreWriteMaxMs: selfmetrics.Millis(q[2]), StoreWrites: c.lat.Count(),
 	}
 	if e := c.lastStoreErr.Load(); e != 0 {
 		st.LastStoreError = time.Unix(0, e).UTC()

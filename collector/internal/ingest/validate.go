@@ -30,9 +30,8 @@ const (
 	// MaxBatchSpan caps window_end − window_start (agent windows are 1 s).
 	MaxBatchSpan = time.Hour
 	// A run window's or event's times may lie up to MaxBatchAge before its
-	// batch's window (an agent restarted after a crash bridges the downtime
-	// with a segment from its last checkpoint, or ends a run there) and up to
-	// MaxEventSkew after it (events that arrive while a window settles).
+	// batch's window (downtime bridged after a crash) and up to MaxEventSkew
+	// after it.
 	MaxEventSkew = 10 * time.Minute
 )
 
@@ -44,6 +43,26 @@ func inWindow(what string, t *timestamppb.Timestamp, b *trainmeterv1.Batch) erro
 	}
 	if at.After(b.GetWindowEnd().AsTime().Add(MaxEventSkew)) {
 		return fmt.Errorf("%s %s is more than %s after the batch window", what, at.Format(time.RFC3339Nano), MaxEventSkew)
+	}
+	return nil
+}
+
+// each checks every element of xs, naming a failing one name[i].
+func each[T any](name string, xs []T, check func(T) error) error {
+	for i, x := range xs {
+		if err := check(x); err != nil {
+			return fmt.Errorf("%s[%d]: %w", name, i, err)
+		}
+	}
+	return nil
+}
+
+// firstErr is the first non-nil of errs.
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -71,16 +90,12 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 	if b.GetSeq() == 0 {
 		return fmt.Errorf("seq must be > 0")
 	}
-	// An agent counts seqs up from 1, one per batch (a second each): 2^53 is
-	// hundreds of millions of years away, and a seq near 2^64 can only come
-	// from a broken or hostile sender (seq+1 would wrap).
+	// Seqs count up from 1, one a second: 2^53 is never reached by an
+	// agent, and a seq near 2^64 would wrap at seq+1.
 	if b.GetSeq() > maxSeq {
 		return fmt.Errorf("seq %d is implausibly large (> 2^53)", b.GetSeq())
 	}
-	if err := batchcheck.Time("window_start", b.GetWindowStart()); err != nil {
-		return err
-	}
-	if err := batchcheck.Time("window_end", b.GetWindowEnd()); err != nil {
+	if err := firstErr(batchcheck.Time("window_start", b.GetWindowStart()), batchcheck.Time("window_end", b.GetWindowEnd())); err != nil {
 		return err
 	}
 	if b.GetWindowEnd().AsTime().Before(b.GetWindowStart().AsTime()) {
@@ -98,45 +113,30 @@ func ValidateBatch(b *trainmeterv1.Batch) error {
 	if n := len(b.GetGpuWindows()); n > MaxGPUWindows {
 		return fmt.Errorf("%d gpu windows, more than %d", n, MaxGPUWindows)
 	}
-	for i, g := range b.GetGpuWindows() {
-		if err := validateGPUWindow(g); err != nil {
-			return fmt.Errorf("gpu_windows[%d]: %w", i, err)
-		}
+	if err := each("gpu_windows", b.GetGpuWindows(), validateGPUWindow); err != nil {
+		return err
 	}
-	for i, w := range b.GetRunWindows() {
-		if err := validateRunWindow(w); err != nil {
-			return fmt.Errorf("run_windows[%d]: %w", i, err)
-		}
-		if err := inWindow("start", w.GetStart(), b); err != nil {
-			return fmt.Errorf("run_windows[%d]: %w", i, err)
-		}
-		if err := inWindow("end", w.GetEnd(), b); err != nil {
-			return fmt.Errorf("run_windows[%d]: %w", i, err)
-		}
+	if err := each("run_windows", b.GetRunWindows(), func(w *trainmeterv1.RunWindow) error {
+		return firstErr(validateRunWindow(w), inWindow("start", w.GetStart(), b), inWindow("end", w.GetEnd(), b))
+	}); err != nil {
+		return err
 	}
-	for i, e := range b.GetRunEvents() {
-		if err := validateEvent(e); err != nil {
-			return fmt.Errorf("run_events[%d]: %w", i, err)
-		}
-		if err := inWindow("time", aggregate.EventTime(e), b); err != nil {
-			return fmt.Errorf("run_events[%d]: %w", i, err)
-		}
+	if err := each("run_events", b.GetRunEvents(), func(e *trainmeterv1.RunEvent) error {
+		return firstErr(validateEvent(e), inWindow("time", aggregate.EventTime(e), b))
+	}); err != nil {
+		return err
 	}
 	if n := len(b.GetLosses()); n > MaxLosses {
 		return fmt.Errorf("%d loss records, more than %d", n, MaxLosses)
 	}
-	for i, l := range b.GetLosses() {
-		if err := batchcheck.Loss(l); err != nil {
-			return fmt.Errorf("losses[%d]: %w", i, err)
-		}
+	if err := each("losses", b.GetLosses(), batchcheck.Loss); err != nil {
+		return err
 	}
 	if n := len(b.GetNodeLosses()); n > MaxLosses {
 		return fmt.Errorf("%d node loss records, more than %d", n, MaxLosses)
 	}
-	for i, l := range b.GetNodeLosses() {
-		if err := batchcheck.NodeLoss(l); err != nil {
-			return fmt.Errorf("node_losses[%d]: %w", i, err)
-		}
+	if err := each("node_losses", b.GetNodeLosses(), batchcheck.NodeLoss); err != nil {
+		return err
 	}
 	if err := validateRawSamples(b); err != nil {
 		return err
@@ -236,10 +236,7 @@ func validateRunWindow(w *trainmeterv1.RunWindow) error {
 	if err := batchcheck.ID("run_id", w.GetRunId()); err != nil {
 		return err
 	}
-	if err := batchcheck.Time("start", w.GetStart()); err != nil {
-		return err
-	}
-	if err := batchcheck.Time("end", w.GetEnd()); err != nil {
+	if err := firstErr(batchcheck.Time("start", w.GetStart()), batchcheck.Time("end", w.GetEnd())); err != nil {
 		return err
 	}
 	if w.GetEnd().AsTime().Before(w.GetStart().AsTime()) {

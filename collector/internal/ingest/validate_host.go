@@ -27,31 +27,20 @@ func validateHostEnergy(b *trainmeterv1.Batch) error {
 	if len(hs) > MaxHostEnergy {
 		return fmt.Errorf("%d host_energy intervals, more than %d", len(hs), MaxHostEnergy)
 	}
-	for i, h := range hs {
-		if err := validateOneHostEnergy(h, b); err != nil {
-			return fmt.Errorf("host_energy[%d]: %w", i, err)
-		}
-	}
-	return nil
+	return each("host_energy", hs, func(h *trainmeterv1.HostEnergy) error { return validateOneHostEnergy(h, b) })
 }
 
 func validateOneHostEnergy(h *trainmeterv1.HostEnergy, b *trainmeterv1.Batch) error {
 	if h == nil {
 		return fmt.Errorf("is null")
 	}
-	if err := batchcheck.Time("start", h.GetStart()); err != nil {
-		return err
-	}
-	if err := batchcheck.Time("end", h.GetEnd()); err != nil {
+	if err := firstErr(batchcheck.Time("start", h.GetStart()), batchcheck.Time("end", h.GetEnd())); err != nil {
 		return err
 	}
 	if !h.GetStart().AsTime().Before(h.GetEnd().AsTime()) {
 		return fmt.Errorf("end is not after start")
 	}
-	if err := inWindow("start", h.GetStart(), b); err != nil {
-		return err
-	}
-	if err := inWindow("end", h.GetEnd(), b); err != nil {
+	if err := firstErr(inWindow("start", h.GetStart(), b), inWindow("end", h.GetEnd(), b)); err != nil {
 		return err
 	}
 	if err := batchcheck.Phys("cpu_energy_j", h.GetCpuEnergyJ(), "dram_energy_j", h.GetDramEnergyJ(),

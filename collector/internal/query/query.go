@@ -9,11 +9,13 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/advisor"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
@@ -102,6 +104,14 @@ func (s *Server) reports(ids []string) ([]*trainmeterv1.RunReport, error) {
 		})
 	}
 	return out, nil
+}
+
+// timeOf is ts as a time; zero when ts is nil.
+func timeOf(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	return ts.AsTime()
 }
 
 // eachOnAllCores calls fn(0) ... fn(n-1) on all cores: a page's reports

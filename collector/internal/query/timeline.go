@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -35,6 +36,7 @@ type nodeSpan struct {
 // bucket is one second of a run (or of one of its nodes).
 type bucket struct {
 	energy, dur, tokens, wait, compute, vram float64
+	power                                    float64 // of all: the sum of its nodes' powers
 }
 
 type series struct {
@@ -68,16 +70,11 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	if err != nil {
 		return nil, s.storeErr(err)
 	}
-	from, to := time.Time{}, time.Time{}
-	if req.GetFrom() != nil {
-		from = req.GetFrom().AsTime()
-	}
-	if req.GetTo() != nil {
-		to = req.GetTo().AsTime()
-	}
+	from, to := timeOf(req.GetFrom()), timeOf(req.GetTo())
 	if !from.IsZero() && !to.IsZero() && !to.After(from) {
 		return nil, status.Errorf(codes.InvalidArgument, "time range: to %v is not after from %v", to, from)
 	}
+	outside := func(t time.Time) bool { return (!from.IsZero() && t.Before(from)) || (!to.IsZero() && !t.Before(to)) }
 	resp := &trainmeterv1.TimelineResponse{RunId: req.GetRunId()}
 
 	all := map[int64]*bucket{}
@@ -97,7 +94,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		if w.GetPhase() == trainmeterv1.Phase_PHASE_MEASURED && (warmupEnd.IsZero() || st.Before(warmupEnd)) {
 			warmupEnd = st
 		}
-		if (!from.IsZero() && st.Before(from)) || (!to.IsZero() && !st.Before(to)) {
+		if outside(st) {
 			continue
 		}
 		sp := spans[nw.Node]
@@ -172,22 +169,13 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	// Total power is the sum of the nodes' powers: each node's energy over
 	// the time it covered in that second (segments are cut at run start,
 	// warmup end and run end).
-	totalPower := &series{name: "power_w", unit: "W (the run's GPUs, all nodes)"}
-	for _, k := range secs {
-		var p float64
-		for _, m := range nodes {
-			if b := m[k]; b != nil {
-				p += power(b)
-			}
+	for _, m := range nodes {
+		for k, b := range m {
+			all[k].power += power(b)
 		}
-		totalPower.t, totalPower.v = append(totalPower.t, k*1000), append(totalPower.v, p)
 	}
-	out = append(out, totalPower)
-	nodeNames := make([]string, 0, len(nodes))
-	for n := range nodes {
-		nodeNames = append(nodeNames, n)
-	}
-	slices.Sort(nodeNames)
+	out = append(out, mk("power_w", "W (the run's GPUs, all nodes)", func(b *bucket) (float64, bool) { return b.power, true }, all))
+	nodeNames := slices.Sorted(maps.Keys(nodes))
 	// The per-GPU series read the node's GPU windows, the most expensive
 	// part of a timeline: only when asked for (or everything is).
 	perGPU := len(req.GetSeries()) == 0 || slices.ContainsFunc(req.GetSeries(), func(name string) bool {
@@ -204,13 +192,11 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		}
 		out = append(out, gpuSeries...)
 	}
-	cum := &series{name: "energy_j", unit: "J, cumulative from the range's start, warmup included, all GPUs"}
 	var acc float64
-	for _, k := range secs {
-		acc += all[k].energy
-		cum.t, cum.v = append(cum.t, k*1000), append(cum.v, acc)
-	}
-	out = append(out, cum,
+	out = append(out, mk("energy_j", "J, cumulative from the range's start, warmup included, all GPUs", func(b *bucket) (float64, bool) {
+		acc += b.energy
+		return acc, true
+	}, all),
 		mk("tok_per_s", "tokens/s (all ranks; each point one second)", func(b *bucket) (float64, bool) { return b.tokens, true }, all),
 		mk("j_per_token", "J/token (per second, all GPUs)", func(b *bucket) (float64, bool) { return b.energy / b.tokens, b.tokens > 0 }, all),
 		mk("vram_peak_mib", "MiB (highest per-GPU memory used)", func(b *bucket) (float64, bool) { return b.vram, true }, all),
@@ -230,12 +216,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		resp.Series = append(resp.Series, &trainmeterv1.TimelineSeries{Name: sr.name, Unit: sr.unit, TUnixMs: t, Values: v, SourcePoints: uint32(len(sr.t))})
 	}
 	if len(want) > 0 {
-		var unknown []string
-		for n := range want {
-			unknown = append(unknown, n)
-		}
-		slices.Sort(unknown)
-		return nil, status.Errorf(codes.InvalidArgument, "unknown series %s", strings.Join(unknown, ", "))
+		return nil, status.Errorf(codes.InvalidArgument, "unknown series %s", strings.Join(slices.Sorted(maps.Keys(want)), ", "))
 	}
 	if asked { // in the order asked for
 		slices.SortStableFunc(resp.Series, func(a, b *trainmeterv1.TimelineSeries) int {
@@ -243,6 +224,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		})
 	}
 
+	var events []*trainmeterv1.TimelineEvent
 	for _, ne := range es {
 		te := &trainmeterv1.TimelineEvent{Node: ne.Node}
 		switch ev := ne.Event.GetEvent().(type) {
@@ -263,26 +245,20 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		default:
 			continue
 		}
-		if t := te.GetTime().AsTime(); (!from.IsZero() && t.Before(from)) || (!to.IsZero() && !t.Before(to)) {
-			continue
-		}
-		resp.Events = append(resp.Events, te)
+		events = append(events, te)
 	}
 	// After the run's own events: a run without warmup starts, then measures.
 	if resp.WarmupEnd != nil {
-		if t := warmupEnd; (from.IsZero() || !t.Before(from)) && (to.IsZero() || t.Before(to)) {
-			resp.Events = append(resp.Events, &trainmeterv1.TimelineEvent{Time: resp.WarmupEnd, Kind: "warmup_end", Text: "measured phase starts"})
-		}
+		events = append(events, &trainmeterv1.TimelineEvent{Time: resp.WarmupEnd, Kind: "warmup_end", Text: "measured phase starts"})
 	}
 	recorded, err := s.recordedEvents(req.GetRunId(), agg.GetRunStart().GetGpuName(), first, last)
 	if err != nil {
 		return nil, s.storeErr(err)
 	}
-	for _, te := range recorded {
-		if t := te.GetTime().AsTime(); (!from.IsZero() && t.Before(from)) || (!to.IsZero() && !t.Before(to)) {
-			continue
+	for _, te := range append(events, recorded...) {
+		if !outside(te.GetTime().AsTime()) {
+			resp.Events = append(resp.Events, te)
 		}
-		resp.Events = append(resp.Events, te)
 	}
 	slices.SortStableFunc(resp.Events, func(a, b *trainmeterv1.TimelineEvent) int { return a.GetTime().AsTime().Compare(b.GetTime().AsTime()) })
 	return resp, nil
@@ -331,11 +307,7 @@ func gpuPower(ts storage.Windows, node string, sp *nodeSpan) ([]*series, error) 
 	if err != nil {
 		return nil, err
 	}
-	idx := make([]uint32, 0, len(sp.gpus))
-	for g := range sp.gpus {
-		idx = append(idx, g)
-	}
-	slices.Sort(idx)
+	idx := slices.Sorted(maps.Keys(sp.gpus))
 	out := make([]*series, len(idx))
 	for i, g := range idx {
 		out[i] = &series{name: fmt.Sprintf("power_w:%s/gpu%d", node, g), unit: fmt.Sprintf("W (GPU %d of node %s, mean over each window)", g, node)}

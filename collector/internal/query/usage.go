@@ -24,13 +24,6 @@ const (
 	UnlabeledKey = "(unlabeled)"
 )
 
-// usagePrice is the GPU price per hour a usage row is charged at, and where
-// it came from: the one place usage asks the pricing (owned-hardware
-// amortisation plugs in here).
-func usagePrice(p aggregate.Pricing, runStartPrice float64, node, gpuName string) (float64, string, bool) {
-	return p.GPUPrice(runStartPrice, node, gpuName)
-}
-
 // locked is the price a record was stored with (RunWindow, Batch:
 // locked_*); priced false: stored unpriced, priced when read.
 type locked struct {
@@ -91,13 +84,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	if err := checkBy(by); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	var since, until time.Time
-	if req.GetSince() != nil {
-		since = req.GetSince().AsTime()
-	}
-	if req.GetUntil() != nil {
-		until = req.GetUntil().AsTime()
-	}
+	since, until := timeOf(req.GetSince()), timeOf(req.GetUntil())
 	if !since.IsZero() && !until.IsZero() && !since.Before(until) {
 		return nil, status.Errorf(codes.InvalidArgument, "--since (%s) must be before --until (%s)", since.Format(time.RFC3339), until.Format(time.RFC3339))
 	}
@@ -134,7 +121,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		if runID != "" {
 			a.runs[runID] = struct{}{}
 		}
-		price, src, ok := usagePrice(s.pricing, runPrice, node, gpuName)
+		price, src, ok := s.pricing.GPUPrice(runPrice, node, gpuName)
 		energyUSD, _, eok := s.pricing.EnergyCost(nil, energyJ)
 		if lock.priced {
 			// Priced as stored (docs/costs.md, "Locked prices").
@@ -189,6 +176,25 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		}
 		return keys
 	}
+	// addWindow adds a run window, by GPU share (whole GPUs for a window
+	// from an agent before shares), to the rows of run r (nil: none, none
+	// names the rows).
+	addWindow := func(node string, w *trainmeterv1.RunWindow, r *aggregate.State, none string, deleted bool, runID string, price float64, name string) {
+		shares := w.GetGpuShares()
+		if len(shares) == 0 {
+			g, has := uint32(0), len(w.GetGpus()) == 1
+			if has {
+				g = w.GetGpus()[0]
+			}
+			add(keysFor(node, g, has, r, none), "", deleted, runID, w.GetGpuSeconds(),
+				windowEnergy(w.GetCounterOk(), w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
+			return
+		}
+		for _, sh := range shares {
+			add(keysFor(node, sh.GetGpu(), true, r, none), "", deleted, runID, sh.GetGpuSeconds(),
+				windowEnergy(w.GetCounterOk(), sh.GetEnergyCounterJ(), sh.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
+		}
+	}
 	err = s.store.UsageScan(since, until, func(node string, b *trainmeterv1.Batch) error {
 		n := nodes[node]
 		if n == nil {
@@ -233,41 +239,13 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 				name = r.GetRunStart().GetGpuName()
 			}
 		}
-		shares := w.GetGpuShares()
-		if len(shares) == 0 {
-			// A window from an agent before shares: the run had its GPUs whole.
-			g, has := uint32(0), len(w.GetGpus()) == 1
-			if has {
-				g = w.GetGpus()[0]
-			}
-			add(keysFor(node, g, has, r, IdleKey), "", false, runID, w.GetGpuSeconds(),
-				windowEnergy(w.GetCounterOk(), w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
-			return nil
-		}
-		for _, sh := range shares {
-			add(keysFor(node, sh.GetGpu(), true, r, IdleKey), "", false, runID, sh.GetGpuSeconds(),
-				windowEnergy(w.GetCounterOk(), sh.GetEnergyCounterJ(), sh.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
-		}
+		addWindow(node, w, r, IdleKey, false, runID, price, name)
 		return nil
 	}, func(node string, d *storev1.DeletedRunWindow) error {
 		// As a run's window above, at the run's own price; counted by
 		// its deletion, the run having no name any more.
-		w, run := d.GetWindow(), "deleted:"+strconv.FormatUint(d.GetDeletion(), 16)
-		name := cmp.Or(d.GetGpuName(), gpuNames[node])
-		shares := w.GetGpuShares()
-		if len(shares) == 0 {
-			g, has := uint32(0), len(w.GetGpus()) == 1
-			if has {
-				g = w.GetGpus()[0]
-			}
-			add(keysFor(node, g, has, nil, DeletedKey), "", true, run, w.GetGpuSeconds(),
-				windowEnergy(w.GetCounterOk(), w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ()), d.GetGpuPricePerHour(), node, name, lockOfWindow(w))
-			return nil
-		}
-		for _, sh := range shares {
-			add(keysFor(node, sh.GetGpu(), true, nil, DeletedKey), "", true, run, sh.GetGpuSeconds(),
-				windowEnergy(w.GetCounterOk(), sh.GetEnergyCounterJ(), sh.GetEnergyIntegratedJ()), d.GetGpuPricePerHour(), node, name, lockOfWindow(w))
-		}
+		addWindow(node, d.GetWindow(), nil, DeletedKey, true, "deleted:"+strconv.FormatUint(d.GetDeletion(), 16),
+			d.GetGpuPricePerHour(), cmp.Or(d.GetGpuName(), gpuNames[node]))
 		return nil
 	})
 	if err != nil {
@@ -289,16 +267,10 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		if totalJ > 0 {
 			a.row.EnergyShare = a.row.GetEnergyJ() / totalJ
 		}
-		var srcs []string
 		for src := range a.sources {
-			srcs = append(srcs, src)
+			a.row.PriceSource = src
 		}
-		sort.Strings(srcs)
-		switch len(srcs) {
-		case 0:
-		case 1:
-			a.row.PriceSource = srcs[0]
-		default:
+		if len(a.sources) > 1 {
 			a.row.PriceSource = "mixed"
 		}
 		if !a.unpriced {

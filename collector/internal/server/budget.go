@@ -123,10 +123,7 @@ func (c PriceConfig) Validate() error {
 			errs = append(errs, fmt.Errorf("price provider %q: want one or several of %s, comma-separated", n, strings.Join(PriceProviders, ", ")))
 		}
 	}
-	if err := pricewatch.ValidateSchedule(c.FetchInterval, c.MaxOfferAge); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, pricewatch.ValidateSchedule(c.FetchInterval, c.MaxOfferAge))...)
 }
 
 // checkFiles checks, at start, that the files the config names can be

@@ -10,7 +10,7 @@ import (
 )
 
 // otelAlerts sends budget and price alerts out as OTel log records.
-type otelAlerts struct{ t telemetry.AlertLogger }
+type otelAlerts struct{ t *telemetry.AlertLog }
 
 func (o otelAlerts) Alert(ctx context.Context, a alert.Alert) {
 	o.t.EmitAlert(ctx, telemetry.Alert{Kind: a.Kind, Severity: a.Severity, Scope: a.Scope, Message: a.Message, Time: a.Time, Attributes: alertAttributes(a)})

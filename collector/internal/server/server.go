@@ -1,12 +1,10 @@
 // Package server wires the collector: the store, the ingest and query gRPC
 // services, gRPC health and server reflection, on one listener.
 //
-// Lifecycle (OpenTelemetry Collector style): New validates nothing but keeps
-// the config; Start opens the store, binds the listener and serves in the
-// background, returning once the collector accepts connections; Shutdown ends
-// agent streams, stops gRPC gracefully (hard stop if ctx expires first) and
-// closes the store. Shutdown is safe to call more than once, and after a
-// failed or missing Start.
+// Lifecycle: New keeps the config; Start opens the store, binds the
+// listener and returns once the collector accepts connections; Shutdown
+// (safe more than once, and without a Start) ends agent streams, stops gRPC
+// gracefully and closes the store.
 package server
 
 import (
@@ -14,10 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -56,18 +55,14 @@ const MaxRecvMsgSize = 16 << 20
 const DefaultListen = "127.0.0.1:7433"
 
 // DefaultCommitWindow is `serve --commit-window`'s default: at 1,000 agents
-// a window halves the collector's CPU per batch (docs/benchmarks.md, the
-// window swept from 0 to 100 ms; 100 ms makes ~8 % more GPU-samples per
-// CPU-second than 50 ms) for up to the window more ack latency (p99 ~110
-// ms), which an agent sending once a second and keeping each batch in its
-// spool until acked does not notice. From about 3,000 agents groups fill
-// (256 batches) before the window ends, so it costs them no latency.
+// a window halves the collector's CPU per batch for up to the window more
+// ack latency, which an agent keeping each batch in its spool until acked
+// does not notice (docs/benchmarks.md).
 const DefaultCommitWindow = 100 * time.Millisecond
 
 // Defaults of `serve --max-live-runs-per-node` and
-// `--max-new-runs-per-minute`: far above a real node (a node of 8 GPUs
-// runs a few trainings at once, and a sweep starts a few a minute), low
-// enough that one node's token cannot fill the collector's memory with runs.
+// `--max-new-runs-per-minute`: far above a real node, low enough that one
+// node's token cannot fill the collector's memory with runs.
 const (
 	DefaultMaxLiveRunsPerNode  = 256
 	DefaultMaxNewRunsPerMinute = 600
@@ -103,20 +98,10 @@ type Config struct {
 	PriorityMultipliers map[string]float64
 	// GCInterval is how often value-log GC runs; 0 disables it.
 	GCInterval time.Duration
-	// RawRetention, when positive, bounds how long raw records are kept
-	// (store.Options.RawRetention); 0 keeps them forever. Run aggregates
-	// are kept regardless.
-	RawRetention time.Duration
-	// CommitWindow is how long the store waits after a batch for others to
-	// commit with it (store.Options.CommitWindow): acks come up to this much
-	// later, and each commit's sync is shared by every batch in it.
-	CommitWindow time.Duration
-	// Bounds per node (docs/security.md): the runs live on one node at
-	// once, the new runs one node starts a minute (store.Limits), and the
-	// records naming a run in one batch (ingest.DefaultMaxBatchRunRecords).
-	// 0: the store's "no bound" and the ingest default; serve's flags
-	// default to DefaultMaxLiveRunsPerNode, DefaultMaxNewRunsPerMinute and
-	// ingest.DefaultMaxBatchRunRecords.
+	// RawRetention and CommitWindow: see store.Options.
+	RawRetention, CommitWindow time.Duration
+	// Bounds per node (docs/security.md; store.Limits,
+	// ingest.DefaultMaxBatchRunRecords); 0: none, and the ingest default.
 	MaxLiveRunsPerNode, MaxNewRunsPerMinute, MaxBatchRunRecords int
 	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
 	// over plain HTTP (docs/observability.md).
@@ -134,10 +119,8 @@ type Config struct {
 	Budget BudgetConfig
 	Alerts AlertConfig
 	Prices PriceConfig
-	// Clock of the batch time bounds (ingest.CheckBatchTime), last-seen
-	// times (live and stored), deletion marks, OTel timestamps, the console,
-	// and the budget evaluation, price fetch and webhook retry loops
-	// (Alerts.Webhook.Clock overrides it for webhooks); nil: the wall clock.
+	// Clock of every part of the collector (Alerts.Webhook.Clock overrides
+	// it for webhooks); nil: the wall clock.
 	Clock clock.Clock
 	// OTel is the OpenTelemetry export (OTLP push, Prometheus /metrics);
 	// the zero value exports nothing (docs/otel.md).
@@ -151,9 +134,8 @@ type Config struct {
 	// --- web console (console.go, docs/console.md) ---
 	// UIListen is the web console's HOST:PORT; empty: no console.
 	UIListen string
-	// UIListenDefault says UIListen is the default, not asked for: when it
-	// cannot be bound (another collector has it) the collector runs
-	// without a console and says so, instead of failing to start.
+	// UIListenDefault says UIListen is the default, not asked for: one that
+	// cannot be bound leaves the collector without a console (startConsole).
 	UIListenDefault bool
 }
 
@@ -184,12 +166,7 @@ func (c CarbonConfig) liveZones() []string {
 	for _, z := range c.NodeZones {
 		set[z] = true
 	}
-	zones := make([]string, 0, len(set))
-	for z := range set {
-		zones = append(zones, z)
-	}
-	sort.Strings(zones)
-	return zones
+	return slices.Sorted(maps.Keys(set))
 }
 
 // liveAPI is API asked for liveZones.
@@ -220,13 +197,9 @@ func (c Config) Validate() error {
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("data directory is empty"))
 	}
-	if err := c.Pricing().Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, c.Pricing().Validate())
 	if c.Carbon.API.Enabled() {
-		if err := c.Carbon.liveAPI().Validate(); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, c.Carbon.liveAPI().Validate())
 	}
 	if c.GCInterval < 0 {
 		errs = append(errs, fmt.Errorf("gc interval must be >= 0, got %v", c.GCInterval))
@@ -241,20 +214,8 @@ func (c Config) Validate() error {
 	if c.RawRetention < 0 {
 		errs = append(errs, fmt.Errorf("raw retention must be >= 0, got %v", c.RawRetention))
 	}
-	if err := c.TLSOptions().Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	for _, err := range []error{c.Budget.Validate(), c.Alerts.Validate(), c.Prices.Validate()} {
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := c.OTel.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.validateUI(); err != nil {
-		errs = append(errs, err)
-	}
+	// errors.Join leaves out the nil ones.
+	errs = append(errs, c.TLSOptions().Validate(), c.Budget.Validate(), c.Alerts.Validate(), c.Prices.Validate(), c.OTel.Validate(), c.validateUI())
 	return errors.Join(errs...)
 }
 
@@ -342,16 +303,9 @@ func New(cfg Config, log *slog.Logger) *Server {
 	return &Server{cfg: cfg, log: log}
 }
 
-// Start validates the config, opens the store, listens and serves.
-//
-// The parts are built in the order they depend on each other, each once:
-// the store; the listener; ingest; the OTel exporter (alerts go out through
-// it); the alert sinks; the price watcher (the cost
-// model's price catalog unless one is configured); the budget manager,
-// which prices runs with that catalog and fires to the same sinks;
-// the live dataloader advisor; the OTel metrics, which read the budget
-// manager and the advisor; the gRPC services. What was started is undone,
-// newest first, if a later step fails.
+// Start validates the config, opens the store, listens and serves. The
+// parts are built in the order they depend on each other, each once; what
+// was started is undone, newest first, if a later step fails.
 func (s *Server) Start(ctx context.Context) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -11,21 +11,14 @@ import (
 )
 
 // Ingest authorization (docs/security.md, "What a node's token can
-// change"): a node's windows, evals, ends, host energy shares and loss
-// records of a run are applied only when the node started the run (an
-// accepted run_start of its own, in this batch or before: a new run, a
-// join or a resume by the membership rules) and, for records with a time,
-// only while the run is live on the node or up to EndGrace after its end
-// there. A run window's energy must also be one the node's GPUs can
-// draw. Anything else is dropped, counted per node and run, and the rest
-// of the batch applied: the agent re-sends a batch until it is acked, so
-// refusing the whole batch would stop the node's stream on one record, and
-// a batch rejected whole is dropped and reported lost by the agent with
-// its legitimate records in it.
-//
-// The decision is made by the committer on the aggregates as the batches
-// before (in commit order) left them, so a start and the records after it
-// are decided in the order they are applied, whatever the group.
+// change"): a node's records of a run are applied only when the node
+// started the run (an accepted run_start of its own, in this batch or
+// before) and, for records with a time, only while the run is live on the
+// node or up to EndGrace after its end there; a run window's energy must
+// be one the node's GPUs can draw. Anything else is dropped and counted,
+// and the rest of the batch applied: refusing the whole batch would stop
+// the node's stream on one record. The committer decides on the aggregates
+// as the batches before (in commit order) left them.
 
 // EndGrace is how long after a node's end of a run (by the agent's clock:
 // a record's time against the run_end's) the node's records of the run
@@ -150,7 +143,7 @@ func (a *authorizer) allowsAll(b *trainmeterv1.Batch) bool {
 		}
 	}
 	for _, e := range b.GetRunEvents() {
-		if e.GetRunStart() == nil && a.check(eventRun(e), nanosOf(aggregate.EventTime(e)), nil) != "" {
+		if e.GetRunStart() == nil && a.check(aggregate.EventRunID(e), nanosOf(aggregate.EventTime(e)), nil) != "" {
 			return false
 		}
 	}

@@ -12,27 +12,18 @@ import (
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// Group commit.
-//
-// One badger transaction and one WAL sync per batch costs far more than the
-// batch itself when thousands of agents send every second, and rewriting a
-// run's aggregate for every batch of every node of the run is most of the
-// bytes written (docs/benchmarks.md). So ApplyBatch, holding its node's
-// stripe lock, hands its batch to a single committer goroutine, which takes
+// Group commit (docs/benchmarks.md): ApplyBatchResult, holding its node's
+// stripe lock, hands its batch to the one committer goroutine, which takes
 // every batch waiting (up to maxGroup) into one transaction: each run's
-// aggregate is read and written once per group rather than once per batch,
-// and the commit is one write and one sync. Callers are answered only once
-// the commit holding their batch is durable; while it syncs, the next
-// batches queue up and form the next group.
+// aggregate is read and written once per group, and the commit is one
+// write and one sync. Callers are answered once the commit holding their
+// batch is durable.
 //
-// The committer is the only writer of run aggregates (DeleteRun excludes it
-// with aggMu), so batches of one run from many nodes no longer wait for
-// each other's commits, and the decoded aggregates it keeps in aggCache are
-// exactly what the database holds.
-//
-// If a group fails as a whole (one batch too large for a transaction, a
-// conflict, an I/O error) the committer applies each of its batches alone,
-// so each caller sees its own batch's outcome, as before.
+// The committer is the only writer of run aggregates (DeleteRun and
+// Reprice exclude it with aggMu), so the decoded aggregates it keeps in
+// aggCache are exactly what the database holds. A group that fails as a
+// whole is applied again batch by batch, so each caller sees its own
+// batch's outcome.
 
 // maxGroup bounds the batches in one transaction (a transaction has a size
 // limit; groups far below it keep a failure cheap).
@@ -80,12 +71,9 @@ func (s *Store) committer() {
 }
 
 // gather forms a group from first and the batches that arrive within the
-// commit window after it (none when the window is 0: only those already
-// waiting). Agents' batches arrive spread over each second, so without a
-// window nearly every commit held one batch and paid a WAL sync, a badger
-// write request and its goroutine handoffs alone; a few milliseconds of
-// waiting make groups of many batches at a few milliseconds more ack latency
-// (docs/benchmarks.md).
+// commit window after it (window 0: only those already waiting). Batches
+// arrive spread over each second, so a few milliseconds of waiting make
+// groups of many (docs/benchmarks.md).
 func (s *Store) gather(first *applyReq) []*applyReq {
 	group := []*applyReq{first}
 	var deadline <-chan time.Time
@@ -247,25 +235,14 @@ func (g *groupAggs) nodeEntry(txn *badger.Txn, node string) (*nodeEntry, error) 
 func (g *groupAggs) write(txn *badger.Txn) error {
 	for _, r := range g.order {
 		st := g.state[r]
-		if len(st.Nodes) <= 1 && !st.GetNodesApart() {
-			// One node (most runs): one value, as cheap as it gets.
-			v, err := st.Marshal()
-			if err != nil {
-				return err
-			}
-			if err := txn.Set(aggKey(r), v); err != nil {
-				return err
-			}
-			st.ForgetChangedNodes()
-			g.sizes[r] = len(v)
-			continue
-		}
-		v, err := st.MarshalApart()
+		n, err := putAgg(txn, r, st)
 		if err != nil {
 			return err
 		}
-		if err := txn.Set(aggKey(r), v); err != nil {
-			return err
+		if !st.GetNodesApart() {
+			st.ForgetChangedNodes()
+			g.sizes[r] = n
+			continue
 		}
 		for _, name := range st.TakeChangedNodes() {
 			nv, err := st.MarshalNode(name)
@@ -276,7 +253,7 @@ func (g *groupAggs) write(txn *badger.Txn) error {
 				return err
 			}
 		}
-		g.sizes[r] = len(v) + len(st.Nodes)*encodedNodeEstimate
+		g.sizes[r] = n + len(st.Nodes)*encodedNodeEstimate
 	}
 	for _, n := range g.nodeOrder {
 		if e := g.nodes[n]; e.due() {
@@ -286,6 +263,21 @@ func (g *groupAggs) write(txn *badger.Txn) error {
 		}
 	}
 	return nil
+}
+
+// putAgg writes a run's aggregate, whole (one node, most runs: one value,
+// as cheap as it gets) or without its node states (MarshalApart: the
+// caller writes those that changed), and returns its encoded size.
+func putAgg(txn *badger.Txn, run string, st *aggregate.State) (int, error) {
+	marshal := st.MarshalApart
+	if len(st.Nodes) <= 1 && !st.GetNodesApart() {
+		marshal = st.Marshal
+	}
+	v, err := marshal()
+	if err != nil {
+		return 0, err
+	}
+	return len(v), txn.Set(aggKey(run), v)
 }
 
 // finish keeps the folded aggregates and node statuses in the caches when
@@ -324,8 +316,7 @@ const aggCacheBytes = 256 << 20
 const encodedNodeEstimate = 900
 
 // decodedPerEncodedByte estimates the heap a decoded aggregate takes per
-// encoded byte (measured about 3 to 4 for the JSON form; not re-measured
-// since aggregates are protobuf).
+// encoded byte.
 const decodedPerEncodedByte = 4
 
 // aggCache keeps decoded aggregates of recently written runs. Only the
@@ -380,11 +371,10 @@ func (c *aggCache) drop(run string) {
 	delete(c.m, run)
 }
 
-// nodeStatusEvery: a node's stored status (last seen, last seq: what
-// `trainmeter nodes` shows of a node that is not connected) is rewritten at
-// most this often while its boot stays the same, not with every batch. It is
-// one key, and one protobuf with every GPU, per batch less. Close writes the
-// newest of each; after a crash it can be this much behind.
+// nodeStatusEvery: a node's stored status (last seen, last seq) is
+// rewritten at most this often while its boot stays the same, not with
+// every batch. Close writes the newest; after a crash it can be this much
+// behind.
 const nodeStatusEvery = 10 * time.Second
 
 // nodeEntry is the committer's copy of a node's status and what of it the

@@ -33,10 +33,10 @@ func keysByPrefix(t *testing.T, s *Store, prefixes ...string) map[string]int {
 // applyWant applies b from sender and fails unless its duplicate verdict is dup.
 func applyWant(t *testing.T, s *Store, sender Sender, b *trainmeterv1.Batch, dup bool) {
 	t.Helper()
-	got, err := s.ApplyBatchFrom(sender, b)
-	if err != nil || got != dup {
+	a, err := s.ApplyBatchResult(sender, b)
+	if err != nil || a.Duplicate != dup {
 		t.Fatalf("%s seq %d at %v: duplicate=%v err=%v, want duplicate=%v", sender.Boot, b.GetSeq(),
-			b.GetWindowStart().AsTime().Sub(t0), got, err, dup)
+			b.GetWindowStart().AsTime().Sub(t0), a.Duplicate, err, dup)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,9 +27,8 @@ import (
 const deletedNS = "deleted-runs"
 
 type tombstones struct {
-	mu  sync.Mutex
-	at  map[string]int64    // run id -> deletion time, Unix ns
-	del map[string]deletion // run id -> its deletion, for its later windows
+	mu sync.Mutex
+	m  map[string]deletion // run id -> its deletion, for its later windows
 }
 
 // A deletion is what a deleted run's windows keep (DeletedRunWindow): the
@@ -37,6 +37,7 @@ type deletion struct {
 	id      uint64
 	price   float64 // the run's own GPU price per hour; 0: none
 	gpuName string
+	at      int64 // of a live run's deletion: when, Unix ns
 }
 
 // newDeletion is the deletion of run id: a random id, and the run's price
@@ -60,54 +61,48 @@ func (s *Store) newDeletion(id string) (deletion, error) {
 
 // A tombstone's value is "<deleted at, Unix ns> <deletion id> <price> <GPU
 // name>".
-func (d deletion) tombstone(at int64) []byte {
-	return []byte(strconv.FormatInt(at, 10) + " " + strconv.FormatUint(d.id, 10) + " " +
+func (d deletion) tombstone() []byte {
+	return []byte(strconv.FormatInt(d.at, 10) + " " + strconv.FormatUint(d.id, 10) + " " +
 		strconv.FormatFloat(d.price, 'g', -1, 64) + " " + d.gpuName)
 }
 
-func parseTombstone(v string) (at int64, d deletion, ok bool) {
+func parseTombstone(v string) (d deletion, ok bool) {
 	f := strings.SplitN(v, " ", 4)
 	if len(f) != 4 {
-		return 0, d, false
+		return d, false
 	}
-	at, err := strconv.ParseInt(f[0], 10, 64)
-	if err != nil {
-		return 0, d, false
+	var err error
+	if d.at, err = strconv.ParseInt(f[0], 10, 64); err != nil {
+		return d, false
 	}
 	d.id, _ = strconv.ParseUint(f[1], 10, 64)
 	d.price, _ = strconv.ParseFloat(f[2], 64)
 	d.gpuName = f[3]
-	return at, d, true
+	return d, true
 }
 
 func (s *Store) loadTombstones() error {
-	s.deleted.at = map[string]int64{}
-	s.deleted.del = map[string]deletion{}
+	s.deleted.m = map[string]deletion{}
 	return s.ScanRecords(deletedNS, "", func(k string, v []byte) (bool, error) {
-		if at, d, ok := parseTombstone(string(v)); ok {
-			s.deleted.at[k] = at
-			s.deleted.del[k] = d
+		if d, ok := parseTombstone(string(v)); ok {
+			s.deleted.m[k] = d
 		}
 		return true, nil
 	})
 }
 
-// DeleteLiveRun ends a run that has not ended at the collector and deletes
-// it: data of the run in batches that arrive later is dropped (its windows
-// kept as the deleted run's usage), until a run_start after now reuses the
-// id.
+// DeleteLiveRun implements storage.Store (tombstones above).
 func (s *Store) DeleteLiveRun(id string) (records int, err error) {
 	d, err := s.newDeletion(id)
 	if err != nil {
 		return 0, err
 	}
-	at := s.now().UnixNano()
-	if err := s.PutRecord(deletedNS, id, d.tombstone(at)); err != nil {
+	d.at = s.now().UnixNano()
+	if err := s.PutRecord(deletedNS, id, d.tombstone()); err != nil {
 		return 0, err
 	}
 	s.deleted.mu.Lock()
-	s.deleted.at[id] = at
-	s.deleted.del[id] = d
+	s.deleted.m[id] = d
 	s.deleted.mu.Unlock()
 	return s.deleteRun(id, d)
 }
@@ -149,30 +144,12 @@ func appendDeletedRecords(out []kv, node string, seq uint64, gone []deletedWindo
 // moveChunk bounds the windows one transaction of moveRunWindows moves.
 const moveChunk = 2000
 
-// moveRunWindows turns run id's windows (w/) into the deleted run's (dw/):
-// the node used that GPU time and energy, and usage keeps showing it. Each
-// record keeps its expiry (RawRetention), as the node's own records do.
-// It returns how many windows it moved.
+// moveRunWindows turns run id's windows (w/) into the deleted run's (dw/),
+// each keeping its expiry, and returns how many it moved.
 func (s *Store) moveRunWindows(id string, d deletion) (moved int, err error) {
 	prefix := append(key("w/", id), 0)
 	for {
-		type rec struct {
-			k, v      []byte
-			expiresAt uint64
-		}
-		var recs []rec
-		err := s.db.View(func(txn *badger.Txn) error {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
-			defer it.Close()
-			for it.Rewind(); it.Valid() && len(recs) < moveChunk; it.Next() {
-				v, err := it.Item().ValueCopy(nil)
-				if err != nil {
-					return err
-				}
-				recs = append(recs, rec{it.Item().KeyCopy(nil), v, it.Item().ExpiresAt()})
-			}
-			return nil
-		})
+		recs, err := view(s, func(txn *badger.Txn) ([]rec, error) { return readRecs(txn, prefix, moveChunk, nil) })
 		if err != nil || len(recs) == 0 {
 			return moved, err
 		}
@@ -194,9 +171,7 @@ func (s *Store) moveRunWindows(id string, d deletion) (moved int, err error) {
 				if err != nil {
 					return err
 				}
-				e := badger.NewEntry(deletedWindowKey(string(rest[:len(rest)-21]), rest[len(rest)-20:], d.id), v)
-				e.ExpiresAt = r.expiresAt
-				if err := txn.SetEntry(e); err != nil {
+				if err := setExpiring(txn, rec{deletedWindowKey(string(rest[:len(rest)-21]), rest[len(rest)-20:], d.id), v, r.expiresAt}); err != nil {
 					return err
 				}
 				if err := txn.Delete(r.k); err != nil {
@@ -216,25 +191,16 @@ func (s *Store) moveRunWindows(id string, d deletion) (moved int, err error) {
 // in the period.
 func scanDeletedWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, f func(node string, d *storev1.DeletedRunWindow) error) error {
 	const prefix = "dw/"
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(prefix), PrefetchValues: true})
-	defer it.Close()
-	for it.Rewind(); it.Valid(); it.Next() {
-		k := it.Item().Key()
+	return scan(txn, under([]byte(prefix)), nil, func(k, v []byte) error {
 		if len(k) < len(prefix)+1+28 {
-			continue
+			return nil
 		}
 		d := &storev1.DeletedRunWindow{}
-		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, d) }); err != nil {
+		if err := proto.Unmarshal(v, d); err != nil || !in(d.GetWindow().GetStart()) {
 			return err
 		}
-		if !in(d.GetWindow().GetStart()) {
-			continue
-		}
-		if err := f(string(k[len(prefix):len(k)-29]), d); err != nil {
-			return err
-		}
-	}
-	return nil
+		return f(string(k[len(prefix):len(k)-29]), d)
+	})
 }
 
 // dropDeleted returns b without the records of runs deleted while live (a
@@ -243,79 +209,56 @@ func scanDeletedWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, f
 func (s *Store) dropDeleted(b *trainmeterv1.Batch) (*trainmeterv1.Batch, []deletedWindow) {
 	s.deleted.mu.Lock()
 	defer s.deleted.mu.Unlock()
-	if len(s.deleted.at) == 0 {
+	if len(s.deleted.m) == 0 {
+		return b, nil
+	}
+	gone := func(id string) bool {
+		_, ok := s.deleted.m[id]
+		return ok
+	}
+	if !slices.ContainsFunc(batchRuns(b), gone) {
 		return b, nil
 	}
 	// A run_start after the deletion starts the id afresh: records from
 	// that run_start on are kept.
 	keepFrom := map[string]int64{}
-	hit := false
 	for _, e := range b.GetRunEvents() {
-		id := eventRun(e)
-		at, ok := s.deleted.at[id]
-		if !ok {
-			continue
+		rs := e.GetRunStart()
+		if d, ok := s.deleted.m[rs.GetRunId()]; ok && rs != nil && nanosOf(rs.GetTime()) > d.at {
+			keepFrom[rs.GetRunId()] = nanosOf(rs.GetTime())
 		}
-		hit = true
-		if rs := e.GetRunStart(); rs != nil && rs.GetTime().AsTime().UnixNano() > at {
-			keepFrom[id] = rs.GetTime().AsTime().UnixNano()
-		}
-	}
-	for _, w := range b.GetRunWindows() {
-		if _, ok := s.deleted.at[w.GetRunId()]; ok {
-			hit = true
-		}
-	}
-	for _, l := range b.GetLosses() {
-		if _, ok := s.deleted.at[l.GetRunId()]; ok {
-			hit = true
-		}
-	}
-	for _, h := range b.GetHostEnergy() {
-		for _, sh := range h.GetRuns() {
-			if _, ok := s.deleted.at[sh.GetRunId()]; ok {
-				hit = true
-			}
-		}
-	}
-	if !hit {
-		return b, nil
 	}
 	// The deletions of the runs whose ids start afresh here, for their
 	// windows before that start.
 	del := map[string]deletion{}
 	for id := range keepFrom {
-		del[id] = s.deleted.del[id]
-		delete(s.deleted.at, id)
-		delete(s.deleted.del, id)
+		del[id] = s.deleted.m[id]
+		delete(s.deleted.m, id)
 		if err := s.DeleteRecord(deletedNS, id); err != nil {
 			s.log.Warn("store: clearing the deletion mark of a reused run id", "run_id", id, "err", err)
 		}
 	}
 	keep := func(id string, t int64) bool {
-		if _, gone := s.deleted.at[id]; !gone {
-			from, restarted := keepFrom[id]
-			return !restarted || t >= from
-		}
-		return false
+		from, restarted := keepFrom[id]
+		return !gone(id) && (!restarted || t >= from)
 	}
 	nb := proto.Clone(b).(*trainmeterv1.Batch)
 	nb.RunWindows = nb.RunWindows[:0]
-	var gone []deletedWindow
+	var dropped []deletedWindow
 	for i, w := range b.GetRunWindows() {
 		if keep(w.GetRunId(), w.GetStart().AsTime().UnixNano()) {
 			nb.RunWindows = append(nb.RunWindows, w)
 		} else {
-			d, ok := s.deleted.del[w.GetRunId()]
+			d, ok := s.deleted.m[w.GetRunId()]
 			if !ok {
 				d = del[w.GetRunId()]
 			}
-			gone = append(gone, deletedWindow{i: i, w: w, d: d})
+			dropped = append(dropped, deletedWindow{i: i, w: w, d: d})
 		}
 	}
 	nb.RunEvents = nb.RunEvents[:0]
 	for _, e := range b.GetRunEvents() {
-		if keep(eventRun(e), aggregate.EventTime(e).AsTime().UnixNano()) {
+		if keep(aggregate.EventRunID(e), aggregate.EventTime(e).AsTime().UnixNano()) {
 			nb.RunEvents = append(nb.RunEvents, e)
 		}
 	}
@@ -331,9 +274,9 @@ func (s *Store) dropDeleted(b *trainmeterv1.Batch) (*trainmeterv1.Batch, []delet
 	}
 	nb.Losses = nb.Losses[:0]
 	for _, l := range b.GetLosses() {
-		if _, gone := s.deleted.at[l.GetRunId()]; !gone {
+		if !gone(l.GetRunId()) {
 			nb.Losses = append(nb.Losses, l)
 		}
 	}
-	return nb, gone
+	return nb, dropped
 }

@@ -9,11 +9,9 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 )
 
-// Bounds per node (docs/security.md, "What a node's token can change"):
-// what one node can make the collector hold through real run starts.
-// Windows, events and loss records of runs the node did not start are
-// refused anyway (authorize.go), so these bound the runs a node can create
-// and keep open.
+// Bounds per node (docs/security.md, "What a node's token can change") on
+// the runs a node can create and keep open; records of runs it did not
+// start are refused anyway (authorize.go).
 
 // Limits bounds what one node may start. Zero: no bound.
 type Limits struct {
@@ -104,29 +102,22 @@ func (x *liveIndex) take(node string, now time.Time, limit, n int) {
 func loadLiveIndex(db *badger.DB) (*liveIndex, error) {
 	x := newLiveIndex()
 	err := db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("a/"), PrefetchValues: true, PrefetchSize: 64})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			run := string(it.Item().Key()[len("a/"):])
-			var st *aggregate.State
-			if err := it.Item().Value(func(v []byte) error {
-				var err error
-				st, err = aggregate.Unmarshal(v)
-				return err
-			}); err != nil {
+		return scan(txn, badger.IteratorOptions{Prefix: []byte("a/"), PrefetchSize: 64}, nil, func(k, v []byte) error {
+			run := string(k[len("a/"):])
+			st, err := aggregate.Unmarshal(v)
+			if err != nil {
 				return fmt.Errorf("run %q: %w", run, err)
 			}
 			if st.GetNodesApart() {
-				var err error
-				if st, err = getAgg(txn, run); err != nil {
+				if err := readNodes(txn, run, st); err != nil {
 					return err
 				}
 			}
 			for _, node := range st.LiveNodes() {
 				x.set(node, run, true)
 			}
-		}
-		return nil
+			return nil
+		})
 	})
 	return x, err
 }

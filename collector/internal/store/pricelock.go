@@ -92,11 +92,8 @@ func clearLocked(b *trainmeterv1.Batch) *trainmeterv1.Batch {
 	return b
 }
 
-// Reprice books the GPU time of run id at usdPerHour: all of it (since
-// zero), or that of its windows that start at or after since. previous
-// is what the run's report is made with (its cost before the change is
-// kept). It rewrites the prices in the run's stored windows, then the
-// aggregate, and returns what changed. Writes wait meanwhile.
+// Reprice implements storage.Store: it rewrites the prices in the run's
+// stored windows, then the aggregate; writes wait meanwhile.
 func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason string, report func(*aggregate.State) *trainmeterv1.RunReport) (before, after *trainmeterv1.RunReport, ch aggregate.Repricing, err error) {
 	unlock := s.lockRuns("", []string{id})
 	defer unlock()
@@ -113,24 +110,14 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 	ch = aggregate.Repricing{At: s.now().UnixNano(), USDPerGPUHour: usdPerHour, Reason: reason, Whole: since.IsZero()}
 	// The windows: read, then rewritten in chunks (a long run has more
 	// than one transaction holds).
-	type rec struct {
-		k         []byte
-		v         []byte
-		expiresAt uint64
-	}
-	var recs []rec
-	prefix := append(key("w/", id), 0)
-	err = s.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			item := it.Item()
+	recs, err := view(s, func(txn *badger.Txn) ([]rec, error) {
+		return readRecs(txn, append(key("w/", id), 0), 0, func(v []byte) ([]byte, error) {
 			var w trainmeterv1.RunWindow
-			if err := item.Value(func(v []byte) error { return proto.Unmarshal(v, &w) }); err != nil {
-				return fmt.Errorf("run %q window: %w", id, err)
+			if err := proto.Unmarshal(v, &w); err != nil {
+				return nil, fmt.Errorf("run %q window: %w", id, err)
 			}
 			if !since.IsZero() && w.GetStart().AsTime().Before(since) {
-				continue
+				return nil, nil
 			}
 			gs := w.GetGpuSeconds()
 			ch.GPUSeconds += gs
@@ -144,13 +131,8 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 			}
 			w.PriceLocked = true
 			w.LockedUsdPerGpuHour, w.LockedPriceSource = &usdPerHour, "repriced"
-			v, err := proto.Marshal(&w)
-			if err != nil {
-				return err
-			}
-			recs = append(recs, rec{item.KeyCopy(nil), v, item.ExpiresAt()})
-		}
-		return nil
+			return proto.Marshal(&w)
+		})
 	})
 	if err != nil {
 		return nil, nil, ch, err
@@ -162,9 +144,7 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 		n := min(len(recs), deleteChunk)
 		err := s.db.Update(func(txn *badger.Txn) error {
 			for _, r := range recs[:n] {
-				e := badger.NewEntry(r.k, r.v)
-				e.ExpiresAt = r.expiresAt
-				if err := txn.SetEntry(e); err != nil {
+				if err := setExpiring(txn, r); err != nil {
 					return err
 				}
 			}
@@ -179,18 +159,8 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 	st.Reprice(before, ch)
 	after = report(st)
 	err = s.db.Update(func(txn *badger.Txn) error {
-		if len(st.Nodes) <= 1 && !st.GetNodesApart() {
-			v, err := st.Marshal()
-			if err != nil {
-				return err
-			}
-			return txn.Set(aggKey(id), v)
-		}
-		v, err := st.MarshalApart()
-		if err != nil {
-			return err
-		}
-		return txn.Set(aggKey(id), v) // the node states did not change
+		_, err := putAgg(txn, id, st) // the node states did not change
+		return err
 	})
 	if err != nil {
 		return nil, nil, ch, err

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -8,15 +9,7 @@ import (
 	"github.com/dgraph-io/badger/v4"
 )
 
-// Records are the collector's own small documents (budgets, alerts, price
-// history, advice history), kept next to the runs under
-//
-//	x/<namespace>\0<key>
-//
-// Namespaces are fixed names chosen by the packages that own them; keys sort
-// bytewise, so a package that wants chronological order encodes times
-// fixed-width. Values are opaque bytes (JSON or proto, the owner's choice).
-// Writes are durable when the call returns, like batches.
+// Records (storage.Records) are kept under x/<namespace>\0<key>.
 
 func recordKey(ns, k string) []byte { return key("x/", ns, k) }
 
@@ -27,12 +20,11 @@ func checkNamespace(ns string) error {
 	return nil
 }
 
-// PutRecord writes one record.
+// PutRecord implements storage.Records (as do the methods below).
 func (s *Store) PutRecord(ns, k string, v []byte) error {
 	return s.PutRecords(ns, map[string][]byte{k: v})
 }
 
-// PutRecords writes several records of one namespace in one transaction.
 func (s *Store) PutRecords(ns string, kv map[string][]byte) error {
 	if err := checkNamespace(ns); err != nil {
 		return err
@@ -47,9 +39,8 @@ func (s *Store) PutRecords(ns string, kv map[string][]byte) error {
 	})
 }
 
-// PutRecordIfAbsent writes a record unless one exists under that key, and
-// reports whether it wrote. Two callers racing for one key: exactly one
-// wins (badger's optimistic transactions detect the conflict).
+// PutRecordIfAbsent: badger's optimistic transactions detect two callers
+// racing for one key.
 func (s *Store) PutRecordIfAbsent(ns, k string, v []byte) (bool, error) {
 	if err := checkNamespace(ns); err != nil {
 		return false, err
@@ -75,7 +66,6 @@ func (s *Store) PutRecordIfAbsent(ns, k string, v []byte) (bool, error) {
 	return false, fmt.Errorf("store: record %s/%s: too many conflicts", ns, k)
 }
 
-// GetRecord reads one record; ErrNotFound if there is none.
 func (s *Store) GetRecord(ns, k string) ([]byte, error) {
 	if err := checkNamespace(ns); err != nil {
 		return nil, err
@@ -95,7 +85,6 @@ func (s *Store) GetRecord(ns, k string) ([]byte, error) {
 	return out, err
 }
 
-// DeleteRecord removes a record (no error if there is none).
 func (s *Store) DeleteRecord(ns, k string) error {
 	if err := checkNamespace(ns); err != nil {
 		return err
@@ -103,35 +92,19 @@ func (s *Store) DeleteRecord(ns, k string) error {
 	return s.db.Update(func(txn *badger.Txn) error { return txn.Delete(recordKey(ns, k)) })
 }
 
-// ScanRecords calls fn for each record of ns whose key starts with
-// keyPrefix, in key order, until fn returns false or an error. The value is
-// only valid during the call.
 func (s *Store) ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (bool, error)) error {
 	if err := checkNamespace(ns); err != nil {
 		return err
 	}
 	base := key("x/", ns, "")
-	prefix := append(append([]byte(nil), base...), keyPrefix...)
+	prefix := append(bytes.Clone(base), keyPrefix...)
 	return s.db.View(func(txn *badger.Txn) error {
-		opts := badger.DefaultIteratorOptions
-		opts.Prefix = prefix
-		it := txn.NewIterator(opts)
-		defer it.Close()
-		for it.Seek(prefix); it.ValidForPrefix(prefix); it.Next() {
-			item := it.Item()
-			var more bool
-			err := item.Value(func(v []byte) error {
-				var err error
-				more, err = fn(string(item.Key()[len(base):]), v)
-				return err
-			})
-			if err != nil {
-				return err
+		return scan(txn, badger.IteratorOptions{Prefix: prefix, PrefetchSize: 100}, nil, func(k, v []byte) error {
+			more, err := fn(string(k[len(base):]), v)
+			if err == nil && !more {
+				return errStop
 			}
-			if !more {
-				return nil
-			}
-		}
-		return nil
+			return err
+		})
 	})
 }

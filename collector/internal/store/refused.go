@@ -11,15 +11,11 @@ import (
 
 // A run_start for a run that has ended on every node it ran on is refused
 // unless it asks to resume (aggregate.State.Admit; docs/protocol.md,
-// "Joining a run from several nodes"). The committer decides, on the
-// aggregates as the batches before have left them, so two nodes' batches
-// in one group are decided in the order they are applied. The refused
-// start, and the node's later records of the run, never reach the run's
-// aggregate or its raw records: the ended run's figures stay exactly as
-// they were. The GPU time and energy of the node's dropped windows are
-// booked to the node's idle, as the agent books them once it has been told
-// (no run the collector accepted was on those GPUs), so usage rows still
-// add up to the node.
+// "Joining a run from several nodes"). The refused start and the node's
+// later records of the run never reach the run: its figures stay as they
+// were. The GPU time and energy of the dropped windows are booked to the
+// node's idle, as the agent books them once told, so usage rows still add
+// up to the node.
 
 // admitBatch decides the batch's run starts (membership, then the node's
 // limits), drops the records the node may not send (authorize.go) and
@@ -147,7 +143,7 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node st
 	}
 	nb.RunEvents = nb.RunEvents[:0]
 	for _, e := range b.GetRunEvents() {
-		id := eventRun(e)
+		id := aggregate.EventRunID(e)
 		t := nanosOf(aggregate.EventTime(e))
 		if e.GetRunStart() == nil {
 			if keep(id, t, nil) {
@@ -194,15 +190,16 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node st
 			nb.Losses = append(nb.Losses, l)
 		}
 	}
-	out := make([]Refusal, 0, len(order))
-	for _, id := range order {
-		out = append(out, *refused[id])
+	return nb, inOrder(order, refused), inOrder(dropOrder, dropped), nil
+}
+
+// inOrder is m's refusals in the order of ids.
+func inOrder(ids []string, m map[string]*Refusal) []Refusal {
+	var out []Refusal
+	for _, id := range ids {
+		out = append(out, *m[id])
 	}
-	var drops []Refusal
-	for _, id := range dropOrder {
-		drops = append(drops, *dropped[id])
-	}
-	return nb, out, drops, nil
+	return out
 }
 
 func nanosOf(ts *timestamppb.Timestamp) int64 { return ts.AsTime().UnixNano() }

@@ -37,9 +37,8 @@
 // batch it held. An in-doubt loss record names its batch's window start, so
 // it finds the batch by either (lookupApplied).
 //
-// Writes use SyncWrites, so a batch is durable when ApplyBatch returns nil.
-// Concurrent ApplyBatch calls share one transaction and one sync (group
-// commit, commit.go).
+// Writes use SyncWrites; concurrent batches share one transaction and one
+// sync (group commit, commit.go).
 package store
 
 import (
@@ -53,7 +52,6 @@ import (
 	"log/slog"
 	"runtime"
 	"slices"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -74,9 +72,8 @@ import (
 const (
 	maxConflictRetries = 20
 	// lockStripes: a node's batch holds its stripe until its commit is
-	// durable, commit window included, so nodes sharing a stripe wait for
-	// each other's commits; with 256 stripes 3,000 nodes were ~12 per
-	// stripe, at a 50 ms window 0.6 s of waiting a second (docs/benchmarks.md).
+	// durable, so nodes sharing a stripe wait for each other's commits
+	// (docs/benchmarks.md).
 	lockStripes = 1 << 14
 )
 
@@ -90,8 +87,7 @@ type Store struct {
 	pricer atomic.Pointer[pricerBox] // SetPricer; nil: windows are not priced as stored
 	stripe [lockStripes]sync.Mutex
 
-	// Group commit (commit.go): ApplyBatch hands its batch to the committer,
-	// which writes every batch waiting into one transaction.
+	// Group commit (commit.go).
 	applyCh       chan *applyReq
 	quit          chan struct{}
 	committerDone chan struct{}
@@ -390,21 +386,17 @@ func aggNodesPrefix(run string) []byte   { return append(key("an/", run), 0) }
 func nodeKey(node string) []byte         { return key("n/", node) }
 
 func (s *Store) lockRuns(node string, runs []string) func() {
-	idx := map[int]bool{}
 	h := func(v string) int {
 		f := fnv.New32a()
 		f.Write([]byte(v))
 		return int(f.Sum32() % lockStripes)
 	}
-	idx[h("node\x00"+node)] = true
+	order := []int{h("node\x00" + node)}
 	for _, r := range runs {
-		idx[h("run\x00"+r)] = true
+		order = append(order, h("run\x00"+r))
 	}
-	order := make([]int, 0, len(idx))
-	for i := range idx {
-		order = append(order, i)
-	}
-	sort.Ints(order)
+	slices.Sort(order)
+	order = slices.Compact(order)
 	for _, i := range order {
 		s.stripe[i].Lock()
 	}
@@ -417,64 +409,35 @@ func (s *Store) lockRuns(node string, runs []string) func() {
 
 // batchRuns lists the run ids a batch touches, sorted.
 func batchRuns(b *trainmeterv1.Batch) []string {
-	set := map[string]bool{}
+	var out []string
 	for _, w := range b.GetRunWindows() {
-		set[w.GetRunId()] = true
+		out = append(out, w.GetRunId())
 	}
 	for _, e := range b.GetRunEvents() {
-		set[eventRun(e)] = true
+		out = append(out, aggregate.EventRunID(e))
 	}
 	for _, l := range b.GetLosses() {
-		set[l.GetRunId()] = true
+		out = append(out, l.GetRunId())
 	}
 	for _, h := range b.GetHostEnergy() {
 		for _, sh := range h.GetRuns() {
-			set[sh.GetRunId()] = true
+			out = append(out, sh.GetRunId())
 		}
 	}
-	out := make([]string, 0, len(set))
-	for r := range set {
-		out = append(out, r)
-	}
-	sort.Strings(out)
-	return out
-}
-
-func eventRun(e *trainmeterv1.RunEvent) string {
-	switch ev := e.GetEvent().(type) {
-	case *trainmeterv1.RunEvent_RunStart:
-		return ev.RunStart.GetRunId()
-	case *trainmeterv1.RunEvent_RunEnd:
-		return ev.RunEnd.GetRunId()
-	case *trainmeterv1.RunEvent_Eval:
-		return ev.Eval.GetRunId()
-	}
-	return ""
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // ApplyBatch stores a (validated) batch from node/boot and folds it into the
-// run aggregates, all in one transaction. If the batch was applied before
-// (same node, boot and seq; found by its GPU/host record, also the same
-// window start: an agent re-sends a batch as it spooled it and never reuses
-// a seq) it returns duplicate=true and changes nothing.
-// When it returns nil error the batch is durable.
-//
-// Concurrent calls are committed together (group commit, see commit.go):
-// one transaction and one sync for every batch waiting, each caller
-// answered only once the commit that holds its batch is durable.
+// run aggregates, all in one transaction (ApplyBatchResult).
 func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error) {
-	return s.ApplyBatchFrom(Sender{Node: node, Boot: boot}, b)
-}
-
-// ApplyBatchFrom is ApplyBatch for a batch from sender.
-func (s *Store) ApplyBatchFrom(sender Sender, b *trainmeterv1.Batch) (duplicate bool, err error) {
-	a, err := s.ApplyBatchResult(sender, b)
+	a, err := s.ApplyBatchResult(Sender{Node: node, Boot: boot}, b)
 	return a.Duplicate, err
 }
 
-// ApplyBatchResult is ApplyBatchFrom that also says which of the batch's
-// run starts were refused (refused.go), for the ingest stream to tell the
-// agent.
+// ApplyBatchResult implements storage.Ingester; refused starts: refused.go.
+// A batch applied before is found by its b/ mark or its r/ record (an
+// agent re-sends a batch as it spooled it and never reuses a seq).
 func (s *Store) ApplyBatchResult(sender Sender, b *trainmeterv1.Batch) (a Applied, err error) {
 	node, boot := sender.Node, sender.Boot
 	// The node's lock keeps its batches and hellos in order; its runs are
@@ -507,8 +470,7 @@ func (s *Store) ApplyBatchResult(sender Sender, b *trainmeterv1.Batch) (a Applie
 	return a, err
 }
 
-// kv is one raw record, encoded by the caller's goroutine (in parallel)
-// before the committer writes it.
+// kv is one raw record, encoded by the caller's goroutine (in parallel).
 type kv struct{ k, v []byte }
 
 // rawRecords encodes a batch's raw records under their keys, and returns
@@ -529,16 +491,14 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) (out []kv, rk []byte, 
 		}
 	}
 	for i, e := range b.GetRunEvents() {
-		k := tkey(append(key("v/", eventRun(e), node), 0), aggregate.EventTime(e))
+		k := tkey(append(key("v/", aggregate.EventRunID(e), node), 0), aggregate.EventTime(e))
 		if err := add(be32(be64(k, seq), uint32(i)), e); err != nil {
 			return nil, nil, err
 		}
 	}
-	// The node's GPU and host windows are one record: one key per batch
-	// rather than one per GPU (every key costs a skiplist insert and its
-	// share of flushes and compactions; docs/benchmarks.md).
-	// It also carries the sender's boot (never the received batch's
-	// stored_boot_id): with its key it identifies the batch (deduplication).
+	// The node's GPU and host windows are one record, one key per batch
+	// rather than per GPU (docs/benchmarks.md). It carries the sender's
+	// boot: with its key it identifies the batch (deduplication).
 	if hasRecord(b) {
 		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost(),
 			HostEnergy: b.GetHostEnergy(), StoredBootId: boot}
@@ -547,8 +507,7 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) (out []kv, rk []byte, 
 			return nil, nil, err
 		}
 	}
-	// Raw samples (only from agents asked for them): one record per batch,
-	// the columns as they came.
+	// Raw samples (only from agents asked for them): one record per batch.
 	if len(b.GetRawSamples()) > 0 {
 		raw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), RawSamples: b.GetRawSamples()}
 		if err := add(be64(tkey(append(key("s/", node), 0), b.GetWindowStart()), seq), raw); err != nil {
@@ -559,8 +518,7 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) (out []kv, rk []byte, 
 }
 
 // applyTo writes a batch's records into txn and folds it into the group's
-// aggregates and node statuses (written by the caller, once per group). It
-// returns duplicate=true, writing nothing, for a batch applied before.
+// aggregates and node statuses; it writes nothing for a duplicate.
 func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error) {
 	node, boot, b, runs := r.sender.Node, r.sender.Boot, r.b, r.runs
 	ne, err := g.nodeEntry(txn, node)
@@ -592,8 +550,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	}
 	if displaced != "" {
 		// Our r/ record replaces one of another boot with the same start
-		// and seq (a clock stepped back across boots): that batch keeps
-		// its deduplication as a mark.
+		// and seq: that batch keeps its deduplication as a mark.
 		if err := s.setTTL(txn, dedupKey(node, displaced, seq), nil, s.dedupTTL); err != nil {
 			return false, err
 		}
@@ -667,9 +624,8 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	for _, st := range aggs {
 		st.NoteEnded(g.now)
 	}
-	// Data the agent's spool dropped. A record with a seq is one batch the
-	// agent sent but never saw acked: if it was applied after all, nothing
-	// of it was lost.
+	// Data the agent's spool dropped; a record with a seq (a batch sent but
+	// never acked) counts only if that batch was not applied after all.
 	runLosses, err := notHeld(txn, node, boot, b.GetLosses())
 	if err != nil {
 		return false, err
@@ -677,8 +633,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	for _, l := range runLosses {
 		aggs[l.GetRunId()].AddLoss(node, l)
 	}
-	// The node's part of dropped batches, by the same rule, kept for usage
-	// under the batch that carried it.
+	// The node's part of dropped batches, by the same rule, for usage.
 	nodeLosses, err := notHeld(txn, node, boot, b.GetNodeLosses())
 	if err != nil {
 		return false, err
@@ -693,7 +648,6 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		}
 	}
 	g.noteLive(node, runs)
-	// Node status.
 	ns := ne.ns
 	ns.BootId = boot
 	ns.LastSeq = b.GetSeq()
@@ -742,8 +696,8 @@ func holdsLost(txn *badger.Txn, node, boot string, l *trainmeterv1.DataLoss) (bo
 }
 
 // lookupApplied reports whether the batch of boot whose b/ mark is dk and
-// r/ key rk (nil: none to look at) was applied: by its mark, or by its r/
-// record (recordAt).
+// r/ key rk (nil: none) was applied, and the boot of another boot's r/
+// record at rk ("" when none).
 func lookupApplied(txn *badger.Txn, boot string, dk, rk []byte) (applied bool, other string, err error) {
 	if found, err := exists(txn, dk); found || err != nil {
 		return found, "", err
@@ -751,7 +705,21 @@ func lookupApplied(txn *badger.Txn, boot string, dk, rk []byte) (applied bool, o
 	if rk == nil {
 		return false, "", nil
 	}
-	return recordAt(txn, boot, rk)
+	item, err := txn.Get(rk)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return false, "", nil
+	}
+	if err != nil {
+		return false, "", err
+	}
+	var stored string
+	if err := item.Value(func(v []byte) (err error) {
+		stored, err = storedBoot(v)
+		return err
+	}); err != nil || stored == boot {
+		return err == nil, "", err
+	}
+	return false, stored, nil
 }
 
 func exists(txn *badger.Txn, k []byte) (bool, error) {
@@ -760,36 +728,6 @@ func exists(txn *badger.Txn, k []byte) (bool, error) {
 		return false, nil
 	}
 	return err == nil, err
-}
-
-// recordAt reports whether the r/ record at k is from boot (the batch it
-// keys was applied); other is the boot of a record from another boot (""
-// when there is none).
-func recordAt(txn *badger.Txn, boot string, k []byte) (fromBoot bool, other string, err error) {
-	item, err := txn.Get(k)
-	if errors.Is(err, badger.ErrKeyNotFound) {
-		return false, "", nil
-	}
-	if err != nil {
-		return false, "", err
-	}
-	stored, err := itemBoot(item)
-	if err != nil {
-		return false, "", err
-	}
-	if stored == boot {
-		return true, "", nil
-	}
-	return false, stored, nil
-}
-
-// itemBoot is storedBoot of an r/ record's item.
-func itemBoot(item *badger.Item) (boot string, err error) {
-	err = item.Value(func(v []byte) error {
-		boot, err = storedBoot(v)
-		return err
-	})
-	return boot, err
 }
 
 // storedBoot reads stored_boot_id out of an encoded r/ record without
@@ -825,9 +763,126 @@ func (s *Store) setTTL(txn *badger.Txn, k, v []byte, ttl time.Duration) error {
 	if ttl <= 0 {
 		return txn.Set(k, v)
 	}
-	e := badger.NewEntry(k, v)
-	e.ExpiresAt = uint64(s.now().Add(ttl).Unix())
+	return setExpiring(txn, rec{k, v, uint64(s.now().Add(ttl).Unix())})
+}
+
+// rec is a stored record with its expiry (0: none), read to be rewritten.
+type rec struct {
+	k, v      []byte
+	expiresAt uint64
+}
+
+func setExpiring(txn *badger.Txn, r rec) error {
+	e := badger.NewEntry(r.k, r.v)
+	e.ExpiresAt = r.expiresAt
 	return txn.SetEntry(e)
+}
+
+// scan calls fn with the key and value of every item under o.Prefix, from
+// seek on (nil: the first), until fn returns errStop or an error. Both are
+// valid only during the call.
+func scan(txn *badger.Txn, o badger.IteratorOptions, seek []byte, fn func(k, v []byte) error) error {
+	o.PrefetchValues = true
+	it := txn.NewIterator(o)
+	defer it.Close()
+	if seek == nil {
+		seek = o.Prefix
+	}
+	for it.Seek(seek); it.Valid(); it.Next() {
+		item := it.Item()
+		err := item.Value(func(v []byte) error { return fn(item.Key(), v) })
+		if errors.Is(err, errStop) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// errStop ends a scan without an error.
+var errStop = errors.New("stop")
+
+// under is the iterator options of the keys under prefix.
+func under(prefix []byte) badger.IteratorOptions { return badger.IteratorOptions{Prefix: prefix} }
+
+// decodeAll decodes every value under prefix.
+func decodeAll[T any, M interface {
+	*T
+	proto.Message
+}](txn *badger.Txn, prefix []byte) ([]M, error) {
+	var out []M
+	err := scan(txn, under(prefix), nil, func(_, v []byte) error {
+		m := M(new(T))
+		out = append(out, m)
+		return proto.Unmarshal(v, m)
+	})
+	return out, err
+}
+
+// view runs fn in a read transaction and returns its result.
+func view[R any](s *Store, fn func(txn *badger.Txn) (R, error)) (r R, err error) {
+	err = s.db.View(func(txn *badger.Txn) error {
+		r, err = fn(txn)
+		return err
+	})
+	return r, err
+}
+
+// readNodes reads the node states of run kept apart into st.
+func readNodes(txn *badger.Txn, run string, st *aggregate.State) error {
+	prefix := aggNodesPrefix(run)
+	return scan(txn, badger.IteratorOptions{Prefix: prefix, PrefetchSize: 256}, nil, func(k, v []byte) error {
+		if err := st.UnmarshalNode(string(k[len(prefix):]), v); err != nil {
+			return fmt.Errorf("run %q: %w", run, err)
+		}
+		return nil
+	})
+}
+
+// decodeAggs decodes encoded aggregates on all cores (decoding them is
+// nearly all the cost of listing many runs; docs/benchmarks.md, export
+// csv), then calls nodes for each that keeps its node states apart.
+func decodeAggs(ids []string, vals [][]byte, nodes func(i int, st *aggregate.State) error) ([]*aggregate.State, error) {
+	out := make([]*aggregate.State, len(vals))
+	errs := make([]error, len(vals))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := min(runtime.GOMAXPROCS(0), (len(vals)+63)/64); w > 0; w-- {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < len(vals); i = int(next.Add(1)) - 1 {
+				out[i], errs[i] = aggregate.Unmarshal(vals[i])
+			}
+		}()
+	}
+	wg.Wait()
+	for i, st := range out {
+		if errs[i] != nil {
+			return nil, fmt.Errorf("run %q: %w", ids[i], errs[i])
+		}
+		if st.GetNodesApart() {
+			if err := nodes(i, st); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// aggsFrom reads at most limit aggregates (≤ 0: all) from seek on (nil:
+// the first), their ids and encodings.
+func aggsFrom(txn *badger.Txn, seek []byte, limit int) (ids []string, vals [][]byte, err error) {
+	err = scan(txn, badger.IteratorOptions{Prefix: []byte("a/"), PrefetchSize: 64}, seek, func(k, v []byte) error {
+		if limit > 0 && len(ids) == limit {
+			return errStop
+		}
+		ids, vals = append(ids, string(k[len("a/"):])), append(vals, bytes.Clone(v))
+		return nil
+	})
+	return ids, vals, err
 }
 
 func getAgg(txn *badger.Txn, run string) (*aggregate.State, error) {
@@ -847,14 +902,8 @@ func getAgg(txn *badger.Txn, run string) (*aggregate.State, error) {
 	if err != nil || !st.GetNodesApart() {
 		return st, err
 	}
-	prefix := aggNodesPrefix(run)
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
-	defer it.Close()
-	for it.Rewind(); it.Valid(); it.Next() {
-		name := string(it.Item().Key()[len(prefix):])
-		if err := it.Item().Value(func(v []byte) error { return st.UnmarshalNode(name, v) }); err != nil {
-			return nil, fmt.Errorf("run %q: %w", run, err)
-		}
+	if err := readNodes(txn, run, st); err != nil {
+		return nil, err
 	}
 	return st, nil
 }
@@ -872,8 +921,7 @@ func getNode(txn *badger.Txn, node string) (*trainmeterv1.NodeStatus, error) {
 	return ns, err
 }
 
-// PutHello records a node's hello (boot, GPUs, host energy status) in its
-// status.
+// PutHello implements storage.Ingester.
 func (s *Store) PutHello(h *trainmeterv1.Hello) error {
 	unlock := s.lockRuns(h.GetNode(), nil)
 	defer unlock()
@@ -913,12 +961,9 @@ func (s *Store) PutHello(h *trainmeterv1.Hello) error {
 // deleteChunk bounds the keys one DeleteRun transaction removes.
 const deleteChunk = 10000
 
-// DeleteRun removes a run: its aggregate (first, so the run disappears from
-// queries at once) and its raw windows and events. Its windows become the
-// deleted run's (dw/, naming no run): the GPU time and energy its nodes
-// used stay in usage. It returns how many raw records were deleted, or
-// ErrNotFound when the run is unknown. Batches of the run that arrive later
-// (a run still reporting) start it again.
+// DeleteRun implements storage.Store: the aggregate goes first (the run
+// disappears from queries at once), then its windows become the deleted
+// run's (dw/) and its events go.
 func (s *Store) DeleteRun(id string) (records int, err error) {
 	d, err := s.newDeletion(id)
 	if err != nil {
@@ -977,7 +1022,7 @@ func (s *Store) deletePrefix(prefix []byte) (deleted int, err error) {
 	for {
 		var keys [][]byte
 		err := s.db.View(func(txn *badger.Txn) error {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+			it := txn.NewIterator(under(prefix))
 			defer it.Close()
 			for it.Rewind(); it.Valid() && len(keys) < deleteChunk; it.Next() {
 				keys = append(keys, it.Item().KeyCopy(nil))
@@ -1002,20 +1047,12 @@ func (s *Store) deletePrefix(prefix []byte) (deleted int, err error) {
 	}
 }
 
-// GetRun returns a run's aggregate, or ErrNotFound.
+// GetRun implements storage.Runs.
 func (s *Store) GetRun(id string) (*aggregate.State, error) {
-	var st *aggregate.State
-	err := s.db.View(func(txn *badger.Txn) error {
-		var err error
-		st, err = getAgg(txn, id)
-		return err
-	})
-	return st, err
+	return view(s, func(txn *badger.Txn) (*aggregate.State, error) { return getAgg(txn, id) })
 }
 
-// ListRuns returns the aggregates of the given runs, in that order, or of all
-// runs (ordered by run id) when ids is empty. Unknown ids give a
-// *NotFoundError (and no runs).
+// ListRuns implements storage.Runs.
 func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 	var out []*aggregate.State
 	err := s.db.View(func(txn *badger.Txn) error {
@@ -1037,56 +1074,52 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 			}
 			return nil
 		}
-		// Copy the values out, then decode them on all cores: decoding the
-		// aggregates is nearly all the cost of listing many runs
-		// (docs/benchmarks.md, export csv).
-		var keys, vals [][]byte
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("a/"), PrefetchValues: true, PrefetchSize: 64})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			v, err := it.Item().ValueCopy(nil)
-			if err != nil {
-				return err
-			}
-			keys, vals = append(keys, it.Item().KeyCopy(nil)), append(vals, v)
+		ids, vals, err := aggsFrom(txn, nil, 0)
+		if err != nil {
+			return err
 		}
 		nodes, err := allAggNodes(txn)
 		if err != nil {
 			return err
 		}
-		out = make([]*aggregate.State, len(vals))
-		errs := make([]error, len(vals))
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for w := min(runtime.GOMAXPROCS(0), (len(vals)+63)/64); w > 0; w-- {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := int(next.Add(1)) - 1; i < len(vals); i = int(next.Add(1)) - 1 {
-					out[i], errs[i] = aggregate.Unmarshal(vals[i])
-					if errs[i] != nil || !out[i].GetNodesApart() {
-						continue
-					}
-					for _, n := range nodes[string(keys[i][2:])] {
-						if errs[i] = out[i].UnmarshalNode(n.name, n.value); errs[i] != nil {
-							break
-						}
-					}
+		out, err = decodeAggs(ids, vals, func(i int, st *aggregate.State) error {
+			for _, n := range nodes[ids[i]] {
+				if err := st.UnmarshalNode(n.name, n.value); err != nil {
+					return fmt.Errorf("run %q: %w", ids[i], err)
 				}
-			}()
-		}
-		wg.Wait()
-		for i, err := range errs {
-			if err != nil {
-				return fmt.Errorf("run %q: %w", keys[i][2:], err)
 			}
-		}
-		return nil
+			return nil
+		})
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// RunsAfter returns the aggregates of at most limit runs whose ids come
+// after `after` in byte order ("": from the first run), in that order: one
+// page of a listing of every run. Its cost is the page's runs, not the
+// store's, so that paging through many runs stays linear; the page is
+// decoded on all cores, as ListRuns decodes.
+func (s *Store) RunsAfter(after string, limit int) ([]*aggregate.State, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	return view(s, func(txn *badger.Txn) ([]*aggregate.State, error) {
+		seek := []byte("a/")
+		if after != "" {
+			seek = append(aggKey(after), 0) // the smallest key after after's
+		}
+		ids, vals, err := aggsFrom(txn, seek, limit)
+		if err != nil {
+			return nil, err
+		}
+		// Badger iterators are not for concurrent use in one transaction:
+		// the node states are read after decoding, one run at a time.
+		return decodeAggs(ids, vals, func(i int, st *aggregate.State) error { return readNodes(txn, ids[i], st) })
+	})
 }
 
 type aggNode struct {
@@ -1097,83 +1130,41 @@ type aggNode struct {
 // allAggNodes reads every run's node states kept apart, by run.
 func allAggNodes(txn *badger.Txn) (map[string][]aggNode, error) {
 	out := map[string][]aggNode{}
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("an/"), PrefetchValues: true, PrefetchSize: 256})
-	defer it.Close()
-	for it.Rewind(); it.Valid(); it.Next() {
-		k := it.Item().Key()[len("an/"):]
-		sep := bytes.IndexByte(k, 0)
-		if sep < 0 {
-			return nil, fmt.Errorf("store: malformed node state key %q", it.Item().Key())
+	err := scan(txn, badger.IteratorOptions{Prefix: []byte("an/"), PrefetchSize: 256}, nil, func(k, v []byte) error {
+		run, name, ok := bytes.Cut(k[len("an/"):], []byte{0})
+		if !ok {
+			return fmt.Errorf("store: malformed node state key %q", k)
 		}
-		v, err := it.Item().ValueCopy(nil)
-		if err != nil {
-			return nil, err
-		}
-		run := string(k[:sep])
-		out[run] = append(out[run], aggNode{name: string(k[sep+1:]), value: v})
-	}
-	return out, nil
-}
-
-// Nodes returns every node's stored status, ordered by node name.
-// Connected is always false here: only the ingest server knows it.
-func (s *Store) Nodes() ([]*trainmeterv1.NodeStatus, error) {
-	var out []*trainmeterv1.NodeStatus
-	err := s.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("n/"), PrefetchValues: true, PrefetchSize: 64})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			ns := &trainmeterv1.NodeStatus{}
-			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, ns) }); err != nil {
-				return err
-			}
-			out = append(out, ns)
-		}
+		out[string(run)] = append(out[string(run)], aggNode{name: string(name), value: bytes.Clone(v)})
 		return nil
 	})
 	return out, err
+}
+
+// Nodes implements storage.Runs.
+func (s *Store) Nodes() ([]*trainmeterv1.NodeStatus, error) {
+	return view(s, func(txn *badger.Txn) ([]*trainmeterv1.NodeStatus, error) {
+		return decodeAll[trainmeterv1.NodeStatus](txn, []byte("n/"))
+	})
 }
 
 // RunWindows returns the raw windows stored for a run, per node in time
 // order (for re-aggregation and debugging).
 func (s *Store) RunWindows(runID string) ([]*trainmeterv1.RunWindow, error) {
-	var out []*trainmeterv1.RunWindow
-	err := s.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: append(key("w/", runID), 0), PrefetchValues: true})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			w := &trainmeterv1.RunWindow{}
-			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, w) }); err != nil {
-				return err
-			}
-			out = append(out, w)
-		}
-		return nil
+	return view(s, func(txn *badger.Txn) ([]*trainmeterv1.RunWindow, error) {
+		return decodeAll[trainmeterv1.RunWindow](txn, append(key("w/", runID), 0))
 	})
-	return out, err
 }
 
 // RawSamples returns the raw-sample records stored for a node, in time
 // order: each a Batch holding only the window and its raw_samples.
 func (s *Store) RawSamples(node string) ([]*trainmeterv1.Batch, error) {
-	var out []*trainmeterv1.Batch
-	err := s.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: append(key("s/", node), 0), PrefetchValues: true})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			b := &trainmeterv1.Batch{}
-			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
-				return err
-			}
-			out = append(out, b)
-		}
-		return nil
+	return view(s, func(txn *badger.Txn) ([]*trainmeterv1.Batch, error) {
+		return decodeAll[trainmeterv1.Batch](txn, append(key("s/", node), 0))
 	})
-	return out, err
 }
 
-// RunTimeline returns a run's raw windows and events with their nodes, per
-// node in time order (the timeline query).
+// RunTimeline implements storage.Windows.
 func (s *Store) RunTimeline(runID string) ([]NodeWindow, []NodeEvent, error) {
 	var ws []NodeWindow
 	var es []NodeEvent
@@ -1181,19 +1172,12 @@ func (s *Store) RunTimeline(runID string) ([]NodeWindow, []NodeEvent, error) {
 	const tail = 1 + 8 + 8 + 4
 	err := s.db.View(func(txn *badger.Txn) error {
 		scan := func(prefix []byte, fn func(node string, v []byte) error) error {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
-			defer it.Close()
-			for it.Rewind(); it.Valid(); it.Next() {
-				k := it.Item().Key()
+			return scan(txn, under(prefix), nil, func(k, v []byte) error {
 				if len(k) < len(prefix)+tail {
-					continue
+					return nil
 				}
-				node := string(k[len(prefix) : len(k)-tail])
-				if err := it.Item().Value(func(v []byte) error { return fn(node, v) }); err != nil {
-					return err
-				}
-			}
-			return nil
+				return fn(string(k[len(prefix):len(k)-tail]), v)
+			})
 		}
 		if err := scan(append(key("w/", runID), 0), func(node string, v []byte) error {
 			w := &trainmeterv1.RunWindow{}
@@ -1211,39 +1195,27 @@ func (s *Store) RunTimeline(runID string) ([]NodeWindow, []NodeEvent, error) {
 	return ws, es, err
 }
 
-// NodeGPUWindows returns a node's stored GPU windows (each a Batch holding
-// only its window, GPU windows and host window) whose window starts in
-// [from, to], in time order.
+// NodeGPUWindows implements storage.Windows.
 func (s *Store) NodeGPUWindows(node string, from, to time.Time) ([]*trainmeterv1.Batch, error) {
 	var out []*trainmeterv1.Batch
 	prefix := append(key("r/", node), 0)
-	end := tkey(append([]byte(nil), prefix...), timestamppb.New(to))
+	end := tkey(bytes.Clone(prefix), timestamppb.New(to))
 	err := s.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
-		defer it.Close()
-		for it.Seek(tkey(append([]byte(nil), prefix...), timestamppb.New(from))); it.Valid(); it.Next() {
-			k := it.Item().Key()
+		return scan(txn, under(prefix), tkey(bytes.Clone(prefix), timestamppb.New(from)), func(k, v []byte) error {
 			if bytes.Compare(k[:min(len(k), len(end))], end) > 0 {
-				break
+				return errStop
 			}
 			b := &trainmeterv1.Batch{}
-			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
-				return err
-			}
 			out = append(out, b)
-		}
-		return nil
+			return proto.Unmarshal(v, b)
+		})
 	})
 	return out, err
 }
 
-// UsageScan calls gpu for every stored GPU-window record (a Batch holding
-// the window, its GPU windows and host), then for the node loss records
-// (a Batch holding only node_losses: scanNodeLosses), run for every
-// stored RunWindow and deleted for every deleted run's window whose start
-// is in [since, until) (zero times: unbounded), with the node (and run)
-// from the key, all from one snapshot. Raw records expire with
-// RawRetention, so usage reaches back that far at most.
+// UsageScan implements storage.Windows: r/ records, then nl/ records
+// (scanNodeLosses), w/ and dw/ records, from one snapshot. Raw records
+// expire with RawRetention, so usage reaches back that far at most.
 func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *trainmeterv1.Batch) error,
 	run func(runID, node string, w *trainmeterv1.RunWindow) error, deleted func(node string, d *storev1.DeletedRunWindow) error) error {
 	in := func(ts *timestamppb.Timestamp) bool {
@@ -1257,28 +1229,21 @@ func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *train
 		if err := scanNodeLosses(txn, in, gpu); err != nil {
 			return err
 		}
-		wit := txn.NewIterator(badger.IteratorOptions{Prefix: []byte("w/"), PrefetchValues: true})
-		defer wit.Close()
-		for wit.Rewind(); wit.Valid(); wit.Next() {
-			k := wit.Item().Key()
+		if err := scan(txn, under([]byte("w/")), nil, func(k, v []byte) error {
 			if len(k) < 2+1+21 {
-				continue
+				return nil
 			}
-			ids := k[2 : len(k)-21]
-			i := bytes.IndexByte(ids, 0)
-			if i < 0 {
-				continue
+			id, node, ok := bytes.Cut(k[2:len(k)-21], []byte{0})
+			if !ok {
+				return nil
 			}
 			w := &trainmeterv1.RunWindow{}
-			if err := wit.Item().Value(func(v []byte) error { return proto.Unmarshal(v, w) }); err != nil {
+			if err := proto.Unmarshal(v, w); err != nil || !in(w.GetStart()) {
 				return err
 			}
-			if !in(w.GetStart()) {
-				continue
-			}
-			if err := run(string(ids[:i]), string(ids[i+1:]), w); err != nil {
-				return err
-			}
+			return run(string(id), string(node), w)
+		}); err != nil {
+			return err
 		}
 		return scanDeletedWindows(txn, in, deleted)
 	})
@@ -1316,21 +1281,36 @@ func scanGPUWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu f
 // scanNodeBatches calls f with every Batch stored under prefix with a
 // <prefix><node>\0<start:8><seq:8> key (r/, nl/), and the node.
 func scanNodeBatches(txn *badger.Txn, prefix string, f func(node string, b *trainmeterv1.Batch) error) error {
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(prefix), PrefetchValues: true})
-	defer it.Close()
-	for it.Rewind(); it.Valid(); it.Next() {
-		k := it.Item().Key()
+	return scan(txn, under([]byte(prefix)), nil, func(k, v []byte) error {
 		if len(k) < len(prefix)+1+16 {
-			continue
+			return nil
 		}
-		node := string(k[len(prefix) : len(k)-17])
 		b := &trainmeterv1.Batch{}
-		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, b) }); err != nil {
+		if err := proto.Unmarshal(v, b); err != nil {
 			return err
 		}
-		if err := f(node, b); err != nil {
-			return err
+		return f(string(k[len(prefix):len(k)-17]), b)
+	})
+}
+
+// readRecs reads at most limit (0: all) records under prefix with their
+// expiry, each value as conv makes it (nil conv: as stored; a nil value
+// from conv skips the record).
+func readRecs(txn *badger.Txn, prefix []byte, limit int, conv func(v []byte) ([]byte, error)) ([]rec, error) {
+	var recs []rec
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
+	defer it.Close()
+	for it.Rewind(); it.Valid() && (limit == 0 || len(recs) < limit); it.Next() {
+		v, err := it.Item().ValueCopy(nil)
+		if err == nil && conv != nil {
+			if v, err = conv(v); v == nil && err == nil {
+				continue
+			}
 		}
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, rec{it.Item().KeyCopy(nil), v, it.Item().ExpiresAt()})
 	}
-	return nil
+	return recs, nil
 }

@@ -1,8 +1,10 @@
 package telemetry
 
 import (
+	"cmp"
 	"context"
-	"sort"
+	"maps"
+	"slices"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -101,10 +103,8 @@ func (t *Telemetry) registerRuns(m metric.Meter) error {
 		metric.WithDescription("Share of step time spent waiting for the dataloader (0..1)"))
 	active, errs[8] = m.Int64ObservableGauge(MetricRunActive,
 		metric.WithDescription("1 while the run is going, 0 once it ended"))
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
+	if err := cmp.Or(errs[:]...); err != nil {
+		return err
 	}
 	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		reports, err := t.reports()
@@ -195,12 +195,7 @@ func (t *Telemetry) registerSources(m metric.Meter) error {
 		}
 		if rs != nil {
 			counts := rs.Counts()
-			kinds := make([]string, 0, len(counts))
-			for k := range counts {
-				kinds = append(kinds, k)
-			}
-			sort.Strings(kinds)
-			for _, k := range kinds {
+			for _, k := range slices.Sorted(maps.Keys(counts)) {
 				o.ObserveInt64(recs, int64(counts[k]), metric.WithAttributeSet(attribute.NewSet(attribute.String(AttrRecommendationKind, k))))
 			}
 		}

@@ -7,11 +7,13 @@
 package telemetry
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"net"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -77,11 +79,6 @@ type Alert struct {
 	Time time.Time
 }
 
-// AlertLogger emits alerts; *Telemetry implements it (nil-safe).
-type AlertLogger interface {
-	EmitAlert(ctx context.Context, a Alert)
-}
-
 // Options configure New.
 type Options struct {
 	// Exporter is the started OTel export (otelexport.Start) the figures go
@@ -107,11 +104,10 @@ type Options struct {
 
 // Telemetry is the collector's OTel export. A nil *Telemetry does nothing.
 type Telemetry struct {
-	o      Options
-	log    *slog.Logger
-	exp    *otelexport.Exporter
-	gpus   *otelexport.GPUMetrics
-	alerts *AlertLog
+	o    Options
+	log  *slog.Logger
+	exp  *otelexport.Exporter
+	gpus *otelexport.GPUMetrics
 
 	mu     sync.Mutex
 	recent map[string]time.Time // run id → when a batch last touched it
@@ -136,7 +132,7 @@ func New(o Options) (*Telemetry, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	exp := o.Exporter
-	t := &Telemetry{o: o, log: o.Logger, exp: exp, alerts: NewAlertLog(exp, o.Clock), recent: map[string]time.Time{}}
+	t := &Telemetry{o: o, log: o.Logger, exp: exp, recent: map[string]time.Time{}}
 	if err := t.register(exp.Meter()); err != nil {
 		return nil, err
 	}
@@ -191,23 +187,11 @@ func (t *Telemetry) OnApplied(node string, b *trainmeterv1.Batch) {
 		note(w.GetRunId())
 	}
 	for _, e := range b.GetRunEvents() {
-		note(eventRun(e))
+		note(aggregate.EventRunID(e))
 	}
 	for _, l := range b.GetLosses() {
 		note(l.GetRunId())
 	}
-}
-
-func eventRun(e *trainmeterv1.RunEvent) string {
-	switch ev := e.GetEvent().(type) {
-	case *trainmeterv1.RunEvent_RunStart:
-		return ev.RunStart.GetRunId()
-	case *trainmeterv1.RunEvent_RunEnd:
-		return ev.RunEnd.GetRunId()
-	case *trainmeterv1.RunEvent_Eval:
-		return ev.Eval.GetRunId()
-	}
-	return ""
 }
 
 // exportedRuns returns the ids of the runs to export (active within
@@ -228,12 +212,7 @@ func (t *Telemetry) exportedRuns() []string {
 		}
 		all = append(all, seen{id, at})
 	}
-	sort.Slice(all, func(i, j int) bool {
-		if !all[i].at.Equal(all[j].at) {
-			return all[i].at.After(all[j].at)
-		}
-		return all[i].id < all[j].id
-	})
+	slices.SortFunc(all, func(a, b seen) int { return cmp.Or(b.at.Compare(a.at), cmp.Compare(a.id, b.id)) })
 	if len(all) > t.o.MaxRuns {
 		for _, s := range all[t.o.MaxRuns:] {
 			delete(t.recent, s.id)
@@ -244,7 +223,7 @@ func (t *Telemetry) exportedRuns() []string {
 	for i, s := range all {
 		ids[i] = s.id
 	}
-	sort.Strings(ids)
+	slices.Sort(ids)
 	return ids
 }
 
@@ -294,14 +273,6 @@ func runAttrs(r *trainmeterv1.RunReport) attribute.Set {
 	)
 }
 
-// EmitAlert sends a as an OTel log record (nothing without OTLP).
-func (t *Telemetry) EmitAlert(ctx context.Context, a Alert) {
-	if t == nil {
-		return
-	}
-	t.alerts.EmitAlert(ctx, a)
-}
-
 // AlertLog sends alerts out as OTel log records through an exporter. It
 // needs only the exporter, so alerts can be wired before the Telemetry that
 // reads the budget and recommendation sources exists.
@@ -340,13 +311,8 @@ func (l *AlertLog) EmitAlert(ctx context.Context, a Alert) {
 	r.SetSeverity(sev)
 	r.SetSeverityText(text)
 	r.SetBody(attribute.StringValue(a.Message))
-	keys := make([]string, 0, len(a.Attributes))
-	for k := range a.Attributes {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	r.AddAttributes(attribute.String(AttrAlertKind, a.Kind), attribute.String(AttrAlertScope, a.Scope))
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(a.Attributes)) {
 		r.AddAttributes(attribute.String("trainmeter.alert."+k, a.Attributes[k]))
 	}
 	l.logger.Emit(ctx, r)
@@ -365,8 +331,3 @@ func severity(s string) (otellog.Severity, string) {
 	}
 	return otellog.SeverityInfo, "INFO"
 }
-
-var (
-	_ AlertLogger = (*Telemetry)(nil)
-	_ AlertLogger = (*AlertLog)(nil)
-)
