@@ -338,12 +338,12 @@ func (s *Server) handle(log *slog.Logger, sender storage.Sender, m *trainmeterv1
 	}
 	if err != nil {
 		s.counters.storeErrors.Add(1)
-		s.counters.lastStoreErr.Store(time.Now().UnixNano())
+		s.counters.lastStoreErr.Store(s.clock.Now().UnixNano())
 		log.Error("store batch", "seq", b.GetSeq(), "err", err)
 		return nil, status.Errorf(codes.Unavailable, "store: %v", err)
 	}
 	s.counters.lat.Observe(time.Since(t0))
-	s.counters.lastStoreOK.Store(time.Now().UnixNano())
+	s.counters.lastStoreOK.Store(s.clock.Now().UnixNano())
 	s.noteSeq(log, node, boot, b.GetSeq())
 	if dup {
 		s.counters.duplicate.Add(1)

@@ -8,6 +8,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -300,6 +301,7 @@ func New(cfg Config, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
 	return &Server{cfg: cfg, log: log}
 }
 

@@ -45,7 +45,7 @@ func (s *Server) Status() Status {
 	case stopped:
 		st.Problems = append(st.Problems, "shutting down")
 	}
-	st.UptimeS = time.Since(t0).Seconds()
+	st.UptimeS = s.cfg.Clock.Now().Sub(t0).Seconds()
 	st.Ingest = ing.Stats()
 	st.Alerts = AlertStatus{BudgetEvaluations: budgets.Evaluations(), WebhooksBusy: webhooks.Busy()}
 	if carbon != nil {
@@ -73,7 +73,7 @@ func (s *Server) StatusAddr() net.Addr {
 // startStatus serves GET /healthz and GET /status on cfg.StatusListen (if
 // set). Called with s.mu held.
 func (s *Server) startStatus() error {
-	s.startedAt = time.Now()
+	s.startedAt = s.cfg.Clock.Now()
 	if s.cfg.StatusListen == "" {
 		return nil
 	}
@@ -96,13 +96,13 @@ func (s *Server) stopStatus() {
 
 // logSummary logs the one-line status summary every interval until stop.
 func (s *Server) logSummary(interval time.Duration, stop <-chan struct{}) {
-	t := time.NewTicker(interval)
+	t := s.cfg.Clock.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-stop:
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		st := s.Status().Ingest
 		s.log.Info("collector status", "agents", st.ConnectedAgents, "applied", st.Applied, "duplicate", st.Duplicate,
