@@ -25,6 +25,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -312,11 +313,7 @@ func cardUUID(c Card) string {
 }
 
 // Devices implements gpu.Backend.
-func (b *Backend) Devices() []gpu.Device {
-	out := make([]gpu.Device, len(b.devs))
-	copy(out, b.devs)
-	return out
-}
+func (b *Backend) Devices() []gpu.Device { return slices.Clone(b.devs) }
 
 // Sources says where card index's figures come from and how its counter
 // check stands.

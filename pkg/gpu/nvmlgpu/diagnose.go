@@ -131,16 +131,16 @@ func Diagnose(lib nvml.Interface, o DiagnoseOptions) (Report, error) {
 	}
 	defer lib.Shutdown()
 
-	if v, ret := callString(lib.SystemGetDriverVersion); ret == nvml.SUCCESS {
+	if v, ret := call(lib.SystemGetDriverVersion); ret == nvml.SUCCESS {
 		r.DriverVersion = v
 	}
-	if v, ret := callString(lib.SystemGetNVMLVersion); ret == nvml.SUCCESS {
+	if v, ret := call(lib.SystemGetNVMLVersion); ret == nvml.SUCCESS {
 		r.NVMLVersion = v
 	}
-	if v, ret := callInt(lib.SystemGetCudaDriverVersion); ret == nvml.SUCCESS {
+	if v, ret := call(lib.SystemGetCudaDriverVersion); ret == nvml.SUCCESS {
 		r.CUDADriverVersion = v
 	}
-	n, ret := callInt(lib.DeviceGetCount)
+	n, ret := call(lib.DeviceGetCount)
 	if ret != nvml.SUCCESS {
 		r.CountError = fmt.Sprintf("cannot count GPUs: %v", ret)
 		return r, errors.New("nvml: " + r.CountError)
@@ -185,11 +185,11 @@ func Diagnose(lib nvml.Interface, o DiagnoseOptions) (Report, error) {
 // leave their fields empty.
 func describe(h nvml.Device, g *GPUReport) {
 	var ret nvml.Return
-	if g.UUID, ret = callString(h.GetUUID); ret != nvml.SUCCESS {
+	if g.UUID, ret = call(h.GetUUID); ret != nvml.SUCCESS {
 		g.Error = fmt.Sprintf("cannot read its UUID: %v", ret)
 		return
 	}
-	g.Name, _ = callString(h.GetName)
+	g.Name, _ = call(h.GetName)
 	if mem, ret := call(h.GetMemoryInfo); ret == nvml.SUCCESS {
 		g.MemTotalMiB, g.MemUsedMiB = mem.Total/mib, mem.Used/mib
 	}
@@ -206,11 +206,10 @@ func describe(h nvml.Device, g *GPUReport) {
 	} else {
 		g.TotalEnergyError = ret.Error()
 	}
-	cur, pending, ret := migMode(h)
-	if ret == nvml.SUCCESS {
+	if m, ret := call(func() ([2]int, nvml.Return) { c, p, r := h.GetMigMode(); return [2]int{c, p}, r }); ret == nvml.SUCCESS {
 		g.MigSupported = true
-		g.MigEnabled = cur == nvml.DEVICE_MIG_ENABLE
-		g.MigPendingEnabled = pending == nvml.DEVICE_MIG_ENABLE
+		g.MigEnabled = m[0] == nvml.DEVICE_MIG_ENABLE
+		g.MigPendingEnabled = m[1] == nvml.DEVICE_MIG_ENABLE
 	}
 	if st, ret := call(h.GetPersistenceMode); ret == nvml.SUCCESS {
 		g.Persistence = "off"
@@ -285,13 +284,9 @@ func initReturn(lib nvml.Interface) (ret nvml.Return) {
 // panic on a method whose func is not set, and a diagnosis must not crash
 // over an optional call.
 
-func safeReturn(f func() nvml.Return) (ret nvml.Return) {
-	defer func() {
-		if recover() != nil {
-			ret = nvml.ERROR_NOT_SUPPORTED
-		}
-	}()
-	return f()
+func safeReturn(f func() nvml.Return) nvml.Return {
+	_, ret := call(func() (struct{}, nvml.Return) { return struct{}{}, f() })
+	return ret
 }
 
 func call[T any](f func() (T, nvml.Return)) (v T, ret nvml.Return) {
@@ -301,16 +296,4 @@ func call[T any](f func() (T, nvml.Return)) (v T, ret nvml.Return) {
 		}
 	}()
 	return f()
-}
-
-func callString(f func() (string, nvml.Return)) (string, nvml.Return) { return call(f) }
-func callInt(f func() (int, nvml.Return)) (int, nvml.Return)          { return call(f) }
-
-func migMode(h nvml.Device) (cur, pending int, ret nvml.Return) {
-	defer func() {
-		if recover() != nil {
-			ret = nvml.ERROR_NOT_SUPPORTED
-		}
-	}()
-	return h.GetMigMode()
 }

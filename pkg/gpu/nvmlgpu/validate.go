@@ -96,8 +96,8 @@ func Validate(lib nvml.Interface, o ValidateOptions) (ValidateReport, error) {
 		return rep, fmt.Errorf("%w: %s", ErrNoNVML, explainInit(ret))
 	}
 	defer lib.Shutdown()
-	rep.Driver, _ = callString(lib.SystemGetDriverVersion)
-	n, ret := callInt(lib.DeviceGetCount)
+	rep.Driver, _ = call(lib.SystemGetDriverVersion)
+	n, ret := call(lib.DeviceGetCount)
 	if ret != nvml.SUCCESS {
 		return rep, fmt.Errorf("nvml: cannot count GPUs: %v", ret)
 	}
@@ -109,8 +109,8 @@ func Validate(lib nvml.Interface, o ValidateOptions) (ValidateReport, error) {
 		g := GPUValidity{Index: i, CallCostUs: map[string]CallCost{}, ReadErrors: map[string]int{}}
 		h, ret := lib.DeviceGetHandleByIndex(i)
 		if ret == nvml.SUCCESS {
-			g.UUID, _ = callString(h.GetUUID)
-			g.Name, _ = callString(h.GetName)
+			g.UUID, _ = call(h.GetUUID)
+			g.Name, _ = call(h.GetName)
 		} else {
 			g.ReadErrors["handle"]++
 		}

@@ -324,11 +324,7 @@ func Parse(r io.Reader) (*Backend, error) {
 }
 
 // Devices implements gpu.Backend.
-func (b *Backend) Devices() []gpu.Device {
-	out := make([]gpu.Device, len(b.devs))
-	copy(out, b.devs)
-	return out
-}
+func (b *Backend) Devices() []gpu.Device { return slices.Clone(b.devs) }
 
 // Duration is the time_s of the last row of any GPU: how long playback lasts.
 func (b *Backend) Duration() time.Duration {

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -115,11 +116,7 @@ func New(n int, seed int64) *Backend {
 }
 
 // Devices implements gpu.Backend.
-func (b *Backend) Devices() []gpu.Device {
-	out := make([]gpu.Device, len(b.devs))
-	copy(out, b.devs)
-	return out
-}
+func (b *Backend) Devices() []gpu.Device { return slices.Clone(b.devs) }
 
 // IdlePowerW returns the (noise-free) idle power of GPU index.
 func (b *Backend) IdlePowerW(index int) float64 {
