@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -170,56 +171,39 @@ func Parse(r io.Reader) (*Backend, error) {
 		bad := func(format string, a ...any) error {
 			return fmt.Errorf("replay: line %d: "+format, append([]any{line}, a...)...)
 		}
-		num := func(k int, optional bool) (float64, bool, error) {
-			s := field(k)
-			if s == "" {
-				if optional {
-					return 0, false, nil
-				}
-				return 0, false, bad("%s is empty", Columns[k])
-			}
-			v, err := strconv.ParseFloat(s, 64)
-			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-				return 0, false, bad("%s = %q is not a finite number", Columns[k], s)
-			}
-			if v < 0 {
-				return 0, false, bad("%s = %q is negative", Columns[k], s)
-			}
-			return v, true, nil
-		}
-
 		gs := field(1)
 		g, err := strconv.Atoi(gs)
 		if err != nil || g < 0 || g >= maxGPUs {
 			return nil, bad("gpu = %q is not a GPU index (0..%d)", gs, maxGPUs-1)
 		}
-		var rw row
-		ts, _, err := num(0, false)
-		if err != nil {
-			return nil, err
+		var v [7]float64
+		var ok [7]bool
+		for k, name := range Columns {
+			f := field(k)
+			switch {
+			case k == 1: // gpu, parsed above
+			case f == "" && (k == 3 || k == 6): // energy and utilisation may be empty
+			case f == "":
+				return nil, bad("%s is empty", name)
+			default:
+				x, err := strconv.ParseFloat(f, 64)
+				if err != nil || math.IsNaN(x) || math.IsInf(x, 0) {
+					return nil, bad("%s = %q is not a finite number", name, f)
+				}
+				if x < 0 {
+					return nil, bad("%s = %q is negative", name, f)
+				}
+				if k == 0 && x > float64(math.MaxInt64/int64(time.Second)) {
+					return nil, bad("time_s = %v is too large", x)
+				}
+				v[k], ok[k] = x, true
+			}
 		}
-		if ts > float64(math.MaxInt64/int64(time.Second)) {
-			return nil, bad("time_s = %v is too large", ts)
+		if v[6] > 100 {
+			return nil, bad("utilization_pct = %v is over 100", v[6])
 		}
-		rw.at = time.Duration(math.Round(ts * float64(time.Second)))
-		if rw.powerW, _, err = num(2, false); err != nil {
-			return nil, err
-		}
-		if rw.energyJ, rw.energyOK, err = num(3, true); err != nil {
-			return nil, err
-		}
-		if rw.memUsed, _, err = num(4, false); err != nil {
-			return nil, err
-		}
-		if rw.memTotal, _, err = num(5, false); err != nil {
-			return nil, err
-		}
-		if rw.util, rw.utilOK, err = num(6, true); err != nil {
-			return nil, err
-		}
-		if rw.util > 100 {
-			return nil, bad("utilization_pct = %v is over 100", rw.util)
-		}
+		rw := row{at: time.Duration(math.Round(v[0] * float64(time.Second))), powerW: v[2], energyJ: v[3], energyOK: ok[3],
+			memUsed: v[4], memTotal: v[5], util: v[6], utilOK: ok[6]}
 		for _, rc := range runCols {
 			if rc.idx >= len(rec) || strings.TrimSpace(rec[rc.idx]) == "" {
 				continue
@@ -306,17 +290,13 @@ func Parse(r io.Reader) (*Backend, error) {
 
 	b := &Backend{rows: rows, devs: make([]gpu.Device, len(rows))}
 	for g, rs := range rows {
-		has := false
-		for _, r := range rs {
-			has = has || r.energyOK
-		}
 		b.devs[g] = gpu.Device{
 			Index:            g,
 			UUID:             fmt.Sprintf("GPU-replay-%d", g),
 			Name:             cmp.Or(names[g], "Replay GPU"),
 			Vendor:           vendors[g],
 			MemTotalMiB:      uint64(math.Round(rs[0].memTotal)),
-			HasEnergyCounter: has,
+			HasEnergyCounter: slices.ContainsFunc(rs, func(r row) bool { return r.energyOK }),
 			HasInstantPower:  true,
 		}
 	}
@@ -359,8 +339,7 @@ func (b *Backend) Read(now time.Time, dst []gpu.Sample) error {
 	el := now.Sub(t0)
 	for g, rs := range b.rows {
 		s := gpu.Sample{Index: g, ReadAt: now}
-		// first row after el, minus one: the latest row with at <= el
-		k := sort.Search(len(rs), func(i int) bool { return rs[i].at > el }) - 1
+		k := latest(rs, el)
 		if k < 0 {
 			dst[g] = s // before the GPU's first row: nothing OK, no error
 			continue
@@ -390,15 +369,16 @@ func (b *Backend) RunUsage(index int, now time.Time) map[string]gpu.ProcessUse {
 		return nil
 	}
 	rs := b.rows[index]
-	k := sort.Search(len(rs), func(i int) bool { return rs[i].at > now.Sub(t0) }) - 1
-	if k < 0 || rs[k].runs == nil {
+	k := latest(rs, now.Sub(t0))
+	if k < 0 {
 		return nil
 	}
-	out := make(map[string]gpu.ProcessUse, len(rs[k].runs))
-	for id, u := range rs[k].runs {
-		out[id] = u
-	}
-	return out
+	return maps.Clone(rs[k].runs)
+}
+
+// latest is the index of the latest row with at <= el, -1 when none.
+func latest(rs []row, el time.Duration) int {
+	return sort.Search(len(rs), func(i int) bool { return rs[i].at > el }) - 1
 }
 
 // Close implements gpu.Backend.
