@@ -2,10 +2,12 @@ package amdgpu
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -65,17 +67,9 @@ func scanClients(procfs string) ([]drmClient, error) {
 			byID[key] = c
 		}
 	}
-	out := make([]drmClient, 0, len(byID))
-	for _, c := range byID {
-		out = append(out, c)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].pid != out[j].pid {
-			return out[i].pid < out[j].pid
-		}
-		return out[i].id < out[j].id
-	})
-	return out, nil
+	return slices.SortedFunc(maps.Values(byID), func(a, b drmClient) int {
+		return cmp.Or(cmp.Compare(a.pid, b.pid), strings.Compare(a.id, b.id))
+	}), nil
 }
 
 // drmFDs lists the fds of process dir that may be DRM clients: those whose
