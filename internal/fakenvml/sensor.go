@@ -56,9 +56,6 @@ func (m *Model) Set(key, val string) error {
 	}
 }
 
-// TruePowerW is the ground-truth power during millisecond ms.
-func (m *Model) TruePowerW(ms int64) float64 { return float64(C.fn_true_power_w(&m.g, C.long(ms))) }
-
 // TrueEnergyJ is the ground-truth energy over [0, tMs).
 func (m *Model) TrueEnergyJ(tMs float64) float64 {
 	return float64(C.fn_true_energy_j(&m.g, C.double(tMs)))

@@ -66,21 +66,12 @@ func ParseSpec(spec string) (Spec, error) {
 	s := strings.TrimSpace(spec)
 	kind, arg, hasArg := strings.Cut(s, ":")
 	switch strings.ToLower(kind) {
-	case "", string(KindAuto):
+	case "", string(KindAuto), string(KindNVML), string(KindAMD):
+		k := Kind(cmp.Or(strings.ToLower(kind), string(KindAuto)))
 		if hasArg {
-			return Spec{}, fmt.Errorf("--gpu %q: auto takes no argument (%s)", spec, Usage)
+			return Spec{}, fmt.Errorf("--gpu %q: %s takes no argument (%s)", spec, k, Usage)
 		}
-		return Spec{Kind: KindAuto}, nil
-	case string(KindNVML):
-		if hasArg {
-			return Spec{}, fmt.Errorf("--gpu %q: nvml takes no argument (%s)", spec, Usage)
-		}
-		return Spec{Kind: KindNVML}, nil
-	case string(KindAMD):
-		if hasArg {
-			return Spec{}, fmt.Errorf("--gpu %q: amd takes no argument (%s)", spec, Usage)
-		}
-		return Spec{Kind: KindAMD}, nil
+		return Spec{Kind: k}, nil
 	case string(KindSim):
 		if !hasArg {
 			return Spec{Kind: KindSim, N: 2, Seed: DefaultSimSeed}, nil
