@@ -89,16 +89,6 @@ func (r *Report) Count(st Status) int {
 	return n
 }
 
-// Find returns the first check of section and name (tests, tools).
-func (r *Report) Find(section, name string) (Check, bool) {
-	for _, c := range r.Checks {
-		if c.Section == section && c.Name == name {
-			return c, true
-		}
-	}
-	return Check{}, false
-}
-
 // Options configure Run.
 type Options struct {
 	// Config is the agent's resolved configuration (the same flags and file

@@ -49,16 +49,11 @@ func checkNVML(o Options, sp gpuopen.Spec, r *Report) {
 		r.add(SectionGPU, "nvml", Fail, prefix+err.Error(), "nvidia-smi should show the same problem; "+noGPUHint)
 		return
 	}
-	var parts []string
-	parts = append(parts, "NVML loaded")
-	if rep.DriverVersion != "" {
-		parts = append(parts, "driver "+rep.DriverVersion)
-	}
-	if rep.NVMLVersion != "" {
-		parts = append(parts, "NVML "+rep.NVMLVersion)
-	}
-	if v := rep.CUDAVersionString(); v != "" {
-		parts = append(parts, "CUDA driver "+v)
+	parts := []string{"NVML loaded"}
+	for _, v := range [][2]string{{"driver ", rep.DriverVersion}, {"NVML ", rep.NVMLVersion}, {"CUDA driver ", rep.CUDAVersionString()}} {
+		if v[1] != "" {
+			parts = append(parts, v[0]+v[1])
+		}
 	}
 	parts = append(parts, plural(len(rep.GPUs), "GPU"))
 	if len(rep.GPUs) == 0 {
