@@ -57,20 +57,17 @@ func PermissionFix(group string) string {
 
 // Zone is one powercap RAPL zone.
 type Zone struct {
-	// Dir is the zone's directory (…/class/powercap/intel-rapl:0:1).
-	Dir string
-	// ID is the directory's name (intel-rapl:0:1).
-	ID string
-	// Name is the kernel's name of the zone (package-0, dram, core, psys).
-	Name string
-	// Domain is one of the Domain* constants, "" for a name this package
-	// does not know (reported, never summed).
+	Dir  string // the zone's directory (…/class/powercap/intel-rapl:0:1)
+	ID   string // the directory's name (intel-rapl:0:1)
+	Name string // the kernel's name of the zone (package-0, dram, core, psys)
+	// Domain is a Domain* constant, "" for a name this package does not
+	// know (reported, never summed).
 	Domain string
-	// Socket is the package the zone belongs to (the S of package-S), -1
-	// for psys and zones whose package is unknown.
+	// Socket is the S of package-S the zone belongs to, -1 for psys and
+	// zones whose package is unknown.
 	Socket int
-	// MaxRangeUJ is where energy_uj wraps to 0; 0 when the file could not
-	// be read (a decrease is then not taken for a wrap).
+	// MaxRangeUJ is where energy_uj wraps to 0; 0 when unreadable (a
+	// decrease is then not taken for a wrap).
 	MaxRangeUJ uint64
 }
 
@@ -156,13 +153,12 @@ var domainOrder = []string{DomainPackage, DomainDRAM, DomainCore, DomainUncore, 
 // ZoneEnergy is one zone's energy since the Reader's first read.
 type ZoneEnergy struct {
 	Zone
-	// EnergyUJ is the energy since the first read, in microjoules (an
-	// integer, so sums of counter differences stay exact).
+	// EnergyUJ is the energy since the first read (an integer, so sums of
+	// counter differences stay exact).
 	EnergyUJ uint64
-	// Wraps is how many times the counter wrapped since the first read.
-	Wraps int
+	Wraps    int // since the first read
 	// Err is this read's error (ErrPermission when refused); EnergyUJ is
-	// then the value of the last good read.
+	// then the last good read's.
 	Err error
 }
 

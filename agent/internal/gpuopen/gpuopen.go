@@ -130,10 +130,7 @@ func OpenWith(spec string, o Options) (gpu.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	logger := o.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger := cmp.Or(o.Logger, slog.New(slog.DiscardHandler))
 	switch sp.Kind {
 	case KindSim:
 		logger.Info("gpu backend: simulated GPUs", "n", sp.N, "seed", sp.Seed)

@@ -1,19 +1,14 @@
 // Package amdgpu is the AMD GPU backend: it reads what the kernel's amdgpu
-// driver exposes in sysfs, without ROCm — hwmon power (µW), the versioned
-// binary gpu_metrics table (energy accumulator, socket power, timestamp),
-// VRAM used/total, gpu_busy_percent and the card's identity — and the
-// per-client DRM usage in /proc/PID/fdinfo for process attribution.
+// driver exposes in sysfs, without ROCm (hwmon power in µW, the versioned
+// binary gpu_metrics table, VRAM, gpu_busy_percent, the card's identity),
+// and the per-client DRM usage in /proc/PID/fdinfo for process attribution.
 //
-// Energy follows the NVIDIA backend's rule: the counter (gpu_metrics'
-// energy_accumulator) where the firmware fills it, else the integral of
-// power. Because some firmware fills the accumulator with wrong values, the
-// counter is checked against the power integral over its first seconds
-// (CheckSpan); one that disagrees is dropped for the backend's life and
-// energy falls back to power (docs/measurement.md, "AMD GPUs").
-//
-// Every path is under Options.SysfsRoot / ProcfsRoot, so tests point the
-// backend at fixture trees (testdata/README.md says where each layout comes
-// from). The package is pure Go: nothing here loads a library.
+// Energy is the counter (gpu_metrics' energy_accumulator, or AMD SMI's)
+// where there is one, else the integral of power. Some firmware fills the
+// accumulator wrongly, so the counter is checked against the power integral
+// over its first CheckSpan; one that disagrees is dropped for the backend's
+// life (docs/measurement.md, "AMD GPUs"). Every path is under
+// Options.SysfsRoot / ProcfsRoot, so tests point it at fixture trees.
 package amdgpu
 
 import (
@@ -57,15 +52,12 @@ type Options struct {
 	SysfsRoot  string // default /sys
 	ProcfsRoot string // default /proc
 	Logger     *slog.Logger
-	// CheckSpan is how long the counter is compared with the power
-	// integral before it is trusted (default DefaultCheckSpan).
-	CheckSpan time.Duration
+	CheckSpan  time.Duration // default DefaultCheckSpan
 	// Clock is the clock of the per-process usage rates (default the wall
 	// clock).
 	Clock clock.Clock
-	// SMI, when set, is AMD SMI (package amdsmi, loaded where libamd_smi
-	// is installed): a card it gives a counter for takes its energy from
-	// it, in the library's own resolution, instead of from gpu_metrics.
+	// SMI, when set, is AMD SMI (package amdsmi): a card it gives a counter
+	// for takes its energy from it instead of from gpu_metrics.
 	SMI CounterSource
 }
 
@@ -128,24 +120,19 @@ const (
 )
 
 type device struct {
-	card  Card
-	power powerFile
-	// metricsOK: gpu_metrics parsed at start; counter: and it has a filled
-	// accumulator.
-	metricsOK bool
-	// metricsPending: gpu_metrics exists but could not be read at start.
-	metricsPending bool
-	counter        bool
+	card           Card
+	power          powerFile
+	metricsOK      bool // gpu_metrics parsed
+	metricsPending bool // gpu_metrics exists but could not be read yet
+	counter        bool // there is an energy counter
 	smi            bool // the counter is AMD SMI's
 	src            Sources
-	// vramTotalMiB is read once: the board's VRAM does not change.
-	vramTotalMiB float64
-	// The files read at every tick, joined once at probe (powerPath: the
-	// hwmon file of powerInput or powerAverage, else "").
+	vramTotalMiB   float64 // read once: the board's VRAM does not change
+	// The files read at every tick (powerPath: the hwmon file of
+	// powerInput or powerAverage, else "").
 	metricsPath, powerPath, vramUsedPath, busyPath string
 
-	// The accumulator's wrap state: prevRaw is the last raw value,
-	// wraps*2^32 is added to raw values since the last wrap.
+	// The accumulator's wrap state: wrapAdd is added to raw values.
 	prevRaw uint64
 	prevAt  time.Time
 	prevOK  bool
@@ -168,9 +155,8 @@ type Backend struct {
 	gpus   []*device
 	closed bool
 
-	// pmu guards the per-process state (fdinfo.go: the latest scan of
-	// procfs, shared by the per-card calls, and each device's clients),
-	// apart from mu so that a slow scan never delays a sampling Read.
+	// pmu guards the per-process state (fdinfo.go), apart from mu so that
+	// a slow procfs scan never delays a sampling Read.
 	pmu    sync.Mutex
 	scan   []drmClient
 	scanAt time.Time
@@ -181,21 +167,14 @@ var ErrNoAMD = errors.New("no AMD GPU found")
 
 // New finds the amdgpu cards under opt.SysfsRoot and what each exposes.
 func New(opt Options) (*Backend, error) {
-	if opt.SysfsRoot == "" {
-		opt.SysfsRoot = "/sys"
-	}
-	if opt.ProcfsRoot == "" {
-		opt.ProcfsRoot = "/proc"
-	}
+	opt.SysfsRoot, opt.ProcfsRoot = cmp.Or(opt.SysfsRoot, "/sys"), cmp.Or(opt.ProcfsRoot, "/proc")
 	if opt.CheckSpan <= 0 {
 		opt.CheckSpan = DefaultCheckSpan
 	}
 	if opt.Clock == nil {
 		opt.Clock = clock.Real{}
 	}
-	if opt.Logger == nil {
-		opt.Logger = slog.New(slog.DiscardHandler)
-	}
+	opt.Logger = cmp.Or(opt.Logger, slog.New(slog.DiscardHandler))
 	cards, err := FindCards(opt.SysfsRoot)
 	if err != nil && !os.IsNotExist(err) {
 		return nil, fmt.Errorf("amdgpu: %w", err)
@@ -227,9 +206,8 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 		if v, err := readUint(filepath.Join(c.Hwmon, "power1_cap")); err == nil {
 			d.PowerLimitW = float64(v) / 1e6
 		}
-		// By presence, not by a first read: a card in runtime suspend or in
-		// reset at the agent's start answers EPERM, and must not lose its
-		// power file for the agent's life.
+		// By presence, not by a first read: a card in runtime suspend or
+		// reset answers EPERM, and must not lose its power file for good.
 		for _, p := range []struct {
 			f    powerFile
 			name string
@@ -425,13 +403,11 @@ func (b *Backend) read(i int, d *device, now time.Time, s *gpu.Sample) {
 	}
 }
 
-// extend turns the raw accumulator into a counter that survives the
-// firmware's 32-bit wrap. Firmware whose accumulator is 32 bits wide (in
-// a v1.0 table, and on boards that copy a 32-bit PMFW value into the
-// 64-bit field) wraps every 65536 J, about every 90 s at 700 W. A decrease
-// is a wrap when the energy it implies is plausible for the time since the
-// previous read; otherwise it is a reset, passed on as a decrease for the
-// energy curve to bridge with power.
+// extend turns the raw accumulator into a counter that survives a 32-bit
+// wrap (a v1.0 table, or a 32-bit PMFW value in the 64-bit field: every
+// 65536 J, about 90 s at 700 W). A decrease is a wrap when the energy it
+// implies is plausible for the time since the previous read; otherwise it
+// is a reset, passed on for the energy curve to bridge with power.
 func (d *device) extend(raw uint64, unitJ float64, now time.Time) float64 {
 	if d.prevOK && raw < d.prevRaw && d.prevRaw < 1<<32 {
 		dt := now.Sub(d.prevAt).Seconds()

@@ -14,6 +14,7 @@
 package nvmlgpu
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -83,9 +84,7 @@ func New(lib nvml.Interface, logger *slog.Logger) (*Backend, error) {
 	if lib == nil {
 		lib = nvml.New()
 	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	if err := initLib(lib); err != nil {
 		return nil, err
 	}
