@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -205,16 +206,7 @@ func (o Options) readTwice(b gpu.Backend, n int) (first, second []gpu.Sample, ga
 	o.wait(o.Gap)
 	t1 := o.clock().Now()
 	err2 := b.Read(t1, second)
-	return first, second, t1.Sub(t0), firstErr(err1, err2)
-}
-
-func firstErr(errs ...error) error {
-	for _, e := range errs {
-		if e != nil {
-			return e
-		}
-	}
-	return nil
+	return first, second, t1.Sub(t0), cmp.Or(err1, err2)
 }
 
 func plural(n int, what string) string {
