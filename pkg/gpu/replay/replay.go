@@ -290,15 +290,9 @@ func Parse(r io.Reader) (*Backend, error) {
 
 	b := &Backend{rows: rows, devs: make([]gpu.Device, len(rows))}
 	for g, rs := range rows {
-		b.devs[g] = gpu.Device{
-			Index:            g,
-			UUID:             fmt.Sprintf("GPU-replay-%d", g),
-			Name:             cmp.Or(names[g], "Replay GPU"),
-			Vendor:           vendors[g],
-			MemTotalMiB:      uint64(math.Round(rs[0].memTotal)),
-			HasEnergyCounter: slices.ContainsFunc(rs, func(r row) bool { return r.energyOK }),
-			HasInstantPower:  true,
-		}
+		b.devs[g] = gpu.Device{Index: g, UUID: fmt.Sprintf("GPU-replay-%d", g), Name: cmp.Or(names[g], "Replay GPU"), Vendor: vendors[g],
+			MemTotalMiB: uint64(math.Round(rs[0].memTotal)), HasInstantPower: true,
+			HasEnergyCounter: slices.ContainsFunc(rs, func(r row) bool { return r.energyOK })}
 	}
 	return b, nil
 }
