@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -62,10 +63,9 @@ func checkSocket(ctx context.Context, o Options, r *Report) {
 func checkAccess(o Options, r *Report, fi fs.FileInfo, uid, gid int) {
 	mode := fi.Mode().Perm()
 	var who []string
-	switch {
-	case mode&0o002 != 0:
+	if mode&0o002 != 0 {
 		who = append(who, "every user (the socket is world-writable)")
-	default:
+	} else {
 		if mode&0o200 != 0 {
 			who = append(who, "its owner "+userName(uid))
 		}
@@ -155,18 +155,14 @@ func checkConnect(ctx context.Context, o Options, r *Report, path string) {
 	// its reason and closes, possibly before the ping goes out.
 	_, werr := c.Write([]byte(pingLine))
 	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil && line == "" && werr != nil {
-		r.add(SectionSocket, "connect", Fail, fmt.Sprintf("connected%s, but the connection closed without an answer: %v", peer, werr), "")
-		return
-	}
 	if err != nil && line == "" {
 		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
+		if werr == nil && errors.As(err, &ne) && ne.Timeout() {
 			r.add(SectionSocket, "connect", Warn, fmt.Sprintf("connected%s, but no answer in %v", peer, o.Timeout),
 				"the agent may be overloaded or stuck; its log and --status-listen /status tell more")
 			return
 		}
-		r.add(SectionSocket, "connect", Fail, fmt.Sprintf("connected%s, but the connection closed without an answer: %v", peer, err), "")
+		r.add(SectionSocket, "connect", Fail, fmt.Sprintf("connected%s, but the connection closed without an answer: %v", peer, cmp.Or(werr, err)), "")
 		return
 	}
 	var ans struct {
