@@ -148,11 +148,16 @@ func Parse(r io.Reader) (*Backend, error) {
 		idx[k] = i
 	}
 
-	vendorCol, hasVendor := col[ColVendor]
-	nameCol, hasName := col[ColName]
+	colOr := func(name string) int { // -1 for an absent optional column
+		if i, ok := col[name]; ok {
+			return i
+		}
+		return -1
+	}
+	vendorCol, nameCol := colOr(ColVendor), colOr(ColName)
 	var vendors, names []string // per GPU
 	var rows [][]row
-	firstLine := map[int]int{}
+	var firstLine []int // per GPU: the line of its first row
 	for {
 		rec, err := cr.Read()
 		if err == io.EOF {
@@ -162,16 +167,17 @@ func Parse(r io.Reader) (*Backend, error) {
 			return nil, fmt.Errorf("replay: %w", err)
 		}
 		line, _ := cr.FieldPos(0)
-		field := func(k int) string {
-			if idx[k] >= len(rec) {
+		raw := func(i int) string {
+			if i < 0 || i >= len(rec) {
 				return ""
 			}
-			return strings.TrimSpace(rec[idx[k]])
+			return rec[i]
 		}
+		cell := func(i int) string { return strings.TrimSpace(raw(i)) }
 		bad := func(format string, a ...any) error {
 			return fmt.Errorf("replay: line %d: "+format, append([]any{line}, a...)...)
 		}
-		gs := field(1)
+		gs := cell(idx[1])
 		g, err := strconv.Atoi(gs)
 		if err != nil || g < 0 || g >= maxGPUs {
 			return nil, bad("gpu = %q is not a GPU index (0..%d)", gs, maxGPUs-1)
@@ -179,7 +185,7 @@ func Parse(r io.Reader) (*Backend, error) {
 		var v [7]float64
 		var ok [7]bool
 		for k, name := range Columns {
-			f := field(k)
+			f := cell(idx[k])
 			switch {
 			case k == 1: // gpu, parsed above
 			case f == "" && (k == 3 || k == 6): // energy and utilisation may be empty
@@ -205,10 +211,10 @@ func Parse(r io.Reader) (*Backend, error) {
 		rw := row{at: time.Duration(math.Round(v[0] * float64(time.Second))), powerW: v[2], energyJ: v[3], energyOK: ok[3],
 			memUsed: v[4], memTotal: v[5], util: v[6], utilOK: ok[6]}
 		for _, rc := range runCols {
-			if rc.idx >= len(rec) || strings.TrimSpace(rec[rc.idx]) == "" {
+			cs := cell(rc.idx)
+			if cs == "" {
 				continue
 			}
-			cs := strings.TrimSpace(rec[rc.idx])
 			v, err := strconv.ParseFloat(cs, 64)
 			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 				return nil, bad("%s = %q is not a finite non-negative number", header[rc.idx], cs)
@@ -229,38 +235,23 @@ func Parse(r io.Reader) (*Backend, error) {
 		}
 
 		for len(rows) <= g {
-			rows = append(rows, nil)
+			rows, firstLine = append(rows, nil), append(firstLine, 0)
 			vendors, names = append(vendors, ""), append(names, "")
 		}
-		ident := func(has bool, i int, what string, dst *string, norm func(string) (string, error)) error {
-			if !has || i >= len(rec) {
-				return nil
-			}
-			v := strings.TrimSpace(rec[i])
-			if v == "" {
-				return nil
-			}
-			v, err := norm(v)
-			if err != nil {
-				return bad("%s = %q: %v", what, rec[i], err)
-			}
-			if *dst != "" && *dst != v {
-				return bad("gpu %d: %s %q differs from its earlier %q (one GPU, one %s)", g, what, v, *dst, what)
-			}
-			*dst = v
-			return nil
+		vendor := strings.ToLower(cell(vendorCol))
+		if vendor != "" && !slices.Contains(Vendors, vendor) {
+			return nil, bad("%s = %q: want one of %s", ColVendor, raw(vendorCol), strings.Join(Vendors, ", "))
 		}
-		if err := ident(hasVendor, vendorCol, ColVendor, &vendors[g], func(v string) (string, error) {
-			v = strings.ToLower(v)
-			if !slices.Contains(Vendors, v) {
-				return "", fmt.Errorf("want one of %s", strings.Join(Vendors, ", "))
+		// The first non-empty cell names the GPU; later ones must agree.
+		for _, id := range []struct {
+			what string
+			dst  *string
+			v    string
+		}{{ColVendor, &vendors[g], vendor}, {ColName, &names[g], cell(nameCol)}} {
+			if id.v != "" && *id.dst != "" && *id.dst != id.v {
+				return nil, bad("gpu %d: %s %q differs from its earlier %q (one GPU, one %s)", g, id.what, id.v, *id.dst, id.what)
 			}
-			return v, nil
-		}); err != nil {
-			return nil, err
-		}
-		if err := ident(hasName, nameCol, ColName, &names[g], func(v string) (string, error) { return v, nil }); err != nil {
-			return nil, err
+			*id.dst = cmp.Or(id.v, *id.dst)
 		}
 		if n := len(rows[g]); n > 0 && rw.at < rows[g][n-1].at {
 			return nil, bad("gpu %d: time_s %v is before the previous row's %v (times must not decrease per GPU)",
@@ -274,18 +265,11 @@ func Parse(r io.Reader) (*Backend, error) {
 	if len(rows) == 0 {
 		return nil, errors.New("replay: trace has a header but no rows")
 	}
-	for g := range rows {
-		if len(rows[g]) == 0 {
-			// name the first row of the GPU after the gap
-			at := 0
-			for h := g + 1; h < len(rows); h++ {
-				if len(rows[h]) > 0 {
-					at = firstLine[h]
-					break
-				}
-			}
-			return nil, fmt.Errorf("replay: line %d: unknown gpu %d: gpu %d has no rows (indices must be contiguous from 0)", at, len(rows)-1, g)
-		}
+	empty := func(rs []row) bool { return len(rs) == 0 }
+	if g := slices.IndexFunc(rows, empty); g >= 0 {
+		// Name the first row of the GPU after the gap (the last GPU has rows).
+		at := firstLine[g+slices.IndexFunc(rows[g:], func(rs []row) bool { return !empty(rs) })]
+		return nil, fmt.Errorf("replay: line %d: unknown gpu %d: gpu %d has no rows (indices must be contiguous from 0)", at, len(rows)-1, g)
 	}
 
 	b := &Backend{rows: rows, devs: make([]gpu.Device, len(rows))}
