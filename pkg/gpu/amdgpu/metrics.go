@@ -69,9 +69,7 @@ var layouts = map[[2]uint8]layout{
 	// gpu_metrics_v1_0: system_clock_counter right after the header.
 	{1, 0}: {minSize: 40, energyOff: 36, energyBits: 32, powerOff: 34, powerBits: 16, powerScale: 1, gfxOff: 28, timestampAt: 8},
 	// gpu_metrics_v1_1..v1_3 share the head of the table.
-	{1, 1}: v1x,
-	{1, 2}: v1x,
-	{1, 3}: v1x,
+	{1, 1}: v1x, {1, 2}: v1x, {1, 3}: v1x,
 	// gpu_metrics_v1_4 (MI300 series): curr_socket_power, vcn_activity[4].
 	{1, 4}: {minSize: 40, energyOff: 24, energyBits: 64, powerOff: 10, powerBits: 16, powerScale: 1, gfxOff: 12, timestampAt: 32},
 	// gpu_metrics_v1_5 (MI300 series, newer firmware): jpeg_activity[32]
