@@ -3,7 +3,6 @@ package doctor
 import (
 	"cmp"
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
 
@@ -152,7 +151,7 @@ func gpuChecks(g nvmlgpu.GPUReport, r *Report) {
 
 // checkSimulated opens a sim or replay backend and reads it twice.
 func checkSimulated(o Options, sp gpuopen.Spec, r *Report) {
-	b, err := gpuopen.Open(o.Config.GPU, slog.New(slog.DiscardHandler))
+	b, err := gpuopen.OpenWith(o.Config.GPU, gpuopen.Options{})
 	if err != nil {
 		r.add(SectionGPU, "backend", Fail, err.Error(), "")
 		return

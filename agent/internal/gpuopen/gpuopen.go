@@ -118,12 +118,6 @@ type Options struct {
 	ProcfsRoot string
 }
 
-// Open parses spec and opens the backend it names, on the real /sys and
-// /proc.
-func Open(spec string, logger *slog.Logger) (gpu.Backend, error) {
-	return OpenWith(spec, Options{Logger: logger})
-}
-
 // OpenWith parses spec and opens the backend it names.
 func OpenWith(spec string, o Options) (gpu.Backend, error) {
 	sp, err := ParseSpec(spec)
