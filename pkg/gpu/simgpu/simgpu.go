@@ -26,17 +26,11 @@ const (
 	MemTotalMiB = 81559
 	PowerLimitW = 700.0
 
-	// BusyFraction is the share of the power limit a fully busy GPU draws.
-	BusyFraction = 0.93
-	// IdleMemMiB is the memory used by an idle GPU (driver, context).
-	IdleMemMiB = 450.0
-
-	// PowerTau is the time constant of the power lag.
-	PowerTau = 300 * time.Millisecond
-	// MemTau is the time constant of the memory lag.
-	MemTau = 1 * time.Second
-	// CounterPeriod is how often the energy counter (and its timestamp) moves.
-	CounterPeriod = 100 * time.Millisecond
+	BusyFraction  = 0.93                   // share of the power limit a fully busy GPU draws
+	IdleMemMiB    = 450.0                  // memory used by an idle GPU (driver, context)
+	PowerTau      = 300 * time.Millisecond // time constant of the power lag
+	MemTau        = 1 * time.Second        // time constant of the memory lag
+	CounterPeriod = 100 * time.Millisecond // how often the energy counter (and its timestamp) moves
 
 	powerNoise = 0.015 // ±1.5 %
 	utilNoise  = 2.0   // ± percentage points
@@ -104,11 +98,6 @@ func New(n int, seed int64) *Backend {
 
 // Devices implements gpu.Backend.
 func (b *Backend) Devices() []gpu.Device { return slices.Clone(b.devs) }
-
-// IdlePowerW returns the (noise-free) idle power of GPU index.
-func (b *Backend) IdlePowerW(index int) float64 {
-	return b.st[index].idleW
-}
 
 // SetLoad implements gpu.LoadSetter. load is clamped to 0..1; an index out of
 // range is ignored.
