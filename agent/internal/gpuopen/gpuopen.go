@@ -42,11 +42,11 @@ const (
 	KindReplay Kind = "replay"
 )
 
-// MaxSimGPUs is the largest N accepted by sim:N.
-const MaxSimGPUs = 64
-
-// DefaultSimSeed is the seed of sim:N when none is given.
-const DefaultSimSeed = 1
+// Bounds and defaults of sim:N[:SEED].
+const (
+	MaxSimGPUs     = 64 // the largest N
+	DefaultSimSeed = 1  // the seed when none is given
+)
 
 // Usage describes the accepted specs, for flag help.
 const Usage = "GPU backend: nvml, amd, sim:N (N simulated GPUs, 1..64), replay:FILE (CSV trace), or auto (nvml if it initialises, else amd if amdgpu cards and no NVIDIA GPU are found)"
