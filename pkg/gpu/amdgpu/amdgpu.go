@@ -438,18 +438,16 @@ type checker struct {
 }
 
 func (c *checker) observe(now time.Time, s *gpu.Sample) {
-	if c.state != CheckPending {
+	if c.state != CheckPending || (!c.started && !s.EnergyOK) {
 		return
 	}
+	if c.started && s.EnergyOK && s.EnergyJ < c.lastJ {
+		// A reset (GPU reset, driver reload) within the span: the check
+		// starts over from it.
+		*c = checker{span: c.span, state: CheckPending}
+	}
 	if !c.started {
-		if !s.EnergyOK {
-			return
-		}
-		c.started, c.startAt, c.startJ, c.lastJ = true, now, s.EnergyJ, s.EnergyJ
-		if s.PowerOK {
-			c.lastPower, c.lastW, c.hasPower = now, s.PowerW, true
-		}
-		return
+		c.started, c.startAt, c.startJ = true, now, s.EnergyJ
 	}
 	if s.PowerOK {
 		if c.hasPower {
@@ -458,13 +456,6 @@ func (c *checker) observe(now time.Time, s *gpu.Sample) {
 		c.lastPower, c.lastW, c.hasPower = now, s.PowerW, true
 	}
 	if s.EnergyOK {
-		if s.EnergyJ < c.lastJ {
-			// A reset (GPU reset, driver reload) within the span: the
-			// check starts over from it.
-			*c = checker{span: c.span, state: CheckPending}
-			c.observe(now, s)
-			return
-		}
 		c.lastJ = s.EnergyJ
 	}
 	if now.Sub(c.startAt) < c.span {
@@ -484,14 +475,10 @@ func (c *checker) observe(now time.Time, s *gpu.Sample) {
 
 func (c *checker) result() CounterCheck {
 	r := CounterCheck{State: c.state, CounterJ: c.lastJ - c.startJ, IntegratedJ: c.intJ}
-	if c.started {
-		end := c.at
-		if end.IsZero() {
-			end = c.lastPower
-		}
-		if end.After(c.startAt) {
-			r.Span = end.Sub(c.startAt)
-		}
+	// Up to the decision, or while pending up to the last power reading
+	// (both zero before the start).
+	if end := cmp.Or(c.at, c.lastPower); end.After(c.startAt) {
+		r.Span = end.Sub(c.startAt)
 	}
 	return r
 }
