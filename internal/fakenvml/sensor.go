@@ -109,18 +109,16 @@ func ParseConfig(text string) (*Config, error) {
 		val = strings.TrimSpace(val)
 		switch {
 		case key == "":
-		case key == "gpus":
-			v, err := strconv.Atoi(val)
-			if err != nil {
-				return nil, fmt.Errorf("line %d: gpus: %w", n, err)
-			}
-			c.GPUs = v
-		case key == "epoch_us":
+		case key == "gpus" || key == "epoch_us":
 			v, err := strconv.ParseInt(val, 10, 64)
 			if err != nil {
-				return nil, fmt.Errorf("line %d: epoch_us: %w", n, err)
+				return nil, fmt.Errorf("line %d: %s: %w", n, key, err)
 			}
-			c.EpochUs = v
+			if key == "gpus" {
+				c.GPUs = int(v)
+			} else {
+				c.EpochUs = v
+			}
 		case key == "driver_version" || key == "procs_file":
 		case strings.HasPrefix(key, "gpu") && len(key) > 3 && key[3] >= '0' && key[3] <= '9':
 			idx, k, ok := strings.Cut(key[3:], ".")
