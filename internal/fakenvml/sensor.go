@@ -1,16 +1,8 @@
-// Package fakenvml is a fake libnvidia-ml.so.1 for tests, and its sensor
-// model for in-process use.
-//
-// The library (lib/fakenvml.c) exports the NVML entry points trainmeter's
-// agent, doctor, validate and process attribution call, compiled against the
-// nvml.h that go-nvml ships; Build compiles it with the C compiler cgo uses.
-// The real binaries load it through LD_LIBRARY_PATH, configured by the file
-// named in $FAKENVML_CONFIG (see the comment at the top of lib/fakenvml.c).
-//
-// Its sensor model (sensor.c) is also compiled into this package, so Model
-// runs the very same C code on a virtual clock: ground truth and the
-// readings at any instant, for the accuracy study and for the ground truth
-// the e2e tests compare against.
+// Package fakenvml is a fake libnvidia-ml.so.1 for tests (lib/fakenvml.c,
+// built by Build, loaded by the real binaries through LD_LIBRARY_PATH and
+// configured by the file in $FAKENVML_CONFIG), and its sensor model
+// (sensor.c) compiled into this package: Model runs the very same C code on
+// a virtual clock, for the accuracy study and the e2e tests' ground truth.
 package fakenvml
 
 /*

@@ -1,16 +1,12 @@
 // Package doctor implements `trainmeter-agent doctor`: checks, in plain
-// words, of everything that makes the numbers missing or zero — the GPU
-// backend (NVML, driver, each GPU's power and energy fields and a live
-// reading, MIG), the RAPL counters of the host energy, the trainer socket,
-// the collector (reachability, health, TLS, the ingest token) and the
-// spool. Each check is one line with a status (OK, WARN, FAIL) and, where
-// something is off, a hint.
+// words, of everything that makes the numbers missing or zero (the GPU
+// backend, RAPL, the trainer socket, the collector, the spool), each one
+// line with a status (OK, WARN, FAIL) and, where something is off, a hint.
 //
-// Nothing here is on the agent's hot path, and nothing it does changes the
-// state of a running agent or of the collector: the socket probe sends one
-// unknown event (answered with an error line), and the ingest probe sends a
-// Hello that the collector checks the token and node of and then refuses
-// for its empty boot id, before it stores anything.
+// Nothing it does changes the state of a running agent or of the
+// collector: the socket probe sends one unknown event (answered with an
+// error line), and the ingest probe sends a Hello that the collector checks
+// the token and node of and then refuses for its empty boot id.
 package doctor
 
 import (

@@ -1,16 +1,11 @@
-// Package nvmlgpu is the real GPU backend, over NVIDIA's go-nvml bindings.
-//
-// It depends only on nvml.Interface, so tests inject go-nvml's mock (for
-// example mock/dgxa100) and production passes nvml.New().
-//
-// Per GPU per tick it makes exactly one GetFieldValues call carrying the
-// instant power (NVML_FI_DEV_POWER_INSTANT, 186, mW) and the cumulative energy
-// counter (NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 83, mJ), and uses each
-// field's own timestamp (µs since the epoch) as PowerAt/EnergyAt, so repeated
-// stale values can be recognised downstream. Where a field is not supported
-// (found by probing at start), it falls back to GetPowerUsage (the driver's
-// 1 s average on Ampere and newer) and GetTotalEnergyConsumption. Memory comes
-// from GetMemoryInfo and utilisation from GetUtilizationRates.
+// Package nvmlgpu is the NVIDIA GPU backend, over go-nvml's nvml.Interface
+// (tests inject its mocks). Per GPU per tick it makes one GetFieldValues
+// call carrying the instant power (field 186, mW) and the cumulative energy
+// counter (field 83, mJ), and uses each field's own timestamp (µs since the
+// epoch) as PowerAt/EnergyAt, so repeated stale values can be recognised
+// downstream. Where a field is not supported (probed at start) it falls back
+// to GetPowerUsage (a 1 s average on Ampere and newer) and
+// GetTotalEnergyConsumption.
 package nvmlgpu
 
 import (

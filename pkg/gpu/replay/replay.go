@@ -1,10 +1,8 @@
-// Package replay plays a recorded or hand-written GPU trace (CSV) back in real
-// time, as a gpu.Backend. The format is documented in docs/replay-format.md.
-//
-// Playback starts at the first Read: its now is t0, and a Read at now returns,
-// per GPU, the latest row with time_s <= now-t0. Each value carries the
-// timestamp t0+time_s of its row, so a row read twice is recognised as stale
-// by its timestamp, exactly as with NVML's per-field timestamps.
+// Package replay plays a GPU trace (CSV, docs/replay-format.md) back in real
+// time, as a gpu.Backend. Playback starts at the first Read (t0, unless
+// StartAt anchors it); a Read at now returns, per GPU, the latest row with
+// time_s <= now-t0, each value stamped t0+time_s, so a row read twice is
+// recognised as stale by its timestamp, as with NVML's field timestamps.
 package replay
 
 import (
