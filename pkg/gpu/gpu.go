@@ -19,11 +19,11 @@ type Device struct {
 	Vendor      string
 	MemTotalMiB uint64
 	PowerLimitW float64
-	// HasEnergyCounter is true when the backend exposes a cumulative energy
-	// counter (NVML field 83 / nvmlDeviceGetTotalEnergyConsumption).
+	// HasEnergyCounter: the backend exposes a cumulative energy counter
+	// (NVML field 83, gpu_metrics' accumulator).
 	HasEnergyCounter bool
-	// HasInstantPower is true when power is an instantaneous reading
-	// (NVML field 186); false when it is the driver's 1 s average.
+	// HasInstantPower: power is an instantaneous reading (NVML field 186),
+	// not the driver's 1 s average.
 	HasInstantPower bool
 }
 
@@ -31,9 +31,8 @@ type Device struct {
 // driver's own timestamp where the backend has one, so that repeated (stale)
 // values can be recognised and not counted as new samples.
 type Sample struct {
-	Index int
-	// ReadAt is when the agent read the sample (injected clock).
-	ReadAt time.Time
+	Index  int
+	ReadAt time.Time // when the agent read the sample (injected clock)
 
 	PowerW  float64
 	PowerAt time.Time // driver timestamp of PowerW; zero means "use ReadAt"

@@ -53,9 +53,7 @@ type Options struct {
 	ProcfsRoot string // default /proc
 	Logger     *slog.Logger
 	CheckSpan  time.Duration // default DefaultCheckSpan
-	// Clock is the clock of the per-process usage rates (default the wall
-	// clock).
-	Clock clock.Clock
+	Clock      clock.Clock   // of the per-process usage rates; default the wall clock
 	// SMI, when set, is AMD SMI (package amdsmi): a card it gives a counter
 	// for takes its energy from it instead of from gpu_metrics.
 	SMI CounterSource
@@ -95,10 +93,9 @@ type Sources struct {
 	PCI  string
 	// Power is the file power comes from: "hwmon power1_input" (instant),
 	// "hwmon power1_average", "gpu_metrics" (socket power), or "".
-	Power      string
-	PowerError string
-	// Metrics is the gpu_metrics version ("1.5"), "" when unreadable.
-	Metrics      string
+	Power        string
+	PowerError   string
+	Metrics      string // the gpu_metrics version ("1.5"), "" when unreadable
 	MetricsError string
 	// Counter: the card has an energy counter: AMD SMI's, or gpu_metrics'
 	// accumulator where the firmware fills it. CounterSource names it:
@@ -106,8 +103,7 @@ type Sources struct {
 	Counter       bool
 	CounterSource string
 	Check         CounterCheck
-	// FdinfoError is why per-process usage cannot be read, if it cannot.
-	FdinfoError string
+	FdinfoError   string // why per-process usage cannot be read, if it cannot
 }
 
 type powerFile uint8
