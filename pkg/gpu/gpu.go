@@ -136,9 +136,8 @@ type ProcessUse struct {
 	// MIGSlices is the compute slices of the MIG GPU instance the process
 	// runs in (0: not on a MIG instance). Runs on different instances of
 	// one GPU share its power in proportion to their slices.
-	MIGSlices int
-	// MIGInstance is that instance's id (valid when MIGSlices > 0).
-	MIGInstance uint32
+	MIGSlices   int
+	MIGInstance uint32 // that instance's id (valid when MIGSlices > 0)
 }
 
 // ProcessUsageReader is implemented by backends that measure each

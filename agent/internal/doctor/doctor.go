@@ -10,6 +10,7 @@
 package doctor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -90,16 +91,13 @@ type Options struct {
 	// Config is the agent's resolved configuration (the same flags and file
 	// the agent reads). It is checked with Validate first; the checks run
 	// even when it has problems.
-	Config agentconfig.Config
-	// ConfigFile is shown in the report ("" when flags only).
-	ConfigFile string
+	Config     agentconfig.Config
+	ConfigFile string // shown in the report ("" when flags only)
 	// NVML returns the NVML library for --gpu nvml/auto; nil: nvml.New.
 	// Tests inject go-nvml's mocks.
-	NVML func() nvml.Interface
-	// Gap is the time between the two live GPU reads; default 200 ms.
-	Gap time.Duration
-	// Timeout bounds each network check; default 5 s.
-	Timeout time.Duration
+	NVML    func() nvml.Interface
+	Gap     time.Duration // between the two live GPU reads; default 200 ms
+	Timeout time.Duration // bounds each network check; default 5 s
 	// Clock times the live GPU reads of the amd backend (default the wall
 	// clock); Wait waits between them (default: on Clock). Tests move the
 	// fixture's counters in Wait.
@@ -110,12 +108,7 @@ type Options struct {
 	RAPLReadFile rapl.ReadFileFunc
 }
 
-func (o Options) clock() clock.Clock {
-	if o.Clock == nil {
-		return clock.Real{}
-	}
-	return o.Clock
-}
+func (o Options) clock() clock.Clock { return cmp.Or[clock.Clock](o.Clock, clock.Real{}) }
 
 func (o Options) wait(d time.Duration) {
 	if o.Wait == nil {
