@@ -389,16 +389,17 @@ func (b *Backend) ProcessUsage(index int, since time.Time) (map[uint32]gpu.Proce
 		return out, nil
 	}
 	// Listed processes without a sample since then did no SM work.
-	sum, n := map[uint32]float64{}, map[uint32]int{}
+	n := map[uint32]int{}
 	for _, s := range samples {
-		sum[s.Pid] += float64(s.SmUtil)
+		u := out[s.Pid]
+		u.SMPct += float64(s.SmUtil)
+		out[s.Pid] = u
 		n[s.Pid]++
-		out[s.Pid] = out[s.Pid]
 	}
 	for pid, u := range out {
 		u.SMOK = true
 		if n[pid] > 0 {
-			u.SMPct = sum[pid] / float64(n[pid])
+			u.SMPct /= float64(n[pid])
 		}
 		out[pid] = u
 	}
