@@ -1,16 +1,8 @@
-// Package fakenvml is a fake libnvidia-ml.so.1 for tests, and its sensor
-// model for in-process use.
-//
-// The library (lib/fakenvml.c) exports the NVML entry points trainmeter's
-// agent, doctor, validate and process attribution call, compiled against the
-// nvml.h that go-nvml ships; Build compiles it with the C compiler cgo uses.
-// The real binaries load it through LD_LIBRARY_PATH, configured by the file
-// named in $FAKENVML_CONFIG (see the comment at the top of lib/fakenvml.c).
-//
-// Its sensor model (sensor.c) is also compiled into this package, so Model
-// runs the very same C code on a virtual clock: ground truth and the
-// readings at any instant, for the accuracy study and for the ground truth
-// the e2e tests compare against.
+// Package fakenvml is a fake libnvidia-ml.so.1 for tests (lib/fakenvml.c,
+// built by Build, loaded by the real binaries through LD_LIBRARY_PATH and
+// configured by the file in $FAKENVML_CONFIG), and its sensor model
+// (sensor.c) compiled into this package: Model runs the very same C code on
+// a virtual clock, for the accuracy study and the e2e tests' ground truth.
 package fakenvml
 
 /*
@@ -55,9 +47,6 @@ func (m *Model) Set(key, val string) error {
 		return fmt.Errorf("fakenvml: bad value %q for %s", val, key)
 	}
 }
-
-// TruePowerW is the ground-truth power during millisecond ms.
-func (m *Model) TruePowerW(ms int64) float64 { return float64(C.fn_true_power_w(&m.g, C.long(ms))) }
 
 // TrueEnergyJ is the ground-truth energy over [0, tMs).
 func (m *Model) TrueEnergyJ(tMs float64) float64 {
@@ -112,18 +101,16 @@ func ParseConfig(text string) (*Config, error) {
 		val = strings.TrimSpace(val)
 		switch {
 		case key == "":
-		case key == "gpus":
-			v, err := strconv.Atoi(val)
-			if err != nil {
-				return nil, fmt.Errorf("line %d: gpus: %w", n, err)
-			}
-			c.GPUs = v
-		case key == "epoch_us":
+		case key == "gpus" || key == "epoch_us":
 			v, err := strconv.ParseInt(val, 10, 64)
 			if err != nil {
-				return nil, fmt.Errorf("line %d: epoch_us: %w", n, err)
+				return nil, fmt.Errorf("line %d: %s: %w", n, key, err)
 			}
-			c.EpochUs = v
+			if key == "gpus" {
+				c.GPUs = int(v)
+			} else {
+				c.EpochUs = v
+			}
 		case key == "driver_version" || key == "procs_file":
 		case strings.HasPrefix(key, "gpu") && len(key) > 3 && key[3] >= '0' && key[3] <= '9':
 			idx, k, ok := strings.Cut(key[3:], ".")

@@ -1,7 +1,6 @@
 // Package gpu defines the small interface the agent samples GPUs through, and
-// the reading it gets back. Backends live in subpackages: nvmlgpu (real
-// hardware via go-nvml), simgpu (deterministic synthetic GPUs) and replay
-// (a CSV trace played in real time).
+// the reading it gets back. Backends live in subpackages: nvmlgpu, amdgpu,
+// simgpu (synthetic GPUs) and replay (a CSV trace played in real time).
 package gpu
 
 import (
@@ -20,11 +19,11 @@ type Device struct {
 	Vendor      string
 	MemTotalMiB uint64
 	PowerLimitW float64
-	// HasEnergyCounter is true when the backend exposes a cumulative energy
-	// counter (NVML field 83 / nvmlDeviceGetTotalEnergyConsumption).
+	// HasEnergyCounter: the backend exposes a cumulative energy counter
+	// (NVML field 83, gpu_metrics' accumulator).
 	HasEnergyCounter bool
-	// HasInstantPower is true when power is an instantaneous reading
-	// (NVML field 186); false when it is the driver's 1 s average.
+	// HasInstantPower: power is an instantaneous reading (NVML field 186),
+	// not the driver's 1 s average.
 	HasInstantPower bool
 }
 
@@ -32,9 +31,8 @@ type Device struct {
 // driver's own timestamp where the backend has one, so that repeated (stale)
 // values can be recognised and not counted as new samples.
 type Sample struct {
-	Index int
-	// ReadAt is when the agent read the sample (injected clock).
-	ReadAt time.Time
+	Index  int
+	ReadAt time.Time // when the agent read the sample (injected clock)
 
 	PowerW  float64
 	PowerAt time.Time // driver timestamp of PowerW; zero means "use ReadAt"
@@ -66,13 +64,12 @@ const MaxPowerW = 20_000
 // maxMemMiB bounds a memory reading (1 EiB): past it, a garbled value.
 const maxMemMiB = 1 << 40
 
-// DropGarbled clears the OK flag of the readings no GPU can give: NaN or
-// infinite values, negative ones, power above MaxPowerW, utilization above
-// 100 %, memory above 1 EiB (an all-ones byte count). A garbled reading then
-// counts as a missing one (a gap) instead of a figure: one all-ones power
-// value would otherwise be a run's peak power. It returns how many it
-// cleared. A garbled energy counter reading needs the previous one to be
-// told apart (pkg/energy does).
+// DropGarbled clears the OK flag of the readings no GPU can give (NaN,
+// infinite, negative, power above MaxPowerW, utilization above 100 %, memory
+// above 1 EiB) and returns how many it cleared: a garbled reading is a gap,
+// not a figure (one all-ones power value would be a run's peak power). A
+// garbled energy counter needs the previous reading to be told apart
+// (pkg/energy does).
 func (s *Sample) DropGarbled() (dropped int) {
 	bad := func(v, max float64) bool { return !(v >= 0 && v <= max) } // NaN too
 	if s.PowerOK && bad(s.PowerW, MaxPowerW) {
@@ -112,11 +109,10 @@ type LoadSetter interface {
 	SetLoad(index int, load float64)
 }
 
-// CounterResumer is implemented by simulated backends, whose energy
-// counter lives in the agent's process: a restarted agent hands them the
-// counter its predecessor read last, so that the counter goes on counting
-// across the restart as a real GPU's does (it counts from the driver's
-// load, not from the agent's start) and the agent can bridge the downtime.
+// CounterResumer is implemented by simulated backends, whose energy counter
+// lives in the agent's process: a restarted agent hands them its
+// predecessor's last counter, so it goes on counting across the restart as
+// a real GPU's does and the agent can bridge the downtime.
 type CounterResumer interface {
 	// ResumeCounter continues GPU index's counter from counterJ, read at
 	// at; called before the first Read. An index out of range is ignored.
@@ -140,9 +136,8 @@ type ProcessUse struct {
 	// MIGSlices is the compute slices of the MIG GPU instance the process
 	// runs in (0: not on a MIG instance). Runs on different instances of
 	// one GPU share its power in proportion to their slices.
-	MIGSlices int
-	// MIGInstance is that instance's id (valid when MIGSlices > 0).
-	MIGInstance uint32
+	MIGSlices   int
+	MIGInstance uint32 // that instance's id (valid when MIGSlices > 0)
 }
 
 // ProcessUsageReader is implemented by backends that measure each

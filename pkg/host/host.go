@@ -81,26 +81,23 @@ func totalTimes(ctx context.Context) (cpu.TimesStat, error) {
 func (g *Gopsutil) Read() (Reading, error) {
 	ctx := context.Background()
 	r := Reading{CPUCount: g.count}
-	var errs []error
+	var memErr, cpuErr error
 	if vm, err := g.virtual(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("host memory: %w", err))
+		memErr = fmt.Errorf("host memory: %w", err)
 	} else {
-		r.MemUsedMiB = float64(vm.Used) / mib
-		r.MemTotalMiB = float64(vm.Total) / mib
+		r.MemUsedMiB, r.MemTotalMiB = float64(vm.Used)/mib, float64(vm.Total)/mib
 	}
-
-	t, err := g.times(ctx)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("host cpu: %w", err))
-		return r, errors.Join(errs...)
+	if t, err := g.times(ctx); err != nil {
+		cpuErr = fmt.Errorf("host cpu: %w", err)
+	} else {
+		g.mu.Lock()
+		if g.have {
+			r.CPUPct = busyPct(g.last, t)
+		}
+		g.last, g.have = t, true
+		g.mu.Unlock()
 	}
-	g.mu.Lock()
-	if g.have {
-		r.CPUPct = busyPct(g.last, t)
-	}
-	g.last, g.have = t, true
-	g.mu.Unlock()
-	return r, errors.Join(errs...)
+	return r, errors.Join(memErr, cpuErr)
 }
 
 // busyPct is the share of non-idle time between two readings of the CPU

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -122,11 +123,8 @@ func (r *Replay) Read() (Reading, error) {
 	}
 	el := now.Sub(r.t0).Seconds()
 	r.mu.Unlock()
-	i := 0
-	for i+1 < len(r.ts) && r.ts[i+1] <= el {
-		i++
-	}
-	if r.ts[0] > el {
+	i := sort.Search(len(r.ts), func(i int) bool { return r.ts[i] > el }) - 1 // the latest row with time_s <= el
+	if i < 0 {
 		return Reading{}, errors.New("host replay: before the trace's first row")
 	}
 	return r.rows[i], nil

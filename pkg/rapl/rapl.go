@@ -14,12 +14,14 @@
 package rapl
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,20 +57,17 @@ func PermissionFix(group string) string {
 
 // Zone is one powercap RAPL zone.
 type Zone struct {
-	// Dir is the zone's directory (…/class/powercap/intel-rapl:0:1).
-	Dir string
-	// ID is the directory's name (intel-rapl:0:1).
-	ID string
-	// Name is the kernel's name of the zone (package-0, dram, core, psys).
-	Name string
-	// Domain is one of the Domain* constants, "" for a name this package
-	// does not know (reported, never summed).
+	Dir  string // the zone's directory (…/class/powercap/intel-rapl:0:1)
+	ID   string // the directory's name (intel-rapl:0:1)
+	Name string // the kernel's name of the zone (package-0, dram, core, psys)
+	// Domain is a Domain* constant, "" for a name this package does not
+	// know (reported, never summed).
 	Domain string
-	// Socket is the package the zone belongs to (the S of package-S), -1
-	// for psys and zones whose package is unknown.
+	// Socket is the S of package-S the zone belongs to, -1 for psys and
+	// zones whose package is unknown.
 	Socket int
-	// MaxRangeUJ is where energy_uj wraps to 0; 0 when the file could not
-	// be read (a decrease is then not taken for a wrap).
+	// MaxRangeUJ is where energy_uj wraps to 0; 0 when unreadable (a
+	// decrease is then not taken for a wrap).
 	MaxRangeUJ uint64
 }
 
@@ -91,13 +90,14 @@ func Discover(sysfsRoot string, readFile ReadFileFunc) ([]Zone, error) {
 		return nil, fmt.Errorf("rapl: %w", err)
 	}
 	var zones []Zone
+	var parents []string // each zone's top-level zone N
 	// The socket of each top-level zone N, from its name package-S, for
 	// its subzones N:M.
 	socketOf := map[string]int{}
 	for _, e := range entries {
 		id := e.Name()
-		parts := strings.Split(strings.TrimPrefix(id, "intel-rapl:"), ":")
-		if !strings.HasPrefix(id, "intel-rapl:") || len(parts) > 2 || !allDigits(parts) {
+		m := zoneID.FindStringSubmatch(id)
+		if m == nil {
 			continue // the control type "intel-rapl" itself, intel-rapl-mmio (a duplicate of package), other drivers
 		}
 		dir := filepath.Join(base, id)
@@ -111,81 +111,54 @@ func Discover(sysfsRoot string, readFile ReadFileFunc) ([]Zone, error) {
 			z.Domain = DomainPackage
 			if s, err := strconv.Atoi(strings.TrimPrefix(z.Name, "package-")); err == nil {
 				z.Socket = s
-				socketOf[parts[0]] = s
+				socketOf[m[1]] = s
 			}
-		case z.Name == "dram", z.Name == "core", z.Name == "uncore", z.Name == "psys":
+		case slices.Contains(domainOrder, z.Name):
 			z.Domain = z.Name
 		}
 		if b, err := readFile(filepath.Join(dir, "max_energy_range_uj")); err == nil {
 			z.MaxRangeUJ, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 		}
 		zones = append(zones, z)
+		parents = append(parents, m[1])
 	}
 	for i := range zones {
 		z := &zones[i]
-		if z.Domain != DomainPackage && z.Domain != DomainPsys {
-			parent := strings.Split(strings.TrimPrefix(z.ID, "intel-rapl:"), ":")[0]
-			if s, ok := socketOf[parent]; ok {
-				z.Socket = s
-			}
+		if s, ok := socketOf[parents[i]]; ok && z.Domain != DomainPackage && z.Domain != DomainPsys {
+			z.Socket = s
 		}
 	}
 	if len(zones) == 0 {
 		return nil, ErrNoPowercap
 	}
-	sort.Slice(zones, func(i, j int) bool {
-		a, b := zones[i], zones[j]
-		if a.Socket != b.Socket {
-			return a.Socket < b.Socket
+	order := func(d string) int { // a domain this package does not know sorts last
+		if i := slices.Index(domainOrder, d); i >= 0 {
+			return i
 		}
-		if domainOrder(a.Domain) != domainOrder(b.Domain) {
-			return domainOrder(a.Domain) < domainOrder(b.Domain)
-		}
-		return a.ID < b.ID
+		return len(domainOrder)
+	}
+	slices.SortFunc(zones, func(a, b Zone) int {
+		return cmp.Or(cmp.Compare(a.Socket, b.Socket), cmp.Compare(order(a.Domain), order(b.Domain)), strings.Compare(a.ID, b.ID))
 	})
 	return zones, nil
 }
 
-func allDigits(parts []string) bool {
-	for _, p := range parts {
-		if p == "" {
-			return false
-		}
-		for _, c := range p {
-			if c < '0' || c > '9' {
-				return false
-			}
-		}
-	}
-	return true
-}
+// zoneID matches a RAPL zone's directory, intel-rapl:N or intel-rapl:N:M,
+// capturing N.
+var zoneID = regexp.MustCompile(`^intel-rapl:([0-9]+)(?::[0-9]+)?$`)
 
-func domainOrder(d string) int {
-	switch d {
-	case DomainPackage:
-		return 0
-	case DomainDRAM:
-		return 1
-	case DomainCore:
-		return 2
-	case DomainUncore:
-		return 3
-	case DomainPsys:
-		return 4
-	}
-	return 5
-}
+// domainOrder is the known domains in the order zones are sorted.
+var domainOrder = []string{DomainPackage, DomainDRAM, DomainCore, DomainUncore, DomainPsys}
 
 // ZoneEnergy is one zone's energy since the Reader's first read.
 type ZoneEnergy struct {
 	Zone
-	// EnergyUJ is the energy since the first read, in microjoules (an
-	// integer, so sums of counter differences stay exact).
+	// EnergyUJ is the energy since the first read (an integer, so sums of
+	// counter differences stay exact).
 	EnergyUJ uint64
-	// Wraps is how many times the counter wrapped since the first read.
-	Wraps int
+	Wraps    int // since the first read
 	// Err is this read's error (ErrPermission when refused); EnergyUJ is
-	// then the value of the last good read.
+	// then the last good read's.
 	Err error
 }
 
@@ -232,11 +205,16 @@ type Reader struct {
 	zones    []Zone
 	readFile ReadFileFunc
 
-	mu   sync.Mutex
-	last []uint64
-	have []bool
-	cum  []uint64
-	wrap []int
+	mu sync.Mutex
+	c  []counter // per zone
+}
+
+// counter is one zone's state: its last raw value, the energy since the
+// first read and the wraps counted.
+type counter struct {
+	last, cum uint64
+	have      bool
+	wraps     int
 }
 
 // Open discovers the zones under sysfsRoot and returns a Reader over them;
@@ -249,9 +227,7 @@ func Open(sysfsRoot string, readFile ReadFileFunc) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := len(zones)
-	return &Reader{zones: zones, readFile: readFile, last: make([]uint64, n), have: make([]bool, n),
-		cum: make([]uint64, n), wrap: make([]int, n)}, nil
+	return &Reader{zones: zones, readFile: readFile, c: make([]counter, len(zones))}, nil
 }
 
 // Zones lists the zones the Reader reads.
@@ -284,32 +260,32 @@ func (r *Reader) Read() (Reading, error) {
 	out := Reading{Zones: make([]ZoneEnergy, len(r.zones))}
 	var errs []error
 	for i, z := range r.zones {
+		c := &r.c[i]
 		out.Zones[i].Zone = z
 		v, err := ReadCounter(r.readFile, z)
 		if err != nil {
 			err = fmt.Errorf("rapl %s (%s): %w", z.ID, z.Name, err)
 			out.Zones[i].Err = err
-			out.Zones[i].EnergyUJ = r.cum[i]
+			out.Zones[i].EnergyUJ = c.cum
 			errs = append(errs, err)
 			continue
 		}
-		if r.have[i] {
-			prev := r.last[i]
+		if c.have {
 			switch {
-			case v >= prev:
-				r.cum[i] += v - prev
-			case z.MaxRangeUJ > prev:
-				r.cum[i] += z.MaxRangeUJ - prev + v
-				r.wrap[i]++
+			case v >= c.last:
+				c.cum += v - c.last
+			case z.MaxRangeUJ > c.last:
+				c.cum += z.MaxRangeUJ - c.last + v
+				c.wraps++
 			default:
 				// Lower with no known range: a counter reset (not a wrap);
 				// count from the new value.
-				r.cum[i] += v
+				c.cum += v
 			}
 		}
-		r.last[i], r.have[i] = v, true
-		out.Zones[i].EnergyUJ = r.cum[i]
-		out.Zones[i].Wraps = r.wrap[i]
+		c.last, c.have = v, true
+		out.Zones[i].EnergyUJ = c.cum
+		out.Zones[i].Wraps = c.wraps
 	}
 	return out, errors.Join(errs...)
 }

@@ -67,7 +67,7 @@ func checkAMD(o Options, auto bool, r *Report) {
 		if src.Metrics != "" {
 			desc = append(desc, "gpu_metrics v"+src.Metrics)
 		}
-		if err := firstErr(readErr, first[i].Err, second[i].Err); err != nil {
+		if err := cmp.Or(readErr, first[i].Err, second[i].Err); err != nil {
 			r.add(SectionGPU, name, Fail, strings.Join(desc, ", ")+": cannot be read: "+err.Error(),
 				"the amdgpu sysfs files are world-readable, so \"operation not permitted\" comes from the driver: the card is runtime-suspended (idle, powered off: cat /sys/class/drm/"+src.Card+"/device/power/runtime_status) or in reset; \"permission denied\" means a restricted /sys (container, SELinux/AppArmor profile)")
 			continue

@@ -1,19 +1,16 @@
 // Package doctor implements `trainmeter-agent doctor`: checks, in plain
-// words, of everything that makes the numbers missing or zero — the GPU
-// backend (NVML, driver, each GPU's power and energy fields and a live
-// reading, MIG), the RAPL counters of the host energy, the trainer socket,
-// the collector (reachability, health, TLS, the ingest token) and the
-// spool. Each check is one line with a status (OK, WARN, FAIL) and, where
-// something is off, a hint.
+// words, of everything that makes the numbers missing or zero (the GPU
+// backend, RAPL, the trainer socket, the collector, the spool), each one
+// line with a status (OK, WARN, FAIL) and, where something is off, a hint.
 //
-// Nothing here is on the agent's hot path, and nothing it does changes the
-// state of a running agent or of the collector: the socket probe sends one
-// unknown event (answered with an error line), and the ingest probe sends a
-// Hello that the collector checks the token and node of and then refuses
-// for its empty boot id, before it stores anything.
+// Nothing it does changes the state of a running agent or of the
+// collector: the socket probe sends one unknown event (answered with an
+// error line), and the ingest probe sends a Hello that the collector checks
+// the token and node of and then refuses for its empty boot id.
 package doctor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -89,31 +86,18 @@ func (r *Report) Count(st Status) int {
 	return n
 }
 
-// Find returns the first check of section and name (tests, tools).
-func (r *Report) Find(section, name string) (Check, bool) {
-	for _, c := range r.Checks {
-		if c.Section == section && c.Name == name {
-			return c, true
-		}
-	}
-	return Check{}, false
-}
-
 // Options configure Run.
 type Options struct {
 	// Config is the agent's resolved configuration (the same flags and file
 	// the agent reads). It is checked with Validate first; the checks run
 	// even when it has problems.
-	Config agentconfig.Config
-	// ConfigFile is shown in the report ("" when flags only).
-	ConfigFile string
+	Config     agentconfig.Config
+	ConfigFile string // shown in the report ("" when flags only)
 	// NVML returns the NVML library for --gpu nvml/auto; nil: nvml.New.
 	// Tests inject go-nvml's mocks.
-	NVML func() nvml.Interface
-	// Gap is the time between the two live GPU reads; default 200 ms.
-	Gap time.Duration
-	// Timeout bounds each network check; default 5 s.
-	Timeout time.Duration
+	NVML    func() nvml.Interface
+	Gap     time.Duration // between the two live GPU reads; default 200 ms
+	Timeout time.Duration // bounds each network check; default 5 s
 	// Clock times the live GPU reads of the amd backend (default the wall
 	// clock); Wait waits between them (default: on Clock). Tests move the
 	// fixture's counters in Wait.
@@ -124,12 +108,7 @@ type Options struct {
 	RAPLReadFile rapl.ReadFileFunc
 }
 
-func (o Options) clock() clock.Clock {
-	if o.Clock == nil {
-		return clock.Real{}
-	}
-	return o.Clock
-}
+func (o Options) clock() clock.Clock { return cmp.Or[clock.Clock](o.Clock, clock.Real{}) }
 
 func (o Options) wait(d time.Duration) {
 	if o.Wait == nil {

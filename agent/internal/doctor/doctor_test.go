@@ -537,3 +537,13 @@ func TestRunAndOutput(t *testing.T) {
 		t.Errorf("summary:\n%s", txt.String())
 	}
 }
+
+// Find returns the first check of section and name.
+func (r *Report) Find(section, name string) (Check, bool) {
+	for _, c := range r.Checks {
+		if c.Section == section && c.Name == name {
+			return c, true
+		}
+	}
+	return Check{}, false
+}

@@ -1,8 +1,8 @@
 package doctor
 
 import (
+	"cmp"
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
 
@@ -49,16 +49,11 @@ func checkNVML(o Options, sp gpuopen.Spec, r *Report) {
 		r.add(SectionGPU, "nvml", Fail, prefix+err.Error(), "nvidia-smi should show the same problem; "+noGPUHint)
 		return
 	}
-	var parts []string
-	parts = append(parts, "NVML loaded")
-	if rep.DriverVersion != "" {
-		parts = append(parts, "driver "+rep.DriverVersion)
-	}
-	if rep.NVMLVersion != "" {
-		parts = append(parts, "NVML "+rep.NVMLVersion)
-	}
-	if v := rep.CUDAVersionString(); v != "" {
-		parts = append(parts, "CUDA driver "+v)
+	parts := []string{"NVML loaded"}
+	for _, v := range [][2]string{{"driver ", rep.DriverVersion}, {"NVML ", rep.NVMLVersion}, {"CUDA driver ", rep.CUDAVersionString()}} {
+		if v[1] != "" {
+			parts = append(parts, v[0]+v[1])
+		}
 	}
 	parts = append(parts, plural(len(rep.GPUs), "GPU"))
 	if len(rep.GPUs) == 0 {
@@ -156,7 +151,7 @@ func gpuChecks(g nvmlgpu.GPUReport, r *Report) {
 
 // checkSimulated opens a sim or replay backend and reads it twice.
 func checkSimulated(o Options, sp gpuopen.Spec, r *Report) {
-	b, err := gpuopen.Open(o.Config.GPU, slog.New(slog.DiscardHandler))
+	b, err := gpuopen.OpenWith(o.Config.GPU, gpuopen.Options{})
 	if err != nil {
 		r.add(SectionGPU, "backend", Fail, err.Error(), "")
 		return
@@ -210,16 +205,7 @@ func (o Options) readTwice(b gpu.Backend, n int) (first, second []gpu.Sample, ga
 	o.wait(o.Gap)
 	t1 := o.clock().Now()
 	err2 := b.Read(t1, second)
-	return first, second, t1.Sub(t0), firstErr(err1, err2)
-}
-
-func firstErr(errs ...error) error {
-	for _, e := range errs {
-		if e != nil {
-			return e
-		}
-	}
-	return nil
+	return first, second, t1.Sub(t0), cmp.Or(err1, err2)
 }
 
 func plural(n int, what string) string {

@@ -75,13 +75,13 @@ func raplOK(o Options, r *Report, zones []rapl.Zone, a, b rapl.Reading) {
 	sockets := map[int]bool{}
 	hasDRAM := false
 	for i, z := range b.Zones {
-		if z.Domain != rapl.DomainPackage && z.Domain != rapl.DomainDRAM {
-			continue
-		}
-		if z.Domain == rapl.DomainPackage {
+		switch z.Domain {
+		case rapl.DomainPackage:
 			sockets[z.Socket] = true
-		} else {
+		case rapl.DomainDRAM:
 			hasDRAM = true
+		default:
+			continue
 		}
 		w := float64(z.EnergyUJ-a.Zones[i].EnergyUJ) / 1e6 / o.Gap.Seconds()
 		parts = append(parts, fmt.Sprintf("%s/%s %.1f W", z.ID, z.Name, w))
@@ -111,10 +111,7 @@ func rootOnly(zones []rapl.Zone) []string {
 	for _, z := range zones {
 		p := filepath.Join(z.Dir, "energy_uj")
 		fi, err := os.Stat(p)
-		if err != nil {
-			continue
-		}
-		if fi.Mode().Perm()&0o044 != 0 {
+		if err != nil || fi.Mode().Perm()&0o044 != 0 {
 			continue
 		}
 		uid, gid := ownerOf(fi)

@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -62,10 +63,9 @@ func checkSocket(ctx context.Context, o Options, r *Report) {
 func checkAccess(o Options, r *Report, fi fs.FileInfo, uid, gid int) {
 	mode := fi.Mode().Perm()
 	var who []string
-	switch {
-	case mode&0o002 != 0:
+	if mode&0o002 != 0 {
 		who = append(who, "every user (the socket is world-writable)")
-	default:
+	} else {
 		if mode&0o200 != 0 {
 			who = append(who, "its owner "+userName(uid))
 		}
@@ -84,17 +84,16 @@ func checkAccess(o Options, r *Report, fi fs.FileInfo, uid, gid int) {
 	}
 	st, hint := OK, ""
 	var notes []string
+	warn := func(note, h string) { st, hint, notes = Warn, h, append(notes, note) }
 	if o.Config.SocketGroup != "" {
 		g, err := user.LookupGroup(o.Config.SocketGroup)
 		switch {
 		case err != nil:
-			st = Warn
-			notes = append(notes, fmt.Sprintf("socket_group %q does not exist here", o.Config.SocketGroup))
-			hint = "create it (sudo groupadd --system " + o.Config.SocketGroup + ") and add the trainers' users to it; the agent refuses to start without it"
+			warn(fmt.Sprintf("socket_group %q does not exist here", o.Config.SocketGroup),
+				"create it (sudo groupadd --system "+o.Config.SocketGroup+") and add the trainers' users to it; the agent refuses to start without it")
 		case g.Gid != strconv.Itoa(gid):
-			st = Warn
-			notes = append(notes, fmt.Sprintf("the configuration says socket_group %s, but the socket's group is %s", o.Config.SocketGroup, groupName(gid)))
-			hint = "the running agent was started with another --socket-group (or none); restart it with this configuration"
+			warn(fmt.Sprintf("the configuration says socket_group %s, but the socket's group is %s", o.Config.SocketGroup, groupName(gid)),
+				"the running agent was started with another --socket-group (or none); restart it with this configuration")
 		}
 	} else if gid >= 0 {
 		if _, err := user.LookupGroupId(strconv.Itoa(gid)); err != nil {
@@ -107,23 +106,18 @@ func checkAccess(o Options, r *Report, fi fs.FileInfo, uid, gid int) {
 	me := userName(euid)
 	can := euid == 0 || mode&0o002 != 0 || (euid == uid && mode&0o200 != 0) || (inGroup(gid) && mode&0o020 != 0)
 	if !can && st == OK {
-		st = Warn
-		notes = append(notes, fmt.Sprintf("you (%s) may not connect", me))
+		h := "start the agent with --socket-group GROUP (socket mode 0660) and add the trainers' users to GROUP"
 		if u, err := user.Current(); err == nil && mode&0o020 != 0 {
-			ids, _ := u.GroupIds()
-			if slices.Contains(ids, strconv.Itoa(gid)) {
-				hint = fmt.Sprintf("you were added to group %s after logging in: log out and back in (or run newgrp %s)", groupName(gid), groupName(gid))
-			} else {
-				hint = fmt.Sprintf("trainers must run as a member of group %s: sudo usermod -aG %s %s, then log in again", groupName(gid), groupName(gid), u.Username)
+			h = fmt.Sprintf("trainers must run as a member of group %s: sudo usermod -aG %s %s, then log in again", groupName(gid), groupName(gid), u.Username)
+			if ids, _ := u.GroupIds(); slices.Contains(ids, strconv.Itoa(gid)) {
+				h = fmt.Sprintf("you were added to group %s after logging in: log out and back in (or run newgrp %s)", groupName(gid), groupName(gid))
 			}
-		} else {
-			hint = "start the agent with --socket-group GROUP (socket mode 0660) and add the trainers' users to GROUP"
 		}
+		warn(fmt.Sprintf("you (%s) may not connect", me), h)
 	}
 	if len(o.Config.AllowedUIDs) > 0 && euid != 0 && !slices.Contains(o.Config.AllowedUIDs, uint32(euid)) && st == OK {
-		st = Warn
-		notes = append(notes, fmt.Sprintf("you (%s, uid %d) are not in allowed_uids", me, euid))
-		hint = fmt.Sprintf("the agent refuses uids not in allowed_uids: add %d (--allow-uid %d) if this user runs trainers", euid, euid)
+		warn(fmt.Sprintf("you (%s, uid %d) are not in allowed_uids", me, euid),
+			fmt.Sprintf("the agent refuses uids not in allowed_uids: add %d (--allow-uid %d) if this user runs trainers", euid, euid))
 	}
 	if len(notes) > 0 {
 		msg += "; " + strings.Join(notes, "; ")
@@ -155,18 +149,14 @@ func checkConnect(ctx context.Context, o Options, r *Report, path string) {
 	// its reason and closes, possibly before the ping goes out.
 	_, werr := c.Write([]byte(pingLine))
 	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil && line == "" && werr != nil {
-		r.add(SectionSocket, "connect", Fail, fmt.Sprintf("connected%s, but the connection closed without an answer: %v", peer, werr), "")
-		return
-	}
 	if err != nil && line == "" {
 		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
+		if werr == nil && errors.As(err, &ne) && ne.Timeout() {
 			r.add(SectionSocket, "connect", Warn, fmt.Sprintf("connected%s, but no answer in %v", peer, o.Timeout),
 				"the agent may be overloaded or stuck; its log and --status-listen /status tell more")
 			return
 		}
-		r.add(SectionSocket, "connect", Fail, fmt.Sprintf("connected%s, but the connection closed without an answer: %v", peer, err), "")
+		r.add(SectionSocket, "connect", Fail, fmt.Sprintf("connected%s, but the connection closed without an answer: %v", peer, cmp.Or(werr, err)), "")
 		return
 	}
 	var ans struct {

@@ -48,15 +48,14 @@ func checkSpool(o Options, r *Report) {
 
 	st, hint := OK, ""
 	var notes []string
+	note := func(s Status, n, h string) { st, hint, notes = s, h, append(notes, n) }
 	if !writable(dir) {
-		st = Warn
-		notes = append(notes, fmt.Sprintf("not writable by %s", userName(os.Getuid())))
-		hint = fmt.Sprintf("fine if the agent runs as its owner %s; otherwise the agent cannot keep batches", userName(owner))
+		note(Warn, fmt.Sprintf("not writable by %s", userName(os.Getuid())),
+			fmt.Sprintf("fine if the agent runs as its owner %s; otherwise the agent cannot keep batches", userName(owner)))
 	}
 	if onDisk > bound*9/10 {
-		st = Warn
-		notes = append(notes, "nearly full: the oldest batches are dropped (and the runs marked incomplete) when it is")
-		hint = "the collector has not acked for a long time: see the collector checks above and the agent's log"
+		note(Warn, "nearly full: the oldest batches are dropped (and the runs marked incomplete) when it is",
+			"the collector has not acked for a long time: see the collector checks above and the agent's log")
 	}
 
 	held, err := lockHeld(filepath.Join(dir, "lock"))
@@ -79,9 +78,7 @@ func checkSpool(o Options, r *Report) {
 		case err != nil && strings.Contains(err.Error(), "in use"):
 			notes = append(notes, "in use by a running agent (locked)")
 		case err != nil:
-			st = Fail
-			notes = append(notes, "cannot be opened: "+err.Error())
-			hint = "the agent will fail to start the same way"
+			note(Fail, "cannot be opened: "+err.Error(), "the agent will fail to start the same way")
 		default:
 			stats := s.Stats()
 			_ = s.Close()

@@ -42,11 +42,11 @@ const (
 	KindReplay Kind = "replay"
 )
 
-// MaxSimGPUs is the largest N accepted by sim:N.
-const MaxSimGPUs = 64
-
-// DefaultSimSeed is the seed of sim:N when none is given.
-const DefaultSimSeed = 1
+// Bounds and defaults of sim:N[:SEED].
+const (
+	MaxSimGPUs     = 64 // the largest N
+	DefaultSimSeed = 1  // the seed when none is given
+)
 
 // Usage describes the accepted specs, for flag help.
 const Usage = "GPU backend: nvml, amd, sim:N (N simulated GPUs, 1..64), replay:FILE (CSV trace), or auto (nvml if it initialises, else amd if amdgpu cards and no NVIDIA GPU are found)"
@@ -66,21 +66,12 @@ func ParseSpec(spec string) (Spec, error) {
 	s := strings.TrimSpace(spec)
 	kind, arg, hasArg := strings.Cut(s, ":")
 	switch strings.ToLower(kind) {
-	case "", string(KindAuto):
+	case "", string(KindAuto), string(KindNVML), string(KindAMD):
+		k := Kind(cmp.Or(strings.ToLower(kind), string(KindAuto)))
 		if hasArg {
-			return Spec{}, fmt.Errorf("--gpu %q: auto takes no argument (%s)", spec, Usage)
+			return Spec{}, fmt.Errorf("--gpu %q: %s takes no argument (%s)", spec, k, Usage)
 		}
-		return Spec{Kind: KindAuto}, nil
-	case string(KindNVML):
-		if hasArg {
-			return Spec{}, fmt.Errorf("--gpu %q: nvml takes no argument (%s)", spec, Usage)
-		}
-		return Spec{Kind: KindNVML}, nil
-	case string(KindAMD):
-		if hasArg {
-			return Spec{}, fmt.Errorf("--gpu %q: amd takes no argument (%s)", spec, Usage)
-		}
-		return Spec{Kind: KindAMD}, nil
+		return Spec{Kind: k}, nil
 	case string(KindSim):
 		if !hasArg {
 			return Spec{Kind: KindSim, N: 2, Seed: DefaultSimSeed}, nil
@@ -127,22 +118,13 @@ type Options struct {
 	ProcfsRoot string
 }
 
-// Open parses spec and opens the backend it names, on the real /sys and
-// /proc.
-func Open(spec string, logger *slog.Logger) (gpu.Backend, error) {
-	return OpenWith(spec, Options{Logger: logger})
-}
-
 // OpenWith parses spec and opens the backend it names.
 func OpenWith(spec string, o Options) (gpu.Backend, error) {
 	sp, err := ParseSpec(spec)
 	if err != nil {
 		return nil, err
 	}
-	logger := o.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger := cmp.Or(o.Logger, slog.New(slog.DiscardHandler))
 	switch sp.Kind {
 	case KindSim:
 		logger.Info("gpu backend: simulated GPUs", "n", sp.N, "seed", sp.Seed)

@@ -65,7 +65,7 @@ func TestParseSpec(t *testing.T) {
 }
 
 func TestOpenSim(t *testing.T) {
-	b, err := Open("sim:3", nil)
+	b, err := OpenWith("sim:3", Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,13 +73,13 @@ func TestOpenSim(t *testing.T) {
 	if _, ok := b.(*simgpu.Backend); !ok || len(b.Devices()) != 3 {
 		t.Fatalf("%T %d", b, len(b.Devices()))
 	}
-	if _, err := Open("sim:99", nil); err == nil {
+	if _, err := OpenWith("sim:99", Options{}); err == nil {
 		t.Fatal("sim:99: want error")
 	}
 }
 
 func TestOpenReplay(t *testing.T) {
-	b, err := Open("replay:../../../deploy/examples/replay-constant-300w.csv", nil)
+	b, err := OpenWith("replay:../../../deploy/examples/replay-constant-300w.csv", Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,10 +91,10 @@ func TestOpenReplay(t *testing.T) {
 	if err := os.WriteFile(p, []byte("time_s,gpu\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open("replay:"+p, nil); err == nil || !strings.Contains(err.Error(), "power_w") {
+	if _, err := OpenWith("replay:"+p, Options{}); err == nil || !strings.Contains(err.Error(), "power_w") {
 		t.Fatalf("bad trace: err = %v", err)
 	}
-	if _, err := Open("replay:"+filepath.Join(t.TempDir(), "missing.csv"), nil); err == nil {
+	if _, err := OpenWith("replay:"+filepath.Join(t.TempDir(), "missing.csv"), Options{}); err == nil {
 		t.Fatal("missing trace: want error")
 	}
 }
@@ -121,7 +121,7 @@ func TestOpenAutoWithoutNVML(t *testing.T) {
 			t.Fatalf("hint repeated: %v", err)
 		}
 	}
-	_, err := Open("nvml", nil)
+	_, err := OpenWith("nvml", Options{})
 	if err == nil || !strings.Contains(err.Error(), "NVML/driver not found") || !strings.Contains(err.Error(), "--gpu sim") {
 		t.Fatalf("Open(nvml) err = %v", err)
 	}
@@ -145,7 +145,7 @@ func TestOpenAutoWithNVML(t *testing.T) {
 		return nvml.SUCCESS
 	}
 	withNVML(t, s)
-	b, err := Open("auto", nil)
+	b, err := OpenWith("auto", Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,19 +1,14 @@
 // Package amdgpu is the AMD GPU backend: it reads what the kernel's amdgpu
-// driver exposes in sysfs, without ROCm — hwmon power (µW), the versioned
-// binary gpu_metrics table (energy accumulator, socket power, timestamp),
-// VRAM used/total, gpu_busy_percent and the card's identity — and the
-// per-client DRM usage in /proc/PID/fdinfo for process attribution.
+// driver exposes in sysfs, without ROCm (hwmon power in µW, the versioned
+// binary gpu_metrics table, VRAM, gpu_busy_percent, the card's identity),
+// and the per-client DRM usage in /proc/PID/fdinfo for process attribution.
 //
-// Energy follows the NVIDIA backend's rule: the counter (gpu_metrics'
-// energy_accumulator) where the firmware fills it, else the integral of
-// power. Because some firmware fills the accumulator with wrong values, the
-// counter is checked against the power integral over its first seconds
-// (CheckSpan); one that disagrees is dropped for the backend's life and
-// energy falls back to power (docs/measurement.md, "AMD GPUs").
-//
-// Every path is under Options.SysfsRoot / ProcfsRoot, so tests point the
-// backend at fixture trees (testdata/README.md says where each layout comes
-// from). The package is pure Go: nothing here loads a library.
+// Energy is the counter (gpu_metrics' energy_accumulator, or AMD SMI's)
+// where there is one, else the integral of power. Some firmware fills the
+// accumulator wrongly, so the counter is checked against the power integral
+// over its first CheckSpan; one that disagrees is dropped for the backend's
+// life (docs/measurement.md, "AMD GPUs"). Every path is under
+// Options.SysfsRoot / ProcfsRoot, so tests point it at fixture trees.
 package amdgpu
 
 import (
@@ -25,6 +20,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,15 +52,10 @@ type Options struct {
 	SysfsRoot  string // default /sys
 	ProcfsRoot string // default /proc
 	Logger     *slog.Logger
-	// CheckSpan is how long the counter is compared with the power
-	// integral before it is trusted (default DefaultCheckSpan).
-	CheckSpan time.Duration
-	// Clock is the clock of the per-process usage rates (default the wall
-	// clock).
-	Clock clock.Clock
-	// SMI, when set, is AMD SMI (package amdsmi, loaded where libamd_smi
-	// is installed): a card it gives a counter for takes its energy from
-	// it, in the library's own resolution, instead of from gpu_metrics.
+	CheckSpan  time.Duration // default DefaultCheckSpan
+	Clock      clock.Clock   // of the per-process usage rates; default the wall clock
+	// SMI, when set, is AMD SMI (package amdsmi): a card it gives a counter
+	// for takes its energy from it instead of from gpu_metrics.
 	SMI CounterSource
 }
 
@@ -102,10 +93,9 @@ type Sources struct {
 	PCI  string
 	// Power is the file power comes from: "hwmon power1_input" (instant),
 	// "hwmon power1_average", "gpu_metrics" (socket power), or "".
-	Power      string
-	PowerError string
-	// Metrics is the gpu_metrics version ("1.5"), "" when unreadable.
-	Metrics      string
+	Power        string
+	PowerError   string
+	Metrics      string // the gpu_metrics version ("1.5"), "" when unreadable
 	MetricsError string
 	// Counter: the card has an energy counter: AMD SMI's, or gpu_metrics'
 	// accumulator where the firmware fills it. CounterSource names it:
@@ -113,8 +103,7 @@ type Sources struct {
 	Counter       bool
 	CounterSource string
 	Check         CounterCheck
-	// FdinfoError is why per-process usage cannot be read, if it cannot.
-	FdinfoError string
+	FdinfoError   string // why per-process usage cannot be read, if it cannot
 }
 
 type powerFile uint8
@@ -127,24 +116,19 @@ const (
 )
 
 type device struct {
-	card  Card
-	power powerFile
-	// metricsOK: gpu_metrics parsed at start; counter: and it has a filled
-	// accumulator.
-	metricsOK bool
-	// metricsPending: gpu_metrics exists but could not be read at start.
-	metricsPending bool
-	counter        bool
+	card           Card
+	power          powerFile
+	metricsOK      bool // gpu_metrics parsed
+	metricsPending bool // gpu_metrics exists but could not be read yet
+	counter        bool // there is an energy counter
 	smi            bool // the counter is AMD SMI's
 	src            Sources
-	// vramTotalMiB is read once: the board's VRAM does not change.
-	vramTotalMiB float64
-	// The files read at every tick, joined once at probe (powerPath: the
-	// hwmon file of powerInput or powerAverage, else "").
+	vramTotalMiB   float64 // read once: the board's VRAM does not change
+	// The files read at every tick (powerPath: the hwmon file of
+	// powerInput or powerAverage, else "").
 	metricsPath, powerPath, vramUsedPath, busyPath string
 
-	// The accumulator's wrap state: prevRaw is the last raw value,
-	// wraps*2^32 is added to raw values since the last wrap.
+	// The accumulator's wrap state: wrapAdd is added to raw values.
 	prevRaw uint64
 	prevAt  time.Time
 	prevOK  bool
@@ -167,9 +151,8 @@ type Backend struct {
 	gpus   []*device
 	closed bool
 
-	// pmu guards the per-process state (fdinfo.go: the latest scan of
-	// procfs, shared by the per-card calls, and each device's clients),
-	// apart from mu so that a slow scan never delays a sampling Read.
+	// pmu guards the per-process state (fdinfo.go), apart from mu so that
+	// a slow procfs scan never delays a sampling Read.
 	pmu    sync.Mutex
 	scan   []drmClient
 	scanAt time.Time
@@ -180,21 +163,14 @@ var ErrNoAMD = errors.New("no AMD GPU found")
 
 // New finds the amdgpu cards under opt.SysfsRoot and what each exposes.
 func New(opt Options) (*Backend, error) {
-	if opt.SysfsRoot == "" {
-		opt.SysfsRoot = "/sys"
-	}
-	if opt.ProcfsRoot == "" {
-		opt.ProcfsRoot = "/proc"
-	}
+	opt.SysfsRoot, opt.ProcfsRoot = cmp.Or(opt.SysfsRoot, "/sys"), cmp.Or(opt.ProcfsRoot, "/proc")
 	if opt.CheckSpan <= 0 {
 		opt.CheckSpan = DefaultCheckSpan
 	}
 	if opt.Clock == nil {
 		opt.Clock = clock.Real{}
 	}
-	if opt.Logger == nil {
-		opt.Logger = slog.New(slog.DiscardHandler)
-	}
+	opt.Logger = cmp.Or(opt.Logger, slog.New(slog.DiscardHandler))
 	cards, err := FindCards(opt.SysfsRoot)
 	if err != nil && !os.IsNotExist(err) {
 		return nil, fmt.Errorf("amdgpu: %w", err)
@@ -226,9 +202,8 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 		if v, err := readUint(filepath.Join(c.Hwmon, "power1_cap")); err == nil {
 			d.PowerLimitW = float64(v) / 1e6
 		}
-		// By presence, not by a first read: a card in runtime suspend or in
-		// reset at the agent's start answers EPERM, and must not lose its
-		// power file for the agent's life.
+		// By presence, not by a first read: a card in runtime suspend or
+		// reset answers EPERM, and must not lose its power file for good.
 		for _, p := range []struct {
 			f    powerFile
 			name string
@@ -312,11 +287,7 @@ func cardUUID(c Card) string {
 }
 
 // Devices implements gpu.Backend.
-func (b *Backend) Devices() []gpu.Device {
-	out := make([]gpu.Device, len(b.devs))
-	copy(out, b.devs)
-	return out
-}
+func (b *Backend) Devices() []gpu.Device { return slices.Clone(b.devs) }
 
 // Sources says where card index's figures come from and how its counter
 // check stands.
@@ -428,13 +399,11 @@ func (b *Backend) read(i int, d *device, now time.Time, s *gpu.Sample) {
 	}
 }
 
-// extend turns the raw accumulator into a counter that survives the
-// firmware's 32-bit wrap. Firmware whose accumulator is 32 bits wide (in
-// a v1.0 table, and on boards that copy a 32-bit PMFW value into the
-// 64-bit field) wraps every 65536 J, about every 90 s at 700 W. A decrease
-// is a wrap when the energy it implies is plausible for the time since the
-// previous read; otherwise it is a reset, passed on as a decrease for the
-// energy curve to bridge with power.
+// extend turns the raw accumulator into a counter that survives a 32-bit
+// wrap (a v1.0 table, or a 32-bit PMFW value in the 64-bit field: every
+// 65536 J, about 90 s at 700 W). A decrease is a wrap when the energy it
+// implies is plausible for the time since the previous read; otherwise it
+// is a reset, passed on for the energy curve to bridge with power.
 func (d *device) extend(raw uint64, unitJ float64, now time.Time) float64 {
 	if d.prevOK && raw < d.prevRaw && d.prevRaw < 1<<32 {
 		dt := now.Sub(d.prevAt).Seconds()
@@ -465,18 +434,16 @@ type checker struct {
 }
 
 func (c *checker) observe(now time.Time, s *gpu.Sample) {
-	if c.state != CheckPending {
+	if c.state != CheckPending || (!c.started && !s.EnergyOK) {
 		return
 	}
+	if c.started && s.EnergyOK && s.EnergyJ < c.lastJ {
+		// A reset (GPU reset, driver reload) within the span: the check
+		// starts over from it.
+		*c = checker{span: c.span, state: CheckPending}
+	}
 	if !c.started {
-		if !s.EnergyOK {
-			return
-		}
-		c.started, c.startAt, c.startJ, c.lastJ = true, now, s.EnergyJ, s.EnergyJ
-		if s.PowerOK {
-			c.lastPower, c.lastW, c.hasPower = now, s.PowerW, true
-		}
-		return
+		c.started, c.startAt, c.startJ = true, now, s.EnergyJ
 	}
 	if s.PowerOK {
 		if c.hasPower {
@@ -485,13 +452,6 @@ func (c *checker) observe(now time.Time, s *gpu.Sample) {
 		c.lastPower, c.lastW, c.hasPower = now, s.PowerW, true
 	}
 	if s.EnergyOK {
-		if s.EnergyJ < c.lastJ {
-			// A reset (GPU reset, driver reload) within the span: the
-			// check starts over from it.
-			*c = checker{span: c.span, state: CheckPending}
-			c.observe(now, s)
-			return
-		}
 		c.lastJ = s.EnergyJ
 	}
 	if now.Sub(c.startAt) < c.span {
@@ -511,14 +471,10 @@ func (c *checker) observe(now time.Time, s *gpu.Sample) {
 
 func (c *checker) result() CounterCheck {
 	r := CounterCheck{State: c.state, CounterJ: c.lastJ - c.startJ, IntegratedJ: c.intJ}
-	if c.started {
-		end := c.at
-		if end.IsZero() {
-			end = c.lastPower
-		}
-		if end.After(c.startAt) {
-			r.Span = end.Sub(c.startAt)
-		}
+	// Up to the decision, or while pending up to the last power reading
+	// (both zero before the start).
+	if end := cmp.Or(c.at, c.lastPower); end.After(c.startAt) {
+		r.Span = end.Sub(c.startAt)
 	}
 	return r
 }

@@ -2,10 +2,12 @@ package amdgpu
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,15 +16,12 @@ import (
 )
 
 // DRM clients in /proc/PID/fdinfo (the kernel's
-// Documentation/gpu/drm-usage-stats.rst): every open DRM file descriptor
-// of amdgpu shows drm-driver, drm-pdev (the card's PCI address),
-// drm-client-id (one per open file, shared by duplicated fds and by a
-// forked child), drm-engine-gfx (ns the client kept the graphics/compute
-// engine busy since it opened) and drm-memory-vram (resident VRAM).
-//
-// Reading another user's fdinfo needs ptrace access to it (same uid or
-// CAP_SYS_PTRACE): processes the agent may not inspect are skipped, as
-// NVML skips what it cannot see.
+// Documentation/gpu/drm-usage-stats.rst): each open amdgpu DRM file shows
+// drm-pdev (the card's PCI address), drm-client-id (shared by duplicated
+// fds and forked children), drm-engine-gfx (ns the engine was busy for the
+// client) and drm-memory-vram. Another user's fdinfo needs ptrace access
+// (same uid or CAP_SYS_PTRACE): processes the agent may not inspect are
+// skipped, as NVML skips what it cannot see.
 
 type drmClient struct {
 	pid      uint32
@@ -65,24 +64,15 @@ func scanClients(procfs string) ([]drmClient, error) {
 			byID[key] = c
 		}
 	}
-	out := make([]drmClient, 0, len(byID))
-	for _, c := range byID {
-		out = append(out, c)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].pid != out[j].pid {
-			return out[i].pid < out[j].pid
-		}
-		return out[i].id < out[j].id
-	})
-	return out, nil
+	return slices.SortedFunc(maps.Values(byID), func(a, b drmClient) int {
+		return cmp.Or(cmp.Compare(a.pid, b.pid), strings.Compare(a.id, b.id))
+	}), nil
 }
 
-// drmFDs lists the fds of process dir that may be DRM clients: those whose
-// fd/N link points into /dev/dri (one readlink each, much cheaper than
-// reading every fdinfo: a training process holds hundreds of fds, few of
-// them DRM). Where fd/ cannot be listed but fdinfo/ can (a fixture tree),
-// every fd is a candidate.
+// drmFDs lists the fds of process dir whose fd/N link points into /dev/dri
+// (a readlink is much cheaper than reading every fdinfo of a process with
+// hundreds of fds). Where fd/ cannot be listed but fdinfo/ can (a fixture
+// tree), every fd is a candidate.
 func drmFDs(dir string) []string {
 	fds, err := os.ReadDir(filepath.Join(dir, "fd"))
 	if err != nil {
@@ -193,10 +183,9 @@ func (b *Backend) ComputePIDs(index int) ([]uint32, error) {
 }
 
 // ProcessUsage implements gpu.ProcessUsageReader from fdinfo: each
-// process's VRAM, and its graphics/compute engine busy share since the
-// previous poll (drm-engine-gfx's growth over the time between the two
-// polls on Options.Now; since is not needed: the counter is cumulative).
-// A client seen for the first time has memory but no utilisation yet.
+// process's VRAM, and its engine busy share since the previous poll
+// (drm-engine-gfx is cumulative, so since is not needed). A client seen
+// for the first time has memory but no utilisation yet.
 func (b *Backend) ProcessUsage(index int, _ time.Time) (map[uint32]gpu.ProcessUse, error) {
 	b.pmu.Lock()
 	defer b.pmu.Unlock()
@@ -228,8 +217,7 @@ func (b *Backend) ProcessUsage(index int, _ time.Time) (map[uint32]gpu.ProcessUs
 }
 
 // FdinfoAccess counts the processes under procfs whose fdinfo this process
-// may read and those it may not (ptrace access: same uid or
-// CAP_SYS_PTRACE), for doctor.
+// may read and those it may not, for doctor.
 func FdinfoAccess(procfs string) (readable, denied int, err error) {
 	ents, err := os.ReadDir(procfs)
 	if err != nil {

@@ -1,9 +1,11 @@
 package amdgpu
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // Metrics is what this package uses from one read of an amdgpu card's
@@ -67,9 +69,7 @@ var layouts = map[[2]uint8]layout{
 	// gpu_metrics_v1_0: system_clock_counter right after the header.
 	{1, 0}: {minSize: 40, energyOff: 36, energyBits: 32, powerOff: 34, powerBits: 16, powerScale: 1, gfxOff: 28, timestampAt: 8},
 	// gpu_metrics_v1_1..v1_3 share the head of the table.
-	{1, 1}: v1x,
-	{1, 2}: v1x,
-	{1, 3}: v1x,
+	{1, 1}: v1x, {1, 2}: v1x, {1, 3}: v1x,
 	// gpu_metrics_v1_4 (MI300 series): curr_socket_power, vcn_activity[4].
 	{1, 4}: {minSize: 40, energyOff: 24, energyBits: 64, powerOff: 10, powerBits: 16, powerScale: 1, gfxOff: 12, timestampAt: 32},
 	// gpu_metrics_v1_5 (MI300 series, newer firmware): jpeg_activity[32]
@@ -105,23 +105,11 @@ func ParseMetrics(b []byte) (Metrics, error) {
 	}
 	if l.energyOff >= 0 {
 		m.EnergyBits = l.energyBits
-		if l.energyBits == 32 {
-			v := binary.LittleEndian.Uint32(b[l.energyOff:])
-			m.EnergyRaw, m.EnergyOK = uint64(v), v != ^uint32(0)
-		} else {
-			v := binary.LittleEndian.Uint64(b[l.energyOff:])
-			m.EnergyRaw, m.EnergyOK = v, v != ^uint64(0)
-		}
+		m.EnergyRaw, m.EnergyOK = field(b, l.energyOff, l.energyBits)
 	}
-	switch l.powerBits {
-	case 16:
-		v := binary.LittleEndian.Uint16(b[l.powerOff:])
-		m.PowerW, m.PowerOK = float64(v)*l.powerScale, v != ^uint16(0)
-	case 32:
-		v := binary.LittleEndian.Uint32(b[l.powerOff:])
-		m.PowerW, m.PowerOK = float64(v)*l.powerScale, v != ^uint32(0)
-	}
-	if v := binary.LittleEndian.Uint16(b[l.gfxOff:]); v != ^uint16(0) && v <= 100 {
+	p, ok := field(b, l.powerOff, l.powerBits)
+	m.PowerW, m.PowerOK = float64(p)*l.powerScale, ok
+	if v, ok := field(b, l.gfxOff, 16); ok && v <= 100 {
 		m.GfxBusyPct, m.GfxBusyOK = float64(v), true
 	}
 	if !m.PowerOK {
@@ -163,34 +151,45 @@ func EncodeMetrics(s MetricsSpec) ([]byte, error) {
 		return nil, fmt.Errorf("%w: v%d.%d", ErrMetricsVersion, s.Format, s.Content)
 	}
 	size := structSizes[key]
-	b := make([]byte, size)
-	for i := range b {
-		b[i] = 0xFF
-	}
+	b := bytes.Repeat([]byte{0xFF}, size)
 	binary.LittleEndian.PutUint16(b[0:], uint16(size))
 	b[2], b[3] = s.Format, s.Content
 	if l.energyOff >= 0 {
-		if l.energyBits == 32 {
-			v := uint32(s.EnergyRaw)
-			if s.EnergyUnset {
-				v = ^uint32(0)
-			}
-			binary.LittleEndian.PutUint32(b[l.energyOff:], v)
-		} else {
-			v := s.EnergyRaw
-			if s.EnergyUnset {
-				v = ^uint64(0)
-			}
-			binary.LittleEndian.PutUint64(b[l.energyOff:], v)
+		v := s.EnergyRaw
+		if s.EnergyUnset {
+			v = math.MaxUint64
 		}
+		putField(b, l.energyOff, l.energyBits, v)
 	}
-	p := s.PowerW / l.powerScale
-	if l.powerBits == 16 {
-		binary.LittleEndian.PutUint16(b[l.powerOff:], uint16(p+0.5))
-	} else {
-		binary.LittleEndian.PutUint32(b[l.powerOff:], uint32(p+0.5))
-	}
+	putField(b, l.powerOff, l.powerBits, uint64(s.PowerW/l.powerScale+0.5))
 	binary.LittleEndian.PutUint16(b[l.gfxOff:], s.GfxBusyPct)
 	binary.LittleEndian.PutUint64(b[l.timestampAt:], s.TimestampNs)
 	return b, nil
+}
+
+// field reads the little-endian unsigned field of width bits (16, 32 or
+// 64) at off, and whether it is set: not all ones, the driver's fill.
+func field(b []byte, off, bits int) (uint64, bool) {
+	switch bits {
+	case 16:
+		v := binary.LittleEndian.Uint16(b[off:])
+		return uint64(v), v != math.MaxUint16
+	case 32:
+		v := binary.LittleEndian.Uint32(b[off:])
+		return uint64(v), v != math.MaxUint32
+	}
+	v := binary.LittleEndian.Uint64(b[off:])
+	return v, v != math.MaxUint64
+}
+
+// putField writes v, cut to width bits, at off.
+func putField(b []byte, off, bits int, v uint64) {
+	switch bits {
+	case 16:
+		binary.LittleEndian.PutUint16(b[off:], uint16(v))
+	case 32:
+		binary.LittleEndian.PutUint32(b[off:], uint32(v))
+	default:
+		binary.LittleEndian.PutUint64(b[off:], v)
+	}
 }

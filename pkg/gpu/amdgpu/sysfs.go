@@ -2,10 +2,11 @@ package amdgpu
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -40,11 +41,8 @@ func FindCards(sysfsRoot string) ([]Card, error) {
 	if err != nil {
 		return nil, err
 	}
-	type numbered struct {
-		n    int
-		card Card
-	}
-	var found []numbered
+	var cards []Card
+	numOf := map[string]int{} // card name -> its number
 	for _, e := range ents {
 		name := e.Name()
 		num, ok := strings.CutPrefix(name, "card")
@@ -72,13 +70,10 @@ func FindCards(sysfsRoot string) ([]Card, error) {
 		}
 		c.PCI = pciSlot(dev)
 		c.Hwmon = findHwmon(dev)
-		found = append(found, numbered{n, c})
+		cards = append(cards, c)
+		numOf[name] = n
 	}
-	sort.Slice(found, func(i, j int) bool { return found[i].n < found[j].n })
-	cards := make([]Card, len(found))
-	for i, f := range found {
-		cards[i] = f.card
-	}
+	slices.SortFunc(cards, func(a, b Card) int { return cmp.Compare(numOf[a.Name], numOf[b.Name]) })
 	return cards, nil
 }
 
@@ -128,15 +123,11 @@ func findHwmon(dev string) string {
 	if err != nil {
 		return ""
 	}
-	names := make([]string, 0, len(ents))
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), "hwmon") {
-			names = append(names, e.Name())
+	for _, e := range ents { // os.ReadDir sorts by name
+		if !strings.HasPrefix(e.Name(), "hwmon") {
+			continue
 		}
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		d := filepath.Join(dev, "hwmon", n)
+		d := filepath.Join(dev, "hwmon", e.Name())
 		for _, f := range []string{"power1_input", "power1_average"} {
 			if _, err := os.Stat(filepath.Join(d, f)); err == nil {
 				return d

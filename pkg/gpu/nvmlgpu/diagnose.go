@@ -1,7 +1,6 @@
 package nvmlgpu
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -19,17 +18,14 @@ const DefaultDiagnoseGap = 200 * time.Millisecond
 type Report struct {
 	// Init is what nvmlInit returned; InitError explains it in plain words
 	// when it is not SUCCESS (the rest of the report is then empty).
-	Init      nvml.Return
-	InitError string
-	// DriverVersion, NVMLVersion: "" when NVML could not tell.
-	DriverVersion string
-	NVMLVersion   string
-	// CUDADriverVersion is nvmlSystemGetCudaDriverVersion (e.g. 12040 for
+	Init          nvml.Return
+	InitError     string
+	DriverVersion string // "" when NVML could not tell
+	NVMLVersion   string // "" when NVML could not tell
+	// CUDADriverVersion is nvmlSystemGetCudaDriverVersion (12040 for
 	// 12.4); 0 when unknown.
 	CUDADriverVersion int
-	// CountError is set when the GPUs could not be counted.
-	CountError string
-	GPUs       []GPUReport
+	GPUs              []GPUReport
 }
 
 // CUDAVersionString formats CUDADriverVersion as "12.4" ("" when unknown).
@@ -49,8 +45,7 @@ type GPUReport struct {
 	UUID, Name  string
 	MemTotalMiB uint64
 	MemUsedMiB  uint64
-	// PowerLimitW is the enforced power limit; 0 when unknown.
-	PowerLimitW float64
+	PowerLimitW float64 // the enforced power limit; 0 when unknown
 
 	// Fields the backend uses, probed with GetFieldValues and read twice
 	// Gap apart: instant power (186), average power (185), energy (83).
@@ -68,17 +63,15 @@ type GPUReport struct {
 	MigSupported      bool   // GetMigMode answered
 	MigEnabled        bool   // current MIG mode is enabled
 	MigPendingEnabled bool   // pending (after reset) MIG mode is enabled
-	// Persistence is "on", "off", or "" when unknown.
-	Persistence string
+	Persistence       string // "on", "off", or "" when unknown
 }
 
 // FieldReport is one NVML field on one GPU.
 type FieldReport struct {
-	ID uint32
-	// Supported is true when the first read of the field succeeded.
-	Supported bool
-	// Error is the field's NVML return when not supported (e.g.
-	// "ERROR_NOT_SUPPORTED"), or why its value could not be decoded.
+	ID        uint32
+	Supported bool // the first read of the field succeeded
+	// Error is the field's NVML return when not supported
+	// ("ERROR_NOT_SUPPORTED"), or why its value could not be decoded.
 	Error string
 	// First and Second are the two live readings (W for power, J for
 	// energy), At1 and At2 the driver's timestamps (zero when none).
@@ -98,8 +91,7 @@ func (f FieldReport) FreshTimestamp() bool {
 
 // DiagnoseOptions tunes Diagnose; the zero value is fine.
 type DiagnoseOptions struct {
-	// Gap is the time between the two live reads; default DefaultDiagnoseGap.
-	Gap time.Duration
+	Gap time.Duration // between the two live reads; default DefaultDiagnoseGap
 	// Sleep waits between the two reads; default time.Sleep (tests inject
 	// one that advances their mock).
 	Sleep func(time.Duration)
@@ -131,32 +123,29 @@ func Diagnose(lib nvml.Interface, o DiagnoseOptions) (Report, error) {
 	}
 	defer lib.Shutdown()
 
-	if v, ret := callString(lib.SystemGetDriverVersion); ret == nvml.SUCCESS {
+	if v, ret := call(lib.SystemGetDriverVersion); ret == nvml.SUCCESS {
 		r.DriverVersion = v
 	}
-	if v, ret := callString(lib.SystemGetNVMLVersion); ret == nvml.SUCCESS {
+	if v, ret := call(lib.SystemGetNVMLVersion); ret == nvml.SUCCESS {
 		r.NVMLVersion = v
 	}
-	if v, ret := callInt(lib.SystemGetCudaDriverVersion); ret == nvml.SUCCESS {
+	if v, ret := call(lib.SystemGetCudaDriverVersion); ret == nvml.SUCCESS {
 		r.CUDADriverVersion = v
 	}
-	n, ret := callInt(lib.DeviceGetCount)
+	n, ret := call(lib.DeviceGetCount)
 	if ret != nvml.SUCCESS {
-		r.CountError = fmt.Sprintf("cannot count GPUs: %v", ret)
-		return r, errors.New("nvml: " + r.CountError)
+		return r, fmt.Errorf("nvml: cannot count GPUs: %v", ret)
 	}
 
 	handles := make([]nvml.Device, n)
 	for i := range n {
 		g := GPUReport{Index: i, Gap: o.Gap}
-		h, ret := lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
+		if h, ret := lib.DeviceGetHandleByIndex(i); ret != nvml.SUCCESS {
 			g.Error = fmt.Sprintf("no handle: %v", ret)
-			r.GPUs = append(r.GPUs, g)
-			continue
+		} else {
+			handles[i] = h
+			describe(h, &g)
 		}
-		handles[i] = h
-		describe(h, &g)
 		r.GPUs = append(r.GPUs, g)
 	}
 	// Two reads of all GPUs, Gap apart.
@@ -185,11 +174,11 @@ func Diagnose(lib nvml.Interface, o DiagnoseOptions) (Report, error) {
 // leave their fields empty.
 func describe(h nvml.Device, g *GPUReport) {
 	var ret nvml.Return
-	if g.UUID, ret = callString(h.GetUUID); ret != nvml.SUCCESS {
+	if g.UUID, ret = call(h.GetUUID); ret != nvml.SUCCESS {
 		g.Error = fmt.Sprintf("cannot read its UUID: %v", ret)
 		return
 	}
-	g.Name, _ = callString(h.GetName)
+	g.Name, _ = call(h.GetName)
 	if mem, ret := call(h.GetMemoryInfo); ret == nvml.SUCCESS {
 		g.MemTotalMiB, g.MemUsedMiB = mem.Total/mib, mem.Used/mib
 	}
@@ -206,11 +195,10 @@ func describe(h nvml.Device, g *GPUReport) {
 	} else {
 		g.TotalEnergyError = ret.Error()
 	}
-	cur, pending, ret := migMode(h)
-	if ret == nvml.SUCCESS {
+	if m, ret := call(func() ([2]int, nvml.Return) { c, p, r := h.GetMigMode(); return [2]int{c, p}, r }); ret == nvml.SUCCESS {
 		g.MigSupported = true
-		g.MigEnabled = cur == nvml.DEVICE_MIG_ENABLE
-		g.MigPendingEnabled = pending == nvml.DEVICE_MIG_ENABLE
+		g.MigEnabled = m[0] == nvml.DEVICE_MIG_ENABLE
+		g.MigPendingEnabled = m[1] == nvml.DEVICE_MIG_ENABLE
 	}
 	if st, ret := call(h.GetPersistenceMode); ret == nvml.SUCCESS {
 		g.Persistence = "off"
@@ -285,13 +273,9 @@ func initReturn(lib nvml.Interface) (ret nvml.Return) {
 // panic on a method whose func is not set, and a diagnosis must not crash
 // over an optional call.
 
-func safeReturn(f func() nvml.Return) (ret nvml.Return) {
-	defer func() {
-		if recover() != nil {
-			ret = nvml.ERROR_NOT_SUPPORTED
-		}
-	}()
-	return f()
+func safeReturn(f func() nvml.Return) nvml.Return {
+	_, ret := call(func() (struct{}, nvml.Return) { return struct{}{}, f() })
+	return ret
 }
 
 func call[T any](f func() (T, nvml.Return)) (v T, ret nvml.Return) {
@@ -301,16 +285,4 @@ func call[T any](f func() (T, nvml.Return)) (v T, ret nvml.Return) {
 		}
 	}()
 	return f()
-}
-
-func callString(f func() (string, nvml.Return)) (string, nvml.Return) { return call(f) }
-func callInt(f func() (int, nvml.Return)) (int, nvml.Return)          { return call(f) }
-
-func migMode(h nvml.Device) (cur, pending int, ret nvml.Return) {
-	defer func() {
-		if recover() != nil {
-			ret = nvml.ERROR_NOT_SUPPORTED
-		}
-	}()
-	return h.GetMigMode()
 }

@@ -1,24 +1,21 @@
-// Package nvmlgpu is the real GPU backend, over NVIDIA's go-nvml bindings.
-//
-// It depends only on nvml.Interface, so tests inject go-nvml's mock (for
-// example mock/dgxa100) and production passes nvml.New().
-//
-// Per GPU per tick it makes exactly one GetFieldValues call carrying the
-// instant power (NVML_FI_DEV_POWER_INSTANT, 186, mW) and the cumulative energy
-// counter (NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 83, mJ), and uses each
-// field's own timestamp (µs since the epoch) as PowerAt/EnergyAt, so repeated
-// stale values can be recognised downstream. Where a field is not supported
-// (found by probing at start), it falls back to GetPowerUsage (the driver's
-// 1 s average on Ampere and newer) and GetTotalEnergyConsumption. Memory comes
-// from GetMemoryInfo and utilisation from GetUtilizationRates.
+// Package nvmlgpu is the NVIDIA GPU backend, over go-nvml's nvml.Interface
+// (tests inject its mocks). Per GPU per tick it makes one GetFieldValues
+// call carrying the instant power (field 186, mW) and the cumulative energy
+// counter (field 83, mJ), and uses each field's own timestamp (µs since the
+// epoch) as PowerAt/EnergyAt, so repeated stale values can be recognised
+// downstream. Where a field is not supported (probed at start) it falls back
+// to GetPowerUsage (a 1 s average on Ampere and newer) and
+// GetTotalEnergyConsumption.
 package nvmlgpu
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -39,26 +36,19 @@ var ErrNoNVML = errors.New("NVML/driver not found")
 
 const mib = 1 << 20
 
-type powerSource uint8
+// source is where a GPU's power or energy comes from.
+type source uint8
 
 const (
-	powerNone  powerSource = iota
-	powerField             // field 186 in the GetFieldValues call
-	powerUsage             // GetPowerUsage (1 s average on Ampere+)
-)
-
-type energySource uint8
-
-const (
-	energyNone  energySource = iota
-	energyField              // field 83 in the GetFieldValues call
-	energyCall               // GetTotalEnergyConsumption
+	srcNone  source = iota
+	srcField        // the field (186 or 83) in the GetFieldValues call
+	srcCall         // the fallback call: GetPowerUsage (1 s average on Ampere+), GetTotalEnergyConsumption
 )
 
 type device struct {
 	h      nvml.Device
-	power  powerSource
-	energy energySource
+	power  source
+	energy source
 	// ids are the field ids requested each tick; fv is the reused buffer
 	// (len(fv) == len(ids)); powerIdx/energyIdx index into it, or -1.
 	ids       []uint32
@@ -89,9 +79,7 @@ func New(lib nvml.Interface, logger *slog.Logger) (*Backend, error) {
 	if lib == nil {
 		lib = nvml.New()
 	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	if err := initLib(lib); err != nil {
 		return nil, err
 	}
@@ -156,8 +144,8 @@ func (b *Backend) enumerate() error {
 		}
 
 		dev := b.probe(i, uuid, h)
-		d.HasInstantPower = dev.power == powerField
-		d.HasEnergyCounter = dev.energy != energyNone
+		d.HasInstantPower = dev.power == srcField
+		d.HasEnergyCounter = dev.energy != srcNone
 		b.devs = append(b.devs, d)
 		b.gpus = append(b.gpus, dev)
 	}
@@ -173,45 +161,17 @@ func (b *Backend) probe(i int, uuid string, h nvml.Device) *device {
 		powerRet, energyRet = nvml.Return(fv[0].NvmlReturn), nvml.Return(fv[1].NvmlReturn)
 	}
 	dev := &device{h: h, powerIdx: -1, energyIdx: -1}
-
-	// Only NOT_SUPPORTED says a field is missing; any other failure (a
-	// transient ERROR_UNKNOWN at the agent's start) must not switch the GPU
-	// to a fallback for the agent's whole life: its reads report the error.
-	if powerRet == nvml.SUCCESS || transient(powerRet) {
-		if powerRet != nvml.SUCCESS {
-			b.log.Warn("nvml: instant power field failed while probing; keeping it, its reads will say whether it recovers",
-				"gpu", i, "uuid", uuid, "field", FieldPowerInstant, "err", powerRet.Error())
-		}
-		dev.power = powerField
-	} else if _, r := h.GetPowerUsage(); r == nvml.SUCCESS {
-		dev.power = powerUsage
-		b.log.Warn("nvml: instant power field not supported; falling back to GetPowerUsage (1 s average on Ampere and newer)",
-			"gpu", i, "uuid", uuid, "field", FieldPowerInstant, "err", powerRet.Error())
-	} else {
-		b.log.Warn("nvml: GPU reports no power: instant power field and GetPowerUsage both fail",
-			"gpu", i, "uuid", uuid, "field_err", powerRet.Error(), "err", r.Error())
-	}
-
-	if energyRet == nvml.SUCCESS || transient(energyRet) {
-		if energyRet != nvml.SUCCESS {
-			b.log.Warn("nvml: energy counter field failed while probing; keeping it, its reads will say whether it recovers",
-				"gpu", i, "uuid", uuid, "field", FieldTotalEnergy, "err", energyRet.Error())
-		}
-		dev.energy = energyField
-	} else if _, r := h.GetTotalEnergyConsumption(); r == nvml.SUCCESS {
-		dev.energy = energyCall
-		b.log.Warn("nvml: energy counter field not supported; falling back to GetTotalEnergyConsumption",
-			"gpu", i, "uuid", uuid, "field", FieldTotalEnergy, "err", energyRet.Error())
-	} else {
-		b.log.Warn("nvml: GPU has no energy counter; energy will be integrated from power samples only",
-			"gpu", i, "uuid", uuid, "field_err", energyRet.Error(), "err", r.Error())
-	}
-
-	if dev.power == powerField {
+	dev.power = b.pick(i, uuid, "instant power field", FieldPowerInstant, powerRet, "GetPowerUsage (1 s average on Ampere and newer)",
+		func() nvml.Return { _, r := h.GetPowerUsage(); return r },
+		"nvml: GPU reports no power: instant power field and GetPowerUsage both fail")
+	dev.energy = b.pick(i, uuid, "energy counter field", FieldTotalEnergy, energyRet, "GetTotalEnergyConsumption",
+		func() nvml.Return { _, r := h.GetTotalEnergyConsumption(); return r },
+		"nvml: GPU has no energy counter; energy will be integrated from power samples only")
+	if dev.power == srcField {
 		dev.powerIdx = len(dev.ids)
 		dev.ids = append(dev.ids, FieldPowerInstant)
 	}
-	if dev.energy == energyField {
+	if dev.energy == srcField {
 		dev.energyIdx = len(dev.ids)
 		dev.ids = append(dev.ids, FieldTotalEnergy)
 	}
@@ -219,17 +179,29 @@ func (b *Backend) probe(i int, uuid string, h nvml.Device) *device {
 	return dev
 }
 
-// transient reports whether a probe's failure says nothing about support.
-func transient(ret nvml.Return) bool {
-	return ret == nvml.ERROR_UNKNOWN || ret == nvml.ERROR_TIMEOUT
+// pick is how GPU i reads one value: its field, where the probe read it or
+// failed transiently (only NOT_SUPPORTED and the like say a field is
+// missing: a transient ERROR_UNKNOWN at the agent's start must not switch
+// the GPU to a fallback for the agent's life, its reads report the error);
+// else the fallback call where that answers; else nothing.
+func (b *Backend) pick(i int, uuid, what string, id uint32, ret nvml.Return, fallbackName string, fallback func() nvml.Return, noneMsg string) source {
+	if ret == nvml.SUCCESS || ret == nvml.ERROR_UNKNOWN || ret == nvml.ERROR_TIMEOUT {
+		if ret != nvml.SUCCESS {
+			b.log.Warn("nvml: "+what+" failed while probing; keeping it, its reads will say whether it recovers",
+				"gpu", i, "uuid", uuid, "field", id, "err", ret.Error())
+		}
+		return srcField
+	}
+	if r := fallback(); r != nvml.SUCCESS {
+		b.log.Warn(noneMsg, "gpu", i, "uuid", uuid, "field_err", ret.Error(), "err", r.Error())
+		return srcNone
+	}
+	b.log.Warn("nvml: "+what+" not supported; falling back to "+fallbackName, "gpu", i, "uuid", uuid, "field", id, "err", ret.Error())
+	return srcCall
 }
 
 // Devices implements gpu.Backend.
-func (b *Backend) Devices() []gpu.Device {
-	out := make([]gpu.Device, len(b.devs))
-	copy(out, b.devs)
-	return out
-}
+func (b *Backend) Devices() []gpu.Device { return slices.Clone(b.devs) }
 
 // Read implements gpu.Backend. It returns an error only when no value of any
 // GPU could be read; per-GPU and per-field failures go in Sample.Err.
@@ -266,35 +238,21 @@ func (d *device) read(i int, s *gpu.Sample) {
 			}
 		} else {
 			if d.powerIdx >= 0 {
-				f := &d.fv[d.powerIdx]
-				if r := nvml.Return(f.NvmlReturn); r != nvml.SUCCESS {
-					fail("power field", r)
-				} else if v, ok := fieldValue(f); ok {
-					s.PowerW, s.PowerAt, s.PowerOK = v/1000, fieldTime(f), true
-				} else {
-					fail("power field value type", nvml.ERROR_UNKNOWN)
-				}
+				s.PowerW, s.PowerAt, s.PowerOK = readField(&d.fv[d.powerIdx], "power", fail)
 			}
 			if d.energyIdx >= 0 {
-				f := &d.fv[d.energyIdx]
-				if r := nvml.Return(f.NvmlReturn); r != nvml.SUCCESS {
-					fail("energy field", r)
-				} else if v, ok := fieldValue(f); ok {
-					s.EnergyJ, s.EnergyAt, s.EnergyOK = v/1000, fieldTime(f), true
-				} else {
-					fail("energy field value type", nvml.ERROR_UNKNOWN)
-				}
+				s.EnergyJ, s.EnergyAt, s.EnergyOK = readField(&d.fv[d.energyIdx], "energy", fail)
 			}
 		}
 	}
-	if d.power == powerUsage {
+	if d.power == srcCall {
 		if mw, ret := d.h.GetPowerUsage(); ret == nvml.SUCCESS {
 			s.PowerW, s.PowerOK = float64(mw)/1000, true
 		} else {
 			fail("power usage", ret)
 		}
 	}
-	if d.energy == energyCall {
+	if d.energy == srcCall {
 		if mj, ret := d.h.GetTotalEnergyConsumption(); ret == nvml.SUCCESS {
 			s.EnergyJ, s.EnergyOK = float64(mj)/1000, true
 		} else {
@@ -314,6 +272,19 @@ func (d *device) read(i int, s *gpu.Sample) {
 	} else {
 		fail("utilization", ret)
 	}
+}
+
+// readField is a field's value, scaled from milli-units, and timestamp;
+// a failure goes to fail.
+func readField(f *nvml.FieldValue, what string, fail func(string, nvml.Return)) (float64, time.Time, bool) {
+	if r := nvml.Return(f.NvmlReturn); r != nvml.SUCCESS {
+		fail(what+" field", r)
+	} else if v, ok := fieldValue(f); ok {
+		return v / 1000, fieldTime(f), true
+	} else {
+		fail(what+" field value type", nvml.ERROR_UNKNOWN)
+	}
+	return 0, time.Time{}, false
 }
 
 // fieldTime converts a field's timestamp (µs since the epoch) to a time;
@@ -364,6 +335,18 @@ func (e *ReadError) Unwrap() error { return e.Ret }
 // ComputePIDs implements gpu.ProcessLister with GetComputeRunningProcesses.
 // It costs milliseconds in the driver: call it at most once a second.
 func (b *Backend) ComputePIDs(index int) ([]uint32, error) {
+	procs, err := b.computeProcs(index)
+	if err != nil {
+		return nil, err
+	}
+	pids := make([]uint32, len(procs))
+	for k, p := range procs {
+		pids[k] = p.Pid
+	}
+	return pids, nil
+}
+
+func (b *Backend) computeProcs(index int) ([]nvml.ProcessInfo, error) {
 	if index < 0 || index >= len(b.gpus) {
 		return nil, fmt.Errorf("nvmlgpu: no GPU %d", index)
 	}
@@ -371,11 +354,7 @@ func (b *Backend) ComputePIDs(index int) ([]uint32, error) {
 	if ret != nvml.SUCCESS {
 		return nil, &ReadError{GPU: index, What: "compute running processes", Ret: ret}
 	}
-	pids := make([]uint32, len(procs))
-	for k, p := range procs {
-		pids[k] = p.Pid
-	}
-	return pids, nil
+	return procs, nil
 }
 
 // ProcessUsage implements gpu.ProcessUsageReader: each compute process's
@@ -385,13 +364,9 @@ func (b *Backend) ComputePIDs(index int) ([]uint32, error) {
 // sample yet (NOT_FOUND) still gives memory. Like ComputePIDs it costs
 // milliseconds: call it at most once a second.
 func (b *Backend) ProcessUsage(index int, since time.Time) (map[uint32]gpu.ProcessUse, error) {
-	if index < 0 || index >= len(b.gpus) {
-		return nil, fmt.Errorf("nvmlgpu: no GPU %d", index)
-	}
-	h := b.gpus[index].h
-	procs, ret := h.GetComputeRunningProcesses()
-	if ret != nvml.SUCCESS {
-		return nil, &ReadError{GPU: index, What: "compute running processes", Ret: ret}
+	procs, err := b.computeProcs(index)
+	if err != nil {
+		return nil, err
 	}
 	out := make(map[uint32]gpu.ProcessUse, len(procs))
 	for _, p := range procs {
@@ -409,26 +384,23 @@ func (b *Backend) ProcessUsage(index int, since time.Time) (map[uint32]gpu.Proce
 	if !since.IsZero() {
 		ts = uint64(since.UnixMicro())
 	}
-	samples, ret := h.GetProcessUtilization(ts)
+	samples, ret := b.gpus[index].h.GetProcessUtilization(ts)
 	if ret != nvml.SUCCESS {
 		return out, nil
 	}
 	// Listed processes without a sample since then did no SM work.
-	for pid, u := range out {
-		u.SMOK = true
-		out[pid] = u
-	}
 	n := map[uint32]int{}
 	for _, s := range samples {
 		u := out[s.Pid]
 		u.SMPct += float64(s.SmUtil)
-		u.SMOK = true
-		n[s.Pid]++
 		out[s.Pid] = u
+		n[s.Pid]++
 	}
-	for pid, k := range n {
-		u := out[pid]
-		u.SMPct /= float64(k)
+	for pid, u := range out {
+		u.SMOK = true
+		if n[pid] > 0 {
+			u.SMPct /= float64(n[pid])
+		}
 		out[pid] = u
 	}
 	return out, nil

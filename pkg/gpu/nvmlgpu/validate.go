@@ -96,8 +96,8 @@ func Validate(lib nvml.Interface, o ValidateOptions) (ValidateReport, error) {
 		return rep, fmt.Errorf("%w: %s", ErrNoNVML, explainInit(ret))
 	}
 	defer lib.Shutdown()
-	rep.Driver, _ = callString(lib.SystemGetDriverVersion)
-	n, ret := callInt(lib.DeviceGetCount)
+	rep.Driver, _ = call(lib.SystemGetDriverVersion)
+	n, ret := call(lib.DeviceGetCount)
 	if ret != nvml.SUCCESS {
 		return rep, fmt.Errorf("nvml: cannot count GPUs: %v", ret)
 	}
@@ -109,8 +109,8 @@ func Validate(lib nvml.Interface, o ValidateOptions) (ValidateReport, error) {
 		g := GPUValidity{Index: i, CallCostUs: map[string]CallCost{}, ReadErrors: map[string]int{}}
 		h, ret := lib.DeviceGetHandleByIndex(i)
 		if ret == nvml.SUCCESS {
-			g.UUID, _ = callString(h.GetUUID)
-			g.Name, _ = callString(h.GetName)
+			g.UUID, _ = call(h.GetUUID)
+			g.Name, _ = call(h.GetName)
 		} else {
 			g.ReadErrors["handle"]++
 		}
@@ -214,13 +214,12 @@ func medianUpdateMs(pts []point) float64 {
 func (ob *observer) judge() {
 	g := &ob.g
 	for name, ds := range ob.costs {
-		var c CallCost
+		c := CallCost{N: len(ds)}
 		for _, d := range ds {
 			us := float64(d) / float64(time.Microsecond)
 			c.MeanUs += us
 			c.MaxUs = math.Max(c.MaxUs, us)
 		}
-		c.N = len(ds)
 		c.MeanUs /= float64(len(ds))
 		g.CallCostUs[name] = c
 	}
@@ -280,10 +279,8 @@ func (ob *observer) judge() {
 	}
 }
 
+// worse is the worse of two verdicts.
 func worse(a, b string) string {
-	rank := map[string]int{VerdictPass: 0, VerdictWarn: 1, VerdictFail: 2}
-	if rank[b] > rank[a] {
-		return b
-	}
-	return a
+	order := []string{VerdictPass, VerdictWarn, VerdictFail}
+	return order[max(slices.Index(order, a), slices.Index(order, b))]
 }

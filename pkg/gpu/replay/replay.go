@@ -1,10 +1,8 @@
-// Package replay plays a recorded or hand-written GPU trace (CSV) back in real
-// time, as a gpu.Backend. The format is documented in docs/replay-format.md.
-//
-// Playback starts at the first Read: its now is t0, and a Read at now returns,
-// per GPU, the latest row with time_s <= now-t0. Each value carries the
-// timestamp t0+time_s of its row, so a row read twice is recognised as stale
-// by its timestamp, exactly as with NVML's per-field timestamps.
+// Package replay plays a GPU trace (CSV, docs/replay-format.md) back in real
+// time, as a gpu.Backend. Playback starts at the first Read (t0, unless
+// StartAt anchors it); a Read at now returns, per GPU, the latest row with
+// time_s <= now-t0, each value stamped t0+time_s, so a row read twice is
+// recognised as stale by its timestamp, as with NVML's field timestamps.
 package replay
 
 import (
@@ -13,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -147,11 +146,16 @@ func Parse(r io.Reader) (*Backend, error) {
 		idx[k] = i
 	}
 
-	vendorCol, hasVendor := col[ColVendor]
-	nameCol, hasName := col[ColName]
+	colOr := func(name string) int { // -1 for an absent optional column
+		if i, ok := col[name]; ok {
+			return i
+		}
+		return -1
+	}
+	vendorCol, nameCol := colOr(ColVendor), colOr(ColName)
 	var vendors, names []string // per GPU
 	var rows [][]row
-	firstLine := map[int]int{}
+	var firstLine []int // per GPU: the line of its first row
 	for {
 		rec, err := cr.Read()
 		if err == io.EOF {
@@ -161,70 +165,54 @@ func Parse(r io.Reader) (*Backend, error) {
 			return nil, fmt.Errorf("replay: %w", err)
 		}
 		line, _ := cr.FieldPos(0)
-		field := func(k int) string {
-			if idx[k] >= len(rec) {
+		raw := func(i int) string {
+			if i < 0 || i >= len(rec) {
 				return ""
 			}
-			return strings.TrimSpace(rec[idx[k]])
+			return rec[i]
 		}
+		cell := func(i int) string { return strings.TrimSpace(raw(i)) }
 		bad := func(format string, a ...any) error {
 			return fmt.Errorf("replay: line %d: "+format, append([]any{line}, a...)...)
 		}
-		num := func(k int, optional bool) (float64, bool, error) {
-			s := field(k)
-			if s == "" {
-				if optional {
-					return 0, false, nil
-				}
-				return 0, false, bad("%s is empty", Columns[k])
-			}
-			v, err := strconv.ParseFloat(s, 64)
-			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-				return 0, false, bad("%s = %q is not a finite number", Columns[k], s)
-			}
-			if v < 0 {
-				return 0, false, bad("%s = %q is negative", Columns[k], s)
-			}
-			return v, true, nil
-		}
-
-		gs := field(1)
+		gs := cell(idx[1])
 		g, err := strconv.Atoi(gs)
 		if err != nil || g < 0 || g >= maxGPUs {
 			return nil, bad("gpu = %q is not a GPU index (0..%d)", gs, maxGPUs-1)
 		}
-		var rw row
-		ts, _, err := num(0, false)
-		if err != nil {
-			return nil, err
+		var v [7]float64
+		var ok [7]bool
+		for k, name := range Columns {
+			f := cell(idx[k])
+			switch {
+			case k == 1: // gpu, parsed above
+			case f == "" && (k == 3 || k == 6): // energy and utilisation may be empty
+			case f == "":
+				return nil, bad("%s is empty", name)
+			default:
+				x, err := strconv.ParseFloat(f, 64)
+				if err != nil || math.IsNaN(x) || math.IsInf(x, 0) {
+					return nil, bad("%s = %q is not a finite number", name, f)
+				}
+				if x < 0 {
+					return nil, bad("%s = %q is negative", name, f)
+				}
+				if k == 0 && x > float64(math.MaxInt64/int64(time.Second)) {
+					return nil, bad("time_s = %v is too large", x)
+				}
+				v[k], ok[k] = x, true
+			}
 		}
-		if ts > float64(math.MaxInt64/int64(time.Second)) {
-			return nil, bad("time_s = %v is too large", ts)
+		if v[6] > 100 {
+			return nil, bad("utilization_pct = %v is over 100", v[6])
 		}
-		rw.at = time.Duration(math.Round(ts * float64(time.Second)))
-		if rw.powerW, _, err = num(2, false); err != nil {
-			return nil, err
-		}
-		if rw.energyJ, rw.energyOK, err = num(3, true); err != nil {
-			return nil, err
-		}
-		if rw.memUsed, _, err = num(4, false); err != nil {
-			return nil, err
-		}
-		if rw.memTotal, _, err = num(5, false); err != nil {
-			return nil, err
-		}
-		if rw.util, rw.utilOK, err = num(6, true); err != nil {
-			return nil, err
-		}
-		if rw.util > 100 {
-			return nil, bad("utilization_pct = %v is over 100", rw.util)
-		}
+		rw := row{at: time.Duration(math.Round(v[0] * float64(time.Second))), powerW: v[2], energyJ: v[3], energyOK: ok[3],
+			memUsed: v[4], memTotal: v[5], util: v[6], utilOK: ok[6]}
 		for _, rc := range runCols {
-			if rc.idx >= len(rec) || strings.TrimSpace(rec[rc.idx]) == "" {
+			cs := cell(rc.idx)
+			if cs == "" {
 				continue
 			}
-			cs := strings.TrimSpace(rec[rc.idx])
 			v, err := strconv.ParseFloat(cs, 64)
 			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 				return nil, bad("%s = %q is not a finite non-negative number", header[rc.idx], cs)
@@ -245,38 +233,23 @@ func Parse(r io.Reader) (*Backend, error) {
 		}
 
 		for len(rows) <= g {
-			rows = append(rows, nil)
+			rows, firstLine = append(rows, nil), append(firstLine, 0)
 			vendors, names = append(vendors, ""), append(names, "")
 		}
-		ident := func(has bool, i int, what string, dst *string, norm func(string) (string, error)) error {
-			if !has || i >= len(rec) {
-				return nil
-			}
-			v := strings.TrimSpace(rec[i])
-			if v == "" {
-				return nil
-			}
-			v, err := norm(v)
-			if err != nil {
-				return bad("%s = %q: %v", what, rec[i], err)
-			}
-			if *dst != "" && *dst != v {
-				return bad("gpu %d: %s %q differs from its earlier %q (one GPU, one %s)", g, what, v, *dst, what)
-			}
-			*dst = v
-			return nil
+		vendor := strings.ToLower(cell(vendorCol))
+		if vendor != "" && !slices.Contains(Vendors, vendor) {
+			return nil, bad("%s = %q: want one of %s", ColVendor, raw(vendorCol), strings.Join(Vendors, ", "))
 		}
-		if err := ident(hasVendor, vendorCol, ColVendor, &vendors[g], func(v string) (string, error) {
-			v = strings.ToLower(v)
-			if !slices.Contains(Vendors, v) {
-				return "", fmt.Errorf("want one of %s", strings.Join(Vendors, ", "))
+		// The first non-empty cell names the GPU; later ones must agree.
+		for _, id := range []struct {
+			what string
+			dst  *string
+			v    string
+		}{{ColVendor, &vendors[g], vendor}, {ColName, &names[g], cell(nameCol)}} {
+			if id.v != "" && *id.dst != "" && *id.dst != id.v {
+				return nil, bad("gpu %d: %s %q differs from its earlier %q (one GPU, one %s)", g, id.what, id.v, *id.dst, id.what)
 			}
-			return v, nil
-		}); err != nil {
-			return nil, err
-		}
-		if err := ident(hasName, nameCol, ColName, &names[g], func(v string) (string, error) { return v, nil }); err != nil {
-			return nil, err
+			*id.dst = cmp.Or(id.v, *id.dst)
 		}
 		if n := len(rows[g]); n > 0 && rw.at < rows[g][n-1].at {
 			return nil, bad("gpu %d: time_s %v is before the previous row's %v (times must not decrease per GPU)",
@@ -290,45 +263,24 @@ func Parse(r io.Reader) (*Backend, error) {
 	if len(rows) == 0 {
 		return nil, errors.New("replay: trace has a header but no rows")
 	}
-	for g := range rows {
-		if len(rows[g]) == 0 {
-			// name the first row of the GPU after the gap
-			at := 0
-			for h := g + 1; h < len(rows); h++ {
-				if len(rows[h]) > 0 {
-					at = firstLine[h]
-					break
-				}
-			}
-			return nil, fmt.Errorf("replay: line %d: unknown gpu %d: gpu %d has no rows (indices must be contiguous from 0)", at, len(rows)-1, g)
-		}
+	empty := func(rs []row) bool { return len(rs) == 0 }
+	if g := slices.IndexFunc(rows, empty); g >= 0 {
+		// Name the first row of the GPU after the gap (the last GPU has rows).
+		at := firstLine[g+slices.IndexFunc(rows[g:], func(rs []row) bool { return !empty(rs) })]
+		return nil, fmt.Errorf("replay: line %d: unknown gpu %d: gpu %d has no rows (indices must be contiguous from 0)", at, len(rows)-1, g)
 	}
 
 	b := &Backend{rows: rows, devs: make([]gpu.Device, len(rows))}
 	for g, rs := range rows {
-		has := false
-		for _, r := range rs {
-			has = has || r.energyOK
-		}
-		b.devs[g] = gpu.Device{
-			Index:            g,
-			UUID:             fmt.Sprintf("GPU-replay-%d", g),
-			Name:             cmp.Or(names[g], "Replay GPU"),
-			Vendor:           vendors[g],
-			MemTotalMiB:      uint64(math.Round(rs[0].memTotal)),
-			HasEnergyCounter: has,
-			HasInstantPower:  true,
-		}
+		b.devs[g] = gpu.Device{Index: g, UUID: fmt.Sprintf("GPU-replay-%d", g), Name: cmp.Or(names[g], "Replay GPU"), Vendor: vendors[g],
+			MemTotalMiB: uint64(math.Round(rs[0].memTotal)), HasInstantPower: true,
+			HasEnergyCounter: slices.ContainsFunc(rs, func(r row) bool { return r.energyOK })}
 	}
 	return b, nil
 }
 
 // Devices implements gpu.Backend.
-func (b *Backend) Devices() []gpu.Device {
-	out := make([]gpu.Device, len(b.devs))
-	copy(out, b.devs)
-	return out
-}
+func (b *Backend) Devices() []gpu.Device { return slices.Clone(b.devs) }
 
 // Duration is the time_s of the last row of any GPU: how long playback lasts.
 func (b *Backend) Duration() time.Duration {
@@ -363,8 +315,7 @@ func (b *Backend) Read(now time.Time, dst []gpu.Sample) error {
 	el := now.Sub(t0)
 	for g, rs := range b.rows {
 		s := gpu.Sample{Index: g, ReadAt: now}
-		// first row after el, minus one: the latest row with at <= el
-		k := sort.Search(len(rs), func(i int) bool { return rs[i].at > el }) - 1
+		k := latest(rs, el)
 		if k < 0 {
 			dst[g] = s // before the GPU's first row: nothing OK, no error
 			continue
@@ -394,15 +345,16 @@ func (b *Backend) RunUsage(index int, now time.Time) map[string]gpu.ProcessUse {
 		return nil
 	}
 	rs := b.rows[index]
-	k := sort.Search(len(rs), func(i int) bool { return rs[i].at > now.Sub(t0) }) - 1
-	if k < 0 || rs[k].runs == nil {
+	k := latest(rs, now.Sub(t0))
+	if k < 0 {
 		return nil
 	}
-	out := make(map[string]gpu.ProcessUse, len(rs[k].runs))
-	for id, u := range rs[k].runs {
-		out[id] = u
-	}
-	return out
+	return maps.Clone(rs[k].runs)
+}
+
+// latest is the index of the latest row with at <= el, -1 when none.
+func latest(rs []row, el time.Duration) int {
+	return sort.Search(len(rs), func(i int) bool { return rs[i].at > el }) - 1
 }
 
 // Close implements gpu.Backend.

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -25,17 +26,11 @@ const (
 	MemTotalMiB = 81559
 	PowerLimitW = 700.0
 
-	// BusyFraction is the share of the power limit a fully busy GPU draws.
-	BusyFraction = 0.93
-	// IdleMemMiB is the memory used by an idle GPU (driver, context).
-	IdleMemMiB = 450.0
-
-	// PowerTau is the time constant of the power lag.
-	PowerTau = 300 * time.Millisecond
-	// MemTau is the time constant of the memory lag.
-	MemTau = 1 * time.Second
-	// CounterPeriod is how often the energy counter (and its timestamp) moves.
-	CounterPeriod = 100 * time.Millisecond
+	BusyFraction  = 0.93                   // share of the power limit a fully busy GPU draws
+	IdleMemMiB    = 450.0                  // memory used by an idle GPU (driver, context)
+	PowerTau      = 300 * time.Millisecond // time constant of the power lag
+	MemTau        = 1 * time.Second        // time constant of the memory lag
+	CounterPeriod = 100 * time.Millisecond // how often the energy counter (and its timestamp) moves
 
 	powerNoise = 0.015 // ±1.5 %
 	utilNoise  = 2.0   // ± percentage points
@@ -91,40 +86,18 @@ func New(n int, seed int64) *Backend {
 	b := &Backend{devs: make([]gpu.Device, n), st: make([]simState, n)}
 	boards := rand.New(rand.NewPCG(uint64(seed), 0x5a1d))
 	for i := range n {
-		b.devs[i] = gpu.Device{
-			Index:            i,
-			UUID:             fmt.Sprintf("GPU-5a1d0000-0000-4000-8000-%012d", i),
-			Name:             Name,
-			MemTotalMiB:      MemTotalMiB,
-			PowerLimitW:      PowerLimitW,
-			HasEnergyCounter: true,
-			HasInstantPower:  true,
-		}
+		b.devs[i] = gpu.Device{Index: i, UUID: fmt.Sprintf("GPU-5a1d0000-0000-4000-8000-%012d", i), Name: Name,
+			MemTotalMiB: MemTotalMiB, PowerLimitW: PowerLimitW, HasEnergyCounter: true, HasInstantPower: true}
 		idle := 60 + 20*boards.Float64()
 		memFrac := 0.60 + 0.10*boards.Float64()
-		b.st[i] = simState{
-			rng:        rand.New(rand.NewPCG(uint64(seed), uint64(i)+1)),
-			idleW:      idle,
-			memBusyMiB: memFrac * MemTotalMiB,
-			lagW:       idle,
-			lagMem:     IdleMemMiB,
-			integJ:     counterBaseJ + 1000*float64(i),
-		}
+		b.st[i] = simState{rng: rand.New(rand.NewPCG(uint64(seed), uint64(i)+1)), idleW: idle, memBusyMiB: memFrac * MemTotalMiB,
+			lagW: idle, lagMem: IdleMemMiB, integJ: counterBaseJ + 1000*float64(i)}
 	}
 	return b
 }
 
 // Devices implements gpu.Backend.
-func (b *Backend) Devices() []gpu.Device {
-	out := make([]gpu.Device, len(b.devs))
-	copy(out, b.devs)
-	return out
-}
-
-// IdlePowerW returns the (noise-free) idle power of GPU index.
-func (b *Backend) IdlePowerW(index int) float64 {
-	return b.st[index].idleW
-}
+func (b *Backend) Devices() []gpu.Device { return slices.Clone(b.devs) }
 
 // SetLoad implements gpu.LoadSetter. load is clamped to 0..1; an index out of
 // range is ignored.
@@ -150,8 +123,7 @@ func (b *Backend) ResumeCounter(index int, counterJ float64, at time.Time) {
 	if index < 0 || index >= len(b.st) || b.st[index].started || math.IsNaN(counterJ) || math.IsInf(counterJ, 0) || counterJ < 0 {
 		return
 	}
-	b.st[index].integJ = counterJ
-	b.st[index].resumeAt = at
+	b.st[index].integJ, b.st[index].resumeAt = counterJ, at
 }
 
 // Close implements gpu.Backend.
@@ -203,11 +175,8 @@ func (s *simState) step(index int, readAt time.Time) gpu.Sample {
 		if !s.resumeAt.IsZero() && now.After(s.resumeAt) {
 			s.integJ += s.idleW * now.Sub(s.resumeAt).Seconds()
 		}
-		s.started = true
-		s.t0 = now
-		s.counterK = 0
-		s.counterJ = s.integJ
-		s.counterAt = now
+		s.started, s.t0 = true, now
+		s.counterK, s.counterJ, s.counterAt = 0, s.integJ, now
 	} else {
 		prevJ, prevP, prevT := s.integJ, s.powerW, s.last
 		s.integJ += (prevP + p) / 2 * dt.Seconds()
@@ -221,29 +190,16 @@ func (s *simState) step(index int, readAt time.Time) gpu.Sample {
 			if dt > 0 {
 				pg = prevP + (p-prevP)*a/dt.Seconds()
 			}
-			s.counterK = k
-			s.counterJ = prevJ + (prevP+pg)/2*a
-			s.counterAt = g
+			s.counterK, s.counterJ, s.counterAt = k, prevJ+(prevP+pg)/2*a, g
 		}
 	}
-	s.last = now
-	s.powerW = p
+	s.last, s.powerW = now, p
 
-	return gpu.Sample{
-		Index:       index,
-		ReadAt:      readAt,
-		PowerW:      p,
-		PowerAt:     now,
-		PowerOK:     true,
-		EnergyJ:     s.counterJ,
-		EnergyAt:    s.counterAt,
-		EnergyOK:    true,
-		MemUsedMiB:  mem,
-		MemTotalMiB: MemTotalMiB,
-		MemOK:       true,
-		UtilPct:     util,
-		UtilOK:      true,
-	}
+	return gpu.Sample{Index: index, ReadAt: readAt,
+		PowerW: p, PowerAt: now, PowerOK: true,
+		EnergyJ: s.counterJ, EnergyAt: s.counterAt, EnergyOK: true,
+		MemUsedMiB: mem, MemTotalMiB: MemTotalMiB, MemOK: true,
+		UtilPct: util, UtilOK: true}
 }
 
 // decay is exp(-dt/tau), the share of the gap to the target left after dt.

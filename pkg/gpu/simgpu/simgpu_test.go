@@ -288,3 +288,8 @@ func TestCounterKeepsCountingAcrossAgentRestart(t *testing.T) {
 		}
 	}
 }
+
+// IdlePowerW returns the (noise-free) idle power of GPU index.
+func (b *Backend) IdlePowerW(index int) float64 {
+	return b.st[index].idleW
+}

@@ -74,11 +74,10 @@ import (
 // dynamic loader finds it, then ROCm's default install.
 var DefaultPaths = []string{"libamd_smi.so", "/opt/rocm/lib/libamd_smi.so"}
 
-// initAMDGPUs is AMDSMI_INIT_AMD_GPUS.
-const initAMDGPUs = 1 << 1
-
-// maxHandles bounds the handle arrays: no node has more sockets or GPUs.
-const maxHandles = 256
+const (
+	initAMDGPUs = 1 << 1 // AMDSMI_INIT_AMD_GPUS
+	maxHandles  = 256    // bounds the handle arrays: no node has more sockets or GPUs
+)
 
 // Lib is a loaded and initialised AMD SMI. It is safe for concurrent use.
 type Lib struct {
