@@ -84,11 +84,11 @@ fuzz-short:
 	$(GO) test -run='^$$' -fuzz='^FuzzAggregate$$' -fuzztime=$(call FUZZ_BUDGET,60000x) ./collector/internal/ingest
 	$(GO) test -run='^$$' -fuzz='^FuzzForeignNodeCannotChangeOtherRuns$$' -fuzztime=$(call FUZZ_BUDGET,1500x) ./collector/internal/ingest
 	$(GO) test -run='^$$' -fuzz='^FuzzOpenSegmentTail$$' -fuzztime=$(call FUZZ_BUDGET,1500x) ./agent/internal/spool
-	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(call FUZZ_BUDGET,200000x) ./pkg/gpu/replay
-	$(GO) test -run='^$$' -fuzz='^FuzzParseMetrics$$' -fuzztime=$(call FUZZ_BUDGET,300000x) ./pkg/gpu/amdgpu
-	$(GO) test -run='^$$' -fuzz='^FuzzParsePriceList$$' -fuzztime=$(call FUZZ_BUDGET,60000x) ./pkg/prices
-	$(GO) test -run='^$$' -fuzz='^FuzzProviderAnswers$$' -fuzztime=$(call FUZZ_BUDGET,80000x) ./pkg/prices
-	$(GO) test -run='^$$' -fuzz='^FuzzParseAnswer$$' -fuzztime=$(call FUZZ_BUDGET,50000x) ./collector/internal/carbonwatch
+	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(call FUZZ_BUDGET,200000x) ./agent/internal/gpu/replay
+	$(GO) test -run='^$$' -fuzz='^FuzzParseMetrics$$' -fuzztime=$(call FUZZ_BUDGET,300000x) ./internal/gpu/amdgpu
+	$(GO) test -run='^$$' -fuzz='^FuzzParsePriceList$$' -fuzztime=$(call FUZZ_BUDGET,60000x) ./collector/internal/pricing/prices
+	$(GO) test -run='^$$' -fuzz='^FuzzProviderAnswers$$' -fuzztime=$(call FUZZ_BUDGET,80000x) ./collector/internal/pricing/prices
+	$(GO) test -run='^$$' -fuzz='^FuzzParseAnswer$$' -fuzztime=$(call FUZZ_BUDGET,50000x) ./collector/internal/pricing/carbonwatch
 
 test: fmt-check vet staticcheck proto-check test-go accuracy-check fuzz-short test-python test-e2e
 

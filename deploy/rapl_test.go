@@ -10,7 +10,7 @@ import (
 )
 
 // raplZones are the counters' directories of a two-socket node, as the
-// kernel lays them out (pkg/rapl/testdata), and one the rule must not
+// kernel lays them out (agent/internal/rapl/testdata), and one the rule must not
 // touch: the MMIO interface's duplicate of the package.
 var raplZones = []string{"intel-rapl:0", "intel-rapl:0:0", "intel-rapl:1", "intel-rapl:1:0", "intel-rapl-mmio:0"}
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/internal/fakeamdsmi"
-	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdfixture"
+	"github.com/trainmeter/trainmeter/internal/gpu/amdgpu/amdfixture"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -26,7 +26,7 @@ import (
 // energy showing the new values), so the run's start and end fall between
 // readings of one value and the interpolation at its edges is exact. Power
 // reads 0 W until then: the backend checks the counter against power over
-// its first 3 s (pkg/gpu/amdgpu), and a still counter agrees with 0 W.
+// its first 3 s (internal/gpu/amdgpu), and a still counter agrees with 0 W.
 func TestAMDNodeRunEnergyIsTheCountersDifference(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
@@ -138,7 +138,7 @@ func TestReplayTraceNamingAMD(t *testing.T) {
 // error after the JSON.)
 func TestDoctorOnAMDFixtures(t *testing.T) {
 	t.Parallel()
-	fixtures := "../pkg/gpu/amdgpu/testdata"
+	fixtures := "../internal/gpu/amdgpu/testdata"
 	args := func(name string) []string {
 		return []string{"--json", "--gpu", "amd", "--sysfs-root", filepath.Join(fixtures, name, "sys"),
 			"--procfs-root", t.TempDir(), "--collector", "127.0.0.1:1", "--socket", filepath.Join(t.TempDir(), "none.sock"), "--spool", t.TempDir()}
@@ -179,7 +179,7 @@ func TestDoctorLoadsLibAMDSMIWhereInstalled(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(filepath.Join(binDir, "trainmeter-agent"), "doctor", "--json", "--timeout", "1s", "--gpu", "amd",
-		"--sysfs-root", "../pkg/gpu/amdgpu/testdata/rx7900xtx/sys", "--procfs-root", t.TempDir(),
+		"--sysfs-root", "../internal/gpu/amdgpu/testdata/rx7900xtx/sys", "--procfs-root", t.TempDir(),
 		"--collector", "127.0.0.1:1", "--socket", filepath.Join(t.TempDir(), "none.sock"), "--spool", t.TempDir())
 	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir, fakeamdsmi.ConfigEnv+"="+gpus)
 	out, _ := cmd.CombinedOutput()

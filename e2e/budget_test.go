@@ -287,7 +287,7 @@ func TestStopBudgetStopsTrainer(t *testing.T) {
 // surge alert, the 5 % move does not.
 func TestPriceAlertsFromVastAILikeServer(t *testing.T) {
 	t.Parallel()
-	fixture, err := os.ReadFile("../pkg/prices/testdata/vastai_offers.json")
+	fixture, err := os.ReadFile("../collector/internal/pricing/prices/testdata/vastai_offers.json")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trainmeter/trainmeter/pkg/money"
+	"github.com/trainmeter/trainmeter/internal/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

@@ -83,8 +83,8 @@ func TestDoctorOnALiveNodePasses(t *testing.T) {
 	sock := c.startAgent("doc-node", "sim:2", "--spool", spoolDir)
 	c.waitStreaming("doc-node")
 
-	// a node with RAPL, as pkg/rapl's fixture of a two-socket server
-	rapl := "../pkg/rapl/testdata/two-sockets"
+	// a node with RAPL, as agent/internal/rapl's fixture of a two-socket server
+	rapl := "../agent/internal/rapl/testdata/two-sockets"
 	out, code := doctor(t, "--gpu", "sim:2", "--socket", sock, "--collector", c.addr, "--node", "doc-node", "--spool", spoolDir, "--sysfs-root", rapl)
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, out)

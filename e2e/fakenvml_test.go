@@ -226,7 +226,7 @@ func TestFakeNVMLDoctor(t *testing.T) {
 	sock := c.startAgentEnv("doc-fake", "nvml", env, "--spool", spoolDir)
 	c.waitStreaming("doc-fake")
 	args := []string{"--gpu", "nvml", "--socket", sock, "--collector", c.addr, "--node", "doc-fake", "--spool", spoolDir,
-		"--sysfs-root", "../pkg/rapl/testdata/two-sockets"} // RAPL as on a two-socket server, so no WARN comes from the test machine
+		"--sysfs-root", "../agent/internal/rapl/testdata/two-sockets"} // RAPL as on a two-socket server, so no WARN comes from the test machine
 	out, code := doctorEnv(t, env, args...)
 	if code != 0 || strings.Contains(out, "WARN") || strings.Contains(out, "FAIL") {
 		t.Fatalf("exit %d:\n%s", code, out)

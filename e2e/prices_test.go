@@ -15,7 +15,7 @@ import (
 )
 
 // fakePriceAPI answers like a provider's API from a fixture of
-// pkg/prices/testdata, after checking the request (want); broken makes it
+// collector/internal/pricing/prices/testdata, after checking the request (want); broken makes it
 // answer an HTML error page with status 200, as a proxy in maintenance
 // does.
 type fakePriceAPI struct {
@@ -26,7 +26,7 @@ type fakePriceAPI struct {
 
 func newFakePriceAPI(t *testing.T, fixture string, want func(*http.Request) bool, first429 bool, body func(srvURL string, fixture []byte, r *http.Request) []byte) *fakePriceAPI {
 	t.Helper()
-	b, err := os.ReadFile("../pkg/prices/testdata/" + fixture)
+	b, err := os.ReadFile("../collector/internal/pricing/prices/testdata/" + fixture)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestPricesFromSeveralProviders(t *testing.T) {
 	runpod := newFakePriceAPI(t, "runpod_gpu_types.json", func(r *http.Request) bool {
 		return r.Method == http.MethodPost && r.URL.Path == "/graphql" && r.Header.Get("Authorization") == "Bearer runpod-e2e"
 	}, false, nil)
-	page2, err := os.ReadFile("../pkg/prices/testdata/azure_page2.json")
+	page2, err := os.ReadFile("../collector/internal/pricing/prices/testdata/azure_page2.json")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// raplNode is a fixture node: a copy of pkg/rapl's two-socket sysfs tree
+// raplNode is a fixture node: a copy of agent/internal/rapl's two-socket sysfs tree
 // and a procfs tree with the runs' processes, both rewritten by the test
 // (each file replaced whole by a rename, as a read must never see half a
 // file), and the agent's GET /status to know when it has read them.
@@ -28,7 +28,7 @@ type raplNode struct {
 func newRAPLNode(t *testing.T) *raplNode {
 	t.Helper()
 	n := &raplNode{t: t, sysfs: t.TempDir(), procfs: t.TempDir(), status: testkit.FreeAddr(t), uj: map[string]uint64{}}
-	if err := os.CopyFS(n.sysfs, os.DirFS("../pkg/rapl/testdata/two-sockets")); err != nil {
+	if err := os.CopyFS(n.sysfs, os.DirFS("../agent/internal/rapl/testdata/two-sockets")); err != nil {
 		t.Fatal(err)
 	}
 	for _, z := range []string{"intel-rapl:0", "intel-rapl:0:0", "intel-rapl:1", "intel-rapl:1:0"} {

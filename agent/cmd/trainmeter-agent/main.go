@@ -19,9 +19,9 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/agent"
 	"github.com/trainmeter/trainmeter/agent/internal/gpuopen"
+	"github.com/trainmeter/trainmeter/agent/internal/host"
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	"github.com/trainmeter/trainmeter/pkg/clock"
-	"github.com/trainmeter/trainmeter/pkg/host"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 )
 

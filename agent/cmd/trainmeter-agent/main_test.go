@@ -75,7 +75,7 @@ func TestDoctorSharesTheAgentsFlagsAndConfig(t *testing.T) {
 	cmd := newRootCmd()
 	var out bytes.Buffer
 	cmd.SetOut(&out)
-	cmd.SetArgs([]string{"doctor", "--config", path, "--gpu", "sim:1", "--json", "--timeout", "1s", "--sysfs-root", "../../../pkg/rapl/testdata/two-sockets"})
+	cmd.SetArgs([]string{"doctor", "--config", path, "--gpu", "sim:1", "--json", "--timeout", "1s", "--sysfs-root", "../../internal/rapl/testdata/two-sockets"})
 	err := cmd.Execute()
 	var failed doctorFailed
 	if !errors.As(err, &failed) || failed.n != 2 {

@@ -11,7 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
 
-	"github.com/trainmeter/trainmeter/pkg/gpu/nvmlgpu"
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/nvmlgpu"
 )
 
 // validateFailed is validate's error when a GPU's verdict is fail.

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/agent/internal/host"
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
@@ -23,7 +24,6 @@ import (
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	"github.com/trainmeter/trainmeter/pkg/host"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )

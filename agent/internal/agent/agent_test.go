@@ -14,8 +14,8 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/pkg/clock"
-	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

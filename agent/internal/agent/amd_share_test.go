@@ -8,10 +8,10 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
+	"github.com/trainmeter/trainmeter/internal/gpu/amdgpu"
+	"github.com/trainmeter/trainmeter/internal/gpu/amdgpu/amdfixture"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdfixture"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -30,7 +30,7 @@ func TestSharedAMDGPUSplitByEngineTimeFromFdinfo(t *testing.T) {
 	}
 	client(11, 1, 10*time.Second)
 	client(21, 2, 10*time.Second)
-	backend, err := amdgpu.New(amdgpu.Options{SysfsRoot: "../../../pkg/gpu/amdgpu/testdata/mi300x/sys", ProcfsRoot: proc, Clock: clk})
+	backend, err := amdgpu.New(amdgpu.Options{SysfsRoot: "../../../internal/gpu/amdgpu/testdata/mi300x/sys", ProcfsRoot: proc, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}

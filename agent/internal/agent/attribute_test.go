@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/pkg/clock"
-	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 )
 
 // listingSim is a simulated backend whose GPUs report compute processes.

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/internal/testkit"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 )
 
 // oneLost is a backend whose GPU 1 fails its reads while lost is set.

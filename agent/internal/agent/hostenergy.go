@@ -11,11 +11,11 @@ import (
 	"sync/atomic"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
-	"github.com/trainmeter/trainmeter/pkg/rapl"
+	"github.com/trainmeter/trainmeter/agent/internal/rapl"
 )
 
 // Host energy: the node's CPU package and DRAM energy from the RAPL
-// counters (pkg/rapl), read every --host-interval off the GPU sampling
+// counters (agent/internal/rapl), read every --host-interval off the GPU sampling
 // path and split between runs by the ledger (docs/measurement.md, "Host
 // energy (CPU and DRAM)"). While two or more runs are on the node, each
 // read also sums the CPU time of every run's process tree from procfs.

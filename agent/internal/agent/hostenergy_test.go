@@ -12,13 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/agent/internal/rapl"
 	"github.com/trainmeter/trainmeter/pkg/clock"
-	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
-	"github.com/trainmeter/trainmeter/pkg/rapl"
 )
 
-// raplFixture copies pkg/rapl's two-socket tree; set writes a counter the
+// raplFixture copies agent/internal/rapl's two-socket tree; set writes a counter the
 // way the kernel's file reads (the agent opens it anew at every read).
 type raplFixture struct {
 	t    *testing.T
@@ -29,7 +29,7 @@ type raplFixture struct {
 func newRAPLFixture(t *testing.T) *raplFixture {
 	t.Helper()
 	root := t.TempDir()
-	if err := os.CopyFS(root, os.DirFS("../../../pkg/rapl/testdata/two-sockets")); err != nil {
+	if err := os.CopyFS(root, os.DirFS("../rapl/testdata/two-sockets")); err != nil {
 		t.Fatal(err)
 	}
 	f := &raplFixture{t: t, root: root, uj: map[string]uint64{}}
@@ -271,7 +271,7 @@ func BenchmarkTreeCPU(b *testing.B) {
 // A zone that is not summed (psys here) failing to read costs nothing.
 func TestHostEnergyIgnoresUnsummedZoneErrors(t *testing.T) {
 	root := t.TempDir()
-	if err := os.CopyFS(root, os.DirFS("../../../pkg/rapl/testdata/laptop-no-dram")); err != nil {
+	if err := os.CopyFS(root, os.DirFS("../rapl/testdata/laptop-no-dram")); err != nil {
 		t.Fatal(err)
 	}
 	a := bareAgent(root, nil)

@@ -10,9 +10,9 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
+	"github.com/trainmeter/trainmeter/agent/internal/host"
 	"github.com/trainmeter/trainmeter/pkg/clock"
-	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
-	"github.com/trainmeter/trainmeter/pkg/host"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/pkg/clock"
-	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles/tlstest"
 )

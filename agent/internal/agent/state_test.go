@@ -12,13 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/internal/testkit"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 )
 
 // stateRig is the part of an agent that checkpoints and restores its

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 )
 
 func TestTickStatsDoNotAllocate(t *testing.T) {

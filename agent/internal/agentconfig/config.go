@@ -57,7 +57,7 @@ type Config struct {
 	WarmupSteps uint64 `yaml:"warmup_steps"`
 	// HostInterval is the host (RAM, CPU, RAPL energy) sampling period.
 	HostInterval time.Duration `yaml:"host_interval"`
-	// HostReplay, when set, plays a host trace (RAM, CPUs; pkg/host Replay,
+	// HostReplay, when set, plays a host trace (RAM, CPUs; agent/internal/host Replay,
 	// docs/replay-format.md) instead of reading the real host: for tests and
 	// demos of the dataloader advice.
 	HostReplay string `yaml:"host_replay"`

@@ -6,9 +6,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/trainmeter/trainmeter/internal/gpu/amdgpu"
+	"github.com/trainmeter/trainmeter/internal/gpu/amdgpu/amdsmi"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdsmi"
 )
 
 const amdNoCardHint = "lsmod | grep amdgpu shows whether the driver is loaded and ls /sys/class/drm lists its cards; in a container, pass /dev/dri and /dev/kfd and mount the host's /sys. " + noGPUHint

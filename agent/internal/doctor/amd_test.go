@@ -9,12 +9,12 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
-	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdfixture"
+	"github.com/trainmeter/trainmeter/internal/gpu/amdgpu/amdfixture"
 
 	"github.com/trainmeter/trainmeter/pkg/clock"
 )
 
-const amdTestdata = "../../../pkg/gpu/amdgpu/testdata"
+const amdTestdata = "../../../internal/gpu/amdgpu/testdata"
 
 // amdReport runs the GPU checks on a copy of fixture tree name; between
 // its two reads, move (if not nil) rewrites the copy as the gap passes.

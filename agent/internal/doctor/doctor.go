@@ -21,8 +21,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
+	"github.com/trainmeter/trainmeter/agent/internal/rapl"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
-	"github.com/trainmeter/trainmeter/pkg/rapl"
 
 	"github.com/trainmeter/trainmeter/pkg/clock"
 )

@@ -496,7 +496,7 @@ func TestRunAndOutput(t *testing.T) {
 	startSocket(t, trainersock.Config{Path: sock})
 	cfg := agentconfig.DefaultConfig()
 	cfg.GPU, cfg.Socket, cfg.Collector, cfg.Node, cfg.Spool = "sim:1", sock, addr, "node-1", filepath.Join(dir, "spool")
-	cfg.SysfsRoot = "../../../pkg/rapl/testdata/two-sockets"
+	cfg.SysfsRoot = "../rapl/testdata/two-sockets"
 	r := Run(context.Background(), Options{Config: cfg, Gap: 10 * time.Millisecond})
 	if !r.OK || r.Count(Fail) != 0 || r.Count(Warn) != 0 {
 		t.Fatalf("report: %+v", r.Checks)

@@ -6,9 +6,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/nvmlgpu"
 	"github.com/trainmeter/trainmeter/agent/internal/gpuopen"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/nvmlgpu"
 )
 
 const noGPUHint = "to try trainmeter without a GPU, run the agent with --gpu sim:2 (simulated GPUs) or --gpu replay:FILE (a recorded trace)"

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/trainmeter/trainmeter/pkg/rapl"
+	"github.com/trainmeter/trainmeter/agent/internal/rapl"
 )
 
 // SectionHostEnergy holds the RAPL checks (CPU package and DRAM energy).

@@ -23,7 +23,7 @@ func raplReport(t *testing.T, sysfs string, readFile func(string) ([]byte, error
 func copyFixture(t *testing.T, name string) string {
 	t.Helper()
 	dst := t.TempDir()
-	if err := os.CopyFS(dst, os.DirFS(filepath.Join("../../../pkg/rapl/testdata", name))); err != nil {
+	if err := os.CopyFS(dst, os.DirFS(filepath.Join("../rapl/testdata", name))); err != nil {
 		t.Fatal(err)
 	}
 	return dst
@@ -66,7 +66,7 @@ func TestRAPLRootOnlyCountersWarnForTheServiceUser(t *testing.T) {
 // energy_uj refused (injected, as root reads whatever the mode): FAIL
 // with the exact fix.
 func TestRAPLPermissionDeniedFails(t *testing.T) {
-	r := raplReport(t, "../../../pkg/rapl/testdata/two-sockets", func(name string) ([]byte, error) {
+	r := raplReport(t, "../rapl/testdata/two-sockets", func(name string) ([]byte, error) {
 		if filepath.Base(name) == "energy_uj" {
 			return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrPermission}
 		}
@@ -84,7 +84,7 @@ func TestRAPLPermissionDeniedFails(t *testing.T) {
 }
 
 func TestRAPLNoPowercapAndNoDRAMWarn(t *testing.T) {
-	r := raplReport(t, "../../../pkg/rapl/testdata/no-powercap", nil)
+	r := raplReport(t, "../rapl/testdata/no-powercap", nil)
 	want(t, r, SectionHostEnergy, "rapl", Warn, "no RAPL counters under", "stay empty")
 	if !r.OK {
 		t.Error("no RAPL is a WARN, not a FAIL")

@@ -5,7 +5,7 @@
 //	nvml         real GPUs through NVML (fails if NVML does not initialise)
 //	sim:N        N simulated GPUs (1..64), seed 1; sim:N:SEED picks the seed;
 //	             a bare "sim" means sim:2
-//	amd          AMD GPUs through the amdgpu driver's sysfs files (pkg/gpu/amdgpu)
+//	amd          AMD GPUs through the amdgpu driver's sysfs files (internal/gpu/amdgpu)
 //	replay:FILE  play the CSV trace FILE in real time (docs/replay-format.md)
 //	auto or ""   nvml if it initialises; else amd when amdgpu cards are found
 //	             and no NVIDIA GPU is on the PCI bus; else an error naming
@@ -22,12 +22,12 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/nvmlgpu"
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/replay"
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
+	"github.com/trainmeter/trainmeter/internal/gpu/amdgpu"
+	"github.com/trainmeter/trainmeter/internal/gpu/amdgpu/amdsmi"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu/amdsmi"
-	"github.com/trainmeter/trainmeter/pkg/gpu/nvmlgpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/replay"
-	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
 )
 
 // Kind is the backend a spec names.

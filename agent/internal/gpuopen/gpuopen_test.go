@@ -11,10 +11,10 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
-	"github.com/trainmeter/trainmeter/pkg/gpu/amdgpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/nvmlgpu"
-	"github.com/trainmeter/trainmeter/pkg/gpu/replay"
-	"github.com/trainmeter/trainmeter/pkg/gpu/simgpu"
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/nvmlgpu"
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/replay"
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
+	"github.com/trainmeter/trainmeter/internal/gpu/amdgpu"
 )
 
 func TestParseSpec(t *testing.T) {
@@ -168,7 +168,7 @@ func TestReplayAnchoredAtAnInstant(t *testing.T) {
 	}
 }
 
-const amdFixtures = "../../../pkg/gpu/amdgpu/testdata"
+const amdFixtures = "../../../internal/gpu/amdgpu/testdata"
 
 func TestOpenAMD(t *testing.T) {
 	b, err := OpenWith("amd", Options{SysfsRoot: filepath.Join(amdFixtures, "mi300x", "sys"), ProcfsRoot: filepath.Join(amdFixtures, "mi300x", "proc")})

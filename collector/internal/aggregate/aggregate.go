@@ -87,7 +87,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	"github.com/trainmeter/trainmeter/pkg/energy"
 	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -110,7 +110,7 @@ const (
 	PeakMaxLag  = 3600
 )
 
-// Pricing is the collector's configuration for costs (pkg/cost). Zero
+// Pricing is the collector's configuration for costs (collector/internal/pricing/cost). Zero
 // means unknown.
 type Pricing = cost.Config
 
@@ -279,7 +279,6 @@ func fillUnset(dst, src protoreflect.Message) {
 		return true
 	})
 }
-
 
 // AddEnd folds a RunEnd from node.
 func (s *State) AddEnd(node string, ev *trainmeterv1.RunEnd) {

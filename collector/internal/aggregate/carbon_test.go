@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

@@ -7,7 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

@@ -26,10 +26,10 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
+	"github.com/trainmeter/trainmeter/internal/money"
 	"github.com/trainmeter/trainmeter/pkg/clock"
-	"github.com/trainmeter/trainmeter/pkg/cost"
-	"github.com/trainmeter/trainmeter/pkg/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
@@ -552,7 +552,7 @@ func (m *Manager) fire(ctx context.Context, s *Status, th float64, sev string, p
 		kind, what = "projected", "projected spend at completion"
 	}
 	key := fmt.Sprintf("%s/%s/%s/%s/%g", alert.KindBudget, s.ID, s.PeriodKey, kind, th)
-	// `trainmeter budget` rounds the same way (pkg/money).
+	// `trainmeter budget` rounds the same way (internal/money).
 	amounts := money.USDs(v, s.LimitUSD)
 	a := alert.Alert{
 		Kind: alert.KindBudget, Severity: sev, Scope: s.Scope, Period: s.Period, PeriodKey: s.PeriodKey, Threshold: th,

@@ -7,8 +7,8 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/trainmeter/trainmeter/pkg/compare"
-	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
+	"github.com/trainmeter/trainmeter/collector/internal/query/compare"
 )
 
 // DefaultForecastHistory is how many ended runs a forecast learns from.

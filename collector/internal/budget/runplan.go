@@ -18,9 +18,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
-	"github.com/trainmeter/trainmeter/pkg/cost"
-	"github.com/trainmeter/trainmeter/pkg/money"
+	"github.com/trainmeter/trainmeter/internal/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	"github.com/trainmeter/trainmeter/pkg/clock"
-	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

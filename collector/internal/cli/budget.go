@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
+	"github.com/trainmeter/trainmeter/collector/internal/report"
+	"github.com/trainmeter/trainmeter/internal/money"
 	"github.com/trainmeter/trainmeter/internal/plural"
-	"github.com/trainmeter/trainmeter/pkg/money"
-	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -38,7 +38,7 @@ func newBudgetCommand(cf *clientFlags) *cobra.Command {
 					fmt.Fprintln(tw, "SCOPE\tPERIOD\tBUDGET\tSPENT\tUSED\tPROJECTED\tPROJ USED\tRUNS\tLIVE\tPOLICY")
 					for _, b := range resp.GetBudgets() {
 						pol := cmp.Or(b.GetBudget().GetPolicy(), "alert")
-						// The same rounding as the alerts (pkg/money): spent and
+						// The same rounding as the alerts (internal/money): spent and
 						// budget in the decimals of the larger.
 						amounts := money.USDs(b.GetBudget().GetLimitUsd(), b.GetSpentUsd(), b.GetProjectedUsd())
 						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", b.GetBudget().GetScope(), b.GetPeriodKey(),
@@ -177,7 +177,7 @@ func newForecastCommand(cf *clientFlags) *cobra.Command {
 					if n := f.GetFailedLeftOut(); n > 0 {
 						fmt.Fprintf(w, "  %s of the model left out (error, exit N, signal or lost)\n", plural.N(n, "failed run"))
 					}
-					// One set of decimals for the whole forecast (pkg/money),
+					// One set of decimals for the whole forecast (internal/money),
 					// enough for its smallest figure: the cost of one run.
 					d := max(money.Decimals(f.GetMeanRunUsd()), money.Decimals(f.GetExpectedUsd()), money.Decimals(f.GetBudgetUsd()))
 					usd := func(v float64) string { return money.Fixed(v, d) }

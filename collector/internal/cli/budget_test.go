@@ -99,7 +99,7 @@ func TestBudgetCommands(t *testing.T) {
 		t.Errorf("prices fetch without a provider: %v", err)
 	}
 	// A price list imported through the CLI needs no provider.
-	out, err = run(t, env, "prices", "import", "../../../pkg/prices/testdata/price_list.csv")
+	out, err = run(t, env, "prices", "import", "../pricing/prices/testdata/price_list.csv")
 	if err != nil || !strings.Contains(out, "imported 3 offers of 2 GPU models, 0 price alerts") {
 		t.Fatalf("prices import: %q %v", out, err)
 	}

@@ -30,13 +30,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/trainmeter/trainmeter/collector/internal/collectorconfig"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
+	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/collector/internal/rpcerr"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/internal/plural"
-	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
-	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

@@ -15,10 +15,10 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	"github.com/trainmeter/trainmeter/internal/testkit"
-	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

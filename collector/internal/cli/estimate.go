@@ -12,9 +12,9 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/collector/internal/report"
+	"github.com/trainmeter/trainmeter/internal/money"
 	"github.com/trainmeter/trainmeter/internal/plural"
-	"github.com/trainmeter/trainmeter/pkg/money"
-	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

@@ -10,9 +10,9 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/prices"
+	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/internal/plural"
-	"github.com/trainmeter/trainmeter/pkg/prices"
-	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

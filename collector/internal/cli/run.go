@@ -25,8 +25,8 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
-	"github.com/trainmeter/trainmeter/pkg/money"
-	"github.com/trainmeter/trainmeter/pkg/report"
+	"github.com/trainmeter/trainmeter/collector/internal/report"
+	"github.com/trainmeter/trainmeter/internal/money"
 	"github.com/trainmeter/trainmeter/pkg/trainerwire"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )

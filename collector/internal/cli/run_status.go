@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/trainmeter/trainmeter/pkg/money"
-	"github.com/trainmeter/trainmeter/pkg/report"
+	"github.com/trainmeter/trainmeter/collector/internal/report"
+	"github.com/trainmeter/trainmeter/internal/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

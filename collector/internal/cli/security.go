@@ -16,9 +16,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/collectoraddr"
-	"github.com/trainmeter/trainmeter/pkg/report"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )

@@ -14,8 +14,8 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/trainmeter/trainmeter/pkg/money"
-	"github.com/trainmeter/trainmeter/pkg/report"
+	"github.com/trainmeter/trainmeter/collector/internal/report"
+	"github.com/trainmeter/trainmeter/internal/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

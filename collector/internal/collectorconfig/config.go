@@ -22,9 +22,9 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
-	"github.com/trainmeter/trainmeter/collector/internal/carbonwatch"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
-	"github.com/trainmeter/trainmeter/collector/internal/pricewatch"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/carbonwatch"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/pricewatch"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"

@@ -8,10 +8,10 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/trainmeter/trainmeter/collector/internal/carbonwatch"
-	"github.com/trainmeter/trainmeter/pkg/cost"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/carbonwatch"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/prices"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
-	"github.com/trainmeter/trainmeter/pkg/prices"
 )
 
 // BindFlags defines serve's flags on fs, each filling one key of c, with

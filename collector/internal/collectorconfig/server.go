@@ -8,9 +8,9 @@ import (
 	"strings"
 
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
-	"github.com/trainmeter/trainmeter/collector/internal/carbonwatch"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/carbonwatch"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
-	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 )
 

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
-	"github.com/trainmeter/trainmeter/pkg/money"
+	"github.com/trainmeter/trainmeter/internal/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

@@ -11,8 +11,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
-	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

@@ -17,13 +17,13 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/trainmeter/trainmeter/collector/internal/advisor"
+	"github.com/trainmeter/trainmeter/collector/internal/advice/dataloadersvc"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/page"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
+	"github.com/trainmeter/trainmeter/collector/internal/query/compare"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/internal/plural"
-	"github.com/trainmeter/trainmeter/pkg/compare"
-	"github.com/trainmeter/trainmeter/pkg/cost"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -242,7 +242,7 @@ func (s *Server) GetRun(_ context.Context, req *trainmeterv1.GetRunRequest) (*tr
 // advisor's advice, with their measured gain, to one run's report (only
 // GetRun: the history is a scan per run, too dear for every row of a list).
 func (s *Server) attachDataloaderChanges(r *trainmeterv1.RunReport) error {
-	h, err := advisor.History(s.store, r.GetRunId())
+	h, err := dataloadersvc.History(s.store, r.GetRunId())
 	if err != nil {
 		return s.storeErr(err)
 	}
@@ -397,7 +397,7 @@ func (s *Server) DeleteRun(_ context.Context, req *trainmeterv1.DeleteRunRequest
 	return &trainmeterv1.DeleteRunResponse{RecordsDeleted: uint64(n)}, nil
 }
 
-// Compare implements QueryService.Compare (pkg/compare) over the same
+// Compare implements QueryService.Compare (collector/internal/query/compare) over the same
 // reports GetRun returns, so that its figures match `trainmeter report`.
 func (s *Server) Compare(_ context.Context, req *trainmeterv1.CompareRequest) (*trainmeterv1.CompareResponse, error) {
 	all, err := s.reports(nil)

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/trainmeter/trainmeter/collector/internal/advisor"
+	"github.com/trainmeter/trainmeter/collector/internal/advice/dataloadersvc"
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -333,7 +333,7 @@ func gpuPower(ts storage.Windows, node string, sp *nodeSpan) ([]*series, error) 
 // alerts on the run's GPU model while it ran.
 func (s *Server) recordedEvents(run, gpuName string, first, last time.Time) ([]*trainmeterv1.TimelineEvent, error) {
 	var out []*trainmeterv1.TimelineEvent
-	h, err := advisor.History(s.store, run)
+	h, err := dataloadersvc.History(s.store, run)
 	if err != nil {
 		return nil, err
 	}

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/trainmeter/trainmeter/collector/internal/advisor"
+	"github.com/trainmeter/trainmeter/collector/internal/advice/dataloadersvc"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/query"
@@ -42,7 +42,7 @@ func TestTimelineRecordedEvents(t *testing.T) {
 	// An evaluation record as the advisor writes it (advisor.evalKey).
 	ev, _ := proto.Marshal(&trainmeterv1.DataloaderEvaluation{Node: "n1", Time: tu.TS(4), Changed: true, Delivered: true,
 		NumWorkers: 8, PrefetchFactor: 4, Reason: "data wait 30 %"})
-	if err := st.PutRecords(advisor.Namespace, map[string][]byte{fmt.Sprintf("r\x00e\x00n1\x00%020d", tu.TS(4).AsTime().UnixNano()): ev}); err != nil {
+	if err := st.PutRecords(dataloadersvc.Namespace, map[string][]byte{fmt.Sprintf("r\x00e\x00n1\x00%020d", tu.TS(4).AsTime().UnixNano()): ev}); err != nil {
 		t.Fatal(err)
 	}
 	rec := &alert.Recorder{Store: st}

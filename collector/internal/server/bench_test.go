@@ -13,9 +13,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/loadgen"
+	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
-	"github.com/trainmeter/trainmeter/pkg/report"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 

@@ -10,8 +10,8 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
-	"github.com/trainmeter/trainmeter/collector/internal/pricewatch"
-	"github.com/trainmeter/trainmeter/pkg/prices"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/prices"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/pricewatch"
 )
 
 // BudgetConfig configures budgets (docs/budgets.md).

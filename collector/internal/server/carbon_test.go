@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/trainmeter/trainmeter/collector/internal/carbonwatch"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/carbonwatch"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	"github.com/trainmeter/trainmeter/internal/testkit"

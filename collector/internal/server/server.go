@@ -27,23 +27,23 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
-	"github.com/trainmeter/trainmeter/collector/internal/advisor"
+	"github.com/trainmeter/trainmeter/collector/internal/advice/dataloadersvc"
+	"github.com/trainmeter/trainmeter/collector/internal/advice/recommendsvc"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/auth"
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
-	"github.com/trainmeter/trainmeter/collector/internal/carbonwatch"
 	"github.com/trainmeter/trainmeter/collector/internal/console"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
-	"github.com/trainmeter/trainmeter/collector/internal/optimizer"
-	"github.com/trainmeter/trainmeter/collector/internal/pricewatch"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/carbonwatch"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/pricewatch"
 	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/collector/internal/telemetry"
 	"github.com/trainmeter/trainmeter/internal/flowcontrol"
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
-	"github.com/trainmeter/trainmeter/pkg/cost"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -273,7 +273,7 @@ type Server struct {
 	started  bool
 	store    *store.Store
 	ingest   *ingest.Server
-	advisor  *advisor.Advisor
+	advisor  *dataloadersvc.Advisor
 	loops    []lifecycle.Component // started background loops, in start order
 	budgets  *budget.Manager
 	webhooks *alert.Webhooks
@@ -395,7 +395,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	report := func(a *aggregate.State) *trainmeterv1.RunReport { return a.Report(pricing) }
 	budgets := budget.New(budget.Config{EvalInterval: s.cfg.Budget.EvalInterval, Location: loc, Clock: s.cfg.Clock}, st, report, ing, sinks, s.log)
 	budgets.SetPricing(pricing)
-	adv := advisor.New(st, ing, s.log)
+	adv := dataloadersvc.New(st, ing, s.log)
 
 	var tel *telemetry.Telemetry
 	if exp != nil {
@@ -420,7 +420,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	}, flowcontrol.ServerOptions()...), opts...)...)
 	trainmeterv1.RegisterIngestServiceServer(gs, ing)
 	trainmeterv1.RegisterQueryServiceServer(gs, qs)
-	services := console.Services{Query: qs, Recommend: optimizer.NewService(st, pricing, pricing.Catalog),
+	services := console.Services{Query: qs, Recommend: recommendsvc.NewService(st, pricing, pricing.Catalog),
 		Budgets: budget.NewService(budgets), Prices: pricewatch.NewService(prices)}
 	trainmeterv1.RegisterRecommendServiceServer(gs, services.Recommend)
 	trainmeterv1.RegisterBudgetServiceServer(gs, services.Budgets)

@@ -5,8 +5,8 @@ import (
 	"net"
 	"time"
 
-	"github.com/trainmeter/trainmeter/collector/internal/carbonwatch"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
+	"github.com/trainmeter/trainmeter/collector/internal/pricing/carbonwatch"
 	"github.com/trainmeter/trainmeter/pkg/selfmetrics"
 )
 

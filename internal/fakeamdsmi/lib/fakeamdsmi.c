@@ -1,5 +1,5 @@
 // A fake libamd_smi.so for tests: the AMD SMI entry points the agent uses
-// (pkg/gpu/amdgpu/amdsmi), answering from a text file named by
+// (internal/gpu/amdgpu/amdsmi), answering from a text file named by
 // $FAKEAMDSMI_CONFIG with one GPU per line: "PCI_ADDRESS RAW_COUNT", e.g.
 // "0000:03:00.0 65536000". The file is read again on every call, so a
 // test moves a counter by rewriting it. The resolution is 2^-16 J
