@@ -67,30 +67,19 @@ type Config struct {
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	var errs []error
-	if c.Addr == "" {
-		errs = append(errs, errors.New("collector address is empty"))
+	check := func(bad bool, format string, args ...any) {
+		if bad {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
 	}
-	if c.Agents < 1 {
-		errs = append(errs, fmt.Errorf("agents must be >= 1, got %d", c.Agents))
-	}
-	if c.GPUs < 1 || c.GPUs > 1024 {
-		errs = append(errs, fmt.Errorf("gpus must be in 1..1024, got %d", c.GPUs))
-	}
-	if c.Runs < 0 {
-		errs = append(errs, fmt.Errorf("runs must be >= 0, got %d", c.Runs))
-	}
-	if c.Interval <= 0 {
-		errs = append(errs, fmt.Errorf("interval must be > 0, got %v", c.Interval))
-	}
-	if c.Duration <= 0 {
-		errs = append(errs, fmt.Errorf("duration must be > 0, got %v", c.Duration))
-	}
-	if c.RawSamples < 0 || c.RawSamples > 100000 {
-		errs = append(errs, fmt.Errorf("raw samples must be in 0..100000, got %d", c.RawSamples))
-	}
-	if c.Conns < 0 {
-		errs = append(errs, fmt.Errorf("conns must be >= 0, got %d", c.Conns))
-	}
+	check(c.Addr == "", "collector address is empty")
+	check(c.Agents < 1, "agents must be >= 1, got %d", c.Agents)
+	check(c.GPUs < 1 || c.GPUs > 1024, "gpus must be in 1..1024, got %d", c.GPUs)
+	check(c.Runs < 0, "runs must be >= 0, got %d", c.Runs)
+	check(c.Interval <= 0, "interval must be > 0, got %v", c.Interval)
+	check(c.Duration <= 0, "duration must be > 0, got %v", c.Duration)
+	check(c.RawSamples < 0 || c.RawSamples > 100000, "raw samples must be in 0..100000, got %d", c.RawSamples)
+	check(c.Conns < 0, "conns must be >= 0, got %d", c.Conns)
 	return errors.Join(errs...)
 }
 
@@ -189,10 +178,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	defer cancel()
 	// Phases: agents connect (Hello) and report ready; when all are, the
 	// measured span starts; each agent counts only acks inside it.
-	var ready sync.WaitGroup
-	ready.Add(cfg.Agents)
-	startMeasure := make(chan struct{})
-	var measureFrom, measureTo atomic.Int64
+	sp := &span{start: make(chan struct{})}
+	sp.ready.Add(cfg.Agents)
 	stats := make([]agentStats, cfg.Agents)
 	var done sync.WaitGroup
 	for i := 0; i < cfg.Agents; i++ {
@@ -200,15 +187,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		go func() {
 			defer done.Done()
 			a := &simAgent{cfg: cfg, id: i, run: fmt.Sprintf("%srun-%06d", cfg.RunPrefix, i%runs)}
-			if cfg.OTLP {
-				a.loopOTLP(ctx, conns[i%nconn], &ready, startMeasure, &measureFrom, &measureTo, &stats[i])
-				return
-			}
-			a.loop(ctx, conns[i%nconn], &ready, startMeasure, &measureFrom, &measureTo, &stats[i])
+			a.loop(ctx, conns[i%nconn], sp, &stats[i])
 		}()
 	}
 	readyCh := make(chan struct{})
-	go func() { ready.Wait(); close(readyCh) }()
+	go func() { sp.ready.Wait(); close(readyCh) }()
 	select {
 	case <-readyCh:
 	case <-ctx.Done():
@@ -219,9 +202,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 	cpu0, _ := ProcCPU(cfg.PID)
 	t0 := time.Now()
-	measureFrom.Store(t0.UnixNano())
-	measureTo.Store(t0.Add(cfg.Duration).UnixNano())
-	close(startMeasure)
+	sp.from.Store(t0.UnixNano())
+	sp.to.Store(t0.Add(cfg.Duration).UnixNano())
+	close(sp.start)
 	select {
 	case <-time.After(cfg.Duration):
 	case <-ctx.Done():
@@ -270,6 +253,14 @@ func firstErr(stats []agentStats, def error) error {
 	return def
 }
 
+// span is the measured span that every simulated agent shares: each is
+// ready once its link works, and counts answers inside [from, to].
+type span struct {
+	ready    sync.WaitGroup
+	start    chan struct{}
+	from, to atomic.Int64
+}
+
 type simAgent struct {
 	cfg Config
 	id  int
@@ -277,50 +268,36 @@ type simAgent struct {
 	seq uint64
 }
 
-func (a *simAgent) loop(ctx context.Context, conn *grpc.ClientConn, ready *sync.WaitGroup, start <-chan struct{},
-	from, to *atomic.Int64, st *agentStats) {
-	readyOnce := sync.OnceFunc(ready.Done)
+// loop connects, sends the first batch (with the run start) before the
+// measured span, so every agent has proved its link works when it begins,
+// then one batch per interval until ctx ends.
+func (a *simAgent) loop(ctx context.Context, conn *grpc.ClientConn, sp *span, st *agentStats) {
+	readyOnce := sync.OnceFunc(sp.ready.Done)
 	defer readyOnce()
-	stream, err := trainmeterv1.NewIngestServiceClient(conn).Stream(ctx)
+	connect := a.connect
+	if a.cfg.OTLP {
+		connect = a.connectOTLP
+	}
+	send, err := connect(ctx, conn)
+	if err == nil {
+		_, err = send(time.Now(), true)
+	}
 	if err != nil {
-		st.err = err
-		return
-	}
-	defer func() { _ = stream.CloseSend() }()
-	node := fmt.Sprintf("%snode-%06d", a.cfg.RunPrefix, a.id)
-	gpus := make([]*trainmeterv1.GpuInfo, a.cfg.GPUs)
-	for g := range gpus {
-		gpus[g] = &trainmeterv1.GpuInfo{Index: uint32(g), Name: "Sim H100", MemoryTotalMib: 81559, PowerLimitW: 700,
-			HasEnergyCounter: true, HasInstantPower: true, Uuid: fmt.Sprintf("GPU-%06d-%02d", a.id, g)}
-	}
-	boot := fmt.Sprintf("boot-%d", time.Now().UnixNano())
-	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: &trainmeterv1.Hello{
-		Node: node, BootId: boot, AgentVersion: "loadgen", Gpus: gpus, GpuBackend: "sim", StartedAt: timestamppb.Now(),
-		LossWindowStart: true}}}); err != nil { // as the current agent says (its batches need no dedup mark)
-		st.err = err
-		return
-	}
-	// The first batch (with the run start) goes out before the measured
-	// span, so every agent has proved its stream works when it begins.
-	if _, err := a.send(stream, time.Now(), true); err != nil {
 		st.err = err
 		return
 	}
 	readyOnce()
 	select {
-	case <-start:
+	case <-sp.start:
 	case <-ctx.Done():
 		return
 	}
-	a.ticks(ctx, from, to, st, func(sent time.Time) (bool, error) {
-		resp, err := a.send(stream, sent, false)
-		return resp.GetAck() != nil, err
-	})
+	a.ticks(ctx, sp, st, func(sent time.Time) (bool, error) { return send(sent, false) })
 }
 
 // ticks calls send once per interval until ctx ends, counting answers,
-// latencies and late ticks inside the measured span [from, to].
-func (a *simAgent) ticks(ctx context.Context, from, to *atomic.Int64, st *agentStats, send func(time.Time) (acked bool, err error)) {
+// latencies and late ticks inside the measured span.
+func (a *simAgent) ticks(ctx context.Context, sp *span, st *agentStats, send func(time.Time) (acked bool, err error)) {
 	// Spread the agents' ticks over the interval, like a real fleet.
 	phase := time.Duration(rand.Int64N(int64(a.cfg.Interval)))
 	next := time.Now().Add(phase)
@@ -341,7 +318,7 @@ func (a *simAgent) ticks(ctx context.Context, from, to *atomic.Int64, st *agentS
 			return
 		}
 		acked := time.Now()
-		if acked.UnixNano() <= to.Load() && sent.UnixNano() >= from.Load() {
+		if acked.UnixNano() <= sp.to.Load() && sent.UnixNano() >= sp.from.Load() {
 			if ok {
 				st.acked++
 				st.lat = append(st.lat, acked.Sub(sent))
@@ -352,7 +329,7 @@ func (a *simAgent) ticks(ctx context.Context, from, to *atomic.Int64, st *agentS
 		next = next.Add(a.cfg.Interval)
 		for !next.After(acked) { // ticks missed while waiting for the ack
 			next = next.Add(a.cfg.Interval)
-			if next.UnixNano() <= to.Load() {
+			if next.UnixNano() <= sp.to.Load() {
 				st.late++
 			}
 		}
@@ -360,39 +337,53 @@ func (a *simAgent) ticks(ctx context.Context, from, to *atomic.Int64, st *agentS
 	}
 }
 
-// loopOTLP is loop for OTLP mode: one Export call per tick, answered when
-// the receiver has taken the data.
-func (a *simAgent) loopOTLP(ctx context.Context, conn *grpc.ClientConn, ready *sync.WaitGroup, start <-chan struct{},
-	from, to *atomic.Int64, st *agentStats) {
-	readyOnce := sync.OnceFunc(ready.Done)
-	defer readyOnce()
-	client := colmetricspb.NewMetricsServiceClient(conn)
-	node := otlpNode(a.cfg.RunPrefix, a.id)
-	export := func(now time.Time) error {
+// sendFunc sends the agent's next batch and reports whether it was acked.
+type sendFunc func(now time.Time, first bool) (acked bool, err error)
+
+// connect opens the agent's ingest stream and sends its Hello. The stream
+// ends with ctx.
+func (a *simAgent) connect(ctx context.Context, conn *grpc.ClientConn) (sendFunc, error) {
+	stream, err := trainmeterv1.NewIngestServiceClient(conn).Stream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	node := fmt.Sprintf("%snode-%06d", a.cfg.RunPrefix, a.id)
+	gpus := make([]*trainmeterv1.GpuInfo, a.cfg.GPUs)
+	for g := range gpus {
+		gpus[g] = &trainmeterv1.GpuInfo{Index: uint32(g), Name: "Sim H100", MemoryTotalMib: 81559, PowerLimitW: 700,
+			HasEnergyCounter: true, HasInstantPower: true, Uuid: fmt.Sprintf("GPU-%06d-%02d", a.id, g)}
+	}
+	boot := fmt.Sprintf("boot-%d", time.Now().UnixNano())
+	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: &trainmeterv1.Hello{
+		Node: node, BootId: boot, AgentVersion: "loadgen", Gpus: gpus, GpuBackend: "sim", StartedAt: timestamppb.Now(),
+		LossWindowStart: true}}}); err != nil { // as the current agent says (its batches need no dedup mark)
+		return nil, err
+	}
+	return func(now time.Time, first bool) (bool, error) {
 		a.seq++
-		_, err := client.Export(ctx, OTLPRequest(node, MakeBatch(a.seq, now, a.cfg.Interval, a.run, a.cfg.GPUs, false)))
-		return err
-	}
-	if err := export(time.Now()); err != nil {
-		st.err = err
-		return
-	}
-	readyOnce()
-	select {
-	case <-start:
-	case <-ctx.Done():
-		return
-	}
-	a.ticks(ctx, from, to, st, func(sent time.Time) (bool, error) { return true, export(sent) })
+		b := MakeBatch(a.seq, now, a.cfg.Interval, a.run, a.cfg.GPUs, first)
+		AddRawSamples(b, a.cfg.RawSamples)
+		resp, err := roundTrip(stream, b)
+		return resp.GetAck() != nil, err
+	}, nil
 }
 
-// send sends the next batch and waits for its answer (an ack or a reject;
+// connectOTLP is connect for OTLP mode: one Export call per batch, answered
+// when the receiver has taken the data.
+func (a *simAgent) connectOTLP(ctx context.Context, conn *grpc.ClientConn) (sendFunc, error) {
+	client := colmetricspb.NewMetricsServiceClient(conn)
+	node := fmt.Sprintf("%snode-%06d", a.cfg.RunPrefix, a.id)
+	return func(now time.Time, _ bool) (bool, error) {
+		a.seq++
+		_, err := client.Export(ctx, OTLPRequest(node, MakeBatch(a.seq, now, a.cfg.Interval, a.run, a.cfg.GPUs, false)))
+		return true, err
+	}, nil
+}
+
+// roundTrip sends batch b and waits for its answer (an ack or a reject;
 // advisories are skipped).
-func (a *simAgent) send(stream grpc.BidiStreamingClient[trainmeterv1.StreamRequest, trainmeterv1.StreamResponse],
-	now time.Time, first bool) (*trainmeterv1.StreamResponse, error) {
-	a.seq++
-	b := MakeBatch(a.seq, now, a.cfg.Interval, a.run, a.cfg.GPUs, first)
-	AddRawSamples(b, a.cfg.RawSamples)
+func roundTrip(stream grpc.BidiStreamingClient[trainmeterv1.StreamRequest, trainmeterv1.StreamResponse],
+	b *trainmeterv1.Batch) (*trainmeterv1.StreamResponse, error) {
 	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Batch{Batch: b}}); err != nil {
 		return nil, err
 	}
