@@ -209,10 +209,7 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 		st.Sampling.SkippedTicks-st0.Sampling.SkippedTicks, p99Max, jitMax, st.Uplink.Acked-st0.Uplink.Acked, st.Uplink.Rejected,
 		events, float64(events)/elapsed.Seconds(), float64(events)/max(use.cpu.Seconds(), 1e-9), sent.Load())
 	barePct := 100 * bareUse.cpu.Seconds() / elapsed.Seconds()
-	line += fmt.Sprintf(" bare_go_ticker_cpu=%.2fs (%.3f%% of one core)", bareUse.cpu.Seconds(), barePct)
-	if barePct > 0 {
-		line += fmt.Sprintf(" ratio_agent/bare_go_ticker=%.2f", cpuPct/barePct)
-	}
+	line += fmt.Sprintf(" bare_go_ticker_cpu=%.2fs (%.3f%% of one core)", bareUse.cpu.Seconds(), barePct) + ratio("ratio_agent/bare_go_ticker", cpuPct, barePct)
 	// The scheduler's exact time on CPU (schedstat), where the figures
 	// above come in scheduler ticks: at 0.3 % of a core a minute is only a
 	// few dozen of them.
@@ -220,17 +217,12 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 		line += " oncpu=unavailable (" + err.Error() + ")"
 	} else {
 		agentOn, bareOn := use.oncpu, bareUse.oncpu
-		line += fmt.Sprintf(" agent_oncpu=%.1fms/s bare_go_ticker_oncpu=%.1fms/s", 1e3*agentOn.Seconds()/elapsed.Seconds(), 1e3*bareOn.Seconds()/elapsed.Seconds())
-		if bareOn > 0 {
-			line += fmt.Sprintf(" ratio_oncpu=%.2f", agentOn.Seconds()/bareOn.Seconds())
-		}
+		line += fmt.Sprintf(" agent_oncpu=%.1fms/s bare_go_ticker_oncpu=%.1fms/s", 1e3*agentOn.Seconds()/elapsed.Seconds(), 1e3*bareOn.Seconds()/elapsed.Seconds()) +
+			ratio("ratio_oncpu", agentOn.Seconds(), bareOn.Seconds())
 	}
 	// Context switches are counted exactly too.
 	wps, bareWps := float64(use.switches)/elapsed.Seconds(), float64(bareUse.switches)/elapsed.Seconds()
-	line += fmt.Sprintf(" agent_switches/s=%.1f bare_go_ticker_switches/s=%.1f", wps, bareWps)
-	if bareWps > 0 {
-		line += fmt.Sprintf(" ratio_switches=%.2f", wps/bareWps)
-	}
+	line += fmt.Sprintf(" agent_switches/s=%.1f bare_go_ticker_switches/s=%.1f", wps, bareWps) + ratio("ratio_switches", wps, bareWps)
 	if len(st.Socket.ParseErrors) > 0 {
 		line += fmt.Sprintf(" parse_errors=%v", st.Socket.ParseErrors)
 	}
@@ -321,4 +313,12 @@ func readUsage(pid int) (u usage, err error) {
 // since is what was used between u0 and u; either's schedstat error holds.
 func (u usage) since(u0 usage) usage {
 	return usage{cpu: u.cpu - u0.cpu, oncpu: u.oncpu - u0.oncpu, oncpuErr: errors.Join(u0.oncpuErr, u.oncpuErr), switches: u.switches - u0.switches}
+}
+
+// ratio is " name=a/b", or nothing when b is 0.
+func ratio(name string, a, b float64) string {
+	if b <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" %s=%.2f", name, a/b)
 }

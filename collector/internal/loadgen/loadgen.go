@@ -31,32 +31,23 @@ import (
 
 // Config says what load to generate.
 type Config struct {
-	// Addr is the collector's HOST:PORT.
-	Addr string
-	// Agents is the number of simulated agents (one stream each).
-	Agents int
-	// GPUs is the number of GPUs per agent (GpuWindows per batch).
-	GPUs int
+	Addr   string // the collector's HOST:PORT
+	Agents int    // simulated agents, one stream each
+	GPUs   int    // GPUs per agent (GpuWindows per batch)
 	// Runs is the number of distinct runs the agents report; agent i
 	// reports run i % Runs. 0 means one run per agent.
-	Runs int
-	// Interval is each agent's batch cadence (1 s like the real agent).
-	Interval time.Duration
-	// Duration is how long to measure, after every agent is connected.
-	Duration time.Duration
-	// Conns is how many HTTP/2 connections the streams are spread over
-	// (a real fleet has one per agent; a few dozen are enough to keep one
-	// connection from being the bottleneck). 0: min(Agents, 64).
+	Runs     int
+	Interval time.Duration // each agent's batch cadence (1 s like the real agent)
+	Duration time.Duration // how long to measure, after every agent is connected
+	// Conns is how many HTTP/2 connections the streams are spread over (a
+	// few dozen keep one from being the bottleneck). 0: min(Agents, 64).
 	Conns int
 	// PID, when non-zero, is the collector process whose CPU time and
 	// resident memory are reported (Linux /proc).
-	PID int
-	// RunPrefix prefixes node and run names, so that runs of the loadgen
-	// against one collector do not mix.
-	RunPrefix string
-	// RawSamples, when > 0, adds that many raw samples per GPU to every
-	// batch (RawSamples columns, as an agent run with --raw-samples sends:
-	// 20 per GPU for 1 s at 50 ms; more to compress time).
+	PID       int
+	RunPrefix string // prefixes node and run names, so that load runs do not mix
+	// RawSamples adds that many raw samples per GPU to every batch (an
+	// agent with --raw-samples sends 20 per GPU for 1 s at 50 ms).
 	RawSamples int
 	// OTLP sends the same GPU samples as OTLP metrics (Export calls of the
 	// OTLP MetricsService, see OTLPRequest) instead of trainmeter batches,
