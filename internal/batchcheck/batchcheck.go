@@ -49,21 +49,15 @@ func ID(what, s string) error {
 }
 
 // Text checks a free text: at most MaxMetadataBytes of valid UTF-8.
-func Text(what, s string) error {
-	if len(s) > MaxMetadataBytes {
-		return fmt.Errorf("%s is %d bytes, more than %d", what, len(s), MaxMetadataBytes)
-	}
-	if !utf8.ValidString(s) {
-		return fmt.Errorf("%s is not valid UTF-8", what)
-	}
-	return nil
-}
+func Text(what, s string) error { return utf8Max(what, s, MaxMetadataBytes) }
 
 // EndError checks a run's end cause: at most MaxEndErrorBytes of valid
 // UTF-8.
-func EndError(what, s string) error {
-	if len(s) > MaxEndErrorBytes {
-		return fmt.Errorf("%s is %d bytes, more than %d", what, len(s), MaxEndErrorBytes)
+func EndError(what, s string) error { return utf8Max(what, s, MaxEndErrorBytes) }
+
+func utf8Max(what, s string, limit int) error {
+	if len(s) > limit {
+		return fmt.Errorf("%s is %d bytes, more than %d", what, len(s), limit)
 	}
 	if !utf8.ValidString(s) {
 		return fmt.Errorf("%s is not valid UTF-8", what)

@@ -25,15 +25,14 @@ var (
 )
 
 // readDoc returns docs/otel.md's lines from "## Metrics" to the next "## ".
-func readDoc(t testing.TB) (all, metrics []string) {
+func readDoc(t testing.TB) (metrics []string) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(RepoRoot(t), "docs", "otel.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	all = strings.Split(string(b), "\n")
 	in := false
-	for _, line := range all {
+	for _, line := range strings.Split(string(b), "\n") {
 		if strings.HasPrefix(line, "## ") {
 			in = line == "## Metrics"
 			continue
@@ -45,7 +44,7 @@ func readDoc(t testing.TB) (all, metrics []string) {
 	if len(metrics) == 0 {
 		t.Fatal(`docs/otel.md has no "## Metrics" section`)
 	}
-	return all, metrics
+	return metrics
 }
 
 // cells splits a Markdown table row into its trimmed cells.
@@ -72,7 +71,7 @@ func unquote(cell string) string {
 // Prometheus name |".
 func DocMetrics(t testing.TB) []DocMetric {
 	t.Helper()
-	_, lines := readDoc(t)
+	lines := readDoc(t)
 	var out []DocMetric
 	section, inTable := "", false
 	for _, line := range lines {
@@ -114,7 +113,7 @@ func DocMetrics(t testing.TB) []DocMetric {
 // and in the last column of its metric tables, under "## Metrics".
 func DocAttributes(t testing.TB) []string {
 	t.Helper()
-	_, lines := readDoc(t)
+	lines := readDoc(t)
 	metrics := map[string]bool{}
 	for _, m := range DocMetrics(t) {
 		metrics[m.Name] = true

@@ -13,11 +13,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,8 @@ import (
 	logspb "go.opentelemetry.io/proto/otlp/logs/v1"
 	metricspb "go.opentelemetry.io/proto/otlp/metrics/v1"
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/trainmeter/trainmeter/internal/testkit"
 )
 
 // Required reports whether missing peers fail the test instead of skipping it.
@@ -84,17 +87,6 @@ func Tool(t testing.TB, name string) string {
 		missing(t, "%s is not installed (apt-get install prometheus)", name)
 	}
 	return p
-}
-
-// FreeAddr returns a loopback HOST:PORT nobody listens on right now.
-func FreeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // Start runs a command until the test ends (SIGINT, then kill), showing
@@ -173,7 +165,7 @@ func StartCollectorWith(t testing.TB, o CollectorOptions) *Collector {
 	t.Helper()
 	bin := OtelcolBinary(t)
 	dir := t.TempDir()
-	c := &Collector{GRPC: FreeAddr(t), HTTP: FreeAddr(t),
+	c := &Collector{GRPC: testkit.FreeAddr(t), HTTP: testkit.FreeAddr(t),
 		MetricsFile: filepath.Join(dir, "metrics.jsonl"), LogsFile: filepath.Join(dir, "logs.jsonl")}
 	tls := ""
 	if o.TLSCert != "" {
@@ -371,13 +363,8 @@ func Latest(points []Point, name string) map[string]Point {
 
 // AttrKey is a stable text form of an attribute map.
 func AttrKey(m map[string]string) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	var b strings.Builder
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		fmt.Fprintf(&b, "%s=%q,", k, m[k])
 	}
 	return b.String()

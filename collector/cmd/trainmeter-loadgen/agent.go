@@ -9,13 +9,12 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/loadgen"
@@ -78,24 +77,6 @@ func bareTicker(interval string) {
 	}
 }
 
-// startBareTicker starts the floor next to the agent, at the same
-// interval and under the same prefix (nice).
-func (ab agentBench) startBareTicker() (*exec.Cmd, chan struct{}, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, nil, err
-	}
-	args := append(strings.Fields(ab.prefix), self, bareTickerArg, ab.interval.String())
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		return nil, nil, err
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	return cmd, done, nil
-}
-
 func (ab agentBench) run(ctx context.Context, dir string) error {
 	c, err := startCollector(ctx, ab.collectorBin, filepath.Join(dir, "collector"))
 	if err != nil {
@@ -110,24 +91,11 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 	args := append(strings.Fields(ab.prefix), ab.agentBin, "--collector", c.addr, "--gpu", fmt.Sprintf("sim:%d", ab.gpus),
 		"--interval", ab.interval.String(), "--socket", sock, "--spool", filepath.Join(dir, "spool"),
 		"--status-listen", statusAddr, "--node", "bench-node", "--log-level", "warn")
-	args = append(args, strings.Fields(ab.args)...)
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
+	agent, err := startProc(append(args, strings.Fields(ab.args)...)...)
+	if err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	}()
-	pid := cmd.Process.Pid
+	defer agent.stop()
 	var st agentStatus
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		if err := getStatus(statusAddr, &st); err == nil {
@@ -139,8 +107,8 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 			return fmt.Errorf("agent did not come up (status %s, socket %s)", statusAddr, sock)
 		}
 		select {
-		case <-done:
-			return fmt.Errorf("agent exited: %v", cmd.ProcessState)
+		case <-agent.done:
+			return fmt.Errorf("agent exited: %v", agent.cmd.ProcessState)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -176,14 +144,17 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 		}()
 	}
 
-	bare, bareDone, err := ab.startBareTicker()
+	// The floor, next to the agent, at the same interval and under the
+	// same prefix (nice).
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	bare, err := startProc(append(strings.Fields(ab.prefix), self, bareTickerArg, ab.interval.String())...)
 	if err != nil {
 		return fmt.Errorf("bare ticker: %w", err)
 	}
-	defer func() {
-		_ = bare.Process.Kill()
-		<-bareDone
-	}()
+	defer bare.stop()
 
 	// Let the agent settle (runs started, first batches), then measure.
 	time.Sleep(3 * time.Second)
@@ -191,18 +162,15 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 	if err := getStatus(statusAddr, &st0); err != nil {
 		return err
 	}
-	cpu0, err := loadgen.ProcCPU(pid)
+	pid, barePid := agent.cmd.Process.Pid, bare.cmd.Process.Pid
+	use0, err := readUsage(pid)
 	if err != nil {
 		return err
 	}
-	bareCPU0, err := loadgen.ProcCPU(bare.Process.Pid)
+	bareUse0, err := readUsage(barePid)
 	if err != nil {
 		return err
 	}
-	sw0, _ := loadgen.ProcSwitches(pid)
-	bareSw0, _ := loadgen.ProcSwitches(bare.Process.Pid)
-	run0, runErr := loadgen.ProcRunTime(pid)
-	bareRun0, bareRunErr := loadgen.ProcRunTime(bare.Process.Pid)
 	t0 := time.Now()
 	var rss []float64
 	var p99Max, jitMax float64
@@ -211,8 +179,8 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-done:
-			return fmt.Errorf("agent exited: %v", cmd.ProcessState)
+		case <-agent.done:
+			return fmt.Errorf("agent exited: %v", agent.cmd.ProcessState)
 		case <-time.After(min(step, ab.duration-time.Since(t0))):
 		}
 		m, _ := loadgen.ProcRSS(pid)
@@ -222,50 +190,39 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 			jitMax = max(jitMax, st.Sampling.JitterMaxMs)
 		}
 		c, _ := loadgen.ProcCPU(pid)
-		fmt.Fprintf(os.Stderr, "t=%.0fs agent_rss=%.1fMiB cpu=%.2fs jitter_p99=%.2fms\n", time.Since(t0).Seconds(), m, (c - cpu0).Seconds(), st.Sampling.JitterP99Ms)
+		fmt.Fprintf(os.Stderr, "t=%.0fs agent_rss=%.1fMiB cpu=%.2fs jitter_p99=%.2fms\n", time.Since(t0).Seconds(), m, (c - use0.cpu).Seconds(), st.Sampling.JitterP99Ms)
 	}
 	elapsed := time.Since(t0)
-	cpu1, _ := loadgen.ProcCPU(pid)
-	bareCPU1, _ := loadgen.ProcCPU(bare.Process.Pid)
-	sw1, _ := loadgen.ProcSwitches(pid)
-	bareSw1, _ := loadgen.ProcSwitches(bare.Process.Pid)
-	run1, runErr1 := loadgen.ProcRunTime(pid)
-	bareRun1, bareRunErr1 := loadgen.ProcRunTime(bare.Process.Pid)
+	use, _ := readUsage(pid)
+	bareUse, _ := readUsage(barePid)
+	use, bareUse = use.since(use0), bareUse.since(bareUse0)
 	if err := getStatus(statusAddr, &st); err != nil {
 		return err
 	}
 	events := st.Socket.Events - st0.Socket.Events
-	cpuPct := 100 * (cpu1 - cpu0).Seconds() / elapsed.Seconds()
+	cpuPct := 100 * use.cpu.Seconds() / elapsed.Seconds()
 	line := fmt.Sprintf("agent prefix=%q gpus=%d interval=%v elapsed=%.0fs burn=%d ranks=%d step_every=%v cpu=%.2fs (%.3f%% of one core) "+
 		"rss_first=%.1fMiB rss_last=%.1fMiB rss_max=%.1fMiB ticks=%d late_ticks=%d skipped_ticks=%d jitter_p99_max=%.2fms jitter_max=%.2fms "+
 		"batches_acked=%d batches_rejected=%d trainer_events=%d (%.0f events/s, %.0f events/cpu-s) sent_lines=%d",
-		ab.prefix, ab.gpus, ab.interval, elapsed.Seconds(), ab.burn, ab.ranks, ab.stepEvery, (cpu1 - cpu0).Seconds(), cpuPct,
-		rss[0], rss[len(rss)-1], maxOf(rss), st.Sampling.Ticks-st0.Sampling.Ticks, st.Sampling.LateTicks-st0.Sampling.LateTicks,
+		ab.prefix, ab.gpus, ab.interval, elapsed.Seconds(), ab.burn, ab.ranks, ab.stepEvery, use.cpu.Seconds(), cpuPct,
+		rss[0], rss[len(rss)-1], slices.Max(rss), st.Sampling.Ticks-st0.Sampling.Ticks, st.Sampling.LateTicks-st0.Sampling.LateTicks,
 		st.Sampling.SkippedTicks-st0.Sampling.SkippedTicks, p99Max, jitMax, st.Uplink.Acked-st0.Uplink.Acked, st.Uplink.Rejected,
-		events, float64(events)/elapsed.Seconds(), float64(events)/max((cpu1-cpu0).Seconds(), 1e-9), sent.Load())
-	barePct := 100 * (bareCPU1 - bareCPU0).Seconds() / elapsed.Seconds()
-	line += fmt.Sprintf(" bare_go_ticker_cpu=%.2fs (%.3f%% of one core)", (bareCPU1 - bareCPU0).Seconds(), barePct)
-	if barePct > 0 {
-		line += fmt.Sprintf(" ratio_agent/bare_go_ticker=%.2f", cpuPct/barePct)
-	}
+		events, float64(events)/elapsed.Seconds(), float64(events)/max(use.cpu.Seconds(), 1e-9), sent.Load())
+	barePct := 100 * bareUse.cpu.Seconds() / elapsed.Seconds()
+	line += fmt.Sprintf(" bare_go_ticker_cpu=%.2fs (%.3f%% of one core)", bareUse.cpu.Seconds(), barePct) + ratio("ratio_agent/bare_go_ticker", cpuPct, barePct)
 	// The scheduler's exact time on CPU (schedstat), where the figures
 	// above come in scheduler ticks: at 0.3 % of a core a minute is only a
 	// few dozen of them.
-	if err := errors.Join(runErr, bareRunErr, runErr1, bareRunErr1); err != nil {
+	if err := errors.Join(use.oncpuErr, bareUse.oncpuErr); err != nil {
 		line += " oncpu=unavailable (" + err.Error() + ")"
 	} else {
-		agentOn, bareOn := run1-run0, bareRun1-bareRun0
-		line += fmt.Sprintf(" agent_oncpu=%.1fms/s bare_go_ticker_oncpu=%.1fms/s", 1e3*agentOn.Seconds()/elapsed.Seconds(), 1e3*bareOn.Seconds()/elapsed.Seconds())
-		if bareOn > 0 {
-			line += fmt.Sprintf(" ratio_oncpu=%.2f", agentOn.Seconds()/bareOn.Seconds())
-		}
+		agentOn, bareOn := use.oncpu, bareUse.oncpu
+		line += fmt.Sprintf(" agent_oncpu=%.1fms/s bare_go_ticker_oncpu=%.1fms/s", 1e3*agentOn.Seconds()/elapsed.Seconds(), 1e3*bareOn.Seconds()/elapsed.Seconds()) +
+			ratio("ratio_oncpu", agentOn.Seconds(), bareOn.Seconds())
 	}
 	// Context switches are counted exactly too.
-	wps, bareWps := float64(sw1-sw0)/elapsed.Seconds(), float64(bareSw1-bareSw0)/elapsed.Seconds()
-	line += fmt.Sprintf(" agent_switches/s=%.1f bare_go_ticker_switches/s=%.1f", wps, bareWps)
-	if bareWps > 0 {
-		line += fmt.Sprintf(" ratio_switches=%.2f", wps/bareWps)
-	}
+	wps, bareWps := float64(use.switches)/elapsed.Seconds(), float64(bareUse.switches)/elapsed.Seconds()
+	line += fmt.Sprintf(" agent_switches/s=%.1f bare_go_ticker_switches/s=%.1f", wps, bareWps) + ratio("ratio_switches", wps, bareWps)
 	if len(st.Socket.ParseErrors) > 0 {
 		line += fmt.Sprintf(" parse_errors=%v", st.Socket.ParseErrors)
 	}
@@ -337,10 +294,31 @@ func freeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
-func maxOf(v []float64) float64 {
-	m := v[0]
-	for _, x := range v {
-		m = max(m, x)
+// usage is what /proc says a process has used so far.
+type usage struct {
+	cpu      time.Duration // utime+stime, in scheduler ticks
+	oncpu    time.Duration // schedstat: exact time on a CPU
+	oncpuErr error         // schedstat unavailable
+	switches uint64        // context switches
+}
+
+// readUsage reads them all; its error is ProcCPU's.
+func readUsage(pid int) (u usage, err error) {
+	u.cpu, err = loadgen.ProcCPU(pid)
+	u.switches, _ = loadgen.ProcSwitches(pid)
+	u.oncpu, u.oncpuErr = loadgen.ProcRunTime(pid)
+	return u, err
+}
+
+// since is what was used between u0 and u; either's schedstat error holds.
+func (u usage) since(u0 usage) usage {
+	return usage{cpu: u.cpu - u0.cpu, oncpu: u.oncpu - u0.oncpu, oncpuErr: errors.Join(u0.oncpuErr, u.oncpuErr), switches: u.switches - u0.switches}
+}
+
+// ratio is " name=a/b", or nothing when b is 0.
+func ratio(name string, a, b float64) string {
+	if b <= 0 {
+		return ""
 	}
-	return m
+	return fmt.Sprintf(" %s=%.2f", name, a/b)
 }

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -93,18 +94,14 @@ func run() error {
 	if otelBin != "" && bin == "" {
 		return errors.New("--otelcol-bin needs --collector-bin (both are measured the same way)")
 	}
-	agents, err := ints(agentsL)
-	if err != nil {
-		return fmt.Errorf("--agents: %w", err)
+	var err error
+	var lists [3][]int
+	for i, l := range [3]struct{ flag, val string }{{"agents", agentsL}, {"gpus", gpusL}, {"runs", runsL}} {
+		if lists[i], err = ints(l.val); err != nil {
+			return fmt.Errorf("--%s: %w", l.flag, err)
+		}
 	}
-	gpus, err := ints(gpusL)
-	if err != nil {
-		return fmt.Errorf("--gpus: %w", err)
-	}
-	runs, err := ints(runsL)
-	if err != nil {
-		return fmt.Errorf("--runs: %w", err)
-	}
+	agents, gpus, runs := lists[0], lists[1], lists[2]
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if bin != "" && dataRoot == "" {
@@ -178,11 +175,7 @@ func onePoint(ctx context.Context, cfg loadgen.Config, bin string, binArgs []str
 	v := <-vis
 	line := res.String()
 	if len(v) > 0 {
-		worst := v[0]
-		for _, d := range v {
-			worst = max(worst, d)
-		}
-		line += fmt.Sprintf(" visible_max=%.1fms (%d probes)", float64(worst)/float64(time.Millisecond), len(v))
+		line += fmt.Sprintf(" visible_max=%.1fms (%d probes)", float64(slices.Max(v))/float64(time.Millisecond), len(v))
 	}
 	if bin != "" {
 		if n, derr := dirSize(dataDir); derr == nil && res.Acked > 0 {
@@ -250,10 +243,39 @@ service:
 	return res, err
 }
 
-type collector struct {
+// proc is a child process whose output goes to stderr.
+type proc struct {
 	cmd  *exec.Cmd
+	done chan struct{} // closed when it has exited
+}
+
+func startProc(args ...string) (*proc, error) {
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// stop sends SIGTERM and waits, killing the process after 20 s.
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// collector is a started collector (or OpenTelemetry Collector) and the
+// address it listens on.
+type collector struct {
+	*proc
 	addr string
-	done chan struct{}
 }
 
 func startCollector(ctx context.Context, bin, dataDir string, extra ...string) (*collector, error) {
@@ -266,13 +288,11 @@ func startCollector(ctx context.Context, bin, dataDir string, extra ...string) (
 
 // startProcess starts bin with args and waits until it listens on addr.
 func startProcess(ctx context.Context, addr, bin string, args ...string) (*collector, error) {
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
+	p, err := startProc(append([]string{bin}, args...)...)
+	if err != nil {
 		return nil, err
 	}
-	c := &collector{cmd: cmd, addr: addr, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(c.done) }()
+	c := &collector{proc: p, addr: addr}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
@@ -282,7 +302,7 @@ func startProcess(ctx context.Context, addr, bin string, args ...string) (*colle
 		}
 		select {
 		case <-c.done:
-			return nil, fmt.Errorf("collector exited: %v", cmd.ProcessState)
+			return nil, fmt.Errorf("collector exited: %v", c.cmd.ProcessState)
 		case <-ctx.Done():
 			c.stop()
 			return nil, ctx.Err()
@@ -292,16 +312,6 @@ func startProcess(ctx context.Context, addr, bin string, args ...string) (*colle
 			c.stop()
 			return nil, fmt.Errorf("collector did not listen on %s", addr)
 		}
-	}
-}
-
-func (c *collector) stop() {
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(20 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
 	}
 }
 

@@ -31,32 +31,23 @@ import (
 
 // Config says what load to generate.
 type Config struct {
-	// Addr is the collector's HOST:PORT.
-	Addr string
-	// Agents is the number of simulated agents (one stream each).
-	Agents int
-	// GPUs is the number of GPUs per agent (GpuWindows per batch).
-	GPUs int
+	Addr   string // the collector's HOST:PORT
+	Agents int    // simulated agents, one stream each
+	GPUs   int    // GPUs per agent (GpuWindows per batch)
 	// Runs is the number of distinct runs the agents report; agent i
 	// reports run i % Runs. 0 means one run per agent.
-	Runs int
-	// Interval is each agent's batch cadence (1 s like the real agent).
-	Interval time.Duration
-	// Duration is how long to measure, after every agent is connected.
-	Duration time.Duration
-	// Conns is how many HTTP/2 connections the streams are spread over
-	// (a real fleet has one per agent; a few dozen are enough to keep one
-	// connection from being the bottleneck). 0: min(Agents, 64).
+	Runs     int
+	Interval time.Duration // each agent's batch cadence (1 s like the real agent)
+	Duration time.Duration // how long to measure, after every agent is connected
+	// Conns is how many HTTP/2 connections the streams are spread over (a
+	// few dozen keep one from being the bottleneck). 0: min(Agents, 64).
 	Conns int
 	// PID, when non-zero, is the collector process whose CPU time and
 	// resident memory are reported (Linux /proc).
-	PID int
-	// RunPrefix prefixes node and run names, so that runs of the loadgen
-	// against one collector do not mix.
-	RunPrefix string
-	// RawSamples, when > 0, adds that many raw samples per GPU to every
-	// batch (RawSamples columns, as an agent run with --raw-samples sends:
-	// 20 per GPU for 1 s at 50 ms; more to compress time).
+	PID       int
+	RunPrefix string // prefixes node and run names, so that load runs do not mix
+	// RawSamples adds that many raw samples per GPU to every batch (an
+	// agent with --raw-samples sends 20 per GPU for 1 s at 50 ms).
 	RawSamples int
 	// OTLP sends the same GPU samples as OTLP metrics (Export calls of the
 	// OTLP MetricsService, see OTLPRequest) instead of trainmeter batches,
@@ -67,30 +58,19 @@ type Config struct {
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	var errs []error
-	if c.Addr == "" {
-		errs = append(errs, errors.New("collector address is empty"))
+	check := func(bad bool, format string, args ...any) {
+		if bad {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
 	}
-	if c.Agents < 1 {
-		errs = append(errs, fmt.Errorf("agents must be >= 1, got %d", c.Agents))
-	}
-	if c.GPUs < 1 || c.GPUs > 1024 {
-		errs = append(errs, fmt.Errorf("gpus must be in 1..1024, got %d", c.GPUs))
-	}
-	if c.Runs < 0 {
-		errs = append(errs, fmt.Errorf("runs must be >= 0, got %d", c.Runs))
-	}
-	if c.Interval <= 0 {
-		errs = append(errs, fmt.Errorf("interval must be > 0, got %v", c.Interval))
-	}
-	if c.Duration <= 0 {
-		errs = append(errs, fmt.Errorf("duration must be > 0, got %v", c.Duration))
-	}
-	if c.RawSamples < 0 || c.RawSamples > 100000 {
-		errs = append(errs, fmt.Errorf("raw samples must be in 0..100000, got %d", c.RawSamples))
-	}
-	if c.Conns < 0 {
-		errs = append(errs, fmt.Errorf("conns must be >= 0, got %d", c.Conns))
-	}
+	check(c.Addr == "", "collector address is empty")
+	check(c.Agents < 1, "agents must be >= 1, got %d", c.Agents)
+	check(c.GPUs < 1 || c.GPUs > 1024, "gpus must be in 1..1024, got %d", c.GPUs)
+	check(c.Runs < 0, "runs must be >= 0, got %d", c.Runs)
+	check(c.Interval <= 0, "interval must be > 0, got %v", c.Interval)
+	check(c.Duration <= 0, "duration must be > 0, got %v", c.Duration)
+	check(c.RawSamples < 0 || c.RawSamples > 100000, "raw samples must be in 0..100000, got %d", c.RawSamples)
+	check(c.Conns < 0, "conns must be >= 0, got %d", c.Conns)
 	return errors.Join(errs...)
 }
 
@@ -189,10 +169,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	defer cancel()
 	// Phases: agents connect (Hello) and report ready; when all are, the
 	// measured span starts; each agent counts only acks inside it.
-	var ready sync.WaitGroup
-	ready.Add(cfg.Agents)
-	startMeasure := make(chan struct{})
-	var measureFrom, measureTo atomic.Int64
+	sp := &span{start: make(chan struct{})}
+	sp.ready.Add(cfg.Agents)
 	stats := make([]agentStats, cfg.Agents)
 	var done sync.WaitGroup
 	for i := 0; i < cfg.Agents; i++ {
@@ -200,15 +178,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		go func() {
 			defer done.Done()
 			a := &simAgent{cfg: cfg, id: i, run: fmt.Sprintf("%srun-%06d", cfg.RunPrefix, i%runs)}
-			if cfg.OTLP {
-				a.loopOTLP(ctx, conns[i%nconn], &ready, startMeasure, &measureFrom, &measureTo, &stats[i])
-				return
-			}
-			a.loop(ctx, conns[i%nconn], &ready, startMeasure, &measureFrom, &measureTo, &stats[i])
+			a.loop(ctx, conns[i%nconn], sp, &stats[i])
 		}()
 	}
 	readyCh := make(chan struct{})
-	go func() { ready.Wait(); close(readyCh) }()
+	go func() { sp.ready.Wait(); close(readyCh) }()
 	select {
 	case <-readyCh:
 	case <-ctx.Done():
@@ -219,9 +193,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 	cpu0, _ := ProcCPU(cfg.PID)
 	t0 := time.Now()
-	measureFrom.Store(t0.UnixNano())
-	measureTo.Store(t0.Add(cfg.Duration).UnixNano())
-	close(startMeasure)
+	sp.from.Store(t0.UnixNano())
+	sp.to.Store(t0.Add(cfg.Duration).UnixNano())
+	close(sp.start)
 	select {
 	case <-time.After(cfg.Duration):
 	case <-ctx.Done():
@@ -270,6 +244,14 @@ func firstErr(stats []agentStats, def error) error {
 	return def
 }
 
+// span is the measured span that every simulated agent shares: each is
+// ready once its link works, and counts answers inside [from, to].
+type span struct {
+	ready    sync.WaitGroup
+	start    chan struct{}
+	from, to atomic.Int64
+}
+
 type simAgent struct {
 	cfg Config
 	id  int
@@ -277,50 +259,36 @@ type simAgent struct {
 	seq uint64
 }
 
-func (a *simAgent) loop(ctx context.Context, conn *grpc.ClientConn, ready *sync.WaitGroup, start <-chan struct{},
-	from, to *atomic.Int64, st *agentStats) {
-	readyOnce := sync.OnceFunc(ready.Done)
+// loop connects, sends the first batch (with the run start) before the
+// measured span, so every agent has proved its link works when it begins,
+// then one batch per interval until ctx ends.
+func (a *simAgent) loop(ctx context.Context, conn *grpc.ClientConn, sp *span, st *agentStats) {
+	readyOnce := sync.OnceFunc(sp.ready.Done)
 	defer readyOnce()
-	stream, err := trainmeterv1.NewIngestServiceClient(conn).Stream(ctx)
+	connect := a.connect
+	if a.cfg.OTLP {
+		connect = a.connectOTLP
+	}
+	send, err := connect(ctx, conn)
+	if err == nil {
+		_, err = send(time.Now(), true)
+	}
 	if err != nil {
-		st.err = err
-		return
-	}
-	defer func() { _ = stream.CloseSend() }()
-	node := fmt.Sprintf("%snode-%06d", a.cfg.RunPrefix, a.id)
-	gpus := make([]*trainmeterv1.GpuInfo, a.cfg.GPUs)
-	for g := range gpus {
-		gpus[g] = &trainmeterv1.GpuInfo{Index: uint32(g), Name: "Sim H100", MemoryTotalMib: 81559, PowerLimitW: 700,
-			HasEnergyCounter: true, HasInstantPower: true, Uuid: fmt.Sprintf("GPU-%06d-%02d", a.id, g)}
-	}
-	boot := fmt.Sprintf("boot-%d", time.Now().UnixNano())
-	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: &trainmeterv1.Hello{
-		Node: node, BootId: boot, AgentVersion: "loadgen", Gpus: gpus, GpuBackend: "sim", StartedAt: timestamppb.Now(),
-		LossWindowStart: true}}}); err != nil { // as the current agent says (its batches need no dedup mark)
-		st.err = err
-		return
-	}
-	// The first batch (with the run start) goes out before the measured
-	// span, so every agent has proved its stream works when it begins.
-	if _, err := a.send(stream, time.Now(), true); err != nil {
 		st.err = err
 		return
 	}
 	readyOnce()
 	select {
-	case <-start:
+	case <-sp.start:
 	case <-ctx.Done():
 		return
 	}
-	a.ticks(ctx, from, to, st, func(sent time.Time) (bool, error) {
-		resp, err := a.send(stream, sent, false)
-		return resp.GetAck() != nil, err
-	})
+	a.ticks(ctx, sp, st, func(sent time.Time) (bool, error) { return send(sent, false) })
 }
 
 // ticks calls send once per interval until ctx ends, counting answers,
-// latencies and late ticks inside the measured span [from, to].
-func (a *simAgent) ticks(ctx context.Context, from, to *atomic.Int64, st *agentStats, send func(time.Time) (acked bool, err error)) {
+// latencies and late ticks inside the measured span.
+func (a *simAgent) ticks(ctx context.Context, sp *span, st *agentStats, send func(time.Time) (acked bool, err error)) {
 	// Spread the agents' ticks over the interval, like a real fleet.
 	phase := time.Duration(rand.Int64N(int64(a.cfg.Interval)))
 	next := time.Now().Add(phase)
@@ -341,7 +309,7 @@ func (a *simAgent) ticks(ctx context.Context, from, to *atomic.Int64, st *agentS
 			return
 		}
 		acked := time.Now()
-		if acked.UnixNano() <= to.Load() && sent.UnixNano() >= from.Load() {
+		if acked.UnixNano() <= sp.to.Load() && sent.UnixNano() >= sp.from.Load() {
 			if ok {
 				st.acked++
 				st.lat = append(st.lat, acked.Sub(sent))
@@ -352,7 +320,7 @@ func (a *simAgent) ticks(ctx context.Context, from, to *atomic.Int64, st *agentS
 		next = next.Add(a.cfg.Interval)
 		for !next.After(acked) { // ticks missed while waiting for the ack
 			next = next.Add(a.cfg.Interval)
-			if next.UnixNano() <= to.Load() {
+			if next.UnixNano() <= sp.to.Load() {
 				st.late++
 			}
 		}
@@ -360,39 +328,53 @@ func (a *simAgent) ticks(ctx context.Context, from, to *atomic.Int64, st *agentS
 	}
 }
 
-// loopOTLP is loop for OTLP mode: one Export call per tick, answered when
-// the receiver has taken the data.
-func (a *simAgent) loopOTLP(ctx context.Context, conn *grpc.ClientConn, ready *sync.WaitGroup, start <-chan struct{},
-	from, to *atomic.Int64, st *agentStats) {
-	readyOnce := sync.OnceFunc(ready.Done)
-	defer readyOnce()
-	client := colmetricspb.NewMetricsServiceClient(conn)
-	node := otlpNode(a.cfg.RunPrefix, a.id)
-	export := func(now time.Time) error {
+// sendFunc sends the agent's next batch and reports whether it was acked.
+type sendFunc func(now time.Time, first bool) (acked bool, err error)
+
+// connect opens the agent's ingest stream and sends its Hello. The stream
+// ends with ctx.
+func (a *simAgent) connect(ctx context.Context, conn *grpc.ClientConn) (sendFunc, error) {
+	stream, err := trainmeterv1.NewIngestServiceClient(conn).Stream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	node := fmt.Sprintf("%snode-%06d", a.cfg.RunPrefix, a.id)
+	gpus := make([]*trainmeterv1.GpuInfo, a.cfg.GPUs)
+	for g := range gpus {
+		gpus[g] = &trainmeterv1.GpuInfo{Index: uint32(g), Name: "Sim H100", MemoryTotalMib: 81559, PowerLimitW: 700,
+			HasEnergyCounter: true, HasInstantPower: true, Uuid: fmt.Sprintf("GPU-%06d-%02d", a.id, g)}
+	}
+	boot := fmt.Sprintf("boot-%d", time.Now().UnixNano())
+	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: &trainmeterv1.Hello{
+		Node: node, BootId: boot, AgentVersion: "loadgen", Gpus: gpus, GpuBackend: "sim", StartedAt: timestamppb.Now(),
+		LossWindowStart: true}}}); err != nil { // as the current agent says (its batches need no dedup mark)
+		return nil, err
+	}
+	return func(now time.Time, first bool) (bool, error) {
 		a.seq++
-		_, err := client.Export(ctx, OTLPRequest(node, MakeBatch(a.seq, now, a.cfg.Interval, a.run, a.cfg.GPUs, false)))
-		return err
-	}
-	if err := export(time.Now()); err != nil {
-		st.err = err
-		return
-	}
-	readyOnce()
-	select {
-	case <-start:
-	case <-ctx.Done():
-		return
-	}
-	a.ticks(ctx, from, to, st, func(sent time.Time) (bool, error) { return true, export(sent) })
+		b := MakeBatch(a.seq, now, a.cfg.Interval, a.run, a.cfg.GPUs, first)
+		AddRawSamples(b, a.cfg.RawSamples)
+		resp, err := roundTrip(stream, b)
+		return resp.GetAck() != nil, err
+	}, nil
 }
 
-// send sends the next batch and waits for its answer (an ack or a reject;
+// connectOTLP is connect for OTLP mode: one Export call per batch, answered
+// when the receiver has taken the data.
+func (a *simAgent) connectOTLP(ctx context.Context, conn *grpc.ClientConn) (sendFunc, error) {
+	client := colmetricspb.NewMetricsServiceClient(conn)
+	node := fmt.Sprintf("%snode-%06d", a.cfg.RunPrefix, a.id)
+	return func(now time.Time, _ bool) (bool, error) {
+		a.seq++
+		_, err := client.Export(ctx, OTLPRequest(node, MakeBatch(a.seq, now, a.cfg.Interval, a.run, a.cfg.GPUs, false)))
+		return true, err
+	}, nil
+}
+
+// roundTrip sends batch b and waits for its answer (an ack or a reject;
 // advisories are skipped).
-func (a *simAgent) send(stream grpc.BidiStreamingClient[trainmeterv1.StreamRequest, trainmeterv1.StreamResponse],
-	now time.Time, first bool) (*trainmeterv1.StreamResponse, error) {
-	a.seq++
-	b := MakeBatch(a.seq, now, a.cfg.Interval, a.run, a.cfg.GPUs, first)
-	AddRawSamples(b, a.cfg.RawSamples)
+func roundTrip(stream grpc.BidiStreamingClient[trainmeterv1.StreamRequest, trainmeterv1.StreamResponse],
+	b *trainmeterv1.Batch) (*trainmeterv1.StreamResponse, error) {
 	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Batch{Batch: b}}); err != nil {
 		return nil, err
 	}

@@ -1,8 +1,6 @@
 package loadgen
 
 import (
-	"fmt"
-
 	colmetricspb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	metricspb "go.opentelemetry.io/proto/otlp/metrics/v1"
@@ -62,5 +60,3 @@ func OTLPRequest(node string, b *trainmeterv1.Batch) *colmetricspb.ExportMetrics
 		ScopeMetrics: []*metricspb.ScopeMetrics{{Scope: &commonpb.InstrumentationScope{Name: "trainmeter"}, Metrics: ms}},
 	}}}
 }
-
-func otlpNode(prefix string, id int) string { return fmt.Sprintf("%snode-%06d", prefix, id) }

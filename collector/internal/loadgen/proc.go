@@ -50,16 +50,25 @@ func ProcRSS(pid int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
+	v, ok := statusField(b, "VmRSS")
+	if !ok {
+		return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
+	}
+	kb, err := strconv.ParseFloat(strings.TrimSuffix(v, " kB"), 64)
+	if err != nil {
+		return 0, err
+	}
+	return kb / 1024, nil
+}
+
+// statusField is the value of key in a /proc status file.
+func statusField(b []byte, key string) (string, bool) {
 	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			if err != nil {
-				return 0, err
-			}
-			return kb / 1024, nil
+		if rest, ok := strings.CutPrefix(line, key+":"); ok {
+			return strings.TrimSpace(rest), true
 		}
 	}
-	return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
+	return "", false
 }
 
 // ProcSwitches returns the context switches (voluntary and involuntary) of
@@ -69,15 +78,13 @@ func ProcRSS(pid int) (float64, error) {
 func ProcSwitches(pid int) (uint64, error) {
 	var n uint64
 	err := eachThread(pid, "status", func(tid string, b []byte) error {
-		for _, line := range strings.Split(string(b), "\n") {
-			for _, p := range []string{"voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"} {
-				if rest, ok := strings.CutPrefix(line, p); ok {
-					v, err := strconv.ParseUint(strings.TrimSpace(rest), 10, 64)
-					if err != nil {
-						return fmt.Errorf("/proc/%d/task/%s/status: %v", pid, tid, err)
-					}
-					n += v
+		for _, key := range []string{"voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"} {
+			if s, ok := statusField(b, key); ok {
+				v, err := strconv.ParseUint(s, 10, 64)
+				if err != nil {
+					return fmt.Errorf("/proc/%d/task/%s/status: %v", pid, tid, err)
 				}
+				n += v
 			}
 		}
 		return nil
