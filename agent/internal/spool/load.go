@@ -34,7 +34,7 @@ func (s *Spool) load() error {
 			s.all = uint8(1)<<len(s.names) - 1
 		}
 	}
-	_ = removeTemps(s.dir)
+	removeTemps(s.dir)
 
 	found, err := s.listSegments()
 	if err != nil {
@@ -65,9 +65,7 @@ func (s *Spool) load() error {
 		s.log.Warn("spool: larger than its bound at open; dropping the oldest segment", "bytes", s.bytes, "max_bytes", s.effMax)
 		s.evictOldest("spool full")
 	}
-	if err := s.writeState(); err != nil {
-		s.log.Error("spool: writing the state file", "err", err)
-	}
+	s.saveState()
 	if s.stats.CorruptRecords > 0 || s.stats.CorruptBytes > 0 {
 		s.log.Warn("spool: discarded corrupt or torn data at open",
 			"records", s.stats.CorruptRecords, "bytes", s.stats.CorruptBytes, "dir", s.dir)

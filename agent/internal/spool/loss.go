@@ -5,6 +5,7 @@ package spool
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"syscall"
@@ -66,9 +67,7 @@ func (s *Spool) dropUnwritten(b *trainmeterv1.Batch, own []*trainmeterv1.DataLos
 	s.stats.DroppedBytes += uint64(size)
 	s.account(b, reason, false, true, s.all)
 	s.log.Error(err.Error(), "runs_affected", runIDs(b))
-	if werr := s.writeState(); werr != nil {
-		s.log.Error("spool: writing the state file", "err", werr)
-	}
+	s.saveState()
 	return err
 }
 
@@ -88,7 +87,7 @@ func runIDs(b *trainmeterv1.Batch) []string {
 // (they are cleared only once a batch carrying them is written).
 func (s *Spool) takeLossesPreview() []*trainmeterv1.DataLoss {
 	var out []*trainmeterv1.DataLoss
-	for _, id := range sortedKeys(s.losses) {
+	for _, id := range slices.Sorted(maps.Keys(s.losses)) {
 		out = append(out, proto.Clone(s.losses[id]).(*trainmeterv1.DataLoss))
 	}
 	for _, l := range s.seqLosses {
@@ -347,8 +346,6 @@ func (s *Spool) rejectLocked(i int, seq uint64, reason string) {
 		// The collector stored nothing of it: certainly lost there.
 		// Its events are not carried on: they may be what was refused.
 		s.account(b, "rejected: "+reason, false, false, 1<<i)
-		if err := s.writeState(); err != nil {
-			s.log.Error("spool: writing the state file", "err", err)
-		}
+		s.saveState()
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -232,23 +233,15 @@ func (s *Spool) removeSegment(i int) {
 		delete(s.segOf, r)
 	}
 	s.bytes -= g.size
-	s.segs = append(s.segs[:i], s.segs[i+1:]...)
-	save := func() {
-		if s.inStateWrite {
-			return
-		}
-		if err := s.writeState(); err != nil {
-			s.log.Error("spool: writing the state file", "err", err)
-		}
-	}
-	if newest {
-		save()
+	s.segs = slices.Delete(s.segs, i, i+1)
+	if newest && !s.inStateWrite {
+		s.saveState()
 	}
 	if err := os.Remove(g.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.log.Error("spool: removing a segment", "segment", g.path, "err", err)
 	}
-	if !newest {
-		save()
+	if !newest && !s.inStateWrite {
+		s.saveState()
 	}
 }
 

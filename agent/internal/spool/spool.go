@@ -378,16 +378,17 @@ func (s *Spool) Append(b *trainmeterv1.Batch) error {
 	}
 	seq := s.nextSeq
 	b.Seq = seq
-	own := b.Losses
-	ownEvents := b.RunEvents
-	var data []byte
-	dropped := false
-	for {
+	own, ownEvents := b.Losses, b.RunEvents
+	// encode puts the pending loss report and carried events on b.
+	encode := func() ([]byte, error) {
 		s.attachLosses(b, own)
 		b.RunEvents = append(append([]*trainmeterv1.RunEvent(nil), s.events...), ownEvents...)
+		return encodeRecord(b)
+	}
+	var data []byte
+	for {
 		var err error
-		data, err = encodeRecord(b)
-		if err != nil {
+		if data, err = encode(); err != nil {
 			return fmt.Errorf("spool: encode batch: %w", err)
 		}
 		need := int64(len(data))
@@ -398,24 +399,14 @@ func (s *Spool) Append(b *trainmeterv1.Batch) error {
 			break
 		}
 		if len(s.segs) == 0 || (len(s.segs) == 1 && len(s.segs[0].recs) == 0) {
-			dropped = true // bigger than the whole spool
-			break
+			return s.dropUnwritten(b, own, ownEvents, int64(len(data)), "spool full",
+				fmt.Errorf("spool: batch of %d bytes does not fit in a spool of %d bytes; dropped", len(data), s.effMax))
 		}
 		s.evictOldest(s.dropReason())
-		if err := s.writeState(); err != nil {
-			s.log.Error("spool: writing the state file", "err", err)
-		}
+		s.saveState()
 	}
-	if dropped {
-		return s.dropUnwritten(b, own, ownEvents, int64(len(data)), "spool full",
-			fmt.Errorf("spool: batch of %d bytes does not fit in a spool of %d bytes; dropped", len(data), s.effMax))
-	}
-	err := s.write(seq, data)
-	if err != nil {
-		s.stats.WriteErrors++
-	}
+	err := s.writeCounted(seq, data)
 	if err != nil && isNoSpace(err) {
-		s.stats.ENOSPC++
 		s.effMax = max(min(s.effMax, s.bytes), MinMaxBytes)
 		// Smaller segments from now on, so the next drop frees less at once.
 		s.segBytes = min(s.segBytes, max(s.effMax/4, 4<<10))
@@ -424,15 +415,8 @@ func (s *Spool) Append(b *trainmeterv1.Batch) error {
 		if len(s.segs) > 0 {
 			s.evictOldest("disk full")
 			// The batch now carries the new loss records too.
-			s.attachLosses(b, own)
-			b.RunEvents = append(append([]*trainmeterv1.RunEvent(nil), s.events...), ownEvents...)
-			if data, err = encodeRecord(b); err == nil {
-				if err = s.write(seq, data); err != nil {
-					s.stats.WriteErrors++
-				}
-			}
-			if err != nil && isNoSpace(err) {
-				s.stats.ENOSPC++
+			if data, err = encode(); err == nil {
+				err = s.writeCounted(seq, data)
 			}
 		}
 	}
@@ -451,26 +435,24 @@ func (s *Spool) Append(b *trainmeterv1.Batch) error {
 	s.nextSeq = seq + 1
 	s.stats.Appended++
 	if hadPending || s.nextSeq >= s.reserved {
-		if err := s.writeState(); err != nil {
-			s.log.Error("spool: writing the state file", "err", err)
-		}
+		s.saveState()
 	}
 	return nil
 }
 
+// writeCounted is write, counting its failures.
+func (s *Spool) writeCounted(seq uint64, data []byte) error {
+	err := s.write(seq, data)
+	if err != nil {
+		s.stats.WriteErrors++
+	}
+	if isNoSpace(err) {
+		s.stats.ENOSPC++
+	}
+	return err
+}
+
 // ---- ack, reject, read ----
-
-// Ack marks seq delivered to the first (with one collector: the) collector.
-// Unknown seqs (already acked or dropped) are ignored.
-func (s *Spool) Ack(seq uint64) { s.Cursor(0).Ack(seq) }
-
-// Reject drops seq for good for the first (with one collector: the)
-// collector, which refused it, and reports its loss like a dropped batch.
-func (s *Spool) Reject(seq uint64, reason string) { s.Cursor(0).Reject(seq, reason) }
-
-// MarkSent records that seq went out on a stream, so that if it is dropped
-// later its loss is reported as in doubt (the collector may hold it).
-func (s *Spool) MarkSent(seq uint64) { s.Cursor(0).MarkSent(seq) }
 
 // FlushPending makes sure a pending loss report (and run events carried from
 // dropped batches) is in the spool, not only in memory: when one is waiting
@@ -485,13 +467,6 @@ func (s *Spool) FlushPending(now time.Time) error {
 	}
 	ts := timestamppb.New(now)
 	return s.Append(&trainmeterv1.Batch{WindowStart: ts, WindowEnd: ts})
-}
-
-// ReadAfter returns up to n batches with seq > after that the first (with
-// one collector: the) collector has not acked, in seq order. A record that
-// no longer reads back (CRC) is dropped and counted.
-func (s *Spool) ReadAfter(after uint64, n int) ([]*trainmeterv1.Batch, error) {
-	return s.Cursor(0).ReadAfter(after, n)
 }
 
 func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Batch, error) {
@@ -518,9 +493,6 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 			if err != nil && rd.openFailed() {
 				return out, fmt.Errorf("spool: %w", err)
 			}
-			if err == nil {
-				s.fromBefore(b)
-			}
 			if err != nil {
 				s.log.Error("spool: a held batch no longer reads back; dropping it (loss unknown)", "seq", r.seq, "err", err)
 				s.unpend(r)
@@ -532,15 +504,13 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 				s.stats.CorruptRecords++
 				continue
 			}
+			s.fromBefore(b)
 			out = append(out, s.forCollector(b, i))
 		}
 		rd.close()
 	}
 	return out, nil
 }
-
-// Unacked returns every batch held and not acked by the first collector, in seq order.
-func (s *Spool) Unacked() ([]*trainmeterv1.Batch, error) { return s.ReadAfter(0, int(^uint(0)>>1)) }
 
 func (s *Spool) readLocked(r *record) (*trainmeterv1.Batch, error) {
 	rd := s.reader(s.segOf[r])

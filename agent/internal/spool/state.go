@@ -9,9 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"time"
 
@@ -118,12 +119,11 @@ func readState(path string) (*stateJSON, error) {
 	return st, nil
 }
 
-func removeTemps(dir string) error {
+func removeTemps(dir string) {
 	tmps, _ := filepath.Glob(filepath.Join(dir, "*.tmp"))
 	for _, t := range tmps {
 		_ = os.Remove(t)
 	}
-	return nil
 }
 
 // writeFileAtomic writes temp, fsyncs, renames and fsyncs the directory.
@@ -170,6 +170,13 @@ func (s *Spool) writeState() error {
 	return err
 }
 
+// saveState is writeState for callers that carry on when it fails.
+func (s *Spool) saveState() {
+	if err := s.writeState(); err != nil {
+		s.log.Error("spool: writing the state file", "err", err)
+	}
+}
+
 // dropReason names why old batches go: the configured bound, or a disk that
 // filled up before it.
 func (s *Spool) dropReason() string {
@@ -184,7 +191,7 @@ func (s *Spool) writeStateOnce() error {
 		s.reserved = s.nextSeq + seqReserve
 	}
 	st := stateJSON{Version: formatVersion, BootID: s.bootID, NextSeq: s.nextSeq, SeqReserved: s.reserved, Collectors: s.names}
-	for _, id := range sortedKeys(s.losses) {
+	for _, id := range slices.Sorted(maps.Keys(s.losses)) {
 		st.Losses = append(st.Losses, encodeLoss(s.losses[id]))
 	}
 	for _, l := range s.seqLosses {
@@ -202,13 +209,4 @@ func (s *Spool) writeStateOnce() error {
 	}
 	out := fmt.Appendf(body, "\n%08x\n", crc32.Checksum(body, castagnoli))
 	return s.writeFileAtomic(filepath.Join(s.dir, stateName), out)
-}
-
-func sortedKeys(m map[string]*trainmeterv1.DataLoss) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
