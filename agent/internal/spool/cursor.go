@@ -9,6 +9,7 @@ package spool
 // ReadAfter gives each collector only its own, with the mask cleared.
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 
@@ -113,18 +114,13 @@ func (s *Spool) countPending() {
 	s.pendingFor = [MaxCollectors]int{}
 	for _, g := range s.segs {
 		for _, r := range g.recs {
-			s.pend(r)
+			s.addPending(r, 1)
 		}
 	}
 }
 
-// unpend takes a record that goes (dropped, unreadable) off the pending
-// count of every collector that had not acked it.
-func (s *Spool) unpend(r *record) { s.addPending(r, -1) }
-
-// pend counts a record held on every collector that has not acked it.
-func (s *Spool) pend(r *record) { s.addPending(r, 1) }
-
+// addPending adds d to the pending count of every collector that has not
+// acked r: 1 for a record held, -1 for one that goes (dropped, unreadable).
 func (s *Spool) addPending(r *record, d int) {
 	if r.acked || r.gone {
 		return
@@ -207,19 +203,17 @@ func (s *Spool) fromBefore(b *trainmeterv1.Batch) {
 	if !s.remapped || b.Seq >= s.openSeq {
 		return
 	}
-	for _, l := range slices.Concat(b.Losses, b.NodeLosses) {
-		if m, ok := s.maskNow(l.SpoolCollectors); ok {
-			l.SpoolCollectors = m
-		} else {
-			l.SpoolCollectors = noCollector
+	now := func(old uint32) uint32 {
+		if m, ok := s.maskNow(old); ok {
+			return m
 		}
+		return noCollector
+	}
+	for _, l := range slices.Concat(b.Losses, b.NodeLosses) {
+		l.SpoolCollectors = now(l.SpoolCollectors)
 	}
 	for _, e := range b.RunEvents {
-		if m, ok := s.maskNow(e.SpoolCollectors); ok {
-			e.SpoolCollectors = m
-		} else {
-			e.SpoolCollectors = noCollector
-		}
+		e.SpoolCollectors = now(e.SpoolCollectors)
 	}
 }
 
@@ -236,16 +230,13 @@ func (s *Spool) narrow(have uint32, to uint8) (mask uint32, ok bool) {
 // forCollector keeps only the loss records and carried events of b meant
 // for collector i, and clears their masks: a collector never sees one.
 func (s *Spool) forCollector(b *trainmeterv1.Batch, i int) *trainmeterv1.Batch {
-	bit := uint32(1) << i
-	notFor := func(l *trainmeterv1.DataLoss) bool { return l.SpoolCollectors != 0 && l.SpoolCollectors&bit == 0 }
-	b.Losses = slices.DeleteFunc(b.Losses, notFor)
-	b.NodeLosses = slices.DeleteFunc(b.NodeLosses, notFor)
+	notFor := func(mask uint32) bool { return mask != 0 && mask&(1<<i) == 0 }
+	b.Losses = slices.DeleteFunc(b.Losses, func(l *trainmeterv1.DataLoss) bool { return notFor(l.SpoolCollectors) })
+	b.NodeLosses = slices.DeleteFunc(b.NodeLosses, func(l *trainmeterv1.DataLoss) bool { return notFor(l.SpoolCollectors) })
+	b.RunEvents = slices.DeleteFunc(b.RunEvents, func(e *trainmeterv1.RunEvent) bool { return notFor(e.SpoolCollectors) })
 	for _, l := range slices.Concat(b.Losses, b.NodeLosses) {
 		l.SpoolCollectors = 0
 	}
-	b.RunEvents = slices.DeleteFunc(b.RunEvents, func(e *trainmeterv1.RunEvent) bool {
-		return e.SpoolCollectors != 0 && e.SpoolCollectors&bit == 0
-	})
 	for _, e := range b.RunEvents {
 		e.SpoolCollectors = 0
 	}
@@ -256,13 +247,8 @@ func (s *Spool) forCollector(b *trainmeterv1.Batch, i int) *trainmeterv1.Batch {
 func (s *Spool) maskNames(mask uint8) []string {
 	var out []string
 	for i := range s.Cursors() {
-		if mask&(1<<i) == 0 {
-			continue
-		}
-		if i < len(s.names) {
-			out = append(out, s.names[i])
-		} else {
-			out = append(out, "collector")
+		if mask&(1<<i) != 0 {
+			out = append(out, cmp.Or(s.Cursor(i).Name(), "collector"))
 		}
 	}
 	return out

@@ -175,7 +175,7 @@ func (s *Spool) write(seq uint64, data []byte) error {
 	s.remember(r, data)
 	g.recs = append(g.recs, r)
 	g.live++
-	s.pend(r)
+	s.addPending(r, 1)
 	g.size += int64(len(data))
 	s.bytes += int64(len(data))
 	s.bySeq[seq] = r
@@ -228,7 +228,7 @@ func (s *Spool) removeSegment(i int) {
 	}
 	for _, r := range g.recs {
 		s.forget(r)
-		s.unpend(r)
+		s.addPending(r, -1)
 		delete(s.bySeq, r.seq)
 		delete(s.segOf, r)
 	}

@@ -17,49 +17,37 @@
 //	             the CRC covering seq and payload; all integers little-endian
 //	lock         flock'd while a spool is open, so two agents cannot share it
 //
-// A spool of another format version is refused (format.go), not read.
-//
-// (The agent keeps its ledger state beside these, in ledger-state.0 and
-// ledger-state.1, and its ended run ids in ended-runs.json; the spool does
-// not read them.)
+// A spool of another format version is refused (format.go), not read. The
+// agent's ledger state and ended run ids live beside these; the spool does
+// not read them.
 //
 // Records are appended to the newest segment; a new segment starts once the
-// current one reaches the segment size (4 MiB, less for small spools). Acked
-// seqs are kept in memory and in the ack log; a segment whose records are all
-// acked (or dropped) is deleted whole.
+// current one reaches the segment size. Acked seqs are kept in memory and in
+// the ack log; a segment whose records are all acked (or dropped) is deleted
+// whole. The records this process appended last are also kept in memory
+// (tail.go), so sending a batch appended a moment ago opens no file.
 //
-// The records this process appended last are also kept in memory, up to
-// DefaultTailBytes (tail.go), and read back from there: sending a batch
-// appended a moment ago opens no file.
-//
-// # Several collectors
-//
-// An agent with a collector pair (--collector A,B) has one cursor per
-// collector over the same records (cursor.go): a batch is written once,
-// each collector's acks are kept apart, and a record is held until every
-// collector has acked it. The byte bound is the whole spool's; when it is
-// reached the oldest segment goes as below, and its loss is reported only to
-// the collectors that had not acked its batches.
+// With several collectors (--collector A,B) each has a cursor over the same
+// records (cursor.go): a batch is written once and held until every
+// collector has acked it, and a dropped batch's loss is reported only to the
+// collectors that had not acked it.
 //
 // # Durability
 //
-// Appends are not fsynced one by one: a kill -9 of the agent leaves written
-// data in the kernel's page cache, which reaches the disk anyway; only a power
-// loss or kernel crash can lose the last seconds, and the tail checks at open
-// (length, CRC) truncate a torn record instead of trusting it. Close fsyncs
-// the segment and the ack log; the state file is always fsynced.
+// Appends are not fsynced one by one: after a kill -9 the page cache still
+// reaches the disk; a power loss can lose the last seconds, and the checks at
+// open (length, CRC) truncate a torn record. A finished segment and, at
+// Close, the active one and the ack log are fsynced; so is every state file.
 //
 // # When full
 //
-// The policy is: keep the newest data. When an Append would take the spool
-// past its byte bound (or the disk reports ENOSPC), the oldest segment is
-// removed, and every unacked batch in it is dropped and counted. For each
-// dropped batch the spool computes what each run lost (tokens, energy, GPU
-// seconds from its RunWindows), carries its run events (run_start, run_end,
-// eval, a few hundred bytes) forward, and attaches both to the next batch
-// appended (Batch.losses, Batch.run_events), so the collector marks the runs
-// incomplete by exactly that much. A pending loss report survives restarts in
-// the state file.
+// Keep the newest data: when an Append would pass the byte bound (or the
+// disk reports ENOSPC), the oldest segment is removed and its unacked
+// batches are dropped and counted. What each run lost (tokens, energy, GPU
+// seconds) and the dropped batches' run events go on the next batch appended
+// (Batch.losses, Batch.run_events), so the collector marks the runs
+// incomplete by exactly that much. A pending loss report survives restarts
+// in the state file.
 package spool
 
 import (
@@ -490,12 +478,12 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 				continue
 			}
 			b, err := rd.read(r)
-			if err != nil && rd.openFailed() {
+			if err != nil && rd.err != nil { // the file, not the record
 				return out, fmt.Errorf("spool: %w", err)
 			}
 			if err != nil {
 				s.log.Error("spool: a held batch no longer reads back; dropping it (loss unknown)", "seq", r.seq, "err", err)
-				s.unpend(r)
+				s.addPending(r, -1)
 				s.forget(r)
 				r.gone = true
 				g.live--
