@@ -60,7 +60,6 @@ func (s *Spool) loadAcks() error {
 		return fmt.Errorf("spool: %w", err)
 	}
 	bad := 0
-	cursorNow := s.before
 	before := map[*record]uint8{} // acks by the previous list's index
 	beforeAll := uint8(1)<<max(len(s.loadedNames), 1) - 1
 	for off := 0; off+ackEntry <= len(data); off += ackEntry {
@@ -75,7 +74,7 @@ func (s *Spool) loadAcks() error {
 		}
 		old := e[0] - ackKindAck
 		before[r] |= 1 << old
-		if i := cursorNow[old]; i >= 0 {
+		if i := s.before[old]; i >= 0 {
 			r.ackedBy |= 1 << i
 		}
 	}

@@ -5,13 +5,14 @@ package spool
 // the ack log and enforce the bound. Each step is a method below, in order.
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -117,7 +118,7 @@ func (s *Spool) listSegments() ([]segName, error) {
 		}
 		found = append(found, segName{n, first})
 	}
-	sort.Slice(found, func(i, j int) bool { return found[i].first < found[j].first })
+	slices.SortFunc(found, func(a, b segName) int { return cmp.Compare(a.first, b.first) })
 	return found, nil
 }
 
@@ -179,20 +180,16 @@ func (s *Spool) ensureBootID(bootID string) string {
 // already hold is reused.
 func (s *Spool) restoreSeq(st *stateJSON, lastSeq uint64) {
 	s.nextSeq = max(lastSeq+1, 1)
-	if st != nil && st.NextSeq > s.nextSeq {
-		s.nextSeq = st.NextSeq
-	}
-	if st != nil && (s.stats.CorruptRecords > 0 || s.stats.CorruptBytes > 0) && st.SeqReserved > s.nextSeq {
-		s.log.Warn("spool: data was lost at open; skipping to the reserved seq so no seq is reused",
-			"from", s.nextSeq, "to", st.SeqReserved)
-		s.nextSeq = st.SeqReserved
-	}
 	if st != nil {
+		s.nextSeq = max(s.nextSeq, st.NextSeq)
+		if (s.stats.CorruptRecords > 0 || s.stats.CorruptBytes > 0) && st.SeqReserved > s.nextSeq {
+			s.log.Warn("spool: data was lost at open; skipping to the reserved seq so no seq is reused",
+				"from", s.nextSeq, "to", st.SeqReserved)
+			s.nextSeq = st.SeqReserved
+		}
 		s.reserved = st.SeqReserved
 	}
-	if s.reserved < s.nextSeq {
-		s.reserved = s.nextSeq
-	}
+	s.reserved = max(s.reserved, s.nextSeq)
 }
 
 // restorePendingLosses takes back the state's loss report and carried
@@ -203,19 +200,16 @@ func (s *Spool) restorePendingLosses(st *stateJSON, lastSeq uint64) {
 		return
 	}
 	// Masks are in the previous process's cursor indices.
-	for _, raw := range st.Losses {
-		if l := decodeLoss(raw); l != nil {
-			if m, ok := s.maskNow(l.SpoolCollectors); ok {
-				s.mergeLoss(l.RunId, m, l)
-			}
+	for i, raw := range slices.Concat(st.Losses, st.SeqLosses) {
+		l := decodeLoss(raw)
+		if l == nil {
+			continue
 		}
-	}
-	for _, raw := range st.SeqLosses {
-		if l := decodeLoss(raw); l != nil {
-			if m, ok := s.maskNow(l.SpoolCollectors); ok {
-				l.SpoolCollectors = m
-				s.seqLosses = append(s.seqLosses, l)
-			}
+		if m, ok := s.maskNow(l.SpoolCollectors); ok && i < len(st.Losses) {
+			s.mergeLoss(l.RunId, m, l)
+		} else if ok {
+			l.SpoolCollectors = m
+			s.seqLosses = append(s.seqLosses, l)
 		}
 	}
 	for _, e := range st.Events {

@@ -32,14 +32,12 @@ func (s *Spool) evictOldest(reason string) {
 		}
 		dropped++
 		droppedBytes += int(r.size)
-		var b *trainmeterv1.Batch
-		if b, _ = rd.read(r); b != nil {
-			s.fromBefore(b)
-		}
-		if b == nil {
+		b, err := rd.read(r)
+		if err != nil {
 			s.log.Error("spool: a dropped batch could not be read back; its loss is unknown", "seq", r.seq)
 			continue
 		}
+		s.fromBefore(b)
 		// Only the collectors that had not acked it lose it.
 		forMask := s.all &^ r.ackedBy
 		lagging |= forMask
@@ -72,26 +70,11 @@ func (s *Spool) dropUnwritten(b *trainmeterv1.Batch, own []*trainmeterv1.DataLos
 }
 
 func runIDs(b *trainmeterv1.Batch) []string {
-	seen := map[string]bool{}
 	var out []string
 	for _, w := range b.GetRunWindows() {
-		if !seen[w.GetRunId()] {
-			seen[w.GetRunId()] = true
+		if !slices.Contains(out, w.GetRunId()) {
 			out = append(out, w.GetRunId())
 		}
-	}
-	return out
-}
-
-// takeLossesPreview returns the pending loss records in a stable order
-// (they are cleared only once a batch carrying them is written).
-func (s *Spool) takeLossesPreview() []*trainmeterv1.DataLoss {
-	var out []*trainmeterv1.DataLoss
-	for _, id := range slices.Sorted(maps.Keys(s.losses)) {
-		out = append(out, proto.Clone(s.losses[id]).(*trainmeterv1.DataLoss))
-	}
-	for _, l := range s.seqLosses {
-		out = append(out, proto.Clone(l).(*trainmeterv1.DataLoss))
 	}
 	return out
 }
@@ -277,9 +260,14 @@ func (s *Spool) mergeLoss(run string, collectors uint32, add *trainmeterv1.DataL
 // the whole batch, and the records it carried would go on with the next
 // batch to be refused again, so that no batch got through any more.
 func (s *Spool) attachLosses(b *trainmeterv1.Batch, own []*trainmeterv1.DataLoss) {
-	b.Losses = nil
-	b.NodeLosses = nil
-	for _, l := range slices.Concat(own, s.takeLossesPreview()) {
+	b.Losses, b.NodeLosses = nil, nil
+	// The pending records are copies, in a stable order: they are cleared
+	// only once a batch carrying them is written.
+	pending := slices.Concat(own, s.sortedLosses(), s.seqLosses)
+	for i, l := range pending[len(own):] {
+		pending[len(own)+i] = proto.Clone(l).(*trainmeterv1.DataLoss)
+	}
+	for _, l := range pending {
 		check, to := batchcheck.Loss, &b.Losses
 		if l.GetRunId() == "" {
 			check, to = batchcheck.NodeLoss, &b.NodeLosses
@@ -290,6 +278,15 @@ func (s *Spool) attachLosses(b *trainmeterv1.Batch, own []*trainmeterv1.DataLoss
 		}
 		*to = append(*to, l)
 	}
+}
+
+// sortedLosses is the pending aggregated loss records by key.
+func (s *Spool) sortedLosses() []*trainmeterv1.DataLoss {
+	var out []*trainmeterv1.DataLoss
+	for _, k := range slices.Sorted(maps.Keys(s.losses)) {
+		out = append(out, s.losses[k])
+	}
+	return out
 }
 
 func addReason(have, r string) string {

@@ -66,23 +66,17 @@ import (
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// DefaultMaxBytes bounds a spool when nothing else is configured: 1 GiB.
-//
-// A 1 s batch of an 8-GPU node with two active runs is 1,498 bytes as a spool
-// record (measured by TestRealisticBatchSize: 8 GpuWindows, 2 RunWindows,
-// host window, every field set, proto-encoded plus 16 bytes of framing), so
-// 129 MB per day, and
-//
-//	days = maxBytes / (bytes per batch × 86400) = 2^30 / (1498 × 86400) ≈ 8.3 days
-//
-// of collector outage before the oldest batch is dropped.
-const DefaultMaxBytes int64 = 1 << 30
-
-// DefaultSegmentBytes is the size at which a new segment file starts.
-const DefaultSegmentBytes int64 = 4 << 20
-
-// MinMaxBytes is the smallest bound Open accepts.
-const MinMaxBytes int64 = 4 << 10
+const (
+	// DefaultMaxBytes bounds a spool when nothing else is configured: 1 GiB.
+	// A 1 s batch of an 8-GPU node with two active runs is a 1,498-byte
+	// record (TestRealisticBatchSize), so 2^30 / (1498 × 86400) ≈ 8.3 days
+	// of collector outage before the oldest batch is dropped.
+	DefaultMaxBytes int64 = 1 << 30
+	// DefaultSegmentBytes is the size at which a new segment file starts.
+	DefaultSegmentBytes int64 = 4 << 20
+	// MinMaxBytes is the smallest bound Open accepts.
+	MinMaxBytes int64 = 4 << 10
+)
 
 const (
 	segMagic     = "TMSPOOL1" // its last byte: formatVersion's digit

@@ -852,7 +852,10 @@ func pendingLosses(t *testing.T, s *Spool) []*trainmeterv1.DataLoss {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append(out, s.takeLossesPreview()...)
+	for _, l := range slices.Concat(s.sortedLosses(), s.seqLosses) {
+		out = append(out, proto.Clone(l).(*trainmeterv1.DataLoss))
+	}
+	return out
 }
 
 // A dropped batch's CPU+DRAM shares are lost with it, per run, like its GPU

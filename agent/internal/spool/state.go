@@ -9,10 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"time"
 
@@ -191,8 +189,8 @@ func (s *Spool) writeStateOnce() error {
 		s.reserved = s.nextSeq + seqReserve
 	}
 	st := stateJSON{Version: formatVersion, BootID: s.bootID, NextSeq: s.nextSeq, SeqReserved: s.reserved, Collectors: s.names}
-	for _, id := range slices.Sorted(maps.Keys(s.losses)) {
-		st.Losses = append(st.Losses, encodeLoss(s.losses[id]))
+	for _, l := range s.sortedLosses() {
+		st.Losses = append(st.Losses, encodeLoss(l))
 	}
 	for _, l := range s.seqLosses {
 		st.SeqLosses = append(st.SeqLosses, encodeLoss(l))
