@@ -37,7 +37,7 @@ func (s *Spool) ackLocked(i int, seq uint64) bool {
 	}
 	r.acked = true
 	s.forget(r)
-	s.segOf[r].live--
+	r.seg.live--
 	if s.effMax < s.maxBytes && s.unackedLocked() == 0 {
 		// The collector took everything: the pressure that filled the
 		// disk is over.
@@ -87,7 +87,7 @@ func (s *Spool) loadAcks() error {
 		}
 		if r.ackedBy&s.all == s.all {
 			r.acked = true
-			s.segOf[r].live--
+			r.seg.live--
 		}
 	}
 	if bad > 0 || len(data)%ackEntry != 0 {

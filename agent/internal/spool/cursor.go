@@ -1,12 +1,9 @@
 package spool
 
-// Cursors: one per collector of a pair (or more) over the same records.
-// Each collector's acks are kept apart (record.ackedBy, ack-log kind
-// 'A'+i); a record is done, and its segment may go, once every collector
-// has acked it. A record dropped to make room is lost only for the
-// collectors that had not acked it: the loss records and carried run events
-// say which (DataLoss/RunEvent.spool_collectors, a bit per cursor), and
-// ReadAfter gives each collector only its own, with the mask cleared.
+// Cursors: one per collector over the same records, each with its own acks
+// (record.ackedBy, ack-log kind 'A'+i). Loss records and carried run events
+// say which collectors they are for (spool_collectors, a bit per cursor, 0:
+// all); ReadAfter gives each collector only its own, with the mask cleared.
 
 import (
 	"cmp"
@@ -108,8 +105,7 @@ func (c *Cursor) Len() int {
 	return c.s.pendingFor[c.i]
 }
 
-// countPending sets pendingFor from the records (at open; afterwards it is
-// kept up to date as records come, are acked and go).
+// countPending sets pendingFor from the records at open.
 func (s *Spool) countPending() {
 	s.pendingFor = [MaxCollectors]int{}
 	for _, g := range s.segs {
@@ -139,10 +135,9 @@ func (c *Cursor) Stats() CursorStats {
 	return c.s.cursorStats[c.i]
 }
 
-// cursorRemap maps the cursor index of each ack-log kind, as written by the
-// process before (the state's collector names), to this spool's, or -1 when
-// that collector is no longer configured. A spool opened without names,
-// before or now, maps index to index.
+// cursorRemap maps each cursor index of the process before (the state's
+// collector names) to this spool's, -1 for a collector no longer configured;
+// without names, before or now, index to index.
 func (s *Spool) cursorRemap() (m [MaxCollectors]int, remapped bool) {
 	for i := range m {
 		m[i] = -1

@@ -114,16 +114,13 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 		}
 	}
 	own, _ := s.narrow(0, forMask)
-	per := map[string]*trainmeterv1.DataLoss{}
-	var order []string
+	var recs []*trainmeterv1.DataLoss // one per run, in order of appearance
 	lossOf := func(id string) *trainmeterv1.DataLoss {
-		l := per[id]
-		if l == nil {
-			l = &trainmeterv1.DataLoss{RunId: id, Batches: 1, Reason: reason}
-			per[id] = l
-			order = append(order, id)
+		if i := slices.IndexFunc(recs, func(l *trainmeterv1.DataLoss) bool { return l.RunId == id }); i >= 0 {
+			return recs[i]
 		}
-		return l
+		recs = append(recs, &trainmeterv1.DataLoss{RunId: id, Batches: 1, Reason: reason})
+		return recs[len(recs)-1]
 	}
 	// A garbled figure (NaN, negative, past the collector's limit) is left
 	// out of the record, which still reports the batch lost for the run.
@@ -165,13 +162,11 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 	}
 	// The node's record (run id "") goes the same ways as the runs'.
 	node, nodeGarbled := nodeLoss(b, reason)
-	per[""] = node
-	order = append(order, "")
+	recs = append(recs, node)
 	if garbled || nodeGarbled {
 		s.log.Error("spool: a dropped batch has garbled figures; its loss is reported without them", "seq", b.GetSeq())
 	}
-	for _, id := range order {
-		l := per[id]
+	for _, l := range recs {
 		if inDoubt && len(s.seqLosses) < maxPerSeqRec {
 			// With its window start the collector finds the batch by its
 			// GPU/host record, which is all it keeps of most batches.
@@ -179,7 +174,7 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 			s.seqLosses = append(s.seqLosses, l)
 			continue
 		}
-		s.mergeLoss(id, own, l)
+		s.mergeLoss(l.RunId, own, l)
 	}
 }
 

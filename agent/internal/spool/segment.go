@@ -95,7 +95,7 @@ func (s *Spool) readSegment(path string, first, prevSeq uint64, last bool) (*seg
 		_ = os.Remove(path)
 		return nil, "", nil
 	}
-	g := &segment{path: path, first: first, hdrSize: int64(hdr)}
+	g := &segment{path: path, first: first}
 	var off int64
 	var bad string
 	g.recs, off, bad = scanRecords(data, int64(hdr), prevSeq)
@@ -123,7 +123,7 @@ func (s *Spool) addSegment(g *segment) {
 	s.segs = append(s.segs, g)
 	for _, r := range g.recs {
 		s.bySeq[r.seq] = r
-		s.segOf[r] = g
+		r.seg = g
 	}
 	s.bytes += g.size
 }
@@ -171,7 +171,7 @@ func (s *Spool) write(seq uint64, data []byte) error {
 		}
 		return err
 	}
-	r := &record{seq: seq, off: g.size, size: int64(len(data))}
+	r := &record{seg: g, seq: seq, off: g.size, size: int64(len(data))}
 	s.remember(r, data)
 	g.recs = append(g.recs, r)
 	g.live++
@@ -179,7 +179,6 @@ func (s *Spool) write(seq uint64, data []byte) error {
 	g.size += int64(len(data))
 	s.bytes += int64(len(data))
 	s.bySeq[seq] = r
-	s.segOf[r] = g
 	return nil
 }
 
@@ -208,7 +207,7 @@ func (s *Spool) startSegment(seq uint64) error {
 		return err
 	}
 	s.active = f
-	g := &segment{path: path, first: seq, size: int64(len(hdr)), hdrSize: int64(len(hdr))}
+	g := &segment{path: path, first: seq, size: int64(len(hdr))}
 	s.segs = append(s.segs, g)
 	s.bytes += g.size
 	return nil
@@ -230,7 +229,6 @@ func (s *Spool) removeSegment(i int) {
 		s.forget(r)
 		s.addPending(r, -1)
 		delete(s.bySeq, r.seq)
-		delete(s.segOf, r)
 	}
 	s.bytes -= g.size
 	s.segs = slices.Delete(s.segs, i, i+1)

@@ -162,6 +162,7 @@ type Stats struct {
 }
 
 type record struct {
+	seg   *segment
 	seq   uint64
 	off   int64 // of the record header
 	size  int64 // header + payload
@@ -176,12 +177,11 @@ type record struct {
 }
 
 type segment struct {
-	path    string
-	first   uint64
-	size    int64
-	recs    []*record
-	live    int // records neither acked nor gone
-	hdrSize int64
+	path  string
+	first uint64
+	size  int64
+	recs  []*record
+	live  int // records neither acked nor gone
 }
 
 // Spool is safe for concurrent use.
@@ -206,7 +206,6 @@ type Spool struct {
 	effMax       int64
 	segs         []*segment
 	bySeq        map[uint64]*record
-	segOf        map[*record]*segment
 	active       WriteFile // open append handle of segs[len-1], nil if none
 	ackf         *os.File
 	ackLogN      int
@@ -285,7 +284,7 @@ func OpenWith(dir string, maxBytes int64, o Options) (*Spool, error) {
 	s := &Spool{
 		dir: dir, maxBytes: maxBytes, segBytes: seg, cfgSegBytes: seg, log: o.Logger, openFile: o.OpenFile, openRead: o.OpenRead, lock: lock,
 		tailMax: o.TailBytes,
-		effMax:  maxBytes, bySeq: map[uint64]*record{}, segOf: map[*record]*segment{},
+		effMax:  maxBytes, bySeq: map[uint64]*record{},
 		losses: map[string]*trainmeterv1.DataLoss{},
 		names:  append([]string(nil), o.Collectors...),
 	}
@@ -495,7 +494,7 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 }
 
 func (s *Spool) readLocked(r *record) (*trainmeterv1.Batch, error) {
-	rd := s.reader(s.segOf[r])
+	rd := s.reader(r.seg)
 	defer rd.close()
 	return rd.read(r)
 }

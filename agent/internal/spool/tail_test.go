@@ -108,7 +108,7 @@ func TestDamageToAnEvictedRecordIsStillDetected(t *testing.T) {
 		mustAppend(t, s, batch(i, "r"))
 	}
 	r := s.bySeq[2]
-	f, err := os.OpenFile(s.segOf[r].path, os.O_WRONLY, 0)
+	f, err := os.OpenFile(r.seg.path, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
