@@ -20,11 +20,10 @@ func (s *Spool) ackLocked(i int, seq uint64) bool {
 		return false
 	}
 	r := s.bySeq[seq]
-	bit := uint8(1) << i
-	if r == nil || r.acked || r.gone || r.ackedBy&bit != 0 {
+	if r == nil || !r.waits(i) {
 		return false
 	}
-	r.ackedBy |= bit
+	r.ackedBy |= 1 << i
 	s.pendingFor[i]--
 	if s.ackf != nil {
 		if _, err := s.ackf.Write(appendAck(nil, i, seq)); err != nil {
@@ -35,7 +34,7 @@ func (s *Spool) ackLocked(i int, seq uint64) bool {
 	if r.ackedBy&s.all != s.all {
 		return true
 	}
-	r.acked = true
+	r.done = true
 	s.forget(r)
 	r.seg.live--
 	if s.effMax < s.maxBytes && s.unackedLocked() == 0 {
@@ -69,7 +68,7 @@ func (s *Spool) loadAcks() error {
 			continue
 		}
 		r := s.bySeq[binary.LittleEndian.Uint64(e[1:9])]
-		if r == nil || r.acked || r.gone {
+		if r == nil || r.done {
 			continue
 		}
 		old := e[0] - ackKindAck
@@ -86,7 +85,7 @@ func (s *Spool) loadAcks() error {
 			r.ackedBy = s.all
 		}
 		if r.ackedBy&s.all == s.all {
-			r.acked = true
+			r.done = true
 			r.seg.live--
 		}
 	}

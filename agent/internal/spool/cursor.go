@@ -118,11 +118,8 @@ func (s *Spool) countPending() {
 // addPending adds d to the pending count of every collector that has not
 // acked r: 1 for a record held, -1 for one that goes (dropped, unreadable).
 func (s *Spool) addPending(r *record, d int) {
-	if r.acked || r.gone {
-		return
-	}
 	for i := range s.Cursors() {
-		if r.ackedBy&(1<<i) == 0 {
+		if r.waits(i) {
 			s.pendingFor[i] += d
 		}
 	}

@@ -27,7 +27,7 @@ func (s *Spool) evictOldest(reason string) {
 	var lagging uint8 // the collectors that lose something
 	rd := s.reader(g)
 	for _, r := range g.recs {
-		if r.acked || r.gone {
+		if r.done {
 			continue
 		}
 		dropped++
@@ -321,7 +321,7 @@ func isNoSpace(err error) bool {
 // its loss to that collector.
 func (s *Spool) rejectLocked(i int, seq uint64, reason string) {
 	r := s.bySeq[seq]
-	if s.closed || r == nil || r.acked || r.gone || r.ackedBy&(1<<i) != 0 {
+	if s.closed || r == nil || !r.waits(i) {
 		return
 	}
 	b, rerr := s.readLocked(r)

@@ -162,16 +162,15 @@ type Stats struct {
 }
 
 type record struct {
-	seg   *segment
-	seq   uint64
-	off   int64 // of the record header
-	size  int64 // header + payload
-	acked bool  // by every collector: the record is done
+	seg  *segment
+	seq  uint64
+	off  int64 // of the record header
+	size int64 // header + payload
 	// ackedBy has bit i set once the i-th collector acked the record.
 	ackedBy uint8
+	done    bool // acked by every collector, or dropped or unreadable
 	sent    bool // handed to the uplink at least once (possibly applied)
 	doubt   bool // present at open: a previous process may have sent it
-	gone    bool // dropped or unreadable
 	// data is the encoded record while the in-memory tail holds it (tail.go).
 	data []byte
 }
@@ -183,6 +182,9 @@ type segment struct {
 	recs  []*record
 	live  int // records neither acked nor gone
 }
+
+// waits reports whether collector i has yet to get r.
+func (r *record) waits(i int) bool { return !r.done && r.ackedBy&(1<<i) == 0 }
 
 // Spool is safe for concurrent use.
 type Spool struct {
@@ -467,7 +469,7 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 			if len(out) >= n {
 				break
 			}
-			if r.seq <= after || r.acked || r.gone || r.ackedBy&(1<<i) != 0 {
+			if r.seq <= after || !r.waits(i) {
 				continue
 			}
 			b, err := rd.read(r)
@@ -478,7 +480,7 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 				s.log.Error("spool: a held batch no longer reads back; dropping it (loss unknown)", "seq", r.seq, "err", err)
 				s.addPending(r, -1)
 				s.forget(r)
-				r.gone = true
+				r.done = true
 				g.live--
 				s.stats.Dropped++
 				s.stats.DroppedBytes += uint64(r.size)

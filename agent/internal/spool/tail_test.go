@@ -148,10 +148,10 @@ func TestTailNeverServesAckedDroppedOrRemovedRecords(t *testing.T) {
 	held := 0
 	for _, g := range s.segs {
 		for _, r := range g.recs {
-			if r.data != nil && (r.acked || r.gone) {
+			if r.data != nil && r.done {
 				t.Errorf("seq %d is acked or gone but still in memory", r.seq)
 			}
-			if !r.acked && !r.gone {
+			if !r.done {
 				held++
 			}
 		}
