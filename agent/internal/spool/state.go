@@ -36,22 +36,19 @@ type stateJSON struct {
 	Collectors []string `json:"collectors,omitempty"`
 }
 
+// lossJSON is a DataLoss in the state file, field for field; Collectors is
+// spool_collectors (0: all of them).
 type lossJSON struct {
-	RunID      string  `json:"run_id"`
-	Batches    uint64  `json:"batches"`
-	Tokens     uint64  `json:"tokens"`
-	EnergyJ    float64 `json:"energy_j"`
-	GPUSeconds float64 `json:"gpu_seconds"`
-	Reason     string  `json:"reason"`
-	Seq        uint64  `json:"seq,omitempty"`
-	// Collectors is DataLoss.spool_collectors: 0, all of them.
-	Collectors uint32 `json:"collectors,omitempty"`
-	// WindowStart is DataLoss.window_start (with Seq).
-	WindowStart *time.Time `json:"window_start,omitempty"`
-	// HostEnergyJ is DataLoss.host_energy_j.
-	HostEnergyJ float64 `json:"host_energy_j,omitempty"`
-	// The node's record (RunID ""): DataLoss.idle_* and
-	// first_window_start.
+	RunID            string     `json:"run_id"`
+	Batches          uint64     `json:"batches"`
+	Tokens           uint64     `json:"tokens"`
+	EnergyJ          float64    `json:"energy_j"`
+	GPUSeconds       float64    `json:"gpu_seconds"`
+	Reason           string     `json:"reason"`
+	Seq              uint64     `json:"seq,omitempty"`
+	Collectors       uint32     `json:"collectors,omitempty"`
+	WindowStart      *time.Time `json:"window_start,omitempty"`
+	HostEnergyJ      float64    `json:"host_energy_j,omitempty"`
 	IdleEnergyJ      float64    `json:"idle_energy_j,omitempty"`
 	IdleGPUSeconds   float64    `json:"idle_gpu_seconds,omitempty"`
 	IdleHostEnergyJ  float64    `json:"idle_host_energy_j,omitempty"`
@@ -66,12 +63,7 @@ func decodeLoss(raw json.RawMessage) *trainmeterv1.DataLoss {
 	d := &trainmeterv1.DataLoss{RunId: l.RunID, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
 		GpuSeconds: l.GPUSeconds, Reason: l.Reason, Seq: l.Seq, SpoolCollectors: l.Collectors, HostEnergyJ: l.HostEnergyJ,
 		IdleEnergyJ: l.IdleEnergyJ, IdleGpuSeconds: l.IdleGPUSeconds, IdleHostEnergyJ: l.IdleHostEnergyJ}
-	if l.WindowStart != nil {
-		d.WindowStart = timestamppb.New(*l.WindowStart)
-	}
-	if l.FirstWindowStart != nil {
-		d.FirstWindowStart = timestamppb.New(*l.FirstWindowStart)
-	}
+	d.WindowStart, d.FirstWindowStart = tsOf(l.WindowStart), tsOf(l.FirstWindowStart)
 	return d
 }
 
@@ -79,16 +71,24 @@ func encodeLoss(l *trainmeterv1.DataLoss) json.RawMessage {
 	j := lossJSON{RunID: l.RunId, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
 		GPUSeconds: l.GpuSeconds, Reason: l.Reason, Seq: l.Seq, Collectors: l.SpoolCollectors, HostEnergyJ: l.HostEnergyJ,
 		IdleEnergyJ: l.IdleEnergyJ, IdleGPUSeconds: l.IdleGpuSeconds, IdleHostEnergyJ: l.IdleHostEnergyJ}
-	if l.WindowStart != nil {
-		ws := l.WindowStart.AsTime()
-		j.WindowStart = &ws
-	}
-	if l.FirstWindowStart != nil {
-		fw := l.FirstWindowStart.AsTime()
-		j.FirstWindowStart = &fw
-	}
+	j.WindowStart, j.FirstWindowStart = timeOf(l.WindowStart), timeOf(l.FirstWindowStart)
 	b, _ := json.Marshal(j)
 	return b
+}
+
+func tsOf(t *time.Time) *timestamppb.Timestamp {
+	if t == nil {
+		return nil
+	}
+	return timestamppb.New(*t)
+}
+
+func timeOf(ts *timestamppb.Timestamp) *time.Time {
+	if ts == nil {
+		return nil
+	}
+	t := ts.AsTime()
+	return &t
 }
 
 func readState(path string) (*stateJSON, error) {

@@ -39,12 +39,9 @@ type Config struct {
 	Address string
 	// Hello is sent first on every stream; its boot id must be the spool's.
 	Hello *trainmeterv1.Hello
-	// Spool holds every batch until it is acked (required). It bounds what
-	// is held and drops (and reports) the oldest when full. The uplink does
-	// not close it.
-	Spool *spool.Spool
-	// Cursor is which of the spool's cursors (collectors) this uplink
-	// serves; 0 with a single collector.
+	// Spool holds every batch until it is acked (required); the uplink
+	// does not close it. Cursor is the spool cursor (collector) it serves.
+	Spool  *spool.Spool
 	Cursor int
 	// MinBackoff and MaxBackoff bound the reconnect delay: its step doubles
 	// from MinBackoff (0: 250 ms) to MaxBackoff (0: DefaultMaxBackoff), and
@@ -146,11 +143,9 @@ func New(cfg Config) (*Uplink, error) {
 		retryNow: make(chan struct{}, 1)}, nil
 }
 
-// Enqueue hands a batch over for delivery: it is appended to the spool (which
-// assigns its seq) and the sender is woken. It never waits for the network;
-// the spool write goes to the page cache, not through fsync. A spool error
-// (the batch did not fit, the disk failed) is logged and counted by the
-// spool, and the batch's loss is reported with the next one.
+// Enqueue appends a batch to the spool (which assigns its seq) and wakes the
+// sender; it never waits for the network or an fsync. A spool error is
+// logged; the spool counts it and reports the loss with the next batch.
 func (u *Uplink) Enqueue(b *trainmeterv1.Batch) {
 	if err := u.cfg.Spool.Append(b); err != nil {
 		u.cfg.Logger.Error("uplink: batch not spooled", "err", err)
@@ -200,8 +195,7 @@ func (u *Uplink) Stats() Stats {
 }
 
 // Flush waits until this collector has acked every spooled batch (or it
-// was dropped), or ctx ends.
-// What is not acked stays in the spool for the next start.
+// was dropped), or ctx ends. What is not acked stays in the spool.
 func (u *Uplink) Flush(ctx context.Context) error {
 	// A loss report waiting for a next batch gets one now.
 	if err := u.cfg.Spool.FlushPending(u.cfg.Clock.Now()); err != nil {
