@@ -26,26 +26,15 @@ func (s *Spool) load() error {
 	if err != nil {
 		return err
 	}
-	if st != nil {
-		s.loadedNames = st.Collectors
-		if len(s.names) == 0 && len(st.Collectors) > 0 && checkCollectors(st.Collectors) == nil {
-			// Opened without a collector list (the doctor): keep the
-			// spool's, so that no collector's acks are rewritten away.
-			s.names = append([]string(nil), st.Collectors...)
-			s.all = uint8(1)<<len(s.names) - 1
-		}
+	s.loadedNames = st.Collectors
+	if len(s.names) == 0 && len(st.Collectors) > 0 && checkCollectors(st.Collectors) == nil {
+		// Opened without a collector list (the doctor): keep the
+		// spool's, so that no collector's acks are rewritten away.
+		s.names = append([]string(nil), st.Collectors...)
+		s.all = uint8(1)<<len(s.names) - 1
 	}
 	removeTemps(s.dir)
-
-	found, err := s.listSegments()
-	if err != nil {
-		return err
-	}
-	bootID := ""
-	if st != nil {
-		bootID = st.BootID
-	}
-	bootID, lastSeq, err := s.loadSegments(found, bootID)
+	bootID, lastSeq, err := s.loadSegments(st.BootID)
 	if err != nil {
 		return err
 	}
@@ -77,9 +66,9 @@ func (s *Spool) load() error {
 	return nil
 }
 
-// loadState reads the state file; a corrupt one is counted and treated as
-// absent, since the segments can still name the boot id. One of another
-// format is refused.
+// loadState reads the state file; an absent or corrupt one (counted) gives
+// the zero state, since the segments can still name the boot id. One of
+// another format is refused.
 func (s *Spool) loadState() (*stateJSON, error) {
 	path := filepath.Join(s.dir, stateName)
 	st, err := readState(path)
@@ -94,7 +83,7 @@ func (s *Spool) loadState() (*stateJSON, error) {
 		s.log.Error("spool: state file is corrupt; recovering the boot id from the segments or starting a new one",
 			"file", path, "err", err)
 	}
-	return nil, nil
+	return &stateJSON{}, nil
 }
 
 type segName struct {
@@ -125,7 +114,11 @@ func (s *Spool) listSegments() ([]segName, error) {
 // loadSegments reads every segment, keeping those of bootID (or of the
 // first readable header when the state named none), and returns the boot id
 // and the last seq kept.
-func (s *Spool) loadSegments(found []segName, bootID string) (string, uint64, error) {
+func (s *Spool) loadSegments(bootID string) (string, uint64, error) {
+	found, err := s.listSegments()
+	if err != nil {
+		return "", 0, err
+	}
 	var lastSeq uint64
 	for i, f := range found {
 		last := i == len(found)-1
@@ -179,24 +172,20 @@ func (s *Spool) ensureBootID(bootID string) string {
 // open it continues past the reserved seqs, so no seq the collector may
 // already hold is reused.
 func (s *Spool) restoreSeq(st *stateJSON, lastSeq uint64) {
-	s.nextSeq = max(lastSeq+1, 1)
-	if st != nil {
-		s.nextSeq = max(s.nextSeq, st.NextSeq)
-		if (s.stats.CorruptRecords > 0 || s.stats.CorruptBytes > 0) && st.SeqReserved > s.nextSeq {
-			s.log.Warn("spool: data was lost at open; skipping to the reserved seq so no seq is reused",
-				"from", s.nextSeq, "to", st.SeqReserved)
-			s.nextSeq = st.SeqReserved
-		}
-		s.reserved = st.SeqReserved
+	s.nextSeq = max(lastSeq+1, 1, st.NextSeq)
+	if (s.stats.CorruptRecords > 0 || s.stats.CorruptBytes > 0) && st.SeqReserved > s.nextSeq {
+		s.log.Warn("spool: data was lost at open; skipping to the reserved seq so no seq is reused",
+			"from", s.nextSeq, "to", st.SeqReserved)
+		s.nextSeq = st.SeqReserved
 	}
-	s.reserved = max(s.reserved, s.nextSeq)
+	s.reserved = max(st.SeqReserved, s.nextSeq)
 }
 
 // restorePendingLosses takes back the state's loss report and carried
 // events. A pending report is still pending unless the batch meant to carry
 // it (seq = the state's next_seq) made it into a segment.
 func (s *Spool) restorePendingLosses(st *stateJSON, lastSeq uint64) {
-	if st == nil || st.BootID != s.bootID || (lastSeq >= st.NextSeq && lastSeq != 0) {
+	if st.BootID != s.bootID || (lastSeq >= st.NextSeq && lastSeq != 0) {
 		return
 	}
 	// Masks are in the previous process's cursor indices.
