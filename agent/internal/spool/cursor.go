@@ -71,14 +71,6 @@ func (c *Cursor) Ack(seq uint64) {
 	}
 }
 
-// Reject drops seq for this collector for good (it refused the batch) and
-// reports the loss to it alone; the other collectors still get the batch.
-func (c *Cursor) Reject(seq uint64, reason string) {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	c.s.rejectLocked(c.i, seq, reason)
-}
-
 // MarkSent records that seq went out on a stream, so that if it is dropped
 // later its loss is reported as in doubt (a collector may hold it).
 func (c *Cursor) MarkSent(seq uint64) {
@@ -87,15 +79,6 @@ func (c *Cursor) MarkSent(seq uint64) {
 	if r := c.s.bySeq[seq]; r != nil {
 		r.sent = true
 	}
-}
-
-// ReadAfter returns up to n batches with seq > after that this collector has
-// not acked, in seq order, each carrying only the loss records and carried
-// run events meant for this collector.
-func (c *Cursor) ReadAfter(after uint64, n int) ([]*trainmeterv1.Batch, error) {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	return c.s.readAfterLocked(c.i, after, n)
 }
 
 // Len is the number of batches held that this collector has not acked.

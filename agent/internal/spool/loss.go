@@ -317,9 +317,12 @@ func isNoSpace(err error) bool {
 	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
-// rejectLocked drops seq for collector i, which refused it, and reports
-// its loss to that collector.
-func (s *Spool) rejectLocked(i int, seq uint64, reason string) {
+// Reject drops seq for this collector for good (it refused the batch) and
+// reports the loss to it alone; the other collectors still get the batch.
+func (c *Cursor) Reject(seq uint64, reason string) {
+	s, i := c.s, c.i
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	r := s.bySeq[seq]
 	if s.closed || r == nil || !r.waits(i) {
 		return

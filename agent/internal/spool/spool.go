@@ -452,7 +452,14 @@ func (s *Spool) FlushPending(now time.Time) error {
 	return s.Append(&trainmeterv1.Batch{WindowStart: ts, WindowEnd: ts})
 }
 
-func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Batch, error) {
+// ReadAfter returns up to n batches with seq > after that this collector has
+// not acked, in seq order, each carrying only the loss records and carried
+// run events meant for this collector. A record that no longer reads back
+// (CRC) is dropped and counted.
+func (c *Cursor) ReadAfter(after uint64, n int) ([]*trainmeterv1.Batch, error) {
+	s, i := c.s, c.i
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
 		return nil, ErrClosed
 	}
