@@ -104,13 +104,11 @@ func (s *Spool) rewriteAcks() error {
 		s.ackf = nil
 	}
 	var buf []byte
-	n := 0
 	for _, g := range s.segs {
 		for _, r := range g.recs {
-			for i := range max(len(s.names), 1) {
+			for i := range s.Cursors() {
 				if r.ackedBy&(1<<i) != 0 {
 					buf = appendAck(buf, i, r.seq)
-					n++
 				}
 			}
 		}
@@ -124,7 +122,7 @@ func (s *Spool) rewriteAcks() error {
 		return fmt.Errorf("spool: %w", err)
 	}
 	s.ackf = f
-	s.ackLogN = n
+	s.ackLogN = len(buf) / ackEntry
 	return nil
 }
 
