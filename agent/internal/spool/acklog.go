@@ -1,8 +1,7 @@
 package spool
 
-// Acks: a collector's ack of a record, and the ack log that keeps them
-// (13-byte CRC-checked entries), replayed at open and compacted whenever a
-// segment goes.
+// Acks, and the ack log that keeps them (layout in spool.go): replayed at
+// open, compacted whenever a segment goes.
 
 import (
 	"encoding/binary"

@@ -1,8 +1,6 @@
 package spool
 
-// Opening a spool: read the state, scan the segments (cutting torn tails),
-// pick the boot id and the next seq, restore a pending loss report, replay
-// the ack log and enforce the bound. Each step is a method below, in order.
+// Opening a spool: load runs the steps below, in order.
 
 import (
 	"cmp"

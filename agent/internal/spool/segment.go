@@ -1,8 +1,6 @@
 package spool
 
-// Segment files: the header (magic, boot id, CRC), the record framing
-// (length, CRC32C over seq and payload), scanning at open, appending and
-// removing segments.
+// Segment files (layout in spool.go): scanning at open, appending, removing.
 
 import (
 	"encoding/binary"

@@ -1,7 +1,6 @@
 package spool
 
-// The state file: boot id, next and reserved seq, the pending loss report;
-// JSON plus a CRC32C line, replaced atomically.
+// The state file (layout in spool.go).
 
 import (
 	"bytes"
