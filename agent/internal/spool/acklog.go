@@ -1,8 +1,7 @@
 package spool
 
-// Acks: a collector's ack of a record, and the ack log that keeps them
-// (13-byte CRC-checked entries), replayed at open and compacted whenever a
-// segment goes.
+// Acks, and the ack log that keeps them (layout in spool.go): replayed at
+// open, compacted whenever a segment goes.
 
 import (
 	"encoding/binary"
@@ -20,11 +19,10 @@ func (s *Spool) ackLocked(i int, seq uint64) bool {
 		return false
 	}
 	r := s.bySeq[seq]
-	bit := uint8(1) << i
-	if r == nil || r.acked || r.gone || r.ackedBy&bit != 0 {
+	if r == nil || !r.waits(i) {
 		return false
 	}
-	r.ackedBy |= bit
+	r.ackedBy |= 1 << i
 	s.pendingFor[i]--
 	if s.ackf != nil {
 		if _, err := s.ackf.Write(appendAck(nil, i, seq)); err != nil {
@@ -35,9 +33,9 @@ func (s *Spool) ackLocked(i int, seq uint64) bool {
 	if r.ackedBy&s.all != s.all {
 		return true
 	}
-	r.acked = true
+	r.done = true
 	s.forget(r)
-	s.segOf[r].live--
+	r.seg.live--
 	if s.effMax < s.maxBytes && s.unackedLocked() == 0 {
 		// The collector took everything: the pressure that filled the
 		// disk is over.
@@ -60,7 +58,6 @@ func (s *Spool) loadAcks() error {
 		return fmt.Errorf("spool: %w", err)
 	}
 	bad := 0
-	cursorNow := s.before
 	before := map[*record]uint8{} // acks by the previous list's index
 	beforeAll := uint8(1)<<max(len(s.loadedNames), 1) - 1
 	for off := 0; off+ackEntry <= len(data); off += ackEntry {
@@ -70,12 +67,12 @@ func (s *Spool) loadAcks() error {
 			continue
 		}
 		r := s.bySeq[binary.LittleEndian.Uint64(e[1:9])]
-		if r == nil || r.acked || r.gone {
+		if r == nil || r.done {
 			continue
 		}
 		old := e[0] - ackKindAck
 		before[r] |= 1 << old
-		if i := cursorNow[old]; i >= 0 {
+		if i := s.before[old]; i >= 0 {
 			r.ackedBy |= 1 << i
 		}
 	}
@@ -87,8 +84,8 @@ func (s *Spool) loadAcks() error {
 			r.ackedBy = s.all
 		}
 		if r.ackedBy&s.all == s.all {
-			r.acked = true
-			s.segOf[r].live--
+			r.done = true
+			r.seg.live--
 		}
 	}
 	if bad > 0 || len(data)%ackEntry != 0 {
@@ -106,13 +103,11 @@ func (s *Spool) rewriteAcks() error {
 		s.ackf = nil
 	}
 	var buf []byte
-	n := 0
 	for _, g := range s.segs {
 		for _, r := range g.recs {
-			for i := range max(len(s.names), 1) {
+			for i := range s.Cursors() {
 				if r.ackedBy&(1<<i) != 0 {
 					buf = appendAck(buf, i, r.seq)
-					n++
 				}
 			}
 		}
@@ -126,7 +121,7 @@ func (s *Spool) rewriteAcks() error {
 		return fmt.Errorf("spool: %w", err)
 	}
 	s.ackf = f
-	s.ackLogN = n
+	s.ackLogN = len(buf) / ackEntry
 	return nil
 }
 

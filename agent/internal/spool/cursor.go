@@ -1,14 +1,12 @@
 package spool
 
-// Cursors: one per collector of a pair (or more) over the same records.
-// Each collector's acks are kept apart (record.ackedBy, ack-log kind
-// 'A'+i); a record is done, and its segment may go, once every collector
-// has acked it. A record dropped to make room is lost only for the
-// collectors that had not acked it: the loss records and carried run events
-// say which (DataLoss/RunEvent.spool_collectors, a bit per cursor), and
-// ReadAfter gives each collector only its own, with the mask cleared.
+// Cursors: one per collector over the same records, each with its own acks
+// (record.ackedBy, ack-log kind 'A'+i). Loss records and carried run events
+// say which collectors they are for (spool_collectors, a bit per cursor, 0:
+// all); ReadAfter gives each collector only its own, with the mask cleared.
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 
@@ -73,14 +71,6 @@ func (c *Cursor) Ack(seq uint64) {
 	}
 }
 
-// Reject drops seq for this collector for good (it refused the batch) and
-// reports the loss to it alone; the other collectors still get the batch.
-func (c *Cursor) Reject(seq uint64, reason string) {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	c.s.rejectLocked(c.i, seq, reason)
-}
-
 // MarkSent records that seq went out on a stream, so that if it is dropped
 // later its loss is reported as in doubt (a collector may hold it).
 func (c *Cursor) MarkSent(seq uint64) {
@@ -91,15 +81,6 @@ func (c *Cursor) MarkSent(seq uint64) {
 	}
 }
 
-// ReadAfter returns up to n batches with seq > after that this collector has
-// not acked, in seq order, each carrying only the loss records and carried
-// run events meant for this collector.
-func (c *Cursor) ReadAfter(after uint64, n int) ([]*trainmeterv1.Batch, error) {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	return c.s.readAfterLocked(c.i, after, n)
-}
-
 // Len is the number of batches held that this collector has not acked.
 func (c *Cursor) Len() int {
 	c.s.mu.Lock()
@@ -107,30 +88,21 @@ func (c *Cursor) Len() int {
 	return c.s.pendingFor[c.i]
 }
 
-// countPending sets pendingFor from the records (at open; afterwards it is
-// kept up to date as records come, are acked and go).
+// countPending sets pendingFor from the records at open.
 func (s *Spool) countPending() {
 	s.pendingFor = [MaxCollectors]int{}
 	for _, g := range s.segs {
 		for _, r := range g.recs {
-			s.pend(r)
+			s.addPending(r, 1)
 		}
 	}
 }
 
-// unpend takes a record that goes (dropped, unreadable) off the pending
-// count of every collector that had not acked it.
-func (s *Spool) unpend(r *record) { s.addPending(r, -1) }
-
-// pend counts a record held on every collector that has not acked it.
-func (s *Spool) pend(r *record) { s.addPending(r, 1) }
-
+// addPending adds d to the pending count of every collector that has not
+// acked r: 1 for a record held, -1 for one that goes (dropped, unreadable).
 func (s *Spool) addPending(r *record, d int) {
-	if r.acked || r.gone {
-		return
-	}
 	for i := range s.Cursors() {
-		if r.ackedBy&(1<<i) == 0 {
+		if r.waits(i) {
 			s.pendingFor[i] += d
 		}
 	}
@@ -143,10 +115,9 @@ func (c *Cursor) Stats() CursorStats {
 	return c.s.cursorStats[c.i]
 }
 
-// cursorRemap maps the cursor index of each ack-log kind, as written by the
-// process before (the state's collector names), to this spool's, or -1 when
-// that collector is no longer configured. A spool opened without names,
-// before or now, maps index to index.
+// cursorRemap maps each cursor index of the process before (the state's
+// collector names) to this spool's, -1 for a collector no longer configured;
+// without names, before or now, index to index.
 func (s *Spool) cursorRemap() (m [MaxCollectors]int, remapped bool) {
 	for i := range m {
 		m[i] = -1
@@ -207,19 +178,17 @@ func (s *Spool) fromBefore(b *trainmeterv1.Batch) {
 	if !s.remapped || b.Seq >= s.openSeq {
 		return
 	}
-	for _, l := range slices.Concat(b.Losses, b.NodeLosses) {
-		if m, ok := s.maskNow(l.SpoolCollectors); ok {
-			l.SpoolCollectors = m
-		} else {
-			l.SpoolCollectors = noCollector
+	now := func(old uint32) uint32 {
+		if m, ok := s.maskNow(old); ok {
+			return m
 		}
+		return noCollector
+	}
+	for _, l := range slices.Concat(b.Losses, b.NodeLosses) {
+		l.SpoolCollectors = now(l.SpoolCollectors)
 	}
 	for _, e := range b.RunEvents {
-		if m, ok := s.maskNow(e.SpoolCollectors); ok {
-			e.SpoolCollectors = m
-		} else {
-			e.SpoolCollectors = noCollector
-		}
+		e.SpoolCollectors = now(e.SpoolCollectors)
 	}
 }
 
@@ -236,16 +205,13 @@ func (s *Spool) narrow(have uint32, to uint8) (mask uint32, ok bool) {
 // forCollector keeps only the loss records and carried events of b meant
 // for collector i, and clears their masks: a collector never sees one.
 func (s *Spool) forCollector(b *trainmeterv1.Batch, i int) *trainmeterv1.Batch {
-	bit := uint32(1) << i
-	notFor := func(l *trainmeterv1.DataLoss) bool { return l.SpoolCollectors != 0 && l.SpoolCollectors&bit == 0 }
-	b.Losses = slices.DeleteFunc(b.Losses, notFor)
-	b.NodeLosses = slices.DeleteFunc(b.NodeLosses, notFor)
+	notFor := func(mask uint32) bool { return mask != 0 && mask&(1<<i) == 0 }
+	b.Losses = slices.DeleteFunc(b.Losses, func(l *trainmeterv1.DataLoss) bool { return notFor(l.SpoolCollectors) })
+	b.NodeLosses = slices.DeleteFunc(b.NodeLosses, func(l *trainmeterv1.DataLoss) bool { return notFor(l.SpoolCollectors) })
+	b.RunEvents = slices.DeleteFunc(b.RunEvents, func(e *trainmeterv1.RunEvent) bool { return notFor(e.SpoolCollectors) })
 	for _, l := range slices.Concat(b.Losses, b.NodeLosses) {
 		l.SpoolCollectors = 0
 	}
-	b.RunEvents = slices.DeleteFunc(b.RunEvents, func(e *trainmeterv1.RunEvent) bool {
-		return e.SpoolCollectors != 0 && e.SpoolCollectors&bit == 0
-	})
 	for _, e := range b.RunEvents {
 		e.SpoolCollectors = 0
 	}
@@ -256,13 +222,8 @@ func (s *Spool) forCollector(b *trainmeterv1.Batch, i int) *trainmeterv1.Batch {
 func (s *Spool) maskNames(mask uint8) []string {
 	var out []string
 	for i := range s.Cursors() {
-		if mask&(1<<i) == 0 {
-			continue
-		}
-		if i < len(s.names) {
-			out = append(out, s.names[i])
-		} else {
-			out = append(out, "collector")
+		if mask&(1<<i) != 0 {
+			out = append(out, cmp.Or(s.Cursor(i).Name(), "collector"))
 		}
 	}
 	return out

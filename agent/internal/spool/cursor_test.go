@@ -116,8 +116,8 @@ func TestPairSpoolKeepsASingleCollectorSpoolsAcks(t *testing.T) {
 	for i := 1; i <= 5; i++ {
 		mustAppend(t, s, batch(i, "r"))
 	}
-	s.Ack(1)
-	s.Ack(2)
+	s.Cursor(0).Ack(1)
+	s.Cursor(0).Ack(2)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"hash/crc32"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -125,7 +126,7 @@ func FuzzOpenSegmentTail(f *testing.F) {
 				off += recHeader + n
 			}
 		}
-		got, err := s.Unacked()
+		got, err := s.Cursor(0).ReadAfter(0, math.MaxInt)
 		if err != nil {
 			t.Fatalf("reading back what was kept: %v", err)
 		}

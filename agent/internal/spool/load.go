@@ -1,17 +1,16 @@
 package spool
 
-// Opening a spool: read the state, scan the segments (cutting torn tails),
-// pick the boot id and the next seq, restore a pending loss report, replay
-// the ack log and enforce the bound. Each step is a method below, in order.
+// Opening a spool: load runs the steps below, in order.
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -25,26 +24,15 @@ func (s *Spool) load() error {
 	if err != nil {
 		return err
 	}
-	if st != nil {
-		s.loadedNames = st.Collectors
-		if len(s.names) == 0 && len(st.Collectors) > 0 && checkCollectors(st.Collectors) == nil {
-			// Opened without a collector list (the doctor): keep the
-			// spool's, so that no collector's acks are rewritten away.
-			s.names = append([]string(nil), st.Collectors...)
-			s.all = uint8(1)<<len(s.names) - 1
-		}
+	s.loadedNames = st.Collectors
+	if len(s.names) == 0 && len(st.Collectors) > 0 && checkCollectors(st.Collectors) == nil {
+		// Opened without a collector list (the doctor): keep the
+		// spool's, so that no collector's acks are rewritten away.
+		s.names = append([]string(nil), st.Collectors...)
+		s.all = uint8(1)<<len(s.names) - 1
 	}
-	_ = removeTemps(s.dir)
-
-	found, err := s.listSegments()
-	if err != nil {
-		return err
-	}
-	bootID := ""
-	if st != nil {
-		bootID = st.BootID
-	}
-	bootID, lastSeq, err := s.loadSegments(found, bootID)
+	removeTemps(s.dir)
+	bootID, lastSeq, err := s.loadSegments(st.BootID)
 	if err != nil {
 		return err
 	}
@@ -65,9 +53,7 @@ func (s *Spool) load() error {
 		s.log.Warn("spool: larger than its bound at open; dropping the oldest segment", "bytes", s.bytes, "max_bytes", s.effMax)
 		s.evictOldest("spool full")
 	}
-	if err := s.writeState(); err != nil {
-		s.log.Error("spool: writing the state file", "err", err)
-	}
+	s.saveState()
 	if s.stats.CorruptRecords > 0 || s.stats.CorruptBytes > 0 {
 		s.log.Warn("spool: discarded corrupt or torn data at open",
 			"records", s.stats.CorruptRecords, "bytes", s.stats.CorruptBytes, "dir", s.dir)
@@ -78,9 +64,9 @@ func (s *Spool) load() error {
 	return nil
 }
 
-// loadState reads the state file; a corrupt one is counted and treated as
-// absent, since the segments can still name the boot id. One of another
-// format is refused.
+// loadState reads the state file; an absent or corrupt one (counted) gives
+// the zero state, since the segments can still name the boot id. One of
+// another format is refused.
 func (s *Spool) loadState() (*stateJSON, error) {
 	path := filepath.Join(s.dir, stateName)
 	st, err := readState(path)
@@ -95,7 +81,7 @@ func (s *Spool) loadState() (*stateJSON, error) {
 		s.log.Error("spool: state file is corrupt; recovering the boot id from the segments or starting a new one",
 			"file", path, "err", err)
 	}
-	return nil, nil
+	return &stateJSON{}, nil
 }
 
 type segName struct {
@@ -119,14 +105,18 @@ func (s *Spool) listSegments() ([]segName, error) {
 		}
 		found = append(found, segName{n, first})
 	}
-	sort.Slice(found, func(i, j int) bool { return found[i].first < found[j].first })
+	slices.SortFunc(found, func(a, b segName) int { return cmp.Compare(a.first, b.first) })
 	return found, nil
 }
 
 // loadSegments reads every segment, keeping those of bootID (or of the
 // first readable header when the state named none), and returns the boot id
 // and the last seq kept.
-func (s *Spool) loadSegments(found []segName, bootID string) (string, uint64, error) {
+func (s *Spool) loadSegments(bootID string) (string, uint64, error) {
+	found, err := s.listSegments()
+	if err != nil {
+		return "", 0, err
+	}
 	var lastSeq uint64
 	for i, f := range found {
 		last := i == len(found)-1
@@ -180,44 +170,33 @@ func (s *Spool) ensureBootID(bootID string) string {
 // open it continues past the reserved seqs, so no seq the collector may
 // already hold is reused.
 func (s *Spool) restoreSeq(st *stateJSON, lastSeq uint64) {
-	s.nextSeq = max(lastSeq+1, 1)
-	if st != nil && st.NextSeq > s.nextSeq {
-		s.nextSeq = st.NextSeq
-	}
-	if st != nil && (s.stats.CorruptRecords > 0 || s.stats.CorruptBytes > 0) && st.SeqReserved > s.nextSeq {
+	s.nextSeq = max(lastSeq+1, 1, st.NextSeq)
+	if (s.stats.CorruptRecords > 0 || s.stats.CorruptBytes > 0) && st.SeqReserved > s.nextSeq {
 		s.log.Warn("spool: data was lost at open; skipping to the reserved seq so no seq is reused",
 			"from", s.nextSeq, "to", st.SeqReserved)
 		s.nextSeq = st.SeqReserved
 	}
-	if st != nil {
-		s.reserved = st.SeqReserved
-	}
-	if s.reserved < s.nextSeq {
-		s.reserved = s.nextSeq
-	}
+	s.reserved = max(st.SeqReserved, s.nextSeq)
 }
 
 // restorePendingLosses takes back the state's loss report and carried
 // events. A pending report is still pending unless the batch meant to carry
 // it (seq = the state's next_seq) made it into a segment.
 func (s *Spool) restorePendingLosses(st *stateJSON, lastSeq uint64) {
-	if st == nil || st.BootID != s.bootID || (lastSeq >= st.NextSeq && lastSeq != 0) {
+	if st.BootID != s.bootID || (lastSeq >= st.NextSeq && lastSeq != 0) {
 		return
 	}
 	// Masks are in the previous process's cursor indices.
-	for _, raw := range st.Losses {
-		if l := decodeLoss(raw); l != nil {
-			if m, ok := s.maskNow(l.SpoolCollectors); ok {
-				s.mergeLoss(l.RunId, m, l)
-			}
+	for i, raw := range slices.Concat(st.Losses, st.SeqLosses) {
+		l := decodeLoss(raw)
+		if l == nil {
+			continue
 		}
-	}
-	for _, raw := range st.SeqLosses {
-		if l := decodeLoss(raw); l != nil {
-			if m, ok := s.maskNow(l.SpoolCollectors); ok {
-				l.SpoolCollectors = m
-				s.seqLosses = append(s.seqLosses, l)
-			}
+		if m, ok := s.maskNow(l.SpoolCollectors); ok && i < len(st.Losses) {
+			s.mergeLoss(l.RunId, m, l)
+		} else if ok {
+			l.SpoolCollectors = m
+			s.seqLosses = append(s.seqLosses, l)
 		}
 	}
 	for _, e := range st.Events {

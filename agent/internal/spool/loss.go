@@ -5,6 +5,7 @@ package spool
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"syscall"
@@ -26,19 +27,17 @@ func (s *Spool) evictOldest(reason string) {
 	var lagging uint8 // the collectors that lose something
 	rd := s.reader(g)
 	for _, r := range g.recs {
-		if r.acked || r.gone {
+		if r.done {
 			continue
 		}
 		dropped++
 		droppedBytes += int(r.size)
-		var b *trainmeterv1.Batch
-		if b, _ = rd.read(r); b != nil {
-			s.fromBefore(b)
-		}
-		if b == nil {
+		b, err := rd.read(r)
+		if err != nil {
 			s.log.Error("spool: a dropped batch could not be read back; its loss is unknown", "seq", r.seq)
 			continue
 		}
+		s.fromBefore(b)
 		// Only the collectors that had not acked it lose it.
 		forMask := s.all &^ r.ackedBy
 		lagging |= forMask
@@ -66,33 +65,16 @@ func (s *Spool) dropUnwritten(b *trainmeterv1.Batch, own []*trainmeterv1.DataLos
 	s.stats.DroppedBytes += uint64(size)
 	s.account(b, reason, false, true, s.all)
 	s.log.Error(err.Error(), "runs_affected", runIDs(b))
-	if werr := s.writeState(); werr != nil {
-		s.log.Error("spool: writing the state file", "err", werr)
-	}
+	s.saveState()
 	return err
 }
 
 func runIDs(b *trainmeterv1.Batch) []string {
-	seen := map[string]bool{}
 	var out []string
 	for _, w := range b.GetRunWindows() {
-		if !seen[w.GetRunId()] {
-			seen[w.GetRunId()] = true
+		if !slices.Contains(out, w.GetRunId()) {
 			out = append(out, w.GetRunId())
 		}
-	}
-	return out
-}
-
-// takeLossesPreview returns the pending loss records in a stable order
-// (they are cleared only once a batch carrying them is written).
-func (s *Spool) takeLossesPreview() []*trainmeterv1.DataLoss {
-	var out []*trainmeterv1.DataLoss
-	for _, id := range sortedKeys(s.losses) {
-		out = append(out, proto.Clone(s.losses[id]).(*trainmeterv1.DataLoss))
-	}
-	for _, l := range s.seqLosses {
-		out = append(out, proto.Clone(l).(*trainmeterv1.DataLoss))
 	}
 	return out
 }
@@ -132,16 +114,13 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 		}
 	}
 	own, _ := s.narrow(0, forMask)
-	per := map[string]*trainmeterv1.DataLoss{}
-	var order []string
+	var recs []*trainmeterv1.DataLoss // one per run, in order of appearance
 	lossOf := func(id string) *trainmeterv1.DataLoss {
-		l := per[id]
-		if l == nil {
-			l = &trainmeterv1.DataLoss{RunId: id, Batches: 1, Reason: reason}
-			per[id] = l
-			order = append(order, id)
+		if i := slices.IndexFunc(recs, func(l *trainmeterv1.DataLoss) bool { return l.RunId == id }); i >= 0 {
+			return recs[i]
 		}
-		return l
+		recs = append(recs, &trainmeterv1.DataLoss{RunId: id, Batches: 1, Reason: reason})
+		return recs[len(recs)-1]
 	}
 	// A garbled figure (NaN, negative, past the collector's limit) is left
 	// out of the record, which still reports the batch lost for the run.
@@ -183,13 +162,11 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 	}
 	// The node's record (run id "") goes the same ways as the runs'.
 	node, nodeGarbled := nodeLoss(b, reason)
-	per[""] = node
-	order = append(order, "")
+	recs = append(recs, node)
 	if garbled || nodeGarbled {
 		s.log.Error("spool: a dropped batch has garbled figures; its loss is reported without them", "seq", b.GetSeq())
 	}
-	for _, id := range order {
-		l := per[id]
+	for _, l := range recs {
 		if inDoubt && len(s.seqLosses) < maxPerSeqRec {
 			// With its window start the collector finds the batch by its
 			// GPU/host record, which is all it keeps of most batches.
@@ -197,7 +174,7 @@ func (s *Spool) account(b *trainmeterv1.Batch, reason string, inDoubt, carry boo
 			s.seqLosses = append(s.seqLosses, l)
 			continue
 		}
-		s.mergeLoss(id, own, l)
+		s.mergeLoss(l.RunId, own, l)
 	}
 }
 
@@ -278,9 +255,14 @@ func (s *Spool) mergeLoss(run string, collectors uint32, add *trainmeterv1.DataL
 // the whole batch, and the records it carried would go on with the next
 // batch to be refused again, so that no batch got through any more.
 func (s *Spool) attachLosses(b *trainmeterv1.Batch, own []*trainmeterv1.DataLoss) {
-	b.Losses = nil
-	b.NodeLosses = nil
-	for _, l := range slices.Concat(own, s.takeLossesPreview()) {
+	b.Losses, b.NodeLosses = nil, nil
+	// The pending records are copies, in a stable order: they are cleared
+	// only once a batch carrying them is written.
+	pending := slices.Concat(own, s.sortedLosses(), s.seqLosses)
+	for i, l := range pending[len(own):] {
+		pending[len(own)+i] = proto.Clone(l).(*trainmeterv1.DataLoss)
+	}
+	for _, l := range pending {
 		check, to := batchcheck.Loss, &b.Losses
 		if l.GetRunId() == "" {
 			check, to = batchcheck.NodeLoss, &b.NodeLosses
@@ -291,6 +273,15 @@ func (s *Spool) attachLosses(b *trainmeterv1.Batch, own []*trainmeterv1.DataLoss
 		}
 		*to = append(*to, l)
 	}
+}
+
+// sortedLosses is the pending aggregated loss records by key.
+func (s *Spool) sortedLosses() []*trainmeterv1.DataLoss {
+	var out []*trainmeterv1.DataLoss
+	for _, k := range slices.Sorted(maps.Keys(s.losses)) {
+		out = append(out, s.losses[k])
+	}
+	return out
 }
 
 func addReason(have, r string) string {
@@ -326,11 +317,14 @@ func isNoSpace(err error) bool {
 	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
-// rejectLocked drops seq for collector i, which refused it, and reports
-// its loss to that collector.
-func (s *Spool) rejectLocked(i int, seq uint64, reason string) {
+// Reject drops seq for this collector for good (it refused the batch) and
+// reports the loss to it alone; the other collectors still get the batch.
+func (c *Cursor) Reject(seq uint64, reason string) {
+	s, i := c.s, c.i
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	r := s.bySeq[seq]
-	if s.closed || r == nil || r.acked || r.gone || r.ackedBy&(1<<i) != 0 {
+	if s.closed || r == nil || !r.waits(i) {
 		return
 	}
 	b, rerr := s.readLocked(r)
@@ -347,8 +341,6 @@ func (s *Spool) rejectLocked(i int, seq uint64, reason string) {
 		// The collector stored nothing of it: certainly lost there.
 		// Its events are not carried on: they may be what was refused.
 		s.account(b, "rejected: "+reason, false, false, 1<<i)
-		if err := s.writeState(); err != nil {
-			s.log.Error("spool: writing the state file", "err", err)
-		}
+		s.saveState()
 	}
 }

@@ -54,7 +54,7 @@ func TestARefusedBatchDoesNotGetTheNextOnesRefused(t *testing.T) {
 			first := batch(1, "r")
 			c.edit(first)
 			mustAppend(t, s, first)
-			s.Reject(first.Seq, c.reason)
+			s.Cursor(0).Reject(first.Seq, c.reason)
 			for i := 2; i <= 5; i++ {
 				b := batch(i, "r")
 				mustAppend(t, s, b)
@@ -73,7 +73,7 @@ func TestARefusedBatchDoesNotGetTheNextOnesRefused(t *testing.T) {
 						t.Errorf("batch %d: loss reason %q", i, l.Reason)
 					}
 				}
-				s.Ack(b.Seq)
+				s.Cursor(0).Ack(b.Seq)
 			}
 		})
 	}

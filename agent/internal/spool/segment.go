@@ -1,8 +1,6 @@
 package spool
 
-// Segment files: the header (magic, boot id, CRC), the record framing
-// (length, CRC32C over seq and payload), scanning at open, appending and
-// removing segments.
+// Segment files (layout in spool.go): scanning at open, appending, removing.
 
 import (
 	"encoding/binary"
@@ -12,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -94,7 +93,7 @@ func (s *Spool) readSegment(path string, first, prevSeq uint64, last bool) (*seg
 		_ = os.Remove(path)
 		return nil, "", nil
 	}
-	g := &segment{path: path, first: first, hdrSize: int64(hdr)}
+	g := &segment{path: path, first: first}
 	var off int64
 	var bad string
 	g.recs, off, bad = scanRecords(data, int64(hdr), prevSeq)
@@ -122,7 +121,7 @@ func (s *Spool) addSegment(g *segment) {
 	s.segs = append(s.segs, g)
 	for _, r := range g.recs {
 		s.bySeq[r.seq] = r
-		s.segOf[r] = g
+		r.seg = g
 	}
 	s.bytes += g.size
 }
@@ -170,15 +169,14 @@ func (s *Spool) write(seq uint64, data []byte) error {
 		}
 		return err
 	}
-	r := &record{seq: seq, off: g.size, size: int64(len(data))}
+	r := &record{seg: g, seq: seq, off: g.size, size: int64(len(data))}
 	s.remember(r, data)
 	g.recs = append(g.recs, r)
 	g.live++
-	s.pend(r)
+	s.addPending(r, 1)
 	g.size += int64(len(data))
 	s.bytes += int64(len(data))
 	s.bySeq[seq] = r
-	s.segOf[r] = g
 	return nil
 }
 
@@ -207,7 +205,7 @@ func (s *Spool) startSegment(seq uint64) error {
 		return err
 	}
 	s.active = f
-	g := &segment{path: path, first: seq, size: int64(len(hdr)), hdrSize: int64(len(hdr))}
+	g := &segment{path: path, first: seq, size: int64(len(hdr))}
 	s.segs = append(s.segs, g)
 	s.bytes += g.size
 	return nil
@@ -227,28 +225,19 @@ func (s *Spool) removeSegment(i int) {
 	}
 	for _, r := range g.recs {
 		s.forget(r)
-		s.unpend(r)
+		s.addPending(r, -1)
 		delete(s.bySeq, r.seq)
-		delete(s.segOf, r)
 	}
 	s.bytes -= g.size
-	s.segs = append(s.segs[:i], s.segs[i+1:]...)
-	save := func() {
-		if s.inStateWrite {
-			return
-		}
-		if err := s.writeState(); err != nil {
-			s.log.Error("spool: writing the state file", "err", err)
-		}
-	}
-	if newest {
-		save()
+	s.segs = slices.Delete(s.segs, i, i+1)
+	if newest && !s.inStateWrite {
+		s.saveState()
 	}
 	if err := os.Remove(g.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.log.Error("spool: removing a segment", "segment", g.path, "err", err)
 	}
-	if !newest {
-		save()
+	if !newest && !s.inStateWrite {
+		s.saveState()
 	}
 }
 

@@ -17,49 +17,37 @@
 //	             the CRC covering seq and payload; all integers little-endian
 //	lock         flock'd while a spool is open, so two agents cannot share it
 //
-// A spool of another format version is refused (format.go), not read.
-//
-// (The agent keeps its ledger state beside these, in ledger-state.0 and
-// ledger-state.1, and its ended run ids in ended-runs.json; the spool does
-// not read them.)
+// A spool of another format version is refused (format.go), not read. The
+// agent's ledger state and ended run ids live beside these; the spool does
+// not read them.
 //
 // Records are appended to the newest segment; a new segment starts once the
-// current one reaches the segment size (4 MiB, less for small spools). Acked
-// seqs are kept in memory and in the ack log; a segment whose records are all
-// acked (or dropped) is deleted whole.
+// current one reaches the segment size. Acked seqs are kept in memory and in
+// the ack log; a segment whose records are all acked (or dropped) is deleted
+// whole. The records this process appended last are also kept in memory
+// (tail.go), so sending a batch appended a moment ago opens no file.
 //
-// The records this process appended last are also kept in memory, up to
-// DefaultTailBytes (tail.go), and read back from there: sending a batch
-// appended a moment ago opens no file.
-//
-// # Several collectors
-//
-// An agent with a collector pair (--collector A,B) has one cursor per
-// collector over the same records (cursor.go): a batch is written once,
-// each collector's acks are kept apart, and a record is held until every
-// collector has acked it. The byte bound is the whole spool's; when it is
-// reached the oldest segment goes as below, and its loss is reported only to
-// the collectors that had not acked its batches.
+// With several collectors (--collector A,B) each has a cursor over the same
+// records (cursor.go): a batch is written once and held until every
+// collector has acked it, and a dropped batch's loss is reported only to the
+// collectors that had not acked it.
 //
 // # Durability
 //
-// Appends are not fsynced one by one: a kill -9 of the agent leaves written
-// data in the kernel's page cache, which reaches the disk anyway; only a power
-// loss or kernel crash can lose the last seconds, and the tail checks at open
-// (length, CRC) truncate a torn record instead of trusting it. Close fsyncs
-// the segment and the ack log; the state file is always fsynced.
+// Appends are not fsynced one by one: after a kill -9 the page cache still
+// reaches the disk; a power loss can lose the last seconds, and the checks at
+// open (length, CRC) truncate a torn record. A finished segment and, at
+// Close, the active one and the ack log are fsynced; so is every state file.
 //
 // # When full
 //
-// The policy is: keep the newest data. When an Append would take the spool
-// past its byte bound (or the disk reports ENOSPC), the oldest segment is
-// removed, and every unacked batch in it is dropped and counted. For each
-// dropped batch the spool computes what each run lost (tokens, energy, GPU
-// seconds from its RunWindows), carries its run events (run_start, run_end,
-// eval, a few hundred bytes) forward, and attaches both to the next batch
-// appended (Batch.losses, Batch.run_events), so the collector marks the runs
-// incomplete by exactly that much. A pending loss report survives restarts in
-// the state file.
+// Keep the newest data: when an Append would pass the byte bound (or the
+// disk reports ENOSPC), the oldest segment is removed and its unacked
+// batches are dropped and counted. What each run lost (tokens, energy, GPU
+// seconds) and the dropped batches' run events go on the next batch appended
+// (Batch.losses, Batch.run_events), so the collector marks the runs
+// incomplete by exactly that much. A pending loss report survives restarts
+// in the state file.
 package spool
 
 import (
@@ -78,23 +66,17 @@ import (
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// DefaultMaxBytes bounds a spool when nothing else is configured: 1 GiB.
-//
-// A 1 s batch of an 8-GPU node with two active runs is 1,498 bytes as a spool
-// record (measured by TestRealisticBatchSize: 8 GpuWindows, 2 RunWindows,
-// host window, every field set, proto-encoded plus 16 bytes of framing), so
-// 129 MB per day, and
-//
-//	days = maxBytes / (bytes per batch × 86400) = 2^30 / (1498 × 86400) ≈ 8.3 days
-//
-// of collector outage before the oldest batch is dropped.
-const DefaultMaxBytes int64 = 1 << 30
-
-// DefaultSegmentBytes is the size at which a new segment file starts.
-const DefaultSegmentBytes int64 = 4 << 20
-
-// MinMaxBytes is the smallest bound Open accepts.
-const MinMaxBytes int64 = 4 << 10
+const (
+	// DefaultMaxBytes bounds a spool when nothing else is configured: 1 GiB.
+	// A 1 s batch of an 8-GPU node with two active runs is a 1,498-byte
+	// record (TestRealisticBatchSize), so 2^30 / (1498 × 86400) ≈ 8.3 days
+	// of collector outage before the oldest batch is dropped.
+	DefaultMaxBytes int64 = 1 << 30
+	// DefaultSegmentBytes is the size at which a new segment file starts.
+	DefaultSegmentBytes int64 = 4 << 20
+	// MinMaxBytes is the smallest bound Open accepts.
+	MinMaxBytes int64 = 4 << 10
+)
 
 const (
 	segMagic     = "TMSPOOL1" // its last byte: formatVersion's digit
@@ -180,27 +162,29 @@ type Stats struct {
 }
 
 type record struct {
-	seq   uint64
-	off   int64 // of the record header
-	size  int64 // header + payload
-	acked bool  // by every collector: the record is done
+	seg  *segment
+	seq  uint64
+	off  int64 // of the record header
+	size int64 // header + payload
 	// ackedBy has bit i set once the i-th collector acked the record.
 	ackedBy uint8
+	done    bool // acked by every collector, or dropped or unreadable
 	sent    bool // handed to the uplink at least once (possibly applied)
 	doubt   bool // present at open: a previous process may have sent it
-	gone    bool // dropped or unreadable
 	// data is the encoded record while the in-memory tail holds it (tail.go).
 	data []byte
 }
 
 type segment struct {
-	path    string
-	first   uint64
-	size    int64
-	recs    []*record
-	live    int // records neither acked nor gone
-	hdrSize int64
+	path  string
+	first uint64
+	size  int64
+	recs  []*record
+	live  int // records neither acked nor gone
 }
+
+// waits reports whether collector i has yet to get r.
+func (r *record) waits(i int) bool { return !r.done && r.ackedBy&(1<<i) == 0 }
 
 // Spool is safe for concurrent use.
 type Spool struct {
@@ -224,7 +208,6 @@ type Spool struct {
 	effMax       int64
 	segs         []*segment
 	bySeq        map[uint64]*record
-	segOf        map[*record]*segment
 	active       WriteFile // open append handle of segs[len-1], nil if none
 	ackf         *os.File
 	ackLogN      int
@@ -303,7 +286,7 @@ func OpenWith(dir string, maxBytes int64, o Options) (*Spool, error) {
 	s := &Spool{
 		dir: dir, maxBytes: maxBytes, segBytes: seg, cfgSegBytes: seg, log: o.Logger, openFile: o.OpenFile, openRead: o.OpenRead, lock: lock,
 		tailMax: o.TailBytes,
-		effMax:  maxBytes, bySeq: map[uint64]*record{}, segOf: map[*record]*segment{},
+		effMax:  maxBytes, bySeq: map[uint64]*record{},
 		losses: map[string]*trainmeterv1.DataLoss{},
 		names:  append([]string(nil), o.Collectors...),
 	}
@@ -378,16 +361,17 @@ func (s *Spool) Append(b *trainmeterv1.Batch) error {
 	}
 	seq := s.nextSeq
 	b.Seq = seq
-	own := b.Losses
-	ownEvents := b.RunEvents
-	var data []byte
-	dropped := false
-	for {
+	own, ownEvents := b.Losses, b.RunEvents
+	// encode puts the pending loss report and carried events on b.
+	encode := func() ([]byte, error) {
 		s.attachLosses(b, own)
 		b.RunEvents = append(append([]*trainmeterv1.RunEvent(nil), s.events...), ownEvents...)
+		return encodeRecord(b)
+	}
+	var data []byte
+	for {
 		var err error
-		data, err = encodeRecord(b)
-		if err != nil {
+		if data, err = encode(); err != nil {
 			return fmt.Errorf("spool: encode batch: %w", err)
 		}
 		need := int64(len(data))
@@ -398,24 +382,14 @@ func (s *Spool) Append(b *trainmeterv1.Batch) error {
 			break
 		}
 		if len(s.segs) == 0 || (len(s.segs) == 1 && len(s.segs[0].recs) == 0) {
-			dropped = true // bigger than the whole spool
-			break
+			return s.dropUnwritten(b, own, ownEvents, int64(len(data)), "spool full",
+				fmt.Errorf("spool: batch of %d bytes does not fit in a spool of %d bytes; dropped", len(data), s.effMax))
 		}
 		s.evictOldest(s.dropReason())
-		if err := s.writeState(); err != nil {
-			s.log.Error("spool: writing the state file", "err", err)
-		}
+		s.saveState()
 	}
-	if dropped {
-		return s.dropUnwritten(b, own, ownEvents, int64(len(data)), "spool full",
-			fmt.Errorf("spool: batch of %d bytes does not fit in a spool of %d bytes; dropped", len(data), s.effMax))
-	}
-	err := s.write(seq, data)
-	if err != nil {
-		s.stats.WriteErrors++
-	}
+	err := s.writeCounted(seq, data)
 	if err != nil && isNoSpace(err) {
-		s.stats.ENOSPC++
 		s.effMax = max(min(s.effMax, s.bytes), MinMaxBytes)
 		// Smaller segments from now on, so the next drop frees less at once.
 		s.segBytes = min(s.segBytes, max(s.effMax/4, 4<<10))
@@ -424,15 +398,8 @@ func (s *Spool) Append(b *trainmeterv1.Batch) error {
 		if len(s.segs) > 0 {
 			s.evictOldest("disk full")
 			// The batch now carries the new loss records too.
-			s.attachLosses(b, own)
-			b.RunEvents = append(append([]*trainmeterv1.RunEvent(nil), s.events...), ownEvents...)
-			if data, err = encodeRecord(b); err == nil {
-				if err = s.write(seq, data); err != nil {
-					s.stats.WriteErrors++
-				}
-			}
-			if err != nil && isNoSpace(err) {
-				s.stats.ENOSPC++
+			if data, err = encode(); err == nil {
+				err = s.writeCounted(seq, data)
 			}
 		}
 	}
@@ -451,26 +418,24 @@ func (s *Spool) Append(b *trainmeterv1.Batch) error {
 	s.nextSeq = seq + 1
 	s.stats.Appended++
 	if hadPending || s.nextSeq >= s.reserved {
-		if err := s.writeState(); err != nil {
-			s.log.Error("spool: writing the state file", "err", err)
-		}
+		s.saveState()
 	}
 	return nil
 }
 
+// writeCounted is write, counting its failures.
+func (s *Spool) writeCounted(seq uint64, data []byte) error {
+	err := s.write(seq, data)
+	if err != nil {
+		s.stats.WriteErrors++
+	}
+	if isNoSpace(err) {
+		s.stats.ENOSPC++
+	}
+	return err
+}
+
 // ---- ack, reject, read ----
-
-// Ack marks seq delivered to the first (with one collector: the) collector.
-// Unknown seqs (already acked or dropped) are ignored.
-func (s *Spool) Ack(seq uint64) { s.Cursor(0).Ack(seq) }
-
-// Reject drops seq for good for the first (with one collector: the)
-// collector, which refused it, and reports its loss like a dropped batch.
-func (s *Spool) Reject(seq uint64, reason string) { s.Cursor(0).Reject(seq, reason) }
-
-// MarkSent records that seq went out on a stream, so that if it is dropped
-// later its loss is reported as in doubt (the collector may hold it).
-func (s *Spool) MarkSent(seq uint64) { s.Cursor(0).MarkSent(seq) }
 
 // FlushPending makes sure a pending loss report (and run events carried from
 // dropped batches) is in the spool, not only in memory: when one is waiting
@@ -487,14 +452,14 @@ func (s *Spool) FlushPending(now time.Time) error {
 	return s.Append(&trainmeterv1.Batch{WindowStart: ts, WindowEnd: ts})
 }
 
-// ReadAfter returns up to n batches with seq > after that the first (with
-// one collector: the) collector has not acked, in seq order. A record that
-// no longer reads back (CRC) is dropped and counted.
-func (s *Spool) ReadAfter(after uint64, n int) ([]*trainmeterv1.Batch, error) {
-	return s.Cursor(0).ReadAfter(after, n)
-}
-
-func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Batch, error) {
+// ReadAfter returns up to n batches with seq > after that this collector has
+// not acked, in seq order, each carrying only the loss records and carried
+// run events meant for this collector. A record that no longer reads back
+// (CRC) is dropped and counted.
+func (c *Cursor) ReadAfter(after uint64, n int) ([]*trainmeterv1.Batch, error) {
+	s, i := c.s, c.i
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
 		return nil, ErrClosed
 	}
@@ -511,27 +476,25 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 			if len(out) >= n {
 				break
 			}
-			if r.seq <= after || r.acked || r.gone || r.ackedBy&(1<<i) != 0 {
+			if r.seq <= after || !r.waits(i) {
 				continue
 			}
 			b, err := rd.read(r)
-			if err != nil && rd.openFailed() {
+			if err != nil && rd.err != nil { // the file, not the record
 				return out, fmt.Errorf("spool: %w", err)
-			}
-			if err == nil {
-				s.fromBefore(b)
 			}
 			if err != nil {
 				s.log.Error("spool: a held batch no longer reads back; dropping it (loss unknown)", "seq", r.seq, "err", err)
-				s.unpend(r)
+				s.addPending(r, -1)
 				s.forget(r)
-				r.gone = true
+				r.done = true
 				g.live--
 				s.stats.Dropped++
 				s.stats.DroppedBytes += uint64(r.size)
 				s.stats.CorruptRecords++
 				continue
 			}
+			s.fromBefore(b)
 			out = append(out, s.forCollector(b, i))
 		}
 		rd.close()
@@ -539,11 +502,8 @@ func (s *Spool) readAfterLocked(i int, after uint64, n int) ([]*trainmeterv1.Bat
 	return out, nil
 }
 
-// Unacked returns every batch held and not acked by the first collector, in seq order.
-func (s *Spool) Unacked() ([]*trainmeterv1.Batch, error) { return s.ReadAfter(0, int(^uint(0)>>1)) }
-
 func (s *Spool) readLocked(r *record) (*trainmeterv1.Batch, error) {
-	rd := s.reader(s.segOf[r])
+	rd := s.reader(r.seg)
 	defer rd.close()
 	return rd.read(r)
 }

@@ -96,7 +96,7 @@ func mustAppend(t *testing.T, s *Spool, b *trainmeterv1.Batch) {
 
 func unacked(t *testing.T, s *Spool) []*trainmeterv1.Batch {
 	t.Helper()
-	bs, err := s.Unacked()
+	bs, err := s.Cursor(0).ReadAfter(0, math.MaxInt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestRoundtripAssignsSeqsAndReadsBack(t *testing.T) {
 			t.Errorf("batch %d read back differs:\n%v\n%v", i, got[i], want[i])
 		}
 	}
-	after, _ := s.ReadAfter(7, 2)
+	after, _ := s.Cursor(0).ReadAfter(7, 2)
 	if fmt.Sprint(seqs(after)) != "[8 9]" {
 		t.Errorf("ReadAfter(7, 2) = %v", seqs(after))
 	}
@@ -160,7 +160,7 @@ func TestAckRemovesWholeSegmentsAndSurvivesReopen(t *testing.T) {
 	}
 	full := s.Bytes()
 	for seq := uint64(1); seq <= 90; seq++ {
-		s.Ack(seq)
+		s.Cursor(0).Ack(seq)
 	}
 	if n := len(segFiles(t, dir)); n >= nseg || n > 3 {
 		t.Errorf("%d segments after acking 90 of 100 (had %d)", n, nseg)
@@ -171,7 +171,7 @@ func TestAckRemovesWholeSegmentsAndSurvivesReopen(t *testing.T) {
 	if got := seqs(unacked(t, s)); len(got) != 10 || got[0] != 91 {
 		t.Errorf("unacked %v", got)
 	}
-	s.Ack(5) // already acked and gone: ignored
+	s.Cursor(0).Ack(5) // already acked and gone: ignored
 	if st := s.Stats(); st.Acked != 90 {
 		t.Errorf("acked %d", st.Acked)
 	}
@@ -188,7 +188,7 @@ func TestAckRemovesWholeSegmentsAndSurvivesReopen(t *testing.T) {
 		t.Errorf("boot id changed across a clean restart")
 	}
 	for seq := uint64(91); seq <= 100; seq++ {
-		s.Ack(seq)
+		s.Cursor(0).Ack(seq)
 	}
 	b := batch(101, "r")
 	mustAppend(t, s, b)
@@ -272,7 +272,7 @@ func TestDroppedSentBatchIsReportedInDoubtWithItsSeq(t *testing.T) {
 	s := open(t, t.TempDir(), 16<<10, 4<<10)
 	defer s.Close()
 	mustAppend(t, s, batch(1, "r"))
-	s.MarkSent(1)
+	s.Cursor(0).MarkSent(1)
 	ev := &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_RunStart{RunStart: &trainmeterv1.RunStart{RunId: "r", Time: timestamppb.New(t0)}}}
 	b2 := batch(2, "r")
 	b2.RunEvents = []*trainmeterv1.RunEvent{ev}
@@ -463,7 +463,7 @@ func TestRestartAfterKillResendsUnackedWithSameBootAndSeq(t *testing.T) {
 		mustAppend(t, s, batch(i, "r"))
 	}
 	for seq := uint64(1); seq <= 3; seq++ {
-		s.Ack(seq)
+		s.Cursor(0).Ack(seq)
 	}
 	boot := s.BootID()
 	s.abandon() // kill -9: no Close, no fsync, no state write
@@ -505,7 +505,7 @@ func TestRejectedBatchIsReportedLost(t *testing.T) {
 	s := open(t, t.TempDir(), 0, 0)
 	defer s.Close()
 	mustAppend(t, s, batch(7, "r"))
-	s.Reject(1, "bad window")
+	s.Cursor(0).Reject(1, "bad window")
 	b := batch(8, "r")
 	mustAppend(t, s, b)
 	if len(b.Losses) != 1 || b.Losses[0].Tokens != 7 || b.Losses[0].Reason != "rejected: bad window" || b.Losses[0].Seq != 0 {
@@ -606,7 +606,7 @@ func TestPendingLossSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, 0, 0)
 	mustAppend(t, s, batch(5, "r"))
-	s.Reject(1, "nope") // loss pending, no batch to carry it yet
+	s.Cursor(0).Reject(1, "nope") // loss pending, no batch to carry it yet
 	s.abandon()
 	s = open(t, dir, 0, 0)
 	defer s.Close()
@@ -644,14 +644,14 @@ func TestConcurrentAppendAckRead(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for seq := range acks {
-			s.MarkSent(seq)
-			s.Ack(seq)
+			s.Cursor(0).MarkSent(seq)
+			s.Cursor(0).Ack(seq)
 		}
 	}()
 	go func() {
 		defer wg.Done()
 		for i := 0; i < 200; i++ {
-			if _, err := s.ReadAfter(0, 16); err != nil {
+			if _, err := s.Cursor(0).ReadAfter(0, 16); err != nil {
 				t.Error(err)
 				return
 			}
@@ -720,7 +720,7 @@ func BenchmarkAppend(b *testing.B) {
 		if err := s.Append(bt); err != nil {
 			b.Fatal(err)
 		}
-		s.Ack(bt.Seq)
+		s.Cursor(0).Ack(bt.Seq)
 	}
 }
 
@@ -766,12 +766,12 @@ func TestStateWriteOnFullDiskMakesRoomWithoutCorruptingTheSpool(t *testing.T) {
 		sent += uint64(i)
 		switch {
 		case i%7 == 0:
-			s.Reject(b.Seq, "test")
+			s.Cursor(0).Reject(b.Seq, "test")
 		case i%5 == 0:
-			s.MarkSent(b.Seq)
+			s.Cursor(0).MarkSent(b.Seq)
 		case i%3 == 0:
 			before := s.Stats().Acked
-			s.Ack(b.Seq)
+			s.Cursor(0).Ack(b.Seq)
 			if s.Stats().Acked > before { // not when it was dropped already
 				acked += uint64(i)
 				for _, l := range b.Losses { // delivered with it
@@ -799,7 +799,7 @@ func TestFlushPendingCarriesTheLastLossReport(t *testing.T) {
 		t.Fatalf("nothing pending: err %v len %d", err, s.Len())
 	}
 	mustAppend(t, s, batch(9, "r"))
-	s.Reject(1, "x")
+	s.Cursor(0).Reject(1, "x")
 	if err := s.FlushPending(t0); err != nil {
 		t.Fatal(err)
 	}
@@ -852,7 +852,10 @@ func pendingLosses(t *testing.T, s *Spool) []*trainmeterv1.DataLoss {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append(out, s.takeLossesPreview()...)
+	for _, l := range slices.Concat(s.sortedLosses(), s.seqLosses) {
+		out = append(out, proto.Clone(l).(*trainmeterv1.DataLoss))
+	}
+	return out
 }
 
 // A dropped batch's CPU+DRAM shares are lost with it, per run, like its GPU
@@ -911,7 +914,7 @@ func TestInDoubtAndPendingLossesKeepTheirHostEnergy(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, 16<<10, 4<<10)
 	mustAppend(t, s, withHost(batch(1, "r"), 7, 2, 0, "r"))
-	s.MarkSent(1)
+	s.Cursor(0).MarkSent(1)
 	for i := 2; s.Stats().Dropped < 2; i++ {
 		mustAppend(t, s, withHost(batch(i, "r"), 1, 0, 0, "r"))
 	}
@@ -934,7 +937,7 @@ func TestInDoubtAndPendingLossesKeepTheirHostEnergy(t *testing.T) {
 		t.Error("the batches dropped unsent carry no host energy")
 	}
 
-	s.Reject(s.Stats().Dropped+1, "bad")
+	s.Cursor(0).Reject(s.Stats().Dropped+1, "bad")
 	s.abandon()
 	s = open(t, dir, 0, 0)
 	defer s.Close()
@@ -1054,7 +1057,7 @@ func TestNodeLossInDoubtAndAcrossARestart(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, 16<<10, 4<<10)
 	mustAppend(t, s, withGPU(withHost(batch(1, "r"), 7, 2, 5, "r"), 100, 20, 0.5, 0.5))
-	s.MarkSent(1)
+	s.Cursor(0).MarkSent(1)
 	for i := 2; s.Stats().Dropped < 2; i++ {
 		mustAppend(t, s, withGPU(batch(i, "r"), 100, 20, 0.5, 0.5))
 	}
@@ -1069,7 +1072,7 @@ func TestNodeLossInDoubtAndAcrossARestart(t *testing.T) {
 	if !proto.Equal(doubt, want) {
 		t.Errorf("the node's in-doubt record of seq 1:\n%v\nwant\n%v", doubt, want)
 	}
-	s.Reject(s.Stats().Dropped+1, "bad")
+	s.Cursor(0).Reject(s.Stats().Dropped+1, "bad")
 	s.abandon()
 	s = open(t, dir, 0, 0)
 	defer s.Close()
@@ -1090,7 +1093,7 @@ func TestUnwrittenBatchDoesNotCountThePendingRecordsAgain(t *testing.T) {
 	s := open(t, t.TempDir(), MinMaxBytes, 0)
 	defer s.Close()
 	mustAppend(t, s, withGPU(batch(1, "r"), 100, 20, 0.5, 0.5))
-	s.Reject(1, "bad") // pending: r's record and the node's, one batch each
+	s.Cursor(0).Reject(1, "bad") // pending: r's record and the node's, one batch each
 	huge := withGPU(batch(2, "r"), 100, 20, 0.5, 0.5)
 	huge.RawSamples = []*trainmeterv1.RawSamples{{Gpu: 0, TUnixNs: make([]uint64, MinMaxBytes/4)}}
 	if err := s.Append(huge); err == nil {

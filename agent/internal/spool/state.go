@@ -1,7 +1,6 @@
 package spool
 
-// The state file: boot id, next and reserved seq, the pending loss report;
-// JSON plus a CRC32C line, replaced atomically.
+// The state file (layout in spool.go).
 
 import (
 	"bytes"
@@ -11,7 +10,6 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"time"
 
@@ -37,22 +35,19 @@ type stateJSON struct {
 	Collectors []string `json:"collectors,omitempty"`
 }
 
+// lossJSON is a DataLoss in the state file, field for field; Collectors is
+// spool_collectors (0: all of them).
 type lossJSON struct {
-	RunID      string  `json:"run_id"`
-	Batches    uint64  `json:"batches"`
-	Tokens     uint64  `json:"tokens"`
-	EnergyJ    float64 `json:"energy_j"`
-	GPUSeconds float64 `json:"gpu_seconds"`
-	Reason     string  `json:"reason"`
-	Seq        uint64  `json:"seq,omitempty"`
-	// Collectors is DataLoss.spool_collectors: 0, all of them.
-	Collectors uint32 `json:"collectors,omitempty"`
-	// WindowStart is DataLoss.window_start (with Seq).
-	WindowStart *time.Time `json:"window_start,omitempty"`
-	// HostEnergyJ is DataLoss.host_energy_j.
-	HostEnergyJ float64 `json:"host_energy_j,omitempty"`
-	// The node's record (RunID ""): DataLoss.idle_* and
-	// first_window_start.
+	RunID            string     `json:"run_id"`
+	Batches          uint64     `json:"batches"`
+	Tokens           uint64     `json:"tokens"`
+	EnergyJ          float64    `json:"energy_j"`
+	GPUSeconds       float64    `json:"gpu_seconds"`
+	Reason           string     `json:"reason"`
+	Seq              uint64     `json:"seq,omitempty"`
+	Collectors       uint32     `json:"collectors,omitempty"`
+	WindowStart      *time.Time `json:"window_start,omitempty"`
+	HostEnergyJ      float64    `json:"host_energy_j,omitempty"`
 	IdleEnergyJ      float64    `json:"idle_energy_j,omitempty"`
 	IdleGPUSeconds   float64    `json:"idle_gpu_seconds,omitempty"`
 	IdleHostEnergyJ  float64    `json:"idle_host_energy_j,omitempty"`
@@ -67,12 +62,7 @@ func decodeLoss(raw json.RawMessage) *trainmeterv1.DataLoss {
 	d := &trainmeterv1.DataLoss{RunId: l.RunID, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
 		GpuSeconds: l.GPUSeconds, Reason: l.Reason, Seq: l.Seq, SpoolCollectors: l.Collectors, HostEnergyJ: l.HostEnergyJ,
 		IdleEnergyJ: l.IdleEnergyJ, IdleGpuSeconds: l.IdleGPUSeconds, IdleHostEnergyJ: l.IdleHostEnergyJ}
-	if l.WindowStart != nil {
-		d.WindowStart = timestamppb.New(*l.WindowStart)
-	}
-	if l.FirstWindowStart != nil {
-		d.FirstWindowStart = timestamppb.New(*l.FirstWindowStart)
-	}
+	d.WindowStart, d.FirstWindowStart = tsOf(l.WindowStart), tsOf(l.FirstWindowStart)
 	return d
 }
 
@@ -80,16 +70,24 @@ func encodeLoss(l *trainmeterv1.DataLoss) json.RawMessage {
 	j := lossJSON{RunID: l.RunId, Batches: l.Batches, Tokens: l.Tokens, EnergyJ: l.EnergyJ,
 		GPUSeconds: l.GpuSeconds, Reason: l.Reason, Seq: l.Seq, Collectors: l.SpoolCollectors, HostEnergyJ: l.HostEnergyJ,
 		IdleEnergyJ: l.IdleEnergyJ, IdleGPUSeconds: l.IdleGpuSeconds, IdleHostEnergyJ: l.IdleHostEnergyJ}
-	if l.WindowStart != nil {
-		ws := l.WindowStart.AsTime()
-		j.WindowStart = &ws
-	}
-	if l.FirstWindowStart != nil {
-		fw := l.FirstWindowStart.AsTime()
-		j.FirstWindowStart = &fw
-	}
+	j.WindowStart, j.FirstWindowStart = timeOf(l.WindowStart), timeOf(l.FirstWindowStart)
 	b, _ := json.Marshal(j)
 	return b
+}
+
+func tsOf(t *time.Time) *timestamppb.Timestamp {
+	if t == nil {
+		return nil
+	}
+	return timestamppb.New(*t)
+}
+
+func timeOf(ts *timestamppb.Timestamp) *time.Time {
+	if ts == nil {
+		return nil
+	}
+	t := ts.AsTime()
+	return &t
 }
 
 func readState(path string) (*stateJSON, error) {
@@ -118,12 +116,11 @@ func readState(path string) (*stateJSON, error) {
 	return st, nil
 }
 
-func removeTemps(dir string) error {
+func removeTemps(dir string) {
 	tmps, _ := filepath.Glob(filepath.Join(dir, "*.tmp"))
 	for _, t := range tmps {
 		_ = os.Remove(t)
 	}
-	return nil
 }
 
 // writeFileAtomic writes temp, fsyncs, renames and fsyncs the directory.
@@ -170,6 +167,13 @@ func (s *Spool) writeState() error {
 	return err
 }
 
+// saveState is writeState for callers that carry on when it fails.
+func (s *Spool) saveState() {
+	if err := s.writeState(); err != nil {
+		s.log.Error("spool: writing the state file", "err", err)
+	}
+}
+
 // dropReason names why old batches go: the configured bound, or a disk that
 // filled up before it.
 func (s *Spool) dropReason() string {
@@ -184,8 +188,8 @@ func (s *Spool) writeStateOnce() error {
 		s.reserved = s.nextSeq + seqReserve
 	}
 	st := stateJSON{Version: formatVersion, BootID: s.bootID, NextSeq: s.nextSeq, SeqReserved: s.reserved, Collectors: s.names}
-	for _, id := range sortedKeys(s.losses) {
-		st.Losses = append(st.Losses, encodeLoss(s.losses[id]))
+	for _, l := range s.sortedLosses() {
+		st.Losses = append(st.Losses, encodeLoss(l))
 	}
 	for _, l := range s.seqLosses {
 		st.SeqLosses = append(st.SeqLosses, encodeLoss(l))
@@ -202,13 +206,4 @@ func (s *Spool) writeStateOnce() error {
 	}
 	out := fmt.Appendf(body, "\n%08x\n", crc32.Checksum(body, castagnoli))
 	return s.writeFileAtomic(filepath.Join(s.dir, stateName), out)
-}
-
-func sortedKeys(m map[string]*trainmeterv1.DataLoss) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

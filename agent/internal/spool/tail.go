@@ -1,18 +1,14 @@
 package spool
 
-// The in-memory tail: the encoded bytes of the records this process
-// appended most recently, so that the uplink sends a batch appended a moment
-// ago without opening its segment again. Each open of a segment is a run of
-// system calls (openat, fcntl, epoll_ctl, pread, close), and every system
-// call wakes the Go runtime's sysmon thread, which is most of what an idle
-// agent costs (docs/benchmarks.md, "Issue 21").
+// The in-memory tail: the encoded records this process appended most
+// recently, so the uplink sends a fresh batch without opening its segment
+// (each open is several system calls, and each wakes the Go runtime's sysmon
+// thread: most of what an idle agent costs, docs/benchmarks.md).
 //
-// The tail holds only records written successfully by this process, so a
-// record in it is byte for byte what is on disk; records it no longer holds
-// (evicted, or found at open) are read from the file, where a damaged record
-// is still detected. A record leaves the tail when it is acked by every
-// collector, dropped, or removed with its segment, and the oldest go first
-// once the tail is over its bound.
+// It holds only records this process wrote successfully, so each is byte for
+// byte what is on disk; others are read from the file, where damage is still
+// detected. A record leaves it when acked by every collector, dropped or
+// removed with its segment; the oldest go first past its bound.
 
 import (
 	"encoding/binary"
@@ -26,11 +22,10 @@ import (
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// DefaultTailBytes bounds the in-memory tail: 4 MiB, one default segment.
-// At 1,498 bytes per 1 s batch of an 8-GPU node (DefaultMaxBytes) that is
-// about 47 minutes of batches, so a collector that is back within that
-// (a restart, a network blip) gets its backlog from memory too, and the
-// agent's memory grows by at most 4 MiB. Steady state needs one record.
+// DefaultTailBytes bounds the in-memory tail: 4 MiB, one default segment,
+// about 47 minutes of 1,498-byte 1 s batches (DefaultMaxBytes), so a
+// collector back within that gets its backlog from memory too. Steady state
+// needs one record.
 const DefaultTailBytes int64 = 4 << 20
 
 // maxTailRecords bounds the tail's index too: records released out of order
@@ -92,10 +87,6 @@ func (rd *segReader) read(r *record) (*trainmeterv1.Batch, error) {
 	}
 	return readRecord(rd.f, r)
 }
-
-// openFailed reports whether the segment file could not be opened (as
-// opposed to one record not reading back).
-func (rd *segReader) openFailed() bool { return rd.err != nil }
 
 func (rd *segReader) close() {
 	if rd.f != nil {

@@ -48,14 +48,14 @@ func TestBatchJustAppendedIsSentFromMemory(t *testing.T) {
 		b := batch(i, "r1", "r2")
 		mustAppend(t, s, b)
 		want := proto.Clone(b).(*trainmeterv1.Batch)
-		got, err := s.ReadAfter(uint64(i-1), 10)
+		got, err := s.Cursor(0).ReadAfter(uint64(i-1), 10)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(got) != 1 || !proto.Equal(got[0], want) {
 			t.Fatalf("batch %d read back as %v, want %v", i, got, want)
 		}
-		s.Ack(uint64(i))
+		s.Cursor(0).Ack(uint64(i))
 	}
 	if n := opens.count(); n != 0 {
 		t.Errorf("segment opened %d times to send batches appended a moment before; want 0", n)
@@ -79,7 +79,7 @@ func TestRecordEvictedFromTheTailIsReadFromItsFile(t *testing.T) {
 		mustAppend(t, s, b)
 		want = append(want, proto.Clone(b).(*trainmeterv1.Batch))
 	}
-	got, err := s.ReadAfter(7, 10)
+	got, err := s.Cursor(0).ReadAfter(7, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestDamageToAnEvictedRecordIsStillDetected(t *testing.T) {
 		mustAppend(t, s, batch(i, "r"))
 	}
 	r := s.bySeq[2]
-	f, err := os.OpenFile(s.segOf[r].path, os.O_WRONLY, 0)
+	f, err := os.OpenFile(r.seg.path, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestTailNeverServesAckedDroppedOrRemovedRecords(t *testing.T) {
 	for i := 1; i <= 600; i++ {
 		mustAppend(t, s, batch(i, "r"))
 		if i%3 == 0 {
-			s.Ack(uint64(i))
+			s.Cursor(0).Ack(uint64(i))
 		}
 	}
 	st := s.Stats()
@@ -148,10 +148,10 @@ func TestTailNeverServesAckedDroppedOrRemovedRecords(t *testing.T) {
 	held := 0
 	for _, g := range s.segs {
 		for _, r := range g.recs {
-			if r.data != nil && (r.acked || r.gone) {
+			if r.data != nil && r.done {
 				t.Errorf("seq %d is acked or gone but still in memory", r.seq)
 			}
-			if !r.acked && !r.gone {
+			if !r.done {
 				held++
 			}
 		}

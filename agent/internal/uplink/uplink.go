@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -38,12 +39,9 @@ type Config struct {
 	Address string
 	// Hello is sent first on every stream; its boot id must be the spool's.
 	Hello *trainmeterv1.Hello
-	// Spool holds every batch until it is acked (required). It bounds what
-	// is held and drops (and reports) the oldest when full. The uplink does
-	// not close it.
-	Spool *spool.Spool
-	// Cursor is which of the spool's cursors (collectors) this uplink
-	// serves; 0 with a single collector.
+	// Spool holds every batch until it is acked (required); the uplink
+	// does not close it. Cursor is the spool cursor (collector) it serves.
+	Spool  *spool.Spool
 	Cursor int
 	// MinBackoff and MaxBackoff bound the reconnect delay: its step doubles
 	// from MinBackoff (0: 250 ms) to MaxBackoff (0: DefaultMaxBackoff), and
@@ -145,11 +143,9 @@ func New(cfg Config) (*Uplink, error) {
 		retryNow: make(chan struct{}, 1)}, nil
 }
 
-// Enqueue hands a batch over for delivery: it is appended to the spool (which
-// assigns its seq) and the sender is woken. It never waits for the network;
-// the spool write goes to the page cache, not through fsync. A spool error
-// (the batch did not fit, the disk failed) is logged and counted by the
-// spool, and the batch's loss is reported with the next one.
+// Enqueue appends a batch to the spool (which assigns its seq) and wakes the
+// sender; it never waits for the network or an fsync. A spool error is
+// logged; the spool counts it and reports the loss with the next batch.
 func (u *Uplink) Enqueue(b *trainmeterv1.Batch) {
 	if err := u.cfg.Spool.Append(b); err != nil {
 		u.cfg.Logger.Error("uplink: batch not spooled", "err", err)
@@ -199,8 +195,7 @@ func (u *Uplink) Stats() Stats {
 }
 
 // Flush waits until this collector has acked every spooled batch (or it
-// was dropped), or ctx ends.
-// What is not acked stays in the spool for the next start.
+// was dropped), or ctx ends. What is not acked stays in the spool.
 func (u *Uplink) Flush(ctx context.Context) error {
 	// A loss report waiting for a next batch gets one now.
 	if err := u.cfg.Spool.FlushPending(u.cfg.Clock.Now()); err != nil {
@@ -313,11 +308,8 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	var (
-		recvErr  = make(chan error, 1)
-		gotAck   bool
-		gotAckMu sync.Mutex
-	)
+	recvErr := make(chan error, 1)
+	var gotAck atomic.Bool
 	go func() {
 		for {
 			m, err := stream.Recv()
@@ -328,9 +320,7 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 			switch msg := m.Msg.(type) {
 			case *trainmeterv1.StreamResponse_Ack:
 				u.remove(msg.Ack.Seq, "")
-				gotAckMu.Lock()
-				gotAck = true
-				gotAckMu.Unlock()
+				gotAck.Store(true)
 			case *trainmeterv1.StreamResponse_Reject:
 				u.cfg.Logger.Error("uplink: collector rejected a batch; dropping it", "seq", msg.Reject.Seq, "reason", msg.Reject.Reason)
 				u.remove(msg.Reject.Seq, msg.Reject.Reason)
@@ -341,11 +331,7 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 			}
 		}
 	}()
-	defer func() {
-		gotAckMu.Lock()
-		acked = gotAck
-		gotAckMu.Unlock()
-	}()
+	defer func() { acked = gotAck.Load() }()
 	if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Hello{Hello: u.cfg.Hello}}); err != nil {
 		return false, streamErr(err, recvErr)
 	}
@@ -354,39 +340,36 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 
 	var sentUpTo uint64 // every spooled batch with seq <= sentUpTo went out on this stream
 	for {
-		for {
-			batch := u.unsent(sentUpTo)
-			if len(batch) == 0 {
-				break
+		batch, err := u.cur.ReadAfter(sentUpTo, sendChunk)
+		if err != nil {
+			u.cfg.Logger.Error("uplink: reading the spool", "err", err)
+		}
+		for _, b := range batch {
+			sentUpTo = b.Seq
+			if n := proto.Size(b); n > MaxBatchBytes {
+				// The collector would end the stream on it every time and
+				// nothing behind it would ever get through.
+				u.cfg.Logger.Error("uplink: batch too large to send; dropping it", "seq", b.Seq, "bytes", n, "limit", MaxBatchBytes)
+				u.remove(b.Seq, fmt.Sprintf("batch of %d bytes exceeds the %d-byte message limit", n, MaxBatchBytes))
+				continue
 			}
-			for _, b := range batch {
-				if n := proto.Size(b); n > MaxBatchBytes {
-					// The collector would end the stream on it every time and
-					// nothing behind it would ever get through.
-					u.cfg.Logger.Error("uplink: batch too large to send; dropping it", "seq", b.Seq, "bytes", n, "limit", MaxBatchBytes)
-					u.remove(b.Seq, fmt.Sprintf("batch of %d bytes exceeds the %d-byte message limit", n, MaxBatchBytes))
-					sentUpTo = b.Seq
-					continue
-				}
-				// Marked before the send: once it may be on the wire, a drop
-				// of it is reported as in doubt.
-				u.cur.MarkSent(b.Seq)
-				if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Batch{Batch: b}}); err != nil {
-					return false, streamErr(err, recvErr)
-				}
-				sentUpTo = b.Seq
-				u.mu.Lock()
-				u.stats.Sent++
-				u.mu.Unlock()
+			// Marked before the send: once it may be on the wire, a drop
+			// of it is reported as in doubt.
+			u.cur.MarkSent(b.Seq)
+			if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Batch{Batch: b}}); err != nil {
+				return false, streamErr(err, recvErr)
 			}
+			u.mu.Lock()
+			u.stats.Sent++
+			u.mu.Unlock()
+		}
+		if len(batch) > 0 {
+			continue
 		}
 		select {
 		case <-u.notify:
 		case err := <-recvErr:
-			if errors.Is(err, io.EOF) {
-				err = errors.New("collector closed the stream")
-			}
-			return false, err
+			return false, closedErr(err)
 		case <-ctx.Done():
 			_ = stream.CloseSend()
 			return false, ctx.Err()
@@ -407,21 +390,18 @@ func streamErr(err error, recvErr <-chan error) error {
 	}
 	select {
 	case rerr := <-recvErr:
-		if errors.Is(rerr, io.EOF) {
-			return errors.New("collector closed the stream")
-		}
-		return rerr
+		return closedErr(rerr)
 	case <-time.After(time.Second):
-		return errors.New("collector closed the stream")
+		return closedErr(err)
 	}
 }
 
-func (u *Uplink) unsent(after uint64) []*trainmeterv1.Batch {
-	bs, err := u.cur.ReadAfter(after, sendChunk)
-	if err != nil {
-		u.cfg.Logger.Error("uplink: reading the spool", "err", err)
+// closedErr says in words that the collector ended the stream cleanly.
+func closedErr(err error) error {
+	if errors.Is(err, io.EOF) {
+		return errors.New("collector closed the stream")
 	}
-	return bs
+	return err
 }
 
 // remove takes an acked (reason == "") or rejected batch out of the spool.

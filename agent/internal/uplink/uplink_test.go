@@ -3,6 +3,7 @@ package uplink
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -233,7 +234,7 @@ func TestBoundedSpoolDropsOldestAndCounts(t *testing.T) {
 		u.Enqueue(&trainmeterv1.Batch{Seq: seq, GpuWindows: pad, RunWindows: []*trainmeterv1.RunWindow{{RunId: "r", Tokens: 100 + seq}}})
 	}
 	st := u.Stats()
-	held, err := sp.Unacked()
+	held, err := sp.Cursor(0).ReadAfter(0, math.MaxInt)
 	if err != nil {
 		t.Fatal(err)
 	}
