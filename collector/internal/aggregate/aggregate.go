@@ -311,16 +311,10 @@ func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands En
 	}
 	s.HasWindow = true
 
-	energy := w.GetEnergyIntegratedJ()
-	if w.GetCounterOk() {
-		energy = w.GetEnergyCounterJ()
-	}
+	energy := windowEnergy(w)
 	s.EnergyTotal += energy
 	if (bands != nil || carbon != nil) && energy > 0 {
-		from, to := time.Unix(0, start), time.Unix(0, end)
-		if to.Sub(from) > MaxBandedWindow {
-			to = from // booked whole at its start's band; ingest never lets one through
-		}
+		from, to := windowSpan(w)
 		if bands != nil {
 			if s.EnergyByBand == nil {
 				s.EnergyByBand = map[string]float64{}
@@ -396,6 +390,14 @@ func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands En
 	s.MeasuredSpanS += span
 	s.UncoveredSpanS += uncoveredShare(w) * span
 	s.addPeak(node, bucket, w.GetPeakPowerW())
+}
+
+// windowEnergy is a window's energy: its counter's when that covered it.
+func windowEnergy(w *trainmeterv1.RunWindow) float64 {
+	if w.GetCounterOk() {
+		return w.GetEnergyCounterJ()
+	}
+	return w.GetEnergyIntegratedJ()
 }
 
 // uncoveredShare is the part (0-1) of a window's time whose energy it does
