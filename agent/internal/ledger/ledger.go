@@ -592,12 +592,7 @@ func (l *Ledger) segment(occ [][]piece, r *run, a, b time.Time) *trainmeterv1.Ru
 			}
 		}
 		w.EnergyEstimated = w.EnergyEstimated || part.estimated
-		share := &trainmeterv1.GpuShare{Gpu: uint32(g), CounterOk: part.counterOK, EnergyIntegratedJ: part.integratedJ,
-			GpuSeconds: part.gpuS, SharedGpuSeconds: part.sharedS}
-		if part.counterOK {
-			share.EnergyCounterJ = part.counterJ
-		}
-		w.GpuShares = append(w.GpuShares, share)
+		w.GpuShares = append(w.GpuShares, gpuShare(g, part.counterOK, part.counterJ, part.integratedJ, part.gpuS, part.sharedS))
 	}
 	w.ShareMethod = combineMethods(methods)
 	if len(gpus) > 0 && !anyCounter {
@@ -647,6 +642,17 @@ func (l *Ledger) segment(occ [][]piece, r *run, a, b time.Time) *trainmeterv1.Ru
 		w.StepRanks = uint32(len(r.stepping) + len(gone))
 	}
 	return w
+}
+
+// gpuShare is GPU g's share of a run's segment; its counter energy only
+// when the counter covered it.
+func gpuShare(g int, counterOK bool, counterJ, integratedJ, gpuS, sharedS float64) *trainmeterv1.GpuShare {
+	share := &trainmeterv1.GpuShare{Gpu: uint32(g), CounterOk: counterOK, EnergyIntegratedJ: integratedJ,
+		GpuSeconds: gpuS, SharedGpuSeconds: sharedS}
+	if counterOK {
+		share.EnergyCounterJ = counterJ
+	}
+	return share
 }
 
 // ActiveRuns lists the ids of runs not yet closed, in start order.

@@ -760,32 +760,24 @@ func (s *State) hostEnergy(r *trainmeterv1.RunReport) {
 // node's price. A run with any GPU-time that has no price has no compute
 // cost.
 func (s *State) priceCompute(p Pricing, r *trainmeterv1.RunReport) {
-	names := make([]string, 0, len(s.Nodes))
+	var names []string
 	for name, n := range s.Nodes {
 		if n.GpuSeconds > 0 {
 			names = append(names, name)
 		}
 	}
-	sort.Strings(names)
-	type share struct {
-		node    string
-		seconds float64
-	}
-	shares := make([]share, 0, max(1, len(names)))
-	for _, name := range names {
-		shares = append(shares, share{name, s.Nodes[name].GpuSeconds})
-	}
-	if len(shares) == 0 {
-		shares = append(shares, share{s.StartNode, 0})
+	slices.Sort(names)
+	if len(names) == 0 {
+		names = []string{s.StartNode} // priced for no GPU time
 	}
 	var usd, first float64
 	source := ""
-	for _, sh := range shares {
-		price, src, ok := p.GPUPrice(s.GetRunStart().GetGpuPricePerHour(), sh.node, s.GetRunStart().GetGpuName())
+	for _, name := range names {
+		price, src, ok := p.GPUPrice(s.GetRunStart().GetGpuPricePerHour(), name, s.GetRunStart().GetGpuName())
 		if !ok {
 			return
 		}
-		usd += sh.seconds / 3600 * price
+		usd += s.Nodes[name].GetGpuSeconds() / 3600 * price
 		switch {
 		case source == "":
 			source = src
