@@ -488,11 +488,7 @@ func (l *Ledger) gpuWindow(i int, end energy.Cumulative, st energy.Stats) *train
 // runWindows cuts the run's part of [ws, we) into segments at warmup end and
 // GPU-set changes, and measures each.
 func (l *Ledger) runWindows(occ [][]piece, r *run, ws, we time.Time) []*trainmeterv1.RunWindow {
-	from := ws
-	if r.start.After(from) {
-		from = r.start
-	}
-	to := we
+	from, to := later(ws, r.start), we
 	if r.ended && r.end.Before(to) {
 		to = r.end
 	}
