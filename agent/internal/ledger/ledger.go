@@ -488,11 +488,7 @@ func (l *Ledger) gpuWindow(i int, end energy.Cumulative, st energy.Stats) *train
 // runWindows cuts the run's part of [ws, we) into segments at warmup end and
 // GPU-set changes, and measures each.
 func (l *Ledger) runWindows(occ [][]piece, r *run, ws, we time.Time) []*trainmeterv1.RunWindow {
-	from := ws
-	if r.start.After(from) {
-		from = r.start
-	}
-	to := we
+	from, to := later(ws, r.start), we
 	if r.ended && r.end.Before(to) {
 		to = r.end
 	}
@@ -592,12 +588,7 @@ func (l *Ledger) segment(occ [][]piece, r *run, a, b time.Time) *trainmeterv1.Ru
 			}
 		}
 		w.EnergyEstimated = w.EnergyEstimated || part.estimated
-		share := &trainmeterv1.GpuShare{Gpu: uint32(g), CounterOk: part.counterOK, EnergyIntegratedJ: part.integratedJ,
-			GpuSeconds: part.gpuS, SharedGpuSeconds: part.sharedS}
-		if part.counterOK {
-			share.EnergyCounterJ = part.counterJ
-		}
-		w.GpuShares = append(w.GpuShares, share)
+		w.GpuShares = append(w.GpuShares, gpuShare(g, part.counterOK, part.counterJ, part.integratedJ, part.gpuS, part.sharedS))
 	}
 	w.ShareMethod = combineMethods(methods)
 	if len(gpus) > 0 && !anyCounter {
@@ -647,6 +638,17 @@ func (l *Ledger) segment(occ [][]piece, r *run, a, b time.Time) *trainmeterv1.Ru
 		w.StepRanks = uint32(len(r.stepping) + len(gone))
 	}
 	return w
+}
+
+// gpuShare is GPU g's share of a run's segment; its counter energy only
+// when the counter covered it.
+func gpuShare(g int, counterOK bool, counterJ, integratedJ, gpuS, sharedS float64) *trainmeterv1.GpuShare {
+	share := &trainmeterv1.GpuShare{Gpu: uint32(g), CounterOk: counterOK, EnergyIntegratedJ: integratedJ,
+		GpuSeconds: gpuS, SharedGpuSeconds: sharedS}
+	if counterOK {
+		share.EnergyCounterJ = counterJ
+	}
+	return share
 }
 
 // ActiveRuns lists the ids of runs not yet closed, in start order.

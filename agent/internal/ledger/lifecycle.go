@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -168,12 +169,7 @@ func (l *Ledger) forgetEnded(id string) {
 	}
 	delete(l.ended, id)
 	l.endedVersion++
-	for i, x := range l.endedOrder {
-		if x == id {
-			l.endedOrder = append(l.endedOrder[:i], l.endedOrder[i+1:]...)
-			break
-		}
-	}
+	l.endedOrder = slices.DeleteFunc(l.endedOrder, func(x string) bool { return x == id })
 }
 
 // endedRuns lists the remembered ended runs, oldest first (for snapshots).

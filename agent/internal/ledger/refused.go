@@ -1,8 +1,8 @@
 package ledger
 
 import (
+	"maps"
 	"slices"
-	"sort"
 	"time"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -38,18 +38,15 @@ func (l *Ledger) Refuse(id string, start time.Time) ([]uint64, bool) {
 		}
 		return nil, false
 	}
-	conns := make([]uint64, 0, len(r.members))
-	set := map[uint64]struct{}{}
-	for c := range r.members {
-		conns = append(conns, c)
-		set[c] = struct{}{}
-	}
-	sort.Slice(conns, func(i, j int) bool { return conns[i] < conns[j] })
+	conns := slices.Sorted(maps.Keys(r.members))
 	if l.refused == nil {
 		l.refused = refusedConns{}
 	}
-	if len(set) > 0 {
-		l.refused[id] = set
+	if len(conns) > 0 {
+		l.refused[id] = map[uint64]struct{}{}
+		for _, c := range conns {
+			l.refused[id][c] = struct{}{}
+		}
 	}
 	if l.cfg.Load != nil && !r.ended {
 		for _, g := range r.gpuChanges[len(r.gpuChanges)-1].gpus {

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"time"
 
@@ -123,19 +124,9 @@ func (s *bridgeSegment) window(id string, phase trainmeterv1.Phase, gpus []uint3
 	if s.CounterOK {
 		w.EnergyCounterJ = s.CounterJ
 	}
-	gs := make([]int, 0, len(s.PerGPU))
-	for g := range s.PerGPU {
-		gs = append(gs, g)
-	}
-	slices.Sort(gs)
-	for _, g := range gs {
+	for _, g := range slices.Sorted(maps.Keys(s.PerGPU)) {
 		h := s.PerGPU[g]
-		share := &trainmeterv1.GpuShare{Gpu: uint32(g), CounterOk: s.CounterOK, EnergyIntegratedJ: h.IntegratedJ,
-			GpuSeconds: h.GPUSeconds, SharedGpuSeconds: h.SharedS}
-		if s.CounterOK {
-			share.EnergyCounterJ = h.CounterJ
-		}
-		w.GpuShares = append(w.GpuShares, share)
+		w.GpuShares = append(w.GpuShares, gpuShare(g, s.CounterOK, h.CounterJ, h.IntegratedJ, h.GPUSeconds, h.SharedS))
 	}
 	return w
 }
@@ -156,11 +147,8 @@ func (l *Ledger) Snapshot() Snapshot {
 		}
 		sr := SnapshotRun{
 			ID: r.id, Start: r.start, Warmup: r.warmup, WarmupSteps: r.warmupSteps, WarmupEnd: r.warmupEnd,
-			StepEvents: r.stepEvents, GPUs: r.gpusAt(l.winStart), Totals: map[string]uint64{},
+			StepEvents: r.stepEvents, GPUs: r.gpusAt(l.winStart), Totals: maps.Clone(r.shipped),
 			UID: r.uid, UIDSet: r.uidSet, AttributePID: r.attributePID,
-		}
-		for k, v := range r.shipped {
-			sr.Totals[k] = v
 		}
 		if r.bridge != nil && r.rejoinAt.IsZero() {
 			b := *r.bridge
@@ -255,10 +243,7 @@ func (l *Ledger) holdBridge(r *run, segs []*trainmeterv1.RunWindow, ws, to time.
 		for _, g := range gpus {
 			d, gok := l.downtimeJ(g, ws)
 			k := max(1, l.downtimeSharers[g])
-			share := &trainmeterv1.GpuShare{Gpu: uint32(g), CounterOk: gok, GpuSeconds: ws.Sub(b.From).Seconds() / float64(k)}
-			if gok {
-				share.EnergyCounterJ = d / float64(k)
-			}
+			share := gpuShare(g, gok, d/float64(k), 0, ws.Sub(b.From).Seconds()/float64(k), 0)
 			if k > 1 {
 				share.SharedGpuSeconds = ws.Sub(b.From).Seconds()
 				first.SharedGpuSeconds += share.SharedGpuSeconds

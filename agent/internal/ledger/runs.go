@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -329,27 +330,17 @@ func lookupGPU(devs []gpu.Device, id string) (int, error) {
 	return 0, errorf("gpu "+id, "no GPU with this UUID on this node")
 }
 
-// union returns the sorted union of a and b and whether b added anything.
+// union returns the sorted union of a (without duplicates) and b, and
+// whether b added anything.
 func union(a, b []int) ([]int, bool) {
-	seen := make(map[int]bool, len(a))
-	out := append([]int(nil), a...)
-	for _, x := range a {
-		seen[x] = true
-	}
-	changed := false
+	out := slices.Clone(a)
 	for _, x := range b {
-		if !seen[x] {
-			seen[x] = true
+		if !slices.Contains(out, x) {
 			out = append(out, x)
-			changed = true
 		}
 	}
-	for i := 1; i < len(out); i++ {
-		for j := i; j > 0 && out[j] < out[j-1]; j-- {
-			out[j], out[j-1] = out[j-1], out[j]
-		}
-	}
-	return out, changed
+	slices.Sort(out)
+	return out, len(out) > len(a)
 }
 
 // Step records one training step of a run.
@@ -365,12 +356,10 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 	}
 	s := stepStat{t: now, conn: p.ConnID, tokens: ev.Tokens}
 	if _, ok := r.members[p.ConnID]; ok {
-		if _, seen := r.stepping[p.ConnID]; !seen {
-			if r.stepping == nil {
-				r.stepping = map[uint64]struct{}{}
-			}
-			r.stepping[p.ConnID] = struct{}{}
+		if r.stepping == nil {
+			r.stepping = map[uint64]struct{}{}
 		}
+		r.stepping[p.ConnID] = struct{}{}
 	}
 	if key, ok := r.members[p.ConnID]; ok && ev.TokensTotal != nil {
 		s.rank, s.total = key, *ev.TokensTotal
@@ -388,16 +377,7 @@ func (l *Ledger) Step(now time.Time, p Peer, ev *trainerproto.Step) error {
 		// A raw client may resume with steps and no run_start.
 		r.rejoinAt = now
 	}
-	if ev.Samples != nil {
-		s.samples = *ev.Samples
-	}
-	if ev.DataWaitS != nil {
-		s.dataWait = *ev.DataWaitS
-	}
-	if ev.ComputeS != nil {
-		s.compute = *ev.ComputeS
-	}
-	s.loss = ev.Loss
+	s.samples, s.dataWait, s.compute, s.loss = deref(ev.Samples), deref(ev.DataWaitS), deref(ev.ComputeS), ev.Loss
 	r.steps = append(r.steps, s)
 	r.stepEvents++
 	if r.rankSteps == nil {
@@ -495,6 +475,15 @@ func (l *Ledger) Disconnected(now time.Time, p Peer) {
 			l.leave(now, r, p.ConnID, "trainer disconnected without run_end")
 		}
 	}
+}
+
+// deref is *p, or the zero value when p is nil.
+func deref[T any](p *T) T {
+	var v T
+	if p != nil {
+		v = *p
+	}
+	return v
 }
 
 func (r *run) addPeer(p Peer) {

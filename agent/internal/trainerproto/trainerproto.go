@@ -261,14 +261,21 @@ func parseGeneral(trimmed []byte) (Event, error) {
 	}
 }
 
+// decoder reads one event's keys. Its first error sticks: later reads
+// return nothing, so an event reports the first bad key in reading order.
 type decoder struct {
 	event string
 	m     map[string]json.RawMessage
 	flat  *flatObject // instead of m, for lines scanFlat took
+	err   error
 }
 
-// get returns the raw value of key.
+// get returns the raw value of key; false when it is absent or an earlier
+// key failed.
 func (d *decoder) get(key string) (json.RawMessage, bool) {
+	if d.err != nil {
+		return nil, false
+	}
 	if d.flat != nil {
 		return d.flat.get(key)
 	}
@@ -276,21 +283,34 @@ func (d *decoder) get(key string) (json.RawMessage, bool) {
 	return raw, ok
 }
 
-func (d *decoder) fieldErr(field, format string, args ...any) error {
-	return &Error{
-		Kind:  ErrKindField,
-		Event: d.event,
-		Field: field,
-		Msg:   d.event + ": " + field + " " + fmt.Sprintf(format, args...),
+// opt is get for an optional key: null is absent.
+func (d *decoder) opt(key string) (json.RawMessage, bool) {
+	raw, ok := d.get(key)
+	return raw, ok && !isNull(raw)
+}
+
+// fail records a field error unless one is recorded already.
+func (d *decoder) fail(field, format string, args ...any) {
+	if d.err == nil {
+		d.err = &Error{Kind: ErrKindField, Event: d.event, Field: field,
+			Msg: d.event + ": " + field + " " + fmt.Sprintf(format, args...)}
 	}
 }
 
+// result is ev, or the first error.
+func (d *decoder) result(ev Event) (Event, error) {
+	if d.err != nil {
+		return nil, d.err
+	}
+	return ev, nil
+}
+
 func (d *decoder) runID() (string, error) {
-	raw, ok := d.get("run_id")
+	raw, ok := d.opt("run_id")
 	mk := func(msg string) error {
 		return &Error{Kind: ErrKindRunID, Event: d.event, Field: "run_id", Msg: msg}
 	}
-	if !ok || isNull(raw) {
+	if !ok {
 		return "", mk("missing run_id")
 	}
 	s, ok := jsonString(raw)
@@ -310,168 +330,150 @@ func (d *decoder) runID() (string, error) {
 }
 
 // str decodes an optional string field bounded to max bytes.
-func (d *decoder) str(key string, max int) (string, error) {
-	raw, ok := d.get(key)
-	if !ok || isNull(raw) {
-		return "", nil
+func (d *decoder) str(key string, max int) string {
+	raw, ok := d.opt(key)
+	if !ok {
+		return ""
 	}
 	var s string
 	if kindOf(raw) != '"' || json.Unmarshal(raw, &s) != nil {
-		return "", d.fieldErr(key, "must be a string")
+		d.fail(key, "must be a string")
+		return ""
 	}
 	if len(s) > max {
-		return "", d.fieldErr(key, "too long: %d bytes > %d", len(s), max)
+		d.fail(key, "too long: %d bytes > %d", len(s), max)
+		return ""
 	}
-	return s, nil
+	return s
 }
 
 // uint decodes an optional non-negative integer that fits uint64.
-func (d *decoder) uint(key string) (*uint64, error) {
-	raw, ok := d.get(key)
-	if !ok || isNull(raw) {
-		return nil, nil
+func (d *decoder) uint(key string) *uint64 {
+	raw, ok := d.opt(key)
+	if !ok {
+		return nil
 	}
 	v, ok := parseUint(raw)
 	if !ok {
-		return nil, d.fieldErr(key, "must be a non-negative integer")
+		d.fail(key, "must be a non-negative integer")
+		return nil
 	}
-	return &v, nil
+	return &v
 }
 
 // bool decodes an optional true or false.
-func (d *decoder) bool(key string) (*bool, error) {
-	raw, ok := d.get(key)
-	if !ok || isNull(raw) {
-		return nil, nil
+func (d *decoder) bool(key string) *bool {
+	raw, ok := d.opt(key)
+	if !ok {
+		return nil
 	}
 	if k := kindOf(raw); k != 't' && k != 'f' {
-		return nil, d.fieldErr(key, "must be true or false")
+		d.fail(key, "must be true or false")
+		return nil
 	}
 	v := kindOf(raw) == 't'
-	return &v, nil
+	return &v
 }
 
 // int decodes an optional integer that fits int64; nonNeg rejects negatives.
-func (d *decoder) int(key string, nonNeg bool) (*int64, error) {
-	raw, ok := d.get(key)
-	if !ok || isNull(raw) {
-		return nil, nil
+func (d *decoder) int(key string, nonNeg bool) *int64 {
+	raw, ok := d.opt(key)
+	if !ok {
+		return nil
 	}
 	v, ok := parseInt(raw)
-	if nonNeg && (!ok || v < 0) {
-		return nil, d.fieldErr(key, "must be a non-negative integer")
+	switch {
+	case nonNeg && (!ok || v < 0):
+		d.fail(key, "must be a non-negative integer")
+	case !ok:
+		d.fail(key, "must be an integer")
+	default:
+		return &v
 	}
-	if !ok {
-		return nil, d.fieldErr(key, "must be an integer")
-	}
-	return &v, nil
+	return nil
 }
 
 // float decodes an optional finite number; nonNeg rejects negatives.
-func (d *decoder) float(key string, nonNeg bool) (*float64, error) {
-	raw, ok := d.get(key)
-	if !ok || isNull(raw) {
-		return nil, nil
+func (d *decoder) float(key string, nonNeg bool) *float64 {
+	raw, ok := d.opt(key)
+	if !ok {
+		return nil
 	}
 	v, ok := parseFloat(raw)
-	if nonNeg && (!ok || v < 0) {
-		return nil, d.fieldErr(key, "must be a finite non-negative number")
+	switch {
+	case nonNeg && (!ok || v < 0):
+		d.fail(key, "must be a finite non-negative number")
+	case !ok:
+		d.fail(key, "must be a finite number")
+	default:
+		if v == 0 {
+			v = 0 // normalise -0
+		}
+		return &v
 	}
-	if !ok {
-		return nil, d.fieldErr(key, "must be a finite number")
-	}
-	if v == 0 {
-		v = 0 // normalise -0
-	}
-	return &v, nil
+	return nil
 }
 
-func (d *decoder) gpus() ([]string, error) {
-	raw, ok := d.get("gpus")
-	if !ok || isNull(raw) {
-		return nil, nil
+func (d *decoder) gpus() []string {
+	raw, ok := d.opt("gpus")
+	if !ok {
+		return nil
 	}
 	const msg = "must be an array of GPU indices or UUIDs"
-	if kindOf(raw) != '[' {
-		return nil, d.fieldErr("gpus", msg)
-	}
 	var items []json.RawMessage
-	if json.Unmarshal(raw, &items) != nil {
-		return nil, d.fieldErr("gpus", msg)
+	if kindOf(raw) != '[' || json.Unmarshal(raw, &items) != nil {
+		d.fail("gpus", msg)
+		return nil
 	}
 	if len(items) > MaxGPUs {
-		return nil, d.fieldErr("gpus", "has too many entries: %d > %d", len(items), MaxGPUs)
+		d.fail("gpus", "has too many entries: %d > %d", len(items), MaxGPUs)
+		return nil
 	}
 	out := make([]string, 0, len(items))
 	for _, it := range items {
+		var s string
 		switch kindOf(it) {
 		case '"':
-			var s string
 			if json.Unmarshal(it, &s) != nil || s == "" || len(s) > MaxGPUBytes || !printable(s) {
-				return nil, d.fieldErr("gpus", msg)
+				d.fail("gpus", msg)
+				return nil
 			}
-			out = append(out, s)
 		case '0':
 			v, ok := parseUint(it)
 			if !ok {
-				return nil, d.fieldErr("gpus", msg)
+				d.fail("gpus", msg)
+				return nil
 			}
-			out = append(out, strconv.FormatUint(v, 10))
+			s = strconv.FormatUint(v, 10)
 		default:
-			return nil, d.fieldErr("gpus", msg)
+			d.fail("gpus", msg)
+			return nil
 		}
+		out = append(out, s)
 	}
-	return out, nil
+	return out
 }
 
 func (d *decoder) runStart(run string) (Event, error) {
 	e := &RunStart{Run: run, Start: &trainmeterv1.RunStart{Metadata: &trainmeterv1.RunMetadata{}}}
 	for _, fd := range trainerwire.MetadataFields() {
-		if err := d.metadata(trainerwire.Holder(e.Start, fd), fd); err != nil {
-			return nil, err
-		}
+		d.metadata(trainerwire.Holder(e.Start, fd), fd)
 	}
-	var err error
-	for _, f := range []struct {
-		key string
-		dst *string
-	}{{"cuda_visible_devices", &e.CUDAVisibleDevices}, {"client_id", &e.ClientID}} {
-		if *f.dst, err = d.str(f.key, MaxMetadataBytes); err != nil {
-			return nil, err
-		}
+	e.CUDAVisibleDevices = d.str("cuda_visible_devices", MaxMetadataBytes)
+	e.ClientID = d.str("client_id", MaxMetadataBytes)
+	e.Rank, e.WorldSize, e.LocalRank = d.int("rank", true), d.int("world_size", true), d.int("local_rank", true)
+	e.WarmupS = d.float("warmup_s", true)
+	e.WarmupSteps = d.uint("warmup_steps")
+	e.GPUs = d.gpus()
+	if e.AttributePID = d.uint("attribute_pid"); e.AttributePID != nil && (*e.AttributePID == 0 || *e.AttributePID > MaxPID) {
+		d.fail("attribute_pid", "must be a process id from 1 to %d", MaxPID)
 	}
-	for _, f := range []struct {
-		key string
-		dst **int64
-	}{{"rank", &e.Rank}, {"world_size", &e.WorldSize}, {"local_rank", &e.LocalRank}} {
-		if *f.dst, err = d.int(f.key, true); err != nil {
-			return nil, err
-		}
-	}
-	if e.WarmupS, err = d.float("warmup_s", true); err != nil {
-		return nil, err
-	}
-	if e.WarmupSteps, err = d.uint("warmup_steps"); err != nil {
-		return nil, err
-	}
-	if e.GPUs, err = d.gpus(); err != nil {
-		return nil, err
-	}
-	if e.AttributePID, err = d.uint("attribute_pid"); err != nil {
-		return nil, err
-	}
-	if e.AttributePID != nil && (*e.AttributePID == 0 || *e.AttributePID > MaxPID) {
-		return nil, d.fieldErr("attribute_pid", "must be a process id from 1 to %d", MaxPID)
-	}
-	resume, err := d.bool("resume")
-	if err != nil {
-		return nil, err
-	}
+	resume := d.bool("resume")
 	e.Resume = resume != nil && *resume
-	if e.Start.Labels, err = d.labels(); err != nil {
-		return nil, err
+	if d.err == nil {
+		e.Start.Labels, d.err = d.labels()
 	}
-	return e, nil
+	return d.result(e)
 }
 
 // metadataRules are the metadata keys whose values are narrower than their
@@ -491,55 +493,55 @@ func fraction(v float64) bool { return v > 0 && v <= 1 }
 
 // metadata decodes the metadata key named like field fd by the field's
 // kind, and sets the field of m when the key has a value (not null).
-func (d *decoder) metadata(m protoreflect.Message, fd protoreflect.FieldDescriptor) error {
+func (d *decoder) metadata(m protoreflect.Message, fd protoreflect.FieldDescriptor) {
 	key := string(fd.Name())
 	rule := metadataRules[key]
 	var v protoreflect.Value
 	var num float64 // the value rule.ok judges
 	switch fd.Kind() {
 	case protoreflect.StringKind:
-		s, err := d.str(key, MaxMetadataBytes)
-		if s != "" {
+		if s := d.str(key, MaxMetadataBytes); s != "" {
 			m.Set(fd, protoreflect.ValueOfString(s))
 		}
-		return err
+		return
 	case protoreflect.BoolKind:
-		b, err := d.bool(key)
-		if b != nil {
+		if b := d.bool(key); b != nil {
 			m.Set(fd, protoreflect.ValueOfBool(*b))
 		}
-		return err
+		return
 	case protoreflect.DoubleKind:
-		f, err := d.float(key, !rule.signed)
+		f := d.float(key, !rule.signed)
 		if f == nil {
-			return err
+			return
 		}
 		v, num = protoreflect.ValueOfFloat64(*f), *f
 	case protoreflect.Int64Kind:
-		n, err := d.int(key, !rule.signed)
+		n := d.int(key, !rule.signed)
 		if n == nil {
-			return err
+			return
 		}
 		v, num = protoreflect.ValueOfInt64(*n), float64(*n)
 	case protoreflect.Uint64Kind, protoreflect.Uint32Kind:
-		n, err := d.uint(key)
+		n := d.uint(key)
 		if n == nil {
-			return err
+			return
 		}
 		if v, num = protoreflect.ValueOfUint64(*n), float64(*n); fd.Kind() == protoreflect.Uint32Kind {
 			if *n > math.MaxUint32 {
-				return d.fieldErr(key, "must be a non-negative integer")
+				d.fail(key, "must be a non-negative integer")
+				return
 			}
 			v = protoreflect.ValueOfUint32(uint32(*n))
 		}
 	default: // a kind no metadata field has yet: refused, never guessed
-		return d.fieldErr(key, "has a %s type the agent cannot decode", fd.Kind())
+		d.fail(key, "has a %s type the agent cannot decode", fd.Kind())
+		return
 	}
 	if rule.ok != nil && !rule.ok(num) {
-		return d.fieldErr(key, "%s", rule.why)
+		d.fail(key, "%s", rule.why)
+		return
 	}
 	m.Set(fd, v)
-	return nil
 }
 
 func (d *decoder) labels() (map[string]string, error) {
@@ -561,7 +563,8 @@ func (d *decoder) labels() (map[string]string, error) {
 		switch kindOf(raw) {
 		case '"':
 			if json.Unmarshal(raw, &v) != nil {
-				return nil, d.fieldErr(strconv.Quote(truncate(k, 64)), "must be a string")
+				d.fail(strconv.Quote(truncate(k, 64)), "must be a string")
+				return nil, d.err
 			}
 		case '0', 't', 'f':
 			v = string(bytes.TrimSpace(raw))
@@ -596,74 +599,36 @@ func (d *decoder) step(run string) (Event, error) {
 	e := &Step{Run: run}
 	raw, ok := d.get("tokens")
 	if !ok {
-		return nil, d.fieldErr("tokens", "is required")
+		d.fail("tokens", "is required")
+	} else if e.Tokens, ok = parseUint(raw); !ok {
+		d.fail("tokens", "must be a non-negative integer")
+	} else if e.Tokens > MaxStepTokens {
+		d.fail("tokens", "too large: %d > %d per step", e.Tokens, uint64(MaxStepTokens))
 	}
-	if e.Tokens, ok = parseUint(raw); !ok {
-		return nil, d.fieldErr("tokens", "must be a non-negative integer")
+	e.Step = d.uint("step")
+	if e.TokensTotal = d.uint("tokens_total"); e.TokensTotal != nil && *e.TokensTotal > MaxTokensTotal {
+		d.fail("tokens_total", "too large: %d > %d", *e.TokensTotal, uint64(MaxTokensTotal))
 	}
-	if e.Tokens > MaxStepTokens {
-		return nil, d.fieldErr("tokens", "too large: %d > %d per step", e.Tokens, uint64(MaxStepTokens))
-	}
-	var err error
-	if e.Step, err = d.uint("step"); err != nil {
-		return nil, err
-	}
-	if e.TokensTotal, err = d.uint("tokens_total"); err != nil {
-		return nil, err
-	}
-	if e.TokensTotal != nil && *e.TokensTotal > MaxTokensTotal {
-		return nil, d.fieldErr("tokens_total", "too large: %d > %d", *e.TokensTotal, uint64(MaxTokensTotal))
-	}
-	if e.Samples, err = d.uint("samples"); err != nil {
-		return nil, err
-	}
-	if e.DataWaitS, err = d.float("data_wait_s", true); err != nil {
-		return nil, err
-	}
-	if e.ComputeS, err = d.float("compute_s", true); err != nil {
-		return nil, err
-	}
-	if e.Loss, err = d.float("loss", false); err != nil {
-		return nil, err
-	}
-	return e, nil
+	e.Samples = d.uint("samples")
+	e.DataWaitS, e.ComputeS, e.Loss = d.float("data_wait_s", true), d.float("compute_s", true), d.float("loss", false)
+	return d.result(e)
 }
 
 func (d *decoder) eval(run string) (Event, error) {
 	e := &Eval{Run: run}
-	var err error
-	if e.Epoch, err = d.int("epoch", true); err != nil {
-		return nil, err
-	}
-	if e.ValLoss, err = d.float("val_loss", false); err != nil {
-		return nil, err
-	}
-	if e.Accuracy, err = d.float("accuracy", true); err != nil {
-		return nil, err
-	}
-	if e.NumWorkers, err = d.int("num_workers", true); err != nil {
-		return nil, err
-	}
-	if e.PrefetchFactor, err = d.int("prefetch_factor", true); err != nil {
-		return nil, err
-	}
+	e.Epoch = d.int("epoch", true)
+	e.ValLoss, e.Accuracy = d.float("val_loss", false), d.float("accuracy", true)
+	e.NumWorkers, e.PrefetchFactor = d.int("num_workers", true), d.int("prefetch_factor", true)
 	if e.PrefetchFactor != nil && e.NumWorkers == nil {
-		return nil, d.fieldErr("prefetch_factor", "needs num_workers (the loader settings are reported together)")
+		d.fail("prefetch_factor", "needs num_workers (the loader settings are reported together)")
 	}
-	return e, nil
+	return d.result(e)
 }
 
 func (d *decoder) runEnd(run string) (Event, error) {
-	e := &RunEnd{Run: run}
-	var err error
-	if e.Status, err = d.str("status", MaxMetadataBytes); err != nil {
-		return nil, err
-	}
-	if e.Error, err = d.str("error", math.MaxInt); err != nil {
-		return nil, err
-	}
-	e.Error = CutUTF8(e.Error, MaxEndErrorBytes)
-	return e, nil
+	e := &RunEnd{Run: run, Status: d.str("status", MaxMetadataBytes)}
+	e.Error = CutUTF8(d.str("error", math.MaxInt), MaxEndErrorBytes)
+	return d.result(e)
 }
 
 // CutUTF8 is s cut to at most max bytes, at a character boundary.
@@ -764,8 +729,5 @@ func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
+	return CutUTF8(s, n) + "…"
 }

@@ -77,6 +77,7 @@
 package aggregate
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -186,9 +187,6 @@ func (s *State) AddHostEnergy(node string, h *trainmeterv1.HostEnergy, share *tr
 	}
 }
 
-// LossReasons lists the distinct reasons data of the run was lost.
-func (s *State) LossReasons() []string { return append([]string(nil), s.LostReasons...) }
-
 // New returns an empty aggregate for runID.
 func New(runID string) *State {
 	return &State{Aggregate: &storev1.Aggregate{RunId: runID, Nodes: map[string]*NodeState{}}}
@@ -239,7 +237,7 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 			// The agent sends the run's start again when a client joining
 			// a run of `trainmeter run` named fields the command line left
 			// out: fill those, never overwrite.
-			s.fillStart(ev)
+			fillUnset(s.RunStart.ProtoReflect(), ev.ProtoReflect())
 		}
 		return // joins; never overwrites the winner's metadata
 	}
@@ -248,12 +246,6 @@ func (s *State) AddStart(node string, ev *trainmeterv1.RunStart) {
 	s.StartNode = node
 	s.RunStart = proto.Clone(ev).(*trainmeterv1.RunStart)
 	s.RunStart.Gpus, s.RunStart.GpuUuids = nil, nil // the node's, not the run's
-}
-
-// fillStart sets the fields the run's start left unset from a later copy
-// of the same start.
-func (s *State) fillStart(ev *trainmeterv1.RunStart) {
-	fillUnset(s.RunStart.ProtoReflect(), ev.ProtoReflect())
 }
 
 // fillUnset sets each field of dst that is unset from src, recursively in
@@ -301,12 +293,8 @@ func (s *State) AddEval(node string, ev *trainmeterv1.Eval) {
 }
 
 // AddWindow folds a RunWindow from node.
-func (s *State) AddWindow(node string, w *trainmeterv1.RunWindow) { s.AddWindowBanded(node, w, nil) }
-
-// AddWindowBanded folds a RunWindow from node and, when bands is not nil,
-// books its energy to the tariff bands in force over the window.
-func (s *State) AddWindowBanded(node string, w *trainmeterv1.RunWindow, bands EnergyBands) {
-	s.AddWindowBooked(node, w, bands, nil)
+func (s *State) AddWindow(node string, w *trainmeterv1.RunWindow) {
+	s.AddWindowBooked(node, w, nil, nil)
 }
 
 // AddWindowBooked folds a RunWindow from node and books its energy to the
@@ -323,16 +311,10 @@ func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands En
 	}
 	s.HasWindow = true
 
-	energy := w.GetEnergyIntegratedJ()
-	if w.GetCounterOk() {
-		energy = w.GetEnergyCounterJ()
-	}
+	energy := windowEnergy(w)
 	s.EnergyTotal += energy
 	if (bands != nil || carbon != nil) && energy > 0 {
-		from, to := time.Unix(0, start), time.Unix(0, end)
-		if to.Sub(from) > MaxBandedWindow {
-			to = from // booked whole at its start's band; ingest never lets one through
-		}
+		from, to := windowSpan(w)
 		if bands != nil {
 			if s.EnergyByBand == nil {
 				s.EnergyByBand = map[string]float64{}
@@ -408,6 +390,14 @@ func (s *State) AddWindowBooked(node string, w *trainmeterv1.RunWindow, bands En
 	s.MeasuredSpanS += span
 	s.UncoveredSpanS += uncoveredShare(w) * span
 	s.addPeak(node, bucket, w.GetPeakPowerW())
+}
+
+// windowEnergy is a window's energy: its counter's when that covered it.
+func windowEnergy(w *trainmeterv1.RunWindow) float64 {
+	if w.GetCounterOk() {
+		return w.GetEnergyCounterJ()
+	}
+	return w.GetEnergyIntegratedJ()
 }
 
 // uncoveredShare is the part (0-1) of a window's time whose energy it does
@@ -528,14 +518,6 @@ func (s *State) endStatusError() (string, string) {
 	return status, ""
 }
 
-// optional is v when ok, else nil (unset).
-func optional[T any](ok bool, v T) *T {
-	if !ok {
-		return nil
-	}
-	return &v
-}
-
 // Report computes the run's figures with the collector's pricing.
 func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r := &trainmeterv1.RunReport{RunId: s.RunId}
@@ -640,10 +622,7 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	}
 	r.BudgetScope = start0.GetBudgetScope()
 	if l := start0.GetLabels(); len(l) > 0 {
-		r.Labels = make(map[string]string, len(l))
-		for k, v := range l {
-			r.Labels[k] = v
-		}
+		r.Labels = maps.Clone(l)
 	}
 	r.Pue = p.EffectivePUE()
 	if co2, bands, ok := p.CO2(s.CarbonByBand, s.EnergyTotal); ok {
@@ -674,9 +653,9 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.MaxSharingRuns = s.MaxSharingRuns
 	r.User = start0.GetUser()
 	if start0 != nil {
-		r.Uid = ptr32(start0.GetUid())
+		r.Uid = ptr(start0.GetUid())
 	}
-	r.LostReasons = s.LossReasons()
+	r.LostReasons = slices.Clone(s.LostReasons)
 	s.hostEnergy(r)
 	return r
 }
@@ -781,32 +760,24 @@ func (s *State) hostEnergy(r *trainmeterv1.RunReport) {
 // node's price. A run with any GPU-time that has no price has no compute
 // cost.
 func (s *State) priceCompute(p Pricing, r *trainmeterv1.RunReport) {
-	names := make([]string, 0, len(s.Nodes))
+	var names []string
 	for name, n := range s.Nodes {
 		if n.GpuSeconds > 0 {
 			names = append(names, name)
 		}
 	}
-	sort.Strings(names)
-	type share struct {
-		node    string
-		seconds float64
-	}
-	shares := make([]share, 0, max(1, len(names)))
-	for _, name := range names {
-		shares = append(shares, share{name, s.Nodes[name].GpuSeconds})
-	}
-	if len(shares) == 0 {
-		shares = append(shares, share{s.StartNode, 0})
+	slices.Sort(names)
+	if len(names) == 0 {
+		names = []string{s.StartNode} // priced for no GPU time
 	}
 	var usd, first float64
 	source := ""
-	for _, sh := range shares {
-		price, src, ok := p.GPUPrice(s.GetRunStart().GetGpuPricePerHour(), sh.node, s.GetRunStart().GetGpuName())
+	for _, name := range names {
+		price, src, ok := p.GPUPrice(s.GetRunStart().GetGpuPricePerHour(), name, s.GetRunStart().GetGpuName())
 		if !ok {
 			return
 		}
-		usd += sh.seconds / 3600 * price
+		usd += s.Nodes[name].GetGpuSeconds() / 3600 * price
 		switch {
 		case source == "":
 			source = src
@@ -838,9 +809,7 @@ func (s *State) energyNow(p Pricing, r *trainmeterv1.RunReport) {
 	}
 }
 
-func ptr(v float64) *float64 { return &v }
-
-func ptr32(v uint32) *uint32 { return &v }
+func ptr[T any](v T) *T { return &v }
 
 // epochsDone is samples / dataset_size, else steps × planned_epochs /
 // planned_steps, else the latest eval's epoch.
@@ -961,28 +930,35 @@ func (s *State) derived(r *trainmeterv1.RunReport, measuredS float64, k knownRat
 	}
 }
 
+// eventBody is what every kind of run event has.
+type eventBody interface {
+	GetRunId() string
+	GetTime() *timestamppb.Timestamp
+}
+
+// body is the event a RunEvent holds, whichever kind it is; nil when none.
+func body(e *trainmeterv1.RunEvent) eventBody {
+	m := e.ProtoReflect()
+	fd := m.WhichOneof(m.Descriptor().Oneofs().ByName("event"))
+	if fd == nil {
+		return nil
+	}
+	b, _ := m.Get(fd).Message().Interface().(eventBody)
+	return b
+}
+
 // EventTime is a run event's time, whichever kind of event it is.
 func EventTime(e *trainmeterv1.RunEvent) *timestamppb.Timestamp {
-	switch ev := e.GetEvent().(type) {
-	case *trainmeterv1.RunEvent_RunStart:
-		return ev.RunStart.GetTime()
-	case *trainmeterv1.RunEvent_RunEnd:
-		return ev.RunEnd.GetTime()
-	case *trainmeterv1.RunEvent_Eval:
-		return ev.Eval.GetTime()
+	if b := body(e); b != nil {
+		return b.GetTime()
 	}
 	return nil
 }
 
 // EventRunID is a run event's run id, whichever kind of event it is.
 func EventRunID(e *trainmeterv1.RunEvent) string {
-	switch ev := e.GetEvent().(type) {
-	case *trainmeterv1.RunEvent_RunStart:
-		return ev.RunStart.GetRunId()
-	case *trainmeterv1.RunEvent_RunEnd:
-		return ev.RunEnd.GetRunId()
-	case *trainmeterv1.RunEvent_Eval:
-		return ev.Eval.GetRunId()
+	if b := body(e); b != nil {
+		return b.GetRunId()
 	}
 	return ""
 }

@@ -1,6 +1,7 @@
 package aggregate
 
 import (
+	"math"
 	"math/rand"
 	"strconv"
 	"testing"
@@ -553,4 +554,11 @@ func TestRepeatedStartFillsMissingMetadata(t *testing.T) {
 	if r := s.Report(Pricing{}); r.Ended || r.WallS != 1 {
 		t.Errorf("the repeated start moved the run: ended %v wall %v", r.Ended, r.WallS)
 	}
+}
+
+// openPeakBuckets counts the distinct open buckets.
+func (s *State) openPeakBuckets() int {
+	n := 0
+	s.eachBucketSum(math.MaxInt64, func(float64) { n++ })
+	return n
 }

@@ -1,9 +1,9 @@
 package aggregate
 
 import (
+	"maps"
 	"math"
 	"slices"
-	"sort"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -60,7 +60,8 @@ func (p WindowPrice) Stamp(w *trainmeterv1.RunWindow) {
 }
 
 // windowSpan is the window's [start, end) for booking by time, a window
-// longer than MaxBandedWindow booked whole at its start.
+// longer than MaxBandedWindow booked whole at its start (ingest never lets
+// one through).
 func windowSpan(w *trainmeterv1.RunWindow) (time.Time, time.Time) {
 	from, to := time.Unix(0, nanos(w.GetStart())), time.Unix(0, nanos(w.GetEnd()))
 	if to.Sub(from) > MaxBandedWindow {
@@ -94,10 +95,7 @@ func (s *State) BookPrice(node string, w *trainmeterv1.RunWindow, p Pricer, node
 		b.UnpricedGpuSeconds += gs
 	}
 
-	energy := w.GetEnergyIntegratedJ()
-	if w.GetCounterOk() {
-		energy = w.GetEnergyCounterJ()
-	}
+	energy := windowEnergy(w)
 	b.EnergyJ += energy
 	from, to := windowSpan(w)
 	var perJ float64
@@ -198,12 +196,7 @@ func (s *State) bookedEnergy(p Pricing, r *trainmeterv1.RunReport) bool {
 	}
 	r.EnergyCostUsd = &usd
 	r.EnergyIncluded = b.IncludedEnergyJ > 0 && len(bandJ) == 0
-	names := make([]string, 0, len(bandJ))
-	for n := range bandJ {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(bandJ)) {
 		kwh := bandJ[n] / 3.6e6
 		bc := &trainmeterv1.EnergyBandCost{Band: n, Kwh: kwh, CostUsd: bandUSD[n]}
 		if kwh > 0 {

@@ -47,14 +47,14 @@ func costRun(bands EnergyBands) *State {
 		Metadata: &trainmeterv1.RunMetadata{Model: "m"}, Labels: map[string]string{"priority": "high"},
 		PlannedTokens: 36000, Params: 1e6, DatasetSize: 300,
 	})
-	s.AddWindowBanded("a", &trainmeterv1.RunWindow{RunId: "r1", Start: ts(0), End: ts(60), Phase: trainmeterv1.Phase_PHASE_WARMUP,
-		EnergyCounterJ: 600, CounterOk: true, GpuSeconds: 120, Gpus: []uint32{0, 1}}, bands)
-	s.AddWindowBanded("b", &trainmeterv1.RunWindow{RunId: "r1", Start: ts(30), End: ts(90), Phase: trainmeterv1.Phase_PHASE_MEASURED,
+	s.AddWindowBooked("a", &trainmeterv1.RunWindow{RunId: "r1", Start: ts(0), End: ts(60), Phase: trainmeterv1.Phase_PHASE_WARMUP,
+		EnergyCounterJ: 600, CounterOk: true, GpuSeconds: 120, Gpus: []uint32{0, 1}}, bands, nil)
+	s.AddWindowBooked("b", &trainmeterv1.RunWindow{RunId: "r1", Start: ts(30), End: ts(90), Phase: trainmeterv1.Phase_PHASE_MEASURED,
 		EnergyCounterJ: 600, CounterOk: true, GpuSeconds: 60, Gpus: []uint32{0},
-		Tokens: 3000, TokensMeasured: 3000, Steps: 5, Samples: 50}, bands)
-	s.AddWindowBanded("a", &trainmeterv1.RunWindow{RunId: "r1", Start: ts(60), End: ts(120), Phase: trainmeterv1.Phase_PHASE_MEASURED,
+		Tokens: 3000, TokensMeasured: 3000, Steps: 5, Samples: 50}, bands, nil)
+	s.AddWindowBooked("a", &trainmeterv1.RunWindow{RunId: "r1", Start: ts(60), End: ts(120), Phase: trainmeterv1.Phase_PHASE_MEASURED,
 		EnergyCounterJ: 1200, CounterOk: true, GpuSeconds: 120, Gpus: []uint32{0, 1},
-		Tokens: 6000, TokensMeasured: 6000, Steps: 10, Samples: 100}, bands)
+		Tokens: 6000, TokensMeasured: 6000, Steps: 10, Samples: 100}, bands, nil)
 	s.AddEval("a", &trainmeterv1.Eval{RunId: "r1", Time: ts(100), Epoch: proto.Int64(1), Accuracy: proto.Float64(0.8)})
 	return s
 }

@@ -12,29 +12,21 @@ import (
 
 // Membership: which nodes take part in a run, whether it is live there, and
 // which starts the collector refused (docs/protocol.md, "Joining a run from
-// several nodes"). All of it is here, read from the node states
-// (NodeState.Started, ended) and RefusedStarts, so that a rule about what a
-// node may send for a run asks these methods and nothing else.
+// several nodes"). Every rule about what a node may send for a run asks
+// these methods, which read the node states and RefusedStarts.
 //
-// The rule: a run_start from any node joins the run while the run is live
-// on at least one node, at any time (ranks of one launch start seconds
-// apart; an elastic job adds a node later). Live is judged by the agents'
-// clocks: a start whose time is at or before the run's end (the latest
-// run_end of every node) joins even when it arrives after that end (its
-// batch was in flight) — from a node that took part in the run; a node
-// that never started it cannot join a run that has ended everywhere by
-// dating its start back (docs/security.md). Once every node that started
-// the run has ended it, a start later than that end reopens the run only if
-// it asks to resume
-// (RunStart.resume or resume_requested); otherwise it is refused, and the
-// node's records of the run from that start on are dropped (Keeps) until
-// the node sends a start that is accepted.
-//
-// A start dated at or before the end that arrives after it joins from a
-// node that took part, and from another node only within LateJoinGrace of
-// the collector first holding the run ended everywhere (EndedSeenAt): long
-// enough for a rank whose batch was in flight, too short for a node to date
-// a start back and write into a run that ended long ago.
+// A run_start from any node joins the run while it is live on at least one
+// node (ranks start seconds apart; an elastic job adds a node later). Live
+// is judged by the agents' clocks: a start dated at or before the run's end
+// (the latest run_end of every node) joins even when it arrives after that
+// end (its batch was in flight), from a node that took part, and from
+// another node only within LateJoinGrace of the collector first holding
+// the run ended everywhere (EndedSeenAt), so that no node can write into a
+// long-ended run by dating a start back (docs/security.md). A start later
+// than the end reopens the run only if it asks to resume (RunStart.resume
+// or resume_requested); otherwise it is refused, and the node's records of
+// the run from that start on are dropped (Keeps) until the node sends a
+// start that is accepted.
 
 // Admission is what a RunStart does to a run.
 type Admission int
@@ -72,7 +64,7 @@ func (a Admission) String() string {
 // an accepted one.
 func (s *State) Admit(node string, ev *trainmeterv1.RunStart, now time.Time) Admission {
 	t := nanos(ev.GetTime())
-	a := s.admission(node, t, ev.GetResume() || ev.GetResumeRequested(), now)
+	a := s.Admission(node, ev, now)
 	if a == AdmitRefused {
 		if s.RefusedStarts == nil {
 			s.RefusedStarts = map[string]*RefusedStart{}

@@ -9,9 +9,8 @@ import (
 // Peak power across nodes (see peak_power_W in the package comment): each
 // node keeps its open buckets as two sorted columns (NodeState.PeakSeconds,
 // PeakWatts), which fold from the front and append at the back as a run
-// goes on. Buckets used to be a map of second -> node -> W; iterating those
-// small maps at every commit of every live run was most of the cost of
-// encoding an aggregate (docs/benchmarks.md).
+// goes on. Columns rather than a map of second -> node -> W keep
+// encoding an aggregate cheap at every commit (docs/benchmarks.md).
 
 func (s *State) addPeak(node string, bucket int64, p float64) {
 	if s.HasFolded && bucket < s.FoldedUpTo {
@@ -81,10 +80,9 @@ func (s *State) foldBuckets() {
 	if s.HasFolded && limit <= s.FoldedUpTo {
 		return
 	}
-	// FoldedUpTo moves to the limit even when no bucket lies below it: the
-	// early return above then spares the next windows of the same second
-	// the merge of every node's columns (for a run's first minute, nothing
-	// is old enough to fold, and each window used to pay it).
+	// FoldedUpTo moves to the limit even when no bucket lies below it, so
+	// the early return above spares the next windows of the same second
+	// the merge of every node's columns.
 	if s.anyBucketBelow(limit) {
 		s.eachBucketSum(limit, func(sum float64) { s.PeakFolded = max(s.PeakFolded, sum) })
 		for name, n := range s.Nodes {
@@ -158,11 +156,4 @@ func (s *State) Peak() float64 {
 	p := s.PeakFolded
 	s.eachBucketSum(math.MaxInt64, func(sum float64) { p = max(p, sum) })
 	return p
-}
-
-// openPeakBuckets counts the distinct open buckets (for tests).
-func (s *State) openPeakBuckets() int {
-	n := 0
-	s.eachBucketSum(math.MaxInt64, func(float64) { n++ })
-	return n
 }
