@@ -372,7 +372,7 @@ type GpuInfo struct {
 	PowerLimitW      float64                `protobuf:"fixed64,5,opt,name=power_limit_w,json=powerLimitW,proto3" json:"power_limit_w,omitempty"`
 	HasEnergyCounter bool                   `protobuf:"varint,6,opt,name=has_energy_counter,json=hasEnergyCounter,proto3" json:"has_energy_counter,omitempty"`
 	HasInstantPower  bool                   `protobuf:"varint,7,opt,name=has_instant_power,json=hasInstantPower,proto3" json:"has_instant_power,omitempty"`
-	// --- AMD GPUs (issue 20; field numbers 600-649) ---
+	// --- AMD GPUs (field numbers 600-649) ---
 	// The GPU's vendor as the agent's backend names it: "nvidia", "amd", or
 	// empty (simulated GPUs, a replay trace without a vendor column).
 	Vendor        string `protobuf:"bytes,600,opt,name=vendor,proto3" json:"vendor,omitempty"`
@@ -2531,7 +2531,7 @@ type Eval struct {
 	// two evals is the epoch's steps exactly, where the 1 s windows would put
 	// the steps of the eval's second in the wrong epoch.
 	RankSteps uint64 `protobuf:"varint,300,opt,name=rank_steps,json=rankSteps,proto3" json:"rank_steps,omitempty"`
-	// --- dataloader advice that pays (issue 19) ---
+	// --- dataloader advice that pays ---
 	// The DataLoader settings the epoch this eval closes ran with, as the
 	// trainer reported them (loader_num_workers set): what the advisor
 	// measures each epoch's throughput against, rather than what it believes

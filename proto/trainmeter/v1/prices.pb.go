@@ -40,7 +40,7 @@ type PriceOffer struct {
 	InetDownMbps float64  `protobuf:"fixed64,11,opt,name=inet_down_mbps,json=inetDownMbps,proto3" json:"inet_down_mbps,omitempty"`
 	// Recommendation score in [0, 1] (higher is better).
 	Score float64 `protobuf:"fixed64,12,opt,name=score,proto3" json:"score,omitempty"`
-	// Price providers (issue 23): location above is the provider's region
+	// Price providers: location above is the provider's region
 	// (Lambda's and Azure's region names, vast.ai's geolocation; empty for
 	// RunPod).
 	// spot: an interruptible offer (spot, low priority); false: on-demand.
@@ -266,7 +266,7 @@ type GpuPrice struct {
 	Trends                []*PriceTrend          `protobuf:"bytes,6,rep,name=trends,proto3" json:"trends,omitempty"`
 	Cheapest              *PriceOffer            `protobuf:"bytes,7,opt,name=cheapest,proto3" json:"cheapest,omitempty"`
 	Recommended           []*PriceOffer          `protobuf:"bytes,8,rep,name=recommended,proto3" json:"recommended,omitempty"`
-	// Price providers (issue 23). The fields above are over on-demand
+	// Price providers. The fields above are over on-demand
 	// offers (of every provider, or of ListPricesRequest.provider); spot
 	// offers are kept apart here (0 and empty without spot offers).
 	CheapestSpotUsdPerGpuHour float64     `protobuf:"fixed64,800,opt,name=cheapest_spot_usd_per_gpu_hour,json=cheapestSpotUsdPerGpuHour,proto3" json:"cheapest_spot_usd_per_gpu_hour,omitempty"`
@@ -526,7 +526,7 @@ type ListPricesRequest struct {
 	// Empty: every GPU model (no recommendations); set: that model, matched
 	// case-insensitively, with its recommended offers.
 	Gpu string `protobuf:"bytes,1,opt,name=gpu,proto3" json:"gpu,omitempty"`
-	// Price providers (issue 23): only this provider's offers ("vastai",
+	// Price providers: only this provider's offers ("vastai",
 	// "lambda", "runpod", "azure", "file", or an imported list's provider).
 	Provider      string `protobuf:"bytes,800,opt,name=provider,proto3" json:"provider,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -582,7 +582,7 @@ type ListPricesResponse struct {
 	Gpus  []*GpuPrice            `protobuf:"bytes,1,rep,name=gpus,proto3" json:"gpus,omitempty"`
 	// The configured providers, comma-separated.
 	Provider string `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
-	// Price providers (issue 23): each provider's catalog.
+	// Price providers: each provider's catalog.
 	Providers []*PriceProviderStatus `protobuf:"bytes,800,rep,name=providers,proto3" json:"providers,omitempty"`
 	// Offer age (price-age): a fetched catalog whose last good answer is
 	// older than this many seconds is stale (trainmeter serve
@@ -703,7 +703,7 @@ type FetchPricesResponse struct {
 	Offers    uint32 `protobuf:"varint,1,opt,name=offers,proto3" json:"offers,omitempty"`
 	GpuModels uint32 `protobuf:"varint,2,opt,name=gpu_models,json=gpuModels,proto3" json:"gpu_models,omitempty"`
 	Alerts    uint32 `protobuf:"varint,3,opt,name=alerts,proto3" json:"alerts,omitempty"`
-	// Price providers (issue 23): how each provider's fetch went.
+	// Price providers: how each provider's fetch went.
 	Providers     []*PriceProviderStatus `protobuf:"bytes,800,rep,name=providers,proto3" json:"providers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -1434,7 +1434,7 @@ type RunReport struct {
 	// The carbon zone that most of the run's energy was consumed in ("" when
 	// no node had one).
 	CarbonZone string `protobuf:"bytes,853,opt,name=carbon_zone,json=carbonZone,proto3" json:"carbon_zone,omitempty"`
-	// --- dataloader advice that pays (issue 19) ---
+	// --- dataloader advice that pays ---
 	// The dataloader changes the trainer applied on the advisor's advice, with
 	// the throughput the collector measured before and after each
 	// (docs/recommendations.md).

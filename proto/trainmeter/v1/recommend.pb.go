@@ -485,7 +485,7 @@ type DataloaderEpoch struct {
 	DataWaitShare     float64 `protobuf:"fixed64,9,opt,name=data_wait_share,json=dataWaitShare,proto3" json:"data_wait_share,omitempty"`
 	// Optimizer steps in the epoch on the node, per rank.
 	Steps uint64 `protobuf:"varint,10,opt,name=steps,proto3" json:"steps,omitempty"`
-	// --- measured throughput per epoch (issue 19, advice that pays) ---
+	// --- measured throughput per epoch (advice that pays) ---
 	// The settings the loader ran with during the epoch, as the advisor
 	// knows them: a change delivered during the epoch is applied by the
 	// trainer at its end, so it shows from the next epoch on (num_workers /
@@ -664,7 +664,7 @@ type DataloaderHistoryResponse struct {
 	state       protoimpl.MessageState  `protogen:"open.v1"`
 	Evaluations []*DataloaderEvaluation `protobuf:"bytes,1,rep,name=evaluations,proto3" json:"evaluations,omitempty"`
 	Epochs      []*DataloaderEpoch      `protobuf:"bytes,2,rep,name=epochs,proto3" json:"epochs,omitempty"`
-	// --- advice that pays (issue 19) ---
+	// --- advice that pays ---
 	// The changes the trainer applied, with the throughput measured before
 	// and after each (from the epochs above).
 	Changes       []*DataloaderChange `protobuf:"bytes,550,rep,name=changes,proto3" json:"changes,omitempty"`

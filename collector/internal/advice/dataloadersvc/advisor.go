@@ -320,8 +320,8 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 			// measured the old settings.
 			s.resetInterval()
 		}
-		// Without rank_steps (an older agent, or a sender whose count went
-		// back after an agent restart) the windows' count is all there is.
+		// Without rank_steps (a sender whose count went back after an agent
+		// restart) the windows' count is all there is.
 		steps := s.step - s.closedSteps
 		if rs := e.GetRankSteps(); rs > 0 && rs >= s.evalSteps {
 			steps = float64(rs - s.evalSteps)
