@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/trainmeter/trainmeter/agent/internal/agent"
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/gpuopen"
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	"github.com/trainmeter/trainmeter/pkg/clock"
@@ -34,7 +35,7 @@ func main() {
 
 // options are what the command line sets.
 type options struct {
-	cfg             agent.Config
+	cfg             agentconfig.Config
 	configFile      string
 	check           bool
 	shutdownTimeout time.Duration
@@ -42,7 +43,7 @@ type options struct {
 	otelFlags       *otelexport.Flags
 }
 
-func newRootCmd() *cobra.Command { return newRootCmdWith(&options{cfg: agent.DefaultConfig()}) }
+func newRootCmd() *cobra.Command { return newRootCmdWith(&options{cfg: agentconfig.DefaultConfig()}) }
 
 func newRootCmdWith(o *options) *cobra.Command {
 	cmd := &cobra.Command{
@@ -110,7 +111,7 @@ func bindFlags(cmd *cobra.Command, o *options) {
 
 // load turns the parsed flags and the config file into the configuration,
 // without validating it (doctor reports validation problems as checks).
-func (o *options) load(cmd *cobra.Command) (agent.Config, error) {
+func (o *options) load(cmd *cobra.Command) (agentconfig.Config, error) {
 	if err := o.otelFlags.Apply(); err != nil {
 		return o.cfg, err
 	}
@@ -125,22 +126,13 @@ func (o *options) load(cmd *cobra.Command) (agent.Config, error) {
 	return loadConfig(cmd, o.configFile, flags)
 }
 
-// resolveConfig merges the config file (if any) with the flags: the file is
+// loadConfig merges the config file (if any) with the flags: the file is
 // the base and flags given on the command line win.
-func resolveConfig(cmd *cobra.Command, configFile string, flags agent.Config) (agent.Config, error) {
-	cfg, err := loadConfig(cmd, configFile, flags)
-	if err != nil {
-		return cfg, err
-	}
-	return cfg, cfg.Validate()
-}
-
-// loadConfig is resolveConfig without the validation.
-func loadConfig(cmd *cobra.Command, configFile string, flags agent.Config) (agent.Config, error) {
+func loadConfig(cmd *cobra.Command, configFile string, flags agentconfig.Config) (agentconfig.Config, error) {
 	cfg := flags
 	if configFile != "" {
-		cfg = agent.DefaultConfig()
-		if err := agent.LoadConfigFile(configFile, &cfg); err != nil {
+		cfg = agentconfig.DefaultConfig()
+		if err := agentconfig.LoadConfigFile(configFile, &cfg); err != nil {
 			return cfg, err
 		}
 		overlayFlags(cmd, &cfg, flags)
@@ -152,7 +144,7 @@ func loadConfig(cmd *cobra.Command, configFile string, flags agent.Config) (agen
 }
 
 // overlayFlags copies the flags that were set on the command line over dst.
-func overlayFlags(cmd *cobra.Command, dst *agent.Config, flags agent.Config) {
+func overlayFlags(cmd *cobra.Command, dst *agentconfig.Config, flags agentconfig.Config) {
 	set := func(name string, apply func()) {
 		if cmd.Flags().Changed(name) {
 			apply()
@@ -194,7 +186,7 @@ func overlayFlags(cmd *cobra.Command, dst *agent.Config, flags agent.Config) {
 	set("prometheus-listen", func() { dst.OTel.PrometheusListen = flags.OTel.PrometheusListen })
 }
 
-func run(cfg agent.Config, shutdownTimeout time.Duration) error {
+func run(cfg agentconfig.Config, shutdownTimeout time.Duration) error {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
