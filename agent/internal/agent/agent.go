@@ -207,28 +207,13 @@ func (a *Agent) Start(ctx context.Context) error {
 	// (each zone's file, and /proc while runs share the node), which the
 	// 50 ms GPU loop must not wait for. Only nodes with readable RAPL have it.
 	if a.hostEnergy.reader != nil {
-		t := a.clock.NewTicker(a.cfg.HostInterval)
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			pollEvery(ctx, t, a.pollHostEnergy)
-		}()
+		a.goPoll(ctx, a.cfg.HostInterval, a.pollHostEnergy)
 	}
 	if a.initSharing() {
-		t := a.clock.NewTicker(shareEvery)
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			pollEvery(ctx, t, a.pollSharing)
-		}()
+		a.goPoll(ctx, shareEvery, a.pollSharing)
 	}
 	if a.procs != nil {
-		t := a.clock.NewTicker(attributeEvery)
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			pollEvery(ctx, t, a.pollAttribution)
-		}()
+		a.goPoll(ctx, attributeEvery, a.pollAttribution)
 	}
 	// The ticker exists before Start returns, so no tick (real or, in tests,
 	// a fake clock's) can fall before the loop listens.
@@ -236,6 +221,25 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.log.Info("agent started", "node", a.cfg.Node, "gpus", len(a.backend.Devices()), "backend", a.cfg.GPU,
 		"socket", a.cfg.Socket, "collector", a.cfg.Collector, "interval", a.cfg.Interval, "warmup", a.cfg.Warmup)
 	return nil
+}
+
+// goPoll calls poll every period, off the sampling loop, until ctx ends.
+// The ticker is made before goPoll returns (see sampleLoop's).
+func (a *Agent) goPoll(ctx context.Context, every time.Duration, poll func()) {
+	t := a.clock.NewTicker(every)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C():
+			}
+			poll()
+		}
+	}()
 }
 
 func (a *Agent) sampleLoop(t clock.Ticker) {

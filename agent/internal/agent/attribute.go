@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
-	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 )
 
@@ -40,20 +38,6 @@ func (a *Agent) initAttribution(backend gpu.Backend) bool {
 	}
 	a.procs = pl
 	return true
-}
-
-// pollEvery calls poll on every tick of t until ctx ends: the process
-// polls (attribution, sharing) that stay off the 50 ms sampling path.
-func pollEvery(ctx context.Context, t clock.Ticker, poll func()) {
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
-		poll()
-	}
 }
 
 // pollAttribution adds to every process-attributed run the GPUs its tree

@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 	"github.com/trainmeter/trainmeter/agent/internal/uplink"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
@@ -167,11 +166,9 @@ type CollectorStatus struct {
 	Pending int `json:"batches_pending"`
 }
 
-// UplinkStatus mirrors uplink.Stats, over all collectors: Sent, Acked,
-// Rejected and Connects are summed over them, Connected is whether every
-// collector is, UnreachableS the longest any has been unreachable, and
-// Pending the batches the spool holds until every collector has acked them.
-// With one collector they are its own.
+// UplinkStatus mirrors uplink.Stats over all collectors: counts are summed,
+// Connected is whether every collector is, UnreachableS the longest any has
+// been unreachable, Pending the batches not yet acked by every collector.
 type UplinkStatus struct {
 	Collector string `json:"collector"`
 	Connected bool   `json:"connected"`
@@ -284,9 +281,6 @@ func uplinkStatus(collector string, up uplink.Stats) UplinkStatus {
 		Pending: up.Pending, SpoolBytes: up.SpoolBytes,
 	}
 }
-
-// SocketStats exposes the trainer socket's counters (for tests and self-metrics).
-func (a *Agent) SocketStats() trainersock.Stats { return a.sock.Stats() }
 
 // afterBatches runs on the sampling loop once per closed window (about once a
 // second, not every tick): it notes whether the collector is reachable and
