@@ -14,15 +14,18 @@ package trainersock
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/user"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -165,9 +168,8 @@ type Server struct {
 
 	accepted, rejected, lines, events, handlerErrs, tooLong,
 	sent, dropped, stalls, uidRejected, idleClosed atomic.Uint64
-	perrMu      sync.Mutex
+	countMu     sync.Mutex // guards parseErrors and rejectedBy
 	parseErrors map[string]uint64
-	rejectMu    sync.Mutex
 	rejectedBy  map[string]uint64
 }
 
@@ -194,27 +196,13 @@ func New(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 	if cfg.Mode&^os.ModePerm != 0 {
 		return nil, fmt.Errorf("trainersock: Config.Mode %v has bits other than permissions", cfg.Mode)
 	}
-	if cfg.Mode == 0 {
-		cfg.Mode = DefaultMode
-	}
-	if cfg.MaxLineBytes <= 0 {
-		cfg.MaxLineBytes = DefaultMaxLineBytes
-	}
-	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = DefaultMaxConns
-	}
-	if cfg.WriteQueue <= 0 {
-		cfg.WriteQueue = DefaultWriteQueue
-	}
-	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = DefaultWriteTimeout
-	}
-	if cfg.MaxConnsPerUID <= 0 {
-		cfg.MaxConnsPerUID = DefaultMaxConnsPerUID
-	}
-	if cfg.IdleTimeout == 0 {
-		cfg.IdleTimeout = DefaultIdleTimeout
-	}
+	cfg.Mode = cmp.Or(cfg.Mode, DefaultMode)
+	orDefault(&cfg.MaxLineBytes, DefaultMaxLineBytes)
+	orDefault(&cfg.MaxConns, DefaultMaxConns)
+	orDefault(&cfg.WriteQueue, DefaultWriteQueue)
+	orDefault(&cfg.WriteTimeout, DefaultWriteTimeout)
+	orDefault(&cfg.MaxConnsPerUID, DefaultMaxConnsPerUID)
+	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout) // negative: off
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
@@ -231,6 +219,13 @@ func New(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 		parseErrors: make(map[string]uint64),
 		rejectedBy:  make(map[string]uint64),
 	}, nil
+}
+
+// orDefault sets *v to def when it is not positive.
+func orDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 // Start listens on cfg.Path and serves in background goroutines. A socket
@@ -430,9 +425,9 @@ func (s *Server) watchIdle(c *conn) {
 // refuse answers one error line and closes nc, counting why.
 func (s *Server) refuse(nc *net.UnixConn, reason, msg string) {
 	s.rejected.Add(1)
-	s.rejectMu.Lock()
+	s.countMu.Lock()
 	s.rejectedBy[reason]++
-	s.rejectMu.Unlock()
+	s.countMu.Unlock()
 	nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 	nc.Write(trainerproto.ErrorLine(msg, 0))
 	nc.Close()
@@ -440,15 +435,7 @@ func (s *Server) refuse(nc *net.UnixConn, reason, msg string) {
 
 // uidAllowed checks uid against AllowedUIDs (empty: any).
 func (s *Server) uidAllowed(uid int32) bool {
-	if len(s.cfg.AllowedUIDs) == 0 {
-		return true
-	}
-	for _, u := range s.cfg.AllowedUIDs {
-		if uid >= 0 && uint32(uid) == u {
-			return true
-		}
-	}
-	return false
+	return len(s.cfg.AllowedUIDs) == 0 || uid >= 0 && slices.Contains(s.cfg.AllowedUIDs, uint32(uid))
 }
 
 // readLoop reads lines with a hard cap: a line longer than MaxLineBytes is
@@ -542,9 +529,9 @@ func (s *Server) handleLine(c *conn, lineNo int, line []byte, tooLong bool, n in
 		if errors.As(err, &pe) {
 			kind = string(pe.Kind)
 		}
-		s.perrMu.Lock()
+		s.countMu.Lock()
 		s.parseErrors[kind]++
-		s.perrMu.Unlock()
+		s.countMu.Unlock()
 		s.reply(c, trainerproto.ErrorLine(err.Error(), lineNo))
 		return
 	}
@@ -593,48 +580,25 @@ func (s *Server) teardown(c *conn) {
 	s.h.Disconnected(c.peer)
 }
 
+// writeLoop writes queued lines until the reader stops and the queue is
+// empty. After a failed write it drops (and counts) the lines instead.
 func (s *Server) writeLoop(c *conn) {
 	defer s.wg.Done()
 	defer close(c.writerDone)
+	failed := false
 	for {
+		var b []byte
 		select {
-		case b := <-c.out:
-			if !s.write(c, b) {
-				s.discard(c)
+		case b = <-c.out:
+		case <-c.done:
+			select {
+			case b = <-c.out:
+			default:
 				return
 			}
-		case <-c.done:
-			for {
-				select {
-				case b := <-c.out:
-					if !s.write(c, b) {
-						s.discard(c)
-						return
-					}
-				default:
-					return
-				}
-			}
 		}
-	}
-}
-
-// discard drops queued lines after a write failed, until the reader stops.
-func (s *Server) discard(c *conn) {
-	s.dropped.Add(1) // the line whose write failed
-	for {
-		select {
-		case <-c.out:
+		if failed = failed || !s.write(c, b); failed {
 			s.dropped.Add(1)
-		case <-c.done:
-			for {
-				select {
-				case <-c.out:
-					s.dropped.Add(1)
-				default:
-					return
-				}
-			}
 		}
 	}
 }
@@ -741,18 +705,9 @@ func (s *Server) Stats() Stats {
 	s.mu.RLock()
 	active := len(s.conns)
 	s.mu.RUnlock()
-	s.perrMu.Lock()
-	pe := make(map[string]uint64, len(s.parseErrors))
-	for k, v := range s.parseErrors {
-		pe[k] = v
-	}
-	s.perrMu.Unlock()
-	s.rejectMu.Lock()
-	rej := make(map[string]uint64, len(s.rejectedBy))
-	for k, v := range s.rejectedBy {
-		rej[k] = v
-	}
-	s.rejectMu.Unlock()
+	s.countMu.Lock()
+	pe, rej := maps.Clone(s.parseErrors), maps.Clone(s.rejectedBy)
+	s.countMu.Unlock()
 	return Stats{
 		ConnsActive:   active,
 		ConnsAccepted: s.accepted.Load(),
