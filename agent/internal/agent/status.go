@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 	"github.com/trainmeter/trainmeter/agent/internal/uplink"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
@@ -186,25 +187,9 @@ type UplinkStatus struct {
 	SpoolBytes int64 `json:"spool_bytes"`
 }
 
-// SocketStatus mirrors trainersock.Stats.
+// SocketStatus is the trainer socket's counters.
 type SocketStatus struct {
-	ConnsActive   int    `json:"conns_active"`
-	ConnsAccepted uint64 `json:"conns_accepted"`
-	ConnsRejected uint64 `json:"conns_rejected"`
-	// ConnsRejectedBy splits ConnsRejected by reason: max_conns,
-	// uid_conns, uid_not_allowed, no_peer_cred.
-	ConnsRejectedBy map[string]uint64 `json:"conns_rejected_by"`
-	// IdleClosed counts connections closed for sending no run_start
-	// within the idle timeout.
-	IdleClosed    uint64            `json:"conns_idle_closed"`
-	Lines         uint64            `json:"lines"`
-	Events        uint64            `json:"events"`
-	ParseErrors   map[string]uint64 `json:"parse_errors"`
-	HandlerErrors uint64            `json:"handler_errors"`
-	TooLong       uint64            `json:"too_long"`
-	RepliesSent   uint64            `json:"replies_sent"`
-	RepliesDrop   uint64            `json:"replies_dropped"`
-	WriteStalls   uint64            `json:"write_stalls"`
+	trainersock.Stats
 	// RefusedEvents counts the events of trainers whose run the collector
 	// refused (an id that had ended on every node), dropped without an
 	// answer each (ledger.Refuse).
@@ -217,7 +202,6 @@ func (a *Agent) Status() Status {
 	s := a.self
 	q := s.jitter.Quantiles(0.5, 0.99, 1)
 	up := a.up.Stats()
-	sock := a.sock.Stats()
 	st := Status{
 		Node:    a.cfg.Node,
 		Version: Version,
@@ -237,14 +221,8 @@ func (a *Agent) Status() Status {
 			JitterTicks:     int(min(s.jitter.Count(), jitterTicks)),
 			LastGoodReadS:   now.Sub(time.Unix(0, s.lastGoodRead.Load())).Seconds(),
 		},
-		Uplink: uplinkStatus(a.cfg.Collector, up),
-		Socket: SocketStatus{
-			ConnsActive: sock.ConnsActive, ConnsAccepted: sock.ConnsAccepted, ConnsRejected: sock.ConnsRejected,
-			ConnsRejectedBy: sock.Rejected, IdleClosed: sock.IdleClosed,
-			Lines: sock.Lines, Events: sock.Events, ParseErrors: sock.ParseErrors, HandlerErrors: sock.HandlerErrors,
-			TooLong: sock.TooLong, RepliesSent: sock.Sent, RepliesDrop: sock.Dropped, WriteStalls: sock.WriteStalls,
-			RefusedEvents: a.ledger.RefusedEvents(),
-		},
+		Uplink:     uplinkStatus(a.cfg.Collector, up),
+		Socket:     SocketStatus{Stats: a.sock.Stats(), RefusedEvents: a.ledger.RefusedEvents()},
 		ActiveRuns: len(a.ledger.ActiveRuns()),
 	}
 	st.HostEnergy.Status, st.HostEnergy.Reads = a.hostEnergyStatus()

@@ -118,29 +118,28 @@ type Config struct {
 	Clock clock.Clock
 }
 
-// Stats are the server's counters since Start.
+// Stats are the server's counters since Start; the agent's GET /status
+// serves them under "socket" with these JSON names.
 type Stats struct {
-	ConnsActive   int    // connections open now
-	ConnsAccepted uint64 // connections accepted
-	ConnsRejected uint64 // connections refused, for any reason in Rejected
-	UIDRejected   uint64 // connections refused because their uid is not in AllowedUIDs
-	Lines         uint64 // non-blank inbound lines, valid or not (too long included)
-	Events        uint64 // valid events passed to the Handler
-	// ParseErrors counts invalid lines by trainerproto.ErrKind
-	// ("invalid_json", "invalid_utf8", "missing_event", "unknown_event",
-	// "invalid_run_id", "invalid_field").
-	ParseErrors   map[string]uint64
-	HandlerErrors uint64 // Handle calls that returned an error
-	TooLong       uint64 // lines longer than MaxLineBytes
-	Sent          uint64 // outbound lines written
-	Dropped       uint64 // outbound lines dropped: queue full or client gone
-	WriteStalls   uint64 // writes that hit WriteTimeout
+	ConnsActive   int    `json:"conns_active"`   // connections open now
+	ConnsAccepted uint64 `json:"conns_accepted"` // connections accepted
+	ConnsRejected uint64 `json:"conns_rejected"` // connections refused, for any reason in Rejected
 	// Rejected counts refused connections by reason (RejectMaxConns,
 	// RejectUIDConns, RejectUIDNotAllowed, RejectNoPeerCred); they sum to
 	// ConnsRejected.
-	Rejected map[string]uint64
-	// IdleClosed counts connections closed by IdleTimeout.
-	IdleClosed uint64
+	Rejected   map[string]uint64 `json:"conns_rejected_by"`
+	IdleClosed uint64            `json:"conns_idle_closed"` // connections closed by IdleTimeout
+	Lines      uint64            `json:"lines"`             // non-blank inbound lines, valid or not (too long included)
+	Events     uint64            `json:"events"`            // valid events passed to the Handler
+	// ParseErrors counts invalid lines by trainerproto.ErrKind
+	// ("invalid_json", "invalid_utf8", "missing_event", "unknown_event",
+	// "invalid_run_id", "invalid_field").
+	ParseErrors   map[string]uint64 `json:"parse_errors"`
+	HandlerErrors uint64            `json:"handler_errors"`  // Handle calls that returned an error
+	TooLong       uint64            `json:"too_long"`        // lines longer than MaxLineBytes
+	Sent          uint64            `json:"replies_sent"`    // outbound lines written
+	Dropped       uint64            `json:"replies_dropped"` // outbound lines dropped: queue full or client gone
+	WriteStalls   uint64            `json:"write_stalls"`    // writes that hit WriteTimeout
 }
 
 const (
@@ -167,7 +166,7 @@ type Server struct {
 	wg     sync.WaitGroup
 
 	accepted, rejected, lines, events, handlerErrs, tooLong,
-	sent, dropped, stalls, uidRejected, idleClosed atomic.Uint64
+	sent, dropped, stalls, idleClosed atomic.Uint64
 	countMu     sync.Mutex // guards parseErrors and rejectedBy
 	parseErrors map[string]uint64
 	rejectedBy  map[string]uint64
@@ -354,7 +353,6 @@ func (s *Server) serve(nc *net.UnixConn) {
 		return
 	}
 	if !s.uidAllowed(p.UID) {
-		s.uidRejected.Add(1)
 		s.log.Warn("refusing a trainer whose uid is not allowed", "uid", p.UID, "pid", p.PID)
 		s.refuse(nc, RejectUIDNotAllowed, fmt.Sprintf("uid %d is not allowed to report to this agent", p.UID))
 		return
@@ -712,7 +710,6 @@ func (s *Server) Stats() Stats {
 		ConnsActive:   active,
 		ConnsAccepted: s.accepted.Load(),
 		ConnsRejected: s.rejected.Load(),
-		UIDRejected:   s.uidRejected.Load(),
 		Lines:         s.lines.Load(),
 		Events:        s.events.Load(),
 		ParseErrors:   pe,
