@@ -180,7 +180,6 @@ type conn struct {
 	writerDone chan struct{} // closed by the writer when it exits
 	started    chan struct{} // closed when a run_start is accepted
 	startOnce  sync.Once
-	idle       <-chan time.Time // fires IdleTimeout after accept; nil: no timeout
 }
 
 // New checks cfg and returns a Server; nothing is opened until Start. A nil
@@ -322,11 +321,7 @@ func (s *Server) acceptLoop(ln *net.UnixListener) {
 				return
 			}
 			// EMFILE and friends: back off, as net/http does.
-			if delay == 0 {
-				delay = 5 * time.Millisecond
-			} else if delay *= 2; delay > time.Second {
-				delay = time.Second
-			}
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
 			s.log.Warn("accept failed", "err", err, "retry_in", delay)
 			t := time.NewTimer(delay)
 			select {
@@ -375,23 +370,14 @@ func (s *Server) serve(nc *net.UnixConn) {
 		s.refuse(nc, RejectUIDConns, fmt.Sprintf("too many connections from uid %d (limit %d)", p.UID, s.cfg.MaxConnsPerUID))
 		return
 	}
-	c := &conn{
-		peer:       p,
-		nc:         nc,
-		out:        make(chan []byte, s.cfg.WriteQueue),
-		done:       make(chan struct{}),
-		writerDone: make(chan struct{}),
-		started:    make(chan struct{}),
-	}
-	if s.cfg.IdleTimeout > 0 {
-		c.idle = s.cfg.Clock.After(s.cfg.IdleTimeout)
-	}
+	c := &conn{peer: p, nc: nc, out: make(chan []byte, s.cfg.WriteQueue),
+		done: make(chan struct{}), writerDone: make(chan struct{}), started: make(chan struct{})}
 	s.conns[p.ConnID] = c
 	s.perUID[p.UID]++
 	s.wg.Add(2)
-	if c.idle != nil {
+	if s.cfg.IdleTimeout > 0 {
 		s.wg.Add(1)
-		go s.watchIdle(c)
+		go s.watchIdle(c, s.cfg.Clock.After(s.cfg.IdleTimeout))
 	}
 	s.mu.Unlock()
 	s.accepted.Add(1)
@@ -400,15 +386,14 @@ func (s *Server) serve(nc *net.UnixConn) {
 	go s.readLoop(c)
 }
 
-// watchIdle ends c when IdleTimeout passes before a run_start is accepted:
-// it queues an error line and shuts the socket's reading side, so the
-// reader drains what is buffered, sees EOF and tears the connection down
-// as for a client that hung up (the writer flushes the line first). This
-// holds for a client that sends lines but never reads its replies too.
-func (s *Server) watchIdle(c *conn) {
+// watchIdle ends c when idle fires before a run_start is accepted: it
+// queues an error line and shuts the socket's reading side, so the reader
+// drains what is buffered, sees EOF and tears the connection down as for a
+// client that hung up (the writer flushes the line first).
+func (s *Server) watchIdle(c *conn, idle <-chan time.Time) {
 	defer s.wg.Done()
 	select {
-	case <-c.idle:
+	case <-idle:
 	case <-c.started:
 		return
 	case <-c.done:
