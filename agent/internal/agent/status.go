@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
-	"github.com/trainmeter/trainmeter/agent/internal/uplink"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/selfmetrics"
@@ -71,11 +70,7 @@ func (s *selfStats) tick(now time.Time, interval time.Duration, samples []gpu.Sa
 	ns := now.UnixNano()
 	if prev := s.lastTick.Swap(ns); prev != 0 {
 		gap := time.Duration(ns - prev)
-		j := gap - interval
-		if j < 0 {
-			j = -j
-		}
-		s.jitter.Observe(j)
+		s.jitter.Observe(max(gap-interval, interval-gap))
 		if gap > 2*interval {
 			s.lateTicks.Add(1)
 			s.skippedTicks.Add(uint64(gap/interval) - 1)
@@ -110,14 +105,12 @@ type Status struct {
 	Problems []string       `json:"problems"`
 	Sampling SamplingStatus `json:"sampling"`
 	Uplink   UplinkStatus   `json:"uplink"`
-	// Collectors has one entry per collector of --collector (two for a
-	// pair): each one's stream, acks and backlog.
+	// Collectors has one entry per collector of --collector (two for a pair).
 	Collectors []CollectorStatus `json:"collectors"`
 	Socket     SocketStatus      `json:"socket"`
 	// ActiveRuns are the runs the ledger has open (ended ones until their
 	// last window is out).
-	ActiveRuns int `json:"active_runs"`
-	// HostEnergy is the RAPL (CPU/DRAM energy) reader's state.
+	ActiveRuns int              `json:"active_runs"`
 	HostEnergy HostEnergyStatus `json:"host_energy"`
 }
 
@@ -126,8 +119,7 @@ type HostEnergyStatus struct {
 	// Status is "ok: N socket(s), package and dram", "permission denied:
 	// ...", "no RAPL counters: ...", "error: ...".
 	Status string `json:"status"`
-	// Reads counts the reads of every package and dram counter.
-	Reads uint64 `json:"reads"`
+	Reads  uint64 `json:"reads"` // reads of every package and dram counter
 }
 
 // SamplingStatus describes the 50 ms GPU sampling loop.
@@ -221,7 +213,11 @@ func (a *Agent) Status() Status {
 			JitterTicks:     int(min(s.jitter.Count(), jitterTicks)),
 			LastGoodReadS:   now.Sub(time.Unix(0, s.lastGoodRead.Load())).Seconds(),
 		},
-		Uplink:     uplinkStatus(a.cfg.Collector, up),
+		Uplink: UplinkStatus{
+			Collector: a.cfg.Collector, Connected: up.Connected, Connects: up.Connects,
+			Enqueued: up.Enqueued, Sent: up.Sent, Acked: up.Acked, Rejected: up.Rejected, Dropped: up.Dropped,
+			Pending: up.Pending, SpoolBytes: up.SpoolBytes,
+		},
 		Socket:     SocketStatus{Stats: a.sock.Stats(), RefusedEvents: a.ledger.RefusedEvents()},
 		ActiveRuns: len(a.ledger.ActiveRuns()),
 	}
@@ -250,14 +246,6 @@ func (a *Agent) Status() Status {
 	}
 	st.Healthy = len(st.Problems) == 0
 	return st
-}
-
-func uplinkStatus(collector string, up uplink.Stats) UplinkStatus {
-	return UplinkStatus{
-		Collector: collector, Connected: up.Connected, Connects: up.Connects,
-		Enqueued: up.Enqueued, Sent: up.Sent, Acked: up.Acked, Rejected: up.Rejected, Dropped: up.Dropped,
-		Pending: up.Pending, SpoolBytes: up.SpoolBytes,
-	}
 }
 
 // afterBatches runs on the sampling loop once per closed window (about once a
