@@ -32,12 +32,8 @@ const maxTreeDepth = 1024
 // no processes, and replay) leave runs on every GPU.
 func (a *Agent) initAttribution(backend gpu.Backend) bool {
 	a.procRoot = cmp.Or(a.cfg.ProcfsRoot, "/proc")
-	pl, ok := backend.(gpu.ProcessLister)
-	if !ok {
-		return false
-	}
-	a.procs = pl
-	return true
+	a.procs, _ = backend.(gpu.ProcessLister)
+	return a.procs != nil
 }
 
 // pollAttribution adds to every process-attributed run the GPUs its tree
