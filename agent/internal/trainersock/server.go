@@ -91,31 +91,25 @@ type Config struct {
 	Mode  os.FileMode // permission bits of the socket file; default 0660
 	Group string      // optional group name to chown the socket file to
 	// MaxLineBytes caps one inbound line (without its newline); longer lines
-	// are answered with an error line and skipped. Default 1 MiB.
+	// are answered with an error line and skipped.
 	MaxLineBytes int
-	MaxConns     int // concurrent connections; more are refused. Default 4096.
-	WriteQueue   int // outbound lines queued per connection; default 64
+	MaxConns     int // concurrent connections; more are refused
+	WriteQueue   int // outbound lines queued per connection
 	// WriteTimeout is the deadline of each write to a client; a client that
-	// does not read for this long is counted as stalled (its queue then
-	// fills and further lines are dropped). Default 5 s.
+	// does not read for this long is stalled (its queue fills, lines drop).
 	WriteTimeout time.Duration
 	// AllowedUIDs, when not empty, are the peer uids (SO_PEERCRED) allowed
-	// to connect (the agent adds root). Others get one error line and are
-	// closed. Empty: the socket file's permissions decide.
+	// to connect; others get one error line. Empty: the file mode decides.
 	AllowedUIDs []uint32
-	// MaxConnsPerUID caps the connections one uid (SO_PEERCRED) may hold
-	// open; more from that uid are refused, so a tenant that opens many
-	// connections only uses up its own share and other uids still get in.
-	// Default 64 (a node's trainers are a process per GPU, plus tools).
+	// MaxConnsPerUID caps one uid's open connections, so a tenant that
+	// opens many uses up only its own share (a node's trainers are a
+	// process per GPU, plus tools).
 	MaxConnsPerUID int
-	// IdleTimeout closes a connection that has not had a run_start
-	// accepted this long after it connected, so connections that never
-	// report free their uid's share. A connection with a started run is
-	// never timed out (a run may be quiet between steps). Default 30 s;
-	// negative: off.
+	// IdleTimeout closes a connection with no run_start accepted this long
+	// after it connected, freeing its uid's share; a connection with a
+	// started run is never timed out. Negative: off.
 	IdleTimeout time.Duration
-	// Clock times IdleTimeout; the wall clock if nil.
-	Clock clock.Clock
+	Clock       clock.Clock // times IdleTimeout; the wall clock if nil
 }
 
 // Stats are the server's counters since Start; the agent's GET /status
