@@ -12,10 +12,13 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"reflect"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/trainmeter/trainmeter/agent/internal/agent"
 	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
@@ -144,46 +147,32 @@ func loadConfig(cmd *cobra.Command, configFile string, flags agentconfig.Config)
 }
 
 // overlayFlags copies the flags that were set on the command line over dst.
+// Flag --a-b sets the field of YAML key a_b; the others are listed.
 func overlayFlags(cmd *cobra.Command, dst *agentconfig.Config, flags agentconfig.Config) {
-	set := func(name string, apply func()) {
-		if cmd.Flags().Changed(name) {
-			apply()
-		}
+	other := map[string]func(){
+		"allow-uid":         func() { dst.AllowedUIDs = flags.AllowedUIDs },
+		"otlp-endpoint":     func() { dst.OTel.Endpoint = flags.OTel.Endpoint },
+		"otlp-protocol":     func() { dst.OTel.Protocol = flags.OTel.Protocol },
+		"otlp-insecure":     func() { dst.OTel.Insecure = flags.OTel.Insecure },
+		"otlp-ca":           func() { dst.OTel.CAFile = flags.OTel.CAFile },
+		"otlp-header":       func() { dst.OTel.Headers = flags.OTel.Headers },
+		"otlp-headers-file": func() { dst.OTel.HeadersFile = flags.OTel.HeadersFile },
+		"otlp-interval":     func() { dst.OTel.Interval = flags.OTel.Interval },
+		"prometheus-listen": func() { dst.OTel.PrometheusListen = flags.OTel.PrometheusListen },
 	}
-	set("collector", func() { dst.Collector = flags.Collector })
-	set("socket", func() { dst.Socket = flags.Socket })
-	set("socket-group", func() { dst.SocketGroup = flags.SocketGroup })
-	set("node", func() { dst.Node = flags.Node })
-	set("gpu", func() { dst.GPU = flags.GPU })
-	set("sysfs-root", func() { dst.SysfsRoot = flags.SysfsRoot })
-	set("procfs-root", func() { dst.ProcfsRoot = flags.ProcfsRoot })
-	set("interval", func() { dst.Interval = flags.Interval })
-	set("warmup", func() { dst.Warmup = flags.Warmup })
-	set("warmup-steps", func() { dst.WarmupSteps = flags.WarmupSteps })
-	set("rejoin-grace", func() { dst.RejoinGrace = flags.RejoinGrace })
-	set("host-interval", func() { dst.HostInterval = flags.HostInterval })
-	set("host-replay", func() { dst.HostReplay = flags.HostReplay })
-	set("raw-samples", func() { dst.RawSamples = flags.RawSamples })
-	set("spool", func() { dst.Spool = flags.Spool })
-	set("spool-max-bytes", func() { dst.SpoolMaxBytes = flags.SpoolMaxBytes })
-	set("log-level", func() { dst.LogLevel = flags.LogLevel })
-	set("status-listen", func() { dst.StatusListen = flags.StatusListen })
-	set("tls-ca", func() { dst.TLSCA = flags.TLSCA })
-	set("tls-cert", func() { dst.TLSCert = flags.TLSCert })
-	set("tls-key", func() { dst.TLSKey = flags.TLSKey })
-	set("tls-server-name", func() { dst.TLSServerName = flags.TLSServerName })
-	set("token-file", func() { dst.TokenFile = flags.TokenFile })
-	set("allow-uid", func() { dst.AllowedUIDs = flags.AllowedUIDs })
-	set("socket-max-conns-per-uid", func() { dst.SocketMaxConnsPerUID = flags.SocketMaxConnsPerUID })
-	set("socket-idle-timeout", func() { dst.SocketIdleTimeout = flags.SocketIdleTimeout })
-	set("otlp-endpoint", func() { dst.OTel.Endpoint = flags.OTel.Endpoint })
-	set("otlp-protocol", func() { dst.OTel.Protocol = flags.OTel.Protocol })
-	set("otlp-insecure", func() { dst.OTel.Insecure = flags.OTel.Insecure })
-	set("otlp-ca", func() { dst.OTel.CAFile = flags.OTel.CAFile })
-	set("otlp-header", func() { dst.OTel.Headers = flags.OTel.Headers })
-	set("otlp-headers-file", func() { dst.OTel.HeadersFile = flags.OTel.HeadersFile })
-	set("otlp-interval", func() { dst.OTel.Interval = flags.OTel.Interval })
-	set("prometheus-listen", func() { dst.OTel.PrometheusListen = flags.OTel.PrometheusListen })
+	to, from := reflect.ValueOf(dst).Elem(), reflect.ValueOf(flags)
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if set, ok := other[f.Name]; ok {
+			set()
+			return
+		}
+		key := strings.ReplaceAll(f.Name, "-", "_")
+		for i := range from.NumField() {
+			if from.Type().Field(i).Tag.Get("yaml") == key {
+				to.Field(i).Set(from.Field(i))
+			}
+		}
+	})
 }
 
 func run(cfg agentconfig.Config, shutdownTimeout time.Duration) error {
