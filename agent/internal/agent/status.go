@@ -30,20 +30,17 @@ const (
 // selfStats are the agent's own counters. The sampling loop updates them
 // with atomics only (no locks, no allocation); status requests read them.
 type selfStats struct {
-	started time.Time
-
+	started      time.Time
 	ticks        atomic.Uint64 // sampling ticks handled
 	samplesTaken atomic.Uint64 // per-GPU samples read without error
 	readFailures atomic.Uint64 // ticks where the backend or any GPU read failed
 	lateTicks    atomic.Uint64 // ticks that came more than one period late
 	skippedTicks atomic.Uint64 // periods with no tick at all (the ticker dropped them)
 
-	lastTick     atomic.Int64 // unix ns of the previous tick
-	lastGoodRead atomic.Int64 // unix ns of the last tick with at least one GPU read
-	// lastConnected[i]: unix ns when the i-th collector's uplink was last
-	// seen connected.
-	lastConnected []atomic.Int64
-	lastSummary   atomic.Int64 // unix ns of the last summary log line
+	lastTick      atomic.Int64   // unix ns of the previous tick
+	lastGoodRead  atomic.Int64   // unix ns of the last tick with at least one GPU read
+	lastConnected []atomic.Int64 // unix ns when the i-th collector was last seen connected
+	lastSummary   atomic.Int64   // unix ns of the last summary log line
 
 	jitter *selfmetrics.Ring // |tick gap − interval| of the last jitterTicks ticks
 }
@@ -146,37 +143,31 @@ type SamplingStatus struct {
 
 // CollectorStatus is one collector's uplink.
 type CollectorStatus struct {
-	Collector string `json:"collector"`
-	Connected bool   `json:"connected"`
-	Connects  uint64 `json:"connects"`
-	// UnreachableS is how long this collector has been unreachable (0 when
-	// connected).
-	UnreachableS float64 `json:"unreachable_s"`
+	Collector    string  `json:"collector"`
+	Connected    bool    `json:"connected"`
+	Connects     uint64  `json:"connects"`
+	UnreachableS float64 `json:"unreachable_s"` // 0 when connected
 	Sent         uint64  `json:"batches_sent"`
 	Acked        uint64  `json:"batches_acked"`
 	Rejected     uint64  `json:"batches_rejected"`
-	// Pending is how many spooled batches this collector has not acked.
-	Pending int `json:"batches_pending"`
+	Pending      int     `json:"batches_pending"` // spooled batches this collector has not acked
 }
 
 // UplinkStatus mirrors uplink.Stats over all collectors: counts are summed,
 // Connected is whether every collector is, UnreachableS the longest any has
 // been unreachable, Pending the batches not yet acked by every collector.
 type UplinkStatus struct {
-	Collector string `json:"collector"`
-	Connected bool   `json:"connected"`
-	Connects  uint64 `json:"connects"`
-	// UnreachableS is how long the collector has been unreachable (0 when
-	// connected).
-	UnreachableS float64 `json:"unreachable_s"`
+	Collector    string  `json:"collector"`
+	Connected    bool    `json:"connected"`
+	Connects     uint64  `json:"connects"`
+	UnreachableS float64 `json:"unreachable_s"` // 0 when connected
 	Enqueued     uint64  `json:"batches_enqueued"`
 	Sent         uint64  `json:"batches_sent"`
 	Acked        uint64  `json:"batches_acked"`
 	Rejected     uint64  `json:"batches_rejected"`
 	Dropped      uint64  `json:"batches_dropped"`
 	Pending      int     `json:"batches_pending"`
-	// SpoolBytes is the on-disk spool's size (batches not yet acked).
-	SpoolBytes int64 `json:"spool_bytes"`
+	SpoolBytes   int64   `json:"spool_bytes"` // the on-disk spool's size
 }
 
 // SocketStatus is the trainer socket's counters.
