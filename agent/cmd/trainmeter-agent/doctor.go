@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"os/signal"
 	"syscall"
 	"time"
@@ -9,25 +8,21 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
 
-	"github.com/trainmeter/trainmeter/agent/internal/agent"
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/doctor"
+	"github.com/trainmeter/trainmeter/internal/plural"
 )
 
 // doctorFailed is doctor's error when a check failed: the report says what,
 // so main only adds one line and exits 1.
 type doctorFailed struct{ n int }
 
-func (e doctorFailed) Error() string {
-	if e.n == 1 {
-		return "doctor: 1 check failed"
-	}
-	return fmt.Sprintf("doctor: %d checks failed", e.n)
-}
+func (e doctorFailed) Error() string { return "doctor: " + plural.N(e.n, "check") + " failed" }
 
 // newDoctorCmd returns `trainmeter-agent doctor`. newNVML, when not nil,
 // replaces the NVML library (tests).
 func newDoctorCmd(newNVML func() nvml.Interface) *cobra.Command {
-	o := &options{cfg: agent.DefaultConfig()}
+	o := &options{cfg: agentconfig.DefaultConfig()}
 	var (
 		asJSON  bool
 		timeout time.Duration

@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/trainmeter/trainmeter/agent/internal/agent"
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 )
 
 // TestEveryFlagIsHonouredWithConfig: each agent flag given on the command
@@ -51,7 +51,7 @@ func TestEveryFlagIsHonouredWithConfig(t *testing.T) {
 // the command line), without validating the result.
 func load(t *testing.T, args ...string) any {
 	t.Helper()
-	o := &options{cfg: agent.DefaultConfig()}
+	o := &options{cfg: agentconfig.DefaultConfig()}
 	cmd := newRootCmdWith(o)
 	if err := cmd.ParseFlags(args); err != nil {
 		t.Fatal(err)

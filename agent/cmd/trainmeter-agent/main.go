@@ -12,12 +12,16 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"reflect"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/trainmeter/trainmeter/agent/internal/agent"
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/gpuopen"
 	"github.com/trainmeter/trainmeter/agent/internal/host"
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
@@ -34,7 +38,7 @@ func main() {
 
 // options are what the command line sets.
 type options struct {
-	cfg             agent.Config
+	cfg             agentconfig.Config
 	configFile      string
 	check           bool
 	shutdownTimeout time.Duration
@@ -42,7 +46,7 @@ type options struct {
 	otelFlags       *otelexport.Flags
 }
 
-func newRootCmd() *cobra.Command { return newRootCmdWith(&options{cfg: agent.DefaultConfig()}) }
+func newRootCmd() *cobra.Command { return newRootCmdWith(&options{cfg: agentconfig.DefaultConfig()}) }
 
 func newRootCmdWith(o *options) *cobra.Command {
 	cmd := &cobra.Command{
@@ -110,7 +114,7 @@ func bindFlags(cmd *cobra.Command, o *options) {
 
 // load turns the parsed flags and the config file into the configuration,
 // without validating it (doctor reports validation problems as checks).
-func (o *options) load(cmd *cobra.Command) (agent.Config, error) {
+func (o *options) load(cmd *cobra.Command) (agentconfig.Config, error) {
 	if err := o.otelFlags.Apply(); err != nil {
 		return o.cfg, err
 	}
@@ -125,22 +129,13 @@ func (o *options) load(cmd *cobra.Command) (agent.Config, error) {
 	return loadConfig(cmd, o.configFile, flags)
 }
 
-// resolveConfig merges the config file (if any) with the flags: the file is
+// loadConfig merges the config file (if any) with the flags: the file is
 // the base and flags given on the command line win.
-func resolveConfig(cmd *cobra.Command, configFile string, flags agent.Config) (agent.Config, error) {
-	cfg, err := loadConfig(cmd, configFile, flags)
-	if err != nil {
-		return cfg, err
-	}
-	return cfg, cfg.Validate()
-}
-
-// loadConfig is resolveConfig without the validation.
-func loadConfig(cmd *cobra.Command, configFile string, flags agent.Config) (agent.Config, error) {
+func loadConfig(cmd *cobra.Command, configFile string, flags agentconfig.Config) (agentconfig.Config, error) {
 	cfg := flags
 	if configFile != "" {
-		cfg = agent.DefaultConfig()
-		if err := agent.LoadConfigFile(configFile, &cfg); err != nil {
+		cfg = agentconfig.DefaultConfig()
+		if err := agentconfig.LoadConfigFile(configFile, &cfg); err != nil {
 			return cfg, err
 		}
 		overlayFlags(cmd, &cfg, flags)
@@ -152,49 +147,35 @@ func loadConfig(cmd *cobra.Command, configFile string, flags agent.Config) (agen
 }
 
 // overlayFlags copies the flags that were set on the command line over dst.
-func overlayFlags(cmd *cobra.Command, dst *agent.Config, flags agent.Config) {
-	set := func(name string, apply func()) {
-		if cmd.Flags().Changed(name) {
-			apply()
-		}
+// Flag --a-b sets the field of YAML key a_b; the others are listed.
+func overlayFlags(cmd *cobra.Command, dst *agentconfig.Config, flags agentconfig.Config) {
+	other := map[string]func(){
+		"allow-uid":         func() { dst.AllowedUIDs = flags.AllowedUIDs },
+		"otlp-endpoint":     func() { dst.OTel.Endpoint = flags.OTel.Endpoint },
+		"otlp-protocol":     func() { dst.OTel.Protocol = flags.OTel.Protocol },
+		"otlp-insecure":     func() { dst.OTel.Insecure = flags.OTel.Insecure },
+		"otlp-ca":           func() { dst.OTel.CAFile = flags.OTel.CAFile },
+		"otlp-header":       func() { dst.OTel.Headers = flags.OTel.Headers },
+		"otlp-headers-file": func() { dst.OTel.HeadersFile = flags.OTel.HeadersFile },
+		"otlp-interval":     func() { dst.OTel.Interval = flags.OTel.Interval },
+		"prometheus-listen": func() { dst.OTel.PrometheusListen = flags.OTel.PrometheusListen },
 	}
-	set("collector", func() { dst.Collector = flags.Collector })
-	set("socket", func() { dst.Socket = flags.Socket })
-	set("socket-group", func() { dst.SocketGroup = flags.SocketGroup })
-	set("node", func() { dst.Node = flags.Node })
-	set("gpu", func() { dst.GPU = flags.GPU })
-	set("sysfs-root", func() { dst.SysfsRoot = flags.SysfsRoot })
-	set("procfs-root", func() { dst.ProcfsRoot = flags.ProcfsRoot })
-	set("interval", func() { dst.Interval = flags.Interval })
-	set("warmup", func() { dst.Warmup = flags.Warmup })
-	set("warmup-steps", func() { dst.WarmupSteps = flags.WarmupSteps })
-	set("rejoin-grace", func() { dst.RejoinGrace = flags.RejoinGrace })
-	set("host-interval", func() { dst.HostInterval = flags.HostInterval })
-	set("host-replay", func() { dst.HostReplay = flags.HostReplay })
-	set("raw-samples", func() { dst.RawSamples = flags.RawSamples })
-	set("spool", func() { dst.Spool = flags.Spool })
-	set("spool-max-bytes", func() { dst.SpoolMaxBytes = flags.SpoolMaxBytes })
-	set("log-level", func() { dst.LogLevel = flags.LogLevel })
-	set("status-listen", func() { dst.StatusListen = flags.StatusListen })
-	set("tls-ca", func() { dst.TLSCA = flags.TLSCA })
-	set("tls-cert", func() { dst.TLSCert = flags.TLSCert })
-	set("tls-key", func() { dst.TLSKey = flags.TLSKey })
-	set("tls-server-name", func() { dst.TLSServerName = flags.TLSServerName })
-	set("token-file", func() { dst.TokenFile = flags.TokenFile })
-	set("allow-uid", func() { dst.AllowedUIDs = flags.AllowedUIDs })
-	set("socket-max-conns-per-uid", func() { dst.SocketMaxConnsPerUID = flags.SocketMaxConnsPerUID })
-	set("socket-idle-timeout", func() { dst.SocketIdleTimeout = flags.SocketIdleTimeout })
-	set("otlp-endpoint", func() { dst.OTel.Endpoint = flags.OTel.Endpoint })
-	set("otlp-protocol", func() { dst.OTel.Protocol = flags.OTel.Protocol })
-	set("otlp-insecure", func() { dst.OTel.Insecure = flags.OTel.Insecure })
-	set("otlp-ca", func() { dst.OTel.CAFile = flags.OTel.CAFile })
-	set("otlp-header", func() { dst.OTel.Headers = flags.OTel.Headers })
-	set("otlp-headers-file", func() { dst.OTel.HeadersFile = flags.OTel.HeadersFile })
-	set("otlp-interval", func() { dst.OTel.Interval = flags.OTel.Interval })
-	set("prometheus-listen", func() { dst.OTel.PrometheusListen = flags.OTel.PrometheusListen })
+	to, from := reflect.ValueOf(dst).Elem(), reflect.ValueOf(flags)
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if set, ok := other[f.Name]; ok {
+			set()
+			return
+		}
+		key := strings.ReplaceAll(f.Name, "-", "_")
+		for i := range from.NumField() {
+			if from.Type().Field(i).Tag.Get("yaml") == key {
+				to.Field(i).Set(from.Field(i))
+			}
+		}
+	})
 }
 
-func run(cfg agent.Config, shutdownTimeout time.Duration) error {
+func run(cfg agentconfig.Config, shutdownTimeout time.Duration) error {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trainmeter/trainmeter/agent/internal/agent"
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 )
 
 func writeConfig(t *testing.T, body string) string {
@@ -49,14 +49,18 @@ func TestConfigFileErrorsAreClear(t *testing.T) {
 	}
 }
 
-func parse(t *testing.T, args ...string) (agent.Config, error) {
+func parse(t *testing.T, args ...string) (agentconfig.Config, error) {
 	t.Helper()
-	o := &options{cfg: agent.DefaultConfig()}
+	o := &options{cfg: agentconfig.DefaultConfig()}
 	cmd := newRootCmdWith(o)
 	if err := cmd.ParseFlags(args); err != nil {
 		t.Fatal(err)
 	}
-	return resolveConfig(cmd, o.configFile, o.cfg)
+	cfg, err := loadConfig(cmd, o.configFile, o.cfg)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
 }
 
 func TestShippedExampleConfigIsValid(t *testing.T) {

@@ -5,14 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trainmeter/trainmeter/agent/internal/agent"
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 )
 
 // The otel: block of the config file and the --otlp-*/--prometheus-listen
 // flags (which win) fill the agent's export settings.
 func TestOTelSettingsFromFileAndFlags(t *testing.T) {
 	path := writeConfig(t, "collector: c:7433\notel:\n  endpoint: otel-file:4317\n  insecure: true\n  interval: 30s\n  headers:\n    x-from-file: a\n")
-	o := &options{cfg: agent.DefaultConfig()}
+	o := &options{cfg: agentconfig.DefaultConfig()}
 	cmd := newRootCmdWith(o)
 	if err := cmd.ParseFlags([]string{"--config", path, "--otlp-endpoint", "otel-flag:4318", "--otlp-protocol", "http",
 		"--otlp-header", "authorization=Bearer t", "--prometheus-listen", "127.0.0.1:9465"}); err != nil {
@@ -31,7 +31,7 @@ func TestOTelSettingsFromFileAndFlags(t *testing.T) {
 		t.Fatalf("otel settings %+v", c)
 	}
 
-	o = &options{cfg: agent.DefaultConfig()}
+	o = &options{cfg: agentconfig.DefaultConfig()}
 	cmd = newRootCmdWith(o)
 	if err := cmd.ParseFlags([]string{"--otlp-endpoint", "nohost", "--otlp-protocol", "udp"}); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -87,13 +88,8 @@ func writeValidate(w io.Writer, rep nvmlgpu.ValidateReport) error {
 		fmt.Fprintf(&b, "  sensor update:      power every %.0f ms, energy counter every %.0f ms (median between driver timestamps)\n", g.PowerUpdateMs, g.EnergyUpdateMs)
 		fmt.Fprintf(&b, "  stale reads:        power %.0f %%, energy %.0f %% of %d reads\n", g.StalePowerPct, g.StaleEnergyPct, g.Reads)
 		fmt.Fprintf(&b, "  energy, this GPU:   counter %.1f J, integrated instant power %.1f J: %+.2f %%\n", g.CounterJ, g.IntegratedJ, g.DisagreementPct)
-		names := make([]string, 0, len(g.CallCostUs))
-		for n := range g.CallCostUs {
-			names = append(names, n)
-		}
-		sort.Strings(names)
 		b.WriteString("  call cost (µs):     ")
-		for i, n := range names {
+		for i, n := range slices.Sorted(maps.Keys(g.CallCostUs)) {
 			c := g.CallCostUs[n]
 			if i > 0 {
 				b.WriteString(", ")

@@ -40,39 +40,32 @@ type Agent struct {
 	host    host.Sampler
 	log     *slog.Logger
 
-	ledger *ledger.Ledger
-	sock   *trainersock.Server
-	// up streams to the collector, or to each of a pair (one cursor each).
-	up *uplink.Group
-	// advised deduplicates advice and stop sent by both of a pair.
-	advised *adviceDedup
-	// spool keeps batches until acked; it owns the boot id and seqs.
-	spool *spool.Spool
-	// lastStateErr rate-limits warnings about the ledger state file.
-	lastStateErr time.Time
+	ledger  *ledger.Ledger
+	sock    *trainersock.Server
+	up      *uplink.Group // to the collector, or to each of a pair
+	advised *adviceDedup  // advice and stop sent by both of a pair, once
+	spool   *spool.Spool  // batches until acked; it owns the boot id and seqs
+	state   *stateSlots   // the ledger's checkpoints
 	// endedSaved is the version of the ledger's ended runs last saved
 	// (endedFile); endedSavedOK whether any was.
 	endedSaved   uint64
 	endedSavedOK bool
-	// state holds the ledger's checkpoints (stateslots.go).
-	state *stateSlots
+	lastStateErr time.Time // rate-limits warnings about the ledger state
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	// loopDone is closed when the sampling loop has stopped.
-	loopDone chan struct{}
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	loopDone chan struct{} // closed when the sampling loop has stopped
 	stopLoop chan struct{}
 	// garbledLogAt is the count of garbled GPU readings logged next (the
 	// sampling loop's own).
 	garbledLogAt uint64
 
-	// Self-observability (status.go).
-	self      *selfStats
+	self      *selfStats // status.go
 	statusSrv *http.Server
 	statusLn  net.Listener
-	admit     admission // bounds the events per batch (admission.go)
+	admit     admission // bounds the events per batch
 
-	// GPU attribution by process tree (attribute.go); procs is nil when the
+	// GPU attribution by process tree (attribute.go); nil procs: the
 	// backend cannot list GPU processes.
 	procs       gpu.ProcessLister
 	procRoot    string
@@ -83,13 +76,9 @@ type Agent struct {
 	lastUsePoll time.Time
 	lastUseErr  time.Time
 
-	// Host CPU/DRAM energy from RAPL (hostenergy.go); its reader is nil
-	// when the node has no readable counters.
-	hostEnergy *hostEnergy
-
-	// Direct OTel export (otel.go); nil when off.
-	otel       *otelexport.Exporter
-	gpuMetrics *otelexport.GPUMetrics
+	hostEnergy *hostEnergy            // RAPL CPU/DRAM energy (hostenergy.go)
+	otel       *otelexport.Exporter   // direct OTel export; nil when off
+	gpuMetrics *otelexport.GPUMetrics // its GPU metrics
 }
 
 // New builds an agent over a GPU backend; hostSampler may be nil.
@@ -109,11 +98,9 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 		MaxGap:             max(5*cfg.Interval, 250*time.Millisecond),
 		Logger:             logger,
 		RawSamples:         cfg.RawSamples,
+		ProcessAttribution: a.initAttribution(backend),
 	}
-	if ls, ok := backend.(gpu.LoadSetter); ok {
-		lcfg.Load = ls
-	}
-	lcfg.ProcessAttribution = a.initAttribution(backend)
+	lcfg.Load, _ = backend.(gpu.LoadSetter)
 	a.ledger = ledger.New(lcfg)
 	a.openHostEnergy(nil)
 
@@ -140,11 +127,7 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	}
 	a.sock = sock
 
-	ucfg := uplink.Config{
-		Hello:  a.hello(),
-		Logger: logger,
-		Clock:  clk,
-	}
+	ucfg := uplink.Config{Hello: a.hello(), Logger: logger, Clock: clk}
 	if err := securityConfig(cfg, &ucfg, logger); err != nil {
 		return nil, err
 	}
@@ -207,28 +190,13 @@ func (a *Agent) Start(ctx context.Context) error {
 	// (each zone's file, and /proc while runs share the node), which the
 	// 50 ms GPU loop must not wait for. Only nodes with readable RAPL have it.
 	if a.hostEnergy.reader != nil {
-		t := a.clock.NewTicker(a.cfg.HostInterval)
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			pollEvery(ctx, t, a.pollHostEnergy)
-		}()
+		a.goPoll(ctx, a.cfg.HostInterval, a.pollHostEnergy)
 	}
 	if a.initSharing() {
-		t := a.clock.NewTicker(shareEvery)
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			pollEvery(ctx, t, a.pollSharing)
-		}()
+		a.goPoll(ctx, shareEvery, a.pollSharing)
 	}
 	if a.procs != nil {
-		t := a.clock.NewTicker(attributeEvery)
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			pollEvery(ctx, t, a.pollAttribution)
-		}()
+		a.goPoll(ctx, attributeEvery, a.pollAttribution)
 	}
 	// The ticker exists before Start returns, so no tick (real or, in tests,
 	// a fake clock's) can fall before the loop listens.
@@ -236,6 +204,25 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.log.Info("agent started", "node", a.cfg.Node, "gpus", len(a.backend.Devices()), "backend", a.cfg.GPU,
 		"socket", a.cfg.Socket, "collector", a.cfg.Collector, "interval", a.cfg.Interval, "warmup", a.cfg.Warmup)
 	return nil
+}
+
+// goPoll calls poll every period, off the sampling loop, until ctx ends.
+// The ticker is made before goPoll returns (see sampleLoop's).
+func (a *Agent) goPoll(ctx context.Context, every time.Duration, poll func()) {
+	t := a.clock.NewTicker(every)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C():
+			}
+			poll()
+		}
+	}()
 }
 
 func (a *Agent) sampleLoop(t clock.Ticker) {

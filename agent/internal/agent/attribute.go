@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
-	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 )
 
@@ -34,26 +32,8 @@ const maxTreeDepth = 1024
 // no processes, and replay) leave runs on every GPU.
 func (a *Agent) initAttribution(backend gpu.Backend) bool {
 	a.procRoot = cmp.Or(a.cfg.ProcfsRoot, "/proc")
-	pl, ok := backend.(gpu.ProcessLister)
-	if !ok {
-		return false
-	}
-	a.procs = pl
-	return true
-}
-
-// pollEvery calls poll on every tick of t until ctx ends: the process
-// polls (attribution, sharing) that stay off the 50 ms sampling path.
-func pollEvery(ctx context.Context, t clock.Ticker, poll func()) {
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
-		poll()
-	}
+	a.procs, _ = backend.(gpu.ProcessLister)
+	return a.procs != nil
 }
 
 // pollAttribution adds to every process-attributed run the GPUs its tree

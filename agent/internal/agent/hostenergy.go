@@ -109,7 +109,6 @@ func (a *Agent) pollHostEnergy() {
 	}
 	he.mu.Unlock()
 	p := ledger.HostPoint{T: now}
-	dramOK := false
 	for _, z := range rd.Zones {
 		p.Zones = append(p.Zones, ledger.HostZone{Socket: z.Socket, Domain: z.Domain, Name: z.Name, EnergyUJ: z.EnergyUJ})
 		switch z.Domain {
@@ -117,10 +116,9 @@ func (a *Agent) pollHostEnergy() {
 			p.CPUUJ += z.EnergyUJ
 		case rapl.DomainDRAM:
 			p.DRAMUJ += z.EnergyUJ
-			dramOK = true
+			p.DRAMOK = true
 		}
 	}
-	p.DRAMOK = dramOK
 	if runs := a.ledger.SharedRuns(now); len(runs) >= 2 {
 		p.RunCPU = treeCPU(a.cfg.ProcfsRoot, runs)
 	}

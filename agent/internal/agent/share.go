@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"cmp"
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
@@ -18,20 +17,12 @@ import (
 
 const shareEvery = time.Second
 
-// initSharing picks the backend's per-process or per-run use reader.
+// initSharing picks the backend's per-run, else per-process, use reader.
 func (a *Agent) initSharing() bool {
-	if ru, ok := a.backend.(gpu.RunUsageReader); ok {
-		a.runUse = ru
-		return true
+	if a.runUse, _ = a.backend.(gpu.RunUsageReader); a.runUse == nil {
+		a.procUse, _ = a.backend.(gpu.ProcessUsageReader)
 	}
-	if pu, ok := a.backend.(gpu.ProcessUsageReader); ok {
-		a.procUse = pu
-		if a.procRoot == "" {
-			a.procRoot = cmp.Or(a.cfg.ProcfsRoot, "/proc")
-		}
-		return true
-	}
-	return false
+	return a.runUse != nil || a.procUse != nil
 }
 
 // pollSharing sets, for every GPU that more than one run is on, each run's

@@ -3,11 +3,16 @@ package agent
 import (
 	"strings"
 	"testing"
+
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 )
+
+// DefaultConfig is the agent's default configuration, for the tests.
+func DefaultConfig() Config { return agentconfig.DefaultConfig() }
 
 func TestSpoolConfigValidated(t *testing.T) {
 	c := DefaultConfig()
-	if c.Spool != DefaultSpoolDir || c.SpoolMaxBytes != DefaultSpoolMaxBytes {
+	if c.Spool != agentconfig.DefaultSpoolDir || c.SpoolMaxBytes != agentconfig.DefaultSpoolMaxBytes {
 		t.Errorf("defaults %q %d", c.Spool, c.SpoolMaxBytes)
 	}
 	c.Spool = ""

@@ -1,11 +1,9 @@
 package agent
 
 // The ledger's checkpoint, written every second, as two slot files kept
-// open and overwritten in place in turn: one pwrite per checkpoint, where
-// write-temp-then-rename cost nine system calls (open, fcntl ×4, epoll_ctl,
-// write, close, rename), each waking the Go runtime's sysmon thread
-// (docs/benchmarks.md, "Issue 21"). The slot last written is never the one
-// overwritten next, so a write torn by a kill -9 (or a crash) costs one
+// open and overwritten in place in turn: one pwrite per checkpoint (each
+// system call wakes the Go runtime's sysmon thread). The slot last written
+// is never the one overwritten next, so a write torn by a kill -9 costs one
 // checkpoint: the other slot still holds the one before, which restore
 // takes. docs/reliability.md describes the layout.
 
@@ -41,8 +39,8 @@ const (
 
 var stateCastagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// stateSlotFile is what the slots are read and written through; *os.File
-// satisfies it. Tests count the calls.
+// stateSlotFile is what the slots are read and written through (*os.File;
+// tests count the calls).
 type stateSlotFile interface {
 	io.ReaderAt
 	io.WriterAt

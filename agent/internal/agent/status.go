@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
-	"github.com/trainmeter/trainmeter/agent/internal/uplink"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/selfmetrics"
@@ -31,20 +30,17 @@ const (
 // selfStats are the agent's own counters. The sampling loop updates them
 // with atomics only (no locks, no allocation); status requests read them.
 type selfStats struct {
-	started time.Time
-
+	started      time.Time
 	ticks        atomic.Uint64 // sampling ticks handled
 	samplesTaken atomic.Uint64 // per-GPU samples read without error
 	readFailures atomic.Uint64 // ticks where the backend or any GPU read failed
 	lateTicks    atomic.Uint64 // ticks that came more than one period late
 	skippedTicks atomic.Uint64 // periods with no tick at all (the ticker dropped them)
 
-	lastTick     atomic.Int64 // unix ns of the previous tick
-	lastGoodRead atomic.Int64 // unix ns of the last tick with at least one GPU read
-	// lastConnected[i]: unix ns when the i-th collector's uplink was last
-	// seen connected.
-	lastConnected []atomic.Int64
-	lastSummary   atomic.Int64 // unix ns of the last summary log line
+	lastTick      atomic.Int64   // unix ns of the previous tick
+	lastGoodRead  atomic.Int64   // unix ns of the last tick with at least one GPU read
+	lastConnected []atomic.Int64 // unix ns when the i-th collector was last seen connected
+	lastSummary   atomic.Int64   // unix ns of the last summary log line
 
 	jitter *selfmetrics.Ring // |tick gap − interval| of the last jitterTicks ticks
 }
@@ -71,11 +67,7 @@ func (s *selfStats) tick(now time.Time, interval time.Duration, samples []gpu.Sa
 	ns := now.UnixNano()
 	if prev := s.lastTick.Swap(ns); prev != 0 {
 		gap := time.Duration(ns - prev)
-		j := gap - interval
-		if j < 0 {
-			j = -j
-		}
-		s.jitter.Observe(j)
+		s.jitter.Observe(max(gap-interval, interval-gap))
 		if gap > 2*interval {
 			s.lateTicks.Add(1)
 			s.skippedTicks.Add(uint64(gap/interval) - 1)
@@ -110,14 +102,12 @@ type Status struct {
 	Problems []string       `json:"problems"`
 	Sampling SamplingStatus `json:"sampling"`
 	Uplink   UplinkStatus   `json:"uplink"`
-	// Collectors has one entry per collector of --collector (two for a
-	// pair): each one's stream, acks and backlog.
+	// Collectors has one entry per collector of --collector (two for a pair).
 	Collectors []CollectorStatus `json:"collectors"`
 	Socket     SocketStatus      `json:"socket"`
 	// ActiveRuns are the runs the ledger has open (ended ones until their
 	// last window is out).
-	ActiveRuns int `json:"active_runs"`
-	// HostEnergy is the RAPL (CPU/DRAM energy) reader's state.
+	ActiveRuns int              `json:"active_runs"`
 	HostEnergy HostEnergyStatus `json:"host_energy"`
 }
 
@@ -126,8 +116,7 @@ type HostEnergyStatus struct {
 	// Status is "ok: N socket(s), package and dram", "permission denied:
 	// ...", "no RAPL counters: ...", "error: ...".
 	Status string `json:"status"`
-	// Reads counts the reads of every package and dram counter.
-	Reads uint64 `json:"reads"`
+	Reads  uint64 `json:"reads"` // reads of every package and dram counter
 }
 
 // SamplingStatus describes the 50 ms GPU sampling loop.
@@ -154,60 +143,36 @@ type SamplingStatus struct {
 
 // CollectorStatus is one collector's uplink.
 type CollectorStatus struct {
-	Collector string `json:"collector"`
-	Connected bool   `json:"connected"`
-	Connects  uint64 `json:"connects"`
-	// UnreachableS is how long this collector has been unreachable (0 when
-	// connected).
-	UnreachableS float64 `json:"unreachable_s"`
+	Collector    string  `json:"collector"`
+	Connected    bool    `json:"connected"`
+	Connects     uint64  `json:"connects"`
+	UnreachableS float64 `json:"unreachable_s"` // 0 when connected
 	Sent         uint64  `json:"batches_sent"`
 	Acked        uint64  `json:"batches_acked"`
 	Rejected     uint64  `json:"batches_rejected"`
-	// Pending is how many spooled batches this collector has not acked.
-	Pending int `json:"batches_pending"`
+	Pending      int     `json:"batches_pending"` // spooled batches this collector has not acked
 }
 
-// UplinkStatus mirrors uplink.Stats, over all collectors: Sent, Acked,
-// Rejected and Connects are summed over them, Connected is whether every
-// collector is, UnreachableS the longest any has been unreachable, and
-// Pending the batches the spool holds until every collector has acked them.
-// With one collector they are its own.
+// UplinkStatus mirrors uplink.Stats over all collectors: counts are summed,
+// Connected is whether every collector is, UnreachableS the longest any has
+// been unreachable, Pending the batches not yet acked by every collector.
 type UplinkStatus struct {
-	Collector string `json:"collector"`
-	Connected bool   `json:"connected"`
-	Connects  uint64 `json:"connects"`
-	// UnreachableS is how long the collector has been unreachable (0 when
-	// connected).
-	UnreachableS float64 `json:"unreachable_s"`
+	Collector    string  `json:"collector"`
+	Connected    bool    `json:"connected"`
+	Connects     uint64  `json:"connects"`
+	UnreachableS float64 `json:"unreachable_s"` // 0 when connected
 	Enqueued     uint64  `json:"batches_enqueued"`
 	Sent         uint64  `json:"batches_sent"`
 	Acked        uint64  `json:"batches_acked"`
 	Rejected     uint64  `json:"batches_rejected"`
 	Dropped      uint64  `json:"batches_dropped"`
 	Pending      int     `json:"batches_pending"`
-	// SpoolBytes is the on-disk spool's size (batches not yet acked).
-	SpoolBytes int64 `json:"spool_bytes"`
+	SpoolBytes   int64   `json:"spool_bytes"` // the on-disk spool's size
 }
 
-// SocketStatus mirrors trainersock.Stats.
+// SocketStatus is the trainer socket's counters.
 type SocketStatus struct {
-	ConnsActive   int    `json:"conns_active"`
-	ConnsAccepted uint64 `json:"conns_accepted"`
-	ConnsRejected uint64 `json:"conns_rejected"`
-	// ConnsRejectedBy splits ConnsRejected by reason: max_conns,
-	// uid_conns, uid_not_allowed, no_peer_cred.
-	ConnsRejectedBy map[string]uint64 `json:"conns_rejected_by"`
-	// IdleClosed counts connections closed for sending no run_start
-	// within the idle timeout.
-	IdleClosed    uint64            `json:"conns_idle_closed"`
-	Lines         uint64            `json:"lines"`
-	Events        uint64            `json:"events"`
-	ParseErrors   map[string]uint64 `json:"parse_errors"`
-	HandlerErrors uint64            `json:"handler_errors"`
-	TooLong       uint64            `json:"too_long"`
-	RepliesSent   uint64            `json:"replies_sent"`
-	RepliesDrop   uint64            `json:"replies_dropped"`
-	WriteStalls   uint64            `json:"write_stalls"`
+	trainersock.Stats
 	// RefusedEvents counts the events of trainers whose run the collector
 	// refused (an id that had ended on every node), dropped without an
 	// answer each (ledger.Refuse).
@@ -220,7 +185,6 @@ func (a *Agent) Status() Status {
 	s := a.self
 	q := s.jitter.Quantiles(0.5, 0.99, 1)
 	up := a.up.Stats()
-	sock := a.sock.Stats()
 	st := Status{
 		Node:    a.cfg.Node,
 		Version: Version,
@@ -240,14 +204,12 @@ func (a *Agent) Status() Status {
 			JitterTicks:     int(min(s.jitter.Count(), jitterTicks)),
 			LastGoodReadS:   now.Sub(time.Unix(0, s.lastGoodRead.Load())).Seconds(),
 		},
-		Uplink: uplinkStatus(a.cfg.Collector, up),
-		Socket: SocketStatus{
-			ConnsActive: sock.ConnsActive, ConnsAccepted: sock.ConnsAccepted, ConnsRejected: sock.ConnsRejected,
-			ConnsRejectedBy: sock.Rejected, IdleClosed: sock.IdleClosed,
-			Lines: sock.Lines, Events: sock.Events, ParseErrors: sock.ParseErrors, HandlerErrors: sock.HandlerErrors,
-			TooLong: sock.TooLong, RepliesSent: sock.Sent, RepliesDrop: sock.Dropped, WriteStalls: sock.WriteStalls,
-			RefusedEvents: a.ledger.RefusedEvents(),
+		Uplink: UplinkStatus{
+			Collector: a.cfg.Collector, Connected: up.Connected, Connects: up.Connects,
+			Enqueued: up.Enqueued, Sent: up.Sent, Acked: up.Acked, Rejected: up.Rejected, Dropped: up.Dropped,
+			Pending: up.Pending, SpoolBytes: up.SpoolBytes,
 		},
+		Socket:     SocketStatus{Stats: a.sock.Stats(), RefusedEvents: a.ledger.RefusedEvents()},
 		ActiveRuns: len(a.ledger.ActiveRuns()),
 	}
 	st.HostEnergy.Status, st.HostEnergy.Reads = a.hostEnergyStatus()
@@ -276,17 +238,6 @@ func (a *Agent) Status() Status {
 	st.Healthy = len(st.Problems) == 0
 	return st
 }
-
-func uplinkStatus(collector string, up uplink.Stats) UplinkStatus {
-	return UplinkStatus{
-		Collector: collector, Connected: up.Connected, Connects: up.Connects,
-		Enqueued: up.Enqueued, Sent: up.Sent, Acked: up.Acked, Rejected: up.Rejected, Dropped: up.Dropped,
-		Pending: up.Pending, SpoolBytes: up.SpoolBytes,
-	}
-}
-
-// SocketStats exposes the trainer socket's counters (for tests and self-metrics).
-func (a *Agent) SocketStats() trainersock.Stats { return a.sock.Stats() }
 
 // afterBatches runs on the sampling loop once per closed window (about once a
 // second, not every tick): it notes whether the collector is reachable and

@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"time"
@@ -16,93 +15,70 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 	"github.com/trainmeter/trainmeter/pkg/trainerwire"
 )
 
-// Config is the agent's configuration; the YAML file and the flags fill it.
+// Config is the agent's configuration; the YAML file and the flags fill it
+// (main.go's flag help says what each field does).
 type Config struct {
-	// Collector is the collector's HOST:PORT, or a collector pair's
-	// "A,B" (comma-separated; in YAML also a list): every batch goes to
-	// each (Collectors, docs/deploy.md).
-	Collector string `yaml:"collector"`
-	// Socket is the trainer socket path.
-	Socket string `yaml:"socket"`
-	// SocketGroup, when set, owns the socket (mode 0660), so trainers of that
-	// group can connect.
-	SocketGroup string `yaml:"socket_group"`
-	// Node names this box; default: the hostname.
-	Node string `yaml:"node"`
-	// GPU is the backend: nvml, amd, sim:N, replay:FILE, or auto (nvml if
-	// found, else amd if AMD GPUs and no NVIDIA GPU are found).
-	GPU string `yaml:"gpu"`
-	// SysfsRoot is the root of the sysfs tree (default /sys): the amd
-	// backend's and auto's cards, and RAPL under class/powercap (empty in a
-	// programmatic config: host energy off); tests point it at a fixture.
+	// Collector is the collector's HOST:PORT, or a pair's "A,B" (in YAML
+	// also a list): every batch goes to each (docs/deploy.md).
+	Collector   string `yaml:"collector"`
+	Socket      string `yaml:"socket"`       // the trainer socket path
+	SocketGroup string `yaml:"socket_group"` // owns the socket (mode 0660)
+	Node        string `yaml:"node"`         // default: the hostname
+	GPU         string `yaml:"gpu"`          // nvml, amd, sim:N, replay:FILE or auto
+	// SysfsRoot is the root of the sysfs tree (default /sys): AMD cards and
+	// RAPL (empty in a programmatic config: host energy off).
 	SysfsRoot string `yaml:"sysfs_root"`
 	// ProcfsRoot is the root of the procfs tree (default /proc): process
-	// trees, their CPU time, and AMD per-process usage (fdinfo); tests point
-	// it at a fixture.
-	ProcfsRoot string `yaml:"procfs_root"`
-	// Interval is the GPU sampling period.
-	Interval time.Duration `yaml:"interval"`
+	// trees, their CPU time, and AMD per-process usage (fdinfo).
+	ProcfsRoot string        `yaml:"procfs_root"`
+	Interval   time.Duration `yaml:"interval"` // GPU sampling period
 	// Warmup is excluded from efficiency figures unless run_start says
-	// otherwise; with WarmupSteps, the default warmup ends at whichever comes
-	// first (docs/measurement.md, "Warmup").
-	Warmup time.Duration `yaml:"warmup"`
-	// WarmupSteps ends the default warmup at the run's N-th step when that
-	// comes before Warmup (0: Warmup alone).
-	WarmupSteps uint64 `yaml:"warmup_steps"`
-	// HostInterval is the host (RAM, CPU, RAPL energy) sampling period.
-	HostInterval time.Duration `yaml:"host_interval"`
-	// HostReplay, when set, plays a host trace (RAM, CPUs; agent/internal/host Replay,
-	// docs/replay-format.md) instead of reading the real host: for tests and
-	// demos of the dataloader advice.
+	// otherwise; it ends at Warmup or the WarmupSteps-th step (0: Warmup
+	// alone), whichever comes first (docs/measurement.md, "Warmup").
+	Warmup       time.Duration `yaml:"warmup"`
+	WarmupSteps  uint64        `yaml:"warmup_steps"`
+	HostInterval time.Duration `yaml:"host_interval"` // host RAM, CPU and RAPL sampling period
+	// HostReplay plays a host trace (agent/internal/host Replay, docs/replay-format.md)
+	// instead of reading the real host.
 	HostReplay string `yaml:"host_replay"`
-	// RawSamples sends every GPU sample to the collector too (RawSamples in
-	// the batches), besides the 1 s summaries. Off by default.
-	RawSamples bool `yaml:"raw_samples"`
-	// Spool is the directory that keeps batches until the collector acks
-	// them, across collector outages and agent restarts.
-	Spool string `yaml:"spool"`
-	// SpoolMaxBytes bounds the spool; when full, the oldest batches are
-	// dropped and reported (the runs are marked incomplete).
-	SpoolMaxBytes int64 `yaml:"spool_max_bytes"`
+	RawSamples bool   `yaml:"raw_samples"` // send every GPU sample too, not only 1 s summaries
+	// Spool keeps batches until the collector acks them, across outages
+	// and restarts; beyond SpoolMaxBytes the oldest are dropped and reported.
+	Spool         string `yaml:"spool"`
+	SpoolMaxBytes int64  `yaml:"spool_max_bytes"`
 	// RejoinGrace is how long, after an agent restart, a resumed run waits
 	// for one of its ranks to reconnect before it is ended at the restart.
 	RejoinGrace time.Duration `yaml:"rejoin_grace"`
-	// LogLevel is debug, info, warn or error.
-	LogLevel string `yaml:"log_level"`
-	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
-	// (the agent's own health, docs/observability.md) over plain HTTP.
+	LogLevel    string        `yaml:"log_level"` // debug, info, warn or error
+	// StatusListen (HOST:PORT) serves GET /healthz and GET /status over
+	// plain HTTP (docs/observability.md).
 	StatusListen string `yaml:"status_listen"`
 
-	// TLSCA is the PEM CA bundle that signs the collector's certificate;
-	// setting it (or any TLS key) turns TLS on.
-	TLSCA string `yaml:"tls_ca"`
-	// TLSCert and TLSKey are the agent's client certificate for mTLS.
-	TLSCert string `yaml:"tls_cert"`
-	TLSKey  string `yaml:"tls_key"`
-	// TLSServerName overrides the name checked in the collector's certificate.
+	// Setting any of the TLS files or TLSServerName turns TLS on; TLSCert
+	// and TLSKey are the client certificate for mTLS.
+	TLSCA         string `yaml:"tls_ca"`
+	TLSCert       string `yaml:"tls_cert"`
+	TLSKey        string `yaml:"tls_key"`
 	TLSServerName string `yaml:"tls_server_name"`
-	// TokenFile holds this node's ingest token (sent as a bearer token). It
-	// needs TLS unless the collector is on a loopback address.
+	// TokenFile holds this node's ingest token (a bearer token); it needs
+	// TLS unless the collector is on a loopback address.
 	TokenFile string `yaml:"token_file"`
-	// AllowedUIDs, when not empty, are the uids allowed to report on the
-	// trainer socket (root always is); empty: whoever can open the socket.
+	// AllowedUIDs may report on the trainer socket (root always may);
+	// empty: whoever can open the socket.
 	AllowedUIDs []uint32 `yaml:"allowed_uids"`
-	// SocketMaxConnsPerUID caps the trainer-socket connections one uid may
-	// hold open; more from that uid are refused, so one user's connections
-	// cannot lock the others out. Default 64.
-	SocketMaxConnsPerUID int `yaml:"socket_max_conns_per_uid"`
-	// SocketIdleTimeout closes a trainer-socket connection that has sent
-	// no accepted run_start this long after connecting. Default 30 s; 0:
-	// never.
-	SocketIdleTimeout time.Duration `yaml:"socket_idle_timeout"`
-	// OTel, when set, exports this node's GPUs (hw.* metrics) directly over
-	// OTLP and/or Prometheus, without the collector (docs/otel.md).
+	// SocketMaxConnsPerUID and SocketIdleTimeout are trainersock's
+	// MaxConnsPerUID and IdleTimeout (here 0: never).
+	SocketMaxConnsPerUID int           `yaml:"socket_max_conns_per_uid"`
+	SocketIdleTimeout    time.Duration `yaml:"socket_idle_timeout"`
+	// OTel exports this node's GPUs (hw.* metrics) directly over OTLP
+	// and/or Prometheus, without the collector (docs/otel.md).
 	OTel otelexport.Config `yaml:"otel"`
 }
 
@@ -118,6 +94,13 @@ func (c *Config) TLSOptions() tlsfiles.ClientOptions {
 // 8 s: 80 steps) still gets efficiency figures; a run with slow steps keeps
 // the 60 s bound.
 const DefaultWarmupSteps = 20
+
+// DefaultSpoolDir is where the agent keeps unacked batches by default.
+const DefaultSpoolDir = "/var/lib/trainmeter/spool"
+
+// DefaultSpoolMaxBytes bounds the spool by default: 1 GiB, about 8 days of
+// collector outage for an 8-GPU node (see spool.DefaultMaxBytes).
+const DefaultSpoolMaxBytes = spool.DefaultMaxBytes
 
 func DefaultConfig() Config {
 	return Config{
@@ -143,12 +126,7 @@ func DefaultConfig() Config {
 // LoadConfigFile reads a YAML config over cfg. Unknown keys are an error, so a
 // typo does not silently leave a default in place.
 func LoadConfigFile(path string, cfg *Config) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(f)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -180,7 +158,12 @@ func (c *Config) Validate() error {
 	if c.HostInterval <= 0 {
 		errs = append(errs, fmt.Errorf("host_interval %v: must be positive", c.HostInterval))
 	}
-	errs = append(errs, c.validateSpool()...)
+	if c.Spool == "" {
+		errs = append(errs, errors.New("spool directory is empty"))
+	}
+	if c.SpoolMaxBytes < spool.MinMaxBytes {
+		errs = append(errs, fmt.Errorf("spool_max_bytes %d: want at least %d", c.SpoolMaxBytes, spool.MinMaxBytes))
+	}
 	if c.SocketMaxConnsPerUID < 1 {
 		errs = append(errs, fmt.Errorf("socket_max_conns_per_uid %d: want at least 1", c.SocketMaxConnsPerUID))
 	}

@@ -14,15 +14,18 @@ package trainersock
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/user"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -88,56 +91,49 @@ type Config struct {
 	Mode  os.FileMode // permission bits of the socket file; default 0660
 	Group string      // optional group name to chown the socket file to
 	// MaxLineBytes caps one inbound line (without its newline); longer lines
-	// are answered with an error line and skipped. Default 1 MiB.
+	// are answered with an error line and skipped.
 	MaxLineBytes int
-	MaxConns     int // concurrent connections; more are refused. Default 4096.
-	WriteQueue   int // outbound lines queued per connection; default 64
+	MaxConns     int // concurrent connections; more are refused
+	WriteQueue   int // outbound lines queued per connection
 	// WriteTimeout is the deadline of each write to a client; a client that
-	// does not read for this long is counted as stalled (its queue then
-	// fills and further lines are dropped). Default 5 s.
+	// does not read for this long is stalled (its queue fills, lines drop).
 	WriteTimeout time.Duration
 	// AllowedUIDs, when not empty, are the peer uids (SO_PEERCRED) allowed
-	// to connect (the agent adds root). Others get one error line and are
-	// closed. Empty: the socket file's permissions decide.
+	// to connect; others get one error line. Empty: the file mode decides.
 	AllowedUIDs []uint32
-	// MaxConnsPerUID caps the connections one uid (SO_PEERCRED) may hold
-	// open; more from that uid are refused, so a tenant that opens many
-	// connections only uses up its own share and other uids still get in.
-	// Default 64 (a node's trainers are a process per GPU, plus tools).
+	// MaxConnsPerUID caps one uid's open connections, so a tenant that
+	// opens many uses up only its own share (a node's trainers are a
+	// process per GPU, plus tools).
 	MaxConnsPerUID int
-	// IdleTimeout closes a connection that has not had a run_start
-	// accepted this long after it connected, so connections that never
-	// report free their uid's share. A connection with a started run is
-	// never timed out (a run may be quiet between steps). Default 30 s;
-	// negative: off.
+	// IdleTimeout closes a connection with no run_start accepted this long
+	// after it connected, freeing its uid's share; a connection with a
+	// started run is never timed out. Negative: off.
 	IdleTimeout time.Duration
-	// Clock times IdleTimeout; the wall clock if nil.
-	Clock clock.Clock
+	Clock       clock.Clock // times IdleTimeout; the wall clock if nil
 }
 
-// Stats are the server's counters since Start.
+// Stats are the server's counters since Start; the agent's GET /status
+// serves them under "socket" with these JSON names.
 type Stats struct {
-	ConnsActive   int    // connections open now
-	ConnsAccepted uint64 // connections accepted
-	ConnsRejected uint64 // connections refused, for any reason in Rejected
-	UIDRejected   uint64 // connections refused because their uid is not in AllowedUIDs
-	Lines         uint64 // non-blank inbound lines, valid or not (too long included)
-	Events        uint64 // valid events passed to the Handler
-	// ParseErrors counts invalid lines by trainerproto.ErrKind
-	// ("invalid_json", "invalid_utf8", "missing_event", "unknown_event",
-	// "invalid_run_id", "invalid_field").
-	ParseErrors   map[string]uint64
-	HandlerErrors uint64 // Handle calls that returned an error
-	TooLong       uint64 // lines longer than MaxLineBytes
-	Sent          uint64 // outbound lines written
-	Dropped       uint64 // outbound lines dropped: queue full or client gone
-	WriteStalls   uint64 // writes that hit WriteTimeout
+	ConnsActive   int    `json:"conns_active"`   // connections open now
+	ConnsAccepted uint64 `json:"conns_accepted"` // connections accepted
+	ConnsRejected uint64 `json:"conns_rejected"` // connections refused, for any reason in Rejected
 	// Rejected counts refused connections by reason (RejectMaxConns,
 	// RejectUIDConns, RejectUIDNotAllowed, RejectNoPeerCred); they sum to
 	// ConnsRejected.
-	Rejected map[string]uint64
-	// IdleClosed counts connections closed by IdleTimeout.
-	IdleClosed uint64
+	Rejected   map[string]uint64 `json:"conns_rejected_by"`
+	IdleClosed uint64            `json:"conns_idle_closed"` // connections closed by IdleTimeout
+	Lines      uint64            `json:"lines"`             // non-blank inbound lines, valid or not (too long included)
+	Events     uint64            `json:"events"`            // valid events passed to the Handler
+	// ParseErrors counts invalid lines by trainerproto.ErrKind
+	// ("invalid_json", "invalid_utf8", "missing_event", "unknown_event",
+	// "invalid_run_id", "invalid_field").
+	ParseErrors   map[string]uint64 `json:"parse_errors"`
+	HandlerErrors uint64            `json:"handler_errors"`  // Handle calls that returned an error
+	TooLong       uint64            `json:"too_long"`        // lines longer than MaxLineBytes
+	Sent          uint64            `json:"replies_sent"`    // outbound lines written
+	Dropped       uint64            `json:"replies_dropped"` // outbound lines dropped: queue full or client gone
+	WriteStalls   uint64            `json:"write_stalls"`    // writes that hit WriteTimeout
 }
 
 const (
@@ -164,10 +160,9 @@ type Server struct {
 	wg     sync.WaitGroup
 
 	accepted, rejected, lines, events, handlerErrs, tooLong,
-	sent, dropped, stalls, uidRejected, idleClosed atomic.Uint64
-	perrMu      sync.Mutex
+	sent, dropped, stalls, idleClosed atomic.Uint64
+	countMu     sync.Mutex // guards parseErrors and rejectedBy
 	parseErrors map[string]uint64
-	rejectMu    sync.Mutex
 	rejectedBy  map[string]uint64
 }
 
@@ -179,7 +174,6 @@ type conn struct {
 	writerDone chan struct{} // closed by the writer when it exits
 	started    chan struct{} // closed when a run_start is accepted
 	startOnce  sync.Once
-	idle       <-chan time.Time // fires IdleTimeout after accept; nil: no timeout
 }
 
 // New checks cfg and returns a Server; nothing is opened until Start. A nil
@@ -194,27 +188,13 @@ func New(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 	if cfg.Mode&^os.ModePerm != 0 {
 		return nil, fmt.Errorf("trainersock: Config.Mode %v has bits other than permissions", cfg.Mode)
 	}
-	if cfg.Mode == 0 {
-		cfg.Mode = DefaultMode
-	}
-	if cfg.MaxLineBytes <= 0 {
-		cfg.MaxLineBytes = DefaultMaxLineBytes
-	}
-	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = DefaultMaxConns
-	}
-	if cfg.WriteQueue <= 0 {
-		cfg.WriteQueue = DefaultWriteQueue
-	}
-	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = DefaultWriteTimeout
-	}
-	if cfg.MaxConnsPerUID <= 0 {
-		cfg.MaxConnsPerUID = DefaultMaxConnsPerUID
-	}
-	if cfg.IdleTimeout == 0 {
-		cfg.IdleTimeout = DefaultIdleTimeout
-	}
+	cfg.Mode = cmp.Or(cfg.Mode, DefaultMode)
+	orDefault(&cfg.MaxLineBytes, DefaultMaxLineBytes)
+	orDefault(&cfg.MaxConns, DefaultMaxConns)
+	orDefault(&cfg.WriteQueue, DefaultWriteQueue)
+	orDefault(&cfg.WriteTimeout, DefaultWriteTimeout)
+	orDefault(&cfg.MaxConnsPerUID, DefaultMaxConnsPerUID)
+	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout) // negative: off
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
@@ -231,6 +211,13 @@ func New(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 		parseErrors: make(map[string]uint64),
 		rejectedBy:  make(map[string]uint64),
 	}, nil
+}
+
+// orDefault sets *v to def when it is not positive.
+func orDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 // Start listens on cfg.Path and serves in background goroutines. A socket
@@ -328,11 +315,7 @@ func (s *Server) acceptLoop(ln *net.UnixListener) {
 				return
 			}
 			// EMFILE and friends: back off, as net/http does.
-			if delay == 0 {
-				delay = 5 * time.Millisecond
-			} else if delay *= 2; delay > time.Second {
-				delay = time.Second
-			}
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
 			s.log.Warn("accept failed", "err", err, "retry_in", delay)
 			t := time.NewTimer(delay)
 			select {
@@ -359,7 +342,6 @@ func (s *Server) serve(nc *net.UnixConn) {
 		return
 	}
 	if !s.uidAllowed(p.UID) {
-		s.uidRejected.Add(1)
 		s.log.Warn("refusing a trainer whose uid is not allowed", "uid", p.UID, "pid", p.PID)
 		s.refuse(nc, RejectUIDNotAllowed, fmt.Sprintf("uid %d is not allowed to report to this agent", p.UID))
 		return
@@ -382,23 +364,14 @@ func (s *Server) serve(nc *net.UnixConn) {
 		s.refuse(nc, RejectUIDConns, fmt.Sprintf("too many connections from uid %d (limit %d)", p.UID, s.cfg.MaxConnsPerUID))
 		return
 	}
-	c := &conn{
-		peer:       p,
-		nc:         nc,
-		out:        make(chan []byte, s.cfg.WriteQueue),
-		done:       make(chan struct{}),
-		writerDone: make(chan struct{}),
-		started:    make(chan struct{}),
-	}
-	if s.cfg.IdleTimeout > 0 {
-		c.idle = s.cfg.Clock.After(s.cfg.IdleTimeout)
-	}
+	c := &conn{peer: p, nc: nc, out: make(chan []byte, s.cfg.WriteQueue),
+		done: make(chan struct{}), writerDone: make(chan struct{}), started: make(chan struct{})}
 	s.conns[p.ConnID] = c
 	s.perUID[p.UID]++
 	s.wg.Add(2)
-	if c.idle != nil {
+	if s.cfg.IdleTimeout > 0 {
 		s.wg.Add(1)
-		go s.watchIdle(c)
+		go s.watchIdle(c, s.cfg.Clock.After(s.cfg.IdleTimeout))
 	}
 	s.mu.Unlock()
 	s.accepted.Add(1)
@@ -407,15 +380,14 @@ func (s *Server) serve(nc *net.UnixConn) {
 	go s.readLoop(c)
 }
 
-// watchIdle ends c when IdleTimeout passes before a run_start is accepted:
-// it queues an error line and shuts the socket's reading side, so the
-// reader drains what is buffered, sees EOF and tears the connection down
-// as for a client that hung up (the writer flushes the line first). This
-// holds for a client that sends lines but never reads its replies too.
-func (s *Server) watchIdle(c *conn) {
+// watchIdle ends c when idle fires before a run_start is accepted: it
+// queues an error line and shuts the socket's reading side, so the reader
+// drains what is buffered, sees EOF and tears the connection down as for a
+// client that hung up (the writer flushes the line first).
+func (s *Server) watchIdle(c *conn, idle <-chan time.Time) {
 	defer s.wg.Done()
 	select {
-	case <-c.idle:
+	case <-idle:
 	case <-c.started:
 		return
 	case <-c.done:
@@ -430,9 +402,9 @@ func (s *Server) watchIdle(c *conn) {
 // refuse answers one error line and closes nc, counting why.
 func (s *Server) refuse(nc *net.UnixConn, reason, msg string) {
 	s.rejected.Add(1)
-	s.rejectMu.Lock()
+	s.countMu.Lock()
 	s.rejectedBy[reason]++
-	s.rejectMu.Unlock()
+	s.countMu.Unlock()
 	nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 	nc.Write(trainerproto.ErrorLine(msg, 0))
 	nc.Close()
@@ -440,15 +412,7 @@ func (s *Server) refuse(nc *net.UnixConn, reason, msg string) {
 
 // uidAllowed checks uid against AllowedUIDs (empty: any).
 func (s *Server) uidAllowed(uid int32) bool {
-	if len(s.cfg.AllowedUIDs) == 0 {
-		return true
-	}
-	for _, u := range s.cfg.AllowedUIDs {
-		if uid >= 0 && uint32(uid) == u {
-			return true
-		}
-	}
-	return false
+	return len(s.cfg.AllowedUIDs) == 0 || uid >= 0 && slices.Contains(s.cfg.AllowedUIDs, uint32(uid))
 }
 
 // readLoop reads lines with a hard cap: a line longer than MaxLineBytes is
@@ -542,9 +506,9 @@ func (s *Server) handleLine(c *conn, lineNo int, line []byte, tooLong bool, n in
 		if errors.As(err, &pe) {
 			kind = string(pe.Kind)
 		}
-		s.perrMu.Lock()
+		s.countMu.Lock()
 		s.parseErrors[kind]++
-		s.perrMu.Unlock()
+		s.countMu.Unlock()
 		s.reply(c, trainerproto.ErrorLine(err.Error(), lineNo))
 		return
 	}
@@ -593,48 +557,25 @@ func (s *Server) teardown(c *conn) {
 	s.h.Disconnected(c.peer)
 }
 
+// writeLoop writes queued lines until the reader stops and the queue is
+// empty. After a failed write it drops (and counts) the lines instead.
 func (s *Server) writeLoop(c *conn) {
 	defer s.wg.Done()
 	defer close(c.writerDone)
+	failed := false
 	for {
+		var b []byte
 		select {
-		case b := <-c.out:
-			if !s.write(c, b) {
-				s.discard(c)
+		case b = <-c.out:
+		case <-c.done:
+			select {
+			case b = <-c.out:
+			default:
 				return
 			}
-		case <-c.done:
-			for {
-				select {
-				case b := <-c.out:
-					if !s.write(c, b) {
-						s.discard(c)
-						return
-					}
-				default:
-					return
-				}
-			}
 		}
-	}
-}
-
-// discard drops queued lines after a write failed, until the reader stops.
-func (s *Server) discard(c *conn) {
-	s.dropped.Add(1) // the line whose write failed
-	for {
-		select {
-		case <-c.out:
+		if failed = failed || !s.write(c, b); failed {
 			s.dropped.Add(1)
-		case <-c.done:
-			for {
-				select {
-				case <-c.out:
-					s.dropped.Add(1)
-				default:
-					return
-				}
-			}
 		}
 	}
 }
@@ -741,23 +682,13 @@ func (s *Server) Stats() Stats {
 	s.mu.RLock()
 	active := len(s.conns)
 	s.mu.RUnlock()
-	s.perrMu.Lock()
-	pe := make(map[string]uint64, len(s.parseErrors))
-	for k, v := range s.parseErrors {
-		pe[k] = v
-	}
-	s.perrMu.Unlock()
-	s.rejectMu.Lock()
-	rej := make(map[string]uint64, len(s.rejectedBy))
-	for k, v := range s.rejectedBy {
-		rej[k] = v
-	}
-	s.rejectMu.Unlock()
+	s.countMu.Lock()
+	pe, rej := maps.Clone(s.parseErrors), maps.Clone(s.rejectedBy)
+	s.countMu.Unlock()
 	return Stats{
 		ConnsActive:   active,
 		ConnsAccepted: s.accepted.Load(),
 		ConnsRejected: s.rejected.Load(),
-		UIDRejected:   s.uidRejected.Load(),
 		Lines:         s.lines.Load(),
 		Events:        s.events.Load(),
 		ParseErrors:   pe,

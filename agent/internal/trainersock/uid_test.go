@@ -30,7 +30,7 @@ func TestUIDAllowList(t *testing.T) {
 	if n := rec2.numEvents(); n != 0 {
 		t.Errorf("%d events from a refused peer reached the handler", n)
 	}
-	if st := s2.Stats(); st.UIDRejected != 1 || st.ConnsAccepted != 0 {
+	if st := s2.Stats(); st.Rejected[RejectUIDNotAllowed] != 1 || st.ConnsAccepted != 0 {
 		t.Errorf("stats = %+v, want one uid rejection and no accepted connection", st)
 	}
 	if n := rec2.numDisconnected(); n != 0 {
