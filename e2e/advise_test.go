@@ -407,7 +407,7 @@ func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
 // eval reports the loader (the AdaptiveLoader tells the run), and its
 // data-bound advice must mean more, not fewer, workers either way.
 const pythonAdaptiveTrainer = `
-import json, sys, time
+import dataclasses, json, sys, time
 sys.path.insert(0, "../clients/python")
 import trainmeter
 
@@ -432,7 +432,7 @@ for epoch in range(1, 16):
         break
 run.end()
 print(json.dumps({"adjustments": loader.adjustments, "workers": loader.num_workers, "prefetch": loader.prefetch_factor,
-                  "last_advice": loader.last_advice}))
+                  "last_advice": dataclasses.asdict(loader.last_advice) if loader.last_advice else None}))
 `
 
 func TestPythonAdaptiveLoaderAppliesLiveAdviceAtEpochBoundary(t *testing.T) {
