@@ -306,17 +306,17 @@ func TestEarlyStoppingRecommendationMatchesHandComputation(t *testing.T) {
 	// were never spent): 2 epochs × 400 ms on 1 GPU at $3.60/h.
 	trainedAfterStop := float64(len(losses) - stopEpoch)
 	wantUSD := price * 1 * trainedAfterStop * epochLen.Hours()
-	within(t, "early-stopping savings $ (hand: price × GPU-hours of epochs 6–7)", es.SavingsUsd, wantUSD, 0.05)
+	within(t, "early-stopping savings $ (hand: price × GPU-hours of epochs 6–7)", es.GetSavingsUsd(), wantUSD, 0.05)
 	// The joules follow the same rule: 2 of the 7 epochs' energy.
 	within(t, "early-stopping savings J", es.SavingsJ, trainedAfterStop*rep.EnergyTotalJ/float64(len(losses)), 1e-9)
 	if !strings.Contains(es.Title, "epoch 5") || math.Abs(es.Confidence-0.9) > 1e-9 {
 		t.Errorf("title %q confidence %v", es.Title, es.Confidence)
 	}
-	if resp.TotalSavingsUsd < es.SavingsUsd || resp.TotalSavingsUsd > rep.GetTotalCostUsd() {
-		t.Errorf("total savings $%v: below one recommendation's $%v or above the run's cost $%v", resp.TotalSavingsUsd, es.SavingsUsd, rep.GetTotalCostUsd())
+	if resp.TotalSavingsUsd < es.GetSavingsUsd() || resp.TotalSavingsUsd > rep.GetTotalCostUsd() {
+		t.Errorf("total savings $%v: below one recommendation's $%v or above the run's cost $%v", resp.TotalSavingsUsd, es.GetSavingsUsd(), rep.GetTotalCostUsd())
 	}
 	out := c.cli("recommend", "es", "--min-confidence", "0.9")
-	if !strings.Contains(out, "[early_stopping]") || !strings.Contains(out, money.USD(es.SavingsUsd)) || !strings.Contains(out, "total potential savings") {
+	if !strings.Contains(out, "[early_stopping]") || !strings.Contains(out, money.USD(es.GetSavingsUsd())) || !strings.Contains(out, "total potential savings") {
 		t.Errorf("recommend --min-confidence 0.9:\n%s", out)
 	}
 	if out := c.cli("recommend", "es", "--min-confidence", "0.95"); strings.Contains(out, "[early_stopping]") {
@@ -389,7 +389,7 @@ func TestComputeTierRecommendedAtA30PercentGapNotAt10(t *testing.T) {
 	if !strings.Contains(tier.Title, "on Replay GPU instead of Simulated H100") || len(tier.RunIds) != 1 || tier.RunIds[0] != "m30-sim" {
 		t.Errorf("m30 tier recommendation %v", tier)
 	}
-	within(t, "m30 tier savings $", tier.SavingsUsd, gap30*reps["m30-sim"].GetCostUsd(), 1e-9)
+	within(t, "m30 tier savings $", tier.GetSavingsUsd(), gap30*reps["m30-sim"].GetCostUsd(), 1e-9)
 	if r := findRec(resp.Recommendations, "compute_tier", "m10"); r != nil {
 		t.Errorf("a 10 %% gap gave a compute-tier recommendation: %v", r)
 	}

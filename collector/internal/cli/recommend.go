@@ -59,11 +59,14 @@ func writeRecommendations(w io.Writer, resp *trainmeterv1.RecommendResponse, min
 	for i, r := range recs {
 		fmt.Fprintf(w, "%d. [%s] %s\n", i+1, r.GetKind(), r.GetTitle())
 		fmt.Fprintf(w, "   action:     %s\n", r.GetAction())
-		co2 := ""
-		if kg := r.GetSavingsCo2Kg(); kg > 0 {
-			co2 = fmt.Sprintf(", %.4g kg CO2", kg)
+		usd, co2 := "-", "" // "-": the saving cannot be costed
+		if r.SavingsUsd != nil {
+			usd = money.USD(r.GetSavingsUsd())
 		}
-		fmt.Fprintf(w, "   savings:    %s, %.0f J%s\n", money.USD(r.GetSavingsUsd()), r.GetSavingsJ(), co2)
+		if r.SavingsCo2Kg != nil {
+			co2 = fmt.Sprintf(", %.4g kg CO2", r.GetSavingsCo2Kg())
+		}
+		fmt.Fprintf(w, "   savings:    %s, %.0f J%s\n", usd, r.GetSavingsJ(), co2)
 		fmt.Fprintf(w, "   confidence: %.2f\n", r.GetConfidence())
 		if len(r.GetRisks()) > 0 {
 			fmt.Fprintf(w, "   risks:      %s\n", strings.Join(r.GetRisks(), "; "))

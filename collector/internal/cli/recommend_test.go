@@ -187,3 +187,15 @@ func TestRecommendRunPrintsItsDataloaderEpochs(t *testing.T) {
 		}
 	}
 }
+
+func TestRecommendationsShowAnUncostedSavingAsADash(t *testing.T) {
+	var b strings.Builder
+	writeRecommendations(&b, &trainmeterv1.RecommendResponse{Recommendations: []*trainmeterv1.Recommendation{
+		{Kind: "schedule", Title: "t", SavingsJ: 0, SavingsCo2Kg: proto.Float64(1.5)},
+		{Kind: "early_stopping", Title: "u", SavingsUsd: proto.Float64(0), SavingsJ: 10},
+	}}, 0)
+	out := b.String()
+	if !strings.Contains(out, "savings:    -, 0 J, 1.5 kg CO2\n") || !strings.Contains(out, "savings:    $0.00, 10 J\n") {
+		t.Errorf("an uncosted saving is \"-\", a costed zero is $0.00:\n%s", out)
+	}
+}

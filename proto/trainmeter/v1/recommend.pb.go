@@ -84,8 +84,10 @@ type Recommendation struct {
 	Kind   string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	Title  string `protobuf:"bytes,2,opt,name=title,proto3" json:"title,omitempty"`
 	Action string `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
-	// Estimated savings; has_savings false when they cannot be costed.
-	SavingsUsd float64  `protobuf:"fixed64,4,opt,name=savings_usd,json=savingsUsd,proto3" json:"savings_usd,omitempty"`
+	// Estimated savings. savings_usd is absent when they cannot be costed
+	// (the run has no cost, no energy price, or the rule judges only CO2);
+	// savings_j is always estimated (energy is measured).
+	SavingsUsd *float64 `protobuf:"fixed64,4,opt,name=savings_usd,json=savingsUsd,proto3,oneof" json:"savings_usd,omitempty"`
 	SavingsJ   float64  `protobuf:"fixed64,5,opt,name=savings_j,json=savingsJ,proto3" json:"savings_j,omitempty"`
 	Confidence float64  `protobuf:"fixed64,6,opt,name=confidence,proto3" json:"confidence,omitempty"`
 	Risks      []string `protobuf:"bytes,7,rep,name=risks,proto3" json:"risks,omitempty"`
@@ -96,8 +98,8 @@ type Recommendation struct {
 	Evidence string `protobuf:"bytes,10,opt,name=evidence,proto3" json:"evidence,omitempty"`
 	// --- carbon by the hour (i23-carbon) ---
 	// Estimated CO2 saved (the "schedule" kind: per run moved to the
-	// recommended hours), kg; 0 when the rule does not change CO2.
-	SavingsCo2Kg  float64 `protobuf:"fixed64,850,opt,name=savings_co2_kg,json=savingsCo2Kg,proto3" json:"savings_co2_kg,omitempty"`
+	// recommended hours), kg; absent when the rule does not estimate CO2.
+	SavingsCo2Kg  *float64 `protobuf:"fixed64,850,opt,name=savings_co2_kg,json=savingsCo2Kg,proto3,oneof" json:"savings_co2_kg,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -154,8 +156,8 @@ func (x *Recommendation) GetAction() string {
 }
 
 func (x *Recommendation) GetSavingsUsd() float64 {
-	if x != nil {
-		return x.SavingsUsd
+	if x != nil && x.SavingsUsd != nil {
+		return *x.SavingsUsd
 	}
 	return 0
 }
@@ -203,8 +205,8 @@ func (x *Recommendation) GetEvidence() string {
 }
 
 func (x *Recommendation) GetSavingsCo2Kg() float64 {
-	if x != nil {
-		return x.SavingsCo2Kg
+	if x != nil && x.SavingsCo2Kg != nil {
+		return *x.SavingsCo2Kg
 	}
 	return 0
 }
@@ -215,7 +217,8 @@ type RecommendResponse struct {
 	// The potential savings of the recommendations listed, without double
 	// counting: per run, kinds that claim the same spend count once (the
 	// largest), other savings compound, and a run's total never exceeds its
-	// cost (energy); docs/recommendations.md.
+	// cost (energy); recommendations without savings_usd add nothing to
+	// total_savings_usd; docs/recommendations.md.
 	TotalSavingsUsd float64 `protobuf:"fixed64,2,opt,name=total_savings_usd,json=totalSavingsUsd,proto3" json:"total_savings_usd,omitempty"`
 	TotalSavingsJ   float64 `protobuf:"fixed64,3,opt,name=total_savings_j,json=totalSavingsJ,proto3" json:"total_savings_j,omitempty"`
 	unknownFields   protoimpl.UnknownFields
@@ -730,13 +733,13 @@ const file_trainmeter_v1_recommend_proto_rawDesc = "" +
 	"\x1dtrainmeter/v1/recommend.proto\x12\rtrainmeter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19trainmeter/v1/query.proto\"R\n" +
 	"\x10RecommendRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\x12%\n" +
-	"\x0emin_confidence\x18\x02 \x01(\x01R\rminConfidence\"\xb8\x02\n" +
+	"\x0emin_confidence\x18\x02 \x01(\x01R\rminConfidence\"\xe5\x02\n" +
 	"\x0eRecommendation\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05title\x18\x02 \x01(\tR\x05title\x12\x16\n" +
-	"\x06action\x18\x03 \x01(\tR\x06action\x12\x1f\n" +
-	"\vsavings_usd\x18\x04 \x01(\x01R\n" +
-	"savingsUsd\x12\x1b\n" +
+	"\x06action\x18\x03 \x01(\tR\x06action\x12$\n" +
+	"\vsavings_usd\x18\x04 \x01(\x01H\x00R\n" +
+	"savingsUsd\x88\x01\x01\x12\x1b\n" +
 	"\tsavings_j\x18\x05 \x01(\x01R\bsavingsJ\x12\x1e\n" +
 	"\n" +
 	"confidence\x18\x06 \x01(\x01R\n" +
@@ -745,8 +748,10 @@ const file_trainmeter_v1_recommend_proto_rawDesc = "" +
 	"\arun_ids\x18\b \x03(\tR\x06runIds\x12\x14\n" +
 	"\x05model\x18\t \x01(\tR\x05model\x12\x1a\n" +
 	"\bevidence\x18\n" +
-	" \x01(\tR\bevidence\x12%\n" +
-	"\x0esavings_co2_kg\x18\xd2\x06 \x01(\x01R\fsavingsCo2Kg\"\xb0\x01\n" +
+	" \x01(\tR\bevidence\x12*\n" +
+	"\x0esavings_co2_kg\x18\xd2\x06 \x01(\x01H\x01R\fsavingsCo2Kg\x88\x01\x01B\x0e\n" +
+	"\f_savings_usdB\x11\n" +
+	"\x0f_savings_co2_kg\"\xb0\x01\n" +
 	"\x11RecommendResponse\x12G\n" +
 	"\x0frecommendations\x18\x01 \x03(\v2\x1d.trainmeter.v1.RecommendationR\x0frecommendations\x12*\n" +
 	"\x11total_savings_usd\x18\x02 \x01(\x01R\x0ftotalSavingsUsd\x12&\n" +
@@ -847,6 +852,7 @@ func file_trainmeter_v1_recommend_proto_init() {
 		return
 	}
 	file_trainmeter_v1_query_proto_init()
+	file_trainmeter_v1_recommend_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -599,11 +599,15 @@ func DataloaderRecommendation(r *trainmeterv1.RunReport, h *trainmeterv1.Dataloa
 			risks[len(risks)-1] = "the change made this run slower: keep the old settings"
 		}
 	}
+	var usd *float64 // absent when the run has no cost: not costed, not free
+	if r.TotalCostUsd != nil {
+		usd = proto.Float64(share * r.GetTotalCostUsd())
+	}
 	return &trainmeterv1.Recommendation{
 		Kind:       "dataloader",
 		Title:      fmt.Sprintf("Start %s with num_workers=%d, prefetch_factor=%d", r.GetRunId(), last.GetNumWorkers(), last.GetPrefetchFactor()),
 		Action:     fmt.Sprintf("DataLoader(num_workers=%d, prefetch_factor=%d) from the first epoch (%s)", last.GetNumWorkers(), last.GetPrefetchFactor(), last.GetClassification()),
-		SavingsUsd: share * r.GetTotalCostUsd(), SavingsJ: share * r.GetEnergyTotalJ(), Confidence: confidence,
+		SavingsUsd: usd, SavingsJ: share * r.GetEnergyTotalJ(), Confidence: confidence,
 		Risks:    risks,
 		RunIds:   []string{r.GetRunId()},
 		Model:    r.GetMetadata().GetModel(),

@@ -14,6 +14,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/internal/plural"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	"github.com/trainmeter/trainmeter/internal/money"
@@ -139,12 +140,16 @@ func Recommend(runs []Run, o Options) []*trainmeterv1.Recommendation {
 	return out
 }
 
-// Sort orders recommendations by savings (dollars, then joules), then kind.
+// Sort orders recommendations by savings (dollars, uncosted last, then
+// joules), then kind.
 func Sort(recs []*trainmeterv1.Recommendation) {
 	sort.SliceStable(recs, func(i, j int) bool {
 		a, b := recs[i], recs[j]
-		if a.SavingsUsd != b.SavingsUsd {
-			return a.SavingsUsd > b.SavingsUsd
+		if (a.SavingsUsd != nil) != (b.SavingsUsd != nil) {
+			return a.SavingsUsd != nil
+		}
+		if a.GetSavingsUsd() != b.GetSavingsUsd() {
+			return a.GetSavingsUsd() > b.GetSavingsUsd()
 		}
 		if a.SavingsJ != b.SavingsJ {
 			return a.SavingsJ > b.SavingsJ
@@ -209,6 +214,15 @@ func costPerEpoch(r *trainmeterv1.RunReport, done int64) (usd, joules float64) {
 	return r.GetTotalCostUsd() / float64(done), r.GetEnergyTotalJ() / float64(done)
 }
 
+// costed is usd when the cost it was reached from is known, else absent: a
+// saving that cannot be costed is not a zero saving.
+func costed(cost *float64, usd float64) *float64 {
+	if cost == nil {
+		return nil
+	}
+	return proto.Float64(usd)
+}
+
 // lastEpoch is the epoch a run's spend counts to, which savings from fewer
 // epochs count up to: an ended run's epochs done (it never spent unreached
 // ones), a live run's max(planned, done).
@@ -263,7 +277,7 @@ func EarlyStopping(r Run, patience int, minDelta float64) *trainmeterv1.Recommen
 		Title: fmt.Sprintf("Stop %s at epoch %d: validation loss plateaued", id, stop),
 		Action: fmt.Sprintf("Stop at epoch %d (best val_loss %.4g at epoch %d; no improvement ≥ %.0f%% for %s); use early stopping with patience %d",
 			stop, best, bestEpoch, 100*minDelta, plural.N(patience, "evaluation"), patience),
-		SavingsUsd: float64(left) * perUSD, SavingsJ: float64(left) * perJ, Confidence: conf,
+		SavingsUsd: costed(r.Report.TotalCostUsd, float64(left)*perUSD), SavingsJ: float64(left) * perJ, Confidence: conf,
 		Risks:  []string{"the loss may improve again later (a learning-rate schedule, double descent)", "validation set noise can hide slow progress"},
 		RunIds: []string{id}, Model: r.Report.GetMetadata().GetModel(),
 		Evidence: fmt.Sprintf("epochs %d–%d after the stop epoch (%s) = %d × %s/epoch (total %s ÷ %s done)",
@@ -307,7 +321,7 @@ func EpochCount(r Run) *trainmeterv1.Recommendation {
 		Kind:       KindEpochCount,
 		Title:      fmt.Sprintf("Train %s for %s instead of %d", r.Report.GetMetadata().GetModel(), plural.N(knee.epoch, "epoch"), total),
 		Action:     fmt.Sprintf("Set the epoch count to %d: it reached %.4g of the best accuracy %.4g (%.0f%% of the gain)", knee.epoch, knee.acc, best, 100*KneeShare),
-		SavingsUsd: float64(left) * perUSD, SavingsJ: float64(left) * perJ,
+		SavingsUsd: costed(r.Report.TotalCostUsd, float64(left)*perUSD), SavingsJ: float64(left) * perJ,
 		Confidence: math.Min(0.8, 0.4+0.05*float64(len(pts))),
 		Risks:      []string{fmt.Sprintf("gives up %.4g accuracy", best-knee.acc), "one run's curve; seeds differ"},
 		RunIds:     []string{id}, Model: r.Report.GetMetadata().GetModel(),
@@ -386,7 +400,7 @@ func DatasetSize(runs []Run) []*trainmeterv1.Recommendation {
 			Kind:       KindDatasetSize,
 			Title:      fmt.Sprintf("Train %s on %d samples%s instead of %d", model, small.size, of, large.size),
 			Action:     fmt.Sprintf("Use %d samples: accuracy %.4g is within %.0f%% of the best %.4g", small.size, small.acc, 100*DataSizeShare, best),
-			SavingsUsd: frac * large.run.Report.GetTotalCostUsd(), SavingsJ: frac * large.run.Report.GetEnergyTotalJ(),
+			SavingsUsd: costed(large.run.Report.TotalCostUsd, frac*large.run.Report.GetTotalCostUsd()), SavingsJ: frac * large.run.Report.GetEnergyTotalJ(),
 			Confidence: math.Min(0.8, 0.4+0.1*float64(sizes-1)),
 			Risks:      []string{"rare cases in the dropped data may matter more than the mean accuracy shows"},
 			RunIds:     []string{small.run.Report.GetRunId(), large.run.Report.GetRunId()}, Model: model,
@@ -415,6 +429,7 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 			ownN     int
 			catPrice float64 // catalog's current price, 0: none
 			costUSD  float64
+			costed   bool    // some run has a cost
 			energyJ  float64 // Σ J/token × measured tokens of the runs with J/token
 			tokens   float64
 		}
@@ -442,6 +457,7 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 				t.ownN++
 			}
 			t.costUSD += rep.GetCostUsd()
+			t.costed = t.costed || rep.CostUsd != nil
 			if rep.GetJPerToken() > 0 && rep.GetTokensMeasured() > 0 {
 				t.energyJ += rep.GetJPerToken() * float64(rep.GetTokensMeasured())
 				t.tokens += float64(rep.GetTokensMeasured())
@@ -505,12 +521,16 @@ func ComputeTier(runs []Run, cat PriceCatalog) []*trainmeterv1.Recommendation {
 					where = fmt.Sprintf("; %s at %s/GPU-h from %s", best.name, money.Rate(best.catPrice), w)
 				}
 			}
+			var usd *float64 // the runs' GPU cost, when some run has one
+			if t.costed {
+				usd = proto.Float64(bestGap * t.costUSD)
+			}
 			out = append(out, &trainmeterv1.Recommendation{
 				Kind:  KindComputeTier,
 				Title: fmt.Sprintf("Run %s on %s instead of %s: %.0f%% cheaper per unit of throughput", model, best.name, t.name, 100*bestGap),
 				Action: fmt.Sprintf("Move %s from %s to %s (%s vs %s per Mtok at measured throughput%s)",
 					model, t.name, best.name, money.Rate(alt*1e6/3600), money.Rate(cur*1e6/3600), where),
-				SavingsUsd: bestGap * t.costUSD, SavingsJ: savedJ,
+				SavingsUsd: usd, SavingsJ: savedJ,
 				Confidence: math.Min(0.9, 0.6+0.1*float64(min(len(t.runs), len(best.runs)))),
 				Risks:      risks,
 				RunIds:     t.runs, Model: model,
@@ -557,7 +577,7 @@ func BatchSize(r Run, all []Run) *trainmeterv1.Recommendation {
 		Kind:       KindBatchSize,
 		Title:      fmt.Sprintf("Double the batch size of %s (%d → %d): %.0f%% of VRAM is unused", md.GetModel(), md.GetBatchSize(), newBatch, 100*headroom),
 		Action:     fmt.Sprintf("Set batch_size %d (peak %.0f MiB of %.0f MiB); scale the learning rate accordingly", newBatch, rep.GetVramPeakMb(), r.GPUMemoryMiB),
-		SavingsUsd: frac * rep.GetTotalCostUsd(), SavingsJ: frac * rep.GetEnergyTotalJ(), Confidence: conf,
+		SavingsUsd: costed(rep.TotalCostUsd, frac*rep.GetTotalCostUsd()), SavingsJ: frac * rep.GetEnergyTotalJ(), Confidence: conf,
 		Risks:  []string{"a larger batch can change convergence (learning rate, generalisation)", "activation memory may grow faster than linearly"},
 		RunIds: []string{rep.GetRunId()}, Model: md.GetModel(),
 		Evidence: fmt.Sprintf("%s; savings = cost %s × (1 − 1/%.3f)", how, money.USD(rep.GetTotalCostUsd()), speedup),
@@ -610,7 +630,7 @@ func Power(runs []Run) []*trainmeterv1.Recommendation {
 				Title: fmt.Sprintf("Run %s at a lower power limit (~%.0f W per GPU, as run %s)", h.GetMetadata().GetModel(), perGPU(*bestLo), l.GetRunId()),
 				Action: fmt.Sprintf("Lower the GPU power limit towards %.0f W (nvidia-smi -pl); measured %.1f%% less J/token for %s",
 					perGPU(*bestLo), 100*(1-l.GetJPerToken()/h.GetJPerToken()), throughputChange(slow)),
-				SavingsUsd: max(0, usd), SavingsJ: savedJ, Confidence: 0.6,
+				SavingsUsd: costed(h.EnergyCostUsd, max(0, usd)), SavingsJ: savedJ, Confidence: 0.6,
 				Risks:  []string{"longer wall time (GPU-hours cost more than the energy saved when energy is cheap)", "trainmeter reports this; it never changes a power limit"},
 				RunIds: []string{h.GetRunId()}, Model: h.GetMetadata().GetModel(),
 				Evidence: fmt.Sprintf("J/token %.4g vs %.4g × %d tokens; compared like runs %s (%s)", h.GetJPerToken(), l.GetJPerToken(), h.GetTokensMeasured(),
@@ -633,7 +653,7 @@ func Power(runs []Run) []*trainmeterv1.Recommendation {
 			Title: fmt.Sprintf("Try a lower power limit for %s (GPUs at %.0f%% of their %.0f W limit)", h.GetRunId(), 100*perGPU(r)/r.GPUPowerLimitW, r.GPUPowerLimitW),
 			Action: fmt.Sprintf("Measure a run at %.0f W (80%% of the limit): training GPUs near their limit typically save ~%.0f%% energy for ~%.0f%% throughput (heuristic)",
 				0.8*r.GPUPowerLimitW, 100*PowerHeuristicSaving, 100*PowerHeuristicSlowing),
-			SavingsUsd: max(0, usd), SavingsJ: savedJ, Confidence: 0.3,
+			SavingsUsd: costed(h.EnergyCostUsd, max(0, usd)), SavingsJ: savedJ, Confidence: 0.3,
 			Risks:  []string{"heuristic, not measured on this model", "trainmeter reports this; it never changes a power limit"},
 			RunIds: []string{h.GetRunId()}, Model: h.GetMetadata().GetModel(),
 			Evidence: fmt.Sprintf("avg %.0f W per GPU, limit %.0f W; %.0f%% of %.4g J", perGPU(r), r.GPUPowerLimitW, 100*PowerHeuristicSaving, h.GetEnergyJ()),

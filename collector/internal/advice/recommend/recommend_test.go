@@ -42,7 +42,7 @@ func TestEarlyStopping(t *testing.T) {
 	if rec == nil {
 		t.Fatal("no recommendation")
 	}
-	approx(t, "savings $", rec.SavingsUsd, 7*10.0/5)
+	approx(t, "savings $", rec.GetSavingsUsd(), 7*10.0/5)
 	approx(t, "savings J", rec.SavingsJ, 7*1000.0/5)
 	// Still improving: nothing.
 	r.Report = withEvals(report("r", "m", "g", 10, 1000, 1), []float64{2, 1.5, 1.2, 1.0, 0.9}, nil)
@@ -66,14 +66,14 @@ func TestEarlyStoppingOfAnEndedRunCountsOnlyWhatItSpent(t *testing.T) {
 		return Run{Report: rep, PlannedEpochs: 12}
 	}
 	if rec := EarlyStopping(ended([]float64{2, 1.5, 1.2, 1.199, 1.205}), 2, 0.01); rec != nil {
-		t.Errorf("ended at its stop epoch: %v (savings $%v), want none", rec.Title, rec.SavingsUsd)
+		t.Errorf("ended at its stop epoch: %v (savings $%v), want none", rec.Title, rec.GetSavingsUsd())
 	}
 	// Ended at epoch 7, two epochs past the stop epoch 5: those two.
 	rec := EarlyStopping(ended([]float64{2, 1.5, 1.2, 1.199, 1.205, 1.21, 1.22}), 2, 0.01)
 	if rec == nil || !strings.Contains(rec.Title, "epoch 5") {
 		t.Fatalf("%v", rec)
 	}
-	approx(t, "savings $", rec.SavingsUsd, 2*10.0/7)
+	approx(t, "savings $", rec.GetSavingsUsd(), 2*10.0/7)
 	approx(t, "savings J", rec.SavingsJ, 2*1000.0/7)
 	if !strings.Contains(rec.Evidence, "epochs 6–7") || !strings.Contains(rec.Evidence, "ended after 7 epochs") {
 		t.Errorf("evidence %q", rec.Evidence)
@@ -84,9 +84,9 @@ func TestEpochCountOfAnEndedRunCountsOnlyWhatItSpent(t *testing.T) {
 	acc := []float64{0.5, 0.8, 0.87, 0.89, 0.895, 0.898, 0.9, 0.9}
 	r := Run{Report: withEvals(report("r", "m", "g", 8, 800, 1), nil, acc), PlannedEpochs: 20}
 	live := EpochCount(r)
-	approx(t, "live savings $", live.SavingsUsd, (20-4)*8.0/8)
+	approx(t, "live savings $", live.GetSavingsUsd(), (20-4)*8.0/8)
 	r.Report.Ended = true
-	approx(t, "ended savings $", EpochCount(r).SavingsUsd, (8-4)*8.0/8)
+	approx(t, "ended savings $", EpochCount(r).GetSavingsUsd(), (8-4)*8.0/8)
 }
 
 func TestEpochCountKnee(t *testing.T) {
@@ -96,7 +96,7 @@ func TestEpochCountKnee(t *testing.T) {
 	if rec == nil || !strings.Contains(rec.Title, "for 4 epochs instead of 8") {
 		t.Fatalf("%v", rec)
 	}
-	approx(t, "savings $", rec.SavingsUsd, 4*8.0/8)
+	approx(t, "savings $", rec.GetSavingsUsd(), 4*8.0/8)
 }
 
 func TestDatasetSize(t *testing.T) {
@@ -112,7 +112,7 @@ func TestDatasetSize(t *testing.T) {
 	if !strings.Contains(recs[0].Title, "on 50000 samples instead of 100000") {
 		t.Errorf("%v", recs[0].Title)
 	}
-	approx(t, "savings $", recs[0].SavingsUsd, 10*(1-0.5))
+	approx(t, "savings $", recs[0].GetSavingsUsd(), 10*(1-0.5))
 }
 
 func TestDatasetSizeComparesRunsOfOneDatasetOnly(t *testing.T) {
@@ -145,7 +145,7 @@ func TestComputeTierGapAndCatalog(t *testing.T) {
 	if len(recs) != 1 || !strings.Contains(recs[0].Title, "on H100 instead of A100") {
 		t.Fatalf("%v", recs)
 	}
-	approx(t, "savings $", recs[0].SavingsUsd, 0.25*10)
+	approx(t, "savings $", recs[0].GetSavingsUsd(), 0.25*10)
 	// The catalog has both: A100 $2/h, H100 now $3.6/h: 10 % cheaper, below
 	// the 20 % bar.
 	if recs := ComputeTier(runs, catalog{"A100": 2, "H100": 3.6}); len(recs) != 0 {
@@ -157,7 +157,7 @@ func TestComputeTierGapAndCatalog(t *testing.T) {
 	if len(recs) != 1 || !strings.Contains(recs[0].Evidence, "runs' own prices") {
 		t.Fatalf("catalog with one GPU model: %v, want the runs' own prices on both sides", recs)
 	}
-	approx(t, "savings $ on own prices", recs[0].SavingsUsd, 0.25*10)
+	approx(t, "savings $ on own prices", recs[0].GetSavingsUsd(), 0.25*10)
 	// One GPU model only: nothing to compare.
 	if recs := ComputeTier(runs[:1], nil); len(recs) != 0 {
 		t.Errorf("%v", recs)
@@ -193,14 +193,14 @@ func TestBatchSize(t *testing.T) {
 	if rec == nil || rec.Confidence != 0.3 {
 		t.Fatalf("heuristic: %v", rec)
 	}
-	approx(t, "heuristic savings", rec.SavingsUsd, 10*(1-1/BatchAssumedSpeedup))
+	approx(t, "heuristic savings", rec.GetSavingsUsd(), 10*(1-1/BatchAssumedSpeedup))
 	big := report("big", "m", "g", 10, 1000, 1250)
 	big.Metadata.BatchSize = proto.Int64(16)
 	rec = BatchSize(run, []Run{run, {Report: big}})
 	if rec == nil || rec.Confidence != 0.75 {
 		t.Fatalf("measured: %v", rec)
 	}
-	approx(t, "measured savings", rec.SavingsUsd, 10*(1-1/1.25))
+	approx(t, "measured savings", rec.GetSavingsUsd(), 10*(1-1/1.25))
 	// Little headroom: nothing.
 	r.VramPeakMb = 60000
 	if rec := BatchSize(run, nil); rec != nil {
@@ -252,7 +252,7 @@ func TestFilterAndTargets(t *testing.T) {
 		t.Errorf("filter 0.99: %v", kept)
 	}
 	kept, usd, _ = Filter(all, 0, runs)
-	approx(t, "total", usd, all[0].SavingsUsd+all[1].SavingsUsd) // two runs: they add up
+	approx(t, "total", usd, all[0].GetSavingsUsd()+all[1].GetSavingsUsd()) // two runs: they add up
 	if len(kept) != 2 {
 		t.Errorf("%v", kept)
 	}
@@ -265,7 +265,7 @@ func TestTotalCountsOverlappingSavingsOnceAndNeverExceedsTheCost(t *testing.T) {
 	run := Run{Report: report("r", "m", "g", 10, 1000, 1)}
 	small := Run{Report: report("s", "m", "g", 2, 200, 1)}
 	rec := func(kind string, usd, j float64, ids ...string) *trainmeterv1.Recommendation {
-		return &trainmeterv1.Recommendation{Kind: kind, SavingsUsd: usd, SavingsJ: j, RunIds: ids, Confidence: 0.9}
+		return &trainmeterv1.Recommendation{Kind: kind, SavingsUsd: proto.Float64(usd), SavingsJ: j, RunIds: ids, Confidence: 0.9}
 	}
 	recs := []*trainmeterv1.Recommendation{
 		rec(KindEarlyStopping, 5.83, 583, "r"),
@@ -280,7 +280,7 @@ func TestTotalCountsOverlappingSavingsOnceAndNeverExceedsTheCost(t *testing.T) {
 	approx(t, "total J", j, 1000*(1-(1-0.583)*(1-0.091)))
 	naive := 0.0
 	for _, r := range recs {
-		naive += r.SavingsUsd
+		naive += r.GetSavingsUsd()
 	}
 	if naive <= 10 || usd > 10 {
 		t.Fatalf("naive sum $%v, total $%v: want the naive sum over the cost and the total under it", naive, usd)
@@ -360,5 +360,28 @@ func TestPowerComparesOnlyLikeRuns(t *testing.T) {
 		if strings.Contains(rec.Evidence, "unlike") {
 			t.Errorf("evidence names the unlike run: %q", rec.Evidence)
 		}
+	}
+}
+
+func TestAnUncostedSavingIsAbsentNotZero(t *testing.T) {
+	rep := withEvals(report("r", "m", "g", 10, 1000, 1), []float64{2, 1.5, 1.2, 1.199, 1.205}, nil)
+	rep.TotalCostUsd, rep.CostUsd = nil, nil // no price: the run has no cost
+	rec := EarlyStopping(Run{Report: rep, PlannedEpochs: 12}, 2, 0.01)
+	if rec == nil {
+		t.Fatal("no recommendation")
+	}
+	if rec.SavingsUsd != nil {
+		t.Errorf("savings_usd %v for a run without a cost, want absent", rec.GetSavingsUsd())
+	}
+	approx(t, "savings J", rec.SavingsJ, 7*1000.0/5) // the energy is still measured
+	if rec.SavingsCo2Kg != nil {
+		t.Errorf("savings_co2_kg %v from a rule that does not estimate CO2, want absent", rec.GetSavingsCo2Kg())
+	}
+	// A costed recommendation sorts before an uncosted one.
+	costed := &trainmeterv1.Recommendation{Kind: KindPower, SavingsUsd: proto.Float64(0)}
+	recs := []*trainmeterv1.Recommendation{rec, costed}
+	Sort(recs)
+	if recs[0] != costed {
+		t.Errorf("sorted %v first, want the costed one", recs[0].GetKind())
 	}
 }

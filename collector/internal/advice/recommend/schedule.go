@@ -10,6 +10,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	"github.com/trainmeter/trainmeter/internal/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // KindSchedule: "run it at HH:00–HH:00": start a repeated run at the hours
@@ -188,10 +189,10 @@ func scheduleRecommendation(model string, group []Run, c scheduleChoice, objs []
 		switch o.name {
 		case "CO2":
 			kg := (base - moved) / 1000 // g → kg
-			rec.SavingsCo2Kg = max(0, kg)
+			rec.SavingsCo2Kg = proto.Float64(max(0, kg))
 			effects = append(effects, fmt.Sprintf("CO2 %.4g kg → %.4g kg per run (%s)", base/1000, moved/1000, o.where))
 		default:
-			rec.SavingsUsd = max(0, base-moved)
+			rec.SavingsUsd = proto.Float64(max(0, base-moved))
 			effects = append(effects, fmt.Sprintf("energy cost %s → %s per run (%s)", money.USD(base), money.USD(moved), o.where))
 		}
 	}

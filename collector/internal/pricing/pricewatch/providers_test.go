@@ -335,9 +335,9 @@ func TestComputeTierAcrossProviders(t *testing.T) {
 	}
 	gap := 1 - (0.34/300)/(18.12/8/1000)
 	if r := recs[0]; !strings.Contains(r.Title, "on NVIDIA GeForce RTX 4090 instead of NVIDIA H100 80GB HBM3: 50% cheaper") ||
-		!strings.Contains(r.Evidence, "catalog's current prices") || math.Abs(r.SavingsUsd-gap*10) > 1e-9 ||
+		!strings.Contains(r.Evidence, "catalog's current prices") || math.Abs(r.GetSavingsUsd()-gap*10) > 1e-9 ||
 		!strings.HasSuffix(r.Action, "; NVIDIA GeForce RTX 4090 at $0.34/GPU-h from runpod)") {
-		t.Errorf("recommendation %q / %q / %q, savings %v want %v", r.Title, r.Action, r.Evidence, r.SavingsUsd, gap*10)
+		t.Errorf("recommendation %q / %q / %q, savings %v want %v", r.Title, r.Action, r.Evidence, r.GetSavingsUsd(), gap*10)
 	}
 	if where, ok := w.CurrentOffer("NVIDIA A10"); !ok || where != "lambda, us-east-1" {
 		t.Errorf("CurrentOffer(A10) = %q %v", where, ok)
