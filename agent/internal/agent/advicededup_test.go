@@ -14,7 +14,7 @@ func stopAdv(run, reason string) *trainmeterv1.Advisory {
 
 func loaderAdv(run string, workers uint32, share float64) *trainmeterv1.Advisory {
 	return &trainmeterv1.Advisory{RunId: run, Advice: &trainmeterv1.Advisory_Dataloader{Dataloader: &trainmeterv1.DataloaderAdvice{
-		NumWorkers: workers, PrefetchFactor: 2, DataWaitShare: share}}}
+		NumWorkers: workers, PrefetchFactor: 2, Classification: "data-bound", DataWaitShare: share}}}
 }
 
 func TestAdviceFromAPairReachesTheTrainerOnce(t *testing.T) {

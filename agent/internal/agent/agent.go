@@ -372,11 +372,7 @@ func (a *Agent) advise(adv *trainmeterv1.Advisory) {
 		return
 	case *trainmeterv1.Advisory_Dataloader:
 		d := x.Dataloader
-		if d.Classification == "" { // a collector without the figures
-			line = trainerproto.AdviceLine(adv.RunId, int(d.NumWorkers), int(d.PrefetchFactor), d.Reason)
-			break
-		}
-		line = trainerproto.AdviceLineWithFigures(adv.RunId, int(d.NumWorkers), int(d.PrefetchFactor), d.Reason, trainerproto.AdviceFigures{
+		line = trainerproto.AdviceLine(adv.RunId, int(d.NumWorkers), int(d.PrefetchFactor), d.Reason, trainerproto.AdviceFigures{
 			Classification: d.Classification, DataWaitShare: d.DataWaitShare, GPUUtilization: d.GpuUtilization,
 			RAMUsage: d.RamUsage, ExpectedGain: d.ExpectedGain, MaxWorkers: int(d.MaxWorkers),
 			FromNumWorkers: int(d.FromNumWorkers), FromPrefetchFactor: int(d.FromPrefetchFactor)})

@@ -48,18 +48,12 @@ func ErrorLine(msg string, line int) []byte {
 	return encode(trainerwire.ErrorLine{Event: EventError, Error: msg, Line: line})
 }
 
-// AdviceLine builds a dataloader advice line:
-// {"event":"advice","run_id":…,"kind":"dataloader","num_workers":…,"prefetch_factor":…,"reason":…}\n
-func AdviceLine(runID string, numWorkers, prefetch int, reason string) []byte {
-	return encode(adviceLine{Event: EventAdvice, RunID: runID, Kind: "dataloader",
-		NumWorkers: numWorkers, PrefetchFactor: prefetch, Reason: reason})
-}
-
-// AdviceLineWithFigures is AdviceLine plus the figures that led to it:
-// "classification", "data_wait_share", "gpu_utilization", "ram_usage",
-// "expected_gain" (shares 0..1), "max_workers", and the baseline
-// "from_num_workers" / "from_prefetch_factor".
-func AdviceLineWithFigures(runID string, numWorkers, prefetch int, reason string, f AdviceFigures) []byte {
+// AdviceLine builds a dataloader advice line: the settings
+// {"event":"advice","run_id":…,"kind":"dataloader","num_workers":…,"prefetch_factor":…,"reason":…}
+// and the figures that led to them: "classification", "data_wait_share",
+// "gpu_utilization", "ram_usage", "expected_gain" (shares 0..1),
+// "max_workers", and the baseline "from_num_workers" / "from_prefetch_factor".
+func AdviceLine(runID string, numWorkers, prefetch int, reason string, f AdviceFigures) []byte {
 	l := adviceLine{Event: EventAdvice, RunID: runID, Kind: "dataloader",
 		NumWorkers: numWorkers, PrefetchFactor: prefetch, Reason: reason,
 		Classification: f.Classification, DataWaitShare: &f.DataWaitShare, ExpectedGain: &f.ExpectedGain,

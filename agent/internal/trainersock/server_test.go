@@ -430,7 +430,7 @@ func TestClientThatNeverReads(t *testing.T) {
 	testkit.Eventually(t, "run_start", func() bool { return rec.numEvents() == 1 })
 	lazyID := rec.snapshot()[0].peer.ConnID
 
-	line := trainerproto.AdviceLine("lazy", 8, 4, strings.Repeat("r", 1000))
+	line := trainerproto.AdviceLine("lazy", 8, 4, strings.Repeat("r", 1000), trainerproto.AdviceFigures{Classification: "data-bound", DataWaitShare: 0.4, GPUUtilization: 0.5, RAMUsage: 0.3})
 	ok, failed := 0, 0
 	start := time.Now()
 	for i := 0; i < 10000; i++ {

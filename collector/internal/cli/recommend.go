@@ -128,7 +128,7 @@ func writeDataloaderSection(ctx context.Context, w io.Writer, conn *grpc.ClientC
 			}
 			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", e.GetNode(), ep, e.GetSteps(), e.GetAdjustments(),
 				e.GetNumWorkers(), e.GetPrefetchFactor(), pct(e.GetAvgGpuUtilization()), pct(e.GetAvgRamUsage()), pct(e.GetDataWaitShare()),
-				ranWith(e), epochTokPerS(e))
+				ranWith(e), tokPerS(e.GetTokensPerS()))
 		}
 		tw.Flush()
 	}
@@ -175,19 +175,7 @@ func writeDataloaderChanges(w io.Writer, cs []*trainmeterv1.DataloaderChange) {
 // prefetch before it are those in force at its end: a change delivered
 // during the epoch shows there, yet applies only after it).
 func ranWith(e *trainmeterv1.DataloaderEpoch) string {
-	if e.GetRanPrefetchFactor() == 0 {
-		return "-"
-	}
 	return fmt.Sprintf("%d/%d", e.GetRanNumWorkers(), e.GetRanPrefetchFactor())
-}
-
-// epochTokPerS: records from collectors before the epoch's throughput
-// (ran_prefetch_factor 0) have none.
-func epochTokPerS(e *trainmeterv1.DataloaderEpoch) string {
-	if e.GetRanPrefetchFactor() == 0 {
-		return "-"
-	}
-	return tokPerS(e.GetTokensPerS())
 }
 
 // tokPerS shows a throughput; negative means not measured.

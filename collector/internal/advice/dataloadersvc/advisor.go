@@ -199,7 +199,7 @@ func (a *Advisor) Observe(node string, b *trainmeterv1.Batch) {
 		it.windows = append(it.windows, runWindow{
 			run: w.GetRunId(), start: w.GetStart().AsTime(), measured: w.GetPhase() == trainmeterv1.Phase_PHASE_MEASURED, tokens: w.GetTokens(),
 			steps: w.GetSteps(), dataWait: w.GetDataWaitS(), compute: w.GetComputeS(),
-			utilSum: w.GetUtilizationSumPct(), utilN: utilSamples(w), gpus: len(w.GetGpus()), stepRanks: int(w.GetStepRanks()), end: w.GetEnd().AsTime(),
+			utilSum: w.GetUtilizationSumPct(), utilN: w.GetUtilizationSamples(), gpus: len(w.GetGpus()), stepRanks: int(w.GetStepRanks()), end: w.GetEnd().AsTime(),
 		})
 	}
 	for _, e := range b.GetRunEvents() {
@@ -216,20 +216,6 @@ func (a *Advisor) Observe(node string, b *trainmeterv1.Batch) {
 	default:
 		a.skipped.Add(1)
 	}
-}
-
-// utilSamples is the number of GPU readings behind a window's utilisation
-// sum: utilization_samples; an agent that predates it sent a sum over its
-// memory readings (vram_samples) when it had any utilisation. None means
-// unknown, never 0 %.
-func utilSamples(w *trainmeterv1.RunWindow) uint64 {
-	if n := w.GetUtilizationSamples(); n > 0 {
-		return n
-	}
-	if w.GetUtilizationSumPct() > 0 {
-		return w.GetVramSamples()
-	}
-	return 0
 }
 
 func configFromStart(rs *trainmeterv1.RunStart) dataloader.Config {

@@ -113,7 +113,7 @@ func start(run string, workers, prefetch uint32, interval uint64) *trainmeterv1.
 func window(run string, sec float64, steps uint64, wait, compute, util float64) *trainmeterv1.RunWindow {
 	w := testutil.Window(run, sec, 1000, 100)
 	w.Steps, w.DataWaitS, w.ComputeS = steps, wait, compute
-	w.UtilizationSumPct = util * float64(w.VramSamples)
+	w.UtilizationSumPct, w.UtilizationSamples = util*float64(w.VramSamples), w.VramSamples
 	return w
 }
 

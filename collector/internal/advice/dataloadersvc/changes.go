@@ -13,8 +13,7 @@ import (
 // seconds of the whole windows after warmup in the stretch of epochs with
 // the old settings and in the one with the new. Nodes that applied a change
 // at the same epoch are one change whose rates add up (all the run's GPUs).
-// Epochs whose settings are not known (ran_prefetch_factor 0) are skipped,
-// and so are the advisor's beliefs where the trainer reported its own.
+// The advisor's beliefs are skipped where the trainer reported its own.
 func Changes(h *trainmeterv1.DataloaderHistoryResponse) []*trainmeterv1.DataloaderChange {
 	type stretch struct {
 		workers, prefetch uint32
@@ -59,12 +58,8 @@ func Changes(h *trainmeterv1.DataloaderHistoryResponse) []*trainmeterv1.Dataload
 	for _, node := range nodes {
 		var stretches []*stretch
 		for _, e := range byNode[node] {
-			if e.GetRanPrefetchFactor() == 0 {
-				stretches = append(stretches, nil) // unknown settings: no change across it
-				continue
-			}
-			cur := stretches[max(0, len(stretches)-1):]
-			if len(cur) == 0 || cur[0] == nil || cur[0].workers != e.GetRanNumWorkers() || cur[0].prefetch != e.GetRanPrefetchFactor() {
+			n := len(stretches)
+			if n == 0 || stretches[n-1].workers != e.GetRanNumWorkers() || stretches[n-1].prefetch != e.GetRanPrefetchFactor() {
 				stretches = append(stretches, &stretch{workers: e.GetRanNumWorkers(), prefetch: e.GetRanPrefetchFactor()})
 			}
 			st := stretches[len(stretches)-1]
@@ -74,9 +69,6 @@ func Changes(h *trainmeterv1.DataloaderHistoryResponse) []*trainmeterv1.Dataload
 		}
 		for i := 1; i < len(stretches); i++ {
 			before, after := stretches[i-1], stretches[i]
-			if before == nil || after == nil {
-				continue
-			}
 			k := mergeKey{before.last.GetEpoch(), before.workers, before.prefetch, after.workers, after.prefetch}
 			c := merged[k]
 			if c == nil {
