@@ -492,8 +492,8 @@ type DataloaderEpoch struct {
 	// The settings the loader ran with during the epoch, as the advisor
 	// knows them: a change delivered during the epoch is applied by the
 	// trainer at its end, so it shows from the next epoch on (num_workers /
-	// prefetch_factor above are those in force at its end). 0 / 0 in records
-	// written before these fields (a prefetch_factor is never 0).
+	// prefetch_factor above are those in force at its end; a prefetch_factor
+	// is never 0).
 	RanNumWorkers     uint32 `protobuf:"varint,550,opt,name=ran_num_workers,json=ranNumWorkers,proto3" json:"ran_num_workers,omitempty"`
 	RanPrefetchFactor uint32 `protobuf:"varint,551,opt,name=ran_prefetch_factor,json=ranPrefetchFactor,proto3" json:"ran_prefetch_factor,omitempty"`
 	// Tokens and seconds of the node's windows of the run that lie wholly
