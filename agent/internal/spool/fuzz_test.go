@@ -3,6 +3,7 @@ package spool
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"hash/crc32"
 	"math"
 	"os"
@@ -14,7 +15,8 @@ import (
 // batches by cut bytes, appends arbitrary tail bytes (a torn write, garbage
 // from a crash, a forged record), and opens it. Opening must never fail, and
 // what is kept must be a CRC-valid, seq-ordered prefix of the bytes on disk
-// that holds every original record the cut did not touch.
+// that holds every original record the cut did not touch. The one refusal:
+// a cut through the magic whose tail names another spool format.
 func FuzzOpenSegmentTail(f *testing.F) {
 	template := f.TempDir()
 	lg, _ := testLogger(nil)
@@ -63,6 +65,7 @@ func FuzzOpenSegmentTail(f *testing.F) {
 	// The last record again: a valid CRC but a seq that is not after the previous.
 	f.Add(uint16(0), seg[recEnds[3]:recEnds[4]])
 	f.Add(uint16(len(seg)), []byte("TMSPOOL1"))
+	f.Add(uint16(len(seg)), []byte("TMSPOOL2 a newer agent's segment"))
 	// A whole, CRC-valid record for seq 6: kept, like any record that checks.
 	forged := batch(6, "r")
 	forged.Seq = 6
@@ -86,6 +89,18 @@ func FuzzOpenSegmentTail(f *testing.F) {
 		}
 		lg, _ := testLogger(t)
 		s, err := OpenWith(dir, 0, Options{Logger: lg})
+		if v := segVersion(mangled); v != 0 && v != formatVersion {
+			// The cut reached the magic and the tail names another format:
+			// that is refused, not repaired, and the bytes stay as they were.
+			var fe *FormatError
+			if !errors.As(err, &fe) || fe.Have != v {
+				t.Fatalf("a segment naming spool format %d opened with err %v, want a FormatError", v, err)
+			}
+			if on, rerr := os.ReadFile(filepath.Join(dir, segName)); rerr != nil || !bytes.Equal(on, mangled) {
+				t.Fatalf("a refused segment was changed on disk (%v)", rerr)
+			}
+			return
+		}
 		if err != nil {
 			t.Fatalf("open failed on a mangled tail: %v", err)
 		}
