@@ -36,8 +36,9 @@ $B/trainmeter usage --since 1h
 $B/trainmeter usage --since 1h --json > $OUT/usage.json
 $B/trainmeter nodes
 $B/trainmeter export csv --out $OUT/runs.csv
-curl -s 127.0.0.1:9466/status > $OUT/agent_status.json
-kill $AP; sleep 2; kill $CP; wait
+curl -s -m 10 127.0.0.1:9466/status > $OUT/agent_status.json
+# A bare `wait` would also wait for the tee above, which ends only with this script.
+kill $AP; wait $AP; kill $CP; wait $CP
 tail -c 20000 $D/agent.log > $OUT/agent.log; tail -c 8000 $D/collector.log > $OUT/collector.log
 tar czf $FINAL/gpucheck.tgz -C /tmp res
 echo done
