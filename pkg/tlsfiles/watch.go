@@ -15,13 +15,16 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
-	"time"
 )
 
+// stamp is what tells a file's change: modification time (ns), size and
+// inode, or the error of its stat.
 type stamp struct {
-	mod   time.Time
+	mod   int64
 	size  int64
 	inode uint64
 	err   string
@@ -32,7 +35,7 @@ func stat(path string) stamp {
 	if err != nil {
 		return stamp{err: err.Error()}
 	}
-	st := stamp{mod: fi.ModTime(), size: fi.Size()}
+	st := stamp{mod: fi.ModTime().UnixNano(), size: fi.Size()}
 	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
 		st.inode = uint64(sys.Ino)
 	}
@@ -87,7 +90,7 @@ func (w *Watched[T]) Get() T {
 	now := w.stat()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if sameStamps(now, w.stamps) {
+	if slices.Equal(now, w.stamps) {
 		return w.val
 	}
 	v, err := w.load()
@@ -106,18 +109,6 @@ func (w *Watched[T]) Get() T {
 	return w.val
 }
 
-func sameStamps(a, b []stamp) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if !a[i].mod.Equal(b[i].mod) || a[i].size != b[i].size || a[i].inode != b[i].inode || a[i].err != b[i].err {
-			return false
-		}
-	}
-	return true
-}
-
 // ReadSecretFile reads a secret (a token) from path: the file's content with
 // surrounding whitespace removed. An empty file is an error. The error never
 // contains the content.
@@ -126,21 +117,9 @@ func ReadSecretFile(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	s := string(trimSpace(b))
+	s := strings.Trim(string(b), " \t\n\r")
 	if s == "" {
 		return "", fmt.Errorf("%s is empty", path)
 	}
 	return s, nil
 }
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && isSpace(b[0]) {
-		b = b[1:]
-	}
-	for len(b) > 0 && isSpace(b[len(b)-1]) {
-		b = b[:len(b)-1]
-	}
-	return b
-}
-
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
