@@ -11,6 +11,7 @@
 package tlsfiles
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -63,10 +64,7 @@ func Watch[T any](what string, paths []string, load func() (T, error), log *slog
 	if len(paths) == 0 {
 		return nil, errors.New("tlsfiles: no files to watch")
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	w := &Watched[T]{what: what, paths: paths, load: load, log: log}
+	w := &Watched[T]{what: what, paths: paths, load: load, log: cmp.Or(log, slog.New(slog.DiscardHandler))}
 	w.stamps = w.stat()
 	v, err := load()
 	if err != nil {
