@@ -4,6 +4,7 @@
 package cbuild
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -29,11 +30,7 @@ func CallerDir() (string, error) {
 // order. what names the library in the error, which holds the command and
 // the compiler's output.
 func SharedLib(what, out string, args ...string) error {
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
-	}
-	cmd := exec.Command(cc, append([]string{"-shared", "-fPIC", "-O2", "-Wall", "-o", out}, args...)...)
+	cmd := exec.Command(cmp.Or(os.Getenv("CC"), "cc"), append([]string{"-shared", "-fPIC", "-O2", "-Wall", "-o", out}, args...)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("%s: %s: %w\n%s", what, strings.Join(cmd.Args, " "), err, b)
 	}

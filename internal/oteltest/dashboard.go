@@ -126,13 +126,7 @@ var (
 )
 
 // LegendLabels returns the label names a legendFormat shows ({{label}}).
-func LegendLabels(legend string) []string {
-	var out []string
-	for _, m := range legendLabels.FindAllStringSubmatch(legend, -1) {
-		out = append(out, m[1])
-	}
-	return out
-}
+func LegendLabels(legend string) []string { return firstGroups(legendLabels, legend) }
 
 // LabelValues splits a label_values(METRIC, LABEL) variable query; metric
 // is empty for label_values(LABEL); ok is false for any other query.
@@ -145,9 +139,12 @@ func LabelValues(query string) (metric, label string, ok bool) {
 }
 
 // GrafanaVars returns the names of the variables ($x, ${x}) text uses.
-func GrafanaVars(text string) []string {
+func GrafanaVars(text string) []string { return firstGroups(grafanaVar, text) }
+
+// firstGroups is the first group of every match of re in s.
+func firstGroups(re *regexp.Regexp, s string) []string {
 	var out []string
-	for _, m := range grafanaVar.FindAllStringSubmatch(text, -1) {
+	for _, m := range re.FindAllStringSubmatch(s, -1) {
 		out = append(out, m[1])
 	}
 	return out

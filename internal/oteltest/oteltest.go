@@ -8,7 +8,6 @@
 package oteltest
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -319,19 +318,15 @@ func readLines(t testing.TB, path string) [][]byte {
 		t.Fatal(err)
 	}
 	var out [][]byte
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
-		// The file exporter may be mid-write: only complete lines count.
-		if line := bytes.TrimSpace(sc.Bytes()); len(line) > 0 && isJSONObject(line) {
-			out = append(out, append([]byte(nil), line...))
+	for line := range bytes.Lines(b) {
+		// The file exporter may be mid-write: only complete JSON objects
+		// count.
+		if line = bytes.TrimSpace(line); len(line) > 0 && line[0] == '{' && line[len(line)-1] == '}' {
+			out = append(out, line)
 		}
 	}
 	return out
 }
-
-// isJSONObject reports whether line looks like a complete JSON object.
-func isJSONObject(line []byte) bool { return line[0] == '{' && line[len(line)-1] == '}' }
 
 func attrMap(kvs []*commonpb.KeyValue) map[string]string {
 	out := map[string]string{}

@@ -12,6 +12,8 @@ package energy
 
 import (
 	"math"
+	"slices"
+	"sort"
 	"time"
 
 	"github.com/trainmeter/trainmeter/pkg/gpu"
@@ -290,7 +292,7 @@ func (m *Meter) evalPower(tn int64) (i, g float64, cov coverage) {
 		}
 		return last.i, last.g, after
 	}
-	j := searchAfter(pts, tn, func(p *powerPoint) int64 { return p.t })
+	j := sort.Search(n, func(j int) bool { return pts[j].t > tn }) // 1 <= j < n: pts[0].t <= tn < last.t
 	a, b := pts[j-1], pts[j]
 	dt, x := b.t-a.t, tn-a.t
 	if dt > m.maxGap {
@@ -318,7 +320,7 @@ func (m *Meter) evalCounter(tn int64) (k float64, cov coverage) {
 	if tn > last.t {
 		return last.k + m.lastPower()*seconds(tn-last.t), after
 	}
-	j := searchAfter(pts, tn, func(p *counterPoint) int64 { return p.t })
+	j := sort.Search(n, func(j int) bool { return pts[j].t > tn }) // 1 <= j < n: pts[0].t <= tn < last.t
 	a, b := pts[j-1], pts[j]
 	return a.k + (b.k-a.k)*float64(tn-a.t)/float64(b.t-a.t), covered
 }
@@ -364,37 +366,35 @@ func (m *Meter) At(t time.Time) (c Cumulative, ok bool) {
 // Latest is the newest time covered by every curve this GPU has (min of
 // newest power point and newest counter point, if it has a counter). It is
 // the zero time when the meter has no points.
-func (m *Meter) Latest() time.Time {
-	pp, cp := m.power.live(), m.counter.live()
-	var tn int64
-	switch {
-	case len(pp) > 0 && len(cp) > 0:
-		tn = min(pp[len(pp)-1].t, cp[len(cp)-1].t)
-	case len(pp) > 0:
-		tn = pp[len(pp)-1].t
-	case len(cp) > 0:
-		tn = cp[len(cp)-1].t
-	default:
-		return time.Time{}
-	}
-	return m.base.Add(time.Duration(tn))
-}
+func (m *Meter) Latest() time.Time { return m.edge(true) }
 
 // Oldest is the oldest time that every curve this GPU has still covers after
 // pruning; At clamps (and flags Estimated) before it. It is the zero time
 // when the meter has no points.
-func (m *Meter) Oldest() time.Time {
-	pp, cp := m.power.live(), m.counter.live()
-	var tn int64
-	switch {
-	case len(pp) > 0 && len(cp) > 0:
-		tn = max(pp[0].t, cp[0].t)
-	case len(pp) > 0:
-		tn = pp[0].t
-	case len(cp) > 0:
-		tn = cp[0].t
-	default:
+func (m *Meter) Oldest() time.Time { return m.edge(false) }
+
+// edge is Latest (newest) or Oldest from the ends of the curves that have
+// points.
+func (m *Meter) edge(newest bool) time.Time {
+	end := func(n int) int {
+		if newest {
+			return n - 1
+		}
+		return 0
+	}
+	ends := make([]int64, 0, 2)
+	if pp := m.power.live(); len(pp) > 0 {
+		ends = append(ends, pp[end(len(pp))].t)
+	}
+	if cp := m.counter.live(); len(cp) > 0 {
+		ends = append(ends, cp[end(len(cp))].t)
+	}
+	if len(ends) == 0 {
 		return time.Time{}
+	}
+	tn := slices.Max(ends)
+	if newest {
+		tn = slices.Min(ends)
 	}
 	return m.base.Add(time.Duration(tn))
 }
@@ -402,57 +402,9 @@ func (m *Meter) Oldest() time.Time {
 // Stats returns the counts since the meter was created.
 func (m *Meter) Stats() Stats { return m.stats }
 
-// Trapezoid integrates power samples with the same rules as Meter: samples
-// whose time is not after the previous accepted sample are stale and skipped,
-// non-finite values are skipped, and intervals longer than maxGap are not
-// integrated but returned as gap seconds. maxGap <= 0 means DefaultMaxGap, as
-// in Options. Only the first min(len(ts), len(powerW)) samples are used.
-func Trapezoid(ts []time.Time, powerW []float64, maxGap time.Duration) (joules, gapS float64) {
-	if maxGap <= 0 {
-		maxGap = DefaultMaxGap
-	}
-	n := min(len(ts), len(powerW))
-	prev := -1
-	for k := 0; k < n; k++ {
-		if !finite(powerW[k]) {
-			continue
-		}
-		if prev < 0 {
-			prev = k
-			continue
-		}
-		dt := int64(ts[k].Sub(ts[prev]))
-		if dt <= 0 {
-			continue
-		}
-		if dt > int64(maxGap) {
-			gapS += seconds(dt)
-		} else {
-			joules += (powerW[prev] + powerW[k]) / 2 * seconds(dt)
-		}
-		prev = k
-	}
-	return joules, gapS
-}
-
 func seconds(ns int64) float64 { return float64(ns) / 1e9 }
 
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
-
-// searchAfter returns the smallest index j with time(pts[j]) > tn. Callers
-// guarantee time(pts[0]) <= tn < time(pts[len-1]), so 1 <= j < len.
-func searchAfter[T any](pts []T, tn int64, at func(*T) int64) int {
-	lo, hi := 0, len(pts)
-	for lo < hi {
-		mid := int(uint(lo+hi) >> 1)
-		if at(&pts[mid]) <= tn {
-			lo = mid + 1
-		} else {
-			hi = mid
-		}
-	}
-	return lo
-}
 
 // ring is a slice whose front is dropped by advancing head. The backing array
 // is compacted only when it is full and at least half of it is dead, so each

@@ -647,6 +647,39 @@ func TestRingCompaction(t *testing.T) {
 	}
 }
 
+// Trapezoid, the oracle of the Meter tests, integrates power samples with the same rules as Meter: samples
+// whose time is not after the previous accepted sample are stale and skipped,
+// non-finite values are skipped, and intervals longer than maxGap are not
+// integrated but returned as gap seconds. maxGap <= 0 means DefaultMaxGap, as
+// in Options. Only the first min(len(ts), len(powerW)) samples are used.
+func Trapezoid(ts []time.Time, powerW []float64, maxGap time.Duration) (joules, gapS float64) {
+	if maxGap <= 0 {
+		maxGap = DefaultMaxGap
+	}
+	n := min(len(ts), len(powerW))
+	prev := -1
+	for k := 0; k < n; k++ {
+		if !finite(powerW[k]) {
+			continue
+		}
+		if prev < 0 {
+			prev = k
+			continue
+		}
+		dt := int64(ts[k].Sub(ts[prev]))
+		if dt <= 0 {
+			continue
+		}
+		if dt > int64(maxGap) {
+			gapS += seconds(dt)
+		} else {
+			joules += (powerW[prev] + powerW[k]) / 2 * seconds(dt)
+		}
+		prev = k
+	}
+	return joules, gapS
+}
+
 func TestTrapezoid(t *testing.T) {
 	grid := func(n int, step time.Duration) []time.Time {
 		ts := make([]time.Time, n)

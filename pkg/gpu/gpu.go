@@ -72,21 +72,19 @@ const maxMemMiB = 1 << 40
 // (pkg/energy does).
 func (s *Sample) DropGarbled() (dropped int) {
 	bad := func(v, max float64) bool { return !(v >= 0 && v <= max) } // NaN too
-	if s.PowerOK && bad(s.PowerW, MaxPowerW) {
-		s.PowerOK = false
-		dropped++
-	}
-	if s.EnergyOK && bad(s.EnergyJ, math.MaxFloat64) {
-		s.EnergyOK = false
-		dropped++
-	}
-	if s.MemOK && (bad(s.MemTotalMiB, maxMemMiB) || bad(s.MemUsedMiB, maxMemMiB)) {
-		s.MemOK = false
-		dropped++
-	}
-	if s.UtilOK && bad(s.UtilPct, 100) {
-		s.UtilOK = false
-		dropped++
+	for _, f := range [...]struct {
+		ok  *bool
+		bad bool
+	}{
+		{&s.PowerOK, bad(s.PowerW, MaxPowerW)},
+		{&s.EnergyOK, bad(s.EnergyJ, math.MaxFloat64)},
+		{&s.MemOK, bad(s.MemTotalMiB, maxMemMiB) || bad(s.MemUsedMiB, maxMemMiB)},
+		{&s.UtilOK, bad(s.UtilPct, 100)},
+	} {
+		if *f.ok && f.bad {
+			*f.ok = false
+			dropped++
+		}
 	}
 	return dropped
 }

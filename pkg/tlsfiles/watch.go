@@ -11,17 +11,21 @@
 package tlsfiles
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
-	"time"
 )
 
+// stamp is what tells a file's change: modification time (ns), size and
+// inode, or the error of its stat.
 type stamp struct {
-	mod   time.Time
+	mod   int64
 	size  int64
 	inode uint64
 	err   string
@@ -32,7 +36,7 @@ func stat(path string) stamp {
 	if err != nil {
 		return stamp{err: err.Error()}
 	}
-	st := stamp{mod: fi.ModTime(), size: fi.Size()}
+	st := stamp{mod: fi.ModTime().UnixNano(), size: fi.Size()}
 	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
 		st.inode = uint64(sys.Ino)
 	}
@@ -60,10 +64,7 @@ func Watch[T any](what string, paths []string, load func() (T, error), log *slog
 	if len(paths) == 0 {
 		return nil, errors.New("tlsfiles: no files to watch")
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	w := &Watched[T]{what: what, paths: paths, load: load, log: log}
+	w := &Watched[T]{what: what, paths: paths, load: load, log: cmp.Or(log, slog.New(slog.DiscardHandler))}
 	w.stamps = w.stat()
 	v, err := load()
 	if err != nil {
@@ -87,7 +88,7 @@ func (w *Watched[T]) Get() T {
 	now := w.stat()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if sameStamps(now, w.stamps) {
+	if slices.Equal(now, w.stamps) {
 		return w.val
 	}
 	v, err := w.load()
@@ -106,18 +107,6 @@ func (w *Watched[T]) Get() T {
 	return w.val
 }
 
-func sameStamps(a, b []stamp) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if !a[i].mod.Equal(b[i].mod) || a[i].size != b[i].size || a[i].inode != b[i].inode || a[i].err != b[i].err {
-			return false
-		}
-	}
-	return true
-}
-
 // ReadSecretFile reads a secret (a token) from path: the file's content with
 // surrounding whitespace removed. An empty file is an error. The error never
 // contains the content.
@@ -126,21 +115,9 @@ func ReadSecretFile(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	s := string(trimSpace(b))
+	s := strings.Trim(string(b), " \t\n\r")
 	if s == "" {
 		return "", fmt.Errorf("%s is empty", path)
 	}
 	return s, nil
 }
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && isSpace(b[0]) {
-		b = b[1:]
-	}
-	for len(b) > 0 && isSpace(b[len(b)-1]) {
-		b = b[:len(b)-1]
-	}
-	return b
-}
-
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

@@ -48,6 +48,10 @@ func OpenReplay(path string) (*Replay, error) {
 	return r, nil
 }
 
+// hostColumns are a host trace's columns: the first three required, the
+// others read as 0 where absent or empty.
+var hostColumns = [...]string{"time_s", "memory_used_mib", "memory_total_mib", "cpu_pct", "cpu_count"}
+
 // ParseReplay reads a host trace; clk is the clock playback runs on.
 func ParseReplay(rd io.Reader, clk clock.Clock) (*Replay, error) {
 	cr := csv.NewReader(rd)
@@ -61,7 +65,7 @@ func ParseReplay(rd io.Reader, clk clock.Clock) (*Replay, error) {
 	for i, h := range header {
 		col[strings.ToLower(strings.TrimSpace(h))] = i
 	}
-	for _, need := range []string{"time_s", "memory_used_mib", "memory_total_mib"} {
+	for _, need := range hostColumns[:3] {
 		if _, ok := col[need]; !ok {
 			return nil, fmt.Errorf("host replay: header lacks column %q", need)
 		}
@@ -76,28 +80,20 @@ func ParseReplay(rd io.Reader, clk clock.Clock) (*Replay, error) {
 			return nil, fmt.Errorf("host replay: %w", err)
 		}
 		line, _ := cr.FieldPos(0)
-		get := func(name string, required bool) (float64, error) {
+		var vals [len(hostColumns)]float64
+		for k, name := range hostColumns {
 			i, ok := col[name]
 			if !ok || i >= len(rec) || strings.TrimSpace(rec[i]) == "" {
-				if required {
-					return 0, fmt.Errorf("host replay: line %d: %s is empty", line, name)
+				if k < 3 {
+					return nil, fmt.Errorf("host replay: line %d: %s is empty", line, name)
 				}
-				return 0, nil
+				continue
 			}
 			v, err := strconv.ParseFloat(strings.TrimSpace(rec[i]), 64)
 			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
-				return 0, fmt.Errorf("host replay: line %d: %s = %q is not a finite number >= 0", line, name, rec[i])
+				return nil, fmt.Errorf("host replay: line %d: %s = %q is not a finite number >= 0", line, name, rec[i])
 			}
-			return v, nil
-		}
-		var vals [5]float64
-		for i, c := range []struct {
-			name     string
-			required bool
-		}{{"time_s", true}, {"memory_used_mib", true}, {"memory_total_mib", true}, {"cpu_pct", false}, {"cpu_count", false}} {
-			if vals[i], err = get(c.name, c.required); err != nil {
-				return nil, err
-			}
+			vals[k] = v
 		}
 		if n := len(r.ts); n > 0 && vals[0] < r.ts[n-1] {
 			return nil, fmt.Errorf("host replay: line %d: time_s %v is before the previous row's %v", line, vals[0], r.ts[n-1])

@@ -98,10 +98,8 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 	defer agent.stop()
 	var st agentStatus
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		if err := getStatus(statusAddr, &st); err == nil {
-			if _, err := os.Stat(sock); err == nil {
-				break
-			}
+		if _, err := os.Stat(sock); err == nil && getStatus(statusAddr, &st) == nil {
+			break
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("agent did not come up (status %s, socket %s)", statusAddr, sock)
@@ -114,10 +112,9 @@ func (ab agentBench) run(ctx context.Context, dir string) error {
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	defer cancel()
+	defer cancel() // before the Wait: it ends the burners and trainers
 	for i := 0; i < ab.burn; i++ {
 		wg.Add(1)
 		go func() {

@@ -243,10 +243,12 @@ service:
 	return res, err
 }
 
-// proc is a child process whose output goes to stderr.
+// proc is a child process whose output goes to stderr, and for a
+// collector (or OpenTelemetry Collector) the address it listens on.
 type proc struct {
 	cmd  *exec.Cmd
 	done chan struct{} // closed when it has exited
+	addr string
 }
 
 func startProc(args ...string) (*proc, error) {
@@ -271,14 +273,7 @@ func (p *proc) stop() {
 	}
 }
 
-// collector is a started collector (or OpenTelemetry Collector) and the
-// address it listens on.
-type collector struct {
-	*proc
-	addr string
-}
-
-func startCollector(ctx context.Context, bin, dataDir string, extra ...string) (*collector, error) {
+func startCollector(ctx context.Context, bin, dataDir string, extra ...string) (*proc, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
@@ -287,12 +282,12 @@ func startCollector(ctx context.Context, bin, dataDir string, extra ...string) (
 }
 
 // startProcess starts bin with args and waits until it listens on addr.
-func startProcess(ctx context.Context, addr, bin string, args ...string) (*collector, error) {
-	p, err := startProc(append([]string{bin}, args...)...)
+func startProcess(ctx context.Context, addr, bin string, args ...string) (*proc, error) {
+	c, err := startProc(append([]string{bin}, args...)...)
 	if err != nil {
 		return nil, err
 	}
-	c := &collector{proc: p, addr: addr}
+	c.addr = addr
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)

@@ -9,6 +9,7 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -145,14 +146,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
 	}
-	runs := cfg.Runs
-	if runs == 0 {
-		runs = cfg.Agents
-	}
-	nconn := cfg.Conns
-	if nconn == 0 {
-		nconn = min(cfg.Agents, 64)
-	}
+	runs, nconn := cmp.Or(cfg.Runs, cfg.Agents), cmp.Or(cfg.Conns, min(cfg.Agents, 64))
 	conns := make([]*grpc.ClientConn, nconn)
 	for i := range conns {
 		// Like the agent's uplink (and, for the OTLP comparison, the same

@@ -9,14 +9,11 @@ import (
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// OTLPMetricsPerGPUSample is how many OTLP data points carry one GPU-sample
-// (one GpuWindow) in OTLP mode: energy (cumulative sum), average and max
-// power, memory used, utilization and the sample count (gauges).
-const OTLPMetricsPerGPUSample = 6
-
 // OTLPRequest is the OTLP form of batch b of node: one data point per GPU
-// per metric, the GPU index as a point attribute, the node as the resource
-// (what an OTel-native GPU exporter would send for the same samples).
+// per metric (the window's energy as a delta sum; average and max power, memory
+// used, utilization and the sample count as gauges), the GPU index as a
+// point attribute, the node as the resource (what an OTel-native GPU
+// exporter would send for the same samples).
 func OTLPRequest(node string, b *trainmeterv1.Batch) *colmetricspb.ExportMetricsServiceRequest {
 	start := uint64(b.GetWindowStart().AsTime().UnixNano())
 	end := uint64(b.GetWindowEnd().AsTime().UnixNano())
@@ -25,7 +22,7 @@ func OTLPRequest(node string, b *trainmeterv1.Batch) *colmetricspb.ExportMetrics
 		sum        bool
 		val        func(*trainmeterv1.GpuWindow) float64
 	}
-	cols := [OTLPMetricsPerGPUSample]col{
+	cols := []col{
 		{"gpu.energy", "J", true, func(g *trainmeterv1.GpuWindow) float64 { return g.GetEnergyCounterJ() }},
 		{"gpu.power.avg", "W", false, func(g *trainmeterv1.GpuWindow) float64 { return g.GetPowerAvgW() }},
 		{"gpu.power.max", "W", false, func(g *trainmeterv1.GpuWindow) float64 { return g.GetPowerMaxW() }},

@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -77,12 +78,12 @@ func statusField(b []byte, key string) (string, bool) {
 // Threads that have exited are not counted (Go rarely ends one).
 func ProcSwitches(pid int) (uint64, error) {
 	var n uint64
-	err := eachThread(pid, "status", func(tid string, b []byte) error {
+	err := eachThread(pid, "status", func(b []byte) error {
 		for _, key := range []string{"voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"} {
 			if s, ok := statusField(b, key); ok {
 				v, err := strconv.ParseUint(s, 10, 64)
 				if err != nil {
-					return fmt.Errorf("/proc/%d/task/%s/status: %v", pid, tid, err)
+					return err
 				}
 				n += v
 			}
@@ -101,14 +102,14 @@ func ProcSwitches(pid int) (uint64, error) {
 // exited are not counted.
 func ProcRunTime(pid int) (time.Duration, error) {
 	var ns uint64
-	err := eachThread(pid, "schedstat", func(tid string, b []byte) error {
+	err := eachThread(pid, "schedstat", func(b []byte) error {
 		f := strings.Fields(string(b))
 		if len(f) < 1 {
-			return fmt.Errorf("/proc/%d/task/%s/schedstat: empty", pid, tid)
+			return errors.New("empty")
 		}
 		v, err := strconv.ParseUint(f[0], 10, 64)
 		if err != nil {
-			return fmt.Errorf("/proc/%d/task/%s/schedstat: %v", pid, tid, err)
+			return err
 		}
 		ns += v
 		return nil
@@ -117,8 +118,9 @@ func ProcRunTime(pid int) (time.Duration, error) {
 }
 
 // eachThread calls fn with /proc/PID/task/TID/name of every thread of
-// process pid (none for pid 0), skipping threads that end meanwhile.
-func eachThread(pid int, name string, fn func(tid string, b []byte) error) error {
+// process pid (none for pid 0), skipping threads that end meanwhile; fn's
+// error is prefixed with the file's path.
+func eachThread(pid int, name string, fn func(b []byte) error) error {
 	if pid == 0 {
 		return nil
 	}
@@ -127,12 +129,13 @@ func eachThread(pid int, name string, fn func(tid string, b []byte) error) error
 		return err
 	}
 	for _, t := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/%s", pid, t.Name(), name))
+		path := fmt.Sprintf("/proc/%d/task/%s/%s", pid, t.Name(), name)
+		b, err := os.ReadFile(path)
 		if err != nil {
 			continue // the thread ended meanwhile
 		}
-		if err := fn(t.Name(), b); err != nil {
-			return err
+		if err := fn(b); err != nil {
+			return fmt.Errorf("%s: %v", path, err)
 		}
 	}
 	return nil

@@ -167,9 +167,7 @@ func New(opt Options) (*Backend, error) {
 	if opt.CheckSpan <= 0 {
 		opt.CheckSpan = DefaultCheckSpan
 	}
-	if opt.Clock == nil {
-		opt.Clock = clock.Real{}
-	}
+	opt.Clock = cmp.Or(opt.Clock, clock.Clock(clock.Real{}))
 	opt.Logger = cmp.Or(opt.Logger, slog.New(slog.DiscardHandler))
 	cards, err := FindCards(opt.SysfsRoot)
 	if err != nil && !os.IsNotExist(err) {
@@ -192,7 +190,8 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 	dev := &device{card: c, src: Sources{Card: c.Name, PCI: c.PCI},
 		metricsPath:  filepath.Join(c.Dir, "gpu_metrics"),
 		vramUsedPath: filepath.Join(c.Dir, "mem_info_vram_used"),
-		busyPath:     filepath.Join(c.Dir, "gpu_busy_percent")}
+		busyPath:     filepath.Join(c.Dir, "gpu_busy_percent"),
+		chk:          checker{span: b.opt.CheckSpan, state: CheckNoCounter}}
 	d := gpu.Device{Index: i, Vendor: "amd", Name: cardName(c), UUID: cardUUID(c)}
 	if v, err := readUint(filepath.Join(c.Dir, "mem_info_vram_total")); err == nil {
 		d.MemTotalMiB = v >> 20
@@ -217,6 +216,12 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 	} else {
 		dev.src.PowerError = "no hwmon directory with power1_input or power1_average under " + filepath.Join(c.Dir, "hwmon")
 	}
+	if b.opt.SMI != nil {
+		if _, _, ok := b.opt.SMI.EnergyCount(c.PCI); ok {
+			dev.smi = true
+			dev.setCounter("amd-smi " + b.opt.SMI.Path())
+		}
+	}
 	if raw, err := os.ReadFile(dev.metricsPath); err != nil {
 		dev.src.MetricsError = err.Error()
 		// Present but unreadable now (runtime suspend, reset): what the
@@ -226,17 +231,6 @@ func (b *Backend) probe(i int, c Card) (gpu.Device, *device) {
 		dev.src.MetricsError = err.Error()
 	} else {
 		dev.useMetrics(m)
-	}
-	if b.opt.SMI != nil {
-		if _, _, ok := b.opt.SMI.EnergyCount(c.PCI); ok {
-			dev.counter, dev.smi = true, true
-			dev.src.CounterSource = "amd-smi " + b.opt.SMI.Path()
-		}
-	}
-	dev.src.Counter = dev.counter
-	dev.chk = checker{span: b.opt.CheckSpan, state: CheckNoCounter}
-	if dev.counter {
-		dev.chk.state = CheckPending
 	}
 	if dev.src.Power == "" {
 		dev.src.PowerError = cmp.Or(dev.src.PowerError, "no power1_input or power1_average in "+c.Hwmon)
@@ -259,11 +253,19 @@ func (d *device) useMetrics(m Metrics) {
 	d.metricsOK, d.metricsPending = true, false
 	d.src.Metrics, d.src.MetricsError = m.Version(), ""
 	if !d.smi && m.EnergyOK {
-		d.counter = true
-		d.src.CounterSource = "gpu_metrics"
+		d.setCounter("gpu_metrics")
 	}
 	if d.power == powerNone && m.PowerOK {
 		d.power, d.src.Power, d.src.PowerError = powerMetrics, "gpu_metrics", ""
+	}
+}
+
+// setCounter records that the card has an energy counter, from source; the
+// counter is then checked against power.
+func (d *device) setCounter(source string) {
+	d.counter, d.src.Counter, d.src.CounterSource = true, true, source
+	if d.chk.state == CheckNoCounter {
+		d.chk.state = CheckPending
 	}
 }
 
@@ -329,10 +331,6 @@ func (b *Backend) read(i int, d *device, now time.Time, s *gpu.Sample) {
 			if pm, err := ParseMetrics(raw); err == nil {
 				d.useMetrics(pm)
 				m, metricsOK = pm, true
-				d.src.Counter = d.counter
-				if d.counter && d.chk.state == CheckNoCounter {
-					d.chk.state = CheckPending
-				}
 				b.log.Info("amdgpu: gpu_metrics readable now", "gpu", i, "card", d.card.Name, "version", pm.Version(), "energy_counter", d.src.CounterSource)
 			} else {
 				d.metricsPending, d.src.MetricsError = false, err.Error()

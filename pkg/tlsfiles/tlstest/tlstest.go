@@ -26,20 +26,12 @@ type CA struct {
 
 // NewCA makes a self-signed CA named name.
 func NewCA(name string) (*CA, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial(),
+	der, key, err := sign(&x509.Certificate{
 		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -50,9 +42,21 @@ func NewCA(name string) (*CA, error) {
 	return &CA{Cert: cert, Key: key, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
 
-func serial() *big.Int {
-	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	return n
+// sign makes a fresh key and a certificate from tmpl for it, valid from an
+// hour ago for a day, under a random serial, signed by ca (nil: by itself).
+func sign(tmpl *x509.Certificate, ca *CA) ([]byte, *ecdsa.PrivateKey, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl.SerialNumber, _ = rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour)
+	parent, parentKey := tmpl, key
+	if ca != nil {
+		parent, parentKey = ca.Cert, ca.Key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
+	return der, key, err
 }
 
 // Leaf is a certificate and key in PEM.
@@ -65,21 +69,14 @@ type Leaf struct {
 // (a server certificate when any are given), usable for both server and
 // client authentication.
 func (ca *CA) Issue(cn string, dnsNames []string, ips []net.IP) (*Leaf, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
 	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		DNSNames:     dnsNames,
-		IPAddresses:  ips,
+		Subject:     pkix.Name{CommonName: cn},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		DNSNames:    dnsNames,
+		IPAddresses: ips,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	der, key, err := sign(tmpl, ca)
 	if err != nil {
 		return nil, err
 	}
@@ -139,15 +136,7 @@ func Write(dir string) (*Files, error) {
 	if f.ServerSerial, err = f.IssueServer(ca); err != nil {
 		return nil, err
 	}
-	cl, err := ca.Issue("node-1", nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	f.ClientSerial = cl.Serial
-	if err := WriteFile(f.ClientKey, cl.KeyPEM); err != nil {
-		return nil, err
-	}
-	if err := WriteFile(f.ClientCert, cl.CertPEM); err != nil {
+	if f.ClientSerial, err = writeLeaf(ca, "node-1", nil, nil, f.ClientCert, f.ClientKey); err != nil {
 		return nil, err
 	}
 	return f, nil
@@ -156,14 +145,20 @@ func Write(dir string) (*Files, error) {
 // IssueServer (re)writes the server certificate and key, signed by ca, for
 // localhost and 127.0.0.1, and returns its serial number.
 func (f *Files) IssueServer(ca *CA) (*big.Int, error) {
-	l, err := ca.Issue("trainmeter collector", []string{"localhost", "collector.test"}, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback})
+	return writeLeaf(ca, "trainmeter collector", []string{"localhost", "collector.test"}, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, f.ServerCert, f.ServerKey)
+}
+
+// writeLeaf issues a certificate (Issue's arguments), writes its key, then
+// itself, and returns its serial number.
+func writeLeaf(ca *CA, cn string, dnsNames []string, ips []net.IP, certFile, keyFile string) (*big.Int, error) {
+	l, err := ca.Issue(cn, dnsNames, ips)
 	if err != nil {
 		return nil, err
 	}
-	if err := WriteFile(f.ServerKey, l.KeyPEM); err != nil {
+	if err := WriteFile(keyFile, l.KeyPEM); err != nil {
 		return nil, err
 	}
-	if err := WriteFile(f.ServerCert, l.CertPEM); err != nil {
+	if err := WriteFile(certFile, l.CertPEM); err != nil {
 		return nil, err
 	}
 	return l.Serial, nil

@@ -83,9 +83,10 @@ type row struct {
 }
 
 type runCol struct {
-	idx int
-	run string
-	mem bool
+	idx  int
+	name string // as the header writes it (cr.ReuseRecord reuses the header's slice for rows)
+	run  string
+	mem  bool
 }
 
 // Open parses the trace file at path.
@@ -129,7 +130,7 @@ func Parse(r io.Reader) (*Backend, error) {
 				if id == "" {
 					return nil, fmt.Errorf("replay: line %d: column %q names no run id", line, orig)
 				}
-				runCols = append(runCols, runCol{idx: i, run: id, mem: p == ColRunMemPrefix})
+				runCols = append(runCols, runCol{idx: i, name: orig, run: id, mem: p == ColRunMemPrefix})
 			}
 		}
 		if _, dup := col[h]; dup && h != "" {
@@ -215,10 +216,10 @@ func Parse(r io.Reader) (*Backend, error) {
 			}
 			v, err := strconv.ParseFloat(cs, 64)
 			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
-				return nil, bad("%s = %q is not a finite non-negative number", header[rc.idx], cs)
+				return nil, bad("%s = %q is not a finite non-negative number", rc.name, cs)
 			}
 			if !rc.mem && v > 100 {
-				return nil, bad("%s = %v is over 100", header[rc.idx], v)
+				return nil, bad("%s = %v is over 100", rc.name, v)
 			}
 			if rw.runs == nil {
 				rw.runs = map[string]gpu.ProcessUse{}

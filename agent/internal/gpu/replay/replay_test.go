@@ -262,7 +262,9 @@ func TestPerRunColumns(t *testing.T) {
 		"time_s,gpu,power_w,energy_j,memory_used_mib,memory_total_mib,utilization_pct,run_mem_mib:a\n0,0,1,,1,1,,-1\n",
 		"time_s,gpu,power_w,energy_j,memory_used_mib,memory_total_mib,utilization_pct,run_sm_pct:\n0,0,1,,1,1,,1\n",
 	} {
-		if _, err := Parse(strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "line") {
+		// The error names the line and the column (the header, not the
+		// row's cell).
+		if _, err := Parse(strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "line") || !strings.Contains(err.Error(), "run_") {
 			t.Errorf("%q: err %v", bad, err)
 		}
 	}

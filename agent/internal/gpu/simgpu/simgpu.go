@@ -80,9 +80,7 @@ const counterBaseJ = 1.0e6
 // New returns n simulated GPUs (n >= 1) whose per-board constants and noise
 // derive from seed.
 func New(n int, seed int64) *Backend {
-	if n < 1 {
-		n = 1
-	}
+	n = max(n, 1)
 	b := &Backend{devs: make([]gpu.Device, n), st: make([]simState, n)}
 	boards := rand.New(rand.NewPCG(uint64(seed), 0x5a1d))
 	for i := range n {
