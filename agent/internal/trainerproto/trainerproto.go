@@ -17,8 +17,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -144,29 +145,14 @@ type RunEnd struct {
 	Error string
 }
 
-// Kind implements Event.
-func (*RunStart) Kind() string { return EventRunStart }
-
-// RunID implements Event.
+func (*RunStart) Kind() string    { return EventRunStart }
 func (e *RunStart) RunID() string { return e.Run }
-
-// Kind implements Event.
-func (*Step) Kind() string { return EventStep }
-
-// RunID implements Event.
-func (e *Step) RunID() string { return e.Run }
-
-// Kind implements Event.
-func (*Eval) Kind() string { return EventEval }
-
-// RunID implements Event.
-func (e *Eval) RunID() string { return e.Run }
-
-// Kind implements Event.
-func (*RunEnd) Kind() string { return EventRunEnd }
-
-// RunID implements Event.
-func (e *RunEnd) RunID() string { return e.Run }
+func (*Step) Kind() string        { return EventStep }
+func (e *Step) RunID() string     { return e.Run }
+func (*Eval) Kind() string        { return EventEval }
+func (e *Eval) RunID() string     { return e.Run }
+func (*RunEnd) Kind() string      { return EventRunEnd }
+func (e *RunEnd) RunID() string   { return e.Run }
 
 // ErrKind classifies a parse error (for counters).
 type ErrKind string
@@ -183,10 +169,8 @@ const (
 
 // Error is the error type Parse returns.
 type Error struct {
-	Kind  ErrKind
-	Event string // event name when known, else ""
-	Field string // offending key when there is one, else ""
-	Msg   string // full message, already prefixed
+	Kind ErrKind
+	Msg  string // full message, already prefixed
 }
 
 func (e *Error) Error() string { return e.Msg }
@@ -226,10 +210,6 @@ func parseGeneral(trimmed []byte) (Event, error) {
 	if err := json.Unmarshal(trimmed, &m); err != nil {
 		return nil, &Error{Kind: ErrKindJSON, Msg: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
 	}
-	if m == nil { // defensive; cannot happen for an object
-		return nil, &Error{Kind: ErrKindJSON, Msg: "invalid JSON: expected an object"}
-	}
-
 	rawEv, ok := m["event"]
 	if !ok || isNull(rawEv) {
 		return nil, &Error{Kind: ErrKindMissingEvent, Msg: `missing "event"`}
@@ -289,11 +269,15 @@ func (d *decoder) opt(key string) (json.RawMessage, bool) {
 	return raw, ok && !isNull(raw)
 }
 
-// fail records a field error unless one is recorded already.
+// fail records an error about field unless one is recorded already.
 func (d *decoder) fail(field, format string, args ...any) {
+	d.failf("%s %s", field, fmt.Sprintf(format, args...))
+}
+
+// failf records an error of the event unless one is recorded already.
+func (d *decoder) failf(format string, args ...any) {
 	if d.err == nil {
-		d.err = &Error{Kind: ErrKindField, Event: d.event, Field: field,
-			Msg: d.event + ": " + field + " " + fmt.Sprintf(format, args...)}
+		d.err = &Error{Kind: ErrKindField, Msg: d.event + ": " + fmt.Sprintf(format, args...)}
 	}
 }
 
@@ -308,7 +292,7 @@ func (d *decoder) result(ev Event) (Event, error) {
 func (d *decoder) runID() (string, error) {
 	raw, ok := d.opt("run_id")
 	mk := func(msg string) error {
-		return &Error{Kind: ErrKindRunID, Event: d.event, Field: "run_id", Msg: msg}
+		return &Error{Kind: ErrKindRunID, Msg: msg}
 	}
 	if !ok {
 		return "", mk("missing run_id")
@@ -432,20 +416,16 @@ func (d *decoder) gpus() []string {
 	out := make([]string, 0, len(items))
 	for _, it := range items {
 		var s string
+		ok := false
 		switch kindOf(it) {
 		case '"':
-			if json.Unmarshal(it, &s) != nil || s == "" || len(s) > MaxGPUBytes || !printable(s) {
-				d.fail("gpus", msg)
-				return nil
-			}
+			ok = json.Unmarshal(it, &s) == nil && s != "" && len(s) <= MaxGPUBytes && printable(s)
 		case '0':
-			v, ok := parseUint(it)
-			if !ok {
-				d.fail("gpus", msg)
-				return nil
-			}
+			var v uint64
+			v, ok = parseUint(it)
 			s = strconv.FormatUint(v, 10)
-		default:
+		}
+		if !ok {
 			d.fail("gpus", msg)
 			return nil
 		}
@@ -471,7 +451,7 @@ func (d *decoder) runStart(run string) (Event, error) {
 	resume := d.bool("resume")
 	e.Resume = resume != nil && *resume
 	if d.err == nil {
-		e.Start.Labels, d.err = d.labels()
+		e.Start.Labels = d.labels()
 	}
 	return d.result(e)
 }
@@ -544,55 +524,46 @@ func (d *decoder) metadata(m protoreflect.Message, fd protoreflect.FieldDescript
 	m.Set(fd, v)
 }
 
-func (d *decoder) labels() (map[string]string, error) {
-	// Deterministic order so that errors are stable.
-	var keys []string
-	for k := range d.m {
-		if !trainerwire.IsRunStartKey(k) {
-			keys = append(keys, k)
-		}
-	}
-	if len(keys) == 0 {
-		return nil, nil
-	}
-	sort.Strings(keys)
+// labels are the extra scalar keys, read in sorted order so that errors
+// are stable.
+func (d *decoder) labels() map[string]string {
 	var labels map[string]string
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(d.m)) {
+		if trainerwire.IsRunStartKey(k) {
+			continue
+		}
 		raw := d.m[k]
 		var v string
 		switch kindOf(raw) {
 		case '"':
 			if json.Unmarshal(raw, &v) != nil {
 				d.fail(strconv.Quote(truncate(k, 64)), "must be a string")
-				return nil, d.err
 			}
 		case '0', 't', 'f':
 			v = string(bytes.TrimSpace(raw))
 		default: // null, object, array: ignored
 			continue
 		}
-		if k == "" || !printable(k) {
-			return nil, &Error{Kind: ErrKindField, Event: d.event,
-				Msg: d.event + ": label keys must be non-empty printable UTF-8"}
+		switch {
+		case d.err != nil:
+		case k == "" || !printable(k):
+			d.failf("label keys must be non-empty printable UTF-8")
+		case len(k) > MaxLabelBytes:
+			d.failf("label key too long: %d bytes > %d", len(k), MaxLabelBytes)
+		case len(v) > MaxLabelBytes:
+			d.failf("label %s too long: %d bytes > %d", strconv.Quote(k), len(v), MaxLabelBytes)
+		case len(labels) == MaxLabels:
+			d.failf("too many extra keys: more than %d", MaxLabels)
 		}
-		if len(k) > MaxLabelBytes {
-			return nil, &Error{Kind: ErrKindField, Event: d.event,
-				Msg: fmt.Sprintf("%s: label key too long: %d bytes > %d", d.event, len(k), MaxLabelBytes)}
-		}
-		if len(v) > MaxLabelBytes {
-			return nil, &Error{Kind: ErrKindField, Event: d.event, Field: k,
-				Msg: fmt.Sprintf("%s: label %s too long: %d bytes > %d", d.event, strconv.Quote(k), len(v), MaxLabelBytes)}
+		if d.err != nil {
+			return nil
 		}
 		if labels == nil {
 			labels = make(map[string]string)
 		}
-		if len(labels) == MaxLabels {
-			return nil, &Error{Kind: ErrKindField, Event: d.event,
-				Msg: fmt.Sprintf("%s: too many extra keys: more than %d", d.event, MaxLabels)}
-		}
 		labels[k] = v
 	}
-	return labels, nil
+	return labels
 }
 
 func (d *decoder) step(run string) (Event, error) {
