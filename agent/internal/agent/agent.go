@@ -170,16 +170,14 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err := a.sock.Start(ctx); err != nil {
 		return fmt.Errorf("trainer socket: %w", err)
 	}
-	if err := a.startStatus(); err != nil {
-		_ = a.sock.Shutdown(context.WithoutCancel(ctx))
-		return err
+	err := a.startStatus()
+	if err == nil {
+		err = a.startOTel(ctx)
 	}
-	if err := a.startOTel(ctx); err != nil {
-		a.stopStatus(ctx)
-		_ = a.sock.Shutdown(context.WithoutCancel(ctx))
-		return err
+	if err == nil {
+		err = a.up.Start(ctx)
 	}
-	if err := a.up.Start(ctx); err != nil {
+	if err != nil { // what started stops; the stops of the rest do nothing
 		a.stopStatus(ctx)
 		_ = a.stopOTel(ctx)
 		_ = a.sock.Shutdown(context.WithoutCancel(ctx))

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"log/slog"
+	"slices"
 
 	"github.com/trainmeter/trainmeter/agent/internal/uplink"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
@@ -20,7 +21,8 @@ func securityConfig(cfg Config, u *uplink.Config, log *slog.Logger) error {
 	}
 	if cfg.TokenFile != "" {
 		// Validate refused a token over plaintext to another machine.
-		tok, err := tlsfiles.TokenFromFile(cfg.TokenFile, !secure && allLoopback(cfg.Collectors()), log)
+		remote := slices.ContainsFunc(cfg.Collectors(), func(a string) bool { return !tlsfiles.IsLoopback(a) })
+		tok, err := tlsfiles.TokenFromFile(cfg.TokenFile, !secure && !remote, log)
 		if err != nil {
 			return err
 		}
@@ -36,15 +38,4 @@ func allowedUIDs(cfg Config) []uint32 {
 		return nil
 	}
 	return append([]uint32{0}, cfg.AllowedUIDs...)
-}
-
-// allLoopback: every collector is on this machine (a token may then go
-// without TLS).
-func allLoopback(addrs []string) bool {
-	for _, a := range addrs {
-		if !tlsfiles.IsLoopback(a) {
-			return false
-		}
-	}
-	return true
 }
