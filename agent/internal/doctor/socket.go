@@ -53,7 +53,7 @@ func checkSocket(ctx context.Context, o Options, r *Report) {
 		return
 	}
 	uid, gid := ownerOf(fi)
-	r.add(SectionSocket, "path", OK, fmt.Sprintf("%s is a socket, mode %04o, owner %s, group %s", path, fi.Mode().Perm(), userName(uid), groupName(gid)), "")
+	r.add(SectionSocket, "path", OK, fmt.Sprintf("%s is a socket, %s", path, describeFile(fi)), "")
 
 	checkAccess(o, r, fi, uid, gid)
 	checkConnect(ctx, o, r, path)
@@ -215,6 +215,11 @@ func describeOwner(path string) string {
 	if err != nil {
 		return err.Error()
 	}
+	return describeFile(fi)
+}
+
+// describeFile is "mode 0660, owner root (0), group trainmeter".
+func describeFile(fi fs.FileInfo) string {
 	uid, gid := ownerOf(fi)
 	return fmt.Sprintf("mode %04o, owner %s, group %s", fi.Mode().Perm(), userName(uid), groupName(gid))
 }
