@@ -331,71 +331,54 @@ func (d *decoder) str(key string, max int) string {
 	return s
 }
 
-// uint decodes an optional non-negative integer that fits uint64.
-func (d *decoder) uint(key string) *uint64 {
+// optional decodes the optional key with parse; a value parse refuses is
+// the field error why.
+func optional[T any](d *decoder, key string, parse func(json.RawMessage) (T, bool), why string) *T {
 	raw, ok := d.opt(key)
 	if !ok {
 		return nil
 	}
-	v, ok := parseUint(raw)
+	v, ok := parse(raw)
 	if !ok {
-		d.fail(key, "must be a non-negative integer")
+		d.fail(key, "%s", why)
 		return nil
 	}
 	return &v
+}
+
+// uint decodes an optional non-negative integer that fits uint64.
+func (d *decoder) uint(key string) *uint64 {
+	return optional(d, key, parseUint, "must be a non-negative integer")
 }
 
 // bool decodes an optional true or false.
 func (d *decoder) bool(key string) *bool {
-	raw, ok := d.opt(key)
-	if !ok {
-		return nil
-	}
-	if k := kindOf(raw); k != 't' && k != 'f' {
-		d.fail(key, "must be true or false")
-		return nil
-	}
-	v := kindOf(raw) == 't'
-	return &v
+	return optional(d, key, func(raw json.RawMessage) (bool, bool) {
+		k := kindOf(raw)
+		return k == 't', k == 't' || k == 'f'
+	}, "must be true or false")
 }
 
 // int decodes an optional integer that fits int64; nonNeg rejects negatives.
 func (d *decoder) int(key string, nonNeg bool) *int64 {
-	raw, ok := d.opt(key)
-	if !ok {
-		return nil
+	if !nonNeg {
+		return optional(d, key, parseInt, "must be an integer")
 	}
-	v, ok := parseInt(raw)
-	switch {
-	case nonNeg && (!ok || v < 0):
-		d.fail(key, "must be a non-negative integer")
-	case !ok:
-		d.fail(key, "must be an integer")
-	default:
-		return &v
-	}
-	return nil
+	return optional(d, key, func(raw json.RawMessage) (int64, bool) {
+		v, ok := parseInt(raw)
+		return v, ok && v >= 0
+	}, "must be a non-negative integer")
 }
 
 // float decodes an optional finite number; nonNeg rejects negatives.
 func (d *decoder) float(key string, nonNeg bool) *float64 {
-	raw, ok := d.opt(key)
-	if !ok {
-		return nil
+	if !nonNeg {
+		return optional(d, key, parseFloat, "must be a finite number")
 	}
-	v, ok := parseFloat(raw)
-	switch {
-	case nonNeg && (!ok || v < 0):
-		d.fail(key, "must be a finite non-negative number")
-	case !ok:
-		d.fail(key, "must be a finite number")
-	default:
-		if v == 0 {
-			v = 0 // normalise -0
-		}
-		return &v
-	}
-	return nil
+	return optional(d, key, func(raw json.RawMessage) (float64, bool) {
+		v, ok := parseFloat(raw)
+		return v, ok && v >= 0
+	}, "must be a finite non-negative number")
 }
 
 func (d *decoder) gpus() []string {
@@ -682,6 +665,9 @@ func parseFloat(raw json.RawMessage) (float64, bool) {
 	v, err := strconv.ParseFloat(string(bytes.TrimSpace(raw)), 64)
 	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
 		return 0, false
+	}
+	if v == 0 {
+		v = 0 // normalise -0
 	}
 	return v, true
 }
