@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 )
 
 // pingLine is what the socket probe sends: an event the agent does not know,
@@ -176,6 +178,20 @@ func checkConnect(ctx context.Context, o Options, r *Report, path string) {
 		r.add(SectionSocket, "connect", Warn, fmt.Sprintf("something%s answered, but not like a trainmeter agent: %q", peer, strings.TrimSpace(line)),
 			"is another program listening on this path?")
 	}
+}
+
+// peerInfo names the process on the other end of a Unix socket (SO_PEERCRED:
+// the agent that listens), as " (pid N, user U)", or "" when unknown.
+func peerInfo(c net.Conn) string {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return ""
+	}
+	pid, uid, _, err := trainersock.PeerCred(uc)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf(" (pid %d, user %s)", pid, userName(int(uid)))
 }
 
 // inGroup reports whether this process has gid among its groups.

@@ -695,4 +695,4 @@ var _ lifecycle.Component = (*Server)(nil)
 
 // readPeerCred reads a connection's credentials; tests replace it to
 // make the read fail.
-var readPeerCred = peerCred
+var readPeerCred = PeerCred
