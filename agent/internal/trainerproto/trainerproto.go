@@ -290,27 +290,22 @@ func (d *decoder) result(ev Event) (Event, error) {
 }
 
 func (d *decoder) runID() (string, error) {
-	raw, ok := d.opt("run_id")
-	mk := func(msg string) error {
-		return &Error{Kind: ErrKindRunID, Msg: msg}
+	raw, present := d.opt("run_id")
+	s, isString := jsonString(raw)
+	var msg string
+	switch {
+	case !present || isString && s == "":
+		msg = "missing run_id"
+	case !isString:
+		msg = "run_id must be a string"
+	case len(s) > MaxRunIDBytes:
+		msg = fmt.Sprintf("run_id too long: %d bytes > %d", len(s), MaxRunIDBytes)
+	case !printable(s):
+		msg = "run_id must be printable UTF-8"
+	default:
+		return s, nil
 	}
-	if !ok {
-		return "", mk("missing run_id")
-	}
-	s, ok := jsonString(raw)
-	if !ok {
-		return "", mk("run_id must be a string")
-	}
-	if s == "" {
-		return "", mk("missing run_id")
-	}
-	if len(s) > MaxRunIDBytes {
-		return "", mk(fmt.Sprintf("run_id too long: %d bytes > %d", len(s), MaxRunIDBytes))
-	}
-	if !printable(s) {
-		return "", mk("run_id must be printable UTF-8")
-	}
-	return s, nil
+	return "", &Error{Kind: ErrKindRunID, Msg: msg}
 }
 
 // str decodes an optional string field bounded to max bytes.
