@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -86,9 +87,7 @@ func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Samp
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	a := &Agent{cfg: cfg, backend: backend, clock: clk, host: hostSampler, log: logger,
 		loopDone: make(chan struct{}), stopLoop: make(chan struct{}), garbledLogAt: 1, self: newSelfStats(clk.Now())}
 	lcfg := ledger.Config{

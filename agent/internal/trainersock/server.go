@@ -195,12 +195,8 @@ func New(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 	orDefault(&cfg.WriteTimeout, DefaultWriteTimeout)
 	orDefault(&cfg.MaxConnsPerUID, DefaultMaxConnsPerUID)
 	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout) // negative: off
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	return &Server{
 		cfg:         cfg,
 		h:           h,
