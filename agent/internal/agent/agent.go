@@ -368,11 +368,7 @@ func (a *Agent) advise(adv *trainmeterv1.Advisory) {
 		a.refused(adv.RunId, x.StartRefused)
 		return
 	case *trainmeterv1.Advisory_Dataloader:
-		d := x.Dataloader
-		line = trainerproto.AdviceLine(adv.RunId, int(d.NumWorkers), int(d.PrefetchFactor), d.Reason, trainerproto.AdviceFigures{
-			Classification: d.Classification, DataWaitShare: d.DataWaitShare, GPUUtilization: d.GpuUtilization,
-			RAMUsage: d.RamUsage, ExpectedGain: d.ExpectedGain, MaxWorkers: int(d.MaxWorkers),
-			FromNumWorkers: int(d.FromNumWorkers), FromPrefetchFactor: int(d.FromPrefetchFactor)})
+		line = trainerproto.AdviceLine(adv.RunId, x.Dataloader)
 	default:
 		return
 	}
