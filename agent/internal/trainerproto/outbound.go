@@ -31,7 +31,7 @@ type adviceLine struct {
 // ErrorLine builds {"event":"error","error":msg,"line":line}\n. line is the
 // 1-based line number on the connection; it is omitted when ≤ 0.
 func ErrorLine(msg string, line int) []byte {
-	return encode(trainerwire.ErrorLine{Event: EventError, Error: msg, Line: line})
+	return encode(trainerwire.ErrorLine{Event: trainerwire.EventError, Error: msg, Line: line})
 }
 
 // AdviceLine builds a dataloader advice line from the collector's advice:
@@ -45,7 +45,7 @@ func ErrorLine(msg string, line int) []byte {
 func AdviceLine(runID string, d *trainmeterv1.DataloaderAdvice) []byte {
 	dataWait, gain, gpu, ram := d.GetDataWaitShare(), d.GetExpectedGain(), d.GetGpuUtilization(), d.GetRamUsage()
 	fromWorkers, fromPrefetch := int(d.GetFromNumWorkers()), int(d.GetFromPrefetchFactor())
-	l := adviceLine{Event: EventAdvice, RunID: runID, Kind: "dataloader",
+	l := adviceLine{Event: trainerwire.EventAdvice, RunID: runID, Kind: "dataloader",
 		NumWorkers: int(d.GetNumWorkers()), PrefetchFactor: int(d.GetPrefetchFactor()), Reason: d.GetReason(),
 		Classification: d.GetClassification(), DataWaitShare: &dataWait, ExpectedGain: &gain,
 		MaxWorkers: int(d.GetMaxWorkers())}
@@ -63,7 +63,7 @@ func AdviceLine(runID string, d *trainmeterv1.DataloaderAdvice) []byte {
 
 // StopLine builds {"event":"stop","run_id":…,"reason":…}\n.
 func StopLine(runID, reason string) []byte {
-	return encode(trainerwire.StopLine{Event: EventStop, RunID: runID, Reason: reason})
+	return encode(trainerwire.StopLine{Event: trainerwire.EventStop, RunID: runID, Reason: reason})
 }
 
 // encode marshals v as one compact JSON line ending in '\n', without HTML

@@ -7,10 +7,8 @@
 //
 //	step: tokens must be a non-negative integer
 //
-// Field errors are prefixed with the event name; the envelope errors are
-// "invalid UTF-8", "invalid JSON: …", `missing "event"`, `"event" must be a
-// string`, `unknown event "foo"`, "missing run_id" and the other run_id
-// messages listed on ErrKindRunID.
+// Field errors are prefixed with the event name; the ErrKind constants list
+// the envelope's errors.
 package trainerproto
 
 import (
@@ -35,20 +33,6 @@ import (
 // MaxEndErrorBytes bounds run_end's "error": a longer one is cut there, at
 // a character boundary (a failing trainer is not refused its end).
 const MaxEndErrorBytes = batchcheck.MaxEndErrorBytes
-
-// Event names, as carried in the "event" key (pkg/trainerwire, shared
-// with `trainmeter run`).
-const (
-	EventRunStart = trainerwire.EventRunStart
-	EventStep     = trainerwire.EventStep
-	EventEval     = trainerwire.EventEval
-	EventRunEnd   = trainerwire.EventRunEnd
-
-	// Outbound only.
-	EventError  = trainerwire.EventError
-	EventAdvice = trainerwire.EventAdvice
-	EventStop   = trainerwire.EventStop
-)
 
 // Limits applied by Parse.
 const (
@@ -145,13 +129,13 @@ type RunEnd struct {
 	Error string
 }
 
-func (*RunStart) Kind() string    { return EventRunStart }
+func (*RunStart) Kind() string    { return trainerwire.EventRunStart }
 func (e *RunStart) RunID() string { return e.Run }
-func (*Step) Kind() string        { return EventStep }
+func (*Step) Kind() string        { return trainerwire.EventStep }
 func (e *Step) RunID() string     { return e.Run }
-func (*Eval) Kind() string        { return EventEval }
+func (*Eval) Kind() string        { return trainerwire.EventEval }
 func (e *Eval) RunID() string     { return e.Run }
-func (*RunEnd) Kind() string      { return EventRunEnd }
+func (*RunEnd) Kind() string      { return trainerwire.EventRunEnd }
 func (e *RunEnd) RunID() string   { return e.Run }
 
 // ErrKind classifies a parse error (for counters).
@@ -191,8 +175,8 @@ func Parse(line []byte) (Event, error) {
 	flat := flatPool.Get().(*flatObject)
 	defer flatPool.Put(flat)
 	if scanFlat(trimmed, flat) {
-		if ev, ok := flat.get("event"); ok && string(ev) == `"`+EventStep+`"` {
-			d := decoder{event: EventStep, flat: flat}
+		if ev, ok := flat.get("event"); ok && string(ev) == `"`+trainerwire.EventStep+`"` {
+			d := decoder{event: trainerwire.EventStep, flat: flat}
 			run, err := d.runID()
 			if err != nil {
 				return nil, err
@@ -219,7 +203,7 @@ func parseGeneral(trimmed []byte) (Event, error) {
 		return nil, &Error{Kind: ErrKindMissingEvent, Msg: `"event" must be a string`}
 	}
 	switch name {
-	case EventRunStart, EventStep, EventEval, EventRunEnd:
+	case trainerwire.EventRunStart, trainerwire.EventStep, trainerwire.EventEval, trainerwire.EventRunEnd:
 	default:
 		return nil, &Error{Kind: ErrKindUnknownEvent, Msg: "unknown event " + strconv.Quote(truncate(name, 64))}
 	}
@@ -230,11 +214,11 @@ func parseGeneral(trimmed []byte) (Event, error) {
 		return nil, err
 	}
 	switch name {
-	case EventRunStart:
+	case trainerwire.EventRunStart:
 		return d.runStart(run)
-	case EventStep:
+	case trainerwire.EventStep:
 		return d.step(run)
-	case EventEval:
+	case trainerwire.EventEval:
 		return d.eval(run)
 	default:
 		return d.runEnd(run)
