@@ -180,7 +180,6 @@ func treeCPU(procRoot string, runs []ledger.SharedRun) map[string]float64 {
 	for _, r := range runs {
 		seen := map[int]bool{}
 		var ticks uint64
-		found := false
 		stack := append([]int(nil), r.Roots...)
 		for len(stack) > 0 {
 			pid := stack[len(stack)-1]
@@ -189,11 +188,11 @@ func treeCPU(procRoot string, runs []ledger.SharedRun) map[string]float64 {
 			if !ok || seen[pid] {
 				continue
 			}
-			seen[pid], found = true, true
+			seen[pid] = true
 			ticks += st.ticks
 			stack = append(stack, children[pid]...)
 		}
-		if found {
+		if len(seen) > 0 {
 			out[r.ID] = float64(ticks) / userHZ
 		}
 	}
