@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/host"
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
@@ -35,7 +36,7 @@ var Version = buildinfo.Version()
 
 // Agent is one node's trainmeter agent.
 type Agent struct {
-	cfg     Config
+	cfg     agentconfig.Config
 	backend gpu.Backend
 	clock   clock.Clock
 	host    host.Sampler
@@ -83,7 +84,7 @@ type Agent struct {
 }
 
 // New builds an agent over a GPU backend; hostSampler may be nil.
-func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Sampler, logger *slog.Logger) (*Agent, error) {
+func New(cfg agentconfig.Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Sampler, logger *slog.Logger) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

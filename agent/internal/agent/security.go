@@ -4,13 +4,14 @@ import (
 	"log/slog"
 	"slices"
 
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/uplink"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 )
 
 // securityConfig sets the uplink's TLS credentials and ingest token from
 // cfg. Both files are re-read when they change.
-func securityConfig(cfg Config, u *uplink.Config, log *slog.Logger) error {
+func securityConfig(cfg agentconfig.Config, u *uplink.Config, log *slog.Logger) error {
 	secure := cfg.TLSOptions().Enabled()
 	if secure {
 		creds, err := tlsfiles.ClientCredentials(cfg.TLSOptions(), log)
@@ -33,7 +34,7 @@ func securityConfig(cfg Config, u *uplink.Config, log *slog.Logger) error {
 
 // allowedUIDs is the socket's uid allow-list: the configured uids plus root,
 // or nil (any uid the socket's permissions let in) when none are configured.
-func allowedUIDs(cfg Config) []uint32 {
+func allowedUIDs(cfg agentconfig.Config) []uint32 {
 	if len(cfg.AllowedUIDs) == 0 {
 		return nil
 	}

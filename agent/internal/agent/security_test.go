@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
@@ -162,7 +163,7 @@ func TestAgentSendsTokenOverMTLSAndNeverLogsIt(t *testing.T) {
 }
 
 // cfgAllows mirrors the socket's allow-list for a uid (root always).
-func cfgAllows(cfg Config, uid uint32) bool {
+func cfgAllows(cfg agentconfig.Config, uid uint32) bool {
 	l := allowedUIDs(cfg)
 	if l == nil {
 		return true
