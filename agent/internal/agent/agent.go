@@ -346,9 +346,6 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// UplinkStats exposes the uplink's counters (for tests and self-metrics).
-func (a *Agent) UplinkStats() uplink.Stats { return a.up.Stats() }
-
 // adviseFrom passes an advisory from the collector-th collector on to the
 // run's trainers, unless the other of a pair already sent the same.
 func (a *Agent) adviseFrom(collector int, adv *trainmeterv1.Advisory) {

@@ -183,7 +183,7 @@ func TestAgentSamplesOnTheInjectedClockAndShipsRuns(t *testing.T) {
 	fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer fcancel()
 	if err := a.up.Flush(fctx); err != nil {
-		t.Fatalf("batches not acked: %v %+v", err, a.UplinkStats())
+		t.Fatalf("batches not acked: %v %+v", err, a.Status().Uplink)
 	}
 	tokens, measured, energy, counterOK := rec.runWindows("r1")
 	if tokens != 30000 {

@@ -137,7 +137,7 @@ func TestAgentSendsTokenOverMTLSAndNeverLogsIt(t *testing.T) {
 	fctx, fcancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer fcancel()
 	if err := a.up.Flush(fctx); err != nil {
-		t.Fatalf("batches not acked after the token rotation: %v %+v\n%s", err, a.UplinkStats(), logs.String())
+		t.Fatalf("batches not acked after the token rotation: %v %+v\n%s", err, a.Status().Uplink, logs.String())
 	}
 	tr.conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
