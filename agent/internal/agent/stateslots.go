@@ -85,16 +85,15 @@ func (ss *stateSlots) file(i int) (stateSlotFile, error) {
 	return ss.files[i], nil
 }
 
-// slotProblem says why a slot holds no usable checkpoint; empty says it
-// was never written (a new file), which is no problem.
+// slotProblem says why a slot holds no usable checkpoint.
 type slotProblem struct {
-	slot  int
-	empty bool
-	err   error
+	slot int
+	err  error
 }
 
 // load reads both slots and returns the payload of the newest valid one,
-// which slot it came from (-1: none), and what was wrong with the others.
+// which slot it came from (-1: none), and what was wrong with the others
+// (a slot never written, a new file, is no problem).
 // The next write goes to the slot that does not hold the payload returned.
 // A slot of another format version refuses the whole state (err, a
 // *spool.FormatError): the agent that wrote it may still resume from it.
@@ -113,7 +112,9 @@ func (ss *stateSlots) load() (payload []byte, from int, problems []slotProblem, 
 				Have: uint32(other), Want: stateSlotVersion, Lost: "the open runs it holds are not resumed"}
 		}
 		if err != nil {
-			problems = append(problems, slotProblem{slot: i, empty: errors.Is(err, errSlotEmpty), err: err})
+			if !errors.Is(err, errSlotEmpty) {
+				problems = append(problems, slotProblem{slot: i, err: err})
+			}
 			continue
 		}
 		if from < 0 || seq > ss.seq {
