@@ -11,8 +11,7 @@ import (
 
 // TestEveryFlagIsHonouredWithConfig: each agent flag given on the command
 // line beside --config changes the configuration the agent runs with (the
-// config file is the base, flags win). A flag added to bindFlags but not
-// to overlayFlags would be silently dropped whenever --config is used.
+// config file is the base, flags win).
 func TestEveryFlagIsHonouredWithConfig(t *testing.T) {
 	path := writeConfig(t, "collector: 127.0.0.1:1\n")
 	// Not configuration: the file itself, --check, and how long shutdown may take

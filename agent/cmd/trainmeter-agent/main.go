@@ -12,8 +12,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
-	"reflect"
-	"strings"
+	"slices"
 	"syscall"
 	"time"
 
@@ -114,65 +113,58 @@ func bindFlags(cmd *cobra.Command, o *options) {
 
 // load turns the parsed flags and the config file into the configuration,
 // without validating it (doctor reports validation problems as checks).
+// The file is the base: it is read into the struct the flags fill, and the
+// flags given on the command line are set again over it.
 func (o *options) load(cmd *cobra.Command) (agentconfig.Config, error) {
+	if o.configFile != "" {
+		type given struct {
+			v    pflag.Value
+			s    string
+			list []string
+		}
+		var set []given
+		cmd.Flags().Visit(func(f *pflag.Flag) {
+			g := given{v: f.Value, s: f.Value.String()}
+			if l, ok := f.Value.(pflag.SliceValue); ok {
+				g.list = slices.Clone(l.GetSlice())
+			}
+			set = append(set, g)
+		})
+		o.cfg = agentconfig.DefaultConfig()
+		if err := agentconfig.LoadConfigFile(o.configFile, &o.cfg); err != nil {
+			return o.cfg, err
+		}
+		for _, g := range set { // the values parsed once already: no error
+			if l, ok := g.v.(pflag.SliceValue); ok {
+				_ = l.Replace(g.list)
+			} else {
+				_ = g.v.Set(g.s)
+			}
+		}
+		// The lists these flags give replace the file's (below: the flags
+		// add to the struct's list).
+		if cmd.Flags().Changed("otlp-header") {
+			o.cfg.OTel.Headers = nil
+		}
+		if cmd.Flags().Changed("allow-uid") {
+			o.cfg.AllowedUIDs = nil
+		}
+	}
 	if err := o.otelFlags.Apply(); err != nil {
 		return o.cfg, err
 	}
-	flags := o.cfg
-	flags.AllowedUIDs = append([]uint32(nil), o.cfg.AllowedUIDs...)
+	cfg := o.cfg
+	cfg.AllowedUIDs = slices.Clone(o.cfg.AllowedUIDs)
 	for _, u := range o.allowUIDs {
 		if u > math.MaxUint32 {
-			return flags, fmt.Errorf("--allow-uid %d: not a uid", u)
+			return cfg, fmt.Errorf("--allow-uid %d: not a uid", u)
 		}
-		flags.AllowedUIDs = append(flags.AllowedUIDs, uint32(u))
-	}
-	return loadConfig(cmd, o.configFile, flags)
-}
-
-// loadConfig merges the config file (if any) with the flags: the file is
-// the base and flags given on the command line win.
-func loadConfig(cmd *cobra.Command, configFile string, flags agentconfig.Config) (agentconfig.Config, error) {
-	cfg := flags
-	if configFile != "" {
-		cfg = agentconfig.DefaultConfig()
-		if err := agentconfig.LoadConfigFile(configFile, &cfg); err != nil {
-			return cfg, err
-		}
-		overlayFlags(cmd, &cfg, flags)
+		cfg.AllowedUIDs = append(cfg.AllowedUIDs, uint32(u))
 	}
 	if cfg.Node == "" {
 		cfg.Node, _ = os.Hostname()
 	}
 	return cfg, nil
-}
-
-// overlayFlags copies the flags that were set on the command line over dst.
-// Flag --a-b sets the field of YAML key a_b; the others are listed.
-func overlayFlags(cmd *cobra.Command, dst *agentconfig.Config, flags agentconfig.Config) {
-	other := map[string]func(){
-		"allow-uid":         func() { dst.AllowedUIDs = flags.AllowedUIDs },
-		"otlp-endpoint":     func() { dst.OTel.Endpoint = flags.OTel.Endpoint },
-		"otlp-protocol":     func() { dst.OTel.Protocol = flags.OTel.Protocol },
-		"otlp-insecure":     func() { dst.OTel.Insecure = flags.OTel.Insecure },
-		"otlp-ca":           func() { dst.OTel.CAFile = flags.OTel.CAFile },
-		"otlp-header":       func() { dst.OTel.Headers = flags.OTel.Headers },
-		"otlp-headers-file": func() { dst.OTel.HeadersFile = flags.OTel.HeadersFile },
-		"otlp-interval":     func() { dst.OTel.Interval = flags.OTel.Interval },
-		"prometheus-listen": func() { dst.OTel.PrometheusListen = flags.OTel.PrometheusListen },
-	}
-	to, from := reflect.ValueOf(dst).Elem(), reflect.ValueOf(flags)
-	cmd.Flags().Visit(func(f *pflag.Flag) {
-		if set, ok := other[f.Name]; ok {
-			set()
-			return
-		}
-		key := strings.ReplaceAll(f.Name, "-", "_")
-		for i := range from.NumField() {
-			if from.Type().Field(i).Tag.Get("yaml") == key {
-				to.Field(i).Set(from.Field(i))
-			}
-		}
-	})
 }
 
 func run(cfg agentconfig.Config, shutdownTimeout time.Duration) error {

@@ -56,7 +56,7 @@ func parse(t *testing.T, args ...string) (agentconfig.Config, error) {
 	if err := cmd.ParseFlags(args); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := loadConfig(cmd, o.configFile, o.cfg)
+	cfg, err := o.load(cmd)
 	if err != nil {
 		return cfg, err
 	}

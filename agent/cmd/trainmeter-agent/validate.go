@@ -75,16 +75,11 @@ bug report. The exit status is 1 when a GPU fails. See docs/doctor.md and docs/a
 func writeValidate(w io.Writer, rep nvmlgpu.ValidateReport) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "trainmeter-agent validate: %.0f s, a read every %.0f ms, driver %s\n", rep.DurationS, rep.IntervalMs, rep.Driver)
-	yes := func(ok bool) string {
-		if ok {
-			return "yes"
-		}
-		return "no"
-	}
+	yes := map[bool]string{true: "yes", false: "no"}
 	for _, g := range rep.GPUs {
 		fmt.Fprintf(&b, "\ngpu %d  %s  %s\n", g.Index, g.Name, g.UUID)
 		fmt.Fprintf(&b, "  fields supported:   186 instant power %s, 185 average power %s, 83 energy counter %s\n",
-			yes(g.InstantPower), yes(g.AveragePower), yes(g.EnergyField))
+			yes[g.InstantPower], yes[g.AveragePower], yes[g.EnergyField])
 		fmt.Fprintf(&b, "  sensor update:      power every %.0f ms, energy counter every %.0f ms (median between driver timestamps)\n", g.PowerUpdateMs, g.EnergyUpdateMs)
 		fmt.Fprintf(&b, "  stale reads:        power %.0f %%, energy %.0f %% of %d reads\n", g.StalePowerPct, g.StaleEnergyPct, g.Reads)
 		fmt.Fprintf(&b, "  energy, this GPU:   counter %.1f J, integrated instant power %.1f J: %+.2f %%\n", g.CounterJ, g.IntegratedJ, g.DisagreementPct)

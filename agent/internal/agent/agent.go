@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/host"
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
@@ -34,7 +36,7 @@ var Version = buildinfo.Version()
 
 // Agent is one node's trainmeter agent.
 type Agent struct {
-	cfg     Config
+	cfg     agentconfig.Config
 	backend gpu.Backend
 	clock   clock.Clock
 	host    host.Sampler
@@ -82,13 +84,11 @@ type Agent struct {
 }
 
 // New builds an agent over a GPU backend; hostSampler may be nil.
-func New(cfg Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Sampler, logger *slog.Logger) (*Agent, error) {
+func New(cfg agentconfig.Config, backend gpu.Backend, clk clock.Clock, hostSampler host.Sampler, logger *slog.Logger) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	a := &Agent{cfg: cfg, backend: backend, clock: clk, host: hostSampler, log: logger,
 		loopDone: make(chan struct{}), stopLoop: make(chan struct{}), garbledLogAt: 1, self: newSelfStats(clk.Now())}
 	lcfg := ledger.Config{
@@ -170,16 +170,14 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err := a.sock.Start(ctx); err != nil {
 		return fmt.Errorf("trainer socket: %w", err)
 	}
-	if err := a.startStatus(); err != nil {
-		_ = a.sock.Shutdown(context.WithoutCancel(ctx))
-		return err
+	err := a.startStatus()
+	if err == nil {
+		err = a.startOTel(ctx)
 	}
-	if err := a.startOTel(ctx); err != nil {
-		a.stopStatus(ctx)
-		_ = a.sock.Shutdown(context.WithoutCancel(ctx))
-		return err
+	if err == nil {
+		err = a.up.Start(ctx)
 	}
-	if err := a.up.Start(ctx); err != nil {
+	if err != nil { // what started stops; the stops of the rest do nothing
 		a.stopStatus(ctx)
 		_ = a.stopOTel(ctx)
 		_ = a.sock.Shutdown(context.WithoutCancel(ctx))
@@ -348,9 +346,6 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// UplinkStats exposes the uplink's counters (for tests and self-metrics).
-func (a *Agent) UplinkStats() uplink.Stats { return a.up.Stats() }
-
 // adviseFrom passes an advisory from the collector-th collector on to the
 // run's trainers, unless the other of a pair already sent the same.
 func (a *Agent) adviseFrom(collector int, adv *trainmeterv1.Advisory) {
@@ -371,11 +366,7 @@ func (a *Agent) advise(adv *trainmeterv1.Advisory) {
 		a.refused(adv.RunId, x.StartRefused)
 		return
 	case *trainmeterv1.Advisory_Dataloader:
-		d := x.Dataloader
-		line = trainerproto.AdviceLine(adv.RunId, int(d.NumWorkers), int(d.PrefetchFactor), d.Reason, trainerproto.AdviceFigures{
-			Classification: d.Classification, DataWaitShare: d.DataWaitShare, GPUUtilization: d.GpuUtilization,
-			RAMUsage: d.RamUsage, ExpectedGain: d.ExpectedGain, MaxWorkers: int(d.MaxWorkers),
-			FromNumWorkers: int(d.FromNumWorkers), FromPrefetchFactor: int(d.FromPrefetchFactor)})
+		line = trainerproto.AdviceLine(adv.RunId, x.Dataloader)
 	default:
 		return
 	}

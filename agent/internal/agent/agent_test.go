@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -182,7 +183,7 @@ func TestAgentSamplesOnTheInjectedClockAndShipsRuns(t *testing.T) {
 	fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer fcancel()
 	if err := a.up.Flush(fctx); err != nil {
-		t.Fatalf("batches not acked: %v %+v", err, a.UplinkStats())
+		t.Fatalf("batches not acked: %v %+v", err, a.Status().Uplink)
 	}
 	tokens, measured, energy, counterOK := rec.runWindows("r1")
 	if tokens != 30000 {
@@ -207,7 +208,7 @@ func TestAgentSamplesOnTheInjectedClockAndShipsRuns(t *testing.T) {
 func itoa(i int) string { return strconv.Itoa(i) }
 
 func TestConfigValidateReportsEveryProblem(t *testing.T) {
-	c := Config{Collector: "nohost", Interval: time.Hour, Warmup: -time.Second, LogLevel: "loud"}
+	c := agentconfig.Config{Collector: "nohost", Interval: time.Hour, Warmup: -time.Second, LogLevel: "loud"}
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("invalid config accepted")

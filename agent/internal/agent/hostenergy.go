@@ -90,15 +90,19 @@ func (a *Agent) pollHostEnergy() {
 	}
 	he.mu.Lock()
 	if err != nil {
-		if !he.failed {
-			if errors.Is(err, rapl.ErrPermission) {
-				a.log.Warn("RAPL energy counters not readable (permission denied): cpu_energy_J and dram_energy_J stay empty until they are; logged again when they are read", "hint", rapl.PermissionFix("trainmeter"), "err", err)
-			} else {
-				a.log.Warn("RAPL energy counters not read; logged again when they are", "err", err)
-			}
+		denied := errors.Is(err, rapl.ErrPermission)
+		switch {
+		case he.failed:
+		case denied:
+			a.log.Warn("RAPL energy counters not readable (permission denied): cpu_energy_J and dram_energy_J stay empty until they are; logged again when they are read", "hint", rapl.PermissionFix("trainmeter"), "err", err)
+		default:
+			a.log.Warn("RAPL energy counters not read; logged again when they are", "err", err)
 		}
 		he.failed = true
-		he.status = statusOf(err)
+		he.status = "error: " + err.Error()
+		if denied {
+			he.status = "permission denied: " + err.Error()
+		}
 		he.mu.Unlock()
 		return
 	}
@@ -124,13 +128,6 @@ func (a *Agent) pollHostEnergy() {
 	}
 	a.ledger.AddHostPoint(p)
 	he.reads.Add(1)
-}
-
-func statusOf(err error) string {
-	if errors.Is(err, rapl.ErrPermission) {
-		return "permission denied: " + err.Error()
-	}
-	return "error: " + err.Error()
 }
 
 // hostEnergyStatus is what the Hello and GET /status say.
@@ -183,7 +180,6 @@ func treeCPU(procRoot string, runs []ledger.SharedRun) map[string]float64 {
 	for _, r := range runs {
 		seen := map[int]bool{}
 		var ticks uint64
-		found := false
 		stack := append([]int(nil), r.Roots...)
 		for len(stack) > 0 {
 			pid := stack[len(stack)-1]
@@ -192,11 +188,11 @@ func treeCPU(procRoot string, runs []ledger.SharedRun) map[string]float64 {
 			if !ok || seen[pid] {
 				continue
 			}
-			seen[pid], found = true, true
+			seen[pid] = true
 			ticks += st.ticks
 			stack = append(stack, children[pid]...)
 		}
-		if found {
+		if len(seen) > 0 {
 			out[r.ID] = float64(ticks) / userHZ
 		}
 	}

@@ -2,14 +2,16 @@ package agent
 
 import (
 	"log/slog"
+	"slices"
 
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/uplink"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
 )
 
 // securityConfig sets the uplink's TLS credentials and ingest token from
 // cfg. Both files are re-read when they change.
-func securityConfig(cfg Config, u *uplink.Config, log *slog.Logger) error {
+func securityConfig(cfg agentconfig.Config, u *uplink.Config, log *slog.Logger) error {
 	secure := cfg.TLSOptions().Enabled()
 	if secure {
 		creds, err := tlsfiles.ClientCredentials(cfg.TLSOptions(), log)
@@ -20,7 +22,8 @@ func securityConfig(cfg Config, u *uplink.Config, log *slog.Logger) error {
 	}
 	if cfg.TokenFile != "" {
 		// Validate refused a token over plaintext to another machine.
-		tok, err := tlsfiles.TokenFromFile(cfg.TokenFile, !secure && allLoopback(cfg.Collectors()), log)
+		remote := slices.ContainsFunc(cfg.Collectors(), func(a string) bool { return !tlsfiles.IsLoopback(a) })
+		tok, err := tlsfiles.TokenFromFile(cfg.TokenFile, !secure && !remote, log)
 		if err != nil {
 			return err
 		}
@@ -31,20 +34,9 @@ func securityConfig(cfg Config, u *uplink.Config, log *slog.Logger) error {
 
 // allowedUIDs is the socket's uid allow-list: the configured uids plus root,
 // or nil (any uid the socket's permissions let in) when none are configured.
-func allowedUIDs(cfg Config) []uint32 {
+func allowedUIDs(cfg agentconfig.Config) []uint32 {
 	if len(cfg.AllowedUIDs) == 0 {
 		return nil
 	}
 	return append([]uint32{0}, cfg.AllowedUIDs...)
-}
-
-// allLoopback: every collector is on this machine (a token may then go
-// without TLS).
-func allLoopback(addrs []string) bool {
-	for _, a := range addrs {
-		if !tlsfiles.IsLoopback(a) {
-			return false
-		}
-	}
-	return true
 }

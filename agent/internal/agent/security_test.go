@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/pkg/tlsfiles"
@@ -136,7 +137,7 @@ func TestAgentSendsTokenOverMTLSAndNeverLogsIt(t *testing.T) {
 	fctx, fcancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer fcancel()
 	if err := a.up.Flush(fctx); err != nil {
-		t.Fatalf("batches not acked after the token rotation: %v %+v\n%s", err, a.UplinkStats(), logs.String())
+		t.Fatalf("batches not acked after the token rotation: %v %+v\n%s", err, a.Status().Uplink, logs.String())
 	}
 	tr.conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -162,7 +163,7 @@ func TestAgentSendsTokenOverMTLSAndNeverLogsIt(t *testing.T) {
 }
 
 // cfgAllows mirrors the socket's allow-list for a uid (root always).
-func cfgAllows(cfg Config, uid uint32) bool {
+func cfgAllows(cfg agentconfig.Config, uid uint32) bool {
 	l := allowedUIDs(cfg)
 	if l == nil {
 		return true

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"slices"
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
@@ -61,7 +62,7 @@ func (a *Agent) pollSharing() {
 			instances := map[string]map[uint32]int{} // run -> MIG instance -> slices
 			for pid, u := range use {
 				for _, r := range rs {
-					if !inAnyTree(a.procRoot, int(pid), r.Roots, ppids) {
+					if !slices.ContainsFunc(r.Roots, func(root int) bool { return inTree(a.procRoot, int(pid), root, ppids) }) {
 						continue
 					}
 					w := work[r.ID]
@@ -87,15 +88,6 @@ func (a *Agent) pollSharing() {
 		}
 		a.ledger.SetWork(g, work)
 	}
-}
-
-func inAnyTree(procRoot string, pid int, roots []int, ppids map[int]int) bool {
-	for _, root := range roots {
-		if inTree(procRoot, pid, root, ppids) {
-			return true
-		}
-	}
-	return false
 }
 
 // setMIGSlices gives each run the compute slices of the MIG instances its

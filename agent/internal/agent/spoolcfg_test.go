@@ -8,7 +8,7 @@ import (
 )
 
 // DefaultConfig is the agent's default configuration, for the tests.
-func DefaultConfig() Config { return agentconfig.DefaultConfig() }
+func DefaultConfig() agentconfig.Config { return agentconfig.DefaultConfig() }
 
 func TestSpoolConfigValidated(t *testing.T) {
 	c := DefaultConfig()

@@ -42,11 +42,9 @@ func (a *Agent) restoreLedger() error {
 	}
 	var bad []string
 	for _, p := range problems {
-		if !p.empty {
-			bad = append(bad, a.state.path(p.slot))
-			a.log.Warn("ledger state slot unreadable (a write torn by a kill -9 or a crash, or damage); not used",
-				"file", a.state.path(p.slot), "err", p.err)
-		}
+		bad = append(bad, a.state.path(p.slot))
+		a.log.Warn("ledger state slot unreadable (a write torn by a kill -9 or a crash, or damage); not used",
+			"file", a.state.path(p.slot), "err", p.err)
 	}
 	if from < 0 {
 		if len(bad) > 0 {

@@ -85,16 +85,15 @@ func (ss *stateSlots) file(i int) (stateSlotFile, error) {
 	return ss.files[i], nil
 }
 
-// slotProblem says why a slot holds no usable checkpoint; empty says it
-// was never written (a new file), which is no problem.
+// slotProblem says why a slot holds no usable checkpoint.
 type slotProblem struct {
-	slot  int
-	empty bool
-	err   error
+	slot int
+	err  error
 }
 
 // load reads both slots and returns the payload of the newest valid one,
-// which slot it came from (-1: none), and what was wrong with the others.
+// which slot it came from (-1: none), and what was wrong with the others
+// (a slot never written, a new file, is no problem).
 // The next write goes to the slot that does not hold the payload returned.
 // A slot of another format version refuses the whole state (err, a
 // *spool.FormatError): the agent that wrote it may still resume from it.
@@ -106,14 +105,14 @@ func (ss *stateSlots) load() (payload []byte, from int, problems []slotProblem, 
 			problems = append(problems, slotProblem{slot: i, err: err})
 			continue
 		}
-		p, seq, err := readStateSlot(f)
-		var other otherVersion
-		if errors.As(err, &other) {
-			return nil, -1, nil, &spool.FormatError{What: "ledger state " + ss.path(i), Format: "ledger state",
-				Have: uint32(other), Want: stateSlotVersion, Lost: "the open runs it holds are not resumed"}
+		p, seq, err := readStateSlot(f, ss.path(i))
+		if fe := (*spool.FormatError)(nil); errors.As(err, &fe) {
+			return nil, -1, nil, err
 		}
 		if err != nil {
-			problems = append(problems, slotProblem{slot: i, empty: errors.Is(err, errSlotEmpty), err: err})
+			if !errors.Is(err, errSlotEmpty) {
+				problems = append(problems, slotProblem{slot: i, err: err})
+			}
 			continue
 		}
 		if from < 0 || seq > ss.seq {
@@ -129,14 +128,9 @@ func (ss *stateSlots) load() (payload []byte, from int, problems []slotProblem, 
 
 var errSlotEmpty = errors.New("empty")
 
-// otherVersion is a slot's format version when it is not stateSlotVersion.
-type otherVersion uint32
-
-func (v otherVersion) Error() string {
-	return fmt.Sprintf("format version %d, this agent reads %d", uint32(v), stateSlotVersion)
-}
-
-func readStateSlot(f io.ReaderAt) (payload []byte, seq uint64, err error) {
+// readStateSlot reads the slot file f (named path); a slot of another
+// format version is a *spool.FormatError.
+func readStateSlot(f io.ReaderAt, path string) (payload []byte, seq uint64, err error) {
 	hdr := make([]byte, stateSlotHeader)
 	n, err := f.ReadAt(hdr, 0)
 	if n == 0 && (err == nil || errors.Is(err, io.EOF)) {
@@ -155,7 +149,8 @@ func readStateSlot(f io.ReaderAt) (payload []byte, seq uint64, err error) {
 	case v > maxStateSlotVersion:
 		return nil, 0, fmt.Errorf("format version field %d is damage, not a version", v)
 	case v != stateSlotVersion:
-		return nil, 0, otherVersion(v)
+		return nil, 0, &spool.FormatError{What: "ledger state " + path, Format: "ledger state",
+			Have: v, Want: stateSlotVersion, Lost: "the open runs it holds are not resumed"}
 	}
 	seq = binary.LittleEndian.Uint64(hdr[12:20])
 	size := binary.LittleEndian.Uint32(hdr[20:24])

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
+	"github.com/trainmeter/trainmeter/agent/internal/uplink"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 	"github.com/trainmeter/trainmeter/pkg/selfmetrics"
@@ -153,21 +154,19 @@ type CollectorStatus struct {
 	Pending      int     `json:"batches_pending"` // spooled batches this collector has not acked
 }
 
+func collectorStatus(addr string, s uplink.Stats) CollectorStatus {
+	return CollectorStatus{Collector: addr, Connected: s.Connected, Connects: s.Connects,
+		Sent: s.Sent, Acked: s.Acked, Rejected: s.Rejected, Pending: s.Pending}
+}
+
 // UplinkStatus mirrors uplink.Stats over all collectors: counts are summed,
 // Connected is whether every collector is, UnreachableS the longest any has
 // been unreachable, Pending the batches not yet acked by every collector.
 type UplinkStatus struct {
-	Collector    string  `json:"collector"`
-	Connected    bool    `json:"connected"`
-	Connects     uint64  `json:"connects"`
-	UnreachableS float64 `json:"unreachable_s"` // 0 when connected
-	Enqueued     uint64  `json:"batches_enqueued"`
-	Sent         uint64  `json:"batches_sent"`
-	Acked        uint64  `json:"batches_acked"`
-	Rejected     uint64  `json:"batches_rejected"`
-	Dropped      uint64  `json:"batches_dropped"`
-	Pending      int     `json:"batches_pending"`
-	SpoolBytes   int64   `json:"spool_bytes"` // the on-disk spool's size
+	CollectorStatus
+	Enqueued   uint64 `json:"batches_enqueued"`
+	Dropped    uint64 `json:"batches_dropped"`
+	SpoolBytes int64  `json:"spool_bytes"` // the on-disk spool's size
 }
 
 // SocketStatus is the trainer socket's counters.
@@ -204,11 +203,8 @@ func (a *Agent) Status() Status {
 			JitterTicks:     int(min(s.jitter.Count(), jitterTicks)),
 			LastGoodReadS:   now.Sub(time.Unix(0, s.lastGoodRead.Load())).Seconds(),
 		},
-		Uplink: UplinkStatus{
-			Collector: a.cfg.Collector, Connected: up.Connected, Connects: up.Connects,
-			Enqueued: up.Enqueued, Sent: up.Sent, Acked: up.Acked, Rejected: up.Rejected, Dropped: up.Dropped,
-			Pending: up.Pending, SpoolBytes: up.SpoolBytes,
-		},
+		Uplink: UplinkStatus{CollectorStatus: collectorStatus(a.cfg.Collector, up),
+			Enqueued: up.Enqueued, Dropped: up.Dropped, SpoolBytes: up.SpoolBytes},
 		Socket:     SocketStatus{Stats: a.sock.Stats(), RefusedEvents: a.ledger.RefusedEvents()},
 		ActiveRuns: len(a.ledger.ActiveRuns()),
 	}
@@ -220,10 +216,8 @@ func (a *Agent) Status() Status {
 	}
 	st.Collectors = []CollectorStatus{}
 	for i, u := range a.up.Uplinks() {
-		us := u.Stats()
-		cs := CollectorStatus{Collector: u.Address(), Connected: us.Connected, Connects: us.Connects,
-			Sent: us.Sent, Acked: us.Acked, Rejected: us.Rejected, Pending: us.Pending}
-		if us.Connected {
+		cs := collectorStatus(u.Address(), u.Stats())
+		if cs.Connected {
 			s.lastConnected[i].Store(now.UnixNano())
 		} else {
 			cs.UnreachableS = now.Sub(time.Unix(0, s.lastConnected[i].Load())).Seconds()

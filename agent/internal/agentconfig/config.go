@@ -87,7 +87,6 @@ func (c *Config) TLSOptions() tlsfiles.ClientOptions {
 	return tlsfiles.ClientOptions{CAFile: c.TLSCA, CertFile: c.TLSCert, KeyFile: c.TLSKey, ServerName: c.TLSServerName}
 }
 
-// DefaultConfig is what the agent runs with when nothing is set.
 // DefaultWarmupSteps: the default warmup also ends at the 20th step. The
 // first steps carry compilation, autotuning and allocator growth, and 20
 // steps are past them in the trainers we know, yet a short run (train_sim.py's
@@ -102,6 +101,7 @@ const DefaultSpoolDir = "/var/lib/trainmeter/spool"
 // collector outage for an 8-GPU node (see spool.DefaultMaxBytes).
 const DefaultSpoolMaxBytes = spool.DefaultMaxBytes
 
+// DefaultConfig is what the agent runs with when nothing is set.
 func DefaultConfig() Config {
 	return Config{
 		Collector:     "127.0.0.1:7433",
@@ -146,32 +146,23 @@ func LoadConfigFile(path string, cfg *Config) error {
 func (c *Config) Validate() error {
 	var errs []error
 	errs = append(errs, c.validateCollectors()...)
-	if c.Socket == "" {
-		errs = append(errs, errors.New("socket path is empty"))
-	}
-	if c.Interval < time.Millisecond || c.Interval > 10*time.Second {
-		errs = append(errs, fmt.Errorf("interval %v: want between 1ms and 10s", c.Interval))
-	}
-	if c.Warmup < 0 {
-		errs = append(errs, fmt.Errorf("warmup %v: must not be negative", c.Warmup))
-	}
-	if c.HostInterval <= 0 {
-		errs = append(errs, fmt.Errorf("host_interval %v: must be positive", c.HostInterval))
-	}
-	if c.Spool == "" {
-		errs = append(errs, errors.New("spool directory is empty"))
-	}
-	if c.SpoolMaxBytes < spool.MinMaxBytes {
-		errs = append(errs, fmt.Errorf("spool_max_bytes %d: want at least %d", c.SpoolMaxBytes, spool.MinMaxBytes))
-	}
-	if c.SocketMaxConnsPerUID < 1 {
-		errs = append(errs, fmt.Errorf("socket_max_conns_per_uid %d: want at least 1", c.SocketMaxConnsPerUID))
-	}
-	if c.SocketIdleTimeout < 0 {
-		errs = append(errs, fmt.Errorf("socket_idle_timeout %v: must not be negative (0: never)", c.SocketIdleTimeout))
-	}
-	if c.RejoinGrace < 0 {
-		errs = append(errs, fmt.Errorf("rejoin_grace %v: must not be negative", c.RejoinGrace))
+	for _, rule := range []struct {
+		bad bool
+		err error
+	}{
+		{c.Socket == "", errors.New("socket path is empty")},
+		{c.Interval < time.Millisecond || c.Interval > 10*time.Second, fmt.Errorf("interval %v: want between 1ms and 10s", c.Interval)},
+		{c.Warmup < 0, fmt.Errorf("warmup %v: must not be negative", c.Warmup)},
+		{c.HostInterval <= 0, fmt.Errorf("host_interval %v: must be positive", c.HostInterval)},
+		{c.Spool == "", errors.New("spool directory is empty")},
+		{c.SpoolMaxBytes < spool.MinMaxBytes, fmt.Errorf("spool_max_bytes %d: want at least %d", c.SpoolMaxBytes, spool.MinMaxBytes)},
+		{c.SocketMaxConnsPerUID < 1, fmt.Errorf("socket_max_conns_per_uid %d: want at least 1", c.SocketMaxConnsPerUID)},
+		{c.SocketIdleTimeout < 0, fmt.Errorf("socket_idle_timeout %v: must not be negative (0: never)", c.SocketIdleTimeout)},
+		{c.RejoinGrace < 0, fmt.Errorf("rejoin_grace %v: must not be negative", c.RejoinGrace)},
+	} {
+		if rule.bad {
+			errs = append(errs, rule.err)
+		}
 	}
 	if err := c.TLSOptions().Validate(); err != nil {
 		errs = append(errs, err)

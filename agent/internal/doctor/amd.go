@@ -8,6 +8,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/internal/gpu/amdgpu"
 	"github.com/trainmeter/trainmeter/internal/gpu/amdgpu/amdsmi"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 )
 
@@ -47,7 +48,7 @@ func checkAMD(o Options, auto bool, r *Report) {
 		s := b.Sources(i)
 		cards = append(cards, fmt.Sprintf("%s (%s)", s.Card, s.PCI))
 	}
-	msg := fmt.Sprintf("%s under %s: %s", plural(len(devs), "amdgpu card"), sysfs, strings.Join(cards, ", "))
+	msg := fmt.Sprintf("%s under %s: %s", plural.N(len(devs), "amdgpu card"), sysfs, strings.Join(cards, ", "))
 	if auto {
 		msg = "--gpu auto found no NVIDIA GPU and uses amd: " + msg
 	}
@@ -95,7 +96,7 @@ func amdSMICheck(b *amdgpu.Backend, lib *amdsmi.Lib, smiErr error, r *Report) {
 	}
 	switch {
 	case smiErr == nil:
-		msg := fmt.Sprintf("%s loaded, %s", lib.Path(), plural(lib.GPUs(), "GPU"))
+		msg := fmt.Sprintf("%s loaded, %s", lib.Path(), plural.N(lib.GPUs(), "GPU"))
 		if len(fromSMI) > 0 {
 			msg += "; energy counter from it for " + strings.Join(fromSMI, ", ")
 		}

@@ -174,11 +174,16 @@ func (r *Report) WriteText(w io.Writer) error {
 	for _, c := range r.Checks {
 		width = max(width, len(c.Name))
 	}
+	// What each section checked, beside its name.
+	notes := map[string]string{
+		SectionGPU: " (--gpu " + r.GPU + ")", SectionSocket: " (" + r.Socket + ")", SectionCollector: " (" + r.Collector + ")",
+		SectionSpool: " (" + r.Spool + ")", SectionHostEnergy: " (RAPL: cpu_energy_J, dram_energy_J)",
+	}
 	section := ""
 	for _, c := range r.Checks {
 		if c.Section != section {
 			section = c.Section
-			fmt.Fprintf(&b, "\n%s%s\n", section, r.sectionNote(section))
+			fmt.Fprintf(&b, "\n%s%s\n", section, notes[section])
 		}
 		fmt.Fprintf(&b, "  %-4s  %-*s  %s\n", c.Status, width, c.Name, c.Message)
 		if c.Hint != "" {
@@ -197,20 +202,4 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
-}
-
-func (r *Report) sectionNote(section string) string {
-	switch section {
-	case SectionGPU:
-		return " (--gpu " + r.GPU + ")"
-	case SectionSocket:
-		return " (" + r.Socket + ")"
-	case SectionCollector:
-		return " (" + r.Collector + ")"
-	case SectionSpool:
-		return " (" + r.Spool + ")"
-	case SectionHostEnergy:
-		return " (RAPL: cpu_energy_J, dram_energy_J)"
-	}
-	return ""
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/gpu/nvmlgpu"
 	"github.com/trainmeter/trainmeter/agent/internal/gpuopen"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 )
 
@@ -55,7 +56,7 @@ func checkNVML(o Options, sp gpuopen.Spec, r *Report) {
 			parts = append(parts, v[0]+v[1])
 		}
 	}
-	parts = append(parts, plural(len(rep.GPUs), "GPU"))
+	parts = append(parts, plural.N(len(rep.GPUs), "GPU"))
 	if len(rep.GPUs) == 0 {
 		r.add(SectionGPU, "nvml", Fail, prefix+strings.Join(parts, ", "),
 			"nvidia-smi -L should list the GPUs; in a container, pass them in (--gpus all, or the NVIDIA device plugin). "+noGPUHint)
@@ -162,7 +163,7 @@ func checkSimulated(o Options, sp gpuopen.Spec, r *Report) {
 	case gpuopen.KindSim:
 		r.add(SectionGPU, "backend", OK, fmt.Sprintf("simulated GPUs (sim:%d, seed %d): the numbers are synthetic, not measured", sp.N, sp.Seed), "")
 	default:
-		r.add(SectionGPU, "backend", OK, fmt.Sprintf("replay of %s (%s): the numbers are a recorded trace, not measured", sp.Path, plural(len(devs), "GPU")), "")
+		r.add(SectionGPU, "backend", OK, fmt.Sprintf("replay of %s (%s): the numbers are a recorded trace, not measured", sp.Path, plural.N(len(devs), "GPU")), "")
 	}
 	first, second, gap, readErr := o.readTwice(b, len(devs))
 	for i, d := range devs {
@@ -206,14 +207,4 @@ func (o Options) readTwice(b gpu.Backend, n int) (first, second []gpu.Sample, ga
 	t1 := o.clock().Now()
 	err2 := b.Read(t1, second)
 	return first, second, t1.Sub(t0), cmp.Or(err1, err2)
-}
-
-func plural(n int, what string) string {
-	if n == 1 {
-		return "1 " + what
-	}
-	if strings.HasSuffix(what, "ch") {
-		return fmt.Sprintf("%d %ses", n, what)
-	}
-	return fmt.Sprintf("%d %ss", n, what)
 }

@@ -105,7 +105,7 @@ func raplOK(o Options, r *Report, zones []rapl.Zone, a, b rapl.Reading) {
 }
 
 // rootOnly lists the zones whose energy_uj neither its group nor others
-// may read, described as "intel-rapl:0/energy_uj 0400 root:root".
+// may read, described as "intel-rapl:0/energy_uj mode 0400, owner root (0), group root".
 func rootOnly(zones []rapl.Zone) []string {
 	var out []string
 	for _, z := range zones {
@@ -114,8 +114,7 @@ func rootOnly(zones []rapl.Zone) []string {
 		if err != nil || fi.Mode().Perm()&0o044 != 0 {
 			continue
 		}
-		uid, gid := ownerOf(fi)
-		out = append(out, fmt.Sprintf("%s/energy_uj mode %04o, owner %s, group %s", z.ID, fi.Mode().Perm(), userName(uid), groupName(gid)))
+		out = append(out, z.ID+"/energy_uj "+describeFile(fi))
 	}
 	return out
 }

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
 )
 
 // pingLine is what the socket probe sends: an event the agent does not know,
@@ -53,7 +55,7 @@ func checkSocket(ctx context.Context, o Options, r *Report) {
 		return
 	}
 	uid, gid := ownerOf(fi)
-	r.add(SectionSocket, "path", OK, fmt.Sprintf("%s is a socket, mode %04o, owner %s, group %s", path, fi.Mode().Perm(), userName(uid), groupName(gid)), "")
+	r.add(SectionSocket, "path", OK, fmt.Sprintf("%s is a socket, %s", path, describeFile(fi)), "")
 
 	checkAccess(o, r, fi, uid, gid)
 	checkConnect(ctx, o, r, path)
@@ -178,6 +180,20 @@ func checkConnect(ctx context.Context, o Options, r *Report, path string) {
 	}
 }
 
+// peerInfo names the process on the other end of a Unix socket (SO_PEERCRED:
+// the agent that listens), as " (pid N, user U)", or "" when unknown.
+func peerInfo(c net.Conn) string {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return ""
+	}
+	pid, uid, _, err := trainersock.PeerCred(uc)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf(" (pid %d, user %s)", pid, userName(int(uid)))
+}
+
 // inGroup reports whether this process has gid among its groups.
 func inGroup(gid int) bool {
 	if gid < 0 {
@@ -215,6 +231,11 @@ func describeOwner(path string) string {
 	if err != nil {
 		return err.Error()
 	}
+	return describeFile(fi)
+}
+
+// describeFile is "mode 0660, owner root (0), group trainmeter".
+func describeFile(fi fs.FileInfo) string {
 	uid, gid := ownerOf(fi)
 	return fmt.Sprintf("mode %04o, owner %s, group %s", fi.Mode().Perm(), userName(uid), groupName(gid))
 }

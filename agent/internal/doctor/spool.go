@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
+	"github.com/trainmeter/trainmeter/internal/plural"
 )
 
 // unackedWarn is how many unacked batches (1 s each) make the spool check
@@ -82,7 +83,7 @@ func checkSpool(o Options, r *Report) {
 		default:
 			stats := s.Stats()
 			_ = s.Close()
-			notes = append(notes, fmt.Sprintf("no agent running on it; %s not yet acked by the collector (sent when the agent starts)", plural(stats.Unacked, "batch")))
+			notes = append(notes, fmt.Sprintf("no agent running on it; %s not yet acked by the collector (sent when the agent starts)", plural.N(stats.Unacked, "batch")))
 			if stats.Unacked > unackedWarn && st == OK {
 				st = Warn
 				hint = "these batches wait for the collector; start the agent with a reachable collector to deliver them"

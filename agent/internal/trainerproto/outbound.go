@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 
 	"github.com/trainmeter/trainmeter/pkg/trainerwire"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 type adviceLine struct {
@@ -27,52 +28,42 @@ type adviceLine struct {
 	FromPrefetchFactor *int `json:"from_prefetch_factor,omitempty"`
 }
 
-// AdviceFigures are the measurements an advice line carries beside the
-// settings. A negative GPUUtilization or RAMUsage means unknown (omitted).
-type AdviceFigures struct {
-	Classification string
-	DataWaitShare  float64
-	GPUUtilization float64
-	RAMUsage       float64
-	ExpectedGain   float64
-	MaxWorkers     int
-	// FromNumWorkers / FromPrefetchFactor: the baseline of the change;
-	// FromPrefetchFactor 0 means unknown (both omitted).
-	FromNumWorkers     int
-	FromPrefetchFactor int
-}
-
 // ErrorLine builds {"event":"error","error":msg,"line":line}\n. line is the
 // 1-based line number on the connection; it is omitted when ≤ 0.
 func ErrorLine(msg string, line int) []byte {
-	return encode(trainerwire.ErrorLine{Event: EventError, Error: msg, Line: line})
+	return encode(trainerwire.ErrorLine{Event: trainerwire.EventError, Error: msg, Line: line})
 }
 
-// AdviceLine builds a dataloader advice line: the settings
+// AdviceLine builds a dataloader advice line from the collector's advice:
+// the settings
 // {"event":"advice","run_id":…,"kind":"dataloader","num_workers":…,"prefetch_factor":…,"reason":…}
 // and the figures that led to them: "classification", "data_wait_share",
 // "gpu_utilization", "ram_usage", "expected_gain" (shares 0..1),
 // "max_workers", and the baseline "from_num_workers" / "from_prefetch_factor".
-func AdviceLine(runID string, numWorkers, prefetch int, reason string, f AdviceFigures) []byte {
-	l := adviceLine{Event: EventAdvice, RunID: runID, Kind: "dataloader",
-		NumWorkers: numWorkers, PrefetchFactor: prefetch, Reason: reason,
-		Classification: f.Classification, DataWaitShare: &f.DataWaitShare, ExpectedGain: &f.ExpectedGain,
-		MaxWorkers: f.MaxWorkers}
-	if f.GPUUtilization >= 0 {
-		l.GPUUtilization = &f.GPUUtilization
+// A negative gpu_utilization or ram_usage is unknown, and a
+// from_prefetch_factor of 0 an unknown baseline: those keys are left out.
+func AdviceLine(runID string, d *trainmeterv1.DataloaderAdvice) []byte {
+	dataWait, gain, gpu, ram := d.GetDataWaitShare(), d.GetExpectedGain(), d.GetGpuUtilization(), d.GetRamUsage()
+	fromWorkers, fromPrefetch := int(d.GetFromNumWorkers()), int(d.GetFromPrefetchFactor())
+	l := adviceLine{Event: trainerwire.EventAdvice, RunID: runID, Kind: "dataloader",
+		NumWorkers: int(d.GetNumWorkers()), PrefetchFactor: int(d.GetPrefetchFactor()), Reason: d.GetReason(),
+		Classification: d.GetClassification(), DataWaitShare: &dataWait, ExpectedGain: &gain,
+		MaxWorkers: int(d.GetMaxWorkers())}
+	if gpu >= 0 {
+		l.GPUUtilization = &gpu
 	}
-	if f.RAMUsage >= 0 {
-		l.RAMUsage = &f.RAMUsage
+	if ram >= 0 {
+		l.RAMUsage = &ram
 	}
-	if f.FromPrefetchFactor > 0 {
-		l.FromNumWorkers, l.FromPrefetchFactor = &f.FromNumWorkers, &f.FromPrefetchFactor
+	if fromPrefetch > 0 {
+		l.FromNumWorkers, l.FromPrefetchFactor = &fromWorkers, &fromPrefetch
 	}
 	return encode(l)
 }
 
 // StopLine builds {"event":"stop","run_id":…,"reason":…}\n.
 func StopLine(runID, reason string) []byte {
-	return encode(trainerwire.StopLine{Event: EventStop, RunID: runID, Reason: reason})
+	return encode(trainerwire.StopLine{Event: trainerwire.EventStop, RunID: runID, Reason: reason})
 }
 
 // encode marshals v as one compact JSON line ending in '\n', without HTML

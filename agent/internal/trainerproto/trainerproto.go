@@ -7,18 +7,17 @@
 //
 //	step: tokens must be a non-negative integer
 //
-// Field errors are prefixed with the event name; the envelope errors are
-// "invalid UTF-8", "invalid JSON: …", `missing "event"`, `"event" must be a
-// string`, `unknown event "foo"`, "missing run_id" and the other run_id
-// messages listed on ErrKindRunID.
+// Field errors are prefixed with the event name; the ErrKind constants list
+// the envelope's errors.
 package trainerproto
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -34,20 +33,6 @@ import (
 // MaxEndErrorBytes bounds run_end's "error": a longer one is cut there, at
 // a character boundary (a failing trainer is not refused its end).
 const MaxEndErrorBytes = batchcheck.MaxEndErrorBytes
-
-// Event names, as carried in the "event" key (pkg/trainerwire, shared
-// with `trainmeter run`).
-const (
-	EventRunStart = trainerwire.EventRunStart
-	EventStep     = trainerwire.EventStep
-	EventEval     = trainerwire.EventEval
-	EventRunEnd   = trainerwire.EventRunEnd
-
-	// Outbound only.
-	EventError  = trainerwire.EventError
-	EventAdvice = trainerwire.EventAdvice
-	EventStop   = trainerwire.EventStop
-)
 
 // Limits applied by Parse.
 const (
@@ -144,29 +129,14 @@ type RunEnd struct {
 	Error string
 }
 
-// Kind implements Event.
-func (*RunStart) Kind() string { return EventRunStart }
-
-// RunID implements Event.
+func (*RunStart) Kind() string    { return trainerwire.EventRunStart }
 func (e *RunStart) RunID() string { return e.Run }
-
-// Kind implements Event.
-func (*Step) Kind() string { return EventStep }
-
-// RunID implements Event.
-func (e *Step) RunID() string { return e.Run }
-
-// Kind implements Event.
-func (*Eval) Kind() string { return EventEval }
-
-// RunID implements Event.
-func (e *Eval) RunID() string { return e.Run }
-
-// Kind implements Event.
-func (*RunEnd) Kind() string { return EventRunEnd }
-
-// RunID implements Event.
-func (e *RunEnd) RunID() string { return e.Run }
+func (*Step) Kind() string        { return trainerwire.EventStep }
+func (e *Step) RunID() string     { return e.Run }
+func (*Eval) Kind() string        { return trainerwire.EventEval }
+func (e *Eval) RunID() string     { return e.Run }
+func (*RunEnd) Kind() string      { return trainerwire.EventRunEnd }
+func (e *RunEnd) RunID() string   { return e.Run }
 
 // ErrKind classifies a parse error (for counters).
 type ErrKind string
@@ -183,10 +153,8 @@ const (
 
 // Error is the error type Parse returns.
 type Error struct {
-	Kind  ErrKind
-	Event string // event name when known, else ""
-	Field string // offending key when there is one, else ""
-	Msg   string // full message, already prefixed
+	Kind ErrKind
+	Msg  string // full message, already prefixed
 }
 
 func (e *Error) Error() string { return e.Msg }
@@ -207,8 +175,8 @@ func Parse(line []byte) (Event, error) {
 	flat := flatPool.Get().(*flatObject)
 	defer flatPool.Put(flat)
 	if scanFlat(trimmed, flat) {
-		if ev, ok := flat.get("event"); ok && string(ev) == `"`+EventStep+`"` {
-			d := decoder{event: EventStep, flat: flat}
+		if ev, ok := flat.get("event"); ok && string(ev) == `"`+trainerwire.EventStep+`"` {
+			d := decoder{event: trainerwire.EventStep, flat: flat}
 			run, err := d.runID()
 			if err != nil {
 				return nil, err
@@ -226,10 +194,6 @@ func parseGeneral(trimmed []byte) (Event, error) {
 	if err := json.Unmarshal(trimmed, &m); err != nil {
 		return nil, &Error{Kind: ErrKindJSON, Msg: "invalid JSON: " + strings.TrimPrefix(err.Error(), "json: ")}
 	}
-	if m == nil { // defensive; cannot happen for an object
-		return nil, &Error{Kind: ErrKindJSON, Msg: "invalid JSON: expected an object"}
-	}
-
 	rawEv, ok := m["event"]
 	if !ok || isNull(rawEv) {
 		return nil, &Error{Kind: ErrKindMissingEvent, Msg: `missing "event"`}
@@ -239,7 +203,7 @@ func parseGeneral(trimmed []byte) (Event, error) {
 		return nil, &Error{Kind: ErrKindMissingEvent, Msg: `"event" must be a string`}
 	}
 	switch name {
-	case EventRunStart, EventStep, EventEval, EventRunEnd:
+	case trainerwire.EventRunStart, trainerwire.EventStep, trainerwire.EventEval, trainerwire.EventRunEnd:
 	default:
 		return nil, &Error{Kind: ErrKindUnknownEvent, Msg: "unknown event " + strconv.Quote(truncate(name, 64))}
 	}
@@ -250,11 +214,11 @@ func parseGeneral(trimmed []byte) (Event, error) {
 		return nil, err
 	}
 	switch name {
-	case EventRunStart:
+	case trainerwire.EventRunStart:
 		return d.runStart(run)
-	case EventStep:
+	case trainerwire.EventStep:
 		return d.step(run)
-	case EventEval:
+	case trainerwire.EventEval:
 		return d.eval(run)
 	default:
 		return d.runEnd(run)
@@ -289,11 +253,15 @@ func (d *decoder) opt(key string) (json.RawMessage, bool) {
 	return raw, ok && !isNull(raw)
 }
 
-// fail records a field error unless one is recorded already.
+// fail records an error about field unless one is recorded already.
 func (d *decoder) fail(field, format string, args ...any) {
+	d.failf("%s %s", field, fmt.Sprintf(format, args...))
+}
+
+// failf records an error of the event unless one is recorded already.
+func (d *decoder) failf(format string, args ...any) {
 	if d.err == nil {
-		d.err = &Error{Kind: ErrKindField, Event: d.event, Field: field,
-			Msg: d.event + ": " + field + " " + fmt.Sprintf(format, args...)}
+		d.err = &Error{Kind: ErrKindField, Msg: d.event + ": " + fmt.Sprintf(format, args...)}
 	}
 }
 
@@ -306,27 +274,22 @@ func (d *decoder) result(ev Event) (Event, error) {
 }
 
 func (d *decoder) runID() (string, error) {
-	raw, ok := d.opt("run_id")
-	mk := func(msg string) error {
-		return &Error{Kind: ErrKindRunID, Event: d.event, Field: "run_id", Msg: msg}
+	raw, present := d.opt("run_id")
+	s, isString := jsonString(raw)
+	var msg string
+	switch {
+	case !present || isString && s == "":
+		msg = "missing run_id"
+	case !isString:
+		msg = "run_id must be a string"
+	case len(s) > MaxRunIDBytes:
+		msg = fmt.Sprintf("run_id too long: %d bytes > %d", len(s), MaxRunIDBytes)
+	case !printable(s):
+		msg = "run_id must be printable UTF-8"
+	default:
+		return s, nil
 	}
-	if !ok {
-		return "", mk("missing run_id")
-	}
-	s, ok := jsonString(raw)
-	if !ok {
-		return "", mk("run_id must be a string")
-	}
-	if s == "" {
-		return "", mk("missing run_id")
-	}
-	if len(s) > MaxRunIDBytes {
-		return "", mk(fmt.Sprintf("run_id too long: %d bytes > %d", len(s), MaxRunIDBytes))
-	}
-	if !printable(s) {
-		return "", mk("run_id must be printable UTF-8")
-	}
-	return s, nil
+	return "", &Error{Kind: ErrKindRunID, Msg: msg}
 }
 
 // str decodes an optional string field bounded to max bytes.
@@ -347,71 +310,54 @@ func (d *decoder) str(key string, max int) string {
 	return s
 }
 
-// uint decodes an optional non-negative integer that fits uint64.
-func (d *decoder) uint(key string) *uint64 {
+// optional decodes the optional key with parse; a value parse refuses is
+// the field error why.
+func optional[T any](d *decoder, key string, parse func(json.RawMessage) (T, bool), why string) *T {
 	raw, ok := d.opt(key)
 	if !ok {
 		return nil
 	}
-	v, ok := parseUint(raw)
+	v, ok := parse(raw)
 	if !ok {
-		d.fail(key, "must be a non-negative integer")
+		d.fail(key, "%s", why)
 		return nil
 	}
 	return &v
+}
+
+// uint decodes an optional non-negative integer that fits uint64.
+func (d *decoder) uint(key string) *uint64 {
+	return optional(d, key, parseUint, "must be a non-negative integer")
 }
 
 // bool decodes an optional true or false.
 func (d *decoder) bool(key string) *bool {
-	raw, ok := d.opt(key)
-	if !ok {
-		return nil
-	}
-	if k := kindOf(raw); k != 't' && k != 'f' {
-		d.fail(key, "must be true or false")
-		return nil
-	}
-	v := kindOf(raw) == 't'
-	return &v
+	return optional(d, key, func(raw json.RawMessage) (bool, bool) {
+		k := kindOf(raw)
+		return k == 't', k == 't' || k == 'f'
+	}, "must be true or false")
 }
 
 // int decodes an optional integer that fits int64; nonNeg rejects negatives.
 func (d *decoder) int(key string, nonNeg bool) *int64 {
-	raw, ok := d.opt(key)
-	if !ok {
-		return nil
+	if !nonNeg {
+		return optional(d, key, parseInt, "must be an integer")
 	}
-	v, ok := parseInt(raw)
-	switch {
-	case nonNeg && (!ok || v < 0):
-		d.fail(key, "must be a non-negative integer")
-	case !ok:
-		d.fail(key, "must be an integer")
-	default:
-		return &v
-	}
-	return nil
+	return optional(d, key, func(raw json.RawMessage) (int64, bool) {
+		v, ok := parseInt(raw)
+		return v, ok && v >= 0
+	}, "must be a non-negative integer")
 }
 
 // float decodes an optional finite number; nonNeg rejects negatives.
 func (d *decoder) float(key string, nonNeg bool) *float64 {
-	raw, ok := d.opt(key)
-	if !ok {
-		return nil
+	if !nonNeg {
+		return optional(d, key, parseFloat, "must be a finite number")
 	}
-	v, ok := parseFloat(raw)
-	switch {
-	case nonNeg && (!ok || v < 0):
-		d.fail(key, "must be a finite non-negative number")
-	case !ok:
-		d.fail(key, "must be a finite number")
-	default:
-		if v == 0 {
-			v = 0 // normalise -0
-		}
-		return &v
-	}
-	return nil
+	return optional(d, key, func(raw json.RawMessage) (float64, bool) {
+		v, ok := parseFloat(raw)
+		return v, ok && v >= 0
+	}, "must be a finite non-negative number")
 }
 
 func (d *decoder) gpus() []string {
@@ -432,20 +378,16 @@ func (d *decoder) gpus() []string {
 	out := make([]string, 0, len(items))
 	for _, it := range items {
 		var s string
+		ok := false
 		switch kindOf(it) {
 		case '"':
-			if json.Unmarshal(it, &s) != nil || s == "" || len(s) > MaxGPUBytes || !printable(s) {
-				d.fail("gpus", msg)
-				return nil
-			}
+			ok = json.Unmarshal(it, &s) == nil && s != "" && len(s) <= MaxGPUBytes && printable(s)
 		case '0':
-			v, ok := parseUint(it)
-			if !ok {
-				d.fail("gpus", msg)
-				return nil
-			}
+			var v uint64
+			v, ok = parseUint(it)
 			s = strconv.FormatUint(v, 10)
-		default:
+		}
+		if !ok {
 			d.fail("gpus", msg)
 			return nil
 		}
@@ -471,7 +413,7 @@ func (d *decoder) runStart(run string) (Event, error) {
 	resume := d.bool("resume")
 	e.Resume = resume != nil && *resume
 	if d.err == nil {
-		e.Start.Labels, d.err = d.labels()
+		e.Start.Labels = d.labels()
 	}
 	return d.result(e)
 }
@@ -544,55 +486,46 @@ func (d *decoder) metadata(m protoreflect.Message, fd protoreflect.FieldDescript
 	m.Set(fd, v)
 }
 
-func (d *decoder) labels() (map[string]string, error) {
-	// Deterministic order so that errors are stable.
-	var keys []string
-	for k := range d.m {
-		if !trainerwire.IsRunStartKey(k) {
-			keys = append(keys, k)
-		}
-	}
-	if len(keys) == 0 {
-		return nil, nil
-	}
-	sort.Strings(keys)
+// labels are the extra scalar keys, read in sorted order so that errors
+// are stable.
+func (d *decoder) labels() map[string]string {
 	var labels map[string]string
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(d.m)) {
+		if trainerwire.IsRunStartKey(k) {
+			continue
+		}
 		raw := d.m[k]
 		var v string
 		switch kindOf(raw) {
 		case '"':
 			if json.Unmarshal(raw, &v) != nil {
 				d.fail(strconv.Quote(truncate(k, 64)), "must be a string")
-				return nil, d.err
 			}
 		case '0', 't', 'f':
 			v = string(bytes.TrimSpace(raw))
 		default: // null, object, array: ignored
 			continue
 		}
-		if k == "" || !printable(k) {
-			return nil, &Error{Kind: ErrKindField, Event: d.event,
-				Msg: d.event + ": label keys must be non-empty printable UTF-8"}
+		switch {
+		case d.err != nil:
+		case k == "" || !printable(k):
+			d.failf("label keys must be non-empty printable UTF-8")
+		case len(k) > MaxLabelBytes:
+			d.failf("label key too long: %d bytes > %d", len(k), MaxLabelBytes)
+		case len(v) > MaxLabelBytes:
+			d.failf("label %s too long: %d bytes > %d", strconv.Quote(k), len(v), MaxLabelBytes)
+		case len(labels) == MaxLabels:
+			d.failf("too many extra keys: more than %d", MaxLabels)
 		}
-		if len(k) > MaxLabelBytes {
-			return nil, &Error{Kind: ErrKindField, Event: d.event,
-				Msg: fmt.Sprintf("%s: label key too long: %d bytes > %d", d.event, len(k), MaxLabelBytes)}
-		}
-		if len(v) > MaxLabelBytes {
-			return nil, &Error{Kind: ErrKindField, Event: d.event, Field: k,
-				Msg: fmt.Sprintf("%s: label %s too long: %d bytes > %d", d.event, strconv.Quote(k), len(v), MaxLabelBytes)}
+		if d.err != nil {
+			return nil
 		}
 		if labels == nil {
 			labels = make(map[string]string)
 		}
-		if len(labels) == MaxLabels {
-			return nil, &Error{Kind: ErrKindField, Event: d.event,
-				Msg: fmt.Sprintf("%s: too many extra keys: more than %d", d.event, MaxLabels)}
-		}
 		labels[k] = v
 	}
-	return labels, nil
+	return labels
 }
 
 func (d *decoder) step(run string) (Event, error) {
@@ -711,6 +644,9 @@ func parseFloat(raw json.RawMessage) (float64, bool) {
 	v, err := strconv.ParseFloat(string(bytes.TrimSpace(raw)), 64)
 	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
 		return 0, false
+	}
+	if v == 0 {
+		v = 0 // normalise -0
 	}
 	return v, true
 }

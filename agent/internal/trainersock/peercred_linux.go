@@ -7,9 +7,9 @@ import (
 	"syscall"
 )
 
-// peerCred reads SO_PEERCRED: the pid, uid and gid of the process that
+// PeerCred reads SO_PEERCRED: the pid, uid and gid of the process that
 // connected (as of connect(2)).
-func peerCred(c *net.UnixConn) (pid, uid, gid int32, err error) {
+func PeerCred(c *net.UnixConn) (pid, uid, gid int32, err error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return -1, -1, -1, err

@@ -7,7 +7,7 @@ import (
 	"net"
 )
 
-// peerCred is only implemented on Linux; elsewhere the peer is unknown (-1).
-func peerCred(*net.UnixConn) (pid, uid, gid int32, err error) {
+// PeerCred is only implemented on Linux; elsewhere the peer is unknown (-1).
+func PeerCred(*net.UnixConn) (pid, uid, gid int32, err error) {
 	return -1, -1, -1, errors.New("SO_PEERCRED is not supported on this platform")
 }

@@ -195,12 +195,8 @@ func New(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 	orDefault(&cfg.WriteTimeout, DefaultWriteTimeout)
 	orDefault(&cfg.MaxConnsPerUID, DefaultMaxConnsPerUID)
 	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout) // negative: off
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
+	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	return &Server{
 		cfg:         cfg,
 		h:           h,
@@ -337,31 +333,29 @@ func (s *Server) serve(nc *net.UnixConn) {
 	if p.PID, p.UID, p.GID, err = readPeerCred(nc); err != nil {
 		// Without the peer's uid neither the allow-list, the per-uid cap
 		// nor the runs' ownership can be applied: refuse.
-		s.log.Warn("SO_PEERCRED failed: refusing the connection", "conn", p.ConnID, "err", err)
-		s.refuse(nc, RejectNoPeerCred, "the agent cannot tell who connected (SO_PEERCRED failed): refused")
+		s.log.Warn("SO_PEERCRED failed", "conn", p.ConnID, "err", err)
+		s.refuse(nc, p, RejectNoPeerCred, "the agent cannot tell who connected (SO_PEERCRED failed): refused")
 		return
 	}
 	if !s.uidAllowed(p.UID) {
-		s.log.Warn("refusing a trainer whose uid is not allowed", "uid", p.UID, "pid", p.PID)
-		s.refuse(nc, RejectUIDNotAllowed, fmt.Sprintf("uid %d is not allowed to report to this agent", p.UID))
+		s.refuse(nc, p, RejectUIDNotAllowed, fmt.Sprintf("uid %d is not allowed to report to this agent", p.UID))
 		return
 	}
 	s.mu.Lock()
-	if s.state != stateStarted {
+	var reason, msg string
+	switch {
+	case s.state != stateStarted:
 		s.mu.Unlock()
 		nc.Close()
 		return
+	case len(s.conns) >= s.cfg.MaxConns:
+		reason, msg = RejectMaxConns, fmt.Sprintf("too many connections (limit %d)", s.cfg.MaxConns)
+	case s.perUID[p.UID] >= s.cfg.MaxConnsPerUID:
+		reason, msg = RejectUIDConns, fmt.Sprintf("too many connections from uid %d (limit %d)", p.UID, s.cfg.MaxConnsPerUID)
 	}
-	if len(s.conns) >= s.cfg.MaxConns {
+	if reason != "" {
 		s.mu.Unlock()
-		s.log.Warn("too many connections, refusing", "limit", s.cfg.MaxConns, "pid", p.PID, "uid", p.UID)
-		s.refuse(nc, RejectMaxConns, fmt.Sprintf("too many connections (limit %d)", s.cfg.MaxConns))
-		return
-	}
-	if s.perUID[p.UID] >= s.cfg.MaxConnsPerUID {
-		s.mu.Unlock()
-		s.log.Warn("too many connections from one uid, refusing", "uid", p.UID, "limit", s.cfg.MaxConnsPerUID, "pid", p.PID)
-		s.refuse(nc, RejectUIDConns, fmt.Sprintf("too many connections from uid %d (limit %d)", p.UID, s.cfg.MaxConnsPerUID))
+		s.refuse(nc, p, reason, msg)
 		return
 	}
 	c := &conn{peer: p, nc: nc, out: make(chan []byte, s.cfg.WriteQueue),
@@ -399,8 +393,10 @@ func (s *Server) watchIdle(c *conn, idle <-chan time.Time) {
 	_ = c.nc.CloseRead()
 }
 
-// refuse answers one error line and closes nc, counting why.
-func (s *Server) refuse(nc *net.UnixConn, reason, msg string) {
+// refuse answers one error line (msg) and closes nc, counting and logging
+// why.
+func (s *Server) refuse(nc *net.UnixConn, p Peer, reason, msg string) {
+	s.log.Warn("refusing a trainer connection", "why", msg, "conn", p.ConnID, "pid", p.PID, "uid", p.UID)
 	s.rejected.Add(1)
 	s.countMu.Lock()
 	s.rejectedBy[reason]++
@@ -523,13 +519,15 @@ func (s *Server) handleLine(c *conn, lineNo int, line []byte, tooLong bool, n in
 	}
 }
 
-// reply queues a line from the reader goroutine; the connection is still
-// registered, so its writer is still draining.
-func (s *Server) reply(c *conn, line []byte) {
+// reply queues a line for c's writer without waiting; a full queue drops
+// (and counts) it.
+func (s *Server) reply(c *conn, line []byte) bool {
 	select {
 	case c.out <- line:
+		return true
 	default:
 		s.dropped.Add(1)
+		return false
 	}
 }
 
@@ -630,13 +628,7 @@ func (s *Server) Send(connID uint64, line []byte) bool {
 		s.dropped.Add(1)
 		return false
 	}
-	select {
-	case c.out <- line:
-		return true
-	default:
-		s.dropped.Add(1)
-		return false
-	}
+	return s.reply(c, line)
 }
 
 // Shutdown stops accepting, removes the socket file (if it is still the one
@@ -656,9 +648,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 				s.log.Warn("removing socket file", "err", err)
 			}
 		}
-		for _, c := range s.conns {
-			conns = append(conns, c)
-		}
+		conns = slices.Collect(maps.Values(s.conns))
 	}
 	s.mu.Unlock()
 	for _, c := range conns {
@@ -669,12 +659,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.wg.Wait()
 		close(done)
 	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("trainersock: shutdown: %w", ctx.Err())
-	}
+	return lifecycle.Wait(ctx, done, "trainersock")
 }
 
 // Stats returns a snapshot of the counters.
@@ -706,4 +691,4 @@ var _ lifecycle.Component = (*Server)(nil)
 
 // readPeerCred reads a connection's credentials; tests replace it to
 // make the read fail.
-var readPeerCred = peerCred
+var readPeerCred = PeerCred

@@ -23,6 +23,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/internal/testkit"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 func TestMain(m *testing.M) {
@@ -430,7 +431,7 @@ func TestClientThatNeverReads(t *testing.T) {
 	testkit.Eventually(t, "run_start", func() bool { return rec.numEvents() == 1 })
 	lazyID := rec.snapshot()[0].peer.ConnID
 
-	line := trainerproto.AdviceLine("lazy", 8, 4, strings.Repeat("r", 1000), trainerproto.AdviceFigures{Classification: "data-bound", DataWaitShare: 0.4, GPUUtilization: 0.5, RAMUsage: 0.3})
+	line := trainerproto.AdviceLine("lazy", &trainmeterv1.DataloaderAdvice{NumWorkers: 8, PrefetchFactor: 4, Reason: strings.Repeat("r", 1000), Classification: "data-bound", DataWaitShare: 0.4, GpuUtilization: 0.5, RamUsage: 0.3})
 	ok, failed := 0, 0
 	start := time.Now()
 	for i := 0; i < 10000; i++ {

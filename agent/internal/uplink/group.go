@@ -1,6 +1,7 @@
 package uplink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,9 +37,7 @@ func NewGroup(sp *spool.Spool, addrs []string, base Config, onAdvisory func(coll
 	if sp.Cursors() != len(addrs) {
 		return nil, fmt.Errorf("uplink: %d collectors but the spool has %d cursors", len(addrs), sp.Cursors())
 	}
-	if base.Logger == nil {
-		base.Logger = slog.New(slog.DiscardHandler)
-	}
+	base.Logger = cmp.Or(base.Logger, slog.New(slog.DiscardHandler))
 	g := &Group{spool: sp, log: base.Logger}
 	for i, addr := range addrs {
 		cfg := base

@@ -11,6 +11,7 @@
 package uplink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -119,16 +120,9 @@ func New(cfg Config) (*Uplink, error) {
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = DefaultMaxBackoff
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
-	creds := cfg.Creds
-	if creds == nil {
-		creds = insecure.NewCredentials()
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
+	creds := cmp.Or(cfg.Creds, insecure.NewCredentials())
 	// Fixed flow-control windows: no PING after every ack (package flowcontrol).
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, flowcontrol.DialOptions()...)
 	if cfg.Token != nil {
