@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/internal/money"
+	"github.com/trainmeter/trainmeter/internal/plural"
 )
 
 // PriceSourceWords says in words where a run's GPU-hour price came from.
@@ -60,10 +61,7 @@ func writePlan(line func(string, string, ...any), r *RunReport) {
 		return
 	}
 	c, w, k := e.GetCostUsd(), e.GetWallS(), e.GetEnergyKwh()
-	runs := "runs"
-	if len(e.GetBasedOn()) == 1 {
-		runs = "run"
-	}
+	runs := plural.Noun(int64(len(e.GetBasedOn())), "run")
 	if c != nil {
 		band := money.USDs(c.GetMid(), c.GetLow(), c.GetHigh())
 		line("estimate", "%s (band %s to %s) for %d tokens on %d GPU(s), from %d past %s", band[0], band[1], band[2],

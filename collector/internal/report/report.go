@@ -3,7 +3,7 @@
 // all from one table of the run's fields (Fields).
 //
 // CSV rules:
-//   - Columns are exactly Header(), in that order: run_id, the contract
+//   - Columns are exactly fields' names, in that order: run_id, the contract
 //     columns, the metadata columns, the required extras, then further extras.
 //     New columns are only ever appended.
 //   - An unknown value is an empty cell, never 0, NaN or Inf: an unset
@@ -20,6 +20,7 @@
 package report
 
 import (
+	"cmp"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -61,9 +62,7 @@ const (
 	perToken, usdPerUnit      = "J/{token}", "USD/{unit}"
 )
 
-// fields are the CSV's columns in order: run_id, the contract columns, the
-// metadata, the required extras, then further extras. New columns are only
-// ever appended.
+// fields are the CSV's columns, in order.
 var fields = []Field{
 	{Name: "run_id"},
 	// contract columns
@@ -203,9 +202,6 @@ func protoValue(name string) func(*RunReport) any {
 	}
 }
 
-// Header returns the CSV header row.
-func Header() []string { return append([]string(nil), header...) }
-
 // Status is "ended" for a finished run, "running" otherwise.
 func Status(r *RunReport) string {
 	if r.GetEnded() {
@@ -229,27 +225,21 @@ func EndStatus(r *RunReport) string {
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
-// F formats a float for the CSV: rounded to 6 decimals; "" if not finite.
-func F(v float64) string {
-	if !finite(v) {
-		return ""
-	}
-	v = math.Round(v*1e6) / 1e6
-	if !finite(v) { // v*1e6 overflowed; keep the value as it is
-		return ""
-	}
-	if v == 0 {
-		v = 0 // no "-0"
-	}
-	return strconv.FormatFloat(v, 'f', -1, 64)
-}
+// F formats a float for the CSV: rounded to 6 decimals; "" if not finite
+// (or so large that v*1e6 overflows).
+func F(v float64) string { return plain(math.Round(v*1e6) / 1e6) }
 
 // G9 formats a float rounded to 9 significant digits, without exponent.
 func G9(v float64) string {
+	v, _ = strconv.ParseFloat(strconv.FormatFloat(v, 'g', 9, 64), 64) // ±Inf and NaN parse back
+	return plain(v)
+}
+
+// plain writes v without exponent and never as "-0"; "" if not finite.
+func plain(v float64) string {
 	if !finite(v) {
 		return ""
 	}
-	v, _ = strconv.ParseFloat(strconv.FormatFloat(v, 'g', 9, 64), 64)
 	if v == 0 {
 		v = 0
 	}
@@ -325,7 +315,7 @@ func (f Field) Cell(r *RunReport) string {
 	return ""
 }
 
-// Row returns the CSV row of r, matching Header().
+// Row returns the CSV row of r, matching the header.
 func Row(r *RunReport) []string {
 	row := make([]string, len(fields))
 	for i, f := range fields {
@@ -437,12 +427,7 @@ func unknown(v any) bool {
 	return v == nil || v == "" || isFloat && !finite(x)
 }
 
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
+func orDash(s string) string { return cmp.Or(s, "-") }
 
 // tableColumns are the runs table's columns: the title, the field whose
 // figure it shows (its scope is the second header line), and how.
@@ -676,15 +661,9 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 
 	b.WriteString("metadata\n")
-	line("model", "%s", orDash(m.GetModel()))
-	line("dataset", "%s", orDash(m.GetDataset()))
-	line("backend", "%s", orDash(m.GetBackend()))
-	line("optimizer", "%s", orDash(m.GetOptimizer()))
-	line("precision", "%s", orDash(m.GetPrecision()))
-	line("batch size", "%s", figure(r, "batch_size", "%d"))
-	line("grad accum", "%s", figure(r, "grad_accum", "%d"))
-	line("seq len", "%s", figure(r, "seq_len", "%d"))
-	line("seed", "%s", figure(r, "seed", "%d"))
+	for _, f := range []string{"model", "dataset", "backend", "optimizer", "precision", "batch_size", "grad_accum", "seq_len", "seed"} {
+		line(strings.ReplaceAll(f, "_", " "), "%s", figure(r, f, "%v"))
+	}
 	if m.GetNotes() != "" {
 		line("notes", "%s", m.GetNotes())
 	}
