@@ -2,7 +2,6 @@ package query
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -61,10 +60,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	}
 	agg, err := s.store.GetRun(req.GetRunId())
 	if err != nil {
-		if errors.Is(err, storage.ErrNotFound) {
-			return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
-		}
-		return nil, s.storeErr(err)
+		return nil, s.runErr(req.GetRunId(), err)
 	}
 	ws, es, err := s.store.RunTimeline(req.GetRunId())
 	if err != nil {
@@ -142,11 +138,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		resp.WarmupEnd = timestamppb.New(warmupEnd)
 	}
 
-	secs := make([]int64, 0, len(all))
-	for k := range all {
-		secs = append(secs, k)
-	}
-	slices.Sort(secs)
+	secs := slices.Sorted(maps.Keys(all))
 	power := func(b *bucket) float64 {
 		if b.dur <= 0 {
 			return 0
