@@ -473,29 +473,24 @@ func unwrapPath(err error) error {
 // export never leaves half a CSV behind. Errors name path, not the
 // temporary file.
 func writeFileAtomic(path string, fn func(io.Writer) error) error {
-	if err := writeViaTemp(path, fn); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err == nil {
+		defer os.Remove(f.Name()) // once renamed, there is nothing left to remove
+		err = fn(f)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
 		return fmt.Errorf("cannot write %s: %w", path, unwrapPath(err))
 	}
 	return nil
-}
-
-func writeViaTemp(path string, fn func(io.Writer) error) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // once renamed, there is nothing left to remove
-	err = fn(f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Chmod(f.Name(), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }
 
 func newNodesCommand(cf *clientFlags) *cobra.Command {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pg "github.com/trainmeter/trainmeter/collector/internal/page"
+	"github.com/trainmeter/trainmeter/collector/internal/query/compare"
 	"github.com/trainmeter/trainmeter/internal/protojsonout"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -434,12 +435,9 @@ type bar struct {
 	Stat *trainmeterv1.CompareStat
 }
 
-// compareKeys are the grouping keys the form offers (labels typed as label:NAME).
-var compareKeys = []string{"backend", "batch_size", "precision", "gpu_name", "dataset", "optimizer", "seq_len", "grad_accum", "nodes", "gpus"}
-
 func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	d := &compareData{Form: compareForm{Runs: q.Get("runs"), Model: q.Get("model"), By: q.Get("by"), Baseline: q.Get("baseline")}, ByKeys: compareKeys}
+	d := &compareData{Form: compareForm{Runs: q.Get("runs"), Model: q.Get("model"), By: q.Get("by"), Baseline: q.Get("baseline")}, ByKeys: compare.Keys}
 	runs, err := p.allRuns(r.Context())
 	if err != nil {
 		p.fail(w, r, "compare", err)

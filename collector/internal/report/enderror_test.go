@@ -14,7 +14,7 @@ func TestEndErrorIsShown(t *testing.T) {
 	r := fullRun()
 	r.EndStatus = "error"
 	r.EndError = "torch.cuda.OutOfMemoryError: CUDA out of memory, \"2 GiB\"\n\x1b[2Jé"
-	if h := header; h[len(h)-1] != "end_error" {
+	if h := Header(); h[len(h)-1] != "end_error" {
 		t.Fatalf("last column %q, want end_error", h[len(h)-1])
 	}
 	var buf bytes.Buffer

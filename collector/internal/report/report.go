@@ -3,7 +3,7 @@
 // all from one table of the run's fields (Fields).
 //
 // CSV rules:
-//   - Columns are exactly fields' names, in that order: run_id, the contract
+//   - Columns are exactly Header(), in that order: run_id, the contract
 //     columns, the metadata columns, the required extras, then further extras.
 //     New columns are only ever appended.
 //   - An unknown value is an empty cell, never 0, NaN or Inf: an unset
@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -202,6 +203,9 @@ func protoValue(name string) func(*RunReport) any {
 	}
 }
 
+// Header returns the CSV header row.
+func Header() []string { return slices.Clone(header) }
+
 // Status is "ended" for a finished run, "running" otherwise.
 func Status(r *RunReport) string {
 	if r.GetEnded() {
@@ -315,7 +319,7 @@ func (f Field) Cell(r *RunReport) string {
 	return ""
 }
 
-// Row returns the CSV row of r, matching the header.
+// Row returns the CSV row of r, matching Header().
 func Row(r *RunReport) []string {
 	row := make([]string, len(fields))
 	for i, f := range fields {

@@ -112,8 +112,8 @@ func TestCSVGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, rec := range recs {
-		if len(rec) != len(header) {
-			t.Errorf("row %d has %d cells, header %d", i, len(rec), len(header))
+		if len(rec) != len(Header()) {
+			t.Errorf("row %d has %d cells, header %d", i, len(rec), len(Header()))
 		}
 		for j, c := range rec {
 			if l := strings.ToLower(c); l == "nan" || strings.Contains(l, "inf") && recs[0][j] != "notes" {
@@ -130,7 +130,7 @@ func TestHeaderContract(t *testing.T) {
 		"precision", "seed", "notes", "tokens_measured", "energy_total_J", "energy_J_integrated",
 		"energy_method", "gpus", "nodes", "gpu_name", "gpu_hours", "cost_usd", "energy_kWh",
 		"energy_cost_usd", "usd_per_mtok", "co2_kg"}
-	h := header
+	h := Header()
 	if len(h) < len(want) {
 		t.Fatalf("header too short: %v", h)
 	}
@@ -139,11 +139,15 @@ func TestHeaderContract(t *testing.T) {
 			t.Errorf("column %d = %q, want %q", i, h[i], c)
 		}
 	}
+	h[0] = "mutated"
+	if Header()[0] != "run_id" {
+		t.Error("Header returns shared slice")
+	}
 }
 
 func cell(t *testing.T, r *RunReport, col string) string {
 	t.Helper()
-	for i, c := range header {
+	for i, c := range Header() {
 		if c == col {
 			return Row(r)[i]
 		}

@@ -34,12 +34,6 @@ func invalid(f string, a ...any) error {
 // reads a label), and whether by is a known key.
 func KeyOf(r *trainmeterv1.RunReport, by string) (string, bool) {
 	m := cmp.Or(r.GetMetadata(), &trainmeterv1.RunMetadata{})
-	str := func(s string) string {
-		if s == "" {
-			return NoValue
-		}
-		return s
-	}
 	num := func(v *int64) string {
 		if v == nil {
 			return NoValue
@@ -58,15 +52,15 @@ func KeyOf(r *trainmeterv1.RunReport, by string) (string, bool) {
 	}
 	switch by {
 	case "backend":
-		return str(m.GetBackend()), true
+		return orNone(m.GetBackend()), true
 	case "precision":
-		return str(m.GetPrecision()), true
+		return orNone(m.GetPrecision()), true
 	case "dataset":
-		return str(m.GetDataset()), true
+		return orNone(m.GetDataset()), true
 	case "optimizer":
-		return str(m.GetOptimizer()), true
+		return orNone(m.GetOptimizer()), true
 	case "gpu_name":
-		return str(r.GetGpuName()), true
+		return orNone(r.GetGpuName()), true
 	case "batch_size":
 		return num(m.BatchSize), true
 	case "seq_len":
@@ -348,9 +342,4 @@ func words[T any](vs []T, word func(T) string) []string {
 }
 
 // orNone is s, or NoValue for "".
-func orNone(s string) string {
-	if s == "" {
-		return NoValue
-	}
-	return s
-}
+func orNone(s string) string { return cmp.Or(s, NoValue) }
