@@ -17,6 +17,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -144,6 +146,24 @@ and exits 0, or lists every problem and exits 1.`,
 	f.BoolVar(&check, "check", false, "validate the config file and flags, print OK and exit (1 and every problem when invalid)")
 	otelFlags = collectorconfig.BindFlags(f, &cfg)
 	return c
+}
+
+// applyMemoryLimit sets the Go runtime's soft memory limit: the collector
+// collects garbage more often as its heap nears it, and exceeds it when its
+// live data needs more (it is not a cap that fails allocations). GOMEMLIMIT,
+// when set, wins: it is the runtime's own knob.
+func applyMemoryLimit(mib int64, getenv func(string) string, log *slog.Logger) error {
+	if mib < 0 {
+		return fmt.Errorf("--memory-limit-mib must be >= 0 (0: no limit), got %d", mib)
+	}
+	if getenv("GOMEMLIMIT") != "" {
+		log.Info("memory limit from GOMEMLIMIT", "GOMEMLIMIT", getenv("GOMEMLIMIT"))
+		return nil
+	}
+	if mib > 0 {
+		debug.SetMemoryLimit(mib << 20)
+	}
+	return nil
 }
 
 type clientFlags struct {
@@ -538,4 +558,17 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+// nodeVendors names the vendors of a node's GPUs ("amd", "amd+nvidia"),
+// empty when the agent's backend names none (simulated GPUs).
+func nodeVendors(gpus []*trainmeterv1.GpuInfo) string {
+	var vs []string
+	for _, g := range gpus {
+		if v := g.GetVendor(); v != "" {
+			vs = append(vs, v)
+		}
+	}
+	slices.Sort(vs)
+	return strings.Join(slices.Compact(vs), "+")
 }
