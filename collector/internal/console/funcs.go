@@ -48,7 +48,6 @@ var funcs = template.FuncMap{
 	"seg":        url.PathEscape,
 	"navItems":   func() []navItem { return nav },
 	"statuses":   func() []string { return []string{"", "live", "ended"} },
-	"optf":       optNum,
 }
 
 // version is the binary's version (a test sets another). Templates use it

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
-	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -189,11 +188,8 @@ func (p *pages) runsData(ctx context.Context, f runsFilter) (*runsData, error) {
 		return nil, err
 	}
 	d := &runsData{Filter: f, Total: len(runs)}
-	models, backends := map[string]bool{}, map[string]bool{}
 	var match []*trainmeterv1.RunReport
 	for _, r := range runs {
-		models[r.GetMetadata().GetModel()] = true
-		backends[r.GetMetadata().GetBackend()] = true
 		if !r.GetEnded() {
 			d.Live++
 		}
@@ -201,7 +197,7 @@ func (p *pages) runsData(ctx context.Context, f runsFilter) (*runsData, error) {
 			match = append(match, r)
 		}
 	}
-	d.Models, d.Backends = sortedKeys(models), sortedKeys(backends)
+	d.Models, d.Backends = distinct(runs, (*trainmeterv1.RunMetadata).GetModel), distinct(runs, (*trainmeterv1.RunMetadata).GetBackend)
 	slices.SortStableFunc(match, func(a, b *trainmeterv1.RunReport) int {
 		if a.GetEnded() != b.GetEnded() {
 			if !a.GetEnded() {
@@ -443,11 +439,7 @@ func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
 		p.fail(w, r, "compare", err)
 		return
 	}
-	models := map[string]bool{}
-	for _, run := range runs {
-		models[run.GetMetadata().GetModel()] = true
-	}
-	d.Models = sortedKeys(models)
+	d.Models = distinct(runs, (*trainmeterv1.RunMetadata).GetModel)
 	code := http.StatusOK
 	// Runs typed in the form are separated by spaces or commas; a run id
 	// with those in it comes as its own run= parameter (a link can carry any id).
@@ -596,10 +588,16 @@ func (p *pages) nodes(w http.ResponseWriter, r *http.Request) {
 	}{rows, now}})
 }
 
-// sortedKeys is m's keys but "", sorted.
-func sortedKeys(m map[string]bool) []string {
-	delete(m, "")
-	return slices.Sorted(maps.Keys(m))
+// distinct is the runs' values of a metadata field but "", sorted, each once.
+func distinct(runs []*trainmeterv1.RunReport, field func(*trainmeterv1.RunMetadata) string) []string {
+	var out []string
+	for _, r := range runs {
+		if v := field(r.GetMetadata()); v != "" {
+			out = append(out, v)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // allRuns is every run, read from ListRuns a page at a time, in run id
