@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"runtime"
 	"slices"
 	"sort"
@@ -259,12 +260,7 @@ func (s *Server) attachDataloaderChanges(r *trainmeterv1.RunReport) error {
 // needEfficiency is whether any of reports has an efficiency score to
 // compute (accuracy and a cost).
 func needEfficiency(reports []*trainmeterv1.RunReport) bool {
-	for _, r := range reports {
-		if r.AccuracyPoints != nil && r.GetTotalCostUsd() > 0 {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(reports, func(r *trainmeterv1.RunReport) bool { return r.AccuracyPoints != nil && r.GetTotalCostUsd() > 0 })
 }
 
 // plainReports is the reports of sts without their plans: what efficiency
@@ -356,11 +352,7 @@ func (s *Server) ListNodes(_ context.Context, req *trainmeterv1.ListNodesRequest
 			}
 		}
 	}
-	out := make([]*trainmeterv1.NodeStatus, 0, len(byName))
-	for _, n := range byName {
-		out = append(out, n)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].GetNode() < out[j].GetNode() })
+	out := slices.SortedFunc(maps.Values(byName), func(a, b *trainmeterv1.NodeStatus) int { return cmp.Compare(a.GetNode(), b.GetNode()) })
 	i := 0
 	if req.GetPageToken() != "" {
 		i = sort.Search(len(out), func(i int) bool { return out[i].GetNode() > tok.After })
