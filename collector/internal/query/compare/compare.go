@@ -40,8 +40,8 @@ var keyValues = map[string]func(r *trainmeterv1.RunReport, m *trainmeterv1.RunMe
 	"batch_size": func(_ *trainmeterv1.RunReport, m *trainmeterv1.RunMetadata) string { return optInt(m.BatchSize) },
 	"seq_len":    func(_ *trainmeterv1.RunReport, m *trainmeterv1.RunMetadata) string { return optInt(m.SeqLen) },
 	"grad_accum": func(_ *trainmeterv1.RunReport, m *trainmeterv1.RunMetadata) string { return optInt(m.GradAccum) },
-	"nodes":      func(r *trainmeterv1.RunReport, _ *trainmeterv1.RunMetadata) string { return strconv.FormatUint(uint64(r.GetNodes()), 10) },
-	"gpus":       func(r *trainmeterv1.RunReport, _ *trainmeterv1.RunMetadata) string { return strconv.FormatUint(uint64(r.GetGpus()), 10) },
+	"nodes":      func(r *trainmeterv1.RunReport, _ *trainmeterv1.RunMetadata) string { return fmt.Sprint(r.GetNodes()) },
+	"gpus":       func(r *trainmeterv1.RunReport, _ *trainmeterv1.RunMetadata) string { return fmt.Sprint(r.GetGpus()) },
 }
 
 // KeyOf returns run r's value of the grouping key by (see Keys; label:KEY
