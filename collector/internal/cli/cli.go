@@ -535,10 +535,6 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 						if n.GetConnected() {
 							st = "connected"
 						}
-						seen := "-"
-						if n.GetLastSeen() != nil {
-							seen = report.Time(n.GetLastSeen().AsTime())
-						}
 						gs := n.GetGpus()
 						gpus := fmt.Sprint(len(gs))
 						if len(gs) > 0 && gs[0].GetName() != "" {
@@ -549,7 +545,7 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 						}
 						// Last: the agent's words can be long ("permission denied: ...").
 						hostEnergy := cmp.Or(n.GetHostEnergyStatus(), "-")
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.GetNode(), st, gpus, seen, n.GetLastSeq(), n.GetBootId(), hostEnergy)
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.GetNode(), st, gpus, report.Stamp(n.GetLastSeen()), n.GetLastSeq(), n.GetBootId(), hostEnergy)
 					}
 					return tw.Flush()
 				})

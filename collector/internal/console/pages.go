@@ -18,6 +18,7 @@ import (
 
 	pg "github.com/trainmeter/trainmeter/collector/internal/page"
 	"github.com/trainmeter/trainmeter/collector/internal/query/compare"
+	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/internal/protojsonout"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -255,10 +256,7 @@ func runStatus(r *trainmeterv1.RunReport) string {
 	if !r.GetEnded() {
 		return "live"
 	}
-	if s := r.GetEndStatus(); s != "" {
-		return s
-	}
-	return "ended"
+	return report.EndStatus(r)
 }
 
 func (p *pages) runs(w http.ResponseWriter, r *http.Request) {

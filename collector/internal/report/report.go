@@ -260,6 +260,14 @@ const TimeFormat = time.RFC3339
 // Time formats t for human output (TimeFormat).
 func Time(t time.Time) string { return t.UTC().Format(TimeFormat) }
 
+// Stamp is Time of ts; "-" when unknown.
+func Stamp(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return Time(ts.AsTime())
+}
+
 // when is v where ok, else unknown (nil).
 func when(ok bool, v any) any {
 	if !ok {
@@ -528,8 +536,7 @@ func RatesUnavailable(r *RunReport) string {
 const WarmupHint = "set a shorter one with warmup_s=/warmup_steps= in trainmeter.start(), `trainmeter run --warmup`, or the agent's --warmup/--warmup-steps (default: 60 s or the 20th step, whichever comes first)"
 
 // AvgPowerTotal is the whole run's mean power, all of its GPUs summed:
-// energy_total_J / wall_s (what the collector sends as avg_power_total_W,
-// computed here too for collectors before that field).
+// energy_total_J / wall_s, as the collector computes avg_power_total_W.
 func AvgPowerTotal(r *RunReport) (float64, bool) {
 	if r.GetStart() == nil || r.GetWallS() <= 0 {
 		return 0, false
