@@ -510,25 +510,23 @@ func WriteTable(w io.Writer, runs []*RunReport) error {
 	return nil
 }
 
+// ratesUnavailableWords explain each value of rates_unavailable but
+// too_short, whose words give the time.
+var ratesUnavailableWords = map[string]string{
+	"in_warmup":     "in_warmup: no time after warmup yet, so no rate after warmup",
+	"too_few_steps": "too_few_steps: under the 2 steps after warmup a rate needs",
+	"no_tokens":     "no_tokens: no tokens reported after warmup, so no tok/s or J/token",
+	"no_energy":     "no_energy: under 1 s after warmup with measured energy, so no J/token or power after warmup",
+}
+
 // RatesUnavailable explains RunReport.rates_unavailable in words; "" when
 // every rate after warmup is known.
 func RatesUnavailable(r *RunReport) string {
-	switch why := r.GetRatesUnavailable(); why {
-	case "":
-		return ""
-	case "in_warmup":
-		return "in_warmup: no time after warmup yet, so no rate after warmup"
-	case "too_short":
+	why := r.GetRatesUnavailable()
+	if why == "too_short" {
 		return fmt.Sprintf("too_short: %s after warmup, under the 1 s a rate needs", Duration(max(0, r.GetWallS()-r.GetWarmupS())))
-	case "too_few_steps":
-		return "too_few_steps: under the 2 steps after warmup a rate needs"
-	case "no_tokens":
-		return "no_tokens: no tokens reported after warmup, so no tok/s or J/token"
-	case "no_energy":
-		return "no_energy: under 1 s after warmup with measured energy, so no J/token or power after warmup"
-	default:
-		return why
 	}
+	return cmp.Or(ratesUnavailableWords[why], why)
 }
 
 // WarmupHint says how to set the warmup; shown where efficiency figures
