@@ -78,10 +78,7 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 	}
 	root.AddCommand(newServeCommand(getenv))
 	cf := &clientFlags{getenv: getenv}
-	defaultAddr := getenv(EnvCollector)
-	if defaultAddr == "" {
-		defaultAddr = server.DefaultListen
-	}
+	defaultAddr := cmp.Or(getenv(EnvCollector), server.DefaultListen)
 	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newSummaryCommand(cf), newModelCommand(cf), newExportCommand(cf), newNodesCommand(cf), newUsageCommand(cf), newDeleteRunCommand(cf), newRepriceCommand(cf), newRunCommand(cf),
 		newRecommendCommand(cf), newBudgetCommand(cf), newAlertsCommand(cf), newForecastCommand(cf), newPricesCommand(cf),
 		newEstimateCommand(cf), newCompareCommand(cf)} {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"fmt"
@@ -102,10 +103,7 @@ func diffCell(d *trainmeterv1.CompareDiff, pct bool) string {
 }
 
 func writeCompareTable(w io.Writer, r *trainmeterv1.CompareResponse) error {
-	by := r.GetBy()
-	if by == "" {
-		by = "run"
-	}
+	by := cmp.Or(r.GetBy(), "run")
 	fmt.Fprintf(w, "per group: mean ± 95 %% CI half-width over its runs (after warmup, all GPUs of a run)\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "%s\truns\tJ/token\ttok/s\tE10k_J\tVRAM peak MiB/GPU\t$/Mtok\n", by)

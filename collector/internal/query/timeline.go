@@ -1,6 +1,7 @@
 package query
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -51,10 +52,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	if req.GetRunId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
 	}
-	maxPts := int(req.GetMaxPoints())
-	if maxPts == 0 {
-		maxPts = DefaultTimelinePoints
-	}
+	maxPts := cmp.Or(int(req.GetMaxPoints()), DefaultTimelinePoints)
 	if maxPts < minTimelinePoints {
 		return nil, status.Errorf(codes.InvalidArgument, "max_points %d: want at least %d", maxPts, minTimelinePoints)
 	}
@@ -75,8 +73,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 
 	all := map[int64]*bucket{}
 	nodes := map[string]map[int64]*bucket{}
-	var first, last time.Time
-	var warmupEnd time.Time
+	var first, last, warmupEnd time.Time
 	spans := map[string]*nodeSpan{}
 	for _, nw := range ws {
 		w := nw.Window
