@@ -17,6 +17,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -76,10 +78,7 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 	}
 	root.AddCommand(newServeCommand(getenv))
 	cf := &clientFlags{getenv: getenv}
-	defaultAddr := getenv(EnvCollector)
-	if defaultAddr == "" {
-		defaultAddr = server.DefaultListen
-	}
+	defaultAddr := cmp.Or(getenv(EnvCollector), server.DefaultListen)
 	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newSummaryCommand(cf), newModelCommand(cf), newExportCommand(cf), newNodesCommand(cf), newUsageCommand(cf), newDeleteRunCommand(cf), newRepriceCommand(cf), newRunCommand(cf),
 		newRecommendCommand(cf), newBudgetCommand(cf), newAlertsCommand(cf), newForecastCommand(cf), newPricesCommand(cf),
 		newEstimateCommand(cf), newCompareCommand(cf)} {
@@ -144,6 +143,24 @@ and exits 0, or lists every problem and exits 1.`,
 	f.BoolVar(&check, "check", false, "validate the config file and flags, print OK and exit (1 and every problem when invalid)")
 	otelFlags = collectorconfig.BindFlags(f, &cfg)
 	return c
+}
+
+// applyMemoryLimit sets the Go runtime's soft memory limit: the collector
+// collects garbage more often as its heap nears it, and exceeds it when its
+// live data needs more (it is not a cap that fails allocations). GOMEMLIMIT,
+// when set, wins: it is the runtime's own knob.
+func applyMemoryLimit(mib int64, getenv func(string) string, log *slog.Logger) error {
+	if mib < 0 {
+		return fmt.Errorf("--memory-limit-mib must be >= 0 (0: no limit), got %d", mib)
+	}
+	if getenv("GOMEMLIMIT") != "" {
+		log.Info("memory limit from GOMEMLIMIT", "GOMEMLIMIT", getenv("GOMEMLIMIT"))
+		return nil
+	}
+	if mib > 0 {
+		debug.SetMemoryLimit(mib << 20)
+	}
+	return nil
 }
 
 type clientFlags struct {
@@ -473,29 +490,24 @@ func unwrapPath(err error) error {
 // export never leaves half a CSV behind. Errors name path, not the
 // temporary file.
 func writeFileAtomic(path string, fn func(io.Writer) error) error {
-	if err := writeViaTemp(path, fn); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err == nil {
+		defer os.Remove(f.Name()) // once renamed, there is nothing left to remove
+		err = fn(f)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
 		return fmt.Errorf("cannot write %s: %w", path, unwrapPath(err))
 	}
 	return nil
-}
-
-func writeViaTemp(path string, fn func(io.Writer) error) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // once renamed, there is nothing left to remove
-	err = fn(f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Chmod(f.Name(), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
 }
 
 func newNodesCommand(cf *clientFlags) *cobra.Command {
@@ -520,10 +532,6 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 						if n.GetConnected() {
 							st = "connected"
 						}
-						seen := "-"
-						if n.GetLastSeen() != nil {
-							seen = report.Time(n.GetLastSeen().AsTime())
-						}
 						gs := n.GetGpus()
 						gpus := fmt.Sprint(len(gs))
 						if len(gs) > 0 && gs[0].GetName() != "" {
@@ -534,7 +542,7 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 						}
 						// Last: the agent's words can be long ("permission denied: ...").
 						hostEnergy := cmp.Or(n.GetHostEnergyStatus(), "-")
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.GetNode(), st, gpus, seen, n.GetLastSeq(), n.GetBootId(), hostEnergy)
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.GetNode(), st, gpus, report.Stamp(n.GetLastSeen()), n.GetLastSeq(), n.GetBootId(), hostEnergy)
 					}
 					return tw.Flush()
 				})
@@ -543,4 +551,17 @@ func newNodesCommand(cf *clientFlags) *cobra.Command {
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+// nodeVendors names the vendors of a node's GPUs ("amd", "amd+nvidia"),
+// empty when the agent's backend names none (simulated GPUs).
+func nodeVendors(gpus []*trainmeterv1.GpuInfo) string {
+	var vs []string
+	for _, g := range gpus {
+		if v := g.GetVendor(); v != "" {
+			vs = append(vs, v)
+		}
+	}
+	slices.Sort(vs)
+	return strings.Join(slices.Compact(vs), "+")
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"fmt"
@@ -102,10 +103,7 @@ func diffCell(d *trainmeterv1.CompareDiff, pct bool) string {
 }
 
 func writeCompareTable(w io.Writer, r *trainmeterv1.CompareResponse) error {
-	by := r.GetBy()
-	if by == "" {
-		by = "run"
-	}
+	by := cmp.Or(r.GetBy(), "run")
 	fmt.Fprintf(w, "per group: mean ± 95 %% CI half-width over its runs (after warmup, all GPUs of a run)\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "%s\truns\tJ/token\ttok/s\tE10k_J\tVRAM peak MiB/GPU\t$/Mtok\n", by)
@@ -153,7 +151,12 @@ func writeCompareCSV(w io.Writer, r *trainmeterv1.CompareResponse) error {
 	if err := cw.Write(head); err != nil {
 		return err
 	}
-	num := func(v float64) string { return strconv.FormatFloat(v, 'g', 10, 64) }
+	num := func(known bool, v float64) string {
+		if !known {
+			return ""
+		}
+		return strconv.FormatFloat(v, 'g', 10, 64)
+	}
 	rows := map[string]*trainmeterv1.CompareRow{}
 	for _, row := range r.GetRows() {
 		rows[row.GetKey()] = row
@@ -161,28 +164,13 @@ func writeCompareCSV(w io.Writer, r *trainmeterv1.CompareResponse) error {
 	for _, g := range r.GetGroups() {
 		rec := []string{g.GetKey(), strconv.FormatBool(g.GetKey() == r.GetBaseline()), strconv.Itoa(len(g.GetRunIds())), strings.Join(g.GetRunIds(), " ")}
 		for _, s := range []*trainmeterv1.CompareStat{g.GetJPerToken(), g.GetTokPerS(), g.GetE10KJ(), g.GetVramPeakMb(), g.GetUsdPerMtok()} {
-			cells := []string{"", "", "", strconv.Itoa(int(s.GetN()))}
-			if s.GetN() > 0 {
-				cells[0] = num(s.GetMean())
-				if s.CiLow != nil {
-					cells[1], cells[2] = num(s.GetCiLow()), num(s.GetCiHigh())
-				}
-			}
-			rec = append(rec, cells...)
+			ci := s.GetN() > 0 && s.CiLow != nil
+			rec = append(rec, num(s.GetN() > 0, s.GetMean()), num(ci, s.GetCiLow()), num(ci, s.GetCiHigh()), strconv.Itoa(int(s.GetN())))
 		}
 		row := rows[g.GetKey()]
 		for _, d := range []*trainmeterv1.CompareDiff{row.GetJPerTokenRatio(), row.GetSpeedup(), row.GetEnergySavingPct(), row.GetVramSavingPct(), row.GetCostSavingPct()} {
-			cells := []string{"", "", "", ""}
-			if d != nil {
-				cells[0] = num(d.GetValue())
-				if d.CiLow != nil {
-					cells[1], cells[2] = num(d.GetCiLow()), num(d.GetCiHigh())
-				}
-				if d.PValue != nil {
-					cells[3] = num(d.GetPValue())
-				}
-			}
-			rec = append(rec, cells...)
+			ci := d != nil && d.CiLow != nil
+			rec = append(rec, num(d != nil, d.GetValue()), num(ci, d.GetCiLow()), num(ci, d.GetCiHigh()), num(d != nil && d.PValue != nil, d.GetPValue()))
 		}
 		if err := cw.Write(rec); err != nil {
 			return err

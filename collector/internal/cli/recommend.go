@@ -6,11 +6,11 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/internal/money"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -146,10 +146,6 @@ func writeDataloaderChanges(w io.Writer, cs []*trainmeterv1.DataloaderChange) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  after epoch\tat\tworkers\tprefetch\ttok/s before\ttok/s after\tmeasured gain\texpected gain")
 	for _, c := range cs {
-		at := "-"
-		if c.GetAppliedAt() != nil {
-			at = c.GetAppliedAt().AsTime().UTC().Format(time.RFC3339)
-		}
 		measured := "-"
 		if sp := c.GetMeasuredSpeedup(); sp > 0 {
 			measured = fmt.Sprintf("×%.2f (%+.0f%% tok/s)", sp, 100*(sp-1))
@@ -164,7 +160,7 @@ func writeDataloaderChanges(w io.Writer, cs []*trainmeterv1.DataloaderChange) {
 			// took the advice as applied.
 			expected += " (assumed applied: the trainer reports no loader settings)"
 		}
-		fmt.Fprintf(tw, "  %d\t%s\t%d→%d\t%d→%d\t%s\t%s\t%s\t%s\n", c.GetAppliedAfterEpoch(), at,
+		fmt.Fprintf(tw, "  %d\t%s\t%d→%d\t%d→%d\t%s\t%s\t%s\t%s\n", c.GetAppliedAfterEpoch(), report.Stamp(c.GetAppliedAt()),
 			c.GetFromNumWorkers(), c.GetNumWorkers(), c.GetFromPrefetchFactor(), c.GetPrefetchFactor(),
 			tokPerS(c.GetTokensPerSBefore()), tokPerS(c.GetTokensPerSAfter()), measured, expected)
 	}

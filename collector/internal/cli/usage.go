@@ -83,19 +83,17 @@ plus energy at the energy price (docs/costs.md).`,
 func usageKeys(resp *trainmeterv1.UsageResponse, r *trainmeterv1.UsageRow) []string {
 	keys := append([]string(nil), r.GetKeys()...)
 	byHardware := slices.Contains(resp.GetBy(), "node") || slices.Contains(resp.GetBy(), "gpu")
+	mark := ""
 	switch {
 	case r.GetDeleted() && byHardware:
-		for i := range keys {
-			keys[i] += " (deleted)"
-		}
+		mark = " (deleted)"
+	case r.GetIdle() && byHardware:
+		mark = " (idle)"
 	case r.GetIdle():
-		for i := range keys {
-			if byHardware {
-				keys[i] += " (idle)"
-			} else {
-				keys[i] += " " + r.GetIdleNode()
-			}
-		}
+		mark = " " + r.GetIdleNode()
+	}
+	for i := range keys {
+		keys[i] += mark
 	}
 	return keys
 }

@@ -180,12 +180,7 @@ const DefaultMemoryLimitMiB = 768
 // keeps what the rest of the file set, so that a check reports every
 // problem at once.
 func Load(path string, c *Config) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(f)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}

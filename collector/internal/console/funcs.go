@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/internal/money"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -29,7 +30,7 @@ var funcs = template.FuncMap{
 	"signed":     func(v float64) string { return fmt.Sprintf("%+.1f%%", v) },
 	"usd":        money.Amount, // an amount, rounded as `trainmeter report` rounds it
 	"rate":       money.Rate,   // a unit price ($ per GPU-hour)
-	"when":       when,
+	"when":       report.Stamp,
 	"ago":        ago,
 	"mib":        func(mib uint64) string { return strconv.FormatUint(mib, 10) },
 	"version":    func() string { return version() },
@@ -48,7 +49,6 @@ var funcs = template.FuncMap{
 	"seg":        url.PathEscape,
 	"navItems":   func() []navItem { return nav },
 	"statuses":   func() []string { return []string{"", "live", "ended"} },
-	"optf":       optNum,
 }
 
 // version is the binary's version (a test sets another). Templates use it
@@ -93,13 +93,6 @@ func pvalue(d *trainmeterv1.CompareDiff) string {
 		return "-"
 	}
 	return strconv.FormatFloat(d.GetPValue(), 'g', 3, 64)
-}
-
-func when(ts *timestamppb.Timestamp) string {
-	if ts == nil {
-		return "-"
-	}
-	return ts.AsTime().UTC().Format(time.RFC3339)
 }
 
 func ago(ts *timestamppb.Timestamp, now time.Time) string {

@@ -45,9 +45,6 @@ type loginLimiter struct {
 }
 
 func newLoginLimiter(clk clock.Clock) *loginLimiter {
-	if clk == nil {
-		clk = clock.Real{}
-	}
 	return &loginLimiter{clk: clk, clients: map[string]*loginBucket{}}
 }
 

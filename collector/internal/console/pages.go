@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
-	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -18,6 +17,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pg "github.com/trainmeter/trainmeter/collector/internal/page"
+	"github.com/trainmeter/trainmeter/collector/internal/query/compare"
+	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/internal/protojsonout"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -188,11 +189,8 @@ func (p *pages) runsData(ctx context.Context, f runsFilter) (*runsData, error) {
 		return nil, err
 	}
 	d := &runsData{Filter: f, Total: len(runs)}
-	models, backends := map[string]bool{}, map[string]bool{}
 	var match []*trainmeterv1.RunReport
 	for _, r := range runs {
-		models[r.GetMetadata().GetModel()] = true
-		backends[r.GetMetadata().GetBackend()] = true
 		if !r.GetEnded() {
 			d.Live++
 		}
@@ -200,7 +198,7 @@ func (p *pages) runsData(ctx context.Context, f runsFilter) (*runsData, error) {
 			match = append(match, r)
 		}
 	}
-	d.Models, d.Backends = sortedKeys(models), sortedKeys(backends)
+	d.Models, d.Backends = distinct(runs, (*trainmeterv1.RunMetadata).GetModel), distinct(runs, (*trainmeterv1.RunMetadata).GetBackend)
 	slices.SortStableFunc(match, func(a, b *trainmeterv1.RunReport) int {
 		if a.GetEnded() != b.GetEnded() {
 			if !a.GetEnded() {
@@ -258,10 +256,7 @@ func runStatus(r *trainmeterv1.RunReport) string {
 	if !r.GetEnded() {
 		return "live"
 	}
-	if s := r.GetEndStatus(); s != "" {
-		return s
-	}
-	return "ended"
+	return report.EndStatus(r)
 }
 
 func (p *pages) runs(w http.ResponseWriter, r *http.Request) {
@@ -434,22 +429,15 @@ type bar struct {
 	Stat *trainmeterv1.CompareStat
 }
 
-// compareKeys are the grouping keys the form offers (labels typed as label:NAME).
-var compareKeys = []string{"backend", "batch_size", "precision", "gpu_name", "dataset", "optimizer", "seq_len", "grad_accum", "nodes", "gpus"}
-
 func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	d := &compareData{Form: compareForm{Runs: q.Get("runs"), Model: q.Get("model"), By: q.Get("by"), Baseline: q.Get("baseline")}, ByKeys: compareKeys}
+	d := &compareData{Form: compareForm{Runs: q.Get("runs"), Model: q.Get("model"), By: q.Get("by"), Baseline: q.Get("baseline")}, ByKeys: compare.Keys}
 	runs, err := p.allRuns(r.Context())
 	if err != nil {
 		p.fail(w, r, "compare", err)
 		return
 	}
-	models := map[string]bool{}
-	for _, run := range runs {
-		models[run.GetMetadata().GetModel()] = true
-	}
-	d.Models = sortedKeys(models)
+	d.Models = distinct(runs, (*trainmeterv1.RunMetadata).GetModel)
 	code := http.StatusOK
 	// Runs typed in the form are separated by spaces or commas; a run id
 	// with those in it comes as its own run= parameter (a link can carry any id).
@@ -598,10 +586,16 @@ func (p *pages) nodes(w http.ResponseWriter, r *http.Request) {
 	}{rows, now}})
 }
 
-// sortedKeys is m's keys but "", sorted.
-func sortedKeys(m map[string]bool) []string {
-	delete(m, "")
-	return slices.Sorted(maps.Keys(m))
+// distinct is the runs' values of a metadata field but "", sorted, each once.
+func distinct(runs []*trainmeterv1.RunReport, field func(*trainmeterv1.RunMetadata) string) []string {
+	var out []string
+	for _, r := range runs {
+		if v := field(r.GetMetadata()); v != "" {
+			out = append(out, v)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // allRuns is every run, read from ListRuns a page at a time, in run id

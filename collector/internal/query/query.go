@@ -2,10 +2,13 @@
 package query
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -39,7 +42,7 @@ type Server struct {
 	live    Live
 	pricing aggregate.Pricing
 	plans   Plans
-	log     *slog.Logger // SetLogger; nil discards
+	log     *slog.Logger // SetLogger
 }
 
 // Plans adds to a report what its run was started with (cost cap,
@@ -59,7 +62,7 @@ func (s *Server) attachPlan(r *trainmeterv1.RunReport) {
 
 // New returns a query server. live may be nil (no node is then connected).
 func New(st storage.Store, live Live, p aggregate.Pricing) *Server {
-	return &Server{store: st, live: live, pricing: p}
+	return &Server{store: st, live: live, pricing: p, log: slog.New(slog.DiscardHandler)}
 }
 
 func (s *Server) storeErr(err error) error {
@@ -73,13 +76,26 @@ func (s *Server) storeErr(err error) error {
 	return status.Errorf(codes.Internal, "store: %v", err)
 }
 
+// runErr is storeErr for a read of run id.
+func (s *Server) runErr(id string, err error) error {
+	if errors.Is(err, storage.ErrNotFound) {
+		return status.Errorf(codes.NotFound, "run %q not found", id)
+	}
+	return s.storeErr(err)
+}
+
+func checkIDs(ids []string) error {
+	if slices.Contains(ids, "") {
+		return status.Error(codes.InvalidArgument, "empty run id")
+	}
+	return nil
+}
+
 // reports turns aggregates into reports. Without explicit ids runs are
 // ordered by start time, then run id.
 func (s *Server) reports(ids []string) ([]*trainmeterv1.RunReport, error) {
-	for _, id := range ids {
-		if id == "" {
-			return nil, status.Error(codes.InvalidArgument, "empty run id")
-		}
+	if err := checkIDs(ids); err != nil {
+		return nil, err
 	}
 	sts, err := s.store.ListRuns(ids)
 	if err != nil {
@@ -95,12 +111,8 @@ func (s *Server) reports(ids []string) ([]*trainmeterv1.RunReport, error) {
 		return nil, err
 	}
 	if len(ids) == 0 {
-		sort.SliceStable(out, func(i, j int) bool {
-			a, b := out[i].GetStart().AsTime(), out[j].GetStart().AsTime()
-			if !a.Equal(b) {
-				return a.Before(b)
-			}
-			return out[i].GetRunId() < out[j].GetRunId()
+		slices.SortStableFunc(out, func(a, b *trainmeterv1.RunReport) int {
+			return cmp.Or(a.GetStart().AsTime().Compare(b.GetStart().AsTime()), cmp.Compare(a.GetRunId(), b.GetRunId()))
 		})
 	}
 	return out, nil
@@ -143,10 +155,8 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 		return nil, err
 	}
 	ids := req.GetRunIds()
-	for _, id := range ids {
-		if id == "" {
-			return nil, status.Error(codes.InvalidArgument, "empty run id")
-		}
+	if err := checkIDs(ids); err != nil {
+		return nil, err
 	}
 	fp := page.Request("ListRuns", ids...)
 	tok, err := page.Decode(req.GetPageToken(), fp)
@@ -221,11 +231,8 @@ func (s *Server) GetRun(_ context.Context, req *trainmeterv1.GetRunRequest) (*tr
 		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
 	}
 	st, err := s.store.GetRun(req.GetRunId())
-	if errors.Is(err, storage.ErrNotFound) {
-		return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
-	}
 	if err != nil {
-		return nil, s.storeErr(err)
+		return nil, s.runErr(req.GetRunId(), err)
 	}
 	r := st.Report(s.pricing)
 	s.attachPlan(r)
@@ -253,12 +260,7 @@ func (s *Server) attachDataloaderChanges(r *trainmeterv1.RunReport) error {
 // needEfficiency is whether any of reports has an efficiency score to
 // compute (accuracy and a cost).
 func needEfficiency(reports []*trainmeterv1.RunReport) bool {
-	for _, r := range reports {
-		if r.AccuracyPoints != nil && r.GetTotalCostUsd() > 0 {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(reports, func(r *trainmeterv1.RunReport) bool { return r.AccuracyPoints != nil && r.GetTotalCostUsd() > 0 })
 }
 
 // plainReports is the reports of sts without their plans: what efficiency
@@ -350,11 +352,7 @@ func (s *Server) ListNodes(_ context.Context, req *trainmeterv1.ListNodesRequest
 			}
 		}
 	}
-	out := make([]*trainmeterv1.NodeStatus, 0, len(byName))
-	for _, n := range byName {
-		out = append(out, n)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].GetNode() < out[j].GetNode() })
+	out := slices.SortedFunc(maps.Values(byName), func(a, b *trainmeterv1.NodeStatus) int { return cmp.Compare(a.GetNode(), b.GetNode()) })
 	i := 0
 	if req.GetPageToken() != "" {
 		i = sort.Search(len(out), func(i int) bool { return out[i].GetNode() > tok.After })
@@ -388,11 +386,8 @@ func (s *Server) DeleteRun(_ context.Context, req *trainmeterv1.DeleteRunRequest
 		del = s.store.DeleteLiveRun
 	}
 	n, err := del(req.GetRunId())
-	if errors.Is(err, storage.ErrNotFound) {
-		return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
-	}
 	if err != nil {
-		return nil, s.storeErr(err)
+		return nil, s.runErr(req.GetRunId(), err)
 	}
 	return &trainmeterv1.DeleteRunResponse{RecordsDeleted: uint64(n)}, nil
 }

@@ -2,7 +2,6 @@ package query
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"math"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
-	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -61,26 +59,16 @@ func (s *Server) Reprice(_ context.Context, req *trainmeterv1.RepriceRequest) (*
 	resp := &trainmeterv1.RepriceResponse{}
 	for _, id := range ids {
 		before, after, ch, err := s.store.Reprice(id, since, price, reason, report)
-		if errors.Is(err, storage.ErrNotFound) {
-			return nil, status.Errorf(codes.NotFound, "run %q not found", id)
-		}
 		if err != nil {
-			return nil, s.storeErr(err)
+			return nil, s.runErr(id, err)
 		}
 		if after == nil {
 			continue // no GPU time of the run since then
 		}
-		s.logger().Warn("run repriced", "run", id, "usd_per_gpu_hour", price, "gpu_seconds", ch.GPUSeconds,
+		s.log.Warn("run repriced", "run", id, "usd_per_gpu_hour", price, "gpu_seconds", ch.GPUSeconds,
 			"cost_usd_before", before.GetCostUsd(), "cost_usd", after.GetCostUsd(), "reason", reason)
 		resp.Runs = append(resp.Runs, &trainmeterv1.RepricedRun{RunId: id, PreviousCostUsd: before.GetCostUsd(),
 			CostUsd: after.GetCostUsd(), GpuSeconds: ch.GPUSeconds})
 	}
 	return resp, nil
-}
-
-func (s *Server) logger() *slog.Logger {
-	if s.log == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return s.log
 }

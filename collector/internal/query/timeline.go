@@ -1,8 +1,8 @@
 package query
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -52,19 +52,13 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 	if req.GetRunId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "run_id is empty")
 	}
-	maxPts := int(req.GetMaxPoints())
-	if maxPts == 0 {
-		maxPts = DefaultTimelinePoints
-	}
+	maxPts := cmp.Or(int(req.GetMaxPoints()), DefaultTimelinePoints)
 	if maxPts < minTimelinePoints {
 		return nil, status.Errorf(codes.InvalidArgument, "max_points %d: want at least %d", maxPts, minTimelinePoints)
 	}
 	agg, err := s.store.GetRun(req.GetRunId())
 	if err != nil {
-		if errors.Is(err, storage.ErrNotFound) {
-			return nil, status.Errorf(codes.NotFound, "run %q not found", req.GetRunId())
-		}
-		return nil, s.storeErr(err)
+		return nil, s.runErr(req.GetRunId(), err)
 	}
 	ws, es, err := s.store.RunTimeline(req.GetRunId())
 	if err != nil {
@@ -79,8 +73,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 
 	all := map[int64]*bucket{}
 	nodes := map[string]map[int64]*bucket{}
-	var first, last time.Time
-	var warmupEnd time.Time
+	var first, last, warmupEnd time.Time
 	spans := map[string]*nodeSpan{}
 	for _, nw := range ws {
 		w := nw.Window
@@ -142,11 +135,7 @@ func (s *Server) Timeline(_ context.Context, req *trainmeterv1.TimelineRequest) 
 		resp.WarmupEnd = timestamppb.New(warmupEnd)
 	}
 
-	secs := make([]int64, 0, len(all))
-	for k := range all {
-		secs = append(secs, k)
-	}
-	slices.Sort(secs)
+	secs := slices.Sorted(maps.Keys(all))
 	power := func(b *bucket) float64 {
 		if b.dur <= 0 {
 			return 0

@@ -1,6 +1,9 @@
 package report
 
-import "fmt"
+import (
+	"cmp"
+	"fmt"
+)
 
 // carbonSourceWords names where a CO2 band's intensity came from.
 var carbonSourceWords = map[string]string{
@@ -28,11 +31,7 @@ func writeCO2(line func(label, format string, args ...any), r *RunReport) {
 	}
 	line("CO2", "%.4g kg (whole run, all GPUs; %.4g gCO2/kWh energy-weighted%s)", r.GetCo2Kg(), r.GetCo2Gco2PerKwh(), zone)
 	for _, b := range bands {
-		where := b.GetZone()
-		if where == "" {
-			where = "no zone"
-		}
-		label := fmt.Sprintf("  %s %.4g g/kWh", where, b.GetGco2PerKwh())
+		label := fmt.Sprintf("  %s %.4g g/kWh", cmp.Or(b.GetZone(), "no zone"), b.GetGco2PerKwh())
 		note := carbonSourceWords[b.GetSource()]
 		if b.GetSource() == "flat" {
 			note += ": no intensity for these hours"

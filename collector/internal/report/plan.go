@@ -1,34 +1,29 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/trainmeter/trainmeter/internal/money"
+	"github.com/trainmeter/trainmeter/internal/plural"
 )
 
-// PriceSourceWords says in words where a run's GPU-hour price came from.
-func PriceSourceWords(src string) string {
-	switch src {
-	case "run_start":
-		return "run_start (the trainer's gpu_price_per_hour)"
-	case "node":
-		return "node (serve --node-gpu-price)"
-	case "amortized":
-		return "amortized (owned GPU: purchase − residual over its lifetime, serve --owned-hardware)"
-	case "catalog":
-		return "catalog (the GPU price catalog's current price)"
-	case "flag":
-		return "flag (serve --gpu-price-per-hour)"
-	case "mixed":
-		return "mixed (nodes priced by different rules)"
-	case "repriced":
-		return "repriced (trainmeter reprice)"
-	}
-	return src
+// priceSourceWords say where a run's GPU-hour price came from.
+var priceSourceWords = map[string]string{
+	"run_start": "run_start (the trainer's gpu_price_per_hour)",
+	"node":      "node (serve --node-gpu-price)",
+	"amortized": "amortized (owned GPU: purchase − residual over its lifetime, serve --owned-hardware)",
+	"catalog":   "catalog (the GPU price catalog's current price)",
+	"flag":      "flag (serve --gpu-price-per-hour)",
+	"mixed":     "mixed (nodes priced by different rules)",
+	"repriced":  "repriced (trainmeter reprice)",
 }
+
+// PriceSourceWords says in words where a run's GPU-hour price came from.
+func PriceSourceWords(src string) string { return cmp.Or(priceSourceWords[src], src) }
 
 // writeReprice says when the run's booked cost was last changed by
 // `trainmeter reprice`, from what and why (docs/costs.md, "Locked prices").
@@ -60,10 +55,7 @@ func writePlan(line func(string, string, ...any), r *RunReport) {
 		return
 	}
 	c, w, k := e.GetCostUsd(), e.GetWallS(), e.GetEnergyKwh()
-	runs := "runs"
-	if len(e.GetBasedOn()) == 1 {
-		runs = "run"
-	}
+	runs := plural.Noun(int64(len(e.GetBasedOn())), "run")
 	if c != nil {
 		band := money.USDs(c.GetMid(), c.GetLow(), c.GetHigh())
 		line("estimate", "%s (band %s to %s) for %d tokens on %d GPU(s), from %d past %s", band[0], band[1], band[2],

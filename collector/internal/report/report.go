@@ -20,10 +20,12 @@
 package report
 
 import (
+	"cmp"
 	"encoding/csv"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -61,9 +63,7 @@ const (
 	perToken, usdPerUnit      = "J/{token}", "USD/{unit}"
 )
 
-// fields are the CSV's columns in order: run_id, the contract columns, the
-// metadata, the required extras, then further extras. New columns are only
-// ever appended.
+// fields are the CSV's columns, in order.
 var fields = []Field{
 	{Name: "run_id"},
 	// contract columns
@@ -204,7 +204,7 @@ func protoValue(name string) func(*RunReport) any {
 }
 
 // Header returns the CSV header row.
-func Header() []string { return append([]string(nil), header...) }
+func Header() []string { return slices.Clone(header) }
 
 // Status is "ended" for a finished run, "running" otherwise.
 func Status(r *RunReport) string {
@@ -229,27 +229,21 @@ func EndStatus(r *RunReport) string {
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
-// F formats a float for the CSV: rounded to 6 decimals; "" if not finite.
-func F(v float64) string {
-	if !finite(v) {
-		return ""
-	}
-	v = math.Round(v*1e6) / 1e6
-	if !finite(v) { // v*1e6 overflowed; keep the value as it is
-		return ""
-	}
-	if v == 0 {
-		v = 0 // no "-0"
-	}
-	return strconv.FormatFloat(v, 'f', -1, 64)
-}
+// F formats a float for the CSV: rounded to 6 decimals; "" if not finite
+// (or so large that v*1e6 overflows).
+func F(v float64) string { return plain(math.Round(v*1e6) / 1e6) }
 
 // G9 formats a float rounded to 9 significant digits, without exponent.
 func G9(v float64) string {
+	v, _ = strconv.ParseFloat(strconv.FormatFloat(v, 'g', 9, 64), 64) // ±Inf and NaN parse back
+	return plain(v)
+}
+
+// plain writes v without exponent and never as "-0"; "" if not finite.
+func plain(v float64) string {
 	if !finite(v) {
 		return ""
 	}
-	v, _ = strconv.ParseFloat(strconv.FormatFloat(v, 'g', 9, 64), 64)
 	if v == 0 {
 		v = 0
 	}
@@ -265,6 +259,14 @@ const TimeFormat = time.RFC3339
 
 // Time formats t for human output (TimeFormat).
 func Time(t time.Time) string { return t.UTC().Format(TimeFormat) }
+
+// Stamp is Time of ts; "-" when unknown.
+func Stamp(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return Time(ts.AsTime())
+}
 
 // when is v where ok, else unknown (nil).
 func when(ok bool, v any) any {
@@ -437,12 +439,7 @@ func unknown(v any) bool {
 	return v == nil || v == "" || isFloat && !finite(x)
 }
 
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
+func orDash(s string) string { return cmp.Or(s, "-") }
 
 // tableColumns are the runs table's columns: the title, the field whose
 // figure it shows (its scope is the second header line), and how.
@@ -513,25 +510,23 @@ func WriteTable(w io.Writer, runs []*RunReport) error {
 	return nil
 }
 
+// ratesUnavailableWords explain each value of rates_unavailable but
+// too_short, whose words give the time.
+var ratesUnavailableWords = map[string]string{
+	"in_warmup":     "in_warmup: no time after warmup yet, so no rate after warmup",
+	"too_few_steps": "too_few_steps: under the 2 steps after warmup a rate needs",
+	"no_tokens":     "no_tokens: no tokens reported after warmup, so no tok/s or J/token",
+	"no_energy":     "no_energy: under 1 s after warmup with measured energy, so no J/token or power after warmup",
+}
+
 // RatesUnavailable explains RunReport.rates_unavailable in words; "" when
 // every rate after warmup is known.
 func RatesUnavailable(r *RunReport) string {
-	switch why := r.GetRatesUnavailable(); why {
-	case "":
-		return ""
-	case "in_warmup":
-		return "in_warmup: no time after warmup yet, so no rate after warmup"
-	case "too_short":
+	why := r.GetRatesUnavailable()
+	if why == "too_short" {
 		return fmt.Sprintf("too_short: %s after warmup, under the 1 s a rate needs", Duration(max(0, r.GetWallS()-r.GetWarmupS())))
-	case "too_few_steps":
-		return "too_few_steps: under the 2 steps after warmup a rate needs"
-	case "no_tokens":
-		return "no_tokens: no tokens reported after warmup, so no tok/s or J/token"
-	case "no_energy":
-		return "no_energy: under 1 s after warmup with measured energy, so no J/token or power after warmup"
-	default:
-		return why
 	}
+	return cmp.Or(ratesUnavailableWords[why], why)
 }
 
 // WarmupHint says how to set the warmup; shown where efficiency figures
@@ -539,8 +534,7 @@ func RatesUnavailable(r *RunReport) string {
 const WarmupHint = "set a shorter one with warmup_s=/warmup_steps= in trainmeter.start(), `trainmeter run --warmup`, or the agent's --warmup/--warmup-steps (default: 60 s or the 20th step, whichever comes first)"
 
 // AvgPowerTotal is the whole run's mean power, all of its GPUs summed:
-// energy_total_J / wall_s (what the collector sends as avg_power_total_W,
-// computed here too for collectors before that field).
+// energy_total_J / wall_s, as the collector computes avg_power_total_W.
 func AvgPowerTotal(r *RunReport) (float64, bool) {
 	if r.GetStart() == nil || r.GetWallS() <= 0 {
 		return 0, false
@@ -676,15 +670,9 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	}
 
 	b.WriteString("metadata\n")
-	line("model", "%s", orDash(m.GetModel()))
-	line("dataset", "%s", orDash(m.GetDataset()))
-	line("backend", "%s", orDash(m.GetBackend()))
-	line("optimizer", "%s", orDash(m.GetOptimizer()))
-	line("precision", "%s", orDash(m.GetPrecision()))
-	line("batch size", "%s", figure(r, "batch_size", "%d"))
-	line("grad accum", "%s", figure(r, "grad_accum", "%d"))
-	line("seq len", "%s", figure(r, "seq_len", "%d"))
-	line("seed", "%s", figure(r, "seed", "%d"))
+	for _, f := range []string{"model", "dataset", "backend", "optimizer", "precision", "batch_size", "grad_accum", "seq_len", "seed"} {
+		line(strings.ReplaceAll(f, "_", " "), "%s", figure(r, f, "%v"))
+	}
 	if m.GetNotes() != "" {
 		line("notes", "%s", m.GetNotes())
 	}

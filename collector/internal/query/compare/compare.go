@@ -30,22 +30,23 @@ func invalid(f string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(f, a...))
 }
 
+// keyValues read a run's value of each of Keys; m is never nil.
+var keyValues = map[string]func(r *trainmeterv1.RunReport, m *trainmeterv1.RunMetadata) string{
+	"backend":    func(_ *trainmeterv1.RunReport, m *trainmeterv1.RunMetadata) string { return orNone(m.GetBackend()) },
+	"precision":  func(_ *trainmeterv1.RunReport, m *trainmeterv1.RunMetadata) string { return orNone(m.GetPrecision()) },
+	"dataset":    func(_ *trainmeterv1.RunReport, m *trainmeterv1.RunMetadata) string { return orNone(m.GetDataset()) },
+	"optimizer":  func(_ *trainmeterv1.RunReport, m *trainmeterv1.RunMetadata) string { return orNone(m.GetOptimizer()) },
+	"gpu_name":   func(r *trainmeterv1.RunReport, _ *trainmeterv1.RunMetadata) string { return orNone(r.GetGpuName()) },
+	"batch_size": func(_ *trainmeterv1.RunReport, m *trainmeterv1.RunMetadata) string { return optInt(m.BatchSize) },
+	"seq_len":    func(_ *trainmeterv1.RunReport, m *trainmeterv1.RunMetadata) string { return optInt(m.SeqLen) },
+	"grad_accum": func(_ *trainmeterv1.RunReport, m *trainmeterv1.RunMetadata) string { return optInt(m.GradAccum) },
+	"nodes":      func(r *trainmeterv1.RunReport, _ *trainmeterv1.RunMetadata) string { return fmt.Sprint(r.GetNodes()) },
+	"gpus":       func(r *trainmeterv1.RunReport, _ *trainmeterv1.RunMetadata) string { return fmt.Sprint(r.GetGpus()) },
+}
+
 // KeyOf returns run r's value of the grouping key by (see Keys; label:KEY
 // reads a label), and whether by is a known key.
 func KeyOf(r *trainmeterv1.RunReport, by string) (string, bool) {
-	m := cmp.Or(r.GetMetadata(), &trainmeterv1.RunMetadata{})
-	str := func(s string) string {
-		if s == "" {
-			return NoValue
-		}
-		return s
-	}
-	num := func(v *int64) string {
-		if v == nil {
-			return NoValue
-		}
-		return strconv.FormatInt(*v, 10)
-	}
 	if k, ok := strings.CutPrefix(by, "label:"); ok {
 		if k == "" {
 			return "", false
@@ -56,29 +57,18 @@ func KeyOf(r *trainmeterv1.RunReport, by string) (string, bool) {
 		}
 		return v, true
 	}
-	switch by {
-	case "backend":
-		return str(m.GetBackend()), true
-	case "precision":
-		return str(m.GetPrecision()), true
-	case "dataset":
-		return str(m.GetDataset()), true
-	case "optimizer":
-		return str(m.GetOptimizer()), true
-	case "gpu_name":
-		return str(r.GetGpuName()), true
-	case "batch_size":
-		return num(m.BatchSize), true
-	case "seq_len":
-		return num(m.SeqLen), true
-	case "grad_accum":
-		return num(m.GradAccum), true
-	case "nodes":
-		return strconv.FormatUint(uint64(r.GetNodes()), 10), true
-	case "gpus":
-		return strconv.FormatUint(uint64(r.GetGpus()), 10), true
+	if value, ok := keyValues[by]; ok {
+		return value(r, cmp.Or(r.GetMetadata(), &trainmeterv1.RunMetadata{})), true
 	}
 	return "", false
+}
+
+// optInt is *v in decimal, or NoValue when v is not given.
+func optInt(v *int64) string {
+	if v == nil {
+		return NoValue
+	}
+	return strconv.FormatInt(*v, 10)
 }
 
 // Select picks the runs req asks for out of all: the named runs in the
@@ -348,9 +338,4 @@ func words[T any](vs []T, word func(T) string) []string {
 }
 
 // orNone is s, or NoValue for "".
-func orNone(s string) string {
-	if s == "" {
-		return NoValue
-	}
-	return s
-}
+func orNone(s string) string { return cmp.Or(s, NoValue) }
