@@ -5,6 +5,7 @@
 package otelexport
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -57,20 +58,10 @@ type Config struct {
 func (c Config) Enabled() bool { return c.Endpoint != "" || c.PrometheusListen != "" }
 
 // protocol returns the protocol with its default applied.
-func (c Config) protocol() string {
-	if c.Protocol == "" {
-		return ProtocolGRPC
-	}
-	return c.Protocol
-}
+func (c Config) protocol() string { return cmp.Or(c.Protocol, ProtocolGRPC) }
 
 // interval returns the push interval with its default applied.
-func (c Config) interval() time.Duration {
-	if c.Interval == 0 {
-		return DefaultInterval
-	}
-	return c.Interval
-}
+func (c Config) interval() time.Duration { return cmp.Or(c.Interval, DefaultInterval) }
 
 // Validate reports every problem at once.
 func (c Config) Validate() error {

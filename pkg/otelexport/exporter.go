@@ -1,6 +1,7 @@
 package otelexport
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -101,9 +102,7 @@ func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Ex
 	if !cfg.Enabled() {
 		return nil, errors.New("otel export: neither an OTLP endpoint nor a Prometheus listen address is set")
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	errorHandlerOnce.Do(func() {
 		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("otel export failed", "err", err) }))
 	})

@@ -95,10 +95,7 @@ type GPUOptions struct {
 
 // NewGPUMetrics registers the hw.* instruments on meter.
 func NewGPUMetrics(meter metric.Meter, o GPUOptions) (*GPUMetrics, error) {
-	g := &GPUMetrics{clock: o.Clock, staleAfter: o.StaleAfter, energyTTL: o.EnergyTTL, inventory: o.Inventory, gpus: map[gpuKey]*gpuState{}}
-	if g.clock == nil {
-		g.clock = clock.Real{}
-	}
+	g := &GPUMetrics{clock: cmp.Or[clock.Clock](o.Clock, clock.Real{}), staleAfter: o.StaleAfter, energyTTL: o.EnergyTTL, inventory: o.Inventory, gpus: map[gpuKey]*gpuState{}}
 	if g.staleAfter <= 0 {
 		g.staleAfter = DefaultGPUStaleAfter
 	}
@@ -157,10 +154,7 @@ func (g *GPUMetrics) Batch(node string, b *trainmeterv1.Batch) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, w := range b.GetGpuWindows() {
-		id := w.GetUuid()
-		if id == "" {
-			id = fmt.Sprintf("gpu%d", w.GetGpu())
-		}
+		id := cmp.Or(w.GetUuid(), fmt.Sprintf("gpu%d", w.GetGpu()))
 		k := gpuKey{node, id}
 		s := g.gpus[k]
 		switch {
@@ -233,10 +227,7 @@ func (g *GPUMetrics) snapshot() []gpuSnapshot {
 		if snap.memTotalMiB == 0 && info != nil {
 			snap.memTotalMiB = float64(info.GetMemoryTotalMib())
 		}
-		hwID := s.uuid
-		if hwID == "" {
-			hwID = s.node + "/" + k.id
-		}
+		hwID := cmp.Or(s.uuid, s.node+"/"+k.id)
 		attrs := []attribute.KeyValue{
 			attribute.String(AttrHWType, "gpu"),
 			attribute.String(AttrHWID, hwID),

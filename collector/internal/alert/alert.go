@@ -79,7 +79,6 @@ type Sink interface {
 // Sinks fans an alert out to several sinks.
 type Sinks []Sink
 
-// Alert implements Sink.
 func (s Sinks) Alert(ctx context.Context, a Alert) {
 	for _, k := range s {
 		if k != nil {

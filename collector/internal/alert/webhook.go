@@ -157,7 +157,6 @@ func (w *Webhooks) Shutdown(ctx context.Context) error {
 // pending by a stop counts again once a sender re-queues it.
 func (w *Webhooks) Busy() int { return int(w.busy.Load()) }
 
-// Alert implements Sink.
 func (w *Webhooks) Alert(_ context.Context, a Alert) {
 	for _, h := range w.hooks {
 		if w.store != nil {

@@ -105,8 +105,6 @@ type Options struct {
 // Telemetry is the collector's OTel export. A nil *Telemetry does nothing.
 type Telemetry struct {
 	o    Options
-	log  *slog.Logger
-	exp  *otelexport.Exporter
 	gpus *otelexport.GPUMetrics
 
 	mu     sync.Mutex
@@ -119,21 +117,16 @@ func New(o Options) (*Telemetry, error) {
 	if o.Exporter == nil || o.Runs == nil || o.Nodes == nil {
 		return nil, errors.New("telemetry: exporter, runs and nodes are required")
 	}
-	if o.Clock == nil {
-		o.Clock = clock.Real{}
-	}
+	o.Clock = cmp.Or[clock.Clock](o.Clock, clock.Real{})
 	if o.RunWindow <= 0 {
 		o.RunWindow = DefaultRunWindow
 	}
 	if o.MaxRuns <= 0 {
 		o.MaxRuns = DefaultMaxRuns
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	exp := o.Exporter
-	t := &Telemetry{o: o, log: o.Logger, exp: exp, recent: map[string]time.Time{}}
-	if err := t.register(exp.Meter()); err != nil {
+	o.Logger = cmp.Or(o.Logger, slog.New(slog.DiscardHandler))
+	t := &Telemetry{o: o, recent: map[string]time.Time{}}
+	if err := t.register(o.Exporter.Meter()); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -144,7 +137,7 @@ func (t *Telemetry) PrometheusAddr() net.Addr {
 	if t == nil {
 		return nil
 	}
-	return t.exp.PrometheusAddr()
+	return t.o.Exporter.PrometheusAddr()
 }
 
 // Flush pushes pending metrics and log records now (OTLP).
@@ -152,7 +145,7 @@ func (t *Telemetry) Flush(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
-	return t.exp.Flush(ctx)
+	return t.o.Exporter.Flush(ctx)
 }
 
 // Shutdown pushes a last export and stops. Call it before the store closes:
@@ -161,11 +154,7 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
-	return t.exp.Shutdown(ctx)
-}
-
-func (t *Telemetry) sources() (BudgetSource, RecommendationSource) {
-	return t.o.Budgets, t.o.Recommendations
+	return t.o.Exporter.Shutdown(ctx)
 }
 
 // OnApplied is the ingest hook (ingest.Server.OnApplied): it folds the GPU
@@ -287,10 +276,7 @@ func NewAlertLog(exp *otelexport.Exporter, clk clock.Clock) *AlertLog {
 	if exp == nil {
 		return nil
 	}
-	if clk == nil {
-		clk = clock.Real{}
-	}
-	return &AlertLog{logger: exp.Logger(), clock: clk}
+	return &AlertLog{logger: exp.Logger(), clock: cmp.Or[clock.Clock](clk, clock.Real{})}
 }
 
 // EmitAlert sends a as an OTel log record (nothing without OTLP).

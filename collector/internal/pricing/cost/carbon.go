@@ -33,7 +33,6 @@ type CarbonSource interface {
 // the next (a live source first, the file for the hours it lacks).
 type CarbonChain []CarbonSource
 
-// SplitCarbon implements CarbonSource.
 func (c CarbonChain) SplitCarbon(zone string, start, end time.Time, joules float64,
 	add func(float64, string, float64), missing func(time.Time, time.Time, float64)) {
 	if len(c) == 0 {

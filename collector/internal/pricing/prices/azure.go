@@ -74,7 +74,6 @@ type Azure struct {
 	HTTPOptions
 }
 
-// Name implements Provider.
 func (*Azure) Name() string { return "azure" }
 
 // AzureFilter is the OData $filter the provider sends: Consumption prices
@@ -96,7 +95,6 @@ func AzureFilter(regions []string) string {
 	return f
 }
 
-// FetchOffers implements Provider.
 func (a *Azure) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 	base := cmp.Or(strings.TrimRight(a.BaseURL, "/"), DefaultAzureURL)
 	baseURL, err := url.Parse(base)

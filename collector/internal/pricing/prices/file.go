@@ -24,7 +24,6 @@ type File struct {
 	Path string
 }
 
-// Name implements Provider.
 func (*File) Name() string { return "file" }
 
 // FetchOffers implements Provider; a list skips nothing (a row that

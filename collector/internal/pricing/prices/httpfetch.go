@@ -51,16 +51,8 @@ type HTTPError = httpretry.HTTPError
 // provider in errors.
 func (o HTTPOptions) get(ctx context.Context, what, method, u, apiKey string, body []byte) ([]byte, error) {
 	client := cmp.Or(o.Client, &http.Client{Timeout: 30 * time.Second})
-	p := httpretry.Policy{Attempts: o.MaxAttempts, MaxBackoff: o.MaxBackoff, MaxRetryAfter: o.MaxRetryAfter, Sleep: o.Sleep}
-	if p.Attempts <= 0 {
-		p.Attempts = 5
-	}
-	if p.MaxBackoff <= 0 {
-		p.MaxBackoff = time.Minute
-	}
-	if p.MaxRetryAfter <= 0 {
-		p.MaxRetryAfter = DefaultMaxRetryAfter
-	}
+	p := httpretry.Policy{Attempts: cmp.Or(o.MaxAttempts, 5), MaxBackoff: cmp.Or(o.MaxBackoff, time.Minute),
+		MaxRetryAfter: cmp.Or(o.MaxRetryAfter, DefaultMaxRetryAfter), Sleep: o.Sleep}
 	if p.Sleep == nil {
 		p.Sleep = sleepCtx
 	}

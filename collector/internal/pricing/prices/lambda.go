@@ -31,10 +31,8 @@ type Lambda struct {
 	HTTPOptions
 }
 
-// Name implements Provider.
 func (*Lambda) Name() string { return "lambda" }
 
-// FetchOffers implements Provider.
 func (l *Lambda) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 	base := cmp.Or(strings.TrimRight(l.BaseURL, "/"), DefaultLambdaURL)
 	body, err := l.get(ctx, "Lambda instance types from "+base, http.MethodGet, base+"/api/v1/instance-types", l.APIKey, nil)

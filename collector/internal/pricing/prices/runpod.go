@@ -32,10 +32,8 @@ type RunPod struct {
 	HTTPOptions
 }
 
-// Name implements Provider.
 func (*RunPod) Name() string { return "runpod" }
 
-// FetchOffers implements Provider.
 func (r *RunPod) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 	u := cmp.Or(r.URL, DefaultRunPodURL)
 	q, _ := json.Marshal(map[string]string{"query": RunPodQuery})

@@ -37,7 +37,6 @@ type VastAI struct {
 // DefaultVastAIQuery asks for rentable on-demand offers.
 const DefaultVastAIQuery = `{"rentable":{"eq":true},"rented":{"eq":false},"type":"on-demand","limit":1000}`
 
-// Name implements Provider.
 func (*VastAI) Name() string { return "vastai" }
 
 // vastOffer has the fields of a vast.ai offer that we read.
@@ -105,7 +104,6 @@ func ParseVastAIOffers(r io.Reader, provider string) (offers []Offer, skipped in
 	return offers, skipped, nil
 }
 
-// FetchOffers implements Provider.
 func (v *VastAI) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 	base := cmp.Or(strings.TrimRight(v.BaseURL, "/"), DefaultVastAIURL)
 	q := cmp.Or(v.Query, DefaultVastAIQuery)
