@@ -363,12 +363,15 @@ func (m *Manager) Delete(scope, period string) error {
 }
 
 // Budgets lists the budgets by period then scope.
-func (m *Manager) Budgets() ([]Budget, error) {
-	var out []Budget
-	err := m.store.ScanRecords(NSBudgets, "", func(_ string, v []byte) (bool, error) {
-		var b Budget
-		if err := json.Unmarshal(v, &b); err == nil {
-			out = append(out, b)
+func (m *Manager) Budgets() ([]Budget, error) { return records[Budget](m.store, NSBudgets) }
+
+// records decodes the records of ns, skipping those that are not a T.
+func records[T any](st storage.Records, ns string) ([]T, error) {
+	var out []T
+	err := st.ScanRecords(ns, "", func(_ string, v []byte) (bool, error) {
+		var x T
+		if json.Unmarshal(v, &x) == nil {
+			out = append(out, x)
 		}
 		return true, nil
 	})

@@ -269,14 +269,7 @@ func (m *Manager) AttachPlan(r *trainmeterv1.RunReport) {
 // capped run (checkCap).
 func (m *Manager) evaluateCaps(ctx context.Context) error {
 	bindErr := errors.Join(m.bindPlans(), m.sweepPendingPlans())
-	var plans []RunPlan
-	err := m.store.ScanRecords(NSRunPlans, "", func(_ string, v []byte) (bool, error) {
-		var p RunPlan
-		if json.Unmarshal(v, &p) == nil {
-			plans = append(plans, p)
-		}
-		return true, nil
-	})
+	plans, err := records[RunPlan](m.store, NSRunPlans)
 	if err != nil {
 		return err
 	}

@@ -272,7 +272,7 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 	for _, node := range slices.Sorted(maps.Keys(a.nodes[run])) {
 		s := a.runs[key{run, node}]
 		epoch := s.lastEval + 1
-		if hasEpoch(e) {
+		if e.Epoch != nil {
 			if s.boundaries > 0 && e.GetEpoch() == s.lastEval {
 				continue
 			}
@@ -316,9 +316,6 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 		a.closeEpoch(run, node, s, epoch, steps, false, at, ranW, ranP, e.LoaderNumWorkers != nil, recs)
 	}
 }
-
-// hasEpoch: the eval carries an epoch.
-func hasEpoch(e *trainmeterv1.Eval) bool { return e.Epoch != nil }
 
 // resetInterval starts a new evaluation interval.
 func (s *runState) resetInterval() {
@@ -366,11 +363,7 @@ func (a *Advisor) process(it item) {
 		}
 		// The worker bound is per rank: the ranks that step when the agent
 		// says, else one rank per GPU.
-		if w.stepRanks > 0 {
-			s.iv.LocalRanks = max(s.iv.LocalRanks, w.stepRanks)
-		} else {
-			s.iv.LocalRanks = max(s.iv.LocalRanks, w.gpus)
-		}
+		s.iv.LocalRanks = max(s.iv.LocalRanks, cmp.Or(w.stepRanks, w.gpus))
 		s.epoch.dataWait += w.dataWait
 		s.epoch.compute += w.compute
 		s.epoch.utilSum += w.utilSum

@@ -494,11 +494,9 @@ func (w *Watcher) Status() []ProviderResult {
 		out = append(out, c.result(now, w.cfg.MaxOfferAge))
 	}
 	for _, p := range w.providers {
-		if c, ok := w.latest.catalog(p.Name()); ok {
-			add(c)
-		} else {
-			add(catalog{Provider: p.Name()})
-		}
+		c, _ := w.latest.catalog(p.Name())
+		c.Provider = p.Name() // a provider not fetched yet has no catalog
+		add(c)
 	}
 	for _, c := range w.latest.Catalogs {
 		if !seen[c.Provider] {
@@ -696,27 +694,28 @@ func toPoints(h []point, provider string) []prices.Point {
 // SXM"); the cost model's PriceCatalog. Spot prices are not a run's price: a model offered only
 // as spot has none.
 func (w *Watcher) CurrentPrice(gpuName string) (float64, bool) {
+	mp, ok := w.current(gpuName)
+	return mp.Cheapest, ok
+}
+
+// current is the current prices of gpuName's model; false when it has no
+// current on-demand offer.
+func (w *Watcher) current(gpuName string) (prices.ModelPrice, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.refresh()
 	k, ok := w.modelKey(gpuName)
-	if !ok || w.byKey[k].Offers == 0 {
-		return 0, false
-	}
-	return w.byKey[k].Cheapest, true
+	return w.byKey[k], ok && w.byKey[k].Offers > 0
 }
 
 // CurrentOffer says where CurrentPrice's offer is: its provider, and its
 // region when the provider names one (recommend.OfferCatalog).
 func (w *Watcher) CurrentOffer(gpuName string) (string, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.refresh()
-	k, ok := w.modelKey(gpuName)
-	if !ok || w.byKey[k].Offers == 0 {
+	mp, ok := w.current(gpuName)
+	if !ok {
 		return "", false
 	}
-	o := w.byKey[k].CheapestOffer
+	o := mp.CheapestOffer
 	if o.Location != "" {
 		return o.Provider + ", " + o.Location, true
 	}
