@@ -119,15 +119,7 @@ func (s *Service) Forecast(_ context.Context, req *trainmeterv1.ForecastRequest)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	resp := &trainmeterv1.ForecastResponse{
-		Model: f.Model, Runs: uint32(f.Runs), BasedOn: f.BasedOn, MeanRunUsd: f.MeanUSD, StddevRunUsd: f.StddevUSD,
-		ExpectedUsd: f.ExpectedUSD, StddevUsd: f.StddevSumUSD, FailedLeftOut: uint32(f.FailedLeftOut),
-	}
-	if f.Budget != nil {
-		resp.BudgetScope, resp.BudgetPeriod, resp.BudgetUsd = f.Budget.Scope, f.Budget.Period, &f.Budget.LimitUSD
-		resp.RemainingUsd, resp.OverageProbability = &f.RemainingUSD, &f.OverageProbability
-	}
-	return resp, nil
+	return f, nil
 }
 
 func estimateRequest(req *trainmeterv1.EstimateRequest) cost.EstimateRequest {

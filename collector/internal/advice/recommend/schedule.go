@@ -50,8 +50,7 @@ type scheduleObjective struct {
 func (o scheduleObjective) perRun(start time.Time, d time.Duration, watts float64) float64 {
 	var v float64
 	o.schedule.Split(start, start.Add(d), watts*d.Seconds(), func(band string, j float64) {
-		p, _ := o.schedule.Price(band)
-		v += j / 3.6e6 * p
+		v += j / 3.6e6 * o.schedule.Bands[band]
 	})
 	return v
 }

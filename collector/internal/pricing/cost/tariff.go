@@ -223,12 +223,6 @@ func (t *Tariff) BandAt(at time.Time) string {
 	return t.Default
 }
 
-// Price returns the $/kWh of band.
-func (t *Tariff) Price(band string) (float64, bool) {
-	p, ok := t.Bands[band]
-	return p, ok
-}
-
 // Split books joules consumed uniformly over [start, end) to the bands in
 // force, proportionally to the time spent in each: add is called once per
 // contiguous stretch of one band. A window with end <= start is booked

@@ -76,15 +76,13 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 	if _, ok := col["gpu_name"]; !ok {
 		return nil, fmt.Errorf("CSV header %q has no gpu_name column", strings.Join(header, ","))
 	}
-	priceCol, perGPU := "", false
-	for _, c := range []string{"dph_total", "usd_per_hour"} {
+	priceCol := ""
+	for _, c := range []string{"dph_total", "usd_per_hour", "usd_per_gpu_hour"} {
 		if _, ok := col[c]; ok && priceCol == "" {
 			priceCol = c
 		}
 	}
-	if _, ok := col["usd_per_gpu_hour"]; ok && priceCol == "" {
-		priceCol, perGPU = "usd_per_gpu_hour", true
-	}
+	perGPU := priceCol == "usd_per_gpu_hour"
 	if priceCol == "" {
 		return nil, fmt.Errorf("CSV header %q has no price column (dph_total, usd_per_hour or usd_per_gpu_hour)", strings.Join(header, ","))
 	}
