@@ -206,13 +206,7 @@ type BandCost struct {
 func (c Config) EnergyCost(byBand map[string]float64, totalJ float64) (usd float64, bands []BandCost, ok bool) {
 	// The facility draws PUE × what the GPUs drew: that is what is billed.
 	pue := c.EffectivePUE()
-	if pue != 1 {
-		scaled := make(map[string]float64, len(byBand))
-		for b, j := range byBand {
-			scaled[b] = j * pue
-		}
-		byBand, totalJ = scaled, totalJ*pue
-	}
+	totalJ *= pue
 	switch {
 	case c.EnergyIncluded:
 		return 0, nil, true
@@ -222,8 +216,8 @@ func (c Config) EnergyCost(byBand map[string]float64, totalJ float64) (usd float
 		booked := 0.0
 		for b, j := range byBand {
 			if _, known := t.Bands[b]; known {
-				perBand[b] += j
-				booked += j
+				perBand[b] += j * pue
+				booked += j * pue
 			}
 		}
 		if rest := totalJ - booked; rest > 1e-9*math.Max(1, totalJ) {

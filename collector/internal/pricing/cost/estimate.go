@@ -104,20 +104,13 @@ func (c Config) Estimate(history []*trainmeterv1.RunReport, req EstimateRequest)
 	if priced {
 		est.GpuPricePerHour = &price
 	}
-	energyPriced := false
-	energyUSD := func(kwh float64) float64 {
-		usd, _, ok := c.EnergyCost(nil, kwh*3.6e6)
-		energyPriced = ok
-		return usd
-	}
-	cost := func(gpuH, kwh float64) float64 { return gpuH*price + energyUSD(kwh) }
-	costs := &trainmeterv1.Range{
-		Low:  cost(est.GpuHours.Low, est.EnergyKwh.Low),
-		Mid:  cost(est.GpuHours.Mid, est.EnergyKwh.Mid),
-		High: cost(est.GpuHours.High, est.EnergyKwh.High),
-	}
-	if priced || energyPriced {
-		est.CostUsd = costs
+	if _, _, energyPriced := c.EnergyCost(nil, 0); priced || energyPriced {
+		cost := func(gpuH, kwh float64) float64 {
+			usd, _, _ := c.EnergyCost(nil, kwh*3.6e6)
+			return gpuH*price + usd
+		}
+		est.CostUsd = &trainmeterv1.Range{Low: cost(est.GpuHours.Low, est.EnergyKwh.Low),
+			Mid: cost(est.GpuHours.Mid, est.EnergyKwh.Mid), High: cost(est.GpuHours.High, est.EnergyKwh.High)}
 	}
 
 	if !est.SameGpu {

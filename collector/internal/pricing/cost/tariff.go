@@ -236,10 +236,8 @@ func (t *Tariff) Split(start, end time.Time, joules float64, add func(band strin
 		return
 	}
 	total := end.Sub(start).Seconds()
-	cur := start
-	band := t.BandAt(cur)
-	segStart := cur
-	for cur.Before(end) {
+	band, segStart := t.BandAt(start), start
+	for cur := start; cur.Before(end); {
 		next := t.nextEdge(cur)
 		if !next.After(cur) { // cannot happen; never loop forever
 			next = cur.Add(time.Minute)
