@@ -141,7 +141,7 @@ func stats(sorted []Offer) (cheapest, med float64) {
 	for i, o := range sorted {
 		ps[i] = o.PerGPUHour()
 	}
-	return ps[0], median(ps)
+	return ps[0], Median(ps)
 }
 
 // ByModel groups valid offers by GPU model (ModelKey); invalid offers are
@@ -192,8 +192,8 @@ func ByModel(offers []Offer) map[string]ModelPrice {
 	return out
 }
 
-// median of sorted values (not empty).
-func median(sorted []float64) float64 {
+// Median of sorted values (not empty).
+func Median(sorted []float64) float64 {
 	n := len(sorted)
 	if n%2 == 1 {
 		return sorted[n/2]
