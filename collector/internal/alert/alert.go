@@ -58,14 +58,12 @@ type Alert struct {
 	PriceUSDPerHour     float64 `json:"price_usd_per_hour,omitempty"`
 	ReferenceUSDPerHour float64 `json:"reference_usd_per_hour,omitempty"`
 	Change              float64 `json:"change,omitempty"`
-	// RunIDs are runs the budget covers in the period (at most
-	// MaxAlertRunIDs, by run id).
+	// RunIDs are runs the budget covers in the period (budget.MaxAlertRunIDs at most).
 	RunIDs []string `json:"run_ids,omitempty"`
 }
 
-// alertID is a stable id derived from the alert's dedup key, so a receiver
-// that gets an alert twice (a retried POST whose first answer was lost) can
-// tell.
+// alertID is a stable id derived from the alert's dedup key: a receiver that
+// gets an alert twice (a retried POST whose answer was lost) can tell.
 func alertID(key string) string {
 	h := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(h[:8])
@@ -126,7 +124,6 @@ func (r *Recorder) List(kind string) ([]Alert, error) {
 	return out, err
 }
 
-// Proto converts an alert for the API.
 func (a Alert) Proto() *trainmeterv1.Alert {
 	return &trainmeterv1.Alert{
 		Id: a.ID, Kind: a.Kind, Severity: a.Severity, Scope: a.Scope, Period: a.Period, PeriodKey: a.PeriodKey,

@@ -52,14 +52,12 @@ var Thresholds = []struct {
 	Severity string
 }{{0.5, alert.SeverityInfo}, {0.75, alert.SeverityWarning}, {0.9, alert.SeverityCritical}, {1, alert.SeverityExceeded}}
 
-// MaxAlertRunIDs bounds the run ids an alert lists (a "*" budget may
-// cover thousands of runs).
+// MaxAlertRunIDs bounds the run ids an alert lists (a "*" budget may cover thousands).
 const MaxAlertRunIDs = 50
 
 // Budget is a spending limit for the runs a scope matches.
 type Budget struct {
-	// ID changes whenever the budget is set again, so that a new amount
-	// gets its own alerts.
+	// ID changes whenever the budget is set again: a new amount gets its own alerts.
 	ID       string    `json:"id"`
 	Scope    string    `json:"scope"`
 	Period   string    `json:"period"`
@@ -153,8 +151,7 @@ type Advisor interface {
 
 // Config configures the manager.
 type Config struct {
-	// EvalInterval is how often budgets are evaluated when runs changed;
-	// 0: 1 s.
+	// EvalInterval is how often budgets are evaluated when runs changed; 0: 1 s.
 	EvalInterval time.Duration
 	// Location of the calendar months of monthly budgets; nil: UTC.
 	Location *time.Location
@@ -212,8 +209,7 @@ type Manager struct {
 }
 
 // New returns a manager. report turns a run's state into its report (the
-// collector's pricing); advise may be nil (no stop advisories); sink may be
-// nil.
+// collector's pricing); advise (stop advisories) and sink may be nil.
 func New(cfg Config, st storage.Store, report func(*aggregate.State) *trainmeterv1.RunReport, advise Advisor, sink alert.Sink, log *slog.Logger) *Manager {
 	cfg.EvalInterval = cmp.Or(cfg.EvalInterval, time.Second)
 	cfg.Location = cmp.Or(cfg.Location, time.UTC)
@@ -237,8 +233,7 @@ func (m *Manager) MarkDirty() {
 	}
 }
 
-// OnApplied is the ingest observer: the runs of every applied batch may
-// have spent more.
+// OnApplied is the ingest observer: the runs of an applied batch may have spent more.
 func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 	m.mu.Lock()
 	for _, w := range b.GetRunWindows() {
@@ -270,8 +265,7 @@ func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 	}
 }
 
-// FullReload is how often evaluation reads every run again rather than only
-// those batches touched.
+// FullReload is how often evaluation reads every run, not only those batches touched.
 const FullReload = 5 * time.Minute
 
 // Start evaluates on a ticker until Shutdown, and checks the --max-cost
@@ -309,8 +303,7 @@ func (m *Manager) Start(context.Context) error {
 	return nil
 }
 
-// Shutdown stops the evaluation loop, waiting for an evaluation in
-// progress until ctx ends.
+// Shutdown stops the evaluation loop, waiting for one in progress until ctx ends.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	if m.stop == nil {
 		return nil
@@ -385,8 +378,8 @@ type run struct {
 	start time.Time
 }
 
-// runs returns every run, from the cache refreshed with the runs that
-// changed. Call with evalMu held.
+// runs returns every run, from the cache refreshed with the runs that changed.
+// Call with evalMu held.
 func (m *Manager) runs() ([]run, error) {
 	now := m.cfg.Clock.Now()
 	m.mu.Lock()
@@ -456,8 +449,8 @@ type Status struct {
 func (s Status) Ratio() float64          { return s.SpentUSD / s.LimitUSD }
 func (s Status) ProjectedRatio() float64 { return s.ProjectedUSD / s.LimitUSD }
 
-// periods is one budget's use in each period present among its runs, by
-// period key, and in the current period (always present).
+// periods is one budget's use in each period of its runs, by period key,
+// and in the current period (always present).
 type periods struct {
 	all []*Status
 	cur *Status
@@ -497,8 +490,7 @@ func (m *Manager) statuses(budgets []Budget, runs []run) []periods {
 	return out
 }
 
-// Evaluations is how many evaluations have ended since the manager was
-// built (failed ones included).
+// Evaluations is how many evaluations (failed ones too) have ended.
 func (m *Manager) Evaluations() uint64 { return m.evaluations.Load() }
 
 // Evaluate fires the alerts now due and sends stop advisories; the loop
@@ -577,8 +569,7 @@ func periodLabel(period, key string) string {
 	return period
 }
 
-// stopRuns tells the agents of each live run of an exceeded stop budget to
-// stop it.
+// stopRuns tells the agents of the live runs of an exceeded stop budget to stop.
 func (m *Manager) stopRuns(b Budget, s *Status) {
 	if m.advise == nil {
 		return
@@ -626,8 +617,7 @@ func (m *Manager) forgetStopped(runs []run) {
 	}
 }
 
-// Use is one budget's use ratio in the current period (for the
-// trainmeter.budget.use_ratio gauge).
+// Use is one budget's use ratio in the current period (trainmeter.budget.use_ratio).
 type Use struct {
 	Scope, Period string
 	Ratio         float64
@@ -670,7 +660,6 @@ func (m *Manager) Statuses() ([]Status, error) {
 	return out, nil
 }
 
-// Proto converts a budget for the API.
 func (b Budget) Proto() *trainmeterv1.Budget {
 	return &trainmeterv1.Budget{Id: b.ID, Scope: b.Scope, Period: b.Period, LimitUsd: b.LimitUSD, Policy: b.Policy, Created: timestamppb.New(b.Created)}
 }

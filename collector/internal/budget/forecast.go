@@ -41,8 +41,7 @@ func (m *Manager) Forecast(model string, n, k int) (*trainmeterv1.ForecastRespon
 	var hist []run
 	failed := 0
 	for _, x := range runs {
-		// A cost is a GPU-hour price or an energy price (a run priced by
-		// energy only has a total cost too).
+		// A run priced by energy only has a total cost too.
 		if x.r.GetEnded() && x.r.GetMetadata().GetModel() == model && x.r.TotalCostUsd != nil {
 			if cost.Failed(x.r) {
 				failed++

@@ -35,15 +35,14 @@ const NSRunPlans = "runplans"
 // key the run's start presents is ever applied.
 const NSPendingPlans = "runplans-pending"
 
-// PendingPlanTTL is how long a plan waits for its run's start: trainmeter
-// run plans right before it starts the command.
+// PendingPlanTTL is how long a plan waits for its run's start (trainmeter
+// run plans right before it starts the command).
 const PendingPlanTTL = 24 * time.Hour
 
 // KindMaxCost is the alert of a run that reached its --max-cost cap.
 const KindMaxCost = "max-cost"
 
-// MaxCostReasonPrefix starts the reason of the stop advisory a capped run
-// gets (the end status then says "stopped: max-cost").
+// MaxCostReasonPrefix starts a capped run's stop reason ("stopped: max-cost").
 const MaxCostReasonPrefix = "max-cost"
 
 // RunPlan is what `trainmeter run` asked for before the run started.
@@ -54,13 +53,11 @@ type RunPlan struct {
 	Estimate      []byte    `json:"estimate,omitempty"`
 	EstimateError string    `json:"estimate_error,omitempty"`
 	Created       time.Time `json:"created"`
-	// KeyHash is the SHA-256 (hex) of the plan key PlanRun returned; the
-	// run's start presented it when the plan is in NSRunPlans.
+	// KeyHash is the SHA-256 (hex) of the plan key PlanRun returned.
 	KeyHash string `json:"key_hash,omitempty"`
 }
 
-// maxPlanStarts bounds the starts with a plan key waiting for bindPlans,
-// which the manager's loop runs after every applied batch.
+// maxPlanStarts bounds the starts with a plan key waiting for bindPlans.
 const maxPlanStarts = 10000
 
 // planStart is a run's start that presented a plan key.
@@ -88,8 +85,8 @@ var ErrRunStarted = errors.New("run already started")
 // MaxRunIDLen bounds a planned run's id (the agent's own bound).
 const MaxRunIDLen = 256
 
-// SetPricing gives the manager the collector's pricing, which estimates
-// need (runs are priced through the report function).
+// SetPricing gives the manager the collector's pricing, for estimates (runs
+// are priced through the report function).
 func (m *Manager) SetPricing(p cost.Config) {
 	m.mu.Lock()
 	m.pricing = p
@@ -170,10 +167,8 @@ func (m *Manager) PlanRun(runID, key string, maxCostUSD float64, est *cost.Estim
 	return key, e, p.EstimateError, nil
 }
 
-// bindPlans applies the pending plans whose keys the run starts of applied
-// batches presented: each becomes its run's plan, unless the run has one
-// already (its first start's). A key that matches no plan of its run is
-// ignored.
+// bindPlans makes each pending plan whose key a run start presented its
+// run's plan, unless the run has one already (its first start's).
 func (m *Manager) bindPlans() error {
 	m.mu.Lock()
 	starts := m.planStarts
@@ -265,8 +260,7 @@ func (m *Manager) AttachPlan(r *trainmeterv1.RunReport) {
 	}
 }
 
-// evaluateCaps binds and sweeps the plans and checks the cap of every
-// capped run (checkCap).
+// evaluateCaps binds and sweeps the plans and checks every run's cap.
 func (m *Manager) evaluateCaps(ctx context.Context) error {
 	bindErr := errors.Join(m.bindPlans(), m.sweepPendingPlans())
 	plans, err := records[RunPlan](m.store, NSRunPlans)
@@ -300,8 +294,7 @@ func (m *Manager) evaluateCapsOf(ctx context.Context) error {
 }
 
 // checkCap fires the max-cost alert of live run p and tells its nodes to
-// stop it once its total cost reached the cap (if it has one); a run that
-// ended is not read again.
+// stop once its total cost reached its cap; an ended run is not read again.
 func (m *Manager) checkCap(ctx context.Context, p RunPlan) error {
 	m.mu.Lock()
 	done := m.capDone[p.RunID]

@@ -157,9 +157,7 @@ func New(st storage.Store, send Sender, log *slog.Logger) *Advisor {
 
 // Start runs the worker goroutine.
 func (a *Advisor) Start(context.Context) error {
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
+	a.wg.Go(func() {
 		for {
 			select {
 			case <-a.done:
@@ -171,7 +169,7 @@ func (a *Advisor) Start(context.Context) error {
 				}
 			}
 		}
-	}()
+	})
 	return nil
 }
 
