@@ -112,8 +112,8 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 			}
 			return v, nil
 		}
-		o := Offer{ID: get("id"), Provider: get("provider"), GPUName: get("gpu_name"), Location: get("geolocation")}
-		o.Location = cmp.Or(o.Location, get("region"))
+		o := Offer{ID: cmp.Or(get("id"), fmt.Sprintf("line-%d", line)), Provider: cmp.Or(get("provider"), provider), GPUName: get("gpu_name"),
+			Location: cmp.Or(get("geolocation"), get("region"))}
 		switch strings.ToLower(get("spot")) {
 		case "", "false", "0", "no", "on-demand":
 		case "true", "1", "yes", "spot":
@@ -121,8 +121,6 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 		default:
 			return nil, fmt.Errorf("line %d: spot %q: want true or false", line, get("spot"))
 		}
-		o.Provider = cmp.Or(o.Provider, provider)
-		o.ID = cmp.Or(o.ID, fmt.Sprintf("line-%d", line))
 		var n, price, ram, rel float64
 		if n, err = num("num_gpus", 1); err != nil {
 			return nil, err
