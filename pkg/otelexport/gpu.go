@@ -227,10 +227,9 @@ func (g *GPUMetrics) snapshot() []gpuSnapshot {
 		if snap.memTotalMiB == 0 && info != nil {
 			snap.memTotalMiB = float64(info.GetMemoryTotalMib())
 		}
-		hwID := cmp.Or(s.uuid, s.node+"/"+k.id)
 		attrs := []attribute.KeyValue{
 			attribute.String(AttrHWType, "gpu"),
-			attribute.String(AttrHWID, hwID),
+			attribute.String(AttrHWID, cmp.Or(s.uuid, s.node+"/"+k.id)),
 			attribute.String(AttrHWName, fmt.Sprintf("%s/gpu%d", s.node, s.index)),
 			attribute.String(AttrNode, s.node),
 		}

@@ -52,7 +52,7 @@ var Thresholds = []struct {
 	Severity string
 }{{0.5, alert.SeverityInfo}, {0.75, alert.SeverityWarning}, {0.9, alert.SeverityCritical}, {1, alert.SeverityExceeded}}
 
-// MaxAlertRunIDs bounds the run ids an alert lists (a "*" budget may cover thousands).
+// MaxAlertRunIDs bounds an alert's run ids (a "*" budget covers thousands).
 const MaxAlertRunIDs = 50
 
 // Budget is a spending limit for the runs a scope matches.
@@ -233,7 +233,7 @@ func (m *Manager) MarkDirty() {
 	}
 }
 
-// OnApplied is the ingest observer: the runs of an applied batch may have spent more.
+// OnApplied is the ingest observer: a batch's runs may have spent more.
 func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 	m.mu.Lock()
 	for _, w := range b.GetRunWindows() {
@@ -265,7 +265,7 @@ func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 	}
 }
 
-// FullReload is how often evaluation reads every run, not only those batches touched.
+// FullReload is how often evaluation reads every run, not only those touched.
 const FullReload = 5 * time.Minute
 
 // Start evaluates on a ticker until Shutdown, and checks the --max-cost
@@ -520,16 +520,12 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 	var errs []error
 	for i, b := range budgets {
 		for _, s := range st[i].all {
-			for _, kind := range []bool{false, true} {
-				v := s.SpentUSD
-				if kind {
-					v = s.ProjectedUSD
-				}
+			for i, v := range []float64{s.SpentUSD, s.ProjectedUSD} {
 				for _, th := range Thresholds {
 					if v/b.LimitUSD < th.Ratio {
 						break
 					}
-					errs = append(errs, m.fire(ctx, s, th.Ratio, th.Severity, kind, v, now))
+					errs = append(errs, m.fire(ctx, s, th.Ratio, th.Severity, i == 1, v, now))
 				}
 			}
 			if b.Policy == PolicyStop && s.Ratio() >= 1 {
@@ -617,7 +613,7 @@ func (m *Manager) forgetStopped(runs []run) {
 	}
 }
 
-// Use is one budget's use ratio in the current period (trainmeter.budget.use_ratio).
+// Use is a budget's use in the current period (trainmeter.budget.use_ratio).
 type Use struct {
 	Scope, Period string
 	Ratio         float64
@@ -665,10 +661,13 @@ func (b Budget) Proto() *trainmeterv1.Budget {
 }
 
 // NewBudgetID is a random budget id: 16 lowercase hex digits.
-func NewBudgetID() string {
-	var id [8]byte
-	_, _ = rand.Read(id[:])
-	return hex.EncodeToString(id[:])
+func NewBudgetID() string { return randomHex(8) }
+
+// randomHex is n random bytes in hex (crypto/rand.Read never fails).
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func validBudgetID(id string) bool {

@@ -1,8 +1,8 @@
 package budget
 
 import (
+	"cmp"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -141,13 +141,7 @@ func (m *Manager) PlanRun(runID, key string, maxCostUSD float64, est *cost.Estim
 	if states, err := m.store.ListRuns([]string{runID}); err == nil && len(states) > 0 {
 		return "", nil, "", fmt.Errorf("%w: run %q has already started (a cap and an estimate are set before the run starts; use a new run id)", ErrRunStarted, runID)
 	}
-	if key == "" {
-		var raw [16]byte
-		if _, err := rand.Read(raw[:]); err != nil {
-			return "", nil, "", fmt.Errorf("plan key: %w", err)
-		}
-		key = hex.EncodeToString(raw[:])
-	}
+	key = cmp.Or(key, randomHex(16))
 	p := RunPlan{RunID: runID, MaxCostUSD: maxCostUSD, Created: m.cfg.Clock.Now().UTC(), KeyHash: keyHash(key)}
 	if est != nil {
 		e, err = m.Estimate(*est)

@@ -102,7 +102,7 @@ func (s *Service) ListAlerts(_ context.Context, req *trainmeterv1.ListAlertsRequ
 	return resp, nil
 }
 
-// alertKey orders alerts by time (zero-padded Unix ns: keys sort as times), then id.
+// alertKey orders alerts by time (Unix ns, zero-padded to sort), then id.
 func alertKey(a alert.Alert) string {
 	return fmt.Sprintf("%020d\x00%s", max(0, a.Time.UnixNano()), a.ID)
 }

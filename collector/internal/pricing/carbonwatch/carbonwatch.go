@@ -17,6 +17,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -173,10 +174,8 @@ func (w *Watcher) Stats() Stats {
 	st.Zones = map[string]ZoneStats{}
 	for _, z := range w.cfg.Zones {
 		zs := ZoneStats{Hours: len(w.hours[z])}
-		for h := range w.hours[z] {
-			if t := time.Unix(h, 0).UTC(); t.After(zs.Newest) {
-				zs.Newest = t
-			}
+		if zs.Hours > 0 {
+			zs.Newest = time.Unix(slices.Max(slices.Collect(maps.Keys(w.hours[z]))), 0).UTC()
 		}
 		st.Zones[z] = zs
 	}
