@@ -83,6 +83,7 @@ func ParseRunPodGPUTypes(body []byte, provider string) (offers []Offer, skipped 
 	if doc.Data == nil || doc.Data.GPUTypes == nil {
 		return nil, 0, errors.New("RunPod GPU types: no data.gpuTypes array")
 	}
+types:
 	for _, raw := range *doc.Data.GPUTypes {
 		var g runpodGPUType
 		if err := json.Unmarshal(raw, &g); err != nil {
@@ -92,28 +93,20 @@ func ParseRunPodGPUTypes(body []byte, provider string) (offers []Offer, skipped 
 		name := cmp.Or(strings.TrimSpace(g.DisplayName), strings.TrimSpace(g.ID))
 		id := cmp.Or(g.ID, name)
 		var these []Offer
-		bad := false
 		for _, p := range []struct {
 			price *float64
-			cloud string
+			kind  string
 			spot  bool
-		}{{g.SecurePrice, "secure", false}, {g.CommunityPrice, "community", false}, {g.SecureSpotPrice, "secure", true}, {g.CommunitySpotPrice, "community", true}} {
+		}{{g.SecurePrice, "secure", false}, {g.CommunityPrice, "community", false}, {g.SecureSpotPrice, "secure spot", true}, {g.CommunitySpotPrice, "community spot", true}} {
 			if p.price == nil || *p.price == 0 {
 				continue // not offered in that cloud
 			}
-			o := Offer{ID: id + " " + p.cloud, Provider: provider, GPUName: name, NumGPUs: 1, GPURAMGB: g.MemoryInGb, USDPerHour: *p.price, Spot: p.spot}
-			if p.spot {
-				o.ID += " spot"
-			}
+			o := Offer{ID: id + " " + p.kind, Provider: provider, GPUName: name, NumGPUs: 1, GPURAMGB: g.MemoryInGb, USDPerHour: *p.price, Spot: p.spot}
 			if o.Validate() != nil {
-				bad = true
-				break
+				skipped++
+				continue types
 			}
 			these = append(these, o)
-		}
-		if bad {
-			skipped++
-			continue
 		}
 		if len(these) == 0 {
 			continue // a type no cloud offers
