@@ -102,10 +102,7 @@ func (a *Azure) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 		return nil, 0, fmt.Errorf("Azure retail prices: base URL %q: %w", base, err)
 	}
 	next := base + "/api/retail/prices?currencyCode=" + url.QueryEscape("'USD'") + "&$filter=" + url.QueryEscape(AzureFilter(a.Regions))
-	maxPages := a.MaxPages
-	if maxPages <= 0 {
-		maxPages = 1000
-	}
+	maxPages := cmp.Or(a.MaxPages, 1000)
 	var offers []Offer
 	skipped := 0
 	seen := map[string]bool{}
@@ -157,13 +154,13 @@ func sameOrigin(a, b *url.URL) bool {
 }
 
 type azureItem struct {
-	ArmSkuName    string   `json:"armSkuName"`
-	ArmRegionName string   `json:"armRegionName"`
-	RetailPrice   *float64 `json:"retailPrice"`
-	UnitOfMeasure string   `json:"unitOfMeasure"`
-	SkuName       string   `json:"skuName"`
-	ProductName   string   `json:"productName"`
-	Type          string   `json:"type"`
+	ArmSkuName    string  `json:"armSkuName"`
+	ArmRegionName string  `json:"armRegionName"`
+	RetailPrice   float64 `json:"retailPrice"` // null: 0, not priced
+	UnitOfMeasure string  `json:"unitOfMeasure"`
+	SkuName       string  `json:"skuName"`
+	ProductName   string  `json:"productName"`
+	Type          string  `json:"type"`
 }
 
 // ParseAzureRetailPage decodes one page of Azure's retail prices answer
@@ -194,12 +191,8 @@ func ParseAzureRetailPage(body []byte, provider string) (offers []Offer, skipped
 			continue
 		}
 		spot := strings.Contains(it.SkuName, "Spot") || strings.Contains(it.SkuName, "Low Priority")
-		price := 0.0
-		if it.RetailPrice != nil {
-			price = *it.RetailPrice
-		}
 		o := Offer{ID: it.ArmSkuName + "@" + it.ArmRegionName, Provider: provider, GPUName: size.GPUName, NumGPUs: size.GPUs,
-			GPURAMGB: size.GPURAMGB, USDPerHour: price, Location: it.ArmRegionName, Spot: spot}
+			GPURAMGB: size.GPURAMGB, USDPerHour: it.RetailPrice, Location: it.ArmRegionName, Spot: spot}
 		switch {
 		case strings.Contains(it.SkuName, "Low Priority"):
 			o.ID += " low priority"

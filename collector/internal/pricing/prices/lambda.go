@@ -44,10 +44,10 @@ func (l *Lambda) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 
 type lambdaInstanceType struct {
 	InstanceType struct {
-		Name              string   `json:"name"`
-		Description       string   `json:"description"`
-		GPUDescription    string   `json:"gpu_description"`
-		PriceCentsPerHour *float64 `json:"price_cents_per_hour"`
+		Name              string  `json:"name"`
+		Description       string  `json:"description"`
+		GPUDescription    string  `json:"gpu_description"`
+		PriceCentsPerHour float64 `json:"price_cents_per_hour"` // null: 0, not priced
 		Specs             struct {
 			GPUs float64 `json:"gpus"`
 		} `json:"specs"`
@@ -84,12 +84,8 @@ func ParseLambdaInstanceTypes(body []byte, provider string) (offers []Offer, ski
 		if g := t.Specs.GPUs; g == math.Trunc(g) && g >= 1 && g <= math.MaxInt32 {
 			n = int(g)
 		}
-		price := 0.0
-		if t.PriceCentsPerHour != nil {
-			price = *t.PriceCentsPerHour / 100
-		}
 		name := cmp.Or(t.Name, k)
-		o := Offer{ID: name, Provider: provider, GPUName: gpu, NumGPUs: n, USDPerHour: price, GPURAMGB: float64(ParseGPUModel(gpu).MemGB)}
+		o := Offer{ID: name, Provider: provider, GPUName: gpu, NumGPUs: n, USDPerHour: t.PriceCentsPerHour / 100, GPURAMGB: float64(ParseGPUModel(gpu).MemGB)}
 		if o.Validate() != nil {
 			skipped++
 			continue
