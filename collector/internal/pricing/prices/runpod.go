@@ -45,15 +45,16 @@ func (r *RunPod) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 }
 
 type runpodGPUType struct {
-	ID                 string   `json:"id"`
-	DisplayName        string   `json:"displayName"`
-	MemoryInGb         float64  `json:"memoryInGb"`
-	SecurePrice        *float64 `json:"securePrice"`
-	CommunityPrice     *float64 `json:"communityPrice"`
-	SecureSpotPrice    *float64 `json:"secureSpotPrice"`
-	CommunitySpotPrice *float64 `json:"communitySpotPrice"`
-	LowestPrice        *struct {
-		StockStatus *string `json:"stockStatus"`
+	ID          string  `json:"id"`
+	DisplayName string  `json:"displayName"`
+	MemoryInGb  float64 `json:"memoryInGb"`
+	// A price that is null or 0: not offered in that cloud.
+	SecurePrice        float64 `json:"securePrice"`
+	CommunityPrice     float64 `json:"communityPrice"`
+	SecureSpotPrice    float64 `json:"secureSpotPrice"`
+	CommunitySpotPrice float64 `json:"communitySpotPrice"`
+	LowestPrice        struct {
+		StockStatus string `json:"stockStatus"`
 	} `json:"lowestPrice"`
 }
 
@@ -94,14 +95,14 @@ types:
 		id := cmp.Or(g.ID, name)
 		var these []Offer
 		for _, p := range []struct {
-			price *float64
+			price float64
 			kind  string
 			spot  bool
 		}{{g.SecurePrice, "secure", false}, {g.CommunityPrice, "community", false}, {g.SecureSpotPrice, "secure spot", true}, {g.CommunitySpotPrice, "community spot", true}} {
-			if p.price == nil || *p.price == 0 {
-				continue // not offered in that cloud
+			if p.price == 0 {
+				continue
 			}
-			o := Offer{ID: id + " " + p.kind, Provider: provider, GPUName: name, NumGPUs: 1, GPURAMGB: g.MemoryInGb, USDPerHour: *p.price, Spot: p.spot}
+			o := Offer{ID: id + " " + p.kind, Provider: provider, GPUName: name, NumGPUs: 1, GPURAMGB: g.MemoryInGb, USDPerHour: p.price, Spot: p.spot}
 			if o.Validate() != nil {
 				skipped++
 				continue types
@@ -111,7 +112,7 @@ types:
 		if len(these) == 0 {
 			continue // a type no cloud offers
 		}
-		if g.LowestPrice == nil || g.LowestPrice.StockStatus == nil || strings.TrimSpace(*g.LowestPrice.StockStatus) == "" {
+		if strings.TrimSpace(g.LowestPrice.StockStatus) == "" {
 			continue // out of stock: not rentable now
 		}
 		offers = append(offers, these...)
