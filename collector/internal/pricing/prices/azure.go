@@ -172,7 +172,7 @@ type azureItem struct {
 func ParseAzureRetailPage(body []byte, provider string) (offers []Offer, skipped int, next string, err error) {
 	var doc struct {
 		Items        *[]json.RawMessage `json:"Items"`
-		NextPageLink *string            `json:"NextPageLink"`
+		NextPageLink string             `json:"NextPageLink"` // null on the last page
 	}
 	if err := json.Unmarshal(body, &doc); err != nil {
 		return nil, 0, "", fmt.Errorf("Azure retail prices: %w", err)
@@ -205,8 +205,5 @@ func ParseAzureRetailPage(body []byte, provider string) (offers []Offer, skipped
 		}
 		offers = append(offers, o)
 	}
-	if doc.NextPageLink != nil {
-		next = strings.TrimSpace(*doc.NextPageLink)
-	}
-	return offers, skipped, next, nil
+	return offers, skipped, strings.TrimSpace(doc.NextPageLink), nil
 }
