@@ -43,10 +43,7 @@ type Nodes interface {
 
 // BudgetUse is one budget's consumption.
 type BudgetUse struct {
-	// Scope is what the budget covers (a run's budget_scope, a team...).
-	Scope string
-	// Period is the budget period (e.g. "month", "total").
-	Period string
+	Scope, Period string
 	// Ratio is spent / limit (1 = the budget is used up; may exceed 1).
 	Ratio float64
 }
@@ -66,26 +63,21 @@ type RecommendationSource interface {
 
 // Alert is a budget or price alert sent out as an OTel log record.
 type Alert struct {
-	// Kind, e.g. "budget" or "price".
-	Kind string
-	// Severity: "info", "warn" or "error" (anything else maps to info).
+	Kind string // "budget", "price", ...
+	// Severity: info, warn(ing), error, critical or exceeded (else info).
 	Severity string
-	// Scope the alert is about (a budget scope, a run id...).
-	Scope   string
-	Message string
+	Scope    string // what the alert is about (a budget scope, a run id...)
+	Message  string
 	// Attributes are extra record attributes, prefixed "trainmeter.alert.".
 	Attributes map[string]string
-	// Time of the event; the emit time when zero.
-	Time time.Time
+	Time       time.Time // of the event; the emit time when zero
 }
 
 // Options configure New.
 type Options struct {
-	// Exporter is the started OTel export (otelexport.Start) the figures go
-	// out through; the Telemetry owns it from New on and shuts it down. It
-	// is started before the Telemetry so that alerts (AlertLog) can go out
-	// through it while the components that feed Budgets and Recommendations
-	// are built.
+	// Exporter is the started OTel export the figures go out through, owned
+	// by the Telemetry from New on; it is started first so that AlertLog can
+	// use it while the components feeding Budgets and Recommendations are built.
 	Exporter *otelexport.Exporter
 	Runs     storage.Runs
 	Nodes    Nodes
