@@ -54,16 +54,12 @@ type Config struct {
 	// BaseURL of the API ("" = no live source; "default" is not a value:
 	// give DefaultBaseURL).
 	BaseURL string
-	// Token is sent in the auth-token header ("" = none).
-	Token string
-	// Zones are fetched, each on its own.
-	Zones []string
+	Token   string   // sent in the auth-token header ("" = none)
+	Zones   []string // fetched each on its own
 	// Interval between fetches (the first at Start); 0: DefaultInterval.
 	Interval time.Duration
-	// Carry: see DefaultCarry; 0: DefaultCarry.
-	Carry time.Duration
-	// Client; nil: one with a 30 s timeout.
-	Client *http.Client
+	Carry    time.Duration // 0: DefaultCarry
+	Client   *http.Client  // nil: one with a 30 s timeout
 	// Clock of the schedule and the retry backoff; nil: the wall clock.
 	Clock clock.Clock
 }
@@ -114,14 +110,12 @@ type Stats struct {
 	Failures int `json:"failures"`
 	// Skipped counts entries of otherwise good answers left out: another
 	// zone, no or a bad intensity, a bad datetime.
-	Skipped int `json:"skipped"`
-	// LastError is the latest fetch's error ("" after a success).
-	LastError string `json:"last_error"`
-	// Zones: per zone, the hours known and the newest.
-	Zones map[string]ZoneStats `json:"zones"`
+	Skipped   int                  `json:"skipped"`
+	LastError string               `json:"last_error"` // "" after a success
+	Zones     map[string]ZoneStats `json:"zones"`
 }
 
-// ZoneStats is what is known of one zone.
+// ZoneStats is what is known of one zone: its hours and the newest.
 type ZoneStats struct {
 	Hours  int       `json:"hours"`
 	Newest time.Time `json:"newest"`

@@ -19,11 +19,9 @@ const DefaultAzureURL = "https://prices.azure.com"
 type AzureGPUSize struct {
 	// GPUName is the GPU model, named so that CanonicalGPUName groups it
 	// with the other providers' offers of that model.
-	GPUName string
-	// GPUs is how many whole GPUs the size has.
-	GPUs int
-	// GPURAMGB is one GPU's memory.
-	GPURAMGB float64
+	GPUName  string
+	GPUs     int     // whole GPUs
+	GPURAMGB float64 // of one GPU
 }
 
 // AzureGPUSizes maps the armSkuName of Azure's GPU VM sizes (NC, ND and NV
@@ -65,12 +63,9 @@ var AzureGPUSizes = map[string]AzureGPUSize{
 // "Low Priority" is spot. The offer is the VM's retailPrice for all its
 // GPUs, in its armRegionName.
 type Azure struct {
-	// BaseURL of the API (DefaultAzureURL if empty).
-	BaseURL string
-	// Regions, if set, keeps to these armRegionNames ("eastus").
-	Regions []string
-	// MaxPages bounds the pages followed; 0: 1000.
-	MaxPages int
+	BaseURL  string   // DefaultAzureURL if empty
+	Regions  []string // if set, keeps to these armRegionNames ("eastus")
+	MaxPages int      // bounds the pages followed; 0: 1000
 	HTTPOptions
 }
 

@@ -21,12 +21,9 @@ import (
 // retried on HTTP 429 and 5xx with capped exponential backoff and jitter,
 // waiting at least what Retry-After says (up to MaxRetryAfter).
 type HTTPOptions struct {
-	// Client is the HTTP client (a 30 s timeout one if nil).
-	Client *http.Client
-	// MaxAttempts on HTTP 429 and 5xx; 0: 5.
-	MaxAttempts int
-	// MaxBackoff caps the exponential backoff between attempts; 0: 60 s.
-	MaxBackoff time.Duration
+	Client      *http.Client  // a 30 s timeout one if nil
+	MaxAttempts int           // on HTTP 429 and 5xx; 0: 5
+	MaxBackoff  time.Duration // caps the backoff between attempts; 0: 60 s
 	// MaxRetryAfter caps the wait a Retry-After header asks for (a rate
 	// limit often asks for minutes); 0: DefaultMaxRetryAfter.
 	MaxRetryAfter time.Duration

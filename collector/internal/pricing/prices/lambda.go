@@ -24,10 +24,8 @@ const DefaultLambdaURL = "https://cloud.lambda.ai"
 // is that divided by specs.gpus. The GPU model is gpu_description ("H100
 // (80 GB SXM5)"), else description without its "8x " count.
 type Lambda struct {
-	// BaseURL of the API (DefaultLambdaURL if empty).
-	BaseURL string
-	// APIKey is sent as a Bearer token (Lambda's API needs one).
-	APIKey string
+	BaseURL string // DefaultLambdaURL if empty
+	APIKey  string // sent as a Bearer token (Lambda's API needs one)
 	HTTPOptions
 }
 

@@ -25,10 +25,8 @@ const RunPodQuery = `query { gpuTypes { id displayName memoryInGb securePrice co
 // communitySpotPrice), those with a price > 0. A GPU type whose
 // lowestPrice.stockStatus is empty or null is out of stock and gives none.
 type RunPod struct {
-	// URL of the GraphQL endpoint (DefaultRunPodURL if empty).
-	URL string
-	// APIKey is sent as a Bearer token (HTTPOptions.get).
-	APIKey string
+	URL    string // of the GraphQL endpoint; DefaultRunPodURL if empty
+	APIKey string // sent as a Bearer token
 	HTTPOptions
 }
 

@@ -24,13 +24,11 @@ const DefaultVastAIURL = "https://console.vast.ai"
 // reliability2 or reliability, dlperf_per_dphtotal, inet_down,
 // geolocation, id).
 type VastAI struct {
-	// BaseURL of the API (DefaultVastAIURL if empty).
-	BaseURL string
+	BaseURL string // DefaultVastAIURL if empty
 	// APIKey, if set, is sent as "Authorization: Bearer KEY" (the offer
 	// search also works without one).
 	APIKey string
-	// Query is the JSON search query; empty: rentable on-demand offers.
-	Query string
+	Query  string // the JSON search query; empty: DefaultVastAIQuery
 	HTTPOptions
 }
 
