@@ -37,15 +37,12 @@ const ScopeName = "github.com/trainmeter/trainmeter"
 
 // Resource identifies the exporting process (OTel resource attributes).
 type Resource struct {
-	// ServiceName is service.name: trainmeter-collector or trainmeter-agent.
-	ServiceName string
-	// ServiceVersion is service.version.
-	ServiceVersion string
+	ServiceName    string // service.name: trainmeter-collector or trainmeter-agent
+	ServiceVersion string // service.version
 	// InstanceID is service.instance.id; stable across restarts of the same
 	// instance so that its series do not multiply.
 	InstanceID string
-	// HostName is host.name; os.Hostname() when empty.
-	HostName string
+	HostName   string // host.name; os.Hostname() when empty
 }
 
 func (r Resource) attributes() []attribute.KeyValue {

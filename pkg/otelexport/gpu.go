@@ -81,13 +81,9 @@ type gpuState struct {
 
 // GPUOptions configure NewGPUMetrics.
 type GPUOptions struct {
-	// Clock is the clock for staleness (the wall clock if nil).
-	Clock clock.Clock
-	// StaleAfter overrides DefaultGPUStaleAfter.
-	StaleAfter time.Duration
-	// EnergyTTL overrides DefaultGPUEnergyTTL (raised to StaleAfter if
-	// shorter).
-	EnergyTTL time.Duration
+	Clock      clock.Clock   // for staleness; the wall clock if nil
+	StaleAfter time.Duration // 0: DefaultGPUStaleAfter
+	EnergyTTL  time.Duration // 0: DefaultGPUEnergyTTL; at least StaleAfter
 	// Inventory returns each node's GPUs (from its Hello) for the name,
 	// vendor and model attributes; called once per collection. May be nil.
 	Inventory func() map[string][]*trainmeterv1.GpuInfo

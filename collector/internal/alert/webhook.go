@@ -32,20 +32,17 @@ const NSWebhookPending = "webhook-pending"
 
 // WebhookConfig configures alert delivery.
 type WebhookConfig struct {
-	// URLs receive every alert as a JSON POST.
-	URLs []string
+	URLs []string // receive every alert as a JSON POST
 	// MaxAttempts per alert and URL (network errors, 5xx and 429 are
 	// retried, other 4xx not); 0: 8.
 	MaxAttempts int
 	// BaseBackoff is the first wait between attempts, doubled each time up
 	// to MaxBackoff, with jitter; 0: 1 s and 1 min.
 	BaseBackoff, MaxBackoff time.Duration
-	// Timeout of one POST; 0: 10 s.
-	Timeout time.Duration
+	Timeout                 time.Duration // of one POST; 0: 10 s
 	// QueueSize per URL (an alert that finds it full is dropped); 0: 1000.
 	QueueSize int
-	// Clock times the waits between attempts; nil: the wall clock.
-	Clock clock.Clock
+	Clock     clock.Clock // times the waits between attempts; nil: the wall clock
 }
 
 // Validate checks the config.

@@ -153,10 +153,8 @@ type Advisor interface {
 type Config struct {
 	// EvalInterval is how often budgets are evaluated when runs changed; 0: 1 s.
 	EvalInterval time.Duration
-	// Location of the calendar months of monthly budgets; nil: UTC.
-	Location *time.Location
-	// Clock; nil: the wall clock.
-	Clock clock.Clock
+	Location     *time.Location // of monthly budgets' calendar months; nil: UTC
+	Clock        clock.Clock    // nil: the wall clock
 }
 
 // Validate checks the config.

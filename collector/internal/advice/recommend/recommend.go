@@ -82,11 +82,9 @@ type OfferCatalog interface {
 
 // Run is one run as the rules see it.
 type Run struct {
-	Report *trainmeterv1.RunReport
-	// GPUMemoryMiB is the memory of one of the run's cards (0: unknown).
-	GPUMemoryMiB float64
-	// GPUPowerLimitW is one card's power limit (0: unknown).
-	GPUPowerLimitW float64
+	Report         *trainmeterv1.RunReport
+	GPUMemoryMiB   float64 // of one of the run's cards (0: unknown)
+	GPUPowerLimitW float64 // of one card (0: unknown)
 	PlannedEpochs  uint64
 	DatasetSize    uint64
 }

@@ -51,8 +51,7 @@ type Config struct {
 	// Interval between scheduled fetches (the first at Start); 0: no
 	// schedule (fetch on demand).
 	Interval time.Duration
-	// Clock; nil: the wall clock.
-	Clock clock.Clock
+	Clock    clock.Clock // nil: the wall clock
 	// MaxOfferAge: a fetched catalog whose last good answer is older is
 	// stale: still listed, but no current price; 0:
 	// DefaultMaxOfferAge(Interval).
@@ -358,20 +357,17 @@ type ProviderResult struct {
 	Provider string
 	// Offers of the provider in the catalog now: from this fetch, or its
 	// last good one when this one failed.
-	Offers int
-	// Skipped entries of the answer could not be priced.
-	Skipped int
-	// Fetched is when the offers were fetched (zero: never).
-	Fetched time.Time
+	Offers  int
+	Skipped int       // entries of the answer that could not be priced
+	Fetched time.Time // when the offers were fetched (zero: never)
 	// Err is why this fetch failed ("" if it did not), at ErrTime.
 	Err     string
 	ErrTime time.Time
 	// Stale: the offers are older than the max offer age, so none of them
 	// is a current price; Age is theirs when the result was made.
-	Stale bool
-	Age   time.Duration
-	// Imported: the catalog came from `trainmeter prices import`.
-	Imported bool
+	Stale    bool
+	Age      time.Duration
+	Imported bool // the catalog came from `trainmeter prices import`
 }
 
 // ErrNoProvider: the collector has no price provider configured.
