@@ -82,8 +82,7 @@ type Options struct {
 	Runs     storage.Runs
 	Nodes    Nodes
 	Pricing  aggregate.Pricing
-	// Clock is the collector's clock (the wall clock if nil).
-	Clock clock.Clock
+	Clock    clock.Clock // the collector's; the wall clock if nil
 	// RunWindow and MaxRuns override the defaults above.
 	RunWindow time.Duration
 	MaxRuns   int

@@ -57,13 +57,10 @@ const PriorityLabel = "priority"
 type Config struct {
 	// GPUPricePerHour is the last-resort $/GPU-hour for runs whose price
 	// comes from neither run_start, nor the node, nor the catalog.
-	GPUPricePerHour float64
-	// NodeGPUPricePerHour is the configured $/GPU-hour per node name.
-	NodeGPUPricePerHour map[string]float64
-	// Catalog gives the current price of a GPU model; nil = none.
-	Catalog PriceCatalog
-	// EnergyPricePerKWh is a flat tariff; ignored when Tariff is set.
-	EnergyPricePerKWh float64
+	GPUPricePerHour     float64
+	NodeGPUPricePerHour map[string]float64 // $/GPU-hour per node name
+	Catalog             PriceCatalog       // a GPU model's current price; nil = none
+	EnergyPricePerKWh   float64            // a flat tariff; ignored when Tariff is set
 	// Tariff is a time-of-use tariff (energy is booked per band at ingest).
 	Tariff *Tariff
 	// EnergyIncluded: the GPU price includes power (cloud rentals), so
@@ -84,8 +81,7 @@ type Config struct {
 	// CarbonLive: Carbon includes a live source, which can answer for any
 	// zone (without one, a zone must be in the file).
 	CarbonLive bool
-	// Owned prices owned GPUs from their purchase (amortized); nil: none.
-	Owned *OwnedHardware
+	Owned      *OwnedHardware // prices owned GPUs from their purchase; nil: none
 	// PUE multiplies the measured GPU energy into the facility energy that
 	// is priced and turned into CO2; 0 means 1 (no overhead).
 	PUE float64
