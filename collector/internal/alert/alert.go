@@ -36,20 +36,18 @@ const (
 
 // Alert is what is stored, listed, and POSTed to webhooks (as this JSON).
 type Alert struct {
-	ID       string `json:"id"`
-	Kind     string `json:"kind"`
-	Severity string `json:"severity"`
-	Scope    string `json:"scope,omitempty"`
-	Period   string `json:"period,omitempty"`
-	// PeriodKey is "total" or the month, e.g. "2026-11".
-	PeriodKey string `json:"period_key,omitempty"`
+	ID        string `json:"id"`
+	Kind      string `json:"kind"`
+	Severity  string `json:"severity"`
+	Scope     string `json:"scope,omitempty"`
+	Period    string `json:"period,omitempty"`
+	PeriodKey string `json:"period_key,omitempty"` // "total" or the month, e.g. "2026-11"
 	// Threshold: the budget share crossed (0.5, 0.75, 0.9, 1); for a price
 	// alert, the change that alerted (e.g. -0.12).
-	Threshold float64 `json:"threshold"`
-	SpentUSD  float64 `json:"spent_usd,omitempty"`
-	BudgetUSD float64 `json:"budget_usd,omitempty"`
-	// Projected: the alert is on projected spend at run completion.
-	Projected bool      `json:"projected"`
+	Threshold float64   `json:"threshold"`
+	SpentUSD  float64   `json:"spent_usd,omitempty"`
+	BudgetUSD float64   `json:"budget_usd,omitempty"`
+	Projected bool      `json:"projected"` // on projected spend at run completion
 	Message   string    `json:"message"`
 	Time      time.Time `json:"time"`
 	BudgetID  string    `json:"budget_id,omitempty"`

@@ -47,14 +47,12 @@ const MaxCostReasonPrefix = "max-cost"
 
 // RunPlan is what `trainmeter run` asked for before the run started.
 type RunPlan struct {
-	RunID      string  `json:"run_id"`
-	MaxCostUSD float64 `json:"max_cost_usd,omitempty"`
-	// Estimate is a trainmeterv1.RunEstimate in protobuf form.
-	Estimate      []byte    `json:"estimate,omitempty"`
+	RunID         string    `json:"run_id"`
+	MaxCostUSD    float64   `json:"max_cost_usd,omitempty"`
+	Estimate      []byte    `json:"estimate,omitempty"` // a trainmeterv1.RunEstimate, protobuf
 	EstimateError string    `json:"estimate_error,omitempty"`
 	Created       time.Time `json:"created"`
-	// KeyHash is the SHA-256 (hex) of the plan key PlanRun returned.
-	KeyHash string `json:"key_hash,omitempty"`
+	KeyHash       string    `json:"key_hash,omitempty"` // SHA-256 (hex) of the plan key
 }
 
 // maxPlanStarts bounds the starts with a plan key waiting for bindPlans.

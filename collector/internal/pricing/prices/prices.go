@@ -98,8 +98,7 @@ func Key(gpuName string) string {
 // CheapestOffer are the on-demand offers' (the price a run is charged and
 // alerts follow), the Spot fields the interruptible offers'.
 type ModelPrice struct {
-	// GPUName is the model's canonical name (CanonicalGPUName).
-	GPUName string `json:"gpu_name"`
+	GPUName string `json:"gpu_name"` // CanonicalGPUName
 	// Cheapest and Median per-GPU $/h over the model's on-demand offers
 	// (0 when it has none).
 	Cheapest float64 `json:"cheapest"`
@@ -331,8 +330,7 @@ const (
 
 // Change is the verdict on one new point.
 type Change struct {
-	// State is normal, drop or surge.
-	State string
+	State string // normal, drop or surge
 	// Reference is the trailing average, Change = point/Reference − 1.
 	Reference, Change float64
 	// Fire: State is drop or surge and differs from the previous state.

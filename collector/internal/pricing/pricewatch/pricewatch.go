@@ -97,12 +97,10 @@ type point struct {
 // catalog is one provider's last good answer and how its latest fetch
 // went.
 type catalog struct {
-	Provider string `json:"provider"`
-	// Time of the answer the offers come from.
-	Time   time.Time      `json:"t"`
-	Offers []prices.Offer `json:"offers"`
-	// Skipped entries of that answer (could not be priced).
-	Skipped int `json:"skipped,omitempty"`
+	Provider string         `json:"provider"`
+	Time     time.Time      `json:"t"` // of the answer the offers come from
+	Offers   []prices.Offer `json:"offers"`
+	Skipped  int            `json:"skipped,omitempty"` // entries of that answer not priced
 	// Imported: recorded by `trainmeter prices import` (Import), not fetched.
 	Imported bool `json:"imported,omitempty"`
 	// LastError of the latest fetch, when it failed (the offers are then
