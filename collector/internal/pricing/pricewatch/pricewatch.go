@@ -208,6 +208,12 @@ func New(cfg Config, providers []prices.Provider, st storage.Records, rec *alert
 	return w
 }
 
+func (w *Watcher) latestSnapshot() snapshot {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.latest
+}
+
 func (w *Watcher) setLatest(s snapshot) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -411,9 +417,7 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 	}
 	wg.Wait()
 	now := w.cfg.Clock.Now().UTC()
-	w.mu.Lock()
-	prev := w.latest
-	w.mu.Unlock()
+	prev := w.latestSnapshot()
 	var next snapshot
 	configured := map[string]bool{}
 	var errs []error
@@ -446,9 +450,7 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 
 // setErrors records a failed fetch's errors on the catalogs.
 func (w *Watcher) setErrors(now time.Time, failed []catalog) {
-	w.mu.Lock()
-	s := w.latest
-	w.mu.Unlock()
+	s := w.latestSnapshot()
 	s.Catalogs = slices.Clone(s.Catalogs)
 	for _, f := range failed {
 		if i := slices.IndexFunc(s.Catalogs, func(c catalog) bool { return c.Provider == f.Provider }); i >= 0 {
@@ -498,9 +500,7 @@ func (w *Watcher) Import(ctx context.Context, offers []prices.Offer) (FetchResul
 	defer w.fetchMu.Unlock()
 	now := w.cfg.Clock.Now().UTC()
 	imported := groupByProvider(offers, now)
-	w.mu.Lock()
-	prev := w.latest
-	w.mu.Unlock()
+	prev := w.latestSnapshot()
 	next := snapshot{Time: now}
 	names := map[string]bool{}
 	for i := range imported {
