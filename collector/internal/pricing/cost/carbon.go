@@ -315,11 +315,8 @@ func CO2Summary(bands []CarbonBand) (gPerKWh float64, source, zone string) {
 	if kwh > 0 {
 		gPerKWh = kg * 1000 / kwh
 	}
-	best := -1.0
-	for _, z := range slices.Sorted(maps.Keys(byZone)) {
-		if byZone[z] > best {
-			zone, best = z, byZone[z]
-		}
+	if len(byZone) > 0 { // the first zone of the most energy, in name order
+		zone = slices.MaxFunc(slices.Sorted(maps.Keys(byZone)), func(a, b string) int { return cmp.Compare(byZone[a], byZone[b]) })
 	}
 	return gPerKWh, source, zone
 }
