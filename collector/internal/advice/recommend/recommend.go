@@ -289,10 +289,7 @@ func EpochCount(r Run) *trainmeterv1.Recommendation {
 		return nil
 	}
 	first := pts[0].acc
-	best := first
-	for _, p := range pts {
-		best = max(best, p.acc)
-	}
+	best := slices.MaxFunc(pts, func(a, b epochPoint) int { return cmp.Compare(a.acc, b.acc) }).acc
 	gain := best - first
 	if gain <= 0 {
 		return nil
