@@ -51,17 +51,12 @@ type Sender interface {
 
 // runWindow is what the advisor keeps of one RunWindow.
 type runWindow struct {
-	run               string
-	start             time.Time
-	measured          bool // after warmup
-	tokens            uint64
-	steps             uint64
-	dataWait, compute float64
-	utilSum           float64
-	utilN             uint64
-	gpus              int
-	stepRanks         int
-	end               time.Time
+	run                        string
+	start, end                 time.Time
+	measured                   bool // after warmup
+	tokens, steps, utilN       uint64
+	dataWait, compute, utilSum float64
+	gpus, stepRanks            int
 }
 
 // item is one batch, reduced to what the advisor reads (copied on the
@@ -77,12 +72,9 @@ type item struct {
 type key struct{ run, node string }
 
 type epochAcc struct {
-	dataWait, compute float64
-	utilSum           float64
-	utilN             uint64
-	ramSum            float64
-	ramN              uint64
-	adjustments       uint32
+	dataWait, compute, utilSum, ramSum float64
+	utilN, ramN                        uint64
+	adjustments                        uint32
 	// measuredTokens / measuredS: the node's windows after warmup that lie
 	// wholly inside the epoch, for its throughput.
 	measuredTokens uint64
