@@ -52,10 +52,9 @@ const DefaultGPUEnergyTTL = 24 * time.Hour
 // GPUMetrics turns the agents' per-GPU batch windows into the hw.* metrics.
 // Feed it with Batch; the SDK reads it on every collection.
 type GPUMetrics struct {
-	clock      clock.Clock
-	staleAfter time.Duration
-	energyTTL  time.Duration
-	inventory  func() map[string][]*trainmeterv1.GpuInfo
+	clock                 clock.Clock
+	staleAfter, energyTTL time.Duration
+	inventory             func() map[string][]*trainmeterv1.GpuInfo
 
 	mu   sync.Mutex
 	gpus map[gpuKey]*gpuState
@@ -67,16 +66,11 @@ type gpuKey struct {
 }
 
 type gpuState struct {
-	node        string
-	index       uint32
-	uuid        string
-	powerW      float64
-	utilization float64
-	memUsedMiB  float64
-	memTotalMiB float64
-	energyJ     float64
-	lastSeen    time.Time
-	hasGauges   bool
+	node, uuid                                            string
+	index                                                 uint32
+	powerW, utilization, memUsedMiB, memTotalMiB, energyJ float64
+	lastSeen                                              time.Time
+	hasGauges                                             bool
 }
 
 // GPUOptions configure NewGPUMetrics.

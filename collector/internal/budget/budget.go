@@ -181,8 +181,7 @@ type Manager struct {
 	stopped map[string]bool // run\x00node already told to stop
 	// Runs capped by --max-cost: nodes told to stop (run\x00node), and
 	// runs that ended (not read again).
-	capStopped map[string]bool
-	capDone    map[string]bool
+	capStopped, capDone map[string]bool
 	// capTouched holds the runs batches touched since their caps were last
 	// checked; capNow (capacity 1) wakes the loop to check them.
 	capTouched map[string]struct{}
@@ -435,12 +434,11 @@ func (m *Manager) load(ids []string, now time.Time) ([]run, error) {
 // Status is a budget's use in one period.
 type Status struct {
 	Budget
-	PeriodKey    string
-	SpentUSD     float64
-	ProjectedUSD float64
-	Runs, Live   int
-	live         []run
-	runIDs       []string
+	PeriodKey              string
+	SpentUSD, ProjectedUSD float64
+	Runs, Live             int
+	live                   []run
+	runIDs                 []string
 }
 
 // Ratio is spent / limit; ProjectedRatio projected / limit.
@@ -613,9 +611,8 @@ func (m *Manager) forgetStopped(runs []run) {
 
 // Use is a budget's use in the current period (trainmeter.budget.use_ratio).
 type Use struct {
-	Scope, Period string
-	Ratio         float64
-	Projected     float64
+	Scope, Period    string
+	Ratio, Projected float64
 }
 
 func (m *Manager) setUse(st []periods) {

@@ -134,9 +134,8 @@ type Advisor struct {
 	nodes     map[string]map[string]struct{}
 	lastSweep time.Time // batch time of the last idle sweep
 
-	skipped   atomic.Uint64
-	sent      atomic.Uint64
-	processed chan struct{} // test hook: signalled after each item (nil: off)
+	skipped, sent atomic.Uint64
+	processed     chan struct{} // test hook: signalled after each item (nil: off)
 }
 
 // New returns an advisor; Start it, and register Observe with the ingest

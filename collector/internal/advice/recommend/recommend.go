@@ -82,11 +82,10 @@ type OfferCatalog interface {
 
 // Run is one run as the rules see it.
 type Run struct {
-	Report         *trainmeterv1.RunReport
-	GPUMemoryMiB   float64 // of one of the run's cards (0: unknown)
-	GPUPowerLimitW float64 // of one card (0: unknown)
-	PlannedEpochs  uint64
-	DatasetSize    uint64
+	Report                     *trainmeterv1.RunReport
+	GPUMemoryMiB               float64 // of one of the run's cards (0: unknown)
+	GPUPowerLimitW             float64 // of one card (0: unknown)
+	PlannedEpochs, DatasetSize uint64
 }
 
 // Options tune the rules; zero values take the defaults.

@@ -96,7 +96,7 @@ type scheduleChoice struct {
 	start    time.Time
 	base     float64 // the objective at the template's actual start
 	best     float64
-	fraction float64
+	fraction float64 // 1 − best ÷ base
 }
 
 func scheduleModel(model string, group []Run, in ScheduleInputs, pue float64) []*trainmeterv1.Recommendation {

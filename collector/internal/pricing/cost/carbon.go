@@ -234,11 +234,9 @@ func (c Config) BookCarbon(node string, start, end time.Time, joules float64, ad
 // CarbonBand is the part of a run's facility energy consumed at one
 // intensity in one zone, and its CO2.
 type CarbonBand struct {
-	Zone    string
-	Source  string
-	KWh     float64 // facility energy (GPU energy × PUE)
-	GPerKWh float64
-	Kg      float64
+	Zone, Source string
+	KWh          float64 // facility energy (GPU energy × PUE)
+	GPerKWh, Kg  float64
 }
 
 // CO2 is a run's CO2: each part of its energy booked at ingest (byBand,

@@ -188,10 +188,8 @@ func (c Config) PriorityMultiplier(labels map[string]string) float64 {
 
 // BandCost is the energy of one tariff band and its price.
 type BandCost struct {
-	Band      string
-	KWh       float64
-	USDPerKWh float64
-	USD       float64
+	Band                string
+	KWh, USDPerKWh, USD float64
 }
 
 // EnergyCost prices a run's energy. byBand is the energy (J) booked per
