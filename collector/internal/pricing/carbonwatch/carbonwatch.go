@@ -235,19 +235,14 @@ func (w *Watcher) get(ctx context.Context, path, zone string) ([]point, int, err
 	var pts []point
 	var skipped int
 	err := httpretry.Do(ctx, u, httpretry.Policy{Attempts: maxAttempts, MaxBackoff: maxBackoff, MaxRetryAfter: maxBackoff, Sleep: w.sleepFn},
-		func(ctx context.Context) (time.Duration, bool, error) {
-			var retryAfter time.Duration
-			var err error
+		func(ctx context.Context) (retryAfter time.Duration, retryable bool, err error) {
 			pts, skipped, retryAfter, err = w.getOnce(ctx, u, zone)
 			var he *httpretry.HTTPError
 			var bad *BadAnswerError
-			retryable := (!errors.As(err, &he) || he.Status == http.StatusTooManyRequests || he.Status >= 500) && !errors.As(err, &bad)
+			retryable = (!errors.As(err, &he) || he.Status == http.StatusTooManyRequests || he.Status >= 500) && !errors.As(err, &bad)
 			return retryAfter, retryable, err
 		})
-	if err != nil {
-		return nil, 0, err
-	}
-	return pts, skipped, nil
+	return pts, skipped, err // getOnce gives no points with an error
 }
 
 // BadAnswerError: the API answered 2xx with something that is not its

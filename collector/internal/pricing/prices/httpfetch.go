@@ -71,10 +71,7 @@ func (o HTTPOptions) get(ctx context.Context, what, method, u, apiKey string, bo
 		var he *HTTPError
 		return retryAfter, errors.As(err, &he) && (he.Status == http.StatusTooManyRequests || he.Status >= 500), err
 	})
-	if err != nil {
-		return nil, err
-	}
-	return answer, nil
+	return answer, err // once gives no body with an error
 }
 
 func once(client *http.Client, req *http.Request) ([]byte, time.Duration, error) {
