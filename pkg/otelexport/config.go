@@ -5,6 +5,7 @@
 package otelexport
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -27,24 +28,20 @@ const DefaultInterval = 15 * time.Second
 
 // Config says where metrics go. The zero value exports nothing.
 type Config struct {
-	// Endpoint is the OTLP receiver's HOST:PORT; empty: no OTLP push.
-	Endpoint string `yaml:"endpoint"`
+	Endpoint string `yaml:"endpoint"` // the OTLP receiver's HOST:PORT; empty: no push
 	// Protocol is grpc (default, port 4317 by convention) or http
 	// (OTLP/HTTP protobuf, port 4318).
 	Protocol string `yaml:"protocol"`
 	// Insecure sends plaintext (no TLS); otherwise TLS verified against the
 	// system roots or CAFile.
-	Insecure bool `yaml:"insecure"`
-	// CAFile is a PEM bundle that signs the receiver's certificate.
-	CAFile string `yaml:"ca_file"`
-	// Headers go with every export request (e.g. an auth token).
-	Headers map[string]string `yaml:"headers"`
+	Insecure bool              `yaml:"insecure"`
+	CAFile   string            `yaml:"ca_file"` // PEM bundle that signs the receiver's certificate
+	Headers  map[string]string `yaml:"headers"` // go with every export request (e.g. an auth token)
 	// HeadersFile holds more headers, KEY=VALUE a line (blank lines and
 	// # comments skipped), read at start: secrets stay off the command
 	// line. Headers wins for a name in both.
-	HeadersFile string `yaml:"headers_file"`
-	// Interval is the OTLP push period (default DefaultInterval).
-	Interval time.Duration `yaml:"interval"`
+	HeadersFile string        `yaml:"headers_file"`
+	Interval    time.Duration `yaml:"interval"` // the OTLP push period; 0: DefaultInterval
 	// PrometheusListen, when set (HOST:PORT), serves GET /metrics in the
 	// Prometheus text format.
 	PrometheusListen string `yaml:"prometheus_listen"`
@@ -57,20 +54,10 @@ type Config struct {
 func (c Config) Enabled() bool { return c.Endpoint != "" || c.PrometheusListen != "" }
 
 // protocol returns the protocol with its default applied.
-func (c Config) protocol() string {
-	if c.Protocol == "" {
-		return ProtocolGRPC
-	}
-	return c.Protocol
-}
+func (c Config) protocol() string { return cmp.Or(c.Protocol, ProtocolGRPC) }
 
 // interval returns the push interval with its default applied.
-func (c Config) interval() time.Duration {
-	if c.Interval == 0 {
-		return DefaultInterval
-	}
-	return c.Interval
-}
+func (c Config) interval() time.Duration { return cmp.Or(c.Interval, DefaultInterval) }
 
 // Validate reports every problem at once.
 func (c Config) Validate() error {

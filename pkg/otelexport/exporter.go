@@ -1,6 +1,7 @@
 package otelexport
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -36,15 +37,12 @@ const ScopeName = "github.com/trainmeter/trainmeter"
 
 // Resource identifies the exporting process (OTel resource attributes).
 type Resource struct {
-	// ServiceName is service.name: trainmeter-collector or trainmeter-agent.
-	ServiceName string
-	// ServiceVersion is service.version.
-	ServiceVersion string
+	ServiceName    string // service.name: trainmeter-collector or trainmeter-agent
+	ServiceVersion string // service.version
 	// InstanceID is service.instance.id; stable across restarts of the same
 	// instance so that its series do not multiply.
 	InstanceID string
-	// HostName is host.name; os.Hostname() when empty.
-	HostName string
+	HostName   string // host.name; os.Hostname() when empty
 }
 
 func (r Resource) attributes() []attribute.KeyValue {
@@ -101,9 +99,7 @@ func Start(ctx context.Context, cfg Config, res Resource, log *slog.Logger) (*Ex
 	if !cfg.Enabled() {
 		return nil, errors.New("otel export: neither an OTLP endpoint nor a Prometheus listen address is set")
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	errorHandlerOnce.Do(func() {
 		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("otel export failed", "err", err) }))
 	})

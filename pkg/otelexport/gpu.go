@@ -52,10 +52,9 @@ const DefaultGPUEnergyTTL = 24 * time.Hour
 // GPUMetrics turns the agents' per-GPU batch windows into the hw.* metrics.
 // Feed it with Batch; the SDK reads it on every collection.
 type GPUMetrics struct {
-	clock      clock.Clock
-	staleAfter time.Duration
-	energyTTL  time.Duration
-	inventory  func() map[string][]*trainmeterv1.GpuInfo
+	clock                 clock.Clock
+	staleAfter, energyTTL time.Duration
+	inventory             func() map[string][]*trainmeterv1.GpuInfo
 
 	mu   sync.Mutex
 	gpus map[gpuKey]*gpuState
@@ -67,27 +66,18 @@ type gpuKey struct {
 }
 
 type gpuState struct {
-	node        string
-	index       uint32
-	uuid        string
-	powerW      float64
-	utilization float64
-	memUsedMiB  float64
-	memTotalMiB float64
-	energyJ     float64
-	lastSeen    time.Time
-	hasGauges   bool
+	node, uuid                                            string
+	index                                                 uint32
+	powerW, utilization, memUsedMiB, memTotalMiB, energyJ float64
+	lastSeen                                              time.Time
+	hasGauges                                             bool
 }
 
 // GPUOptions configure NewGPUMetrics.
 type GPUOptions struct {
-	// Clock is the clock for staleness (the wall clock if nil).
-	Clock clock.Clock
-	// StaleAfter overrides DefaultGPUStaleAfter.
-	StaleAfter time.Duration
-	// EnergyTTL overrides DefaultGPUEnergyTTL (raised to StaleAfter if
-	// shorter).
-	EnergyTTL time.Duration
+	Clock      clock.Clock   // for staleness; the wall clock if nil
+	StaleAfter time.Duration // 0: DefaultGPUStaleAfter
+	EnergyTTL  time.Duration // 0: DefaultGPUEnergyTTL; at least StaleAfter
 	// Inventory returns each node's GPUs (from its Hello) for the name,
 	// vendor and model attributes; called once per collection. May be nil.
 	Inventory func() map[string][]*trainmeterv1.GpuInfo
@@ -95,10 +85,7 @@ type GPUOptions struct {
 
 // NewGPUMetrics registers the hw.* instruments on meter.
 func NewGPUMetrics(meter metric.Meter, o GPUOptions) (*GPUMetrics, error) {
-	g := &GPUMetrics{clock: o.Clock, staleAfter: o.StaleAfter, energyTTL: o.EnergyTTL, inventory: o.Inventory, gpus: map[gpuKey]*gpuState{}}
-	if g.clock == nil {
-		g.clock = clock.Real{}
-	}
+	g := &GPUMetrics{clock: cmp.Or[clock.Clock](o.Clock, clock.Real{}), staleAfter: o.StaleAfter, energyTTL: o.EnergyTTL, inventory: o.Inventory, gpus: map[gpuKey]*gpuState{}}
 	if g.staleAfter <= 0 {
 		g.staleAfter = DefaultGPUStaleAfter
 	}
@@ -157,10 +144,7 @@ func (g *GPUMetrics) Batch(node string, b *trainmeterv1.Batch) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, w := range b.GetGpuWindows() {
-		id := w.GetUuid()
-		if id == "" {
-			id = fmt.Sprintf("gpu%d", w.GetGpu())
-		}
+		id := cmp.Or(w.GetUuid(), fmt.Sprintf("gpu%d", w.GetGpu()))
 		k := gpuKey{node, id}
 		s := g.gpus[k]
 		switch {
@@ -233,13 +217,9 @@ func (g *GPUMetrics) snapshot() []gpuSnapshot {
 		if snap.memTotalMiB == 0 && info != nil {
 			snap.memTotalMiB = float64(info.GetMemoryTotalMib())
 		}
-		hwID := s.uuid
-		if hwID == "" {
-			hwID = s.node + "/" + k.id
-		}
 		attrs := []attribute.KeyValue{
 			attribute.String(AttrHWType, "gpu"),
-			attribute.String(AttrHWID, hwID),
+			attribute.String(AttrHWID, cmp.Or(s.uuid, s.node+"/"+k.id)),
 			attribute.String(AttrHWName, fmt.Sprintf("%s/gpu%d", s.node, s.index)),
 			attribute.String(AttrNode, s.node),
 		}

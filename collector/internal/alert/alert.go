@@ -36,20 +36,18 @@ const (
 
 // Alert is what is stored, listed, and POSTed to webhooks (as this JSON).
 type Alert struct {
-	ID       string `json:"id"`
-	Kind     string `json:"kind"`
-	Severity string `json:"severity"`
-	Scope    string `json:"scope,omitempty"`
-	Period   string `json:"period,omitempty"`
-	// PeriodKey is "total" or the month, e.g. "2026-11".
-	PeriodKey string `json:"period_key,omitempty"`
+	ID        string `json:"id"`
+	Kind      string `json:"kind"`
+	Severity  string `json:"severity"`
+	Scope     string `json:"scope,omitempty"`
+	Period    string `json:"period,omitempty"`
+	PeriodKey string `json:"period_key,omitempty"` // "total" or the month, e.g. "2026-11"
 	// Threshold: the budget share crossed (0.5, 0.75, 0.9, 1); for a price
 	// alert, the change that alerted (e.g. -0.12).
-	Threshold float64 `json:"threshold"`
-	SpentUSD  float64 `json:"spent_usd,omitempty"`
-	BudgetUSD float64 `json:"budget_usd,omitempty"`
-	// Projected: the alert is on projected spend at run completion.
-	Projected bool      `json:"projected"`
+	Threshold float64   `json:"threshold"`
+	SpentUSD  float64   `json:"spent_usd,omitempty"`
+	BudgetUSD float64   `json:"budget_usd,omitempty"`
+	Projected bool      `json:"projected"` // on projected spend at run completion
 	Message   string    `json:"message"`
 	Time      time.Time `json:"time"`
 	BudgetID  string    `json:"budget_id,omitempty"`
@@ -58,14 +56,12 @@ type Alert struct {
 	PriceUSDPerHour     float64 `json:"price_usd_per_hour,omitempty"`
 	ReferenceUSDPerHour float64 `json:"reference_usd_per_hour,omitempty"`
 	Change              float64 `json:"change,omitempty"`
-	// RunIDs are runs the budget covers in the period (at most
-	// MaxAlertRunIDs, by run id).
+	// RunIDs are runs the budget covers in the period (budget.MaxAlertRunIDs at most).
 	RunIDs []string `json:"run_ids,omitempty"`
 }
 
-// alertID is a stable id derived from the alert's dedup key, so a receiver
-// that gets an alert twice (a retried POST whose first answer was lost) can
-// tell.
+// alertID is a stable id derived from the alert's dedup key: a receiver that
+// gets an alert twice (a retried POST whose answer was lost) can tell.
 func alertID(key string) string {
 	h := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(h[:8])
@@ -79,7 +75,6 @@ type Sink interface {
 // Sinks fans an alert out to several sinks.
 type Sinks []Sink
 
-// Alert implements Sink.
 func (s Sinks) Alert(ctx context.Context, a Alert) {
 	for _, k := range s {
 		if k != nil {
@@ -127,7 +122,6 @@ func (r *Recorder) List(kind string) ([]Alert, error) {
 	return out, err
 }
 
-// Proto converts an alert for the API.
 func (a Alert) Proto() *trainmeterv1.Alert {
 	return &trainmeterv1.Alert{
 		Id: a.ID, Kind: a.Kind, Severity: a.Severity, Scope: a.Scope, Period: a.Period, PeriodKey: a.PeriodKey,

@@ -32,21 +32,17 @@ const NSWebhookPending = "webhook-pending"
 
 // WebhookConfig configures alert delivery.
 type WebhookConfig struct {
-	// URLs receive every alert as a JSON POST.
-	URLs []string
-	// MaxAttempts per alert and URL (retrying network errors, 5xx and 429;
-	// other 4xx are not retried); 0: 8.
+	URLs []string // receive every alert as a JSON POST
+	// MaxAttempts per alert and URL (network errors, 5xx and 429 are
+	// retried, other 4xx not); 0: 8.
 	MaxAttempts int
 	// BaseBackoff is the first wait between attempts, doubled each time up
 	// to MaxBackoff, with jitter; 0: 1 s and 1 min.
 	BaseBackoff, MaxBackoff time.Duration
-	// Timeout of one POST; 0: 10 s.
-	Timeout time.Duration
-	// QueueSize per URL; an alert that finds the queue full is dropped (and
-	// logged); 0: 1000.
+	Timeout                 time.Duration // of one POST; 0: 10 s
+	// QueueSize per URL (an alert that finds it full is dropped); 0: 1000.
 	QueueSize int
-	// Clock times the waits between attempts; nil: the wall clock.
-	Clock clock.Clock
+	Clock     clock.Clock // times the waits between attempts; nil: the wall clock
 }
 
 // Validate checks the config.
@@ -99,8 +95,7 @@ type hook struct {
 	queue  chan Alert
 }
 
-// NewWebhooks returns a sender; store may be nil (no redelivery after a
-// restart).
+// NewWebhooks returns a sender; store may be nil (no redelivery after a restart).
 func NewWebhooks(cfg WebhookConfig, store storage.Records, log *slog.Logger) *Webhooks {
 	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	cfg = cfg.withDefaults()
@@ -134,14 +129,13 @@ func (w *Webhooks) Start(context.Context) error {
 				return true, nil
 			})
 		}
-		w.wg.Add(1)
-		go w.run(h)
+		w.wg.Go(func() { w.run(h) })
 	}
 	return nil
 }
 
-// Shutdown stops the senders (a POST in flight is cancelled) and waits for
-// them until ctx ends; undelivered alerts stay pending in the store.
+// Shutdown stops the senders (cancelling a POST in flight) and waits for them
+// until ctx ends; undelivered alerts stay pending in the store.
 func (w *Webhooks) Shutdown(ctx context.Context) error {
 	if w.cancel == nil {
 		return nil
@@ -157,7 +151,6 @@ func (w *Webhooks) Shutdown(ctx context.Context) error {
 // pending by a stop counts again once a sender re-queues it.
 func (w *Webhooks) Busy() int { return int(w.busy.Load()) }
 
-// Alert implements Sink.
 func (w *Webhooks) Alert(_ context.Context, a Alert) {
 	for _, h := range w.hooks {
 		if w.store != nil {
@@ -186,7 +179,6 @@ func (w *Webhooks) enqueue(h *hook, a Alert) bool {
 }
 
 func (w *Webhooks) run(h *hook) {
-	defer w.wg.Done()
 	for {
 		select {
 		case <-w.ctx.Done():
@@ -201,8 +193,8 @@ func (w *Webhooks) run(h *hook) {
 	}
 }
 
-// deliver POSTs a until a 2xx, a permanent failure, or the attempts run
-// out; it returns false only when stopped (the alert stays pending).
+// deliver POSTs a until a 2xx, a permanent failure, or the attempts run out;
+// false: stopped (the alert stays pending).
 func (w *Webhooks) deliver(h *hook, a Alert) bool {
 	body, err := json.Marshal(a)
 	if err != nil {
@@ -234,8 +226,8 @@ func (w *Webhooks) deliver(h *hook, a Alert) bool {
 	}
 }
 
-// redactURL keeps scheme and host of a webhook URL for logs (Slack-style
-// webhook URLs carry their secret in the path).
+// redactURL keeps scheme and host of a webhook URL for logs (Slack-style URLs
+// carry their secret in the path).
 func redactURL(u string) string {
 	p, err := url.Parse(u)
 	if err != nil || p.Host == "" {

@@ -52,14 +52,12 @@ var Thresholds = []struct {
 	Severity string
 }{{0.5, alert.SeverityInfo}, {0.75, alert.SeverityWarning}, {0.9, alert.SeverityCritical}, {1, alert.SeverityExceeded}}
 
-// MaxAlertRunIDs bounds the run ids an alert lists (a "*" budget may
-// cover thousands of runs).
+// MaxAlertRunIDs bounds an alert's run ids (a "*" budget covers thousands).
 const MaxAlertRunIDs = 50
 
 // Budget is a spending limit for the runs a scope matches.
 type Budget struct {
-	// ID changes whenever the budget is set again, so that a new amount
-	// gets its own alerts.
+	// ID changes whenever the budget is set again: a new amount gets its own alerts.
 	ID       string    `json:"id"`
 	Scope    string    `json:"scope"`
 	Period   string    `json:"period"`
@@ -153,13 +151,10 @@ type Advisor interface {
 
 // Config configures the manager.
 type Config struct {
-	// EvalInterval is how often budgets are evaluated when runs changed;
-	// 0: 1 s.
+	// EvalInterval is how often budgets are evaluated when runs changed; 0: 1 s.
 	EvalInterval time.Duration
-	// Location of the calendar months of monthly budgets; nil: UTC.
-	Location *time.Location
-	// Clock; nil: the wall clock.
-	Clock clock.Clock
+	Location     *time.Location // of monthly budgets' calendar months; nil: UTC
+	Clock        clock.Clock    // nil: the wall clock
 }
 
 // Validate checks the config.
@@ -186,8 +181,7 @@ type Manager struct {
 	stopped map[string]bool // run\x00node already told to stop
 	// Runs capped by --max-cost: nodes told to stop (run\x00node), and
 	// runs that ended (not read again).
-	capStopped map[string]bool
-	capDone    map[string]bool
+	capStopped, capDone map[string]bool
 	// capTouched holds the runs batches touched since their caps were last
 	// checked; capNow (capacity 1) wakes the loop to check them.
 	capTouched map[string]struct{}
@@ -212,8 +206,7 @@ type Manager struct {
 }
 
 // New returns a manager. report turns a run's state into its report (the
-// collector's pricing); advise may be nil (no stop advisories); sink may be
-// nil.
+// collector's pricing); advise (stop advisories) and sink may be nil.
 func New(cfg Config, st storage.Store, report func(*aggregate.State) *trainmeterv1.RunReport, advise Advisor, sink alert.Sink, log *slog.Logger) *Manager {
 	cfg.EvalInterval = cmp.Or(cfg.EvalInterval, time.Second)
 	cfg.Location = cmp.Or(cfg.Location, time.UTC)
@@ -237,8 +230,7 @@ func (m *Manager) MarkDirty() {
 	}
 }
 
-// OnApplied is the ingest observer: the runs of every applied batch may
-// have spent more.
+// OnApplied is the ingest observer: a batch's runs may have spent more.
 func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 	m.mu.Lock()
 	for _, w := range b.GetRunWindows() {
@@ -270,8 +262,7 @@ func (m *Manager) OnApplied(_ string, b *trainmeterv1.Batch) {
 	}
 }
 
-// FullReload is how often evaluation reads every run again rather than only
-// those batches touched.
+// FullReload is how often evaluation reads every run, not only those touched.
 const FullReload = 5 * time.Minute
 
 // Start evaluates on a ticker until Shutdown, and checks the --max-cost
@@ -309,8 +300,7 @@ func (m *Manager) Start(context.Context) error {
 	return nil
 }
 
-// Shutdown stops the evaluation loop, waiting for an evaluation in
-// progress until ctx ends.
+// Shutdown stops the evaluation loop, waiting for one in progress until ctx ends.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	if m.stop == nil {
 		return nil
@@ -363,12 +353,15 @@ func (m *Manager) Delete(scope, period string) error {
 }
 
 // Budgets lists the budgets by period then scope.
-func (m *Manager) Budgets() ([]Budget, error) {
-	var out []Budget
-	err := m.store.ScanRecords(NSBudgets, "", func(_ string, v []byte) (bool, error) {
-		var b Budget
-		if err := json.Unmarshal(v, &b); err == nil {
-			out = append(out, b)
+func (m *Manager) Budgets() ([]Budget, error) { return records[Budget](m.store, NSBudgets) }
+
+// records decodes the records of ns, skipping those that are not a T.
+func records[T any](st storage.Records, ns string) ([]T, error) {
+	var out []T
+	err := st.ScanRecords(ns, "", func(_ string, v []byte) (bool, error) {
+		var x T
+		if json.Unmarshal(v, &x) == nil {
+			out = append(out, x)
 		}
 		return true, nil
 	})
@@ -382,8 +375,8 @@ type run struct {
 	start time.Time
 }
 
-// runs returns every run, from the cache refreshed with the runs that
-// changed. Call with evalMu held.
+// runs returns every run, from the cache refreshed with the runs that changed.
+// Call with evalMu held.
 func (m *Manager) runs() ([]run, error) {
 	now := m.cfg.Clock.Now()
 	m.mu.Lock()
@@ -441,20 +434,19 @@ func (m *Manager) load(ids []string, now time.Time) ([]run, error) {
 // Status is a budget's use in one period.
 type Status struct {
 	Budget
-	PeriodKey    string
-	SpentUSD     float64
-	ProjectedUSD float64
-	Runs, Live   int
-	live         []run
-	runIDs       []string
+	PeriodKey              string
+	SpentUSD, ProjectedUSD float64
+	Runs, Live             int
+	live                   []run
+	runIDs                 []string
 }
 
 // Ratio is spent / limit; ProjectedRatio projected / limit.
 func (s Status) Ratio() float64          { return s.SpentUSD / s.LimitUSD }
 func (s Status) ProjectedRatio() float64 { return s.ProjectedUSD / s.LimitUSD }
 
-// periods is one budget's use in each period present among its runs, by
-// period key, and in the current period (always present).
+// periods is one budget's use in each period of its runs, by period key,
+// and in the current period (always present).
 type periods struct {
 	all []*Status
 	cur *Status
@@ -494,8 +486,7 @@ func (m *Manager) statuses(budgets []Budget, runs []run) []periods {
 	return out
 }
 
-// Evaluations is how many evaluations have ended since the manager was
-// built (failed ones included).
+// Evaluations is how many evaluations (failed ones too) have ended.
 func (m *Manager) Evaluations() uint64 { return m.evaluations.Load() }
 
 // Evaluate fires the alerts now due and sends stop advisories; the loop
@@ -525,16 +516,12 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 	var errs []error
 	for i, b := range budgets {
 		for _, s := range st[i].all {
-			for _, kind := range []bool{false, true} {
-				v := s.SpentUSD
-				if kind {
-					v = s.ProjectedUSD
-				}
+			for i, v := range []float64{s.SpentUSD, s.ProjectedUSD} {
 				for _, th := range Thresholds {
 					if v/b.LimitUSD < th.Ratio {
 						break
 					}
-					errs = append(errs, m.fire(ctx, s, th.Ratio, th.Severity, kind, v, now))
+					errs = append(errs, m.fire(ctx, s, th.Ratio, th.Severity, i == 1, v, now))
 				}
 			}
 			if b.Policy == PolicyStop && s.Ratio() >= 1 {
@@ -574,8 +561,7 @@ func periodLabel(period, key string) string {
 	return period
 }
 
-// stopRuns tells the agents of each live run of an exceeded stop budget to
-// stop it.
+// stopRuns tells the agents of the live runs of an exceeded stop budget to stop.
 func (m *Manager) stopRuns(b Budget, s *Status) {
 	if m.advise == nil {
 		return
@@ -623,12 +609,10 @@ func (m *Manager) forgetStopped(runs []run) {
 	}
 }
 
-// Use is one budget's use ratio in the current period (for the
-// trainmeter.budget.use_ratio gauge).
+// Use is a budget's use in the current period (trainmeter.budget.use_ratio).
 type Use struct {
-	Scope, Period string
-	Ratio         float64
-	Projected     float64
+	Scope, Period    string
+	Ratio, Projected float64
 }
 
 func (m *Manager) setUse(st []periods) {
@@ -667,16 +651,18 @@ func (m *Manager) Statuses() ([]Status, error) {
 	return out, nil
 }
 
-// Proto converts a budget for the API.
 func (b Budget) Proto() *trainmeterv1.Budget {
 	return &trainmeterv1.Budget{Id: b.ID, Scope: b.Scope, Period: b.Period, LimitUsd: b.LimitUSD, Policy: b.Policy, Created: timestamppb.New(b.Created)}
 }
 
 // NewBudgetID is a random budget id: 16 lowercase hex digits.
-func NewBudgetID() string {
-	var id [8]byte
-	_, _ = rand.Read(id[:])
-	return hex.EncodeToString(id[:])
+func NewBudgetID() string { return randomHex(8) }
+
+// randomHex is n random bytes in hex (crypto/rand.Read never fails).
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func validBudgetID(id string) bool {

@@ -464,7 +464,7 @@ func TestForecast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fc.MeanUSD != 12 || math.Abs(fc.StddevUSD-2) > 1e-9 || fc.ExpectedUSD != 60 || math.Abs(fc.StddevSumUSD-2*math.Sqrt(5)) > 1e-9 || fc.Budget != nil {
+	if fc.MeanRunUsd != 12 || math.Abs(fc.StddevRunUsd-2) > 1e-9 || fc.ExpectedUsd != 60 || math.Abs(fc.StddevUsd-2*math.Sqrt(5)) > 1e-9 || fc.BudgetUsd != nil {
 		t.Errorf("forecast %+v", fc)
 	}
 	if _, err := m.Set(Budget{Scope: "model:m", LimitUSD: 100}); err != nil {
@@ -475,11 +475,11 @@ func TestForecast(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Remaining 100 − 36 = 64; P(N(60, 4.47) > 64) = 1 − Φ(0.894) ≈ 0.186.
-	if fc.Budget == nil || fc.RemainingUSD != 64 || math.Abs(fc.OverageProbability-0.1856) > 0.001 {
+	if fc.BudgetUsd == nil || fc.GetRemainingUsd() != 64 || math.Abs(fc.GetOverageProbability()-0.1856) > 0.001 {
 		t.Errorf("forecast against the budget %+v", fc)
 	}
 	fc, _ = m.Forecast("m", 5, 1) // the last run only: $14, no spread, 70 > 64
-	if fc.MeanUSD != 14 || fc.OverageProbability != 1 || len(fc.BasedOn) != 1 {
+	if fc.MeanRunUsd != 14 || fc.GetOverageProbability() != 1 || len(fc.BasedOn) != 1 {
 		t.Errorf("forecast on one run %+v", fc)
 	}
 }
@@ -501,7 +501,7 @@ func TestForecastEnergyPricedRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(fc.BasedOn) != 2 || math.Abs(fc.MeanUSD-12) > 1e-6 || math.Abs(fc.ExpectedUSD-24) > 1e-6 {
+	if len(fc.BasedOn) != 2 || math.Abs(fc.MeanRunUsd-12) > 1e-6 || math.Abs(fc.ExpectedUsd-24) > 1e-6 {
 		t.Errorf("forecast %+v, want the mean $12 of two energy-priced runs", fc)
 	}
 }

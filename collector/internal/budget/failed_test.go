@@ -32,7 +32,7 @@ func TestForecastLeavesFailedRunsOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fc.FailedLeftOut != 1 || fc.MeanUSD != 12 || strings.Contains(strings.Join(fc.BasedOn, ","), "crash") {
+	if fc.FailedLeftOut != 1 || fc.MeanRunUsd != 12 || strings.Contains(strings.Join(fc.BasedOn, ","), "crash") {
 		t.Errorf("forecast %+v: want the crash left out, mean $12 of a and stop", fc)
 	}
 	if _, err := m.Forecast("y", 1, 0); err == nil || !strings.Contains(err.Error(), "2 failed run(s) left out") {

@@ -9,43 +9,25 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	"github.com/trainmeter/trainmeter/collector/internal/query/compare"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // DefaultForecastHistory is how many ended runs a forecast learns from.
 const DefaultForecastHistory = 5
-
-// Forecast is the expected cost of n more runs of a model.
-type Forecast struct {
-	Model   string
-	Runs    int
-	BasedOn []string
-	// FailedLeftOut counts the model's ended runs that failed (error,
-	// exit N, signal, lost) and so are not in BasedOn: a crashed run's cost
-	// says nothing about what a run costs.
-	FailedLeftOut int
-	// Mean and sample standard deviation of one run's total cost.
-	MeanUSD, StddevUSD float64
-	// ExpectedUSD = n·mean; StddevSumUSD = √n·stddev (runs independent).
-	ExpectedUSD, StddevSumUSD float64
-	// The budget covering the model, if any, and what is left of it in its
-	// current period after the projected spend of the runs it covers.
-	Budget       *Budget
-	RemainingUSD float64
-	// OverageProbability = P(cost of the n runs > remaining), with the sum
-	// taken as normal(n·mean, √n·stddev); with a zero spread it is 0 or 1.
-	OverageProbability float64
-}
 
 // ErrNoHistory: the model has no ended run with a cost.
 var ErrNoHistory = errors.New("no ended runs with a cost")
 
 // Forecast estimates the cost of n more runs like the model's last k ended
 // runs (k = 0: DefaultForecastHistory), against the tightest budget that
-// covers the model (see below).
-func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
+// covers the model (see below). Failed runs (cost.Failed) are left out: a
+// crashed run's cost says nothing about what a run costs. The n runs are
+// taken as independent: their sum is normal(n·mean, √n·stddev).
+func (m *Manager) Forecast(model string, n, k int) (*trainmeterv1.ForecastResponse, error) {
 	model = strings.TrimSpace(model)
 	if model == "" || n <= 0 {
-		return Forecast{}, fmt.Errorf("forecast needs a model and a number of runs > 0")
+		return nil, fmt.Errorf("forecast needs a model and a number of runs > 0")
 	}
 	if k <= 0 {
 		k = DefaultForecastHistory
@@ -54,13 +36,12 @@ func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
 	defer m.evalMu.Unlock()
 	runs, err := m.runs()
 	if err != nil {
-		return Forecast{}, err
+		return nil, err
 	}
 	var hist []run
 	failed := 0
 	for _, x := range runs {
-		// A cost is a GPU-hour price or an energy price (a run priced by
-		// energy only has a total cost too).
+		// A run priced by energy only has a total cost too.
 		if x.r.GetEnded() && x.r.GetMetadata().GetModel() == model && x.r.TotalCostUsd != nil {
 			if cost.Failed(x.r) {
 				failed++
@@ -71,26 +52,26 @@ func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
 	}
 	if len(hist) == 0 {
 		if failed > 0 {
-			return Forecast{}, fmt.Errorf("model %q: %w (%d failed run(s) left out)", model, ErrNoHistory, failed)
+			return nil, fmt.Errorf("model %q: %w (%d failed run(s) left out)", model, ErrNoHistory, failed)
 		}
-		return Forecast{}, fmt.Errorf("model %q: %w", model, ErrNoHistory)
+		return nil, fmt.Errorf("model %q: %w", model, ErrNoHistory)
 	}
 	sort.Slice(hist, func(i, j int) bool { return hist[i].r.GetEnd().AsTime().After(hist[j].r.GetEnd().AsTime()) })
 	hist = hist[:min(k, len(hist))]
-	f := Forecast{Model: model, Runs: n, FailedLeftOut: failed}
+	f := &trainmeterv1.ForecastResponse{Model: model, Runs: uint32(n), FailedLeftOut: uint32(failed)}
 	var costs []float64
 	for _, x := range hist {
 		f.BasedOn = append(f.BasedOn, x.r.GetRunId())
 		costs = append(costs, x.r.GetTotalCostUsd())
 	}
 	sum := compare.Summarize(costs)
-	f.MeanUSD, f.StddevUSD = sum.Mean, sum.SD
-	f.ExpectedUSD = float64(n) * f.MeanUSD
-	f.StddevSumUSD = math.Sqrt(float64(n)) * f.StddevUSD
+	f.MeanRunUsd, f.StddevRunUsd = sum.Mean, sum.SD
+	f.ExpectedUsd = float64(n) * f.MeanRunUsd
+	f.StddevUsd = math.Sqrt(float64(n)) * f.StddevRunUsd
 
 	budgets, err := m.Budgets()
 	if err != nil {
-		return Forecast{}, err
+		return nil, err
 	}
 	// Of the budgets covering the model (model:NAME, or any scope matching
 	// its latest run), the forecast is against the tightest: the one with
@@ -100,12 +81,12 @@ func (m *Manager) Forecast(model string, n, k int) (Forecast, error) {
 		if b.Scope != "model:"+model && !Matches(b.Scope, hist[0].r) {
 			continue
 		}
-		if left := b.LimitUSD - st[i].cur.ProjectedUSD; f.Budget == nil || left < f.RemainingUSD {
-			f.Budget, f.RemainingUSD = &budgets[i], left
+		if left := b.LimitUSD - st[i].cur.ProjectedUSD; f.BudgetUsd == nil || left < f.GetRemainingUsd() {
+			f.BudgetScope, f.BudgetPeriod, f.BudgetUsd, f.RemainingUsd = b.Scope, b.Period, &budgets[i].LimitUSD, &left
 		}
 	}
-	if f.Budget != nil {
-		f.OverageProbability = overage(f.ExpectedUSD, f.StddevSumUSD, f.RemainingUSD)
+	if f.BudgetUsd != nil {
+		f.OverageProbability = proto.Float64(overage(f.ExpectedUsd, f.StddevUsd, f.GetRemainingUsd()))
 	}
 	return f, nil
 }

@@ -1,8 +1,8 @@
 package budget
 
 import (
+	"cmp"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -35,32 +35,27 @@ const NSRunPlans = "runplans"
 // key the run's start presents is ever applied.
 const NSPendingPlans = "runplans-pending"
 
-// PendingPlanTTL is how long a plan waits for its run's start: trainmeter
-// run plans right before it starts the command.
+// PendingPlanTTL is how long a plan waits for its run's start (trainmeter
+// run plans right before it starts the command).
 const PendingPlanTTL = 24 * time.Hour
 
 // KindMaxCost is the alert of a run that reached its --max-cost cap.
 const KindMaxCost = "max-cost"
 
-// MaxCostReasonPrefix starts the reason of the stop advisory a capped run
-// gets (the end status then says "stopped: max-cost").
+// MaxCostReasonPrefix starts a capped run's stop reason ("stopped: max-cost").
 const MaxCostReasonPrefix = "max-cost"
 
 // RunPlan is what `trainmeter run` asked for before the run started.
 type RunPlan struct {
-	RunID      string  `json:"run_id"`
-	MaxCostUSD float64 `json:"max_cost_usd,omitempty"`
-	// Estimate is a trainmeterv1.RunEstimate in protobuf form.
-	Estimate      []byte    `json:"estimate,omitempty"`
+	RunID         string    `json:"run_id"`
+	MaxCostUSD    float64   `json:"max_cost_usd,omitempty"`
+	Estimate      []byte    `json:"estimate,omitempty"` // a trainmeterv1.RunEstimate, protobuf
 	EstimateError string    `json:"estimate_error,omitempty"`
 	Created       time.Time `json:"created"`
-	// KeyHash is the SHA-256 (hex) of the plan key PlanRun returned; the
-	// run's start presented it when the plan is in NSRunPlans.
-	KeyHash string `json:"key_hash,omitempty"`
+	KeyHash       string    `json:"key_hash,omitempty"` // SHA-256 (hex) of the plan key
 }
 
-// maxPlanStarts bounds the starts with a plan key waiting for bindPlans,
-// which the manager's loop runs after every applied batch.
+// maxPlanStarts bounds the starts with a plan key waiting for bindPlans.
 const maxPlanStarts = 10000
 
 // planStart is a run's start that presented a plan key.
@@ -88,8 +83,8 @@ var ErrRunStarted = errors.New("run already started")
 // MaxRunIDLen bounds a planned run's id (the agent's own bound).
 const MaxRunIDLen = 256
 
-// SetPricing gives the manager the collector's pricing, which estimates
-// need (runs are priced through the report function).
+// SetPricing gives the manager the collector's pricing, for estimates (runs
+// are priced through the report function).
 func (m *Manager) SetPricing(p cost.Config) {
 	m.mu.Lock()
 	m.pricing = p
@@ -144,13 +139,7 @@ func (m *Manager) PlanRun(runID, key string, maxCostUSD float64, est *cost.Estim
 	if states, err := m.store.ListRuns([]string{runID}); err == nil && len(states) > 0 {
 		return "", nil, "", fmt.Errorf("%w: run %q has already started (a cap and an estimate are set before the run starts; use a new run id)", ErrRunStarted, runID)
 	}
-	if key == "" {
-		var raw [16]byte
-		if _, err := rand.Read(raw[:]); err != nil {
-			return "", nil, "", fmt.Errorf("plan key: %w", err)
-		}
-		key = hex.EncodeToString(raw[:])
-	}
+	key = cmp.Or(key, randomHex(16))
 	p := RunPlan{RunID: runID, MaxCostUSD: maxCostUSD, Created: m.cfg.Clock.Now().UTC(), KeyHash: keyHash(key)}
 	if est != nil {
 		e, err = m.Estimate(*est)
@@ -170,10 +159,8 @@ func (m *Manager) PlanRun(runID, key string, maxCostUSD float64, est *cost.Estim
 	return key, e, p.EstimateError, nil
 }
 
-// bindPlans applies the pending plans whose keys the run starts of applied
-// batches presented: each becomes its run's plan, unless the run has one
-// already (its first start's). A key that matches no plan of its run is
-// ignored.
+// bindPlans makes each pending plan whose key a run start presented its
+// run's plan, unless the run has one already (its first start's).
 func (m *Manager) bindPlans() error {
 	m.mu.Lock()
 	starts := m.planStarts
@@ -265,18 +252,10 @@ func (m *Manager) AttachPlan(r *trainmeterv1.RunReport) {
 	}
 }
 
-// evaluateCaps binds and sweeps the plans and checks the cap of every
-// capped run (checkCap).
+// evaluateCaps binds and sweeps the plans and checks every run's cap.
 func (m *Manager) evaluateCaps(ctx context.Context) error {
 	bindErr := errors.Join(m.bindPlans(), m.sweepPendingPlans())
-	var plans []RunPlan
-	err := m.store.ScanRecords(NSRunPlans, "", func(_ string, v []byte) (bool, error) {
-		var p RunPlan
-		if json.Unmarshal(v, &p) == nil {
-			plans = append(plans, p)
-		}
-		return true, nil
-	})
+	plans, err := records[RunPlan](m.store, NSRunPlans)
 	if err != nil {
 		return err
 	}
@@ -307,8 +286,7 @@ func (m *Manager) evaluateCapsOf(ctx context.Context) error {
 }
 
 // checkCap fires the max-cost alert of live run p and tells its nodes to
-// stop it once its total cost reached the cap (if it has one); a run that
-// ended is not read again.
+// stop once its total cost reached its cap; an ended run is not read again.
 func (m *Manager) checkCap(ctx context.Context, p RunPlan) error {
 	m.mu.Lock()
 	done := m.capDone[p.RunID]

@@ -26,7 +26,6 @@ type Service struct {
 // NewService serves m.
 func NewService(m *Manager) *Service { return &Service{m: m} }
 
-// SetBudget implements BudgetService.
 func (s *Service) SetBudget(_ context.Context, req *trainmeterv1.SetBudgetRequest) (*trainmeterv1.SetBudgetResponse, error) {
 	b, err := s.m.Set(Budget{ID: req.GetBudgetId(), Scope: req.GetScope(), Period: req.GetPeriod(), LimitUSD: req.GetLimitUsd(), Policy: req.GetPolicy()})
 	if err != nil {
@@ -35,7 +34,6 @@ func (s *Service) SetBudget(_ context.Context, req *trainmeterv1.SetBudgetReques
 	return &trainmeterv1.SetBudgetResponse{Budget: b.Proto()}, nil
 }
 
-// DeleteBudget implements BudgetService.
 func (s *Service) DeleteBudget(_ context.Context, req *trainmeterv1.DeleteBudgetRequest) (*trainmeterv1.DeleteBudgetResponse, error) {
 	err := s.m.Delete(req.GetScope(), req.GetPeriod())
 	if errors.Is(err, ErrNoBudget) {
@@ -47,7 +45,6 @@ func (s *Service) DeleteBudget(_ context.Context, req *trainmeterv1.DeleteBudget
 	return &trainmeterv1.DeleteBudgetResponse{}, nil
 }
 
-// ListBudgets implements BudgetService.
 func (s *Service) ListBudgets(context.Context, *trainmeterv1.ListBudgetsRequest) (*trainmeterv1.ListBudgetsResponse, error) {
 	sts, err := s.m.Statuses()
 	if err != nil {
@@ -63,7 +60,6 @@ func (s *Service) ListBudgets(context.Context, *trainmeterv1.ListBudgetsRequest)
 	return resp, nil
 }
 
-// ListAlerts implements BudgetService.
 func (s *Service) ListAlerts(_ context.Context, req *trainmeterv1.ListAlertsRequest) (*trainmeterv1.ListAlertsResponse, error) {
 	switch req.GetKind() {
 	case "", alert.KindBudget, alert.KindPrice, KindMaxCost:
@@ -106,13 +102,11 @@ func (s *Service) ListAlerts(_ context.Context, req *trainmeterv1.ListAlertsRequ
 	return resp, nil
 }
 
-// alertKey orders alerts by time (Unix ns, zero-padded so that the keys
-// sort as the times do), then id.
+// alertKey orders alerts by time (Unix ns, zero-padded to sort), then id.
 func alertKey(a alert.Alert) string {
 	return fmt.Sprintf("%020d\x00%s", max(0, a.Time.UnixNano()), a.ID)
 }
 
-// Forecast implements BudgetService.
 func (s *Service) Forecast(_ context.Context, req *trainmeterv1.ForecastRequest) (*trainmeterv1.ForecastResponse, error) {
 	if req.GetRuns() == 0 || req.GetRuns() > 1_000_000 || req.GetModel() == "" {
 		return nil, status.Error(codes.InvalidArgument, "forecast needs a model and 1..1000000 runs")
@@ -124,22 +118,13 @@ func (s *Service) Forecast(_ context.Context, req *trainmeterv1.ForecastRequest)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	resp := &trainmeterv1.ForecastResponse{
-		Model: f.Model, Runs: uint32(f.Runs), BasedOn: f.BasedOn, MeanRunUsd: f.MeanUSD, StddevRunUsd: f.StddevUSD,
-		ExpectedUsd: f.ExpectedUSD, StddevUsd: f.StddevSumUSD, FailedLeftOut: uint32(f.FailedLeftOut),
-	}
-	if f.Budget != nil {
-		resp.BudgetScope, resp.BudgetPeriod, resp.BudgetUsd = f.Budget.Scope, f.Budget.Period, &f.Budget.LimitUSD
-		resp.RemainingUsd, resp.OverageProbability = &f.RemainingUSD, &f.OverageProbability
-	}
-	return resp, nil
+	return f, nil
 }
 
 func estimateRequest(req *trainmeterv1.EstimateRequest) cost.EstimateRequest {
 	return cost.EstimateRequest{Model: req.GetModel(), Tokens: req.GetTokens(), GPU: req.GetGpu(), GPUs: req.GetGpus()}
 }
 
-// Estimate implements BudgetService.
 func (s *Service) Estimate(_ context.Context, req *trainmeterv1.EstimateRequest) (*trainmeterv1.EstimateResponse, error) {
 	e, err := s.m.Estimate(estimateRequest(req))
 	switch {
@@ -153,7 +138,6 @@ func (s *Service) Estimate(_ context.Context, req *trainmeterv1.EstimateRequest)
 	return &trainmeterv1.EstimateResponse{Estimate: e}, nil
 }
 
-// PlanRun implements BudgetService.
 func (s *Service) PlanRun(_ context.Context, req *trainmeterv1.PlanRunRequest) (*trainmeterv1.PlanRunResponse, error) {
 	var er *cost.EstimateRequest
 	if req.GetEstimate() != nil {

@@ -109,7 +109,7 @@ func (t *Telemetry) registerRuns(m metric.Meter) error {
 	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		reports, err := t.reports()
 		if err != nil {
-			t.log.Warn("otel export: reading runs", "err", err)
+			t.o.Logger.Warn("otel export: reading runs", "err", err)
 			return err
 		}
 		for _, r := range reports {
@@ -186,15 +186,14 @@ func (t *Telemetry) registerSources(m metric.Meter) error {
 		return err
 	}
 	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		budgets, rs := t.sources()
-		if budgets != nil {
-			for _, b := range budgets.BudgetUse() {
+		if t.o.Budgets != nil {
+			for _, b := range t.o.Budgets.BudgetUse() {
 				o.ObserveFloat64(use, b.Ratio, metric.WithAttributeSet(attribute.NewSet(
 					attribute.String(AttrBudgetScope, b.Scope), attribute.String(AttrBudgetPeriod, b.Period))))
 			}
 		}
-		if rs != nil {
-			counts := rs.Counts()
+		if t.o.Recommendations != nil {
+			counts := t.o.Recommendations.Counts()
 			for _, k := range slices.Sorted(maps.Keys(counts)) {
 				o.ObserveInt64(recs, int64(counts[k]), metric.WithAttributeSet(attribute.NewSet(attribute.String(AttrRecommendationKind, k))))
 			}

@@ -43,10 +43,7 @@ type Nodes interface {
 
 // BudgetUse is one budget's consumption.
 type BudgetUse struct {
-	// Scope is what the budget covers (a run's budget_scope, a team...).
-	Scope string
-	// Period is the budget period (e.g. "month", "total").
-	Period string
+	Scope, Period string
 	// Ratio is spent / limit (1 = the budget is used up; may exceed 1).
 	Ratio float64
 }
@@ -66,32 +63,26 @@ type RecommendationSource interface {
 
 // Alert is a budget or price alert sent out as an OTel log record.
 type Alert struct {
-	// Kind, e.g. "budget" or "price".
-	Kind string
-	// Severity: "info", "warn" or "error" (anything else maps to info).
+	Kind string // "budget", "price", ...
+	// Severity: info, warn(ing), error, critical or exceeded (else info).
 	Severity string
-	// Scope the alert is about (a budget scope, a run id...).
-	Scope   string
-	Message string
+	Scope    string // what the alert is about (a budget scope, a run id...)
+	Message  string
 	// Attributes are extra record attributes, prefixed "trainmeter.alert.".
 	Attributes map[string]string
-	// Time of the event; the emit time when zero.
-	Time time.Time
+	Time       time.Time // of the event; the emit time when zero
 }
 
 // Options configure New.
 type Options struct {
-	// Exporter is the started OTel export (otelexport.Start) the figures go
-	// out through; the Telemetry owns it from New on and shuts it down. It
-	// is started before the Telemetry so that alerts (AlertLog) can go out
-	// through it while the components that feed Budgets and Recommendations
-	// are built.
+	// Exporter is the started OTel export the figures go out through, owned
+	// by the Telemetry from New on; it is started first so that AlertLog can
+	// use it while the components feeding Budgets and Recommendations are built.
 	Exporter *otelexport.Exporter
 	Runs     storage.Runs
 	Nodes    Nodes
 	Pricing  aggregate.Pricing
-	// Clock is the collector's clock (the wall clock if nil).
-	Clock clock.Clock
+	Clock    clock.Clock // the collector's; the wall clock if nil
 	// RunWindow and MaxRuns override the defaults above.
 	RunWindow time.Duration
 	MaxRuns   int
@@ -105,8 +96,6 @@ type Options struct {
 // Telemetry is the collector's OTel export. A nil *Telemetry does nothing.
 type Telemetry struct {
 	o    Options
-	log  *slog.Logger
-	exp  *otelexport.Exporter
 	gpus *otelexport.GPUMetrics
 
 	mu     sync.Mutex
@@ -119,21 +108,16 @@ func New(o Options) (*Telemetry, error) {
 	if o.Exporter == nil || o.Runs == nil || o.Nodes == nil {
 		return nil, errors.New("telemetry: exporter, runs and nodes are required")
 	}
-	if o.Clock == nil {
-		o.Clock = clock.Real{}
-	}
+	o.Clock = cmp.Or[clock.Clock](o.Clock, clock.Real{})
 	if o.RunWindow <= 0 {
 		o.RunWindow = DefaultRunWindow
 	}
 	if o.MaxRuns <= 0 {
 		o.MaxRuns = DefaultMaxRuns
 	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	exp := o.Exporter
-	t := &Telemetry{o: o, log: o.Logger, exp: exp, recent: map[string]time.Time{}}
-	if err := t.register(exp.Meter()); err != nil {
+	o.Logger = cmp.Or(o.Logger, slog.New(slog.DiscardHandler))
+	t := &Telemetry{o: o, recent: map[string]time.Time{}}
+	if err := t.register(o.Exporter.Meter()); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -144,7 +128,7 @@ func (t *Telemetry) PrometheusAddr() net.Addr {
 	if t == nil {
 		return nil
 	}
-	return t.exp.PrometheusAddr()
+	return t.o.Exporter.PrometheusAddr()
 }
 
 // Flush pushes pending metrics and log records now (OTLP).
@@ -152,7 +136,7 @@ func (t *Telemetry) Flush(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
-	return t.exp.Flush(ctx)
+	return t.o.Exporter.Flush(ctx)
 }
 
 // Shutdown pushes a last export and stops. Call it before the store closes:
@@ -161,11 +145,7 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
-	return t.exp.Shutdown(ctx)
-}
-
-func (t *Telemetry) sources() (BudgetSource, RecommendationSource) {
-	return t.o.Budgets, t.o.Recommendations
+	return t.o.Exporter.Shutdown(ctx)
 }
 
 // OnApplied is the ingest hook (ingest.Server.OnApplied): it folds the GPU
@@ -287,10 +267,7 @@ func NewAlertLog(exp *otelexport.Exporter, clk clock.Clock) *AlertLog {
 	if exp == nil {
 		return nil
 	}
-	if clk == nil {
-		clk = clock.Real{}
-	}
-	return &AlertLog{logger: exp.Logger(), clock: clk}
+	return &AlertLog{logger: exp.Logger(), clock: cmp.Or[clock.Clock](clk, clock.Real{})}
 }
 
 // EmitAlert sends a as an OTel log record (nothing without OTLP).

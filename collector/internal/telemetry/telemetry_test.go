@@ -253,7 +253,7 @@ func TestAlertsArriveAsLogRecords(t *testing.T) {
 			}
 			tel, _ := startTelemetry(t, otelexport.Config{Endpoint: ep, Protocol: proto, Insecure: true, Headers: map[string]string{"x-test": "1"}}, nil)
 			at := time.Date(2026, 11, 22, 6, 0, 0, 0, time.UTC)
-			NewAlertLog(tel.exp, tel.o.Clock).EmitAlert(context.Background(), Alert{Kind: "budget", Severity: "warn", Scope: "team-" + proto,
+			NewAlertLog(tel.o.Exporter, tel.o.Clock).EmitAlert(context.Background(), Alert{Kind: "budget", Severity: "warn", Scope: "team-" + proto,
 				Message: "budget team-" + proto + " is 90% used", Attributes: map[string]string{"use_ratio": "0.9"}, Time: at})
 			if err := tel.Flush(context.Background()); err != nil {
 				t.Fatal(err)
@@ -291,7 +291,7 @@ func TestAlertsOverTLSWithCAFile(t *testing.T) {
 				ep = oc.HTTP
 			}
 			tel, _ := startTelemetry(t, otelexport.Config{Endpoint: ep, Protocol: proto, CAFile: files.CAFile}, nil)
-			NewAlertLog(tel.exp, tel.o.Clock).EmitAlert(context.Background(), Alert{Kind: "price", Severity: "error", Scope: "tls-" + proto, Message: "price spike"})
+			NewAlertLog(tel.o.Exporter, tel.o.Clock).EmitAlert(context.Background(), Alert{Kind: "price", Severity: "error", Scope: "tls-" + proto, Message: "price spike"})
 			if err := tel.Flush(context.Background()); err != nil {
 				t.Fatal(err)
 			}
@@ -323,7 +323,7 @@ func TestHeadersAreSent(t *testing.T) {
 	t.Cleanup(srv.Close) // after the telemetry's shutdown (cleanups run last-in first-out)
 	tel, _ := startTelemetry(t, otelexport.Config{Endpoint: strings.TrimPrefix(srv.URL, "http://"), Protocol: "http", Insecure: true,
 		Headers: map[string]string{"Authorization": "Bearer s3cret", "X-Tenant": "ml"}}, nil)
-	NewAlertLog(tel.exp, tel.o.Clock).EmitAlert(context.Background(), Alert{Kind: "budget", Message: "m"})
+	NewAlertLog(tel.o.Exporter, tel.o.Clock).EmitAlert(context.Background(), Alert{Kind: "budget", Message: "m"})
 	if err := tel.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -51,17 +51,12 @@ type Sender interface {
 
 // runWindow is what the advisor keeps of one RunWindow.
 type runWindow struct {
-	run               string
-	start             time.Time
-	measured          bool // after warmup
-	tokens            uint64
-	steps             uint64
-	dataWait, compute float64
-	utilSum           float64
-	utilN             uint64
-	gpus              int
-	stepRanks         int
-	end               time.Time
+	run                        string
+	start, end                 time.Time
+	measured                   bool // after warmup
+	tokens, steps, utilN       uint64
+	dataWait, compute, utilSum float64
+	gpus, stepRanks            int
 }
 
 // item is one batch, reduced to what the advisor reads (copied on the
@@ -77,12 +72,9 @@ type item struct {
 type key struct{ run, node string }
 
 type epochAcc struct {
-	dataWait, compute float64
-	utilSum           float64
-	utilN             uint64
-	ramSum            float64
-	ramN              uint64
-	adjustments       uint32
+	dataWait, compute, utilSum, ramSum float64
+	utilN, ramN                        uint64
+	adjustments                        uint32
 	// measuredTokens / measuredS: the node's windows after warmup that lie
 	// wholly inside the epoch, for its throughput.
 	measuredTokens uint64
@@ -142,9 +134,8 @@ type Advisor struct {
 	nodes     map[string]map[string]struct{}
 	lastSweep time.Time // batch time of the last idle sweep
 
-	skipped   atomic.Uint64
-	sent      atomic.Uint64
-	processed chan struct{} // test hook: signalled after each item (nil: off)
+	skipped, sent atomic.Uint64
+	processed     chan struct{} // test hook: signalled after each item (nil: off)
 }
 
 // New returns an advisor; Start it, and register Observe with the ingest
@@ -157,9 +148,7 @@ func New(st storage.Store, send Sender, log *slog.Logger) *Advisor {
 
 // Start runs the worker goroutine.
 func (a *Advisor) Start(context.Context) error {
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
+	a.wg.Go(func() {
 		for {
 			select {
 			case <-a.done:
@@ -171,7 +160,7 @@ func (a *Advisor) Start(context.Context) error {
 				}
 			}
 		}
-	}()
+	})
 	return nil
 }
 
@@ -272,7 +261,7 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 	for _, node := range slices.Sorted(maps.Keys(a.nodes[run])) {
 		s := a.runs[key{run, node}]
 		epoch := s.lastEval + 1
-		if hasEpoch(e) {
+		if e.Epoch != nil {
 			if s.boundaries > 0 && e.GetEpoch() == s.lastEval {
 				continue
 			}
@@ -316,9 +305,6 @@ func (a *Advisor) epochBoundary(e *trainmeterv1.Eval, recs map[string][]byte) {
 		a.closeEpoch(run, node, s, epoch, steps, false, at, ranW, ranP, e.LoaderNumWorkers != nil, recs)
 	}
 }
-
-// hasEpoch: the eval carries an epoch.
-func hasEpoch(e *trainmeterv1.Eval) bool { return e.Epoch != nil }
 
 // resetInterval starts a new evaluation interval.
 func (s *runState) resetInterval() {
@@ -366,11 +352,7 @@ func (a *Advisor) process(it item) {
 		}
 		// The worker bound is per rank: the ranks that step when the agent
 		// says, else one rank per GPU.
-		if w.stepRanks > 0 {
-			s.iv.LocalRanks = max(s.iv.LocalRanks, w.stepRanks)
-		} else {
-			s.iv.LocalRanks = max(s.iv.LocalRanks, w.gpus)
-		}
+		s.iv.LocalRanks = max(s.iv.LocalRanks, cmp.Or(w.stepRanks, w.gpus))
 		s.epoch.dataWait += w.dataWait
 		s.epoch.compute += w.compute
 		s.epoch.utilSum += w.utilSum

@@ -1,6 +1,7 @@
 package dataloadersvc
 
 import (
+	"slices"
 	"sort"
 	"time"
 
@@ -40,10 +41,7 @@ func Changes(h *trainmeterv1.DataloaderHistoryResponse) []*trainmeterv1.Dataload
 	// Where the trainer reported what its epochs ran with, only its reports
 	// count: the advisor's belief could differ from them (advice applied
 	// relative to the real loader) and show a change that never happened.
-	reported := false
-	for _, e := range h.GetEpochs() {
-		reported = reported || e.GetRanReported()
-	}
+	reported := slices.ContainsFunc(h.GetEpochs(), (*trainmeterv1.DataloaderEpoch).GetRanReported)
 	byNode := map[string][]*trainmeterv1.DataloaderEpoch{}
 	var nodes []string
 	for _, e := range h.GetEpochs() {

@@ -82,13 +82,10 @@ type OfferCatalog interface {
 
 // Run is one run as the rules see it.
 type Run struct {
-	Report *trainmeterv1.RunReport
-	// GPUMemoryMiB is the memory of one of the run's cards (0: unknown).
-	GPUMemoryMiB float64
-	// GPUPowerLimitW is one card's power limit (0: unknown).
-	GPUPowerLimitW float64
-	PlannedEpochs  uint64
-	DatasetSize    uint64
+	Report                     *trainmeterv1.RunReport
+	GPUMemoryMiB               float64 // of one of the run's cards (0: unknown)
+	GPUPowerLimitW             float64 // of one card (0: unknown)
+	PlannedEpochs, DatasetSize uint64
 }
 
 // Options tune the rules; zero values take the defaults.
@@ -167,10 +164,9 @@ func (o Options) anyTarget(ids []string) bool {
 // epochPoint is one epoch's mean val_loss / accuracy over the evals that
 // reported it (several ranks may report the same epoch).
 type epochPoint struct {
-	epoch           int64
-	loss, acc       float64
-	hasLoss, hasAcc bool
-	nLoss, nAcc     int
+	epoch       int64
+	loss, acc   float64
+	nLoss, nAcc int
 }
 
 func epochs(r *trainmeterv1.RunReport) []epochPoint {
@@ -184,12 +180,10 @@ func epochs(r *trainmeterv1.RunReport) []epochPoint {
 		if e.ValLoss != nil {
 			p.loss += e.GetValLoss()
 			p.nLoss++
-			p.hasLoss = true
 		}
 		if e.Accuracy != nil {
 			p.acc += e.GetAccuracy()
 			p.nAcc++
-			p.hasAcc = true
 		}
 	}
 	out := make([]epochPoint, 0, len(by))
@@ -240,7 +234,7 @@ func lastEpoch(r Run, done int64) (int64, string) {
 // for patience evaluations; the run could stop where patience ran out.
 // Savings = (lastEpoch − stop epoch) × total cost ÷ epochs done.
 func EarlyStopping(r Run, patience int, minDelta float64) *trainmeterv1.Recommendation {
-	pts := slices.DeleteFunc(epochs(r.Report), func(p epochPoint) bool { return !p.hasLoss })
+	pts := slices.DeleteFunc(epochs(r.Report), func(p epochPoint) bool { return p.nLoss == 0 })
 	if len(pts) < patience+1 {
 		return nil
 	}
@@ -289,15 +283,12 @@ func EarlyStopping(r Run, patience int, minDelta float64) *trainmeterv1.Recommen
 // reaches KneeShare of the curve's total gain; the epochs after it bought
 // little. Savings = (lastEpoch − knee) × cost per epoch.
 func EpochCount(r Run) *trainmeterv1.Recommendation {
-	pts := slices.DeleteFunc(epochs(r.Report), func(p epochPoint) bool { return !p.hasAcc })
+	pts := slices.DeleteFunc(epochs(r.Report), func(p epochPoint) bool { return p.nAcc == 0 })
 	if len(pts) < 3 {
 		return nil
 	}
 	first := pts[0].acc
-	best := first
-	for _, p := range pts {
-		best = max(best, p.acc)
-	}
+	best := slices.MaxFunc(pts, func(a, b epochPoint) int { return cmp.Compare(a.acc, b.acc) }).acc
 	gain := best - first
 	if gain <= 0 {
 		return nil
@@ -332,7 +323,7 @@ func EpochCount(r Run) *trainmeterv1.Recommendation {
 func finalAccuracy(r *trainmeterv1.RunReport) (float64, bool) {
 	pts := epochs(r)
 	for i := len(pts) - 1; i >= 0; i-- {
-		if pts[i].hasAcc {
+		if pts[i].nAcc > 0 {
 			return pts[i].acc, true
 		}
 	}
@@ -669,34 +660,25 @@ func Power(runs []Run) []*trainmeterv1.Recommendation {
 // unknown); one reported by only one of them does not.
 func likeKey(r *trainmeterv1.RunReport) string {
 	m := cmp.Or(r.GetMetadata(), &trainmeterv1.RunMetadata{})
-	opt := func(v *int64) string {
-		if v == nil {
-			return "?"
-		}
-		return fmt.Sprint(*v)
-	}
-	return strings.Join([]string{m.GetModel(), r.GetGpuName(), opt(m.BatchSize),
-		opt(m.SeqLen), m.GetPrecision(), fmt.Sprint(r.GetGpus()), fmt.Sprint(r.GetNodes())}, "\x00")
+	return strings.Join([]string{m.GetModel(), r.GetGpuName(), optInt(m.BatchSize, "?"),
+		optInt(m.SeqLen, "?"), m.GetPrecision(), fmt.Sprint(r.GetGpus()), fmt.Sprint(r.GetNodes())}, "\x00")
 }
 
 // likeDescription says what the like runs share, for the evidence.
 func likeDescription(r *trainmeterv1.RunReport) string {
+	const unknown = "not reported"
 	m := cmp.Or(r.GetMetadata(), &trainmeterv1.RunMetadata{})
-	orUnknown := func(s string) string {
-		if s == "" {
-			return "not reported"
-		}
-		return s
-	}
-	opt := func(v *int64) string {
-		if v == nil {
-			return "not reported"
-		}
-		return fmt.Sprint(*v)
-	}
 	return fmt.Sprintf("model %s, GPU %s, batch size %s, seq len %s, precision %s, world size %s on %s",
-		m.GetModel(), orUnknown(r.GetGpuName()), opt(m.BatchSize), opt(m.SeqLen),
-		orUnknown(m.GetPrecision()), plural.N(r.GetGpus(), "GPU"), plural.N(r.GetNodes(), "node"))
+		m.GetModel(), cmp.Or(r.GetGpuName(), unknown), optInt(m.BatchSize, unknown), optInt(m.SeqLen, unknown),
+		cmp.Or(m.GetPrecision(), unknown), plural.N(r.GetGpus(), "GPU"), plural.N(r.GetNodes(), "node"))
+}
+
+// optInt is *v, or unknown when v is nil.
+func optInt(v *int64, unknown string) string {
+	if v == nil {
+		return unknown
+	}
+	return fmt.Sprint(*v)
 }
 
 func runIDs(runs []Run) []string {

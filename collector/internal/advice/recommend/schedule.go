@@ -50,8 +50,7 @@ type scheduleObjective struct {
 func (o scheduleObjective) perRun(start time.Time, d time.Duration, watts float64) float64 {
 	var v float64
 	o.schedule.Split(start, start.Add(d), watts*d.Seconds(), func(band string, j float64) {
-		p, _ := o.schedule.Price(band)
-		v += j / 3.6e6 * p
+		v += j / 3.6e6 * o.schedule.Bands[band]
 	})
 	return v
 }
@@ -97,7 +96,7 @@ type scheduleChoice struct {
 	start    time.Time
 	base     float64 // the objective at the template's actual start
 	best     float64
-	fraction float64
+	fraction float64 // 1 − best ÷ base
 }
 
 func scheduleModel(model string, group []Run, in ScheduleInputs, pue float64) []*trainmeterv1.Recommendation {

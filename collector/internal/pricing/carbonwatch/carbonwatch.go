@@ -17,6 +17,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,16 +54,12 @@ type Config struct {
 	// BaseURL of the API ("" = no live source; "default" is not a value:
 	// give DefaultBaseURL).
 	BaseURL string
-	// Token is sent in the auth-token header ("" = none).
-	Token string
-	// Zones are fetched, each on its own.
-	Zones []string
+	Token   string   // sent in the auth-token header ("" = none)
+	Zones   []string // fetched each on its own
 	// Interval between fetches (the first at Start); 0: DefaultInterval.
 	Interval time.Duration
-	// Carry: see DefaultCarry; 0: DefaultCarry.
-	Carry time.Duration
-	// Client; nil: one with a 30 s timeout.
-	Client *http.Client
+	Carry    time.Duration // 0: DefaultCarry
+	Client   *http.Client  // nil: one with a 30 s timeout
 	// Clock of the schedule and the retry backoff; nil: the wall clock.
 	Clock clock.Clock
 }
@@ -113,14 +110,12 @@ type Stats struct {
 	Failures int `json:"failures"`
 	// Skipped counts entries of otherwise good answers left out: another
 	// zone, no or a bad intensity, a bad datetime.
-	Skipped int `json:"skipped"`
-	// LastError is the latest fetch's error ("" after a success).
-	LastError string `json:"last_error"`
-	// Zones: per zone, the hours known and the newest.
-	Zones map[string]ZoneStats `json:"zones"`
+	Skipped   int                  `json:"skipped"`
+	LastError string               `json:"last_error"` // "" after a success
+	Zones     map[string]ZoneStats `json:"zones"`
 }
 
-// ZoneStats is what is known of one zone.
+// ZoneStats is what is known of one zone: its hours and the newest.
 type ZoneStats struct {
 	Hours  int       `json:"hours"`
 	Newest time.Time `json:"newest"`
@@ -173,10 +168,8 @@ func (w *Watcher) Stats() Stats {
 	st.Zones = map[string]ZoneStats{}
 	for _, z := range w.cfg.Zones {
 		zs := ZoneStats{Hours: len(w.hours[z])}
-		for h := range w.hours[z] {
-			if t := time.Unix(h, 0).UTC(); t.After(zs.Newest) {
-				zs.Newest = t
-			}
+		if zs.Hours > 0 {
+			zs.Newest = time.Unix(slices.Max(slices.Collect(maps.Keys(w.hours[z]))), 0).UTC()
 		}
 		st.Zones[z] = zs
 	}
@@ -242,19 +235,14 @@ func (w *Watcher) get(ctx context.Context, path, zone string) ([]point, int, err
 	var pts []point
 	var skipped int
 	err := httpretry.Do(ctx, u, httpretry.Policy{Attempts: maxAttempts, MaxBackoff: maxBackoff, MaxRetryAfter: maxBackoff, Sleep: w.sleepFn},
-		func(ctx context.Context) (time.Duration, bool, error) {
-			var retryAfter time.Duration
-			var err error
+		func(ctx context.Context) (retryAfter time.Duration, retryable bool, err error) {
 			pts, skipped, retryAfter, err = w.getOnce(ctx, u, zone)
 			var he *httpretry.HTTPError
 			var bad *BadAnswerError
-			retryable := (!errors.As(err, &he) || he.Status == http.StatusTooManyRequests || he.Status >= 500) && !errors.As(err, &bad)
+			retryable = (!errors.As(err, &he) || he.Status == http.StatusTooManyRequests || he.Status >= 500) && !errors.As(err, &bad)
 			return retryAfter, retryable, err
 		})
-	if err != nil {
-		return nil, 0, err
-	}
-	return pts, skipped, nil
+	return pts, skipped, err // getOnce gives no points with an error
 }
 
 // BadAnswerError: the API answered 2xx with something that is not its

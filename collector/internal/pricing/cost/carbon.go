@@ -33,7 +33,6 @@ type CarbonSource interface {
 // the next (a live source first, the file for the hours it lacks).
 type CarbonChain []CarbonSource
 
-// SplitCarbon implements CarbonSource.
 func (c CarbonChain) SplitCarbon(zone string, start, end time.Time, joules float64,
 	add func(float64, string, float64), missing func(time.Time, time.Time, float64)) {
 	if len(c) == 0 {
@@ -235,11 +234,9 @@ func (c Config) BookCarbon(node string, start, end time.Time, joules float64, ad
 // CarbonBand is the part of a run's facility energy consumed at one
 // intensity in one zone, and its CO2.
 type CarbonBand struct {
-	Zone    string
-	Source  string
-	KWh     float64 // facility energy (GPU energy × PUE)
-	GPerKWh float64
-	Kg      float64
+	Zone, Source string
+	KWh          float64 // facility energy (GPU energy × PUE)
+	GPerKWh, Kg  float64
 }
 
 // CO2 is a run's CO2: each part of its energy booked at ingest (byBand,
@@ -316,11 +313,8 @@ func CO2Summary(bands []CarbonBand) (gPerKWh float64, source, zone string) {
 	if kwh > 0 {
 		gPerKWh = kg * 1000 / kwh
 	}
-	best := -1.0
-	for _, z := range slices.Sorted(maps.Keys(byZone)) {
-		if byZone[z] > best {
-			zone, best = z, byZone[z]
-		}
+	if len(byZone) > 0 { // the first zone of the most energy, in name order
+		zone = slices.MaxFunc(slices.Sorted(maps.Keys(byZone)), func(a, b string) int { return cmp.Compare(byZone[a], byZone[b]) })
 	}
 	return gPerKWh, source, zone
 }

@@ -57,13 +57,10 @@ const PriorityLabel = "priority"
 type Config struct {
 	// GPUPricePerHour is the last-resort $/GPU-hour for runs whose price
 	// comes from neither run_start, nor the node, nor the catalog.
-	GPUPricePerHour float64
-	// NodeGPUPricePerHour is the configured $/GPU-hour per node name.
-	NodeGPUPricePerHour map[string]float64
-	// Catalog gives the current price of a GPU model; nil = none.
-	Catalog PriceCatalog
-	// EnergyPricePerKWh is a flat tariff; ignored when Tariff is set.
-	EnergyPricePerKWh float64
+	GPUPricePerHour     float64
+	NodeGPUPricePerHour map[string]float64 // $/GPU-hour per node name
+	Catalog             PriceCatalog       // a GPU model's current price; nil = none
+	EnergyPricePerKWh   float64            // a flat tariff; ignored when Tariff is set
 	// Tariff is a time-of-use tariff (energy is booked per band at ingest).
 	Tariff *Tariff
 	// EnergyIncluded: the GPU price includes power (cloud rentals), so
@@ -84,8 +81,7 @@ type Config struct {
 	// CarbonLive: Carbon includes a live source, which can answer for any
 	// zone (without one, a zone must be in the file).
 	CarbonLive bool
-	// Owned prices owned GPUs from their purchase (amortized); nil: none.
-	Owned *OwnedHardware
+	Owned      *OwnedHardware // prices owned GPUs from their purchase; nil: none
 	// PUE multiplies the measured GPU energy into the facility energy that
 	// is priced and turned into CO2; 0 means 1 (no overhead).
 	PUE float64
@@ -192,10 +188,8 @@ func (c Config) PriorityMultiplier(labels map[string]string) float64 {
 
 // BandCost is the energy of one tariff band and its price.
 type BandCost struct {
-	Band      string
-	KWh       float64
-	USDPerKWh float64
-	USD       float64
+	Band                string
+	KWh, USDPerKWh, USD float64
 }
 
 // EnergyCost prices a run's energy. byBand is the energy (J) booked per
@@ -206,13 +200,7 @@ type BandCost struct {
 func (c Config) EnergyCost(byBand map[string]float64, totalJ float64) (usd float64, bands []BandCost, ok bool) {
 	// The facility draws PUE × what the GPUs drew: that is what is billed.
 	pue := c.EffectivePUE()
-	if pue != 1 {
-		scaled := make(map[string]float64, len(byBand))
-		for b, j := range byBand {
-			scaled[b] = j * pue
-		}
-		byBand, totalJ = scaled, totalJ*pue
-	}
+	totalJ *= pue
 	switch {
 	case c.EnergyIncluded:
 		return 0, nil, true
@@ -222,8 +210,8 @@ func (c Config) EnergyCost(byBand map[string]float64, totalJ float64) (usd float
 		booked := 0.0
 		for b, j := range byBand {
 			if _, known := t.Bands[b]; known {
-				perBand[b] += j
-				booked += j
+				perBand[b] += j * pue
+				booked += j * pue
 			}
 		}
 		if rest := totalJ - booked; rest > 1e-9*math.Max(1, totalJ) {

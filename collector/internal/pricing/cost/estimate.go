@@ -89,7 +89,8 @@ func (c Config) Estimate(history []*trainmeterv1.RunReport, req EstimateRequest)
 		names[r.GetGpuName()] = true
 	}
 	est.MeasuredOn = strings.Join(slices.Sorted(maps.Keys(names)), ", ")
-	est.Gpus = cmp.Or(req.GPUs, uint32(math.Round(median(gpus))))
+	_, midGPUs, _ := bandOf(gpus)
+	est.Gpus = cmp.Or(req.GPUs, uint32(math.Round(midGPUs)))
 	n := float64(req.Tokens)
 	// The fastest run gives the fewest GPU-hours.
 	lo, mid, hi := bandOf(tpgs)
@@ -104,20 +105,13 @@ func (c Config) Estimate(history []*trainmeterv1.RunReport, req EstimateRequest)
 	if priced {
 		est.GpuPricePerHour = &price
 	}
-	energyPriced := false
-	energyUSD := func(kwh float64) float64 {
-		usd, _, ok := c.EnergyCost(nil, kwh*3.6e6)
-		energyPriced = ok
-		return usd
-	}
-	cost := func(gpuH, kwh float64) float64 { return gpuH*price + energyUSD(kwh) }
-	costs := &trainmeterv1.Range{
-		Low:  cost(est.GpuHours.Low, est.EnergyKwh.Low),
-		Mid:  cost(est.GpuHours.Mid, est.EnergyKwh.Mid),
-		High: cost(est.GpuHours.High, est.EnergyKwh.High),
-	}
-	if priced || energyPriced {
-		est.CostUsd = costs
+	if _, _, energyPriced := c.EnergyCost(nil, 0); priced || energyPriced {
+		cost := func(gpuH, kwh float64) float64 {
+			usd, _, _ := c.EnergyCost(nil, kwh*3.6e6)
+			return gpuH*price + usd
+		}
+		est.CostUsd = &trainmeterv1.Range{Low: cost(est.GpuHours.Low, est.EnergyKwh.Low),
+			Mid: cost(est.GpuHours.Mid, est.EnergyKwh.Mid), High: cost(est.GpuHours.High, est.EnergyKwh.High)}
 	}
 
 	if !est.SameGpu {
@@ -163,14 +157,6 @@ func (c Config) estimatePrice(runs []*trainmeterv1.RunReport, gpu string) (float
 
 // bandOf is the min, median and max of xs (not empty).
 func bandOf(xs []float64) (lo, mid, hi float64) {
-	return slices.Min(xs), median(xs), slices.Max(xs)
-}
-
-func median(xs []float64) float64 {
 	s := slices.Sorted(slices.Values(xs))
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
+	return s[0], prices.Median(s), s[len(s)-1]
 }

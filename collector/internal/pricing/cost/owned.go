@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"os"
 	"slices"
 	"strings"
 
@@ -130,15 +129,7 @@ func ParseOwnedHardware(b []byte) (*OwnedHardware, error) {
 
 // LoadOwnedHardware reads and validates an owned hardware file (YAML).
 func LoadOwnedHardware(path string) (*OwnedHardware, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("owned hardware: %w", err)
-	}
-	o, err := ParseOwnedHardware(b)
-	if err != nil {
-		return nil, fmt.Errorf("owned hardware %s: %w", path, err)
-	}
-	return o, nil
+	return loadYAML[OwnedHardware](path, "owned hardware", ErrEmptyOwnedHardware)
 }
 
 // finiteOr1 is v, or 1 when v is unset.

@@ -36,28 +36,25 @@ var PeakTable = []GPUPeak{
 	{[]string{"RTX 4090"}, "GeForce RTX 4090", 165, 82.6, 82.6},
 }
 
-var peaks struct {
-	once  sync.Once
-	match *prices.Matcher
-	entry []int // PeakTable index of each matcher name
-}
+// peakMatcher matches PeakTable's names; entry is the PeakTable index of each.
+var peakMatcher = sync.OnceValues(func() (match *prices.Matcher, entry []int) {
+	var names []string
+	for i, p := range PeakTable {
+		for _, n := range p.Names {
+			names = append(names, n)
+			entry = append(entry, i)
+		}
+	}
+	return prices.NewMatcher(names), entry
+})
 
 func peakFor(gpuName string) (GPUPeak, bool) {
-	peaks.once.Do(func() {
-		var names []string
-		for i, p := range PeakTable {
-			for _, n := range p.Names {
-				names = append(names, n)
-				peaks.entry = append(peaks.entry, i)
-			}
-		}
-		peaks.match = prices.NewMatcher(names)
-	})
-	i, ok := peaks.match.Match(gpuName)
+	match, entry := peakMatcher()
+	i, ok := match.Match(gpuName)
 	if !ok {
 		return GPUPeak{}, false
 	}
-	return PeakTable[peaks.entry[i]], true
+	return PeakTable[entry[i]], true
 }
 
 // PeakTFLOPS is the peak of one GPU named gpuName at precision (the run's

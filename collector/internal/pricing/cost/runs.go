@@ -1,7 +1,10 @@
 package cost
 
 import (
-	"sort"
+	"cmp"
+	"maps"
+	"slices"
+	"strings"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -106,26 +109,17 @@ func Models(reports []*trainmeterv1.RunReport) []ModelROI {
 	for _, r := range reports {
 		byModel[r.GetMetadata().GetModel()] = append(byModel[r.GetMetadata().GetModel()], r)
 	}
-	names := make([]string, 0, len(byModel))
-	for n := range byModel {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	out := make([]ModelROI, 0, len(names))
-	for _, n := range names {
+	out := make([]ModelROI, 0, len(byModel))
+	for _, n := range slices.Sorted(maps.Keys(byModel)) {
 		out = append(out, modelROI(n, byModel[n]))
 	}
 	return out
 }
 
 func modelROI(model string, runs []*trainmeterv1.RunReport) ModelROI {
-	runs = append([]*trainmeterv1.RunReport(nil), runs...)
-	sort.SliceStable(runs, func(i, j int) bool {
-		a, b := runs[i].GetStart().AsTime(), runs[j].GetStart().AsTime()
-		if !a.Equal(b) {
-			return a.Before(b)
-		}
-		return runs[i].GetRunId() < runs[j].GetRunId()
+	runs = slices.Clone(runs)
+	slices.SortStableFunc(runs, func(a, b *trainmeterv1.RunReport) int {
+		return cmp.Or(a.GetStart().AsTime().Compare(b.GetStart().AsTime()), strings.Compare(a.GetRunId(), b.GetRunId()))
 	})
 	m := ModelROI{Model: model, Runs: len(runs)}
 	var tokens uint64

@@ -223,12 +223,6 @@ func (t *Tariff) BandAt(at time.Time) string {
 	return t.Default
 }
 
-// Price returns the $/kWh of band.
-func (t *Tariff) Price(band string) (float64, bool) {
-	p, ok := t.Bands[band]
-	return p, ok
-}
-
 // Split books joules consumed uniformly over [start, end) to the bands in
 // force, proportionally to the time spent in each: add is called once per
 // contiguous stretch of one band. A window with end <= start is booked
@@ -242,10 +236,8 @@ func (t *Tariff) Split(start, end time.Time, joules float64, add func(band strin
 		return
 	}
 	total := end.Sub(start).Seconds()
-	cur := start
-	band := t.BandAt(cur)
-	segStart := cur
-	for cur.Before(end) {
+	band, segStart := t.BandAt(start), start
+	for cur := start; cur.Before(end); {
 		next := t.nextEdge(cur)
 		if !next.After(cur) { // cannot happen; never loop forever
 			next = cur.Add(time.Minute)

@@ -19,11 +19,9 @@ const DefaultAzureURL = "https://prices.azure.com"
 type AzureGPUSize struct {
 	// GPUName is the GPU model, named so that CanonicalGPUName groups it
 	// with the other providers' offers of that model.
-	GPUName string
-	// GPUs is how many whole GPUs the size has.
-	GPUs int
-	// GPURAMGB is one GPU's memory.
-	GPURAMGB float64
+	GPUName  string
+	GPUs     int     // whole GPUs
+	GPURAMGB float64 // of one GPU
 }
 
 // AzureGPUSizes maps the armSkuName of Azure's GPU VM sizes (NC, ND and NV
@@ -65,16 +63,12 @@ var AzureGPUSizes = map[string]AzureGPUSize{
 // "Low Priority" is spot. The offer is the VM's retailPrice for all its
 // GPUs, in its armRegionName.
 type Azure struct {
-	// BaseURL of the API (DefaultAzureURL if empty).
-	BaseURL string
-	// Regions, if set, keeps to these armRegionNames ("eastus").
-	Regions []string
-	// MaxPages bounds the pages followed; 0: 1000.
-	MaxPages int
+	BaseURL  string   // DefaultAzureURL if empty
+	Regions  []string // if set, keeps to these armRegionNames ("eastus")
+	MaxPages int      // bounds the pages followed; 0: 1000
 	HTTPOptions
 }
 
-// Name implements Provider.
 func (*Azure) Name() string { return "azure" }
 
 // AzureFilter is the OData $filter the provider sends: Consumption prices
@@ -96,7 +90,6 @@ func AzureFilter(regions []string) string {
 	return f
 }
 
-// FetchOffers implements Provider.
 func (a *Azure) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 	base := cmp.Or(strings.TrimRight(a.BaseURL, "/"), DefaultAzureURL)
 	baseURL, err := url.Parse(base)
@@ -104,10 +97,7 @@ func (a *Azure) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 		return nil, 0, fmt.Errorf("Azure retail prices: base URL %q: %w", base, err)
 	}
 	next := base + "/api/retail/prices?currencyCode=" + url.QueryEscape("'USD'") + "&$filter=" + url.QueryEscape(AzureFilter(a.Regions))
-	maxPages := a.MaxPages
-	if maxPages <= 0 {
-		maxPages = 1000
-	}
+	maxPages := cmp.Or(a.MaxPages, 1000)
 	var offers []Offer
 	skipped := 0
 	seen := map[string]bool{}
@@ -159,13 +149,13 @@ func sameOrigin(a, b *url.URL) bool {
 }
 
 type azureItem struct {
-	ArmSkuName    string   `json:"armSkuName"`
-	ArmRegionName string   `json:"armRegionName"`
-	RetailPrice   *float64 `json:"retailPrice"`
-	UnitOfMeasure string   `json:"unitOfMeasure"`
-	SkuName       string   `json:"skuName"`
-	ProductName   string   `json:"productName"`
-	Type          string   `json:"type"`
+	ArmSkuName    string  `json:"armSkuName"`
+	ArmRegionName string  `json:"armRegionName"`
+	RetailPrice   float64 `json:"retailPrice"` // null: 0, not priced
+	UnitOfMeasure string  `json:"unitOfMeasure"`
+	SkuName       string  `json:"skuName"`
+	ProductName   string  `json:"productName"`
+	Type          string  `json:"type"`
 }
 
 // ParseAzureRetailPage decodes one page of Azure's retail prices answer
@@ -177,7 +167,7 @@ type azureItem struct {
 func ParseAzureRetailPage(body []byte, provider string) (offers []Offer, skipped int, next string, err error) {
 	var doc struct {
 		Items        *[]json.RawMessage `json:"Items"`
-		NextPageLink *string            `json:"NextPageLink"`
+		NextPageLink string             `json:"NextPageLink"` // null on the last page
 	}
 	if err := json.Unmarshal(body, &doc); err != nil {
 		return nil, 0, "", fmt.Errorf("Azure retail prices: %w", err)
@@ -196,12 +186,8 @@ func ParseAzureRetailPage(body []byte, provider string) (offers []Offer, skipped
 			continue
 		}
 		spot := strings.Contains(it.SkuName, "Spot") || strings.Contains(it.SkuName, "Low Priority")
-		price := 0.0
-		if it.RetailPrice != nil {
-			price = *it.RetailPrice
-		}
 		o := Offer{ID: it.ArmSkuName + "@" + it.ArmRegionName, Provider: provider, GPUName: size.GPUName, NumGPUs: size.GPUs,
-			GPURAMGB: size.GPURAMGB, USDPerHour: price, Location: it.ArmRegionName, Spot: spot}
+			GPURAMGB: size.GPURAMGB, USDPerHour: it.RetailPrice, Location: it.ArmRegionName, Spot: spot}
 		switch {
 		case strings.Contains(it.SkuName, "Low Priority"):
 			o.ID += " low priority"
@@ -214,8 +200,5 @@ func ParseAzureRetailPage(body []byte, provider string) (offers []Offer, skipped
 		}
 		offers = append(offers, o)
 	}
-	if doc.NextPageLink != nil {
-		next = strings.TrimSpace(*doc.NextPageLink)
-	}
-	return offers, skipped, next, nil
+	return offers, skipped, strings.TrimSpace(doc.NextPageLink), nil
 }

@@ -24,7 +24,6 @@ type File struct {
 	Path string
 }
 
-// Name implements Provider.
 func (*File) Name() string { return "file" }
 
 // FetchOffers implements Provider; a list skips nothing (a row that
@@ -77,15 +76,13 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 	if _, ok := col["gpu_name"]; !ok {
 		return nil, fmt.Errorf("CSV header %q has no gpu_name column", strings.Join(header, ","))
 	}
-	priceCol, perGPU := "", false
-	for _, c := range []string{"dph_total", "usd_per_hour"} {
+	priceCol := ""
+	for _, c := range []string{"dph_total", "usd_per_hour", "usd_per_gpu_hour"} {
 		if _, ok := col[c]; ok && priceCol == "" {
 			priceCol = c
 		}
 	}
-	if _, ok := col["usd_per_gpu_hour"]; ok && priceCol == "" {
-		priceCol, perGPU = "usd_per_gpu_hour", true
-	}
+	perGPU := priceCol == "usd_per_gpu_hour"
 	if priceCol == "" {
 		return nil, fmt.Errorf("CSV header %q has no price column (dph_total, usd_per_hour or usd_per_gpu_hour)", strings.Join(header, ","))
 	}
@@ -115,8 +112,8 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 			}
 			return v, nil
 		}
-		o := Offer{ID: get("id"), Provider: get("provider"), GPUName: get("gpu_name"), Location: get("geolocation")}
-		o.Location = cmp.Or(o.Location, get("region"))
+		o := Offer{ID: cmp.Or(get("id"), fmt.Sprintf("line-%d", line)), Provider: cmp.Or(get("provider"), provider), GPUName: get("gpu_name"),
+			Location: cmp.Or(get("geolocation"), get("region"))}
 		switch strings.ToLower(get("spot")) {
 		case "", "false", "0", "no", "on-demand":
 		case "true", "1", "yes", "spot":
@@ -124,8 +121,6 @@ func parseCSV(b []byte, provider string) ([]Offer, error) {
 		default:
 			return nil, fmt.Errorf("line %d: spot %q: want true or false", line, get("spot"))
 		}
-		o.Provider = cmp.Or(o.Provider, provider)
-		o.ID = cmp.Or(o.ID, fmt.Sprintf("line-%d", line))
 		var n, price, ram, rel float64
 		if n, err = num("num_gpus", 1); err != nil {
 			return nil, err

@@ -21,12 +21,9 @@ import (
 // retried on HTTP 429 and 5xx with capped exponential backoff and jitter,
 // waiting at least what Retry-After says (up to MaxRetryAfter).
 type HTTPOptions struct {
-	// Client is the HTTP client (a 30 s timeout one if nil).
-	Client *http.Client
-	// MaxAttempts on HTTP 429 and 5xx; 0: 5.
-	MaxAttempts int
-	// MaxBackoff caps the exponential backoff between attempts; 0: 60 s.
-	MaxBackoff time.Duration
+	Client      *http.Client  // a 30 s timeout one if nil
+	MaxAttempts int           // on HTTP 429 and 5xx; 0: 5
+	MaxBackoff  time.Duration // caps the backoff between attempts; 0: 60 s
 	// MaxRetryAfter caps the wait a Retry-After header asks for (a rate
 	// limit often asks for minutes); 0: DefaultMaxRetryAfter.
 	MaxRetryAfter time.Duration
@@ -51,16 +48,8 @@ type HTTPError = httpretry.HTTPError
 // provider in errors.
 func (o HTTPOptions) get(ctx context.Context, what, method, u, apiKey string, body []byte) ([]byte, error) {
 	client := cmp.Or(o.Client, &http.Client{Timeout: 30 * time.Second})
-	p := httpretry.Policy{Attempts: o.MaxAttempts, MaxBackoff: o.MaxBackoff, MaxRetryAfter: o.MaxRetryAfter, Sleep: o.Sleep}
-	if p.Attempts <= 0 {
-		p.Attempts = 5
-	}
-	if p.MaxBackoff <= 0 {
-		p.MaxBackoff = time.Minute
-	}
-	if p.MaxRetryAfter <= 0 {
-		p.MaxRetryAfter = DefaultMaxRetryAfter
-	}
+	p := httpretry.Policy{Attempts: cmp.Or(o.MaxAttempts, 5), MaxBackoff: cmp.Or(o.MaxBackoff, time.Minute),
+		MaxRetryAfter: cmp.Or(o.MaxRetryAfter, DefaultMaxRetryAfter), Sleep: o.Sleep}
 	if p.Sleep == nil {
 		p.Sleep = sleepCtx
 	}
@@ -82,10 +71,7 @@ func (o HTTPOptions) get(ctx context.Context, what, method, u, apiKey string, bo
 		var he *HTTPError
 		return retryAfter, errors.As(err, &he) && (he.Status == http.StatusTooManyRequests || he.Status >= 500), err
 	})
-	if err != nil {
-		return nil, err
-	}
-	return answer, nil
+	return answer, err // once gives no body with an error
 }
 
 func once(client *http.Client, req *http.Request) ([]byte, time.Duration, error) {

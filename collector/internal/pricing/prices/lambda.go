@@ -24,17 +24,13 @@ const DefaultLambdaURL = "https://cloud.lambda.ai"
 // is that divided by specs.gpus. The GPU model is gpu_description ("H100
 // (80 GB SXM5)"), else description without its "8x " count.
 type Lambda struct {
-	// BaseURL of the API (DefaultLambdaURL if empty).
-	BaseURL string
-	// APIKey is sent as a Bearer token (Lambda's API needs one).
-	APIKey string
+	BaseURL string // DefaultLambdaURL if empty
+	APIKey  string // sent as a Bearer token (Lambda's API needs one)
 	HTTPOptions
 }
 
-// Name implements Provider.
 func (*Lambda) Name() string { return "lambda" }
 
-// FetchOffers implements Provider.
 func (l *Lambda) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 	base := cmp.Or(strings.TrimRight(l.BaseURL, "/"), DefaultLambdaURL)
 	body, err := l.get(ctx, "Lambda instance types from "+base, http.MethodGet, base+"/api/v1/instance-types", l.APIKey, nil)
@@ -46,10 +42,10 @@ func (l *Lambda) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 
 type lambdaInstanceType struct {
 	InstanceType struct {
-		Name              string   `json:"name"`
-		Description       string   `json:"description"`
-		GPUDescription    string   `json:"gpu_description"`
-		PriceCentsPerHour *float64 `json:"price_cents_per_hour"`
+		Name              string  `json:"name"`
+		Description       string  `json:"description"`
+		GPUDescription    string  `json:"gpu_description"`
+		PriceCentsPerHour float64 `json:"price_cents_per_hour"` // null: 0, not priced
 		Specs             struct {
 			GPUs float64 `json:"gpus"`
 		} `json:"specs"`
@@ -86,12 +82,8 @@ func ParseLambdaInstanceTypes(body []byte, provider string) (offers []Offer, ski
 		if g := t.Specs.GPUs; g == math.Trunc(g) && g >= 1 && g <= math.MaxInt32 {
 			n = int(g)
 		}
-		price := 0.0
-		if t.PriceCentsPerHour != nil {
-			price = *t.PriceCentsPerHour / 100
-		}
 		name := cmp.Or(t.Name, k)
-		o := Offer{ID: name, Provider: provider, GPUName: gpu, NumGPUs: n, USDPerHour: price, GPURAMGB: float64(ParseGPUModel(gpu).MemGB)}
+		o := Offer{ID: name, Provider: provider, GPUName: gpu, NumGPUs: n, USDPerHour: t.PriceCentsPerHour / 100, GPURAMGB: float64(ParseGPUModel(gpu).MemGB)}
 		if o.Validate() != nil {
 			skipped++
 			continue

@@ -95,10 +95,8 @@ type GPUModel struct {
 	// Tokens of the model, sorted (vendor words, memory and form factor
 	// removed).
 	Tokens []string
-	// Form is the stated form factor: "sxm", "pcie", "nvl", or "" (none).
-	Form string
-	// MemGB is the stated memory size in GB; 0 if none.
-	MemGB int
+	Form   string // the stated form factor: "sxm", "pcie", "nvl", or "" (none)
+	MemGB  int    // the stated memory size in GB; 0 if none
 }
 
 var (

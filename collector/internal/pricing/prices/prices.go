@@ -98,8 +98,7 @@ func Key(gpuName string) string {
 // CheapestOffer are the on-demand offers' (the price a run is charged and
 // alerts follow), the Spot fields the interruptible offers'.
 type ModelPrice struct {
-	// GPUName is the model's canonical name (CanonicalGPUName).
-	GPUName string `json:"gpu_name"`
+	GPUName string `json:"gpu_name"` // CanonicalGPUName
 	// Cheapest and Median per-GPU $/h over the model's on-demand offers
 	// (0 when it has none).
 	Cheapest float64 `json:"cheapest"`
@@ -141,7 +140,7 @@ func stats(sorted []Offer) (cheapest, med float64) {
 	for i, o := range sorted {
 		ps[i] = o.PerGPUHour()
 	}
-	return ps[0], median(ps)
+	return ps[0], Median(ps)
 }
 
 // ByModel groups valid offers by GPU model (ModelKey); invalid offers are
@@ -192,8 +191,8 @@ func ByModel(offers []Offer) map[string]ModelPrice {
 	return out
 }
 
-// median of sorted values (not empty).
-func median(sorted []float64) float64 {
+// Median of sorted values (not empty).
+func Median(sorted []float64) float64 {
 	n := len(sorted)
 	if n%2 == 1 {
 		return sorted[n/2]
@@ -331,8 +330,7 @@ const (
 
 // Change is the verdict on one new point.
 type Change struct {
-	// State is normal, drop or surge.
-	State string
+	State string // normal, drop or surge
 	// Reference is the trailing average, Change = point/Reference − 1.
 	Reference, Change float64
 	// Fire: State is drop or surge and differs from the previous state.

@@ -25,17 +25,13 @@ const RunPodQuery = `query { gpuTypes { id displayName memoryInGb securePrice co
 // communitySpotPrice), those with a price > 0. A GPU type whose
 // lowestPrice.stockStatus is empty or null is out of stock and gives none.
 type RunPod struct {
-	// URL of the GraphQL endpoint (DefaultRunPodURL if empty).
-	URL string
-	// APIKey is sent as a Bearer token (HTTPOptions.get).
-	APIKey string
+	URL    string // of the GraphQL endpoint; DefaultRunPodURL if empty
+	APIKey string // sent as a Bearer token
 	HTTPOptions
 }
 
-// Name implements Provider.
 func (*RunPod) Name() string { return "runpod" }
 
-// FetchOffers implements Provider.
 func (r *RunPod) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 	u := cmp.Or(r.URL, DefaultRunPodURL)
 	q, _ := json.Marshal(map[string]string{"query": RunPodQuery})
@@ -47,15 +43,16 @@ func (r *RunPod) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 }
 
 type runpodGPUType struct {
-	ID                 string   `json:"id"`
-	DisplayName        string   `json:"displayName"`
-	MemoryInGb         float64  `json:"memoryInGb"`
-	SecurePrice        *float64 `json:"securePrice"`
-	CommunityPrice     *float64 `json:"communityPrice"`
-	SecureSpotPrice    *float64 `json:"secureSpotPrice"`
-	CommunitySpotPrice *float64 `json:"communitySpotPrice"`
-	LowestPrice        *struct {
-		StockStatus *string `json:"stockStatus"`
+	ID          string  `json:"id"`
+	DisplayName string  `json:"displayName"`
+	MemoryInGb  float64 `json:"memoryInGb"`
+	// A price that is null or 0: not offered in that cloud.
+	SecurePrice        float64 `json:"securePrice"`
+	CommunityPrice     float64 `json:"communityPrice"`
+	SecureSpotPrice    float64 `json:"secureSpotPrice"`
+	CommunitySpotPrice float64 `json:"communitySpotPrice"`
+	LowestPrice        struct {
+		StockStatus string `json:"stockStatus"`
 	} `json:"lowestPrice"`
 }
 
@@ -85,6 +82,7 @@ func ParseRunPodGPUTypes(body []byte, provider string) (offers []Offer, skipped 
 	if doc.Data == nil || doc.Data.GPUTypes == nil {
 		return nil, 0, errors.New("RunPod GPU types: no data.gpuTypes array")
 	}
+types:
 	for _, raw := range *doc.Data.GPUTypes {
 		var g runpodGPUType
 		if err := json.Unmarshal(raw, &g); err != nil {
@@ -94,33 +92,25 @@ func ParseRunPodGPUTypes(body []byte, provider string) (offers []Offer, skipped 
 		name := cmp.Or(strings.TrimSpace(g.DisplayName), strings.TrimSpace(g.ID))
 		id := cmp.Or(g.ID, name)
 		var these []Offer
-		bad := false
 		for _, p := range []struct {
-			price *float64
-			cloud string
+			price float64
+			kind  string
 			spot  bool
-		}{{g.SecurePrice, "secure", false}, {g.CommunityPrice, "community", false}, {g.SecureSpotPrice, "secure", true}, {g.CommunitySpotPrice, "community", true}} {
-			if p.price == nil || *p.price == 0 {
-				continue // not offered in that cloud
+		}{{g.SecurePrice, "secure", false}, {g.CommunityPrice, "community", false}, {g.SecureSpotPrice, "secure spot", true}, {g.CommunitySpotPrice, "community spot", true}} {
+			if p.price == 0 {
+				continue
 			}
-			o := Offer{ID: id + " " + p.cloud, Provider: provider, GPUName: name, NumGPUs: 1, GPURAMGB: g.MemoryInGb, USDPerHour: *p.price, Spot: p.spot}
-			if p.spot {
-				o.ID += " spot"
-			}
+			o := Offer{ID: id + " " + p.kind, Provider: provider, GPUName: name, NumGPUs: 1, GPURAMGB: g.MemoryInGb, USDPerHour: p.price, Spot: p.spot}
 			if o.Validate() != nil {
-				bad = true
-				break
+				skipped++
+				continue types
 			}
 			these = append(these, o)
-		}
-		if bad {
-			skipped++
-			continue
 		}
 		if len(these) == 0 {
 			continue // a type no cloud offers
 		}
-		if g.LowestPrice == nil || g.LowestPrice.StockStatus == nil || strings.TrimSpace(*g.LowestPrice.StockStatus) == "" {
+		if strings.TrimSpace(g.LowestPrice.StockStatus) == "" {
 			continue // out of stock: not rentable now
 		}
 		offers = append(offers, these...)

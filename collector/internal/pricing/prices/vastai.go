@@ -24,20 +24,17 @@ const DefaultVastAIURL = "https://console.vast.ai"
 // reliability2 or reliability, dlperf_per_dphtotal, inet_down,
 // geolocation, id).
 type VastAI struct {
-	// BaseURL of the API (DefaultVastAIURL if empty).
-	BaseURL string
+	BaseURL string // DefaultVastAIURL if empty
 	// APIKey, if set, is sent as "Authorization: Bearer KEY" (the offer
 	// search also works without one).
 	APIKey string
-	// Query is the JSON search query; empty: rentable on-demand offers.
-	Query string
+	Query  string // the JSON search query; empty: DefaultVastAIQuery
 	HTTPOptions
 }
 
 // DefaultVastAIQuery asks for rentable on-demand offers.
 const DefaultVastAIQuery = `{"rentable":{"eq":true},"rented":{"eq":false},"type":"on-demand","limit":1000}`
 
-// Name implements Provider.
 func (*VastAI) Name() string { return "vastai" }
 
 // vastOffer has the fields of a vast.ai offer that we read.
@@ -105,7 +102,6 @@ func ParseVastAIOffers(r io.Reader, provider string) (offers []Offer, skipped in
 	return offers, skipped, nil
 }
 
-// FetchOffers implements Provider.
 func (v *VastAI) FetchOffers(ctx context.Context) ([]Offer, int, error) {
 	base := cmp.Or(strings.TrimRight(v.BaseURL, "/"), DefaultVastAIURL)
 	q := cmp.Or(v.Query, DefaultVastAIQuery)

@@ -51,8 +51,7 @@ type Config struct {
 	// Interval between scheduled fetches (the first at Start); 0: no
 	// schedule (fetch on demand).
 	Interval time.Duration
-	// Clock; nil: the wall clock.
-	Clock clock.Clock
+	Clock    clock.Clock // nil: the wall clock
 	// MaxOfferAge: a fetched catalog whose last good answer is older is
 	// stale: still listed, but no current price; 0:
 	// DefaultMaxOfferAge(Interval).
@@ -90,7 +89,6 @@ func ValidateSchedule(interval, maxOfferAge time.Duration) error {
 	return errors.Join(errs...)
 }
 
-// point is one stored history entry.
 type point struct {
 	Time time.Time `json:"t"`
 	prices.ModelPrice
@@ -99,16 +97,11 @@ type point struct {
 // catalog is one provider's last good answer and how its latest fetch
 // went.
 type catalog struct {
-	Provider string `json:"provider"`
-	// Time of the answer the offers come from.
-	Time   time.Time      `json:"t"`
-	Offers []prices.Offer `json:"offers"`
-	// Skipped entries of that answer (could not be priced).
-	Skipped int `json:"skipped,omitempty"`
-	// Imported: recorded by `trainmeter prices import`, not fetched; kept
-	// beside the fetched providers' catalogs until an import of the same
-	// provider (or a fetch of a configured provider of that name) replaces
-	// it.
+	Provider string         `json:"provider"`
+	Time     time.Time      `json:"t"` // of the answer the offers come from
+	Offers   []prices.Offer `json:"offers"`
+	Skipped  int            `json:"skipped,omitempty"` // entries of that answer not priced
+	// Imported: recorded by `trainmeter prices import` (Import), not fetched.
 	Imported bool `json:"imported,omitempty"`
 	// LastError of the latest fetch, when it failed (the offers are then
 	// the last good answer's), and when.
@@ -131,9 +124,8 @@ func (c catalog) staleAt(now time.Time, maxAge time.Duration) bool {
 	return !exp.IsZero() && now.After(exp)
 }
 
-// snapshot is the merged catalog: every provider's.
+// snapshot is every provider's catalog, as of the latest fetch or import.
 type snapshot struct {
-	// Time of the latest fetch or import recorded.
 	Time     time.Time `json:"t"`
 	Catalogs []catalog `json:"catalogs"`
 }
@@ -149,7 +141,6 @@ func (s snapshot) currentOffers(now time.Time, maxAge time.Duration) []prices.Of
 	return out
 }
 
-// result is how the catalog stands at now.
 func (c catalog) result(now time.Time, maxAge time.Duration) ProviderResult {
 	r := ProviderResult{Provider: c.Provider, Offers: len(c.Offers), Skipped: c.Skipped, Fetched: c.Time, Err: c.LastError, Stale: c.staleAt(now, maxAge),
 		Imported: c.Imported, ErrTime: c.LastErrorTime}
@@ -168,7 +159,6 @@ func (s snapshot) catalog(provider string) (catalog, bool) {
 	return catalog{}, false
 }
 
-// Watcher fetches and keeps prices.
 type Watcher struct {
 	cfg       Config
 	providers []prices.Provider
@@ -216,6 +206,12 @@ func New(cfg Config, providers []prices.Provider, st storage.Records, rec *alert
 		}
 	}
 	return w
+}
+
+func (w *Watcher) latestSnapshot() snapshot {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.latest
 }
 
 func (w *Watcher) setLatest(s snapshot) {
@@ -282,7 +278,6 @@ func (w *Watcher) StaleWarning() string {
 	return allStaleWarning(w.cfg.MaxOfferAge)
 }
 
-// MaxOfferAge is the age past which a fetched catalog is stale.
 func (w *Watcher) MaxOfferAge() time.Duration { return w.cfg.MaxOfferAge }
 
 // maxResolved bounds the remembered GPU names (a few per cluster).
@@ -353,14 +348,12 @@ func (w *Watcher) Shutdown(ctx context.Context) error {
 	return w.schedule.Shutdown(ctx)
 }
 
-// FetchResult says what a fetch did.
+// FetchResult says what a fetch did: the offers and models current after
+// it (a failed provider's last good offers included while not stale), the
+// alerts fired, and how each provider's fetch went.
 type FetchResult struct {
-	// Offers and Models current after the fetch (every provider's, a
-	// failed provider's last good offers included while not stale);
-	// Alerts fired.
 	Offers, Models, Alerts int
-	// Providers: how each provider's fetch went.
-	Providers []ProviderResult
+	Providers              []ProviderResult
 }
 
 // ProviderResult is one provider's part of a fetch.
@@ -368,21 +361,17 @@ type ProviderResult struct {
 	Provider string
 	// Offers of the provider in the catalog now: from this fetch, or its
 	// last good one when this one failed.
-	Offers int
-	// Skipped entries of the answer that could not be priced.
-	Skipped int
-	// Fetched is when the provider's offers were fetched (zero: never).
-	Fetched time.Time
-	// Err is why this fetch failed ("" if it did not).
-	Err string
+	Offers  int
+	Skipped int       // entries of the answer that could not be priced
+	Fetched time.Time // when the offers were fetched (zero: never)
+	// Err is why this fetch failed ("" if it did not), at ErrTime.
+	Err     string
+	ErrTime time.Time
 	// Stale: the offers are older than the max offer age, so none of them
 	// is a current price; Age is theirs when the result was made.
-	Stale bool
-	Age   time.Duration
-	// Imported: the catalog came from `trainmeter prices import`.
-	Imported bool
-	// ErrTime is when Err happened.
-	ErrTime time.Time
+	Stale    bool
+	Age      time.Duration
+	Imported bool // the catalog came from `trainmeter prices import`
 }
 
 // ErrNoProvider: the collector has no price provider configured.
@@ -428,9 +417,7 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 	}
 	wg.Wait()
 	now := w.cfg.Clock.Now().UTC()
-	w.mu.Lock()
-	prev := w.latest
-	w.mu.Unlock()
+	prev := w.latestSnapshot()
 	var next snapshot
 	configured := map[string]bool{}
 	var errs []error
@@ -461,12 +448,9 @@ func (w *Watcher) Fetch(ctx context.Context) (FetchResult, error) {
 	return w.commit(ctx, next)
 }
 
-// setErrors records the failed fetch's errors on the catalogs (offers
-// unchanged).
+// setErrors records a failed fetch's errors on the catalogs.
 func (w *Watcher) setErrors(now time.Time, failed []catalog) {
-	w.mu.Lock()
-	s := w.latest
-	w.mu.Unlock()
+	s := w.latestSnapshot()
 	s.Catalogs = slices.Clone(s.Catalogs)
 	for _, f := range failed {
 		if i := slices.IndexFunc(s.Catalogs, func(c catalog) bool { return c.Provider == f.Provider }); i >= 0 {
@@ -494,11 +478,9 @@ func (w *Watcher) Status() []ProviderResult {
 		out = append(out, c.result(now, w.cfg.MaxOfferAge))
 	}
 	for _, p := range w.providers {
-		if c, ok := w.latest.catalog(p.Name()); ok {
-			add(c)
-		} else {
-			add(catalog{Provider: p.Name()})
-		}
+		c, _ := w.latest.catalog(p.Name())
+		c.Provider = p.Name() // a provider not fetched yet has no catalog
+		add(c)
 	}
 	for _, c := range w.latest.Catalogs {
 		if !seen[c.Provider] {
@@ -518,9 +500,7 @@ func (w *Watcher) Import(ctx context.Context, offers []prices.Offer) (FetchResul
 	defer w.fetchMu.Unlock()
 	now := w.cfg.Clock.Now().UTC()
 	imported := groupByProvider(offers, now)
-	w.mu.Lock()
-	prev := w.latest
-	w.mu.Unlock()
+	prev := w.latestSnapshot()
 	next := snapshot{Time: now}
 	names := map[string]bool{}
 	for i := range imported {
@@ -536,7 +516,6 @@ func (w *Watcher) Import(ctx context.Context, offers []prices.Offer) (FetchResul
 	return w.commit(ctx, next)
 }
 
-// groupByProvider makes one catalog per provider of offers.
 func groupByProvider(offers []prices.Offer, now time.Time) []catalog {
 	var out []catalog
 	idx := map[string]int{}
@@ -632,7 +611,6 @@ func (w *Watcher) fire(ctx context.Context, k string, mp prices.ModelPrice, c pr
 
 var histEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
-// histPrefix is the key prefix of model k's history.
 func histPrefix(k string) string { return histEscaper.Replace(k) + "/" }
 
 func histKey(k string, t time.Time) string {
@@ -690,46 +668,44 @@ func toPoints(h []point, provider string) []prices.Point {
 	return out
 }
 
-// CurrentPrice is the cheapest current on-demand per-GPU $/h for a GPU
-// model over every provider's catalog that is not stale, found by
-// prices.Matcher (NVML's "NVIDIA H100 80GB HBM3" is priced as "H100
-// SXM"); the cost model's PriceCatalog. Spot prices are not a run's price: a model offered only
-// as spot has none.
+// CurrentPrice is the cheapest current on-demand per-GPU $/h of gpuName's
+// model (modelKey) over every catalog not stale; the cost model's
+// PriceCatalog. Spot prices are not a run's price: a model offered only as
+// spot has none.
 func (w *Watcher) CurrentPrice(gpuName string) (float64, bool) {
+	mp, ok := w.current(gpuName)
+	return mp.Cheapest, ok
+}
+
+// current is the current prices of gpuName's model; false when it has no
+// current on-demand offer.
+func (w *Watcher) current(gpuName string) (prices.ModelPrice, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.refresh()
 	k, ok := w.modelKey(gpuName)
-	if !ok || w.byKey[k].Offers == 0 {
-		return 0, false
-	}
-	return w.byKey[k].Cheapest, true
+	return w.byKey[k], ok && w.byKey[k].Offers > 0
 }
 
 // CurrentOffer says where CurrentPrice's offer is: its provider, and its
 // region when the provider names one (recommend.OfferCatalog).
 func (w *Watcher) CurrentOffer(gpuName string) (string, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.refresh()
-	k, ok := w.modelKey(gpuName)
-	if !ok || w.byKey[k].Offers == 0 {
+	mp, ok := w.current(gpuName)
+	if !ok {
 		return "", false
 	}
-	o := w.byKey[k].CheapestOffer
+	o := mp.CheapestOffer
 	if o.Location != "" {
 		return o.Provider + ", " + o.Location, true
 	}
 	return o.Provider, true
 }
 
-// Windows are the trend windows shown.
 var Windows = []struct {
 	Name string
 	D    time.Duration
 }{{"24h", 24 * time.Hour}, {"7d", 7 * 24 * time.Hour}, {"30d", 30 * 24 * time.Hour}}
 
-// ModelView is what is shown for one GPU model.
 type ModelView struct {
 	prices.ModelPrice
 	Fetched     time.Time
@@ -768,10 +744,7 @@ func (w *Watcher) View(gpu, provider string, recommend int) ([]ModelView, error)
 				}
 			}
 			sort.Strings(have)
-			if len(have) == 0 {
-				have = []string{"none"}
-			}
-			return nil, fmt.Errorf("no offers from provider %q in the catalog (providers with offers: %s)", provider, strings.Join(have, ", "))
+			return nil, fmt.Errorf("no offers from provider %q in the catalog (providers with offers: %s)", provider, cmp.Or(strings.Join(have, ", "), "none"))
 		}
 		all, by, fetchedAt = c.Offers, prices.ByModel(c.Offers), c.Time
 	}

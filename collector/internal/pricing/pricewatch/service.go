@@ -47,7 +47,6 @@ func statusProto(p ProviderResult) *trainmeterv1.PriceProviderStatus {
 	return s
 }
 
-// ListPrices implements PriceService.
 func (s *Service) ListPrices(_ context.Context, req *trainmeterv1.ListPricesRequest) (*trainmeterv1.ListPricesResponse, error) {
 	views, err := s.w.View(req.GetGpu(), req.GetProvider(), 5)
 	if err != nil {
@@ -83,7 +82,6 @@ func (s *Service) ListPrices(_ context.Context, req *trainmeterv1.ListPricesRequ
 	return resp, nil
 }
 
-// FetchPrices implements PriceService.
 func (s *Service) FetchPrices(ctx context.Context, _ *trainmeterv1.FetchPricesRequest) (*trainmeterv1.FetchPricesResponse, error) {
 	res, err := s.w.Fetch(ctx)
 	if errors.Is(err, ErrNoProvider) {
@@ -104,7 +102,6 @@ func (s *Service) FetchPrices(ctx context.Context, _ *trainmeterv1.FetchPricesRe
 // MaxImportOffers bounds one import.
 const MaxImportOffers = 100_000
 
-// ImportPrices implements PriceService.
 func (s *Service) ImportPrices(ctx context.Context, req *trainmeterv1.ImportPricesRequest) (*trainmeterv1.ImportPricesResponse, error) {
 	if len(req.GetOffers()) == 0 || len(req.GetOffers()) > MaxImportOffers {
 		return nil, status.Errorf(codes.InvalidArgument, "import 1..%d offers, got %d", MaxImportOffers, len(req.GetOffers()))
