@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/fold"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -35,7 +36,7 @@ type applyReq struct {
 	runs   []string
 	raw    []kv            // encoded by the caller
 	rk     []byte          // the batch's r/ key, nil when it has no r/ record
-	gone   []deletedWindow // windows of deleted runs, kept as dw/ records (deleted.go)
+	gone   []fold.DeletedWindow // windows of deleted runs, kept as dw/ records (deleted.go)
 
 	dup     bool
 	refused []Refusal           // starts refused, records dropped (refused.go)
@@ -209,6 +210,22 @@ func (g *groupAggs) peek(txn *badger.Txn, run string) (*aggregate.State, error) 
 	g.peeked[run] = st
 	return st, nil
 }
+
+// groupView is the group in a transaction as fold.Admit reads it.
+type groupView struct {
+	g   *groupAggs
+	txn *badger.Txn
+}
+
+func (v groupView) Peek(run string) (*aggregate.State, error) { return v.g.peek(v.txn, run) }
+func (v groupView) Get(run string) (*aggregate.State, error)  { return v.g.get(v.txn, run) }
+func (v groupView) LiveOn(node, run string) bool             { return v.g.liveOn(node, run) }
+func (v groupView) SetLive(node, run string, live bool)      { v.g.setLive(node, run, live) }
+func (v groupView) CapRefusal(node, run string, isNew bool) string {
+	return v.g.capRefusal(node, run, isNew)
+}
+func (v groupView) NewRun(node string) { v.g.newRuns[node]++ }
+func (v groupView) Now() time.Time     { return v.g.now }
 
 func (g *groupAggs) nodeEntry(txn *badger.Txn, node string) (*nodeEntry, error) {
 	if e := g.nodes[node]; e != nil {

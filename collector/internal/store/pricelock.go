@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/fold"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -116,21 +117,9 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 			if err := proto.Unmarshal(v, &w); err != nil {
 				return nil, fmt.Errorf("run %q window: %w", id, err)
 			}
-			if !since.IsZero() && w.GetStart().AsTime().Before(since) {
+			if !fold.RepriceWindow(&w, since, usdPerHour, &ch) {
 				return nil, nil
 			}
-			gs := w.GetGpuSeconds()
-			ch.GPUSeconds += gs
-			switch {
-			case !w.GetPriceLocked():
-				ch.UnbookedS += gs
-			case w.LockedUsdPerGpuHour == nil:
-				ch.UnpricedS += gs
-			default:
-				ch.BookedUSD += gs / 3600 * w.GetLockedUsdPerGpuHour()
-			}
-			w.PriceLocked = true
-			w.LockedUsdPerGpuHour, w.LockedPriceSource = &usdPerHour, "repriced"
 			return proto.Marshal(&w)
 		})
 	})

@@ -63,6 +63,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/fold"
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
@@ -407,27 +408,6 @@ func (s *Store) lockRuns(node string, runs []string) func() {
 	}
 }
 
-// batchRuns lists the run ids a batch touches, sorted.
-func batchRuns(b *trainmeterv1.Batch) []string {
-	var out []string
-	for _, w := range b.GetRunWindows() {
-		out = append(out, w.GetRunId())
-	}
-	for _, e := range b.GetRunEvents() {
-		out = append(out, aggregate.EventRunID(e))
-	}
-	for _, l := range b.GetLosses() {
-		out = append(out, l.GetRunId())
-	}
-	for _, h := range b.GetHostEnergy() {
-		for _, sh := range h.GetRuns() {
-			out = append(out, sh.GetRunId())
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
 // ApplyBatch stores a (validated) batch from node/boot and folds it into the
 // run aggregates, all in one transaction (ApplyBatchResult).
 func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error) {
@@ -453,7 +433,7 @@ func (s *Store) ApplyBatchResult(sender Sender, b *trainmeterv1.Batch) (a Applie
 	if err != nil {
 		return Applied{}, err
 	}
-	req := &applyReq{sender: sender, b: b, runs: batchRuns(b), raw: raw, rk: rk, gone: gone, done: make(chan struct{})}
+	req := &applyReq{sender: sender, b: b, runs: fold.BatchRuns(b), raw: raw, rk: rk, gone: gone, done: make(chan struct{})}
 	select {
 	case s.applyCh <- req:
 		<-req.done
@@ -533,14 +513,14 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		return dup, err
 	}
 	raw := r.raw
-	nb, refused, dropped, err := s.admitBatch(txn, g, ne, node, b, runs)
+	nb, refused, dropped, err := fold.Admit(groupView{g, txn}, s.log, len(ne.ns.GetGpus()), node, b, runs)
 	if err != nil {
 		return false, err
 	}
 	if nb != b {
 		// Records of refused starts, and records the node may not send,
 		// dropped: the raw records are the kept ones.
-		b, runs, r.refused, r.dropped, r.applied = nb, batchRuns(nb), refused, dropped, nb
+		b, runs, r.refused, r.dropped, r.applied = nb, fold.BatchRuns(nb), refused, dropped, nb
 		if raw, _, err = rawRecords(node, boot, b); err == nil {
 			raw, err = appendDeletedRecords(raw, node, seq, r.gone)
 		}
@@ -565,36 +545,30 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		}
 		aggs[r] = st
 	}
-	// Starts first, then windows, evals and ends, so that a batch that
-	// carries a whole short run folds the same as one split over batches.
-	for _, e := range b.GetRunEvents() {
-		if ev := e.GetRunStart(); ev != nil {
-			aggs[ev.GetRunId()].AddStart(node, ev)
-		}
+	// Data the agent's spool dropped; a record with a seq (a batch sent but
+	// never acked) counts only if that batch was not applied after all.
+	runLosses, err := notHeld(txn, node, boot, b.GetLosses())
+	if err != nil {
+		return false, err
 	}
 	// Each window's cost is booked at the prices in force now, and its raw
 	// record carries them (usage rows are priced from it).
 	pricer := s.Pricer()
 	nodeGPU := nodeGPUName(ne.ns)
+	stamps := fold.Fold(aggs, node, nodeGPU, b, fold.Booking{Bands: s.bands, Carbon: s.carbon, Pricer: pricer}, runLosses, g.now)
 	if pricer != nil {
 		raw = slices.Clone(raw)
-	}
-	for i, w := range b.GetRunWindows() {
-		st := aggs[w.GetRunId()]
-		st.AddWindowBooked(node, w, s.bands, s.carbon)
-		if pricer != nil {
-			stamp := &trainmeterv1.RunWindow{}
-			st.BookPrice(node, w, pricer, nodeGPU).Stamp(stamp)
+		for i, stamp := range stamps {
 			if raw[i], err = appendStamp(raw[i], stamp); err != nil {
 				return false, err
 			}
 		}
-	}
-	if pricer != nil && rk != nil {
-		for i := range raw {
-			if bytes.Equal(raw[i].k, rk) {
-				if raw[i], err = appendStamp(raw[i], idleStamp(pricer, node, nodeGPU, b)); err != nil {
-					return false, err
+		if rk != nil {
+			for i := range raw {
+				if bytes.Equal(raw[i].k, rk) {
+					if raw[i], err = appendStamp(raw[i], idleStamp(pricer, node, nodeGPU, b)); err != nil {
+						return false, err
+					}
 				}
 			}
 		}
@@ -603,35 +577,6 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		if err := s.setTTL(txn, rec.k, rec.v, s.rawTTL); err != nil {
 			return false, err
 		}
-	}
-	for _, e := range b.GetRunEvents() {
-		if ev := e.GetEval(); ev != nil {
-			aggs[ev.GetRunId()].AddEval(node, ev)
-		}
-	}
-	// A run's last host energy interval may come a batch after its end:
-	// it is folded whenever it comes (the run's figures, not its end).
-	for _, h := range b.GetHostEnergy() {
-		for _, sh := range h.GetRuns() {
-			aggs[sh.GetRunId()].AddHostEnergy(node, h, sh)
-		}
-	}
-	for _, e := range b.GetRunEvents() {
-		if ev := e.GetRunEnd(); ev != nil {
-			aggs[ev.GetRunId()].AddEnd(node, ev)
-		}
-	}
-	for _, st := range aggs {
-		st.NoteEnded(g.now)
-	}
-	// Data the agent's spool dropped; a record with a seq (a batch sent but
-	// never acked) counts only if that batch was not applied after all.
-	runLosses, err := notHeld(txn, node, boot, b.GetLosses())
-	if err != nil {
-		return false, err
-	}
-	for _, l := range runLosses {
-		aggs[l.GetRunId()].AddLoss(node, l)
 	}
 	// The node's part of dropped batches, by the same rule, for usage.
 	nodeLosses, err := notHeld(txn, node, boot, b.GetNodeLosses())
@@ -972,7 +917,7 @@ func (s *Store) DeleteRun(id string) (records int, err error) {
 	return s.deleteRun(id, d)
 }
 
-func (s *Store) deleteRun(id string, d deletion) (records int, err error) {
+func (s *Store) deleteRun(id string, d fold.Deletion) (records int, err error) {
 	unlock := s.lockRuns("", []string{id})
 	defer unlock()
 	found := false
