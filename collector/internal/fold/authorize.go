@@ -161,4 +161,3 @@ func (a *authorizer) allowsAll(b *trainmeterv1.Batch) bool {
 	}
 	return true
 }
-

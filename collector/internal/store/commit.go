@@ -34,8 +34,8 @@ type applyReq struct {
 	sender Sender
 	b      *trainmeterv1.Batch
 	runs   []string
-	raw    []kv            // encoded by the caller
-	rk     []byte          // the batch's r/ key, nil when it has no r/ record
+	raw    []kv                 // encoded by the caller
+	rk     []byte               // the batch's r/ key, nil when it has no r/ record
 	gone   []fold.DeletedWindow // windows of deleted runs, kept as dw/ records (deleted.go)
 
 	dup     bool
@@ -219,8 +219,8 @@ type groupView struct {
 
 func (v groupView) Peek(run string) (*aggregate.State, error) { return v.g.peek(v.txn, run) }
 func (v groupView) Get(run string) (*aggregate.State, error)  { return v.g.get(v.txn, run) }
-func (v groupView) LiveOn(node, run string) bool             { return v.g.liveOn(node, run) }
-func (v groupView) SetLive(node, run string, live bool)      { v.g.setLive(node, run, live) }
+func (v groupView) LiveOn(node, run string) bool              { return v.g.liveOn(node, run) }
+func (v groupView) SetLive(node, run string, live bool)       { v.g.setLive(node, run, live) }
 func (v groupView) CapRefusal(node, run string, isNew bool) string {
 	return v.g.capRefusal(node, run, isNew)
 }

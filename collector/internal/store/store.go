@@ -43,7 +43,6 @@ package store
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -373,11 +372,6 @@ func gpuKey(node string, start, seq uint64) []byte {
 	return be64(be64(gpuPrefix(node), start), seq)
 }
 
-// hasRecord: the batch has an r/ record (rawRecords).
-func hasRecord(b *trainmeterv1.Batch) bool {
-	return len(b.GetGpuWindows()) > 0 || b.GetHost() != nil || len(b.GetHostEnergy()) > 0
-}
-
 func aggKey(run string) []byte { return key("a/", run) }
 
 // A run's node states, when its aggregate keeps them apart
@@ -425,7 +419,7 @@ func (s *Store) ApplyBatchResult(sender Sender, b *trainmeterv1.Batch) (a Applie
 	unlock := s.lockRuns(node, nil)
 	defer unlock()
 	b, gone := s.dropDeleted(b)
-	b = clearLocked(b)
+	b = fold.ClearLocked(b)
 	raw, rk, err := rawRecords(node, boot, b)
 	if err == nil {
 		raw, err = appendDeletedRecords(raw, node, b.GetSeq(), gone)
@@ -479,17 +473,14 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) (out []kv, rk []byte, 
 	// The node's GPU and host windows are one record, one key per batch
 	// rather than per GPU (docs/benchmarks.md). It carries the sender's
 	// boot: with its key it identifies the batch (deduplication).
-	if hasRecord(b) {
-		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost(),
-			HostEnergy: b.GetHostEnergy(), StoredBootId: boot}
+	if fold.HasNodeRecord(b) {
 		rk = gpuKey(node, startVal(b.GetWindowStart()), seq)
-		if err := add(rk, nw); err != nil {
+		if err := add(rk, fold.NodeRecord(b, boot)); err != nil {
 			return nil, nil, err
 		}
 	}
 	// Raw samples (only from agents asked for them): one record per batch.
-	if len(b.GetRawSamples()) > 0 {
-		raw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), RawSamples: b.GetRawSamples()}
+	if raw := fold.SamplesRecord(b); raw != nil {
 		if err := add(be64(tkey(append(key("s/", node), 0), b.GetWindowStart()), seq), raw); err != nil {
 			return nil, nil, err
 		}
@@ -554,19 +545,19 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 	// Each window's cost is booked at the prices in force now, and its raw
 	// record carries them (usage rows are priced from it).
 	pricer := s.Pricer()
-	nodeGPU := nodeGPUName(ne.ns)
+	nodeGPU := fold.NodeGPUName(ne.ns)
 	stamps := fold.Fold(aggs, node, nodeGPU, b, fold.Booking{Bands: s.bands, Carbon: s.carbon, Pricer: pricer}, runLosses, g.now)
 	if pricer != nil {
 		raw = slices.Clone(raw)
 		for i, stamp := range stamps {
-			if raw[i], err = appendStamp(raw[i], stamp); err != nil {
+			if raw[i].v, err = fold.AppendStamp(raw[i].v, stamp); err != nil {
 				return false, err
 			}
 		}
 		if rk != nil {
 			for i := range raw {
 				if bytes.Equal(raw[i].k, rk) {
-					if raw[i], err = appendStamp(raw[i], idleStamp(pricer, node, nodeGPU, b)); err != nil {
+					if raw[i].v, err = fold.AppendStamp(raw[i].v, fold.IdleStamp(pricer, node, nodeGPU, b)); err != nil {
 						return false, err
 					}
 				}
@@ -1200,17 +1191,10 @@ func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *train
 // where a record has none).
 func scanNodeLosses(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu func(node string, b *trainmeterv1.Batch) error) error {
 	return scanNodeBatches(txn, "nl/", func(node string, b *trainmeterv1.Batch) error {
-		kept := &trainmeterv1.Batch{WindowStart: b.GetWindowStart()}
-		for _, l := range b.GetNodeLosses() {
-			at := cmp.Or(l.GetFirstWindowStart(), l.GetWindowStart(), b.GetWindowStart())
-			if in(at) {
-				kept.NodeLosses = append(kept.NodeLosses, l)
-			}
+		if kept := fold.LossesIn(b, in); kept != nil {
+			return gpu(node, kept)
 		}
-		if len(kept.NodeLosses) == 0 {
-			return nil
-		}
-		return gpu(node, kept)
+		return nil
 	})
 }
 
