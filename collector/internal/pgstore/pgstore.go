@@ -344,11 +344,11 @@ func (v *runView) Get(run string) (*aggregate.State, error) {
 	}
 	return st, nil
 }
-func (v *runView) LiveOn(string, string) bool            { return false }
-func (v *runView) SetLive(string, string, bool)          {}
+func (v *runView) LiveOn(string, string) bool             { return false }
+func (v *runView) SetLive(string, string, bool)           {}
 func (v *runView) CapRefusal(string, string, bool) string { return "" }
-func (v *runView) NewRun(string)                         {}
-func (v *runView) Now() time.Time                        { return v.now }
+func (v *runView) NewRun(string)                          {}
+func (v *runView) Now() time.Time                         { return v.now }
 
 // lockRuns locks the rows of runs (sorted), making a row for each run that
 // has none (state NULL, deleted before the commit unless the run is
