@@ -150,3 +150,23 @@ func (s *Server) Stop() {
 	_ = s.run("pg_ctl", "-D", filepath.Join(s.dir, "data"), "-m", "immediate", "-w", "stop")
 	os.RemoveAll(s.dir)
 }
+
+// ServerDB starts a server of the test's own (a package whose TestMain is
+// not Main), stopped at cleanup, and returns the URL of an empty database
+// on it; without PostgreSQL it skips, or fails under CI=true.
+func ServerDB(t testing.TB) string {
+	t.Helper()
+	s, err := Start()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("pgtest: ", err)
+		}
+		t.Skipf("no PostgreSQL (%v); CI=true makes this a failure", err)
+	}
+	t.Cleanup(s.Stop)
+	url, err := s.CreateDB("trainmeter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return url
+}

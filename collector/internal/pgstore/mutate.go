@@ -154,7 +154,7 @@ type execer interface {
 }
 
 func putRecord(q execer, ns, k string, v []byte) error {
-	_, err := q.Exec(context.Background(), `INSERT INTO records (ns, k, v) VALUES ($1, $2, $3) ON CONFLICT (ns, k) DO UPDATE SET v = EXCLUDED.v`, ns, k, v)
+	_, err := q.Exec(context.Background(), `INSERT INTO records (ns, k, v) VALUES ($1, $2, $3) ON CONFLICT (ns, k) DO UPDATE SET v = EXCLUDED.v`, ns, []byte(k), v)
 	return err
 }
 
@@ -171,13 +171,13 @@ func (s *Store) PutRecords(ns string, kv map[string][]byte) error {
 
 // PutRecordIfAbsent: the primary key picks the one winner.
 func (s *Store) PutRecordIfAbsent(ns, k string, v []byte) (bool, error) {
-	tag, err := s.pool.Exec(context.Background(), `INSERT INTO records (ns, k, v) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, ns, k, v)
+	tag, err := s.pool.Exec(context.Background(), `INSERT INTO records (ns, k, v) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, ns, []byte(k), v)
 	return err == nil && tag.RowsAffected() == 1, err
 }
 
 func (s *Store) GetRecord(ns, k string) ([]byte, error) {
 	var v []byte
-	err := s.pool.QueryRow(context.Background(), `SELECT v FROM records WHERE ns = $1 AND k = $2`, ns, k).Scan(&v)
+	err := s.pool.QueryRow(context.Background(), `SELECT v FROM records WHERE ns = $1 AND k = $2`, ns, []byte(k)).Scan(&v)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, storage.ErrNotFound
 	}
@@ -185,23 +185,22 @@ func (s *Store) GetRecord(ns, k string) ([]byte, error) {
 }
 
 func (s *Store) DeleteRecord(ns, k string) error {
-	_, err := s.pool.Exec(context.Background(), `DELETE FROM records WHERE ns = $1 AND k = $2`, ns, k)
+	_, err := s.pool.Exec(context.Background(), `DELETE FROM records WHERE ns = $1 AND k = $2`, ns, []byte(k))
 	return err
 }
 
 func (s *Store) ScanRecords(ns, keyPrefix string, fn func(k string, v []byte) (bool, error)) error {
-	rows, err := s.pool.Query(context.Background(), `SELECT k, v FROM records WHERE ns = $1 AND k >= $2 AND starts_with(k, $2) ORDER BY k`, ns, keyPrefix)
+	rows, err := s.pool.Query(context.Background(), `SELECT k, v FROM records WHERE ns = $1 AND k >= $2 AND substr(k, 1, length($2)) = $2 ORDER BY k`, ns, []byte(keyPrefix))
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var k string
-		var v []byte
+		var k, v []byte
 		if err := rows.Scan(&k, &v); err != nil {
 			return err
 		}
-		more, err := fn(k, v)
+		more, err := fn(string(k), v)
 		if err != nil || !more {
 			return err
 		}

@@ -390,16 +390,19 @@ func (s *Store) dropDeleted(tx pgx.Tx, b *trainmeterv1.Batch, runs []string) (*t
 		return b, nil, nil
 	}
 	ctx := context.Background()
-	rows, err := tx.Query(ctx, `SELECT k, v FROM records WHERE ns = $1 AND k = ANY($2)`, fold.DeletedNS, runs)
+	keys := make([][]byte, len(runs))
+	for i, r := range runs {
+		keys[i] = []byte(r)
+	}
+	rows, err := tx.Query(ctx, `SELECT k, v FROM records WHERE ns = $1 AND k = ANY($2)`, fold.DeletedNS, keys)
 	if err != nil {
 		return nil, nil, err
 	}
 	dels := map[string]fold.Deletion{}
-	var k string
-	var val []byte
+	var k, val []byte
 	if _, err := pgx.ForEachRow(rows, []any{&k, &val}, func() error {
 		if d, ok := fold.ParseTombstone(string(val)); ok {
-			dels[k] = d
+			dels[string(k)] = d
 		}
 		return nil
 	}); err != nil || len(dels) == 0 {
@@ -410,7 +413,11 @@ func (s *Store) dropDeleted(tx pgx.Tx, b *trainmeterv1.Batch, runs []string) (*t
 		return d, ok
 	})
 	if len(restarted) > 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM records WHERE ns = $1 AND k = ANY($2)`, fold.DeletedNS, restarted); err != nil {
+		gone := make([][]byte, len(restarted))
+		for i, r := range restarted {
+			gone[i] = []byte(r)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM records WHERE ns = $1 AND k = ANY($2)`, fold.DeletedNS, gone); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -89,10 +89,11 @@ CREATE TABLE nodes (
     status bytea NOT NULL         -- trainmeter.v1.NodeStatus
 );
 
--- The collector's own documents (storage.Records).
+-- The collector's own documents (storage.Records); keys are bytes (some
+-- hold NUL separators) and sort bytewise.
 CREATE TABLE records (
     ns text COLLATE "C" NOT NULL,
-    k  text COLLATE "C" NOT NULL,
+    k  bytea NOT NULL,
     v  bytea NOT NULL,
     PRIMARY KEY (ns, k)
 );
