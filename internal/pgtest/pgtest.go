@@ -1,8 +1,8 @@
 // Package pgtest starts a PostgreSQL server for a test package: initdb and
 // pg_ctl in a temporary directory, listening on a unix socket there only,
 // run as an unprivileged user when the tests run as root (initdb refuses
-// root). Without PostgreSQL installed the tests skip, except under CI=true,
-// where they fail.
+// root). Without PostgreSQL installed the tests skip, except under CI=true
+// or TRAINMETER_REQUIRE_POSTGRES=1 (.ci/run), where they fail.
 package pgtest
 
 import (
@@ -38,7 +38,7 @@ var (
 func Main(m *testing.M) {
 	s, err := Start()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
+		if required() {
 			fmt.Fprintln(os.Stderr, "pgtest:", err)
 			os.Exit(1)
 		}
@@ -50,6 +50,11 @@ func Main(m *testing.M) {
 		s.Stop()
 	}
 	os.Exit(code)
+}
+
+// required: a missing PostgreSQL fails the tests.
+func required() bool {
+	return os.Getenv("CI") == "true" || os.Getenv("TRAINMETER_REQUIRE_POSTGRES") == "1"
 }
 
 // DB returns the URL of a new empty database on the package's server, or
@@ -158,7 +163,7 @@ func ServerDB(t testing.TB) string {
 	t.Helper()
 	s, err := Start()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
+		if required() {
 			t.Fatal("pgtest: ", err)
 		}
 		t.Skipf("no PostgreSQL (%v); CI=true makes this a failure", err)
