@@ -29,12 +29,10 @@ type View interface {
 	// Get returns a run's aggregate (a new one when there is none), to be
 	// written when the transaction commits.
 	Get(run string) (*aggregate.State, error)
-	// LiveOn and SetLive: whether run is live on node (limits).
+	// LiveOn, SetLive, CapRefusal and NewRun: the node's live runs and
+	// limits (a *Live's).
 	LiveOn(node, run string) bool
 	SetLive(node, run string, live bool)
-	// CapRefusal is why the node's limits refuse a start of run that would
-	// make it live there (isNew: a run no node started), "" when they do
-	// not; NewRun counts a new run the node started.
 	CapRefusal(node, run string, isNew bool) string
 	NewRun(node string)
 	// Now is the transaction's time.

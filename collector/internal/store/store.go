@@ -504,7 +504,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		return dup, err
 	}
 	raw := r.raw
-	nb, refused, dropped, err := fold.Admit(groupView{g, txn}, s.log, len(ne.ns.GetGpus()), node, b, runs)
+	nb, refused, dropped, err := fold.Admit(groupView{g, txn, g.live}, s.log, len(ne.ns.GetGpus()), node, b, runs)
 	if err != nil {
 		return false, err
 	}
@@ -583,7 +583,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 			return false, err
 		}
 	}
-	g.noteLive(node, runs)
+	g.live.NoteLive(node, runs, func(r string) *aggregate.State { return g.state[r] })
 	ns := ne.ns
 	ns.BootId = boot
 	ns.LastSeq = b.GetSeq()
