@@ -22,7 +22,12 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func open(t *testing.T, url string) *pgstore.Store {
 	t.Helper()
-	st, err := pgstore.Open(context.Background(), url, pgstore.Options{})
+	return openWith(t, url, pgstore.Options{})
+}
+
+func openWith(t *testing.T, url string, o pgstore.Options) *pgstore.Store {
+	t.Helper()
+	st, err := pgstore.Open(context.Background(), url, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,17 +40,20 @@ func open(t *testing.T, url string) *pgstore.Store {
 type reopenable struct {
 	*pgstore.Store
 	url string
+	o   pgstore.Options
 }
 
 func (r reopenable) Reopen(t *testing.T) storage.Store {
 	r.Close()
-	return open(t, r.url)
+	r.Store = openWith(t, r.url, r.o)
+	return r
 }
 
 func TestConformance(t *testing.T) {
-	storagetest.Run(t, func(t *testing.T) storage.Store {
+	storagetest.Run(t, func(t *testing.T, so storagetest.Options) storage.Store {
 		url := pgtest.DB(t)
-		return reopenable{open(t, url), url}
+		o := pgstore.Options{Clock: so.Clock}
+		return reopenable{openWith(t, url, o), url, o}
 	})
 }
 
