@@ -66,6 +66,7 @@ func (s *Store) deleteRun(id string, live bool) (records int, err error) {
 			return err
 		}
 		q.Queue(`DELETE FROM runs WHERE run_id = $1`, id)
+		q.Queue(`DELETE FROM live_runs WHERE run_id = $1`, id)
 		if err := tx.SendBatch(ctx, &q).Close(); err != nil {
 			return err
 		}

@@ -45,6 +45,7 @@ type Store struct {
 	clk    clock.Clock
 	bands  aggregate.EnergyBands
 	carbon aggregate.CarbonBooker
+	limits fold.Limits
 	pricer atomic.Pointer[pricerBox]
 }
 
@@ -59,6 +60,8 @@ type Options struct {
 	Clock       clock.Clock // the wall clock if nil
 	EnergyBands aggregate.EnergyBands
 	Carbon      aggregate.CarbonBooker
+	// Limits bounds the runs one node may start (limits.go); zero: none.
+	Limits fold.Limits
 	// PasswordFile, when set, holds the password (one line), which the
 	// URL then leaves out.
 	PasswordFile string
@@ -68,6 +71,9 @@ type Options struct {
 // parameters: sslmode and the other TLS settings, passfile), applies the migrations it lacks and
 // returns the store.
 func Open(ctx context.Context, dbURL string, o Options) (*Store, error) {
+	if err := o.Limits.Validate(); err != nil {
+		return nil, err
+	}
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %s: %w", Redact(dbURL), err)
@@ -87,7 +93,7 @@ func Open(ctx context.Context, dbURL string, o Options) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
-	s := &Store{pool: pool, log: o.Logger, clk: o.Clock, bands: o.EnergyBands, carbon: o.Carbon}
+	s := &Store{pool: pool, log: o.Logger, clk: o.Clock, bands: o.EnergyBands, carbon: o.Carbon, limits: o.Limits}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -180,8 +186,8 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 	if tag.RowsAffected() == 0 {
 		return errDuplicate
 	}
-	ns := &trainmeterv1.NodeStatus{Node: node}
-	if err := getProto(tx, ns, `SELECT status FROM nodes WHERE node = $1 FOR UPDATE`, node); err != nil && !errors.Is(err, storage.ErrNotFound) {
+	ns, bucket, err := lockNode(tx, node)
+	if err != nil {
 		return err
 	}
 	runs := fold.BatchRuns(b)
@@ -190,6 +196,9 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 		return err
 	}
 	v.now = now
+	if v.Live, err = s.newLive(tx, v, node, bucket, b); err != nil {
+		return err
+	}
 	b, gone, err := s.dropDeleted(tx, b, runs)
 	if err != nil {
 		return err
@@ -214,6 +223,7 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 	pricer := s.pricerNow()
 	nodeGPU := fold.NodeGPUName(ns)
 	stamps := fold.Fold(aggs, node, nodeGPU, b, fold.Booking{Bands: s.bands, Carbon: s.carbon, Pricer: pricer}, runLosses, now)
+	v.NoteLive(node, runs, func(r string) *aggregate.State { return aggs[r] })
 
 	var q pgx.Batch
 	for i, w := range b.GetRunWindows() {
@@ -290,6 +300,7 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 	if err := queueNode(&q, ns); err != nil {
 		return err
 	}
+	queueLive(&q, v.Live)
 	return tx.SendBatch(ctx, &q).Close()
 }
 
@@ -321,14 +332,15 @@ func queueNode(q *pgx.Batch, ns *trainmeterv1.NodeStatus) error {
 	return nil
 }
 
-// runView is the runs a transaction holds locked, as fold.Admit reads
-// them. Per-node limits are not kept on PostgreSQL: no start is capped.
+// runView is the runs a transaction holds locked, with the node's live
+// runs and limits (limits.go), as fold.Admit reads them.
 type runView struct {
 	state  map[string]*aggregate.State // nil: no run yet
 	write  map[string]bool
 	order  []string // runs to write, in id order of first Get
 	locked []string
 	now    time.Time
+	*fold.Live
 }
 
 func (v *runView) Peek(run string) (*aggregate.State, error) { return v.state[run], nil }
@@ -344,11 +356,7 @@ func (v *runView) Get(run string) (*aggregate.State, error) {
 	}
 	return st, nil
 }
-func (v *runView) LiveOn(string, string) bool             { return false }
-func (v *runView) SetLive(string, string, bool)           {}
-func (v *runView) CapRefusal(string, string, bool) string { return "" }
-func (v *runView) NewRun(string)                          {}
-func (v *runView) Now() time.Time                         { return v.now }
+func (v *runView) Now() time.Time { return v.now }
 
 // lockRuns locks the rows of runs (sorted), making a row for each run that
 // has none (state NULL, deleted before the commit unless the run is

@@ -10,11 +10,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/fold"
 	"github.com/trainmeter/trainmeter/collector/internal/pgstore"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/collector/internal/storage/storagetest"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	"github.com/trainmeter/trainmeter/internal/pgtest"
+	"github.com/trainmeter/trainmeter/pkg/clock"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -52,7 +54,7 @@ func (r reopenable) Reopen(t *testing.T) storage.Store {
 func TestConformance(t *testing.T) {
 	storagetest.Run(t, func(t *testing.T, so storagetest.Options) storage.Store {
 		url := pgtest.DB(t)
-		o := pgstore.Options{Clock: so.Clock}
+		o := pgstore.Options{Clock: so.Clock, Limits: so.Limits}
 		return reopenable{openWith(t, url, o), url, o}
 	})
 }
@@ -109,6 +111,56 @@ func TestTwoCollectorsOneRun(t *testing.T) {
 		ws, _, err := st.RunTimeline("r")
 		if err != nil || len(ws) != nodes*batches {
 			t.Errorf("%d windows (%v), want %d", len(ws), err, nodes*batches)
+		}
+	}
+}
+
+// TestLimitsAcrossCollectors: two collectors on one database hold a node
+// to one set of limits, whichever applies its batches: concurrent starts
+// past the live bound are refused, and the new-run bucket is shared.
+func TestLimitsAcrossCollectors(t *testing.T) {
+	url := pgtest.DB(t)
+	clk := clock.NewFake(tu.Now())
+	o := pgstore.Options{Clock: clk, Limits: fold.Limits{MaxLiveRunsPerNode: 3, MaxNewRunsPerMinute: 5}}
+	stores := []*pgstore.Store{openWith(t, url, o), openWith(t, url, o)}
+	n := storage.Sender{Node: "n", Boot: "b"}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			run := fmt.Sprint("r", i)
+			if _, err := stores[i%2].ApplyBatchResult(n, tu.Batch(uint64(i+1), float64(i), nil, tu.Start(run, float64(i), "m"))); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	runs, err := stores[0].ListRuns(nil)
+	if err != nil || len(runs) != 3 {
+		t.Fatalf("%d runs (%v) from 8 concurrent starts, want 3 (the live bound)", len(runs), err)
+	}
+	end := tu.Batch(9, 10, nil)
+	for _, r := range runs {
+		end.RunEvents = append(end.RunEvents, tu.End(r.RunId, 10))
+	}
+	if _, err := stores[1].ApplyBatchResult(n, end); err != nil {
+		t.Fatal(err)
+	}
+	// 3 of the bucket's 5 were taken: 2 more new runs, whichever collector.
+	for i, want := range []string{"", "", "x3"} {
+		run := fmt.Sprint("x", i+1)
+		a, err := stores[i%2].ApplyBatchResult(n, tu.Batch(uint64(10+i), float64(11+i), nil, tu.Start(run, float64(11+i), "m")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		for _, r := range a.Refused {
+			got += r.RunID
+			if !strings.Contains(r.Reason, "new runs a minute") {
+				t.Errorf("%s refused for %q, want the new-run limit", r.RunID, r.Reason)
+			}
+		}
+		if got != want {
+			t.Errorf("start of %s: refused %q, want %q", run, got, want)
 		}
 	}
 }

@@ -84,9 +84,22 @@ CREATE TABLE deleted_windows (
     PRIMARY KEY (node, start_ns, seq, i, deletion)
 );
 
+-- A node's status, and its new-run bucket (per-node limits: tokens at
+-- new_runs_at, Unix ns; NULL: full). An ingest transaction holds the
+-- node's row, so one node's batches apply one after another.
 CREATE TABLE nodes (
-    node   text COLLATE "C" PRIMARY KEY,
-    status bytea NOT NULL         -- trainmeter.v1.NodeStatus
+    node            text COLLATE "C" PRIMARY KEY,
+    status          bytea NOT NULL,   -- trainmeter.v1.NodeStatus
+    new_runs_tokens double precision,
+    new_runs_at     bigint
+);
+
+-- The runs live on each node (started there and not ended since), as the
+-- runs' aggregates have them: what the per-node limit on live runs counts.
+CREATE TABLE live_runs (
+    node   text COLLATE "C" NOT NULL,
+    run_id text COLLATE "C" NOT NULL,
+    PRIMARY KEY (node, run_id)
 );
 
 -- The collector's own documents (storage.Records); keys are bytes (some
