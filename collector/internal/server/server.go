@@ -35,6 +35,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/auth"
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
 	"github.com/trainmeter/trainmeter/collector/internal/console"
+	"github.com/trainmeter/trainmeter/collector/internal/fold"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
 	"github.com/trainmeter/trainmeter/collector/internal/pgstore"
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/carbonwatch"
@@ -108,7 +109,7 @@ type Config struct {
 	GCInterval time.Duration
 	// RawRetention and CommitWindow: see store.Options.
 	RawRetention, CommitWindow time.Duration
-	// Bounds per node (docs/security.md; store.Limits,
+	// Bounds per node (docs/security.md; fold.Limits,
 	// ingest.DefaultMaxBatchRunRecords); 0: none, and the ingest default.
 	MaxLiveRunsPerNode, MaxNewRunsPerMinute, MaxBatchRunRecords int
 	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
@@ -263,7 +264,7 @@ func (c Config) pricingWith(live cost.CarbonSource) aggregate.Pricing {
 // the oldest batch ingest accepts, so no replay can be applied twice.
 func (s *Server) storeOptions(pricing aggregate.Pricing) store.Options {
 	o := store.Options{Logger: s.log, RawRetention: s.cfg.RawRetention, CommitWindow: s.cfg.CommitWindow, Clock: s.cfg.Clock,
-		Limits: store.Limits{MaxLiveRunsPerNode: s.cfg.MaxLiveRunsPerNode, MaxNewRunsPerMinute: s.cfg.MaxNewRunsPerMinute}}
+		Limits: s.limits()}
 	if pricing.Carbon != nil {
 		o.Carbon = pricing
 	}
@@ -274,6 +275,11 @@ func (s *Server) storeOptions(pricing aggregate.Pricing) store.Options {
 		o.DedupRetention = ingest.MaxBatchAge + 24*time.Hour
 	}
 	return o
+}
+
+// limits are the per-node bounds on runs, for either store.
+func (s *Server) limits() fold.Limits {
+	return fold.Limits{MaxLiveRunsPerNode: s.cfg.MaxLiveRunsPerNode, MaxNewRunsPerMinute: s.cfg.MaxNewRunsPerMinute}
 }
 
 // checkStoreURL checks that a store URL names PostgreSQL.
@@ -307,15 +313,12 @@ func (s *Server) openStore(ctx context.Context, pricing aggregate.Pricing) (coll
 		}
 		return st, &store.GC{Store: st, Interval: s.cfg.GCInterval, Clock: s.cfg.Clock}, nil
 	}
-	o := pgstore.Options{Logger: s.log, Clock: s.cfg.Clock, PasswordFile: s.cfg.StorePasswordFile}
+	o := pgstore.Options{Logger: s.log, Clock: s.cfg.Clock, PasswordFile: s.cfg.StorePasswordFile, Limits: s.limits()}
 	if pricing.Carbon != nil {
 		o.Carbon = pricing
 	}
 	if s.cfg.Tariff != nil {
 		o.EnergyBands = s.cfg.Tariff
-	}
-	if s.cfg.MaxLiveRunsPerNode > 0 || s.cfg.MaxNewRunsPerMinute > 0 {
-		s.log.Warn("the per-node run limits (--max-live-runs-per-node, --max-new-runs-per-minute) are not enforced on a PostgreSQL store yet")
 	}
 	st, err := pgstore.Open(ctx, s.cfg.StoreURL, o)
 	if err != nil {
