@@ -165,21 +165,41 @@ func batch(seq uint64, s int, run string, first bool, user, team string) *trainm
 	return b
 }
 
+// withEval adds an evaluation of run at second s (accuracy: efficiency
+// scores compare runs of one model by it).
+func withEval(b *trainmeterv1.Batch, run string, s int, acc float64) *trainmeterv1.Batch {
+	b.RunEvents = append(b.RunEvents, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{
+		RunId: run, Time: timestamppb.New(at(s)), Accuracy: proto.Float64(acc), ValLoss: proto.Float64(1 - acc)}}})
+	return b
+}
+
+// withHost adds the node's RAPL energy over b's window, shared by run.
+func withHost(b *trainmeterv1.Batch, run string) *trainmeterv1.Batch {
+	b.HostEnergy = append(b.HostEnergy, &trainmeterv1.HostEnergy{Start: b.WindowStart, End: b.WindowEnd,
+		CpuEnergyJ: 180, DramEnergyJ: 40, DramOk: true, IdleCpuEnergyJ: 20,
+		Runs: []*trainmeterv1.HostEnergyShare{{RunId: run, CpuEnergyJ: 160, DramEnergyJ: 40, Share: 1, Split: "exclusive"}}})
+	return b
+}
+
 func withEnd(b *trainmeterv1.Batch, run string, s int) *trainmeterv1.Batch {
 	b.RunEvents = append(b.RunEvents, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_RunEnd{RunEnd: &trainmeterv1.RunEnd{
-		RunId: run, Time: timestamppb.New(at(s)), EndStatus: "completed"}}})
+		RunId: run, Time: timestamppb.New(at(s)), EndStatus: "ok"}}})
 	return b
 }
 
 // TestDifferential feeds one agent stream, through the real ingest server,
-// to a BadgerDB collector and to a PostgreSQL one: duplicates (on one
-// stream and on a reconnected one), batches out of order, a batch held back
-// after a loss record named it, loss records (run and node), an agent
-// restart (a second boot of one node, its sequence from 1 again), a run on
-// two nodes, a live run deleted and then sent more data, a run repriced and
-// a fleet repriced since a time. Both answer every batch alike, and every
-// run's report (report --json), the run listing and usage in several
-// groupings and periods are byte-identical.
+// to a BadgerDB collector and to a PostgreSQL one, both pricing by node,
+// tariff band and priority: loadgen's realistic batches (2 GPUs, host
+// windows) with a warmup window, raw samples, an invalid energy counter,
+// RAPL host energy shares and evaluations; duplicates (on one stream and
+// on a reconnected one), batches out of order, loss records (run and node)
+// and an in-doubt batch arriving after its loss record, an agent restart
+// (a second boot of one node, its sequence from 1 again), a run on two
+// nodes, a live run deleted and then sent more data, a run repriced and a
+// fleet repriced since a time. Both answer every batch alike, and every
+// run's report (report --json), the run listing, timelines, compare and
+// usage in several groupings and periods are byte-identical as the CLI's
+// --json renders them.
 func TestDifferential(t *testing.T) {
 	tariff, err := cost.ParseTariff([]byte(`{default: off, bands: {off: 0.1, peak: 0.3}, rules: [{from: "12:00", to: "12:01", band: peak}]}`))
 	if err != nil {
@@ -205,7 +225,17 @@ func TestDifferential(t *testing.T) {
 	a1 := d.connect("node-a", "boot-1")
 	a1.send(batch(1, 1, "r1", true, "alice", "vision"))
 	for s := 2; s <= 4; s++ {
-		a1.send(batch(uint64(s), s, "r1", false, "", ""))
+		bb := batch(uint64(s), s, "r1", false, "", "")
+		switch s {
+		case 2:
+			bb.RunWindows[0].Phase = trainmeterv1.Phase_PHASE_WARMUP
+		case 3:
+			loadgen.AddRawSamples(bb, 20)
+		case 4:
+			bb.GpuWindows[1].CounterOk = false
+			bb.RunWindows[0].CounterOk = false
+		}
+		a1.send(bb)
 	}
 	a1.send(batch(3, 3, "r1", false, "", "")) // an ack lost: resent
 	// Out of order: 6 and 7 before 5 (a spool replayed after a reconnect).
@@ -227,7 +257,7 @@ func TestDifferential(t *testing.T) {
 	a1r.send(b)
 	a1r.send(batch(9, 9, "r1", false, "", "")) // the in-doubt batch after all
 	a1r.send(b)                                // and the loss batch again
-	a1r.send(batch(12, 12, "r1", false, "", ""))
+	a1r.send(withEval(batch(12, 12, "r1", false, "", ""), "r1", 12, 0.61))
 
 	// node-a restarts: boot 2, seq from 1, the same run goes on and ends.
 	a2 := d.connect("node-a", "boot-2")
@@ -249,8 +279,9 @@ func TestDifferential(t *testing.T) {
 			if s == 1 {
 				bb.RunEvents[0].GetRunStart().Labels["priority"] = "high"
 			}
+			withHost(bb, "r2")
 			if s == 8 {
-				withEnd(bb, "r2", 8)
+				withEnd(withEval(bb, "r2", 8, 0.64), "r2", 8)
 			}
 			if tw == nb && s == 4 {
 				continue // sent after 6
@@ -263,7 +294,11 @@ func TestDifferential(t *testing.T) {
 		}
 	}
 	for s := 9; s <= 12; s++ {
-		nb.send(withEnd(batch(uint64(s), s, "r3", s == 9, "carol", "vision"), "r3", 12)) // ends once; later ends are no-ops
+		bb := batch(uint64(s), s, "r3", s == 9, "carol", "vision")
+		if s == 12 {
+			withEnd(withEval(bb, "r3", 12, 0.58), "r3", 12)
+		}
+		nb.send(bb)
 	}
 
 	// r4 on node-c is deleted while live, then more of it arrives (usage
@@ -308,11 +343,21 @@ func TestDifferential(t *testing.T) {
 				t.Errorf("r1: incomplete %v, lost %d batches, %d nodes; want a loss of 2 batches on 1 node", r.GetIncomplete(), r.GetLostBatches(), r.GetNodes())
 			}
 		case "r2":
-			if r.GetNodes() != 2 || r.GetRepricedAt() == nil {
-				t.Errorf("r2: %d nodes, repriced at %v; want 2 nodes, repriced", r.GetNodes(), r.GetRepricedAt())
+			if r.GetNodes() != 2 || r.GetRepricedAt() == nil || r.EfficiencyScore == nil || r.CpuEnergyJ == nil {
+				t.Errorf("r2: %d nodes, repriced at %v, efficiency %v, CPU energy %v; want 2 nodes, repriced, scored, with host energy",
+					r.GetNodes(), r.GetRepricedAt(), r.EfficiencyScore, r.CpuEnergyJ)
 			}
 		}
 	}
+
+	for _, id := range ids {
+		both(d, "timeline "+id, func(q *query.Server) (*trainmeterv1.TimelineResponse, error) {
+			return q.Timeline(context.Background(), &trainmeterv1.TimelineRequest{RunId: id})
+		})
+	}
+	both(d, "compare", func(q *query.Server) (*trainmeterv1.CompareResponse, error) {
+		return q.Compare(context.Background(), &trainmeterv1.CompareRequest{RunIds: ids})
+	})
 
 	// Usage, as usage --json prints it.
 	sawDeleted := false
