@@ -33,7 +33,9 @@ func BindFlags(fs *pflag.FlagSet, c *Config) *otelexport.Flags {
 	fs.StringVar(&c.Auth.ReadTokenFile, "read-token-file", c.Auth.ReadTokenFile, "file with the token for read-only query RPCs")
 	fs.StringVar(&c.Auth.AdminTokenFile, "admin-token-file", c.Auth.AdminTokenFile, "file with the admin token (all query RPCs, DeleteRun)")
 
-	fs.StringVar(&st.Data, "data", st.Data, "data directory (BadgerDB)")
+	fs.StringVar(&st.Data, "data", st.Data, "data directory (BadgerDB), unless --store")
+	fs.StringVar(&st.URL, "store", st.URL, "keep the data in this PostgreSQL database (postgres://USER@HOST/DB?sslmode=verify-full), shared by any number of collectors, instead of --data (docs/deploy.md)")
+	fs.StringVar(&st.PasswordFile, "store-password-file", st.PasswordFile, "file holding the --store database's password (or put it in the URL; never logged)")
 	fs.DurationVar(&st.GCInterval, "gc-interval", st.GCInterval, "value-log GC interval (0 disables)")
 	fs.DurationVar(&st.CommitWindow, "commit-window", st.CommitWindow, "how long a batch waits for others to share its durable commit (acks up to this much later; fewer syncs per batch: docs/benchmarks.md); 0: commit at once")
 	fs.DurationVar(&st.RawRetention, "raw-retention", st.RawRetention, "drop raw records (GPU/host windows, raw samples, run windows/events) older than this, e.g. 720h; run aggregates are kept (0: keep all)")

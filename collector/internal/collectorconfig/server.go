@@ -44,7 +44,7 @@ func (c Config) ServerConfig(getenv func(string) string) (server.Config, error) 
 	p, cb, pr := c.Pricing, c.Carbon, c.Prices
 	sc := server.Config{
 		Listen: c.Server.Listen, StatusListen: c.Server.StatusListen,
-		DataDir: c.Store.Data, GCInterval: c.Store.GCInterval, CommitWindow: c.Store.CommitWindow, RawRetention: c.Store.RawRetention,
+		DataDir: c.Store.Data, StoreURL: c.Store.URL, StorePasswordFile: c.Store.PasswordFile, GCInterval: c.Store.GCInterval, CommitWindow: c.Store.CommitWindow, RawRetention: c.Store.RawRetention,
 		MaxLiveRunsPerNode: c.Limits.MaxLiveRunsPerNode, MaxNewRunsPerMinute: c.Limits.MaxNewRunsPerMinute, MaxBatchRunRecords: c.Limits.MaxBatchRunRecords,
 		TLSCertFile: c.TLS.Cert, TLSKeyFile: c.TLS.Key, TLSClientCAFile: c.TLS.ClientCA,
 		IngestTokensFile: c.Auth.IngestTokens, ReadTokenFile: c.Auth.ReadTokenFile, AdminTokenFile: c.Auth.AdminTokenFile,

@@ -16,6 +16,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"sync"
@@ -34,11 +35,14 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/auth"
 	"github.com/trainmeter/trainmeter/collector/internal/budget"
 	"github.com/trainmeter/trainmeter/collector/internal/console"
+	"github.com/trainmeter/trainmeter/collector/internal/fold"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
+	"github.com/trainmeter/trainmeter/collector/internal/pgstore"
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/carbonwatch"
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/pricewatch"
 	"github.com/trainmeter/trainmeter/collector/internal/query"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	"github.com/trainmeter/trainmeter/collector/internal/telemetry"
 	"github.com/trainmeter/trainmeter/internal/flowcontrol"
@@ -73,8 +77,12 @@ const (
 type Config struct {
 	// Listen is the host:port to listen on (port 0 picks a free one).
 	Listen string
-	// DataDir is the badger directory.
+	// DataDir is the badger directory (when StoreURL is empty).
 	DataDir string
+	// StoreURL, when set, is the PostgreSQL database (postgres://…) the
+	// collector keeps its data in instead, shared with other collectors;
+	// StorePasswordFile holds its password when the URL has none.
+	StoreURL, StorePasswordFile string
 	// GPUPricePerHour is the default $/GPU-hour for runs whose run_start has
 	// no price; 0 = unknown.
 	GPUPricePerHour float64
@@ -101,7 +109,7 @@ type Config struct {
 	GCInterval time.Duration
 	// RawRetention and CommitWindow: see store.Options.
 	RawRetention, CommitWindow time.Duration
-	// Bounds per node (docs/security.md; store.Limits,
+	// Bounds per node (docs/security.md; fold.Limits,
 	// ingest.DefaultMaxBatchRunRecords); 0: none, and the ingest default.
 	MaxLiveRunsPerNode, MaxNewRunsPerMinute, MaxBatchRunRecords int
 	// StatusListen, when set (HOST:PORT), serves GET /healthz and GET /status
@@ -195,7 +203,12 @@ func (c Config) Validate() error {
 	} else if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("listen address %q: %v", c.Listen, err))
 	}
-	if c.DataDir == "" {
+	if c.StoreURL != "" {
+		errs = append(errs, checkStoreURL(c.StoreURL))
+		if c.RawRetention > 0 {
+			errs = append(errs, errors.New("raw retention is not kept on a PostgreSQL store yet: leave --raw-retention at 0 with --store"))
+		}
+	} else if c.DataDir == "" {
 		errs = append(errs, errors.New("data directory is empty"))
 	}
 	errs = append(errs, c.Pricing().Validate())
@@ -251,7 +264,7 @@ func (c Config) pricingWith(live cost.CarbonSource) aggregate.Pricing {
 // the oldest batch ingest accepts, so no replay can be applied twice.
 func (s *Server) storeOptions(pricing aggregate.Pricing) store.Options {
 	o := store.Options{Logger: s.log, RawRetention: s.cfg.RawRetention, CommitWindow: s.cfg.CommitWindow, Clock: s.cfg.Clock,
-		Limits: store.Limits{MaxLiveRunsPerNode: s.cfg.MaxLiveRunsPerNode, MaxNewRunsPerMinute: s.cfg.MaxNewRunsPerMinute}}
+		Limits: s.limits()}
 	if pricing.Carbon != nil {
 		o.Carbon = pricing
 	}
@@ -264,6 +277,56 @@ func (s *Server) storeOptions(pricing aggregate.Pricing) store.Options {
 	return o
 }
 
+// limits are the per-node bounds on runs, for either store.
+func (s *Server) limits() fold.Limits {
+	return fold.Limits{MaxLiveRunsPerNode: s.cfg.MaxLiveRunsPerNode, MaxNewRunsPerMinute: s.cfg.MaxNewRunsPerMinute}
+}
+
+// checkStoreURL checks that a store URL names PostgreSQL.
+func checkStoreURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("store URL %s does not parse", pgstore.Redact(raw))
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return fmt.Errorf("store URL %s: the scheme must be postgres:// (PostgreSQL); a data directory is --data", pgstore.Redact(raw))
+	}
+	return nil
+}
+
+// collectorStore is the store the server opens: the seam its services use,
+// and what the server itself does with it.
+type collectorStore interface {
+	storage.Store
+	SetPricer(aggregate.Pricer)
+	Close() error
+}
+
+// openStore opens the store the configuration names, by the URL's scheme
+// (PostgreSQL) or else the data directory (BadgerDB), and the background
+// loop it needs (nil: none).
+func (s *Server) openStore(ctx context.Context, pricing aggregate.Pricing) (collectorStore, lifecycle.Component, error) {
+	if s.cfg.StoreURL == "" {
+		st, err := store.Open(s.cfg.DataDir, s.storeOptions(pricing))
+		if err != nil {
+			return nil, nil, err
+		}
+		return st, &store.GC{Store: st, Interval: s.cfg.GCInterval, Clock: s.cfg.Clock}, nil
+	}
+	o := pgstore.Options{Logger: s.log, Clock: s.cfg.Clock, PasswordFile: s.cfg.StorePasswordFile, Limits: s.limits()}
+	if pricing.Carbon != nil {
+		o.Carbon = pricing
+	}
+	if s.cfg.Tariff != nil {
+		o.EnergyBands = s.cfg.Tariff
+	}
+	st, err := pgstore.Open(ctx, s.cfg.StoreURL, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, nil, nil
+}
+
 // Server is a collector.
 type Server struct {
 	cfg Config
@@ -271,7 +334,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	started  bool
-	store    *store.Store
+	store    collectorStore
 	ingest   *ingest.Server
 	advisor  *dataloadersvc.Advisor
 	loops    []lifecycle.Component // started background loops, in start order
@@ -344,7 +407,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		live = carbon
 	}
 	pricing := s.cfg.pricingWith(live)
-	st, err := store.Open(s.cfg.DataDir, s.storeOptions(pricing))
+	st, gc, err := s.openStore(ctx, pricing)
 	if err != nil {
 		return err
 	}
@@ -434,8 +497,10 @@ func (s *Server) Start(ctx context.Context) (err error) {
 
 	// Background loops; Shutdown stops them newest first.
 	var loops []lifecycle.Component
-	gc := &store.GC{Store: st, Interval: s.cfg.GCInterval, Clock: s.cfg.Clock}
-	components := []lifecycle.Component{gc, adv, webhooks, budgets, prices}
+	components := []lifecycle.Component{adv, webhooks, budgets, prices}
+	if gc != nil {
+		components = append([]lifecycle.Component{gc}, components...)
+	}
 	if carbon != nil {
 		components = append(components, carbon)
 	}
@@ -474,8 +539,12 @@ func (s *Server) Start(ctx context.Context) (err error) {
 			s.log.Error("grpc serve", "err", err)
 		}
 	}()
-	s.log.Info("listening on "+lis.Addr().String(), "addr", lis.Addr().String(), "data", s.cfg.DataDir,
-		"tls", s.cfg.TLSOptions().Enabled(), "mtls", s.cfg.TLSClientCAFile != "", "tokens", s.cfg.AuthConfig().Enabled())
+	where := []any{"data", s.cfg.DataDir}
+	if s.cfg.StoreURL != "" {
+		where = []any{"store", pgstore.Redact(s.cfg.StoreURL)}
+	}
+	s.log.Info("listening on "+lis.Addr().String(), append(append([]any{"addr", lis.Addr().String()}, where...),
+		"tls", s.cfg.TLSOptions().Enabled(), "mtls", s.cfg.TLSClientCAFile != "", "tokens", s.cfg.AuthConfig().Enabled())...)
 	if !s.cfg.TLSOptions().Enabled() && !isLoopback(lis.Addr()) {
 		s.log.Warn("serving plaintext gRPC on a non-loopback address: data (and tokens) travel unencrypted; set --tls-cert and --tls-key", "addr", lis.Addr().String())
 	}

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/fold"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -33,9 +34,9 @@ type applyReq struct {
 	sender Sender
 	b      *trainmeterv1.Batch
 	runs   []string
-	raw    []kv            // encoded by the caller
-	rk     []byte          // the batch's r/ key, nil when it has no r/ record
-	gone   []deletedWindow // windows of deleted runs, kept as dw/ records (deleted.go)
+	raw    []kv                 // encoded by the caller
+	rk     []byte               // the batch's r/ key, nil when it has no r/ record
+	gone   []fold.DeletedWindow // windows of deleted runs, kept as dw/ records (deleted.go)
 
 	dup     bool
 	refused []Refusal           // starts refused, records dropped (refused.go)
@@ -155,18 +156,16 @@ type groupAggs struct {
 	// peeked: aggregates read but not (yet) changed by the group, which
 	// are not written back (a refused record never makes an aggregate).
 	peeked map[string]*aggregate.State
-	// The group's changes to the live index (limits.go): which runs went
-	// live or stopped being live on which node, the net change per node,
-	// and the new runs each node started.
-	live      map[liveKey]bool
-	liveDelta map[string]int
-	newRuns   map[string]int
-	now       time.Time
+	// live is the group's view of the live index (limits.go) and its
+	// changes to it.
+	live *fold.Live
+	now  time.Time
 }
 
 func newGroupAggs(s *Store) *groupAggs {
+	now := s.now()
 	return &groupAggs{s: s, state: map[string]*aggregate.State{}, nodes: map[string]*nodeEntry{}, sizes: map[string]int{},
-		peeked: map[string]*aggregate.State{}, live: map[liveKey]bool{}, liveDelta: map[string]int{}, newRuns: map[string]int{}, now: s.now()}
+		peeked: map[string]*aggregate.State{}, live: fold.NewLive(s.live, s.limits, now), now: now}
 }
 
 func (g *groupAggs) get(txn *badger.Txn, run string) (*aggregate.State, error) {
@@ -209,6 +208,17 @@ func (g *groupAggs) peek(txn *badger.Txn, run string) (*aggregate.State, error) 
 	g.peeked[run] = st
 	return st, nil
 }
+
+// groupView is the group in a transaction as fold.Admit reads it.
+type groupView struct {
+	g   *groupAggs
+	txn *badger.Txn
+	*fold.Live
+}
+
+func (v groupView) Peek(run string) (*aggregate.State, error) { return v.g.peek(v.txn, run) }
+func (v groupView) Get(run string) (*aggregate.State, error)  { return v.g.get(v.txn, run) }
+func (v groupView) Now() time.Time                            { return v.g.now }
 
 func (g *groupAggs) nodeEntry(txn *badger.Txn, node string) (*nodeEntry, error) {
 	if e := g.nodes[node]; e != nil {
@@ -285,7 +295,7 @@ func putAgg(txn *badger.Txn, run string, st *aggregate.State) (int, error) {
 // ahead of the database and are dropped.
 func (g *groupAggs) finish(err error) {
 	if err == nil {
-		g.commitLive()
+		g.s.live.commit(g.live)
 	}
 	for _, r := range g.order {
 		if err == nil {

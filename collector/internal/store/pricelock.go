@@ -8,14 +8,13 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/fold"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-// Locked prices (docs/costs.md): each window is priced as it is stored, at
-// the prices in force then, and its records carry those prices: the run's
-// aggregate books the cost (aggregate.State.BookPrice), the run window's
-// w/ record and the batch's r/ record (idle GPU time) carry the price
-// (RunWindow, Batch: locked_*). Only Reprice changes a booked price.
+// Locked prices (docs/costs.md; fold.AppendStamp): the run window's w/
+// record and the batch's r/ record (idle GPU time) carry the prices they
+// were booked at.
 
 type pricerBox struct{ p aggregate.Pricer }
 
@@ -31,65 +30,6 @@ func (s *Store) Pricer() aggregate.Pricer {
 		return b.p
 	}
 	return nil
-}
-
-// nodeGPUName is the name of a node's GPUs from its hello (the last one's,
-// as usage rows name them).
-func nodeGPUName(ns *trainmeterv1.NodeStatus) string {
-	name := ""
-	for _, g := range ns.GetGpus() {
-		name = g.GetName()
-	}
-	return name
-}
-
-// appendStamp appends the encoded stamp to a record's encoding: protobuf
-// merges the concatenation, so the stamp's fields are set in the record
-// without decoding it. The record was encoded with no locked_* field set
-// (clearLocked), so nothing of it is left to override.
-func appendStamp(rec kv, stamp proto.Message) (kv, error) {
-	b, err := proto.Marshal(stamp)
-	if err != nil {
-		return rec, err
-	}
-	v := make([]byte, 0, len(rec.v)+len(b))
-	return kv{rec.k, append(append(v, rec.v...), b...)}, nil
-}
-
-// idleStamp is the price of node's idle GPU time and energy in b's window,
-// for its r/ record.
-func idleStamp(p aggregate.Pricer, node, gpu string, b *trainmeterv1.Batch) *trainmeterv1.Batch {
-	st := &trainmeterv1.Batch{PriceLocked: true}
-	if price, src, ok := p.GPUPrice(0, node, gpu); ok {
-		st.LockedUsdPerGpuHour, st.LockedPriceSource = &price, src
-	}
-	from, to := b.GetWindowStart().AsTime(), b.GetWindowEnd().AsTime()
-	if to.Sub(from) > aggregate.MaxBandedWindow {
-		to = from
-	}
-	var perJ float64
-	if _, ok := p.EnergyRate(from, to, func(_ string, _, usd float64) { perJ += usd }); ok {
-		st.LockedUsdPerJoule = &perJ
-	}
-	return st
-}
-
-// clearLocked returns b without prices in the fields only the store sets
-// (a copy when it had any).
-func clearLocked(b *trainmeterv1.Batch) *trainmeterv1.Batch {
-	set := b.GetPriceLocked() || b.LockedUsdPerGpuHour != nil || b.LockedUsdPerJoule != nil || b.GetLockedPriceSource() != ""
-	for _, w := range b.GetRunWindows() {
-		set = set || w.GetPriceLocked() || w.LockedUsdPerGpuHour != nil || w.LockedUsdPerJoule != nil || w.GetLockedPriceSource() != ""
-	}
-	if !set {
-		return b
-	}
-	b = proto.CloneOf(b)
-	b.PriceLocked, b.LockedUsdPerGpuHour, b.LockedPriceSource, b.LockedUsdPerJoule = false, nil, "", nil
-	for _, w := range b.GetRunWindows() {
-		w.PriceLocked, w.LockedUsdPerGpuHour, w.LockedPriceSource, w.LockedUsdPerJoule = false, nil, "", nil
-	}
-	return b
 }
 
 // Reprice implements storage.Store: it rewrites the prices in the run's
@@ -116,21 +56,9 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 			if err := proto.Unmarshal(v, &w); err != nil {
 				return nil, fmt.Errorf("run %q window: %w", id, err)
 			}
-			if !since.IsZero() && w.GetStart().AsTime().Before(since) {
+			if !fold.RepriceWindow(&w, since, usdPerHour, &ch) {
 				return nil, nil
 			}
-			gs := w.GetGpuSeconds()
-			ch.GPUSeconds += gs
-			switch {
-			case !w.GetPriceLocked():
-				ch.UnbookedS += gs
-			case w.LockedUsdPerGpuHour == nil:
-				ch.UnpricedS += gs
-			default:
-				ch.BookedUSD += gs / 3600 * w.GetLockedUsdPerGpuHour()
-			}
-			w.PriceLocked = true
-			w.LockedUsdPerGpuHour, w.LockedPriceSource = &usdPerHour, "repriced"
 			return proto.Marshal(&w)
 		})
 	})

@@ -14,11 +14,12 @@ import (
 type reopenable struct {
 	*store.Store
 	dir string
+	o   storagetest.Options
 }
 
-func openDir(t *testing.T, dir string) *store.Store {
+func openDir(t *testing.T, dir string, o storagetest.Options) *store.Store {
 	t.Helper()
-	s, err := store.Open(dir, store.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s, err := store.Open(dir, store.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Limits: o.Limits, Clock: o.Clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,14 +31,14 @@ func (r *reopenable) Reopen(t *testing.T) storage.Store {
 	if err := r.Store.Close(); err != nil {
 		t.Fatal(err)
 	}
-	r.Store = openDir(t, r.dir)
+	r.Store = openDir(t, r.dir, r.o)
 	return r
 }
 
 func TestConformance(t *testing.T) {
-	storagetest.Run(t, func(t *testing.T) storage.Store {
-		r := &reopenable{dir: t.TempDir()}
-		r.Store = openDir(t, r.dir)
+	storagetest.Run(t, func(t *testing.T, o storagetest.Options) storage.Store {
+		r := &reopenable{dir: t.TempDir(), o: o}
+		r.Store = openDir(t, r.dir, o)
 		return r
 	})
 }

@@ -43,7 +43,6 @@ package store
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -63,6 +62,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/fold"
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
@@ -372,11 +372,6 @@ func gpuKey(node string, start, seq uint64) []byte {
 	return be64(be64(gpuPrefix(node), start), seq)
 }
 
-// hasRecord: the batch has an r/ record (rawRecords).
-func hasRecord(b *trainmeterv1.Batch) bool {
-	return len(b.GetGpuWindows()) > 0 || b.GetHost() != nil || len(b.GetHostEnergy()) > 0
-}
-
 func aggKey(run string) []byte { return key("a/", run) }
 
 // A run's node states, when its aggregate keeps them apart
@@ -407,27 +402,6 @@ func (s *Store) lockRuns(node string, runs []string) func() {
 	}
 }
 
-// batchRuns lists the run ids a batch touches, sorted.
-func batchRuns(b *trainmeterv1.Batch) []string {
-	var out []string
-	for _, w := range b.GetRunWindows() {
-		out = append(out, w.GetRunId())
-	}
-	for _, e := range b.GetRunEvents() {
-		out = append(out, aggregate.EventRunID(e))
-	}
-	for _, l := range b.GetLosses() {
-		out = append(out, l.GetRunId())
-	}
-	for _, h := range b.GetHostEnergy() {
-		for _, sh := range h.GetRuns() {
-			out = append(out, sh.GetRunId())
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
 // ApplyBatch stores a (validated) batch from node/boot and folds it into the
 // run aggregates, all in one transaction (ApplyBatchResult).
 func (s *Store) ApplyBatch(node, boot string, b *trainmeterv1.Batch) (duplicate bool, err error) {
@@ -445,7 +419,7 @@ func (s *Store) ApplyBatchResult(sender Sender, b *trainmeterv1.Batch) (a Applie
 	unlock := s.lockRuns(node, nil)
 	defer unlock()
 	b, gone := s.dropDeleted(b)
-	b = clearLocked(b)
+	b = fold.ClearLocked(b)
 	raw, rk, err := rawRecords(node, boot, b)
 	if err == nil {
 		raw, err = appendDeletedRecords(raw, node, b.GetSeq(), gone)
@@ -453,7 +427,7 @@ func (s *Store) ApplyBatchResult(sender Sender, b *trainmeterv1.Batch) (a Applie
 	if err != nil {
 		return Applied{}, err
 	}
-	req := &applyReq{sender: sender, b: b, runs: batchRuns(b), raw: raw, rk: rk, gone: gone, done: make(chan struct{})}
+	req := &applyReq{sender: sender, b: b, runs: fold.BatchRuns(b), raw: raw, rk: rk, gone: gone, done: make(chan struct{})}
 	select {
 	case s.applyCh <- req:
 		<-req.done
@@ -499,17 +473,14 @@ func rawRecords(node, boot string, b *trainmeterv1.Batch) (out []kv, rk []byte, 
 	// The node's GPU and host windows are one record, one key per batch
 	// rather than per GPU (docs/benchmarks.md). It carries the sender's
 	// boot: with its key it identifies the batch (deduplication).
-	if hasRecord(b) {
-		nw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), GpuWindows: b.GetGpuWindows(), Host: b.GetHost(),
-			HostEnergy: b.GetHostEnergy(), StoredBootId: boot}
+	if fold.HasNodeRecord(b) {
 		rk = gpuKey(node, startVal(b.GetWindowStart()), seq)
-		if err := add(rk, nw); err != nil {
+		if err := add(rk, fold.NodeRecord(b, boot)); err != nil {
 			return nil, nil, err
 		}
 	}
 	// Raw samples (only from agents asked for them): one record per batch.
-	if len(b.GetRawSamples()) > 0 {
-		raw := &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), WindowEnd: b.GetWindowEnd(), RawSamples: b.GetRawSamples()}
+	if raw := fold.SamplesRecord(b); raw != nil {
 		if err := add(be64(tkey(append(key("s/", node), 0), b.GetWindowStart()), seq), raw); err != nil {
 			return nil, nil, err
 		}
@@ -533,14 +504,14 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		return dup, err
 	}
 	raw := r.raw
-	nb, refused, dropped, err := s.admitBatch(txn, g, ne, node, b, runs)
+	nb, refused, dropped, err := fold.Admit(groupView{g, txn, g.live}, s.log, len(ne.ns.GetGpus()), node, b, runs)
 	if err != nil {
 		return false, err
 	}
 	if nb != b {
 		// Records of refused starts, and records the node may not send,
 		// dropped: the raw records are the kept ones.
-		b, runs, r.refused, r.dropped, r.applied = nb, batchRuns(nb), refused, dropped, nb
+		b, runs, r.refused, r.dropped, r.applied = nb, fold.BatchRuns(nb), refused, dropped, nb
 		if raw, _, err = rawRecords(node, boot, b); err == nil {
 			raw, err = appendDeletedRecords(raw, node, seq, r.gone)
 		}
@@ -565,36 +536,30 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		}
 		aggs[r] = st
 	}
-	// Starts first, then windows, evals and ends, so that a batch that
-	// carries a whole short run folds the same as one split over batches.
-	for _, e := range b.GetRunEvents() {
-		if ev := e.GetRunStart(); ev != nil {
-			aggs[ev.GetRunId()].AddStart(node, ev)
-		}
+	// Data the agent's spool dropped; a record with a seq (a batch sent but
+	// never acked) counts only if that batch was not applied after all.
+	runLosses, err := notHeld(txn, node, boot, b.GetLosses())
+	if err != nil {
+		return false, err
 	}
 	// Each window's cost is booked at the prices in force now, and its raw
 	// record carries them (usage rows are priced from it).
 	pricer := s.Pricer()
-	nodeGPU := nodeGPUName(ne.ns)
+	nodeGPU := fold.NodeGPUName(ne.ns)
+	stamps := fold.Fold(aggs, node, nodeGPU, b, fold.Booking{Bands: s.bands, Carbon: s.carbon, Pricer: pricer}, runLosses, g.now)
 	if pricer != nil {
 		raw = slices.Clone(raw)
-	}
-	for i, w := range b.GetRunWindows() {
-		st := aggs[w.GetRunId()]
-		st.AddWindowBooked(node, w, s.bands, s.carbon)
-		if pricer != nil {
-			stamp := &trainmeterv1.RunWindow{}
-			st.BookPrice(node, w, pricer, nodeGPU).Stamp(stamp)
-			if raw[i], err = appendStamp(raw[i], stamp); err != nil {
+		for i, stamp := range stamps {
+			if raw[i].v, err = fold.AppendStamp(raw[i].v, stamp); err != nil {
 				return false, err
 			}
 		}
-	}
-	if pricer != nil && rk != nil {
-		for i := range raw {
-			if bytes.Equal(raw[i].k, rk) {
-				if raw[i], err = appendStamp(raw[i], idleStamp(pricer, node, nodeGPU, b)); err != nil {
-					return false, err
+		if rk != nil {
+			for i := range raw {
+				if bytes.Equal(raw[i].k, rk) {
+					if raw[i].v, err = fold.AppendStamp(raw[i].v, fold.IdleStamp(pricer, node, nodeGPU, b)); err != nil {
+						return false, err
+					}
 				}
 			}
 		}
@@ -603,35 +568,6 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 		if err := s.setTTL(txn, rec.k, rec.v, s.rawTTL); err != nil {
 			return false, err
 		}
-	}
-	for _, e := range b.GetRunEvents() {
-		if ev := e.GetEval(); ev != nil {
-			aggs[ev.GetRunId()].AddEval(node, ev)
-		}
-	}
-	// A run's last host energy interval may come a batch after its end:
-	// it is folded whenever it comes (the run's figures, not its end).
-	for _, h := range b.GetHostEnergy() {
-		for _, sh := range h.GetRuns() {
-			aggs[sh.GetRunId()].AddHostEnergy(node, h, sh)
-		}
-	}
-	for _, e := range b.GetRunEvents() {
-		if ev := e.GetRunEnd(); ev != nil {
-			aggs[ev.GetRunId()].AddEnd(node, ev)
-		}
-	}
-	for _, st := range aggs {
-		st.NoteEnded(g.now)
-	}
-	// Data the agent's spool dropped; a record with a seq (a batch sent but
-	// never acked) counts only if that batch was not applied after all.
-	runLosses, err := notHeld(txn, node, boot, b.GetLosses())
-	if err != nil {
-		return false, err
-	}
-	for _, l := range runLosses {
-		aggs[l.GetRunId()].AddLoss(node, l)
 	}
 	// The node's part of dropped batches, by the same rule, for usage.
 	nodeLosses, err := notHeld(txn, node, boot, b.GetNodeLosses())
@@ -647,7 +583,7 @@ func (s *Store) applyTo(txn *badger.Txn, g *groupAggs, r *applyReq) (bool, error
 			return false, err
 		}
 	}
-	g.noteLive(node, runs)
+	g.live.NoteLive(node, runs, func(r string) *aggregate.State { return g.state[r] })
 	ns := ne.ns
 	ns.BootId = boot
 	ns.LastSeq = b.GetSeq()
@@ -972,7 +908,7 @@ func (s *Store) DeleteRun(id string) (records int, err error) {
 	return s.deleteRun(id, d)
 }
 
-func (s *Store) deleteRun(id string, d deletion) (records int, err error) {
+func (s *Store) deleteRun(id string, d fold.Deletion) (records int, err error) {
 	unlock := s.lockRuns("", []string{id})
 	defer unlock()
 	found := false
@@ -1255,17 +1191,10 @@ func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *train
 // where a record has none).
 func scanNodeLosses(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu func(node string, b *trainmeterv1.Batch) error) error {
 	return scanNodeBatches(txn, "nl/", func(node string, b *trainmeterv1.Batch) error {
-		kept := &trainmeterv1.Batch{WindowStart: b.GetWindowStart()}
-		for _, l := range b.GetNodeLosses() {
-			at := cmp.Or(l.GetFirstWindowStart(), l.GetWindowStart(), b.GetWindowStart())
-			if in(at) {
-				kept.NodeLosses = append(kept.NodeLosses, l)
-			}
+		if kept := fold.LossesIn(b, in); kept != nil {
+			return gpu(node, kept)
 		}
-		if len(kept.NodeLosses) == 0 {
-			return nil
-		}
-		return gpu(node, kept)
+		return nil
 	})
 }
 

@@ -7,13 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/fold"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	"github.com/trainmeter/trainmeter/pkg/clock"
 	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -26,9 +29,20 @@ type Reopener interface {
 	Reopen(t *testing.T) storage.Store
 }
 
-// Run runs the suite. open returns an empty store for one subtest and
-// closes it when the subtest ends (t.Cleanup).
-func Run(t *testing.T, open func(t *testing.T) storage.Store) {
+// Options are what a subtest opens its store with; a store must honour
+// them (the limits are a security guarantee, so no store may leave them
+// out).
+type Options struct {
+	// Limits bounds the runs a node may start (docs/security.md).
+	Limits fold.Limits
+	// Clock is the store's clock; nil: the wall clock.
+	Clock clock.Clock
+}
+
+// Run runs the suite. open returns an empty store opened with o for one
+// subtest and closes it when the subtest ends (t.Cleanup); a Reopener
+// opens it again with the same o.
+func Run(t *testing.T, open func(t *testing.T, o Options) storage.Store) {
 	for _, c := range []struct {
 		name string
 		fn   func(*testing.T, storage.Store)
@@ -43,7 +57,17 @@ func Run(t *testing.T, open func(t *testing.T) storage.Store) {
 		{"Reprice", reprice},
 		{"Reopen", reopen},
 	} {
-		t.Run(c.name, func(t *testing.T) { c.fn(t, open(t)) })
+		t.Run(c.name, func(t *testing.T) { c.fn(t, open(t, Options{})) })
+	}
+	for _, c := range []struct {
+		name string
+		fn   func(*testing.T, func(Options) storage.Store)
+	}{
+		{"LiveRunsLimit", liveRunsLimit},
+		{"LiveRunsLimitConcurrent", liveRunsLimitConcurrent},
+		{"NewRunsLimit", newRunsLimit},
+	} {
+		t.Run(c.name, func(t *testing.T) { c.fn(t, func(o Options) storage.Store { return open(t, o) }) })
 	}
 }
 
@@ -407,5 +431,116 @@ func reopen(t *testing.T, st storage.Store) {
 	}
 	if got := scan(t, st, time.Time{}, time.Time{}); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("usage after restart %+v, want %+v", got, want)
+	}
+}
+
+// startsBatch is batch seq at sec holding the events (starts, ends).
+func startsBatch(seq uint64, sec float64, events ...*trainmeterv1.RunEvent) *trainmeterv1.Batch {
+	return tu.Batch(seq, sec, nil, events...)
+}
+
+func starts(sec float64, runs ...string) []*trainmeterv1.RunEvent {
+	var out []*trainmeterv1.RunEvent
+	for _, r := range runs {
+		out = append(out, tu.Start(r, sec, "m"))
+	}
+	return out
+}
+
+// refusedRuns lists the runs whose starts a were refused, in order.
+func refusedRuns(a storage.Applied) string {
+	var ids []string
+	for _, r := range a.Refused {
+		ids = append(ids, r.RunID)
+	}
+	return strings.Join(ids, ",")
+}
+
+// liveRunsLimit: a node's live runs are bounded: a start beyond is refused
+// (the agent is told, naming the limit) and makes no run; another node has
+// its own bound; an end or a delete frees a place; the bound holds after a
+// restart (the store keeps what is live).
+func liveRunsLimit(t *testing.T, open func(Options) storage.Store) {
+	o := Options{Limits: fold.Limits{MaxLiveRunsPerNode: 3}}
+	st := open(o)
+	a := apply(t, st, "n", "b", startsBatch(1, 1, starts(1, "a", "b", "c", "d")...))
+	if refusedRuns(a) != "d" || !strings.Contains(a.Refused[0].Reason, "already has 3 live runs") {
+		t.Fatalf("refused %+v, want d's start, naming the limit", a.Refused)
+	}
+	if _, err := st.GetRun("d"); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("the refused run: %v, want ErrNotFound", err)
+	}
+	if a := apply(t, st, "other", "b", startsBatch(1, 1, starts(1, "x")...)); len(a.Refused) != 0 {
+		t.Errorf("another node refused: %+v", a.Refused)
+	}
+	if r, ok := st.(Reopener); ok {
+		st = r.Reopen(t)
+	}
+	if a := apply(t, st, "n", "b", startsBatch(2, 2, starts(2, "e")...)); refusedRuns(a) != "e" {
+		t.Fatalf("refused %+v, want e's start", a.Refused)
+	}
+	// An end frees its place for a later start in the same batch.
+	if a := apply(t, st, "n", "b", startsBatch(3, 3, append([]*trainmeterv1.RunEvent{tu.End("a", 3)}, starts(3, "e")...)...)); len(a.Refused) != 0 {
+		t.Fatalf("after a's end: refused %+v", a.Refused)
+	}
+	if a := apply(t, st, "n", "b", startsBatch(4, 4, starts(4, "f")...)); refusedRuns(a) != "f" {
+		t.Fatalf("refused %+v, want f's start", a.Refused)
+	}
+	if _, err := st.DeleteRun("b"); err != nil {
+		t.Fatal(err)
+	}
+	if a := apply(t, st, "n", "b", startsBatch(5, 5, starts(5, "f")...)); len(a.Refused) != 0 {
+		t.Fatalf("after b's delete: refused %+v", a.Refused)
+	}
+	runs, err := st.ListRuns(nil)
+	if err != nil || len(runs) != 5 {
+		t.Errorf("%d runs (%v), want a, c, e, f, x", len(runs), err)
+	}
+}
+
+// liveRunsLimitConcurrent: batches of one node applied at once (by several
+// collectors on one database) start no more runs than the bound.
+func liveRunsLimitConcurrent(t *testing.T, open func(Options) storage.Store) {
+	st := open(Options{Limits: fold.Limits{MaxLiveRunsPerNode: 3}})
+	const batches = 8
+	var wg sync.WaitGroup
+	for i := range batches {
+		wg.Go(func() {
+			run := fmt.Sprint("r", i)
+			if _, err := st.ApplyBatchResult(storage.Sender{Node: "n", Boot: "b"}, startsBatch(uint64(i+1), float64(i), starts(float64(i), run)...)); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if runs, err := st.ListRuns(nil); err != nil || len(runs) != 3 {
+		t.Errorf("%d runs (%v) from %d concurrent starts, want 3 (the bound)", len(runs), err, batches)
+	}
+}
+
+// newRunsLimit: the new runs a node starts are bounded per minute (a
+// bucket refilled over the minute, by the store's clock); starts of the
+// node's own live runs and joins of another node's runs are not new.
+func newRunsLimit(t *testing.T, open func(Options) storage.Store) {
+	clk := clock.NewFake(tu.Now())
+	st := open(Options{Limits: fold.Limits{MaxNewRunsPerMinute: 2}, Clock: clk})
+	a := apply(t, st, "n", "b", startsBatch(1, 1, starts(1, "a", "b", "c")...))
+	if refusedRuns(a) != "c" || !strings.Contains(a.Refused[0].Reason, "limit of 2 new runs a minute") {
+		t.Fatalf("refused %+v, want c's start, naming the limit", a.Refused)
+	}
+	if a := apply(t, st, "n", "b", startsBatch(2, 2, starts(2, "a", "c")...)); refusedRuns(a) != "c" {
+		t.Fatalf("refused %+v, want c again and a (live) accepted", a.Refused)
+	}
+	apply(t, st, "m", "b", startsBatch(1, 2, starts(2, "y", "z")...))
+	if a := apply(t, st, "m", "b", startsBatch(2, 2, starts(2, "a")...)); len(a.Refused) != 0 {
+		t.Fatalf("a join of n's run refused: %+v", a.Refused)
+	}
+	clk.Advance(30 * time.Second) // one run's worth refilled
+	if a := apply(t, st, "n", "b", startsBatch(3, 3, starts(3, "c", "d")...)); refusedRuns(a) != "d" {
+		t.Fatalf("30 s later: refused %+v, want d only", a.Refused)
+	}
+	clk.Advance(30 * time.Second)
+	if a := apply(t, st, "n", "b", startsBatch(4, 4, starts(4, "d", "e")...)); refusedRuns(a) != "e" {
+		t.Fatalf("a minute later: refused %+v, want e only", a.Refused)
 	}
 }

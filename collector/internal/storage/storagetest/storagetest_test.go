@@ -19,9 +19,9 @@ import (
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
-func openDir(t *testing.T, dir string) *store.Store {
+func openDir(t *testing.T, dir string, o storagetest.Options) *store.Store {
 	t.Helper()
-	s, err := store.Open(dir, store.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s, err := store.Open(dir, store.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Limits: o.Limits, Clock: o.Clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,20 +60,31 @@ func (f forgetsDeleted) UsageScan(since, until time.Time, gpu func(string, *trai
 type amnesic struct{ *store.Store }
 
 func (a *amnesic) Reopen(t *testing.T) storage.Store {
-	a.Store = openDir(t, t.TempDir())
+	a.Store = openDir(t, t.TempDir(), storagetest.Options{})
 	return a
 }
 
 // broken are stores that break the contract, and a subtest that must
 // fail on each.
 var broken = map[string]struct {
-	open func(*testing.T) storage.Store
+	open func(*testing.T, storagetest.Options) storage.Store
 	want string
 }{
-	"resend applied again": {func(t *testing.T) storage.Store { return &resends{Store: openDir(t, t.TempDir())} }, "ApplyOnce"},
-	"pages ignore cursor":  {func(t *testing.T) storage.Store { return pagesFromStart{openDir(t, t.TempDir())} }, "Pages"},
-	"deleted not in usage": {func(t *testing.T) storage.Store { return forgetsDeleted{openDir(t, t.TempDir())} }, "UsageAndDelete"},
-	"restart loses data":   {func(t *testing.T) storage.Store { return &amnesic{openDir(t, t.TempDir())} }, "Reopen"},
+	"resend applied again": {func(t *testing.T, o storagetest.Options) storage.Store {
+		return &resends{Store: openDir(t, t.TempDir(), o)}
+	}, "ApplyOnce"},
+	"pages ignore cursor": {func(t *testing.T, o storagetest.Options) storage.Store {
+		return pagesFromStart{openDir(t, t.TempDir(), o)}
+	}, "Pages"},
+	"deleted not in usage": {func(t *testing.T, o storagetest.Options) storage.Store {
+		return forgetsDeleted{openDir(t, t.TempDir(), o)}
+	}, "UsageAndDelete"},
+	"restart loses data": {func(t *testing.T, o storagetest.Options) storage.Store {
+		return &amnesic{openDir(t, t.TempDir(), o)}
+	}, "Reopen"},
+	"limits ignored": {func(t *testing.T, o storagetest.Options) storage.Store {
+		return openDir(t, t.TempDir(), storagetest.Options{Clock: o.Clock})
+	}, "LiveRunsLimit"},
 }
 
 const brokenEnv = "STORAGETEST_BROKEN"

@@ -1,4 +1,4 @@
-package store
+package fold
 
 import (
 	"fmt"
@@ -17,8 +17,8 @@ import (
 // node or up to EndGrace after its end there; a run window's energy must
 // be one the node's GPUs can draw. Anything else is dropped and counted,
 // and the rest of the batch applied: refusing the whole batch would stop
-// the node's stream on one record. The committer decides on the aggregates
-// as the batches before (in commit order) left them.
+// the node's stream on one record. A store decides on the aggregates as the
+// batches before (in commit order) left them.
 
 // EndGrace is how long after a node's end of a run (by the agent's clock:
 // a record's time against the run_end's) the node's records of the run
@@ -109,16 +109,16 @@ func (a *authorizer) energy(w *trainmeterv1.RunWindow) string {
 		return fmt.Sprintf("run %q: a window of %.3g s holds %.6g GPU-s, more than node %s's %d GPUs can (%.6g)",
 			w.GetRunId(), length, gs, a.node, gpus, most)
 	}
-	if !plausible(w) {
+	if !Plausible(w) {
 		return fmt.Sprintf("run %q: a window's energy (%.6g J) is more than its %.6g GPU-s can draw at %d W per GPU",
 			w.GetRunId(), max(w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ()), w.GetGpuSeconds(), gpu.MaxPowerW)
 	}
 	return ""
 }
 
-// plausible reports whether a window's energy, and each share's, is at
+// Plausible reports whether a window's energy, and each share's, is at
 // most gpu.MaxPowerW per GPU-second (at least one second per GPU).
-func plausible(w *trainmeterv1.RunWindow) bool {
+func Plausible(w *trainmeterv1.RunWindow) bool {
 	ok := func(counter, integrated, gpuSeconds float64, gpus int) bool {
 		most := gpu.MaxPowerW * max(gpuSeconds, float64(max(gpus, 1)))
 		return counter <= most && integrated <= most
@@ -138,18 +138,18 @@ func plausible(w *trainmeterv1.RunWindow) bool {
 // node may send (the common case: nothing to copy).
 func (a *authorizer) allowsAll(b *trainmeterv1.Batch) bool {
 	for _, w := range b.GetRunWindows() {
-		if a.check(w.GetRunId(), nanosOf(w.GetEnd()), w) != "" {
+		if a.check(w.GetRunId(), NanosOf(w.GetEnd()), w) != "" {
 			return false
 		}
 	}
 	for _, e := range b.GetRunEvents() {
-		if e.GetRunStart() == nil && a.check(aggregate.EventRunID(e), nanosOf(aggregate.EventTime(e)), nil) != "" {
+		if e.GetRunStart() == nil && a.check(aggregate.EventRunID(e), NanosOf(aggregate.EventTime(e)), nil) != "" {
 			return false
 		}
 	}
 	for _, h := range b.GetHostEnergy() {
 		for _, sh := range h.GetRuns() {
-			if a.check(sh.GetRunId(), nanosOf(h.GetEnd()), nil) != "" {
+			if a.check(sh.GetRunId(), NanosOf(h.GetEnd()), nil) != "" {
 				return false
 			}
 		}
@@ -161,6 +161,3 @@ func (a *authorizer) allowsAll(b *trainmeterv1.Batch) bool {
 	}
 	return true
 }
-
-// nodeGPUs is how many GPUs the node's Hello named.
-func nodeGPUs(ne *nodeEntry) int { return len(ne.ns.GetGpus()) }

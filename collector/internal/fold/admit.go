@@ -1,13 +1,43 @@
-package store
+// Package fold holds the rules of applying a batch that do not depend on
+// the database: which run starts are admitted, which records a node may
+// send, what of a deleted run is dropped, and how a batch folds into its
+// runs' aggregates. Each store (BadgerDB, PostgreSQL) reads the aggregates
+// in its own transaction and calls these, so both decide alike.
+package fold
 
 import (
-	"github.com/dgraph-io/badger/v4"
+	"log/slog"
+	"time"
+
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
+
+// Refusal is storage's.
+type Refusal = storage.Refusal
+
+// View is the aggregates and live runs as the store's transaction has them
+// so far (the batches before this one in commit order folded in).
+type View interface {
+	// Peek returns a run's aggregate, nil when there is none, without
+	// making it one to write.
+	Peek(run string) (*aggregate.State, error)
+	// Get returns a run's aggregate (a new one when there is none), to be
+	// written when the transaction commits.
+	Get(run string) (*aggregate.State, error)
+	// LiveOn, SetLive, CapRefusal and NewRun: the node's live runs and
+	// limits (a *Live's).
+	LiveOn(node, run string) bool
+	SetLive(node, run string, live bool)
+	CapRefusal(node, run string, isNew bool) string
+	NewRun(node string)
+	// Now is the transaction's time.
+	Now() time.Time
+}
 
 // A run_start for a run that has ended on every node it ran on is refused
 // unless it asks to resume (aggregate.State.Admit; docs/protocol.md,
@@ -17,12 +47,12 @@ import (
 // node's idle, as the agent books them once told, so usage rows still add
 // up to the node.
 
-// admitBatch decides the batch's run starts (membership, then the node's
+// Admit decides the batch's run starts (membership, then the node's
 // limits), drops the records the node may not send (authorize.go) and
 // those of refused starts; it returns the batch to apply (b itself when
 // nothing is dropped, else a copy), the refusals to tell the agent, and the
 // other dropped records by run.
-func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node string, b *trainmeterv1.Batch, runs []string) (*trainmeterv1.Batch, []Refusal, []Refusal, error) {
+func Admit(g View, log *slog.Logger, gpus int, node string, b *trainmeterv1.Batch, runs []string) (*trainmeterv1.Batch, []Refusal, []Refusal, error) {
 	refused := map[string]*Refusal{}
 	var order []string
 	refuse := func(st *aggregate.State) *Refusal {
@@ -44,48 +74,48 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node st
 			if capped[id] {
 				continue
 			}
-			st, err := g.peek(txn, id)
+			st, err := g.Peek(id)
 			if err != nil {
 				return nil, nil, nil, err
 			}
-			wasLive := g.liveOn(node, id)
+			wasLive := g.LiveOn(node, id)
 			a := aggregate.AdmitNew
 			if st != nil {
-				a = st.Admission(node, ev.RunStart, g.now)
+				a = st.Admission(node, ev.RunStart, g.Now())
 			}
 			if !wasLive && a != aggregate.AdmitRefused && !started[id] {
-				if why := g.capRefusal(node, id, a == aggregate.AdmitNew); why != "" {
+				if why := g.CapRefusal(node, id, a == aggregate.AdmitNew); why != "" {
 					capped[id] = true
-					refused[id] = &Refusal{RunID: id, Start: nanosOf(ev.RunStart.GetTime()), Reason: why}
+					refused[id] = &Refusal{RunID: id, Start: NanosOf(ev.RunStart.GetTime()), Reason: why}
 					order = append(order, id)
 					continue
 				}
 			}
-			if st, err = g.get(txn, id); err != nil {
+			if st, err = g.Get(id); err != nil {
 				return nil, nil, nil, err
 			}
-			if st.Admit(node, ev.RunStart, g.now) == aggregate.AdmitRefused {
-				s.log.Warn("run_start refused: the run had ended on every node", "run_id", id, "node", node,
+			if st.Admit(node, ev.RunStart, g.Now()) == aggregate.AdmitRefused {
+				log.Warn("run_start refused: the run had ended on every node", "run_id", id, "node", node,
 					"start", ev.RunStart.GetTime().AsTime())
 				refuse(st)
 				continue
 			}
 			if !started[id] && a == aggregate.AdmitNew {
-				g.newRuns[node]++
+				g.NewRun(node)
 			}
 			started[id] = true
-			g.setLive(node, id, true)
+			g.SetLive(node, id, true)
 		case *trainmeterv1.RunEvent_RunEnd:
 			// An end frees its run's place for the batch's later starts;
 			// the group's view is set from the folded aggregate after.
-			if id := ev.RunEnd.GetRunId(); g.liveOn(node, id) {
-				g.setLive(node, id, false)
+			if id := ev.RunEnd.GetRunId(); g.LiveOn(node, id) {
+				g.SetLive(node, id, false)
 			}
 		}
 	}
 	marked := map[string]*aggregate.State{}
 	for _, id := range runs {
-		st, err := g.peek(txn, id)
+		st, err := g.Peek(id)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -96,8 +126,8 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node st
 			marked[id] = st
 		}
 	}
-	az := newAuthorizer(node, nodeGPUs(ne), started, func(id string) *aggregate.State {
-		st, _ := g.peek(txn, id) // read above, or by the starts: no error now
+	az := newAuthorizer(node, gpus, started, func(id string) *aggregate.State {
+		st, _ := g.Peek(id) // read above, or by the starts: no error now
 		return st
 	})
 	dropped := map[string]*Refusal{}
@@ -133,18 +163,18 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node st
 	nb := proto.Clone(b).(*trainmeterv1.Batch)
 	nb.RunWindows = nb.RunWindows[:0]
 	for _, w := range b.GetRunWindows() {
-		if keep(w.GetRunId(), nanosOf(w.GetEnd()), w) {
+		if keep(w.GetRunId(), NanosOf(w.GetEnd()), w) {
 			nb.RunWindows = append(nb.RunWindows, w)
 			continue
 		}
-		if plausible(w) {
+		if Plausible(w) {
 			bookIdle(nb.GpuWindows, w)
 		}
 	}
 	nb.RunEvents = nb.RunEvents[:0]
 	for _, e := range b.GetRunEvents() {
 		id := aggregate.EventRunID(e)
-		t := nanosOf(aggregate.EventTime(e))
+		t := NanosOf(aggregate.EventTime(e))
 		if e.GetRunStart() == nil {
 			if keep(id, t, nil) {
 				nb.RunEvents = append(nb.RunEvents, e)
@@ -165,7 +195,7 @@ func (s *Store) admitBatch(txn *badger.Txn, g *groupAggs, ne *nodeEntry, node st
 	for _, h := range nb.HostEnergy {
 		kept := h.Runs[:0]
 		for _, sh := range h.Runs {
-			if keep(sh.GetRunId(), nanosOf(h.GetEnd()), nil) {
+			if keep(sh.GetRunId(), NanosOf(h.GetEnd()), nil) {
 				kept = append(kept, sh)
 				continue
 			}
@@ -202,7 +232,7 @@ func inOrder(ids []string, m map[string]*Refusal) []Refusal {
 	return out
 }
 
-func nanosOf(ts *timestamppb.Timestamp) int64 { return ts.AsTime().UnixNano() }
+func NanosOf(ts *timestamppb.Timestamp) int64 { return ts.AsTime().UnixNano() }
 
 // bookIdle adds a dropped run window's share of each of its GPUs to that
 // GPU's idle part of the batch (gws are the batch copy's own).

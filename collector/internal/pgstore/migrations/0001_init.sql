@@ -1,0 +1,112 @@
+-- The collector's tables (docs/storage.md, "PostgreSQL"). Times are Unix
+-- nanoseconds (bigint: exact, as the agents send them); identifiers sort
+-- bytewise (COLLATE "C"), as the BadgerDB store's keys do.
+--
+-- Keys are laid out for a fleet: every raw table's primary key holds its
+-- day column (start_ns or t_ns) to be partitioned by range on it, and the
+-- node (raw tables) or the run id (runs) to be distributed on.
+
+-- applied_batches: one row per batch applied; the primary key is the
+-- batch key, so the database itself applies a batch once.
+CREATE TABLE applied_batches (
+    node     text COLLATE "C" NOT NULL,
+    boot     text COLLATE "C" NOT NULL,
+    seq      bigint NOT NULL,
+    start_ns bigint NOT NULL,
+    PRIMARY KEY (node, boot, seq)
+);
+
+-- runs: a run's aggregate (storev1.Aggregate) and a few plain columns for
+-- SQL. state NULL: a row an ingest transaction holds locked for a run it
+-- may create, never committed so.
+CREATE TABLE runs (
+    run_id     text COLLATE "C" PRIMARY KEY,
+    state      bytea,
+    start_ns   bigint,
+    end_status text,
+    user_name  text
+);
+
+CREATE TABLE run_windows (
+    run_id   text COLLATE "C" NOT NULL,
+    node     text COLLATE "C" NOT NULL,
+    start_ns bigint NOT NULL,
+    seq      bigint NOT NULL,
+    i        int NOT NULL,
+    w        bytea NOT NULL,      -- trainmeter.v1.RunWindow
+    PRIMARY KEY (run_id, node, start_ns, seq, i)
+);
+
+CREATE TABLE run_events (
+    run_id text COLLATE "C" NOT NULL,
+    node   text COLLATE "C" NOT NULL,
+    t_ns   bigint NOT NULL,
+    seq    bigint NOT NULL,
+    i      int NOT NULL,
+    e      bytea NOT NULL,        -- trainmeter.v1.RunEvent
+    PRIMARY KEY (run_id, node, t_ns, seq, i)
+);
+
+-- A batch's GPU and host windows (node_windows), raw samples and node
+-- loss records: each a trainmeter.v1.Batch holding only those.
+CREATE TABLE node_windows (
+    node     text COLLATE "C" NOT NULL,
+    start_ns bigint NOT NULL,
+    seq      bigint NOT NULL,
+    b        bytea NOT NULL,
+    PRIMARY KEY (node, start_ns, seq)
+);
+
+CREATE TABLE raw_samples (
+    node     text COLLATE "C" NOT NULL,
+    start_ns bigint NOT NULL,
+    seq      bigint NOT NULL,
+    b        bytea NOT NULL,
+    PRIMARY KEY (node, start_ns, seq)
+);
+
+CREATE TABLE node_losses (
+    node     text COLLATE "C" NOT NULL,
+    start_ns bigint NOT NULL,
+    seq      bigint NOT NULL,
+    b        bytea NOT NULL,
+    PRIMARY KEY (node, start_ns, seq)
+);
+
+-- Deleted runs' windows, naming no run (trainmeter.store.v1.DeletedRunWindow).
+CREATE TABLE deleted_windows (
+    node     text COLLATE "C" NOT NULL,
+    start_ns bigint NOT NULL,
+    seq      bigint NOT NULL,
+    i        int NOT NULL,
+    deletion bigint NOT NULL,
+    d        bytea NOT NULL,
+    PRIMARY KEY (node, start_ns, seq, i, deletion)
+);
+
+-- A node's status, and its new-run bucket (per-node limits: tokens at
+-- new_runs_at, Unix ns; NULL: full). An ingest transaction holds the
+-- node's row, so one node's batches apply one after another.
+CREATE TABLE nodes (
+    node            text COLLATE "C" PRIMARY KEY,
+    status          bytea NOT NULL,   -- trainmeter.v1.NodeStatus
+    new_runs_tokens double precision,
+    new_runs_at     bigint
+);
+
+-- The runs live on each node (started there and not ended since), as the
+-- runs' aggregates have them: what the per-node limit on live runs counts.
+CREATE TABLE live_runs (
+    node   text COLLATE "C" NOT NULL,
+    run_id text COLLATE "C" NOT NULL,
+    PRIMARY KEY (node, run_id)
+);
+
+-- The collector's own documents (storage.Records); keys are bytes (some
+-- hold NUL separators) and sort bytewise.
+CREATE TABLE records (
+    ns text COLLATE "C" NOT NULL,
+    k  bytea NOT NULL,
+    v  bytea NOT NULL,
+    PRIMARY KEY (ns, k)
+);
