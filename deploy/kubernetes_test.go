@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -50,11 +51,18 @@ func str(v any) string {
 	return ""
 }
 
-func loadManifests(t *testing.T) map[string]obj {
+func loadManifests(t *testing.T, globs ...string) map[string]obj {
 	t.Helper()
-	files, err := filepath.Glob("kubernetes/*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no manifests in deploy/kubernetes: %v", err)
+	if len(globs) == 0 {
+		globs = []string{"kubernetes/*.yaml"}
+	}
+	var files []string
+	for _, g := range globs {
+		f, err := filepath.Glob(g)
+		if err != nil || len(f) == 0 {
+			t.Fatalf("no manifests at %s: %v", g, err)
+		}
+		files = append(files, f...)
 	}
 	all := map[string]obj{}
 	for _, f := range files {
@@ -262,4 +270,89 @@ func anyStrings(v any) []string {
 		out = append(out, str(x))
 	}
 	return out
+}
+
+// TestKubernetesPostgresManifests: kubernetes/postgres/collector.yaml, applied
+// instead of collector.yaml beside the namespace and the agent: 3 stateless
+// replicas behind the same Service, the database URL in the ConfigMap without
+// its password, the password from a Secret mounted as store.password_file.
+func TestKubernetesPostgresManifests(t *testing.T) {
+	m := loadManifests(t, "kubernetes/namespace.yaml", "kubernetes/agent.yaml", "kubernetes/postgres/*.yaml")
+	dep := m["Deployment/trainmeter-collector"]
+	if r, _ := get(dep, "spec", "replicas").(int); r != 3 {
+		t.Errorf("collector replicas %v, want 3", get(dep, "spec", "replicas"))
+	}
+	if str(get(dep, "spec", "strategy", "type")) == "Recreate" {
+		t.Error("stateless replicas roll; Recreate stops them all at once")
+	}
+	pod := get(dep, "spec", "template", "spec")
+	col := get(pod, "containers", "0")
+	if flagValues(col)["--config"] != "/etc/trainmeter/collector.yaml" {
+		t.Errorf("collector args lack --config=/etc/trainmeter/collector.yaml: %v", get(col, "args"))
+	}
+	var cfg struct {
+		Server struct{ Listen string }
+		Store  struct {
+			Data         string
+			URL          string
+			PasswordFile string `yaml:"password_file"`
+		}
+	}
+	if err := yaml.Unmarshal([]byte(str(get(m["ConfigMap/trainmeter-collector"], "data", "collector.yaml"))), &cfg); err != nil {
+		t.Fatalf("ConfigMap collector.yaml: %v", err)
+	}
+	u, err := url.Parse(cfg.Store.URL)
+	if err != nil || u.Scheme != "postgres" || cfg.Store.Data != "" {
+		t.Fatalf("store.url %q (%v), store.data %q: want a postgres:// URL and no data directory", cfg.Store.URL, err, cfg.Store.Data)
+	}
+	if _, has := u.User.Password(); has {
+		t.Error("store.url carries a password: it belongs in the Secret")
+	}
+	// The password file is a key of a Secret in these manifests, mounted at its directory.
+	dir, key := filepath.Split(cfg.Store.PasswordFile)
+	mounted := false
+	for _, vm := range get(col, "volumeMounts").([]any) {
+		for _, v := range get(pod, "volumes").([]any) {
+			if get(v, "name") != get(vm, "name") {
+				continue
+			}
+			if get(v, "persistentVolumeClaim") != nil {
+				t.Errorf("replica mounts a PersistentVolumeClaim (%v): replicas keep no state", get(v, "name"))
+			}
+			sec := m["Secret/"+str(get(v, "secret", "secretName"))]
+			if sec != nil && strings.TrimSuffix(str(get(vm, "mountPath")), "/") == strings.TrimSuffix(dir, "/") &&
+				(get(sec, "stringData", key) != nil || get(sec, "data", key) != nil) {
+				mounted = true
+			}
+		}
+	}
+	if !mounted {
+		t.Errorf("store.password_file %s is not a key of a Secret mounted at %s", cfg.Store.PasswordFile, dir)
+	}
+	labels := get(dep, "spec", "template", "metadata", "labels").(map[string]any)
+	for _, sel := range []any{get(m["Service/trainmeter-collector"], "spec", "selector"), get(m["PodDisruptionBudget/trainmeter-collector"], "spec", "selector", "matchLabels")} {
+		sm, _ := sel.(map[string]any)
+		if len(sm) == 0 {
+			t.Fatalf("a selector is missing (Service or PodDisruptionBudget): %v", sel)
+		}
+		for k, v := range sm {
+			if labels[k] != v {
+				t.Errorf("selector %s=%v does not match the collector pods", k, v)
+			}
+		}
+	}
+	if n, _ := get(m["PodDisruptionBudget/trainmeter-collector"], "spec", "minAvailable").(int); n < 1 || n >= 3 {
+		t.Errorf("PodDisruptionBudget minAvailable %d: want 1 or 2 of 3", n)
+	}
+	svc := m["Service/trainmeter-collector"]
+	if target := str(get(svc, "spec", "ports", "0", "targetPort")); target != "grpc" || after(cfg.Server.Listen) != str(get(col, "ports", "0", "containerPort")) {
+		t.Errorf("Service targetPort %q does not reach server.listen %s", target, cfg.Server.Listen)
+	}
+	var agentCfg map[string]any
+	if err := yaml.Unmarshal([]byte(str(get(m["ConfigMap/trainmeter-agent"], "data", "agent.yaml"))), &agentCfg); err != nil {
+		t.Fatalf("ConfigMap agent.yaml: %v", err)
+	}
+	if c, want := str(agentCfg["collector"]), "trainmeter-collector.trainmeter.svc:"+str(get(svc, "spec", "ports", "0", "port")); c != want {
+		t.Errorf("agent collector %q, want the Service %q", c, want)
+	}
 }
