@@ -14,7 +14,7 @@ import (
 func TestCollectorOnPostgreSQL(t *testing.T) {
 	t.Parallel()
 	url := pgtest.ServerDB(t)
-	c := startCollector(t, "--store", url)
+	c := startCollector(t, "--store", url, "--raw-retention", "720h")
 	tr := dialTrainer(t, c.startAgent("pg-node", "sim:1"))
 	tr.send(`{"event":"run_start","run_id":"pg-run","model":"m","warmup_s":0}`)
 	tr.runSteps("pg-run", 20, 1000, 20*time.Millisecond)

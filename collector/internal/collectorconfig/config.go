@@ -323,9 +323,6 @@ func (s Store) Validate() error {
 		if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 			errs = append(errs, errors.New("url (--store): want a postgres:// URL"))
 		}
-		if s.RawRetention > 0 {
-			errs = append(errs, errors.New("raw_retention: not kept on a PostgreSQL store yet (url set): leave it 0"))
-		}
 		if s.PasswordFile != "" {
 			if _, err := os.Stat(s.PasswordFile); err != nil {
 				errs = append(errs, fmt.Errorf("password_file (--store-password-file): %w", err))

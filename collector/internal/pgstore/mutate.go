@@ -42,7 +42,17 @@ func (s *Store) deleteRun(id string, live bool) (records int, err error) {
 				return err
 			}
 		}
-		rows, err := tx.Query(ctx, `DELETE FROM run_windows WHERE run_id = $1 RETURNING node, start_ns, seq, i, w`, id)
+		if err := lockRaw(tx); err != nil {
+			return err
+		}
+		from, err := rawFrom(tx)
+		if err != nil {
+			return err
+		}
+		// The raw windows from the horizon on and the minute rollups
+		// before it become the deleted run's (rollups as seq -1).
+		rows, err := tx.Query(ctx, `SELECT node, start_ns, seq, i, w FROM run_windows WHERE run_id = $1 AND start_ns >= $2
+			UNION ALL SELECT node, start_ns, -1, row_number() OVER (ORDER BY node, start_ns, lock)::int, w FROM run_rollups WHERE run_id = $1 AND start_ns < $2`, id, from)
 		if err != nil {
 			return err
 		}
@@ -51,7 +61,6 @@ func (s *Store) deleteRun(id string, live bool) (records int, err error) {
 		var start, seq int64
 		var i int32
 		var val []byte
-		records = 0
 		if _, err := pgx.ForEachRow(rows, []any{&node, &start, &seq, &i, &val}, func() error {
 			w := &trainmeterv1.RunWindow{}
 			if err := proto.Unmarshal(val, w); err != nil {
@@ -60,17 +69,22 @@ func (s *Store) deleteRun(id string, live bool) (records int, err error) {
 			dv, err := fold.DeletedRecord(w, d)
 			q.Queue(`INSERT INTO deleted_windows (node, start_ns, seq, i, deletion, d) VALUES ($1, $2, $3, $4, $5, $6)`,
 				node, start, seq, i, int64(d.ID), dv)
-			records++
 			return err
 		}); err != nil {
 			return err
 		}
+		tag, err := tx.Exec(ctx, `DELETE FROM run_windows WHERE run_id = $1`, id)
+		if err != nil {
+			return err
+		}
+		records = int(tag.RowsAffected())
+		q.Queue(`DELETE FROM run_rollups WHERE run_id = $1`, id)
 		q.Queue(`DELETE FROM runs WHERE run_id = $1`, id)
 		q.Queue(`DELETE FROM live_runs WHERE run_id = $1`, id)
 		if err := tx.SendBatch(ctx, &q).Close(); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `DELETE FROM run_events WHERE run_id = $1`, id)
+		tag, err = tx.Exec(ctx, `DELETE FROM run_events WHERE run_id = $1`, id)
 		if err != nil {
 			return err
 		}
@@ -100,7 +114,19 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 			return storage.ErrNotFound
 		}
 		st := runs[0]
-		rows, err := tx.Query(ctx, `SELECT node, start_ns, seq, i, w FROM run_windows WHERE run_id = $1 ORDER BY node, start_ns, seq, i`, id)
+		if err := lockRaw(tx); err != nil {
+			return err
+		}
+		from, err := rawFrom(tx)
+		if err != nil {
+			return err
+		}
+		// The raw windows from the horizon on, and the minute rollups
+		// before it (whole minutes: a rollup is repriced when it starts
+		// at or after since); the run's rollups are made again from both.
+		rows, err := tx.Query(ctx, `SELECT node, start_ns, seq, i, w FROM run_windows WHERE run_id = $1 AND start_ns >= $2
+			UNION ALL SELECT node, start_ns, -1, 0, w FROM run_rollups WHERE run_id = $1 AND start_ns < $2
+			ORDER BY 1, 2, 3, 4`, id, from)
 		if err != nil {
 			return err
 		}
@@ -109,12 +135,20 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 		var start, seq int64
 		var i int32
 		var val []byte
+		type rollKey struct {
+			node string
+			runRollKey
+		}
+		roll := map[rollKey]*trainmeterv1.RunWindow{}
 		if _, err := pgx.ForEachRow(rows, []any{&node, &start, &seq, &i, &val}, func() error {
 			w := &trainmeterv1.RunWindow{}
 			if err := proto.Unmarshal(val, w); err != nil {
 				return err
 			}
-			if !fold.RepriceWindow(w, since, usdPerHour, &ch) {
+			repriced := fold.RepriceWindow(w, since, usdPerHour, &ch)
+			k := rollKey{node, runRollKeyOf(w)}
+			roll[k] = addRunWindow(roll[k], w)
+			if !repriced || seq < 0 {
 				return nil
 			}
 			nv, err := proto.Marshal(w)
@@ -123,6 +157,14 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 			return err
 		}); err != nil {
 			return err
+		}
+		q.Queue(`DELETE FROM run_rollups WHERE run_id = $1`, id)
+		for k, w := range roll {
+			v, err := proto.Marshal(w)
+			if err != nil {
+				return err
+			}
+			q.Queue(`INSERT INTO run_rollups (node, run_id, start_ns, lock, w) VALUES ($1, $2, $3, $4, $5)`, k.node, id, k.start, []byte(k.lock), v)
 		}
 		if !ch.Whole && ch.GPUSeconds == 0 {
 			return errNothing

@@ -20,6 +20,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +48,9 @@ type Store struct {
 	carbon aggregate.CarbonBooker
 	limits fold.Limits
 	pricer atomic.Pointer[pricerBox]
+	// rawTTL, dedupTTL: Options.RawRetention, DedupRetention.
+	rawTTL, dedupTTL time.Duration
+	days             sync.Map // int64 day (Unix ns) → true: its partitions made (layout.go)
 }
 
 var _ storage.Store = (*Store)(nil)
@@ -62,6 +66,15 @@ type Options struct {
 	Carbon      aggregate.CarbonBooker
 	// Limits bounds the runs one node may start (limits.go); zero: none.
 	Limits fold.Limits
+	// RawRetention, when positive, is how long raw records (run windows
+	// and events, GPU and host windows, raw samples, node loss records) are
+	// kept: Maintain drops the day partitions wholly older. Run aggregates,
+	// per-minute rollups and deleted runs' windows are kept. Zero keeps all.
+	RawRetention time.Duration
+	// DedupRetention is how long the keys of applied batches are kept at
+	// least (with a raw retention: the oldest batch ingest accepts, and a
+	// day).
+	DedupRetention time.Duration
 	// PasswordFile, when set, holds the password (one line), which the
 	// URL then leaves out.
 	PasswordFile string
@@ -73,6 +86,9 @@ type Options struct {
 func Open(ctx context.Context, dbURL string, o Options) (*Store, error) {
 	if err := o.Limits.Validate(); err != nil {
 		return nil, err
+	}
+	if o.RawRetention < 0 || o.DedupRetention < 0 {
+		return nil, fmt.Errorf("pgstore: retention must be >= 0 (raw %v, dedup %v)", o.RawRetention, o.DedupRetention)
 	}
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
@@ -93,7 +109,8 @@ func Open(ctx context.Context, dbURL string, o Options) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
-	s := &Store{pool: pool, log: o.Logger, clk: o.Clock, bands: o.EnergyBands, carbon: o.Carbon, limits: o.Limits}
+	s := &Store{pool: pool, log: o.Logger, clk: o.Clock, bands: o.EnergyBands, carbon: o.Carbon, limits: o.Limits,
+		rawTTL: o.RawRetention, dedupTTL: o.DedupRetention}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -158,13 +175,37 @@ var readOnly = pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadO
 // errDuplicate rolls back the transaction of a batch applied before.
 var errDuplicate = errors.New("duplicate")
 
+// batchDays are the days the batch's raw rows start in.
+func batchDays(b *trainmeterv1.Batch) map[int64]bool {
+	ds := map[int64]bool{dayOf(fold.NanosOf(b.GetWindowStart())): true}
+	for _, w := range b.GetRunWindows() {
+		ds[dayOf(fold.NanosOf(w.GetStart()))] = true
+	}
+	for _, e := range b.GetRunEvents() {
+		ds[dayOf(fold.NanosOf(aggregate.EventTime(e)))] = true
+	}
+	return ds
+}
+
 // ApplyBatchResult implements storage.Ingester.
 func (s *Store) ApplyBatchResult(sender storage.Sender, b *trainmeterv1.Batch) (storage.Applied, error) {
 	var a storage.Applied
-	err := s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error {
-		a = storage.Applied{}
-		return s.apply(tx, sender, b, &a)
-	})
+	var err error
+	for range 2 {
+		if err = s.ensureDays(batchDays(b)); err != nil {
+			break
+		}
+		err = s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error {
+			a = storage.Applied{}
+			return s.apply(tx, sender, b, &a)
+		})
+		if !noPartition(err) {
+			break
+		}
+		// A day dropped since this process made it: made again (its rows
+		// are past the retention; Maintain drops it again).
+		s.days.Clear()
+	}
 	if errors.Is(err, errDuplicate) {
 		return storage.Applied{Duplicate: true}, nil
 	}
@@ -226,6 +267,7 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 	v.NoteLive(node, runs, func(r string) *aggregate.State { return aggs[r] })
 
 	var q pgx.Batch
+	roll := rollups{start: fold.NanosOf(b.GetWindowStart())}
 	for i, w := range b.GetRunWindows() {
 		val, err := proto.Marshal(w)
 		if err == nil && pricer != nil {
@@ -234,6 +276,14 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 		if err != nil {
 			return err
 		}
+		stored := w
+		if pricer != nil {
+			stored = &trainmeterv1.RunWindow{}
+			if err := proto.Unmarshal(val, stored); err != nil {
+				return err
+			}
+		}
+		roll.runs = append(roll.runs, stored)
 		q.Queue(`INSERT INTO run_windows (run_id, node, start_ns, seq, i, w) VALUES ($1, $2, $3, $4, $5, $6)
 			ON CONFLICT (run_id, node, start_ns, seq, i) DO UPDATE SET w = EXCLUDED.w`,
 			w.GetRunId(), node, fold.NanosOf(w.GetStart()), seq, i, val)
@@ -248,26 +298,31 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 			aggregate.EventRunID(e), node, fold.NanosOf(aggregate.EventTime(e)), seq, i, val)
 	}
 	start := fold.NanosOf(b.GetWindowStart())
-	perBatch := func(table string, m proto.Message, stamp proto.Message) error {
+	perBatch := func(table string, m proto.Message, stamp proto.Message) ([]byte, error) {
 		val, err := proto.Marshal(m)
 		if err == nil && stamp != nil {
 			val, err = fold.AppendStamp(val, stamp)
 		}
 		q.Queue(`INSERT INTO `+table+` (node, start_ns, seq, b) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (node, start_ns, seq) DO UPDATE SET b = EXCLUDED.b`, node, start, seq, val)
-		return err
+		return val, err
 	}
 	if fold.HasNodeRecord(b) {
 		var stamp proto.Message
 		if pricer != nil {
 			stamp = fold.IdleStamp(pricer, node, nodeGPU, b)
 		}
-		if err := perBatch("node_windows", fold.NodeRecord(b, boot), stamp); err != nil {
+		val, err := perBatch("node_windows", fold.NodeRecord(b, boot), stamp)
+		if err != nil {
+			return err
+		}
+		roll.node = &trainmeterv1.Batch{}
+		if err := proto.Unmarshal(val, roll.node); err != nil {
 			return err
 		}
 	}
 	if rs := fold.SamplesRecord(b); rs != nil {
-		if err := perBatch("raw_samples", rs, nil); err != nil {
+		if _, err := perBatch("raw_samples", rs, nil); err != nil {
 			return err
 		}
 	}
@@ -276,9 +331,13 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 		return err
 	}
 	if len(nodeLosses) > 0 {
-		if err := perBatch("node_losses", &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), NodeLosses: nodeLosses}, nil); err != nil {
+		if _, err := perBatch("node_losses", &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), NodeLosses: nodeLosses}, nil); err != nil {
 			return err
 		}
+		roll.loss = nodeLosses
+	}
+	if err := queueRollups(tx, &q, node, roll); err != nil {
+		return err
 	}
 	for _, g := range gone {
 		val, err := fold.DeletedRecord(g.W, g.D)
@@ -586,7 +645,18 @@ func scanProtos[T any, M interface {
 func (s *Store) RunTimeline(runID string) (ws []storage.NodeWindow, es []storage.NodeEvent, err error) {
 	err = s.tx(readOnly, func(tx pgx.Tx) error {
 		ws, es = nil, nil
-		err := forRows(tx, `SELECT node, w FROM run_windows WHERE run_id = $1 ORDER BY node, start_ns, seq, i`, []any{runID}, func(node string, v []byte) error {
+		if err := lockRaw(tx); err != nil {
+			return err
+		}
+		from, err := rawFrom(tx)
+		if err != nil {
+			return err
+		}
+		// The minute rollups before the horizon, the raw windows from it.
+		err = forRows(tx, `SELECT node, w FROM (
+				SELECT node, start_ns, 0 AS raw, 0::bigint AS seq, 0 AS i, lock, w FROM run_rollups WHERE run_id = $1 AND start_ns < $2
+				UNION ALL SELECT node, start_ns, 1, seq, i, '', w FROM run_windows WHERE run_id = $1 AND start_ns >= $2) t
+			ORDER BY node, start_ns, raw, seq, i, lock`, []any{runID, from}, func(node string, v []byte) error {
 			w := &trainmeterv1.RunWindow{}
 			ws = append(ws, storage.NodeWindow{Node: node, Window: w})
 			return proto.Unmarshal(v, w)
@@ -635,48 +705,67 @@ func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *train
 		t := fold.NanosOf(ts)
 		return t >= lo && t < hi
 	}
-	span := []any{lo, hi}
 	return s.tx(readOnly, func(tx pgx.Tx) error {
-		err := forRows(tx, `SELECT node, b FROM node_windows WHERE start_ns >= $1 AND start_ns < $2 ORDER BY node, start_ns, seq`, span, func(node string, v []byte) error {
+		if err := lockRaw(tx); err != nil {
+			return err
+		}
+		from, err := rawFrom(tx)
+		if err != nil {
+			return err
+		}
+		// Raw records from the horizon on, rollups before it.
+		span := []any{max(lo, from), hi}
+		old := []any{lo, min(hi, from)}
+		gpuRow := func(node string, v []byte) error {
 			b := &trainmeterv1.Batch{}
 			if err := proto.Unmarshal(v, b); err != nil {
 				return err
+			}
+			if len(b.GetNodeLosses()) > 0 {
+				if b = fold.LossesIn(b, in); b == nil {
+					return nil
+				}
 			}
 			return gpu(node, b)
-		})
-		if err != nil {
+		}
+		if err := forRows(tx, `SELECT node, b FROM node_rollups WHERE start_ns >= $1 AND start_ns < $2 AND lock <> '\xff' ORDER BY node, start_ns, lock`, old, gpuRow); err != nil {
 			return err
 		}
-		err = forRows(tx, `SELECT node, b FROM node_losses ORDER BY node, start_ns, seq`, nil, func(node string, v []byte) error {
-			b := &trainmeterv1.Batch{}
-			if err := proto.Unmarshal(v, b); err != nil {
+		if err := forRows(tx, `SELECT node, b FROM node_windows WHERE start_ns >= $1 AND start_ns < $2 ORDER BY node, start_ns, seq`, span, gpuRow); err != nil {
+			return err
+		}
+		// Loss records by their own time (fold.LossesIn), kept by their
+		// batch's: those of batches before the horizon from the rollups.
+		if err := forRows(tx, `SELECT node, b FROM node_rollups WHERE start_ns < $1 AND lock = '\xff' ORDER BY node, start_ns`, []any{from}, gpuRow); err != nil {
+			return err
+		}
+		if err := forRows(tx, `SELECT node, b FROM node_losses WHERE start_ns >= $1 ORDER BY node, start_ns, seq`, []any{from}, gpuRow); err != nil {
+			return err
+		}
+		runRow := func(sql string, args []any) error {
+			rows, err := tx.Query(context.Background(), sql, args...)
+			if err != nil {
 				return err
 			}
-			if kept := fold.LossesIn(b, in); kept != nil {
-				return gpu(node, kept)
-			}
-			return nil
-		})
-		if err != nil {
+			var id, node string
+			var v []byte
+			_, err = pgx.ForEachRow(rows, []any{&id, &node, &v}, func() error {
+				w := &trainmeterv1.RunWindow{}
+				if err := proto.Unmarshal(v, w); err != nil {
+					return err
+				}
+				return run(id, node, w)
+			})
 			return err
 		}
-		rows, err := tx.Query(context.Background(), `SELECT run_id, node, w FROM run_windows WHERE start_ns >= $1 AND start_ns < $2
-			ORDER BY run_id, node, start_ns, seq, i`, span...)
-		if err != nil {
+		if err := runRow(`SELECT run_id, node, w FROM run_rollups WHERE start_ns >= $1 AND start_ns < $2 ORDER BY run_id, node, start_ns, lock`, old); err != nil {
 			return err
 		}
-		var id, node string
-		var v []byte
-		if _, err := pgx.ForEachRow(rows, []any{&id, &node, &v}, func() error {
-			w := &trainmeterv1.RunWindow{}
-			if err := proto.Unmarshal(v, w); err != nil {
-				return err
-			}
-			return run(id, node, w)
-		}); err != nil {
+		if err := runRow(`SELECT run_id, node, w FROM run_windows WHERE start_ns >= $1 AND start_ns < $2
+			ORDER BY run_id, node, start_ns, seq, i`, span); err != nil {
 			return err
 		}
-		return forRows(tx, `SELECT node, d FROM deleted_windows WHERE start_ns >= $1 AND start_ns < $2 ORDER BY node, start_ns, seq, i, deletion`, span, func(node string, v []byte) error {
+		return forRows(tx, `SELECT node, d FROM deleted_windows WHERE start_ns >= $1 AND start_ns < $2 ORDER BY node, start_ns, seq, i, deletion`, []any{lo, hi}, func(node string, v []byte) error {
 			d := &storev1.DeletedRunWindow{}
 			if err := proto.Unmarshal(v, d); err != nil {
 				return err

@@ -205,9 +205,6 @@ func (c Config) Validate() error {
 	}
 	if c.StoreURL != "" {
 		errs = append(errs, checkStoreURL(c.StoreURL))
-		if c.RawRetention > 0 {
-			errs = append(errs, errors.New("raw retention is not kept on a PostgreSQL store yet: leave --raw-retention at 0 with --store"))
-		}
 	} else if c.DataDir == "" {
 		errs = append(errs, errors.New("data directory is empty"))
 	}
@@ -313,7 +310,9 @@ func (s *Server) openStore(ctx context.Context, pricing aggregate.Pricing) (coll
 		}
 		return st, &store.GC{Store: st, Interval: s.cfg.GCInterval, Clock: s.cfg.Clock}, nil
 	}
-	o := pgstore.Options{Logger: s.log, Clock: s.cfg.Clock, PasswordFile: s.cfg.StorePasswordFile, Limits: s.limits()}
+	so := s.storeOptions(pricing)
+	o := pgstore.Options{Logger: s.log, Clock: s.cfg.Clock, PasswordFile: s.cfg.StorePasswordFile, Limits: s.limits(),
+		RawRetention: so.RawRetention, DedupRetention: so.DedupRetention}
 	if pricing.Carbon != nil {
 		o.Carbon = pricing
 	}
@@ -324,7 +323,9 @@ func (s *Server) openStore(ctx context.Context, pricing aggregate.Pricing) (coll
 	if err != nil {
 		return nil, nil, err
 	}
-	return st, nil, nil
+	// Every replica maintains the partitions (idempotent, under an
+	// advisory lock); the leader alone is enough.
+	return st, &pgstore.Maintainer{Store: st}, nil
 }
 
 // Server is a collector.

@@ -2,9 +2,13 @@
 -- nanoseconds (bigint: exact, as the agents send them); identifiers sort
 -- bytewise (COLLATE "C"), as the BadgerDB store's keys do.
 --
--- Keys are laid out for a fleet: every raw table's primary key holds its
--- day column (start_ns or t_ns) to be partitioned by range on it, and the
--- node (raw tables) or the run id (runs) to be distributed on.
+-- Laid out for a fleet (docs/storage.md, "Layout for a fleet"): the raw
+-- tables are PARTITIONED BY RANGE on their time column (start_ns, t_ns),
+-- one partition a UTC day (<table>_pYYYYMMDD, made by the store as
+-- batches need them and by Maintain ahead), dropped whole at the raw
+-- retention; run aggregates and the per-minute rollups are kept. Every
+-- large table's key holds its distribution column: the node for what a
+-- node sends, the run id for run state.
 
 -- applied_batches: one row per batch applied; the primary key is the
 -- batch key, so the database itself applies a batch once.
@@ -13,8 +17,8 @@ CREATE TABLE applied_batches (
     boot     text COLLATE "C" NOT NULL,
     seq      bigint NOT NULL,
     start_ns bigint NOT NULL,
-    PRIMARY KEY (node, boot, seq)
-);
+    PRIMARY KEY (node, boot, seq, start_ns)
+) PARTITION BY RANGE (start_ns);
 
 -- runs: a run's aggregate (storev1.Aggregate) and a few plain columns for
 -- SQL. state NULL: a row an ingest transaction holds locked for a run it
@@ -35,7 +39,7 @@ CREATE TABLE run_windows (
     i        int NOT NULL,
     w        bytea NOT NULL,      -- trainmeter.v1.RunWindow
     PRIMARY KEY (run_id, node, start_ns, seq, i)
-);
+) PARTITION BY RANGE (start_ns);
 
 CREATE TABLE run_events (
     run_id text COLLATE "C" NOT NULL,
@@ -45,7 +49,7 @@ CREATE TABLE run_events (
     i      int NOT NULL,
     e      bytea NOT NULL,        -- trainmeter.v1.RunEvent
     PRIMARY KEY (run_id, node, t_ns, seq, i)
-);
+) PARTITION BY RANGE (t_ns);
 
 -- A batch's GPU and host windows (node_windows), raw samples and node
 -- loss records: each a trainmeter.v1.Batch holding only those.
@@ -55,7 +59,7 @@ CREATE TABLE node_windows (
     seq      bigint NOT NULL,
     b        bytea NOT NULL,
     PRIMARY KEY (node, start_ns, seq)
-);
+) PARTITION BY RANGE (start_ns);
 
 CREATE TABLE raw_samples (
     node     text COLLATE "C" NOT NULL,
@@ -63,7 +67,7 @@ CREATE TABLE raw_samples (
     seq      bigint NOT NULL,
     b        bytea NOT NULL,
     PRIMARY KEY (node, start_ns, seq)
-);
+) PARTITION BY RANGE (start_ns);
 
 CREATE TABLE node_losses (
     node     text COLLATE "C" NOT NULL,
@@ -71,9 +75,12 @@ CREATE TABLE node_losses (
     seq      bigint NOT NULL,
     b        bytea NOT NULL,
     PRIMARY KEY (node, start_ns, seq)
-);
+) PARTITION BY RANGE (start_ns);
 
--- Deleted runs' windows, naming no run (trainmeter.store.v1.DeletedRunWindow).
+-- Deleted runs' windows, naming no run (trainmeter.store.v1.DeletedRunWindow):
+-- raw windows (seq >= 0) and minute rollups (seq -1) of deleted runs, kept
+-- with the aggregates (deletions are rare; usage adds up past the raw
+-- retention with them).
 CREATE TABLE deleted_windows (
     node     text COLLATE "C" NOT NULL,
     start_ns bigint NOT NULL,
@@ -110,3 +117,40 @@ CREATE TABLE records (
     v  bytea NOT NULL,
     PRIMARY KEY (ns, k)
 );
+
+-- Per-minute rollups, written in each batch's transaction (under the node's
+-- row lock, so read, merged and written back without a race) and kept past
+-- the raw retention: usage and timelines read them for the time before
+-- raw_horizon. start_ns is the minute (UTC); lock is the price the
+-- windows were stored with (rows at different locked prices stay apart).
+-- node_rollups.b: a trainmeter.v1.Batch holding per GPU the minute's summed
+-- GPU windows, one summed host window and its node loss records (those in
+-- a row of its own, lock '\xff').
+CREATE TABLE node_rollups (
+    node     text COLLATE "C" NOT NULL,
+    start_ns bigint NOT NULL,
+    lock     bytea NOT NULL,
+    b        bytea NOT NULL,
+    PRIMARY KEY (node, start_ns, lock)
+);
+
+-- run_rollups.w: a trainmeter.v1.RunWindow, the sum of a run's windows
+-- from one node starting in the minute.
+CREATE TABLE run_rollups (
+    node     text COLLATE "C" NOT NULL,
+    run_id   text COLLATE "C" NOT NULL,
+    start_ns bigint NOT NULL,
+    lock     bytea NOT NULL,
+    w        bytea NOT NULL,
+    PRIMARY KEY (node, run_id, start_ns, lock)
+);
+CREATE INDEX run_rollups_run ON run_rollups (run_id, start_ns);
+
+-- raw_horizon: the raw tables hold every record starting at or after
+-- from_ns (the day after the newest day dropped; none dropped: the
+-- smallest bigint). Maintain moves it in the transaction that drops.
+CREATE TABLE raw_horizon (
+    one     bool PRIMARY KEY DEFAULT true CHECK (one),
+    from_ns bigint NOT NULL
+);
+INSERT INTO raw_horizon (from_ns) VALUES (-9223372036854775808);

@@ -1,0 +1,212 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// The raw tables are partitioned by UTC day on their time column
+// (0001_init.sql): a partition <table>_pYYYYMMDD holds [day, day+24h).
+// A batch's transaction needs the partitions of the days its rows start
+// in; ensureDays makes those missing before the transaction begins, in a
+// transaction of its own under partLock, so replicas making the same day
+// at once wait for each other instead of failing. Maintain makes today's
+// and tomorrow's ahead (so that ingest seldom makes one) and drops the
+// days past the retention.
+
+// rawTables are the partitioned tables, each with its retention: raw
+// records at Options.RawRetention, applied batch keys at the longer of it
+// and Options.DedupRetention.
+var rawTables = []string{"run_windows", "run_events", "node_windows", "raw_samples", "node_losses", "applied_batches"}
+
+// partLock is the advisory lock key under which partitions are made and
+// dropped.
+const partLock = 0x74726d7061727473 // "trmparts"
+
+const day = int64(24 * time.Hour)
+
+// dayOf is the start of the UTC day holding t (Unix ns).
+func dayOf(t int64) int64 {
+	d := t / day * day
+	if d > t {
+		d -= day
+	}
+	return d
+}
+
+func partName(table string, d int64) string {
+	return table + "_p" + time.Unix(0, d).UTC().Format("20060102")
+}
+
+// ensureDays makes the partitions of the days in ds that this process
+// has not seen made.
+func (s *Store) ensureDays(ds map[int64]bool) error {
+	var need []int64
+	for d := range ds {
+		if _, ok := s.days.Load(d); !ok {
+			need = append(need, d)
+		}
+	}
+	if len(need) == 0 {
+		return nil
+	}
+	err := s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error {
+		ctx := context.Background()
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(partLock)); err != nil {
+			return err
+		}
+		for _, d := range need {
+			for _, t := range rawTables {
+				if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM (%d) TO (%d)`,
+					partName(t, d), t, d, d+day)); err != nil {
+					return fmt.Errorf("make partition %s: %w", partName(t, d), err)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, d := range need {
+		s.days.Store(d, true)
+	}
+	return nil
+}
+
+// noPartition reports an insert into a day with no partition: one dropped
+// since this process made it.
+func noPartition(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23514" && strings.Contains(pe.Message, "no partition")
+}
+
+// Maintain makes today's and tomorrow's partitions and, with a raw
+// retention, drops the day partitions wholly older than it (applied batch
+// keys: older than the dedup retention too), moving raw_horizon past the
+// raw days dropped in the same transaction. Run aggregates, rollups and
+// deleted runs' windows are kept. It is idempotent and safe on several
+// replicas at once (partLock); one replica (the leader) calling it every
+// few minutes is enough.
+func (s *Store) Maintain(ctx context.Context) error {
+	now := s.clk.Now().UnixNano()
+	today := dayOf(now)
+	s.days.Clear()
+	if err := s.ensureDays(map[int64]bool{today: true, today + day: true}); err != nil {
+		return fmt.Errorf("pgstore: maintain: %w", err)
+	}
+	if s.rawTTL <= 0 {
+		return nil
+	}
+	rawCut := dayOf(now - int64(s.rawTTL)) // days before it are wholly older
+	dedupCut := min(rawCut, dayOf(now-int64(s.dedupTTL)))
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(partLock)); err != nil {
+			return err
+		}
+		dropped := false
+		for _, t := range rawTables {
+			cut := rawCut
+			if t == "applied_batches" {
+				cut = dedupCut
+			}
+			rows, err := tx.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+				WHERE i.inhparent = $1::regclass AND c.relname < $2 ORDER BY 1`, t, partName(t, cut))
+			if err != nil {
+				return err
+			}
+			names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return err
+			}
+			for _, n := range names {
+				if _, err := tx.Exec(ctx, "DROP TABLE "+pgx.Identifier{n}.Sanitize()); err != nil {
+					return err
+				}
+				dropped = dropped || t != "applied_batches"
+			}
+		}
+		if !dropped {
+			return nil
+		}
+		_, err := tx.Exec(ctx, `UPDATE raw_horizon SET from_ns = greatest(from_ns, $1)`, rawCut)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pgstore: maintain: %w", err)
+	}
+	return nil
+}
+
+// rawFrom is where the raw tables begin (raw_horizon): what starts before
+// it is read from the rollups. Readers lock the raw tables first
+// (lockRaw), so no drop moves it under them.
+func rawFrom(tx pgx.Tx) (int64, error) {
+	var from int64
+	err := tx.QueryRow(context.Background(), `SELECT from_ns FROM raw_horizon`).Scan(&from)
+	return from, err
+}
+
+// lockRaw holds the raw tables (and their partitions) against drops for
+// the rest of the transaction.
+func lockRaw(tx pgx.Tx) error {
+	_, err := tx.Exec(context.Background(), "LOCK TABLE "+strings.Join(rawTables, ", ")+" IN ACCESS SHARE MODE")
+	return err
+}
+
+// Maintainer calls Store.Maintain every Interval (0: every 10 minutes),
+// and once at Start: a lifecycle component.
+type Maintainer struct {
+	Store    *Store
+	Interval time.Duration
+	done     chan struct{}
+	cancel   context.CancelFunc
+}
+
+// Start makes the partitions ahead and drops those past the retention,
+// then keeps doing so in the background.
+func (m *Maintainer) Start(ctx context.Context) error {
+	if err := m.Store.Maintain(ctx); err != nil {
+		return err
+	}
+	interval := m.Interval
+	if interval <= 0 {
+		interval = 10 * time.Minute
+	}
+	ctx, m.cancel = context.WithCancel(context.Background())
+	m.done = make(chan struct{})
+	go func() {
+		defer close(m.done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-m.Store.clk.After(interval):
+			}
+			if err := m.Store.Maintain(ctx); err != nil && ctx.Err() == nil {
+				m.Store.log.Warn("pgstore: maintenance failed; retrying next interval", "err", err)
+			}
+		}
+	}()
+	return nil
+}
+
+// Shutdown stops the loop.
+func (m *Maintainer) Shutdown(ctx context.Context) error {
+	if m.cancel == nil {
+		return nil
+	}
+	m.cancel()
+	select {
+	case <-m.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
