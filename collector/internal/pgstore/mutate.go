@@ -65,6 +65,7 @@ func (s *Store) deleteRun(id string, live bool) (records int, err error) {
 		}); err != nil {
 			return err
 		}
+		queueRunDeleted(&q, id, d)
 		q.Queue(`DELETE FROM runs WHERE run_id = $1`, id)
 		q.Queue(`DELETE FROM live_runs WHERE run_id = $1`, id)
 		if err := tx.SendBatch(ctx, &q).Close(); err != nil {
@@ -105,6 +106,7 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 			return err
 		}
 		var q pgx.Batch
+		usage := newRunRollup(id)
 		var node string
 		var start, seq int64
 		var i int32
@@ -114,7 +116,9 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 			if err := proto.Unmarshal(val, w); err != nil {
 				return err
 			}
-			if !fold.RepriceWindow(w, since, usdPerHour, &ch) {
+			repriced := fold.RepriceWindow(w, since, usdPerHour, &ch)
+			usage.window(node, w)
+			if !repriced {
 				return nil
 			}
 			nv, err := proto.Marshal(w)
@@ -130,9 +134,10 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 		before = report(st)
 		st.Reprice(before, ch)
 		after = report(st)
-		if err := queueRun(&q, st); err != nil {
+		if err := queueRun(&q, st, after); err != nil {
 			return err
 		}
+		usage.queue(&q)
 		return tx.SendBatch(ctx, &q).Close()
 	})
 	if errors.Is(err, errNothing) {
