@@ -79,6 +79,7 @@ func (s *Store) deleteRun(id string, live bool) (records int, err error) {
 		}
 		records = int(tag.RowsAffected())
 		q.Queue(`DELETE FROM run_rollups WHERE run_id = $1`, id)
+		queueRunDeleted(&q, id, d)
 		q.Queue(`DELETE FROM runs WHERE run_id = $1`, id)
 		q.Queue(`DELETE FROM live_runs WHERE run_id = $1`, id)
 		if err := tx.SendBatch(ctx, &q).Close(); err != nil {
@@ -131,6 +132,7 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 			return err
 		}
 		var q pgx.Batch
+		usage := newRunRollup(id)
 		var node string
 		var start, seq int64
 		var i int32
@@ -148,6 +150,7 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 			repriced := fold.RepriceWindow(w, since, usdPerHour, &ch)
 			k := rollKey{node, runRollKeyOf(w)}
 			roll[k] = addRunWindow(roll[k], w)
+			usage.window(node, w)
 			if !repriced || seq < 0 {
 				return nil
 			}
@@ -172,9 +175,10 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 		before = report(st)
 		st.Reprice(before, ch)
 		after = report(st)
-		if err := queueRun(&q, st); err != nil {
+		if err := queueRun(&q, st, after); err != nil {
 			return err
 		}
+		usage.queue(&q)
 		return tx.SendBatch(ctx, &q).Close()
 	})
 	if errors.Is(err, errNothing) {

@@ -268,10 +268,13 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 
 	var q pgx.Batch
 	roll := rollups{start: fold.NanosOf(b.GetWindowStart())}
+	usage := newDayUsage(node)
 	for i, w := range b.GetRunWindows() {
 		val, err := proto.Marshal(w)
+		var stamp *trainmeterv1.RunWindow
 		if err == nil && pricer != nil {
-			val, err = fold.AppendStamp(val, stamps[i])
+			stamp = stamps[i]
+			val, err = fold.AppendStamp(val, stamp)
 		}
 		if err != nil {
 			return err
@@ -284,6 +287,7 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 			}
 		}
 		roll.runs = append(roll.runs, stored)
+		usage.stored(w, stamp)
 		q.Queue(`INSERT INTO run_windows (run_id, node, start_ns, seq, i, w) VALUES ($1, $2, $3, $4, $5, $6)
 			ON CONFLICT (run_id, node, start_ns, seq, i) DO UPDATE SET w = EXCLUDED.w`,
 			w.GetRunId(), node, fold.NanosOf(w.GetStart()), seq, i, val)
@@ -309,10 +313,14 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 	}
 	if fold.HasNodeRecord(b) {
 		var stamp proto.Message
+		var idle *trainmeterv1.Batch
 		if pricer != nil {
-			stamp = fold.IdleStamp(pricer, node, nodeGPU, b)
+			idle = fold.IdleStamp(pricer, node, nodeGPU, b)
+			stamp = idle
 		}
-		val, err := perBatch("node_windows", fold.NodeRecord(b, boot), stamp)
+		rec := fold.NodeRecord(b, boot)
+		usage.nodeRecord(rec, idle)
+		val, err := perBatch("node_windows", rec, stamp)
 		if err != nil {
 			return err
 		}
@@ -344,15 +352,18 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 		if err != nil {
 			return err
 		}
+		usage.deleted(g.W, g.D, s.reportPricing(), nodeGPU)
 		q.Queue(`INSERT INTO deleted_windows (node, start_ns, seq, i, deletion, d) VALUES ($1, $2, $3, $4, $5, $6)
 			ON CONFLICT (node, start_ns, seq, i, deletion) DO UPDATE SET d = EXCLUDED.d`,
 			node, fold.NanosOf(g.W.GetStart()), seq, g.I, int64(g.D.ID), val)
 	}
+	reportPricing := s.reportPricing()
 	for _, r := range v.order {
-		if err := queueRun(&q, v.state[r]); err != nil {
+		if err := queueRun(&q, v.state[r], v.state[r].Report(reportPricing)); err != nil {
 			return err
 		}
 	}
+	usage.queue(&q)
 	// The rows locked for runs the batch did not make go again.
 	q.Queue(`DELETE FROM runs WHERE run_id = ANY($1) AND state IS NULL`, v.locked)
 	ns.BootId, ns.LastSeq, ns.LastSeen = boot, b.GetSeq(), timestamppb.New(now)
@@ -361,25 +372,6 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 	}
 	queueLive(&q, v.Live)
 	return tx.SendBatch(ctx, &q).Close()
-}
-
-// queueRun queues the write of a run's aggregate and its plain columns.
-func queueRun(q *pgx.Batch, st *aggregate.State) error {
-	val, err := st.Marshal()
-	if err != nil {
-		return err
-	}
-	var start *int64
-	if t, ok := st.StartNanos(); ok {
-		start = &t
-	}
-	var status *string
-	if es := st.EndStatus(); es != "" {
-		status = &es
-	}
-	q.Queue(`UPDATE runs SET state = $2, start_ns = $3, end_status = $4, user_name = $5 WHERE run_id = $1`,
-		st.RunId, val, start, status, st.GetRunStart().GetUser())
-	return nil
 }
 
 func queueNode(q *pgx.Batch, ns *trainmeterv1.NodeStatus) error {

@@ -62,11 +62,11 @@ func usageOf(t *testing.T, q *query.Server, since, until time.Time) usageTotals 
 	return u
 }
 
-func near(a, b float64) bool { return math.Abs(a-b) < 1e-6*max(1, math.Abs(b)) }
+func nearRel6(a, b float64) bool { return math.Abs(a-b) < 1e-6*max(1, math.Abs(b)) }
 
 func (u usageTotals) addsUp(t *testing.T, what string, nodeS float64) {
 	t.Helper()
-	if !near(u.nodeS, nodeS) || !near(u.rowS, u.nodeS) || !near(u.rowJ, u.nodeJ) || !near(u.nodeJ, nodeS*100) {
+	if !nearRel6(u.nodeS, nodeS) || !nearRel6(u.rowS, u.nodeS) || !nearRel6(u.rowJ, u.nodeJ) || !nearRel6(u.nodeJ, nodeS*100) {
 		t.Errorf("%s: node %v GPU-s %v J, rows %v GPU-s %v J; want node %v GPU-s %v J, rows adding up to it", what, u.nodeS, u.nodeJ, u.rowS, u.rowJ, nodeS, nodeS*100)
 	}
 }
@@ -124,7 +124,7 @@ func TestRetentionDropsDays(t *testing.T) {
 
 	after := usageOf(t, q, time.Time{}, time.Time{})
 	after.addsUp(t, "usage across the drop", 180)
-	if !near(after.idleS, before.idleS) {
+	if !nearRel6(after.idleS, before.idleS) {
 		t.Errorf("idle GPU-s %v after the drop, %v before", after.idleS, before.idleS)
 	}
 	usageOf(t, q, tu.T0, tu.T0.Add(time.Minute)).addsUp(t, "usage of the first minute (rollups)", 60)
@@ -147,7 +147,7 @@ func TestRetentionDropsDays(t *testing.T) {
 	}
 
 	_, _, ch, err := st.Reprice("r", time.Time{}, 3, "test", func(*aggregate.State) *trainmeterv1.RunReport { return &trainmeterv1.RunReport{} })
-	if err != nil || !near(ch.GPUSeconds, 180*0.75) {
+	if err != nil || !nearRel6(ch.GPUSeconds, 180*0.75) {
 		t.Errorf("reprice after the drop: %v GPU-s (%v), want %v (rollups and raw, each once)", ch.GPUSeconds, err, 180*0.75)
 	}
 	usageOf(t, q, time.Time{}, time.Time{}).addsUp(t, "usage after reprice", 180)

@@ -20,15 +20,37 @@ CREATE TABLE applied_batches (
     PRIMARY KEY (node, boot, seq, start_ns)
 ) PARTITION BY RANGE (start_ns);
 
--- runs: a run's aggregate (storev1.Aggregate) and a few plain columns for
--- SQL. state NULL: a row an ingest transaction holds locked for a run it
--- may create, never committed so.
+-- runs: a run's aggregate (storev1.Aggregate) and, for SQL, its report's
+-- figures as plain columns (the run_report view, docs/sql.md), written with
+-- the aggregate in one transaction; NULL: unknown. state NULL: a row an
+-- ingest transaction holds locked for a run it may create, never committed
+-- so.
 CREATE TABLE runs (
-    run_id     text COLLATE "C" PRIMARY KEY,
-    state      bytea,
-    start_ns   bigint,
-    end_status text,
-    user_name  text
+    run_id          text COLLATE "C" PRIMARY KEY,
+    state           bytea,
+    start_ns        bigint,
+    end_status      text,
+    status          text,
+    user_name       text,
+    end_ns          bigint,
+    ended           boolean,
+    uid             bigint,
+    model           text,
+    gpu_name        text,
+    labels          jsonb,
+    gpus            int,
+    nodes           int,
+    tokens          bigint,
+    wall_s          double precision,
+    energy_j        double precision,
+    energy_total_j  double precision,
+    gpu_hours       double precision,
+    cost_usd        double precision,
+    energy_cost_usd double precision,
+    total_cost_usd  double precision,
+    j_per_token     double precision,
+    co2_kg          double precision,
+    incomplete      boolean
 );
 
 CREATE TABLE run_windows (
