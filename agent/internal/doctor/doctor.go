@@ -182,8 +182,11 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	// What each section checked, beside its name.
 	notes := map[string]string{
-		SectionGPU: " (--gpu " + r.GPU + ")", SectionSocket: " (" + r.Socket + ")", SectionCollector: " (" + r.Collector + ", mode " + r.CollectorMode + ")",
+		SectionGPU: " (--gpu " + r.GPU + ")", SectionSocket: " (" + r.Socket + ")", SectionCollector: " (" + r.Collector + ")",
 		SectionSpool: " (" + r.Spool + ")", SectionHostEnergy: " (RAPL: cpu_energy_J, dram_energy_J)",
+	}
+	if r.CollectorMode == agentconfig.ModeAny {
+		notes[SectionCollector] = " (" + r.Collector + ", mode any)"
 	}
 	section := ""
 	for _, c := range r.Checks {
