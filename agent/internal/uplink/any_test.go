@@ -165,3 +165,35 @@ func TestAnyNeedsOneCursor(t *testing.T) {
 		t.Errorf("mode any over a two-cursor spool: %v", err)
 	}
 }
+
+// Mode any: an advisory comes with the index of the collector in use, so the
+// agent can tell a decision the next replica repeats after a move.
+func TestAnyPassesAdvisoriesWithTheIndexOfTheCollectorInUse(t *testing.T) {
+	adv := &trainmeterv1.Advisory{RunId: "r", Advice: &trainmeterv1.Advisory_Stop{Stop: &trainmeterv1.Stop{Reason: "budget"}}}
+	a, b := &collector{advise: adv, cutAfter: 1}, &collector{advise: adv}
+	addrs := []string{serve(t, a), serve(t, b)}
+	sp := openSpool(t, 0)
+	from := make(chan int, 4)
+	g, err := NewGroup(sp, addrs, true, Config{Hello: &trainmeterv1.Hello{Node: "n1", BootId: sp.BootID()},
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, func(i int, got *trainmeterv1.Advisory) { from <- i })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer g.Shutdown(context.Background())
+	g.Enqueue(&trainmeterv1.Batch{})
+	var seen []int
+	for range 2 {
+		select {
+		case i := <-from:
+			seen = append(seen, i)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("advisories from collectors %v only", seen)
+		}
+	}
+	if !slices.Equal(seen, []int{0, 1}) {
+		t.Errorf("advisories from collectors %v, want 0 (a, cut after one batch) then 1 (b)", seen)
+	}
+}

@@ -37,7 +37,7 @@ const DefaultAckTimeout = 15 * time.Second
 // any one for the list, starting with addrs[0], and sp has one cursor. base is each uplink's Config
 // apart from Address, Alternates and Cursor (mode any sets AckTimeout to
 // DefaultAckTimeout when it is 0); onAdvisory, when set, gets each advisory
-// with the index of the uplink that sent it.
+// with the index in addrs of the collector that sent it.
 func NewGroup(sp *spool.Spool, addrs []string, anyOne bool, base Config, onAdvisory func(collector int, adv *trainmeterv1.Advisory)) (*Group, error) {
 	if len(addrs) == 0 {
 		return nil, errors.New("uplink: no collector address")
@@ -75,7 +75,9 @@ func NewGroup(sp *spool.Spool, addrs []string, anyOne bool, base Config, onAdvis
 }
 
 // newAnyGroup is mode any: one uplink on cursor 0 over the list, starting
-// with its first collector.
+// with its first collector. An advisory comes with the index in addrs of the
+// collector in use, so that the same decision sent again by the next
+// replica after a move is known as a repeat (as a pair's is).
 func newAnyGroup(sp *spool.Spool, addrs []string, base Config, onAdvisory func(int, *trainmeterv1.Advisory)) (*Group, error) {
 	if sp.Cursors() != 1 {
 		return nil, fmt.Errorf("uplink: mode any streams on one spool cursor, but the spool has %d", sp.Cursors())
@@ -84,8 +86,9 @@ func newAnyGroup(sp *spool.Spool, addrs []string, base Config, onAdvisory func(i
 	cfg.Spool, cfg.Cursor = sp, 0
 	cfg.Address, cfg.Alternates = addrs[0], addrs[1:]
 	cfg.AckTimeout = cmp.Or(cfg.AckTimeout, DefaultAckTimeout)
+	var u *Uplink
 	if onAdvisory != nil {
-		cfg.OnAdvisory = func(adv *trainmeterv1.Advisory) { onAdvisory(0, adv) }
+		cfg.OnAdvisory = func(adv *trainmeterv1.Advisory) { onAdvisory(u.inUse(), adv) }
 	}
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	u, err := New(cfg)

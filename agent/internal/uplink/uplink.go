@@ -195,6 +195,13 @@ func (u *Uplink) Address() string {
 	return u.addrs[u.at]
 }
 
+// inUse is the index of the collector in use in Address, Alternates....
+func (u *Uplink) inUse() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.at
+}
+
 // moveOn makes the next collector of the list the one in use and returns it.
 func (u *Uplink) moveOn() string {
 	u.mu.Lock()
