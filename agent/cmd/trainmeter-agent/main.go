@@ -81,7 +81,8 @@ func newRootCmdWith(o *options) *cobra.Command {
 func bindFlags(cmd *cobra.Command, o *options) {
 	f := cmd.Flags()
 	f.StringVar(&o.configFile, "config", "", "YAML config file (flags given on the command line override it)")
-	f.StringVar(&o.cfg.Collector, "collector", o.cfg.Collector, "collector address HOST:PORT; a pair: A,B (every batch goes to both, docs/deploy.md)")
+	f.StringVar(&o.cfg.Collector, "collector", o.cfg.Collector, "collector address HOST:PORT, or several: A,B (see --collector-mode, docs/deploy.md)")
+	f.StringVar(&o.cfg.CollectorMode, "collector-mode", o.cfg.CollectorMode, "with several collectors: all (every batch to each: a pair) or any (each batch to one of them, the next when one fails: replicas on one database)")
 	f.StringVar(&o.cfg.Socket, "socket", o.cfg.Socket, "trainer Unix socket path")
 	f.StringVar(&o.cfg.SocketGroup, "socket-group", o.cfg.SocketGroup, "group that owns the socket (mode 0660)")
 	f.StringVar(&o.cfg.Node, "node", o.cfg.Node, "node name (default: hostname)")

@@ -9,7 +9,10 @@ package agent
 // n-th sending of a key is one delivery: the first collector to send it
 // delivers, the other's same decision is dropped, and a collector that
 // sends a key again (a setting advised, changed, then advised again) is
-// heard again. Keys idle for adviceDedupWindow are forgotten.
+// heard again. Keys idle for adviceDedupWindow are forgotten. Replicas in
+// mode any are told apart the same way (by their place in the list): the
+// replica an agent moves to may send a decision the one before it already
+// sent, and the trainer hears it once.
 
 import (
 	"fmt"

@@ -44,7 +44,7 @@ type Agent struct {
 
 	ledger  *ledger.Ledger
 	sock    *trainersock.Server
-	up      *uplink.Group // to the collector, or to each of a pair
+	up      *uplink.Group // to the collector, to each of a pair, or to one of replicas
 	advised *adviceDedup  // advice and stop sent by both of a pair, once
 	spool   *spool.Spool  // batches until acked; it owns the boot id and seqs
 	state   *stateSlots   // the ledger's checkpoints
@@ -104,7 +104,7 @@ func New(cfg agentconfig.Config, backend gpu.Backend, clk clock.Clock, hostSampl
 	a.ledger = ledger.New(lcfg)
 	a.openHostEnergy(nil)
 
-	sp, err := spool.OpenWith(cfg.Spool, cfg.SpoolMaxBytes, spool.Options{Logger: logger, Collectors: cfg.Collectors()})
+	sp, err := spool.OpenWith(cfg.Spool, cfg.SpoolMaxBytes, spool.Options{Logger: logger, Collectors: cfg.SpoolCursors()})
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +132,11 @@ func New(cfg agentconfig.Config, backend gpu.Backend, clk clock.Clock, hostSampl
 		return nil, err
 	}
 	a.advised = newAdviceDedup(clk)
-	up, err := uplink.NewGroup(a.spool, cfg.Collectors(), ucfg, a.adviseFrom)
+	addrs := cfg.Collectors()
+	if cfg.AnyCollector() {
+		addrs = cfg.AnyOrder()
+	}
+	up, err := uplink.NewGroup(a.spool, addrs, cfg.AnyCollector(), ucfg, a.adviseFrom)
 	if err != nil {
 		return nil, err
 	}

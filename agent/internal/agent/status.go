@@ -162,8 +162,12 @@ func collectorStatus(addr string, s uplink.Stats) CollectorStatus {
 // UplinkStatus mirrors uplink.Stats over all collectors: counts are summed,
 // Connected is whether every collector is, UnreachableS the longest any has
 // been unreachable, Pending the batches not yet acked by every collector.
+// Mode is collector_mode; in mode any, InUse is the collector of the list
+// the batches go to now (Collectors has one entry, that one).
 type UplinkStatus struct {
 	CollectorStatus
+	Mode       string `json:"collector_mode"`
+	InUse      string `json:"collector_in_use,omitempty"`
 	Enqueued   uint64 `json:"batches_enqueued"`
 	Dropped    uint64 `json:"batches_dropped"`
 	SpoolBytes int64  `json:"spool_bytes"` // the on-disk spool's size
@@ -203,7 +207,7 @@ func (a *Agent) Status() Status {
 			JitterTicks:     int(min(s.jitter.Count(), jitterTicks)),
 			LastGoodReadS:   now.Sub(time.Unix(0, s.lastGoodRead.Load())).Seconds(),
 		},
-		Uplink: UplinkStatus{CollectorStatus: collectorStatus(a.cfg.Collector, up),
+		Uplink: UplinkStatus{CollectorStatus: collectorStatus(a.cfg.Collector, up), Mode: a.cfg.CollectorMode,
 			Enqueued: up.Enqueued, Dropped: up.Dropped, SpoolBytes: up.SpoolBytes},
 		Socket:     SocketStatus{Stats: a.sock.Stats(), RefusedEvents: a.ledger.RefusedEvents()},
 		ActiveRuns: len(a.ledger.ActiveRuns()),
@@ -213,6 +217,9 @@ func (a *Agent) Status() Status {
 	st.Problems = []string{}
 	if age := now.Sub(time.Unix(0, s.lastGoodRead.Load())); age > HealthMaxReadAge {
 		st.Problems = append(st.Problems, fmt.Sprintf("no GPU read succeeded for %s (limit %s)", age.Round(time.Millisecond), HealthMaxReadAge))
+	}
+	if a.cfg.AnyCollector() {
+		st.Uplink.InUse = a.up.Uplinks()[0].Address()
 	}
 	st.Collectors = []CollectorStatus{}
 	for i, u := range a.up.Uplinks() {

@@ -1,10 +1,14 @@
 package agentconfig
 
-// A collector pair (or more): `collector: A,B`, a YAML list, or
-// --collector A,B. Every batch goes to each collector (docs/deploy.md).
+// Several collectors: `collector: A,B`, a YAML list, or --collector A,B.
+// collector_mode says what the list is: "all" (a pair, or more: every batch
+// goes to each, each with its own spool cursor) or "any" (replicas on one
+// database: each batch goes to one of them, the next when one fails; one
+// spool cursor serves the list). docs/deploy.md.
 
 import (
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 
@@ -24,16 +28,55 @@ func (c *Config) Collectors() []string {
 	return parts
 }
 
+// Collector modes (collector_mode, --collector-mode).
+const (
+	// ModeAll sends every batch to each collector listed.
+	ModeAll = "all"
+	// ModeAny sends each batch to one of the collectors listed.
+	ModeAny = "any"
+)
+
+// AnyCollector reports whether each batch goes to one of the collectors
+// (collector_mode: any) rather than to each.
+func (c *Config) AnyCollector() bool { return c.CollectorMode == ModeAny }
+
+// AnyOrder is, in mode any, the collectors in the order the agent tries
+// them: from one picked by the node's name, so that agents given the same
+// list spread over the replicas, then the rest in turn.
+func (c *Config) AnyOrder() []string {
+	addrs := c.Collectors()
+	h := fnv.New32a()
+	h.Write([]byte(c.Node))
+	first := int(h.Sum32() % uint32(len(addrs)))
+	return slices.Concat(addrs[first:], addrs[:first])
+}
+
+// SpoolCursors names the spool's cursors: one per collector in mode all,
+// one for the whole list in mode any (named "any", so that a replica added
+// to or taken from the list keeps the acks).
+func (c *Config) SpoolCursors() []string {
+	if c.AnyCollector() {
+		return []string{ModeAny}
+	}
+	return c.Collectors()
+}
+
 func (c *Config) validateCollectors() []error {
 	addrs := c.Collectors()
+	var errs []error
+	switch c.CollectorMode {
+	case ModeAll, ModeAny:
+	default:
+		errs = append(errs, fmt.Errorf("collector_mode %q: want all (every batch to each collector) or any (each batch to one of them)", c.CollectorMode))
+	}
 	if len(addrs) == 1 {
 		if err := collectoraddr.Check(addrs[0]); err != nil {
-			return []error{err}
+			errs = append(errs, err)
 		}
-		return nil
+		return errs
 	}
-	var errs []error
-	if len(addrs) > spool.MaxCollectors {
+	// Each collector of "all" has a spool cursor; "any" has one for the list.
+	if len(addrs) > spool.MaxCollectors && !c.AnyCollector() {
 		errs = append(errs, fmt.Errorf("collector: %d addresses; at most %d (a pair is what docs/deploy.md recommends)", len(addrs), spool.MaxCollectors))
 	}
 	for i, a := range addrs {
@@ -45,7 +88,7 @@ func (c *Config) validateCollectors() []error {
 			errs = append(errs, err)
 		}
 		if slices.Contains(addrs[:i], a) {
-			errs = append(errs, fmt.Errorf("collector %q is listed twice: a pair is two different collectors", a))
+			errs = append(errs, fmt.Errorf("collector %q is listed twice: list each collector once", a))
 		}
 	}
 	return errs

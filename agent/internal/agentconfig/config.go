@@ -25,13 +25,16 @@ import (
 // Config is the agent's configuration; the YAML file and the flags fill it
 // (main.go's flag help says what each field does).
 type Config struct {
-	// Collector is the collector's HOST:PORT, or a pair's "A,B" (in YAML
-	// also a list): every batch goes to each (docs/deploy.md).
-	Collector   string `yaml:"collector"`
-	Socket      string `yaml:"socket"`       // the trainer socket path
-	SocketGroup string `yaml:"socket_group"` // owns the socket (mode 0660)
-	Node        string `yaml:"node"`         // default: the hostname
-	GPU         string `yaml:"gpu"`          // nvml, amd, sim:N, replay:FILE or auto
+	// Collector is the collector's HOST:PORT, or several: "A,B" (in YAML
+	// also a list). CollectorMode says where each batch goes: "all" (the
+	// default: to each, a pair) or "any" (to one of them, the next when one
+	// fails: replicas on one database). docs/deploy.md.
+	Collector     string `yaml:"collector"`
+	CollectorMode string `yaml:"collector_mode"`
+	Socket        string `yaml:"socket"`       // the trainer socket path
+	SocketGroup   string `yaml:"socket_group"` // owns the socket (mode 0660)
+	Node          string `yaml:"node"`         // default: the hostname
+	GPU           string `yaml:"gpu"`          // nvml, amd, sim:N, replay:FILE or auto
 	// SysfsRoot is the root of the sysfs tree (default /sys): AMD cards and
 	// RAPL (empty in a programmatic config: host energy off).
 	SysfsRoot string `yaml:"sysfs_root"`
@@ -105,6 +108,7 @@ const DefaultSpoolMaxBytes = spool.DefaultMaxBytes
 func DefaultConfig() Config {
 	return Config{
 		Collector:     "127.0.0.1:7433",
+		CollectorMode: ModeAll,
 		Socket:        trainerwire.DefaultSocket,
 		GPU:           "auto",
 		SysfsRoot:     "/sys",

@@ -222,3 +222,31 @@ func connHint(err error, tlsOn bool) string {
 	}
 	return ""
 }
+
+// checkAnyCollector checks each collector of mode any on its own, in the
+// order the agent tries them. The agent needs only one: a collector that
+// fails its checks is a WARN while another passes them, a FAIL when none does.
+func checkAnyCollector(ctx context.Context, o Options, r *Report) {
+	order := o.Config.AnyOrder()
+	r.add(SectionCollector, "mode", OK, fmt.Sprintf("any: each batch goes to one of %d collectors, the next when one fails; the agent starts with %s",
+		len(order), order[0]), "")
+	var checks []Check
+	up := 0
+	for _, addr := range order {
+		one := o
+		one.Config.Collector = addr
+		each := &Report{OK: true}
+		checkCollector(ctx, one, each)
+		if each.OK {
+			up++
+		}
+		checks = append(checks, each.Checks...)
+	}
+	for _, c := range checks {
+		if c.Status == Fail && up > 0 {
+			c.Status = Warn
+			c.Hint = strings.TrimSpace(c.Hint + " (meanwhile the agent uses the collectors that pass)")
+		}
+		r.add(c.Section, c.Name, c.Status, c.Message, c.Hint)
+	}
+}

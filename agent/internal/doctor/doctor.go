@@ -57,13 +57,15 @@ type Check struct {
 
 // Report is the doctor's result.
 type Report struct {
-	Node         string  `json:"node"`
-	AgentVersion string  `json:"agent_version"`
-	GPU          string  `json:"gpu"`
-	Socket       string  `json:"socket"`
-	Collector    string  `json:"collector"`
-	Spool        string  `json:"spool"`
-	Checks       []Check `json:"checks"`
+	Node         string `json:"node"`
+	AgentVersion string `json:"agent_version"`
+	GPU          string `json:"gpu"`
+	Socket       string `json:"socket"`
+	Collector    string `json:"collector"`
+	// CollectorMode is collector_mode: all (every batch to each) or any.
+	CollectorMode string  `json:"collector_mode"`
+	Spool         string  `json:"spool"`
+	Checks        []Check `json:"checks"`
 	// OK is false when any check failed.
 	OK bool `json:"ok"`
 }
@@ -132,7 +134,7 @@ func Run(ctx context.Context, o Options) *Report {
 	}
 	cfg := o.Config
 	r := &Report{OK: true, Node: cfg.Node, AgentVersion: buildinfo.Version(), GPU: cfg.GPU, Socket: cfg.Socket,
-		Collector: cfg.Collector, Spool: cfg.Spool}
+		Collector: cfg.Collector, CollectorMode: cfg.CollectorMode, Spool: cfg.Spool}
 
 	src := "flags and defaults"
 	if o.ConfigFile != "" {
@@ -148,11 +150,15 @@ func Run(ctx context.Context, o Options) *Report {
 	checkGPU(o, r)
 	checkRAPL(o, r)
 	checkSocket(ctx, o, r)
-	// A pair: each collector is checked on its own (the lines name it).
-	for _, addr := range cfg.Collectors() {
-		one := o
-		one.Config.Collector = addr
-		checkCollector(ctx, one, r)
+	if cfg.AnyCollector() {
+		checkAnyCollector(ctx, o, r)
+	} else {
+		// A pair: each collector is checked on its own (the lines name it).
+		for _, addr := range cfg.Collectors() {
+			one := o
+			one.Config.Collector = addr
+			checkCollector(ctx, one, r)
+		}
 	}
 	checkSpool(o, r)
 	return r
@@ -178,6 +184,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	notes := map[string]string{
 		SectionGPU: " (--gpu " + r.GPU + ")", SectionSocket: " (" + r.Socket + ")", SectionCollector: " (" + r.Collector + ")",
 		SectionSpool: " (" + r.Spool + ")", SectionHostEnergy: " (RAPL: cpu_energy_J, dram_energy_J)",
+	}
+	if r.CollectorMode == agentconfig.ModeAny {
+		notes[SectionCollector] = " (" + r.Collector + ", mode any)"
 	}
 	section := ""
 	for _, c := range r.Checks {

@@ -547,3 +547,44 @@ func (r *Report) Find(section, name string) (Check, bool) {
 	}
 	return Check{}, false
 }
+
+// Mode any needs one collector of the list: one that is down is a WARN while
+// another passes, a FAIL when none does; the mode line names the collector
+// the agent starts with.
+func TestCollectorModeAnyOneDownWarnsAllDownFails(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := l.Addr().String()
+	l.Close()
+	up, _ := collector(t, nil, nil)
+	anyReport := func(list string) *Report {
+		cfg := agentconfig.DefaultConfig()
+		cfg.Collector, cfg.CollectorMode, cfg.Node = list, "any", "node-1"
+		r := &Report{OK: true}
+		checkAnyCollector(context.Background(), Options{Config: cfg, Timeout: 3 * time.Second}, r)
+		return r
+	}
+	r := anyReport(down + "," + up)
+	want(t, r, SectionCollector, "mode", OK, "any: each batch goes to one of 2 collectors", "the agent starts with 127.0.0.1:")
+	// The lines of each collector, in the order the agent tries them.
+	var downReach Check
+	for _, c := range r.Checks {
+		if c.Name == "reach" && strings.Contains(c.Message, down) {
+			downReach = c
+		}
+	}
+	if downReach.Status != Warn || !strings.Contains(downReach.Hint, "meanwhile the agent uses the collectors that pass") {
+		t.Errorf("the collector that is down: %+v, want a WARN saying the agent uses the other", downReach)
+	}
+	want(t, r, SectionCollector, "health", OK, "SERVING")
+	if !r.OK {
+		t.Errorf("one of two down failed the report: %+v", r.Checks)
+	}
+	r = anyReport(down)
+	want(t, r, SectionCollector, "reach", Fail, "cannot connect to "+down)
+	if r.OK {
+		t.Errorf("the only collector down passed: %+v", r.Checks)
+	}
+}

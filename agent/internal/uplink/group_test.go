@@ -31,7 +31,7 @@ func TestGroupOneCollectorDownHoldsUpNeitherTheOtherNorEnqueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sp.Close() })
-	g, err := NewGroup(sp, []string{upAddr, downAddr}, Config{
+	g, err := NewGroup(sp, []string{upAddr, downAddr}, false, Config{
 		Hello: &trainmeterv1.Hello{Node: "n1", BootId: sp.BootID()}, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
 	}, nil)
 	if err != nil {
@@ -101,7 +101,7 @@ func TestGroupPassesAdvisoriesWithTheCollectorsIndex(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sp.Close() })
 	from := make(chan int, 2)
-	g, err := NewGroup(sp, addrs, Config{Hello: &trainmeterv1.Hello{Node: "n1", BootId: sp.BootID()}},
+	g, err := NewGroup(sp, addrs, false, Config{Hello: &trainmeterv1.Hello{Node: "n1", BootId: sp.BootID()}},
 		func(i int, got *trainmeterv1.Advisory) {
 			if got.RunId == "r" {
 				from <- i

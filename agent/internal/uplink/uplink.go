@@ -4,10 +4,14 @@
 // and after an agent restart. Delivery is at-least-once; the collector
 // deduplicates by (node, boot, seq), the boot id being the spool's.
 //
-// With a collector pair (Group) there is one Uplink per collector, each on
-// its own cursor of the one spool: every batch goes to each collector, each
-// acks on its own, and a collector that is down holds up neither the other
-// nor the agent.
+// With a collector pair (Group, mode all) there is one Uplink per
+// collector, each on its own cursor of the one spool: every batch goes to
+// each collector, each acks on its own, and a collector that is down holds
+// up neither the other nor the agent. With replicas on one database (mode
+// any) one Uplink on one cursor streams to one collector of the list at a
+// time and moves to the next when it fails; what the failed one did not ack
+// is re-sent to the next, and the database's batch key makes a re-send of a
+// batch it committed a duplicate.
 package uplink
 
 import (
@@ -18,6 +22,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +43,15 @@ import (
 type Config struct {
 	// Address of the collector, HOST:PORT.
 	Address string
+	// Alternates are further collectors (mode any): when the one in use
+	// fails (refused, stream broken, no ack within AckTimeout) the uplink
+	// moves to the next of Address, Alternates..., in turn, and stays there
+	// while it works. The one cursor serves them all.
+	Alternates []string
+	// AckTimeout, when positive, ends a stream on which a sent batch has
+	// waited this long with no ack at all, so that a collector that hangs
+	// counts as failed; 0: wait as long as the stream is up.
+	AckTimeout time.Duration
 	// Hello is sent first on every stream; its boot id must be the spool's.
 	Hello *trainmeterv1.Hello
 	// Spool holds every batch until it is acked (required); the uplink
@@ -80,8 +94,11 @@ type Uplink struct {
 	// conn is replaced by the stream loop before each reconnect attempt.
 	conn *grpc.ClientConn
 	cur  *spool.Cursor
+	// addrs are Address and Alternates; addrs[at] is the one in use.
+	addrs []string
 
 	mu      sync.Mutex
+	at      int
 	stats   Stats
 	notify  chan struct{}
 	drained chan struct{} // closed and replaced when the spool may have drained
@@ -105,7 +122,8 @@ const sendChunk = 256
 
 // New prepares an uplink; nothing is dialled until Start.
 func New(cfg Config) (*Uplink, error) {
-	if cfg.Address == "" {
+	addrs := append([]string{cfg.Address}, cfg.Alternates...)
+	if slices.Contains(addrs, "") {
 		return nil, errors.New("uplink: collector address is empty")
 	}
 	if cfg.Spool == nil {
@@ -133,8 +151,8 @@ func New(cfg Config) (*Uplink, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Uplink{cfg: cfg, dialOpts: opts, conn: conn, cur: cfg.Spool.Cursor(cfg.Cursor), notify: make(chan struct{}, 1), drained: make(chan struct{}),
-		retryNow: make(chan struct{}, 1)}, nil
+	return &Uplink{cfg: cfg, dialOpts: opts, conn: conn, cur: cfg.Spool.Cursor(cfg.Cursor), addrs: addrs, notify: make(chan struct{}, 1),
+		drained: make(chan struct{}), retryNow: make(chan struct{}, 1)}, nil
 }
 
 // Enqueue appends a batch to the spool (which assigns its seq) and wakes the
@@ -169,8 +187,28 @@ func (u *Uplink) Connected() bool {
 	return u.stats.Connected
 }
 
-// Address is the collector this uplink streams to.
-func (u *Uplink) Address() string { return u.cfg.Address }
+// Address is the collector this uplink streams to: of several
+// (Alternates), the one in use now.
+func (u *Uplink) Address() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.addrs[u.at]
+}
+
+// inUse is the index of the collector in use in Address, Alternates....
+func (u *Uplink) inUse() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.at
+}
+
+// moveOn makes the next collector of the list the one in use and returns it.
+func (u *Uplink) moveOn() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.at = (u.at + 1) % len(u.addrs)
+	return u.addrs[u.at]
+}
 
 // Stats returns a snapshot of the self-metrics: Pending, Acked and Rejected
 // are this collector's; SpoolBytes, Dropped and DroppedBytes the spool's.
@@ -255,15 +293,25 @@ func (u *Uplink) Shutdown(ctx context.Context) error {
 func (u *Uplink) run(ctx context.Context) {
 	defer u.closeConn.Do(func() { u.conn.Close() })
 	backoff := u.cfg.MinBackoff
+	tried := 0 // collectors of the list that failed in turn since the last ack
 	for ctx.Err() == nil {
 		acked, err := u.session(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		if acked {
-			backoff = u.cfg.MinBackoff
+			backoff, tried = u.cfg.MinBackoff, 0
 		}
-		u.cfg.Logger.Warn("uplink: collector stream ended, reconnecting", "collector", u.cfg.Address, "err", err, "retry_in", backoff)
+		failed := u.Address()
+		next := u.moveOn()
+		if tried++; tried < len(u.addrs) {
+			// Another collector of the list may be up: try it at once.
+			u.cfg.Logger.Warn("uplink: collector stream ended, moving to the next collector", "collector", failed, "err", err, "next", next)
+			u.redial()
+			continue
+		}
+		tried = 0
+		u.cfg.Logger.Warn("uplink: collector stream ended, reconnecting", "collector", failed, "err", err, "next", next, "retry_in", backoff)
 		// Jitter (a delay uniform in [backoff/2, backoff]) keeps a fleet of
 		// agents from reconnecting in lockstep after a collector restart;
 		// no delay exceeds MaxBackoff.
@@ -285,9 +333,10 @@ func (u *Uplink) run(ctx context.Context) {
 // been back; a new connection tries at once, so the loop's backoff alone
 // paces the attempts.
 func (u *Uplink) redial() {
-	conn, err := grpc.NewClient(u.cfg.Address, u.dialOpts...)
+	addr := u.Address()
+	conn, err := grpc.NewClient(addr, u.dialOpts...)
 	if err != nil {
-		u.cfg.Logger.Error("uplink: new connection to the collector", "collector", u.cfg.Address, "err", err)
+		u.cfg.Logger.Error("uplink: new connection to the collector", "collector", addr, "err", err)
 		return
 	}
 	u.conn.Close()
@@ -296,14 +345,23 @@ func (u *Uplink) redial() {
 
 // session runs one stream. It reports whether any batch was acked on it.
 func (u *Uplink) session(parent context.Context) (acked bool, err error) {
-	ctx, cancel := context.WithCancel(parent)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+	defer func() {
+		if cause := context.Cause(ctx); errors.Is(cause, errNoAck) {
+			err = cause
+		}
+	}()
 	stream, err := trainmeterv1.NewIngestServiceClient(u.conn).Stream(ctx)
 	if err != nil {
 		return false, err
 	}
 	recvErr := make(chan error, 1)
 	var gotAck atomic.Bool
+	var acks ackWatch
+	if u.cfg.AckTimeout > 0 {
+		go u.watchAcks(ctx, cancel, &acks)
+	}
 	go func() {
 		for {
 			m, err := stream.Recv()
@@ -315,9 +373,11 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 			case *trainmeterv1.StreamResponse_Ack:
 				u.remove(msg.Ack.Seq, "")
 				gotAck.Store(true)
+				acks.answered(u.cfg.Clock.Now())
 			case *trainmeterv1.StreamResponse_Reject:
 				u.cfg.Logger.Error("uplink: collector rejected a batch; dropping it", "seq", msg.Reject.Seq, "reason", msg.Reject.Reason)
 				u.remove(msg.Reject.Seq, msg.Reject.Reason)
+				acks.answered(u.cfg.Clock.Now())
 			case *trainmeterv1.StreamResponse_Advisory:
 				if u.cfg.OnAdvisory != nil {
 					u.cfg.OnAdvisory(msg.Advisory)
@@ -350,6 +410,7 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 			// Marked before the send: once it may be on the wire, a drop
 			// of it is reported as in doubt.
 			u.cur.MarkSent(b.Seq)
+			acks.sent(u.cfg.Clock.Now())
 			if err := stream.Send(&trainmeterv1.StreamRequest{Msg: &trainmeterv1.StreamRequest_Batch{Batch: b}}); err != nil {
 				return false, streamErr(err, recvErr)
 			}
@@ -367,6 +428,46 @@ func (u *Uplink) session(parent context.Context) (acked bool, err error) {
 		case <-ctx.Done():
 			_ = stream.CloseSend()
 			return false, ctx.Err()
+		}
+	}
+}
+
+// errNoAck ends a stream on which a batch waited AckTimeout for its ack.
+var errNoAck = errors.New("no ack in time")
+
+// ackWatch tracks a stream's batches awaiting their ack: how many, and
+// since when the collector last answered (or a send found none waiting).
+type ackWatch struct {
+	waiting atomic.Int64
+	since   atomic.Int64 // unix ns
+}
+
+func (w *ackWatch) sent(now time.Time) {
+	if w.waiting.Add(1) == 1 {
+		w.since.Store(now.UnixNano())
+	}
+}
+
+func (w *ackWatch) answered(now time.Time) {
+	w.waiting.Add(-1)
+	w.since.Store(now.UnixNano())
+}
+
+// watchAcks cancels the stream once a batch has waited AckTimeout with no
+// answer from the collector, so the uplink moves on to the next collector
+// rather than waiting on one that hangs.
+func (u *Uplink) watchAcks(ctx context.Context, cancel context.CancelCauseFunc, w *ackWatch) {
+	t := u.cfg.Clock.NewTicker(max(u.cfg.AckTimeout/4, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C():
+			if w.waiting.Load() > 0 && now.Sub(time.Unix(0, w.since.Load())) >= u.cfg.AckTimeout {
+				cancel(fmt.Errorf("%w: a batch waited %v on %s", errNoAck, u.cfg.AckTimeout, u.Address()))
+				return
+			}
 		}
 	}
 }

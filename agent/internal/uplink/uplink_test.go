@@ -24,7 +24,9 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // collector is a minimal ingest server: it records batches, acks them (or
-// rejects seqs in reject), and can cut the stream after cutAfter batches.
+// rejects seqs in reject), and can cut the stream after cutAfter batches;
+// hang: it receives batches and never answers. onBatch, when set, sees each
+// batch received.
 type collector struct {
 	trainmeterv1.UnimplementedIngestServiceServer
 	mu       sync.Mutex
@@ -34,6 +36,9 @@ type collector struct {
 	reject   map[uint64]bool
 	cutAfter int // cut the stream once after this many batches (0 = never)
 	advise   *trainmeterv1.Advisory
+	hang     bool
+	acked    []uint64
+	onBatch  func(seq uint64)
 }
 
 func (c *collector) Stream(s trainmeterv1.IngestService_StreamServer) error {
@@ -59,9 +64,19 @@ func (c *collector) Stream(s trainmeterv1.IngestService_StreamServer) error {
 		c.losses = append(c.losses, m.GetBatch().GetLosses()...)
 		cut := c.cutAfter > 0 && len(c.got) == c.cutAfter
 		rej := c.reject[seq]
+		hang, onBatch := c.hang, c.onBatch
+		if !cut && !rej && !hang {
+			c.acked = append(c.acked, seq)
+		}
 		c.mu.Unlock()
+		if onBatch != nil {
+			onBatch(seq)
+		}
 		if cut {
 			return nil // the batch was received but never acked
+		}
+		if hang {
+			continue
 		}
 		resp := &trainmeterv1.StreamResponse{Msg: &trainmeterv1.StreamResponse_Ack{Ack: &trainmeterv1.Ack{Seq: seq}}}
 		if rej {
