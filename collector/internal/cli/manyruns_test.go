@@ -61,7 +61,9 @@ func manyRunsCollector(t *testing.T, n int) string {
 // TestRunsManyRuns: with 100,000 runs a single ListRuns answer (37 MB) is
 // past a gRPC client's 4 MiB limit; runs, runs --model and summary page
 // through ListRuns and see every run. Under -race (or -short) 15,000 runs,
-// still 5.5 MB in one answer.
+// still 5.5 MB in one answer. What a listing holds is checked here, not how
+// fast it comes (docs/benchmarks.md, the run listing): a deadline far
+// past the default 10 s keeps a loaded machine from failing it.
 func TestRunsManyRuns(t *testing.T) {
 	n := 100_000
 	if raceEnabled || testing.Short() {
@@ -72,7 +74,7 @@ func TestRunsManyRuns(t *testing.T) {
 	t.Logf("seeded %d runs in %v", n, time.Since(start))
 
 	start = time.Now()
-	out, err := run(t, env, "runs")
+	out, err := run(t, env, "runs", "--timeout", "5m")
 	if err != nil {
 		t.Fatalf("runs: %v", err)
 	}
@@ -89,14 +91,14 @@ func TestRunsManyRuns(t *testing.T) {
 	if len(seen) != n {
 		t.Fatalf("runs lists %d runs, want %d", len(seen), n)
 	}
-	out, err = run(t, env, "runs", "--json", "--model", "model-3")
+	out, err = run(t, env, "runs", "--json", "--model", "model-3", "--timeout", "5m")
 	if err != nil {
 		t.Fatalf("runs --model: %v", err)
 	}
 	if got, want := len(runIDsOf(t, out)), n/50; got != want {
 		t.Errorf("runs --model model-3: %d runs, want %d", got, want)
 	}
-	out, err = run(t, env, "summary", "--json")
+	out, err = run(t, env, "summary", "--json", "--timeout", "5m")
 	if err != nil {
 		t.Fatalf("summary: %v", err)
 	}
