@@ -21,7 +21,7 @@ type task struct{ starts, stops atomic.Int32 }
 
 func (k *task) Start(context.Context) error    { k.starts.Add(1); return nil }
 func (k *task) Shutdown(context.Context) error { k.stops.Add(1); return nil }
-func (k *task) running() bool                 { return k.starts.Load() > k.stops.Load() }
+func (k *task) running() bool                  { return k.starts.Load() > k.stops.Load() }
 
 type replica struct {
 	e *leader.Elector
