@@ -43,6 +43,10 @@ type WebhookConfig struct {
 	// QueueSize per URL (an alert that finds it full is dropped); 0: 1000.
 	QueueSize int
 	Clock     clock.Clock // times the waits between attempts; nil: the wall clock
+	// Rescan, when set, is how often running senders look in the store
+	// for pending alerts that other collectors sharing it recorded while
+	// not sending (package leader); 0: only at Start.
+	Rescan time.Duration
 }
 
 // Validate checks the config.
@@ -73,6 +77,12 @@ func (c WebhookConfig) withDefaults() WebhookConfig {
 // Webhooks POSTs alerts to URLs: one goroutine and one bounded queue per
 // URL (a slow receiver delays only itself), retries with capped exponential
 // backoff and jitter. Alert never blocks.
+//
+// Every alert is first recorded pending in the store, which collectors of
+// a fleet share; only running senders (those of the fleet's leader) POST.
+// Start and Shutdown may alternate: a stop leaves the queued alerts
+// pending for whichever senders run next, which queue each pending alert
+// once.
 type Webhooks struct {
 	cfg    WebhookConfig
 	store  storage.Records
@@ -80,9 +90,11 @@ type Webhooks struct {
 	client *http.Client
 	hooks  []*hook
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	running bool
+	queued  map[string]bool // tag+id of the alerts queued or being delivered
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
 
 	// busy counts the alerts queued or being delivered, over all URLs.
 	busy atomic.Int64
@@ -99,7 +111,7 @@ type hook struct {
 func NewWebhooks(cfg WebhookConfig, store storage.Records, log *slog.Logger) *Webhooks {
 	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	cfg = cfg.withDefaults()
-	w := &Webhooks{cfg: cfg, store: store, log: log, client: &http.Client{Timeout: cfg.Timeout}}
+	w := &Webhooks{cfg: cfg, store: store, log: log, client: &http.Client{Timeout: cfg.Timeout}, queued: map[string]bool{}}
 	seen := map[string]bool{}
 	for _, u := range cfg.URLs {
 		// A URL given twice is one receiver: two senders would POST each
@@ -115,35 +127,84 @@ func NewWebhooks(cfg WebhookConfig, store storage.Records, log *slog.Logger) *We
 	return w
 }
 
-// Start re-queues what was pending and starts the senders. ctx bounds only
-// the start: the senders run until Shutdown.
+// Start queues what is pending and starts the senders (and, with Rescan,
+// a look for new pending alerts every Rescan). ctx bounds only the start:
+// the senders run until Shutdown.
 func (w *Webhooks) Start(context.Context) error {
-	w.ctx, w.cancel = context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	w.mu.Lock()
+	w.running, w.cancel = true, cancel
+	w.mu.Unlock()
+	w.queuePending()
 	for _, h := range w.hooks {
-		if w.store != nil {
-			_ = w.store.ScanRecords(NSWebhookPending, h.tag, func(_ string, v []byte) (bool, error) {
-				var a Alert
-				if json.Unmarshal(v, &a) == nil {
-					w.enqueue(h, a)
+		w.wg.Go(func() { w.run(ctx, h) })
+	}
+	if w.cfg.Rescan > 0 && w.store != nil {
+		t := w.cfg.Clock.NewTicker(w.cfg.Rescan)
+		w.wg.Go(func() {
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C():
+					w.queuePending()
 				}
-				return true, nil
-			})
-		}
-		w.wg.Go(func() { w.run(h) })
+			}
+		})
 	}
 	return nil
+}
+
+// queuePending queues the pending alerts not queued yet.
+func (w *Webhooks) queuePending() {
+	if w.store == nil {
+		return
+	}
+	for _, h := range w.hooks {
+		_ = w.store.ScanRecords(NSWebhookPending, h.tag, func(k string, v []byte) (bool, error) {
+			var a Alert
+			if json.Unmarshal(v, &a) == nil {
+				w.mu.Lock()
+				// Delivered since the scan read it (run deletes the
+				// record with mu held): not queued again.
+				if _, err := w.store.GetRecord(NSWebhookPending, k); err == nil {
+					w.enqueueLocked(h, a)
+				}
+				w.mu.Unlock()
+			}
+			return true, nil
+		})
+	}
 }
 
 // Shutdown stops the senders (cancelling a POST in flight) and waits for them
 // until ctx ends; undelivered alerts stay pending in the store.
 func (w *Webhooks) Shutdown(ctx context.Context) error {
-	if w.cancel == nil {
+	w.mu.Lock()
+	cancel := w.cancel
+	w.running, w.cancel = false, nil
+	w.mu.Unlock()
+	if cancel == nil {
 		return nil
 	}
-	w.cancel()
+	cancel()
 	stopped := make(chan struct{})
 	go func() { w.wg.Wait(); close(stopped) }()
-	return lifecycle.Wait(ctx, stopped, "webhook senders")
+	if err := lifecycle.Wait(ctx, stopped, "webhook senders"); err != nil {
+		return err
+	}
+	// What is still queued stays pending, for the next senders.
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, h := range w.hooks {
+		for len(h.queue) > 0 {
+			<-h.queue
+			w.busy.Add(-1)
+		}
+	}
+	clear(w.queued)
+	return nil
 }
 
 // Busy is how many alerts are queued or being delivered (retries
@@ -160,34 +221,43 @@ func (w *Webhooks) Alert(_ context.Context, a Alert) {
 				}
 			}
 		}
-		if !w.enqueue(h, a) {
-			w.log.Error("webhook queue full: alert dropped", "url", h.logURL, "alert", a.ID, "message", a.Message)
+		w.mu.Lock()
+		if w.running {
+			w.enqueueLocked(h, a)
 		}
+		w.mu.Unlock()
 	}
 }
 
-// enqueue queues a for h unless its queue is full, counting it busy.
-func (w *Webhooks) enqueue(h *hook, a Alert) bool {
-	w.busy.Add(1)
+// enqueueLocked queues a for h unless it is queued already or the queue
+// is full, counting it busy. Call with mu held.
+func (w *Webhooks) enqueueLocked(h *hook, a Alert) {
+	k := h.tag + a.ID
+	if w.queued[k] {
+		return
+	}
 	select {
 	case h.queue <- a:
-		return true
+		w.queued[k] = true
+		w.busy.Add(1)
 	default:
-		w.busy.Add(-1)
-		return false
+		w.log.Error("webhook queue full: alert dropped", "url", h.logURL, "alert", a.ID, "message", a.Message)
 	}
 }
 
-func (w *Webhooks) run(h *hook) {
+func (w *Webhooks) run(ctx context.Context, h *hook) {
 	for {
 		select {
-		case <-w.ctx.Done():
+		case <-ctx.Done():
 			return
 		case a := <-h.queue:
-			done := w.deliver(h, a)
+			done := w.deliver(ctx, h, a)
+			w.mu.Lock()
 			if done && w.store != nil {
 				_ = w.store.DeleteRecord(NSWebhookPending, h.tag+a.ID)
 			}
+			delete(w.queued, h.tag+a.ID)
+			w.mu.Unlock()
 			w.busy.Add(-1)
 		}
 	}
@@ -195,19 +265,19 @@ func (w *Webhooks) run(h *hook) {
 
 // deliver POSTs a until a 2xx, a permanent failure, or the attempts run out;
 // false: stopped (the alert stays pending).
-func (w *Webhooks) deliver(h *hook, a Alert) bool {
+func (w *Webhooks) deliver(ctx context.Context, h *hook, a Alert) bool {
 	body, err := json.Marshal(a)
 	if err != nil {
 		return true
 	}
 	backoff := w.cfg.BaseBackoff
 	for attempt := 1; ; attempt++ {
-		retryAfter, err := w.post(h.url, a.ID, body)
+		retryAfter, err := w.post(ctx, h.url, a.ID, body)
 		if err == nil {
 			w.log.Debug("webhook delivered", "url", h.logURL, "alert", a.ID, "attempt", attempt)
 			return true
 		}
-		if w.ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return false // stopping: not the receiver's failure, keep it pending
 		}
 		var perm *permanentError
@@ -218,7 +288,7 @@ func (w *Webhooks) deliver(h *hook, a Alert) bool {
 		wait := min(max(backoff/2+rand.N(backoff/2+1), retryAfter), w.cfg.MaxBackoff)
 		w.log.Warn("webhook delivery failed; retrying", "url", h.logURL, "alert", a.ID, "attempt", attempt, "in", wait, "err", err)
 		select {
-		case <-w.ctx.Done():
+		case <-ctx.Done():
 			return false
 		case <-w.cfg.Clock.After(wait):
 		}
@@ -240,8 +310,8 @@ type permanentError struct{ status int }
 
 func (e *permanentError) Error() string { return fmt.Sprintf("HTTP %d (not retried)", e.status) }
 
-func (w *Webhooks) post(u, id string, body []byte) (time.Duration, error) {
-	req, err := http.NewRequestWithContext(w.ctx, http.MethodPost, u, bytes.NewReader(body))
+func (w *Webhooks) post(ctx context.Context, u, id string, body []byte) (time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
 	if err != nil {
 		return 0, &permanentError{}
 	}

@@ -155,7 +155,17 @@ type Config struct {
 	EvalInterval time.Duration
 	Location     *time.Location // of monthly budgets' calendar months; nil: UTC
 	Clock        clock.Clock    // nil: the wall clock
+	// Leader, when set, says whether this collector leads a fleet sharing
+	// its store (package leader): only the leader fires budget alerts, and
+	// it evaluates every FleetReload besides, reading every run, since the
+	// batches other collectors apply do not mark it dirty. Every collector
+	// evaluates after the batches it applied, for the stop advisories to
+	// the agents whose streams it holds. nil: the one collector.
+	Leader func() bool
 }
+
+// FleetReload is how often a fleet's leader evaluates every run.
+const FleetReload = 10 * time.Second
 
 // Validate checks the config.
 func (c Config) Validate() error {
@@ -274,6 +284,7 @@ func (m *Manager) Start(context.Context) error {
 	go func() {
 		defer close(done)
 		defer t.Stop()
+		var fleetAt time.Time // the leader's last evaluation of every run
 		for {
 			select {
 			case <-stop:
@@ -286,13 +297,24 @@ func (m *Manager) Start(context.Context) error {
 					m.log.Warn("max-cost check failed", "err", err)
 				}
 			case <-t.C():
+				due := false
+				if now := m.cfg.Clock.Now(); m.leads() && m.cfg.Leader != nil && !now.Before(fleetAt.Add(FleetReload)) {
+					fleetAt, due = now, true
+					m.evalMu.Lock()
+					m.cache = nil // read every run
+					m.evalMu.Unlock()
+				}
 				select {
 				case <-m.dirty:
-					if err := m.Evaluate(context.Background()); err != nil {
-						m.log.Warn("budget evaluation failed", "err", err)
-						m.MarkDirty()
-					}
+					due = true
 				default:
+				}
+				if !due {
+					continue
+				}
+				if err := m.Evaluate(context.Background()); err != nil {
+					m.log.Warn("budget evaluation failed", "err", err)
+					m.MarkDirty()
 				}
 			}
 		}
@@ -533,7 +555,13 @@ func (m *Manager) Evaluate(ctx context.Context) error {
 	return errors.Join(append(errs, capErr)...)
 }
 
+// leads says whether this collector fires budget alerts (Config.Leader).
+func (m *Manager) leads() bool { return m.cfg.Leader == nil || m.cfg.Leader() }
+
 func (m *Manager) fire(ctx context.Context, s *Status, th float64, sev string, projected bool, v float64, now time.Time) error {
+	if !m.leads() {
+		return nil
+	}
 	kind, what := "actual", "spent"
 	if projected {
 		kind, what = "projected", "projected spend at completion"

@@ -37,6 +37,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/console"
 	"github.com/trainmeter/trainmeter/collector/internal/fold"
 	"github.com/trainmeter/trainmeter/collector/internal/ingest"
+	"github.com/trainmeter/trainmeter/collector/internal/leader"
 	"github.com/trainmeter/trainmeter/collector/internal/pgstore"
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/carbonwatch"
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
@@ -299,6 +300,30 @@ type collectorStore interface {
 	Close() error
 }
 
+// leaderLock is the fleet's leader lock of a store that collectors share
+// (nil: the one collector on its store leads).
+func leaderLock(st collectorStore) leader.Lock {
+	if pg, ok := st.(*pgstore.Store); ok {
+		return pg.LeaderLock()
+	}
+	return nil
+}
+
+// CatalogReload is how often a collector that does not lead its fleet
+// reads the price catalogs the leader fetched.
+const CatalogReload = 30 * time.Second
+
+// schedule is a job on a schedule, as a component.
+type schedule struct {
+	p     *lifecycle.Periodic
+	clk   clock.Clock
+	every time.Duration
+	job   func(context.Context)
+}
+
+func (c schedule) Start(context.Context) error        { c.p.Start(c.clk, c.every, c.job); return nil }
+func (c schedule) Shutdown(ctx context.Context) error { return c.p.Shutdown(ctx) }
+
 // openStore opens the store the configuration names, by the URL's scheme
 // (PostgreSQL) or else the data directory (BadgerDB), and the background
 // loop it needs (nil: none).
@@ -343,6 +368,7 @@ type Server struct {
 	webhooks *alert.Webhooks
 	prices   *pricewatch.Watcher
 	carbon   *carbonwatch.Watcher // nil without a live carbon source
+	elector  *leader.Elector
 	grpc     *grpc.Server
 	health   *health.Server
 	lis      net.Listener
@@ -436,9 +462,17 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		undo = append(undo, func() { _ = exp.Shutdown(ctx) })
 	}
 
+	// The fleet-wide work runs on the leader of the collectors sharing the
+	// store (package leader): webhook delivery and scheduled price fetches
+	// are its tasks, budget alerts ask it. Every collector records alerts
+	// (once, by the store) and sends advisories to the agents it holds.
+	lock := leaderLock(st)
 	webhookCfg := s.cfg.Alerts.Webhook
 	if webhookCfg.Clock == nil {
 		webhookCfg.Clock = s.cfg.Clock
+	}
+	if lock != nil {
+		webhookCfg.Rescan = leader.DefaultRetry
 	}
 	webhooks := alert.NewWebhooks(webhookCfg, st, s.log)
 	sinks := append(alert.Sinks{webhooks}, s.cfg.Alerts.Sinks...)
@@ -457,7 +491,12 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	st.SetPricer(pricing)
 	loc, _ := time.LoadLocation(s.cfg.Budget.Timezone) // checked by Validate
 	report := func(a *aggregate.State) *trainmeterv1.RunReport { return a.Report(pricing) }
-	budgets := budget.New(budget.Config{EvalInterval: s.cfg.Budget.EvalInterval, Location: loc, Clock: s.cfg.Clock}, st, report, ing, sinks, s.log)
+	elector := leader.New(leader.Config{Lock: lock, Clock: s.cfg.Clock, Logger: s.log, Tasks: []leader.Task{webhooks, prices}})
+	budgetCfg := budget.Config{EvalInterval: s.cfg.Budget.EvalInterval, Location: loc, Clock: s.cfg.Clock}
+	if lock != nil {
+		budgetCfg.Leader = elector.Leading
+	}
+	budgets := budget.New(budgetCfg, st, report, ing, sinks, s.log)
 	budgets.SetPricing(pricing)
 	adv := dataloadersvc.New(st, ing, s.log)
 
@@ -498,13 +537,24 @@ func (s *Server) Start(ctx context.Context) (err error) {
 
 	// Background loops; Shutdown stops them newest first.
 	var loops []lifecycle.Component
-	components := []lifecycle.Component{adv, webhooks, budgets, prices}
+	// The live carbon source runs on every collector: each books the
+	// carbon of the windows it stores from its own fetches.
+	components := []lifecycle.Component{adv, budgets}
 	if gc != nil {
 		components = append([]lifecycle.Component{gc}, components...)
 	}
 	if carbon != nil {
 		components = append(components, carbon)
 	}
+	if lock != nil {
+		components = append(components, schedule{p: lifecycle.NewPeriodic("price catalog reload"), clk: s.cfg.Clock, every: CatalogReload,
+			job: func(context.Context) {
+				if !elector.Leading() {
+					prices.Reload()
+				}
+			}})
+	}
+	components = append(components, elector)
 	ui, err := s.newConsole(authz, services)
 	if err != nil {
 		return err
@@ -530,7 +580,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	go s.logSummary(time.Minute, s.summaryStop)
 	s.store, s.ingest, s.grpc, s.health, s.lis = st, ing, gs, hs, lis
 	s.advisor, s.budgets, s.webhooks, s.prices, s.telemetry, s.loops = adv, budgets, webhooks, prices, tel, loops
-	s.carbon = carbon
+	s.carbon, s.elector = carbon, elector
 	s.ui = ui
 	s.served = make(chan struct{})
 	s.started = true

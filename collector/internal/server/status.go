@@ -12,11 +12,15 @@ import (
 
 // Status is the collector's self-observability document (GET /status).
 type Status struct {
-	UptimeS  float64      `json:"uptime_s"`
-	Healthy  bool         `json:"healthy"`
-	Problems []string     `json:"problems"`
-	Ingest   ingest.Stats `json:"ingest"`
-	Alerts   AlertStatus  `json:"alerts"`
+	UptimeS  float64  `json:"uptime_s"`
+	Healthy  bool     `json:"healthy"`
+	Problems []string `json:"problems"`
+	// Leader: this collector leads the collectors sharing its store and
+	// runs the fleet-wide work (webhooks, budget alerts, price fetches);
+	// always true on a store of its own.
+	Leader bool         `json:"leader"`
+	Ingest ingest.Stats `json:"ingest"`
+	Alerts AlertStatus  `json:"alerts"`
 	// Carbon: the live carbon source's fetches (absent without one).
 	Carbon *carbonwatch.Stats `json:"carbon,omitempty"`
 }
@@ -35,7 +39,7 @@ type AlertStatus struct {
 // (unhealthy) before Start.
 func (s *Server) Status() Status {
 	s.mu.Lock()
-	ing, started, stopped, t0, budgets, webhooks, carbon := s.ingest, s.started, s.stopped, s.startedAt, s.budgets, s.webhooks, s.carbon
+	ing, started, stopped, t0, budgets, webhooks, carbon, el := s.ingest, s.started, s.stopped, s.startedAt, s.budgets, s.webhooks, s.carbon, s.elector
 	s.mu.Unlock()
 	st := Status{Problems: []string{}}
 	switch {
@@ -46,6 +50,7 @@ func (s *Server) Status() Status {
 		st.Problems = append(st.Problems, "shutting down")
 	}
 	st.UptimeS = s.cfg.Clock.Now().Sub(t0).Seconds()
+	st.Leader = el.Leading()
 	st.Ingest = ing.Stats()
 	st.Alerts = AlertStatus{BudgetEvaluations: budgets.Evaluations(), WebhooksBusy: webhooks.Busy()}
 	if carbon != nil {

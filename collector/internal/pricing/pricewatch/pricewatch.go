@@ -199,13 +199,20 @@ func New(cfg Config, providers []prices.Provider, st storage.Records, rec *alert
 	}
 	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	w := &Watcher{cfg: cfg, providers: providers, store: st, rec: rec, log: log, byKey: map[string]prices.ModelPrice{}, schedule: lifecycle.NewPeriodic("price watcher")}
-	if b, err := st.GetRecord(NSOffers, "catalogs"); err == nil {
+	w.Reload()
+	return w
+}
+
+// Reload reads the catalogs from the store again: the collectors of a
+// fleet that do not fetch (package leader) take the leader's fetches and
+// any collector's imports this way.
+func (w *Watcher) Reload() {
+	if b, err := w.store.GetRecord(NSOffers, "catalogs"); err == nil {
 		var s snapshot
 		if json.Unmarshal(b, &s) == nil {
 			w.setLatest(s)
 		}
 	}
-	return w
 }
 
 func (w *Watcher) latestSnapshot() snapshot {
