@@ -212,13 +212,13 @@ func (im *importer) runs(seq iter.Seq2[*aggregate.State, error]) error {
 	if err := im.flush(&q, "runs", n, true); err != nil {
 		return err
 	}
-	im.counts = append(im.counts, Count{"runs", n})
+	im.counts = append(im.counts, Count{"runs", n}) // told by flush
 	c := importSQL.liveRuns
 	nl, err := im.tx.CopyFrom(im.ctx, pgx.Identifier{c.table}, c.cols, pgx.CopyFromRows(im.live))
 	if err != nil {
 		return fmt.Errorf("%s: %w", c.what, err)
 	}
-	im.counts = append(im.counts, Count{c.what, nl})
+	im.count(c.what, nl)
 	return nil
 }
 
@@ -240,19 +240,21 @@ func (im *importer) nodes(seq iter.Seq2[*trainmeterv1.NodeStatus, error]) error 
 	if err := im.flush(&q, "nodes", n, true); err != nil {
 		return err
 	}
-	im.counts = append(im.counts, Count{"nodes", n})
+	im.counts = append(im.counts, Count{"nodes", n}) // told by flush
 	return nil
 }
 
 // flush sends q when it holds batchRows rows, or when last.
 func (im *importer) flush(q *pgx.Batch, what string, n int64, last bool) error {
-	if q.Len() == 0 || (!last && n%batchRows != 0) {
+	if !last && n%batchRows != 0 {
 		return nil
 	}
-	if err := im.tx.SendBatch(im.ctx, q).Close(); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+	if q.Len() > 0 {
+		if err := im.tx.SendBatch(im.ctx, q).Close(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		*q = pgx.Batch{}
 	}
-	*q = pgx.Batch{}
 	if last || n%progressRows == 0 {
 		im.progress(what, n)
 	}
@@ -276,7 +278,7 @@ func (im *importer) applied(seq iter.Seq2[storage.AppliedBatch, error]) error {
 	if err != nil {
 		return fmt.Errorf("applied batches: %w", err)
 	}
-	im.counts = append(im.counts, Count{importSQL.applied.what, tag.RowsAffected()})
+	im.count(importSQL.applied.what, tag.RowsAffected())
 	return nil
 }
 
@@ -287,21 +289,29 @@ func (im *importer) raw(d storage.Dump) error {
 		if err != nil {
 			return err
 		}
-		im.counts = append(im.counts, Count{c.what, n})
+		im.count(c.what, n)
 	}
 	return nil
+}
+
+// count notes and tells the rows of a kind copied.
+func (im *importer) count(what string, n int64) {
+	im.counts = append(im.counts, Count{what, n})
+	im.progress(what, n)
 }
 
 // records copies every record, and counts them by namespace.
 func (im *importer) records(seq iter.Seq2[storage.Record, error]) error {
 	byNS := map[string]int64{}
 	c := importSQL.records
-	if _, err := copySeq(im, c, seq, func(r storage.Record) []any {
+	n, err := copySeq(im, c, seq, func(r storage.Record) []any {
 		byNS[r.NS]++
 		return []any{r.NS, []byte(r.Key), r.Value}
-	}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
+	im.progress(c.what, n)
 	for _, ns := range slices.Sorted(maps.Keys(byNS)) {
 		im.counts = append(im.counts, Count{c.what + " " + ns, byNS[ns]})
 	}
@@ -309,7 +319,8 @@ func (im *importer) records(seq iter.Seq2[storage.Record, error]) error {
 }
 
 // copySeq copies every row of seq (as row makes it) with one COPY,
-// streaming: a row is encoded before the next is read.
+// streaming: a row is encoded before the next is read. It tells progress
+// every progressRows rows; the caller tells the end.
 func copySeq[T any](im *importer, c copyInto, seq iter.Seq2[T, error], row func(T) []any) (int64, error) {
 	next, stop := iter.Pull2(seq)
 	defer stop()
@@ -321,7 +332,6 @@ func copySeq[T any](im *importer, c copyInto, seq iter.Seq2[T, error], row func(
 	if err != nil {
 		return n, fmt.Errorf("%s: %w", c.what, err)
 	}
-	im.progress(c.what, n)
 	return n, nil
 }
 
