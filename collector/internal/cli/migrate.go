@@ -73,9 +73,7 @@ func migrate(ctx context.Context, from, to, passwordFile string, out, errw io.Wr
 	fmt.Fprintf(errw, "migrate: copying %s into %s\n", from, pgstore.Redact(to))
 	var counts pgstore.Counts
 	err = src.Export(func(d storage.Dump) error {
-		counts, err = dst.Import(ctx, d, func(what string, rows int64) {
-			fmt.Fprintf(errw, "migrate: %s: %d\n", what, rows)
-		})
+		counts, err = dst.Import(ctx, d, func(c pgstore.Count) { fmt.Fprintf(errw, "migrate: %s\n", c) })
 		return err
 	})
 	if errors.Is(err, pgstore.ErrNotEmpty) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
+	"github.com/trainmeter/trainmeter/internal/plural"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -32,9 +33,9 @@ import (
 // Batch keys whose window start the dump does not know (BadgerDB's dedup
 // marks) are stored as starting now: kept for the whole dedup retention
 // from the move, never less.
-func (s *Store) Import(ctx context.Context, d storage.Dump, progress func(what string, rows int64)) (Counts, error) {
+func (s *Store) Import(ctx context.Context, d storage.Dump, progress func(Count)) (Counts, error) {
 	if progress == nil {
-		progress = func(string, int64) {}
+		progress = func(Count) {}
 	}
 	var out Counts
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
@@ -79,15 +80,25 @@ const progressRows = 100_000
 // Counts are the rows Import copied, per kind, in the order copied.
 type Counts []Count
 
+// Count is the rows of a kind copied; What names one ("run window").
 type Count struct {
 	What string
 	Rows int64
 }
 
+// String is "3 run windows".
+func (c Count) String() string {
+	head, last := "", c.What
+	if i := strings.LastIndexByte(c.What, ' '); i >= 0 {
+		head, last = c.What[:i+1], c.What[i+1:]
+	}
+	return fmt.Sprintf("%d %s%s", c.Rows, head, plural.Noun(c.Rows, last))
+}
+
 func (c Counts) String() string {
 	parts := make([]string, len(c))
 	for i, n := range c {
-		parts[i] = fmt.Sprintf("%d %s", n.Rows, n.What)
+		parts[i] = n.String()
 	}
 	return strings.Join(parts, ", ")
 }
@@ -106,20 +117,20 @@ var importSQL = struct {
 	tablesWithRows string
 }{
 	insertRun: `INSERT INTO runs (run_id) VALUES ($1)`,
-	liveRuns:  copyInto{"live runs", "live_runs", []string{"node", "run_id"}},
+	liveRuns:  copyInto{"live run", "live_runs", []string{"node", "run_id"}},
 	// A batch may be yielded twice (by its raw record and by a dedup
 	// mark): staged, then merged once, its known window start first.
-	applied:      copyInto{"applied batches", "import_applied", []string{"node", "boot", "seq", "start_ns"}},
+	applied:      copyInto{"applied batch", "import_applied", []string{"node", "boot", "seq", "start_ns"}},
 	stageApplied: `CREATE TEMP TABLE import_applied (LIKE applied_batches) ON COMMIT DROP`,
 	mergeApplied: `INSERT INTO applied_batches SELECT DISTINCT ON (node, boot, seq) * FROM import_applied
 		ORDER BY node, boot, seq, start_ns ON CONFLICT DO NOTHING`,
 	raw: map[storage.RawKind]copyInto{
-		storage.RawRunWindows:     {"run windows", "run_windows", []string{"run_id", "node", "start_ns", "seq", "i", "w"}},
-		storage.RawRunEvents:      {"run events", "run_events", []string{"run_id", "node", "t_ns", "seq", "i", "e"}},
-		storage.RawNodeWindows:    {"node windows", "node_windows", []string{"node", "start_ns", "seq", "b"}},
-		storage.RawSamples:        {"raw samples", "raw_samples", []string{"node", "start_ns", "seq", "b"}},
-		storage.RawNodeLosses:     {"node losses", "node_losses", []string{"node", "start_ns", "seq", "b"}},
-		storage.RawDeletedWindows: {"deleted runs' windows", "deleted_windows", []string{"node", "start_ns", "seq", "i", "deletion", "d"}},
+		storage.RawRunWindows:     {"run window", "run_windows", []string{"run_id", "node", "start_ns", "seq", "i", "w"}},
+		storage.RawRunEvents:      {"run event", "run_events", []string{"run_id", "node", "t_ns", "seq", "i", "e"}},
+		storage.RawNodeWindows:    {"node window record", "node_windows", []string{"node", "start_ns", "seq", "b"}},
+		storage.RawSamples:        {"raw-sample record", "raw_samples", []string{"node", "start_ns", "seq", "b"}},
+		storage.RawNodeLosses:     {"node loss record", "node_losses", []string{"node", "start_ns", "seq", "b"}},
+		storage.RawDeletedWindows: {"deleted run window", "deleted_windows", []string{"node", "start_ns", "seq", "i", "deletion", "d"}},
 	},
 	rawRow: map[storage.RawKind]func(r storage.RawRecord) []any{
 		storage.RawRunWindows: func(r storage.RawRecord) []any {
@@ -135,7 +146,7 @@ var importSQL = struct {
 			return []any{r.Node, r.Start, int64(r.Seq), int32(r.I), int64(r.Deletion), r.Value}
 		},
 	},
-	records: copyInto{"records", "records", []string{"ns", "k", "v"}},
+	records: copyInto{"record", "records", []string{"ns", "k", "v"}},
 	// Every table of the schema but the migrations' own.
 	tablesWithRows: `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename <> 'schema_version' ORDER BY 1`,
 }
@@ -178,7 +189,7 @@ func checkEmpty(ctx context.Context, tx pgx.Tx) error {
 type importer struct {
 	ctx      context.Context
 	tx       pgx.Tx
-	progress func(string, int64)
+	progress func(Count)
 	now      int64 // the window start of batch keys without one
 	counts   Counts
 	live     [][]any // (node, run) of the runs live on a node
@@ -205,14 +216,14 @@ func (im *importer) runs(seq iter.Seq2[*aggregate.State, error]) error {
 			im.live = append(im.live, []any{node, st.RunId})
 		}
 		n++
-		if err := im.flush(&q, "runs", n, false); err != nil {
+		if err := im.flush(&q, "run", n, false); err != nil {
 			return err
 		}
 	}
-	if err := im.flush(&q, "runs", n, true); err != nil {
+	if err := im.flush(&q, "run", n, true); err != nil {
 		return err
 	}
-	im.counts = append(im.counts, Count{"runs", n}) // told by flush
+	im.counts = append(im.counts, Count{"run", n}) // told by flush
 	c := importSQL.liveRuns
 	nl, err := im.tx.CopyFrom(im.ctx, pgx.Identifier{c.table}, c.cols, pgx.CopyFromRows(im.live))
 	if err != nil {
@@ -233,14 +244,14 @@ func (im *importer) nodes(seq iter.Seq2[*trainmeterv1.NodeStatus, error]) error 
 			return err
 		}
 		n++
-		if err := im.flush(&q, "nodes", n, false); err != nil {
+		if err := im.flush(&q, "node", n, false); err != nil {
 			return err
 		}
 	}
-	if err := im.flush(&q, "nodes", n, true); err != nil {
+	if err := im.flush(&q, "node", n, true); err != nil {
 		return err
 	}
-	im.counts = append(im.counts, Count{"nodes", n}) // told by flush
+	im.counts = append(im.counts, Count{"node", n}) // told by flush
 	return nil
 }
 
@@ -256,7 +267,7 @@ func (im *importer) flush(q *pgx.Batch, what string, n int64, last bool) error {
 		*q = pgx.Batch{}
 	}
 	if last || n%progressRows == 0 {
-		im.progress(what, n)
+		im.progress(Count{what, n})
 	}
 	return nil
 }
@@ -297,7 +308,7 @@ func (im *importer) raw(d storage.Dump) error {
 // count notes and tells the rows of a kind copied.
 func (im *importer) count(what string, n int64) {
 	im.counts = append(im.counts, Count{what, n})
-	im.progress(what, n)
+	im.progress(Count{what, n})
 }
 
 // records copies every record, and counts them by namespace.
@@ -311,9 +322,9 @@ func (im *importer) records(seq iter.Seq2[storage.Record, error]) error {
 	if err != nil {
 		return err
 	}
-	im.progress(c.what, n)
+	im.progress(Count{c.what, n})
 	for _, ns := range slices.Sorted(maps.Keys(byNS)) {
-		im.counts = append(im.counts, Count{c.what + " " + ns, byNS[ns]})
+		im.counts = append(im.counts, Count{ns + " record", byNS[ns]})
 	}
 	return nil
 }
@@ -324,7 +335,7 @@ func (im *importer) records(seq iter.Seq2[storage.Record, error]) error {
 func copySeq[T any](im *importer, c copyInto, seq iter.Seq2[T, error], row func(T) []any) (int64, error) {
 	next, stop := iter.Pull2(seq)
 	defer stop()
-	src := &seqSource[T]{next: next, row: row, progress: func(n int64) { im.progress(c.what, n) }}
+	src := &seqSource[T]{next: next, row: row, progress: func(n int64) { im.progress(Count{c.what, n}) }}
 	n, err := im.tx.CopyFrom(im.ctx, pgx.Identifier{c.table}, c.cols, src)
 	if err == nil {
 		err = src.err
