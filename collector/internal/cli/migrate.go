@@ -36,7 +36,7 @@ holding any data is refused. Docs: docs/deploy.md.`,
 	f := c.Flags()
 	f.StringVar(&from, "from", "", "the collector's data directory (its --data)")
 	f.StringVar(&to, "to", "", "the PostgreSQL database, postgres://USER@HOST/DB?sslmode=… (as serve --store takes it)")
-	f.StringVar(&passwordFile, "password-file", "", "a file holding the database password (one line), which --to then leaves out")
+	f.StringVar(&passwordFile, "store-password-file", "", "a file holding the database password (one line), which --to then leaves out (as serve's)")
 	_ = c.MarkFlagRequired("from")
 	_ = c.MarkFlagRequired("to")
 	return c
