@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
@@ -119,7 +120,8 @@ var importSQL = struct {
 	insertRun: `INSERT INTO runs (run_id) VALUES ($1)`,
 	liveRuns:  copyInto{"live run", "live_runs", []string{"node", "run_id"}},
 	// A batch may be yielded twice (by its raw record and by a dedup
-	// mark): staged, then merged once, its known window start first.
+	// mark): staged, then merged once with its earliest start, the known
+	// one (the unknown is the move's time).
 	applied:      copyInto{"applied batch", "import_applied", []string{"node", "boot", "seq", "start_ns"}},
 	stageApplied: `CREATE TEMP TABLE import_applied (LIKE applied_batches) ON COMMIT DROP`,
 	mergeApplied: `INSERT INTO applied_batches SELECT DISTINCT ON (node, boot, seq) * FROM import_applied
@@ -195,80 +197,103 @@ type importer struct {
 	live     [][]any // (node, run) of the runs live on a node
 }
 
-// batchRows is how many runs or nodes one pgx.Batch writes.
-const batchRows = 500
-
 // runs writes every run through ingest's queueRun, keeping the node
 // states in the aggregate (this store's form), and notes the live ones.
 func (im *importer) runs(seq iter.Seq2[*aggregate.State, error]) error {
-	var q pgx.Batch
-	var n int64
+	b := &batcher{im: im, what: "run"}
 	for st, err := range seq {
 		if err != nil {
 			return err
 		}
 		st.NodesApart = false
-		q.Queue(importSQL.insertRun, st.RunId)
-		if err := queueRun(&q, st); err != nil {
+		b.q.Queue(importSQL.insertRun, st.RunId)
+		if err := queueRun(&b.q, st); err != nil {
 			return fmt.Errorf("run %q: %w", st.RunId, err)
 		}
 		for _, node := range st.LiveNodes() {
 			im.live = append(im.live, []any{node, st.RunId})
 		}
-		n++
-		if err := im.flush(&q, "run", n, false); err != nil {
+		if err := b.added(proto.Size(st.Aggregate)); err != nil {
 			return err
 		}
 	}
-	if err := im.flush(&q, "run", n, true); err != nil {
+	if err := b.done(); err != nil {
 		return err
 	}
-	im.counts = append(im.counts, Count{"run", n}) // told by flush
 	c := importSQL.liveRuns
-	nl, err := im.tx.CopyFrom(im.ctx, pgx.Identifier{c.table}, c.cols, pgx.CopyFromRows(im.live))
+	n, err := im.tx.CopyFrom(im.ctx, pgx.Identifier{c.table}, c.cols, pgx.CopyFromRows(im.live))
 	if err != nil {
 		return fmt.Errorf("%s: %w", c.what, err)
 	}
-	im.count(c.what, nl)
+	im.count(c.what, n)
 	return nil
 }
 
 func (im *importer) nodes(seq iter.Seq2[*trainmeterv1.NodeStatus, error]) error {
-	var q pgx.Batch
-	var n int64
+	b := &batcher{im: im, what: "node"}
 	for ns, err := range seq {
 		if err != nil {
 			return err
 		}
-		if err := queueNode(&q, ns); err != nil {
+		if err := queueNode(&b.q, ns); err != nil {
 			return err
 		}
-		n++
-		if err := im.flush(&q, "node", n, false); err != nil {
+		if err := b.added(proto.Size(ns)); err != nil {
 			return err
 		}
 	}
-	if err := im.flush(&q, "node", n, true); err != nil {
+	return b.done()
+}
+
+// A batcher sends the writes of runs or nodes one pgx.Batch at a time, of
+// batchRows rows or batchBytes of encoded rows, whichever comes first (a
+// run on a thousand nodes encodes to about a megabyte).
+type batcher struct {
+	im          *importer
+	what        string
+	q           pgx.Batch
+	n, told     int64
+	rows, bytes int
+}
+
+const (
+	batchRows  = 500
+	batchBytes = 16 << 20
+)
+
+// added notes a row queued, of size bytes.
+func (b *batcher) added(size int) error {
+	b.n, b.rows, b.bytes = b.n+1, b.rows+1, b.bytes+size
+	if b.rows < batchRows && b.bytes < batchBytes {
+		return nil
+	}
+	if err := b.send(); err != nil {
 		return err
 	}
-	im.counts = append(im.counts, Count{"node", n}) // told by flush
+	if b.n/progressRows > b.told/progressRows {
+		b.im.progress(Count{b.what, b.n})
+		b.told = b.n
+	}
 	return nil
 }
 
-// flush sends q when it holds batchRows rows, or when last.
-func (im *importer) flush(q *pgx.Batch, what string, n int64, last bool) error {
-	if !last && n%batchRows != 0 {
-		return nil
-	}
-	if q.Len() > 0 {
-		if err := im.tx.SendBatch(im.ctx, q).Close(); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
+func (b *batcher) send() error {
+	if b.q.Len() > 0 {
+		if err := b.im.tx.SendBatch(b.im.ctx, &b.q).Close(); err != nil {
+			return fmt.Errorf("%s: %w", b.what, err)
 		}
-		*q = pgx.Batch{}
+		b.q = pgx.Batch{}
 	}
-	if last || n%progressRows == 0 {
-		im.progress(Count{what, n})
+	b.rows, b.bytes = 0, 0
+	return nil
+}
+
+// done sends what is queued and counts the rows.
+func (b *batcher) done() error {
+	if err := b.send(); err != nil {
+		return err
 	}
+	b.im.count(b.what, b.n)
 	return nil
 }
 
