@@ -1,0 +1,398 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
+	"github.com/trainmeter/trainmeter/internal/plural"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Import copies a whole store (storage.Dump; `trainmeter migrate`) into
+// this database, in one transaction: all of it or nothing. It copies the
+// state and rows, not the batches that made them (raw records may be past
+// their retention while their aggregates are kept): the runs' aggregates
+// and the nodes' statuses through the writes ingest uses (queueRun,
+// queueNode, so their plain columns are filled alike), the rest with COPY
+// into the columns of importSQL. A database with any row in any table is
+// refused (ErrNotEmpty), whatever its schema version: Open has brought an
+// older one to this trainmeter's, and refused a newer one. progress, when
+// set, is told every progressRows rows of a kind and at its end.
+//
+// The nodes' new-run buckets are not copied: the BadgerDB store keeps
+// them in memory only, full at every start, and a NULL bucket is full.
+// Batch keys whose window start the dump does not know (BadgerDB's dedup
+// marks) are stored as starting now: kept for the whole dedup retention
+// from the move, never less.
+func (s *Store) Import(ctx context.Context, d storage.Dump, progress func(Count)) (Counts, error) {
+	if progress == nil {
+		progress = func(Count) {}
+	}
+	var out Counts
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		out = nil
+		// Two imports at once: the second finds the first's rows.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(importLock)); err != nil {
+			return err
+		}
+		if err := checkEmpty(ctx, tx); err != nil {
+			return err
+		}
+		im := importer{ctx: ctx, tx: tx, progress: progress, now: s.clk.Now().UnixNano()}
+		for _, step := range []func() error{
+			func() error { return im.runs(d.Runs()) },
+			func() error { return im.nodes(d.Nodes()) },
+			func() error { return im.applied(d.AppliedBatches()) },
+			func() error { return im.raw(d) },
+			func() error { return im.records(d.Records()) },
+		} {
+			if err := step(); err != nil {
+				return err
+			}
+		}
+		out = im.counts
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: import: %w", err)
+	}
+	return out, nil
+}
+
+// ErrNotEmpty refuses an import into a database holding data.
+var ErrNotEmpty = errors.New("the database is not empty")
+
+// importLock is the advisory lock key an import holds.
+const importLock = 0x74726d696d706f72 // "trmimpor"
+
+// progressRows is how often Import reports progress.
+const progressRows = 100_000
+
+// Counts are the rows Import copied, per kind, in the order copied.
+type Counts []Count
+
+// Count is the rows of a kind copied; What names one ("run window").
+type Count struct {
+	What string
+	Rows int64
+}
+
+// String is "3 run windows".
+func (c Count) String() string {
+	head, last := "", c.What
+	if i := strings.LastIndexByte(c.What, ' '); i >= 0 {
+		head, last = c.What[:i+1], c.What[i+1:]
+	}
+	return fmt.Sprintf("%d %s%s", c.Rows, head, plural.Noun(c.Rows, last))
+}
+
+func (c Counts) String() string {
+	parts := make([]string, len(c))
+	for i, n := range c {
+		parts[i] = n.String()
+	}
+	return strings.Join(parts, ", ")
+}
+
+// importSQL is every table and column Import writes but through queueRun
+// and queueNode: a column renamed in migrations/ is renamed here.
+var importSQL = struct {
+	insertRun      string
+	liveRuns       copyInto
+	applied        copyInto
+	stageApplied   string
+	mergeApplied   string
+	raw            map[storage.RawKind]copyInto
+	rawRow         map[storage.RawKind]func(r storage.RawRecord) []any
+	records        copyInto
+	tablesWithRows string
+}{
+	insertRun: `INSERT INTO runs (run_id) VALUES ($1)`,
+	liveRuns:  copyInto{"live run", "live_runs", []string{"node", "run_id"}},
+	// A batch may be yielded twice (by its raw record and by a dedup
+	// mark): staged, then merged once with its earliest start, the known
+	// one (the unknown is the move's time).
+	applied:      copyInto{"applied batch", "import_applied", []string{"node", "boot", "seq", "start_ns"}},
+	stageApplied: `CREATE TEMP TABLE import_applied (LIKE applied_batches) ON COMMIT DROP`,
+	mergeApplied: `INSERT INTO applied_batches SELECT DISTINCT ON (node, boot, seq) * FROM import_applied
+		ORDER BY node, boot, seq, start_ns ON CONFLICT DO NOTHING`,
+	raw: map[storage.RawKind]copyInto{
+		storage.RawRunWindows:     {"run window", "run_windows", []string{"run_id", "node", "start_ns", "seq", "i", "w"}},
+		storage.RawRunEvents:      {"run event", "run_events", []string{"run_id", "node", "t_ns", "seq", "i", "e"}},
+		storage.RawNodeWindows:    {"node window record", "node_windows", []string{"node", "start_ns", "seq", "b"}},
+		storage.RawSamples:        {"raw-sample record", "raw_samples", []string{"node", "start_ns", "seq", "b"}},
+		storage.RawNodeLosses:     {"node loss record", "node_losses", []string{"node", "start_ns", "seq", "b"}},
+		storage.RawDeletedWindows: {"deleted run window", "deleted_windows", []string{"node", "start_ns", "seq", "i", "deletion", "d"}},
+	},
+	rawRow: map[storage.RawKind]func(r storage.RawRecord) []any{
+		storage.RawRunWindows: func(r storage.RawRecord) []any {
+			return []any{r.Run, r.Node, r.Start, int64(r.Seq), int32(r.I), r.Value}
+		},
+		storage.RawRunEvents: func(r storage.RawRecord) []any {
+			return []any{r.Run, r.Node, r.Start, int64(r.Seq), int32(r.I), r.Value}
+		},
+		storage.RawNodeWindows: perBatchRow,
+		storage.RawSamples:     perBatchRow,
+		storage.RawNodeLosses:  perBatchRow,
+		storage.RawDeletedWindows: func(r storage.RawRecord) []any {
+			return []any{r.Node, r.Start, int64(r.Seq), int32(r.I), int64(r.Deletion), r.Value}
+		},
+	},
+	records: copyInto{"record", "records", []string{"ns", "k", "v"}},
+	// Every table of the schema but the migrations' own.
+	tablesWithRows: `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename <> 'schema_version' ORDER BY 1`,
+}
+
+func perBatchRow(r storage.RawRecord) []any { return []any{r.Node, r.Start, int64(r.Seq), r.Value} }
+
+// copyInto is a COPY's table and columns, and what its rows are called.
+type copyInto struct {
+	what, table string
+	cols        []string
+}
+
+// checkEmpty fails with ErrNotEmpty, naming the tables with rows, unless
+// every table is empty.
+func checkEmpty(ctx context.Context, tx pgx.Tx) error {
+	rows, err := tx.Query(ctx, importSQL.tablesWithRows)
+	if err != nil {
+		return err
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	var full []string
+	for _, t := range tables {
+		var has bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{t}.Sanitize()+`)`).Scan(&has); err != nil {
+			return err
+		}
+		if has {
+			full = append(full, t)
+		}
+	}
+	if len(full) > 0 {
+		return fmt.Errorf("%w (rows in %s): migrate moves a store into an empty database only", ErrNotEmpty, strings.Join(full, ", "))
+	}
+	return nil
+}
+
+type importer struct {
+	ctx      context.Context
+	tx       pgx.Tx
+	progress func(Count)
+	now      int64 // the window start of batch keys without one
+	counts   Counts
+	live     [][]any // (node, run) of the runs live on a node
+}
+
+// runs writes every run through ingest's queueRun, keeping the node
+// states in the aggregate (this store's form), and notes the live ones.
+func (im *importer) runs(seq iter.Seq2[*aggregate.State, error]) error {
+	b := &batcher{im: im, what: "run"}
+	for st, err := range seq {
+		if err != nil {
+			return err
+		}
+		st.NodesApart = false
+		b.q.Queue(importSQL.insertRun, st.RunId)
+		if err := queueRun(&b.q, st); err != nil {
+			return fmt.Errorf("run %q: %w", st.RunId, err)
+		}
+		for _, node := range st.LiveNodes() {
+			im.live = append(im.live, []any{node, st.RunId})
+		}
+		if err := b.added(proto.Size(st.Aggregate)); err != nil {
+			return err
+		}
+	}
+	if err := b.done(); err != nil {
+		return err
+	}
+	c := importSQL.liveRuns
+	n, err := im.tx.CopyFrom(im.ctx, pgx.Identifier{c.table}, c.cols, pgx.CopyFromRows(im.live))
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.what, err)
+	}
+	im.count(c.what, n)
+	return nil
+}
+
+func (im *importer) nodes(seq iter.Seq2[*trainmeterv1.NodeStatus, error]) error {
+	b := &batcher{im: im, what: "node"}
+	for ns, err := range seq {
+		if err != nil {
+			return err
+		}
+		if err := queueNode(&b.q, ns); err != nil {
+			return err
+		}
+		if err := b.added(proto.Size(ns)); err != nil {
+			return err
+		}
+	}
+	return b.done()
+}
+
+// A batcher sends the writes of runs or nodes one pgx.Batch at a time, of
+// batchRows rows or batchBytes of encoded rows, whichever comes first (a
+// run on a thousand nodes encodes to about a megabyte).
+type batcher struct {
+	im          *importer
+	what        string
+	q           pgx.Batch
+	n, told     int64
+	rows, bytes int
+}
+
+const (
+	batchRows  = 500
+	batchBytes = 16 << 20
+)
+
+// added notes a row queued, of size bytes.
+func (b *batcher) added(size int) error {
+	b.n, b.rows, b.bytes = b.n+1, b.rows+1, b.bytes+size
+	if b.rows < batchRows && b.bytes < batchBytes {
+		return nil
+	}
+	if err := b.send(); err != nil {
+		return err
+	}
+	if b.n/progressRows > b.told/progressRows {
+		b.im.progress(Count{b.what, b.n})
+		b.told = b.n
+	}
+	return nil
+}
+
+func (b *batcher) send() error {
+	if b.q.Len() > 0 {
+		if err := b.im.tx.SendBatch(b.im.ctx, &b.q).Close(); err != nil {
+			return fmt.Errorf("%s: %w", b.what, err)
+		}
+		b.q = pgx.Batch{}
+	}
+	b.rows, b.bytes = 0, 0
+	return nil
+}
+
+// done sends what is queued and counts the rows.
+func (b *batcher) done() error {
+	if err := b.send(); err != nil {
+		return err
+	}
+	b.im.count(b.what, b.n)
+	return nil
+}
+
+func (im *importer) applied(seq iter.Seq2[storage.AppliedBatch, error]) error {
+	if _, err := im.tx.Exec(im.ctx, importSQL.stageApplied); err != nil {
+		return err
+	}
+	if _, err := copySeq(im, importSQL.applied, seq, func(a storage.AppliedBatch) []any {
+		start := a.Start
+		if !a.StartKnown {
+			start = im.now
+		}
+		return []any{a.Node, a.Boot, int64(a.Seq), start}
+	}); err != nil {
+		return err
+	}
+	tag, err := im.tx.Exec(im.ctx, importSQL.mergeApplied)
+	if err != nil {
+		return fmt.Errorf("applied batches: %w", err)
+	}
+	im.count(importSQL.applied.what, tag.RowsAffected())
+	return nil
+}
+
+func (im *importer) raw(d storage.Dump) error {
+	for _, kind := range storage.RawKinds {
+		c := importSQL.raw[kind]
+		n, err := copySeq(im, c, d.Raw(kind), importSQL.rawRow[kind])
+		if err != nil {
+			return err
+		}
+		im.count(c.what, n)
+	}
+	return nil
+}
+
+// count notes and tells the rows of a kind copied.
+func (im *importer) count(what string, n int64) {
+	im.counts = append(im.counts, Count{what, n})
+	im.progress(Count{what, n})
+}
+
+// records copies every record, and counts them by namespace.
+func (im *importer) records(seq iter.Seq2[storage.Record, error]) error {
+	byNS := map[string]int64{}
+	c := importSQL.records
+	n, err := copySeq(im, c, seq, func(r storage.Record) []any {
+		byNS[r.NS]++
+		return []any{r.NS, []byte(r.Key), r.Value}
+	})
+	if err != nil {
+		return err
+	}
+	im.progress(Count{c.what, n})
+	for _, ns := range slices.Sorted(maps.Keys(byNS)) {
+		im.counts = append(im.counts, Count{ns + " record", byNS[ns]})
+	}
+	return nil
+}
+
+// copySeq copies every row of seq (as row makes it) with one COPY,
+// streaming: a row is encoded before the next is read. It tells progress
+// every progressRows rows; the caller tells the end.
+func copySeq[T any](im *importer, c copyInto, seq iter.Seq2[T, error], row func(T) []any) (int64, error) {
+	next, stop := iter.Pull2(seq)
+	defer stop()
+	src := &seqSource[T]{next: next, row: row, progress: func(n int64) { im.progress(Count{c.what, n}) }}
+	n, err := im.tx.CopyFrom(im.ctx, pgx.Identifier{c.table}, c.cols, src)
+	if err == nil {
+		err = src.err
+	}
+	if err != nil {
+		return n, fmt.Errorf("%s: %w", c.what, err)
+	}
+	return n, nil
+}
+
+// seqSource is a pgx.CopyFromSource over a sequence.
+type seqSource[T any] struct {
+	next     func() (T, error, bool)
+	row      func(T) []any
+	progress func(int64)
+	cur      []any
+	n        int64
+	err      error
+}
+
+func (s *seqSource[T]) Next() bool {
+	v, err, ok := s.next()
+	if !ok || err != nil {
+		s.err = err
+		return false
+	}
+	s.cur = s.row(v)
+	if s.n++; s.n%progressRows == 0 {
+		s.progress(s.n)
+	}
+	return true
+}
+
+func (s *seqSource[T]) Values() ([]any, error) { return s.cur, nil }
+func (s *seqSource[T]) Err() error             { return s.err }
