@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,8 +14,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/fold"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/internal/plural"
+	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -22,12 +25,22 @@ import (
 // this database, in one transaction: all of it or nothing. It copies the
 // state and rows, not the batches that made them (raw records may be past
 // their retention while their aggregates are kept): the runs' aggregates
-// and the nodes' statuses through the writes ingest uses (queueRun,
-// queueNode, so their plain columns are filled alike), the rest with COPY
-// into the columns of importSQL. A database with any row in any table is
-// refused (ErrNotEmpty), whatever its schema version: Open has brought an
-// older one to this trainmeter's, and refused a newer one. progress, when
-// set, is told every progressRows rows of a kind and at its end.
+// and the nodes' statuses through the writes ingest uses (queueRun with
+// the run's report at the store's pricer, as ingest writes it; queueNode),
+// the rest with COPY into the columns of importSQL, into the day
+// partitions of the days it writes (makeDays). The per-minute rollups and
+// the daily usage rollups are built from the raw records copied by the
+// accumulators ingest adds a batch's records with (rollupRows, dayUsage),
+// so the database is as ingest would have left it, raw_horizon included
+// (nothing dropped). A database with any row in any table (but a fresh
+// raw_horizon) is refused (ErrNotEmpty), whatever its schema version:
+// Open has brought an older one to this trainmeter's, and refused a newer
+// one. progress, when set, is told every progressRows rows of a kind and
+// at its end.
+//
+// Memory stays flat: rows go in chunks of at most chunkRows rows or
+// batchBytes, and the rollups are written as each node's (and run's)
+// minute ends, since a dump yields raw records in (run,) node, time order.
 //
 // The nodes' new-run buckets are not copied: the BadgerDB store keeps
 // them in memory only, full at every start, and a NULL bucket is full.
@@ -39,6 +52,7 @@ func (s *Store) Import(ctx context.Context, d storage.Dump, progress func(Count)
 		progress = func(Count) {}
 	}
 	var out Counts
+	var made map[int64]bool
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		out = nil
 		// Two imports at once: the second finds the first's rows.
@@ -48,7 +62,8 @@ func (s *Store) Import(ctx context.Context, d storage.Dump, progress func(Count)
 		if err := checkEmpty(ctx, tx); err != nil {
 			return err
 		}
-		im := importer{ctx: ctx, tx: tx, progress: progress, now: s.clk.Now().UnixNano()}
+		im := importer{ctx: ctx, tx: tx, progress: progress, now: s.clk.Now().UnixNano(), pricing: s.reportPricing(),
+			nodeGPU: map[string]string{}, days: map[int64]bool{}}
 		for _, step := range []func() error{
 			func() error { return im.runs(d.Runs()) },
 			func() error { return im.nodes(d.Nodes()) },
@@ -61,10 +76,14 @@ func (s *Store) Import(ctx context.Context, d storage.Dump, progress func(Count)
 			}
 		}
 		out = im.counts
+		made = im.days
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: import: %w", err)
+	}
+	for d := range made {
+		s.days.Store(d, true)
 	}
 	return out, nil
 }
@@ -116,6 +135,7 @@ var importSQL = struct {
 	rawRow         map[storage.RawKind]func(r storage.RawRecord) []any
 	records        copyInto
 	tablesWithRows string
+	freshHorizon   string
 }{
 	insertRun: `INSERT INTO runs (run_id) VALUES ($1)`,
 	liveRuns:  copyInto{"live run", "live_runs", []string{"node", "run_id"}},
@@ -149,8 +169,12 @@ var importSQL = struct {
 		},
 	},
 	records: copyInto{"record", "records", []string{"ns", "k", "v"}},
-	// Every table of the schema but the migrations' own.
-	tablesWithRows: `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename <> 'schema_version' ORDER BY 1`,
+	// Every table of the schema but the migrations' own and raw_horizon
+	// (one row from the start), partitions within their tables.
+	tablesWithRows: `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+		AND c.relname NOT IN ('schema_version', 'raw_horizon') ORDER BY 1`,
+	freshHorizon: `SELECT from_ns = -9223372036854775808 FROM raw_horizon`,
 }
 
 func perBatchRow(r storage.RawRecord) []any { return []any{r.Node, r.Start, int64(r.Seq), r.Value} }
@@ -173,6 +197,13 @@ func checkEmpty(ctx context.Context, tx pgx.Tx) error {
 		return err
 	}
 	var full []string
+	var fresh bool
+	if err := tx.QueryRow(ctx, importSQL.freshHorizon).Scan(&fresh); err != nil {
+		return err
+	}
+	if !fresh {
+		full = append(full, "raw_horizon")
+	}
 	for _, t := range tables {
 		var has bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{t}.Sanitize()+`)`).Scan(&has); err != nil {
@@ -195,6 +226,11 @@ type importer struct {
 	now      int64 // the window start of batch keys without one
 	counts   Counts
 	live     [][]any // (node, run) of the runs live on a node
+	// pricing: the runs' reports and deleted runs' usage, as ingest's.
+	pricing aggregate.Pricing
+	nodeGPU map[string]string // node → its GPUs' name (fold.NodeGPUName)
+	days    map[int64]bool    // days whose partitions are made
+	q       pgx.Batch         // rollup writes, sent after each chunk
 }
 
 // runs writes every run through ingest's queueRun, keeping the node
@@ -207,7 +243,7 @@ func (im *importer) runs(seq iter.Seq2[*aggregate.State, error]) error {
 		}
 		st.NodesApart = false
 		b.q.Queue(importSQL.insertRun, st.RunId)
-		if err := queueRun(&b.q, st); err != nil {
+		if err := queueRun(&b.q, st, st.Report(im.pricing)); err != nil {
 			return fmt.Errorf("run %q: %w", st.RunId, err)
 		}
 		for _, node := range st.LiveNodes() {
@@ -235,6 +271,7 @@ func (im *importer) nodes(seq iter.Seq2[*trainmeterv1.NodeStatus, error]) error 
 		if err != nil {
 			return err
 		}
+		im.nodeGPU[ns.GetNode()] = fold.NodeGPUName(ns)
 		if err := queueNode(&b.q, ns); err != nil {
 			return err
 		}
@@ -301,13 +338,18 @@ func (im *importer) applied(seq iter.Seq2[storage.AppliedBatch, error]) error {
 	if _, err := im.tx.Exec(im.ctx, importSQL.stageApplied); err != nil {
 		return err
 	}
+	days := map[int64]bool{}
 	if _, err := copySeq(im, importSQL.applied, seq, func(a storage.AppliedBatch) []any {
 		start := a.Start
 		if !a.StartKnown {
 			start = im.now
 		}
+		days[dayOf(start)] = true
 		return []any{a.Node, a.Boot, int64(a.Seq), start}
 	}); err != nil {
+		return err
+	}
+	if err := im.makeDays(days); err != nil {
 		return err
 	}
 	tag, err := im.tx.Exec(im.ctx, importSQL.mergeApplied)
@@ -320,12 +362,185 @@ func (im *importer) applied(seq iter.Seq2[storage.AppliedBatch, error]) error {
 
 func (im *importer) raw(d storage.Dump) error {
 	for _, kind := range storage.RawKinds {
-		c := importSQL.raw[kind]
-		n, err := copySeq(im, c, d.Raw(kind), importSQL.rawRow[kind])
-		if err != nil {
+		if err := im.copyRaw(kind, d.Raw(kind)); err != nil {
 			return err
 		}
-		im.count(c.what, n)
+	}
+	return nil
+}
+
+// chunkRows is the most raw rows one COPY of an import sends.
+const chunkRows = 10_000
+
+// copyRaw copies every raw record of a kind, a chunk at a time: the
+// partitions of the chunk's days made, its rows copied, then the rollup
+// rows the accumulators finished written.
+func (im *importer) copyRaw(kind storage.RawKind, seq iter.Seq2[storage.RawRecord, error]) error {
+	c, row := importSQL.raw[kind], importSQL.rawRow[kind]
+	acc := &accumulator{im: im}
+	var chunk [][]any
+	days := map[int64]bool{}
+	var n int64
+	size := 0
+	send := func() error {
+		if err := im.makeDays(days); err != nil {
+			return err
+		}
+		if _, err := im.tx.CopyFrom(im.ctx, pgx.Identifier{c.table}, c.cols, pgx.CopyFromRows(chunk)); err != nil {
+			return fmt.Errorf("%s: %w", c.what, err)
+		}
+		chunk, size = chunk[:0], 0
+		if im.q.Len() > 0 {
+			if err := im.tx.SendBatch(im.ctx, &im.q).Close(); err != nil {
+				return fmt.Errorf("%s rollups: %w", c.what, err)
+			}
+			im.q = pgx.Batch{}
+		}
+		return nil
+	}
+	for r, err := range seq {
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.what, err)
+		}
+		r.Value = bytes.Clone(r.Value) // valid until the next record only
+		if kind != storage.RawDeletedWindows {
+			days[dayOf(r.Start)] = true
+		}
+		if err := acc.add(kind, r); err != nil {
+			return fmt.Errorf("%s: %w", c.what, err)
+		}
+		chunk, size, n = append(chunk, row(r)), size+len(r.Value), n+1
+		if n%progressRows == 0 {
+			im.progress(Count{c.what, n})
+		}
+		if len(chunk) >= chunkRows || size >= batchBytes {
+			if err := send(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := acc.flush(); err != nil {
+		return fmt.Errorf("%s: %w", c.what, err)
+	}
+	if err := send(); err != nil {
+		return err
+	}
+	im.count(c.what, n)
+	return nil
+}
+
+// makeDays makes the partitions of days not made yet (layout.go).
+func (im *importer) makeDays(days map[int64]bool) error {
+	var need []int64
+	for d := range days {
+		if !im.days[d] {
+			need = append(need, d)
+		}
+	}
+	slices.Sort(need)
+	if err := makeDays(im.ctx, im.tx, need); err != nil {
+		return err
+	}
+	for _, d := range need {
+		im.days[d] = true
+	}
+	return nil
+}
+
+// An accumulator adds raw records of one kind, in the dump's order, to
+// the rollups ingest adds them to in a batch's transaction: the minute
+// rollups (rollupRows) and the daily usage (dayUsage). A minute's rollup
+// rows are queued on im.q when its records end (the next is of another
+// node, run or minute); daily usage rows add up (dayUsage.queue), so they
+// are queued at each node's, run's or day's end.
+type accumulator struct {
+	im      *importer
+	roll    *rollupRows
+	rollAt  groupKey
+	usage   *dayUsage
+	usageAt groupKey
+}
+
+// groupKey is where records of a group end: the run (run windows only),
+// the node, and the minute (rollups) or day (usage).
+type groupKey struct {
+	run, node string
+	at        int64
+}
+
+func (a *accumulator) rollup(k groupKey, r rollups) error {
+	if a.roll != nil && a.rollAt != k {
+		if err := a.roll.queue(&a.im.q, a.rollAt.node); err != nil {
+			return err
+		}
+		a.roll = nil
+	}
+	if a.roll == nil {
+		a.roll, a.rollAt = newRollupRows(), k
+	}
+	a.roll.add(r)
+	return nil
+}
+
+func (a *accumulator) day(k groupKey) *dayUsage {
+	if a.usage != nil && a.usageAt != k {
+		a.usage.queue(&a.im.q)
+		a.usage = nil
+	}
+	if a.usage == nil {
+		a.usage, a.usageAt = newDayUsage(k.node), k
+	}
+	return a.usage
+}
+
+// flush queues what is left.
+func (a *accumulator) flush() error {
+	if a.roll != nil {
+		if err := a.roll.queue(&a.im.q, a.rollAt.node); err != nil {
+			return err
+		}
+	}
+	if a.usage != nil {
+		a.usage.queue(&a.im.q)
+	}
+	a.roll, a.usage = nil, nil
+	return nil
+}
+
+// add adds r as ingest added the record when it stored it (apply).
+func (a *accumulator) add(kind storage.RawKind, r storage.RawRecord) error {
+	switch kind {
+	case storage.RawRunWindows:
+		w := &trainmeterv1.RunWindow{}
+		if err := proto.Unmarshal(r.Value, w); err != nil {
+			return err
+		}
+		if err := a.rollup(groupKey{r.Run, r.Node, runRollKeyOf(w).start}, rollups{runs: []*trainmeterv1.RunWindow{w}}); err != nil {
+			return err
+		}
+		a.day(groupKey{r.Run, r.Node, dayOf(fold.NanosOf(w.GetStart()))}).stored(w)
+	case storage.RawNodeWindows:
+		rec := &trainmeterv1.Batch{}
+		if err := proto.Unmarshal(r.Value, rec); err != nil {
+			return err
+		}
+		if err := a.rollup(groupKey{"", r.Node, dayMinute(rec.GetWindowStart())}, rollups{node: rec}); err != nil {
+			return err
+		}
+		a.day(groupKey{"", r.Node, dayOf(fold.NanosOf(rec.GetWindowStart()))}).nodeRecord(rec)
+	case storage.RawNodeLosses:
+		rec := &trainmeterv1.Batch{}
+		if err := proto.Unmarshal(r.Value, rec); err != nil {
+			return err
+		}
+		return a.rollup(groupKey{"", r.Node, minuteOf(r.Start)}, rollups{start: r.Start, loss: rec.GetNodeLosses()})
+	case storage.RawDeletedWindows:
+		dw := &storev1.DeletedRunWindow{}
+		if err := proto.Unmarshal(r.Value, dw); err != nil {
+			return err
+		}
+		d := fold.Deletion{ID: dw.GetDeletion(), Price: dw.GetGpuPricePerHour(), GPUName: dw.GetGpuName()}
+		a.day(groupKey{"", r.Node, dayOf(fold.NanosOf(dw.GetWindow().GetStart()))}).deleted(dw.GetWindow(), d, a.im.pricing, a.im.nodeGPU[r.Node])
 	}
 	return nil
 }
