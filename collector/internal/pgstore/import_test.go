@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/store"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	"github.com/trainmeter/trainmeter/internal/pgtest"
+	"github.com/trainmeter/trainmeter/pkg/clock"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -42,6 +44,10 @@ import (
 // between query servers over the two. Then both take the same further
 // batches (an old batch resent, which both find Duplicate, more of the
 // deleted run, a new run) and still agree; a second import is refused.
+// The SQL views over the moved data agree with report --json and usage
+// --json (checkViews), and past a raw retention that drops the moved
+// day's raw partitions, usage answers from the rollups as BadgerDB does
+// from its raw records (within sqlTolerance).
 func TestImport(t *testing.T) {
 	tariff, err := cost.ParseTariff([]byte(`{default: off, bands: {off: 0.1, peak: 0.3}, rules: [{from: "12:00", to: "12:01", band: peak}]}`))
 	if err != nil {
@@ -89,6 +95,9 @@ func TestImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ps.Close() })
+	// The collector's pricing, as serve sets it: the runs' report columns
+	// are computed at it.
+	ps.SetPricer(pricing)
 	var progressed []pgstore.Count
 	counts := importInto(t, bs, ps, func(c pgstore.Count) { progressed = append(progressed, c) })
 	t.Logf("imported %s", counts)
@@ -123,6 +132,16 @@ func TestImport(t *testing.T) {
 		compareRecords(t, bs, ps, ns)
 	}
 	compareRecords(t, bs, ps, fold.DeletedNS)
+	// The SQL views over the moved data, as ingest would have left them.
+	ctx := context.Background()
+	db, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close(ctx) })
+	if ids, sawDeleted, _ := checkViews(t, d.cs[1].q, db, []time.Time{tu.T0.Truncate(24 * time.Hour)}); len(ids) != 3 || !sawDeleted {
+		t.Errorf("views over the moved data: runs %v, deleted rows %v; want r1, r2, r3 and r4's deleted rows", ids, sawDeleted)
+	}
 
 	// An agent resending an old batch after the move: a duplicate on both.
 	for i, st := range []storage.Ingester{bs, ps} {
@@ -155,6 +174,41 @@ func TestImport(t *testing.T) {
 	// A second import into the same database is refused, naming why.
 	if _, err := ps.Import(context.Background(), emptyDump{}, nil); !errors.Is(err, pgstore.ErrNotEmpty) {
 		t.Errorf("second import: %v, want ErrNotEmpty", err)
+	}
+
+	// Days later, past a raw retention of a day, the raw partitions of
+	// the moved day are dropped: usage answers from the rollups what
+	// BadgerDB answers from its raw records.
+	later := openWith(t, url, pgstore.Options{Logger: quiet, Clock: clock.NewFake(tu.T0.Add(72 * time.Hour)), EnergyBands: tariff,
+		Limits: limits, RawRetention: 24 * time.Hour})
+	if err := later.Maintain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var raw int
+	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM run_windows) + (SELECT count(*) FROM node_windows)`).Scan(&raw); err != nil || raw != 0 {
+		t.Fatalf("raw rows after the drop: %d (%v), want none", raw, err)
+	}
+	dropped := query.New(later, nil, pricing)
+	for _, by := range [][]string{nil, {"user"}, {"gpu"}, {"label:team"}, {"node"}, {"node", "user"}} {
+		var resp [2]*trainmeterv1.UsageResponse
+		for i, q := range []*query.Server{d.cs[0].q, dropped} {
+			if resp[i], err = q.Usage(ctx, &trainmeterv1.UsageRequest{By: by}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, want := map[string]figures{}, map[string]figures{}
+		for i, m := range []map[string]figures{got, want} {
+			r := resp[1-i]
+			for _, row := range r.GetRows() {
+				m[usageKey(row)] = figures{row.GetGpuSeconds(), row.GetEnergyJ(), row.CostUsd, int64(row.GetRuns())}
+			}
+			for _, n := range r.GetNodes() {
+				m["node "+n.GetNode()] = figures{n.GetGpuSeconds(), n.GetEnergyJ(), nil, -1}
+				m["node "+n.GetNode()+" idle"] = figures{n.GetIdleGpuSeconds(), n.GetIdleEnergyJ(), nil, -1}
+				m["node "+n.GetNode()+" host"] = figures{n.GetHostEnergyJ(), n.GetIdleHostEnergyJ(), nil, -1}
+			}
+		}
+		compareFigures(t, fmt.Sprintf("usage by %v after the raw days' drop", by), got, want)
 	}
 }
 
