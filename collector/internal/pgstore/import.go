@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -470,6 +471,11 @@ type groupKey struct {
 
 func (a *accumulator) rollup(k groupKey, r rollups) error {
 	if a.roll != nil && a.rollAt != k {
+		// A rollup row is written whole: a group seen again would
+		// replace what it held.
+		if cmp.Or(cmp.Compare(k.run, a.rollAt.run), cmp.Compare(k.node, a.rollAt.node), cmp.Compare(k.at, a.rollAt.at)) < 0 {
+			return fmt.Errorf("raw records out of order: %q %q at %d after %q %q at %d", k.run, k.node, k.at, a.rollAt.run, a.rollAt.node, a.rollAt.at)
+		}
 		if err := a.roll.queue(&a.im.q, a.rollAt.node); err != nil {
 			return err
 		}
