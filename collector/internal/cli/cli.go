@@ -1,9 +1,9 @@
 // Package cli implements the trainmeter command: `serve` runs the
-// collector; `run` wraps a training command and shows its cost live; every
-// other command (runs, report, summary, model, export, nodes, usage,
+// collector; `migrate` moves its data directory into PostgreSQL; `run`
+// wraps a training command and shows its cost live; every other command (runs, report, summary, model, export, nodes, usage,
 // delete-run, recommend, budget, alerts, forecast, prices, estimate,
-// compare) is a client of a collector over gRPC; the CLI never opens the
-// database itself. docs/cli.md describes each.
+// compare) is a client of a collector over gRPC; only serve and migrate
+// open a database. docs/cli.md describes each.
 package cli
 
 import (
@@ -76,7 +76,7 @@ func NewRootCommand(getenv func(string) string) *cobra.Command {
 		SilenceErrors: true,
 		Version:       buildinfo.Version(),
 	}
-	root.AddCommand(newServeCommand(getenv))
+	root.AddCommand(newServeCommand(getenv), newMigrateCommand())
 	cf := &clientFlags{getenv: getenv}
 	defaultAddr := cmp.Or(getenv(EnvCollector), server.DefaultListen)
 	for _, c := range []*cobra.Command{newRunsCommand(cf), newReportCommand(cf), newSummaryCommand(cf), newModelCommand(cf), newExportCommand(cf), newNodesCommand(cf), newUsageCommand(cf), newDeleteRunCommand(cf), newRepriceCommand(cf), newRunCommand(cf),

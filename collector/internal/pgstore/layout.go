@@ -56,26 +56,29 @@ func (s *Store) ensureDays(ds map[int64]bool) error {
 	if len(need) == 0 {
 		return nil
 	}
-	err := s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error {
-		ctx := context.Background()
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(partLock)); err != nil {
-			return err
-		}
-		for _, d := range need {
-			for _, t := range rawTables {
-				if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM (%d) TO (%d)`,
-					partName(t, d), t, d, d+day)); err != nil {
-					return fmt.Errorf("make partition %s: %w", partName(t, d), err)
-				}
-			}
-		}
-		return nil
-	})
+	err := s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error { return makeDays(context.Background(), tx, need) })
 	if err != nil {
 		return err
 	}
 	for _, d := range need {
 		s.days.Store(d, true)
+	}
+	return nil
+}
+
+// makeDays makes the partitions of the days ds (day starts, Unix ns) that
+// do not exist, in tx, holding partLock until tx ends.
+func makeDays(ctx context.Context, tx pgx.Tx, ds []int64) error {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(partLock)); err != nil {
+		return err
+	}
+	for _, d := range ds {
+		for _, t := range rawTables {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM (%d) TO (%d)`,
+				partName(t, d), t, d, d+day)); err != nil {
+				return fmt.Errorf("make partition %s: %w", partName(t, d), err)
+			}
+		}
 	}
 	return nil
 }

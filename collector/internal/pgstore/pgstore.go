@@ -287,7 +287,7 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 			}
 		}
 		roll.runs = append(roll.runs, stored)
-		usage.stored(w, stamp)
+		usage.stored(stored)
 		q.Queue(`INSERT INTO run_windows (run_id, node, start_ns, seq, i, w) VALUES ($1, $2, $3, $4, $5, $6)
 			ON CONFLICT (run_id, node, start_ns, seq, i) DO UPDATE SET w = EXCLUDED.w`,
 			w.GetRunId(), node, fold.NanosOf(w.GetStart()), seq, i, val)
@@ -313,14 +313,10 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 	}
 	if fold.HasNodeRecord(b) {
 		var stamp proto.Message
-		var idle *trainmeterv1.Batch
 		if pricer != nil {
-			idle = fold.IdleStamp(pricer, node, nodeGPU, b)
-			stamp = idle
+			stamp = fold.IdleStamp(pricer, node, nodeGPU, b)
 		}
-		rec := fold.NodeRecord(b, boot)
-		usage.nodeRecord(rec, idle)
-		val, err := perBatch("node_windows", rec, stamp)
+		val, err := perBatch("node_windows", fold.NodeRecord(b, boot), stamp)
 		if err != nil {
 			return err
 		}
@@ -328,6 +324,7 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 		if err := proto.Unmarshal(val, roll.node); err != nil {
 			return err
 		}
+		usage.nodeRecord(roll.node)
 	}
 	if rs := fold.SamplesRecord(b); rs != nil {
 		if _, err := perBatch("raw_samples", rs, nil); err != nil {

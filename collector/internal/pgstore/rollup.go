@@ -197,87 +197,53 @@ type rollups struct {
 	loss  []*trainmeterv1.DataLoss  // node loss records that count
 }
 
-// queueRollups reads the node's rollup rows the batch adds to, adds it and
-// queues their writes. The transaction holds the node's row, so no other
-// transaction writes these rows meanwhile.
-func queueRollups(tx pgx.Tx, q *pgx.Batch, node string, r rollups) error {
-	ctx := context.Background()
-	runRows := map[runRollKey]*trainmeterv1.RunWindow{}
-	var runIDs []string
-	var runStarts []int64
+// nodeRollKey is a node_rollups row of one node.
+type nodeRollKey struct {
+	start int64
+	lock  string
+}
+
+// rollupRows are a node's rollup rows being added to: ingest's rows of
+// one batch (read first, then added to), or an import's of one minute.
+type rollupRows struct {
+	runs  map[runRollKey]*trainmeterv1.RunWindow
+	nodes map[nodeRollKey]*trainmeterv1.Batch
+}
+
+func newRollupRows() *rollupRows {
+	return &rollupRows{runs: map[runRollKey]*trainmeterv1.RunWindow{}, nodes: map[nodeRollKey]*trainmeterv1.Batch{}}
+}
+
+func (r rollups) nodeKey() nodeRollKey {
+	return nodeRollKey{dayMinute(r.node.GetWindowStart()), string(lockOf(r.node.GetPriceLocked(), r.node.LockedUsdPerGpuHour, r.node.LockedUsdPerJoule, r.node.GetLockedPriceSource()))}
+}
+
+func (r rollups) lossKey() nodeRollKey { return nodeRollKey{minuteOf(r.start), string(lossesLock)} }
+
+// add adds a batch's additions (or an imported record's) to the rows.
+func (rr *rollupRows) add(r rollups) {
 	for _, w := range r.runs {
 		k := runRollKeyOf(w)
-		if _, ok := runRows[k]; !ok {
-			runRows[k] = nil
-			runIDs, runStarts = append(runIDs, k.run), append(runStarts, k.start)
-		}
-	}
-	type nodeKey struct {
-		start int64
-		lock  string
-	}
-	nodeRows := map[nodeKey]*trainmeterv1.Batch{}
-	var nodeStarts []int64
-	var nk nodeKey
-	if r.node != nil {
-		nk = nodeKey{dayMinute(r.node.GetWindowStart()), string(lockOf(r.node.GetPriceLocked(), r.node.LockedUsdPerGpuHour, r.node.LockedUsdPerJoule, r.node.GetLockedPriceSource()))}
-		nodeRows[nk] = nil
-		nodeStarts = append(nodeStarts, nk.start)
-	}
-	lk := nodeKey{minuteOf(r.start), string(lossesLock)}
-	if len(r.loss) > 0 {
-		nodeRows[lk] = nil
-		nodeStarts = append(nodeStarts, lk.start)
-	}
-	var sel pgx.Batch
-	sel.Queue(`SELECT run_id, start_ns, lock, w FROM run_rollups WHERE node = $1 AND run_id = ANY($2) AND start_ns = ANY($3)`,
-		node, runIDs, runStarts).Query(func(rows pgx.Rows) error {
-		var k runRollKey
-		var lock, val []byte
-		_, err := pgx.ForEachRow(rows, []any{&k.run, &k.start, &lock, &val}, func() error {
-			k.lock = string(lock)
-			if _, ok := runRows[k]; !ok {
-				return nil
-			}
-			w := &trainmeterv1.RunWindow{}
-			runRows[k] = w
-			return proto.Unmarshal(val, w)
-		})
-		return err
-	})
-	sel.Queue(`SELECT start_ns, lock, b FROM node_rollups WHERE node = $1 AND start_ns = ANY($2)`, node, nodeStarts).Query(func(rows pgx.Rows) error {
-		var k nodeKey
-		var lock, val []byte
-		_, err := pgx.ForEachRow(rows, []any{&k.start, &lock, &val}, func() error {
-			k.lock = string(lock)
-			if _, ok := nodeRows[k]; !ok {
-				return nil
-			}
-			b := &trainmeterv1.Batch{}
-			nodeRows[k] = b
-			return proto.Unmarshal(val, b)
-		})
-		return err
-	})
-	if err := tx.SendBatch(ctx, &sel).Close(); err != nil {
-		return err
-	}
-	for _, w := range r.runs {
-		k := runRollKeyOf(w)
-		runRows[k] = addRunWindow(runRows[k], w)
+		rr.runs[k] = addRunWindow(rr.runs[k], w)
 	}
 	if r.node != nil {
-		nodeRows[nk] = addNodeRecord(nodeRows[nk], r.node)
+		k := r.nodeKey()
+		rr.nodes[k] = addNodeRecord(rr.nodes[k], r.node)
 	}
 	if len(r.loss) > 0 {
-		lr := nodeRows[lk]
+		k := r.lossKey()
+		lr := rr.nodes[k]
 		if lr == nil {
-			lr = &trainmeterv1.Batch{WindowStart: timestamppb.New(time.Unix(0, lk.start))}
-			nodeRows[lk] = lr
+			lr = &trainmeterv1.Batch{WindowStart: timestamppb.New(time.Unix(0, k.start))}
+			rr.nodes[k] = lr
 		}
 		lr.NodeLosses = append(lr.NodeLosses, r.loss...)
 	}
-	for k, w := range runRows {
+}
+
+// queue queues the rows' writes, each replacing the row it was read as.
+func (rr *rollupRows) queue(q *pgx.Batch, node string) error {
+	for k, w := range rr.runs {
 		val, err := proto.Marshal(w)
 		if err != nil {
 			return err
@@ -285,7 +251,7 @@ func queueRollups(tx pgx.Tx, q *pgx.Batch, node string, r rollups) error {
 		q.Queue(`INSERT INTO run_rollups (node, run_id, start_ns, lock, w) VALUES ($1, $2, $3, $4, $5)
 			ON CONFLICT (node, run_id, start_ns, lock) DO UPDATE SET w = EXCLUDED.w`, node, k.run, k.start, []byte(k.lock), val)
 	}
-	for k, b := range nodeRows {
+	for k, b := range rr.nodes {
 		val, err := proto.Marshal(b)
 		if err != nil {
 			return err
@@ -294,4 +260,67 @@ func queueRollups(tx pgx.Tx, q *pgx.Batch, node string, r rollups) error {
 			ON CONFLICT (node, start_ns, lock) DO UPDATE SET b = EXCLUDED.b`, node, k.start, []byte(k.lock), val)
 	}
 	return nil
+}
+
+// queueRollups reads the node's rollup rows the batch adds to, adds it and
+// queues their writes. The transaction holds the node's row, so no other
+// transaction writes these rows meanwhile.
+func queueRollups(tx pgx.Tx, q *pgx.Batch, node string, r rollups) error {
+	ctx := context.Background()
+	rr := newRollupRows()
+	var runIDs []string
+	var runStarts []int64
+	for _, w := range r.runs {
+		k := runRollKeyOf(w)
+		if _, ok := rr.runs[k]; !ok {
+			rr.runs[k] = nil
+			runIDs, runStarts = append(runIDs, k.run), append(runStarts, k.start)
+		}
+	}
+	var nodeStarts []int64
+	if r.node != nil {
+		k := r.nodeKey()
+		rr.nodes[k] = nil
+		nodeStarts = append(nodeStarts, k.start)
+	}
+	if len(r.loss) > 0 {
+		k := r.lossKey()
+		rr.nodes[k] = nil
+		nodeStarts = append(nodeStarts, k.start)
+	}
+	var sel pgx.Batch
+	sel.Queue(`SELECT run_id, start_ns, lock, w FROM run_rollups WHERE node = $1 AND run_id = ANY($2) AND start_ns = ANY($3)`,
+		node, runIDs, runStarts).Query(func(rows pgx.Rows) error {
+		var k runRollKey
+		var lock, val []byte
+		_, err := pgx.ForEachRow(rows, []any{&k.run, &k.start, &lock, &val}, func() error {
+			k.lock = string(lock)
+			if _, ok := rr.runs[k]; !ok {
+				return nil
+			}
+			w := &trainmeterv1.RunWindow{}
+			rr.runs[k] = w
+			return proto.Unmarshal(val, w)
+		})
+		return err
+	})
+	sel.Queue(`SELECT start_ns, lock, b FROM node_rollups WHERE node = $1 AND start_ns = ANY($2)`, node, nodeStarts).Query(func(rows pgx.Rows) error {
+		var k nodeRollKey
+		var lock, val []byte
+		_, err := pgx.ForEachRow(rows, []any{&k.start, &lock, &val}, func() error {
+			k.lock = string(lock)
+			if _, ok := rr.nodes[k]; !ok {
+				return nil
+			}
+			b := &trainmeterv1.Batch{}
+			rr.nodes[k] = b
+			return proto.Unmarshal(val, b)
+		})
+		return err
+	})
+	if err := tx.SendBatch(ctx, &sel).Close(); err != nil {
+		return err
+	}
+	rr.add(r)
+	return rr.queue(q, node)
 }

@@ -163,14 +163,10 @@ func (u *dayUsage) runWindow(kind, ref string, w *trainmeterv1.RunWindow, l pric
 	}
 }
 
-// stored adds a run window as the ingest transaction stores it: with its
-// price stamp (nil: none).
-func (u *dayUsage) stored(w, stamp *trainmeterv1.RunWindow) {
-	l := locked(false, false, false, 0, 0)
-	if stamp != nil {
-		l = windowLock(stamp)
-	}
-	u.runWindow("run", w.GetRunId(), w, l)
+// stored adds a run window as stored (run_windows: its price stamp, if
+// any, in it), by ingest or by an import.
+func (u *dayUsage) stored(w *trainmeterv1.RunWindow) {
+	u.runWindow("run", w.GetRunId(), w, windowLock(w))
 }
 
 // deleted adds a deleted run's window as its deleted_windows record holds
@@ -188,19 +184,17 @@ func (u *dayUsage) deleted(w *trainmeterv1.RunWindow, d fold.Deletion, p aggrega
 	u.runWindow("deleted", strconv.FormatUint(d.ID, 16), w, price)
 }
 
-// nodeRecord adds a node_windows record (rec, with its stamp, nil: none):
-// the node's totals and its idle parts.
-func (u *dayUsage) nodeRecord(rec *trainmeterv1.Batch, stamp *trainmeterv1.Batch) {
+// nodeRecord adds a node_windows record as stored (its price stamp, if
+// any, in it), by ingest or by an import: the node's totals and its idle
+// parts.
+func (u *dayUsage) nodeRecord(rec *trainmeterv1.Batch) {
 	day := dateOf(fold.NanosOf(rec.GetWindowStart()))
 	n := u.nodes[day]
 	if n == nil {
 		n = &dayNode{}
 		u.nodes[day] = n
 	}
-	l := locked(false, false, false, 0, 0)
-	if stamp != nil {
-		l = locked(stamp.GetPriceLocked(), stamp.LockedUsdPerGpuHour != nil, stamp.LockedUsdPerJoule != nil, stamp.GetLockedUsdPerGpuHour(), stamp.GetLockedUsdPerJoule())
-	}
+	l := locked(rec.GetPriceLocked(), rec.LockedUsdPerGpuHour != nil, rec.LockedUsdPerJoule != nil, rec.GetLockedUsdPerGpuHour(), rec.GetLockedUsdPerJoule())
 	for _, gw := range rec.GetGpuWindows() {
 		idleJ := bestEnergy(gw.GetCounterOk(), gw.GetIdleEnergyCounterJ(), gw.GetIdleEnergyIntegratedJ()) + gw.GetDowntimeIdleEnergyCounterJ()
 		idleS := gw.GetIdleGpuSeconds() + gw.GetDowntimeIdleGpuSeconds()

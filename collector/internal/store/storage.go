@@ -1,6 +1,10 @@
 package store
 
-import "github.com/trainmeter/trainmeter/collector/internal/storage"
+import (
+	"errors"
+
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
+)
 
 // Store is the collector's storage.Store on BadgerDB; the seam's words are
 // its own.
@@ -20,3 +24,7 @@ type (
 	NodeWindow    = storage.NodeWindow
 	NodeEvent     = storage.NodeEvent
 )
+
+// ErrLocked is returned by Open for a data directory another process holds
+// open: a collector running on it, or a migrate reading it.
+var ErrLocked = errors.New("in use by another process (a collector running on it?)")

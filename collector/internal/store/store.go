@@ -52,6 +52,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -184,6 +185,10 @@ func Open(dir string, o Options) (s *Store, err error) {
 		}
 	}()
 	db, err := badger.Open(opts)
+	if err != nil && strings.Contains(err.Error(), "Cannot acquire directory lock") {
+		// badger formats its cause into the message: nothing to unwrap.
+		return nil, fmt.Errorf("store: data dir %s: %w", dir, ErrLocked)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s (corrupt, locked by another collector, or not a trainmeter data directory?): %w", dir, err)
 	}
