@@ -33,15 +33,17 @@ func stopDaemon(c *cluster, cmd *exec.Cmd) {
 // accepted. It answers 503 to the first POST of every alert (the sender must
 // retry) and 200 afterwards.
 type hookReceiver struct {
-	srv      *httptest.Server
-	mu       sync.Mutex
-	posts    int
-	refused  map[string]bool
-	accepted map[string][]map[string]any // alert id → the bodies accepted (want exactly one)
+	srv        *httptest.Server
+	mu         sync.Mutex
+	posts      int
+	refused    map[string]bool
+	accepted   map[string][]map[string]any // alert id → the bodies accepted (want exactly one)
+	acceptedAt map[string][]time.Time      // alert id → when each was accepted
+	badKeys    []string                    // POSTs whose Idempotency-Key is not their alert's id
 }
 
 func newHookReceiver(t *testing.T) *hookReceiver {
-	h := &hookReceiver{refused: map[string]bool{}, accepted: map[string][]map[string]any{}}
+	h := &hookReceiver{refused: map[string]bool{}, accepted: map[string][]map[string]any{}, acceptedAt: map[string][]time.Time{}}
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var a map[string]any
 		if r.Method != http.MethodPost || r.Header.Get("Content-Type") != "application/json" || json.NewDecoder(r.Body).Decode(&a) != nil {
@@ -52,12 +54,16 @@ func newHookReceiver(t *testing.T) *hookReceiver {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		h.posts++
+		if key := r.Header.Get("Idempotency-Key"); key != id || id == "" {
+			h.badKeys = append(h.badKeys, fmt.Sprintf("Idempotency-Key %q on alert %q", key, id))
+		}
 		if !h.refused[id] {
 			h.refused[id] = true
 			http.Error(w, "try again", http.StatusServiceUnavailable)
 			return
 		}
 		h.accepted[id] = append(h.accepted[id], a)
+		h.acceptedAt[id] = append(h.acceptedAt[id], time.Now())
 	}))
 	t.Cleanup(h.srv.Close)
 	return h

@@ -36,6 +36,12 @@ type proc struct {
 
 func startProc(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
+	return startProcIn(t, "", name, args...)
+}
+
+// startProcIn is startProc in working directory dir ("": the test's).
+func startProcIn(t *testing.T, dir, name string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, name: name, done: make(chan struct{})}
 	p.logPath = filepath.Join(t.TempDir(), name+".log")
 	logf, err := os.Create(p.logPath)
@@ -43,6 +49,7 @@ func startProc(t *testing.T, name string, args ...string) *proc {
 		t.Fatal(err)
 	}
 	p.cmd = exec.Command(filepath.Join(binDir, name), args...)
+	p.cmd.Dir = dir
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

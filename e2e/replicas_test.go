@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -26,31 +27,122 @@ import (
 // again on the same address.
 type replica struct {
 	*cluster
-	args []string
-	p    *proc
+	args   []string
+	dir    string // working directory ("": the test's)
+	status string // its GET /status address
+	p      *proc
 }
 
-func startReplica(t *testing.T, url string) *replica {
+// startReplica starts a collector on the database at url with a data
+// directory of its own (which --store leaves unused) and extra flags.
+func startReplica(t *testing.T, url string, extra ...string) *replica {
 	t.Helper()
-	addr := testkit.FreeAddr(t)
+	return newReplica(t, "", append([]string{"--store", url, "--data", filepath.Join(t.TempDir(), "data")}, extra...))
+}
+
+// startFreshReplica starts a collector on the database at url without
+// --data, in a new empty working directory, which it returns.
+func startFreshReplica(t *testing.T, url string, extra ...string) (*replica, string) {
+	t.Helper()
+	dir := t.TempDir()
+	return newReplica(t, dir, append([]string{"--store", url}, extra...)), dir
+}
+
+func newReplica(t *testing.T, dir string, args []string) *replica {
+	t.Helper()
+	addr, status := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	r := &replica{cluster: &cluster{t: t, addr: addr, q: trainmeterv1.NewQueryServiceClient(conn)},
-		args: []string{"serve", "--listen", addr, "--store", url, "--data", filepath.Join(t.TempDir(), "data"), "--ui-listen", ""}}
+	r := &replica{cluster: &cluster{t: t, addr: addr, q: trainmeterv1.NewQueryServiceClient(conn)}, dir: dir, status: status,
+		args: append([]string{"serve", "--listen", addr, "--ui-listen", "", "--status-listen", status}, args...)}
 	r.start()
 	return r
 }
 
 func (r *replica) start() {
 	r.t.Helper()
-	r.p = startProc(r.t, "trainmeter", r.args...)
+	r.p = startProcIn(r.t, r.dir, "trainmeter", r.args...)
 	r.eventually("replica answering", func() bool {
 		_, err := r.q.ListRuns(context.Background(), &trainmeterv1.ListRunsRequest{})
 		return err == nil
 	})
+}
+
+// alive: the replica's process has not exited.
+func (r *replica) alive() bool {
+	select {
+	case <-r.p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// leads reports the replica's GET /status "leader" (false while it does
+// not answer).
+func (r *replica) leads() bool {
+	resp, err := http.Get("http://" + r.status + "/status")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Leader bool `json:"leader"`
+	}
+	return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Leader
+}
+
+// waitLeader waits until exactly one of the live replicas leads and
+// returns it.
+func waitLeader(t *testing.T, reps []*replica) *replica {
+	t.Helper()
+	var leader *replica
+	reps[0].eventually("exactly one live replica leading", func() bool {
+		leader = nil
+		n := 0
+		for _, r := range reps {
+			if r.alive() && r.leads() {
+				leader = r
+				n++
+			}
+		}
+		return n == 1
+	})
+	return leader
+}
+
+// anyAgent starts an agent on node listing every replica in mode any, waits
+// until it streams to one, and returns its socket, process and GET /status
+// address.
+func anyAgent(t *testing.T, reps []*replica, node, gpuSpec string, extra ...string) (sock string, p *proc, status string) {
+	t.Helper()
+	var list []string
+	for _, r := range reps {
+		list = append(list, r.addr)
+	}
+	status = testkit.FreeAddr(t)
+	sock = filepath.Join(t.TempDir(), "agent.sock")
+	p = startProc(t, "trainmeter-agent", append([]string{"--collector", strings.Join(list, ","), "--collector-mode", "any", "--socket", sock,
+		"--node", node, "--gpu", gpuSpec, "--spool", filepath.Join(t.TempDir(), "spool"), "--status-listen", status, "--shutdown-timeout", "2s"}, extra...)...)
+	reps[0].eventually("agent "+node+" streaming in mode any", func() bool {
+		select {
+		case <-p.done:
+			t.Fatalf("agent exited:\n%s", p.log())
+		default:
+		}
+		up := uplinkStatus(status)
+		return up["collector_mode"] == "any" && up["collector_in_use"] != nil && up["connected"] == true
+	})
+	return sock, p, status
+}
+
+// inUse is the replica an agent (by its GET /status address) streams to.
+func inUse(status string) string {
+	s, _ := uplinkStatus(status)["collector_in_use"].(string)
+	return s
 }
 
 // uplinkStatus is the agent's GET /status "uplink" object; nil while the
@@ -77,23 +169,10 @@ func TestReplicasAgentsInModeAnyOneReplicaKilledMidRun(t *testing.T) {
 	t.Parallel()
 	url := pgtest.ServerDB(t)
 	reps := []*replica{startReplica(t, url), startReplica(t, url)}
-	list := reps[0].addr + "," + reps[1].addr
 	var trs []*trainer
 	var statuses []string
 	for i, node := range []string{"any-a", "any-b"} {
-		status := testkit.FreeAddr(t)
-		sock := filepath.Join(t.TempDir(), "agent.sock")
-		p := startProc(t, "trainmeter-agent", "--collector", list, "--collector-mode", "any", "--socket", sock, "--node", node,
-			"--gpu", "sim:1", "--spool", filepath.Join(t.TempDir(), "spool"), "--status-listen", status, "--shutdown-timeout", "2s")
-		reps[0].eventually("agent "+node+" streaming in mode any", func() bool {
-			select {
-			case <-p.done:
-				t.Fatalf("agent exited:\n%s", p.log())
-			default:
-			}
-			up := uplinkStatus(status)
-			return up["collector_mode"] == "any" && up["collector_in_use"] != nil && up["connected"] == true
-		})
+		sock, _, status := anyAgent(t, reps, node, "sim:1")
 		statuses = append(statuses, status)
 		tr := dialTrainer(t, sock)
 		tr.send(`{"event":"run_start","run_id":"any-run","model":"m","warmup_s":0,"rank":%d}`, i)
@@ -113,11 +192,6 @@ func TestReplicasAgentsInModeAnyOneReplicaKilledMidRun(t *testing.T) {
 			tr.sync()
 		}
 	}
-	inUse := func(status string) string {
-		s, _ := uplinkStatus(status)["collector_in_use"].(string)
-		return s
-	}
-
 	stepAll(1, 15)
 	victim, survivor := reps[0], reps[1]
 	if inUse(statuses[0]) == reps[1].addr {

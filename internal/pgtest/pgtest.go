@@ -24,6 +24,7 @@ import (
 // Server is a running PostgreSQL server.
 type Server struct {
 	dir, bin string
+	opts     string // pg_ctl -o: the socket directory and settings
 	cred     *syscall.Credential
 }
 
@@ -107,18 +108,38 @@ func Start() (*Server, error) {
 			return nil, err
 		}
 	}
-	data := filepath.Join(dir, "data")
-	if err := s.run("initdb", "-D", data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"); err != nil {
+	if err := s.run("initdb", "-D", s.data(), "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	opts := fmt.Sprintf("-k %s -c listen_addresses='' -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200", dir)
-	if err := s.run("pg_ctl", "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"), "-w", "start"); err != nil {
-		log, _ := os.ReadFile(filepath.Join(dir, "log"))
+	s.opts = fmt.Sprintf("-k %s -c listen_addresses='' -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200", dir)
+	if err := s.start(); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("%w\n%s", err, log)
+		return nil, err
 	}
 	return s, nil
+}
+
+func (s *Server) data() string { return filepath.Join(s.dir, "data") }
+
+func (s *Server) start() error {
+	if err := s.run("pg_ctl", "-D", s.data(), "-o", s.opts, "-l", filepath.Join(s.dir, "log"), "-w", "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(s.dir, "log"))
+		return fmt.Errorf("%w\n%s", err, log)
+	}
+	return nil
+}
+
+// Restart stops the server as an operator's restart does (pg_ctl -m fast:
+// sessions are ended, transactions in progress roll back, what committed
+// stays), calls down while it is stopped, and starts it again on the same
+// data directory and socket.
+func (s *Server) Restart(down func()) error {
+	if err := s.run("pg_ctl", "-D", s.data(), "-m", "fast", "-w", "stop"); err != nil {
+		return err
+	}
+	down()
+	return s.start()
 }
 
 func (s *Server) run(name string, args ...string) error {
@@ -152,7 +173,7 @@ func (s *Server) CreateDB(db string) (string, error) {
 
 // Stop stops the server and removes its directory.
 func (s *Server) Stop() {
-	_ = s.run("pg_ctl", "-D", filepath.Join(s.dir, "data"), "-m", "immediate", "-w", "stop")
+	_ = s.run("pg_ctl", "-D", s.data(), "-m", "immediate", "-w", "stop")
 	os.RemoveAll(s.dir)
 }
 
@@ -160,6 +181,14 @@ func (s *Server) Stop() {
 // not Main), stopped at cleanup, and returns the URL of an empty database
 // on it; without PostgreSQL it skips, or fails under CI=true.
 func ServerDB(t testing.TB) string {
+	t.Helper()
+	_, url := OwnServer(t)
+	return url
+}
+
+// OwnServer is ServerDB that also returns the server, for a test that
+// restarts it.
+func OwnServer(t testing.TB) (*Server, string) {
 	t.Helper()
 	s, err := Start()
 	if err != nil {
@@ -173,5 +202,5 @@ func ServerDB(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return url
+	return s, url
 }

@@ -252,13 +252,17 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		return nil, s.storeErr(err)
 	}
 	out := &trainmeterv1.UsageResponse{By: by, Since: req.GetSince(), Until: req.GetUntil()}
-	var totalS, totalJ float64
 	for _, n := range nodes {
 		out.Nodes = append(out.Nodes, n)
+	}
+	sort.Slice(out.Nodes, func(i, j int) bool { return out.Nodes[i].GetNode() < out.Nodes[j].GetNode() })
+	// Summed in node order: floating-point sums depend on their order, and
+	// every query (on every replica) must give the same shares to the bit.
+	var totalS, totalJ float64
+	for _, n := range out.Nodes {
 		totalS += n.GetGpuSeconds()
 		totalJ += n.GetEnergyJ()
 	}
-	sort.Slice(out.Nodes, func(i, j int) bool { return out.Nodes[i].GetNode() < out.Nodes[j].GetNode() })
 	for _, a := range groups {
 		a.row.Runs = uint32(len(a.runs))
 		if totalS > 0 {

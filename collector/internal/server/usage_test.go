@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -470,5 +471,37 @@ func TestUsageKeepsDeletedRunsAsDeletedRows(t *testing.T) {
 	want("user", query.DeletedKey, 7.5, 1850, 2)
 	if d := deleted("node"); len(d) != 1 {
 		t.Errorf("deleted rows by node: %v", d)
+	}
+}
+
+// TestUsageSharesAreTheSameOnEveryQuery: the shares divide by the nodes'
+// totals, whose floating-point sum depends on the order of its terms (0.1 +
+// 0.2 + 0.3 is not 0.3 + 0.2 + 0.1): summed in node order, every query, on
+// every collector, answers the same to the bit.
+func TestUsageSharesAreTheSameOnEveryQuery(t *testing.T) {
+	srv := start(t, server.Config{})
+	conn := tu.Dial(t, srv.Addr().String())
+	q := trainmeterv1.NewQueryServiceClient(conn)
+	for i, e := range []float64{0.1, 0.2, 0.3, 0.7, 1.1, 0.01, 3.3, 0.03} {
+		b := tu.Batch(1, 0, nil)
+		b.GpuWindows = []*trainmeterv1.GpuWindow{{Gpu: 0, EnergyCounterJ: e, CounterOk: true, EnergyIntegratedJ: e, GpuSeconds: 1 + e, Samples: 20,
+			IdleGpuSeconds: 1 + e, IdleEnergyCounterJ: e, IdleEnergyIntegratedJ: e}}
+		tu.Connect(t, conn, fmt.Sprintf("node-%d", i), "boot").MustAck(b)
+	}
+	var first string
+	for range 50 {
+		resp, err := q.Usage(t.Context(), &trainmeterv1.UsageRequest{By: []string{"node"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var shares []string
+		for _, r := range resp.Rows {
+			shares = append(shares, fmt.Sprintf("%v %b %b", r.Keys, r.GetGpuShare(), r.GetEnergyShare()))
+		}
+		if got := strings.Join(shares, "\n"); first == "" {
+			first = got
+		} else if got != first {
+			t.Fatalf("shares differ between two queries:\n%s\nthen\n%s", first, got)
+		}
 	}
 }
