@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -50,7 +51,7 @@ func run() error {
 	var (
 		addr, bin, dataRoot, agentsL, gpusL, runsL, exportBin, otelBin string
 		collectorArgs                                                  string
-		storeURL, pgBin                                                string
+		storeURL, pgBin, storeParams                                   string
 		pid, conns, raw, replicas, pgStatements                        int
 		interval, duration                                             time.Duration
 		probes                                                         int
@@ -63,6 +64,7 @@ func run() error {
 	flag.StringVar(&storeURL, "store", "", "with --collector-bin: keep the data in this PostgreSQL database (postgres://…; on this machine, for its CPU time); every table in its current schema is dropped before each load point")
 	flag.StringVar(&pgBin, "postgres-bin-dir", "", `with --collector-bin, instead of --store: start a throwaway PostgreSQL (fsync on, pg_stat_statements loaded) from this directory's initdb and pg_ctl ("auto": on PATH or the newest under /usr/lib/postgresql), as user nobody when run as root`)
 	flag.IntVar(&replicas, "replicas", 1, "with --store: collectors on the database; agent i sends to replica i mod N")
+	flag.StringVar(&storeParams, "store-params", "", `with --store or --postgres-bin-dir: parameters added to the database URL, e.g. "pool_max_conns=16" (each collector's connections; pgx's default is max(4, CPUs)) or "synchronous_commit=off" (a session setting)`)
 	flag.IntVar(&pgStatements, "pg-statements", 0, "with --store: after each point print the N statements of most execution time (pg_stat_statements, created in the database if missing)")
 	flag.StringVar(&dataRoot, "data-root", "", "with --collector-bin: where the data directories go (default: a temp dir, removed)")
 	flag.StringVar(&agentsL, "agents", "100", "simulated agents (list)")
@@ -143,6 +145,22 @@ func run() error {
 		if storeURL, err = srv.CreateDB("loadgen"); err != nil {
 			return err
 		}
+	}
+	if storeURL != "" && storeParams != "" {
+		u, err := url.Parse(storeURL)
+		if err != nil {
+			return fmt.Errorf("--store: %w", err)
+		}
+		add, err := url.ParseQuery(storeParams)
+		if err != nil {
+			return fmt.Errorf("--store-params: %w", err)
+		}
+		q := u.Query()
+		for k, v := range add {
+			q[k] = v
+		}
+		u.RawQuery = q.Encode()
+		storeURL = u.String()
 	}
 	if storeURL != "" {
 		pg = &pgPoint{url: storeURL, replicas: replicas, statements: pgStatements}
@@ -340,7 +358,7 @@ func startCollector(ctx context.Context, bin, dataDir string, extra ...string) (
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"serve", "--listen", addr, "--log-level", "warn"}
+	args := []string{"serve", "--listen", addr, "--ui-listen", "", "--log-level", "warn"}
 	if dataDir != "" {
 		args = append(args, "--data", dataDir)
 	}
