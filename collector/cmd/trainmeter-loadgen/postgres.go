@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/trainmeter/trainmeter/collector/internal/loadgen"
 )
 
 // pgPoint is how load points run on PostgreSQL: replicas collectors on the
@@ -18,7 +18,7 @@ type pgPoint struct {
 // resetStatements empties pg_stat_statements (creating the extension if
 // missing), so that what printStatements shows is the load point's.
 func (p *pgPoint) resetStatements(ctx context.Context) error {
-	c, err := pgx.Connect(ctx, p.url)
+	c, err := loadgen.Connect(ctx, p.url)
 	if err != nil {
 		return err
 	}
@@ -33,7 +33,7 @@ func (p *pgPoint) resetStatements(ctx context.Context) error {
 // printStatements prints the statements of most execution time since
 // resetStatements, with their calls per applied batch.
 func (p *pgPoint) printStatements(ctx context.Context) error {
-	c, err := pgx.Connect(ctx, p.url)
+	c, err := loadgen.Connect(ctx, p.url)
 	if err != nil {
 		return err
 	}

@@ -6,14 +6,25 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// Connect opens one connection to the database at url, which may hold
+// the collectors' pool parameters (pool_max_conns…: not sent to the server).
+func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.ConnectConfig(ctx, cfg.ConnConfig)
+}
 
 // EmptyDB drops every table (and, with them, the views and partitions on
 // them) in the current schema of the database at url, so that the
 // collectors started next migrate a fresh schema: each load point starts
 // from empty tables. Extensions and other schemas are left alone.
 func EmptyDB(ctx context.Context, url string) error {
-	c, err := pgx.Connect(ctx, url)
+	c, err := Connect(ctx, url)
 	if err != nil {
 		return err
 	}
@@ -38,7 +49,7 @@ func EmptyDB(ctx context.Context, url string) error {
 // this machine: the parent of a backend serving a connection. It fails when
 // the server runs elsewhere (its CPU time cannot be read from here).
 func PostmasterPID(ctx context.Context, url string) (int, error) {
-	c, err := pgx.Connect(ctx, url)
+	c, err := Connect(ctx, url)
 	if err != nil {
 		return 0, err
 	}
