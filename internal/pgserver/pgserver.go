@@ -22,6 +22,7 @@ import (
 // Server is a running PostgreSQL server.
 type Server struct {
 	dir, bin string
+	opts     string // pg_ctl -o: the socket directory and settings
 	cred     *syscall.Credential
 }
 
@@ -67,8 +68,7 @@ func Start(bin string, settings ...string) (*Server, error) {
 			return nil, err
 		}
 	}
-	data := filepath.Join(dir, "data")
-	if err := s.run("initdb", "-D", data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"); err != nil {
+	if err := s.run("initdb", "-D", s.data(), "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
@@ -76,12 +76,34 @@ func Start(bin string, settings ...string) (*Server, error) {
 	for _, kv := range settings {
 		opts = append(opts, "-c", kv)
 	}
-	if err := s.run("pg_ctl", "-D", data, "-o", strings.Join(opts, " "), "-l", filepath.Join(dir, "log"), "-w", "start"); err != nil {
-		log, _ := os.ReadFile(filepath.Join(dir, "log"))
+	s.opts = strings.Join(opts, " ")
+	if err := s.start(); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("%w\n%s", err, log)
+		return nil, err
 	}
 	return s, nil
+}
+
+func (s *Server) data() string { return filepath.Join(s.dir, "data") }
+
+func (s *Server) start() error {
+	if err := s.run("pg_ctl", "-D", s.data(), "-o", s.opts, "-l", filepath.Join(s.dir, "log"), "-w", "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(s.dir, "log"))
+		return fmt.Errorf("%w\n%s", err, log)
+	}
+	return nil
+}
+
+// Restart stops the server as an operator's restart does (pg_ctl -m fast:
+// sessions are ended, transactions in progress roll back, what committed
+// stays), calls down while it is stopped, and starts it again on the same
+// data directory and socket.
+func (s *Server) Restart(down func()) error {
+	if err := s.run("pg_ctl", "-D", s.data(), "-m", "fast", "-w", "stop"); err != nil {
+		return err
+	}
+	down()
+	return s.start()
 }
 
 func (s *Server) run(name string, args ...string) error {
@@ -115,6 +137,6 @@ func (s *Server) CreateDB(db string) (string, error) {
 
 // Stop stops the server and removes its directory.
 func (s *Server) Stop() {
-	_ = s.run("pg_ctl", "-D", filepath.Join(s.dir, "data"), "-m", "immediate", "-w", "stop")
+	_ = s.run("pg_ctl", "-D", s.data(), "-m", "immediate", "-w", "stop")
 	os.RemoveAll(s.dir)
 }

@@ -67,6 +67,14 @@ func Start() (*pgserver.Server, error) {
 // on it; without PostgreSQL it skips, or fails under CI=true.
 func ServerDB(t testing.TB) string {
 	t.Helper()
+	_, url := OwnServer(t)
+	return url
+}
+
+// OwnServer is ServerDB that also returns the server, for a test that
+// restarts it.
+func OwnServer(t testing.TB) (*pgserver.Server, string) {
+	t.Helper()
 	s, err := Start()
 	if err != nil {
 		if required() {
@@ -79,5 +87,5 @@ func ServerDB(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return url
+	return s, url
 }
