@@ -6,6 +6,10 @@
 // resident memory and disk use; with --collector it loads a running one
 // (give --pid for its CPU time). --agents, --gpus and --runs take
 // comma-separated lists: every combination is one load point.
+//
+// With --store (or --postgres-bin-dir, a throwaway server) the collectors
+// keep their data in PostgreSQL: --replicas of them on one database, each
+// load point on emptied tables, the server's CPU time counted with theirs.
 package main
 
 import (
@@ -15,6 +19,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -26,6 +31,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/loadgen"
+	"github.com/trainmeter/trainmeter/internal/pgserver"
 )
 
 func main() {
@@ -45,7 +51,8 @@ func run() error {
 	var (
 		addr, bin, dataRoot, agentsL, gpusL, runsL, exportBin, otelBin string
 		collectorArgs                                                  string
-		pid, conns, raw                                                int
+		storeURL, pgBin, storeParams                                   string
+		pid, conns, raw, replicas, pgStatements                        int
 		interval, duration                                             time.Duration
 		probes                                                         int
 		ab                                                             agentBench
@@ -54,6 +61,11 @@ func run() error {
 	flag.IntVar(&pid, "pid", 0, "with --collector: its process id, for CPU time and memory")
 	flag.StringVar(&bin, "collector-bin", "", "start this trainmeter binary (its serve command) afresh for every load point")
 	flag.StringVar(&collectorArgs, "collector-args", "", `with --collector-bin: extra "serve" arguments, e.g. "--commit-window 0" (A/B of a setting)`)
+	flag.StringVar(&storeURL, "store", "", "with --collector-bin: keep the data in this PostgreSQL database (postgres://…; on this machine, for its CPU time); every table in its current schema is dropped before each load point")
+	flag.StringVar(&pgBin, "postgres-bin-dir", "", `with --collector-bin, instead of --store: start a throwaway PostgreSQL (fsync on, pg_stat_statements loaded) from this directory's initdb and pg_ctl ("auto": on PATH or the newest under /usr/lib/postgresql), as user nobody when run as root`)
+	flag.IntVar(&replicas, "replicas", 1, "with --store: collectors on the database; agent i sends to replica i mod N")
+	flag.StringVar(&storeParams, "store-params", "", `with --store or --postgres-bin-dir: parameters added to the database URL, e.g. "pool_max_conns=16" (each collector's connections; pgx's default is max(4, CPUs)) or "synchronous_commit=off" (a session setting)`)
+	flag.IntVar(&pgStatements, "pg-statements", 0, "with --store: after each point print the N statements of most execution time (pg_stat_statements, created in the database if missing)")
 	flag.StringVar(&dataRoot, "data-root", "", "with --collector-bin: where the data directories go (default: a temp dir, removed)")
 	flag.StringVar(&agentsL, "agents", "100", "simulated agents (list)")
 	flag.StringVar(&gpusL, "gpus", "8", "GPUs per agent (list)")
@@ -91,6 +103,15 @@ func run() error {
 	if (addr == "") == (bin == "") {
 		return errors.New("give exactly one of --collector and --collector-bin")
 	}
+	if (storeURL != "" || pgBin != "") && bin == "" {
+		return errors.New("--store and --postgres-bin-dir need --collector-bin")
+	}
+	if storeURL != "" && pgBin != "" {
+		return errors.New("give at most one of --store and --postgres-bin-dir")
+	}
+	if replicas < 1 || replicas > 1 && storeURL == "" && pgBin == "" {
+		return errors.New("--replicas needs --store or --postgres-bin-dir and must be >= 1")
+	}
 	if otelBin != "" && bin == "" {
 		return errors.New("--otelcol-bin needs --collector-bin (both are measured the same way)")
 	}
@@ -111,14 +132,50 @@ func run() error {
 		}
 		defer os.RemoveAll(dataRoot)
 	}
+	var pg *pgPoint
+	if pgBin != "" {
+		if pgBin == "auto" {
+			pgBin = ""
+		}
+		srv, err := pgserver.Start(pgBin, "max_connections=300", "shared_preload_libraries=pg_stat_statements")
+		if err != nil {
+			return err
+		}
+		defer srv.Stop()
+		if storeURL, err = srv.CreateDB("loadgen"); err != nil {
+			return err
+		}
+	}
+	if storeURL != "" && storeParams != "" {
+		u, err := url.Parse(storeURL)
+		if err != nil {
+			return fmt.Errorf("--store: %w", err)
+		}
+		add, err := url.ParseQuery(storeParams)
+		if err != nil {
+			return fmt.Errorf("--store-params: %w", err)
+		}
+		q := u.Query()
+		for k, v := range add {
+			q[k] = v
+		}
+		u.RawQuery = q.Encode()
+		storeURL = u.String()
+	}
+	if storeURL != "" {
+		pg = &pgPoint{url: storeURL, replicas: replicas, statements: pgStatements}
+		if pg.postmaster, err = loadgen.PostmasterPID(ctx, storeURL); err != nil {
+			return err
+		}
+	}
 	point := 0
 	for _, a := range agents {
 		for _, g := range gpus {
 			for _, r := range runs {
 				point++
-				cfg := loadgen.Config{Addr: addr, Agents: a, GPUs: g, Runs: r, Interval: interval, Duration: duration,
-					Conns: conns, PID: pid, RunPrefix: fmt.Sprintf("p%d-", point), RawSamples: raw}
-				res, err := onePoint(ctx, cfg, bin, strings.Fields(collectorArgs), filepath.Join(dataRoot, strconv.Itoa(point)), probes, exportBin)
+				cfg := loadgen.Config{Addrs: []string{addr}, Agents: a, GPUs: g, Runs: r, Interval: interval, Duration: duration,
+					Conns: conns, PIDs: []int{pid}, RunPrefix: fmt.Sprintf("p%d-", point), RawSamples: raw}
+				res, err := onePoint(ctx, cfg, bin, strings.Fields(collectorArgs), filepath.Join(dataRoot, strconv.Itoa(point)), probes, exportBin, pg)
 				if err != nil {
 					return err
 				}
@@ -139,14 +196,37 @@ func run() error {
 	return nil
 }
 
-func onePoint(ctx context.Context, cfg loadgen.Config, bin string, binArgs []string, dataDir string, probes int, exportBin string) (loadgen.Result, error) {
-	if bin != "" {
+func onePoint(ctx context.Context, cfg loadgen.Config, bin string, binArgs []string, dataDir string, probes int, exportBin string, pg *pgPoint) (loadgen.Result, error) {
+	if pg != nil {
+		if err := loadgen.EmptyDB(ctx, pg.url); err != nil {
+			return loadgen.Result{}, fmt.Errorf("emptying the database: %w", err)
+		}
+		cfg.Addrs, cfg.PIDs, cfg.DBPID = nil, nil, pg.postmaster
+		for range pg.replicas {
+			c, err := startCollector(ctx, bin, "", append([]string{"--store", pg.url}, binArgs...)...)
+			if err != nil {
+				return loadgen.Result{}, err
+			}
+			defer c.stop()
+			cfg.Addrs, cfg.PIDs = append(cfg.Addrs, c.addr), append(cfg.PIDs, c.cmd.Process.Pid)
+		}
+		if pg.statements > 0 {
+			if err := pg.resetStatements(ctx); err != nil {
+				return loadgen.Result{}, err
+			}
+			defer func() {
+				if err := pg.printStatements(ctx); err != nil {
+					fmt.Fprintln(os.Stderr, "pg_stat_statements:", err)
+				}
+			}()
+		}
+	} else if bin != "" {
 		c, err := startCollector(ctx, bin, dataDir, binArgs...)
 		if err != nil {
 			return loadgen.Result{}, err
 		}
 		defer c.stop()
-		cfg.Addr, cfg.PID = c.addr, c.cmd.Process.Pid
+		cfg.Addrs, cfg.PIDs = []string{c.addr}, []int{c.cmd.Process.Pid}
 	}
 	// Probes run while the load is on: a new run every few seconds.
 	vis := make(chan []time.Duration, 1)
@@ -160,7 +240,7 @@ func onePoint(ctx context.Context, cfg loadgen.Config, bin string, binArgs []str
 				return
 			case <-time.After(cfg.Duration / time.Duration(probes+1)):
 			}
-			d, err := loadgen.Visibility(pctx, cfg.Addr, fmt.Sprintf("%s%d-%d", cfg.RunPrefix, time.Now().UnixNano(), i))
+			d, err := loadgen.Visibility(pctx, cfg.Addrs[0], fmt.Sprintf("%s%d-%d", cfg.RunPrefix, time.Now().UnixNano(), i))
 			if err != nil {
 				if pctx.Err() == nil {
 					fmt.Fprintln(os.Stderr, "visibility probe:", err)
@@ -177,7 +257,7 @@ func onePoint(ctx context.Context, cfg loadgen.Config, bin string, binArgs []str
 	if len(v) > 0 {
 		line += fmt.Sprintf(" visible_max=%.1fms (%d probes)", float64(slices.Max(v))/float64(time.Millisecond), len(v))
 	}
-	if bin != "" {
+	if bin != "" && pg == nil {
 		if n, derr := dirSize(dataDir); derr == nil && res.Acked > 0 {
 			gpuSeconds := float64(res.Acked) * float64(res.GPUs) * res.Interval.Seconds()
 			line += fmt.Sprintf(" disk=%.1fMiB (%.1f MiB per GPU-day, before compaction)", float64(n)/(1<<20), float64(n)/gpuSeconds*86400/(1<<20))
@@ -185,7 +265,7 @@ func onePoint(ctx context.Context, cfg loadgen.Config, bin string, binArgs []str
 	}
 	if exportBin != "" && err == nil {
 		t0 := time.Now()
-		out, xerr := exec.CommandContext(ctx, exportBin, "export", "csv", "--collector", cfg.Addr, "--timeout", "5m").Output()
+		out, xerr := exec.CommandContext(ctx, exportBin, "export", "csv", "--collector", cfg.Addrs[0], "--timeout", "5m").Output()
 		if xerr != nil {
 			return res, fmt.Errorf("export csv: %w", xerr)
 		}
@@ -233,7 +313,7 @@ service:
 		return loadgen.Result{}, err
 	}
 	defer c.stop()
-	cfg.Addr, cfg.PID = addr, c.cmd.Process.Pid
+	cfg.Addrs, cfg.PIDs, cfg.DBPID = []string{addr}, []int{c.cmd.Process.Pid}, 0
 	res, err := loadgen.Run(ctx, cfg)
 	line := "otelcol " + res.String()
 	if n, derr := dirSize(dir); derr == nil {
@@ -278,7 +358,11 @@ func startCollector(ctx context.Context, bin, dataDir string, extra ...string) (
 	if err != nil {
 		return nil, err
 	}
-	return startProcess(ctx, addr, bin, append([]string{"serve", "--listen", addr, "--data", dataDir, "--log-level", "warn"}, extra...)...)
+	args := []string{"serve", "--listen", addr, "--ui-listen", "", "--log-level", "warn"}
+	if dataDir != "" {
+		args = append(args, "--data", dataDir)
+	}
+	return startProcess(ctx, addr, bin, append(args, extra...)...)
 }
 
 // startProcess starts bin with args and waits until it listens on addr.

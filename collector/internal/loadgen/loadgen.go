@@ -32,20 +32,28 @@ import (
 
 // Config says what load to generate.
 type Config struct {
-	Addr   string // the collector's HOST:PORT
-	Agents int    // simulated agents, one stream each
-	GPUs   int    // GPUs per agent (GpuWindows per batch)
+	// Addrs are the collectors' HOST:PORTs: replicas sharing one store.
+	// Agent i sends to Addrs[i % len(Addrs)] only, as an agent with
+	// --collector-mode any stays on the replica it reached.
+	Addrs  []string
+	Agents int // simulated agents, one stream each
+	GPUs   int // GPUs per agent (GpuWindows per batch)
 	// Runs is the number of distinct runs the agents report; agent i
 	// reports run i % Runs. 0 means one run per agent.
 	Runs     int
 	Interval time.Duration // each agent's batch cadence (1 s like the real agent)
 	Duration time.Duration // how long to measure, after every agent is connected
 	// Conns is how many HTTP/2 connections the streams are spread over (a
-	// few dozen keep one from being the bottleneck). 0: min(Agents, 64).
+	// few dozen keep one from being the bottleneck), divided among Addrs.
+	// 0: min(Agents, 64).
 	Conns int
-	// PID, when non-zero, is the collector process whose CPU time and
-	// resident memory are reported (Linux /proc).
-	PID       int
+	// PIDs are the collector processes whose CPU time and resident memory
+	// are reported, summed (Linux /proc).
+	PIDs []int
+	// DBPID, when non-zero, is the PostgreSQL postmaster of the collectors'
+	// store: its CPU time and its children's (backends and background
+	// workers, ProcTreeCPU) are counted as the database's.
+	DBPID     int
 	RunPrefix string // prefixes node and run names, so that load runs do not mix
 	// RawSamples adds that many raw samples per GPU to every batch (an
 	// agent with --raw-samples sends 20 per GPU for 1 s at 50 ms).
@@ -64,7 +72,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf(format, args...))
 		}
 	}
-	check(c.Addr == "", "collector address is empty")
+	check(len(c.Addrs) == 0 || slices.Contains(c.Addrs, ""), "a collector address is empty")
 	check(c.Agents < 1, "agents must be >= 1, got %d", c.Agents)
 	check(c.GPUs < 1 || c.GPUs > 1024, "gpus must be in 1..1024, got %d", c.GPUs)
 	check(c.Runs < 0, "runs must be >= 0, got %d", c.Runs)
@@ -89,11 +97,17 @@ type Result struct {
 	// Offered is the GPU-samples/s the agents would send if every tick went
 	// out; GPUSamplesPerSec is what was acked.
 	Offered, GPUSamplesPerSec float64
-	// CollectorCPU is the collector's user+system CPU time over the span
-	// (zero when Config.PID is 0), CollectorRSSMiB its resident memory at
-	// the end.
+	// CollectorCPU is the collectors' user+system CPU time over the span
+	// (zero without Config.PIDs), CollectorRSSMiB their resident memory at
+	// the end, summed.
 	CollectorCPU    time.Duration
 	CollectorRSSMiB float64
+	// DatabaseCPU is the PostgreSQL server's CPU time over the span (zero
+	// without Config.DBPID).
+	DatabaseCPU time.Duration
+	// AckedPerReplica is Acked by the replica the agents sent to, in the
+	// order of Config.Addrs.
+	AckedPerReplica []uint64
 	// RawPerGPU is Config.RawSamples; RawSamplesPerSec the raw samples
 	// acked per second.
 	RawPerGPU        int
@@ -106,12 +120,14 @@ func (r Result) Sustained() bool {
 	return r.StreamErrors == 0 && r.Rejected == 0 && r.GPUSamplesPerSec >= 0.99*r.Offered
 }
 
-// SamplesPerCPUSecond is acked GPU-samples per collector CPU-second.
+// SamplesPerCPUSecond is acked GPU-samples per CPU-second of the
+// collectors and the database together.
 func (r Result) SamplesPerCPUSecond() float64 {
-	if r.CollectorCPU <= 0 {
+	cpu := r.CollectorCPU + r.DatabaseCPU
+	if cpu <= 0 {
 		return 0
 	}
-	return float64(r.Acked) * float64(r.GPUs) / r.CollectorCPU.Seconds()
+	return float64(r.Acked) * float64(r.GPUs) / cpu.Seconds()
 }
 
 func (r Result) String() string {
@@ -124,6 +140,12 @@ func (r Result) String() string {
 		if r.CollectorCPU > 0 {
 			s += fmt.Sprintf(" raw_gpu-samples/cpu-s=%.0f", float64(r.Acked)*float64(r.GPUs*r.RawPerGPU)/r.CollectorCPU.Seconds())
 		}
+	}
+	if len(r.AckedPerReplica) > 1 {
+		s += fmt.Sprintf(" acked_per_replica=%v", r.AckedPerReplica)
+	}
+	if r.DatabaseCPU > 0 {
+		s += fmt.Sprintf(" database_cpu=%.2fs (%.1f%% of one core)", r.DatabaseCPU.Seconds(), 100*r.DatabaseCPU.Seconds()/r.Elapsed.Seconds())
 	}
 	if r.CollectorCPU > 0 {
 		s += fmt.Sprintf(" collector_cpu=%.2fs (%.1f%% of one core) gpu-samples/cpu-s=%.0f collector_rss=%.0fMiB",
@@ -146,17 +168,20 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
 	}
-	runs, nconn := cmp.Or(cfg.Runs, cfg.Agents), cmp.Or(cfg.Conns, min(cfg.Agents, 64))
-	conns := make([]*grpc.ClientConn, nconn)
-	for i := range conns {
-		// Like the agent's uplink (and, for the OTLP comparison, the same
-		// for the OTel Collector's clients).
-		c, err := grpc.NewClient(cfg.Addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, flowcontrol.DialOptions()...)...)
-		if err != nil {
-			return Result{}, err
+	runs, nrep := cmp.Or(cfg.Runs, cfg.Agents), len(cfg.Addrs)
+	perRep := max(1, cmp.Or(cfg.Conns, min(cfg.Agents, 64))/nrep)
+	conns := make([][]*grpc.ClientConn, nrep)
+	for r, addr := range cfg.Addrs {
+		for range perRep {
+			// Like the agent's uplink (and, for the OTLP comparison, the
+			// same for the OTel Collector's clients).
+			c, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, flowcontrol.DialOptions()...)...)
+			if err != nil {
+				return Result{}, err
+			}
+			defer c.Close()
+			conns[r] = append(conns[r], c)
 		}
-		defer c.Close()
-		conns[i] = c
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -172,7 +197,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		go func() {
 			defer done.Done()
 			a := &simAgent{cfg: cfg, id: i, run: fmt.Sprintf("%srun-%06d", cfg.RunPrefix, i%runs)}
-			a.loop(ctx, conns[i%nconn], sp, &stats[i])
+			a.loop(ctx, conns[i%nrep][i/nrep%perRep], sp, &stats[i])
 		}()
 	}
 	readyCh := make(chan struct{})
@@ -185,7 +210,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return Result{}, fmt.Errorf("agents did not all connect: %w", firstErr(stats, ctx.Err()))
 	}
 
-	cpu0, _ := ProcCPU(cfg.PID)
+	cpu0, db0 := procsCPU(cfg.PIDs), treeCPU(cfg.DBPID)
 	t0 := time.Now()
 	sp.from.Store(t0.UnixNano())
 	sp.to.Store(t0.Add(cfg.Duration).UnixNano())
@@ -195,17 +220,22 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	case <-ctx.Done():
 	}
 	elapsed := time.Since(t0)
-	cpu1, _ := ProcCPU(cfg.PID)
-	rss, _ := ProcRSS(cfg.PID)
+	cpu1, db1 := procsCPU(cfg.PIDs), treeCPU(cfg.DBPID)
+	var rss float64
+	for _, pid := range cfg.PIDs {
+		m, _ := ProcRSS(pid)
+		rss += m
+	}
 	cancel()
 	done.Wait()
 
 	res := Result{Agents: cfg.Agents, GPUs: cfg.GPUs, Runs: runs, Interval: cfg.Interval, Elapsed: elapsed,
-		CollectorCPU: cpu1 - cpu0, CollectorRSSMiB: rss}
+		CollectorCPU: cpu1 - cpu0, CollectorRSSMiB: rss, DatabaseCPU: db1 - db0, AckedPerReplica: make([]uint64, nrep)}
 	var lat []time.Duration
 	for i := range stats {
 		st := &stats[i]
 		res.Acked += st.acked
+		res.AckedPerReplica[i%nrep] += st.acked
 		res.Rejected += st.rejected
 		res.LateTicks += st.late
 		if st.err != nil {

@@ -9,11 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/internal/pgtest"
 	"github.com/trainmeter/trainmeter/internal/testkit"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -40,8 +42,8 @@ func TestLoadAgainstRealCollector(t *testing.T) {
 	addr := srv.Addr().String()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	res, err := Run(ctx, Config{Addr: addr, Agents: 4, GPUs: 8, Runs: 2, Interval: 100 * time.Millisecond,
-		Duration: 2 * time.Second, PID: os.Getpid(), RunPrefix: "t-"})
+	res, err := Run(ctx, Config{Addrs: []string{addr}, Agents: 4, GPUs: 8, Runs: 2, Interval: 100 * time.Millisecond,
+		Duration: 2 * time.Second, PIDs: []int{os.Getpid()}, RunPrefix: "t-"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,8 +82,65 @@ func TestConfigValidate(t *testing.T) {
 	if err := (Config{}).Validate(); err == nil {
 		t.Error("empty config: want an error")
 	}
-	ok := Config{Addr: "127.0.0.1:1", Agents: 1, GPUs: 8, Interval: time.Second, Duration: time.Second}
+	ok := Config{Addrs: []string{"127.0.0.1:1"}, Agents: 1, GPUs: 8, Interval: time.Second, Duration: time.Second}
 	if err := ok.Validate(); err != nil {
 		t.Errorf("valid config: %v", err)
+	}
+}
+
+// Two collectors on one PostgreSQL database (internal/pgtest): the agents
+// are spread over both, every batch is acked, and the database's CPU time
+// (the postmaster and its backends) is counted with theirs. EmptyDB then
+// leaves no table for the next load point.
+func TestLoadAgainstReplicasOnPostgreSQL(t *testing.T) {
+	url := pgtest.ServerDB(t)
+	var addrs []string
+	for range 2 {
+		srv := server.New(server.Config{Listen: "127.0.0.1:0", StoreURL: url}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err := srv.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := srv.Shutdown(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+		addrs = append(addrs, srv.Addr().String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, err := PostmasterPID(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(ctx, Config{Addrs: addrs, Agents: 4, GPUs: 8, Interval: 200 * time.Millisecond,
+		Duration: 2 * time.Second, PIDs: []int{os.Getpid()}, DBPID: db, RunPrefix: "pg-"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res)
+	if res.Acked == 0 || res.StreamErrors != 0 || res.Rejected != 0 || res.AckP99 <= 0 || res.DatabaseCPU <= 0 {
+		t.Fatalf("unexpected result: %+v", res)
+	}
+	if len(res.AckedPerReplica) != 2 || res.AckedPerReplica[0] == 0 || res.AckedPerReplica[1] == 0 {
+		t.Errorf("acked per replica %v, want both replicas to have taken batches", res.AckedPerReplica)
+	}
+	if want := float64(res.Acked) * 8 / (res.CollectorCPU + res.DatabaseCPU).Seconds(); res.SamplesPerCPUSecond() != want {
+		t.Errorf("samples per CPU-second %v, want %v (collectors and database)", res.SamplesPerCPUSecond(), want)
+	}
+
+	if err := EmptyDB(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	var n int
+	if err := c.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()").Scan(&n); err != nil || n != 0 {
+		t.Errorf("after EmptyDB: %d tables (%v), want none", n, err)
 	}
 }

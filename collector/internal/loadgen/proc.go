@@ -15,31 +15,87 @@ const clockTicks = 100
 
 // ProcCPU returns the user+system CPU time of process pid (0: none).
 func ProcCPU(pid int) (time.Duration, error) {
+	st, err := procStat(pid)
+	return st.cpu, err
+}
+
+// ProcTreeCPU returns the CPU time of process pid and of its children, live
+// and ended: its own user+system time, the times of the children it has
+// reaped, and those of its live children. For a PostgreSQL postmaster that
+// is the whole server: every backend and background worker is its child.
+func ProcTreeCPU(pid int) (time.Duration, error) {
+	st, err := procStat(pid)
+	if err != nil || pid == 0 {
+		return 0, err
+	}
+	total := st.cpu + st.reaped
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range ents {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if c, err := procStat(child); err == nil && c.ppid == pid {
+			total += c.cpu // one that ended meanwhile is missed: a backend's exit
+		}
+	}
+	return total, nil
+}
+
+// procsCPU is the summed ProcCPU of pids; ones that cannot be read count 0.
+func procsCPU(pids []int) time.Duration {
+	var d time.Duration
+	for _, pid := range pids {
+		c, _ := ProcCPU(pid)
+		d += c
+	}
+	return d
+}
+
+// treeCPU is ProcTreeCPU, 0 when it cannot be read.
+func treeCPU(pid int) time.Duration {
+	d, _ := ProcTreeCPU(pid)
+	return d
+}
+
+// stat is what /proc/PID/stat says of a process's CPU time.
+type stat struct {
+	ppid        int
+	cpu, reaped time.Duration // its own user+system; its reaped children's
+}
+
+func procStat(pid int) (stat, error) {
 	if pid == 0 {
-		return 0, nil
+		return stat{}, nil
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return stat{}, err
 	}
 	// The command name (field 2) may hold spaces; fields after it are
 	// counted from the closing parenthesis.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+		return stat{}, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
 	}
 	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
+	if len(f) < 15 {
+		return stat{}, fmt.Errorf("/proc/%d/stat: too few fields", pid)
 	}
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	ut, err1 := strconv.ParseUint(f[11], 10, 64)
-	st, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad cpu times", pid)
+	// f[0] is field 3 (state): ppid is field 4, utime, stime, cutime and
+	// cstime fields 14 to 17.
+	var v [5]uint64
+	for k, j := range []int{1, 11, 12, 13, 14} {
+		if v[k], err = strconv.ParseUint(f[j], 10, 64); err != nil {
+			return stat{}, fmt.Errorf("/proc/%d/stat: bad field %d", pid, j+3)
+		}
 	}
-	return time.Duration(ut+st) * time.Second / clockTicks, nil
+	tick := func(n uint64) time.Duration { return time.Duration(n) * time.Second / clockTicks }
+	return stat{ppid: int(v[0]), cpu: tick(v[1] + v[2]), reaped: tick(v[3] + v[4])}, nil
 }
 
 // ProcRSS returns the resident memory of process pid in MiB (0: none).
