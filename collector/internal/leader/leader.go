@@ -1,6 +1,6 @@
 // Package leader elects the one collector of a fleet sharing one store
 // that runs the fleet-wide background work (budget alerts, webhook
-// delivery, scheduled price fetches): the one holding a Lock, in
+// delivery, scheduled price and carbon fetches): the one holding a Lock, in
 // PostgreSQL a session-level advisory lock (pgstore.LeaderLock). The
 // others try again every Retry and take over once the leader's session
 // ends. With no Lock (BadgerDB: one collector per store) the collector
@@ -125,7 +125,7 @@ func (e *Elector) try(ctx context.Context) <-chan struct{} {
 		return nil
 	}
 	if lost != nil {
-		e.log.Info("leading the fleet: this collector runs budget alerts, webhooks and price fetches")
+		e.log.Info("leading the fleet: this collector runs budget alerts, webhooks, price and carbon fetches")
 		e.lead(ctx)
 	}
 	return lost

@@ -7,10 +7,12 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/carbonwatch"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	"github.com/trainmeter/trainmeter/internal/pgtest"
 	"github.com/trainmeter/trainmeter/internal/testkit"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -19,14 +21,15 @@ import (
 // fakeElectricityMaps answers /v3/carbon-intensity/history and /latest for
 // zone DE in ElectricityMaps' documented shape: 400 gCO2/kWh in the hour
 // before tu.T0 (12:00 UTC), 100 in the hour from it. It refuses requests
-// without the token.
-func fakeElectricityMaps(t *testing.T, token string) (*httptest.Server, *atomic.Int64) {
+// without the token. It counts the requests and those without the token.
+func fakeElectricityMaps(t *testing.T, token string) (*httptest.Server, *atomic.Int64, *atomic.Int64) {
 	t.Helper()
-	var unauthorized atomic.Int64
+	var unauthorized, calls atomic.Int64
 	entry := func(hour string, g int) string {
 		return fmt.Sprintf(`{"zone":"DE","carbonIntensity":%d,"datetime":"2025-03-01T%s:00:00.000Z","updatedAt":"2025-03-01T12:05:00.000Z","createdAt":"2025-02-26T12:00:00.000Z","emissionFactorType":"lifecycle","isEstimated":false,"estimationMethod":null}`, g, hour)
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
 		if r.Header.Get("auth-token") != token {
 			unauthorized.Add(1)
 			http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
@@ -46,7 +49,7 @@ func fakeElectricityMaps(t *testing.T, token string) (*httptest.Server, *atomic.
 		}
 	}))
 	t.Cleanup(srv.Close)
-	return srv, &unauthorized
+	return srv, &unauthorized, &calls
 }
 
 // TestCO2AcrossTwoCarbonHours: a run from 11:59:58 to 12:00:02 on a node in
@@ -55,7 +58,7 @@ func fakeElectricityMaps(t *testing.T, token string) (*httptest.Server, *atomic.
 // the energy of each hour at that hour's intensity, not all of it at the
 // flat factor, and the report splits it.
 func TestCO2AcrossTwoCarbonHours(t *testing.T) {
-	api, unauthorized := fakeElectricityMaps(t, "s3cret")
+	api, unauthorized, _ := fakeElectricityMaps(t, "s3cret")
 	srv := start(t, server.Config{
 		GridGCO2PerKWh: 300, // the fallback: must not be used here
 		Carbon: server.CarbonConfig{
@@ -71,6 +74,35 @@ func TestCO2AcrossTwoCarbonHours(t *testing.T) {
 	if n := unauthorized.Load(); n != 0 {
 		t.Fatalf("%d requests without the auth-token header", n)
 	}
+	checkCO2AcrossTwoCarbonHours(t, srv)
+}
+
+// TestCarbonFetchedOnceForTheFleet: two collectors over one PostgreSQL
+// database. Only the leader asks the API; the follower reads the hours
+// the leader stored within CatalogReload and books a run's CO2 at them
+// (the assertions of TestCO2AcrossTwoCarbonHours, on the follower).
+func TestCarbonFetchedOnceForTheFleet(t *testing.T) {
+	api, _, calls := fakeElectricityMaps(t, "s3cret")
+	clk := clock.NewFake(tu.Now())
+	cfg := server.Config{StoreURL: pgtest.ServerDB(t), Clock: clk, GridGCO2PerKWh: 300,
+		Carbon: server.CarbonConfig{API: carbonwatch.Config{BaseURL: api.URL, Token: "s3cret"}, Zone: "DE"}}
+	a := start(t, cfg)
+	b := start(t, cfg)
+	if !a.Status().Leader || b.Status().Leader {
+		t.Fatalf("leaders: a %v, b %v; want a only", a.Status().Leader, b.Status().Leader)
+	}
+	testkit.Eventually(t, "the follower reloads the leader's fetch", func() bool {
+		clk.Advance(time.Second)
+		return b.Status().Carbon.Zones["DE"].Hours == 3
+	})
+	if n, f := calls.Load(), b.Status().Carbon.Fetches; n != 2 || f != 0 || a.Status().Carbon.Fetches != 1 {
+		t.Fatalf("%d API requests, follower fetches %d, leader %d: want 2 (history and latest, of the leader alone), 0, 1", n, f, a.Status().Carbon.Fetches)
+	}
+	checkCO2AcrossTwoCarbonHours(t, b)
+}
+
+func checkCO2AcrossTwoCarbonHours(t *testing.T, srv *server.Server) {
+	t.Helper()
 	conn := tu.Dial(t, srv.Addr().String())
 	q := trainmeterv1.NewQueryServiceClient(conn)
 	n := tu.Connect(t, conn, "node-1", "boot-a")

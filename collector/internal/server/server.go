@@ -310,7 +310,7 @@ func leaderLock(st collectorStore) leader.Lock {
 }
 
 // CatalogReload is how often a collector that does not lead its fleet
-// reads the price catalogs the leader fetched.
+// reads the price catalogs and carbon intensities the leader fetched.
 const CatalogReload = 30 * time.Second
 
 // schedule is a job on a schedule, as a component.
@@ -420,7 +420,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	}()
 
 	// The live carbon source books energy as it is stored, so it exists
-	// before the store; it fetches once started with the other loops.
+	// before the store; it keeps its hours in the store once that is open.
 	var carbon *carbonwatch.Watcher
 	if s.cfg.Carbon.API.Enabled() {
 		api := s.cfg.Carbon.liveAPI()
@@ -439,6 +439,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		return err
 	}
 	undo = append(undo, func() { st.Close() })
+	if carbon != nil {
+		if err := carbon.SetStore(st); err != nil {
+			s.log.Warn("cannot read the stored carbon intensities; the live carbon source has none until the next fetch or reload", "err", err)
+		}
+	}
 	opts, authz, err := s.securityOptions()
 	if err != nil {
 		return err
@@ -463,8 +468,9 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	}
 
 	// The fleet-wide work runs on the leader of the collectors sharing the
-	// store (package leader): webhook delivery and scheduled price fetches
-	// are its tasks, budget alerts ask it. Every collector records alerts
+	// store (package leader): webhook delivery and scheduled price and
+	// carbon fetches are its tasks, budget alerts ask it. The others read
+	// the fetched catalogs and intensities the leader stored. Every collector records alerts
 	// (once, by the store) and sends advisories to the agents it holds.
 	lock := leaderLock(st)
 	webhookCfg := s.cfg.Alerts.Webhook
@@ -491,7 +497,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	st.SetPricer(pricing)
 	loc, _ := time.LoadLocation(s.cfg.Budget.Timezone) // checked by Validate
 	report := func(a *aggregate.State) *trainmeterv1.RunReport { return a.Report(pricing) }
-	elector := leader.New(leader.Config{Lock: lock, Clock: s.cfg.Clock, Logger: s.log, Tasks: []leader.Task{webhooks, prices}})
+	tasks := []leader.Task{webhooks, prices}
+	if carbon != nil {
+		tasks = append(tasks, carbon)
+	}
+	elector := leader.New(leader.Config{Lock: lock, Clock: s.cfg.Clock, Logger: s.log, Tasks: tasks})
 	budgetCfg := budget.Config{EvalInterval: s.cfg.Budget.EvalInterval, Location: loc, Clock: s.cfg.Clock}
 	if lock != nil {
 		budgetCfg.Leader = elector.Leading
@@ -537,20 +547,21 @@ func (s *Server) Start(ctx context.Context) (err error) {
 
 	// Background loops; Shutdown stops them newest first.
 	var loops []lifecycle.Component
-	// The live carbon source runs on every collector: each books the
-	// carbon of the windows it stores from its own fetches.
 	components := []lifecycle.Component{adv, budgets}
 	if gc != nil {
 		components = append([]lifecycle.Component{gc}, components...)
 	}
-	if carbon != nil {
-		components = append(components, carbon)
-	}
 	if lock != nil {
-		components = append(components, schedule{p: lifecycle.NewPeriodic("price catalog reload"), clk: s.cfg.Clock, every: CatalogReload,
+		components = append(components, schedule{p: lifecycle.NewPeriodic("leader's fetches reload"), clk: s.cfg.Clock, every: CatalogReload,
 			job: func(context.Context) {
-				if !elector.Leading() {
-					prices.Reload()
+				if elector.Leading() {
+					return
+				}
+				prices.Reload()
+				if carbon != nil {
+					if err := carbon.Reload(); err != nil {
+						s.log.Warn("cannot reload the stored carbon intensities", "err", err)
+					}
 				}
 			}})
 	}

@@ -1,8 +1,11 @@
 // Package carbonwatch is the collector's live carbon-intensity source: it
 // fetches each configured zone's grid intensity by the hour from an
-// ElectricityMaps-shaped API on a schedule, keeps it in memory, and books
-// a run's energy to the intensity of each hour it was consumed in
-// (cost.CarbonSource). docs/costs.md, "Live carbon intensity".
+// ElectricityMaps-shaped API on a schedule, keeps it in memory and in the
+// store, and books a run's energy to the intensity of each hour it was
+// consumed in (cost.CarbonSource). Collectors sharing a store fetch once
+// for the fleet: the leader fetches and stores the hours, the others
+// Reload them, so every collector books the same intensity for an hour.
+// docs/costs.md, "Live carbon intensity".
 package carbonwatch
 
 import (
@@ -24,6 +27,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/internal/httpretry"
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
@@ -48,6 +52,18 @@ const (
 	maxBackoff  = time.Minute
 	maxBody     = 4 << 20
 )
+
+// NSCarbon is the store namespace of the fetched hours: key the zone →
+// zoneRecord JSON. The leader is its only writer.
+const NSCarbon = "carbon"
+
+// zoneRecord is one zone's hours as stored.
+type zoneRecord struct {
+	// Fetched is when the fetch that last added hours ran.
+	Fetched time.Time `json:"fetched"`
+	// Hours: Unix hour start (s) → gCO2/kWh, the source's intensity.
+	Hours map[int64]float64 `json:"hours"`
+}
 
 // Config configures the watcher.
 type Config struct {
@@ -96,8 +112,13 @@ type Watcher struct {
 	cfg Config
 	log *slog.Logger
 
-	mu       sync.RWMutex
-	hours    map[string]map[int64]float64 // zone → Unix hour start (s) → gCO2/kWh
+	store storage.Records // nil: the hours live in memory only
+
+	mu    sync.RWMutex
+	hours map[string]map[int64]float64 // zone → Unix hour start (s) → gCO2/kWh
+	// version counts the fetches that changed hours, so that a Reload
+	// that read the store before one does not undo it.
+	version  uint64
 	stats    Stats
 	schedule *lifecycle.Periodic
 	sleepFn  func(ctx context.Context, d time.Duration) error
@@ -138,6 +159,62 @@ func New(cfg Config, log *slog.Logger) *Watcher {
 		}
 	}
 	return w
+}
+
+// SetStore keeps the hours in st from now on: Fetch merges what it gets
+// into the stored hours and writes them back, Reload reads them. It
+// reloads at once (before the store serves ingest, so that the first
+// windows stored are booked at the stored hours).
+func (w *Watcher) SetStore(st storage.Records) error {
+	w.store = st
+	return w.Reload()
+}
+
+// Reload reads every zone's hours from the store: the collectors of a
+// fleet that do not fetch (package leader) book the leader's fetches this
+// way. A zone not stored yet keeps what it has.
+func (w *Watcher) Reload() error {
+	if w.store == nil {
+		return nil
+	}
+	w.mu.RLock()
+	v := w.version
+	w.mu.RUnlock()
+	got := map[string]map[int64]float64{}
+	var errs []error
+	for _, z := range w.cfg.Zones {
+		rec, ok, err := w.stored(z)
+		if err != nil {
+			errs = append(errs, err)
+		} else if ok {
+			got[z] = rec.Hours
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.version == v { // else a fetch stored newer hours meanwhile
+		maps.Copy(w.hours, got)
+	}
+	return errors.Join(errs...)
+}
+
+// stored reads zone's record; false when there is none.
+func (w *Watcher) stored(zone string) (zoneRecord, bool, error) {
+	b, err := w.store.GetRecord(NSCarbon, zone)
+	if errors.Is(err, storage.ErrNotFound) {
+		return zoneRecord{}, false, nil
+	}
+	var rec zoneRecord
+	if err == nil {
+		err = json.Unmarshal(b, &rec)
+	}
+	if err != nil {
+		return zoneRecord{}, false, fmt.Errorf("zone %s: stored hours: %w", zone, err)
+	}
+	if rec.Hours == nil {
+		rec.Hours = map[int64]float64{}
+	}
+	return rec, true, nil
 }
 
 // Start fetches every zone at once (in the background: a slow API does not
@@ -194,22 +271,15 @@ func (w *Watcher) Fetch(ctx context.Context) error {
 			}
 			got, skipped = append(got, pts...), skipped+sk
 		}
+		if err := w.keep(z, got); err != nil {
+			errs = append(errs, err)
+		}
 		w.mu.Lock()
 		w.stats.Fetches++
 		w.stats.Skipped += skipped
 		if failed {
 			w.stats.Failures++
 		}
-		m := w.hours[z]
-		if m == nil {
-			m = map[int64]float64{}
-			w.hours[z] = m
-		}
-		for _, p := range got {
-			m[p.hour] = p.g
-		}
-		oldest := w.cfg.Clock.Now().Add(-Retention).Unix()
-		maps.DeleteFunc(m, func(h int64, _ float64) bool { return h < oldest })
 		w.mu.Unlock()
 	}
 	err := errors.Join(errs...)
@@ -219,6 +289,48 @@ func (w *Watcher) Fetch(ctx context.Context) error {
 	if err != nil {
 		w.stats.LastError = err.Error()
 	}
+	return err
+}
+
+// keep merges zone's fetched points into its hours (the stored ones when
+// the watcher has a store: a collector that has just taken over the fetches
+// adds to what the leader before it stored), drops those past Retention,
+// and stores the result.
+func (w *Watcher) keep(zone string, got []point) error {
+	w.mu.RLock()
+	m := maps.Clone(w.hours[zone])
+	w.mu.RUnlock()
+	if m == nil {
+		m = map[int64]float64{}
+	}
+	var err error
+	if w.store != nil {
+		var rec zoneRecord
+		var ok bool
+		if rec, ok, err = w.stored(zone); ok {
+			m = rec.Hours
+		}
+	}
+	for _, p := range got {
+		m[p.hour] = p.g
+	}
+	now := w.cfg.Clock.Now()
+	oldest := now.Add(-Retention).Unix()
+	maps.DeleteFunc(m, func(h int64, _ float64) bool { return h < oldest })
+	// A store that could not be read is not written: what it holds may be
+	// newer than this collector's memory.
+	if w.store != nil && err == nil && len(got) > 0 {
+		b, merr := json.Marshal(zoneRecord{Fetched: now.UTC(), Hours: m})
+		if err = merr; err == nil {
+			if err = w.store.PutRecord(NSCarbon, zone, b); err != nil {
+				err = fmt.Errorf("zone %s: storing hours: %w", zone, err)
+			}
+		}
+	}
+	w.mu.Lock()
+	w.hours[zone] = m
+	w.version++
+	w.mu.Unlock()
 	return err
 }
 
