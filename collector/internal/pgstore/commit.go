@@ -18,13 +18,16 @@ import (
 
 // Group commit (docs/storage.md, "PostgreSQL"): concurrent
 // ApplyBatchResult calls share one transaction. A caller queues its batch
-// and, when one of maxGroups slots is free and its batch is not yet taken,
-// leads a group: it waits up to the commit window (or until maxGroup
-// batches wait), takes the waiting batches and applies them in one
-// transaction, each inside a SAVEPOINT of its own, so a batch that fails
-// or is a duplicate rolls back alone and gets its own answer while the
-// others commit. Every caller is answered after the shared COMMIT: an ack
-// still means committed. One WAL flush, BEGIN and COMMIT serve the group.
+// and waits out the commit window, if any, that the first batch after the
+// last window opened; then, when one of maxGroups slots is free and its
+// batch is not yet taken, it leads a group: it takes the waiting batches
+// (up to maxGroup) and applies them in one transaction, each inside a
+// SAVEPOINT of its own, so a batch that fails or is a duplicate rolls back
+// alone and gets its own answer while the others commit. Every caller is
+// answered after the shared COMMIT: an ack still means committed. One WAL
+// flush, BEGIN and COMMIT serve the group. Without a window, groups form
+// from the batches that wait while the slots are busy: a lone batch
+// commits at once, and groups grow with the load.
 //
 // Lock order. Every transaction that takes row locks on nodes and runs
 // takes node rows before run rows, each in id order: a group locks all its
@@ -42,8 +45,8 @@ import (
 const maxGroup = 64
 
 // maxGroups bounds the groups one process applies at once (each holds a
-// connection of the pool, which readers share).
-const maxGroups = 2
+// connection of the pool, which readers share; the pool has at least 4).
+const maxGroups = 3
 
 type applyReq struct {
 	sender storage.Sender
@@ -54,21 +57,38 @@ type applyReq struct {
 	done   chan struct{}
 }
 
-// CommitStats counts the transactions that committed batches since Open
-// and the batches they applied (not duplicates, not failed ones).
-type CommitStats struct{ Commits, Batches uint64 }
+// CommitStats counts the transactions that committed batches since Open,
+// the batches they applied (not duplicates, not failed ones), and the
+// groups applied again after a deadlock or serialization failure.
+type CommitStats struct{ Commits, Batches, Retries uint64 }
 
 // CommitStats returns the counts so far.
 func (s *Store) CommitStats() CommitStats {
-	return CommitStats{Commits: s.commits.Load(), Batches: s.committedBatches.Load()}
+	return CommitStats{Commits: s.commits.Load(), Batches: s.committedBatches.Load(), Retries: s.retries.Load()}
 }
 
 // ApplyBatchResult implements storage.Ingester.
 func (s *Store) ApplyBatchResult(sender storage.Sender, b *trainmeterv1.Batch) (storage.Applied, error) {
 	r := &applyReq{sender: sender, b: b, done: make(chan struct{})}
 	s.gmu.Lock()
+	gate, open := s.gate, false
+	if gate == nil && s.window > 0 {
+		gate, open = make(chan struct{}), true
+		s.gate = gate
+	}
 	s.queue = append(s.queue, r)
 	s.gmu.Unlock()
+	if open {
+		// The first batch of a window waits it out, the batches after it
+		// until it ends: then all compete for the slots.
+		time.Sleep(s.window)
+		s.gmu.Lock()
+		s.gate = nil
+		s.gmu.Unlock()
+		close(gate)
+	} else if gate != nil {
+		<-gate
+	}
 	for {
 		select {
 		case <-r.done:
@@ -78,24 +98,20 @@ func (s *Store) ApplyBatchResult(sender storage.Sender, b *trainmeterv1.Batch) (
 		s.gmu.Lock()
 		taken := r.taken
 		s.gmu.Unlock()
-		if !taken {
-			s.lead()
+		if taken {
+			// Its group answers it; the slot is for a batch still waiting.
+			<-s.slots
+			<-r.done
+			return r.a, r.err
 		}
+		s.lead()
 		<-s.slots
 	}
 }
 
-// lead gathers a group (the batches waiting after the commit window),
-// applies and commits it, and answers its callers.
+// lead takes the waiting batches (up to maxGroup) as a group, applies and
+// commits it, and answers its callers.
 func (s *Store) lead() {
-	if s.window > 0 {
-		s.gmu.Lock()
-		n := len(s.queue)
-		s.gmu.Unlock()
-		if n < maxGroup {
-			time.Sleep(s.window)
-		}
-	}
 	s.gmu.Lock()
 	n := min(len(s.queue), maxGroup)
 	group := slices.Clone(s.queue[:n])
@@ -142,6 +158,7 @@ func (s *Store) commitGroup(group []*applyReq) {
 			err = pgx.BeginTxFunc(context.Background(), s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error { return s.applyGroup(tx, group) })
 		}
 		if attempt < maxRetries && retryable(err) {
+			s.retries.Add(1)
 			continue
 		}
 		if noPartition(err) && !remade {

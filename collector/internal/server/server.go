@@ -337,7 +337,7 @@ func (s *Server) openStore(ctx context.Context, pricing aggregate.Pricing) (coll
 	}
 	so := s.storeOptions(pricing)
 	o := pgstore.Options{Logger: s.log, Clock: s.cfg.Clock, PasswordFile: s.cfg.StorePasswordFile, Limits: s.limits(),
-		RawRetention: so.RawRetention, DedupRetention: so.DedupRetention, CommitWindow: s.cfg.CommitWindow}
+		RawRetention: so.RawRetention, DedupRetention: so.DedupRetention}
 	if pricing.Carbon != nil {
 		o.Carbon = pricing
 	}
