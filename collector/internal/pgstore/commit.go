@@ -166,17 +166,21 @@ func (s *Store) commitGroup(group []*applyReq) {
 			s.days.Clear()
 			continue
 		}
-		if err != nil && len(group) > 1 {
-			// Halves, down to the batch that fails alone, so that each
-			// caller gets its own answer (one batch's rows can fail the
-			// group's locking statements).
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && len(group) > 1 {
+			// A statement failed: halves, down to the batch that fails
+			// alone, so that each caller gets its own answer (one batch's
+			// rows can fail the group's locking statements). Other errors
+			// (the database unreachable) are every batch's.
 			h := len(group) / 2
 			s.commitGroup(group[:h])
 			s.commitGroup(group[h:])
 			return
 		}
 		if err != nil {
-			group[0].err = err
+			for _, r := range group {
+				r.err = err
+			}
 			return
 		}
 		s.commits.Add(1)
