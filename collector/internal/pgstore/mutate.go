@@ -27,7 +27,7 @@ func (s *Store) DeleteLiveRun(id string) (int, error) { return s.deleteRun(id, t
 func (s *Store) deleteRun(id string, live bool) (records int, err error) {
 	err = s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error {
 		ctx := context.Background()
-		v, err := lockRuns(tx, []string{id})
+		v, err := lockRuns(tx, []string{id}, true)
 		if err != nil {
 			return err
 		}

@@ -2,13 +2,15 @@
 // number of collectors share one database (docs/storage.md,
 // "PostgreSQL").
 //
-// A batch is applied in one transaction: its key (node, boot, seq) is
+// A batch is applied in one transaction, which concurrent batches share
+// (group commit, commit.go), each under a savepoint of its own: its key (node, boot, seq) is
 // inserted into applied_batches (the primary key makes a second apply a
 // conflict: Duplicate), the node's status row and its runs' rows are locked
 // (SELECT … FOR UPDATE, runs in id order, so two transactions never wait
 // for each other in a cycle), the decisions and the fold (package fold)
 // read the locked aggregates, and the raw rows and the new aggregates are
-// written; ApplyBatchResult returns after the commit.
+// written; ApplyBatchResult returns after the commit. A batch of a group
+// reads what the group's earlier batches wrote (one transaction).
 package pgstore
 
 import (
@@ -51,6 +53,14 @@ type Store struct {
 	// rawTTL, dedupTTL: Options.RawRetention, DedupRetention.
 	rawTTL, dedupTTL time.Duration
 	days             sync.Map // int64 day (Unix ns) → true: its partitions made (layout.go)
+
+	// Group commit (commit.go).
+	window                             time.Duration // Options.CommitWindow
+	gmu                                sync.Mutex
+	queue                              []*applyReq   // batches no group has taken, under gmu
+	gate                               chan struct{} // closed when the open commit window ends, under gmu
+	slots                              chan struct{} // one per group being applied
+	commits, committedBatches, retries atomic.Uint64
 }
 
 var _ storage.Store = (*Store)(nil)
@@ -75,6 +85,11 @@ type Options struct {
 	// least (with a raw retention: the oldest batch ingest accepts, and a
 	// day).
 	DedupRetention time.Duration
+	// CommitWindow is how long a batch waits for others to share its
+	// transaction and commit (commit.go; acks up to this much later, one
+	// commit and WAL flush for many batches); 0: only the batches already
+	// waiting share it. At most 1s.
+	CommitWindow time.Duration
 	// PasswordFile, when set, holds the password (one line), which the
 	// URL then leaves out.
 	PasswordFile string
@@ -86,6 +101,9 @@ type Options struct {
 func Open(ctx context.Context, dbURL string, o Options) (*Store, error) {
 	if err := o.Limits.Validate(); err != nil {
 		return nil, err
+	}
+	if o.CommitWindow < 0 || o.CommitWindow > time.Second {
+		return nil, fmt.Errorf("pgstore: commit window must be between 0 and 1s, got %v", o.CommitWindow)
 	}
 	if o.RawRetention < 0 || o.DedupRetention < 0 {
 		return nil, fmt.Errorf("pgstore: retention must be >= 0 (raw %v, dedup %v)", o.RawRetention, o.DedupRetention)
@@ -110,7 +128,7 @@ func Open(ctx context.Context, dbURL string, o Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{pool: pool, log: o.Logger, clk: o.Clock, bands: o.EnergyBands, carbon: o.Carbon, limits: o.Limits,
-		rawTTL: o.RawRetention, dedupTTL: o.DedupRetention}
+		rawTTL: o.RawRetention, dedupTTL: o.DedupRetention, window: o.CommitWindow, slots: make(chan struct{}, maxGroups)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -187,40 +205,24 @@ func batchDays(b *trainmeterv1.Batch) map[int64]bool {
 	return ds
 }
 
-// ApplyBatchResult implements storage.Ingester.
-func (s *Store) ApplyBatchResult(sender storage.Sender, b *trainmeterv1.Batch) (storage.Applied, error) {
-	var a storage.Applied
-	var err error
-	for range 2 {
-		if err = s.ensureDays(batchDays(b)); err != nil {
-			break
-		}
-		err = s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error {
-			a = storage.Applied{}
-			return s.apply(tx, sender, b, &a)
-		})
-		if !noPartition(err) {
-			break
-		}
-		// A day dropped since this process made it: made again (its rows
-		// are past the retention; Maintain drops it again).
-		s.days.Clear()
-	}
-	if errors.Is(err, errDuplicate) {
-		return storage.Applied{Duplicate: true}, nil
-	}
-	if err != nil {
-		return storage.Applied{}, fmt.Errorf("pgstore: apply batch %s/%s/%d: %w", sender.Node, sender.Boot, b.GetSeq(), err)
-	}
-	return a, nil
-}
-
 func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a *storage.Applied) error {
 	ctx := context.Background()
 	node, boot, seq := sender.Node, sender.Boot, int64(b.GetSeq())
 	now := s.clk.Now()
-	tag, err := tx.Exec(ctx, `INSERT INTO applied_batches (node, boot, seq, start_ns) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
+	// The batch's savepoint (commit.go), released in its last pipeline.
+	var first pgx.Batch
+	first.Queue(`SAVEPOINT batch`)
+	first.Queue(`INSERT INTO applied_batches (node, boot, seq, start_ns) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
 		node, boot, seq, fold.NanosOf(b.GetWindowStart()))
+	br := tx.SendBatch(ctx, &first)
+	_, err := br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return err
 	}
@@ -232,7 +234,9 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 		return err
 	}
 	runs := fold.BatchRuns(b)
-	v, err := lockRuns(tx, runs)
+	// The group holds the rows (commit.go), and removes those no batch
+	// made once all are applied.
+	v, err := lockRuns(tx, runs, false)
 	if err != nil {
 		return err
 	}
@@ -361,13 +365,12 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 		}
 	}
 	usage.queue(&q)
-	// The rows locked for runs the batch did not make go again.
-	q.Queue(`DELETE FROM runs WHERE run_id = ANY($1) AND state IS NULL`, v.locked)
 	ns.BootId, ns.LastSeq, ns.LastSeen = boot, b.GetSeq(), timestamppb.New(now)
 	if err := queueNode(&q, ns); err != nil {
 		return err
 	}
 	queueLive(&q, v.Live)
+	q.Queue(`RELEASE SAVEPOINT batch`)
 	return tx.SendBatch(ctx, &q).Close()
 }
 
@@ -383,11 +386,10 @@ func queueNode(q *pgx.Batch, ns *trainmeterv1.NodeStatus) error {
 // runView is the runs a transaction holds locked, with the node's live
 // runs and limits (limits.go), as fold.Admit reads them.
 type runView struct {
-	state  map[string]*aggregate.State // nil: no run yet
-	write  map[string]bool
-	order  []string // runs to write, in id order of first Get
-	locked []string
-	now    time.Time
+	state map[string]*aggregate.State // nil: no run yet
+	write map[string]bool
+	order []string // runs to write, in id order of first Get
+	now   time.Time
 	*fold.Live
 }
 
@@ -407,16 +409,18 @@ func (v *runView) Get(run string) (*aggregate.State, error) {
 func (v *runView) Now() time.Time { return v.now }
 
 // lockRuns locks the rows of runs (sorted), making a row for each run that
-// has none (state NULL, deleted before the commit unless the run is
-// written), and returns their aggregates.
-func lockRuns(tx pgx.Tx, runs []string) (*runView, error) {
+// has none when create is set (state NULL, deleted before the commit unless
+// the run is written), and returns their aggregates.
+func lockRuns(tx pgx.Tx, runs []string, create bool) (*runView, error) {
 	ctx := context.Background()
-	v := &runView{state: map[string]*aggregate.State{}, write: map[string]bool{}, locked: runs}
+	v := &runView{state: map[string]*aggregate.State{}, write: map[string]bool{}}
 	if len(runs) == 0 {
 		return v, nil
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO runs (run_id) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING`, runs); err != nil {
-		return nil, err
+	if create {
+		if _, err := tx.Exec(ctx, `INSERT INTO runs (run_id) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING`, runs); err != nil {
+			return nil, err
+		}
 	}
 	rows, err := tx.Query(ctx, `SELECT run_id, state FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE`, runs)
 	if err != nil {
