@@ -12,7 +12,6 @@ package energy
 
 import (
 	"math"
-	"slices"
 	"sort"
 	"time"
 
@@ -366,37 +365,33 @@ func (m *Meter) At(t time.Time) (c Cumulative, ok bool) {
 // Latest is the newest time covered by every curve this GPU has (min of
 // newest power point and newest counter point, if it has a counter). It is
 // the zero time when the meter has no points.
-func (m *Meter) Latest() time.Time { return m.edge(true) }
+func (m *Meter) Latest() time.Time {
+	pp, cp := m.power.live(), m.counter.live()
+	switch {
+	case len(pp) > 0 && len(cp) > 0:
+		return m.base.Add(time.Duration(min(pp[len(pp)-1].t, cp[len(cp)-1].t)))
+	case len(pp) > 0:
+		return m.base.Add(time.Duration(pp[len(pp)-1].t))
+	case len(cp) > 0:
+		return m.base.Add(time.Duration(cp[len(cp)-1].t))
+	}
+	return time.Time{}
+}
 
 // Oldest is the oldest time that every curve this GPU has still covers after
 // pruning; At clamps (and flags Estimated) before it. It is the zero time
 // when the meter has no points.
-func (m *Meter) Oldest() time.Time { return m.edge(false) }
-
-// edge is Latest (newest) or Oldest from the ends of the curves that have
-// points.
-func (m *Meter) edge(newest bool) time.Time {
-	end := func(n int) int {
-		if newest {
-			return n - 1
-		}
-		return 0
+func (m *Meter) Oldest() time.Time {
+	pp, cp := m.power.live(), m.counter.live()
+	switch {
+	case len(pp) > 0 && len(cp) > 0:
+		return m.base.Add(time.Duration(max(pp[0].t, cp[0].t)))
+	case len(pp) > 0:
+		return m.base.Add(time.Duration(pp[0].t))
+	case len(cp) > 0:
+		return m.base.Add(time.Duration(cp[0].t))
 	}
-	ends := make([]int64, 0, 2)
-	if pp := m.power.live(); len(pp) > 0 {
-		ends = append(ends, pp[end(len(pp))].t)
-	}
-	if cp := m.counter.live(); len(cp) > 0 {
-		ends = append(ends, cp[end(len(cp))].t)
-	}
-	if len(ends) == 0 {
-		return time.Time{}
-	}
-	tn := slices.Max(ends)
-	if newest {
-		tn = slices.Min(ends)
-	}
-	return m.base.Add(time.Duration(tn))
+	return time.Time{}
 }
 
 // Stats returns the counts since the meter was created.
