@@ -370,6 +370,25 @@ class TestAgentToClient(Base):
         run.end()
 
 
+    def test_refused_run_start_outlives_the_step_errors_it_causes(self):
+        # A refused run_start makes every later step fail too; the refusal is
+        # the error that says what to do, so more step errors than errors()
+        # keeps must not push it out.
+        a = self.agent()
+        run = self.start(run_id="r1")
+        self.assertTrue(a.wait_lines(0, 1))
+        refusal = 'run_start: run "r1" already ended on this node; pick a new run_id or pass resume=True'
+        a.send({"event": "error", "error": refusal, "line": 1})
+        for i in range(25):
+            a.send({"event": "error", "error": 'step: unknown run_id "r1" (send run_start first)', "line": i + 2})
+        self.assertTrue(wait_until(lambda: run.stats().errors_from_agent == 26))
+        errs = run.errors()
+        self.assertEqual(errs[0].error, refusal)
+        self.assertEqual(errs[-1].line, 26)
+        self.assertLessEqual(len(errs), 11)
+        run.end()
+
+
 class TestSpeaksUp(Base):
     """A run that is not being measured says so, once, on stderr; it never raises."""
 

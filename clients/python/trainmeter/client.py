@@ -393,6 +393,10 @@ class Run:
         self._connects = 0
         self._errors_from_agent = 0
         self._errors: Deque[AgentError] = collections.deque(maxlen=_KEEP_ERRORS)
+        # The run_start refusal is kept apart: each later step of the refused
+        # run fails too, and those errors must not push out the one that says
+        # what to do.
+        self._start_error: Optional[AgentError] = None
         self._advice: Optional[Advice] = None
         self._stop = threading.Event()
         self._connect_error: Optional[str] = None
@@ -568,8 +572,10 @@ class Run:
         return self._advice
 
     def errors(self) -> List[AgentError]:
-        """The last few errors the agent sent back (oldest first)."""
-        return list(self._errors)
+        """The errors the agent sent back, oldest first: its refusal of run_start
+        (if any) and the last few others."""
+        head = [self._start_error] if self._start_error is not None else []
+        return head + list(self._errors)
 
     def stats(self) -> Stats:
         """What this run's client has sent, dropped and heard so far."""
@@ -965,11 +971,12 @@ class Run:
             text = str(msg.get("error", ""))
             line = msg.get("line")
             line = line if isinstance(line, int) and not isinstance(line, bool) else None
-            self._errors.append(AgentError(error=text, line=line))
+            err = AgentError(error=text, line=line)
             log.debug("trainmeter: agent error: %s (line %s)", text, line)
             # run_start is line 1 of every connection.
             if (line == 1 or text.startswith("run_start")) and not self._warned_run_start:
                 self._warned_run_start = True
+                self._start_error = err
                 if text.startswith("run_start: joined run"):
                     log.warning("trainmeter: agent: %s", text)
                 else:
@@ -979,6 +986,8 @@ class Run:
                         self.run_id,
                         text,
                     )
+            else:
+                self._errors.append(err)
         elif kind == "advice":
             self._advice = Advice.from_line(msg)
             log.debug("trainmeter: advice from agent: %s", msg)
