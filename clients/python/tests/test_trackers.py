@@ -198,7 +198,14 @@ class TestMlflow(TrackerBase):
         self.assertEqual(len([x for x in cm.output if "cannot read the run's figures" in x]), 1)
         self.assertEqual(set(metrics_by_log(mrun)[-1][1]), {"trainmeter/advice/" + k for k in (
             "num_workers", "prefetch_factor", "expected_gain", "data_wait_share")})
-        rep.stop()
+        # finish() does not wait for an end the CLI can never report.
+        run.end()
+        import threading
+
+        done = threading.Thread(target=rep.finish, kwargs={"timeout_s": 600})
+        done.start()
+        done.join(60)  # a hang detector: with the wait, finish() would take 600 s
+        self.assertFalse(done.is_alive())
 
 
 class TestWandb(TrackerBase):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -122,10 +121,7 @@ class ReportFetcher:
         self.cli_args = list(cli_args)
         self.timeout_s = timeout_s
         self.last_error: Optional[str] = None
-        self._warned = False
-
-    def available(self) -> bool:
-        return bool(os.path.sep in self.cli and os.access(self.cli, os.X_OK) or shutil.which(self.cli))
+        self.broken = False  # the CLI cannot be run, or its output is not a report
 
     def fetch(self, run_id: str) -> Optional[Dict[str, Any]]:
         argv: List[str] = [self.cli, "report", run_id, "--json"]
@@ -135,6 +131,9 @@ class ReportFetcher:
         try:
             p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                timeout=self.timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            self._fail("%s: no answer in %g s" % (self.cli, self.timeout_s), warn=False)
+            return None
         except (OSError, subprocess.SubprocessError) as e:
             self._fail("%s: %s" % (self.cli, e), warn=True)
             return None
@@ -152,8 +151,8 @@ class ReportFetcher:
 
     def _fail(self, why: str, warn: bool) -> None:
         self.last_error = why
-        if warn and not self._warned:
-            self._warned = True
+        if warn and not self.broken:
+            self.broken = True
             log.warning("trainmeter: cannot read the run's figures from the collector (%s); "
                         "only the advice is logged", why)
         else:
@@ -270,7 +269,8 @@ class FigureReporter:
             while True:
                 figs = self._figures()
                 rep = self.last_report
-                if not ended or (rep is not None and rep.get("ended") is True) or time.monotonic() >= deadline:
+                if (not ended or (rep is not None and rep.get("ended") is True) or self.fetcher.broken
+                        or time.monotonic() >= deadline):
                     break
                 time.sleep(0.25)
             texts: Dict[str, str] = {}
