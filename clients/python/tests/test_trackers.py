@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import unittest
 
@@ -135,8 +136,6 @@ class TestMlflow(TrackerBase):
         self.mlflow.end_run()
         run.end()
         self.write_report(ended=False, energy_total_j=4000.0)
-        import threading
-
         threading.Timer(0.4, lambda: self.write_report(ended=True, energy_total_j=5000.0, j_per_token=0.3,
                                                        co2_kg=0.0021)).start()
         final = rep.finish(timeout_s=10)
@@ -200,8 +199,6 @@ class TestMlflow(TrackerBase):
             "num_workers", "prefetch_factor", "expected_gain", "data_wait_share")})
         # finish() does not wait for an end the CLI can never report.
         run.end()
-        import threading
-
         done = threading.Thread(target=rep.finish, kwargs={"timeout_s": 600})
         done.start()
         done.join(60)  # a hang detector: with the wait, finish() would take 600 s
