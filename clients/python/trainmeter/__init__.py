@@ -12,8 +12,9 @@ raises ``TypeError`` for a keyword it does not know: a programming error);
 see ``trainmeter.client``. DataLoader timing: :class:`TimedLoader`,
 :func:`rebuild_dataloader`, and :class:`AdaptiveLoader` (applies the agent's
 advice at epoch boundaries). Framework callbacks:
-``trainmeter.integrations.hf`` and ``trainmeter.integrations.lightning``
-(imported only when you import them).
+``trainmeter.integrations.hf`` and ``trainmeter.integrations.lightning``;
+figures into MLflow / W&B: ``trainmeter.integrations.mlflow`` and
+``trainmeter.integrations.wandb`` (all imported only when you import them).
 """
 
 from .client import Advice, AgentError, Run, Stats, start

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from ._common import integer, param_count, scalar, share
 from ..client import check_start_kwargs
@@ -109,6 +109,12 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
     :func:`trainmeter.start` keyword (``run_id``, ``socket_path``, ``model``,
     ``gpu_price_per_hour``, …), which overrides what is read from the Trainer
     (an unknown one raises ``TypeError`` here).
+
+    ``report_figures``: log the run's trainmeter figures into the Trainer's
+    MLflow / W&B run (``trainmeter.integrations.mlflow`` / ``.wandb``); None
+    (default) does so when ``args.report_to`` names "mlflow" or "wandb", on
+    the main process. ``figures_options``: keywords for their ``attach``
+    (``interval_s``, ``console_url``, ``collector``, ...).
     """
 
     def __init__(
@@ -117,6 +123,8 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
         tokens_per_step: Union[int, Callable[[Any, Any], int], None] = None,
         count_input_tokens: bool = True,
         stop_on_advisory: bool = True,
+        report_figures: Optional[bool] = None,
+        figures_options: Optional[Dict[str, Any]] = None,
         **start_kwargs: Any,
     ) -> None:
         check_start_kwargs(start_kwargs)
@@ -141,6 +149,9 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
         self._world_size: Optional[int] = None
         self._samples: Optional[int] = None
         self._pending_step: Optional[Dict[str, Any]] = None
+        self.report_figures = report_figures
+        self.figures_options = dict(figures_options or {})
+        self.figures: List[Any] = []  # FigureReporter per tracker
 
     # ------------------------------------------------------------ helpers
 
@@ -226,6 +237,17 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
             return v
         return (self._rank or 0) == 0
 
+    def _attach_figures(self, args: Any, state: Any) -> None:
+        if self.report_figures is False or self.run is None or not self._is_main(state):
+            return
+        from ._figures import attach_trackers, finish_all, hf_targets
+
+        finish_all(self.figures)  # a previous train() of this callback
+        names = hf_targets(getattr(args, "report_to", None))
+        if not names and self.report_figures:
+            log.warning("trainmeter: report_figures=True but args.report_to names neither mlflow nor wandb")
+        self.figures = attach_trackers(self.run, [(n, {}) for n in names], self.figures_options)
+
     # ------------------------------------------------------------ hooks
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -257,6 +279,7 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
             self._pending_step = None
             self._interrupted = False
             self.stopped_by_agent = False
+            self._attach_figures(args, state)
         except Exception:
             log.warning("trainmeter: TrainmeterCallback.on_train_begin failed", exc_info=True)
         return control
@@ -363,6 +386,11 @@ class TrainmeterCallback(_base()):  # type: ignore[misc]
             self._flush_step()
             if self.run is not None and self._own_run:
                 self.run.end(status="stopped" if self.stopped_by_agent else None)
+            if self.figures:
+                from ._figures import finish_all
+
+                finish_all(self.figures)
+                self.figures = []
         except Exception:
             log.debug("trainmeter: on_train_end failed", exc_info=True)
         return control

@@ -201,6 +201,15 @@ def _batch_samples(batch: Any) -> Optional[int]:
     return None
 
 
+def _loggers(trainer: Any) -> List[Any]:
+    """``trainer.loggers`` (Lightning ≥ 1.6), else ``[trainer.logger]``."""
+    lgs = getattr(trainer, "loggers", None)
+    if isinstance(lgs, (list, tuple)):
+        return list(lgs)
+    lg = getattr(trainer, "logger", None)
+    return [lg] if lg is not None else []
+
+
 def _loader_settings(trainer: Any) -> Dict[str, int]:
     """num_workers / prefetch_factor of the train dataloader, for eval: the
     collector labels each epoch's throughput with the loader it ran with."""
@@ -229,6 +238,12 @@ class TrainmeterCallback:
     ``non_padding`` (count ``attention_mask`` ones), ``stop_on_advisory``
     (default True), and any :func:`trainmeter.start` keyword, which overrides
     what is read from the trainer (an unknown one raises ``TypeError`` here).
+
+    ``report_figures``: log the run's trainmeter figures into the trainer's
+    MLflow / W&B run (``trainmeter.integrations.mlflow`` / ``.wandb``); None
+    (default) does so when ``trainer.loggers`` has an ``MLFlowLogger`` or a
+    ``WandbLogger``, on global rank 0. ``figures_options``: keywords for their
+    ``attach`` (``interval_s``, ``console_url``, ``collector``, ...).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -245,7 +260,9 @@ class TrainmeterCallback:
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # The per-instance class is not importable by name.
-        return (_restore, (), self.__dict__.copy())
+        state = self.__dict__.copy()
+        state["figures"] = []  # reporters hold a thread; they belong to the fit that started them
+        return (_restore, (), state)
 
     def __init__(
         self,
@@ -254,6 +271,8 @@ class TrainmeterCallback:
         tokens_per_step: Optional[int] = None,
         non_padding: bool = False,
         stop_on_advisory: bool = True,
+        report_figures: Optional[bool] = None,
+        figures_options: Optional[Dict[str, Any]] = None,
         **start_kwargs: Any,
     ) -> None:
         check_start_kwargs(start_kwargs)
@@ -271,6 +290,9 @@ class TrainmeterCallback:
         self.stopped_by_agent = False
         self._clock = time.perf_counter
         self._warned_tokens = False
+        self.report_figures = report_figures
+        self.figures_options = dict(figures_options or {})
+        self.figures: List[Any] = []  # FigureReporter per tracker
         self._reset()
 
     def _reset(self) -> None:
@@ -387,6 +409,32 @@ class TrainmeterCallback:
     def _end(self, **extra: Any) -> None:
         if self.run is not None and self._own_run:
             self.run.end(**extra)
+        if self.figures:
+            from ._figures import finish_all
+
+            finish_all(self.figures)
+            self.figures = []
+
+    def _attach_figures(self, trainer: Any) -> None:
+        if self.report_figures is False or self.run is None or not getattr(trainer, "is_global_zero", True):
+            return
+        from ._figures import attach_trackers, finish_all
+
+        finish_all(self.figures)  # a previous fit() of this callback
+        targets: List[Tuple[str, Dict[str, Any]]] = []
+        for lg in _loggers(trainer):
+            names = {c.__name__ for c in type(lg).__mro__}
+            try:
+                if "MLFlowLogger" in names:
+                    # Lightning's logger keeps its own run (by id), not MLflow's active run.
+                    targets.append(("mlflow", {"mlflow_run_id": lg.run_id}))
+                elif "WandbLogger" in names:
+                    targets.append(("wandb", {"wandb_run": lg.experiment}))
+            except Exception:
+                log.warning("trainmeter: cannot read the run of %s", type(lg).__name__, exc_info=True)
+        if not targets and self.report_figures:
+            log.warning("trainmeter: report_figures=True but the trainer has no MLFlowLogger or WandbLogger")
+        self.figures = attach_trackers(self.run, targets, self.figures_options)
 
     # ------------------------------------------------------------ hooks
 
@@ -401,6 +449,7 @@ class TrainmeterCallback:
                 md = self._metadata(trainer, pl_module)
                 md.update(self.start_kwargs)
                 self.run = start(**md)
+            self._attach_figures(trainer)
         except Exception:
             log.warning("trainmeter: TrainmeterCallback.on_train_start failed", exc_info=True)
 
