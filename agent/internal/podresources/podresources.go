@@ -233,6 +233,9 @@ func (c *Client) Pod(ctx context.Context, namespace, name string) (Pod, error) {
 	none := Pod{Namespace: namespace, Name: name}
 	resp, err := c.api.Get(ctx, &v1.GetPodResourcesRequest{PodNamespace: namespace, PodName: name})
 	code, msg := status.Code(err), status.Convert(err).Message()
+	if code == codes.Unavailable {
+		c.conn.ResetConnectBackoff() // the next call dials at once
+	}
 	// A kubelet without Get answers Unimplemented, or, with the feature
 	// gate KubeletPodResourcesGet off, "… Get method disabled".
 	if code != codes.OK && strings.Contains(msg, "disabled") {
