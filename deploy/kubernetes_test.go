@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -86,7 +87,11 @@ func loadManifests(t *testing.T, globs ...string) map[string]obj {
 				t.Errorf("%s document %d: no kind, apiVersion or metadata.name", f, i)
 				continue
 			}
-			if o.kind() != "Namespace" && str(get(o, "metadata", "namespace")) != "trainmeter" {
+			if clusterScoped[o.kind()] {
+				if ns := get(o, "metadata", "namespace"); ns != nil {
+					t.Errorf("%s %s/%s: cluster-scoped, yet namespace %v", f, o.kind(), o.name(), ns)
+				}
+			} else if str(get(o, "metadata", "namespace")) != "trainmeter" {
 				t.Errorf("%s %s/%s: namespace %q, want trainmeter", f, o.kind(), o.name(), get(o, "metadata", "namespace"))
 			}
 			key := o.kind() + "/" + o.name()
@@ -98,6 +103,9 @@ func loadManifests(t *testing.T, globs ...string) map[string]obj {
 	}
 	return all
 }
+
+// clusterScoped are the kinds in these manifests that have no namespace.
+var clusterScoped = map[string]bool{"Namespace": true, "ClusterRole": true, "ClusterRoleBinding": true}
 
 // flagValues returns a container's args as flag -> value (--flag=value form).
 func flagValues(c any) map[string]string {
@@ -354,5 +362,94 @@ func TestKubernetesPostgresManifests(t *testing.T) {
 	}
 	if c, want := str(agentCfg["collector"]), "trainmeter-collector.trainmeter.svc:"+str(get(svc, "spec", "ports", "0", "port")); c != want {
 		t.Errorf("agent collector %q, want the Service %q", c, want)
+	}
+}
+
+// TestKubernetesAgentPodOwners: the agent DaemonSet can tell which pod holds
+// each GPU: it mounts the kubelet's pod-resources directory read-only where
+// its config's kubernetes.pod_resources_socket points, and runs as a
+// ServiceAccount bound to a ClusterRole that may get and list pods and
+// nothing else (pod labels and owners from the API server).
+func TestKubernetesAgentPodOwners(t *testing.T) {
+	m := loadManifests(t)
+	ds := m["DaemonSet/trainmeter-agent"]
+	pod := get(ds, "spec", "template", "spec")
+	ac := get(pod, "containers", "0")
+	var cfg struct {
+		Kubernetes struct {
+			PodResourcesSocket string   `yaml:"pod_resources_socket"`
+			PodLabels          []string `yaml:"pod_labels"`
+		}
+	}
+	if err := yaml.Unmarshal([]byte(str(get(m["ConfigMap/trainmeter-agent"], "data", "agent.yaml"))), &cfg); err != nil {
+		t.Fatalf("ConfigMap agent.yaml: %v", err)
+	}
+	sock := cfg.Kubernetes.PodResourcesSocket
+	if sock == "" {
+		t.Fatal("agent.yaml: kubernetes.pod_resources_socket is empty (pods off)")
+	}
+	mounted := false
+	for _, vm := range get(ac, "volumeMounts").([]any) {
+		for _, v := range get(pod, "volumes").([]any) {
+			if get(v, "name") != get(vm, "name") || str(get(v, "hostPath", "path")) != "/var/lib/kubelet/pod-resources" {
+				continue
+			}
+			if get(vm, "readOnly") != true {
+				t.Error("the kubelet's pod-resources directory is mounted writable")
+			}
+			if str(get(vm, "mountPath")) == filepath.Dir(sock) && filepath.Base(sock) == "kubelet.sock" {
+				mounted = true
+			}
+		}
+	}
+	if !mounted {
+		t.Errorf("kubernetes.pod_resources_socket %s is not the kubelet's socket in hostPath /var/lib/kubelet/pod-resources", sock)
+	}
+
+	saName := str(get(pod, "serviceAccountName"))
+	sa := m["ServiceAccount/"+saName]
+	if saName == "" || sa == nil {
+		t.Fatalf("the agent runs as ServiceAccount %q, which these manifests lack", saName)
+	}
+	if get(pod, "automountServiceAccountToken") == false || get(sa, "automountServiceAccountToken") == false {
+		t.Error("the agent's service-account token is not mounted: it cannot read pod labels")
+	}
+	bound := false
+	for key, b := range m {
+		if b.kind() != "ClusterRoleBinding" {
+			continue
+		}
+		binds := false
+		for _, s := range get(b, "subjects").([]any) {
+			if get(s, "kind") == "ServiceAccount" && str(get(s, "name")) == saName && str(get(s, "namespace")) == str(get(sa, "metadata", "namespace")) {
+				binds = true
+			}
+		}
+		if !binds {
+			continue
+		}
+		role := m["ClusterRole/"+str(get(b, "roleRef", "name"))]
+		if get(b, "roleRef", "kind") != "ClusterRole" || role == nil {
+			t.Errorf("%s: roleRef %v is not a ClusterRole here", key, get(b, "roleRef"))
+			continue
+		}
+		for _, r := range get(role, "rules").([]any) {
+			groups, resources, verbs := anyStrings(get(r, "apiGroups")), anyStrings(get(r, "resources")), anyStrings(get(r, "verbs"))
+			if strings.Join(groups, ",") != "" || strings.Join(resources, ",") != "pods" {
+				t.Errorf("%s grants %v on %v: the agent needs pods in the core group only", role.name(), verbs, resources)
+				continue
+			}
+			for _, v := range verbs {
+				if v != "get" && v != "list" && v != "watch" {
+					t.Errorf("%s grants %q on pods: read-only is enough", role.name(), v)
+				}
+			}
+			if slices.Contains(verbs, "get") {
+				bound = true
+			}
+		}
+	}
+	if !bound {
+		t.Errorf("no ClusterRoleBinding gives ServiceAccount %s get on pods", saName)
 	}
 }

@@ -83,6 +83,8 @@ type Config struct {
 	// OTel exports this node's GPUs (hw.* metrics) directly over OTLP
 	// and/or Prometheus, without the collector (docs/otel.md).
 	OTel otelexport.Config `yaml:"otel"`
+	// Kubernetes: pods as GPU owners, from the kubelet (docs/kubernetes.md).
+	Kubernetes KubernetesConfig `yaml:"kubernetes"`
 }
 
 // TLSOptions returns the uplink's TLS file settings.
@@ -124,6 +126,7 @@ func DefaultConfig() Config {
 
 		SocketMaxConnsPerUID: trainersock.DefaultMaxConnsPerUID,
 		SocketIdleTimeout:    trainersock.DefaultIdleTimeout,
+		Kubernetes:           DefaultKubernetes(),
 	}
 }
 
@@ -184,6 +187,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	if err := c.OTel.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Kubernetes.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	switch c.LogLevel {
