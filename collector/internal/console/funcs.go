@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/collector/internal/numfmt"
 	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/internal/money"
@@ -43,7 +44,7 @@ var funcs = template.FuncMap{
 	"barsHeight": func(n int) int { return n * barPitch },
 	"barY":       func(i int) int { return i*barPitch + 3 },
 	"barMid":     func(i int) int { return i*barPitch + 10 },
-	"halfWidth":  func(s *trainmeterv1.CompareStat) float64 { return (s.GetCiHigh() - s.GetCiLow()) / 2 },
+	"halfWidth":  func(s *trainmeterv1.CompareStat) string { return numfmt.Sig((s.GetCiHigh()-s.GetCiLow())/2, 2) }, // as `compare` writes it
 	"hundred":    func(v float64) float64 { return v * 100 },
 	"trends":     trends,
 	"seg":        url.PathEscape,
@@ -56,18 +57,8 @@ var funcs = template.FuncMap{
 // not be encoded here too.
 var version = buildinfo.Version
 
-// num rounds to 4 significant digits, as the CLI's tables do.
-func num(v float64) string {
-	switch {
-	case math.IsNaN(v) || math.IsInf(v, 0):
-		return "-"
-	case v == 0:
-		return "0"
-	case math.Abs(v) >= 1e4 && math.Abs(v) < 1e15:
-		return strconv.FormatFloat(math.Round(v), 'f', -1, 64)
-	}
-	return strconv.FormatFloat(v, 'g', 4, 64)
-}
+// num writes a figure as the CLI's tables do (numfmt.Num).
+func num(v float64) string { return numfmt.Num(v) }
 
 // val is v at full precision, as encoding/json writes a float64.
 func val(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
