@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pg "github.com/trainmeter/trainmeter/collector/internal/page"
+	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/query/compare"
 	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/internal/protojsonout"
@@ -336,11 +337,13 @@ type timelineJSON struct {
 }
 
 type seriesJSON struct {
-	Name         string    `json:"name"`
-	Unit         string    `json:"unit"`
-	T            []int64   `json:"t_unix_ms"`
-	Values       []float64 `json:"values"`
-	SourcePoints uint32    `json:"source_points"`
+	Name string  `json:"name"`
+	Unit string  `json:"unit"`
+	T    []int64 `json:"t_unix_ms"`
+	// Values has a null where windows are missing: a chart breaks its
+	// line there (chartPoints).
+	Values       []*float64 `json:"values"`
+	SourcePoints uint32     `json:"source_points"`
 }
 
 type timelineItem struct {
@@ -381,13 +384,56 @@ func (p *pages) timeline(w http.ResponseWriter, r *http.Request) {
 	}
 	out := timelineJSON{RunID: tl.GetRunId(), StartMs: msPtr(tl.GetStart()), EndMs: msPtr(tl.GetEnd()), WarmupEndMs: msPtr(tl.GetWarmupEnd()),
 		Ended: run.GetRun().GetEnded(), Series: []seriesJSON{}, Events: []timelineItem{}}
+	maxPts := cmp.Or(int(req.GetMaxPoints()), query.DefaultTimelinePoints)
 	for _, s := range tl.GetSeries() {
-		out.Series = append(out.Series, seriesJSON{Name: s.GetName(), Unit: s.GetUnit(), T: s.GetTUnixMs(), Values: finite(s.GetValues()), SourcePoints: s.GetSourcePoints()})
+		sj := seriesJSON{Name: s.GetName(), Unit: s.GetUnit(), SourcePoints: s.GetSourcePoints()}
+		if out.StartMs != nil {
+			sj.T, sj.Values = chartPoints(s, *out.StartMs, *out.EndMs, maxPts)
+		}
+		out.Series = append(out.Series, sj)
 	}
 	for _, e := range tl.GetEvents() {
 		out.Events = append(out.Events, timelineItem{TMs: e.GetTime().AsTime().UnixMilli(), Kind: e.GetKind(), Node: e.GetNode(), Text: e.GetText()})
 	}
 	writeJSON(w, out)
+}
+
+// chartPoints is a series as a chart should draw it, within the run's
+// [start, end] (Unix ms):
+//
+//   - A point stands for the second from its time on (the Timeline RPC
+//     keys each point by its whole second). The run's first second may
+//     start mid-second: its point is drawn at the run's start, not before.
+//   - A GPU's point (power_w:NODE/gpuN) is its mean over the whole
+//     one-second batch window; a window the run covers only in part (its
+//     first and last) mixes in the GPU before or after the run, so it is
+//     left out rather than drawn lower than the run's own power.
+//   - Where windows are missing, a null: the chart breaks its line instead
+//     of drawing one across time nothing was measured. Points come a second
+//     apart; downsampled (min and max of each bucket of k points), two
+//     points of one stretch lie at most 2k seconds apart.
+func chartPoints(s *trainmeterv1.TimelineSeries, start, end int64, maxPts int) ([]int64, []*float64) {
+	const second = 1000
+	ts, vs := s.GetTUnixMs(), finite(s.GetValues())
+	gap := int64(second)
+	if n := int(s.GetSourcePoints()); len(ts) < n && maxPts >= 2 {
+		k := (n + maxPts/2 - 1) / (maxPts / 2)
+		gap = int64(2*k) * second
+	}
+	gpu := strings.HasPrefix(s.GetName(), "power_w:") && strings.Contains(s.GetName(), "/gpu")
+	outT, outV := make([]int64, 0, len(ts)), make([]*float64, 0, len(ts))
+	var prev int64
+	for i, t := range ts {
+		if gpu && (t < start || t+second > end) {
+			continue
+		}
+		if len(outT) > 0 && t-prev > gap {
+			outT, outV = append(outT, prev+second), append(outV, nil)
+		}
+		prev = t
+		outT, outV = append(outT, max(t, start)), append(outV, &vs[i])
+	}
+	return outT, outV
 }
 
 // writeJSON answers a script: the JSON encoder escapes <, > and & in

@@ -1,0 +1,130 @@
+package console_test
+
+import (
+	"encoding/json"
+	"math"
+	"net/url"
+	"strings"
+	"testing"
+
+	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// gapRun is a run as trying the product showed it: it starts mid-second
+// (0.5 s), its windows for seconds 3 to 5 never arrived (the node was
+// cut off), and it ends mid-second (at 8.4 s), idle GPU after it. Its one
+// GPU draws 300 W while the run computes and 50 W idle, so that the run's
+// power and the GPU's agree wherever a window is the run's alone.
+const gapRun = "gappy"
+
+func (c *collector) seedGapRun(t *testing.T) {
+	t.Helper()
+	conn := tu.Dial(t, c.srv.Addr().String())
+	a := tu.Connect(t, conn, "n1", "boot")
+	defer a.Close()
+	seq := uint64(0)
+	for sec := 0; sec <= 8; sec++ {
+		if sec >= 3 && sec <= 5 {
+			continue
+		}
+		st, en := float64(sec), float64(sec+1)
+		if sec == 0 {
+			st = 0.5
+		}
+		if sec == 8 {
+			en = 8.4
+		}
+		w := tu.Window(gapRun, float64(sec), 1000, 300*(en-st))
+		w.Start, w.End = tu.TS(st), tu.TS(en)
+		var evs []*trainmeterv1.RunEvent
+		if sec == 0 {
+			s := tu.Start(gapRun, 0.5, "gap-model")
+			s.GetRunStart().WarmupS = 0
+			evs = append(evs, s)
+		}
+		if sec == 8 {
+			evs = append(evs, tu.End(gapRun, 8.4))
+		}
+		b := tu.Batch(seq+1, float64(sec), []*trainmeterv1.RunWindow{w}, evs...)
+		// The GPU's mean over the whole second: the run's 300 W over its
+		// part, 50 W idle over the rest.
+		b.GpuWindows[0].PowerAvgW = 300*(en-st) + 50*(1-(en-st))
+		b.GpuWindows[0].EnergyCounterJ = b.GpuWindows[0].PowerAvgW
+		seq++
+		a.MustAck(b)
+	}
+}
+
+type chartJSON struct {
+	StartMs *int64 `json:"start_ms"`
+	EndMs   *int64 `json:"end_ms"`
+	Series  []struct {
+		Name   string     `json:"name"`
+		T      []int64    `json:"t_unix_ms"`
+		Values []*float64 `json:"values"`
+	} `json:"series"`
+}
+
+// TestTimelineTellsTheTruth: what the Run page's charts receive. Missing
+// windows are a null (a break in the line), not a line across them; no
+// point lies before the run's start; a GPU's line has no point for a
+// window the run covers only part of (its mean includes the idle GPU after
+// the run), so where both lines have a point they agree.
+func TestTimelineTellsTheTruth(t *testing.T) {
+	c := startCollector(t, nil)
+	c.seedGapRun(t)
+	_, body := get(t, nil, c.base+"/api/runs/"+url.PathEscape(gapRun)+"/timeline")
+	var tl chartJSON
+	if err := json.Unmarshal([]byte(body), &tl); err != nil {
+		t.Fatalf("%v\n%s", err, body)
+	}
+	start, end := *tl.StartMs, *tl.EndMs
+	if want := tu.TS(0.5).AsTime().UnixMilli(); start != want {
+		t.Fatalf("start_ms %d, want %d", start, want)
+	}
+	at := map[string]map[int64]*float64{}
+	for _, s := range tl.Series {
+		at[s.Name] = map[int64]*float64{}
+		var nulls int
+		for i, ts := range s.T {
+			if ts < start || ts > end {
+				t.Errorf("%s: point at %d ms, outside the run [%d, %d]", s.Name, ts, start, end)
+			}
+			at[s.Name][ts] = s.Values[i]
+			if s.Values[i] == nil {
+				nulls++
+				if i == 0 || i == len(s.T)-1 {
+					t.Errorf("%s: a break at its end (point %d)", s.Name, i)
+				}
+			}
+		}
+		// Seconds 3 to 5 missing: one break between second 2 and second 6.
+		if nulls != 1 {
+			t.Errorf("%s: %d breaks, want 1 (seconds 3 to 5 missing): t %v", s.Name, nulls, s.T)
+		}
+	}
+	total, gpu := at["power_w"], at["power_w:n1/gpu0"]
+	if len(total) == 0 || len(gpu) == 0 {
+		t.Fatalf("series: %v", strings.Join(func() (n []string) {
+			for k := range at {
+				n = append(n, k)
+			}
+			return
+		}(), " "))
+	}
+	both := 0
+	for ts, g := range gpu {
+		v, ok := total[ts]
+		if g == nil || !ok || v == nil {
+			continue
+		}
+		both++
+		if math.Abs(*v-*g) > 1e-6 {
+			t.Errorf("at %d ms: total %v W, the run's one GPU %v W", ts-start, *v, *g)
+		}
+	}
+	if both < 4 {
+		t.Errorf("total and GPU share %d points, want the run's whole seconds (1, 2, 6, 7)", both)
+	}
+}
