@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -42,6 +44,10 @@ func (c *collector) seedGapRun(t *testing.T) {
 			s := tu.Start(gapRun, 0.5, "gap-model")
 			s.GetRunStart().WarmupS = 0
 			evs = append(evs, s)
+		}
+		if sec == 6 {
+			evs = append(evs, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_Eval{Eval: &trainmeterv1.Eval{
+				RunId: gapRun, Time: tu.TS(6.5), Epoch: proto.Int64(1), ValLoss: proto.Float64(2.31)}}})
 		}
 		if sec == 8 {
 			evs = append(evs, tu.End(gapRun, 8.4))
