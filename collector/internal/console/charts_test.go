@@ -7,8 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/net/html"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/trainmeter/trainmeter/collector/internal/server"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -132,5 +134,96 @@ func TestTimelineTellsTheTruth(t *testing.T) {
 	}
 	if both < 4 {
 		t.Errorf("total and GPU share %d points, want the run's whole seconds (1, 2, 6, 7)", both)
+	}
+}
+
+// cardsOf reads the Run page's cards: field → [shown text, reason].
+func cardsOf(t *testing.T, body string) map[string][2]string {
+	t.Helper()
+	doc, err := html.Parse(strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][2]string{}
+	var walk func(n *html.Node)
+	walk = func(n *html.Node) {
+		if n.Type == html.ElementNode && n.Data == "dd" {
+			var field, reason string
+			for _, a := range n.Attr {
+				if a.Key == "data-field" {
+					field = a.Val
+				}
+			}
+			var text strings.Builder
+			for c := n.FirstChild; c != nil; c = c.NextSibling {
+				if c.Type == html.ElementNode && c.Data == "small" {
+					reason = strings.TrimSpace(textOf(c))
+					continue
+				}
+				text.WriteString(textOf(c))
+			}
+			if field != "" {
+				out[field] = [2]string{strings.TrimSpace(text.String()), reason}
+			}
+		}
+		for c := n.FirstChild; c != nil; c = c.NextSibling {
+			walk(c)
+		}
+	}
+	walk(doc)
+	return out
+}
+
+func textOf(n *html.Node) string {
+	if n.Type == html.TextNode {
+		return n.Data
+	}
+	var b strings.Builder
+	for c := n.FirstChild; c != nil; c = c.NextSibling {
+		b.WriteString(textOf(c))
+	}
+	return b.String()
+}
+
+// TestRunCardsSayUnknown: a run just started, with no price and one
+// window, no tokens: a figure that is not known reads "—" with why, never 0.
+func TestRunCardsSayUnknown(t *testing.T) {
+	c := startCollector(t, func(cfg *server.Config) { cfg.GPUPricePerHour = 0 })
+	conn := tu.Dial(t, c.srv.Addr().String())
+	a := tu.Connect(t, conn, "n1", "boot")
+	defer a.Close()
+	w := tu.Window("fresh", 0, 0, 0)
+	w.VramPeakMib, w.VramSumMib, w.VramSamples, w.EnergyCounterJ, w.EnergyIntegratedJ, w.Steps = 0, 0, 0, 0, 0, 0
+	a.MustAck(tu.Batch(1, 0, []*trainmeterv1.RunWindow{w}, tu.Start("fresh", 0, "m")))
+	_, body := get(t, nil, c.base+runPath("fresh"))
+	cards := cardsOf(t, body)
+	for _, f := range []string{"j_per_token", "tok_per_s", "energy_total_j", "avg_power_total_w", "vram_peak_mb", "total_cost_usd", "projected_cost_usd", "tokens_processed"} {
+		got, ok := cards[f]
+		if !ok {
+			t.Errorf("no card %s", f)
+			continue
+		}
+		if got[0] != "—" || got[1] == "" {
+			t.Errorf("card %s reads %q (reason %q), want — with the reason", f, got[0], got[1])
+		}
+	}
+}
+
+// TestRunCostAndCause: the Run page breaks the cost down (GPU time at its
+// price, energy, the total) and shows a failed run's cause before its
+// figures.
+func TestRunCostAndCause(t *testing.T) {
+	c := startCollector(t, nil)
+	c.seed(t)
+	_, body := get(t, nil, c.base+runPath(evilRun))
+	cause := strings.Index(body, `id="end-error"`)
+	cards := strings.Index(body, `class="cards"`)
+	if cause < 0 || cards < 0 || cause > cards {
+		t.Errorf("the failed run's cause at %d, its cards at %d: want the cause first", cause, cards)
+	}
+	for _, want := range []string{`id="cost"`, `data-cost="gpu"`, `data-cost="energy"`, `data-cost="total"`, "GPU-hours", "$2/GPU-hour"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("run page: no %s in the cost breakdown", want)
+		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/query/compare"
 	"github.com/trainmeter/trainmeter/collector/internal/report"
+	"github.com/trainmeter/trainmeter/internal/money"
 	"github.com/trainmeter/trainmeter/internal/protojsonout"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -286,6 +287,7 @@ func (p *pages) runsRows(w http.ResponseWriter, r *http.Request) {
 type runData struct {
 	R      *trainmeterv1.RunReport
 	Status string
+	Cards  []card
 	// Fields are the report's fields as `trainmeter report --json` writes
 	// them, in .proto order.
 	Fields []protojsonout.Field
@@ -301,7 +303,58 @@ func (p *pages) runData(ctx context.Context, id string) (*runData, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &runData{R: r, Status: runStatus(r), Fields: fields}, nil
+	return &runData{R: r, Status: runStatus(r), Cards: runCards(r), Fields: fields}, nil
+}
+
+// card is one figure of the Run page: Value is the report's exact number
+// (data-value, "" when unknown), Text the figure as people read it, and
+// Reason why a figure is unknown (it then reads "—", never 0).
+type card struct {
+	Name, Scope, Field string
+	Value, Text        string
+	Reason             string
+}
+
+// runCards are the Run page's figures. Energy, power, VRAM, wall time and
+// tokens are 0 in the report when nothing was measured: a real run never
+// has 0 of them, so the card says unknown and why.
+func runCards(r *trainmeterv1.RunReport) []card {
+	yet := ""
+	if !r.GetEnded() {
+		yet = " yet"
+	}
+	rates := "not measured" + yet
+	if u := r.GetRatesUnavailable(); u != "" {
+		rates = u
+	}
+	opt := func(name, scope, field string, v *float64, format func(float64) string, why string) card {
+		if v == nil {
+			return card{Name: name, Scope: scope, Field: field, Text: "—", Reason: why}
+		}
+		return card{Name: name, Scope: scope, Field: field, Value: val(*v), Text: format(*v)}
+	}
+	measured := func(name, scope, field string, v float64, why string) card {
+		if v == 0 {
+			return card{Name: name, Scope: scope, Field: field, Text: "—", Reason: why}
+		}
+		return card{Name: name, Scope: scope, Field: field, Value: val(v), Text: num(v)}
+	}
+	noPrice := "no price for " + cmp.Or(r.GetGpuName(), "its GPU") + " (Prices page)"
+	tokens := card{Name: "tokens", Scope: "all ranks", Field: "tokens_processed", Text: "—", Reason: "the trainer reported none" + yet}
+	if n := r.GetTokensProcessed(); n > 0 {
+		tokens.Value, tokens.Text = strconv.FormatUint(n, 10), strconv.FormatUint(n, 10)
+	}
+	return []card{
+		opt("J/token", "after warmup, all GPUs", "j_per_token", r.JPerToken, num, rates),
+		opt("tok/s", "after warmup, all ranks", "tok_per_s", r.TokPerS, num, rates),
+		measured("energy", "whole run, J", "energy_total_j", r.GetEnergyTotalJ(), "no energy measured"+yet),
+		measured("avg power", "whole run, all GPUs, W", "avg_power_total_w", r.GetAvgPowerTotalW(), "no energy measured"+yet),
+		measured("VRAM peak", "MiB, one GPU", "vram_peak_mb", r.GetVramPeakMb(), "not reported"+yet),
+		opt("cost so far", "whole run, USD", "total_cost_usd", r.TotalCostUsd, money.Amount, noPrice),
+		opt("projected cost", "at completion, USD", "projected_cost_usd", r.ProjectedCostUsd, money.Amount, noPrice),
+		measured("wall time", "s", "wall_s", r.GetWallS(), "no window"+yet),
+		tokens,
+	}
 }
 
 func (p *pages) run(w http.ResponseWriter, r *http.Request) {

@@ -6,10 +6,11 @@ package numfmt
 import (
 	"math"
 	"strconv"
+	"strings"
 )
 
-// Sig writes v with n significant digits in decimal notation (no
-// exponent), keeping a whole number's every digit: 20341 stays "20341"
+// Sig writes v with at most n significant digits in decimal notation (no
+// exponent, no trailing zeros), keeping a whole number's every digit: 20341 stays "20341"
 // rather than "2.034e+04" or "20340", and 7.505e-05 reads "0.00007505".
 // Outside 1e-6 ≤ |v| < 1e15, where decimals would be unreadably long, it
 // falls back to an exponent. NaN and ±Inf are "-" (no figure).
@@ -31,7 +32,10 @@ func Sig(v float64, n int) string {
 	if decimals <= 0 {
 		return strconv.FormatFloat(math.Round(v), 'f', 0, 64)
 	}
-	return strconv.FormatFloat(r, 'f', decimals, 64)
+	out := strconv.FormatFloat(r, 'f', decimals, 64)
+	// Trailing zeros say nothing: 0.99 rather than 0.9900.
+	out = strings.TrimRight(out, "0")
+	return strings.TrimSuffix(out, ".")
 }
 
 // Num is a figure in a table or on a card: four significant digits.
