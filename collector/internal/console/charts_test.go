@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -225,5 +226,115 @@ func TestRunCostAndCause(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("run page: no %s in the cost breakdown", want)
 		}
+	}
+}
+
+// seedCompare ingests two groups of two ended runs (backend a and b): b's
+// runs make more tokens for the same energy.
+func (c *collector) seedCompare(t *testing.T) []string {
+	t.Helper()
+	conn := tu.Dial(t, c.srv.Addr().String())
+	a := tu.Connect(t, conn, "n1", "boot")
+	defer a.Close()
+	var seq uint64
+	runs := []string{"cmp-a1", "cmp-a2", "cmp-b1-with-a-rather-long-name", "cmp-b2"}
+	for i, run := range runs {
+		start := tu.Start(run, 0, "cmp-model")
+		start.GetRunStart().Metadata.Backend = []string{"a", "a", "b", "b"}[i]
+		for s := 0; s < 5; s++ {
+			seq++
+			w := tu.Window(run, float64(s), uint64(1000*(1+i/2)+50*i), 300+float64(7*i))
+			var evs []*trainmeterv1.RunEvent
+			if s == 0 {
+				evs = append(evs, start)
+			}
+			if s == 4 {
+				evs = append(evs, tu.End(run, 5))
+			}
+			a.MustAck(tu.Batch(seq, float64(s), []*trainmeterv1.RunWindow{w}, evs...))
+		}
+	}
+	return runs
+}
+
+// TestCompareCharts: each figure's bars are labelled with their group and
+// value and carry a 95 % CI whisker (a line with end caps); the scatter
+// has each run once, coloured by its group, with a legend; numbers read
+// in one format (no exponent).
+func TestCompareCharts(t *testing.T) {
+	c := startCollector(t, nil)
+	runs := c.seedCompare(t)
+	_, body := get(t, nil, c.base+"/compare?"+url.Values{"model": {"cmp-model"}, "by": {"backend"}}.Encode())
+	doc, err := html.Parse(strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows, whiskers, labels int
+	points := map[string]string{}
+	legend := map[string]bool{}
+	var walk func(n *html.Node)
+	walk = func(n *html.Node) {
+		if n.Type == html.ElementNode {
+			attr := map[string]string{}
+			for _, a := range n.Attr {
+				attr[a.Key] = a.Val
+			}
+			switch {
+			case n.Data == "g" && attr["class"] == "bar-row":
+				rows++
+				for ch := n.FirstChild; ch != nil; ch = ch.NextSibling {
+					if ch.Type != html.ElementNode {
+						continue
+					}
+					var cls, d string
+					for _, a := range ch.Attr {
+						if a.Key == "class" {
+							cls = a.Val
+						}
+						if a.Key == "d" {
+							d = a.Val
+						}
+					}
+					if ch.Data == "text" && cls == "bar-label" && strings.HasPrefix(attr["data-group"], strings.TrimSuffix(textOf(ch), "…")) {
+						labels++
+					}
+					if ch.Data == "path" && cls == "ci" && strings.Count(d, "M") == 3 {
+						whiskers++
+					}
+				}
+			case n.Data == "circle" && attr["class"] == "run":
+				points[attr["data-run"]] = attr["data-group"] + " " + attr["fill"]
+			case n.Data == "li" && attr["data-group"] != "":
+				legend[attr["data-group"]] = true
+			}
+		}
+		for ch := n.FirstChild; ch != nil; ch = ch.NextSibling {
+			walk(ch)
+		}
+	}
+	walk(doc)
+	// J/token, tok/s, E10k_J, VRAM, $/Mtok: two groups each.
+	if rows != 10 || labels != rows || whiskers != rows {
+		t.Errorf("bars: %d rows, %d labelled, %d with a CI whisker; want 10 each", rows, labels, whiskers)
+	}
+	if len(points) != len(runs) {
+		t.Errorf("scatter: %d runs %v, want %d", len(points), points, len(runs))
+	}
+	colour := map[string]string{}
+	for run, gf := range points {
+		g, fill, _ := strings.Cut(gf, " ")
+		if want := map[bool]string{true: "a", false: "b"}[strings.HasPrefix(run, "cmp-a")]; g != want {
+			t.Errorf("scatter: %s in group %q, want %q", run, g, want)
+		}
+		if colour[g] != "" && colour[g] != fill {
+			t.Errorf("scatter: group %s drawn in %s and %s", g, colour[g], fill)
+		}
+		colour[g] = fill
+	}
+	if colour["a"] == colour["b"] || !legend["a"] || !legend["b"] {
+		t.Errorf("scatter: colours %v, legend %v: want one colour per group, each in the legend", colour, legend)
+	}
+	if m := regexp.MustCompile(`\d\.?\d*e[-+]\d\d`).FindString(textOf(doc)); m != "" {
+		t.Errorf("compare page writes %s: want decimal notation", m)
 	}
 }

@@ -227,3 +227,34 @@ func TestRunChartsInChromium(t *testing.T) {
 		t.Errorf("%d errors on the page", p)
 	}
 }
+
+// TestCompareInChromium: the Compare page at 800 px. The page itself never
+// scrolls sideways: a table wider than the window scrolls in its own box,
+// its last column reachable; every label and value of the bar charts and
+// the scatter lies inside its chart.
+func TestCompareInChromium(t *testing.T) {
+	c := startCollector(t, nil)
+	c.seedCompare(t)
+	b := newTab(t, 800, 1200)
+	b.open(t, c.base+"/compare?model=cmp-model&by=backend", "#groups", "compare-narrow")
+	if w := js[[]int](t, b, `[document.documentElement.scrollWidth, document.documentElement.clientWidth]`); w[0] > w[1] {
+		t.Errorf("the page is %d px wide in a %d px window: it scrolls sideways (a table cut off)", w[0], w[1])
+	}
+	for _, id := range []string{"groups", "rows"} {
+		ok := js[bool](t, b, fmt.Sprintf(`(() => { const tb = document.getElementById(%q), box = tb.parentElement, th = tb.querySelector("thead th:last-child");
+  box.scrollLeft = box.scrollWidth; const r = th.getBoundingClientRect(), br = box.getBoundingClientRect();
+  return getComputedStyle(box).overflowX === "auto" && r.right <= br.right + 1 && r.left >= br.left - 1; })()`, id))
+		if !ok {
+			t.Errorf("#%s: its last column is not reachable in its scrolling box", id)
+		}
+	}
+	out := js[[]string](t, b, `[...document.querySelectorAll(".bar-chart svg text, .scatter svg text")].filter(e => {
+  const r = e.getBoundingClientRect(), s = e.closest("svg").getBoundingClientRect();
+  return r.left < s.left - 0.5 || r.right > s.right + 0.5 || r.top < s.top - 0.5 || r.bottom > s.bottom + 0.5; }).map(e => e.textContent)`)
+	if len(out) > 0 {
+		t.Errorf("labels outside their chart: %q", out)
+	}
+	if n := js[int](t, b, `document.querySelectorAll(".bar-chart svg text").length`); n < 20 {
+		t.Errorf("%d labels on the bar charts, want a name and a value per bar", n)
+	}
+}

@@ -23,33 +23,33 @@ import (
 // (num) and carried at full precision in a data-value attribute (val), the
 // exact float64 `trainmeter report --json` prints.
 var funcs = template.FuncMap{
-	"num":        num,
-	"val":        val,
-	"optnum":     optNum,
-	"optval":     optVal,
-	"pct":        func(v float64) string { return num(v*100) + " %" },
-	"signed":     func(v float64) string { return fmt.Sprintf("%+.1f%%", v) },
-	"usd":        money.Amount, // an amount, rounded as `trainmeter report` rounds it
-	"rate":       money.Rate,   // a unit price ($ per GPU-hour)
-	"when":       report.Stamp,
-	"ago":        ago,
-	"mib":        func(mib uint64) string { return strconv.FormatUint(mib, 10) },
-	"version":    func() string { return version() },
-	"pvalue":     pvalue,
-	"barw":       barWidth,
-	"add":        func(a, b int) int { return a + b },
-	"join":       strings.Join,
-	"lower":      strings.ToLower,
-	"labels":     labels,
-	"barsHeight": func(n int) int { return n * barPitch },
-	"barY":       func(i int) int { return i*barPitch + 3 },
-	"barMid":     func(i int) int { return i*barPitch + 10 },
-	"halfWidth":  func(s *trainmeterv1.CompareStat) string { return numfmt.Sig((s.GetCiHigh()-s.GetCiLow())/2, 2) }, // as `compare` writes it
-	"hundred":    func(v float64) float64 { return v * 100 },
-	"trends":     trends,
-	"seg":        url.PathEscape,
-	"navItems":   func() []navItem { return nav },
-	"statuses":   func() []string { return []string{"", "live", "ended"} },
+	"num":       num,
+	"val":       val,
+	"optnum":    optNum,
+	"optval":    optVal,
+	"pct":       func(v float64) string { return num(v*100) + " %" },
+	"signed":    func(v float64) string { return fmt.Sprintf("%+.1f%%", v) },
+	"usd":       money.Amount, // an amount, rounded as `trainmeter report` rounds it
+	"rate":      money.Rate,   // a unit price ($ per GPU-hour)
+	"when":      report.Stamp,
+	"ago":       ago,
+	"mib":       func(mib uint64) string { return strconv.FormatUint(mib, 10) },
+	"version":   func() string { return version() },
+	"pvalue":    pvalue,
+	"barw":      barWidth,
+	"px":        px,
+	"add1":      func(a, b float64) float64 { return a + b },
+	"neg":       func(a float64) float64 { return -a },
+	"add":       func(a, b int) int { return a + b },
+	"join":      strings.Join,
+	"lower":     strings.ToLower,
+	"labels":    labels,
+	"halfWidth": func(s *trainmeterv1.CompareStat) string { return numfmt.Sig((s.GetCiHigh()-s.GetCiLow())/2, 2) }, // as `compare` writes it
+	"hundred":   func(v float64) float64 { return v * 100 },
+	"trends":    trends,
+	"seg":       url.PathEscape,
+	"navItems":  func() []navItem { return nav },
+	"statuses":  func() []string { return []string{"", "live", "ended"} },
 }
 
 // version is the binary's version (a test sets another). Templates use it
@@ -166,9 +166,6 @@ func newSparkline(s *trainmeterv1.TimelineSeries) *sparkline {
 type navItem struct{ Path, Name string }
 
 var nav = []navItem{{"runs", "Runs"}, {"compare", "Compare"}, {"budgets", "Budgets"}, {"prices", "Prices"}, {"recommendations", "Recommendations"}, {"nodes", "Nodes"}}
-
-// barPitch is the height of one group's bar in a compare chart.
-const barPitch = 20
 
 // trendWindows are the Prices page's trend columns.
 var trendWindows = []string{"24h", "7d", "30d"}

@@ -510,6 +510,7 @@ type compareData struct {
 	Models  []string
 	ByKeys  []string
 	Figures []compareFigure
+	Scatter *scatter
 }
 
 type compareForm struct {
@@ -524,8 +525,9 @@ type compareFigure struct {
 }
 
 type bar struct {
-	Key  string
-	Stat *trainmeterv1.CompareStat
+	Key   string
+	Index int // the group's, for its colour
+	Stat  *trainmeterv1.CompareStat
 }
 
 func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
@@ -549,6 +551,11 @@ func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
 		} else {
 			d.Result = res
 			d.Figures = compareFigures(res)
+			byID := make(map[string]*trainmeterv1.RunReport, len(runs))
+			for _, r := range runs {
+				byID[r.GetRunId()] = r
+			}
+			d.Scatter = newScatter(res, byID)
 		}
 	}
 	p.render(w, code, "compare.html", page{Title: "Compare", Nav: "compare", Data: d})
@@ -568,12 +575,12 @@ func compareFigures(res *trainmeterv1.CompareResponse) []compareFigure {
 	var out []compareFigure
 	for _, def := range defs {
 		f := compareFigure{Name: def.name, Unit: def.unit}
-		for _, g := range res.GetGroups() {
+		for i, g := range res.GetGroups() {
 			s := def.get(g)
 			if s.GetN() == 0 {
 				continue
 			}
-			f.Bars = append(f.Bars, bar{Key: g.GetKey(), Stat: s})
+			f.Bars = append(f.Bars, bar{Key: g.GetKey(), Index: i, Stat: s})
 			f.Max = max(f.Max, s.GetMean(), s.GetCiHigh())
 		}
 		if len(f.Bars) > 0 {
