@@ -222,6 +222,11 @@ func TestRunCostAndCause(t *testing.T) {
 	if cause < 0 || cards < 0 || cause > cards {
 		t.Errorf("the failed run's cause at %d, its cards at %d: want the cause first", cause, cards)
 	}
+	for f, got := range cardsOf(t, body) {
+		if got[0] == "—" || got[0] == "" || got[1] != "" {
+			t.Errorf("card %s of a run that has it reads %q (reason %q)", f, got[0], got[1])
+		}
+	}
 	for _, want := range []string{`id="cost"`, `data-cost="gpu"`, `data-cost="energy"`, `data-cost="total"`, "GPU-hours", "$2/GPU-hour"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("run page: no %s in the cost breakdown", want)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,9 @@ import (
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+
+	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // The console's pages in headless Chromium, against an in-process
@@ -256,5 +260,44 @@ func TestCompareInChromium(t *testing.T) {
 	}
 	if n := js[int](t, b, `document.querySelectorAll(".bar-chart svg text").length`); n < 20 {
 		t.Errorf("%d labels on the bar charts, want a name and a value per bar", n)
+	}
+}
+
+// TestRunTimeAxisInMinutes: a 5-minute run's time axis reads in minutes
+// ("1 min", "1:30"), never in seconds past 120 or in milliseconds.
+func TestRunTimeAxisInMinutes(t *testing.T) {
+	c := startCollector(t, nil)
+	conn := tu.Dial(t, c.srv.Addr().String())
+	a := tu.Connect(t, conn, "n1", "boot")
+	defer a.Close()
+	for s := 0; s < 300; s++ {
+		var evs []*trainmeterv1.RunEvent
+		if s == 0 {
+			evs = append(evs, tu.Start("five-min", 0, "m"))
+		}
+		w := tu.Window("five-min", float64(s), 1000, 300)
+		w.DataWaitS = 0 // no dataloader advice: the stream answers with acks only
+		a.MustAck(tu.Batch(uint64(s+1), float64(s), []*trainmeterv1.RunWindow{w}, evs...))
+	}
+	b := newTab(t, 1400, 1600)
+	b.open(t, c.base+runPath("five-min"), `#charts[data-loaded="true"] canvas`, "run-five-min")
+	minutes := regexp.MustCompile(`^(\d+ min|\d+:[0-5]\d)$`)
+	whole := 0
+	for _, l := range js[[]axisLabel](t, b, axisJS) {
+		if l.Axis != 0 {
+			continue
+		}
+		if !minutes.MatchString(l.Label) {
+			t.Errorf("%s: time tick %q, want minutes (\"1 min\", \"1:30\")", l.Chart, l.Label)
+		}
+		if strings.HasSuffix(l.Label, " min") {
+			whole++
+		}
+		if l.Left < 0 || l.Right > l.Width {
+			t.Errorf("%s: time tick %q cut off", l.Chart, l.Label)
+		}
+	}
+	if whole == 0 {
+		t.Error("no whole-minute tick on a 5-minute run")
 	}
 }

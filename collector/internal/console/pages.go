@@ -342,7 +342,7 @@ func runCards(r *trainmeterv1.RunReport) []card {
 	noPrice := "no price for " + cmp.Or(r.GetGpuName(), "its GPU") + " (Prices page)"
 	tokens := card{Name: "tokens", Scope: "all ranks", Field: "tokens_processed", Text: "—", Reason: "the trainer reported none" + yet}
 	if n := r.GetTokensProcessed(); n > 0 {
-		tokens.Value, tokens.Text = strconv.FormatUint(n, 10), strconv.FormatUint(n, 10)
+		tokens.Value, tokens.Text, tokens.Reason = strconv.FormatUint(n, 10), strconv.FormatUint(n, 10), ""
 	}
 	return []card{
 		opt("J/token", "after warmup, all GPUs", "j_per_token", r.JPerToken, num, rates),

@@ -30,7 +30,8 @@
   }
 
   // fmt writes a figure as the console's tables do (numfmt in Go): four
-  // significant digits, no exponent, whole numbers kept whole.
+  // significant digits, no exponent, no trailing zeros, whole numbers kept
+  // whole.
   function fmt(v) {
     if (v == null || !isFinite(v)) return "—";
     if (v === 0) return "0";
@@ -38,7 +39,7 @@
     if (a < 1e-6 || a >= 1e15) return v.toExponential(3);
     const r = Number(v.toPrecision(4));
     const decimals = 3 - Math.floor(Math.log10(Math.abs(r)));
-    return decimals <= 0 ? String(Math.round(v)) : r.toFixed(decimals);
+    return decimals <= 0 ? String(Math.round(v)) : r.toFixed(decimals).replace(/\.?0+$/, "");
   }
 
   // A tick on a value axis: its round value, no trailing zeros.
@@ -47,12 +48,14 @@
   }
 
   // The time axis is the time since the run's start, in s, min or h as the
-  // range asks, with ticks on whole seconds, minutes or hours.
+  // range shown asks, ticks on whole seconds, minutes or hours: "20 s";
+  // "2 min", "2:30" (min:s); "3 h", "3:30" (h:min).
   const timeIncrs = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
-  function elapsed(s, span, incr) {
-    if (span < 120) return Math.round(s) + " s";
-    if (span < 7200) return incr % 60 === 0 ? Math.round(s / 60) + " min" : Math.floor(s / 60) + ":" + String(Math.round(s % 60)).padStart(2, "0");
-    return incr % 3600 === 0 ? Math.round(s / 3600) + " h" : Math.floor(s / 3600) + ":" + String(Math.round((s % 3600) / 60)).padStart(2, "0");
+  function elapsed(s, span) {
+    s = Math.round(s);
+    if (span < 120) return s + " s";
+    if (span < 7200) return s % 60 === 0 ? s / 60 + " min" : Math.floor(s / 60) + ":" + String(s % 60).padStart(2, "0");
+    return s % 3600 === 0 ? s / 3600 + " h" : Math.floor(s / 3600) + ":" + String(Math.floor((s % 3600) / 60)).padStart(2, "0");
   }
   function elapsedLong(s) {
     if (s < 120) return fmt(s) + " s";
@@ -217,7 +220,7 @@
         series: [{ label: "since start", value: (u, v) => v == null ? "—" : elapsedLong(v) + " · " + new Date(t0 + v * 1000).toISOString().slice(11, 19) + " UTC" }]
           .concat(series.map((s, i) => ({ label: label(s.name), stroke: palette[i % palette.length], width: s.name === "power_w" ? 2 : 1, spanGaps: false, value: legendValue(c.unit) }))),
         axes: [
-          { font: axisFont, incrs: timeIncrs, space: 60, values: (u, splits, ai, space, incr) => splits.map((v) => elapsed(v, u.scales.x.max - u.scales.x.min, incr)) },
+          { font: axisFont, incrs: timeIncrs, space: 60, values: (u, splits) => splits.map((v) => elapsed(v, u.scales.x.max - u.scales.x.min)) },
           { font: axisFont, size: axisSize, values: (u, splits) => splits.map(tickLabel) },
         ],
         hooks: decorations(t0),
