@@ -16,6 +16,7 @@ import (
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -137,6 +138,15 @@ func (b *tab) mouse(t *testing.T, typ input.DispatchMouseEventType, x, y float64
 	}
 }
 
+func (b *tab) key(t *testing.T, k string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.KeyEvent(k)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // axisJS reads, for each chart, every tick label uPlot drew with where it
 // drew it, measured in the axis font: "chart axis label left right" per
 // label, and the chart's width.
@@ -226,6 +236,26 @@ func TestRunChartsInChromium(t *testing.T) {
 			t.Errorf("power legend with the cursor at 1.5 s: %q, want each series' value in W", on)
 			break
 		}
+	}
+	// From the keyboard: Tab to the power chart, End moves the cursor to its
+	// last point, and the legend shows the values there.
+	b.mouse(t, input.DispatchMouseEventTypeMouseMoved, 1, 1)
+	focused := ""
+	for range 20 {
+		b.key(t, "\t")
+		if focused = js[string](t, b, `document.activeElement.id`); focused == "chart-power" {
+			break
+		}
+	}
+	if focused != "chart-power" {
+		t.Fatalf("Tab never reaches the power chart (last focus %q)", focused)
+	}
+	b.key(t, kb.End)
+	end := js[[]string](t, b, legend)
+	b.key(t, kb.ArrowLeft)
+	left := js[[]string](t, b, legend)
+	if len(end) < 3 || !strings.Contains(end[0], "s ·") || slices.Equal(end, left) {
+		t.Errorf("power legend on the keyboard: after End %q, then ← %q: want the time and values at each", end, left)
 	}
 	if p := js[int](t, b, `document.querySelectorAll(".error").length`); p != 0 {
 		t.Errorf("%d errors on the page", p)

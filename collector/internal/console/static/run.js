@@ -229,9 +229,34 @@
       const u = new uPlot(opts, data, box);
       u._names = box.dataset.series;
       box.uplot = u; // for the page's tests, which read what it drew
+      keyboard(box, u);
       plots[c.id] = u;
     }
     chartsEl.dataset.loaded = "true";
+  }
+
+  // A chart takes the keyboard: Tab to it, then ← and → move the cursor
+  // from point to point (the legend shows the values there), Home and End
+  // to the first and last, Escape hides it.
+  function keyboard(box, u) {
+    box.tabIndex = 0;
+    box.setAttribute("aria-label", u.root.querySelector(".u-title")?.textContent + ": ← and → read the values");
+    box.addEventListener("keydown", (ev) => {
+      const xs = u.data[0], n = xs.length;
+      if (!n) return;
+      let i = u.cursor.idx;
+      switch (ev.key) {
+        case "ArrowRight": i = i == null ? 0 : Math.min(n - 1, i + 1); break;
+        case "ArrowLeft": i = i == null ? n - 1 : Math.max(0, i - 1); break;
+        case "Home": i = 0; break;
+        case "End": i = n - 1; break;
+        case "Escape": u.setCursor({ left: -10, top: -10 }); return;
+        default: return;
+      }
+      ev.preventDefault();
+      // uPlot takes the plot's right edge as outside it: one pixel in.
+      u.setCursor({ left: Math.min(u.valToPos(xs[i], "x"), u.over.clientWidth - 1), top: u.over.clientHeight / 2 });
+    });
   }
 
   async function loadTimeline() {
