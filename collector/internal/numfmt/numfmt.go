@@ -10,8 +10,9 @@ import (
 )
 
 // Sig writes v with at most n significant digits in decimal notation (no
-// exponent, no trailing zeros), keeping a whole number's every digit: 20341 stays "20341"
-// rather than "2.034e+04" or "20340", and 7.505e-05 reads "0.00007505".
+// exponent, no trailing zeros), keeping a whole number's every digit:
+// 20341 stays "20341" rather than "2.034e+04" or "20340", and 7.505e-05
+// reads "0.00007505".
 // Outside 1e-6 ≤ |v| < 1e15, where decimals would be unreadably long, it
 // falls back to an exponent. NaN and ±Inf are "-" (no figure).
 func Sig(v float64, n int) string {
