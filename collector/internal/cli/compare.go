@@ -6,12 +6,13 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
-	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+
+	"github.com/trainmeter/trainmeter/collector/internal/numfmt"
 
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -64,23 +65,8 @@ func meanCI(s *trainmeterv1.CompareStat) string {
 	return sig(s.GetMean(), 4) + " ± " + sig((s.GetCiHigh()-s.GetCiLow())/2, 2)
 }
 
-// sig shows v with n significant digits and no exponent in the range
-// people read figures in (1e-6 to 1e12).
-func sig(v float64, n int) string {
-	if v == 0 || math.IsNaN(v) || math.IsInf(v, 0) {
-		return strconv.FormatFloat(v, 'g', -1, 64)
-	}
-	a := math.Abs(v)
-	if a < 1e-6 || a >= 1e12 {
-		return strconv.FormatFloat(v, 'g', n, 64)
-	}
-	decimals := n - 1 - int(math.Floor(math.Log10(a)))
-	if decimals < 0 {
-		p := math.Pow(10, float64(-decimals))
-		return strconv.FormatFloat(math.Round(v/p)*p, 'f', 0, 64)
-	}
-	return strconv.FormatFloat(v, 'f', decimals, 64)
-}
+// sig is numfmt.Sig: the console writes figures alike.
+func sig(v float64, n int) string { return numfmt.Sig(v, n) }
 
 func diffCell(d *trainmeterv1.CompareDiff, pct bool) string {
 	if d == nil {

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/trainmeter/trainmeter/collector/internal/numfmt"
 	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/internal/money"
@@ -22,33 +23,33 @@ import (
 // (num) and carried at full precision in a data-value attribute (val), the
 // exact float64 `trainmeter report --json` prints.
 var funcs = template.FuncMap{
-	"num":        num,
-	"val":        val,
-	"optnum":     optNum,
-	"optval":     optVal,
-	"pct":        func(v float64) string { return num(v*100) + " %" },
-	"signed":     func(v float64) string { return fmt.Sprintf("%+.1f%%", v) },
-	"usd":        money.Amount, // an amount, rounded as `trainmeter report` rounds it
-	"rate":       money.Rate,   // a unit price ($ per GPU-hour)
-	"when":       report.Stamp,
-	"ago":        ago,
-	"mib":        func(mib uint64) string { return strconv.FormatUint(mib, 10) },
-	"version":    func() string { return version() },
-	"pvalue":     pvalue,
-	"barw":       barWidth,
-	"add":        func(a, b int) int { return a + b },
-	"join":       strings.Join,
-	"lower":      strings.ToLower,
-	"labels":     labels,
-	"barsHeight": func(n int) int { return n * barPitch },
-	"barY":       func(i int) int { return i*barPitch + 3 },
-	"barMid":     func(i int) int { return i*barPitch + 10 },
-	"halfWidth":  func(s *trainmeterv1.CompareStat) float64 { return (s.GetCiHigh() - s.GetCiLow()) / 2 },
-	"hundred":    func(v float64) float64 { return v * 100 },
-	"trends":     trends,
-	"seg":        url.PathEscape,
-	"navItems":   func() []navItem { return nav },
-	"statuses":   func() []string { return []string{"", "live", "ended"} },
+	"num":       num,
+	"val":       val,
+	"optnum":    optNum,
+	"optval":    optVal,
+	"pct":       func(v float64) string { return num(v*100) + " %" },
+	"signed":    func(v float64) string { return fmt.Sprintf("%+.1f%%", v) },
+	"usd":       money.Amount, // an amount, rounded as `trainmeter report` rounds it
+	"rate":      money.Rate,   // a unit price ($ per GPU-hour)
+	"when":      report.Stamp,
+	"ago":       ago,
+	"mib":       func(mib uint64) string { return strconv.FormatUint(mib, 10) },
+	"version":   func() string { return version() },
+	"pvalue":    pvalue,
+	"barw":      barWidth,
+	"px":        px,
+	"add1":      func(a, b float64) float64 { return a + b },
+	"neg":       func(a float64) float64 { return -a },
+	"add":       func(a, b int) int { return a + b },
+	"join":      strings.Join,
+	"lower":     strings.ToLower,
+	"labels":    labels,
+	"halfWidth": func(s *trainmeterv1.CompareStat) string { return numfmt.Sig((s.GetCiHigh()-s.GetCiLow())/2, 2) }, // as `compare` writes it
+	"hundred":   func(v float64) float64 { return v * 100 },
+	"trends":    trends,
+	"seg":       url.PathEscape,
+	"navItems":  func() []navItem { return nav },
+	"statuses":  func() []string { return []string{"", "live", "ended"} },
 }
 
 // version is the binary's version (a test sets another). Templates use it
@@ -56,18 +57,8 @@ var funcs = template.FuncMap{
 // not be encoded here too.
 var version = buildinfo.Version
 
-// num rounds to 4 significant digits, as the CLI's tables do.
-func num(v float64) string {
-	switch {
-	case math.IsNaN(v) || math.IsInf(v, 0):
-		return "-"
-	case v == 0:
-		return "0"
-	case math.Abs(v) >= 1e4 && math.Abs(v) < 1e15:
-		return strconv.FormatFloat(math.Round(v), 'f', -1, 64)
-	}
-	return strconv.FormatFloat(v, 'g', 4, 64)
-}
+// num writes a figure as the CLI's tables do (numfmt.Num).
+func num(v float64) string { return numfmt.Num(v) }
 
 // val is v at full precision, as encoding/json writes a float64.
 func val(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
@@ -175,9 +166,6 @@ func newSparkline(s *trainmeterv1.TimelineSeries) *sparkline {
 type navItem struct{ Path, Name string }
 
 var nav = []navItem{{"runs", "Runs"}, {"compare", "Compare"}, {"budgets", "Budgets"}, {"prices", "Prices"}, {"recommendations", "Recommendations"}, {"nodes", "Nodes"}}
-
-// barPitch is the height of one group's bar in a compare chart.
-const barPitch = 20
 
 // trendWindows are the Prices page's trend columns.
 var trendWindows = []string{"24h", "7d", "30d"}

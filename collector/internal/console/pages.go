@@ -17,8 +17,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pg "github.com/trainmeter/trainmeter/collector/internal/page"
+	"github.com/trainmeter/trainmeter/collector/internal/query"
 	"github.com/trainmeter/trainmeter/collector/internal/query/compare"
 	"github.com/trainmeter/trainmeter/collector/internal/report"
+	"github.com/trainmeter/trainmeter/internal/money"
 	"github.com/trainmeter/trainmeter/internal/protojsonout"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -285,6 +287,7 @@ func (p *pages) runsRows(w http.ResponseWriter, r *http.Request) {
 type runData struct {
 	R      *trainmeterv1.RunReport
 	Status string
+	Cards  []card
 	// Fields are the report's fields as `trainmeter report --json` writes
 	// them, in .proto order.
 	Fields []protojsonout.Field
@@ -300,7 +303,58 @@ func (p *pages) runData(ctx context.Context, id string) (*runData, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &runData{R: r, Status: runStatus(r), Fields: fields}, nil
+	return &runData{R: r, Status: runStatus(r), Cards: runCards(r), Fields: fields}, nil
+}
+
+// card is one figure of the Run page: Value is the report's exact number
+// (data-value, "" when unknown), Text the figure as people read it, and
+// Reason why a figure is unknown (it then reads "—", never 0).
+type card struct {
+	Name, Scope, Field string
+	Value, Text        string
+	Reason             string
+}
+
+// runCards are the Run page's figures. Energy, power, VRAM, wall time and
+// tokens are 0 in the report when nothing was measured: a real run never
+// has 0 of them, so the card says unknown and why.
+func runCards(r *trainmeterv1.RunReport) []card {
+	yet := ""
+	if !r.GetEnded() {
+		yet = " yet"
+	}
+	rates := "not measured" + yet
+	if u := r.GetRatesUnavailable(); u != "" {
+		rates = u
+	}
+	opt := func(name, scope, field string, v *float64, format func(float64) string, why string) card {
+		if v == nil {
+			return card{Name: name, Scope: scope, Field: field, Text: "—", Reason: why}
+		}
+		return card{Name: name, Scope: scope, Field: field, Value: val(*v), Text: format(*v)}
+	}
+	measured := func(name, scope, field string, v float64, why string) card {
+		if v == 0 {
+			return card{Name: name, Scope: scope, Field: field, Text: "—", Reason: why}
+		}
+		return card{Name: name, Scope: scope, Field: field, Value: val(v), Text: num(v)}
+	}
+	noPrice := "no price for " + cmp.Or(r.GetGpuName(), "its GPU") + " (Prices page)"
+	tokens := card{Name: "tokens", Scope: "all ranks", Field: "tokens_processed", Text: "—", Reason: "the trainer reported none" + yet}
+	if n := r.GetTokensProcessed(); n > 0 {
+		tokens.Value, tokens.Text, tokens.Reason = strconv.FormatUint(n, 10), strconv.FormatUint(n, 10), ""
+	}
+	return []card{
+		opt("J/token", "after warmup, all GPUs", "j_per_token", r.JPerToken, num, rates),
+		opt("tok/s", "after warmup, all ranks", "tok_per_s", r.TokPerS, num, rates),
+		measured("energy", "whole run, J", "energy_total_j", r.GetEnergyTotalJ(), "no energy measured"+yet),
+		measured("avg power", "whole run, all GPUs, W", "avg_power_total_w", r.GetAvgPowerTotalW(), "no energy measured"+yet),
+		measured("VRAM peak", "MiB, one GPU", "vram_peak_mb", r.GetVramPeakMb(), "not reported"+yet),
+		opt("cost so far", "whole run, USD", "total_cost_usd", r.TotalCostUsd, money.Amount, noPrice),
+		opt("projected cost", "at completion, USD", "projected_cost_usd", r.ProjectedCostUsd, money.Amount, noPrice),
+		measured("wall time", "s", "wall_s", r.GetWallS(), "no window"+yet),
+		tokens,
+	}
 }
 
 func (p *pages) run(w http.ResponseWriter, r *http.Request) {
@@ -336,11 +390,13 @@ type timelineJSON struct {
 }
 
 type seriesJSON struct {
-	Name         string    `json:"name"`
-	Unit         string    `json:"unit"`
-	T            []int64   `json:"t_unix_ms"`
-	Values       []float64 `json:"values"`
-	SourcePoints uint32    `json:"source_points"`
+	Name string  `json:"name"`
+	Unit string  `json:"unit"`
+	T    []int64 `json:"t_unix_ms"`
+	// Values has a null where windows are missing: a chart breaks its
+	// line there (chartPoints).
+	Values       []*float64 `json:"values"`
+	SourcePoints uint32     `json:"source_points"`
 }
 
 type timelineItem struct {
@@ -381,13 +437,56 @@ func (p *pages) timeline(w http.ResponseWriter, r *http.Request) {
 	}
 	out := timelineJSON{RunID: tl.GetRunId(), StartMs: msPtr(tl.GetStart()), EndMs: msPtr(tl.GetEnd()), WarmupEndMs: msPtr(tl.GetWarmupEnd()),
 		Ended: run.GetRun().GetEnded(), Series: []seriesJSON{}, Events: []timelineItem{}}
+	maxPts := cmp.Or(int(req.GetMaxPoints()), query.DefaultTimelinePoints)
 	for _, s := range tl.GetSeries() {
-		out.Series = append(out.Series, seriesJSON{Name: s.GetName(), Unit: s.GetUnit(), T: s.GetTUnixMs(), Values: finite(s.GetValues()), SourcePoints: s.GetSourcePoints()})
+		sj := seriesJSON{Name: s.GetName(), Unit: s.GetUnit(), SourcePoints: s.GetSourcePoints()}
+		if out.StartMs != nil {
+			sj.T, sj.Values = chartPoints(s, *out.StartMs, *out.EndMs, maxPts)
+		}
+		out.Series = append(out.Series, sj)
 	}
 	for _, e := range tl.GetEvents() {
 		out.Events = append(out.Events, timelineItem{TMs: e.GetTime().AsTime().UnixMilli(), Kind: e.GetKind(), Node: e.GetNode(), Text: e.GetText()})
 	}
 	writeJSON(w, out)
+}
+
+// chartPoints is a series as a chart should draw it, within the run's
+// [start, end] (Unix ms):
+//
+//   - A point stands for the second from its time on (the Timeline RPC
+//     keys each point by its whole second). The run's first second may
+//     start mid-second: its point is drawn at the run's start, not before.
+//   - A GPU's point (power_w:NODE/gpuN) is its mean over the whole
+//     one-second batch window; a window the run covers only in part (its
+//     first and last) mixes in the GPU before or after the run, so it is
+//     left out rather than drawn lower than the run's own power.
+//   - Where windows are missing, a null: the chart breaks its line instead
+//     of drawing one across time nothing was measured. Points come a second
+//     apart; downsampled (min and max of each bucket of k points), two
+//     points of one stretch lie at most 2k seconds apart.
+func chartPoints(s *trainmeterv1.TimelineSeries, start, end int64, maxPts int) ([]int64, []*float64) {
+	const second = 1000
+	ts, vs := s.GetTUnixMs(), finite(s.GetValues())
+	gap := int64(second)
+	if n := int(s.GetSourcePoints()); len(ts) < n && maxPts >= 2 {
+		k := (n + maxPts/2 - 1) / (maxPts / 2)
+		gap = int64(2*k) * second
+	}
+	gpu := strings.HasPrefix(s.GetName(), "power_w:") && strings.Contains(s.GetName(), "/gpu")
+	outT, outV := make([]int64, 0, len(ts)), make([]*float64, 0, len(ts))
+	var prev int64
+	for i, t := range ts {
+		if gpu && (t < start || t+second > end) {
+			continue
+		}
+		if len(outT) > 0 && t-prev > gap {
+			outT, outV = append(outT, prev+second), append(outV, nil)
+		}
+		prev = t
+		outT, outV = append(outT, max(t, start)), append(outV, &vs[i])
+	}
+	return outT, outV
 }
 
 // writeJSON answers a script: the JSON encoder escapes <, > and & in
@@ -411,6 +510,7 @@ type compareData struct {
 	Models  []string
 	ByKeys  []string
 	Figures []compareFigure
+	Scatter *scatter
 }
 
 type compareForm struct {
@@ -425,8 +525,9 @@ type compareFigure struct {
 }
 
 type bar struct {
-	Key  string
-	Stat *trainmeterv1.CompareStat
+	Key   string
+	Index int // the group's, for its colour
+	Stat  *trainmeterv1.CompareStat
 }
 
 func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
@@ -450,6 +551,11 @@ func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
 		} else {
 			d.Result = res
 			d.Figures = compareFigures(res)
+			byID := make(map[string]*trainmeterv1.RunReport, len(runs))
+			for _, r := range runs {
+				byID[r.GetRunId()] = r
+			}
+			d.Scatter = newScatter(res, byID)
 		}
 	}
 	p.render(w, code, "compare.html", page{Title: "Compare", Nav: "compare", Data: d})
@@ -469,12 +575,12 @@ func compareFigures(res *trainmeterv1.CompareResponse) []compareFigure {
 	var out []compareFigure
 	for _, def := range defs {
 		f := compareFigure{Name: def.name, Unit: def.unit}
-		for _, g := range res.GetGroups() {
+		for i, g := range res.GetGroups() {
 			s := def.get(g)
 			if s.GetN() == 0 {
 				continue
 			}
-			f.Bars = append(f.Bars, bar{Key: g.GetKey(), Stat: s})
+			f.Bars = append(f.Bars, bar{Key: g.GetKey(), Index: i, Stat: s})
 			f.Max = max(f.Max, s.GetMean(), s.GetCiHigh())
 		}
 		if len(f.Bars) > 0 {
