@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/fold"
+	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -368,12 +370,14 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
 	if err := s.queueGroupRollups(&out, g, nodes); err != nil {
 		return err
 	}
+	var rr runRows
 	for _, run := range g.order {
 		st := g.state[run]
-		if err := queueRun(&out, st, st.Report(reportPricing)); err != nil {
+		if err := rr.add(st, st.Report(reportPricing)); err != nil {
 			return err
 		}
 	}
+	rr.queue(&out)
 	queueGroupUsage(&out, g, nodes)
 	var sNode []string
 	var sVal [][]byte
@@ -680,4 +684,77 @@ func queueGroupUsage(q *pgx.Batch, g *groupState, nodes []string) {
 			idle_host_energy_j = usage_daily_nodes.idle_host_energy_j + EXCLUDED.idle_host_energy_j`,
 			dNode, dDay, dS, dJ, dIdleS, dIdleJ, dHost, dIdleHost)
 	}
+}
+
+// runRows are the run rows a group writes, as columns: what queueRun
+// writes of one run.
+type runRows struct {
+	id                                          []string
+	state                                       [][]byte
+	start, end, uid                             []*int64
+	endStatus, user, model, gpuName, labels     []*string
+	status                                      []string
+	ended, incomplete                           []bool
+	gpus, nodes                                 []int32
+	tokens                                      []int64
+	wallS, energyJ, energyTotalJ, gpuHours      []float64
+	cost, energyCost, totalCost, jPerToken, co2 []*float64
+}
+
+func (rr *runRows) add(st *aggregate.State, r *trainmeterv1.RunReport) error {
+	val, err := st.Marshal()
+	if err != nil {
+		return err
+	}
+	var start, end *int64
+	if t, ok := st.StartNanos(); ok {
+		start = &t
+	}
+	if r.GetEnd() != nil {
+		t := r.GetEnd().AsTime().UnixNano()
+		end = &t
+	}
+	var labels *string
+	if len(r.GetLabels()) > 0 {
+		b, err := json.Marshal(r.GetLabels())
+		if err != nil {
+			return err
+		}
+		l := string(b)
+		labels = &l
+	}
+	var uid *int64
+	if r.Uid != nil {
+		u := int64(r.GetUid())
+		uid = &u
+	}
+	rr.id, rr.state, rr.start, rr.end, rr.uid = append(rr.id, st.RunId), append(rr.state, val), append(rr.start, start), append(rr.end, end), append(rr.uid, uid)
+	rr.endStatus, rr.user = append(rr.endStatus, nonEmpty(st.EndStatus())), append(rr.user, nonEmpty(r.GetUser()))
+	rr.model, rr.gpuName, rr.labels = append(rr.model, nonEmpty(r.GetMetadata().GetModel())), append(rr.gpuName, nonEmpty(r.GetGpuName())), append(rr.labels, labels)
+	rr.status, rr.ended, rr.incomplete = append(rr.status, report.EndStatus(r)), append(rr.ended, r.GetEnded()), append(rr.incomplete, r.GetIncomplete())
+	rr.gpus, rr.nodes, rr.tokens = append(rr.gpus, int32(r.GetGpus())), append(rr.nodes, int32(r.GetNodes())), append(rr.tokens, int64(r.GetTokensProcessed()))
+	rr.wallS, rr.energyJ, rr.energyTotalJ, rr.gpuHours = append(rr.wallS, r.GetWallS()), append(rr.energyJ, r.GetEnergyJ()), append(rr.energyTotalJ, r.GetEnergyTotalJ()), append(rr.gpuHours, r.GetGpuHours())
+	rr.cost, rr.energyCost, rr.totalCost = append(rr.cost, r.CostUsd), append(rr.energyCost, r.EnergyCostUsd), append(rr.totalCost, r.TotalCostUsd)
+	rr.jPerToken, rr.co2 = append(rr.jPerToken, r.JPerToken), append(rr.co2, r.Co2Kg)
+	return nil
+}
+
+func (rr *runRows) queue(q *pgx.Batch) {
+	if len(rr.id) == 0 {
+		return
+	}
+	q.Queue(`UPDATE runs SET state = u.state, start_ns = u.start_ns, end_status = u.end_status, user_name = u.user_name, status = u.status,
+		end_ns = u.end_ns, ended = u.ended, uid = u.uid, model = u.model, gpu_name = u.gpu_name, labels = u.labels::jsonb, gpus = u.gpus,
+		nodes = u.nodes, tokens = u.tokens, wall_s = u.wall_s, energy_j = u.energy_j, energy_total_j = u.energy_total_j, gpu_hours = u.gpu_hours,
+		cost_usd = u.cost_usd, energy_cost_usd = u.energy_cost_usd, total_cost_usd = u.total_cost_usd, j_per_token = u.j_per_token,
+		co2_kg = u.co2_kg, incomplete = u.incomplete
+		FROM unnest($1::text[], $2::bytea[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::bool[], $9::int8[], $10::text[],
+			$11::text[], $12::text[], $13::int4[], $14::int4[], $15::int8[], $16::float8[], $17::float8[], $18::float8[], $19::float8[],
+			$20::float8[], $21::float8[], $22::float8[], $23::float8[], $24::float8[], $25::bool[])
+		AS u(run_id, state, start_ns, end_status, user_name, status, end_ns, ended, uid, model, gpu_name, labels, gpus, nodes, tokens, wall_s,
+			energy_j, energy_total_j, gpu_hours, cost_usd, energy_cost_usd, total_cost_usd, j_per_token, co2_kg, incomplete)
+		WHERE runs.run_id = u.run_id`,
+		rr.id, rr.state, rr.start, rr.endStatus, rr.user, rr.status, rr.end, rr.ended, rr.uid, rr.model, rr.gpuName, rr.labels,
+		rr.gpus, rr.nodes, rr.tokens, rr.wallS, rr.energyJ, rr.energyTotalJ, rr.gpuHours, rr.cost, rr.energyCost, rr.totalCost,
+		rr.jPerToken, rr.co2, rr.incomplete)
 }
