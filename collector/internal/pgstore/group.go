@@ -210,8 +210,11 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
 			return err
 		})
 	}
+	// In key order, as another replica's group holding some of the same
+	// keys (an agent's batch sent again elsewhere) inserts them: the two
+	// wait for each other's commit on the key, not in a cycle.
 	q.Queue(`INSERT INTO applied_batches (node, boot, seq, start_ns) SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[])
-		ON CONFLICT DO NOTHING RETURNING node, boot, seq, start_ns`, kNode, kBoot, kSeq, kStart).Query(func(rows pgx.Rows) error {
+		ORDER BY 1, 2, 3, 4 ON CONFLICT DO NOTHING RETURNING node, boot, seq, start_ns`, kNode, kBoot, kSeq, kStart).Query(func(rows pgx.Rows) error {
 		var k batchKey
 		var start int64
 		_, err := pgx.ForEachRow(rows, []any{&k.node, &k.boot, &k.seq, &start}, func() error { isNew[keyOf(k, start)] = true; return nil })
