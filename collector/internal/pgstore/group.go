@@ -203,7 +203,8 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
 	tombs := map[string]fold.Deletion{}
 	var q pgx.Batch
 	if len(hNode) > 0 {
-		q.Queue(`SELECT node, boot, seq FROM applied_batches WHERE (node, boot, seq) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::int8[]))`,
+		q.Queue(`SELECT DISTINCT a.node, a.boot, a.seq FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(node, boot, seq)
+			CROSS JOIN LATERAL (SELECT * FROM applied_batches WHERE node = k.node AND boot = k.boot AND seq = k.seq OFFSET 0) a`,
 			hNode, hBoot, hSeq).Query(func(rows pgx.Rows) error {
 			var k batchKey
 			_, err := pgx.ForEachRow(rows, []any{&k.node, &k.boot, &k.seq}, func() error { held[k] = true; return nil })
@@ -292,8 +293,12 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
 		}
 	}
 	if len(rNode) > 0 {
-		q.Queue(`SELECT node, run_id, start_ns, lock, w FROM run_rollups
-			WHERE (node, run_id, start_ns) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::int8[]))`, rNode, rRun, rStart).Query(func(rows pgx.Rows) error {
+		// One index lookup per key (LATERAL … OFFSET 0 is not flattened
+		// into a join), whatever the table's statistics: a new table's
+		// would make a hash join over all of it.
+		q.Queue(`SELECT r.node, r.run_id, r.start_ns, r.lock, r.w FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(node, run_id, start_ns)
+			CROSS JOIN LATERAL (SELECT * FROM run_rollups WHERE node = k.node AND run_id = k.run_id AND start_ns = k.start_ns OFFSET 0) r`,
+			rNode, rRun, rStart).Query(func(rows pgx.Rows) error {
 			var node string
 			var k runRollKey
 			var lock, val []byte
@@ -313,8 +318,8 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
 			nNode, nStart = append(nNode, node), append(nStart, m)
 		}
 	}
-	q.Queue(`SELECT node, start_ns, lock, b FROM node_rollups
-		WHERE (node, start_ns) IN (SELECT * FROM unnest($1::text[], $2::int8[]))`, nNode, nStart).Query(func(rows pgx.Rows) error {
+	q.Queue(`SELECT r.node, r.start_ns, r.lock, r.b FROM unnest($1::text[], $2::int8[]) AS k(node, start_ns)
+		CROSS JOIN LATERAL (SELECT * FROM node_rollups WHERE node = k.node AND start_ns = k.start_ns OFFSET 0) r`, nNode, nStart).Query(func(rows pgx.Rows) error {
 		var node string
 		var k nodeRollKey
 		var lock, val []byte
