@@ -210,6 +210,15 @@ type Manager struct {
 	evaluations atomic.Uint64
 	cache       map[string]run
 	lastFull    time.Time
+	// planned holds the runs with a plan as the last full check of the
+	// caps listed them (evaluateCaps), with the plans this collector bound
+	// since; nil: not listed yet. The check of the runs each batch touched
+	// (evaluateCapsOf) reads a plan only for a run in it: a run without a
+	// plan, nearly every run, costs no read of the store. A plan another
+	// collector on the same database bound is in it from this collector's
+	// next full check, which checks every plan's cap itself (at most one
+	// EvalInterval after the batch marked the evaluation due).
+	planned map[string]bool
 
 	stop chan struct{}
 	done chan struct{}

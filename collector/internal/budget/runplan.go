@@ -160,7 +160,8 @@ func (m *Manager) PlanRun(runID, key string, maxCostUSD float64, est *cost.Estim
 }
 
 // bindPlans makes each pending plan whose key a run start presented its
-// run's plan, unless the run has one already (its first start's).
+// run's plan, unless the run has one already (its first start's). The
+// caller holds evalMu (m.planned).
 func (m *Manager) bindPlans() error {
 	m.mu.Lock()
 	starts := m.planStarts
@@ -187,6 +188,9 @@ func (m *Manager) bindPlans() error {
 		if err := m.store.PutRecord(NSRunPlans, ps.run, v); err != nil {
 			errs = append(errs, err)
 			continue
+		}
+		if m.planned != nil {
+			m.planned[ps.run] = true
 		}
 		errs = append(errs, m.store.DeleteRecord(NSPendingPlans, pk))
 		m.mu.Lock()
@@ -252,15 +256,19 @@ func (m *Manager) AttachPlan(r *trainmeterv1.RunReport) {
 	}
 }
 
-// evaluateCaps binds and sweeps the plans and checks every run's cap.
+// evaluateCaps binds and sweeps the plans and checks every run's cap; it
+// lists the runs with a plan anew (m.planned). The caller holds evalMu.
 func (m *Manager) evaluateCaps(ctx context.Context) error {
 	bindErr := errors.Join(m.bindPlans(), m.sweepPendingPlans())
 	plans, err := records[RunPlan](m.store, NSRunPlans)
 	if err != nil {
+		m.planned = nil
 		return err
 	}
+	m.planned = make(map[string]bool, len(plans))
 	errs := []error{bindErr}
 	for _, p := range plans {
+		m.planned[p.RunID] = true
 		errs = append(errs, m.checkCap(ctx, p))
 	}
 	return errors.Join(errs...)
@@ -276,6 +284,9 @@ func (m *Manager) evaluateCapsOf(ctx context.Context) error {
 	m.capTouched = map[string]struct{}{}
 	m.mu.Unlock()
 	for id := range runs {
+		if m.planned != nil && !m.planned[id] {
+			continue
+		}
 		p, ok, err := m.Plan(id)
 		if ok {
 			err = m.checkCap(ctx, p)

@@ -2,13 +2,16 @@ package budget
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -248,5 +251,77 @@ func TestOwnPlanWinsOverAnother(t *testing.T) {
 	}
 	if _, ok, _ := m.Plan("wrong"); ok {
 		t.Errorf("a run presenting another run's key got a plan")
+	}
+}
+
+// planReads counts the reads of run plans (storage.Store's GetRecord of
+// NSRunPlans).
+type planReads struct {
+	storage.Store
+	n atomic.Int64
+}
+
+func (p *planReads) GetRecord(ns, k string) ([]byte, error) {
+	if ns == NSRunPlans {
+		p.n.Add(1)
+	}
+	return p.Store.GetRecord(ns, k)
+}
+
+// TestCapCheckReadsOnlyPlannedRuns: once a full check listed the plans,
+// the check of each batch's runs reads no plan for a run without one; a
+// plan this collector binds is checked on the batch that reaches its cap;
+// a plan another collector on the same store bound is checked by the next
+// full check.
+func TestCapCheckReadsOnlyPlannedRuns(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	reads := &planReads{Store: st}
+	adv := &advisor{refused: map[string]bool{"n1": true, "n2": true}} // each takes the first advisory
+	m := New(Config{Clock: clock.NewFake(tu.Now())}, reads, report, adv, nil, quiet())
+	f := &feeder{t: t, st: st, m: m, keys: map[string]string{}}
+	capsOf := func() {
+		t.Helper()
+		m.evalMu.Lock()
+		defer m.evalMu.Unlock()
+		if err := m.evaluateCapsOf(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.Evaluate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	before := reads.n.Load()
+	f.run("n1", "free", "m", "", nil, 0, 5, false)
+	capsOf()
+	if n := reads.n.Load() - before; n != 0 {
+		t.Errorf("%d plan reads for a run without a plan, want 0", n)
+	}
+	// Planned and started here: bound and checked on the batch.
+	key, _, _, err := m.PlanRun("mine", "", 3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.keys["mine"] = key
+	f.run("n1", "mine", "m", "", nil, 0, 3, false) // $3 of $3
+	capsOf()
+	if got := adv.stops(); len(got) != 1 || !strings.HasPrefix(got[0], "n1 mine: max-cost $3.00 reached") {
+		t.Fatalf("advisories %v, want the stop of mine", got)
+	}
+	// Bound by another collector: the next full check stops it.
+	v, err := json.Marshal(RunPlan{RunID: "theirs", MaxCostUSD: 2, Created: tu.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutRecord(NSRunPlans, "theirs", v); err != nil {
+		t.Fatal(err)
+	}
+	f.run("n2", "theirs", "m", "", nil, 0, 2, false) // $2 of $2
+	capsOf()
+	if err := m.Evaluate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := adv.stops(); len(got) != 2 || !strings.HasPrefix(got[1], "n2 theirs: max-cost $2.00 reached") {
+		t.Fatalf("advisories %v, want the stop of theirs after the full check", got)
 	}
 }

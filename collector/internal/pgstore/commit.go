@@ -58,13 +58,14 @@ type applyReq struct {
 }
 
 // CommitStats counts the transactions that committed batches since Open,
-// the batches they applied (not duplicates, not failed ones), and the
-// groups applied again after a deadlock or serialization failure.
-type CommitStats struct{ Commits, Batches, Retries uint64 }
+// the batches they applied (not duplicates, not failed ones), the
+// groups applied again after a deadlock or serialization failure, and the
+// groups applied again batch by batch after failing as one (group.go).
+type CommitStats struct{ Commits, Batches, Retries, Fallbacks uint64 }
 
 // CommitStats returns the counts so far.
 func (s *Store) CommitStats() CommitStats {
-	return CommitStats{Commits: s.commits.Load(), Batches: s.committedBatches.Load(), Retries: s.retries.Load()}
+	return CommitStats{Commits: s.commits.Load(), Batches: s.committedBatches.Load(), Retries: s.retries.Load(), Fallbacks: s.fallbacks.Load()}
 }
 
 // ApplyBatchResult implements storage.Ingester.
@@ -144,7 +145,12 @@ func retryable(err error) bool {
 // commitGroup applies group in one transaction, again on a retryable
 // failure; a day partition dropped since this process made it is made
 // again once (its rows are past the retention; Maintain drops it again).
-func (s *Store) commitGroup(group []*applyReq) {
+func (s *Store) commitGroup(group []*applyReq) { s.commitGroupWith(group, true) }
+
+// commitGroupWith is commitGroup, the group applied as one (group.go)
+// when asOne, else batch by batch; a failure of the former applies the
+// group again by the latter.
+func (s *Store) commitGroupWith(group []*applyReq, asOne bool) {
 	days := map[int64]bool{}
 	for _, r := range group {
 		for d := range batchDays(r.b) {
@@ -155,7 +161,12 @@ func (s *Store) commitGroup(group []*applyReq) {
 	for attempt := 0; ; attempt++ {
 		err := s.ensureDays(days)
 		if err == nil {
-			err = pgx.BeginTxFunc(context.Background(), s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error { return s.applyGroup(tx, group) })
+			err = pgx.BeginTxFunc(context.Background(), s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+				if asOne {
+					return s.applyGroupAsOne(tx, group)
+				}
+				return s.applyGroup(tx, group)
+			})
 		}
 		if attempt < maxRetries && retryable(err) {
 			s.retries.Add(1)
@@ -166,6 +177,12 @@ func (s *Store) commitGroup(group []*applyReq) {
 			s.days.Clear()
 			continue
 		}
+		if err != nil && asOne {
+			// Batch by batch, each with its own outcome.
+			asOne = false
+			s.fallbacks.Add(1)
+			continue
+		}
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && len(group) > 1 {
 			// A statement failed: halves, down to the batch that fails
@@ -173,8 +190,8 @@ func (s *Store) commitGroup(group []*applyReq) {
 			// rows can fail the group's locking statements). Other errors
 			// (the database unreachable) are every batch's.
 			h := len(group) / 2
-			s.commitGroup(group[:h])
-			s.commitGroup(group[h:])
+			s.commitGroupWith(group[:h], false)
+			s.commitGroupWith(group[h:], false)
 			return
 		}
 		if err != nil {

@@ -79,3 +79,55 @@ func TestGroupCommit(t *testing.T) {
 		t.Errorf("%d windows (%v), want 50", len(ws), err)
 	}
 }
+
+// TestGroupAppliedAsOne: a group of batches of one run over many nodes,
+// with a duplicate among them, is applied as one (group.go: no fallback
+// to the per-batch path), each batch answered on its own, and the run
+// holds every batch's records once.
+func TestGroupAppliedAsOne(t *testing.T) {
+	st := openWith(t, pgtest.DB(t), pgstore.Options{CommitWindow: 300 * time.Millisecond})
+	dup := storage.Sender{Node: "dup", Boot: "b"}
+	dupBatch := tu.Batch(1, 0, nil)
+	if _, err := st.ApplyBatchResult(dup, dupBatch); err != nil {
+		t.Fatal(err)
+	}
+	const nodes = 40
+	for seq := uint64(1); seq <= 2; seq++ {
+		before := st.CommitStats()
+		var wg sync.WaitGroup
+		for n := range nodes {
+			wg.Go(func() {
+				var evs []*trainmeterv1.RunEvent
+				if seq == 1 {
+					evs = append(evs, tu.Start("r", 0, "m"))
+				}
+				a, err := st.ApplyBatchResult(storage.Sender{Node: fmt.Sprintf("n%d", n), Boot: "b"},
+					tu.Batch(seq, float64(seq-1), []*trainmeterv1.RunWindow{tu.Window("r", float64(seq-1), 10, 5)}, evs...))
+				if err != nil || a.Duplicate {
+					t.Errorf("node %d seq %d: %+v, %v", n, seq, a, err)
+				}
+			})
+		}
+		wg.Go(func() {
+			if a, err := st.ApplyBatchResult(dup, dupBatch); err != nil || !a.Duplicate {
+				t.Errorf("the duplicate: %+v, %v, want Duplicate", a, err)
+			}
+		})
+		wg.Wait()
+		after := st.CommitStats()
+		if c, b, f := after.Commits-before.Commits, after.Batches-before.Batches, after.Fallbacks-before.Fallbacks; c > 2 || b != nodes || f != 0 {
+			t.Errorf("seq %d: %d batches in %d commits, %d groups applied batch by batch; want %d in at most 2, none", seq, b, c, f, nodes)
+		}
+	}
+	s, err := st.GetRun("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Report(aggregate.Pricing{}); r.GetTokensProcessed() != 2*nodes*10 || r.GetNodes() != nodes {
+		t.Errorf("tokens %d on %d nodes, want %d on %d", r.GetTokensProcessed(), r.GetNodes(), 2*nodes*10, nodes)
+	}
+	ws, _, err := st.RunTimeline("r")
+	if err != nil || len(ws) != 2*nodes {
+		t.Errorf("%d windows (%v), want %d", len(ws), err, 2*nodes)
+	}
+}

@@ -55,12 +55,12 @@ type Store struct {
 	days             sync.Map // int64 day (Unix ns) → true: its partitions made (layout.go)
 
 	// Group commit (commit.go).
-	window                             time.Duration // Options.CommitWindow
-	gmu                                sync.Mutex
-	queue                              []*applyReq   // batches no group has taken, under gmu
-	gate                               chan struct{} // closed when the open commit window ends, under gmu
-	slots                              chan struct{} // one per group being applied
-	commits, committedBatches, retries atomic.Uint64
+	window                                        time.Duration // Options.CommitWindow
+	gmu                                           sync.Mutex
+	queue                                         []*applyReq   // batches no group has taken, under gmu
+	gate                                          chan struct{} // closed when the open commit window ends, under gmu
+	slots                                         chan struct{} // one per group being applied
+	commits, committedBatches, retries, fallbacks atomic.Uint64
 }
 
 var _ storage.Store = (*Store)(nil)

@@ -1,0 +1,768 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/fold"
+	"github.com/trainmeter/trainmeter/collector/internal/report"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// A group applied as a group (docs/storage.md, "One transaction, shared"):
+// a fixed number of round trips whatever the group's size.
+//
+//  1. One pipeline of reads and locks: the keys of the loss records' batches
+//     already applied; every batch key inserted into applied_batches at once
+//     (RETURNING the new ones: the others are duplicates); the node rows made
+//     and locked, then the run rows (the lock order of commit.go); the
+//     deleted runs' tombstones; with a bound on live runs, the nodes' live
+//     run counts; the minute rollup rows the batches can add to.
+//  2. In Go, every new batch in group order through the same rules as one
+//     batch alone (package fold) over state shared by the group: each run's
+//     aggregate decoded once, each node's status, bucket and live runs (one
+//     fold.Live, as the BadgerDB store has it), tombstones, rollups, daily
+//     usage. A batch sees what the group's earlier batches did, as it would
+//     in the transaction of the per-batch path.
+//  3. One pipeline of writes: each raw table's rows in one multi-row insert,
+//     each run row, node row, rollup row and usage row written once.
+//
+// Anything that fails (a statement, a stored value that does not decode, a
+// batch that fold refuses as a whole) fails the attempt, and commitGroup
+// applies the group again through the per-batch path (apply, a savepoint
+// each), which gives each batch its own outcome.
+
+// batchKey is a batch's key but for its window start.
+type batchKey struct {
+	node, boot string
+	seq        int64
+}
+
+// groupNode is a node's share of a group: its locked row, as fold and
+// the writes need it.
+type groupNode struct {
+	ns      *trainmeterv1.NodeStatus
+	bucket  fold.Bucket
+	count   int  // live runs (live_runs rows) before the group, when limits bound them
+	written bool // a batch of the group applied
+	usage   *dayUsage
+	rr      *rollupRows // the rollup rows the group adds to, as written
+	// The rollup rows read, which the group's additions start from.
+	haveRuns  map[runRollKey]*trainmeterv1.RunWindow
+	haveNodes map[nodeRollKey]*trainmeterv1.Batch
+}
+
+// groupState is what a group's batches share in Go, and fold.View and
+// fold.LiveBase over it.
+type groupState struct {
+	now      time.Time
+	nodes    map[string]*groupNode
+	state    map[string]*aggregate.State // the locked runs' aggregates; nil: none yet
+	write    map[string]bool
+	order    []string // runs to write, in order of first Get
+	baseLive map[fold.LiveKey]bool
+	*fold.Live
+}
+
+func (g *groupState) Peek(run string) (*aggregate.State, error) { return g.state[run], nil }
+func (g *groupState) Get(run string) (*aggregate.State, error) {
+	st := g.state[run]
+	if st == nil {
+		st = aggregate.New(run)
+		g.state[run] = st
+	}
+	if !g.write[run] {
+		g.write[run] = true
+		g.order = append(g.order, run)
+	}
+	return st, nil
+}
+func (g *groupState) Now() time.Time { return g.now }
+
+// groupBase is the committed liveness the group starts from.
+type groupBase struct{ g *groupState }
+
+func (b groupBase) IsLive(node, run string) bool {
+	return b.g.baseLive[fold.LiveKey{Node: node, Run: run}]
+}
+func (b groupBase) LiveRuns(node string) int {
+	if n := b.g.nodes[node]; n != nil {
+		return n.count
+	}
+	return 0
+}
+func (b groupBase) Bucket(node string) fold.Bucket {
+	if n := b.g.nodes[node]; n != nil {
+		return n.bucket
+	}
+	return fold.Bucket{}
+}
+
+// rawRows are one raw table's rows of a group, as columns.
+type rawRows struct {
+	node   []string
+	start  []int64
+	seq    []int64
+	val    [][]byte
+	run    []string // run_windows, run_events
+	i      []int32  // run_windows, run_events, deleted_windows
+	delID  []int64  // deleted_windows
+	insert string
+}
+
+func (r *rawRows) queue(q *pgx.Batch) {
+	if len(r.node) == 0 {
+		return
+	}
+	switch {
+	case r.delID != nil:
+		q.Queue(r.insert, r.node, r.start, r.seq, r.i, r.delID, r.val)
+	case r.run != nil:
+		q.Queue(r.insert, r.run, r.node, r.start, r.seq, r.i, r.val)
+	default:
+		q.Queue(r.insert, r.node, r.start, r.seq, r.val)
+	}
+}
+
+func perBatchRows(table string) *rawRows {
+	return &rawRows{insert: `INSERT INTO ` + table + ` (node, start_ns, seq, b)
+		SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::bytea[])
+		ON CONFLICT (node, start_ns, seq) DO UPDATE SET b = EXCLUDED.b`}
+}
+
+// applyGroupAsOne applies the group in tx as described above; an error
+// fails the whole attempt.
+func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
+	ctx := context.Background()
+	g := &groupState{now: s.clk.Now(), nodes: map[string]*groupNode{}, state: map[string]*aggregate.State{},
+		write: map[string]bool{}, baseLive: map[fold.LiveKey]bool{}}
+	g.Live = fold.NewLive(groupBase{g}, s.limits, g.now)
+
+	var nodes, runs []string
+	var kNode, kBoot []string
+	var kSeq, kStart []int64
+	var hNode, hBoot []string
+	var hSeq []int64
+	runRoll := map[[2]string]map[int64]bool{} // (node, run) → minutes
+	nodeMin := map[string]map[int64]bool{}
+	starts := map[string]bool{} // nodes whose batches start runs
+	for _, r := range group {
+		r.a, r.err = storage.Applied{}, nil
+		node, boot := r.sender.Node, r.sender.Boot
+		nodes = append(nodes, node)
+		runs = append(runs, fold.BatchRuns(r.b)...)
+		kNode, kBoot = append(kNode, node), append(kBoot, boot)
+		kSeq, kStart = append(kSeq, int64(r.b.GetSeq())), append(kStart, fold.NanosOf(r.b.GetWindowStart()))
+		for _, l := range slices.Concat(r.b.GetLosses(), r.b.GetNodeLosses()) {
+			if l.GetSeq() != 0 {
+				hNode, hBoot, hSeq = append(hNode, node), append(hBoot, boot), append(hSeq, int64(l.GetSeq()))
+			}
+		}
+		for _, w := range r.b.GetRunWindows() {
+			k := [2]string{node, w.GetRunId()}
+			if runRoll[k] == nil {
+				runRoll[k] = map[int64]bool{}
+			}
+			runRoll[k][dayMinute(w.GetStart())] = true
+		}
+		if nodeMin[node] == nil {
+			nodeMin[node] = map[int64]bool{}
+		}
+		nodeMin[node][minuteOf(fold.NanosOf(r.b.GetWindowStart()))] = true
+		if startsRun(r.b) {
+			starts[node] = true
+		}
+	}
+	slices.Sort(nodes)
+	nodes = slices.Compact(nodes)
+	slices.Sort(runs)
+	runs = slices.Compact(runs)
+	empties := make([][]byte, len(nodes))
+	for i, n := range nodes {
+		var err error
+		if empties[i], err = proto.Marshal(&trainmeterv1.NodeStatus{Node: n}); err != nil {
+			return err
+		}
+		g.nodes[n] = &groupNode{ns: &trainmeterv1.NodeStatus{Node: n}, haveRuns: map[runRollKey]*trainmeterv1.RunWindow{},
+			haveNodes: map[nodeRollKey]*trainmeterv1.Batch{}, rr: newRollupRows(), usage: newDayUsage(n)}
+	}
+
+	// 1. Reads and locks.
+	held := map[batchKey]bool{}
+	isNew := map[fullKey]bool{}
+	tombs := map[string]fold.Deletion{}
+	var q pgx.Batch
+	if len(hNode) > 0 {
+		q.Queue(`SELECT DISTINCT a.node, a.boot, a.seq FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(node, boot, seq)
+			CROSS JOIN LATERAL (SELECT * FROM applied_batches WHERE node = k.node AND boot = k.boot AND seq = k.seq OFFSET 0) a`,
+			hNode, hBoot, hSeq).Query(func(rows pgx.Rows) error {
+			var k batchKey
+			_, err := pgx.ForEachRow(rows, []any{&k.node, &k.boot, &k.seq}, func() error { held[k] = true; return nil })
+			return err
+		})
+	}
+	// In key order, as another replica's group holding some of the same
+	// keys (an agent's batch sent again elsewhere) inserts them: the two
+	// wait for each other's commit on the key, not in a cycle.
+	q.Queue(`INSERT INTO applied_batches (node, boot, seq, start_ns) SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[])
+		ORDER BY 1, 2, 3, 4 ON CONFLICT DO NOTHING RETURNING node, boot, seq, start_ns`, kNode, kBoot, kSeq, kStart).Query(func(rows pgx.Rows) error {
+		var k batchKey
+		var start int64
+		_, err := pgx.ForEachRow(rows, []any{&k.node, &k.boot, &k.seq, &start}, func() error { isNew[keyOf(k, start)] = true; return nil })
+		return err
+	})
+	q.Queue(`INSERT INTO nodes (node, status) SELECT * FROM unnest($1::text[], $2::bytea[]) ORDER BY 1 ON CONFLICT DO NOTHING`, nodes, empties)
+	q.Queue(`SELECT node, status, new_runs_tokens, new_runs_at FROM nodes WHERE node = ANY($1) ORDER BY node FOR UPDATE`, nodes).Query(func(rows pgx.Rows) error {
+		var node string
+		var val []byte
+		var tokens *float64
+		var at *int64
+		_, err := pgx.ForEachRow(rows, []any{&node, &val, &tokens, &at}, func() error {
+			n := g.nodes[node]
+			if n == nil {
+				return nil
+			}
+			if tokens != nil && at != nil {
+				n.bucket = fold.Bucket{Tokens: *tokens, At: time.Unix(0, *at)}
+			}
+			return proto.Unmarshal(val, n.ns)
+		})
+		return err
+	})
+	if len(runs) > 0 {
+		q.Queue(`INSERT INTO runs (run_id) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING`, runs)
+		q.Queue(`SELECT run_id, state FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE`, runs).Query(func(rows pgx.Rows) error {
+			var id string
+			var val []byte
+			_, err := pgx.ForEachRow(rows, []any{&id, &val}, func() error {
+				if val == nil {
+					return nil
+				}
+				st, err := aggregate.Unmarshal(val)
+				if err != nil {
+					return fmt.Errorf("run %q: %w", id, err)
+				}
+				g.state[id] = st
+				return nil
+			})
+			return err
+		})
+		keys := make([][]byte, len(runs))
+		for i, r := range runs {
+			keys[i] = []byte(r)
+		}
+		q.Queue(`SELECT k, v FROM records WHERE ns = $1 AND k = ANY($2)`, fold.DeletedNS, keys).Query(func(rows pgx.Rows) error {
+			var k, val []byte
+			_, err := pgx.ForEachRow(rows, []any{&k, &val}, func() error {
+				if d, ok := fold.ParseTombstone(string(val)); ok {
+					tombs[string(k)] = d
+				}
+				return nil
+			})
+			return err
+		})
+	}
+	if s.limits.MaxLiveRunsPerNode > 0 && len(starts) > 0 {
+		q.Queue(`SELECT node, count(*) FROM live_runs WHERE node = ANY($1) GROUP BY node`, mapKeys(starts)).Query(func(rows pgx.Rows) error {
+			var node string
+			var n int
+			_, err := pgx.ForEachRow(rows, []any{&node, &n}, func() error {
+				if gn := g.nodes[node]; gn != nil {
+					gn.count = n
+				}
+				return nil
+			})
+			return err
+		})
+	}
+	var rNode, rRun []string
+	var rStart []int64
+	for k, ms := range runRoll {
+		for m := range ms {
+			rNode, rRun, rStart = append(rNode, k[0]), append(rRun, k[1]), append(rStart, m)
+		}
+	}
+	if len(rNode) > 0 {
+		// One index lookup per key (LATERAL … OFFSET 0 is not flattened
+		// into a join), whatever the table's statistics: a new table's
+		// would make a hash join over all of it.
+		q.Queue(`SELECT r.node, r.run_id, r.start_ns, r.lock, r.w FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(node, run_id, start_ns)
+			CROSS JOIN LATERAL (SELECT * FROM run_rollups WHERE node = k.node AND run_id = k.run_id AND start_ns = k.start_ns OFFSET 0) r`,
+			rNode, rRun, rStart).Query(func(rows pgx.Rows) error {
+			var node string
+			var k runRollKey
+			var lock, val []byte
+			_, err := pgx.ForEachRow(rows, []any{&node, &k.run, &k.start, &lock, &val}, func() error {
+				k.lock = string(lock)
+				w := &trainmeterv1.RunWindow{}
+				g.nodes[node].haveRuns[k] = w
+				return proto.Unmarshal(val, w)
+			})
+			return err
+		})
+	}
+	var nNode []string
+	var nStart []int64
+	for node, ms := range nodeMin {
+		for m := range ms {
+			nNode, nStart = append(nNode, node), append(nStart, m)
+		}
+	}
+	q.Queue(`SELECT r.node, r.start_ns, r.lock, r.b FROM unnest($1::text[], $2::int8[]) AS k(node, start_ns)
+		CROSS JOIN LATERAL (SELECT * FROM node_rollups WHERE node = k.node AND start_ns = k.start_ns OFFSET 0) r`, nNode, nStart).Query(func(rows pgx.Rows) error {
+		var node string
+		var k nodeRollKey
+		var lock, val []byte
+		_, err := pgx.ForEachRow(rows, []any{&node, &k.start, &lock, &val}, func() error {
+			k.lock = string(lock)
+			b := &trainmeterv1.Batch{}
+			g.nodes[node].haveNodes[k] = b
+			return proto.Unmarshal(val, b)
+		})
+		return err
+	})
+	if err := tx.SendBatch(ctx, &q).Close(); err != nil {
+		return err
+	}
+	// The liveness the group starts from, before any batch folds.
+	for _, r := range group {
+		for _, run := range fold.BatchRuns(r.b) {
+			if st := g.state[run]; st != nil && st.LiveOn(r.sender.Node) {
+				g.baseLive[fold.LiveKey{Node: r.sender.Node, Run: run}] = true
+			}
+		}
+	}
+
+	// 2. The batches, in group order.
+	w := newGroupWrites()
+	var untomb [][]byte
+	pricer := s.pricerNow()
+	reportPricing := s.reportPricing()
+	for _, r := range group {
+		k := batchKey{r.sender.Node, r.sender.Boot, int64(r.b.GetSeq())}
+		nk := keyOf(k, fold.NanosOf(r.b.GetWindowStart()))
+		if !isNew[nk] {
+			r.err = errDuplicate
+			continue
+		}
+		delete(isNew, nk) // a second copy in the group is a duplicate
+		held[k] = true    // as the per-batch path: its own key is in applied_batches
+		restarted, err := s.foldOne(g, w, r, tombs, held, pricer, reportPricing)
+		if err != nil {
+			return err
+		}
+		for _, id := range restarted {
+			delete(tombs, id)
+			untomb = append(untomb, []byte(id))
+		}
+	}
+
+	// 3. Writes.
+	var out pgx.Batch
+	if len(untomb) > 0 {
+		out.Queue(`DELETE FROM records WHERE ns = $1 AND k = ANY($2)`, fold.DeletedNS, untomb)
+	}
+	for _, rr := range w.raw {
+		rr.queue(&out)
+	}
+	if err := s.queueGroupRollups(&out, g, nodes); err != nil {
+		return err
+	}
+	var rr runRows
+	for _, run := range g.order {
+		st := g.state[run]
+		if err := rr.add(st, st.Report(reportPricing)); err != nil {
+			return err
+		}
+	}
+	rr.queue(&out)
+	queueGroupUsage(&out, g, nodes)
+	var sNode []string
+	var sVal [][]byte
+	for _, n := range nodes {
+		if gn := g.nodes[n]; gn.written {
+			val, err := proto.Marshal(gn.ns)
+			if err != nil {
+				return err
+			}
+			sNode, sVal = append(sNode, n), append(sVal, val)
+		}
+	}
+	if len(sNode) > 0 {
+		out.Queue(`INSERT INTO nodes (node, status) SELECT * FROM unnest($1::text[], $2::bytea[])
+			ON CONFLICT (node) DO UPDATE SET status = EXCLUDED.status`, sNode, sVal)
+	}
+	queueLive(&out, g.Live)
+	// The rows locked for runs no batch made go again (rows the group
+	// made, or made before by a transaction that then failed).
+	var unmade []string
+	for _, run := range runs {
+		if g.state[run] == nil {
+			unmade = append(unmade, run)
+		}
+	}
+	if len(unmade) > 0 {
+		out.Queue(`DELETE FROM runs WHERE run_id = ANY($1) AND state IS NULL`, unmade)
+	}
+	return tx.SendBatch(ctx, &out).Close()
+}
+
+// fullKey is an applied_batches key.
+type fullKey struct {
+	batchKey
+	start int64
+}
+
+func keyOf(k batchKey, start int64) fullKey { return fullKey{k, start} }
+
+func mapKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// groupWrites are the raw rows of a group, by table.
+type groupWrites struct {
+	runWindows, runEvents, nodeWindows, rawSamples, nodeLosses, deleted *rawRows
+	raw                                                                 []*rawRows
+}
+
+func newGroupWrites() *groupWrites {
+	w := &groupWrites{
+		runWindows: &rawRows{run: []string{}, i: []int32{}, insert: `INSERT INTO run_windows (run_id, node, start_ns, seq, i, w)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int4[], $6::bytea[])
+			ON CONFLICT (run_id, node, start_ns, seq, i) DO UPDATE SET w = EXCLUDED.w`},
+		runEvents: &rawRows{run: []string{}, i: []int32{}, insert: `INSERT INTO run_events (run_id, node, t_ns, seq, i, e)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int4[], $6::bytea[])
+			ON CONFLICT (run_id, node, t_ns, seq, i) DO UPDATE SET e = EXCLUDED.e`},
+		nodeWindows: perBatchRows("node_windows"),
+		rawSamples:  perBatchRows("raw_samples"),
+		nodeLosses:  perBatchRows("node_losses"),
+		deleted: &rawRows{i: []int32{}, delID: []int64{}, insert: `INSERT INTO deleted_windows (node, start_ns, seq, i, deletion, d)
+			SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int4[], $5::int8[], $6::bytea[])
+			ON CONFLICT (node, start_ns, seq, i, deletion) DO UPDATE SET d = EXCLUDED.d`},
+	}
+	w.raw = []*rawRows{w.runWindows, w.runEvents, w.nodeWindows, w.rawSamples, w.nodeLosses, w.deleted}
+	return w
+}
+
+func (r *rawRows) add(run, node string, start, seq int64, i int, val []byte) {
+	if r.run != nil {
+		r.run = append(r.run, run)
+	}
+	if r.i != nil {
+		r.i = append(r.i, int32(i))
+	}
+	r.node, r.start, r.seq, r.val = append(r.node, node), append(r.start, start), append(r.seq, seq), append(r.val, val)
+}
+
+// errRefused fails a group attempt when fold refuses a batch as a whole:
+// the per-batch path gives that batch its error alone.
+var errRefused = errors.New("pgstore: a batch of the group failed alone")
+
+// foldOne is apply's work on one new batch over the group's state: the
+// same decisions, with every read from g and every write added to g and w.
+// It returns the runs the batch started afresh after a deletion.
+func (s *Store) foldOne(g *groupState, w *groupWrites, r *applyReq, tombs map[string]fold.Deletion, held map[batchKey]bool,
+	pricer aggregate.Pricer, reportPricing aggregate.Pricing) ([]string, error) {
+	node, boot, seq := r.sender.Node, r.sender.Boot, int64(r.b.GetSeq())
+	gn := g.nodes[node]
+	ns := gn.ns
+	b := r.b
+	runs := fold.BatchRuns(b)
+	nb, gone, restarted := fold.DropDeleted(b, runs, func(id string) (fold.Deletion, bool) {
+		d, ok := tombs[id]
+		return d, ok
+	})
+	b = fold.ClearLocked(nb)
+	runs = fold.BatchRuns(b)
+	nb, refused, dropped, err := fold.Admit(g, s.log, len(ns.GetGpus()), node, b, runs)
+	if err != nil {
+		return nil, errors.Join(errRefused, err)
+	}
+	if nb != b {
+		b, runs, r.a.Refused, r.a.Dropped, r.a.Batch = nb, fold.BatchRuns(nb), refused, dropped, nb
+	}
+	aggs := make(map[string]*aggregate.State, len(runs))
+	for _, run := range runs {
+		aggs[run], _ = g.Get(run)
+	}
+	notHeld := func(ls []*trainmeterv1.DataLoss) []*trainmeterv1.DataLoss {
+		var out []*trainmeterv1.DataLoss
+		for _, l := range ls {
+			if l.GetSeq() != 0 && held[batchKey{node, boot, int64(l.GetSeq())}] {
+				continue
+			}
+			out = append(out, l)
+		}
+		return out
+	}
+	nodeGPU := fold.NodeGPUName(ns)
+	stamps := fold.Fold(aggs, node, nodeGPU, b, fold.Booking{Bands: s.bands, Carbon: s.carbon, Pricer: pricer}, notHeld(b.GetLosses()), g.now)
+	g.NoteLive(node, runs, func(run string) *aggregate.State { return aggs[run] })
+
+	roll := rollups{start: fold.NanosOf(b.GetWindowStart())}
+	for i, rw := range b.GetRunWindows() {
+		val, err := proto.Marshal(rw)
+		if err == nil && pricer != nil {
+			val, err = fold.AppendStamp(val, stamps[i])
+		}
+		if err != nil {
+			return nil, err
+		}
+		stored := rw
+		if pricer != nil {
+			stored = &trainmeterv1.RunWindow{}
+			if err := proto.Unmarshal(val, stored); err != nil {
+				return nil, err
+			}
+		}
+		roll.runs = append(roll.runs, stored)
+		gn.usage.stored(stored)
+		w.runWindows.add(rw.GetRunId(), node, fold.NanosOf(rw.GetStart()), seq, i, val)
+	}
+	for i, e := range b.GetRunEvents() {
+		val, err := proto.Marshal(e)
+		if err != nil {
+			return nil, err
+		}
+		w.runEvents.add(aggregate.EventRunID(e), node, fold.NanosOf(aggregate.EventTime(e)), seq, i, val)
+	}
+	start := fold.NanosOf(b.GetWindowStart())
+	perBatch := func(rows *rawRows, m proto.Message, stamp proto.Message) ([]byte, error) {
+		val, err := proto.Marshal(m)
+		if err == nil && stamp != nil {
+			val, err = fold.AppendStamp(val, stamp)
+		}
+		rows.add("", node, start, seq, 0, val)
+		return val, err
+	}
+	if fold.HasNodeRecord(b) {
+		var stamp proto.Message
+		if pricer != nil {
+			stamp = fold.IdleStamp(pricer, node, nodeGPU, b)
+		}
+		val, err := perBatch(w.nodeWindows, fold.NodeRecord(b, boot), stamp)
+		if err != nil {
+			return nil, err
+		}
+		roll.node = &trainmeterv1.Batch{}
+		if err := proto.Unmarshal(val, roll.node); err != nil {
+			return nil, err
+		}
+		gn.usage.nodeRecord(roll.node)
+	}
+	if rs := fold.SamplesRecord(b); rs != nil {
+		if _, err := perBatch(w.rawSamples, rs, nil); err != nil {
+			return nil, err
+		}
+	}
+	if nodeLosses := notHeld(b.GetNodeLosses()); len(nodeLosses) > 0 {
+		if _, err := perBatch(w.nodeLosses, &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), NodeLosses: nodeLosses}, nil); err != nil {
+			return nil, err
+		}
+		roll.loss = nodeLosses
+	}
+	gn.addRollups(roll)
+	for _, d := range gone {
+		val, err := fold.DeletedRecord(d.W, d.D)
+		if err != nil {
+			return nil, err
+		}
+		gn.usage.deleted(d.W, d.D, reportPricing, nodeGPU)
+		w.deleted.delID = append(w.deleted.delID, int64(d.D.ID))
+		w.deleted.add("", node, fold.NanosOf(d.W.GetStart()), seq, d.I, val)
+	}
+	ns.BootId, ns.LastSeq, ns.LastSeen = boot, b.GetSeq(), timestamppb.New(g.now)
+	gn.written = true
+	return restarted, nil
+}
+
+// addRollups adds a batch's additions to the node's rollup rows, each row
+// starting from the row read.
+func (gn *groupNode) addRollups(r rollups) {
+	for _, w := range r.runs {
+		k := runRollKeyOf(w)
+		if _, ok := gn.rr.runs[k]; !ok {
+			gn.rr.runs[k] = gn.haveRuns[k]
+		}
+	}
+	if r.node != nil {
+		if k := r.nodeKey(); gn.rr.nodes[k] == nil {
+			gn.rr.nodes[k] = gn.haveNodes[k]
+		}
+	}
+	if len(r.loss) > 0 {
+		if k := r.lossKey(); gn.rr.nodes[k] == nil {
+			gn.rr.nodes[k] = gn.haveNodes[k]
+		}
+	}
+	gn.rr.add(r)
+}
+
+// queueGroupRollups queues the rollup rows the group added to, each
+// replacing the row it was read as, one statement per table.
+func (s *Store) queueGroupRollups(q *pgx.Batch, g *groupState, nodes []string) error {
+	var rn, rr []string
+	var rs []int64
+	var rl, rv [][]byte
+	var nn []string
+	var ns []int64
+	var nl, nv [][]byte
+	for _, node := range nodes {
+		gn := g.nodes[node]
+		for k, w := range gn.rr.runs {
+			val, err := proto.Marshal(w)
+			if err != nil {
+				return err
+			}
+			rn, rr, rs, rl, rv = append(rn, node), append(rr, k.run), append(rs, k.start), append(rl, []byte(k.lock)), append(rv, val)
+		}
+		for k, b := range gn.rr.nodes {
+			val, err := proto.Marshal(b)
+			if err != nil {
+				return err
+			}
+			nn, ns, nl, nv = append(nn, node), append(ns, k.start), append(nl, []byte(k.lock)), append(nv, val)
+		}
+	}
+	if len(rn) > 0 {
+		q.Queue(`INSERT INTO run_rollups (node, run_id, start_ns, lock, w)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::bytea[], $5::bytea[])
+			ON CONFLICT (node, run_id, start_ns, lock) DO UPDATE SET w = EXCLUDED.w`, rn, rr, rs, rl, rv)
+	}
+	if len(nn) > 0 {
+		q.Queue(`INSERT INTO node_rollups (node, start_ns, lock, b)
+			SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[], $4::bytea[])
+			ON CONFLICT (node, start_ns, lock) DO UPDATE SET b = EXCLUDED.b`, nn, ns, nl, nv)
+	}
+	return nil
+}
+
+// queueGroupUsage queues the group's daily usage additions, one statement
+// per table.
+func queueGroupUsage(q *pgx.Batch, g *groupState, nodes []string) {
+	var pNode, pDay, pKind, pRef []string
+	var pGPU []int64
+	var pS, pJ, pUSD []float64
+	var pUnpriced []int32
+	var dNode, dDay []string
+	var dS, dJ, dIdleS, dIdleJ, dHost, dIdleHost []float64
+	for _, node := range nodes {
+		u := g.nodes[node].usage
+		for k, p := range u.parts {
+			pNode, pDay, pKind, pRef, pGPU = append(pNode, node), append(pDay, k.day), append(pKind, k.kind), append(pRef, k.ref), append(pGPU, k.gpu)
+			pS, pJ, pUSD, pUnpriced = append(pS, p.gpuS), append(pJ, p.energyJ), append(pUSD, p.costUSD), append(pUnpriced, p.unpriced)
+		}
+		for day, n := range u.nodes {
+			dNode, dDay = append(dNode, node), append(dDay, day)
+			dS, dJ, dIdleS, dIdleJ, dHost, dIdleHost = append(dS, n.gpuS), append(dJ, n.energyJ), append(dIdleS, n.idleS), append(dIdleJ, n.idleJ),
+				append(dHost, n.hostJ), append(dIdleHost, n.idleHostJ)
+		}
+	}
+	if len(pNode) > 0 {
+		q.Queue(`INSERT INTO usage_daily (node, day, kind, ref, gpu, gpu_seconds, energy_j, cost_usd, unpriced)
+			SELECT n, d::date, k, r, g::int, s, j, c, u FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[],
+				$6::float8[], $7::float8[], $8::float8[], $9::int4[]) AS t(n, d, k, r, g, s, j, c, u)
+			ON CONFLICT (node, day, kind, ref, gpu) DO UPDATE SET gpu_seconds = usage_daily.gpu_seconds + EXCLUDED.gpu_seconds,
+			energy_j = usage_daily.energy_j + EXCLUDED.energy_j, cost_usd = usage_daily.cost_usd + EXCLUDED.cost_usd,
+			unpriced = usage_daily.unpriced + EXCLUDED.unpriced`,
+			pNode, pDay, pKind, pRef, pGPU, pS, pJ, pUSD, pUnpriced)
+	}
+	if len(dNode) > 0 {
+		q.Queue(`INSERT INTO usage_daily_nodes (node, day, gpu_seconds, energy_j, idle_gpu_seconds, idle_energy_j, host_energy_j, idle_host_energy_j)
+			SELECT n, d::date, s, j, is_, ij, h, ih FROM unnest($1::text[], $2::text[], $3::float8[], $4::float8[], $5::float8[], $6::float8[],
+				$7::float8[], $8::float8[]) AS t(n, d, s, j, is_, ij, h, ih)
+			ON CONFLICT (node, day) DO UPDATE SET gpu_seconds = usage_daily_nodes.gpu_seconds + EXCLUDED.gpu_seconds,
+			energy_j = usage_daily_nodes.energy_j + EXCLUDED.energy_j, idle_gpu_seconds = usage_daily_nodes.idle_gpu_seconds + EXCLUDED.idle_gpu_seconds,
+			idle_energy_j = usage_daily_nodes.idle_energy_j + EXCLUDED.idle_energy_j, host_energy_j = usage_daily_nodes.host_energy_j + EXCLUDED.host_energy_j,
+			idle_host_energy_j = usage_daily_nodes.idle_host_energy_j + EXCLUDED.idle_host_energy_j`,
+			dNode, dDay, dS, dJ, dIdleS, dIdleJ, dHost, dIdleHost)
+	}
+}
+
+// runRows are the run rows a group writes, as columns: what queueRun
+// writes of one run.
+type runRows struct {
+	id                                          []string
+	state                                       [][]byte
+	start, end, uid                             []*int64
+	endStatus, user, model, gpuName, labels     []*string
+	status                                      []string
+	ended, incomplete                           []bool
+	gpus, nodes                                 []int32
+	tokens                                      []int64
+	wallS, energyJ, energyTotalJ, gpuHours      []float64
+	cost, energyCost, totalCost, jPerToken, co2 []*float64
+}
+
+func (rr *runRows) add(st *aggregate.State, r *trainmeterv1.RunReport) error {
+	val, err := st.Marshal()
+	if err != nil {
+		return err
+	}
+	var start, end *int64
+	if t, ok := st.StartNanos(); ok {
+		start = &t
+	}
+	if r.GetEnd() != nil {
+		t := r.GetEnd().AsTime().UnixNano()
+		end = &t
+	}
+	var labels *string
+	if len(r.GetLabels()) > 0 {
+		b, err := json.Marshal(r.GetLabels())
+		if err != nil {
+			return err
+		}
+		l := string(b)
+		labels = &l
+	}
+	var uid *int64
+	if r.Uid != nil {
+		u := int64(r.GetUid())
+		uid = &u
+	}
+	rr.id, rr.state, rr.start, rr.end, rr.uid = append(rr.id, st.RunId), append(rr.state, val), append(rr.start, start), append(rr.end, end), append(rr.uid, uid)
+	rr.endStatus, rr.user = append(rr.endStatus, nonEmpty(st.EndStatus())), append(rr.user, nonEmpty(r.GetUser()))
+	rr.model, rr.gpuName, rr.labels = append(rr.model, nonEmpty(r.GetMetadata().GetModel())), append(rr.gpuName, nonEmpty(r.GetGpuName())), append(rr.labels, labels)
+	rr.status, rr.ended, rr.incomplete = append(rr.status, report.EndStatus(r)), append(rr.ended, r.GetEnded()), append(rr.incomplete, r.GetIncomplete())
+	rr.gpus, rr.nodes, rr.tokens = append(rr.gpus, int32(r.GetGpus())), append(rr.nodes, int32(r.GetNodes())), append(rr.tokens, int64(r.GetTokensProcessed()))
+	rr.wallS, rr.energyJ, rr.energyTotalJ, rr.gpuHours = append(rr.wallS, r.GetWallS()), append(rr.energyJ, r.GetEnergyJ()), append(rr.energyTotalJ, r.GetEnergyTotalJ()), append(rr.gpuHours, r.GetGpuHours())
+	rr.cost, rr.energyCost, rr.totalCost = append(rr.cost, r.CostUsd), append(rr.energyCost, r.EnergyCostUsd), append(rr.totalCost, r.TotalCostUsd)
+	rr.jPerToken, rr.co2 = append(rr.jPerToken, r.JPerToken), append(rr.co2, r.Co2Kg)
+	return nil
+}
+
+func (rr *runRows) queue(q *pgx.Batch) {
+	if len(rr.id) == 0 {
+		return
+	}
+	q.Queue(`UPDATE runs SET state = u.state, start_ns = u.start_ns, end_status = u.end_status, user_name = u.user_name, status = u.status,
+		end_ns = u.end_ns, ended = u.ended, uid = u.uid, model = u.model, gpu_name = u.gpu_name, labels = u.labels::jsonb, gpus = u.gpus,
+		nodes = u.nodes, tokens = u.tokens, wall_s = u.wall_s, energy_j = u.energy_j, energy_total_j = u.energy_total_j, gpu_hours = u.gpu_hours,
+		cost_usd = u.cost_usd, energy_cost_usd = u.energy_cost_usd, total_cost_usd = u.total_cost_usd, j_per_token = u.j_per_token,
+		co2_kg = u.co2_kg, incomplete = u.incomplete
+		FROM unnest($1::text[], $2::bytea[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::bool[], $9::int8[], $10::text[],
+			$11::text[], $12::text[], $13::int4[], $14::int4[], $15::int8[], $16::float8[], $17::float8[], $18::float8[], $19::float8[],
+			$20::float8[], $21::float8[], $22::float8[], $23::float8[], $24::float8[], $25::bool[])
+		AS u(run_id, state, start_ns, end_status, user_name, status, end_ns, ended, uid, model, gpu_name, labels, gpus, nodes, tokens, wall_s,
+			energy_j, energy_total_j, gpu_hours, cost_usd, energy_cost_usd, total_cost_usd, j_per_token, co2_kg, incomplete)
+		WHERE runs.run_id = u.run_id`,
+		rr.id, rr.state, rr.start, rr.endStatus, rr.user, rr.status, rr.end, rr.ended, rr.uid, rr.model, rr.gpuName, rr.labels,
+		rr.gpus, rr.nodes, rr.tokens, rr.wallS, rr.energyJ, rr.energyTotalJ, rr.gpuHours, rr.cost, rr.energyCost, rr.totalCost,
+		rr.jPerToken, rr.co2, rr.incomplete)
+}
