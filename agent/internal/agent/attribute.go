@@ -18,7 +18,8 @@ import (
 // `trainmeter run` sets to its own PID): once a second, off the 50 ms
 // sampling path, the agent lists each GPU's compute processes, walks /proc
 // up from each to see whether it descends from a run's attribute_pid, and
-// adds the GPUs found to that run (ledger.AddGPUs).
+// adds the GPUs found to that run (ledger.AddGPUs). The processes no
+// trainer's run owns go to their owners (owned.go).
 
 // attributeEvery is how often the GPUs' processes are listed (NVML takes
 // milliseconds per GPU for it).
@@ -37,16 +38,18 @@ func (a *Agent) initAttribution(backend gpu.Backend) bool {
 }
 
 // pollAttribution adds to every process-attributed run the GPUs its tree
-// now computes on. It lists processes only while such a run is live.
+// now computes on, and gives the processes no trainer's run owns to their
+// owners (owned.go).
 func (a *Agent) pollAttribution() {
-	runs := a.ledger.AttributedRuns()
-	if len(runs) == 0 || a.procs == nil {
+	if a.procs == nil {
 		return
 	}
 	onGPU := map[int][]int{} // pid -> GPUs
+	complete := true
 	for i := range a.backend.Devices() {
 		pids, err := a.procs.ComputePIDs(i)
 		if err != nil {
+			complete = false
 			if now := a.clock.Now(); now.Sub(a.lastProcErr) > time.Minute {
 				a.lastProcErr = now
 				a.log.Warn("cannot list a GPU's compute processes; runs attributed by process tree may miss it", "gpu", i, "err", err)
@@ -57,11 +60,8 @@ func (a *Agent) pollAttribution() {
 			onGPU[int(p)] = append(onGPU[int(p)], i)
 		}
 	}
-	if len(onGPU) == 0 {
-		return
-	}
 	ppids := map[int]int{} // one /proc read per process per poll
-	for _, r := range runs {
+	for _, r := range a.ledger.AttributedRuns() {
 		var gpus []int
 		for pid, gs := range onGPU {
 			if inTree(a.procRoot, pid, r.PID, ppids) {
@@ -72,6 +72,7 @@ func (a *Agent) pollAttribution() {
 			a.ledger.AddGPUs(a.clock.Now(), r.ID, gpus)
 		}
 	}
+	a.pollOwners(onGPU, complete, ppids)
 }
 
 // checkAttributePID makes sure a run_start's attribute_pid names the sending

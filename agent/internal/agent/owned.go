@@ -1,0 +1,196 @@
+package agent
+
+import (
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/agent/internal/owner"
+	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// Every GPU-second to someone (docs/attribution.md): once a second, with
+// the process-tree poll, the GPUs' compute processes that no trainer's run
+// owns are given to their owner: the first source that knows them (Slurm,
+// and a Kubernetes source behind the same owner.Source), else their Linux
+// user's process group. Each owner is a run the agent starts and ends
+// itself; a GPU is idle only while no process is on it.
+
+// ownerConnBase numbers the ledger members the agent adds for owners, far
+// above the trainer socket's connection ids.
+const ownerConnBase = 1 << 62
+
+// ownedRun is an owner's run the agent started.
+type ownedRun struct {
+	owner owner.Owner
+	peer  ledger.Peer
+	gpus  []int
+}
+
+// owners is the agent's state for owners' runs; touched only by the
+// attribution poller.
+type owners struct {
+	sources  []owner.Source
+	runs     map[string]*ownedRun
+	nextConn uint64
+	lastErr  time.Time
+}
+
+// pollOwners starts, extends and ends the owners' runs from the GPUs'
+// processes (onGPU: PID -> GPUs). complete is false when a GPU could not be
+// listed: then no run is ended on this poll (its processes may be there).
+func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int) {
+	o := &a.owned
+	if o.runs == nil {
+		o.runs = map[string]*ownedRun{}
+	}
+	now := a.clock.Now()
+	roots := a.ledger.TrainerRoots()
+	var procs []owner.Process
+	for _, pid := range slices.Sorted(maps.Keys(onGPU)) {
+		if slices.ContainsFunc(roots, func(root int) bool { return inTree(a.procRoot, pid, root, ppids) }) {
+			continue // a trainer's run has it
+		}
+		for _, g := range onGPU[pid] {
+			procs = append(procs, owner.Process{PID: pid, GPU: g, GPUUUID: a.backend.Devices()[g].UUID})
+		}
+	}
+	found := map[int]owner.Owner{}
+	for _, src := range o.sources {
+		var left []owner.Process
+		for _, p := range procs {
+			if _, ok := found[p.PID]; !ok {
+				left = append(left, p)
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		maps.Copy(found, src.Owners(left))
+	}
+	type group struct {
+		owner owner.Owner
+		pids  []int
+		gpus  []int
+	}
+	groups := map[string]*group{}
+	for _, p := range procs {
+		ow, ok := found[p.PID]
+		if !ok {
+			var err error
+			if ow, err = owner.ProcessOwner(owner.Proc{Root: a.procRoot}, a.cfg.Node, p.PID); err != nil {
+				continue // gone since it was listed
+			}
+			found[p.PID] = ow
+		}
+		g := groups[ow.RunID]
+		if g == nil {
+			g = &group{owner: ow}
+			groups[ow.RunID] = g
+		}
+		if !slices.Contains(g.pids, p.PID) {
+			g.pids = append(g.pids, p.PID)
+		}
+		if !slices.Contains(g.gpus, p.GPU) {
+			g.gpus = append(g.gpus, p.GPU)
+		}
+	}
+	for id, g := range groups {
+		r := o.runs[id]
+		if r != nil && !a.ledger.Live(id) {
+			delete(o.runs, id) // ended otherwise (a resume took its id)
+			r = nil
+		}
+		if r == nil {
+			r = a.startOwned(now, g.owner, g.pids[0], g.gpus)
+			if r == nil {
+				continue
+			}
+		} else if slices.ContainsFunc(g.gpus, func(x int) bool { return !slices.Contains(r.gpus, x) }) {
+			a.ledger.AddGPUs(now, id, g.gpus)
+			r.gpus, _ = unionInts(r.gpus, g.gpus)
+		}
+		a.ledger.SetOwnedPIDs(id, g.pids)
+	}
+	if !complete {
+		return
+	}
+	for id, r := range o.runs {
+		if _, on := groups[id]; on {
+			continue
+		}
+		end, reason := owner.End{Status: "ok"}, "its processes left the GPUs"
+		if r.owner.Persistent {
+			src := a.ownerSource(r.owner.Source)
+			if src == nil {
+				continue
+			}
+			var done bool
+			if end, done = src.Ended(r.owner); !done {
+				a.ledger.SetOwnedPIDs(id, nil)
+				continue
+			}
+			reason = "the " + r.owner.Source + " job ended"
+		}
+		if err := a.ledger.EndOwned(now, r.peer, id, end.Status, end.Error, reason); err != nil {
+			a.log.Debug("owner's run already ended", "run_id", id, "err", err)
+		}
+		delete(o.runs, id)
+	}
+}
+
+// startOwned starts (or joins, when a trainer started it first) the run of
+// an owner on gpus; nil when the ledger refused it (logged).
+func (a *Agent) startOwned(now time.Time, ow owner.Owner, pid int, gpus []int) *ownedRun {
+	o := &a.owned
+	o.nextConn++
+	uid := max(ow.UID, 0)
+	p := ledger.Peer{ConnID: ownerConnBase + o.nextConn, PID: int32(pid), UID: int32(uid)}
+	zero := 0.0
+	ev := &trainerproto.RunStart{
+		Run:     ow.RunID,
+		Start:   &trainmeterv1.RunStart{Metadata: &trainmeterv1.RunMetadata{}, Labels: maps.Clone(ow.Labels), Attribution: ow.Source},
+		WarmupS: &zero, // every GPU-second of an owner's run is its measured time
+		// The same owner back after its run ended (a process group that
+		// left the GPU and came back) continues its run.
+		Resume: true,
+	}
+	for _, g := range gpus {
+		ev.GPUs = append(ev.GPUs, strconv.Itoa(g))
+	}
+	if err := a.ledger.StartRun(now, p, ev); err != nil {
+		if now.Sub(o.lastErr) > time.Minute {
+			o.lastErr = now
+			a.log.Warn("cannot start the run of a GPU process's owner; its GPU time stays idle", "run_id", ow.RunID, "source", ow.Source, "err", err)
+		}
+		return nil
+	}
+	a.log.Info("GPU processes attributed to their owner", "run_id", ow.RunID, "source", ow.Source, "uid", ow.UID, "gpus", gpus, "labels", ow.Labels)
+	r := &ownedRun{owner: ow, peer: p, gpus: slices.Sorted(slices.Values(gpus))}
+	o.runs[ow.RunID] = r
+	return r
+}
+
+func (a *Agent) ownerSource(name string) owner.Source {
+	for _, s := range a.owned.sources {
+		if s.Name() == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// unionInts is the sorted union of a and b, and whether b added anything.
+func unionInts(a, b []int) ([]int, bool) {
+	out := slices.Clone(a)
+	for _, x := range b {
+		if !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	slices.Sort(out)
+	return out, len(out) > len(a)
+}
