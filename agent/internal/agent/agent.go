@@ -421,6 +421,7 @@ func (h handler) Handle(p trainersock.Peer, ev trainerproto.Event) error {
 		}
 		h.a.checkAttributePID(lp, e)
 		e.Start.Attribution = owner.AttrRun
+		h.a.ownerFirst(now, lp, e)
 		err := h.a.ledger.StartRun(now, lp, e)
 		var mc *ledger.MetadataConflict
 		if errors.As(err, &mc) && mc.StarterFound {

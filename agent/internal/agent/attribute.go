@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/agent/internal/owner"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 )
@@ -34,6 +35,14 @@ const maxTreeDepth = 1024
 func (a *Agent) initAttribution(backend gpu.Backend) bool {
 	a.procRoot = cmp.Or(a.cfg.ProcfsRoot, "/proc")
 	a.procs, _ = backend.(gpu.ProcessLister)
+	if a.procs != nil {
+		// Scheduler sources, detected (docs/attribution.md); doctor says
+		// which and why not.
+		if ok, why := owner.SlurmDetect(owner.Proc{Root: a.procRoot}); ok {
+			a.owned.sources = append(a.owned.sources, owner.NewSlurm(owner.Proc{Root: a.procRoot}))
+			a.log.Info("Slurm jobs own their GPU processes' runs", "why", why)
+		}
+	}
 	return a.procs != nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
@@ -33,6 +34,7 @@ type ownedRun struct {
 // owners is the agent's state for owners' runs; touched only by the
 // attribution poller.
 type owners struct {
+	mu       sync.Mutex // the poller and trainers' run_starts (ownerFirst)
 	sources  []owner.Source
 	runs     map[string]*ownedRun
 	nextConn uint64
@@ -44,9 +46,8 @@ type owners struct {
 // listed: then no run is ended on this poll (its processes may be there).
 func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int) {
 	o := &a.owned
-	if o.runs == nil {
-		o.runs = map[string]*ownedRun{}
-	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	now := a.clock.Now()
 	roots := a.ledger.TrainerRoots()
 	var procs []owner.Process
@@ -105,7 +106,11 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 			r = nil
 		}
 		if r == nil {
-			r = a.startOwned(now, g.owner, g.pids[0], g.gpus)
+			var gpus []string
+			for _, x := range g.gpus {
+				gpus = append(gpus, strconv.Itoa(x))
+			}
+			r = a.startOwned(now, g.owner, g.pids[0], gpus, "")
 			if r == nil {
 				continue
 			}
@@ -142,10 +147,36 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 	}
 }
 
-// startOwned starts (or joins, when a trainer started it first) the run of
-// an owner on gpus; nil when the ledger refused it (logged).
-func (a *Agent) startOwned(now time.Time, ow owner.Owner, pid int, gpus []int) *ownedRun {
+// ownerFirst starts the run of a trainer's scheduler job when the
+// trainer's run_start names that run (a client in a Slurm job that names no
+// run_id of its own derives the job's), before the trainer's start: the
+// trainer then joins the job's run, which the agent ends when the job does.
+// The run starts on the GPUs the trainer names.
+func (a *Agent) ownerFirst(now time.Time, p ledger.Peer, e *trainerproto.RunStart) {
 	o := &a.owned
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.sources) == 0 || p.PID <= 0 || a.ledger.Live(e.Run) {
+		return
+	}
+	for _, src := range o.sources {
+		if ow, ok := src.Owners([]owner.Process{{PID: int(p.PID), GPU: -1}})[int(p.PID)]; ok {
+			if ow.RunID == e.Run {
+				a.startOwned(now, ow, int(p.PID), e.GPUs, e.CUDAVisibleDevices)
+			}
+			return
+		}
+	}
+}
+
+// startOwned starts (or joins, when a trainer started it first) the run of
+// an owner on gpus (indices or UUIDs; cvd as CUDA_VISIBLE_DEVICES; neither:
+// every GPU); nil when the ledger refused it (logged).
+func (a *Agent) startOwned(now time.Time, ow owner.Owner, pid int, gpus []string, cvd string) *ownedRun {
+	o := &a.owned
+	if o.runs == nil {
+		o.runs = map[string]*ownedRun{}
+	}
 	o.nextConn++
 	uid := max(ow.UID, 0)
 	p := ledger.Peer{ConnID: ownerConnBase + o.nextConn, PID: int32(pid), UID: int32(uid)}
@@ -156,10 +187,9 @@ func (a *Agent) startOwned(now time.Time, ow owner.Owner, pid int, gpus []int) *
 		WarmupS: &zero, // every GPU-second of an owner's run is its measured time
 		// The same owner back after its run ended (a process group that
 		// left the GPU and came back) continues its run.
-		Resume: true,
-	}
-	for _, g := range gpus {
-		ev.GPUs = append(ev.GPUs, strconv.Itoa(g))
+		Resume:             true,
+		GPUs:               gpus,
+		CUDAVisibleDevices: cvd,
 	}
 	if err := a.ledger.StartRun(now, p, ev); err != nil {
 		if now.Sub(o.lastErr) > time.Minute {
@@ -169,7 +199,13 @@ func (a *Agent) startOwned(now time.Time, ow owner.Owner, pid int, gpus []int) *
 		return nil
 	}
 	a.log.Info("GPU processes attributed to their owner", "run_id", ow.RunID, "source", ow.Source, "uid", ow.UID, "gpus", gpus, "labels", ow.Labels)
-	r := &ownedRun{owner: ow, peer: p, gpus: slices.Sorted(slices.Values(gpus))}
+	var idx []int
+	for _, g := range gpus {
+		if i, err := strconv.Atoi(g); err == nil {
+			idx = append(idx, i)
+		}
+	}
+	r := &ownedRun{owner: ow, peer: p, gpus: slices.Sorted(slices.Values(idx))}
 	o.runs[ow.RunID] = r
 	return r
 }

@@ -324,8 +324,11 @@ class Run:
                             % (", ".join(map(repr, unknown)), ", ".join(METADATA_KEYS)))
         labels = _check_labels(labels)
         explicit_id = run_id or os.environ.get(ENV_RUN_ID)
-        derived_id = None
-        if not explicit_id:
+        # Inside a Slurm job, a run that names no id of its own is the job's
+        # run, which the agent bills the job's GPU processes to
+        # (docs/attribution.md): its tokens meet the job's energy.
+        derived_id = None if explicit_id else _dist.slurm_job_run_id()
+        if not explicit_id and not derived_id:
             ws = metadata.get("world_size")
             if ws is None:
                 ws = _env_int("WORLD_SIZE")
