@@ -114,9 +114,17 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 			if r == nil {
 				continue
 			}
-		} else if slices.ContainsFunc(g.gpus, func(x int) bool { return !slices.Contains(r.gpus, x) }) {
-			a.ledger.AddGPUs(now, id, g.gpus)
-			r.gpus, _ = unionInts(r.gpus, g.gpus)
+		} else if r.owner.Persistent {
+			// A job keeps the GPUs its processes used while it lives (the
+			// GPUs the scheduler gave it).
+			if merged, changed := unionInts(r.gpus, g.gpus); changed {
+				a.ledger.SetGPUs(now, id, merged)
+				r.gpus = merged
+			}
+		} else if gs := slices.Sorted(slices.Values(g.gpus)); !slices.Equal(gs, r.gpus) {
+			// A process group holds the GPUs its processes are on now.
+			a.ledger.SetGPUs(now, id, gs)
+			r.gpus = gs
 		}
 		a.ledger.SetOwnedPIDs(id, g.pids)
 	}

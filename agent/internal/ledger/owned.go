@@ -87,3 +87,40 @@ func (l *Ledger) EndOwned(now time.Time, p Peer, id, status, errText, reason str
 	l.leave(now, r, p.ConnID, reason)
 	return nil
 }
+
+// SetGPUs makes gpus (device indices) the GPUs of an owner's run from now
+// on, as a GPU-set change: a process group's run holds only the GPUs its
+// processes are on, so a GPU they left is idle. Trainers' runs and unknown
+// or ended runs are left alone.
+func (l *Ledger) SetGPUs(now time.Time, id string, gpus []int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, ok := l.runs[id]
+	if !ok || r.ended || !r.implicit {
+		return
+	}
+	var set []int
+	for _, g := range gpus {
+		if g >= 0 && g < len(l.cfg.Devices) && !slices.Contains(set, g) {
+			set = append(set, g)
+		}
+	}
+	slices.Sort(set)
+	last := r.gpuChanges[len(r.gpuChanges)-1]
+	if slices.Equal(last.gpus, set) {
+		return
+	}
+	// Never before the open window nor the previous change (AddGPUs).
+	at := now
+	if l.started && at.Before(l.winStart) {
+		at = l.winStart
+	}
+	if at.Before(last.at) {
+		at = last.at
+	}
+	if at.Equal(last.at) {
+		r.gpuChanges[len(r.gpuChanges)-1].gpus = set
+	} else {
+		r.gpuChanges = append(r.gpuChanges, gpuSet{at: at, gpus: set})
+	}
+}
