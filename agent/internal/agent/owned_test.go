@@ -108,7 +108,7 @@ func everyGPUSecond(t *testing.T, seed uint64) {
 		on[g] = map[uint32]bool{}
 	}
 	nextPID := 100
-	var busyS [nGPU]float64           // seconds the GPU was someone's
+	var busyS [nGPU]float64              // seconds the GPU was someone's
 	jobGPUs := map[string]map[int]bool{} // live job -> the GPUs it used
 	const steps = 60
 	for range steps {
