@@ -206,7 +206,9 @@ func (s *Slurm) Ended(o Owner) (End, bool) {
 		state, code = kv["JobState"], kv["ExitCode"]
 	} else if out, err := s.run(s.sacct, "-n", "-P", "-X", "-j", job, "-o", "State,ExitCode"); err == nil {
 		if f := strings.Split(strings.TrimSpace(string(out)), "|"); len(f) == 2 {
-			state, code = strings.Fields(f[0] + " ")[0], f[1] // "CANCELLED by 0"
+			if w := strings.Fields(f[0]); len(w) > 0 { // "CANCELLED by 0"
+				state, code = w[0], f[1]
+			}
 		}
 	}
 	if state == "" {
