@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -293,5 +294,23 @@ run.end()
 	if r := c.waitEnded(runID(clientJob)); r.TokensProcessed != 8000 || r.GetMetadata().GetModel() != "slurm-model" {
 		t.Errorf("client job's run: tokens %d, model %q; want the client's 8000 tokens and its model", r.TokensProcessed, r.GetMetadata().GetModel())
 	}
-	t.Logf("usage --by account:\n%s", c.cli("usage", "--by", "account"))
+	table := c.cli("usage", "--by", "account")
+	t.Logf("usage --by account:\n%s", table)
+	if !strings.HasPrefix(table, "ACCOUNT ") {
+		t.Errorf("usage --by account names its column ACCOUNT:\n%s", table)
+	}
+	var u usageJSON
+	if err := json.Unmarshal([]byte(c.cli("usage", "--by", "account", "--json")), &u); err != nil {
+		t.Fatal(err)
+	}
+	byAccount := map[string]float64{}
+	for _, r := range u.Rows {
+		if !r.Idle {
+			byAccount[r.Keys[0]] += r.GPUSeconds
+		}
+	}
+	wall := func(job string) float64 { return c.waitEnded(runID(job)).WallS }
+	within(t, "physics GPU-s", byAccount["physics"], wall(okJob)+wall(cancelJob), 1e-6)
+	within(t, "chemistry GPU-s", byAccount["chemistry"], wall(failJob), 1e-6)
+	within(t, "ml GPU-s", byAccount["ml"], wall(clientJob), 1e-6)
 }

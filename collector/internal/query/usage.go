@@ -96,6 +96,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	if len(by) == 0 {
 		by = []string{"node"}
 	}
+	asked := by // the response names the groups as asked (account, not label:slurm.account)
 	by, err := checkBy(by)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -267,7 +268,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	if err != nil {
 		return nil, s.storeErr(err)
 	}
-	out := &trainmeterv1.UsageResponse{By: by, Since: req.GetSince(), Until: req.GetUntil()}
+	out := &trainmeterv1.UsageResponse{By: asked, Since: req.GetSince(), Until: req.GetUntil()}
 	for _, n := range nodes {
 		out.Nodes = append(out.Nodes, n)
 	}
