@@ -114,9 +114,11 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 			if r == nil {
 				continue
 			}
-		} else if r.owner.Persistent {
+		} else if r.owner.Persistent || !complete {
 			// A job keeps the GPUs its processes used while it lives (the
-			// GPUs the scheduler gave it).
+			// GPUs the scheduler gave it); and a GPU that could not be
+			// listed may still hold a group's processes, so no poll with
+			// one takes GPUs away.
 			if merged, changed := unionInts(r.gpus, g.gpus); changed {
 				a.ledger.SetGPUs(now, id, merged)
 				r.gpus = merged

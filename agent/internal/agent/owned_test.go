@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,6 +65,22 @@ func (s *jobSource) Owners(procs []owner.Process) map[int]owner.Owner {
 
 func (s *jobSource) Ended(owner.Owner) (owner.End, bool) { return owner.End{Status: "exit 0"}, true }
 
+// gatedLister lists processes only while the test polls (open): the
+// agent's own once-a-second poll, which runs whenever its goroutine gets to
+// it, would otherwise read the listing in the middle of the test changing
+// it and act on it at a later fake time. Refused, that poll changes nothing.
+type gatedLister struct {
+	*listingSim
+	open atomic.Bool
+}
+
+func (g *gatedLister) ComputePIDs(i int) ([]uint32, error) {
+	if !g.open.Load() {
+		return nil, errors.New("closed")
+	}
+	return g.listingSim.ComputePIDs(i)
+}
+
 // Random arrivals and departures of GPU processes of Slurm jobs and of
 // plain users' process groups on three GPUs, each second for a minute:
 // every GPU-second of every window is in exactly one row (a run's share of
@@ -78,7 +96,7 @@ func everyGPUSecond(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 32))
 	rec, collectorAddr := startRecorder(t)
 	const nGPU = 3
-	backend := &listingSim{Backend: simgpu3(), pids: map[int][]uint32{}}
+	backend := &gatedLister{listingSim: &listingSim{Backend: simgpu3(), pids: map[int][]uint32{}}}
 	fake := clock.NewFake(time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC))
 	cfg := DefaultConfig()
 	cfg.Collector = collectorAddr
@@ -172,7 +190,7 @@ func everyGPUSecond(t *testing.T, seed uint64) {
 				busyS[g]++
 			}
 		}
-		a.pollAttribution()
+		poll(a, backend)
 		for range 10 {
 			fake.Advance(100 * time.Millisecond)
 		}
@@ -180,7 +198,7 @@ func everyGPUSecond(t *testing.T, seed uint64) {
 	for g := range nGPU {
 		backend.set(g)
 	}
-	a.pollAttribution()
+	poll(a, backend)
 	for range 30 {
 		fake.Advance(100 * time.Millisecond)
 	}
@@ -230,3 +248,9 @@ func everyGPUSecond(t *testing.T, seed uint64) {
 }
 
 func simgpu3() *simgpu.Backend { return simgpu.New(3, 1) }
+
+func poll(a *Agent, g *gatedLister) {
+	g.open.Store(true)
+	a.pollAttribution()
+	g.open.Store(false)
+}

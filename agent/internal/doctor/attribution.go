@@ -25,7 +25,8 @@ const KubeletSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
 func checkAttribution(o Options, r *Report) {
 	proc := owner.Proc{Root: cmp.Or(o.Config.ProcfsRoot, "/proc")}
 	gpu := o.Config.GPU
-	if !strings.HasPrefix(gpu, "nvml") && gpu != "auto" {
+	// nvml and amd list GPU processes; sim and replay do not.
+	if !strings.HasPrefix(gpu, "nvml") && !strings.HasPrefix(gpu, "amd") && gpu != "auto" {
 		r.add(SectionAttribution, "processes", OK, "--gpu "+gpu+" lists no GPU processes: only trainers' runs are billed, the rest of the GPU time is idle", "")
 		return
 	}
