@@ -195,6 +195,11 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		}
 		r.members[p.ConnID] = rankKey(p, ev)
 		r.addPeer(p)
+		if isImplicit(ev) {
+			// The agent's owner joins: a run a trainer of the same job
+			// started, or one restored after a restart (owned.go).
+			r.implicit = true
+		}
 		gpus = l.joinAttributed(now, r, ev, gpus, explicit)
 		if filled {
 			// The same start (time, node) again with the fields filled in:
