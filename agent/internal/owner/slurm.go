@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,9 +32,6 @@ type Slurm struct {
 
 	mu   sync.Mutex
 	jobs map[string]Owner // job id -> its owner, once known
-	// envDenied counts the processes whose environment the agent could
-	// not read (for doctor).
-	envDenied int
 }
 
 // SlurmDetect reports whether slurmd runs on this node (a process named
@@ -76,14 +72,6 @@ func NewSlurm(p Proc) *Slurm {
 // Name implements Source.
 func (s *Slurm) Name() string { return AttrSlurm }
 
-// EnvDenied is how many processes' environments the agent could not read
-// (not root, and not the job's user).
-func (s *Slurm) EnvDenied() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.envDenied
-}
-
 var cgroupJob = regexp.MustCompile(`/job_([0-9]+)(?:/|$)`)
 
 // JobOfCgroup is the Slurm job id in cgroup paths, "" when none.
@@ -109,10 +97,7 @@ func (s *Slurm) Owners(procs []Process) map[int]Owner {
 		if cg, err := s.proc.Cgroup(p.PID); err == nil {
 			job = JobOfCgroup(cg)
 		}
-		env, err := s.proc.Environ(p.PID)
-		if errors.Is(err, fs.ErrPermission) {
-			s.envDenied++
-		}
+		env, _ := s.proc.Environ(p.PID) // nil when not readable (doctor says so)
 		if job == "" {
 			job = env["SLURM_JOB_ID"]
 		}
