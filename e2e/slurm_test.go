@@ -236,6 +236,12 @@ func TestSlurmJobsBecomeRuns(t *testing.T) {
 	sock := c.startAgentEnv("slurm-node", "nvml", env, "--warmup", "0s")
 	c.waitStreaming("slurm-node")
 
+	// doctor names the source it detects on this node.
+	if out, _ := doctorEnv(t, env, "--gpu", "nvml", "--socket", sock, "--collector", c.addr, "--node", "slurm-node"); !strings.Contains(out,
+		"OK    slurm") || !strings.Contains(out, "Slurm jobs own their GPU processes' runs: slurmd runs (pid ") {
+		t.Errorf("doctor on a Slurm node:\n%s", out)
+	}
+
 	// Each job puts its shell (or the Python client) on its GPU.
 	onGPU := func(g int, name string) string { return fmt.Sprintf("echo %d $$ > %s/%s.gpu\n", g, jobs, name) }
 	okJob := slurm.sbatch("nobody", "ok", "physics", onGPU(0, "ok")+"sleep 4\nexit 0\n")
