@@ -57,7 +57,7 @@ var controlKeys = []string{"event", "run_id", "gpus", "cuda_visible_devices", "w
 // sets: the agent fills them from its clock, the peer's credentials, its
 // GPUs and the control keys (labels: from the keys that are none of these).
 var agentSet = []protoreflect.Name{"run_id", "time", "metadata", "warmup_s", "warmup_steps", "gpus",
-	"gpu_uuids", "gpu_name", "pid", "uid", "labels", "resume", "user", "resume_requested"}
+	"gpu_uuids", "gpu_name", "pid", "uid", "labels", "resume", "user", "resume_requested", "attribution"}
 
 // metadataFields and runStartKeys are read from the descriptor once.
 var metadataFields, runStartKeys = func() ([]protoreflect.FieldDescriptor, []string) {

@@ -18,6 +18,7 @@ import (
 	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/host"
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/agent/internal/owner"
 	"github.com/trainmeter/trainmeter/agent/internal/spool"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/agent/internal/trainersock"
@@ -72,6 +73,7 @@ type Agent struct {
 	procs       gpu.ProcessLister
 	procRoot    string
 	lastProcErr time.Time
+	owned       owners // the runs of GPU processes' owners (owned.go)
 	// Splitting shared GPUs (share.go): per-process or per-run use.
 	procUse     gpu.ProcessUsageReader
 	runUse      gpu.RunUsageReader
@@ -418,6 +420,8 @@ func (h handler) Handle(p trainersock.Peer, ev trainerproto.Event) error {
 			}
 		}
 		h.a.checkAttributePID(lp, e)
+		e.Start.Attribution = owner.AttrRun
+		h.a.ownerFirst(now, lp, e)
 		err := h.a.ledger.StartRun(now, lp, e)
 		var mc *ledger.MetadataConflict
 		if errors.As(err, &mc) && mc.StarterFound {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
+	"github.com/trainmeter/trainmeter/agent/internal/owner"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 )
@@ -18,7 +19,8 @@ import (
 // `trainmeter run` sets to its own PID): once a second, off the 50 ms
 // sampling path, the agent lists each GPU's compute processes, walks /proc
 // up from each to see whether it descends from a run's attribute_pid, and
-// adds the GPUs found to that run (ledger.AddGPUs).
+// adds the GPUs found to that run (ledger.AddGPUs). The processes no
+// trainer's run owns go to their owners (owned.go).
 
 // attributeEvery is how often the GPUs' processes are listed (NVML takes
 // milliseconds per GPU for it).
@@ -33,20 +35,30 @@ const maxTreeDepth = 1024
 func (a *Agent) initAttribution(backend gpu.Backend) bool {
 	a.procRoot = cmp.Or(a.cfg.ProcfsRoot, "/proc")
 	a.procs, _ = backend.(gpu.ProcessLister)
+	if a.procs != nil {
+		// Scheduler sources, detected (docs/attribution.md); doctor says
+		// which and why not.
+		if ok, why := owner.SlurmDetect(owner.Proc{Root: a.procRoot}); ok {
+			a.owned.sources = append(a.owned.sources, owner.NewSlurm(owner.Proc{Root: a.procRoot}))
+			a.log.Info("Slurm jobs own their GPU processes' runs", "why", why)
+		}
+	}
 	return a.procs != nil
 }
 
 // pollAttribution adds to every process-attributed run the GPUs its tree
-// now computes on. It lists processes only while such a run is live.
+// now computes on, and gives the processes no trainer's run owns to their
+// owners (owned.go).
 func (a *Agent) pollAttribution() {
-	runs := a.ledger.AttributedRuns()
-	if len(runs) == 0 || a.procs == nil {
+	if a.procs == nil {
 		return
 	}
 	onGPU := map[int][]int{} // pid -> GPUs
+	complete := true
 	for i := range a.backend.Devices() {
 		pids, err := a.procs.ComputePIDs(i)
 		if err != nil {
+			complete = false
 			if now := a.clock.Now(); now.Sub(a.lastProcErr) > time.Minute {
 				a.lastProcErr = now
 				a.log.Warn("cannot list a GPU's compute processes; runs attributed by process tree may miss it", "gpu", i, "err", err)
@@ -57,11 +69,8 @@ func (a *Agent) pollAttribution() {
 			onGPU[int(p)] = append(onGPU[int(p)], i)
 		}
 	}
-	if len(onGPU) == 0 {
-		return
-	}
 	ppids := map[int]int{} // one /proc read per process per poll
-	for _, r := range runs {
+	for _, r := range a.ledger.AttributedRuns() {
 		var gpus []int
 		for pid, gs := range onGPU {
 			if inTree(a.procRoot, pid, r.PID, ppids) {
@@ -72,6 +81,7 @@ func (a *Agent) pollAttribution() {
 			a.ledger.AddGPUs(a.clock.Now(), r.ID, gpus)
 		}
 	}
+	a.pollOwners(onGPU, complete, ppids)
 }
 
 // checkAttributePID makes sure a run_start's attribute_pid names the sending

@@ -97,14 +97,6 @@ func TestAgentAttributesGPUsOfTheProcessTree(t *testing.T) {
 	}
 	tr := dialTrainer(t, cfg.Socket)
 
-	fake.Advance(time.Second)
-	a.pollAttribution()
-	backend.mu.Lock()
-	calls := backend.calls
-	backend.mu.Unlock()
-	if calls != 0 {
-		t.Fatalf("processes listed %d times with no attributed run", calls)
-	}
 	backend.set(0, 6000)
 	// 777777 is not this process as the agent sees it (think: another PID
 	// namespace): the agent attributes the sender's own tree instead.

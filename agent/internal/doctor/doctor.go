@@ -149,6 +149,7 @@ func Run(ctx context.Context, o Options) *Report {
 	}
 	checkGPU(o, r)
 	checkRAPL(o, r)
+	checkAttribution(o, r)
 	checkSocket(ctx, o, r)
 	if cfg.AnyCollector() {
 		checkAnyCollector(ctx, o, r)

@@ -509,7 +509,8 @@ func TestRunAndOutput(t *testing.T) {
 	if err := r.WriteText(&txt); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"\ngpu (--gpu sim:1)\n", "\nsocket (" + sock + ")\n", "  OK    connect ", "\nhost energy (RAPL: cpu_energy_J, dram_energy_J)\n", fmt.Sprintf("all %d checks OK.", 12+hostChecks)} {
+	for _, s := range []string{"\ngpu (--gpu sim:1)\n", "\nsocket (" + sock + ")\n", "  OK    connect ", "\nhost energy (RAPL: cpu_energy_J, dram_energy_J)\n",
+		"\nattribution\n  OK    processes    --gpu sim:1 lists no GPU processes", fmt.Sprintf("all %d checks OK.", 13+hostChecks)} {
 		if !strings.Contains(txt.String(), s) {
 			t.Errorf("text report lacks %q:\n%s", s, txt.String())
 		}

@@ -78,6 +78,11 @@ type run struct {
 	starter     *trainerproto.RunStart
 	starterKey  string
 	starterPeer Peer
+	// implicit: the agent started the run for the owner of GPU processes
+	// that no trainer's run owns (a Slurm job, a pod, a user's process
+	// group; owned.go); ownedPIDs are those processes as last listed.
+	implicit  bool
+	ownedPIDs []int
 
 	ticks []tickStat
 	steps []stepStat
@@ -190,6 +195,11 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 		}
 		r.members[p.ConnID] = rankKey(p, ev)
 		r.addPeer(p)
+		if isImplicit(ev) {
+			// The agent's owner joins: a run a trainer of the same job
+			// started, or one restored after a restart (owned.go).
+			r.implicit = true
+		}
 		gpus = l.joinAttributed(now, r, ev, gpus, explicit)
 		if filled {
 			// The same start (time, node) again with the fields filled in:
@@ -232,6 +242,12 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 	}
 	if ev.AttributePID != nil {
 		r.attributePID = int(*ev.AttributePID)
+		r.starter, r.starterKey, r.starterPeer = starterCopy(ev), rankKey(p, ev), p
+	}
+	if isImplicit(ev) {
+		// A trainer that joins it (a client in a Slurm job) fills in the
+		// metadata, as one joining trainmeter run's run does.
+		r.implicit = true
 		r.starter, r.starterKey, r.starterPeer = starterCopy(ev), rankKey(p, ev), p
 	}
 	r.addPeer(p)

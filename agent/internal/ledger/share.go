@@ -443,6 +443,11 @@ func (l *Ledger) SharedRuns(now time.Time) []SharedRun {
 				sr.Roots = append(sr.Roots, int(pid))
 			}
 		}
+		for _, pid := range r.ownedPIDs {
+			if !slices.Contains(sr.Roots, pid) {
+				sr.Roots = append(sr.Roots, pid)
+			}
+		}
 		out = append(out, sr)
 	}
 	return out

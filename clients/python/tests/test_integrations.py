@@ -469,6 +469,20 @@ class TestDist(Base):
         self.assertTrue(c.startswith("ddp-"))
         self.assertNotEqual(c, a)
 
+    def test_slurm_job_run_id(self):
+        # The agent's run of the job: slurm-<cluster>-<job>, on every rank.
+        self.assertIsNone(dist.slurm_job_run_id(env={}))
+        self.assertIsNone(dist.slurm_job_run_id(env={"SLURM_JOB_ID": "x"}))
+        self.assertEqual(dist.slurm_job_run_id(env={"SLURM_JOB_ID": "812", "SLURM_CLUSTER_NAME": "hpc one"}), "slurm-hpc_one-812")
+        self.assertEqual(dist.slurm_job_run_id(env={"SLURM_JOB_ID": "812"}), "slurm-812")
+
+    def test_run_in_slurm_job_joins_the_jobs_run(self):
+        self.agent()
+        os.environ.update(SLURM_JOB_ID="4242", SLURM_CLUSTER_NAME="tm", WORLD_SIZE="2", TORCHELASTIC_RUN_ID="abc")
+        self.assertEqual(self.start().run_id, "slurm-tm-4242")
+        os.environ["TRAINMETER_RUN_ID"] = "mine"  # a run of its own, named: kept
+        self.assertEqual(self.start().run_id, "mine")
+
     def test_run_uses_derived_id_and_rank_keys(self):
         a = self.agent()
         os.environ.update(WORLD_SIZE="2", RANK="1", LOCAL_RANK="1", TORCHELASTIC_RUN_ID="abc123")

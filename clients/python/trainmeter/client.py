@@ -324,8 +324,11 @@ class Run:
                             % (", ".join(map(repr, unknown)), ", ".join(METADATA_KEYS)))
         labels = _check_labels(labels)
         explicit_id = run_id or os.environ.get(ENV_RUN_ID)
-        derived_id = None
-        if not explicit_id:
+        # Inside a Slurm job, a run that names no id of its own is the job's
+        # run, which the agent bills the job's GPU processes to
+        # (docs/attribution.md): its tokens meet the job's energy.
+        derived_id = None if explicit_id else _dist.slurm_job_run_id()
+        if not explicit_id and not derived_id:
             ws = metadata.get("world_size")
             if ws is None:
                 ws = _env_int("WORLD_SIZE")
@@ -1078,9 +1081,11 @@ def start(
 
     ``run_id``: argument, else env ``TRAINMETER_RUN_ID``, else generated.
     ``socket_path``: argument, else env ``TRAINMETER_SOCKET``, else
-    ``/run/trainmeter/agent.sock``. With several ranks (``WORLD_SIZE`` > 1)
-    and no run id given, every rank derives the same id (see
-    :func:`trainmeter.dist.derive_run_id`).
+    ``/run/trainmeter/agent.sock``. Inside a Slurm job with no run id given,
+    the run is the job's (``slurm-<cluster>-<job>``, the run the agent bills
+    the job's GPU processes to; docs/attribution.md). Otherwise, with several
+    ranks (``WORLD_SIZE`` > 1) and no run id given, every rank derives the
+    same id (see :func:`trainmeter.dist.derive_run_id`).
 
     Run metadata (``model`` … ``plan_key``: the keys of ``run_start``,
     docs/protocol.md) is sent as given; keywords left as None are not sent.

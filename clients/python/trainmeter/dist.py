@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 log = logging.getLogger("trainmeter")
 
-__all__ = ["rank_info", "rank_gpu", "derive_run_id", "cuda_visible_gpu_uuids", "gpu_table"]
+__all__ = ["rank_info", "rank_gpu", "derive_run_id", "slurm_job_run_id", "cuda_visible_gpu_uuids", "gpu_table"]
 
 _NVIDIA_SMI_TIMEOUT_S = 2.0
 
@@ -114,6 +114,18 @@ def _boot_id() -> str:
             return f.read().strip()
     except Exception:
         return ""
+
+
+def slurm_job_run_id(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The run id the agent gives the Slurm job this process runs in,
+    ``slurm-<cluster>-<job>`` (``slurm-<job>`` when the cluster has no name),
+    or None outside a job. Every rank on every node of the job gets it."""
+    env = os.environ if env is None else env
+    job = (env.get("SLURM_JOB_ID") or "").strip()
+    if not job.isdigit():
+        return None
+    cluster = re.sub(r"[^A-Za-z0-9._-]+", "_", (env.get("SLURM_CLUSTER_NAME") or "").strip())
+    return "slurm-%s-%s" % (cluster, job) if cluster else "slurm-" + job
 
 
 def derive_run_id(world_size: Optional[int] = None, env: Optional[Mapping[str, str]] = None) -> Optional[str]:

@@ -652,6 +652,7 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r.SharedGpuS = s.SharedGpuSeconds
 	r.MaxSharingRuns = s.MaxSharingRuns
 	r.User = start0.GetUser()
+	r.Attribution = start0.GetAttribution()
 	if start0 != nil {
 		r.Uid = ptr(start0.GetUid())
 	}

@@ -35,8 +35,9 @@ func newUsageCommand(cf *clientFlags) *cobra.Command {
 		Use:   "usage",
 		Short: "GPU-hours, energy and cost per node, GPU, model, user or label, with each node's idle time",
 		Long: `usage is showback: over [--since, --until) it sums the nodes' GPU time, energy
-and cost by the groups named with --by (node, gpu, model, user, label:KEY;
-repeatable, default node). Each node has an "(idle)" row for GPU time no run
+and cost by the groups named with --by (node, gpu, model, user, label:KEY, and account, partition and
+namespace for the labels slurm.account, slurm.partition and k8s.namespace that
+Slurm jobs' and pods' runs carry; repeatable, default node). Each node has an "(idle)" row for GPU time no run
 used; runs without the label (or model, or user) are "(unlabeled)"; runs
 deleted since (delete-run) are "(deleted)" rows, for their nodes used that
 GPU time and energy. The rows add up to the nodes' totals, shown below them,
@@ -70,7 +71,7 @@ plus energy at the energy price (docs/costs.md).`,
 	}
 	cmd.Flags().StringVar(&since, "since", "", "start of the period (RFC 3339, a UTC date, or a duration before now)")
 	cmd.Flags().StringVar(&until, "until", "", "end of the period, exclusive (same forms)")
-	cmd.Flags().StringArrayVar(&by, "by", nil, "group by node, gpu, model, user or label:KEY (repeatable)")
+	cmd.Flags().StringArrayVar(&by, "by", nil, "group by node, gpu, model, user, account, partition, namespace or label:KEY (repeatable)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the rows and node totals as JSON")
 	cmd.Flags().BoolVar(&asCSV, "csv", false, "print the rows as CSV")
 	return cmd

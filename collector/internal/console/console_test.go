@@ -85,6 +85,7 @@ func (c *collector) seed(t *testing.T) {
 		rs.Metadata.Notes = evilNote
 		rs.Metadata.Backend = []string{"bnb", "unsloth"}[i]
 		rs.Labels = map[string]string{"team": evilLabel}
+		rs.User, rs.Attribution = "alice", "slurm"
 		for s := 0; s < 5; s++ {
 			seq++
 			w := tu.Window(run, float64(s), uint64(1000*(i+1)), 300)
@@ -196,6 +197,9 @@ func TestPagesEscapeTrainerValues(t *testing.T) {
 	if want := `<code id="end-error">torch.cuda.OutOfMemoryError: &lt;script&gt;alert(&#34;oom&#34;)&lt;/script&gt;</code>`; !strings.Contains(body, want) ||
 		!strings.Contains(body, `data-name="end_error"`) {
 		t.Errorf("run page lacks the escaped end error %s or its report field", want)
+	}
+	if want := `<dd id="attribution">alice · slurm</dd>`; !strings.Contains(body, want) || !strings.Contains(body, `data-name="attribution"`) {
+		t.Errorf("run page lacks who ran it and where the run came from: %s", want)
 	}
 	for _, want := range []string{`r&lt;script&gt;alert(&#34;run&#34;)&lt;/script&gt;&#39;&#34;`, `&lt;script&gt;alert(&#34;note&#34;)&lt;/script&gt;`, `team=&#34;&gt;&lt;script&gt;alert(3)&lt;/script&gt;`} {
 		if !strings.Contains(body, want) {

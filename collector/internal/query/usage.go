@@ -42,16 +42,31 @@ func lockOfBatch(b *trainmeterv1.Batch) locked {
 		usdPerGPUHour: b.GetLockedUsdPerGpuHour(), usdPerJoule: b.GetLockedUsdPerJoule(), source: b.GetLockedPriceSource()}
 }
 
-func checkBy(by []string) error {
-	for _, b := range by {
+// LabelAliases name the label keys that schedulers' runs carry
+// (docs/attribution.md): --by account is --by label:slurm.account.
+var LabelAliases = map[string]string{
+	"account":   "label:slurm.account",
+	"partition": "label:slurm.partition",
+	"namespace": "label:k8s.namespace",
+}
+
+// checkBy refuses an unknown grouping and returns by with the aliases
+// replaced by the label keys they name.
+func checkBy(by []string) ([]string, error) {
+	out := make([]string, len(by))
+	for i, b := range by {
+		if l, ok := LabelAliases[b]; ok {
+			b = l
+		}
 		switch {
 		case b == "node", b == "gpu", b == "model", b == "user":
 		case strings.HasPrefix(b, "label:") && len(b) > len("label:"):
 		default:
-			return fmt.Errorf("unknown grouping %q: use node, gpu, model, user or label:KEY", b)
+			return nil, fmt.Errorf("unknown grouping %q: use node, gpu, model, user, account, partition, namespace or label:KEY", b)
 		}
+		out[i] = b
 	}
-	return nil
+	return out, nil
 }
 
 // windowEnergy is the best energy of a window: its counter when valid.
@@ -81,7 +96,9 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	if len(by) == 0 {
 		by = []string{"node"}
 	}
-	if err := checkBy(by); err != nil {
+	asked := by // the response names the groups as asked (account, not label:slurm.account)
+	by, err := checkBy(by)
+	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	since, until := timeOf(req.GetSince()), timeOf(req.GetUntil())
@@ -251,7 +268,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	if err != nil {
 		return nil, s.storeErr(err)
 	}
-	out := &trainmeterv1.UsageResponse{By: by, Since: req.GetSince(), Until: req.GetUntil()}
+	out := &trainmeterv1.UsageResponse{By: asked, Since: req.GetSince(), Until: req.GetUntil()}
 	for _, n := range nodes {
 		out.Nodes = append(out.Nodes, n)
 	}

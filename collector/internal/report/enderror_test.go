@@ -3,19 +3,21 @@ package report
 import (
 	"bytes"
 	"encoding/csv"
+	"slices"
 	"strings"
 	"testing"
 )
 
 // TestEndErrorIsShown: a failed run's cause is in the CSV as given (the
-// last column, end_error) and in the report text quoted, so a newline or a
+// end_error column) and in the report text quoted, so a newline or a
 // terminal escape in it cannot forge lines.
 func TestEndErrorIsShown(t *testing.T) {
 	r := fullRun()
 	r.EndStatus = "error"
 	r.EndError = "torch.cuda.OutOfMemoryError: CUDA out of memory, \"2 GiB\"\n\x1b[2Jé"
-	if h := Header(); h[len(h)-1] != "end_error" {
-		t.Fatalf("last column %q, want end_error", h[len(h)-1])
+	col := slices.Index(Header(), "end_error")
+	if col < 0 {
+		t.Fatal("no end_error column")
 	}
 	var buf bytes.Buffer
 	if err := WriteCSV(&buf, []*RunReport{r}); err != nil {
@@ -25,7 +27,7 @@ func TestEndErrorIsShown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := rows[1][len(rows[1])-1]; got != r.EndError {
+	if got := rows[1][col]; got != r.EndError {
 		t.Errorf("end_error cell %q, want %q", got, r.EndError)
 	}
 	if got := cell(t, fullRun(), "end_error"); got != "" {

@@ -144,6 +144,9 @@ var fields = []Field{
 	// the cause of a failed end, as the trainer gave it (docs/measurement.md,
 	// "End status")
 	{Name: "end_error", Scope: run},
+	// where the run came from: run, slurm, kubernetes or process
+	// (docs/attribution.md)
+	{Name: "attribution", Scope: run},
 }
 
 var (
@@ -679,6 +682,7 @@ func WriteReport(w io.Writer, r *RunReport) error {
 	line("hardware", "%s on %s %s", plural.N(r.GetGpus(), "GPU"), plural.N(r.GetNodes(), "node"), orDash(r.GetGpuName()))
 	if r.Uid != nil {
 		line("user", "%s (uid %d)", orDash(r.GetUser()), r.GetUid())
+		line("attribution", "%s", orDash(r.GetAttribution()))
 	}
 	if n := r.GetMaxSharingRuns(); n > 1 {
 		line("shared GPUs", "with up to %d runs at once (this run included) for %.4g GPU-seconds, split by %s; energy, GPU-hours and cost below are this run's share",

@@ -34,6 +34,7 @@ const (
 	AttrRunBackend            = "trainmeter.run.backend"
 	AttrRunBudgetScope        = "trainmeter.run.budget_scope"
 	AttrRunGPUModel           = "trainmeter.run.gpu_model"
+	AttrRunAttribution        = "trainmeter.run.attribution"
 	AttrBudgetScope           = "trainmeter.budget.scope"
 	AttrBudgetPeriod          = "trainmeter.budget.period"
 	AttrRecommendationKind    = "trainmeter.recommendation.kind"

@@ -250,6 +250,7 @@ func runAttrs(r *trainmeterv1.RunReport) attribute.Set {
 		attribute.String(AttrRunBackend, r.GetMetadata().GetBackend()),
 		attribute.String(AttrRunBudgetScope, r.GetBudgetScope()),
 		attribute.String(AttrRunGPUModel, r.GetGpuName()),
+		attribute.String(AttrRunAttribution, r.GetAttribution()),
 	)
 }
 

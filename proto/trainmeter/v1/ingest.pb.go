@@ -2077,7 +2077,14 @@ type RunStart struct {
 	// and estimate only when one of the run's starts presents the key of
 	// that plan, so that a plan made by someone else for the same run id
 	// caps nothing (docs/budgets.md).
-	PlanKey       string `protobuf:"bytes,490,opt,name=plan_key,json=planKey,proto3" json:"plan_key,omitempty"`
+	PlanKey string `protobuf:"bytes,490,opt,name=plan_key,json=planKey,proto3" json:"plan_key,omitempty"`
+	// --- who the run is billed to (520-529) ---
+	// Where the run came from (docs/attribution.md): "run" (a trainer's
+	// run_start or trainmeter run), "slurm" (a Slurm job the agent found
+	// owning GPU processes), "kubernetes" (a pod), "process" (a Linux user's
+	// process tree that no run, job or pod owns). "" from a start that did
+	// not say.
+	Attribution   string `protobuf:"bytes,520,opt,name=attribution,proto3" json:"attribution,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2297,6 +2304,13 @@ func (x *RunStart) GetResumeRequested() bool {
 func (x *RunStart) GetPlanKey() string {
 	if x != nil {
 		return x.PlanKey
+	}
+	return ""
+}
+
+func (x *RunStart) GetAttribution() string {
+	if x != nil {
+		return x.Attribution
 	}
 	return ""
 }
@@ -3347,7 +3361,7 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\arun_end\x18\x02 \x01(\v2\x15.trainmeter.v1.RunEndH\x00R\x06runEnd\x12)\n" +
 	"\x04eval\x18\x03 \x01(\v2\x13.trainmeter.v1.EvalH\x00R\x04eval\x12*\n" +
 	"\x10spool_collectors\x18\xbc\x05 \x01(\rR\x0fspoolCollectorsB\a\n" +
-	"\x05event\"\x8b\b\n" +
+	"\x05event\"\xae\b\n" +
 	"\bRunStart\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x126\n" +
@@ -3377,7 +3391,8 @@ const file_trainmeter_v1_ingest_proto_rawDesc = "" +
 	"\x06resume\x18\x18 \x01(\bR\x06resume\x12\x12\n" +
 	"\x04user\x18\x19 \x01(\tR\x04user\x12*\n" +
 	"\x10resume_requested\x18\x90\x03 \x01(\bR\x0fresumeRequested\x12\x1a\n" +
-	"\bplan_key\x18\xea\x03 \x01(\tR\aplanKey\x1a9\n" +
+	"\bplan_key\x18\xea\x03 \x01(\tR\aplanKey\x12!\n" +
+	"\vattribution\x18\x88\x04 \x01(\tR\vattribution\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x0e\n" +

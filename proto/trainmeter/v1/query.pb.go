@@ -1369,6 +1369,9 @@ type RunReport struct {
 	// host); uid unset when no node knew it.
 	User string  `protobuf:"bytes,79,opt,name=user,proto3" json:"user,omitempty"`
 	Uid  *uint32 `protobuf:"varint,80,opt,name=uid,proto3,oneof" json:"uid,omitempty"`
+	// Where the run came from: run, slurm, kubernetes or process
+	// (RunStart.attribution of its first start; docs/attribution.md).
+	Attribution string `protobuf:"bytes,1070,opt,name=attribution,proto3" json:"attribution,omitempty"`
 	// --- run lifecycle ---
 	// How the run ended (RunEnd.end_status; across nodes, the first that is
 	// not ok). "" while the run is live; "ended" for a run whose agents sent
@@ -2000,6 +2003,13 @@ func (x *RunReport) GetUid() uint32 {
 		return *x.Uid
 	}
 	return 0
+}
+
+func (x *RunReport) GetAttribution() string {
+	if x != nil {
+		return x.Attribution
+	}
+	return ""
 }
 
 func (x *RunReport) GetEndStatus() string {
@@ -3696,7 +3706,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x1c\n" +
 	"\tconnected\x18\x06 \x01(\bR\tconnected\x12-\n" +
-	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\xfb#\n" +
+	"\x12host_energy_status\x18\x84\a \x01(\tR\x10hostEnergyStatus\"\x9e$\n" +
 	"\tRunReport\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x126\n" +
 	"\bmetadata\x18\x02 \x01(\v2\x1a.trainmeter.v1.RunMetadataR\bmetadata\x12)\n" +
@@ -3782,7 +3792,8 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"sharedGpuS\x12(\n" +
 	"\x10max_sharing_runs\x18N \x01(\rR\x0emaxSharingRuns\x12\x12\n" +
 	"\x04user\x18O \x01(\tR\x04user\x12\x15\n" +
-	"\x03uid\x18P \x01(\rH\x1aR\x03uid\x88\x01\x01\x12\x1d\n" +
+	"\x03uid\x18P \x01(\rH\x1aR\x03uid\x88\x01\x01\x12!\n" +
+	"\vattribution\x18\xae\b \x01(\tR\vattribution\x12\x1d\n" +
 	"\n" +
 	"end_status\x18I \x01(\tR\tendStatus\x12\x1c\n" +
 	"\tend_error\x18\xb8\x03 \x01(\tR\bendError\x12\x19\n" +

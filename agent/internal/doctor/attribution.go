@@ -1,0 +1,80 @@
+package doctor
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/trainmeter/trainmeter/agent/internal/owner"
+)
+
+// SectionAttribution says who the GPU processes that no run owns are billed
+// to: which owner sources the agent detects on this node, and why one is
+// not available (docs/attribution.md).
+const SectionAttribution = "attribution"
+
+// KubeletSocket is where the kubelet serves its pod-resources API.
+const KubeletSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+func checkAttribution(o Options, r *Report) {
+	proc := owner.Proc{Root: cmp.Or(o.Config.ProcfsRoot, "/proc")}
+	gpu := o.Config.GPU
+	// nvml and amd list GPU processes; sim and replay do not.
+	if !strings.HasPrefix(gpu, "nvml") && !strings.HasPrefix(gpu, "amd") && gpu != "auto" {
+		r.add(SectionAttribution, "processes", OK, "--gpu "+gpu+" lists no GPU processes: only trainers' runs are billed, the rest of the GPU time is idle", "")
+		return
+	}
+	r.add(SectionAttribution, "processes", OK, "GPU processes that no run, job or pod owns are billed to their Linux user (a run per process group)", "")
+	ok, why := owner.SlurmDetect(proc)
+	if !ok {
+		r.add(SectionAttribution, "slurm", OK, "not used: "+why, "")
+	} else {
+		msg := "Slurm jobs own their GPU processes' runs: " + why
+		st, hint := OK, ""
+		if _, err := exec.LookPath("scontrol"); err != nil {
+			st, hint = Warn, "install Slurm's client tools (scontrol) on the node: without them a job's run ends when its processes leave the GPUs, with no end status"
+			msg += "; scontrol not found"
+		}
+		r.add(SectionAttribution, "slurm", st, msg, hint)
+		if denied := environDenied(proc); denied != "" {
+			r.add(SectionAttribution, "slurm environ", Warn, denied,
+				"run the agent as root (the packaged service does) so that jobs whose processes are not in a job_N cgroup (proctrack/linuxproc) are found by SLURM_JOB_ID")
+		}
+	}
+	if _, err := os.Stat(KubeletSocket); err != nil {
+		r.add(SectionAttribution, "kubernetes", OK, "not used: no kubelet pod-resources socket at "+KubeletSocket, "")
+	} else {
+		r.add(SectionAttribution, "kubernetes", Warn, "kubelet pod-resources socket at "+KubeletSocket+", but this agent does not ask it yet: pods' GPU processes are billed to their Linux users",
+			"")
+	}
+}
+
+// environDenied says whether this process can read other users' process
+// environments ("" when it can, or no other user's process was found).
+func environDenied(p owner.Proc) string {
+	me := os.Geteuid()
+	ents, err := os.ReadDir(p.Root)
+	if err != nil {
+		return ""
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if uid, err := p.UID(pid); err != nil || uid == me {
+			continue
+		}
+		if _, err := os.ReadFile(filepath.Join(p.Root, e.Name(), "environ")); errors.Is(err, fs.ErrPermission) {
+			return fmt.Sprintf("running as uid %d: no permission to read other users' /proc/PID/environ (SLURM_JOB_ID)", me)
+		}
+		return ""
+	}
+	return ""
+}
