@@ -51,7 +51,7 @@ func (c *Console) routes() (http.Handler, error) {
 	mux.HandleFunc("POST /login", p.loginPost)
 	mux.HandleFunc("POST /logout", p.logout)
 	data := http.NewServeMux()
-	data.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/runs", http.StatusFound) })
+	data.HandleFunc("GET /{$}", p.home)
 	data.HandleFunc("GET /runs", p.runs)
 	data.HandleFunc("GET /runs/rows", p.runsRows)
 	data.HandleFunc("GET /runs/{id}", p.run)
