@@ -174,7 +174,7 @@ func newSparkline(s *trainmeterv1.TimelineSeries) *sparkline {
 
 type navItem struct{ Path, Name string }
 
-var nav = []navItem{{"runs", "Runs"}, {"compare", "Compare"}, {"budgets", "Budgets"}, {"prices", "Prices"}, {"recommendations", "Recommendations"}, {"nodes", "Nodes"}}
+var nav = []navItem{{"runs", "Runs"}, {"usage", "Usage"}, {"compare", "Compare"}, {"budgets", "Budgets"}, {"prices", "Prices"}, {"recommendations", "Recommendations"}, {"nodes", "Nodes"}}
 
 // barPitch is the height of one group's bar in a compare chart.
 const barPitch = 20

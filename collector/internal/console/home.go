@@ -29,6 +29,7 @@ func init() {
 	funcs["usageKey"] = usageKey
 	funcs["runStatus"] = runStatus
 	funcs["periods"] = func(s ...*spend) []*spend { return s }
+	funcs["list"] = func(s ...string) []string { return s }
 }
 
 // nowWindow is the span "now" on the home page covers: each node's GPU

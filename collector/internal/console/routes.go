@@ -57,6 +57,8 @@ func (c *Console) routes() (http.Handler, error) {
 	data.HandleFunc("GET /runs/{id}", p.run)
 	data.HandleFunc("GET /runs/{id}/summary", p.runSummary)
 	data.HandleFunc("GET /api/runs/{id}/timeline", p.timeline)
+	data.HandleFunc("GET /usage", p.usage)
+	data.HandleFunc("GET /usage.csv", p.usageCSV)
 	data.HandleFunc("GET /compare", p.compare)
 	data.HandleFunc("GET /budgets", p.budgets)
 	data.HandleFunc("GET /prices", p.prices)
