@@ -23,7 +23,7 @@ import (
 // and node totals over a period, its CSV, and a bar per day stacked by
 // group (the same RPC over each day of the period).
 
-// maxChartDays bounds the per-day chart: one Usage call a day.
+// maxChartDays bounds the per-day chart: bars of a few pixels beyond.
 const maxChartDays = 62
 
 // chartGroups is how many groups the chart stacks by name; the rest is
@@ -237,10 +237,10 @@ const (
 	chartTop, chartRightEdge = 8.0, 8.0
 )
 
-// dayChart calls Usage for each UTC day of [since, until) (cut to the
-// period) and stacks each day's rows: the period's first chartGroups
-// groups by name in the table's order, the rest as "other", idle rows as
-// "idle".
+// dayChart asks Usage for each UTC day of [since, until) (per_day: the
+// days of one scan, as a request for each day alone would answer) and
+// stacks each day's rows: the period's first chartGroups groups by name in
+// the table's order, the rest as "other", idle rows as "idle".
 func (p *pages) dayChart(ctx context.Context, f usageForm, resp *trainmeterv1.UsageResponse, since, until time.Time) (*dayChart, error) {
 	c := &dayChart{Metric: cmp.Or(f.Chart, "usd"), W: chartW, H: chartH}
 	var priced = true
@@ -288,6 +288,14 @@ func (p *pages) dayChart(ctx context.Context, f usageForm, resp *trainmeterv1.Us
 			c.Legend = append(c.Legend, legendItem{class[k], k})
 		}
 	}
+	perDay, err := p.c.cfg.Services.Query.Usage(ctx, &trainmeterv1.UsageRequest{Since: timestamppb.New(since), Until: timestamppb.New(until), By: f.By, PerDay: true})
+	if err != nil {
+		return nil, err
+	}
+	byDay := map[int64]*trainmeterv1.UsageDay{}
+	for _, d := range perDay.GetDays() {
+		byDay[d.GetSince().AsTime().UTC().Truncate(24*time.Hour).Unix()] = d
+	}
 	hasOther, hasIdle := false, false
 	plotW := chartW - chartLeft - chartRightEdge
 	plotH := chartH - chartTop - chartBottom
@@ -297,10 +305,7 @@ func (p *pages) dayChart(ctx context.Context, f usageForm, resp *trainmeterv1.Us
 	for i := range days {
 		d0 := first.Add(time.Duration(i) * 24 * time.Hour)
 		s, u := maxTime(d0, since), minTime(d0.Add(24*time.Hour), until)
-		day, err := p.usageCall(ctx, f.By, s, u)
-		if err != nil {
-			return nil, err
-		}
+		day := byDay[d0.Unix()]
 		sums := map[string]float64{}
 		for _, r := range day.GetRows() {
 			k := segKey(f.By, r)
