@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -124,11 +125,25 @@ func (p *pages) home(w http.ResponseWriter, r *http.Request) {
 
 func (p *pages) homeData(ctx context.Context, by string) (*homeData, error) {
 	now := p.c.cfg.Clock.Now()
-	runs, err := p.allRuns(ctx)
-	if err != nil {
-		return nil, err
+	d := &homeData{Now: now}
+	// The services' calls are independent: the runs and the fleet now at
+	// once, then the two periods' spend (whose split may depend on the
+	// runs' labels) at once.
+	var (
+		wg            sync.WaitGroup
+		runs          []*trainmeterv1.RunReport
+		runsErr, nErr error
+	)
+	wg.Go(func() { runs, runsErr = p.allRuns(ctx) })
+	wg.Go(func() { nErr = p.fleetNow(ctx, d, now) })
+	wg.Wait()
+	if runsErr != nil {
+		return nil, runsErr
 	}
-	d := &homeData{Now: now, Splits: splitsOf(runs)}
+	if nErr != nil {
+		d.Errors = append(d.Errors, "fleet now: "+nErr.Error())
+	}
+	d.Splits = splitsOf(runs)
 	d.By = by
 	if d.By == "" {
 		d.By = "user"
@@ -142,14 +157,12 @@ func (p *pages) homeData(ctx context.Context, by string) (*homeData, error) {
 	if !slices.Contains(d.Splits, d.By) {
 		d.Splits = append(d.Splits, d.By)
 	}
-	if err := p.fleetNow(ctx, d, now); err != nil {
-		d.Errors = append(d.Errors, "fleet now: "+err.Error())
-	}
 	ms := monthStart(now)
-	if d.Month, err = p.spend(ctx, "this month", d.By, ms, now); err != nil {
-		return nil, err
-	}
-	if d.Day, err = p.spend(ctx, "last 24 h", d.By, now.Add(-24*time.Hour), now); err != nil {
+	var monthErr, dayErr error
+	wg.Go(func() { d.Month, monthErr = p.spend(ctx, "this month", d.By, ms, now) })
+	wg.Go(func() { d.Day, dayErr = p.spend(ctx, "last 24 h", d.By, now.Add(-24*time.Hour), now) })
+	wg.Wait()
+	if err := cmp.Or(monthErr, dayErr); err != nil {
 		return nil, err
 	}
 	p.homeRuns(d, runs, ms)

@@ -142,7 +142,10 @@ func (p *pages) usage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	resp, err := p.usageCall(ctx, f.By, since, until)
+	// With the per-day chart, one call: per_day leaves the period's rows
+	// and node totals as they are and adds the days.
+	req := &trainmeterv1.UsageRequest{Since: timestamppb.New(since), Until: timestamppb.New(until), By: f.By, PerDay: chartDays(since, until) <= maxChartDays}
+	resp, err := p.c.cfg.Services.Query.Usage(ctx, req)
 	if err != nil {
 		p.fail(w, r, "usage", err)
 		return
@@ -164,11 +167,7 @@ func (p *pages) usage(w http.ResponseWriter, r *http.Request) {
 		d.Host = d.Host || n.GetHostEnergyJ() > 0
 		d.Lost = d.Lost || n.GetLostBatches() > 0
 	}
-	d.Chart, err = p.dayChart(ctx, f, resp, since, until)
-	if err != nil {
-		p.fail(w, r, "usage", err)
-		return
-	}
+	d.Chart = dayChartOf(f, resp, since, until)
 	p.render(w, http.StatusOK, "usage.html", page{Title: "Usage", Nav: "usage", Data: d})
 }
 
@@ -237,11 +236,10 @@ const (
 	chartTop, chartRightEdge = 8.0, 8.0
 )
 
-// dayChart asks Usage for each UTC day of [since, until) (per_day: the
-// days of one scan, as a request for each day alone would answer) and
-// stacks each day's rows: the period's first chartGroups groups by name in
+// dayChartOf draws the UTC days of a per_day Usage answer (each day's
+// rows as a request for that day alone would answer) and stacks each day's rows: the period's first chartGroups groups by name in
 // the table's order, the rest as "other", idle rows as "idle".
-func (p *pages) dayChart(ctx context.Context, f usageForm, resp *trainmeterv1.UsageResponse, since, until time.Time) (*dayChart, error) {
+func dayChartOf(f usageForm, resp *trainmeterv1.UsageResponse, since, until time.Time) *dayChart {
 	c := &dayChart{Metric: cmp.Or(f.Chart, "usd"), W: chartW, H: chartH}
 	var priced = true
 	for _, r := range resp.GetRows() {
@@ -261,10 +259,10 @@ func (p *pages) dayChart(ctx context.Context, f usageForm, resp *trainmeterv1.Us
 		return r.GetGpuSeconds() / 3600
 	}
 	first := since.UTC().Truncate(24 * time.Hour)
-	days := int(math.Ceil(until.Sub(first).Hours() / 24))
+	days := chartDays(since, until)
 	if days > maxChartDays {
 		c.Note = fmt.Sprintf("No chart per day beyond %d days: narrow since and until.", maxChartDays)
-		return c, nil
+		return c
 	}
 	// The groups by name, in the table's order (by cost where priced).
 	rows := slices.Clone(resp.GetRows())
@@ -288,12 +286,8 @@ func (p *pages) dayChart(ctx context.Context, f usageForm, resp *trainmeterv1.Us
 			c.Legend = append(c.Legend, legendItem{class[k], k})
 		}
 	}
-	perDay, err := p.c.cfg.Services.Query.Usage(ctx, &trainmeterv1.UsageRequest{Since: timestamppb.New(since), Until: timestamppb.New(until), By: f.By, PerDay: true})
-	if err != nil {
-		return nil, err
-	}
 	byDay := map[int64]*trainmeterv1.UsageDay{}
-	for _, d := range perDay.GetDays() {
+	for _, d := range resp.GetDays() {
 		byDay[d.GetSince().AsTime().UTC().Truncate(24*time.Hour).Unix()] = d
 	}
 	hasOther, hasIdle := false, false
@@ -360,7 +354,12 @@ func (p *pages) dayChart(ctx context.Context, f usageForm, resp *trainmeterv1.Us
 	for _, fr := range []float64{0, 0.5, 1} {
 		c.Ticks = append(c.Ticks, tick{Y: chartTop + plotH*(1-fr), Label: num(scale * fr)})
 	}
-	return c, nil
+	return c
+}
+
+// chartDays is how many UTC days [since, until) touches.
+func chartDays(since, until time.Time) int {
+	return int(math.Ceil(until.Sub(since.UTC().Truncate(24*time.Hour)).Hours() / 24))
 }
 
 // segKey is the chart's name for a row: its keys, or "idle".
