@@ -108,9 +108,10 @@ func TestConsoleScreenshots(t *testing.T) {
 		ids[i] = r.id
 	}
 	c.endedReports(ids...)
-	// A minute of idle and busy GPUs is what "now" on the home page reads:
-	// a few seconds of it are enough to show both.
-	time.Sleep(3 * time.Second)
+	// "Now" on the home page is the last minute: a GPU is busy when runs
+	// used most of it. Node a's runs took about 4.3 s; once its GPUs have
+	// idled longer than that (before the runs and after), they read idle.
+	time.Sleep(6 * time.Second)
 
 	shots := t.TempDir()
 	if d := os.Getenv("TRAINMETER_SCREENSHOT_DIR"); d != "" {
