@@ -6,7 +6,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BUF := $(GO) tool -modfile=tools/go.mod buf
 BIN := bin
 
-.PHONY: all build proto proto-check staticcheck test test-go accuracy-check fuzz-short test-python test-e2e vet fmt-check demo clean install uninstall deb bench
+.PHONY: console-screenshots all build proto proto-check staticcheck test test-go accuracy-check fuzz-short test-python test-e2e vet fmt-check demo clean install uninstall deb bench
 
 all: build
 
@@ -63,6 +63,13 @@ test-python:
 	elif [ "$${TRAINMETER_REQUIRE_TORCH:-}" = 1 ] || [ "$${CI:-}" = true ]; then \
 		echo "test-python: no python can import torch (apt-get install python3-torch)"; exit 1; \
 	else echo "test-python: SKIPPING the torch tests: no python can import torch (apt-get install python3-torch)"; fi
+
+# Screenshots of every console page at 1,400 px (docs/console.md embeds
+# them): the real collector and agents, headless Chromium; fails when a label
+# overflows its box or a chart has no data (e2e TestConsoleScreenshots).
+console-screenshots:
+	TRAINMETER_SCREENSHOT_DIR=$(CURDIR)/docs/console TRAINMETER_REQUIRE_CHROMIUM=1 \
+		$(GO) test -count=1 -run '^TestConsoleScreenshots$$' ./e2e
 
 # The real binaries end to end, plus grpcurl against server reflection.
 test-e2e: build

@@ -380,7 +380,7 @@ func jsonText(v any) string {
 // asks the other host for /pwned.
 //
 // From the console's own form (a victim following a crafted link): the
-// login succeeds and the browser lands on the console's /runs, not on the
+// login succeeds and the browser lands on the console's home, not on the
 // other host.
 func TestConsoleLoginInChromium(t *testing.T) {
 	exe := chromiumPath(t)
@@ -472,8 +472,8 @@ func TestConsoleLoginInChromium(t *testing.T) {
 		chromedp.Submit(chromedp.CSS(`form.login`)),
 	)
 	loc, _ = settle(base + "/login")
-	if u, err := url.Parse(loc); err != nil || u.Host != ui || u.Path != "/runs" {
-		t.Errorf("after login with next=%s the browser is at %q, want the console's /runs", next, loc)
+	if u, err := url.Parse(loc); err != nil || u.Host != ui || u.Path != "/" {
+		t.Errorf("after login with next=%s the browser is at %q, want the console's home /", next, loc)
 	}
 	if h := hits(); slices.Contains(h, "/pwned") {
 		t.Errorf("the login sent the browser to the other host: it was asked for %v", h)

@@ -2,11 +2,9 @@ package cli
 
 import (
 	"context"
-	"encoding/csv"
 	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -62,7 +60,7 @@ plus energy at the energy price (docs/costs.md).`,
 				resp, err := c.Usage(ctx, &trainmeterv1.UsageRequest{Since: timestampOrNil(s), Until: timestampOrNil(u), By: by})
 				return show(cmd.OutOrStdout(), asJSON, resp, err, func(io.Writer) error {
 					if asCSV {
-						return writeUsageCSV(cmd, resp)
+						return report.WriteUsageCSV(cmd.OutOrStdout(), resp)
 					}
 					return writeUsageTable(cmd, resp)
 				})
@@ -97,28 +95,6 @@ func usageKeys(resp *trainmeterv1.UsageResponse, r *trainmeterv1.UsageRow) []str
 		keys[i] += mark
 	}
 	return keys
-}
-
-func writeUsageCSV(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error {
-	w := csv.NewWriter(cmd.OutOrStdout())
-	head := append(append([]string(nil), resp.GetBy()...), "idle_node", "runs", "gpu_hours", "energy_kWh", "cost_usd", "gpu_share", "energy_share", "price_source", "deleted")
-	if err := w.Write(head); err != nil {
-		return err
-	}
-	for _, r := range resp.GetRows() {
-		cost := ""
-		if r.CostUsd != nil {
-			cost = report.F(r.GetCostUsd())
-		}
-		row := append(append([]string(nil), r.GetKeys()...), r.GetIdleNode(), fmt.Sprint(r.GetRuns()),
-			report.F(r.GetGpuSeconds()/3600), report.F(r.GetEnergyJ()/3.6e6), cost,
-			report.F(r.GetGpuShare()), report.F(r.GetEnergyShare()), r.GetPriceSource(), strconv.FormatBool(r.GetDeleted()))
-		if err := w.Write(row); err != nil {
-			return err
-		}
-	}
-	w.Flush()
-	return w.Error()
 }
 
 func writeUsageTable(cmd *cobra.Command, resp *trainmeterv1.UsageResponse) error {

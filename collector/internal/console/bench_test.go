@@ -153,3 +153,37 @@ func BenchmarkRunPage24h(b *testing.B) {
 	}
 	measurePages(b, serve(b, dir, nil), benchPage{"page", "/runs/day"}, benchPage{"timeline", "/api/runs/day/timeline"})
 }
+
+// BenchmarkFleetPages: the home page (fleet overview) and the Usage page
+// of a collector with 10,000 runs (8 GPUs each, 4 teams; 9,980 ended, 20
+// live) spread over the last 30 days, over HTTP on loopback: `/` (the
+// nodes now, the month's and the last 24 h's spend by team, budgets,
+// live and costliest runs, alerts) and `/usage?by=label:team&since=30d`
+// (the rows, node totals and the per-day chart: one Usage call, the days
+// in one per_day call). Sub-benchmarks home and usage; docs/benchmarks.md
+// has the figures.
+func BenchmarkFleetPages(b *testing.B) {
+	const runs, live, workers = 10000, 20, 10
+	dir := b.TempDir()
+	now := time.Now().Truncate(time.Second)
+	spread := 30 * 24 * time.Hour / runs
+	seedStore(b, dir, workers, runs/workers, func(w, i int) *trainmeterv1.Batch {
+		n := w*runs/workers + i
+		end := now.Add(-time.Duration(runs-n) * spread)
+		batch := loadgen.MakeBatch(uint64(i+1), end, time.Second, fmt.Sprintf("run-%05d", n), 8, true)
+		for _, ev := range batch.RunEvents {
+			if rs := ev.GetRunStart(); rs != nil {
+				rs.Labels = map[string]string{"team": fmt.Sprintf("team-%d", n%4)}
+			}
+		}
+		if n < runs-live {
+			batch.RunEvents = append(batch.RunEvents, &trainmeterv1.RunEvent{Event: &trainmeterv1.RunEvent_RunEnd{RunEnd: &trainmeterv1.RunEnd{
+				RunId: batch.RunWindows[0].RunId, Time: timestamppb.New(end), EndStatus: "ok"}}})
+		}
+		return batch
+	})
+	base := serve(b, dir, clock.NewFake(now))
+	// Each page on its own, for its own CPU time (cpu-ms/op).
+	b.Run("home", func(b *testing.B) { measurePages(b, base, benchPage{"home", "/"}) })
+	b.Run("usage", func(b *testing.B) { measurePages(b, base, benchPage{"usage", "/usage?by=label:team&since=30d"}) })
+}

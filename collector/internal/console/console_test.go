@@ -127,7 +127,7 @@ func runPath(id string) string { return "/runs/" + url.PathEscape(id) }
 // consolePages are every page with the evil runs in it.
 func consolePages() []string {
 	q := url.Values{"run": {evilRun, evilRun2}}.Encode()
-	return []string{"/runs", "/runs/rows", runPath(evilRun), runPath(evilRun) + "/summary", runPath(evilRun2),
+	return []string{"/", "/usage?by=label:team&by=model&since=2025-03-01", "/runs", "/runs/rows", runPath(evilRun), runPath(evilRun) + "/summary", runPath(evilRun2),
 		"/compare?" + q, "/compare?" + url.Values{"model": {evilModel}, "by": {"backend"}}.Encode(),
 		"/budgets", "/prices", "/recommendations", "/nodes", "/runs?" + url.Values{"label": {"team=" + evilLabel}}.Encode()}
 }

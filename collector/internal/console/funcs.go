@@ -165,7 +165,7 @@ func newSparkline(s *trainmeterv1.TimelineSeries) *sparkline {
 
 type navItem struct{ Path, Name string }
 
-var nav = []navItem{{"runs", "Runs"}, {"compare", "Compare"}, {"budgets", "Budgets"}, {"prices", "Prices"}, {"recommendations", "Recommendations"}, {"nodes", "Nodes"}}
+var nav = []navItem{{"runs", "Runs"}, {"usage", "Usage"}, {"compare", "Compare"}, {"budgets", "Budgets"}, {"prices", "Prices"}, {"recommendations", "Recommendations"}, {"nodes", "Nodes"}}
 
 // trendWindows are the Prices page's trend columns.
 var trendWindows = []string{"24h", "7d", "30d"}

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -11,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
@@ -105,6 +108,14 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	if !since.IsZero() && !until.IsZero() && !since.Before(until) {
 		return nil, status.Errorf(codes.InvalidArgument, "--since (%s) must be before --until (%s)", since.Format(time.RFC3339), until.Format(time.RFC3339))
 	}
+	if req.GetPerDay() {
+		if since.IsZero() || until.IsZero() {
+			return nil, status.Error(codes.InvalidArgument, "per_day needs since and until")
+		}
+		if until.Sub(since) > maxUsageDays*24*time.Hour {
+			return nil, status.Errorf(codes.InvalidArgument, "per_day: at most %d days", maxUsageDays)
+		}
+	}
 	runs, err := s.store.ListRuns(nil)
 	if err != nil {
 		return nil, s.storeErr(err)
@@ -113,8 +124,25 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	for _, r := range runs {
 		byRun[r.RunId] = r
 	}
-	groups := map[string]*usageAcc{}
-	nodes := map[string]*trainmeterv1.NodeUsage{}
+	// The whole period's tally, and with per_day each UTC day's: every
+	// window counts in the period and in the day it starts in.
+	whole := newUsageTally()
+	days := map[int64]*usageTally{}
+	tallies := func(ts *timestamppb.Timestamp) []*usageTally {
+		if !req.GetPerDay() {
+			return []*usageTally{whole}
+		}
+		d := ts.AsTime().Unix() / 86400
+		if ts.AsTime().Unix() < 0 && ts.AsTime().Unix()%86400 != 0 {
+			d--
+		}
+		t := days[d]
+		if t == nil {
+			t = newUsageTally()
+			days[d] = t
+		}
+		return []*usageTally{whole, t}
+	}
 	gpuNames := map[string]string{}
 	if ns, err := s.store.Nodes(); err == nil {
 		for _, n := range ns {
@@ -125,13 +153,13 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	}
 	// A deleted run's windows are rows of their own ("(deleted)"): the
 	// node used that GPU time and energy.
-	add := func(keys []string, idleNode string, deleted bool, runID string, gpuS, energyJ, runPrice float64, node, gpuName string, lock locked) {
+	add := func(t *usageTally, keys []string, idleNode string, deleted bool, runID string, gpuS, energyJ, runPrice float64, node, gpuName string, lock locked) {
 		k := strings.Join(keys, "\x00") + "\x00" + idleNode + "\x00" + strconv.FormatBool(deleted)
-		a := groups[k]
+		a := t.groups[k]
 		if a == nil {
 			a = &usageAcc{row: &trainmeterv1.UsageRow{Keys: keys, IdleNode: idleNode, Idle: idleNode != "", Deleted: deleted},
 				runs: map[string]struct{}{}, sources: map[string]struct{}{}}
-			groups[k] = a
+			t.groups[k] = a
 		}
 		a.row.GpuSeconds += gpuS
 		a.row.EnergyJ += energyJ
@@ -197,53 +225,42 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	// from an agent before shares), to the rows of run r (nil: none, none
 	// names the rows).
 	addWindow := func(node string, w *trainmeterv1.RunWindow, r *aggregate.State, none string, deleted bool, runID string, price float64, name string) {
+		ts := tallies(w.GetStart())
 		shares := w.GetGpuShares()
 		if len(shares) == 0 {
 			g, has := uint32(0), len(w.GetGpus()) == 1
 			if has {
 				g = w.GetGpus()[0]
 			}
-			add(keysFor(node, g, has, r, none), "", deleted, runID, w.GetGpuSeconds(),
-				windowEnergy(w.GetCounterOk(), w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
+			keys := keysFor(node, g, has, r, none)
+			for _, t := range ts {
+				add(t, keys, "", deleted, runID, w.GetGpuSeconds(),
+					windowEnergy(w.GetCounterOk(), w.GetEnergyCounterJ(), w.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
+			}
 			return
 		}
 		for _, sh := range shares {
-			add(keysFor(node, sh.GetGpu(), true, r, none), "", deleted, runID, sh.GetGpuSeconds(),
-				windowEnergy(w.GetCounterOk(), sh.GetEnergyCounterJ(), sh.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
+			keys := keysFor(node, sh.GetGpu(), true, r, none)
+			for _, t := range ts {
+				add(t, keys, "", deleted, runID, sh.GetGpuSeconds(),
+					windowEnergy(w.GetCounterOk(), sh.GetEnergyCounterJ(), sh.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
+			}
 		}
 	}
 	err = s.store.UsageScan(since, until, func(node string, b *trainmeterv1.Batch) error {
-		n := nodes[node]
-		if n == nil {
-			n = &trainmeterv1.NodeUsage{Node: node}
-			nodes[node] = n
-		}
-		for _, gw := range b.GetGpuWindows() {
-			e := windowEnergy(gw.GetCounterOk(), gw.GetEnergyCounterJ(), gw.GetEnergyIntegratedJ()) + gw.GetDowntimeEnergyCounterJ()
-			idleE := windowEnergy(gw.GetCounterOk(), gw.GetIdleEnergyCounterJ(), gw.GetIdleEnergyIntegratedJ()) + gw.GetDowntimeIdleEnergyCounterJ()
-			idleS := gw.GetIdleGpuSeconds() + gw.GetDowntimeIdleGpuSeconds()
-			n.GpuSeconds += gw.GetGpuSeconds() + gw.GetDowntimeGpuSeconds()
-			n.EnergyJ += e
-			n.IdleGpuSeconds += idleS
-			n.IdleEnergyJ += idleE
-			if idleS > 0 || idleE > 0 {
-				add(keysFor(node, gw.GetGpu(), true, nil, IdleKey), node, false, "", idleS, idleE, 0, node, gpuNames[node], lockOfBatch(b))
-			}
-		}
-		for _, h := range b.GetHostEnergy() {
-			n.HostEnergyJ += h.GetCpuEnergyJ() + h.GetDramEnergyJ()
-			n.IdleHostEnergyJ += h.GetIdleCpuEnergyJ() + h.GetIdleDramEnergyJ()
+		for _, t := range tallies(b.GetWindowStart()) {
+			t.addBatch(node, b, func(keys []string, idleS, idleE float64) {
+				add(t, keys, node, false, "", idleS, idleE, 0, node, gpuNames[node], lockOfBatch(b))
+			}, func(gpu uint32) []string { return keysFor(node, gpu, true, nil, IdleKey) })
 		}
 		// Dropped on the agent: beside the node's figures, never in them
-		// (nor in the rows, whose runs carry their own lost_* figures).
+		// (nor in the rows, whose runs carry their own lost_* figures);
+		// in the day of the first window they held.
 		for _, l := range b.GetNodeLosses() {
-			n.LostBatches += l.GetBatches()
-			n.LostGpuSeconds += l.GetGpuSeconds()
-			n.LostEnergyJ += l.GetEnergyJ()
-			n.LostHostEnergyJ += l.GetHostEnergyJ()
-			n.LostIdleGpuSeconds += l.GetIdleGpuSeconds()
-			n.LostIdleEnergyJ += l.GetIdleEnergyJ()
-			n.LostIdleHostEnergyJ += l.GetIdleHostEnergyJ()
+			at := cmp.Or(l.GetFirstWindowStart(), l.GetWindowStart(), b.GetWindowStart())
+			for _, t := range tallies(at) {
+				t.addLoss(node, l)
+			}
 		}
 		return nil
 	}, func(runID, node string, w *trainmeterv1.RunWindow) error {
@@ -269,18 +286,89 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		return nil, s.storeErr(err)
 	}
 	out := &trainmeterv1.UsageResponse{By: asked, Since: req.GetSince(), Until: req.GetUntil()}
-	for _, n := range nodes {
-		out.Nodes = append(out.Nodes, n)
+	out.Rows, out.Nodes = whole.finish()
+	for _, d := range slices.Sorted(maps.Keys(days)) {
+		t0 := time.Unix(d*86400, 0).UTC()
+		day := &trainmeterv1.UsageDay{Since: timestamppb.New(maxTime(t0, since)), Until: timestamppb.New(minTime(t0.Add(24*time.Hour), until))}
+		day.Rows, day.Nodes = days[d].finish()
+		out.Days = append(out.Days, day)
 	}
-	sort.Slice(out.Nodes, func(i, j int) bool { return out.Nodes[i].GetNode() < out.Nodes[j].GetNode() })
+	return out, nil
+}
+
+// maxUsageDays bounds a per_day request: a day's tally each.
+const maxUsageDays = 366
+
+// usageTally is the groups and node totals of one span (the period, or a
+// day of it).
+type usageTally struct {
+	groups map[string]*usageAcc
+	nodes  map[string]*trainmeterv1.NodeUsage
+}
+
+func newUsageTally() *usageTally {
+	return &usageTally{groups: map[string]*usageAcc{}, nodes: map[string]*trainmeterv1.NodeUsage{}}
+}
+
+func (t *usageTally) node(name string) *trainmeterv1.NodeUsage {
+	n := t.nodes[name]
+	if n == nil {
+		n = &trainmeterv1.NodeUsage{Node: name}
+		t.nodes[name] = n
+	}
+	return n
+}
+
+// addBatch adds a batch's GPU windows (idle gets a row: idle(keys, s, J))
+// and host energy to the node's totals.
+func (t *usageTally) addBatch(node string, b *trainmeterv1.Batch, idle func(keys []string, s, j float64), keys func(gpu uint32) []string) {
+	n := t.node(node)
+	for _, gw := range b.GetGpuWindows() {
+		e := windowEnergy(gw.GetCounterOk(), gw.GetEnergyCounterJ(), gw.GetEnergyIntegratedJ()) + gw.GetDowntimeEnergyCounterJ()
+		idleE := windowEnergy(gw.GetCounterOk(), gw.GetIdleEnergyCounterJ(), gw.GetIdleEnergyIntegratedJ()) + gw.GetDowntimeIdleEnergyCounterJ()
+		idleS := gw.GetIdleGpuSeconds() + gw.GetDowntimeIdleGpuSeconds()
+		n.GpuSeconds += gw.GetGpuSeconds() + gw.GetDowntimeGpuSeconds()
+		n.EnergyJ += e
+		n.IdleGpuSeconds += idleS
+		n.IdleEnergyJ += idleE
+		if idleS > 0 || idleE > 0 {
+			idle(keys(gw.GetGpu()), idleS, idleE)
+		}
+	}
+	for _, h := range b.GetHostEnergy() {
+		n.HostEnergyJ += h.GetCpuEnergyJ() + h.GetDramEnergyJ()
+		n.IdleHostEnergyJ += h.GetIdleCpuEnergyJ() + h.GetIdleDramEnergyJ()
+	}
+}
+
+func (t *usageTally) addLoss(node string, l *trainmeterv1.DataLoss) {
+	n := t.node(node)
+	n.LostBatches += l.GetBatches()
+	n.LostGpuSeconds += l.GetGpuSeconds()
+	n.LostEnergyJ += l.GetEnergyJ()
+	n.LostHostEnergyJ += l.GetHostEnergyJ()
+	n.LostIdleGpuSeconds += l.GetIdleGpuSeconds()
+	n.LostIdleEnergyJ += l.GetIdleEnergyJ()
+	n.LostIdleHostEnergyJ += l.GetIdleHostEnergyJ()
+}
+
+// finish is the tally's rows (shares of its own totals; runs, then
+// deleted runs, then idle) and node totals (by node).
+func (t *usageTally) finish() ([]*trainmeterv1.UsageRow, []*trainmeterv1.NodeUsage) {
+	var rows []*trainmeterv1.UsageRow
+	var nodes []*trainmeterv1.NodeUsage
+	for _, n := range t.nodes {
+		nodes = append(nodes, n)
+	}
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].GetNode() < nodes[j].GetNode() })
 	// Summed in node order: floating-point sums depend on their order, and
 	// every query (on every replica) must give the same shares to the bit.
 	var totalS, totalJ float64
-	for _, n := range out.Nodes {
+	for _, n := range nodes {
 		totalS += n.GetGpuSeconds()
 		totalJ += n.GetEnergyJ()
 	}
-	for _, a := range groups {
+	for _, a := range t.groups {
 		a.row.Runs = uint32(len(a.runs))
 		if totalS > 0 {
 			a.row.GpuShare = a.row.GetGpuSeconds() / totalS
@@ -297,11 +385,10 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		if !a.unpriced {
 			a.row.CostUsd = &a.cost
 		}
-		out.Rows = append(out.Rows, a.row)
+		rows = append(rows, a.row)
 	}
-	// Runs, then deleted runs, then idle.
-	sort.Slice(out.Rows, func(i, j int) bool {
-		a, b := out.Rows[i], out.Rows[j]
+	sort.Slice(rows, func(i, j int) bool {
+		a, b := rows[i], rows[j]
 		if a.GetIdle() != b.GetIdle() {
 			return !a.GetIdle()
 		}
@@ -313,5 +400,19 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		}
 		return a.GetIdleNode() < b.GetIdleNode()
 	})
-	return out, nil
+	return rows, nodes
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }

@@ -214,7 +214,13 @@ type UsageRequest struct {
 	Since *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=since,proto3" json:"since,omitempty"`
 	Until *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=until,proto3" json:"until,omitempty"`
 	// Grouping: "node", "gpu", "model", "user", "label:KEY"; empty: node.
-	By            []string `protobuf:"bytes,3,rep,name=by,proto3" json:"by,omitempty"`
+	By []string `protobuf:"bytes,3,rep,name=by,proto3" json:"by,omitempty"`
+	// --- per day (1200-1209) ---
+	// Also the period cut at UTC midnights, each day's rows and node totals
+	// as a request for that day alone would answer (UsageResponse.days), from
+	// the same scan; refused without since and until or over more than 366
+	// days.
+	PerDay        bool `protobuf:"varint,1200,opt,name=per_day,json=perDay,proto3" json:"per_day,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -268,6 +274,13 @@ func (x *UsageRequest) GetBy() []string {
 		return x.By
 	}
 	return nil
+}
+
+func (x *UsageRequest) GetPerDay() bool {
+	if x != nil {
+		return x.PerDay
+	}
+	return false
 }
 
 // UsageRow is one group: keys in the order of UsageRequest.by.
@@ -566,12 +579,16 @@ func (x *NodeUsage) GetLostIdleHostEnergyJ() float64 {
 }
 
 type UsageResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	By            []string               `protobuf:"bytes,1,rep,name=by,proto3" json:"by,omitempty"`
-	Rows          []*UsageRow            `protobuf:"bytes,2,rep,name=rows,proto3" json:"rows,omitempty"`
-	Nodes         []*NodeUsage           `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
-	Until         *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=until,proto3" json:"until,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	By    []string               `protobuf:"bytes,1,rep,name=by,proto3" json:"by,omitempty"`
+	Rows  []*UsageRow            `protobuf:"bytes,2,rep,name=rows,proto3" json:"rows,omitempty"`
+	Nodes []*NodeUsage           `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Since *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Until *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=until,proto3" json:"until,omitempty"`
+	// --- per day (1200-1209) ---
+	// With UsageRequest.per_day: each UTC day of the period that has data,
+	// in time order.
+	Days          []*UsageDay `protobuf:"bytes,1200,rep,name=days,proto3" json:"days,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -641,6 +658,83 @@ func (x *UsageResponse) GetUntil() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *UsageResponse) GetDays() []*UsageDay {
+	if x != nil {
+		return x.Days
+	}
+	return nil
+}
+
+// UsageDay is one UTC day of a usage period: [since, until) is the day cut
+// to the period; rows and nodes as UsageResponse's for that span.
+type UsageDay struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Since         *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=since,proto3" json:"since,omitempty"`
+	Until         *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=until,proto3" json:"until,omitempty"`
+	Rows          []*UsageRow            `protobuf:"bytes,3,rep,name=rows,proto3" json:"rows,omitempty"`
+	Nodes         []*NodeUsage           `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageDay) Reset() {
+	*x = UsageDay{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageDay) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageDay) ProtoMessage() {}
+
+func (x *UsageDay) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageDay.ProtoReflect.Descriptor instead.
+func (*UsageDay) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *UsageDay) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *UsageDay) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *UsageDay) GetRows() []*UsageRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *UsageDay) GetNodes() []*NodeUsage {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 type ListRunsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty: all runs, ordered by run id (byte order), a page at a time.
@@ -663,7 +757,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +769,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[7]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +782,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{7}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListRunsRequest) GetRunIds() []string {
@@ -725,7 +819,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +831,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[8]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +844,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{8}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListRunsResponse) GetRuns() []*RunReport {
@@ -776,7 +870,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -788,7 +882,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[9]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -801,7 +895,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{9}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -820,7 +914,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -832,7 +926,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[10]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -845,7 +939,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{10}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetRunResponse) GetRun() *RunReport {
@@ -864,7 +958,7 @@ type ExportRunsRequest struct {
 
 func (x *ExportRunsRequest) Reset() {
 	*x = ExportRunsRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +970,7 @@ func (x *ExportRunsRequest) String() string {
 func (*ExportRunsRequest) ProtoMessage() {}
 
 func (x *ExportRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[11]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +983,7 @@ func (x *ExportRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRunsRequest.ProtoReflect.Descriptor instead.
 func (*ExportRunsRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{11}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExportRunsRequest) GetRunIds() []string {
@@ -908,7 +1002,7 @@ type ExportRunsResponse struct {
 
 func (x *ExportRunsResponse) Reset() {
 	*x = ExportRunsResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +1014,7 @@ func (x *ExportRunsResponse) String() string {
 func (*ExportRunsResponse) ProtoMessage() {}
 
 func (x *ExportRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[12]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +1027,7 @@ func (x *ExportRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRunsResponse.ProtoReflect.Descriptor instead.
 func (*ExportRunsResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{12}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExportRunsResponse) GetRun() *RunReport {
@@ -957,7 +1051,7 @@ type DeleteRunRequest struct {
 
 func (x *DeleteRunRequest) Reset() {
 	*x = DeleteRunRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1063,7 @@ func (x *DeleteRunRequest) String() string {
 func (*DeleteRunRequest) ProtoMessage() {}
 
 func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[13]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1076,7 @@ func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{13}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteRunRequest) GetRunId() string {
@@ -1009,7 +1103,7 @@ type DeleteRunResponse struct {
 
 func (x *DeleteRunResponse) Reset() {
 	*x = DeleteRunResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1115,7 @@ func (x *DeleteRunResponse) String() string {
 func (*DeleteRunResponse) ProtoMessage() {}
 
 func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[14]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1128,7 @@ func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{14}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteRunResponse) GetRecordsDeleted() uint64 {
@@ -1064,7 +1158,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1076,7 +1170,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[15]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1089,7 +1183,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{15}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListNodesRequest) GetPageSize() int32 {
@@ -1119,7 +1213,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1225,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[16]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1238,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{16}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
@@ -1181,7 +1275,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1287,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[17]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1300,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{17}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NodeStatus) GetNode() string {
@@ -1473,7 +1567,7 @@ type RunReport struct {
 
 func (x *RunReport) Reset() {
 	*x = RunReport{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1579,7 @@ func (x *RunReport) String() string {
 func (*RunReport) ProtoMessage() {}
 
 func (x *RunReport) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[18]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1592,7 @@ func (x *RunReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunReport.ProtoReflect.Descriptor instead.
 func (*RunReport) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{18}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RunReport) GetRunId() string {
@@ -2226,7 +2320,7 @@ type CarbonBand struct {
 
 func (x *CarbonBand) Reset() {
 	*x = CarbonBand{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2238,7 +2332,7 @@ func (x *CarbonBand) String() string {
 func (*CarbonBand) ProtoMessage() {}
 
 func (x *CarbonBand) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[19]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2251,7 +2345,7 @@ func (x *CarbonBand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CarbonBand.ProtoReflect.Descriptor instead.
 func (*CarbonBand) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{19}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CarbonBand) GetZone() string {
@@ -2333,7 +2427,7 @@ type DataloaderChange struct {
 
 func (x *DataloaderChange) Reset() {
 	*x = DataloaderChange{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2345,7 +2439,7 @@ func (x *DataloaderChange) String() string {
 func (*DataloaderChange) ProtoMessage() {}
 
 func (x *DataloaderChange) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[20]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2358,7 +2452,7 @@ func (x *DataloaderChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DataloaderChange.ProtoReflect.Descriptor instead.
 func (*DataloaderChange) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{20}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DataloaderChange) GetAppliedAfterEpoch() int64 {
@@ -2479,7 +2573,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2491,7 +2585,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[21]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2504,7 +2598,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{21}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Range) GetLow() float64 {
@@ -2564,7 +2658,7 @@ type RunEstimate struct {
 
 func (x *RunEstimate) Reset() {
 	*x = RunEstimate{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +2670,7 @@ func (x *RunEstimate) String() string {
 func (*RunEstimate) ProtoMessage() {}
 
 func (x *RunEstimate) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[22]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +2683,7 @@ func (x *RunEstimate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEstimate.ProtoReflect.Descriptor instead.
 func (*RunEstimate) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{22}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RunEstimate) GetModel() string {
@@ -2717,7 +2811,7 @@ type EnergyBandCost struct {
 
 func (x *EnergyBandCost) Reset() {
 	*x = EnergyBandCost{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2729,7 +2823,7 @@ func (x *EnergyBandCost) String() string {
 func (*EnergyBandCost) ProtoMessage() {}
 
 func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[23]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2742,7 +2836,7 @@ func (x *EnergyBandCost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnergyBandCost.ProtoReflect.Descriptor instead.
 func (*EnergyBandCost) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{23}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EnergyBandCost) GetBand() string {
@@ -2791,7 +2885,7 @@ type CompareRequest struct {
 
 func (x *CompareRequest) Reset() {
 	*x = CompareRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2803,7 +2897,7 @@ func (x *CompareRequest) String() string {
 func (*CompareRequest) ProtoMessage() {}
 
 func (x *CompareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[24]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2816,7 +2910,7 @@ func (x *CompareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareRequest.ProtoReflect.Descriptor instead.
 func (*CompareRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{24}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CompareRequest) GetRunIds() []string {
@@ -2865,7 +2959,7 @@ type CompareStat struct {
 
 func (x *CompareStat) Reset() {
 	*x = CompareStat{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2877,7 +2971,7 @@ func (x *CompareStat) String() string {
 func (*CompareStat) ProtoMessage() {}
 
 func (x *CompareStat) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[25]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2890,7 +2984,7 @@ func (x *CompareStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareStat.ProtoReflect.Descriptor instead.
 func (*CompareStat) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{25}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CompareStat) GetMean() float64 {
@@ -2951,7 +3045,7 @@ type CompareGroup struct {
 
 func (x *CompareGroup) Reset() {
 	*x = CompareGroup{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2963,7 +3057,7 @@ func (x *CompareGroup) String() string {
 func (*CompareGroup) ProtoMessage() {}
 
 func (x *CompareGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[26]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2976,7 +3070,7 @@ func (x *CompareGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareGroup.ProtoReflect.Descriptor instead.
 func (*CompareGroup) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{26}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CompareGroup) GetKey() string {
@@ -3072,7 +3166,7 @@ type CompareDiff struct {
 
 func (x *CompareDiff) Reset() {
 	*x = CompareDiff{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3084,7 +3178,7 @@ func (x *CompareDiff) String() string {
 func (*CompareDiff) ProtoMessage() {}
 
 func (x *CompareDiff) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[27]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3097,7 +3191,7 @@ func (x *CompareDiff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareDiff.ProtoReflect.Descriptor instead.
 func (*CompareDiff) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{27}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CompareDiff) GetValue() float64 {
@@ -3147,7 +3241,7 @@ type CompareRow struct {
 
 func (x *CompareRow) Reset() {
 	*x = CompareRow{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3159,7 +3253,7 @@ func (x *CompareRow) String() string {
 func (*CompareRow) ProtoMessage() {}
 
 func (x *CompareRow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3172,7 +3266,7 @@ func (x *CompareRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareRow.ProtoReflect.Descriptor instead.
 func (*CompareRow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{28}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CompareRow) GetKey() string {
@@ -3233,7 +3327,7 @@ type CompareResponse struct {
 
 func (x *CompareResponse) Reset() {
 	*x = CompareResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3245,7 +3339,7 @@ func (x *CompareResponse) String() string {
 func (*CompareResponse) ProtoMessage() {}
 
 func (x *CompareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3258,7 +3352,7 @@ func (x *CompareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareResponse.ProtoReflect.Descriptor instead.
 func (*CompareResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{29}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CompareResponse) GetBy() string {
@@ -3314,7 +3408,7 @@ type TimelineRequest struct {
 
 func (x *TimelineRequest) Reset() {
 	*x = TimelineRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3326,7 +3420,7 @@ func (x *TimelineRequest) String() string {
 func (*TimelineRequest) ProtoMessage() {}
 
 func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3339,7 +3433,7 @@ func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineRequest.ProtoReflect.Descriptor instead.
 func (*TimelineRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{30}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TimelineRequest) GetRunId() string {
@@ -3392,7 +3486,7 @@ type TimelineSeries struct {
 
 func (x *TimelineSeries) Reset() {
 	*x = TimelineSeries{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[31]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3404,7 +3498,7 @@ func (x *TimelineSeries) String() string {
 func (*TimelineSeries) ProtoMessage() {}
 
 func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[31]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3417,7 +3511,7 @@ func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineSeries.ProtoReflect.Descriptor instead.
 func (*TimelineSeries) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{31}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TimelineSeries) GetName() string {
@@ -3470,7 +3564,7 @@ type TimelineEvent struct {
 
 func (x *TimelineEvent) Reset() {
 	*x = TimelineEvent{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[32]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3482,7 +3576,7 @@ func (x *TimelineEvent) String() string {
 func (*TimelineEvent) ProtoMessage() {}
 
 func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[32]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3495,7 +3589,7 @@ func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineEvent.ProtoReflect.Descriptor instead.
 func (*TimelineEvent) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{32}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *TimelineEvent) GetTime() *timestamppb.Timestamp {
@@ -3541,7 +3635,7 @@ type TimelineResponse struct {
 
 func (x *TimelineResponse) Reset() {
 	*x = TimelineResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[33]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3553,7 +3647,7 @@ func (x *TimelineResponse) String() string {
 func (*TimelineResponse) ProtoMessage() {}
 
 func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[33]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3566,7 +3660,7 @@ func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineResponse.ProtoReflect.Descriptor instead.
 func (*TimelineResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{33}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TimelineResponse) GetRunId() string {
@@ -3628,11 +3722,12 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x11previous_cost_usd\x18\x02 \x01(\x01R\x0fpreviousCostUsd\x12\x19\n" +
 	"\bcost_usd\x18\x03 \x01(\x01R\acostUsd\x12\x1f\n" +
 	"\vgpu_seconds\x18\x04 \x01(\x01R\n" +
-	"gpuSeconds\"\x82\x01\n" +
+	"gpuSeconds\"\x9c\x01\n" +
 	"\fUsageRequest\x120\n" +
 	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
 	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x0e\n" +
-	"\x02by\x18\x03 \x03(\tR\x02by\"\xca\x02\n" +
+	"\x02by\x18\x03 \x03(\tR\x02by\x12\x18\n" +
+	"\aper_day\x18\xb0\t \x01(\bR\x06perDay\"\xca\x02\n" +
 	"\bUsageRow\x12\x12\n" +
 	"\x04keys\x18\x01 \x03(\tR\x04keys\x12\x1b\n" +
 	"\tidle_node\x18\x02 \x01(\tR\bidleNode\x12\x12\n" +
@@ -3663,13 +3758,19 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x12lost_host_energy_j\x18\x9d\b \x01(\x01R\x0flostHostEnergyJ\x122\n" +
 	"\x15lost_idle_gpu_seconds\x18\x9e\b \x01(\x01R\x12lostIdleGpuSeconds\x12,\n" +
 	"\x12lost_idle_energy_j\x18\x9f\b \x01(\x01R\x0flostIdleEnergyJ\x125\n" +
-	"\x17lost_idle_host_energy_j\x18\xa0\b \x01(\x01R\x13lostIdleHostEnergyJ\"\xe0\x01\n" +
+	"\x17lost_idle_host_energy_j\x18\xa0\b \x01(\x01R\x13lostIdleHostEnergyJ\"\x8e\x02\n" +
 	"\rUsageResponse\x12\x0e\n" +
 	"\x02by\x18\x01 \x03(\tR\x02by\x12+\n" +
 	"\x04rows\x18\x02 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
 	"\x05nodes\x18\x03 \x03(\v2\x18.trainmeter.v1.NodeUsageR\x05nodes\x120\n" +
 	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
-	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"h\n" +
+	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12,\n" +
+	"\x04days\x18\xb0\t \x03(\v2\x17.trainmeter.v1.UsageDayR\x04days\"\xcb\x01\n" +
+	"\bUsageDay\x120\n" +
+	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12+\n" +
+	"\x04rows\x18\x03 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
+	"\x05nodes\x18\x04 \x03(\v2\x18.trainmeter.v1.NodeUsageR\x05nodes\"h\n" +
 	"\x0fListRunsRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\x12\x1c\n" +
 	"\tpage_size\x18\xea\x03 \x01(\x05R\bpageSize\x12\x1e\n" +
@@ -4031,7 +4132,7 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*RepriceRequest)(nil),        // 0: trainmeter.v1.RepriceRequest
 	(*RepriceResponse)(nil),       // 1: trainmeter.v1.RepriceResponse
@@ -4040,113 +4141,119 @@ var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*UsageRow)(nil),              // 4: trainmeter.v1.UsageRow
 	(*NodeUsage)(nil),             // 5: trainmeter.v1.NodeUsage
 	(*UsageResponse)(nil),         // 6: trainmeter.v1.UsageResponse
-	(*ListRunsRequest)(nil),       // 7: trainmeter.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 8: trainmeter.v1.ListRunsResponse
-	(*GetRunRequest)(nil),         // 9: trainmeter.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 10: trainmeter.v1.GetRunResponse
-	(*ExportRunsRequest)(nil),     // 11: trainmeter.v1.ExportRunsRequest
-	(*ExportRunsResponse)(nil),    // 12: trainmeter.v1.ExportRunsResponse
-	(*DeleteRunRequest)(nil),      // 13: trainmeter.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 14: trainmeter.v1.DeleteRunResponse
-	(*ListNodesRequest)(nil),      // 15: trainmeter.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),     // 16: trainmeter.v1.ListNodesResponse
-	(*NodeStatus)(nil),            // 17: trainmeter.v1.NodeStatus
-	(*RunReport)(nil),             // 18: trainmeter.v1.RunReport
-	(*CarbonBand)(nil),            // 19: trainmeter.v1.CarbonBand
-	(*DataloaderChange)(nil),      // 20: trainmeter.v1.DataloaderChange
-	(*Range)(nil),                 // 21: trainmeter.v1.Range
-	(*RunEstimate)(nil),           // 22: trainmeter.v1.RunEstimate
-	(*EnergyBandCost)(nil),        // 23: trainmeter.v1.EnergyBandCost
-	(*CompareRequest)(nil),        // 24: trainmeter.v1.CompareRequest
-	(*CompareStat)(nil),           // 25: trainmeter.v1.CompareStat
-	(*CompareGroup)(nil),          // 26: trainmeter.v1.CompareGroup
-	(*CompareDiff)(nil),           // 27: trainmeter.v1.CompareDiff
-	(*CompareRow)(nil),            // 28: trainmeter.v1.CompareRow
-	(*CompareResponse)(nil),       // 29: trainmeter.v1.CompareResponse
-	(*TimelineRequest)(nil),       // 30: trainmeter.v1.TimelineRequest
-	(*TimelineSeries)(nil),        // 31: trainmeter.v1.TimelineSeries
-	(*TimelineEvent)(nil),         // 32: trainmeter.v1.TimelineEvent
-	(*TimelineResponse)(nil),      // 33: trainmeter.v1.TimelineResponse
-	nil,                           // 34: trainmeter.v1.RunReport.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
-	(*GpuInfo)(nil),               // 36: trainmeter.v1.GpuInfo
-	(*RunMetadata)(nil),           // 37: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 38: trainmeter.v1.Eval
+	(*UsageDay)(nil),              // 7: trainmeter.v1.UsageDay
+	(*ListRunsRequest)(nil),       // 8: trainmeter.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 9: trainmeter.v1.ListRunsResponse
+	(*GetRunRequest)(nil),         // 10: trainmeter.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 11: trainmeter.v1.GetRunResponse
+	(*ExportRunsRequest)(nil),     // 12: trainmeter.v1.ExportRunsRequest
+	(*ExportRunsResponse)(nil),    // 13: trainmeter.v1.ExportRunsResponse
+	(*DeleteRunRequest)(nil),      // 14: trainmeter.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 15: trainmeter.v1.DeleteRunResponse
+	(*ListNodesRequest)(nil),      // 16: trainmeter.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),     // 17: trainmeter.v1.ListNodesResponse
+	(*NodeStatus)(nil),            // 18: trainmeter.v1.NodeStatus
+	(*RunReport)(nil),             // 19: trainmeter.v1.RunReport
+	(*CarbonBand)(nil),            // 20: trainmeter.v1.CarbonBand
+	(*DataloaderChange)(nil),      // 21: trainmeter.v1.DataloaderChange
+	(*Range)(nil),                 // 22: trainmeter.v1.Range
+	(*RunEstimate)(nil),           // 23: trainmeter.v1.RunEstimate
+	(*EnergyBandCost)(nil),        // 24: trainmeter.v1.EnergyBandCost
+	(*CompareRequest)(nil),        // 25: trainmeter.v1.CompareRequest
+	(*CompareStat)(nil),           // 26: trainmeter.v1.CompareStat
+	(*CompareGroup)(nil),          // 27: trainmeter.v1.CompareGroup
+	(*CompareDiff)(nil),           // 28: trainmeter.v1.CompareDiff
+	(*CompareRow)(nil),            // 29: trainmeter.v1.CompareRow
+	(*CompareResponse)(nil),       // 30: trainmeter.v1.CompareResponse
+	(*TimelineRequest)(nil),       // 31: trainmeter.v1.TimelineRequest
+	(*TimelineSeries)(nil),        // 32: trainmeter.v1.TimelineSeries
+	(*TimelineEvent)(nil),         // 33: trainmeter.v1.TimelineEvent
+	(*TimelineResponse)(nil),      // 34: trainmeter.v1.TimelineResponse
+	nil,                           // 35: trainmeter.v1.RunReport.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(*GpuInfo)(nil),               // 37: trainmeter.v1.GpuInfo
+	(*RunMetadata)(nil),           // 38: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 39: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
-	35, // 0: trainmeter.v1.RepriceRequest.since:type_name -> google.protobuf.Timestamp
+	36, // 0: trainmeter.v1.RepriceRequest.since:type_name -> google.protobuf.Timestamp
 	2,  // 1: trainmeter.v1.RepriceResponse.runs:type_name -> trainmeter.v1.RepricedRun
-	35, // 2: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
-	35, // 3: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
+	36, // 2: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
+	36, // 3: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
 	4,  // 4: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
 	5,  // 5: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
-	35, // 6: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
-	35, // 7: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
-	18, // 8: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
-	18, // 9: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
-	18, // 10: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
-	17, // 11: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	36, // 12: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	35, // 13: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	37, // 14: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	35, // 15: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	35, // 16: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	38, // 17: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	34, // 18: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
-	23, // 19: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
-	22, // 20: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
-	19, // 21: trainmeter.v1.RunReport.co2_bands:type_name -> trainmeter.v1.CarbonBand
-	20, // 22: trainmeter.v1.RunReport.dataloader_changes:type_name -> trainmeter.v1.DataloaderChange
-	35, // 23: trainmeter.v1.RunReport.repriced_at:type_name -> google.protobuf.Timestamp
-	35, // 24: trainmeter.v1.DataloaderChange.applied_at:type_name -> google.protobuf.Timestamp
-	21, // 25: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
-	21, // 26: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
-	21, // 27: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
-	21, // 28: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
-	35, // 29: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
-	25, // 30: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
-	25, // 31: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
-	25, // 32: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
-	25, // 33: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
-	25, // 34: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
-	27, // 35: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
-	27, // 36: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
-	27, // 37: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	27, // 38: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	27, // 39: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	26, // 40: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
-	28, // 41: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
-	35, // 42: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
-	35, // 43: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
-	35, // 44: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
-	31, // 45: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
-	32, // 46: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
-	35, // 47: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
-	35, // 48: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
-	35, // 49: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
-	7,  // 50: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	9,  // 51: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	11, // 52: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	15, // 53: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	13, // 54: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	24, // 55: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
-	30, // 56: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
-	3,  // 57: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
-	0,  // 58: trainmeter.v1.QueryService.Reprice:input_type -> trainmeter.v1.RepriceRequest
-	8,  // 59: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	10, // 60: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	12, // 61: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	16, // 62: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	14, // 63: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	29, // 64: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
-	33, // 65: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
-	6,  // 66: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
-	1,  // 67: trainmeter.v1.QueryService.Reprice:output_type -> trainmeter.v1.RepriceResponse
-	59, // [59:68] is the sub-list for method output_type
-	50, // [50:59] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	36, // 6: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
+	36, // 7: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
+	7,  // 8: trainmeter.v1.UsageResponse.days:type_name -> trainmeter.v1.UsageDay
+	36, // 9: trainmeter.v1.UsageDay.since:type_name -> google.protobuf.Timestamp
+	36, // 10: trainmeter.v1.UsageDay.until:type_name -> google.protobuf.Timestamp
+	4,  // 11: trainmeter.v1.UsageDay.rows:type_name -> trainmeter.v1.UsageRow
+	5,  // 12: trainmeter.v1.UsageDay.nodes:type_name -> trainmeter.v1.NodeUsage
+	19, // 13: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
+	19, // 14: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
+	19, // 15: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
+	18, // 16: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
+	37, // 17: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	36, // 18: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	38, // 19: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	36, // 20: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	36, // 21: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	39, // 22: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	35, // 23: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	24, // 24: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
+	23, // 25: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
+	20, // 26: trainmeter.v1.RunReport.co2_bands:type_name -> trainmeter.v1.CarbonBand
+	21, // 27: trainmeter.v1.RunReport.dataloader_changes:type_name -> trainmeter.v1.DataloaderChange
+	36, // 28: trainmeter.v1.RunReport.repriced_at:type_name -> google.protobuf.Timestamp
+	36, // 29: trainmeter.v1.DataloaderChange.applied_at:type_name -> google.protobuf.Timestamp
+	22, // 30: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
+	22, // 31: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
+	22, // 32: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
+	22, // 33: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
+	36, // 34: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
+	26, // 35: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
+	26, // 36: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
+	26, // 37: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
+	26, // 38: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
+	26, // 39: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
+	28, // 40: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
+	28, // 41: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
+	28, // 42: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	28, // 43: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	28, // 44: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	27, // 45: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
+	29, // 46: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
+	36, // 47: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
+	36, // 48: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
+	36, // 49: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
+	32, // 50: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
+	33, // 51: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
+	36, // 52: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
+	36, // 53: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
+	36, // 54: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
+	8,  // 55: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	10, // 56: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	12, // 57: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	16, // 58: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	14, // 59: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	25, // 60: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
+	31, // 61: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
+	3,  // 62: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
+	0,  // 63: trainmeter.v1.QueryService.Reprice:input_type -> trainmeter.v1.RepriceRequest
+	9,  // 64: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	11, // 65: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	13, // 66: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	17, // 67: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	15, // 68: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	30, // 69: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
+	34, // 70: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
+	6,  // 71: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
+	1,  // 72: trainmeter.v1.QueryService.Reprice:output_type -> trainmeter.v1.RepriceResponse
+	64, // [64:73] is the sub-list for method output_type
+	55, // [55:64] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -4156,17 +4263,17 @@ func file_trainmeter_v1_query_proto_init() {
 	}
 	file_trainmeter_v1_ingest_proto_init()
 	file_trainmeter_v1_query_proto_msgTypes[4].OneofWrappers = []any{}
-	file_trainmeter_v1_query_proto_msgTypes[18].OneofWrappers = []any{}
-	file_trainmeter_v1_query_proto_msgTypes[22].OneofWrappers = []any{}
-	file_trainmeter_v1_query_proto_msgTypes[25].OneofWrappers = []any{}
-	file_trainmeter_v1_query_proto_msgTypes[27].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[19].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[23].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[26].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[28].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   35,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
