@@ -23,9 +23,9 @@ func TestKubernetesConfig(t *testing.T) {
 		t.Errorf("valid config refused: %v", err)
 	}
 
-	cfg.Kubernetes = KubernetesConfig{PodResourcesSocket: "kubelet.sock", PodLabels: []string{"team", "team", "namespace", "bad key", "-x", "a/", "Example.com/x"}}
+	cfg.Kubernetes = KubernetesConfig{PodResourcesSocket: "kubelet.sock", PodLabels: []string{"team", "team", "k8s.namespace", "bad key", "-x", "a/", "Example.com/x"}}
 	err := cfg.Validate()
-	for _, want := range []string{`"kubelet.sock": want an absolute path`, `"team" twice`, `"namespace" is set by the agent`,
+	for _, want := range []string{`"kubelet.sock": want an absolute path`, `"team" twice`, `"k8s.namespace" is set by the agent`,
 		`"bad key" is not`, `"-x" is not`, `"a/" is not`, `"Example.com/x" is not`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate: %v; want %q", err, want)
