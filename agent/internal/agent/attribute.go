@@ -75,7 +75,7 @@ func (a *Agent) initKubernetes(backend gpu.Backend) {
 		return
 	}
 	var api *podresources.APIReader
-	if cfg, ok, why := podresources.InClusterConfig(); !ok {
+	if cfg, ok, why := a.cfg.Kubernetes.API(); !ok {
 		a.log.Info("Kubernetes pods' runs carry namespace, pod and container only", "why", why)
 	} else if api, err = podresources.NewAPIReader(cfg, a.log); err != nil {
 		a.log.Warn("Kubernetes pods' runs carry namespace, pod and container only", "err", err)

@@ -32,6 +32,25 @@ func TestKubernetesConfig(t *testing.T) {
 		}
 	}
 
+	cfg.Kubernetes = KubernetesConfig{APIServer: "http://api:6443", TokenFile: "token"}
+	err = cfg.Validate()
+	for _, want := range []string{`"http://api:6443": want https://HOST:PORT`, `token_file and ca_file want absolute paths`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v; want %q", err, want)
+		}
+	}
+	cfg.Kubernetes = KubernetesConfig{CAFile: "/ca.crt"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "go with api_server") {
+		t.Errorf("ca_file without api_server: %v", err)
+	}
+	cfg.Kubernetes = KubernetesConfig{APIServer: "https://api:6443", TokenFile: "/t", CAFile: "/ca.crt"}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("an API server refused: %v", err)
+	}
+	if api, ok, _ := cfg.Kubernetes.API(); !ok || api.Server != "https://api:6443" || api.TokenFile != "/t" || api.CAFile != "/ca.crt" {
+		t.Errorf("API() = %+v, %v", api, ok)
+	}
+
 	cfg.Kubernetes = KubernetesConfig{} // off
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("empty section refused: %v", err)

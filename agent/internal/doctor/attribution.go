@@ -52,7 +52,7 @@ func checkAttribution(o Options, r *Report) {
 	case ok:
 		msg := "Kubernetes pods own their GPU processes' runs: " + why
 		st, hint := OK, ""
-		if _, in, whyNot := podresources.InClusterConfig(); !in {
+		if _, in, whyNot := o.Config.Kubernetes.API(); !in {
 			st, hint = Warn, "run the agent as the DaemonSet in deploy/kubernetes does (its service account may read pods) for pod labels and the Jobs that own pods"
 			msg += "; " + whyNot
 		}
