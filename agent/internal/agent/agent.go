@@ -73,7 +73,8 @@ type Agent struct {
 	procs       gpu.ProcessLister
 	procRoot    string
 	lastProcErr time.Time
-	owned       owners // the runs of GPU processes' owners (owned.go)
+	owned       owners            // the runs of GPU processes' owners (owned.go)
+	k8s         *owner.Kubernetes // the Kubernetes source, nil when not used
 	// Splitting shared GPUs (share.go): per-process or per-run use.
 	procUse     gpu.ProcessUsageReader
 	runUse      gpu.RunUsageReader
@@ -201,6 +202,11 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	if a.procs != nil {
 		a.goPoll(ctx, attributeEvery, a.pollAttribution)
+	}
+	if a.k8s != nil {
+		// Its own poll: a List, and the API server for a new pod, may take
+		// seconds that the attribution poll must not wait for.
+		a.goPoll(ctx, attributeEvery, func() { a.k8s.Refresh(ctx, a.clock.Now()) })
 	}
 	// The ticker exists before Start returns, so no tick (real or, in tests,
 	// a fake clock's) can fall before the loop listens.
@@ -341,6 +347,9 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	}
 	a.cancel()
 	a.wg.Wait()
+	if a.k8s != nil {
+		_ = a.k8s.Close()
+	}
 	a.stopStatus(ctx)
 	if err := a.stopOTel(ctx); err != nil {
 		errs = append(errs, err)

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/agent/internal/owner"
+	"github.com/trainmeter/trainmeter/agent/internal/podresources"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/pkg/gpu"
 )
@@ -42,8 +44,49 @@ func (a *Agent) initAttribution(backend gpu.Backend) bool {
 			a.owned.sources = append(a.owned.sources, owner.NewSlurm(owner.Proc{Root: a.procRoot}))
 			a.log.Info("Slurm jobs own their GPU processes' runs", "why", why)
 		}
+		a.initKubernetes(backend)
 	}
 	return a.procs != nil
+}
+
+// initKubernetes adds the Kubernetes source when the kubelet's
+// pod-resources API answers at the configured socket (docs/kubernetes.md).
+// Device plugins that hand out indexes ("0", GKE's "nvidia0") instead of
+// UUIDs are mapped to the backend's UUIDs.
+func (a *Agent) initKubernetes(backend gpu.Backend) {
+	sock := a.cfg.Kubernetes.PodResourcesSocket
+	if sock == "" {
+		return
+	}
+	if ok, why := podresources.Detect(sock); !ok {
+		a.log.Debug("no Kubernetes source", "why", why)
+		return
+	}
+	ids := map[string]string{}
+	for _, d := range backend.Devices() {
+		if d.UUID != "" {
+			ids[strconv.Itoa(d.Index)] = d.UUID
+			ids["nvidia"+strconv.Itoa(d.Index)] = d.UUID
+		}
+	}
+	c, err := podresources.Dial(sock, podresources.Options{IDs: ids})
+	if err != nil {
+		a.log.Warn("no Kubernetes source", "err", err)
+		return
+	}
+	var api *podresources.APIReader
+	if cfg, ok, why := a.cfg.Kubernetes.API(); !ok {
+		a.log.Info("Kubernetes pods' runs carry namespace, pod and container only", "why", why)
+	} else if api, err = podresources.NewAPIReader(cfg, a.log); err != nil {
+		a.log.Warn("Kubernetes pods' runs carry namespace, pod and container only", "err", err)
+		api = nil
+	}
+	a.k8s = owner.NewKubernetes(c, podresources.NewResolver(api, a.cfg.Kubernetes.PodLabels), owner.Proc{Root: a.procRoot}, a.log)
+	// The first list before the first attribution poll, so that a pod's
+	// processes already on the GPUs are never its user's for a second.
+	a.k8s.Refresh(context.Background(), a.clock.Now())
+	a.owned.sources = append(a.owned.sources, a.k8s)
+	a.log.Info("Kubernetes pods own their GPU processes' runs", "socket", sock)
 }
 
 // pollAttribution adds to every process-attributed run the GPUs its tree

@@ -16,7 +16,7 @@ import (
 // Every GPU-second to someone (docs/attribution.md): once a second, with
 // the process-tree poll, the GPUs' compute processes that no trainer's run
 // owns are given to their owner: the first source that knows them (Slurm,
-// and a Kubernetes source behind the same owner.Source), else their Linux
+// then the Kubernetes pod holding the GPU), else their Linux
 // user's process group. Each owner is a run the agent starts and ends
 // itself; a GPU is idle only while no process is on it.
 
@@ -149,6 +149,9 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 				continue
 			}
 			reason = "the " + r.owner.Source + " job ended"
+			if r.owner.Source == owner.AttrKubernetes {
+				reason = "its pods left the kubelet's pod-resources list"
+			}
 		}
 		if err := a.ledger.EndOwned(now, r.peer, id, end.Status, end.Error, reason); err != nil {
 			a.log.Debug("owner's run already ended", "run_id", id, "err", err)

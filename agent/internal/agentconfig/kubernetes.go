@@ -3,6 +3,7 @@ package agentconfig
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,6 +21,22 @@ type KubernetesConfig struct {
 	// PodLabels are the pod label keys copied onto a pod's run, read from
 	// the API server with the agent's service account.
 	PodLabels []string `yaml:"pod_labels"`
+	// APIServer is the API server's https URL the pods' labels, UIDs and
+	// owners are read from, with TokenFile's bearer token and CAFile's
+	// CA. Empty: the in-cluster service account's (an agent in a pod, as
+	// the DaemonSet runs it). Set it for an agent run outside a pod.
+	APIServer string `yaml:"api_server"`
+	TokenFile string `yaml:"token_file"`
+	CAFile    string `yaml:"ca_file"`
+}
+
+// API is where the pods are read from: the configured API server, else the
+// in-cluster one; ok false (and why) when neither.
+func (k KubernetesConfig) API() (cfg podresources.APIConfig, ok bool, why string) {
+	if k.APIServer == "" {
+		return podresources.InClusterConfig()
+	}
+	return podresources.APIConfig{Server: k.APIServer, TokenFile: k.TokenFile, CAFile: k.CAFile}, true, ""
 }
 
 // DefaultKubernetes is the section's default: the kubelet's usual socket,
@@ -33,6 +50,16 @@ func (k KubernetesConfig) Validate() error {
 	var errs []error
 	if k.PodResourcesSocket != "" && !filepath.IsAbs(k.PodResourcesSocket) {
 		errs = append(errs, fmt.Errorf("kubernetes.pod_resources_socket %q: want an absolute path", k.PodResourcesSocket))
+	}
+	if k.APIServer != "" {
+		if u, err := url.Parse(k.APIServer); err != nil || u.Scheme != "https" || u.Host == "" {
+			errs = append(errs, fmt.Errorf("kubernetes.api_server %q: want https://HOST:PORT", k.APIServer))
+		}
+		if !filepath.IsAbs(k.TokenFile) || !filepath.IsAbs(k.CAFile) {
+			errs = append(errs, fmt.Errorf("kubernetes.api_server is set: token_file and ca_file want absolute paths (got %q, %q)", k.TokenFile, k.CAFile))
+		}
+	} else if k.TokenFile != "" || k.CAFile != "" {
+		errs = append(errs, errors.New("kubernetes.token_file and ca_file go with api_server (without it, the in-cluster service account's are used)"))
 	}
 	seen := map[string]bool{}
 	for _, key := range k.PodLabels {

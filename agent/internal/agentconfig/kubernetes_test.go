@@ -23,13 +23,32 @@ func TestKubernetesConfig(t *testing.T) {
 		t.Errorf("valid config refused: %v", err)
 	}
 
-	cfg.Kubernetes = KubernetesConfig{PodResourcesSocket: "kubelet.sock", PodLabels: []string{"team", "team", "namespace", "bad key", "-x", "a/", "Example.com/x"}}
+	cfg.Kubernetes = KubernetesConfig{PodResourcesSocket: "kubelet.sock", PodLabels: []string{"team", "team", "k8s.namespace", "bad key", "-x", "a/", "Example.com/x"}}
 	err := cfg.Validate()
-	for _, want := range []string{`"kubelet.sock": want an absolute path`, `"team" twice`, `"namespace" is set by the agent`,
+	for _, want := range []string{`"kubelet.sock": want an absolute path`, `"team" twice`, `"k8s.namespace" is set by the agent`,
 		`"bad key" is not`, `"-x" is not`, `"a/" is not`, `"Example.com/x" is not`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate: %v; want %q", err, want)
 		}
+	}
+
+	cfg.Kubernetes = KubernetesConfig{APIServer: "http://api:6443", TokenFile: "token"}
+	err = cfg.Validate()
+	for _, want := range []string{`"http://api:6443": want https://HOST:PORT`, `token_file and ca_file want absolute paths`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v; want %q", err, want)
+		}
+	}
+	cfg.Kubernetes = KubernetesConfig{CAFile: "/ca.crt"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "go with api_server") {
+		t.Errorf("ca_file without api_server: %v", err)
+	}
+	cfg.Kubernetes = KubernetesConfig{APIServer: "https://api:6443", TokenFile: "/t", CAFile: "/ca.crt"}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("an API server refused: %v", err)
+	}
+	if api, ok, _ := cfg.Kubernetes.API(); !ok || api.Server != "https://api:6443" || api.TokenFile != "/t" || api.CAFile != "/ca.crt" {
+		t.Errorf("API() = %+v, %v", api, ok)
 	}
 
 	cfg.Kubernetes = KubernetesConfig{} // off

@@ -12,15 +12,13 @@ import (
 	"strings"
 
 	"github.com/trainmeter/trainmeter/agent/internal/owner"
+	"github.com/trainmeter/trainmeter/agent/internal/podresources"
 )
 
 // SectionAttribution says who the GPU processes that no run owns are billed
 // to: which owner sources the agent detects on this node, and why one is
 // not available (docs/attribution.md).
 const SectionAttribution = "attribution"
-
-// KubeletSocket is where the kubelet serves its pod-resources API.
-const KubeletSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 func checkAttribution(o Options, r *Report) {
 	proc := owner.Proc{Root: cmp.Or(o.Config.ProcfsRoot, "/proc")}
@@ -47,12 +45,30 @@ func checkAttribution(o Options, r *Report) {
 				"run the agent as root (the packaged service does) so that jobs whose processes are not in a job_N cgroup (proctrack/linuxproc) are found by SLURM_JOB_ID")
 		}
 	}
-	if _, err := os.Stat(KubeletSocket); err != nil {
-		r.add(SectionAttribution, "kubernetes", OK, "not used: no kubelet pod-resources socket at "+KubeletSocket, "")
-	} else {
-		r.add(SectionAttribution, "kubernetes", Warn, "kubelet pod-resources socket at "+KubeletSocket+", but this agent does not ask it yet: pods' GPU processes are billed to their Linux users",
-			"")
+	sock := o.Config.Kubernetes.PodResourcesSocket
+	switch ok, why := podresources.Detect(sock); {
+	case sock == "":
+		r.add(SectionAttribution, "kubernetes", OK, "not used: kubernetes.pod_resources_socket is empty in the agent's configuration", "")
+	case ok:
+		msg := "Kubernetes pods own their GPU processes' runs: " + why
+		st, hint := OK, ""
+		if _, in, whyNot := o.Config.Kubernetes.API(); !in {
+			st, hint = Warn, "run the agent as the DaemonSet in deploy/kubernetes does (its service account may read pods) for pod labels and the Jobs that own pods"
+			msg += "; " + whyNot
+		}
+		r.add(SectionAttribution, "kubernetes", st, msg, hint)
+	case !exists(sock):
+		r.add(SectionAttribution, "kubernetes", OK, "not used: "+why, "")
+	default:
+		r.add(SectionAttribution, "kubernetes", Warn, "not used: "+why,
+			"pods' GPU processes are billed to their Linux users until the agent can ask the kubelet")
 	}
+}
+
+// exists reports whether path exists (as far as this process can tell).
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil || !errors.Is(err, fs.ErrNotExist)
 }
 
 // environDenied says whether this process can read other users' process

@@ -196,21 +196,21 @@ func TestInClusterConfigOutside(t *testing.T) {
 // the API server a pod is its own run with namespace, pod and container.
 func TestRunFor(t *testing.T) {
 	h := Holder{Namespace: "ml", Pod: "bert-0-x7k2p", Containers: []string{"trainer", "aux"}}
-	meta := &PodMeta{UID: "u", Labels: map[string]string{"team": "nlp", "namespace": "spoof", "other": "x"},
+	meta := &PodMeta{UID: "u", Labels: map[string]string{"team": "nlp", "k8s.namespace": "spoof", "other": "x"},
 		Owners: []OwnerRef{{Kind: "Job", Name: "bert-0", Controller: true}}}
-	keys := []string{"team", "namespace", "absent"}
+	keys := []string{"team", "k8s.namespace", "absent"}
 	cases := []struct {
 		name string
 		meta *PodMeta
 		want Run
 	}{
 		{"job", meta, Run{ID: "k8s-ml-job-bert-0", Name: "bert-0", Job: true,
-			Labels: map[string]string{"namespace": "ml", "job": "bert-0", "container": "trainer,aux", "team": "nlp"}}},
+			Labels: map[string]string{"k8s.namespace": "ml", "k8s.job": "bert-0", "k8s.container": "trainer,aux", "team": "nlp"}, PodUID: "u"}},
 		{"replicaset", &PodMeta{Labels: map[string]string{"team": "cv"}, Owners: []OwnerRef{{Kind: "ReplicaSet", Name: "rs", Controller: true}}},
 			Run{ID: "k8s-ml-bert-0-x7k2p", Name: "bert-0-x7k2p",
-				Labels: map[string]string{"namespace": "ml", "pod": "bert-0-x7k2p", "container": "trainer,aux", "team": "cv"}}},
+				Labels: map[string]string{"k8s.namespace": "ml", "k8s.pod": "bert-0-x7k2p", "k8s.container": "trainer,aux", "team": "cv"}}},
 		{"no API server", nil, Run{ID: "k8s-ml-bert-0-x7k2p", Name: "bert-0-x7k2p",
-			Labels: map[string]string{"namespace": "ml", "pod": "bert-0-x7k2p", "container": "trainer,aux"}}},
+			Labels: map[string]string{"k8s.namespace": "ml", "k8s.pod": "bert-0-x7k2p", "k8s.container": "trainer,aux"}}},
 	}
 	for _, c := range cases {
 		if got := RunFor(h, c.meta, keys); !reflect.DeepEqual(got, c.want) {
@@ -240,9 +240,9 @@ func TestResolver(t *testing.T) {
 	job := map[string]any{"kind": "Job", "name": "sweep", "uid": "j1", "controller": true}
 	a.addPod("ml", "sweep-0-aaaaa", "p1", map[string]string{"team": "nlp"}, job)
 	a.addPod("ml", "sweep-1-bbbbb", "p2", map[string]string{"team": "nlp"}, job)
-	k.add("ml", "sweep-0-aaaaa", ctr{"t", map[string][]string{"nvidia.com/gpu": {"GPU-1"}}})
-	k.add("ml", "sweep-1-bbbbb", ctr{"t", map[string][]string{"nvidia.com/gpu": {"GPU-2"}}})
-	k.add("dev", "scratch", ctr{"sh", map[string][]string{"nvidia.com/gpu": {"GPU-3::0"}}}) // not on the API server
+	k.Add("ml", "sweep-0-aaaaa", ctr("t", map[string][]string{"nvidia.com/gpu": {"GPU-1"}}))
+	k.Add("ml", "sweep-1-bbbbb", ctr("t", map[string][]string{"nvidia.com/gpu": {"GPU-2"}}))
+	k.Add("dev", "scratch", ctr("sh", map[string][]string{"nvidia.com/gpu": {"GPU-3::0"}})) // not on the API server
 
 	runs := func() map[string]string {
 		s, err := c.Snapshot(ctx)
@@ -277,9 +277,9 @@ func TestResolver(t *testing.T) {
 	}
 	a.mu.Unlock()
 	// Gone and back under the same name: read afresh.
-	k.remove("dev", "scratch")
+	k.Remove("dev", "scratch")
 	runs()
-	k.add("dev", "scratch", ctr{"sh", map[string][]string{"nvidia.com/gpu": {"GPU-3::0"}}})
+	k.Add("dev", "scratch", ctr("sh", map[string][]string{"nvidia.com/gpu": {"GPU-3::0"}}))
 	want["GPU-3"] = "k8s-dev-job-j team=x;"
 	if got := runs(); !reflect.DeepEqual(got, want) {
 		t.Errorf("pod recreated: got %v, want %v", got, want)

@@ -2,7 +2,6 @@ package podresources
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -10,96 +9,28 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/trainmeter/trainmeter/internal/kubelettest"
 )
 
-// kubelet serves the real podresources v1 service (k8s.io/kubelet's
-// generated code) on a Unix socket, answering as the kubelet does from the
-// pods it is given. No kubelet runs in these tests.
-type kubelet struct {
-	v1.UnimplementedPodResourcesListerServer
-	mu   sync.Mutex
-	pods map[string]*v1.PodResources // NAMESPACE/NAME
-	// getMode: "" serves Get; "disabled" answers as a kubelet with the
-	// KubeletPodResourcesGet gate off.
-	getMode string
+// The kubelet is kubelettest's: the real podresources v1 service on a
+// Unix socket. No kubelet runs in these tests.
+type kubelet = kubelettest.Kubelet
+
+func ctr(name string, devices map[string][]string) kubelettest.Container {
+	return kubelettest.Container{Name: name, Devices: devices}
 }
 
-func (k *kubelet) List(context.Context, *v1.ListPodResourcesRequest) (*v1.ListPodResourcesResponse, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	resp := &v1.ListPodResourcesResponse{}
-	for _, p := range k.pods {
-		resp.PodResources = append(resp.PodResources, proto.Clone(p).(*v1.PodResources))
-	}
-	return resp, nil
-}
-
-func (k *kubelet) Get(_ context.Context, req *v1.GetPodResourcesRequest) (*v1.GetPodResourcesResponse, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.getMode == "disabled" {
-		return nil, errors.New("PodResources API Get method disabled")
-	}
-	p := k.pods[req.PodNamespace+"/"+req.PodName]
-	if p == nil {
-		return nil, fmt.Errorf("pod %s not found in namespace %s", req.PodName, req.PodNamespace)
-	}
-	return &v1.GetPodResourcesResponse{PodResources: proto.Clone(p).(*v1.PodResources)}, nil
-}
-
-// ctr is a container holding devices: resource -> device IDs.
-type ctr struct {
-	name    string
-	devices map[string][]string
-}
-
-func (k *kubelet) add(ns, name string, cs ...ctr) {
-	p := &v1.PodResources{Namespace: ns, Name: name}
-	for _, c := range cs {
-		cr := &v1.ContainerResources{Name: c.name, CpuIds: []int64{1, 2}}
-		for res, ids := range c.devices {
-			cr.Devices = append(cr.Devices, &v1.ContainerDevices{ResourceName: res, DeviceIds: ids})
-		}
-		p.Containers = append(p.Containers, cr)
-	}
-	k.mu.Lock()
-	k.pods[ns+"/"+name] = p
-	k.mu.Unlock()
-}
-
-func (k *kubelet) remove(ns, name string) {
-	k.mu.Lock()
-	delete(k.pods, ns+"/"+name)
-	k.mu.Unlock()
-}
-
-// serve starts srv's podresources v1 service on a fresh Unix socket.
-func serve(t *testing.T, srv v1.PodResourcesListerServer) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "kubelet.sock")
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	if srv != nil {
-		v1.RegisterPodResourcesListerServer(g, srv)
-	}
-	go g.Serve(lis)
-	t.Cleanup(g.Stop)
-	return path
-}
+func serve(t *testing.T, srv v1.PodResourcesListerServer) string { return kubelettest.Serve(t, srv) }
 
 func newKubelet(t *testing.T) (*kubelet, *Client) {
-	k := &kubelet{pods: map[string]*v1.PodResources{}}
+	k := kubelettest.New()
 	c, err := Dial(serve(t, k), Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -152,14 +83,14 @@ func TestSnapshotPodsComeShareAndGo(t *testing.T) {
 	wantOwners(t, "no pods", c, map[string]string{})
 
 	// A pod that holds no GPU (CPUs and another device) is nobody's GPU owner.
-	k.add("web", "nginx", ctr{"nginx", map[string][]string{"example.com/nic": {"nic0"}}})
-	k.add("team-a", "train-0", ctr{"trainer", map[string][]string{"nvidia.com/gpu": {gpuA}}})
+	k.Add("web", "nginx", ctr("nginx", map[string][]string{"example.com/nic": {"nic0"}}))
+	k.Add("team-a", "train-0", ctr("trainer", map[string][]string{"nvidia.com/gpu": {gpuA}}))
 	wantOwners(t, "one whole GPU", c, map[string]string{gpuA: "team-a/train-0[trainer](" + gpuA + ")"})
 
 	// Time-slicing: the device plugin hands out replicas GPU-uuid::N, one
 	// or more per pod (under nvidia.com/gpu.shared when it renames them).
-	k.add("team-b", "notebook", ctr{"jupyter", map[string][]string{"nvidia.com/gpu": {gpuB + "::0"}}})
-	k.add("team-c", "infer", ctr{"server", map[string][]string{"nvidia.com/gpu.shared": {gpuB + "::1", gpuB + "::3"}}})
+	k.Add("team-b", "notebook", ctr("jupyter", map[string][]string{"nvidia.com/gpu": {gpuB + "::0"}}))
+	k.Add("team-c", "infer", ctr("server", map[string][]string{"nvidia.com/gpu.shared": {gpuB + "::1", gpuB + "::3"}}))
 	wantOwners(t, "time-sliced", c, map[string]string{
 		gpuA: "team-a/train-0[trainer](" + gpuA + ")",
 		gpuB: "team-b/notebook[jupyter](" + gpuB + "::0) team-c/infer[server](" + gpuB + "::1," + gpuB + "::3)",
@@ -167,8 +98,8 @@ func TestSnapshotPodsComeShareAndGo(t *testing.T) {
 
 	// MIG devices under their profile's resource; a two-container pod
 	// where each container holds one.
-	k.add("team-d", "mig-pair", ctr{"left", map[string][]string{"nvidia.com/mig-1g.10gb": {migX}}},
-		ctr{"right", map[string][]string{"nvidia.com/mig-3g.40gb": {migY}}})
+	k.Add("team-d", "mig-pair", ctr("left", map[string][]string{"nvidia.com/mig-1g.10gb": {migX}}),
+		ctr("right", map[string][]string{"nvidia.com/mig-3g.40gb": {migY}}))
 	wantOwners(t, "MIG", c, map[string]string{
 		gpuA: "team-a/train-0[trainer](" + gpuA + ")",
 		gpuB: "team-b/notebook[jupyter](" + gpuB + "::0) team-c/infer[server](" + gpuB + "::1," + gpuB + "::3)",
@@ -177,9 +108,9 @@ func TestSnapshotPodsComeShareAndGo(t *testing.T) {
 	})
 
 	// A third tenant joins the shared GPU; the first one leaves.
-	k.add("team-a", "eval", ctr{"eval", map[string][]string{"nvidia.com/gpu": {gpuB + "::2"}}},
-		ctr{"sidecar", map[string][]string{"nvidia.com/gpu": {gpuB + "::4"}}})
-	k.remove("team-b", "notebook")
+	k.Add("team-a", "eval", ctr("eval", map[string][]string{"nvidia.com/gpu": {gpuB + "::2"}}),
+		ctr("sidecar", map[string][]string{"nvidia.com/gpu": {gpuB + "::4"}}))
+	k.Remove("team-b", "notebook")
 	wantOwners(t, "shared, one left one joined", c, map[string]string{
 		gpuA: "team-a/train-0[trainer](" + gpuA + ")",
 		gpuB: "team-a/eval[eval,sidecar](" + gpuB + "::2," + gpuB + "::4) team-c/infer[server](" + gpuB + "::1," + gpuB + "::3)",
@@ -189,7 +120,7 @@ func TestSnapshotPodsComeShareAndGo(t *testing.T) {
 
 	for _, p := range []string{"team-a/train-0", "team-a/eval", "team-c/infer", "team-d/mig-pair"} {
 		ns, name, _ := strings.Cut(p, "/")
-		k.remove(ns, name)
+		k.Remove(ns, name)
 	}
 	wantOwners(t, "all gone", c, map[string]string{})
 }
@@ -235,10 +166,12 @@ func TestSnapshotIDs(t *testing.T) {
 // unimplemented or disabled; a pod the kubelet does not know holds none.
 func TestClientPod(t *testing.T) {
 	k, c := newKubelet(t)
-	k.add("ns", "p", ctr{"c", map[string][]string{"nvidia.com/gpu": {"GPU-1", "GPU-2::1"}, "example.com/x": {"x"}}})
+	k.Add("ns", "p", ctr("c", map[string][]string{"nvidia.com/gpu": {"GPU-1", "GPU-2::1"}, "example.com/x": {"x"}}))
 	want := Pod{Namespace: "ns", Name: "p", GPUs: []string{"GPU-1", "GPU-2"}}
 	for _, mode := range []string{"", "disabled"} {
-		k.getMode = mode
+		if mode == "disabled" {
+			k.DisableGet()
+		}
 		got, err := c.Pod(context.Background(), "ns", "p")
 		if err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("Get mode %q: %+v, %v; want %+v", mode, got, err, want)
@@ -285,8 +218,8 @@ func TestClientKubeletGone(t *testing.T) {
 	if err == nil {
 		t.Fatal("Snapshot with no kubelet succeeded")
 	}
-	k := &kubelet{pods: map[string]*v1.PodResources{}}
-	k.add("ns", "p", ctr{"c", map[string][]string{"nvidia.com/gpu": {"GPU-1"}}})
+	k := kubelettest.New()
+	k.Add("ns", "p", ctr("c", map[string][]string{"nvidia.com/gpu": {"GPU-1"}}))
 	lis, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -340,9 +273,9 @@ func TestDetect(t *testing.T) {
 
 	check("not podresources", serve(t, nil), false, "does not answer the pod-resources v1 List")
 
-	k := &kubelet{pods: map[string]*v1.PodResources{}}
-	k.add("ns", "p", ctr{"c", map[string][]string{"nvidia.com/gpu": {"GPU-1::0"}}})
-	k.add("ns", "q", ctr{"c", map[string][]string{"nvidia.com/gpu": {"GPU-1::1", "GPU-2"}}})
+	k := kubelettest.New()
+	k.Add("ns", "p", ctr("c", map[string][]string{"nvidia.com/gpu": {"GPU-1::0"}}))
+	k.Add("ns", "q", ctr("c", map[string][]string{"nvidia.com/gpu": {"GPU-1::1", "GPU-2"}}))
 	check("kubelet", serve(t, k), true, "2 pods hold 2 GPUs")
 }
 
@@ -361,7 +294,7 @@ func TestDetectPermission(t *testing.T) {
 	}
 	defer os.RemoveAll(base)
 	os.Chmod(base, 0o755)
-	k := &kubelet{pods: map[string]*v1.PodResources{}}
+	k := kubelettest.New()
 	closed := filepath.Join(base, "closed")
 	os.Mkdir(closed, 0o700)
 	inClosed := filepath.Join(closed, "kubelet.sock")

@@ -8,12 +8,14 @@ import (
 	"sync"
 )
 
-// The labels a Kubernetes run carries besides the selected pod labels.
+// The labels a Kubernetes run carries besides the selected pod labels, in
+// the k8s. namespace as Slurm's are in slurm. (usage --by namespace groups
+// by k8s.namespace).
 const (
-	LabelNamespace = "namespace"
-	LabelPod       = "pod"       // the pod's name; on pod runs only
-	LabelJob       = "job"       // the owning Job's name; on Job runs only
-	LabelContainer = "container" // the containers holding GPUs, comma-separated
+	LabelNamespace = "k8s.namespace"
+	LabelPod       = "k8s.pod"       // the pod's name; on pod runs only
+	LabelJob       = "k8s.job"       // the owning Job's name; on Job runs only
+	LabelContainer = "k8s.container" // the containers holding GPUs, comma-separated
 )
 
 // Reserved are the label keys RunFor sets itself; a selected pod label of
@@ -32,14 +34,18 @@ type Run struct {
 	Name string
 	// Job reports whether the run is a Job's.
 	Job bool
-	// Labels: namespace, pod or job, container, and the selected pod
-	// labels the pod has.
+	// Labels: k8s.namespace, k8s.pod or k8s.job, k8s.container, and the
+	// selected pod labels the pod has.
 	Labels map[string]string
+	// PodUID is the pod's UID as the API server gave it; "" when it was
+	// not read. It tells apart the pods sharing a time-sliced GPU by
+	// their processes' cgroups.
+	PodUID string
 }
 
 // RunFor names the run of a pod holding a GPU. meta is what the API
 // server said of the pod (nil: not known; the run is then the pod's, with
-// namespace, pod and container). podLabels are the pod label keys to copy.
+// k8s.namespace, k8s.pod and k8s.container). podLabels are the pod label keys to copy.
 func RunFor(h Holder, meta *PodMeta, podLabels []string) Run {
 	r := Run{ID: "k8s-" + h.Namespace + "-" + h.Pod, Name: h.Pod, Labels: map[string]string{LabelNamespace: h.Namespace}}
 	if j := meta.Job(); j != nil {
@@ -51,6 +57,7 @@ func RunFor(h Holder, meta *PodMeta, podLabels []string) Run {
 		r.Labels[LabelContainer] = strings.Join(h.Containers, ",")
 	}
 	if meta != nil {
+		r.PodUID = meta.UID
 		for _, k := range podLabels {
 			if v, ok := meta.Labels[k]; ok {
 				if _, taken := r.Labels[k]; !taken {
