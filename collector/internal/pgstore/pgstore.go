@@ -61,6 +61,8 @@ type Store struct {
 	gate                                          chan struct{} // closed when the open commit window ends, under gmu
 	slots                                         chan struct{} // one per group being applied
 	commits, committedBatches, retries, fallbacks atomic.Uint64
+	rcache                                        rollCaches    // rollcache.go
+	rollupRereads                                 atomic.Uint64 // groups that read cached rollup keys again
 }
 
 var _ storage.Store = (*Store)(nil)
