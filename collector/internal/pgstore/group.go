@@ -399,7 +399,7 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 	}
 	clear(nodeX)
 	clear(runX)
-	rr.queue(&out, runX)
+	rr.queue(&out, g.now, runX)
 	queueGroupUsage(&out, g, nodes)
 	var sNode []string
 	var sVal [][]byte
@@ -868,8 +868,9 @@ func (rr *runRows) add(st *aggregate.State, r *trainmeterv1.RunReport) error {
 	return nil
 }
 
-// queue queues the runs' UPDATE; each row's new xmin goes to xmins.
-func (rr *runRows) queue(q *pgx.Batch, xmins map[string]string) {
+// queue queues the runs' UPDATE, which also notes that they got data at
+// now; each row's new xmin goes to xmins.
+func (rr *runRows) queue(q *pgx.Batch, now time.Time, xmins map[string]string) {
 	if len(rr.id) == 0 {
 		return
 	}
@@ -877,7 +878,7 @@ func (rr *runRows) queue(q *pgx.Batch, xmins map[string]string) {
 		end_ns = u.end_ns, ended = u.ended, uid = u.uid, model = u.model, gpu_name = u.gpu_name, labels = u.labels::jsonb, gpus = u.gpus,
 		nodes = u.nodes, tokens = u.tokens, wall_s = u.wall_s, energy_j = u.energy_j, energy_total_j = u.energy_total_j, gpu_hours = u.gpu_hours,
 		cost_usd = u.cost_usd, energy_cost_usd = u.energy_cost_usd, total_cost_usd = u.total_cost_usd, j_per_token = u.j_per_token,
-		co2_kg = u.co2_kg, incomplete = u.incomplete
+		co2_kg = u.co2_kg, incomplete = u.incomplete, data_at_ns = $26
 		FROM unnest($1::text[], $2::bytea[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::bool[], $9::int8[], $10::text[],
 			$11::text[], $12::text[], $13::int4[], $14::int4[], $15::int8[], $16::float8[], $17::float8[], $18::float8[], $19::float8[],
 			$20::float8[], $21::float8[], $22::float8[], $23::float8[], $24::float8[], $25::bool[])
@@ -886,7 +887,7 @@ func (rr *runRows) queue(q *pgx.Batch, xmins map[string]string) {
 		WHERE runs.run_id = u.run_id RETURNING runs.run_id, runs.xmin::text`,
 		rr.id, rr.state, rr.start, rr.endStatus, rr.user, rr.status, rr.end, rr.ended, rr.uid, rr.model, rr.gpuName, rr.labels,
 		rr.gpus, rr.nodes, rr.tokens, rr.wallS, rr.energyJ, rr.energyTotalJ, rr.gpuHours, rr.cost, rr.energyCost, rr.totalCost,
-		rr.jPerToken, rr.co2, rr.incomplete).Query(func(rows pgx.Rows) error {
+		rr.jPerToken, rr.co2, rr.incomplete, now.UnixNano()).Query(func(rows pgx.Rows) error {
 		var id, x string
 		_, err := pgx.ForEachRow(rows, []any{&id, &x}, func() error { xmins[id] = x; return nil })
 		return err

@@ -1,13 +1,17 @@
 package pgstore_test
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
+	"github.com/trainmeter/trainmeter/collector/internal/pgstore"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/internal/pgtest"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -86,5 +90,46 @@ func TestRollupsAcrossReplicas(t *testing.T) {
 	}
 	if energy[0] != 500 || energy[m1] != 300 || len(energy) != 2 {
 		t.Errorf("node rollups: GPU energy by minute %v, want minute 0: 500 J, minute 1: 300 J", energy)
+	}
+}
+
+// TestRunsWithDataSince: the runs that got data since a time, the most
+// recent first, by the clock of the collector that applied it (any of
+// those sharing the database): what the fleet's leader exports.
+func TestRunsWithDataSince(t *testing.T) {
+	url := pgtest.DB(t)
+	clk := clock.NewFake(tu.T0)
+	a, b := openWith(t, url, pgstore.Options{Clock: clk}), openWith(t, url, pgstore.Options{Clock: clk})
+	send := func(st *pgstore.Store, node string, seq uint64, run string) {
+		t.Helper()
+		bt := tu.Batch(seq, float64(seq), []*trainmeterv1.RunWindow{tu.Window(run, float64(seq), 10, 5)})
+		if seq == 1 {
+			bt.RunEvents = append(bt.RunEvents, tu.Start(run, float64(seq), "m"))
+		}
+		if _, err := st.ApplyBatchResult(storage.Sender{Node: node, Boot: "b"}, bt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(a, "n1", 1, "r1")
+	clk.Advance(10 * time.Second)
+	send(b, "n2", 1, "r2")
+	clk.Advance(10 * time.Second)
+	send(a, "n3", 1, "r3")
+	clk.Advance(10 * time.Second)
+	send(b, "n1", 2, "r1") // r1 again, on the other collector
+	for _, c := range []struct {
+		since time.Duration
+		limit int
+		want  string
+	}{
+		{0, 10, "r1,r3,r2"},
+		{0, 2, "r1,r3"},
+		{15 * time.Second, 10, "r1,r3"},
+		{31 * time.Second, 10, ""},
+	} {
+		ids, err := b.RunsWithDataSince(tu.T0.Add(c.since), c.limit)
+		if got := strings.Join(ids, ","); err != nil || got != c.want {
+			t.Errorf("since T0+%v, limit %d: %q (%v), want %q", c.since, c.limit, got, err, c.want)
+		}
 	}
 }

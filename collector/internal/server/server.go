@@ -520,8 +520,13 @@ func (s *Server) Start(ctx context.Context) (err error) {
 
 	var tel *telemetry.Telemetry
 	if exp != nil {
-		tel, err = telemetry.New(telemetry.Options{Exporter: exp, Runs: st, Nodes: ing, Pricing: pricing, Clock: s.cfg.Clock, Logger: s.log,
-			Budgets: budgetUse{budgets}, Recommendations: adv})
+		o := telemetry.Options{Exporter: exp, Runs: st, Nodes: ing, Pricing: pricing, Clock: s.cfg.Clock, Logger: s.log,
+			Budgets: budgetUse{budgets}, Recommendations: adv}
+		if rr, ok := st.(telemetry.RecentRuns); ok && lock != nil {
+			// Replicas on one store: the fleet's run series, from its leader.
+			o.Fleet = &telemetry.Fleet{Leading: elector.Leading, Runs: rr}
+		}
+		tel, err = telemetry.New(o)
 		if err != nil {
 			return fmt.Errorf("otel export: %w", err)
 		}
