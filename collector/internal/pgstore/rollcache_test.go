@@ -8,11 +8,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/collector/internal/pgstore"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
-	"github.com/trainmeter/trainmeter/pkg/clock"
 	"github.com/trainmeter/trainmeter/internal/pgtest"
+	"github.com/trainmeter/trainmeter/pkg/clock"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
