@@ -81,8 +81,11 @@ type Store struct {
 	URL          string        `yaml:"url"`
 	PasswordFile string        `yaml:"password_file"`
 	GCInterval   time.Duration `yaml:"gc_interval"`
-	CommitWindow time.Duration `yaml:"commit_window"`
-	RawRetention time.Duration `yaml:"raw_retention"`
+	// CommitWindow: how long a batch waits for others to share its
+	// commit; unset: the store's default (server.DefaultCommitWindow on
+	// BadgerDB, server.DefaultPostgresCommitWindow on PostgreSQL).
+	CommitWindow *time.Duration `yaml:"commit_window"`
+	RawRetention time.Duration  `yaml:"raw_retention"`
 }
 
 // Limits bound what one node may do (docs/security.md).
@@ -165,7 +168,7 @@ type Console struct {
 func Default() Config {
 	return Config{
 		Server:  Server{Listen: server.DefaultListen, LogLevel: "info", ShutdownTimeout: 10 * time.Second, MemoryLimitMiB: DefaultMemoryLimitMiB},
-		Store:   Store{Data: "./trainmeter-data", GCInterval: 5 * time.Minute, CommitWindow: server.DefaultCommitWindow},
+		Store:   Store{Data: "./trainmeter-data", GCInterval: 5 * time.Minute},
 		Limits:  Limits{server.DefaultMaxLiveRunsPerNode, server.DefaultMaxNewRunsPerMinute, ingest.DefaultMaxBatchRunRecords},
 		Carbon:  Carbon{FetchInterval: carbonwatch.DefaultInterval},
 		Prices:  Prices{FetchInterval: time.Hour},
@@ -334,8 +337,8 @@ func (s Store) Validate() error {
 	if s.GCInterval < 0 || s.RawRetention < 0 {
 		errs = append(errs, fmt.Errorf("gc_interval %v and raw_retention %v must be >= 0", s.GCInterval, s.RawRetention))
 	}
-	if s.CommitWindow < 0 || s.CommitWindow > time.Second {
-		errs = append(errs, fmt.Errorf("commit_window %v: want between 0 and 1s", s.CommitWindow))
+	if w := s.CommitWindow; w != nil && (*w < 0 || *w > time.Second) {
+		errs = append(errs, fmt.Errorf("commit_window %v: want between 0 and 1s", *w))
 	}
 	return errors.Join(errs...)
 }

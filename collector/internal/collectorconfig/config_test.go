@@ -13,6 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/trainmeter/trainmeter/collector/internal/collectorconfig"
+	"github.com/trainmeter/trainmeter/collector/internal/server"
 )
 
 func write(t *testing.T, body string) string {
@@ -73,7 +74,7 @@ console: {listen: ""}
 	if c.Server.Listen != "127.0.0.1:9" || c.Store.GCInterval != time.Minute {
 		t.Errorf("flags given did not win: listen %q gc %v", c.Server.Listen, c.Store.GCInterval)
 	}
-	if c.Server.LogLevel != "debug" || c.Store.Data != "/srv/data" || c.Store.CommitWindow != 50*time.Millisecond ||
+	if c.Server.LogLevel != "debug" || c.Store.Data != "/srv/data" || c.Store.CommitWindow == nil || *c.Store.CommitWindow != 50*time.Millisecond ||
 		c.Pricing.GPUPricePerHour != 2.5 || c.Console.Listen != "" || !c.OTel.PrometheusRunMetrics {
 		t.Errorf("a flag not given overrode the file: %+v", c)
 	}
@@ -190,5 +191,31 @@ func TestKubernetesCollectorYAML(t *testing.T) {
 	}
 	if _, err := c.Check(func(string) string { return "" }); err != nil || c.Store.Data != "/var/lib/trainmeter/data" {
 		t.Fatalf("ConfigMap collector.yaml: %v (data %q)", err, c.Store.Data)
+	}
+}
+
+// commit_window unset is the store's default; set, it is what it says on
+// either store (0: commit at once).
+func TestCommitWindowDefaultsByStore(t *testing.T) {
+	zero := time.Duration(0)
+	for _, c := range []struct {
+		url  string
+		set  *time.Duration
+		want time.Duration
+	}{
+		{"", nil, server.DefaultCommitWindow},
+		{"postgres://u@h/db", nil, server.DefaultPostgresCommitWindow},
+		{"postgres://u@h/db", &zero, 0},
+		{"", &zero, 0},
+	} {
+		cfg := collectorconfig.Default()
+		cfg.Store.URL, cfg.Store.CommitWindow = c.url, c.set
+		sc, err := cfg.ServerConfig(func(string) string { return "" })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sc.CommitWindow != c.want {
+			t.Errorf("store %q, commit_window %v: %v, want %v", c.url, c.set, sc.CommitWindow, c.want)
+		}
 	}
 }

@@ -5,12 +5,14 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/carbonwatch"
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/prices"
+	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
 )
 
@@ -37,7 +39,12 @@ func BindFlags(fs *pflag.FlagSet, c *Config) *otelexport.Flags {
 	fs.StringVar(&st.URL, "store", st.URL, "keep the data in this PostgreSQL database (postgres://USER@HOST/DB?sslmode=verify-full), shared by any number of collectors, instead of --data (docs/deploy.md)")
 	fs.StringVar(&st.PasswordFile, "store-password-file", st.PasswordFile, "file holding the --store database's password (or put it in the URL; never logged)")
 	fs.DurationVar(&st.GCInterval, "gc-interval", st.GCInterval, "value-log GC interval (0 disables)")
-	fs.DurationVar(&st.CommitWindow, "commit-window", st.CommitWindow, "how long a batch waits for others to share its durable commit (acks up to this much later; fewer syncs per batch: docs/benchmarks.md); 0: commit at once")
+	fs.Func("commit-window", fmt.Sprintf("how long a batch waits for others to share its durable commit (acks up to this much later; fewer commits per batch: docs/benchmarks.md); 0: commit at once (default %v on BadgerDB, %v with --store)",
+		server.DefaultCommitWindow, server.DefaultPostgresCommitWindow), func(v string) error {
+		d, err := time.ParseDuration(v)
+		st.CommitWindow = &d
+		return err
+	})
 	fs.DurationVar(&st.RawRetention, "raw-retention", st.RawRetention, "drop raw records (GPU/host windows, raw samples, run windows/events) older than this, e.g. 720h; run aggregates are kept (0: keep all)")
 	fs.IntVar(&l.MaxLiveRunsPerNode, "max-live-runs-per-node", l.MaxLiveRunsPerNode, "refuse a run_start that would make more runs live on one node at once (docs/security.md)")
 	fs.IntVar(&l.MaxNewRunsPerMinute, "max-new-runs-per-minute", l.MaxNewRunsPerMinute, "refuse a node's run_start of a new run id beyond this many a minute (docs/security.md)")

@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/alert"
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/carbonwatch"
@@ -44,7 +45,7 @@ func (c Config) ServerConfig(getenv func(string) string) (server.Config, error) 
 	p, cb, pr := c.Pricing, c.Carbon, c.Prices
 	sc := server.Config{
 		Listen: c.Server.Listen, StatusListen: c.Server.StatusListen,
-		DataDir: c.Store.Data, StoreURL: c.Store.URL, StorePasswordFile: c.Store.PasswordFile, GCInterval: c.Store.GCInterval, CommitWindow: c.Store.CommitWindow, RawRetention: c.Store.RawRetention,
+		DataDir: c.Store.Data, StoreURL: c.Store.URL, StorePasswordFile: c.Store.PasswordFile, GCInterval: c.Store.GCInterval, CommitWindow: c.Store.commitWindow(), RawRetention: c.Store.RawRetention,
 		MaxLiveRunsPerNode: c.Limits.MaxLiveRunsPerNode, MaxNewRunsPerMinute: c.Limits.MaxNewRunsPerMinute, MaxBatchRunRecords: c.Limits.MaxBatchRunRecords,
 		TLSCertFile: c.TLS.Cert, TLSKeyFile: c.TLS.Key, TLSClientCAFile: c.TLS.ClientCA,
 		IngestTokensFile: c.Auth.IngestTokens, ReadTokenFile: c.Auth.ReadTokenFile, AdminTokenFile: c.Auth.AdminTokenFile,
@@ -124,4 +125,15 @@ func readWebhookFile(path string) ([]string, error) {
 		return nil, fmt.Errorf("%s: no URL in it", path)
 	}
 	return urls, nil
+}
+
+// commitWindow is the window set, or the store's default.
+func (s Store) commitWindow() time.Duration {
+	switch {
+	case s.CommitWindow != nil:
+		return *s.CommitWindow
+	case s.URL != "":
+		return server.DefaultPostgresCommitWindow
+	}
+	return server.DefaultCommitWindow
 }

@@ -60,12 +60,15 @@ type applyReq struct {
 // CommitStats counts the transactions that committed batches since Open,
 // the batches they applied (not duplicates, not failed ones), the
 // groups applied again after a deadlock or serialization failure, and the
-// groups applied again batch by batch after failing as one (group.go).
-type CommitStats struct{ Commits, Batches, Retries, Fallbacks uint64 }
+// groups applied again batch by batch after failing as one (group.go),
+// and the groups that read rollup rows again that this process had cached
+// (rollcache.go: another transaction had written them since).
+type CommitStats struct{ Commits, Batches, Retries, Fallbacks, RollupRereads uint64 }
 
 // CommitStats returns the counts so far.
 func (s *Store) CommitStats() CommitStats {
-	return CommitStats{Commits: s.commits.Load(), Batches: s.committedBatches.Load(), Retries: s.retries.Load(), Fallbacks: s.fallbacks.Load()}
+	return CommitStats{Commits: s.commits.Load(), Batches: s.committedBatches.Load(), Retries: s.retries.Load(), Fallbacks: s.fallbacks.Load(),
+		RollupRereads: s.rollupRereads.Load()}
 }
 
 // ApplyBatchResult implements storage.Ingester.
@@ -159,11 +162,12 @@ func (s *Store) commitGroupWith(group []*applyReq, asOne bool) {
 	}
 	remade := false
 	for attempt := 0; ; attempt++ {
+		var fresh map[string]*rollCache
 		err := s.ensureDays(days)
 		if err == nil {
 			err = pgx.BeginTxFunc(context.Background(), s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 				if asOne {
-					return s.applyGroupAsOne(tx, group)
+					return s.applyGroupAsOne(tx, group, &fresh)
 				}
 				return s.applyGroup(tx, group)
 			})
@@ -201,6 +205,7 @@ func (s *Store) commitGroupWith(group []*applyReq, asOne bool) {
 			return
 		}
 		s.commits.Add(1)
+		s.rcache.put(fresh)
 		for _, r := range group {
 			if r.err == nil {
 				s.committedBatches.Add(1)

@@ -141,8 +141,9 @@ func perBatchRows(table string) *rawRows {
 }
 
 // applyGroupAsOne applies the group in tx as described above; an error
-// fails the whole attempt.
-func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
+// fails the whole attempt. fresh receives the rollup rows to cache
+// (rollcache.go) once the transaction commits.
+func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]*rollCache) error {
 	ctx := context.Background()
 	g := &groupState{now: s.clk.Now(), nodes: map[string]*groupNode{}, state: map[string]*aggregate.State{},
 		write: map[string]bool{}, baseLive: map[fold.LiveKey]bool{}}
@@ -197,6 +198,12 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
 			haveNodes: map[nodeRollKey]*trainmeterv1.Batch{}, rr: newRollupRows(), usage: newDayUsage(n)}
 	}
 
+	// The cached rollup rows: keys they hold are not read unless the
+	// xmins read below say another transaction wrote them.
+	cached := s.rcache.take(nodes)
+	nodeX := map[string]string{}
+	runX := map[string]string{}
+
 	// 1. Reads and locks.
 	held := map[batchKey]bool{}
 	isNew := map[fullKey]bool{}
@@ -222,16 +229,17 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
 		return err
 	})
 	q.Queue(`INSERT INTO nodes (node, status) SELECT * FROM unnest($1::text[], $2::bytea[]) ORDER BY 1 ON CONFLICT DO NOTHING`, nodes, empties)
-	q.Queue(`SELECT node, status, new_runs_tokens, new_runs_at FROM nodes WHERE node = ANY($1) ORDER BY node FOR UPDATE`, nodes).Query(func(rows pgx.Rows) error {
-		var node string
+	q.Queue(`SELECT node, status, new_runs_tokens, new_runs_at, xmin::text FROM nodes WHERE node = ANY($1) ORDER BY node FOR UPDATE`, nodes).Query(func(rows pgx.Rows) error {
+		var node, x string
 		var val []byte
 		var tokens *float64
 		var at *int64
-		_, err := pgx.ForEachRow(rows, []any{&node, &val, &tokens, &at}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&node, &val, &tokens, &at, &x}, func() error {
 			n := g.nodes[node]
 			if n == nil {
 				return nil
 			}
+			nodeX[node] = x
 			if tokens != nil && at != nil {
 				n.bucket = fold.Bucket{Tokens: *tokens, At: time.Unix(0, *at)}
 			}
@@ -241,10 +249,11 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
 	})
 	if len(runs) > 0 {
 		q.Queue(`INSERT INTO runs (run_id) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING`, runs)
-		q.Queue(`SELECT run_id, state FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE`, runs).Query(func(rows pgx.Rows) error {
-			var id string
+		q.Queue(`SELECT run_id, state, xmin::text FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE`, runs).Query(func(rows pgx.Rows) error {
+			var id, x string
 			var val []byte
-			_, err := pgx.ForEachRow(rows, []any{&id, &val}, func() error {
+			_, err := pgx.ForEachRow(rows, []any{&id, &val, &x}, func() error {
+				runX[id] = x
 				if val == nil {
 					return nil
 				}
@@ -285,54 +294,57 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
 			return err
 		})
 	}
-	var rNode, rRun []string
-	var rStart []int64
-	for k, ms := range runRoll {
-		for m := range ms {
-			rNode, rRun, rStart = append(rNode, k[0]), append(rRun, k[1]), append(rStart, m)
+	// First the keys no cached row holds.
+	inCache := func(node, run string, m int64) bool {
+		e := cached[node]
+		if e == nil {
+			return false
 		}
-	}
-	if len(rNode) > 0 {
-		// One index lookup per key (LATERAL … OFFSET 0 is not flattened
-		// into a join), whatever the table's statistics: a new table's
-		// would make a hash join over all of it.
-		q.Queue(`SELECT r.node, r.run_id, r.start_ns, r.lock, r.w FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(node, run_id, start_ns)
-			CROSS JOIN LATERAL (SELECT * FROM run_rollups WHERE node = k.node AND run_id = k.run_id AND start_ns = k.start_ns OFFSET 0) r`,
-			rNode, rRun, rStart).Query(func(rows pgx.Rows) error {
-			var node string
-			var k runRollKey
-			var lock, val []byte
-			_, err := pgx.ForEachRow(rows, []any{&node, &k.run, &k.start, &lock, &val}, func() error {
-				k.lock = string(lock)
-				w := &trainmeterv1.RunWindow{}
-				g.nodes[node].haveRuns[k] = w
-				return proto.Unmarshal(val, w)
-			})
-			return err
-		})
-	}
-	var nNode []string
-	var nStart []int64
-	for node, ms := range nodeMin {
-		for m := range ms {
-			nNode, nStart = append(nNode, node), append(nStart, m)
+		if run == "" {
+			return e.nodeDone[m]
 		}
+		return e.runDone[runMinute{run, m}]
 	}
-	q.Queue(`SELECT r.node, r.start_ns, r.lock, r.b FROM unnest($1::text[], $2::int8[]) AS k(node, start_ns)
-		CROSS JOIN LATERAL (SELECT * FROM node_rollups WHERE node = k.node AND start_ns = k.start_ns OFFSET 0) r`, nNode, nStart).Query(func(rows pgx.Rows) error {
-		var node string
-		var k nodeRollKey
-		var lock, val []byte
-		_, err := pgx.ForEachRow(rows, []any{&node, &k.start, &lock, &val}, func() error {
-			k.lock = string(lock)
-			b := &trainmeterv1.Batch{}
-			g.nodes[node].haveNodes[k] = b
-			return proto.Unmarshal(val, b)
-		})
-		return err
-	})
+	queueRollupReads(&q, g, runRoll, nodeMin, inCache)
 	if err := tx.SendBatch(ctx, &q).Close(); err != nil {
 		return err
+	}
+	// Then the cached keys: each row taken from the cache where the node's
+	// row (and the run's) is as this process's commit left it, else read.
+	var again pgx.Batch
+	stale := func(node, run string, m int64) bool {
+		e := cached[node]
+		if !inCache(node, run, m) {
+			return true // read already
+		}
+		ok := e.nodeX == nodeX[node]
+		if run != "" {
+			ok = ok && e.runX[run] != "" && e.runX[run] == runX[run]
+		}
+		if !ok {
+			return false
+		}
+		gn := g.nodes[node]
+		if run == "" {
+			for k, b := range e.nodes {
+				if k.start == m {
+					gn.haveNodes[k] = b
+				}
+			}
+		} else {
+			for k, w := range e.runs {
+				if k.run == run && k.start == m {
+					gn.haveRuns[k] = w
+				}
+			}
+		}
+		return true
+	}
+	if queueRollupReads(&again, g, runRoll, nodeMin, func(node, run string, m int64) bool { return stale(node, run, m) }) {
+		s.rollupRereads.Add(1)
+		if err := tx.SendBatch(ctx, &again).Close(); err != nil {
+			return err
+		}
 	}
 	// The liveness the group starts from, before any batch folds.
 	for _, r := range group {
@@ -385,7 +397,9 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
 			return err
 		}
 	}
-	rr.queue(&out)
+	clear(nodeX)
+	clear(runX)
+	rr.queue(&out, g.now, runX)
 	queueGroupUsage(&out, g, nodes)
 	var sNode []string
 	var sVal [][]byte
@@ -400,7 +414,11 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
 	}
 	if len(sNode) > 0 {
 		out.Queue(`INSERT INTO nodes (node, status) SELECT * FROM unnest($1::text[], $2::bytea[])
-			ON CONFLICT (node) DO UPDATE SET status = EXCLUDED.status`, sNode, sVal)
+			ON CONFLICT (node) DO UPDATE SET status = EXCLUDED.status RETURNING node, xmin::text`, sNode, sVal).Query(func(rows pgx.Rows) error {
+			var node, x string
+			_, err := pgx.ForEachRow(rows, []any{&node, &x}, func() error { nodeX[node] = x; return nil })
+			return err
+		})
 	}
 	queueLive(&out, g.Live)
 	// The rows locked for runs no batch made go again (rows the group
@@ -414,7 +432,110 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq) error {
 	if len(unmade) > 0 {
 		out.Queue(`DELETE FROM runs WHERE run_id = ANY($1) AND state IS NULL`, unmade)
 	}
-	return tx.SendBatch(ctx, &out).Close()
+	if err := tx.SendBatch(ctx, &out).Close(); err != nil {
+		return err
+	}
+	// What this commit leaves: the rows the group wrote, for the nodes
+	// and runs whose rows it wrote.
+	*fresh = map[string]*rollCache{}
+	for _, node := range nodes {
+		gn := g.nodes[node]
+		if nodeX[node] == "" {
+			continue
+		}
+		// Every row of each (run, minute) and node minute the group read
+		// or took from the cache, as written: all of them, whatever their
+		// lock, so that a later group may trust the set as complete.
+		e := &rollCache{nodeX: nodeX[node], runX: map[string]string{}, runDone: map[runMinute]bool{}, nodeDone: map[int64]bool{},
+			runs: gn.haveRuns, nodes: gn.haveNodes}
+		for k, w := range gn.rr.runs {
+			e.runs[k] = w
+		}
+		for k, b := range gn.rr.nodes {
+			e.nodes[k] = b
+		}
+		for k, ms := range runRoll {
+			if x := runX[k[1]]; k[0] == node && x != "" {
+				e.runX[k[1]] = x
+				for m := range ms {
+					e.runDone[runMinute{k[1], m}] = true
+				}
+			}
+		}
+		for k := range e.runs {
+			if !e.runDone[runMinute{k.run, k.start}] {
+				delete(e.runs, k)
+			}
+		}
+		for m := range nodeMin[node] {
+			e.nodeDone[m] = true
+		}
+		(*fresh)[node] = e
+	}
+	return nil
+}
+
+// queueRollupReads queues the reads of the rollup rows the group adds to,
+// every row of a node's run and minute (run "": of the node's minute)
+// but those skip says are had, and says whether it queued any.
+func queueRollupReads(q *pgx.Batch, g *groupState, runRoll map[[2]string]map[int64]bool, nodeMin map[string]map[int64]bool,
+	skip func(node, run string, m int64) bool) bool {
+	var rNode, rRun []string
+	var rStart []int64
+	for k, ms := range runRoll {
+		for m := range ms {
+			if skip(k[0], k[1], m) {
+				continue
+			}
+			rNode, rRun, rStart = append(rNode, k[0]), append(rRun, k[1]), append(rStart, m)
+		}
+	}
+	if len(rNode) > 0 {
+		// One index lookup per key (LATERAL … OFFSET 0 is not flattened
+		// into a join), whatever the table's statistics: a new table's
+		// would make a hash join over all of it.
+		q.Queue(`SELECT r.node, r.run_id, r.start_ns, r.lock, r.w FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(node, run_id, start_ns)
+			CROSS JOIN LATERAL (SELECT * FROM run_rollups WHERE node = k.node AND run_id = k.run_id AND start_ns = k.start_ns OFFSET 0) r`,
+			rNode, rRun, rStart).Query(func(rows pgx.Rows) error {
+			var node string
+			var k runRollKey
+			var lock, val []byte
+			_, err := pgx.ForEachRow(rows, []any{&node, &k.run, &k.start, &lock, &val}, func() error {
+				k.lock = string(lock)
+				w := &trainmeterv1.RunWindow{}
+				g.nodes[node].haveRuns[k] = w
+				return proto.Unmarshal(val, w)
+			})
+			return err
+		})
+	}
+	var nNode []string
+	var nStart []int64
+	for node, ms := range nodeMin {
+		for m := range ms {
+			if skip(node, "", m) {
+				continue
+			}
+			nNode, nStart = append(nNode, node), append(nStart, m)
+		}
+	}
+	if len(nNode) == 0 {
+		return len(rNode) > 0
+	}
+	q.Queue(`SELECT r.node, r.start_ns, r.lock, r.b FROM unnest($1::text[], $2::int8[]) AS k(node, start_ns)
+		CROSS JOIN LATERAL (SELECT * FROM node_rollups WHERE node = k.node AND start_ns = k.start_ns OFFSET 0) r`, nNode, nStart).Query(func(rows pgx.Rows) error {
+		var node string
+		var k nodeRollKey
+		var lock, val []byte
+		_, err := pgx.ForEachRow(rows, []any{&node, &k.start, &lock, &val}, func() error {
+			k.lock = string(lock)
+			b := &trainmeterv1.Batch{}
+			g.nodes[node].haveNodes[k] = b
+			return proto.Unmarshal(val, b)
+		})
+		return err
+	})
+	return true
 }
 
 // fullKey is an applied_batches key.
@@ -747,7 +868,9 @@ func (rr *runRows) add(st *aggregate.State, r *trainmeterv1.RunReport) error {
 	return nil
 }
 
-func (rr *runRows) queue(q *pgx.Batch) {
+// queue queues the runs' UPDATE, which also notes that they got data at
+// now; each row's new xmin goes to xmins.
+func (rr *runRows) queue(q *pgx.Batch, now time.Time, xmins map[string]string) {
 	if len(rr.id) == 0 {
 		return
 	}
@@ -755,14 +878,18 @@ func (rr *runRows) queue(q *pgx.Batch) {
 		end_ns = u.end_ns, ended = u.ended, uid = u.uid, model = u.model, gpu_name = u.gpu_name, labels = u.labels::jsonb, gpus = u.gpus,
 		nodes = u.nodes, tokens = u.tokens, wall_s = u.wall_s, energy_j = u.energy_j, energy_total_j = u.energy_total_j, gpu_hours = u.gpu_hours,
 		cost_usd = u.cost_usd, energy_cost_usd = u.energy_cost_usd, total_cost_usd = u.total_cost_usd, j_per_token = u.j_per_token,
-		co2_kg = u.co2_kg, incomplete = u.incomplete
+		co2_kg = u.co2_kg, incomplete = u.incomplete, data_at_ns = $26
 		FROM unnest($1::text[], $2::bytea[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::bool[], $9::int8[], $10::text[],
 			$11::text[], $12::text[], $13::int4[], $14::int4[], $15::int8[], $16::float8[], $17::float8[], $18::float8[], $19::float8[],
 			$20::float8[], $21::float8[], $22::float8[], $23::float8[], $24::float8[], $25::bool[])
 		AS u(run_id, state, start_ns, end_status, user_name, status, end_ns, ended, uid, model, gpu_name, labels, gpus, nodes, tokens, wall_s,
 			energy_j, energy_total_j, gpu_hours, cost_usd, energy_cost_usd, total_cost_usd, j_per_token, co2_kg, incomplete)
-		WHERE runs.run_id = u.run_id`,
+		WHERE runs.run_id = u.run_id RETURNING runs.run_id, runs.xmin::text`,
 		rr.id, rr.state, rr.start, rr.endStatus, rr.user, rr.status, rr.end, rr.ended, rr.uid, rr.model, rr.gpuName, rr.labels,
 		rr.gpus, rr.nodes, rr.tokens, rr.wallS, rr.energyJ, rr.energyTotalJ, rr.gpuHours, rr.cost, rr.energyCost, rr.totalCost,
-		rr.jPerToken, rr.co2, rr.incomplete)
+		rr.jPerToken, rr.co2, rr.incomplete, now.UnixNano()).Query(func(rows pgx.Rows) error {
+		var id, x string
+		_, err := pgx.ForEachRow(rows, []any{&id, &x}, func() error { xmins[id] = x; return nil })
+		return err
+	})
 }

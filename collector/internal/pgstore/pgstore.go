@@ -61,6 +61,8 @@ type Store struct {
 	gate                                          chan struct{} // closed when the open commit window ends, under gmu
 	slots                                         chan struct{} // one per group being applied
 	commits, committedBatches, retries, fallbacks atomic.Uint64
+	rcache                                        rollCaches    // rollcache.go
+	rollupRereads                                 atomic.Uint64 // groups that read cached rollup keys again
 }
 
 var _ storage.Store = (*Store)(nil)
@@ -364,6 +366,9 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 			return err
 		}
 	}
+	if len(v.order) > 0 {
+		q.Queue(`UPDATE runs SET data_at_ns = $2 WHERE run_id = ANY($1)`, v.order, now.UnixNano())
+	}
 	usage.queue(&q)
 	ns.BootId, ns.LastSeq, ns.LastSeen = boot, b.GetSeq(), timestamppb.New(now)
 	if err := queueNode(&q, ns); err != nil {
@@ -608,6 +613,16 @@ func (s *Store) runs(q querier, sql string, args ...any) ([]*aggregate.State, er
 		return nil
 	})
 	return out, err
+}
+
+// RunsWithDataSince returns the ids of at most limit runs that got data
+// (a window, an event, a loss record) at or after since, by the clock of
+// the collector that applied it, the most recent first: what the fleet's
+// leader exports OTel run series of (package telemetry).
+func (s *Store) RunsWithDataSince(since time.Time, limit int) ([]string, error) {
+	rows, _ := s.pool.Query(context.Background(), `SELECT run_id FROM runs WHERE data_at_ns >= $1 AND state IS NOT NULL
+		ORDER BY data_at_ns DESC, run_id LIMIT $2`, since.UnixNano(), limit)
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // Nodes implements storage.Runs.

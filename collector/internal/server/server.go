@@ -66,6 +66,14 @@ const DefaultListen = "127.0.0.1:7433"
 // does not notice (docs/benchmarks.md).
 const DefaultCommitWindow = 100 * time.Millisecond
 
+// DefaultPostgresCommitWindow is its default with --store (PostgreSQL): a
+// group's statements cost about the same whatever its size, so a few
+// batches more per group matter most at moderate load, where a short
+// window gathers them; a long one adds ack latency the group's own
+// round trips already add to (docs/benchmarks.md, "Commit window on
+// PostgreSQL").
+const DefaultPostgresCommitWindow = 20 * time.Millisecond
+
 // Defaults of `serve --max-live-runs-per-node` and
 // `--max-new-runs-per-minute`: far above a real node, low enough that one
 // node's token cannot fill the collector's memory with runs.
@@ -337,7 +345,7 @@ func (s *Server) openStore(ctx context.Context, pricing aggregate.Pricing) (coll
 	}
 	so := s.storeOptions(pricing)
 	o := pgstore.Options{Logger: s.log, Clock: s.cfg.Clock, PasswordFile: s.cfg.StorePasswordFile, Limits: s.limits(),
-		RawRetention: so.RawRetention, DedupRetention: so.DedupRetention}
+		RawRetention: so.RawRetention, DedupRetention: so.DedupRetention, CommitWindow: s.cfg.CommitWindow}
 	if pricing.Carbon != nil {
 		o.Carbon = pricing
 	}
@@ -512,8 +520,13 @@ func (s *Server) Start(ctx context.Context) (err error) {
 
 	var tel *telemetry.Telemetry
 	if exp != nil {
-		tel, err = telemetry.New(telemetry.Options{Exporter: exp, Runs: st, Nodes: ing, Pricing: pricing, Clock: s.cfg.Clock, Logger: s.log,
-			Budgets: budgetUse{budgets}, Recommendations: adv})
+		o := telemetry.Options{Exporter: exp, Runs: st, Nodes: ing, Pricing: pricing, Clock: s.cfg.Clock, Logger: s.log,
+			Budgets: budgetUse{budgets}, Recommendations: adv}
+		if rr, ok := st.(telemetry.RecentRuns); ok && lock != nil {
+			// Replicas on one store: the fleet's run series, from its leader.
+			o.Fleet = &telemetry.Fleet{Leading: elector.Leading, Runs: rr}
+		}
+		tel, err = telemetry.New(o)
 		if err != nil {
 			return fmt.Errorf("otel export: %w", err)
 		}

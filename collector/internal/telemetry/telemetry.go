@@ -91,6 +91,25 @@ type Options struct {
 	// trainmeter.recommendations; nil: those series are not exported.
 	Budgets         BudgetSource
 	Recommendations RecommendationSource
+	// Fleet, for collectors sharing one store (replicas on PostgreSQL):
+	// the run series are the fleet's, one per run, exported by its leader
+	// alone. nil: this collector exports the runs it applied data of.
+	Fleet *Fleet
+}
+
+// Fleet makes the run series one per run across collectors sharing a
+// store: while Leading, a collection exports the runs the store says got
+// data within RunWindow (whichever collector applied it), at most MaxRuns,
+// the most recent first; otherwise it exports no run series.
+type Fleet struct {
+	Leading func() bool
+	Runs    RecentRuns
+}
+
+// RecentRuns is the shared store's record of which runs got data when
+// (pgstore.Store).
+type RecentRuns interface {
+	RunsWithDataSince(since time.Time, limit int) ([]string, error)
 }
 
 // Telemetry is the collector's OTel export. A nil *Telemetry does nothing.
@@ -155,6 +174,9 @@ func (t *Telemetry) OnApplied(node string, b *trainmeterv1.Batch) {
 		return
 	}
 	t.gpus.Batch(node, b)
+	if t.o.Fleet != nil {
+		return // the store knows the fleet's runs
+	}
 	now := t.o.Clock.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -216,8 +238,37 @@ func (t *Telemetry) forget(ids []string) {
 	}
 }
 
+// fleetRuns is exportedRuns for a Fleet.
+func (t *Telemetry) fleetRuns() ([]string, error) {
+	if !t.o.Fleet.Leading() {
+		return nil, nil
+	}
+	ids, err := t.o.Fleet.Runs.RunsWithDataSince(t.o.Clock.Now().Add(-t.o.RunWindow), t.o.MaxRuns)
+	slices.Sort(ids)
+	return ids, err
+}
+
 // reports reads the exported runs' reports.
 func (t *Telemetry) reports() ([]*trainmeterv1.RunReport, error) {
+	if t.o.Fleet != nil {
+		ids, err := t.fleetRuns()
+		if err != nil || len(ids) == 0 {
+			return nil, err
+		}
+		sts, err := t.o.Runs.ListRuns(ids)
+		var nf *storage.NotFoundError
+		if errors.As(err, &nf) { // deleted since
+			ids = slices.DeleteFunc(ids, func(id string) bool { return slices.Contains(nf.IDs, id) })
+			if len(ids) == 0 {
+				return nil, nil
+			}
+			sts, err = t.o.Runs.ListRuns(ids)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return t.reportsOf(sts), nil
+	}
 	ids := t.exportedRuns()
 	if len(ids) == 0 {
 		return nil, nil
@@ -234,11 +285,15 @@ func (t *Telemetry) reports() ([]*trainmeterv1.RunReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	return t.reportsOf(sts), nil
+}
+
+func (t *Telemetry) reportsOf(sts []*aggregate.State) []*trainmeterv1.RunReport {
 	out := make([]*trainmeterv1.RunReport, 0, len(sts))
 	for _, st := range sts {
 		out = append(out, st.Report(t.o.Pricing))
 	}
-	return out, nil
+	return out
 }
 
 // runAttrs are the attributes of a run's metrics: bounded per run (no free

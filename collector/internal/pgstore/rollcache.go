@@ -1,0 +1,79 @@
+package pgstore
+
+import (
+	"sync"
+
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// A node's rollup rows as this process's last group committed them, so
+// that the node's next group adds to them without reading them back: at
+// one batch a second a node's batches add to the same minute's rows 60
+// times, and reading them was a fifth of the statements' time.
+//
+// The rows are exact only while no other transaction has written them
+// since. Every writer of a node's node_rollups rows writes the node's
+// row in the same transaction (ingest, either path, and PutHello), and
+// every writer of its run_rollups rows writes the node's row or the
+// run's row (Reprice, DeleteRun), so the cached rows stand for the
+// stored ones exactly when the node's row, and for run rows the run's
+// row, still carry the xmin this group's commit gave them: the group
+// reads both xmins while locking those rows, at no extra round trip, and
+// reads the rows of any key it cannot trust (a miss, another replica's
+// or another tool's write, a late batch's minute) in a second pipeline.
+// A group takes its nodes' entries out while it runs (a failed or
+// concurrent group cannot see rows half added to) and puts back what it
+// wrote only once committed.
+
+// rollCache is one node's cached rows.
+type rollCache struct {
+	nodeX string            // the node row's xmin after the commit
+	runX  map[string]string // each run row's xmin after the commit
+	// Every row of these runs' minutes and of these node minutes.
+	runDone  map[runMinute]bool
+	nodeDone map[int64]bool
+	runs     map[runRollKey]*trainmeterv1.RunWindow
+	nodes    map[nodeRollKey]*trainmeterv1.Batch
+}
+
+type runMinute struct {
+	run string
+	m   int64
+}
+
+// maxCachedNodes bounds the cache; past it, it starts again empty.
+const maxCachedNodes = 100_000
+
+type rollCaches struct {
+	mu sync.Mutex
+	m  map[string]*rollCache
+}
+
+// take removes and returns the nodes' entries.
+func (c *rollCaches) take(nodes []string) map[string]*rollCache {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]*rollCache{}
+	for _, n := range nodes {
+		if e := c.m[n]; e != nil {
+			out[n] = e
+			delete(c.m, n)
+		}
+	}
+	return out
+}
+
+// put installs entries of a committed group.
+func (c *rollCaches) put(es map[string]*rollCache) {
+	if len(es) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m)+len(es) > maxCachedNodes {
+		c.m = map[string]*rollCache{}
+	}
+	for n, e := range es {
+		c.m[n] = e
+	}
+}

@@ -1,0 +1,135 @@
+package pgstore_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/trainmeter/trainmeter/collector/internal/pgstore"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
+	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
+	"github.com/trainmeter/trainmeter/internal/pgtest"
+	"github.com/trainmeter/trainmeter/pkg/clock"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
+)
+
+// TestRollupsAcrossReplicas: a node's batches alternate between two
+// collectors on one database, each keeping the rollup rows it wrote; a
+// late batch lands in a minute already left. Every minute's rollup rows
+// hold exactly the sum of its records: a collector whose rows the other
+// wrote since reads them again rather than adding to its own stale copy.
+func TestRollupsAcrossReplicas(t *testing.T) {
+	url := pgtest.DB(t)
+	a, b := open(t, url), open(t, url)
+	node := storage.Sender{Node: "n", Boot: "b"}
+	send := func(st interface {
+		ApplyBatchResult(storage.Sender, *trainmeterv1.Batch) (storage.Applied, error)
+	}, seq uint64, sec float64) {
+		t.Helper()
+		bt := tu.Batch(seq, sec, []*trainmeterv1.RunWindow{tu.Window("r", sec, 10, 5)})
+		if seq == 1 {
+			bt.RunEvents = append(bt.RunEvents, tu.Start("r", sec, "m"))
+		}
+		if ap, err := st.ApplyBatchResult(node, bt); err != nil || ap.Duplicate {
+			t.Fatalf("batch %d: %+v, %v", seq, ap, err)
+		}
+	}
+	send(a, 1, 0)
+	send(a, 2, 1) // from a's cache
+	send(b, 3, 2) // b reads a's rows
+	send(a, 4, 3) // a's cache is stale: read again
+	send(a, 5, 61)
+	send(b, 6, 62)
+	send(a, 7, 63) // stale again
+	send(a, 8, 4)  // late: minute 0 again, not cached
+	if n := a.CommitStats().RollupRereads; n != 2 {
+		t.Errorf("collector a read its cached rows again %d times, want 2 (after each of b's writes)", n)
+	}
+
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(t.Context())
+	tokens := map[int64]uint64{}
+	gpuS := map[int64]float64{}
+	rows, _ := conn.Query(t.Context(), `SELECT start_ns, w FROM run_rollups WHERE node = 'n' AND run_id = 'r'`)
+	var start int64
+	var val []byte
+	if _, err := pgx.ForEachRow(rows, []any{&start, &val}, func() error {
+		w := &trainmeterv1.RunWindow{}
+		if err := proto.Unmarshal(val, w); err != nil {
+			return err
+		}
+		tokens[start-tu.T0.UnixNano()] += w.GetTokens()
+		gpuS[start-tu.T0.UnixNano()] += w.GetGpuSeconds()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	const m1 = int64(60e9)
+	if tokens[0] != 50 || tokens[m1] != 30 || gpuS[0] != 5 || gpuS[m1] != 3 || len(tokens) != 2 {
+		t.Errorf("run rollups: tokens %v, GPU-s %v; want minute 0: 50 tokens, 5 GPU-s; minute 1: 30, 3", tokens, gpuS)
+	}
+	energy := map[int64]float64{}
+	rows, _ = conn.Query(t.Context(), `SELECT start_ns, b FROM node_rollups WHERE node = 'n'`)
+	if _, err := pgx.ForEachRow(rows, []any{&start, &val}, func() error {
+		b := &trainmeterv1.Batch{}
+		if err := proto.Unmarshal(val, b); err != nil {
+			return err
+		}
+		for _, g := range b.GetGpuWindows() {
+			energy[start-tu.T0.UnixNano()] += g.GetEnergyCounterJ()
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if energy[0] != 500 || energy[m1] != 300 || len(energy) != 2 {
+		t.Errorf("node rollups: GPU energy by minute %v, want minute 0: 500 J, minute 1: 300 J", energy)
+	}
+}
+
+// TestRunsWithDataSince: the runs that got data since a time, the most
+// recent first, by the clock of the collector that applied it (any of
+// those sharing the database): what the fleet's leader exports.
+func TestRunsWithDataSince(t *testing.T) {
+	url := pgtest.DB(t)
+	clk := clock.NewFake(tu.T0)
+	a, b := openWith(t, url, pgstore.Options{Clock: clk}), openWith(t, url, pgstore.Options{Clock: clk})
+	send := func(st *pgstore.Store, node string, seq uint64, run string) {
+		t.Helper()
+		bt := tu.Batch(seq, float64(seq), []*trainmeterv1.RunWindow{tu.Window(run, float64(seq), 10, 5)})
+		if seq == 1 {
+			bt.RunEvents = append(bt.RunEvents, tu.Start(run, float64(seq), "m"))
+		}
+		if _, err := st.ApplyBatchResult(storage.Sender{Node: node, Boot: "b"}, bt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(a, "n1", 1, "r1")
+	clk.Advance(10 * time.Second)
+	send(b, "n2", 1, "r2")
+	clk.Advance(10 * time.Second)
+	send(a, "n3", 1, "r3")
+	clk.Advance(10 * time.Second)
+	send(b, "n1", 2, "r1") // r1 again, on the other collector
+	for _, c := range []struct {
+		since time.Duration
+		limit int
+		want  string
+	}{
+		{0, 10, "r1,r3,r2"},
+		{0, 2, "r1,r3"},
+		{15 * time.Second, 10, "r1,r3"},
+		{31 * time.Second, 10, ""},
+	} {
+		ids, err := b.RunsWithDataSince(tu.T0.Add(c.since), c.limit)
+		if got := strings.Join(ids, ","); err != nil || got != c.want {
+			t.Errorf("since T0+%v, limit %d: %q (%v), want %q", c.since, c.limit, got, err, c.want)
+		}
+	}
+}
