@@ -532,7 +532,7 @@ func (b *Backend) Close() error {
 }
 
 var (
-	_ gpu.Backend       = (*Backend)(nil)
+	_ gpu.Backend          = (*Backend)(nil)
 	_ gpu.ProcessLister    = (*Backend)(nil)
 	_ gpu.MIGProcessLister = (*Backend)(nil)
 )
