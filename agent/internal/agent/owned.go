@@ -56,7 +56,7 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 			continue // a trainer's run has it
 		}
 		for _, g := range onGPU[pid] {
-			procs = append(procs, owner.Process{PID: pid, GPU: g, GPUUUID: a.backend.Devices()[g].UUID})
+			procs = append(procs, owner.Process{PID: pid, GPU: g, GPUUUID: a.backend.Devices()[g].UUID, MIGUUID: a.onMIG[g][uint32(pid)]})
 		}
 	}
 	found := map[int]owner.Owner{}
