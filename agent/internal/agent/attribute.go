@@ -99,7 +99,6 @@ func (a *Agent) pollAttribution() {
 	}
 	onGPU := map[int][]int{} // pid -> GPUs
 	complete := true
-	a.onMIG = a.pollMIGs()
 	for i := range a.backend.Devices() {
 		pids, err := a.procs.ComputePIDs(i)
 		if err != nil {
