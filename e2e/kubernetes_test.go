@@ -95,30 +95,40 @@ func inPodCgroup(t *testing.T, uid string) (*exec.Cmd, int) {
 // service that the test serves on a Unix socket as the kubelet would (no
 // kubelet runs here), and at a stand-in API server for the pods' UIDs,
 // labels and owners. A Job's pod holds GPU 0; two pods of two namespaces
-// share GPU 1, time-sliced; GPU 2 is nobody's. Each pod's process (a real
+// share GPU 1, time-sliced; two pods hold two MIG devices of GPU 2 (a
+// 3-slice and a 4-slice GPU instance, under their profiles' resources, the
+// kubelet naming them by their MIG UUIDs). Each pod's process (a real
 // process in a cgroup named as the kubelet names the pod's) is listed on
-// its GPU, then exits, then the pods go. Each pod (the Job's pod: the Job)
-// is one run, attribution kubernetes, with its namespace and labels; the
-// two on GPU 1 each get their own process's pod; no GPU time goes to a
-// Linux user; `usage --by namespace` bills each namespace its runs'
-// GPU-seconds, and runs + idle = the node.
+// its GPU (on GPU 2, on its MIG device's instances), then exits, then the
+// pods go. Each pod (the Job's pod: the Job) is one run, attribution
+// kubernetes, with its namespace and labels; the two on GPU 1 each get
+// their own process's pod, the two on GPU 2 their MIG device's; no GPU
+// time goes to a Linux user; `usage --by namespace` bills each namespace
+// its runs' GPU-seconds, and runs + idle = the node.
 func TestKubernetesPodsBecomeRuns(t *testing.T) {
 	t.Parallel()
 	const (
 		uidTrain = "0a0a0a0a-0000-4000-8000-000000000001"
 		uidNB    = "0b0b0b0b-0000-4000-8000-000000000002"
 		uidInfer = "0c0c0c0c-0000-4000-8000-000000000003"
+		uidMIG3  = "0d0d0d0d-0000-4000-8000-000000000004"
+		uidMIG4  = "0e0e0e0e-0000-4000-8000-000000000005"
+		mig3     = "MIG-3a3a3a3a-0000-4000-8000-000000000003" // GPU 2, GPU instance 1, compute instance 0
+		mig4     = "MIG-4b4b4b4b-0000-4000-8000-000000000004" // GPU 2, GPU instance 2, compute instance 0
 	)
 	_, pidTrain := inPodCgroup(t, uidTrain)
 	_, pidNB := inPodCgroup(t, uidNB)
 	_, pidInfer := inPodCgroup(t, uidInfer)
+	_, pidMIG3 := inPodCgroup(t, uidMIG3)
+	_, pidMIG4 := inPodCgroup(t, uidMIG4)
 
 	dir := t.TempDir()
 	procs := filepath.Join(dir, "procs")
 	if err := os.WriteFile(procs, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	env := fakeNVML(t, fmt.Sprintf("epoch_us %d\ngpus 3\nhigh_w 300\nprocs_file %s\n", time.Now().Add(-time.Minute).UnixMicro(), procs))
+	env := fakeNVML(t, fmt.Sprintf("epoch_us %d\ngpus 3\nhigh_w 300\nprocs_file %s\nmig 2 1 0 3 %s\nmig 2 2 0 4 %s\n",
+		time.Now().Add(-time.Minute).UnixMicro(), procs, mig3, mig4))
 	gpu := func(i int) string { return fmt.Sprintf("GPU-fa4e0000-0000-4000-8000-%012d", i) } // the fake's UUIDs
 
 	kubelet := kubelettest.New()
@@ -144,19 +154,24 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 	api.add("ml", "bert-x7k2p", uidTrain, map[string]string{"team": "nlp"}, "bert")
 	api.add("team-a", "notebook", uidNB, map[string]string{"team": "vision"}, "")
 	api.add("team-b", "infer", uidInfer, nil, "")
+	api.add("team-c", "mig-small", uidMIG3, nil, "")
+	api.add("team-d", "mig-large", uidMIG4, nil, "")
 	kubelet.Add("ml", "bert-x7k2p", kubelettest.Container{Name: "trainer", Devices: map[string][]string{"nvidia.com/gpu": {gpu(0)}}})
 	kubelet.Add("team-a", "notebook", kubelettest.Container{Name: "jupyter", Devices: map[string][]string{"nvidia.com/gpu": {gpu(1) + "::0"}}})
 	kubelet.Add("team-b", "infer", kubelettest.Container{Name: "server", Devices: map[string][]string{"nvidia.com/gpu": {gpu(1) + "::1", gpu(1) + "::2"}}})
+	kubelet.Add("team-c", "mig-small", kubelettest.Container{Name: "small", Devices: map[string][]string{"nvidia.com/mig-3g.40gb": {mig3}}})
+	kubelet.Add("team-d", "mig-large", kubelettest.Container{Name: "large", Devices: map[string][]string{"nvidia.com/mig-4g.40gb": {mig4}}})
 
 	c := startCollector(t)
 	c.startAgentEnv("k8s-node", "nvml", env, "--config", cfg)
 	c.waitStreaming("k8s-node")
 
-	if err := os.WriteFile(procs, fmt.Appendf(nil, "0 %d 1024 80\n1 %d 512 30\n1 %d 512 60\n", pidTrain, pidNB, pidInfer), 0o644); err != nil {
+	if err := os.WriteFile(procs, fmt.Appendf(nil, "0 %d 1024 80\n1 %d 512 30\n1 %d 512 60\n2 %d 256 50 1 0\n2 %d 256 50 2 0\n",
+		pidTrain, pidNB, pidInfer, pidMIG3, pidMIG4), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ids := []string{"k8s-ml-job-bert", "k8s-team-a-notebook", "k8s-team-b-infer"}
-	c.eventually("the three pods' runs", func() bool {
+	ids := []string{"k8s-ml-job-bert", "k8s-team-a-notebook", "k8s-team-b-infer", "k8s-team-c-mig-small", "k8s-team-d-mig-large"}
+	c.eventually("the pods' runs", func() bool {
 		live := 0
 		for _, r := range c.listRuns() {
 			for _, id := range ids {
@@ -174,7 +189,7 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second)
-	for _, p := range [][2]string{{"ml", "bert-x7k2p"}, {"team-a", "notebook"}, {"team-b", "infer"}} {
+	for _, p := range [][2]string{{"ml", "bert-x7k2p"}, {"team-a", "notebook"}, {"team-b", "infer"}, {"team-c", "mig-small"}, {"team-d", "mig-large"}} {
 		kubelet.Remove(p[0], p[1])
 	}
 
@@ -188,9 +203,11 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 		}
 	}
 	wantLabels := map[string]map[string]string{
-		"k8s-ml-job-bert":     {"k8s.namespace": "ml", "k8s.job": "bert", "k8s.container": "trainer", "team": "nlp"},
-		"k8s-team-a-notebook": {"k8s.namespace": "team-a", "k8s.pod": "notebook", "k8s.container": "jupyter", "team": "vision"},
-		"k8s-team-b-infer":    {"k8s.namespace": "team-b", "k8s.pod": "infer", "k8s.container": "server"},
+		"k8s-ml-job-bert":      {"k8s.namespace": "ml", "k8s.job": "bert", "k8s.container": "trainer", "team": "nlp"},
+		"k8s-team-a-notebook":  {"k8s.namespace": "team-a", "k8s.pod": "notebook", "k8s.container": "jupyter", "team": "vision"},
+		"k8s-team-b-infer":     {"k8s.namespace": "team-b", "k8s.pod": "infer", "k8s.container": "server"},
+		"k8s-team-c-mig-small": {"k8s.namespace": "team-c", "k8s.pod": "mig-small", "k8s.container": "small"},
+		"k8s-team-d-mig-large": {"k8s.namespace": "team-d", "k8s.pod": "mig-large", "k8s.container": "large"},
 	}
 	gpuS := map[string]float64{}
 	for id, r := range runs {
@@ -224,6 +241,22 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 		t.Errorf("a time-sliced pod got no share of GPU 1: %v", gpuS)
 	}
 
+	// The two MIG pods had GPU 2 together, never idle while they ran: their
+	// GPU-seconds add up to their span, the 4-slice instance's pod more.
+	s3, s4 := runs["k8s-team-c-mig-small"], runs["k8s-team-d-mig-large"]
+	first, last = s3.Start.AsTime(), s3.End.AsTime()
+	if s4.Start.AsTime().Before(first) {
+		first = s4.Start.AsTime()
+	}
+	if s4.End.AsTime().After(last) {
+		last = s4.End.AsTime()
+	}
+	within(t, "GPU 2's MIG pods' GPU-seconds", gpuS["k8s-team-c-mig-small"]+gpuS["k8s-team-d-mig-large"], last.Sub(first).Seconds(), 1e-3)
+	if gpuS["k8s-team-c-mig-small"] <= 0 || gpuS["k8s-team-d-mig-large"] <= gpuS["k8s-team-c-mig-small"] {
+		t.Errorf("GPU 2's MIG pods: the 4-slice pod's %.3f GPU-seconds should exceed the 3-slice pod's %.3f (> 0)",
+			gpuS["k8s-team-d-mig-large"], gpuS["k8s-team-c-mig-small"])
+	}
+
 	var u usageJSON
 	if err := json.Unmarshal([]byte(c.cli("usage", "--by", "namespace", "--json")), &u); err != nil {
 		t.Fatal(err)
@@ -237,7 +270,8 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 		}
 	}
 	t.Logf("usage --by namespace: %v, nodes %+v", rows, u.Nodes)
-	want := map[string]float64{"ml": gpuS["k8s-ml-job-bert"], "team-a": gpuS["k8s-team-a-notebook"], "team-b": gpuS["k8s-team-b-infer"]}
+	want := map[string]float64{"ml": gpuS["k8s-ml-job-bert"], "team-a": gpuS["k8s-team-a-notebook"], "team-b": gpuS["k8s-team-b-infer"],
+		"team-c": gpuS["k8s-team-c-mig-small"], "team-d": gpuS["k8s-team-d-mig-large"]}
 	if len(rows) != len(want) {
 		t.Errorf("usage --by namespace rows %v, want %v", rows, want)
 	}

@@ -124,6 +124,18 @@ type ProcessLister interface {
 	ComputePIDs(index int) ([]uint32, error)
 }
 
+// MIGProcessLister is implemented by backends that can tell which MIG
+// device of a GPU each compute process runs on, so that a process is found
+// under the MIG device's UUID (MIG-…) where a scheduler names MIG devices
+// (the kubelet's pod-resources API does). Like ComputePIDs it costs
+// milliseconds: the agent calls it at most once a second.
+type MIGProcessLister interface {
+	// ComputeMIGs maps each compute process of GPU index that runs on one
+	// of its MIG devices to that device's UUID; processes outside MIG are
+	// absent (a GPU without MIG gives an empty map).
+	ComputeMIGs(index int) (map[uint32]string, error)
+}
+
 // ProcessUse is what one process (or, from a replay trace, one run) did on
 // a GPU: SM utilisation (%) and GPU memory (MiB), each with its OK flag.
 type ProcessUse struct {

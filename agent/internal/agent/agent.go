@@ -71,6 +71,7 @@ type Agent struct {
 	// GPU attribution by process tree (attribute.go); nil procs: the
 	// backend cannot list GPU processes.
 	procs       gpu.ProcessLister
+	migs        gpu.MIGProcessLister // nil: the backend cannot tell MIG devices
 	procRoot    string
 	lastProcErr time.Time
 	owned       owners            // the runs of GPU processes' owners (owned.go)

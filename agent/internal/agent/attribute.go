@@ -37,6 +37,7 @@ const maxTreeDepth = 1024
 func (a *Agent) initAttribution(backend gpu.Backend) bool {
 	a.procRoot = cmp.Or(a.cfg.ProcfsRoot, "/proc")
 	a.procs, _ = backend.(gpu.ProcessLister)
+	a.migs, _ = backend.(gpu.MIGProcessLister)
 	if a.procs != nil {
 		// Scheduler sources, detected (docs/attribution.md); doctor says
 		// which and why not.
@@ -125,6 +126,23 @@ func (a *Agent) pollAttribution() {
 		}
 	}
 	a.pollOwners(onGPU, complete, ppids)
+}
+
+// pollMIGs is the MIG device of each GPU's compute processes (GPU -> PID
+// -> MIG UUID), for the sources that know MIG devices by their UUID (the
+// kubelet's pod-resources API); nil without such a source or a backend
+// that can tell. A GPU that cannot be listed has none.
+func (a *Agent) pollMIGs() map[int]map[uint32]string {
+	if a.migs == nil || a.k8s == nil {
+		return nil
+	}
+	out := map[int]map[uint32]string{}
+	for i := range a.backend.Devices() {
+		if m, err := a.migs.ComputeMIGs(i); err == nil && len(m) > 0 {
+			out[i] = m
+		}
+	}
+	return out
 }
 
 // checkAttributePID makes sure a run_start's attribute_pid names the sending

@@ -154,7 +154,9 @@ func TestAgentAttributesGPUsOfTheProcessTree(t *testing.T) {
 }
 
 func TestSimBackendFallsBackToAllGPUs(t *testing.T) {
+	// An empty procfs: a slurmd on the test's host must not add a source.
 	a := &Agent{}
+	a.cfg.ProcfsRoot = t.TempDir()
 	if a.initAttribution(simgpu.New(2, 1)) || a.procs != nil {
 		t.Fatal("simulated GPUs must not attribute by process tree")
 	}

@@ -50,13 +50,14 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 	defer o.mu.Unlock()
 	now := a.clock.Now()
 	roots := a.ledger.TrainerRoots()
+	migs := a.pollMIGs()
 	var procs []owner.Process
 	for _, pid := range slices.Sorted(maps.Keys(onGPU)) {
 		if slices.ContainsFunc(roots, func(root int) bool { return inTree(a.procRoot, pid, root, ppids) }) {
 			continue // a trainer's run has it
 		}
 		for _, g := range onGPU[pid] {
-			procs = append(procs, owner.Process{PID: pid, GPU: g, GPUUUID: a.backend.Devices()[g].UUID})
+			procs = append(procs, owner.Process{PID: pid, GPU: g, GPUUUID: a.backend.Devices()[g].UUID, MIGUUID: migs[g][uint32(pid)]})
 		}
 	}
 	found := map[int]owner.Owner{}

@@ -1,6 +1,7 @@
 package owner
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"maps"
@@ -20,7 +21,8 @@ type PodRuns interface {
 }
 
 // Kubernetes finds the pod of a GPU process from the kubelet's
-// pod-resources API: the pod the kubelet allocated the process's GPU to.
+// pod-resources API: the pod the kubelet allocated the process's GPU to
+// (its MIG device, for a process on one).
 // One pod holding the GPU: that pod. Several (a time-sliced GPU): the pod
 // whose UID is in the process's cgroup path, where the API server gave the
 // pods' UIDs; otherwise the process is left to the next source. Refresh,
@@ -116,10 +118,16 @@ func (k *Kubernetes) Owners(procs []Process) map[int]Owner {
 		return out
 	}
 	for _, p := range procs {
-		if _, done := out[p.PID]; done || p.GPUUUID == "" {
+		if _, done := out[p.PID]; done || p.GPUUUID == "" && p.MIGUUID == "" {
 			continue
 		}
-		hs := k.snap.Holders(p.GPUUUID)
+		// A MIG device is held under its own UUID; its parent GPU's UUID
+		// is held only where the whole GPU was handed out.
+		dev := cmp.Or(p.MIGUUID, p.GPUUUID)
+		hs := k.snap.Holders(dev)
+		if len(hs) == 0 && dev != p.GPUUUID && p.GPUUUID != "" {
+			dev, hs = p.GPUUUID, k.snap.Holders(p.GPUUUID)
+		}
 		var run podresources.Run
 		switch len(hs) {
 		case 0:
@@ -137,10 +145,10 @@ func (k *Kubernetes) Owners(procs []Process) map[int]Owner {
 				}
 			}
 			if run.ID == "" {
-				if !k.shared[p.GPUUUID] {
-					k.shared[p.GPUUUID] = true
+				if !k.shared[dev] {
+					k.shared[dev] = true
 					k.log.Info("a time-sliced GPU's process is in none of its pods' cgroups as the API server names them (no access to the API server, or not in a pod): it goes to the next source",
-						"gpu", p.GPUUUID, "pid", p.PID, "pods", len(hs), "cgroup_pod_uid", uid)
+						"gpu", dev, "pid", p.PID, "pods", len(hs), "cgroup_pod_uid", uid)
 				}
 				continue
 			}

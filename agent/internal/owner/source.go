@@ -18,6 +18,7 @@ type Process struct {
 	PID     int
 	GPU     int    // device index on this node
 	GPUUUID string // "" when the backend has none
+	MIGUUID string // the MIG device it runs on (MIG-…); "" outside MIG or unknown
 }
 
 // Owner is who a process is billed to: one run per owner.

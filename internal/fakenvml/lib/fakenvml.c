@@ -8,8 +8,11 @@
  * "#" comments. Keys without a prefix apply to every GPU; "gpuN.key" to GPU N
  * only; later lines win. Library-wide keys: gpus, epoch_us (time 0 of the
  * trace, µs since 1970; default: when the library is first initialised),
- * driver_version, procs_file (lines "GPU PID USED_MIB SM_PCT", re-read on each
- * process query). Per-GPU keys: see fn_gpu_set in ../sensor.c.
+ * driver_version, procs_file (lines "GPU PID USED_MIB SM_PCT [GI CI]", re-read on
+ * each process query; GI CI: the MIG device's GPU and compute instance ids),
+ * mig (repeatable: "GPU GI CI SLICES UUID", a MIG device of GPU with its
+ * instance ids, its GPU instance's compute slices and its UUID). Per-GPU
+ * keys: see fn_gpu_set in ../sensor.c.
  */
 #include <nvml.h>
 
@@ -29,6 +32,23 @@ struct nvmlDevice_st {
 };
 
 static struct nvmlDevice_st devs[MAX_GPUS];
+
+/* MIG devices: migdevs[k] is the handle of migs[k]. */
+#define MAX_MIGS 56
+struct mig {
+	int gpu;
+	unsigned int gi, ci, slices;
+	char uuid[96];
+};
+static struct mig migs[MAX_MIGS];
+static struct nvmlDevice_st migdevs[MAX_MIGS];
+static int nmigs;
+
+/* A GPU instance handle names one MIG device of that instance. */
+struct nvmlGpuInstance_st {
+	int mig;
+};
+static struct nvmlGpuInstance_st gis[MAX_MIGS];
 static int ngpus = 2;
 static long long epoch_us;
 static char driver_version[64] = "550.54.15";
@@ -59,6 +79,7 @@ static nvmlReturn_t configure(void)
 {
 	const char *path = getenv("FAKENVML_CONFIG");
 	epoch_us = now_us();
+	nmigs = 0;
 	for (int i = 0; i < MAX_GPUS; i++) {
 		devs[i].index = i;
 		fn_gpu_defaults(&devs[i].g, i);
@@ -92,6 +113,19 @@ static nvmlReturn_t configure(void)
 				if (pass == 0) snprintf(driver_version, sizeof driver_version, "%s", val);
 			} else if (!strcmp(key, "procs_file")) {
 				if (pass == 0) snprintf(procs_file, sizeof procs_file, "%s", val);
+			} else if (!strcmp(key, "mig")) {
+				if (pass == 0) {
+					struct mig m;
+					if (nmigs >= MAX_MIGS || sscanf(val, "%d %u %u %u %95s", &m.gpu, &m.gi, &m.ci, &m.slices, m.uuid) != 5 ||
+					    m.gpu < 0 || m.gpu >= MAX_GPUS || m.slices == 0)
+						rc = -2;
+					else {
+						migs[nmigs] = m;
+						migdevs[nmigs].index = nmigs;
+						gis[nmigs].mig = nmigs;
+						nmigs++;
+					}
+				}
 			} else if (pass == 1 && !strncmp(key, "gpu", 3) && isdigit((unsigned char)key[3])) {
 				char *dot;
 				long i = strtol(key + 3, &dot, 10);
@@ -207,8 +241,22 @@ static nvmlReturn_t check(nvmlDevice_t d, int sensor)
 
 #define CHECK(d, sensor) do { nvmlReturn_t _r = check(d, sensor); if (_r != NVML_SUCCESS) return _r; } while (0)
 
+/* mig_of is the MIG device a handle names, or NULL for a GPU's handle. */
+static struct mig *mig_of(nvmlDevice_t d)
+{
+	if (d.handle >= migdevs && d.handle < migdevs + nmigs) return &migs[d.handle - migdevs];
+	return NULL;
+}
+
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length)
 {
+	struct mig *m = mig_of(d);
+	if (m) {
+		if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+		if (!uuid || length < strlen(m->uuid) + 1) return NVML_ERROR_INSUFFICIENT_SIZE;
+		snprintf(uuid, length, "%s", m->uuid);
+		return NVML_SUCCESS;
+	}
 	CHECK(d, 0);
 	if (!uuid || length < strlen(d.handle->g.uuid) + 1) return NVML_ERROR_INSUFFICIENT_SIZE;
 	snprintf(uuid, length, "%s", d.handle->g.uuid);
@@ -265,6 +313,94 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigne
 	*current = d.handle->g.mig_mode ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
 	*pending = d.handle->g.mig_pending ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
 	return NVML_SUCCESS;
+}
+
+/* MIG: a GPU's MIG devices are the "mig" lines naming it, in file order. */
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count)
+{
+	CHECK(d, 0);
+	if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+	*count = 0;
+	for (int k = 0; k < nmigs; k++)
+		if (migs[k].gpu == d.handle->index) *count = 7;
+	return *count ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig)
+{
+	CHECK(d, 0);
+	if (!mig) return NVML_ERROR_INVALID_ARGUMENT;
+	unsigned int n = 0;
+	for (int k = 0; k < nmigs; k++) {
+		if (migs[k].gpu != d.handle->index) continue;
+		if (n++ == index) {
+			mig->handle = &migdevs[k];
+			return NVML_SUCCESS;
+		}
+	}
+	return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id)
+{
+	struct mig *m = mig_of(d);
+	if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+	if (!id) return NVML_ERROR_INVALID_ARGUMENT;
+	if (!m) return NVML_ERROR_NOT_SUPPORTED;
+	*id = m->gi;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id)
+{
+	struct mig *m = mig_of(d);
+	if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+	if (!id) return NVML_ERROR_INVALID_ARGUMENT;
+	if (!m) return NVML_ERROR_NOT_SUPPORTED;
+	*id = m->ci;
+	return NVML_SUCCESS;
+}
+
+/* GPU instance profiles: profile p has slice_counts[p] slices and id 100+p. */
+static const unsigned int slice_counts[] = {1, 2, 3, 4, 7, 8, 6};
+#define NPROFILES (int)(sizeof slice_counts / sizeof slice_counts[0])
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned int profile, nvmlGpuInstanceProfileInfo_t *info)
+{
+	CHECK(d, 0);
+	if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+	if (profile >= (unsigned)NPROFILES) return NVML_ERROR_NOT_SUPPORTED;
+	memset(info, 0, sizeof *info);
+	info->id = 100 + profile;
+	info->sliceCount = slice_counts[profile];
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned int id, nvmlGpuInstance_t *gi)
+{
+	CHECK(d, 0);
+	if (!gi) return NVML_ERROR_INVALID_ARGUMENT;
+	for (int k = 0; k < nmigs; k++) {
+		if (migs[k].gpu == d.handle->index && migs[k].gi == id) {
+			gi->handle = &gis[k];
+			return NVML_SUCCESS;
+		}
+	}
+	return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuInstanceInfo_t *info)
+{
+	if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+	if (!info || gi.handle < gis || gi.handle >= gis + nmigs) return NVML_ERROR_INVALID_ARGUMENT;
+	struct mig *m = &migs[gi.handle->mig];
+	memset(info, 0, sizeof *info);
+	info->device.handle = &devs[m->gpu];
+	info->id = m->gi;
+	info->profileId = 0; /* no profile: NOT_SUPPORTED below */
+	for (int p = 0; p < NPROFILES; p++)
+		if (slice_counts[p] == m->slices) info->profileId = 100 + p;
+	return info->profileId ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
 }
 
 /* The 1 s average (GetPowerUsage, field 185) and the energy counter in NVML's
@@ -333,19 +469,22 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_
 }
 
 /* read_procs fills up to max entries of GPU index from procs_file. */
-static int read_procs(int index, unsigned int *pid, unsigned long long *mib, unsigned int *sm, int max)
+static int read_procs(int index, unsigned int *pid, unsigned long long *mib, unsigned int *sm,
+	unsigned int *gi, unsigned int *ci, int max)
 {
 	if (!procs_file[0]) return 0;
 	FILE *f = fopen(procs_file, "r");
 	if (!f) return 0;
 	int n = 0;
 	int g;
-	unsigned int p, s;
+	unsigned int p, s, i, c;
 	unsigned long long m;
 	char line[256];
 	while (fgets(line, sizeof line, f)) {
-		if (sscanf(line, "%d %u %llu %u", &g, &p, &m, &s) != 4 || g != index) continue;
-		if (n < max) { pid[n] = p; mib[n] = m; sm[n] = s; }
+		int got = sscanf(line, "%d %u %llu %u %u %u", &g, &p, &m, &s, &i, &c);
+		if (got < 4 || g != index) continue;
+		if (got < 6) i = c = 0xFFFFFFFF;
+		if (n < max) { pid[n] = p; mib[n] = m; sm[n] = s; gi[n] = i; ci[n] = c; }
 		n++;
 	}
 	fclose(f);
@@ -358,16 +497,16 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned in
 {
 	CHECK(d, 0);
 	if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-	unsigned int pid[MAX_PROCS], sm[MAX_PROCS];
+	unsigned int pid[MAX_PROCS], sm[MAX_PROCS], gi[MAX_PROCS], ci[MAX_PROCS];
 	unsigned long long mib[MAX_PROCS];
-	int n = read_procs(d.handle->index, pid, mib, sm, MAX_PROCS);
+	int n = read_procs(d.handle->index, pid, mib, sm, gi, ci, MAX_PROCS);
 	if (n > MAX_PROCS) n = MAX_PROCS;
 	if ((unsigned)n > *count) { *count = (unsigned)n; return NVML_ERROR_INSUFFICIENT_SIZE; }
 	for (int k = 0; k < n; k++) {
 		infos[k].pid = pid[k];
 		infos[k].usedGpuMemory = mib[k] << 20;
-		infos[k].gpuInstanceId = 0xFFFFFFFF;
-		infos[k].computeInstanceId = 0xFFFFFFFF;
+		infos[k].gpuInstanceId = gi[k];
+		infos[k].computeInstanceId = ci[k];
 	}
 	*count = (unsigned)n;
 	return NVML_SUCCESS;
@@ -379,9 +518,9 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizat
 	(void)lastSeen;
 	CHECK(d, 0);
 	if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-	unsigned int pid[MAX_PROCS], sm[MAX_PROCS];
+	unsigned int pid[MAX_PROCS], sm[MAX_PROCS], gi[MAX_PROCS], ci[MAX_PROCS];
 	unsigned long long mib[MAX_PROCS];
-	int n = read_procs(d.handle->index, pid, mib, sm, MAX_PROCS);
+	int n = read_procs(d.handle->index, pid, mib, sm, gi, ci, MAX_PROCS);
 	if (n > MAX_PROCS) n = MAX_PROCS;
 	if (!u || (unsigned)n > *count) { *count = (unsigned)n; return NVML_ERROR_INSUFFICIENT_SIZE; }
 	for (int k = 0; k < n; k++) {

@@ -217,3 +217,36 @@ func TestFakeLibraryValidate(t *testing.T) {
 		t.Errorf("stuck GPU: %+v (report verdict %s)", g1, rep.Verdict)
 	}
 }
+
+// TestFakeLibraryMIG: MIG devices of the fake through go-nvml's cgo path:
+// each process on a MIG device is found under that device's UUID (two
+// compute instances of one GPU instance apart) and carries its GPU
+// instance's slices; processes outside MIG and the other GPU have none.
+func TestFakeLibraryMIG(t *testing.T) {
+	procs := filepath.Join(t.TempDir(), "procs")
+	if err := os.WriteFile(procs, []byte("0 100 10 5 1 0\n0 101 10 5 2 0\n0 102 10 5 2 1\n1 200 10 5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib := fakeNVML(t, "gpus 2\nprocs_file "+procs+`
+mig 0 1 0 3 MIG-aaaaaaaa-0000-4000-8000-000000000001
+mig 0 2 0 4 MIG-aaaaaaaa-0000-4000-8000-000000000002
+mig 0 2 1 4 MIG-aaaaaaaa-0000-4000-8000-000000000003
+`)
+	b, err := New(lib, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	migs, err := b.ComputeMIGs(0)
+	want := map[uint32]string{100: "MIG-aaaaaaaa-0000-4000-8000-000000000001", 101: "MIG-aaaaaaaa-0000-4000-8000-000000000002", 102: "MIG-aaaaaaaa-0000-4000-8000-000000000003"}
+	if err != nil || len(migs) != len(want) || migs[100] != want[100] || migs[101] != want[101] || migs[102] != want[102] {
+		t.Fatalf("ComputeMIGs(0) = %v, %v; want %v", migs, err, want)
+	}
+	if migs, err := b.ComputeMIGs(1); err != nil || len(migs) != 0 {
+		t.Fatalf("ComputeMIGs(1) = %v, %v; want none", migs, err)
+	}
+	use, err := b.ProcessUsage(0, time.Time{})
+	if err != nil || use[100].MIGSlices != 3 || use[100].MIGInstance != 1 || use[101].MIGSlices != 4 || use[102].MIGInstance != 2 {
+		t.Fatalf("ProcessUsage(0) = %+v, %v", use, err)
+	}
+}

@@ -60,8 +60,8 @@ type device struct {
 	migSlices map[uint32]int
 }
 
-// Backend reads real GPUs through NVML. It implements gpu.Backend and
-// gpu.ProcessLister and is safe for concurrent use.
+// Backend reads real GPUs through NVML. It implements gpu.Backend,
+// gpu.ProcessLister and gpu.MIGProcessLister and is safe for concurrent use.
 type Backend struct {
 	lib  nvml.Interface
 	log  *slog.Logger
@@ -70,7 +70,17 @@ type Backend struct {
 	mu     sync.Mutex // guards gpus' buffers and closed
 	gpus   []*device
 	closed bool
+
+	migMu sync.Mutex // guards migUUIDs
+	// migUUIDs is, per GPU, the UUIDs of the MIG devices its compute
+	// processes were on at the last ComputeMIGs (nil: none).
+	migUUIDs []map[migKey]string
 }
+
+// migKey names a MIG device on its GPU: its GPU instance and compute
+// instance (a GPU instance split into compute instances is several MIG
+// devices).
+type migKey struct{ gi, ci uint32 }
 
 // New initialises NVML through lib (nvml.New() in production; nil means
 // that), enumerates the GPUs and probes which fields each supports. The
@@ -406,6 +416,79 @@ func (b *Backend) ProcessUsage(index int, since time.Time) (map[uint32]gpu.Proce
 	return out, nil
 }
 
+// ComputeMIGs implements gpu.MIGProcessLister: the UUID of the MIG device
+// each compute process of GPU index runs on (its GPU and compute instance
+// ids, from GetComputeRunningProcesses, matched to the GPU's MIG device
+// handles). The instances' UUIDs are cached while processes run on them and
+// read again from NVML when a process is on an instance not seen on the
+// last call: an instance can only be destroyed and created anew (a new
+// UUID under the same ids) while no process runs on it. A process whose
+// instance NVML names no MIG device for is absent.
+func (b *Backend) ComputeMIGs(index int) (map[uint32]string, error) {
+	procs, err := b.computeProcs(index)
+	if err != nil {
+		return nil, err
+	}
+	b.migMu.Lock()
+	defer b.migMu.Unlock()
+	if b.migUUIDs == nil {
+		b.migUUIDs = make([]map[migKey]string, len(b.gpus))
+	}
+	cached := b.migUUIDs[index]
+	used := map[migKey]string{}
+	out := map[uint32]string{}
+	reread := false
+	for _, p := range procs {
+		if p.GpuInstanceId == noInstance {
+			continue
+		}
+		k := migKey{p.GpuInstanceId, p.ComputeInstanceId}
+		uuid, ok := cached[k]
+		if !ok && !reread {
+			cached, reread = b.readMIGs(index), true
+			uuid, ok = cached[k]
+		}
+		if ok {
+			out[p.Pid] = uuid
+			used[k] = uuid
+		}
+	}
+	b.migUUIDs[index] = used
+	return out, nil
+}
+
+// readMIGs is the UUID of each MIG device of GPU index, by its instance
+// ids; empty where the GPU has no MIG devices or NVML cannot tell.
+func (b *Backend) readMIGs(index int) map[migKey]string {
+	out := map[migKey]string{}
+	h := b.gpus[index].h
+	n, ret := h.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return out
+	}
+	for i := range n {
+		m, ret := h.GetMigDeviceHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue // NOT_FOUND: no MIG device in this slot
+		}
+		gi, ret := m.GetGpuInstanceId()
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		ci, ret := m.GetComputeInstanceId()
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		uuid, ret := m.GetUUID()
+		if ret != nvml.SUCCESS {
+			b.log.Debug("nvml: cannot read a MIG device's UUID", "gpu", index, "gpu_instance", gi, "compute_instance", ci, "err", ret.Error())
+			continue
+		}
+		out[migKey{uint32(gi), uint32(ci)}] = uuid
+	}
+	return out
+}
+
 // noInstance is the GPU instance id NVML gives a process outside MIG.
 const noInstance = 0xFFFFFFFF
 
@@ -449,6 +532,7 @@ func (b *Backend) Close() error {
 }
 
 var (
-	_ gpu.Backend       = (*Backend)(nil)
-	_ gpu.ProcessLister = (*Backend)(nil)
+	_ gpu.Backend          = (*Backend)(nil)
+	_ gpu.ProcessLister    = (*Backend)(nil)
+	_ gpu.MIGProcessLister = (*Backend)(nil)
 )

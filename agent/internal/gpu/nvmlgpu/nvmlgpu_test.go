@@ -270,6 +270,81 @@ func TestProcessUsageOnMIG(t *testing.T) {
 	}
 }
 
+// Processes on MIG devices are found under their MIG device's UUID (GPU
+// and compute instance ids), two compute instances of one GPU instance
+// apart; the UUIDs are read again once a process is on an instance the
+// last call did not see (destroyed and created anew: a new UUID).
+func TestComputeMIGs(t *testing.T) {
+	s, _ := newServer(t, 1)
+	d := s.Devices[0].(*dgxa100.Device)
+	var procs []nvml.ProcessInfo
+	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return procs, nvml.SUCCESS }
+	type mig struct {
+		gi, ci int
+		uuid   string
+	}
+	slots := []*mig{{1, 0, "MIG-a"}, nil, {2, 0, "MIG-b0"}, {2, 1, "MIG-b1"}} // nil: an empty slot
+	reads := 0
+	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { reads++; return len(slots), nvml.SUCCESS }
+	d.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		m := slots[i]
+		if m == nil {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return &mock.Device{
+			GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return m.gi, nvml.SUCCESS },
+			GetComputeInstanceIdFunc: func() (int, nvml.Return) { return m.ci, nvml.SUCCESS },
+			GetUUIDFunc:              func() (string, nvml.Return) { return m.uuid, nvml.SUCCESS },
+		}, nvml.SUCCESS
+	}
+	b, err := New(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	check := func(step string, want map[uint32]string, wantReads int) {
+		t.Helper()
+		got, err := b.ComputeMIGs(0)
+		if err != nil || len(got) != len(want) {
+			t.Fatalf("%s: ComputeMIGs = %v, %v; want %v", step, got, err, want)
+		}
+		for pid, u := range want {
+			if got[pid] != u {
+				t.Fatalf("%s: ComputeMIGs = %v; want %v", step, got, want)
+			}
+		}
+		if reads != wantReads {
+			t.Fatalf("%s: MIG devices read %d times, want %d", step, reads, wantReads)
+		}
+	}
+
+	// Outside MIG: nothing to read.
+	procs = []nvml.ProcessInfo{{Pid: 9, GpuInstanceId: noInstance, ComputeInstanceId: noInstance}}
+	check("no MIG", map[uint32]string{}, 0)
+
+	procs = []nvml.ProcessInfo{
+		{Pid: 10, GpuInstanceId: 1, ComputeInstanceId: 0},
+		{Pid: 11, GpuInstanceId: 2, ComputeInstanceId: 0},
+		{Pid: 12, GpuInstanceId: 2, ComputeInstanceId: 1},
+		{Pid: 13, GpuInstanceId: 2, ComputeInstanceId: 1},
+		{Pid: 14, GpuInstanceId: 5, ComputeInstanceId: 0}, // no such MIG device
+	}
+	check("three MIG devices", map[uint32]string{10: "MIG-a", 11: "MIG-b0", 12: "MIG-b1", 13: "MIG-b1"}, 1)
+	procs = procs[:4]
+	check("cached", map[uint32]string{10: "MIG-a", 11: "MIG-b0", 12: "MIG-b1", 13: "MIG-b1"}, 1)
+
+	// Instance 1 emptied, destroyed and created anew: a new UUID.
+	procs = procs[1:]
+	check("instance 1 empty", map[uint32]string{11: "MIG-b0", 12: "MIG-b1", 13: "MIG-b1"}, 1)
+	slots[0] = &mig{1, 0, "MIG-a2"}
+	procs = append(procs, nvml.ProcessInfo{Pid: 20, GpuInstanceId: 1, ComputeInstanceId: 0})
+	check("instance 1 anew", map[uint32]string{11: "MIG-b0", 12: "MIG-b1", 13: "MIG-b1", 20: "MIG-a2"}, 2)
+
+	if _, err := b.ComputeMIGs(3); err == nil {
+		t.Fatal("ComputeMIGs(3) on a one-GPU server: no error")
+	}
+}
+
 func md1(s *dgxa100.Server) *dgxa100.Device { return s.Devices[1].(*dgxa100.Device) }
 
 func TestUnitConversion(t *testing.T) {
