@@ -91,11 +91,12 @@ func inPodCgroup(t *testing.T, uid string) (*exec.Cmd, int) {
 }
 
 // TestKubernetesPodsBecomeRuns: the real agent on the fake libnvidia-ml
-// (three GPUs), pointed through agent.yaml at the real podresources v1 gRPC
+// (four GPUs), pointed through agent.yaml at the real podresources v1 gRPC
 // service that the test serves on a Unix socket as the kubelet would (no
 // kubelet runs here), and at a stand-in API server for the pods' UIDs,
 // labels and owners. A Job's pod holds GPU 0; two pods of two namespaces
-// share GPU 1, time-sliced; GPU 2 is nobody's. Each pod's process (a real
+// share GPU 1, time-sliced; a pod holds GPU 3 and never runs a process on
+// it (it pays for it all the same); GPU 2 is nobody's. Each pod's process (a real
 // process in a cgroup named as the kubelet names the pod's) is listed on
 // its GPU, then exits, then the pods go. Each pod (the Job's pod: the Job)
 // is one run, attribution kubernetes, with its namespace and labels; the
@@ -118,7 +119,7 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 	if err := os.WriteFile(procs, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	env := fakeNVML(t, fmt.Sprintf("epoch_us %d\ngpus 3\nhigh_w 300\nprocs_file %s\n", time.Now().Add(-time.Minute).UnixMicro(), procs))
+	env := fakeNVML(t, fmt.Sprintf("epoch_us %d\ngpus 4\nhigh_w 300\nprocs_file %s\n", time.Now().Add(-time.Minute).UnixMicro(), procs))
 	gpu := func(i int) string { return fmt.Sprintf("GPU-fa4e0000-0000-4000-8000-%012d", i) } // the fake's UUIDs
 
 	kubelet := kubelettest.New()
@@ -144,9 +145,11 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 	api.add("ml", "bert-x7k2p", uidTrain, map[string]string{"team": "nlp"}, "bert")
 	api.add("team-a", "notebook", uidNB, map[string]string{"team": "vision"}, "")
 	api.add("team-b", "infer", uidInfer, nil, "")
+	api.add("team-c", "reserved", "0d0d0d0d-0000-4000-8000-000000000004", nil, "")
 	kubelet.Add("ml", "bert-x7k2p", kubelettest.Container{Name: "trainer", Devices: map[string][]string{"nvidia.com/gpu": {gpu(0)}}})
 	kubelet.Add("team-a", "notebook", kubelettest.Container{Name: "jupyter", Devices: map[string][]string{"nvidia.com/gpu": {gpu(1) + "::0"}}})
 	kubelet.Add("team-b", "infer", kubelettest.Container{Name: "server", Devices: map[string][]string{"nvidia.com/gpu": {gpu(1) + "::1", gpu(1) + "::2"}}})
+	kubelet.Add("team-c", "reserved", kubelettest.Container{Name: "idle", Devices: map[string][]string{"nvidia.com/gpu": {gpu(3)}}})
 
 	c := startCollector(t)
 	c.startAgentEnv("k8s-node", "nvml", env, "--config", cfg)
@@ -155,7 +158,7 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 	if err := os.WriteFile(procs, fmt.Appendf(nil, "0 %d 1024 80\n1 %d 512 30\n1 %d 512 60\n", pidTrain, pidNB, pidInfer), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ids := []string{"k8s-ml-job-bert", "k8s-team-a-notebook", "k8s-team-b-infer"}
+	ids := []string{"k8s-ml-job-bert", "k8s-team-a-notebook", "k8s-team-b-infer", "k8s-team-c-reserved"}
 	c.eventually("the three pods' runs", func() bool {
 		live := 0
 		for _, r := range c.listRuns() {
@@ -174,7 +177,7 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second)
-	for _, p := range [][2]string{{"ml", "bert-x7k2p"}, {"team-a", "notebook"}, {"team-b", "infer"}} {
+	for _, p := range [][2]string{{"ml", "bert-x7k2p"}, {"team-a", "notebook"}, {"team-b", "infer"}, {"team-c", "reserved"}} {
 		kubelet.Remove(p[0], p[1])
 	}
 
@@ -191,6 +194,7 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 		"k8s-ml-job-bert":     {"k8s.namespace": "ml", "k8s.job": "bert", "k8s.container": "trainer", "team": "nlp"},
 		"k8s-team-a-notebook": {"k8s.namespace": "team-a", "k8s.pod": "notebook", "k8s.container": "jupyter", "team": "vision"},
 		"k8s-team-b-infer":    {"k8s.namespace": "team-b", "k8s.pod": "infer", "k8s.container": "server"},
+		"k8s-team-c-reserved": {"k8s.namespace": "team-c", "k8s.pod": "reserved", "k8s.container": "idle"},
 	}
 	gpuS := map[string]float64{}
 	for id, r := range runs {
@@ -208,6 +212,13 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 	}
 	// The Job's pod had GPU 0 alone: one GPU for its wall time.
 	within(t, "the Job's GPU-seconds", gpuS["k8s-ml-job-bert"], runs["k8s-ml-job-bert"].WallS, 1e-6)
+	// The pod that held GPU 3 with no process on it paid for it while it
+	// was in the kubelet's list: one GPU for its wall time, which spans
+	// the other pods' processes.
+	within(t, "the idle-holding pod's GPU-seconds", gpuS["k8s-team-c-reserved"], runs["k8s-team-c-reserved"].WallS, 1e-6)
+	if w := runs["k8s-team-c-reserved"].WallS; w < 4 {
+		t.Errorf("the pod holding GPU 3 was billed %.2f s: it held it from before the other pods' processes to their pods' end", w)
+	}
 	// The two pods on GPU 1 had it alone or together, never idle, from the
 	// first's start to the last's end: their shares add up to that span.
 	a, b := runs["k8s-team-a-notebook"], runs["k8s-team-b-infer"]
@@ -237,7 +248,7 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 		}
 	}
 	t.Logf("usage --by namespace: %v, nodes %+v", rows, u.Nodes)
-	want := map[string]float64{"ml": gpuS["k8s-ml-job-bert"], "team-a": gpuS["k8s-team-a-notebook"], "team-b": gpuS["k8s-team-b-infer"]}
+	want := map[string]float64{"ml": gpuS["k8s-ml-job-bert"], "team-a": gpuS["k8s-team-a-notebook"], "team-b": gpuS["k8s-team-b-infer"], "team-c": gpuS["k8s-team-c-reserved"]}
 	if len(rows) != len(want) {
 		t.Errorf("usage --by namespace rows %v, want %v", rows, want)
 	}
