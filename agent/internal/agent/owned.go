@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/agent/internal/owner"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
@@ -87,6 +88,9 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 	for _, p := range procs {
 		ow, ok := found[p.PID]
 		if !ok {
+			if agentconfig.Off(a.cfg.Attribution.Processes) {
+				continue // attribution.processes off: its GPU time stays idle
+			}
 			var err error
 			if ow, err = owner.ProcessOwner(owner.Proc{Root: a.procRoot}, a.cfg.Node, p.PID); err != nil {
 				continue // gone since it was listed

@@ -302,3 +302,44 @@ func poll(a *Agent, g *gatedLister) {
 	a.pollAttribution()
 	g.open.Store(false)
 }
+
+// attribution.processes off: a process that no run, job or pod owns gets
+// no run (its GPU time stays idle); a job's still does.
+func TestProcessesAttributionOff(t *testing.T) {
+	_, collectorAddr := startRecorder(t)
+	backend := &gatedLister{listingSim: &listingSim{Backend: simgpu3(), pids: map[int][]uint32{}}}
+	fake := clock.NewFake(time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC))
+	cfg := DefaultConfig()
+	cfg.Collector = collectorAddr
+	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
+	cfg.Spool = filepath.Join(t.TempDir(), "spool")
+	cfg.Node = "off-node"
+	cfg.GPU = "nvml"
+	cfg.Attribution.Processes = "off"
+	a, err := New(cfg, backend, fake, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	a.procRoot = dir
+	jobs := &jobSource{jobs: map[int]string{201: "9"}}
+	a.owned.sources = []owner.Source{jobs}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx)
+	}()
+	ownedFixture(t, dir, 200, ownedProc{uid: 1000, pgid: 200})
+	ownedFixture(t, dir, 201, ownedProc{uid: 1001, pgid: 201})
+	backend.set(0, 200)
+	backend.set(1, 201)
+	poll(a, backend)
+	a.owned.mu.Lock()
+	defer a.owned.mu.Unlock()
+	if len(a.owned.runs) != 1 || a.owned.runs["slurm-test-9"] == nil {
+		t.Errorf("runs %v: want the job's alone", a.owned.runs)
+	}
+}
