@@ -153,3 +153,10 @@ func TestExpandHostlist(t *testing.T) {
 		t.Errorf("%v, want %v", got, want)
 	}
 }
+
+func TestListpidsJobs(t *testing.T) {
+	out := "PID      JOBID    STEPID   LOCALID GLOBALID\n2101     4        batch    0       0       \n2102     4        batch    -       -       \n2200     12       0        0       0\n"
+	if got := ListpidsJobs(out); !slices.Equal(got, []string{"4", "12"}) {
+		t.Errorf("%v", got)
+	}
+}

@@ -29,17 +29,15 @@ type Slurm struct {
 	// Cluster is the cluster's name (scontrol show config ClusterName); ""
 	// until known, then a job's SLURM_CLUSTER_NAME names it.
 	cluster string
-	// scontrol, sacct, squeue: the tools' paths, "" when not installed.
-	scontrol, sacct, squeue string
+	// scontrol, sacct: the tools' paths, "" when not installed.
+	scontrol, sacct string
 	// node is this node's Slurm name: slurmd's -N, else the short host name.
 	node string
 
 	mu   sync.Mutex
 	jobs map[string]Owner // job id -> its owner, once known
 
-	allocAt time.Time        // when the node's jobs were last listed
-	alloc   []Allocation     // the jobs holding GPUs on this node, as then
-	gres    map[string][]int // job id -> its GPUs on this node (GRES IDX)
+	gres map[string][]int // job id -> its GPUs on this node (GRES IDX)
 }
 
 // SlurmDetect reports whether slurmd runs on this node (a process named
@@ -67,7 +65,6 @@ func NewSlurm(p Proc) *Slurm {
 	s := &Slurm{proc: p, jobs: map[string]Owner{}, gres: map[string][]int{}}
 	s.scontrol, _ = exec.LookPath("scontrol")
 	s.sacct, _ = exec.LookPath("sacct")
-	s.squeue, _ = exec.LookPath("squeue")
 	s.node = slurmdNode(p)
 	if out, err := s.run(s.scontrol, "show", "config"); err == nil {
 		for _, line := range strings.Split(string(out), "\n") {
@@ -294,38 +291,33 @@ func slurmdNode(p Proc) string {
 	return h
 }
 
-// slurmAllocEvery bounds how often the node's jobs are listed: one squeue
-// call (an RPC to slurmctld) per node, plus one scontrol call per new job.
-const slurmAllocEvery = 10 * time.Second
-
-// Allocated implements Allocator: the running jobs on this node (squeue -w
-// NODE) and the GPUs each was allocated here (scontrol -d show job: the
-// GRES IDX of this node, which is the GPU's device index when gres.conf
-// lists /dev/nvidia0, 1, ... in order). Listed at most every 10 s; without
-// squeue and scontrol, none.
-func (s *Slurm) Allocated(now time.Time, devs []Device) []Allocation {
+// Allocated implements Allocator: the jobs with a step on this node
+// (`scontrol listpids`, which asks this node's slurmstepd daemons, not
+// slurmctld: cheap each second) and the GPUs each was allocated here, read
+// once per job (`scontrol -d show job`: the GRES IDX of this node, which is
+// the GPU's device index when gres.conf lists /dev/nvidia0, 1, ... in
+// order). Without scontrol, none.
+func (s *Slurm) Allocated(_ time.Time, devs []Device) []Allocation {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.squeue == "" || s.scontrol == "" || s.node == "" {
+	if s.scontrol == "" || s.node == "" {
 		return nil
 	}
-	if !s.allocAt.IsZero() && now.Sub(s.allocAt) < slurmAllocEvery && now.After(s.allocAt) {
-		return s.alloc
-	}
-	s.allocAt = now
-	out, err := s.run(s.squeue, "-h", "-w", s.node, "-t", "RUNNING,SUSPENDED,COMPLETING", "-o", "%A")
+	out, err := s.run(s.scontrol, "listpids")
 	if err != nil {
-		return s.alloc // slurmctld did not answer: as last listed
+		// No job step on this node ("No job steps exist on this node")
+		// is an error exit of scontrol too.
+		out = nil
 	}
 	live := map[string]bool{}
 	var alloc []Allocation
-	for _, job := range strings.Fields(string(out)) {
+	for _, job := range ListpidsJobs(string(out)) {
 		live[job] = true
 		gpus, ok := s.gres[job]
 		if !ok {
 			info, err := s.run(s.scontrol, "-d", "show", "job", "-o", job)
 			if err != nil {
-				continue
+				continue // asked again next time
 			}
 			gpus = SlurmJobGPUs(string(info), s.node)
 			s.gres[job] = gpus
@@ -351,8 +343,23 @@ func (s *Slurm) Allocated(now time.Time, devs []Device) []Allocation {
 			delete(s.gres, job)
 		}
 	}
-	s.alloc = alloc
 	return alloc
+}
+
+// ListpidsJobs reads the job ids of `scontrol listpids` output
+// ("PID JOBID STEPID LOCALID GLOBALID" and a line per process), each once.
+func ListpidsJobs(out string) []string {
+	var jobs []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] == "PID" {
+			continue
+		}
+		if _, err := strconv.Atoi(f[1]); err == nil && !slices.Contains(jobs, f[1]) {
+			jobs = append(jobs, f[1])
+		}
+	}
+	return jobs
 }
 
 // gresIDX is a GPU GRES with its indexes in `scontrol -d show job`:
