@@ -97,7 +97,8 @@ func inPodCgroup(t *testing.T, uid string) (*exec.Cmd, int) {
 // labels and owners. A Job's pod holds GPU 0; two pods of two namespaces
 // share GPU 1, time-sliced; two pods hold two MIG devices of GPU 2 (a
 // 3-slice and a 4-slice GPU instance, under their profiles' resources, the
-// kubelet naming them by their MIG UUIDs). Each pod's process (a real
+// kubelet naming them by their MIG UUIDs); a pod holds GPU 3 and never runs
+// a process on it (it pays for it all the same). Each pod's process (a real
 // process in a cgroup named as the kubelet names the pod's) is listed on
 // its GPU (on GPU 2, on its MIG device's instances), then exits, then the
 // pods go. Each pod (the Job's pod: the Job) is one run, attribution
@@ -127,7 +128,7 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 	if err := os.WriteFile(procs, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	env := fakeNVML(t, fmt.Sprintf("epoch_us %d\ngpus 3\nhigh_w 300\nprocs_file %s\nmig 2 1 0 3 %s\nmig 2 2 0 4 %s\n",
+	env := fakeNVML(t, fmt.Sprintf("epoch_us %d\ngpus 4\nhigh_w 300\nprocs_file %s\nmig 2 1 0 3 %s\nmig 2 2 0 4 %s\n",
 		time.Now().Add(-time.Minute).UnixMicro(), procs, mig3, mig4))
 	gpu := func(i int) string { return fmt.Sprintf("GPU-fa4e0000-0000-4000-8000-%012d", i) } // the fake's UUIDs
 
@@ -156,11 +157,13 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 	api.add("team-b", "infer", uidInfer, nil, "")
 	api.add("team-c", "mig-small", uidMIG3, nil, "")
 	api.add("team-d", "mig-large", uidMIG4, nil, "")
+	api.add("team-e", "reserved", "0d0d0d0d-0000-4000-8000-000000000004", nil, "")
 	kubelet.Add("ml", "bert-x7k2p", kubelettest.Container{Name: "trainer", Devices: map[string][]string{"nvidia.com/gpu": {gpu(0)}}})
 	kubelet.Add("team-a", "notebook", kubelettest.Container{Name: "jupyter", Devices: map[string][]string{"nvidia.com/gpu": {gpu(1) + "::0"}}})
 	kubelet.Add("team-b", "infer", kubelettest.Container{Name: "server", Devices: map[string][]string{"nvidia.com/gpu": {gpu(1) + "::1", gpu(1) + "::2"}}})
 	kubelet.Add("team-c", "mig-small", kubelettest.Container{Name: "small", Devices: map[string][]string{"nvidia.com/mig-3g.40gb": {mig3}}})
 	kubelet.Add("team-d", "mig-large", kubelettest.Container{Name: "large", Devices: map[string][]string{"nvidia.com/mig-4g.40gb": {mig4}}})
+	kubelet.Add("team-e", "reserved", kubelettest.Container{Name: "idle", Devices: map[string][]string{"nvidia.com/gpu": {gpu(3)}}})
 
 	c := startCollector(t)
 	c.startAgentEnv("k8s-node", "nvml", env, "--config", cfg)
@@ -170,7 +173,7 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 		pidTrain, pidNB, pidInfer, pidMIG3, pidMIG4), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ids := []string{"k8s-ml-job-bert", "k8s-team-a-notebook", "k8s-team-b-infer", "k8s-team-c-mig-small", "k8s-team-d-mig-large"}
+	ids := []string{"k8s-ml-job-bert", "k8s-team-a-notebook", "k8s-team-b-infer", "k8s-team-c-mig-small", "k8s-team-d-mig-large", "k8s-team-e-reserved"}
 	c.eventually("the pods' runs", func() bool {
 		live := 0
 		for _, r := range c.listRuns() {
@@ -189,7 +192,7 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second)
-	for _, p := range [][2]string{{"ml", "bert-x7k2p"}, {"team-a", "notebook"}, {"team-b", "infer"}, {"team-c", "mig-small"}, {"team-d", "mig-large"}} {
+	for _, p := range [][2]string{{"ml", "bert-x7k2p"}, {"team-a", "notebook"}, {"team-b", "infer"}, {"team-c", "mig-small"}, {"team-d", "mig-large"}, {"team-e", "reserved"}} {
 		kubelet.Remove(p[0], p[1])
 	}
 
@@ -208,6 +211,7 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 		"k8s-team-b-infer":     {"k8s.namespace": "team-b", "k8s.pod": "infer", "k8s.container": "server"},
 		"k8s-team-c-mig-small": {"k8s.namespace": "team-c", "k8s.pod": "mig-small", "k8s.container": "small"},
 		"k8s-team-d-mig-large": {"k8s.namespace": "team-d", "k8s.pod": "mig-large", "k8s.container": "large"},
+		"k8s-team-e-reserved":  {"k8s.namespace": "team-e", "k8s.pod": "reserved", "k8s.container": "idle"},
 	}
 	gpuS := map[string]float64{}
 	for id, r := range runs {
@@ -225,6 +229,13 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 	}
 	// The Job's pod had GPU 0 alone: one GPU for its wall time.
 	within(t, "the Job's GPU-seconds", gpuS["k8s-ml-job-bert"], runs["k8s-ml-job-bert"].WallS, 1e-6)
+	// The pod that held GPU 3 with no process on it paid for it while it
+	// was in the kubelet's list: one GPU for its wall time, which spans
+	// the other pods' processes.
+	within(t, "the idle-holding pod's GPU-seconds", gpuS["k8s-team-e-reserved"], runs["k8s-team-e-reserved"].WallS, 1e-6)
+	if w := runs["k8s-team-e-reserved"].WallS; w < 4 {
+		t.Errorf("the pod holding GPU 3 was billed %.2f s: it held it from before the other pods' processes to their pods' end", w)
+	}
 	// The two pods on GPU 1 had it alone or together, never idle, from the
 	// first's start to the last's end: their shares add up to that span.
 	a, b := runs["k8s-team-a-notebook"], runs["k8s-team-b-infer"]
@@ -271,7 +282,7 @@ func TestKubernetesPodsBecomeRuns(t *testing.T) {
 	}
 	t.Logf("usage --by namespace: %v, nodes %+v", rows, u.Nodes)
 	want := map[string]float64{"ml": gpuS["k8s-ml-job-bert"], "team-a": gpuS["k8s-team-a-notebook"], "team-b": gpuS["k8s-team-b-infer"],
-		"team-c": gpuS["k8s-team-c-mig-small"], "team-d": gpuS["k8s-team-d-mig-large"]}
+		"team-c": gpuS["k8s-team-c-mig-small"], "team-d": gpuS["k8s-team-d-mig-large"], "team-e": gpuS["k8s-team-e-reserved"]}
 	if len(rows) != len(want) {
 		t.Errorf("usage --by namespace rows %v, want %v", rows, want)
 	}

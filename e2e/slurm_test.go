@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"math"
 	"os"
 	"os/exec"
@@ -100,10 +101,27 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 MinJobAge=600
 KillWait=2
-NodeName=%[1]s NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
+GresTypes=gpu
+NodeName=%[1]s NodeAddr=127.0.0.1 CPUs=8 Gres=gpu:5 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 `, host, freePort(t), freePort(t), dir)
 	if err := os.WriteFile(s.conf, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The fake driver's five GPUs as slurmd's GRES, in the order of the
+	// GPUs' indexes: character devices, as slurmd wants, that it never
+	// opens (no task/cgroup); /dev/null's numbers.
+	devs := filepath.Join(dir, "dev")
+	if err := os.MkdirAll(devs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if err := unix.Mknod(filepath.Join(devs, fmt.Sprintf("nvidia%d", i)), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+			t.Fatalf("a GRES device node: %v", err)
+		}
+	}
+	gres := fmt.Sprintf("AutoDetect=off\nNodeName=%s Name=gpu File=%s/nvidia[0-4]\n", host, devs)
+	if err := os.WriteFile(filepath.Join(dir, "gres.conf"), []byte(gres), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	s.daemon("slurmctld", "-D", "-c", "-f", s.conf)
@@ -166,13 +184,14 @@ func (s *slurmCluster) eventually(what string, ok func() bool) {
 }
 
 // sbatch submits script as user (root: as is) and returns the job id.
-func (s *slurmCluster) sbatch(user, name, account, script string) string {
+func (s *slurmCluster) sbatch(user, name, account, script string, extra ...string) string {
 	s.t.Helper()
 	path := filepath.Join(s.dir, "jobs", name+".sh")
 	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+script), 0o755); err != nil {
 		s.t.Fatal(err)
 	}
-	args := []string{"--parsable", "-J", name, "-A", account, "-D", filepath.Join(s.dir, "jobs"), "-o", filepath.Join(s.dir, "jobs", name+".out"), path}
+	args := append([]string{"--parsable", "-J", name, "-A", account, "-D", filepath.Join(s.dir, "jobs"), "-o", filepath.Join(s.dir, "jobs", name+".out")}, extra...)
+	args = append(args, path)
 	if user != "root" {
 		args = append([]string{"-u", user, "--", "sbatch"}, args...)
 		return s.must("runuser", args...)
@@ -225,7 +244,7 @@ func TestSlurmJobsBecomeRuns(t *testing.T) {
 	slurm := startSlurm(t)
 	jobs := filepath.Join(slurm.dir, "jobs")
 	procs := filepath.Join(slurm.dir, "procs")
-	config := fmt.Sprintf("epoch_us %d\ngpus 4\nhigh_w 300\nprocs_file %s\n", time.Now().Add(-time.Minute).UnixMicro(), procs)
+	config := fmt.Sprintf("epoch_us %d\ngpus 5\nhigh_w 300\nprocs_file %s\n", time.Now().Add(-time.Minute).UnixMicro(), procs)
 	cfg, err := fakenvml.ParseConfig(config)
 	if err != nil {
 		t.Fatal(err)
@@ -244,14 +263,17 @@ func TestSlurmJobsBecomeRuns(t *testing.T) {
 
 	// Each job puts its shell (or the Python client) on its GPU.
 	onGPU := func(g int, name string) string { return fmt.Sprintf("echo %d $$ > %s/%s.gpu\n", g, jobs, name) }
-	okJob := slurm.sbatch("nobody", "ok", "physics", onGPU(0, "ok")+"sleep 4\nexit 0\n")
-	failJob := slurm.sbatch("nobody", "fails", "chemistry", onGPU(1, "fails")+"sleep 4\nexit 3\n")
-	cancelJob := slurm.sbatch("daemon", "cancelled", "physics", onGPU(2, "cancelled")+"sleep 300\n")
+	okJob := slurm.sbatch("nobody", "ok", "physics", onGPU(1, "ok")+"sleep 4\nexit 0\n")
+	failJob := slurm.sbatch("nobody", "fails", "chemistry", onGPU(2, "fails")+"sleep 4\nexit 3\n")
+	cancelJob := slurm.sbatch("daemon", "cancelled", "physics", onGPU(3, "cancelled")+"sleep 300\n")
+	// A job allocated a GPU (GRES IDX 0: GPU 0) that never touches it: it
+	// pays for it all the same.
+	holdJob := slurm.sbatch("nobody", "holds", "astro", "sleep 6\nexit 0\n", "--gres=gpu:1")
 	client := fmt.Sprintf(`import os, sys, time
 sys.path.insert(0, %q)
 import trainmeter
-open(%q, "w").write("3 %%d" %% os.getpid())
-run = trainmeter.start(socket_path=%q, model="slurm-model", gpus=[3])
+open(%q, "w").write("4 %%d" %% os.getpid())
+run = trainmeter.start(socket_path=%q, model="slurm-model", gpus=[4])
 for i in range(8):
     time.sleep(0.5)
     run.step(step=i + 1, tokens=1000)
@@ -275,6 +297,7 @@ run.end()
 		failJob:   {"nobody", "chemistry", "exit 3"},
 		cancelJob: {"daemon", "physics", "stopped: cancelled"},
 		clientJob: {"root", "ml", "ok"},
+		holdJob:   {"nobody", "astro", "ok"},
 	}
 	for job, w := range want {
 		r := c.waitEnded(runID(job))
@@ -286,7 +309,7 @@ run.end()
 			t.Errorf("job %s: run %+v, status %q; want %+v", job, r, row["end_status"], w)
 		}
 	}
-	gpuOf := map[string]int{okJob: 0, failJob: 1, cancelJob: 2, clientJob: 3}
+	gpuOf := map[string]int{okJob: 1, failJob: 2, cancelJob: 3, clientJob: 4, holdJob: 0}
 	for job, g := range gpuOf {
 		r := c.waitEnded(runID(job))
 		if row := c.csvRow(runID(job)); row["gpus"] != "1" {
@@ -319,4 +342,11 @@ run.end()
 	within(t, "physics GPU-s", byAccount["physics"], wall(okJob)+wall(cancelJob), 1e-6)
 	within(t, "chemistry GPU-s", byAccount["chemistry"], wall(failJob), 1e-6)
 	within(t, "ml GPU-s", byAccount["ml"], wall(clientJob), 1e-6)
+	// The job that held GPU 0 without a process on it was billed for it
+	// while its step ran on the node (its 6 s sleep, found and ended
+	// within a poll).
+	within(t, "astro GPU-s", byAccount["astro"], wall(holdJob), 1e-6)
+	if w := wall(holdJob); w < 4 || w > 9 {
+		t.Errorf("the job holding GPU 0 for 6 s was billed %.2f s of it", w)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/agent/internal/owner"
 	"github.com/trainmeter/trainmeter/agent/internal/podresources"
@@ -41,7 +42,9 @@ func (a *Agent) initAttribution(backend gpu.Backend) bool {
 	if a.procs != nil {
 		// Scheduler sources, detected (docs/attribution.md); doctor says
 		// which and why not.
-		if ok, why := owner.SlurmDetect(owner.Proc{Root: a.procRoot}); ok {
+		if agentconfig.Off(a.cfg.Attribution.Slurm) {
+			a.log.Info("no Slurm source: attribution.slurm is off")
+		} else if ok, why := owner.SlurmDetect(owner.Proc{Root: a.procRoot}); ok {
 			a.owned.sources = append(a.owned.sources, owner.NewSlurm(owner.Proc{Root: a.procRoot}))
 			a.log.Info("Slurm jobs own their GPU processes' runs", "why", why)
 		}
@@ -56,7 +59,7 @@ func (a *Agent) initAttribution(backend gpu.Backend) bool {
 // UUIDs are mapped to the backend's UUIDs.
 func (a *Agent) initKubernetes(backend gpu.Backend) {
 	sock := a.cfg.Kubernetes.PodResourcesSocket
-	if sock == "" {
+	if sock == "" || agentconfig.Off(a.cfg.Attribution.Kubernetes) {
 		return
 	}
 	if ok, why := podresources.Detect(sock); !ok {

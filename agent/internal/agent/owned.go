@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/agent/internal/owner"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
@@ -17,8 +18,10 @@ import (
 // the process-tree poll, the GPUs' compute processes that no trainer's run
 // owns are given to their owner: the first source that knows them (Slurm,
 // then the Kubernetes pod holding the GPU), else their Linux
-// user's process group. Each owner is a run the agent starts and ends
-// itself; a GPU is idle only while no process is on it.
+// user's process group. A GPU with no process on it goes to the live jobs
+// and pods its scheduler allocated it to (owner.Allocator). Each owner is a
+// run the agent starts and ends itself; a GPU is idle only while no process
+// is on it and no live job or pod holds it.
 
 // ownerConnBase numbers the ledger members the agent adds for owners, far
 // above the trainer socket's connection ids.
@@ -29,6 +32,9 @@ type ownedRun struct {
 	owner owner.Owner
 	peer  ledger.Peer
 	gpus  []int
+	// procGPUs are the GPUs a persistent owner's processes were on: it
+	// keeps them while it lives, beside the idle GPUs allocated to it now.
+	procGPUs []int
 }
 
 // owners is the agent's state for owners' runs; touched only by the
@@ -76,12 +82,16 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 	type group struct {
 		owner owner.Owner
 		pids  []int
-		gpus  []int
+		gpus  []int // the GPUs its processes are on
+		held  []int // GPUs with no process on them that its scheduler allocated to it
 	}
 	groups := map[string]*group{}
 	for _, p := range procs {
 		ow, ok := found[p.PID]
 		if !ok {
+			if agentconfig.Off(a.cfg.Attribution.Processes) {
+				continue // attribution.processes off: its GPU time stays idle
+			}
 			var err error
 			if ow, err = owner.ProcessOwner(owner.Proc{Root: a.procRoot}, a.cfg.Node, p.PID); err != nil {
 				continue // gone since it was listed
@@ -100,6 +110,36 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 			g.gpus = append(g.gpus, p.GPU)
 		}
 	}
+	// A GPU with no process on it goes to the live jobs and pods its
+	// scheduler allocated it to: a tenant who holds a GPU pays for it.
+	busy := map[int]bool{}
+	for _, gs := range onGPU {
+		for _, g := range gs {
+			busy[g] = true
+		}
+	}
+	var devs []owner.Device
+	for _, d := range a.backend.Devices() {
+		devs = append(devs, owner.Device{Index: d.Index, UUID: d.UUID})
+	}
+	for _, src := range o.sources {
+		al, ok := src.(owner.Allocator)
+		if !ok {
+			continue
+		}
+		for _, alloc := range al.Allocated(now, devs) {
+			g := groups[alloc.Owner.RunID]
+			if g == nil {
+				g = &group{owner: alloc.Owner}
+				groups[alloc.Owner.RunID] = g
+			}
+			for _, x := range alloc.GPUs {
+				if !busy[x] && !slices.Contains(g.held, x) {
+					g.held = append(g.held, x)
+				}
+			}
+		}
+	}
 	for id, g := range groups {
 		r := o.runs[id]
 		if r != nil && !a.ledger.Live(id) {
@@ -107,19 +147,39 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 			r = nil
 		}
 		if r == nil {
+			all, _ := unionInts(g.gpus, g.held)
+			if len(all) == 0 {
+				continue // allocated only GPUs that others' processes are on
+			}
 			var gpus []string
-			for _, x := range g.gpus {
+			for _, x := range all {
 				gpus = append(gpus, strconv.Itoa(x))
 			}
-			r = a.startOwned(now, g.owner, g.pids[0], gpus, "")
-			if r == nil {
+			pid := 0
+			if len(g.pids) > 0 {
+				pid = g.pids[0]
+			}
+			if r = a.startOwned(now, g.owner, pid, gpus, ""); r == nil {
 				continue
 			}
-		} else if r.owner.Persistent || !complete {
-			// A job keeps the GPUs its processes used while it lives (the
-			// GPUs the scheduler gave it); and a GPU that could not be
-			// listed may still hold a group's processes, so no poll with
-			// one takes GPUs away.
+			r.procGPUs = slices.Sorted(slices.Values(g.gpus))
+		} else if r.owner.Persistent {
+			// A job or pod keeps the GPUs its processes used while it
+			// lives, and holds the idle GPUs allocated to it now; a GPU
+			// that could not be listed may still hold its processes, so
+			// no poll with one takes GPUs away.
+			r.procGPUs, _ = unionInts(r.procGPUs, g.gpus)
+			want, _ := unionInts(r.procGPUs, g.held)
+			if !complete {
+				want, _ = unionInts(want, r.gpus)
+			}
+			if !slices.Equal(want, r.gpus) {
+				a.ledger.SetGPUs(now, id, want)
+				r.gpus = want
+			}
+		} else if !complete {
+			// A GPU that could not be listed may still hold the group's
+			// processes: no poll with one takes GPUs away.
 			if merged, changed := unionInts(r.gpus, g.gpus); changed {
 				a.ledger.SetGPUs(now, id, merged)
 				r.gpus = merged

@@ -42,10 +42,27 @@ func ownedFixture(t *testing.T, dir string, pid int, p ownedProc) {
 }
 
 // jobSource is a scheduler source for tests: the PIDs in jobs belong to
-// the job named; a job ends once none of its processes is on a GPU.
+// the job named, and the jobs in alloc hold those GPUs; a job ends once
+// none of its processes is on a GPU and it holds none.
 type jobSource struct {
-	mu   sync.Mutex
-	jobs map[int]string // pid -> job
+	mu    sync.Mutex
+	jobs  map[int]string   // pid -> job
+	alloc map[string][]int // job -> the GPUs allocated to it
+}
+
+func jobOwner(j string) owner.Owner {
+	return owner.Owner{Source: owner.AttrSlurm, RunID: "slurm-test-" + j, UID: 4242, Persistent: true,
+		Labels: map[string]string{"slurm.account": "acct-" + j, "slurm.job_id": j}}
+}
+
+func (s *jobSource) Allocated(_ time.Time, _ []owner.Device) []owner.Allocation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []owner.Allocation
+	for j, gs := range s.alloc {
+		out = append(out, owner.Allocation{Owner: jobOwner(j), GPUs: gs})
+	}
+	return out
 }
 
 func (s *jobSource) Name() string { return owner.AttrSlurm }
@@ -56,14 +73,20 @@ func (s *jobSource) Owners(procs []owner.Process) map[int]owner.Owner {
 	out := map[int]owner.Owner{}
 	for _, p := range procs {
 		if j, ok := s.jobs[p.PID]; ok {
-			out[p.PID] = owner.Owner{Source: owner.AttrSlurm, RunID: "slurm-test-" + j, UID: 4242, Persistent: true,
-				Labels: map[string]string{"slurm.account": "acct-" + j}}
+			out[p.PID] = jobOwner(j)
 		}
 	}
 	return out
 }
 
-func (s *jobSource) Ended(owner.Owner) (owner.End, bool) { return owner.End{Status: "exit 0"}, true }
+func (s *jobSource) Ended(o owner.Owner) (owner.End, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.alloc[o.Labels["slurm.job_id"]] != nil {
+		return owner.End{}, false
+	}
+	return owner.End{Status: "exit 0"}, true
+}
 
 // gatedLister lists processes only while the test polls (open): the
 // agent's own once-a-second poll, which runs whenever its goroutine gets to
@@ -82,10 +105,11 @@ func (g *gatedLister) ComputePIDs(i int) ([]uint32, error) {
 }
 
 // Random arrivals and departures of GPU processes of Slurm jobs and of
-// plain users' process groups on three GPUs, each second for a minute:
+// plain users' process groups on three GPUs, and of jobs' GPU allocations
+// (a job holding a GPU with no process on it), each second for a minute:
 // every GPU-second of every window is in exactly one row (a run's share of
 // the GPU or its idle), and a GPU is idle exactly while no process is on it
-// and no live job used it.
+// and no live job used it or holds it.
 func TestEveryGPUSecondInExactlyOneRow(t *testing.T) {
 	for seed := range uint64(3) {
 		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) { everyGPUSecond(t, seed) })
@@ -110,7 +134,7 @@ func everyGPUSecond(t *testing.T, seed uint64) {
 	}
 	dir := t.TempDir()
 	a.procRoot = dir
-	jobs := &jobSource{jobs: map[int]string{}}
+	jobs := &jobSource{jobs: map[int]string{}, alloc: map[string][]int{}}
 	a.owned.sources = []owner.Source{jobs}
 	if err := a.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -156,8 +180,20 @@ func everyGPUSecond(t *testing.T, seed uint64) {
 			}
 			backend.set(g, pids...)
 		}
-		// A GPU is busy while a process is on it, or while a job that had
-		// one on it lives (has a process on any GPU).
+		// A job is allocated a GPU, or gives its GPUs back.
+		jobs.mu.Lock()
+		if rng.IntN(3) == 0 {
+			j := strconv.Itoa(rng.IntN(3))
+			if jobs.alloc[j] != nil {
+				delete(jobs.alloc, j)
+			} else {
+				jobs.alloc[j] = []int{rng.IntN(nGPU)}
+			}
+		}
+		jobs.mu.Unlock()
+		// A GPU is busy while a process is on it, while a job that had
+		// one on it lives (has a process on any GPU, or holds a GPU), or
+		// while a job holds it.
 		live := map[string][]int{}
 		jobs.mu.Lock()
 		for g := range nGPU {
@@ -165,6 +201,15 @@ func everyGPUSecond(t *testing.T, seed uint64) {
 				if j, ok := jobs.jobs[int(pid)]; ok {
 					live[j] = append(live[j], g)
 				}
+			}
+		}
+		held := map[int]bool{}
+		for j, gs := range jobs.alloc {
+			for _, g := range gs {
+				held[g] = true
+			}
+			if live[j] == nil {
+				live[j] = []int{}
 			}
 		}
 		jobs.mu.Unlock()
@@ -182,7 +227,7 @@ func everyGPUSecond(t *testing.T, seed uint64) {
 			}
 		}
 		for g := range nGPU {
-			busy := len(on[g]) > 0
+			busy := len(on[g]) > 0 || held[g]
 			for _, gs := range jobGPUs {
 				busy = busy || gs[g]
 			}
@@ -198,6 +243,9 @@ func everyGPUSecond(t *testing.T, seed uint64) {
 	for g := range nGPU {
 		backend.set(g)
 	}
+	jobs.mu.Lock()
+	clear(jobs.alloc)
+	jobs.mu.Unlock()
 	poll(a, backend)
 	for range 30 {
 		fake.Advance(100 * time.Millisecond)
@@ -253,4 +301,45 @@ func poll(a *Agent, g *gatedLister) {
 	g.open.Store(true)
 	a.pollAttribution()
 	g.open.Store(false)
+}
+
+// attribution.processes off: a process that no run, job or pod owns gets
+// no run (its GPU time stays idle); a job's still does.
+func TestProcessesAttributionOff(t *testing.T) {
+	_, collectorAddr := startRecorder(t)
+	backend := &gatedLister{listingSim: &listingSim{Backend: simgpu3(), pids: map[int][]uint32{}}}
+	fake := clock.NewFake(time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC))
+	cfg := DefaultConfig()
+	cfg.Collector = collectorAddr
+	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
+	cfg.Spool = filepath.Join(t.TempDir(), "spool")
+	cfg.Node = "off-node"
+	cfg.GPU = "nvml"
+	cfg.Attribution.Processes = "off"
+	a, err := New(cfg, backend, fake, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	a.procRoot = dir
+	jobs := &jobSource{jobs: map[int]string{201: "9"}}
+	a.owned.sources = []owner.Source{jobs}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx)
+	}()
+	ownedFixture(t, dir, 200, ownedProc{uid: 1000, pgid: 200})
+	ownedFixture(t, dir, 201, ownedProc{uid: 1001, pgid: 201})
+	backend.set(0, 200)
+	backend.set(1, 201)
+	poll(a, backend)
+	a.owned.mu.Lock()
+	defer a.owned.mu.Unlock()
+	if len(a.owned.runs) != 1 || a.owned.runs["slurm-test-9"] == nil {
+		t.Errorf("runs %v: want the job's alone", a.owned.runs)
+	}
 }

@@ -85,6 +85,9 @@ type Config struct {
 	OTel otelexport.Config `yaml:"otel"`
 	// Kubernetes: pods as GPU owners, from the kubelet (docs/kubernetes.md).
 	Kubernetes KubernetesConfig `yaml:"kubernetes"`
+	// Attribution turns each owner source of unowned GPU processes off
+	// (docs/attribution.md).
+	Attribution AttributionConfig `yaml:"attribution"`
 }
 
 // TLSOptions returns the uplink's TLS file settings.
@@ -127,6 +130,7 @@ func DefaultConfig() Config {
 		SocketMaxConnsPerUID: trainersock.DefaultMaxConnsPerUID,
 		SocketIdleTimeout:    trainersock.DefaultIdleTimeout,
 		Kubernetes:           DefaultKubernetes(),
+		Attribution:          DefaultAttribution(),
 	}
 }
 
@@ -190,6 +194,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.Kubernetes.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Attribution.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	switch c.LogLevel {

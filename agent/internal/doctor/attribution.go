@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/trainmeter/trainmeter/agent/internal/agentconfig"
 	"github.com/trainmeter/trainmeter/agent/internal/owner"
 	"github.com/trainmeter/trainmeter/agent/internal/podresources"
 )
@@ -28,11 +29,19 @@ func checkAttribution(o Options, r *Report) {
 		r.add(SectionAttribution, "processes", OK, "--gpu "+gpu+" lists no GPU processes: only trainers' runs are billed, the rest of the GPU time is idle", "")
 		return
 	}
-	r.add(SectionAttribution, "processes", OK, "GPU processes that no run, job or pod owns are billed to their Linux user (a run per process group)", "")
-	ok, why := owner.SlurmDetect(proc)
-	if !ok {
-		r.add(SectionAttribution, "slurm", OK, "not used: "+why, "")
+	att := o.Config.Attribution
+	if agentconfig.Off(att.Processes) {
+		r.add(SectionAttribution, "processes", OK, "off (attribution.processes): the GPU time of processes that no run, job or pod owns is idle", "")
 	} else {
+		r.add(SectionAttribution, "processes", OK, "GPU processes that no run, job or pod owns are billed to their Linux user (a run per process group)", "")
+	}
+	ok, why := owner.SlurmDetect(proc)
+	switch {
+	case agentconfig.Off(att.Slurm):
+		r.add(SectionAttribution, "slurm", OK, "off (attribution.slurm)", "")
+	case !ok:
+		r.add(SectionAttribution, "slurm", OK, "not used: "+why, "")
+	default:
 		msg := "Slurm jobs own their GPU processes' runs: " + why
 		st, hint := OK, ""
 		if _, err := exec.LookPath("scontrol"); err != nil {
@@ -46,6 +55,10 @@ func checkAttribution(o Options, r *Report) {
 		}
 	}
 	sock := o.Config.Kubernetes.PodResourcesSocket
+	if agentconfig.Off(att.Kubernetes) {
+		r.add(SectionAttribution, "kubernetes", OK, "off (attribution.kubernetes)", "")
+		return
+	}
 	switch ok, why := podresources.Detect(sock); {
 	case sock == "":
 		r.add(SectionAttribution, "kubernetes", OK, "not used: kubernetes.pod_resources_socket is empty in the agent's configuration", "")

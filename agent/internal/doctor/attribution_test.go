@@ -72,3 +72,36 @@ func TestAttributionSources(t *testing.T) {
 		t.Errorf("with slurmd: %+v", c)
 	}
 }
+
+// Sources turned off in agent.yaml's attribution section are shown off,
+// whatever the node has.
+func TestAttributionSourcesOff(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "77"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "77", "comm"), []byte("slurmd\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k := kubelettest.New()
+	cfg := agentconfig.DefaultConfig()
+	cfg.GPU, cfg.ProcfsRoot = "nvml", dir
+	cfg.Kubernetes.PodResourcesSocket = kubelettest.Serve(t, k)
+	cfg.Attribution = agentconfig.AttributionConfig{Processes: "off", Slurm: "off", Kubernetes: "off"}
+	r := &Report{OK: true}
+	checkAttribution(Options{Config: cfg}, r)
+	got := map[string]string{}
+	for _, c := range r.Checks {
+		got[c.Name] = c.Message
+	}
+	want := map[string]string{
+		"processes":  "off (attribution.processes): the GPU time of processes that no run, job or pod owns is idle",
+		"slurm":      "off (attribution.slurm)",
+		"kubernetes": "off (attribution.kubernetes)",
+	}
+	for name, msg := range want {
+		if got[name] != msg {
+			t.Errorf("%s: %q, want %q", name, got[name], msg)
+		}
+	}
+}

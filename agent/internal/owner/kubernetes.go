@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -181,3 +182,42 @@ func (k *Kubernetes) Ended(o Owner) (End, bool) {
 
 // Close closes the connection to the kubelet.
 func (k *Kubernetes) Close() error { return k.client.Close() }
+
+// Allocated implements Allocator: the GPUs each pod in the kubelet's last
+// list holds (a Job's pods on this node together), whole GPUs and
+// time-sliced replicas; MIG devices, which are no device index of the
+// backend, are left out. While the kubelet does not answer, none.
+func (k *Kubernetes) Allocated(_ time.Time, devs []Device) []Allocation {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.snap == nil || !k.listed {
+		return nil
+	}
+	byRun := map[string]*Allocation{}
+	var order []string
+	for _, d := range devs {
+		if d.UUID == "" {
+			continue
+		}
+		for _, h := range k.snap.Holders(d.UUID) {
+			r := k.pods[h.Key()]
+			if r.ID == "" {
+				continue
+			}
+			a := byRun[r.ID]
+			if a == nil {
+				a = &Allocation{Owner: Owner{Source: AttrKubernetes, RunID: r.ID, UID: -1, Labels: maps.Clone(r.Labels), Persistent: true}}
+				byRun[r.ID] = a
+				order = append(order, r.ID)
+			}
+			if !slices.Contains(a.GPUs, d.Index) {
+				a.GPUs = append(a.GPUs, d.Index)
+			}
+		}
+	}
+	out := make([]Allocation, 0, len(order))
+	for _, id := range order {
+		out = append(out, *byRun[id])
+	}
+	return out
+}

@@ -3,6 +3,7 @@ package owner
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -127,5 +128,35 @@ func TestProcessOwner(t *testing.T) {
 	}
 	if _, err := ProcessOwner(Proc{Root: dir}, "n", 999); err == nil {
 		t.Error("a gone process has an owner")
+	}
+}
+
+func TestSlurmJobGPUs(t *testing.T) {
+	// scontrol -d show job -o of a two-node job (Slurm 23.x prints GRES,
+	// older ones GRES_IDX).
+	info := "JobId=42 JobName=train UserId=alice(1000) JobState=RUNNING NodeList=gpu[01-02] " +
+		"Nodes=gpu01 CPU_IDs=0-3 Mem=0 GRES=gpu:a100:2(IDX:0-1) Nodes=gpu02 CPU_IDs=0-3 Mem=0 GRES=gpu:a100:2(IDX:2,3),mps:0 TresPerNode=gres/gpu:2"
+	for node, want := range map[string][]int{"gpu01": {0, 1}, "gpu02": {2, 3}, "gpu03": nil} {
+		if got := SlurmJobGPUs(info, node); !slices.Equal(got, want) {
+			t.Errorf("%s: %v, want %v", node, got, want)
+		}
+	}
+	if got := SlurmJobGPUs("Nodes=n[1-2,5] CPU_IDs=0 Mem=0 GRES_IDX=gpu(IDX:1)", "n5"); !slices.Equal(got, []int{1}) {
+		t.Errorf("GRES_IDX: %v", got)
+	}
+}
+
+func TestExpandHostlist(t *testing.T) {
+	got := ExpandHostlist("login,gpu[01-03,7],cpu[9-10]x")
+	want := []string{"login", "gpu01", "gpu02", "gpu03", "gpu7", "cpu9x", "cpu10x"}
+	if !slices.Equal(got, want) {
+		t.Errorf("%v, want %v", got, want)
+	}
+}
+
+func TestListpidsJobs(t *testing.T) {
+	out := "PID      JOBID    STEPID   LOCALID GLOBALID\n2101     4        batch    0       0       \n2102     4        batch    -       -       \n2200     12       0        0       0\n"
+	if got := ListpidsJobs(out); !slices.Equal(got, []string{"4", "12"}) {
+		t.Errorf("%v", got)
 	}
 }

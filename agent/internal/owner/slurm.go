@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,9 +31,13 @@ type Slurm struct {
 	cluster string
 	// scontrol, sacct: the tools' paths, "" when not installed.
 	scontrol, sacct string
+	// node is this node's Slurm name: slurmd's -N, else the short host name.
+	node string
 
 	mu   sync.Mutex
 	jobs map[string]Owner // job id -> its owner, once known
+
+	gres map[string][]int // job id -> its GPUs on this node (GRES IDX)
 }
 
 // SlurmDetect reports whether slurmd runs on this node (a process named
@@ -56,9 +62,10 @@ func SlurmDetect(p Proc) (bool, string) {
 // NewSlurm is the Slurm source over procfs p; it asks scontrol for the
 // cluster's name when scontrol is installed.
 func NewSlurm(p Proc) *Slurm {
-	s := &Slurm{proc: p, jobs: map[string]Owner{}}
+	s := &Slurm{proc: p, jobs: map[string]Owner{}, gres: map[string][]int{}}
 	s.scontrol, _ = exec.LookPath("scontrol")
 	s.sacct, _ = exec.LookPath("sacct")
+	s.node = slurmdNode(p)
 	if out, err := s.run(s.scontrol, "show", "config"); err == nil {
 		for _, line := range strings.Split(string(out), "\n") {
 			if k, v, ok := strings.Cut(line, "="); ok && strings.TrimSpace(k) == "ClusterName" {
@@ -258,4 +265,198 @@ func (s *Slurm) run(tool string, args ...string) ([]byte, error) {
 		return nil, errors.New(strings.TrimSpace(err.Error() + ": " + stderr.String()))
 	}
 	return out, nil
+}
+
+// slurmdNode is the node's Slurm name: the -N of a slurmd's command line,
+// else the short host name.
+func slurmdNode(p Proc) string {
+	ents, _ := os.ReadDir(p.Root)
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(p.Root, e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) == 0 || filepath.Base(args[0]) != "slurmd" {
+			continue
+		}
+		for i, a := range args {
+			if a == "-N" && i+1 < len(args) {
+				return args[i+1]
+			}
+		}
+	}
+	h, _ := os.Hostname()
+	h, _, _ = strings.Cut(h, ".")
+	return h
+}
+
+// Allocated implements Allocator: the jobs with a step on this node
+// (`scontrol listpids`, which asks this node's slurmstepd daemons, not
+// slurmctld: cheap each second) and the GPUs each was allocated here, read
+// once per job (`scontrol -d show job`: the GRES IDX of this node, which is
+// the GPU's device index when gres.conf lists /dev/nvidia0, 1, ... in
+// order). Without scontrol, none.
+func (s *Slurm) Allocated(_ time.Time, devs []Device) []Allocation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.scontrol == "" || s.node == "" {
+		return nil
+	}
+	out, err := s.run(s.scontrol, "listpids")
+	if err != nil {
+		// No job step on this node ("No job steps exist on this node")
+		// is an error exit of scontrol too.
+		out = nil
+	}
+	live := map[string]bool{}
+	var alloc []Allocation
+	for _, job := range ListpidsJobs(string(out)) {
+		live[job] = true
+		gpus, ok := s.gres[job]
+		if !ok {
+			info, err := s.run(s.scontrol, "-d", "show", "job", "-o", job)
+			if err != nil {
+				continue // asked again next time
+			}
+			gpus = SlurmJobGPUs(string(info), s.node)
+			s.gres[job] = gpus
+		}
+		var idx []int
+		for _, g := range gpus {
+			if g < len(devs) {
+				idx = append(idx, devs[g].Index)
+			}
+		}
+		if len(idx) == 0 {
+			continue
+		}
+		o, known := s.jobs[job]
+		if !known {
+			o = s.owner(0, job, nil)
+			s.jobs[job] = o
+		}
+		alloc = append(alloc, Allocation{Owner: o, GPUs: idx})
+	}
+	for job := range s.gres {
+		if !live[job] {
+			delete(s.gres, job)
+		}
+	}
+	return alloc
+}
+
+// ListpidsJobs reads the job ids of `scontrol listpids` output
+// ("PID JOBID STEPID LOCALID GLOBALID" and a line per process), each once.
+func ListpidsJobs(out string) []string {
+	var jobs []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] == "PID" {
+			continue
+		}
+		if _, err := strconv.Atoi(f[1]); err == nil && !slices.Contains(jobs, f[1]) {
+			jobs = append(jobs, f[1])
+		}
+	}
+	return jobs
+}
+
+// gresIDX is a GPU GRES with its indexes in `scontrol -d show job`:
+// GRES=gpu:2(IDX:0-1), gpu:a100:1(IDX:3), GRES_IDX=gpu(IDX:0,2).
+var gresIDX = regexp.MustCompile(`gpu(?::[^:(,=]+)*\(IDX:([0-9,-]+)\)`)
+
+// SlurmJobGPUs reads the GPU indexes a job was allocated on node from
+// `scontrol -d show job -o` output, whose per-node lines read
+// "Nodes=NODELIST CPU_IDs=... Mem=... GRES=gpu:N(IDX:...)".
+func SlurmJobGPUs(info, node string) []int {
+	var out []int
+	onNode := false
+	for _, f := range strings.Fields(info) {
+		k, v, _ := strings.Cut(f, "=")
+		switch k {
+		case "Nodes":
+			onNode = slices.Contains(ExpandHostlist(v), node)
+		case "GRES", "GRES_IDX":
+			if !onNode {
+				continue
+			}
+			for _, m := range gresIDX.FindAllStringSubmatch(v, -1) {
+				for _, g := range expandRanges(m[1]) {
+					if !slices.Contains(out, g) {
+						out = append(out, g)
+					}
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// expandRanges reads "0-1,3" as 0, 1, 3.
+func expandRanges(s string) []int {
+	var out []int
+	for _, part := range strings.Split(s, ",") {
+		a, b, isRange := strings.Cut(part, "-")
+		lo, err := strconv.Atoi(a)
+		if err != nil {
+			continue
+		}
+		hi := lo
+		if isRange {
+			if hi, err = strconv.Atoi(b); err != nil || hi < lo || hi-lo > 4096 {
+				continue
+			}
+		}
+		for i := lo; i <= hi; i++ {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// ExpandHostlist expands a Slurm host list: "n1,gpu[01-03,7]" as n1,
+// gpu01, gpu02, gpu03, gpu7 (one bracket per name, as Slurm prints node
+// lists of a job).
+func ExpandHostlist(s string) []string {
+	var out []string
+	for len(s) > 0 {
+		// The next name ends at a comma outside brackets.
+		depth, end := 0, len(s)
+		for i, c := range s {
+			if c == '[' {
+				depth++
+			} else if c == ']' {
+				depth--
+			} else if c == ',' && depth == 0 {
+				end = i
+				break
+			}
+		}
+		name := s[:end]
+		s = strings.TrimPrefix(s[end:], ",")
+		open, close := strings.IndexByte(name, '['), strings.IndexByte(name, ']')
+		if open < 0 || close < open {
+			out = append(out, name)
+			continue
+		}
+		prefix, suffix := name[:open], name[close+1:]
+		for _, part := range strings.Split(name[open+1:close], ",") {
+			a, b, isRange := strings.Cut(part, "-")
+			if !isRange {
+				out = append(out, prefix+a+suffix)
+				continue
+			}
+			lo, err1 := strconv.Atoi(a)
+			hi, err2 := strconv.Atoi(b)
+			if err1 != nil || err2 != nil || hi < lo || hi-lo > 65536 {
+				continue
+			}
+			for i := lo; i <= hi; i++ {
+				out = append(out, prefix+fmt.Sprintf("%0*d", len(a), i)+suffix)
+			}
+		}
+	}
+	return out
 }

@@ -5,6 +5,8 @@
 // owner as a run of its own.
 package owner
 
+import "time"
+
 // Attribution values (RunStart.attribution): where a run came from.
 const (
 	AttrRun        = "run"        // a trainer's run_start or trainmeter run
@@ -64,4 +66,25 @@ type Source interface {
 	// processes is on a GPU. done false: it still runs (or the source
 	// cannot tell yet).
 	Ended(o Owner) (end End, done bool)
+}
+
+// Device is one GPU of the node: its index and UUID ("" when none).
+type Device struct {
+	Index int
+	UUID  string
+}
+
+// Allocation is a live owner and the GPUs (device indices) its scheduler
+// allocated to it on this node.
+type Allocation struct {
+	Owner Owner
+	GPUs  []int
+}
+
+// Allocator is a Source that also knows which GPUs its scheduler allocated
+// to the owners that live now, whether or not a process of theirs is on
+// them: a GPU with no process on it is booked to the owners holding it (a
+// tenant who holds a GPU pays for it). now is the caller's clock's time.
+type Allocator interface {
+	Allocated(now time.Time, devs []Device) []Allocation
 }
