@@ -1156,24 +1156,31 @@ func (s *Store) NodeGPUWindows(node string, from, to time.Time) ([]*trainmeterv1
 
 // UsageScan implements storage.Windows: r/ records, then nl/ records
 // (scanNodeLosses), w/ and dw/ records, from one snapshot. Raw records
-// expire with RawRetention, so usage reaches back that far at most.
+// expire with RawRetention, so usage reaches back that far at most. The
+// r/, w/ and dw/ keys hold their window's start after the node (the run
+// and node for w/), so each node's (each run's) records outside the period
+// are skipped by seeking, undecoded: a period costs what it holds.
 func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *trainmeterv1.Batch) error,
 	run func(runID, node string, w *trainmeterv1.RunWindow) error, deleted func(node string, d *storev1.DeletedRunWindow) error) error {
 	in := func(ts *timestamppb.Timestamp) bool {
 		t := ts.AsTime()
 		return (since.IsZero() || !t.Before(since)) && (until.IsZero() || t.Before(until))
 	}
+	p := newPeriodKeys(since, until)
 	return s.db.View(func(txn *badger.Txn) error {
-		if err := scanGPUWindows(txn, in, gpu); err != nil {
+		if err := p.scan(txn, "r/", 16, func(k, v []byte) error {
+			b := &trainmeterv1.Batch{}
+			if err := proto.Unmarshal(v, b); err != nil || !in(b.GetWindowStart()) {
+				return err
+			}
+			return gpu(string(k[2:len(k)-17]), b)
+		}); err != nil {
 			return err
 		}
 		if err := scanNodeLosses(txn, in, gpu); err != nil {
 			return err
 		}
-		if err := scan(txn, under([]byte("w/")), nil, func(k, v []byte) error {
-			if len(k) < 2+1+21 {
-				return nil
-			}
+		if err := p.scan(txn, "w/", 20, func(k, v []byte) error {
 			id, node, ok := bytes.Cut(k[2:len(k)-21], []byte{0})
 			if !ok {
 				return nil
@@ -1186,8 +1193,92 @@ func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *train
 		}); err != nil {
 			return err
 		}
-		return scanDeletedWindows(txn, in, deleted)
+		return p.scan(txn, "dw/", 28, func(k, v []byte) error {
+			d := &storev1.DeletedRunWindow{}
+			if err := proto.Unmarshal(v, d); err != nil || !in(d.GetWindow().GetStart()) {
+				return err
+			}
+			return deleted(string(k[3:len(k)-29]), d)
+		})
 	})
+}
+
+// periodKeys are a period's bounds as the 8 bytes of a key's time (tkey);
+// has* false: unbounded on that side.
+type periodKeys struct {
+	lo, hi       []byte
+	hasLo, hasHi bool
+}
+
+func newPeriodKeys(since, until time.Time) periodKeys {
+	var p periodKeys
+	if !since.IsZero() {
+		p.lo, p.hasLo = tkey(nil, timestamppb.New(since)), true
+	}
+	if !until.IsZero() {
+		p.hi, p.hasHi = tkey(nil, timestamppb.New(until)), true
+	}
+	return p
+}
+
+// seekAfter is how many out-of-period keys of one group a period scan
+// steps over before it seeks past them: a step costs less than a seek, so
+// groups of a few records are stepped through and long ones skipped.
+const seekAfter = 8
+
+// scan calls fn with the key and value of every record under prefix
+// whose key is <prefix><group>\0<start:8><tail-8 bytes> with its start
+// in the period (the group being a node, or a run and a node), in key
+// order. Keys out of the period are not decoded: within a group (whose
+// keys are in time order) the scan seeks to the period's start, and on
+// from its end to the next group. fn checks the decoded start still: the
+// key's time is the window's start to the nanosecond, so this only keeps
+// exact what the keys already decided.
+func (p periodKeys) scan(txn *badger.Txn, prefix string, tail int, fn func(k, v []byte) error) error {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(prefix)})
+	defer it.Close()
+	var group []byte // the group of the keys being stepped over
+	skipped := 0
+	it.Rewind()
+	for it.Valid() {
+		item := it.Item()
+		k := item.Key()
+		if len(k) < len(prefix)+1+tail {
+			it.Next()
+			continue
+		}
+		g, t := k[:len(k)-tail], k[len(k)-tail:len(k)-tail+8]
+		before, after := p.hasLo && bytes.Compare(t, p.lo) < 0, p.hasHi && bytes.Compare(t, p.hi) >= 0
+		if !before && !after {
+			skipped = 0
+			if err := item.Value(func(v []byte) error { return fn(k, v) }); err != nil {
+				return err
+			}
+			it.Next()
+			continue
+		}
+		if !bytes.Equal(g, group) {
+			group, skipped = append(group[:0], g...), 0
+		}
+		if skipped++; skipped <= seekAfter {
+			it.Next()
+			continue
+		}
+		skipped = 0
+		if before {
+			it.Seek(append(bytes.Clone(group), p.lo...))
+		} else {
+			// Past every key of the group: its \0 separator raised by one.
+			next := bytes.Clone(group)
+			if next[len(next)-1] == 0xff {
+				it.Next()
+				continue
+			}
+			next[len(next)-1]++
+			it.Seek(next)
+		}
+	}
+	return nil
 }
 
 // scanNodeLosses calls gpu with a Batch holding only node_losses: the
@@ -1203,17 +1294,8 @@ func scanNodeLosses(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu f
 	})
 }
 
-func scanGPUWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu func(node string, b *trainmeterv1.Batch) error) error {
-	return scanNodeBatches(txn, "r/", func(node string, b *trainmeterv1.Batch) error {
-		if !in(b.GetWindowStart()) {
-			return nil
-		}
-		return gpu(node, b)
-	})
-}
-
 // scanNodeBatches calls f with every Batch stored under prefix with a
-// <prefix><node>\0<start:8><seq:8> key (r/, nl/), and the node.
+// <prefix><node>\0<start:8><seq:8> key (nl/), and the node.
 func scanNodeBatches(txn *badger.Txn, prefix string, f func(node string, b *trainmeterv1.Batch) error) error {
 	return scan(txn, under([]byte(prefix)), nil, func(k, v []byte) error {
 		if len(k) < len(prefix)+1+16 {
