@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -121,7 +120,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	// The runs are read after the scan, only those with windows in the
 	// period: the scan's records are kept in their order and added then
 	// (sums of floats depend on their order).
-	byRun := map[string]*aggregate.State{}
+	byRun := map[string]*usageRun{}
 	// The whole period's tally, and with per_day each UTC day's: every
 	// window counts in the period and in the day it starts in.
 	whole := newUsageTally()
@@ -182,7 +181,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	}
 	// keysFor is the keys of a row of run r; none (IdleKey, DeletedKey)
 	// where there is no run to group by.
-	keysFor := func(node string, gpu uint32, hasGPU bool, r *aggregate.State, none string) []string {
+	keysFor := func(node string, gpu uint32, hasGPU bool, r *usageRun, none string) []string {
 		keys := make([]string, len(by))
 		for i, b := range by {
 			switch {
@@ -222,7 +221,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	// addWindow adds a run window, by GPU share (whole GPUs for a window
 	// from an agent before shares), to the rows of run r (nil: none, none
 	// names the rows).
-	addWindow := func(node string, w *trainmeterv1.RunWindow, r *aggregate.State, none string, deleted bool, runID string, price float64, name string) {
+	addWindow := func(node string, w *trainmeterv1.RunWindow, r *usageRun, none string, deleted bool, runID string, price float64, name string) {
 		ts := tallies(w.GetStart())
 		shares := w.GetGpuShares()
 		if len(shares) == 0 {
@@ -293,12 +292,42 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	return out, nil
 }
 
+// usageRun is what Usage reads of a run: its start (nil: the run has
+// none); a nil *usageRun is a run not stored (any more).
+type usageRun struct{ start *trainmeterv1.RunStart }
+
+func (r *usageRun) GetRunStart() *trainmeterv1.RunStart {
+	if r == nil {
+		return nil
+	}
+	return r.start
+}
+
+// runStarter is a store that reads runs' starts alone, without decoding
+// the rest of their aggregates (the BadgerDB store); Usage reads whole
+// runs from a store that does not.
+type runStarter interface {
+	// RunStarts returns the RunStart of each of ids that is stored (nil:
+	// the run has none); an id not stored is not in the map.
+	RunStarts(ids []string) (map[string]*trainmeterv1.RunStart, error)
+}
+
 // periodRuns fills byRun (a key per run id with windows in the period)
-// with the runs' aggregates; a run gone since its windows were scanned
-// stays nil (its windows' rows are named as a run's without one).
-func (s *Server) periodRuns(byRun map[string]*aggregate.State) error {
+// with the runs' starts; a run gone since its windows were scanned stays
+// nil (its windows' rows are named as a run's without one).
+func (s *Server) periodRuns(byRun map[string]*usageRun) error {
 	ids := slices.Sorted(maps.Keys(byRun))
 	if len(ids) == 0 {
+		return nil
+	}
+	if rs, ok := s.store.(runStarter); ok {
+		starts, err := rs.RunStarts(ids)
+		if err != nil {
+			return err
+		}
+		for id, st := range starts {
+			byRun[id] = &usageRun{start: st}
+		}
 		return nil
 	}
 	runs, err := s.store.ListRuns(ids)
@@ -318,7 +347,7 @@ func (s *Server) periodRuns(byRun map[string]*aggregate.State) error {
 		return err
 	}
 	for _, r := range runs {
-		byRun[r.RunId] = r
+		byRun[r.RunId] = &usageRun{start: r.GetRunStart()}
 	}
 	return nil
 }
@@ -327,7 +356,7 @@ func (s *Server) periodRuns(byRun map[string]*aggregate.State) error {
 // tallies of its window.
 func (s *Server) usageBatch(node string, b *trainmeterv1.Batch, tallies func(*timestamppb.Timestamp) []*usageTally,
 	add func(t *usageTally, keys []string, idleNode string, deleted bool, runID string, gpuS, energyJ, runPrice float64, node, gpuName string, lock locked),
-	keysFor func(node string, gpu uint32, hasGPU bool, r *aggregate.State, none string) []string, gpuNames map[string]string) {
+	keysFor func(node string, gpu uint32, hasGPU bool, r *usageRun, none string) []string, gpuNames map[string]string) {
 	for _, t := range tallies(b.GetWindowStart()) {
 		t.addBatch(node, b, func(keys []string, idleS, idleE float64) {
 			add(t, keys, node, false, "", idleS, idleE, 0, node, gpuNames[node], lockOfBatch(b))

@@ -1039,6 +1039,70 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 	return out, nil
 }
 
+// RunStarts returns the RunStart of each of ids that is stored (nil: the
+// run has none), decoding only that field of its aggregate; an id not
+// stored is not in the map. Usage reads runs so.
+func (s *Store) RunStarts(ids []string) (map[string]*trainmeterv1.RunStart, error) {
+	out := make(map[string]*trainmeterv1.RunStart, len(ids))
+	err := s.db.View(func(txn *badger.Txn) error {
+		for _, id := range ids {
+			item, err := txn.Get(aggKey(id))
+			if errors.Is(err, badger.ErrKeyNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if err := item.Value(func(v []byte) error {
+				st, err := runStartOf(v)
+				out[id] = st
+				return err
+			}); err != nil {
+				return fmt.Errorf("run %q: %w", id, err)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// aggRunStart is the field number of storev1.Aggregate's run_start.
+var aggRunStart = (&storev1.Aggregate{}).ProtoReflect().Descriptor().Fields().ByName("run_start").Number()
+
+// runStartOf decodes the run_start of an encoded Aggregate (nil: none),
+// as decoding the whole message would (occurrences merged).
+func runStartOf(v []byte) (*trainmeterv1.RunStart, error) {
+	field := aggRunStart
+	var st *trainmeterv1.RunStart
+	for len(v) > 0 {
+		num, typ, n := protowire.ConsumeTag(v)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		v = v[n:]
+		if num == field && typ == protowire.BytesType {
+			b, n := protowire.ConsumeBytes(v)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			if st == nil {
+				st = &trainmeterv1.RunStart{}
+			}
+			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(b, st); err != nil {
+				return nil, err
+			}
+			v = v[n:]
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, v)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		v = v[n:]
+	}
+	return st, nil
+}
+
 // RunsAfter returns the aggregates of at most limit runs whose ids come
 // after `after` in byte order ("": from the first run), in that order: one
 // page of a listing of every run. Its cost is the page's runs, not the
