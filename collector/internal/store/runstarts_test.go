@@ -1,6 +1,7 @@
 package store
 
 import (
+	"fmt"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -26,16 +27,23 @@ func TestRunStartsAreTheAggregatesStarts(t *testing.T) {
 			t.Fatalf("batch %d: %v", i, err)
 		}
 	}
-	got, err := s.RunStarts([]string{"nostart", "other", "started", "unknown"})
+	// Runs between the ids asked for: stepped over, or skipped by a seek.
+	for i := range 20 {
+		id := fmt.Sprintf("r%02d", i)
+		if _, err := s.ApplyBatch("n2", "boot", batch(uint64(i+1), id, i, 10, 50, runStart(id, i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.RunStarts([]string{"unknown", "started", "r03", "nostart", "other"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runs, err := s.ListRuns([]string{"other", "started"})
+	runs, err := s.ListRuns([]string{"other", "r03", "started"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 2 {
-		t.Errorf("RunStarts: %d runs %v, want other and started", len(got), got)
+	if len(got) != 3 {
+		t.Errorf("RunStarts: %d runs %v, want other, r03 and started", len(got), got)
 	}
 	for _, r := range runs {
 		st, ok := got[r.RunId]

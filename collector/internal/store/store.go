@@ -1041,19 +1041,33 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 
 // RunStarts returns the RunStart of each of ids that is stored (nil: the
 // run has none), decoding only that field of its aggregate; an id not
-// stored is not in the map. Usage reads runs so.
+// stored is not in the map. Usage reads runs so. The aggregates are read
+// in key order by one iterator, which steps to the next id's key when it
+// is near and seeks to it when not (a step costs less than a seek or a
+// Get).
 func (s *Store) RunStarts(ids []string) (map[string]*trainmeterv1.RunStart, error) {
+	ids = slices.Sorted(slices.Values(ids))
 	out := make(map[string]*trainmeterv1.RunStart, len(ids))
 	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(under([]byte("a/")))
+		defer it.Close()
+		it.Rewind()
 		for _, id := range ids {
-			item, err := txn.Get(aggKey(id))
-			if errors.Is(err, badger.ErrKeyNotFound) {
+			want := aggKey(id)
+			for steps := 0; it.Valid() && bytes.Compare(it.Item().Key(), want) < 0; steps++ {
+				if steps == seekAfter {
+					it.Seek(want)
+					break
+				}
+				it.Next()
+			}
+			if !it.Valid() {
+				break
+			}
+			if !bytes.Equal(it.Item().Key(), want) {
 				continue
 			}
-			if err != nil {
-				return err
-			}
-			if err := item.Value(func(v []byte) error {
+			if err := it.Item().Value(func(v []byte) error {
 				st, err := runStartOf(v)
 				out[id] = st
 				return err
