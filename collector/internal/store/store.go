@@ -1246,10 +1246,9 @@ func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *train
 	}
 	p := newPeriodKeys(since, until)
 	return s.db.View(func(txn *badger.Txn) error {
-		if err := p.scan(txn, "r/", 16, func(k, v []byte) error {
-			b := &trainmeterv1.Batch{}
-			if err := proto.Unmarshal(v, b); err != nil || !in(b.GetWindowStart()) {
-				return err
+		if err := scanDecoded(txn, p, "r/", 16, func(k []byte, b *trainmeterv1.Batch) error {
+			if !in(b.GetWindowStart()) {
+				return nil
 			}
 			return gpu(string(k[2:len(k)-17]), b)
 		}); err != nil {
@@ -1258,23 +1257,18 @@ func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *train
 		if err := scanNodeLosses(txn, in, gpu); err != nil {
 			return err
 		}
-		if err := p.scan(txn, "w/", 20, func(k, v []byte) error {
+		if err := scanDecoded(txn, p, "w/", 20, func(k []byte, w *trainmeterv1.RunWindow) error {
 			id, node, ok := bytes.Cut(k[2:len(k)-21], []byte{0})
-			if !ok {
+			if !ok || !in(w.GetStart()) {
 				return nil
-			}
-			w := &trainmeterv1.RunWindow{}
-			if err := proto.Unmarshal(v, w); err != nil || !in(w.GetStart()) {
-				return err
 			}
 			return run(string(id), string(node), w)
 		}); err != nil {
 			return err
 		}
-		return p.scan(txn, "dw/", 28, func(k, v []byte) error {
-			d := &storev1.DeletedRunWindow{}
-			if err := proto.Unmarshal(v, d); err != nil || !in(d.GetWindow().GetStart()) {
-				return err
+		return scanDecoded(txn, p, "dw/", 28, func(k []byte, d *storev1.DeletedRunWindow) error {
+			if !in(d.GetWindow().GetStart()) {
+				return nil
 			}
 			return deleted(string(k[3:len(k)-29]), d)
 		})
@@ -1357,6 +1351,54 @@ func (p periodKeys) scan(txn *badger.Txn, prefix string, tail int, fn func(k, v 
 		}
 	}
 	return nil
+}
+
+// decodeChunk is how many records scanDecoded decodes at once.
+const decodeChunk = 4096
+
+// scanDecoded is p.scan with each value decoded as an M: a chunk of
+// records at a time, decoded on all cores (as ListRuns decodes), then
+// handed to use in key order.
+func scanDecoded[T any, M interface {
+	*T
+	proto.Message
+}](txn *badger.Txn, p periodKeys, prefix string, tail int, use func(k []byte, m M) error) error {
+	var keys, vals [][]byte
+	flush := func() error {
+		ms := make([]M, len(vals))
+		errs := make([]error, len(vals))
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for w := min(runtime.GOMAXPROCS(0), (len(vals)+63)/64); w > 0; w-- {
+			wg.Go(func() {
+				for i := int(next.Add(1)) - 1; i < len(vals); i = int(next.Add(1)) - 1 {
+					ms[i] = M(new(T))
+					errs[i] = proto.Unmarshal(vals[i], ms[i])
+				}
+			})
+		}
+		wg.Wait()
+		for i, m := range ms {
+			if errs[i] != nil {
+				return errs[i]
+			}
+			if err := use(keys[i], m); err != nil {
+				return err
+			}
+		}
+		keys, vals = keys[:0], vals[:0]
+		return nil
+	}
+	if err := p.scan(txn, prefix, tail, func(k, v []byte) error {
+		keys, vals = append(keys, bytes.Clone(k)), append(vals, bytes.Clone(v))
+		if len(vals) == decodeChunk {
+			return flush()
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return flush()
 }
 
 // scanNodeLosses calls gpu with a Batch holding only node_losses: the
