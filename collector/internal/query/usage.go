@@ -281,7 +281,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	for _, f := range replay {
 		f()
 	}
-	out := &trainmeterv1.UsageResponse{By: asked, Since: req.GetSince(), Until: req.GetUntil()}
+	out := &trainmeterv1.UsageResponse{By: asked, Since: req.GetSince(), Until: req.GetUntil(), LabelKeys: labelKeys(byRun)}
 	out.Rows, out.Nodes = whole.finish()
 	for _, d := range slices.Sorted(maps.Keys(days)) {
 		t0 := time.Unix(d*86400, 0).UTC()
@@ -290,6 +290,17 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		out.Days = append(out.Days, day)
 	}
 	return out, nil
+}
+
+// labelKeys is the label keys of runs, sorted.
+func labelKeys(runs map[string]*usageRun) []string {
+	keys := map[string]struct{}{}
+	for _, r := range runs {
+		for k := range r.GetRunStart().GetLabels() {
+			keys[k] = struct{}{}
+		}
+	}
+	return slices.Sorted(maps.Keys(keys))
 }
 
 // usageRun is what Usage reads of a run: its start (nil: the run has
