@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -200,8 +201,13 @@ func splitsOf(runs []*trainmeterv1.RunReport) []string {
 			keys[k] = struct{}{}
 		}
 	}
+	return splitsOfKeys(slices.Collect(maps.Keys(keys)))
+}
+
+// splitsOfKeys is splitsOf for runs carrying these label keys.
+func splitsOfKeys(keys []string) []string {
 	var labels []string
-	for k := range keys {
+	for _, k := range keys {
 		labels = append(labels, "label:"+k)
 	}
 	slices.SortFunc(labels, func(a, b string) int {

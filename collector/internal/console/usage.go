@@ -150,12 +150,10 @@ func (p *pages) usage(w http.ResponseWriter, r *http.Request) {
 		p.fail(w, r, "usage", err)
 		return
 	}
-	runs, err := p.allRuns(ctx)
-	if err != nil {
-		p.fail(w, r, "usage", err)
-		return
-	}
-	d := &usageData{Form: f, Splits: append([]string{"gpu"}, splitsOf(runs)...), Since: since, Until: until, Resp: resp, ByText: strings.Join(f.By, ",")}
+	// The splits offered are the label keys of the period's runs (the
+	// response has them): reading every run for them cost more than the
+	// period's usage.
+	d := &usageData{Form: f, Splits: append([]string{"gpu"}, splitsOfKeys(resp.GetLabelKeys())...), Since: since, Until: until, Resp: resp, ByText: strings.Join(f.By, ",")}
 	v := f.values()
 	// The CSV link names the period as the page resolved it, so that the
 	// file holds what the page shows even a minute later.

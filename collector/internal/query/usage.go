@@ -3,6 +3,7 @@ package query
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -15,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
@@ -116,14 +117,10 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			return nil, status.Errorf(codes.InvalidArgument, "per_day: at most %d days", maxUsageDays)
 		}
 	}
-	runs, err := s.store.ListRuns(nil)
-	if err != nil {
-		return nil, s.storeErr(err)
-	}
-	byRun := make(map[string]*aggregate.State, len(runs))
-	for _, r := range runs {
-		byRun[r.RunId] = r
-	}
+	// The runs are read after the scan, only those with windows in the
+	// period: the scan's records are kept in their order and added then
+	// (sums of floats depend on their order).
+	byRun := map[string]*usageRun{}
 	// The whole period's tally, and with per_day each UTC day's: every
 	// window counts in the period and in the day it starts in.
 	whole := newUsageTally()
@@ -184,7 +181,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	}
 	// keysFor is the keys of a row of run r; none (IdleKey, DeletedKey)
 	// where there is no run to group by.
-	keysFor := func(node string, gpu uint32, hasGPU bool, r *aggregate.State, none string) []string {
+	keysFor := func(node string, gpu uint32, hasGPU bool, r *usageRun, none string) []string {
 		keys := make([]string, len(by))
 		for i, b := range by {
 			switch {
@@ -224,7 +221,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 	// addWindow adds a run window, by GPU share (whole GPUs for a window
 	// from an agent before shares), to the rows of run r (nil: none, none
 	// names the rows).
-	addWindow := func(node string, w *trainmeterv1.RunWindow, r *aggregate.State, none string, deleted bool, runID string, price float64, name string) {
+	addWindow := func(node string, w *trainmeterv1.RunWindow, r *usageRun, none string, deleted bool, runID string, price float64, name string) {
 		ts := tallies(w.GetStart())
 		shares := w.GetGpuShares()
 		if len(shares) == 0 {
@@ -247,45 +244,44 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			}
 		}
 	}
+	var replay []func()
 	err = s.store.UsageScan(since, until, func(node string, b *trainmeterv1.Batch) error {
-		for _, t := range tallies(b.GetWindowStart()) {
-			t.addBatch(node, b, func(keys []string, idleS, idleE float64) {
-				add(t, keys, node, false, "", idleS, idleE, 0, node, gpuNames[node], lockOfBatch(b))
-			}, func(gpu uint32) []string { return keysFor(node, gpu, true, nil, IdleKey) })
-		}
-		// Dropped on the agent: beside the node's figures, never in them
-		// (nor in the rows, whose runs carry their own lost_* figures);
-		// in the day of the first window they held.
-		for _, l := range b.GetNodeLosses() {
-			at := cmp.Or(l.GetFirstWindowStart(), l.GetWindowStart(), b.GetWindowStart())
-			for _, t := range tallies(at) {
-				t.addLoss(node, l)
-			}
-		}
+		replay = append(replay, func() { s.usageBatch(node, b, tallies, add, keysFor, gpuNames) })
 		return nil
 	}, func(runID, node string, w *trainmeterv1.RunWindow) error {
-		r := byRun[runID]
-		var price float64
-		name := gpuNames[node]
-		if r != nil {
-			price = r.GetRunStart().GetGpuPricePerHour()
-			if r.GetRunStart().GetGpuName() != "" {
-				name = r.GetRunStart().GetGpuName()
+		byRun[runID] = nil
+		replay = append(replay, func() {
+			r := byRun[runID]
+			var price float64
+			name := gpuNames[node]
+			if r != nil {
+				price = r.GetRunStart().GetGpuPricePerHour()
+				if r.GetRunStart().GetGpuName() != "" {
+					name = r.GetRunStart().GetGpuName()
+				}
 			}
-		}
-		addWindow(node, w, r, IdleKey, false, runID, price, name)
+			addWindow(node, w, r, IdleKey, false, runID, price, name)
+		})
 		return nil
 	}, func(node string, d *storev1.DeletedRunWindow) error {
 		// As a run's window above, at the run's own price; counted by
 		// its deletion, the run having no name any more.
-		addWindow(node, d.GetWindow(), nil, DeletedKey, true, "deleted:"+strconv.FormatUint(d.GetDeletion(), 16),
-			d.GetGpuPricePerHour(), cmp.Or(d.GetGpuName(), gpuNames[node]))
+		replay = append(replay, func() {
+			addWindow(node, d.GetWindow(), nil, DeletedKey, true, "deleted:"+strconv.FormatUint(d.GetDeletion(), 16),
+				d.GetGpuPricePerHour(), cmp.Or(d.GetGpuName(), gpuNames[node]))
+		})
 		return nil
 	})
 	if err != nil {
 		return nil, s.storeErr(err)
 	}
-	out := &trainmeterv1.UsageResponse{By: asked, Since: req.GetSince(), Until: req.GetUntil()}
+	if err := s.periodRuns(byRun); err != nil {
+		return nil, s.storeErr(err)
+	}
+	for _, f := range replay {
+		f()
+	}
+	out := &trainmeterv1.UsageResponse{By: asked, Since: req.GetSince(), Until: req.GetUntil(), LabelKeys: labelKeys(byRun)}
 	out.Rows, out.Nodes = whole.finish()
 	for _, d := range slices.Sorted(maps.Keys(days)) {
 		t0 := time.Unix(d*86400, 0).UTC()
@@ -294,6 +290,98 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		out.Days = append(out.Days, day)
 	}
 	return out, nil
+}
+
+// labelKeys is the label keys of runs, sorted.
+func labelKeys(runs map[string]*usageRun) []string {
+	keys := map[string]struct{}{}
+	for _, r := range runs {
+		for k := range r.GetRunStart().GetLabels() {
+			keys[k] = struct{}{}
+		}
+	}
+	return slices.Sorted(maps.Keys(keys))
+}
+
+// usageRun is what Usage reads of a run: its start (nil: the run has
+// none); a nil *usageRun is a run not stored (any more).
+type usageRun struct{ start *trainmeterv1.RunStart }
+
+func (r *usageRun) GetRunStart() *trainmeterv1.RunStart {
+	if r == nil {
+		return nil
+	}
+	return r.start
+}
+
+// runStarter is a store that reads runs' starts alone, without decoding
+// the rest of their aggregates (the BadgerDB store); Usage reads whole
+// runs from a store that does not.
+type runStarter interface {
+	// RunStarts returns the RunStart of each of ids that is stored (nil:
+	// the run has none); an id not stored is not in the map.
+	RunStarts(ids []string) (map[string]*trainmeterv1.RunStart, error)
+}
+
+// periodRuns fills byRun (a key per run id with windows in the period)
+// with the runs' starts; a run gone since its windows were scanned stays
+// nil (its windows' rows are named as a run's without one).
+func (s *Server) periodRuns(byRun map[string]*usageRun) error {
+	ids := slices.Sorted(maps.Keys(byRun))
+	if len(ids) == 0 {
+		return nil
+	}
+	if rs, ok := s.store.(runStarter); ok {
+		starts, err := rs.RunStarts(ids)
+		if err != nil {
+			return err
+		}
+		for id, st := range starts {
+			byRun[id] = &usageRun{start: st}
+		}
+		return nil
+	}
+	runs, err := s.store.ListRuns(ids)
+	var nf *storage.NotFoundError
+	if errors.As(err, &nf) {
+		missing := map[string]bool{}
+		for _, id := range nf.IDs {
+			missing[id] = true
+		}
+		ids = slices.DeleteFunc(ids, func(id string) bool { return missing[id] })
+		if len(ids) == 0 {
+			return nil
+		}
+		runs, err = s.store.ListRuns(ids)
+	}
+	if err != nil {
+		return err
+	}
+	for _, r := range runs {
+		byRun[r.RunId] = &usageRun{start: r.GetRunStart()}
+	}
+	return nil
+}
+
+// usageBatch adds a GPU-window record (and its node losses) to the
+// tallies of its window.
+func (s *Server) usageBatch(node string, b *trainmeterv1.Batch, tallies func(*timestamppb.Timestamp) []*usageTally,
+	add func(t *usageTally, keys []string, idleNode string, deleted bool, runID string, gpuS, energyJ, runPrice float64, node, gpuName string, lock locked),
+	keysFor func(node string, gpu uint32, hasGPU bool, r *usageRun, none string) []string, gpuNames map[string]string) {
+	for _, t := range tallies(b.GetWindowStart()) {
+		t.addBatch(node, b, func(keys []string, idleS, idleE float64) {
+			add(t, keys, node, false, "", idleS, idleE, 0, node, gpuNames[node], lockOfBatch(b))
+		}, func(gpu uint32) []string { return keysFor(node, gpu, true, nil, IdleKey) })
+	}
+	// Dropped on the agent: beside the node's figures, never in them
+	// (nor in the rows, whose runs carry their own lost_* figures);
+	// in the day of the first window they held.
+	for _, l := range b.GetNodeLosses() {
+		at := cmp.Or(l.GetFirstWindowStart(), l.GetWindowStart(), b.GetWindowStart())
+		for _, t := range tallies(at) {
+			t.addLoss(node, l)
+		}
+	}
 }
 
 // maxUsageDays bounds a per_day request: a day's tally each.

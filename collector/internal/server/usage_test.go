@@ -90,6 +90,10 @@ func TestUsageRowsAddUpToTheNodes(t *testing.T) {
 	if math.Abs(nodeS-6) > 1e-9 || math.Abs(nodeJ-1800) > 1e-6 {
 		t.Fatalf("node totals %.3f GPU-s, %.3f J; want 6, 1800", nodeS, nodeJ)
 	}
+	// The label keys of the period's runs: the groupings that split it.
+	if k := resp.GetLabelKeys(); len(k) != 1 || k[0] != "team" {
+		t.Errorf("label keys %q, want [team]", k)
+	}
 	for _, by := range [][]string{{"node"}, {"gpu"}, {"model"}, {"user"}, {"label:team"}, {"node", "user"}} {
 		resp := usage(by...)
 		checkUsageConserved(t, resp)

@@ -6,10 +6,8 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/fold"
-	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -126,22 +124,6 @@ func (s *Store) moveRunWindows(id string, d fold.Deletion) (moved int, err error
 		}
 		moved += len(recs)
 	}
-}
-
-// scanDeletedWindows calls f for every deleted run's window whose start is
-// in the period.
-func scanDeletedWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, f func(node string, d *storev1.DeletedRunWindow) error) error {
-	const prefix = "dw/"
-	return scan(txn, under([]byte(prefix)), nil, func(k, v []byte) error {
-		if len(k) < len(prefix)+1+28 {
-			return nil
-		}
-		d := &storev1.DeletedRunWindow{}
-		if err := proto.Unmarshal(v, d); err != nil || !in(d.GetWindow().GetStart()) {
-			return err
-		}
-		return f(string(k[len(prefix):len(k)-29]), d)
-	})
 }
 
 // dropDeleted drops the records of runs deleted while live from b

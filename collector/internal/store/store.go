@@ -1039,6 +1039,84 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 	return out, nil
 }
 
+// RunStarts returns the RunStart of each of ids that is stored (nil: the
+// run has none), decoding only that field of its aggregate; an id not
+// stored is not in the map. Usage reads runs so. The aggregates are read
+// in key order by one iterator, which steps to the next id's key when it
+// is near and seeks to it when not (a step costs less than a seek or a
+// Get).
+func (s *Store) RunStarts(ids []string) (map[string]*trainmeterv1.RunStart, error) {
+	ids = slices.Sorted(slices.Values(ids))
+	out := make(map[string]*trainmeterv1.RunStart, len(ids))
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(under([]byte("a/")))
+		defer it.Close()
+		it.Rewind()
+		for _, id := range ids {
+			want := aggKey(id)
+			for steps := 0; it.Valid() && bytes.Compare(it.Item().Key(), want) < 0; steps++ {
+				if steps == seekAfter {
+					it.Seek(want)
+					break
+				}
+				it.Next()
+			}
+			if !it.Valid() {
+				break
+			}
+			if !bytes.Equal(it.Item().Key(), want) {
+				continue
+			}
+			if err := it.Item().Value(func(v []byte) error {
+				st, err := runStartOf(v)
+				out[id] = st
+				return err
+			}); err != nil {
+				return fmt.Errorf("run %q: %w", id, err)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// aggRunStart is the field number of storev1.Aggregate's run_start.
+var aggRunStart = (&storev1.Aggregate{}).ProtoReflect().Descriptor().Fields().ByName("run_start").Number()
+
+// runStartOf decodes the run_start of an encoded Aggregate (nil: none),
+// as decoding the whole message would (occurrences merged).
+func runStartOf(v []byte) (*trainmeterv1.RunStart, error) {
+	field := aggRunStart
+	var st *trainmeterv1.RunStart
+	for len(v) > 0 {
+		num, typ, n := protowire.ConsumeTag(v)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		v = v[n:]
+		if num == field && typ == protowire.BytesType {
+			b, n := protowire.ConsumeBytes(v)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			if st == nil {
+				st = &trainmeterv1.RunStart{}
+			}
+			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(b, st); err != nil {
+				return nil, err
+			}
+			v = v[n:]
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, v)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		v = v[n:]
+	}
+	return st, nil
+}
+
 // RunsAfter returns the aggregates of at most limit runs whose ids come
 // after `after` in byte order ("": from the first run), in that order: one
 // page of a listing of every run. Its cost is the page's runs, not the
@@ -1156,38 +1234,171 @@ func (s *Store) NodeGPUWindows(node string, from, to time.Time) ([]*trainmeterv1
 
 // UsageScan implements storage.Windows: r/ records, then nl/ records
 // (scanNodeLosses), w/ and dw/ records, from one snapshot. Raw records
-// expire with RawRetention, so usage reaches back that far at most.
+// expire with RawRetention, so usage reaches back that far at most. The
+// r/, w/ and dw/ keys hold their window's start after the node (the run
+// and node for w/), so each node's (each run's) records outside the period
+// are skipped by seeking, undecoded: a period costs what it holds.
 func (s *Store) UsageScan(since, until time.Time, gpu func(node string, b *trainmeterv1.Batch) error,
 	run func(runID, node string, w *trainmeterv1.RunWindow) error, deleted func(node string, d *storev1.DeletedRunWindow) error) error {
 	in := func(ts *timestamppb.Timestamp) bool {
 		t := ts.AsTime()
 		return (since.IsZero() || !t.Before(since)) && (until.IsZero() || t.Before(until))
 	}
+	p := newPeriodKeys(since, until)
 	return s.db.View(func(txn *badger.Txn) error {
-		if err := scanGPUWindows(txn, in, gpu); err != nil {
+		if err := scanDecoded(txn, p, "r/", 16, func(k []byte, b *trainmeterv1.Batch) error {
+			if !in(b.GetWindowStart()) {
+				return nil
+			}
+			return gpu(string(k[2:len(k)-17]), b)
+		}); err != nil {
 			return err
 		}
 		if err := scanNodeLosses(txn, in, gpu); err != nil {
 			return err
 		}
-		if err := scan(txn, under([]byte("w/")), nil, func(k, v []byte) error {
-			if len(k) < 2+1+21 {
-				return nil
-			}
+		if err := scanDecoded(txn, p, "w/", 20, func(k []byte, w *trainmeterv1.RunWindow) error {
 			id, node, ok := bytes.Cut(k[2:len(k)-21], []byte{0})
-			if !ok {
+			if !ok || !in(w.GetStart()) {
 				return nil
-			}
-			w := &trainmeterv1.RunWindow{}
-			if err := proto.Unmarshal(v, w); err != nil || !in(w.GetStart()) {
-				return err
 			}
 			return run(string(id), string(node), w)
 		}); err != nil {
 			return err
 		}
-		return scanDeletedWindows(txn, in, deleted)
+		return scanDecoded(txn, p, "dw/", 28, func(k []byte, d *storev1.DeletedRunWindow) error {
+			if !in(d.GetWindow().GetStart()) {
+				return nil
+			}
+			return deleted(string(k[3:len(k)-29]), d)
+		})
 	})
+}
+
+// periodKeys are a period's bounds as the 8 bytes of a key's time (tkey);
+// has* false: unbounded on that side.
+type periodKeys struct {
+	lo, hi       []byte
+	hasLo, hasHi bool
+}
+
+func newPeriodKeys(since, until time.Time) periodKeys {
+	var p periodKeys
+	if !since.IsZero() {
+		p.lo, p.hasLo = tkey(nil, timestamppb.New(since)), true
+	}
+	if !until.IsZero() {
+		p.hi, p.hasHi = tkey(nil, timestamppb.New(until)), true
+	}
+	return p
+}
+
+// seekAfter is how many out-of-period keys of one group a period scan
+// steps over before it seeks past them: a step costs less than a seek, so
+// groups of a few records are stepped through and long ones skipped.
+const seekAfter = 8
+
+// scan calls fn with the key and value of every record under prefix
+// whose key is <prefix><group>\0<start:8><tail-8 bytes> with its start
+// in the period (the group being a node, or a run and a node), in key
+// order. Keys out of the period are not decoded: within a group (whose
+// keys are in time order) the scan seeks to the period's start, and on
+// from its end to the next group. fn checks the decoded start still: the
+// key's time is the window's start to the nanosecond, so this only keeps
+// exact what the keys already decided.
+func (p periodKeys) scan(txn *badger.Txn, prefix string, tail int, fn func(k, v []byte) error) error {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(prefix)})
+	defer it.Close()
+	var group []byte // the group of the keys being stepped over
+	skipped := 0
+	it.Rewind()
+	for it.Valid() {
+		item := it.Item()
+		k := item.Key()
+		if len(k) < len(prefix)+1+tail {
+			it.Next()
+			continue
+		}
+		g, t := k[:len(k)-tail], k[len(k)-tail:len(k)-tail+8]
+		before, after := p.hasLo && bytes.Compare(t, p.lo) < 0, p.hasHi && bytes.Compare(t, p.hi) >= 0
+		if !before && !after {
+			skipped = 0
+			if err := item.Value(func(v []byte) error { return fn(k, v) }); err != nil {
+				return err
+			}
+			it.Next()
+			continue
+		}
+		if !bytes.Equal(g, group) {
+			group, skipped = append(group[:0], g...), 0
+		}
+		if skipped++; skipped <= seekAfter {
+			it.Next()
+			continue
+		}
+		skipped = 0
+		if before {
+			it.Seek(append(bytes.Clone(group), p.lo...))
+		} else {
+			// Past every key of the group: its \0 separator raised by one.
+			next := bytes.Clone(group)
+			if next[len(next)-1] == 0xff {
+				it.Next()
+				continue
+			}
+			next[len(next)-1]++
+			it.Seek(next)
+		}
+	}
+	return nil
+}
+
+// decodeChunk is how many records scanDecoded decodes at once.
+const decodeChunk = 4096
+
+// scanDecoded is p.scan with each value decoded as an M: a chunk of
+// records at a time, decoded on all cores (as ListRuns decodes), then
+// handed to use in key order.
+func scanDecoded[T any, M interface {
+	*T
+	proto.Message
+}](txn *badger.Txn, p periodKeys, prefix string, tail int, use func(k []byte, m M) error) error {
+	var keys, vals [][]byte
+	flush := func() error {
+		ms := make([]M, len(vals))
+		errs := make([]error, len(vals))
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for w := min(runtime.GOMAXPROCS(0), (len(vals)+63)/64); w > 0; w-- {
+			wg.Go(func() {
+				for i := int(next.Add(1)) - 1; i < len(vals); i = int(next.Add(1)) - 1 {
+					ms[i] = M(new(T))
+					errs[i] = proto.Unmarshal(vals[i], ms[i])
+				}
+			})
+		}
+		wg.Wait()
+		for i, m := range ms {
+			if errs[i] != nil {
+				return errs[i]
+			}
+			if err := use(keys[i], m); err != nil {
+				return err
+			}
+		}
+		keys, vals = keys[:0], vals[:0]
+		return nil
+	}
+	if err := p.scan(txn, prefix, tail, func(k, v []byte) error {
+		keys, vals = append(keys, bytes.Clone(k)), append(vals, bytes.Clone(v))
+		if len(vals) == decodeChunk {
+			return flush()
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return flush()
 }
 
 // scanNodeLosses calls gpu with a Batch holding only node_losses: the
@@ -1203,17 +1414,8 @@ func scanNodeLosses(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu f
 	})
 }
 
-func scanGPUWindows(txn *badger.Txn, in func(*timestamppb.Timestamp) bool, gpu func(node string, b *trainmeterv1.Batch) error) error {
-	return scanNodeBatches(txn, "r/", func(node string, b *trainmeterv1.Batch) error {
-		if !in(b.GetWindowStart()) {
-			return nil
-		}
-		return gpu(node, b)
-	})
-}
-
 // scanNodeBatches calls f with every Batch stored under prefix with a
-// <prefix><node>\0<start:8><seq:8> key (r/, nl/), and the node.
+// <prefix><node>\0<start:8><seq:8> key (nl/), and the node.
 func scanNodeBatches(txn *badger.Txn, prefix string, f func(node string, b *trainmeterv1.Batch) error) error {
 	return scan(txn, under([]byte(prefix)), nil, func(k, v []byte) error {
 		if len(k) < len(prefix)+1+16 {

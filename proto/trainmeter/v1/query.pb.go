@@ -588,7 +588,11 @@ type UsageResponse struct {
 	// --- per day (1200-1209) ---
 	// With UsageRequest.per_day: each UTC day of the period that has data,
 	// in time order.
-	Days          []*UsageDay `protobuf:"bytes,1200,rep,name=days,proto3" json:"days,omitempty"`
+	Days []*UsageDay `protobuf:"bytes,1200,rep,name=days,proto3" json:"days,omitempty"`
+	// --- label keys (1210-1219) ---
+	// The label keys that the period's runs carry (those with windows in
+	// it), sorted: the label:KEY groupings that split the period.
+	LabelKeys     []string `protobuf:"bytes,1210,rep,name=label_keys,json=labelKeys,proto3" json:"label_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -661,6 +665,13 @@ func (x *UsageResponse) GetUntil() *timestamppb.Timestamp {
 func (x *UsageResponse) GetDays() []*UsageDay {
 	if x != nil {
 		return x.Days
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetLabelKeys() []string {
+	if x != nil {
+		return x.LabelKeys
 	}
 	return nil
 }
@@ -3758,14 +3769,16 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x12lost_host_energy_j\x18\x9d\b \x01(\x01R\x0flostHostEnergyJ\x122\n" +
 	"\x15lost_idle_gpu_seconds\x18\x9e\b \x01(\x01R\x12lostIdleGpuSeconds\x12,\n" +
 	"\x12lost_idle_energy_j\x18\x9f\b \x01(\x01R\x0flostIdleEnergyJ\x125\n" +
-	"\x17lost_idle_host_energy_j\x18\xa0\b \x01(\x01R\x13lostIdleHostEnergyJ\"\x8e\x02\n" +
+	"\x17lost_idle_host_energy_j\x18\xa0\b \x01(\x01R\x13lostIdleHostEnergyJ\"\xae\x02\n" +
 	"\rUsageResponse\x12\x0e\n" +
 	"\x02by\x18\x01 \x03(\tR\x02by\x12+\n" +
 	"\x04rows\x18\x02 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
 	"\x05nodes\x18\x03 \x03(\v2\x18.trainmeter.v1.NodeUsageR\x05nodes\x120\n" +
 	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
 	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12,\n" +
-	"\x04days\x18\xb0\t \x03(\v2\x17.trainmeter.v1.UsageDayR\x04days\"\xcb\x01\n" +
+	"\x04days\x18\xb0\t \x03(\v2\x17.trainmeter.v1.UsageDayR\x04days\x12\x1e\n" +
+	"\n" +
+	"label_keys\x18\xba\t \x03(\tR\tlabelKeys\"\xcb\x01\n" +
 	"\bUsageDay\x120\n" +
 	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
 	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12+\n" +

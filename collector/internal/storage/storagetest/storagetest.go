@@ -6,6 +6,7 @@ package storagetest
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -51,6 +52,7 @@ func Run(t *testing.T, open func(t *testing.T, o Options) storage.Store) {
 		{"ConcurrentDuplicates", concurrentDuplicates},
 		{"RunOnTwoNodes", runOnTwoNodes},
 		{"UsageAndDelete", usageAndDelete},
+		{"UsagePeriods", usagePeriods},
 		{"DeleteLiveRun", deleteLiveRun},
 		{"Pages", pages},
 		{"Records", records},
@@ -261,6 +263,57 @@ func usageAndDelete(t *testing.T, st storage.Store) {
 	}
 	if _, err := st.DeleteRun("gone"); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("second delete: %v, want ErrNotFound", err)
+	}
+}
+
+// usagePeriods: a usage scan holds exactly the records whose windows
+// start in the period, whatever the period, for nodes and runs with many
+// windows each (a store may skip a node's or a run's records outside the
+// period without reading them).
+func usagePeriods(t *testing.T, st storage.Store) {
+	const secs = 30
+	for sec := range secs {
+		seq, at := uint64(sec+1), float64(sec)
+		var ev []*trainmeterv1.RunEvent
+		if sec == 0 {
+			ev = []*trainmeterv1.RunEvent{tu.Start("a", 0, "m"), tu.Start("c", 0, "m")}
+		}
+		apply(t, st, "n1", "b", tu.Batch(seq, at, []*trainmeterv1.RunWindow{tu.Window("a", at, 1, 10), tu.Window("c", at, 1, 20)}, ev...))
+		ev = nil
+		if sec == 0 {
+			ev = []*trainmeterv1.RunEvent{tu.Start("b", 0, "m"), tu.Start("gone", 0, "m")}
+		}
+		apply(t, st, "n2", "b", tu.Batch(seq, at, []*trainmeterv1.RunWindow{tu.Window("b", at, 1, 30), tu.Window("gone", at, 1, 40)}, ev...))
+	}
+	apply(t, st, "n2", "b", runBatch(secs+1, "gone", secs, 1, 40, tu.End("gone", secs+1)))
+	if _, err := st.DeleteRun("gone"); err != nil {
+		t.Fatal(err)
+	}
+	at := func(sec int) time.Time { return tu.T0.Add(time.Duration(sec) * time.Second) }
+	for _, p := range []struct{ since, until, from, to int }{ // [from, to): the seconds in the period
+		{0, secs, 0, secs}, {5, 12, 5, 12}, {0, 1, 0, 1}, {secs - 1, secs, secs - 1, secs}, {10, 25, 10, 25},
+		{-10, 3, 0, 3}, {25, 100, 25, secs + 1}, {secs + 5, secs + 9, 0, 0}, {-9, -1, 0, 0},
+	} {
+		u := scan(t, st, at(p.since), at(p.until))
+		n := float64(p.to - p.from)
+		inGone := n
+		if p.to > secs { // gone's last window, at secs on n2 alone
+			n--
+		}
+		want := usage{node: map[string]float64{"n1": 100 * n, "n2": 100 * inGone}, run: map[string]float64{"a": 10 * n, "c": 20 * n, "b": 30 * n},
+			deleted: map[string]float64{"n2": 40 * inGone}}
+		for _, m := range []map[string]float64{u.node, u.run, u.deleted, want.node, want.run, want.deleted} {
+			maps.DeleteFunc(m, func(_ string, v float64) bool { return v == 0 })
+		}
+		if !maps.Equal(u.node, want.node) || !maps.Equal(u.run, want.run) || !maps.Equal(u.deleted, want.deleted) {
+			t.Errorf("usage of [%d s, %d s): nodes %v runs %v deleted %v; want %v %v %v", p.since, p.until, u.node, u.run, u.deleted, want.node, want.run, want.deleted)
+		}
+	}
+	if u := scan(t, st, time.Time{}, at(7)); u.run["a"] != 70 || u.node["n1"] != 700 {
+		t.Errorf("usage until 7 s: %+v, want 7 s of a", u)
+	}
+	if u := scan(t, st, at(7), time.Time{}); u.run["a"] != 10*(secs-7) || u.deleted["n2"] != 40*(secs-6) {
+		t.Errorf("usage since 7 s: %+v, want 23 s of a and 24 of gone", u)
 	}
 }
 
