@@ -42,7 +42,7 @@ fmt-check:
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
 test-go:
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
 
 # The accuracy study (docs/accuracy.md): its tables must be what it computes.
 # Not under -race (pure arithmetic, many times slower there), so test-go skips it.
