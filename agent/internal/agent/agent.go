@@ -81,6 +81,11 @@ type Agent struct {
 	runUse      gpu.RunUsageReader
 	lastUsePoll time.Time
 	lastUseErr  time.Time
+	// shareKick asks for a sharing poll now: a run start may make a GPU
+	// shared, and the window it starts in is split by the work known when
+	// the window closes (equally when none), so waiting for the next
+	// tick could leave that window's split to chance.
+	shareKick chan struct{}
 
 	hostEnergy *hostEnergy            // RAPL CPU/DRAM energy (hostenergy.go)
 	otel       *otelexport.Exporter   // direct OTel export; nil when off
@@ -94,7 +99,8 @@ func New(cfg agentconfig.Config, backend gpu.Backend, clk clock.Clock, hostSampl
 	}
 	logger = cmp.Or(logger, slog.New(slog.DiscardHandler))
 	a := &Agent{cfg: cfg, backend: backend, clock: clk, host: hostSampler, log: logger,
-		loopDone: make(chan struct{}), stopLoop: make(chan struct{}), garbledLogAt: 1, self: newSelfStats(clk.Now())}
+		loopDone: make(chan struct{}), stopLoop: make(chan struct{}), garbledLogAt: 1, self: newSelfStats(clk.Now()),
+		shareKick: make(chan struct{}, 1)}
 	lcfg := ledger.Config{
 		Devices:            backend.Devices(),
 		DefaultWarmup:      cfg.Warmup,
@@ -196,18 +202,18 @@ func (a *Agent) Start(ctx context.Context) error {
 	// (each zone's file, and /proc while runs share the node), which the
 	// 50 ms GPU loop must not wait for. Only nodes with readable RAPL have it.
 	if a.hostEnergy.reader != nil {
-		a.goPoll(ctx, a.cfg.HostInterval, a.pollHostEnergy)
+		a.goPoll(ctx, a.cfg.HostInterval, a.pollHostEnergy, nil)
 	}
 	if a.initSharing() {
-		a.goPoll(ctx, shareEvery, a.pollSharing)
+		a.goPoll(ctx, shareEvery, a.pollSharing, a.shareKick)
 	}
 	if a.procs != nil {
-		a.goPoll(ctx, attributeEvery, a.pollAttribution)
+		a.goPoll(ctx, attributeEvery, a.pollAttribution, nil)
 	}
 	if a.k8s != nil {
 		// Its own poll: a List, and the API server for a new pod, may take
 		// seconds that the attribution poll must not wait for.
-		a.goPoll(ctx, attributeEvery, func() { a.k8s.Refresh(ctx, a.clock.Now()) })
+		a.goPoll(ctx, attributeEvery, func() { a.k8s.Refresh(ctx, a.clock.Now()) }, nil)
 	}
 	// The ticker exists before Start returns, so no tick (real or, in tests,
 	// a fake clock's) can fall before the loop listens.
@@ -219,7 +225,9 @@ func (a *Agent) Start(ctx context.Context) error {
 
 // goPoll calls poll every period, off the sampling loop, until ctx ends.
 // The ticker is made before goPoll returns (see sampleLoop's).
-func (a *Agent) goPoll(ctx context.Context, every time.Duration, poll func()) {
+// goPoll calls poll every interval, and at once on each receive from kick
+// (nil: never).
+func (a *Agent) goPoll(ctx context.Context, every time.Duration, poll func(), kick <-chan struct{}) {
 	t := a.clock.NewTicker(every)
 	a.wg.Add(1)
 	go func() {
@@ -230,6 +238,7 @@ func (a *Agent) goPoll(ctx context.Context, every time.Duration, poll func()) {
 			case <-ctx.Done():
 				return
 			case <-t.C():
+			case <-kick:
 			}
 			poll()
 		}
@@ -433,6 +442,9 @@ func (h handler) Handle(p trainersock.Peer, ev trainerproto.Event) error {
 		e.Start.Attribution = owner.AttrRun
 		h.a.ownerFirst(now, lp, e)
 		err := h.a.ledger.StartRun(now, lp, e)
+		if err == nil {
+			h.a.kickSharing()
+		}
 		var mc *ledger.MetadataConflict
 		if errors.As(err, &mc) && mc.StarterFound {
 			// `trainmeter run` shows it on its stderr: the user reads that,
@@ -468,4 +480,12 @@ func socketIdleTimeout(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// kickSharing asks the sharing poller for a poll now, without waiting.
+func (a *Agent) kickSharing() {
+	select {
+	case a.shareKick <- struct{}{}:
+	default:
+	}
 }

@@ -272,6 +272,7 @@ func (a *Agent) startOwned(now time.Time, ow owner.Owner, pid int, gpus []string
 		}
 		return nil
 	}
+	a.kickSharing()
 	a.log.Info("GPU processes attributed to their owner", "run_id", ow.RunID, "source", ow.Source, "uid", ow.UID, "gpus", gpus, "labels", ow.Labels)
 	var idx []int
 	for _, g := range gpus {

@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"context"
 	"log/slog"
 	"math"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/trainmeter/trainmeter/agent/internal/gpu/simgpu"
 	"github.com/trainmeter/trainmeter/agent/internal/ledger"
 	"github.com/trainmeter/trainmeter/agent/internal/trainerproto"
 	"github.com/trainmeter/trainmeter/pkg/clock"
@@ -76,5 +79,74 @@ func TestMIGInstancesSplitBySlices(t *testing.T) {
 	setMIGSlices(work, map[string]map[uint32]int{"a": {7: 1}, "b": {7: 1}})
 	if work["a"].MIGSlices != 0 || work["b"].MIGSlices != 0 {
 		t.Fatalf("shared instance: %+v", work)
+	}
+}
+
+// usageBackend is a simulated GPU that states each run's use, as a replay
+// trace with per-run columns does, and tells each time it is asked.
+type usageBackend struct {
+	*simgpu.Backend
+	asked chan int
+}
+
+func (b usageBackend) RunUsage(index int, _ time.Time) map[string]gpu.ProcessUse {
+	select {
+	case b.asked <- index:
+	default:
+	}
+	return map[string]gpu.ProcessUse{"a": {SMPct: 60, SMOK: true}, "b": {SMPct: 20, SMOK: true}}
+}
+
+// A run start that makes a GPU shared asks for each run's use at once,
+// not at the next 1 s poll: the window it starts in is split by the work
+// known when the window closes, and a poll due after that close would leave
+// the window to an equal split. The fake clock never moves here, so only
+// the start can have asked.
+func TestRunStartPollsSharingAtOnce(t *testing.T) {
+	_, collectorAddr := startRecorder(t)
+	fake := clock.NewFake(time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC))
+	cfg := DefaultConfig()
+	cfg.Collector = collectorAddr
+	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
+	cfg.Spool = filepath.Join(t.TempDir(), "spool")
+	cfg.Node = "share-node"
+	cfg.GPU = "sim:1"
+	backend := usageBackend{simgpu.New(1, 1), make(chan int, 8)}
+	a, err := New(cfg, backend, fake, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var trs []*trainer
+	for _, id := range []string{"a", "b"} {
+		tr := dialTrainer(t, cfg.Socket)
+		trs = append(trs, tr)
+		tr.send(`{"event":"run_start","run_id":"` + id + `","model":"m","gpus":[0],"warmup_s":0}`)
+		tr.sync()
+	}
+	select {
+	case g := <-backend.asked:
+		if g != 0 {
+			t.Errorf("asked for GPU %d's use, want 0", g)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("two runs on GPU 0 and no poll of their use without the clock moving")
+	}
+	for i, tr := range trs {
+		tr.send(`{"event":"run_end","run_id":"` + []string{"a", "b"}[i] + `"}`)
+		tr.sync()
+		tr.conn.Close()
+	}
+	fake.Advance(2 * time.Second)
+	fake.Advance(50 * time.Millisecond) // the loop takes the next tick only after handling the last one
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.up.Flush(ctx); err != nil {
+		t.Fatalf("batches not acked: %v", err)
+	}
+	if err := a.Shutdown(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
