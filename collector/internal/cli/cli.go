@@ -20,7 +20,6 @@ import (
 	"runtime/debug"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -36,6 +35,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/report"
 	"github.com/trainmeter/trainmeter/collector/internal/rpcerr"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
+	"github.com/trainmeter/trainmeter/collector/internal/when"
 	"github.com/trainmeter/trainmeter/internal/buildinfo"
 	"github.com/trainmeter/trainmeter/internal/plural"
 	"github.com/trainmeter/trainmeter/pkg/otelexport"
@@ -330,27 +330,13 @@ runs:
 	return out
 }
 
-// parseWhen reads a time flag (--since, --until): a duration back from now
-// (Go's, plus d for days), an RFC 3339 time, or a date (midnight UTC, as
-// every time in trainmeter's output is UTC). "" is the zero time.
+// parseWhen reads a time flag (--since, --until) in when's forms.
 func parseWhen(flag, s string, now time.Time) (time.Time, error) {
-	if s == "" {
-		return time.Time{}, nil
+	t, err := when.Parse(s, now)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("--%s %q: %w", flag, s, err)
 	}
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		if n, err := strconv.ParseFloat(days, 64); err == nil && n >= 0 {
-			return now.Add(-time.Duration(n * float64(24*time.Hour))), nil
-		}
-	}
-	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
-		return now.Add(-d), nil
-	}
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02"} {
-		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
-			return t, nil
-		}
-	}
-	return time.Time{}, fmt.Errorf("--%s %q: want a duration back from now (24h, 90m, 7d) or a time (2025-03-01, 2025-03-01T12:00:00Z)", flag, s)
+	return t, nil
 }
 
 // parseLabels reads repeated KEY=VALUE flags.

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/trainmeter/trainmeter/collector/internal/report"
+	"github.com/trainmeter/trainmeter/collector/internal/when"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -62,26 +63,13 @@ type usageData struct {
 	ByText       string
 }
 
-// parseWhen reads since/until as `trainmeter usage` does: a duration back
-// from now (24h, 90m, 7d), or a UTC time or date; "" is zero.
+// parseWhen reads since/until as `trainmeter usage` does (package when).
 func parseWhen(name, s string, now time.Time) (time.Time, error) {
-	if s == "" {
-		return time.Time{}, nil
+	t, err := when.Parse(s, now)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: %s %q: %w", errBadRequest, name, s, err)
 	}
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		if n, err := strconv.ParseFloat(days, 64); err == nil && n >= 0 {
-			return now.Add(-time.Duration(n * float64(24*time.Hour))), nil
-		}
-	}
-	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
-		return now.Add(-d), nil
-	}
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02"} {
-		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
-			return t, nil
-		}
-	}
-	return time.Time{}, fmt.Errorf("%w: %s %q: want a duration back from now (24h, 90m, 7d) or a time (2025-03-01, 2025-03-01T12:00:00Z)", errBadRequest, name, s)
+	return t, nil
 }
 
 // parseUsage reads the page's query: by (repeated or comma-separated;
