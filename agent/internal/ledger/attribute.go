@@ -124,20 +124,7 @@ func (l *Ledger) AddGPUs(now time.Time, id string, gpus []int) []int {
 	if !changed {
 		return nil
 	}
-	// Never before the open window (it may have closed meanwhile) nor the
-	// previous change, so the changes stay ordered.
-	at := now
-	if l.started && at.Before(l.winStart) {
-		at = l.winStart
-	}
-	if at.Before(last.at) {
-		at = last.at
-	}
-	if at.Equal(last.at) {
-		r.gpuChanges[len(r.gpuChanges)-1].gpus = merged
-	} else {
-		r.gpuChanges = append(r.gpuChanges, gpuSet{at: at, gpus: merged})
-	}
+	l.changeGPUs(now, r, merged)
 	var added []int
 	for _, g := range merged {
 		if _, had := union(last.gpus, []int{g}); had {
@@ -159,4 +146,23 @@ func (l *Ledger) commonGPUName() string {
 		name = d.Name
 	}
 	return name
+}
+
+// changeGPUs records r's GPU set from now on: never before the open window
+// (it may have closed meanwhile) nor the previous change, so the changes
+// stay ordered; a change at the previous one's instant replaces it.
+func (l *Ledger) changeGPUs(now time.Time, r *run, gpus []int) {
+	last := r.gpuChanges[len(r.gpuChanges)-1]
+	at := now
+	if l.started && at.Before(l.winStart) {
+		at = l.winStart
+	}
+	if at.Before(last.at) {
+		at = last.at
+	}
+	if at.Equal(last.at) {
+		r.gpuChanges[len(r.gpuChanges)-1].gpus = gpus
+	} else {
+		r.gpuChanges = append(r.gpuChanges, gpuSet{at: at, gpus: gpus})
+	}
 }

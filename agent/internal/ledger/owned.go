@@ -110,17 +110,5 @@ func (l *Ledger) SetGPUs(now time.Time, id string, gpus []int) {
 	if slices.Equal(last.gpus, set) {
 		return
 	}
-	// Never before the open window nor the previous change (AddGPUs).
-	at := now
-	if l.started && at.Before(l.winStart) {
-		at = l.winStart
-	}
-	if at.Before(last.at) {
-		at = last.at
-	}
-	if at.Equal(last.at) {
-		r.gpuChanges[len(r.gpuChanges)-1].gpus = set
-	} else {
-		r.gpuChanges = append(r.gpuChanges, gpuSet{at: at, gpus: set})
-	}
+	l.changeGPUs(now, r, set)
 }
