@@ -147,7 +147,7 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 			r = nil
 		}
 		if r == nil {
-			all, _ := unionInts(g.gpus, g.held)
+			all, _ := ledger.Union(g.gpus, g.held)
 			if len(all) == 0 {
 				continue // allocated only GPUs that others' processes are on
 			}
@@ -168,10 +168,10 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 			// lives, and holds the idle GPUs allocated to it now; a GPU
 			// that could not be listed may still hold its processes, so
 			// no poll with one takes GPUs away.
-			r.procGPUs, _ = unionInts(r.procGPUs, g.gpus)
-			want, _ := unionInts(r.procGPUs, g.held)
+			r.procGPUs, _ = ledger.Union(r.procGPUs, g.gpus)
+			want, _ := ledger.Union(r.procGPUs, g.held)
 			if !complete {
-				want, _ = unionInts(want, r.gpus)
+				want, _ = ledger.Union(want, r.gpus)
 			}
 			if !slices.Equal(want, r.gpus) {
 				a.ledger.SetGPUs(now, id, want)
@@ -180,7 +180,7 @@ func (a *Agent) pollOwners(onGPU map[int][]int, complete bool, ppids map[int]int
 		} else if !complete {
 			// A GPU that could not be listed may still hold the group's
 			// processes: no poll with one takes GPUs away.
-			if merged, changed := unionInts(r.gpus, g.gpus); changed {
+			if merged, changed := ledger.Union(r.gpus, g.gpus); changed {
 				a.ledger.SetGPUs(now, id, merged)
 				r.gpus = merged
 			}
@@ -292,16 +292,4 @@ func (a *Agent) ownerSource(name string) owner.Source {
 		}
 	}
 	return nil
-}
-
-// unionInts is the sorted union of a and b, and whether b added anything.
-func unionInts(a, b []int) ([]int, bool) {
-	out := slices.Clone(a)
-	for _, x := range b {
-		if !slices.Contains(out, x) {
-			out = append(out, x)
-		}
-	}
-	slices.Sort(out)
-	return out, len(out) > len(a)
 }

@@ -120,14 +120,14 @@ func (l *Ledger) AddGPUs(now time.Time, id string, gpus []int) []int {
 		}
 	}
 	last := r.gpuChanges[len(r.gpuChanges)-1]
-	merged, changed := union(last.gpus, valid)
+	merged, changed := Union(last.gpus, valid)
 	if !changed {
 		return nil
 	}
 	l.changeGPUs(now, r, merged)
 	var added []int
 	for _, g := range merged {
-		if _, had := union(last.gpus, []int{g}); had {
+		if _, had := Union(last.gpus, []int{g}); had {
 			added = append(added, g)
 		}
 	}

@@ -219,7 +219,7 @@ func (l *Ledger) StartRun(now time.Time, p Peer, ev *trainerproto.RunStart) erro
 			r.rejoinAt = now
 			l.cfg.Logger.Info("run rejoined after agent restart", "run_id", r.id, "down", now.Sub(r.bridge.From))
 		}
-		if merged, changed := union(r.gpuChanges[len(r.gpuChanges)-1].gpus, gpus); changed {
+		if merged, changed := Union(r.gpuChanges[len(r.gpuChanges)-1].gpus, gpus); changed {
 			r.gpuChanges = append(r.gpuChanges, gpuSet{at: now, gpus: merged})
 		}
 		return conflict
@@ -326,7 +326,7 @@ func (l *Ledger) resolveGPUs(ev *trainerproto.RunStart) (gpus []int, explicit bo
 		if err != nil {
 			return nil, false, errorf("run_start", "%s: %v", source, err)
 		}
-		out, _ = union(out, []int{idx})
+		out, _ = Union(out, []int{idx})
 	}
 	return out, true, nil
 }
@@ -346,9 +346,9 @@ func lookupGPU(devs []gpu.Device, id string) (int, error) {
 	return 0, errorf("gpu "+id, "no GPU with this UUID on this node")
 }
 
-// union returns the sorted union of a (without duplicates) and b, and
+// Union returns the sorted union of a (without duplicates) and b, and
 // whether b added anything.
-func union(a, b []int) ([]int, bool) {
+func Union(a, b []int) ([]int, bool) {
 	out := slices.Clone(a)
 	for _, x := range b {
 		if !slices.Contains(out, x) {
