@@ -142,7 +142,7 @@ func TestRunShorterThanTheWarmupShowsItsPower(t *testing.T) {
 	if !strings.Contains(runs, "ENERGY kJ") || !strings.Contains(runs, "whole run, all GPUs") || !strings.Contains(runs, "VRAM PEAK MiB") {
 		t.Errorf("runs header does not name ENERGY's scope and unit:\n%s", runs)
 	}
-	m := regexp.MustCompile(`(?m)^sim3\s.*?\s(\d+\.\d)\s+\d+\s+\S+\s*$`).FindStringSubmatch(runs)
+	m := regexp.MustCompile(`(?m)^sim3\s.*?\s(\d+\.\d)\s+\d+\s+\S+\s+run\s*$`).FindStringSubmatch(runs)
 	total, measured := num(t, row, "energy_total_J")/1000, num(t, row, "energy_J")/1000
 	if m == nil {
 		t.Fatalf("no sim3 row with ENERGY kJ in\n%s", runs)

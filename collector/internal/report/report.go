@@ -463,6 +463,9 @@ var tableColumns = []struct {
 	{"ENERGY kJ", "energy_total_J", func(_ *RunReport, v any) string { return fmt.Sprintf("%.1f", v.(float64)/1000) }},
 	{"VRAM PEAK MiB", "vram_peak_MB", sprintf("%.0f")},
 	{"COST $", "total_cost_usd", func(_ *RunReport, v any) string { return strings.TrimPrefix(money.USD(v.(float64)), "$") }},
+	// Where the run came from (run, slurm, kubernetes, process:
+	// docs/attribution.md).
+	{"SOURCE", "attribution", nil},
 }
 
 func sprintf(format string) func(*RunReport, any) string {
