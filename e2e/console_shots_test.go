@@ -32,6 +32,39 @@ const layoutProblems = `(() => {
   return bad;
 })()`
 
+// lowContrast is run in each page: every visible HTML element with text
+// of its own whose colour against its effective background (its own and
+// its ancestors' background colours, alpha blended over white) has a WCAG
+// 2 contrast ratio under 4.5:1, or 3:1 for large text (24 px, or 18.66 px
+// bold). Text drawn in SVG or on a canvas (the charts) is not checked:
+// what lies under it is another element, not an ancestor.
+const lowContrast = `(() => {
+  const parse = c => { const m = c.match(/rgba?\(([^)]+)\)/); if (!m) return null;
+    const v = m[1].split(/[ ,\/]+/).filter(Boolean).map(Number); return [v[0], v[1], v[2], v.length > 3 ? v[3] : 1]; };
+  const over = (top, under) => [0, 1, 2].map(i => top[i] * top[3] + under[i] * (1 - top[3])).concat([1]);
+  const bgOf = e => { const layers = [];
+    for (let a = e; a; a = a.parentElement) { const c = parse(getComputedStyle(a).backgroundColor);
+      if (c && c[3] > 0) { layers.push(c); if (c[3] >= 1) break; } }
+    let bg = [255, 255, 255, 1]; for (const c of layers.reverse()) bg = over(c, bg); return bg; };
+  const lum = c => { const [r, g, b] = c.slice(0, 3).map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+  const bad = [];
+  for (const e of document.body.querySelectorAll("*")) {
+    if (!(e instanceof HTMLElement) || e.closest("svg, details:not([open]) > :not(summary)")) continue;
+    if (![...e.childNodes].some(n => n.nodeType === 3 && n.textContent.trim())) continue;
+    const cs = getComputedStyle(e);
+    if (cs.visibility !== "visible" || !e.getClientRects().length) continue;
+    const fg0 = parse(cs.color); if (!fg0) continue;
+    const bg = bgOf(e), fg = over(fg0, bg);
+    const l1 = lum(fg), l2 = lum(bg), ratio = (Math.max(l1, l2) + 0.05) / (Math.min(l1, l2) + 0.05);
+    const px = parseFloat(cs.fontSize), large = px >= 24 || (px >= 18.66 && Number(cs.fontWeight) >= 700);
+    if (ratio < (large ? 3 : 4.5) - 0.005)
+      bad.push("low contrast " + ratio.toFixed(2) + ":1 (" + cs.color + " on rgb(" + bg.slice(0, 3).map(Math.round).join(", ") + ")): " +
+        e.tagName.toLowerCase() + (e.id ? "#" + e.id : "") + (e.className ? "." + String(e.className).split(" ").join(".") : "") + ' "' + e.textContent.trim().replace(/\s+/g, " ").slice(0, 40) + '"');
+  }
+  return bad;
+})()`
+
 // focusable is run in each page: the links and controls a keyboard user
 // tabs through, and whether the focused one shows an outline.
 const focusable = `(() => {
@@ -47,8 +80,8 @@ const focusable = `(() => {
 // simulated GPUs), runs of two teams and two backends sent through the
 // trainer socket, one run still live and one GPU idle, a budget at risk;
 // headless Chromium 1,400 px wide opens every page: none reports an error,
-// no label overflows its box, no chart is empty, links take the keyboard's
-// focus. The screenshots go to $TRAINMETER_SCREENSHOT_DIR (`make
+// no label overflows its box, no chart is empty, no text is below WCAG
+// contrast, links take the keyboard's focus. The screenshots go to $TRAINMETER_SCREENSHOT_DIR (`make
 // console-screenshots` sets docs/console), else the test's temp dir.
 func TestConsoleScreenshots(t *testing.T) {
 	exe := chromiumPath(t)
@@ -137,6 +170,9 @@ func TestConsoleScreenshots(t *testing.T) {
 		if bad := eval[[]string](t, br, layoutProblems); len(bad) > 0 {
 			t.Errorf("%s at 1,400 px:\n  %s", p.path, strings.Join(bad, "\n  "))
 		}
+		if bad := eval[[]string](t, br, lowContrast); len(bad) > 0 {
+			t.Errorf("%s: contrast:\n  %s", p.path, strings.Join(bad, "\n  "))
+		}
 		if msg := eval[string](t, br, focusable); msg != "" {
 			t.Errorf("%s: keyboard: %s", p.path, msg)
 		}
@@ -158,6 +194,14 @@ func TestConsoleScreenshots(t *testing.T) {
 	  return `+layoutProblems+`; })()`)
 	if len(bad) != 2 || !strings.Contains(bad[0], "far too long") || !strings.Contains(bad[1], "without data") {
 		t.Errorf("the layout check does not find an overflowing label and an empty chart: %q", bad)
+	}
+	// And a grey too light on white, put on the last page, is found.
+	bad = eval[[]string](t, br, `(() => {
+	  const p = document.createElement("p"); p.textContent = "faint text"; p.id = "faint"; p.style.color = "#aaa";
+	  document.querySelector("main").append(p);
+	  return `+lowContrast+`; })()`)
+	if len(bad) != 1 || !strings.Contains(bad[0], "p#faint") || !strings.Contains(bad[0], "2.32:1") {
+		t.Errorf("the contrast check does not find a light grey on white: %q", bad)
 	}
 	t.Logf("screenshots in %s", shots)
 }

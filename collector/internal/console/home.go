@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -126,45 +125,55 @@ func (p *pages) home(w http.ResponseWriter, r *http.Request) {
 
 func (p *pages) homeData(ctx context.Context, by string) (*homeData, error) {
 	now := p.c.cfg.Clock.Now()
-	d := &homeData{Now: now}
-	// The services' calls are independent: the runs and the fleet now at
-	// once, then the two periods' spend (whose split may depend on the
-	// runs' labels) at once.
+	d := &homeData{Now: now, By: by}
+	if d.By != "" {
+		if err := checkUsageBy(d.By); err != nil {
+			return nil, err
+		}
+	}
+	// The services' calls are independent, so they run at once: the runs,
+	// the fleet now, and the two periods' spend. The split offered by
+	// default is label:team when the month's runs carry a team label (the
+	// month's Usage answer says which label keys they carry), else user:
+	// the spend is asked by label:team first and again by user when no
+	// run of the month has a team.
 	var (
-		wg            sync.WaitGroup
-		runs          []*trainmeterv1.RunReport
-		runsErr, nErr error
+		wg               sync.WaitGroup
+		runs             []*trainmeterv1.RunReport
+		runsErr, nErr    error
+		monthErr, dayErr error
+		monthKeys        []string
 	)
+	ms := monthStart(now)
+	periods := func(by string) {
+		wg.Go(func() { d.Month, monthKeys, monthErr = p.spend(ctx, "this month", by, ms, now) })
+		wg.Go(func() { d.Day, _, dayErr = p.spend(ctx, "last 24 h", by, now.Add(-24*time.Hour), now) })
+	}
 	wg.Go(func() { runs, runsErr = p.allRuns(ctx) })
 	wg.Go(func() { nErr = p.fleetNow(ctx, d, now) })
+	guess := cmp.Or(d.By, "label:team")
+	periods(guess)
 	wg.Wait()
-	if runsErr != nil {
-		return nil, runsErr
+	if err := cmp.Or(runsErr, monthErr, dayErr); err != nil {
+		return nil, err
 	}
 	if nErr != nil {
 		d.Errors = append(d.Errors, "fleet now: "+nErr.Error())
 	}
-	d.Splits = splitsOf(runs)
-	d.By = by
+	d.Splits = splitsOfKeys(monthKeys)
 	if d.By == "" {
-		d.By = "user"
-		if slices.Contains(d.Splits, "label:team") {
-			d.By = "label:team"
+		d.By = "label:team"
+		if !slices.Contains(d.Splits, "label:team") {
+			d.By = "user"
+			periods(d.By)
+			wg.Wait()
+			if err := cmp.Or(monthErr, dayErr); err != nil {
+				return nil, err
+			}
 		}
-	}
-	if err := checkUsageBy(d.By); err != nil {
-		return nil, err
 	}
 	if !slices.Contains(d.Splits, d.By) {
 		d.Splits = append(d.Splits, d.By)
-	}
-	ms := monthStart(now)
-	var monthErr, dayErr error
-	wg.Go(func() { d.Month, monthErr = p.spend(ctx, "this month", d.By, ms, now) })
-	wg.Go(func() { d.Day, dayErr = p.spend(ctx, "last 24 h", d.By, now.Add(-24*time.Hour), now) })
-	wg.Wait()
-	if err := cmp.Or(monthErr, dayErr); err != nil {
-		return nil, err
 	}
 	p.homeRuns(d, runs, ms)
 	if b, err := p.c.cfg.Services.Budgets.ListBudgets(ctx, &trainmeterv1.ListBudgetsRequest{}); err != nil {
@@ -192,19 +201,9 @@ func (p *pages) homeData(ctx context.Context, by string) (*homeData, error) {
 	return d, nil
 }
 
-// splitsOf is the groupings the home page and /usage offer: user, model,
-// and every label key the runs carry (label:team first when there is one).
-func splitsOf(runs []*trainmeterv1.RunReport) []string {
-	keys := map[string]struct{}{}
-	for _, r := range runs {
-		for k := range r.GetLabels() {
-			keys[k] = struct{}{}
-		}
-	}
-	return splitsOfKeys(slices.Collect(maps.Keys(keys)))
-}
-
-// splitsOfKeys is splitsOf for runs carrying these label keys.
+// splitsOfKeys is the groupings the home page and /usage offer: every
+// label key the period's runs carry (label:team first when there is one),
+// user, model and node.
 func splitsOfKeys(keys []string) []string {
 	var labels []string
 	for _, k := range keys {
@@ -278,12 +277,12 @@ func (p *pages) fleetNow(ctx context.Context, d *homeData, now time.Time) error 
 
 // spend is the Usage RPC over [since, until) split by by, with the nodes'
 // totals, idle's share and the rows' cost summed (unknown when a row's is).
-func (p *pages) spend(ctx context.Context, name, by string, since, until time.Time) (*spend, error) {
+func (p *pages) spend(ctx context.Context, name, by string, since, until time.Time) (*spend, []string, error) {
 	u, err := p.c.cfg.Services.Query.Usage(ctx, &trainmeterv1.UsageRequest{
 		Since: timestamppb.New(since), Until: timestamppb.New(until), By: []string{by},
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s := &spend{Name: name, Since: since, Until: until, Rows: u.GetRows(), CostKnown: true, Link: usageLink(by, since, until)}
 	for _, n := range u.GetNodes() {
@@ -307,7 +306,7 @@ func (p *pages) spend(ctx context.Context, name, by string, since, until time.Ti
 		}
 		return cmp.Compare(b.GetCostUsd(), a.GetCostUsd())
 	})
-	return s, nil
+	return s, u.GetLabelKeys(), nil
 }
 
 // homeRuns fills the live runs (newest first) and the costliest runs of
