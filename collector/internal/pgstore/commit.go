@@ -227,16 +227,10 @@ func (s *Store) applyGroup(tx pgx.Tx, group []*applyReq) error {
 		nodes = append(nodes, r.sender.Node)
 		runs = append(runs, fold.BatchRuns(r.b)...)
 	}
-	slices.Sort(nodes)
-	nodes = slices.Compact(nodes)
-	slices.Sort(runs)
-	runs = slices.Compact(runs)
-	empties := make([][]byte, len(nodes))
-	for i, n := range nodes {
-		var err error
-		if empties[i], err = proto.Marshal(&trainmeterv1.NodeStatus{Node: n}); err != nil {
-			return err
-		}
+	nodes, runs = sortedSet(nodes), sortedSet(runs)
+	empties, err := emptyNodeStatuses(nodes)
+	if err != nil {
+		return err
 	}
 	var q pgx.Batch
 	q.Queue(`INSERT INTO nodes (node, status) SELECT * FROM unnest($1::text[], $2::bytea[]) ORDER BY 1 ON CONFLICT DO NOTHING`, nodes, empties)
@@ -269,4 +263,22 @@ func (s *Store) applyGroup(tx pgx.Tx, group []*applyReq) error {
 		}
 	}
 	return nil
+}
+
+// sortedSet sorts s and drops repeats: the order rows are locked in.
+func sortedSet(s []string) []string {
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+// emptyNodeStatuses are the status rows of nodes not yet in the table.
+func emptyNodeStatuses(nodes []string) ([][]byte, error) {
+	out := make([][]byte, len(nodes))
+	for i, n := range nodes {
+		var err error
+		if out[i], err = proto.Marshal(&trainmeterv1.NodeStatus{Node: n}); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

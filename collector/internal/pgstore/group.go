@@ -184,16 +184,12 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 			starts[node] = true
 		}
 	}
-	slices.Sort(nodes)
-	nodes = slices.Compact(nodes)
-	slices.Sort(runs)
-	runs = slices.Compact(runs)
-	empties := make([][]byte, len(nodes))
-	for i, n := range nodes {
-		var err error
-		if empties[i], err = proto.Marshal(&trainmeterv1.NodeStatus{Node: n}); err != nil {
-			return err
-		}
+	nodes, runs = sortedSet(nodes), sortedSet(runs)
+	empties, err := emptyNodeStatuses(nodes)
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes {
 		g.nodes[n] = &groupNode{ns: &trainmeterv1.NodeStatus{Node: n}, haveRuns: map[runRollKey]*trainmeterv1.RunWindow{},
 			haveNodes: map[nodeRollKey]*trainmeterv1.Batch{}, rr: newRollupRows(), usage: newDayUsage(n)}
 	}
