@@ -935,6 +935,9 @@ func (s *Store) deleteRun(id string, d fold.Deletion) (records int, err error) {
 				return err
 			}
 			found = true
+			if err := txn.Delete(summaryKey(id)); err != nil {
+				return err
+			}
 			return txn.Delete(aggKey(id))
 		})
 	}
