@@ -319,7 +319,8 @@ func (r *usageRun) GetRunStart() *trainmeterv1.RunStart {
 // runs from a store that does not.
 type runStarter interface {
 	// RunStarts returns the RunStart of each of ids that is stored (nil:
-	// the run has none); an id not stored is not in the map.
+	// the run has none); an id not stored is not in the map. The starts
+	// may be shared with other calls: they are only read.
 	RunStarts(ids []string) (map[string]*trainmeterv1.RunStart, error)
 }
 

@@ -3,6 +3,7 @@ package store
 import (
 	"cmp"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -16,6 +17,11 @@ import (
 // A run's summary (aggregate.Summary), written with its aggregate: what
 // SelectRuns filters and orders by without decoding aggregates.
 func summaryKey(run string) []byte { return key("ai/", run) }
+
+// A live run's marker (an empty value), there while its summary says it
+// has not ended: SelectRuns of the live runs reads these, a few keys, not
+// every summary.
+func liveKey(run string) []byte { return key("al/", run) }
 
 // summaryLen is an encoded summary's size: flags, end (ns), total cost.
 const summaryLen = 1 + 8 + 8
@@ -61,7 +67,28 @@ func decodeSummary(v []byte) (aggregate.Summary, error) {
 // set (as pgstore's report columns are).
 func (s *Store) putSummary(txn *badger.Txn, run string, st *aggregate.State) error {
 	p, _ := s.Pricer().(aggregate.Pricing)
-	return txn.Set(summaryKey(run), encodeSummary(st.Summary(p)))
+	sum := st.Summary(p)
+	if !sum.Ended {
+		if err := txn.Set(liveKey(run), nil); err != nil {
+			return err
+		}
+	} else if err := dropLive(txn, run); err != nil {
+		return err
+	}
+	return txn.Set(summaryKey(run), encodeSummary(sum))
+}
+
+// dropLive deletes run's live marker if it has one (deleting none would
+// write a tombstone at every write of an ended run).
+func dropLive(txn *badger.Txn, run string) error {
+	_, err := txn.Get(liveKey(run))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return txn.Delete(liveKey(run))
 }
 
 // SelectRuns implements storage.Runs from the summaries alone.
@@ -71,17 +98,37 @@ func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
 		cost *float64
 	}
 	var out []sel
+	add := func(id string, v []byte) error {
+		sum, err := decodeSummary(v)
+		if err != nil {
+			return fmt.Errorf("run %q: %w", id, err)
+		}
+		if f.Selects(sum) {
+			out = append(out, sel{id, sum.TotalCostUSD})
+		}
+		return nil
+	}
 	err := s.db.View(func(txn *badger.Txn) error {
-		return scan(txn, badger.IteratorOptions{Prefix: []byte("ai/"), PrefetchSize: 256}, nil, func(k, v []byte) error {
-			sum, err := decodeSummary(v)
-			if err != nil {
-				return fmt.Errorf("run %q: %w", k[len("ai/"):], err)
-			}
-			if f.Selects(sum) {
-				out = append(out, sel{string(k[len("ai/"):]), sum.TotalCostUSD})
-			}
+		if !f.LiveOnly {
+			return scan(txn, badger.IteratorOptions{Prefix: []byte("ai/"), PrefetchSize: 256}, nil, func(k, v []byte) error {
+				return add(string(k[len("ai/"):]), v)
+			})
+		}
+		var live []string
+		err := scan(txn, badger.IteratorOptions{Prefix: []byte("al/")}, nil, func(k, _ []byte) error {
+			live = append(live, string(k[len("al/"):]))
 			return nil
 		})
+		for _, id := range live {
+			if err != nil {
+				break
+			}
+			var item *badger.Item
+			if item, err = txn.Get(summaryKey(id)); err == nil {
+				err = item.Value(func(v []byte) error { return add(id, v) })
+			}
+		}
+		return err
 	})
 	if err != nil {
 		return nil, err

@@ -425,6 +425,25 @@ func selectRuns(t *testing.T, st storage.Store) {
 	if ids, err := st.SelectRuns(storage.RunFilter{ByCost: true}); strings.Join(ids, "") != "cbad" || err != nil {
 		t.Errorf("SelectRuns by cost after deleting e = %q (%v), want cbad", ids, err)
 	}
+	// A live run that ends, and one deleted while live, are live no more.
+	seq++
+	apply(t, st, "n1", "b", runBatch(seq, "b", 10, 1, 1, tu.End("b", 11)))
+	live := func() string {
+		ids, err := st.SelectRuns(storage.RunFilter{LiveOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(ids, "")
+	}
+	if got := live(); got != "d" {
+		t.Errorf("live runs after b ended = %q, want d", got)
+	}
+	if _, err := st.DeleteLiveRun("d"); err != nil {
+		t.Fatal(err)
+	}
+	if got := live(); got != "" {
+		t.Errorf("live runs after d was deleted = %q, want none", got)
+	}
 }
 
 // records: namespaced documents in key order.
