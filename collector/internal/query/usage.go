@@ -218,6 +218,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		}
 		return keys
 	}
+	perGPU := slices.Contains(by, "node") || slices.Contains(by, "gpu")
 	// addWindow adds a run window, by GPU share (whole GPUs for a window
 	// from an agent before shares), to the rows of run r (nil: none, none
 	// names the rows).
@@ -236,8 +237,13 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			}
 			return
 		}
+		// Without node or gpu in by, every share of the window has the
+		// same keys.
+		var keys []string
 		for _, sh := range shares {
-			keys := keysFor(node, sh.GetGpu(), true, r, none)
+			if keys == nil || perGPU {
+				keys = keysFor(node, sh.GetGpu(), true, r, none)
+			}
 			for _, t := range ts {
 				add(t, keys, "", deleted, runID, sh.GetGpuSeconds(),
 					windowEnergy(w.GetCounterOk(), sh.GetEnergyCounterJ(), sh.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
