@@ -245,7 +245,7 @@ func (g *groupAggs) nodeEntry(txn *badger.Txn, node string) (*nodeEntry, error) 
 func (g *groupAggs) write(txn *badger.Txn) error {
 	for _, r := range g.order {
 		st := g.state[r]
-		n, err := putAgg(txn, r, st)
+		n, err := g.s.putAgg(txn, r, st)
 		if err != nil {
 			return err
 		}
@@ -277,14 +277,18 @@ func (g *groupAggs) write(txn *badger.Txn) error {
 
 // putAgg writes a run's aggregate, whole (one node, most runs: one value,
 // as cheap as it gets) or without its node states (MarshalApart: the
-// caller writes those that changed), and returns its encoded size.
-func putAgg(txn *badger.Txn, run string, st *aggregate.State) (int, error) {
+// caller writes those that changed), and its summary, and returns the
+// aggregate's encoded size.
+func (s *Store) putAgg(txn *badger.Txn, run string, st *aggregate.State) (int, error) {
 	marshal := st.MarshalApart
 	if len(st.Nodes) <= 1 && !st.GetNodesApart() {
 		marshal = st.Marshal
 	}
 	v, err := marshal()
 	if err != nil {
+		return 0, err
+	}
+	if err := s.putSummary(txn, run, st); err != nil {
 		return 0, err
 	}
 	return len(v), txn.Set(aggKey(run), v)
