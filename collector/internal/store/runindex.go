@@ -69,7 +69,13 @@ func (s *Store) putSummary(txn *badger.Txn, run string, st *aggregate.State) err
 	p, _ := s.Pricer().(aggregate.Pricing)
 	sum := st.Summary(p)
 	if !sum.Ended {
-		if err := txn.Set(liveKey(run), nil); err != nil {
+		// Set once: rewriting it at every write of a live run cost
+		// ingest a key write a run a group.
+		_, err := txn.Get(liveKey(run))
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			err = txn.Set(liveKey(run), nil)
+		}
+		if err != nil {
 			return err
 		}
 	} else if err := dropLive(txn, run); err != nil {
