@@ -14,13 +14,14 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 )
 
-// A run's summary (aggregate.Summary), written with its aggregate: what
-// SelectRuns filters and orders by without decoding aggregates.
+// An ended run's summary (aggregate.Summary), written with its aggregate:
+// what SelectRuns filters and orders ended runs by without decoding their
+// aggregates.
 func summaryKey(run string) []byte { return key("ai/", run) }
 
-// A live run's marker (an empty value), there while its summary says it
-// has not ended: SelectRuns of the live runs reads these, a few keys, not
-// every summary.
+// A live run's marker (an empty value), there while its aggregate says it
+// has not ended: SelectRuns reads the live runs' aggregates, a few, and
+// ingest writes nothing more for a live run than its aggregate.
 func liveKey(run string) []byte { return key("al/", run) }
 
 // summaryLen is an encoded summary's size: flags, end (ns), total cost.
@@ -66,11 +67,10 @@ func decodeSummary(v []byte) (aggregate.Summary, error) {
 // putSummary writes run's summary, computed with the pricing SetPricer
 // set (as pgstore's report columns are).
 func (s *Store) putSummary(txn *badger.Txn, run string, st *aggregate.State) error {
-	p, _ := s.Pricer().(aggregate.Pricing)
-	sum := st.Summary(p)
-	if !sum.Ended {
-		// Set once: rewriting it at every write of a live run cost
-		// ingest a key write a run a group.
+	if !st.Ended() {
+		// A live run has its marker, set once, and no summary:
+		// SelectRuns reads a live run's figures from its aggregate, so
+		// that ingest writes no key more a run a group than it did.
 		_, err := txn.Get(liveKey(run))
 		if errors.Is(err, badger.ErrKeyNotFound) {
 			err = txn.Set(liveKey(run), nil)
@@ -78,10 +78,13 @@ func (s *Store) putSummary(txn *badger.Txn, run string, st *aggregate.State) err
 		if err != nil {
 			return err
 		}
-	} else if err := dropLive(txn, run); err != nil {
+		return dropSummary(txn, run)
+	}
+	if err := dropLive(txn, run); err != nil {
 		return err
 	}
-	return txn.Set(summaryKey(run), encodeSummary(sum))
+	p, _ := s.Pricer().(aggregate.Pricing)
+	return txn.Set(summaryKey(run), encodeSummary(st.Summary(p)))
 }
 
 // dropLive deletes run's live marker if it has one (deleting none would
@@ -97,29 +100,29 @@ func dropLive(txn *badger.Txn, run string) error {
 	return txn.Delete(liveKey(run))
 }
 
-// SelectRuns implements storage.Runs from the summaries alone.
+// dropSummary deletes run's summary if it has one (a run that ended and
+// then got a start again).
+func dropSummary(txn *badger.Txn, run string) error {
+	_, err := txn.Get(summaryKey(run))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return txn.Delete(summaryKey(run))
+}
+
+// SelectRuns implements storage.Runs from the ended runs' summaries and
+// the live runs' aggregates.
 func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
 	type sel struct {
 		id   string
 		cost *float64
 	}
 	var out []sel
-	add := func(id string, v []byte) error {
-		sum, err := decodeSummary(v)
-		if err != nil {
-			return fmt.Errorf("run %q: %w", id, err)
-		}
-		if f.Selects(sum) {
-			out = append(out, sel{id, sum.TotalCostUSD})
-		}
-		return nil
-	}
+	p, _ := s.Pricer().(aggregate.Pricing)
 	err := s.db.View(func(txn *badger.Txn) error {
-		if !f.LiveOnly {
-			return scan(txn, badger.IteratorOptions{Prefix: []byte("ai/"), PrefetchSize: 256}, nil, func(k, v []byte) error {
-				return add(string(k[len("ai/"):]), v)
-			})
-		}
 		var live []string
 		err := scan(txn, badger.IteratorOptions{Prefix: []byte("al/")}, nil, func(k, _ []byte) error {
 			live = append(live, string(k[len("al/"):]))
@@ -127,15 +130,34 @@ func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
 		})
 		for _, id := range live {
 			if err != nil {
-				break
+				return err
 			}
-			var item *badger.Item
-			if item, err = txn.Get(summaryKey(id)); err == nil {
-				err = item.Value(func(v []byte) error { return add(id, v) })
+			var st *aggregate.State
+			if st, err = getAgg(txn, id); err == nil {
+				if sum := st.Summary(p); f.Selects(sum) {
+					out = append(out, sel{id, sum.TotalCostUSD})
+				}
+			} else if errors.Is(err, ErrNotFound) {
+				err = nil
 			}
 		}
-		return err
+		if err != nil || f.LiveOnly {
+			return err
+		}
+		return scan(txn, badger.IteratorOptions{Prefix: []byte("ai/"), PrefetchSize: 256}, nil, func(k, v []byte) error {
+			sum, err := decodeSummary(v)
+			if err != nil {
+				return fmt.Errorf("run %q: %w", k[len("ai/"):], err)
+			}
+			if f.Selects(sum) {
+				out = append(out, sel{string(k[len("ai/"):]), sum.TotalCostUSD})
+			}
+			return nil
+		})
 	})
+	// Live runs first, then ended ones, each in id order: in id order
+	// again, so that ties keep it.
+	slices.SortFunc(out, func(a, b sel) int { return cmp.Compare(a.id, b.id) })
 	if err != nil {
 		return nil, err
 	}
