@@ -549,6 +549,8 @@ type Summary struct {
 	// has no start (its report has no end).
 	EndNanos int64
 	HasEnd   bool
+	// StartNanos is the report's start (Unix ns), when HasEnd.
+	StartNanos int64
 	// TotalCostUSD is nil when the cost is unknown.
 	TotalCostUSD *float64
 }
@@ -559,6 +561,7 @@ func (s *State) Summary(p Pricing) Summary {
 	sum := Summary{Ended: s.Ended()}
 	if start, ok := s.StartNanos(); ok {
 		sum.EndNanos, sum.HasEnd = max(s.endNanos(), start), true
+		sum.StartNanos = start
 	}
 	r := &trainmeterv1.RunReport{}
 	s.price(p, r)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -118,8 +119,8 @@ func (p *pages) logout(w http.ResponseWriter, r *http.Request) {
 
 // --- Runs ---
 
-// runsPageSize bounds one page of the runs table; filters narrow it.
-const runsPageSize = 200
+// runsPageSize is the runs of one page of the runs table.
+const runsPageSize = 100
 
 type runsFilter struct {
 	Model, Backend, Label, Status string
@@ -133,6 +134,10 @@ func parseRunsFilter(r *http.Request) runsFilter {
 	f.Page = max(f.Page, 1)
 	return f
 }
+
+// byMetadata reports whether f filters on what only a run's report has
+// (model, backend, label), not on what the store selects runs by.
+func (f runsFilter) byMetadata() bool { return f.Model != "" || f.Backend != "" || f.Label != "" }
 
 func (f runsFilter) match(r *trainmeterv1.RunReport) bool {
 	md := r.GetMetadata()
@@ -174,33 +179,147 @@ type runRow struct {
 }
 
 type runsData struct {
-	Filter           runsFilter
-	Rows             []runRow
-	Total, Matching  int
-	Live             int
-	Pages            []int
-	Models, Backends []string
-	Prev, Next       int
+	Filter          runsFilter
+	Rows            []runRow
+	Total, Matching int
+	Live            int
+	Pages           int
+	// First and Last are the positions (from 1) of the page's first and
+	// last runs among the matching ones.
+	First, Last int
+	Prev, Next  int
 }
 
-// runsData lists the runs matching f, live runs first, newest first, one
-// page of them, with a power sparkline for each live run on the page.
+// runsData lists the runs matching f, live runs first, each newest first
+// (ties by run id), one page of them, with a power sparkline for each live
+// run on the page. Without a model, backend or label filter it reads only
+// the page's runs' reports: the store selects and orders the runs by
+// their summaries (ListRuns live_only/ended_only, order by start, skip).
 func (p *pages) runsData(ctx context.Context, f runsFilter) (*runsData, error) {
+	d := &runsData{Filter: f}
+	var page []*trainmeterv1.RunReport
+	var err error
+	if f.byMetadata() {
+		page, err = p.runsMatching(ctx, d)
+	} else {
+		page, err = p.runsSelected(ctx, d)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if d.Filter.Page > 1 {
+		d.Prev = d.Filter.Page - 1
+	}
+	if d.Filter.Page < d.Pages {
+		d.Next = d.Filter.Page + 1
+	}
+	if len(page) > 0 {
+		d.First = (d.Filter.Page-1)*runsPageSize + 1
+		d.Last = d.First + len(page) - 1
+	}
+	for _, r := range page {
+		row := runRow{R: r, Status: runStatus(r)}
+		if !r.GetEnded() {
+			row.Spark = p.sparkline(ctx, r)
+		}
+		d.Rows = append(d.Rows, row)
+	}
+	return d, nil
+}
+
+// pagesOf is the number of pages of n runs (at least one, empty).
+func pagesOf(n int) int { return max(1, (n+runsPageSize-1)/runsPageSize) }
+
+// runsSelected is the page d.Filter asks for (the last page when it asks
+// for one past it) of the live runs then the ended ones, each newest
+// first, reading only that page's reports; it sets d's counts and page.
+func (p *pages) runsSelected(ctx context.Context, d *runsData) ([]*trainmeterv1.RunReport, error) {
+	for {
+		lo := (d.Filter.Page - 1) * runsPageSize
+		wantLive, wantEnded := d.Filter.Status != "ended", d.Filter.Status != "live"
+		n := 0
+		if wantLive {
+			n = runsPageSize
+		}
+		live, liveN, err := p.runsSlice(ctx, &trainmeterv1.ListRunsRequest{LiveOnly: true}, lo, n)
+		if err != nil {
+			return nil, err
+		}
+		n, skip := 0, 0
+		if wantEnded {
+			n = runsPageSize - len(live)
+			if wantLive {
+				skip = max(0, lo-liveN)
+			} else {
+				skip = lo
+			}
+		}
+		ended, endedN, err := p.runsSlice(ctx, &trainmeterv1.ListRunsRequest{EndedOnly: true}, skip, n)
+		if err != nil {
+			return nil, err
+		}
+		d.Total, d.Live = liveN+endedN, liveN
+		switch d.Filter.Status {
+		case "live":
+			d.Matching = liveN
+		case "ended":
+			d.Matching = endedN
+		default:
+			d.Matching = d.Total
+		}
+		d.Pages = pagesOf(d.Matching)
+		if d.Filter.Page <= d.Pages {
+			return append(live, ended...), nil
+		}
+		// A page past the end (runs deleted since the link was made, or
+		// a typed page number): the last page instead.
+		d.Filter.Page = d.Pages
+	}
+}
+
+// runsSlice is n runs of the listing req (ordered by start, the newest
+// first) from position skip on, and the listing's size; n = 0 reads only
+// its size.
+func (p *pages) runsSlice(ctx context.Context, req *trainmeterv1.ListRunsRequest, skip, n int) ([]*trainmeterv1.RunReport, int, error) {
+	req.Order = trainmeterv1.RunOrder_RUN_ORDER_START_DESC
+	req.Skip, req.PageSize = int32(skip), int32(n)
+	if n == 0 {
+		// A page past the end is empty and still has the size.
+		req.Skip, req.PageSize = math.MaxInt32, 1
+	}
+	var out []*trainmeterv1.RunReport
+	for {
+		resp, err := p.c.cfg.Services.Query.ListRuns(ctx, req)
+		if err != nil {
+			return nil, 0, err
+		}
+		out = append(out, resp.GetRuns()...)
+		if len(out) >= n || resp.GetNextPageToken() == "" {
+			return out[:min(len(out), n)], int(resp.GetTotalSize()), nil
+		}
+		// The collector ended the page early (its size budget).
+		req.Skip, req.PageSize, req.PageToken = 0, int32(n-len(out)), resp.GetNextPageToken()
+	}
+}
+
+// runsMatching is the page d.Filter asks for of the runs its model,
+// backend or label filter matches, in runsSelected's order: those filters
+// need every run's report.
+func (p *pages) runsMatching(ctx context.Context, d *runsData) ([]*trainmeterv1.RunReport, error) {
 	runs, err := p.allRuns(ctx)
 	if err != nil {
 		return nil, err
 	}
-	d := &runsData{Filter: f, Total: len(runs)}
+	d.Total = len(runs)
 	var match []*trainmeterv1.RunReport
 	for _, r := range runs {
 		if !r.GetEnded() {
 			d.Live++
 		}
-		if f.match(r) {
+		if d.Filter.match(r) {
 			match = append(match, r)
 		}
 	}
-	d.Models, d.Backends = distinct(runs, (*trainmeterv1.RunMetadata).GetModel), distinct(runs, (*trainmeterv1.RunMetadata).GetBackend)
 	slices.SortStableFunc(match, func(a, b *trainmeterv1.RunReport) int {
 		if a.GetEnded() != b.GetEnded() {
 			if !a.GetEnded() {
@@ -211,28 +330,10 @@ func (p *pages) runsData(ctx context.Context, f runsFilter) (*runsData, error) {
 		return cmp.Or(b.GetStart().AsTime().Compare(a.GetStart().AsTime()), cmp.Compare(a.GetRunId(), b.GetRunId()))
 	})
 	d.Matching = len(match)
-	pages := max(1, (len(match)+runsPageSize-1)/runsPageSize)
-	f.Page = min(f.Page, pages)
-	d.Filter.Page = f.Page
-	for i := 1; i <= pages; i++ {
-		d.Pages = append(d.Pages, i)
-	}
-	if f.Page > 1 {
-		d.Prev = f.Page - 1
-	}
-	if f.Page < pages {
-		d.Next = f.Page + 1
-	}
-	lo := (f.Page - 1) * runsPageSize
-	hi := min(len(match), lo+runsPageSize)
-	for _, r := range match[lo:hi] {
-		row := runRow{R: r, Status: runStatus(r)}
-		if !r.GetEnded() {
-			row.Spark = p.sparkline(ctx, r)
-		}
-		d.Rows = append(d.Rows, row)
-	}
-	return d, nil
+	d.Pages = pagesOf(len(match))
+	d.Filter.Page = min(d.Filter.Page, d.Pages)
+	lo := (d.Filter.Page - 1) * runsPageSize
+	return match[lo:min(len(match), lo+runsPageSize)], nil
 }
 
 // sparkWindow is how much of a live run's power its sparkline shows.

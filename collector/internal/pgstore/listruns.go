@@ -9,7 +9,7 @@ import (
 )
 
 // SelectRuns implements storage.Runs from the runs table's report columns
-// (ended, end_ns, total_cost_usd: the run's report at its last write,
+// (ended, start_ns, end_ns, total_cost_usd: the run's report at its last write,
 // with the pricing SetPricer set), not the aggregates.
 func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
 	sql := `SELECT run_id FROM runs WHERE state IS NOT NULL`
@@ -17,13 +17,19 @@ func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
 	if f.LiveOnly {
 		sql += ` AND NOT ended`
 	}
+	if f.EndedOnly {
+		sql += ` AND ended`
+	}
 	if !f.ActiveSince.IsZero() {
 		args = append(args, f.ActiveSince.UnixNano())
 		sql += ` AND (NOT ended OR end_ns >= $1)`
 	}
-	if f.ByCost {
+	switch {
+	case f.ByCost:
 		sql += ` ORDER BY total_cost_usd DESC NULLS LAST, run_id`
-	} else {
+	case f.ByStart:
+		sql += ` ORDER BY start_ns DESC NULLS LAST, run_id`
+	default:
 		sql += ` ORDER BY run_id`
 	}
 	rows, err := s.pool.Query(context.Background(), sql, args...)

@@ -165,12 +165,24 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 	}
 	fp := page.Request("ListRuns", ids...)
 	if selects {
-		fp = page.Request("ListRuns", "select", strconv.FormatBool(f.LiveOnly), strconv.FormatInt(f.ActiveSince.UnixNano(), 10), strconv.FormatBool(f.ByCost))
+		fp = page.Request("ListRuns", "select", strconv.FormatBool(f.LiveOnly), strconv.FormatBool(f.EndedOnly),
+			strconv.FormatInt(f.ActiveSince.UnixNano(), 10), strconv.FormatBool(f.ByCost), strconv.FormatBool(f.ByStart))
 	}
 	tok, err := page.Decode(req.GetPageToken(), fp)
 	if err != nil {
 		return nil, err
 	}
+	switch skip := req.GetSkip(); {
+	case skip < 0:
+		return nil, status.Errorf(codes.InvalidArgument, "skip %d is negative", skip)
+	case skip > 0 && !selects && len(ids) == 0:
+		return nil, status.Error(codes.InvalidArgument, "skip is for a filtered or ordered listing or run_ids, not the listing of every run by id")
+	case skip > 0 && req.GetPageToken() != "":
+		return nil, status.Error(codes.InvalidArgument, "skip is for the first page only: the page token holds the position")
+	case skip > 0:
+		tok.Offset = int(skip)
+	}
+	var total *int32
 	var sts []*aggregate.State
 	var more bool
 	switch {
@@ -182,6 +194,7 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 		if err != nil {
 			return nil, s.storeErr(err)
 		}
+		total = proto.Int32(int32(len(sel)))
 		// The selection is as of this call: a page past its end (runs
 		// deleted since the last page) is the last, empty.
 		start := min(tok.Offset, len(sel))
@@ -192,11 +205,22 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 			return nil, s.storeErr(err)
 		}
 	case len(ids) > 0:
-		if tok.After != "" || tok.Offset > len(ids) {
-			return nil, page.Invalid(req.GetPageToken(), "is past the end of run_ids")
+		if tok.After != "" {
+			return nil, page.Invalid(req.GetPageToken(), "is not of a run_ids listing")
 		}
+		if tok.Offset > len(ids) {
+			if req.GetPageToken() != "" {
+				return nil, page.Invalid(req.GetPageToken(), "is past the end of run_ids")
+			}
+			tok.Offset = len(ids) // skip past the end: an empty page
+		}
+		total = proto.Int32(int32(len(ids)))
 		end := min(len(ids), tok.Offset+size)
-		sts, err = s.store.ListRuns(ids[tok.Offset:end])
+		// The store's ListRuns of no ids is every run: a skip to the end
+		// asks for none.
+		if tok.Offset < end {
+			sts, err = s.store.ListRuns(ids[tok.Offset:end])
+		}
 		more = end < len(ids)
 	default:
 		sts, err = s.store.RunsAfter(tok.After, size+1)
@@ -235,7 +259,7 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 	if n < len(runs) {
 		more, runs = true, runs[:n]
 	}
-	resp := &trainmeterv1.ListRunsResponse{Runs: runs}
+	resp := &trainmeterv1.ListRunsResponse{Runs: runs, TotalSize: total}
 	if more {
 		next := page.Token{Req: fp, Best: tok.Best, HasBest: tok.HasBest && len(tok.Best) <= maxBestModels}
 		if !next.HasBest {
@@ -254,7 +278,10 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 // runFilter is a ListRuns request's filter and order, and whether it has
 // any (none may come with run_ids).
 func runFilter(req *trainmeterv1.ListRunsRequest) (storage.RunFilter, bool, error) {
-	f := storage.RunFilter{LiveOnly: req.GetLiveOnly()}
+	f := storage.RunFilter{LiveOnly: req.GetLiveOnly(), EndedOnly: req.GetEndedOnly()}
+	if f.LiveOnly && f.EndedOnly {
+		return f, false, status.Error(codes.InvalidArgument, "live_only and ended_only together select no run")
+	}
 	if t := req.GetActiveSince(); t != nil {
 		if err := t.CheckValid(); err != nil {
 			return f, false, status.Errorf(codes.InvalidArgument, "active_since: %v", err)
@@ -265,12 +292,14 @@ func runFilter(req *trainmeterv1.ListRunsRequest) (storage.RunFilter, bool, erro
 	case trainmeterv1.RunOrder_RUN_ORDER_UNSPECIFIED:
 	case trainmeterv1.RunOrder_RUN_ORDER_COST_DESC:
 		f.ByCost = true
+	case trainmeterv1.RunOrder_RUN_ORDER_START_DESC:
+		f.ByStart = true
 	default:
 		return f, false, status.Errorf(codes.InvalidArgument, "unknown order %d", req.GetOrder())
 	}
 	selects := f != (storage.RunFilter{})
 	if selects && len(req.GetRunIds()) > 0 {
-		return f, false, status.Error(codes.InvalidArgument, "live_only, active_since and order select among all runs: not with run_ids")
+		return f, false, status.Error(codes.InvalidArgument, "live_only, ended_only, active_since and order select among all runs: not with run_ids")
 	}
 	return f, selects, nil
 }

@@ -107,6 +107,78 @@ func TestListRunsPages(t *testing.T) {
 	}
 }
 
+// TestListRunsSkipByStart: a table's page N is ListRuns ordered by start
+// (the newest first) with skip = (N-1) * page_size, every run on exactly
+// one page; total_size counts the whole selection; ended_only leaves the
+// live runs out; skip past the end is an empty page that still counts.
+func TestListRunsSkipByStart(t *testing.T) {
+	srv := start(t, server.Config{GPUPricePerHour: 2})
+	conn := tu.Dial(t, srv.Addr().String())
+	q := trainmeterv1.NewQueryServiceClient(conn)
+	a := tu.Connect(t, conn, "node-1", "boot")
+	// run-00 starts first; every third run is live.
+	var byStart, ended []string
+	for i := range 25 {
+		id := fmt.Sprintf("run-%02d", i)
+		evs := []*trainmeterv1.RunEvent{tu.Start(id, float64(i), "m")}
+		if i%3 != 0 {
+			evs = append(evs, tu.End(id, float64(i)+1))
+		}
+		a.MustAck(tu.Batch(uint64(i+1), float64(i), []*trainmeterv1.RunWindow{tu.Window(id, float64(i), 10, 5)}, evs...))
+	}
+	for i := 24; i >= 0; i-- {
+		byStart = append(byStart, fmt.Sprintf("run-%02d", i))
+		if i%3 != 0 {
+			ended = append(ended, fmt.Sprintf("run-%02d", i))
+		}
+	}
+	for name, c := range map[string]struct {
+		req  *trainmeterv1.ListRunsRequest
+		want []string
+	}{
+		"by start":       {&trainmeterv1.ListRunsRequest{Order: trainmeterv1.RunOrder_RUN_ORDER_START_DESC}, byStart},
+		"ended by start": {&trainmeterv1.ListRunsRequest{EndedOnly: true, Order: trainmeterv1.RunOrder_RUN_ORDER_START_DESC}, ended},
+	} {
+		var got []string
+		for page := 0; page*10 < len(c.want)+10; page++ {
+			c.req.Skip, c.req.PageSize = int32(page*10), 10
+			resp, err := q.ListRuns(t.Context(), c.req)
+			if err != nil {
+				t.Fatalf("%s page %d: %v", name, page+1, err)
+			}
+			if resp.TotalSize == nil || int(resp.GetTotalSize()) != len(c.want) {
+				t.Errorf("%s page %d: total_size %v, want %d", name, page+1, resp.TotalSize, len(c.want))
+			}
+			for _, r := range resp.GetRuns() {
+				got = append(got, r.GetRunId())
+			}
+		}
+		if strings.Join(got, " ") != strings.Join(c.want, " ") {
+			t.Errorf("%s: pages by skip show %v, want %v", name, got, c.want)
+		}
+	}
+	// The listing of every run by id has no size.
+	if resp, err := q.ListRuns(t.Context(), &trainmeterv1.ListRunsRequest{}); err != nil || resp.TotalSize != nil {
+		t.Errorf("ListRuns of every run: total_size %v (%v), want unset", resp.GetTotalSize(), err)
+	}
+	tok, err := q.ListRuns(t.Context(), &trainmeterv1.ListRunsRequest{EndedOnly: true, PageSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, req := range map[string]*trainmeterv1.ListRunsRequest{
+		"skip of every run by id": {Skip: 3},
+		"negative skip":           {EndedOnly: true, Skip: -1},
+		"skip with a page token":  {EndedOnly: true, Skip: 3, PageToken: tok.GetNextPageToken()},
+		"live and ended only":     {LiveOnly: true, EndedOnly: true},
+		"ended only with run_ids": {EndedOnly: true, RunIds: []string{"run-01"}},
+		"an order this is not":    {Order: 99},
+	} {
+		if _, err := q.ListRuns(t.Context(), req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+}
+
 // TestListNodesPages: ListNodes pages by node name.
 func TestListNodesPages(t *testing.T) {
 	srv := start(t, server.Config{GPUPricePerHour: 2})

@@ -91,14 +91,20 @@ type RunFilter struct {
 	// ActiveSince, when set: only runs not ended or that ended at or
 	// after it.
 	ActiveSince time.Time
+	// EndedOnly: only runs that have ended (LiveOnly and EndedOnly
+	// together select none).
+	EndedOnly bool
 	// ByCost orders by total cost, the highest first, runs of unknown cost
 	// last, then by id; otherwise by id (byte order).
 	ByCost bool
+	// ByStart (when ByCost is not set) orders by start, the newest first,
+	// runs with no start last, then by id.
+	ByStart bool
 }
 
 // Selects reports whether f selects a run of summary sum.
 func (f RunFilter) Selects(sum aggregate.Summary) bool {
-	if f.LiveOnly && sum.Ended {
+	if (f.LiveOnly && sum.Ended) || (f.EndedOnly && !sum.Ended) {
 		return false
 	}
 	if !f.ActiveSince.IsZero() && sum.Ended && (!sum.HasEnd || sum.EndNanos < f.ActiveSince.UnixNano()) {

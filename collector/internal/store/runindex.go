@@ -24,8 +24,9 @@ func summaryKey(run string) []byte { return key("ai/", run) }
 // ingest writes nothing more for a live run than its aggregate.
 func liveKey(run string) []byte { return key("al/", run) }
 
-// summaryLen is an encoded summary's size: flags, end (ns), total cost.
-const summaryLen = 1 + 8 + 8
+// summaryLen is an encoded summary's size: flags, end (ns), total cost,
+// start (ns).
+const summaryLen = 1 + 8 + 8 + 8
 
 const (
 	sumEnded = 1 << iota
@@ -41,6 +42,7 @@ func encodeSummary(sum aggregate.Summary) []byte {
 	if sum.HasEnd {
 		v[0] |= sumHasEnd
 		binary.BigEndian.PutUint64(v[1:], uint64(sum.EndNanos))
+		binary.BigEndian.PutUint64(v[17:], uint64(sum.StartNanos))
 	}
 	if sum.TotalCostUSD != nil {
 		v[0] |= sumHasCost
@@ -56,6 +58,7 @@ func decodeSummary(v []byte) (aggregate.Summary, error) {
 	sum := aggregate.Summary{Ended: v[0]&sumEnded != 0, HasEnd: v[0]&sumHasEnd != 0}
 	if sum.HasEnd {
 		sum.EndNanos = int64(binary.BigEndian.Uint64(v[1:]))
+		sum.StartNanos = int64(binary.BigEndian.Uint64(v[17:]))
 	}
 	if v[0]&sumHasCost != 0 {
 		c := math.Float64frombits(binary.BigEndian.Uint64(v[9:]))
@@ -119,15 +122,21 @@ func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
 	type sel struct {
 		id   string
 		cost *float64
+		// start is the run's start (Unix ns); hasStart false when none.
+		start    int64
+		hasStart bool
 	}
 	var out []sel
 	p, _ := s.Pricer().(aggregate.Pricing)
 	err := s.db.View(func(txn *badger.Txn) error {
 		var live []string
-		err := scan(txn, badger.IteratorOptions{Prefix: []byte("al/")}, nil, func(k, _ []byte) error {
-			live = append(live, string(k[len("al/"):]))
-			return nil
-		})
+		var err error
+		if !f.EndedOnly {
+			err = scan(txn, badger.IteratorOptions{Prefix: []byte("al/")}, nil, func(k, _ []byte) error {
+				live = append(live, string(k[len("al/"):]))
+				return nil
+			})
+		}
 		for _, id := range live {
 			if err != nil {
 				return err
@@ -135,7 +144,7 @@ func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
 			var st *aggregate.State
 			if st, err = getAgg(txn, id); err == nil {
 				if sum := st.Summary(p); f.Selects(sum) {
-					out = append(out, sel{id, sum.TotalCostUSD})
+					out = append(out, sel{id, sum.TotalCostUSD, sum.StartNanos, sum.HasEnd})
 				}
 			} else if errors.Is(err, ErrNotFound) {
 				err = nil
@@ -150,7 +159,7 @@ func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
 				return fmt.Errorf("run %q: %w", k[len("ai/"):], err)
 			}
 			if f.Selects(sum) {
-				out = append(out, sel{string(k[len("ai/"):]), sum.TotalCostUSD})
+				out = append(out, sel{string(k[len("ai/"):]), sum.TotalCostUSD, sum.StartNanos, sum.HasEnd})
 			}
 			return nil
 		})
@@ -161,8 +170,9 @@ func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if f.ByCost {
-		// The scan is in id order, so a stable sort keeps ties by id.
+	// out is in id order, so a stable sort keeps ties by id.
+	switch {
+	case f.ByCost:
 		slices.SortStableFunc(out, func(a, b sel) int {
 			switch {
 			case a.cost != nil && b.cost != nil:
@@ -170,6 +180,18 @@ func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
 			case a.cost != nil:
 				return -1
 			case b.cost != nil:
+				return 1
+			}
+			return 0
+		})
+	case f.ByStart:
+		slices.SortStableFunc(out, func(a, b sel) int {
+			switch {
+			case a.hasStart && b.hasStart:
+				return cmp.Compare(b.start, a.start)
+			case a.hasStart:
+				return -1
+			case b.hasStart:
 				return 1
 			}
 			return 0

@@ -33,6 +33,9 @@ const (
 	// batch, an ended run's is booked); runs of unknown cost last; ties by
 	// run id.
 	RunOrder_RUN_ORDER_COST_DESC RunOrder = 1
+	// By start, the newest first; runs with no start (no RunStart seen yet)
+	// last; ties by run id.
+	RunOrder_RUN_ORDER_START_DESC RunOrder = 2
 )
 
 // Enum value maps for RunOrder.
@@ -40,10 +43,12 @@ var (
 	RunOrder_name = map[int32]string{
 		0: "RUN_ORDER_UNSPECIFIED",
 		1: "RUN_ORDER_COST_DESC",
+		2: "RUN_ORDER_START_DESC",
 	}
 	RunOrder_value = map[string]int32{
 		"RUN_ORDER_UNSPECIFIED": 0,
 		"RUN_ORDER_COST_DESC":   1,
+		"RUN_ORDER_START_DESC":  2,
 	}
 )
 
@@ -814,6 +819,11 @@ type ListRunsRequest struct {
 	// for the first page. Opaque; it holds only for the same request (the
 	// same run_ids) and is refused (InvalidArgument) otherwise.
 	PageToken string `protobuf:"bytes,491,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Runs of the listing to pass over before the first page (AIP-158):
+	// with page_size, page N of a table is skip = (N-1) * page_size. Only
+	// with a filter or order (below) or run_ids, and only on the first page
+	// (the page token carries the position after it).
+	Skip int32 `protobuf:"varint,492,opt,name=skip,proto3" json:"skip,omitempty"`
 	// --- filter and order (1330-1339); none of them with run_ids ---
 	// The collector selects and orders runs by what it keeps of each run
 	// beside its aggregate, so a short list among many runs reads only its
@@ -826,7 +836,9 @@ type ListRunsRequest struct {
 	// run with GPU time in a period that began then).
 	ActiveSince *timestamppb.Timestamp `protobuf:"bytes,1331,opt,name=active_since,json=activeSince,proto3" json:"active_since,omitempty"`
 	// The order; unset: by run id.
-	Order         RunOrder `protobuf:"varint,1332,opt,name=order,proto3,enum=trainmeter.v1.RunOrder" json:"order,omitempty"`
+	Order RunOrder `protobuf:"varint,1332,opt,name=order,proto3,enum=trainmeter.v1.RunOrder" json:"order,omitempty"`
+	// Only runs that have ended (not with live_only).
+	EndedOnly     bool `protobuf:"varint,1333,opt,name=ended_only,json=endedOnly,proto3" json:"ended_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -882,6 +894,13 @@ func (x *ListRunsRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListRunsRequest) GetSkip() int32 {
+	if x != nil {
+		return x.Skip
+	}
+	return 0
+}
+
 func (x *ListRunsRequest) GetLiveOnly() bool {
 	if x != nil {
 		return x.LiveOnly
@@ -903,6 +922,13 @@ func (x *ListRunsRequest) GetOrder() RunOrder {
 	return RunOrder_RUN_ORDER_UNSPECIFIED
 }
 
+func (x *ListRunsRequest) GetEndedOnly() bool {
+	if x != nil {
+		return x.EndedOnly
+	}
+	return false
+}
+
 type ListRunsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Runs  []*RunReport           `protobuf:"bytes,1,rep,name=runs,proto3" json:"runs,omitempty"`
@@ -910,6 +936,10 @@ type ListRunsResponse struct {
 	// Set when there are more runs: pass it as page_token for the next page.
 	// Empty on the last page.
 	NextPageToken string `protobuf:"bytes,490,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// The number of runs in the whole listing (every page, skip included),
+	// as of this call: set for a filtered or ordered listing and for
+	// run_ids; unset for the listing of every run by id.
+	TotalSize     *int32 `protobuf:"varint,491,opt,name=total_size,json=totalSize,proto3,oneof" json:"total_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -956,6 +986,13 @@ func (x *ListRunsResponse) GetNextPageToken() string {
 		return x.NextPageToken
 	}
 	return ""
+}
+
+func (x *ListRunsResponse) GetTotalSize() int32 {
+	if x != nil && x.TotalSize != nil {
+		return *x.TotalSize
+	}
+	return 0
 }
 
 type GetRunRequest struct {
@@ -1304,6 +1341,10 @@ type ListNodesResponse struct {
 	// Set when there are more nodes: pass it as page_token for the next page.
 	// Empty on the last page.
 	NextPageToken string `protobuf:"bytes,490,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// The number of runs in the whole listing (every page, skip included),
+	// as of this call: set for a filtered or ordered listing and for
+	// run_ids; unset for the listing of every run by id.
+	TotalSize     *int32 `protobuf:"varint,491,opt,name=total_size,json=totalSize,proto3,oneof" json:"total_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1350,6 +1391,13 @@ func (x *ListNodesResponse) GetNextPageToken() string {
 		return x.NextPageToken
 	}
 	return ""
+}
+
+func (x *ListNodesResponse) GetTotalSize() int32 {
+	if x != nil && x.TotalSize != nil {
+		return *x.TotalSize
+	}
+	return 0
 }
 
 type NodeStatus struct {
@@ -3869,21 +3917,28 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
 	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12+\n" +
 	"\x04rows\x18\x03 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
-	"\x05nodes\x18\x04 \x03(\v2\x18.trainmeter.v1.NodeUsageR\x05nodes\"\xf6\x01\n" +
+	"\x05nodes\x18\x04 \x03(\v2\x18.trainmeter.v1.NodeUsageR\x05nodes\"\xab\x02\n" +
 	"\x0fListRunsRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\x12\x1c\n" +
 	"\tpage_size\x18\xea\x03 \x01(\x05R\bpageSize\x12\x1e\n" +
 	"\n" +
-	"page_token\x18\xeb\x03 \x01(\tR\tpageToken\x12\x1c\n" +
+	"page_token\x18\xeb\x03 \x01(\tR\tpageToken\x12\x13\n" +
+	"\x04skip\x18\xec\x03 \x01(\x05R\x04skip\x12\x1c\n" +
 	"\tlive_only\x18\xb2\n" +
 	" \x01(\bR\bliveOnly\x12>\n" +
 	"\factive_since\x18\xb3\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\vactiveSince\x12.\n" +
 	"\x05order\x18\xb4\n" +
-	" \x01(\x0e2\x17.trainmeter.v1.RunOrderR\x05order\"i\n" +
+	" \x01(\x0e2\x17.trainmeter.v1.RunOrderR\x05order\x12\x1e\n" +
+	"\n" +
+	"ended_only\x18\xb5\n" +
+	" \x01(\bR\tendedOnly\"\x9d\x01\n" +
 	"\x10ListRunsResponse\x12,\n" +
 	"\x04runs\x18\x01 \x03(\v2\x18.trainmeter.v1.RunReportR\x04runs\x12'\n" +
-	"\x0fnext_page_token\x18\xea\x03 \x01(\tR\rnextPageToken\"&\n" +
+	"\x0fnext_page_token\x18\xea\x03 \x01(\tR\rnextPageToken\x12#\n" +
+	"\n" +
+	"total_size\x18\xeb\x03 \x01(\x05H\x00R\ttotalSize\x88\x01\x01B\r\n" +
+	"\v_total_size\"&\n" +
 	"\rGetRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"<\n" +
 	"\x0eGetRunResponse\x12*\n" +
@@ -3900,10 +3955,13 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x10ListNodesRequest\x12\x1c\n" +
 	"\tpage_size\x18\xea\x03 \x01(\x05R\bpageSize\x12\x1e\n" +
 	"\n" +
-	"page_token\x18\xeb\x03 \x01(\tR\tpageToken\"m\n" +
+	"page_token\x18\xeb\x03 \x01(\tR\tpageToken\"\xa1\x01\n" +
 	"\x11ListNodesResponse\x12/\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x19.trainmeter.v1.NodeStatusR\x05nodes\x12'\n" +
-	"\x0fnext_page_token\x18\xea\x03 \x01(\tR\rnextPageToken\"\x86\x02\n" +
+	"\x0fnext_page_token\x18\xea\x03 \x01(\tR\rnextPageToken\x12#\n" +
+	"\n" +
+	"total_size\x18\xeb\x03 \x01(\x05H\x00R\ttotalSize\x88\x01\x01B\r\n" +
+	"\v_total_size\"\x86\x02\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x17\n" +
@@ -4212,10 +4270,11 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\n" +
 	"warmup_end\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x120\n" +
 	"\x05start\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
-	"\x03end\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x03end*>\n" +
+	"\x03end\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x03end*X\n" +
 	"\bRunOrder\x12\x19\n" +
 	"\x15RUN_ORDER_UNSPECIFIED\x10\x00\x12\x17\n" +
-	"\x13RUN_ORDER_COST_DESC\x10\x012\xbc\x05\n" +
+	"\x13RUN_ORDER_COST_DESC\x10\x01\x12\x18\n" +
+	"\x14RUN_ORDER_START_DESC\x10\x022\xbc\x05\n" +
 	"\fQueryService\x12K\n" +
 	"\bListRuns\x12\x1e.trainmeter.v1.ListRunsRequest\x1a\x1f.trainmeter.v1.ListRunsResponse\x12E\n" +
 	"\x06GetRun\x12\x1c.trainmeter.v1.GetRunRequest\x1a\x1d.trainmeter.v1.GetRunResponse\x12S\n" +
@@ -4375,6 +4434,8 @@ func file_trainmeter_v1_query_proto_init() {
 	}
 	file_trainmeter_v1_ingest_proto_init()
 	file_trainmeter_v1_query_proto_msgTypes[4].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[9].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[17].OneofWrappers = []any{}
 	file_trainmeter_v1_query_proto_msgTypes[19].OneofWrappers = []any{}
 	file_trainmeter_v1_query_proto_msgTypes[23].OneofWrappers = []any{}
 	file_trainmeter_v1_query_proto_msgTypes[26].OneofWrappers = []any{}

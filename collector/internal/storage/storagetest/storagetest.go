@@ -375,8 +375,9 @@ func pages(t *testing.T, st storage.Store) {
 	}
 }
 
-// selectRuns: live runs, runs active since a time, and the order by total
-// cost (unknown last, ties by id), from the summaries written with every
+// selectRuns: live runs, ended runs, runs active since a time, the order
+// by total cost (unknown last, ties by id) and by start (the newest first,
+// ties by id), from the summaries written with every
 // aggregate, a reprice's included.
 func selectRuns(t *testing.T, st storage.Store) {
 	// a ends at 2 s, c at 6 s, e at 9 s; b and d are live. A reprice books
@@ -413,6 +414,12 @@ func selectRuns(t *testing.T, st storage.Store) {
 		{"by cost", storage.RunFilter{ByCost: true}, "cebad"},
 		{"active since 6.5 s by cost", storage.RunFilter{ActiveSince: tu.T0.Add(6500 * time.Millisecond), ByCost: true}, "ebd"},
 		{"live by cost", storage.RunFilter{LiveOnly: true, ByCost: true}, "bd"},
+		{"ended", storage.RunFilter{EndedOnly: true}, "ace"},
+		{"by start", storage.RunFilter{ByStart: true}, "edcba"},
+		{"live by start", storage.RunFilter{LiveOnly: true, ByStart: true}, "db"},
+		{"ended by start", storage.RunFilter{EndedOnly: true, ByStart: true}, "eca"},
+		{"active since 6.5 s by start", storage.RunFilter{ActiveSince: tu.T0.Add(6500 * time.Millisecond), ByStart: true}, "edb"},
+		{"live and ended", storage.RunFilter{LiveOnly: true, EndedOnly: true}, ""},
 	} {
 		ids, err := st.SelectRuns(c.f)
 		if got := strings.Join(ids, ""); err != nil || got != c.want {
@@ -443,6 +450,11 @@ func selectRuns(t *testing.T, st storage.Store) {
 	}
 	if got := live(); got != "" {
 		t.Errorf("live runs after d was deleted = %q, want none", got)
+	}
+	// Runs of the same start are in id order; b now ended at 11 s.
+	run("f", 5, true)
+	if ids, err := st.SelectRuns(storage.RunFilter{EndedOnly: true, ByStart: true}); strings.Join(ids, "") != "cfba" || err != nil {
+		t.Errorf("SelectRuns ended by start with a tie = %q (%v), want cfba", ids, err)
 	}
 }
 
