@@ -53,6 +53,7 @@ type batchKey struct {
 type groupNode struct {
 	ns      *trainmeterv1.NodeStatus
 	bucket  fold.Bucket
+	rolled  int64 // rolledOf the node's rolled_ns: records before it add to the rollups here
 	count   int  // live runs (live_runs rows) before the group, when limits bound them
 	written bool // a batch of the group applied
 	usage   *dayUsage
@@ -154,8 +155,6 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 	var kSeq, kStart []int64
 	var hNode, hBoot []string
 	var hSeq []int64
-	runRoll := map[[2]string]map[int64]bool{} // (node, run) → minutes
-	nodeMin := map[string]map[int64]bool{}
 	starts := map[string]bool{} // nodes whose batches start runs
 	for _, r := range group {
 		r.a, r.err = storage.Applied{}, nil
@@ -169,17 +168,6 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 				hNode, hBoot, hSeq = append(hNode, node), append(hBoot, boot), append(hSeq, int64(l.GetSeq()))
 			}
 		}
-		for _, w := range r.b.GetRunWindows() {
-			k := [2]string{node, w.GetRunId()}
-			if runRoll[k] == nil {
-				runRoll[k] = map[int64]bool{}
-			}
-			runRoll[k][dayMinute(w.GetStart())] = true
-		}
-		if nodeMin[node] == nil {
-			nodeMin[node] = map[int64]bool{}
-		}
-		nodeMin[node][minuteOf(fold.NanosOf(r.b.GetWindowStart()))] = true
 		if startsRun(r.b) {
 			starts[node] = true
 		}
@@ -225,17 +213,18 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 		return err
 	})
 	q.Queue(`INSERT INTO nodes (node, status) SELECT * FROM unnest($1::text[], $2::bytea[]) ORDER BY 1 ON CONFLICT DO NOTHING`, nodes, empties)
-	q.Queue(`SELECT node, status, new_runs_tokens, new_runs_at, xmin::text FROM nodes WHERE node = ANY($1) ORDER BY node FOR UPDATE`, nodes).Query(func(rows pgx.Rows) error {
+	q.Queue(`SELECT node, status, new_runs_tokens, new_runs_at, rolled_ns, xmin::text FROM nodes WHERE node = ANY($1) ORDER BY node FOR UPDATE`, nodes).Query(func(rows pgx.Rows) error {
 		var node, x string
 		var val []byte
 		var tokens *float64
-		var at *int64
-		_, err := pgx.ForEachRow(rows, []any{&node, &val, &tokens, &at, &x}, func() error {
+		var at, rolled *int64
+		_, err := pgx.ForEachRow(rows, []any{&node, &val, &tokens, &at, &rolled, &x}, func() error {
 			n := g.nodes[node]
 			if n == nil {
 				return nil
 			}
 			nodeX[node] = x
+			n.rolled = rolledOf(rolled)
 			if tokens != nil && at != nil {
 				n.bucket = fold.Bucket{Tokens: *tokens, At: time.Unix(0, *at)}
 			}
@@ -290,34 +279,51 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 			return err
 		})
 	}
-	// First the keys no cached row holds.
-	inCache := func(node, run string, m int64) bool {
+	if err := tx.SendBatch(ctx, &q).Close(); err != nil {
+		return err
+	}
+	// The rollup rows the group adds to: those of its records that start
+	// before their node's rolled_ns (late ones; the roll-up adds the
+	// others). Each row is taken from the cache where the node's row (and
+	// the run's) is as this process's commit left it, else read.
+	runRoll := map[[2]string]map[int64]bool{} // (node, run) → minutes
+	nodeMin := map[string]map[int64]bool{}
+	for _, r := range group {
+		node := r.sender.Node
+		rolled := g.nodes[node].rolled
+		for _, w := range r.b.GetRunWindows() {
+			if fold.NanosOf(w.GetStart()) >= rolled {
+				continue
+			}
+			k := [2]string{node, w.GetRunId()}
+			if runRoll[k] == nil {
+				runRoll[k] = map[int64]bool{}
+			}
+			runRoll[k][dayMinute(w.GetStart())] = true
+		}
+		if start := fold.NanosOf(r.b.GetWindowStart()); start < rolled {
+			if nodeMin[node] == nil {
+				nodeMin[node] = map[int64]bool{}
+			}
+			nodeMin[node][minuteOf(start)] = true
+		}
+	}
+	var again pgx.Batch
+	stale := false // a row cached, but written since by another transaction
+	cachedRow := func(node, run string, m int64) bool {
 		e := cached[node]
 		if e == nil {
 			return false
 		}
-		if run == "" {
-			return e.nodeDone[m]
-		}
-		return e.runDone[runMinute{run, m}]
-	}
-	queueRollupReads(&q, g, runRoll, nodeMin, inCache)
-	if err := tx.SendBatch(ctx, &q).Close(); err != nil {
-		return err
-	}
-	// Then the cached keys: each row taken from the cache where the node's
-	// row (and the run's) is as this process's commit left it, else read.
-	var again pgx.Batch
-	stale := func(node, run string, m int64) bool {
-		e := cached[node]
-		if !inCache(node, run, m) {
-			return true // read already
+		if run == "" && !e.nodeDone[m] || run != "" && !e.runDone[runMinute{run, m}] {
+			return false
 		}
 		ok := e.nodeX == nodeX[node]
 		if run != "" {
 			ok = ok && e.runX[run] != "" && e.runX[run] == runX[run]
 		}
 		if !ok {
+			stale = true
 			return false
 		}
 		gn := g.nodes[node]
@@ -336,8 +342,10 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 		}
 		return true
 	}
-	if queueRollupReads(&again, g, runRoll, nodeMin, func(node, run string, m int64) bool { return stale(node, run, m) }) {
-		s.rollupRereads.Add(1)
+	if queueRollupReads(&again, g, runRoll, nodeMin, cachedRow) {
+		if stale {
+			s.rollupRereads.Add(1)
+		}
 		if err := tx.SendBatch(ctx, &again).Close(); err != nil {
 			return err
 		}
@@ -640,15 +648,17 @@ func (s *Store) foldOne(g *groupState, w *groupWrites, r *applyReq, tombs map[st
 		if err != nil {
 			return nil, err
 		}
-		stored := rw
-		if pricer != nil {
-			stored = &trainmeterv1.RunWindow{}
-			if err := proto.Unmarshal(val, stored); err != nil {
-				return nil, err
+		if fold.NanosOf(rw.GetStart()) < gn.rolled {
+			stored := rw
+			if pricer != nil {
+				stored = &trainmeterv1.RunWindow{}
+				if err := proto.Unmarshal(val, stored); err != nil {
+					return nil, err
+				}
 			}
+			roll.runs = append(roll.runs, stored)
+			gn.usage.stored(stored)
 		}
-		roll.runs = append(roll.runs, stored)
-		gn.usage.stored(stored)
 		w.runWindows.add(rw.GetRunId(), node, fold.NanosOf(rw.GetStart()), seq, i, val)
 	}
 	for i, e := range b.GetRunEvents() {
@@ -676,11 +686,13 @@ func (s *Store) foldOne(g *groupState, w *groupWrites, r *applyReq, tombs map[st
 		if err != nil {
 			return nil, err
 		}
-		roll.node = &trainmeterv1.Batch{}
-		if err := proto.Unmarshal(val, roll.node); err != nil {
-			return nil, err
+		if start < gn.rolled {
+			roll.node = &trainmeterv1.Batch{}
+			if err := proto.Unmarshal(val, roll.node); err != nil {
+				return nil, err
+			}
+			gn.usage.nodeRecord(roll.node)
 		}
-		gn.usage.nodeRecord(roll.node)
 	}
 	if rs := fold.SamplesRecord(b); rs != nil {
 		if _, err := perBatch(w.rawSamples, rs, nil); err != nil {
@@ -691,7 +703,9 @@ func (s *Store) foldOne(g *groupState, w *groupWrites, r *applyReq, tombs map[st
 		if _, err := perBatch(w.nodeLosses, &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), NodeLosses: nodeLosses}, nil); err != nil {
 			return nil, err
 		}
-		roll.loss = nodeLosses
+		if start < gn.rolled {
+			roll.loss = nodeLosses
+		}
 	}
 	gn.addRollups(roll)
 	for _, d := range gone {
@@ -699,7 +713,9 @@ func (s *Store) foldOne(g *groupState, w *groupWrites, r *applyReq, tombs map[st
 		if err != nil {
 			return nil, err
 		}
-		gn.usage.deleted(d.W, d.D, reportPricing, nodeGPU)
+		if fold.NanosOf(d.W.GetStart()) < gn.rolled {
+			gn.usage.deleted(d.W, d.D, reportPricing, nodeGPU)
+		}
 		w.deleted.delID = append(w.deleted.delID, int64(d.D.ID))
 		w.deleted.add("", node, fold.NanosOf(d.W.GetStart()), seq, d.I, val)
 	}

@@ -107,6 +107,10 @@ func (s *Store) Maintain(ctx context.Context) error {
 	if s.rawTTL <= 0 {
 		return nil
 	}
+	// What is dropped is in the rollups first.
+	if err := s.RollUp(ctx, time.Unix(0, now).Add(-rollEvery)); err != nil {
+		return fmt.Errorf("pgstore: maintain: %w", err)
+	}
 	rawCut := dayOf(now - int64(s.rawTTL)) // days before it are wholly older
 	dedupCut := min(rawCut, dayOf(now-int64(s.dedupTTL)))
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
