@@ -54,8 +54,8 @@ type groupNode struct {
 	ns      *trainmeterv1.NodeStatus
 	bucket  fold.Bucket
 	rolled  int64 // rolledOf the node's rolled_ns: records before it add to the rollups here
-	count   int  // live runs (live_runs rows) before the group, when limits bound them
-	written bool // a batch of the group applied
+	count   int   // live runs (live_runs rows) before the group, when limits bound them
+	written bool  // a batch of the group applied
 	usage   *dayUsage
 	rr      *rollupRows // the rollup rows the group adds to, as written
 	// The rollup rows read, which the group's additions start from.

@@ -9,8 +9,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/trainmeter/trainmeter/collector/internal/fold"
-	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
+	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
 // Rollups behind ingest (docs/storage.md): a batch's transaction stores
