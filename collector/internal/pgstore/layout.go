@@ -108,7 +108,7 @@ func (s *Store) Maintain(ctx context.Context) error {
 		return nil
 	}
 	// What is dropped is in the rollups first.
-	if err := s.RollUp(ctx, time.Unix(0, now).Add(-rollEvery)); err != nil {
+	if err := s.RollUp(ctx, time.Unix(0, now).Add(-rollEvery), true); err != nil {
 		return fmt.Errorf("pgstore: maintain: %w", err)
 	}
 	rawCut := dayOf(now - int64(s.rawTTL)) // days before it are wholly older

@@ -27,6 +27,9 @@ func (s *Store) DeleteLiveRun(id string) (int, error) { return s.deleteRun(id, t
 func (s *Store) deleteRun(id string, live bool) (records int, err error) {
 	err = s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error {
 		ctx := context.Background()
+		if err := lockRunNodes(tx, id); err != nil {
+			return err
+		}
 		v, err := lockRuns(tx, []string{id}, true)
 		if err != nil {
 			return err
@@ -98,6 +101,18 @@ func (s *Store) deleteRun(id string, live bool) (records int, err error) {
 	return records, err
 }
 
+// lockRunNodes locks the rows of the nodes that hold the run's raw windows
+// or rollups, in node order and before the run's row, as ingest locks
+// them: the roll-up (rollbehind.go) holds a node's row while it reads and
+// adds the node's records, so it never sees them half moved or repriced.
+// A node that sends the run's first windows meanwhile waits for the run's
+// row, and its windows are stored after this transaction.
+func lockRunNodes(tx pgx.Tx, id string) error {
+	_, err := tx.Exec(context.Background(), `SELECT node FROM nodes WHERE node IN (SELECT node FROM run_windows WHERE run_id = $1
+		UNION SELECT node FROM run_rollups WHERE run_id = $1) ORDER BY node FOR UPDATE`, id)
+	return err
+}
+
 // errNothing rolls back a reprice that found no window to reprice.
 var errNothing = errors.New("nothing to reprice")
 
@@ -107,6 +122,9 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 	err = s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error {
 		ctx := context.Background()
 		ch = aggregate.Repricing{At: s.clk.Now().UnixNano(), USDPerGPUHour: usdPerHour, Reason: reason, Whole: since.IsZero()}
+		if err := lockRunNodes(tx, id); err != nil {
+			return err
+		}
 		runs, err := s.runs(tx, `SELECT run_id, state FROM runs WHERE run_id = $1 AND state IS NOT NULL FOR UPDATE`, id)
 		if err != nil {
 			return err

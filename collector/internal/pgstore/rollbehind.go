@@ -23,19 +23,25 @@ import (
 //
 // Exactly once: a record is added by whichever of ingest or RollUp sees it
 // on its side of rolled_ns, and both read and move rolled_ns holding the
-// node's row (ingest locks it for its whole transaction). RollUp then
-// locks the rows of the runs it adds windows of, after the nodes, in the
-// order ingest locks them: DeleteRun and Reprice hold the run's row while
-// they move or rewrite its windows and rollups, so a roll-up reads a run's
-// windows either before such a change or after it, never half way.
+// node's row (ingest locks it for its whole transaction). Every other
+// writer of a node's raw windows, rollups or daily usage holds its row
+// too: DeleteRun and Reprice lock the rows of the run's nodes before the
+// run's (lockRunNodes), so a roll-up reads a node's windows either before
+// such a change or after it, never half way.
+//
+// Ingest waits for the node rows a roll-up holds, so a roll-up holds few
+// (rollChunk) for three round trips, and takes only rows no transaction
+// holds (SKIP LOCKED: a node in the middle of a batch is rolled up on the
+// next pass) unless told to wait for them (Maintain, before a drop).
 
 // rollChunk is the nodes rolled up in one transaction.
-const rollChunk = 256
+const rollChunk = 64
 
 // RollUp adds every node's records that start before until and are not in
 // the rollups yet to the minute rollups and daily usage, and moves each
-// node's rolled_ns to until.
-func (s *Store) RollUp(ctx context.Context, until time.Time) error {
+// node's rolled_ns to until. Nodes whose rows other transactions hold are
+// passed over, and rolled up on the next call, unless wait.
+func (s *Store) RollUp(ctx context.Context, until time.Time, wait bool) error {
 	u := until.UnixNano()
 	rows, err := s.pool.Query(ctx, `SELECT node FROM nodes WHERE rolled_ns IS NULL OR rolled_ns < $1 ORDER BY node`, u)
 	if err != nil {
@@ -51,7 +57,7 @@ func (s *Store) RollUp(ctx context.Context, until time.Time) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error { return s.rollNodes(ctx, tx, chunk, u) }); err != nil {
+		if err := s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error { return s.rollNodes(ctx, tx, chunk, u, wait) }); err != nil {
 			return fmt.Errorf("pgstore: roll-up: %w", err)
 		}
 	}
@@ -59,7 +65,7 @@ func (s *Store) RollUp(ctx context.Context, until time.Time) error {
 }
 
 // rollNodes rolls up the nodes (sorted) in tx.
-func (s *Store) rollNodes(ctx context.Context, tx pgx.Tx, nodes []string, until int64) error {
+func (s *Store) rollNodes(ctx context.Context, tx pgx.Tx, nodes []string, until int64, wait bool) error {
 	if err := lockRaw(tx); err != nil {
 		return err
 	}
@@ -67,17 +73,18 @@ func (s *Store) rollNodes(ctx context.Context, tx pgx.Tx, nodes []string, until 
 	var locked []string
 	nodeGPU := map[string]string{}
 	var runWins, nodeRecs, losses, dels []rawRecord
-	// The nodes' records, as the statement after the node rows' lock reads
-	// their rolled_ns: a CROSS JOIN LATERAL a node, so each reads its own
-	// range by index.
-	const from = `FROM nodes n CROSS JOIN LATERAL (SELECT * FROM %s WHERE node = n.node AND start_ns >= COALESCE(n.rolled_ns, -9223372036854775808)
-		AND start_ns < $2 %s OFFSET 0) r WHERE n.node = ANY($1) AND (n.rolled_ns IS NULL OR n.rolled_ns < $2)`
-	var q pgx.Batch
-	q.Queue(`SELECT node, status FROM nodes WHERE node = ANY($1) AND (rolled_ns IS NULL OR rolled_ns < $2) ORDER BY node FOR UPDATE`,
-		nodes, until).Query(func(rows pgx.Rows) error {
+	lock := `SELECT node, status FROM nodes WHERE node = ANY($1) AND (rolled_ns IS NULL OR rolled_ns < $2) ORDER BY node FOR UPDATE`
+	if !wait {
+		lock += ` SKIP LOCKED`
+	}
+	rows, err := tx.Query(ctx, lock, nodes, until)
+	if err != nil {
+		return err
+	}
+	{
 		var node string
 		var val []byte
-		_, err := pgx.ForEachRow(rows, []any{&node, &val}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&node, &val}, func() error {
 			ns := &trainmeterv1.NodeStatus{}
 			if err := proto.Unmarshal(val, ns); err != nil {
 				return fmt.Errorf("node %q: %w", node, err)
@@ -87,14 +94,21 @@ func (s *Store) rollNodes(ctx context.Context, tx pgx.Tx, nodes []string, until 
 			g.nodes[node] = &groupNode{haveRuns: map[runRollKey]*trainmeterv1.RunWindow{}, haveNodes: map[nodeRollKey]*trainmeterv1.Batch{},
 				rr: newRollupRows(), usage: newDayUsage(node)}
 			return nil
-		})
-		return err
-	})
-	q.Queue(`SELECT run_id FROM runs WHERE run_id IN (SELECT DISTINCT r.run_id `+fmt.Sprintf(from, "run_windows", "")+`)
-		ORDER BY run_id FOR UPDATE`, nodes, until)
+		}); err != nil {
+			return err
+		}
+	}
+	if len(locked) == 0 {
+		return nil
+	}
+	// The locked nodes' records: a CROSS JOIN LATERAL a node, so each
+	// reads its own range by index.
+	const from = `FROM nodes n CROSS JOIN LATERAL (SELECT * FROM %s WHERE node = n.node AND start_ns >= COALESCE(n.rolled_ns, -9223372036854775808)
+		AND start_ns < $2 %s OFFSET 0) r WHERE n.node = ANY($1)`
+	var q pgx.Batch
 	read := func(table, val, where string, into *[]rawRecord) {
 		q.Queue(`SELECT r.node, r.start_ns, r.`+val+` `+fmt.Sprintf(from, table, where)+` ORDER BY r.node, r.start_ns, r.seq`,
-			nodes, until).Query(func(rows pgx.Rows) error {
+			locked, until).Query(func(rows pgx.Rows) error {
 			var rec rawRecord
 			_, err := pgx.ForEachRow(rows, []any{&rec.node, &rec.start, &rec.val}, func() error {
 				*into = append(*into, rec)
@@ -109,9 +123,6 @@ func (s *Store) rollNodes(ctx context.Context, tx pgx.Tx, nodes []string, until 
 	read("deleted_windows", "d", "AND seq >= 0", &dels)
 	if err := tx.SendBatch(ctx, &q).Close(); err != nil {
 		return err
-	}
-	if len(locked) == 0 {
-		return nil
 	}
 
 	// The records as ingest adds them (foldOne), after the rows they add
@@ -231,7 +242,7 @@ func (r *Roller) Start(context.Context) error {
 				return
 			case <-r.Store.clk.After(every):
 			}
-			if err := r.Store.RollUp(ctx, r.Store.clk.Now().Add(-every)); err != nil && ctx.Err() == nil {
+			if err := r.Store.RollUp(ctx, r.Store.clk.Now().Add(-every), false); err != nil && ctx.Err() == nil {
 				r.Store.log.Warn("pgstore: roll-up failed; retrying next interval", "err", err)
 			}
 		}

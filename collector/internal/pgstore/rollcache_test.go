@@ -42,7 +42,7 @@ func TestRollupsAcrossReplicas(t *testing.T) {
 		}
 	}
 	send(a, 1, 0)
-	if err := a.RollUp(t.Context(), tu.T0.Add(2*time.Minute)); err != nil {
+	if err := a.RollUp(t.Context(), tu.T0.Add(2*time.Minute), true); err != nil {
 		t.Fatal(err)
 	}
 	send(a, 2, 1)
@@ -57,7 +57,7 @@ func TestRollupsAcrossReplicas(t *testing.T) {
 	}
 	send(b, 9, 125) // after rolled_ns: the roll-up's
 	send(a, 10, 126)
-	if err := b.RollUp(t.Context(), tu.T0.Add(10*time.Minute)); err != nil {
+	if err := b.RollUp(t.Context(), tu.T0.Add(10*time.Minute), true); err != nil {
 		t.Fatal(err)
 	}
 

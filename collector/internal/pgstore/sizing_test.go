@@ -55,7 +55,7 @@ func TestLayoutSizes(t *testing.T) {
 	}
 	ctx := context.Background()
 	for s := 10; s <= seconds+10; s += 10 {
-		if err := st.RollUp(ctx, t0.Add(time.Duration(s)*time.Second)); err != nil {
+		if err := st.RollUp(ctx, t0.Add(time.Duration(s)*time.Second), true); err != nil {
 			t.Fatal(err)
 		}
 	}

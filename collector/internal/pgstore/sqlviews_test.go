@@ -136,7 +136,7 @@ func sqlStream(t *testing.T, dbURL string) *query.Server {
 	ctx := context.Background()
 	rollUp := func(until time.Time) {
 		t.Helper()
-		if err := ps.RollUp(ctx, until); err != nil {
+		if err := ps.RollUp(ctx, until, true); err != nil {
 			t.Fatal(err)
 		}
 	}
