@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -142,9 +143,9 @@ func perBatchRows(table string) *rawRows {
 }
 
 // applyGroupAsOne applies the group in tx as described above; an error
-// fails the whole attempt. fresh receives the rollup rows to cache
+// fails the whole attempt. fresh receives the rollup rows and aggregates to cache
 // (rollcache.go) once the transaction commits.
-func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]*rollCache) error {
+func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache) error {
 	ctx := context.Background()
 	g := &groupState{now: s.clk.Now(), nodes: map[string]*groupNode{}, state: map[string]*aggregate.State{},
 		write: map[string]bool{}, baseLive: map[fold.LiveKey]bool{}}
@@ -173,12 +174,8 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 		}
 	}
 	nodes, runs = sortedSet(nodes), sortedSet(runs)
-	empties, err := emptyNodeStatuses(nodes)
-	if err != nil {
-		return err
-	}
 	for _, n := range nodes {
-		g.nodes[n] = &groupNode{ns: &trainmeterv1.NodeStatus{Node: n}, haveRuns: map[runRollKey]*trainmeterv1.RunWindow{},
+		g.nodes[n] = &groupNode{ns: &trainmeterv1.NodeStatus{Node: n}, rolled: math.MinInt64, haveRuns: map[runRollKey]*trainmeterv1.RunWindow{},
 			haveNodes: map[nodeRollKey]*trainmeterv1.Batch{}, rr: newRollupRows(), usage: newDayUsage(n)}
 	}
 
@@ -212,45 +209,54 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 		_, err := pgx.ForEachRow(rows, []any{&k.node, &k.boot, &k.seq, &start}, func() error { isNew[keyOf(k, start)] = true; return nil })
 		return err
 	})
-	q.Queue(`INSERT INTO nodes (node, status) SELECT * FROM unnest($1::text[], $2::bytea[]) ORDER BY 1 ON CONFLICT DO NOTHING`, nodes, empties)
-	q.Queue(`SELECT node, status, new_runs_tokens, new_runs_at, rolled_ns, xmin::text FROM nodes WHERE node = ANY($1) ORDER BY node FOR UPDATE`, nodes).Query(func(rows pgx.Rows) error {
-		var node, x string
-		var val []byte
-		var tokens *float64
-		var at, rolled *int64
-		_, err := pgx.ForEachRow(rows, []any{&node, &val, &tokens, &at, &rolled, &x}, func() error {
-			n := g.nodes[node]
-			if n == nil {
-				return nil
-			}
-			nodeX[node] = x
-			n.rolled = rolledOf(rolled)
-			if tokens != nil && at != nil {
-				n.bucket = fold.Bucket{Tokens: *tokens, At: time.Unix(0, *at)}
-			}
-			return proto.Unmarshal(val, n.ns)
-		})
-		return err
-	})
-	if len(runs) > 0 {
-		q.Queue(`INSERT INTO runs (run_id) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING`, runs)
-		q.Queue(`SELECT run_id, state, xmin::text FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE`, runs).Query(func(rows pgx.Rows) error {
-			var id, x string
+	// The node rows and run rows locked, in the order commit.go gives;
+	// rows missing (a new node, a new run) are made and locked in the
+	// second pipeline. A run's aggregate is read only where this process
+	// holds none as of the row's xmin (scache).
+	lockNodes := func(q *pgx.Batch, nodes []string) {
+		q.Queue(`SELECT node, status, new_runs_tokens, new_runs_at, rolled_ns, xmin::text FROM nodes WHERE node = ANY($1) ORDER BY node FOR UPDATE`, nodes).Query(func(rows pgx.Rows) error {
+			var node, x string
 			var val []byte
-			_, err := pgx.ForEachRow(rows, []any{&id, &val, &x}, func() error {
-				runX[id] = x
-				if val == nil {
+			var tokens *float64
+			var at, rolled *int64
+			_, err := pgx.ForEachRow(rows, []any{&node, &val, &tokens, &at, &rolled, &x}, func() error {
+				n := g.nodes[node]
+				if n == nil {
 					return nil
 				}
-				st, err := aggregate.Unmarshal(val)
-				if err != nil {
-					return fmt.Errorf("run %q: %w", id, err)
+				nodeX[node] = x
+				n.rolled = rolledOf(rolled)
+				if tokens != nil && at != nil {
+					n.bucket = fold.Bucket{Tokens: *tokens, At: time.Unix(0, *at)}
 				}
-				g.state[id] = st
+				return proto.Unmarshal(val, n.ns)
+			})
+			return err
+		})
+	}
+	states := s.scache.take(runs)
+	var readState []string // runs whose aggregate is to be read
+	lockRuns := func(q *pgx.Batch, runs []string) {
+		q.Queue(`SELECT run_id, state IS NULL, xmin::text FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE`, runs).Query(func(rows pgx.Rows) error {
+			var id, x string
+			var none bool
+			_, err := pgx.ForEachRow(rows, []any{&id, &none, &x}, func() error {
+				runX[id] = x
+				switch c, ok := states[id]; {
+				case none:
+				case ok && c.x == x:
+					g.state[id] = c.st
+				default:
+					readState = append(readState, id)
+				}
 				return nil
 			})
 			return err
 		})
+	}
+	lockNodes(&q, nodes)
+	if len(runs) > 0 {
+		lockRuns(&q, runs)
 		keys := make([][]byte, len(runs))
 		for i, r := range runs {
 			keys[i] = []byte(r)
@@ -266,8 +272,13 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 			return err
 		})
 	}
-	if s.limits.MaxLiveRunsPerNode > 0 && len(starts) > 0 {
-		q.Queue(`SELECT node, count(*) FROM live_runs WHERE node = ANY($1) GROUP BY node`, mapKeys(starts)).Query(func(rows pgx.Rows) error {
+	// The live runs of nodes whose batches start runs, counted under the
+	// node's lock: for a node made in the second pipeline, again there.
+	countLive := func(q *pgx.Batch, nodes []string) {
+		if s.limits.MaxLiveRunsPerNode <= 0 || len(nodes) == 0 {
+			return
+		}
+		q.Queue(`SELECT node, count(*) FROM live_runs WHERE node = ANY($1) GROUP BY node`, nodes).Query(func(rows pgx.Rows) error {
 			var node string
 			var n int
 			_, err := pgx.ForEachRow(rows, []any{&node, &n}, func() error {
@@ -279,8 +290,38 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 			return err
 		})
 	}
+	countLive(&q, mapKeys(starts))
 	if err := tx.SendBatch(ctx, &q).Close(); err != nil {
 		return err
+	}
+	var again pgx.Batch
+	if missing := slices.DeleteFunc(slices.Clone(nodes), func(n string) bool { return nodeX[n] != "" }); len(missing) > 0 {
+		empties, err := emptyNodeStatuses(missing)
+		if err != nil {
+			return err
+		}
+		again.Queue(`INSERT INTO nodes (node, status) SELECT * FROM unnest($1::text[], $2::bytea[]) ORDER BY 1 ON CONFLICT DO NOTHING`, missing, empties)
+		lockNodes(&again, missing)
+		countLive(&again, slices.DeleteFunc(missing, func(n string) bool { return !starts[n] }))
+	}
+	if missing := slices.DeleteFunc(slices.Clone(runs), func(r string) bool { return runX[r] != "" }); len(missing) > 0 {
+		again.Queue(`INSERT INTO runs (run_id) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING`, missing)
+		lockRuns(&again, missing)
+	}
+	if len(readState) > 0 {
+		again.Queue(`SELECT run_id, state FROM runs WHERE run_id = ANY($1)`, readState).Query(func(rows pgx.Rows) error {
+			var id string
+			var val []byte
+			_, err := pgx.ForEachRow(rows, []any{&id, &val}, func() error {
+				st, err := aggregate.Unmarshal(val)
+				if err != nil {
+					return fmt.Errorf("run %q: %w", id, err)
+				}
+				g.state[id] = st
+				return nil
+			})
+			return err
+		})
 	}
 	// The rollup rows the group adds to: those of its records that start
 	// before their node's rolled_ns (late ones; the roll-up adds the
@@ -308,7 +349,6 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 			nodeMin[node][minuteOf(start)] = true
 		}
 	}
-	var again pgx.Batch
 	stale := false // a row cached, but written since by another transaction
 	cachedRow := func(node, run string, m int64) bool {
 		e := cached[node]
@@ -342,10 +382,10 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 		}
 		return true
 	}
-	if queueRollupReads(&again, g, runRoll, nodeMin, cachedRow) {
-		if stale {
-			s.rollupRereads.Add(1)
-		}
+	if queueRollupReads(&again, g, runRoll, nodeMin, cachedRow) && stale {
+		s.rollupRereads.Add(1)
+	}
+	if again.Len() > 0 {
 		if err := tx.SendBatch(ctx, &again).Close(); err != nil {
 			return err
 		}
@@ -441,7 +481,12 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 	}
 	// What this commit leaves: the rows the group wrote, for the nodes
 	// and runs whose rows it wrote.
-	*fresh = map[string]*rollCache{}
+	fresh.rolls, fresh.states = map[string]*rollCache{}, map[string]cachedState{}
+	for _, run := range g.order {
+		if x := runX[run]; x != "" {
+			fresh.states[run] = cachedState{x, g.state[run]}
+		}
+	}
 	for _, node := range nodes {
 		gn := g.nodes[node]
 		if nodeX[node] == "" {
@@ -474,7 +519,7 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 		for m := range nodeMin[node] {
 			e.nodeDone[m] = true
 		}
-		(*fresh)[node] = e
+		fresh.rolls[node] = e
 	}
 	return nil
 }

@@ -62,6 +62,7 @@ type Store struct {
 	slots                                         chan struct{} // one per group being applied
 	commits, committedBatches, retries, fallbacks atomic.Uint64
 	rcache                                        rollCaches    // rollcache.go
+	scache                                        stateCaches   // rollcache.go
 	rollupRereads                                 atomic.Uint64 // groups that read cached rollup keys again
 }
 
