@@ -518,6 +518,54 @@ func (s *State) endStatusError() (string, string) {
 	return status, ""
 }
 
+// price fills the report's cost figures (GPU time, energy, priority,
+// repricing, total) with the collector's pricing; they read nothing else
+// of the report, so Summary computes them alone.
+func (s *State) price(p Pricing, r *trainmeterv1.RunReport) {
+	r.GpuHours = s.GpuSeconds / 3600
+	if !s.bookedCompute(p, r) {
+		s.priceCompute(p, r)
+	}
+	r.EnergyKwh = s.EnergyTotal / 3.6e6
+	if !s.bookedEnergy(p, r) {
+		s.energyNow(p, r)
+	}
+	r.PriorityMultiplier = s.GetBooked().GetPriorityMultiplier()
+	if r.PriorityMultiplier == 0 {
+		r.PriorityMultiplier = p.PriorityMultiplier(s.GetRunStart().GetLabels())
+	}
+	s.reprice(r)
+	if r.CostUsd != nil || r.EnergyCostUsd != nil {
+		r.TotalCostUsd = ptr(r.GetCostUsd()*r.PriorityMultiplier + r.GetEnergyCostUsd())
+	}
+}
+
+// Summary is what listings filter and order runs by without the whole
+// report: the report's ended, end and total_cost_usd, as Report(p) gives
+// them.
+type Summary struct {
+	Ended bool
+	// EndNanos is the report's end (Unix ns); HasEnd false when the run
+	// has no start (its report has no end).
+	EndNanos int64
+	HasEnd   bool
+	// TotalCostUSD is nil when the cost is unknown.
+	TotalCostUSD *float64
+}
+
+// Summary computes the run's Summary with the collector's pricing: the
+// same figures as Report(p), at a fraction of its work.
+func (s *State) Summary(p Pricing) Summary {
+	sum := Summary{Ended: s.Ended()}
+	if start, ok := s.StartNanos(); ok {
+		sum.EndNanos, sum.HasEnd = max(s.endNanos(), start), true
+	}
+	r := &trainmeterv1.RunReport{}
+	s.price(p, r)
+	sum.TotalCostUSD = r.TotalCostUsd
+	return sum
+}
+
 // Report computes the run's figures with the collector's pricing.
 func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 	r := &trainmeterv1.RunReport{RunId: s.RunId}
@@ -604,22 +652,7 @@ func (s *State) Report(p Pricing) *trainmeterv1.RunReport {
 		r.EnergyUncertaintyPct = &u
 	}
 
-	r.GpuHours = s.GpuSeconds / 3600
-	if !s.bookedCompute(p, r) {
-		s.priceCompute(p, r)
-	}
-	r.EnergyKwh = s.EnergyTotal / 3.6e6
-	if !s.bookedEnergy(p, r) {
-		s.energyNow(p, r)
-	}
-	r.PriorityMultiplier = s.GetBooked().GetPriorityMultiplier()
-	if r.PriorityMultiplier == 0 {
-		r.PriorityMultiplier = p.PriorityMultiplier(start0.GetLabels())
-	}
-	s.reprice(r)
-	if r.CostUsd != nil || r.EnergyCostUsd != nil {
-		r.TotalCostUsd = ptr(r.GetCostUsd()*r.PriorityMultiplier + r.GetEnergyCostUsd())
-	}
+	s.price(p, r)
 	r.BudgetScope = start0.GetBudgetScope()
 	if l := start0.GetLabels(); len(l) > 0 {
 		r.Labels = maps.Clone(l)

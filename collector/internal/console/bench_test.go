@@ -22,13 +22,16 @@ import (
 
 // seedStore fills a BadgerDB in dir as agents would have (store.ApplyBatch
 // is what ingest calls), from several goroutines at once so that the setup
-// takes seconds; each goroutine is one node with its own sequence.
+// takes seconds; each goroutine is one node with its own sequence. The
+// windows are booked at the pricing serve's collector has, as that
+// collector's ingest would have booked them.
 func seedStore(b *testing.B, dir string, workers, perWorker int, batch func(w, i int) *trainmeterv1.Batch) {
 	b.Helper()
 	st, err := store.Open(dir, store.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
+	st.SetPricer(benchConfig.Pricing())
 	errs := make(chan error, workers)
 	for w := range workers {
 		go func() {
@@ -51,11 +54,16 @@ func seedStore(b *testing.B, dir string, workers, perWorker int, batch func(w, i
 	}
 }
 
+// benchConfig is the benchmarks' collector: $2 per GPU-hour.
+var benchConfig = server.Config{GPUPricePerHour: 2}
+
 // serve starts a real collector on dir with its console and returns the
 // console's base URL.
 func serve(b *testing.B, dir string, clk clock.Clock) string {
 	b.Helper()
-	srv := server.New(server.Config{Listen: "127.0.0.1:0", UIListen: "127.0.0.1:0", DataDir: dir, GPUPricePerHour: 2, Clock: clk}, slog.New(slog.DiscardHandler))
+	cfg := benchConfig
+	cfg.Listen, cfg.UIListen, cfg.DataDir, cfg.Clock = "127.0.0.1:0", "127.0.0.1:0", dir, clk
+	srv := server.New(cfg, slog.New(slog.DiscardHandler))
 	if err := srv.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}

@@ -139,7 +139,6 @@ func (p *pages) homeData(ctx context.Context, by string) (*homeData, error) {
 	// run of the month has a team.
 	var (
 		wg               sync.WaitGroup
-		runs             []*trainmeterv1.RunReport
 		runsErr, nErr    error
 		monthErr, dayErr error
 		monthKeys        []string
@@ -149,7 +148,7 @@ func (p *pages) homeData(ctx context.Context, by string) (*homeData, error) {
 		wg.Go(func() { d.Month, monthKeys, monthErr = p.spend(ctx, "this month", by, ms, now) })
 		wg.Go(func() { d.Day, _, dayErr = p.spend(ctx, "last 24 h", by, now.Add(-24*time.Hour), now) })
 	}
-	wg.Go(func() { runs, runsErr = p.allRuns(ctx) })
+	wg.Go(func() { runsErr = p.homeRuns(ctx, d, ms) })
 	wg.Go(func() { nErr = p.fleetNow(ctx, d, now) })
 	guess := cmp.Or(d.By, "label:team")
 	periods(guess)
@@ -175,7 +174,6 @@ func (p *pages) homeData(ctx context.Context, by string) (*homeData, error) {
 	if !slices.Contains(d.Splits, d.By) {
 		d.Splits = append(d.Splits, d.By)
 	}
-	p.homeRuns(d, runs, ms)
 	if b, err := p.c.cfg.Services.Budgets.ListBudgets(ctx, &trainmeterv1.ListBudgetsRequest{}); err != nil {
 		d.Errors = append(d.Errors, "budgets: "+err.Error())
 	} else {
@@ -310,26 +308,36 @@ func (p *pages) spend(ctx context.Context, name, by string, since, until time.Ti
 }
 
 // homeRuns fills the live runs (newest first) and the costliest runs of
-// the month (any run live or ended since the month began; its whole cost).
-func (p *pages) homeRuns(d *homeData, runs []*trainmeterv1.RunReport, ms time.Time) {
-	var live, month []*trainmeterv1.RunReport
-	for _, r := range runs {
-		if !r.GetEnded() {
-			live = append(live, r)
-		}
-		if (!r.GetEnded() || !r.GetEnd().AsTime().Before(ms)) && r.TotalCostUsd != nil {
-			month = append(month, r)
-		}
+// the month (any run live or ended since the month began; its whole cost,
+// unknown left out). The collector selects both (ListRuns live_only;
+// active_since with the cost order), so only those runs are read.
+func (p *pages) homeRuns(ctx context.Context, d *homeData, ms time.Time) error {
+	live, err := pg.All(func(tok string) ([]*trainmeterv1.RunReport, string, error) {
+		resp, err := p.c.cfg.Services.Query.ListRuns(ctx, &trainmeterv1.ListRunsRequest{LiveOnly: true, PageToken: tok})
+		return resp.GetRuns(), resp.GetNextPageToken(), err
+	})
+	if err != nil {
+		return err
+	}
+	costly, err := p.c.cfg.Services.Query.ListRuns(ctx, &trainmeterv1.ListRunsRequest{
+		ActiveSince: timestamppb.New(ms), Order: trainmeterv1.RunOrder_RUN_ORDER_COST_DESC, PageSize: homeListLen,
+	})
+	if err != nil {
+		return err
 	}
 	slices.SortStableFunc(live, func(a, b *trainmeterv1.RunReport) int {
 		return cmp.Or(b.GetStart().AsTime().Compare(a.GetStart().AsTime()), cmp.Compare(a.GetRunId(), b.GetRunId()))
 	})
+	// The collector orders by each run's cost as of its last batch; the
+	// page shows (and orders by) the cost of the reports it got.
+	month := slices.DeleteFunc(costly.GetRuns(), func(r *trainmeterv1.RunReport) bool { return r.TotalCostUsd == nil })
 	slices.SortStableFunc(month, func(a, b *trainmeterv1.RunReport) int {
 		return cmp.Or(cmp.Compare(b.GetTotalCostUsd(), a.GetTotalCostUsd()), cmp.Compare(a.GetRunId(), b.GetRunId()))
 	})
 	d.LiveTotal = len(live)
 	d.Live = live[:min(len(live), homeListLen)]
 	d.Costliest = month[:min(len(month), homeListLen)]
+	return nil
 }
 
 // checkUsageBy refuses a grouping the Usage RPC would refuse, as a bad

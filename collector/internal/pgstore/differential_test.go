@@ -1,11 +1,13 @@
 package pgstore_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -333,6 +335,7 @@ func TestDifferential(t *testing.T) {
 	if len(ids) != 3 {
 		t.Errorf("runs %v, want r1, r2, r3 (r4 deleted)", ids)
 	}
+	selectedRuns(d, list.GetRuns())
 	for _, id := range append(ids, "r4") {
 		r := both(d, "report "+id+" --json", func(q *query.Server) (*trainmeterv1.GetRunResponse, error) {
 			return q.GetRun(context.Background(), &trainmeterv1.GetRunRequest{RunId: id})
@@ -393,4 +396,64 @@ func TestDifferential(t *testing.T) {
 			}
 		}
 	}
+}
+
+// selectedRuns: ListRuns filtered (live_only, active_since) and ordered
+// by cost, a page of one run at a time, gives the same on both stores, and
+// what every run's report says: the runs the filter keeps, the costliest
+// first, unknown cost last.
+func selectedRuns(d *diff, all []*trainmeterv1.RunReport) {
+	d.t.Helper()
+	for _, c := range []struct {
+		name string
+		req  *trainmeterv1.ListRunsRequest
+		keep func(r *trainmeterv1.RunReport) bool
+	}{
+		{"--live", &trainmeterv1.ListRunsRequest{LiveOnly: true}, func(r *trainmeterv1.RunReport) bool { return !r.GetEnded() }},
+		{"--active-since 10s --by-cost", &trainmeterv1.ListRunsRequest{ActiveSince: timestamppb.New(at(10)), Order: trainmeterv1.RunOrder_RUN_ORDER_COST_DESC},
+			func(r *trainmeterv1.RunReport) bool { return !r.GetEnded() || !r.GetEnd().AsTime().Before(at(10)) }},
+		{"--by-cost", &trainmeterv1.ListRunsRequest{Order: trainmeterv1.RunOrder_RUN_ORDER_COST_DESC}, func(*trainmeterv1.RunReport) bool { return true }},
+	} {
+		var want []string
+		var kept []*trainmeterv1.RunReport
+		for _, r := range all {
+			if c.keep(r) {
+				kept = append(kept, r)
+			}
+		}
+		if c.req.GetOrder() == trainmeterv1.RunOrder_RUN_ORDER_COST_DESC {
+			slices.SortStableFunc(kept, func(a, b *trainmeterv1.RunReport) int {
+				if (a.TotalCostUsd == nil) != (b.TotalCostUsd == nil) {
+					return cmp.Compare(boolInt(a.TotalCostUsd == nil), boolInt(b.TotalCostUsd == nil))
+				}
+				return cmp.Or(cmp.Compare(b.GetTotalCostUsd(), a.GetTotalCostUsd()), cmp.Compare(a.GetRunId(), b.GetRunId()))
+			})
+		}
+		for _, r := range kept {
+			want = append(want, r.GetRunId())
+		}
+		var got []string
+		c.req.PageSize = 1
+		for page := 0; page < 10; page++ {
+			resp := both(d, "runs "+c.name, func(q *query.Server) (*trainmeterv1.ListRunsResponse, error) {
+				return q.ListRuns(context.Background(), c.req)
+			})
+			for _, r := range resp.GetRuns() {
+				got = append(got, r.GetRunId())
+			}
+			if c.req.PageToken = resp.GetNextPageToken(); c.req.PageToken == "" {
+				break
+			}
+		}
+		if !slices.Equal(got, want) {
+			d.t.Errorf("runs %s: %v, want %v", c.name, got, want)
+		}
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

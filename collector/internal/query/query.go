@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -158,21 +159,46 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 	if err := checkIDs(ids); err != nil {
 		return nil, err
 	}
+	f, selects, err := runFilter(req)
+	if err != nil {
+		return nil, err
+	}
 	fp := page.Request("ListRuns", ids...)
+	if selects {
+		fp = page.Request("ListRuns", "select", strconv.FormatBool(f.LiveOnly), strconv.FormatInt(f.ActiveSince.UnixNano(), 10), strconv.FormatBool(f.ByCost))
+	}
 	tok, err := page.Decode(req.GetPageToken(), fp)
 	if err != nil {
 		return nil, err
 	}
 	var sts []*aggregate.State
 	var more bool
-	if len(ids) > 0 {
+	switch {
+	case selects:
+		if tok.After != "" {
+			return nil, page.Invalid(req.GetPageToken(), "is not of a filtered listing")
+		}
+		sel, err := s.store.SelectRuns(f)
+		if err != nil {
+			return nil, s.storeErr(err)
+		}
+		// The selection is as of this call: a page past its end (runs
+		// deleted since the last page) is the last, empty.
+		start := min(tok.Offset, len(sel))
+		end := min(len(sel), start+size)
+		sts, err = s.listSelected(sel[start:end])
+		more = end < len(sel)
+		if err != nil {
+			return nil, s.storeErr(err)
+		}
+	case len(ids) > 0:
 		if tok.After != "" || tok.Offset > len(ids) {
 			return nil, page.Invalid(req.GetPageToken(), "is past the end of run_ids")
 		}
 		end := min(len(ids), tok.Offset+size)
 		sts, err = s.store.ListRuns(ids[tok.Offset:end])
 		more = end < len(ids)
-	} else {
+	default:
 		sts, err = s.store.RunsAfter(tok.After, size+1)
 		more = len(sts) > size
 		sts = sts[:min(len(sts), size)]
@@ -188,7 +214,7 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 	first := req.GetPageToken() == ""
 	switch {
 	case tok.HasBest:
-	case len(ids) == 0 && first && !more:
+	case len(ids) == 0 && !selects && first && !more:
 		// One page holds every run: it is its own comparison.
 		tok.Best, tok.HasBest = cost.BestPointsPerUSD(runs), true
 	case needEfficiency(runs):
@@ -215,7 +241,7 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 		if !next.HasBest {
 			next.Best = nil
 		}
-		if len(ids) > 0 {
+		if len(ids) > 0 || selects {
 			next.Offset = tok.Offset + len(runs)
 		} else {
 			next.After = runs[len(runs)-1].GetRunId()
@@ -223,6 +249,44 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 		resp.NextPageToken = page.Encode(next)
 	}
 	return resp, nil
+}
+
+// runFilter is a ListRuns request's filter and order, and whether it has
+// any (none may come with run_ids).
+func runFilter(req *trainmeterv1.ListRunsRequest) (storage.RunFilter, bool, error) {
+	f := storage.RunFilter{LiveOnly: req.GetLiveOnly()}
+	if t := req.GetActiveSince(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return f, false, status.Errorf(codes.InvalidArgument, "active_since: %v", err)
+		}
+		f.ActiveSince = t.AsTime()
+	}
+	switch req.GetOrder() {
+	case trainmeterv1.RunOrder_RUN_ORDER_UNSPECIFIED:
+	case trainmeterv1.RunOrder_RUN_ORDER_COST_DESC:
+		f.ByCost = true
+	default:
+		return f, false, status.Errorf(codes.InvalidArgument, "unknown order %d", req.GetOrder())
+	}
+	selects := f != (storage.RunFilter{})
+	if selects && len(req.GetRunIds()) > 0 {
+		return f, false, status.Error(codes.InvalidArgument, "live_only, active_since and order select among all runs: not with run_ids")
+	}
+	return f, selects, nil
+}
+
+// listSelected is ListRuns of ids that SelectRuns gave: a run deleted
+// since is left out (the store's ListRuns of no ids is every run, so none is asked for).
+func (s *Server) listSelected(ids []string) ([]*aggregate.State, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	sts, err := s.store.ListRuns(ids)
+	var nf *storage.NotFoundError
+	if !errors.As(err, &nf) {
+		return sts, err
+	}
+	return s.listSelected(slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return slices.Contains(nf.IDs, id) }))
 }
 
 // GetRun implements QueryService.GetRun.

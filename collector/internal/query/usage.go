@@ -218,6 +218,7 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 		}
 		return keys
 	}
+	perGPU := slices.Contains(by, "node") || slices.Contains(by, "gpu")
 	// addWindow adds a run window, by GPU share (whole GPUs for a window
 	// from an agent before shares), to the rows of run r (nil: none, none
 	// names the rows).
@@ -236,8 +237,13 @@ func (s *Server) Usage(_ context.Context, req *trainmeterv1.UsageRequest) (*trai
 			}
 			return
 		}
+		// Without node or gpu in by, every share of the window has the
+		// same keys.
+		var keys []string
 		for _, sh := range shares {
-			keys := keysFor(node, sh.GetGpu(), true, r, none)
+			if keys == nil || perGPU {
+				keys = keysFor(node, sh.GetGpu(), true, r, none)
+			}
 			for _, t := range ts {
 				add(t, keys, "", deleted, runID, sh.GetGpuSeconds(),
 					windowEnergy(w.GetCounterOk(), sh.GetEnergyCounterJ(), sh.GetEnergyIntegratedJ()), price, node, name, lockOfWindow(w))
@@ -319,7 +325,8 @@ func (r *usageRun) GetRunStart() *trainmeterv1.RunStart {
 // runs from a store that does not.
 type runStarter interface {
 	// RunStarts returns the RunStart of each of ids that is stored (nil:
-	// the run has none); an id not stored is not in the map.
+	// the run has none); an id not stored is not in the map. The starts
+	// may be shared with other calls: they are only read.
 	RunStarts(ids []string) (map[string]*trainmeterv1.RunStart, error)
 }
 

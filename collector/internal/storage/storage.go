@@ -76,6 +76,35 @@ type Runs interface {
 	// Nodes returns every node's stored status by node name (Connected
 	// false: only the ingest server knows it).
 	Nodes() ([]*trainmeterv1.NodeStatus, error)
+	// SelectRuns returns the ids of the runs f selects, in f's order. It
+	// reads each run's summary (aggregate.Summary, kept with the aggregate
+	// at every write, computed with the pricing SetPricer set; cost
+	// unknown without one), not the aggregates: a listing of a few runs
+	// among many reads only the few afterwards.
+	SelectRuns(f RunFilter) ([]string, error)
+}
+
+// RunFilter selects and orders runs by their summaries.
+type RunFilter struct {
+	// LiveOnly: only runs that have not ended.
+	LiveOnly bool
+	// ActiveSince, when set: only runs not ended or that ended at or
+	// after it.
+	ActiveSince time.Time
+	// ByCost orders by total cost, the highest first, runs of unknown cost
+	// last, then by id; otherwise by id (byte order).
+	ByCost bool
+}
+
+// Selects reports whether f selects a run of summary sum.
+func (f RunFilter) Selects(sum aggregate.Summary) bool {
+	if f.LiveOnly && sum.Ended {
+		return false
+	}
+	if !f.ActiveSince.IsZero() && sum.Ended && (!sum.HasEnd || sum.EndNanos < f.ActiveSince.UnixNano()) {
+		return false
+	}
+	return true
 }
 
 // Windows reads raw records.

@@ -156,6 +156,9 @@ type groupAggs struct {
 	// peeked: aggregates read but not (yet) changed by the group, which
 	// are not written back (a refused record never makes an aggregate).
 	peeked map[string]*aggregate.State
+	// wasLive: runs whose stored aggregate was live when the group took
+	// it, so has its live marker (runindex.go).
+	wasLive map[string]bool
 	// live is the group's view of the live index (limits.go) and its
 	// changes to it.
 	live *fold.Live
@@ -165,7 +168,7 @@ type groupAggs struct {
 func newGroupAggs(s *Store) *groupAggs {
 	now := s.now()
 	return &groupAggs{s: s, state: map[string]*aggregate.State{}, nodes: map[string]*nodeEntry{}, sizes: map[string]int{},
-		peeked: map[string]*aggregate.State{}, live: fold.NewLive(s.live, s.limits, now), now: now}
+		peeked: map[string]*aggregate.State{}, wasLive: map[string]bool{}, live: fold.NewLive(s.live, s.limits, now), now: now}
 }
 
 func (g *groupAggs) get(txn *badger.Txn, run string) (*aggregate.State, error) {
@@ -178,6 +181,8 @@ func (g *groupAggs) get(txn *badger.Txn, run string) (*aggregate.State, error) {
 	}
 	if st == nil {
 		st = aggregate.New(run)
+	} else if !st.Ended() {
+		g.wasLive[run] = true
 	}
 	delete(g.peeked, run)
 	g.state[run] = st
@@ -245,7 +250,7 @@ func (g *groupAggs) nodeEntry(txn *badger.Txn, node string) (*nodeEntry, error) 
 func (g *groupAggs) write(txn *badger.Txn) error {
 	for _, r := range g.order {
 		st := g.state[r]
-		n, err := putAgg(txn, r, st)
+		n, err := g.s.putAgg(txn, r, st, g.wasLive[r] && !st.Ended())
 		if err != nil {
 			return err
 		}
@@ -277,8 +282,10 @@ func (g *groupAggs) write(txn *badger.Txn) error {
 
 // putAgg writes a run's aggregate, whole (one node, most runs: one value,
 // as cheap as it gets) or without its node states (MarshalApart: the
-// caller writes those that changed), and returns its encoded size.
-func putAgg(txn *badger.Txn, run string, st *aggregate.State) (int, error) {
+// caller writes those that changed), and its summary, and returns the
+// aggregate's encoded size.
+// indexed: the run was live and is, so its live marker stands.
+func (s *Store) putAgg(txn *badger.Txn, run string, st *aggregate.State, indexed bool) (int, error) {
 	marshal := st.MarshalApart
 	if len(st.Nodes) <= 1 && !st.GetNodesApart() {
 		marshal = st.Marshal
@@ -286,6 +293,11 @@ func putAgg(txn *badger.Txn, run string, st *aggregate.State) (int, error) {
 	v, err := marshal()
 	if err != nil {
 		return 0, err
+	}
+	if !indexed {
+		if err := s.putSummary(txn, run, st); err != nil {
+			return 0, err
+		}
 	}
 	return len(v), txn.Set(aggKey(run), v)
 }

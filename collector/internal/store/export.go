@@ -33,13 +33,18 @@ func (s *Store) Export(fn func(storage.Dump) error) error {
 // m/format, which is the data directory's own.
 var exported = []string{"a/", "an/", "n/", "b/", "r/", "w/", "v/", "s/", "nl/", "dw/", "x/", "m/"}
 
+// derived are the key prefixes a dump leaves out because they are made
+// from what it yields: the runs' summaries and live markers
+// (runindex.go), which an importer keeps its own way.
+var derived = []string{"ai/", "al/"}
+
 func checkPrefixes(txn *badger.Txn) error {
 	it := txn.NewIterator(badger.IteratorOptions{})
 	defer it.Close()
 	for it.Rewind(); it.Valid(); it.Next() {
 		k := it.Item().Key()
 		slash := bytes.IndexByte(k, '/')
-		if slash < 0 || !slices.Contains(exported, string(k[:slash+1])) {
+		if slash < 0 || !slices.Contains(exported, string(k[:slash+1])) && !slices.Contains(derived, string(k[:slash+1])) {
 			return fmt.Errorf("store: key %q is of no kind this trainmeter exports", k)
 		}
 	}

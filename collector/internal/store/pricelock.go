@@ -87,7 +87,7 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 	st.Reprice(before, ch)
 	after = report(st)
 	err = s.db.Update(func(txn *badger.Txn) error {
-		_, err := putAgg(txn, id, st) // the node states did not change
+		_, err := s.putAgg(txn, id, st, false) // the node states did not change
 		return err
 	})
 	if err != nil {

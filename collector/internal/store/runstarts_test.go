@@ -55,3 +55,39 @@ func TestRunStartsAreTheAggregatesStarts(t *testing.T) {
 		t.Errorf("starts: %v", got)
 	}
 }
+
+// A start RunStarts decoded before is given again while the stored start
+// is the same, and the new one once it changed (the id reused after a
+// delete, with another team): the cache is keyed by the stored bytes.
+func TestRunStartsAfterTheStartChanged(t *testing.T) {
+	s := open(t, t.TempDir())
+	defer s.Close()
+	start := func(team string) *trainmeterv1.RunEvent {
+		e := runStart("r", 0)
+		e.GetRunStart().Labels = map[string]string{"team": team}
+		return e
+	}
+	if _, err := s.ApplyBatch("n1", "boot", batch(1, "r", 0, 10, 50, start("a"))); err != nil {
+		t.Fatal(err)
+	}
+	team := func() string {
+		t.Helper()
+		got, err := s.RunStarts([]string{"r"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got["r"].GetLabels()["team"]
+	}
+	if a, again := team(), team(); a != "a" || again != "a" {
+		t.Fatalf("team %q then %q, want a twice", a, again)
+	}
+	if _, err := s.DeleteRun("r"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ApplyBatch("n1", "boot", batch(2, "r", 5, 10, 50, start("b"))); err != nil {
+		t.Fatal(err)
+	}
+	if got := team(); got != "b" {
+		t.Errorf("team after the run started again %q, want b", got)
+	}
+}

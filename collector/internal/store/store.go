@@ -97,6 +97,7 @@ type Store struct {
 	nodes         *nodeCache
 	aggMu         sync.Mutex // held by the committer per group, and by DeleteRun
 	deleted       tombstones // runs deleted while live (deleted.go)
+	starts        startCache // RunStarts' decoded run starts (runstarts.go)
 
 	rawTTL, dedupTTL time.Duration // Options.RawRetention, DedupRetention
 	commitWindow     time.Duration // Options.CommitWindow
@@ -935,6 +936,12 @@ func (s *Store) deleteRun(id string, d fold.Deletion) (records int, err error) {
 				return err
 			}
 			found = true
+			if err := txn.Delete(summaryKey(id)); err != nil {
+				return err
+			}
+			if err := dropLive(txn, id); err != nil {
+				return err
+			}
 			return txn.Delete(aggKey(id))
 		})
 	}
@@ -1041,7 +1048,9 @@ func (s *Store) ListRuns(ids []string) ([]*aggregate.State, error) {
 
 // RunStarts returns the RunStart of each of ids that is stored (nil: the
 // run has none), decoding only that field of its aggregate; an id not
-// stored is not in the map. Usage reads runs so. The aggregates are read
+// stored is not in the map. Usage reads runs so. The starts may be shared
+// with other calls (a start decoded before is kept: startCache), so the
+// caller must not change them. The aggregates are read
 // in key order by one iterator, which steps to the next id's key when it
 // is near and seeks to it when not (a step costs less than a seek or a
 // Get).
@@ -1068,7 +1077,7 @@ func (s *Store) RunStarts(ids []string) (map[string]*trainmeterv1.RunStart, erro
 				continue
 			}
 			if err := it.Item().Value(func(v []byte) error {
-				st, err := runStartOf(v)
+				st, err := s.starts.runStart(id, v)
 				out[id] = st
 				return err
 			}); err != nil {

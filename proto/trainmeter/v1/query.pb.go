@@ -22,6 +22,58 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// RunOrder is the order of a ListRuns listing.
+type RunOrder int32
+
+const (
+	// By run id (byte order).
+	RunOrder_RUN_ORDER_UNSPECIFIED RunOrder = 0
+	// By total_cost_usd, the highest first, as of the run's last write
+	// (with the collector's pricing then: a live run's cost moves with each
+	// batch, an ended run's is booked); runs of unknown cost last; ties by
+	// run id.
+	RunOrder_RUN_ORDER_COST_DESC RunOrder = 1
+)
+
+// Enum value maps for RunOrder.
+var (
+	RunOrder_name = map[int32]string{
+		0: "RUN_ORDER_UNSPECIFIED",
+		1: "RUN_ORDER_COST_DESC",
+	}
+	RunOrder_value = map[string]int32{
+		"RUN_ORDER_UNSPECIFIED": 0,
+		"RUN_ORDER_COST_DESC":   1,
+	}
+)
+
+func (x RunOrder) Enum() *RunOrder {
+	p := new(RunOrder)
+	*p = x
+	return p
+}
+
+func (x RunOrder) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RunOrder) Descriptor() protoreflect.EnumDescriptor {
+	return file_trainmeter_v1_query_proto_enumTypes[0].Descriptor()
+}
+
+func (RunOrder) Type() protoreflect.EnumType {
+	return &file_trainmeter_v1_query_proto_enumTypes[0]
+}
+
+func (x RunOrder) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RunOrder.Descriptor instead.
+func (RunOrder) EnumDescriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{0}
+}
+
 type RepriceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One run (all of its GPU time), or, with since, the GPU time of every
@@ -761,7 +813,20 @@ type ListRunsRequest struct {
 	// next_page_token of the previous response, for the page after it; empty
 	// for the first page. Opaque; it holds only for the same request (the
 	// same run_ids) and is refused (InvalidArgument) otherwise.
-	PageToken     string `protobuf:"bytes,491,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,491,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// --- filter and order (1330-1339); none of them with run_ids ---
+	// The collector selects and orders runs by what it keeps of each run
+	// beside its aggregate, so a short list among many runs reads only its
+	// runs (the console's home: the runs live now, the costliest of the
+	// month). A filtered or ordered listing pages by position in the
+	// selection as of each call.
+	// Only runs that have not ended.
+	LiveOnly bool `protobuf:"varint,1330,opt,name=live_only,json=liveOnly,proto3" json:"live_only,omitempty"`
+	// When set: only runs not ended or that ended at or after it (every
+	// run with GPU time in a period that began then).
+	ActiveSince *timestamppb.Timestamp `protobuf:"bytes,1331,opt,name=active_since,json=activeSince,proto3" json:"active_since,omitempty"`
+	// The order; unset: by run id.
+	Order         RunOrder `protobuf:"varint,1332,opt,name=order,proto3,enum=trainmeter.v1.RunOrder" json:"order,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -815,6 +880,27 @@ func (x *ListRunsRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListRunsRequest) GetLiveOnly() bool {
+	if x != nil {
+		return x.LiveOnly
+	}
+	return false
+}
+
+func (x *ListRunsRequest) GetActiveSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ActiveSince
+	}
+	return nil
+}
+
+func (x *ListRunsRequest) GetOrder() RunOrder {
+	if x != nil {
+		return x.Order
+	}
+	return RunOrder_RUN_ORDER_UNSPECIFIED
 }
 
 type ListRunsResponse struct {
@@ -3783,12 +3869,18 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
 	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12+\n" +
 	"\x04rows\x18\x03 \x03(\v2\x17.trainmeter.v1.UsageRowR\x04rows\x12.\n" +
-	"\x05nodes\x18\x04 \x03(\v2\x18.trainmeter.v1.NodeUsageR\x05nodes\"h\n" +
+	"\x05nodes\x18\x04 \x03(\v2\x18.trainmeter.v1.NodeUsageR\x05nodes\"\xf6\x01\n" +
 	"\x0fListRunsRequest\x12\x17\n" +
 	"\arun_ids\x18\x01 \x03(\tR\x06runIds\x12\x1c\n" +
 	"\tpage_size\x18\xea\x03 \x01(\x05R\bpageSize\x12\x1e\n" +
 	"\n" +
-	"page_token\x18\xeb\x03 \x01(\tR\tpageToken\"i\n" +
+	"page_token\x18\xeb\x03 \x01(\tR\tpageToken\x12\x1c\n" +
+	"\tlive_only\x18\xb2\n" +
+	" \x01(\bR\bliveOnly\x12>\n" +
+	"\factive_since\x18\xb3\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\vactiveSince\x12.\n" +
+	"\x05order\x18\xb4\n" +
+	" \x01(\x0e2\x17.trainmeter.v1.RunOrderR\x05order\"i\n" +
 	"\x10ListRunsResponse\x12,\n" +
 	"\x04runs\x18\x01 \x03(\v2\x18.trainmeter.v1.RunReportR\x04runs\x12'\n" +
 	"\x0fnext_page_token\x18\xea\x03 \x01(\tR\rnextPageToken\"&\n" +
@@ -4120,7 +4212,10 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\n" +
 	"warmup_end\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\twarmupEnd\x120\n" +
 	"\x05start\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
-	"\x03end\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x03end2\xbc\x05\n" +
+	"\x03end\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x03end*>\n" +
+	"\bRunOrder\x12\x19\n" +
+	"\x15RUN_ORDER_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13RUN_ORDER_COST_DESC\x10\x012\xbc\x05\n" +
 	"\fQueryService\x12K\n" +
 	"\bListRuns\x12\x1e.trainmeter.v1.ListRunsRequest\x1a\x1f.trainmeter.v1.ListRunsResponse\x12E\n" +
 	"\x06GetRun\x12\x1c.trainmeter.v1.GetRunRequest\x1a\x1d.trainmeter.v1.GetRunResponse\x12S\n" +
@@ -4145,128 +4240,132 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 	return file_trainmeter_v1_query_proto_rawDescData
 }
 
+var file_trainmeter_v1_query_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_trainmeter_v1_query_proto_goTypes = []any{
-	(*RepriceRequest)(nil),        // 0: trainmeter.v1.RepriceRequest
-	(*RepriceResponse)(nil),       // 1: trainmeter.v1.RepriceResponse
-	(*RepricedRun)(nil),           // 2: trainmeter.v1.RepricedRun
-	(*UsageRequest)(nil),          // 3: trainmeter.v1.UsageRequest
-	(*UsageRow)(nil),              // 4: trainmeter.v1.UsageRow
-	(*NodeUsage)(nil),             // 5: trainmeter.v1.NodeUsage
-	(*UsageResponse)(nil),         // 6: trainmeter.v1.UsageResponse
-	(*UsageDay)(nil),              // 7: trainmeter.v1.UsageDay
-	(*ListRunsRequest)(nil),       // 8: trainmeter.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 9: trainmeter.v1.ListRunsResponse
-	(*GetRunRequest)(nil),         // 10: trainmeter.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 11: trainmeter.v1.GetRunResponse
-	(*ExportRunsRequest)(nil),     // 12: trainmeter.v1.ExportRunsRequest
-	(*ExportRunsResponse)(nil),    // 13: trainmeter.v1.ExportRunsResponse
-	(*DeleteRunRequest)(nil),      // 14: trainmeter.v1.DeleteRunRequest
-	(*DeleteRunResponse)(nil),     // 15: trainmeter.v1.DeleteRunResponse
-	(*ListNodesRequest)(nil),      // 16: trainmeter.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),     // 17: trainmeter.v1.ListNodesResponse
-	(*NodeStatus)(nil),            // 18: trainmeter.v1.NodeStatus
-	(*RunReport)(nil),             // 19: trainmeter.v1.RunReport
-	(*CarbonBand)(nil),            // 20: trainmeter.v1.CarbonBand
-	(*DataloaderChange)(nil),      // 21: trainmeter.v1.DataloaderChange
-	(*Range)(nil),                 // 22: trainmeter.v1.Range
-	(*RunEstimate)(nil),           // 23: trainmeter.v1.RunEstimate
-	(*EnergyBandCost)(nil),        // 24: trainmeter.v1.EnergyBandCost
-	(*CompareRequest)(nil),        // 25: trainmeter.v1.CompareRequest
-	(*CompareStat)(nil),           // 26: trainmeter.v1.CompareStat
-	(*CompareGroup)(nil),          // 27: trainmeter.v1.CompareGroup
-	(*CompareDiff)(nil),           // 28: trainmeter.v1.CompareDiff
-	(*CompareRow)(nil),            // 29: trainmeter.v1.CompareRow
-	(*CompareResponse)(nil),       // 30: trainmeter.v1.CompareResponse
-	(*TimelineRequest)(nil),       // 31: trainmeter.v1.TimelineRequest
-	(*TimelineSeries)(nil),        // 32: trainmeter.v1.TimelineSeries
-	(*TimelineEvent)(nil),         // 33: trainmeter.v1.TimelineEvent
-	(*TimelineResponse)(nil),      // 34: trainmeter.v1.TimelineResponse
-	nil,                           // 35: trainmeter.v1.RunReport.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
-	(*GpuInfo)(nil),               // 37: trainmeter.v1.GpuInfo
-	(*RunMetadata)(nil),           // 38: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 39: trainmeter.v1.Eval
+	(RunOrder)(0),                 // 0: trainmeter.v1.RunOrder
+	(*RepriceRequest)(nil),        // 1: trainmeter.v1.RepriceRequest
+	(*RepriceResponse)(nil),       // 2: trainmeter.v1.RepriceResponse
+	(*RepricedRun)(nil),           // 3: trainmeter.v1.RepricedRun
+	(*UsageRequest)(nil),          // 4: trainmeter.v1.UsageRequest
+	(*UsageRow)(nil),              // 5: trainmeter.v1.UsageRow
+	(*NodeUsage)(nil),             // 6: trainmeter.v1.NodeUsage
+	(*UsageResponse)(nil),         // 7: trainmeter.v1.UsageResponse
+	(*UsageDay)(nil),              // 8: trainmeter.v1.UsageDay
+	(*ListRunsRequest)(nil),       // 9: trainmeter.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 10: trainmeter.v1.ListRunsResponse
+	(*GetRunRequest)(nil),         // 11: trainmeter.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 12: trainmeter.v1.GetRunResponse
+	(*ExportRunsRequest)(nil),     // 13: trainmeter.v1.ExportRunsRequest
+	(*ExportRunsResponse)(nil),    // 14: trainmeter.v1.ExportRunsResponse
+	(*DeleteRunRequest)(nil),      // 15: trainmeter.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 16: trainmeter.v1.DeleteRunResponse
+	(*ListNodesRequest)(nil),      // 17: trainmeter.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),     // 18: trainmeter.v1.ListNodesResponse
+	(*NodeStatus)(nil),            // 19: trainmeter.v1.NodeStatus
+	(*RunReport)(nil),             // 20: trainmeter.v1.RunReport
+	(*CarbonBand)(nil),            // 21: trainmeter.v1.CarbonBand
+	(*DataloaderChange)(nil),      // 22: trainmeter.v1.DataloaderChange
+	(*Range)(nil),                 // 23: trainmeter.v1.Range
+	(*RunEstimate)(nil),           // 24: trainmeter.v1.RunEstimate
+	(*EnergyBandCost)(nil),        // 25: trainmeter.v1.EnergyBandCost
+	(*CompareRequest)(nil),        // 26: trainmeter.v1.CompareRequest
+	(*CompareStat)(nil),           // 27: trainmeter.v1.CompareStat
+	(*CompareGroup)(nil),          // 28: trainmeter.v1.CompareGroup
+	(*CompareDiff)(nil),           // 29: trainmeter.v1.CompareDiff
+	(*CompareRow)(nil),            // 30: trainmeter.v1.CompareRow
+	(*CompareResponse)(nil),       // 31: trainmeter.v1.CompareResponse
+	(*TimelineRequest)(nil),       // 32: trainmeter.v1.TimelineRequest
+	(*TimelineSeries)(nil),        // 33: trainmeter.v1.TimelineSeries
+	(*TimelineEvent)(nil),         // 34: trainmeter.v1.TimelineEvent
+	(*TimelineResponse)(nil),      // 35: trainmeter.v1.TimelineResponse
+	nil,                           // 36: trainmeter.v1.RunReport.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
+	(*GpuInfo)(nil),               // 38: trainmeter.v1.GpuInfo
+	(*RunMetadata)(nil),           // 39: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 40: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
-	36, // 0: trainmeter.v1.RepriceRequest.since:type_name -> google.protobuf.Timestamp
-	2,  // 1: trainmeter.v1.RepriceResponse.runs:type_name -> trainmeter.v1.RepricedRun
-	36, // 2: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
-	36, // 3: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
-	4,  // 4: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
-	5,  // 5: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
-	36, // 6: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
-	36, // 7: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
-	7,  // 8: trainmeter.v1.UsageResponse.days:type_name -> trainmeter.v1.UsageDay
-	36, // 9: trainmeter.v1.UsageDay.since:type_name -> google.protobuf.Timestamp
-	36, // 10: trainmeter.v1.UsageDay.until:type_name -> google.protobuf.Timestamp
-	4,  // 11: trainmeter.v1.UsageDay.rows:type_name -> trainmeter.v1.UsageRow
-	5,  // 12: trainmeter.v1.UsageDay.nodes:type_name -> trainmeter.v1.NodeUsage
-	19, // 13: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
-	19, // 14: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
-	19, // 15: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
-	18, // 16: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	37, // 17: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	36, // 18: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	38, // 19: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	36, // 20: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	36, // 21: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	39, // 22: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	35, // 23: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
-	24, // 24: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
-	23, // 25: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
-	20, // 26: trainmeter.v1.RunReport.co2_bands:type_name -> trainmeter.v1.CarbonBand
-	21, // 27: trainmeter.v1.RunReport.dataloader_changes:type_name -> trainmeter.v1.DataloaderChange
-	36, // 28: trainmeter.v1.RunReport.repriced_at:type_name -> google.protobuf.Timestamp
-	36, // 29: trainmeter.v1.DataloaderChange.applied_at:type_name -> google.protobuf.Timestamp
-	22, // 30: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
-	22, // 31: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
-	22, // 32: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
-	22, // 33: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
-	36, // 34: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
-	26, // 35: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
-	26, // 36: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
-	26, // 37: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
-	26, // 38: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
-	26, // 39: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
-	28, // 40: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
-	28, // 41: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
-	28, // 42: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	28, // 43: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	28, // 44: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	27, // 45: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
-	29, // 46: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
-	36, // 47: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
-	36, // 48: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
-	36, // 49: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
-	32, // 50: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
-	33, // 51: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
-	36, // 52: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
-	36, // 53: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
-	36, // 54: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
-	8,  // 55: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	10, // 56: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	12, // 57: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	16, // 58: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	14, // 59: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	25, // 60: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
-	31, // 61: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
-	3,  // 62: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
-	0,  // 63: trainmeter.v1.QueryService.Reprice:input_type -> trainmeter.v1.RepriceRequest
-	9,  // 64: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	11, // 65: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	13, // 66: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	17, // 67: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	15, // 68: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	30, // 69: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
-	34, // 70: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
-	6,  // 71: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
-	1,  // 72: trainmeter.v1.QueryService.Reprice:output_type -> trainmeter.v1.RepriceResponse
-	64, // [64:73] is the sub-list for method output_type
-	55, // [55:64] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	37, // 0: trainmeter.v1.RepriceRequest.since:type_name -> google.protobuf.Timestamp
+	3,  // 1: trainmeter.v1.RepriceResponse.runs:type_name -> trainmeter.v1.RepricedRun
+	37, // 2: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
+	37, // 3: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
+	5,  // 4: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
+	6,  // 5: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
+	37, // 6: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
+	37, // 7: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
+	8,  // 8: trainmeter.v1.UsageResponse.days:type_name -> trainmeter.v1.UsageDay
+	37, // 9: trainmeter.v1.UsageDay.since:type_name -> google.protobuf.Timestamp
+	37, // 10: trainmeter.v1.UsageDay.until:type_name -> google.protobuf.Timestamp
+	5,  // 11: trainmeter.v1.UsageDay.rows:type_name -> trainmeter.v1.UsageRow
+	6,  // 12: trainmeter.v1.UsageDay.nodes:type_name -> trainmeter.v1.NodeUsage
+	37, // 13: trainmeter.v1.ListRunsRequest.active_since:type_name -> google.protobuf.Timestamp
+	0,  // 14: trainmeter.v1.ListRunsRequest.order:type_name -> trainmeter.v1.RunOrder
+	20, // 15: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
+	20, // 16: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
+	20, // 17: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
+	19, // 18: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
+	38, // 19: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	37, // 20: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	39, // 21: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	37, // 22: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	37, // 23: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	40, // 24: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	36, // 25: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	25, // 26: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
+	24, // 27: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
+	21, // 28: trainmeter.v1.RunReport.co2_bands:type_name -> trainmeter.v1.CarbonBand
+	22, // 29: trainmeter.v1.RunReport.dataloader_changes:type_name -> trainmeter.v1.DataloaderChange
+	37, // 30: trainmeter.v1.RunReport.repriced_at:type_name -> google.protobuf.Timestamp
+	37, // 31: trainmeter.v1.DataloaderChange.applied_at:type_name -> google.protobuf.Timestamp
+	23, // 32: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
+	23, // 33: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
+	23, // 34: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
+	23, // 35: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
+	37, // 36: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
+	27, // 37: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
+	27, // 38: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
+	27, // 39: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
+	27, // 40: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
+	27, // 41: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
+	29, // 42: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
+	29, // 43: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
+	29, // 44: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	29, // 45: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	29, // 46: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	28, // 47: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
+	30, // 48: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
+	37, // 49: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
+	37, // 50: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
+	37, // 51: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
+	33, // 52: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
+	34, // 53: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
+	37, // 54: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
+	37, // 55: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
+	37, // 56: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
+	9,  // 57: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	11, // 58: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	13, // 59: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	17, // 60: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	15, // 61: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	26, // 62: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
+	32, // 63: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
+	4,  // 64: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
+	1,  // 65: trainmeter.v1.QueryService.Reprice:input_type -> trainmeter.v1.RepriceRequest
+	10, // 66: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	12, // 67: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	14, // 68: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	18, // 69: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	16, // 70: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	31, // 71: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
+	35, // 72: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
+	7,  // 73: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
+	2,  // 74: trainmeter.v1.QueryService.Reprice:output_type -> trainmeter.v1.RepriceResponse
+	66, // [66:75] is the sub-list for method output_type
+	57, // [57:66] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -4285,13 +4384,14 @@ func file_trainmeter_v1_query_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_trainmeter_v1_query_proto_goTypes,
 		DependencyIndexes: file_trainmeter_v1_query_proto_depIdxs,
+		EnumInfos:         file_trainmeter_v1_query_proto_enumTypes,
 		MessageInfos:      file_trainmeter_v1_query_proto_msgTypes,
 	}.Build()
 	File_trainmeter_v1_query_proto = out.File

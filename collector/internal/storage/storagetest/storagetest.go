@@ -55,6 +55,7 @@ func Run(t *testing.T, open func(t *testing.T, o Options) storage.Store) {
 		{"UsagePeriods", usagePeriods},
 		{"DeleteLiveRun", deleteLiveRun},
 		{"Pages", pages},
+		{"SelectRuns", selectRuns},
 		{"Records", records},
 		{"Reprice", reprice},
 		{"Reopen", reopen},
@@ -371,6 +372,77 @@ func pages(t *testing.T, st storage.Store) {
 	}
 	if _, err := st.GetRun("nope"); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("GetRun(nope): %v, want ErrNotFound", err)
+	}
+}
+
+// selectRuns: live runs, runs active since a time, and the order by total
+// cost (unknown last, ties by id), from the summaries written with every
+// aggregate, a reprice's included.
+func selectRuns(t *testing.T, st storage.Store) {
+	// a ends at 2 s, c at 6 s, e at 9 s; b and d are live. A reprice books
+	// a at $1, b at $2 and c and e at $10 (1 GPU-s each); d has no cost.
+	seq := uint64(0)
+	run := func(id string, sec float64, end bool) {
+		evs := []*trainmeterv1.RunEvent{tu.Start(id, sec, "m")}
+		if end {
+			evs = append(evs, tu.End(id, sec+1))
+		}
+		seq++
+		apply(t, st, "n1", "b", runBatch(seq, id, sec, 1, 1, evs...))
+	}
+	run("a", 1, true)
+	run("b", 2, false)
+	run("c", 5, true)
+	run("d", 6, false)
+	run("e", 8, true)
+	rep := func(s *aggregate.State) *trainmeterv1.RunReport { return s.Report(aggregate.Pricing{}) }
+	for id, usd := range map[string]float64{"a": 3600, "b": 7200, "c": 36000, "e": 36000} {
+		if _, _, _, err := st.Reprice(id, time.Time{}, usd, "test", rep); err != nil {
+			t.Fatalf("reprice %s: %v", id, err)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		f    storage.RunFilter
+		want string
+	}{
+		{"all by id", storage.RunFilter{}, "abcde"},
+		{"live", storage.RunFilter{LiveOnly: true}, "bd"},
+		{"active since 6 s", storage.RunFilter{ActiveSince: tu.T0.Add(6 * time.Second)}, "bcde"},
+		{"active since 6.5 s", storage.RunFilter{ActiveSince: tu.T0.Add(6500 * time.Millisecond)}, "bde"},
+		{"by cost", storage.RunFilter{ByCost: true}, "cebad"},
+		{"active since 6.5 s by cost", storage.RunFilter{ActiveSince: tu.T0.Add(6500 * time.Millisecond), ByCost: true}, "ebd"},
+		{"live by cost", storage.RunFilter{LiveOnly: true, ByCost: true}, "bd"},
+	} {
+		ids, err := st.SelectRuns(c.f)
+		if got := strings.Join(ids, ""); err != nil || got != c.want {
+			t.Errorf("SelectRuns %s = %q (%v), want %q", c.name, got, err, c.want)
+		}
+	}
+	if _, err := st.DeleteRun("e"); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := st.SelectRuns(storage.RunFilter{ByCost: true}); strings.Join(ids, "") != "cbad" || err != nil {
+		t.Errorf("SelectRuns by cost after deleting e = %q (%v), want cbad", ids, err)
+	}
+	// A live run that ends, and one deleted while live, are live no more.
+	seq++
+	apply(t, st, "n1", "b", runBatch(seq, "b", 10, 1, 1, tu.End("b", 11)))
+	live := func() string {
+		ids, err := st.SelectRuns(storage.RunFilter{LiveOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(ids, "")
+	}
+	if got := live(); got != "d" {
+		t.Errorf("live runs after b ended = %q, want d", got)
+	}
+	if _, err := st.DeleteLiveRun("d"); err != nil {
+		t.Fatal(err)
+	}
+	if got := live(); got != "" {
+		t.Errorf("live runs after d was deleted = %q, want none", got)
 	}
 }
 

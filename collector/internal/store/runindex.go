@@ -1,0 +1,183 @@
+package store
+
+import (
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	badger "github.com/dgraph-io/badger/v4"
+
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/storage"
+)
+
+// An ended run's summary (aggregate.Summary), written with its aggregate:
+// what SelectRuns filters and orders ended runs by without decoding their
+// aggregates.
+func summaryKey(run string) []byte { return key("ai/", run) }
+
+// A live run's marker (an empty value), there while its aggregate says it
+// has not ended: SelectRuns reads the live runs' aggregates, a few, and
+// ingest writes nothing more for a live run than its aggregate.
+func liveKey(run string) []byte { return key("al/", run) }
+
+// summaryLen is an encoded summary's size: flags, end (ns), total cost.
+const summaryLen = 1 + 8 + 8
+
+const (
+	sumEnded = 1 << iota
+	sumHasEnd
+	sumHasCost
+)
+
+func encodeSummary(sum aggregate.Summary) []byte {
+	v := make([]byte, summaryLen)
+	if sum.Ended {
+		v[0] |= sumEnded
+	}
+	if sum.HasEnd {
+		v[0] |= sumHasEnd
+		binary.BigEndian.PutUint64(v[1:], uint64(sum.EndNanos))
+	}
+	if sum.TotalCostUSD != nil {
+		v[0] |= sumHasCost
+		binary.BigEndian.PutUint64(v[9:], math.Float64bits(*sum.TotalCostUSD))
+	}
+	return v
+}
+
+func decodeSummary(v []byte) (aggregate.Summary, error) {
+	if len(v) != summaryLen {
+		return aggregate.Summary{}, fmt.Errorf("store: run summary of %d bytes, want %d", len(v), summaryLen)
+	}
+	sum := aggregate.Summary{Ended: v[0]&sumEnded != 0, HasEnd: v[0]&sumHasEnd != 0}
+	if sum.HasEnd {
+		sum.EndNanos = int64(binary.BigEndian.Uint64(v[1:]))
+	}
+	if v[0]&sumHasCost != 0 {
+		c := math.Float64frombits(binary.BigEndian.Uint64(v[9:]))
+		sum.TotalCostUSD = &c
+	}
+	return sum, nil
+}
+
+// putSummary writes run's summary, computed with the pricing SetPricer
+// set (as pgstore's report columns are).
+func (s *Store) putSummary(txn *badger.Txn, run string, st *aggregate.State) error {
+	if !st.Ended() {
+		// A live run has its marker, set once, and no summary:
+		// SelectRuns reads a live run's figures from its aggregate, so
+		// that ingest writes no key more a run a group than it did.
+		_, err := txn.Get(liveKey(run))
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			err = txn.Set(liveKey(run), nil)
+		}
+		if err != nil {
+			return err
+		}
+		return dropSummary(txn, run)
+	}
+	if err := dropLive(txn, run); err != nil {
+		return err
+	}
+	p, _ := s.Pricer().(aggregate.Pricing)
+	return txn.Set(summaryKey(run), encodeSummary(st.Summary(p)))
+}
+
+// dropLive deletes run's live marker if it has one (deleting none would
+// write a tombstone at every write of an ended run).
+func dropLive(txn *badger.Txn, run string) error {
+	_, err := txn.Get(liveKey(run))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return txn.Delete(liveKey(run))
+}
+
+// dropSummary deletes run's summary if it has one (a run that ended and
+// then got a start again).
+func dropSummary(txn *badger.Txn, run string) error {
+	_, err := txn.Get(summaryKey(run))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return txn.Delete(summaryKey(run))
+}
+
+// SelectRuns implements storage.Runs from the ended runs' summaries and
+// the live runs' aggregates.
+func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
+	type sel struct {
+		id   string
+		cost *float64
+	}
+	var out []sel
+	p, _ := s.Pricer().(aggregate.Pricing)
+	err := s.db.View(func(txn *badger.Txn) error {
+		var live []string
+		err := scan(txn, badger.IteratorOptions{Prefix: []byte("al/")}, nil, func(k, _ []byte) error {
+			live = append(live, string(k[len("al/"):]))
+			return nil
+		})
+		for _, id := range live {
+			if err != nil {
+				return err
+			}
+			var st *aggregate.State
+			if st, err = getAgg(txn, id); err == nil {
+				if sum := st.Summary(p); f.Selects(sum) {
+					out = append(out, sel{id, sum.TotalCostUSD})
+				}
+			} else if errors.Is(err, ErrNotFound) {
+				err = nil
+			}
+		}
+		if err != nil || f.LiveOnly {
+			return err
+		}
+		return scan(txn, badger.IteratorOptions{Prefix: []byte("ai/"), PrefetchSize: 256}, nil, func(k, v []byte) error {
+			sum, err := decodeSummary(v)
+			if err != nil {
+				return fmt.Errorf("run %q: %w", k[len("ai/"):], err)
+			}
+			if f.Selects(sum) {
+				out = append(out, sel{string(k[len("ai/"):]), sum.TotalCostUSD})
+			}
+			return nil
+		})
+	})
+	// Live runs first, then ended ones, each in id order: in id order
+	// again, so that ties keep it.
+	slices.SortFunc(out, func(a, b sel) int { return cmp.Compare(a.id, b.id) })
+	if err != nil {
+		return nil, err
+	}
+	if f.ByCost {
+		// The scan is in id order, so a stable sort keeps ties by id.
+		slices.SortStableFunc(out, func(a, b sel) int {
+			switch {
+			case a.cost != nil && b.cost != nil:
+				return cmp.Compare(*b.cost, *a.cost)
+			case a.cost != nil:
+				return -1
+			case b.cost != nil:
+				return 1
+			}
+			return 0
+		})
+	}
+	ids := make([]string, len(out))
+	for i, r := range out {
+		ids[i] = r.id
+	}
+	return ids, nil
+}
