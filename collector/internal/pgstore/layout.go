@@ -91,7 +91,8 @@ func noPartition(err error) bool {
 }
 
 // Maintain makes today's and tomorrow's partitions and, with a raw
-// retention, drops the day partitions wholly older than it (applied batch
+// retention, rolls up what ingest left to the roll-up (RollUp, waiting for
+// the node rows) and drops the day partitions wholly older than it (applied batch
 // keys: older than the dedup retention too), moving raw_horizon past the
 // raw days dropped in the same transaction. Run aggregates, rollups and
 // deleted runs' windows are kept. It is idempotent and safe on several
