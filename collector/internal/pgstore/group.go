@@ -304,15 +304,15 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 		lockNodes(&again, missing)
 		countLive(&again, slices.DeleteFunc(missing, func(n string) bool { return !starts[n] }))
 	}
-	if missing := slices.DeleteFunc(slices.Clone(runs), func(r string) bool { return runX[r] != "" }); len(missing) > 0 {
-		again.Queue(`INSERT INTO runs (run_id) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING`, missing)
-		lockRuns(&again, missing)
-	}
-	if len(readState) > 0 {
-		again.Queue(`SELECT run_id, state FROM runs WHERE run_id = ANY($1)`, readState).Query(func(rows pgx.Rows) error {
-			var id string
+	readStates := func(q *pgx.Batch, sql string, runs []string) {
+		q.Queue(sql, runs).Query(func(rows pgx.Rows) error {
+			var id, x string
 			var val []byte
-			_, err := pgx.ForEachRow(rows, []any{&id, &val}, func() error {
+			_, err := pgx.ForEachRow(rows, []any{&id, &val, &x}, func() error {
+				runX[id] = x
+				if val == nil {
+					return nil
+				}
 				st, err := aggregate.Unmarshal(val)
 				if err != nil {
 					return fmt.Errorf("run %q: %w", id, err)
@@ -322,6 +322,15 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 			})
 			return err
 		})
+	}
+	if missing := slices.DeleteFunc(slices.Clone(runs), func(r string) bool { return runX[r] != "" }); len(missing) > 0 {
+		// Made here or by another transaction since the first pipeline:
+		// locked with their aggregates.
+		again.Queue(`INSERT INTO runs (run_id) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING`, missing)
+		readStates(&again, `SELECT run_id, state, xmin::text FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE`, missing)
+	}
+	if len(readState) > 0 {
+		readStates(&again, `SELECT run_id, state, xmin::text FROM runs WHERE run_id = ANY($1)`, readState)
 	}
 	// The rollup rows the group adds to: those of its records that start
 	// before their node's rolled_ns (late ones; the roll-up adds the

@@ -145,3 +145,72 @@ func TestRunsWithDataSince(t *testing.T) {
 		}
 	}
 }
+
+// TestRollerRollsUpEveryInterval: the leader's roller, on a fake clock,
+// rolls up at each interval what started an interval ago or earlier, and
+// stops when told.
+func TestRollerRollsUpEveryInterval(t *testing.T) {
+	url := pgtest.DB(t)
+	clk := tu.Clock() // T0 + 60 s
+	st := openWith(t, url, pgstore.Options{Clock: clk})
+	node := storage.Sender{Node: "n", Boot: "b"}
+	send := func(seq uint64, sec float64) {
+		t.Helper()
+		bt := tu.Batch(seq, sec, []*trainmeterv1.RunWindow{tu.Window("r", sec, 10, 5)})
+		if seq == 1 {
+			bt.RunEvents = append(bt.RunEvents, tu.Start("r", sec, "m"))
+		}
+		if _, err := st.ApplyBatchResult(node, bt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(t.Context())
+	tokens := func() (n uint64) {
+		t.Helper()
+		rows, _ := conn.Query(t.Context(), `SELECT w FROM run_rollups WHERE node = 'n' AND run_id = 'r'`)
+		var val []byte
+		if _, err := pgx.ForEachRow(rows, []any{&val}, func() error {
+			w := &trainmeterv1.RunWindow{}
+			err := proto.Unmarshal(val, w)
+			n += w.GetTokens()
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	send(1, 0)
+	send(2, 45)
+	send(3, 55)
+	if n := tokens(); n != 0 {
+		t.Fatalf("before a roll-up the rollups hold %d tokens, want 0 (ingest leaves them to the roll-up)", n)
+	}
+	r := &pgstore.Roller{Store: st, Interval: 10 * time.Second}
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rollAt := func(want uint64) {
+		t.Helper()
+		if err := clk.AwaitWaiters(t.Context(), 1); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(10 * time.Second)
+		if err := clk.AwaitWaiters(t.Context(), 1); err != nil { // waiting again: the roll-up is done
+			t.Fatal(err)
+		}
+		if n := tokens(); n != want {
+			t.Errorf("after the roll-up at T0+%v the rollups hold %d tokens, want %d", clk.Now().Sub(tu.T0), n, want)
+		}
+	}
+	rollAt(30) // at T0+70 s, up to T0+60 s: all three
+	send(4, 65)
+	send(5, 72)
+	rollAt(40) // at T0+80 s, up to T0+70 s: the one at 65 s
+	if err := r.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
