@@ -162,7 +162,7 @@ func (s *Store) commitGroupWith(group []*applyReq, asOne bool) {
 	}
 	remade := false
 	for attempt := 0; ; attempt++ {
-		var fresh map[string]*rollCache
+		var fresh groupCache
 		err := s.ensureDays(days)
 		if err == nil {
 			err = pgx.BeginTxFunc(context.Background(), s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
@@ -205,7 +205,8 @@ func (s *Store) commitGroupWith(group []*applyReq, asOne bool) {
 			return
 		}
 		s.commits.Add(1)
-		s.rcache.put(fresh)
+		s.rcache.put(fresh.rolls)
+		s.scache.put(fresh.states)
 		for _, r := range group {
 			if r.err == nil {
 				s.committedBatches.Add(1)

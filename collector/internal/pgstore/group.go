@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -53,8 +54,9 @@ type batchKey struct {
 type groupNode struct {
 	ns      *trainmeterv1.NodeStatus
 	bucket  fold.Bucket
-	count   int  // live runs (live_runs rows) before the group, when limits bound them
-	written bool // a batch of the group applied
+	rolled  int64 // rolledOf the node's rolled_ns: records before it add to the rollups here
+	count   int   // live runs (live_runs rows) before the group, when limits bound them
+	written bool  // a batch of the group applied
 	usage   *dayUsage
 	rr      *rollupRows // the rollup rows the group adds to, as written
 	// The rollup rows read, which the group's additions start from.
@@ -141,9 +143,9 @@ func perBatchRows(table string) *rawRows {
 }
 
 // applyGroupAsOne applies the group in tx as described above; an error
-// fails the whole attempt. fresh receives the rollup rows to cache
+// fails the whole attempt. fresh receives the rollup rows and aggregates to cache
 // (rollcache.go) once the transaction commits.
-func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]*rollCache) error {
+func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache) error {
 	ctx := context.Background()
 	g := &groupState{now: s.clk.Now(), nodes: map[string]*groupNode{}, state: map[string]*aggregate.State{},
 		write: map[string]bool{}, baseLive: map[fold.LiveKey]bool{}}
@@ -154,8 +156,6 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 	var kSeq, kStart []int64
 	var hNode, hBoot []string
 	var hSeq []int64
-	runRoll := map[[2]string]map[int64]bool{} // (node, run) → minutes
-	nodeMin := map[string]map[int64]bool{}
 	starts := map[string]bool{} // nodes whose batches start runs
 	for _, r := range group {
 		r.a, r.err = storage.Applied{}, nil
@@ -169,28 +169,13 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 				hNode, hBoot, hSeq = append(hNode, node), append(hBoot, boot), append(hSeq, int64(l.GetSeq()))
 			}
 		}
-		for _, w := range r.b.GetRunWindows() {
-			k := [2]string{node, w.GetRunId()}
-			if runRoll[k] == nil {
-				runRoll[k] = map[int64]bool{}
-			}
-			runRoll[k][dayMinute(w.GetStart())] = true
-		}
-		if nodeMin[node] == nil {
-			nodeMin[node] = map[int64]bool{}
-		}
-		nodeMin[node][minuteOf(fold.NanosOf(r.b.GetWindowStart()))] = true
 		if startsRun(r.b) {
 			starts[node] = true
 		}
 	}
 	nodes, runs = sortedSet(nodes), sortedSet(runs)
-	empties, err := emptyNodeStatuses(nodes)
-	if err != nil {
-		return err
-	}
 	for _, n := range nodes {
-		g.nodes[n] = &groupNode{ns: &trainmeterv1.NodeStatus{Node: n}, haveRuns: map[runRollKey]*trainmeterv1.RunWindow{},
+		g.nodes[n] = &groupNode{ns: &trainmeterv1.NodeStatus{Node: n}, rolled: math.MinInt64, haveRuns: map[runRollKey]*trainmeterv1.RunWindow{},
 			haveNodes: map[nodeRollKey]*trainmeterv1.Batch{}, rr: newRollupRows(), usage: newDayUsage(n)}
 	}
 
@@ -224,28 +209,103 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 		_, err := pgx.ForEachRow(rows, []any{&k.node, &k.boot, &k.seq, &start}, func() error { isNew[keyOf(k, start)] = true; return nil })
 		return err
 	})
-	q.Queue(`INSERT INTO nodes (node, status) SELECT * FROM unnest($1::text[], $2::bytea[]) ORDER BY 1 ON CONFLICT DO NOTHING`, nodes, empties)
-	q.Queue(`SELECT node, status, new_runs_tokens, new_runs_at, xmin::text FROM nodes WHERE node = ANY($1) ORDER BY node FOR UPDATE`, nodes).Query(func(rows pgx.Rows) error {
-		var node, x string
-		var val []byte
-		var tokens *float64
-		var at *int64
-		_, err := pgx.ForEachRow(rows, []any{&node, &val, &tokens, &at, &x}, func() error {
-			n := g.nodes[node]
-			if n == nil {
-				return nil
-			}
-			nodeX[node] = x
-			if tokens != nil && at != nil {
-				n.bucket = fold.Bucket{Tokens: *tokens, At: time.Unix(0, *at)}
-			}
-			return proto.Unmarshal(val, n.ns)
+	// The node rows and run rows locked, in the order commit.go gives;
+	// rows missing (a new node, a new run) are made and locked in the
+	// second pipeline. A run's aggregate is read only where this process
+	// holds none as of the row's xmin (scache).
+	lockNodes := func(q *pgx.Batch, nodes []string) {
+		q.Queue(`SELECT node, status, new_runs_tokens, new_runs_at, rolled_ns, xmin::text FROM nodes WHERE node = ANY($1) ORDER BY node FOR UPDATE`, nodes).Query(func(rows pgx.Rows) error {
+			var node, x string
+			var val []byte
+			var tokens *float64
+			var at, rolled *int64
+			_, err := pgx.ForEachRow(rows, []any{&node, &val, &tokens, &at, &rolled, &x}, func() error {
+				n := g.nodes[node]
+				if n == nil {
+					return nil
+				}
+				nodeX[node] = x
+				n.rolled = rolledOf(rolled)
+				if tokens != nil && at != nil {
+					n.bucket = fold.Bucket{Tokens: *tokens, At: time.Unix(0, *at)}
+				}
+				return proto.Unmarshal(val, n.ns)
+			})
+			return err
 		})
-		return err
-	})
+	}
+	states := s.scache.take(runs)
+	var readState []string // runs whose aggregate is to be read
+	lockRuns := func(q *pgx.Batch, runs []string) {
+		q.Queue(`SELECT run_id, state IS NULL, xmin::text FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE`, runs).Query(func(rows pgx.Rows) error {
+			var id, x string
+			var none bool
+			_, err := pgx.ForEachRow(rows, []any{&id, &none, &x}, func() error {
+				runX[id] = x
+				switch c, ok := states[id]; {
+				case none:
+				case ok && c.x == x:
+					g.state[id] = c.st
+				default:
+					readState = append(readState, id)
+				}
+				return nil
+			})
+			return err
+		})
+	}
+	lockNodes(&q, nodes)
 	if len(runs) > 0 {
-		q.Queue(`INSERT INTO runs (run_id) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING`, runs)
-		q.Queue(`SELECT run_id, state, xmin::text FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE`, runs).Query(func(rows pgx.Rows) error {
+		lockRuns(&q, runs)
+		keys := make([][]byte, len(runs))
+		for i, r := range runs {
+			keys[i] = []byte(r)
+		}
+		q.Queue(`SELECT k, v FROM records WHERE ns = $1 AND k = ANY($2)`, fold.DeletedNS, keys).Query(func(rows pgx.Rows) error {
+			var k, val []byte
+			_, err := pgx.ForEachRow(rows, []any{&k, &val}, func() error {
+				if d, ok := fold.ParseTombstone(string(val)); ok {
+					tombs[string(k)] = d
+				}
+				return nil
+			})
+			return err
+		})
+	}
+	// The live runs of nodes whose batches start runs, counted under the
+	// node's lock: for a node made in the second pipeline, again there.
+	countLive := func(q *pgx.Batch, nodes []string) {
+		if s.limits.MaxLiveRunsPerNode <= 0 || len(nodes) == 0 {
+			return
+		}
+		q.Queue(`SELECT node, count(*) FROM live_runs WHERE node = ANY($1) GROUP BY node`, nodes).Query(func(rows pgx.Rows) error {
+			var node string
+			var n int
+			_, err := pgx.ForEachRow(rows, []any{&node, &n}, func() error {
+				if gn := g.nodes[node]; gn != nil {
+					gn.count = n
+				}
+				return nil
+			})
+			return err
+		})
+	}
+	countLive(&q, mapKeys(starts))
+	if err := tx.SendBatch(ctx, &q).Close(); err != nil {
+		return err
+	}
+	var again pgx.Batch
+	if missing := slices.DeleteFunc(slices.Clone(nodes), func(n string) bool { return nodeX[n] != "" }); len(missing) > 0 {
+		empties, err := emptyNodeStatuses(missing)
+		if err != nil {
+			return err
+		}
+		again.Queue(`INSERT INTO nodes (node, status) SELECT * FROM unnest($1::text[], $2::bytea[]) ORDER BY 1 ON CONFLICT DO NOTHING`, missing, empties)
+		lockNodes(&again, missing)
+		countLive(&again, slices.DeleteFunc(missing, func(n string) bool { return !starts[n] }))
+	}
+	readStates := func(q *pgx.Batch, sql string, runs []string) {
+		q.Queue(sql, runs).Query(func(rows pgx.Rows) error {
 			var id, x string
 			var val []byte
 			_, err := pgx.ForEachRow(rows, []any{&id, &val, &x}, func() error {
@@ -262,62 +322,57 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 			})
 			return err
 		})
-		keys := make([][]byte, len(runs))
-		for i, r := range runs {
-			keys[i] = []byte(r)
+	}
+	if missing := slices.DeleteFunc(slices.Clone(runs), func(r string) bool { return runX[r] != "" }); len(missing) > 0 {
+		// Made here or by another transaction since the first pipeline:
+		// locked with their aggregates.
+		again.Queue(`INSERT INTO runs (run_id) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING`, missing)
+		readStates(&again, `SELECT run_id, state, xmin::text FROM runs WHERE run_id = ANY($1) ORDER BY run_id FOR UPDATE`, missing)
+	}
+	if len(readState) > 0 {
+		readStates(&again, `SELECT run_id, state, xmin::text FROM runs WHERE run_id = ANY($1)`, readState)
+	}
+	// The rollup rows the group adds to: those of its records that start
+	// before their node's rolled_ns (late ones; the roll-up adds the
+	// others). Each row is taken from the cache where the node's row (and
+	// the run's) is as this process's commit left it, else read.
+	runRoll := map[[2]string]map[int64]bool{} // (node, run) → minutes
+	nodeMin := map[string]map[int64]bool{}
+	for _, r := range group {
+		node := r.sender.Node
+		rolled := g.nodes[node].rolled
+		for _, w := range r.b.GetRunWindows() {
+			if fold.NanosOf(w.GetStart()) >= rolled {
+				continue
+			}
+			k := [2]string{node, w.GetRunId()}
+			if runRoll[k] == nil {
+				runRoll[k] = map[int64]bool{}
+			}
+			runRoll[k][dayMinute(w.GetStart())] = true
 		}
-		q.Queue(`SELECT k, v FROM records WHERE ns = $1 AND k = ANY($2)`, fold.DeletedNS, keys).Query(func(rows pgx.Rows) error {
-			var k, val []byte
-			_, err := pgx.ForEachRow(rows, []any{&k, &val}, func() error {
-				if d, ok := fold.ParseTombstone(string(val)); ok {
-					tombs[string(k)] = d
-				}
-				return nil
-			})
-			return err
-		})
+		if start := fold.NanosOf(r.b.GetWindowStart()); start < rolled {
+			if nodeMin[node] == nil {
+				nodeMin[node] = map[int64]bool{}
+			}
+			nodeMin[node][minuteOf(start)] = true
+		}
 	}
-	if s.limits.MaxLiveRunsPerNode > 0 && len(starts) > 0 {
-		q.Queue(`SELECT node, count(*) FROM live_runs WHERE node = ANY($1) GROUP BY node`, mapKeys(starts)).Query(func(rows pgx.Rows) error {
-			var node string
-			var n int
-			_, err := pgx.ForEachRow(rows, []any{&node, &n}, func() error {
-				if gn := g.nodes[node]; gn != nil {
-					gn.count = n
-				}
-				return nil
-			})
-			return err
-		})
-	}
-	// First the keys no cached row holds.
-	inCache := func(node, run string, m int64) bool {
+	stale := false // a row cached, but written since by another transaction
+	cachedRow := func(node, run string, m int64) bool {
 		e := cached[node]
 		if e == nil {
 			return false
 		}
-		if run == "" {
-			return e.nodeDone[m]
-		}
-		return e.runDone[runMinute{run, m}]
-	}
-	queueRollupReads(&q, g, runRoll, nodeMin, inCache)
-	if err := tx.SendBatch(ctx, &q).Close(); err != nil {
-		return err
-	}
-	// Then the cached keys: each row taken from the cache where the node's
-	// row (and the run's) is as this process's commit left it, else read.
-	var again pgx.Batch
-	stale := func(node, run string, m int64) bool {
-		e := cached[node]
-		if !inCache(node, run, m) {
-			return true // read already
+		if run == "" && !e.nodeDone[m] || run != "" && !e.runDone[runMinute{run, m}] {
+			return false
 		}
 		ok := e.nodeX == nodeX[node]
 		if run != "" {
 			ok = ok && e.runX[run] != "" && e.runX[run] == runX[run]
 		}
 		if !ok {
+			stale = true
 			return false
 		}
 		gn := g.nodes[node]
@@ -336,8 +391,10 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 		}
 		return true
 	}
-	if queueRollupReads(&again, g, runRoll, nodeMin, func(node, run string, m int64) bool { return stale(node, run, m) }) {
+	if queueRollupReads(&again, g, runRoll, nodeMin, cachedRow) && stale {
 		s.rollupRereads.Add(1)
+	}
+	if again.Len() > 0 {
 		if err := tx.SendBatch(ctx, &again).Close(); err != nil {
 			return err
 		}
@@ -433,7 +490,12 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 	}
 	// What this commit leaves: the rows the group wrote, for the nodes
 	// and runs whose rows it wrote.
-	*fresh = map[string]*rollCache{}
+	fresh.rolls, fresh.states = map[string]*rollCache{}, map[string]cachedState{}
+	for _, run := range g.order {
+		if x := runX[run]; x != "" {
+			fresh.states[run] = cachedState{x, g.state[run]}
+		}
+	}
 	for _, node := range nodes {
 		gn := g.nodes[node]
 		if nodeX[node] == "" {
@@ -466,7 +528,7 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *map[string]
 		for m := range nodeMin[node] {
 			e.nodeDone[m] = true
 		}
-		(*fresh)[node] = e
+		fresh.rolls[node] = e
 	}
 	return nil
 }
@@ -640,15 +702,17 @@ func (s *Store) foldOne(g *groupState, w *groupWrites, r *applyReq, tombs map[st
 		if err != nil {
 			return nil, err
 		}
-		stored := rw
-		if pricer != nil {
-			stored = &trainmeterv1.RunWindow{}
-			if err := proto.Unmarshal(val, stored); err != nil {
-				return nil, err
+		if fold.NanosOf(rw.GetStart()) < gn.rolled {
+			stored := rw
+			if pricer != nil {
+				stored = &trainmeterv1.RunWindow{}
+				if err := proto.Unmarshal(val, stored); err != nil {
+					return nil, err
+				}
 			}
+			roll.runs = append(roll.runs, stored)
+			gn.usage.stored(stored)
 		}
-		roll.runs = append(roll.runs, stored)
-		gn.usage.stored(stored)
 		w.runWindows.add(rw.GetRunId(), node, fold.NanosOf(rw.GetStart()), seq, i, val)
 	}
 	for i, e := range b.GetRunEvents() {
@@ -676,11 +740,13 @@ func (s *Store) foldOne(g *groupState, w *groupWrites, r *applyReq, tombs map[st
 		if err != nil {
 			return nil, err
 		}
-		roll.node = &trainmeterv1.Batch{}
-		if err := proto.Unmarshal(val, roll.node); err != nil {
-			return nil, err
+		if start < gn.rolled {
+			roll.node = &trainmeterv1.Batch{}
+			if err := proto.Unmarshal(val, roll.node); err != nil {
+				return nil, err
+			}
+			gn.usage.nodeRecord(roll.node)
 		}
-		gn.usage.nodeRecord(roll.node)
 	}
 	if rs := fold.SamplesRecord(b); rs != nil {
 		if _, err := perBatch(w.rawSamples, rs, nil); err != nil {
@@ -691,7 +757,9 @@ func (s *Store) foldOne(g *groupState, w *groupWrites, r *applyReq, tombs map[st
 		if _, err := perBatch(w.nodeLosses, &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), NodeLosses: nodeLosses}, nil); err != nil {
 			return nil, err
 		}
-		roll.loss = nodeLosses
+		if start < gn.rolled {
+			roll.loss = nodeLosses
+		}
 	}
 	gn.addRollups(roll)
 	for _, d := range gone {
@@ -699,7 +767,9 @@ func (s *Store) foldOne(g *groupState, w *groupWrites, r *applyReq, tombs map[st
 		if err != nil {
 			return nil, err
 		}
-		gn.usage.deleted(d.W, d.D, reportPricing, nodeGPU)
+		if fold.NanosOf(d.W.GetStart()) < gn.rolled {
+			gn.usage.deleted(d.W, d.D, reportPricing, nodeGPU)
+		}
 		w.deleted.delID = append(w.deleted.delID, int64(d.D.ID))
 		w.deleted.add("", node, fold.NanosOf(d.W.GetStart()), seq, d.I, val)
 	}

@@ -64,13 +64,14 @@ func (s *Store) Import(ctx context.Context, d storage.Dump, progress func(Count)
 			return err
 		}
 		im := importer{ctx: ctx, tx: tx, progress: progress, now: s.clk.Now().UnixNano(), pricing: s.reportPricing(),
-			nodeGPU: map[string]string{}, days: map[int64]bool{}}
+			nodeGPU: map[string]string{}, days: map[int64]bool{}, rolled: map[string]int64{}}
 		for _, step := range []func() error{
 			func() error { return im.runs(d.Runs()) },
 			func() error { return im.nodes(d.Nodes()) },
 			func() error { return im.applied(d.AppliedBatches()) },
 			func() error { return im.raw(d) },
 			func() error { return im.records(d.Records()) },
+			im.rolledNodes,
 		} {
 			if err := step(); err != nil {
 				return err
@@ -232,6 +233,7 @@ type importer struct {
 	nodeGPU map[string]string // node → its GPUs' name (fold.NodeGPUName)
 	days    map[int64]bool    // days whose partitions are made
 	q       pgx.Batch         // rollup writes, sent after each chunk
+	rolled  map[string]int64  // node → past its newest record the rollups hold
 }
 
 // runs writes every run through ingest's queueRun, keeping the node
@@ -410,6 +412,7 @@ func (im *importer) copyRaw(kind storage.RawKind, seq iter.Seq2[storage.RawRecor
 		if err := acc.add(kind, r); err != nil {
 			return fmt.Errorf("%s: %w", c.what, err)
 		}
+		im.rolled[r.Node] = max(im.rolled[r.Node], r.Start+1)
 		chunk, size, n = append(chunk, row(r)), size+len(r.Value), n+1
 		if n%progressRows == 0 {
 			im.progress(Count{c.what, n})
@@ -428,6 +431,22 @@ func (im *importer) copyRaw(kind storage.RawKind, seq iter.Seq2[storage.RawRecor
 	}
 	im.count(c.what, n)
 	return nil
+}
+
+// rolledNodes sets every node's rolled_ns past its records, which the
+// import added to the rollups (rollbehind.go), and past the import's time.
+func (im *importer) rolledNodes() error {
+	var nodes []string
+	var at []int64
+	for n, r := range im.rolled {
+		if r > im.now {
+			nodes, at = append(nodes, n), append(at, r)
+		}
+	}
+	var q pgx.Batch
+	q.Queue(`UPDATE nodes SET rolled_ns = $1`, im.now)
+	q.Queue(`UPDATE nodes n SET rolled_ns = t.r FROM unnest($1::text[], $2::int8[]) AS t(node, r) WHERE n.node = t.node`, nodes, at)
+	return im.tx.SendBatch(im.ctx, &q).Close()
 }
 
 // makeDays makes the partitions of days not made yet (layout.go).

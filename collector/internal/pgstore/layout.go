@@ -91,7 +91,8 @@ func noPartition(err error) bool {
 }
 
 // Maintain makes today's and tomorrow's partitions and, with a raw
-// retention, drops the day partitions wholly older than it (applied batch
+// retention, rolls up what ingest left to the roll-up (RollUp, waiting for
+// the node rows) and drops the day partitions wholly older than it (applied batch
 // keys: older than the dedup retention too), moving raw_horizon past the
 // raw days dropped in the same transaction. Run aggregates, rollups and
 // deleted runs' windows are kept. It is idempotent and safe on several
@@ -106,6 +107,10 @@ func (s *Store) Maintain(ctx context.Context) error {
 	}
 	if s.rawTTL <= 0 {
 		return nil
+	}
+	// What is dropped is in the rollups first.
+	if err := s.RollUp(ctx, time.Unix(0, now).Add(-rollEvery), true); err != nil {
+		return fmt.Errorf("pgstore: maintain: %w", err)
 	}
 	rawCut := dayOf(now - int64(s.rawTTL)) // days before it are wholly older
 	dedupCut := min(rawCut, dayOf(now-int64(s.dedupTTL)))

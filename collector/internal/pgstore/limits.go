@@ -22,38 +22,39 @@ import (
 // kept whether or not limits are set, and holds once they are.
 
 // lockNode locks node's row, making it first when there is none (an
-// agent's batch before its hello), and returns its status and bucket.
-func lockNode(tx pgx.Tx, node string) (*trainmeterv1.NodeStatus, fold.Bucket, error) {
+// agent's batch before its hello), and returns its status, bucket and
+// rolled_ns (rolledOf).
+func lockNode(tx pgx.Tx, node string) (*trainmeterv1.NodeStatus, fold.Bucket, int64, error) {
 	ctx := context.Background()
 	ns := &trainmeterv1.NodeStatus{Node: node}
 	var val []byte
 	var tokens *float64
-	var at *int64
+	var at, rolled *int64
 	sel := func() error {
-		return tx.QueryRow(ctx, `SELECT status, new_runs_tokens, new_runs_at FROM nodes WHERE node = $1 FOR UPDATE`, node).Scan(&val, &tokens, &at)
+		return tx.QueryRow(ctx, `SELECT status, new_runs_tokens, new_runs_at, rolled_ns FROM nodes WHERE node = $1 FOR UPDATE`, node).Scan(&val, &tokens, &at, &rolled)
 	}
 	err := sel()
 	if errors.Is(err, pgx.ErrNoRows) {
 		empty, merr := proto.Marshal(ns)
 		if merr != nil {
-			return nil, fold.Bucket{}, merr
+			return nil, fold.Bucket{}, 0, merr
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO nodes (node, status) VALUES ($1, $2) ON CONFLICT DO NOTHING`, node, empty); err != nil {
-			return nil, fold.Bucket{}, err
+			return nil, fold.Bucket{}, 0, err
 		}
 		err = sel()
 	}
 	if err != nil {
-		return nil, fold.Bucket{}, err
+		return nil, fold.Bucket{}, 0, err
 	}
 	if err := proto.Unmarshal(val, ns); err != nil {
-		return nil, fold.Bucket{}, err
+		return nil, fold.Bucket{}, 0, err
 	}
 	var b fold.Bucket
 	if tokens != nil && at != nil {
 		b = fold.Bucket{Tokens: *tokens, At: time.Unix(0, *at)}
 	}
-	return ns, b, nil
+	return ns, b, rolledOf(rolled), nil
 }
 
 // nodeLive is the fold.LiveBase of a batch's transaction: its node's

@@ -27,6 +27,9 @@ func (s *Store) DeleteLiveRun(id string) (int, error) { return s.deleteRun(id, t
 func (s *Store) deleteRun(id string, live bool) (records int, err error) {
 	err = s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error {
 		ctx := context.Background()
+		if err := lockRunNodes(tx, id); err != nil {
+			return err
+		}
 		v, err := lockRuns(tx, []string{id}, true)
 		if err != nil {
 			return err
@@ -98,6 +101,18 @@ func (s *Store) deleteRun(id string, live bool) (records int, err error) {
 	return records, err
 }
 
+// lockRunNodes locks the rows of the nodes that hold the run's raw windows
+// or rollups, in node order and before the run's row, as ingest locks
+// them: the roll-up (rollbehind.go) holds a node's row while it reads and
+// adds the node's records, so it never sees them half moved or repriced.
+// A node that sends the run's first windows meanwhile waits for the run's
+// row, and its windows are stored after this transaction.
+func lockRunNodes(tx pgx.Tx, id string) error {
+	_, err := tx.Exec(context.Background(), `SELECT node FROM nodes WHERE node IN (SELECT node FROM run_windows WHERE run_id = $1
+		UNION SELECT node FROM run_rollups WHERE run_id = $1) ORDER BY node FOR UPDATE`, id)
+	return err
+}
+
 // errNothing rolls back a reprice that found no window to reprice.
 var errNothing = errors.New("nothing to reprice")
 
@@ -107,6 +122,9 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 	err = s.tx(pgx.TxOptions{}, func(tx pgx.Tx) error {
 		ctx := context.Background()
 		ch = aggregate.Repricing{At: s.clk.Now().UnixNano(), USDPerGPUHour: usdPerHour, Reason: reason, Whole: since.IsZero()}
+		if err := lockRunNodes(tx, id); err != nil {
+			return err
+		}
 		runs, err := s.runs(tx, `SELECT run_id, state FROM runs WHERE run_id = $1 AND state IS NOT NULL FOR UPDATE`, id)
 		if err != nil {
 			return err
@@ -124,9 +142,13 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 		}
 		// The raw windows from the horizon on, and the minute rollups
 		// before it (whole minutes: a rollup is repriced when it starts
-		// at or after since); the run's rollups are made again from both.
-		rows, err := tx.Query(ctx, `SELECT node, start_ns, seq, i, w FROM run_windows WHERE run_id = $1 AND start_ns >= $2
-			UNION ALL SELECT node, start_ns, -1, 0, w FROM run_rollups WHERE run_id = $1 AND start_ns < $2
+		// at or after since); the run's rollups and daily usage are made
+		// again from both, but for the raw windows not rolled up yet
+		// (rollbehind.go), which the roll-up adds as repriced here. The
+		// run's row, held, keeps the roll-up off its windows meanwhile.
+		rows, err := tx.Query(ctx, `SELECT w.node, w.start_ns, w.seq, w.i, w.w, w.start_ns < COALESCE(n.rolled_ns, -9223372036854775808)
+			FROM run_windows w LEFT JOIN nodes n ON n.node = w.node WHERE w.run_id = $1 AND w.start_ns >= $2
+			UNION ALL SELECT node, start_ns, -1, 0, w, true FROM run_rollups WHERE run_id = $1 AND start_ns < $2
 			ORDER BY 1, 2, 3, 4`, id, from)
 		if err != nil {
 			return err
@@ -137,20 +159,23 @@ func (s *Store) Reprice(id string, since time.Time, usdPerHour float64, reason s
 		var start, seq int64
 		var i int32
 		var val []byte
+		var rolled bool
 		type rollKey struct {
 			node string
 			runRollKey
 		}
 		roll := map[rollKey]*trainmeterv1.RunWindow{}
-		if _, err := pgx.ForEachRow(rows, []any{&node, &start, &seq, &i, &val}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&node, &start, &seq, &i, &val, &rolled}, func() error {
 			w := &trainmeterv1.RunWindow{}
 			if err := proto.Unmarshal(val, w); err != nil {
 				return err
 			}
 			repriced := fold.RepriceWindow(w, since, usdPerHour, &ch)
-			k := rollKey{node, runRollKeyOf(w)}
-			roll[k] = addRunWindow(roll[k], w)
-			usage.window(node, w)
+			if rolled {
+				k := rollKey{node, runRollKeyOf(w)}
+				roll[k] = addRunWindow(roll[k], w)
+				usage.window(node, w)
+			}
 			if !repriced || seq < 0 {
 				return nil
 			}

@@ -62,6 +62,7 @@ type Store struct {
 	slots                                         chan struct{} // one per group being applied
 	commits, committedBatches, retries, fallbacks atomic.Uint64
 	rcache                                        rollCaches    // rollcache.go
+	scache                                        stateCaches   // rollcache.go
 	rollupRereads                                 atomic.Uint64 // groups that read cached rollup keys again
 }
 
@@ -231,7 +232,7 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 	if tag.RowsAffected() == 0 {
 		return errDuplicate
 	}
-	ns, bucket, err := lockNode(tx, node)
+	ns, bucket, rolled, err := lockNode(tx, node)
 	if err != nil {
 		return err
 	}
@@ -285,15 +286,17 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 		if err != nil {
 			return err
 		}
-		stored := w
-		if pricer != nil {
-			stored = &trainmeterv1.RunWindow{}
-			if err := proto.Unmarshal(val, stored); err != nil {
-				return err
+		if fold.NanosOf(w.GetStart()) < rolled {
+			stored := w
+			if pricer != nil {
+				stored = &trainmeterv1.RunWindow{}
+				if err := proto.Unmarshal(val, stored); err != nil {
+					return err
+				}
 			}
+			roll.runs = append(roll.runs, stored)
+			usage.stored(stored)
 		}
-		roll.runs = append(roll.runs, stored)
-		usage.stored(stored)
 		q.Queue(`INSERT INTO run_windows (run_id, node, start_ns, seq, i, w) VALUES ($1, $2, $3, $4, $5, $6)
 			ON CONFLICT (run_id, node, start_ns, seq, i) DO UPDATE SET w = EXCLUDED.w`,
 			w.GetRunId(), node, fold.NanosOf(w.GetStart()), seq, i, val)
@@ -326,11 +329,13 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 		if err != nil {
 			return err
 		}
-		roll.node = &trainmeterv1.Batch{}
-		if err := proto.Unmarshal(val, roll.node); err != nil {
-			return err
+		if start < rolled {
+			roll.node = &trainmeterv1.Batch{}
+			if err := proto.Unmarshal(val, roll.node); err != nil {
+				return err
+			}
+			usage.nodeRecord(roll.node)
 		}
-		usage.nodeRecord(roll.node)
 	}
 	if rs := fold.SamplesRecord(b); rs != nil {
 		if _, err := perBatch("raw_samples", rs, nil); err != nil {
@@ -345,17 +350,23 @@ func (s *Store) apply(tx pgx.Tx, sender storage.Sender, b *trainmeterv1.Batch, a
 		if _, err := perBatch("node_losses", &trainmeterv1.Batch{WindowStart: b.GetWindowStart(), NodeLosses: nodeLosses}, nil); err != nil {
 			return err
 		}
-		roll.loss = nodeLosses
+		if start < rolled {
+			roll.loss = nodeLosses
+		}
 	}
-	if err := queueRollups(tx, &q, node, roll); err != nil {
-		return err
+	if !roll.empty() {
+		if err := queueRollups(tx, &q, node, roll); err != nil {
+			return err
+		}
 	}
 	for _, g := range gone {
 		val, err := fold.DeletedRecord(g.W, g.D)
 		if err != nil {
 			return err
 		}
-		usage.deleted(g.W, g.D, s.reportPricing(), nodeGPU)
+		if fold.NanosOf(g.W.GetStart()) < rolled {
+			usage.deleted(g.W, g.D, s.reportPricing(), nodeGPU)
+		}
 		q.Queue(`INSERT INTO deleted_windows (node, start_ns, seq, i, deletion, d) VALUES ($1, $2, $3, $4, $5, $6)
 			ON CONFLICT (node, start_ns, seq, i, deletion) DO UPDATE SET d = EXCLUDED.d`,
 			node, fold.NanosOf(g.W.GetStart()), seq, g.I, int64(g.D.ID), val)

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"sync"
 
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 )
 
@@ -76,4 +77,58 @@ func (c *rollCaches) put(es map[string]*rollCache) {
 	for n, e := range es {
 		c.m[n] = e
 	}
+}
+
+// A run's aggregate as this process's last group wrote it, for the run's
+// next group to fold into without reading and decoding it again: the
+// group's lock on the run's row returns the row's xmin, and the stored
+// aggregate only where that is not the one cached (another writer since).
+// Taken out while a group runs and put back only after its commit, as the
+// rollup rows are.
+type cachedState struct {
+	x  string // the run row's xmin after the commit
+	st *aggregate.State
+}
+
+// maxCachedRuns bounds the aggregates held; past it, it starts again empty.
+const maxCachedRuns = 20_000
+
+type stateCaches struct {
+	mu sync.Mutex
+	m  map[string]cachedState
+}
+
+// take removes and returns the runs' entries.
+func (c *stateCaches) take(runs []string) map[string]cachedState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]cachedState{}
+	for _, r := range runs {
+		if e, ok := c.m[r]; ok {
+			out[r] = e
+			delete(c.m, r)
+		}
+	}
+	return out
+}
+
+// put installs entries of a committed group.
+func (c *stateCaches) put(es map[string]cachedState) {
+	if len(es) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m)+len(es) > maxCachedRuns {
+		c.m = map[string]cachedState{}
+	}
+	for r, e := range es {
+		c.m[r] = e
+	}
+}
+
+// groupCache is what a committed group leaves to cache.
+type groupCache struct {
+	rolls  map[string]*rollCache
+	states map[string]cachedState
 }

@@ -17,10 +17,14 @@ import (
 )
 
 // TestRollupsAcrossReplicas: a node's batches alternate between two
-// collectors on one database, each keeping the rollup rows it wrote; a
-// late batch lands in a minute already left. Every minute's rollup rows
-// hold exactly the sum of its records: a collector whose rows the other
-// wrote since reads them again rather than adding to its own stale copy.
+// collectors on one database. The first is rolled up (rollbehind.go), and
+// the batches that follow start before the node's rolled_ns, so ingest
+// adds them to the rollups itself, each collector keeping the rollup rows
+// it wrote; a late batch lands in a minute already left; the last two
+// start after rolled_ns and reach the rollups by the next roll-up. Every
+// minute's rollup rows hold exactly the sum of its records: a collector
+// whose rows the other wrote since reads them again rather than adding to
+// its own stale copy, and no record is added twice or missed.
 func TestRollupsAcrossReplicas(t *testing.T) {
 	url := pgtest.DB(t)
 	a, b := open(t, url), open(t, url)
@@ -38,7 +42,10 @@ func TestRollupsAcrossReplicas(t *testing.T) {
 		}
 	}
 	send(a, 1, 0)
-	send(a, 2, 1) // from a's cache
+	if err := a.RollUp(t.Context(), tu.T0.Add(2*time.Minute), true); err != nil {
+		t.Fatal(err)
+	}
+	send(a, 2, 1)
 	send(b, 3, 2) // b reads a's rows
 	send(a, 4, 3) // a's cache is stale: read again
 	send(a, 5, 61)
@@ -47,6 +54,11 @@ func TestRollupsAcrossReplicas(t *testing.T) {
 	send(a, 8, 4)  // late: minute 0 again, not cached
 	if n := a.CommitStats().RollupRereads; n != 2 {
 		t.Errorf("collector a read its cached rows again %d times, want 2 (after each of b's writes)", n)
+	}
+	send(b, 9, 125) // after rolled_ns: the roll-up's
+	send(a, 10, 126)
+	if err := b.RollUp(t.Context(), tu.T0.Add(10*time.Minute), true); err != nil {
+		t.Fatal(err)
 	}
 
 	conn, err := pgx.Connect(t.Context(), url)
@@ -70,9 +82,9 @@ func TestRollupsAcrossReplicas(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	const m1 = int64(60e9)
-	if tokens[0] != 50 || tokens[m1] != 30 || gpuS[0] != 5 || gpuS[m1] != 3 || len(tokens) != 2 {
-		t.Errorf("run rollups: tokens %v, GPU-s %v; want minute 0: 50 tokens, 5 GPU-s; minute 1: 30, 3", tokens, gpuS)
+	const m1, m2 = int64(60e9), int64(120e9)
+	if tokens[0] != 50 || tokens[m1] != 30 || tokens[m2] != 20 || gpuS[0] != 5 || gpuS[m1] != 3 || gpuS[m2] != 2 || len(tokens) != 3 {
+		t.Errorf("run rollups: tokens %v, GPU-s %v; want minute 0: 50 tokens, 5 GPU-s; minute 1: 30, 3; minute 2: 20, 2", tokens, gpuS)
 	}
 	energy := map[int64]float64{}
 	rows, _ = conn.Query(t.Context(), `SELECT start_ns, b FROM node_rollups WHERE node = 'n'`)
@@ -88,8 +100,8 @@ func TestRollupsAcrossReplicas(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if energy[0] != 500 || energy[m1] != 300 || len(energy) != 2 {
-		t.Errorf("node rollups: GPU energy by minute %v, want minute 0: 500 J, minute 1: 300 J", energy)
+	if energy[0] != 500 || energy[m1] != 300 || energy[m2] != 200 || len(energy) != 3 {
+		t.Errorf("node rollups: GPU energy by minute %v, want minute 0: 500 J, minute 1: 300 J, minute 2: 200 J", energy)
 	}
 }
 
@@ -131,5 +143,74 @@ func TestRunsWithDataSince(t *testing.T) {
 		if got := strings.Join(ids, ","); err != nil || got != c.want {
 			t.Errorf("since T0+%v, limit %d: %q (%v), want %q", c.since, c.limit, got, err, c.want)
 		}
+	}
+}
+
+// TestRollerRollsUpEveryInterval: the leader's roller, on a fake clock,
+// rolls up at each interval what started an interval ago or earlier, and
+// stops when told.
+func TestRollerRollsUpEveryInterval(t *testing.T) {
+	url := pgtest.DB(t)
+	clk := tu.Clock() // T0 + 60 s
+	st := openWith(t, url, pgstore.Options{Clock: clk})
+	node := storage.Sender{Node: "n", Boot: "b"}
+	send := func(seq uint64, sec float64) {
+		t.Helper()
+		bt := tu.Batch(seq, sec, []*trainmeterv1.RunWindow{tu.Window("r", sec, 10, 5)})
+		if seq == 1 {
+			bt.RunEvents = append(bt.RunEvents, tu.Start("r", sec, "m"))
+		}
+		if _, err := st.ApplyBatchResult(node, bt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(t.Context())
+	tokens := func() (n uint64) {
+		t.Helper()
+		rows, _ := conn.Query(t.Context(), `SELECT w FROM run_rollups WHERE node = 'n' AND run_id = 'r'`)
+		var val []byte
+		if _, err := pgx.ForEachRow(rows, []any{&val}, func() error {
+			w := &trainmeterv1.RunWindow{}
+			err := proto.Unmarshal(val, w)
+			n += w.GetTokens()
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	send(1, 0)
+	send(2, 45)
+	send(3, 55)
+	if n := tokens(); n != 0 {
+		t.Fatalf("before a roll-up the rollups hold %d tokens, want 0 (ingest leaves them to the roll-up)", n)
+	}
+	r := &pgstore.Roller{Store: st, Interval: 10 * time.Second}
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rollAt := func(want uint64) {
+		t.Helper()
+		if err := clk.AwaitWaiters(t.Context(), 1); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(10 * time.Second)
+		if err := clk.AwaitWaiters(t.Context(), 1); err != nil { // waiting again: the roll-up is done
+			t.Fatal(err)
+		}
+		if n := tokens(); n != want {
+			t.Errorf("after the roll-up at T0+%v the rollups hold %d tokens, want %d", clk.Now().Sub(tu.T0), n, want)
+		}
+	}
+	rollAt(30) // at T0+70 s, up to T0+60 s: all three
+	send(4, 65)
+	send(5, 72)
+	rollAt(40) // at T0+80 s, up to T0+70 s: the one at 65 s
+	if err := r.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
 	}
 }

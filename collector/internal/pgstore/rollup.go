@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"math"
 	"slices"
 	"time"
 
@@ -189,6 +190,16 @@ func addNodeRecord(r, b *trainmeterv1.Batch) *trainmeterv1.Batch {
 	return r
 }
 
+// rolledOf is a node's rolled_ns (0004_rolled.sql) as a bound: the
+// records starting before it are added to the rollups and daily usage by
+// the transaction that stores them; NULL (none added yet) is below all.
+func rolledOf(ns *int64) int64 {
+	if ns == nil {
+		return math.MinInt64
+	}
+	return *ns
+}
+
 // rollups are a batch's additions to its node's rollups.
 type rollups struct {
 	runs  []*trainmeterv1.RunWindow // stored windows, locked prices included
@@ -213,6 +224,8 @@ type rollupRows struct {
 func newRollupRows() *rollupRows {
 	return &rollupRows{runs: map[runRollKey]*trainmeterv1.RunWindow{}, nodes: map[nodeRollKey]*trainmeterv1.Batch{}}
 }
+
+func (r rollups) empty() bool { return len(r.runs) == 0 && r.node == nil && len(r.loss) == 0 }
 
 func (r rollups) nodeKey() nodeRollKey {
 	return nodeRollKey{dayMinute(r.node.GetWindowStart()), string(lockOf(r.node.GetPriceLocked(), r.node.LockedUsdPerGpuHour, r.node.LockedUsdPerJoule, r.node.GetLockedPriceSource()))}

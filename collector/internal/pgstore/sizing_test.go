@@ -18,7 +18,8 @@ import (
 )
 
 // TestLayoutSizes loads loadgen's batches (8 GPUs, one run, a batch a
-// second) from several nodes and checks the rows each table gets: one raw
+// second) from several nodes, rolled up every 10 s of data as the leader
+// rolls up (rollbehind.go), and checks the rows each table gets: one raw
 // row per batch, one rollup row per node (and per run and node) a minute.
 // It logs rows and bytes per node-day per table after a VACUUM (what
 // autovacuum keeps; rollups and runs hold the space of their updated
@@ -53,6 +54,11 @@ func TestLayoutSizes(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	for s := 10; s <= seconds+10; s += 10 {
+		if err := st.RollUp(ctx, t0.Add(time.Duration(s)*time.Second), true); err != nil {
+			t.Fatal(err)
+		}
+	}
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)

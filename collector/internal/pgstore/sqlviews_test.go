@@ -58,7 +58,10 @@ func show(p *float64) string {
 // nodes with host energy), warmup, raw samples, an invalid counter,
 // duplicates and reordering, a loss record, evaluations, a run without a
 // user or team, a live run deleted and sent more data, a run repriced and
-// the fleet repriced since a time. It returns the query service.
+// the fleet repriced since a time. The leader's roll-up (rollbehind.go)
+// runs once part way, so that the daily usage holds records ingest added
+// (late ones), records the roll-up added, and records deleted or repriced
+// on either side of it, and once at the end. It returns the query service.
 func sqlStream(t *testing.T, dbURL string) *query.Server {
 	tariff, err := cost.ParseTariff([]byte(`{default: off, bands: {off: 0.1, peak: 0.3}, rules: [{from: "12:00", to: "12:01", band: peak}]}`))
 	if err != nil {
@@ -130,6 +133,14 @@ func sqlStream(t *testing.T, dbURL string) *query.Server {
 			send(b)
 		}
 	}
+	ctx := context.Background()
+	rollUp := func(until time.Time) {
+		t.Helper()
+		if err := ps.RollUp(ctx, until, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rollUp(at(10))
 	// node-b idle after r2 (its GPUs' idle time and energy).
 	for s := 13; s <= 14; s++ {
 		b := loadgen.MakeBatch(uint64(s), at(s), time.Second, "", 2, false)
@@ -149,7 +160,6 @@ func sqlStream(t *testing.T, dbURL string) *query.Server {
 	for s := 9; s <= 11; s++ {
 		nc(batch(uint64(s), s, "r4", s == 9, "dave", "nlp"))
 	}
-	ctx := context.Background()
 	if _, err := c.q.DeleteRun(ctx, &trainmeterv1.DeleteRunRequest{RunId: "r4", Force: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -162,6 +172,7 @@ func sqlStream(t *testing.T, dbURL string) *query.Server {
 	if _, err := c.q.Reprice(ctx, &trainmeterv1.RepriceRequest{Since: timestamppb.New(at(10)), UsdPerGpuHour: 3.3, Reason: "new rate"}); err != nil {
 		t.Fatal(err)
 	}
+	rollUp(at(2 * 86400))
 	return c.q
 }
 

@@ -506,6 +506,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	loc, _ := time.LoadLocation(s.cfg.Budget.Timezone) // checked by Validate
 	report := func(a *aggregate.State) *trainmeterv1.RunReport { return a.Report(pricing) }
 	tasks := []leader.Task{webhooks, prices}
+	if pg, ok := st.(*pgstore.Store); ok {
+		// The minute rollups and daily usage of what ingest stored
+		// (docs/storage.md, "Rollups behind ingest").
+		tasks = append(tasks, &pgstore.Roller{Store: pg})
+	}
 	if carbon != nil {
 		tasks = append(tasks, carbon)
 	}
