@@ -71,7 +71,8 @@ type groupState struct {
 	nodes    map[string]*groupNode
 	state    map[string]*aggregate.State // the locked runs' aggregates; nil: none yet
 	write    map[string]bool
-	order    []string // runs to write, in order of first Get
+	order    []string        // runs to write, in order of first Get
+	noted    map[string]bool // runs a batch of the group brought an event or loss record
 	baseLive map[fold.LiveKey]bool
 	*fold.Live
 }
@@ -148,7 +149,7 @@ func perBatchRows(table string) *rawRows {
 func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache) error {
 	ctx := context.Background()
 	g := &groupState{now: s.clk.Now(), nodes: map[string]*groupNode{}, state: map[string]*aggregate.State{},
-		write: map[string]bool{}, baseLive: map[fold.LiveKey]bool{}}
+		write: map[string]bool{}, baseLive: map[fold.LiveKey]bool{}, noted: map[string]bool{}}
 	g.Live = fold.NewLive(groupBase{g}, s.limits, g.now)
 
 	var nodes, runs []string
@@ -443,16 +444,32 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 	if err := s.queueGroupRollups(&out, g, nodes); err != nil {
 		return err
 	}
-	var rr runRows
+	// A run's report columns are written with its aggregate unless it is
+	// live, this process wrote them less than reportEvery ago, and the
+	// group brought it windows only (no event, no loss record): a live
+	// run's columns trail its aggregate by at most reportEvery, an ended
+	// run's are exact.
+	var rr, ro runRows
+	reported := map[string]time.Time{}
 	for _, run := range g.order {
 		st := g.state[run]
+		c, held := states[run]
+		if held && c.st == st && !st.Ended() && !g.noted[run] && g.now.Sub(c.reportedAt) < reportEvery {
+			if err := ro.addState(st); err != nil {
+				return err
+			}
+			reported[run] = c.reportedAt
+			continue
+		}
 		if err := rr.add(st, st.Report(reportPricing)); err != nil {
 			return err
 		}
+		reported[run] = g.now
 	}
 	clear(nodeX)
 	clear(runX)
 	rr.queue(&out, g.now, runX)
+	ro.queueState(&out, g.now, runX)
 	queueGroupUsage(&out, g, nodes)
 	var sNode []string
 	var sVal [][]byte
@@ -466,8 +483,9 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 		}
 	}
 	if len(sNode) > 0 {
-		out.Queue(`INSERT INTO nodes (node, status) SELECT * FROM unnest($1::text[], $2::bytea[])
-			ON CONFLICT (node) DO UPDATE SET status = EXCLUDED.status RETURNING node, xmin::text`, sNode, sVal).Query(func(rows pgx.Rows) error {
+		// The rows exist: the group locked them.
+		out.Queue(`UPDATE nodes SET status = u.status FROM unnest($1::text[], $2::bytea[]) AS u(node, status)
+			WHERE nodes.node = u.node RETURNING nodes.node, nodes.xmin::text`, sNode, sVal).Query(func(rows pgx.Rows) error {
 			var node, x string
 			_, err := pgx.ForEachRow(rows, []any{&node, &x}, func() error { nodeX[node] = x; return nil })
 			return err
@@ -493,7 +511,7 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 	fresh.rolls, fresh.states = map[string]*rollCache{}, map[string]cachedState{}
 	for _, run := range g.order {
 		if x := runX[run]; x != "" {
-			fresh.states[run] = cachedState{x, g.state[run]}
+			fresh.states[run] = cachedState{x, g.state[run], reported[run]}
 		}
 	}
 	for _, node := range nodes {
@@ -678,6 +696,12 @@ func (s *Store) foldOne(g *groupState, w *groupWrites, r *applyReq, tombs map[st
 	aggs := make(map[string]*aggregate.State, len(runs))
 	for _, run := range runs {
 		aggs[run], _ = g.Get(run)
+	}
+	for _, e := range b.GetRunEvents() {
+		g.noted[aggregate.EventRunID(e)] = true
+	}
+	for _, l := range b.GetLosses() {
+		g.noted[l.GetRunId()] = true
 	}
 	notHeld := func(ls []*trainmeterv1.DataLoss) []*trainmeterv1.DataLoss {
 		var out []*trainmeterv1.DataLoss
@@ -936,6 +960,28 @@ func (rr *runRows) add(st *aggregate.State, r *trainmeterv1.RunReport) error {
 
 // queue queues the runs' UPDATE, which also notes that they got data at
 // now; each row's new xmin goes to xmins.
+// addState adds a run whose aggregate alone is written (queueState).
+func (rr *runRows) addState(st *aggregate.State) error {
+	val, err := st.Marshal()
+	rr.id, rr.state = append(rr.id, st.RunId), append(rr.state, val)
+	return err
+}
+
+// queueState queues the UPDATE of the runs' aggregates alone (their report
+// columns as they were), which also notes that they got data at now; each
+// row's new xmin goes to xmins.
+func (rr *runRows) queueState(q *pgx.Batch, now time.Time, xmins map[string]string) {
+	if len(rr.id) == 0 {
+		return
+	}
+	q.Queue(`UPDATE runs SET state = u.state, data_at_ns = $3 FROM unnest($1::text[], $2::bytea[]) AS u(run_id, state)
+		WHERE runs.run_id = u.run_id RETURNING runs.run_id, runs.xmin::text`, rr.id, rr.state, now.UnixNano()).Query(func(rows pgx.Rows) error {
+		var id, x string
+		_, err := pgx.ForEachRow(rows, []any{&id, &x}, func() error { xmins[id] = x; return nil })
+		return err
+	})
+}
+
 func (rr *runRows) queue(q *pgx.Batch, now time.Time, xmins map[string]string) {
 	if len(rr.id) == 0 {
 		return

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"sync"
+	"time"
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
@@ -86,9 +87,14 @@ func (c *rollCaches) put(es map[string]*rollCache) {
 // Taken out while a group runs and put back only after its commit, as the
 // rollup rows are.
 type cachedState struct {
-	x  string // the run row's xmin after the commit
-	st *aggregate.State
+	x          string // the run row's xmin after the commit
+	st         *aggregate.State
+	reportedAt time.Time // when this process last wrote the run's report columns
 }
+
+// reportEvery is how long a live run's report columns may trail its
+// aggregate (group.go).
+const reportEvery = 10 * time.Second
 
 // maxCachedRuns bounds the aggregates held; past it, it starts again empty.
 const maxCachedRuns = 20_000

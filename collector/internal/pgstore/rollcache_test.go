@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/pgstore"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
@@ -213,4 +214,49 @@ func TestRollerRollsUpEveryInterval(t *testing.T) {
 	if err := r.Shutdown(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestLiveRunColumnsTrail: a live run's report columns (run_report) are
+// written with its first batch, then at most every 10 s while its batches
+// bring windows only, at once for an event, and exactly when it ends; its
+// aggregate (report --json) is exact throughout.
+func TestLiveRunColumnsTrail(t *testing.T) {
+	url := pgtest.DB(t)
+	clk := tu.Clock()
+	st := openWith(t, url, pgstore.Options{Clock: clk})
+	node := storage.Sender{Node: "n", Boot: "b"}
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(t.Context())
+	step := func(seq uint64, sec float64, wantColumn uint64, events ...*trainmeterv1.RunEvent) {
+		t.Helper()
+		if _, err := st.ApplyBatchResult(node, tu.Batch(seq, sec, []*trainmeterv1.RunWindow{tu.Window("r", sec, 10, 5)}, events...)); err != nil {
+			t.Fatal(err)
+		}
+		var tokens int64
+		if err := conn.QueryRow(t.Context(), `SELECT tokens FROM runs WHERE run_id = 'r'`).Scan(&tokens); err != nil {
+			t.Fatal(err)
+		}
+		agg, err := st.GetRun("r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := agg.Report(aggregate.Pricing{}).GetTokensProcessed(); got != seq*10 {
+			t.Errorf("batch %d: the aggregate holds %d tokens, want %d", seq, got, seq*10)
+		}
+		if uint64(tokens) != wantColumn {
+			t.Errorf("batch %d at T0+%v: runs.tokens %d, want %d", seq, clk.Now().Sub(tu.T0), tokens, wantColumn)
+		}
+	}
+	step(1, 0, 10, tu.Start("r", 0, "m")) // the first write: columns too
+	step(2, 1, 10)                        // windows only, within 10 s: aggregate alone
+	clk.Advance(5 * time.Second)
+	step(3, 2, 10)
+	step(4, 3, 40, tu.Start("r", 0, "m")) // an event: columns at once
+	clk.Advance(10 * time.Second)
+	step(5, 4, 50) // 10 s since: columns
+	step(6, 5, 50)
+	step(7, 6, 70, tu.End("r", 6)) // ended: exact
 }
