@@ -51,7 +51,7 @@ func run() error {
 	var (
 		addr, bin, dataRoot, agentsL, gpusL, runsL, exportBin, otelBin string
 		collectorArgs                                                  string
-		storeURL, pgBin, storeParams                                   string
+		storeURL, pgBin, storeParams, pgSettings                       string
 		pid, conns, raw, replicas, pgStatements                        int
 		interval, duration                                             time.Duration
 		probes                                                         int
@@ -65,6 +65,7 @@ func run() error {
 	flag.StringVar(&pgBin, "postgres-bin-dir", "", `with --collector-bin, instead of --store: start a throwaway PostgreSQL (fsync on, pg_stat_statements loaded) from this directory's initdb and pg_ctl ("auto": on PATH or the newest under /usr/lib/postgresql), as user nobody when run as root`)
 	flag.IntVar(&replicas, "replicas", 1, "with --store: collectors on the database; agent i sends to replica i mod N")
 	flag.StringVar(&storeParams, "store-params", "", `with --store or --postgres-bin-dir: parameters added to the database URL, e.g. "pool_max_conns=16" (each collector's connections; pgx's default is max(4, CPUs)) or "synchronous_commit=off" (a session setting)`)
+	flag.StringVar(&pgSettings, "pg-settings", "", `with --postgres-bin-dir: server settings added to the throwaway PostgreSQL's, space-separated, e.g. docs/deploy.md's "max_wal_size=16GB checkpoint_timeout=15min wal_compression=lz4 shared_buffers=1GB"`)
 	flag.IntVar(&pgStatements, "pg-statements", 0, "with --store: after each point print the N statements of most execution time (pg_stat_statements, created in the database if missing)")
 	flag.StringVar(&dataRoot, "data-root", "", "with --collector-bin: where the data directories go (default: a temp dir, removed)")
 	flag.StringVar(&agentsL, "agents", "100", "simulated agents (list)")
@@ -137,7 +138,8 @@ func run() error {
 		if pgBin == "auto" {
 			pgBin = ""
 		}
-		srv, err := pgserver.Start(pgBin, "max_connections=300", "shared_preload_libraries=pg_stat_statements")
+		settings := append([]string{"max_connections=300", "shared_preload_libraries=pg_stat_statements"}, strings.Fields(pgSettings)...)
+		srv, err := pgserver.Start(pgBin, settings...)
 		if err != nil {
 			return err
 		}
