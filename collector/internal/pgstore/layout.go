@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -173,8 +174,7 @@ func lockRaw(tx pgx.Tx) error {
 type Maintainer struct {
 	Store    *Store
 	Interval time.Duration
-	done     chan struct{}
-	cancel   context.CancelFunc
+	loop     every
 }
 
 // Start makes the partitions ahead and drops those past the retention,
@@ -183,36 +183,48 @@ func (m *Maintainer) Start(ctx context.Context) error {
 	if err := m.Store.Maintain(ctx); err != nil {
 		return err
 	}
-	interval := m.Interval
-	if interval <= 0 {
-		interval = 10 * time.Minute
-	}
-	ctx, m.cancel = context.WithCancel(context.Background())
-	m.done = make(chan struct{})
-	go func() {
-		defer close(m.done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-m.Store.clk.After(interval):
-			}
-			if err := m.Store.Maintain(ctx); err != nil && ctx.Err() == nil {
-				m.Store.log.Warn("pgstore: maintenance failed; retrying next interval", "err", err)
-			}
-		}
-	}()
+	m.loop.start(m.Store, cmp.Or(m.Interval, 10*time.Minute), "maintenance", m.Store.Maintain)
 	return nil
 }
 
 // Shutdown stops the loop.
-func (m *Maintainer) Shutdown(ctx context.Context) error {
-	if m.cancel == nil {
+func (m *Maintainer) Shutdown(ctx context.Context) error { return m.loop.shutdown(ctx) }
+
+// every calls fn every interval of the store's clock, from start until
+// shutdown (the Maintainer's and the Roller's loop); a failure is logged
+// and the next interval tries again.
+type every struct {
+	done   chan struct{}
+	cancel context.CancelFunc
+}
+
+func (e *every) start(s *Store, interval time.Duration, what string, fn func(context.Context) error) {
+	var ctx context.Context
+	ctx, e.cancel = context.WithCancel(context.Background())
+	e.done = make(chan struct{})
+	go func() {
+		defer close(e.done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.clk.After(interval):
+			}
+			if err := fn(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("pgstore: "+what+" failed; retrying next interval", "err", err)
+			}
+		}
+	}()
+}
+
+// shutdown stops the loop, waiting for a call under way.
+func (e *every) shutdown(ctx context.Context) error {
+	if e.cancel == nil {
 		return nil
 	}
-	m.cancel()
+	e.cancel()
 	select {
-	case <-m.done:
+	case <-e.done:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

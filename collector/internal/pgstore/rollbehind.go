@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -217,8 +218,7 @@ type rawRecord struct {
 type Roller struct {
 	Store    *Store
 	Interval time.Duration
-	done     chan struct{}
-	cancel   context.CancelFunc
+	loop     every
 }
 
 // rollEvery is how often the leader rolls up by default: the SQL views'
@@ -227,39 +227,12 @@ const rollEvery = 10 * time.Second
 
 // Start starts the loop; the first roll-up is an Interval away.
 func (r *Roller) Start(context.Context) error {
-	every := r.Interval
-	if every <= 0 {
-		every = rollEvery
-	}
-	var ctx context.Context
-	ctx, r.cancel = context.WithCancel(context.Background())
-	r.done = make(chan struct{})
-	go func() {
-		defer close(r.done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-r.Store.clk.After(every):
-			}
-			if err := r.Store.RollUp(ctx, r.Store.clk.Now().Add(-every), false); err != nil && ctx.Err() == nil {
-				r.Store.log.Warn("pgstore: roll-up failed; retrying next interval", "err", err)
-			}
-		}
-	}()
+	interval := cmp.Or(r.Interval, rollEvery)
+	r.loop.start(r.Store, interval, "roll-up", func(ctx context.Context) error {
+		return r.Store.RollUp(ctx, r.Store.clk.Now().Add(-interval), false)
+	})
 	return nil
 }
 
 // Shutdown stops the loop, waiting for a roll-up under way.
-func (r *Roller) Shutdown(ctx context.Context) error {
-	if r.cancel == nil {
-		return nil
-	}
-	r.cancel()
-	select {
-	case <-r.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (r *Roller) Shutdown(ctx context.Context) error { return r.loop.shutdown(ctx) }
