@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/loadgen"
 	"github.com/trainmeter/trainmeter/collector/internal/server"
 	"github.com/trainmeter/trainmeter/collector/internal/store"
+	tu "github.com/trainmeter/trainmeter/collector/internal/testutil"
 	trainmeterv1 "github.com/trainmeter/trainmeter/proto/trainmeter/v1"
 
 	"github.com/trainmeter/trainmeter/pkg/clock"
@@ -61,6 +64,12 @@ var benchConfig = server.Config{GPUPricePerHour: 2}
 // console's base URL.
 func serve(b *testing.B, dir string, clk clock.Clock) string {
 	b.Helper()
+	return "http://" + start(b, dir, clk).ConsoleAddr().String()
+}
+
+// start starts a real collector on dir with its console.
+func start(b *testing.B, dir string, clk clock.Clock) *server.Server {
+	b.Helper()
 	cfg := benchConfig
 	cfg.Listen, cfg.UIListen, cfg.DataDir, cfg.Clock = "127.0.0.1:0", "127.0.0.1:0", dir, clk
 	srv := server.New(cfg, slog.New(slog.DiscardHandler))
@@ -68,7 +77,7 @@ func serve(b *testing.B, dir string, clk clock.Clock) string {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
-	return "http://" + srv.ConsoleAddr().String()
+	return srv
 }
 
 // cpuTime is the CPU time (user + system) of this process: the collector
@@ -162,14 +171,24 @@ func BenchmarkRunPage24h(b *testing.B) {
 	measurePages(b, serve(b, dir, nil), benchPage{"page", "/runs/day"}, benchPage{"timeline", "/api/runs/day/timeline"})
 }
 
-// BenchmarkFleetPages: the home page (fleet overview) and the Usage page
+// BenchmarkFleetPages: every page but the Runs page (BenchmarkRunsPage)
 // of a collector with 10,000 runs (8 GPUs each, 4 teams; 9,980 ended, 20
-// live) spread over the last 30 days, over HTTP on loopback: `/` (the
-// nodes now, the month's and the last 24 h's spend by team, budgets,
-// live and costliest runs, alerts) and `/usage?by=label:team&since=30d`
-// (the rows, node totals and the per-day chart: one Usage call, the days
-// in one per_day call). Sub-benchmarks home and usage; docs/benchmarks.md
-// has the figures.
+// live) spread over the last 30 days, with a monthly budget per team, over
+// HTTP on loopback. Sub-benchmarks, each page on its own (its own CPU
+// time):
+//
+//   - home: `/` (the nodes now, the month's and the last 24 h's spend by
+//     team, budgets, live and costliest runs, alerts);
+//   - usage: `/usage?by=label:team&since=30d` (the rows, node totals and
+//     the per-day chart: one Usage call, the days in one per_day call);
+//   - run, run-summary, run-timeline: an ended run's page, the figures its
+//     script fetches while a run is live, and its charts' data;
+//   - compare: the empty form; compare-runs: 8 runs named, grouped by
+//     team; compare-model: a model's ended runs grouped by team (every
+//     run of the store is of that model: the most a model can have);
+//   - budgets, prices, recommendations, nodes.
+//
+// docs/benchmarks.md has the figures.
 func BenchmarkFleetPages(b *testing.B) {
 	const runs, live, workers = 10000, 20, 10
 	dir := b.TempDir()
@@ -190,8 +209,35 @@ func BenchmarkFleetPages(b *testing.B) {
 		}
 		return batch
 	})
-	base := serve(b, dir, clock.NewFake(now))
-	// Each page on its own, for its own CPU time (cpu-ms/op).
-	b.Run("home", func(b *testing.B) { measurePages(b, base, benchPage{"home", "/"}) })
-	b.Run("usage", func(b *testing.B) { measurePages(b, base, benchPage{"usage", "/usage?by=label:team&since=30d"}) })
+	srv := start(b, dir, clock.NewFake(now))
+	base := "http://" + srv.ConsoleAddr().String()
+	// A monthly budget per team, one of them spent: each team's runs cost
+	// about $11 a month ($2 per GPU-hour, 8 GPU-seconds a run).
+	budgets := trainmeterv1.NewBudgetServiceClient(tu.Dial(b, srv.Addr().String()))
+	for t, limit := range []float64{5, 20, 50, 100} {
+		if _, err := budgets.SetBudget(context.Background(), &trainmeterv1.SetBudgetRequest{Scope: fmt.Sprintf("team:team-%d", t), LimitUsd: limit}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// Runs of each team, ended, spread over the month.
+	var named []string
+	for _, n := range []int{1000, 1001, 1002, 1003, 5000, 5001, 5002, 5003} {
+		named = append(named, fmt.Sprintf("run-%05d", n))
+	}
+	for _, p := range []benchPage{
+		{"home", "/"},
+		{"usage", "/usage?by=label:team&since=30d"},
+		{"run", "/runs/run-05000"},
+		{"run-summary", "/runs/run-05000/summary"},
+		{"run-timeline", "/api/runs/run-05000/timeline"},
+		{"compare", "/compare"},
+		{"compare-runs", "/compare?" + url.Values{"runs": {strings.Join(named, " ")}, "by": {"label:team"}}.Encode()},
+		{"compare-model", "/compare?model=llama-8b&by=label:team"},
+		{"budgets", "/budgets"},
+		{"prices", "/prices"},
+		{"recommendations", "/recommendations"},
+		{"nodes", "/nodes"},
+	} {
+		b.Run(p.name, func(b *testing.B) { measurePages(b, base, p) })
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -341,5 +342,33 @@ func TestCompareCharts(t *testing.T) {
 	}
 	if m := regexp.MustCompile(`\d\.?\d*e[-+]\d\d`).FindString(textOf(doc)); m != "" {
 		t.Errorf("compare page writes %s: want decimal notation", m)
+	}
+}
+
+// TestCompareForm: the form's model is typed, an exact match, and kept as
+// typed (a list of every model would read every run's report); runs named
+// are drawn in the scatter from their own reports, each once; a model
+// without ended runs is a clear 400.
+func TestCompareForm(t *testing.T) {
+	c := startCollector(t, nil)
+	runs := c.seedCompare(t)
+	_, body := get(t, nil, c.base+"/compare?"+url.Values{"model": {"cmp-model"}, "by": {"backend"}}.Encode())
+	if !strings.Contains(body, `<input name="model" value="cmp-model"`) || strings.Contains(body, "<select") {
+		t.Errorf("compare form: want a text box holding the model typed, no list:\n%s", body)
+	}
+	named := []string{runs[0], runs[2], runs[3]}
+	_, body = get(t, nil, c.base+"/compare?"+url.Values{"runs": {strings.Join(named, " ")}, "by": {"backend"}}.Encode())
+	circles := regexp.MustCompile(`<circle class="run" data-run="([^"]+)"`).FindAllStringSubmatch(body, -1)
+	var drawn []string
+	for _, m := range circles {
+		drawn = append(drawn, m[1])
+	}
+	slices.Sort(drawn)
+	if !slices.Equal(drawn, named) {
+		t.Errorf("scatter of runs %v draws %v", named, drawn)
+	}
+	resp, body := get(t, nil, c.base+"/compare?model=cmp-mod&by=backend")
+	if resp.StatusCode != 400 || !strings.Contains(body, "no ended runs") {
+		t.Errorf("compare of a model no run has (a prefix of one): %s, want 400 saying it has no ended runs:\n%.400s", resp.Status, body)
 	}
 }

@@ -540,6 +540,9 @@ func TestBadInput(t *testing.T) {
 		{"/api" + runPath(evilRun) + "/timeline?max_points=5", 400, "max_points"},
 		{"/compare?" + url.Values{"model": {evilModel}, "by": {"colour"}}.Encode(), 400, "colour"},
 		{"/compare?runs=no-such-run+other", 400, "unknown"},
+		// Runs named are read alone: the unknown ones are named, in order.
+		{"/compare?" + url.Values{"run": {evilRun, "gone", evilRun2, "nope"}}.Encode(), 400, "unknown run(s): [&#34;gone&#34; &#34;nope&#34;]"},
+		{"/compare?" + url.Values{"run": {evilRun, evilRun}}.Encode(), 400, "named twice"},
 		{"/compare?" + url.Values{"model": {evilModel}, "by": {"backend"}, "baseline": {"tpu"}}.Encode(), 400, "tpu"},
 		{"/recommendations?min_confidence=2", 400, "min_confidence"},
 		{"/runs?page=999999", 200, "runs-body"},

@@ -608,7 +608,6 @@ type compareData struct {
 	Form    compareForm
 	Result  *trainmeterv1.CompareResponse
 	Error   string
-	Models  []string
 	ByKeys  []string
 	Figures []compareFigure
 	Scatter *scatter
@@ -634,12 +633,6 @@ type bar struct {
 func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	d := &compareData{Form: compareForm{Runs: q.Get("runs"), Model: q.Get("model"), By: q.Get("by"), Baseline: q.Get("baseline")}, ByKeys: compare.Keys}
-	runs, err := p.allRuns(r.Context())
-	if err != nil {
-		p.fail(w, r, "compare", err)
-		return
-	}
-	d.Models = distinct(runs, (*trainmeterv1.RunMetadata).GetModel)
 	code := http.StatusOK
 	// Runs typed in the form are separated by spaces or commas; a run id
 	// with those in it comes as its own run= parameter (a link can carry any id).
@@ -652,14 +645,36 @@ func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
 		} else {
 			d.Result = res
 			d.Figures = compareFigures(res)
-			byID := make(map[string]*trainmeterv1.RunReport, len(runs))
-			for _, r := range runs {
-				byID[r.GetRunId()] = r
+			runs, err := p.comparedRuns(r.Context(), res)
+			if err != nil {
+				p.fail(w, r, "compare", err)
+				return
 			}
-			d.Scatter = newScatter(res, byID)
+			d.Scatter = newScatter(res, runs)
 		}
 	}
 	p.render(w, code, "compare.html", page{Title: "Compare", Nav: "compare", Data: d})
+}
+
+// comparedRuns is the reports of the runs res compares, by run id, for the
+// scatter: only theirs, read from ListRuns with their ids a page at a time.
+func (p *pages) comparedRuns(ctx context.Context, res *trainmeterv1.CompareResponse) (map[string]*trainmeterv1.RunReport, error) {
+	var ids []string
+	for _, g := range res.GetGroups() {
+		ids = append(ids, g.GetRunIds()...)
+	}
+	runs, err := pg.All(func(tok string) ([]*trainmeterv1.RunReport, string, error) {
+		resp, err := p.c.cfg.Services.Query.ListRuns(ctx, &trainmeterv1.ListRunsRequest{RunIds: ids, PageToken: tok})
+		return resp.GetRuns(), resp.GetNextPageToken(), err
+	})
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]*trainmeterv1.RunReport, len(runs))
+	for _, r := range runs {
+		byID[r.GetRunId()] = r
+	}
+	return byID, nil
 }
 
 func compareFigures(res *trainmeterv1.CompareResponse) []compareFigure {
@@ -791,18 +806,6 @@ func (p *pages) nodes(w http.ResponseWriter, r *http.Request) {
 		Rows []nodeRow
 		Now  time.Time
 	}{rows, now}})
-}
-
-// distinct is the runs' values of a metadata field but "", sorted, each once.
-func distinct(runs []*trainmeterv1.RunReport, field func(*trainmeterv1.RunMetadata) string) []string {
-	var out []string
-	for _, r := range runs {
-		if v := field(r.GetMetadata()); v != "" {
-			out = append(out, v)
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
 }
 
 // allRuns is every run, read from ListRuns a page at a time, in run id

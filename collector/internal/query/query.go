@@ -102,16 +102,22 @@ func (s *Server) reports(ids []string) ([]*trainmeterv1.RunReport, error) {
 	if err != nil {
 		return nil, s.storeErr(err)
 	}
+	return s.reportsOf(sts, len(ids) == 0)
+}
+
+// reportsOf is the reports of sts, which are every run when all is set
+// (then ordered by start time, then run id).
+func (s *Server) reportsOf(sts []*aggregate.State, all bool) ([]*trainmeterv1.RunReport, error) {
 	out := make([]*trainmeterv1.RunReport, 0, len(sts))
 	for _, st := range sts {
 		r := st.Report(s.pricing)
 		s.attachPlan(r)
 		out = append(out, r)
 	}
-	if err := s.setEfficiency(out, len(ids) == 0); err != nil {
+	if err := s.setEfficiency(out, all); err != nil {
 		return nil, err
 	}
-	if len(ids) == 0 {
+	if all {
 		slices.SortStableFunc(out, func(a, b *trainmeterv1.RunReport) int {
 			return cmp.Or(a.GetStart().AsTime().Compare(b.GetStart().AsTime()), cmp.Compare(a.GetRunId(), b.GetRunId()))
 		})
@@ -488,7 +494,13 @@ func (s *Server) DeleteRun(_ context.Context, req *trainmeterv1.DeleteRunRequest
 // Compare implements QueryService.Compare (collector/internal/query/compare) over the same
 // reports GetRun returns, so that its figures match `trainmeter report`.
 func (s *Server) Compare(_ context.Context, req *trainmeterv1.CompareRequest) (*trainmeterv1.CompareResponse, error) {
-	all, err := s.reports(nil)
+	var all []*trainmeterv1.RunReport
+	var err error
+	if ids := req.GetRunIds(); len(ids) > 0 && req.GetModel() == "" {
+		all, err = s.namedReports(ids)
+	} else {
+		all, err = s.reports(nil) // a model's runs: only the reports say which
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -503,4 +515,26 @@ func (s *Server) Compare(_ context.Context, req *trainmeterv1.CompareRequest) (*
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	return nil, status.Errorf(codes.Internal, "compare: %v", err)
+}
+
+// namedReports is the reports of the runs of ids that exist, each once:
+// compare.Select then names the unknown ones and any named twice as it
+// would among every run, and a comparison of a few runs reads only theirs.
+func (s *Server) namedReports(ids []string) ([]*trainmeterv1.RunReport, error) {
+	want := slices.DeleteFunc(slices.Compact(slices.Sorted(slices.Values(ids))), func(id string) bool { return id == "" })
+	for len(want) > 0 {
+		sts, err := s.store.ListRuns(want)
+		var nf *storage.NotFoundError
+		if n := len(want); errors.As(err, &nf) {
+			// Read again without them (a run may be deleted meanwhile: again).
+			if want = slices.DeleteFunc(want, func(id string) bool { return slices.Contains(nf.IDs, id) }); len(want) < n {
+				continue
+			}
+		}
+		if err != nil {
+			return nil, s.storeErr(err)
+		}
+		return s.reportsOf(sts, false)
+	}
+	return nil, nil
 }

@@ -506,25 +506,58 @@ func epochKey(run, node string, epoch int64, at time.Time) string {
 func History(st storage.Store, run string) (*trainmeterv1.DataloaderHistoryResponse, error) {
 	out := &trainmeterv1.DataloaderHistoryResponse{}
 	err := st.ScanRecords(Namespace, run+"\x00", func(k string, v []byte) (bool, error) {
-		var m proto.Message
-		switch rest := k[len(run)+1:]; {
-		case len(rest) > 2 && rest[:2] == "e\x00":
-			e := &trainmeterv1.DataloaderEvaluation{}
-			m, out.Evaluations = e, append(out.Evaluations, e)
-		case len(rest) > 2 && rest[:2] == "p\x00":
-			e := &trainmeterv1.DataloaderEpoch{}
-			m, out.Epochs = e, append(out.Epochs, e)
-		default:
-			return true, nil
-		}
-		err := proto.Unmarshal(v, m)
-		return err == nil, err
+		return addRecord(out, k[len(run)+1:], v)
 	})
 	if err != nil {
 		return nil, err
 	}
 	out.Changes = Changes(out)
 	return out, nil
+}
+
+// Histories is History of every run that has one, by run id, read in one
+// scan of the namespace (not a scan per run). A key's run id is what
+// precedes its first NUL: a run whose id has a NUL in it is not keyed
+// here by its id (read it with History).
+func Histories(st storage.Store) (map[string]*trainmeterv1.DataloaderHistoryResponse, error) {
+	out := map[string]*trainmeterv1.DataloaderHistoryResponse{}
+	err := st.ScanRecords(Namespace, "", func(k string, v []byte) (bool, error) {
+		run, rest, ok := strings.Cut(k, "\x00")
+		if !ok {
+			return true, nil
+		}
+		h := out[run]
+		if h == nil {
+			h = &trainmeterv1.DataloaderHistoryResponse{}
+			out[run] = h
+		}
+		return addRecord(h, rest, v)
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range out {
+		h.Changes = Changes(h)
+	}
+	return out, nil
+}
+
+// addRecord adds to h the record of key rest (its key after the run id
+// and its NUL) and value v; any other record is passed over.
+func addRecord(h *trainmeterv1.DataloaderHistoryResponse, rest string, v []byte) (bool, error) {
+	var m proto.Message
+	switch {
+	case len(rest) > 2 && rest[:2] == "e\x00":
+		e := &trainmeterv1.DataloaderEvaluation{}
+		m, h.Evaluations = e, append(h.Evaluations, e)
+	case len(rest) > 2 && rest[:2] == "p\x00":
+		e := &trainmeterv1.DataloaderEpoch{}
+		m, h.Epochs = e, append(h.Epochs, e)
+	default:
+		return true, nil
+	}
+	err := proto.Unmarshal(v, m)
+	return err == nil, err
 }
 
 // DataloaderRecommendation turns a run's live advice history into a

@@ -610,3 +610,31 @@ func TestReportedLoaderSettingsWin(t *testing.T) {
 		t.Errorf("epoch 1 %v: want reported 0 workers (believed prefetch 2), 1000 tok/s", e)
 	}
 }
+
+// TestHistoriesIsEachRunsHistory: the histories of every run, read in one
+// scan, are each run's own History (a run whose id starts with another's
+// included), and only runs with a history are in them.
+func TestHistoriesIsEachRunsHistory(t *testing.T) {
+	r := newRig(t)
+	for _, run := range []string{"r", "r2"} {
+		r.applyOn(run, 0, window(run, 0, 10, 0.5, 0.5, 50), host(0.3), start(run, 2, 2, 10))
+		r.applyOn(run, 1, window(run, 1, 10, 0.5, 0.5, 50), host(0.3), eval(run, 1.5, 1))
+		r.applyOn(run, 2, window(run, 2, 5, 0.1, 0.5, 50), host(0.3), testutil.End(run, 3))
+	}
+	hs, err := Histories(r.st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hs) != 2 {
+		t.Fatalf("histories of %d runs, want r and r2", len(hs))
+	}
+	for _, run := range []string{"r", "r2"} {
+		h, err := History(r.st, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h.Evaluations) != 2 || len(h.Epochs) != 2 || !proto.Equal(hs[run], h) {
+			t.Errorf("run %s: Histories has %v, History %v", run, hs[run], h)
+		}
+	}
+}

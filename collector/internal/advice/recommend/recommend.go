@@ -595,22 +595,12 @@ func Power(runs []Run) []*trainmeterv1.Recommendation {
 	perGPU := func(r Run) float64 { return r.Report.GetAvgPowerW() / float64(r.Report.GetGpus()) }
 	for _, k := range sortedKeys(groups) {
 		g := groups[k]
-		for _, hi := range g {
-			var bestLo *Run
-			for i := range g {
-				lo := &g[i]
-				if perGPU(*lo) >= perGPU(hi) {
-					continue
-				}
-				saving := 1 - lo.Report.GetJPerToken()/hi.Report.GetJPerToken()
-				slow := 1 - (lo.Report.GetTokPerS()/float64(lo.Report.GetGpus()))/(hi.Report.GetTokPerS()/float64(hi.Report.GetGpus()))
-				if saving >= PowerMinSaving && slow <= PowerMaxSlowdown && (bestLo == nil || lo.Report.GetJPerToken() < bestLo.Report.GetJPerToken()) {
-					bestLo = lo
-				}
-			}
-			if bestLo == nil {
+		best := lowerPowerPeers(g, perGPU)
+		for j, hi := range g {
+			if best[j] < 0 {
 				continue
 			}
+			bestLo := &g[best[j]]
 			h, l := hi.Report, bestLo.Report
 			savedJ := (h.GetJPerToken() - l.GetJPerToken()) * float64(h.GetTokensMeasured())
 			slow := 1 - (l.GetTokPerS()/float64(l.GetGpus()))/(h.GetTokPerS()/float64(h.GetGpus()))
@@ -651,6 +641,92 @@ func Power(runs []Run) []*trainmeterv1.Recommendation {
 		})
 	}
 	return out
+}
+
+// lowerPowerPeers is, for each run hi of g, the index in g of the run
+// that shows a lower power limit pays for it, or -1: of the runs at a
+// lower power per GPU (perGPU) whose throughput per GPU is at most
+// PowerMaxSlowdown lower and whose J/token is at least PowerMinSaving
+// lower, the one of least J/token (the first in g of equals). Every run of
+// g has J/token, tok/s and GPUs (Power's groups).
+//
+// It takes n log n, not n² (a like group can hold thousands of runs): the
+// runs in order of power per GPU, each hi looks among those before it
+// (strictly lower power) for the least J/token among the runs fast enough,
+// a suffix of the runs in order of throughput per GPU (slow falls as the
+// throughput grows), kept in a Fenwick tree of minima. The least J/token
+// of those either saves enough or none of them does (the saving grows as
+// J/token falls). Where a figure is NaN (no order), each pair is tried.
+func lowerPowerPeers(g []Run, perGPU func(Run) float64) []int {
+	n := len(g)
+	best := make([]int, n)
+	rate := func(r Run) float64 { return r.Report.GetTokPerS() / float64(r.Report.GetGpus()) }
+	jpt := func(i int) float64 { return g[i].Report.GetJPerToken() }
+	fits := func(lo, hi int) bool { // as slow enough and saving enough
+		return 1-rate(g[lo])/rate(g[hi]) <= PowerMaxSlowdown && 1-jpt(lo)/jpt(hi) >= PowerMinSaving
+	}
+	if slices.ContainsFunc(g, func(r Run) bool {
+		return math.IsNaN(perGPU(r)) || math.IsNaN(rate(r)) || math.IsNaN(r.Report.GetJPerToken())
+	}) {
+		for hi := range g {
+			best[hi] = -1
+			for lo := range g {
+				if perGPU(g[lo]) < perGPU(g[hi]) && fits(lo, hi) && (best[hi] < 0 || jpt(lo) < jpt(best[hi])) {
+					best[hi] = lo
+				}
+			}
+		}
+		return best
+	}
+	order := func(f func(Run) float64) []int {
+		idx := make([]int, n)
+		for i := range idx {
+			idx[i] = i
+		}
+		slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(f(g[a]), f(g[b])) })
+		return idx
+	}
+	byRate, byPower := order(rate), order(perGPU)
+	// tree[p] (p from 1) is the best run among the rate ranks of its
+	// span, counted from the fastest: a prefix of it is a suffix by rate.
+	pos := make([]int, n)
+	for k, i := range byRate {
+		pos[i] = n - k
+	}
+	tree := make([]int, n+1)
+	for p := range tree {
+		tree[p] = -1
+	}
+	better := func(a, b int) bool { return b < 0 || jpt(a) < jpt(b) || (jpt(a) == jpt(b) && a < b) }
+	for s := 0; s < n; {
+		e := s
+		for e < n && perGPU(g[byPower[e]]) == perGPU(g[byPower[s]]) {
+			e++
+		}
+		for _, hi := range byPower[s:e] {
+			// The first rate rank fast enough: the runs from it on are.
+			k := sort.Search(n, func(k int) bool { return 1-rate(g[byRate[k]])/rate(g[hi]) <= PowerMaxSlowdown })
+			lo := -1
+			for p := n - k; p > 0; p -= p & -p {
+				if t := tree[p]; t >= 0 && better(t, lo) {
+					lo = t
+				}
+			}
+			if lo >= 0 && !fits(lo, hi) {
+				lo = -1
+			}
+			best[hi] = lo
+		}
+		for _, i := range byPower[s:e] {
+			for p := pos[i]; p <= n; p += p & -p {
+				if better(i, tree[p]) {
+					tree[p] = i
+				}
+			}
+		}
+		s = e
+	}
+	return best
 }
 
 // likeKey is what two runs must share for the power rule to compare them:

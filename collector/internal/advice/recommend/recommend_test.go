@@ -2,6 +2,7 @@ package recommend
 
 import (
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -383,5 +384,44 @@ func TestAnUncostedSavingIsAbsentNotZero(t *testing.T) {
 	Sort(recs)
 	if recs[0] != costed {
 		t.Errorf("sorted %v first, want the costed one", recs[0].GetKind())
+	}
+}
+
+// TestLowerPowerPeersIsEveryPair: for random like groups (ties in power,
+// throughput and J/token included, NaN in some), the n log n search picks
+// the run that trying every pair picks.
+func TestLowerPowerPeersIsEveryPair(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	perGPU := func(r Run) float64 { return r.Report.GetAvgPowerW() / float64(r.Report.GetGpus()) }
+	for trial := range 2000 {
+		g := make([]Run, 1+rnd.IntN(40))
+		for i := range g {
+			gpus := uint32(1 + rnd.IntN(2))
+			g[i] = Run{Report: &trainmeterv1.RunReport{Gpus: gpus,
+				AvgPowerW: proto.Float64(float64(200+25*rnd.IntN(8)) * float64(gpus)),
+				TokPerS:   proto.Float64(float64(900+10*rnd.IntN(15)) * float64(gpus)),
+				JPerToken: proto.Float64(0.2 + 0.01*float64(rnd.IntN(12)))}}
+			if trial%10 == 0 && rnd.IntN(20) == 0 {
+				g[i].Report.JPerToken = proto.Float64(math.NaN())
+			}
+		}
+		got := lowerPowerPeers(g, perGPU)
+		for hi := range g {
+			want := -1
+			for lo := range g {
+				h, l := g[hi].Report, g[lo].Report
+				if perGPU(g[lo]) >= perGPU(g[hi]) {
+					continue
+				}
+				saving := 1 - l.GetJPerToken()/h.GetJPerToken()
+				slow := 1 - (l.GetTokPerS()/float64(l.GetGpus()))/(h.GetTokPerS()/float64(h.GetGpus()))
+				if saving >= PowerMinSaving && slow <= PowerMaxSlowdown && (want < 0 || l.GetJPerToken() < g[want].Report.GetJPerToken()) {
+					want = lo
+				}
+			}
+			if got[hi] != want {
+				t.Fatalf("trial %d, run %d of %d: picked %d, every pair picks %d", trial, hi, len(g), got[hi], want)
+			}
+		}
 	}
 }

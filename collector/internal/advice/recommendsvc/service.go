@@ -10,6 +10,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -104,14 +105,27 @@ func (s *Service) Recommend(_ context.Context, req *trainmeterv1.RecommendReques
 	}
 	recs := recommend.Recommend(runs, recommend.Options{Catalog: s.catalog, Targets: req.GetRunIds(),
 		Schedule: recommend.ScheduleInputs{Carbon: s.pricing.CarbonFile, Tariff: s.pricing.Tariff, PUE: s.pricing.EffectivePUE()}})
+	// Every run's advice history in one read, unless only a few runs are
+	// asked about.
+	var hs map[string]*trainmeterv1.DataloaderHistoryResponse
+	if len(req.GetRunIds()) == 0 {
+		if hs, err = dataloadersvc.Histories(s.st); err != nil {
+			return nil, storeErr(err)
+		}
+	}
 	for _, r := range runs {
 		id := r.Report.GetRunId()
 		if len(req.GetRunIds()) > 0 && !slices.Contains(req.GetRunIds(), id) {
 			continue
 		}
-		h, err := dataloadersvc.History(s.st, id)
-		if err != nil {
-			return nil, storeErr(err)
+		h := hs[id]
+		if hs == nil || strings.ContainsRune(id, 0) {
+			if h, err = dataloadersvc.History(s.st, id); err != nil {
+				return nil, storeErr(err)
+			}
+		}
+		if h == nil {
+			continue // no history: no advice
 		}
 		if rec := dataloadersvc.DataloaderRecommendation(r.Report, h); rec != nil {
 			recs = append(recs, rec)
