@@ -64,6 +64,22 @@ type groupNode struct {
 	haveNodes map[nodeRollKey]*trainmeterv1.Batch
 }
 
+// newGroupNode is a node's share of a group before its row is read: no
+// records rolled up (rolled_ns NULL), no rollup rows read.
+func newGroupNode(node string) *groupNode {
+	return &groupNode{ns: &trainmeterv1.NodeStatus{Node: node}, rolled: math.MinInt64, haveRuns: map[runRollKey]*trainmeterv1.RunWindow{},
+		haveNodes: map[nodeRollKey]*trainmeterv1.Batch{}, rr: newRollupRows(), usage: newDayUsage(node)}
+}
+
+// addMinute notes minute m of the rollup rows under k (a node, or a node
+// and run), as queueRollupReads takes them.
+func addMinute[K comparable](set map[K]map[int64]bool, k K, m int64) {
+	if set[k] == nil {
+		set[k] = map[int64]bool{}
+	}
+	set[k][m] = true
+}
+
 // groupState is what a group's batches share in Go, and fold.View and
 // fold.LiveBase over it.
 type groupState struct {
@@ -176,8 +192,7 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 	}
 	nodes, runs = sortedSet(nodes), sortedSet(runs)
 	for _, n := range nodes {
-		g.nodes[n] = &groupNode{ns: &trainmeterv1.NodeStatus{Node: n}, rolled: math.MinInt64, haveRuns: map[runRollKey]*trainmeterv1.RunWindow{},
-			haveNodes: map[nodeRollKey]*trainmeterv1.Batch{}, rr: newRollupRows(), usage: newDayUsage(n)}
+		g.nodes[n] = newGroupNode(n)
 	}
 
 	// The cached rollup rows: keys they hold are not read unless the
@@ -346,17 +361,10 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 			if fold.NanosOf(w.GetStart()) >= rolled {
 				continue
 			}
-			k := [2]string{node, w.GetRunId()}
-			if runRoll[k] == nil {
-				runRoll[k] = map[int64]bool{}
-			}
-			runRoll[k][dayMinute(w.GetStart())] = true
+			addMinute(runRoll, [2]string{node, w.GetRunId()}, dayMinute(w.GetStart()))
 		}
 		if start := fold.NanosOf(r.b.GetWindowStart()); start < rolled {
-			if nodeMin[node] == nil {
-				nodeMin[node] = map[int64]bool{}
-			}
-			nodeMin[node][minuteOf(start)] = true
+			addMinute(nodeMin, node, minuteOf(start))
 		}
 	}
 	stale := false // a row cached, but written since by another transaction

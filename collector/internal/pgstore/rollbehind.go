@@ -92,8 +92,7 @@ func (s *Store) rollNodes(ctx context.Context, tx pgx.Tx, nodes []string, until 
 			}
 			locked = append(locked, node)
 			nodeGPU[node] = fold.NodeGPUName(ns)
-			g.nodes[node] = &groupNode{haveRuns: map[runRollKey]*trainmeterv1.RunWindow{}, haveNodes: map[nodeRollKey]*trainmeterv1.Batch{},
-				rr: newRollupRows(), usage: newDayUsage(node)}
+			g.nodes[node] = newGroupNode(node)
 			return nil
 		}); err != nil {
 			return err
@@ -128,56 +127,38 @@ func (s *Store) rollNodes(ctx context.Context, tx pgx.Tx, nodes []string, until 
 
 	// The records as ingest adds them (foldOne), after the rows they add
 	// to are read.
-	var adds []struct {
+	type nodeRollups struct {
 		node string
 		r    rollups
 	}
+	var adds []nodeRollups
 	runRoll := map[[2]string]map[int64]bool{}
 	nodeMin := map[string]map[int64]bool{}
-	minuteOfNode := func(node string, m int64) {
-		if nodeMin[node] == nil {
-			nodeMin[node] = map[int64]bool{}
-		}
-		nodeMin[node][m] = true
-	}
 	for _, rec := range runWins {
 		w := &trainmeterv1.RunWindow{}
 		if err := proto.Unmarshal(rec.val, w); err != nil {
 			return fmt.Errorf("node %q: run window at %d: %w", rec.node, rec.start, err)
 		}
-		k := [2]string{rec.node, w.GetRunId()}
-		if runRoll[k] == nil {
-			runRoll[k] = map[int64]bool{}
-		}
-		runRoll[k][dayMinute(w.GetStart())] = true
+		addMinute(runRoll, [2]string{rec.node, w.GetRunId()}, dayMinute(w.GetStart()))
 		g.nodes[rec.node].usage.stored(w)
-		adds = append(adds, struct {
-			node string
-			r    rollups
-		}{rec.node, rollups{runs: []*trainmeterv1.RunWindow{w}}})
+		adds = append(adds, nodeRollups{rec.node, rollups{runs: []*trainmeterv1.RunWindow{w}}})
 	}
 	for _, rec := range nodeRecs {
 		b := &trainmeterv1.Batch{}
 		if err := proto.Unmarshal(rec.val, b); err != nil {
 			return fmt.Errorf("node %q: node record at %d: %w", rec.node, rec.start, err)
 		}
-		minuteOfNode(rec.node, minuteOf(rec.start))
+		addMinute(nodeMin, rec.node, minuteOf(rec.start))
 		g.nodes[rec.node].usage.nodeRecord(b)
-		adds = append(adds, struct {
-			node string
-			r    rollups
-		}{rec.node, rollups{node: b, start: rec.start}})
+		adds = append(adds, nodeRollups{rec.node, rollups{node: b, start: rec.start}})
 	}
 	for _, rec := range losses {
 		b := &trainmeterv1.Batch{}
 		if err := proto.Unmarshal(rec.val, b); err != nil {
 			return fmt.Errorf("node %q: loss records at %d: %w", rec.node, rec.start, err)
 		}
-		minuteOfNode(rec.node, minuteOf(rec.start))
-		adds = append(adds, struct {
-			node string
-			r    rollups
-		}{rec.node, rollups{loss: b.GetNodeLosses(), start: rec.start}})
+		addMinute(nodeMin, rec.node, minuteOf(rec.start))
+		adds = append(adds, nodeRollups{rec.node, rollups{loss: b.GetNodeLosses(), start: rec.start}})
 	}
 	pricing := s.reportPricing()
 	for _, rec := range dels {

@@ -81,39 +81,27 @@ func (s *Store) putSummary(txn *badger.Txn, run string, st *aggregate.State) err
 		if err != nil {
 			return err
 		}
-		return dropSummary(txn, run)
+		return dropKey(txn, summaryKey(run)) // a run that ended and then got a start again
 	}
-	if err := dropLive(txn, run); err != nil {
+	if err := dropKey(txn, liveKey(run)); err != nil {
 		return err
 	}
 	p, _ := s.Pricer().(aggregate.Pricing)
 	return txn.Set(summaryKey(run), encodeSummary(st.Summary(p)))
 }
 
-// dropLive deletes run's live marker if it has one (deleting none would
-// write a tombstone at every write of an ended run).
-func dropLive(txn *badger.Txn, run string) error {
-	_, err := txn.Get(liveKey(run))
+// dropKey deletes k if it is there: deleting a key that is not would
+// write a tombstone (a live run's summary, an ended run's marker) at every
+// write of the run.
+func dropKey(txn *badger.Txn, k []byte) error {
+	_, err := txn.Get(k)
 	if errors.Is(err, badger.ErrKeyNotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	return txn.Delete(liveKey(run))
-}
-
-// dropSummary deletes run's summary if it has one (a run that ended and
-// then got a start again).
-func dropSummary(txn *badger.Txn, run string) error {
-	_, err := txn.Get(summaryKey(run))
-	if errors.Is(err, badger.ErrKeyNotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return txn.Delete(summaryKey(run))
+	return txn.Delete(k)
 }
 
 // SelectRuns implements storage.Runs from the ended runs' summaries and

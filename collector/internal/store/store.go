@@ -939,7 +939,7 @@ func (s *Store) deleteRun(id string, d fold.Deletion) (records int, err error) {
 			if err := txn.Delete(summaryKey(id)); err != nil {
 				return err
 			}
-			if err := dropLive(txn, id); err != nil {
+			if err := dropKey(txn, liveKey(id)); err != nil {
 				return err
 			}
 			return txn.Delete(aggKey(id))
