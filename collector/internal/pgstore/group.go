@@ -145,11 +145,11 @@ func (r *rawRows) queue(q *pgx.Batch) {
 	}
 	switch {
 	case r.delID != nil:
-		q.Queue(r.insert, r.node, r.start, r.seq, r.i, r.delID, r.val)
+		q.Queue(r.insert, r.node, r.start, r.seq, r.i, r.delID, bytesArray(r.val))
 	case r.run != nil:
-		q.Queue(r.insert, r.run, r.node, r.start, r.seq, r.i, r.val)
+		q.Queue(r.insert, r.run, r.node, r.start, r.seq, r.i, bytesArray(r.val))
 	default:
-		q.Queue(r.insert, r.node, r.start, r.seq, r.val)
+		q.Queue(r.insert, r.node, r.start, r.seq, bytesArray(r.val))
 	}
 }
 
@@ -232,10 +232,9 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 	lockNodes := func(q *pgx.Batch, nodes []string) {
 		q.Queue(`SELECT node, status, new_runs_tokens, new_runs_at, rolled_ns, xmin::text FROM nodes WHERE node = ANY($1) ORDER BY node FOR UPDATE`, nodes).Query(func(rows pgx.Rows) error {
 			var node, x string
-			var val []byte
 			var tokens *float64
 			var at, rolled *int64
-			_, err := pgx.ForEachRow(rows, []any{&node, &val, &tokens, &at, &rolled, &x}, func() error {
+			_, err := pgx.ForEachRow(rows, []any{&node, nil, &tokens, &at, &rolled, &x}, func() error {
 				n := g.nodes[node]
 				if n == nil {
 					return nil
@@ -245,7 +244,11 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 				if tokens != nil && at != nil {
 					n.bucket = fold.Bucket{Tokens: *tokens, At: time.Unix(0, *at)}
 				}
-				return proto.Unmarshal(val, n.ns)
+				if c := cached[node]; c != nil && c.status != nil && c.nodeX == x {
+					n.ns = c.status
+					return nil
+				}
+				return proto.Unmarshal(rows.RawValues()[1], n.ns)
 			})
 			return err
 		})
@@ -493,7 +496,7 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 	if len(sNode) > 0 {
 		// The rows exist: the group locked them.
 		out.Queue(`UPDATE nodes SET status = u.status FROM unnest($1::text[], $2::bytea[]) AS u(node, status)
-			WHERE nodes.node = u.node RETURNING nodes.node, nodes.xmin::text`, sNode, sVal).Query(func(rows pgx.Rows) error {
+			WHERE nodes.node = u.node RETURNING nodes.node, nodes.xmin::text`, sNode, bytesArray(sVal)).Query(func(rows pgx.Rows) error {
 			var node, x string
 			_, err := pgx.ForEachRow(rows, []any{&node, &x}, func() error { nodeX[node] = x; return nil })
 			return err
@@ -530,7 +533,7 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 		// Every row of each (run, minute) and node minute the group read
 		// or took from the cache, as written: all of them, whatever their
 		// lock, so that a later group may trust the set as complete.
-		e := &rollCache{nodeX: nodeX[node], runX: map[string]string{}, runDone: map[runMinute]bool{}, nodeDone: map[int64]bool{},
+		e := &rollCache{nodeX: nodeX[node], status: gn.ns, runX: map[string]string{}, runDone: map[runMinute]bool{}, nodeDone: map[int64]bool{},
 			runs: gn.haveRuns, nodes: gn.haveNodes}
 		for k, w := range gn.rr.runs {
 			e.runs[k] = w
@@ -861,12 +864,12 @@ func (s *Store) queueGroupRollups(q *pgx.Batch, g *groupState, nodes []string) e
 	if len(rn) > 0 {
 		q.Queue(`INSERT INTO run_rollups (node, run_id, start_ns, lock, w)
 			SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::bytea[], $5::bytea[])
-			ON CONFLICT (node, run_id, start_ns, lock) DO UPDATE SET w = EXCLUDED.w`, rn, rr, rs, rl, rv)
+			ON CONFLICT (node, run_id, start_ns, lock) DO UPDATE SET w = EXCLUDED.w`, rn, rr, rs, bytesArray(rl), bytesArray(rv))
 	}
 	if len(nn) > 0 {
 		q.Queue(`INSERT INTO node_rollups (node, start_ns, lock, b)
 			SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[], $4::bytea[])
-			ON CONFLICT (node, start_ns, lock) DO UPDATE SET b = EXCLUDED.b`, nn, ns, nl, nv)
+			ON CONFLICT (node, start_ns, lock) DO UPDATE SET b = EXCLUDED.b`, nn, ns, bytesArray(nl), bytesArray(nv))
 	}
 	return nil
 }
@@ -983,7 +986,7 @@ func (rr *runRows) queueState(q *pgx.Batch, now time.Time, xmins map[string]stri
 		return
 	}
 	q.Queue(`UPDATE runs SET state = u.state, data_at_ns = $3 FROM unnest($1::text[], $2::bytea[]) AS u(run_id, state)
-		WHERE runs.run_id = u.run_id RETURNING runs.run_id, runs.xmin::text`, rr.id, rr.state, now.UnixNano()).Query(func(rows pgx.Rows) error {
+		WHERE runs.run_id = u.run_id RETURNING runs.run_id, runs.xmin::text`, rr.id, bytesArray(rr.state), now.UnixNano()).Query(func(rows pgx.Rows) error {
 		var id, x string
 		_, err := pgx.ForEachRow(rows, []any{&id, &x}, func() error { xmins[id] = x; return nil })
 		return err
@@ -1005,7 +1008,7 @@ func (rr *runRows) queue(q *pgx.Batch, now time.Time, xmins map[string]string) {
 		AS u(run_id, state, start_ns, end_status, user_name, status, end_ns, ended, uid, model, gpu_name, labels, gpus, nodes, tokens, wall_s,
 			energy_j, energy_total_j, gpu_hours, cost_usd, energy_cost_usd, total_cost_usd, j_per_token, co2_kg, incomplete)
 		WHERE runs.run_id = u.run_id RETURNING runs.run_id, runs.xmin::text`,
-		rr.id, rr.state, rr.start, rr.endStatus, rr.user, rr.status, rr.end, rr.ended, rr.uid, rr.model, rr.gpuName, rr.labels,
+		rr.id, bytesArray(rr.state), rr.start, rr.endStatus, rr.user, rr.status, rr.end, rr.ended, rr.uid, rr.model, rr.gpuName, rr.labels,
 		rr.gpus, rr.nodes, rr.tokens, rr.wallS, rr.energyJ, rr.energyTotalJ, rr.gpuHours, rr.cost, rr.energyCost, rr.totalCost,
 		rr.jPerToken, rr.co2, rr.incomplete, now.UnixNano()).Query(func(rows pgx.Rows) error {
 		var id, x string

@@ -122,6 +122,7 @@ func Open(ctx context.Context, dbURL string, o Options) (*Store, error) {
 		}
 		cfg.ConnConfig.Password = strings.TrimRight(string(pw), "\r\n")
 	}
+	cfg.AfterConnect = registerBytesArray
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %s: %w", Redact(dbURL), err)

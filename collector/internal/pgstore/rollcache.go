@@ -29,8 +29,11 @@ import (
 
 // rollCache is one node's cached rows.
 type rollCache struct {
-	nodeX string            // the node row's xmin after the commit
-	runX  map[string]string // each run row's xmin after the commit
+	nodeX string // the node row's xmin after the commit
+	// The node's status as the commit wrote it: the node's next group
+	// folds into it without decoding the row's again.
+	status *trainmeterv1.NodeStatus
+	runX   map[string]string // each run row's xmin after the commit
 	// Every row of these runs' minutes and of these node minutes.
 	runDone  map[runMinute]bool
 	nodeDone map[int64]bool

@@ -260,3 +260,40 @@ func TestLiveRunColumnsTrail(t *testing.T) {
 	step(6, 5, 50)
 	step(7, 6, 70, tu.End("r", 6)) // ended: exact
 }
+
+// TestNodeStatusAcrossReplicas: a collector folds a node's next batch into
+// the node status its last group wrote only while no one has written the
+// node's row since: a hello through another collector (the agent
+// restarted with other GPUs) is what the node then shows, not the first
+// collector's copy from before it.
+func TestNodeStatusAcrossReplicas(t *testing.T) {
+	url := pgtest.DB(t)
+	a, b := open(t, url), open(t, url)
+	sender := storage.Sender{Node: "n", Boot: "b1"}
+	gpus := func(name string) []*trainmeterv1.GpuInfo {
+		return []*trainmeterv1.GpuInfo{{Index: 0, Name: name}, {Index: 1, Name: name}}
+	}
+	if err := a.PutHello(&trainmeterv1.Hello{Node: "n", BootId: "b1", Gpus: gpus("A100")}); err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(1); seq <= 2; seq++ {
+		if _, err := a.ApplyBatchResult(sender, tu.Batch(seq, float64(seq), nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.PutHello(&trainmeterv1.Hello{Node: "n", BootId: "b2", Gpus: gpus("H100")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ApplyBatchResult(storage.Sender{Node: "n", Boot: "b2"}, tu.Batch(1, 3, nil)); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []*pgstore.Store{a, b} {
+		nodes, err := st.Nodes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(nodes) != 1 || nodes[0].GetBootId() != "b2" || len(nodes[0].GetGpus()) != 2 || nodes[0].GetGpus()[0].GetName() != "H100" || nodes[0].GetLastSeq() != 1 {
+			t.Errorf("node after the restart's hello and first batch: %v; want boot b2, two H100s, last seq 1", nodes)
+		}
+	}
+}
