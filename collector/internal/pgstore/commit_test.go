@@ -131,3 +131,40 @@ func TestGroupAppliedAsOne(t *testing.T) {
 		t.Errorf("%d windows (%v), want %d", len(ws), err, 2*nodes)
 	}
 }
+
+// TestRawKeyReusedByANewBoot: the group inserts its raw rows without an
+// upsert (a raw row's key is new but for a node reusing a window start and
+// seq under a new boot). When one is there, the group fails on it and is
+// applied batch by batch, whose statements replace the row: the node's
+// window is the new boot's, as BadgerDB keeps it, and the run's tokens
+// count both batches.
+func TestRawKeyReusedByANewBoot(t *testing.T) {
+	st := open(t, pgtest.DB(t))
+	first := tu.Batch(1, 0, []*trainmeterv1.RunWindow{tu.Window("r", 0, 10, 5)}, tu.Start("r", 0, "m"))
+	if _, err := st.ApplyBatchResult(storage.Sender{Node: "n", Boot: "b1"}, first); err != nil {
+		t.Fatal(err)
+	}
+	before := st.CommitStats()
+	again := tu.Batch(1, 0, []*trainmeterv1.RunWindow{tu.Window("r", 0, 7, 5)})
+	again.GpuWindows[0].EnergyCounterJ = 250
+	if a, err := st.ApplyBatchResult(storage.Sender{Node: "n", Boot: "b2"}, again); err != nil || a.Duplicate {
+		t.Fatalf("the new boot's batch: %+v, %v", a, err)
+	}
+	if f := st.CommitStats().Fallbacks - before.Fallbacks; f != 1 {
+		t.Errorf("%d fallbacks to batch by batch, want 1 (the raw key taken)", f)
+	}
+	ws, err := st.NodeGPUWindows("n", tu.T0.Add(-time.Second), tu.T0.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ws) != 1 || ws[0].GetStoredBootId() != "b2" || ws[0].GetGpuWindows()[0].GetEnergyCounterJ() != 250 {
+		t.Errorf("node windows %v, want the one of boot b2 (250 J)", ws)
+	}
+	run, err := st.GetRun("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok := run.Report(aggregate.Pricing{}).GetTokensProcessed(); tok != 17 {
+		t.Errorf("run r: %d tokens, want 17 (both batches)", tok)
+	}
+}
