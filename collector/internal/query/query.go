@@ -538,18 +538,47 @@ func (s *Server) modelReports(model string) ([]*trainmeterv1.RunReport, error) {
 	return out, nil
 }
 
+// compareChunk is how many runs one read of compareReports asks for.
+const compareChunk = 256
+
 // compareReports is the reports of the runs of ids that exist, each once,
-// without plan or efficiency score: compare.Select then names the unknown
-// ones and any named twice as it would among every run, and a comparison
-// reads only the runs it compares.
+// without plan or efficiency score, in no particular order: compare.Select
+// then names the unknown ones and any named twice as it would among every
+// run, and a comparison reads only the runs it compares. A model's
+// thousands of runs are read and reported a chunk at a time on all cores
+// (each chunk its own read: the runs are independent of each other).
 func (s *Server) compareReports(ids []string) ([]*trainmeterv1.RunReport, error) {
 	want := slices.DeleteFunc(slices.Compact(slices.Sorted(slices.Values(ids))), func(id string) bool { return id == "" })
+	chunks := slices.Collect(slices.Chunk(want, compareChunk))
+	parts := make([][]*trainmeterv1.RunReport, len(chunks))
+	errs := make([]error, len(chunks))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(chunks)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < len(chunks); i = int(next.Add(1)) - 1 {
+				parts[i], errs[i] = s.existingReports(chunks[i])
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return slices.Concat(parts...), nil
+}
+
+// existingReports is the reports of the runs of want (distinct ids) that
+// exist.
+func (s *Server) existingReports(want []string) ([]*trainmeterv1.RunReport, error) {
 	for len(want) > 0 {
 		sts, err := s.store.ListRuns(want)
 		var nf *storage.NotFoundError
 		if n := len(want); errors.As(err, &nf) {
 			// Read again without them (a run may be deleted meanwhile: again).
-			if want = slices.DeleteFunc(want, func(id string) bool { return slices.Contains(nf.IDs, id) }); len(want) < n {
+			if want = slices.DeleteFunc(slices.Clone(want), func(id string) bool { return slices.Contains(nf.IDs, id) }); len(want) < n {
 				continue
 			}
 		}
@@ -557,7 +586,9 @@ func (s *Server) compareReports(ids []string) ([]*trainmeterv1.RunReport, error)
 			return nil, s.storeErr(err)
 		}
 		out := make([]*trainmeterv1.RunReport, len(sts))
-		eachOnAllCores(len(sts), func(i int) { out[i] = sts[i].Report(s.pricing) })
+		for i, st := range sts {
+			out[i] = st.Report(s.pricing)
+		}
 		return out, nil
 	}
 	return nil, nil
