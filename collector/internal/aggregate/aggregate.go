@@ -541,10 +541,12 @@ func (s *State) price(p Pricing, r *trainmeterv1.RunReport) {
 }
 
 // Summary is what listings filter and order runs by without the whole
-// report: the report's ended, end and total_cost_usd, as Report(p) gives
-// them.
+// report: the report's ended, end, total_cost_usd and metadata.model, as
+// Report(p) gives them.
 type Summary struct {
 	Ended bool
+	// Model is the run's metadata.model ("" when it has none).
+	Model string
 	// EndNanos is the report's end (Unix ns); HasEnd false when the run
 	// has no start (its report has no end).
 	EndNanos int64
@@ -558,7 +560,7 @@ type Summary struct {
 // Summary computes the run's Summary with the collector's pricing: the
 // same figures as Report(p), at a fraction of its work.
 func (s *State) Summary(p Pricing) Summary {
-	sum := Summary{Ended: s.Ended()}
+	sum := Summary{Ended: s.Ended(), Model: s.GetRunStart().GetMetadata().GetModel()}
 	if start, ok := s.StartNanos(); ok {
 		sum.EndNanos, sum.HasEnd = max(s.endNanos(), start), true
 		sum.StartNanos = start

@@ -36,27 +36,33 @@ func TestCompareCommand(t *testing.T) {
 	// bnb: 100 J per 1 s window and about 100 tokens; unsloth: 60 J and
 	// about 150 tokens. Each run's tokens differ a little so that the
 	// groups have a spread.
-	feed := func(run, backend string, at float64, tokens uint64, joules float64) {
+	feedOf := func(run, model, backend string, at float64, tokens uint64, joules float64, ends bool) {
 		for s := range 5 {
 			sec := at + float64(s)
 			var evs []*trainmeterv1.RunEvent
 			if s == 0 {
-				st := tu.Start(run, sec, "m")
+				st := tu.Start(run, sec, model)
 				st.GetRunStart().Metadata.Backend = backend
 				evs = append(evs, st)
 			}
-			if s == 4 {
+			if s == 4 && ends {
 				evs = append(evs, tu.End(run, sec+1))
 			}
 			seq++
 			a.MustAck(tu.Batch(seq, sec, []*trainmeterv1.RunWindow{tu.Window(run, sec, tokens, joules)}, evs...))
 		}
 	}
+	feed := func(run, backend string, at float64, tokens uint64, joules float64) {
+		feedOf(run, "m", backend, at, tokens, joules, true)
+	}
 	feed("b1", "bnb", 0, 100, 100)
 	feed("b2", "bnb", 10, 110, 100)
 	feed("b3", "bnb", 20, 95, 100)
 	feed("u1", "unsloth", 30, 150, 60)
 	feed("u2", "unsloth", 40, 160, 60)
+	// Neither another model's run nor a live run of m is compared.
+	feedOf("o1", "other", "bnb", 50, 100, 100, true)
+	feedOf("l1", "m", "bnb", 60, 100, 100, false)
 
 	out, err := run(t, nil, "compare", "--model", "m", "--by", "backend", "--json", "--collector", addr)
 	if err != nil {
@@ -72,6 +78,11 @@ func TestCompareCommand(t *testing.T) {
 				CiLow *float64 `json:"ci_low"`
 			} `json:"j_per_token"`
 			TokPerS struct{ Mean float64 } `json:"tok_per_s"`
+			Points  []struct {
+				RunID     string   `json:"run_id"`
+				TokPerS   *float64 `json:"tok_per_s"`
+				JPerToken *float64 `json:"j_per_token"`
+			} `json:"points"`
 		} `json:"groups"`
 		Rows []struct {
 			Key             string `json:"key"`
@@ -91,27 +102,44 @@ func TestCompareCommand(t *testing.T) {
 		t.Fatalf("%s", out)
 	}
 	// The same figures from `report --json`, run by run.
+	report := func(id string) map[string]any {
+		rep, err := run(t, nil, "report", id, "--json", "--collector", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(rep), &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
 	mean := func(ids []string, field string) float64 {
 		var sum float64
 		for _, id := range ids {
-			rep, err := run(t, nil, "report", id, "--json", "--collector", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var m map[string]any
-			if err := json.Unmarshal([]byte(rep), &m); err != nil {
-				t.Fatal(err)
-			}
-			sum += m[field].(float64)
+			sum += report(id)[field].(float64)
 		}
 		return sum / float64(len(ids))
+	}
+	// Each group's points are its runs, in order, with their reports' rates.
+	for _, g := range cmp.Groups {
+		var ids []string
+		for _, p := range g.Points {
+			ids = append(ids, p.RunID)
+			m := report(p.RunID)
+			if p.TokPerS == nil || p.JPerToken == nil || *p.TokPerS != m["tok_per_s"] || *p.JPerToken != m["j_per_token"] {
+				t.Errorf("group %s point %s: tok/s %v J/token %v, want the report's %v, %v", g.Key, p.RunID, p.TokPerS, p.JPerToken, m["tok_per_s"], m["j_per_token"])
+			}
+		}
+		if strings.Join(ids, ",") != strings.Join(g.RunIDs, ",") {
+			t.Errorf("group %s points of %v, want its runs %v", g.Key, ids, g.RunIDs)
+		}
 	}
 	jb, ju := mean([]string{"b1", "b2", "b3"}, "j_per_token"), mean([]string{"u1", "u2"}, "j_per_token")
 	tb, tu2 := mean([]string{"b1", "b2", "b3"}, "tok_per_s"), mean([]string{"u1", "u2"}, "tok_per_s")
 	if g := cmp.Groups[0]; strings.Join(g.RunIDs, ",") != "b1,b2,b3" || math.Abs(g.JPerToken.Mean-jb) > 1e-9 || g.JPerToken.CiLow == nil {
 		t.Errorf("bnb group %+v, want J/token mean %v from the reports", g, jb)
 	}
-	if g := cmp.Groups[1]; math.Abs(g.JPerToken.Mean-ju) > 1e-9 || math.Abs(g.TokPerS.Mean-tu2) > 1e-9 {
+	if g := cmp.Groups[1]; strings.Join(g.RunIDs, ",") != "u1,u2" || math.Abs(g.JPerToken.Mean-ju) > 1e-9 || math.Abs(g.TokPerS.Mean-tu2) > 1e-9 {
 		t.Errorf("unsloth group %+v, want J/token %v tok/s %v", g, ju, tu2)
 	}
 	row := cmp.Rows[0]

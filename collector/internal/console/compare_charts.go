@@ -83,7 +83,12 @@ type scatter struct {
 	Points                         []scatterPoint
 	Groups                         []legendItem
 	Missing                        int // runs without both rates
+	// Shown of Total runs with both rates are drawn: fewer when thinned.
+	Shown, Total int
 }
+
+// Thinned is whether the scatter draws fewer runs than have both rates.
+func (s *scatter) Thinned() bool { return s.Shown < s.Total }
 
 type tick struct {
 	Pos   float64
@@ -98,33 +103,53 @@ type scatterPoint struct {
 
 type legendItem struct{ Key, Color string }
 
-// newScatter places the runs of res's groups, read from runs; nil when
-// fewer than two runs have both rates.
-func newScatter(res *trainmeterv1.CompareResponse, runs map[string]*trainmeterv1.RunReport) *scatter {
+// maxScatterPoints bounds the runs a scatter draws (a model's comparison
+// can hold every run of the fleet): past it each group keeps an even share
+// of its runs (thinScatter), so the page stays small and each group's
+// cloud keeps its place and its spread.
+const maxScatterPoints = 500
+
+// scatterRun is one run a scatter places.
+type scatterRun struct {
+	run       string
+	tok, jpt  float64
+	group     int
+	groupName string
+}
+
+// newScatter places the runs of res's groups, from each group's points
+// (the rates of its runs' reports); nil when fewer than two runs have both
+// rates.
+func newScatter(res *trainmeterv1.CompareResponse) *scatter {
 	s := &scatter{W: 640, H: 320, Left: 64, Right: 16, Top: 28, Bottom: 40}
-	type pt struct {
-		run, group, color string
-		tok, jpt          float64
-	}
-	var pts []pt
-	for i, g := range res.GetGroups() {
+	groups := res.GetGroups()
+	byGroup := make([][]scatterRun, len(groups))
+	for i, g := range groups {
 		s.Groups = append(s.Groups, legendItem{Key: g.GetKey(), Color: groupColor(i)})
-		for _, id := range g.GetRunIds() {
-			r := runs[id]
-			if r == nil || r.TokPerS == nil || r.JPerToken == nil {
+		for _, p := range g.GetPoints() {
+			if p.TokPerS == nil || p.JPerToken == nil {
 				s.Missing++
 				continue
 			}
-			pts = append(pts, pt{id, g.GetKey(), groupColor(i), r.GetTokPerS(), r.GetJPerToken()})
+			byGroup[i] = append(byGroup[i], scatterRun{p.GetRunId(), p.GetTokPerS(), p.GetJPerToken(), i, g.GetKey()})
+			s.Total++
 		}
 	}
-	if len(pts) < 2 {
+	if s.Total < 2 {
 		return nil
 	}
 	xmax, ymax := 0.0, 0.0
-	for _, p := range pts {
-		xmax, ymax = math.Max(xmax, p.tok), math.Max(ymax, p.jpt)
+	var pts []scatterRun
+	for _, rs := range byGroup {
+		for _, p := range rs {
+			xmax, ymax = math.Max(xmax, p.tok), math.Max(ymax, p.jpt)
+		}
+		if s.Total > maxScatterPoints {
+			rs = thinScatter(rs, max(1, maxScatterPoints/len(groups)))
+		}
+		pts = append(pts, rs...)
 	}
+	s.Shown = len(pts)
 	xs, xStep := niceTicks(xmax)
 	ys, yStep := niceTicks(ymax)
 	xTop, yTop := xs[len(xs)-1], ys[len(ys)-1]
@@ -138,10 +163,48 @@ func newScatter(res *trainmeterv1.CompareResponse, runs map[string]*trainmeterv1
 		s.YTicks = append(s.YTicks, tick{py(v), numfmt.Sig(v, sigOf(yStep, v))})
 	}
 	for _, p := range pts {
-		s.Points = append(s.Points, scatterPoint{Run: p.run, Group: p.group, Color: p.color, X: px(p.tok), Y: py(p.jpt),
-			Title: p.run + " (" + p.group + "): " + num(p.tok) + " tok/s, " + num(p.jpt) + " J/token"})
+		s.Points = append(s.Points, scatterPoint{Run: p.run, Group: p.groupName, Color: groupColor(p.group), X: px(p.tok), Y: py(p.jpt),
+			Title: p.run + " (" + p.groupName + "): " + num(p.tok) + " tok/s, " + num(p.jpt) + " J/token"})
 	}
 	return s
+}
+
+// thinScatter keeps about n of a group's runs, the same ones on every
+// request: n evenly spaced in the group's order (by start for a model's
+// runs, so every period keeps its share), and the runs at the group's
+// extremes (fastest, slowest, most and least J/token) so that the cloud's
+// spread stays what it is.
+func thinScatter(rs []scatterRun, n int) []scatterRun {
+	if len(rs) <= n {
+		return rs
+	}
+	keep := make([]bool, len(rs))
+	for i := range n {
+		keep[i*len(rs)/n] = true
+	}
+	lo, hi, jlo, jhi := 0, 0, 0, 0
+	for i, r := range rs {
+		if r.tok < rs[lo].tok {
+			lo = i
+		}
+		if r.tok > rs[hi].tok {
+			hi = i
+		}
+		if r.jpt < rs[jlo].jpt {
+			jlo = i
+		}
+		if r.jpt > rs[jhi].jpt {
+			jhi = i
+		}
+	}
+	keep[lo], keep[hi], keep[jlo], keep[jhi] = true, true, true, true
+	var out []scatterRun
+	for i, r := range rs {
+		if keep[i] {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // niceTicks are 0 to at least max in steps of 1, 2 or 5 × 10^k, about five.

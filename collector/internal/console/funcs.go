@@ -42,6 +42,7 @@ var funcs = template.FuncMap{
 	"neg":       func(a float64) float64 { return -a },
 	"add":       func(a, b int) int { return a + b },
 	"join":      strings.Join,
+	"runList":   runList,
 	"lower":     strings.ToLower,
 	"labels":    labels,
 	"halfWidth": func(s *trainmeterv1.CompareStat) string { return numfmt.Sig((s.GetCiHigh()-s.GetCiLow())/2, 2) }, // as `compare` writes it
@@ -56,6 +57,18 @@ var funcs = template.FuncMap{
 // as it is: html/template encodes it where it goes into a URL, so it must
 // not be encoded here too.
 var version = buildinfo.Version
+
+// maxRunList is how many run ids runList names.
+const maxRunList = 20
+
+// runList names a group's runs for a tooltip: the first maxRunList, then
+// how many more (a model's group can hold thousands).
+func runList(ids []string) string {
+	if len(ids) <= maxRunList {
+		return strings.Join(ids, " ")
+	}
+	return strings.Join(ids[:maxRunList], " ") + fmt.Sprintf(" … and %d more", len(ids)-maxRunList)
+}
 
 // num writes a figure as the CLI's tables do (numfmt.Num).
 func num(v float64) string { return numfmt.Num(v) }

@@ -645,36 +645,10 @@ func (p *pages) compare(w http.ResponseWriter, r *http.Request) {
 		} else {
 			d.Result = res
 			d.Figures = compareFigures(res)
-			runs, err := p.comparedRuns(r.Context(), res)
-			if err != nil {
-				p.fail(w, r, "compare", err)
-				return
-			}
-			d.Scatter = newScatter(res, runs)
+			d.Scatter = newScatter(res)
 		}
 	}
 	p.render(w, code, "compare.html", page{Title: "Compare", Nav: "compare", Data: d})
-}
-
-// comparedRuns is the reports of the runs res compares, by run id, for the
-// scatter: only theirs, read from ListRuns with their ids a page at a time.
-func (p *pages) comparedRuns(ctx context.Context, res *trainmeterv1.CompareResponse) (map[string]*trainmeterv1.RunReport, error) {
-	var ids []string
-	for _, g := range res.GetGroups() {
-		ids = append(ids, g.GetRunIds()...)
-	}
-	runs, err := pg.All(func(tok string) ([]*trainmeterv1.RunReport, string, error) {
-		resp, err := p.c.cfg.Services.Query.ListRuns(ctx, &trainmeterv1.ListRunsRequest{RunIds: ids, PageToken: tok})
-		return resp.GetRuns(), resp.GetNextPageToken(), err
-	})
-	if err != nil {
-		return nil, err
-	}
-	byID := make(map[string]*trainmeterv1.RunReport, len(runs))
-	for _, r := range runs {
-		byID[r.GetRunId()] = r
-	}
-	return byID, nil
 }
 
 func compareFigures(res *trainmeterv1.CompareResponse) []compareFigure {

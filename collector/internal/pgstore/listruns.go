@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -9,8 +10,8 @@ import (
 )
 
 // SelectRuns implements storage.Runs from the runs table's report columns
-// (ended, start_ns, end_ns, total_cost_usd: the run's report at its last write,
-// with the pricing SetPricer set), not the aggregates.
+// (ended, start_ns, end_ns, total_cost_usd, model: the run's report at its
+// last write, with the pricing SetPricer set), not the aggregates.
 func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
 	sql := `SELECT run_id FROM runs WHERE state IS NOT NULL`
 	var args []any
@@ -22,7 +23,11 @@ func (s *Store) SelectRuns(f storage.RunFilter) ([]string, error) {
 	}
 	if !f.ActiveSince.IsZero() {
 		args = append(args, f.ActiveSince.UnixNano())
-		sql += ` AND (NOT ended OR end_ns >= $1)`
+		sql += fmt.Sprintf(` AND (NOT ended OR end_ns >= $%d)`, len(args))
+	}
+	if f.Model != "" {
+		args = append(args, f.Model)
+		sql += fmt.Sprintf(` AND model = $%d`, len(args))
 	}
 	switch {
 	case f.ByCost:

@@ -491,16 +491,20 @@ func (s *Server) DeleteRun(_ context.Context, req *trainmeterv1.DeleteRunRequest
 	return &trainmeterv1.DeleteRunResponse{RecordsDeleted: uint64(n)}, nil
 }
 
-// Compare implements QueryService.Compare (collector/internal/query/compare) over the same
-// reports GetRun returns, so that its figures match `trainmeter report`.
+// Compare implements QueryService.Compare (collector/internal/query/compare) over the
+// runs' reports as GetRun computes them, so that its figures match
+// `trainmeter report` (their plan and efficiency score aside: compare reads
+// neither). It reads only the compared runs: the named ones, or the ended
+// runs of the model as the store selects them.
 func (s *Server) Compare(_ context.Context, req *trainmeterv1.CompareRequest) (*trainmeterv1.CompareResponse, error) {
 	var all []*trainmeterv1.RunReport
 	var err error
-	if ids := req.GetRunIds(); len(ids) > 0 && req.GetModel() == "" {
-		all, err = s.namedReports(ids)
-	} else {
-		all, err = s.reports(nil) // a model's runs: only the reports say which
-	}
+	switch ids, model := req.GetRunIds(), req.GetModel(); {
+	case len(ids) > 0 && model == "":
+		all, err = s.compareReports(ids)
+	case len(ids) == 0 && model != "":
+		all, err = s.modelReports(model)
+	} // otherwise compare.Select refuses the request whatever the runs are
 	if err != nil {
 		return nil, err
 	}
@@ -517,24 +521,75 @@ func (s *Server) Compare(_ context.Context, req *trainmeterv1.CompareRequest) (*
 	return nil, status.Errorf(codes.Internal, "compare: %v", err)
 }
 
-// namedReports is the reports of the runs of ids that exist, each once:
-// compare.Select then names the unknown ones and any named twice as it
-// would among every run, and a comparison of a few runs reads only theirs.
-func (s *Server) namedReports(ids []string) ([]*trainmeterv1.RunReport, error) {
+// modelReports is the reports of model's ended runs, ordered by start, then
+// run id, as among every run's: what compare.Select keeps of a model.
+func (s *Server) modelReports(model string) ([]*trainmeterv1.RunReport, error) {
+	ids, err := s.store.SelectRuns(storage.RunFilter{Model: model, EndedOnly: true})
+	if err != nil {
+		return nil, s.storeErr(err)
+	}
+	out, err := s.compareReports(ids)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortStableFunc(out, func(a, b *trainmeterv1.RunReport) int {
+		return cmp.Or(a.GetStart().AsTime().Compare(b.GetStart().AsTime()), cmp.Compare(a.GetRunId(), b.GetRunId()))
+	})
+	return out, nil
+}
+
+// compareChunk is how many runs one read of compareReports asks for.
+const compareChunk = 256
+
+// compareReports is the reports of the runs of ids that exist, each once,
+// without plan or efficiency score, in no particular order: compare.Select
+// then names the unknown ones and any named twice as it would among every
+// run, and a comparison reads only the runs it compares. A model's
+// thousands of runs are read and reported a chunk at a time on all cores
+// (each chunk its own read: the runs are independent of each other).
+func (s *Server) compareReports(ids []string) ([]*trainmeterv1.RunReport, error) {
 	want := slices.DeleteFunc(slices.Compact(slices.Sorted(slices.Values(ids))), func(id string) bool { return id == "" })
+	chunks := slices.Collect(slices.Chunk(want, compareChunk))
+	parts := make([][]*trainmeterv1.RunReport, len(chunks))
+	errs := make([]error, len(chunks))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(chunks)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < len(chunks); i = int(next.Add(1)) - 1 {
+				parts[i], errs[i] = s.existingReports(chunks[i])
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return slices.Concat(parts...), nil
+}
+
+// existingReports is the reports of the runs of want (distinct ids) that
+// exist.
+func (s *Server) existingReports(want []string) ([]*trainmeterv1.RunReport, error) {
 	for len(want) > 0 {
 		sts, err := s.store.ListRuns(want)
 		var nf *storage.NotFoundError
 		if n := len(want); errors.As(err, &nf) {
 			// Read again without them (a run may be deleted meanwhile: again).
-			if want = slices.DeleteFunc(want, func(id string) bool { return slices.Contains(nf.IDs, id) }); len(want) < n {
+			if want = slices.DeleteFunc(slices.Clone(want), func(id string) bool { return slices.Contains(nf.IDs, id) }); len(want) < n {
 				continue
 			}
 		}
 		if err != nil {
 			return nil, s.storeErr(err)
 		}
-		return s.reportsOf(sts, false)
+		out := make([]*trainmeterv1.RunReport, len(sts))
+		for i, st := range sts {
+			out[i] = st.Report(s.pricing)
+		}
+		return out, nil
 	}
 	return nil, nil
 }

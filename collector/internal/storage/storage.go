@@ -94,6 +94,8 @@ type RunFilter struct {
 	// EndedOnly: only runs that have ended (LiveOnly and EndedOnly
 	// together select none).
 	EndedOnly bool
+	// Model, when set: only runs of that model (metadata.model).
+	Model string
 	// ByCost orders by total cost, the highest first, runs of unknown cost
 	// last, then by id; otherwise by id (byte order).
 	ByCost bool
@@ -104,7 +106,7 @@ type RunFilter struct {
 
 // Selects reports whether f selects a run of summary sum.
 func (f RunFilter) Selects(sum aggregate.Summary) bool {
-	if (f.LiveOnly && sum.Ended) || (f.EndedOnly && !sum.Ended) {
+	if (f.LiveOnly && sum.Ended) || (f.EndedOnly && !sum.Ended) || (f.Model != "" && sum.Model != f.Model) {
 		return false
 	}
 	if !f.ActiveSince.IsZero() && sum.Ended && (!sum.HasEnd || sum.EndNanos < f.ActiveSince.UnixNano()) {

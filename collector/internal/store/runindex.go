@@ -24,8 +24,8 @@ func summaryKey(run string) []byte { return key("ai/", run) }
 // ingest writes nothing more for a live run than its aggregate.
 func liveKey(run string) []byte { return key("al/", run) }
 
-// summaryLen is an encoded summary's size: flags, end (ns), total cost,
-// start (ns).
+// summaryLen is an encoded summary's fixed part: flags, end (ns), total
+// cost, start (ns); the model's bytes follow it.
 const summaryLen = 1 + 8 + 8 + 8
 
 const (
@@ -35,7 +35,7 @@ const (
 )
 
 func encodeSummary(sum aggregate.Summary) []byte {
-	v := make([]byte, summaryLen)
+	v := make([]byte, summaryLen, summaryLen+len(sum.Model))
 	if sum.Ended {
 		v[0] |= sumEnded
 	}
@@ -48,14 +48,14 @@ func encodeSummary(sum aggregate.Summary) []byte {
 		v[0] |= sumHasCost
 		binary.BigEndian.PutUint64(v[9:], math.Float64bits(*sum.TotalCostUSD))
 	}
-	return v
+	return append(v, sum.Model...)
 }
 
 func decodeSummary(v []byte) (aggregate.Summary, error) {
-	if len(v) != summaryLen {
-		return aggregate.Summary{}, fmt.Errorf("store: run summary of %d bytes, want %d", len(v), summaryLen)
+	if len(v) < summaryLen {
+		return aggregate.Summary{}, fmt.Errorf("store: run summary of %d bytes, want at least %d", len(v), summaryLen)
 	}
-	sum := aggregate.Summary{Ended: v[0]&sumEnded != 0, HasEnd: v[0]&sumHasEnd != 0}
+	sum := aggregate.Summary{Ended: v[0]&sumEnded != 0, HasEnd: v[0]&sumHasEnd != 0, Model: string(v[summaryLen:])}
 	if sum.HasEnd {
 		sum.EndNanos = int64(binary.BigEndian.Uint64(v[1:]))
 		sum.StartNanos = int64(binary.BigEndian.Uint64(v[17:]))

@@ -3180,10 +3180,13 @@ type CompareGroup struct {
 	UsdPerMtok *CompareStat `protobuf:"bytes,7,opt,name=usd_per_mtok,json=usdPerMtok,proto3" json:"usd_per_mtok,omitempty"`
 	// The distinct GPU models, node counts, sequence lengths and datasets of
 	// the group's runs (what the fairness warnings compare).
-	GpuNames      []string `protobuf:"bytes,8,rep,name=gpu_names,json=gpuNames,proto3" json:"gpu_names,omitempty"`
-	NodeCounts    []uint32 `protobuf:"varint,9,rep,packed,name=node_counts,json=nodeCounts,proto3" json:"node_counts,omitempty"`
-	SeqLens       []int64  `protobuf:"varint,10,rep,packed,name=seq_lens,json=seqLens,proto3" json:"seq_lens,omitempty"`
-	Datasets      []string `protobuf:"bytes,11,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	GpuNames   []string `protobuf:"bytes,8,rep,name=gpu_names,json=gpuNames,proto3" json:"gpu_names,omitempty"`
+	NodeCounts []uint32 `protobuf:"varint,9,rep,packed,name=node_counts,json=nodeCounts,proto3" json:"node_counts,omitempty"`
+	SeqLens    []int64  `protobuf:"varint,10,rep,packed,name=seq_lens,json=seqLens,proto3" json:"seq_lens,omitempty"`
+	Datasets   []string `protobuf:"bytes,11,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	// Each run of the group with its own rates, in the order of run_ids:
+	// what a scatter of tok/s against J/token draws.
+	Points        []*CompareRunPoint `protobuf:"bytes,12,rep,name=points,proto3" json:"points,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3295,6 +3298,75 @@ func (x *CompareGroup) GetDatasets() []string {
 	return nil
 }
 
+func (x *CompareGroup) GetPoints() []*CompareRunPoint {
+	if x != nil {
+		return x.Points
+	}
+	return nil
+}
+
+// CompareRunPoint is one run's rates in a comparison, as its report has
+// them (measured phase, all GPUs); unset where the run has none.
+type CompareRunPoint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	TokPerS       *float64               `protobuf:"fixed64,2,opt,name=tok_per_s,json=tokPerS,proto3,oneof" json:"tok_per_s,omitempty"`
+	JPerToken     *float64               `protobuf:"fixed64,3,opt,name=j_per_token,json=jPerToken,proto3,oneof" json:"j_per_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompareRunPoint) Reset() {
+	*x = CompareRunPoint{}
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompareRunPoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompareRunPoint) ProtoMessage() {}
+
+func (x *CompareRunPoint) ProtoReflect() protoreflect.Message {
+	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompareRunPoint.ProtoReflect.Descriptor instead.
+func (*CompareRunPoint) Descriptor() ([]byte, []int) {
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *CompareRunPoint) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *CompareRunPoint) GetTokPerS() float64 {
+	if x != nil && x.TokPerS != nil {
+		return *x.TokPerS
+	}
+	return 0
+}
+
+func (x *CompareRunPoint) GetJPerToken() float64 {
+	if x != nil && x.JPerToken != nil {
+		return *x.JPerToken
+	}
+	return 0
+}
+
 // CompareDiff is a relative figure of a group against the baseline, with
 // its 95 % interval and Welch's t-test p-value (two-sided, on the runs'
 // values of the underlying figure).
@@ -3311,7 +3383,7 @@ type CompareDiff struct {
 
 func (x *CompareDiff) Reset() {
 	*x = CompareDiff{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3323,7 +3395,7 @@ func (x *CompareDiff) String() string {
 func (*CompareDiff) ProtoMessage() {}
 
 func (x *CompareDiff) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[28]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3336,7 +3408,7 @@ func (x *CompareDiff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareDiff.ProtoReflect.Descriptor instead.
 func (*CompareDiff) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{28}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CompareDiff) GetValue() float64 {
@@ -3386,7 +3458,7 @@ type CompareRow struct {
 
 func (x *CompareRow) Reset() {
 	*x = CompareRow{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3398,7 +3470,7 @@ func (x *CompareRow) String() string {
 func (*CompareRow) ProtoMessage() {}
 
 func (x *CompareRow) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[29]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3411,7 +3483,7 @@ func (x *CompareRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareRow.ProtoReflect.Descriptor instead.
 func (*CompareRow) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{29}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CompareRow) GetKey() string {
@@ -3472,7 +3544,7 @@ type CompareResponse struct {
 
 func (x *CompareResponse) Reset() {
 	*x = CompareResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3484,7 +3556,7 @@ func (x *CompareResponse) String() string {
 func (*CompareResponse) ProtoMessage() {}
 
 func (x *CompareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[30]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3497,7 +3569,7 @@ func (x *CompareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareResponse.ProtoReflect.Descriptor instead.
 func (*CompareResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{30}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CompareResponse) GetBy() string {
@@ -3553,7 +3625,7 @@ type TimelineRequest struct {
 
 func (x *TimelineRequest) Reset() {
 	*x = TimelineRequest{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[31]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3565,7 +3637,7 @@ func (x *TimelineRequest) String() string {
 func (*TimelineRequest) ProtoMessage() {}
 
 func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[31]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3578,7 +3650,7 @@ func (x *TimelineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineRequest.ProtoReflect.Descriptor instead.
 func (*TimelineRequest) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{31}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TimelineRequest) GetRunId() string {
@@ -3631,7 +3703,7 @@ type TimelineSeries struct {
 
 func (x *TimelineSeries) Reset() {
 	*x = TimelineSeries{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[32]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3643,7 +3715,7 @@ func (x *TimelineSeries) String() string {
 func (*TimelineSeries) ProtoMessage() {}
 
 func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[32]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3656,7 +3728,7 @@ func (x *TimelineSeries) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineSeries.ProtoReflect.Descriptor instead.
 func (*TimelineSeries) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{32}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *TimelineSeries) GetName() string {
@@ -3709,7 +3781,7 @@ type TimelineEvent struct {
 
 func (x *TimelineEvent) Reset() {
 	*x = TimelineEvent{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[33]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3721,7 +3793,7 @@ func (x *TimelineEvent) String() string {
 func (*TimelineEvent) ProtoMessage() {}
 
 func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[33]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3734,7 +3806,7 @@ func (x *TimelineEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineEvent.ProtoReflect.Descriptor instead.
 func (*TimelineEvent) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{33}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TimelineEvent) GetTime() *timestamppb.Timestamp {
@@ -3780,7 +3852,7 @@ type TimelineResponse struct {
 
 func (x *TimelineResponse) Reset() {
 	*x = TimelineResponse{}
-	mi := &file_trainmeter_v1_query_proto_msgTypes[34]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3792,7 +3864,7 @@ func (x *TimelineResponse) String() string {
 func (*TimelineResponse) ProtoMessage() {}
 
 func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_trainmeter_v1_query_proto_msgTypes[34]
+	mi := &file_trainmeter_v1_query_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3805,7 +3877,7 @@ func (x *TimelineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineResponse.ProtoReflect.Descriptor instead.
 func (*TimelineResponse) Descriptor() ([]byte, []int) {
-	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{34}
+	return file_trainmeter_v1_query_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *TimelineResponse) GetRunId() string {
@@ -4204,7 +4276,7 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"\x01n\x18\x06 \x01(\rR\x01nB\t\n" +
 	"\a_ci_lowB\n" +
 	"\n" +
-	"\b_ci_high\"\xd1\x03\n" +
+	"\b_ci_high\"\x89\x04\n" +
 	"\fCompareGroup\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x17\n" +
 	"\arun_ids\x18\x02 \x03(\tR\x06runIds\x12:\n" +
@@ -4220,7 +4292,15 @@ const file_trainmeter_v1_query_proto_rawDesc = "" +
 	"nodeCounts\x12\x19\n" +
 	"\bseq_lens\x18\n" +
 	" \x03(\x03R\aseqLens\x12\x1a\n" +
-	"\bdatasets\x18\v \x03(\tR\bdatasets\"\x9e\x01\n" +
+	"\bdatasets\x18\v \x03(\tR\bdatasets\x126\n" +
+	"\x06points\x18\f \x03(\v2\x1e.trainmeter.v1.CompareRunPointR\x06points\"\x8c\x01\n" +
+	"\x0fCompareRunPoint\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
+	"\ttok_per_s\x18\x02 \x01(\x01H\x00R\atokPerS\x88\x01\x01\x12#\n" +
+	"\vj_per_token\x18\x03 \x01(\x01H\x01R\tjPerToken\x88\x01\x01B\f\n" +
+	"\n" +
+	"_tok_per_sB\x0e\n" +
+	"\f_j_per_token\"\x9e\x01\n" +
 	"\vCompareDiff\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\x01R\x05value\x12\x1a\n" +
 	"\x06ci_low\x18\x03 \x01(\x01H\x00R\x05ciLow\x88\x01\x01\x12\x1c\n" +
@@ -4300,7 +4380,7 @@ func file_trainmeter_v1_query_proto_rawDescGZIP() []byte {
 }
 
 var file_trainmeter_v1_query_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_trainmeter_v1_query_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_trainmeter_v1_query_proto_goTypes = []any{
 	(RunOrder)(0),                 // 0: trainmeter.v1.RunOrder
 	(*RepriceRequest)(nil),        // 1: trainmeter.v1.RepriceRequest
@@ -4331,100 +4411,102 @@ var file_trainmeter_v1_query_proto_goTypes = []any{
 	(*CompareRequest)(nil),        // 26: trainmeter.v1.CompareRequest
 	(*CompareStat)(nil),           // 27: trainmeter.v1.CompareStat
 	(*CompareGroup)(nil),          // 28: trainmeter.v1.CompareGroup
-	(*CompareDiff)(nil),           // 29: trainmeter.v1.CompareDiff
-	(*CompareRow)(nil),            // 30: trainmeter.v1.CompareRow
-	(*CompareResponse)(nil),       // 31: trainmeter.v1.CompareResponse
-	(*TimelineRequest)(nil),       // 32: trainmeter.v1.TimelineRequest
-	(*TimelineSeries)(nil),        // 33: trainmeter.v1.TimelineSeries
-	(*TimelineEvent)(nil),         // 34: trainmeter.v1.TimelineEvent
-	(*TimelineResponse)(nil),      // 35: trainmeter.v1.TimelineResponse
-	nil,                           // 36: trainmeter.v1.RunReport.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
-	(*GpuInfo)(nil),               // 38: trainmeter.v1.GpuInfo
-	(*RunMetadata)(nil),           // 39: trainmeter.v1.RunMetadata
-	(*Eval)(nil),                  // 40: trainmeter.v1.Eval
+	(*CompareRunPoint)(nil),       // 29: trainmeter.v1.CompareRunPoint
+	(*CompareDiff)(nil),           // 30: trainmeter.v1.CompareDiff
+	(*CompareRow)(nil),            // 31: trainmeter.v1.CompareRow
+	(*CompareResponse)(nil),       // 32: trainmeter.v1.CompareResponse
+	(*TimelineRequest)(nil),       // 33: trainmeter.v1.TimelineRequest
+	(*TimelineSeries)(nil),        // 34: trainmeter.v1.TimelineSeries
+	(*TimelineEvent)(nil),         // 35: trainmeter.v1.TimelineEvent
+	(*TimelineResponse)(nil),      // 36: trainmeter.v1.TimelineResponse
+	nil,                           // 37: trainmeter.v1.RunReport.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
+	(*GpuInfo)(nil),               // 39: trainmeter.v1.GpuInfo
+	(*RunMetadata)(nil),           // 40: trainmeter.v1.RunMetadata
+	(*Eval)(nil),                  // 41: trainmeter.v1.Eval
 }
 var file_trainmeter_v1_query_proto_depIdxs = []int32{
-	37, // 0: trainmeter.v1.RepriceRequest.since:type_name -> google.protobuf.Timestamp
+	38, // 0: trainmeter.v1.RepriceRequest.since:type_name -> google.protobuf.Timestamp
 	3,  // 1: trainmeter.v1.RepriceResponse.runs:type_name -> trainmeter.v1.RepricedRun
-	37, // 2: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
-	37, // 3: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
+	38, // 2: trainmeter.v1.UsageRequest.since:type_name -> google.protobuf.Timestamp
+	38, // 3: trainmeter.v1.UsageRequest.until:type_name -> google.protobuf.Timestamp
 	5,  // 4: trainmeter.v1.UsageResponse.rows:type_name -> trainmeter.v1.UsageRow
 	6,  // 5: trainmeter.v1.UsageResponse.nodes:type_name -> trainmeter.v1.NodeUsage
-	37, // 6: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
-	37, // 7: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
+	38, // 6: trainmeter.v1.UsageResponse.since:type_name -> google.protobuf.Timestamp
+	38, // 7: trainmeter.v1.UsageResponse.until:type_name -> google.protobuf.Timestamp
 	8,  // 8: trainmeter.v1.UsageResponse.days:type_name -> trainmeter.v1.UsageDay
-	37, // 9: trainmeter.v1.UsageDay.since:type_name -> google.protobuf.Timestamp
-	37, // 10: trainmeter.v1.UsageDay.until:type_name -> google.protobuf.Timestamp
+	38, // 9: trainmeter.v1.UsageDay.since:type_name -> google.protobuf.Timestamp
+	38, // 10: trainmeter.v1.UsageDay.until:type_name -> google.protobuf.Timestamp
 	5,  // 11: trainmeter.v1.UsageDay.rows:type_name -> trainmeter.v1.UsageRow
 	6,  // 12: trainmeter.v1.UsageDay.nodes:type_name -> trainmeter.v1.NodeUsage
-	37, // 13: trainmeter.v1.ListRunsRequest.active_since:type_name -> google.protobuf.Timestamp
+	38, // 13: trainmeter.v1.ListRunsRequest.active_since:type_name -> google.protobuf.Timestamp
 	0,  // 14: trainmeter.v1.ListRunsRequest.order:type_name -> trainmeter.v1.RunOrder
 	20, // 15: trainmeter.v1.ListRunsResponse.runs:type_name -> trainmeter.v1.RunReport
 	20, // 16: trainmeter.v1.GetRunResponse.run:type_name -> trainmeter.v1.RunReport
 	20, // 17: trainmeter.v1.ExportRunsResponse.run:type_name -> trainmeter.v1.RunReport
 	19, // 18: trainmeter.v1.ListNodesResponse.nodes:type_name -> trainmeter.v1.NodeStatus
-	38, // 19: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
-	37, // 20: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
-	39, // 21: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
-	37, // 22: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
-	37, // 23: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
-	40, // 24: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
-	36, // 25: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
+	39, // 19: trainmeter.v1.NodeStatus.gpus:type_name -> trainmeter.v1.GpuInfo
+	38, // 20: trainmeter.v1.NodeStatus.last_seen:type_name -> google.protobuf.Timestamp
+	40, // 21: trainmeter.v1.RunReport.metadata:type_name -> trainmeter.v1.RunMetadata
+	38, // 22: trainmeter.v1.RunReport.start:type_name -> google.protobuf.Timestamp
+	38, // 23: trainmeter.v1.RunReport.end:type_name -> google.protobuf.Timestamp
+	41, // 24: trainmeter.v1.RunReport.evals:type_name -> trainmeter.v1.Eval
+	37, // 25: trainmeter.v1.RunReport.labels:type_name -> trainmeter.v1.RunReport.LabelsEntry
 	25, // 26: trainmeter.v1.RunReport.energy_bands:type_name -> trainmeter.v1.EnergyBandCost
 	24, // 27: trainmeter.v1.RunReport.estimate:type_name -> trainmeter.v1.RunEstimate
 	21, // 28: trainmeter.v1.RunReport.co2_bands:type_name -> trainmeter.v1.CarbonBand
 	22, // 29: trainmeter.v1.RunReport.dataloader_changes:type_name -> trainmeter.v1.DataloaderChange
-	37, // 30: trainmeter.v1.RunReport.repriced_at:type_name -> google.protobuf.Timestamp
-	37, // 31: trainmeter.v1.DataloaderChange.applied_at:type_name -> google.protobuf.Timestamp
+	38, // 30: trainmeter.v1.RunReport.repriced_at:type_name -> google.protobuf.Timestamp
+	38, // 31: trainmeter.v1.DataloaderChange.applied_at:type_name -> google.protobuf.Timestamp
 	23, // 32: trainmeter.v1.RunEstimate.wall_s:type_name -> trainmeter.v1.Range
 	23, // 33: trainmeter.v1.RunEstimate.gpu_hours:type_name -> trainmeter.v1.Range
 	23, // 34: trainmeter.v1.RunEstimate.energy_kwh:type_name -> trainmeter.v1.Range
 	23, // 35: trainmeter.v1.RunEstimate.cost_usd:type_name -> trainmeter.v1.Range
-	37, // 36: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
+	38, // 36: trainmeter.v1.RunEstimate.made:type_name -> google.protobuf.Timestamp
 	27, // 37: trainmeter.v1.CompareGroup.j_per_token:type_name -> trainmeter.v1.CompareStat
 	27, // 38: trainmeter.v1.CompareGroup.tok_per_s:type_name -> trainmeter.v1.CompareStat
 	27, // 39: trainmeter.v1.CompareGroup.e10k_j:type_name -> trainmeter.v1.CompareStat
 	27, // 40: trainmeter.v1.CompareGroup.vram_peak_mb:type_name -> trainmeter.v1.CompareStat
 	27, // 41: trainmeter.v1.CompareGroup.usd_per_mtok:type_name -> trainmeter.v1.CompareStat
-	29, // 42: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
-	29, // 43: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
-	29, // 44: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	29, // 45: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	29, // 46: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
-	28, // 47: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
-	30, // 48: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
-	37, // 49: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
-	37, // 50: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
-	37, // 51: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
-	33, // 52: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
-	34, // 53: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
-	37, // 54: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
-	37, // 55: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
-	37, // 56: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
-	9,  // 57: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
-	11, // 58: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
-	13, // 59: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
-	17, // 60: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
-	15, // 61: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
-	26, // 62: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
-	32, // 63: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
-	4,  // 64: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
-	1,  // 65: trainmeter.v1.QueryService.Reprice:input_type -> trainmeter.v1.RepriceRequest
-	10, // 66: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
-	12, // 67: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
-	14, // 68: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
-	18, // 69: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
-	16, // 70: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
-	31, // 71: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
-	35, // 72: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
-	7,  // 73: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
-	2,  // 74: trainmeter.v1.QueryService.Reprice:output_type -> trainmeter.v1.RepriceResponse
-	66, // [66:75] is the sub-list for method output_type
-	57, // [57:66] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	29, // 42: trainmeter.v1.CompareGroup.points:type_name -> trainmeter.v1.CompareRunPoint
+	30, // 43: trainmeter.v1.CompareRow.j_per_token_ratio:type_name -> trainmeter.v1.CompareDiff
+	30, // 44: trainmeter.v1.CompareRow.speedup:type_name -> trainmeter.v1.CompareDiff
+	30, // 45: trainmeter.v1.CompareRow.energy_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	30, // 46: trainmeter.v1.CompareRow.vram_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	30, // 47: trainmeter.v1.CompareRow.cost_saving_pct:type_name -> trainmeter.v1.CompareDiff
+	28, // 48: trainmeter.v1.CompareResponse.groups:type_name -> trainmeter.v1.CompareGroup
+	31, // 49: trainmeter.v1.CompareResponse.rows:type_name -> trainmeter.v1.CompareRow
+	38, // 50: trainmeter.v1.TimelineRequest.from:type_name -> google.protobuf.Timestamp
+	38, // 51: trainmeter.v1.TimelineRequest.to:type_name -> google.protobuf.Timestamp
+	38, // 52: trainmeter.v1.TimelineEvent.time:type_name -> google.protobuf.Timestamp
+	34, // 53: trainmeter.v1.TimelineResponse.series:type_name -> trainmeter.v1.TimelineSeries
+	35, // 54: trainmeter.v1.TimelineResponse.events:type_name -> trainmeter.v1.TimelineEvent
+	38, // 55: trainmeter.v1.TimelineResponse.warmup_end:type_name -> google.protobuf.Timestamp
+	38, // 56: trainmeter.v1.TimelineResponse.start:type_name -> google.protobuf.Timestamp
+	38, // 57: trainmeter.v1.TimelineResponse.end:type_name -> google.protobuf.Timestamp
+	9,  // 58: trainmeter.v1.QueryService.ListRuns:input_type -> trainmeter.v1.ListRunsRequest
+	11, // 59: trainmeter.v1.QueryService.GetRun:input_type -> trainmeter.v1.GetRunRequest
+	13, // 60: trainmeter.v1.QueryService.ExportRuns:input_type -> trainmeter.v1.ExportRunsRequest
+	17, // 61: trainmeter.v1.QueryService.ListNodes:input_type -> trainmeter.v1.ListNodesRequest
+	15, // 62: trainmeter.v1.QueryService.DeleteRun:input_type -> trainmeter.v1.DeleteRunRequest
+	26, // 63: trainmeter.v1.QueryService.Compare:input_type -> trainmeter.v1.CompareRequest
+	33, // 64: trainmeter.v1.QueryService.Timeline:input_type -> trainmeter.v1.TimelineRequest
+	4,  // 65: trainmeter.v1.QueryService.Usage:input_type -> trainmeter.v1.UsageRequest
+	1,  // 66: trainmeter.v1.QueryService.Reprice:input_type -> trainmeter.v1.RepriceRequest
+	10, // 67: trainmeter.v1.QueryService.ListRuns:output_type -> trainmeter.v1.ListRunsResponse
+	12, // 68: trainmeter.v1.QueryService.GetRun:output_type -> trainmeter.v1.GetRunResponse
+	14, // 69: trainmeter.v1.QueryService.ExportRuns:output_type -> trainmeter.v1.ExportRunsResponse
+	18, // 70: trainmeter.v1.QueryService.ListNodes:output_type -> trainmeter.v1.ListNodesResponse
+	16, // 71: trainmeter.v1.QueryService.DeleteRun:output_type -> trainmeter.v1.DeleteRunResponse
+	32, // 72: trainmeter.v1.QueryService.Compare:output_type -> trainmeter.v1.CompareResponse
+	36, // 73: trainmeter.v1.QueryService.Timeline:output_type -> trainmeter.v1.TimelineResponse
+	7,  // 74: trainmeter.v1.QueryService.Usage:output_type -> trainmeter.v1.UsageResponse
+	2,  // 75: trainmeter.v1.QueryService.Reprice:output_type -> trainmeter.v1.RepriceResponse
+	67, // [67:76] is the sub-list for method output_type
+	58, // [58:67] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_trainmeter_v1_query_proto_init() }
@@ -4440,13 +4522,14 @@ func file_trainmeter_v1_query_proto_init() {
 	file_trainmeter_v1_query_proto_msgTypes[23].OneofWrappers = []any{}
 	file_trainmeter_v1_query_proto_msgTypes[26].OneofWrappers = []any{}
 	file_trainmeter_v1_query_proto_msgTypes[28].OneofWrappers = []any{}
+	file_trainmeter_v1_query_proto_msgTypes[29].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trainmeter_v1_query_proto_rawDesc), len(file_trainmeter_v1_query_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

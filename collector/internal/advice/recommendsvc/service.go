@@ -9,8 +9,11 @@ import (
 	"context"
 	"errors"
 	"math"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -80,9 +83,10 @@ func (s *Service) Recommend(_ context.Context, req *trainmeterv1.RecommendReques
 		}
 		gpuInfo[n.GetNode()] = m
 	}
+	reports := s.reports(all)
 	runs := make([]recommend.Run, 0, len(all))
-	for _, st := range all {
-		r := recommend.Run{Report: st.Report(s.pricing), PlannedEpochs: st.GetRunStart().GetPlannedEpochs(), DatasetSize: st.GetRunStart().GetDatasetSize()}
+	for i, st := range all {
+		r := recommend.Run{Report: reports[i], PlannedEpochs: st.GetRunStart().GetPlannedEpochs(), DatasetSize: st.GetRunStart().GetDatasetSize()}
 		if cost.Failed(r.Report) {
 			// A run that failed (error, non-zero exit, signal, lost) stopped
 			// part-way for reasons of its own: neither a baseline for others
@@ -134,6 +138,25 @@ func (s *Service) Recommend(_ context.Context, req *trainmeterv1.RecommendReques
 	recommend.Sort(recs)
 	kept, usd, j := recommend.Filter(recs, mc, runs)
 	return &trainmeterv1.RecommendResponse{Recommendations: kept, TotalSavingsUsd: usd, TotalSavingsJ: j}, nil
+}
+
+// reports is the reports of sts, computed on all cores: every run's report
+// is most of a recommendation's work, and each is independent of the others.
+func (s *Service) reports(sts []*aggregate.State) []*trainmeterv1.RunReport {
+	out := make([]*trainmeterv1.RunReport, len(sts))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := min(runtime.GOMAXPROCS(0), (len(sts)+63)/64); w > 0; w-- {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < len(sts); i = int(next.Add(1)) - 1 {
+				out[i] = sts[i].Report(s.pricing)
+			}
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // DataloaderHistory implements RecommendService.DataloaderHistory.

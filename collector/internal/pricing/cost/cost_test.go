@@ -198,9 +198,12 @@ func TestPeaks(t *testing.T) {
 		{"NVIDIA GeForce RTX 4090 D", "bf16", 0},
 		{"Replay GPU", "bf16", 0},
 	} {
-		got, ok := PeakTFLOPS(tc.name, tc.prec)
-		if got != tc.want || ok != (tc.want > 0) {
-			t.Errorf("PeakTFLOPS(%s, %s) = %v %v, want %v", tc.name, tc.prec, got, ok, tc.want)
+		// Twice: the second answer is the remembered one.
+		for range 2 {
+			got, ok := PeakTFLOPS(tc.name, tc.prec)
+			if got != tc.want || ok != (tc.want > 0) {
+				t.Errorf("PeakTFLOPS(%s, %s) = %v %v, want %v", tc.name, tc.prec, got, ok, tc.want)
+			}
 		}
 	}
 	near(t, "6ND", TrainingFLOPs(7e9, 1e6), 4.2e16)

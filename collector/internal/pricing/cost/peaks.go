@@ -3,6 +3,7 @@ package cost
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/prices"
 )
@@ -49,13 +50,36 @@ var peakMatcher = sync.OnceValues(func() (match *prices.Matcher, entry []int) {
 })
 
 func peakFor(gpuName string) (GPUPeak, bool) {
-	match, entry := peakMatcher()
-	i, ok := match.Match(gpuName)
-	if !ok {
+	if i, ok := peakSeen.Load(gpuName); ok {
+		if i := i.(int); i >= 0 {
+			return PeakTable[i], true
+		}
 		return GPUPeak{}, false
 	}
-	return PeakTable[entry[i]], true
+	match, entry := peakMatcher()
+	i := -1
+	if j, ok := match.Match(gpuName); ok {
+		i = entry[j]
+	}
+	if peakSeenN.Add(1) <= maxPeakSeen {
+		peakSeen.Store(gpuName, i)
+	}
+	if i < 0 {
+		return GPUPeak{}, false
+	}
+	return PeakTable[i], true
 }
+
+// peakSeen is peakFor's answers by GPU name (the PeakTable index, -1 for
+// none): a fleet has a few GPU models and every run's report asks, and
+// matching a name is most of the work. It keeps the first maxPeakSeen names
+// asked, so that odd names cannot grow it without bound.
+var (
+	peakSeen  sync.Map
+	peakSeenN atomic.Int64
+)
+
+const maxPeakSeen = 1024
 
 // PeakTFLOPS is the peak of one GPU named gpuName at precision (the run's
 // metadata): fp32 → FP32, tf32 → TF32, anything else (bf16, fp16, mixed,

@@ -257,6 +257,7 @@ func (f figures) proto(g group) *trainmeterv1.CompareGroup {
 		out.NodeCounts = append(out.NodeCounts, r.GetNodes())
 		out.Datasets = append(out.Datasets, r.GetMetadata().GetDataset())
 		out.SeqLens = append(out.SeqLens, r.GetMetadata().GetSeqLen()) // 0: not given
+		out.Points = append(out.Points, &trainmeterv1.CompareRunPoint{RunId: r.GetRunId(), TokPerS: r.TokPerS, JPerToken: r.JPerToken})
 	}
 	out.GpuNames = distinct(out.GpuNames)
 	out.NodeCounts = distinct(out.NodeCounts)

@@ -2,6 +2,7 @@ package compare
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -27,6 +28,14 @@ func TestCompareByBackend(t *testing.T) {
 	}
 	if resp.GetBaseline() != "bnb" || len(resp.GetGroups()) != 3 || resp.GetGroups()[0].GetKey() != "bnb" {
 		t.Fatalf("%v", resp)
+	}
+	// Each run's own rates, in its group's order, for a scatter.
+	var pts []string
+	for _, p := range resp.GetGroups()[0].GetPoints() {
+		pts = append(pts, fmt.Sprintf("%s %g %g", p.GetRunId(), p.GetJPerToken(), p.GetTokPerS()))
+	}
+	if got := strings.Join(pts, ", "); got != "b1 2 100, b2 2.2 90, b3 1.8 110" {
+		t.Errorf("bnb points %s", got)
 	}
 	bnb := resp.GetGroups()[0].GetJPerToken()
 	if bnb.GetN() != 3 || math.Abs(bnb.GetMean()-2) > 1e-12 || bnb.CiLow == nil {

@@ -375,7 +375,8 @@ func pages(t *testing.T, st storage.Store) {
 	}
 }
 
-// selectRuns: live runs, ended runs, runs active since a time, the order
+// selectRuns: live runs, ended runs, runs active since a time, a model's
+// runs, the order
 // by total cost (unknown last, ties by id) and by start (the newest first,
 // ties by id), from the summaries written with every
 // aggregate, a reprice's included.
@@ -383,14 +384,15 @@ func selectRuns(t *testing.T, st storage.Store) {
 	// a ends at 2 s, c at 6 s, e at 9 s; b and d are live. A reprice books
 	// a at $1, b at $2 and c and e at $10 (1 GPU-s each); d has no cost.
 	seq := uint64(0)
-	run := func(id string, sec float64, end bool) {
-		evs := []*trainmeterv1.RunEvent{tu.Start(id, sec, "m")}
+	runOf := func(id string, sec float64, end bool, model string) {
+		evs := []*trainmeterv1.RunEvent{tu.Start(id, sec, model)}
 		if end {
 			evs = append(evs, tu.End(id, sec+1))
 		}
 		seq++
 		apply(t, st, "n1", "b", runBatch(seq, id, sec, 1, 1, evs...))
 	}
+	run := func(id string, sec float64, end bool) { runOf(id, sec, end, "m") }
 	run("a", 1, true)
 	run("b", 2, false)
 	run("c", 5, true)
@@ -455,6 +457,30 @@ func selectRuns(t *testing.T, st storage.Store) {
 	run("f", 5, true)
 	if ids, err := st.SelectRuns(storage.RunFilter{EndedOnly: true, ByStart: true}); strings.Join(ids, "") != "cfba" || err != nil {
 		t.Errorf("SelectRuns ended by start with a tie = %q (%v), want cfba", ids, err)
+	}
+	// A model's runs, live (h) and ended (g, i), and a run of no model (j).
+	runOf("g", 12, true, "m2")
+	runOf("h", 13, false, "m2")
+	runOf("i", 3, true, "m2")
+	runOf("j", 14, true, "")
+	for _, c := range []struct {
+		name string
+		f    storage.RunFilter
+		want string
+	}{
+		{"of m", storage.RunFilter{Model: "m"}, "abcf"},
+		{"of m2", storage.RunFilter{Model: "m2"}, "ghi"},
+		{"ended of m2", storage.RunFilter{Model: "m2", EndedOnly: true}, "gi"},
+		{"live of m2", storage.RunFilter{Model: "m2", LiveOnly: true}, "h"},
+		{"of m2 by start", storage.RunFilter{Model: "m2", ByStart: true}, "hgi"},
+		{"of m2 active since 12.5 s", storage.RunFilter{Model: "m2", ActiveSince: tu.T0.Add(12500 * time.Millisecond)}, "gh"},
+		{"of an unknown model", storage.RunFilter{Model: "nope"}, ""},
+		{"all", storage.RunFilter{}, "abcfghij"},
+	} {
+		ids, err := st.SelectRuns(c.f)
+		if got := strings.Join(ids, ""); err != nil || got != c.want {
+			t.Errorf("SelectRuns %s = %q (%v), want %q", c.name, got, err, c.want)
+		}
 	}
 }
 
