@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/pgstore"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
@@ -166,5 +168,32 @@ func TestRawKeyReusedByANewBoot(t *testing.T) {
 	}
 	if tok := run.Report(aggregate.Pricing{}).GetTokensProcessed(); tok != 17 {
 		t.Errorf("run r: %d tokens, want 17 (both batches)", tok)
+	}
+}
+
+// TestNodeRowWithoutHello: a node's first batch, with no hello before it
+// and starting no run, makes the node's row under its name with the
+// batch's status. (The group once queued the new rows' names and then
+// compacted the same slice for the live-run count, so the row was made
+// under the name "" and the node's status never written.)
+func TestNodeRowWithoutHello(t *testing.T) {
+	url := pgtest.DB(t)
+	st := open(t, url)
+	if _, err := st.ApplyBatchResult(storage.Sender{Node: "n", Boot: "b1"}, tu.Batch(1, 0, nil)); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(t.Context())
+	rows, _ := conn.Query(t.Context(), `SELECT node FROM nodes`)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(names) != 1 || names[0] != "n" {
+		t.Errorf("node rows %q (%v), want [n]", names, err)
+	}
+	nodes, err := st.Nodes()
+	if err != nil || len(nodes) != 1 || nodes[0].GetBootId() != "b1" || nodes[0].GetLastSeq() != 1 {
+		t.Errorf("nodes %v (%v), want n of boot b1 at seq 1", nodes, err)
 	}
 }

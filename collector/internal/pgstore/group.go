@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -53,6 +54,7 @@ type batchKey struct {
 // the writes need it.
 type groupNode struct {
 	ns      *trainmeterv1.NodeStatus
+	saved   savedStatus // what of ns the node's row holds
 	bucket  fold.Bucket
 	rolled  int64 // rolledOf the node's rolled_ns: records before it add to the rollups here
 	count   int   // live runs (live_runs rows) before the group, when limits bound them
@@ -244,10 +246,14 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 					n.bucket = fold.Bucket{Tokens: *tokens, At: time.Unix(0, *at)}
 				}
 				if c := cached[node]; c != nil && c.status != nil && c.nodeX == x {
-					n.ns = c.status
+					n.ns, n.saved = c.status, c.saved
 					return nil
 				}
-				return proto.Unmarshal(rows.RawValues()[1], n.ns)
+				if err := proto.Unmarshal(rows.RawValues()[1], n.ns); err != nil {
+					return err
+				}
+				n.saved = savedStatus{seen: n.ns.GetLastSeen().AsTime(), boot: n.ns.GetBootId()}
+				return nil
 			})
 			return err
 		})
@@ -320,7 +326,7 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 		}
 		again.Queue(`INSERT INTO nodes (node, status) SELECT * FROM unnest($1::text[], $2::bytea[]) ORDER BY 1 ON CONFLICT DO NOTHING`, missing, empties)
 		lockNodes(&again, missing)
-		countLive(&again, slices.DeleteFunc(missing, func(n string) bool { return !starts[n] }))
+		countLive(&again, slices.DeleteFunc(slices.Clone(missing), func(n string) bool { return !starts[n] }))
 	}
 	readStates := func(q *pgx.Batch, sql string, runs []string) {
 		q.Queue(sql, runs).Query(func(rows pgx.Rows) error {
@@ -476,6 +482,7 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 		}
 		reported[run] = g.now
 	}
+	lockX := maps.Clone(nodeX)
 	clear(nodeX)
 	clear(runX)
 	rr.queue(&out, g.now, runX)
@@ -483,14 +490,25 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 	queueGroupUsage(&out, g, nodes)
 	var sNode []string
 	var sVal [][]byte
+	buckets := g.Buckets()
 	for _, n := range nodes {
-		if gn := g.nodes[n]; gn.written {
-			val, err := proto.Marshal(gn.ns)
-			if err != nil {
-				return err
-			}
-			sNode, sVal = append(sNode, n), append(sVal, val)
+		gn := g.nodes[n]
+		if !gn.written {
+			continue
 		}
+		// The row is written when the status is due, and whenever the
+		// group writes the node's rollup rows or bucket, so that the row's
+		// xmin says so to the rows held (rollcache.go).
+		_, bucket := buckets[n]
+		if !gn.saved.due(gn.ns) && len(gn.rr.runs) == 0 && len(gn.rr.nodes) == 0 && !bucket {
+			continue
+		}
+		val, err := proto.Marshal(gn.ns)
+		if err != nil {
+			return err
+		}
+		sNode, sVal = append(sNode, n), append(sVal, val)
+		gn.saved = savedStatus{seen: gn.ns.GetLastSeen().AsTime(), boot: gn.ns.GetBootId()}
 	}
 	if len(sNode) > 0 {
 		// The rows exist: the group locked them.
@@ -526,13 +544,16 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 	}
 	for _, node := range nodes {
 		gn := g.nodes[node]
+		if nodeX[node] == "" && gn.written {
+			nodeX[node] = lockX[node] // the status not due: the row as locked
+		}
 		if nodeX[node] == "" {
 			continue
 		}
 		// Every row of each (run, minute) and node minute the group read
 		// or took from the cache, as written: all of them, whatever their
 		// lock, so that a later group may trust the set as complete.
-		e := &rollCache{nodeX: nodeX[node], status: gn.ns, runX: map[string]string{}, runDone: map[runMinute]bool{}, nodeDone: map[int64]bool{},
+		e := &rollCache{nodeX: nodeX[node], status: gn.ns, saved: gn.saved, runX: map[string]string{}, runDone: map[runMinute]bool{}, nodeDone: map[int64]bool{},
 			runs: gn.haveRuns, nodes: gn.haveNodes}
 		for k, w := range gn.rr.runs {
 			e.runs[k] = w

@@ -161,8 +161,50 @@ func Redact(raw string) string {
 
 // Close closes the connections.
 func (s *Store) Close() error {
+	if err := s.writeHeldStatuses(); err != nil {
+		s.log.Warn("pgstore: writing the node statuses held on close", "err", err)
+	}
 	s.pool.Close()
 	return nil
+}
+
+// closeWriteTimeout bounds writeHeldStatuses: a collector stopping with its
+// database gone stops, leaving the rows up to statusEvery behind.
+const closeWriteTimeout = 5 * time.Second
+
+// writeHeldStatuses writes the node statuses this process holds ahead of
+// their rows (statusEvery), where no one has written the row since.
+func (s *Store) writeHeldStatuses() error {
+	var nodes, xs []string
+	var vals [][]byte
+	s.rcache.mu.Lock()
+	for n, e := range s.rcache.m {
+		if e.status == nil || !e.saved.behind(e.status) {
+			continue
+		}
+		val, err := proto.Marshal(e.status)
+		if err != nil {
+			s.rcache.mu.Unlock()
+			return err
+		}
+		nodes, xs, vals = append(nodes, n), append(xs, e.nodeX), append(vals, val)
+	}
+	s.rcache.mu.Unlock()
+	if len(nodes) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.clk.After(closeWriteTimeout):
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	_, err := s.pool.Exec(ctx, `UPDATE nodes SET status = u.status FROM unnest($1::text[], $2::bytea[], $3::text[]) AS u(node, status, x)
+		WHERE nodes.node = u.node AND nodes.xmin::text = u.x`, nodes, bytesArray(vals), xs)
+	return err
 }
 
 // SetPricer sets the prices windows are booked at from now on (store.Store's).

@@ -30,9 +30,11 @@ import (
 // rollCache is one node's cached rows.
 type rollCache struct {
 	nodeX string // the node row's xmin after the commit
-	// The node's status as the commit wrote it: the node's next group
-	// folds into it without decoding the row's again.
+	// The node's status after the commit, which the node's next group
+	// folds into without decoding the row's again, and what of it the row
+	// holds (it may be ahead: statusEvery).
 	status *trainmeterv1.NodeStatus
+	saved  savedStatus
 	runX   map[string]string // each run row's xmin after the commit
 	// Every row of these runs' minutes and of these node minutes.
 	runDone  map[runMinute]bool
@@ -140,4 +142,28 @@ func (c *stateCaches) put(es map[string]cachedState) {
 type groupCache struct {
 	rolls  map[string]*rollCache
 	states map[string]cachedState
+}
+
+// statusEvery: a node's status row (last seen, last seq) is rewritten at
+// most this often while its boot stays the same and its group writes
+// nothing else of the node's, as the BadgerDB store does; the collector
+// holds the newer status (the node's next group folds into it) and Close
+// writes it. ListNodes shows the live streams' newer figures.
+const statusEvery = 10 * time.Second
+
+// savedStatus is what of a node's status its row holds.
+type savedStatus struct {
+	seen time.Time
+	boot string
+}
+
+// due says whether ns is to be written: a new boot, or last seen
+// statusEvery past the row's.
+func (s savedStatus) due(ns *trainmeterv1.NodeStatus) bool {
+	return s.boot != ns.GetBootId() || ns.GetLastSeen().AsTime().Sub(s.seen) >= statusEvery
+}
+
+// behind says whether the row holds less than ns.
+func (s savedStatus) behind(ns *trainmeterv1.NodeStatus) bool {
+	return s.boot != ns.GetBootId() || !ns.GetLastSeen().AsTime().Equal(s.seen)
 }

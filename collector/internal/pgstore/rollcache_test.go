@@ -287,13 +287,65 @@ func TestNodeStatusAcrossReplicas(t *testing.T) {
 	if _, err := a.ApplyBatchResult(storage.Sender{Node: "n", Boot: "b2"}, tu.Batch(1, 3, nil)); err != nil {
 		t.Fatal(err)
 	}
-	for _, st := range []*pgstore.Store{a, b} {
-		nodes, err := st.Nodes()
-		if err != nil {
+	// a's status row is not due (the hello wrote it just now): a writes
+	// what it holds when it closes.
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := b.Nodes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes) != 1 || nodes[0].GetBootId() != "b2" || len(nodes[0].GetGpus()) != 2 || nodes[0].GetGpus()[0].GetName() != "H100" || nodes[0].GetLastSeq() != 1 {
+		t.Errorf("node after the restart's hello and first batch: %v; want boot b2, two H100s, last seq 1", nodes)
+	}
+}
+
+// TestNodeStatusWrittenWhenDue: a node's status row (last seen, last seq)
+// is rewritten at most every 10 s while its boot stays (what another
+// collector on the database reads trails by that much at most), at once
+// for a new boot, and with the newest status when the collector closes.
+func TestNodeStatusWrittenWhenDue(t *testing.T) {
+	url := pgtest.DB(t)
+	clk := clock.NewFake(tu.T0)
+	st, other := openWith(t, url, pgstore.Options{Clock: clk}), open(t, url)
+	stored := func() (uint64, string) {
+		t.Helper()
+		nodes, err := other.Nodes()
+		if err != nil || len(nodes) != 1 {
+			t.Fatalf("nodes: %v, %v", nodes, err)
+		}
+		return nodes[0].GetLastSeq(), nodes[0].GetBootId()
+	}
+	send := func(boot string, seq uint64) {
+		t.Helper()
+		if _, err := st.ApplyBatchResult(storage.Sender{Node: "n", Boot: boot}, tu.Batch(seq, float64(seq), nil)); err != nil {
 			t.Fatal(err)
 		}
-		if len(nodes) != 1 || nodes[0].GetBootId() != "b2" || len(nodes[0].GetGpus()) != 2 || nodes[0].GetGpus()[0].GetName() != "H100" || nodes[0].GetLastSeq() != 1 {
-			t.Errorf("node after the restart's hello and first batch: %v; want boot b2, two H100s, last seq 1", nodes)
+		clk.Advance(time.Second)
+	}
+	for seq := uint64(1); seq <= 10; seq++ {
+		send("b1", seq)
+		if q, _ := stored(); q != 1 {
+			n, _ := other.Nodes()
+			t.Log(n)
+			t.Fatalf("after seq %d at %v: the row says last seq %d, want 1 (written at the first batch, due again 10 s after)", seq, clk.Now().Sub(tu.T0), q)
 		}
+	}
+	send("b1", 11)
+	if q, _ := stored(); q != 11 {
+		t.Errorf("10 s after the row's status: last seq %d, want 11", q)
+	}
+	send("b2", 1)
+	if q, b := stored(); q != 1 || b != "b2" {
+		t.Errorf("a new boot: the row says seq %d of %q, want 1 of b2", q, b)
+	}
+	send("b2", 2)
+	send("b2", 3)
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if q, b := stored(); q != 3 || b != "b2" {
+		t.Errorf("after close: the row says seq %d of %q, want 3 of b2", q, b)
 	}
 }
