@@ -252,7 +252,7 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 				if err := proto.Unmarshal(rows.RawValues()[1], n.ns); err != nil {
 					return err
 				}
-				n.saved = savedStatus{seen: n.ns.GetLastSeen().AsTime(), boot: n.ns.GetBootId()}
+				n.saved = savedOf(n.ns)
 				return nil
 			})
 			return err
@@ -508,7 +508,7 @@ func (s *Store) applyGroupAsOne(tx pgx.Tx, group []*applyReq, fresh *groupCache)
 			return err
 		}
 		sNode, sVal = append(sNode, n), append(sVal, val)
-		gn.saved = savedStatus{seen: gn.ns.GetLastSeen().AsTime(), boot: gn.ns.GetBootId()}
+		gn.saved = savedOf(gn.ns)
 	}
 	if len(sNode) > 0 {
 		// The rows exist: the group locked them.
@@ -991,8 +991,6 @@ func (rr *runRows) add(st *aggregate.State, r *trainmeterv1.RunReport) error {
 	return nil
 }
 
-// queue queues the runs' UPDATE, which also notes that they got data at
-// now; each row's new xmin goes to xmins.
 // addState adds a run whose aggregate alone is written (queueState).
 func (rr *runRows) addState(st *aggregate.State) error {
 	val, err := st.Marshal()
@@ -1015,6 +1013,8 @@ func (rr *runRows) queueState(q *pgx.Batch, now time.Time, xmins map[string]stri
 	})
 }
 
+// queue queues the runs' UPDATE, which also notes that they got data at
+// now; each row's new xmin goes to xmins.
 func (rr *runRows) queue(q *pgx.Batch, now time.Time, xmins map[string]string) {
 	if len(rr.id) == 0 {
 		return

@@ -157,6 +157,11 @@ type savedStatus struct {
 	boot string
 }
 
+// savedOf is what a row holding ns holds.
+func savedOf(ns *trainmeterv1.NodeStatus) savedStatus {
+	return savedStatus{seen: ns.GetLastSeen().AsTime(), boot: ns.GetBootId()}
+}
+
 // due says whether ns is to be written: a new boot, or last seen
 // statusEvery past the row's.
 func (s savedStatus) due(ns *trainmeterv1.NodeStatus) bool {

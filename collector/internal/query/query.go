@@ -7,12 +7,9 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -24,6 +21,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/advice/dataloadersvc"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/page"
+	"github.com/trainmeter/trainmeter/collector/internal/parallel"
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	"github.com/trainmeter/trainmeter/collector/internal/query/compare"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
@@ -133,23 +131,6 @@ func timeOf(ts *timestamppb.Timestamp) time.Time {
 	return ts.AsTime()
 }
 
-// eachOnAllCores calls fn(0) ... fn(n-1) on all cores: a page's reports
-// are independent of each other.
-func eachOnAllCores(n int, fn func(i int)) {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := min(runtime.GOMAXPROCS(0), (n+63)/64); w > 0; w-- {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
-				fn(i)
-			}
-		}()
-	}
-	wg.Wait()
-}
-
 // maxBestModels bounds the per-model bests a page token carries; a listing
 // of more models reads every run again on each page that scores runs.
 const maxBestModels = 1000
@@ -237,7 +218,7 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 		return nil, s.storeErr(err)
 	}
 	runs := make([]*trainmeterv1.RunReport, len(sts))
-	eachOnAllCores(len(sts), func(i int) {
+	parallel.Each(len(sts), 64, func(i int) {
 		runs[i] = sts[i].Report(s.pricing)
 		s.attachPlan(runs[i])
 	})
@@ -256,7 +237,7 @@ func (s *Server) ListRuns(_ context.Context, req *trainmeterv1.ListRunsRequest) 
 	}
 	cost.SetEfficiencyBest(runs, tok.Best)
 	sizes := make([]int, len(runs))
-	eachOnAllCores(len(runs), func(i int) { sizes[i] = proto.Size(runs[i]) })
+	parallel.Each(len(runs), 64, func(i int) { sizes[i] = proto.Size(runs[i]) })
 	var b page.Budget
 	n := 0
 	for n < len(runs) && b.FitsSize(sizes[n]) {
@@ -552,18 +533,7 @@ func (s *Server) compareReports(ids []string) ([]*trainmeterv1.RunReport, error)
 	chunks := slices.Collect(slices.Chunk(want, compareChunk))
 	parts := make([][]*trainmeterv1.RunReport, len(chunks))
 	errs := make([]error, len(chunks))
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(chunks)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < len(chunks); i = int(next.Add(1)) - 1 {
-				parts[i], errs[i] = s.existingReports(chunks[i])
-			}
-		}()
-	}
-	wg.Wait()
+	parallel.Each(len(chunks), 1, func(i int) { parts[i], errs[i] = s.existingReports(chunks[i]) })
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}

@@ -49,7 +49,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,6 +63,7 @@ import (
 
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
 	"github.com/trainmeter/trainmeter/collector/internal/fold"
+	"github.com/trainmeter/trainmeter/collector/internal/parallel"
 	"github.com/trainmeter/trainmeter/internal/lifecycle"
 	"github.com/trainmeter/trainmeter/pkg/clock"
 	storev1 "github.com/trainmeter/trainmeter/proto/trainmeter/store/v1"
@@ -789,18 +789,7 @@ func readNodes(txn *badger.Txn, run string, st *aggregate.State) error {
 func decodeAggs(ids []string, vals [][]byte, nodes func(i int, st *aggregate.State) error) ([]*aggregate.State, error) {
 	out := make([]*aggregate.State, len(vals))
 	errs := make([]error, len(vals))
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := min(runtime.GOMAXPROCS(0), (len(vals)+63)/64); w > 0; w-- {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < len(vals); i = int(next.Add(1)) - 1 {
-				out[i], errs[i] = aggregate.Unmarshal(vals[i])
-			}
-		}()
-	}
-	wg.Wait()
+	parallel.Each(len(vals), 64, func(i int) { out[i], errs[i] = aggregate.Unmarshal(vals[i]) })
 	for i, st := range out {
 		if errs[i] != nil {
 			return nil, fmt.Errorf("run %q: %w", ids[i], errs[i])
@@ -1376,17 +1365,10 @@ func scanDecoded[T any, M interface {
 	flush := func() error {
 		ms := make([]M, len(vals))
 		errs := make([]error, len(vals))
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for w := min(runtime.GOMAXPROCS(0), (len(vals)+63)/64); w > 0; w-- {
-			wg.Go(func() {
-				for i := int(next.Add(1)) - 1; i < len(vals); i = int(next.Add(1)) - 1 {
-					ms[i] = M(new(T))
-					errs[i] = proto.Unmarshal(vals[i], ms[i])
-				}
-			})
-		}
-		wg.Wait()
+		parallel.Each(len(vals), 64, func(i int) {
+			ms[i] = M(new(T))
+			errs[i] = proto.Unmarshal(vals[i], ms[i])
+		})
 		for i, m := range ms {
 			if errs[i] != nil {
 				return errs[i]

@@ -9,11 +9,8 @@ import (
 	"context"
 	"errors"
 	"math"
-	"runtime"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,6 +18,7 @@ import (
 	"github.com/trainmeter/trainmeter/collector/internal/advice/dataloadersvc"
 	"github.com/trainmeter/trainmeter/collector/internal/advice/recommend"
 	"github.com/trainmeter/trainmeter/collector/internal/aggregate"
+	"github.com/trainmeter/trainmeter/collector/internal/parallel"
 	"github.com/trainmeter/trainmeter/collector/internal/pricing/cost"
 	"github.com/trainmeter/trainmeter/collector/internal/storage"
 	"github.com/trainmeter/trainmeter/internal/plural"
@@ -144,18 +142,7 @@ func (s *Service) Recommend(_ context.Context, req *trainmeterv1.RecommendReques
 // is most of a recommendation's work, and each is independent of the others.
 func (s *Service) reports(sts []*aggregate.State) []*trainmeterv1.RunReport {
 	out := make([]*trainmeterv1.RunReport, len(sts))
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := min(runtime.GOMAXPROCS(0), (len(sts)+63)/64); w > 0; w-- {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < len(sts); i = int(next.Add(1)) - 1 {
-				out[i] = sts[i].Report(s.pricing)
-			}
-		}()
-	}
-	wg.Wait()
+	parallel.Each(len(sts), 64, func(i int) { out[i] = sts[i].Report(s.pricing) })
 	return out
 }
 
